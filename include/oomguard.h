@@ -1,0 +1,43 @@
+/* oomguard — the public interface of liboomguard.so.
+ *
+ * Most users never include this: they preload the library (LD_PRELOAD=liboomguard.so or
+ * `oomguard run`) and read its dumps.  These functions are for programs and framework
+ * adapters that want to ask the recorder directly; look them up with
+ * dlsym(RTLD_DEFAULT, "oomguard_...") so that a program still runs without the shim.
+ */
+#ifndef OOMGUARD_H
+#define OOMGUARD_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define OOMGUARD_VERSION "0.1.0"
+#define OOMGUARD_DUMP_SCHEMA "oomguard.dump/1"
+
+/* What the ledger holds for one device, in bytes, as the shim counted it. */
+typedef struct oomguard_device_stats {
+    uint64_t plain_bytes, plain_blocks;          /* cuMemAlloc/cuMemAllocPitch (cudaMalloc...) */
+    uint64_t managed_bytes, managed_blocks;      /* cuMemAllocManaged */
+    uint64_t pool_used_bytes, pool_blocks;       /* handed out by stream-ordered pools */
+    uint64_t pool_reserved_bytes;                /* device memory the pools hold */
+    uint64_t vmm_physical_bytes, vmm_handles;    /* cuMemCreate'd physical memory alive */
+    uint64_t vmm_mapped_bytes;                   /* of it, mapped into address ranges */
+    uint64_t tracked_bytes;                      /* plain + managed + pool_reserved + vmm_physical */
+    uint64_t peak_tracked_bytes;
+    uint64_t host_pinned_bytes, host_pinned_blocks; /* process-wide; reported for device 0 only */
+    uint64_t allocs, frees, failures, unknown_frees;
+} oomguard_device_stats_t;
+
+/* Fills *out for `device`; returns 0, or -1 for a device index out of range. */
+int oomguard_device_stats(int device, oomguard_device_stats_t *out);
+
+/* Library version string, e.g. "0.1.0". */
+const char *oomguard_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

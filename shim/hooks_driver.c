@@ -1,0 +1,248 @@
+/* Wrapper bodies for the driver entry points listed in hooks.def.
+ *
+ * Each wrapper calls the real function with the caller's arguments, returns its result
+ * unchanged, and records what happened.  Recording never changes what the caller sees. */
+#include "og.h"
+
+#define OG_BEGIN(hook_name)                                                  \
+    og_call_t c;                                                             \
+    og_enter(&c, OG_H_##hook_name, __builtin_return_address(0));             \
+    og_fn_##hook_name real = OG_REAL(hook_name);                             \
+    if (OG_UNLIKELY(!real)) {                                                \
+        og_leave(&c);                                                        \
+        return CUDA_ERROR_NOT_INITIALIZED;                                   \
+    }
+
+#define OG_END(r) \
+    og_leave(&c); \
+    return (r)
+
+/* ------------------------------------------------------------------ plain allocations */
+
+static CUresult after_alloc(og_call_t *c, CUresult r, CUdeviceptr *dptr, uint64_t bytes, int kind)
+{
+    if (!c->active)
+        return r;
+    if (r == CUDA_SUCCESS && dptr)
+        og_track_alloc(c, (uintptr_t)*dptr, bytes, kind);
+    else if (r != CUDA_SUCCESS)
+        og_track_failure(c, bytes, kind, r);
+    return r;
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    OG_BEGIN(cuMemAlloc_v2);
+    CUresult r = after_alloc(&c, real(dptr, bytesize), dptr, bytesize, OG_KIND_PLAIN);
+    OG_END(r);
+}
+
+CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
+                            unsigned int ElementSizeBytes)
+{
+    OG_BEGIN(cuMemAllocPitch_v2);
+    CUresult r = real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    /* The driver pads each row; the block is pitch x height. */
+    uint64_t bytes = r == CUDA_SUCCESS && pPitch ? (uint64_t)*pPitch * Height : (uint64_t)WidthInBytes * Height;
+    r = after_alloc(&c, r, dptr, bytes, OG_KIND_PLAIN);
+    OG_END(r);
+}
+
+CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    OG_BEGIN(cuMemAllocManaged);
+    CUresult r = after_alloc(&c, real(dptr, bytesize, flags), dptr, bytesize, OG_KIND_MANAGED);
+    OG_END(r);
+}
+
+CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    OG_BEGIN(cuMemFree_v2);
+    CUresult r = real(dptr);
+    /* Only a successful free releases memory; a failed one leaves the block live. */
+    if (c.active && r == CUDA_SUCCESS && dptr)
+        og_track_free(&c, (uintptr_t)dptr);
+    OG_END(r);
+}
+
+/* ------------------------------------------------------------------ memory info */
+
+CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
+{
+    OG_BEGIN(cuMemGetInfo_v2);
+    CUresult r = real(free, total);
+    OG_END(r);
+}
+
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    OG_BEGIN(cuDeviceTotalMem_v2);
+    CUresult r = real(bytes, dev);
+    OG_END(r);
+}
+
+/* ------------------------------------------------------------------ pinned host memory */
+
+static CUresult after_host_alloc(og_call_t *c, CUresult r, void **pp, uint64_t bytes)
+{
+    if (c->active && r == CUDA_SUCCESS && pp && *pp)
+        og_track_alloc(c, (uintptr_t)*pp, bytes, OG_KIND_HOST);
+    return r;
+}
+
+CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
+{
+    OG_BEGIN(cuMemHostAlloc);
+    CUresult r = after_host_alloc(&c, real(pp, bytesize, Flags), pp, bytesize);
+    OG_END(r);
+}
+
+CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
+{
+    OG_BEGIN(cuMemAllocHost_v2);
+    CUresult r = after_host_alloc(&c, real(pp, bytesize), pp, bytesize);
+    OG_END(r);
+}
+
+CUresult cuMemFreeHost(void *p)
+{
+    OG_BEGIN(cuMemFreeHost);
+    CUresult r = real(p);
+    if (c.active && r == CUDA_SUCCESS && p)
+        og_track_free(&c, (uintptr_t)p);
+    OG_END(r);
+}
+
+/* ------------------------------------------------------------------ virtual memory */
+
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                     unsigned long long flags)
+{
+    OG_BEGIN(cuMemCreate);
+    CUresult r = real(handle, size, prop, flags);
+    if (c.active && prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        c.device = prop->location.id;
+        if (r == CUDA_SUCCESS && handle)
+            og_track_vmm_create(&c, *handle, size, prop->location.id);
+        else if (r != CUDA_SUCCESS)
+            og_track_failure(&c, size, OG_KIND_VMM, r);
+    }
+    OG_END(r);
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    OG_BEGIN(cuMemRelease);
+    CUresult r = real(handle);
+    if (c.active && r == CUDA_SUCCESS)
+        og_track_vmm_release(&c, handle);
+    OG_END(r);
+}
+
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    OG_BEGIN(cuMemRetainAllocationHandle);
+    CUresult r = real(handle, addr);
+    if (c.active && r == CUDA_SUCCESS && handle)
+        og_track_vmm_retain(&c, *handle);
+    OG_END(r);
+}
+
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                  unsigned long long flags)
+{
+    OG_BEGIN(cuMemMap);
+    CUresult r = real(ptr, size, offset, handle, flags);
+    if (c.active && r == CUDA_SUCCESS)
+        og_track_vmm_map(&c, (uintptr_t)ptr, size, handle);
+    OG_END(r);
+}
+
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    OG_BEGIN(cuMemUnmap);
+    CUresult r = real(ptr, size);
+    if (c.active && r == CUDA_SUCCESS)
+        og_track_vmm_unmap(&c, (uintptr_t)ptr, size);
+    OG_END(r);
+}
+
+/* ------------------------------------------------------------------ stream-ordered pools */
+
+/* A pool block is memory handed out; what the device lost is the pool's reservation,
+ * re-read from the driver after each allocation. */
+static CUresult after_pool_alloc(og_call_t *c, CUresult r, CUdeviceptr *dptr, uint64_t bytes,
+                                 CUmemoryPool pool)
+{
+    if (!c->active)
+        return r;
+    c->device = og_current_device();
+    if (!pool && c->device >= 0)
+        pool = og_device_current_pool(c->device);
+    og_track_pool_use(c, pool, c->device);
+    return after_alloc(c, r, dptr, bytes, OG_KIND_POOL);
+}
+
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    OG_BEGIN(cuMemAllocAsync);
+    CUresult r = after_pool_alloc(&c, real(dptr, bytesize, hStream), dptr, bytesize, NULL);
+    OG_END(r);
+}
+
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    OG_BEGIN(cuMemAllocAsync_ptsz);
+    CUresult r = after_pool_alloc(&c, real(dptr, bytesize, hStream), dptr, bytesize, NULL);
+    OG_END(r);
+}
+
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
+{
+    OG_BEGIN(cuMemAllocFromPoolAsync);
+    CUresult r = after_pool_alloc(&c, real(dptr, bytesize, pool, hStream), dptr, bytesize, pool);
+    OG_END(r);
+}
+
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
+{
+    OG_BEGIN(cuMemAllocFromPoolAsync_ptsz);
+    CUresult r = after_pool_alloc(&c, real(dptr, bytesize, pool, hStream), dptr, bytesize, pool);
+    OG_END(r);
+}
+
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
+{
+    OG_BEGIN(cuMemFreeAsync);
+    CUresult r = real(dptr, hStream);
+    if (c.active && r == CUDA_SUCCESS && dptr)
+        og_track_free(&c, (uintptr_t)dptr);
+    OG_END(r);
+}
+
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
+{
+    OG_BEGIN(cuMemFreeAsync_ptsz);
+    CUresult r = real(dptr, hStream);
+    if (c.active && r == CUDA_SUCCESS && dptr)
+        og_track_free(&c, (uintptr_t)dptr);
+    OG_END(r);
+}
+
+CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+{
+    OG_BEGIN(cuMemPoolTrimTo);
+    CUresult r = real(pool, minBytesToKeep);
+    if (c.active && r == CUDA_SUCCESS)
+        og_track_pool_refresh(pool);
+    OG_END(r);
+}
+
+CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+    OG_BEGIN(cuMemPoolDestroy);
+    CUresult r = real(pool);
+    if (c.active && r == CUDA_SUCCESS)
+        og_track_pool_destroy(pool);
+    OG_END(r);
+}

@@ -1,0 +1,272 @@
+/* How calls reach the shim.
+ *
+ * Three doors, all driven by hooks.def:
+ *  1. Exported symbols: a program linked with -lcuda binds cuMemAlloc_v2 & co. to us
+ *     because LD_PRELOAD puts us first in the global scope.
+ *  2. dlsym(): NVIDIA's runtime, XLA and others dlopen("libcuda.so.1") and dlsym() on the
+ *     handle, which ignores LD_PRELOAD.  We override dlsym and answer hooked names with
+ *     our wrappers.
+ *  3. cuGetProcAddress(_v2): from CUDA 11.3 on, the runtime asks the driver for every
+ *     entry point by base name and version.  We wrap the answer when it is an ABI we hook.
+ *
+ * dlsym must stay safe to call from anywhere (malloc interposers call it during their own
+ * initialisation): the path below takes no lock and allocates nothing.
+ */
+#include "og.h"
+
+#include <dlfcn.h>
+#include <string.h>
+
+const og_hook_t og_hooks[OG_H_COUNT] = {
+#define OG_HOOK(ret, name, base, since, ptsz, lib, params, args) \
+    [OG_H_##name] = {#name, #base, since, ptsz, lib, (void *)name},
+#include "hooks.def"
+#undef OG_HOOK
+};
+
+_Atomic(void *) og_real_ptrs[OG_H_COUNT];
+
+/* ------------------------------------------------------------------ glibc's dlsym */
+
+typedef void *(*og_dlsym_fn)(void *, const char *);
+/* Read by the assembly trampoline below, hence not static. */
+__attribute__((visibility("hidden"))) _Atomic(og_dlsym_fn) og_real_dlsym_ptr;
+
+/* dlvsym is not interposed, so asking it for the versioned dlsym cannot recurse.
+ * GLIBC_2.34 is where dlsym moved into libc; GLIBC_2.2.5 is the x86-64 original. */
+__attribute__((visibility("hidden"))) og_dlsym_fn og_resolve_real_dlsym(void)
+{
+    og_dlsym_fn f = atomic_load_explicit(&og_real_dlsym_ptr, memory_order_acquire);
+    if (f)
+        return f;
+    static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17", "GLIBC_2.0"};
+    for (size_t i = 0; i < sizeof versions / sizeof *versions && !f; i++)
+        f = (og_dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", versions[i]);
+    atomic_store_explicit(&og_real_dlsym_ptr, f, memory_order_release);
+    return f;
+}
+
+void *og_dlsym_real(void *handle, const char *name)
+{
+    og_dlsym_fn f = og_resolve_real_dlsym();
+    return f ? f(handle, name) : NULL;
+}
+
+/* ------------------------------------------------------------------ hook table lookups */
+
+int og_hook_find(const char *name)
+{
+    if (!name || name[0] != 'c' || name[1] != 'u')   /* cheap reject: every hook is cu* */
+        return -1;
+    for (int i = 0; i < OG_H_COUNT; i++)
+        if (strcmp(og_hooks[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+static const char *lib_soname(int lib)
+{
+    return lib == OG_LIB_NVML ? "libnvidia-ml.so.1" : "libcuda.so.1";
+}
+
+/* One real pointer per ABI name: the first one found wins, later finds are the same
+ * function reached another way. */
+static void remember_real(int id, void *real)
+{
+    void *expected = NULL;
+    if (real)
+        atomic_compare_exchange_strong(&og_real_ptrs[id], &expected, real);
+}
+
+void *og_resolve_real(int id)
+{
+    void *p = atomic_load_explicit(&og_real_ptrs[id], memory_order_acquire);
+    if (p)
+        return p;
+    /* Next definition after us in the global scope (a program linked with -lcuda) ... */
+    p = og_dlsym_real(RTLD_NEXT, og_hooks[id].name);
+    if (!p) {
+        /* ... or the library itself when it was dlopen'ed locally. */
+        void *h = dlopen(lib_soname(og_hooks[id].lib), RTLD_LAZY | RTLD_NOLOAD);
+        if (h) {
+            p = og_dlsym_real(h, og_hooks[id].name);
+            dlclose(h);
+        }
+    }
+    remember_real(id, p);
+    return atomic_load_explicit(&og_real_ptrs[id], memory_order_acquire);
+}
+
+/* An un-hooked driver function the shim itself needs (cuCtxGetDevice, pool attributes). */
+void *og_cuda_sym(const char *name)
+{
+    void *p = NULL;
+    void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (h) {
+        p = og_dlsym_real(h, name);
+        dlclose(h);
+    }
+    return p;
+}
+
+/* ------------------------------------------------------------------ cuGetProcAddress answers */
+
+/* Which of our ABIs answers (base, version, flags)?  The newest entry with since <= version;
+ * the per-thread variant when the caller asked for it and one exists. */
+static int proc_entry(const char *base, int version, uint64_t flags)
+{
+    int want_ptsz = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+    int best = -1;
+    for (int pass = 0; pass < 2 && best < 0; pass++) {
+        int ptsz = pass == 0 ? want_ptsz : 0;   /* per-thread falls back to legacy */
+        for (int i = 0; i < OG_H_COUNT; i++) {
+            const og_hook_t *h = &og_hooks[i];
+            if (h->lib != OG_LIB_CUDA || h->ptsz != ptsz || h->since > version || strcmp(h->base, base) != 0)
+                continue;
+            if (best < 0 || h->since > og_hooks[best].since)
+                best = i;
+        }
+        if (!want_ptsz)
+            break;
+    }
+    return best;
+}
+
+void *og_proc_wrapper(const char *base, int version, uint64_t flags, void *real)
+{
+    if (!base || !real)
+        return real;
+    int id = proc_entry(base, version, flags);
+    if (id < 0)
+        return real;
+    remember_real(id, real);
+    return og_hooks[id].wrapper;
+}
+
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                             CUdriverProcAddressQueryResult *symbolStatus)
+{
+    og_fn_cuGetProcAddress_v2 real = OG_REAL(cuGetProcAddress_v2);
+    if (!real)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = real(symbol, pfn, cudaVersion, flags, symbolStatus);
+    if (r == CUDA_SUCCESS && pfn && *pfn)
+        *pfn = og_proc_wrapper(symbol, cudaVersion, flags, *pfn);
+    return r;
+}
+
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
+{
+    og_fn_cuGetProcAddress real = OG_REAL(cuGetProcAddress);
+    if (!real)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = real(symbol, pfn, cudaVersion, flags);
+    if (r == CUDA_SUCCESS && pfn && *pfn)
+        *pfn = og_proc_wrapper(symbol, cudaVersion, flags, *pfn);
+    return r;
+}
+
+/* ------------------------------------------------------------------ dlsym override */
+
+/* dlsym(explicit handle, name): the handle, not the caller, decides the answer, so calling
+ * glibc from here is exact.  A hooked name found there is answered with our wrapper. */
+__attribute__((visibility("hidden"))) void *og_dlsym_handle(void *handle, const char *name)
+{
+    void *real = og_dlsym_real(handle, name);
+    if (!real)
+        return NULL;
+    int id = og_hook_find(name);
+    if (id < 0 || real == og_hooks[id].wrapper)
+        return real;
+    remember_real(id, real);
+    return og_hooks[id].wrapper;
+}
+
+/* dlsym(RTLD_DEFAULT, name) for a hooked name: our wrapper if the real function exists. */
+__attribute__((visibility("hidden"))) void *og_dlsym_default_hook(const char *name)
+{
+    int id = og_hook_find(name);
+    if (id < 0)
+        return NULL;
+    return og_resolve_real(id) ? og_hooks[id].wrapper : NULL;
+}
+
+/* RTLD_DEFAULT and RTLD_NEXT lookups depend on who calls: glibc reads its return address
+ * to pick the caller's scope.  A C wrapper that called glibc would make every such lookup
+ * look like it came from liboomguard (wrong answers for RTLD_NEXT; for RTLD_DEFAULT, a
+ * library loaded RTLD_LOCAL would lose its own dependencies).  So the exported dlsym is a
+ * small trampoline that *jumps* to glibc for those, leaving the caller's return address
+ * in place.  Explicit handles go to og_dlsym_handle. */
+#if defined(__x86_64__)
+__asm__(
+    ".text\n"
+    ".globl dlsym\n"
+    ".type dlsym,@function\n"
+    ".p2align 4\n"
+    "dlsym:\n"
+    "    .cfi_startproc\n"
+    "    cmpq $-1, %rdi\n"               /* RTLD_NEXT: straight to glibc */
+    "    je 2f\n"
+    "    testq %rdi, %rdi\n"             /* explicit handle: C */
+    "    jnz og_dlsym_handle\n"
+    "    pushq %rdi\n"                   /* RTLD_DEFAULT: hooked name? */
+    "    .cfi_adjust_cfa_offset 8\n"
+    "    pushq %rsi\n"
+    "    .cfi_adjust_cfa_offset 8\n"
+    "    subq $8, %rsp\n"
+    "    .cfi_adjust_cfa_offset 8\n"
+    "    movq %rsi, %rdi\n"
+    "    call og_dlsym_default_hook\n"
+    "    addq $8, %rsp\n"
+    "    .cfi_adjust_cfa_offset -8\n"
+    "    popq %rsi\n"
+    "    .cfi_adjust_cfa_offset -8\n"
+    "    popq %rdi\n"
+    "    .cfi_adjust_cfa_offset -8\n"
+    "    testq %rax, %rax\n"
+    "    jz 2f\n"
+    "    ret\n"
+    "2:  movq og_real_dlsym_ptr(%rip), %rax\n"
+    "    testq %rax, %rax\n"
+    "    jz 3f\n"
+    "    jmp *%rax\n"
+    "3:  pushq %rdi\n"                   /* first use: resolve glibc's dlsym, then jump */
+    "    .cfi_adjust_cfa_offset 8\n"
+    "    pushq %rsi\n"
+    "    .cfi_adjust_cfa_offset 8\n"
+    "    subq $8, %rsp\n"
+    "    .cfi_adjust_cfa_offset 8\n"
+    "    call og_resolve_real_dlsym\n"
+    "    addq $8, %rsp\n"
+    "    .cfi_adjust_cfa_offset -8\n"
+    "    popq %rsi\n"
+    "    .cfi_adjust_cfa_offset -8\n"
+    "    popq %rdi\n"
+    "    .cfi_adjust_cfa_offset -8\n"
+    "    testq %rax, %rax\n"
+    "    jz 4f\n"
+    "    jmp *%rax\n"
+    "4:  ret\n"                          /* no dlsym at all: NULL */
+    "    .cfi_endproc\n"
+    ".size dlsym, .-dlsym\n");
+#else
+/* Other architectures: a C override that relies on a sibling call for the caller-relative
+ * forms.  clang's musttail makes that a guarantee; elsewhere it is best effort. */
+#if defined(__clang__)
+#define OG_MUSTTAIL __attribute__((musttail))
+#else
+#define OG_MUSTTAIL
+#endif
+OG_EXPORT void *dlsym(void *handle, const char *name)
+{
+    if (handle != RTLD_NEXT && handle != RTLD_DEFAULT)
+        return og_dlsym_handle(handle, name);
+    if (handle == RTLD_DEFAULT) {
+        void *w = og_dlsym_default_hook(name);
+        if (w)
+            return w;
+    }
+    og_dlsym_fn f = og_resolve_real_dlsym();
+    OG_MUSTTAIL return f(handle, name);
+}
+#endif

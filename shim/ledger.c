@@ -1,0 +1,677 @@
+/* The ledger: every live device block, per-device totals and peaks, VMM handles and
+ * mappings, stream-ordered pools, and a ring of recent events.
+ *
+ * Counting rule: each byte is counted once, at the layer that takes device memory.
+ *  - cuMemAlloc/Pitch/Managed: the block.
+ *  - VMM: physical memory at cuMemCreate, freed when the handle is released *and* unmapped
+ *    (the driver's rule); mappings are kept so an address resolves to its handle.
+ *  - pools: what the pool reserves from the device (queried from the driver), with the
+ *    blocks it hands out kept apart as pool_used.
+ *  - pinned host memory is ledgered but never added to a device.
+ *
+ * Live blocks sit in 64 shards (uthash + mutex each) chosen by address, so threads that
+ * allocate at once rarely meet; blocks come from per-shard slabs so a live block costs
+ * its struct and a share of the bucket array, nothing from malloc. */
+#include "og.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static inline unsigned og_hash_ptr(uint64_t k)
+{
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    return (unsigned)k;
+}
+#define HASH_FUNCTION(keyptr, keylen, hashv) ((hashv) = og_hash_ptr(*(const uint64_t *)(keyptr)))
+#include <uthash.h>
+
+#define SHARDS     64
+#define SLAB_COUNT 512
+
+typedef struct og_block {
+    uint64_t addr;
+    uint64_t size;
+    uint64_t t_ns;
+    uint32_t site;
+    int16_t device;
+    uint8_t kind;
+    uint8_t hook;
+    UT_hash_handle hh;
+} og_block_t;
+
+typedef struct {
+    pthread_mutex_t lock;
+    og_block_t *table;
+    og_block_t *free_list;          /* linked through hh.next */
+} __attribute__((aligned(64))) shard_t;
+
+typedef struct {
+    _Atomic uint64_t bytes[OG_KIND_COUNT], blocks[OG_KIND_COUNT];
+    _Atomic uint64_t pool_reserved, vmm_physical, vmm_handles, vmm_mapped;
+    _Atomic uint64_t tracked, peak, peak_t_ns;
+    _Atomic uint64_t allocs, frees, failures, unknown_frees;
+} __attribute__((aligned(64))) dev_t_;
+
+static shard_t shards[SHARDS];
+static dev_t_ devs[OG_MAX_DEVICES];
+
+/* ------------------------------------------------------------------ time */
+
+static uint64_t start_ns;
+uint64_t og_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+uint64_t og_start_ns(void) { return start_ns; }
+
+/* ------------------------------------------------------------------ history ring */
+
+typedef struct {
+    _Atomic uint64_t seq;            /* index+1 once written; readers skip torn slots */
+    uint64_t t_ns, bytes, live;
+    int16_t device;
+    uint8_t op, hook;
+} og_event_t;
+
+static og_event_t *ring;
+static size_t ring_size;
+static _Atomic uint64_t ring_head;
+
+static void history_add(int op, int hook, int device, uint64_t bytes, uint64_t live, uint64_t t)
+{
+    if (!ring)
+        return;
+    uint64_t i = atomic_fetch_add_explicit(&ring_head, 1, memory_order_relaxed);
+    og_event_t *e = &ring[i % ring_size];
+    atomic_store_explicit(&e->seq, 0, memory_order_relaxed);
+    e->t_ns = t;
+    e->bytes = bytes;
+    e->live = live;
+    e->device = (int16_t)device;
+    e->op = (uint8_t)op;
+    e->hook = (uint8_t)hook;
+    atomic_store_explicit(&e->seq, i + 1, memory_order_release);
+}
+
+size_t og_history_copy(og_history_event_t *out, size_t max)
+{
+    if (!ring)
+        return 0;
+    uint64_t head = atomic_load(&ring_head);
+    uint64_t first = head > ring_size ? head - ring_size : 0;
+    size_t n = 0;
+    for (uint64_t i = first; i < head && n < max; i++) {
+        og_event_t *e = &ring[i % ring_size];
+        if (atomic_load_explicit(&e->seq, memory_order_acquire) != i + 1)
+            continue;
+        out[n] = (og_history_event_t){e->t_ns, e->bytes, e->live, e->device, e->op, e->hook};
+        if (atomic_load_explicit(&e->seq, memory_order_acquire) == i + 1)
+            n++;
+    }
+    return n;
+}
+
+/* ------------------------------------------------------------------ devices */
+
+typedef CUresult (*ctx_get_device_fn)(CUdevice *);
+static _Atomic(ctx_get_device_fn) ctx_get_device;
+
+int og_current_device(void)
+{
+    ctx_get_device_fn f = atomic_load_explicit(&ctx_get_device, memory_order_acquire);
+    if (!f) {
+        f = (ctx_get_device_fn)og_cuda_sym("cuCtxGetDevice");
+        if (!f)
+            return -1;
+        atomic_store_explicit(&ctx_get_device, f, memory_order_release);
+    }
+    CUdevice d;
+    return f(&d) == CUDA_SUCCESS ? (int)d : -1;
+}
+
+static inline dev_t_ *dev_of(int device)
+{
+    return device >= 0 && device < OG_MAX_DEVICES ? &devs[device] : NULL;
+}
+
+/* tracked += delta; raise the peak when it is passed. */
+static uint64_t tracked_add(dev_t_ *d, int64_t delta, uint64_t t)
+{
+    uint64_t now = atomic_fetch_add_explicit(&d->tracked, (uint64_t)delta, memory_order_relaxed) + (uint64_t)delta;
+    if (delta > 0) {
+        uint64_t peak = atomic_load_explicit(&d->peak, memory_order_relaxed);
+        while (now > peak) {
+            if (atomic_compare_exchange_weak_explicit(&d->peak, &peak, now, memory_order_relaxed,
+                                                      memory_order_relaxed)) {
+                atomic_store_explicit(&d->peak_t_ns, t, memory_order_relaxed);
+                break;
+            }
+        }
+    }
+    return now;
+}
+
+/* ------------------------------------------------------------------ blocks */
+
+static inline shard_t *shard_of(uint64_t addr) { return &shards[og_hash_ptr(addr >> 8) % SHARDS]; }
+
+static og_block_t *block_get(shard_t *s)
+{
+    og_block_t *b = s->free_list;
+    if (OG_LIKELY(b)) {
+        s->free_list = b->hh.next;
+        return b;
+    }
+    og_block_t *slab = malloc(SLAB_COUNT * sizeof *slab);
+    if (!slab)
+        return NULL;
+    for (int i = 1; i < SLAB_COUNT - 1; i++)
+        slab[i].hh.next = &slab[i + 1];
+    slab[SLAB_COUNT - 1].hh.next = NULL;
+    s->free_list = &slab[1];
+    return &slab[0];
+}
+
+static inline void block_put(shard_t *s, og_block_t *b)
+{
+    b->hh.next = s->free_list;
+    s->free_list = b;
+}
+
+static _Atomic uint64_t host_bytes, host_blocks;
+
+void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind)
+{
+    uint32_t site = og_site_capture(c->caller);   /* before any lock: it may unwind */
+    uint64_t t = og_now_ns();
+    int device = kind == OG_KIND_HOST ? -1 : (c->device >= 0 ? c->device : og_current_device());
+    shard_t *s = shard_of(addr);
+    pthread_mutex_lock(&s->lock);
+    og_block_t *old;
+    HASH_FIND(hh, s->table, &addr, sizeof(uint64_t), old);
+    if (OG_UNLIKELY(old)) {
+        /* The driver reused an address we still hold: a free we never saw. Replace. */
+        HASH_DEL(s->table, old);
+        block_put(s, old);
+    }
+    og_block_t *b = block_get(s);
+    if (b) {
+        b->addr = addr;
+        b->size = size;
+        b->t_ns = t;
+        b->site = site;
+        b->device = (int16_t)device;
+        b->kind = (uint8_t)kind;
+        b->hook = (uint8_t)c->hook;
+        HASH_ADD(hh, s->table, addr, sizeof(uint64_t), b);
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (!b)
+        return;
+    if (kind == OG_KIND_HOST) {
+        atomic_fetch_add_explicit(&host_bytes, size, memory_order_relaxed);
+        atomic_fetch_add_explicit(&host_blocks, 1, memory_order_relaxed);
+        return;
+    }
+    dev_t_ *d = dev_of(device);
+    if (!d)
+        return;
+    atomic_fetch_add_explicit(&d->bytes[kind], size, memory_order_relaxed);
+    atomic_fetch_add_explicit(&d->blocks[kind], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&d->allocs, 1, memory_order_relaxed);
+    uint64_t live = kind == OG_KIND_POOL ? atomic_load_explicit(&d->tracked, memory_order_relaxed)
+                                         : tracked_add(d, (int64_t)size, t);
+    history_add(OG_EV_ALLOC, c->hook, device, size, live, t);
+    if (OG_UNLIKELY(atomic_load_explicit(&og_episode_open[device], memory_order_relaxed)))
+        og_on_recovered(c, device, size);
+}
+
+void og_track_free(og_call_t *c, uintptr_t addr)
+{
+    shard_t *s = shard_of(addr);
+    pthread_mutex_lock(&s->lock);
+    og_block_t *b;
+    HASH_FIND(hh, s->table, &addr, sizeof(uint64_t), b);
+    og_block_t copy;
+    if (b) {
+        copy = *b;
+        HASH_DEL(s->table, b);
+        block_put(s, b);
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (!b) {
+        dev_t_ *d = dev_of(og_current_device());
+        if (d)
+            atomic_fetch_add_explicit(&d->unknown_frees, 1, memory_order_relaxed);
+        return;
+    }
+    if (copy.kind == OG_KIND_HOST) {
+        atomic_fetch_sub_explicit(&host_bytes, copy.size, memory_order_relaxed);
+        atomic_fetch_sub_explicit(&host_blocks, 1, memory_order_relaxed);
+        return;
+    }
+    dev_t_ *d = dev_of(copy.device);
+    if (!d)
+        return;
+    atomic_fetch_sub_explicit(&d->bytes[copy.kind], copy.size, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&d->blocks[copy.kind], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&d->frees, 1, memory_order_relaxed);
+    uint64_t t = og_now_ns();
+    uint64_t live = copy.kind == OG_KIND_POOL ? atomic_load_explicit(&d->tracked, memory_order_relaxed)
+                                              : tracked_add(d, -(int64_t)copy.size, t);
+    history_add(OG_EV_FREE, c->hook, copy.device, copy.size, live, t);
+    og_note_free(copy.device, copy.size);
+}
+
+void og_track_failure(og_call_t *c, uint64_t size, int kind, CUresult r)
+{
+    int device = c->device >= 0 ? c->device : og_current_device();
+    dev_t_ *d = dev_of(device);
+    if (!d)
+        return;
+    atomic_fetch_add_explicit(&d->failures, 1, memory_order_relaxed);
+    history_add(OG_EV_FAIL, c->hook, device, size, atomic_load(&d->tracked), og_now_ns());
+    c->device = device;
+    if (r == CUDA_ERROR_OUT_OF_MEMORY)
+        og_on_oom(c, size, kind);
+}
+
+/* ------------------------------------------------------------------ VMM */
+
+typedef struct {
+    uint64_t handle;
+    uint64_t size;
+    int device;
+    int refs;              /* cuMemCreate + cuMemRetainAllocationHandle - cuMemRelease */
+    int mappings;
+    uint64_t t_ns;
+    uint32_t site;
+    UT_hash_handle hh;
+} vmm_handle_t;
+
+typedef struct {
+    uint64_t va;
+    uint64_t size;
+    uint64_t handle;
+    UT_hash_handle hh;
+} vmm_map_t;
+
+static pthread_mutex_t vmm_lock = PTHREAD_MUTEX_INITIALIZER;
+static vmm_handle_t *vmm_handles;
+static vmm_map_t *vmm_maps;
+
+/* Physical memory goes back to the device when nothing references it any more. */
+static void vmm_maybe_free(vmm_handle_t *h, uint64_t t)
+{
+    if (h->refs > 0 || h->mappings > 0)
+        return;
+    dev_t_ *d = dev_of(h->device);
+    if (d) {
+        atomic_fetch_sub(&d->vmm_physical, h->size);
+        atomic_fetch_sub(&d->vmm_handles, 1);
+        atomic_fetch_add(&d->frees, 1);
+        uint64_t live = tracked_add(d, -(int64_t)h->size, t);
+        history_add(OG_EV_FREE, OG_H_cuMemRelease, h->device, h->size, live, t);
+        og_note_free(h->device, h->size);
+    }
+    HASH_DEL(vmm_handles, h);
+    free(h);
+}
+
+void og_track_vmm_create(og_call_t *c, CUmemGenericAllocationHandle handle, uint64_t size, int device)
+{
+    uint32_t site = og_site_capture(c->caller);
+    uint64_t t = og_now_ns();
+    vmm_handle_t *h = calloc(1, sizeof *h);
+    if (!h)
+        return;
+    h->handle = handle;
+    h->size = size;
+    h->device = device;
+    h->refs = 1;
+    h->t_ns = t;
+    h->site = site;
+    pthread_mutex_lock(&vmm_lock);
+    HASH_ADD(hh, vmm_handles, handle, sizeof(uint64_t), h);
+    pthread_mutex_unlock(&vmm_lock);
+    dev_t_ *d = dev_of(device);
+    if (!d)
+        return;
+    atomic_fetch_add(&d->vmm_physical, size);
+    atomic_fetch_add(&d->vmm_handles, 1);
+    atomic_fetch_add(&d->allocs, 1);
+    uint64_t live = tracked_add(d, (int64_t)size, t);
+    history_add(OG_EV_ALLOC, c->hook, device, size, live, t);
+}
+
+void og_track_vmm_retain(og_call_t *c, CUmemGenericAllocationHandle handle)
+{
+    pthread_mutex_lock(&vmm_lock);
+    vmm_handle_t *h;
+    uint64_t k = handle;
+    HASH_FIND(hh, vmm_handles, &k, sizeof k, h);
+    if (h)
+        h->refs++;
+    pthread_mutex_unlock(&vmm_lock);
+}
+
+void og_track_vmm_release(og_call_t *c, CUmemGenericAllocationHandle handle)
+{
+    uint64_t t = og_now_ns();
+    pthread_mutex_lock(&vmm_lock);
+    vmm_handle_t *h;
+    uint64_t k = handle;
+    HASH_FIND(hh, vmm_handles, &k, sizeof k, h);
+    if (h) {
+        h->refs--;
+        vmm_maybe_free(h, t);
+    }
+    pthread_mutex_unlock(&vmm_lock);
+}
+
+void og_track_vmm_map(og_call_t *c, uintptr_t va, uint64_t size, CUmemGenericAllocationHandle handle)
+{
+    vmm_map_t *m = calloc(1, sizeof *m);
+    if (!m)
+        return;
+    m->va = va;
+    m->size = size;
+    m->handle = handle;
+    pthread_mutex_lock(&vmm_lock);
+    vmm_map_t *old;
+    HASH_FIND(hh, vmm_maps, &m->va, sizeof(uint64_t), old);
+    if (old) {                      /* cannot happen with a correct driver; keep the newest */
+        HASH_DEL(vmm_maps, old);
+        free(old);
+    }
+    HASH_ADD(hh, vmm_maps, va, sizeof(uint64_t), m);
+    vmm_handle_t *h;
+    uint64_t k = handle;
+    HASH_FIND(hh, vmm_handles, &k, sizeof k, h);
+    if (h) {
+        h->mappings++;
+        dev_t_ *d = dev_of(h->device);
+        if (d)
+            atomic_fetch_add(&d->vmm_mapped, size);
+    }
+    pthread_mutex_unlock(&vmm_lock);
+}
+
+static void unmap_one(vmm_map_t *m, uint64_t t)
+{
+    vmm_handle_t *h;
+    uint64_t k = m->handle;
+    HASH_FIND(hh, vmm_handles, &k, sizeof k, h);
+    if (h) {
+        h->mappings--;
+        dev_t_ *d = dev_of(h->device);
+        if (d)
+            atomic_fetch_sub(&d->vmm_mapped, m->size);
+        vmm_maybe_free(h, t);
+    }
+    HASH_DEL(vmm_maps, m);
+    free(m);
+}
+
+void og_track_vmm_unmap(og_call_t *c, uintptr_t va, uint64_t size)
+{
+    uint64_t t = og_now_ns(), end = va + size;
+    pthread_mutex_lock(&vmm_lock);
+    /* Usual case: the range is a run of whole mappings; walk it mapping by mapping. */
+    uint64_t a = va;
+    while (a < end) {
+        vmm_map_t *m;
+        HASH_FIND(hh, vmm_maps, &a, sizeof a, m);
+        if (!m)
+            break;
+        a += m->size ? m->size : 1;
+        unmap_one(m, t);
+    }
+    if (a < end) {                   /* anything else inside the range */
+        vmm_map_t *m, *tmp;
+        HASH_ITER(hh, vmm_maps, m, tmp) {
+            if (m->va >= va && m->va < end)
+                unmap_one(m, t);
+        }
+    }
+    pthread_mutex_unlock(&vmm_lock);
+}
+
+size_t og_ledger_foreach(og_block_fn fn, void *arg)
+{
+    size_t n = 0;
+    for (int i = 0; i < SHARDS; i++) {
+        shard_t *s = &shards[i];
+        pthread_mutex_lock(&s->lock);
+        for (og_block_t *b = s->table; b; b = b->hh.next) {
+            og_block_view_t v = {b->addr, b->size, b->t_ns, b->site, b->device, b->kind, b->hook};
+            fn(&v, arg);
+            n++;
+        }
+        pthread_mutex_unlock(&s->lock);
+    }
+    pthread_mutex_lock(&vmm_lock);
+    for (vmm_handle_t *h = vmm_handles; h; h = h->hh.next) {
+        og_block_view_t v = {h->handle, h->size, h->t_ns, h->site, h->device, OG_KIND_VMM, OG_H_cuMemCreate};
+        fn(&v, arg);
+        n++;
+    }
+    pthread_mutex_unlock(&vmm_lock);
+    return n;
+}
+
+/* ------------------------------------------------------------------ pools */
+
+typedef CUresult (*pool_get_attr_fn)(CUmemoryPool, CUmemPool_attribute, void *);
+typedef CUresult (*dev_get_pool_fn)(CUmemoryPool *, CUdevice);
+static _Atomic(pool_get_attr_fn) pool_get_attr;
+static _Atomic(dev_get_pool_fn) dev_get_pool;
+
+#define MAX_POOLS 256
+typedef struct {
+    CUmemoryPool pool;
+    int device;
+    uint64_t reserved;         /* last value folded into the device's totals */
+} pool_t;
+static pool_t pools[MAX_POOLS];
+static int npools;
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static uint64_t pool_reserved_now(CUmemoryPool pool)
+{
+    pool_get_attr_fn f = atomic_load(&pool_get_attr);
+    if (!f) {
+        f = (pool_get_attr_fn)og_cuda_sym("cuMemPoolGetAttribute");
+        atomic_store(&pool_get_attr, f);
+    }
+    cuuint64_t v = 0;
+    if (!f || f(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v) != CUDA_SUCCESS)
+        return UINT64_MAX;
+    return v;
+}
+
+CUmemoryPool og_device_current_pool(int device)
+{
+    dev_get_pool_fn f = atomic_load(&dev_get_pool);
+    if (!f) {
+        f = (dev_get_pool_fn)og_cuda_sym("cuDeviceGetMemPool");
+        atomic_store(&dev_get_pool, f);
+    }
+    CUmemoryPool p = NULL;
+    if (!f || f(&p, (CUdevice)device) != CUDA_SUCCESS)
+        return NULL;
+    return p;
+}
+
+/* Fold the pool's current reservation into its device (caller holds pool_lock). */
+static void pool_fold(pool_t *p)
+{
+    uint64_t now = pool_reserved_now(p->pool);
+    if (now == UINT64_MAX || now == p->reserved)
+        return;
+    dev_t_ *d = dev_of(p->device);
+    int64_t delta = (int64_t)(now - p->reserved);
+    p->reserved = now;
+    if (!d)
+        return;
+    atomic_fetch_add(&d->pool_reserved, (uint64_t)delta);
+    uint64_t t = og_now_ns();
+    uint64_t live = tracked_add(d, delta, t);
+    history_add(delta > 0 ? OG_EV_POOL_GROW : OG_EV_POOL_SHRINK, OG_H_COUNT, p->device,
+                (uint64_t)(delta > 0 ? delta : -delta), live, t);
+    if (delta < 0)
+        og_note_free(p->device, (uint64_t)-delta);
+}
+
+void og_track_pool_use(og_call_t *c, CUmemoryPool pool, int device)
+{
+    if (!pool)
+        return;
+    pthread_mutex_lock(&pool_lock);
+    pool_t *p = NULL;
+    for (int i = 0; i < npools; i++)
+        if (pools[i].pool == pool) {
+            p = &pools[i];
+            break;
+        }
+    if (!p && npools < MAX_POOLS) {
+        p = &pools[npools++];
+        p->pool = pool;
+        p->device = device;
+        p->reserved = 0;
+    }
+    if (p)
+        pool_fold(p);
+    pthread_mutex_unlock(&pool_lock);
+}
+
+void og_track_pool_refresh(CUmemoryPool pool)
+{
+    pthread_mutex_lock(&pool_lock);
+    for (int i = 0; i < npools; i++)
+        if (!pool || pools[i].pool == pool)
+            pool_fold(&pools[i]);
+    pthread_mutex_unlock(&pool_lock);
+}
+
+/* Called before the real cuMemPoolDestroy: the pool's reservation goes with it. */
+void og_track_pool_destroy(CUmemoryPool pool)
+{
+    pthread_mutex_lock(&pool_lock);
+    for (int i = 0; i < npools; i++) {
+        if (pools[i].pool != pool)
+            continue;
+        dev_t_ *d = dev_of(pools[i].device);
+        if (d && pools[i].reserved) {
+            atomic_fetch_sub(&d->pool_reserved, pools[i].reserved);
+            uint64_t t = og_now_ns();
+            uint64_t live = tracked_add(d, -(int64_t)pools[i].reserved, t);
+            history_add(OG_EV_POOL_SHRINK, OG_H_cuMemPoolDestroy, pools[i].device, pools[i].reserved, live, t);
+        }
+        pools[i] = pools[--npools];
+        break;
+    }
+    pthread_mutex_unlock(&pool_lock);
+}
+
+/* ------------------------------------------------------------------ queries */
+
+void og_ledger_stats(int device, oomguard_device_stats_t *out)
+{
+    memset(out, 0, sizeof *out);
+    dev_t_ *d = dev_of(device);
+    if (!d)
+        return;
+    og_track_pool_refresh(NULL);    /* pools shrink at synchronisation points we do not hook */
+    out->plain_bytes = atomic_load(&d->bytes[OG_KIND_PLAIN]);
+    out->plain_blocks = atomic_load(&d->blocks[OG_KIND_PLAIN]);
+    out->managed_bytes = atomic_load(&d->bytes[OG_KIND_MANAGED]);
+    out->managed_blocks = atomic_load(&d->blocks[OG_KIND_MANAGED]);
+    out->pool_used_bytes = atomic_load(&d->bytes[OG_KIND_POOL]);
+    out->pool_blocks = atomic_load(&d->blocks[OG_KIND_POOL]);
+    out->pool_reserved_bytes = atomic_load(&d->pool_reserved);
+    out->vmm_physical_bytes = atomic_load(&d->vmm_physical);
+    out->vmm_handles = atomic_load(&d->vmm_handles);
+    out->vmm_mapped_bytes = atomic_load(&d->vmm_mapped);
+    out->tracked_bytes = atomic_load(&d->tracked);
+    out->peak_tracked_bytes = atomic_load(&d->peak);
+    out->allocs = atomic_load(&d->allocs);
+    out->frees = atomic_load(&d->frees);
+    out->failures = atomic_load(&d->failures);
+    out->unknown_frees = atomic_load(&d->unknown_frees);
+    if (device == 0) {
+        out->host_pinned_bytes = atomic_load(&host_bytes);
+        out->host_pinned_blocks = atomic_load(&host_blocks);
+    }
+}
+
+uint64_t og_ledger_peak_t_ns(int device)
+{
+    dev_t_ *d = dev_of(device);
+    return d ? atomic_load(&d->peak_t_ns) : 0;
+}
+
+/* ------------------------------------------------------------------ init & fork */
+
+void og_ledger_init(void)
+{
+    start_ns = og_now_ns();
+    for (int i = 0; i < SHARDS; i++)
+        pthread_mutex_init(&shards[i].lock, NULL);
+    ring_size = (size_t)og_opt.history;
+    ring = calloc(ring_size, sizeof *ring);
+}
+
+void og_ledger_atfork_prepare(void)
+{
+    pthread_mutex_lock(&pool_lock);
+    pthread_mutex_lock(&vmm_lock);
+    for (int i = 0; i < SHARDS; i++)
+        pthread_mutex_lock(&shards[i].lock);
+}
+
+void og_ledger_atfork_parent(void)
+{
+    for (int i = SHARDS - 1; i >= 0; i--)
+        pthread_mutex_unlock(&shards[i].lock);
+    pthread_mutex_unlock(&vmm_lock);
+    pthread_mutex_unlock(&pool_lock);
+}
+
+/* A forked child holds none of its parent's device memory (CUDA contexts do not survive
+ * fork), so it starts with an empty ledger. */
+void og_ledger_atfork_child(void)
+{
+    for (int i = 0; i < SHARDS; i++) {
+        shard_t *s = &shards[i];
+        og_block_t *b, *tmp;
+        HASH_ITER(hh, s->table, b, tmp) {
+            HASH_DEL(s->table, b);
+            block_put(s, b);
+        }
+    }
+    vmm_handle_t *h, *ht;
+    HASH_ITER(hh, vmm_handles, h, ht) {
+        HASH_DEL(vmm_handles, h);
+        free(h);
+    }
+    vmm_map_t *m, *mt;
+    HASH_ITER(hh, vmm_maps, m, mt) {
+        HASH_DEL(vmm_maps, m);
+        free(m);
+    }
+    npools = 0;
+    memset(devs, 0, sizeof devs);
+    atomic_store(&host_bytes, 0);
+    atomic_store(&host_blocks, 0);
+    atomic_store(&ring_head, 0);
+    if (ring)
+        memset(ring, 0, ring_size * sizeof *ring);
+    start_ns = og_now_ns();
+    og_ledger_atfork_parent();
+}

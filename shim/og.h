@@ -1,0 +1,223 @@
+/* Internal header of liboomguard.so.  Internal names use the og_ prefix and are hidden;
+ * the public surface is include/oomguard.h plus the interposed CUDA/dlsym symbols. */
+#ifndef OG_H
+#define OG_H
+
+#include <cuda.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <pthread.h>
+
+#include "oomguard.h"
+
+/* cuda.h maps base names onto their newest ABI; the shim names exact ABIs itself. */
+#undef cuGetProcAddress
+
+#define OG_EXPORT __attribute__((visibility("default")))
+#define OG_TLS    __thread __attribute__((tls_model("initial-exec")))
+#define OG_LIKELY(x)   __builtin_expect(!!(x), 1)
+#define OG_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+#define OG_MAX_DEVICES   64
+#define OG_MAX_FRAMES    64
+
+/* ---------------------------------------------------------------- hooks (hooks.def) */
+
+enum og_lib { OG_LIB_CUDA, OG_LIB_NVML };
+
+enum og_hook_id {
+#define OG_HOOK(ret, name, base, since, ptsz, lib, params, args) OG_H_##name,
+#include "hooks.def"
+#undef OG_HOOK
+    OG_H_COUNT
+};
+
+#define OG_HOOK(ret, name, base, since, ptsz, lib, params, args) \
+    typedef ret (*og_fn_##name) params;                          \
+    OG_EXPORT ret name params;
+#include "hooks.def"
+#undef OG_HOOK
+
+typedef struct og_hook {
+    const char *name;        /* exact ABI symbol */
+    const char *base;        /* name cuGetProcAddress answers (driver hooks only) */
+    int since;               /* first cudaVersion answering base with this ABI */
+    int ptsz;                /* per-thread default stream variant */
+    int lib;                 /* enum og_lib */
+    void *wrapper;           /* our function */
+} og_hook_t;
+
+extern const og_hook_t og_hooks[OG_H_COUNT];
+extern _Atomic(void *) og_real_ptrs[OG_H_COUNT];
+
+void *og_resolve_real(int id);
+/* Real function behind hook `name`; resolved once, then a plain load. */
+#define OG_REAL(name)                                                          \
+    ((og_fn_##name)(atomic_load_explicit(&og_real_ptrs[OG_H_##name], memory_order_acquire) \
+                        ?: og_resolve_real(OG_H_##name)))
+
+int og_hook_find(const char *name);                 /* -1 when not hooked */
+void *og_proc_wrapper(const char *base, int version, uint64_t flags, void *real);
+void *og_dlsym_real(void *handle, const char *name); /* glibc's dlsym */
+void *og_cuda_sym(const char *name);                 /* un-hooked driver function */
+
+/* ---------------------------------------------------------------- options (options.c) */
+
+typedef enum { OG_OPT_BOOL, OG_OPT_INT, OG_OPT_SIZE, OG_OPT_PERCENT, OG_OPT_STRING } og_opt_type;
+
+/* OG_OPTION(id, env suffix, type, default, min, max, help) */
+#define OG_OPTIONS(X)                                                                          \
+    X(verbose,      "VERBOSE",     OG_OPT_BOOL,   "0",    0, 1,       "print options, hooks and tracking decisions on stderr") \
+    X(quiet,        "QUIET",       OG_OPT_BOOL,   "0",    0, 1,       "no stderr summary on OOM (the dump is still written)") \
+    X(stack_depth,  "STACK_DEPTH", OG_OPT_INT,    "16",   0, OG_MAX_FRAMES, "frames recorded per allocation site; 0 = caller address only") \
+    X(history,      "HISTORY",     OG_OPT_INT,    "4096", 16, 1 << 22, "allocation events kept in the ring shown in dumps") \
+    X(dir,          "DIR",         OG_OPT_STRING, "",     0, 0,       "where dumps go (default: working directory, then the temp dir, then stderr)")
+
+enum og_opt_id {
+#define X(id, env, type, def, lo, hi, help) OG_OPT_##id,
+    OG_OPTIONS(X)
+#undef X
+    OG_OPT_COUNT
+};
+
+typedef struct og_options {
+#define X(id, env, type, def, lo, hi, help) long long id;
+    OG_OPTIONS(X)
+#undef X
+    char dir_s[4096];
+} og_options_t;
+
+extern og_options_t og_opt;
+void og_options_init(void);
+void og_options_print(void);
+long long og_parse_size(const char *s, bool *ok);   /* "24GiB", "24000MB", "123" */
+
+/* ---------------------------------------------------------------- logging */
+void og_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void og_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* ---------------------------------------------------------------- stacks & sites (stacks.c) */
+
+enum og_libclass { OG_LIBCLASS_OTHER, OG_LIBCLASS_CUDA, OG_LIBCLASS_FRAMEWORK };
+
+typedef struct og_site {
+    uint64_t hash;
+    uint32_t id;
+    uint16_t lib;             /* index into the library table */
+    uint16_t depth;
+    uintptr_t frames[];       /* depth entries, innermost first */
+} og_site_t;
+
+uint32_t og_site_capture(void *caller);            /* unwinds (or uses caller), dedups */
+const og_site_t *og_site_get(uint32_t id);
+uint32_t og_site_count(void);
+const char *og_lib_name(uint16_t lib);
+int og_lib_class(uint16_t lib);
+uint16_t og_lib_count(void);
+void og_stacks_init(void);
+void og_stacks_atfork_prepare(void);
+void og_stacks_atfork_parent(void);
+void og_stacks_atfork_child(void);
+
+/* ---------------------------------------------------------------- ledger (ledger.c) */
+
+enum og_kind { OG_KIND_PLAIN, OG_KIND_MANAGED, OG_KIND_POOL, OG_KIND_HOST, OG_KIND_VMM, OG_KIND_COUNT };
+
+enum og_event_op { OG_EV_ALLOC, OG_EV_FREE, OG_EV_FAIL, OG_EV_POOL_GROW, OG_EV_POOL_SHRINK };
+typedef struct og_history_event {
+    uint64_t t_ns, bytes, live;   /* live: tracked bytes on the device after the event */
+    int16_t device;
+    uint8_t op, hook;             /* hook == OG_H_COUNT: no API (pool resize seen later) */
+} og_history_event_t;
+size_t og_history_copy(og_history_event_t *out, size_t max);   /* oldest first */
+uint64_t og_ledger_peak_t_ns(int device);
+CUmemoryPool og_device_current_pool(int device);
+
+typedef struct og_call {
+    int hook;
+    int device;               /* -1 until known */
+    void *caller;
+    bool active;              /* false when re-entered from inside the shim */
+} og_call_t;
+
+void og_ledger_init(void);
+int og_current_device(void);
+void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind);
+void og_track_free(og_call_t *c, uintptr_t addr);
+void og_track_failure(og_call_t *c, uint64_t size, int kind, CUresult r);
+void og_track_vmm_create(og_call_t *c, CUmemGenericAllocationHandle h, uint64_t size, int device);
+void og_track_vmm_release(og_call_t *c, CUmemGenericAllocationHandle h);
+void og_track_vmm_retain(og_call_t *c, CUmemGenericAllocationHandle h);
+void og_track_vmm_map(og_call_t *c, uintptr_t va, uint64_t size, CUmemGenericAllocationHandle h);
+void og_track_vmm_unmap(og_call_t *c, uintptr_t va, uint64_t size);
+void og_track_pool_use(og_call_t *c, CUmemoryPool pool, int device);
+void og_track_pool_refresh(CUmemoryPool pool);
+void og_track_pool_destroy(CUmemoryPool pool);
+void og_ledger_stats(int device, oomguard_device_stats_t *out);
+void og_ledger_atfork_prepare(void);
+void og_ledger_atfork_parent(void);
+void og_ledger_atfork_child(void);
+
+/* Iterate live blocks (for dumps): returns number visited. */
+typedef struct og_block_view {
+    uintptr_t addr; uint64_t size; uint64_t t_ns; uint32_t site; int device; int kind; int hook;
+} og_block_view_t;
+typedef void (*og_block_fn)(const og_block_view_t *b, void *arg);
+size_t og_ledger_foreach(og_block_fn fn, void *arg);
+
+/* ---------------------------------------------------------------- failures (oom.c) */
+
+/* A failure opens an "episode" on its device; frees that follow are what the framework
+ * released to retry; the next success on the device closes it as recovered. */
+typedef struct og_episode {
+    int device, hook, kind, attempts;
+    void *caller;
+    uint32_t site;
+    uint64_t first_t_ns, last_t_ns, first_requested, requested;
+    uint64_t released;                 /* bytes freed on the device since the first failure */
+    uint64_t released_before_attempt;  /* ... up to the latest failed attempt */
+    bool recovered;
+    uint64_t recovered_requested, recovered_t_ns;
+} og_episode_t;
+
+void og_oom_init(void);
+void og_oom_atfork_child(void);
+void og_on_oom(og_call_t *c, uint64_t size, int kind);
+/* dump.c: the record of a failure, written before the failing call returns */
+void og_report_failure(const og_episode_t *ep, og_call_t *c);
+void og_report_recovered(const og_episode_t *ep, og_call_t *c);
+void og_on_free(int device, uint64_t bytes);
+extern atomic_int og_episode_open[OG_MAX_DEVICES];
+void og_on_recovered(og_call_t *c, int device, uint64_t size);
+static inline void og_note_free(int device, uint64_t bytes)
+{
+    if (device >= 0 && device < OG_MAX_DEVICES &&
+        OG_UNLIKELY(atomic_load_explicit(&og_episode_open[device], memory_order_relaxed)))
+        og_on_free(device, bytes);
+}
+
+/* ---------------------------------------------------------------- call guard */
+
+extern OG_TLS int og_in_shim;
+extern atomic_int og_ready;
+void og_init_slow(void);
+
+static inline void og_enter(og_call_t *c, int hook, void *caller)
+{
+    c->hook = hook;
+    c->device = -1;
+    c->caller = caller;
+    if (OG_UNLIKELY(!atomic_load_explicit(&og_ready, memory_order_acquire)))
+        og_init_slow();
+    /* A hook reached from inside the shim (e.g. while writing a dump) passes through. */
+    c->active = (og_in_shim == 0);
+    og_in_shim++;
+}
+static inline void og_leave(og_call_t *c) { og_in_shim--; }
+
+uint64_t og_now_ns(void);     /* CLOCK_MONOTONIC */
+uint64_t og_start_ns(void);
+
+#endif
