@@ -1,0 +1,2 @@
+int og_rtld_probe(void) { return 2; }
+

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Runs every test suite of oomguard and ends with one line "N passed, N failed".
+# Called by `make test` (B = build dir, SANITIZE=1 for the ASan+UBSan build).
+set -u
+B=${B:-build}
+MAKE=${MAKE:-make}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+
+pass=0 fail=0 skip=0
+failed_names=()
+LOG_DIR=$(mktemp -d "${TMPDIR:-/tmp}/oomguard-tests.XXXXXX")
+trap 'rm -rf "$LOG_DIR"' EXIT
+
+SHIM="$ROOT/$B/liboomguard.so"
+PRELOAD="$SHIM"
+if [ "${SANITIZE:-}" = 1 ]; then
+    # The sanitizer runtime must come first in the initial library list.
+    PRELOAD="$(${CC:-cc} -print-file-name=libasan.so) $SHIM"
+    export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=1}
+    export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+fi
+export LD_LIBRARY_PATH="$ROOT/$B/sim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export SIMGPU_DEVICES=2 SIMGPU_MEM="0:24GiB,1:16GiB"
+
+# run NAME CMD...: one test; output kept and shown only on failure
+run() {
+    local name=$1; shift
+    local log="$LOG_DIR/$(echo "$name" | tr ' /' '__').log"
+    if "$@" >"$log" 2>&1; then
+        pass=$((pass + 1)); echo "PASS  $name"
+    else
+        fail=$((fail + 1)); failed_names+=("$name"); echo "FAIL  $name"
+        sed 's/^/      | /' "$log" | tail -n 40
+    fi
+}
+
+# suite NAME CMD...: a suite that prints its own "N passed, N failed" line; counts are added
+suite() {
+    local name=$1; shift
+    local log="$LOG_DIR/$(echo "$name" | tr ' /' '__').log"
+    "$@" >"$log" 2>&1
+    local rc=$?
+    local line
+    line=$(grep -E '^([A-Za-z]+: )?[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
+    if [ -z "$line" ]; then
+        fail=$((fail + 1)); failed_names+=("$name (no summary, exit $rc)")
+        echo "FAIL  $name (no summary line, exit $rc)"; tail -n 40 "$log" | sed 's/^/      | /'
+        return
+    fi
+    local p f s
+    p=$(echo "$line" | grep -oE '[0-9]+ passed' | grep -oE '[0-9]+')
+    f=$(echo "$line" | grep -oE '[0-9]+ failed' | grep -oE '[0-9]+')
+    s=$(echo "$line" | grep -oE '[0-9]+ skipped' | grep -oE '[0-9]+' || true)
+    pass=$((pass + p)); fail=$((fail + f)); skip=$((skip + ${s:-0}))
+    if [ "$f" != 0 ] || [ $rc != 0 ]; then
+        [ "$f" = 0 ] && fail=$((fail + 1))
+        failed_names+=("$name")
+        echo "FAIL  $name: $line (exit $rc)"; grep -E 'FAIL|Error|error' "$log" | head -n 30 | sed 's/^/      | /'
+    else
+        echo "PASS  $name: $line"
+    fi
+}
+
+with_shim() { env LD_PRELOAD="$PRELOAD" OOMGUARD_DIR="$LOG_DIR" "$@"; }
+
+echo "== unit tests"
+for t in "$B"/tests/unit_*; do
+    [ -x "$t" ] || continue
+    suite "unit $(basename "$t")" env CMOCKA_MESSAGE_OUTPUT=stdout "$t"
+done
+
+echo "== simulated GPU self-test"
+if grep -q '^sim-selftest:' sim/sim.mk 2>/dev/null; then
+    suite "sim selftest" $MAKE -s --no-print-directory B="$B" SANITIZE="${SANITIZE:-}" sim-selftest
+fi
+
+echo "== end-to-end under LD_PRELOAD (ledger == simulated driver, to the byte)"
+for p in runtime static driver dlopen entry_points fork_exec rtld; do
+    run "e2e $p (no shim)" "$B/tests/e2e_$p"
+    run "e2e $p" with_shim "$B/tests/e2e_$p"
+done
+run "e2e stress 2 dev x 8 threads x 100k, injected failures" \
+    with_shim env SIMGPU_FAIL_PROB=0.01 SIMGPU_SEED=7 OOMGUARD_QUIET=1 "$B/tests/e2e_stress"
+run "e2e stress, stacks off" \
+    with_shim env SIMGPU_FAIL_PROB=0.02 SIMGPU_SEED=11 OOMGUARD_QUIET=1 OOMGUARD_STACK_DEPTH=0 STRESS_OPS=20000 "$B/tests/e2e_stress"
+
+if [ -f tests/e2e/run_scenarios.sh ]; then
+    echo "== OOM scenarios (dumps checked against the simulator)"
+    suite "scenarios" env B="$B" PRELOAD="$PRELOAD" bash tests/e2e/run_scenarios.sh
+fi
+
+if grep -q '^test-cli:' tools/tools.mk 2>/dev/null; then
+    echo "== oomguard command"
+    suite "cli" $MAKE -s --no-print-directory B="$B" SANITIZE="${SANITIZE:-}" test-cli
+fi
+
+echo
+if [ ${#failed_names[@]} -gt 0 ]; then
+    echo "failed:"; printf '  %s\n' "${failed_names[@]}"
+fi
+if [ "$skip" -gt 0 ]; then
+    echo "$pass passed, $fail failed, $skip skipped"
+else
+    echo "$pass passed, $fail failed"
+fi
+[ "$fail" = 0 ]

@@ -1,0 +1,52 @@
+# Tests: unit (cmocka), end-to-end under LD_PRELOAD against the simulated GPU, the
+# simulator's self-test and the CLI tests.  `make test` runs them all through
+# tests/run_tests.sh, which ends with "N passed, N failed".
+
+TEST_B      := $(B)/tests
+E2E_CFLAGS   = $(ALL_CFLAGS) -Isim -Itests/e2e -pthread
+E2E_LDRT     = -L$(SIM_LIBDIR) -Wl,-rpath-link,$(SIM_LIBDIR)
+E2E_PROGS   := $(TEST_B)/e2e_runtime $(TEST_B)/e2e_static $(TEST_B)/e2e_driver $(TEST_B)/e2e_dlopen \
+               $(TEST_B)/e2e_entry_points $(TEST_B)/e2e_stress $(TEST_B)/e2e_fork_exec $(TEST_B)/e2e_rtld
+UNIT_PROGS  := $(patsubst tests/unit/%.c,$(TEST_B)/unit_%,$(wildcard tests/unit/test_*.c))
+E2E_DEPS     = tests/e2e/check.h include/oomguard.h $(SIM_LIBS) | $(TEST_B)/.dir
+
+$(TEST_B)/.dir:
+	@mkdir -p $(TEST_B) && touch $@
+
+$(TEST_B)/e2e_runtime: tests/e2e/alloc_paths.c $(E2E_DEPS)
+	$(CC) $(E2E_CFLAGS) $< -o $@ $(E2E_LDRT) -lcudart -ldl
+$(TEST_B)/e2e_static: tests/e2e/alloc_paths.c $(E2E_DEPS)
+	$(CC) $(E2E_CFLAGS) $< -o $@ $(SIM_LIBDIR)/libcudart_static.a -ldl -lpthread
+$(TEST_B)/e2e_driver: tests/e2e/driver_api.c $(E2E_DEPS)
+	$(CC) $(E2E_CFLAGS) $< -o $@ $(E2E_LDRT) -lcuda -ldl
+$(TEST_B)/e2e_dlopen: tests/e2e/dlopen_driver.c $(E2E_DEPS)
+	$(CC) $(E2E_CFLAGS) $< -o $@ -ldl
+$(TEST_B)/e2e_entry_points: tests/e2e/entry_points.c $(E2E_DEPS)
+	$(CC) $(E2E_CFLAGS) $< -o $@ $(E2E_LDRT) -lcudart -ldl
+$(TEST_B)/e2e_stress: tests/e2e/stress.c $(E2E_DEPS)
+	$(CC) $(E2E_CFLAGS) $< -o $@ $(E2E_LDRT) -lcudart -ldl
+$(TEST_B)/e2e_fork_exec: tests/e2e/fork_exec.c $(E2E_DEPS)
+	$(CC) $(E2E_CFLAGS) $< -o $@ $(E2E_LDRT) -lcudart -ldl
+
+# dlsym(RTLD_NEXT/RTLD_DEFAULT) must keep answering relative to the real caller
+$(TEST_B)/librtld_next_a.so: tests/e2e/rtld_next_a.c | $(TEST_B)/.dir
+	$(CC) $(ALL_CFLAGS) -fPIC -shared $< -o $@ -ldl
+$(TEST_B)/librtld_next_b.so: tests/e2e/rtld_next_b.c | $(TEST_B)/.dir
+	$(CC) $(ALL_CFLAGS) -fPIC -shared $< -o $@
+$(TEST_B)/librtld_dep.so: tests/e2e/rtld_dep.c | $(TEST_B)/.dir
+	$(CC) $(ALL_CFLAGS) -fPIC -shared $< -o $@
+$(TEST_B)/librtld_local.so: tests/e2e/rtld_local.c $(TEST_B)/librtld_dep.so
+	$(CC) $(ALL_CFLAGS) -fPIC -shared $< -o $@ -L$(TEST_B) -lrtld_dep -Wl,-rpath,'$$ORIGIN' -ldl
+$(TEST_B)/e2e_rtld: tests/e2e/rtld.c $(TEST_B)/librtld_next_a.so $(TEST_B)/librtld_next_b.so $(TEST_B)/librtld_local.so
+	$(CC) $(E2E_CFLAGS) $< -o $@ -L$(TEST_B) -lrtld_next_a -lrtld_next_b -Wl,-rpath,'$$ORIGIN' -ldl
+
+# Unit tests link the shim's objects directly.
+$(TEST_B)/unit_%: tests/unit/%.c $(SHIM_OBJ) | $(TEST_B)/.dir
+	$(CC) $(SHIM_CFLAGS) -Wno-unused-function $< $(SHIM_OBJ) -o $@ -lcmocka -lunwind -ldl -pthread
+
+test-build: all $(E2E_PROGS) $(UNIT_PROGS)
+
+test: test-build
+	@B=$(B) SANITIZE=$(SANITIZE) MAKE="$(MAKE)" bash tests/run_tests.sh
+
+.PHONY: test-build test bench
