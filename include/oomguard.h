@@ -34,6 +34,24 @@ typedef struct oomguard_device_stats {
 /* Fills *out for `device`; returns 0, or -1 for a device index out of range. */
 int oomguard_device_stats(int device, oomguard_device_stats_t *out);
 
+/* A framework's own view of its allocator, handed in by an adapter (see adapters/).
+ * Set struct_size = sizeof(oomguard_framework_stats_t); strings are copied. */
+typedef struct oomguard_framework_stats {
+    uint64_t struct_size;
+    uint64_t allocated_bytes;            /* in live tensors */
+    uint64_t reserved_bytes;             /* held from the driver */
+    uint64_t active_bytes;
+    uint64_t inactive_split_bytes;       /* free pieces of split blocks */
+    uint64_t largest_free_block_bytes;   /* largest free block inside the cache */
+    uint64_t private_pool_bytes;         /* e.g. CUDA graph pools */
+    uint64_t num_alloc_retries, num_ooms;
+    const char *allocator_settings;      /* e.g. PYTORCH_CUDA_ALLOC_CONF as seen by the framework */
+    const char *source;                  /* e.g. "torch 2.11" */
+} oomguard_framework_stats_t;
+
+/* Returns 0, or -1 for a NULL or too-small struct. Safe from any thread, at any time. */
+int oomguard_framework_report(const oomguard_framework_stats_t *stats);
+
 /* Library version string, e.g. "0.1.0". */
 const char *oomguard_version(void);
 

@@ -30,6 +30,18 @@ static CUresult after_alloc(og_call_t *c, CUresult r, CUdeviceptr *dptr, uint64_
     return r;
 }
 
+/* Only a successful free releases memory; a failed one leaves the block live.  Either way a
+ * pointer the ledger does not know is counted (allocated before us, or a program bug). */
+static void after_free(og_call_t *c, CUresult r, uintptr_t addr)
+{
+    if (!c->active || !addr)
+        return;
+    if (r == CUDA_SUCCESS)
+        og_track_free(c, addr);
+    else
+        og_track_free_failed(c, addr);
+}
+
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
     OG_BEGIN(cuMemAlloc_v2);
@@ -59,9 +71,7 @@ CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     OG_BEGIN(cuMemFree_v2);
     CUresult r = real(dptr);
-    /* Only a successful free releases memory; a failed one leaves the block live. */
-    if (c.active && r == CUDA_SUCCESS && dptr)
-        og_track_free(&c, (uintptr_t)dptr);
+    after_free(&c, r, (uintptr_t)dptr);
     OG_END(r);
 }
 
@@ -108,8 +118,7 @@ CUresult cuMemFreeHost(void *p)
 {
     OG_BEGIN(cuMemFreeHost);
     CUresult r = real(p);
-    if (c.active && r == CUDA_SUCCESS && p)
-        og_track_free(&c, (uintptr_t)p);
+    after_free(&c, r, (uintptr_t)p);
     OG_END(r);
 }
 
@@ -215,8 +224,7 @@ CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 {
     OG_BEGIN(cuMemFreeAsync);
     CUresult r = real(dptr, hStream);
-    if (c.active && r == CUDA_SUCCESS && dptr)
-        og_track_free(&c, (uintptr_t)dptr);
+    after_free(&c, r, (uintptr_t)dptr);
     OG_END(r);
 }
 
@@ -224,8 +232,7 @@ CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
 {
     OG_BEGIN(cuMemFreeAsync_ptsz);
     CUresult r = real(dptr, hStream);
-    if (c.active && r == CUDA_SUCCESS && dptr)
-        og_track_free(&c, (uintptr_t)dptr);
+    after_free(&c, r, (uintptr_t)dptr);
     OG_END(r);
 }
 

@@ -23,6 +23,7 @@ static void atfork_child(void)
     og_stacks_atfork_child();
     og_ledger_atfork_child();
     og_oom_atfork_child();
+    og_framework_atfork_child();
 }
 
 static void print_hooks(void)
@@ -56,6 +57,13 @@ static void init_once_fn(void)
 void og_init_slow(void) { pthread_once(&init_once, init_once_fn); }
 
 __attribute__((constructor)) static void og_constructor(void) { og_init_slow(); }
+
+/* A failure still unrecovered when the process ends gets its stderr summary now. */
+__attribute__((destructor)) static void og_destructor(void)
+{
+    if (atomic_load(&og_ready))
+        og_dump_atexit();
+}
 
 /* ------------------------------------------------------------------ public API */
 

@@ -18,8 +18,8 @@
 #include <string.h>
 
 const og_hook_t og_hooks[OG_H_COUNT] = {
-#define OG_HOOK(ret, name, base, since, ptsz, lib, params, args) \
-    [OG_H_##name] = {#name, #base, since, ptsz, lib, (void *)name},
+#define OG_HOOK(ret, name, base, since, ptsz, lib, rt, params, args) \
+    [OG_H_##name] = {#name, #base, since, ptsz, lib, (void *)name, #rt},
 #include "hooks.def"
 #undef OG_HOOK
 };

@@ -53,6 +53,13 @@ typedef struct {
     _Atomic uint64_t pool_reserved, vmm_physical, vmm_handles, vmm_mapped;
     _Atomic uint64_t tracked, peak, peak_t_ns;
     _Atomic uint64_t allocs, frees, failures, unknown_frees;
+    /* usage over the whole run, downsampled: when full, every other sample is dropped and
+     * the interval doubles, so 512 points always span the run */
+    pthread_mutex_t sample_lock;
+    _Atomic uint64_t next_sample_ns;
+    uint64_t sample_interval_ns;
+    int nsamples;
+    struct { uint64_t t_ns, live; } samples[OG_SAMPLES];
 } __attribute__((aligned(64))) dev_t_;
 
 static shard_t shards[SHARDS];
@@ -139,6 +146,38 @@ static inline dev_t_ *dev_of(int device)
     return device >= 0 && device < OG_MAX_DEVICES ? &devs[device] : NULL;
 }
 
+static void sample(dev_t_ *d, uint64_t live, uint64_t t)
+{
+    if (pthread_mutex_trylock(&d->sample_lock) != 0)
+        return;                       /* someone is sampling this device right now: enough */
+    if (d->nsamples == OG_SAMPLES) {
+        for (int i = 0; i < OG_SAMPLES / 2; i++)
+            d->samples[i] = d->samples[2 * i + 1];
+        d->nsamples = OG_SAMPLES / 2;
+        d->sample_interval_ns *= 2;
+    }
+    d->samples[d->nsamples].t_ns = t;
+    d->samples[d->nsamples].live = live;
+    d->nsamples++;
+    atomic_store_explicit(&d->next_sample_ns, t + d->sample_interval_ns, memory_order_relaxed);
+    pthread_mutex_unlock(&d->sample_lock);
+}
+
+size_t og_samples_copy(int device, og_sample_raw_t *out, size_t max)
+{
+    dev_t_ *d = device >= 0 && device < OG_MAX_DEVICES ? &devs[device] : NULL;
+    if (!d)
+        return 0;
+    pthread_mutex_lock(&d->sample_lock);
+    size_t n = (size_t)d->nsamples < max ? (size_t)d->nsamples : max;
+    for (size_t i = 0; i < n; i++) {
+        out[i].t_ns = d->samples[i].t_ns;
+        out[i].live = d->samples[i].live;
+    }
+    pthread_mutex_unlock(&d->sample_lock);
+    return n;
+}
+
 /* tracked += delta; raise the peak when it is passed. */
 static uint64_t tracked_add(dev_t_ *d, int64_t delta, uint64_t t)
 {
@@ -153,6 +192,8 @@ static uint64_t tracked_add(dev_t_ *d, int64_t delta, uint64_t t)
             }
         }
     }
+    if (OG_UNLIKELY(t >= atomic_load_explicit(&d->next_sample_ns, memory_order_relaxed)))
+        sample(d, now, t);
     return now;
 }
 
@@ -268,6 +309,18 @@ void og_track_free(og_call_t *c, uintptr_t addr)
     og_note_free(copy.device, copy.size);
 }
 
+void og_track_free_failed(og_call_t *c, uintptr_t addr)
+{
+    shard_t *s = shard_of(addr);
+    pthread_mutex_lock(&s->lock);
+    og_block_t *b;
+    HASH_FIND(hh, s->table, &addr, sizeof(uint64_t), b);
+    pthread_mutex_unlock(&s->lock);
+    dev_t_ *d = b ? NULL : dev_of(og_current_device());
+    if (d)
+        atomic_fetch_add_explicit(&d->unknown_frees, 1, memory_order_relaxed);
+}
+
 void og_track_failure(og_call_t *c, uint64_t size, int kind, CUresult r)
 {
     int device = c->device >= 0 ? c->device : og_current_device();
@@ -278,7 +331,7 @@ void og_track_failure(og_call_t *c, uint64_t size, int kind, CUresult r)
     history_add(OG_EV_FAIL, c->hook, device, size, atomic_load(&d->tracked), og_now_ns());
     c->device = device;
     if (r == CUDA_ERROR_OUT_OF_MEMORY)
-        og_on_oom(c, size, kind);
+        og_on_oom(c, size, kind, r, false);
 }
 
 /* ------------------------------------------------------------------ VMM */
@@ -623,6 +676,10 @@ void og_ledger_init(void)
     start_ns = og_now_ns();
     for (int i = 0; i < SHARDS; i++)
         pthread_mutex_init(&shards[i].lock, NULL);
+    for (int i = 0; i < OG_MAX_DEVICES; i++) {
+        pthread_mutex_init(&devs[i].sample_lock, NULL);
+        devs[i].sample_interval_ns = 1000000;   /* 1 ms to start with */
+    }
     ring_size = (size_t)og_opt.history;
     ring = calloc(ring_size, sizeof *ring);
 }
@@ -667,6 +724,10 @@ void og_ledger_atfork_child(void)
     }
     npools = 0;
     memset(devs, 0, sizeof devs);
+    for (int i = 0; i < OG_MAX_DEVICES; i++) {
+        pthread_mutex_init(&devs[i].sample_lock, NULL);
+        devs[i].sample_interval_ns = 1000000;
+    }
     atomic_store(&host_bytes, 0);
     atomic_store(&host_blocks, 0);
     atomic_store(&ring_head, 0);

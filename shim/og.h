@@ -22,19 +22,20 @@
 
 #define OG_MAX_DEVICES   64
 #define OG_MAX_FRAMES    64
+#define OG_SAMPLES       512
 
 /* ---------------------------------------------------------------- hooks (hooks.def) */
 
 enum og_lib { OG_LIB_CUDA, OG_LIB_NVML };
 
 enum og_hook_id {
-#define OG_HOOK(ret, name, base, since, ptsz, lib, params, args) OG_H_##name,
+#define OG_HOOK(ret, name, base, since, ptsz, lib, rt, params, args) OG_H_##name,
 #include "hooks.def"
 #undef OG_HOOK
     OG_H_COUNT
 };
 
-#define OG_HOOK(ret, name, base, since, ptsz, lib, params, args) \
+#define OG_HOOK(ret, name, base, since, ptsz, lib, rt, params, args) \
     typedef ret (*og_fn_##name) params;                          \
     OG_EXPORT ret name params;
 #include "hooks.def"
@@ -47,6 +48,7 @@ typedef struct og_hook {
     int ptsz;                /* per-thread default stream variant */
     int lib;                 /* enum og_lib */
     void *wrapper;           /* our function */
+    const char *rt;          /* runtime API reaching it, "0" when none */
 } og_hook_t;
 
 extern const og_hook_t og_hooks[OG_H_COUNT];
@@ -73,7 +75,15 @@ typedef enum { OG_OPT_BOOL, OG_OPT_INT, OG_OPT_SIZE, OG_OPT_PERCENT, OG_OPT_STRI
     X(quiet,        "QUIET",       OG_OPT_BOOL,   "0",    0, 1,       "no stderr summary on OOM (the dump is still written)") \
     X(stack_depth,  "STACK_DEPTH", OG_OPT_INT,    "16",   0, OG_MAX_FRAMES, "frames recorded per allocation site; 0 = caller address only") \
     X(history,      "HISTORY",     OG_OPT_INT,    "4096", 16, 1 << 22, "allocation events kept in the ring shown in dumps") \
-    X(dir,          "DIR",         OG_OPT_STRING, "",     0, 0,       "where dumps go (default: working directory, then the temp dir, then stderr)")
+    X(dir,          "DIR",         OG_OPT_STRING, "",     0, 0,       "where dumps go (default: working directory, then the temp dir, then stderr)") \
+    X(framework,    "FRAMEWORK",   OG_OPT_STRING, "auto", 0, 0,       "auto | pytorch | jax | tensorflow | cupy: framework whose advice to give") \
+    X(framework_libs, "FRAMEWORK_LIBS", OG_OPT_STRING, "", 0, 0,      "extra library names (comma-separated) that count as the framework's allocator") \
+    X(retry_window_ms, "RETRY_WINDOW_MS", OG_OPT_INT, "2000", 0, 600000, "a success this soon after a failure, of at least half its size, is a recovery") \
+    X(frag_share,   "FRAG_SHARE",  OG_OPT_PERCENT, "25%", 0, 10000,   "fragmentation: framework cache >= this share of its reservation") \
+    X(nonfw_share,  "NONFW_SHARE", OG_OPT_PERCENT, "20%", 0, 10000,   "non_framework: context + other libraries >= this share of the process") \
+    X(growth_min,   "GROWTH_MIN",  OG_OPT_PERCENT, "5%",  0, 10000,   "growth: rise of the troughs >= this share of the device") \
+    X(growth_steps, "GROWTH_STEPS", OG_OPT_PERCENT, "70%", 0, 10000,  "growth: share of rising steps between the 8 windows") \
+    X(nvml,         "NVML",        OG_OPT_BOOL,   "1",    0, 1,       "ask NVML for process and other-process usage at a failure")
 
 enum og_opt_id {
 #define X(id, env, type, def, lo, hi, help) OG_OPT_##id,
@@ -87,6 +97,8 @@ typedef struct og_options {
     OG_OPTIONS(X)
 #undef X
     char dir_s[4096];
+    char framework_s[32];
+    char framework_libs_s[512];
 } og_options_t;
 
 extern og_options_t og_opt;
@@ -116,6 +128,7 @@ uint32_t og_site_count(void);
 const char *og_lib_name(uint16_t lib);
 int og_lib_class(uint16_t lib);
 uint16_t og_lib_count(void);
+uint16_t og_lib_of(uintptr_t pc);            /* dladdr: never with a lock held */
 void og_stacks_init(void);
 void og_stacks_atfork_prepare(void);
 void og_stacks_atfork_parent(void);
@@ -133,6 +146,8 @@ typedef struct og_history_event {
 } og_history_event_t;
 size_t og_history_copy(og_history_event_t *out, size_t max);   /* oldest first */
 uint64_t og_ledger_peak_t_ns(int device);
+typedef struct { uint64_t t_ns, live; } og_sample_raw_t;
+size_t og_samples_copy(int device, og_sample_raw_t *out, size_t max);
 CUmemoryPool og_device_current_pool(int device);
 
 typedef struct og_call {
@@ -146,6 +161,7 @@ void og_ledger_init(void);
 int og_current_device(void);
 void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind);
 void og_track_free(og_call_t *c, uintptr_t addr);
+void og_track_free_failed(og_call_t *c, uintptr_t addr);
 void og_track_failure(og_call_t *c, uint64_t size, int kind, CUresult r);
 void og_track_vmm_create(og_call_t *c, CUmemGenericAllocationHandle h, uint64_t size, int device);
 void og_track_vmm_release(og_call_t *c, CUmemGenericAllocationHandle h);
@@ -178,13 +194,16 @@ typedef struct og_episode {
     uint64_t first_t_ns, last_t_ns, first_requested, requested;
     uint64_t released;                 /* bytes freed on the device since the first failure */
     uint64_t released_before_attempt;  /* ... up to the latest failed attempt */
+    int result;                        /* CUresult the caller got */
+    bool by_limit;                     /* refused by OOMGUARD_LIMIT, the driver never saw it */
     bool recovered;
     uint64_t recovered_requested, recovered_t_ns;
 } og_episode_t;
 
 void og_oom_init(void);
 void og_oom_atfork_child(void);
-void og_on_oom(og_call_t *c, uint64_t size, int kind);
+void og_framework_atfork_child(void);
+void og_on_oom(og_call_t *c, uint64_t size, int kind, CUresult r, bool by_limit);
 /* dump.c: the record of a failure, written before the failing call returns */
 void og_report_failure(const og_episode_t *ep, og_call_t *c);
 void og_report_recovered(const og_episode_t *ep, og_call_t *c);
@@ -197,6 +216,15 @@ static inline void og_note_free(int device, uint64_t bytes)
         OG_UNLIKELY(atomic_load_explicit(&og_episode_open[device], memory_order_relaxed)))
         og_on_free(device, bytes);
 }
+
+/* ---------------------------------------------------------------- records (capture.c, dump.c) */
+struct og_record;
+struct og_framework_view;
+struct og_record *og_record_capture(const char *status, const og_episode_t *ep, int device);
+void og_record_free(struct og_record *rec);
+uint64_t og_limit_bytes(int device);                     /* UINT64_MAX: no limit */
+void og_framework_view_get(struct og_framework_view *out); /* framework.c */
+void og_dump_atexit(void);
 
 /* ---------------------------------------------------------------- call guard */
 

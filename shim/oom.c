@@ -24,7 +24,7 @@ void og_oom_init(void)
         pthread_mutex_init(&slots[i].lock, NULL);
 }
 
-void og_on_oom(og_call_t *c, uint64_t size, int kind)
+void og_on_oom(og_call_t *c, uint64_t size, int kind, CUresult r, bool by_limit)
 {
     int d = c->device;
     if (d < 0 || d >= OG_MAX_DEVICES)
@@ -47,6 +47,8 @@ void og_on_oom(og_call_t *c, uint64_t size, int kind)
     ep->attempts++;
     ep->last_t_ns = og_now_ns();
     ep->requested = size;
+    ep->result = (int)r;
+    ep->by_limit = by_limit;
     ep->released_before_attempt = ep->released;
     og_episode_t snapshot = *ep;
     pthread_mutex_unlock(&s->lock);
@@ -71,7 +73,20 @@ void og_on_recovered(og_call_t *c, int device, uint64_t size)
         pthread_mutex_unlock(&s->lock);
         return;
     }
+    uint64_t now = og_now_ns();
+    bool in_window = now - s->ep.last_t_ns <= (uint64_t)og_opt.retry_window_ms * 1000000ull;
+    if (in_window && size < s->ep.requested / 2) {
+        /* a small allocation meanwhile (another thread, a workspace): not the retry */
+        pthread_mutex_unlock(&s->lock);
+        return;
+    }
     atomic_store(&og_episode_open[device], 0);
+    if (!in_window) {
+        /* the program went on long after the failure: that failure was final */
+        pthread_mutex_unlock(&s->lock);
+        og_dump_atexit();
+        return;
+    }
     og_episode_t snapshot = s->ep;
     snapshot.recovered = true;
     snapshot.recovered_requested = size;

@@ -119,8 +119,29 @@ static bool parse_one(const og_opt_desc_t *d, const char *s, long long *out)
     return ok;
 }
 
+static char *string_slot(int i)
+{
+    return i == OG_OPT_dir ? og_opt.dir_s : i == OG_OPT_framework ? og_opt.framework_s
+         : i == OG_OPT_framework_libs ? og_opt.framework_libs_s : NULL;
+}
+static size_t string_size(int i)
+{
+    return i == OG_OPT_dir ? sizeof og_opt.dir_s : i == OG_OPT_framework ? sizeof og_opt.framework_s
+         : sizeof og_opt.framework_libs_s;
+}
+static bool framework_valid(const char *s)
+{
+    static const char *const ok[] = {"auto", "pytorch", "jax", "tensorflow", "cupy"};
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++)
+        if (strcmp(s, ok[i]) == 0)
+            return true;
+    return false;
+}
+
 void og_options_init(void)
 {
+    snprintf(og_opt.framework_s, sizeof og_opt.framework_s, "auto");
+    og_opt.dir_s[0] = og_opt.framework_libs_s[0] = 0;
     for (int i = 0; i < OG_OPT_COUNT; i++) {
         const og_opt_desc_t *d = &opt_desc[i];
         long long *slot = opt_slot(i), v = 0;
@@ -130,8 +151,13 @@ void og_options_init(void)
         if (!s)
             continue;
         if (d->type == OG_OPT_STRING) {
-            if (i == OG_OPT_dir) {
-                snprintf(og_opt.dir_s, sizeof og_opt.dir_s, "%s", s);
+            if (i == OG_OPT_framework && !framework_valid(s)) {
+                og_warn("%s=%s is not valid (auto, pytorch, jax, tensorflow or cupy); using auto", d->env, s);
+                continue;
+            }
+            char *dst = string_slot(i);
+            if (dst) {
+                snprintf(dst, string_size(i), "%s", s);
                 *slot = 1;
             }
             continue;
@@ -154,10 +180,11 @@ void og_options_print(void)
         const og_opt_desc_t *d = &opt_desc[i];
         const char *env = getenv(d->env);
         if (d->type == OG_OPT_STRING)
-            og_log("  %-22s = %-10s %s%s", d->env, i == OG_OPT_dir ? og_opt.dir_s : "", d->help,
-                   env ? "" : " (default)");
+            og_log("  %-24s = %-10s %s%s", d->env, string_slot(i), d->help, env ? "" : " (default)");
+        else if (d->type == OG_OPT_PERCENT)
+            og_log("  %-24s = %-9.2f%% %s%s", d->env, *opt_slot(i) / 100.0, d->help, env ? "" : " (default)");
         else
-            og_log("  %-22s = %-10lld %s%s", d->env, *opt_slot(i), d->help, env ? "" : " (default)");
+            og_log("  %-24s = %-10lld %s%s", d->env, *opt_slot(i), d->help, env ? "" : " (default)");
     }
 }
 

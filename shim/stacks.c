@@ -69,13 +69,22 @@ static int classify(const char *path, const char *base)
     for (size_t i = 0; i < sizeof fw / sizeof *fw; i++)
         if (strncmp(base, fw[i], strlen(fw[i])) == 0)
             return OG_LIBCLASS_FRAMEWORK;
+    if (og_opt.framework_libs_s[0]) {    /* OOMGUARD_FRAMEWORK_LIBS: a custom allocator's library */
+        size_t n = strlen(base);
+        for (const char *p = og_opt.framework_libs_s; *p;) {
+            size_t len = strcspn(p, ",");
+            if (len == n && strncmp(p, base, n) == 0)
+                return OG_LIBCLASS_FRAMEWORK;
+            p += len + (p[len] == ',');
+        }
+    }
     if (strstr(path, "/cupy/") || strstr(path, "/cupy_backends/") || strstr(path, "/jaxlib/"))
         return OG_LIBCLASS_FRAMEWORK;
     return OG_LIBCLASS_OTHER;
 }
 
 /* Library id for the object containing `pc` (dladdr: call without our locks held). */
-static uint16_t lib_of(uintptr_t pc)
+uint16_t og_lib_of(uintptr_t pc)
 {
     Dl_info info;
     if (!pc || !dladdr((void *)pc, &info) || !info.dli_fbase)
@@ -135,7 +144,7 @@ static og_site_t *site_new(uint64_t hash, const uintptr_t *frames, int n)
     /* Attribution: the first frame outside the CUDA libraries and the shim. */
     uint16_t lib = 0;
     for (int i = 0; i < n; i++) {
-        lib = lib_of(frames[i] - (i ? 1 : 0));   /* return addresses point past the call */
+        lib = og_lib_of(frames[i] - (i ? 1 : 0));   /* return addresses point past the call */
         if (og_lib_class(lib) != OG_LIBCLASS_CUDA)
             break;
     }

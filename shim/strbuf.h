@@ -1,0 +1,19 @@
+#ifndef OG_STRBUF_H
+#define OG_STRBUF_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct og_sb {
+    char *buf;
+    size_t len, cap;
+    bool failed;
+} og_sb_t;
+
+void og_sb_put(og_sb_t *sb, const char *s, size_t n);
+void og_sb_puts(og_sb_t *sb, const char *s);
+void og_sb_printf(og_sb_t *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void og_sb_json_str(og_sb_t *sb, const char *s);
+void og_sb_free(og_sb_t *sb);
+const char *og_human(uint64_t bytes, char *buf, size_t n);
+#endif
