@@ -38,6 +38,7 @@ int oomguard_device_stats(int device, oomguard_device_stats_t *out);
  * Set struct_size = sizeof(oomguard_framework_stats_t); strings are copied. */
 typedef struct oomguard_framework_stats {
     uint64_t struct_size;
+    int64_t device;                      /* CUDA ordinal the numbers are for */
     uint64_t allocated_bytes;            /* in live tensors */
     uint64_t reserved_bytes;             /* held from the driver */
     uint64_t active_bytes;
@@ -49,7 +50,9 @@ typedef struct oomguard_framework_stats {
     const char *source;                  /* e.g. "torch 2.11" */
 } oomguard_framework_stats_t;
 
-/* Returns 0, or -1 for a NULL or too-small struct. Safe from any thread, at any time. */
+/* Returns 0, or -1 for a NULL or too-small struct. Safe from any thread, at any time.
+ * Called while a failure on that device is still open (an adapter's out-of-memory hook),
+ * the failure's dump is rewritten with the framework's numbers. */
 int oomguard_framework_report(const oomguard_framework_stats_t *stats);
 
 /* Library version string, e.g. "0.1.0". */

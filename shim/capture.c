@@ -437,6 +437,8 @@ og_record_t *og_record_capture(const char *status, const og_episode_t *ep, int d
     capture_ledger(rec, device);
     og_nvml_measure(rec);
     og_framework_view_get(&rec->memory.fw);
+    if (rec->memory.fw.has && rec->memory.fw.device != device)
+        rec->memory.fw.has = false;          /* numbers for another device */
     capture_history(rec, device);
 
     rec->event.device = device;

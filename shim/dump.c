@@ -595,11 +595,19 @@ void og_dump_atexit(void)
 
 /* ------------------------------------------------------------------ entry points */
 
+void og_write_record(og_record_t *rec)
+{
+    char path[4800];
+    write_dump(rec, path, sizeof path);
+    if (og_opt.verbose)
+        og_log("%s dump written: %s", rec->status, path[0] ? path : "(stderr)");
+}
+
 static char last_path[4800];
 
 void og_report_failure(const og_episode_t *ep, og_call_t *c)
 {
-    if (ep->attempts == 1) {                 /* a new failure: an older unrecovered one is final */
+    if (ep->attempts == 1 && c->active) {  /* a new failure: an older unrecovered one is final */
         pthread_mutex_lock(&pending_lock);
         flush_pending_locked();
         pthread_mutex_unlock(&pending_lock);

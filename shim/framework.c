@@ -27,9 +27,14 @@ OG_EXPORT int oomguard_framework_report(const oomguard_framework_stats_t *s)
     v.num_ooms = s->num_ooms;
     snprintf(v.allocator_settings, sizeof v.allocator_settings, "%s", s->allocator_settings ? s->allocator_settings : "");
     snprintf(v.source, sizeof v.source, "%s", s->source ? s->source : "adapter");
+    v.device = (int)s->device;
     pthread_mutex_lock(&fw_lock);
     fw_view = v;
     pthread_mutex_unlock(&fw_lock);
+    og_init_slow();
+    og_in_shim++;                 /* nothing done while rewriting the dump is recorded */
+    og_oom_refresh(v.device);
+    og_in_shim--;
     return 0;
 }
 

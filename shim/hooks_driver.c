@@ -42,9 +42,28 @@ static void after_free(og_call_t *c, CUresult r, uintptr_t addr)
         og_track_free_failed(c, addr);
 }
 
+/* OOMGUARD_LIMIT: refuse before the driver sees it, with the API's own OOM error. */
+static bool refused(og_call_t *c, int device, uint64_t bytes, int kind)
+{
+    if (!og_limit_active() || !c->active)
+        return false;
+    if (device < 0)
+        device = og_current_device();
+    if (device < 0 || !og_limit_refuses(c, device, bytes, kind == OG_KIND_POOL))
+        return false;
+    og_track_limit_refusal(c, bytes, kind);
+    return true;
+}
+#define OG_LIMIT(dev, bytes, kind)                               \
+    if (OG_UNLIKELY(refused(&c, (dev), (bytes), (kind)))) {      \
+        og_leave(&c);                                            \
+        return CUDA_ERROR_OUT_OF_MEMORY;                         \
+    }
+
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
     OG_BEGIN(cuMemAlloc_v2);
+    OG_LIMIT(-1, bytesize, OG_KIND_PLAIN);
     CUresult r = after_alloc(&c, real(dptr, bytesize), dptr, bytesize, OG_KIND_PLAIN);
     OG_END(r);
 }
@@ -53,6 +72,7 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInByt
                             unsigned int ElementSizeBytes)
 {
     OG_BEGIN(cuMemAllocPitch_v2);
+    OG_LIMIT(-1, (uint64_t)WidthInBytes * Height, OG_KIND_PLAIN);
     CUresult r = real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
     /* The driver pads each row; the block is pitch x height. */
     uint64_t bytes = r == CUDA_SUCCESS && pPitch ? (uint64_t)*pPitch * Height : (uint64_t)WidthInBytes * Height;
@@ -63,6 +83,7 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInByt
 CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
     OG_BEGIN(cuMemAllocManaged);
+    OG_LIMIT(-1, bytesize, OG_KIND_MANAGED);
     CUresult r = after_alloc(&c, real(dptr, bytesize, flags), dptr, bytesize, OG_KIND_MANAGED);
     OG_END(r);
 }
@@ -81,6 +102,14 @@ CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
 {
     OG_BEGIN(cuMemGetInfo_v2);
     CUresult r = real(free, total);
+    if (r == CUDA_SUCCESS && og_limit_active() && c.active) {
+        uint64_t f = free ? *free : 0, t = total ? *total : 0;
+        og_limit_view(og_current_device(), &f, &t);
+        if (free)
+            *free = f;
+        if (total)
+            *total = t;
+    }
     OG_END(r);
 }
 
@@ -88,6 +117,11 @@ CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
     OG_BEGIN(cuDeviceTotalMem_v2);
     CUresult r = real(bytes, dev);
+    if (r == CUDA_SUCCESS && bytes && og_limit_active() && c.active) {
+        uint64_t t = *bytes;
+        og_limit_view((int)dev, NULL, &t);
+        *bytes = t;
+    }
     OG_END(r);
 }
 
@@ -128,6 +162,8 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
                      unsigned long long flags)
 {
     OG_BEGIN(cuMemCreate);
+    if (prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+        OG_LIMIT(prop->location.id, size, OG_KIND_VMM);
     CUresult r = real(handle, size, prop, flags);
     if (c.active && prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
         c.device = prop->location.id;
@@ -195,6 +231,7 @@ static CUresult after_pool_alloc(og_call_t *c, CUresult r, CUdeviceptr *dptr, ui
 CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
     OG_BEGIN(cuMemAllocAsync);
+    OG_LIMIT(-1, bytesize, OG_KIND_POOL);
     CUresult r = after_pool_alloc(&c, real(dptr, bytesize, hStream), dptr, bytesize, NULL);
     OG_END(r);
 }
@@ -202,6 +239,7 @@ CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
     OG_BEGIN(cuMemAllocAsync_ptsz);
+    OG_LIMIT(-1, bytesize, OG_KIND_POOL);
     CUresult r = after_pool_alloc(&c, real(dptr, bytesize, hStream), dptr, bytesize, NULL);
     OG_END(r);
 }
@@ -209,6 +247,7 @@ CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStre
 CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
 {
     OG_BEGIN(cuMemAllocFromPoolAsync);
+    OG_LIMIT(-1, bytesize, OG_KIND_POOL);
     CUresult r = after_pool_alloc(&c, real(dptr, bytesize, pool, hStream), dptr, bytesize, pool);
     OG_END(r);
 }
@@ -216,6 +255,7 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPoo
 CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
 {
     OG_BEGIN(cuMemAllocFromPoolAsync_ptsz);
+    OG_LIMIT(-1, bytesize, OG_KIND_POOL);
     CUresult r = after_pool_alloc(&c, real(dptr, bytesize, pool, hStream), dptr, bytesize, pool);
     OG_END(r);
 }

@@ -43,6 +43,7 @@ static void init_once_fn(void)
     og_stacks_init();
     og_ledger_init();
     og_oom_init();
+    og_limit_init();
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
     if (og_opt.verbose) {
         og_log("liboomguard %s loaded", OOMGUARD_VERSION);
@@ -61,8 +62,12 @@ __attribute__((constructor)) static void og_constructor(void) { og_init_slow(); 
 /* A failure still unrecovered when the process ends gets its stderr summary now. */
 __attribute__((destructor)) static void og_destructor(void)
 {
-    if (atomic_load(&og_ready))
+    if (atomic_load(&og_ready)) {
+        og_in_shim++;
         og_dump_atexit();
+        og_summary_atexit();
+        og_in_shim--;
+    }
 }
 
 /* ------------------------------------------------------------------ public API */

@@ -56,8 +56,8 @@ void *og_dlsym_real(void *handle, const char *name)
 
 int og_hook_find(const char *name)
 {
-    if (!name || name[0] != 'c' || name[1] != 'u')   /* cheap reject: every hook is cu* */
-        return -1;
+    if (!name || !((name[0] == 'c' && name[1] == 'u') || (name[0] == 'n' && name[1] == 'v')))
+        return -1;                                  /* cheap reject: every hook is cu* or nvml* */
     for (int i = 0; i < OG_H_COUNT; i++)
         if (strcmp(og_hooks[i].name, name) == 0)
             return i;

@@ -194,6 +194,8 @@ static uint64_t tracked_add(dev_t_ *d, int64_t delta, uint64_t t)
     }
     if (OG_UNLIKELY(t >= atomic_load_explicit(&d->next_sample_ns, memory_order_relaxed)))
         sample(d, now, t);
+    if (delta > 0)
+        og_warn_check((int)(d - devs), now);
     return now;
 }
 
@@ -495,6 +497,16 @@ void og_track_vmm_unmap(og_call_t *c, uintptr_t va, uint64_t size)
     pthread_mutex_unlock(&vmm_lock);
 }
 
+void og_track_limit_refusal(og_call_t *c, uint64_t size, int kind)
+{
+    dev_t_ *d = dev_of(c->device);
+    if (!d)
+        return;
+    atomic_fetch_add_explicit(&d->failures, 1, memory_order_relaxed);
+    history_add(OG_EV_FAIL, c->hook, c->device, size, atomic_load(&d->tracked), og_now_ns());
+    og_on_oom(c, size, kind, CUDA_ERROR_OUT_OF_MEMORY, true);
+}
+
 size_t og_ledger_foreach(og_block_fn fn, void *arg)
 {
     size_t n = 0;
@@ -661,6 +673,21 @@ void og_ledger_stats(int device, oomguard_device_stats_t *out)
         out->host_pinned_bytes = atomic_load(&host_bytes);
         out->host_pinned_blocks = atomic_load(&host_blocks);
     }
+}
+
+uint64_t og_ledger_tracked(int device)
+{
+    dev_t_ *d = dev_of(device);
+    return d ? atomic_load_explicit(&d->tracked, memory_order_relaxed) : 0;
+}
+
+uint64_t og_ledger_pool_spare(int device)
+{
+    dev_t_ *d = dev_of(device);
+    if (!d)
+        return 0;
+    uint64_t r = atomic_load(&d->pool_reserved), u = atomic_load(&d->bytes[OG_KIND_POOL]);
+    return r > u ? r - u : 0;
 }
 
 uint64_t og_ledger_peak_t_ns(int device)

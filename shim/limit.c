@@ -1,8 +1,323 @@
-/* OOMGUARD_LIMIT: the per-device memory limit.  Parsed once; none by default. */
+/* OOMGUARD_LIMIT, OOMGUARD_WARN_AT and OOMGUARD_SUMMARY: headroom on the GPU you have.
+ *
+ * A limit makes the device look smaller to this process: allocations that would take its
+ * tracked usage past the limit fail with the API's own out-of-memory error before reaching
+ * the driver, and every memory query (cuMemGetInfo, cuDeviceTotalMem, NVML) reports
+ * total = limit and free = limit - used, clamped to what is physically free, never negative. */
 #include "og.h"
+#include "record.h"
+#include "strbuf.h"
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct {
+    bool set;
+    bool percent;
+    double value;            /* bytes, or percent of the device's total */
+} spec_t;
+
+static spec_t limit_all, limit_dev[OG_MAX_DEVICES];
+static spec_t warn_spec;
+static bool limit_on, warn_on;
+static _Atomic uint64_t limit_cache[OG_MAX_DEVICES];   /* resolved bytes + 1; 0 = not yet */
+static _Atomic uint64_t warn_cache[OG_MAX_DEVICES];
+static atomic_int warn_armed_dev[OG_MAX_DEVICES];
+
+static bool parse_value(const char *s, size_t n, spec_t *out, bool allow_over_100)
+{
+    char buf[64];
+    if (n == 0 || n >= sizeof buf)
+        return false;
+    memcpy(buf, s, n);
+    buf[n] = 0;
+    if (buf[n - 1] == '%') {
+        buf[n - 1] = 0;
+        char *end;
+        double v = strtod(buf, &end);
+        if (end == buf || *end || !(v > 0) || (!allow_over_100 && v > 100))
+            return false;
+        *out = (spec_t){true, true, v};
+        return true;
+    }
+    bool ok;
+    long long b = og_parse_size(buf, &ok);
+    if (!ok || b <= 0)
+        return false;
+    *out = (spec_t){true, false, (double)b};
+    return true;
+}
+
+/* "24GiB" | "80%" | "0:24GiB,1:40GiB" (an entry without index applies to every device) */
+static bool parse_limit(const char *s)
+{
+    spec_t all = {0}, dev[OG_MAX_DEVICES];
+    memset(dev, 0, sizeof dev);
+    for (const char *p = s; *p;) {
+        size_t len = strcspn(p, ",");
+        const char *colon = memchr(p, ':', len);
+        if (colon) {
+            char *end;
+            long idx = strtol(p, &end, 10);
+            if (end != colon || idx < 0 || idx >= OG_MAX_DEVICES ||
+                !parse_value(colon + 1, len - (size_t)(colon + 1 - p), &dev[idx], false))
+                return false;
+        } else if (!parse_value(p, len, &all, false)) {
+            return false;
+        }
+        p += len + (p[len] == ',');
+    }
+    limit_all = all;
+    memcpy(limit_dev, dev, sizeof dev);
+    return true;
+}
+
+void og_limit_init(void)
+{
+    if (og_opt.limit_s[0]) {
+        if (parse_limit(og_opt.limit_s))
+            limit_on = true;
+        else
+            og_warn("OOMGUARD_LIMIT=%s is not valid (24GiB, 24000MB, 80%% or 0:24GiB,1:40GiB expected); no limit",
+                    og_opt.limit_s);
+    }
+    if (og_opt.warn_at_s[0]) {
+        size_t n = strlen(og_opt.warn_at_s);
+        if (parse_value(og_opt.warn_at_s, n, &warn_spec, false))
+            warn_on = true;
+        else
+            og_warn("OOMGUARD_WARN_AT=%s is not valid (90%% or 20GiB expected); no warning", og_opt.warn_at_s);
+    }
+    for (int i = 0; i < OG_MAX_DEVICES; i++)
+        atomic_store(&warn_armed_dev[i], 1);
+}
+
+bool og_limit_active(void) { return limit_on; }
+
+static uint64_t physical_total(int device)
+{
+    size_t total = 0;
+    og_fn_cuDeviceTotalMem_v2 tm = OG_REAL(cuDeviceTotalMem_v2);
+    if (!tm || tm(&total, device) != CUDA_SUCCESS)
+        return 0;
+    return total;
+}
+
+static uint64_t resolve(const spec_t *s, int device)
+{
+    if (!s->set)
+        return UINT64_MAX;
+    if (!s->percent)
+        return (uint64_t)s->value;
+    uint64_t total = physical_total(device);
+    return total ? (uint64_t)((double)total * s->value / 100.0) : UINT64_MAX;
+}
 
 uint64_t og_limit_bytes(int device)
 {
-    (void)device;
-    return UINT64_MAX;
+    if (!limit_on || device < 0 || device >= OG_MAX_DEVICES)
+        return UINT64_MAX;
+    uint64_t c = atomic_load_explicit(&limit_cache[device], memory_order_relaxed);
+    if (c)
+        return c - 1;
+    uint64_t v = resolve(limit_dev[device].set ? &limit_dev[device] : &limit_all, device);
+    if (v != UINT64_MAX)
+        atomic_store(&limit_cache[device], v + 1);
+    return v;
+}
+
+bool og_limit_refuses(og_call_t *c, int device, uint64_t bytes, bool from_pool)
+{
+    uint64_t limit = og_limit_bytes(device);
+    if (limit == UINT64_MAX)
+        return false;
+    uint64_t used = og_ledger_tracked(device);
+    /* a pool serves from its unused reservation first; only growth counts against the limit */
+    uint64_t need = bytes;
+    if (from_pool) {
+        uint64_t spare = og_ledger_pool_spare(device);
+        need = bytes > spare ? bytes - spare : 0;
+    }
+    if (used <= limit && need <= limit - used)
+        return false;
+    c->device = device;
+    return true;
+}
+
+/* cuMemGetInfo/cuDeviceTotalMem/NVML: the limited view.  free never exceeds what is
+ * physically free, never goes negative, never wraps. */
+void og_limit_view(int device, uint64_t *free_b, uint64_t *total_b)
+{
+    uint64_t limit = og_limit_bytes(device);
+    if (limit == UINT64_MAX)
+        return;
+    uint64_t used = og_ledger_tracked(device);
+    uint64_t lfree = used >= limit ? 0 : limit - used;
+    if (total_b && *total_b > limit)
+        *total_b = limit;
+    if (free_b && *free_b > lfree)
+        *free_b = lfree;
+}
+
+/* ------------------------------------------------------------------ NVML memory info */
+
+typedef struct { unsigned long long total, free, used; } nvml_memory_t;
+typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } nvml_memory_v2_t;
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[32];
+} nvml_pci_t;
+
+static int nvml_cuda_ordinal(void *nvml_dev)
+{
+    static int (*pci)(void *, nvml_pci_t *);
+    if (!pci) {
+        void *h = dlopen("libnvidia-ml.so.1", RTLD_LAZY | RTLD_NOLOAD);
+        if (h) {
+            pci = (int (*)(void *, nvml_pci_t *))og_dlsym_real(h, "nvmlDeviceGetPciInfo_v3");
+            dlclose(h);
+        }
+    }
+    CUresult (*by_bus)(CUdevice *, const char *) = (CUresult(*)(CUdevice *, const char *))og_cuda_sym(
+        "cuDeviceGetByPCIBusId");
+    nvml_pci_t info;
+    memset(&info, 0, sizeof info);
+    if (!pci || !by_bus || pci(nvml_dev, &info) != 0)
+        return -1;
+    /* NVML's bus id has an 8-digit domain; the driver takes the short form too */
+    const char *id = info.busId;
+    if (strlen(id) > 12 && strncmp(id, "0000", 4) == 0)
+        id += 4;
+    CUdevice d;
+    return by_bus(&d, id) == CUDA_SUCCESS ? (int)d : -1;
+}
+
+int nvmlDeviceGetMemoryInfo(void *device, void *memory)
+{
+    og_call_t c;
+    og_enter(&c, OG_H_nvmlDeviceGetMemoryInfo, __builtin_return_address(0));
+    og_fn_nvmlDeviceGetMemoryInfo real = OG_REAL(nvmlDeviceGetMemoryInfo);
+    int r = real ? real(device, memory) : 999 /* NVML_ERROR_UNKNOWN */;
+    if (r == 0 && limit_on && memory && c.active) {
+        nvml_memory_t *m = memory;
+        int d = nvml_cuda_ordinal(device);
+        if (d >= 0 && og_limit_bytes(d) != UINT64_MAX) {
+            uint64_t f = m->free, t = m->total;
+            og_limit_view(d, &f, &t);
+            m->total = t;
+            m->free = f;
+            m->used = t - f;
+        }
+    }
+    og_leave(&c);
+    return r;
+}
+
+int nvmlDeviceGetMemoryInfo_v2(void *device, void *memory)
+{
+    og_call_t c;
+    og_enter(&c, OG_H_nvmlDeviceGetMemoryInfo_v2, __builtin_return_address(0));
+    og_fn_nvmlDeviceGetMemoryInfo_v2 real = OG_REAL(nvmlDeviceGetMemoryInfo_v2);
+    int r = real ? real(device, memory) : 999;
+    if (r == 0 && limit_on && memory && c.active) {
+        nvml_memory_v2_t *m = memory;
+        int d = nvml_cuda_ordinal(device);
+        if (d >= 0 && og_limit_bytes(d) != UINT64_MAX) {
+            uint64_t f = m->free, t = m->total;
+            og_limit_view(d, &f, &t);
+            m->total = t;
+            m->free = f;
+            m->used = t - f - (m->reserved < t - f ? m->reserved : 0);
+        }
+    }
+    og_leave(&c);
+    return r;
+}
+
+/* ------------------------------------------------------------------ warnings */
+
+static uint64_t warn_threshold(int device)
+{
+    uint64_t c = atomic_load_explicit(&warn_cache[device], memory_order_relaxed);
+    if (c)
+        return c - 1;
+    uint64_t v;
+    if (!warn_spec.percent) {
+        v = (uint64_t)warn_spec.value;
+    } else {
+        uint64_t base = og_limit_bytes(device);
+        if (base == UINT64_MAX)
+            base = physical_total(device);
+        if (!base)
+            return UINT64_MAX;
+        v = (uint64_t)((double)base * warn_spec.value / 100.0);
+    }
+    atomic_store(&warn_cache[device], v + 1);
+    return v;
+}
+
+/* Once per crossing: re-armed only after usage falls 5% below the threshold. */
+void og_warn_check(int device, uint64_t live)
+{
+    if (!warn_on || device < 0 || device >= OG_MAX_DEVICES)
+        return;
+    uint64_t th = warn_threshold(device);
+    if (th == UINT64_MAX)
+        return;
+    if (live >= th) {
+        if (atomic_exchange(&warn_armed_dev[device], 0)) {
+            char a[32], b[32];
+            og_warn("device %d: usage %s crossed OOMGUARD_WARN_AT (%s)", device, og_human(live, a, sizeof a),
+                    og_human(th, b, sizeof b));
+            if (og_opt.warn_dump) {
+                og_record_t *rec = og_record_capture("warning", NULL, device);
+                if (rec) {
+                    og_write_record(rec);
+                    og_record_free(rec);
+                }
+            }
+        }
+    } else if (live < th - th / 20) {
+        atomic_store(&warn_armed_dev[device], 1);
+    }
+}
+
+/* ------------------------------------------------------------------ exit summary */
+
+void og_summary_atexit(void)
+{
+    if (!og_opt.summary)
+        return;
+    static const unsigned cards[] = {16, 24, 40, 48, 80, 141};
+    int last = -1;
+    for (int d = 0; d < OG_MAX_DEVICES; d++) {
+        oomguard_device_stats_t st;
+        og_ledger_stats(d, &st);
+        if (!st.allocs && !st.peak_tracked_bytes)
+            continue;
+        last = d;
+        char a[32];
+        unsigned fit = 0;
+        for (size_t i = 0; i < sizeof cards / sizeof *cards && !fit; i++)
+            if (st.peak_tracked_bytes <= (uint64_t)cards[i] * 1000000000ull)
+                fit = cards[i];
+        double t = og_ledger_peak_t_ns(d) ? (double)(og_ledger_peak_t_ns(d) - og_start_ns()) / 1e9 : 0;
+        if (fit)
+            og_log("summary: device %d peak %s at %.2f s: fits on %u GB cards and above", d,
+                   og_human(st.peak_tracked_bytes, a, sizeof a), t, fit);
+        else
+            og_log("summary: device %d peak %s at %.2f s: larger than a 141 GB card", d,
+                   og_human(st.peak_tracked_bytes, a, sizeof a), t);
+    }
+    if (last >= 0 && og_opt.dir) {
+        og_record_t *rec = og_record_capture("exit", NULL, last);
+        if (rec) {
+            og_write_record(rec);
+            og_record_free(rec);
+        }
+    }
 }

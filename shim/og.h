@@ -83,7 +83,11 @@ typedef enum { OG_OPT_BOOL, OG_OPT_INT, OG_OPT_SIZE, OG_OPT_PERCENT, OG_OPT_STRI
     X(nonfw_share,  "NONFW_SHARE", OG_OPT_PERCENT, "20%", 0, 10000,   "non_framework: context + other libraries >= this share of the process") \
     X(growth_min,   "GROWTH_MIN",  OG_OPT_PERCENT, "5%",  0, 10000,   "growth: rise of the troughs >= this share of the device") \
     X(growth_steps, "GROWTH_STEPS", OG_OPT_PERCENT, "70%", 0, 10000,  "growth: share of rising steps between the 8 windows") \
-    X(nvml,         "NVML",        OG_OPT_BOOL,   "1",    0, 1,       "ask NVML for process and other-process usage at a failure")
+    X(nvml,         "NVML",        OG_OPT_BOOL,   "1",    0, 1,       "ask NVML for process and other-process usage at a failure") \
+    X(limit,        "LIMIT",       OG_OPT_STRING, "",     0, 0,       "per-process device memory limit: 24GiB, 24000MB, 80% or 0:24GiB,1:40GiB") \
+    X(warn_at,      "WARN_AT",     OG_OPT_STRING, "",     0, 0,       "warn once per crossing when usage passes this (90%, 20GiB; % of limit or total)") \
+    X(warn_dump,    "WARN_DUMP",   OG_OPT_BOOL,   "0",    0, 1,       "also write a 'warning' dump when OOMGUARD_WARN_AT is crossed") \
+    X(summary,      "SUMMARY",     OG_OPT_BOOL,   "0",    0, 1,       "at exit: peak per device and which card sizes it fits (and an 'exit' dump with OOMGUARD_DIR)")
 
 enum og_opt_id {
 #define X(id, env, type, def, lo, hi, help) OG_OPT_##id,
@@ -99,6 +103,8 @@ typedef struct og_options {
     char dir_s[4096];
     char framework_s[32];
     char framework_libs_s[512];
+    char limit_s[512];
+    char warn_at_s[64];
 } og_options_t;
 
 extern og_options_t og_opt;
@@ -162,6 +168,7 @@ int og_current_device(void);
 void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind);
 void og_track_free(og_call_t *c, uintptr_t addr);
 void og_track_free_failed(og_call_t *c, uintptr_t addr);
+void og_track_limit_refusal(og_call_t *c, uint64_t size, int kind);
 void og_track_failure(og_call_t *c, uint64_t size, int kind, CUresult r);
 void og_track_vmm_create(og_call_t *c, CUmemGenericAllocationHandle h, uint64_t size, int device);
 void og_track_vmm_release(og_call_t *c, CUmemGenericAllocationHandle h);
@@ -210,6 +217,7 @@ void og_report_recovered(const og_episode_t *ep, og_call_t *c);
 void og_on_free(int device, uint64_t bytes);
 extern atomic_int og_episode_open[OG_MAX_DEVICES];
 void og_on_recovered(og_call_t *c, int device, uint64_t size);
+void og_oom_refresh(int device);   /* new framework numbers: rewrite an open failure's dump */
 static inline void og_note_free(int device, uint64_t bytes)
 {
     if (device >= 0 && device < OG_MAX_DEVICES &&
@@ -223,6 +231,17 @@ struct og_framework_view;
 struct og_record *og_record_capture(const char *status, const og_episode_t *ep, int device);
 void og_record_free(struct og_record *rec);
 uint64_t og_limit_bytes(int device);                     /* UINT64_MAX: no limit */
+void og_limit_init(void);
+bool og_limit_active(void);
+/* true: the request would take the device past the limit; the caller fails it. */
+bool og_limit_refuses(og_call_t *c, int device, uint64_t bytes, bool from_pool);
+void og_warn_check(int device, uint64_t live);
+extern atomic_int og_warn_armed;
+void og_summary_atexit(void);
+void og_limit_view(int device, uint64_t *free_b, uint64_t *total_b);
+uint64_t og_ledger_tracked(int device);
+uint64_t og_ledger_pool_spare(int device);
+void og_write_record(struct og_record *rec);             /* dump.c: writes JSON + text */
 void og_framework_view_get(struct og_framework_view *out); /* framework.c */
 void og_dump_atexit(void);
 

@@ -102,3 +102,18 @@ void og_oom_atfork_child(void)
         atomic_store(&og_episode_open[i], 0);
     }
 }
+
+void og_oom_refresh(int device)
+{
+    if (device < 0 || device >= OG_MAX_DEVICES)
+        return;
+    episode_slot_t *s = &slots[device];
+    pthread_mutex_lock(&s->lock);
+    bool open = atomic_load(&og_episode_open[device]);
+    og_episode_t snapshot = s->ep;
+    pthread_mutex_unlock(&s->lock);
+    if (open) {
+        og_call_t c = {.hook = snapshot.hook, .device = device, .caller = snapshot.caller, .active = false};
+        og_report_failure(&snapshot, &c);
+    }
+}

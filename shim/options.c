@@ -122,11 +122,13 @@ static bool parse_one(const og_opt_desc_t *d, const char *s, long long *out)
 static char *string_slot(int i)
 {
     return i == OG_OPT_dir ? og_opt.dir_s : i == OG_OPT_framework ? og_opt.framework_s
-         : i == OG_OPT_framework_libs ? og_opt.framework_libs_s : NULL;
+         : i == OG_OPT_framework_libs ? og_opt.framework_libs_s : i == OG_OPT_limit ? og_opt.limit_s
+         : i == OG_OPT_warn_at ? og_opt.warn_at_s : NULL;
 }
 static size_t string_size(int i)
 {
     return i == OG_OPT_dir ? sizeof og_opt.dir_s : i == OG_OPT_framework ? sizeof og_opt.framework_s
+         : i == OG_OPT_limit ? sizeof og_opt.limit_s : i == OG_OPT_warn_at ? sizeof og_opt.warn_at_s
          : sizeof og_opt.framework_libs_s;
 }
 static bool framework_valid(const char *s)
@@ -141,7 +143,7 @@ static bool framework_valid(const char *s)
 void og_options_init(void)
 {
     snprintf(og_opt.framework_s, sizeof og_opt.framework_s, "auto");
-    og_opt.dir_s[0] = og_opt.framework_libs_s[0] = 0;
+    og_opt.dir_s[0] = og_opt.framework_libs_s[0] = og_opt.limit_s[0] = og_opt.warn_at_s[0] = 0;
     for (int i = 0; i < OG_OPT_COUNT; i++) {
         const og_opt_desc_t *d = &opt_desc[i];
         long long *slot = opt_slot(i), v = 0;

@@ -61,6 +61,7 @@ typedef struct og_remedy {
 /* Framework adapter's own numbers (PyTorch memory_stats and friends); has = false if none. */
 typedef struct og_framework_view {
     bool has;
+    int device;
     uint64_t allocated_bytes, reserved_bytes, active_bytes, inactive_split_bytes;
     uint64_t largest_free_block_bytes, private_pool_bytes;
     uint64_t num_alloc_retries, num_ooms;

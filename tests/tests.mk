@@ -50,3 +50,10 @@ test: test-build
 	@B=$(B) SANITIZE=$(SANITIZE) MAKE="$(MAKE)" bash tests/run_tests.sh
 
 .PHONY: test-build test bench
+
+$(TEST_B)/bench/bench: tests/bench/bench.c $(SIM_LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -pthread $< -o $@ $(E2E_LDRT) -lcudart -ldl
+
+bench: all $(TEST_B)/bench/bench
+	@B=$(B) bash tests/bench/run_bench.sh

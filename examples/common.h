@@ -1,0 +1,17 @@
+/* Shared by the examples: sizes and a tiny "model" vocabulary. */
+#ifndef OG_EXAMPLES_COMMON_H
+#define OG_EXAMPLES_COMMON_H
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MiB (1024ull * 1024)
+#define GiB (1024ull * MiB)
+
+static inline void fail_exit(const char *what)
+{
+    fprintf(stderr, "%s: CUDA out of memory\n", what);
+    exit(3);
+}
+#endif

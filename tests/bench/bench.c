@@ -1,0 +1,108 @@
+/* Cost of the shim on the allocation fast path, and of writing a dump.
+ *
+ *   bench pairs THREADS N     ns per cudaMalloc+cudaFree pair (each thread does N pairs)
+ *   bench blocks N            RSS bytes per live block with N blocks alive
+ *   bench dump N              seconds for a failing cudaMalloc (dump included) with N live blocks
+ *
+ * Run with and without LD_PRELOAD=liboomguard.so by tests/bench/run_bench.sh, which
+ * prints the table with ratios. */
+#include <cuda_runtime_api.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static long rss_bytes(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    long pages = 0, rss = 0;
+    if (f) {
+        if (fscanf(f, "%ld %ld", &pages, &rss) != 2)
+            rss = 0;
+        fclose(f);
+    }
+    return rss * 4096;
+}
+
+static long pairs_n;
+static pthread_barrier_t barrier;
+
+static void *pairs_worker(void *arg)
+{
+    cudaSetDevice(0);
+    void *p;
+    for (int i = 0; i < 1000; i++) {          /* warm up: contexts, sites, slabs */
+        cudaMalloc(&p, 4096);
+        cudaFree(p);
+    }
+    pthread_barrier_wait(&barrier);
+    double t0 = now();
+    for (long i = 0; i < pairs_n; i++) {
+        if (cudaMalloc(&p, 4096 + (size_t)(i & 7) * 512) != cudaSuccess)
+            abort();
+        cudaFree(p);
+    }
+    double *out = arg;
+    *out = now() - t0;
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: bench pairs THREADS N | blocks N | dump N\n");
+        return 2;
+    }
+    cudaSetDevice(0);
+    cudaFree(0);
+    if (strcmp(argv[1], "pairs") == 0 && argc == 4) {
+        int threads = atoi(argv[2]);
+        pairs_n = atol(argv[3]);
+        pthread_t t[64];
+        double secs[64];
+        pthread_barrier_init(&barrier, NULL, (unsigned)threads);
+        for (int i = 0; i < threads; i++)
+            pthread_create(&t[i], NULL, pairs_worker, &secs[i]);
+        double worst = 0;
+        for (int i = 0; i < threads; i++) {
+            pthread_join(t[i], NULL);
+            if (secs[i] > worst)
+                worst = secs[i];
+        }
+        /* per pair as one thread sees it (wall time of the slowest thread / its pairs) */
+        printf("%.1f\n", worst * 1e9 / (double)pairs_n);
+        return 0;
+    }
+    long n = atol(argv[2]);
+    void **p = malloc((size_t)n * sizeof *p);
+    if (strcmp(argv[1], "blocks") == 0) {
+        long before = rss_bytes();
+        for (long i = 0; i < n; i++)
+            if (cudaMalloc(&p[i], 256) != cudaSuccess)
+                abort();
+        long after = rss_bytes();
+        printf("%.1f\n", (double)(after - before) / (double)n);
+        return 0;
+    }
+    if (strcmp(argv[1], "dump") == 0) {
+        for (long i = 0; i < n; i++)
+            if (cudaMalloc(&p[i], 256) != cudaSuccess)
+                abort();
+        void *big;
+        double t0 = now();
+        cudaError_t e = cudaMalloc(&big, (size_t)1 << 60);
+        double t1 = now();
+        printf("%.4f\n", t1 - t0);
+        return e == cudaSuccess;
+    }
+    fprintf(stderr, "bad arguments\n");
+    return 2;
+}
