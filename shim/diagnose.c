@@ -54,8 +54,9 @@
  *                conf = 0.4 + 0.3 * clamp((rising/steps - rs) / (1 - rs))
  *                           + 0.3 * clamp((rise/total - gm) / (3 * gm)).
  * does_not_fit   req > free + reclaim.  conf = 1 - 0.5 * (free + reclaim) / req, in (0.5, 1];
- *                capped at 0.45 when the job alone would fit in the device's capacity (limit, or
- *                total): footprint - reclaim + req <= capacity, i.e. others take the room.
+ *                capped at 0.45 when other processes hold at least the missing bytes and the job
+ *                alone would fit in the device's capacity (limit, or total):
+ *                footprint - reclaim + req <= capacity, i.e. the others take the room.
  *
  * Order: by confidence plus a tie-break bonus (limit 0.06, cache_held 0.05, fragmentation 0.04,
  * foreign_memory 0.03, non_framework 0.02, growth 0.01, does_not_fit 0), stable; confidences
@@ -94,6 +95,7 @@ static uint64_t min64(uint64_t a, uint64_t b) { return a < b ? a : b; }
 static uint64_t add_sat(uint64_t a, uint64_t b) { return a >= UINT64_MAX - 1 - b ? UINT64_MAX - 1 : a + b; }
 static double clamp01(double x) { return x != x ? 0 : x < 0 ? 0 : x > 1 ? 1 : x; }
 
+static void vfmt(char *dst, size_t n, const char *fmt, va_list ap) __attribute__((format(printf, 3, 0)));
 static void vfmt(char *dst, size_t n, const char *fmt, va_list ap)
 {
     if (n)
@@ -387,8 +389,9 @@ static bool c_cache_held(dctx_t *d, og_cause_t *c)
         return false;
     c->id = "cache_held";
     c->confidence = 0.6 + 0.3 * clamp01(((double)avail / (double)d->shortfall - 1) / 3);
-    char lib[64];
-    cpy(lib, sizeof lib, base_name(r->event.library), sizeof r->event.library);
+    char full[sizeof r->event.library], lib[64];
+    cpy(full, sizeof full, r->event.library, sizeof r->event.library);
+    cpy(lib, sizeof lib, base_name(full), sizeof full);
     bool from_cache = d->reclaim >= d->pool_slack;
     summary(c, "%s failed to get %s while %s holds %s %s, more than the %s missing.", lib, hb((double)d->req).s,
             from_cache ? d->fwname : "a memory pool", hb((double)avail).s,
@@ -502,9 +505,12 @@ static bool c_foreign(dctx_t *d, og_cause_t *c)
         fmt(who, sizeof who, " (largest: pid %d %s, %s)", r->memory.other[big].pid, name[0] ? name : "?",
             hb((double)r->memory.other[big].bytes).s);
     }
-    summary(c, "%d other process%s hold%s %s on this device%s, more than the %s missing.", n ? n : 1,
-            n == 1 || !n ? "" : "es", n == 1 || !n ? "s" : "", hb((double)d->other).s, who,
-            hb((double)d->shortfall).s);
+    if (n)
+        summary(c, "%d other process%s hold%s %s on this device%s, more than the %s missing.", n, n == 1 ? "" : "es",
+                n == 1 ? "s" : "", hb((double)d->other).s, who, hb((double)d->shortfall).s);
+    else
+        summary(c, "Other processes hold %s on this device, more than the %s missing.", hb((double)d->other).s,
+                hb((double)d->shortfall).s);
     ev_bytes(c, "other_processes_bytes", d->other);
     ev_bytes(c, "shortfall_bytes", d->shortfall);
     if (d->total)
@@ -543,8 +549,11 @@ static bool c_non_framework(dctx_t *d, og_cause_t *c)
             (big < 0 || r->memory.by_library[i].bytes > r->memory.by_library[big].bytes))
             big = i;
     char lib[64] = "";
-    if (big >= 0 && r->memory.by_library[big].bytes)
-        cpy(lib, sizeof lib, base_name(r->memory.by_library[big].library), sizeof r->memory.by_library[0].library);
+    if (big >= 0 && r->memory.by_library[big].bytes) {
+        char full[sizeof r->memory.by_library[0].library];
+        cpy(full, sizeof full, r->memory.by_library[big].library, sizeof full);
+        cpy(lib, sizeof lib, base_name(full), sizeof full);
+    }
     uint64_t ctx = known(r->memory.context_bytes_estimate) ? r->memory.context_bytes_estimate : 0;
     char extra[112] = "";
     if (lib[0])
@@ -636,8 +645,8 @@ static bool c_growth(dctx_t *d, og_cause_t *c)
                     0.3 * clamp01((rise_share - gm) / (3 * gm));
     double per_step = (double)rise / steps;
     double window_s = tmax > tmin ? (tmax - tmin) / GROWTH_WINDOWS : 0;
-    summary(c, "Live memory kept rising: its low point grew in %d of %d steps, from %s to %s (about %s per step, "
-            "%s of the device).", rising, steps, hb((double)trough[first]).s, hb((double)trough[last]).s,
+    summary(c, "Memory held by this process kept rising: its low point grew in %d of %d intervals of the run, "
+            "from %s to %s (about %s per interval, %s of the device).", rising, steps, hb((double)trough[first]).s, hb((double)trough[last]).s,
             hb(per_step).s, pct((double)rise, (double)d->total).s);
     ev_bytes(c, "first_trough_bytes", trough[first]);
     ev_bytes(c, "last_trough_bytes", trough[last]);
@@ -651,7 +660,6 @@ static bool c_growth(dctx_t *d, og_cause_t *c)
 
 static bool c_does_not_fit(dctx_t *d, og_cause_t *c)
 {
-    og_record_t *r = d->rec;
     if (!d->free_known || d->req == 0)
         return false;
     uint64_t avail = add_sat(d->free_eff, d->reclaim);
@@ -661,11 +669,11 @@ static bool c_does_not_fit(dctx_t *d, og_cause_t *c)
     double conf = 1 - 0.5 * (double)avail / (double)d->req;
     uint64_t capacity = d->limited ? d->limit : d->total;
     uint64_t job = add_sat(sub0(d->footprint, d->reclaim), d->req);
-    bool alone_fits = capacity && job <= capacity;
+    uint64_t missing = d->req - avail;
+    bool alone_fits = capacity && job <= capacity && d->other >= missing;
     if (alone_fits && conf > 0.45)
         conf = 0.45;
     c->confidence = clamp01(conf);
-    uint64_t missing = d->req - avail;
     char note[96] = "";
     if (!d->cached_known)
         fmt(note, sizeof note, " (the framework's cache was not measured)");
@@ -676,7 +684,7 @@ static bool c_does_not_fit(dctx_t *d, og_cause_t *c)
     summary(c, "%s more is needed than is free%s%s; this is %s of the %s this process holds%s.",
             hb((double)missing).s, d->reclaim ? " even after releasing the cache" : "", note,
             pct((double)missing, (double)d->footprint).s, hb((double)d->footprint).s,
-            alone_fits ? "; the job alone would fit" : "");
+            alone_fits ? "; alone on the device the job would fit" : "");
     ev_bytes(c, "requested_bytes", d->req);
     ev_bytes(c, d->limited ? "free_under_limit_bytes" : "free_bytes", d->free_eff);
     if (d->cached_known)
@@ -687,18 +695,16 @@ static bool c_does_not_fit(dctx_t *d, og_cause_t *c)
     ev_bytes(c, "footprint_bytes", d->footprint);
     ev_bytes(c, "job_need_bytes", job);
     ev_bytes(c, d->limited ? "limit_bytes" : "capacity_bytes", capacity);
-    (void)r;
     return true;
 }
 
 static void c_unknown(dctx_t *d, og_cause_t *c)
 {
-    og_record_t *r = d->rec;
     c->id = "unknown";
     c->confidence = 0;
     char miss[96] = "";
     int nm = 0;
-    const char *m[4];
+    const char *m[4] = {"", "", "", ""};
     if (!d->cached_known)
         m[nm++] = "framework cache";
     if (!d->used_known)
@@ -721,7 +727,6 @@ static void c_unknown(dctx_t *d, og_cause_t *c)
     ev_bytes(c, "other_processes_bytes", d->other);
     if (d->cached_known)
         ev_bytes(c, "cached_bytes", d->cached);
-    (void)r;
 }
 
 /* ------------------------------------------------------------------ entry */

@@ -494,10 +494,19 @@ static bool write_atomic(const char *dir, const char *name, const og_sb_t *conte
 }
 
 static atomic_int warned_dir;
+static atomic_llong dumps_written;
+static atomic_int warned_budget;
 
 /* Writes both files; returns the JSON path written into `path`, or "" when all failed. */
 static void write_dump(const og_record_t *r, char *path, size_t pathlen)
 {
+    path[0] = 0;
+    if (atomic_fetch_add(&dumps_written, 1) >= og_opt.max_dumps) {
+        if (!atomic_exchange(&warned_budget, 1))
+            og_warn("%lld dumps written (OOMGUARD_MAX_DUMPS); later failures are counted but not dumped",
+                    og_opt.max_dumps);
+        return;
+    }
     og_sb_t json = {0}, text = {0};
     og_render_json(r, &json);
     og_render_text(r, &text);

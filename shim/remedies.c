@@ -1,0 +1,1130 @@
+/* Remedies: what to do about the diagnosed failure.  Fills rec->remedies from rec->diagnosis and
+ * the measurements.  Pure: no I/O, no globals, no allocation.  (<stdio.h> for vsnprintf only.)
+ *
+ * Selection.  Each cause that holds brings its remedies (those marked * only when the framework's
+ * cache is known and > 0 and was not already handed back by the framework's own retry):
+ *   limit          raise_limit, empty_cache*, inference_mode, mixed_precision, smaller_batch,
+ *                  shorter_sequences, gradient_checkpointing
+ *   cache_held     empty_cache
+ *   fragmentation  empty_cache, restart_process, expandable_segments
+ *   foreign_memory foreign_processes, restart_process
+ *   non_framework  foreign_processes, restart_process
+ *   growth         release_references, empty_cache*, inference_mode
+ *   does_not_fit   empty_cache*, inference_mode, mixed_precision, smaller_batch, shorter_sequences,
+ *                  gradient_checkpointing, flash_attention, quantization, multi_gpu_parallelism,
+ *                  zero_fsdp, cpu_offload, bigger_gpu (the last four only when the job would not fit
+ *                  on this card alone: process footprint + request > 97% of the device total)
+ *   unknown        empty_cache*, foreign_processes (when other processes hold memory),
+ *                  restart_process, expandable_segments, inference_mode, mixed_precision, smaller_batch
+ * Filters: expandable_segments only for PyTorch (or an unknown framework, labelled as a PyTorch
+ * setting) and never when PYTORCH_CUDA_ALLOC_CONF already has it; JAX, TensorFlow and CuPy get
+ * their allocator knobs inside empty_cache.  inference_mode: not JAX (no tape outside jax.grad) or
+ * CuPy; gradient_checkpointing, shorter_sequences, flash_attention, quantization,
+ * multi_gpu_parallelism: not CuPy; zero_fsdp: not TensorFlow or CuPy.
+ *
+ * Order: the article's checklist, simplest first: raise_limit, empty_cache, foreign_processes,
+ * restart_process, release_references, expandable_segments, inference_mode, mixed_precision,
+ * smaller_batch, shorter_sequences, gradient_checkpointing, flash_attention, quantization,
+ * [multi_gpu_parallelism, zero_fsdp when more than one GPU is visible], cpu_offload,
+ * [multi_gpu_parallelism, zero_fsdp ("add GPUs") otherwise], bigger_gpu.  Adjustments:
+ *   - the primary cause's own remedies go first: limit -> raise_limit, cache_held -> empty_cache,
+ *     fragmentation -> empty_cache then expandable_segments, foreign_memory and non_framework ->
+ *     foreign_processes, growth -> release_references (does_not_fit keeps the checklist);
+ *   - primary does_not_fit: empty_cache moves after smaller_batch (it cannot free live tensors);
+ *   - compute capability known and < 7.0 (before Volta): mixed_precision goes last, saying why.
+ * At most 20 remedies, ranked 1..n without gaps.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "og.h"
+#include "record.h"
+
+#define KIB 1024.0
+#define MIB (1024.0 * 1024.0)
+#define GIB (1024.0 * 1024.0 * 1024.0)
+#define TIB (1024.0 * 1024.0 * 1024.0 * 1024.0)
+
+const char *og_framework_name(enum og_framework fw)
+{
+    switch (fw) {
+    case OG_FW_PYTORCH: return "pytorch";
+    case OG_FW_JAX: return "jax";
+    case OG_FW_TENSORFLOW: return "tensorflow";
+    case OG_FW_CUPY: return "cupy";
+    default: return "unknown";
+    }
+}
+
+/* ------------------------------------------------------------------ helpers */
+
+static bool known(uint64_t v) { return v != OG_UNKNOWN; }
+static uint64_t sub0(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
+static uint64_t add_sat(uint64_t a, uint64_t b) { return a >= UINT64_MAX - 1 - b ? UINT64_MAX - 1 : a + b; }
+
+static void vfmt(char *dst, size_t n, const char *f, va_list ap) __attribute__((format(printf, 3, 0)));
+static void vfmt(char *dst, size_t n, const char *f, va_list ap)
+{
+    if (n)
+        vsnprintf(dst, n, f, ap);
+}
+
+static void fmt(char *dst, size_t n, const char *f, ...) __attribute__((format(printf, 3, 4)));
+static void fmt(char *dst, size_t n, const char *f, ...)
+{
+    va_list ap;
+    va_start(ap, f);
+    vfmt(dst, n, f, ap);
+    va_end(ap);
+}
+
+typedef struct { char s[24]; } hb_t;
+
+static hb_t hb(double b)
+{
+    hb_t h;
+    if (b != b || b < 0)
+        b = 0;
+    if (b >= TIB)
+        fmt(h.s, sizeof h.s, "%.2f TiB", b / TIB);
+    else if (b >= GIB)
+        fmt(h.s, sizeof h.s, "%.2f GiB", b / GIB);
+    else if (b >= 100 * MIB)
+        fmt(h.s, sizeof h.s, "%.0f MiB", b / MIB);
+    else if (b >= MIB)
+        fmt(h.s, sizeof h.s, "%.1f MiB", b / MIB);
+    else if (b >= KIB)
+        fmt(h.s, sizeof h.s, "%.1f KiB", b / KIB);
+    else
+        fmt(h.s, sizeof h.s, "%.0f B", b);
+    return h;
+}
+
+typedef struct { char s[16]; } pc_t;
+
+static pc_t pct(double part, double whole)
+{
+    pc_t p;
+    double v = whole > 0 ? 100.0 * part / whole : -1;
+    if (v < 0)
+        fmt(p.s, sizeof p.s, "n/a");
+    else if (v > 0 && v < 1)
+        fmt(p.s, sizeof p.s, "<1%%");
+    else if (v > 9999)
+        fmt(p.s, sizeof p.s, ">9999%%");
+    else
+        fmt(p.s, sizeof p.s, "%.0f%%", v);
+    return p;
+}
+
+static void cpy(char *dst, size_t n, const char *src, size_t srcn)
+{
+    size_t l = strnlen(src, srcn);
+    if (l >= n)
+        l = n - 1;
+    memcpy(dst, src, l);
+    dst[l] = 0;
+}
+
+static const char *base_name(const char *p)
+{
+    const char *s = strrchr(p, '/');
+    return s ? s + 1 : p;
+}
+
+/* ------------------------------------------------------------------ context */
+
+enum cause { C_LIMIT, C_CACHE, C_FRAG, C_FOREIGN, C_NONFW, C_GROWTH, C_DNF, C_UNKNOWN, C_COUNT };
+static const char *const cause_ids[C_COUNT] = {
+    "limit", "cache_held", "fragmentation", "foreign_memory", "non_framework", "growth", "does_not_fit", "unknown",
+};
+
+typedef struct rctx {
+    const og_record_t *rec;
+    enum og_framework fw;
+    const char *fwname;
+    bool has[C_COUNT];
+    int primary;
+    uint64_t req, shortfall, total, tracked, footprint, live, other, nonfw;
+    bool cached_known, cache_retried;
+    uint64_t cached, reclaim, largest;
+    bool largest_known;
+    bool cc_known;
+    int cc;                      /* major * 10 + minor */
+    int visible;
+    long world;
+    char fail_lib[64];
+} rctx_t;
+
+static const char *fw_display(enum og_framework fw)
+{
+    switch (fw) {
+    case OG_FW_PYTORCH: return "PyTorch";
+    case OG_FW_JAX: return "JAX";
+    case OG_FW_TENSORFLOW: return "TensorFlow";
+    case OG_FW_CUPY: return "CuPy";
+    default: return "the framework";
+    }
+}
+
+/* value of NAME in the allow-listed environment, or NULL */
+static const char *env_value(const og_record_t *rec, const char *name)
+{
+    size_t l = strlen(name);
+    int n = rec->nenv < 0 ? 0 : rec->nenv > 48 ? 48 : rec->nenv;
+    for (int i = 0; i < n; i++)
+        if (strnlen(rec->env[i], sizeof rec->env[i]) < sizeof rec->env[i] && strncmp(rec->env[i], name, l) == 0 &&
+            rec->env[i][l] == '=')
+            return rec->env[i] + l + 1;
+    return NULL;
+}
+
+static bool env_is(const og_record_t *rec, const char *name, const char *value)
+{
+    const char *v = env_value(rec, name);
+    return v && strcasecmp(v, value) == 0;
+}
+
+/* a number recorded as evidence by og_diagnose, or -1 */
+static double evidence(const og_record_t *rec, const char *cause, const char *name)
+{
+    int n = rec->diagnosis.ncauses < 0 ? 0 : rec->diagnosis.ncauses > 8 ? 8 : rec->diagnosis.ncauses;
+    for (int i = 0; i < n; i++) {
+        const og_cause_t *c = &rec->diagnosis.causes[i];
+        if (!c->id || strcmp(c->id, cause) != 0)
+            continue;
+        int ne = c->nevidence < 0 ? 0 : c->nevidence > 8 ? 8 : c->nevidence;
+        for (int e = 0; e < ne; e++)
+            if (c->evidence[e].name && strcmp(c->evidence[e].name, name) == 0 && !c->evidence[e].is_text)
+                return c->evidence[e].num;
+    }
+    return -1;
+}
+
+static const char *evidence_text(const og_record_t *rec, const char *cause, const char *name)
+{
+    int n = rec->diagnosis.ncauses < 0 ? 0 : rec->diagnosis.ncauses > 8 ? 8 : rec->diagnosis.ncauses;
+    for (int i = 0; i < n; i++) {
+        const og_cause_t *c = &rec->diagnosis.causes[i];
+        if (!c->id || strcmp(c->id, cause) != 0)
+            continue;
+        int ne = c->nevidence < 0 ? 0 : c->nevidence > 8 ? 8 : c->nevidence;
+        for (int e = 0; e < ne; e++)
+            if (c->evidence[e].name && strcmp(c->evidence[e].name, name) == 0 && c->evidence[e].is_text)
+                return c->evidence[e].text;
+    }
+    return NULL;
+}
+
+static void context(rctx_t *x, const og_record_t *rec)
+{
+    memset(x, 0, sizeof *x);
+    x->rec = rec;
+    x->fw = rec->framework;
+    x->fwname = fw_display(rec->framework);
+    x->primary = C_UNKNOWN;
+    int n = rec->diagnosis.ncauses < 0 ? 0 : rec->diagnosis.ncauses > 8 ? 8 : rec->diagnosis.ncauses;
+    for (int i = 0; i < n; i++) {
+        const char *id = rec->diagnosis.causes[i].id;
+        for (int c = 0; id && c < C_COUNT; c++)
+            if (strcmp(id, cause_ids[c]) == 0) {
+                x->has[c] = true;
+                if (i == 0)
+                    x->primary = c;
+            }
+    }
+    if (n == 0)
+        x->has[C_UNKNOWN] = true;
+
+    x->req = known(rec->event.requested_bytes) ? rec->event.requested_bytes : 0;
+    x->shortfall = known(rec->diagnosis.shortfall_bytes) ? rec->diagnosis.shortfall_bytes : 0;
+    x->total = known(rec->device.total_bytes) ? rec->device.total_bytes : 0;
+    x->tracked = known(rec->memory.process_tracked_bytes) ? rec->memory.process_tracked_bytes : 0;
+    x->footprint = known(rec->memory.process_used_bytes) ? rec->memory.process_used_bytes : x->tracked;
+    x->other = known(rec->memory.other_processes_bytes) ? rec->memory.other_processes_bytes : 0;
+    x->nonfw = known(rec->memory.non_framework_bytes) ? rec->memory.non_framework_bytes : 0;
+
+    const og_framework_view_t *fw = &rec->memory.fw;
+    const char *src = NULL;
+    if (fw->has && known(fw->reserved_bytes) && known(fw->allocated_bytes)) {
+        x->cached_known = true;
+        x->cached = sub0(fw->reserved_bytes, fw->allocated_bytes);
+        src = "adapter";
+    } else if (known(rec->memory.framework_cached_bytes)) {
+        x->cached_known = true;
+        x->cached = rec->memory.framework_cached_bytes;
+        src = rec->memory.framework_cached_source;
+    }
+    x->cache_retried = src && strcmp(src, "retry_release") == 0;
+    x->reclaim = x->cached_known && !x->cache_retried ? x->cached : 0;
+    if (fw->has && known(fw->largest_free_block_bytes) && !(fw->largest_free_block_bytes == 0 && x->cached)) {
+        x->largest_known = true;
+        x->largest = fw->largest_free_block_bytes;
+    }
+    x->live = fw->has && known(fw->allocated_bytes) ? fw->allocated_bytes : sub0(x->tracked, x->reclaim);
+    x->cc_known = rec->device.cc_major > 0;
+    x->cc = rec->device.cc_major * 10 + (rec->device.cc_minor > 9 ? 9 : rec->device.cc_minor < 0 ? 0 : rec->device.cc_minor);
+    x->visible = rec->visible_devices;
+    x->world = rec->world_size;
+    char full[sizeof rec->event.library];
+    cpy(full, sizeof full, rec->event.library, sizeof full);
+    cpy(x->fail_lib, sizeof x->fail_lib, base_name(full), sizeof full);
+}
+
+/* ------------------------------------------------------------------ writing a remedy */
+
+static void why(og_remedy_t *r, const char *f, ...) __attribute__((format(printf, 2, 3)));
+static void why(og_remedy_t *r, const char *f, ...)
+{
+    size_t l = strnlen(r->why, sizeof r->why);
+    if (l >= sizeof r->why - 1)
+        return;
+    va_list ap;
+    va_start(ap, f);
+    vfmt(r->why + l, sizeof r->why - l, f, ap);
+    va_end(ap);
+}
+
+static void how(og_remedy_t *r, const char *f, ...) __attribute__((format(printf, 2, 3)));
+static void how(og_remedy_t *r, const char *f, ...)
+{
+    if (r->nhow >= 6)
+        return;
+    va_list ap;
+    va_start(ap, f);
+    vfmt(r->how[r->nhow], sizeof r->how[0], f, ap);
+    va_end(ap);
+    r->nhow++;
+}
+
+/* "PyTorch: " in front of PyTorch lines when the framework is not known */
+static const char *pt(const rctx_t *x) { return x->fw == OG_FW_UNKNOWN ? "PyTorch: " : ""; }
+
+/* The sentence that sizes an activation-halving remedy against the shortfall. */
+static void activations_vs_shortfall(const rctx_t *x, og_remedy_t *r, double frees, const char *what)
+{
+    if (!x->shortfall) {
+        why(r, " It lowers the peak so the %s request fits more easily.", hb((double)x->req).s);
+        return;
+    }
+    double need = (double)x->shortfall / frees;
+    if (need <= (double)x->live)
+        why(r, " %s more is needed, %s of the %s live: %s covers it if activations are at least %s.",
+            hb((double)x->shortfall).s, pct((double)x->shortfall, (double)x->live).s, hb((double)x->live).s, what,
+            hb(need).s);
+    else
+        why(r, " %s more is needed but only %s is live: %s alone cannot cover it; combine it with others.",
+            hb((double)x->shortfall).s, hb((double)x->live).s, what);
+}
+
+/* ------------------------------------------------------------------ the remedies */
+
+static bool b_raise_limit(const rctx_t *x, og_remedy_t *r)
+{
+    const og_record_t *rec = x->rec;
+    uint64_t need = add_sat(x->tracked, x->req);
+    /* 10% headroom, rounded up to whole GiB */
+    uint64_t sugg = (uint64_t)((double)need * 1.10 / GIB) + 1;
+    if (known(rec->device.limit_bytes))
+        why(r, "OOMGUARD_LIMIT caps device %d at %s; the job needs at least %s (%s held + %s requested).",
+            rec->event.device, hb((double)rec->device.limit_bytes).s, hb((double)need).s, hb((double)x->tracked).s,
+            hb((double)x->req).s);
+    else
+        why(r, "OOMGUARD_LIMIT refused the request; the job needs at least %s (%s held + %s requested).",
+            hb((double)need).s, hb((double)x->tracked).s, hb((double)x->req).s);
+    if (known(rec->device.free_bytes) && rec->device.free_bytes >= x->req)
+        why(r, " The card itself had %s free, so the request would have succeeded.",
+            hb((double)rec->device.free_bytes).s);
+    how(r, "OOMGUARD_LIMIT=%lluGiB   # or for this device only: OOMGUARD_LIMIT=%d:%lluGiB",
+        (unsigned long long)sugg, rec->event.device, (unsigned long long)sugg);
+    how(r, "unset OOMGUARD_LIMIT   # no cap at all");
+    how(r, "Or keep the cap and shrink the job with the remedies below.");
+    return true;
+}
+
+static bool b_empty_cache(const rctx_t *x, og_remedy_t *r)
+{
+    const og_record_t *rec = x->rec;
+    char cached[24];
+    fmt(cached, sizeof cached, "%s", x->cached_known ? hb((double)x->cached).s : "an unmeasured amount");
+
+    if (x->has[C_CACHE] && x->fail_lib[0])
+        why(r, "%s keeps %s cached while %s could not get %s: hand the cache back before that library allocates.",
+            x->fwname, cached, x->fail_lib, hb((double)x->req).s);
+    else if (x->has[C_FRAG]) {
+        why(r, "%s is cached but unused", cached);
+        if (x->largest_known)
+            why(r, " and the largest free block is %s, below the %s requested", hb((double)x->largest).s,
+                hb((double)x->req).s);
+        why(r, ": releasing the cache lets the allocator start again from fresh segments.");
+    } else if (x->has[C_LIMIT])
+        why(r, "The limit counts cached memory too: %s of the %s held is cached but unused.", cached,
+            hb((double)x->tracked).s);
+    else if (x->primary == C_DNF)
+        why(r, "Only %s is cached, less than the %s missing: live tensors fill the memory, so this helps only "
+            "together with the reductions above.", cached, hb((double)x->shortfall).s);
+    else if (x->has[C_GROWTH])
+        why(r, "%s is cached but unused; release it between epochs or phases so the growth does not also pin "
+            "the cache.", cached);
+    else
+        why(r, "%s is cached but unused; releasing it is the first step of the checklist.", cached);
+
+    switch (x->fw) {
+    case OG_FW_JAX: {
+        r->title = "Release JAX's reserved memory and let it allocate on demand";
+        if (rec->xla_preallocate_off)
+            why(r, " Preallocation is already off.");
+        else
+            how(r, "export XLA_PYTHON_CLIENT_PREALLOCATE=false   # JAX reserves 75%% of the GPU at start by default");
+        const og_framework_view_t *fw = &rec->memory.fw;
+        uint64_t resv = fw->has && known(fw->reserved_bytes) ? fw->reserved_bytes : rec->memory.framework_bytes;
+        if ((x->has[C_CACHE] || x->has[C_FOREIGN]) && x->total && known(resv) && resv > x->shortfall) {
+            int frac = (int)(100.0 * (double)(resv - x->shortfall) / (double)x->total);
+            if (frac < 5)
+                frac = 5;
+            if (frac > 95)
+                frac = 95;
+            how(r, "export XLA_PYTHON_CLIENT_MEM_FRACTION=.%02d   # caps JAX so %s more stays for others", frac,
+                hb((double)x->shortfall).s);
+        } else if (!env_value(rec, "XLA_PYTHON_CLIENT_MEM_FRACTION") && !rec->xla_preallocate_off)
+            how(r, "or export XLA_PYTHON_CLIENT_MEM_FRACTION=.XX   # reserve only this share of the GPU");
+        if (env_is(rec, "XLA_PYTHON_CLIENT_ALLOCATOR", "platform"))
+            why(r, " XLA_PYTHON_CLIENT_ALLOCATOR=platform is already set.");
+        else
+            how(r, "export XLA_PYTHON_CLIENT_ALLOCATOR=platform   # exact allocate/free: no cache, no fragmentation; "
+                "slower");
+        how(r, "del big_array; gc.collect(); jax.clear_caches()   # drop dead arrays and compiled programs");
+        break;
+    }
+    case OG_FW_TENSORFLOW:
+        r->title = "Let TensorFlow allocate on demand and release its memory";
+        if (env_is(rec, "TF_FORCE_GPU_ALLOW_GROWTH", "true"))
+            why(r, " Memory growth is already on (TF_FORCE_GPU_ALLOW_GROWTH=true).");
+        else
+            how(r, "for gpu in tf.config.list_physical_devices(\"GPU\"): "
+                "tf.config.experimental.set_memory_growth(gpu, True)   # before the first op");
+        if (strcmp(rec->tf_gpu_allocator, "cuda_malloc_async") == 0)
+            why(r, " TF_GPU_ALLOCATOR=cuda_malloc_async is already set.");
+        else
+            how(r, "export TF_GPU_ALLOCATOR=cuda_malloc_async   # stream-ordered allocator: less fragmentation");
+        if (x->has[C_CACHE] && x->total > x->shortfall)
+            how(r, "tf.config.set_logical_device_configuration(gpu, "
+                "[tf.config.LogicalDeviceConfiguration(memory_limit=%llu)])   # MiB; cap TensorFlow",
+                (unsigned long long)((x->total - x->shortfall) / (1ULL << 20) * 9 / 10));
+        how(r, "tf.keras.backend.clear_session(); gc.collect()   # between models");
+        break;
+    case OG_FW_CUPY:
+        r->title = "Release CuPy's memory pool";
+        how(r, "cupy.get_default_memory_pool().free_all_blocks(); "
+            "cupy.get_default_pinned_memory_pool().free_all_blocks()");
+        if (x->has[C_FRAG])
+            how(r, "cupy.cuda.set_allocator(cupy.cuda.MemoryAsyncPool().malloc)   # stream-ordered pool: less "
+                "fragmentation");
+        if (x->has[C_CACHE] && x->total > x->shortfall)
+            how(r, "cupy.get_default_memory_pool().set_limit(size=%llu)   # cap the pool, leave room for others",
+                (unsigned long long)((x->total - x->shortfall) / 10 * 9));
+        break;
+    default:
+        r->title = x->fw == OG_FW_PYTORCH ? "Release cached memory (torch.cuda.empty_cache)"
+                                          : "Release the framework's cached memory";
+        how(r, "%sdel big_tensor; gc.collect(); torch.cuda.empty_cache()   # at phase boundaries", pt(x));
+        if (x->has[C_CACHE] && x->fail_lib[0])
+            how(r, "%scall torch.cuda.empty_cache() right before the code that makes %s allocate", pt(x), x->fail_lib);
+        if (x->has[C_FRAG] && rec->expandable_segments_set) {
+            why(r, " expandable_segments is already on (PYTORCH_CUDA_ALLOC_CONF=%.80s).", rec->pytorch_alloc_conf);
+            if (!rec->max_split_set)
+                how(r, "%salternative: PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:512   # instead of "
+                    "expandable_segments: large blocks are not split", pt(x));
+        }
+        how(r, "%sprint(torch.cuda.memory_summary())   # reserved vs allocated, before and after", pt(x));
+        if (x->fw == OG_FW_UNKNOWN)
+            how(r, "Other frameworks: jax.clear_caches(); tf.keras.backend.clear_session(); "
+                "cupy.get_default_memory_pool().free_all_blocks()");
+        break;
+    }
+    return true;
+}
+
+static bool desktop_app(const char *name);
+
+/* "kill PID" lines for the largest other processes, desktop programs excepted */
+static void list_other_processes(const rctx_t *x, og_remedy_t *r, int max_how)
+{
+    const og_record_t *rec = x->rec;
+    int n = rec->memory.nother < 0 ? 0 : rec->memory.nother > 32 ? 32 : rec->memory.nother;
+    bool used[32] = {false};
+    for (int k = 0; k < max_how; k++) {
+        int big = -1;
+        for (int i = 0; i < n; i++)
+            if (!used[i] && (big < 0 || rec->memory.other[i].bytes > rec->memory.other[big].bytes))
+                big = i;
+        if (big < 0)
+            break;
+        used[big] = true;
+        char full[sizeof rec->memory.other[0].name], name[sizeof full];
+        cpy(full, sizeof full, rec->memory.other[big].name, sizeof full);
+        cpy(name, sizeof name, base_name(full), sizeof full);
+        if (desktop_app(name))
+            continue;
+        how(r, "kill %d   # %s, %s on this GPU: only if it is yours and no longer needed", rec->memory.other[big].pid,
+            name[0] ? name : "unknown", hb((double)rec->memory.other[big].bytes).s);
+    }
+}
+
+static bool desktop_app(const char *name)
+{
+    static const char *const apps[] = {"Xorg", "Xwayland", "gnome-shell", "kwin", "chrome", "chromium", "firefox",
+                                       "Discord", "discord", "electron", "steam", "obs", "code"};
+    for (size_t i = 0; i < sizeof apps / sizeof *apps; i++)
+        if (strstr(name, apps[i]))
+            return true;
+    return false;
+}
+
+static bool b_foreign_processes(const rctx_t *x, og_remedy_t *r)
+{
+    const og_record_t *rec = x->rec;
+    int n = rec->memory.nother < 0 ? 0 : rec->memory.nother > 32 ? 32 : rec->memory.nother;
+    if (x->other || n) {
+        r->title = "Stop other processes that hold GPU memory";
+        why(r, "Other processes hold %s on this GPU", hb((double)x->other).s);
+        bool used[32] = {false};
+        for (int k = 0; k < 3; k++) {
+            int big = -1;
+            for (int i = 0; i < n; i++)
+                if (!used[i] && (big < 0 || rec->memory.other[i].bytes > rec->memory.other[big].bytes))
+                    big = i;
+            if (big < 0)
+                break;
+            used[big] = true;
+            char full[sizeof rec->memory.other[0].name], name[32];
+            cpy(full, sizeof full, rec->memory.other[big].name, sizeof full);
+            cpy(name, sizeof name, base_name(full), sizeof full);
+            why(r, "%s pid %d %s %s", k ? "," : ":", rec->memory.other[big].pid, name[0] ? name : "?",
+                hb((double)rec->memory.other[big].bytes).s);
+        }
+        if (x->shortfall)
+            why(r, "; %s is missing.", hb((double)x->shortfall).s);
+        else
+            why(r, ".");
+        if (x->has[C_NONFW])
+            why(r, " Inside this process %s more is outside %s.", hb((double)x->nonfw).s, x->fwname);
+        how(r, "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv");
+        list_other_processes(x, r, 3);
+        bool desk = false;
+        for (int i = 0; i < n; i++) {
+            char name[sizeof rec->memory.other[0].name];
+            cpy(name, sizeof name, rec->memory.other[i].name, sizeof name);
+            desk = desk || desktop_app(name);
+        }
+        if (desk)
+            how(r, "Desktop apps (browser, Discord, X server) hold GPU memory: turn off their hardware "
+                "acceleration or close them.");
+        how(r, "nvidia-smi pmon -c 1   # live per-process view");
+        return true;
+    }
+    /* nothing from other processes: the memory outside the framework is in this process */
+    r->title = "Find the memory held outside the framework";
+    why(r, "%s of this process's memory is outside %s (CUDA context and other libraries)", hb((double)x->nonfw).s,
+        x->fwname);
+    const char *lib = evidence_text(rec, "non_framework", "largest_library");
+    double lb = evidence(rec, "non_framework", "largest_library_bytes");
+    if (lib && lb > 0)
+        why(r, "; the largest holder is %s with %s", lib, hb(lb).s);
+    double ctx = evidence(rec, "non_framework", "context_bytes_estimate");
+    if (ctx >= 0)
+        why(r, "; context and untracked memory ~%s", hb(ctx).s);
+    why(r, ".");
+    if (lib && lb > 0)
+        how(r, "Check what makes %s allocate (its own cache or workspace settings) and cap it.", lib);
+    how(r, "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv   # compare with %s's own "
+        "numbers", x->fwname);
+    how(r, "export CUDA_MODULE_LOADING=LAZY   # smaller CUDA context: kernels are loaded when first used");
+    return true;
+}
+
+static bool b_restart_process(const rctx_t *x, og_remedy_t *r)
+{
+    const og_record_t *rec = x->rec;
+    int n = rec->memory.nother < 0 ? 0 : rec->memory.nother > 32 ? 32 : rec->memory.nother;
+    if (x->has[C_FOREIGN] && n) {
+        why(r, "A process killed or interrupted mid-run can leave its context behind until it fully exits; "
+            "check that the %d process%s holding %s still do useful work.", n, n == 1 ? "" : "es",
+            hb((double)x->other).s);
+        char pids[120] = "";
+        for (int i = 0; i < n && i < 8; i++) {
+            size_t l = strlen(pids);
+            fmt(pids + l, sizeof pids - l, "%s%d", i ? "," : "", rec->memory.other[i].pid);
+        }
+        how(r, "ps -o pid,stat,etime,cmd -p %s   # still running what you expect?", pids);
+    } else if (x->has[C_FRAG]) {
+        why(r, "A fresh process starts with an empty, unfragmented cache (%s is cached now); a restart between "
+            "phases avoids carrying fragmentation along.", x->cached_known ? hb((double)x->cached).s : "?");
+    } else if (x->has[C_NONFW]) {
+        why(r, "A restart drops contexts and library workspaces that accumulated in this process (%s outside %s).",
+            hb((double)x->nonfw).s, x->fwname);
+    } else {
+        why(r, "A restart clears leftover contexts, the framework's cache and references kept by an interactive "
+            "session (this process holds %s).", hb((double)x->footprint).s);
+    }
+    how(r, "fuser -v /dev/nvidia*   # every process that still has the GPU open, leftovers included");
+    how(r, "Restart the job (in Jupyter: restart the kernel; its process keeps the memory until it exits).");
+    return true;
+}
+
+static bool b_release_references(const rctx_t *x, og_remedy_t *r)
+{
+    const og_record_t *rec = x->rec;
+    double first = evidence(rec, "growth", "first_trough_bytes");
+    double last = evidence(rec, "growth", "last_trough_bytes");
+    double step = evidence(rec, "growth", "rise_per_step_bytes");
+    const char *steps = evidence_text(rec, "growth", "rising_steps");
+    if (first >= 0 && last >= 0)
+        why(r, "The low point of this process's memory rose in %s intervals of the run, from %s to %s (about %s "
+            "per interval): something keeps tensors alive from one iteration to the next.", steps ? steps : "most", hb(first).s, hb(last).s,
+            hb(step > 0 ? step : 0).s);
+    else
+        why(r, "Live memory grows over the run: something keeps tensors alive from one iteration to the next.");
+    switch (x->fw) {
+    case OG_FW_JAX:
+        how(r, "losses.append(float(loss))   # not the device array; or jax.device_get(loss)");
+        how(r, "big_array.delete()   # free a large jax.Array as soon as it is no longer needed");
+        how(r, "jax.clear_caches()   # if shapes change every step, compiled programs pile up");
+        break;
+    case OG_FW_TENSORFLOW:
+        how(r, "losses.append(float(loss))   # or loss.numpy(); a kept tensor keeps its memory");
+        how(r, "Build models and tf.function objects once, outside the loop; tf.keras.backend.clear_session() "
+            "between models.");
+        break;
+    case OG_FW_CUPY:
+        how(r, "results.append(float(x.sum()))   # or x.get(): keep host copies, not device arrays");
+        how(r, "del x; cupy.get_default_memory_pool().free_all_blocks()");
+        break;
+    default:
+        how(r, "%slosses.append(loss.detach().item())   # not losses.append(loss): that keeps every step's graph",
+            pt(x));
+        how(r, "%sdel outputs, loss   # before the next step; optimizer.zero_grad(set_to_none=True)", pt(x));
+        how(r, "%storch.cuda.memory._record_memory_history(); ...; torch.cuda.memory._dump_snapshot(\"snap.pickle\")"
+            "   # who holds it", pt(x));
+        break;
+    }
+    return true;
+}
+
+static bool b_expandable_segments(const rctx_t *x, og_remedy_t *r)
+{
+    const og_record_t *rec = x->rec;
+    if (x->has[C_FRAG]) {
+        why(r, "%s is cached but unused", x->cached_known ? hb((double)x->cached).s : "Memory");
+        if (x->largest_known)
+            why(r, " while the largest free block is only %s", hb((double)x->largest).s);
+        why(r, ": with expandable segments the allocator grows its segments in place instead of needing a new "
+            "contiguous %s.", hb((double)x->req).s);
+    } else
+        why(r, "Reduces fragmentation, the usual reason for a failure while memory is cached but unused.");
+    if (rec->max_split_set)
+        why(r, " max_split_size_mb is set; expandable segments is the more general fix.");
+    if (x->fw == OG_FW_UNKNOWN)
+        why(r, " This is a PyTorch setting; the framework was not detected.");
+    char conf[200];
+    if (rec->pytorch_alloc_conf[0])
+        fmt(conf, sizeof conf, "%.120s,expandable_segments:True", rec->pytorch_alloc_conf);
+    else
+        fmt(conf, sizeof conf, "expandable_segments:True");
+    how(r, "%sexport PYTORCH_CUDA_ALLOC_CONF=%s   # before the process starts", pt(x), conf);
+    how(r, "Windows PowerShell: $env:PYTORCH_CUDA_ALLOC_CONF=\"%s\"", conf);
+    if (!rec->max_split_set)
+        how(r, "alternative: PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:512   # large blocks are not split");
+    if (x->fw == OG_FW_UNKNOWN)
+        how(r, "JAX: XLA_PYTHON_CLIENT_ALLOCATOR=platform; TensorFlow: TF_GPU_ALLOCATOR=cuda_malloc_async");
+    return true;
+}
+
+static bool b_inference_mode(const rctx_t *x, og_remedy_t *r)
+{
+    if (x->has[C_GROWTH] && !x->has[C_DNF])
+        why(r, "An evaluation loop run with autograd on keeps every graph it builds; without it nothing is kept "
+            "for backward.");
+    else {
+        why(r, "For inference or evaluation nothing needs to be kept for backward: typically 30-50%% less memory.");
+        if (x->shortfall && x->live) {
+            double s = (double)x->shortfall / (double)x->live;
+            why(r, " %s is missing, %s of the %s live: %s.", hb((double)x->shortfall).s,
+                pct((double)x->shortfall, (double)x->live).s, hb((double)x->live).s,
+                s <= 0.30 ? "likely enough" : s <= 0.50 ? "may be enough" : "not enough alone");
+        }
+    }
+    why(r, " Training code that calls backward cannot use it.");
+    if (x->fw == OG_FW_TENSORFLOW) {
+        how(r, "outputs = model(inputs, training=False)   # outside tf.GradientTape");
+        how(r, "model.predict(dataset)   # batched inference without gradients");
+    } else {
+        how(r, "%swith torch.inference_mode():   # or torch.no_grad(); and model.eval()", pt(x));
+        how(r, "%s    outputs = model(inputs)", pt(x));
+        if (x->fw == OG_FW_UNKNOWN)
+            how(r, "TensorFlow: model(inputs, training=False) outside tf.GradientTape.");
+    }
+    return true;
+}
+
+static bool b_mixed_precision(const rctx_t *x, og_remedy_t *r)
+{
+    bool bf16 = x->cc_known && x->cc >= 80, fp16 = x->cc_known && x->cc < 80, old = x->cc_known && x->cc < 70;
+    if (old)
+        why(r, "Compute capability %d.%d is older than Volta: no tensor cores, so half precision brings little "
+            "speed and fp16 is fragile; ranked last.", x->cc / 10, x->cc % 10);
+    else if (bf16)
+        why(r, "Half precision halves activation storage; this GPU (cc %d.%d) supports bf16, which needs no loss "
+            "scaling.", x->cc / 10, x->cc % 10);
+    else if (fp16)
+        why(r, "Half precision halves activation storage; this GPU (cc %d.%d) has no bf16 (needs 8.0+): use fp16 "
+            "with loss scaling.", x->cc / 10, x->cc % 10);
+    else
+        why(r, "Half precision halves activation storage; bf16 needs compute capability 8.0+, otherwise use fp16 "
+            "with loss scaling.");
+    activations_vs_shortfall(x, r, 0.5, "halving them");
+    const char *dt = bf16 ? "bfloat16" : "float16";
+    switch (x->fw) {
+    case OG_FW_JAX:
+        how(r, "Flax: nn.Dense(features, dtype=jnp.%s, param_dtype=jnp.float32)   # compute in half, keep fp32 "
+            "params", dt);
+        if (!bf16)
+            how(r, "fp16 loss scaling with jmp: policy = jmp.get_policy(\"params=float32,compute=float16,"
+                "output=float32\"); jmp.DynamicLossScale");
+        else
+            how(r, "or cast for the forward pass: jax.tree_util.tree_map(lambda p: p.astype(jnp.bfloat16), params)");
+        break;
+    case OG_FW_TENSORFLOW:
+        if (bf16)
+            how(r, "tf.keras.mixed_precision.set_global_policy(\"mixed_bfloat16\")   # or \"mixed_float16\"");
+        else
+            how(r, "tf.keras.mixed_precision.set_global_policy(\"mixed_float16\")   # Keras fit() scales the loss");
+        how(r, "custom loops: optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)");
+        break;
+    case OG_FW_CUPY:
+        how(r, "x = x.astype(cupy.float16)   # half the bytes per element; check the precision you need");
+        break;
+    default:
+        if (!fp16)
+            how(r, "%swith torch.autocast(device_type=\"cuda\", dtype=torch.bfloat16):   # cc 8.0+", pt(x));
+        if (!bf16) {
+            how(r, "%sscaler = torch.amp.GradScaler(\"cuda\")   # fp16 needs loss scaling", pt(x));
+            how(r, "%swith torch.autocast(device_type=\"cuda\", dtype=torch.float16): loss = model(batch).loss",
+                pt(x));
+            how(r, "%sscaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()", pt(x));
+        } else
+            how(r, "%s    loss = model(batch).loss   # then loss.backward() as usual", pt(x));
+        if (x->fw == OG_FW_UNKNOWN)
+            how(r, "TensorFlow: tf.keras.mixed_precision.set_global_policy(\"mixed_float16\")");
+        break;
+    }
+    return true;
+}
+
+static bool b_smaller_batch(const rctx_t *x, og_remedy_t *r)
+{
+    why(r, "Activation memory grows linearly with the batch size; gradient accumulation keeps the effective "
+        "batch.");
+    activations_vs_shortfall(x, r, 0.5, "halving the batch");
+    switch (x->fw) {
+    case OG_FW_JAX:
+        how(r, "batch_size //= 2");
+        how(r, "optimizer = optax.MultiSteps(optax.adamw(lr), every_k_schedule=2)   # same effective batch");
+        break;
+    case OG_FW_TENSORFLOW:
+        how(r, "model.fit(x, y, batch_size=batch_size // 2)");
+        how(r, "optimizer = tf.keras.optimizers.AdamW(lr, gradient_accumulation_steps=2)   # Keras 3");
+        break;
+    case OG_FW_CUPY:
+        how(r, "for chunk in cupy.array_split(x, 2): ...   # process the data in smaller pieces");
+        break;
+    default:
+        how(r, "%sbatch_size //= 2; accum_steps = 2   # effective batch = batch_size x accum_steps", pt(x));
+        how(r, "%sloss = model(batch).loss / accum_steps; loss.backward()", pt(x));
+        how(r, "%sif (step + 1) %% accum_steps == 0: optimizer.step(); optimizer.zero_grad()", pt(x));
+        break;
+    }
+    return true;
+}
+
+static bool b_shorter_sequences(const rctx_t *x, og_remedy_t *r)
+{
+    why(r, "Without a fused attention kernel attention memory grows with the square of the sequence length: "
+        "2048 -> 1024 tokens cuts it by about 75%%.");
+    if (x->shortfall)
+        why(r, " %s more is needed.", hb((double)x->shortfall).s);
+    how(r, "tokenizer(texts, truncation=True, max_length=1024)   # Hugging Face tokenizers");
+    how(r, "Lower max_seq_len / block_size in the training or serving config.");
+    if (x->fw == OG_FW_TENSORFLOW)
+        how(r, "tf.keras.utils.pad_sequences(seqs, maxlen=1024, truncating=\"post\")");
+    if (x->fw == OG_FW_JAX)
+        how(r, "Pad to a few fixed lengths (e.g. 512/1024) so shorter batches do not recompile.");
+    return true;
+}
+
+static bool b_gradient_checkpointing(const rctx_t *x, og_remedy_t *r)
+{
+    why(r, "Activations are recomputed during backward instead of stored: 50-70%% of them freed for about 30%% "
+        "more step time; best for long-context transformers.");
+    activations_vs_shortfall(x, r, 0.6, "freeing 60% of them");
+    switch (x->fw) {
+    case OG_FW_JAX:
+        how(r, "block_fn = jax.checkpoint(block_fn)   # a.k.a. jax.remat; Flax: nn.remat(Block)");
+        break;
+    case OG_FW_TENSORFLOW:
+        how(r, "y = tf.recompute_grad(block)(x)   # recompute this block's activations in backward");
+        break;
+    default:
+        how(r, "%smodel.gradient_checkpointing_enable()   # Hugging Face models", pt(x));
+        how(r, "%sfrom torch.utils.checkpoint import checkpoint; x = checkpoint(block, x, use_reentrant=False)",
+            pt(x));
+        if (x->fw == OG_FW_UNKNOWN)
+            how(r, "JAX: jax.checkpoint(block_fn); TensorFlow: tf.recompute_grad(block)");
+        break;
+    }
+    return true;
+}
+
+static bool b_flash_attention(const rctx_t *x, og_remedy_t *r)
+{
+    bool old = x->cc_known && x->cc < 80;
+    if (old)
+        why(r, "FlashAttention-2 needs compute capability 8.0+ (this GPU: %d.%d); a memory-efficient SDPA kernel "
+            "still makes attention memory linear in the sequence length.", x->cc / 10, x->cc % 10);
+    else
+        why(r, "Fused attention keeps attention memory linear instead of quadratic in the sequence length: 4-10x "
+            "less above 4096 tokens, little for short sequences.");
+    switch (x->fw) {
+    case OG_FW_JAX:
+        how(r, "jax.nn.dot_product_attention(q, k, v, implementation=\"cudnn\")   # fused; cc 8.0+");
+        break;
+    case OG_FW_TENSORFLOW:
+        how(r, "TensorFlow has no built-in FlashAttention: use your model library's fused attention, or shorter "
+            "sequences.");
+        break;
+    default:
+        if (old) {
+            how(r, "%sAutoModelForCausalLM.from_pretrained(name, attn_implementation=\"sdpa\")", pt(x));
+            how(r, "%storch.nn.functional.scaled_dot_product_attention(q, k, v)   # picks a memory-efficient kernel",
+                pt(x));
+        } else {
+            how(r, "pip install flash-attn --no-build-isolation");
+            how(r, "%sAutoModelForCausalLM.from_pretrained(name, attn_implementation=\"flash_attention_2\", "
+                "torch_dtype=torch.bfloat16)", pt(x));
+        }
+        break;
+    }
+    return true;
+}
+
+static bool b_quantization(const rctx_t *x, og_remedy_t *r)
+{
+    why(r, "For inference the weights dominate: 8-bit halves and 4-bit quarters them (a 70B model: 140 GB in "
+        "fp16, ~70 GB in int8, ~35-40 GB in 4-bit).");
+    if (x->shortfall)
+        why(r, " 8-bit covers the %s missing if at least %s of the %s held are fp16 weights.",
+            hb((double)x->shortfall).s, hb(2.0 * (double)x->shortfall).s, hb((double)x->footprint).s);
+    const char *cdt = x->cc_known && x->cc < 80 ? "float16" : "bfloat16";
+    if (x->fw == OG_FW_JAX || x->fw == OG_FW_TENSORFLOW)
+        how(r, "Load pre-quantized int8/4-bit weights (AWQ, GPTQ) in a runtime that serves them, e.g. vLLM; the "
+            "PyTorch route is below.");
+    how(r, "%sbnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=\"nf4\", "
+        "bnb_4bit_compute_dtype=torch.%s)", x->fw == OG_FW_PYTORCH ? "" : "PyTorch: ", cdt);
+    how(r, "%smodel = AutoModelForCausalLM.from_pretrained(name, quantization_config=bnb)   # or load_in_8bit=True",
+        x->fw == OG_FW_PYTORCH ? "" : "PyTorch: ");
+    how(r, "Or load a checkpoint already quantized with AWQ or GPTQ.");
+    return true;
+}
+
+static bool b_multi_gpu(const rctx_t *x, og_remedy_t *r)
+{
+    int n = x->visible;
+    if (n > 1) {
+        r->title = "Split the work across the visible GPUs";
+        if (x->world > 1)
+            why(r, "This job already runs %ld ranks: data parallelism (DDP) splits only the batch, each GPU still "
+                "holds the whole model; tensor or pipeline parallelism splits the model itself.", x->world);
+        else
+            why(r, "%d GPUs are visible but one of them ran out: data parallelism (DDP) splits the batch, tensor or "
+                "pipeline parallelism splits the model itself.", n);
+    } else {
+        r->title = "Add GPUs and split the model";
+        why(r, "Only %s GPU is visible: with more, tensor or pipeline parallelism splits the model (e.g. 70B "
+            "inference on 2x 80 GB with tensor parallelism).", n == 1 ? "one" : "one (or an unknown number of)");
+    }
+    int k = n > 1 ? n : 2;
+    switch (x->fw) {
+    case OG_FW_JAX:
+        how(r, "mesh = jax.sharding.Mesh(jax.devices(), (\"model\",)); place weights with "
+            "NamedSharding(mesh, P(None, \"model\"))");
+        break;
+    case OG_FW_TENSORFLOW:
+        how(r, "strategy = tf.distribute.MirroredStrategy()   # build and compile the model under strategy.scope()");
+        break;
+    default:
+        how(r, "%storchrun --nproc_per_node=%d train.py   # with DistributedDataParallel(model, device_ids=[local_rank])",
+            pt(x), k);
+        how(r, "vllm serve <model> --tensor-parallel-size %d   # inference: the weights are split across GPUs", k);
+        how(r, "%sAutoModelForCausalLM.from_pretrained(name, device_map=\"auto\")   # layers spread over the GPUs",
+            pt(x));
+        how(r, "%snn.DataParallel(model) is the one-line start, but slower than DDP", pt(x));
+        break;
+    }
+    return true;
+}
+
+static bool b_zero_fsdp(const rctx_t *x, og_remedy_t *r)
+{
+    int n = x->visible;
+    if (n > 1)
+        why(r, "For training: with %d GPUs, ZeRO-3 / FSDP full sharding keeps about 1/%d of the parameters, "
+            "gradients and optimizer state on each GPU.", n, n);
+    else
+        why(r, "For training on several GPUs (only %s visible now): ZeRO-3 / FSDP shard parameters, gradients and "
+            "optimizer state, so each GPU holds 1/N of them (70B+ on 8x 80 GB).", n == 1 ? "one is" : "one or none");
+    int k = n > 1 ? n : 8;
+    if (x->fw == OG_FW_JAX) {
+        how(r, "Shard parameters and optimizer state over a mesh axis: NamedSharding(mesh, P(\"fsdp\")) on their "
+            "largest dimension.");
+        return true;
+    }
+    how(r, "%saccelerate config   # choose FSDP (FULL_SHARD) or DeepSpeed ZeRO stage 3", pt(x));
+    how(r, "%saccelerate launch --num_processes %d train.py", pt(x), k);
+    how(r, "%smodel = FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD)   # torch.distributed.fsdp", pt(x));
+    how(r, "DeepSpeed config: \"zero_optimization\": {\"stage\": 3}");
+    return true;
+}
+
+static bool b_cpu_offload(const rctx_t *x, og_remedy_t *r)
+{
+    why(r, "Keep part of the model in host RAM and bring it over when needed: it fits, but steps get 3-10x "
+        "slower (offload to disk is slower still).");
+    if (x->shortfall)
+        why(r, " At least %s has to move off the GPU.", hb((double)x->shortfall).s);
+    unsigned long long budget = x->total ? (unsigned long long)((double)x->total * 0.85 / GIB) : 0;
+    if (budget < 1)
+        budget = 1;
+    switch (x->fw) {
+    case OG_FW_JAX:
+        how(r, "x_host = jax.device_put(x, jax.devices(\"cpu\")[0])   # keep rarely used arrays on the host");
+        break;
+    case OG_FW_TENSORFLOW:
+        how(r, "with tf.device(\"/CPU:0\"): ...   # place large embedding tables on the host");
+        break;
+    case OG_FW_CUPY:
+        how(r, "Keep large arrays in host memory (numpy) and copy chunks with cupy.asarray() when needed.");
+        break;
+    default:
+        how(r, "%sAutoModelForCausalLM.from_pretrained(name, device_map=\"auto\", max_memory={%d: \"%lluGiB\", "
+            "\"cpu\": \"64GiB\"})", pt(x), x->rec->event.device, budget);
+        how(r, "%soffload_folder=\"offload\"   # only if RAM is short too: disk is the slowest", pt(x));
+        how(r, "DeepSpeed ZeRO-Offload: \"offload_optimizer\": {\"device\": \"cpu\"}   # training");
+        break;
+    }
+    return true;
+}
+
+static bool b_bigger_gpu(const rctx_t *x, og_remedy_t *r)
+{
+    static const struct { int gb; const char *cards; } cards[] = {
+        {16, "V100 16GB, T4"}, {24, "RTX 4090, A10, L4"}, {40, "A100 40GB"},
+        {48, "RTX A6000, L40S"}, {80, "A100 80GB, H100"}, {141, "H200"},
+    };
+    /* the process alone on a fresh card: what it holds now plus the request; 3% kept for the driver */
+    uint64_t need = add_sat(x->footprint, x->req);
+    int fit = -1;
+    for (size_t i = 0; i < sizeof cards / sizeof *cards; i++)
+        if ((double)need <= cards[i].gb * GIB * 0.97 && (double)cards[i].gb * GIB > (double)x->total * 1.01) {
+            fit = (int)i;
+            break;
+        }
+    if (fit >= 0) {
+        why(r, "The job needs about %s (%s held + %s requested); this card has %s. The smallest common card that "
+            "fits is %d GB (%s).", hb((double)need).s, hb((double)x->footprint).s, hb((double)x->req).s,
+            hb((double)x->total).s, cards[fit].gb, cards[fit].cards);
+        how(r, "Run on a %d GB card (%s), e.g. rented for the run.", cards[fit].gb, cards[fit].cards);
+    } else {
+        why(r, "The job needs about %s (%s held + %s requested): no single common card (up to 141 GB) fits it with "
+            "room to spare; shrink the model or split it across GPUs.", hb((double)need).s,
+            hb((double)x->footprint).s, hb((double)x->req).s);
+        how(r, "Split across GPUs (tensor parallel or ZeRO-3/FSDP) or quantize, then pick the card count.");
+    }
+    how(r, "Or a smaller model of the same family (e.g. 70B -> 13B).");
+    how(r, "Or, for inference, a managed API instead of self-hosting.");
+    return true;
+}
+
+/* ------------------------------------------------------------------ catalog */
+
+enum rem {
+    R_RAISE_LIMIT, R_EMPTY_CACHE, R_FOREIGN, R_RESTART, R_RELEASE_REFS, R_EXPANDABLE, R_INFERENCE, R_MIXED,
+    R_SMALLER_BATCH, R_SHORTER_SEQ, R_CHECKPOINTING, R_FLASH, R_QUANT, R_MULTI_GPU, R_ZERO, R_OFFLOAD, R_BIGGER,
+    R_COUNT
+};
+
+typedef struct rdef {
+    const char *id, *title, *saving, *cost;
+    int order;                                   /* checklist position, x10 */
+    bool (*build)(const rctx_t *, og_remedy_t *);
+} rdef_t;
+
+static const rdef_t catalog[R_COUNT] = {
+    [R_RAISE_LIMIT] = {"raise_limit", "Raise or remove OOMGUARD_LIMIT", "Removes the artificial cap",
+                       "None on a dedicated GPU; on a shared one the cap protects other jobs", 0, b_raise_limit},
+    [R_EMPTY_CACHE] = {"empty_cache", "Release the framework's cached memory",
+                       "All cached-but-unused memory; nothing held by live tensors",
+                       "Milliseconds; later allocations go back to the driver", 10, b_empty_cache},
+    [R_FOREIGN] = {"foreign_processes", "Stop other processes that hold GPU memory",
+                   "Whatever the other holders have", "Stopping other work; none on a dedicated server", 20,
+                   b_foreign_processes},
+    [R_RESTART] = {"restart_process", "Restart the process and clear leftover contexts",
+                   "Leftover contexts, the cache and fragmentation", "Lost in-memory state and the restart time", 30,
+                   b_restart_process},
+    [R_RELEASE_REFS] = {"release_references", "Stop keeping tensors alive across iterations",
+                        "The whole growth: memory stays flat from step to step", "A code change; nothing at run time",
+                        40, b_release_references},
+    [R_EXPANDABLE] = {"expandable_segments", "Let PyTorch's allocator grow segments (expandable_segments)",
+                      "Most of the memory lost to fragmentation", "Takes effect at the next start; rarely slower", 50,
+                      b_expandable_segments},
+    [R_INFERENCE] = {"inference_mode", "Run inference without autograd", "30-50% of inference memory",
+                     "None; not for code that calls backward", 60, b_inference_mode},
+    [R_MIXED] = {"mixed_precision", "Mixed precision (bf16/fp16)",
+                 "~50% of activation memory; 50-80% faster on tensor-core GPUs",
+                 "Numerical care: fp16 needs loss scaling, bf16 needs cc 8.0+", 70, b_mixed_precision},
+    [R_SMALLER_BATCH] = {"smaller_batch", "Smaller batch with gradient accumulation",
+                         "Activation memory in proportion to the batch (half the batch: ~half of it)",
+                         "More, smaller steps; accumulation keeps the effective batch", 80, b_smaller_batch},
+    [R_SHORTER_SEQ] = {"shorter_sequences", "Shorter maximum sequence length",
+                       "~75% of attention memory for 2x shorter sequences (quadratic without flash-attention)",
+                       "The model sees less context", 90, b_shorter_sequences},
+    [R_CHECKPOINTING] = {"gradient_checkpointing", "Gradient checkpointing", "50-70% of activation memory",
+                         "~30% longer training steps", 100, b_gradient_checkpointing},
+    [R_FLASH] = {"flash_attention", "Fused (flash) attention",
+                 "4-10x less attention memory above 4096 tokens; little on short sequences",
+                 "Extra package; half precision; FlashAttention-2 needs cc 8.0+", 110, b_flash_attention},
+    [R_QUANT] = {"quantization", "Quantize the weights (8-bit / 4-bit)",
+                 "Weights: ~50% with int8, ~70-75% with 4-bit (70B: 140 -> ~70 -> ~35-40 GB)",
+                 "Some accuracy; inference (or QLoRA fine-tuning) only", 120, b_quantization},
+    [R_MULTI_GPU] = {"multi_gpu_parallelism", "Split the work across GPUs",
+                     "Model memory / N with tensor or pipeline parallelism; activations / N with data parallelism",
+                     "More GPUs; communication overhead", 130, b_multi_gpu},
+    [R_ZERO] = {"zero_fsdp", "Shard model state with ZeRO-3 / FSDP",
+                "Parameters, gradients and optimizer state divided by the GPU count",
+                "Communication every step; a distributed launch", 135, b_zero_fsdp},
+    [R_OFFLOAD] = {"cpu_offload", "Offload part of the model to CPU memory",
+                   "Whatever is offloaded, up to all the weights", "3-10x slower steps; disk offload slowest", 140,
+                   b_cpu_offload},
+    [R_BIGGER] = {"bigger_gpu", "Use a bigger GPU or a smaller model", "Everything: the job fits as it is",
+                  "Money or model quality; moving the job", 160, b_bigger_gpu},
+};
+
+/* ------------------------------------------------------------------ selection */
+
+void og_select_remedies(og_record_t *rec)
+{
+    if (!rec)
+        return;
+    memset(rec->remedies, 0, sizeof rec->remedies);
+    rec->nremedies = 0;
+    rctx_t x;
+    context(&x, rec);
+
+    bool want[R_COUNT] = {false};
+    bool cache_ok = x.cached_known && x.cached > 0 && !x.cache_retried;
+    if (x.has[C_LIMIT]) {
+        want[R_RAISE_LIMIT] = true;
+        want[R_EMPTY_CACHE] |= cache_ok;
+        want[R_INFERENCE] = want[R_MIXED] = want[R_SMALLER_BATCH] = want[R_SHORTER_SEQ] = want[R_CHECKPOINTING] = true;
+    }
+    if (x.has[C_CACHE])
+        want[R_EMPTY_CACHE] = true;
+    if (x.has[C_FRAG])
+        want[R_EMPTY_CACHE] = want[R_RESTART] = want[R_EXPANDABLE] = true;
+    if (x.has[C_FOREIGN] || x.has[C_NONFW])
+        want[R_FOREIGN] = want[R_RESTART] = true;
+    if (x.has[C_GROWTH]) {
+        want[R_RELEASE_REFS] = want[R_INFERENCE] = true;
+        want[R_EMPTY_CACHE] |= cache_ok;
+    }
+    if (x.has[C_DNF]) {
+        want[R_EMPTY_CACHE] |= cache_ok;
+        for (int i = R_INFERENCE; i <= R_BIGGER; i++)
+            want[i] = true;
+    }
+    if (x.has[C_UNKNOWN]) {
+        want[R_EMPTY_CACHE] |= cache_ok;
+        want[R_FOREIGN] |= x.other > 0 || rec->memory.nother > 0;
+        want[R_RESTART] = want[R_EXPANDABLE] = want[R_INFERENCE] = want[R_MIXED] = want[R_SMALLER_BATCH] = true;
+    }
+
+    /* framework and settings */
+    bool pytorchish = x.fw == OG_FW_PYTORCH || x.fw == OG_FW_UNKNOWN;
+    if (!pytorchish || rec->expandable_segments_set)
+        want[R_EXPANDABLE] = false;
+    if (x.fw == OG_FW_JAX || x.fw == OG_FW_CUPY)
+        want[R_INFERENCE] = false;
+    if (x.fw == OG_FW_CUPY)
+        want[R_CHECKPOINTING] = want[R_SHORTER_SEQ] = want[R_FLASH] = want[R_QUANT] = want[R_MULTI_GPU] = false;
+    if (x.fw == OG_FW_TENSORFLOW || x.fw == OG_FW_CUPY)
+        want[R_ZERO] = false;
+    /* JAX/TF/CuPy: their allocator knobs live in empty_cache, which fragmentation needs */
+    if (x.has[C_FRAG] && !pytorchish)
+        want[R_EMPTY_CACHE] = true;
+
+    /* the job alone would fit on this card (what it holds + the request, 3% kept for the driver):
+     * a bigger card, more GPUs or offloading are not the answer */
+    if (x.total && (double)add_sat(x.footprint, x.req) <= (double)x.total * 0.97)
+        want[R_BIGGER] = want[R_MULTI_GPU] = want[R_ZERO] = want[R_OFFLOAD] = false;
+
+    /* order */
+    int order[R_COUNT];
+    for (int i = 0; i < R_COUNT; i++)
+        order[i] = catalog[i].order;
+    if (x.visible <= 1) {
+        order[R_MULTI_GPU] = 150;
+        order[R_ZERO] = 155;
+    }
+    if (x.cc_known && x.cc < 70)
+        order[R_MIXED] = 1000;
+    if (x.primary == C_DNF)
+        order[R_EMPTY_CACHE] = 85;
+    /* the primary cause's own remedies lead, in this order */
+    static const int key[C_COUNT][2] = {
+        [C_LIMIT] = {R_RAISE_LIMIT, -1},   [C_CACHE] = {R_EMPTY_CACHE, -1}, [C_FRAG] = {R_EMPTY_CACHE, R_EXPANDABLE},
+        [C_FOREIGN] = {R_FOREIGN, -1},     [C_NONFW] = {R_FOREIGN, -1},     [C_GROWTH] = {R_RELEASE_REFS, -1},
+        [C_DNF] = {-1, -1},                [C_UNKNOWN] = {-1, -1},
+    };
+    for (int k = 0; k < 2; k++)
+        if (key[x.primary][k] >= 0)
+            order[key[x.primary][k]] = -20 + k;
+
+    int list[R_COUNT], n = 0;
+    for (int i = 0; i < R_COUNT; i++)
+        if (want[i])
+            list[n++] = i;
+    for (int i = 1; i < n; i++) {               /* stable insertion sort by order */
+        int v = list[i], j = i - 1;
+        while (j >= 0 && order[list[j]] > order[v]) {
+            list[j + 1] = list[j];
+            j--;
+        }
+        list[j + 1] = v;
+    }
+
+    for (int i = 0; i < n && rec->nremedies < 20; i++) {
+        const rdef_t *d = &catalog[list[i]];
+        og_remedy_t *r = &rec->remedies[rec->nremedies];
+        memset(r, 0, sizeof *r);
+        r->id = d->id;
+        r->title = d->title;
+        r->saving = d->saving;
+        r->cost = d->cost;
+        if (!d->build(&x, r)) {
+            memset(r, 0, sizeof *r);
+            continue;
+        }
+        r->rank = ++rec->nremedies;
+    }
+}

@@ -1,0 +1,653 @@
+/* og_select_remedies: selection per cause, settings already in force, compute capability,
+ * framework knobs (PyTorch, JAX, TensorFlow, CuPy), naming other processes, multi-GPU advice,
+ * does_not_fit never leading with empty_cache, and ranks 1..n without gaps. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "og.h"
+#include "record.h"
+
+#define MiB (1ULL << 20)
+#define GiB (1ULL << 30)
+
+static const og_thresholds_t TH = {
+    .frag_share = 0.25, .nonfw_share = 0.20, .growth_min_share = 0.05, .growth_rising_steps = 0.70,
+};
+
+static const char *const ALL_IDS[] = {
+    "empty_cache", "mixed_precision", "gradient_checkpointing", "smaller_batch", "expandable_segments",
+    "flash_attention", "quantization", "cpu_offload", "release_references", "shorter_sequences",
+    "multi_gpu_parallelism", "zero_fsdp", "inference_mode", "foreign_processes", "bigger_gpu",
+    "restart_process", "raise_limit",
+};
+
+/* A PyTorch process on a 24 GiB cc 8.6 card that holds 20 GiB; NVML and the cache not measured. */
+static og_record_t *base(void)
+{
+    og_record_t *r = calloc(1, sizeof *r);
+    assert_non_null(r);
+    r->status = "oom";
+    r->framework = OG_FW_PYTORCH;
+    strcpy(r->framework_libs, "libtorch_cuda.so,libc10_cuda.so");
+    r->visible_devices = 1;
+    r->rank = r->local_rank = r->world_size = -1;
+    r->event.requested_bytes = 2 * GiB;
+    strcpy(r->event.library, "libtorch_cuda.so");
+    r->device.total_bytes = 24 * GiB;
+    r->device.free_bytes = 1 * GiB;
+    r->device.limit_bytes = OG_UNKNOWN;
+    r->device.cc_major = 8;
+    r->device.cc_minor = 6;
+    r->memory.process_tracked_bytes = 20 * GiB;
+    r->memory.process_used_bytes = OG_UNKNOWN;
+    r->memory.framework_bytes = 20 * GiB;
+    r->memory.framework_cached_bytes = OG_UNKNOWN;
+    r->memory.non_framework_bytes = OG_UNKNOWN;
+    r->memory.context_bytes_estimate = OG_UNKNOWN;
+    return r;
+}
+
+/* the article's fragmentation example, with the PyTorch adapter */
+static og_record_t *frag(void)
+{
+    og_record_t *r = base();
+    r->event.requested_bytes = 2560 * MiB;
+    r->device.free_bytes = 1229 * MiB;
+    r->memory.fw.has = true;
+    r->memory.fw.reserved_bytes = 22528 * MiB;
+    r->memory.fw.allocated_bytes = (22528 - 1741) * MiB;
+    r->memory.fw.largest_free_block_bytes = 300 * MiB;
+    return r;
+}
+
+/* 8 GiB requested with 1 GiB free and 300 MiB cached: does not fit, even on this card alone */
+static og_record_t *dnf(void)
+{
+    og_record_t *r = base();
+    r->event.requested_bytes = 8 * GiB;
+    r->memory.framework_cached_bytes = 300 * MiB;
+    r->memory.framework_cached_source = "pool";
+    return r;
+}
+
+static void run(og_record_t *r)
+{
+    og_diagnose(r, &TH);
+    og_select_remedies(r);
+}
+
+static const og_remedy_t *rem(const og_record_t *r, const char *id)
+{
+    static const og_remedy_t none;
+    for (int i = 0; i < r->nremedies; i++)
+        if (strcmp(r->remedies[i].id, id) == 0)
+            return &r->remedies[i];
+    return &none;
+}
+
+static int rank_of(const og_record_t *r, const char *id) { return rem(r, id)->rank; }
+
+static bool how_has(const og_remedy_t *m, const char *s)
+{
+    for (int h = 0; h < m->nhow; h++)
+        if (strstr(m->how[h], s))
+            return true;
+    return false;
+}
+
+static bool any_how_has(const og_record_t *r, const char *s)
+{
+    for (int i = 0; i < r->nremedies; i++)
+        if (how_has(&r->remedies[i], s))
+            return true;
+    return false;
+}
+
+/* invariants of every remedy list */
+static void check_shape(const og_record_t *r)
+{
+    assert_true(r->nremedies >= 1 && r->nremedies <= 20);
+    for (int i = 0; i < r->nremedies; i++) {
+        const og_remedy_t *m = &r->remedies[i];
+        assert_int_equal(m->rank, i + 1);                        /* 1..n, no gaps */
+        bool known_id = false;
+        for (size_t k = 0; k < sizeof ALL_IDS / sizeof *ALL_IDS; k++)
+            known_id = known_id || strcmp(m->id, ALL_IDS[k]) == 0;
+        assert_true(known_id);
+        for (int j = 0; j < i; j++)
+            assert_string_not_equal(m->id, r->remedies[j].id);   /* each once */
+        assert_non_null(m->title);
+        assert_non_null(m->saving);
+        assert_non_null(m->cost);
+        assert_true(strlen(m->why) > 20 && strlen(m->why) < sizeof m->why - 1);
+        assert_true(m->nhow >= 1 && m->nhow <= 6);
+        for (int h = 0; h < m->nhow; h++)
+            assert_true(strlen(m->how[h]) > 5 && strlen(m->how[h]) < sizeof m->how[0] - 1);
+    }
+}
+
+/* ------------------------------------------------------------------ per cause */
+
+static void fragmentation_selection(void **state)
+{
+    og_record_t *r = frag();
+    run(r);
+    check_shape(r);
+    assert_string_equal(r->diagnosis.primary, "fragmentation");
+    assert_string_equal(r->remedies[0].id, "empty_cache");
+    assert_true(how_has(&r->remedies[0], "torch.cuda.empty_cache()"));
+    assert_non_null(strstr(r->remedies[0].why, "1.70 GiB"));
+    assert_non_null(strstr(r->remedies[0].why, "300 MiB"));
+    const og_remedy_t *e = rem(r, "expandable_segments");
+    assert_non_null(e->id);
+    assert_true(how_has(e, "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"));
+    assert_true(how_has(e, "max_split_size_mb:512"));
+    assert_true(rank_of(r, "restart_process") > 0);
+    /* nothing about shrinking the job */
+    assert_int_equal(rank_of(r, "smaller_batch"), 0);
+    assert_int_equal(rank_of(r, "bigger_gpu"), 0);
+    free(r);
+}
+
+static void does_not_fit_selection(void **state)
+{
+    og_record_t *r = dnf();
+    run(r);
+    check_shape(r);
+    assert_string_equal(r->diagnosis.primary, "does_not_fit");
+    /* the checklist order of the reductions */
+    const char *order[] = {"inference_mode", "mixed_precision", "smaller_batch", "shorter_sequences",
+                           "gradient_checkpointing", "flash_attention", "quantization", "bigger_gpu"};
+    for (size_t i = 1; i < sizeof order / sizeof *order; i++) {
+        assert_true(rank_of(r, order[i - 1]) > 0);
+        assert_true(rank_of(r, order[i - 1]) < rank_of(r, order[i]));
+    }
+    /* empty_cache is there (300 MiB cached) but never first: after smaller_batch */
+    assert_true(rank_of(r, "empty_cache") > rank_of(r, "smaller_batch"));
+    assert_non_null(strstr(rem(r, "empty_cache")->why, "300 MiB"));
+    /* the shortfall sizes the advice */
+    assert_non_null(strstr(rem(r, "smaller_batch")->why, "7.00 GiB more is needed"));
+    /* 20 GiB held + 8 GiB requested: a 40 GB card */
+    assert_non_null(strstr(rem(r, "bigger_gpu")->why, "40 GB"));
+    assert_int_equal(rank_of(r, "bigger_gpu"), r->nremedies);
+    /* no fragmentation remedy */
+    assert_int_equal(rank_of(r, "expandable_segments"), 0);
+    assert_int_equal(rank_of(r, "release_references"), 0);
+    free(r);
+}
+
+static void does_not_fit_never_leads_with_empty_cache(void **state)
+{
+    og_record_t *r = dnf();
+    r->memory.framework_cached_bytes = 6 * GiB;       /* lots cached, still not enough */
+    r->event.requested_bytes = 16 * GiB;
+    run(r);
+    check_shape(r);
+    assert_string_equal(r->diagnosis.primary, "does_not_fit");
+    assert_string_not_equal(r->remedies[0].id, "empty_cache");
+    assert_true(rank_of(r, "empty_cache") > 1);
+
+    /* cache not measured: no empty_cache at all */
+    r->memory.framework_cached_bytes = OG_UNKNOWN;
+    run(r);
+    check_shape(r);
+    assert_int_equal(rank_of(r, "empty_cache"), 0);
+
+    /* the framework already released its cache and retried: empty_cache would change nothing */
+    r->memory.framework_cached_bytes = 2 * GiB;
+    r->memory.framework_cached_source = "retry_release";
+    r->event.attempts = 2;
+    run(r);
+    check_shape(r);
+    assert_int_equal(rank_of(r, "empty_cache"), 0);
+    free(r);
+}
+
+static void foreign_names_the_pids(void **state)
+{
+    og_record_t *r = base();
+    r->memory.process_tracked_bytes = 12 * GiB;
+    r->memory.framework_bytes = 12 * GiB;
+    r->memory.nother = 2;
+    r->memory.other[0].pid = 77;
+    strcpy(r->memory.other[0].name, "/usr/lib/xorg/Xorg");
+    r->memory.other[0].bytes = 200 * MiB;
+    r->memory.other[1].pid = 4242;
+    strcpy(r->memory.other[1].name, "python3");
+    r->memory.other[1].bytes = 9 * GiB;
+    r->memory.other_processes_bytes = 9 * GiB + 200 * MiB;
+    run(r);
+    check_shape(r);
+    assert_string_equal(r->diagnosis.primary, "foreign_memory");
+    const og_remedy_t *f = &r->remedies[0];
+    assert_string_equal(f->id, "foreign_processes");
+    assert_non_null(strstr(f->why, "pid 4242 python3 9.00 GiB"));
+    assert_non_null(strstr(f->why, "pid 77 Xorg"));
+    assert_true(how_has(f, "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv"));
+    assert_true(how_has(f, "kill 4242"));
+    assert_false(how_has(f, "kill 77"));              /* the X server is not killed: its settings are */
+    assert_true(how_has(f, "hardware acceleration"));
+    assert_true(how_has(rem(r, "restart_process"), "4242"));
+    /* 12 GiB + 2 GiB fits this card alone: no bigger card, no extra GPUs, no offload */
+    assert_int_equal(rank_of(r, "bigger_gpu"), 0);
+    assert_int_equal(rank_of(r, "multi_gpu_parallelism"), 0);
+    assert_int_equal(rank_of(r, "cpu_offload"), 0);
+    free(r);
+}
+
+static void growth_selection(void **state)
+{
+    og_record_t *r = base();
+    r->event.requested_bytes = 512 * MiB;
+    r->history.nsamples = 64;
+    for (int i = 0; i < 64; i++) {
+        r->history.samples[i].t_rel = i;
+        r->history.samples[i].live = 4 * GiB + (uint64_t)i / 8 * GiB + (uint64_t)(i % 4) * (GiB / 2);
+    }
+    run(r);
+    check_shape(r);
+    assert_string_equal(r->diagnosis.primary, "growth");
+    assert_string_equal(r->remedies[0].id, "release_references");
+    assert_true(how_has(&r->remedies[0], "loss.detach().item()"));
+    assert_non_null(strstr(r->remedies[0].why, "7 of 7"));
+    assert_non_null(strstr(r->remedies[0].why, "1.00 GiB per interval"));
+    assert_true(rank_of(r, "inference_mode") > 1);
+    assert_int_equal(rank_of(r, "empty_cache"), 0);   /* cache not measured */
+    assert_int_equal(rank_of(r, "bigger_gpu"), 0);
+    free(r);
+}
+
+static void cache_held_selection(void **state)
+{
+    og_record_t *r = base();
+    strcpy(r->event.library, "libnccl.so.2");
+    r->event.requested_bytes = 1 * GiB;
+    r->device.free_bytes = 256 * MiB;
+    r->memory.framework_cached_bytes = 6 * GiB;
+    r->memory.framework_cached_source = "pool";
+    run(r);
+    check_shape(r);
+    assert_string_equal(r->diagnosis.primary, "cache_held");
+    assert_string_equal(r->remedies[0].id, "empty_cache");
+    assert_non_null(strstr(r->remedies[0].why, "libnccl.so.2"));
+    assert_true(how_has(&r->remedies[0], "libnccl.so.2"));
+    free(r);
+}
+
+static void limit_selection(void **state)
+{
+    og_record_t *r = base();
+    r->device.limit_bytes = 16 * GiB;
+    r->device.free_bytes = 9 * GiB;
+    r->memory.process_tracked_bytes = 15 * GiB;
+    r->event.caused_by_limit = true;
+    run(r);
+    check_shape(r);
+    assert_string_equal(r->diagnosis.primary, "limit");
+    assert_string_equal(r->remedies[0].id, "raise_limit");
+    assert_true(how_has(&r->remedies[0], "OOMGUARD_LIMIT=19GiB"));
+    assert_non_null(strstr(r->remedies[0].why, "9.00 GiB free"));
+    assert_true(rank_of(r, "smaller_batch") > 1);
+    assert_int_equal(rank_of(r, "bigger_gpu"), 0);    /* the card has room: the cap is the problem */
+    free(r);
+}
+
+static void non_framework_selection(void **state)
+{
+    og_record_t *r = base();
+    r->event.requested_bytes = 2 * GiB;
+    r->device.free_bytes = 1843 * MiB;                  /* 205 MiB missing */
+    r->memory.process_used_bytes = 20 * GiB;
+    r->memory.process_tracked_bytes = 19 * GiB;
+    r->memory.framework_bytes = 12 * GiB;
+    r->memory.non_framework_bytes = 8 * GiB;
+    r->memory.context_bytes_estimate = 1 * GiB;
+    r->memory.nlibs = 2;
+    strcpy(r->memory.by_library[0].library, "libtorch_cuda.so");
+    r->memory.by_library[0].framework = true;
+    r->memory.by_library[0].bytes = 12 * GiB;
+    strcpy(r->memory.by_library[1].library, "/opt/trt/libnvinfer.so.10");
+    r->memory.by_library[1].bytes = 7 * GiB;
+    run(r);
+    check_shape(r);
+    assert_string_equal(r->diagnosis.primary, "non_framework");
+    const og_remedy_t *f = &r->remedies[0];
+    assert_string_equal(f->id, "foreign_processes");
+    assert_non_null(strstr(f->title, "outside"));
+    assert_non_null(strstr(f->why, "libnvinfer.so.10"));
+    assert_true(how_has(f, "libnvinfer.so.10"));
+    assert_true(rank_of(r, "restart_process") > 0);
+    free(r);
+}
+
+static void unknown_cause_selection(void **state)
+{
+    og_record_t *r = base();
+    r->event.requested_bytes = 512 * MiB;
+    run(r);
+    check_shape(r);
+    assert_string_equal(r->diagnosis.primary, "unknown");
+    assert_true(rank_of(r, "restart_process") > 0);
+    assert_true(rank_of(r, "smaller_batch") > 0);
+    assert_int_equal(rank_of(r, "foreign_processes"), 0);   /* nobody else on the device */
+    assert_int_equal(rank_of(r, "bigger_gpu"), 0);
+    free(r);
+}
+
+/* ------------------------------------------------------------------ settings in force */
+
+static void expandable_segments_already_set(void **state)
+{
+    og_record_t *r = frag();
+    r->expandable_segments_set = true;
+    strcpy(r->pytorch_alloc_conf, "expandable_segments:True");
+    run(r);
+    check_shape(r);
+    assert_int_equal(rank_of(r, "expandable_segments"), 0);
+    assert_false(any_how_has(r, "expandable_segments:True"));
+    const og_remedy_t *e = rem(r, "empty_cache");
+    assert_int_equal(e->rank, 1);
+    assert_non_null(strstr(e->why, "already on"));
+    assert_true(how_has(e, "max_split_size_mb:512"));
+
+    /* both set: no allocator advice repeated */
+    r->max_split_set = true;
+    strcpy(r->pytorch_alloc_conf, "expandable_segments:True,max_split_size_mb:256");
+    run(r);
+    check_shape(r);
+    assert_false(any_how_has(r, "max_split_size_mb:512"));
+    assert_false(any_how_has(r, "expandable_segments:True"));
+
+    /* an existing conf is kept when expandable_segments is added */
+    og_record_t *q = frag();
+    q->max_split_set = true;
+    strcpy(q->pytorch_alloc_conf, "max_split_size_mb:256");
+    run(q);
+    check_shape(q);
+    assert_true(how_has(rem(q, "expandable_segments"),
+                        "PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:256,expandable_segments:True"));
+    assert_false(how_has(rem(q, "expandable_segments"), "alternative: PYTORCH_CUDA_ALLOC_CONF=max_split"));
+    free(q);
+    free(r);
+}
+
+/* ------------------------------------------------------------------ compute capability */
+
+static void bf16_or_fp16_by_cc(void **state)
+{
+    og_record_t *r = dnf();
+    r->device.cc_major = 8;
+    r->device.cc_minor = 0;
+    run(r);
+    check_shape(r);
+    const og_remedy_t *m = rem(r, "mixed_precision");
+    assert_true(how_has(m, "dtype=torch.bfloat16"));
+    assert_false(how_has(m, "GradScaler"));
+    assert_true(how_has(rem(r, "flash_attention"), "flash_attention_2"));
+
+    r->device.cc_major = 7;
+    r->device.cc_minor = 5;
+    run(r);
+    check_shape(r);
+    m = rem(r, "mixed_precision");
+    assert_true(how_has(m, "GradScaler"));
+    assert_true(how_has(m, "dtype=torch.float16"));
+    assert_false(how_has(m, "bfloat16"));
+    assert_non_null(strstr(m->why, "7.5"));
+    assert_false(how_has(rem(r, "flash_attention"), "flash_attention_2"));
+    assert_true(how_has(rem(r, "flash_attention"), "sdpa"));
+    assert_true(how_has(rem(r, "quantization"), "bnb_4bit_compute_dtype=torch.float16"));
+    /* Turing is not pre-Volta: mixed precision keeps its checklist place */
+    assert_true(rank_of(r, "mixed_precision") < rank_of(r, "smaller_batch"));
+    free(r);
+}
+
+static void pre_volta_ranks_mixed_precision_last(void **state)
+{
+    og_record_t *r = dnf();
+    r->device.cc_major = 6;
+    r->device.cc_minor = 1;
+    run(r);
+    check_shape(r);
+    const og_remedy_t *m = rem(r, "mixed_precision");
+    assert_int_equal(m->rank, r->nremedies);
+    assert_non_null(strstr(m->why, "Volta"));
+    free(r);
+}
+
+/* ------------------------------------------------------------------ frameworks */
+
+static void jax_knobs(void **state)
+{
+    og_record_t *r = frag();
+    r->framework = OG_FW_JAX;
+    strcpy(r->framework_libs, "xla_extension.so");
+    strcpy(r->event.library, "xla_extension.so");
+    run(r);
+    check_shape(r);
+    assert_int_equal(rank_of(r, "expandable_segments"), 0);
+    assert_false(any_how_has(r, "PYTORCH_CUDA_ALLOC_CONF"));
+    assert_false(any_how_has(r, "torch."));
+    const og_remedy_t *e = rem(r, "empty_cache");
+    assert_int_equal(e->rank, 1);
+    assert_true(how_has(e, "XLA_PYTHON_CLIENT_PREALLOCATE=false"));
+    assert_true(how_has(e, "XLA_PYTHON_CLIENT_ALLOCATOR=platform"));
+    assert_true(how_has(e, "jax.clear_caches()"));
+
+    /* already off: not suggested again */
+    r->xla_preallocate_off = true;
+    r->nenv = 1;
+    strcpy(r->env[0], "XLA_PYTHON_CLIENT_ALLOCATOR=platform");
+    run(r);
+    check_shape(r);
+    e = rem(r, "empty_cache");
+    assert_false(how_has(e, "XLA_PYTHON_CLIENT_PREALLOCATE"));
+    assert_false(how_has(e, "XLA_PYTHON_CLIENT_ALLOCATOR"));
+    assert_non_null(strstr(e->why, "already off"));
+
+    /* does_not_fit in JAX: remat and bf16 dtypes, no inference_mode (no tape outside jax.grad) */
+    og_record_t *q = dnf();
+    q->framework = OG_FW_JAX;
+    strcpy(q->framework_libs, "xla_extension.so");
+    strcpy(q->event.library, "xla_extension.so");
+    run(q);
+    check_shape(q);
+    assert_int_equal(rank_of(q, "inference_mode"), 0);
+    assert_true(how_has(rem(q, "gradient_checkpointing"), "jax.checkpoint"));
+    assert_true(how_has(rem(q, "mixed_precision"), "jnp.bfloat16"));
+    assert_false(any_how_has(q, "torch.autocast"));
+    free(q);
+    free(r);
+}
+
+static void jax_mem_fraction_for_cache_held(void **state)
+{
+    og_record_t *r = base();
+    r->framework = OG_FW_JAX;
+    strcpy(r->framework_libs, "xla_extension.so");
+    strcpy(r->event.library, "libnccl.so.2");
+    r->event.requested_bytes = 1 * GiB;
+    r->device.free_bytes = 256 * MiB;
+    r->memory.framework_cached_bytes = 6 * GiB;
+    r->memory.framework_cached_source = "pool";
+    run(r);
+    check_shape(r);
+    assert_string_equal(r->diagnosis.primary, "cache_held");
+    /* (20 GiB reserved - 768 MiB missing) / 24 GiB = .80 */
+    assert_true(how_has(rem(r, "empty_cache"), "XLA_PYTHON_CLIENT_MEM_FRACTION=.80"));
+    free(r);
+}
+
+static void tensorflow_knobs(void **state)
+{
+    og_record_t *r = base();
+    r->framework = OG_FW_TENSORFLOW;
+    strcpy(r->framework_libs, "libtensorflow_framework.so.2");
+    strcpy(r->event.library, "libtensorflow_framework.so.2");
+    r->memory.framework_cached_bytes = 3 * GiB;
+    r->memory.framework_cached_source = "pool";
+    run(r);
+    check_shape(r);
+    assert_string_equal(r->diagnosis.primary, "fragmentation");
+    assert_int_equal(rank_of(r, "expandable_segments"), 0);
+    const og_remedy_t *e = rem(r, "empty_cache");
+    assert_true(how_has(e, "tf.config.experimental.set_memory_growth(gpu, True)"));
+    assert_true(how_has(e, "TF_GPU_ALLOCATOR=cuda_malloc_async"));
+
+    strcpy(r->tf_gpu_allocator, "cuda_malloc_async");
+    r->nenv = 1;
+    strcpy(r->env[0], "TF_FORCE_GPU_ALLOW_GROWTH=true");
+    run(r);
+    check_shape(r);
+    e = rem(r, "empty_cache");
+    assert_false(how_has(e, "TF_GPU_ALLOCATOR"));
+    assert_false(how_has(e, "set_memory_growth"));
+    assert_non_null(strstr(e->why, "already set"));
+
+    /* does_not_fit on a Turing card: mixed_float16, no ZeRO/FSDP, inference with training=False */
+    og_record_t *q = dnf();
+    q->framework = OG_FW_TENSORFLOW;
+    strcpy(q->framework_libs, "libtensorflow_framework.so.2");
+    strcpy(q->event.library, "libtensorflow_framework.so.2");
+    q->device.cc_major = 7;
+    q->device.cc_minor = 5;
+    run(q);
+    check_shape(q);
+    assert_true(how_has(rem(q, "mixed_precision"), "set_global_policy(\"mixed_float16\")"));
+    assert_int_equal(rank_of(q, "zero_fsdp"), 0);
+    assert_true(how_has(rem(q, "inference_mode"), "training=False"));
+    assert_false(any_how_has(q, "torch.autocast"));
+    assert_false(any_how_has(q, "torch.utils"));
+    /* the PyTorch-only route for quantization is labelled as such */
+    assert_true(how_has(rem(q, "quantization"), "PyTorch: bnb = BitsAndBytesConfig"));
+    free(q);
+    free(r);
+}
+
+static void cupy_and_unknown_framework(void **state)
+{
+    og_record_t *r = dnf();
+    r->framework = OG_FW_CUPY;
+    strcpy(r->framework_libs, "cupy_backends");
+    run(r);
+    check_shape(r);
+    assert_int_equal(rank_of(r, "inference_mode"), 0);
+    assert_int_equal(rank_of(r, "flash_attention"), 0);
+    assert_int_equal(rank_of(r, "gradient_checkpointing"), 0);
+    assert_true(how_has(rem(r, "empty_cache"), "free_all_blocks()"));
+    free(r);
+
+    /* unknown framework: the PyTorch line, labelled, plus the others' equivalents */
+    r = frag();
+    r->framework = OG_FW_UNKNOWN;
+    r->framework_libs[0] = 0;
+    run(r);
+    check_shape(r);
+    const og_remedy_t *e = rem(r, "expandable_segments");
+    assert_non_null(e->id);
+    assert_true(how_has(e, "PyTorch: export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"));
+    assert_true(how_has(e, "TF_GPU_ALLOCATOR=cuda_malloc_async"));
+    assert_non_null(strstr(e->why, "PyTorch setting"));
+    assert_true(how_has(rem(r, "empty_cache"), "PyTorch: del"));
+    free(r);
+
+    assert_string_equal(og_framework_name(OG_FW_PYTORCH), "pytorch");
+    assert_string_equal(og_framework_name(OG_FW_JAX), "jax");
+    assert_string_equal(og_framework_name(OG_FW_TENSORFLOW), "tensorflow");
+    assert_string_equal(og_framework_name(OG_FW_CUPY), "cupy");
+    assert_string_equal(og_framework_name(OG_FW_UNKNOWN), "unknown");
+    assert_string_equal(og_framework_name((enum og_framework)99), "unknown");
+}
+
+/* ------------------------------------------------------------------ multi-GPU */
+
+static void multi_gpu_depends_on_visible_devices(void **state)
+{
+    og_record_t *r = dnf();
+    run(r);
+    check_shape(r);
+    const og_remedy_t *m = rem(r, "multi_gpu_parallelism");
+    assert_non_null(strstr(m->title, "Add GPUs"));
+    assert_true(m->rank > rank_of(r, "cpu_offload"));
+    assert_true(rank_of(r, "zero_fsdp") > rank_of(r, "cpu_offload"));
+
+    r->visible_devices = 4;
+    run(r);
+    check_shape(r);
+    m = rem(r, "multi_gpu_parallelism");
+    assert_null(strstr(m->title, "Add GPUs"));
+    assert_true(m->rank < rank_of(r, "cpu_offload"));
+    assert_true(rank_of(r, "zero_fsdp") < rank_of(r, "cpu_offload"));
+    assert_true(how_has(m, "--nproc_per_node=4"));
+    assert_true(how_has(m, "--tensor-parallel-size 4"));
+    assert_non_null(strstr(rem(r, "zero_fsdp")->why, "1/4"));
+
+    /* already data parallel: DDP will not shrink the per-GPU model */
+    r->world_size = 4;
+    run(r);
+    check_shape(r);
+    assert_non_null(strstr(rem(r, "multi_gpu_parallelism")->why, "already runs 4 ranks"));
+    free(r);
+}
+
+/* ------------------------------------------------------------------ robustness */
+
+static void empty_and_null_records(void **state)
+{
+    og_record_t *r = calloc(1, sizeof *r);
+    og_diagnose(r, NULL);
+    og_select_remedies(r);
+    check_shape(r);
+    og_select_remedies(NULL);
+
+    /* without a diagnosis at all: treated as unknown */
+    memset(r, 0, sizeof *r);
+    og_select_remedies(r);
+    check_shape(r);
+    free(r);
+}
+
+static void huge_request_fits_no_card(void **state)
+{
+    og_record_t *r = dnf();
+    r->event.requested_bytes = 200 * GiB;
+    run(r);
+    check_shape(r);
+    assert_non_null(strstr(rem(r, "bigger_gpu")->why, "no single common card"));
+    free(r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(fragmentation_selection),
+        cmocka_unit_test(does_not_fit_selection),
+        cmocka_unit_test(does_not_fit_never_leads_with_empty_cache),
+        cmocka_unit_test(foreign_names_the_pids),
+        cmocka_unit_test(growth_selection),
+        cmocka_unit_test(cache_held_selection),
+        cmocka_unit_test(limit_selection),
+        cmocka_unit_test(non_framework_selection),
+        cmocka_unit_test(unknown_cause_selection),
+        cmocka_unit_test(expandable_segments_already_set),
+        cmocka_unit_test(bf16_or_fp16_by_cc),
+        cmocka_unit_test(pre_volta_ranks_mixed_precision_last),
+        cmocka_unit_test(jax_knobs),
+        cmocka_unit_test(jax_mem_fraction_for_cache_held),
+        cmocka_unit_test(tensorflow_knobs),
+        cmocka_unit_test(cupy_and_unknown_framework),
+        cmocka_unit_test(multi_gpu_depends_on_visible_devices),
+        cmocka_unit_test(empty_and_null_records),
+        cmocka_unit_test(huge_request_fits_no_card),
+    };
+    int total = (int)(sizeof tests / sizeof *tests);
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    printf("%d passed, %d failed\n", total - failed, failed);
+    return failed ? 1 : 0;
+}
