@@ -374,7 +374,7 @@ static const char *op_name(int op)
 
 static void capture_history(og_record_t *rec, int device)
 {
-    size_t max = (size_t)og_opt.history;
+    size_t max = og_history_capacity();
     og_history_event_t *raw = malloc(max * sizeof *raw);
     rec->history.events = malloc(max * sizeof *rec->history.events);
     if (raw && rec->history.events) {

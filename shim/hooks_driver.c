@@ -30,17 +30,16 @@ static CUresult after_alloc(og_call_t *c, CUresult r, CUdeviceptr *dptr, uint64_
     return r;
 }
 
-/* Only a successful free releases memory; a failed one leaves the block live.  Either way a
- * pointer the ledger does not know is counted (allocated before us, or a program bug). */
-static void after_free(og_call_t *c, CUresult r, uintptr_t addr)
-{
-    if (!c->active || !addr)
-        return;
-    if (r == CUDA_SUCCESS)
-        og_track_free(c, addr);
-    else
-        og_track_free_failed(c, addr);
-}
+/* Frees: the block leaves the ledger before the real call (the address may be reused the
+ * moment the driver has it back) and returns if the call failed.  A pointer the ledger does
+ * not know is counted as an unknown free and passed through. */
+#define OG_FREE_CALL(addr, call)                     \
+    og_taken_t tk = {0};                             \
+    if (c.active && (addr))                          \
+        og_free_begin(&c, (uintptr_t)(addr), &tk);   \
+    CUresult r = (call);                             \
+    if (c.active && (addr))                          \
+        og_free_end(&c, &tk, r);
 
 /* OOMGUARD_LIMIT: refuse before the driver sees it, with the API's own OOM error. */
 static bool refused(og_call_t *c, int device, uint64_t bytes, int kind)
@@ -91,8 +90,7 @@ CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flag
 CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     OG_BEGIN(cuMemFree_v2);
-    CUresult r = real(dptr);
-    after_free(&c, r, (uintptr_t)dptr);
+    OG_FREE_CALL(dptr, real(dptr));
     OG_END(r);
 }
 
@@ -151,8 +149,7 @@ CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
 CUresult cuMemFreeHost(void *p)
 {
     OG_BEGIN(cuMemFreeHost);
-    CUresult r = real(p);
-    after_free(&c, r, (uintptr_t)p);
+    OG_FREE_CALL(p, real(p));
     OG_END(r);
 }
 
@@ -263,16 +260,14 @@ CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemo
 CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 {
     OG_BEGIN(cuMemFreeAsync);
-    CUresult r = real(dptr, hStream);
-    after_free(&c, r, (uintptr_t)dptr);
+    OG_FREE_CALL(dptr, real(dptr, hStream));
     OG_END(r);
 }
 
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
 {
     OG_BEGIN(cuMemFreeAsync_ptsz);
-    CUresult r = real(dptr, hStream);
-    after_free(&c, r, (uintptr_t)dptr);
+    OG_FREE_CALL(dptr, real(dptr, hStream));
     OG_END(r);
 }
 

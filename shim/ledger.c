@@ -28,6 +28,7 @@ static inline unsigned og_hash_ptr(uint64_t k)
 #define HASH_FUNCTION(keyptr, keylen, hashv) ((hashv) = og_hash_ptr(*(const uint64_t *)(keyptr)))
 #include <uthash.h>
 
+
 #define SHARDS     64
 #define SLAB_COUNT 512
 
@@ -43,16 +44,38 @@ typedef struct og_block {
 } og_block_t;
 
 typedef struct {
+    _Atomic uint64_t seq;            /* index+1 once written; readers skip torn slots */
+    uint64_t t_ns, bytes, live;
+    int16_t device;
+    uint8_t op, hook;
+} og_event_t;
+
+typedef struct {
+    og_event_t *ev;
+    uint32_t size;
+    _Atomic uint64_t head;
+} ring_t;
+
+/* Counters live in the shard, under its lock: two threads working on different addresses
+ * touch different cache lines.  Only `tracked` (needed for peaks and limits) is shared. */
+typedef struct {
+    uint64_t bytes[OG_KIND_COUNT], blocks[OG_KIND_COUNT], allocs, frees;
+} shard_dev_t;
+
+typedef struct {
     pthread_mutex_t lock;
     og_block_t *table;
     og_block_t *free_list;          /* linked through hh.next */
+    ring_t ring;                    /* this shard's recent events */
+    uint64_t host_bytes, host_blocks;
+    shard_dev_t dev[OG_MAX_DEVICES];
 } __attribute__((aligned(64))) shard_t;
 
 typedef struct {
-    _Atomic uint64_t bytes[OG_KIND_COUNT], blocks[OG_KIND_COUNT];
-    _Atomic uint64_t pool_reserved, vmm_physical, vmm_handles, vmm_mapped;
     _Atomic uint64_t tracked, peak, peak_t_ns;
-    _Atomic uint64_t allocs, frees, failures, unknown_frees;
+    _Atomic uint64_t pool_used;                 /* also in the shards; here for limit checks */
+    _Atomic uint64_t pool_reserved, vmm_physical, vmm_handles, vmm_mapped;
+    _Atomic uint64_t slow_allocs, slow_frees, failures, unknown_frees;   /* VMM and rare paths */
     /* usage over the whole run, downsampled: when full, every other sample is dropped and
      * the interval doubles, so 512 points always span the run */
     pthread_mutex_t sample_lock;
@@ -76,25 +99,19 @@ uint64_t og_now_ns(void)
 }
 uint64_t og_start_ns(void) { return start_ns; }
 
-/* ------------------------------------------------------------------ history ring */
+/* ------------------------------------------------------------------ history rings */
 
-typedef struct {
-    _Atomic uint64_t seq;            /* index+1 once written; readers skip torn slots */
-    uint64_t t_ns, bytes, live;
-    int16_t device;
-    uint8_t op, hook;
-} og_event_t;
+/* Each shard keeps its own ring (written under the shard lock); VMM, pools and failures go
+ * to one more ring with its own lock.  A dump merges them by time. */
+static ring_t slow_ring;
+static pthread_mutex_t slow_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static og_event_t *ring;
-static size_t ring_size;
-static _Atomic uint64_t ring_head;
-
-static void history_add(int op, int hook, int device, uint64_t bytes, uint64_t live, uint64_t t)
+static void ring_add(ring_t *r, int op, int hook, int device, uint64_t bytes, uint64_t live, uint64_t t)
 {
-    if (!ring)
+    if (!r->ev)
         return;
-    uint64_t i = atomic_fetch_add_explicit(&ring_head, 1, memory_order_relaxed);
-    og_event_t *e = &ring[i % ring_size];
+    uint64_t i = atomic_load_explicit(&r->head, memory_order_relaxed);
+    og_event_t *e = &r->ev[i % r->size];
     atomic_store_explicit(&e->seq, 0, memory_order_relaxed);
     e->t_ns = t;
     e->bytes = bytes;
@@ -103,17 +120,24 @@ static void history_add(int op, int hook, int device, uint64_t bytes, uint64_t l
     e->op = (uint8_t)op;
     e->hook = (uint8_t)hook;
     atomic_store_explicit(&e->seq, i + 1, memory_order_release);
+    atomic_store_explicit(&r->head, i + 1, memory_order_release);
 }
 
-size_t og_history_copy(og_history_event_t *out, size_t max)
+static void history_add(int op, int hook, int device, uint64_t bytes, uint64_t live, uint64_t t)
 {
-    if (!ring)
-        return 0;
-    uint64_t head = atomic_load(&ring_head);
-    uint64_t first = head > ring_size ? head - ring_size : 0;
-    size_t n = 0;
+    pthread_mutex_lock(&slow_lock);
+    ring_add(&slow_ring, op, hook, device, bytes, live, t);
+    pthread_mutex_unlock(&slow_lock);
+}
+
+static size_t ring_copy(ring_t *r, og_history_event_t *out, size_t n, size_t max)
+{
+    if (!r->ev)
+        return n;
+    uint64_t head = atomic_load_explicit(&r->head, memory_order_acquire);
+    uint64_t first = head > r->size ? head - r->size : 0;
     for (uint64_t i = first; i < head && n < max; i++) {
-        og_event_t *e = &ring[i % ring_size];
+        og_event_t *e = &r->ev[i % r->size];
         if (atomic_load_explicit(&e->seq, memory_order_acquire) != i + 1)
             continue;
         out[n] = (og_history_event_t){e->t_ns, e->bytes, e->live, e->device, e->op, e->hook};
@@ -121,6 +145,27 @@ size_t og_history_copy(og_history_event_t *out, size_t max)
             n++;
     }
     return n;
+}
+
+static int cmp_event_t(const void *a, const void *b)
+{
+    const og_history_event_t *x = a, *y = b;
+    return (x->t_ns > y->t_ns) - (x->t_ns < y->t_ns);
+}
+
+size_t og_history_copy(og_history_event_t *out, size_t max)
+{
+    size_t n = 0;
+    for (int i = 0; i < SHARDS; i++)
+        n = ring_copy(&shards[i].ring, out, n, max);
+    n = ring_copy(&slow_ring, out, n, max);
+    qsort(out, n, sizeof *out, cmp_event_t);
+    return n;
+}
+
+size_t og_history_capacity(void)
+{
+    return (size_t)SHARDS * shards[0].ring.size + slow_ring.size;
 }
 
 /* ------------------------------------------------------------------ devices */
@@ -165,7 +210,7 @@ static void sample(dev_t_ *d, uint64_t live, uint64_t t)
 
 size_t og_samples_copy(int device, og_sample_raw_t *out, size_t max)
 {
-    dev_t_ *d = device >= 0 && device < OG_MAX_DEVICES ? &devs[device] : NULL;
+    dev_t_ *d = dev_of(device);
     if (!d)
         return 0;
     pthread_mutex_lock(&d->sample_lock);
@@ -226,23 +271,50 @@ static inline void block_put(shard_t *s, og_block_t *b)
     s->free_list = b;
 }
 
-static _Atomic uint64_t host_bytes, host_blocks;
+/* Counters of one block entering (sign +1) or leaving (-1) a shard; shard lock held. */
+static inline void shard_count(shard_t *s, const og_block_t *b, int sign)
+{
+    if (b->kind == OG_KIND_HOST) {
+        s->host_bytes += (uint64_t)sign * b->size;
+        s->host_blocks += (uint64_t)sign;
+        return;
+    }
+    if (b->device < 0 || b->device >= OG_MAX_DEVICES)
+        return;
+    shard_dev_t *sd = &s->dev[b->device];
+    sd->bytes[b->kind] += (uint64_t)sign * b->size;
+    sd->blocks[b->kind] += (uint64_t)sign;
+    if (sign > 0)
+        sd->allocs++;
+    else
+        sd->frees++;
+}
 
 void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind)
 {
     uint32_t site = og_site_capture(c->caller);   /* before any lock: it may unwind */
     uint64_t t = og_now_ns();
     int device = kind == OG_KIND_HOST ? -1 : (c->device >= 0 ? c->device : og_current_device());
+    dev_t_ *d = dev_of(device);
     shard_t *s = shard_of(addr);
     pthread_mutex_lock(&s->lock);
     og_block_t *old;
     HASH_FIND(hh, s->table, &addr, sizeof(uint64_t), old);
     if (OG_UNLIKELY(old)) {
-        /* The driver reused an address we still hold: a free we never saw. Replace. */
+        /* The driver handed out an address we still hold: its free went by a path we do
+         * not see.  The old block is gone; count it out. */
         HASH_DEL(s->table, old);
+        shard_count(s, old, -1);
+        if (old->kind != OG_KIND_HOST && dev_of(old->device)) {
+            if (old->kind == OG_KIND_POOL)
+                atomic_fetch_sub(&devs[old->device].pool_used, old->size);
+            else
+                tracked_add(&devs[old->device], -(int64_t)old->size, t);
+        }
         block_put(s, old);
     }
     og_block_t *b = block_get(s);
+    uint64_t live = 0;
     if (b) {
         b->addr = addr;
         b->size = size;
@@ -252,75 +324,97 @@ void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind)
         b->kind = (uint8_t)kind;
         b->hook = (uint8_t)c->hook;
         HASH_ADD(hh, s->table, addr, sizeof(uint64_t), b);
+        shard_count(s, b, +1);
+        if (d) {
+            if (kind == OG_KIND_POOL) {
+                atomic_fetch_add_explicit(&d->pool_used, size, memory_order_relaxed);
+                live = atomic_load_explicit(&d->tracked, memory_order_relaxed);
+            } else {
+                live = tracked_add(d, (int64_t)size, t);
+            }
+            ring_add(&s->ring, OG_EV_ALLOC, c->hook, device, size, live, t);
+        }
     }
     pthread_mutex_unlock(&s->lock);
-    if (!b)
-        return;
-    if (kind == OG_KIND_HOST) {
-        atomic_fetch_add_explicit(&host_bytes, size, memory_order_relaxed);
-        atomic_fetch_add_explicit(&host_blocks, 1, memory_order_relaxed);
-        return;
-    }
-    dev_t_ *d = dev_of(device);
-    if (!d)
-        return;
-    atomic_fetch_add_explicit(&d->bytes[kind], size, memory_order_relaxed);
-    atomic_fetch_add_explicit(&d->blocks[kind], 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&d->allocs, 1, memory_order_relaxed);
-    uint64_t live = kind == OG_KIND_POOL ? atomic_load_explicit(&d->tracked, memory_order_relaxed)
-                                         : tracked_add(d, (int64_t)size, t);
-    history_add(OG_EV_ALLOC, c->hook, device, size, live, t);
-    if (OG_UNLIKELY(atomic_load_explicit(&og_episode_open[device], memory_order_relaxed)))
+    if (d && b && OG_UNLIKELY(atomic_load_explicit(&og_episode_open[device], memory_order_relaxed)))
         og_on_recovered(c, device, size);
 }
 
-void og_track_free(og_call_t *c, uintptr_t addr)
+/* A free takes the block out of the ledger *before* the real free: once the driver has
+ * the address back it may hand it to another thread, whose allocation must not meet our
+ * stale entry.  og_free_end puts it back if the real free failed. */
+void og_free_begin(og_call_t *c, uintptr_t addr, og_taken_t *tk)
 {
     shard_t *s = shard_of(addr);
+    tk->found = false;
+    tk->addr = addr;
     pthread_mutex_lock(&s->lock);
     og_block_t *b;
     HASH_FIND(hh, s->table, &addr, sizeof(uint64_t), b);
-    og_block_t copy;
     if (b) {
-        copy = *b;
+        tk->found = true;
+        tk->size = b->size;
+        tk->t_ns = b->t_ns;
+        tk->site = b->site;
+        tk->device = b->device;
+        tk->kind = b->kind;
+        tk->hook = b->hook;
         HASH_DEL(s->table, b);
+        shard_count(s, b, -1);
         block_put(s, b);
     }
     pthread_mutex_unlock(&s->lock);
-    if (!b) {
+}
+
+void og_free_end(og_call_t *c, og_taken_t *tk, CUresult r)
+{
+    if (!tk->found) {
+        /* allocated before we were loaded, by a path we do not see, or a program bug */
         dev_t_ *d = dev_of(og_current_device());
         if (d)
             atomic_fetch_add_explicit(&d->unknown_frees, 1, memory_order_relaxed);
         return;
     }
-    if (copy.kind == OG_KIND_HOST) {
-        atomic_fetch_sub_explicit(&host_bytes, copy.size, memory_order_relaxed);
-        atomic_fetch_sub_explicit(&host_blocks, 1, memory_order_relaxed);
+    shard_t *s = shard_of(tk->addr);
+    if (r != CUDA_SUCCESS) {
+        /* the block is still allocated: back into the ledger, unchanged */
+        pthread_mutex_lock(&s->lock);
+        og_block_t *b = block_get(s);
+        if (b) {
+            b->addr = tk->addr;
+            b->size = tk->size;
+            b->t_ns = tk->t_ns;
+            b->site = tk->site;
+            b->device = tk->device;
+            b->kind = tk->kind;
+            b->hook = tk->hook;
+            HASH_ADD(hh, s->table, addr, sizeof(uint64_t), b);
+            shard_count(s, b, +1);
+            /* neither an allocation nor a free happened */
+            if (b->kind != OG_KIND_HOST && dev_of(b->device)) {
+                s->dev[b->device].allocs--;
+                s->dev[b->device].frees--;
+            }
+        }
+        pthread_mutex_unlock(&s->lock);
         return;
     }
-    dev_t_ *d = dev_of(copy.device);
+    if (tk->kind == OG_KIND_HOST)
+        return;
+    dev_t_ *d = dev_of(tk->device);
     if (!d)
         return;
-    atomic_fetch_sub_explicit(&d->bytes[copy.kind], copy.size, memory_order_relaxed);
-    atomic_fetch_sub_explicit(&d->blocks[copy.kind], 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&d->frees, 1, memory_order_relaxed);
-    uint64_t t = og_now_ns();
-    uint64_t live = copy.kind == OG_KIND_POOL ? atomic_load_explicit(&d->tracked, memory_order_relaxed)
-                                              : tracked_add(d, -(int64_t)copy.size, t);
-    history_add(OG_EV_FREE, c->hook, copy.device, copy.size, live, t);
-    og_note_free(copy.device, copy.size);
-}
-
-void og_track_free_failed(og_call_t *c, uintptr_t addr)
-{
-    shard_t *s = shard_of(addr);
+    uint64_t t = og_now_ns(), live;
+    if (tk->kind == OG_KIND_POOL) {
+        atomic_fetch_sub_explicit(&d->pool_used, tk->size, memory_order_relaxed);
+        live = atomic_load_explicit(&d->tracked, memory_order_relaxed);
+    } else {
+        live = tracked_add(d, -(int64_t)tk->size, t);
+    }
     pthread_mutex_lock(&s->lock);
-    og_block_t *b;
-    HASH_FIND(hh, s->table, &addr, sizeof(uint64_t), b);
+    ring_add(&s->ring, OG_EV_FREE, c->hook, tk->device, tk->size, live, t);
     pthread_mutex_unlock(&s->lock);
-    dev_t_ *d = b ? NULL : dev_of(og_current_device());
-    if (d)
-        atomic_fetch_add_explicit(&d->unknown_frees, 1, memory_order_relaxed);
+    og_note_free(tk->device, tk->size);
 }
 
 void og_track_failure(og_call_t *c, uint64_t size, int kind, CUresult r)
@@ -369,7 +463,7 @@ static void vmm_maybe_free(vmm_handle_t *h, uint64_t t)
     if (d) {
         atomic_fetch_sub(&d->vmm_physical, h->size);
         atomic_fetch_sub(&d->vmm_handles, 1);
-        atomic_fetch_add(&d->frees, 1);
+        atomic_fetch_add(&d->slow_frees, 1);
         uint64_t live = tracked_add(d, -(int64_t)h->size, t);
         history_add(OG_EV_FREE, OG_H_cuMemRelease, h->device, h->size, live, t);
         og_note_free(h->device, h->size);
@@ -399,7 +493,7 @@ void og_track_vmm_create(og_call_t *c, CUmemGenericAllocationHandle handle, uint
         return;
     atomic_fetch_add(&d->vmm_physical, size);
     atomic_fetch_add(&d->vmm_handles, 1);
-    atomic_fetch_add(&d->allocs, 1);
+    atomic_fetch_add(&d->slow_allocs, 1);
     uint64_t live = tracked_add(d, (int64_t)size, t);
     history_add(OG_EV_ALLOC, c->hook, device, size, live, t);
 }
@@ -653,26 +747,34 @@ void og_ledger_stats(int device, oomguard_device_stats_t *out)
     if (!d)
         return;
     og_track_pool_refresh(NULL);    /* pools shrink at synchronisation points we do not hook */
-    out->plain_bytes = atomic_load(&d->bytes[OG_KIND_PLAIN]);
-    out->plain_blocks = atomic_load(&d->blocks[OG_KIND_PLAIN]);
-    out->managed_bytes = atomic_load(&d->bytes[OG_KIND_MANAGED]);
-    out->managed_blocks = atomic_load(&d->blocks[OG_KIND_MANAGED]);
-    out->pool_used_bytes = atomic_load(&d->bytes[OG_KIND_POOL]);
-    out->pool_blocks = atomic_load(&d->blocks[OG_KIND_POOL]);
+    for (int i = 0; i < SHARDS; i++) {
+        shard_t *sh = &shards[i];
+        pthread_mutex_lock(&sh->lock);
+        const shard_dev_t *sd = &sh->dev[device];
+        out->plain_bytes += sd->bytes[OG_KIND_PLAIN];
+        out->plain_blocks += sd->blocks[OG_KIND_PLAIN];
+        out->managed_bytes += sd->bytes[OG_KIND_MANAGED];
+        out->managed_blocks += sd->blocks[OG_KIND_MANAGED];
+        out->pool_used_bytes += sd->bytes[OG_KIND_POOL];
+        out->pool_blocks += sd->blocks[OG_KIND_POOL];
+        out->allocs += sd->allocs;
+        out->frees += sd->frees;
+        if (device == 0) {
+            out->host_pinned_bytes += sh->host_bytes;
+            out->host_pinned_blocks += sh->host_blocks;
+        }
+        pthread_mutex_unlock(&sh->lock);
+    }
     out->pool_reserved_bytes = atomic_load(&d->pool_reserved);
     out->vmm_physical_bytes = atomic_load(&d->vmm_physical);
     out->vmm_handles = atomic_load(&d->vmm_handles);
     out->vmm_mapped_bytes = atomic_load(&d->vmm_mapped);
     out->tracked_bytes = atomic_load(&d->tracked);
     out->peak_tracked_bytes = atomic_load(&d->peak);
-    out->allocs = atomic_load(&d->allocs);
-    out->frees = atomic_load(&d->frees);
+    out->allocs += atomic_load(&d->slow_allocs);
+    out->frees += atomic_load(&d->slow_frees);
     out->failures = atomic_load(&d->failures);
     out->unknown_frees = atomic_load(&d->unknown_frees);
-    if (device == 0) {
-        out->host_pinned_bytes = atomic_load(&host_bytes);
-        out->host_pinned_blocks = atomic_load(&host_blocks);
-    }
 }
 
 uint64_t og_ledger_tracked(int device)
@@ -686,7 +788,7 @@ uint64_t og_ledger_pool_spare(int device)
     dev_t_ *d = dev_of(device);
     if (!d)
         return 0;
-    uint64_t r = atomic_load(&d->pool_reserved), u = atomic_load(&d->bytes[OG_KIND_POOL]);
+    uint64_t r = atomic_load(&d->pool_reserved), u = atomic_load(&d->pool_used);
     return r > u ? r - u : 0;
 }
 
@@ -707,8 +809,16 @@ void og_ledger_init(void)
         pthread_mutex_init(&devs[i].sample_lock, NULL);
         devs[i].sample_interval_ns = 1000000;   /* 1 ms to start with */
     }
-    ring_size = (size_t)og_opt.history;
-    ring = calloc(ring_size, sizeof *ring);
+    /* the history is spread over the shards' rings plus the ring of rare events */
+    uint32_t per = (uint32_t)(og_opt.history / SHARDS);
+    if (per < 16)
+        per = 16;
+    for (int i = 0; i < SHARDS; i++) {
+        shards[i].ring.size = per;
+        shards[i].ring.ev = calloc(per, sizeof(og_event_t));
+    }
+    slow_ring.size = (uint32_t)(og_opt.history / 4 > 64 ? og_opt.history / 4 : 64);
+    slow_ring.ev = calloc(slow_ring.size, sizeof(og_event_t));
 }
 
 void og_ledger_atfork_prepare(void)
@@ -755,11 +865,18 @@ void og_ledger_atfork_child(void)
         pthread_mutex_init(&devs[i].sample_lock, NULL);
         devs[i].sample_interval_ns = 1000000;
     }
-    atomic_store(&host_bytes, 0);
-    atomic_store(&host_blocks, 0);
-    atomic_store(&ring_head, 0);
-    if (ring)
-        memset(ring, 0, ring_size * sizeof *ring);
+    for (int i = 0; i < SHARDS; i++) {
+        shard_t *sh = &shards[i];
+        sh->host_bytes = sh->host_blocks = 0;
+        memset(sh->dev, 0, sizeof sh->dev);
+        atomic_store(&sh->ring.head, 0);
+        if (sh->ring.ev)
+            memset(sh->ring.ev, 0, sh->ring.size * sizeof(og_event_t));
+    }
+    pthread_mutex_init(&slow_lock, NULL);
+    atomic_store(&slow_ring.head, 0);
+    if (slow_ring.ev)
+        memset(slow_ring.ev, 0, slow_ring.size * sizeof(og_event_t));
     start_ns = og_now_ns();
     og_ledger_atfork_parent();
 }

@@ -152,6 +152,7 @@ typedef struct og_history_event {
     uint8_t op, hook;             /* hook == OG_H_COUNT: no API (pool resize seen later) */
 } og_history_event_t;
 size_t og_history_copy(og_history_event_t *out, size_t max);   /* oldest first */
+size_t og_history_capacity(void);
 uint64_t og_ledger_peak_t_ns(int device);
 typedef struct { uint64_t t_ns, live; } og_sample_raw_t;
 size_t og_samples_copy(int device, og_sample_raw_t *out, size_t max);
@@ -167,8 +168,16 @@ typedef struct og_call {
 void og_ledger_init(void);
 int og_current_device(void);
 void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind);
-void og_track_free(og_call_t *c, uintptr_t addr);
-void og_track_free_failed(og_call_t *c, uintptr_t addr);
+typedef struct og_taken {
+    bool found;
+    uint64_t addr, size, t_ns;
+    uint32_t site;
+    int16_t device;
+    uint8_t kind, hook;
+} og_taken_t;
+/* Frees: take the block out before the real free, settle after it (see ledger.c). */
+void og_free_begin(og_call_t *c, uintptr_t addr, og_taken_t *tk);
+void og_free_end(og_call_t *c, og_taken_t *tk, CUresult r);
 void og_track_limit_refusal(og_call_t *c, uint64_t size, int kind);
 void og_track_failure(og_call_t *c, uint64_t size, int kind, CUresult r);
 void og_track_vmm_create(og_call_t *c, CUmemGenericAllocationHandle h, uint64_t size, int device);

@@ -43,6 +43,13 @@ suite() {
     local rc=$?
     local line
     line=$(grep -E '^([A-Za-z]+: )?[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
+    if [ -z "$line" ] && grep -q '^\[==========\] .* test(s) run' "$log"; then
+        # cmocka's own summary: [  PASSED  ] N test(s).  /  [  FAILED  ] N test(s)
+        local cp cf
+        cp=$(grep -E '^\[  PASSED  \] [0-9]+ test' "$log" | grep -oE '[0-9]+' | head -n 1)
+        cf=$(grep -E '^\[  FAILED  \] [0-9]+ test' "$log" | grep -oE '[0-9]+' | head -n 1)
+        line="${cp:-0} passed, ${cf:-0} failed"
+    fi
     if [ -z "$line" ]; then
         fail=$((fail + 1)); failed_names+=("$name (no summary, exit $rc)")
         echo "FAIL  $name (no summary line, exit $rc)"; tail -n 40 "$log" | sed 's/^/      | /'

@@ -36,9 +36,9 @@ $(TEST_B)/librtld_next_b.so: tests/e2e/rtld_next_b.c | $(TEST_B)/.dir
 $(TEST_B)/librtld_dep.so: tests/e2e/rtld_dep.c | $(TEST_B)/.dir
 	$(CC) $(ALL_CFLAGS) -fPIC -shared $< -o $@
 $(TEST_B)/librtld_local.so: tests/e2e/rtld_local.c $(TEST_B)/librtld_dep.so
-	$(CC) $(ALL_CFLAGS) -fPIC -shared $< -o $@ -L$(TEST_B) -lrtld_dep -Wl,-rpath,'$$ORIGIN' -ldl
+	$(CC) $(ALL_CFLAGS) -fPIC -shared $< -o $@ -L$(TEST_B) -Wl,--no-as-needed -lrtld_dep -Wl,--as-needed -Wl,-rpath,'$$ORIGIN' -ldl
 $(TEST_B)/e2e_rtld: tests/e2e/rtld.c $(TEST_B)/librtld_next_a.so $(TEST_B)/librtld_next_b.so $(TEST_B)/librtld_local.so
-	$(CC) $(E2E_CFLAGS) $< -o $@ -L$(TEST_B) -lrtld_next_a -lrtld_next_b -Wl,-rpath,'$$ORIGIN' -ldl
+	$(CC) $(E2E_CFLAGS) $< -o $@ -L$(TEST_B) -Wl,--no-as-needed -lrtld_next_a -lrtld_next_b -Wl,--as-needed -Wl,-rpath,'$$ORIGIN' -ldl
 
 # Unit tests link the shim's objects directly.
 $(TEST_B)/unit_%: tests/unit/%.c $(SHIM_OBJ) | $(TEST_B)/.dir

@@ -3,7 +3,7 @@
 set -eu
 B=${B:-build}
 root=$(cd "$(dirname "$0")/../.." && pwd)
-bench="$root/$B/tests/bench"
+bench="$root/$B/tests/bench/bench"
 shim="$root/$B/liboomguard.so"
 export LD_LIBRARY_PATH="$root/$B/sim"
 export SIMGPU_DEVICES=1 SIMGPU_MEM=${BENCH_MEM:-64TiB}

@@ -44,7 +44,7 @@ static void one_device(int dev)
 
     /* an explicit pool that keeps its memory (release threshold = max) */
     cudaMemPool_t pool;
-    cudaMemPoolProps props;
+    struct cudaMemPoolProps props;
     memset(&props, 0, sizeof props);
     props.allocType = cudaMemAllocationTypePinned;
     props.location.type = cudaMemLocationTypeDevice;

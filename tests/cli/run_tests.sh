@@ -1,0 +1,383 @@
+#!/usr/bin/env bash
+# tests/cli/run_tests.sh — tests of the `oomguard` command.  Run with `make test-cli`
+# (which builds what this needs); prints one result per test and ends with
+# exactly one line "N passed, N failed".  Skipped tests are listed, not counted.
+#
+# Environment: B (build dir, default build), SANITIZE=1 (relaxes the timing
+# limits), FUZZ_SECONDS (fuzz smoke duration), MAKE.
+set -u
+cd "$(dirname "$0")/../.."
+B=${B:-build}
+OG=$PWD/$B/oomguard
+FIX=tests/fixtures
+DUMMY=$PWD/$B/cli-test/libdummy.so
+MEASURE=$PWD/$B/cli-test/og-measure
+T=$(mktemp -d "${TMPDIR:-/tmp}/oomguard-cli.XXXXXX")
+trap 'rm -rf "$T"' EXIT
+export OOMGUARD_LIB=$DUMMY
+unset NO_COLOR LD_PRELOAD OOMGUARD_DIR
+# Tests put LD_PRELOAD on oomguard itself; under SANITIZE=1 ASan would object.
+export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0
+
+passed=0 failed=0 skipped=0
+ok() { passed=$((passed + 1)); printf 'ok    %s\n' "$1"; }
+bad() {
+    failed=$((failed + 1))
+    printf 'FAIL  %s\n' "$1"
+    [ $# -gt 1 ] && printf '%s\n' "$2" | head -15 | sed 's/^/      /'
+    return 0
+}
+skip() { skipped=$((skipped + 1)); printf 'SKIP  %s (%s)\n' "$1" "$2"; }
+# expect NAME WANT_RC CMD... : runs CMD, output in $T/out, $T/err
+expect() {
+    local name=$1 want=$2
+    shift 2
+    "$@" >"$T/out" 2>"$T/err"
+    local rc=$?
+    if [ "$rc" = "$want" ]; then ok "$name"; else bad "$name" "exit $rc, wanted $want; stderr: $(head -c 600 "$T/err")"; fi
+}
+# has NAME FILE PATTERN : FILE contains the fixed string PATTERN
+has() { if grep -qF -- "$3" "$2"; then ok "$1"; else bad "$1" "no '$3' in $(head -c 800 "$2")"; fi; }
+hasnt() { if grep -qF -- "$3" "$2"; then bad "$1" "found '$3'"; else ok "$1"; fi; }
+
+have_python=0
+command -v python3 >/dev/null && have_python=1
+
+# ---------------------------------------------------------------- basics
+expect "--version exits 0" 0 "$OG" --version
+has "--version prints the version" "$T/out" "oomguard 0."
+expect "--help exits 0" 0 "$OG" --help
+has "--help documents exit codes" "$T/out" "2  input error"
+expect "no arguments is a usage error" 1 "$OG"
+expect "unknown command is a usage error" 1 "$OG" frobnicate
+for c in run report merge; do
+    expect "$c --help exits 0" 0 "$OG" "$c" --help
+    has "$c --help shows usage" "$T/out" "usage: oomguard $c"
+    expect "help $c exits 0" 0 "$OG" help "$c"
+done
+
+# ---------------------------------------------------------------- report: every fixture, every format
+valid=$(find "$FIX" -name '*.json' -not -path "$FIX/bad/*" | sort)
+n_valid=0
+for f in $valid; do
+    n_valid=$((n_valid + 1))
+    name=${f#"$FIX"/}
+    for fmt in text json html memory-viz; do
+        out=$T/r.$fmt
+        "$OG" report "$f" --format "$fmt" -o "$out" 2>"$T/err"
+        rc=$?
+        if [ $rc -ne 0 ] || [ ! -s "$out" ]; then
+            bad "report $name --format $fmt" "exit $rc: $(cat "$T/err")"
+            continue
+        fi
+        case $fmt in
+        text) grep -q "oomguard report:" "$out" && ok "report $name text" || bad "report $name text" "$(head -5 "$out")" ;;
+        json)
+            if [ $have_python = 1 ]; then
+                python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["schema"].startswith("oomguard.dump/1")' "$out" \
+                    && ok "report $name json is valid JSON" || bad "report $name json is valid JSON"
+            else ok "report $name json"; fi ;;
+        html)
+            if grep -q '^<!DOCTYPE html>' "$out" && grep -q '</html>' "$out" && [ "$(grep -o '<script' "$out" | wc -l)" = 1 ] &&
+                ! grep -qE '(src|href)=\"?(https?:)?//' "$out"; then ok "report $name html is self-contained"
+            else bad "report $name html is self-contained"; fi ;;
+        memory-viz) cp "$out" "$T/viz-$n_valid-$(basename "$f" .json).pickle"; ok "report $name memory-viz" ;;
+        esac
+    done
+done
+[ "$n_valid" -ge 8 ] && ok "found $n_valid valid fixtures" || bad "found only $n_valid valid fixtures"
+if [ $have_python = 1 ]; then
+    msg=$(python3 tests/cli/check_pickle.py "$T"/viz-*.pickle 2>&1) && ok "memory-viz pickles load in python3 with the snapshot layout" \
+        || bad "memory-viz pickles load in python3 with the snapshot layout" "$msg"
+    python3 - "$T"/viz-*fragmentation.pickle "$T"/viz-*does_not_fit.pickle >"$T/py" 2>&1 <<'PY'
+import pickle, sys
+frag = pickle.load(open(sys.argv[1], "rb"))
+assert frag["segments"][0]["segment_pool_id"] == [0, 0], "captured snapshot emitted as is"
+assert "allocator_settings" in frag
+dnf = pickle.load(open(sys.argv[2], "rb"))
+assert len(dnf["segments"]) == 7 and dnf["segments"][0]["total_size"] == 9663676416
+assert dnf["segments"][0]["segment_pool_id"] == (0, 0)
+acts = [e["action"] for e in dnf["device_traces"][0]]
+assert "oom" in acts and "alloc" in acts and "free_completed" in acts, acts
+PY
+    [ $? = 0 ] && ok "memory-viz: captured snapshot passed through, synthetic one built from sites and events" \
+        || bad "memory-viz content" "$(cat "$T/py")"
+else
+    skip "memory-viz pickles load in python3" "python3 not found"
+fi
+
+# text details and colour
+"$OG" report "$FIX/does_not_fit.json" >"$T/t" 2>&1
+has "text: headline" "$T/t" "CUDA out of memory on GPU 0 (NVIDIA GeForce RTX 4090)"
+has "text: requested vs free vs total" "$T/t" "cudaMalloc of 2.00 GiB failed: 1.11 GiB free of 23.99 GiB"
+has "text: primary diagnosis" "$T/t" "Diagnosis: the request is larger than the free memory"
+has "text: exact bytes next to sizes" "$T/t" "2.00 GiB (2,147,483,648 bytes)"
+has "text: breakdown" "$T/t" "PyTorch in use"
+has "text: remedies with how lines" "$T/t" "| export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+has "text: top sites" "$T/t" "Top allocation sites (7 of 7"
+has "text: history peak" "$T/t" "peak       22.19 GiB"
+if grep -q $'\033' "$T/t"; then bad "text: no colour when not a terminal"; else ok "text: no colour when not a terminal"; fi
+"$OG" report "$FIX/does_not_fit.json" --color always >"$T/t" 2>&1
+grep -q $'\033\[' "$T/t" && ok "text: --color always" || bad "text: --color always"
+if command -v script >/dev/null 2>&1; then
+    NO_COLOR= script -qec "$OG report $FIX/recovered.json" /dev/null >"$T/t" 2>&1
+    grep -q $'\033\[' "$T/t" && ok "text: colour on a terminal" || bad "text: colour on a terminal"
+    NO_COLOR=1 script -qec "$OG report $FIX/recovered.json" /dev/null >"$T/t" 2>&1
+    grep -q $'\033\[' "$T/t" && bad "text: NO_COLOR disables colour" || ok "text: NO_COLOR disables colour"
+else
+    skip "text: colour on a terminal" "script(1) not found"
+fi
+"$OG" report "$FIX/recovered.json" >"$T/t"
+has "text: recovered headline" "$T/t" "Recovered from an out-of-memory error"
+"$OG" report "$FIX/exit_summary.json" >"$T/t"
+has "text: exit summary shows peaks per GPU" "$T/t" "GPU 1 peaked at"
+"$OG" report "$FIX/fragmentation.json" >"$T/t"
+has "text: fragmentation diagnosis" "$T/t" "fragmented"
+expect "report reads standard input with -" 0 sh -c "\"$OG\" report - < $FIX/recovered.json"
+
+# hostile strings: nothing from the dump may reach the terminal or page raw
+"$OG" report "$FIX/hostile_strings.json" --color never >"$T/h.txt" 2>&1
+if LC_ALL=C grep -q $'[\001-\010\013-\037\177]' "$T/h.txt"; then bad "text: control characters from the dump are neutralised" "$(LC_ALL=C grep -n $'[\033\007]' "$T/h.txt" | cat -v | head -3)"
+else ok "text: control characters from the dump are neutralised"; fi
+hasnt "text: bidi override removed" "$T/h.txt" $'\u202e'
+"$OG" report "$FIX/hostile_strings.json" --format html -o "$T/h.html"
+for pat in "<script>alert" "<img src" "<svg onload" "</title><script>" "<b>bold</b>"; do
+    hasnt "html: escapes $pat" "$T/h.html" "$pat"
+done
+has "html: hostile text shown escaped" "$T/h.html" "&lt;script&gt;alert(1)&lt;/script&gt;"
+[ "$(grep -o '<script' "$T/h.html" | wc -l)" = 1 ] && ok "html: only our own script" || bad "html: only our own script"
+if [ $have_python = 1 ]; then
+    "$OG" report "$FIX/hostile_strings.json" --format json -o "$T/h.json"
+    python3 -c 'import json,sys; json.load(open(sys.argv[1], encoding="utf-8"))' "$T/h.json" 2>"$T/err" \
+        && ok "json: invalid UTF-8 normalised" || bad "json: invalid UTF-8 normalised" "$(cat "$T/err")"
+fi
+
+# ---------------------------------------------------------------- report: bad input
+check_bad() { # file expected-message
+    local f=$FIX/bad/$1
+    "$OG" report "$f" >"$T/out" 2>"$T/err"
+    local rc=$?
+    if [ $rc = 2 ] && grep -qF -- "oomguard: $f: " "$T/err" && grep -qF -- "$2" "$T/err"; then ok "bad input $1: exit 2, $2"
+    else bad "bad input $1" "exit $rc; stderr: $(cat "$T/err")"; fi
+}
+check_bad truncated.json "truncated"
+check_bad not_json.json "not JSON (line 1, column 1: unexpected 'o')"
+check_bad wrong_types.json 'event.requested_bytes: expected an integer, found a string ("lots")'
+check_bad number_overflow.json "event.requested_bytes: expected a non-negative integer below 2^53, found a number too large"
+check_bad schema_v2.json "schema oomguard.dump/2 is newer than this oomguard understands (oomguard.dump/1)"
+check_bad deep_nesting.json "nested more than 1000 levels deep"
+check_bad not_a_dump.json 'not an oomguard dump (no "schema" key)'
+check_bad top_level_array.json "not an oomguard dump (the JSON is an array"
+check_bad empty.json "empty file"
+check_bad wrong_type_in_site.json "top_sites[3].frames[1].symbol: expected a string, found 12345"
+for fmt in json html memory-viz; do
+    expect "bad input gives exit 2 in --format $fmt too" 2 "$OG" report "$FIX/bad/truncated.json" --format $fmt -o "$T/x"
+done
+expect "missing file: exit 2" 2 "$OG" report "$T/nope.json"
+has "missing file: message names the file" "$T/err" "$T/nope.json: No such file or directory"
+expect "directory instead of a file: exit 2" 2 "$OG" report "$FIX"
+truncate -s 600M "$T/huge.json"
+expect "file over 512 MiB refused: exit 2" 2 "$OG" report "$T/huge.json"
+has "file over 512 MiB: message" "$T/err" "too large"
+rm -f "$T/huge.json"
+if [ $have_python = 1 ]; then
+    python3 - "$FIX/does_not_fit.json" "$T/bigstr.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["cmdline"] = "python " + "A" * (100 << 20)
+json.dump(d, open(sys.argv[2], "w"))
+PY
+    expect "100 MB string: rendered" 0 "$OG" report "$T/bigstr.json"
+    sz=$(wc -c <"$T/out")
+    [ "$sz" -lt 200000 ] && ok "100 MB string: truncated for display ($sz bytes of output)" || bad "100 MB string truncated" "$sz bytes"
+    rm -f "$T/bigstr.json"
+fi
+
+# ---------------------------------------------------------------- usage and output errors
+expect "report without a file: exit 1" 1 "$OG" report
+expect "report with an unknown format: exit 1" 1 "$OG" report "$FIX/recovered.json" --format pdf
+expect "report with two files: exit 1" 1 "$OG" report "$FIX/recovered.json" "$FIX/recovered.json"
+expect "report with an unknown option: exit 1" 1 "$OG" report "$FIX/recovered.json" --frob
+expect "merge without a directory: exit 1" 1 "$OG" merge
+expect "output to a missing directory: exit 3" 3 "$OG" report "$FIX/recovered.json" -o "$T/no/such/dir/r.txt"
+has "output error names the file" "$T/err" "$T/no/such/dir/r.txt"
+if [ -w /dev/full ]; then
+    expect "output to a full device: exit 3" 3 sh -c "\"$OG\" report $FIX/recovered.json > /dev/full"
+fi
+
+# ---------------------------------------------------------------- run
+expect "run passes the exit status (3)" 3 "$OG" run sh -c 'exit 3'
+expect "run passes exit status 0" 0 "$OG" run -- true
+bash -c '"$0" run sh -c "kill -TERM \$\$"; echo "rc=$?"' "$OG" >"$T/out" 2>&1
+has "run dies of the child's SIGTERM (shell sees 143)" "$T/out" "rc=143"
+bash -c '"$0" run sh -c "kill -KILL \$\$"; echo "rc=$?"' "$OG" >"$T/out" 2>&1
+has "run dies of the child's SIGKILL (shell sees 137)" "$T/out" "rc=137"
+bash -c '"$0" run sh -c "kill -INT \$\$"; echo "rc=$?"' "$OG" >"$T/out" 2>&1
+has "run dies of the child's SIGINT (shell sees 130)" "$T/out" "rc=130"
+real_dummy=$(readlink -f "$DUMMY")
+"$OG" run sh -c 'echo "$LD_PRELOAD"' >"$T/out" 2>"$T/err"
+[ "$(cat "$T/out")" = "$real_dummy" ] && ok "run sets LD_PRELOAD (OOMGUARD_LIB)" || bad "run sets LD_PRELOAD" "$(cat "$T/out" "$T/err")"
+cp "$DUMMY" "$T/other.so"
+LD_PRELOAD=$T/other.so "$OG" run sh -c 'echo "$LD_PRELOAD"' >"$T/out" 2>&1
+[ "$(cat "$T/out")" = "$real_dummy:$T/other.so" ] && ok "run keeps existing LD_PRELOAD entries after the library" \
+    || bad "run keeps existing LD_PRELOAD" "$(cat "$T/out")"
+LD_PRELOAD=$real_dummy "$OG" run sh -c 'echo "$LD_PRELOAD"' >"$T/out" 2>&1
+[ "$(cat "$T/out")" = "$real_dummy" ] && ok "run does not add the library twice" || bad "run does not add the library twice" "$(cat "$T/out")"
+"$OG" run sh -c 'echo "$0 $1"' arg0 arg1 >"$T/out" 2>&1
+has "run without -- passes the command's arguments" "$T/out" "arg0 arg1"
+"$OG" run --dir "$T/dumps/sub" --limit 20GiB --warn-at 90% --stack-depth 16 --summary --verbose -- \
+    sh -c 'echo "$OOMGUARD_DIR|$OOMGUARD_LIMIT|$OOMGUARD_WARN_AT|$OOMGUARD_STACK_DEPTH|$OOMGUARD_SUMMARY|$OOMGUARD_VERBOSE"' \
+    >"$T/out" 2>"$T/err"
+has "run maps options to OOMGUARD_* variables" "$T/out" "$(readlink -f "$T")/dumps/sub|20GiB|90%|16|1|1"
+[ -d "$T/dumps/sub" ] && ok "run --dir creates the directory" || bad "run --dir creates the directory"
+"$OG" run --quiet --dir="$T/dumps" sh -c 'echo "$OOMGUARD_QUIET"' >"$T/out" 2>&1
+has "run --quiet and --dir=DIR" "$T/out" "1"
+expect "run --stack-depth must be a number" 1 "$OG" run --stack-depth lots true
+expect "run without a command: exit 1" 1 "$OG" run --summary
+expect "run with an unknown option: exit 1" 1 "$OG" run --frob true
+expect "run: command not found gives 127" 127 "$OG" run "$T/no-such-command"
+printf 'x' >"$T/noexec" && chmod -x "$T/noexec"
+expect "run: command not executable gives 126" 126 "$OG" run "$T/noexec"
+# finding the library relative to the binary
+mkdir -p "$T/tree/bin" "$T/inst/bin" "$T/inst/lib/oomguard" "$T/none/bin"
+cp "$OG" "$T/tree/bin/oomguard" && cp "$DUMMY" "$T/tree/bin/liboomguard.so"
+cp "$OG" "$T/inst/bin/oomguard" && cp "$DUMMY" "$T/inst/lib/oomguard/liboomguard.so"
+cp "$OG" "$T/none/bin/oomguard"
+env -u OOMGUARD_LIB "$T/tree/bin/oomguard" run sh -c 'echo "$LD_PRELOAD"' >"$T/out" 2>&1
+has "run finds <bindir>/liboomguard.so (build tree)" "$T/out" "$(readlink -f "$T")/tree/bin/liboomguard.so"
+ln -s "$T/inst/bin/oomguard" "$T/link-to-oomguard"
+env -u OOMGUARD_LIB "$T/link-to-oomguard" run sh -c 'echo "$LD_PRELOAD"' >"$T/out" 2>&1
+has "run finds <bindir>/../lib/oomguard/liboomguard.so via the real path" "$T/out" "$(readlink -f "$T")/inst/lib/oomguard/liboomguard.so"
+OOMGUARD_LIB=$T/other.so "$T/inst/bin/oomguard" run sh -c 'echo "$LD_PRELOAD"' >"$T/out" 2>&1
+has "OOMGUARD_LIB overrides the installed library" "$T/out" "$(readlink -f "$T")/other.so"
+expect "run with no library anywhere: exit 125" 125 env -u OOMGUARD_LIB "$T/none/bin/oomguard" run true
+has "run with no library: clear error" "$T/err" "cannot find liboomguard.so"
+expect "run with a missing OOMGUARD_LIB: exit 125" 125 env OOMGUARD_LIB="$T/missing.so" "$OG" run true
+# dumps written during the run are listed; older ones are not
+mkdir -p "$T/dd" && echo '{}' >"$T/dd/oomguard-old-1.json" && touch -d '1 hour ago' "$T/dd/oomguard-old-1.json"
+"$OG" run --dir "$T/dd" sh -c 'echo "{}" > "$OOMGUARD_DIR/oomguard-host-$$.json"; exit 1' >"$T/out" 2>"$T/err"
+rc=$?
+[ $rc = 1 ] && ok "run with a dump keeps the exit status" || bad "run with a dump keeps the exit status" "exit $rc"
+has "run lists the dump written" "$T/err" "oomguard: 1 dump written: $T/dd/oomguard-host-"
+has "run says how to read it" "$T/err" "read it with: oomguard report $T/dd/oomguard-host-"
+hasnt "run does not list older dumps" "$T/err" "oomguard-old-1.json"
+(cd "$T/dd" && "$OG" run sh -c 'echo "{}" > oomguard-a-1.json; echo "{}" > oomguard-b-2.json' >"$T/out" 2>"$T/err")
+has "run lists several dumps in the current directory" "$T/err" "oomguard: 2 dumps written in .:"
+has "run suggests merge for several dumps" "$T/err" "oomguard merge ."
+# signals sent to oomguard reach the command
+"$OG" run sh -c 'trap "exit 42" TERM; echo ready; while :; do sleep 0.05; done' >"$T/out" 2>&1 &
+pid=$!
+for _ in $(seq 1 100); do grep -q ready "$T/out" 2>/dev/null && break; sleep 0.05; done
+kill -TERM $pid
+wait $pid
+rc=$?
+[ $rc = 42 ] && ok "run forwards SIGTERM to the command" || bad "run forwards SIGTERM" "exit $rc"
+"$OG" run sh -c 'trap "exit 43" USR1; echo ready; while :; do sleep 0.05; done' >"$T/out" 2>&1 &
+pid=$!
+for _ in $(seq 1 100); do grep -q ready "$T/out" 2>/dev/null && break; sleep 0.05; done
+kill -USR1 $pid
+wait $pid
+rc=$?
+[ $rc = 43 ] && ok "run forwards SIGUSR1 to the command" || bad "run forwards SIGUSR1" "exit $rc"
+
+# ---------------------------------------------------------------- merge
+expect "merge job4: exit 0" 0 "$OG" merge "$FIX/job4"
+has "merge: rank 2 failed first" "$T/out" "Failed first: rank 2 (gpu-node-03 pid 61206, GPU 0)"
+has "merge: then rank 0" "$T/out" "then: rank 0 (+1.29 s)"
+has "merge: table header" "$T/out" "rank   host             pid       gpu          used   framework      non-fw other procs  status"
+has "merge: rank 0 row" "$T/out" "0      gpu-node-03      61204     0       15.48 GiB   15.00 GiB  492.00 MiB   20.94 GiB  oom"
+has "merge: rank 1 row" "$T/out" "1      gpu-node-03      61205     1       15.23 GiB   14.75 GiB  492.00 MiB   15.29 GiB  exit"
+has "merge: rank 2 row" "$T/out" "2      gpu-node-03      61206     0       19.98 GiB   19.50 GiB  492.00 MiB   16.44 GiB  oom (first)"
+has "merge: rank 3 row" "$T/out" "3      gpu-node-03      61207     1       15.29 GiB   14.81 GiB  492.00 MiB   15.23 GiB  exit"
+has "merge: other ranks' contexts" "$T/out" "rank 0's GPU (GPU 0 on gpu-node-03) holds 3 contexts of other ranks"
+has "merge: context pids" "$T/out" "pids 61205 (rank 1, 492.00 MiB), 61206 (rank 2, 19.98 GiB), 61207 (rank 3, 492.00 MiB)"
+has "merge: skew flagged" "$T/out" "23.8% of the largest — uneven (more than 10%)"
+if [ $have_python = 1 ]; then
+    "$OG" merge "$FIX/job4" --format json -o "$T/m.json"
+    python3 - "$T/m.json" >"$T/py" 2>&1 <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+j = m["jobs"][0]
+assert m["dumps"] == 4 and len(m["jobs"]) == 1 and j["job_id"] == "tr-5f2a9c"
+assert j["first_failure"]["rank"] == 2 and j["first_failure"]["pid"] == 61206
+assert [r["rank"] for r in j["ranks"]] == [0, 1, 2, 3]
+assert [r["status"] for r in j["ranks"]] == ["oom", "exit", "oom", "exit"]
+c0 = [c for c in j["foreign_contexts"] if c["rank"] == 0][0]
+assert sorted(x["rank"] for x in c0["contexts"]) == [1, 2, 3]
+assert j["skew"]["uneven"] is True and j["skew"]["max_rank"] == 2
+PY
+    [ $? = 0 ] && ok "merge --format json" || bad "merge --format json" "$(cat "$T/py")"
+fi
+expect "merge --format html" 0 "$OG" merge "$FIX/job4" --format html -o "$T/m.html"
+has "merge html: rank table" "$T/m.html" "<table class=\"ranks\">"
+mkdir -p "$T/mixed"
+cp "$FIX"/job4/*.json "$T/mixed/"
+cp "$FIX/does_not_fit.json" "$T/mixed/oomguard-gpu-ws-07-48213.json"
+cp "$FIX/bad/truncated.json" "$T/mixed/oomguard-node-x-1.json"
+cp "$FIX/bad/schema_v2.json" "$T/mixed/oomguard-node-x-2.json"
+echo "not a dump" >"$T/mixed/notes.txt"
+expect "merge with bad files: still exit 0" 0 "$OG" merge "$T/mixed"
+has "merge: two jobs" "$T/out" "5 dumps in $T/mixed (2 jobs)"
+has "merge: bad files listed as skipped" "$T/out" "Skipped 2 files:"
+has "merge: skipped truncated with reason" "$T/out" "oomguard-node-x-1.json: truncated"
+has "merge: skipped newer schema with reason" "$T/out" "oomguard-node-x-2.json: schema oomguard.dump/2 is newer"
+mkdir -p "$T/onlybad" && cp "$FIX/bad/truncated.json" "$T/onlybad/oomguard-a-1.json"
+expect "merge with nothing valid: exit 2" 2 "$OG" merge "$T/onlybad"
+mkdir -p "$T/empty"
+expect "merge of an empty directory: exit 2" 2 "$OG" merge "$T/empty"
+expect "merge of a missing directory: exit 2" 2 "$OG" merge "$T/nope"
+
+# ---------------------------------------------------------------- performance
+if [ $have_python = 1 ]; then
+    python3 tests/cli/gen_large.py sites 1000000 "$T/sites.json"
+    python3 tests/cli/gen_large.py events 100000 "$T/events.json"
+    # Best of three runs: the limits are about the code, not a busy machine.
+    for input in sites events; do
+        for fmt in text html; do
+            best_t=999 best_kb=0
+            for _ in 1 2 3; do
+                "$MEASURE" "$T/m" "$OG" report "$T/$input.json" --format $fmt -o "$T/perf.out"
+                read -r w k s <"$T/m"
+                w=${w#wall_s=} k=${k#maxrss_kb=} s=${s#status=}
+                [ "$s" = 0 ] || break
+                if awk "BEGIN{exit !($w < $best_t)}"; then best_t=$w best_kb=$k; fi
+                awk "BEGIN{exit !($w < 1.0)}" && break
+            done
+            what="perf: report $input ($([ $input = sites ] && echo "1M top_sites" || echo "100k events")) --format $fmt"
+            if [ "$s" != 0 ]; then bad "$what" "exit $s"
+            elif [ "${SANITIZE:-}" = 1 ]; then ok "$what ran (${best_t}s, ${best_kb} KiB; limits not checked under sanitizers)"
+            elif awk "BEGIN{exit !($best_t < 1.0 && $best_kb < 204800)}"; then ok "$what: ${best_t}s, $((best_kb / 1024)) MiB"
+            else bad "$what" "${best_t}s, ${best_kb} KiB (limits: 1 s, 200 MiB)"; fi
+        done
+    done
+    grep -qF "1,000,000" <("$OG" report "$T/sites.json") && ok "perf: text shows the top sites of 1,000,000" || bad "perf: site count"
+    rm -f "$T/sites.json" "$T/events.json"
+else
+    skip "performance" "python3 not found"
+fi
+
+# ---------------------------------------------------------------- headless browser
+bash tests/cli/html_screenshot.sh "$OG" "$T/shot" >"$T/shot.log" 2>&1
+rc=$?
+case $rc in
+0) ok "html renders in headless Chromium: chart, table, no script error" ;;
+77) skip "html in headless Chromium" "$(tail -1 "$T/shot.log")" ;;
+*) bad "html renders in headless Chromium" "$(tail -15 "$T/shot.log")" ;;
+esac
+
+# ---------------------------------------------------------------- fuzz smoke
+if command -v "${FUZZ_CC:-clang}" >/dev/null 2>&1; then
+    if ${MAKE:-make} --no-print-directory fuzz-smoke B="$B" FUZZ_SECONDS="${FUZZ_SECONDS:-20}" >"$T/fuzz.log" 2>&1; then
+        ok "fuzz smoke (${FUZZ_SECONDS:-20}s, $(grep -o 'stat::number_of_executed_units: *[0-9]*' "$T/fuzz.log" | grep -o '[0-9]*$') runs): no crash"
+    elif grep -qE 'cannot find|unsupported option|fuzzer.*not found|No such file.*libclang_rt' "$T/fuzz.log"; then
+        skip "fuzz smoke" "libFuzzer is not available"
+    else
+        bad "fuzz smoke (crash input saved as $B/fuzz-crash-*)" "$(grep -E 'ERROR|SUMMARY|error' "$T/fuzz.log" | head -10)"
+    fi
+else
+    skip "fuzz smoke" "${FUZZ_CC:-clang} not found"
+fi
+
+[ $skipped -gt 0 ] && echo "($skipped skipped)"
+echo "$passed passed, $failed failed"
+[ $failed = 0 ]
