@@ -27,7 +27,7 @@ B         := build-san
 endif
 ALL_CFLAGS = $(BASE_CFLAGS) $(CFLAGS) $(SAN_FLAGS)
 
-DEB_DEPS  := build-essential uthash-dev libunwind-dev libcmocka-dev libcjson-dev python3 chromium
+DEB_DEPS  := build-essential uthash-dev libunwind-dev libcmocka-dev libcjson-dev python3 chromium clang libclang-rt-14-dev
 
 .PHONY: all test bench demo install clean deps help
 all:

@@ -1,7 +1,7 @@
 /* tests/cli/measure.c — runs a command and records its wall time and peak RSS
  * (the test machines may lack /usr/bin/time).
  * usage: og-measure RESULT_FILE CMD [ARGS...]
- * RESULT_FILE gets "wall_s=<seconds> maxrss_kb=<KiB> status=<exit status>". */
+ * RESULT_FILE gets "wall_s=<s> cpu_s=<user+sys s> maxrss_kb=<KiB> status=<exit status>". */
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/resource.h>
@@ -33,7 +33,9 @@ int main(int argc, char **argv)
     FILE *f = fopen(argv[1], "w");
     if (!f)
         return 2;
-    fprintf(f, "wall_s=%.3f maxrss_kb=%ld status=%d\n", (double)(b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9,
-            ru.ru_maxrss, WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+    double cpu = (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+    fprintf(f, "wall_s=%.3f cpu_s=%.3f maxrss_kb=%ld status=%d\n",
+            (double)(b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9, cpu, ru.ru_maxrss,
+            WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
     return fclose(f) == 0 ? 0 : 2;
 }

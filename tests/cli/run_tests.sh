@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # tests/cli/run_tests.sh — tests of the `oomguard` command.  Run with `make test-cli`
 # (which builds what this needs); prints one result per test and ends with
-# exactly one line "N passed, N failed".  Skipped tests are listed, not counted.
+# exactly one line "N passed, N failed" (", N skipped" appended when a test was
+# skipped because a tool such as chromium or clang is missing).
 #
 # Environment: B (build dir, default build), SANITIZE=1 (relaxes the timing
 # limits), FUZZ_SECONDS (fuzz smoke duration), MAKE.
 set -u
 cd "$(dirname "$0")/../.."
 B=${B:-build}
-OG=$PWD/$B/oomguard
+case $B in /*) BD=$B ;; *) BD=$PWD/$B ;; esac
+OG=$BD/oomguard
 FIX=tests/fixtures
-DUMMY=$PWD/$B/cli-test/libdummy.so
-MEASURE=$PWD/$B/cli-test/og-measure
+DUMMY=$BD/cli-test/libdummy.so
+MEASURE=$BD/cli-test/og-measure
 T=$(mktemp -d "${TMPDIR:-/tmp}/oomguard-cli.XXXXXX")
 trap 'rm -rf "$T"' EXIT
 export OOMGUARD_LIB=$DUMMY
@@ -72,11 +74,7 @@ for f in $valid; do
         fi
         case $fmt in
         text) grep -q "oomguard report:" "$out" && ok "report $name text" || bad "report $name text" "$(head -5 "$out")" ;;
-        json)
-            if [ $have_python = 1 ]; then
-                python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["schema"].startswith("oomguard.dump/1")' "$out" \
-                    && ok "report $name json is valid JSON" || bad "report $name json is valid JSON"
-            else ok "report $name json"; fi ;;
+        json) cp "$out" "$T/json-$n_valid.json"; ok "report $name json" ;;
         html)
             if grep -q '^<!DOCTYPE html>' "$out" && grep -q '</html>' "$out" && [ "$(grep -o '<script' "$out" | wc -l)" = 1 ] &&
                 ! grep -qE '(src|href)=\"?(https?:)?//' "$out"; then ok "report $name html is self-contained"
@@ -87,6 +85,14 @@ for f in $valid; do
 done
 [ "$n_valid" -ge 8 ] && ok "found $n_valid valid fixtures" || bad "found only $n_valid valid fixtures"
 if [ $have_python = 1 ]; then
+    # One interpreter for all files: python3 can be slow to start.
+    msg=$(python3 -c '
+import json, sys
+for f in sys.argv[1:]:
+    d = json.load(open(f, encoding="utf-8"))
+    assert d["schema"].startswith("oomguard.dump/1"), f
+' "$T"/json-*.json 2>&1) && ok "report --format json output is valid JSON for every fixture" \
+        || bad "report --format json output is valid JSON" "$msg"
     msg=$(python3 tests/cli/check_pickle.py "$T"/viz-*.pickle 2>&1) && ok "memory-viz pickles load in python3 with the snapshot layout" \
         || bad "memory-viz pickles load in python3 with the snapshot layout" "$msg"
     python3 - "$T"/viz-*fragmentation.pickle "$T"/viz-*does_not_fit.pickle >"$T/py" 2>&1 <<'PY'
@@ -133,6 +139,11 @@ has "text: recovered headline" "$T/t" "Recovered from an out-of-memory error"
 has "text: exit summary shows peaks per GPU" "$T/t" "GPU 1 peaked at"
 "$OG" report "$FIX/fragmentation.json" >"$T/t"
 has "text: fragmentation diagnosis" "$T/t" "fragmented"
+"$OG" report "$FIX/does_not_fit.json" --top 2 --format=text >"$T/t"
+has "text: --top N and --format=FMT" "$T/t" "Top allocation sites (2 of 7"
+"$OG" report "$FIX/does_not_fit.json" --format=html --top=3 -o "$T/top.html"
+[ "$(grep -o '<tr><td class="num">[0-9]*</td><td class="num">[^<]*</td><td><div class="share"' "$T/top.html" | wc -l)" = 3 ] \
+    && ok "html: --top=N limits the sites table" || bad "html: --top=N limits the sites table"
 expect "report reads standard input with -" 0 sh -c "\"$OG\" report - < $FIX/recovered.json"
 
 # hostile strings: nothing from the dump may reach the terminal or page raw
@@ -184,8 +195,14 @@ if [ $have_python = 1 ]; then
     python3 - "$FIX/does_not_fit.json" "$T/bigstr.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
-d["cmdline"] = "python " + "A" * (100 << 20)
-json.dump(d, open(sys.argv[2], "w"))
+d["cmdline"] = "@BIG@"
+head, tail = json.dumps(d).split("@BIG@")
+with open(sys.argv[2], "w") as f:
+    f.write(head)
+    chunk = "A" * (1 << 20)
+    for _ in range(100):
+        f.write(chunk)
+    f.write(tail)
 PY
     expect "100 MB string: rendered" 0 "$OG" report "$T/bigstr.json"
     sz=$(wc -c <"$T/out")
@@ -331,23 +348,32 @@ expect "merge of a missing directory: exit 2" 2 "$OG" merge "$T/nope"
 if [ $have_python = 1 ]; then
     python3 tests/cli/gen_large.py sites 1000000 "$T/sites.json"
     python3 tests/cli/gen_large.py events 100000 "$T/events.json"
-    # Best of three runs: the limits are about the code, not a busy machine.
+    # Limits: 1 s and 200 MiB.  Time is judged on CPU time (user+sys), best of
+    # three, so that other work on a shared machine does not fail the test;
+    # wall time is shown and must pass too unless it is only the machine's load.
     for input in sites events; do
         for fmt in text html; do
-            best_t=999 best_kb=0
+            best_w=999 best_c=999 best_kb=0 s=0
             for _ in 1 2 3; do
+                echo "wall_s=999 cpu_s=999 maxrss_kb=0 status=measure-failed" >"$T/m"
                 "$MEASURE" "$T/m" "$OG" report "$T/$input.json" --format $fmt -o "$T/perf.out"
-                read -r w k s <"$T/m"
-                w=${w#wall_s=} k=${k#maxrss_kb=} s=${s#status=}
+                read -r w c k s <"$T/m"
+                w=${w#wall_s=} c=${c#cpu_s=} k=${k#maxrss_kb=} s=${s#status=}
                 [ "$s" = 0 ] || break
-                if awk "BEGIN{exit !($w < $best_t)}"; then best_t=$w best_kb=$k; fi
+                awk "BEGIN{exit !($w < $best_w)}" && best_w=$w
+                awk "BEGIN{exit !($c < $best_c)}" && best_c=$c
+                [ "$k" -gt "$best_kb" ] && best_kb=$k
                 awk "BEGIN{exit !($w < 1.0)}" && break
             done
             what="perf: report $input ($([ $input = sites ] && echo "1M top_sites" || echo "100k events")) --format $fmt"
+            load=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo 0)
             if [ "$s" != 0 ]; then bad "$what" "exit $s"
-            elif [ "${SANITIZE:-}" = 1 ]; then ok "$what ran (${best_t}s, ${best_kb} KiB; limits not checked under sanitizers)"
-            elif awk "BEGIN{exit !($best_t < 1.0 && $best_kb < 204800)}"; then ok "$what: ${best_t}s, $((best_kb / 1024)) MiB"
-            else bad "$what" "${best_t}s, ${best_kb} KiB (limits: 1 s, 200 MiB)"; fi
+            elif [ "${SANITIZE:-}" = 1 ]; then ok "$what ran (wall ${best_w}s, cpu ${best_c}s, ${best_kb} KiB; limits not checked under sanitizers)"
+            elif [ "$best_kb" -ge 204800 ]; then bad "$what" "peak RSS ${best_kb} KiB (limit 200 MiB)"
+            elif ! awk "BEGIN{exit !($best_c < 1.0)}"; then bad "$what" "cpu ${best_c}s (limit 1 s)"
+            elif awk "BEGIN{exit !($best_w < 1.0)}"; then ok "$what: ${best_w}s, $((best_kb / 1024)) MiB"
+            elif awk "BEGIN{exit !($load > $(nproc))}"; then ok "$what: cpu ${best_c}s, $((best_kb / 1024)) MiB (wall ${best_w}s: load $load)"
+            else bad "$what" "wall ${best_w}s on an idle machine (limit 1 s)"; fi
         done
     done
     grep -qF "1,000,000" <("$OG" report "$T/sites.json") && ok "perf: text shows the top sites of 1,000,000" || bad "perf: site count"
@@ -378,6 +404,9 @@ else
     skip "fuzz smoke" "${FUZZ_CC:-clang} not found"
 fi
 
-[ $skipped -gt 0 ] && echo "($skipped skipped)"
-echo "$passed passed, $failed failed"
+if [ $skipped -gt 0 ]; then
+    echo "$passed passed, $failed failed, $skipped skipped"
+else
+    echo "$passed passed, $failed failed"
+fi
 [ $failed = 0 ]

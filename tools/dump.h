@@ -1,0 +1,210 @@
+/* tools/dump.h — an oomguard dump (docs/dump-format.md), read and validated.
+ *
+ * The reader streams the JSON through cJSON: the document is assembled value by
+ * value from a sliding window over the file, and the three arrays that can be
+ * huge (top_sites, history.events, history.samples) are consumed element by
+ * element into compact arrays, so a dump with a million sites costs neither a
+ * million cJSON trees nor the file's size in memory.
+ *
+ * Every field the tools read is type-checked here; renderers can trust the
+ * struct.  Absent or null values are: -1 for counts and ids (all of which are
+ * non-negative in the format), NAN for times, NULL for strings, -1 for booleans. */
+#ifndef OG_DUMP_H
+#define OG_DUMP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#define OG_MAX_FILE_BYTES ((size_t)512 << 20)   /* refuse bigger files */
+#define OG_DEFAULT_MEM_LIMIT ((size_t)1 << 30) /* cJSON + compact arrays */
+#define OG_MAX_EXACT_INT 9007199254740992.0    /* 2^53: doubles hold integers exactly below this */
+
+enum og_status { OG_ST_OTHER, OG_ST_OOM, OG_ST_RECOVERED, OG_ST_WARNING, OG_ST_EXIT };
+enum og_op { OG_OP_OTHER, OG_OP_ALLOC, OG_OP_FREE, OG_OP_FAIL };
+
+struct og_frame {
+    const char *ip, *symbol, *library;
+};
+
+struct og_site {
+    int64_t bytes, blocks;
+    const char *library, *api;
+    struct og_frame *frames;
+    int nframes;
+    long index; /* position in the file's top_sites array */
+};
+
+struct og_event {
+    double t_rel;
+    int64_t bytes, live_bytes; /* live_bytes -1 when absent */
+    int32_t device;            /* -1 when absent */
+    int32_t op;                /* enum og_op */
+};
+
+struct og_sample {
+    double t_rel;
+    int64_t live_bytes;
+};
+
+struct og_lib {
+    const char *library;
+    int64_t bytes, blocks;
+    int framework;
+};
+
+struct og_proc {
+    int64_t pid, bytes;
+    const char *name;
+};
+
+struct og_evidence {
+    const char *name;
+    const cJSON *value; /* number, string, or anything else shown as JSON */
+};
+
+struct og_cause {
+    const char *id, *summary;
+    double confidence;
+    struct og_evidence *evidence;
+    int nevidence;
+};
+
+struct og_remedy {
+    const char *id, *title, *why, *saving, *cost;
+    int64_t rank;
+    const char **how;
+    int nhow;
+};
+
+struct og_fit {
+    double card_gb;
+    int fits;
+};
+
+struct og_devsum {
+    int64_t index, peak_bytes;
+    double peak_t_rel;
+    const char *peak_library;
+    struct og_fit *fits;
+    int nfits;
+};
+
+struct og_kv {
+    const char *key, *value;
+};
+
+struct og_dump {
+    const char *file; /* as given on the command line, for messages */
+    cJSON *root;      /* the document; streamed arrays hold all elements only with keep_all */
+
+    const char *schema, *status_str, *generator, *host, *job_id, *cmdline;
+    enum og_status status;
+    double time;
+    int64_t pid, ppid, rank, local_rank, world_size, visible_devices;
+    const char *framework_name;
+    const char **framework_libs;
+    int nframework_libs;
+    struct og_kv *env;
+    int nenv;
+
+    struct {
+        int present;
+        int64_t requested_bytes, device, result, attempts, released_between_attempts_bytes;
+        const char *api, *driver_api, *library;
+        int stream_ordered, caused_by_limit;
+        double t, t_rel;
+        struct og_frame *stack;
+        int nstack;
+        int recovered; /* recovered_by is an object */
+        int64_t recovered_requested_bytes;
+        double recovered_t;
+    } event;
+
+    struct {
+        int present;
+        int64_t index, total_bytes, free_bytes, limit_bytes;
+        const char *name, *pci_bus_id, *compute_capability;
+    } device;
+
+    struct {
+        int64_t process_tracked_bytes, process_used_bytes, framework_bytes, framework_cached_bytes,
+            non_framework_bytes, context_bytes_estimate, other_processes_bytes, host_pinned_bytes;
+        int64_t kind_plain, kind_managed, kind_pool_reserved, kind_pool_used, kind_vmm_physical,
+            kind_vmm_mapped;
+        struct og_lib *libs;
+        int nlibs;
+        struct og_proc *procs;
+        int nprocs;
+        const char **unmeasured;
+        int nunmeasured;
+        const cJSON *framework;    /* adapter's view (object) or NULL */
+        const cJSON *fw_snapshot;  /* memory.framework.snapshot (object) or NULL */
+    } mem;
+
+    struct {
+        int present;
+        int64_t peak_bytes;
+        double peak_t_rel;
+        const char *peak_library;
+        struct og_event *events;
+        size_t nevents, events_cap;
+        struct og_sample *samples;
+        size_t nsamples, samples_cap;
+        int64_t allocs, frees, failures, unknown_frees;
+    } hist;
+
+    struct og_site *sites; /* the largest `keep_sites`, largest first */
+    int nsites;
+    long sites_total;      /* entries in the file */
+    int64_t sites_total_bytes;
+
+    struct {
+        int present;
+        const char *primary;
+        int64_t shortfall_bytes;
+        struct og_cause *causes;
+        int ncauses;
+    } diag;
+
+    struct og_remedy *remedies;
+    int nremedies;
+
+    struct og_devsum *devsum;
+    int ndevsum;
+
+    struct og_arena *arena; /* owns the arrays above */
+    cJSON **kept_nodes;     /* streamed site elements kept for `sites` (freed with the dump) */
+    int nkept_nodes;
+};
+
+struct og_load_opts {
+    int keep_all;    /* keep every streamed element in `root` (json / memory-viz output) */
+    int keep_sites;  /* how many of the largest top_sites to keep (default 1000) */
+    int no_history;  /* skip history events/samples (merge does not need them) */
+};
+
+#define OG_ERR_MAX 640
+struct og_err {
+    char msg[OG_ERR_MAX]; /* "<file>: <problem>" */
+};
+
+/* Process-wide setup: installs cJSON allocation hooks that cap memory use. */
+void og_reader_init(size_t mem_limit);
+
+/* Load a dump from a file ("-" = standard input) or from memory.  On failure
+ * returns NULL with err->msg set; the exit code for that is OG_EXIT_INPUT. */
+struct og_dump *og_dump_load_file(const char *path, const struct og_load_opts *opts, struct og_err *err);
+struct og_dump *og_dump_load_mem(const char *data, size_t len, const char *name,
+                                 const struct og_load_opts *opts, struct og_err *err);
+void og_dump_free(struct og_dump *d);
+
+/* Helpers for renderers. */
+const char *og_op_name(int op);
+/* Largest history value (samples, events, peak), or -1. */
+int64_t og_history_max(const struct og_dump *d);
+/* Events of the failing device (or all, when the dump does not say). */
+int og_event_on_device(const struct og_dump *d, const struct og_event *e);
+
+#endif

@@ -1,0 +1,1681 @@
+/* tools/dump_read.c — reads and validates an oomguard dump (see dump.h).
+ *
+ * Parsing is done by cJSON only.  The reader walks the top-level object (and
+ * `history`) member by member, handing each value to cJSON_ParseWithLengthOpts,
+ * which also says where the value ended.  The big arrays are walked element by
+ * element the same way, so that each element can be validated, reduced to a
+ * compact struct and freed.  The input is read through a window that slides
+ * over the file; a step that runs off the end of the window is retried once
+ * more data is in. */
+#include "dump.h"
+#include "util.h"
+#include "version.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------------ */
+/* Memory: cJSON allocates through these hooks, which refuse to go past a limit
+ * so that a hostile dump fails with a message instead of exhausting the host. */
+
+static size_t g_mem_limit = OG_DEFAULT_MEM_LIMIT;
+static size_t g_mem_used;
+static int g_mem_exhausted;
+
+struct mem_hdr {
+    size_t size;
+    size_t pad; /* keeps the payload 16-byte aligned */
+};
+
+static int mem_charge(size_t n)
+{
+    if (n > g_mem_limit || g_mem_used > g_mem_limit - n) {
+        g_mem_exhausted = 1;
+        return 0;
+    }
+    g_mem_used += n;
+    return 1;
+}
+
+static void mem_uncharge(size_t n) { g_mem_used = n > g_mem_used ? 0 : g_mem_used - n; }
+
+static void *hook_malloc(size_t n)
+{
+    if (n > SIZE_MAX - sizeof(struct mem_hdr) || !mem_charge(n))
+        return NULL;
+    struct mem_hdr *h = malloc(sizeof *h + n);
+    if (!h) {
+        mem_uncharge(n);
+        g_mem_exhausted = 1;
+        return NULL;
+    }
+    h->size = n;
+    return h + 1;
+}
+
+static void hook_free(void *p)
+{
+    if (!p)
+        return;
+    struct mem_hdr *h = (struct mem_hdr *)p - 1;
+    mem_uncharge(h->size);
+    free(h);
+}
+
+void og_reader_init(size_t mem_limit)
+{
+    static cJSON_Hooks hooks = {hook_malloc, hook_free};
+    if (mem_limit)
+        g_mem_limit = mem_limit;
+    cJSON_InitHooks(&hooks);
+}
+
+/* A growable array charged against the same limit. */
+static int grow_charged(void **p, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap)
+        return 1;
+    size_t ncap = *cap ? *cap * 2 : 256;
+    while (ncap < need)
+        ncap *= 2;
+    if (ncap > SIZE_MAX / elem || !mem_charge((ncap - *cap) * elem))
+        return 0;
+    void *np = realloc(*p, ncap * elem);
+    if (!np) {
+        mem_uncharge((ncap - *cap) * elem);
+        g_mem_exhausted = 1;
+        return 0;
+    }
+    *p = np;
+    *cap = ncap;
+    return 1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Arena for the dump's small arrays: freed all at once with the dump. */
+
+struct og_arena {
+    struct og_arena *next;
+    size_t used, cap;
+    _Alignas(16) unsigned char data[];
+};
+
+static void *arena_alloc(struct og_arena **head, size_t n)
+{
+    n = (n + 15) & ~(size_t)15;
+    struct og_arena *a = *head;
+    if (!a || a->cap - a->used < n) {
+        size_t cap = n > 65536 ? n : 65536;
+        if (!mem_charge(cap))
+            return NULL;
+        a = malloc(sizeof *a + cap);
+        if (!a) {
+            g_mem_exhausted = 1;
+            return NULL;
+        }
+        a->next = *head;
+        a->used = 0;
+        a->cap = cap;
+        *head = a;
+    }
+    void *p = a->data + a->used;
+    a->used += n;
+    memset(p, 0, n);
+    return p;
+}
+
+static void arena_free(struct og_arena *a)
+{
+    while (a) {
+        struct og_arena *next = a->next;
+        mem_uncharge(a->cap);
+        free(a);
+        a = next;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* The input window. */
+
+#define WINDOW_MIN ((size_t)64 << 10)
+#define WINDOW_START ((size_t)4 << 20)
+
+struct src {
+    int fd; /* -1: everything is already in buf */
+    char *buf; /* buf[len] is always '\0' */
+    size_t cap, len, pos;
+    uint64_t base;        /* file offset of buf[0] */
+    uint64_t lines;       /* newlines before buf[0] */
+    uint64_t col0;        /* bytes between the last of them and buf[0] */
+    int eof;
+};
+
+enum { S_OK, S_MORE, S_ERR, S_END };
+enum ctx { CTX_TOP, CTX_HISTORY };
+enum target { T_NONE, T_SITES, T_EVENTS, T_SAMPLES };
+
+struct cand {
+    int64_t bytes;
+    long index;
+    cJSON *node;
+};
+
+struct path {
+    const struct path *up;
+    const char *key; /* NULL: array element `idx` */
+    long idx;
+};
+
+struct loader {
+    struct src s;
+    const struct og_load_opts *o;
+    struct og_dump *d;
+    struct og_err *err;
+    int failed;       /* err holds a fatal error */
+    int deferred;     /* err holds a validation error found while streaming */
+    int schema_ok;    /* the schema key was seen and accepted */
+    int seen[4];      /* streamed arrays already seen (by target) */
+    int seen_history;
+    cJSON *stream_arr[4];
+    long stream_idx;
+    struct cand *heap;
+    int nheap, heapcap;
+};
+
+static void set_err(struct loader *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_err(struct loader *L, const char *fmt, ...)
+{
+    struct sbuf b;
+    sb_init(&b);
+    sb_text(&b, L->d->file, 200, 0);
+    sb_puts(&b, ": ");
+    va_list ap;
+    va_start(ap, fmt);
+    sb_vprintf(&b, fmt, ap);
+    va_end(ap);
+    snprintf(L->err->msg, sizeof L->err->msg, "%s", b.p ? b.p : "error");
+    sb_free(&b);
+    L->failed = 1;
+}
+
+static int err_too_complex(struct loader *L)
+{
+    set_err(L, "too large to load: it needs more than %zu MiB of memory", g_mem_limit >> 20);
+    return S_ERR;
+}
+
+/* Drops buf[0, keep) and reads more.  1: more data, 0: at end of input, -1: error. */
+static int src_fill(struct loader *L, size_t keep)
+{
+    struct src *s = &L->s;
+    if (s->eof)
+        return 0;
+    for (size_t i = 0; i < keep; i++) {
+        if (s->buf[i] == '\n') {
+            s->lines++;
+            s->col0 = 0;
+        } else {
+            s->col0++;
+        }
+    }
+    memmove(s->buf, s->buf + keep, s->len - keep);
+    s->len -= keep;
+    s->pos -= keep;
+    s->base += keep;
+    if (s->len == s->cap) {
+        /* One value fills the whole window: make room for it. */
+        size_t ncap = s->cap * 2;
+        if (ncap > OG_MAX_FILE_BYTES)
+            ncap = OG_MAX_FILE_BYTES;
+        if (ncap <= s->len) {
+            set_err(L, "too large (the limit is %zu MiB)", OG_MAX_FILE_BYTES >> 20);
+            return -1;
+        }
+        char *nb = realloc(s->buf, ncap + 1);
+        if (!nb) {
+            err_too_complex(L);
+            return -1;
+        }
+        s->buf = nb;
+        s->cap = ncap;
+    }
+    size_t before = s->len;
+    while (s->len < s->cap) {
+        ssize_t n = read(s->fd, s->buf + s->len, s->cap - s->len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            set_err(L, "read error: %s", strerror(errno));
+            return -1;
+        }
+        if (n == 0) {
+            s->eof = 1;
+            break;
+        }
+        s->len += (size_t)n;
+    }
+    s->buf[s->len] = '\0';
+    if (s->base + s->len > OG_MAX_FILE_BYTES) {
+        set_err(L, "too large (the limit is %zu MiB)", OG_MAX_FILE_BYTES >> 20);
+        return -1;
+    }
+    return s->len > before || s->eof ? 1 : 0;
+}
+
+/* Runs a step; when it needs more input, slides the window and runs it again
+ * from where it began.  Steps only return S_MORE while more input may come. */
+#define STEP(call)                                                                                 \
+    do {                                                                                           \
+        size_t mark_ = L->s.pos;                                                                   \
+        int r_;                                                                                    \
+        while ((r_ = (call)) == S_MORE) {                                                          \
+            L->s.pos = mark_;                                                                      \
+            if (src_fill(L, mark_) < 0)                                                            \
+                return S_ERR;                                                                      \
+            mark_ = L->s.pos;                                                                      \
+        }                                                                                          \
+        if (r_ != S_OK)                                                                            \
+            return S_ERR;                                                                          \
+    } while (0)
+
+static int is_ws(int c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+/* S_OK with a character at pos, S_MORE, or S_END at the true end of the input. */
+static int skip_ws(struct loader *L)
+{
+    struct src *s = &L->s;
+    while (s->pos < s->len && is_ws((unsigned char)s->buf[s->pos]))
+        s->pos++;
+    if (s->pos < s->len)
+        return S_OK;
+    return s->eof ? S_END : S_MORE;
+}
+
+/* 1-based line and column of buf[at] in the whole file. */
+static void src_line_col(const struct src *s, size_t at, unsigned long long *line, unsigned long long *col)
+{
+    uint64_t l = s->lines, c = s->col0;
+    for (size_t i = 0; i < at && i < s->len; i++) {
+        if (s->buf[i] == '\n') {
+            l++;
+            c = 0;
+        } else {
+            c++;
+        }
+    }
+    *line = (unsigned long long)l + 1;
+    *col = (unsigned long long)c + 1;
+}
+
+static void describe_char(const struct src *s, size_t at, char out[32])
+{
+    if (at >= s->len) {
+        snprintf(out, 32, "end of file");
+        return;
+    }
+    unsigned c = (unsigned char)s->buf[at];
+    if (c > 0x20 && c < 0x7f && c != '\'')
+        snprintf(out, 32, "'%c'", c);
+    else if (c == '\'')
+        snprintf(out, 32, "\"'\"");
+    else
+        snprintf(out, 32, "byte 0x%02x", c);
+}
+
+/* Reports a syntax error at buf[at].  `from` is where the current step began and
+ * `depth` the nesting depth there; they let us tell a file that merely stops
+ * early ("truncated") and one nested beyond cJSON's limit from other errors.
+ * This scan only classifies an error that cJSON already found. */
+static int syntax_error(struct loader *L, size_t at, size_t from, int depth, const char *expected)
+{
+    struct src *s = &L->s;
+    if (at > s->len)
+        at = s->len;
+    int in_str = 0, esc = 0, depth_at = depth, d = depth;
+    size_t open_quote = 0;
+    for (size_t i = from; i < s->len; i++) {
+        if (i == at)
+            depth_at = d;
+        unsigned char c = (unsigned char)s->buf[i];
+        if (in_str) {
+            if (esc)
+                esc = 0;
+            else if (c == '\\')
+                esc = 1;
+            else if (c == '"')
+                in_str = 0;
+        } else if (c == '"') {
+            in_str = 1;
+            open_quote = i;
+        } else if (c == '[' || c == '{') {
+            d++;
+        } else if (c == ']' || c == '}') {
+            d--;
+        }
+    }
+    if (at == s->len)
+        depth_at = d;
+
+    unsigned long long line, col;
+    src_line_col(s, at, &line, &col);
+    if (at < s->len && (s->buf[at] == '[' || s->buf[at] == '{') && depth_at - depth >= CJSON_NESTING_LIMIT) {
+        set_err(L, "not JSON (line %llu, column %llu: nested more than %d levels deep)", line, col,
+                CJSON_NESTING_LIMIT);
+        return S_ERR;
+    }
+    /* The file stops early when it ends inside a string or an open bracket and
+     * nothing structural follows the point where cJSON gave up. */
+    int unbalanced = in_str || d > 0;
+    int tail_clean = 1;
+    if (in_str) {
+        tail_clean = at >= open_quote;
+    } else {
+        for (size_t i = at; i < s->len; i++)
+            if (s->buf[i] && strchr(",:]}", s->buf[i])) {
+                tail_clean = 0;
+                break;
+            }
+    }
+    if (unbalanced && (at + 1 >= s->len || tail_clean)) {
+        unsigned long long end_line, end_col;
+        src_line_col(s, s->len, &end_line, &end_col);
+        set_err(L, "truncated (the JSON stops in the middle of a value at line %llu, column %llu)", end_line,
+                end_col);
+        return S_ERR;
+    }
+    char what[32];
+    describe_char(s, at, what);
+    set_err(L, "not JSON (line %llu, column %llu: unexpected %s%s%s)", line, col, what,
+            expected ? ", expected " : "", expected ? expected : "");
+    return S_ERR;
+}
+
+/* Parses one JSON value at pos with cJSON. */
+static int parse_value(struct loader *L, cJSON **out, size_t from, int depth)
+{
+    struct src *s = &L->s;
+    const char *start = s->buf + s->pos, *end = NULL;
+    g_mem_exhausted = 0;
+    cJSON *v = cJSON_ParseWithLengthOpts(start, s->len - s->pos, &end, 0);
+    if (!v) {
+        if (g_mem_exhausted)
+            return err_too_complex(L);
+        if (!s->eof)
+            return S_MORE;
+        size_t at = end ? (size_t)(end - s->buf) : s->pos;
+        return syntax_error(L, at, from, depth, NULL);
+    }
+    s->pos = (size_t)(end - s->buf);
+    *out = v;
+    return S_OK;
+}
+
+/* Expects one of `chars` after optional whitespace; stores which one. */
+static int expect_one_of(struct loader *L, const char *chars, char *got, size_t from, int depth,
+                         const char *expected)
+{
+    int r = skip_ws(L);
+    if (r == S_MORE)
+        return S_MORE;
+    if (r == S_END)
+        return syntax_error(L, L->s.len, from, depth, expected);
+    char c = L->s.buf[L->s.pos];
+    if (!c || !strchr(chars, c))
+        return syntax_error(L, L->s.pos, from, depth, expected);
+    L->s.pos++;
+    *got = c;
+    return S_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Field access with type checks.  Each returns 1 (value stored), 0 (absent or
+ * null: sentinel stored) or -1 (wrong type: error recorded). */
+
+static void path_fmt(struct sbuf *b, const struct path *p)
+{
+    if (!p)
+        return;
+    path_fmt(b, p->up);
+    if (p->key) {
+        if (p->up)
+            sb_putc(b, '.');
+        sb_text(b, p->key, 60, 0);
+    } else {
+        sb_printf(b, "[%ld]", p->idx);
+    }
+}
+
+static void describe_json(struct sbuf *b, const cJSON *v)
+{
+    if (cJSON_IsString(v)) {
+        sb_puts(b, "a string (\"");
+        sb_text(b, v->valuestring, 40, 0);
+        sb_puts(b, "\")");
+    } else if (cJSON_IsNumber(v)) {
+        if (isfinite(v->valuedouble))
+            sb_printf(b, "%.17g", v->valuedouble);
+        else
+            sb_puts(b, "a number too large to represent");
+    } else if (cJSON_IsBool(v)) {
+        sb_puts(b, cJSON_IsTrue(v) ? "true" : "false");
+    } else if (cJSON_IsArray(v)) {
+        sb_puts(b, "an array");
+    } else if (cJSON_IsObject(v)) {
+        sb_puts(b, "an object");
+    } else {
+        sb_puts(b, "null");
+    }
+}
+
+static int field_err(struct loader *L, const struct path *at, const char *key, const char *expected,
+                     const cJSON *got)
+{
+    if (L->failed || L->deferred)
+        return -1;
+    struct path p = {at, key, 0};
+    struct sbuf b;
+    sb_init(&b);
+    path_fmt(&b, key ? &p : at);
+    sb_puts(&b, ": expected ");
+    sb_puts(&b, expected);
+    sb_puts(&b, ", found ");
+    describe_json(&b, got);
+    set_err(L, "%s", b.p ? b.p : "invalid field");
+    sb_free(&b);
+    return -1;
+}
+
+static const cJSON *member(const cJSON *obj, const char *key)
+{
+    const cJSON *v = obj ? cJSON_GetObjectItemCaseSensitive(obj, key) : NULL;
+    return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+static int check_int(struct loader *L, const cJSON *v, const struct path *at, const char *key, int64_t lo,
+                     int64_t *out)
+{
+    double x = v->valuedouble;
+    if (!cJSON_IsNumber(v))
+        return field_err(L, at, key, "an integer", v);
+    if (!isfinite(x) || x != floor(x) || x < (double)lo || x > OG_MAX_EXACT_INT)
+        return field_err(L, at, key,
+                         lo < 0 ? "an integer of at most 2^53 in magnitude" : "a non-negative integer below 2^53",
+                         v);
+    *out = (int64_t)x;
+    return 1;
+}
+
+static int get_int_min(struct loader *L, const cJSON *obj, const struct path *at, const char *key, int64_t lo,
+                       int64_t *out)
+{
+    const cJSON *v = member(obj, key);
+    *out = -1;
+    if (!v)
+        return 0;
+    return check_int(L, v, at, key, lo, out);
+}
+
+static int get_int(struct loader *L, const cJSON *obj, const struct path *at, const char *key, int64_t *out)
+{
+    return get_int_min(L, obj, at, key, 0, out);
+}
+
+static int get_num(struct loader *L, const cJSON *obj, const struct path *at, const char *key, double *out)
+{
+    const cJSON *v = member(obj, key);
+    *out = NAN;
+    if (!v)
+        return 0;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
+        return field_err(L, at, key, "a finite number", v);
+    *out = v->valuedouble;
+    return 1;
+}
+
+static int get_str(struct loader *L, const cJSON *obj, const struct path *at, const char *key, const char **out)
+{
+    const cJSON *v = member(obj, key);
+    *out = NULL;
+    if (!v)
+        return 0;
+    if (!cJSON_IsString(v) || !v->valuestring)
+        return field_err(L, at, key, "a string", v);
+    *out = v->valuestring;
+    return 1;
+}
+
+static int get_bool(struct loader *L, const cJSON *obj, const struct path *at, const char *key, int *out)
+{
+    const cJSON *v = member(obj, key);
+    *out = -1;
+    if (!v)
+        return 0;
+    if (!cJSON_IsBool(v))
+        return field_err(L, at, key, "true or false", v);
+    *out = cJSON_IsTrue(v);
+    return 1;
+}
+
+static int get_obj(struct loader *L, const cJSON *obj, const struct path *at, const char *key, const cJSON **out)
+{
+    const cJSON *v = member(obj, key);
+    *out = NULL;
+    if (!v)
+        return 0;
+    if (!cJSON_IsObject(v))
+        return field_err(L, at, key, "an object", v);
+    *out = v;
+    return 1;
+}
+
+static int get_arr(struct loader *L, const cJSON *obj, const struct path *at, const char *key, const cJSON **out)
+{
+    const cJSON *v = member(obj, key);
+    *out = NULL;
+    if (!v)
+        return 0;
+    if (!cJSON_IsArray(v))
+        return field_err(L, at, key, "an array", v);
+    *out = v;
+    return 1;
+}
+
+#define TRY(x)                                                                                     \
+    do {                                                                                           \
+        if ((x) < 0)                                                                               \
+            return -1;                                                                             \
+    } while (0)
+
+/* Frames: [{ip, symbol, library}]; converted when `out` is given. */
+static int read_frames(struct loader *L, const cJSON *arr, const struct path *at, struct og_frame **out, int *nout)
+{
+    int n = 0, i = 0;
+    const cJSON *f;
+    cJSON_ArrayForEach(f, arr) n++;
+    struct og_frame *v = NULL;
+    if (out && n) {
+        v = arena_alloc(&L->d->arena, (size_t)n * sizeof *v);
+        if (!v)
+            return err_too_complex(L), -1;
+    }
+    cJSON_ArrayForEach(f, arr)
+    {
+        struct path p = {at, NULL, i};
+        struct og_frame tmp, *fr = v ? &v[i] : &tmp;
+        if (!cJSON_IsObject(f))
+            return field_err(L, &p, NULL, "a frame object", f);
+        TRY(get_str(L, f, &p, "ip", &fr->ip));
+        TRY(get_str(L, f, &p, "symbol", &fr->symbol));
+        TRY(get_str(L, f, &p, "library", &fr->library));
+        i++;
+    }
+    if (out) {
+        *out = v;
+        *nout = n;
+    }
+    return 0;
+}
+
+static int read_site(struct loader *L, const cJSON *el, const struct path *at, struct og_site *s, int convert)
+{
+    if (!cJSON_IsObject(el))
+        return field_err(L, at, NULL, "an object", el);
+    TRY(get_int(L, el, at, "bytes", &s->bytes));
+    TRY(get_int(L, el, at, "blocks", &s->blocks));
+    TRY(get_str(L, el, at, "library", &s->library));
+    TRY(get_str(L, el, at, "api", &s->api));
+    const cJSON *frames;
+    TRY(get_arr(L, el, at, "frames", &frames));
+    if (frames)
+        TRY(read_frames(L, frames, &(struct path){at, "frames", 0}, convert ? &s->frames : NULL, &s->nframes));
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Streamed elements. */
+
+static const struct path P_SITES = {NULL, "top_sites", 0};
+static const struct path P_HISTORY = {NULL, "history", 0};
+static const struct path P_EVENTS = {&P_HISTORY, "events", 0};
+static const struct path P_SAMPLES = {&P_HISTORY, "samples", 0};
+
+/* Min-heap on (bytes, then later index): the root is the weakest kept site. */
+static int cand_weaker(const struct cand *a, const struct cand *b)
+{
+    return a->bytes != b->bytes ? a->bytes < b->bytes : a->index > b->index;
+}
+
+static void heap_down(struct cand *h, int n, int i)
+{
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && cand_weaker(&h[l], &h[m]))
+            m = l;
+        if (r < n && cand_weaker(&h[r], &h[m]))
+            m = r;
+        if (m == i)
+            return;
+        struct cand t = h[i];
+        h[i] = h[m];
+        h[m] = t;
+        i = m;
+    }
+}
+
+static void heap_up(struct cand *h, int i)
+{
+    while (i > 0) {
+        int p = (i - 1) / 2;
+        if (!cand_weaker(&h[i], &h[p]))
+            return;
+        struct cand t = h[i];
+        h[i] = h[p];
+        h[p] = t;
+        i = p;
+    }
+}
+
+/* Takes ownership of `el` unless it is kept in the document (keep_all). */
+static int consume_site(struct loader *L, cJSON *el, long idx)
+{
+    int keep_all = L->o->keep_all;
+    if (keep_all)
+        cJSON_AddItemToArray(L->stream_arr[T_SITES], el);
+    if (L->deferred) {
+        if (!keep_all)
+            cJSON_Delete(el);
+        return 0;
+    }
+    struct og_site s = {0};
+    struct path p = {&P_SITES, NULL, idx};
+    if (read_site(L, el, &p, &s, 0) < 0) {
+        L->failed = 0; /* reported later, once the schema is known to be ours */
+        L->deferred = 1;
+        if (!keep_all)
+            cJSON_Delete(el);
+        return 0;
+    }
+    int64_t bytes = s.bytes < 0 ? 0 : s.bytes;
+    L->d->sites_total++;
+    L->d->sites_total_bytes = bytes > INT64_MAX - L->d->sites_total_bytes ? INT64_MAX : L->d->sites_total_bytes + bytes;
+
+    struct cand c = {bytes, idx, el};
+    int k = L->o->keep_sites > 0 ? L->o->keep_sites : 1000;
+    if (L->nheap < k) {
+        if (L->nheap == L->heapcap) {
+            size_t cap = (size_t)L->heapcap;
+            if (!grow_charged((void **)&L->heap, &cap, (size_t)L->nheap + 1, sizeof *L->heap)) {
+                if (!keep_all)
+                    cJSON_Delete(el);
+                return err_too_complex(L);
+            }
+            L->heapcap = (int)cap;
+        }
+        L->heap[L->nheap] = c;
+        heap_up(L->heap, L->nheap++);
+    } else if (cand_weaker(&L->heap[0], &c)) {
+        if (!keep_all)
+            cJSON_Delete(L->heap[0].node);
+        L->heap[0] = c;
+        heap_down(L->heap, L->nheap, 0);
+    } else if (!keep_all) {
+        cJSON_Delete(el);
+    }
+    return 0;
+}
+
+static int op_of(const char *s)
+{
+    if (!s)
+        return OG_OP_OTHER;
+    if (!strcmp(s, "alloc"))
+        return OG_OP_ALLOC;
+    if (!strcmp(s, "free"))
+        return OG_OP_FREE;
+    if (!strcmp(s, "fail"))
+        return OG_OP_FAIL;
+    return OG_OP_OTHER;
+}
+
+static int read_event(struct loader *L, const cJSON *el, const struct path *p, int samples, struct og_event *e)
+{
+    int64_t dev;
+    const char *op = NULL, *api;
+    if (!cJSON_IsObject(el))
+        return field_err(L, p, NULL, "an object", el);
+    TRY(get_num(L, el, p, "t_rel", &e->t_rel));
+    TRY(get_int(L, el, p, "live_bytes", &e->live_bytes));
+    if (samples)
+        return 0;
+    TRY(get_str(L, el, p, "op", &op));
+    TRY(get_int(L, el, p, "bytes", &e->bytes));
+    TRY(get_int(L, el, p, "device", &dev));
+    TRY(get_str(L, el, p, "api", &api));
+    e->device = dev > INT32_MAX ? -1 : (int32_t)dev;
+    e->op = op_of(op);
+    return 0;
+}
+
+/* Events and samples: validated, then kept as compact structs. */
+static int consume_event(struct loader *L, cJSON *el, long idx, int samples)
+{
+    int ret = 0;
+    struct og_dump *d = L->d;
+    if (L->o->keep_all)
+        cJSON_AddItemToArray(L->stream_arr[samples ? T_SAMPLES : T_EVENTS], el);
+    if (!L->deferred) {
+        struct path p = {samples ? &P_SAMPLES : &P_EVENTS, NULL, idx};
+        struct og_event e = {0};
+        if (read_event(L, el, &p, samples, &e) < 0) {
+            L->failed = 0; /* reported later, once the schema is known to be ours */
+            L->deferred = 1;
+        } else if (L->o->no_history) {
+            /* merge does not draw charts */
+        } else if (samples) {
+            if (grow_charged((void **)&d->hist.samples, &d->hist.samples_cap, d->hist.nsamples + 1,
+                             sizeof *d->hist.samples))
+                d->hist.samples[d->hist.nsamples++] = (struct og_sample){e.t_rel, e.live_bytes};
+            else
+                ret = -1;
+        } else {
+            if (grow_charged((void **)&d->hist.events, &d->hist.events_cap, d->hist.nevents + 1, sizeof e))
+                d->hist.events[d->hist.nevents++] = e;
+            else
+                ret = -1;
+        }
+    }
+    if (!L->o->keep_all)
+        cJSON_Delete(el);
+    if (ret < 0)
+        err_too_complex(L);
+    return ret;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The walk. */
+
+/* Checks `schema` as soon as it is seen, so that a newer dump is refused before
+ * its (possibly different) arrays are validated. */
+static int check_schema(struct loader *L, const cJSON *v)
+{
+    if (!cJSON_IsString(v) || !v->valuestring) {
+        struct sbuf b;
+        sb_init(&b);
+        describe_json(&b, v);
+        set_err(L, "not an oomguard dump (\"schema\" is %s, expected \"oomguard.dump/1\")", b.p ? b.p : "?");
+        sb_free(&b);
+        return S_ERR;
+    }
+    const char *s = v->valuestring;
+    struct sbuf shown;
+    sb_init(&shown);
+    sb_text(&shown, s, 64, 0);
+    int ret = S_OK;
+    size_t plen = strlen(OG_SCHEMA_PREFIX);
+    if (strncmp(s, OG_SCHEMA_PREFIX, plen) || s[plen] < '0' || s[plen] > '9') {
+        set_err(L, "not an oomguard dump (schema \"%s\")", shown.p ? shown.p : "");
+        ret = S_ERR;
+    } else {
+        char *end;
+        errno = 0;
+        unsigned long major = strtoul(s + plen, &end, 10);
+        if (*end != '\0' && *end != '.') {
+            set_err(L, "not an oomguard dump (schema \"%s\")", shown.p ? shown.p : "");
+            ret = S_ERR;
+        } else if (errno || major > OG_SCHEMA_MAJOR) {
+            set_err(L, "schema %s is newer than this oomguard understands (%s%d)", shown.p ? shown.p : "",
+                    OG_SCHEMA_PREFIX, OG_SCHEMA_MAJOR);
+            ret = S_ERR;
+        } else if (major < OG_SCHEMA_MAJOR) {
+            set_err(L, "schema %s is not supported (this oomguard reads %s%d)", shown.p ? shown.p : "",
+                    OG_SCHEMA_PREFIX, OG_SCHEMA_MAJOR);
+            ret = S_ERR;
+        }
+    }
+    sb_free(&shown);
+    if (ret == S_OK)
+        L->schema_ok = 1;
+    return ret;
+}
+
+struct member {
+    cJSON *key;   /* string item holding the key */
+    cJSON *value; /* M_VALUE */
+    int kind;
+    int target;   /* M_STREAM */
+    int more;     /* M_VALUE: a ',' followed */
+};
+
+enum { M_END, M_VALUE, M_STREAM, M_OBJECT };
+
+static void member_clear(struct member *m)
+{
+    cJSON_Delete(m->key);
+    cJSON_Delete(m->value);
+    memset(m, 0, sizeof *m);
+}
+
+static int st_member(struct loader *L, int ctx, int after_comma, struct member *m, int depth)
+{
+    struct src *s = &L->s;
+    size_t from = s->pos;
+    memset(m, 0, sizeof *m);
+    int r = skip_ws(L);
+    if (r == S_MORE)
+        return S_MORE;
+    if (r == S_END)
+        return syntax_error(L, s->len, from, depth, NULL);
+    char c = s->buf[s->pos];
+    if (c == '}' && !after_comma) {
+        s->pos++;
+        m->kind = M_END;
+        return S_OK;
+    }
+    if (c != '"')
+        return syntax_error(L, s->pos, from, depth, after_comma ? "a key" : "a key or '}'");
+    r = parse_value(L, &m->key, from, depth);
+    if (r != S_OK)
+        return r;
+    char got;
+    r = expect_one_of(L, ":", &got, from, depth, "':'");
+    if (r == S_OK)
+        r = skip_ws(L);
+    if (r == S_END)
+        r = syntax_error(L, s->len, from, depth, NULL);
+    if (r != S_OK) {
+        member_clear(m);
+        return r;
+    }
+    const char *key = m->key->valuestring;
+    c = s->buf[s->pos];
+    int target = T_NONE;
+    if (ctx == CTX_TOP && !strcmp(key, "top_sites"))
+        target = T_SITES;
+    else if (ctx == CTX_HISTORY && !strcmp(key, "events"))
+        target = T_EVENTS;
+    else if (ctx == CTX_HISTORY && !strcmp(key, "samples"))
+        target = T_SAMPLES;
+    if (target != T_NONE && c == '[' && !L->seen[target]) {
+        s->pos++;
+        m->kind = M_STREAM;
+        m->target = target;
+        return S_OK;
+    }
+    if (ctx == CTX_TOP && !strcmp(key, "history") && c == '{' && !L->seen_history) {
+        s->pos++;
+        m->kind = M_OBJECT;
+        return S_OK;
+    }
+    r = parse_value(L, &m->value, from, depth);
+    if (r == S_OK)
+        r = expect_one_of(L, ",}", &got, from, depth, "',' or '}'");
+    if (r != S_OK) {
+        member_clear(m);
+        return r;
+    }
+    m->kind = M_VALUE;
+    m->more = got == ',';
+    return S_OK;
+}
+
+static int st_after(struct loader *L, int *more, int depth)
+{
+    char got;
+    int r = expect_one_of(L, ",}", &got, L->s.pos, depth, "',' or '}'");
+    if (r == S_OK)
+        *more = got == ',';
+    return r;
+}
+
+/* One array element plus the ',' or ']' after it. */
+static int st_element(struct loader *L, int first, cJSON **el, int *more, int depth)
+{
+    struct src *s = &L->s;
+    size_t from = s->pos;
+    *el = NULL;
+    int r = skip_ws(L);
+    if (r == S_MORE)
+        return S_MORE;
+    if (r == S_END)
+        return syntax_error(L, s->len, from, depth, NULL);
+    if (first && s->buf[s->pos] == ']') {
+        s->pos++;
+        *more = 0;
+        return S_OK;
+    }
+    r = parse_value(L, el, from, depth);
+    char got;
+    if (r == S_OK)
+        r = expect_one_of(L, ",]", &got, from, depth, "',' or ']'");
+    if (r != S_OK) {
+        cJSON_Delete(*el);
+        *el = NULL;
+        return r;
+    }
+    *more = got == ',';
+    return S_OK;
+}
+
+static int walk_array(struct loader *L, int target, int depth)
+{
+    long idx = 0;
+    for (int more = 1, first = 1; more; first = 0) {
+        cJSON *el;
+        STEP(st_element(L, first, &el, &more, depth));
+        if (!el)
+            break;
+        int r = target == T_SITES ? consume_site(L, el, idx) : consume_event(L, el, idx, target == T_SAMPLES);
+        if (r < 0 || L->failed)
+            return S_ERR;
+        idx++;
+    }
+    return S_OK;
+}
+
+static int add_member(struct loader *L, cJSON *obj, cJSON *key, cJSON *value)
+{
+    if (!cJSON_AddItemToObject(obj, key->valuestring, value)) {
+        cJSON_Delete(value);
+        return err_too_complex(L);
+    }
+    return S_OK;
+}
+
+static int walk_object(struct loader *L, int ctx, cJSON *obj, int depth)
+{
+    for (int after_comma = 0;; after_comma = 1) {
+        struct member m;
+        STEP(st_member(L, ctx, after_comma, &m, depth));
+        if (m.kind == M_END)
+            return S_OK;
+        int r = S_OK, more = 0;
+        if (m.kind == M_VALUE) {
+            if (ctx == CTX_TOP && !strcmp(m.key->valuestring, "schema") && !L->schema_ok &&
+                !cJSON_GetObjectItemCaseSensitive(obj, "schema"))
+                r = check_schema(L, m.value);
+            more = m.more;
+            if (r == S_OK) {
+                r = add_member(L, obj, m.key, m.value);
+                m.value = NULL;
+            }
+        } else {
+            cJSON *child = m.kind == M_STREAM ? cJSON_CreateArray() : cJSON_CreateObject();
+            if (!child) {
+                r = err_too_complex(L);
+            } else {
+                r = add_member(L, obj, m.key, child);
+                if (r == S_OK && m.kind == M_STREAM) {
+                    L->seen[m.target] = 1;
+                    L->stream_arr[m.target] = child;
+                    r = walk_array(L, m.target, depth + 1);
+                } else if (r == S_OK) {
+                    L->seen_history = 1;
+                    r = walk_object(L, CTX_HISTORY, child, depth + 1);
+                }
+            }
+        }
+        int kind = m.kind;
+        member_clear(&m);
+        if (r != S_OK)
+            return S_ERR;
+        if (kind != M_VALUE) /* a value step consumed its delimiter already */
+            STEP(st_after(L, &more, depth));
+        if (!more)
+            return S_OK;
+    }
+}
+
+/* The document must be an object; anything else is parsed whole only to say
+ * whether it is JSON at all. */
+static int st_open(struct loader *L, int *is_object)
+{
+    struct src *s = &L->s;
+    /* A UTF-8 byte order mark is tolerated at the very start. */
+    if (s->base == 0 && s->pos == 0 && s->len >= 3 && !memcmp(s->buf, "\xef\xbb\xbf", 3))
+        s->pos = 3;
+    int r = skip_ws(L);
+    if (r == S_MORE)
+        return S_MORE;
+    if (r == S_END) {
+        set_err(L, "empty file (expected a JSON object)");
+        return S_ERR;
+    }
+    if (s->buf[s->pos] == '{') {
+        s->pos++;
+        *is_object = 1;
+        return S_OK;
+    }
+    cJSON *v = NULL;
+    r = parse_value(L, &v, s->pos, 0);
+    if (r != S_OK)
+        return r;
+    const char *what = cJSON_IsArray(v) ? "an array" : cJSON_IsString(v) ? "a string" : cJSON_IsNumber(v) ? "a number"
+                                                   : cJSON_IsBool(v) ? "a boolean" : "null";
+    set_err(L, "not an oomguard dump (the JSON is %s, expected an object)", what);
+    cJSON_Delete(v);
+    return S_ERR;
+}
+
+static int st_trailing(struct loader *L)
+{
+    int r = skip_ws(L);
+    if (r == S_MORE)
+        return S_MORE;
+    if (r == S_END)
+        return S_OK;
+    char what[32];
+    describe_char(&L->s, L->s.pos, what);
+    unsigned long long line, col;
+    src_line_col(&L->s, L->s.pos, &line, &col);
+    set_err(L, "not JSON (line %llu, column %llu: unexpected %s after the end of the document)", line, col, what);
+    return S_ERR;
+}
+
+static int walk_document(struct loader *L)
+{
+    int is_object = 0;
+    STEP(st_open(L, &is_object));
+    L->d->root = cJSON_CreateObject();
+    if (!L->d->root)
+        return err_too_complex(L);
+    if (walk_object(L, CTX_TOP, L->d->root, 1) != S_OK)
+        return S_ERR;
+    STEP(st_trailing(L));
+    return S_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Validation of the assembled document into struct og_dump. */
+
+static int count_items(const cJSON *arr)
+{
+    int n = 0;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, arr) n++;
+    return n;
+}
+
+#define ARENA_ARRAY(ptr, n)                                                                        \
+    do {                                                                                           \
+        (ptr) = (n) ? arena_alloc(&d->arena, (size_t)(n) * sizeof *(ptr)) : NULL;                  \
+        if ((n) && !(ptr))                                                                         \
+            return err_too_complex(L), -1;                                                         \
+    } while (0)
+
+static int read_strings(struct loader *L, const cJSON *arr, const struct path *at, const char ***out, int *nout)
+{
+    struct og_dump *d = L->d;
+    int n = count_items(arr), i = 0;
+    const char **v;
+    ARENA_ARRAY(v, n);
+    const cJSON *x;
+    cJSON_ArrayForEach(x, arr)
+    {
+        if (!cJSON_IsString(x) || !x->valuestring)
+            return field_err(L, &(struct path){at, NULL, i}, NULL, "a string", x);
+        v[i++] = x->valuestring;
+    }
+    *out = v;
+    *nout = n;
+    return 0;
+}
+
+static int v_top(struct loader *L, const cJSON *r)
+{
+    struct og_dump *d = L->d;
+    TRY(get_str(L, r, NULL, "status", &d->status_str));
+    static const struct {
+        const char *s;
+        enum og_status st;
+    } st[] = {{"oom", OG_ST_OOM}, {"recovered", OG_ST_RECOVERED}, {"warning", OG_ST_WARNING}, {"exit", OG_ST_EXIT}};
+    d->status = OG_ST_OTHER;
+    for (size_t i = 0; d->status_str && i < sizeof st / sizeof st[0]; i++)
+        if (!strcmp(d->status_str, st[i].s))
+            d->status = st[i].st;
+    TRY(get_str(L, r, NULL, "generator", &d->generator));
+    TRY(get_num(L, r, NULL, "time", &d->time));
+    TRY(get_int(L, r, NULL, "pid", &d->pid));
+    TRY(get_int(L, r, NULL, "ppid", &d->ppid));
+    TRY(get_str(L, r, NULL, "host", &d->host));
+    TRY(get_int(L, r, NULL, "rank", &d->rank));
+    TRY(get_int(L, r, NULL, "local_rank", &d->local_rank));
+    TRY(get_int(L, r, NULL, "world_size", &d->world_size));
+    TRY(get_str(L, r, NULL, "job_id", &d->job_id));
+    TRY(get_str(L, r, NULL, "cmdline", &d->cmdline));
+    TRY(get_int(L, r, NULL, "visible_devices", &d->visible_devices));
+
+    const cJSON *fw, *libs, *env;
+    TRY(get_obj(L, r, NULL, "framework", &fw));
+    struct path pfw = {NULL, "framework", 0};
+    TRY(get_str(L, fw, &pfw, "name", &d->framework_name));
+    TRY(get_arr(L, fw, &pfw, "libraries", &libs));
+    if (libs)
+        TRY(read_strings(L, libs, &(struct path){&pfw, "libraries", 0}, &d->framework_libs, &d->nframework_libs));
+
+    TRY(get_obj(L, r, NULL, "env", &env));
+    if (env) {
+        struct path penv = {NULL, "env", 0};
+        int n = count_items(env), i = 0;
+        ARENA_ARRAY(d->env, n);
+        const cJSON *x;
+        cJSON_ArrayForEach(x, env)
+        {
+            if (!cJSON_IsString(x) || !x->valuestring)
+                return field_err(L, &penv, x->string, "a string", x);
+            d->env[i].key = x->string;
+            d->env[i++].value = x->valuestring;
+        }
+        d->nenv = n;
+    }
+    return 0;
+}
+
+static int v_event(struct loader *L, const cJSON *r)
+{
+    struct og_dump *d = L->d;
+    const cJSON *e, *stack, *rb;
+    const struct path p = {NULL, "event", 0};
+    TRY(get_obj(L, r, NULL, "event", &e));
+    d->event.present = e != NULL;
+    TRY(get_int(L, e, &p, "requested_bytes", &d->event.requested_bytes));
+    TRY(get_str(L, e, &p, "api", &d->event.api));
+    TRY(get_str(L, e, &p, "driver_api", &d->event.driver_api));
+    TRY(get_int(L, e, &p, "device", &d->event.device));
+    TRY(get_bool(L, e, &p, "stream_ordered", &d->event.stream_ordered));
+    TRY(get_int(L, e, &p, "result", &d->event.result));
+    TRY(get_bool(L, e, &p, "caused_by_limit", &d->event.caused_by_limit));
+    TRY(get_str(L, e, &p, "library", &d->event.library));
+    TRY(get_num(L, e, &p, "t", &d->event.t));
+    TRY(get_num(L, e, &p, "t_rel", &d->event.t_rel));
+    TRY(get_int(L, e, &p, "attempts", &d->event.attempts));
+    TRY(get_int(L, e, &p, "released_between_attempts_bytes", &d->event.released_between_attempts_bytes));
+    TRY(get_arr(L, e, &p, "stack", &stack));
+    if (stack)
+        TRY(read_frames(L, stack, &(struct path){&p, "stack", 0}, &d->event.stack, &d->event.nstack));
+    TRY(get_obj(L, e, &p, "recovered_by", &rb));
+    d->event.recovered = rb != NULL;
+    struct path prb = {&p, "recovered_by", 0};
+    TRY(get_int(L, rb, &prb, "requested_bytes", &d->event.recovered_requested_bytes));
+    TRY(get_num(L, rb, &prb, "t", &d->event.recovered_t));
+    return 0;
+}
+
+static int v_device(struct loader *L, const cJSON *r)
+{
+    struct og_dump *d = L->d;
+    const cJSON *v;
+    const struct path p = {NULL, "device", 0};
+    TRY(get_obj(L, r, NULL, "device", &v));
+    d->device.present = v != NULL;
+    TRY(get_int(L, v, &p, "index", &d->device.index));
+    TRY(get_str(L, v, &p, "name", &d->device.name));
+    TRY(get_str(L, v, &p, "pci_bus_id", &d->device.pci_bus_id));
+    TRY(get_str(L, v, &p, "compute_capability", &d->device.compute_capability));
+    TRY(get_int(L, v, &p, "total_bytes", &d->device.total_bytes));
+    TRY(get_int(L, v, &p, "free_bytes", &d->device.free_bytes));
+    TRY(get_int(L, v, &p, "limit_bytes", &d->device.limit_bytes));
+    return 0;
+}
+
+static int v_memory(struct loader *L, const cJSON *r)
+{
+    struct og_dump *d = L->d;
+    const cJSON *m, *k, *libs, *procs, *unm, *fw;
+    const struct path p = {NULL, "memory", 0};
+    TRY(get_obj(L, r, NULL, "memory", &m));
+    TRY(get_int(L, m, &p, "process_tracked_bytes", &d->mem.process_tracked_bytes));
+    TRY(get_int(L, m, &p, "process_used_bytes", &d->mem.process_used_bytes));
+    TRY(get_int(L, m, &p, "framework_bytes", &d->mem.framework_bytes));
+    TRY(get_int(L, m, &p, "framework_cached_bytes", &d->mem.framework_cached_bytes));
+    TRY(get_int_min(L, m, &p, "non_framework_bytes", -(int64_t)OG_MAX_EXACT_INT, &d->mem.non_framework_bytes));
+    TRY(get_int_min(L, m, &p, "context_bytes_estimate", -(int64_t)OG_MAX_EXACT_INT, &d->mem.context_bytes_estimate));
+    TRY(get_int(L, m, &p, "other_processes_bytes", &d->mem.other_processes_bytes));
+    TRY(get_int(L, m, &p, "host_pinned_bytes", &d->mem.host_pinned_bytes));
+    /* Differences of two measurements can dip below zero; show them as unknown. */
+    if (d->mem.non_framework_bytes < 0)
+        d->mem.non_framework_bytes = -1;
+    if (d->mem.context_bytes_estimate < 0)
+        d->mem.context_bytes_estimate = -1;
+
+    TRY(get_obj(L, m, &p, "by_kind", &k));
+    struct path pk = {&p, "by_kind", 0};
+    TRY(get_int(L, k, &pk, "plain", &d->mem.kind_plain));
+    TRY(get_int(L, k, &pk, "managed", &d->mem.kind_managed));
+    TRY(get_int(L, k, &pk, "pool_reserved", &d->mem.kind_pool_reserved));
+    TRY(get_int(L, k, &pk, "pool_used", &d->mem.kind_pool_used));
+    TRY(get_int(L, k, &pk, "vmm_physical", &d->mem.kind_vmm_physical));
+    TRY(get_int(L, k, &pk, "vmm_mapped", &d->mem.kind_vmm_mapped));
+
+    TRY(get_arr(L, m, &p, "by_library", &libs));
+    if (libs) {
+        struct path pl = {&p, "by_library", 0};
+        int n = count_items(libs), i = 0;
+        ARENA_ARRAY(d->mem.libs, n);
+        const cJSON *x;
+        cJSON_ArrayForEach(x, libs)
+        {
+            struct path pe = {&pl, NULL, i};
+            struct og_lib *l = &d->mem.libs[i++];
+            if (!cJSON_IsObject(x))
+                return field_err(L, &pe, NULL, "an object", x);
+            TRY(get_str(L, x, &pe, "library", &l->library));
+            TRY(get_int(L, x, &pe, "bytes", &l->bytes));
+            TRY(get_int(L, x, &pe, "blocks", &l->blocks));
+            TRY(get_bool(L, x, &pe, "framework", &l->framework));
+        }
+        d->mem.nlibs = n;
+    }
+    TRY(get_arr(L, m, &p, "other_processes", &procs));
+    if (procs) {
+        struct path pp = {&p, "other_processes", 0};
+        int n = count_items(procs), i = 0;
+        ARENA_ARRAY(d->mem.procs, n);
+        const cJSON *x;
+        cJSON_ArrayForEach(x, procs)
+        {
+            struct path pe = {&pp, NULL, i};
+            struct og_proc *o = &d->mem.procs[i++];
+            if (!cJSON_IsObject(x))
+                return field_err(L, &pe, NULL, "an object", x);
+            TRY(get_int(L, x, &pe, "pid", &o->pid));
+            TRY(get_str(L, x, &pe, "name", &o->name));
+            TRY(get_int(L, x, &pe, "bytes", &o->bytes));
+        }
+        d->mem.nprocs = n;
+    }
+    TRY(get_arr(L, m, &p, "unmeasured", &unm));
+    if (unm)
+        TRY(read_strings(L, unm, &(struct path){&p, "unmeasured", 0}, &d->mem.unmeasured, &d->mem.nunmeasured));
+    TRY(get_obj(L, m, &p, "framework", &fw));
+    d->mem.framework = fw;
+    if (fw) {
+        /* The adapter's own numbers: every *_bytes key must be a byte count. */
+        struct path pf = {&p, "framework", 0};
+        const cJSON *x;
+        cJSON_ArrayForEach(x, fw)
+        {
+            size_t n = x->string ? strlen(x->string) : 0;
+            int64_t ignored;
+            if (n > 6 && !strcmp(x->string + n - 6, "_bytes") && !cJSON_IsNull(x))
+                TRY(check_int(L, x, &pf, x->string, 0, &ignored));
+        }
+        TRY(get_obj(L, fw, &pf, "snapshot", &d->mem.fw_snapshot));
+    }
+    return 0;
+}
+
+static int v_history(struct loader *L, const cJSON *r)
+{
+    struct og_dump *d = L->d;
+    const cJSON *h, *c, *x;
+    const struct path p = {NULL, "history", 0};
+    TRY(get_obj(L, r, NULL, "history", &h));
+    d->hist.present = h != NULL;
+    TRY(get_int(L, h, &p, "peak_bytes", &d->hist.peak_bytes));
+    TRY(get_num(L, h, &p, "peak_t_rel", &d->hist.peak_t_rel));
+    TRY(get_str(L, h, &p, "peak_library", &d->hist.peak_library));
+    /* events and samples were streamed; anything else there is the wrong type. */
+    TRY(get_arr(L, h, &p, "events", &x));
+    TRY(get_arr(L, h, &p, "samples", &x));
+    TRY(get_obj(L, h, &p, "counters", &c));
+    struct path pc = {&p, "counters", 0};
+    TRY(get_int(L, c, &pc, "allocs", &d->hist.allocs));
+    TRY(get_int(L, c, &pc, "frees", &d->hist.frees));
+    TRY(get_int(L, c, &pc, "failures", &d->hist.failures));
+    TRY(get_int(L, c, &pc, "unknown_frees", &d->hist.unknown_frees));
+    return 0;
+}
+
+static int v_diagnosis(struct loader *L, const cJSON *r)
+{
+    struct og_dump *d = L->d;
+    const cJSON *g, *causes;
+    const struct path p = {NULL, "diagnosis", 0};
+    TRY(get_obj(L, r, NULL, "diagnosis", &g));
+    d->diag.present = g != NULL;
+    TRY(get_str(L, g, &p, "primary", &d->diag.primary));
+    TRY(get_int_min(L, g, &p, "shortfall_bytes", -(int64_t)OG_MAX_EXACT_INT, &d->diag.shortfall_bytes));
+    if (!member(g, "shortfall_bytes"))
+        d->diag.shortfall_bytes = INT64_MIN;
+    TRY(get_arr(L, g, &p, "causes", &causes));
+    if (!causes)
+        return 0;
+    struct path pcs = {&p, "causes", 0};
+    int n = count_items(causes), i = 0;
+    ARENA_ARRAY(d->diag.causes, n);
+    const cJSON *x;
+    cJSON_ArrayForEach(x, causes)
+    {
+        struct path pe = {&pcs, NULL, i};
+        struct og_cause *c = &d->diag.causes[i++];
+        const cJSON *ev;
+        if (!cJSON_IsObject(x))
+            return field_err(L, &pe, NULL, "an object", x);
+        TRY(get_str(L, x, &pe, "id", &c->id));
+        TRY(get_num(L, x, &pe, "confidence", &c->confidence));
+        TRY(get_str(L, x, &pe, "summary", &c->summary));
+        TRY(get_obj(L, x, &pe, "evidence", &ev));
+        if (ev) {
+            int ne = count_items(ev), j = 0;
+            ARENA_ARRAY(c->evidence, ne);
+            const cJSON *y;
+            cJSON_ArrayForEach(y, ev)
+            {
+                c->evidence[j].name = y->string ? y->string : "";
+                c->evidence[j++].value = y;
+            }
+            c->nevidence = ne;
+        }
+    }
+    d->diag.ncauses = n;
+    return 0;
+}
+
+static int v_remedies(struct loader *L, const cJSON *r)
+{
+    struct og_dump *d = L->d;
+    const cJSON *arr;
+    const struct path p = {NULL, "remedies", 0};
+    TRY(get_arr(L, r, NULL, "remedies", &arr));
+    if (!arr)
+        return 0;
+    int n = count_items(arr), i = 0;
+    ARENA_ARRAY(d->remedies, n);
+    const cJSON *x;
+    cJSON_ArrayForEach(x, arr)
+    {
+        struct path pe = {&p, NULL, i};
+        struct og_remedy *m = &d->remedies[i++];
+        const cJSON *how;
+        if (!cJSON_IsObject(x))
+            return field_err(L, &pe, NULL, "an object", x);
+        TRY(get_str(L, x, &pe, "id", &m->id));
+        TRY(get_int(L, x, &pe, "rank", &m->rank));
+        TRY(get_str(L, x, &pe, "title", &m->title));
+        TRY(get_str(L, x, &pe, "why", &m->why));
+        TRY(get_str(L, x, &pe, "saving", &m->saving));
+        TRY(get_str(L, x, &pe, "cost", &m->cost));
+        TRY(get_arr(L, x, &pe, "how", &how));
+        if (how)
+            TRY(read_strings(L, how, &(struct path){&pe, "how", 0}, &m->how, &m->nhow));
+    }
+    d->nremedies = n;
+    return 0;
+}
+
+static int v_summary(struct loader *L, const cJSON *r)
+{
+    struct og_dump *d = L->d;
+    const cJSON *s, *devs;
+    const struct path p = {NULL, "summary", 0};
+    TRY(get_obj(L, r, NULL, "summary", &s));
+    TRY(get_arr(L, s, &p, "devices", &devs));
+    if (!devs)
+        return 0;
+    struct path pd = {&p, "devices", 0};
+    int n = count_items(devs), i = 0;
+    ARENA_ARRAY(d->devsum, n);
+    const cJSON *x;
+    cJSON_ArrayForEach(x, devs)
+    {
+        struct path pe = {&pd, NULL, i};
+        struct og_devsum *v = &d->devsum[i++];
+        const cJSON *fits;
+        if (!cJSON_IsObject(x))
+            return field_err(L, &pe, NULL, "an object", x);
+        TRY(get_int(L, x, &pe, "index", &v->index));
+        TRY(get_int(L, x, &pe, "peak_bytes", &v->peak_bytes));
+        TRY(get_num(L, x, &pe, "peak_t_rel", &v->peak_t_rel));
+        TRY(get_str(L, x, &pe, "peak_library", &v->peak_library));
+        TRY(get_arr(L, x, &pe, "fits", &fits));
+        if (!fits)
+            continue;
+        struct path pf = {&pe, "fits", 0};
+        int nf = count_items(fits), j = 0;
+        ARENA_ARRAY(v->fits, nf);
+        const cJSON *y;
+        cJSON_ArrayForEach(y, fits)
+        {
+            struct path pfe = {&pf, NULL, j};
+            struct og_fit *f = &v->fits[j++];
+            if (!cJSON_IsObject(y))
+                return field_err(L, &pfe, NULL, "an object", y);
+            TRY(get_num(L, y, &pfe, "card_gb", &f->card_gb));
+            TRY(get_bool(L, y, &pfe, "fits", &f->fits));
+        }
+        v->nfits = nf;
+    }
+    d->ndevsum = n;
+    return 0;
+}
+
+static int cand_stronger_cmp(const void *a, const void *b)
+{
+    const struct cand *x = a, *y = b;
+    if (x->bytes != y->bytes)
+        return x->bytes > y->bytes ? -1 : 1;
+    return x->index < y->index ? -1 : x->index > y->index;
+}
+
+static int finish_sites(struct loader *L)
+{
+    struct og_dump *d = L->d;
+    const cJSON *v;
+    TRY(get_arr(L, d->root, NULL, "top_sites", &v));
+    if (!L->nheap)
+        return 0;
+    qsort(L->heap, (size_t)L->nheap, sizeof *L->heap, cand_stronger_cmp);
+    ARENA_ARRAY(d->sites, L->nheap);
+    if (!L->o->keep_all) {
+        ARENA_ARRAY(d->kept_nodes, L->nheap);
+        for (int i = 0; i < L->nheap; i++)
+            d->kept_nodes[i] = L->heap[i].node;
+        d->nkept_nodes = L->nheap;
+    }
+    for (int i = 0; i < L->nheap; i++) {
+        struct path p = {&P_SITES, NULL, L->heap[i].index};
+        TRY(read_site(L, L->heap[i].node, &p, &d->sites[i], 1));
+        d->sites[i].index = L->heap[i].index;
+    }
+    d->nsites = L->nheap;
+    return 0;
+}
+
+static int validate(struct loader *L)
+{
+    const cJSON *r = L->d->root;
+    if (!L->schema_ok) {
+        const cJSON *s = cJSON_GetObjectItemCaseSensitive(r, "schema");
+        if (!s) {
+            set_err(L, "not an oomguard dump (no \"schema\" key)");
+            return -1;
+        }
+        if (check_schema(L, s) != S_OK)
+            return -1;
+    }
+    if (L->deferred) {
+        L->failed = 1;
+        return -1;
+    }
+    TRY(v_top(L, r));
+    TRY(v_event(L, r));
+    TRY(v_device(L, r));
+    TRY(v_memory(L, r));
+    TRY(v_history(L, r));
+    TRY(finish_sites(L));
+    TRY(v_diagnosis(L, r));
+    TRY(v_remedies(L, r));
+    TRY(v_summary(L, r));
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+
+void og_dump_free(struct og_dump *d)
+{
+    if (!d)
+        return;
+    for (int i = 0; i < d->nkept_nodes; i++)
+        cJSON_Delete(d->kept_nodes[i]);
+    cJSON_Delete(d->root);
+    mem_uncharge(d->hist.events_cap * sizeof *d->hist.events);
+    mem_uncharge(d->hist.samples_cap * sizeof *d->hist.samples);
+    free(d->hist.events);
+    free(d->hist.samples);
+    arena_free(d->arena);
+    free(d);
+}
+
+static struct og_dump *load(struct loader *L)
+{
+    struct og_dump *d = L->d;
+    int ok = walk_document(L) == S_OK && !L->failed && validate(L) == 0 && !L->failed;
+    /* Sites still held by the heap but not handed to the dump. */
+    if (!ok && !L->o->keep_all && !d->nkept_nodes)
+        for (int i = 0; i < L->nheap; i++)
+            cJSON_Delete(L->heap[i].node);
+    mem_uncharge((size_t)L->heapcap * sizeof *L->heap);
+    free(L->heap);
+    free(L->s.buf);
+    if (!ok) {
+        og_dump_free(d);
+        return NULL;
+    }
+    return d;
+}
+
+static struct og_dump *new_dump(struct loader *L, const char *name, const struct og_load_opts *opts,
+                                struct og_err *err)
+{
+    static const struct og_load_opts defaults = {0, 1000, 0};
+    memset(L, 0, sizeof *L);
+    L->o = opts ? opts : &defaults;
+    L->err = err;
+    L->s.fd = -1;
+    err->msg[0] = '\0';
+    g_mem_exhausted = 0;
+    struct og_dump *d = calloc(1, sizeof *d);
+    if (!d) {
+        snprintf(err->msg, sizeof err->msg, "%s: out of memory", name);
+        return NULL;
+    }
+    d->file = name;
+    L->d = d;
+    return d;
+}
+
+struct og_dump *og_dump_load_mem(const char *data, size_t len, const char *name, const struct og_load_opts *opts,
+                                 struct og_err *err)
+{
+    struct loader L;
+    struct og_dump *d = new_dump(&L, name, opts, err);
+    if (!d)
+        return NULL;
+    if (len > OG_MAX_FILE_BYTES) {
+        set_err(&L, "too large (the limit is %zu MiB)", OG_MAX_FILE_BYTES >> 20);
+        og_dump_free(d);
+        return NULL;
+    }
+    L.s.buf = malloc(len + 1);
+    if (!L.s.buf) {
+        set_err(&L, "out of memory");
+        og_dump_free(d);
+        return NULL;
+    }
+    if (len)
+        memcpy(L.s.buf, data, len);
+    L.s.buf[len] = '\0';
+    L.s.len = L.s.cap = len;
+    L.s.eof = 1;
+    return load(&L);
+}
+
+struct og_dump *og_dump_load_file(const char *path, const struct og_load_opts *opts, struct og_err *err)
+{
+    struct loader L;
+    struct og_dump *d = new_dump(&L, strcmp(path, "-") ? path : "(standard input)", opts, err);
+    if (!d)
+        return NULL;
+    int fd = strcmp(path, "-") ? open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY) : 0;
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) < 0) {
+        set_err(&L, "%s", strerror(errno));
+        goto fail;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        set_err(&L, "is a directory (expected a dump file)");
+        goto fail;
+    }
+    size_t cap = WINDOW_START;
+    if (S_ISREG(st.st_mode)) {
+        if ((uint64_t)st.st_size > OG_MAX_FILE_BYTES) {
+            char h[32];
+            set_err(&L, "too large (%s; the limit is %zu MiB)", human_bytes((int64_t)st.st_size, h),
+                    OG_MAX_FILE_BYTES >> 20);
+            goto fail;
+        }
+        /* Small files fit the window whole. */
+        if ((size_t)st.st_size + 1 < cap)
+            cap = (size_t)st.st_size + 1 > WINDOW_MIN ? (size_t)st.st_size + 1 : WINDOW_MIN;
+    }
+    L.s.fd = fd;
+    L.s.cap = cap;
+    L.s.buf = malloc(cap + 1);
+    if (!L.s.buf) {
+        set_err(&L, "out of memory");
+        goto fail;
+    }
+    L.s.buf[0] = '\0';
+    if (src_fill(&L, 0) < 0)
+        goto fail;
+    d = load(&L);
+    if (fd > 0)
+        close(fd);
+    return d;
+fail:
+    if (fd > 0)
+        close(fd);
+    free(L.s.buf);
+    og_dump_free(d);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+
+const char *og_op_name(int op)
+{
+    switch (op) {
+    case OG_OP_ALLOC:
+        return "alloc";
+    case OG_OP_FREE:
+        return "free";
+    case OG_OP_FAIL:
+        return "fail";
+    default:
+        return "other";
+    }
+}
+
+int og_event_on_device(const struct og_dump *d, const struct og_event *e)
+{
+    return d->event.device < 0 || e->device < 0 || e->device == d->event.device;
+}
+
+int64_t og_history_max(const struct og_dump *d)
+{
+    int64_t m = d->hist.peak_bytes;
+    for (size_t i = 0; i < d->hist.nsamples; i++)
+        if (d->hist.samples[i].live_bytes > m)
+            m = d->hist.samples[i].live_bytes;
+    for (size_t i = 0; i < d->hist.nevents; i++)
+        if (og_event_on_device(d, &d->hist.events[i]) && d->hist.events[i].live_bytes > m)
+            m = d->hist.events[i].live_bytes;
+    return m;
+}

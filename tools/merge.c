@@ -1,0 +1,619 @@
+/* tools/merge.c — the dumps of a multi-rank job side by side: who failed
+ * first, what each rank held, which GPUs hold other ranks' contexts, and how
+ * unevenly the ranks use memory. */
+#include "merge.h"
+#include "report.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define SKEW_FLAG 0.10 /* spread above this fraction of the largest is called uneven */
+#define MAX_FILES 100000
+
+static int is_dump_name(const char *n)
+{
+    size_t l = strlen(n);
+    return l > 14 && !strncmp(n, "oomguard-", 9) && !strcmp(n + l - 5, ".json");
+}
+
+static int name_cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+static char *copy_str(const char *s) { return s ? strndup(s, 4096) : NULL; }
+
+/* Merge shows a few fields per rank; everything else in a dump (its JSON tree,
+ * causes, remedies, ...) is freed as soon as the file is read, so that the
+ * dumps of thousands of ranks fit in memory.  The copy owns its strings. */
+static struct og_dump *slim_copy(const struct og_dump *d, char *file)
+{
+    struct og_dump *s = xmalloc(sizeof *s);
+    memset(s, 0, sizeof *s);
+    s->file = file;
+    s->host = copy_str(d->host);
+    s->job_id = copy_str(d->job_id);
+    s->status_str = copy_str(d->status_str);
+    s->status = d->status;
+    s->time = d->time;
+    s->pid = d->pid;
+    s->rank = d->rank;
+    s->world_size = d->world_size;
+    s->event.present = d->event.present;
+    s->event.t = d->event.t;
+    s->event.requested_bytes = d->event.requested_bytes;
+    s->event.device = d->event.device;
+    s->event.api = copy_str(d->event.api);
+    s->device.index = d->device.index;
+    s->device.name = copy_str(d->device.name);
+    s->mem.process_used_bytes = d->mem.process_used_bytes;
+    s->mem.process_tracked_bytes = d->mem.process_tracked_bytes;
+    s->mem.framework_bytes = d->mem.framework_bytes;
+    s->mem.non_framework_bytes = d->mem.non_framework_bytes;
+    s->mem.other_processes_bytes = d->mem.other_processes_bytes;
+    s->mem.nprocs = d->mem.nprocs;
+    struct og_proc *procs = xmalloc((size_t)(d->mem.nprocs ? d->mem.nprocs : 1) * sizeof *procs);
+    for (int i = 0; i < d->mem.nprocs; i++)
+        procs[i] = (struct og_proc){d->mem.procs[i].pid, d->mem.procs[i].bytes, NULL};
+    s->mem.procs = procs;
+    return s;
+}
+
+static void slim_free(struct og_dump *s)
+{
+    free((char *)s->file);
+    free((char *)s->host);
+    free((char *)s->job_id);
+    free((char *)s->status_str);
+    free((char *)s->event.api);
+    free((char *)s->device.name);
+    free(s->mem.procs);
+    free(s);
+}
+
+int og_merge_load(const char *dir, struct og_merge_input *in, char *err, size_t errlen)
+{
+    memset(in, 0, sizeof *in);
+    in->dir = dir;
+    DIR *dp = opendir(dir);
+    if (!dp) {
+        snprintf(err, errlen, "%s: %s", dir, strerror(errno));
+        return -1;
+    }
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *de;
+    while ((de = readdir(dp)) && n < MAX_FILES) {
+        if (!is_dump_name(de->d_name))
+            continue;
+        if (n == cap)
+            names = xrealloc(names, (cap = cap ? cap * 2 : 64) * sizeof *names);
+        names[n++] = xstrdup(de->d_name);
+    }
+    closedir(dp);
+    if (n)
+        qsort(names, n, sizeof *names, name_cmp);
+    in->dumps = xmalloc((n ? n : 1) * sizeof *in->dumps);
+    in->skipped = xmalloc((n ? n : 1) * sizeof *in->skipped);
+    const struct og_load_opts opts = {.keep_all = 0, .keep_sites = 1, .no_history = 1};
+    for (size_t i = 0; i < n; i++) {
+        size_t pl = strlen(dir) + strlen(names[i]) + 2;
+        char *path = xmalloc(pl);
+        snprintf(path, pl, "%s/%s", dir, names[i]);
+        struct stat st;
+        struct og_err e;
+        if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+            snprintf(e.msg, sizeof e.msg, "%s: not a regular file", path);
+            in->skipped[in->nskipped++] = xstrdup(e.msg);
+            free(path);
+            continue;
+        }
+        struct og_dump *d = og_dump_load_file(path, &opts, &e);
+        if (d) {
+            in->dumps[in->ndumps++] = slim_copy(d, path);
+            og_dump_free(d);
+        } else {
+            in->skipped[in->nskipped++] = xstrdup(e.msg);
+            free(path);
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    return 0;
+}
+
+void og_merge_free(struct og_merge_input *in)
+{
+    for (int i = 0; i < in->ndumps; i++)
+        slim_free(in->dumps[i]);
+    for (int i = 0; i < in->nskipped; i++)
+        free(in->skipped[i]);
+    free(in->dumps);
+    free(in->skipped);
+}
+
+/* ---- analysis ---- */
+
+static int streq(const char *a, const char *b) { return a && b ? !strcmp(a, b) : a == b; }
+
+static int dump_cmp(const void *pa, const void *pb)
+{
+    const struct og_dump *a = *(struct og_dump *const *)pa, *b = *(struct og_dump *const *)pb;
+    if (!streq(a->job_id, b->job_id)) {
+        if (!a->job_id || !b->job_id)
+            return a->job_id ? -1 : 1; /* dumps without a job id last */
+        return strcmp(a->job_id, b->job_id);
+    }
+    if (a->rank != b->rank) {
+        if (a->rank < 0 || b->rank < 0)
+            return a->rank < 0 ? 1 : -1;
+        return a->rank < b->rank ? -1 : 1;
+    }
+    int h = strcmp(a->host ? a->host : "", b->host ? b->host : "");
+    if (h)
+        return h;
+    return a->pid < b->pid ? -1 : a->pid > b->pid;
+}
+
+static double fail_time(const struct og_dump *d)
+{
+    if (d->status != OG_ST_OOM)
+        return NAN;
+    return d->event.present && isfinite(d->event.t) ? d->event.t : d->time;
+}
+
+struct job {
+    struct og_dump **r; /* ranks, sorted */
+    int n;
+    int first;          /* index of the first failure or -1 */
+    int hosts;
+    int64_t max_used, min_used;
+    int max_i, min_i;
+};
+
+static void analyse(struct job *j)
+{
+    j->first = -1;
+    double best = INFINITY;
+    j->max_used = -1;
+    j->min_used = -1;
+    j->max_i = j->min_i = -1;
+    j->hosts = 0;
+    for (int i = 0; i < j->n; i++) {
+        double t = fail_time(j->r[i]);
+        if (isfinite(t) && t < best) {
+            best = t;
+            j->first = i;
+        }
+        int64_t u = og_process_bytes(j->r[i]);
+        if (u >= 0 && (j->max_i < 0 || u > j->max_used)) {
+            j->max_used = u;
+            j->max_i = i;
+        }
+        if (u >= 0 && (j->min_i < 0 || u < j->min_used)) {
+            j->min_used = u;
+            j->min_i = i;
+        }
+        int seen = 0;
+        for (int k = 0; k < i && !seen; k++)
+            seen = streq(j->r[k]->host, j->r[i]->host);
+        j->hosts += !seen;
+    }
+}
+
+/* The dump in the job (same host) whose pid is `pid`, or -1. */
+static int rank_of_pid(const struct job *j, const struct og_dump *on, int64_t pid)
+{
+    for (int i = 0; i < j->n; i++)
+        if (j->r[i] != on && j->r[i]->pid == pid && streq(j->r[i]->host, on->host))
+            return i;
+    return -1;
+}
+
+static int64_t device_of(const struct og_dump *d)
+{
+    return d->event.device >= 0 ? d->event.device : d->device.index;
+}
+
+static void who(struct sbuf *b, const struct og_dump *d, int html)
+{
+    if (d->rank >= 0)
+        sb_printf(b, "rank %lld", (long long)d->rank);
+    else
+        sb_printf(b, "pid %lld", (long long)d->pid);
+    (void)html;
+}
+
+/* ---- text ---- */
+
+static void text_job(struct sbuf *b, const struct job *j, int color)
+{
+    const char *bold = color ? "\033[1m" : "", *red = color ? "\033[31m" : "", *yellow = color ? "\033[33m" : "",
+               *dim = color ? "\033[2m" : "", *rst = color ? "\033[0m" : "";
+    char h[6][32], tm[40];
+    const struct og_dump *d0 = j->r[0];
+    sb_printf(b, "\n%sJob ", bold);
+    sb_text(b, d0->job_id ? d0->job_id : "(no job id)", 80, 0);
+    sb_printf(b, "%s: %d dump%s from %d host%s", rst, j->n, j->n == 1 ? "" : "s", j->hosts, j->hosts == 1 ? "" : "s");
+    if (d0->world_size >= 0)
+        sb_printf(b, ", world size %lld", (long long)d0->world_size);
+    sb_putc(b, '\n');
+
+    if (j->first >= 0) {
+        const struct og_dump *f = j->r[j->first];
+        double t0 = fail_time(f);
+        sb_printf(b, "  %sFailed first: ", red);
+        who(b, f, 0);
+        sb_printf(b, "%s (", rst);
+        sb_text(b, f->host ? f->host : "?", 60, 0);
+        sb_printf(b, " pid %lld", (long long)f->pid);
+        if (device_of(f) >= 0)
+            sb_printf(b, ", GPU %lld", (long long)device_of(f));
+        sb_puts(b, ")");
+        if (og_format_time(t0, tm)[0])
+            sb_printf(b, " at %s", tm);
+        if (f->event.requested_bytes >= 0) {
+            sb_puts(b, ": ");
+            sb_text(b, f->event.api ? f->event.api : "allocation", 40, 0);
+            sb_printf(b, " of %s", human_bytes(f->event.requested_bytes, h[0]));
+        }
+        sb_putc(b, '\n');
+        int later = 0;
+        for (int i = 0; i < j->n; i++) {
+            double t = fail_time(j->r[i]);
+            if (i == j->first || !isfinite(t))
+                continue;
+            sb_puts(b, later++ ? ", " : "  then: ");
+            who(b, j->r[i], 0);
+            sb_printf(b, " (+%.2f s)", t - t0);
+        }
+        if (later)
+            sb_putc(b, '\n');
+    } else {
+        sb_puts(b, "  No rank ran out of memory.\n");
+    }
+
+    sb_printf(b, "\n  %s%-6s %-16s %-9s %-5s %11s %11s %11s %11s  %s%s\n", dim, "rank", "host", "pid", "gpu", "used",
+              "framework", "non-fw", "other procs", "status", rst);
+    for (int i = 0; i < j->n; i++) {
+        const struct og_dump *d = j->r[i];
+        char rk[24], dv[24];
+        snprintf(rk, sizeof rk, "%lld", (long long)d->rank);
+        snprintf(dv, sizeof dv, "%lld", (long long)device_of(d));
+        sb_printf(b, "  %-6s ", d->rank >= 0 ? rk : "-");
+        sb_text(b, d->host ? d->host : "-", 16, 0);
+        for (int w = (int)text_width(d->host ? d->host : "-", 16); w < 16; w++)
+            sb_putc(b, ' ');
+        sb_printf(b, " %-9lld %-5s %11s %11s %11s %11s  ", (long long)d->pid, device_of(d) >= 0 ? dv : "-",
+                  og_process_bytes(d) >= 0 ? human_bytes(og_process_bytes(d), h[0]) : "-",
+                  d->mem.framework_bytes >= 0 ? human_bytes(d->mem.framework_bytes, h[1]) : "-",
+                  d->mem.non_framework_bytes >= 0 ? human_bytes(d->mem.non_framework_bytes, h[2]) : "-",
+                  d->mem.other_processes_bytes >= 0 ? human_bytes(d->mem.other_processes_bytes, h[3]) : "-");
+        int first = i == j->first;
+        sb_puts(b, d->status == OG_ST_OOM ? red : "");
+        sb_text(b, d->status_str ? d->status_str : "?", 12, 0);
+        sb_printf(b, "%s%s\n", first ? " (first)" : "", d->status == OG_ST_OOM ? rst : "");
+    }
+
+    /* GPUs that hold contexts of other ranks of the same job. */
+    int any = 0;
+    for (int i = 0; i < j->n; i++) {
+        const struct og_dump *d = j->r[i];
+        int cnt = 0;
+        int64_t bytes = 0;
+        for (int k = 0; k < d->mem.nprocs; k++)
+            if (rank_of_pid(j, d, d->mem.procs[k].pid) >= 0) {
+                cnt++;
+                bytes += d->mem.procs[k].bytes > 0 ? d->mem.procs[k].bytes : 0;
+            }
+        if (!cnt)
+            continue;
+        if (!any++)
+            sb_printf(b, "\n  %sOther ranks on the same GPU%s\n", bold, rst);
+        sb_printf(b, "  %s", yellow);
+        who(b, d, 0);
+        sb_printf(b, "'s GPU%s", rst);
+        if (device_of(d) >= 0)
+            sb_printf(b, " (GPU %lld on ", (long long)device_of(d));
+        else
+            sb_puts(b, " (on ");
+        sb_text(b, d->host ? d->host : "?", 60, 0);
+        sb_printf(b, ") holds %d context%s of other ranks, %s: pids ", cnt, cnt == 1 ? "" : "s", human_bytes(bytes, h[0]));
+        int c = 0;
+        for (int k = 0; k < d->mem.nprocs; k++) {
+            int r = rank_of_pid(j, d, d->mem.procs[k].pid);
+            if (r < 0)
+                continue;
+            sb_printf(b, "%s%lld (", c++ ? ", " : "", (long long)d->mem.procs[k].pid);
+            who(b, j->r[r], 0);
+            sb_printf(b, ", %s)", human_bytes(d->mem.procs[k].bytes, h[1]));
+        }
+        sb_putc(b, '\n');
+    }
+
+    if (j->n > 1 && j->max_i >= 0 && j->min_i >= 0) {
+        int64_t spread = j->max_used - j->min_used;
+        double frac = j->max_used > 0 ? (double)spread / (double)j->max_used : 0;
+        sb_printf(b, "\n  %sSkew%s: usage ranges from %s (", bold, rst, human_bytes(j->min_used, h[0]));
+        who(b, j->r[j->min_i], 0);
+        sb_printf(b, ") to %s (", human_bytes(j->max_used, h[1]));
+        who(b, j->r[j->max_i], 0);
+        sb_printf(b, "): %s, %.1f%% of the largest", human_bytes(spread, h[2]), frac * 100);
+        if (frac > SKEW_FLAG)
+            sb_printf(b, " %s— uneven (more than %.0f%%)%s", yellow, SKEW_FLAG * 100, rst);
+        sb_putc(b, '\n');
+    }
+}
+
+/* ---- json ---- */
+
+static void add_str(cJSON *o, const char *k, const char *v)
+{
+    if (!v) {
+        cJSON_AddNullToObject(o, k);
+        return;
+    }
+    struct sbuf b;
+    sb_init(&b);
+    sb_utf8(&b, v);
+    cJSON_AddStringToObject(o, k, b.p ? b.p : "");
+    sb_free(&b);
+}
+
+static void add_int(cJSON *o, const char *k, int64_t v)
+{
+    if (v < 0)
+        cJSON_AddNullToObject(o, k);
+    else
+        cJSON_AddNumberToObject(o, k, (double)v);
+}
+
+static cJSON *json_job(const struct job *j)
+{
+    cJSON *o = cJSON_CreateObject(), *ranks = cJSON_CreateArray(), *ctx = cJSON_CreateArray();
+    add_str(o, "job_id", j->r[0]->job_id);
+    for (int i = 0; i < j->n; i++) {
+        const struct og_dump *d = j->r[i];
+        cJSON *r = cJSON_CreateObject();
+        add_int(r, "rank", d->rank);
+        add_str(r, "host", d->host);
+        add_int(r, "pid", d->pid);
+        add_int(r, "device", device_of(d));
+        add_str(r, "device_name", d->device.name);
+        add_int(r, "used_bytes", og_process_bytes(d));
+        add_int(r, "framework_bytes", d->mem.framework_bytes);
+        add_int(r, "non_framework_bytes", d->mem.non_framework_bytes);
+        add_int(r, "other_processes_bytes", d->mem.other_processes_bytes);
+        add_str(r, "status", d->status_str);
+        add_int(r, "requested_bytes", d->event.present ? d->event.requested_bytes : -1);
+        if (isfinite(fail_time(d)))
+            cJSON_AddNumberToObject(r, "failed_at", fail_time(d));
+        else
+            cJSON_AddNullToObject(r, "failed_at");
+        add_str(r, "file", d->file);
+        cJSON_AddItemToArray(ranks, r);
+
+        cJSON *others = NULL;
+        for (int k = 0; k < d->mem.nprocs; k++) {
+            int ri = rank_of_pid(j, d, d->mem.procs[k].pid);
+            if (ri < 0)
+                continue;
+            if (!others) {
+                cJSON *c = cJSON_CreateObject();
+                add_int(c, "rank", d->rank);
+                add_str(c, "host", d->host);
+                add_int(c, "pid", d->pid);
+                add_int(c, "device", device_of(d));
+                others = cJSON_AddArrayToObject(c, "contexts");
+                cJSON_AddItemToArray(ctx, c);
+            }
+            cJSON *e = cJSON_CreateObject();
+            add_int(e, "pid", d->mem.procs[k].pid);
+            add_int(e, "rank", j->r[ri]->rank);
+            add_int(e, "bytes", d->mem.procs[k].bytes);
+            cJSON_AddItemToArray(others, e);
+        }
+    }
+    cJSON_AddItemToObject(o, "ranks", ranks);
+    if (j->first >= 0) {
+        const struct og_dump *f = j->r[j->first];
+        cJSON *ff = cJSON_AddObjectToObject(o, "first_failure");
+        add_int(ff, "rank", f->rank);
+        add_str(ff, "host", f->host);
+        add_int(ff, "pid", f->pid);
+        cJSON_AddNumberToObject(ff, "t", fail_time(f));
+        add_str(ff, "file", f->file);
+    } else {
+        cJSON_AddNullToObject(o, "first_failure");
+    }
+    cJSON_AddItemToObject(o, "foreign_contexts", ctx);
+    if (j->max_i >= 0) {
+        cJSON *s = cJSON_AddObjectToObject(o, "skew");
+        int64_t spread = j->max_used - j->min_used;
+        double frac = j->max_used > 0 ? (double)spread / (double)j->max_used : 0;
+        add_int(s, "max_bytes", j->max_used);
+        add_int(s, "max_rank", j->r[j->max_i]->rank);
+        add_int(s, "min_bytes", j->min_used);
+        add_int(s, "min_rank", j->r[j->min_i]->rank);
+        add_int(s, "spread_bytes", spread);
+        cJSON_AddNumberToObject(s, "spread_fraction", frac);
+        cJSON_AddBoolToObject(s, "uneven", frac > SKEW_FLAG);
+    } else {
+        cJSON_AddNullToObject(o, "skew");
+    }
+    return o;
+}
+
+/* ---- html ---- */
+
+static void html_job(struct sbuf *b, const struct job *j)
+{
+    char h[4][32], tm[40];
+    const struct og_dump *d0 = j->r[0];
+    sb_puts(b, "<section class=\"card\"><h2>Job <span class=\"mono\">");
+    sb_html(b, d0->job_id ? d0->job_id : "(no job id)", 100, 0);
+    sb_printf(b, "</span> <span class=\"muted\" style=\"font-weight:400\">%d dump%s, %d host%s</span></h2>", j->n,
+              j->n == 1 ? "" : "s", j->hosts, j->hosts == 1 ? "" : "s");
+    if (j->first >= 0) {
+        const struct og_dump *f = j->r[j->first];
+        sb_puts(b, "<div class=\"card primary\" style=\"padding:10px 14px;margin-bottom:12px\"><b>Failed first: ");
+        who(b, f, 1);
+        sb_puts(b, "</b> (");
+        sb_html(b, f->host ? f->host : "?", 60, 0);
+        sb_printf(b, ", pid %lld", (long long)f->pid);
+        if (device_of(f) >= 0)
+            sb_printf(b, ", GPU %lld", (long long)device_of(f));
+        sb_puts(b, ")");
+        if (og_format_time(fail_time(f), tm)[0])
+            sb_printf(b, " at %s", tm);
+        if (f->event.requested_bytes >= 0)
+            sb_printf(b, ", requesting %s", human_bytes(f->event.requested_bytes, h[0]));
+        int later = 0;
+        for (int i = 0; i < j->n; i++) {
+            double t = fail_time(j->r[i]);
+            if (i == j->first || !isfinite(t))
+                continue;
+            sb_puts(b, later++ ? ", " : "<br>then ");
+            who(b, j->r[i], 1);
+            sb_printf(b, " (+%.2f s)", t - fail_time(f));
+        }
+        sb_puts(b, "</div>");
+    }
+    sb_puts(b, "<table class=\"ranks\"><thead><tr><th class=\"num\">rank</th><th>host</th><th class=\"num\">pid</th>"
+               "<th class=\"num\">GPU</th><th class=\"num\">used</th><th class=\"num\">framework</th>"
+               "<th class=\"num\">non-framework</th><th class=\"num\">other processes</th><th>status</th></tr></thead><tbody>");
+    for (int i = 0; i < j->n; i++) {
+        const struct og_dump *d = j->r[i];
+        sb_puts(b, "<tr><td class=\"num\">");
+        if (d->rank >= 0)
+            sb_printf(b, "%lld", (long long)d->rank);
+        sb_puts(b, "</td><td class=\"mono\">");
+        sb_html(b, d->host ? d->host : "-", 60, 0);
+        sb_printf(b, "</td><td class=\"num\">%lld</td><td class=\"num\">%lld</td><td class=\"num\">%s</td><td class=\"num\">%s</td>"
+                     "<td class=\"num\">%s</td><td class=\"num\">%s</td><td>",
+                  (long long)d->pid, (long long)device_of(d), og_process_bytes(d) >= 0 ? human_bytes(og_process_bytes(d), h[0]) : "-",
+                  d->mem.framework_bytes >= 0 ? human_bytes(d->mem.framework_bytes, h[1]) : "-",
+                  d->mem.non_framework_bytes >= 0 ? human_bytes(d->mem.non_framework_bytes, h[2]) : "-",
+                  d->mem.other_processes_bytes >= 0 ? human_bytes(d->mem.other_processes_bytes, h[3]) : "-");
+        sb_html(b, d->status_str ? d->status_str : "?", 20, 0);
+        sb_printf(b, "%s</td></tr>", i == j->first ? " <b style=\"color:#d93636\">(first)</b>" : "");
+    }
+    sb_puts(b, "</tbody></table>");
+    for (int i = 0; i < j->n; i++) {
+        const struct og_dump *d = j->r[i];
+        int cnt = 0;
+        for (int k = 0; k < d->mem.nprocs; k++)
+            cnt += rank_of_pid(j, d, d->mem.procs[k].pid) >= 0;
+        if (!cnt)
+            continue;
+        sb_puts(b, "<p>&#9888; ");
+        who(b, d, 1);
+        sb_puts(b, "&#39;s GPU (");
+        if (device_of(d) >= 0)
+            sb_printf(b, "GPU %lld on ", (long long)device_of(d));
+        sb_html(b, d->host ? d->host : "?", 60, 0);
+        sb_printf(b, ") holds %d context%s of other ranks: ", cnt, cnt == 1 ? "" : "s");
+        int c = 0;
+        for (int k = 0; k < d->mem.nprocs; k++) {
+            int r = rank_of_pid(j, d, d->mem.procs[k].pid);
+            if (r < 0)
+                continue;
+            sb_printf(b, "%spid %lld (", c++ ? ", " : "", (long long)d->mem.procs[k].pid);
+            who(b, j->r[r], 1);
+            sb_printf(b, ", %s)", human_bytes(d->mem.procs[k].bytes, h[0]));
+        }
+        sb_puts(b, "</p>");
+    }
+    if (j->n > 1 && j->max_i >= 0) {
+        int64_t spread = j->max_used - j->min_used;
+        double frac = j->max_used > 0 ? (double)spread / (double)j->max_used : 0;
+        sb_printf(b, "<p><b>Skew:</b> %s to %s, a spread of %s (%.1f%%)%s</p>", human_bytes(j->min_used, h[0]),
+                  human_bytes(j->max_used, h[1]), human_bytes(spread, h[2]), frac * 100,
+                  frac > SKEW_FLAG ? " \u2014 <b style=\"color:#c98a00\">uneven</b>" : "");
+    }
+    sb_puts(b, "</section>\n");
+}
+
+int og_merge_render(struct sbuf *out, const struct og_merge_input *in, int format, int color)
+{
+    struct og_dump **v = xmalloc((size_t)(in->ndumps ? in->ndumps : 1) * sizeof *v);
+    memcpy(v, in->dumps, (size_t)in->ndumps * sizeof *v);
+    if (in->ndumps)
+        qsort(v, (size_t)in->ndumps, sizeof *v, dump_cmp);
+    /* Jobs are runs of equal job_id in the sorted list. */
+    struct job *jobs = xmalloc((size_t)(in->ndumps ? in->ndumps : 1) * sizeof *jobs);
+    int njobs = 0;
+    for (int i = 0; i < in->ndumps;) {
+        int k = i + 1;
+        while (k < in->ndumps && streq(v[k]->job_id, v[i]->job_id))
+            k++;
+        jobs[njobs] = (struct job){.r = v + i, .n = k - i};
+        analyse(&jobs[njobs++]);
+        i = k;
+    }
+
+    if (format == OG_FMT_JSON) {
+        cJSON *o = cJSON_CreateObject(), *ja = cJSON_CreateArray(), *sk = cJSON_CreateArray();
+        add_str(o, "dir", in->dir);
+        cJSON_AddNumberToObject(o, "dumps", in->ndumps);
+        for (int i = 0; i < njobs; i++)
+            cJSON_AddItemToArray(ja, json_job(&jobs[i]));
+        cJSON_AddItemToObject(o, "jobs", ja);
+        for (int i = 0; i < in->nskipped; i++) {
+            struct sbuf b;
+            sb_init(&b);
+            sb_utf8(&b, in->skipped[i]);
+            cJSON_AddItemToArray(sk, cJSON_CreateString(b.p ? b.p : ""));
+            sb_free(&b);
+        }
+        cJSON_AddItemToObject(o, "skipped", sk);
+        char *s = cJSON_Print(o);
+        if (s) {
+            sb_puts(out, s);
+            sb_putc(out, '\n');
+        } else {
+            out->oom = 1;
+        }
+        cJSON_free(s);
+        cJSON_Delete(o);
+    } else if (format == OG_FMT_HTML) {
+        og_html_begin(out, "oomguard merge");
+        sb_puts(out, "<header class=\"top exit\"><span class=\"badge\">merge</span><h1>");
+        sb_printf(out, "%d dump%s in ", in->ndumps, in->ndumps == 1 ? "" : "s");
+        sb_html(out, in->dir, 200, 0);
+        sb_printf(out, "</h1><p class=\"sub\">%d job%s</p></header><main>", njobs, njobs == 1 ? "" : "s");
+        for (int i = 0; i < njobs; i++)
+            html_job(out, &jobs[i]);
+        if (in->nskipped) {
+            sb_printf(out, "<section class=\"card\"><h2>Skipped %d file%s</h2><ul>", in->nskipped, in->nskipped == 1 ? "" : "s");
+            for (int i = 0; i < in->nskipped; i++) {
+                sb_puts(out, "<li class=\"mono\">");
+                sb_html(out, in->skipped[i], 400, 0);
+                sb_puts(out, "</li>");
+            }
+            sb_puts(out, "</ul></section>");
+        }
+        sb_puts(out, "</main>\n");
+        og_html_end(out);
+    } else {
+        sb_printf(out, "%soomguard merge: %d dump%s in ", color ? "\033[2m" : "", in->ndumps, in->ndumps == 1 ? "" : "s");
+        sb_text(out, in->dir, 200, 0);
+        sb_printf(out, " (%d job%s)%s\n", njobs, njobs == 1 ? "" : "s", color ? "\033[0m" : "");
+        for (int i = 0; i < njobs; i++)
+            text_job(out, &jobs[i], color);
+        if (in->nskipped) {
+            sb_printf(out, "\nSkipped %d file%s:\n", in->nskipped, in->nskipped == 1 ? "" : "s");
+            for (int i = 0; i < in->nskipped; i++) {
+                sb_puts(out, "  ");
+                sb_text(out, in->skipped[i], 400, 0);
+                sb_putc(out, '\n');
+            }
+        }
+    }
+    free(jobs);
+    free(v);
+    return out->oom ? -1 : 0;
+}

@@ -1,0 +1,918 @@
+/* tools/render_html.c — a self-contained HTML report: inline CSS and SVG, one
+ * tiny inline script (allowed by its hash in the page's CSP), nothing fetched.
+ * Every string from the dump goes through sb_html(). */
+#include "report.h"
+#include "version.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define HTML_TOP_SITES 20
+#define CHART_POINTS 1000
+
+/* The only script; its SHA-256 is allowed by the CSP below.  It marks the page
+ * as fully parsed, which the headless-browser test checks. */
+#define OK_SCRIPT "document.body.dataset.ok=\"1\";"
+#define OK_SCRIPT_SHA256 "7zcKPzuLjUWvXFuvmHHFF/RkS5rSWHsU5vrO8e66mEA="
+
+static const char CSS[] =
+    ":root{--fg:#1d2330;--muted:#5f6b7a;--line:#e3e7ee;--bg:#f5f7fa;--card:#fff;--accent:#3366cc;"
+    "--fw:#3b6fd8;--cached:#9dbcf2;--nonfw:#8e5ad6;--proc:#6b8bd6;--other:#e8833a;--unacc:#b9c0ca;--free:#bfe3c8;"
+    "--req:#d93636;--ok:#1f9d55;--warn:#c98a00}"
+    "*{box-sizing:border-box}"
+    "body{margin:0;background:var(--bg);color:var(--fg);font:14px/1.5 system-ui,-apple-system,'Segoe UI',"
+    "Roboto,'Helvetica Neue',Arial,sans-serif}"
+    "header.top{padding:28px 40px 24px;color:#fff;background:linear-gradient(120deg,#7a1f1f,#c43c3c)}"
+    "header.top.recovered{background:linear-gradient(120deg,#145c36,#1f9d55)}"
+    "header.top.warning{background:linear-gradient(120deg,#7a5200,#c98a00)}"
+    "header.top.exit,header.top.other{background:linear-gradient(120deg,#1b3a6b,#3366cc)}"
+    ".badge{display:inline-block;font-size:11px;font-weight:700;letter-spacing:.08em;padding:3px 9px;"
+    "border-radius:999px;background:rgba(255,255,255,.2);text-transform:uppercase}"
+    "header h1{margin:10px 0 6px;font-size:26px;font-weight:650;line-height:1.25}"
+    "header .sub{margin:0;opacity:.9;font-size:14px}"
+    "main{max-width:1180px;margin:0 auto;padding:24px 28px 40px}"
+    ".kpis{display:grid;grid-template-columns:repeat(auto-fit,minmax(170px,1fr));gap:12px;margin-bottom:18px}"
+    ".kpi{background:var(--card);border:1px solid var(--line);border-radius:10px;padding:12px 16px}"
+    ".kpi .k{font-size:12px;color:var(--muted);text-transform:uppercase;letter-spacing:.05em}"
+    ".kpi .v{font-size:22px;font-weight:650;margin-top:2px}.kpi .x{font-size:12px;color:var(--muted)}"
+    ".kpi.bad .v{color:var(--req)}.kpi.good .v{color:var(--ok)}"
+    "section.card{background:var(--card);border:1px solid var(--line);border-radius:12px;padding:18px 22px;"
+    "margin-bottom:18px;box-shadow:0 1px 2px rgba(20,30,50,.04)}"
+    "section.card h2{margin:0 0 12px;font-size:16px;font-weight:650}"
+    ".primary{border-left:5px solid var(--req)}.primary.recovered{border-left-color:var(--ok)}"
+    ".primary .t{font-size:17px;font-weight:600}"
+    ".muted{color:var(--muted)}.mono,pre,code{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}"
+    "svg{display:block;width:100%;height:auto}"
+    "svg text{font-family:system-ui,-apple-system,'Segoe UI',Roboto,Arial,sans-serif}"
+    ".legend{display:grid;grid-template-columns:repeat(auto-fill,minmax(330px,1fr));gap:6px 28px;margin-top:12px}"
+    ".legend div{display:flex;align-items:center;gap:8px}"
+    ".legend .n{margin-left:auto;font-variant-numeric:tabular-nums;white-space:nowrap}"
+    ".sw{width:12px;height:12px;border-radius:3px;flex:none}"
+    "table{width:100%;border-collapse:collapse;font-size:13px}"
+    "th{text-align:left;font-weight:600;color:var(--muted);border-bottom:1px solid var(--line);padding:6px 8px}"
+    "td{border-bottom:1px solid var(--line);padding:6px 8px;vertical-align:top}"
+    "td.num,th.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}"
+    ".share{height:6px;background:#e8edf5;border-radius:3px;min-width:80px}"
+    ".share i{display:block;height:6px;border-radius:3px;background:var(--fw)}"
+    "details summary{cursor:pointer;color:var(--accent)}"
+    "table.fixed{table-layout:fixed}"
+    "table.fixed summary{white-space:nowrap;overflow:hidden;text-overflow:ellipsis}"
+    "td.mono{word-break:break-all}"
+    "ol.frames{margin:6px 0 0;padding-left:22px;font-size:12px}ol.frames li{margin:1px 0;word-break:break-all}"
+    "ol.frames .lib{color:var(--muted)}"
+    ".cause{padding:10px 0;border-bottom:1px solid var(--line)}.cause:last-child{border-bottom:0}"
+    ".cause .hd{display:flex;align-items:center;gap:10px;font-weight:600}"
+    ".conf{width:120px;height:8px;background:#eef1f6;border-radius:4px;overflow:hidden}"
+    ".conf i{display:block;height:8px;background:var(--accent)}"
+    ".ev{display:grid;grid-template-columns:minmax(160px,max-content) 1fr;gap:2px 16px;margin:8px 0 0 2px;font-size:13px}"
+    ".ev .n{color:var(--muted)}"
+    ".remedy{display:grid;grid-template-columns:36px 1fr;gap:4px 10px;padding:12px 0;border-bottom:1px solid var(--line)}"
+    ".remedy:last-child{border-bottom:0}"
+    ".rank{width:28px;height:28px;border-radius:50%;background:var(--accent);color:#fff;display:flex;"
+    "align-items:center;justify-content:center;font-weight:700}"
+    ".remedy .t{font-weight:600;font-size:15px}.chips{margin:4px 0}"
+    ".chip{display:inline-block;font-size:12px;padding:1px 8px;border-radius:999px;margin-right:6px;background:#eef1f6}"
+    ".chip.save{background:#e3f4e9;color:#17693b}.chip.cost{background:#fdf1dc;color:#7a5200}"
+    "pre{background:#0f1623;color:#e6edf7;padding:10px 12px;border-radius:8px;overflow-x:auto;margin:6px 0 0;"
+    "font-size:12.5px;white-space:pre-wrap;word-break:break-all}"
+    ".kv{display:grid;grid-template-columns:max-content 1fr;gap:4px 18px}.kv .n{color:var(--muted)}"
+    ".kv .v{word-break:break-all}"
+    "footer{max-width:1180px;margin:0 auto;padding:0 28px 30px;color:var(--muted);font-size:12px}"
+    "@media print{header.top{-webkit-print-color-adjust:exact;print-color-adjust:exact}}";
+
+struct hx {
+    struct sbuf *b;
+    const struct og_dump *d;
+};
+
+static int toupper_ascii(int c) { return c >= 'a' && c <= 'z' ? c - 'a' + 'A' : c; }
+
+static void esc(struct hx *h, const char *s, size_t max) { sb_html(h->b, s ? s : "", max, 0); }
+
+static const char *hb(int64_t v, char out[32]) { return human_bytes(v, out); }
+
+static void kpi(struct hx *h, const char *cls, const char *k, const char *v, const char *x)
+{
+    sb_printf(h->b, "<div class=\"kpi %s\"><div class=\"k\">%s</div><div class=\"v\">%s</div>", cls, k, v);
+    if (x)
+        sb_printf(h->b, "<div class=\"x\">%s</div>", x);
+    sb_puts(h->b, "</div>");
+}
+
+static const char *status_class(const struct og_dump *d)
+{
+    switch (d->status) {
+    case OG_ST_OOM:
+        return "oom";
+    case OG_ST_RECOVERED:
+        return "recovered";
+    case OG_ST_WARNING:
+        return "warning";
+    case OG_ST_EXIT:
+        return "exit";
+    default:
+        return "other";
+    }
+}
+
+void og_html_begin(struct sbuf *b, const char *title)
+{
+    sb_puts(b, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+               "<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">"
+               "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
+               "style-src 'unsafe-inline'; img-src data:; script-src 'sha256-" OK_SCRIPT_SHA256 "'\">"
+               "<meta name=\"generator\" content=\"oomguard " OOMGUARD_VERSION "\"><title>");
+    sb_html(b, title, 300, 0);
+    sb_printf(b, "</title><style>%s</style></head>\n<body>\n", CSS);
+}
+
+void og_html_end(struct sbuf *b) { sb_puts(b, "<script>" OK_SCRIPT "</script>\n</body></html>\n"); }
+
+static void page_head(struct hx *h)
+{
+    const struct og_dump *d = h->d;
+    struct sbuf t;
+    sb_init(&t);
+    sb_printf(&t, "oomguard: %s", og_status_title(d));
+    if (d->host) {
+        sb_puts(&t, " \u2014 ");
+        sb_puts(&t, d->host); /* escaped by og_html_begin */
+    }
+    if (d->pid >= 0)
+        sb_printf(&t, " pid %lld", (long long)d->pid);
+    og_html_begin(h->b, t.p ? t.p : "oomguard");
+    sb_free(&t);
+}
+
+static void header(struct hx *h)
+{
+    const struct og_dump *d = h->d;
+    char a[32], tm[40];
+    static const char *const badge[] = {"oomguard dump", "Out of memory", "Recovered", "Warning", "Exit summary"};
+    sb_printf(h->b, "<header class=\"top %s\"><span class=\"badge\">%s</span><h1>", status_class(d),
+              d->status == OG_ST_OOM && d->event.caused_by_limit == 1 ? "Limit reached" : badge[d->status]);
+    if (d->event.present && d->event.requested_bytes >= 0) {
+        esc(h, d->event.api ? d->event.api : "allocation", 60);
+        sb_printf(h->b, " of %s %s", hb(d->event.requested_bytes, a),
+                  d->status == OG_ST_RECOVERED ? "failed, then succeeded"
+                  : d->status == OG_ST_OOM     ? "failed"
+                                               : "requested");
+    } else {
+        sb_puts(h->b, og_status_title(d));
+    }
+    int64_t dev = d->event.device >= 0 ? d->event.device : d->device.index;
+    if (dev >= 0)
+        sb_printf(h->b, " on GPU %lld", (long long)dev);
+    sb_puts(h->b, "</h1><p class=\"sub\">");
+    int sep = 0;
+#define SEP() sb_puts(h->b, sep++ ? " \u00b7 " : "")
+    if (d->device.name) {
+        SEP();
+        esc(h, d->device.name, 80);
+    }
+    if (d->host) {
+        SEP();
+        esc(h, d->host, 80);
+    }
+    if (d->pid >= 0) {
+        SEP();
+        sb_printf(h->b, "pid %lld", (long long)d->pid);
+    }
+    if (d->rank >= 0) {
+        SEP();
+        sb_printf(h->b, "rank %lld", (long long)d->rank);
+        if (d->world_size >= 0)
+            sb_printf(h->b, "/%lld", (long long)d->world_size);
+    }
+    if (d->framework_name) {
+        SEP();
+        sb_puts(h->b, og_framework_title(d->framework_name));
+    }
+    double when = d->event.present && isfinite(d->event.t) ? d->event.t : d->time;
+    if (og_format_time(when, tm)[0]) {
+        SEP();
+        sb_puts(h->b, tm);
+    }
+#undef SEP
+    sb_puts(h->b, "</p></header>\n<main>\n");
+}
+
+static void kpis(struct hx *h)
+{
+    const struct og_dump *d = h->d;
+    char a[32], b[32], x[96];
+    sb_puts(h->b, "<div class=\"kpis\">");
+    if (d->event.present && d->event.requested_bytes >= 0)
+        kpi(h, "", "Requested", hb(d->event.requested_bytes, a), NULL);
+    if (d->device.free_bytes >= 0) {
+        if (d->device.total_bytes > 0)
+            snprintf(x, sizeof x, "of %s on the device", hb(d->device.total_bytes, b));
+        kpi(h, "", "Free", hb(d->device.free_bytes, a), d->device.total_bytes > 0 ? x : NULL);
+    }
+    int64_t sf = og_shortfall(d);
+    if (d->status == OG_ST_OOM && sf != INT64_MIN) {
+        if (sf > 0 && d->event.caused_by_limit == 1)
+            kpi(h, "bad", "Over the limit by", hb(sf, a), "OOMGUARD_LIMIT refused it");
+        else if (sf > 0)
+            kpi(h, "bad", "Short by", hb(sf, a), "more than was free");
+        else
+            kpi(h, "bad", "Short by", "0 B", "enough free in total, not in one piece");
+    }
+    if (d->status == OG_ST_RECOVERED && d->event.released_between_attempts_bytes >= 0)
+        kpi(h, "good", "Released to recover", hb(d->event.released_between_attempts_bytes, a), "by the framework between attempts");
+    if (og_process_bytes(d) >= 0)
+        kpi(h, "", "This process", hb(og_process_bytes(d), a),
+            d->mem.process_used_bytes >= 0 ? "on the device (NVML)" : "tracked by oomguard");
+    if (d->hist.peak_bytes >= 0) {
+        if (isfinite(d->hist.peak_t_rel))
+            snprintf(x, sizeof x, "at %.1f s", d->hist.peak_t_rel);
+        kpi(h, "", "Peak", hb(d->hist.peak_bytes, a), isfinite(d->hist.peak_t_rel) ? x : NULL);
+    }
+    sb_puts(h->b, "</div>\n");
+}
+
+static void primary(struct hx *h)
+{
+    const struct og_cause *c = og_primary_cause(h->d);
+    if (!c)
+        return;
+    const char *title = og_cause_title(c->id);
+    sb_printf(h->b, "<section class=\"card primary %s\"><div class=\"muted\">Diagnosis</div><div class=\"t\">",
+              status_class(h->d));
+    if (title) {
+        sb_putc(h->b, toupper_ascii(title[0]));
+        sb_puts(h->b, title + 1);
+    } else {
+        esc(h, c->id, 60);
+    }
+    if (isfinite(c->confidence))
+        sb_printf(h->b, " <span class=\"muted\">(confidence %.0f%%)</span>", fmin(fmax(c->confidence, 0), 1) * 100);
+    sb_puts(h->b, "</div>");
+    if (c->summary) {
+        sb_puts(h->b, "<p style=\"margin:6px 0 0\">");
+        esc(h, c->summary, 1000);
+        sb_puts(h->b, "</p>");
+    }
+    sb_puts(h->b, "</section>\n");
+}
+
+/* ---- chart ---- */
+
+struct pt {
+    double t, v;
+};
+
+static int pt_cmp(const void *a, const void *b)
+{
+    const struct pt *x = a, *y = b;
+    return x->t < y->t ? -1 : x->t > y->t;
+}
+
+/* Usage points, sorted by time and reduced to about CHART_POINTS by keeping
+ * each bucket's minimum and maximum, so spikes survive downsampling. */
+static struct pt *chart_points(const struct og_dump *d, size_t *np)
+{
+    size_t n = 0, cap = d->hist.nsamples >= 2 ? d->hist.nsamples : d->hist.nevents;
+    if (cap < 2)
+        return NULL;
+    struct pt *p = malloc(cap * sizeof *p);
+    if (!p)
+        return NULL;
+    if (d->hist.nsamples >= 2) {
+        for (size_t i = 0; i < d->hist.nsamples; i++)
+            if (isfinite(d->hist.samples[i].t_rel) && d->hist.samples[i].live_bytes >= 0)
+                p[n++] = (struct pt){d->hist.samples[i].t_rel, (double)d->hist.samples[i].live_bytes};
+    } else {
+        for (size_t i = 0; i < d->hist.nevents; i++) {
+            const struct og_event *e = &d->hist.events[i];
+            if (isfinite(e->t_rel) && e->live_bytes >= 0 && og_event_on_device(d, e))
+                p[n++] = (struct pt){e->t_rel, (double)e->live_bytes};
+        }
+    }
+    int sorted = 1;
+    for (size_t i = 1; i < n && sorted; i++)
+        sorted = p[i - 1].t <= p[i].t;
+    if (!sorted)
+        qsort(p, n, sizeof *p, pt_cmp);
+    if (n > CHART_POINTS) {
+        size_t buckets = CHART_POINTS / 2, out = 0;
+        for (size_t k = 0; k < buckets; k++) {
+            size_t lo = k * n / buckets, hi = (k + 1) * n / buckets, mn = lo, mx = lo;
+            for (size_t i = lo; i < hi; i++) {
+                if (p[i].v < p[mn].v)
+                    mn = i;
+                if (p[i].v > p[mx].v)
+                    mx = i;
+            }
+            struct pt a = p[mn < mx ? mn : mx], b = p[mn < mx ? mx : mn];
+            p[out++] = a;
+            if (mn != mx)
+                p[out++] = b;
+        }
+        n = out;
+    }
+    *np = n;
+    if (n < 2) {
+        free(p);
+        return NULL;
+    }
+    return p;
+}
+
+static double nice_step(double range, int target)
+{
+    double raw = range / target, mag = pow(10, floor(log10(raw))), f = raw / mag;
+    return (f < 1.5 ? 1 : f < 3 ? 2 : f < 7 ? 5 : 10) * mag;
+}
+
+static void unit_for(double max, double *unit, const char **name)
+{
+    static const char *const names[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    int u = 0;
+    double v = 1;
+    while (u < 5 && max >= v * 1024 * 2) {
+        v *= 1024;
+        u++;
+    }
+    *unit = v;
+    *name = names[u];
+}
+
+static void chart(struct hx *h)
+{
+    const struct og_dump *d = h->d;
+    size_t n = 0;
+    struct pt *p = chart_points(d, &n);
+    if (!p)
+        return;
+    const double W = 1000, H = 330, L = 74, R = 150, T = 16, B = 42;
+    const double pw = W - L - R, ph = H - T - B;
+    double t0 = p[0].t, t1 = p[n - 1].t, vmax = 0;
+    for (size_t i = 0; i < n; i++)
+        vmax = fmax(vmax, p[i].v);
+    double tfail = d->event.present ? d->event.t_rel : NAN;
+    if (isfinite(tfail)) {
+        t0 = fmin(t0, tfail);
+        t1 = fmax(t1, tfail);
+    }
+    double live_at_fail = NAN;
+    if (isfinite(tfail))
+        for (size_t i = 0; i < n && p[i].t <= tfail; i++)
+            live_at_fail = p[i].v;
+    double req = d->event.requested_bytes >= 0 ? (double)d->event.requested_bytes : 0;
+    if (d->device.total_bytes > 0)
+        vmax = fmax(vmax, (double)d->device.total_bytes);
+    if (d->device.limit_bytes >= 0)
+        vmax = fmax(vmax, (double)d->device.limit_bytes);
+    if (d->hist.peak_bytes >= 0)
+        vmax = fmax(vmax, (double)d->hist.peak_bytes);
+    if (isfinite(live_at_fail))
+        vmax = fmax(vmax, live_at_fail + req);
+    vmax *= 1.06;
+    if (!(vmax > 0))
+        vmax = 1;
+    if (!(t1 > t0))
+        t1 = t0 + 1;
+    if (!isfinite(t1 - t0) || !isfinite(vmax)) {
+        free(p);
+        return;
+    }
+#define X(t) (L + ((t) - t0) / (t1 - t0) * pw)
+#define Y(v) (T + ph - (v) / vmax * ph)
+
+    sb_puts(h->b, "<section class=\"card\"><h2>Device memory over time</h2>"
+                  "<svg viewBox=\"0 0 1000 330\" role=\"img\" aria-label=\"memory over time\" id=\"chart\">");
+    /* y grid and labels */
+    double unit;
+    const char *uname;
+    unit_for(vmax, &unit, &uname);
+    double step = nice_step(vmax / unit, 5);
+    /* Loops count steps: with hostile magnitudes `v += step` may not advance. */
+    for (int k = 0; k <= 20 && step > 0 && k * step <= vmax / unit + 1e-9; k++) {
+        double v = k * step, y = Y(v * unit);
+        sb_printf(h->b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e8ecf2\"/>", L, y, L + pw, y);
+        sb_printf(h->b, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"end\" fill=\"#5f6b7a\">%g %s</text>",
+                  L - 8, y + 4, v, uname);
+    }
+    /* x labels */
+    double span = t1 - t0, tu = span >= 7200 ? 3600 : span >= 600 ? 60 : 1;
+    const char *tn = tu == 3600 ? "h" : tu == 60 ? "min" : "s";
+    double tstep = nice_step(span / tu, 8) * tu;
+    double tfirst = ceil(t0 / tstep) * tstep;
+    if (tstep > 0 && isfinite(tstep) && span / tstep < 40)
+        for (int k = 0; k < 40 && tfirst + k * tstep <= t1 + 1e-9; k++) {
+            double t = tfirst + k * tstep;
+            if (t < t0 - 1e-9)
+                continue;
+            sb_printf(h->b,
+                      "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#c9d0da\"/>"
+                      "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\" fill=\"#5f6b7a\">%g %s</text>",
+                      X(t), T + ph, X(t), T + ph + 5, X(t), T + ph + 19, t / tu, tn);
+        }
+    sb_printf(h->b, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\" fill=\"#5f6b7a\">time since the process started</text>",
+              L + pw / 2, H - 6);
+    sb_printf(h->b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#8a94a3\"/>", L, T + ph, L + pw, T + ph);
+
+    /* area + line (step-wise: usage holds until the next event) */
+    sb_printf(h->b, "<path fill=\"#3b6fd8\" fill-opacity=\"0.13\" d=\"M%.1f %.1f", X(p[0].t), Y(0.0));
+    for (size_t i = 0; i < n; i++)
+        sb_printf(h->b, "L%.1f %.1f", X(p[i].t), Y(p[i].v));
+    sb_printf(h->b, "L%.1f %.1fZ\"/>", X(p[n - 1].t), Y(0.0));
+    sb_printf(h->b, "<path fill=\"none\" stroke=\"#3b6fd8\" stroke-width=\"2\" stroke-linejoin=\"round\" d=\"M%.1f %.1f",
+              X(p[0].t), Y(p[0].v));
+    for (size_t i = 1; i < n; i++)
+        sb_printf(h->b, "L%.1f %.1f", X(p[i].t), Y(p[i].v));
+    sb_puts(h->b, "\"><title>device memory tracked by oomguard for this process</title></path>");
+
+    char a[32];
+    if (d->device.total_bytes > 0) {
+        double y = Y((double)d->device.total_bytes);
+        sb_printf(h->b,
+                  "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#1d2330\" stroke-dasharray=\"6 4\"/>"
+                  "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" fill=\"#1d2330\">device total %s</text>",
+                  L, y, L + pw, y, L + pw + 8, y + 4, hb(d->device.total_bytes, a));
+    }
+    if (d->device.limit_bytes >= 0) {
+        double y = Y((double)d->device.limit_bytes);
+        sb_printf(h->b,
+                  "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#c98a00\" stroke-dasharray=\"3 3\" stroke-width=\"1.5\"/>"
+                  "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" fill=\"#8a5d00\">limit %s</text>",
+                  L, y, L + pw, y, L + pw + 8, y + 16, hb(d->device.limit_bytes, a));
+    }
+    if (d->hist.peak_bytes >= 0 && isfinite(d->hist.peak_t_rel) && d->hist.peak_t_rel >= t0 && d->hist.peak_t_rel <= t1)
+        sb_printf(h->b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"#fff\" stroke=\"#3b6fd8\" stroke-width=\"2\">"
+                        "<title>peak %s</title></circle>",
+                  X(d->hist.peak_t_rel), Y((double)d->hist.peak_bytes), hb(d->hist.peak_bytes, a));
+    if (isfinite(tfail)) {
+        const char *col = d->status == OG_ST_RECOVERED ? "#1f9d55" : "#d93636";
+        double x = X(tfail);
+        sb_printf(h->b,
+                  "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-dasharray=\"4 3\" stroke-width=\"1.5\"/>",
+                  x, T, x, T + ph, col);
+        if (isfinite(live_at_fail) && req > 0)
+            sb_printf(h->b,
+                      "<rect x=\"%.1f\" y=\"%.1f\" width=\"8\" height=\"%.1f\" fill=\"%s\" fill-opacity=\"0.55\">"
+                      "<title>the failed request: %s on top of the usage at that moment</title></rect>",
+                      x - 4, Y(live_at_fail + req), fmax(Y(live_at_fail) - Y(live_at_fail + req), 1.0), col, hb((int64_t)req, a));
+        int right = x > L + pw * 0.7;
+        /* Below the device-total line, which sits near the top. */
+        double ly = d->device.total_bytes > 0 ? Y((double)d->device.total_bytes) + 18 : T + 14;
+        sb_printf(h->b, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" font-weight=\"600\" fill=\"%s\" text-anchor=\"%s\">%s",
+                  right ? x - 8 : x + 8, ly, col, right ? "end" : "start",
+                  d->status == OG_ST_RECOVERED       ? "failed, recovered"
+                  : d->event.caused_by_limit == 1 ? "refused by OOMGUARD_LIMIT"
+                                                  : "out of memory");
+        if (req > 0)
+            sb_printf(h->b, " \u00b7 %s requested", hb((int64_t)req, a));
+        sb_puts(h->b, "</text>");
+    }
+    sb_puts(h->b, "</svg>");
+    sb_printf(h->b, "<div class=\"muted\" style=\"font-size:12px\">Device memory this process held through the "
+                    "allocation APIs oomguard tracks (%zu points%s).</div></section>\n",
+              n, (d->hist.nsamples >= 2 ? d->hist.nsamples : d->hist.nevents) > n ? ", downsampled" : "");
+#undef X
+#undef Y
+    free(p);
+}
+
+/* ---- where the memory is ---- */
+
+static const char *part_color(int kind)
+{
+    static const char *const c[] = {"#3b6fd8", "#9dbcf2", "#8e5ad6", "#6b8bd6", "#e8833a", "#b9c0ca", "#bfe3c8"};
+    return c[kind];
+}
+
+static void breakdown(struct hx *h)
+{
+    const struct og_dump *d = h->d;
+    struct og_part parts[P_NPARTS];
+    int64_t scale;
+    int n = og_breakdown(d, parts, &scale);
+    if (!n || scale <= 0)
+        return;
+    char a[32];
+    int64_t req = d->event.present ? d->event.requested_bytes : -1;
+    /* Room on the right for a request that sticks out past the device. */
+    double total = (double)scale, room = 1000 - 150;
+    double free_x = -1, x = 0;
+    sb_puts(h->b, "<section class=\"card\"><h2>Where the memory is</h2><svg viewBox=\"0 0 1000 104\" id=\"breakdown\">"
+                  "<defs><pattern id=\"hatch\" width=\"6\" height=\"6\" patternUnits=\"userSpaceOnUse\" "
+                  "patternTransform=\"rotate(45)\"><rect width=\"6\" height=\"6\" fill=\"#f7d4d4\"/>"
+                  "<line x1=\"0\" y1=\"0\" x2=\"0\" y2=\"6\" stroke=\"#d93636\" stroke-width=\"3\"/></pattern></defs>");
+    sb_puts(h->b, "<text x=\"0\" y=\"12\" font-size=\"12\" fill=\"#5f6b7a\">device</text>");
+    for (int i = 0; i < n; i++) {
+        double w = (double)parts[i].bytes / total * room;
+        if (parts[i].kind == P_FREE)
+            free_x = x;
+        sb_printf(h->b, "<rect x=\"%.2f\" y=\"18\" width=\"%.2f\" height=\"34\" fill=\"%s\"%s><title>", x, w,
+                  part_color(parts[i].kind), parts[i].kind == P_FREE ? " stroke=\"#1f9d55\" stroke-width=\"1\"" : "");
+        esc(h, parts[i].label, 80);
+        sb_printf(h->b, ": %s</title></rect>", hb(parts[i].bytes, a));
+        x += w;
+    }
+    if (req >= 0) {
+        double rx = free_x >= 0 ? free_x : x, rw = (double)req / total * room;
+        double fw = free_x >= 0 ? x - free_x : 0; /* free segment width */
+        sb_printf(h->b, "<text x=\"0\" y=\"72\" font-size=\"12\" fill=\"#5f6b7a\">request</text>");
+        double fit = fmin(rw, fw);
+        if (fit > 0)
+            sb_printf(h->b, "<rect x=\"%.2f\" y=\"78\" width=\"%.2f\" height=\"20\" fill=\"#d93636\" fill-opacity=\"0.75\"/>", rx, fit);
+        if (rw > fw)
+            sb_printf(h->b, "<rect x=\"%.2f\" y=\"78\" width=\"%.2f\" height=\"20\" fill=\"url(#hatch)\" stroke=\"#d93636\"/>",
+                      rx + fit, fmin(rw - fit, 1000 - rx - fit));
+        sb_printf(h->b, "<line x1=\"%.2f\" y1=\"14\" x2=\"%.2f\" y2=\"100\" stroke=\"#d93636\" stroke-dasharray=\"3 2\"/>", rx, rx);
+        double lx = fmin(rx + rw + 8, 1000 - 4);
+        int anchor_end = rx + rw + 8 > 1000 - 140;
+        sb_printf(h->b, "<text x=\"%.2f\" y=\"93\" font-size=\"12\" font-weight=\"600\" fill=\"#b02a2a\" text-anchor=\"%s\">%s%s</text>",
+                  anchor_end ? fmax(rx - 8, 60) : lx, anchor_end ? "end" : "start", hb(req, a),
+                  rw > fw && d->status != OG_ST_RECOVERED ? " \u2014 does not fit" : "");
+    }
+    if (d->device.limit_bytes >= 0 && (double)d->device.limit_bytes < total) {
+        double lx = (double)d->device.limit_bytes / total * room;
+        sb_printf(h->b, "<line x1=\"%.2f\" y1=\"14\" x2=\"%.2f\" y2=\"56\" stroke=\"#c98a00\" stroke-width=\"2.5\"/>"
+                        "<text x=\"%.2f\" y=\"11\" font-size=\"11\" fill=\"#8a5d00\" text-anchor=\"middle\">limit %s</text>",
+                  lx, lx, lx, hb(d->device.limit_bytes, a));
+    }
+    sb_puts(h->b, "</svg><div class=\"legend\">");
+    for (int i = 0; i < n; i++) {
+        sb_printf(h->b, "<div><span class=\"sw\" style=\"background:%s\"></span>", part_color(parts[i].kind));
+        esc(h, parts[i].label, 80);
+        sb_printf(h->b, "<span class=\"n\">%s <span class=\"muted\">%.1f%%</span></span></div>", hb(parts[i].bytes, a),
+                  100.0 * (double)parts[i].bytes / total);
+    }
+    if (req >= 0)
+        sb_printf(h->b, "<div><span class=\"sw\" style=\"background:#d93636\"></span>Failed request"
+                        "<span class=\"n\">%s</span></div>",
+                  hb(req, a));
+    sb_puts(h->b, "</div>");
+
+    const cJSON *fw = d->mem.framework, *it;
+    if (fw) {
+        int first = 1;
+        cJSON_ArrayForEach(it, fw)
+        {
+            size_t kl = it->string ? strlen(it->string) : 0;
+            if (kl <= 6 || strcmp(it->string + kl - 6, "_bytes") || !cJSON_IsNumber(it))
+                continue;
+            if (first)
+                sb_printf(h->b, "<h2 style=\"margin-top:16px\">%s allocator</h2><div class=\"kv\">",
+                          og_framework_title(d->framework_name));
+            first = 0;
+            char key[48];
+            snprintf(key, sizeof key, "%.*s", (int)(kl - 6 > 40 ? 40 : kl - 6), it->string);
+            sb_puts(h->b, "<div class=\"n\">");
+            esc(h, key, 40);
+            sb_printf(h->b, "</div><div>%s</div>", hb((int64_t)it->valuedouble, a));
+        }
+        if (!first)
+            sb_puts(h->b, "</div>");
+    }
+    sb_puts(h->b, "</section>\n");
+}
+
+static void causes(struct hx *h)
+{
+    const struct og_dump *d = h->d;
+    if (!d->diag.ncauses)
+        return;
+    sb_puts(h->b, "<section class=\"card\"><h2>Diagnosis</h2>");
+    for (int i = 0; i < d->diag.ncauses; i++) {
+        const struct og_cause *c = &d->diag.causes[i];
+        double conf = isfinite(c->confidence) ? fmin(fmax(c->confidence, 0), 1) : 0;
+        sb_puts(h->b, "<div class=\"cause\"><div class=\"hd\"><code>");
+        esc(h, c->id ? c->id : "?", 60);
+        sb_printf(h->b, "</code><span class=\"conf\"><i style=\"width:%.0f%%\"></i></span><span class=\"muted\">%.0f%%</span>",
+                  conf * 100, conf * 100);
+        const char *title = og_cause_title(c->id);
+        if (title)
+            sb_printf(h->b, "<span class=\"muted\" style=\"font-weight:400\">%s</span>", title);
+        sb_puts(h->b, "</div>");
+        if (c->summary) {
+            sb_puts(h->b, "<div style=\"margin-top:4px\">");
+            esc(h, c->summary, 2000);
+            sb_puts(h->b, "</div>");
+        }
+        if (c->nevidence) {
+            sb_puts(h->b, "<div class=\"ev\">");
+            for (int j = 0; j < c->nevidence && j < 50; j++) {
+                sb_puts(h->b, "<div class=\"n mono\">");
+                esc(h, c->evidence[j].name, 60);
+                sb_puts(h->b, "</div><div>");
+                og_evidence_value(h->b, &c->evidence[j], 1);
+                sb_puts(h->b, "</div>");
+            }
+            sb_puts(h->b, "</div>");
+        }
+        sb_puts(h->b, "</div>");
+    }
+    sb_puts(h->b, "</section>\n");
+}
+
+static void remedies(struct hx *h)
+{
+    const struct og_dump *d = h->d;
+    if (!d->nremedies)
+        return;
+    sb_puts(h->b, "<section class=\"card\" id=\"remedies\"><h2>What to do</h2>");
+    for (int i = 0; i < d->nremedies && i < 30; i++) {
+        const struct og_remedy *r = &d->remedies[i];
+        sb_printf(h->b, "<div class=\"remedy\"><div class=\"rank\">%lld</div><div><div class=\"t\">",
+                  (long long)(r->rank >= 0 && r->rank < 1000 ? r->rank : i + 1));
+        esc(h, r->title ? r->title : r->id ? r->id : "?", 300);
+        if (r->id) {
+            sb_puts(h->b, " <code class=\"muted\" style=\"font-size:12px;font-weight:400\">");
+            esc(h, r->id, 60);
+            sb_puts(h->b, "</code>");
+        }
+        sb_puts(h->b, "</div>");
+        if (r->saving || r->cost) {
+            sb_puts(h->b, "<div class=\"chips\">");
+            if (r->saving) {
+                sb_puts(h->b, "<span class=\"chip save\">saves ");
+                esc(h, r->saving, 80);
+                sb_puts(h->b, "</span>");
+            }
+            if (r->cost) {
+                sb_puts(h->b, "<span class=\"chip cost\">cost: ");
+                esc(h, r->cost, 120);
+                sb_puts(h->b, "</span>");
+            }
+            sb_puts(h->b, "</div>");
+        }
+        if (r->why) {
+            sb_puts(h->b, "<div>");
+            esc(h, r->why, 1000);
+            sb_puts(h->b, "</div>");
+        }
+        if (r->nhow) {
+            sb_puts(h->b, "<pre>");
+            for (int j = 0; j < r->nhow && j < 40; j++) {
+                sb_html(h->b, r->how[j], 500, OG_TEXT_KEEP_NL);
+                sb_putc(h->b, '\n');
+            }
+            sb_puts(h->b, "</pre>");
+        }
+        sb_puts(h->b, "</div></div>");
+    }
+    sb_puts(h->b, "</section>\n");
+}
+
+static void frame_list(struct hx *h, const struct og_frame *f, int n, int max)
+{
+    sb_puts(h->b, "<ol class=\"frames mono\">");
+    for (int i = 0; i < n && i < max; i++) {
+        sb_puts(h->b, "<li>");
+        esc(h, f[i].symbol ? f[i].symbol : f[i].ip ? f[i].ip : "?", 300);
+        if (f[i].library) {
+            sb_puts(h->b, " <span class=\"lib\">");
+            esc(h, f[i].library, 100);
+            sb_puts(h->b, "</span>");
+        }
+        sb_puts(h->b, "</li>");
+    }
+    if (n > max)
+        sb_printf(h->b, "<li class=\"muted\">\u2026 %d more frames</li>", n - max);
+    sb_puts(h->b, "</ol>");
+}
+
+static void sites(struct hx *h, int top)
+{
+    const struct og_dump *d = h->d;
+    if (!d->nsites)
+        return;
+    char a[32], g[32];
+    int shown = d->nsites < top ? d->nsites : top;
+    sb_printf(h->b, "<section class=\"card\"><h2>Top allocation sites <span class=\"muted\" style=\"font-weight:400\">"
+                    "%d of %s, %s in all</span></h2>",
+              shown, group_digits(d->sites_total, g), hb(d->sites_total_bytes, a));
+    sb_puts(h->b, "<table id=\"sites\" class=\"fixed\"><colgroup><col style=\"width:4%\"><col style=\"width:10%\">"
+                  "<col style=\"width:10%\"><col style=\"width:8%\"><col style=\"width:11%\"><col style=\"width:15%\">"
+                  "<col style=\"width:42%\"></colgroup><thead><tr><th class=\"num\">#</th><th class=\"num\">memory</th><th>share</th>"
+                  "<th class=\"num\">blocks</th><th>api</th><th>library</th><th>where</th></tr></thead><tbody>");
+    double max = d->sites[0].bytes > 0 ? (double)d->sites[0].bytes : 1;
+    for (int i = 0; i < shown; i++) {
+        const struct og_site *s = &d->sites[i];
+        sb_printf(h->b, "<tr><td class=\"num\">%d</td><td class=\"num\">%s</td>"
+                        "<td><div class=\"share\"><i style=\"width:%.1f%%\"></i></div></td><td class=\"num\">%s</td><td class=\"mono\">",
+                  i + 1, hb(s->bytes, a), s->bytes > 0 ? 100.0 * (double)s->bytes / max : 0.0,
+                  s->blocks >= 0 ? group_digits(s->blocks, g) : "-");
+        esc(h, s->api ? s->api : "-", 40);
+        sb_puts(h->b, "</td><td class=\"mono\">");
+        esc(h, s->library ? s->library : "-", 80);
+        sb_puts(h->b, "</td><td>");
+        if (s->nframes) {
+            /* Label with the first frame outside the allocating library: the
+             * allocator's own frames are the same for every site. */
+            const struct og_frame *f = &s->frames[0];
+            for (int k = 0; k < s->nframes; k++)
+                if (s->frames[k].library && s->library && strcmp(s->frames[k].library, s->library) &&
+                    !strstr(s->frames[k].library, "libcudart") && !strstr(s->frames[k].library, "libcuda.so")) {
+                    f = &s->frames[k];
+                    break;
+                }
+            sb_puts(h->b, "<details><summary class=\"mono\" style=\"font-size:12px\">");
+            esc(h, f->symbol ? f->symbol : f->ip ? f->ip : "?", 90);
+            sb_puts(h->b, "</summary>");
+            frame_list(h, s->frames, s->nframes, 40);
+            sb_puts(h->b, "</details>");
+        } else {
+            sb_puts(h->b, "<span class=\"muted\">no stack</span>");
+        }
+        sb_puts(h->b, "</td></tr>");
+    }
+    sb_puts(h->b, "</tbody></table></section>\n");
+}
+
+/* summary.devices: each GPU's peak and the card sizes it would fit on. */
+static void fits(struct hx *h)
+{
+    const struct og_dump *d = h->d;
+    if (!d->ndevsum)
+        return;
+    char a[32];
+    sb_puts(h->b, "<section class=\"card\"><h2>Peak per GPU, and the cards it fits on</h2><table><thead><tr>"
+                  "<th class=\"num\">GPU</th><th class=\"num\">peak</th><th class=\"num\">at</th><th>mostly</th>"
+                  "<th>fits on</th></tr></thead><tbody>");
+    for (int i = 0; i < d->ndevsum && i < 64; i++) {
+        const struct og_devsum *v = &d->devsum[i];
+        sb_printf(h->b, "<tr><td class=\"num\">%lld</td><td class=\"num\">%s</td><td class=\"num\">", (long long)v->index,
+                  v->peak_bytes >= 0 ? hb(v->peak_bytes, a) : "-");
+        if (isfinite(v->peak_t_rel))
+            sb_printf(h->b, "%.1f s", v->peak_t_rel);
+        sb_puts(h->b, "</td><td class=\"mono\">");
+        esc(h, v->peak_library ? v->peak_library : "-", 80);
+        sb_puts(h->b, "</td><td>");
+        for (int j = 0; j < v->nfits && j < 32; j++)
+            sb_printf(h->b, "<span class=\"chip %s\">%g GB %s</span>", v->fits[j].fits == 1 ? "save" : "cost",
+                      v->fits[j].card_gb, v->fits[j].fits == 1 ? "\u2713" : v->fits[j].fits == 0 ? "\u2717" : "?");
+        sb_puts(h->b, "</td></tr>");
+    }
+    sb_puts(h->b, "</tbody></table></section>\n");
+}
+
+static void failed_call(struct hx *h)
+{
+    const struct og_dump *d = h->d;
+    if (!d->event.present)
+        return;
+    char a[32];
+    sb_puts(h->b, "<section class=\"card\"><h2>The failed call</h2><div class=\"kv\">");
+#define KV(name) sb_puts(h->b, "<div class=\"n\">" name "</div><div class=\"v\">")
+    if (d->event.api) {
+        KV("api");
+        esc(h, d->event.api, 80);
+        if (d->event.driver_api) {
+            sb_puts(h->b, " \u2192 ");
+            esc(h, d->event.driver_api, 80);
+        }
+        sb_puts(h->b, "</div>");
+    }
+    if (d->event.library) {
+        KV("called from");
+        esc(h, d->event.library, 120);
+        sb_puts(h->b, "</div>");
+    }
+    if (d->event.requested_bytes >= 0) {
+        char g[32];
+        KV("requested");
+        sb_printf(h->b, "%s (%s bytes)</div>", hb(d->event.requested_bytes, a), group_digits(d->event.requested_bytes, g));
+    }
+    if (d->event.result >= 0) {
+        const char *rn = og_result_name(d->event.result);
+        KV("result");
+        sb_printf(h->b, "%lld%s%s%s</div>", (long long)d->event.result, rn ? " (" : "", rn ? rn : "", rn ? ")" : "");
+    }
+    if (d->event.attempts >= 0) {
+        KV("attempts");
+        sb_printf(h->b, "%lld", (long long)d->event.attempts);
+        if (d->event.released_between_attempts_bytes >= 0)
+            sb_printf(h->b, ", %s released between them", hb(d->event.released_between_attempts_bytes, a));
+        sb_puts(h->b, "</div>");
+    }
+    if (d->event.stream_ordered >= 0 || d->event.caused_by_limit >= 0) {
+        KV("kind");
+        sb_printf(h->b, "%s%s</div>", d->event.stream_ordered == 1 ? "stream-ordered (pool)" : "plain",
+                  d->event.caused_by_limit == 1 ? ", refused by OOMGUARD_LIMIT" : "");
+    }
+#undef KV
+    sb_puts(h->b, "</div>");
+    if (d->event.nstack) {
+        sb_puts(h->b, "<div class=\"muted\" style=\"margin-top:10px\">Stack</div>");
+        frame_list(h, d->event.stack, d->event.nstack, 64);
+    }
+    sb_puts(h->b, "</section>\n");
+}
+
+static void processes(struct hx *h)
+{
+    const struct og_dump *d = h->d;
+    if (!d->mem.nprocs)
+        return;
+    char a[32];
+    sb_puts(h->b, "<section class=\"card\"><h2>Other processes on this GPU</h2><table><thead><tr>"
+                  "<th class=\"num\">pid</th><th>name</th><th class=\"num\">memory</th></tr></thead><tbody>");
+    for (int i = 0; i < d->mem.nprocs && i < 200; i++) {
+        sb_printf(h->b, "<tr><td class=\"num\">%lld</td><td class=\"mono\">", (long long)d->mem.procs[i].pid);
+        esc(h, d->mem.procs[i].name, 200);
+        sb_printf(h->b, "</td><td class=\"num\">%s</td></tr>", hb(d->mem.procs[i].bytes, a));
+    }
+    sb_puts(h->b, "</tbody></table></section>\n");
+}
+
+static void details(struct hx *h)
+{
+    const struct og_dump *d = h->d;
+    char a[32];
+    sb_puts(h->b, "<section class=\"card\"><h2>Process and environment</h2><div class=\"kv\">");
+    if (d->cmdline) {
+        sb_puts(h->b, "<div class=\"n\">command</div><div class=\"v mono\">");
+        esc(h, d->cmdline, 2000);
+        sb_puts(h->b, "</div>");
+    }
+    if (d->pid >= 0)
+        sb_printf(h->b, "<div class=\"n\">pid</div><div class=\"v\">%lld (parent %lld)</div>", (long long)d->pid,
+                  (long long)d->ppid);
+    if (d->job_id) {
+        sb_puts(h->b, "<div class=\"n\">job</div><div class=\"v mono\">");
+        esc(h, d->job_id, 200);
+        sb_puts(h->b, "</div>");
+    }
+    if (d->device.pci_bus_id || d->device.compute_capability) {
+        sb_puts(h->b, "<div class=\"n\">device</div><div class=\"v\">");
+        esc(h, d->device.name ? d->device.name : "?", 100);
+        if (d->device.pci_bus_id) {
+            sb_puts(h->b, ", PCI ");
+            esc(h, d->device.pci_bus_id, 40);
+        }
+        if (d->device.compute_capability) {
+            sb_puts(h->b, ", compute capability ");
+            esc(h, d->device.compute_capability, 20);
+        }
+        sb_puts(h->b, "</div>");
+    }
+    for (int i = 0; i < d->mem.nlibs && i < 50; i++) {
+        sb_puts(h->b, i ? "<div></div><div class=\"v\">" : "<div class=\"n\">by library</div><div class=\"v\">");
+        sb_puts(h->b, "<span class=\"mono\">");
+        esc(h, d->mem.libs[i].library, 120);
+        sb_printf(h->b, "</span> %s%s</div>", hb(d->mem.libs[i].bytes, a), d->mem.libs[i].framework == 1 ? " (framework)" : "");
+    }
+    if (d->mem.host_pinned_bytes >= 0)
+        sb_printf(h->b, "<div class=\"n\">pinned host memory</div><div class=\"v\">%s</div>", hb(d->mem.host_pinned_bytes, a));
+    for (int i = 0; i < d->mem.nunmeasured && i < 50; i++) {
+        sb_puts(h->b, i ? "<div></div><div class=\"v\">" : "<div class=\"n\">not measured</div><div class=\"v\">");
+        esc(h, d->mem.unmeasured[i], 300);
+        sb_puts(h->b, "</div>");
+    }
+    sb_puts(h->b, "</div>");
+    if (d->nenv) {
+        sb_printf(h->b, "<details style=\"margin-top:10px\"><summary>environment (%d variables)</summary><div class=\"kv mono\" "
+                        "style=\"margin-top:6px;font-size:12px\">",
+                  d->nenv);
+        for (int i = 0; i < d->nenv && i < 200; i++) {
+            sb_puts(h->b, "<div class=\"n\">");
+            esc(h, d->env[i].key, 80);
+            sb_puts(h->b, "</div><div class=\"v\">");
+            esc(h, d->env[i].value, 500);
+            sb_puts(h->b, "</div>");
+        }
+        sb_puts(h->b, "</div></details>");
+    }
+    sb_puts(h->b, "</section>\n");
+}
+
+static void footer(struct hx *h)
+{
+    const struct og_dump *d = h->d;
+    sb_puts(h->b, "</main>\n<footer>Report by oomguard " OOMGUARD_VERSION " from <span class=\"mono\">");
+    esc(h, d->file, 200);
+    sb_puts(h->b, "</span>");
+    if (d->generator) {
+        sb_puts(h->b, ", written by ");
+        esc(h, d->generator, 60);
+    }
+    sb_puts(h->b, ".</footer>\n");
+    og_html_end(h->b);
+}
+
+int og_render_html(struct sbuf *out, const struct og_dump *d, const struct og_render_opts *o)
+{
+    struct hx h = {out, d};
+    page_head(&h);
+    header(&h);
+    kpis(&h);
+    primary(&h);
+    chart(&h);
+    breakdown(&h);
+    causes(&h);
+    remedies(&h);
+    sites(&h, o && o->top > 0 ? o->top : HTML_TOP_SITES);
+    fits(&h);
+    failed_call(&h);
+    processes(&h);
+    details(&h);
+    footer(&h);
+    return out->oom ? -1 : 0;
+}

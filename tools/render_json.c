@@ -1,0 +1,78 @@
+/* tools/render_json.c — `report --format json`: the validated document,
+ * pretty-printed by cJSON.  Strings are made valid UTF-8 on the way out so that
+ * any JSON reader accepts the result; that happens on a copy, because the
+ * validated struct og_dump points into the original tree. */
+#include "report.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Returns a cJSON-allocated valid UTF-8 copy of s, or NULL if s is already valid. */
+static char *fixed_utf8(const char *s)
+{
+    struct sbuf b;
+    sb_init(&b);
+    sb_utf8(&b, s);
+    char *r = NULL;
+    if (!b.oom && (b.len != strlen(s) || memcmp(b.p ? b.p : "", s, b.len))) {
+        r = cJSON_malloc(b.len + 1);
+        if (r)
+            memcpy(r, b.p, b.len + 1);
+    }
+    sb_free(&b);
+    return r;
+}
+
+static void sanitize(cJSON *v)
+{
+    for (; v; v = v->next) {
+        if (v->string && !(v->type & cJSON_StringIsConst)) {
+            char *f = fixed_utf8(v->string);
+            if (f) {
+                cJSON_free(v->string);
+                v->string = f;
+            }
+        }
+        if (cJSON_IsString(v) && v->valuestring && !(v->type & cJSON_IsReference)) {
+            char *f = fixed_utf8(v->valuestring);
+            if (f) {
+                cJSON_free(v->valuestring);
+                v->valuestring = f;
+            }
+        }
+        if (v->child)
+            sanitize(v->child);
+    }
+}
+
+static int needs_fix(const cJSON *v)
+{
+    for (; v; v = v->next) {
+        if ((v->string && !utf8_valid(v->string)) || (cJSON_IsString(v) && v->valuestring && !utf8_valid(v->valuestring)))
+            return 1;
+        if (v->child && needs_fix(v->child))
+            return 1;
+    }
+    return 0;
+}
+
+int og_render_json(struct sbuf *out, const struct og_dump *d)
+{
+    cJSON *copy = NULL;
+    const cJSON *doc = d->root;
+    if (needs_fix(doc)) {
+        copy = cJSON_Duplicate(doc, 1);
+        if (!copy)
+            return -1;
+        sanitize(copy);
+        doc = copy;
+    }
+    char *s = cJSON_Print(doc);
+    cJSON_Delete(copy);
+    if (!s)
+        return -1;
+    sb_puts(out, s);
+    sb_putc(out, '\n');
+    cJSON_free(s);
+    return out->oom ? -1 : 0;
+}

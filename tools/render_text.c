@@ -1,0 +1,523 @@
+/* tools/render_text.c — the terminal report. */
+#include "report.h"
+#include "version.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#define TEXT_TOP_SITES 10
+#define TEXT_FRAMES 6
+#define BAR_WIDTH 28
+
+struct tx {
+    struct sbuf *b;
+    int color;
+};
+
+/* ANSI styles; empty strings when colour is off. */
+static const char *st(const struct tx *t, const char *code) { return t->color ? code : ""; }
+#define BOLD "\033[1m"
+#define DIM "\033[2m"
+#define RED "\033[31m"
+#define GREEN "\033[32m"
+#define YELLOW "\033[33m"
+#define CYAN "\033[36m"
+#define RESET "\033[0m"
+
+static void heading(struct tx *t, const char *title)
+{
+    sb_printf(t->b, "\n%s%s%s\n", st(t, BOLD), title, st(t, RESET));
+}
+
+/* Untrusted text padded to `width` display columns. */
+static void cell(struct tx *t, const char *s, size_t max, int width)
+{
+    sb_text(t->b, s ? s : "-", max, 0);
+    int w = (int)text_width(s ? s : "-", max);
+    for (int i = w; i < width; i++)
+        sb_putc(t->b, ' ');
+}
+
+static void bar(struct tx *t, double frac, const char *style)
+{
+    static const char *const eighth[] = {"", "\u258f", "\u258e", "\u258d", "\u258c", "\u258b", "\u258a", "\u2589"};
+    if (!(frac > 0))
+        return;
+    if (frac > 1)
+        frac = 1;
+    int units = (int)lround(frac * BAR_WIDTH * 8);
+    if (units == 0)
+        units = 1; /* visible even when tiny */
+    sb_puts(t->b, st(t, style));
+    for (int i = 0; i < units / 8; i++)
+        sb_puts(t->b, "\u2588");
+    sb_puts(t->b, eighth[units % 8]);
+    sb_puts(t->b, st(t, RESET));
+}
+
+static void headline(struct tx *t, const struct og_dump *d)
+{
+    char h1[32], h2[32], h3[32];
+    const char *color = d->status == OG_ST_OOM ? RED : d->status == OG_ST_RECOVERED ? GREEN
+                        : d->status == OG_ST_WARNING                               ? YELLOW
+                                                                                   : CYAN;
+    sb_printf(t->b, "%s%s%s%s", st(t, BOLD), st(t, color), og_status_title(d), st(t, RESET));
+    if (d->device.index >= 0 || d->event.device >= 0) {
+        sb_printf(t->b, "%s on GPU %lld", st(t, BOLD),
+                  (long long)(d->event.device >= 0 ? d->event.device : d->device.index));
+        if (d->device.name) {
+            sb_puts(t->b, " (");
+            sb_text(t->b, d->device.name, 80, 0);
+            sb_puts(t->b, ")");
+        }
+        sb_puts(t->b, st(t, RESET));
+    }
+    if (d->status_str && d->status == OG_ST_OTHER) {
+        sb_puts(t->b, " — status ");
+        sb_text(t->b, d->status_str, 40, 0);
+    }
+    sb_putc(t->b, '\n');
+
+    if (d->event.present && d->event.requested_bytes >= 0) {
+        sb_puts(t->b, "  ");
+        sb_text(t->b, d->event.api ? d->event.api : "allocation", 60, 0);
+        sb_printf(t->b, " of %s%s%s", st(t, BOLD), human_bytes(d->event.requested_bytes, h1), st(t, RESET));
+        if (d->status == OG_ST_RECOVERED) {
+            sb_puts(t->b, " failed, then succeeded");
+            if (d->event.released_between_attempts_bytes > 0)
+                sb_printf(t->b, " after the framework released %s",
+                          human_bytes(d->event.released_between_attempts_bytes, h2));
+        } else {
+            sb_puts(t->b, d->status == OG_ST_OOM ? " failed" : " requested");
+            if (d->device.free_bytes >= 0) {
+                sb_printf(t->b, ": %s free", human_bytes(d->device.free_bytes, h2));
+                if (d->device.total_bytes > 0)
+                    sb_printf(t->b, " of %s", human_bytes(d->device.total_bytes, h3));
+            }
+            if (d->device.limit_bytes >= 0)
+                sb_printf(t->b, " (OOMGUARD_LIMIT %s)", human_bytes(d->device.limit_bytes, h3));
+            int64_t sf = og_shortfall(d);
+            if (sf > 0)
+                sb_printf(t->b, " — %s%s %s%s", st(t, RED), human_bytes(sf, h3),
+                          d->event.caused_by_limit == 1 ? "over the limit" : "short", st(t, RESET));
+            else if (sf != INT64_MIN && d->status == OG_ST_OOM)
+                sb_puts(t->b, " — enough in total, but not in one piece");
+        }
+        sb_putc(t->b, '\n');
+    } else if (d->status != OG_ST_EXIT && og_process_bytes(d) >= 0) {
+        sb_printf(t->b, "  this process holds %s%s%s", st(t, BOLD), human_bytes(og_process_bytes(d), h1), st(t, RESET));
+        if (d->device.total_bytes > 0)
+            sb_printf(t->b, " of %s (%.0f%%)", human_bytes(d->device.total_bytes, h2),
+                      100.0 * (double)og_process_bytes(d) / (double)d->device.total_bytes);
+        if (d->device.free_bytes >= 0)
+            sb_printf(t->b, "; %s free", human_bytes(d->device.free_bytes, h3));
+        sb_putc(t->b, '\n');
+    } else if (d->status == OG_ST_EXIT) {
+        for (int i = 0; i < d->ndevsum; i++)
+            if (d->devsum[i].peak_bytes >= 0)
+                sb_printf(t->b, "  GPU %lld peaked at %s%s%s\n", (long long)d->devsum[i].index, st(t, BOLD),
+                          human_bytes(d->devsum[i].peak_bytes, h1), st(t, RESET));
+    }
+    const struct og_cause *c = og_primary_cause(d);
+    if (c) {
+        const char *title = og_cause_title(c->id);
+        sb_printf(t->b, "  %sDiagnosis:%s ", st(t, BOLD), st(t, RESET));
+        if (title)
+            sb_puts(t->b, title);
+        else
+            sb_text(t->b, c->id, 40, 0);
+        sb_printf(t->b, " %s(", st(t, DIM));
+        sb_text(t->b, c->id ? c->id : "?", 40, 0);
+        if (isfinite(c->confidence))
+            sb_printf(t->b, ", confidence %.0f%%", fmin(fmax(c->confidence, 0), 1) * 100);
+        sb_printf(t->b, ")%s", st(t, RESET));
+        sb_putc(t->b, '\n');
+    }
+}
+
+static void facts(struct tx *t, const struct og_dump *d)
+{
+    char h[32], tm[40];
+    sb_putc(t->b, '\n');
+    sb_puts(t->b, "  process    ");
+    if (d->pid >= 0)
+        sb_printf(t->b, "pid %lld", (long long)d->pid);
+    if (d->host) {
+        sb_puts(t->b, " on ");
+        sb_text(t->b, d->host, 80, 0);
+    }
+    if (d->rank >= 0) {
+        sb_printf(t->b, ", rank %lld", (long long)d->rank);
+        if (d->world_size >= 0)
+            sb_printf(t->b, " of %lld", (long long)d->world_size);
+    }
+    if (d->job_id) {
+        sb_puts(t->b, ", job ");
+        sb_text(t->b, d->job_id, 80, 0);
+    }
+    sb_putc(t->b, '\n');
+    if (d->cmdline) {
+        sb_puts(t->b, "  command    ");
+        sb_text(t->b, d->cmdline, 160, 0);
+        sb_putc(t->b, '\n');
+    }
+    if (d->framework_name) {
+        sb_printf(t->b, "  framework  %s", og_framework_title(d->framework_name));
+        if (!strcmp(og_framework_title(d->framework_name), "Framework")) {
+            sb_puts(t->b, " ");
+            sb_text(t->b, d->framework_name, 40, 0);
+        }
+        sb_putc(t->b, '\n');
+    }
+    double when = d->event.present && isfinite(d->event.t) ? d->event.t : d->time;
+    og_format_time(when, tm);
+    if (tm[0] || isfinite(d->event.t_rel)) {
+        sb_puts(t->b, "  when       ");
+        sb_puts(t->b, tm);
+        if (isfinite(d->event.t_rel))
+            sb_printf(t->b, "%s%.1f s after the process started", tm[0] ? ", " : "", d->event.t_rel);
+        sb_putc(t->b, '\n');
+    }
+    if (d->event.present) {
+        sb_puts(t->b, "  call       ");
+        sb_text(t->b, d->event.api ? d->event.api : "?", 60, 0);
+        if (d->event.driver_api) {
+            sb_puts(t->b, " -> ");
+            sb_text(t->b, d->event.driver_api, 60, 0);
+        }
+        if (d->event.library) {
+            sb_puts(t->b, " from ");
+            sb_text(t->b, d->event.library, 80, 0);
+        }
+        if (d->event.result >= 0) {
+            const char *rn = og_result_name(d->event.result);
+            sb_printf(t->b, ", result %lld%s%s%s", (long long)d->event.result, rn ? " (" : "", rn ? rn : "", rn ? ")" : "");
+        }
+        if (d->event.stream_ordered == 1)
+            sb_puts(t->b, ", stream-ordered");
+        sb_putc(t->b, '\n');
+        if (d->event.attempts > 1 || d->event.released_between_attempts_bytes > 0) {
+            sb_printf(t->b, "  attempts   %lld", (long long)(d->event.attempts >= 0 ? d->event.attempts : 1));
+            if (d->event.released_between_attempts_bytes >= 0)
+                sb_printf(t->b, ", %s released by the framework between them",
+                          human_bytes(d->event.released_between_attempts_bytes, h));
+            sb_putc(t->b, '\n');
+        }
+    }
+}
+
+static void where(struct tx *t, const struct og_dump *d)
+{
+    struct og_part parts[P_NPARTS];
+    int64_t scale;
+    int n = og_breakdown(d, parts, &scale);
+    if (!n)
+        return;
+    char h[32], title[96];
+    if (d->device.total_bytes > 0)
+        snprintf(title, sizeof title, "Where the memory is (GPU %lld, %s)",
+                 (long long)(d->device.index >= 0 ? d->device.index : 0), human_bytes(d->device.total_bytes, h));
+    else
+        snprintf(title, sizeof title, "Where the memory is");
+    heading(t, title);
+    for (int i = 0; i < n; i++) {
+        const char *style = parts[i].kind == P_FREE ? GREEN : parts[i].kind == P_OTHER_PROCS ? YELLOW
+                            : parts[i].kind == P_UNACCOUNTED                                 ? DIM
+                                                                                             : CYAN;
+        sb_puts(t->b, "  ");
+        cell(t, parts[i].label, 60, 40);
+        sb_printf(t->b, "%12s", human_bytes(parts[i].bytes, h));
+        if (scale > 0)
+            sb_printf(t->b, "  %5.1f%%  ", 100.0 * (double)parts[i].bytes / (double)scale);
+        bar(t, scale > 0 ? (double)parts[i].bytes / (double)scale : 0, style);
+        sb_putc(t->b, '\n');
+    }
+    if (d->event.present && d->event.requested_bytes >= 0) {
+        sb_puts(t->b, "  ");
+        sb_repeat(t->b, "\u2500", 40 + 12);
+        sb_putc(t->b, '\n');
+        sb_puts(t->b, "  ");
+        cell(t, d->status == OG_ST_RECOVERED ? "Requested (succeeded on retry)" : "Requested", 60, 40);
+        sb_printf(t->b, "%12s", human_bytes(d->event.requested_bytes, h));
+        if (scale > 0)
+            sb_printf(t->b, "  %5.1f%%  ", 100.0 * (double)d->event.requested_bytes / (double)scale);
+        bar(t, scale > 0 ? (double)d->event.requested_bytes / (double)scale : 0, RED);
+        sb_putc(t->b, '\n');
+    }
+    /* The framework adapter's own numbers. */
+    const cJSON *fw = d->mem.framework, *x;
+    if (fw) {
+        int first = 1;
+        cJSON_ArrayForEach(x, fw)
+        {
+            size_t kl = x->string ? strlen(x->string) : 0;
+            if (kl <= 6 || strcmp(x->string + kl - 6, "_bytes") || !cJSON_IsNumber(x))
+                continue;
+            if (first)
+                sb_printf(t->b, "\n  %s allocator:", og_framework_title(d->framework_name));
+            sb_puts(t->b, first ? " " : ", ");
+            first = 0;
+            char key[48];
+            snprintf(key, sizeof key, "%.*s", (int)(kl - 6 > 40 ? 40 : kl - 6), x->string);
+            sb_text(t->b, key, 40, 0); /* keys come from the dump too */
+            sb_printf(t->b, " %s", human_bytes((int64_t)x->valuedouble, h));
+        }
+        if (!first)
+            sb_putc(t->b, '\n');
+    }
+}
+
+static void others(struct tx *t, const struct og_dump *d)
+{
+    if (!d->mem.nprocs)
+        return;
+    char h[32];
+    heading(t, "Other processes on this GPU");
+    sb_printf(t->b, "  %s%-10s %-40s %12s%s\n", st(t, DIM), "pid", "name", "memory", st(t, RESET));
+    int shown = d->mem.nprocs < 20 ? d->mem.nprocs : 20;
+    for (int i = 0; i < shown; i++) {
+        const struct og_proc *p = &d->mem.procs[i];
+        sb_printf(t->b, "  %-10lld ", (long long)p->pid);
+        cell(t, p->name, 38, 40);
+        sb_printf(t->b, " %12s\n", human_bytes(p->bytes, h));
+    }
+    if (d->mem.nprocs > shown)
+        sb_printf(t->b, "  ... and %d more\n", d->mem.nprocs - shown);
+}
+
+static void causes(struct tx *t, const struct og_dump *d)
+{
+    if (!d->diag.ncauses)
+        return;
+    heading(t, "Diagnosis");
+    for (int i = 0; i < d->diag.ncauses; i++) {
+        const struct og_cause *c = &d->diag.causes[i];
+        sb_printf(t->b, "  %d. %s", i + 1, st(t, BOLD));
+        sb_text(t->b, c->id ? c->id : "?", 40, 0);
+        sb_puts(t->b, st(t, RESET));
+        if (isfinite(c->confidence))
+            sb_printf(t->b, "  %.0f%%", fmin(fmax(c->confidence, 0), 1) * 100);
+        const char *title = og_cause_title(c->id);
+        if (title)
+            sb_printf(t->b, "  %s%s%s", st(t, DIM), title, st(t, RESET));
+        sb_putc(t->b, '\n');
+        if (c->summary) {
+            sb_puts(t->b, "     ");
+            sb_text(t->b, c->summary, 600, 0);
+            sb_putc(t->b, '\n');
+        }
+        int shown = c->nevidence < 12 ? c->nevidence : 12;
+        for (int j = 0; j < shown; j++) {
+            sb_puts(t->b, "       ");
+            sb_puts(t->b, st(t, DIM));
+            cell(t, c->evidence[j].name, 40, 32);
+            sb_puts(t->b, st(t, RESET));
+            sb_putc(t->b, ' ');
+            og_evidence_value(t->b, &c->evidence[j], 0);
+            sb_putc(t->b, '\n');
+        }
+        if (c->nevidence > shown)
+            sb_printf(t->b, "       ... and %d more\n", c->nevidence - shown);
+    }
+}
+
+static void remedies(struct tx *t, const struct og_dump *d)
+{
+    if (!d->nremedies)
+        return;
+    heading(t, "What to do (best first)");
+    int shown = d->nremedies < 15 ? d->nremedies : 15;
+    for (int i = 0; i < shown; i++) {
+        const struct og_remedy *r = &d->remedies[i];
+        sb_printf(t->b, "  %lld. %s", (long long)(r->rank >= 0 ? r->rank : i + 1), st(t, BOLD));
+        sb_text(t->b, r->title ? r->title : r->id ? r->id : "?", 120, 0);
+        sb_puts(t->b, st(t, RESET));
+        if (r->id) {
+            sb_printf(t->b, " %s[", st(t, DIM));
+            sb_text(t->b, r->id, 40, 0);
+            sb_printf(t->b, "]%s", st(t, RESET));
+        }
+        sb_putc(t->b, '\n');
+        if (r->saving || r->cost) {
+            sb_puts(t->b, "     ");
+            if (r->saving) {
+                sb_printf(t->b, "%ssaves%s ", st(t, GREEN), st(t, RESET));
+                sb_text(t->b, r->saving, 80, 0);
+            }
+            if (r->cost) {
+                sb_puts(t->b, r->saving ? "; " : "");
+                sb_printf(t->b, "%scost%s ", st(t, YELLOW), st(t, RESET));
+                sb_text(t->b, r->cost, 120, 0);
+            }
+            sb_putc(t->b, '\n');
+        }
+        if (r->why) {
+            sb_puts(t->b, "     ");
+            sb_text(t->b, r->why, 400, 0);
+            sb_putc(t->b, '\n');
+        }
+        int nh = r->nhow < 12 ? r->nhow : 12;
+        for (int j = 0; j < nh; j++) {
+            sb_printf(t->b, "       %s|%s ", st(t, DIM), st(t, RESET));
+            sb_text(t->b, r->how[j], 200, 0);
+            sb_putc(t->b, '\n');
+        }
+    }
+    if (d->nremedies > shown)
+        sb_printf(t->b, "  ... and %d more\n", d->nremedies - shown);
+}
+
+static void frames(struct tx *t, const struct og_frame *f, int n, int max)
+{
+    int shown = n < max ? n : max;
+    for (int i = 0; i < shown; i++) {
+        sb_puts(t->b, "       at ");
+        sb_text(t->b, f[i].symbol ? f[i].symbol : f[i].ip ? f[i].ip : "?", 110, 0);
+        if (f[i].library) {
+            sb_printf(t->b, "  %s", st(t, DIM));
+            sb_text(t->b, f[i].library, 60, 0);
+            sb_puts(t->b, st(t, RESET));
+        }
+        sb_putc(t->b, '\n');
+    }
+    if (n > shown)
+        sb_printf(t->b, "       %s... %d more frames%s\n", st(t, DIM), n - shown, st(t, RESET));
+}
+
+static void sites(struct tx *t, const struct og_dump *d, int top)
+{
+    if (!d->nsites)
+        return;
+    char h[32], g[32], title[128];
+    int shown = d->nsites < top ? d->nsites : top;
+    snprintf(title, sizeof title, "Top allocation sites (%d of %s, %s in all)", shown, group_digits(d->sites_total, g),
+             human_bytes(d->sites_total_bytes, h));
+    heading(t, title);
+    sb_printf(t->b, "  %s%3s %12s %8s  %-16s %s%s\n", st(t, DIM), "#", "memory", "blocks", "api", "library", st(t, RESET));
+    for (int i = 0; i < shown; i++) {
+        const struct og_site *s = &d->sites[i];
+        sb_printf(t->b, "  %3d %12s %8s  ", i + 1, human_bytes(s->bytes, h), s->blocks >= 0 ? group_digits(s->blocks, g) : "-");
+        cell(t, s->api, 16, 16);
+        sb_putc(t->b, ' ');
+        sb_text(t->b, s->library ? s->library : "-", 80, 0);
+        sb_putc(t->b, '\n');
+        frames(t, s->frames, s->nframes, TEXT_FRAMES);
+    }
+}
+
+static void failed_stack(struct tx *t, const struct og_dump *d)
+{
+    if (!d->event.nstack)
+        return;
+    heading(t, "Stack of the failed call");
+    frames(t, d->event.stack, d->event.nstack, 16);
+}
+
+/* One-line sparkline of the usage history. */
+static void sparkline(struct tx *t, const struct og_dump *d)
+{
+    static const char *const lv[] = {"\u2581", "\u2582", "\u2583", "\u2584", "\u2585", "\u2586", "\u2587", "\u2588"};
+    enum { W = 60 };
+    int64_t bucket[W];
+    int have[W] = {0};
+    size_t n = d->hist.nsamples ? d->hist.nsamples : d->hist.nevents;
+    if (n < 2)
+        return;
+    int64_t max = 0;
+    for (size_t i = 0; i < n; i++) {
+        int64_t v;
+        if (d->hist.nsamples)
+            v = d->hist.samples[i].live_bytes;
+        else if (og_event_on_device(d, &d->hist.events[i]))
+            v = d->hist.events[i].live_bytes;
+        else
+            continue;
+        if (v < 0)
+            continue;
+        size_t k = i * W / n;
+        if (!have[k] || v > bucket[k])
+            bucket[k] = v;
+        have[k] = 1;
+        if (v > max)
+            max = v;
+    }
+    if (max <= 0)
+        return;
+    sb_printf(t->b, "  usage      %s", st(t, CYAN));
+    for (int k = 0; k < W; k++)
+        sb_puts(t->b, have[k] ? lv[(int)((double)bucket[k] / (double)max * 7.0 + 0.5)] : " ");
+    sb_printf(t->b, "%s\n", st(t, RESET));
+}
+
+static void history(struct tx *t, const struct og_dump *d)
+{
+    char h[32], g[4][32];
+    if (!d->hist.present && !d->ndevsum)
+        return;
+    heading(t, "History");
+    if (d->hist.peak_bytes >= 0) {
+        sb_printf(t->b, "  peak       %s%s%s", st(t, BOLD), human_bytes(d->hist.peak_bytes, h), st(t, RESET));
+        if (isfinite(d->hist.peak_t_rel))
+            sb_printf(t->b, " at %.1f s", d->hist.peak_t_rel);
+        if (d->hist.peak_library) {
+            sb_puts(t->b, ", mostly ");
+            sb_text(t->b, d->hist.peak_library, 60, 0);
+        }
+        sb_putc(t->b, '\n');
+    }
+    sparkline(t, d);
+    if (d->hist.allocs >= 0 || d->hist.frees >= 0)
+        sb_printf(t->b, "  calls      %s allocations, %s frees, %s failures, %s unknown frees\n",
+                  d->hist.allocs >= 0 ? group_digits(d->hist.allocs, g[0]) : "?",
+                  d->hist.frees >= 0 ? group_digits(d->hist.frees, g[1]) : "?",
+                  d->hist.failures >= 0 ? group_digits(d->hist.failures, g[2]) : "?",
+                  d->hist.unknown_frees >= 0 ? group_digits(d->hist.unknown_frees, g[3]) : "?");
+    for (int i = 0; i < d->ndevsum; i++) {
+        const struct og_devsum *s = &d->devsum[i];
+        if (!s->nfits)
+            continue;
+        sb_printf(t->b, "  GPU %lld fits ", (long long)s->index);
+        for (int j = 0; j < s->nfits && j < 16; j++) {
+            const char *mark = s->fits[j].fits == 1 ? "yes" : s->fits[j].fits == 0 ? "no" : "?";
+            sb_printf(t->b, "%s%g GB: %s%s%s", j ? ", " : "", s->fits[j].card_gb,
+                      st(t, s->fits[j].fits == 1 ? GREEN : RED), mark, st(t, RESET));
+        }
+        sb_putc(t->b, '\n');
+    }
+}
+
+static void context(struct tx *t, const struct og_dump *d)
+{
+    char h[32];
+    if (d->mem.nunmeasured) {
+        heading(t, "Not measured");
+        for (int i = 0; i < d->mem.nunmeasured && i < 20; i++) {
+            sb_puts(t->b, "  - ");
+            sb_text(t->b, d->mem.unmeasured[i], 200, 0);
+            sb_putc(t->b, '\n');
+        }
+    }
+    if (d->mem.host_pinned_bytes > 0)
+        sb_printf(t->b, "\n  Pinned host memory (not on the GPU): %s\n", human_bytes(d->mem.host_pinned_bytes, h));
+}
+
+int og_render_text(struct sbuf *out, const struct og_dump *d, const struct og_render_opts *o)
+{
+    struct tx t = {out, o && o->color};
+    int top = o && o->top > 0 ? o->top : TEXT_TOP_SITES;
+    sb_printf(out, "%soomguard report: ", st(&t, DIM));
+    sb_text(out, d->file, 200, 0);
+    sb_printf(out, "%s\n", st(&t, RESET));
+    headline(&t, d);
+    facts(&t, d);
+    where(&t, d);
+    others(&t, d);
+    causes(&t, d);
+    remedies(&t, d);
+    sites(&t, d, top);
+    failed_stack(&t, d);
+    history(&t, d);
+    context(&t, d);
+    return out->oom ? -1 : 0;
+}

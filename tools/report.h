@@ -1,0 +1,54 @@
+/* tools/report.h — renderers for one dump and what they share. */
+#ifndef OG_REPORT_H
+#define OG_REPORT_H
+
+#include "dump.h"
+#include "util.h"
+
+struct og_render_opts {
+    int color; /* ANSI colour in text output */
+    int top;   /* top allocation sites to show (0: the format's default) */
+};
+
+int og_render_text(struct sbuf *out, const struct og_dump *d, const struct og_render_opts *o);
+int og_render_html(struct sbuf *out, const struct og_dump *d, const struct og_render_opts *o);
+/* The validated document, pretty-printed (needs a dump loaded with keep_all). */
+int og_render_json(struct sbuf *out, const struct og_dump *d);
+/* A pickle in the layout of torch.cuda.memory._snapshot() (needs keep_all for
+ * memory.framework.snapshot; works without it otherwise). */
+int og_render_memviz(struct sbuf *out, const struct og_dump *d);
+
+/* Page frame shared by report and merge HTML: doctype, CSP, CSS, <body>; and the
+ * closing script that marks the page as fully loaded. */
+void og_html_begin(struct sbuf *b, const char *title);
+void og_html_end(struct sbuf *b);
+
+/* ---- shared by the text and HTML renderers (report_common.c) ---- */
+
+enum og_part_kind { P_FW_USED, P_FW_CACHED, P_NON_FW, P_PROCESS, P_OTHER_PROCS, P_UNACCOUNTED, P_FREE, P_NPARTS };
+
+struct og_part {
+    int kind;
+    const char *label; /* static or from og_framework_title() */
+    int64_t bytes;
+};
+
+/* "Where the memory is": up to P_NPARTS parts in display order.  *scale is the
+ * device total when known (else the sum of the parts). */
+int og_breakdown(const struct og_dump *d, struct og_part *parts, int64_t *scale);
+const char *og_framework_title(const char *name); /* "PyTorch", "JAX", ... */
+const char *og_cause_title(const char *id);       /* plain-words title of a cause id, or NULL */
+const char *og_status_title(const struct og_dump *d);
+const struct og_cause *og_primary_cause(const struct og_dump *d);
+/* "2025-11-29 15:45:03 UTC", or "" when t is not a plausible epoch time. */
+const char *og_format_time(double t, char out[40]);
+/* Evidence value: sizes for *_bytes, exact integers, strings; escaped for HTML when html != 0. */
+void og_evidence_value(struct sbuf *b, const struct og_evidence *e, int html);
+/* Shortfall: diagnosis.shortfall_bytes, else requested - free; INT64_MIN if unknown. */
+int64_t og_shortfall(const struct og_dump *d);
+/* The process's own usage: NVML's number, else what oomguard tracked; -1 if neither. */
+int64_t og_process_bytes(const struct og_dump *d);
+/* Counts for headlines. */
+const char *og_result_name(int64_t result);
+
+#endif

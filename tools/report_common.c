@@ -1,0 +1,187 @@
+/* tools/report_common.c — facts derived from a dump that the text and HTML
+ * reports present the same way. */
+#include "report.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+const char *og_framework_title(const char *name)
+{
+    if (!name)
+        return "Framework";
+    if (!strcmp(name, "pytorch"))
+        return "PyTorch";
+    if (!strcmp(name, "jax"))
+        return "JAX";
+    if (!strcmp(name, "tensorflow"))
+        return "TensorFlow";
+    if (!strcmp(name, "cupy"))
+        return "CuPy";
+    return "Framework";
+}
+
+const char *og_cause_title(const char *id)
+{
+    static const struct {
+        const char *id, *title;
+    } t[] = {
+        {"does_not_fit", "the request is larger than the free memory"},
+        {"fragmentation", "free memory is fragmented into blocks too small for the request"},
+        {"foreign_memory", "other processes hold memory on this GPU"},
+        {"non_framework", "memory outside the framework (CUDA context, other libraries)"},
+        {"growth", "memory use kept growing during the run"},
+        {"cache_held", "the framework's cache held memory it was not using"},
+        {"limit", "OOMGUARD_LIMIT refused the allocation"},
+    };
+    for (size_t i = 0; id && i < sizeof t / sizeof t[0]; i++)
+        if (!strcmp(id, t[i].id))
+            return t[i].title;
+    return NULL;
+}
+
+const char *og_status_title(const struct og_dump *d)
+{
+    switch (d->status) {
+    case OG_ST_OOM:
+        return d->event.caused_by_limit == 1 ? "Allocation refused by OOMGUARD_LIMIT" : "CUDA out of memory";
+    case OG_ST_RECOVERED:
+        return "Recovered from an out-of-memory error";
+    case OG_ST_WARNING:
+        return "Memory warning";
+    case OG_ST_EXIT:
+        return "Exit summary";
+    default:
+        return "oomguard dump";
+    }
+}
+
+const struct og_cause *og_primary_cause(const struct og_dump *d)
+{
+    if (d->diag.primary)
+        for (int i = 0; i < d->diag.ncauses; i++)
+            if (d->diag.causes[i].id && !strcmp(d->diag.causes[i].id, d->diag.primary))
+                return &d->diag.causes[i];
+    return d->diag.ncauses ? &d->diag.causes[0] : NULL;
+}
+
+const char *og_format_time(double t, char out[40])
+{
+    out[0] = '\0';
+    /* Range-check before converting: a hostile double must not overflow time_t. */
+    if (!isfinite(t) || t < 946684800.0 || t > 32503680000.0) /* 2000 .. 3000 */
+        return out;
+    time_t s = (time_t)t;
+    struct tm tm;
+    if (gmtime_r(&s, &tm))
+        strftime(out, 40, "%Y-%m-%d %H:%M:%S UTC", &tm);
+    return out;
+}
+
+int64_t og_shortfall(const struct og_dump *d)
+{
+    if (d->diag.shortfall_bytes != INT64_MIN && d->diag.present)
+        return d->diag.shortfall_bytes;
+    if (d->event.requested_bytes >= 0 && d->device.free_bytes >= 0)
+        return d->event.requested_bytes - d->device.free_bytes;
+    return INT64_MIN;
+}
+
+int64_t og_process_bytes(const struct og_dump *d)
+{
+    return d->mem.process_used_bytes >= 0 ? d->mem.process_used_bytes : d->mem.process_tracked_bytes;
+}
+
+const char *og_result_name(int64_t result)
+{
+    switch (result) {
+    case 0:
+        return "CUDA_SUCCESS";
+    case 1:
+        return "CUDA_ERROR_INVALID_VALUE";
+    case 2:
+        return "CUDA_ERROR_OUT_OF_MEMORY";
+    case 3:
+        return "CUDA_ERROR_NOT_INITIALIZED";
+    default:
+        return NULL;
+    }
+}
+
+static int64_t clamp0(int64_t v) { return v < 0 ? 0 : v; }
+
+int og_breakdown(const struct og_dump *d, struct og_part *parts, int64_t *scale)
+{
+    int n = 0;
+    int64_t sum = 0;
+    const char *fw = og_framework_title(d->framework_name);
+    static char used_label[64], cached_label[64];
+    snprintf(used_label, sizeof used_label, "%s in use", fw);
+    snprintf(cached_label, sizeof cached_label, "%s cached, unused", fw);
+
+#define ADD(k, l, b)                                                                               \
+    do {                                                                                           \
+        parts[n++] = (struct og_part){(k), (l), clamp0(b)};                                        \
+        sum += clamp0(b);                                                                          \
+    } while (0)
+
+    int64_t fwb = d->mem.framework_bytes;
+    if (fwb > 0) {
+        int64_t cached = d->mem.framework_cached_bytes > 0 ? d->mem.framework_cached_bytes : 0;
+        if (cached > fwb)
+            cached = fwb;
+        ADD(P_FW_USED, used_label, fwb - cached);
+        if (cached)
+            ADD(P_FW_CACHED, cached_label, cached);
+        if (d->mem.non_framework_bytes >= 0)
+            ADD(P_NON_FW, "Non-framework (CUDA context, libraries)", d->mem.non_framework_bytes);
+        else if (d->mem.process_tracked_bytes > fwb)
+            ADD(P_NON_FW, "Other libraries", d->mem.process_tracked_bytes - fwb);
+    } else if (og_process_bytes(d) > 0) {
+        ADD(P_PROCESS, "This process (context, libraries)", og_process_bytes(d));
+    }
+    if (d->mem.other_processes_bytes > 0)
+        ADD(P_OTHER_PROCS, "Other processes", d->mem.other_processes_bytes);
+    int64_t total = d->device.total_bytes;
+    int64_t free_b = d->device.free_bytes;
+    if (total > 0 && free_b >= 0 && total - free_b - sum > 0)
+        ADD(P_UNACCOUNTED, "Unaccounted (driver, not measured)", total - free_b - sum);
+    if (free_b >= 0)
+        ADD(P_FREE, "Free", free_b);
+#undef ADD
+    *scale = total > 0 ? total : sum;
+    return n;
+}
+
+void og_evidence_value(struct sbuf *b, const struct og_evidence *e, int html)
+{
+    const cJSON *v = e->value;
+    /* "requested_bytes", "context_bytes_estimate": sizes, shown both ways. */
+    int is_size = strstr(e->name, "bytes") != NULL;
+    if (cJSON_IsNumber(v)) {
+        double x = v->valuedouble;
+        int integral = isfinite(x) && x == floor(x) && fabs(x) < OG_MAX_EXACT_INT;
+        if (integral && is_size) {
+            char h[32], g[32];
+            int64_t i = (int64_t)x;
+            sb_printf(b, "%s%s (%s bytes)", i < 0 ? "-" : "", human_bytes(i < 0 ? -i : i, h), group_digits(i, g));
+        } else if (integral) {
+            sb_printf(b, "%.0f", x);
+        } else if (isfinite(x)) {
+            sb_printf(b, "%.6g", x);
+        } else {
+            sb_puts(b, "(invalid number)");
+        }
+    } else if (cJSON_IsString(v)) {
+        (html ? sb_html : sb_text)(b, v->valuestring, 300, 0);
+    } else if (cJSON_IsBool(v)) {
+        sb_puts(b, cJSON_IsTrue(v) ? "true" : "false");
+    } else if (cJSON_IsNull(v)) {
+        sb_puts(b, "null");
+    } else {
+        char *s = cJSON_PrintUnformatted(v);
+        (html ? sb_html : sb_text)(b, s ? s : "(too large)", 200, 0);
+        cJSON_free(s);
+    }
+}

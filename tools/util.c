@@ -1,0 +1,279 @@
+/* tools/util.c — output buffer, untrusted-string rendering, sizes. */
+#include "util.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void sb_init(struct sbuf *b) { memset(b, 0, sizeof *b); }
+
+void sb_free(struct sbuf *b)
+{
+    free(b->p);
+    sb_init(b);
+}
+
+static int sb_reserve(struct sbuf *b, size_t extra)
+{
+    if (b->oom)
+        return 0;
+    if (extra < b->cap - b->len)
+        return 1;
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap - b->len <= extra) {
+        if (cap > SIZE_MAX / 2) {
+            b->oom = 1;
+            return 0;
+        }
+        cap *= 2;
+    }
+    char *p = realloc(b->p, cap);
+    if (!p) {
+        b->oom = 1;
+        return 0;
+    }
+    b->p = p;
+    b->cap = cap;
+    return 1;
+}
+
+void sb_put(struct sbuf *b, const void *s, size_t n)
+{
+    if (!n || !sb_reserve(b, n))
+        return;
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+void sb_puts(struct sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
+
+void sb_putc(struct sbuf *b, int c)
+{
+    char ch = (char)c;
+    sb_put(b, &ch, 1);
+}
+
+void sb_vprintf(struct sbuf *b, const char *fmt, va_list ap)
+{
+    va_list ap2;
+    va_copy(ap2, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap2);
+    va_end(ap2);
+    if (n <= 0 || !sb_reserve(b, (size_t)n + 1))
+        return;
+    vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
+    b->len += (size_t)n;
+}
+
+void sb_printf(struct sbuf *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    sb_vprintf(b, fmt, ap);
+    va_end(ap);
+}
+
+void sb_repeat(struct sbuf *b, const char *s, int n)
+{
+    for (int i = 0; i < n; i++)
+        sb_puts(b, s);
+}
+
+/* Decodes one UTF-8 sequence at s.  Returns its length (>= 1) and stores the
+ * code point, or -1 in *cp for an invalid or overlong sequence (length 1 then,
+ * so that the caller resynchronises on the next byte). */
+static size_t utf8_next(const unsigned char *s, int32_t *cp)
+{
+    unsigned c = s[0];
+    if (c < 0x80) {
+        *cp = (int32_t)c;
+        return 1;
+    }
+    size_t n;
+    int32_t v, min;
+    if ((c & 0xe0) == 0xc0) {
+        n = 2, v = c & 0x1f, min = 0x80;
+    } else if ((c & 0xf0) == 0xe0) {
+        n = 3, v = c & 0x0f, min = 0x800;
+    } else if ((c & 0xf8) == 0xf0) {
+        n = 4, v = c & 0x07, min = 0x10000;
+    } else {
+        *cp = -1;
+        return 1;
+    }
+    for (size_t i = 1; i < n; i++) {
+        if ((s[i] & 0xc0) != 0x80) { /* also stops at the terminating NUL */
+            *cp = -1;
+            return 1;
+        }
+        v = (v << 6) | (s[i] & 0x3f);
+    }
+    if (v < min || v > 0x10ffff || (v >= 0xd800 && v <= 0xdfff)) {
+        *cp = -1;
+        return 1;
+    }
+    *cp = v;
+    return n;
+}
+
+/* Characters that must never reach a terminal or a page as-is: C0/C1 controls,
+ * DEL, and the bidi overrides that can make text read differently than it is. */
+static int is_unsafe(int32_t cp)
+{
+    return cp < 0x20 || (cp >= 0x7f && cp <= 0x9f) || (cp >= 0x202a && cp <= 0x202e) ||
+           (cp >= 0x2066 && cp <= 0x2069);
+}
+
+static const char REPLACEMENT[] = "\xef\xbf\xbd"; /* U+FFFD */
+static const char ELLIPSIS[] = "\xe2\x80\xa6";    /* U+2026 */
+
+enum { MODE_TEXT, MODE_HTML, MODE_RAW };
+
+static void sb_safe(struct sbuf *b, const char *s, size_t max_chars, unsigned flags, int mode)
+{
+    if (!s)
+        return;
+    const unsigned char *p = (const unsigned char *)s;
+    size_t chars = 0;
+    while (*p) {
+        if (chars == max_chars) {
+            sb_puts(b, ELLIPSIS);
+            return;
+        }
+        int32_t cp;
+        size_t n = utf8_next(p, &cp);
+        chars++;
+        if (cp < 0) {
+            sb_puts(b, REPLACEMENT);
+        } else if (mode == MODE_RAW) {
+            sb_put(b, p, n);
+        } else if (cp == '\n' && (flags & OG_TEXT_KEEP_NL)) {
+            sb_putc(b, '\n');
+        } else if (cp == '\n' || cp == '\t' || cp == '\r') {
+            sb_putc(b, ' ');
+        } else if (is_unsafe(cp)) {
+            sb_puts(b, REPLACEMENT);
+        } else if (mode == MODE_HTML && cp == '&') {
+            sb_puts(b, "&amp;");
+        } else if (mode == MODE_HTML && cp == '<') {
+            sb_puts(b, "&lt;");
+        } else if (mode == MODE_HTML && cp == '>') {
+            sb_puts(b, "&gt;");
+        } else if (mode == MODE_HTML && cp == '"') {
+            sb_puts(b, "&quot;");
+        } else if (mode == MODE_HTML && cp == '\'') {
+            sb_puts(b, "&#39;");
+        } else {
+            sb_put(b, p, n);
+        }
+        p += n;
+    }
+}
+
+void sb_text(struct sbuf *b, const char *s, size_t max_chars, unsigned flags)
+{
+    sb_safe(b, s, max_chars, flags, MODE_TEXT);
+}
+
+void sb_html(struct sbuf *b, const char *s, size_t max_chars, unsigned flags)
+{
+    sb_safe(b, s, max_chars, flags, MODE_HTML);
+}
+
+void sb_utf8(struct sbuf *b, const char *s) { sb_safe(b, s, SIZE_MAX, 0, MODE_RAW); }
+
+int utf8_valid(const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    while (*p) {
+        int32_t cp;
+        p += utf8_next(p, &cp);
+        if (cp < 0)
+            return 0;
+    }
+    return 1;
+}
+
+size_t text_width(const char *s, size_t max_chars)
+{
+    if (!s)
+        return 0;
+    const unsigned char *p = (const unsigned char *)s;
+    size_t chars = 0;
+    while (*p) {
+        if (chars == max_chars)
+            return chars + 1; /* the ellipsis */
+        int32_t cp;
+        p += utf8_next(p, &cp);
+        chars++;
+    }
+    return chars;
+}
+
+const char *human_bytes(int64_t bytes, char out[32])
+{
+    static const char *const unit[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    if (bytes < 0) {
+        snprintf(out, 32, "?");
+        return out;
+    }
+    if (bytes < 1024) {
+        snprintf(out, 32, "%" PRId64 " B", bytes);
+        return out;
+    }
+    double v = (double)bytes / 1024.0;
+    int u = 0;
+    /* Switch unit before rounding would print "1024.00". */
+    while (v >= 1023.995 && u < 5) {
+        v /= 1024.0;
+        u++;
+    }
+    snprintf(out, 32, "%.2f %s", v, unit[u]);
+    return out;
+}
+
+const char *group_digits(int64_t v, char out[32])
+{
+    char tmp[32];
+    int neg = v < 0;
+    uint64_t u = neg ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    int n = snprintf(tmp, sizeof tmp, "%" PRIu64, u);
+    char *o = out;
+    if (neg)
+        *o++ = '-';
+    for (int i = 0; i < n; i++) {
+        if (i && (n - i) % 3 == 0)
+            *o++ = ',';
+        *o++ = tmp[i];
+    }
+    *o = '\0';
+    return out;
+}
+
+void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fputs("oomguard: out of memory\n", stderr);
+        exit(OG_EXIT_INPUT);
+    }
+    return p;
+}
+
+void *xrealloc(void *p, size_t n)
+{
+    p = realloc(p, n ? n : 1);
+    if (!p) {
+        fputs("oomguard: out of memory\n", stderr);
+        exit(OG_EXIT_INPUT);
+    }
+    return p;
+}
+
+char *xstrdup(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    return memcpy(xmalloc(n), s, n);
+}

@@ -1,0 +1,59 @@
+/* tools/util.h — small helpers shared by the oomguard command: a growable output
+ * buffer, safe rendering of untrusted strings, and human-readable sizes. */
+#ifndef OG_UTIL_H
+#define OG_UTIL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Exit codes (documented in docs/cli.md and `oomguard --help`). */
+enum {
+    OG_EXIT_OK = 0,
+    OG_EXIT_USAGE = 1,
+    OG_EXIT_INPUT = 2,
+    OG_EXIT_OUTPUT = 3,
+};
+
+/* Growable byte buffer.  Renderers write into one so that the same code can
+ * feed stdout, a file, or the fuzzer.  Allocation failure is sticky (`oom`)
+ * instead of aborting, so callers check once at the end. */
+struct sbuf {
+    char *p;
+    size_t len, cap;
+    int oom;
+};
+
+void sb_init(struct sbuf *b);
+void sb_free(struct sbuf *b);
+void sb_put(struct sbuf *b, const void *s, size_t n);
+void sb_puts(struct sbuf *b, const char *s);
+void sb_putc(struct sbuf *b, int c);
+void sb_printf(struct sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void sb_vprintf(struct sbuf *b, const char *fmt, va_list ap);
+void sb_repeat(struct sbuf *b, const char *s, int n);
+
+/* Untrusted strings (everything read from a dump).  Both functions emit at most
+ * `max_chars` characters (then "…"), replace invalid UTF-8 with U+FFFD, and never
+ * pass control characters or bidi overrides through. */
+#define OG_TEXT_KEEP_NL 1u /* keep '\n' (for <pre> blocks); otherwise it becomes a space */
+void sb_text(struct sbuf *b, const char *s, size_t max_chars, unsigned flags);
+void sb_html(struct sbuf *b, const char *s, size_t max_chars, unsigned flags);
+/* Display width (in characters) of what sb_text would emit. */
+size_t text_width(const char *s, size_t max_chars);
+/* Valid UTF-8 copy of s (invalid sequences → U+FFFD), for the pickle writer. */
+void sb_utf8(struct sbuf *b, const char *s);
+int utf8_valid(const char *s);
+
+/* "1.30 GiB" (binary units, two decimals; plain "512 B" below 1 KiB). */
+const char *human_bytes(int64_t bytes, char out[32]);
+/* "1,395,864,371" */
+const char *group_digits(int64_t v, char out[32]);
+
+/* Returns a malloc'd copy or exits with a message; for the few allocations the
+ * command cannot sensibly go on without. */
+void *xmalloc(size_t n);
+void *xrealloc(void *p, size_t n);
+char *xstrdup(const char *s);
+
+#endif
