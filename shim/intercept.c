@@ -34,7 +34,7 @@ __attribute__((visibility("hidden"))) _Atomic(og_dlsym_fn) og_real_dlsym_ptr;
 
 /* dlvsym is not interposed, so asking it for the versioned dlsym cannot recurse.
  * GLIBC_2.34 is where dlsym moved into libc; GLIBC_2.2.5 is the x86-64 original. */
-__attribute__((visibility("hidden"))) og_dlsym_fn og_resolve_real_dlsym(void)
+OG_NO_SANITIZE __attribute__((visibility("hidden"))) og_dlsym_fn og_resolve_real_dlsym(void)
 {
     og_dlsym_fn f = atomic_load_explicit(&og_real_dlsym_ptr, memory_order_acquire);
     if (f)
@@ -46,7 +46,7 @@ __attribute__((visibility("hidden"))) og_dlsym_fn og_resolve_real_dlsym(void)
     return f;
 }
 
-void *og_dlsym_real(void *handle, const char *name)
+OG_NO_SANITIZE void *og_dlsym_real(void *handle, const char *name)
 {
     og_dlsym_fn f = og_resolve_real_dlsym();
     return f ? f(handle, name) : NULL;
@@ -54,7 +54,7 @@ void *og_dlsym_real(void *handle, const char *name)
 
 /* ------------------------------------------------------------------ hook table lookups */
 
-int og_hook_find(const char *name)
+OG_NO_SANITIZE int og_hook_find(const char *name)
 {
     if (!name || !((name[0] == 'c' && name[1] == 'u') || (name[0] == 'n' && name[1] == 'v')))
         return -1;                                  /* cheap reject: every hook is cu* or nvml* */
@@ -64,21 +64,21 @@ int og_hook_find(const char *name)
     return -1;
 }
 
-static const char *lib_soname(int lib)
+OG_NO_SANITIZE static const char *lib_soname(int lib)
 {
     return lib == OG_LIB_NVML ? "libnvidia-ml.so.1" : "libcuda.so.1";
 }
 
 /* One real pointer per ABI name: the first one found wins, later finds are the same
  * function reached another way. */
-static void remember_real(int id, void *real)
+OG_NO_SANITIZE static void remember_real(int id, void *real)
 {
     void *expected = NULL;
     if (real)
         atomic_compare_exchange_strong(&og_real_ptrs[id], &expected, real);
 }
 
-void *og_resolve_real(int id)
+OG_NO_SANITIZE void *og_resolve_real(int id)
 {
     void *p = atomic_load_explicit(&og_real_ptrs[id], memory_order_acquire);
     if (p)
@@ -170,7 +170,7 @@ CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuin
 
 /* dlsym(explicit handle, name): the handle, not the caller, decides the answer, so calling
  * glibc from here is exact.  A hooked name found there is answered with our wrapper. */
-__attribute__((visibility("hidden"))) void *og_dlsym_handle(void *handle, const char *name)
+OG_NO_SANITIZE __attribute__((visibility("hidden"))) void *og_dlsym_handle(void *handle, const char *name)
 {
     void *real = og_dlsym_real(handle, name);
     if (!real)
@@ -183,7 +183,7 @@ __attribute__((visibility("hidden"))) void *og_dlsym_handle(void *handle, const 
 }
 
 /* dlsym(RTLD_DEFAULT, name) for a hooked name: our wrapper if the real function exists. */
-__attribute__((visibility("hidden"))) void *og_dlsym_default_hook(const char *name)
+OG_NO_SANITIZE __attribute__((visibility("hidden"))) void *og_dlsym_default_hook(const char *name)
 {
     int id = og_hook_find(name);
     if (id < 0)

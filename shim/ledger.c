@@ -239,9 +239,7 @@ static uint64_t tracked_add(dev_t_ *d, int64_t delta, uint64_t t)
     }
     if (OG_UNLIKELY(t >= atomic_load_explicit(&d->next_sample_ns, memory_order_relaxed)))
         sample(d, now, t);
-    if (delta > 0)
-        og_warn_check((int)(d - devs), now);
-    return now;
+    return now;   /* callers that grew usage call og_warn_check once their locks are dropped */
 }
 
 /* ------------------------------------------------------------------ blocks */
@@ -336,6 +334,8 @@ void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind)
         }
     }
     pthread_mutex_unlock(&s->lock);
+    if (d && b && kind != OG_KIND_POOL)
+        og_warn_check(device, live);
     if (d && b && OG_UNLIKELY(atomic_load_explicit(&og_episode_open[device], memory_order_relaxed)))
         og_on_recovered(c, device, size);
 }
@@ -496,6 +496,7 @@ void og_track_vmm_create(og_call_t *c, CUmemGenericAllocationHandle handle, uint
     atomic_fetch_add(&d->slow_allocs, 1);
     uint64_t live = tracked_add(d, (int64_t)size, t);
     history_add(OG_EV_ALLOC, c->hook, device, size, live, t);
+    og_warn_check(device, live);
 }
 
 void og_track_vmm_retain(og_call_t *c, CUmemGenericAllocationHandle handle)
@@ -707,6 +708,7 @@ void og_track_pool_use(og_call_t *c, CUmemoryPool pool, int device)
     if (p)
         pool_fold(p);
     pthread_mutex_unlock(&pool_lock);
+    og_warn_check(device, og_ledger_tracked(device));
 }
 
 void og_track_pool_refresh(CUmemoryPool pool)

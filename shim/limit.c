@@ -25,6 +25,10 @@ static spec_t warn_spec;
 static bool limit_on, warn_on;
 static _Atomic uint64_t limit_cache[OG_MAX_DEVICES];   /* resolved bytes + 1; 0 = not yet */
 static _Atomic uint64_t warn_cache[OG_MAX_DEVICES];
+/* Memory of this process on the device that no hook sees (the CUDA context above all):
+ * measured with NVML as process usage minus tracked, once per device and at each failure.
+ * A limited device then behaves like a smaller card, whose context also lives inside it. */
+static _Atomic uint64_t overhead_cache[OG_MAX_DEVICES];   /* bytes + 1; 0 = not measured */
 static atomic_int warn_armed_dev[OG_MAX_DEVICES];
 
 static bool parse_value(const char *s, size_t n, spec_t *out, bool allow_over_100)
@@ -129,12 +133,40 @@ uint64_t og_limit_bytes(int device)
     return v;
 }
 
+void og_limit_refresh_overhead(int device)
+{
+    if (!limit_on || device < 0 || device >= OG_MAX_DEVICES)
+        return;
+    uint64_t tracked = og_ledger_tracked(device);
+    uint64_t used = og_nvml_process_used(device);
+    uint64_t over = used != UINT64_MAX && used > tracked ? used - tracked : 0;
+    atomic_store(&overhead_cache[device], over + 1);
+}
+
+static uint64_t overhead(int device)
+{
+    uint64_t c = atomic_load_explicit(&overhead_cache[device], memory_order_relaxed);
+    if (!c) {
+        og_limit_refresh_overhead(device);
+        c = atomic_load(&overhead_cache[device]);
+    }
+    return c ? c - 1 : 0;
+}
+
+/* What counts against the limit: tracked memory plus the untracked overhead. */
+static uint64_t limited_usage(int device)
+{
+    return og_ledger_tracked(device) + overhead(device);
+}
+
+uint64_t og_limit_usage(int device) { return limit_on ? limited_usage(device) : og_ledger_tracked(device); }
+
 bool og_limit_refuses(og_call_t *c, int device, uint64_t bytes, bool from_pool)
 {
     uint64_t limit = og_limit_bytes(device);
     if (limit == UINT64_MAX)
         return false;
-    uint64_t used = og_ledger_tracked(device);
+    uint64_t used = limited_usage(device);
     /* a pool serves from its unused reservation first; only growth counts against the limit */
     uint64_t need = bytes;
     if (from_pool) {
@@ -154,7 +186,7 @@ void og_limit_view(int device, uint64_t *free_b, uint64_t *total_b)
     uint64_t limit = og_limit_bytes(device);
     if (limit == UINT64_MAX)
         return;
-    uint64_t used = og_ledger_tracked(device);
+    uint64_t used = limited_usage(device);
     uint64_t lfree = used >= limit ? 0 : limit - used;
     if (total_b && *total_b > limit)
         *total_b = limit;
@@ -261,6 +293,7 @@ static uint64_t warn_threshold(int device)
 }
 
 /* Once per crossing: re-armed only after usage falls 5% below the threshold. */
+/* Called with no lock of ours held: it may write a dump. */
 void og_warn_check(int device, uint64_t live)
 {
     if (!warn_on || device < 0 || device >= OG_MAX_DEVICES)

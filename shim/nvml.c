@@ -124,3 +124,29 @@ void og_nvml_measure(og_record_t *rec)
                  "nvml: this process (pid %d) is not in NVML's list (other pid namespace?)", self);
     }
 }
+
+/* This process's usage of `device` (contexts included), for OOMGUARD_LIMIT; UINT64_MAX when
+ * NVML cannot tell.  Called rarely: once per device and at failures. */
+uint64_t og_nvml_process_used(int device)
+{
+    if (!og_opt.nvml)
+        return UINT64_MAX;
+    pthread_once(&nv.once, nvml_load);
+    if (!nv.ok)
+        return UINT64_MAX;
+    CUresult (*bus)(char *, int, CUdevice) = (CUresult(*)(char *, int, CUdevice))og_cuda_sym("cuDeviceGetPCIBusId");
+    char id[32];
+    nvmlDevice_t dev;
+    if (!bus || bus(id, sizeof id, device) != CUDA_SUCCESS || nv.by_bus(id, &dev) != NVML_SUCCESS)
+        return UINT64_MAX;
+    og_nvml_proc_t procs[64];
+    unsigned int count = 64;
+    nvmlReturn_t r = nv.procs(dev, &count, procs);
+    if (r != NVML_SUCCESS)
+        return UINT64_MAX;
+    int self = (int)getpid();
+    for (unsigned i = 0; i < count && i < 64; i++)
+        if ((int)procs[i].pid == self && procs[i].usedGpuMemory != NVML_VALUE_NOT_AVAILABLE_ULL)
+            return procs[i].usedGpuMemory;
+    return UINT64_MAX;
+}

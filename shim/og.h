@@ -17,6 +17,9 @@
 
 #define OG_EXPORT __attribute__((visibility("default")))
 #define OG_TLS    __thread __attribute__((tls_model("initial-exec")))
+/* Code reachable from dlsym may run inside a sanitizer's own start-up (which looks up the
+ * functions it intercepts with dlsym) before the sanitizer can check anything. */
+#define OG_NO_SANITIZE __attribute__((no_sanitize("address", "undefined")))
 #define OG_LIKELY(x)   __builtin_expect(!!(x), 1)
 #define OG_UNLIKELY(x) __builtin_expect(!!(x), 0)
 
@@ -250,6 +253,9 @@ extern atomic_int og_warn_armed;
 void og_summary_atexit(void);
 void og_limit_view(int device, uint64_t *free_b, uint64_t *total_b);
 uint64_t og_ledger_tracked(int device);
+uint64_t og_nvml_process_used(int device);    /* UINT64_MAX when unknown */
+void og_limit_refresh_overhead(int device);
+uint64_t og_limit_usage(int device);          /* what counts against OOMGUARD_LIMIT */
 uint64_t og_ledger_pool_spare(int device);
 void og_write_record(struct og_record *rec);             /* dump.c: writes JSON + text */
 void og_framework_view_get(struct og_framework_view *out); /* framework.c */

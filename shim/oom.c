@@ -52,6 +52,7 @@ void og_on_oom(og_call_t *c, uint64_t size, int kind, CUresult r, bool by_limit)
     ep->released_before_attempt = ep->released;
     og_episode_t snapshot = *ep;
     pthread_mutex_unlock(&s->lock);
+    og_limit_refresh_overhead(d);
     /* Written before the failing call returns to the program: a crash right after loses nothing. */
     og_report_failure(&snapshot, c);
 }

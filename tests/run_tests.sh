@@ -92,6 +92,9 @@ run "e2e stress 2 dev x 8 threads x 100k, injected failures" \
 run "e2e stress, stacks off" \
     with_shim env SIMGPU_FAIL_PROB=0.02 SIMGPU_SEED=11 OOMGUARD_QUIET=1 OOMGUARD_STACK_DEPTH=0 STRESS_OPS=20000 "$B/tests/e2e_stress"
 
+echo "== OOMGUARD_LIMIT, WARN_AT, SUMMARY"
+suite "limit" env B="$B" PRELOAD="$PRELOAD" bash tests/e2e/run_limit.sh
+
 if [ -f tests/e2e/run_scenarios.sh ]; then
     echo "== OOM scenarios (dumps checked against the simulator)"
     suite "scenarios" env B="$B" PRELOAD="$PRELOAD" bash tests/e2e/run_scenarios.sh

@@ -6,7 +6,7 @@ TEST_B      := $(B)/tests
 E2E_CFLAGS   = $(ALL_CFLAGS) -Isim -Itests/e2e -pthread
 E2E_LDRT     = -L$(SIM_LIBDIR) -Wl,-rpath-link,$(SIM_LIBDIR)
 E2E_PROGS   := $(TEST_B)/e2e_runtime $(TEST_B)/e2e_static $(TEST_B)/e2e_driver $(TEST_B)/e2e_dlopen \
-               $(TEST_B)/e2e_entry_points $(TEST_B)/e2e_stress $(TEST_B)/e2e_fork_exec $(TEST_B)/e2e_rtld
+               $(TEST_B)/e2e_entry_points $(TEST_B)/e2e_stress $(TEST_B)/e2e_fork_exec $(TEST_B)/e2e_rtld $(TEST_B)/e2e_limit
 UNIT_PROGS  := $(patsubst tests/unit/%.c,$(TEST_B)/unit_%,$(wildcard tests/unit/test_*.c))
 E2E_DEPS     = tests/e2e/check.h include/oomguard.h $(SIM_LIBS) | $(TEST_B)/.dir
 
@@ -28,6 +28,9 @@ $(TEST_B)/e2e_stress: tests/e2e/stress.c $(E2E_DEPS)
 $(TEST_B)/e2e_fork_exec: tests/e2e/fork_exec.c $(E2E_DEPS)
 	$(CC) $(E2E_CFLAGS) $< -o $@ $(E2E_LDRT) -lcudart -ldl
 
+$(TEST_B)/e2e_limit: tests/e2e/limit.c $(E2E_DEPS)
+	$(CC) $(E2E_CFLAGS) $< -o $@ $(E2E_LDRT) -lcudart -ldl
+
 # dlsym(RTLD_NEXT/RTLD_DEFAULT) must keep answering relative to the real caller
 $(TEST_B)/librtld_next_a.so: tests/e2e/rtld_next_a.c | $(TEST_B)/.dir
 	$(CC) $(ALL_CFLAGS) -fPIC -shared $< -o $@ -ldl
@@ -38,7 +41,7 @@ $(TEST_B)/librtld_dep.so: tests/e2e/rtld_dep.c | $(TEST_B)/.dir
 $(TEST_B)/librtld_local.so: tests/e2e/rtld_local.c $(TEST_B)/librtld_dep.so
 	$(CC) $(ALL_CFLAGS) -fPIC -shared $< -o $@ -L$(TEST_B) -Wl,--no-as-needed -lrtld_dep -Wl,--as-needed -Wl,-rpath,'$$ORIGIN' -ldl
 $(TEST_B)/e2e_rtld: tests/e2e/rtld.c $(TEST_B)/librtld_next_a.so $(TEST_B)/librtld_next_b.so $(TEST_B)/librtld_local.so
-	$(CC) $(E2E_CFLAGS) $< -o $@ -L$(TEST_B) -Wl,--no-as-needed -lrtld_next_a -lrtld_next_b -Wl,--as-needed -Wl,-rpath,'$$ORIGIN' -ldl
+	$(CC) $(E2E_CFLAGS) $< -o $@ -L$(TEST_B) -Wl,--no-as-needed -lrtld_next_a -lrtld_next_b -Wl,--as-needed -Wl,--disable-new-dtags -Wl,-rpath,'$$ORIGIN' -ldl
 
 # Unit tests link the shim's objects directly.
 $(TEST_B)/unit_%: tests/unit/%.c $(SHIM_OBJ) | $(TEST_B)/.dir

@@ -1,0 +1,364 @@
+"""The stand-in's device memory: a small caching allocator in the manner of PyTorch's
+CUDACachingAllocator, on top of the CUDA runtime reached through ctypes (on the simulated GPU in
+the tests, so every segment really goes through liboomguard's hooks).
+
+What it copies from PyTorch, because oomguard's diagnosis depends on it:
+  * sizes are rounded up to 512 bytes;
+  * requests up to 1 MiB come from the small pool, packed into 2 MiB segments; requests between
+    1 and 10 MiB get a 20 MiB segment; larger ones a segment rounded up to 2 MiB;
+  * a free block is split when the rest is >= 512 bytes (small pool) or > 1 MiB (large pool),
+    and merged with free neighbours when freed;
+  * best fit among the cached blocks of the same pool;
+  * when cudaMalloc fails: count a retry, give every entirely free segment back, try once more;
+    if that fails too: count an OOM, call the out-of-memory observers (device, segment size,
+    device total, device free), then raise torch.OutOfMemoryError.
+
+Environment knobs for the tests:
+  PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync  no caching here; cudaMallocAsync per tensor
+  FAKE_TORCH_BROKEN=stats|snapshot|attach|all       that API raises RuntimeError
+"""
+import ctypes
+import os
+import threading
+
+KiB = 1024
+MiB = 1024 * KiB
+MIN_BLOCK = 512
+SMALL_SIZE = 1 * MiB
+SMALL_BUFFER = 2 * MiB
+LARGE_BUFFER = 20 * MiB
+MIN_LARGE_ALLOC = 10 * MiB
+ROUND_LARGE = 2 * MiB
+
+cudaSuccess = 0
+cudaMemPoolAttrReservedMemCurrent = 0x5
+cudaMemPoolAttrUsedMemCurrent = 0x7
+
+
+def broken(what):
+    b = os.environ.get("FAKE_TORCH_BROKEN", "")
+    return b == "all" or what in b.split(",")
+
+
+def alloc_conf():
+    return os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF") or ""
+
+
+def backend_name():
+    for part in alloc_conf().split(","):
+        k, _, v = part.partition(":")
+        if k.strip() == "backend":
+            return v.strip()
+    return "native"
+
+
+class OutOfMemoryError(RuntimeError):
+    pass
+
+
+OutOfMemoryError.__module__ = "torch"
+OutOfMemoryError.__qualname__ = "OutOfMemoryError"
+
+
+_rt = None
+_rt_lock = threading.Lock()
+
+
+def runtime():
+    global _rt
+    with _rt_lock:
+        if _rt is None:
+            rt = ctypes.CDLL("libcudart.so.13")
+            rt.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+            rt.cudaFree.argtypes = [ctypes.c_void_p]
+            rt.cudaSetDevice.argtypes = [ctypes.c_int]
+            rt.cudaGetDevice.argtypes = [ctypes.POINTER(ctypes.c_int)]
+            rt.cudaGetDeviceCount.argtypes = [ctypes.POINTER(ctypes.c_int)]
+            rt.cudaMemGetInfo.argtypes = [ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+            rt.cudaMallocAsync.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_void_p]
+            rt.cudaFreeAsync.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+            rt.cudaDeviceGetDefaultMemPool.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+            rt.cudaMemPoolGetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+            rt.cudaMemPoolTrimTo.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+            _rt = rt
+        return _rt
+
+
+def device_count():
+    n = ctypes.c_int(0)
+    if runtime().cudaGetDeviceCount(ctypes.byref(n)) != cudaSuccess:
+        runtime().cudaGetLastError()
+        return 0
+    return n.value
+
+
+def mem_get_info(device):
+    rt = runtime()
+    rt.cudaSetDevice(device)
+    free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    if rt.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total)) != cudaSuccess:
+        rt.cudaGetLastError()
+        return 0, 0
+    return free.value, total.value
+
+
+def _fmt(n):
+    return "%.2f MiB" % (n / float(MiB))
+
+
+class Block(object):
+    __slots__ = ("addr", "size", "requested", "allocated", "prev", "next", "segment")
+
+    def __init__(self, addr, size, segment):
+        self.addr, self.size, self.segment = addr, size, segment
+        self.requested = 0
+        self.allocated = False
+        self.prev = self.next = None
+
+
+class Segment(object):
+    def __init__(self, device, addr, size, small, pool_id):
+        self.device, self.addr, self.size, self.small, self.pool_id = device, addr, size, small, pool_id
+        self.head = Block(addr, size, self)
+
+    def blocks(self):
+        b = self.head
+        while b is not None:
+            yield b
+            b = b.next
+
+
+def round_size(n):
+    if n < MIN_BLOCK:
+        return MIN_BLOCK
+    return (n + MIN_BLOCK - 1) // MIN_BLOCK * MIN_BLOCK
+
+
+def allocation_size(size):
+    if size <= SMALL_SIZE:
+        return SMALL_BUFFER
+    if size < MIN_LARGE_ALLOC:
+        return LARGE_BUFFER
+    return (size + ROUND_LARGE - 1) // ROUND_LARGE * ROUND_LARGE
+
+
+class DeviceAllocator(object):
+    """One device's cache (PyTorch keeps one per device as well)."""
+
+    def __init__(self, device, observers):
+        self.device = device
+        self.observers = observers
+        self.segments = []
+        self.num_alloc_retries = 0
+        self.num_ooms = 0
+
+    # -- driver side
+    def _cuda_malloc(self, size):
+        rt = runtime()
+        rt.cudaSetDevice(self.device)
+        p = ctypes.c_void_p(0)
+        if rt.cudaMalloc(ctypes.byref(p), size) != cudaSuccess:
+            rt.cudaGetLastError()
+            return None
+        return p.value
+
+    def _release_free_segments(self):
+        keep = []
+        for s in self.segments:
+            if not s.head.allocated and s.head.next is None:
+                runtime().cudaSetDevice(self.device)
+                runtime().cudaFree(s.addr)
+            else:
+                keep.append(s)
+        self.segments = keep
+
+    # -- the cache
+    def _best_fit(self, size, small, pool_id):
+        best = None
+        for s in self.segments:
+            if s.small != small or s.pool_id != pool_id:
+                continue
+            for b in s.blocks():
+                if not b.allocated and b.size >= size and (best is None or b.size < best.size):
+                    best = b
+        return best
+
+    def malloc(self, nbytes, pool_id=(0, 0)):
+        size = round_size(nbytes)
+        small = size <= SMALL_SIZE
+        block = self._best_fit(size, small, pool_id)
+        if block is None:
+            seg_size = allocation_size(size)
+            addr = self._cuda_malloc(seg_size)
+            if addr is None:
+                self.num_alloc_retries += 1
+                self._release_free_segments()
+                addr = self._cuda_malloc(seg_size)
+            if addr is None:
+                self.num_ooms += 1
+                free, total = mem_get_info(self.device)
+                for obs in list(self.observers):
+                    obs(self.device, seg_size, total, free)
+                st = self.stats()
+                raise OutOfMemoryError(
+                    "CUDA out of memory. Tried to allocate %s. GPU %d has a total capacity of %s of which %s is "
+                    "free. Of the allocated memory %s is allocated by PyTorch, and %s is reserved by PyTorch but "
+                    "unallocated." % (_fmt(size), self.device, _fmt(total), _fmt(free), _fmt(st["allocated"]),
+                                      _fmt(st["reserved"] - st["allocated"])))
+            seg = Segment(self.device, addr, seg_size, small, pool_id)
+            self.segments.append(seg)
+            block = seg.head
+        rest = block.size - size
+        if (small and rest >= MIN_BLOCK) or (not small and rest > SMALL_SIZE):
+            r = Block(block.addr + size, rest, block.segment)
+            r.prev, r.next = block, block.next
+            if block.next is not None:
+                block.next.prev = r
+            block.next = r
+            block.size = size
+        block.allocated = True
+        block.requested = nbytes
+        return block
+
+    def free(self, block):
+        block.allocated = False
+        block.requested = 0
+        n = block.next
+        if n is not None and not n.allocated:
+            block.size += n.size
+            block.next = n.next
+            if n.next is not None:
+                n.next.prev = block
+        p = block.prev
+        if p is not None and not p.allocated:
+            p.size += block.size
+            p.next = block.next
+            if block.next is not None:
+                block.next.prev = p
+
+    def empty_cache(self):
+        self._release_free_segments()
+
+    # -- what PyTorch reports
+    def stats(self, small=None):
+        """Totals; largest_free is the largest free block of the default pool (of its small or
+        large part when `small` says which: where a request of that kind is served)."""
+        allocated = reserved = inactive_split = requested = largest = private = 0
+        nseg = 0
+        for s in self.segments:
+            nseg += 1
+            reserved += s.size
+            if s.pool_id != (0, 0):
+                private += s.size
+            split = s.head.next is not None
+            for b in s.blocks():
+                if b.allocated:
+                    allocated += b.size
+                    requested += b.requested
+                else:
+                    if split:
+                        inactive_split += b.size
+                    if s.pool_id == (0, 0) and (small is None or s.small == small) and b.size > largest:
+                        largest = b.size
+        return {"allocated": allocated, "reserved": reserved, "inactive_split": inactive_split,
+                "requested": requested, "largest_free": largest, "private": private, "segments": nseg}
+
+    def memory_stats(self):
+        st = self.stats()
+        d = {}
+        for pool in ("all", "large_pool", "small_pool"):
+            # per-pool breakdowns are not needed by the adapter; "all" is exact
+            if pool != "all":
+                continue
+            d["allocated_bytes.%s.current" % pool] = st["allocated"]
+            d["reserved_bytes.%s.current" % pool] = st["reserved"]
+            d["active_bytes.%s.current" % pool] = st["allocated"]
+            d["inactive_split_bytes.%s.current" % pool] = st["inactive_split"]
+            d["requested_bytes.%s.current" % pool] = st["requested"]
+            d["segment.%s.current" % pool] = st["segments"]
+        d["num_alloc_retries"] = self.num_alloc_retries
+        d["num_ooms"] = self.num_ooms
+        return d
+
+    def snapshot_segments(self):
+        out = []
+        for s in self.segments:
+            blocks = []
+            alloc = 0
+            req = 0
+            for b in s.blocks():
+                blocks.append({"address": b.addr, "size": b.size, "requested_size": b.requested,
+                               "state": "active_allocated" if b.allocated else "inactive", "frames": []})
+                if b.allocated:
+                    alloc += b.size
+                    req += b.requested
+            out.append({"device": s.device, "address": s.addr, "total_size": s.size, "allocated_size": alloc,
+                        "active_size": alloc, "requested_size": req, "stream": 0,
+                        "segment_type": "small" if s.small else "large", "segment_pool_id": s.pool_id,
+                        "is_expandable": False, "frames": [], "blocks": blocks})
+        return out
+
+
+class AsyncDeviceAllocator(object):
+    """backend:cudaMallocAsync: every tensor is one cudaMallocAsync from the device's default pool;
+    the caching is the driver pool's.  Reports like PyTorch's CudaMallocAsyncAllocator: only
+    allocated and reserved bytes (from the pool's attributes) and the OOM count."""
+
+    def __init__(self, device, observers):
+        self.device = device
+        self.live = 0
+        self.num_ooms = 0
+
+    def _pool(self):
+        rt = runtime()
+        pool = ctypes.c_void_p(0)
+        if rt.cudaDeviceGetDefaultMemPool(ctypes.byref(pool), self.device) != cudaSuccess:
+            rt.cudaGetLastError()
+            return None
+        return pool
+
+    def malloc(self, nbytes, pool_id=(0, 0)):
+        rt = runtime()
+        rt.cudaSetDevice(self.device)
+        p = ctypes.c_void_p(0)
+        if rt.cudaMallocAsync(ctypes.byref(p), nbytes, None) != cudaSuccess:
+            rt.cudaGetLastError()
+            pool = self._pool()
+            if pool is not None:
+                rt.cudaMemPoolTrimTo(pool, 0)
+            if rt.cudaMallocAsync(ctypes.byref(p), nbytes, None) != cudaSuccess:
+                rt.cudaGetLastError()
+                self.num_ooms += 1
+                free, total = mem_get_info(self.device)
+                raise OutOfMemoryError("CUDA out of memory. Tried to allocate %s. GPU %d has a total capacity of %s "
+                                       "of which %s is free." % (_fmt(nbytes), self.device, _fmt(total), _fmt(free)))
+        self.live += nbytes
+        return (p.value, nbytes)
+
+    def free(self, block):
+        addr, n = block
+        runtime().cudaSetDevice(self.device)
+        runtime().cudaFreeAsync(addr, None)
+        self.live -= n
+
+    def empty_cache(self):
+        pool = self._pool()
+        if pool is not None:
+            runtime().cudaMemPoolTrimTo(pool, 0)
+
+    def _attr(self, attr):
+        pool = self._pool()
+        v = ctypes.c_uint64(0)
+        if pool is None or runtime().cudaMemPoolGetAttribute(pool, attr, ctypes.byref(v)) != cudaSuccess:
+            runtime().cudaGetLastError()
+            return 0
+        return v.value
+
+    def memory_stats(self):
+        return {"allocated_bytes.all.current": self._attr(cudaMemPoolAttrUsedMemCurrent),
+                "reserved_bytes.all.current": self._attr(cudaMemPoolAttrReservedMemCurrent),
+                "num_ooms": self.num_ooms}
+
+    def stats(self, small=None):
+        return {"allocated": self._attr(cudaMemPoolAttrUsedMemCurrent),
+                "reserved": self._attr(cudaMemPoolAttrReservedMemCurrent)}

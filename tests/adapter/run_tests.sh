@@ -1,0 +1,317 @@
+#!/usr/bin/env bash
+# Tests of the PyTorch adapter (adapters/python) on the simulated GPU, with a stand-in torch
+# (tests/adapter/fake_torch) whose caching allocator reaches liboomguard's hooks through the CUDA
+# runtime.  Ends with one line "N passed, N failed[, N skipped]"; exit status 1 on a failure.
+#
+#   B        build directory (default: build)          -> $B/sim holds the simulated GPU
+#   PRELOAD  what goes into LD_PRELOAD (default: $B/liboomguard.so; may list several libraries)
+#   PYTHON   the interpreter (default: python3)
+set -u
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT"
+B=${B:-build}
+case "$B" in /*) BDIR=$B ;; *) BDIR=$ROOT/$B ;; esac
+PRELOAD=${PRELOAD:-$BDIR/liboomguard.so}
+abs_preload=""
+for p in $PRELOAD; do
+    case "$p" in /*) ;; *) [ -e "$ROOT/$p" ] && p=$ROOT/$p ;; esac
+    abs_preload="$abs_preload${abs_preload:+ }$p"
+done
+PRELOAD=$abs_preload
+PYTHON=${PYTHON:-python3}
+AD=$ROOT/adapters/python
+FT=$ROOT/tests/adapter/fake_torch
+SC=$ROOT/tests/adapter/scenarios
+JOB=$SC/job.py
+CHECK=$SC/check_dump.py
+
+for f in $PRELOAD "$BDIR/sim/libcudart.so.13"; do
+    if [ ! -e "$f" ]; then echo "missing $f: run 'make all' first"; echo "0 passed, 1 failed"; exit 1; fi
+done
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/oomguard-adapter-tests.XXXXXX")
+trap 'rm -rf "$TMP"' EXIT
+
+# A clean, reproducible environment for every job.
+unset PYTHONPATH PYTHONHOME PYTHONSTARTUP PYTHONVERBOSE OOMGUARD_VERBOSE OOMGUARD_PYTHON_ADAPTER \
+      PYTORCH_CUDA_ALLOC_CONF PYTORCH_ALLOC_CONF FAKE_TORCH_BROKEN FAKE_TORCH_VERSION \
+      OOMGUARD_LIMIT OOMGUARD_WARN_AT OOMGUARD_SUMMARY LD_PRELOAD
+export LD_LIBRARY_PATH="$BDIR/sim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export SIMGPU_DEVICES=1 SIMGPU_MEM=2560MiB SIMGPU_CTX_OVERHEAD=512MiB
+export PYTHONDONTWRITEBYTECODE=1 PYTHONNOUSERSITE=1 OOMGUARD_FRAMEWORK=pytorch OOMGUARD_QUIET=1
+
+pass=0 fail=0 skip=0
+failed=()
+N=0
+# t NAME FUNCTION: runs the test function in its own directory $W with its output kept in $W/log
+t() {
+    local name=$1; shift
+    N=$((N + 1))
+    W=$TMP/t$N; mkdir -p "$W/dumps"
+    local rc=0
+    ( set -u; cd "$W" && "$@" ) >"$W/log" 2>&1 || rc=$?
+    if [ $rc = 0 ]; then
+        pass=$((pass + 1)); echo "PASS  $name"
+    elif [ $rc = 77 ]; then
+        skip=$((skip + 1)); echo "SKIP  $name: $(tail -n 1 "$W/log")"
+    else
+        fail=$((fail + 1)); failed+=("$name"); echo "FAIL  $name"
+        tail -n 40 "$W/log" | sed 's/^/      | /'
+    fi
+}
+
+# shim / noshim / adapter / noadapter: prefixes for a job's environment
+# (bash exports a VAR=value placed before a function call to what that function runs)
+shim() { LD_PRELOAD="$PRELOAD" OOMGUARD_DIR="$W/dumps" OOMGUARD_FRAMEWORK_LIBS="$FWLIB" "$@"; }
+adapter() { PYTHONPATH="$AD:$FT" "$@"; }
+noadapter() { PYTHONPATH="$FT" "$@"; }
+fail_if() { if eval "$1"; then echo "failed: $2"; return 1; fi; }
+# field FILE EXPR: a value from a JSON file (EXPR indexes d)
+field() { "$PYTHON" -c "import json,sys; d=json.load(open(sys.argv[1])); print($2)" "$1"; }
+expect() { # expect FILE EXPR VALUE
+    local v; v=$(field "$1" "$2") || { echo "cannot read $2 from $1"; return 1; }
+    if [ "$v" != "$3" ]; then echo "$2 = $v, want $3"; return 1; fi
+}
+no_oomguard_lines() { grep -v '^oomguard' "$1" > "$1.clean" || true; echo "$1.clean"; }
+
+# Which library the shim names as the caller of cudaMalloc from Python (ctypes goes through libffi):
+# it becomes OOMGUARD_FRAMEWORK_LIBS, so the stand-in counts as the framework's allocator.
+probe_dir=$TMP/probe; mkdir -p "$probe_dir"
+env LD_PRELOAD="$PRELOAD" OOMGUARD_DIR="$probe_dir" PYTHONPATH="$FT" "$PYTHON" "$JOB" oom-caught >/dev/null 2>&1
+FWLIB=$("$PYTHON" -c "
+import glob, json, sys
+f = glob.glob(sys.argv[1] + '/oomguard-*.json')
+d = json.load(open(f[0])) if f else {}
+libs = d.get('memory', {}).get('by_library', [])
+print(d.get('event', {}).get('library') or (libs[0]['library'] if libs else ''))" "$probe_dir" 2>/dev/null)
+FWLIB=${FWLIB:-libffi.so.8}
+echo "== calls from the stand-in are attributed to $FWLIB"
+
+# ---------------------------------------------------------------------------------------------
+
+t_syntax() {
+    local files=("$AD"/*.py "$SC"/*.py)
+    while IFS= read -r f; do files+=("$f"); done < <(find "$FT" -name '*.py' | sort)
+    for f in "${files[@]}"; do
+        "$PYTHON" -c "import py_compile,sys; py_compile.compile(sys.argv[1], cfile=sys.argv[2], doraise=True)" "$f" "$W/c.pyc" \
+            || { echo "py_compile failed: $f"; return 1; }
+    done
+    "$PYTHON" "$SC/check_py39.py" "${files[@]}"
+}
+t "python 3.9 syntax (py_compile + 3.9 grammar, no 3.10+ constructs)" t_syntax
+
+t_frag() {
+    shim adapter "$PYTHON" "$JOB" frag exp.json || return 1
+    "$PYTHON" "$CHECK" dumps exp.json --primary fragmentation --settings backend:native || return 1
+    # nothing left behind that costs per allocation or per import
+    expect exp.json 'd["state"]["attached"]' observer &&
+    expect exp.json 'd["state"]["observers"]' 1 &&
+    expect exp.json 'd["state"]["import_hooks"]' 0 &&
+    expect exp.json 'd["state"]["queued_calls"]' 0 &&
+    expect exp.json 'd["state"]["profile_or_trace"]' False &&
+    expect exp.json 'd["state"]["excepthook_replaced"]' False &&
+    expect exp.json 'd["state"]["torch_loader"]' SourceFileLoader &&
+    expect exp.json 'd["state"]["torch_spec_loader"]' SourceFileLoader
+}
+t "fragmentation via sitecustomize: memory.framework = the allocator's numbers, primary fragmentation" t_frag
+
+t_frag_without() {
+    shim noadapter "$PYTHON" "$JOB" frag exp.json || return 1
+    "$PYTHON" "$CHECK" dumps exp.json --no-framework --not-primary fragmentation
+}
+t "the same job without the adapter: no memory.framework, fragmentation not diagnosed" t_frag_without
+
+t_toobig() {
+    shim adapter "$PYTHON" "$JOB" toobig exp.json || return 1
+    "$PYTHON" "$CHECK" dumps exp.json --primary does_not_fit
+}
+t "a request larger than the device: memory.framework filled, primary does_not_fit" t_toobig
+
+t_multidev() {
+    SIMGPU_DEVICES=2 shim adapter "$PYTHON" "$JOB" multidev exp.json || return 1
+    "$PYTHON" "$CHECK" dumps exp.json --primary does_not_fit && expect exp.json 'd["expected"]["device"]' 1
+}
+t "out of memory on device 1 of 2: the numbers are device 1's" t_multidev
+
+t_state_before() {
+    shim adapter "$PYTHON" "$JOB" state-before st.json || return 1
+    # torch imported, CUDA not initialised: the observer waits in torch.cuda's queue
+    expect st.json 'd["state"]["observers"]' 0 && expect st.json 'd["state"]["queued_calls"]' 1 &&
+    expect st.json 'd["state"]["import_hooks"]' 0 && expect st.json 'd["state"]["attached"]' None
+}
+t "before the first CUDA use nothing is attached (queued with torch.cuda._lazy_call)" t_state_before
+
+t_manual() { # t_manual MODE: PYTHONPATH without the adapter; the job imports oomguard_torch itself
+    shim env PYTHONPATH="$FT" ADAPTER_DIR="$AD" "$PYTHON" "$JOB" "$1" exp.json || return 1
+    "$PYTHON" "$CHECK" dumps exp.json --primary fragmentation
+}
+t "manual enable: import oomguard_torch before torch" t_manual manual-before
+t "manual enable: import oomguard_torch after torch" t_manual manual-after
+t "manual enable: import oomguard_torch after CUDA initialisation" t_manual manual-afterinit
+
+t_idempotent() {
+    shim adapter env ADAPTER_DIR="$AD" "$PYTHON" "$JOB" idempotent exp.json || return 1
+    expect exp.json 'd["state"]["observers"]' 1 && "$PYTHON" "$CHECK" dumps exp.json --primary does_not_fit
+}
+t "sitecustomize + import twice + activate() + install(): one observer" t_idempotent
+
+t_noshim() {
+    # no LD_PRELOAD: the adapter must not say or change anything, even with OOMGUARD_VERBOSE=1
+    OOMGUARD_VERBOSE=1 adapter "$PYTHON" "$JOB" oom-uncaught > a.out 2> a.err; local ra=$?
+    OOMGUARD_VERBOSE=1 noadapter "$PYTHON" "$JOB" oom-uncaught > b.out 2> b.err; local rb=$?
+    [ $ra = $rb ] || { echo "exit $ra with the adapter, $rb without"; return 1; }
+    cmp a.out b.out && cmp a.err b.err || { echo "output differs"; diff a.err b.err | head; return 1; }
+    OOMGUARD_VERBOSE=1 adapter "$PYTHON" "$JOB" state st.json 2> c.err || return 1
+    [ ! -s c.err ] || { echo "stderr:"; cat c.err; return 1; }
+    expect st.json 'd["state"]["adapter_loaded"]' True && expect st.json 'd["state"]["attached"]' None &&
+    expect st.json 'd["state"]["observers"]' 0 && expect st.json 'd["state"]["queued_calls"]' 0 &&
+    expect st.json 'd["state"]["import_hooks"]' 0 && expect st.json 'd["state"]["excepthook_replaced"]' False
+}
+t "without the shim the adapter is a silent no-op" t_noshim
+
+t_uncaught() {
+    shim adapter "$PYTHON" "$JOB" oom-uncaught > a.out 2> a.err; local ra=$?
+    mv dumps/oomguard-*.json a.json 2>/dev/null; rm -f dumps/*
+    shim noadapter "$PYTHON" "$JOB" oom-uncaught > b.out 2> b.err; local rb=$?
+    [ $ra = 1 ] && [ $rb = 1 ] || { echo "exit status $ra / $rb, want 1"; return 1; }
+    cmp a.out b.out && cmp "$(no_oomguard_lines a.err)" "$(no_oomguard_lines b.err)" \
+        || { echo "output differs"; diff a.err b.err | head; return 1; }
+    expect a.json 'd["memory"]["framework"] is not None' True
+}
+t "an uncaught OOM: same traceback and exit status with and without the adapter" t_uncaught
+
+# --- a user's sitecustomize keeps working
+
+mk_user_sc() { # mk_user_sc DIR: a sitecustomize that leaves a mark
+    mkdir -p "$1"
+    cat > "$1/sitecustomize.py" <<'EOF'
+import os
+USER_SITECUSTOMIZE = True
+with open(os.environ["MARK"], "w") as f:
+    f.write("%s %s" % (__name__, __file__))
+EOF
+}
+t_user_sc() {
+    mk_user_sc "$W/user"
+    shim env PYTHONPATH="$AD:$FT:$W/user" MARK="$W/mark" "$PYTHON" -c '
+import sys, sitecustomize
+print(sitecustomize.__file__)
+print(sitecustomize.USER_SITECUSTOMIZE)
+print("oomguard_torch" in sys.modules)
+print(sum(1 for f in sys.meta_path if type(f).__name__ == "_TorchImportHook"))' > out || return 1
+    printf '%s\n' "$W/user/sitecustomize.py" True True 1 > want
+    diff want out || return 1
+    [ "$(cat mark)" = "sitecustomize $W/user/sitecustomize.py" ] || { echo "mark: $(cat mark)"; return 1; }
+}
+t "a user's sitecustomize later on PYTHONPATH still runs, as module sitecustomize" t_user_sc
+
+t_user_sc_off() {
+    mk_user_sc "$W/user"
+    shim env OOMGUARD_PYTHON_ADAPTER=0 PYTHONPATH="$AD:$FT:$W/user" MARK="$W/mark" "$PYTHON" -c '
+import sys, sitecustomize
+print(sitecustomize.USER_SITECUSTOMIZE, "oomguard_torch" in sys.modules)' > out || return 1
+    [ "$(cat out)" = "True False" ] || { cat out; return 1; }
+    [ -s mark ]
+}
+t "OOMGUARD_PYTHON_ADAPTER=0: adapter off, the user's sitecustomize still runs" t_user_sc_off
+
+t_user_sc_broken() {
+    mkdir -p user
+    printf 'import os\nprint("user sitecustomize started")\nraise ValueError("the user sitecustomize is broken")\n' > user/sitecustomize.py
+    shim env PYTHONPATH="$AD:$FT:$W/user" "$PYTHON" -c 'import sys; print("main ran", "sitecustomize" in sys.modules); sys.exit(5)' > a.out 2> a.err; local ra=$?
+    shim env PYTHONPATH="$FT:$W/user" "$PYTHON" -c 'import sys; print("main ran", "sitecustomize" in sys.modules); sys.exit(5)' > b.out 2> b.err; local rb=$?
+    [ $ra = 5 ] && [ $rb = 5 ] || { echo "exit $ra / $rb"; return 1; }
+    cmp a.out b.out && cmp a.err b.err || { diff a.out b.out; diff a.err b.err; return 1; }
+    grep -q 'Error in sitecustomize' a.err || { echo "no 'Error in sitecustomize'"; cat a.err; return 1; }
+}
+t "a broken user sitecustomize is reported exactly as Python does, and the program goes on" t_user_sc_broken
+
+t_distro_sc() {
+    local sys_py=/usr/bin/python3
+    [ -x "$sys_py" ] || { echo "no $sys_py"; return 77; }
+    local f
+    f=$(env -u PYTHONPATH "$sys_py" -c 'import sitecustomize; print(sitecustomize.__file__)' 2>/dev/null) \
+        || { echo "$sys_py has no sitecustomize of its own"; return 77; }
+    local g
+    g=$(shim env PYTHONPATH="$AD" "$sys_py" -c 'import sys, sitecustomize; print(sitecustomize.__file__, "oomguard_torch" in sys.modules)') || return 1
+    [ "$g" = "$f True" ] || { echo "got '$g', want '$f True'"; return 1; }
+}
+t "the distribution's own sitecustomize (system python) is chained" t_distro_sc
+
+# --- a broken torch never breaks the job
+
+t_broken_import() {
+    shim adapter env FAKE_TORCH_BROKEN=import "$PYTHON" "$JOB" import-torch > a.out 2> a.err; local ra=$?
+    shim noadapter env FAKE_TORCH_BROKEN=import "$PYTHON" "$JOB" import-torch > b.out 2> b.err; local rb=$?
+    [ $ra = 1 ] && [ $rb = 1 ] || { echo "exit $ra / $rb"; return 1; }
+    [ "$(tail -n 1 a.err)" = "$(tail -n 1 b.err)" ] || { echo "last line differs:"; tail -n 1 a.err b.err; return 1; }
+    # the import can be retried (the hook stays until torch has loaded)
+    shim adapter "$PYTHON" -c '
+import os, sys
+os.environ["FAKE_TORCH_BROKEN"] = "import"
+try:
+    import torch
+except RuntimeError:
+    pass
+os.environ["FAKE_TORCH_BROKEN"] = ""
+import torch, oomguard_torch
+torch.cuda.init()
+print(oomguard_torch.is_attached())' > c.out || return 1
+    [ "$(cat c.out)" = observer ] || { cat c.out; return 1; }
+}
+t "broken torch (import raises): same exception and exit status; a retried import attaches" t_broken_import
+
+t_broken_stats() {
+    shim adapter env FAKE_TORCH_BROKEN=stats "$PYTHON" "$JOB" oom-caught exp.json > a.out 2> a.err; local ra=$?
+    [ $ra = 3 ] || { echo "exit $ra, want 3"; cat a.err; return 1; }
+    [ -z "$(grep 'pytorch adapter' a.err)" ] || { echo "adapter spoke without OOMGUARD_VERBOSE"; return 1; }
+    "$PYTHON" "$CHECK" dumps exp.json --no-framework || return 1
+    rm -f dumps/*
+    shim adapter env FAKE_TORCH_BROKEN=stats OOMGUARD_VERBOSE=1 "$PYTHON" "$JOB" oom-caught exp.json > v.out 2> v.err
+    [ $? = 3 ] || return 1
+    local n; n=$(grep -c 'pytorch adapter: .*failed' v.err)
+    [ "$n" = 1 ] || { echo "$n error lines with OOMGUARD_VERBOSE=1, want 1"; grep 'pytorch adapter' v.err; return 1; }
+}
+t "broken torch (memory_stats raises): the job's OOM and exit status unchanged, one line when verbose" t_broken_stats
+
+t_broken_snapshot() {
+    shim adapter env FAKE_TORCH_BROKEN=snapshot "$PYTHON" "$JOB" frag exp.json || return 1
+    "$PYTHON" "$CHECK" dumps exp.json --no-snapshot
+}
+t "broken torch (_snapshot raises): the stats are still reported, largest free block unknown" t_broken_snapshot
+
+t_broken_attach() {
+    shim adapter env FAKE_TORCH_BROKEN=attach "$PYTHON" "$JOB" oom-caught exp.json > a.out 2> a.err; local ra=$?
+    shim noadapter env FAKE_TORCH_BROKEN=attach "$PYTHON" "$JOB" oom-caught > b.out 2> b.err; local rb=$?
+    [ $ra = 3 ] && [ $rb = 3 ] || { echo "exit $ra / $rb"; cat a.err; return 1; }
+    cmp a.out b.out || return 1
+    ! grep -q DeferredCudaCallError a.err || { echo "DeferredCudaCallError"; return 1; }
+}
+t "broken torch (attaching raises): no DeferredCudaCallError, the job runs as without the adapter" t_broken_attach
+
+# --- backends and versions
+
+t_async() {
+    export PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
+    shim adapter "$PYTHON" "$JOB" async exp.json > a.out 2> a.err; local ra=$?
+    mv dumps/oomguard-*.json a.json; rm -f dumps/*
+    shim noadapter "$PYTHON" "$JOB" async > b.out 2> b.err; local rb=$?
+    [ $ra = 1 ] && [ $rb = 1 ] || { echo "exit $ra / $rb"; cat a.err; return 1; }
+    [ "$(tail -n 1 a.err)" = "$(tail -n 1 b.err)" ] || { tail -n 1 a.err b.err; return 1; }
+    rm -f dumps/*; mv a.json dumps/oomguard-with-adapter.json
+    "$PYTHON" "$CHECK" dumps exp.json --settings backend:cudaMallocAsync &&
+    expect exp.json 'd["state"]["attached"]' excepthook && expect exp.json 'd["state"]["observers"]' 0 &&
+    expect exp.json 'd["expected"]["reserved"] > d["expected"]["allocated"]' True
+}
+t "backend:cudaMallocAsync: no observer; an uncaught OOM reports memory_stats from sys.excepthook" t_async
+
+t_old_torch() {
+    SIMGPU_DEVICES=2 shim adapter env FAKE_TORCH_VERSION=2.1.2 "$PYTHON" "$JOB" state st.json || return 1
+    expect st.json 'd["state"]["attached"]' excepthook && expect st.json 'd["state"]["observers"]' 0 || return 1
+    SIMGPU_DEVICES=1 shim adapter env FAKE_TORCH_VERSION=2.1.2 "$PYTHON" "$JOB" state st1.json || return 1
+    expect st1.json 'd["state"]["attached"]' observer
+}
+t "torch < 2.2 with several devices: no observer (PyTorch's per-device registration was unsafe)" t_old_torch
+
+echo "${pass} passed, ${fail} failed$([ $skip != 0 ] && echo ", ${skip} skipped")"
+[ $fail = 0 ]

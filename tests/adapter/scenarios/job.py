@@ -1,0 +1,156 @@
+"""Jobs for tests/adapter/run_tests.sh, run on the simulated GPU with the stand-in torch.
+
+    python3 job.py MODE [OUT.json]
+
+Each job that ends in an out-of-memory error writes to OUT.json what the stand-in's allocator knew
+at that moment (the numbers the dump's memory.framework must show) and the adapter's state.
+Modes:
+  frag          fill the device with 20 MiB segments holding an 8 MiB tensor each plus 12 MiB of
+                holes, plus one CUDA-graph-like private pool segment, then ask for 14 MiB
+  toobig        a few tensors, then a request larger than the device
+  multidev      like toobig, on device 1
+  async         backend:cudaMallocAsync (set by the caller); dies of an uncaught OOM
+  oom-caught    toobig, catches the error and exits 3
+  oom-uncaught  toobig, does not catch it (exit status 1, Python's traceback)
+  import-torch  just `import torch` (uncaught if it fails)
+  manual-before / manual-after / manual-afterinit
+                `import oomguard_torch` (from $ADAPTER_DIR) before torch, after torch, after CUDA
+                initialisation; then frag
+  idempotent    import oomguard_torch twice, activate() and install() again, then toobig
+  state         import torch, use CUDA, write the adapter's state
+  state-before  import torch, write the adapter's state before any CUDA use
+"""
+import json
+import os
+import sys
+
+MiB = 1 << 20
+mode = sys.argv[1]
+out = sys.argv[2] if len(sys.argv) > 2 else None
+
+
+def manual_import():
+    sys.path.insert(0, os.environ["ADAPTER_DIR"])
+    import oomguard_torch  # noqa: F401
+
+
+if mode == "manual-before":
+    manual_import()
+
+if mode == "import-torch":
+    import torch  # noqa: F401
+    print("imported torch", torch.__version__)
+    sys.exit(0)
+
+import torch  # noqa: E402
+
+if mode == "manual-after":
+    manual_import()
+if mode == "manual-afterinit":
+    torch.cuda.init()
+    manual_import()
+if mode == "idempotent":
+    manual_import()
+    manual_import()
+    import oomguard_torch
+    oomguard_torch.activate()
+    oomguard_torch.install()
+
+
+def adapter_state():
+    ad = sys.modules.get("oomguard_torch")
+    return {
+        "adapter_loaded": ad is not None,
+        "attached": ad.is_attached() if ad is not None else None,
+        "observers": len(torch.cuda._observers),
+        "queued_calls": len(torch.cuda._queued_calls),
+        "import_hooks": sum(1 for f in sys.meta_path if type(f).__name__ == "_TorchImportHook"),
+        "profile_or_trace": sys.getprofile() is not None or sys.gettrace() is not None,
+        "excepthook_replaced": sys.excepthook is not sys.__excepthook__,
+        "torch_loader": type(torch.__loader__).__name__,
+        "torch_spec_loader": type(torch.__spec__.loader).__name__,
+    }
+
+
+def write(extra):
+    if not out:
+        return
+    d = {"state": adapter_state(), "version": torch.__version__}
+    d.update(extra)
+    with open(out, "w") as f:
+        json.dump(d, f, indent=1, sort_keys=True)
+
+
+def expected(device):
+    a = torch.cuda._allocator(device)
+    st = a.stats(small=False)                  # every failing request here is a large-pool one
+    try:
+        ms = torch.cuda.memory_stats(device)
+    except RuntimeError:                       # FAKE_TORCH_BROKEN=stats
+        return {"device": device}
+    return {"device": device, "allocated": st["allocated"], "reserved": st["reserved"],
+            "active": ms.get("active_bytes.all.current", 0),
+            "inactive_split": st.get("inactive_split", 0), "largest_free": st.get("largest_free", 0),
+            "private": st.get("private", 0), "num_ooms": ms.get("num_ooms", 0),
+            "num_alloc_retries": ms.get("num_alloc_retries", 0)}
+
+
+keep = []
+
+if mode == "state-before":
+    write({})
+    sys.exit(0)
+
+if mode in ("frag", "manual-before", "manual-after", "manual-afterinit"):
+    # a CUDA-graph-like private pool: a 20 MiB segment with a 17 MiB hole that the default pool
+    # cannot use (a largest-free-block that counted it would hide the fragmentation)
+    keep.append(torch.empty(3 * MiB, pool_id=(1, 1)))
+    free, total = torch._alloc.mem_get_info(0)
+    for i in range(free // (20 * MiB)):
+        keep.append(torch.empty(8 * MiB))      # new 20 MiB segment: [8 MiB tensor | 12 MiB]
+        keep.append(torch.empty(8 * MiB))      # fills the 12 MiB hole: [8 | 8 | 4 free]
+    del keep[2::2]                             # free every second one: [8 | 12 MiB free] each
+    try:
+        torch.empty(14 * MiB)                  # > every hole, no room for a new segment
+    except torch.OutOfMemoryError as e:
+        print("OOM:", str(e).split(".")[0])
+        write({"expected": expected(0)})
+        sys.exit(0)
+    print("no OOM?")
+    sys.exit(2)
+
+if mode in ("toobig", "idempotent", "multidev", "oom-caught", "oom-uncaught", "state"):
+    dev = 1 if mode == "multidev" else 0
+    if dev:
+        torch.cuda.set_device(dev)
+    for i in range(4):
+        keep.append(torch.empty(30 * MiB, device=dev))
+    keep.append(torch.empty(512 * 1024, device=dev))
+    del keep[1]
+    if mode == "state":
+        write({})
+        sys.exit(0)
+    if mode == "oom-uncaught":
+        torch.empty(64 << 30, device=dev)
+    try:
+        torch.empty(64 << 30, device=dev)
+    except torch.OutOfMemoryError as e:
+        print("OOM:", str(e).split(".")[0])
+        write({"expected": expected(dev)})
+        sys.exit(3 if mode == "oom-caught" else 0)
+    sys.exit(2)
+
+if mode == "async":
+    def own_hook(etype, value, tb):
+        # what memory_stats says while the error propagates (the adapter's hook runs just before)
+        exp = {"device": 0, "allocated": torch.cuda.memory_allocated(0), "reserved": torch.cuda.memory_reserved(0)}
+        write({"expected": exp})
+        sys.__excepthook__(etype, value, tb)
+    sys.excepthook = own_hook                  # before CUDA initialisation: the adapter chains to it
+    for i in range(12):
+        keep.append(torch.empty(10 * MiB))     # 3 per 32 MiB pool chunk
+    del keep[::2]                              # holes in every chunk: the pool keeps them reserved
+    torch.empty(64 << 30)                      # uncaught
+
+print("unknown mode", mode)
+sys.exit(2)
