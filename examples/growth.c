@@ -23,6 +23,6 @@ int main(void)
             fail_exit("loss");
         }
         mt_free(act);
-        usleep(3000);
+        usleep(15000);                         /* a training step takes time */
     }
 }

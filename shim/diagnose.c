@@ -619,6 +619,8 @@ static bool c_growth(dctx_t *d, og_cause_t *c)
     }
     if (filled < 5)
         return false;
+    if (d->th.growth_min_seconds > 0 && tmax - tmin < d->th.growth_min_seconds)
+        return false;
     uint64_t eps = d->total / 1000 > (1ULL << 20) ? d->total / 1000 : (1ULL << 20);
     int steps = 0, rising = 0, first = -1, last = -1, prev = -1;
     for (int w = 0; w < GROWTH_WINDOWS; w++) {

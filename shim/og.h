@@ -87,6 +87,7 @@ typedef enum { OG_OPT_BOOL, OG_OPT_INT, OG_OPT_SIZE, OG_OPT_PERCENT, OG_OPT_STRI
     X(growth_min,   "GROWTH_MIN",  OG_OPT_PERCENT, "5%",  0, 10000,   "growth: rise of the troughs >= this share of the device") \
     X(growth_steps, "GROWTH_STEPS", OG_OPT_PERCENT, "70%", 0, 10000,  "growth: share of rising steps between the 8 windows") \
     X(max_dumps,    "MAX_DUMPS",   OG_OPT_INT,    "200",  1, 1000000, "dump files written per process at most (a storm of failures must not become a storm of fsyncs)") \
+    X(growth_min_ms, "GROWTH_MIN_MS", OG_OPT_INT, "1000", 0, 86400000, "growth: the usage samples must span at least this many milliseconds") \
     X(nvml,         "NVML",        OG_OPT_BOOL,   "1",    0, 1,       "ask NVML for process and other-process usage at a failure") \
     X(limit,        "LIMIT",       OG_OPT_STRING, "",     0, 0,       "per-process device memory limit: 24GiB, 24000MB, 80% or 0:24GiB,1:40GiB") \
     X(warn_at,      "WARN_AT",     OG_OPT_STRING, "",     0, 0,       "warn once per crossing when usage passes this (90%, 20GiB; % of limit or total)") \

@@ -18,6 +18,11 @@ for p in $PRELOAD; do
     abs_preload="$abs_preload${abs_preload:+ }$p"
 done
 PRELOAD=$abs_preload
+# what stays preloaded "without the shim" (a sanitizer runtime the simulated GPU may need)
+NOSHIM_PRELOAD=""
+for p in $PRELOAD; do
+    case "$(basename "$p")" in liboomguard*) ;; *) NOSHIM_PRELOAD="$NOSHIM_PRELOAD${NOSHIM_PRELOAD:+ }$p" ;; esac
+done
 PYTHON=${PYTHON:-python3}
 AD=$ROOT/adapters/python
 FT=$ROOT/tests/adapter/fake_torch
@@ -65,6 +70,7 @@ t() {
 shim() { LD_PRELOAD="$PRELOAD" OOMGUARD_DIR="$W/dumps" OOMGUARD_FRAMEWORK_LIBS="$FWLIB" "$@"; }
 adapter() { PYTHONPATH="$AD:$FT" "$@"; }
 noadapter() { PYTHONPATH="$FT" "$@"; }
+noshim() { LD_PRELOAD="$NOSHIM_PRELOAD" "$@"; }
 fail_if() { if eval "$1"; then echo "failed: $2"; return 1; fi; }
 # field FILE EXPR: a value from a JSON file (EXPR indexes d)
 field() { "$PYTHON" -c "import json,sys; d=json.load(open(sys.argv[1])); print($2)" "$1"; }
@@ -157,11 +163,11 @@ t "sitecustomize + import twice + activate() + install(): one observer" t_idempo
 
 t_noshim() {
     # no LD_PRELOAD: the adapter must not say or change anything, even with OOMGUARD_VERBOSE=1
-    OOMGUARD_VERBOSE=1 adapter "$PYTHON" "$JOB" oom-uncaught > a.out 2> a.err; local ra=$?
-    OOMGUARD_VERBOSE=1 noadapter "$PYTHON" "$JOB" oom-uncaught > b.out 2> b.err; local rb=$?
+    OOMGUARD_VERBOSE=1 noshim adapter "$PYTHON" "$JOB" oom-uncaught > a.out 2> a.err; local ra=$?
+    OOMGUARD_VERBOSE=1 noshim noadapter "$PYTHON" "$JOB" oom-uncaught > b.out 2> b.err; local rb=$?
     [ $ra = $rb ] || { echo "exit $ra with the adapter, $rb without"; return 1; }
     cmp a.out b.out && cmp a.err b.err || { echo "output differs"; diff a.err b.err | head; return 1; }
-    OOMGUARD_VERBOSE=1 adapter "$PYTHON" "$JOB" state st.json 2> c.err || return 1
+    OOMGUARD_VERBOSE=1 noshim adapter "$PYTHON" "$JOB" state st.json 2> c.err || return 1
     [ ! -s c.err ] || { echo "stderr:"; cat c.err; return 1; }
     expect st.json 'd["state"]["adapter_loaded"]' True && expect st.json 'd["state"]["attached"]' None &&
     expect st.json 'd["state"]["observers"]' 0 && expect st.json 'd["state"]["queued_calls"]' 0 &&

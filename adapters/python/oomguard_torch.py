@@ -1,0 +1,494 @@
+"""oomguard's PyTorch adapter: hands PyTorch's own allocator numbers to liboomguard when a CUDA
+allocation fails, so the dump can tell live tensors from cached-but-free memory.
+
+Enable it with one line, before or after `import torch`:
+
+    import oomguard_torch
+
+`oomguard run` does it for you (it puts this directory on PYTHONPATH; the sitecustomize.py
+next to this file imports the module).  Without liboomguard preloaded this module does nothing.
+
+What it does:
+  * waits until torch is imported (a sys.meta_path finder that notices `import torch`
+    finishing; at once if torch is already imported), then until PyTorch initialises CUDA
+    (torch.cuda._lazy_call), and only then registers an out-of-memory observer with
+    torch._C._cuda_attach_out_of_memory_observer -- nothing runs per allocation;
+  * when PyTorch's caching allocator gives up on a request it calls the observer (allocator
+    lock released, tensors still alive); the observer reads torch.cuda.memory_stats(device) and
+    torch.cuda.memory._snapshot(), and calls oomguard_framework_report() in the preloaded shim,
+    which rewrites that failure's dump with these numbers (memory.framework);
+  * with PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync PyTorch has no observer: the adapter
+    then reports what memory_stats() has from sys.excepthook, if the program dies of an
+    uncaught out-of-memory error; the shim's own pool accounting covers that backend anyway.
+    The same fallback serves torch < 2.2 with several visible devices, where registering the
+    observer was not safe on every device.
+
+See docs/pytorch-adapter.md.
+
+It never raises into the program: every failure is swallowed (one line on stderr with
+OOMGUARD_VERBOSE=1).  Python 3.9+, standard library only.
+"""
+import os
+import sys
+import threading
+
+__all__ = ["install", "activate", "report", "is_attached"]
+
+_SMALL_BUFFER = 2 * 1024 * 1024        # PyTorch's small-pool segment size (kSmallBuffer)
+_lock = threading.RLock()
+_state = {
+    "activated": False,   # activate() ran
+    "installed": False,   # install() ran against the torch module
+    "queued": False,      # waiting for CUDA initialisation
+    "attached": None,     # None, "observer" or "excepthook"
+    "prev_excepthook": None,
+}
+_report_fn = None
+_in_observer = threading.local()
+
+
+# ---------------------------------------------------------------------------- small helpers
+
+def _verbose():
+    v = os.environ.get("OOMGUARD_VERBOSE", "")
+    return v.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _say(msg):
+    """One line on stderr, only with OOMGUARD_VERBOSE=1; never raises."""
+    if not _verbose():
+        return
+    try:
+        sys.stderr.write("oomguard: pytorch adapter: %s\n" % (msg,))
+        sys.stderr.flush()
+    except Exception:
+        pass
+
+
+def _err(where, exc):
+    _say("%s failed: %s: %s" % (where, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else ""))
+
+
+def _shim_report_fn():
+    """oomguard_framework_report from the preloaded shim, or None (no shim: the adapter is off)."""
+    global _report_fn
+    if _report_fn is not None:
+        return _report_fn
+    try:
+        import ctypes
+        try:
+            fn = ctypes.CDLL(None).oomguard_framework_report
+        except AttributeError:
+            return None
+
+        class _FrameworkStats(ctypes.Structure):
+            # include/oomguard.h: oomguard_framework_stats_t
+            _fields_ = [
+                ("struct_size", ctypes.c_uint64),
+                ("device", ctypes.c_int64),
+                ("allocated_bytes", ctypes.c_uint64),
+                ("reserved_bytes", ctypes.c_uint64),
+                ("active_bytes", ctypes.c_uint64),
+                ("inactive_split_bytes", ctypes.c_uint64),
+                ("largest_free_block_bytes", ctypes.c_uint64),
+                ("private_pool_bytes", ctypes.c_uint64),
+                ("num_alloc_retries", ctypes.c_uint64),
+                ("num_ooms", ctypes.c_uint64),
+                ("allocator_settings", ctypes.c_char_p),
+                ("source", ctypes.c_char_p),
+            ]
+
+        fn.argtypes = [ctypes.POINTER(_FrameworkStats)]
+        fn.restype = ctypes.c_int
+        fn.struct_type = _FrameworkStats
+        _report_fn = fn
+        return fn
+    except Exception as e:
+        _err("looking up oomguard_framework_report", e)
+        return None
+
+
+def _u64(v):
+    try:
+        v = int(v)
+    except Exception:
+        return 0
+    if v < 0:
+        return 0
+    return min(v, (1 << 64) - 2)       # 2**64-1 is the shim's "unknown"
+
+
+def _bytes(s, maxlen=1000):
+    s = "" if s is None else str(s)
+    return s[:maxlen].encode("utf-8", "replace")
+
+
+def _torch():
+    return sys.modules.get("torch")
+
+
+def _version_tuple(v):
+    out = []
+    for part in str(v).split("+")[0].split(".")[:2]:
+        digits = ""
+        for ch in part:
+            if not ch.isdigit():
+                break
+            digits += ch
+        out.append(int(digits) if digits else 0)
+    while len(out) < 2:
+        out.append(0)
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------- reading PyTorch
+
+def _allocator_backend(torch):
+    try:
+        get = getattr(torch.cuda, "get_allocator_backend", None)
+        if get is None:
+            get = getattr(getattr(torch.cuda, "memory", None), "get_allocator_backend", None)
+        return str(get()) if get is not None else ""
+    except Exception:
+        return ""
+
+
+def _allocator_settings(torch):
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF") or ""
+    backend = _allocator_backend(torch)
+    if backend and "backend" not in conf:
+        conf = "%s%sbackend:%s" % (conf, "," if conf else "", backend)
+    return conf
+
+
+def _cache_view(torch, device, alloc_size):
+    """(largest free block, private pool bytes) from the allocator snapshot; (None, None) if unreadable.
+
+    The largest free block is looked for where the failed request could have been served: the
+    default pool (private pools such as CUDA graphs' are not usable by it), and the small or the
+    large pool depending on the size PyTorch tried to reserve (small segments are 2 MiB)."""
+    try:
+        snap = torch.cuda.memory._snapshot()
+    except Exception as e:
+        _err("torch.cuda.memory._snapshot()", e)
+        return None, None
+    try:
+        segments = snap.get("segments", []) if isinstance(snap, dict) else snap
+        want_small = None
+        if alloc_size:
+            want_small = int(alloc_size) <= _SMALL_BUFFER
+        largest = 0
+        private = 0
+        for seg in segments or ():
+            if not isinstance(seg, dict):
+                continue
+            d = seg.get("device")
+            if d is not None and device is not None and int(d) != int(device):
+                continue
+            pool_id = seg.get("segment_pool_id")
+            is_private = False
+            if pool_id is not None:
+                try:
+                    is_private = tuple(int(x) for x in pool_id) != (0, 0)
+                except Exception:
+                    is_private = False
+            if is_private:
+                private += _u64(seg.get("total_size", 0))
+                continue
+            seg_type = seg.get("segment_type")
+            if want_small is not None and seg_type in ("small", "large") and (seg_type == "small") != want_small:
+                continue
+            for b in seg.get("blocks", ()) or ():
+                if isinstance(b, dict) and b.get("state") == "inactive":
+                    size = _u64(b.get("size", 0))
+                    if size > largest:
+                        largest = size
+        return largest, private
+    except Exception as e:
+        _err("reading the allocator snapshot", e)
+        return None, None
+
+
+def report(device=None, alloc_size=None, use_snapshot=True):
+    """Reads PyTorch's numbers for `device` and hands them to the shim.  Returns the shim's
+    result (0), or None when nothing was reported (no shim, no torch, stats unreadable).
+    Never raises.  Called by the out-of-memory observer; callable by hand too."""
+    try:
+        import ctypes
+        fn = _shim_report_fn()
+        torch = _torch()
+        if fn is None or torch is None:
+            return None
+        if device is None:
+            device = torch.cuda.current_device()
+        device = int(device)
+        try:
+            stats = torch.cuda.memory_stats(device)
+        except Exception as e:
+            _err("torch.cuda.memory_stats()", e)
+            return None
+        if not isinstance(stats, dict):
+            return None
+        allocated = stats.get("allocated_bytes.all.current")
+        reserved = stats.get("reserved_bytes.all.current")
+        if allocated is None or reserved is None:
+            # without these two the numbers would claim an empty cache: report nothing
+            _say("memory_stats() has no allocated/reserved bytes: nothing reported")
+            return None
+        largest, private = (None, None)
+        if use_snapshot:
+            largest, private = _cache_view(torch, device, alloc_size)
+        s = fn.struct_type()
+        s.struct_size = ctypes.sizeof(s)
+        s.device = device
+        s.allocated_bytes = _u64(allocated)
+        s.reserved_bytes = _u64(reserved)
+        s.active_bytes = _u64(stats.get("active_bytes.all.current", 0))
+        s.inactive_split_bytes = _u64(stats.get("inactive_split_bytes.all.current", 0))
+        # 0 with a non-empty cache reads as "not measured" to the shim
+        s.largest_free_block_bytes = _u64(largest or 0)
+        s.private_pool_bytes = _u64(private or 0)
+        s.num_alloc_retries = _u64(stats.get("num_alloc_retries", 0))
+        s.num_ooms = _u64(stats.get("num_ooms", 0))
+        settings = _bytes(_allocator_settings(torch))
+        source = _bytes("torch %s" % (getattr(torch, "__version__", "?"),))
+        s.allocator_settings = settings
+        s.source = source
+        r = fn(ctypes.byref(s))
+        _say("reported device %d: allocated %d, reserved %d, largest free block %s" %
+             (device, s.allocated_bytes, s.reserved_bytes, largest))
+        return r
+    except Exception as e:
+        _err("report", e)
+        return None
+
+
+def _observer(device, alloc, device_total, device_free):
+    """torch._C._cuda_attach_out_of_memory_observer callback."""
+    if getattr(_in_observer, "busy", False):
+        return
+    _in_observer.busy = True
+    try:
+        report(device, alloc)
+    except Exception:
+        pass
+    finally:
+        _in_observer.busy = False
+
+
+# ---------------------------------------------------------------------------- the excepthook fallback
+
+def _is_oom(torch, exc):
+    kinds = []
+    for owner in (torch, getattr(torch, "cuda", None)):
+        k = getattr(owner, "OutOfMemoryError", None)
+        if isinstance(k, type):
+            kinds.append(k)
+    seen = 0
+    while exc is not None and seen < 16:
+        if kinds and isinstance(exc, tuple(kinds)):
+            return True
+        if type(exc).__name__ == "OutOfMemoryError":
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False
+
+
+def _excepthook(etype, value, tb):
+    try:
+        torch = _torch()
+        if torch is not None and _is_oom(torch, value):
+            report(None, None, use_snapshot=False)
+    except Exception:
+        pass
+    prev = _state.get("prev_excepthook") or sys.__excepthook__
+    return prev(etype, value, tb)
+
+
+def _install_excepthook(why):
+    if sys.excepthook is _excepthook:
+        return
+    _state["prev_excepthook"] = sys.excepthook
+    sys.excepthook = _excepthook
+    _state["attached"] = "excepthook"
+    _say("%s: reporting from sys.excepthook on an uncaught out-of-memory error" % why)
+
+
+# ---------------------------------------------------------------------------- attaching
+
+def _attach():
+    """Runs once CUDA is initialised (queued with torch.cuda._lazy_call).  Must never raise:
+    PyTorch turns an exception here into DeferredCudaCallError at the program's first CUDA use."""
+    try:
+        with _lock:
+            if _state["attached"]:
+                return
+            torch = _torch()
+            if torch is None:
+                return
+            backend = _allocator_backend(torch)
+            if backend == "cudaMallocAsync":
+                _install_excepthook("backend:cudaMallocAsync has no out-of-memory observer")
+                return
+            attach = getattr(getattr(torch, "_C", None), "_cuda_attach_out_of_memory_observer", None)
+            if attach is None:
+                _install_excepthook("this torch has no _cuda_attach_out_of_memory_observer")
+                return
+            try:
+                ndev = int(torch.cuda.device_count())
+            except Exception:
+                ndev = 1
+            if _version_tuple(getattr(torch, "__version__", "0")) < (2, 2) and ndev > 1:
+                # Before 2.2 the observer was registered on the current device only (2.0), or
+                # moved into the first device's allocator and left empty for the others (2.1):
+                # an out-of-memory error on another device could then turn into a C++
+                # bad_function_call.  Do not risk it.
+                _install_excepthook("torch %s with %d devices" % (torch.__version__, ndev))
+                return
+            attach(_observer)
+            _state["attached"] = "observer"
+            _say("out-of-memory observer attached (torch %s)" % (getattr(torch, "__version__", "?"),))
+    except Exception as e:
+        _err("attaching", e)
+
+
+def install():
+    """Attaches to the imported torch module (idempotent).  Deferred to CUDA initialisation; a
+    no-op without the shim or without torch.  Returns True when attached or queued."""
+    try:
+        with _lock:
+            if _state["installed"]:
+                return True
+            if _shim_report_fn() is None:
+                return False
+            torch = _torch()
+            if torch is None or not hasattr(torch, "cuda"):
+                return False
+            _state["installed"] = True
+            cuda = torch.cuda
+            is_init = getattr(cuda, "is_initialized", None)
+            if is_init is not None and is_init():
+                _attach()
+                return True
+            lazy_call = getattr(cuda, "_lazy_call", None)
+            if lazy_call is None:
+                _install_excepthook("no torch.cuda._lazy_call")
+                return True
+            lazy_call(_attach)
+            _state["queued"] = True
+            _say("waiting for CUDA initialisation")
+            return True
+    except Exception as e:
+        _err("install", e)
+        return False
+
+
+def is_attached():
+    """None, "observer" or "excepthook"."""
+    return _state["attached"]
+
+
+# ---------------------------------------------------------------------------- the import hook
+
+class _LoaderWrapper(object):
+    """Runs torch's own loader, then install().  Anything else is the original loader's."""
+
+    def __init__(self, loader, finder):
+        self._oomguard_loader = loader
+        self._oomguard_finder = finder
+
+    def create_module(self, spec):
+        return self._oomguard_loader.create_module(spec)
+
+    def exec_module(self, module):
+        loader = self._oomguard_loader
+        try:
+            loader.exec_module(module)
+        finally:
+            # the module and its spec keep torch's own loader
+            try:
+                spec = getattr(module, "__spec__", None)
+                if spec is not None and spec.loader is self:
+                    spec.loader = loader
+                if getattr(module, "__loader__", None) is self:
+                    module.__loader__ = loader
+            except Exception:
+                pass
+        self._oomguard_finder._loaded()
+
+    def __getattr__(self, name):
+        if name.startswith("_oomguard_"):
+            raise AttributeError(name)
+        return getattr(self._oomguard_loader, name)
+
+
+class _TorchImportHook(object):
+    """A sys.meta_path finder that answers nothing itself: on `import torch` it lets the other
+    finders find torch, wraps the loader so install() runs when torch/__init__.py has finished,
+    and removes itself once torch is loaded."""
+
+    def __init__(self):
+        self._busy = threading.local()
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "torch" or getattr(self._busy, "on", False):
+            return None
+        self._busy.on = True
+        try:
+            spec = None
+            for finder in list(sys.meta_path):
+                if finder is self:
+                    continue
+                find = getattr(finder, "find_spec", None)
+                if find is None:
+                    continue
+                try:
+                    spec = find(fullname, path, target)
+                except TypeError:          # a finder written for find_spec(name, path)
+                    spec = find(fullname, path)
+                if spec is not None:
+                    break
+            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module") \
+                    or isinstance(spec.loader, _LoaderWrapper):
+                return None
+            spec.loader = _LoaderWrapper(spec.loader, self)
+            return spec
+        except Exception as e:
+            _err("import hook", e)
+            return None
+        finally:
+            self._busy.on = False
+
+    def invalidate_caches(self):
+        pass
+
+    def _loaded(self):
+        try:
+            while self in sys.meta_path:
+                sys.meta_path.remove(self)
+        except Exception:
+            pass
+        install()
+
+
+def activate():
+    """Arranges install() for when torch is imported (at once if it already is).  Idempotent;
+    does nothing without the shim."""
+    try:
+        with _lock:
+            if _state["activated"]:
+                return
+            _state["activated"] = True
+            if _shim_report_fn() is None:
+                return
+            if "torch" in sys.modules:
+                install()
+                return
+            if not any(isinstance(f, _TorchImportHook) for f in sys.meta_path):
+                sys.meta_path.insert(0, _TorchImportHook())
+    except Exception as e:
+        _err("activate", e)
+
+
+activate()
