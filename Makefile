@@ -48,6 +48,8 @@ install: all
 	install -m 0755 $(B)/oomguard $(DESTDIR)$(PREFIX)/bin/oomguard
 	install -m 0755 $(B)/liboomguard.so $(DESTDIR)$(PREFIX)/lib/oomguard/liboomguard.so
 	install -m 0644 include/oomguard.h $(DESTDIR)$(PREFIX)/include/oomguard.h
+	install -d $(DESTDIR)$(PREFIX)/lib/oomguard/python
+	install -m 0644 adapters/python/*.py $(DESTDIR)$(PREFIX)/lib/oomguard/python/
 	install -m 0644 README.md LICENSE docs/*.md $(DESTDIR)$(PREFIX)/share/doc/oomguard/
 
 clean:

@@ -218,8 +218,11 @@ void og_render_json(const og_record_t *r, og_sb_t *sb)
             og_sb_puts(sb, ",\"source\":");
             og_sb_json_str(sb, f->source);
             uint64_t cached = f->reserved_bytes > f->allocated_bytes ? f->reserved_bytes - f->allocated_bytes : 0;
-            og_sb_printf(sb, ",\"fragmentation\":%.4f}",
-                         cached ? 1.0 - (double)f->largest_free_block_bytes / (double)cached : 0.0);
+            /* 1 - largest free block / free cached bytes; null when either is unknown */
+            if (cached && f->largest_free_block_bytes)
+                og_sb_printf(sb, ",\"fragmentation\":%.4f}", 1.0 - (double)f->largest_free_block_bytes / (double)cached);
+            else
+                og_sb_puts(sb, ",\"fragmentation\":null}");
         } else {
             og_sb_puts(sb, "null");
         }

@@ -342,12 +342,14 @@ void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind)
 
 /* A free takes the block out of the ledger *before* the real free: once the driver has
  * the address back it may hand it to another thread, whose allocation must not meet our
- * stale entry.  og_free_end puts it back if the real free failed. */
+ * stale entry.  Everything is settled here under one lock, as if the free succeeds (it
+ * almost always does); og_free_end undoes it if the real free failed. */
 void og_free_begin(og_call_t *c, uintptr_t addr, og_taken_t *tk)
 {
     shard_t *s = shard_of(addr);
     tk->found = false;
     tk->addr = addr;
+    uint64_t t = og_now_ns();
     pthread_mutex_lock(&s->lock);
     og_block_t *b;
     HASH_FIND(hh, s->table, &addr, sizeof(uint64_t), b);
@@ -362,6 +364,17 @@ void og_free_begin(og_call_t *c, uintptr_t addr, og_taken_t *tk)
         HASH_DEL(s->table, b);
         shard_count(s, b, -1);
         block_put(s, b);
+        dev_t_ *d = b->kind == OG_KIND_HOST ? NULL : dev_of(b->device);
+        if (d) {
+            uint64_t live;
+            if (tk->kind == OG_KIND_POOL) {
+                atomic_fetch_sub_explicit(&d->pool_used, tk->size, memory_order_relaxed);
+                live = atomic_load_explicit(&d->tracked, memory_order_relaxed);
+            } else {
+                live = tracked_add(d, -(int64_t)tk->size, t);
+            }
+            ring_add(&s->ring, OG_EV_FREE, c->hook, tk->device, tk->size, live, t);
+        }
     }
     pthread_mutex_unlock(&s->lock);
 }
@@ -375,46 +388,42 @@ void og_free_end(og_call_t *c, og_taken_t *tk, CUresult r)
             atomic_fetch_add_explicit(&d->unknown_frees, 1, memory_order_relaxed);
         return;
     }
+    bool device_block = tk->kind != OG_KIND_HOST && dev_of(tk->device);
+    if (OG_LIKELY(r == CUDA_SUCCESS)) {
+        if (device_block)
+            og_note_free(tk->device, tk->size);
+        return;
+    }
+    /* the real free failed: the block is still allocated; put it back, unchanged */
     shard_t *s = shard_of(tk->addr);
-    if (r != CUDA_SUCCESS) {
-        /* the block is still allocated: back into the ledger, unchanged */
-        pthread_mutex_lock(&s->lock);
-        og_block_t *b = block_get(s);
-        if (b) {
-            b->addr = tk->addr;
-            b->size = tk->size;
-            b->t_ns = tk->t_ns;
-            b->site = tk->site;
-            b->device = tk->device;
-            b->kind = tk->kind;
-            b->hook = tk->hook;
-            HASH_ADD(hh, s->table, addr, sizeof(uint64_t), b);
-            shard_count(s, b, +1);
-            /* neither an allocation nor a free happened */
-            if (b->kind != OG_KIND_HOST && dev_of(b->device)) {
-                s->dev[b->device].allocs--;
-                s->dev[b->device].frees--;
-            }
-        }
-        pthread_mutex_unlock(&s->lock);
-        return;
-    }
-    if (tk->kind == OG_KIND_HOST)
-        return;
-    dev_t_ *d = dev_of(tk->device);
-    if (!d)
-        return;
-    uint64_t t = og_now_ns(), live;
-    if (tk->kind == OG_KIND_POOL) {
-        atomic_fetch_sub_explicit(&d->pool_used, tk->size, memory_order_relaxed);
-        live = atomic_load_explicit(&d->tracked, memory_order_relaxed);
-    } else {
-        live = tracked_add(d, -(int64_t)tk->size, t);
-    }
+    uint64_t t = og_now_ns();
     pthread_mutex_lock(&s->lock);
-    ring_add(&s->ring, OG_EV_FREE, c->hook, tk->device, tk->size, live, t);
+    og_block_t *b = block_get(s);
+    if (b) {
+        b->addr = tk->addr;
+        b->size = tk->size;
+        b->t_ns = tk->t_ns;
+        b->site = tk->site;
+        b->device = tk->device;
+        b->kind = tk->kind;
+        b->hook = tk->hook;
+        HASH_ADD(hh, s->table, addr, sizeof(uint64_t), b);
+        shard_count(s, b, +1);
+        if (device_block) {            /* neither an allocation nor a free happened */
+            s->dev[b->device].allocs--;
+            s->dev[b->device].frees--;
+            dev_t_ *d = &devs[b->device];
+            uint64_t live;
+            if (b->kind == OG_KIND_POOL) {
+                atomic_fetch_add_explicit(&d->pool_used, b->size, memory_order_relaxed);
+                live = atomic_load_explicit(&d->tracked, memory_order_relaxed);
+            } else {
+                live = tracked_add(d, (int64_t)b->size, t);
+            }
+            ring_add(&s->ring, OG_EV_ALLOC, c->hook, b->device, b->size, live, t);   /* restored */
+        }
+    }
     pthread_mutex_unlock(&s->lock);
-    og_note_free(tk->device, tk->size);
 }
 
 void og_track_failure(og_call_t *c, uint64_t size, int kind, CUresult r)

@@ -100,6 +100,9 @@ if [ -f tests/e2e/run_scenarios.sh ]; then
     suite "scenarios" env B="$B" PRELOAD="$PRELOAD" bash tests/e2e/run_scenarios.sh
 fi
 
+echo "== PyTorch adapter (stand-in torch on the simulated GPU)"
+suite "python adapter" env B="$B" PRELOAD="$PRELOAD" bash tests/adapter/run_tests.sh
+
 if grep -q '^test-cli:' tools/tools.mk 2>/dev/null; then
     echo "== oomguard command"
     suite "cli" $MAKE -s --no-print-directory B="$B" SANITIZE="${SANITIZE:-}" test-cli

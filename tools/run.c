@@ -161,6 +161,47 @@ static int set_preload(const char *lib)
     return setenv("LD_PRELOAD", lib, 1);
 }
 
+/* The Python adapter (adapters/python: sitecustomize + oomguard_torch) goes first on
+ * PYTHONPATH so that PyTorch jobs hand the shim their allocator's view without editing the
+ * script.  Installed next to the library as python/, in the source tree two levels up.
+ * OOMGUARD_PYTHON_ADAPTER=0 turns it off. */
+static void set_python_adapter(const char *lib)
+{
+    const char *off = getenv("OOMGUARD_PYTHON_ADAPTER");
+    if (off && strcmp(off, "0") == 0)
+        return;
+    char dir[PATH_MAX], cand[2][PATH_MAX + 32], real[PATH_MAX];
+    char probe[sizeof cand[0] + 32];
+    snprintf(dir, sizeof dir, "%s", lib);
+    char *slash = strrchr(dir, '/');
+    if (!slash)
+        return;
+    *slash = '\0';
+    snprintf(cand[0], sizeof cand[0], "%.4000s/python", dir);
+    snprintf(cand[1], sizeof cand[1], "%.4000s/../adapters/python", dir);
+    for (int i = 0; i < 2; i++) {
+
+        snprintf(probe, sizeof probe, "%.4000s/oomguard_torch.py", cand[i]);
+        if (access(probe, R_OK) != 0 || !realpath(cand[i], real))
+            continue;
+        const char *old = getenv("PYTHONPATH");
+        if (old && *old) {
+            size_t l = strlen(real);
+            for (const char *p = old; (p = strstr(p, real)); p += l)
+                if ((p == old || p[-1] == ':') && (!p[l] || p[l] == ':'))
+                    return;                  /* nested oomguard run: already there */
+            size_t n = strlen(real) + strlen(old) + 2;
+            char *v = xmalloc(n);
+            snprintf(v, n, "%s:%s", real, old);
+            setenv("PYTHONPATH", v, 1);
+            free(v);
+        } else {
+            setenv("PYTHONPATH", real, 1);
+        }
+        return;
+    }
+}
+
 struct found {
     char *name;
 };
@@ -305,6 +346,7 @@ int og_cmd_run(int argc, char **argv)
     char lib[PATH_MAX];
     if (find_library(lib, sizeof lib) < 0 || set_preload(lib) < 0)
         return OG_RUN_CANNOT_START;
+    set_python_adapter(lib);
 
     /* The dump directory, absolute so that a command changing directory still
      * writes there; shown to the user as they gave it. */
