@@ -9,13 +9,17 @@
  *    blocks it hands out kept apart as pool_used.
  *  - pinned host memory is ledgered but never added to a device.
  *
- * Live blocks sit in 64 shards (uthash + mutex each) chosen by address, so threads that
- * allocate at once rarely meet; blocks come from per-shard slabs so a live block costs
- * its struct and a share of the bucket array, nothing from malloc. */
+ * Live blocks sit in 64 shards (uthash + mutex + counters + event ring each).  A thread
+ * records its allocations in its own shard (threads are given shards in turn), so two
+ * threads allocating at once never share a cache line; a free looks in the caller's shard
+ * first and then in the others (a block freed by another thread, e.g. PyTorch's autograd
+ * thread freeing activations).  Blocks come from per-shard slabs: a live block costs its
+ * struct and a share of the bucket array, nothing from malloc. */
 #include "og.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <time.h>
 
 static inline unsigned og_hash_ptr(uint64_t k)
@@ -63,11 +67,15 @@ typedef struct {
 } shard_dev_t;
 
 typedef struct {
-    pthread_mutex_t lock;
+    og_spin_t lock;
     og_block_t *table;
     og_block_t *free_list;          /* linked through hh.next */
     ring_t ring;                    /* this shard's recent events */
     uint64_t host_bytes, host_blocks;
+    _Atomic uint64_t nblocks;       /* lets a cross-thread free skip empty shards unlocked */
+    og_block_t sentinel;            /* address 0, always in the table: uthash frees a table
+                                       that becomes empty and re-creates it on the next add,
+                                       which would cost a malloc and two frees per pair */
     shard_dev_t dev[OG_MAX_DEVICES];
 } __attribute__((aligned(64))) shard_t;
 
@@ -79,14 +87,31 @@ typedef struct {
     /* usage over the whole run, downsampled: when full, every other sample is dropped and
      * the interval doubles, so 512 points always span the run */
     pthread_mutex_t sample_lock;
-    _Atomic uint64_t next_sample_ns;
-    uint64_t sample_interval_ns;
+    _Atomic uint64_t next_sample;
+    uint64_t sample_interval;
     int nsamples;
     struct { uint64_t t_ns, live; } samples[OG_SAMPLES];
 } __attribute__((aligned(64))) dev_t_;
 
 static shard_t shards[SHARDS];
 static dev_t_ devs[OG_MAX_DEVICES];
+
+void og_spin_lock_slow(og_spin_t *l)
+{
+    for (unsigned spins = 0;; spins++) {
+        while (atomic_load_explicit(&l->v, memory_order_relaxed)) {
+            if (++spins < 64) {
+#if defined(__x86_64__) || defined(__i386__)
+                __builtin_ia32_pause();
+#endif
+            } else {
+                sched_yield();           /* the holder may have been preempted */
+            }
+        }
+        if (!atomic_exchange_explicit(&l->v, 1, memory_order_acquire))
+            return;
+    }
+}
 
 /* ------------------------------------------------------------------ time */
 
@@ -98,6 +123,31 @@ uint64_t og_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 uint64_t og_start_ns(void) { return start_ns; }
+
+/* The hot path stamps events with the CPU's time-stamp counter (a third of the cost of
+ * clock_gettime here); stamps are turned into CLOCK_MONOTONIC nanoseconds when read, with
+ * a rate measured between start-up and the moment of reading. */
+static uint64_t start_ticks;
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+static inline uint64_t og_ticks(void) { return __rdtsc(); }
+#define OG_TICKS_ARE_NS 0
+#else
+static inline uint64_t og_ticks(void) { return og_now_ns(); }
+#define OG_TICKS_ARE_NS 1
+#endif
+
+static uint64_t ticks_to_ns(uint64_t ticks)
+{
+    if (OG_TICKS_ARE_NS || !ticks)
+        return ticks;
+    uint64_t now_t = og_ticks(), now_ns = og_now_ns();
+    double rate = now_t > start_ticks + 1000000 && now_ns > start_ns
+                      ? (double)(now_ns - start_ns) / (double)(now_t - start_ticks)
+                      : 1.0 / 3.0;                 /* too early to tell: assume 3 GHz */
+    double rel = ((double)ticks - (double)start_ticks) * rate;
+    return start_ns + (uint64_t)(rel > 0 ? rel : 0);
+}
 
 /* ------------------------------------------------------------------ history rings */
 
@@ -140,7 +190,7 @@ static size_t ring_copy(ring_t *r, og_history_event_t *out, size_t n, size_t max
         og_event_t *e = &r->ev[i % r->size];
         if (atomic_load_explicit(&e->seq, memory_order_acquire) != i + 1)
             continue;
-        out[n] = (og_history_event_t){e->t_ns, e->bytes, e->live, e->device, e->op, e->hook};
+        out[n] = (og_history_event_t){ticks_to_ns(e->t_ns), e->bytes, e->live, e->device, e->op, e->hook};
         if (atomic_load_explicit(&e->seq, memory_order_acquire) == i + 1)
             n++;
     }
@@ -199,12 +249,12 @@ static void sample(dev_t_ *d, uint64_t live, uint64_t t)
         for (int i = 0; i < OG_SAMPLES / 2; i++)
             d->samples[i] = d->samples[2 * i + 1];
         d->nsamples = OG_SAMPLES / 2;
-        d->sample_interval_ns *= 2;
+        d->sample_interval *= 2;
     }
     d->samples[d->nsamples].t_ns = t;
     d->samples[d->nsamples].live = live;
     d->nsamples++;
-    atomic_store_explicit(&d->next_sample_ns, t + d->sample_interval_ns, memory_order_relaxed);
+    atomic_store_explicit(&d->next_sample, t + d->sample_interval, memory_order_relaxed);
     pthread_mutex_unlock(&d->sample_lock);
 }
 
@@ -216,7 +266,7 @@ size_t og_samples_copy(int device, og_sample_raw_t *out, size_t max)
     pthread_mutex_lock(&d->sample_lock);
     size_t n = (size_t)d->nsamples < max ? (size_t)d->nsamples : max;
     for (size_t i = 0; i < n; i++) {
-        out[i].t_ns = d->samples[i].t_ns;
+        out[i].t_ns = ticks_to_ns(d->samples[i].t_ns);
         out[i].live = d->samples[i].live;
     }
     pthread_mutex_unlock(&d->sample_lock);
@@ -237,14 +287,45 @@ static uint64_t tracked_add(dev_t_ *d, int64_t delta, uint64_t t)
             }
         }
     }
-    if (OG_UNLIKELY(t >= atomic_load_explicit(&d->next_sample_ns, memory_order_relaxed)))
+    if (OG_UNLIKELY(t >= atomic_load_explicit(&d->next_sample, memory_order_relaxed)))
         sample(d, now, t);
     return now;   /* callers that grew usage call og_warn_check once their locks are dropped */
 }
 
 /* ------------------------------------------------------------------ blocks */
 
-static inline shard_t *shard_of(uint64_t addr) { return &shards[og_hash_ptr(addr >> 8) % SHARDS]; }
+static atomic_uint next_shard;
+static OG_TLS int my_shard_idx = -1;
+
+static inline shard_t *my_shard(void)
+{
+    if (OG_UNLIKELY(my_shard_idx < 0))
+        my_shard_idx = (int)(atomic_fetch_add(&next_shard, 1) % SHARDS);
+    return &shards[my_shard_idx];
+}
+
+/* Finds addr's block, looking in the caller's shard first.  Returns with that shard
+ * locked and *out set, or NULL (nothing locked) when no shard has it. */
+static shard_t *find_locked(uint64_t addr, og_block_t **out)
+{
+    shard_t *mine = my_shard();
+    og_spin_lock(&mine->lock);
+    HASH_FIND(hh, mine->table, &addr, sizeof(uint64_t), *out);
+    if (*out)
+        return mine;
+    og_spin_unlock(&mine->lock);
+    for (int i = 0; i < SHARDS; i++) {
+        shard_t *s = &shards[i];
+        if (s == mine || !atomic_load_explicit(&s->nblocks, memory_order_relaxed))
+            continue;
+        og_spin_lock(&s->lock);
+        HASH_FIND(hh, s->table, &addr, sizeof(uint64_t), *out);
+        if (*out)
+            return s;
+        og_spin_unlock(&s->lock);
+    }
+    return NULL;
+}
 
 static og_block_t *block_get(shard_t *s)
 {
@@ -272,6 +353,8 @@ static inline void block_put(shard_t *s, og_block_t *b)
 /* Counters of one block entering (sign +1) or leaving (-1) a shard; shard lock held. */
 static inline void shard_count(shard_t *s, const og_block_t *b, int sign)
 {
+    atomic_store_explicit(&s->nblocks, atomic_load_explicit(&s->nblocks, memory_order_relaxed) + (uint64_t)sign,
+                          memory_order_relaxed);
     if (b->kind == OG_KIND_HOST) {
         s->host_bytes += (uint64_t)sign * b->size;
         s->host_blocks += (uint64_t)sign;
@@ -290,12 +373,14 @@ static inline void shard_count(shard_t *s, const og_block_t *b, int sign)
 
 void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind)
 {
+    if (OG_UNLIKELY(!addr))
+        return;                                   /* nothing allocated (and the sentinel's key) */
     uint32_t site = og_site_capture(c->caller);   /* before any lock: it may unwind */
-    uint64_t t = og_now_ns();
+    uint64_t t = og_ticks();
     int device = kind == OG_KIND_HOST ? -1 : (c->device >= 0 ? c->device : og_current_device());
     dev_t_ *d = dev_of(device);
-    shard_t *s = shard_of(addr);
-    pthread_mutex_lock(&s->lock);
+    shard_t *s = my_shard();
+    og_spin_lock(&s->lock);
     og_block_t *old;
     HASH_FIND(hh, s->table, &addr, sizeof(uint64_t), old);
     if (OG_UNLIKELY(old)) {
@@ -333,7 +418,7 @@ void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind)
             ring_add(&s->ring, OG_EV_ALLOC, c->hook, device, size, live, t);
         }
     }
-    pthread_mutex_unlock(&s->lock);
+    og_spin_unlock(&s->lock);
     if (d && b && kind != OG_KIND_POOL)
         og_warn_check(device, live);
     if (d && b && OG_UNLIKELY(atomic_load_explicit(&og_episode_open[device], memory_order_relaxed)))
@@ -346,13 +431,13 @@ void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind)
  * almost always does); og_free_end undoes it if the real free failed. */
 void og_free_begin(og_call_t *c, uintptr_t addr, og_taken_t *tk)
 {
-    shard_t *s = shard_of(addr);
     tk->found = false;
     tk->addr = addr;
-    uint64_t t = og_now_ns();
-    pthread_mutex_lock(&s->lock);
-    og_block_t *b;
-    HASH_FIND(hh, s->table, &addr, sizeof(uint64_t), b);
+    uint64_t t = og_ticks();
+    og_block_t *b = NULL;
+    shard_t *s = find_locked(addr, &b);
+    if (!s)
+        return;
     if (b) {
         tk->found = true;
         tk->size = b->size;
@@ -376,7 +461,7 @@ void og_free_begin(og_call_t *c, uintptr_t addr, og_taken_t *tk)
             ring_add(&s->ring, OG_EV_FREE, c->hook, tk->device, tk->size, live, t);
         }
     }
-    pthread_mutex_unlock(&s->lock);
+    og_spin_unlock(&s->lock);
 }
 
 void og_free_end(og_call_t *c, og_taken_t *tk, CUresult r)
@@ -395,9 +480,9 @@ void og_free_end(og_call_t *c, og_taken_t *tk, CUresult r)
         return;
     }
     /* the real free failed: the block is still allocated; put it back, unchanged */
-    shard_t *s = shard_of(tk->addr);
-    uint64_t t = og_now_ns();
-    pthread_mutex_lock(&s->lock);
+    shard_t *s = my_shard();
+    uint64_t t = og_ticks();
+    og_spin_lock(&s->lock);
     og_block_t *b = block_get(s);
     if (b) {
         b->addr = tk->addr;
@@ -423,7 +508,7 @@ void og_free_end(og_call_t *c, og_taken_t *tk, CUresult r)
             ring_add(&s->ring, OG_EV_ALLOC, c->hook, b->device, b->size, live, t);   /* restored */
         }
     }
-    pthread_mutex_unlock(&s->lock);
+    og_spin_unlock(&s->lock);
 }
 
 void og_track_failure(og_call_t *c, uint64_t size, int kind, CUresult r)
@@ -433,7 +518,7 @@ void og_track_failure(og_call_t *c, uint64_t size, int kind, CUresult r)
     if (!d)
         return;
     atomic_fetch_add_explicit(&d->failures, 1, memory_order_relaxed);
-    history_add(OG_EV_FAIL, c->hook, device, size, atomic_load(&d->tracked), og_now_ns());
+    history_add(OG_EV_FAIL, c->hook, device, size, atomic_load(&d->tracked), og_ticks());
     c->device = device;
     if (r == CUDA_ERROR_OUT_OF_MEMORY)
         og_on_oom(c, size, kind, r, false);
@@ -484,7 +569,7 @@ static void vmm_maybe_free(vmm_handle_t *h, uint64_t t)
 void og_track_vmm_create(og_call_t *c, CUmemGenericAllocationHandle handle, uint64_t size, int device)
 {
     uint32_t site = og_site_capture(c->caller);
-    uint64_t t = og_now_ns();
+    uint64_t t = og_ticks();
     vmm_handle_t *h = calloc(1, sizeof *h);
     if (!h)
         return;
@@ -521,7 +606,7 @@ void og_track_vmm_retain(og_call_t *c, CUmemGenericAllocationHandle handle)
 
 void og_track_vmm_release(og_call_t *c, CUmemGenericAllocationHandle handle)
 {
-    uint64_t t = og_now_ns();
+    uint64_t t = og_ticks();
     pthread_mutex_lock(&vmm_lock);
     vmm_handle_t *h;
     uint64_t k = handle;
@@ -579,7 +664,7 @@ static void unmap_one(vmm_map_t *m, uint64_t t)
 
 void og_track_vmm_unmap(og_call_t *c, uintptr_t va, uint64_t size)
 {
-    uint64_t t = og_now_ns(), end = va + size;
+    uint64_t t = og_ticks(), end = va + size;
     pthread_mutex_lock(&vmm_lock);
     /* Usual case: the range is a run of whole mappings; walk it mapping by mapping. */
     uint64_t a = va;
@@ -607,7 +692,7 @@ void og_track_limit_refusal(og_call_t *c, uint64_t size, int kind)
     if (!d)
         return;
     atomic_fetch_add_explicit(&d->failures, 1, memory_order_relaxed);
-    history_add(OG_EV_FAIL, c->hook, c->device, size, atomic_load(&d->tracked), og_now_ns());
+    history_add(OG_EV_FAIL, c->hook, c->device, size, atomic_load(&d->tracked), og_ticks());
     og_on_oom(c, size, kind, CUDA_ERROR_OUT_OF_MEMORY, true);
 }
 
@@ -616,17 +701,19 @@ size_t og_ledger_foreach(og_block_fn fn, void *arg)
     size_t n = 0;
     for (int i = 0; i < SHARDS; i++) {
         shard_t *s = &shards[i];
-        pthread_mutex_lock(&s->lock);
+        og_spin_lock(&s->lock);
         for (og_block_t *b = s->table; b; b = b->hh.next) {
-            og_block_view_t v = {b->addr, b->size, b->t_ns, b->site, b->device, b->kind, b->hook};
+            if (b == &s->sentinel)
+                continue;
+            og_block_view_t v = {b->addr, b->size, ticks_to_ns(b->t_ns), b->site, b->device, b->kind, b->hook};
             fn(&v, arg);
             n++;
         }
-        pthread_mutex_unlock(&s->lock);
+        og_spin_unlock(&s->lock);
     }
     pthread_mutex_lock(&vmm_lock);
     for (vmm_handle_t *h = vmm_handles; h; h = h->hh.next) {
-        og_block_view_t v = {h->handle, h->size, h->t_ns, h->site, h->device, OG_KIND_VMM, OG_H_cuMemCreate};
+        og_block_view_t v = {h->handle, h->size, ticks_to_ns(h->t_ns), h->site, h->device, OG_KIND_VMM, OG_H_cuMemCreate};
         fn(&v, arg);
         n++;
     }
@@ -689,7 +776,7 @@ static void pool_fold(pool_t *p)
     if (!d)
         return;
     atomic_fetch_add(&d->pool_reserved, (uint64_t)delta);
-    uint64_t t = og_now_ns();
+    uint64_t t = og_ticks();
     uint64_t live = tracked_add(d, delta, t);
     history_add(delta > 0 ? OG_EV_POOL_GROW : OG_EV_POOL_SHRINK, OG_H_COUNT, p->device,
                 (uint64_t)(delta > 0 ? delta : -delta), live, t);
@@ -739,7 +826,7 @@ void og_track_pool_destroy(CUmemoryPool pool)
         dev_t_ *d = dev_of(pools[i].device);
         if (d && pools[i].reserved) {
             atomic_fetch_sub(&d->pool_reserved, pools[i].reserved);
-            uint64_t t = og_now_ns();
+            uint64_t t = og_ticks();
             uint64_t live = tracked_add(d, -(int64_t)pools[i].reserved, t);
             history_add(OG_EV_POOL_SHRINK, OG_H_cuMemPoolDestroy, pools[i].device, pools[i].reserved, live, t);
         }
@@ -760,7 +847,7 @@ void og_ledger_stats(int device, oomguard_device_stats_t *out)
     og_track_pool_refresh(NULL);    /* pools shrink at synchronisation points we do not hook */
     for (int i = 0; i < SHARDS; i++) {
         shard_t *sh = &shards[i];
-        pthread_mutex_lock(&sh->lock);
+        og_spin_lock(&sh->lock);
         const shard_dev_t *sd = &sh->dev[device];
         out->plain_bytes += sd->bytes[OG_KIND_PLAIN];
         out->plain_blocks += sd->blocks[OG_KIND_PLAIN];
@@ -774,7 +861,7 @@ void og_ledger_stats(int device, oomguard_device_stats_t *out)
             out->host_pinned_bytes += sh->host_bytes;
             out->host_pinned_blocks += sh->host_blocks;
         }
-        pthread_mutex_unlock(&sh->lock);
+        og_spin_unlock(&sh->lock);
     }
     out->pool_reserved_bytes = atomic_load(&d->pool_reserved);
     out->vmm_physical_bytes = atomic_load(&d->vmm_physical);
@@ -806,7 +893,7 @@ uint64_t og_ledger_pool_spare(int device)
 uint64_t og_ledger_peak_t_ns(int device)
 {
     dev_t_ *d = dev_of(device);
-    return d ? atomic_load(&d->peak_t_ns) : 0;
+    return d ? ticks_to_ns(atomic_load(&d->peak_t_ns)) : 0;
 }
 
 /* ------------------------------------------------------------------ init & fork */
@@ -814,11 +901,17 @@ uint64_t og_ledger_peak_t_ns(int device)
 void og_ledger_init(void)
 {
     start_ns = og_now_ns();
-    for (int i = 0; i < SHARDS; i++)
-        pthread_mutex_init(&shards[i].lock, NULL);
+    start_ticks = og_ticks();
+    for (int i = 0; i < SHARDS; i++) {
+        shard_t *s = &shards[i];
+        atomic_store(&s->lock.v, 0);
+        s->sentinel.addr = 0;       /* no allocation has address 0; the hooks never look it up */
+        s->sentinel.device = -1;
+        HASH_ADD(hh, s->table, addr, sizeof(uint64_t), &s->sentinel);
+    }
     for (int i = 0; i < OG_MAX_DEVICES; i++) {
         pthread_mutex_init(&devs[i].sample_lock, NULL);
-        devs[i].sample_interval_ns = 1000000;   /* 1 ms to start with */
+        devs[i].sample_interval = 3000000;   /* ticks: about 1 ms to start with */
     }
     /* the history is spread over the shards' rings plus the ring of rare events */
     uint32_t per = (uint32_t)(og_opt.history / SHARDS);
@@ -837,13 +930,13 @@ void og_ledger_atfork_prepare(void)
     pthread_mutex_lock(&pool_lock);
     pthread_mutex_lock(&vmm_lock);
     for (int i = 0; i < SHARDS; i++)
-        pthread_mutex_lock(&shards[i].lock);
+        og_spin_lock(&shards[i].lock);
 }
 
 void og_ledger_atfork_parent(void)
 {
     for (int i = SHARDS - 1; i >= 0; i--)
-        pthread_mutex_unlock(&shards[i].lock);
+        og_spin_unlock(&shards[i].lock);
     pthread_mutex_unlock(&vmm_lock);
     pthread_mutex_unlock(&pool_lock);
 }
@@ -856,9 +949,12 @@ void og_ledger_atfork_child(void)
         shard_t *s = &shards[i];
         og_block_t *b, *tmp;
         HASH_ITER(hh, s->table, b, tmp) {
+            if (b == &s->sentinel)
+                continue;
             HASH_DEL(s->table, b);
             block_put(s, b);
         }
+        atomic_store(&s->nblocks, 0);
     }
     vmm_handle_t *h, *ht;
     HASH_ITER(hh, vmm_handles, h, ht) {
@@ -874,7 +970,7 @@ void og_ledger_atfork_child(void)
     memset(devs, 0, sizeof devs);
     for (int i = 0; i < OG_MAX_DEVICES; i++) {
         pthread_mutex_init(&devs[i].sample_lock, NULL);
-        devs[i].sample_interval_ns = 1000000;
+        devs[i].sample_interval = 3000000;
     }
     for (int i = 0; i < SHARDS; i++) {
         shard_t *sh = &shards[i];
@@ -889,5 +985,6 @@ void og_ledger_atfork_child(void)
     if (slow_ring.ev)
         memset(slow_ring.ev, 0, slow_ring.size * sizeof(og_event_t));
     start_ns = og_now_ns();
+    start_ticks = og_ticks();
     og_ledger_atfork_parent();
 }

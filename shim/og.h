@@ -27,6 +27,20 @@
 #define OG_MAX_FRAMES    64
 #define OG_SAMPLES       512
 
+/* ---------------------------------------------------------------- spin locks */
+
+/* For the ledger's shards: each is mostly used by one thread, critical sections are a few
+ * dozen instructions, and an uncontended pthread mutex costs several times that. */
+typedef struct { atomic_int v; } og_spin_t;
+void og_spin_lock_slow(og_spin_t *l);
+static inline void og_spin_lock(og_spin_t *l)
+{
+    if (__builtin_expect(!atomic_exchange_explicit(&l->v, 1, memory_order_acquire), 1))
+        return;
+    og_spin_lock_slow(l);
+}
+static inline void og_spin_unlock(og_spin_t *l) { atomic_store_explicit(&l->v, 0, memory_order_release); }
+
 /* ---------------------------------------------------------------- hooks (hooks.def) */
 
 enum og_lib { OG_LIB_CUDA, OG_LIB_NVML };

@@ -17,7 +17,9 @@
 #include <string.h>
 #include <unistd.h>
 
-sim_state_t g_sim = { .lock = PTHREAD_MUTEX_INITIALIZER };
+/* Adaptive: a waiter spins briefly before sleeping.  The critical sections are short, and
+ * a real driver does not put threads to sleep on every allocation either. */
+sim_state_t g_sim = { .lock = PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP };
 
 /* The context stack is per thread, like the real driver's.  A fixed depth is
  * plenty: real programs push one or two levels. */
