@@ -17,9 +17,27 @@
 #include <string.h>
 #include <unistd.h>
 
-/* Adaptive: a waiter spins briefly before sleeping.  The critical sections are short, and
- * a real driver does not put threads to sleep on every allocation either. */
-sim_state_t g_sim = { .lock = PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP };
+sim_state_t g_sim;
+
+/* The simulator's one lock is a spin lock: its critical sections are a few hundred
+ * instructions, and a real driver does not put a thread to sleep on every allocation.
+ * (With a sleeping mutex, two threads allocating at once spend their time in futex
+ * hand-offs, and any work done outside the lock looks many times more expensive.) */
+static void raw_lock(void)
+{
+    for (unsigned spins = 0; __atomic_exchange_n(&g_sim.lock, 1, __ATOMIC_ACQUIRE); ) {
+        while (__atomic_load_n(&g_sim.lock, __ATOMIC_RELAXED)) {
+            if (++spins < 128) {
+#if defined(__x86_64__) || defined(__i386__)
+                __builtin_ia32_pause();
+#endif
+            } else {
+                sched_yield();
+            }
+        }
+    }
+}
+static void raw_unlock(void) { __atomic_store_n(&g_sim.lock, 0, __ATOMIC_RELEASE); }
 
 /* The context stack is per thread, like the real driver's.  A fixed depth is
  * plenty: real programs push one or two levels. */
@@ -55,14 +73,14 @@ static void load_locked(void)
 
 void sim_lock(void)
 {
-    pthread_mutex_lock(&g_sim.lock);
+    raw_lock();
     if (!g_sim.loaded)
         load_locked();
 }
 
 void sim_unlock(void)
 {
-    pthread_mutex_unlock(&g_sim.lock);
+    raw_unlock();
 }
 
 CUresult sim_check_device(CUdevice dev)
@@ -328,12 +346,12 @@ static void drop_handles_locked(void)
 
 static void atfork_prepare(void)
 {
-    pthread_mutex_lock(&g_sim.lock);
+    raw_lock();
 }
 
 static void atfork_parent(void)
 {
-    pthread_mutex_unlock(&g_sim.lock);
+    raw_unlock();
 }
 
 /* A fork child starts like a fresh process: no contexts, no device memory,
@@ -354,7 +372,7 @@ static void atfork_child(void)
     __atomic_store_n(&g_sim.initialized, false, __ATOMIC_RELEASE);
     g_sim.forked_child = true;
     t_depth = 0;
-    pthread_mutex_unlock(&g_sim.lock);
+    raw_unlock();
 }
 
 __attribute__((constructor)) static void sim_driver_ctor(void)
@@ -364,12 +382,12 @@ __attribute__((constructor)) static void sim_driver_ctor(void)
 
 __attribute__((destructor)) static void sim_driver_dtor(void)
 {
-    pthread_mutex_lock(&g_sim.lock);
+    raw_lock();
     if (g_sim.loaded) {
         write_truth_file_locked();
         sim_shared_close();
     }
-    pthread_mutex_unlock(&g_sim.lock);
+    raw_unlock();
 }
 
 /* ================================================================== init */
@@ -848,6 +866,11 @@ SIM_API CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx)
 
 SIM_API CUresult CUDAAPI cuCtxGetCurrent(CUcontext *pctx)
 {
+    /* thread-local: no lock needed once initialised */
+    if (pctx && __atomic_load_n(&g_sim.initialized, __ATOMIC_ACQUIRE)) {
+        *pctx = t_depth > 0 ? t_stack[t_depth - 1] : NULL;
+        return CUDA_SUCCESS;
+    }
     ENTER_INIT();
     if (!pctx)
         RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);

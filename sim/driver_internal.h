@@ -190,7 +190,7 @@ typedef struct sim_dev {
 #define SIM_N_ALLOC_FNS 8
 
 typedef struct sim_state {
-    pthread_mutex_t lock;
+    int lock;                       /* spin lock: see sim_lock() */
     bool loaded;                      /* configuration read */
     bool initialized;                 /* cuInit succeeded */
     bool forked_child;

@@ -285,12 +285,17 @@ static cudaError_t init_locked(void)
     return cudaSuccess;
 }
 
+/* Like NVIDIA's runtime, the per-call path (init done, primary context retained, device
+ * of the current context) reads published state without taking a process-wide lock;
+ * the lock is for the first call and for changes. */
 static cudaError_t rt_init(void)
 {
+    if (__atomic_load_n(&g_rt.inited, __ATOMIC_ACQUIRE))
+        return g_rt.init_err;
     pthread_mutex_lock(&g_rt.lock);
     if (!g_rt.inited) {
         g_rt.init_err = init_locked();
-        g_rt.inited = true;
+        __atomic_store_n(&g_rt.inited, true, __ATOMIC_RELEASE);
     }
     cudaError_t e = g_rt.init_err;
     pthread_mutex_unlock(&g_rt.lock);
@@ -306,7 +311,7 @@ static cudaError_t rt_init(void)
 static void rt_atfork_child(void)
 {
     pthread_mutex_init(&g_rt.lock, NULL);
-    g_rt.inited = false;
+    __atomic_store_n(&g_rt.inited, false, __ATOMIC_RELEASE);
     g_rt.init_err = cudaSuccess;
     memset(g_rt.primary, 0, sizeof g_rt.primary);
     memset(g_rt.retained, 0, sizeof g_rt.retained);
@@ -328,6 +333,11 @@ __attribute__((constructor)) static void rt_ctor(void)
  */
 static cudaError_t retain_primary(int dev, CUcontext *out)
 {
+    if (__atomic_load_n(&g_rt.retained[dev], __ATOMIC_ACQUIRE)) {
+        if (out)
+            *out = __atomic_load_n(&g_rt.primary[dev], __ATOMIC_ACQUIRE);
+        return cudaSuccess;
+    }
     pthread_mutex_lock(&g_rt.lock);
     bool have = g_rt.retained[dev];
     CUcontext c = g_rt.primary[dev];
@@ -338,8 +348,8 @@ static cudaError_t retain_primary(int dev, CUcontext *out)
             return map_driver_error(r);
         pthread_mutex_lock(&g_rt.lock);
         bool lost = g_rt.retained[dev];
-        g_rt.primary[dev] = c;
-        g_rt.retained[dev] = true;
+        __atomic_store_n(&g_rt.primary[dev], c, __ATOMIC_RELEASE);
+        __atomic_store_n(&g_rt.retained[dev], true, __ATOMIC_RELEASE);
         pthread_mutex_unlock(&g_rt.lock);
         if (lost)
             D.DevicePrimaryCtxRelease(dev);
@@ -352,11 +362,9 @@ static cudaError_t retain_primary(int dev, CUcontext *out)
 static int primary_device_of(CUcontext c)
 {
     int dev = -1;
-    pthread_mutex_lock(&g_rt.lock);
     for (int d = 0; d < g_rt.ndev && c; d++)
-        if (g_rt.primary[d] == c)
+        if (__atomic_load_n(&g_rt.primary[d], __ATOMIC_ACQUIRE) == c)
             dev = d;
-    pthread_mutex_unlock(&g_rt.lock);
     return dev;
 }
 
@@ -593,7 +601,7 @@ RT_API cudaError_t CUDARTAPI cudaDeviceReset(void)
         /* The reset dropped our reference; the handle stays the same, so the
          * next call re-retains it. */
         pthread_mutex_lock(&g_rt.lock);
-        g_rt.retained[dev] = false;
+        __atomic_store_n(&g_rt.retained[dev], false, __ATOMIC_RELEASE);
         pthread_mutex_unlock(&g_rt.lock);
     }
     return rt_ret_drv(r);
