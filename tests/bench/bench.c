@@ -8,6 +8,9 @@
  * prints the table with ratios. */
 #include <cuda_runtime_api.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,9 +38,19 @@ static long rss_bytes(void)
 static long pairs_n;
 static pthread_barrier_t barrier;
 
+static atomic_int next_cpu;
+
 static void *pairs_worker(void *arg)
 {
-    cudaSetDevice(0);
+    /* one thread per CPU: on a small machine, scheduling noise otherwise swamps the result */
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(atomic_fetch_add(&next_cpu, 1) % sysconf(_SC_NPROCESSORS_ONLN), &set);
+    pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+    static atomic_int next_dev;
+    int ndev = 1;
+    cudaGetDeviceCount(&ndev);
+    cudaSetDevice(getenv("BENCH_SPREAD") ? atomic_fetch_add(&next_dev, 1) % ndev : 0);
     void *p;
     for (int i = 0; i < 1000; i++) {          /* warm up: contexts, sites, slabs */
         cudaMalloc(&p, 4096);
