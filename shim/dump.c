@@ -501,9 +501,27 @@ static atomic_llong dumps_written;
 static atomic_int warned_budget;
 
 /* Writes both files; returns the JSON path written into `path`, or "" when all failed. */
+/* One file per process: a less serious record never replaces a more serious one (an exit
+ * summary or a warning must not overwrite the evidence of a failure).  A failure's own
+ * "recovered" rewrite is allowed, and a new failure replaces an old one. */
+static int severity(const char *status)
+{
+    return strcmp(status, "oom") == 0 ? 3 : strcmp(status, "recovered") == 0 ? 2
+         : strcmp(status, "warning") == 0 ? 1 : 0;
+}
+static atomic_int written_severity = -1;
+
 static void write_dump(const og_record_t *r, char *path, size_t pathlen)
 {
     path[0] = 0;
+    int sev = severity(r->status), cur = atomic_load(&written_severity);
+    if (sev < cur && !(sev == 2 && cur == 3)) {
+        if (og_opt.verbose)
+            og_log("%s record not written: the dump file holds a %s record", r->status,
+                   cur == 3 ? "oom" : cur == 2 ? "recovered" : "warning");
+        return;
+    }
+    atomic_store(&written_severity, sev);
     if (atomic_fetch_add(&dumps_written, 1) >= og_opt.max_dumps) {
         if (!atomic_exchange(&warned_budget, 1))
             og_warn("%lld dumps written (OOMGUARD_MAX_DUMPS); later failures are counted but not dumped",

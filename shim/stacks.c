@@ -54,6 +54,9 @@ void og_stacks_init(void)
         pthread_mutex_init(&shards[i].lock, NULL);
     strcpy(libs[0].name, "unknown");
     atomic_store(&lib_count, 1);
+    /* libunwind's default cache is global and locked: with two threads unwinding at once
+     * they queue on it.  A per-thread cache costs a little memory per thread. */
+    unw_set_caching_policy(unw_local_addr_space, UNW_CACHE_PER_THREAD);
 }
 
 /* ------------------------------------------------------------------ libraries */

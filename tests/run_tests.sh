@@ -100,6 +100,9 @@ if [ -f tests/e2e/run_scenarios.sh ]; then
     suite "scenarios" env B="$B" PRELOAD="$PRELOAD" bash tests/e2e/run_scenarios.sh
 fi
 
+echo "== a 4-rank job under oomguard run, then oomguard merge"
+suite "launcher" env B="$B" bash tests/e2e/run_launcher.sh
+
 echo "== PyTorch adapter (stand-in torch on the simulated GPU)"
 suite "python adapter" env B="$B" PRELOAD="$PRELOAD" bash tests/adapter/run_tests.sh
 

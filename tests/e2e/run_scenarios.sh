@@ -66,6 +66,18 @@ result $([ $rc = 3 ] && [ "$(cat "$target")" = precious ] && [ -n "$(find "$d" -
 perm=$(stat -c %a "$(find "$d" -name 'oomguard-*.json' -type f | head -n 1)" 2>/dev/null)
 result $([ "$perm" = 600 ]; echo $?) "dump mode 0600 ($perm)"
 
+# a full disk: every write fails (a file-size limit of 4 KiB, SIGXFSZ ignored as a disk
+# does not send it): the program goes on, the user is told, no half-written file is left
+d="$work/full"; mkdir -p "$d/a" "$d/b"
+out=$(bash -c 'trap "" XFSZ; ulimit -f 4; exec env "$@"' _ SIMGPU_MEM=24GiB OOMGUARD_DIR="$d/a" TMPDIR="$d/b" \
+      OOMGUARD_QUIET=0 LD_PRELOAD="$PRELOAD" "$root/$B/examples/too_big" 2>&1); rc=$?
+left=$(find "$d" -type f | wc -l)
+n=$(printf '%s\n' "$out" | grep -c "cannot write a dump in")
+printf '%s\n' "$out" | grep -q "oomguard report\|no writable directory"
+told=$?
+result $([ $rc = 3 ] && [ "$left" = 0 ] && [ "$n" -ge 1 ] && [ $told = 0 ]; echo $?) \
+    "full disk: exit $rc, $left files left behind, user told ($n warning(s)), report on stderr"
+
 out=$(env SIMGPU_MEM=24GiB OOMGUARD_DIR="$work" OOMGUARD_FRAG_SHARE=banana OOMGUARD_STACK_DEPTH=-3 \
       LD_PRELOAD="$PRELOAD" "$root/$B/examples/too_big" 2>&1); rc=$?
 n1=$(printf '%s\n' "$out" | grep -c "OOMGUARD_FRAG_SHARE=banana is not valid")

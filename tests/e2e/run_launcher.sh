@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# A 4-rank job over 2 simulated GPUs under `oomguard run`, like torchrun would start it:
+# rank 2 fails first; `oomguard merge` must name it and show every rank.
+# Ends with "N passed, N failed".
+set -u
+B=${B:-build}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+work=$(mktemp -d "${TMPDIR:-/tmp}/oomguard-job.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/dumps" "$work/state"
+export LD_LIBRARY_PATH="$root/$B/sim" SIMGPU_DEVICES=2 SIMGPU_MEM=8GiB SIMGPU_STATE_DIR="$work/state"
+export WORLD_SIZE=4 TORCHELASTIC_RUN_ID=job42 OOMGUARD_SUMMARY=1 OOMGUARD_QUIET=1
+pass=0 fail=0
+result() { if [ "$1" = 0 ]; then pass=$((pass + 1)); echo "PASS  $2"; else fail=$((fail + 1)); echo "FAIL  $2"; fi; }
+
+pids=()
+for r in 0 1 2 3; do
+    RANK=$r LOCAL_RANK=$r "$root/$B/oomguard" run --dir "$work/dumps" -- "$root/$B/tests/e2e_rank" \
+        >"$work/rank$r.log" 2>&1 &
+    pids+=($!)
+done
+codes=()
+for p in "${pids[@]}"; do wait "$p"; codes+=($?); done
+result $([ "${codes[*]}" = "3 0 3 0" ]; echo $?) "exit statuses passed through by oomguard run (${codes[*]})"
+n=$(ls "$work"/dumps/oomguard-*-rank*.json 2>/dev/null | wc -l)
+result $([ "$n" = 4 ]; echo $?) "one dump per rank, named with the rank ($n)"
+
+"$root/$B/oomguard" merge "$work/dumps" >"$work/merge.txt" 2>&1
+rc=$?
+result $rc "oomguard merge exits 0"
+grep -q "Failed first: rank 2" "$work/merge.txt"
+result $? "merge names rank 2 as the first failure"
+"$root/$B/oomguard" merge "$work/dumps" --format json -o "$work/merge.json" >/dev/null 2>&1
+python3 - "$work/merge.json" "$work/dumps" <<'PY'
+import glob, json, sys
+m = json.load(open(sys.argv[1]))["jobs"][0]
+dumps = {json.load(open(f))["rank"]: json.load(open(f)) for f in glob.glob(sys.argv[2] + "/*.json")}
+assert m["first_failure"]["rank"] == 2, m["first_failure"]
+ranks = {r["rank"]: r for r in m["ranks"]}
+assert sorted(ranks) == [0, 1, 2, 3], sorted(ranks)
+assert [ranks[r]["status"] for r in range(4)] == ["oom", "exit", "oom", "exit"], [ranks[r]["status"] for r in range(4)]
+for r in range(4):
+    d = dumps[r]
+    assert d["job_id"] == "job42" and d["world_size"] == 4
+    assert d["device"]["index"] == r % 2, (r, d["device"]["index"])
+# rank 2's GPU (device 0) also holds rank 0's context: the other ranks on a GPU are found
+pids = {dumps[r]["pid"]: r for r in range(4)}
+others = [p["pid"] for p in dumps[2]["memory"]["other_processes"]]
+assert pids[dumps[0]["pid"]] == 0 and dumps[0]["pid"] in others, (others, dumps[0]["pid"])
+assert any(c["rank"] == 2 for c in m["foreign_contexts"]), m["foreign_contexts"]
+print("merge table and contexts ok")
+PY
+result $? "merge JSON: the table per rank, statuses, device, job id, other ranks' contexts"
+echo "$pass passed, $fail failed"
+[ $fail = 0 ]
