@@ -22,10 +22,15 @@
 #include <sched.h>
 #include <time.h>
 
+/* MurmurHash3's 64-bit finaliser: addresses differ only in a few middle bits (allocations
+ * are 256-byte aligned and close together), and uthash indexes buckets by the low bits; with
+ * a weaker mix the chains grow long and uthash stops expanding the table for good. */
 static inline unsigned og_hash_ptr(uint64_t k)
 {
     k ^= k >> 33;
     k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    k *= 0xc4ceb9fe1a85ec53ull;
     k ^= k >> 33;
     return (unsigned)k;
 }

@@ -46,7 +46,8 @@ static lib_t libs[MAX_LIBS];
 static atomic_uint lib_count;
 static pthread_mutex_t lib_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static OG_TLS struct { uint64_t hash; const og_site_t *site; } tls_cache[TLS_CACHE];
+/* hash -> site id: a hit touches nothing shared (the site structs are read by every thread) */
+static OG_TLS struct { uint64_t hash; uint32_t id; } tls_cache[TLS_CACHE];
 
 void og_stacks_init(void)
 {
@@ -138,7 +139,9 @@ static uint64_t hash_frames(const uintptr_t *f, int n)
 
 static og_site_t *site_new(uint64_t hash, const uintptr_t *frames, int n)
 {
-    og_site_t *s = malloc(sizeof *s + (size_t)n * sizeof frames[0]);
+    /* a line of its own: small mallocs next to it may be written all the time by others */
+    size_t bytes = (sizeof(og_site_t) + (size_t)n * sizeof frames[0] + 63) & ~(size_t)63;
+    og_site_t *s = aligned_alloc(64, bytes);
     if (!s)
         return NULL;
     s->hash = hash;
@@ -226,13 +229,13 @@ uint32_t og_site_capture(void *caller)
     }
     uint64_t h = hash_frames(frames, n);
     unsigned slot = (unsigned)(h % TLS_CACHE);
-    if (tls_cache[slot].hash == h && tls_cache[slot].site)
-        return tls_cache[slot].site->id;
+    if (tls_cache[slot].hash == h && tls_cache[slot].id)
+        return tls_cache[slot].id;
     const og_site_t *s = site_intern(h, frames, n);
     if (!s)
         return 0;
     tls_cache[slot].hash = h;
-    tls_cache[slot].site = s;
+    tls_cache[slot].id = s->id;
     return s->id;
 }
 
