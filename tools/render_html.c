@@ -569,6 +569,22 @@ static void breakdown(struct hx *h)
         }
         if (!first)
             sb_puts(h->b, "</div>");
+        /* the framework's view next to the driver-level count, reconciled */
+        const cJSON *res = cJSON_GetObjectItemCaseSensitive(fw, "reserved_bytes");
+        if (cJSON_IsNumber(res) && d->mem.framework_bytes >= 0) {
+            char b2[32];
+            int64_t r = (int64_t)res->valuedouble, diff = d->mem.framework_bytes - r;
+            sb_printf(h->b, "<h2 style=\"margin-top:16px\">Two views</h2><div class=\"kv\">"
+                            "<div class=\"n\">%s reserved</div><div>%s</div>",
+                      og_framework_title(d->framework_name), hb(r, a));
+            sb_printf(h->b, "<div class=\"n\">oomguard at the driver</div><div>%s</div>",
+                      hb(d->mem.framework_bytes, b2));
+            sb_printf(h->b, "<div class=\"n\">difference</div><div>%s%s</div></div>",
+                      hb(diff < 0 ? -diff : diff, a),
+                      diff == 0 ? " (the views agree)"
+                      : diff > 0 ? " more at the driver: memory its libraries took outside its allocator"
+                                 : " less at the driver: segments not attributed to it, or released since");
+        }
     }
     sb_puts(h->b, "</section>\n");
 }

@@ -265,6 +265,27 @@ static void where(struct tx *t, const struct og_dump *d)
         }
         if (!first)
             sb_putc(t->b, '\n');
+        /* The two views side by side: what the framework says it reserved, and what the shim
+         * counted at the driver from the framework's libraries. */
+        const cJSON *res = cJSON_GetObjectItemCaseSensitive(fw, "reserved_bytes");
+        const cJSON *alc = cJSON_GetObjectItemCaseSensitive(fw, "allocated_bytes");
+        if (cJSON_IsNumber(res) && d->mem.framework_bytes >= 0) {
+            char a[32], b2[32], c[32];
+            int64_t r = (int64_t)res->valuedouble, diff = d->mem.framework_bytes - r;
+            sb_printf(t->b, "  two views: %s reserved %s; oomguard counted %s at the driver from its libraries",
+                      og_framework_title(d->framework_name), human_bytes(r, a),
+                      human_bytes(d->mem.framework_bytes, b2));
+            if (diff == 0)
+                sb_puts(t->b, " (they agree)\n");
+            else
+                sb_printf(t->b, " (%s %s: %s)\n", human_bytes(diff < 0 ? -diff : diff, c),
+                          diff > 0 ? "more" : "less",
+                          diff > 0 ? "memory its libraries took outside its allocator, e.g. workspaces"
+                                   : "segments not attributed to its libraries, or released since");
+            if (cJSON_IsNumber(alc))
+                sb_printf(t->b, "  in tensors %s, cached but unused %s\n", human_bytes((int64_t)alc->valuedouble, a),
+                          human_bytes(r - (int64_t)alc->valuedouble, b2));
+        }
     }
 }
 

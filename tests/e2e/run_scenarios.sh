@@ -29,6 +29,22 @@ scenario() {   # scenario NAME PROGRAM EXPECTED_EXIT [ENV...]
     else
         result 1 "$name"; grep -v '^ok' "$dir/check.log" | sed 's/^/      | /'
     fi
+    # the real dump renders in every format
+    local bad=""
+    for fmt in text json html memory-viz; do
+        "$root/$B/oomguard" report "$dump" --format "$fmt" -o "$dir/report.$fmt" >/dev/null 2>"$dir/report.err" &&
+            [ -s "$dir/report.$fmt" ] || bad="$bad $fmt"
+    done
+    python3 -c 'import pickle,sys; d=pickle.load(open(sys.argv[1],"rb")); assert "segments" in d and "device_traces" in d' \
+        "$dir/report.memory-viz" 2>/dev/null || bad="$bad memory-viz(load)"
+    result $([ -z "$bad" ]; echo $?) "$name: oomguard report renders the dump as text, json, html, memory-viz${bad:+ (failed:$bad)}"
+    # and the same program under `oomguard run`: status passed through, dump listed
+    local rdir="$dir/run"; mkdir -p "$rdir"
+    env SIMGPU_DEVICES=1 SIMGPU_MEM=24GiB SIMGPU_CC=8.6 "$@" "$root/$B/oomguard" run --dir "$rdir" -- \
+        "$root/$B/examples/$prog" >"$dir/run.log" 2>&1
+    local rrc=$?
+    result $([ "$rrc" = "$want" ] && grep -q "dump written\|dumps written" "$dir/run.log"; echo $?) \
+        "$name under oomguard run: exit $rrc (want $want), dump listed"
 }
 
 scenario too_big too_big 3
