@@ -48,9 +48,13 @@ typedef struct oomguard_framework_stats {
     uint64_t num_alloc_retries, num_ooms;
     const char *allocator_settings;      /* e.g. PYTORCH_CUDA_ALLOC_CONF as seen by the framework */
     const char *source;                  /* e.g. "torch 2.11" */
+    /* added later (read only when struct_size covers it): a JSON file holding the framework's
+     * own allocator snapshot (PyTorch: torch.cuda.memory._snapshot()), recorded in the dump as
+     * memory.framework.snapshot_file and used by `oomguard report --format memory-viz` */
+    const char *snapshot_path;
 } oomguard_framework_stats_t;
 
-/* Returns 0, or -1 for a NULL or too-small struct. Safe from any thread, at any time.
+/* Returns 0, or -1 for a NULL struct or one older than the first release of this struct. Safe from any thread, at any time.
  * Called while a failure on that device is still open (an adapter's out-of-memory hook),
  * the failure's dump is rewritten with the framework's numbers. */
 int oomguard_framework_report(const oomguard_framework_stats_t *stats);

@@ -217,6 +217,10 @@ void og_render_json(const og_record_t *r, og_sb_t *sb)
             og_sb_json_str(sb, f->allocator_settings);
             og_sb_puts(sb, ",\"source\":");
             og_sb_json_str(sb, f->source);
+            if (f->snapshot_file[0]) {
+                og_sb_puts(sb, ",\"snapshot_file\":");
+                og_sb_json_str(sb, f->snapshot_file);
+            }
             uint64_t cached = f->reserved_bytes > f->allocated_bytes ? f->reserved_bytes - f->allocated_bytes : 0;
             /* 1 - largest free block / free cached bytes; null when either is unknown */
             if (cached && f->largest_free_block_bytes)

@@ -4,6 +4,7 @@
 #include "og.h"
 #include "record.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -12,7 +13,8 @@ static og_framework_view_t fw_view;
 
 OG_EXPORT int oomguard_framework_report(const oomguard_framework_stats_t *s)
 {
-    if (!s || s->struct_size < sizeof *s)
+    /* Adapters built against an older header pass a smaller struct: read what it has. */
+    if (!s || s->struct_size < offsetof(oomguard_framework_stats_t, snapshot_path))
         return -1;
     og_framework_view_t v;
     memset(&v, 0, sizeof v);
@@ -27,6 +29,9 @@ OG_EXPORT int oomguard_framework_report(const oomguard_framework_stats_t *s)
     v.num_ooms = s->num_ooms;
     snprintf(v.allocator_settings, sizeof v.allocator_settings, "%s", s->allocator_settings ? s->allocator_settings : "");
     snprintf(v.source, sizeof v.source, "%s", s->source ? s->source : "adapter");
+    if (s->struct_size >= offsetof(oomguard_framework_stats_t, snapshot_path) + sizeof s->snapshot_path &&
+        s->snapshot_path)
+        snprintf(v.snapshot_file, sizeof v.snapshot_file, "%s", s->snapshot_path);
     v.device = (int)s->device;
     pthread_mutex_lock(&fw_lock);
     fw_view = v;

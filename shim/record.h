@@ -67,6 +67,7 @@ typedef struct og_framework_view {
     uint64_t num_alloc_retries, num_ooms;
     char allocator_settings[256];
     char source[32];                 /* "torch", ... */
+    char snapshot_file[512];         /* the framework's own snapshot (JSON), "" if none */
 } og_framework_view_t;
 
 typedef struct og_record {

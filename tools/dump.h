@@ -141,6 +141,7 @@ struct og_dump {
         int nunmeasured;
         const cJSON *framework;    /* adapter's view (object) or NULL */
         const cJSON *fw_snapshot;  /* memory.framework.snapshot (object) or NULL */
+        const char *fw_snapshot_file; /* memory.framework.snapshot_file (the adapter's JSON) or NULL */
     } mem;
 
     struct {

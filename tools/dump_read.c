@@ -1307,6 +1307,7 @@ static int v_memory(struct loader *L, const cJSON *r)
                 TRY(check_int(L, x, &pf, x->string, 0, &ignored));
         }
         TRY(get_obj(L, fw, &pf, "snapshot", &d->mem.fw_snapshot));
+        TRY(get_str(L, fw, &pf, "snapshot_file", &d->mem.fw_snapshot_file));
     }
     return 0;
 }

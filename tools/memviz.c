@@ -7,6 +7,8 @@
  * device trace.  oomguard does not record addresses, so the addresses are made
  * up, consistently: a free is matched to the latest live allocation of the
  * same size. */
+#include <errno.h>
+#include <stdio.h>
 #include "pickle.h"
 #include "report.h"
 
@@ -209,6 +211,36 @@ static int device_trace(struct sbuf *b, const struct og_dump *d, int64_t dev, in
     return 0;
 }
 
+/* The snapshot the PyTorch adapter saved next to the dump (JSON), parsed; NULL when it is
+ * missing, too big or not JSON (the driver-level view is exported instead, with a note). */
+static cJSON *load_snapshot_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "oomguard report: %s: %s; exporting the driver-level view instead\n", path, strerror(errno));
+        return NULL;
+    }
+    cJSON *j = NULL;
+    if (fseek(f, 0, SEEK_END) == 0) {
+        long n = ftell(f);
+        if (n > 0 && n < (512L << 20) && fseek(f, 0, SEEK_SET) == 0) {
+            char *buf = malloc((size_t)n + 1);
+            if (buf && fread(buf, 1, (size_t)n, f) == (size_t)n) {
+                buf[n] = 0;
+                j = cJSON_Parse(buf);
+            }
+            free(buf);
+        }
+    }
+    fclose(f);
+    if (!j || !cJSON_IsObject(j)) {
+        fprintf(stderr, "oomguard report: %s: not a snapshot; exporting the driver-level view instead\n", path);
+        cJSON_Delete(j);
+        return NULL;
+    }
+    return j;
+}
+
 int og_render_memviz(struct sbuf *out, const struct og_dump *d)
 {
     pk_begin(out);
@@ -216,6 +248,15 @@ int og_render_memviz(struct sbuf *out, const struct og_dump *d)
         pk_json(out, d->mem.fw_snapshot);
         pk_end(out);
         return out->oom ? -1 : 0;
+    }
+    if (d->mem.fw_snapshot_file && *d->mem.fw_snapshot_file) {
+        cJSON *snap = load_snapshot_file(d->mem.fw_snapshot_file);
+        if (snap) {
+            pk_json(out, snap);
+            cJSON_Delete(snap);
+            pk_end(out);
+            return out->oom ? -1 : 0;
+        }
     }
     int64_t primary = d->event.device >= 0 ? d->event.device : d->device.index >= 0 ? d->device.index : 0;
     int64_t ndev = primary + 1;

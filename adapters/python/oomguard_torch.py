@@ -69,6 +69,9 @@ def _err(where, exc):
     _say("%s failed: %s: %s" % (where, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else ""))
 
 
+_last_snapshot = None
+
+
 def _shim_report_fn():
     """oomguard_framework_report from the preloaded shim, or None (no shim: the adapter is off)."""
     global _report_fn
@@ -96,6 +99,7 @@ def _shim_report_fn():
                 ("num_ooms", ctypes.c_uint64),
                 ("allocator_settings", ctypes.c_char_p),
                 ("source", ctypes.c_char_p),
+                ("snapshot_path", ctypes.c_char_p),
             ]
 
         fn.argtypes = [ctypes.POINTER(_FrameworkStats)]
@@ -161,6 +165,36 @@ def _allocator_settings(torch):
     return conf
 
 
+def _save_snapshot(snap):
+    """Writes the allocator snapshot as JSON where the shim writes its dumps (OOMGUARD_DIR, else
+    the working directory), atomically; returns the path, or None.  `oomguard report --format
+    memory-viz` turns it into the pickle PyTorch's memory_viz page opens."""
+    try:
+        import json
+        import socket
+        import tempfile
+        d = os.environ.get("OOMGUARD_DIR") or os.getcwd()
+        rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or os.environ.get("OMPI_COMM_WORLD_RANK")
+        name = "oomguard-%s-%d%s.torch-snapshot" % (  # not *.json: dump globs must not see it
+            socket.gethostname().replace("/", "_"), os.getpid(), ("-rank%s" % rank) if rank else "")
+        fd, tmp = tempfile.mkstemp(prefix=".oomguard-snapshot.", dir=d)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(snap, f, default=lambda o: list(o) if isinstance(o, (tuple, set)) else str(o))
+            path = os.path.join(d, name)
+            os.replace(tmp, path)
+            return os.path.abspath(path)
+        except Exception:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+    except Exception as e:
+        _err("saving the allocator snapshot", e)
+        return None
+
+
 def _cache_view(torch, device, alloc_size):
     """(largest free block, private pool bytes) from the allocator snapshot; (None, None) if unreadable.
 
@@ -172,6 +206,8 @@ def _cache_view(torch, device, alloc_size):
     except Exception as e:
         _err("torch.cuda.memory._snapshot()", e)
         return None, None
+    global _last_snapshot
+    _last_snapshot = snap
     try:
         segments = snap.get("segments", []) if isinstance(snap, dict) else snap
         want_small = None
@@ -236,8 +272,11 @@ def report(device=None, alloc_size=None, use_snapshot=True):
             _say("memory_stats() has no allocated/reserved bytes: nothing reported")
             return None
         largest, private = (None, None)
+        snapshot_path = None
         if use_snapshot:
             largest, private = _cache_view(torch, device, alloc_size)
+            if _last_snapshot is not None:
+                snapshot_path = _save_snapshot(_last_snapshot)
         s = fn.struct_type()
         s.struct_size = ctypes.sizeof(s)
         s.device = device
@@ -254,6 +293,8 @@ def report(device=None, alloc_size=None, use_snapshot=True):
         source = _bytes("torch %s" % (getattr(torch, "__version__", "?"),))
         s.allocator_settings = settings
         s.source = source
+        snap_b = _bytes(snapshot_path) if snapshot_path else None
+        s.snapshot_path = snap_b
         r = fn(ctypes.byref(s))
         _say("reported device %d: allocated %d, reserved %d, largest free block %s" %
              (device, s.allocated_bytes, s.reserved_bytes, largest))

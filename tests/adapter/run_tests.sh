@@ -121,6 +121,25 @@ t_frag() {
 }
 t "fragmentation via sitecustomize: memory.framework = the allocator's numbers, primary fragmentation" t_frag
 
+t_snapshot() {
+    shim adapter "$PYTHON" "$JOB" frag exp.json || return 1
+    local dump snap
+    dump=$(ls "$W"/dumps/oomguard-*.json | head -n 1)
+    snap=$(field "$dump" 'd["memory"]["framework"]["snapshot_file"]') || return 1
+    [ -f "$snap" ] || { echo "no snapshot file $snap"; return 1; }
+    "$ROOT/$B/oomguard" report "$dump" --format memory-viz -o "$W/snap.pickle" || return 1
+    # the pickle memory_viz loads is the allocator's own snapshot (same segments as the JSON)
+    "$PYTHON" - "$W/snap.pickle" "$snap" <<'PY'
+import json, pickle, sys
+p = pickle.load(open(sys.argv[1], "rb"))
+j = json.load(open(sys.argv[2]))
+assert isinstance(p, dict) and "segments" in p, type(p)
+assert len(p["segments"]) == len(j["segments"]) > 0, (len(p["segments"]), len(j["segments"]))
+assert [s["total_size"] for s in p["segments"]] == [s["total_size"] for s in j["segments"]]
+PY
+}
+t "the allocator snapshot is saved next to the dump and becomes the memory_viz pickle" t_snapshot
+
 t_frag_without() {
     shim noadapter "$PYTHON" "$JOB" frag exp.json || return 1
     "$PYTHON" "$CHECK" dumps exp.json --no-framework --not-primary fragmentation
