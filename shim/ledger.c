@@ -84,6 +84,7 @@ typedef struct {
     ring_t ring;                    /* this shard's recent events */
     uint64_t host_bytes, host_blocks;
     _Atomic uint64_t nblocks;       /* lets a cross-thread free skip empty shards unlocked */
+    int64_t pending[OG_MAX_DEVICES];/* small changes not yet added to devs[].tracked (see below) */
     og_block_t sentinel;            /* address 0, always in the table: uthash frees a table
                                        that becomes empty and re-creates it on the next add,
                                        which would cost a malloc and two frees per pair */
@@ -303,6 +304,27 @@ static uint64_t tracked_add(dev_t_ *d, int64_t delta, uint64_t t)
     return now;   /* callers that grew usage call og_warn_check once their locks are dropped */
 }
 
+/* The device-wide `tracked` counter is the one line every allocating thread writes; with two
+ * threads that write costs more than everything else on the path together.  Small changes
+ * are therefore summed per shard (per thread) and added in one step once they reach
+ * OG_BATCH_BYTES; an allocation that size or larger goes straight through.  The exact
+ * totals are the shards' sums (og_ledger_stats); peaks and warnings may trail by less than
+ * OG_BATCH_BYTES per allocating thread.  With OOMGUARD_LIMIT set nothing is batched: the
+ * limit is exact. */
+#define OG_BATCH_BYTES (4ll << 20)
+
+static inline uint64_t shard_tracked_add(shard_t *s, int device, int64_t delta, uint64_t t)
+{
+    dev_t_ *d = &devs[device];
+    int64_t p = s->pending[device] + delta;
+    if (og_limit_active() || p >= OG_BATCH_BYTES || p <= -OG_BATCH_BYTES) {
+        s->pending[device] = 0;
+        return tracked_add(d, p, t);
+    }
+    s->pending[device] = p;
+    return atomic_load_explicit(&d->tracked, memory_order_relaxed) + (uint64_t)p;
+}
+
 /* ------------------------------------------------------------------ blocks */
 
 static atomic_uint next_shard;
@@ -403,7 +425,7 @@ void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind)
             if (old->kind == OG_KIND_POOL)
                 atomic_fetch_sub(&devs[old->device].pool_used, old->size);
             else
-                tracked_add(&devs[old->device], -(int64_t)old->size, t);
+                shard_tracked_add(s, old->device, -(int64_t)old->size, t);
         }
         block_put(s, old);
     }
@@ -424,7 +446,7 @@ void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind)
                 atomic_fetch_add_explicit(&d->pool_used, size, memory_order_relaxed);
                 live = atomic_load_explicit(&d->tracked, memory_order_relaxed);
             } else {
-                live = tracked_add(d, (int64_t)size, t);
+                live = shard_tracked_add(s, device, (int64_t)size, t);
             }
             ring_add(&s->ring, OG_EV_ALLOC, c->hook, device, size, live, t);
         }
@@ -467,7 +489,7 @@ void og_free_begin(og_call_t *c, uintptr_t addr, og_taken_t *tk)
                 atomic_fetch_sub_explicit(&d->pool_used, tk->size, memory_order_relaxed);
                 live = atomic_load_explicit(&d->tracked, memory_order_relaxed);
             } else {
-                live = tracked_add(d, -(int64_t)tk->size, t);
+                live = shard_tracked_add(s, tk->device, -(int64_t)tk->size, t);
             }
             ring_add(&s->ring, OG_EV_FREE, c->hook, tk->device, tk->size, live, t);
         }
@@ -514,7 +536,7 @@ void og_free_end(og_call_t *c, og_taken_t *tk, CUresult r)
                 atomic_fetch_add_explicit(&d->pool_used, b->size, memory_order_relaxed);
                 live = atomic_load_explicit(&d->tracked, memory_order_relaxed);
             } else {
-                live = tracked_add(d, (int64_t)b->size, t);
+                live = shard_tracked_add(s, b->device, (int64_t)b->size, t);
             }
             ring_add(&s->ring, OG_EV_ALLOC, c->hook, b->device, b->size, live, t);   /* restored */
         }
@@ -878,8 +900,11 @@ void og_ledger_stats(int device, oomguard_device_stats_t *out)
     out->vmm_physical_bytes = atomic_load(&d->vmm_physical);
     out->vmm_handles = atomic_load(&d->vmm_handles);
     out->vmm_mapped_bytes = atomic_load(&d->vmm_mapped);
-    out->tracked_bytes = atomic_load(&d->tracked);
+    /* exact, whatever is still pending in the shards */
+    out->tracked_bytes = out->plain_bytes + out->managed_bytes + out->pool_reserved_bytes + out->vmm_physical_bytes;
     out->peak_tracked_bytes = atomic_load(&d->peak);
+    if (out->tracked_bytes > out->peak_tracked_bytes)   /* a rise still pending in a shard */
+        out->peak_tracked_bytes = out->tracked_bytes;
     out->allocs += atomic_load(&d->slow_allocs);
     out->frees += atomic_load(&d->slow_frees);
     out->failures = atomic_load(&d->failures);
@@ -987,6 +1012,7 @@ void og_ledger_atfork_child(void)
         shard_t *sh = &shards[i];
         sh->host_bytes = sh->host_blocks = 0;
         memset(sh->dev, 0, sizeof sh->dev);
+        memset(sh->pending, 0, sizeof sh->pending);
         atomic_store(&sh->ring.head, 0);
         if (sh->ring.ev)
             memset(sh->ring.ev, 0, sh->ring.size * sizeof(og_event_t));

@@ -60,5 +60,12 @@ $(TEST_B)/bench/bench: tests/bench/bench.c $(SIM_LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -pthread $< -o $@ $(E2E_LDRT) -lcudart -ldl
 
-bench: all $(TEST_B)/bench/bench
+$(TEST_B)/bench/null/libcuda.so.1: tests/bench/null_driver.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -fPIC -shared -Wl,-soname,libcuda.so.1 $< -o $@
+	ln -sf libcuda.so.1 $(dir $@)libcuda.so
+$(TEST_B)/bench/null_bench: tests/bench/null_bench.c $(TEST_B)/bench/null/libcuda.so.1
+	$(CC) $(ALL_CFLAGS) -pthread $< -o $@ -L$(TEST_B)/bench/null -lcuda
+
+bench: all $(TEST_B)/bench/bench $(TEST_B)/bench/null_bench
 	@B=$(B) bash tests/bench/run_bench.sh

@@ -16,6 +16,7 @@ trap 'rm -rf "$out"' EXIT
 best() { local b=; for _ in 1 2 3 4 5; do v=$("$@"); if [ -z "$b" ] || awk "BEGIN{exit !($v < $b)}"; then b=$v; fi; done; echo "$b"; }
 pre() { env LD_PRELOAD="$shim" OOMGUARD_DIR="$out" OOMGUARD_QUIET=1 "$@"; }
 
+echo "through the simulated runtime (cudaMalloc/cudaFree):"
 printf '%-44s %12s %12s %10s %10s\n' "measure" "without" "with shim" "added" "target"
 row() { printf '%-44s %12s %12s %10s %10s\n' "$@"; }
 for threads in 1 2; do
@@ -27,6 +28,21 @@ for threads in 1 2; do
     row "malloc+free pair, $threads thread(s), stacks 32" "$base ns" "$on ns" "$(awk "BEGIN{printf \"%.0f ns\", $on-$base}")" "<=1500 ns"
     echo "ratio: ${threads}T stacks off x$(awk "BEGIN{printf \"%.2f\", $off/$base}"), stacks 32 x$(awk "BEGIN{printf \"%.2f\", $on/$base}")"
 done
+echo
+echo "the shim alone, against a driver without locks (tests/bench/null_driver.c):"
+printf '%-44s %12s %12s %10s %10s\n' "measure" "without" "with shim" "added" "target"
+nb="$root/$B/tests/bench/null_bench"
+nlib="$root/$B/tests/bench/null"
+NP=$((N * 5))
+for threads in 1 2; do
+    base=$(best env LD_LIBRARY_PATH="$nlib" "$nb" $threads $NP)
+    off=$(best env LD_LIBRARY_PATH="$nlib" LD_PRELOAD="$shim" OOMGUARD_STACK_DEPTH=0 OOMGUARD_QUIET=1 "$nb" $threads $NP)
+    on=$(best env LD_LIBRARY_PATH="$nlib" LD_PRELOAD="$shim" OOMGUARD_STACK_DEPTH=32 OOMGUARD_QUIET=1 "$nb" $threads $N)
+    t_off=$([ $threads = 1 ] && echo "<=100 ns" || echo "<=200 ns")
+    row "alloc+free pair, $threads thread(s), stacks off" "$base ns" "$off ns" "$(awk "BEGIN{printf \"%.0f ns\", $off-$base}")" "$t_off"
+    row "alloc+free pair, $threads thread(s), stacks 32" "$base ns" "$on ns" "$(awk "BEGIN{printf \"%.0f ns\", $on-$base}")" "<=1500 ns"
+done
+echo
 base=$("$bench" blocks $BLOCKS)
 with=$(pre env OOMGUARD_STACK_DEPTH=0 "$bench" blocks $BLOCKS)
 row "RSS per live block ($BLOCKS blocks)" "$base B" "$with B" "$(awk "BEGIN{printf \"%.0f B\", $with-$base}")" "<=128 B"
