@@ -70,11 +70,10 @@
 
 #include "og.h"
 #include "record.h"
+#include "advice_text.h"
 
-#define KIB 1024.0
 #define MIB (1024.0 * 1024.0)
 #define GIB (1024.0 * 1024.0 * 1024.0)
-#define TIB (1024.0 * 1024.0 * 1024.0 * 1024.0)
 
 #define NONFW_FLOOR   (1ULL << 30)     /* non_framework: at least 1 GiB */
 #define FRAG_C_FLOOR  (256ULL << 20)   /* fragmentation (c): at least 256 MiB idle */
@@ -88,70 +87,12 @@ static const og_thresholds_t th_default = {
 
 /* ------------------------------------------------------------------ small helpers */
 
-static bool known(uint64_t v) { return v != OG_UNKNOWN; }
-static uint64_t sub0(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
 static uint64_t min64(uint64_t a, uint64_t b) { return a < b ? a : b; }
 /* saturating add that never produces OG_UNKNOWN */
-static uint64_t add_sat(uint64_t a, uint64_t b) { return a >= UINT64_MAX - 1 - b ? UINT64_MAX - 1 : a + b; }
 static double clamp01(double x) { return x != x ? 0 : x < 0 ? 0 : x > 1 ? 1 : x; }
 
-static void vfmt(char *dst, size_t n, const char *fmt, va_list ap) __attribute__((format(printf, 3, 0)));
-static void vfmt(char *dst, size_t n, const char *fmt, va_list ap)
-{
-    if (n)
-        vsnprintf(dst, n, fmt, ap);
-}
 
-static void fmt(char *dst, size_t n, const char *f, ...) __attribute__((format(printf, 3, 4)));
-static void fmt(char *dst, size_t n, const char *f, ...)
-{
-    va_list ap;
-    va_start(ap, f);
-    vfmt(dst, n, f, ap);
-    va_end(ap);
-}
 
-typedef struct { char s[24]; } hb_t;
-
-/* human units: 1.30 GiB, 512 MiB, 12.5 MiB, 3.0 KiB, 17 B */
-static hb_t hb(double b)
-{
-    hb_t h;
-    if (b != b || b < 0)
-        b = 0;
-    if (b >= TIB)
-        fmt(h.s, sizeof h.s, "%.2f TiB", b / TIB);
-    else if (b >= GIB)
-        fmt(h.s, sizeof h.s, "%.2f GiB", b / GIB);
-    else if (b >= 100 * MIB)
-        fmt(h.s, sizeof h.s, "%.0f MiB", b / MIB);
-    else if (b >= MIB)
-        fmt(h.s, sizeof h.s, "%.1f MiB", b / MIB);
-    else if (b >= KIB)
-        fmt(h.s, sizeof h.s, "%.1f KiB", b / KIB);
-    else
-        fmt(h.s, sizeof h.s, "%.0f B", b);
-    return h;
-}
-
-typedef struct { char s[16]; } pc_t;
-
-static pc_t pct(double part, double whole)
-{
-    pc_t p;
-    if (!(whole > 0)) {
-        fmt(p.s, sizeof p.s, "n/a");
-        return p;
-    }
-    double v = 100.0 * part / whole;
-    if (v > 0 && v < 1)
-        fmt(p.s, sizeof p.s, "<1%%");
-    else if (v > 9999)
-        fmt(p.s, sizeof p.s, ">9999%%");
-    else
-        fmt(p.s, sizeof p.s, "%.0f%%", v);
-    return p;
-}
 
 static void ev_num(og_cause_t *c, const char *name, double v)
 {
@@ -179,7 +120,7 @@ static void ev_text(og_cause_t *c, const char *name, const char *f, ...)
     c->evidence[c->nevidence].num = 0;
     va_list ap;
     va_start(ap, f);
-    vfmt(c->evidence[c->nevidence].text, sizeof c->evidence[0].text, f, ap);
+    og_vfmt(c->evidence[c->nevidence].text, sizeof c->evidence[0].text, f, ap);
     va_end(ap);
     c->nevidence++;
 }
@@ -189,7 +130,7 @@ static void summary(og_cause_t *c, const char *f, ...)
 {
     va_list ap;
     va_start(ap, f);
-    vfmt(c->summary, sizeof c->summary, f, ap);
+    og_vfmt(c->summary, sizeof c->summary, f, ap);
     va_end(ap);
 }
 
@@ -361,14 +302,14 @@ static bool c_limit(dctx_t *d, og_cause_t *c)
     if (d->limited) {
         bool phys = known(r->device.free_bytes) && r->device.free_bytes >= d->req;
         summary(c, "OOMGUARD_LIMIT (%s) refused %s: the job would hold %s (%s held + %s), %s over the limit%s.",
-                hb((double)d->limit).s, hb((double)d->req).s, hb((double)need).s, hb((double)d->tracked).s,
-                hb((double)d->req).s, hb((double)sub0(need, d->limit)).s,
+                og_hb((double)d->limit).s, og_hb((double)d->req).s, og_hb((double)need).s, og_hb((double)d->tracked).s,
+                og_hb((double)d->req).s, og_hb((double)sub0(need, d->limit)).s,
                 phys ? "; the device itself had room for it" : "");
         ev_bytes(c, "limit_bytes", d->limit);
         ev_bytes(c, "over_limit_bytes", sub0(need, d->limit));
     } else {
-        summary(c, "OOMGUARD_LIMIT refused %s; the job would hold %s (%s held + %s).", hb((double)d->req).s,
-                hb((double)need).s, hb((double)d->tracked).s, hb((double)d->req).s);
+        summary(c, "OOMGUARD_LIMIT refused %s; the job would hold %s (%s held + %s).", og_hb((double)d->req).s,
+                og_hb((double)need).s, og_hb((double)d->tracked).s, og_hb((double)d->req).s);
         ev_text(c, "limit_bytes", "unknown");
     }
     ev_bytes(c, "tracked_bytes", d->tracked);
@@ -393,9 +334,9 @@ static bool c_cache_held(dctx_t *d, og_cause_t *c)
     cpy(full, sizeof full, r->event.library, sizeof r->event.library);
     cpy(lib, sizeof lib, base_name(full), sizeof full);
     bool from_cache = d->reclaim >= d->pool_slack;
-    summary(c, "%s failed to get %s while %s holds %s %s, more than the %s missing.", lib, hb((double)d->req).s,
-            from_cache ? d->fwname : "a memory pool", hb((double)avail).s,
-            from_cache ? "cached but unused" : "reserved but unused", hb((double)d->shortfall).s);
+    summary(c, "%s failed to get %s while %s holds %s %s, more than the %s missing.", lib, og_hb((double)d->req).s,
+            from_cache ? d->fwname : "a memory pool", og_hb((double)avail).s,
+            from_cache ? "cached but unused" : "reserved but unused", og_hb((double)d->shortfall).s);
     ev_text(c, "failing_library", "%s", lib);
     ev_bytes(c, "requested_bytes", d->req);
     ev_bytes(c, "shortfall_bytes", d->shortfall);
@@ -459,16 +400,16 @@ static bool c_fragmentation(dctx_t *d, og_cause_t *c)
     c->confidence = clamp01(conf);
     if (d->largest_known)
         summary(c, "%s holds %s cached but unused (%s of its %s reserved), yet its largest free block is %s, "
-                "smaller than the %s requested.", d->fwname, hb(cached).s, pct(cached, (double)d->reservation).s,
-                hb((double)d->reservation).s, hb((double)d->largest).s, hb(req).s);
+                "smaller than the %s requested.", d->fwname, og_hb(cached).s, og_pct(cached, (double)d->reservation).s,
+                og_hb((double)d->reservation).s, og_hb((double)d->largest).s, og_hb(req).s);
     else if (strcmp(why, "idle_share") == 0)
         summary(c, "%s holds %s cached but unused, %s of its %s reserved; that idle memory is not where the %s "
-                "request needs it.", d->fwname, hb(cached).s, pct(cached, (double)d->reservation).s,
-                hb((double)d->reservation).s, hb(req).s);
+                "request needs it.", d->fwname, og_hb(cached).s, og_pct(cached, (double)d->reservation).s,
+                og_hb((double)d->reservation).s, og_hb(req).s);
     else
         summary(c, "%s holds %s cached but unused (%s of its reservation) and %s is free, yet %s could not be "
-                "found in one piece.", d->fwname, hb(cached).s, pct(cached, (double)d->reservation).s,
-                hb((double)d->free_eff).s, hb(req).s);
+                "found in one piece.", d->fwname, og_hb(cached).s, og_pct(cached, (double)d->reservation).s,
+                og_hb((double)d->free_eff).s, og_hb(req).s);
     ev_bytes(c, "cached_bytes", d->cached);
     ev_bytes(c, "requested_bytes", d->req);
     ev_bytes(c, "reservation_bytes", d->reservation);
@@ -502,15 +443,15 @@ static bool c_foreign(dctx_t *d, og_cause_t *c)
     if (big >= 0) {
         char name[sizeof r->memory.other[0].name];
         cpy(name, sizeof name, r->memory.other[big].name, sizeof name);
-        fmt(who, sizeof who, " (largest: pid %d %s, %s)", r->memory.other[big].pid, name[0] ? name : "?",
-            hb((double)r->memory.other[big].bytes).s);
+        og_fmt(who, sizeof who, " (largest: pid %d %s, %s)", r->memory.other[big].pid, name[0] ? name : "?",
+            og_hb((double)r->memory.other[big].bytes).s);
     }
     if (n)
         summary(c, "%d other process%s hold%s %s on this device%s, more than the %s missing.", n, n == 1 ? "" : "es",
-                n == 1 ? "s" : "", hb((double)d->other).s, who, hb((double)d->shortfall).s);
+                n == 1 ? "s" : "", og_hb((double)d->other).s, who, og_hb((double)d->shortfall).s);
     else
-        summary(c, "Other processes hold %s on this device, more than the %s missing.", hb((double)d->other).s,
-                hb((double)d->shortfall).s);
+        summary(c, "Other processes hold %s on this device, more than the %s missing.", og_hb((double)d->other).s,
+                og_hb((double)d->shortfall).s);
     ev_bytes(c, "other_processes_bytes", d->other);
     ev_bytes(c, "shortfall_bytes", d->shortfall);
     if (d->total)
@@ -557,12 +498,12 @@ static bool c_non_framework(dctx_t *d, og_cause_t *c)
     uint64_t ctx = known(r->memory.context_bytes_estimate) ? r->memory.context_bytes_estimate : 0;
     char extra[112] = "";
     if (lib[0])
-        fmt(extra, sizeof extra, "; largest: %s %s, CUDA context ~%s", lib,
-            hb((double)r->memory.by_library[big].bytes).s, hb((double)ctx).s);
+        og_fmt(extra, sizeof extra, "; largest: %s %s, CUDA context ~%s", lib,
+            og_hb((double)r->memory.by_library[big].bytes).s, og_hb((double)ctx).s);
     else
-        fmt(extra, sizeof extra, "; CUDA context and untracked memory ~%s", hb((double)ctx).s);
-    summary(c, "%s of this process's %s (%s) is outside %s%s; that is more than the %s missing.", hb((double)nf).s,
-            hb((double)d->used).s, pct((double)nf, (double)d->used).s, d->fwname, extra, hb((double)d->shortfall).s);
+        og_fmt(extra, sizeof extra, "; CUDA context and untracked memory ~%s", og_hb((double)ctx).s);
+    summary(c, "%s of this process's %s (%s) is outside %s%s; that is more than the %s missing.", og_hb((double)nf).s,
+            og_hb((double)d->used).s, og_pct((double)nf, (double)d->used).s, d->fwname, extra, og_hb((double)d->shortfall).s);
     ev_bytes(c, "non_framework_bytes", nf);
     ev_bytes(c, "process_used_bytes", d->used);
     ev_bytes(c, "framework_bytes", fwb);
@@ -648,8 +589,8 @@ static bool c_growth(dctx_t *d, og_cause_t *c)
     double per_step = (double)rise / steps;
     double window_s = tmax > tmin ? (tmax - tmin) / GROWTH_WINDOWS : 0;
     summary(c, "Memory held by this process kept rising: its low point grew in %d of %d intervals of the run, "
-            "from %s to %s (about %s per interval, %s of the device).", rising, steps, hb((double)trough[first]).s, hb((double)trough[last]).s,
-            hb(per_step).s, pct((double)rise, (double)d->total).s);
+            "from %s to %s (about %s per interval, %s of the device).", rising, steps, og_hb((double)trough[first]).s, og_hb((double)trough[last]).s,
+            og_hb(per_step).s, og_pct((double)rise, (double)d->total).s);
     ev_bytes(c, "first_trough_bytes", trough[first]);
     ev_bytes(c, "last_trough_bytes", trough[last]);
     ev_bytes(c, "rise_bytes", rise);
@@ -678,14 +619,14 @@ static bool c_does_not_fit(dctx_t *d, og_cause_t *c)
     c->confidence = clamp01(conf);
     char note[96] = "";
     if (!d->cached_known)
-        fmt(note, sizeof note, " (the framework's cache was not measured)");
+        og_fmt(note, sizeof note, " (the framework's cache was not measured)");
     else if (strcmp(d->cached_src, "retry_release") == 0)
-        fmt(note, sizeof note, " (%s already released %s and retried)", d->fwname, hb((double)d->cached).s);
+        og_fmt(note, sizeof note, " (%s already released %s and retried)", d->fwname, og_hb((double)d->cached).s);
     else if (d->free_estimated)
-        fmt(note, sizeof note, " (free memory estimated)");
+        og_fmt(note, sizeof note, " (free memory estimated)");
     summary(c, "%s more is needed than is free%s%s; this is %s of the %s this process holds%s.",
-            hb((double)missing).s, d->reclaim ? " even after releasing the cache" : "", note,
-            pct((double)missing, (double)d->footprint).s, hb((double)d->footprint).s,
+            og_hb((double)missing).s, d->reclaim ? " even after releasing the cache" : "", note,
+            og_pct((double)missing, (double)d->footprint).s, og_hb((double)d->footprint).s,
             alone_fits ? "; alone on the device the job would fit" : "");
     ev_bytes(c, "requested_bytes", d->req);
     ev_bytes(c, d->limited ? "free_under_limit_bytes" : "free_bytes", d->free_eff);
@@ -714,11 +655,11 @@ static void c_unknown(dctx_t *d, og_cause_t *c)
     if (!d->free_known)
         m[nm++] = "free memory";
     if (nm)
-        fmt(miss, sizeof miss, "; not measured: %s%s%s%s%s", m[0], nm > 1 ? ", " : "", nm > 1 ? m[1] : "",
+        og_fmt(miss, sizeof miss, "; not measured: %s%s%s%s%s", m[0], nm > 1 ? ", " : "", nm > 1 ? m[1] : "",
             nm > 2 ? ", " : "", nm > 2 ? m[2] : "");
     summary(c, "No rule matched: %s requested, %s free of %s, this process tracks %s, others hold %s%s.",
-            hb((double)d->req).s, d->free_known ? hb((double)d->free_eff).s : "?", hb((double)d->total).s,
-            hb((double)d->tracked).s, hb((double)d->other).s, miss);
+            og_hb((double)d->req).s, d->free_known ? og_hb((double)d->free_eff).s : "?", og_hb((double)d->total).s,
+            og_hb((double)d->tracked).s, og_hb((double)d->other).s, miss);
     ev_bytes(c, "requested_bytes", d->req);
     if (d->free_known)
         ev_bytes(c, "free_bytes", d->free_eff);

@@ -41,11 +41,10 @@
 
 #include "og.h"
 #include "record.h"
+#include "advice_text.h"
 
-#define KIB 1024.0
 #define MIB (1024.0 * 1024.0)
 #define GIB (1024.0 * 1024.0 * 1024.0)
-#define TIB (1024.0 * 1024.0 * 1024.0 * 1024.0)
 
 const char *og_framework_name(enum og_framework fw)
 {
@@ -60,64 +59,9 @@ const char *og_framework_name(enum og_framework fw)
 
 /* ------------------------------------------------------------------ helpers */
 
-static bool known(uint64_t v) { return v != OG_UNKNOWN; }
-static uint64_t sub0(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
-static uint64_t add_sat(uint64_t a, uint64_t b) { return a >= UINT64_MAX - 1 - b ? UINT64_MAX - 1 : a + b; }
 
-static void vfmt(char *dst, size_t n, const char *f, va_list ap) __attribute__((format(printf, 3, 0)));
-static void vfmt(char *dst, size_t n, const char *f, va_list ap)
-{
-    if (n)
-        vsnprintf(dst, n, f, ap);
-}
 
-static void fmt(char *dst, size_t n, const char *f, ...) __attribute__((format(printf, 3, 4)));
-static void fmt(char *dst, size_t n, const char *f, ...)
-{
-    va_list ap;
-    va_start(ap, f);
-    vfmt(dst, n, f, ap);
-    va_end(ap);
-}
 
-typedef struct { char s[24]; } hb_t;
-
-static hb_t hb(double b)
-{
-    hb_t h;
-    if (b != b || b < 0)
-        b = 0;
-    if (b >= TIB)
-        fmt(h.s, sizeof h.s, "%.2f TiB", b / TIB);
-    else if (b >= GIB)
-        fmt(h.s, sizeof h.s, "%.2f GiB", b / GIB);
-    else if (b >= 100 * MIB)
-        fmt(h.s, sizeof h.s, "%.0f MiB", b / MIB);
-    else if (b >= MIB)
-        fmt(h.s, sizeof h.s, "%.1f MiB", b / MIB);
-    else if (b >= KIB)
-        fmt(h.s, sizeof h.s, "%.1f KiB", b / KIB);
-    else
-        fmt(h.s, sizeof h.s, "%.0f B", b);
-    return h;
-}
-
-typedef struct { char s[16]; } pc_t;
-
-static pc_t pct(double part, double whole)
-{
-    pc_t p;
-    double v = whole > 0 ? 100.0 * part / whole : -1;
-    if (v < 0)
-        fmt(p.s, sizeof p.s, "n/a");
-    else if (v > 0 && v < 1)
-        fmt(p.s, sizeof p.s, "<1%%");
-    else if (v > 9999)
-        fmt(p.s, sizeof p.s, ">9999%%");
-    else
-        fmt(p.s, sizeof p.s, "%.0f%%", v);
-    return p;
-}
 
 static void cpy(char *dst, size_t n, const char *src, size_t srcn)
 {
@@ -283,7 +227,7 @@ static void why(og_remedy_t *r, const char *f, ...)
         return;
     va_list ap;
     va_start(ap, f);
-    vfmt(r->why + l, sizeof r->why - l, f, ap);
+    og_vfmt(r->why + l, sizeof r->why - l, f, ap);
     va_end(ap);
 }
 
@@ -294,7 +238,7 @@ static void how(og_remedy_t *r, const char *f, ...)
         return;
     va_list ap;
     va_start(ap, f);
-    vfmt(r->how[r->nhow], sizeof r->how[0], f, ap);
+    og_vfmt(r->how[r->nhow], sizeof r->how[0], f, ap);
     va_end(ap);
     r->nhow++;
 }
@@ -306,17 +250,17 @@ static const char *pt(const rctx_t *x) { return x->fw == OG_FW_UNKNOWN ? "PyTorc
 static void activations_vs_shortfall(const rctx_t *x, og_remedy_t *r, double frees, const char *what)
 {
     if (!x->shortfall) {
-        why(r, " It lowers the peak so the %s request fits more easily.", hb((double)x->req).s);
+        why(r, " It lowers the peak so the %s request fits more easily.", og_hb((double)x->req).s);
         return;
     }
     double need = (double)x->shortfall / frees;
     if (need <= (double)x->live)
         why(r, " %s more is needed, %s of the %s live: %s covers it if activations are at least %s.",
-            hb((double)x->shortfall).s, pct((double)x->shortfall, (double)x->live).s, hb((double)x->live).s, what,
-            hb(need).s);
+            og_hb((double)x->shortfall).s, og_pct((double)x->shortfall, (double)x->live).s, og_hb((double)x->live).s, what,
+            og_hb(need).s);
     else
         why(r, " %s more is needed but only %s is live: %s alone cannot cover it; combine it with others.",
-            hb((double)x->shortfall).s, hb((double)x->live).s, what);
+            og_hb((double)x->shortfall).s, og_hb((double)x->live).s, what);
 }
 
 /* ------------------------------------------------------------------ the remedies */
@@ -329,14 +273,14 @@ static bool b_raise_limit(const rctx_t *x, og_remedy_t *r)
     uint64_t sugg = (uint64_t)((double)need * 1.10 / GIB) + 1;
     if (known(rec->device.limit_bytes))
         why(r, "OOMGUARD_LIMIT caps device %d at %s; the job needs at least %s (%s held + %s requested).",
-            rec->event.device, hb((double)rec->device.limit_bytes).s, hb((double)need).s, hb((double)x->tracked).s,
-            hb((double)x->req).s);
+            rec->event.device, og_hb((double)rec->device.limit_bytes).s, og_hb((double)need).s, og_hb((double)x->tracked).s,
+            og_hb((double)x->req).s);
     else
         why(r, "OOMGUARD_LIMIT refused the request; the job needs at least %s (%s held + %s requested).",
-            hb((double)need).s, hb((double)x->tracked).s, hb((double)x->req).s);
+            og_hb((double)need).s, og_hb((double)x->tracked).s, og_hb((double)x->req).s);
     if (known(rec->device.free_bytes) && rec->device.free_bytes >= x->req)
         why(r, " The card itself had %s free, so the request would have succeeded.",
-            hb((double)rec->device.free_bytes).s);
+            og_hb((double)rec->device.free_bytes).s);
     how(r, "OOMGUARD_LIMIT=%lluGiB   # or for this device only: OOMGUARD_LIMIT=%d:%lluGiB",
         (unsigned long long)sugg, rec->event.device, (unsigned long long)sugg);
     how(r, "unset OOMGUARD_LIMIT   # no cap at all");
@@ -348,23 +292,23 @@ static bool b_empty_cache(const rctx_t *x, og_remedy_t *r)
 {
     const og_record_t *rec = x->rec;
     char cached[24];
-    fmt(cached, sizeof cached, "%s", x->cached_known ? hb((double)x->cached).s : "an unmeasured amount");
+    og_fmt(cached, sizeof cached, "%s", x->cached_known ? og_hb((double)x->cached).s : "an unmeasured amount");
 
     if (x->has[C_CACHE] && x->fail_lib[0])
         why(r, "%s keeps %s cached while %s could not get %s: hand the cache back before that library allocates.",
-            x->fwname, cached, x->fail_lib, hb((double)x->req).s);
+            x->fwname, cached, x->fail_lib, og_hb((double)x->req).s);
     else if (x->has[C_FRAG]) {
         why(r, "%s is cached but unused", cached);
         if (x->largest_known)
-            why(r, " and the largest free block is %s, below the %s requested", hb((double)x->largest).s,
-                hb((double)x->req).s);
+            why(r, " and the largest free block is %s, below the %s requested", og_hb((double)x->largest).s,
+                og_hb((double)x->req).s);
         why(r, ": releasing the cache lets the allocator start again from fresh segments.");
     } else if (x->has[C_LIMIT])
         why(r, "The limit counts cached memory too: %s of the %s held is cached but unused.", cached,
-            hb((double)x->tracked).s);
+            og_hb((double)x->tracked).s);
     else if (x->primary == C_DNF)
         why(r, "Only %s is cached, less than the %s missing: live tensors fill the memory, so this helps only "
-            "together with the reductions above.", cached, hb((double)x->shortfall).s);
+            "together with the reductions above.", cached, og_hb((double)x->shortfall).s);
     else if (x->has[C_GROWTH])
         why(r, "%s is cached but unused; release it between epochs or phases so the growth does not also pin "
             "the cache.", cached);
@@ -387,7 +331,7 @@ static bool b_empty_cache(const rctx_t *x, og_remedy_t *r)
             if (frac > 95)
                 frac = 95;
             how(r, "export XLA_PYTHON_CLIENT_MEM_FRACTION=.%02d   # caps JAX so %s more stays for others", frac,
-                hb((double)x->shortfall).s);
+                og_hb((double)x->shortfall).s);
         } else if (!env_value(rec, "XLA_PYTHON_CLIENT_MEM_FRACTION") && !rec->xla_preallocate_off)
             how(r, "or export XLA_PYTHON_CLIENT_MEM_FRACTION=.XX   # reserve only this share of the GPU");
         if (env_is(rec, "XLA_PYTHON_CLIENT_ALLOCATOR", "platform"))
@@ -469,7 +413,7 @@ static void list_other_processes(const rctx_t *x, og_remedy_t *r, int max_how)
         if (desktop_app(name))
             continue;
         how(r, "kill %d   # %s, %s on this GPU: only if it is yours and no longer needed", rec->memory.other[big].pid,
-            name[0] ? name : "unknown", hb((double)rec->memory.other[big].bytes).s);
+            name[0] ? name : "unknown", og_hb((double)rec->memory.other[big].bytes).s);
     }
 }
 
@@ -489,7 +433,7 @@ static bool b_foreign_processes(const rctx_t *x, og_remedy_t *r)
     int n = rec->memory.nother < 0 ? 0 : rec->memory.nother > 32 ? 32 : rec->memory.nother;
     if (x->other || n) {
         r->title = "Stop other processes that hold GPU memory";
-        why(r, "Other processes hold %s on this GPU", hb((double)x->other).s);
+        why(r, "Other processes hold %s on this GPU", og_hb((double)x->other).s);
         bool used[32] = {false};
         for (int k = 0; k < 3; k++) {
             int big = -1;
@@ -503,14 +447,14 @@ static bool b_foreign_processes(const rctx_t *x, og_remedy_t *r)
             cpy(full, sizeof full, rec->memory.other[big].name, sizeof full);
             cpy(name, sizeof name, base_name(full), sizeof full);
             why(r, "%s pid %d %s %s", k ? "," : ":", rec->memory.other[big].pid, name[0] ? name : "?",
-                hb((double)rec->memory.other[big].bytes).s);
+                og_hb((double)rec->memory.other[big].bytes).s);
         }
         if (x->shortfall)
-            why(r, "; %s is missing.", hb((double)x->shortfall).s);
+            why(r, "; %s is missing.", og_hb((double)x->shortfall).s);
         else
             why(r, ".");
         if (x->has[C_NONFW])
-            why(r, " Inside this process %s more is outside %s.", hb((double)x->nonfw).s, x->fwname);
+            why(r, " Inside this process %s more is outside %s.", og_hb((double)x->nonfw).s, x->fwname);
         how(r, "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv");
         list_other_processes(x, r, 3);
         bool desk = false;
@@ -527,15 +471,15 @@ static bool b_foreign_processes(const rctx_t *x, og_remedy_t *r)
     }
     /* nothing from other processes: the memory outside the framework is in this process */
     r->title = "Find the memory held outside the framework";
-    why(r, "%s of this process's memory is outside %s (CUDA context and other libraries)", hb((double)x->nonfw).s,
+    why(r, "%s of this process's memory is outside %s (CUDA context and other libraries)", og_hb((double)x->nonfw).s,
         x->fwname);
     const char *lib = evidence_text(rec, "non_framework", "largest_library");
     double lb = evidence(rec, "non_framework", "largest_library_bytes");
     if (lib && lb > 0)
-        why(r, "; the largest holder is %s with %s", lib, hb(lb).s);
+        why(r, "; the largest holder is %s with %s", lib, og_hb(lb).s);
     double ctx = evidence(rec, "non_framework", "context_bytes_estimate");
     if (ctx >= 0)
-        why(r, "; context and untracked memory ~%s", hb(ctx).s);
+        why(r, "; context and untracked memory ~%s", og_hb(ctx).s);
     why(r, ".");
     if (lib && lb > 0)
         how(r, "Check what makes %s allocate (its own cache or workspace settings) and cap it.", lib);
@@ -552,22 +496,22 @@ static bool b_restart_process(const rctx_t *x, og_remedy_t *r)
     if (x->has[C_FOREIGN] && n) {
         why(r, "A process killed or interrupted mid-run can leave its context behind until it fully exits; "
             "check that the %d process%s holding %s still do useful work.", n, n == 1 ? "" : "es",
-            hb((double)x->other).s);
+            og_hb((double)x->other).s);
         char pids[120] = "";
         for (int i = 0; i < n && i < 8; i++) {
             size_t l = strlen(pids);
-            fmt(pids + l, sizeof pids - l, "%s%d", i ? "," : "", rec->memory.other[i].pid);
+            og_fmt(pids + l, sizeof pids - l, "%s%d", i ? "," : "", rec->memory.other[i].pid);
         }
         how(r, "ps -o pid,stat,etime,cmd -p %s   # still running what you expect?", pids);
     } else if (x->has[C_FRAG]) {
         why(r, "A fresh process starts with an empty, unfragmented cache (%s is cached now); a restart between "
-            "phases avoids carrying fragmentation along.", x->cached_known ? hb((double)x->cached).s : "?");
+            "phases avoids carrying fragmentation along.", x->cached_known ? og_hb((double)x->cached).s : "?");
     } else if (x->has[C_NONFW]) {
         why(r, "A restart drops contexts and library workspaces that accumulated in this process (%s outside %s).",
-            hb((double)x->nonfw).s, x->fwname);
+            og_hb((double)x->nonfw).s, x->fwname);
     } else {
         why(r, "A restart clears leftover contexts, the framework's cache and references kept by an interactive "
-            "session (this process holds %s).", hb((double)x->footprint).s);
+            "session (this process holds %s).", og_hb((double)x->footprint).s);
     }
     how(r, "fuser -v /dev/nvidia*   # every process that still has the GPU open, leftovers included");
     how(r, "Restart the job (in Jupyter: restart the kernel; its process keeps the memory until it exits).");
@@ -583,8 +527,8 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
     const char *steps = evidence_text(rec, "growth", "rising_steps");
     if (first >= 0 && last >= 0)
         why(r, "The low point of this process's memory rose in %s intervals of the run, from %s to %s (about %s "
-            "per interval): something keeps tensors alive from one iteration to the next.", steps ? steps : "most", hb(first).s, hb(last).s,
-            hb(step > 0 ? step : 0).s);
+            "per interval): something keeps tensors alive from one iteration to the next.", steps ? steps : "most", og_hb(first).s, og_hb(last).s,
+            og_hb(step > 0 ? step : 0).s);
     else
         why(r, "Live memory grows over the run: something keeps tensors alive from one iteration to the next.");
     switch (x->fw) {
@@ -617,11 +561,11 @@ static bool b_expandable_segments(const rctx_t *x, og_remedy_t *r)
 {
     const og_record_t *rec = x->rec;
     if (x->has[C_FRAG]) {
-        why(r, "%s is cached but unused", x->cached_known ? hb((double)x->cached).s : "Memory");
+        why(r, "%s is cached but unused", x->cached_known ? og_hb((double)x->cached).s : "Memory");
         if (x->largest_known)
-            why(r, " while the largest free block is only %s", hb((double)x->largest).s);
+            why(r, " while the largest free block is only %s", og_hb((double)x->largest).s);
         why(r, ": with expandable segments the allocator grows its segments in place instead of needing a new "
-            "contiguous %s.", hb((double)x->req).s);
+            "contiguous %s.", og_hb((double)x->req).s);
     } else
         why(r, "Reduces fragmentation, the usual reason for a failure while memory is cached but unused.");
     if (rec->max_split_set)
@@ -630,9 +574,9 @@ static bool b_expandable_segments(const rctx_t *x, og_remedy_t *r)
         why(r, " This is a PyTorch setting; the framework was not detected.");
     char conf[200];
     if (rec->pytorch_alloc_conf[0])
-        fmt(conf, sizeof conf, "%.120s,expandable_segments:True", rec->pytorch_alloc_conf);
+        og_fmt(conf, sizeof conf, "%.120s,expandable_segments:True", rec->pytorch_alloc_conf);
     else
-        fmt(conf, sizeof conf, "expandable_segments:True");
+        og_fmt(conf, sizeof conf, "expandable_segments:True");
     how(r, "%sexport PYTORCH_CUDA_ALLOC_CONF=%s   # before the process starts", pt(x), conf);
     how(r, "Windows PowerShell: $env:PYTORCH_CUDA_ALLOC_CONF=\"%s\"", conf);
     if (!rec->max_split_set)
@@ -651,8 +595,8 @@ static bool b_inference_mode(const rctx_t *x, og_remedy_t *r)
         why(r, "For inference or evaluation nothing needs to be kept for backward: typically 30-50%% less memory.");
         if (x->shortfall && x->live) {
             double s = (double)x->shortfall / (double)x->live;
-            why(r, " %s is missing, %s of the %s live: %s.", hb((double)x->shortfall).s,
-                pct((double)x->shortfall, (double)x->live).s, hb((double)x->live).s,
+            why(r, " %s is missing, %s of the %s live: %s.", og_hb((double)x->shortfall).s,
+                og_pct((double)x->shortfall, (double)x->live).s, og_hb((double)x->live).s,
                 s <= 0.30 ? "likely enough" : s <= 0.50 ? "may be enough" : "not enough alone");
         }
     }
@@ -754,7 +698,7 @@ static bool b_shorter_sequences(const rctx_t *x, og_remedy_t *r)
     why(r, "Without a fused attention kernel attention memory grows with the square of the sequence length: "
         "2048 -> 1024 tokens cuts it by about 75%%.");
     if (x->shortfall)
-        why(r, " %s more is needed.", hb((double)x->shortfall).s);
+        why(r, " %s more is needed.", og_hb((double)x->shortfall).s);
     how(r, "tokenizer(texts, truncation=True, max_length=1024)   # Hugging Face tokenizers");
     how(r, "Lower max_seq_len / block_size in the training or serving config.");
     if (x->fw == OG_FW_TENSORFLOW)
@@ -825,7 +769,7 @@ static bool b_quantization(const rctx_t *x, og_remedy_t *r)
         "fp16, ~70 GB in int8, ~35-40 GB in 4-bit).");
     if (x->shortfall)
         why(r, " 8-bit covers the %s missing if at least %s of the %s held are fp16 weights.",
-            hb((double)x->shortfall).s, hb(2.0 * (double)x->shortfall).s, hb((double)x->footprint).s);
+            og_hb((double)x->shortfall).s, og_hb(2.0 * (double)x->shortfall).s, og_hb((double)x->footprint).s);
     const char *cdt = x->cc_known && x->cc < 80 ? "float16" : "bfloat16";
     if (x->fw == OG_FW_JAX || x->fw == OG_FW_TENSORFLOW)
         how(r, "Load pre-quantized int8/4-bit weights (AWQ, GPTQ) in a runtime that serves them, e.g. vLLM; the "
@@ -902,7 +846,7 @@ static bool b_cpu_offload(const rctx_t *x, og_remedy_t *r)
     why(r, "Keep part of the model in host RAM and bring it over when needed: it fits, but steps get 3-10x "
         "slower (offload to disk is slower still).");
     if (x->shortfall)
-        why(r, " At least %s has to move off the GPU.", hb((double)x->shortfall).s);
+        why(r, " At least %s has to move off the GPU.", og_hb((double)x->shortfall).s);
     unsigned long long budget = x->total ? (unsigned long long)((double)x->total * 0.85 / GIB) : 0;
     if (budget < 1)
         budget = 1;
@@ -942,13 +886,13 @@ static bool b_bigger_gpu(const rctx_t *x, og_remedy_t *r)
         }
     if (fit >= 0) {
         why(r, "The job needs about %s (%s held + %s requested); this card has %s. The smallest common card that "
-            "fits is %d GB (%s).", hb((double)need).s, hb((double)x->footprint).s, hb((double)x->req).s,
-            hb((double)x->total).s, cards[fit].gb, cards[fit].cards);
+            "fits is %d GB (%s).", og_hb((double)need).s, og_hb((double)x->footprint).s, og_hb((double)x->req).s,
+            og_hb((double)x->total).s, cards[fit].gb, cards[fit].cards);
         how(r, "Run on a %d GB card (%s), e.g. rented for the run.", cards[fit].gb, cards[fit].cards);
     } else {
         why(r, "The job needs about %s (%s held + %s requested): no single common card (up to 141 GB) fits it with "
-            "room to spare; shrink the model or split it across GPUs.", hb((double)need).s,
-            hb((double)x->footprint).s, hb((double)x->req).s);
+            "room to spare; shrink the model or split it across GPUs.", og_hb((double)need).s,
+            og_hb((double)x->footprint).s, og_hb((double)x->req).s);
         how(r, "Split across GPUs (tensor parallel or ZeRO-3/FSDP) or quantize, then pick the card count.");
     }
     how(r, "Or a smaller model of the same family (e.g. 70B -> 13B).");

@@ -1,0 +1,58 @@
+/* See advice_text.h. */
+#include "advice_text.h"
+
+#include <stdio.h>
+
+#define KIB 1024.0
+#define MIB (1024.0 * 1024.0)
+#define GIB (1024.0 * 1024.0 * 1024.0)
+#define TIB (1024.0 * 1024.0 * 1024.0 * 1024.0)
+
+void og_vfmt(char *dst, size_t n, const char *fmt, va_list ap)
+{
+    if (n)
+        vsnprintf(dst, n, fmt, ap);
+}
+
+void og_fmt(char *dst, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    og_vfmt(dst, n, fmt, ap);
+    va_end(ap);
+}
+
+og_hb_t og_hb(double b)
+{
+    og_hb_t h;
+    if (b != b || b < 0)
+        b = 0;
+    if (b >= TIB)
+        og_fmt(h.s, sizeof h.s, "%.2f TiB", b / TIB);
+    else if (b >= GIB)
+        og_fmt(h.s, sizeof h.s, "%.2f GiB", b / GIB);
+    else if (b >= 100 * MIB)
+        og_fmt(h.s, sizeof h.s, "%.0f MiB", b / MIB);
+    else if (b >= MIB)
+        og_fmt(h.s, sizeof h.s, "%.1f MiB", b / MIB);
+    else if (b >= KIB)
+        og_fmt(h.s, sizeof h.s, "%.1f KiB", b / KIB);
+    else
+        og_fmt(h.s, sizeof h.s, "%.0f B", b);
+    return h;
+}
+
+og_pc_t og_pct(double part, double whole)
+{
+    og_pc_t p;
+    double v = whole > 0 ? 100.0 * part / whole : -1;
+    if (v < 0)
+        og_fmt(p.s, sizeof p.s, "n/a");
+    else if (v > 0 && v < 1)
+        og_fmt(p.s, sizeof p.s, "<1%%");
+    else if (v > 9999)
+        og_fmt(p.s, sizeof p.s, ">9999%%");
+    else
+        og_fmt(p.s, sizeof p.s, "%.0f%%", v);
+    return p;
+}

@@ -1,0 +1,26 @@
+/* Number and text helpers shared by the diagnosis and the remedies (pure, no allocation). */
+#ifndef OG_ADVICE_TEXT_H
+#define OG_ADVICE_TEXT_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "record.h"
+
+static inline int known(uint64_t v) { return v != OG_UNKNOWN; }
+static inline uint64_t sub0(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
+static inline uint64_t add_sat(uint64_t a, uint64_t b) { return a >= UINT64_MAX - 1 - b ? UINT64_MAX - 1 : a + b; }
+
+void og_vfmt(char *dst, size_t n, const char *fmt, va_list ap) __attribute__((format(printf, 3, 0)));
+void og_fmt(char *dst, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* human units for sentences: 1.30 GiB, 512 MiB, 12.5 MiB, 3.0 KiB, 17 B */
+typedef struct { char s[24]; } og_hb_t;
+og_hb_t og_hb(double bytes);
+
+/* a share as text: 12%, <1%, >9999%, n/a */
+typedef struct { char s[16]; } og_pc_t;
+og_pc_t og_pct(double part, double whole);
+
+#endif
