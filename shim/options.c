@@ -183,8 +183,11 @@ void og_options_print(void)
         const char *env = getenv(d->env);
         if (d->type == OG_OPT_STRING)
             og_log("  %-24s = %-10s %s%s", d->env, string_slot(i), d->help, env ? "" : " (default)");
-        else if (d->type == OG_OPT_PERCENT)
-            og_log("  %-24s = %-9.2f%% %s%s", d->env, *opt_slot(i) / 100.0, d->help, env ? "" : " (default)");
+        else if (d->type == OG_OPT_PERCENT) {
+            char v[32];
+            snprintf(v, sizeof v, "%.2f%%", *opt_slot(i) / 100.0);
+            og_log("  %-24s = %-10s %s%s", d->env, v, d->help, env ? "" : " (default)");
+        }
         else
             og_log("  %-24s = %-10lld %s%s", d->env, *opt_slot(i), d->help, env ? "" : " (default)");
     }
