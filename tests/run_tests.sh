@@ -17,7 +17,9 @@ PRELOAD="$SHIM"
 if [ "${SANITIZE:-}" = 1 ]; then
     # The sanitizer runtime must come first in the initial library list.
     PRELOAD="$(${CC:-cc} -print-file-name=libasan.so) $SHIM"
-    export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=1}
+    # `oomguard run` puts the shim first in LD_PRELOAD, ahead of the sanitizer runtime that the
+    # programs themselves link: allow that order (the runtime is still loaded, from the program)
+    export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=1:verify_asan_link_order=0}
     export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 fi
 export LD_LIBRARY_PATH="$ROOT/$B/sim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
