@@ -620,6 +620,16 @@ static void set_pending(const og_record_t *r, const char *path)
     og_sb_free(&sb);
 }
 
+/* A fork child writes its own file (its own pid) and may have been forked while another
+ * thread held the summary lock. */
+void og_dump_atfork_child(void)
+{
+    pthread_mutex_init(&pending_lock, NULL);
+    pending[0] = 0;
+    atomic_store(&written_severity, -1);
+    atomic_store(&dumps_written, 0);
+}
+
 void og_dump_atexit(void)
 {
     pthread_mutex_lock(&pending_lock);

@@ -24,6 +24,7 @@ static void atfork_child(void)
     og_ledger_atfork_child();
     og_oom_atfork_child();
     og_framework_atfork_child();
+    og_dump_atfork_child();
 }
 
 static void print_hooks(void)

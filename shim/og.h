@@ -238,6 +238,7 @@ typedef struct og_episode {
 void og_oom_init(void);
 void og_oom_atfork_child(void);
 void og_framework_atfork_child(void);
+void og_dump_atfork_child(void);
 void og_on_oom(og_call_t *c, uint64_t size, int kind, CUresult r, bool by_limit);
 /* dump.c: the record of a failure, written before the failing call returns */
 void og_report_failure(const og_episode_t *ep, og_call_t *c);
