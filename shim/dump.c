@@ -647,7 +647,6 @@ void og_write_record(og_record_t *rec)
         og_log("%s dump written: %s", rec->status, path[0] ? path : "(stderr)");
 }
 
-static char last_path[4800];
 
 void og_report_failure(const og_episode_t *ep, og_call_t *c)
 {
@@ -659,10 +658,11 @@ void og_report_failure(const og_episode_t *ep, og_call_t *c)
     og_record_t *rec = og_record_capture("oom", ep, ep->device);
     if (!rec)
         return;
-    write_dump(rec, last_path, sizeof last_path);
-    set_pending(rec, last_path);
+    char path[4800];
+    write_dump(rec, path, sizeof path);
+    set_pending(rec, path);
     if (og_opt.verbose)
-        og_log("dump written: %s", last_path[0] ? last_path : "(stderr)");
+        og_log("dump written: %s", path[0] ? path : "(stderr)");
     og_record_free(rec);
 }
 
@@ -674,9 +674,10 @@ void og_report_recovered(const og_episode_t *ep, og_call_t *c)
     og_record_t *rec = og_record_capture("recovered", ep, ep->device);
     if (!rec)
         return;
-    write_dump(rec, last_path, sizeof last_path);
+    char path[4800];
+    write_dump(rec, path, sizeof path);
     if (og_opt.verbose)
         og_log("device %d: recovered after %d failed attempt(s); dump updated: %s", ep->device, ep->attempts,
-               last_path);
+               path);
     og_record_free(rec);
 }

@@ -175,9 +175,12 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     OG_BEGIN(cuMemRelease);
-    CUresult r = real(handle);
-    if (c.active && r == CUDA_SUCCESS)
+    /* Ledger first: once the driver has freed the handle it may hand the same value to another
+     * thread's cuMemCreate.  A release the driver refuses is a program error on a handle the
+     * ledger then no longer holds; the result still reaches the caller unchanged. */
+    if (c.active)
         og_track_vmm_release(&c, handle);
+    CUresult r = real(handle);
     OG_END(r);
 }
 
@@ -203,9 +206,9 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
 CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
     OG_BEGIN(cuMemUnmap);
-    CUresult r = real(ptr, size);
-    if (c.active && r == CUDA_SUCCESS)
+    if (c.active)                        /* before the driver frees anything: see cuMemRelease */
         og_track_vmm_unmap(&c, (uintptr_t)ptr, size);
+    CUresult r = real(ptr, size);
     OG_END(r);
 }
 
@@ -286,5 +289,28 @@ CUresult cuMemPoolDestroy(CUmemoryPool pool)
     CUresult r = real(pool);
     if (c.active && r == CUDA_SUCCESS)
         og_track_pool_destroy(pool);
+    OG_END(r);
+}
+
+/* ------------------------------------------------------------------ context reset */
+
+/* The driver frees every cuMemAlloc/cuMemAllocManaged block of the primary context without
+ * a cuMemFree each: drop them from the ledger too (pools and VMM memory are device objects
+ * and survive). */
+CUresult cuDevicePrimaryCtxReset(CUdevice dev)
+{
+    OG_BEGIN(cuDevicePrimaryCtxReset);
+    CUresult r = real(dev);
+    if (c.active && r == CUDA_SUCCESS)
+        og_track_context_reset(&c, (int)dev);
+    OG_END(r);
+}
+
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    OG_BEGIN(cuDevicePrimaryCtxReset_v2);
+    CUresult r = real(dev);
+    if (c.active && r == CUDA_SUCCESS)
+        og_track_context_reset(&c, (int)dev);
     OG_END(r);
 }

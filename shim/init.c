@@ -6,6 +6,7 @@
 
 OG_TLS int og_in_shim;
 atomic_int og_ready;
+atomic_int og_exiting;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
 static void atfork_prepare(void)
@@ -64,6 +65,7 @@ __attribute__((constructor)) static void og_constructor(void) { og_init_slow(); 
 __attribute__((destructor)) static void og_destructor(void)
 {
     if (atomic_load(&og_ready)) {
+        atomic_store(&og_exiting, 1);
         og_in_shim++;
         og_dump_atexit();
         og_summary_atexit();

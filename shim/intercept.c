@@ -168,6 +168,13 @@ CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuin
 
 /* ------------------------------------------------------------------ dlsym override */
 
+/* When we answer NULL for a driver function the driver does not have, dlerror() must say so
+ * as glibc would (callers such as ctypes read it): a lookup that cannot succeed sets it. */
+OG_NO_SANITIZE static void set_dlerror(void *handle, const char *name)
+{
+    (void)dlvsym(handle, name, "OOMGUARD_NOT_PROVIDED_BY_THE_DRIVER");
+}
+
 /* dlsym(explicit handle, name): the handle, not the caller, decides the answer, so calling
  * glibc from here is exact.  A hooked name found there is answered with our wrapper. */
 OG_NO_SANITIZE __attribute__((visibility("hidden"))) void *og_dlsym_handle(void *handle, const char *name)
@@ -176,19 +183,31 @@ OG_NO_SANITIZE __attribute__((visibility("hidden"))) void *og_dlsym_handle(void 
     if (!real)
         return NULL;
     int id = og_hook_find(name);
-    if (id < 0 || real == og_hooks[id].wrapper)
+    if (id < 0)
         return real;
+    if (real == og_hooks[id].wrapper) {      /* found our own export (e.g. on dlopen(NULL)) */
+        if (og_resolve_real(id))
+            return real;
+        set_dlerror(handle, name);
+        return NULL;
+    }
     remember_real(id, real);
     return og_hooks[id].wrapper;
 }
 
-/* dlsym(RTLD_DEFAULT, name) for a hooked name: our wrapper if the real function exists. */
+/* dlsym(RTLD_DEFAULT, name) for a hooked name: our wrapper if the real function exists, else
+ * OG_DLSYM_NONE (the caller answers NULL: glibc would find our own export and make a missing
+ * driver function look present).  NULL: not ours, ask glibc. */
+#define OG_DLSYM_NONE ((void *)1)
 OG_NO_SANITIZE __attribute__((visibility("hidden"))) void *og_dlsym_default_hook(const char *name)
 {
     int id = og_hook_find(name);
     if (id < 0)
         return NULL;
-    return og_resolve_real(id) ? og_hooks[id].wrapper : NULL;
+    if (og_resolve_real(id))
+        return og_hooks[id].wrapper;
+    set_dlerror(RTLD_DEFAULT, name);
+    return OG_DLSYM_NONE;
 }
 
 /* RTLD_DEFAULT and RTLD_NEXT lookups depend on who calls: glibc reads its return address
@@ -225,7 +244,10 @@ __asm__(
     "    .cfi_adjust_cfa_offset -8\n"
     "    testq %rax, %rax\n"
     "    jz 2f\n"
-    "    ret\n"
+    "    cmpq $1, %rax\n"               /* OG_DLSYM_NONE: a hooked name the driver lacks */
+    "    jne 5f\n"
+    "    xorl %eax, %eax\n"
+    "5:  ret\n"
     "2:  movq og_real_dlsym_ptr(%rip), %rax\n"
     "    testq %rax, %rax\n"
     "    jz 3f\n"
@@ -264,7 +286,7 @@ OG_EXPORT void *dlsym(void *handle, const char *name)
     if (handle == RTLD_DEFAULT) {
         void *w = og_dlsym_default_hook(name);
         if (w)
-            return w;
+            return w == OG_DLSYM_NONE ? NULL : w;
     }
     og_dlsym_fn f = og_resolve_real_dlsym();
     OG_MUSTTAIL return f(handle, name);

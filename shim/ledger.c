@@ -613,6 +613,16 @@ void og_track_vmm_create(og_call_t *c, CUmemGenericAllocationHandle handle, uint
     h->t_ns = t;
     h->site = site;
     pthread_mutex_lock(&vmm_lock);
+    vmm_handle_t *stale;
+    uint64_t key = handle;
+    HASH_FIND(hh, vmm_handles, &key, sizeof key, stale);
+    if (stale) {
+        /* The driver reused the value: the old handle was freed by a release or unmap whose
+         * ledger update has not run yet (or that we never saw).  Its memory is gone. */
+        stale->refs = 0;
+        stale->mappings = 0;
+        vmm_maybe_free(stale, t);
+    }
     HASH_ADD(hh, vmm_handles, handle, sizeof(uint64_t), h);
     pthread_mutex_unlock(&vmm_lock);
     dev_t_ *d = dev_of(device);
@@ -719,6 +729,35 @@ void og_track_vmm_unmap(og_call_t *c, uintptr_t va, uint64_t size)
     pthread_mutex_unlock(&vmm_lock);
 }
 
+void og_track_context_reset(og_call_t *c, int device)
+{
+    dev_t_ *d = dev_of(device);
+    if (!d)
+        return;
+    uint64_t t = og_ticks(), gone = 0;
+    for (int i = 0; i < SHARDS; i++) {
+        shard_t *s = &shards[i];
+        og_spin_lock(&s->lock);
+        og_block_t *b, *tmp;
+        HASH_ITER(hh, s->table, b, tmp) {
+            if (b == &s->sentinel || b->device != device ||
+                (b->kind != OG_KIND_PLAIN && b->kind != OG_KIND_MANAGED))
+                continue;
+            HASH_DEL(s->table, b);
+            shard_count(s, b, -1);
+            gone += b->size;
+            block_put(s, b);
+        }
+        int64_t pending = s->pending[device];   /* settle this shard's batched share */
+        s->pending[device] = 0;
+        og_spin_unlock(&s->lock);
+        if (pending)
+            tracked_add(d, pending, t);
+    }
+    uint64_t live = tracked_add(d, -(int64_t)gone, t);
+    history_add(OG_EV_FREE, c->hook, device, gone, live, t);
+}
+
 void og_track_limit_refusal(og_call_t *c, uint64_t size, int kind)
 {
     dev_t_ *d = dev_of(c->device);
@@ -797,29 +836,12 @@ CUmemoryPool og_device_current_pool(int device)
     return p;
 }
 
-/* Fold the pool's current reservation into its device (caller holds pool_lock). */
-static void pool_fold(pool_t *p)
+/* Fold a reservation read from the driver into the pool's device.  The driver is asked
+ * without pool_lock held (a lock of ours must never wait on the driver); two readers may
+ * apply in either order, the next refresh settles it. */
+static void pool_apply(CUmemoryPool pool, uint64_t now)
 {
-    uint64_t now = pool_reserved_now(p->pool);
-    if (now == UINT64_MAX || now == p->reserved)
-        return;
-    dev_t_ *d = dev_of(p->device);
-    int64_t delta = (int64_t)(now - p->reserved);
-    p->reserved = now;
-    if (!d)
-        return;
-    atomic_fetch_add(&d->pool_reserved, (uint64_t)delta);
-    uint64_t t = og_ticks();
-    uint64_t live = tracked_add(d, delta, t);
-    history_add(delta > 0 ? OG_EV_POOL_GROW : OG_EV_POOL_SHRINK, OG_H_COUNT, p->device,
-                (uint64_t)(delta > 0 ? delta : -delta), live, t);
-    if (delta < 0)
-        og_note_free(p->device, (uint64_t)-delta);
-}
-
-void og_track_pool_use(og_call_t *c, CUmemoryPool pool, int device)
-{
-    if (!pool)
+    if (now == UINT64_MAX)
         return;
     pthread_mutex_lock(&pool_lock);
     pool_t *p = NULL;
@@ -828,25 +850,56 @@ void og_track_pool_use(og_call_t *c, CUmemoryPool pool, int device)
             p = &pools[i];
             break;
         }
-    if (!p && npools < MAX_POOLS) {
-        p = &pools[npools++];
-        p->pool = pool;
-        p->device = device;
-        p->reserved = 0;
+    if (!p || now == p->reserved) {
+        pthread_mutex_unlock(&pool_lock);
+        return;
     }
-    if (p)
-        pool_fold(p);
+    int device = p->device;
+    int64_t delta = (int64_t)(now - p->reserved);
+    p->reserved = now;
+    dev_t_ *d = dev_of(device);
+    if (d) {
+        atomic_fetch_add(&d->pool_reserved, (uint64_t)delta);
+        uint64_t t = og_ticks();
+        uint64_t live = tracked_add(d, delta, t);
+        history_add(delta > 0 ? OG_EV_POOL_GROW : OG_EV_POOL_SHRINK, OG_H_COUNT, device,
+                    (uint64_t)(delta > 0 ? delta : -delta), live, t);
+    }
     pthread_mutex_unlock(&pool_lock);
+    if (d && delta < 0)
+        og_note_free(device, (uint64_t)-delta);
+}
+
+void og_track_pool_use(og_call_t *c, CUmemoryPool pool, int device)
+{
+    if (!pool)
+        return;
+    pthread_mutex_lock(&pool_lock);
+    bool known = false;
+    for (int i = 0; i < npools && !known; i++)
+        known = pools[i].pool == pool;
+    if (!known && npools < MAX_POOLS) {
+        pools[npools].pool = pool;
+        pools[npools].device = device;
+        pools[npools].reserved = 0;
+        npools++;
+    }
+    pthread_mutex_unlock(&pool_lock);
+    pool_apply(pool, pool_reserved_now(pool));
     og_warn_check(device, og_ledger_tracked(device));
 }
 
 void og_track_pool_refresh(CUmemoryPool pool)
 {
+    CUmemoryPool list[MAX_POOLS];
+    int n = 0;
     pthread_mutex_lock(&pool_lock);
     for (int i = 0; i < npools; i++)
         if (!pool || pools[i].pool == pool)
-            pool_fold(&pools[i]);
+            list[n++] = pools[i].pool;
     pthread_mutex_unlock(&pool_lock);
+    for (int i = 0; i < n; i++)
+        pool_apply(list[i], pool_reserved_now(list[i]));
 }
 
 /* Called before the real cuMemPoolDestroy: the pool's reservation goes with it. */
@@ -877,7 +930,10 @@ void og_ledger_stats(int device, oomguard_device_stats_t *out)
     dev_t_ *d = dev_of(device);
     if (!d)
         return;
-    og_track_pool_refresh(NULL);    /* pools shrink at synchronisation points we do not hook */
+    /* pools shrink at synchronisation points we do not hook; not at exit, when the runtime
+     * may already have destroyed them */
+    if (!atomic_load(&og_exiting))
+        og_track_pool_refresh(NULL);
     for (int i = 0; i < SHARDS; i++) {
         shard_t *sh = &shards[i];
         og_spin_lock(&sh->lock);

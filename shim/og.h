@@ -14,6 +14,7 @@
 
 /* cuda.h maps base names onto their newest ABI; the shim names exact ABIs itself. */
 #undef cuGetProcAddress
+#undef cuDevicePrimaryCtxReset
 
 #define OG_EXPORT __attribute__((visibility("default")))
 #define OG_TLS    __thread __attribute__((tls_model("initial-exec")))
@@ -197,6 +198,7 @@ typedef struct og_taken {
 void og_free_begin(og_call_t *c, uintptr_t addr, og_taken_t *tk);
 void og_free_end(og_call_t *c, og_taken_t *tk, CUresult r);
 void og_track_limit_refusal(og_call_t *c, uint64_t size, int kind);
+void og_track_context_reset(og_call_t *c, int device);
 void og_track_failure(og_call_t *c, uint64_t size, int kind, CUresult r);
 void og_track_vmm_create(og_call_t *c, CUmemGenericAllocationHandle h, uint64_t size, int device);
 void og_track_vmm_release(og_call_t *c, CUmemGenericAllocationHandle h);
@@ -281,6 +283,7 @@ void og_dump_atexit(void);
 
 extern OG_TLS int og_in_shim;
 extern atomic_int og_ready;
+extern atomic_int og_exiting;      /* set by the destructor: the driver may be torn down */
 void og_init_slow(void);
 
 static inline void og_enter(og_call_t *c, int hook, void *caller)

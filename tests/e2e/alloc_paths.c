@@ -115,5 +115,16 @@ int main(int argc, char **argv)
     }
     check_device(0, "end");
     check_device(1, "end");
+
+    /* cudaDeviceReset frees the device's cudaMalloc blocks without a cudaFree each */
+    must(cudaSetDevice(1), "cudaSetDevice");
+    void *r1, *r2;
+    must(cudaMalloc(&r1, 5 * MiB), "cudaMalloc before reset");
+    must(cudaMalloc(&r2, 123457), "cudaMalloc before reset");
+    check_device(1, "before cudaDeviceReset");
+    must(cudaDeviceReset(), "cudaDeviceReset");
+    check_device(1, "after cudaDeviceReset");
+    must(cudaMalloc(&r1, 1 * MiB), "cudaMalloc after reset");
+    check_device(1, "allocating after cudaDeviceReset");
     return check_finish(argv[0]);
 }
