@@ -296,7 +296,10 @@ static void capture_ledger(og_record_t *rec, int device)
         goto out;
     og_ledger_foreach(agg_block, &a);
 
-    /* by library */
+    /* by library: resolve the sites' libraries first (it may add libraries to the table) */
+    for (uint32_t s = 0; s < a.nsites; s++)
+        if (a.site_blocks[s])
+            (void)og_site_lib(og_site_get(s));
     uint16_t nlibs = og_lib_count();
     uint64_t *lib_bytes = calloc(nlibs, sizeof *lib_bytes), *lib_blocks = calloc(nlibs, sizeof *lib_blocks);
     if (!lib_bytes || !lib_blocks) {
@@ -310,7 +313,7 @@ static void capture_ledger(og_record_t *rec, int device)
             continue;
         order[n++] = s;
         const og_site_t *site = og_site_get(s);
-        uint16_t lib = site ? site->lib : 0;
+        uint16_t lib = og_site_lib(site);
         if (lib < nlibs) {
             lib_bytes[lib] += a.site_bytes[s];
             lib_blocks[lib] += a.site_blocks[s];
@@ -351,7 +354,7 @@ static void capture_ledger(og_record_t *rec, int device)
         og_top_site_t *t = &rec->sites[rec->nsites++];
         t->bytes = a.site_bytes[order[i]];
         t->blocks = a.site_blocks[order[i]];
-        snprintf(t->library, sizeof t->library, "%s", site ? og_lib_name(site->lib) : "unknown");
+        snprintf(t->library, sizeof t->library, "%s", site ? og_lib_name(og_site_lib(site)) : "unknown");
         snprintf(t->api, sizeof t->api, "%s",
                  api_name(a.site_hook[order[i]], site && site->depth ? site->frames[0] : 0));
         for (int f = 0; site && f < site->depth && f < 16; f++)
@@ -458,7 +461,7 @@ og_record_t *og_record_capture(const char *status, const og_episode_t *ep, int d
         rec->event.recovered_t = ep->recovered ? rec->time - (double)(og_now_ns() - ep->recovered_t_ns) / 1e9 : 0;
         const og_site_t *site = og_site_get(ep->site);
         snprintf(rec->event.library, sizeof rec->event.library, "%s",
-                 site ? og_lib_name(site->lib) : og_lib_name(og_lib_of((uintptr_t)ep->caller)));
+                 site ? og_lib_name(og_site_lib(site)) : og_lib_name(og_lib_of((uintptr_t)ep->caller)));
         for (int f = 0; site && f < site->depth && f < 32; f++)
             symbolize(site->frames[f], &rec->event.frames[rec->event.nframes++], true);
     }

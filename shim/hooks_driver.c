@@ -221,7 +221,10 @@ static CUresult after_pool_alloc(og_call_t *c, CUresult r, CUdeviceptr *dptr, ui
 {
     if (!c->active)
         return r;
-    c->device = og_current_device();
+    /* an explicit pool may belong to another GPU than the current one: ask the block */
+    c->device = pool && r == CUDA_SUCCESS && dptr ? og_pointer_device((uintptr_t)*dptr) : -1;
+    if (c->device < 0)
+        c->device = og_current_device();
     if (!pool && c->device >= 0)
         pool = og_device_current_pool(c->device);
     og_track_pool_use(c, pool, c->device);

@@ -248,6 +248,22 @@ int og_current_device(void)
     return f(&d) == CUDA_SUCCESS ? (int)d : -1;
 }
 
+typedef CUresult (*ptr_attr_fn)(void *, CUpointer_attribute, CUdeviceptr);
+static _Atomic(ptr_attr_fn) ptr_attr;
+
+int og_pointer_device(uintptr_t addr)
+{
+    ptr_attr_fn f = atomic_load_explicit(&ptr_attr, memory_order_acquire);
+    if (!f) {
+        f = (ptr_attr_fn)og_cuda_sym("cuPointerGetAttribute");
+        if (!f)
+            return -1;
+        atomic_store_explicit(&ptr_attr, f, memory_order_release);
+    }
+    int ordinal = -1;
+    return f(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, (CUdeviceptr)addr) == CUDA_SUCCESS ? ordinal : -1;
+}
+
 static inline dev_t_ *dev_of(int device)
 {
     return device >= 0 && device < OG_MAX_DEVICES ? &devs[device] : NULL;

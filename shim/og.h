@@ -148,7 +148,9 @@ typedef struct og_site {
     uintptr_t frames[];       /* depth entries, innermost first */
 } og_site_t;
 
+#define OG_LIB_UNRESOLVED 0xFFFF
 uint32_t og_site_capture(void *caller);            /* unwinds (or uses caller), dedups */
+uint16_t og_site_lib(const og_site_t *site);       /* calling library (resolved on first use) */
 const og_site_t *og_site_get(uint32_t id);
 uint32_t og_site_count(void);
 const char *og_lib_name(uint16_t lib);
@@ -186,6 +188,7 @@ typedef struct og_call {
 
 void og_ledger_init(void);
 int og_current_device(void);
+int og_pointer_device(uintptr_t addr);          /* device ordinal of a device pointer, -1 */
 void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind);
 typedef struct og_taken {
     bool found;

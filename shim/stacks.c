@@ -4,8 +4,7 @@
  * A site is created once per distinct stack and never freed, so a block records only a
  * 32-bit site id.  The hot path is: unwind, hash, look in a per-thread cache; the shared
  * table (sharded, one mutex per shard) is touched only on a miss.  Symbolisation (dladdr)
- * happens when a site is first seen, outside every lock, because dladdr takes the loader
- * lock and a thread inside dlopen may be waiting on us. */
+ * waits until a dump needs it: dladdr takes the loader lock. */
 #define UNW_LOCAL_ONLY
 #include <libunwind.h>
 
@@ -147,14 +146,10 @@ static og_site_t *site_new(uint64_t hash, const uintptr_t *frames, int n)
     s->hash = hash;
     s->depth = (uint16_t)n;
     memcpy(s->frames, frames, (size_t)n * sizeof frames[0]);
-    /* Attribution: the first frame outside the CUDA libraries and the shim. */
-    uint16_t lib = 0;
-    for (int i = 0; i < n; i++) {
-        lib = og_lib_of(frames[i] - (i ? 1 : 0));   /* return addresses point past the call */
-        if (og_lib_class(lib) != OG_LIBCLASS_CUDA)
-            break;
-    }
-    s->lib = lib;
+    /* Attribution needs dladdr, which takes the loader lock: it is done when a dump needs it
+     * (og_site_lib), never on the allocation path, where the caller may hold locks of its own
+     * that a thread inside dlopen is waiting for. */
+    s->lib = OG_LIB_UNRESOLVED;
     return s;
 }
 
@@ -237,6 +232,23 @@ uint32_t og_site_capture(void *caller)
     tls_cache[slot].hash = h;
     tls_cache[slot].id = s->id;
     return s->id;
+}
+
+uint16_t og_site_lib(const og_site_t *site)
+{
+    if (!site)
+        return 0;
+    uint16_t lib = __atomic_load_n(&site->lib, __ATOMIC_ACQUIRE);
+    if (lib != OG_LIB_UNRESOLVED)
+        return lib;
+    lib = 0;
+    for (int i = 0; i < site->depth; i++) {   /* the first frame outside CUDA and the shim */
+        lib = og_lib_of(site->frames[i] - (i ? 1 : 0));   /* return addresses point past the call */
+        if (og_lib_class(lib) != OG_LIBCLASS_CUDA)
+            break;
+    }
+    __atomic_store_n((uint16_t *)&site->lib, lib, __ATOMIC_RELEASE);
+    return lib;
 }
 
 const og_site_t *og_site_get(uint32_t id)
