@@ -121,10 +121,14 @@ int main(int argc, char **argv)
             if (cudaMalloc(&p[i], 256) != cudaSuccess)
                 abort();
         void *big;
+        size_t free0 = 0, free1 = 0, total = 0;
+        cudaMemGetInfo(&free0, &total);
         double t0 = now();
         cudaError_t e = cudaMalloc(&big, (size_t)1 << 60);
         double t1 = now();
-        printf("%.4f\n", t1 - t0);
+        cudaMemGetInfo(&free1, &total);
+        /* seconds, and device bytes the failure (and its dump) took: must be 0 */
+        printf("%.4f %lld\n", t1 - t0, (long long)free0 - (long long)free1);
         return e == cudaSuccess;
     }
     fprintf(stderr, "bad arguments\n");

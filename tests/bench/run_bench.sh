@@ -46,6 +46,7 @@ echo
 base=$("$bench" blocks $BLOCKS)
 with=$(pre env OOMGUARD_STACK_DEPTH=0 "$bench" blocks $BLOCKS)
 row "RSS per live block ($BLOCKS blocks)" "$base B" "$with B" "$(awk "BEGIN{printf \"%.0f B\", $with-$base}")" "<=128 B"
-base=$("$bench" dump $BLOCKS)
-with=$(pre env OOMGUARD_STACK_DEPTH=16 "$bench" dump $BLOCKS)
+read -r base _ <<<"$("$bench" dump $BLOCKS)"
+read -r with took <<<"$(pre env OOMGUARD_STACK_DEPTH=16 "$bench" dump $BLOCKS)"
 row "failing cudaMalloc, $BLOCKS live blocks" "${base} s" "${with} s" "$(awk "BEGIN{printf \"%.3f s\", $with-$base}")" "<=0.5 s"
+row "device memory taken by writing that dump" "" "$took B" "" "0 B"
