@@ -47,7 +47,7 @@ static bool refused(og_call_t *c, int device, uint64_t bytes, int kind)
     if (!og_limit_active() || !c->active)
         return false;
     if (device < 0)
-        device = og_current_device();
+        device = c->device = og_current_device();   /* kept: the tracking after the call needs it */
     if (device < 0 || !og_limit_refuses(c, device, bytes, kind == OG_KIND_POOL))
         return false;
     og_track_limit_refusal(c, bytes, kind);
@@ -231,51 +231,38 @@ static CUresult after_pool_alloc(og_call_t *c, CUresult r, CUdeviceptr *dptr, ui
     return after_alloc(c, r, dptr, bytes, OG_KIND_POOL);
 }
 
-CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
-{
-    OG_BEGIN(cuMemAllocAsync);
-    OG_LIMIT(-1, bytesize, OG_KIND_POOL);
-    CUresult r = after_pool_alloc(&c, real(dptr, bytesize, hStream), dptr, bytesize, NULL);
-    OG_END(r);
-}
+/* The legacy-stream and per-thread-stream (_ptsz) entry points differ only in which stream
+ * "0" means; one body serves both. */
+#define OG_ALLOC_ASYNC(name)                                                                   \
+    CUresult name(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)                        \
+    {                                                                                          \
+        OG_BEGIN(name);                                                                        \
+        OG_LIMIT(-1, bytesize, OG_KIND_POOL);                                                  \
+        CUresult r = after_pool_alloc(&c, real(dptr, bytesize, hStream), dptr, bytesize, NULL); \
+        OG_END(r);                                                                             \
+    }
+#define OG_ALLOC_FROM_POOL(name)                                                               \
+    CUresult name(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)     \
+    {                                                                                          \
+        OG_BEGIN(name);                                                                        \
+        OG_LIMIT(-1, bytesize, OG_KIND_POOL);                                                  \
+        CUresult r = after_pool_alloc(&c, real(dptr, bytesize, pool, hStream), dptr, bytesize, pool); \
+        OG_END(r);                                                                             \
+    }
+#define OG_FREE_ASYNC(name)                                                                    \
+    CUresult name(CUdeviceptr dptr, CUstream hStream)                                          \
+    {                                                                                          \
+        OG_BEGIN(name);                                                                        \
+        OG_FREE_CALL(dptr, real(dptr, hStream));                                               \
+        OG_END(r);                                                                             \
+    }
 
-CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
-{
-    OG_BEGIN(cuMemAllocAsync_ptsz);
-    OG_LIMIT(-1, bytesize, OG_KIND_POOL);
-    CUresult r = after_pool_alloc(&c, real(dptr, bytesize, hStream), dptr, bytesize, NULL);
-    OG_END(r);
-}
-
-CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
-{
-    OG_BEGIN(cuMemAllocFromPoolAsync);
-    OG_LIMIT(-1, bytesize, OG_KIND_POOL);
-    CUresult r = after_pool_alloc(&c, real(dptr, bytesize, pool, hStream), dptr, bytesize, pool);
-    OG_END(r);
-}
-
-CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
-{
-    OG_BEGIN(cuMemAllocFromPoolAsync_ptsz);
-    OG_LIMIT(-1, bytesize, OG_KIND_POOL);
-    CUresult r = after_pool_alloc(&c, real(dptr, bytesize, pool, hStream), dptr, bytesize, pool);
-    OG_END(r);
-}
-
-CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
-{
-    OG_BEGIN(cuMemFreeAsync);
-    OG_FREE_CALL(dptr, real(dptr, hStream));
-    OG_END(r);
-}
-
-CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
-{
-    OG_BEGIN(cuMemFreeAsync_ptsz);
-    OG_FREE_CALL(dptr, real(dptr, hStream));
-    OG_END(r);
-}
+OG_ALLOC_ASYNC(cuMemAllocAsync)
+OG_ALLOC_ASYNC(cuMemAllocAsync_ptsz)
+OG_ALLOC_FROM_POOL(cuMemAllocFromPoolAsync)
+OG_ALLOC_FROM_POOL(cuMemAllocFromPoolAsync_ptsz)
+OG_FREE_ASYNC(cuMemFreeAsync)
+OG_FREE_ASYNC(cuMemFreeAsync_ptsz)
 
 CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
 {
@@ -300,20 +287,14 @@ CUresult cuMemPoolDestroy(CUmemoryPool pool)
 /* The driver frees every cuMemAlloc/cuMemAllocManaged block of the primary context without
  * a cuMemFree each: drop them from the ledger too (pools and VMM memory are device objects
  * and survive). */
-CUresult cuDevicePrimaryCtxReset(CUdevice dev)
-{
-    OG_BEGIN(cuDevicePrimaryCtxReset);
-    CUresult r = real(dev);
-    if (c.active && r == CUDA_SUCCESS)
-        og_track_context_reset(&c, (int)dev);
-    OG_END(r);
-}
-
-CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
-{
-    OG_BEGIN(cuDevicePrimaryCtxReset_v2);
-    CUresult r = real(dev);
-    if (c.active && r == CUDA_SUCCESS)
-        og_track_context_reset(&c, (int)dev);
-    OG_END(r);
-}
+#define OG_CTX_RESET(name)                                  \
+    CUresult name(CUdevice dev)                             \
+    {                                                       \
+        OG_BEGIN(name);                                     \
+        CUresult r = real(dev);                             \
+        if (c.active && r == CUDA_SUCCESS)                  \
+            og_track_context_reset(&c, (int)dev);           \
+        OG_END(r);                                          \
+    }
+OG_CTX_RESET(cuDevicePrimaryCtxReset)       /* ABI of CUDA 7.0 (what libcudart asks for) */
+OG_CTX_RESET(cuDevicePrimaryCtxReset_v2)    /* ABI of CUDA 11.0 */
