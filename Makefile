@@ -14,8 +14,11 @@ B         ?= build
 CC        ?= cc
 
 CUDA_INC  := $(CUDA_HOME)/include
+# Only targets that compile need cuda.h: clean, help and deps work without it.
 ifeq ($(wildcard $(CUDA_INC)/cuda.h),)
+ifneq ($(filter-out clean help deps,$(or $(MAKECMDGOALS),all)),)
 $(error cuda.h not found in $(CUDA_INC): install the CUDA toolkit headers or set CUDA_HOME=/path/to/cuda)
+endif
 endif
 
 WARN      := -Wall -Wextra -Wno-unused-parameter -Wshadow -Wstrict-prototypes
@@ -25,9 +28,14 @@ ifeq ($(SANITIZE),1)
 SAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 B         := build-san
 endif
+# ThreadSanitizer (docs/testing.md: what it cannot see and how the tests handle it)
+ifeq ($(SANITIZE),thread)
+SAN_FLAGS := -fsanitize=thread -fno-omit-frame-pointer
+B         := build-tsan
+endif
 ALL_CFLAGS = $(BASE_CFLAGS) $(CFLAGS) $(SAN_FLAGS)
 
-DEB_DEPS  := build-essential uthash-dev libunwind-dev libcmocka-dev libcjson-dev python3 chromium clang libclang-rt-14-dev
+DEB_DEPS  := build-essential uthash-dev libunwind-dev libcmocka-dev libcjson-dev python3 chromium clang libclang-rt-14-dev libdw-dev python3-yaml
 
 .PHONY: all test bench demo install clean deps help
 all:
@@ -53,7 +61,28 @@ install: all
 	install -m 0644 README.md LICENSE docs/*.md $(DESTDIR)$(PREFIX)/share/doc/oomguard/
 
 clean:
-	rm -rf build build-san
+	rm -rf build build-san $(B)
+
+help:
+	@echo "oomguard: make [target] [VARIABLE=value ...]"
+	@echo "targets:"
+	@echo "  all            liboomguard.so, the oomguard command, the simulated GPU, examples (default)"
+	@echo "  test           every test suite (ends with 'N passed, N failed')"
+	@echo "  test-cli       the oomguard command's tests only"
+	@echo "  bench          benchmarks (docs/benchmarks.md)"
+	@echo "  demo           realistic OOM scenarios on the simulated GPU"
+	@echo "  fuzz-smoke     fuzz the dump reader for FUZZ_SECONDS (default 20)"
+	@echo "  install        into DESTDIR/PREFIX (default /usr/local)"
+	@echo "  deps           install the Debian packages the build needs (DEB_DEPS)"
+	@echo "  clean          remove build, build-san and B"
+	@echo "variables:"
+	@echo "  B=DIR          build directory (default build; build-san with SANITIZE=1)"
+	@echo "  SANITIZE=1     AddressSanitizer + UndefinedBehaviorSanitizer build"
+	@echo "  SANITIZE=thread  ThreadSanitizer build (default B=build-tsan)"
+	@echo "  soak           16 threads x 2 devices x SOAK_OPS (1M) operations with injected failures,"
+	@echo "                 ASan and TSan builds: the ledger equals the simulator's truth (minutes)"
+	@echo "  CUDA_HOME=DIR  where include/cuda.h is (default /usr/local/cuda)"
+	@echo "  CC, CFLAGS, LDFLAGS, PREFIX, DESTDIR"
 
 $(B):
 	@mkdir -p $@

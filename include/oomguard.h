@@ -52,12 +52,56 @@ typedef struct oomguard_framework_stats {
      * own allocator snapshot (PyTorch: torch.cuda.memory._snapshot()), recorded in the dump as
      * memory.framework.snapshot_file and used by `oomguard report --format memory-viz` */
     const char *snapshot_path;
+    /* added with the JAX/CuPy adapters (read only when struct_size covers them; NULL/0 = unknown) */
+    const char *framework;               /* "pytorch" | "jax" | "tensorflow" | "cupy" */
+    const char *api;                     /* the framework's allocator: "torch.cuda.caching_allocator", ... */
+    uint64_t requested_bytes;            /* the request the framework failed */
+    uint64_t cap_bytes;                  /* a cap the framework imposes on itself (memory fraction, set_limit) */
+    const char *cap_source;              /* the setting behind it: "torch.cuda.set_per_process_memory_fraction(0.5)" */
+    uint64_t peak_bytes;                 /* the framework's peak (jax peak_bytes_in_use) */
+    int32_t grad_enabled;                /* 1 autograd on at the failure, -1 off, 0 unknown */
+    int32_t training;                    /* 1 training seen, -1 inference/eval only, 0 unknown */
+    const char *python_stack;            /* "file\tline\tfunction\n" per frame, innermost first */
+    const char *python_sites;            /* "file\tline\tfunction\tbytes\tblocks\n", most live bytes first */
+    const char *unmeasured_why;          /* why something the adapter should know is missing */
+    uint64_t flags;                      /* OOMGUARD_FW_* */
 } oomguard_framework_stats_t;
+
+/* flags: the byte counts above were not filled (only the Python lines, e.g. from a query):
+ * the shim keeps the numbers it had. */
+#define OOMGUARD_FW_NO_NUMBERS 1u
 
 /* Returns 0, or -1 for a NULL struct or one older than the first release of this struct. Safe from any thread, at any time.
  * Called while a failure on that device is still open (an adapter's out-of-memory hook),
  * the failure's dump is rewritten with the framework's numbers. */
 int oomguard_framework_report(const oomguard_framework_stats_t *stats);
+
+/* The framework failed a request: an adapter's out-of-memory observer or exception hook calls
+ * this with requested_bytes (and cap_bytes/cap_source when the framework capped itself).
+ * If a driver call on that device failed just before (within OOMGUARD_RETRY_WINDOW_MS and
+ * still unrecovered), that failure's dump is rewritten with these numbers, as by
+ * oomguard_framework_report().  Otherwise the failure happened inside the framework's own
+ * allocator (PyTorch's memory fraction, the XLA arena, CuPy's pool limit): the shim writes a
+ * full dump for it, status "oom", event.api = `api`.  Returns 0, or -1 as above. */
+int oomguard_framework_oom(const oomguard_framework_stats_t *stats);
+
+/* Being asked at the failure.  An adapter may register one query; the shim calls it from a
+ * failing driver allocation, on the failing thread, before it writes the dump, and copies
+ * what the query put into *out (strings must stay valid until the query returns).
+ *
+ * The failing thread may hold the framework's allocator lock (PyTorch's caching allocator
+ * calls cudaMalloc under it), so a query that took a lock, or the Python GIL, could deadlock
+ * against a thread that holds that lock and waits for the allocator.  Hence the rules:
+ *   - a query never takes a lock and never calls the framework's allocator or CUDA;
+ *   - with OOMGUARD_QUERY_NEEDS_GIL (every Python query) it is called only when the failing
+ *     thread already holds the GIL (its attached thread state is the interpreter's current
+ *     one), never to acquire it; Python's cyclic GC is paused around it, so no finalizer
+ *     runs inside the failing call;
+ *   - it is not called again from inside itself, nor while the shim writes a dump.
+ * When it is skipped the dump says why in memory.unmeasured.  Returns 0; fn NULL removes it. */
+typedef int (*oomguard_query_fn)(void *ctx, int device, oomguard_framework_stats_t *out);
+#define OOMGUARD_QUERY_NEEDS_GIL 1u
+int oomguard_framework_set_query(oomguard_query_fn fn, void *ctx, unsigned flags);
 
 /* Library version string, e.g. "0.1.0". */
 const char *oomguard_version(void);

@@ -2,6 +2,7 @@
 #include "advice_text.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #define KIB 1024.0
 #define MIB (1024.0 * 1024.0)
@@ -55,4 +56,38 @@ og_pc_t og_pct(double part, double whole)
     else
         og_fmt(p.s, sizeof p.s, "%.0f%%", v);
     return p;
+}
+
+int og_framework_of(const char *base, const char *path)
+{
+    if (!base)
+        return OG_FW_UNKNOWN;
+    if (!path)
+        path = base;
+    if (strncmp(base, "libtorch", 8) == 0 || strncmp(base, "libc10_cuda", 11) == 0 || strncmp(base, "libc10.", 7) == 0)
+        return OG_FW_PYTORCH;
+    if (strncmp(base, "xla_extension", 13) == 0 || strstr(path, "/jaxlib/") || strncmp(base, "libjax", 6) == 0 ||
+        strncmp(base, "libxla", 6) == 0 || strncmp(base, "_xla", 4) == 0)
+        return OG_FW_JAX;
+    if (strncmp(base, "libtensorflow", 13) == 0 || strncmp(base, "_pywrap_tensorflow", 18) == 0)
+        return OG_FW_TENSORFLOW;
+    if (strstr(path, "/cupy/") || strstr(path, "/cupy_backends/") || strncmp(base, "libcupy", 7) == 0)
+        return OG_FW_CUPY;
+    return OG_FW_UNKNOWN;
+}
+
+const char *og_fw_display(int fw, const char *unknown)
+{
+    switch (fw) {
+    case OG_FW_PYTORCH: return "PyTorch";
+    case OG_FW_JAX: return "JAX";
+    case OG_FW_TENSORFLOW: return "TensorFlow";
+    case OG_FW_CUPY: return "CuPy";
+    default: return unknown;
+    }
+}
+
+const char *og_plural(long long n, const char *one, const char *many)
+{
+    return n == 1 ? one : many;
 }

@@ -23,4 +23,11 @@ og_hb_t og_hb(double bytes);
 typedef struct { char s[16]; } og_pc_t;
 og_pc_t og_pct(double part, double whole);
 
+/* enum og_framework of a library from its file name and path (OG_FW_UNKNOWN when none) */
+int og_framework_of(const char *base, const char *path);
+/* display name: PyTorch, JAX, TensorFlow, CuPy; `unknown` for OG_FW_UNKNOWN */
+const char *og_fw_display(int fw, const char *unknown);
+/* "1 process" / "2 processes": singular or plural noun after a count */
+const char *og_plural(long long n, const char *one, const char *many);
+
 #endif

@@ -3,6 +3,7 @@
  * CUDA call made here passes through our hooks untracked) and allocates no device memory. */
 #include "og.h"
 #include "record.h"
+#include "advice_text.h"
 
 #include <ctype.h>
 #include <dlfcn.h>
@@ -61,13 +62,10 @@ static void capture_process(og_record_t *rec)
     }
     int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
     if (fd >= 0) {
-        ssize_t n = read(fd, rec->cmdline, sizeof rec->cmdline - 1);
+        char raw[sizeof rec->cmdline];
+        ssize_t n = read(fd, raw, sizeof raw);
         close(fd);
-        for (ssize_t i = 0; i < n - 1; i++)
-            if (rec->cmdline[i] == 0)
-                rec->cmdline[i] = ' ';
-        if (n > 0)
-            rec->cmdline[n] = 0;
+        og_cmdline_join(raw, n > 0 ? (size_t)n : 0, rec->cmdline, sizeof rec->cmdline);
     }
 }
 
@@ -86,10 +84,6 @@ static bool env_allowed(const char *kv)
         return false;
     memcpy(name, kv, name_len);
     name[name_len] = 0;
-    static const char *const deny[] = {"TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "KEY"};
-    for (size_t i = 0; i < sizeof deny / sizeof *deny; i++)
-        if (strcasestr(name, deny[i]))
-            return false;
     for (size_t i = 0; i < sizeof exact / sizeof *exact; i++)
         if (strcmp(name, exact[i]) == 0)
             return true;
@@ -104,8 +98,13 @@ static void capture_env(og_record_t *rec)
     for (char **e = environ; e && *e; e++) {
         if (!env_allowed(*e))
             continue;
+        /* a credential-looking name keeps its name, never its value, even under CUDA_ & co */
+        char name[128];
+        size_t name_len = strcspn(*e, "=");
+        snprintf(name, sizeof name, "%.*s", (int)name_len, *e);   /* env_allowed: < 128 */
         if (rec->nenv < (int)(sizeof rec->env / sizeof rec->env[0]))
-            snprintf(rec->env[rec->nenv++], sizeof rec->env[0], "%s", *e);
+            snprintf(rec->env[rec->nenv++], sizeof rec->env[0], "%s%s", name,
+                     og_secret_env_name(name) ? "=<redacted>" : *e + name_len);
     }
     const char *conf = getenv("PYTORCH_CUDA_ALLOC_CONF");
     if (!conf)
@@ -124,18 +123,7 @@ static void capture_env(og_record_t *rec)
 
 /* ------------------------------------------------------------------ framework detection */
 
-static int framework_of(const char *base, const char *path)
-{
-    if (strncmp(base, "libtorch_cuda", 13) == 0 || strncmp(base, "libc10_cuda", 11) == 0)
-        return OG_FW_PYTORCH;
-    if (strncmp(base, "xla_extension", 13) == 0 || strstr(path, "/jaxlib/") || strncmp(base, "libjax", 6) == 0)
-        return OG_FW_JAX;
-    if (strncmp(base, "libtensorflow", 13) == 0 || strncmp(base, "_pywrap_tensorflow", 18) == 0)
-        return OG_FW_TENSORFLOW;
-    if (strstr(path, "/cupy/") || strstr(path, "/cupy_backends/"))
-        return OG_FW_CUPY;
-    return OG_FW_UNKNOWN;
-}
+static int framework_of(const char *base, const char *path) { return og_framework_of(base, path); }
 
 static int phdr_cb(struct dl_phdr_info *info, size_t size, void *arg)
 {
@@ -173,20 +161,16 @@ static void capture_framework(og_record_t *rec)
 
 /* ------------------------------------------------------------------ device */
 
-typedef CUresult (*name_fn)(char *, int, CUdevice);
-typedef CUresult (*attr_fn)(int *, CUdevice_attribute, CUdevice);
-typedef CUresult (*bus_fn)(char *, int, CUdevice);
-typedef CUresult (*count_fn)(int *);
 
 static void capture_device(og_record_t *rec, int device)
 {
     rec->device.index = device;
     rec->device.limit_bytes = OG_UNKNOWN;
     rec->device.total_bytes = rec->device.free_bytes = OG_UNKNOWN;
-    name_fn name = (name_fn)og_cuda_sym("cuDeviceGetName");
-    attr_fn attr = (attr_fn)og_cuda_sym("cuDeviceGetAttribute");
-    bus_fn bus = (bus_fn)og_cuda_sym("cuDeviceGetPCIBusId");
-    count_fn count = (count_fn)og_cuda_sym("cuDeviceGetCount");
+    og_cfn_cuDeviceGetName name = OG_CALL(cuDeviceGetName);
+    og_cfn_cuDeviceGetAttribute attr = OG_CALL(cuDeviceGetAttribute);
+    og_cfn_cuDeviceGetPCIBusId bus = OG_CALL(cuDeviceGetPCIBusId);
+    og_cfn_cuDeviceGetCount count = OG_CALL(cuDeviceGetCount);
     if (name && name(rec->device.name, sizeof rec->device.name, device) != CUDA_SUCCESS)
         rec->device.name[0] = 0;
     if (attr) {
@@ -209,13 +193,15 @@ static void capture_device(og_record_t *rec, int device)
         snprintf(rec->memory.unmeasured[rec->memory.nunmeasured++], 160,
                  "free memory: device %d is not the calling thread's current device", device);
     rec->device.limit_bytes = og_limit_bytes(device);
+    /* the limit text must speak the check's own accounting (context included) */
+    rec->device.limit_usage_bytes = rec->device.limit_bytes == OG_UNKNOWN ? OG_UNKNOWN : og_limit_usage(device);
 }
 
 /* ------------------------------------------------------------------ ledger: libraries and sites */
 
 typedef struct {
     int device;
-    uint64_t *site_bytes, *site_blocks;
+    uint64_t *site_bytes, *site_blocks, *site_pool;
     uint8_t *site_hook;
     uint32_t nsites;
     uint64_t pool_used;
@@ -229,21 +215,13 @@ static void agg_block(const og_block_view_t *b, void *arg)
     a->site_bytes[b->site] += b->size;
     a->site_blocks[b->site]++;
     a->site_hook[b->site] = (uint8_t)b->hook;
+    if (b->kind == OG_KIND_POOL)
+        a->site_pool[b->site] += b->size;
 }
 
 static void symbolize(uintptr_t ip, og_frame_t *f, bool return_address)
 {
-    memset(f, 0, sizeof *f);
-    f->ip = ip;
-    Dl_info info;
-    /* a return address points after the call: look up the call itself */
-    if (dladdr((void *)(ip - (return_address ? 1 : 0)), &info)) {
-        const char *p = info.dli_fname ? strrchr(info.dli_fname, '/') : NULL;
-        snprintf(f->library, sizeof f->library, "%s", p ? p + 1 : info.dli_fname ? info.dli_fname : "?");
-        if (info.dli_sname)
-            snprintf(f->symbol, sizeof f->symbol, "%s", info.dli_sname);
-        f->offset = ip - (uintptr_t)info.dli_fbase;
-    }
+    og_frame_describe(ip, return_address, f);   /* stacks.c: library, path, build-id, symbol */
 }
 
 static const char *api_name(int hook, uintptr_t caller)
@@ -291,8 +269,9 @@ static void capture_ledger(og_record_t *rec, int device)
     a.site_bytes = calloc(a.nsites, sizeof *a.site_bytes);
     a.site_blocks = calloc(a.nsites, sizeof *a.site_blocks);
     a.site_hook = calloc(a.nsites, 1);
+    a.site_pool = calloc(a.nsites, sizeof *a.site_pool);
     uint32_t *order = calloc(a.nsites, sizeof *order);
-    if (!a.site_bytes || !a.site_blocks || !a.site_hook || !order)
+    if (!a.site_bytes || !a.site_blocks || !a.site_hook || !a.site_pool || !order)
         goto out;
     og_ledger_foreach(agg_block, &a);
 
@@ -302,9 +281,11 @@ static void capture_ledger(og_record_t *rec, int device)
             (void)og_site_lib(og_site_get(s));
     uint16_t nlibs = og_lib_count();
     uint64_t *lib_bytes = calloc(nlibs, sizeof *lib_bytes), *lib_blocks = calloc(nlibs, sizeof *lib_blocks);
-    if (!lib_bytes || !lib_blocks) {
+    uint64_t *lib_pool = calloc(nlibs, sizeof *lib_pool);
+    if (!lib_bytes || !lib_blocks || !lib_pool) {
         free(lib_bytes);
         free(lib_blocks);
+        free(lib_pool);
         goto out;
     }
     uint32_t n = 0;
@@ -317,7 +298,23 @@ static void capture_ledger(og_record_t *rec, int device)
         if (lib < nlibs) {
             lib_bytes[lib] += a.site_bytes[s];
             lib_blocks[lib] += a.site_blocks[s];
+            lib_pool[lib] += a.site_pool[s];
         }
+    }
+    /* whose stream-ordered pools: the library that took most from them owns their slack */
+    int pool_owner = -1;
+    for (uint16_t l = 0; l < nlibs; l++)
+        if (lib_pool[l] && (pool_owner < 0 || lib_pool[l] > lib_pool[pool_owner]))
+            pool_owner = l;
+    bool pool_fw = pool_owner >= 0 && og_lib_class((uint16_t)pool_owner) == OG_LIBCLASS_FRAMEWORK;
+    if (pool_owner >= 0) {
+        snprintf(rec->memory.pool_owner, sizeof rec->memory.pool_owner, "%s", og_lib_name((uint16_t)pool_owner));
+        rec->memory.pool_owner_fw = pool_fw ? 1 : 2;
+    } else if (rec->memory.pool_reserved > rec->memory.pool_used) {
+        /* an idle pool (nothing handed out now): the framework's only if its allocator is set to use pools */
+        pool_fw = strstr(rec->pytorch_alloc_conf, "cudaMallocAsync") ||
+                  strcmp(rec->tf_gpu_allocator, "cuda_malloc_async") == 0;
+        rec->memory.pool_owner_fw = pool_fw ? 1 : 2;
     }
     for (int k = 0; k < 32; k++) {         /* the 32 largest holders, largest first */
         int best = -1;
@@ -331,18 +328,33 @@ static void capture_ledger(og_record_t *rec, int device)
         u->bytes = lib_bytes[best];
         u->blocks = lib_blocks[best];
         u->framework = og_lib_class((uint16_t)best) == OG_LIBCLASS_FRAMEWORK;
+        u->fw_kind = og_framework_of(u->library, u->library);
+        if (u->framework && u->fw_kind == OG_FW_UNKNOWN)
+            u->fw_kind = rec->framework;      /* OOMGUARD_FRAMEWORK_LIBS: a custom allocator of the framework */
+        u->pool_bytes = lib_pool[best];
         if (u->framework)
             rec->memory.framework_bytes += u->bytes;
         lib_blocks[best] = 0;
     }
     free(lib_bytes);
     free(lib_blocks);
-    /* what pools reserve beyond the blocks they handed out is held by the pools themselves */
+    free(lib_pool);
+    /* what pools reserve beyond the blocks they handed out is held by the pools themselves:
+     * the framework's cache when its allocator owns the pool (PyTorch's cudaMallocAsync backend) */
     if (rec->memory.pool_reserved > rec->memory.pool_used && rec->memory.nlibs < 32) {
         og_lib_usage_t *u = &rec->memory.by_library[rec->memory.nlibs++];
-        snprintf(u->library, sizeof u->library, "(stream-ordered pool cache)");
+        if (rec->memory.pool_owner[0])
+            snprintf(u->library, sizeof u->library, "(stream-ordered pool cache of %.80s)", rec->memory.pool_owner);
+        else
+            snprintf(u->library, sizeof u->library, "(stream-ordered pool cache)");
         u->bytes = rec->memory.pool_reserved - rec->memory.pool_used;
         u->blocks = 0;
+        u->framework = pool_fw;
+        u->fw_kind = pool_fw ? og_framework_of(rec->memory.pool_owner, rec->memory.pool_owner) : OG_FW_UNKNOWN;
+        if (pool_fw && u->fw_kind == OG_FW_UNKNOWN)
+            u->fw_kind = rec->framework;
+        if (pool_fw)
+            rec->memory.framework_bytes += u->bytes;
     }
     if (rec->memory.nlibs)
         snprintf(rec->history.peak_library, sizeof rec->history.peak_library, "%s", rec->memory.by_library[0].library);
@@ -364,6 +376,7 @@ out:
     free(a.site_bytes);
     free(a.site_blocks);
     free(a.site_hook);
+    free(a.site_pool);
     free(order);
 }
 
@@ -403,6 +416,102 @@ static void capture_history(og_record_t *rec, int device)
     }
 }
 
+/* ------------------------------------------------------------------ peers of the same job */
+
+/* Reads /proc/PID/FILE into buf (NUL-separated fields kept); returns the length, -1 when unreadable. */
+static ssize_t read_proc(int pid, const char *file, char *buf, size_t n)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/%s", pid, file);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t got = 0, r;
+    while ((size_t)got < n - 1 && (r = read(fd, buf + got, n - 1 - (size_t)got)) > 0)
+        got += r;
+    close(fd);
+    buf[got < 0 ? 0 : got] = 0;
+    return got;
+}
+
+/* value of NAME in a NUL-separated environment block, or NULL */
+static const char *env_in(const char *blk, ssize_t len, const char *name)
+{
+    size_t l = strlen(name);
+    for (ssize_t i = 0; i < len;) {
+        const char *e = blk + i;
+        size_t el = strnlen(e, (size_t)(len - i));
+        if (el > l && strncmp(e, name, l) == 0 && e[l] == '=')
+            return e + l + 1;
+        i += (ssize_t)el + 1;
+    }
+    return NULL;
+}
+
+/* Which other processes on the device are visible here and belong to this job: the same
+ * command line and, where the launcher says so, the same job (run id, master port, job id)
+ * or ranks of the same world.  Only rank/job variables are read from their environment. */
+static void capture_peers(og_record_t *rec)
+{
+    static const char *const job_vars[] = {"TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "MASTER_PORT", "PBS_JOBID",
+                                           "LSB_JOBID", "JOB_ID", NULL};
+    static const char *const rank_vars[] = {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", NULL};
+    static const char *const world_vars[] = {"WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", NULL};
+    char *buf = malloc(65536);
+    char *cmd = malloc(sizeof rec->cmdline);
+    if (!buf || !cmd)
+        goto out;
+    for (int i = 0; i < rec->memory.nother && i < 32; i++) {
+        og_other_proc_t *o = &rec->memory.other[i];
+        o->rank = -1;
+        char path[64];
+        snprintf(path, sizeof path, "/proc/%d", o->pid);
+        o->visible = o->pid > 0 && access(path, F_OK) == 0;
+        if (!o->visible)
+            continue;
+        /* a child of ours (a DataLoader worker that touched CUDA) belongs to this job */
+        ssize_t sn = read_proc(o->pid, "stat", buf, 4096);
+        const char *rp = sn > 0 ? strrchr(buf, ')') : NULL;
+        int ppid = -1;
+        if (rp && sscanf(rp + 1, " %*c %d", &ppid) == 1 && ppid == rec->pid)
+            o->child = o->same_job = true;
+        ssize_t n = read_proc(o->pid, "cmdline", buf, sizeof rec->cmdline);
+        if (n <= 0)
+            continue;
+        og_cmdline_join(buf, (size_t)n, cmd, sizeof rec->cmdline);   /* redacted like ours */
+        bool same_cmd = strcmp(cmd, rec->cmdline) == 0;
+        ssize_t en = read_proc(o->pid, "environ", buf, 65536);
+        bool job_match = false, job_differs = false, ranked = false;
+        if (en > 0) {
+            for (const char *const *v = job_vars; *v; v++) {
+                const char *theirs = env_in(buf, en, *v), *ours = getenv(*v);
+                if (theirs && ours && *ours) {
+                    if (strcmp(theirs, ours) == 0)
+                        job_match = true;
+                    else
+                        job_differs = true;
+                }
+            }
+            for (const char *const *v = rank_vars; *v && o->rank < 0; v++) {
+                const char *r = env_in(buf, en, *v);
+                char *end;
+                long x = r && *r ? strtol(r, &end, 10) : -1;
+                if (r && *r && *end == 0 && x >= 0)
+                    o->rank = x;
+            }
+            for (const char *const *v = world_vars; *v; v++) {
+                const char *w = env_in(buf, en, *v);
+                if (w && rec->world_size > 0 && strtol(w, NULL, 10) == rec->world_size)
+                    ranked = o->rank >= 0;
+            }
+        }
+        o->same_job = o->child || (same_cmd && !job_differs && (job_match || ranked));
+    }
+out:
+    free(buf);
+    free(cmd);
+}
+
 /* ------------------------------------------------------------------ the whole record */
 
 static void derive(og_record_t *rec, const og_episode_t *ep)
@@ -419,12 +528,96 @@ static void derive(og_record_t *rec, const og_episode_t *ep)
         rec->memory.framework_cached_bytes = rec->memory.pool_reserved - rec->memory.pool_used;
         rec->memory.framework_cached_source = "pool";
     }
+    /* unknown is not zero: say which part of the framework's memory was not measured, and why */
+    if (rec->memory.framework_cached_bytes == OG_UNKNOWN &&
+        (rec->memory.framework_bytes > 0 || rec->framework != OG_FW_UNKNOWN) && rec->memory.nunmeasured < 8) {
+        const char *fwn = og_fw_display(rec->framework, "the framework");
+        if (fw->unmeasured_why[0])
+            snprintf(rec->memory.unmeasured[rec->memory.nunmeasured++], 160,
+                     "framework cache: %s's reserved-but-unused memory (%.100s)", fwn, fw->unmeasured_why);
+        else if (ep && og_framework_of(rec->event.library, rec->event.library) == OG_FW_UNKNOWN &&
+                 rec->event.library[0] && rec->memory.framework_bytes > 0)
+            snprintf(rec->memory.unmeasured[rec->memory.nunmeasured++], 160,
+                     "framework cache: %s's unused reserve (the failing call came from %.30s, outside its "
+                     "allocator: cache kept, no adapter numbers)", fwn, rec->event.library);
+        else
+            snprintf(rec->memory.unmeasured[rec->memory.nunmeasured++], 160,
+                     "framework cache: %s's reserved-but-unused memory (no adapter numbers and no release "
+                     "between attempts to measure it)", fwn);
+    }
     uint64_t used = rec->memory.process_used_bytes;
     rec->memory.non_framework_bytes = used == OG_UNKNOWN ? OG_UNKNOWN
                                       : used > rec->memory.framework_bytes ? used - rec->memory.framework_bytes : 0;
     rec->memory.context_bytes_estimate = used == OG_UNKNOWN ? OG_UNKNOWN
                                          : used > rec->memory.process_tracked_bytes
                                              ? used - rec->memory.process_tracked_bytes : 0;
+}
+
+/* The record of an episode's first failed attempt, per device: a recovered dump keeps the
+ * numbers of the failure (those after the retry no longer show what failed).  Swapped with
+ * atomics: no lock to inherit across fork, no lock on the failure path. */
+static _Atomic(og_record_t *) first_fail[OG_MAX_DEVICES];
+
+static og_record_t *record_copy(const og_record_t *src)
+{
+    og_record_t *c = malloc(sizeof *c);
+    if (!c)
+        return NULL;
+    *c = *src;
+    c->history.events = NULL;
+    if (src->history.nevents > 0 && src->history.events) {
+        c->history.events = malloc((size_t)src->history.nevents * sizeof *c->history.events);
+        if (!c->history.events)
+            c->history.nevents = 0;
+        else
+            memcpy(c->history.events, src->history.events, (size_t)src->history.nevents * sizeof *c->history.events);
+    }
+    return c;
+}
+
+static void keep_first_failure(const og_record_t *rec, const og_episode_t *ep, int device)
+{
+    if (!ep || ep->attempts != 1 || device < 0 || device >= OG_MAX_DEVICES || strcmp(rec->status, "oom") != 0)
+        return;
+    og_record_t *c = record_copy(rec);
+    if (!c)
+        return;
+    c->event.recovered_t = (double)ep->first_t_ns;    /* the episode's key until it is used */
+    og_record_t *old = atomic_exchange(&first_fail[device], c);
+    og_record_free(old);
+}
+
+/* The kept first attempt of this episode, updated with how it recovered; NULL if none. */
+static og_record_t *recovered_from_first(const og_record_t *now, const og_episode_t *ep, int device)
+{
+    if (!ep || !ep->recovered || device < 0 || device >= OG_MAX_DEVICES)
+        return NULL;
+    og_record_t *f = atomic_exchange(&first_fail[device], NULL);
+    if (!f)
+        return NULL;
+    if (f->event.recovered_t != (double)ep->first_t_ns) {
+        og_record_free(f);
+        return NULL;
+    }
+    f->status = now->status;
+    f->event.attempts = ep->attempts;
+    f->event.released_between_attempts_bytes = ep->released;
+    f->event.recovered = true;
+    f->event.recovered_requested_bytes = ep->recovered_requested;
+    f->event.recovered_t = now->event.recovered_t;
+    if (f->memory.framework_cached_bytes == OG_UNKNOWN && ep->released > 0) {
+        f->memory.framework_cached_bytes = ep->released;
+        f->memory.framework_cached_source = "retry_release";
+        /* the cache is measured now: drop the line that said it was not */
+        for (int i = 0; i < f->memory.nunmeasured; i++)
+            if (strncmp(f->memory.unmeasured[i], "framework cache:", 16) == 0) {
+                memmove(f->memory.unmeasured[i], f->memory.unmeasured[i + 1],
+                        (size_t)(f->memory.nunmeasured - i - 1) * sizeof f->memory.unmeasured[0]);
+                f->memory.nunmeasured--;
+                break;
+            }
+    }
+    return f;
 }
 
 og_record_t *og_record_capture(const char *status, const og_episode_t *ep, int device)
@@ -439,16 +632,26 @@ og_record_t *og_record_capture(const char *status, const og_episode_t *ep, int d
     capture_device(rec, device);
     capture_ledger(rec, device);
     og_nvml_measure(rec);
+    if (rec->memory.nunmeasured < (int)(sizeof rec->memory.unmeasured / sizeof rec->memory.unmeasured[0]) &&
+        og_ledger_unmeasured(device, rec->memory.unmeasured[rec->memory.nunmeasured], sizeof rec->memory.unmeasured[0]))
+        rec->memory.nunmeasured++;
+    capture_peers(rec);
     og_framework_view_get(&rec->memory.fw);
     if (rec->memory.fw.has && rec->memory.fw.device != device)
         rec->memory.fw.has = false;          /* numbers for another device */
+    /* Python lines handed in before this failure began belong to an older one */
+    if (!ep || rec->memory.fw.reported_t_ns < ep->first_t_ns)
+        rec->memory.fw.npy_frames = rec->memory.fw.npy_sites = 0;
     capture_history(rec, device);
 
     rec->event.device = device;
     if (ep) {
+        bool in_fw = ep->hook < 0 || ep->hook >= OG_H_COUNT;   /* inside the framework's allocator */
         rec->event.requested_bytes = ep->requested;
-        rec->event.driver_api = og_hooks[ep->hook].name;
-        rec->event.api = api_name(ep->hook, (uintptr_t)ep->caller);
+        rec->event.driver_api = in_fw ? "" : og_hooks[ep->hook].name;
+        rec->event.api = !in_fw ? api_name(ep->hook, (uintptr_t)ep->caller)
+                         : rec->memory.fw.api[0] ? rec->memory.fw.api : "framework allocator";
+        rec->event.framework_internal = in_fw;
         rec->event.stream_ordered = ep->kind == OG_KIND_POOL;
         rec->event.result = ep->result;
         rec->event.caused_by_limit = ep->by_limit;
@@ -464,6 +667,22 @@ og_record_t *og_record_capture(const char *status, const og_episode_t *ep, int d
                  site ? og_lib_name(og_site_lib(site)) : og_lib_name(og_lib_of((uintptr_t)ep->caller)));
         for (int f = 0; site && f < site->depth && f < 32; f++)
             symbolize(site->frames[f], &rec->event.frames[rec->event.nframes++], true);
+        /* advice follows the framework of the failing call (several can share a process) */
+        int ffw = og_framework_of(rec->event.library, rec->event.library);
+        if (ffw != OG_FW_UNKNOWN && strcmp(og_opt.framework_s, "auto") == 0)
+            rec->framework = ffw;
+    }
+    /* an adapter that reported a framework's numbers is evidence of that framework */
+    if (rec->memory.fw.has && rec->framework == OG_FW_UNKNOWN) {
+        const char *n = rec->memory.fw.framework[0] ? rec->memory.fw.framework : rec->memory.fw.source;
+        if (strstr(n, "torch"))
+            rec->framework = OG_FW_PYTORCH;
+        else if (strstr(n, "jax") || strstr(n, "xla"))
+            rec->framework = OG_FW_JAX;
+        else if (strstr(n, "tensorflow") || strstr(n, "tf"))
+            rec->framework = OG_FW_TENSORFLOW;
+        else if (strstr(n, "cupy"))
+            rec->framework = OG_FW_CUPY;
     }
     derive(rec, ep);
 
@@ -475,6 +694,7 @@ og_record_t *og_record_capture(const char *status, const og_episode_t *ep, int d
             continue;
         rec->summary[rec->nsummary].index = d;
         rec->summary[rec->nsummary].peak_bytes = st.peak_tracked_bytes;
+        rec->summary[rec->nsummary].tracked_bytes = st.tracked_bytes;
         uint64_t pt = og_ledger_peak_t_ns(d);
         rec->summary[rec->nsummary].peak_t_rel = pt ? (double)(pt - og_start_ns()) / 1e9 : 0;
         snprintf(rec->summary[rec->nsummary].peak_library, sizeof rec->summary[0].peak_library, "%s",
@@ -489,8 +709,14 @@ og_record_t *og_record_capture(const char *status, const og_episode_t *ep, int d
         .growth_rising_steps = og_opt.growth_steps / 10000.0,
         .growth_min_seconds = og_opt.growth_min_ms / 1000.0,
     };
+    og_record_t *first = recovered_from_first(rec, ep, device);
+    if (first) {
+        og_record_free(rec);
+        rec = first;
+    }
     og_diagnose(rec, &th);
     og_select_remedies(rec);
+    keep_first_failure(rec, ep, device);
     return rec;
 }
 

@@ -1,71 +1,99 @@
 /* Diagnosis: why did the allocation fail?  Fills rec->diagnosis from the measured fields of
  * the record.  Pure: no I/O, no globals, no allocation; the same record always gives the same
  * diagnosis.  (<stdio.h> is included for vsnprintf only, to format the summaries.)
+ * docs/diagnosis.md states every rule for users; this comment is the precise version.
  *
- * Quantities (all bytes; "known" = not OG_UNKNOWN):
+ * Evidence model.  Every input is measured, estimated or unknown, and says whose memory it is:
  *   req        event.requested_bytes
- *   free       device.free_bytes; with a limit: min(limit - process_tracked, free); when the
- *              physical free is not known and there is no limit it is estimated as
- *              total - footprint - other_processes
+ *   total      device.total_bytes
+ *   usage_lim  what OOMGUARD_LIMIT counts: device.limit_usage_bytes (tracked + CUDA context),
+ *              process_tracked_bytes when that was not recorded
+ *   free       device.free_bytes; with a limit: min(limit - usage_lim, free); when the physical
+ *              free is not known and there is no limit it is estimated (total - footprint - others)
  *   shortfall  max(0, req - free)                        -> diagnosis.shortfall_bytes
  *   footprint  process_used_bytes (NVML) when known, else process_tracked_bytes
- *   cached     the framework's held-but-unused memory: adapter reserved - allocated when the
- *              adapter is present, else framework_cached_bytes; unknown otherwise
- *   reclaim    what could still be handed back now: cached, but 0 when the cache was measured
- *              as "retry_release" (the framework already released it and the retry failed),
- *              and 0 when cached is unknown
- *   reservation  adapter reserved_bytes, else framework_bytes
- *   pool_slack pool_reserved - pool_used (stream-ordered pools keep freed memory until trimmed)
+ *   ffw        the framework of the failing call: its library's framework, else the record's
+ *   resv[fw]   bytes held by each framework's libraries (by_library, fw_kind), pool caches included
+ *   cached     the failing framework's held-but-unused memory, measured: the adapter's
+ *              reserved - allocated; or what that framework freed between its failed attempts
+ *              ("retry_release"); or the slack of the framework's own stream-ordered pool.
+ *              UNKNOWN otherwise -- never 0, never "live".
+ *   reclaim    what could still be handed back: cached, except a cache the framework already
+ *              released before a retry that failed (it is in `free` now); in a recovered dump the
+ *              numbers are those of the first attempt, before the release, so reclaim = cached
+ *   app_slack  pool_reserved - pool_used when the pools belong to the application (not the framework)
+ *   peers      other processes on the device of the same job (same command and launcher/rank
+ *              variables, see capture.c); `others` excludes them
  *
- * Causes (every one is evaluated; those that hold are kept).  Confidences are built from
- * margins, clamp(x) = min(1, max(0, x)):
+ * Causes (each that holds is kept; clamp(x) = min(1, max(0, x))):
+ * limit          event.caused_by_limit: 1.0 (oomguard refused the request itself).  The text
+ *                counts what the check counts (context included); "refused by the context alone"
+ *                when the context plus the request is over the limit whatever the job holds.
+ * framework_cap  the adapter reports a framework-imposed cap (set_per_process_memory_fraction,
+ *                XLA_PYTHON_CLIENT_MEM_FRACTION, CuPy set_limit) and the framework refused the request
+ *                itself (0.95), or allocated + request exceeds the cap while the device had room (0.8).
+ * cache_held     failing library known and not a framework (cuDNN, NCCL, an extension), shortfall > 0:
+ *                (a) measured: max(reclaim, app_slack) >= shortfall: 0.6 + 0.3*clamp((avail/short-1)/3);
+ *                (b) the cache is unknown but frameworks reserve R >= shortfall: 0.5 + 0.1*clamp((R/short-1)/3)
+ *                    (the failure came from outside the framework's allocator, which therefore
+ *                    never released its cache); or the application's own pool: app_slack >= shortfall
+ *                    whatever library failed: 0.75 + 0.2*clamp((slack/short-1)/3).
+ * fragmentation  cached known > 0, failing library the framework (or unknown), and one of
+ *                (a) cached >= req: adapter's largest free block L < req: 0.85 + 0.15*(1 - L/cached);
+ *                    L >= req: 0.30; L unknown: 0.6 + 0.25*clamp((cached/req - 1)/3)
+ *                (b) 0 < shortfall <= cached < req: 0.45 + 0.2*cached/req (+0.1 large idle share,
+ *                    +0.1 L < req)
+ *                (c) cached >= frag_share of the reservation and >= 256 MiB: 0.3 + 0.2*clamp(...)
+ *                (d) no adapter, the framework released its free segments and the retry still
+ *                    failed, and the run allocated many different sizes (>= 5 distinct among its
+ *                    allocations: variable-length batches): 0.5.  What is left is split segments.
+ *                recovered: what the framework released between attempts explains the recovery:
+ *                fragmentation (failing library the framework) 0.9 when it covers the shortfall, else
+ *                0.7; cache_held for another failing library.  does_not_fit never holds for a
+ *                recovered failure (the retry fit), unless the request exceeds the device.
+ * other_framework  a framework other than ffw reserves R2 >= shortfall on this device (JAX/XLA's
+ *                75% preallocation, TensorFlow's grab-all): 0.75 + 0.2*clamp(R2/total / 0.5).
+ * peer_ranks     same-job peers hold P on this device, P >= shortfall (or this rank's LOCAL_RANK
+ *                names another GPU): 0.7, +0.2 when each holds about one context (<= 1.5 GiB).
+ * imbalance      one process (world_size <= 1) using >= 2 GPUs; the failing GPU holds >= 1.5x the
+ *                most of any other, and evening it out would cover the shortfall:
+ *                0.6 + 0.3*clamp((ratio - 1.5)/2).
+ * foreign_memory shortfall > 0 and others (not of this job) >= shortfall:
+ *                0.45 + 0.25*clamp((others/short - 1)/3) + 0.3*clamp(others/total / 0.25).
+ * non_framework  as before: NVML known, a framework present, nonfw >= nonfw_share of the process,
+ *                >= shortfall and >= 1 GiB: 0.35 + 0.3*clamp(..) + 0.2*clamp(..).  A framework's own
+ *                stream-ordered pool counts as the framework (capture.c), so it never fires on it.
+ * growth         a pattern of steps, not a ramp in time.  Steps are marked by the allocations of the
+ *                failing request's size (within max(req/32, 2 MiB)) in the event history: a leak fails
+ *                doing what every step did, at a higher floor.  The low point of a step is the least
+ *                live memory from its marker to the next.  Needs >= 6 steps, low points rising in >=
+ *                growth_rising_steps of them, total rise >= growth_min_share of the device, and not
+ *                accounted for by a measured cache (>= half the rise: a pool keeping what it handed
+ *                out is a cache, not a leak); the rate
+ *                reported is the median rise per step.  Loading (weights, optimizer state: other
+ *                sizes, never freed) marks no steps and a one-off jump inside a step does not set the
+ *                rate.  Markers back to back (nothing between, < 0.25 ms apart) are one burst, one
+ *                step: a load of many equal shards is not many steps.  Otherwise wall time is not
+ *                used, so a 1 ms leak is a leak and a slow load of other sizes is a load.
+ *                conf = 0.5 + 0.25*clamp((steps - 6)/26) + 0.2*clamp((rising_share - rs)/(1 - rs)).
+ * does_not_fit   req > free + reclaim.  A request larger than the device (or the limit) is named as
+ *                such: 1.0.  Otherwise 0.95 when every input is measured; 0.8 when the framework
+ *                released its cache and still failed but its split segments were not measured; 0.45
+ *                when a framework holds a reservation whose cache was not measured (an unknown
+ *                cache never makes it certain); -0.15 when free memory was estimated; at most 0.45
+ *                when others hold the missing bytes and the job alone would fit.
  *
- * limit          event.caused_by_limit.  Confidence 1 (oomguard itself refused the request).
- * cache_held     the failing library is known and is not the framework, shortfall > 0 and
- *                avail = max(reclaim, pool_slack) >= shortfall.
- *                conf = 0.6 + 0.3 * clamp((avail / shortfall - 1) / 3).
- * fragmentation  cached known and > 0, the failing library is the framework or unknown, and one of
- *                (a) cached >= req (the cache alone could hold the request)
- *                    with the adapter's largest free block L known:
- *                      L < req : conf = 0.85 + 0.15 * (1 - L / cached)   (textbook case)
- *                      L >= req: conf = 0.30 (a block was there: fragmentation is unlikely)
- *                    without L: conf = 0.6 + 0.25 * clamp((cached / req - 1) / 3)
- *                (b) 0 < shortfall <= cached (free + cache cover the request, not in one piece)
- *                    conf = 0.45 + 0.2 * (cached / req) + 0.1 if cached >= frag_share * reservation
- *                           + 0.1 if the adapter's largest free block < req
- *                (c) cached >= frag_share * reservation and cached >= 256 MiB (a large share of
- *                    the reservation is idle; 256 MiB keeps tiny reservations out)
- *                    conf = 0.3 + 0.2 * clamp((share - frag_share) / (1 - frag_share))
- *                the highest confidence of the branches that hold is used.
- * foreign_memory shortfall > 0 and other_processes_bytes >= shortfall.
- *                conf = 0.45 + 0.25 * clamp((other / shortfall - 1) / 3)
- *                            + 0.3 * clamp((other / total) / 0.25).
- * non_framework  process_used known, a framework detected (framework != unknown or
- *                framework_bytes > 0), shortfall > 0, non_framework_bytes known and
- *                nonfw >= nonfw_share * process_used, nonfw >= shortfall and nonfw >= 1 GiB
- *                (a bare CUDA context, 0.3-0.6 GiB, never triggers it on its own).
- *                conf = 0.35 + 0.3 * clamp((share - nonfw_share) / (1 - nonfw_share))
- *                            + 0.2 * clamp((nonfw / shortfall - 1) / 3).
- * growth         >= 16 samples.  The samples are split into 8 windows of equal time (by index
- *                when fewer than 5 windows have samples); each window's trough is its minimum.
- *                A step between consecutive windows rises when the trough grows by more than
- *                max(1 MiB, total / 1000).  growth when rising / steps >= growth_rising_steps and
- *                last trough - first trough >= growth_min_share * total.
- *                conf = 0.4 + 0.3 * clamp((rising/steps - rs) / (1 - rs))
- *                           + 0.3 * clamp((rise/total - gm) / (3 * gm)).
- * does_not_fit   req > free + reclaim.  conf = 1 - 0.5 * (free + reclaim) / req, in (0.5, 1];
- *                capped at 0.45 when other processes hold at least the missing bytes and the job
- *                alone would fit in the device's capacity (limit, or total):
- *                footprint - reclaim + req <= capacity, i.e. the others take the room.
- *
- * Order: by confidence plus a tie-break bonus (limit 0.06, cache_held 0.05, fragmentation 0.04,
- * foreign_memory 0.03, non_framework 0.02, growth 0.01, does_not_fit 0), stable; confidences
- * closer than the bonus gap are ordered by that priority.  The bonus never changes the reported
- * confidence.  primary = first id; when nothing holds, one cause "unknown" (confidence 0) says
- * what was measured.  A cause whose inputs were not measured is skipped, never guessed.
+ * Meaning of confidence (calibrated on tests/scenarios): >= 0.9 the measured numbers leave no
+ * other reading; 0.6-0.9 measured, with margin; 0.4-0.6 an input was not measured and the
+ * cause is the best reading of what was; < 0.4 possible but not supported.
+ * Order: by confidence plus a tie-break bonus (limit 0.06, framework_cap 0.055, cache_held 0.05, peer_ranks 0.048,
+ * other_framework 0.045, fragmentation 0.04, imbalance 0.035, foreign_memory 0.03, non_framework
+ * 0.02, growth 0.01, does_not_fit 0), stable; the bonus never changes the reported confidence.
+ * primary = first id; when nothing holds, one cause "unknown" (confidence 0) says what was measured.
  */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "og.h"
@@ -77,8 +105,6 @@
 
 #define NONFW_FLOOR   (1ULL << 30)     /* non_framework: at least 1 GiB */
 #define FRAG_C_FLOOR  (256ULL << 20)   /* fragmentation (c): at least 256 MiB idle */
-#define GROWTH_MIN_SAMPLES 16
-#define GROWTH_WINDOWS 8
 
 /* Defaults (the same as OOMGUARD_FRAG_SHARE etc. in og.h), used for a missing or invalid value. */
 static const og_thresholds_t th_default = {
@@ -96,7 +122,7 @@ static double clamp01(double x) { return x != x ? 0 : x < 0 ? 0 : x > 1 ? 1 : x;
 
 static void ev_num(og_cause_t *c, const char *name, double v)
 {
-    if (c->nevidence >= 8)
+    if (c->nevidence >= 12)
         return;
     c->evidence[c->nevidence].name = name;
     c->evidence[c->nevidence].is_text = false;
@@ -113,7 +139,7 @@ static void ev_bytes(og_cause_t *c, const char *name, uint64_t v)
 static void ev_text(og_cause_t *c, const char *name, const char *f, ...) __attribute__((format(printf, 3, 4)));
 static void ev_text(og_cause_t *c, const char *name, const char *f, ...)
 {
-    if (c->nevidence >= 8)
+    if (c->nevidence >= 12)
         return;
     c->evidence[c->nevidence].name = name;
     c->evidence[c->nevidence].is_text = true;
@@ -155,24 +181,17 @@ static bool same_lib(const char *a, const char *b)
     return a[0] && b[0] && (strcmp(a, b) == 0 || strcmp(base_name(a), base_name(b)) == 0);
 }
 
-static const char *fw_display(enum og_framework fw)
-{
-    switch (fw) {
-    case OG_FW_PYTORCH: return "PyTorch";
-    case OG_FW_JAX: return "JAX";
-    case OG_FW_TENSORFLOW: return "TensorFlow";
-    case OG_FW_CUPY: return "CuPy";
-    default: return "the framework";
-    }
-}
+static const char *fw_display(int fw) { return og_fw_display(fw, "the framework"); }
 
-/* 1: the failing call's library is the framework's, 0: it is not, -1: cannot tell. */
+/* 1: the failing call's library is a framework's, 0: it is not, -1: cannot tell. */
 static int failing_is_framework(const og_record_t *rec)
 {
     char lib[sizeof rec->event.library];
     cpy(lib, sizeof lib, rec->event.library, sizeof rec->event.library);
     if (!lib[0])
         return -1;
+    if (og_framework_of(base_name(lib), lib) != OG_FW_UNKNOWN)
+        return 1;
     int nlibs = rec->memory.nlibs < 0 ? 0 : rec->memory.nlibs > 32 ? 32 : rec->memory.nlibs;
     for (int i = 0; i < nlibs; i++) {
         char l[sizeof rec->memory.by_library[0].library];
@@ -204,23 +223,33 @@ static int failing_is_framework(const og_record_t *rec)
 
 /* ------------------------------------------------------------------ measured context */
 
+#define NFW 5
+
 typedef struct dctx {
     og_record_t *rec;
     og_thresholds_t th;
-    const char *fwname;
-    uint64_t req, total, tracked, other;
+    const char *fwname;               /* the failing framework, for sentences */
+    int ffw;                          /* enum og_framework of the failing call */
+    uint64_t req, total, tracked, other_all, other, peers_bytes;
+    int npeers, nothers;
+    bool peers_small;
     bool limited;
-    uint64_t limit;
+    uint64_t limit, usage_lim;
     bool free_known, free_estimated;
     uint64_t free_eff, shortfall;
     bool used_known;
     uint64_t used, footprint;
-    bool cached_known;
-    uint64_t cached, reclaim, reservation;
+    bool cached_known, retried, recovered;
+    uint64_t cached, reclaim, reservation, released;
     const char *cached_src;
     bool largest_known;
-    uint64_t largest, pool_slack;
+    uint64_t largest, app_slack;
+    uint64_t resv[NFW];               /* per framework kind, on this device */
+    uint64_t fw_resv_all;             /* every framework's reservation */
     int failing_fw;
+    bool larger_than_device;
+    uint64_t capacity, growth_rise;
+    int nchildren;
 } dctx_t;
 
 static double th_or(double v, double def, bool allow_one)
@@ -239,43 +268,107 @@ static void measure(dctx_t *d, og_record_t *rec, const og_thresholds_t *th)
     d->th.nonfw_share = th_or(d->th.nonfw_share, th_default.nonfw_share, true);
     d->th.growth_min_share = th_or(d->th.growth_min_share, th_default.growth_min_share, true);
     d->th.growth_rising_steps = th_or(d->th.growth_rising_steps, th_default.growth_rising_steps, true);
-    d->fwname = fw_display(rec->framework);
 
-    d->req = known(rec->event.requested_bytes) ? rec->event.requested_bytes : 0;
+    d->req = rec->event.requested_bytes;   /* the API's argument: SIZE_MAX is a request, not unknown */
     d->total = known(rec->device.total_bytes) ? rec->device.total_bytes : 0;
     d->tracked = known(rec->memory.process_tracked_bytes) ? rec->memory.process_tracked_bytes : 0;
-    d->other = known(rec->memory.other_processes_bytes) ? rec->memory.other_processes_bytes : 0;
+    d->other_all = known(rec->memory.other_processes_bytes) ? rec->memory.other_processes_bytes : 0;
     d->used_known = known(rec->memory.process_used_bytes);
     d->used = d->used_known ? rec->memory.process_used_bytes : 0;
     d->footprint = d->used_known ? d->used : d->tracked;
+    d->recovered = rec->event.recovered;
+
+    /* peers of the same job are not "other users" of the GPU */
+    int no = rec->memory.nother < 0 ? 0 : rec->memory.nother > 32 ? 32 : rec->memory.nother;
+    uint64_t listed = 0;
+    d->peers_small = true;
+    for (int i = 0; i < no; i++) {
+        listed = add_sat(listed, rec->memory.other[i].bytes);
+        if (rec->memory.other[i].same_job) {
+            d->npeers++;
+            d->nchildren += rec->memory.other[i].child;
+            d->peers_bytes = add_sat(d->peers_bytes, rec->memory.other[i].bytes);
+            if (rec->memory.other[i].bytes > 3 * (GIB / 2))
+                d->peers_small = false;
+        } else
+            d->nothers++;
+    }
+    d->other = sub0(d->other_all, d->peers_bytes);
+
+    /* the failing call's framework; whose reservation is whose */
+    d->failing_fw = failing_is_framework(rec);
+    char flib[sizeof rec->event.library];
+    cpy(flib, sizeof flib, rec->event.library, sizeof flib);
+    d->ffw = og_framework_of(base_name(flib), flib);
+    int nlibs = rec->memory.nlibs < 0 ? 0 : rec->memory.nlibs > 32 ? 32 : rec->memory.nlibs;
+    for (int i = 0; i < nlibs; i++) {
+        const og_lib_usage_t *u = &rec->memory.by_library[i];
+        if (!u->framework)
+            continue;
+        int k = u->fw_kind >= 0 && u->fw_kind < NFW ? u->fw_kind : OG_FW_UNKNOWN;
+        if (k == OG_FW_UNKNOWN)
+            k = rec->framework >= 0 && rec->framework < NFW ? (int)rec->framework : OG_FW_UNKNOWN;
+        d->resv[k] = add_sat(d->resv[k], u->bytes);
+        d->fw_resv_all = add_sat(d->fw_resv_all, u->bytes);
+        if (d->failing_fw == 1 && d->ffw == OG_FW_UNKNOWN) {
+            char l[sizeof u->library];
+            cpy(l, sizeof l, u->library, sizeof l);
+            if (same_lib(l, flib))
+                d->ffw = k;
+        }
+    }
+    if (d->ffw == OG_FW_UNKNOWN)
+        d->ffw = rec->framework;
+    d->fwname = fw_display(d->ffw);
 
     const og_framework_view_t *fw = &rec->memory.fw;
+    bool app_pool = rec->memory.pool_owner_fw == 2;
     if (fw->has && known(fw->reserved_bytes) && known(fw->allocated_bytes)) {
         d->cached_known = true;
         d->cached = sub0(fw->reserved_bytes, fw->allocated_bytes);
         d->cached_src = "adapter";
         d->reservation = fw->reserved_bytes;
-    } else if (known(rec->memory.framework_cached_bytes)) {
+    } else if (known(rec->memory.framework_cached_bytes) &&
+               !(app_pool && rec->memory.framework_cached_source &&
+                 strcmp(rec->memory.framework_cached_source, "pool") == 0)) {
         d->cached_known = true;
         d->cached = rec->memory.framework_cached_bytes;
         d->cached_src = rec->memory.framework_cached_source ? rec->memory.framework_cached_source : "measured";
     }
+    int kinds = 0;
+    for (int k = 0; k < NFW; k++)
+        kinds += d->resv[k] > 0;
+    /* several frameworks: the failing one's own reservation; one: everything the framework holds */
     if (!d->reservation)
-        d->reservation = known(rec->memory.framework_bytes) ? rec->memory.framework_bytes : 0;
-    /* a cache already handed back between retries is in `free` now: nothing left to reclaim */
-    d->reclaim = d->cached_known && strcmp(d->cached_src, "retry_release") != 0 ? d->cached : 0;
+        d->reservation = kinds > 1 && d->ffw != OG_FW_UNKNOWN && d->resv[d->ffw] ? d->resv[d->ffw]
+                         : known(rec->memory.framework_bytes) ? rec->memory.framework_bytes : 0;
+    d->released = known(rec->event.released_between_attempts_bytes) ? rec->event.released_between_attempts_bytes : 0;
+    /* the framework released its cache and retried (PyTorch does before raising) and it still failed */
+    d->retried = !d->recovered && rec->event.attempts >= 2 && d->failing_fw != 0 &&
+                 (!d->cached_src || strcmp(d->cached_src, "retry_release") == 0);
+    if (d->retried && !d->cached_known) {
+        /* released nothing: the framework had no wholly free segment left: a measured 0 */
+        d->cached_known = true;
+        d->cached = 0;
+        d->cached_src = "retry_release";
+    }
+    /* a cache already handed back between retries is in `free` now: nothing left to reclaim
+     * (a recovered dump keeps the first attempt's numbers, from before the release) */
+    d->reclaim = d->cached_known && (d->recovered || strcmp(d->cached_src, "retry_release") != 0) ? d->cached : 0;
     if (fw->has && known(fw->largest_free_block_bytes) && !(fw->largest_free_block_bytes == 0 && d->cached > 0)) {
         d->largest_known = true;
         d->largest = fw->largest_free_block_bytes;
     }
-    if (known(rec->memory.pool_reserved) && known(rec->memory.pool_used))
-        d->pool_slack = sub0(rec->memory.pool_reserved, rec->memory.pool_used);
+    if (app_pool && known(rec->memory.pool_reserved) && known(rec->memory.pool_used))
+        d->app_slack = sub0(rec->memory.pool_reserved, rec->memory.pool_used);
 
     d->limited = known(rec->device.limit_bytes);
     d->limit = d->limited ? rec->device.limit_bytes : 0;
+    d->usage_lim = d->limited && known(rec->device.limit_usage_bytes) && rec->device.limit_usage_bytes >= d->tracked
+                       ? rec->device.limit_usage_bytes : d->tracked;
     if (d->limited) {
         d->free_known = true;
-        d->free_eff = sub0(d->limit, d->tracked);
+        d->free_eff = sub0(d->limit, d->usage_lim);
         if (known(rec->device.free_bytes))
             d->free_eff = min64(d->free_eff, rec->device.free_bytes);
     } else if (known(rec->device.free_bytes)) {
@@ -283,10 +376,11 @@ static void measure(dctx_t *d, og_record_t *rec, const og_thresholds_t *th)
         d->free_eff = rec->device.free_bytes;
     } else if (d->total) {
         d->free_known = d->free_estimated = true;
-        d->free_eff = sub0(d->total, add_sat(d->footprint, d->other));
+        d->free_eff = sub0(d->total, add_sat(d->footprint, d->other_all));
     }
     d->shortfall = d->free_known ? sub0(d->req, d->free_eff) : 0;
-    d->failing_fw = failing_is_framework(rec);
+    d->capacity = d->limited && (!d->total || d->limit < d->total) ? d->limit : d->total;
+    d->larger_than_device = d->capacity && d->req > d->capacity;
 }
 
 /* ------------------------------------------------------------------ causes */
@@ -298,18 +392,39 @@ static bool c_limit(dctx_t *d, og_cause_t *c)
         return false;
     c->id = "limit";
     c->confidence = 1.0;
-    uint64_t need = add_sat(d->tracked, d->req);
+    uint64_t ctx = sub0(d->usage_lim, d->tracked);
+    uint64_t need = add_sat(d->usage_lim, d->req);
     if (d->limited) {
         bool phys = known(r->device.free_bytes) && r->device.free_bytes >= d->req;
-        summary(c, "OOMGUARD_LIMIT (%s) refused %s: the job would hold %s (%s held + %s), %s over the limit%s.",
-                og_hb((double)d->limit).s, og_hb((double)d->req).s, og_hb((double)need).s, og_hb((double)d->tracked).s,
-                og_hb((double)d->req).s, og_hb((double)sub0(need, d->limit)).s,
-                phys ? "; the device itself had room for it" : "");
+        uint64_t over = sub0(need, d->limit);
+        char ctxs[80] = "";
+        if (ctx)
+            og_fmt(ctxs, sizeof ctxs, " + %s CUDA context and untracked", og_hb((double)ctx).s);
+        if (d->req > d->limit)
+            summary(c, "OOMGUARD_LIMIT (%s) refused %s: the request alone is larger than the limit%s.",
+                    og_hb((double)d->limit).s, og_hb((double)d->req).s,
+                    phys ? "; the device itself had room for it" : "");
+        else if (ctx && add_sat(ctx, d->req) > d->limit)
+            summary(c, "OOMGUARD_LIMIT (%s) refused %s because of the CUDA context alone: the limit also counts %s of "
+                    "context and untracked memory, and that plus the request is over it whatever the job holds (%s "
+                    "allocated)%s.",
+                    og_hb((double)d->limit).s, og_hb((double)d->req).s, og_hb((double)ctx).s,
+                    og_hb((double)d->tracked).s, phys ? "; the device itself had room for it" : "");
+        else if (over)
+            summary(c, "OOMGUARD_LIMIT (%s) refused %s: the job would hold %s (%s allocated%s + %s requested), %s over "
+                    "the limit%s.", og_hb((double)d->limit).s, og_hb((double)d->req).s, og_hb((double)need).s,
+                    og_hb((double)d->tracked).s, ctxs, og_hb((double)d->req).s, og_hb((double)over).s,
+                    phys ? "; the device itself had room for it" : "");
+        else
+            summary(c, "OOMGUARD_LIMIT (%s) refused %s: with %s already counted (%s allocated%s) the limit was "
+                    "reached.", og_hb((double)d->limit).s, og_hb((double)d->req).s, og_hb((double)d->usage_lim).s,
+                    og_hb((double)d->tracked).s, ctxs);
         ev_bytes(c, "limit_bytes", d->limit);
-        ev_bytes(c, "over_limit_bytes", sub0(need, d->limit));
+        ev_bytes(c, "over_limit_bytes", over);
+        ev_bytes(c, "context_bytes", ctx);
     } else {
-        summary(c, "OOMGUARD_LIMIT refused %s; the job would hold %s (%s held + %s).", og_hb((double)d->req).s,
-                og_hb((double)need).s, og_hb((double)d->tracked).s, og_hb((double)d->req).s);
+        summary(c, "OOMGUARD_LIMIT refused %s; the job would hold at least %s (%s allocated + %s).",
+                og_hb((double)d->req).s, og_hb((double)need).s, og_hb((double)d->tracked).s, og_hb((double)d->req).s);
         ev_text(c, "limit_bytes", "unknown");
     }
     ev_bytes(c, "tracked_bytes", d->tracked);
@@ -320,42 +435,143 @@ static bool c_limit(dctx_t *d, og_cause_t *c)
     return true;
 }
 
+/* the largest framework reservation and its kind */
+static int biggest_fw(const dctx_t *d, int except, uint64_t *bytes)
+{
+    int best = -1;
+    for (int k = 0; k < NFW; k++)
+        if (k != except && d->resv[k] && (best < 0 || d->resv[k] > d->resv[best]))
+            best = k;
+    *bytes = best >= 0 ? d->resv[best] : 0;
+    return best;
+}
+
+static bool c_framework_cap(dctx_t *d, og_cause_t *c)
+{
+    og_record_t *r = d->rec;
+    const og_framework_view_t *fw = &r->memory.fw;
+    if (!fw->has || !fw->cap_bytes || fw->cap_bytes == OG_UNKNOWN)
+        return false;
+    uint64_t req = d->req ? d->req : fw->requested_bytes;
+    uint64_t alloc = known(fw->allocated_bytes) ? fw->allocated_bytes : 0;
+    bool over = add_sat(alloc, req) > fw->cap_bytes;
+    bool room = known(r->device.free_bytes) && r->device.free_bytes >= req;
+    if (!fw->internal_oom && !(over && room))
+        return false;
+    c->id = "framework_cap";
+    c->confidence = fw->internal_oom ? 0.95 : 0.8;
+    char src[sizeof fw->cap_source];
+    cpy(src, sizeof src, fw->cap_source, sizeof fw->cap_source);
+    const char *who = fw_display(d->ffw);
+    if (src[0])
+        summary(c, "%s refused %s itself: %s caps it at %s and %s is in use%s.", who, og_hb((double)req).s, src,
+                og_hb((double)fw->cap_bytes).s, og_hb((double)alloc).s,
+                room ? "; the device itself had room for the request" : "");
+    else
+        summary(c, "%s refused %s itself: a framework-imposed cap of %s, with %s in use%s.", who,
+                og_hb((double)req).s, og_hb((double)fw->cap_bytes).s, og_hb((double)alloc).s,
+                room ? "; the device itself had room for the request" : "");
+    ev_bytes(c, "cap_bytes", fw->cap_bytes);
+    ev_text(c, "cap_source", "%s", src[0] ? src : "unknown");
+    ev_bytes(c, "allocated_bytes", alloc);
+    ev_bytes(c, "requested_bytes", req);
+    ev_bytes(c, "over_cap_bytes", sub0(add_sat(alloc, req), fw->cap_bytes));
+    ev_num(c, "internal_oom", fw->internal_oom ? 1 : 0);
+    if (known(r->device.free_bytes))
+        ev_bytes(c, "physical_free_bytes", r->device.free_bytes);
+    return true;
+}
+
 static bool c_cache_held(dctx_t *d, og_cause_t *c)
 {
     og_record_t *r = d->rec;
-    if (d->failing_fw != 0 || d->shortfall == 0)
+    if (d->shortfall == 0)
         return false;
-    uint64_t avail = d->reclaim > d->pool_slack ? d->reclaim : d->pool_slack;
-    if (avail < d->shortfall)
-        return false;
-    c->id = "cache_held";
-    c->confidence = 0.6 + 0.3 * clamp01(((double)avail / (double)d->shortfall - 1) / 3);
     char full[sizeof r->event.library], lib[64];
     cpy(full, sizeof full, r->event.library, sizeof r->event.library);
-    cpy(lib, sizeof lib, base_name(full), sizeof full);
-    bool from_cache = d->reclaim >= d->pool_slack;
-    summary(c, "%s failed to get %s while %s holds %s %s, more than the %s missing.", lib, og_hb((double)d->req).s,
-            from_cache ? d->fwname : "a memory pool", og_hb((double)avail).s,
-            from_cache ? "cached but unused" : "reserved but unused", og_hb((double)d->shortfall).s);
+    cpy(lib, sizeof lib, full[0] ? base_name(full) : "the failing library", sizeof full);
+    /* the application's own stream-ordered pool keeps freed memory until trimmed */
+    if (d->app_slack >= d->shortfall) {
+        c->id = "cache_held";
+        c->confidence = 0.75 + 0.2 * clamp01(((double)d->app_slack / (double)d->shortfall - 1) / 3);
+        char owner[64];
+        cpy(owner, sizeof owner, r->memory.pool_owner[0] ? r->memory.pool_owner : "the application", sizeof r->memory.pool_owner);
+        summary(c, "The application's own stream-ordered memory pool (used by %s) keeps %s reserved but unused, more "
+                "than the %s missing: the pool holds freed memory until it is trimmed.", owner,
+                og_hb((double)d->app_slack).s, og_hb((double)d->shortfall).s);
+        ev_text(c, "holder", "application_pool");
+        ev_text(c, "pool_owner", "%s", owner);
+        ev_bytes(c, "pool_unused_bytes", d->app_slack);
+        ev_bytes(c, "shortfall_bytes", d->shortfall);
+        ev_bytes(c, "requested_bytes", d->req);
+        return true;
+    }
+    if (d->failing_fw != 0)
+        return false;
+    if (d->cached_known && d->reclaim >= d->shortfall) {
+        c->id = "cache_held";
+        c->confidence = 0.6 + 0.3 * clamp01(((double)d->reclaim / (double)d->shortfall - 1) / 3);
+        if (d->recovered && strcmp(d->cached_src, "retry_release") == 0) {
+            c->confidence = 0.9;
+            summary(c, "%s failed to get %s while %s held %s cached but unused; %s released it between attempts "
+                    "and the retry succeeded.", lib, og_hb((double)d->req).s, fw_display(r->framework),
+                    og_hb((double)d->cached).s, fw_display(r->framework));
+        } else
+            summary(c, "%s failed to get %s while %s holds %s cached but unused, more than the %s missing.", lib,
+                    og_hb((double)d->req).s, fw_display(r->framework), og_hb((double)d->reclaim).s,
+                    og_hb((double)d->shortfall).s);
+        ev_text(c, "failing_library", "%s", lib);
+        ev_bytes(c, "requested_bytes", d->req);
+        ev_bytes(c, "shortfall_bytes", d->shortfall);
+        ev_bytes(c, "cached_bytes", d->cached);
+        ev_text(c, "cached_source", "%s", d->cached_src);
+        return true;
+    }
+    uint64_t held;
+    int k = biggest_fw(d, -1, &held);
+    if (d->cached_known || k < 0 || held < d->shortfall)
+        return false;
+    /* unknown is not zero: the framework holds a reservation of which an unmeasured part is cache */
+    c->id = "cache_held";
+    c->confidence = 0.5 + 0.1 * clamp01(((double)held / (double)d->shortfall - 1) / 3);
+    const char *who = fw_display(k);
+    summary(c, "%s failed to get %s while %s holds %s; how much of it is cached but unused was not measured (the "
+            "failure came from outside %s's allocator, which therefore kept its cache). If at least the %s missing "
+            "is cache, releasing it before that call makes room.", lib, og_hb((double)d->req).s, who,
+            og_hb((double)held).s, who, og_hb((double)d->shortfall).s);
     ev_text(c, "failing_library", "%s", lib);
     ev_bytes(c, "requested_bytes", d->req);
     ev_bytes(c, "shortfall_bytes", d->shortfall);
-    if (d->cached_known)
-        ev_bytes(c, "cached_bytes", d->cached);
-    else
-        ev_text(c, "cached_bytes", "not measured");
-    ev_bytes(c, "pool_unused_bytes", d->pool_slack);
-    if (d->cached_src)
-        ev_text(c, "cached_source", "%s", d->cached_src);
+    ev_bytes(c, "framework_reserved_bytes", held);
+    ev_text(c, "cached_bytes", "not measured");
+    ev_text(c, "framework", "%s", og_framework_name(k));
     return true;
+}
+
+/* number of distinct allocation sizes (to 1 MiB) among the history's allocations: variable-length
+ * batches make many; a fixed-shape loop makes few */
+static int distinct_alloc_sizes(const og_record_t *r)
+{
+    uint64_t seen[64];
+    int n = 0, ne = r->history.events ? r->history.nevents : 0;
+    for (int i = 0; i < ne && n < 64; i++) {
+        const struct og_hist_ev *e = &r->history.events[i];
+        if (!e->op || strcmp(e->op, "alloc") != 0)
+            continue;
+        uint64_t k = e->bytes >> 20;
+        bool dup = false;
+        for (int j = 0; j < n && !dup; j++)
+            dup = seen[j] == k;
+        if (!dup)
+            seen[n++] = k;
+    }
+    return n;
 }
 
 static bool c_fragmentation(dctx_t *d, og_cause_t *c)
 {
-    if (!d->cached_known || d->cached == 0 || d->failing_fw == 0)
-        return false;
-    /* a cache already handed back and retried is no longer held: nothing is fragmented in it */
-    if (strcmp(d->cached_src, "retry_release") == 0)
+    og_record_t *r = d->rec;
+    if (d->failing_fw == 0 || r->memory.pool_owner_fw == 2)
         return false;
     double fs = d->th.frag_share;
     double cached = (double)d->cached, req = (double)d->req;
@@ -363,6 +579,48 @@ static bool c_fragmentation(dctx_t *d, og_cause_t *c)
     bool share_hit = d->reservation && share >= fs;
     double conf = -1;
     const char *why = NULL;
+    bool retry_rel = d->cached_known && strcmp(d->cached_src, "retry_release") == 0;
+
+    if (d->retried && !r->memory.fw.has) {                                 /* (d) */
+        int ds = distinct_alloc_sizes(r);
+        if (ds >= 5 && d->shortfall > 0 && d->reservation >= d->shortfall) {
+            c->id = "fragmentation";
+            c->confidence = 0.5;
+            summary(c, "%s released %s of free segments and retried, and %s still did not fit; it keeps %s reserved "
+                    "in segments partly in use, and the run allocated %d different sizes (variable-length batches "
+                    "split segments). How much of the reservation is unused was not measured.", d->fwname,
+                    og_hb((double)d->released).s, og_hb(req).s, og_hb((double)d->reservation).s, ds);
+            ev_bytes(c, "released_bytes", d->released);
+            ev_bytes(c, "reservation_bytes", d->reservation);
+            ev_bytes(c, "requested_bytes", d->req);
+            ev_num(c, "distinct_sizes", ds);
+            ev_text(c, "cached_bytes", "not measured");
+            ev_text(c, "rule", "retry_split");
+            return true;
+        }
+        return false;
+    }
+    if (!d->cached_known || d->cached == 0)
+        return false;
+    /* a cache already handed back and retried is no longer held: nothing is fragmented in it */
+    if (retry_rel && !d->recovered)
+        return false;
+    if (d->recovered && retry_rel) {
+        c->id = "fragmentation";
+        c->confidence = d->cached >= d->shortfall ? 0.9 : 0.7;
+        if (d->cached >= d->shortfall)
+            summary(c, "%s held %s cached but unused when %s failed; it released that cache between attempts and "
+                    "the retry succeeded.", d->fwname, og_hb(cached).s, og_hb(req).s);
+        else
+            summary(c, "%s held %s cached but unused when %s failed (%s was missing); it released that cache "
+                    "between attempts, the rest was freed otherwise, and the retry succeeded.", d->fwname,
+                    og_hb(cached).s, og_hb(req).s, og_hb((double)d->shortfall).s);
+        ev_bytes(c, "released_bytes", d->cached);
+        ev_bytes(c, "requested_bytes", d->req);
+        ev_bytes(c, "shortfall_bytes", d->shortfall);
+        ev_text(c, "rule", "recovered_by_release");
+        return true;
+    }
 
     if (d->req && d->cached >= d->req) {                                  /* (a) */
         double a;
@@ -407,9 +665,8 @@ static bool c_fragmentation(dctx_t *d, og_cause_t *c)
                 "request needs it.", d->fwname, og_hb(cached).s, og_pct(cached, (double)d->reservation).s,
                 og_hb((double)d->reservation).s, og_hb(req).s);
     else
-        summary(c, "%s holds %s cached but unused (%s of its reservation) and %s is free, yet %s could not be "
-                "found in one piece.", d->fwname, og_hb(cached).s, og_pct(cached, (double)d->reservation).s,
-                og_hb((double)d->free_eff).s, og_hb(req).s);
+        summary(c, "%s holds %s cached but unused and %s is free, yet %s could not be found in one piece.",
+                d->fwname, og_hb(cached).s, og_hb((double)d->free_eff).s, og_hb(req).s);
     ev_bytes(c, "cached_bytes", d->cached);
     ev_bytes(c, "requested_bytes", d->req);
     ev_bytes(c, "reservation_bytes", d->reservation);
@@ -424,6 +681,106 @@ static bool c_fragmentation(dctx_t *d, og_cause_t *c)
     return true;
 }
 
+static bool c_other_framework(dctx_t *d, og_cause_t *c)
+{
+    if (d->shortfall == 0 || d->ffw == OG_FW_UNKNOWN)
+        return false;
+    uint64_t r2;
+    int k = biggest_fw(d, d->ffw, &r2);
+    if (k <= OG_FW_UNKNOWN || r2 < d->shortfall)
+        return false;
+    c->id = "other_framework";
+    double share = d->total ? (double)r2 / (double)d->total : 0;
+    c->confidence = 0.75 + 0.2 * clamp01(share / 0.5);
+    const char *why = k == OG_FW_JAX ? ": XLA preallocates 75% of the GPU when the client starts"
+                    : k == OG_FW_TENSORFLOW ? ": TensorFlow maps nearly all free GPU memory at start unless memory "
+                                              "growth is on"
+                    : "";
+    summary(c, "%s holds %s on this GPU (%s of it) in the same process, more than the %s %s is missing%s.",
+            fw_display(k), og_hb((double)r2).s, og_pct((double)r2, (double)d->total).s,
+            og_hb((double)d->shortfall).s, d->fwname, why);
+    ev_text(c, "framework", "%s", og_framework_name(k));
+    ev_bytes(c, "framework_reserved_bytes", r2);
+    ev_num(c, "device_share", share);
+    ev_text(c, "failing_framework", "%s", og_framework_name(d->ffw));
+    ev_bytes(c, "shortfall_bytes", d->shortfall);
+    return true;
+}
+
+static bool c_peer_ranks(dctx_t *d, og_cause_t *c)
+{
+    og_record_t *r = d->rec;
+    bool wrong_device = r->local_rank >= 0 && r->visible_devices > 1 && r->local_rank != r->event.device &&
+                        r->local_rank < r->visible_devices;
+    if (d->shortfall == 0 || (d->npeers == 0 && !wrong_device))
+        return false;
+    if (d->npeers && d->peers_bytes < d->shortfall && !wrong_device)
+        return false;
+    c->id = "peer_ranks";
+    c->confidence = 0.7 + (d->npeers && d->peers_small ? 0.2 : 0) + (wrong_device ? 0.05 : 0);
+    if (d->npeers && d->nchildren == d->npeers)
+        summary(c, "%d child %s of this process (DataLoader workers or subprocesses) %s %s on GPU %d%s: a worker "
+                "that touches CUDA creates its own context; the data pipeline should stay on the CPU.", d->npeers,
+                og_plural(d->npeers, "process", "processes"), og_plural(d->npeers, "holds", "hold"),
+                og_hb((double)d->peers_bytes).s, r->event.device, d->peers_small ? ", about one CUDA context each" : "");
+    else if (d->npeers)
+        summary(c, "%d other %s of this job (same command, launcher variables) %s %s on GPU %d%s: %s never "
+                "select%s its own GPU before touching CUDA, so %s on this one.", d->npeers,
+                og_plural(d->npeers, "rank", "ranks"), og_plural(d->npeers, "holds", "hold"),
+                og_hb((double)d->peers_bytes).s, r->event.device,
+                d->peers_small ? ", about one CUDA context each" : "", og_plural(d->npeers, "it", "they"),
+                og_plural(d->npeers, "s", ""), og_plural(d->npeers, "its context lands", "their contexts land"));
+    else
+        summary(c, "This rank has LOCAL_RANK=%ld but failed on GPU %d: it did not select its own GPU before touching "
+                "CUDA.", r->local_rank, r->event.device);
+    ev_num(c, "peers", d->npeers);
+    ev_num(c, "children", d->nchildren);
+    ev_bytes(c, "peers_bytes", d->peers_bytes);
+    ev_bytes(c, "shortfall_bytes", d->shortfall);
+    if (r->local_rank >= 0)
+        ev_num(c, "local_rank", (double)r->local_rank);
+    ev_num(c, "device", r->event.device);
+    return true;
+}
+
+static bool c_imbalance(dctx_t *d, og_cause_t *c)
+{
+    og_record_t *r = d->rec;
+    if (d->shortfall == 0 || r->world_size > 1 || r->nsummary < 2)
+        return false;
+    uint64_t mine = 0, most = 0, sum = 0;
+    int nother = 0;
+    for (int i = 0; i < r->nsummary && i < 16; i++) {
+        uint64_t t = r->summary[i].tracked_bytes;
+        if (r->summary[i].index == r->event.device)
+            mine = t;
+        else if (t) {
+            nother++;
+            sum = add_sat(sum, t);
+            if (t > most)
+                most = t;
+        }
+    }
+    if (!nother || !most || (double)mine < 1.5 * (double)most)
+        return false;
+    uint64_t avg = sum / (uint64_t)nother;
+    if (sub0(mine, avg) < d->shortfall)
+        return false;
+    double ratio = (double)mine / (double)most;
+    c->id = "imbalance";
+    c->confidence = 0.6 + 0.3 * clamp01((ratio - 1.5) / 2);
+    summary(c, "GPU %d holds %s while the %d other %s this process uses hold %s on average (%.1fx less): one process "
+            "drives several GPUs and the first carries the gathered outputs and the optimizer state "
+            "(nn.DataParallel).", r->event.device, og_hb((double)mine).s, nother, og_plural(nother, "GPU", "GPUs"),
+            og_hb((double)avg).s, (double)mine / (double)(avg ? avg : 1));
+    ev_bytes(c, "device_bytes", mine);
+    ev_bytes(c, "other_devices_avg_bytes", avg);
+    ev_num(c, "other_devices", nother);
+    ev_num(c, "ratio", ratio);
+    ev_bytes(c, "shortfall_bytes", d->shortfall);
+    return true;
+}
+
 static bool c_foreign(dctx_t *d, og_cause_t *c)
 {
     og_record_t *r = d->rec;
@@ -433,22 +790,22 @@ static bool c_foreign(dctx_t *d, og_cause_t *c)
     double share = d->total ? (double)d->other / (double)d->total : 0;
     c->confidence = 0.45 + 0.25 * clamp01(((double)d->other / (double)d->shortfall - 1) / 3) +
                     0.3 * clamp01(share / 0.25);
-    /* the largest other process, named */
     int n = r->memory.nother < 0 ? 0 : r->memory.nother > 32 ? 32 : r->memory.nother;
     int big = -1;
     for (int i = 0; i < n; i++)
-        if (big < 0 || r->memory.other[i].bytes > r->memory.other[big].bytes)
+        if (!r->memory.other[i].same_job && (big < 0 || r->memory.other[i].bytes > r->memory.other[big].bytes))
             big = i;
-    char who[96] = "";
+    char who[120] = "";
     if (big >= 0) {
         char name[sizeof r->memory.other[0].name];
         cpy(name, sizeof name, r->memory.other[big].name, sizeof name);
-        og_fmt(who, sizeof who, " (largest: pid %d %s, %s)", r->memory.other[big].pid, name[0] ? name : "?",
-            og_hb((double)r->memory.other[big].bytes).s);
+        og_fmt(who, sizeof who, " (largest: %spid %d %s, %s)", r->memory.other[big].visible ? "" : "host ",
+               r->memory.other[big].pid, name[0] ? name : "?", og_hb((double)r->memory.other[big].bytes).s);
     }
-    if (n)
-        summary(c, "%d other process%s hold%s %s on this device%s, more than the %s missing.", n, n == 1 ? "" : "es",
-                n == 1 ? "s" : "", og_hb((double)d->other).s, who, og_hb((double)d->shortfall).s);
+    if (d->nothers)
+        summary(c, "%d other %s %s %s on this device%s, more than the %s missing.", d->nothers,
+                og_plural(d->nothers, "process", "processes"), og_plural(d->nothers, "holds", "hold"),
+                og_hb((double)d->other).s, who, og_hb((double)d->shortfall).s);
     else
         summary(c, "Other processes hold %s on this device, more than the %s missing.", og_hb((double)d->other).s,
                 og_hb((double)d->shortfall).s);
@@ -456,7 +813,7 @@ static bool c_foreign(dctx_t *d, og_cause_t *c)
     ev_bytes(c, "shortfall_bytes", d->shortfall);
     if (d->total)
         ev_num(c, "other_share", share);
-    ev_num(c, "processes", n);
+    ev_num(c, "processes", d->nothers);
     if (big >= 0) {
         char name[sizeof r->memory.other[0].name];
         cpy(name, sizeof name, r->memory.other[big].name, sizeof name);
@@ -482,7 +839,6 @@ static bool c_non_framework(dctx_t *d, og_cause_t *c)
     c->id = "non_framework";
     c->confidence = 0.35 + 0.3 * clamp01(ns < 1 ? (share - ns) / (1 - ns) : 1) +
                     0.2 * clamp01(((double)nf / (double)d->shortfall - 1) / 3);
-    /* the largest holder outside the framework */
     int n = r->memory.nlibs < 0 ? 0 : r->memory.nlibs > 32 ? 32 : r->memory.nlibs;
     int big = -1;
     for (int i = 0; i < n; i++)
@@ -518,115 +874,154 @@ static bool c_non_framework(dctx_t *d, og_cause_t *c)
     return true;
 }
 
+#define GROWTH_MIN_STEPS 6
+#define GROWTH_MAX_STEPS 512
+#define GROWTH_BURST_S 0.00025
+#define LOAD_GAP_S 0.01          /* a load's allocations follow each other closer than this */   /* markers closer than this with nothing between: one burst */
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
 static bool c_growth(dctx_t *d, og_cause_t *c)
 {
     og_record_t *r = d->rec;
-    int n = r->history.nsamples < 0 ? 0 : r->history.nsamples > 512 ? 512 : r->history.nsamples;
-    if (n < GROWTH_MIN_SAMPLES || d->total == 0)
+    int ne = r->history.events ? (r->history.nevents < 0 ? 0 : r->history.nevents) : 0;
+    if (ne < GROWTH_MIN_STEPS || d->total == 0 || d->req == 0)
         return false;
-    const og_sample_t *s = r->history.samples;
-    double tmin = s[0].t_rel, tmax = s[0].t_rel;
-    for (int i = 1; i < n; i++) {
-        if (s[i].t_rel < tmin)
-            tmin = s[i].t_rel;
-        if (s[i].t_rel > tmax)
-            tmax = s[i].t_rel;
-    }
-    uint64_t trough[GROWTH_WINDOWS];
-    bool has[GROWTH_WINDOWS];
-    int filled = 0;
-    for (int pass = 0; pass < 2 && filled < 5; pass++) {
-        bool by_time = pass == 0 && tmax > tmin;
-        if (pass == 0 && !by_time)
+    const struct og_hist_ev *e = r->history.events;
+    /* markers: successful allocations of the failing request's size (within 1/32 or 2 MiB: the
+     * framework's rounding); a step runs from one marker to the next */
+    uint64_t tol = d->req / 32 > (2ULL << 20) ? d->req / 32 : (2ULL << 20);
+    uint64_t lows[GROWTH_MAX_STEPS];
+    int steps = 0;
+    uint64_t low = UINT64_MAX;
+    bool in_step = false, between = false;
+    double last_marker_t = 0;
+    for (int i = 0; i < ne && steps < GROWTH_MAX_STEPS; i++) {
+        if (!e[i].op || strcmp(e[i].op, "fail") == 0)
             continue;
-        filled = 0;
-        for (int w = 0; w < GROWTH_WINDOWS; w++)
-            has[w] = false, trough[w] = 0;
-        for (int i = 0; i < n; i++) {
-            if (!known(s[i].live))
+        bool alloc = strcmp(e[i].op, "alloc") == 0;
+        uint64_t floor_now = alloc ? sub0(e[i].live, e[i].bytes) : e[i].live;
+        bool marker = alloc && (e[i].bytes > d->req ? e[i].bytes - d->req : d->req - e[i].bytes) <= tol;
+        if (marker) {
+            /* back-to-back markers with nothing between (a burst: loading weights, a stack of
+             * buffers) are one step, not many */
+            bool burst = in_step && !between && e[i].t_rel - last_marker_t < GROWTH_BURST_S;
+            last_marker_t = e[i].t_rel;
+            between = false;
+            if (burst)
                 continue;
-            int w = by_time ? (int)((s[i].t_rel - tmin) / (tmax - tmin) * GROWTH_WINDOWS)
-                            : (int)((long long)i * GROWTH_WINDOWS / n);
-            if (w < 0)
-                w = 0;
-            if (w >= GROWTH_WINDOWS)
-                w = GROWTH_WINDOWS - 1;
-            if (!has[w] || s[i].live < trough[w])
-                trough[w] = s[i].live;
-            if (!has[w])
-                filled++;
-            has[w] = true;
-        }
-    }
-    if (filled < 5)
-        return false;
-    if (d->th.growth_min_seconds > 0 && tmax - tmin < d->th.growth_min_seconds)
-        return false;
-    uint64_t eps = d->total / 1000 > (1ULL << 20) ? d->total / 1000 : (1ULL << 20);
-    int steps = 0, rising = 0, first = -1, last = -1, prev = -1;
-    for (int w = 0; w < GROWTH_WINDOWS; w++) {
-        if (!has[w])
+            if (in_step)
+                lows[steps++] = low;     /* close the previous step */
+            in_step = true;
+            low = floor_now;             /* the floor under this step: live before its marker */
             continue;
-        if (first < 0)
-            first = w;
-        last = w;
-        if (prev >= 0) {
-            steps++;
-            if (trough[w] > trough[prev] && trough[w] - trough[prev] > eps)
-                rising++;
         }
-        prev = w;
+        between = true;
+        if (in_step && floor_now < low)
+            low = floor_now;
     }
-    uint64_t rise = sub0(trough[last], trough[first]);
+    if (in_step && steps < GROWTH_MAX_STEPS)
+        lows[steps++] = low;
+    if (steps < GROWTH_MIN_STEPS)
+        return false;
+    int transitions = steps - 1, rising = 0;
+    uint64_t rises[GROWTH_MAX_STEPS];
+    for (int i = 1; i < steps; i++) {
+        rises[i - 1] = sub0(lows[i], lows[i - 1]);
+        if (rises[i - 1] > (1ULL << 19))
+            rising++;
+    }
+    /* the typical step: the median rise (a load or an optimizer's first step inside one step
+     * must not pass for the leak's rate) */
+    qsort(rises, (size_t)transitions, sizeof *rises, cmp_u64);
+    uint64_t per_step = rises[transitions / 2];
+    uint64_t rise = sub0(lows[steps - 1], lows[0]);
     double rs = d->th.growth_rising_steps, gm = d->th.growth_min_share;
-    double rising_share = (double)rising / steps;
+    double rising_share = (double)rising / transitions;
     double rise_share = (double)rise / (double)d->total;
-    if (rising_share + 1e-9 < rs || rise_share + 1e-12 < gm || rise == 0)
+    if (rising_share + 1e-9 < rs || rise_share + 1e-12 < gm || per_step == 0)
+        return false;
+    /* a rise the framework's measured cache accounts for is the cache (a pool that keeps what it
+     * handed out, a caching allocator), not tensors kept alive */
+    if (d->cached_known && strcmp(d->cached_src, "retry_release") != 0 && 2 * d->cached >= rise)
         return false;
     c->id = "growth";
-    c->confidence = 0.4 + 0.3 * clamp01(rs < 1 ? (rising_share - rs) / (1 - rs) : 1) +
-                    0.3 * clamp01((rise_share - gm) / (3 * gm));
-    double per_step = (double)rise / steps;
-    double window_s = tmax > tmin ? (tmax - tmin) / GROWTH_WINDOWS : 0;
-    summary(c, "Memory held by this process kept rising: its low point grew in %d of %d intervals of the run, "
-            "from %s to %s (about %s per interval, %s of the device).", rising, steps, og_hb((double)trough[first]).s, og_hb((double)trough[last]).s,
-            og_hb(per_step).s, og_pct((double)rise, (double)d->total).s);
-    ev_bytes(c, "first_trough_bytes", trough[first]);
-    ev_bytes(c, "last_trough_bytes", trough[last]);
+    c->confidence = 0.5 + 0.25 * clamp01((double)(steps - GROWTH_MIN_STEPS) / 26) +
+                    0.2 * clamp01(rs < 1 ? (rising_share - rs) / (1 - rs) : 1);
+    summary(c, "Memory left behind rises from step to step: in %d steps that each allocate %s (the request that "
+            "failed), the low point rose in %d of %d, by about %s per step, from %s to %s.", steps,
+            og_hb((double)d->req).s, rising, transitions, og_hb((double)per_step).s, og_hb((double)lows[0]).s,
+            og_hb((double)lows[steps - 1]).s);
+    ev_bytes(c, "first_trough_bytes", lows[0]);
+    ev_bytes(c, "last_trough_bytes", lows[steps - 1]);
     ev_bytes(c, "rise_bytes", rise);
-    ev_num(c, "rise_per_step_bytes", (double)(uint64_t)per_step);
-    ev_text(c, "rising_steps", "%d of %d", rising, steps);
-    ev_num(c, "samples", n);
-    ev_num(c, "window_s", window_s);
+    ev_bytes(c, "rise_per_step_bytes", per_step);
+    d->growth_rise = rise;
+    ev_text(c, "rising_steps", "%d of %d", rising, transitions);
+    ev_num(c, "steps", steps);
     return true;
 }
 
 static bool c_does_not_fit(dctx_t *d, og_cause_t *c)
 {
+    og_record_t *r = d->rec;
     if (!d->free_known || d->req == 0)
         return false;
-    uint64_t avail = add_sat(d->free_eff, d->reclaim);
-    if (d->req <= avail)
+    if (d->recovered && !d->larger_than_device)
+        return false;                /* the retry succeeded: it did fit */
+    uint64_t avail = add_sat(add_sat(d->free_eff, d->reclaim), d->app_slack);
+    if (d->req <= avail && !d->larger_than_device)
         return false;
     c->id = "does_not_fit";
-    double conf = 1 - 0.5 * (double)avail / (double)d->req;
-    uint64_t capacity = d->limited ? d->limit : d->total;
     uint64_t job = add_sat(sub0(d->footprint, d->reclaim), d->req);
-    uint64_t missing = d->req - avail;
-    bool alone_fits = capacity && job <= capacity && d->other >= missing;
+    uint64_t missing = sub0(d->req, avail);
+    if (d->larger_than_device) {
+        c->confidence = 1.0;
+        summary(c, "The request alone, %s, is larger than the whole %s (%s): no rearranging of this process can fit "
+                "it.", og_hb((double)d->req).s, d->limited && d->capacity == d->limit ? "limit" : "device",
+                og_hb((double)d->capacity).s);
+        ev_bytes(c, "requested_bytes", d->req);
+        ev_bytes(c, d->limited && d->capacity == d->limit ? "limit_bytes" : "capacity_bytes", d->capacity);
+        ev_num(c, "larger_than_device", 1);
+        ev_bytes(c, "missing_bytes", missing);
+        return true;
+    }
+    double conf = 0.95;
+    const char *basis = "measured";
+    uint64_t fw_held = d->fw_resv_all;
+    if (!d->cached_known && fw_held > 0) {
+        conf = 0.45;                 /* part of the reservation may be cache: not certain */
+        basis = "cache_not_measured";
+    } else if (d->retried && !r->memory.fw.has) {
+        conf = 0.8;
+        basis = "retry_released";
+    }
+    if (d->free_estimated)
+        conf -= 0.15;
+    /* a leak that grew by more than what is missing explains the shortfall better */
+    if (d->growth_rise >= missing && conf > 0.6) {
+        conf = 0.6;
+        basis = "growth_explains";
+    }
+    bool alone_fits = d->capacity && job <= d->capacity && d->other_all >= missing;
     if (alone_fits && conf > 0.45)
         conf = 0.45;
     c->confidence = clamp01(conf);
-    char note[96] = "";
-    if (!d->cached_known)
-        og_fmt(note, sizeof note, " (the framework's cache was not measured)");
-    else if (strcmp(d->cached_src, "retry_release") == 0)
+    char note[120] = "";
+    if (!d->cached_known && fw_held > 0)
+        og_fmt(note, sizeof note, " (%s's cache was not measured: part of its %s may be reclaimable)", d->fwname,
+               og_hb((double)fw_held).s);
+    else if (d->cached_known && strcmp(d->cached_src, "retry_release") == 0)
         og_fmt(note, sizeof note, " (%s already released %s and retried)", d->fwname, og_hb((double)d->cached).s);
     else if (d->free_estimated)
         og_fmt(note, sizeof note, " (free memory estimated)");
-    summary(c, "%s more is needed than is free%s%s; this is %s of the %s this process holds%s.",
+    summary(c, "%s more is needed than is free%s%s; the request is %s and this process holds %s%s.",
             og_hb((double)missing).s, d->reclaim ? " even after releasing the cache" : "", note,
-            og_pct((double)missing, (double)d->footprint).s, og_hb((double)d->footprint).s,
+            og_hb((double)d->req).s, og_hb((double)d->footprint).s,
             alone_fits ? "; alone on the device the job would fit" : "");
     ev_bytes(c, "requested_bytes", d->req);
     ev_bytes(c, d->limited ? "free_under_limit_bytes" : "free_bytes", d->free_eff);
@@ -637,7 +1032,40 @@ static bool c_does_not_fit(dctx_t *d, og_cause_t *c)
     ev_bytes(c, "missing_bytes", missing);
     ev_bytes(c, "footprint_bytes", d->footprint);
     ev_bytes(c, "job_need_bytes", job);
-    ev_bytes(c, d->limited ? "limit_bytes" : "capacity_bytes", capacity);
+    ev_bytes(c, d->limited ? "limit_bytes" : "capacity_bytes", d->capacity);
+    ev_text(c, "basis", "%s", basis);
+    /* failing inside a burst of equal allocations that are all kept: a load (weights), not a step;
+     * an earlier burst of the same size still held: a second copy loaded beside the first */
+    const struct og_hist_ev *e = r->history.events;
+    int ne = e ? r->history.nevents : 0, run = 0, earlier = 0, i = ne - 1;
+    uint64_t tol = 2ULL << 20;       /* shards of one checkpoint are the same size */
+    double t_prev = -1;
+    for (; i >= 0; i--) {
+        if (!e[i].op || strcmp(e[i].op, "fail") == 0)
+            continue;
+        bool same = strcmp(e[i].op, "alloc") == 0 && (e[i].bytes > d->req ? e[i].bytes - d->req : d->req - e[i].bytes) <= tol;
+        if (!same || (t_prev >= 0 && t_prev - e[i].t_rel > LOAD_GAP_S))
+            break;
+        t_prev = e[i].t_rel;
+        run++;
+    }
+    for (; run >= 4 && i >= 0; i--) {
+        if (!e[i].op || strcmp(e[i].op, "fail") == 0)
+            continue;
+        if (strcmp(e[i].op, "alloc") != 0 || (e[i].bytes > d->req ? e[i].bytes - d->req : d->req - e[i].bytes) > tol)
+            break;
+        earlier++;
+    }
+    if (run >= 4) {
+        ev_text(c, "phase", "%s", earlier >= 4 ? "second_load" : "loading");
+        ev_num(c, "load_allocations", run);
+        if (earlier >= 4)
+            ev_num(c, "earlier_load_allocations", earlier);
+        if (earlier >= 4 && strlen(c->summary) + 120 < sizeof c->summary)
+            og_fmt(c->summary + strlen(c->summary) - 1, sizeof c->summary - strlen(c->summary) + 1,
+                   ": it failed loading %d more blocks of %s while %d of the same size, loaded earlier, are still held.",
+                   run, og_hb((double)d->req).s, earlier);
+    }
     return true;
 }
 
@@ -657,9 +1085,14 @@ static void c_unknown(dctx_t *d, og_cause_t *c)
     if (nm)
         og_fmt(miss, sizeof miss, "; not measured: %s%s%s%s%s", m[0], nm > 1 ? ", " : "", nm > 1 ? m[1] : "",
             nm > 2 ? ", " : "", nm > 2 ? m[2] : "");
-    summary(c, "No rule matched: %s requested, %s free of %s, this process tracks %s, others hold %s%s.",
-            og_hb((double)d->req).s, d->free_known ? og_hb((double)d->free_eff).s : "?", og_hb((double)d->total).s,
-            og_hb((double)d->tracked).s, og_hb((double)d->other).s, miss);
+    if (d->free_known)
+        summary(c, "No rule matched: %s requested, %s free of %s, this process tracks %s, others hold %s%s.",
+                og_hb((double)d->req).s, og_hb((double)d->free_eff).s, og_hb((double)d->total).s,
+                og_hb((double)d->tracked).s, og_hb((double)d->other_all).s, miss);
+    else
+        summary(c, "No rule matched: %s requested on a device of %s, this process tracks %s, others hold %s%s.",
+                og_hb((double)d->req).s, og_hb((double)d->total).s, og_hb((double)d->tracked).s,
+                og_hb((double)d->other_all).s, miss);
     ev_bytes(c, "requested_bytes", d->req);
     if (d->free_known)
         ev_bytes(c, "free_bytes", d->free_eff);
@@ -667,7 +1100,7 @@ static void c_unknown(dctx_t *d, og_cause_t *c)
         ev_text(c, "free_bytes", "not measured");
     ev_bytes(c, "total_bytes", d->total);
     ev_bytes(c, "tracked_bytes", d->tracked);
-    ev_bytes(c, "other_processes_bytes", d->other);
+    ev_bytes(c, "other_processes_bytes", d->other_all);
     if (d->cached_known)
         ev_bytes(c, "cached_bytes", d->cached);
 }
@@ -678,8 +1111,9 @@ typedef bool (*cause_fn)(dctx_t *, og_cause_t *);
 
 /* evaluation order = tie-break priority (first wins) */
 static const struct { cause_fn fn; double bonus; } cause_table[] = {
-    {c_limit, 0.06},     {c_cache_held, 0.05}, {c_fragmentation, 0.04}, {c_foreign, 0.03},
-    {c_non_framework, 0.02}, {c_growth, 0.01}, {c_does_not_fit, 0.0},
+    {c_limit, 0.06},          {c_framework_cap, 0.055}, {c_cache_held, 0.05},    {c_peer_ranks, 0.048}, {c_other_framework, 0.045},
+    {c_fragmentation, 0.04},  {c_imbalance, 0.035},    {c_foreign, 0.03},     {c_non_framework, 0.02},
+    {c_growth, 0.01},         {c_does_not_fit, 0.0},
 };
 
 void og_diagnose(og_record_t *rec, const og_thresholds_t *th)
@@ -691,31 +1125,34 @@ void og_diagnose(og_record_t *rec, const og_thresholds_t *th)
     measure(&d, rec, th);
     rec->diagnosis.shortfall_bytes = d.shortfall;
 
-    double score[8];
+    og_cause_t found[sizeof cause_table / sizeof *cause_table];
+    double score[sizeof cause_table / sizeof *cause_table];
     int n = 0;
-    for (size_t i = 0; i < sizeof cause_table / sizeof *cause_table && n < 8; i++) {
-        og_cause_t *c = &rec->diagnosis.causes[n];
+    for (size_t i = 0; i < sizeof cause_table / sizeof *cause_table; i++) {
+        og_cause_t *c = &found[n];
         memset(c, 0, sizeof *c);
         if (cause_table[i].fn(&d, c)) {
             score[n] = c->confidence + cause_table[i].bonus;
             n++;
-        } else {
-            memset(c, 0, sizeof *c);
         }
     }
     /* stable insertion sort by score, highest first */
     for (int i = 1; i < n; i++) {
-        og_cause_t tmp = rec->diagnosis.causes[i];
+        og_cause_t tmp = found[i];
         double ts = score[i];
         int j = i - 1;
         while (j >= 0 && score[j] < ts) {
-            rec->diagnosis.causes[j + 1] = rec->diagnosis.causes[j];
+            found[j + 1] = found[j];
             score[j + 1] = score[j];
             j--;
         }
-        rec->diagnosis.causes[j + 1] = tmp;
+        found[j + 1] = tmp;
         score[j + 1] = ts;
     }
+    if (n > 8)
+        n = 8;
+    for (int i = 0; i < n; i++)
+        rec->diagnosis.causes[i] = found[i];
     if (n == 0) {
         c_unknown(&d, &rec->diagnosis.causes[0]);
         n = 1;

@@ -54,6 +54,27 @@ static void j_frames(og_sb_t *sb, const og_frame_t *f, int n)
         og_sb_json_str(sb, f[i].library);
         K("offset");
         og_sb_printf(sb, "\"0x%llx\"", (unsigned long long)f[i].offset);
+        K("path");          /* path + build_id + offset: what `oomguard report` symbolizes from */
+        if (f[i].path[0]) og_sb_json_str(sb, f[i].path); else og_sb_puts(sb, "null");
+        K("build_id");
+        if (f[i].build_id[0]) og_sb_json_str(sb, f[i].build_id); else og_sb_puts(sb, "null");
+        og_sb_puts(sb, "}");
+    }
+    og_sb_puts(sb, "]");
+}
+
+/* Python lines (event.python_stack, python_sites): bytes/blocks only for sites. */
+static void j_py_frames(og_sb_t *sb, const og_py_frame_t *f, int n, bool sized)
+{
+    og_sb_puts(sb, "[");
+    for (int i = 0; i < n; i++) {
+        og_sb_puts(sb, i ? ",{\"file\":" : "{\"file\":");
+        og_sb_json_str(sb, f[i].file);
+        og_sb_printf(sb, ",\"line\":%d,\"function\":", f[i].line);
+        og_sb_json_str(sb, f[i].function);
+        if (sized)
+            og_sb_printf(sb, ",\"bytes\":%llu,\"blocks\":%llu", (unsigned long long)f[i].bytes,
+                         (unsigned long long)f[i].blocks);
         og_sb_puts(sb, "}");
     }
     og_sb_puts(sb, "]");
@@ -121,7 +142,8 @@ void og_render_json(const og_record_t *r, og_sb_t *sb)
     {
         bool first = true;
         og_sb_puts(sb, "{");
-        K("requested_bytes"); j_u64(sb, r->event.requested_bytes);
+        /* the API's argument, always known: SIZE_MAX is a request, not OG_UNKNOWN */
+        K("requested_bytes"); og_sb_printf(sb, "%llu", (unsigned long long)r->event.requested_bytes);
         K("api"); og_sb_json_str(sb, r->event.api ? r->event.api : "");
         K("driver_api"); og_sb_json_str(sb, r->event.driver_api ? r->event.driver_api : "");
         K("device"); og_sb_printf(sb, "%d", r->event.device);
@@ -130,6 +152,8 @@ void og_render_json(const og_record_t *r, og_sb_t *sb)
         K("caused_by_limit"); og_sb_puts(sb, r->event.caused_by_limit ? "true" : "false");
         K("library"); og_sb_json_str(sb, r->event.library);
         K("stack"); j_frames(sb, r->event.frames, r->event.nframes);
+        K("python_stack"); j_py_frames(sb, r->memory.fw.py_frames, r->memory.fw.npy_frames, false);
+        K("framework_internal"); og_sb_puts(sb, r->event.framework_internal ? "true" : "false");
         K("t"); og_sb_printf(sb, "%.6f", r->event.t);
         K("t_rel"); og_sb_printf(sb, "%.6f", r->event.t_rel);
         K("attempts"); og_sb_printf(sb, "%d", r->event.attempts);
@@ -196,6 +220,8 @@ void og_render_json(const og_record_t *r, og_sb_t *sb)
         og_sb_puts(sb, "]");
         K("other_processes_bytes"); j_u64(sb, r->memory.other_processes_bytes);
         K("host_pinned_bytes"); j_u64(sb, r->memory.host_pinned_bytes);
+        K("nvml_process_query");
+        if (r->memory.nvml_process_query[0]) og_sb_json_str(sb, r->memory.nvml_process_query); else og_sb_puts(sb, "null");
         K("unmeasured"); og_sb_puts(sb, "[");
         for (int i = 0; i < r->memory.nunmeasured; i++) {
             if (i) og_sb_puts(sb, ",");
@@ -221,6 +247,17 @@ void og_render_json(const og_record_t *r, og_sb_t *sb)
                 og_sb_puts(sb, ",\"snapshot_file\":");
                 og_sb_json_str(sb, f->snapshot_file);
             }
+            og_sb_puts(sb, ",\"framework\":");
+            og_sb_json_str(sb, f->framework);
+            og_sb_puts(sb, ",\"api\":");
+            og_sb_json_str(sb, f->api);
+            og_sb_printf(sb, ",\"requested_bytes\":%llu,\"cap_bytes\":%llu,\"peak_bytes\":%llu,\"cap_source\":",
+                         (unsigned long long)f->requested_bytes, (unsigned long long)f->cap_bytes,
+                         (unsigned long long)f->peak_bytes);
+            og_sb_json_str(sb, f->cap_source);
+            og_sb_printf(sb, ",\"grad_enabled\":%s,\"training\":%s",
+                         f->grad_enabled > 0 ? "true" : f->grad_enabled < 0 ? "false" : "null",
+                         f->training > 0 ? "true" : f->training < 0 ? "false" : "null");
             uint64_t cached = f->reserved_bytes > f->allocated_bytes ? f->reserved_bytes - f->allocated_bytes : 0;
             /* 1 - largest free block / free cached bytes; null when either is unknown */
             if (cached && f->largest_free_block_bytes)
@@ -259,6 +296,8 @@ void og_render_json(const og_record_t *r, og_sb_t *sb)
                      (unsigned long long)r->history.failures, (unsigned long long)r->history.unknown_frees);
         og_sb_puts(sb, "}");
     }
+
+    K("python_sites"); j_py_frames(sb, r->memory.fw.py_sites, r->memory.fw.npy_sites, true);
 
     K("top_sites"); og_sb_puts(sb, "[");
     for (int i = 0; i < r->nsites; i++) {
@@ -334,9 +373,30 @@ void og_render_json(const og_record_t *r, og_sb_t *sb)
                      r->summary[i].index, (unsigned long long)r->summary[i].peak_bytes, r->summary[i].peak_t_rel);
         og_sb_json_str(sb, r->summary[i].peak_library);
         og_sb_puts(sb, ",\"fits\":[");
+        /* on the failing device the job needed more than its peak: what it held plus the request
+         * (less a measured cache), never less than peak + shortfall */
+        uint64_t need = r->summary[i].peak_bytes;
+        if (r->event.api && r->summary[i].index == r->event.device && strcmp(r->status, "exit") != 0 &&
+            strcmp(r->status, "warning") != 0) {
+            uint64_t held = r->memory.process_tracked_bytes;
+            if (r->memory.process_used_bytes != OG_UNKNOWN && r->memory.process_used_bytes > held)
+                held = r->memory.process_used_bytes;
+            uint64_t cached = r->memory.framework_cached_bytes != OG_UNKNOWN &&
+                              (!r->memory.framework_cached_source ||
+                               strcmp(r->memory.framework_cached_source, "retry_release") != 0 || r->event.recovered)
+                                  ? r->memory.framework_cached_bytes : 0;
+            uint64_t job = held + r->event.requested_bytes > cached ? held + r->event.requested_bytes - cached : 0;
+            uint64_t ps = r->diagnosis.shortfall_bytes != OG_UNKNOWN ? need + r->diagnosis.shortfall_bytes : need;
+            if (r->event.recovered)
+                job = ps = need;             /* it did fit, after the release */
+            if (job > need)
+                need = job;
+            if (ps > need)
+                need = ps;
+        }
         for (size_t c = 0; c < sizeof cards / sizeof *cards; c++)
             og_sb_printf(sb, "%s{\"card_gb\":%u,\"fits\":%s}", c ? "," : "", cards[c],
-                         r->summary[i].peak_bytes <= (uint64_t)cards[c] * 1000000000ull ? "true" : "false");
+                         need <= (uint64_t)cards[c] * 1000000000ull ? "true" : "false");
         og_sb_puts(sb, "]}");
     }
     og_sb_puts(sb, "]}");
@@ -351,6 +411,8 @@ static const char *human_rot(char (*hb)[32], unsigned *i, uint64_t v)
     return og_human(v, hb[(*i)++ % 8], sizeof hb[0]);
 }
 #define H(v) human_rot(hb, &hbi, (v))
+/* a request is always known: SIZE_MAX is a size, not og_human's "unknown" */
+#define REQ(v) ((v) == OG_UNKNOWN ? OG_UNKNOWN - 1 : (v))
 
 void og_render_text(const og_record_t *r, og_sb_t *sb)
 {
@@ -365,7 +427,7 @@ void og_render_text(const og_record_t *r, og_sb_t *sb)
     og_sb_printf(sb, "\ncommand: %s\nframework: %s\n\n", r->cmdline, og_framework_name(r->framework));
 
     if (r->event.api) {
-        og_sb_printf(sb, "%s of %s (%llu bytes) on device %d failed", r->event.api, H(r->event.requested_bytes),
+        og_sb_printf(sb, "%s of %s (%llu bytes) on device %d failed", r->event.api, H(REQ(r->event.requested_bytes)),
                      (unsigned long long)r->event.requested_bytes, r->event.device);
         if (r->event.caused_by_limit)
             og_sb_puts(sb, " (refused by OOMGUARD_LIMIT)");
@@ -377,6 +439,15 @@ void og_render_text(const og_record_t *r, og_sb_t *sb)
         if (r->event.recovered)
             og_sb_printf(sb, "RECOVERED: a later request of %s succeeded; the program went on.\n",
                          H(r->event.recovered_requested_bytes));
+        if (r->event.framework_internal)
+            og_sb_printf(sb, "The framework's own allocator refused it (no driver call failed)%s%s%s%s.\n",
+                         r->memory.fw.cap_bytes ? ": cap " : "", r->memory.fw.cap_bytes ? H(r->memory.fw.cap_bytes) : "",
+                         r->memory.fw.cap_source[0] ? " set by " : "", r->memory.fw.cap_source);
+        /* the Python lines first: what a Python user looks for (native frames are in the JSON) */
+        for (int i = 0; i < r->memory.fw.npy_frames && i < 12; i++)
+            og_sb_printf(sb, "%s  %s:%d in %s\n", i ? "" : "Python stack (innermost first):\n",
+                         r->memory.fw.py_frames[i].file, r->memory.fw.py_frames[i].line,
+                         r->memory.fw.py_frames[i].function);
     }
     og_sb_printf(sb, "device %d: %s (compute capability %d.%d), total %s, free %s", r->device.index, r->device.name,
                  r->device.cc_major, r->device.cc_minor, H(r->device.total_bytes), H(r->device.free_bytes));
@@ -407,13 +478,15 @@ void og_render_text(const og_record_t *r, og_sb_t *sb)
     if (r->memory.nlibs) {
         og_sb_puts(sb, "\nby library\n");
         for (int i = 0; i < r->memory.nlibs; i++)
-            og_sb_printf(sb, "  %-40s %12s in %llu blocks%s\n", r->memory.by_library[i].library,
+            og_sb_printf(sb, "  %-40s %12s in %llu %s%s\n", r->memory.by_library[i].library,
                          H(r->memory.by_library[i].bytes), (unsigned long long)r->memory.by_library[i].blocks,
+                         r->memory.by_library[i].blocks == 1 ? "block" : "blocks",
                          r->memory.by_library[i].framework ? " (framework)" : "");
     }
-    og_sb_printf(sb, "\npeak %s at %.3f s; %llu allocations, %llu frees, %llu failures\n", H(r->history.peak_bytes),
-                 r->history.peak_t_rel, (unsigned long long)r->history.allocs, (unsigned long long)r->history.frees,
-                 (unsigned long long)r->history.failures);
+    og_sb_printf(sb, "\npeak %s at %.3f s; %llu allocation%s, %llu free%s, %llu failure%s\n", H(r->history.peak_bytes),
+                 r->history.peak_t_rel, (unsigned long long)r->history.allocs, r->history.allocs == 1 ? "" : "s",
+                 (unsigned long long)r->history.frees, r->history.frees == 1 ? "" : "s",
+                 (unsigned long long)r->history.failures, r->history.failures == 1 ? "" : "s");
 
     og_sb_printf(sb, "\ndiagnosis: %s", r->diagnosis.primary ? r->diagnosis.primary : "unknown");
     if (r->diagnosis.shortfall_bytes && r->diagnosis.shortfall_bytes != OG_UNKNOWN)
@@ -434,11 +507,21 @@ void og_render_text(const og_record_t *r, og_sb_t *sb)
                 og_sb_printf(sb, "     saves: %s; costs: %s\n", m->saving, m->cost ? m->cost : "-");
         }
     }
+    if (r->memory.fw.npy_sites) {
+        og_sb_puts(sb, "\nPython lines holding the most live memory\n");
+        for (int i = 0; i < r->memory.fw.npy_sites && i < 10; i++) {
+            const og_py_frame_t *p = &r->memory.fw.py_sites[i];
+            og_sb_printf(sb, "  %12s in %llu block%s  %s:%d in %s\n", H(p->bytes), (unsigned long long)p->blocks,
+                         p->blocks == 1 ? "" : "s",
+                         p->file, p->line, p->function);
+        }
+    }
     if (r->nsites) {
         og_sb_puts(sb, "\ntop allocation sites\n");
         for (int i = 0; i < r->nsites && i < 10; i++) {
             const og_top_site_t *t = &r->sites[i];
-            og_sb_printf(sb, "  %s in %llu blocks via %s from %s\n", H(t->bytes), (unsigned long long)t->blocks, t->api,
+            og_sb_printf(sb, "  %s in %llu block%s via %s from %s\n", H(t->bytes), (unsigned long long)t->blocks,
+                         t->blocks == 1 ? "" : "s", t->api,
                          t->library);
             for (int f = 0; f < t->nframes && f < 8; f++)
                 og_sb_printf(sb, "      #%d %s%s%s+0x%llx\n", f, t->frames[f].symbol[0] ? t->frames[f].symbol : "?",
@@ -464,78 +547,267 @@ static bool write_all(int fd, const char *p, size_t n)
     return true;
 }
 
-/* Atomic replace of dir/name by content; false (errno set) if anything fails. */
-static bool write_atomic(const char *dir, const char *name, const og_sb_t *content)
+/* Names that exist only while a dump is committed: a named temporary file where the file
+ * system has no O_TMPFILE, and the link renamed over this process's own dump.  A fatal
+ * signal or _exit meanwhile removes them (og_dump_fatal), so no hidden file is left. */
+typedef struct {
+    atomic_int dfd;             /* -1: free */
+    pid_t pid;
+    char name[96];
+} og_scratch_t;
+static og_scratch_t scratch[4] = {{-1, 0, ""}, {-1, 0, ""}, {-1, 0, ""}, {-1, 0, ""}};
+
+static void scratch_set(int slot, int dfd, const char *name)
 {
-    char tmp[4800], final[4800];
-    if (snprintf(tmp, sizeof tmp, "%s/.%s.XXXXXX", dir, name) >= (int)sizeof tmp ||
-        snprintf(final, sizeof final, "%s/%s", dir, name) >= (int)sizeof final) {
-        errno = ENAMETOOLONG;
-        return false;
+    snprintf(scratch[slot].name, sizeof scratch[slot].name, "%s", name);
+    scratch[slot].pid = getpid();
+    atomic_store(&scratch[slot].dfd, dfd);
+}
+static void scratch_clear(int slot) { atomic_store(&scratch[slot].dfd, -1); }
+
+static void hidden_name(char *buf, size_t n)
+{
+    static atomic_uint seq;
+    snprintf(buf, n, ".oomguard-%d-%x-%llx.tmp", (int)getpid(), atomic_fetch_add(&seq, 1),
+             (unsigned long long)og_now_ns());
+}
+
+/* One file of a dump before it has its name: an unnamed O_TMPFILE, else a hidden file. */
+typedef struct {
+    int fd;
+    int slot;
+    char tmpname[96];           /* "" for an O_TMPFILE */
+} og_tmp_t;
+
+static bool tmp_open(int dfd, og_tmp_t *t, bool named)
+{
+    t->tmpname[0] = 0;
+    if (!named) {
+        t->fd = openat(dfd, ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
+        return t->fd >= 0;
     }
-    int fd = mkostemp(tmp, O_CLOEXEC);   /* O_CREAT|O_EXCL, mode 0600: never follows a symlink */
-    if (fd < 0)
-        return false;
-    bool ok = write_all(fd, content->buf, content->len) && fsync(fd) == 0;
-    int saved = errno;
-    if (close(fd) != 0 && ok) {
-        ok = false;
-        saved = errno;
+    for (int k = 0; k < 16; k++) {
+        hidden_name(t->tmpname, sizeof t->tmpname);
+        scratch_set(t->slot, dfd, t->tmpname);
+        t->fd = openat(dfd, t->tmpname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (t->fd >= 0)
+            return true;
+        scratch_clear(t->slot);
+        if (errno != EEXIST)
+            break;
     }
-    /* rename() replaces a planted symlink itself; it never writes through it */
-    if (ok && rename(tmp, final) != 0) {
-        ok = false;
-        saved = errno;
+    t->tmpname[0] = 0;
+    return false;
+}
+
+/* Gives the file `name`, failing with EEXIST when the name is taken: the exclusive claim. */
+static int tmp_link(int dfd, const og_tmp_t *t, const char *name)
+{
+    if (t->tmpname[0])
+        return linkat(dfd, t->tmpname, dfd, name, 0);
+    char proc[64];
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", t->fd);
+    return linkat(AT_FDCWD, proc, dfd, name, AT_SYMLINK_FOLLOW);
+}
+
+/* Replaces `name` (this process's own file) atomically. */
+static int tmp_replace(int dfd, og_tmp_t *t, const char *name)
+{
+    if (t->tmpname[0]) {
+        if (renameat(dfd, t->tmpname, dfd, name) != 0)
+            return -1;
+        scratch_clear(t->slot);
+        t->tmpname[0] = 0;
+        return 0;
     }
-    if (!ok) {
-        unlink(tmp);
-        errno = saved;
-        return false;
+    char hidden[96];
+    for (int k = 0; k < 16; k++) {
+        hidden_name(hidden, sizeof hidden);
+        scratch_set(t->slot, dfd, hidden);
+        if (tmp_link(dfd, t, hidden) == 0) {
+            int r = renameat(dfd, hidden, dfd, name), e = errno;
+            if (r != 0)
+                unlinkat(dfd, hidden, 0);
+            scratch_clear(t->slot);
+            errno = e;
+            return r;
+        }
+        scratch_clear(t->slot);
+        if (errno != EEXIST)
+            return -1;
     }
+    return -1;
+}
+
+static void tmp_close(int dfd, og_tmp_t *t)
+{
+    if (t->fd >= 0)
+        close(t->fd);
+    t->fd = -1;
+    if (t->tmpname[0]) {
+        unlinkat(dfd, t->tmpname, 0);
+        scratch_clear(t->slot);
+        t->tmpname[0] = 0;
+    }
+}
+
+/* The names this process holds: its dump there is replaced in place, and no other file is
+ * ever replaced.  Processes in different pid namespaces share a host name and a pid (1, in
+ * containers), so the name alone does not say whose a file is: the inode does. */
+typedef struct {
+    dev_t dir_dev, file_dev;
+    ino_t dir_ino, file_ino;
+    char base[540];
+} og_owned_t;
+static og_owned_t owned[4];          /* guarded by write_lock */
+static int nowned;
+
+static og_owned_t *owned_in(const struct stat *dir)
+{
+    for (int i = 0; i < nowned; i++)
+        if (owned[i].dir_dev == dir->st_dev && owned[i].dir_ino == dir->st_ino)
+            return &owned[i];
+    return NULL;
+}
+
+/* Writes base.json and base.txt in dir, both or neither; `path` gets the JSON's path.
+ * `named`: hidden temporary files instead of O_TMPFILE (file systems without it). */
+static bool write_pair(const char *dir, const char *base, const og_sb_t *json, const og_sb_t *text, char *path,
+                       size_t pathlen, bool named, bool *retry_named)
+{
+    *retry_named = false;
     int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        fsync(dfd);
-        close(dfd);
+    if (dfd < 0)
+        return false;
+    og_tmp_t tj = {.fd = -1, .slot = 0}, tt = {.fd = -1, .slot = 1};
+    bool ok = false;
+    struct stat ds, fs;
+    char jname[600], tname[600];
+    if (fstat(dfd, &ds) != 0 || !tmp_open(dfd, &tj, named) || !tmp_open(dfd, &tt, named)) {
+        *retry_named = !named && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL);
+        goto out;
     }
-    return true;
+    if (!write_all(tj.fd, json->buf, json->len) || fsync(tj.fd) != 0 || !write_all(tt.fd, text->buf, text->len) ||
+        fsync(tt.fd) != 0)
+        goto out;
+    og_owned_t *o = owned_in(&ds);
+    if (o) {
+        snprintf(jname, sizeof jname, "%s.json", o->base);
+        snprintf(tname, sizeof tname, "%s.txt", o->base);
+    }
+    if (o && fstatat(dfd, jname, &fs, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(fs.st_mode) &&
+        fs.st_dev == o->file_dev && fs.st_ino == o->file_ino) {
+        /* our own dump (a recovery, a newer failure): text first, so the JSON's text is there */
+        if (tmp_replace(dfd, &tt, tname) != 0 || tmp_replace(dfd, &tj, jname) != 0)
+            goto out;
+        if (fstat(tj.fd, &fs) == 0) {   /* the new inode is ours now */
+            o->file_dev = fs.st_dev;
+            o->file_ino = fs.st_ino;
+        }
+    } else {
+        /* claim a name no file has: the documented one when it is free, else base-2, -3 ... */
+        for (int n = 1;; n++) {
+            char b[540];
+            if (n == 1)
+                snprintf(b, sizeof b, "%s", base);
+            else
+                snprintf(b, sizeof b, "%s-%d", base, n);
+            snprintf(jname, sizeof jname, "%s.json", b);
+            snprintf(tname, sizeof tname, "%s.txt", b);
+            if (tmp_link(dfd, &tj, jname) == 0) {
+                if (tmp_link(dfd, &tt, tname) == 0) {
+                    if (!o)
+                        o = nowned < 4 ? &owned[nowned++] : &owned[3];
+                    o->dir_dev = ds.st_dev;
+                    o->dir_ino = ds.st_ino;
+                    snprintf(o->base, sizeof o->base, "%s", b);
+                    if (fstat(tj.fd, &fs) == 0) {
+                        o->file_dev = fs.st_dev;
+                        o->file_ino = fs.st_ino;
+                    }
+                    break;
+                }
+                int e = errno;
+                unlinkat(dfd, jname, 0);   /* just made: the pair lands together or not at all */
+                errno = e;
+            }
+            if (errno != EEXIST || n >= 1000) {
+                /* no /proc to link an O_TMPFILE through: hidden named files instead */
+                *retry_named = !named && errno != EEXIST && errno != ENOSPC && errno != EDQUOT &&
+                               errno != EROFS && errno != EACCES;
+                goto out;
+            }
+        }
+    }
+    fsync(dfd);
+    snprintf(path, pathlen, "%s/%s", dir, jname);
+    ok = true;
+out:;
+    int saved = errno;
+    tmp_close(dfd, &tj);
+    tmp_close(dfd, &tt);
+    close(dfd);
+    errno = saved;
+    return ok;
 }
 
 static atomic_int warned_dir;
 static atomic_llong dumps_written;
 static atomic_int warned_budget;
 
-/* Writes both files; returns the JSON path written into `path`, or "" when all failed. */
 /* One file per process: a less serious record never replaces a more serious one (an exit
  * summary or a warning must not overwrite the evidence of a failure).  A failure's own
- * "recovered" rewrite is allowed, and a new failure replaces an old one. */
+ * "recovered" rewrite is allowed (same device), and a new failure replaces an old one.
+ * The check and the write happen under write_lock, so two threads cannot interleave them;
+ * other processes never replace this one's file (the claim above). */
 static int severity(const char *status)
 {
     return strcmp(status, "oom") == 0 ? 3 : strcmp(status, "recovered") == 0 ? 2
          : strcmp(status, "warning") == 0 ? 1 : 0;
 }
-static atomic_int written_severity = -1;
+static pthread_mutex_t write_lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_int written_severity = -1;   /* written under write_lock; read anywhere */
+static atomic_int written_device = -1;
 
-static void write_dump(const og_record_t *r, char *path, size_t pathlen)
+static bool severity_allows(int sev, int device)
 {
-    path[0] = 0;
-    int sev = severity(r->status), cur = atomic_load(&written_severity);
-    if (sev < cur && !(sev == 2 && cur == 3)) {
+    int cur = atomic_load(&written_severity);
+    return sev >= cur || (sev == 2 && cur == 3 && atomic_load(&written_device) == device);
+}
+
+/* Before any capture: is a dump of this status wanted, and is one left in the budget?
+ * Past OOMGUARD_MAX_DUMPS a failure costs this check, not a capture (issue 11 item 11). */
+static bool dump_admit(const char *status, int device)
+{
+    if (!severity_allows(severity(status), device)) {
         if (og_opt.verbose)
-            og_log("%s record not written: the dump file holds a %s record", r->status,
-                   cur == 3 ? "oom" : cur == 2 ? "recovered" : "warning");
-        return;
+            og_log("%s record not written: the dump file holds a more serious record", status);
+        return false;
     }
-    atomic_store(&written_severity, sev);
-    if (atomic_fetch_add(&dumps_written, 1) >= og_opt.max_dumps) {
+    if (atomic_load_explicit(&dumps_written, memory_order_relaxed) >= og_opt.max_dumps ||
+        atomic_fetch_add(&dumps_written, 1) >= og_opt.max_dumps) {
         if (!atomic_exchange(&warned_budget, 1))
             og_warn("%lld dumps written (OOMGUARD_MAX_DUMPS); later failures are counted but not dumped",
                     og_opt.max_dumps);
-        return;
+        return false;
     }
+    return true;
+}
+
+static const char *dump_dir_fallback(void)
+{
+    const char *tmpdir = getenv("TMPDIR");
+    return tmpdir && *tmpdir ? tmpdir : "/tmp";
+}
+
+/* Writes both files (budget already taken); `path` gets the JSON path, "" when all failed. */
+static void write_dump(const og_record_t *r, char *path, size_t pathlen)
+{
+    path[0] = 0;
+    og_fatal_arm();
     og_sb_t json = {0}, text = {0};
     og_render_json(r, &json);
     og_render_text(r, &text);
-    path[0] = 0;
     if (json.failed || text.failed) {
         og_warn("could not render the dump (out of host memory)");
         goto out;
@@ -548,24 +820,41 @@ static void write_dump(const og_record_t *r, char *path, size_t pathlen)
     for (char *p = base; *p; p++)
         if (*p == '/')
             *p = '_';
+    /* the working directory may be gone (getcwd fails): the temp dirs still work */
     char cwd[4096];
-    const char *tmpdir = getenv("TMPDIR");
-    const char *dirs[3] = {og_opt.dir ? og_opt.dir_s : (getcwd(cwd, sizeof cwd) ? cwd : NULL),
-                           tmpdir && *tmpdir ? tmpdir : "/tmp", NULL};
-    for (int i = 0; dirs[i]; i++) {
-        char jname[600], tname[600];
-        snprintf(jname, sizeof jname, "%s.json", base);
-        snprintf(tname, sizeof tname, "%s.txt", base);
-        if (write_atomic(dirs[i], jname, &json) && write_atomic(dirs[i], tname, &text)) {
-            snprintf(path, pathlen, "%s/%s", dirs[i], jname);
+    const char *dirs[4] = {0};
+    int nd = 0;
+    if (og_opt.dir_s[0])
+        dirs[nd++] = og_opt.dir_s;
+    else if (getcwd(cwd, sizeof cwd))
+        dirs[nd++] = cwd;
+    const char *tmp = dump_dir_fallback();
+    if (!nd || strcmp(dirs[0], tmp) != 0)
+        dirs[nd++] = tmp;
+    if (strcmp(tmp, "/tmp") != 0 && strcmp(dirs[0], "/tmp") != 0)
+        dirs[nd++] = "/tmp";
+    pthread_mutex_lock(&write_lock);
+    if (!severity_allows(severity(r->status), r->event.device)) {
+        pthread_mutex_unlock(&write_lock);   /* a more serious record landed meanwhile */
+        goto out;
+    }
+    for (int i = 0; i < nd; i++) {
+        bool named;
+        bool ok = write_pair(dirs[i], base, &json, &text, path, pathlen, false, &named) ||
+                  (named && write_pair(dirs[i], base, &json, &text, path, pathlen, true, &named));
+        if (ok) {
+            atomic_store(&written_severity, severity(r->status));
+            atomic_store(&written_device, r->event.device);
+            pthread_mutex_unlock(&write_lock);
             if (i > 0 && !atomic_exchange(&warned_dir, 1))
-                og_warn("could not write the dump in %s; wrote it in %s instead", dirs[0], dirs[i]);
+                og_warn("could not write the dump in %s; wrote it in %s instead",
+                        og_opt.dir_s[0] ? og_opt.dir_s : "the working directory", dirs[i]);
             goto out;
         }
         if (!atomic_exchange(&warned_dir, 1) || og_opt.verbose)
             og_warn("cannot write a dump in %s: %s", dirs[i], strerror(errno));
-        atomic_store(&warned_dir, 1);
     }
+    pthread_mutex_unlock(&write_lock);
     /* nowhere to write: the text goes to stderr so the evidence is not lost */
     og_warn("no writable directory for the dump; here it is:");
     if (write(STDERR_FILENO, text.buf, text.len) < 0) {
@@ -578,20 +867,61 @@ out:
 
 /* ------------------------------------------------------------------ stderr summary */
 
-/* The summary is printed once per failure the framework did not recover from.  Whether it
- * recovers is known only later, so it is held here and printed when the episode is over
- * unrecovered: at exit, or when a newer failure starts. */
+/* One summary per device, printed once per failure the framework did not recover from.
+ * Whether it recovers is known only later, so it is held here and printed when the
+ * episode is over unrecovered: a newer failure on the same device, a success long after,
+ * exit, _exit or a fatal signal.  The fatal paths cannot take locks: each slot has an
+ * atomic state, and only a READY slot is printed (then emptied) by whoever takes it. */
+enum { P_EMPTY, P_BUSY, P_READY };
+typedef struct {
+    atomic_int state;
+    char text[2048];
+} og_pending_t;
+static og_pending_t pending[OG_MAX_DEVICES];
+static atomic_int pending_pid;            /* a vfork child shares these: it prints nothing */
 static pthread_mutex_t pending_lock = PTHREAD_MUTEX_INITIALIZER;
-static char pending[2048];
 
-static void flush_pending_locked(void)
+/* Async-signal-safe: prints a READY slot once. */
+static void print_pending(int d)
 {
-    if (pending[0] && !og_opt.quiet) {
-        if (write(STDERR_FILENO, pending, strlen(pending)) < 0) {
-            /* stderr closed: the dump is on disk anyway */
-        }
+    int want = P_READY;
+    if (!atomic_compare_exchange_strong(&pending[d].state, &want, P_BUSY))
+        return;
+    if (!og_opt.quiet && write(STDERR_FILENO, pending[d].text, strlen(pending[d].text)) < 0) {
+        /* stderr closed: the dump is on disk anyway */
     }
-    pending[0] = 0;
+    atomic_store(&pending[d].state, P_EMPTY);
+}
+
+static void flush_pending(int device)
+{
+    pthread_mutex_lock(&pending_lock);
+    for (int d = 0; d < OG_MAX_DEVICES; d++)
+        if (device < 0 || d == device)
+            print_pending(d);
+    pthread_mutex_unlock(&pending_lock);
+}
+
+static void store_pending(int d, const char *text)
+{
+    if (d < 0 || d >= OG_MAX_DEVICES)
+        return;
+    pthread_mutex_lock(&pending_lock);
+    atomic_store(&pending[d].state, P_BUSY);
+    snprintf(pending[d].text, sizeof pending[d].text, "%s", text);
+    atomic_store(&pending_pid, (int)getpid());
+    atomic_store(&pending[d].state, P_READY);
+    pthread_mutex_unlock(&pending_lock);
+    og_fatal_arm();
+}
+
+static void clear_pending(int d)
+{
+    if (d < 0 || d >= OG_MAX_DEVICES)
+        return;
+    pthread_mutex_lock(&pending_lock);
+    atomic_store(&pending[d].state, P_EMPTY);
+    pthread_mutex_unlock(&pending_lock);
 }
 
 static void set_pending(const og_record_t *r, const char *path)
@@ -600,7 +930,7 @@ static void set_pending(const og_record_t *r, const char *path)
     unsigned hbi = 0;
     og_sb_t sb = {0};
     og_sb_printf(&sb, "oomguard: %s of %s on device %d (%s) failed: %s free of %s", r->event.api,
-                 H(r->event.requested_bytes), r->device.index, r->device.name, H(r->device.free_bytes),
+                 H(REQ(r->event.requested_bytes)), r->device.index, r->device.name, H(r->device.free_bytes),
                  H(r->device.total_bytes));
     if (r->device.limit_bytes != OG_UNKNOWN)
         og_sb_printf(&sb, " (limit %s)", H(r->device.limit_bytes));
@@ -614,27 +944,56 @@ static void set_pending(const og_record_t *r, const char *path)
                      r->remedies[i].nhow ? ": " : "", r->remedies[i].nhow ? r->remedies[i].how[0] : "");
     if (path[0])
         og_sb_printf(&sb, "oomguard: full report: oomguard report %s\n", path);
-    pthread_mutex_lock(&pending_lock);
-    snprintf(pending, sizeof pending, "%s", sb.buf ? sb.buf : "");
-    pthread_mutex_unlock(&pending_lock);
+    store_pending(r->event.device, sb.buf ? sb.buf : "");
     og_sb_free(&sb);
 }
 
+/* Past the dump budget there is no record: say what failed, from the episode alone. */
+static void set_pending_brief(const og_episode_t *ep)
+{
+    char msg[512], hb[32];
+    snprintf(msg, sizeof msg,
+             "oomguard: %s of %s on device %d failed (no dump: OOMGUARD_MAX_DUMPS=%lld reached)\n",
+             ep->hook >= 0 && ep->hook < OG_H_COUNT ? og_hooks[ep->hook].name : "allocation",
+             og_human(ep->requested, hb, sizeof hb), ep->device, og_opt.max_dumps);
+    store_pending(ep->device, msg);
+}
+
 /* A fork child writes its own file (its own pid) and may have been forked while another
- * thread held the summary lock. */
+ * thread held one of these locks. */
 void og_dump_atfork_child(void)
 {
     pthread_mutex_init(&pending_lock, NULL);
-    pending[0] = 0;
+    pthread_mutex_init(&write_lock, NULL);
+    for (int d = 0; d < OG_MAX_DEVICES; d++)
+        atomic_store(&pending[d].state, P_EMPTY);
+    for (int i = 0; i < 4; i++)
+        scratch_clear(i);
+    nowned = 0;
     atomic_store(&written_severity, -1);
+    atomic_store(&written_device, -1);
     atomic_store(&dumps_written, 0);
 }
 
-void og_dump_atexit(void)
+void og_dump_atexit(void) { flush_pending(-1); }
+
+void og_dump_flush_pending(int device) { flush_pending(device); }
+
+/* The process is dying (fatal signal, _exit): async-signal-safe only. */
+void og_dump_fatal(void)
 {
-    pthread_mutex_lock(&pending_lock);
-    flush_pending_locked();
-    pthread_mutex_unlock(&pending_lock);
+    int pid = (int)getpid();
+    for (int i = 0; i < 4; i++) {
+        if (scratch[i].pid != pid)
+            continue;
+        int dfd = atomic_exchange(&scratch[i].dfd, -1);
+        if (dfd >= 0)
+            unlinkat(dfd, scratch[i].name, 0);
+    }
+    if (atomic_load(&pending_pid) != pid)
+        return;
+    for (int d = 0; d < OG_MAX_DEVICES; d++)
+        print_pending(d);
 }
 
 /* ------------------------------------------------------------------ entry points */
@@ -642,18 +1001,22 @@ void og_dump_atexit(void)
 void og_write_record(og_record_t *rec)
 {
     char path[4800];
-    write_dump(rec, path, sizeof path);
+    path[0] = 0;
+    if (dump_admit(rec->status, rec->event.device))
+        write_dump(rec, path, sizeof path);
     if (og_opt.verbose)
-        og_log("%s dump written: %s", rec->status, path[0] ? path : "(stderr)");
+        og_log("%s dump written: %s", rec->status, path[0] ? path : "(none)");
 }
-
 
 void og_report_failure(const og_episode_t *ep, og_call_t *c)
 {
-    if (ep->attempts == 1 && c->active) {  /* a new failure: an older unrecovered one is final */
-        pthread_mutex_lock(&pending_lock);
-        flush_pending_locked();
-        pthread_mutex_unlock(&pending_lock);
+    bool fresh = ep->attempts == 1 && c->active;
+    if (fresh)   /* a new failure on this device: its older unrecovered one is final */
+        flush_pending(ep->device);
+    if (!dump_admit("oom", ep->device)) {
+        if (fresh)
+            set_pending_brief(ep);
+        return;
     }
     og_record_t *rec = og_record_capture("oom", ep, ep->device);
     if (!rec)
@@ -668,9 +1031,9 @@ void og_report_failure(const og_episode_t *ep, og_call_t *c)
 
 void og_report_recovered(const og_episode_t *ep, og_call_t *c)
 {
-    pthread_mutex_lock(&pending_lock);
-    pending[0] = 0;                          /* recovered: no alarm on stderr */
-    pthread_mutex_unlock(&pending_lock);
+    clear_pending(ep->device);               /* recovered: no alarm on stderr */
+    if (!dump_admit("recovered", ep->device))
+        return;
     og_record_t *rec = og_record_capture("recovered", ep, ep->device);
     if (!rec)
         return;

@@ -1,44 +1,181 @@
-/* The framework's own view of its memory, handed in by an adapter (the Python adapter for
- * PyTorch calls oomguard_framework_report() from its out-of-memory observer).  Stored as
- * the latest report; dumps written afterwards use it. */
+/* The framework's own view of its memory, handed in by an adapter (adapters/python):
+ *   oomguard_framework_report()  numbers at a driver failure (PyTorch's out-of-memory observer);
+ *   oomguard_framework_oom()     the framework failed a request: rewrite the driver failure's dump,
+ *                                or write a dump of its own for a failure inside the framework's
+ *                                allocator (memory fraction, XLA arena, CuPy pool limit);
+ *   oomguard_framework_set_query()  a query the shim calls at a driver failure when that cannot
+ *                                deadlock (include/oomguard.h states the rules, og_query_at_failure
+ *                                below enforces them).
+ * Stored as the latest report; dumps written afterwards use it. */
 #include "og.h"
 #include "record.h"
 
+#include <dlfcn.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static pthread_mutex_t fw_lock = PTHREAD_MUTEX_INITIALIZER;
 static og_framework_view_t fw_view;
 
-OG_EXPORT int oomguard_framework_report(const oomguard_framework_stats_t *s)
+/* does the caller's struct reach field f? (adapters built against an older header pass less) */
+#define HAS(s, f) ((s)->struct_size >= offsetof(oomguard_framework_stats_t, f) + sizeof((s)->f))
+
+/* cut at n - 1 bytes: these are labels, a shortened one is still useful */
+static void copy_str(char *dst, size_t n, const char *src)
 {
-    /* Adapters built against an older header pass a smaller struct: read what it has. */
+    size_t i = 0;
+    for (; src && src[i] && i + 1 < n; i++)
+        dst[i] = src[i];
+    dst[i] = 0;
+}
+
+/* "file\tline\tfunction[\tbytes\tblocks]\n"... -> frames; malformed lines are skipped. */
+static int parse_lines(const char *s, og_py_frame_t *out, int max, bool sized)
+{
+    int n = 0;
+    while (s && *s && n < max) {
+        const char *end = strchr(s, '\n');
+        size_t len = end ? (size_t)(end - s) : strlen(s);
+        char line[512];
+        snprintf(line, sizeof line, "%.*s", (int)(len < sizeof line - 1 ? len : sizeof line - 1), s);
+        s = end ? end + 1 : s + len;
+        char *save = NULL, *file = strtok_r(line, "\t", &save), *ln = strtok_r(NULL, "\t", &save);
+        char *fn = strtok_r(NULL, "\t", &save);
+        if (!file || !ln || !fn)
+            continue;
+        og_py_frame_t *f = &out[n];
+        memset(f, 0, sizeof *f);
+        copy_str(f->file, sizeof f->file, file);
+        copy_str(f->function, sizeof f->function, fn);
+        f->line = atoi(ln);
+        if (sized) {
+            char *b = strtok_r(NULL, "\t", &save), *k = strtok_r(NULL, "\t", &save);
+            if (!b || !k)
+                continue;
+            f->bytes = strtoull(b, NULL, 10);
+            f->blocks = strtoull(k, NULL, 10);
+        }
+        n++;
+    }
+    return n;
+}
+
+/* What the struct says, merged into *v (the numbers only when the adapter filled them). */
+static int fill_view(og_framework_view_t *v, const oomguard_framework_stats_t *s)
+{
     if (!s || s->struct_size < offsetof(oomguard_framework_stats_t, snapshot_path))
         return -1;
-    og_framework_view_t v;
-    memset(&v, 0, sizeof v);
-    v.has = true;
-    v.allocated_bytes = s->allocated_bytes;
-    v.reserved_bytes = s->reserved_bytes;
-    v.active_bytes = s->active_bytes;
-    v.inactive_split_bytes = s->inactive_split_bytes;
-    v.largest_free_block_bytes = s->largest_free_block_bytes;
-    v.private_pool_bytes = s->private_pool_bytes;
-    v.num_alloc_retries = s->num_alloc_retries;
-    v.num_ooms = s->num_ooms;
-    snprintf(v.allocator_settings, sizeof v.allocator_settings, "%s", s->allocator_settings ? s->allocator_settings : "");
-    snprintf(v.source, sizeof v.source, "%s", s->source ? s->source : "adapter");
-    if (s->struct_size >= offsetof(oomguard_framework_stats_t, snapshot_path) + sizeof s->snapshot_path &&
-        s->snapshot_path)
-        snprintf(v.snapshot_file, sizeof v.snapshot_file, "%s", s->snapshot_path);
-    v.device = (int)s->device;
+    uint64_t flags = HAS(s, flags) ? s->flags : 0;
+    if (!(flags & OOMGUARD_FW_NO_NUMBERS)) {
+        memset(v, 0, sizeof *v);      /* a new report replaces the old one whole */
+        v->has = true;
+        v->allocated_bytes = s->allocated_bytes;
+        v->reserved_bytes = s->reserved_bytes;
+        v->active_bytes = s->active_bytes;
+        v->inactive_split_bytes = s->inactive_split_bytes;
+        v->largest_free_block_bytes = s->largest_free_block_bytes;
+        v->private_pool_bytes = s->private_pool_bytes;
+        v->num_alloc_retries = s->num_alloc_retries;
+        v->num_ooms = s->num_ooms;
+        copy_str(v->allocator_settings, sizeof v->allocator_settings, s->allocator_settings);
+        copy_str(v->source, sizeof v->source, s->source ? s->source : "adapter");
+        if (HAS(s, snapshot_path) && s->snapshot_path)
+            copy_str(v->snapshot_file, sizeof v->snapshot_file, s->snapshot_path);
+        v->device = (int)s->device;
+        if (HAS(s, framework))
+            copy_str(v->framework, sizeof v->framework, s->framework);
+        if (HAS(s, api))
+            copy_str(v->api, sizeof v->api, s->api);
+        if (HAS(s, requested_bytes))
+            v->requested_bytes = s->requested_bytes;
+        if (HAS(s, cap_bytes))
+            v->cap_bytes = s->cap_bytes;
+        if (HAS(s, cap_source))
+            copy_str(v->cap_source, sizeof v->cap_source, s->cap_source);
+        if (HAS(s, peak_bytes))
+            v->peak_bytes = s->peak_bytes;
+        if (HAS(s, grad_enabled))
+            v->grad_enabled = s->grad_enabled;
+        if (HAS(s, training))
+            v->training = s->training;
+    }
+    if (HAS(s, python_stack) && s->python_stack)
+        v->npy_frames = parse_lines(s->python_stack, v->py_frames, 24, false);
+    if (HAS(s, python_sites) && s->python_sites)
+        v->npy_sites = parse_lines(s->python_sites, v->py_sites, 16, true);
+    if (HAS(s, unmeasured_why) && s->unmeasured_why)
+        copy_str(v->unmeasured_why, sizeof v->unmeasured_why, s->unmeasured_why);
+    v->reported_t_ns = og_now_ns();
+    return 0;
+}
+
+/* Fresh struct views are big (Python lines): built in static storage under build_lock,
+ * which is taken only by adapter calls (never on an allocation path). */
+static pthread_mutex_t build_lock = PTHREAD_MUTEX_INITIALIZER;
+static og_framework_view_t build_view;
+
+static int store(const oomguard_framework_stats_t *s, bool internal_oom, int *device)
+{
+    pthread_mutex_lock(&build_lock);
     pthread_mutex_lock(&fw_lock);
-    fw_view = v;
+    build_view = fw_view;
     pthread_mutex_unlock(&fw_lock);
+    int r = fill_view(&build_view, s);
+    if (r == 0) {
+        build_view.internal_oom = internal_oom;
+        *device = build_view.device;
+        pthread_mutex_lock(&fw_lock);
+        fw_view = build_view;
+        pthread_mutex_unlock(&fw_lock);
+    }
+    pthread_mutex_unlock(&build_lock);
+    return r;
+}
+
+OG_EXPORT int oomguard_framework_report(const oomguard_framework_stats_t *s)
+{
+    int device = 0;
+    if (store(s, false, &device) != 0)
+        return -1;
     og_init_slow();
     og_in_shim++;                 /* nothing done while rewriting the dump is recorded */
-    og_oom_refresh(v.device);
+    og_oom_refresh(device);
+    og_in_shim--;
+    return 0;
+}
+
+OG_EXPORT int oomguard_framework_oom(const oomguard_framework_stats_t *s)
+{
+    int device = 0;
+    if (!s || s->struct_size < offsetof(oomguard_framework_stats_t, snapshot_path))
+        return -1;
+    og_init_slow();
+    uint64_t t0 = og_now_ns();    /* before store(): the Python lines belong to this failure */
+    uint64_t window = (uint64_t)og_opt.retry_window_ms * 1000000ull;
+    bool driver_failed = s->device >= 0 && s->device < OG_MAX_DEVICES && og_oom_open_recent((int)s->device, window);
+    if (store(s, !driver_failed, &device) != 0)
+        return -1;
+    og_in_shim++;
+    if (driver_failed) {
+        og_oom_refresh(device);   /* the driver's failure is the event; these are its numbers */
+    } else if (device >= 0 && device < OG_MAX_DEVICES) {
+        /* No call reached the driver: the framework's allocator refused the request itself. */
+        og_episode_t ep;
+        memset(&ep, 0, sizeof ep);
+        ep.device = device;
+        ep.hook = -1;
+        ep.kind = OG_KIND_PLAIN;
+        ep.attempts = 1;
+        ep.caller = __builtin_return_address(0);
+        ep.site = og_site_capture(ep.caller);
+        ep.first_t_ns = ep.last_t_ns = t0;
+        ep.first_requested = ep.requested = HAS(s, requested_bytes) ? s->requested_bytes : 0;
+        ep.result = CUDA_ERROR_OUT_OF_MEMORY;
+        og_call_t c = {.hook = -1, .device = device, .caller = ep.caller, .active = true};
+        og_report_failure(&ep, &c);
+    }
     og_in_shim--;
     return 0;
 }
@@ -50,8 +187,111 @@ void og_framework_view_get(og_framework_view_t *out)
     pthread_mutex_unlock(&fw_lock);
 }
 
+/* ------------------------------------------------------------------ the query */
+
+static _Atomic(oomguard_query_fn) query_fn;
+static _Atomic(void *) query_ctx;
+static atomic_uint query_flags;
+static OG_TLS int in_query;
+
+OG_EXPORT int oomguard_framework_set_query(oomguard_query_fn fn, void *ctx, unsigned flags)
+{
+    atomic_store(&query_fn, NULL);          /* never a new function with the old context */
+    atomic_store(&query_ctx, ctx);
+    atomic_store(&query_flags, flags);
+    atomic_store(&query_fn, fn);
+    return 0;
+}
+
+/* CPython, looked up in the process (the interpreter or libpython exports them). */
+typedef int (*py_int_fn)(void);
+typedef void *(*py_ptr_fn)(void);
+static struct {
+    py_int_fn is_initialized, gc_disable, gc_enable;
+    py_ptr_fn unchecked_get, this_thread_state;
+} py;
+
+static void py_resolve(void)
+{
+    if (py.is_initialized && py.unchecked_get && py.this_thread_state)
+        return;
+    py.is_initialized = (py_int_fn)og_dlsym_real(RTLD_DEFAULT, "Py_IsInitialized");
+    py.unchecked_get = (py_ptr_fn)og_dlsym_real(RTLD_DEFAULT, "PyThreadState_GetUnchecked");      /* 3.13 */
+    if (!py.unchecked_get)
+        py.unchecked_get = (py_ptr_fn)og_dlsym_real(RTLD_DEFAULT, "_PyThreadState_UncheckedGet");
+    py.this_thread_state = (py_ptr_fn)og_dlsym_real(RTLD_DEFAULT, "PyGILState_GetThisThreadState");
+    py.gc_disable = (py_int_fn)og_dlsym_real(RTLD_DEFAULT, "PyGC_Disable");                    /* 3.10 */
+    py.gc_enable = (py_int_fn)og_dlsym_real(RTLD_DEFAULT, "PyGC_Enable");
+}
+
+/* Does this thread hold the GIL?  Only read, never acquired.  The thread state that holds
+ * the GIL (3.9-3.11: the interpreter's current one; 3.12+: this thread's attached one) must
+ * be this thread's own.  PyGILState_Check is not used: it answers 1 when its check is off
+ * (sub-interpreters) or before Python is initialised. */
+static bool py_holds_gil(const char **why)
+{
+    py_resolve();
+    if (!py.is_initialized || !py.unchecked_get || !py.this_thread_state) {
+        *why = "framework query skipped: no Python interpreter found in the process";
+        return false;
+    }
+    if (!py.is_initialized()) {
+        *why = "framework query skipped: Python is not initialised";
+        return false;
+    }
+    void *t = py.unchecked_get();
+    if (!t || t != py.this_thread_state()) {
+        *why = "framework query skipped: the failing thread does not hold the Python GIL "
+               "(taking it inside the allocation could deadlock)";
+        return false;
+    }
+    if (!py.gc_disable || !py.gc_enable) {
+        *why = "framework query skipped: this Python cannot pause its garbage collector (3.10+ needed)";
+        return false;
+    }
+    return true;
+}
+
+void og_query_at_failure(int device)
+{
+    oomguard_query_fn fn = atomic_load(&query_fn);
+    if (!fn || in_query || device < 0 || device >= OG_MAX_DEVICES)
+        return;
+    void *ctx = atomic_load(&query_ctx);
+    unsigned flags = atomic_load(&query_flags);
+    const char *why = NULL;
+    int gc_was = -1;
+    if ((flags & OOMGUARD_QUERY_NEEDS_GIL) && !py_holds_gil(&why)) {
+        pthread_mutex_lock(&fw_lock);
+        copy_str(fw_view.unmeasured_why, sizeof fw_view.unmeasured_why, why);
+        pthread_mutex_unlock(&fw_lock);
+        return;
+    }
+    if (flags & OOMGUARD_QUERY_NEEDS_GIL)
+        gc_was = py.gc_disable();      /* no finalizer (freeing device memory) inside the failing call */
+    oomguard_framework_stats_t *s = calloc(1, sizeof *s);
+    if (s) {
+        s->struct_size = sizeof *s;
+        s->device = device;
+        s->flags = OOMGUARD_FW_NO_NUMBERS;
+        in_query++;
+        int r = fn(ctx, device, s);
+        in_query--;
+        if (r == 0) {
+            s->struct_size = sizeof *s;    /* the query fills, it does not shrink the struct */
+            int d = device;
+            store(s, false, &d);
+        }
+        free(s);
+    }
+    if (gc_was > 0)
+        py.gc_enable();
+}
+
 void og_framework_atfork_child(void)
 {
     pthread_mutex_init(&fw_lock, NULL);
+    pthread_mutex_init(&build_lock, NULL);
     memset(&fw_view, 0, sizeof fw_view);
+    in_query = 0;
 }

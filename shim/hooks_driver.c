@@ -227,8 +227,8 @@ static CUresult after_pool_alloc(og_call_t *c, CUresult r, CUdeviceptr *dptr, ui
         c->device = og_current_device();
     if (!pool && c->device >= 0)
         pool = og_device_current_pool(c->device);
-    og_track_pool_use(c, pool, c->device);
-    return after_alloc(c, r, dptr, bytes, OG_KIND_POOL);
+    bool counted = og_track_pool_use(c, pool, c->device);
+    return after_alloc(c, r, dptr, bytes, OG_KIND_POOL | (counted ? OG_KIND_F_COUNTED : 0));
 }
 
 /* The legacy-stream and per-thread-stream (_ptsz) entry points differ only in which stream
@@ -293,8 +293,165 @@ CUresult cuMemPoolDestroy(CUmemoryPool pool)
         OG_BEGIN(name);                                     \
         CUresult r = real(dev);                             \
         if (c.active && r == CUDA_SUCCESS)                  \
-            og_track_context_reset(&c, (int)dev);           \
+            og_track_blocks_gone(&c, (int)dev);             \
         OG_END(r);                                          \
     }
 OG_CTX_RESET(cuDevicePrimaryCtxReset)       /* ABI of CUDA 7.0 (what libcudart asks for) */
 OG_CTX_RESET(cuDevicePrimaryCtxReset_v2)    /* ABI of CUDA 11.0 */
+
+/* A created context's blocks die with it; the driver is asked which ones those were. */
+#define OG_CTX_DESTROY(name)                                \
+    CUresult name(CUcontext ctx)                            \
+    {                                                       \
+        OG_BEGIN(name);                                     \
+        CUresult r = real(ctx);                             \
+        if (c.active && r == CUDA_SUCCESS)                  \
+            og_track_blocks_gone(&c, -1);                   \
+        OG_END(r);                                          \
+    }
+OG_CTX_DESTROY(cuCtxDestroy)
+OG_CTX_DESTROY(cuCtxDestroy_v2)
+
+/* The primary context is destroyed when its last reference is released. */
+#define OG_CTX_RELEASE(name)                                                         \
+    CUresult name(CUdevice dev)                                                      \
+    {                                                                                \
+        OG_BEGIN(name);                                                              \
+        CUresult r = real(dev);                                                      \
+        og_cfn_cuDevicePrimaryCtxGetState state = OG_CALL(cuDevicePrimaryCtxGetState); \
+        unsigned int flags;                                                          \
+        int active = 1;                                                              \
+        if (c.active && r == CUDA_SUCCESS && state && state(dev, &flags, &active) == CUDA_SUCCESS && !active) \
+            og_track_blocks_gone(&c, (int)dev);                                      \
+        OG_END(r);                                                                   \
+    }
+OG_CTX_RELEASE(cuDevicePrimaryCtxRelease)
+OG_CTX_RELEASE(cuDevicePrimaryCtxRelease_v2)
+
+/* ------------------------------------------------------------------ synchronisation */
+
+/* Pools return memory above their release threshold when the work that freed it is done:
+ * re-read their reservations (nothing to do, and no driver call, without pools). */
+static CUresult after_sync(og_call_t *c, CUresult r)
+{
+    if (c->active && r == CUDA_SUCCESS)
+        og_track_pool_refresh(NULL);
+    return r;
+}
+
+CUresult cuStreamSynchronize(CUstream hStream)
+{
+    OG_BEGIN(cuStreamSynchronize);
+    CUresult r = after_sync(&c, real(hStream));
+    OG_END(r);
+}
+
+CUresult cuStreamSynchronize_ptsz(CUstream hStream)
+{
+    OG_BEGIN(cuStreamSynchronize_ptsz);
+    CUresult r = after_sync(&c, real(hStream));
+    OG_END(r);
+}
+
+CUresult cuCtxSynchronize(void)
+{
+    OG_BEGIN(cuCtxSynchronize);
+    CUresult r = after_sync(&c, real());
+    OG_END(r);
+}
+
+CUresult cuCtxSynchronize_v2(CUcontext ctx)
+{
+    OG_BEGIN(cuCtxSynchronize_v2);
+    CUresult r = after_sync(&c, real(ctx));
+    OG_END(r);
+}
+
+CUresult cuEventSynchronize(CUevent hEvent)
+{
+    OG_BEGIN(cuEventSynchronize);
+    CUresult r = after_sync(&c, real(hEvent));
+    OG_END(r);
+}
+
+/* ------------------------------------------------------------------ CUDA arrays */
+
+/* Bytes of the texels: the driver may pad and tile (not visible through the API for a
+ * plain array); this is the size the program asked for. */
+static uint64_t format_bytes(CUarray_format f)
+{
+    switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF: return 2;
+    default: return 4;
+    }
+}
+
+static uint64_t array_bytes(size_t w, size_t h, size_t d, CUarray_format f, unsigned ch, unsigned levels)
+{
+    uint64_t total = 0;
+    for (unsigned l = 0; l < (levels ? levels : 1); l++) {
+        uint64_t lw = w >> l ? w >> l : 1, lh = h >> l ? h >> l : 1, ld = d >> l ? d >> l : 1;
+        total += lw * lh * ld * (ch ? ch : 1) * format_bytes(f);
+    }
+    return total;
+}
+
+static CUresult after_array(og_call_t *c, CUresult r, void *handle, uint64_t bytes)
+{
+    if (!c->active)
+        return r;
+    if (r == CUDA_SUCCESS && handle)
+        og_track_alloc(c, (uintptr_t)handle, bytes, OG_KIND_PLAIN | OG_KIND_F_ARRAY);
+    else if (r != CUDA_SUCCESS)
+        og_track_failure(c, bytes, OG_KIND_PLAIN, r);
+    return r;
+}
+
+CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *desc)
+{
+    OG_BEGIN(cuArrayCreate_v2);
+    uint64_t bytes = desc ? array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels, 1) : 0;
+    OG_LIMIT(-1, bytes, OG_KIND_PLAIN);
+    CUresult r = real(pHandle, desc);
+    r = after_array(&c, r, r == CUDA_SUCCESS && pHandle ? (void *)*pHandle : NULL, bytes);
+    OG_END(r);
+}
+
+CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc)
+{
+    OG_BEGIN(cuArray3DCreate_v2);
+    uint64_t bytes = desc ? array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels, 1)
+                          : 0;
+    OG_LIMIT(-1, bytes, OG_KIND_PLAIN);
+    CUresult r = real(pHandle, desc);
+    r = after_array(&c, r, r == CUDA_SUCCESS && pHandle ? (void *)*pHandle : NULL, bytes);
+    OG_END(r);
+}
+
+CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc,
+                                unsigned int numMipmapLevels)
+{
+    OG_BEGIN(cuMipmappedArrayCreate);
+    uint64_t bytes = desc ? array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels,
+                                        numMipmapLevels)
+                          : 0;
+    OG_LIMIT(-1, bytes, OG_KIND_PLAIN);
+    CUresult r = real(pHandle, desc, numMipmapLevels);
+    r = after_array(&c, r, r == CUDA_SUCCESS && pHandle ? (void *)*pHandle : NULL, bytes);
+    OG_END(r);
+}
+
+CUresult cuArrayDestroy(CUarray hArray)
+{
+    OG_BEGIN(cuArrayDestroy);
+    OG_FREE_CALL(hArray, real(hArray));
+    OG_END(r);
+}
+
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
+{
+    OG_BEGIN(cuMipmappedArrayDestroy);
+    OG_FREE_CALL(hMipmappedArray, real(hMipmappedArray));
+    OG_END(r);
+}

@@ -1,8 +1,12 @@
 /* Start-up, fork handling and the public functions of include/oomguard.h. */
 #include "og.h"
 
+#include <dlfcn.h>
+#include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 OG_TLS int og_in_shim;
 atomic_int og_ready;
@@ -46,6 +50,7 @@ static void init_once_fn(void)
     og_ledger_init();
     og_oom_init();
     og_limit_init();
+    og_calls_resolve(NULL);     /* a program linked with -lcuda has its driver already */
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
     if (og_opt.verbose) {
         og_log("liboomguard %s loaded", OOMGUARD_VERSION);
@@ -59,13 +64,99 @@ static void init_once_fn(void)
 /* Hooks can run before our constructor (another library's constructor may allocate). */
 void og_init_slow(void) { pthread_once(&init_once, init_once_fn); }
 
-__attribute__((constructor)) static void og_constructor(void) { og_init_slow(); }
+/* The plain `LD_PRELOAD=liboomguard.so python train.py` loads the Python adapter exactly as
+ * `oomguard run` does (tools/run.c): the adapter directory goes first on PYTHONPATH, so the
+ * interpreter imports its sitecustomize.py at start-up, which chains the user's own.  It has to
+ * happen here, in the constructor: the interpreter reads PYTHONPATH once, in main(), after
+ * every constructor; and only here is the process still single-threaded, so setenv() races
+ * no getenv().  Each process decides for itself (children inherit LD_PRELOAD and the path; the
+ * path is not added twice).  Nothing happens outside a Python interpreter, in an interpreter
+ * already running (the library dlopen'ed late), or with OOMGUARD_PYTHON_ADAPTER=0. */
+static void python_adapter_path(void)
+{
+    typedef int (*py_init_fn)(void);
+    if (!og_opt.python_adapter || !og_dlsym_real(RTLD_DEFAULT, "Py_BytesMain"))
+        return;
+    py_init_fn is_init = (py_init_fn)og_dlsym_real(RTLD_DEFAULT, "Py_IsInitialized");
+    if (!is_init || is_init())
+        return;
+    Dl_info info;
+    if (!dladdr((void *)python_adapter_path, &info) || !info.dli_fname)
+        return;
+    char dir[PATH_MAX], cand[PATH_MAX + 32], probe[PATH_MAX + 64], real[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", info.dli_fname);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        *slash = 0;
+    else
+        snprintf(dir, sizeof dir, ".");
+    /* installed: <prefix>/lib/oomguard/python; build tree: <build>/../adapters/python */
+    static const char *const rel[] = {"python", "../adapters/python"};
+    for (size_t i = 0; i < sizeof rel / sizeof *rel; i++) {
+        snprintf(cand, sizeof cand, "%.4000s/%s", dir, rel[i]);
+        snprintf(probe, sizeof probe, "%.4000s/sitecustomize.py", cand);
+        if (access(probe, R_OK) != 0 || !realpath(cand, real))
+            continue;
+        const char *old = getenv("PYTHONPATH");
+        if (!old || !*old) {
+            setenv("PYTHONPATH", real, 1);
+            return;
+        }
+        size_t l = strlen(real);
+        for (const char *p = old; (p = strstr(p, real)); p += l)
+            if ((p == old || p[-1] == ':') && (!p[l] || p[l] == ':'))
+                return;                  /* already there (oomguard run, or the parent process) */
+        size_t n = l + strlen(old) + 2;
+        char *v = malloc(n);
+        if (!v)
+            return;
+        snprintf(v, n, "%s:%s", real, old);
+        setenv("PYTHONPATH", v, 1);
+        free(v);
+        return;
+    }
+}
 
-/* A failure still unrecovered when the process ends gets its stderr summary now. */
+__attribute__((constructor)) static void og_constructor(void)
+{
+    og_init_slow();
+    og_in_shim++;
+    python_adapter_path();
+    og_in_shim--;
+}
+
+/* A failure still unrecovered when the process ends gets its stderr summary, and
+ * OOMGUARD_SUMMARY its lines and exit dump, from an atexit handler: those run before the
+ * libraries' destructors, while libcuda and NVML still work.  It is registered from the
+ * program's first tracked call (og_exit_arm), after the C library registered its own
+ * destructor pass; registered from our constructor it would run after that pass. */
+static atomic_int exit_done;
+static void og_exit_handler(void)
+{
+    if (!atomic_load(&og_ready) || atomic_exchange(&exit_done, 1))
+        return;
+    og_in_shim++;
+    og_dump_atexit();
+    og_summary_atexit();
+    og_in_shim--;
+    atomic_store(&og_exiting, 1);
+}
+
+void og_exit_arm(void)
+{
+    static atomic_int armed;
+    if (!atomic_load_explicit(&armed, memory_order_relaxed) && !atomic_exchange(&armed, 1))
+        atexit(og_exit_handler);
+}
+
+/* Destructors run in any order with libcuda's: from here on no driver or NVML call.  A
+ * process that never made a tracked call (or was not ended by exit) is summed up here. */
 __attribute__((destructor)) static void og_destructor(void)
 {
     if (atomic_load(&og_ready)) {
         atomic_store(&og_exiting, 1);
+        if (atomic_exchange(&exit_done, 1))
+            return;
         og_in_shim++;
         og_dump_atexit();
         og_summary_atexit();

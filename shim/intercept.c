@@ -15,6 +15,7 @@
 #include "og.h"
 
 #include <dlfcn.h>
+#include <link.h>
 #include <string.h>
 
 const og_hook_t og_hooks[OG_H_COUNT] = {
@@ -78,6 +79,77 @@ OG_NO_SANITIZE static void remember_real(int id, void *real)
         atomic_compare_exchange_strong(&og_real_ptrs[id], &expected, real);
 }
 
+/* ------------------------------------------------------------------ the calls table */
+
+_Atomic(void *) og_call_ptrs[OG_C_COUNT];
+
+static const struct { const char *name; int lib; } call_names[OG_C_COUNT] = {
+#define OG_CALLFN(ret, name, lib, params) [OG_C_##name] = {#name, lib},
+#include "calls.def"
+#undef OG_CALLFN
+};
+
+static atomic_int cuda_resolved, nvml_resolved;
+static pthread_mutex_t resolve_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* A handle the program got from dlmopen() into another link-map namespace is another copy
+ * of the driver with its own state: it is neither wrapped nor used by the shim. */
+OG_NO_SANITIZE static bool foreign_namespace(void *handle)
+{
+    Lmid_t lmid = LM_ID_BASE;
+    if (!handle || handle == RTLD_DEFAULT || handle == RTLD_NEXT)
+        return false;
+    return dlinfo(handle, RTLD_DI_LMID, &lmid) == 0 && lmid != LM_ID_BASE;
+}
+
+static void fill_from(void *h, int lib)
+{
+    for (int i = 0; i < OG_C_COUNT; i++) {
+        void *expected = NULL, *p;
+        if (call_names[i].lib != lib || atomic_load(&og_call_ptrs[i]))
+            continue;
+        if ((p = og_dlsym_real(h, call_names[i].name)))
+            atomic_compare_exchange_strong(&og_call_ptrs[i], &expected, p);
+    }
+    for (int i = 0; i < OG_H_COUNT; i++)
+        if (og_hooks[i].lib == lib && !atomic_load(&og_real_ptrs[i]))
+            remember_real(i, og_dlsym_real(h, og_hooks[i].name));
+}
+
+/* Called at the doors (constructor, dlsym on the driver's handle, cuGetProcAddress) and, as a
+ * last resort, once from og_resolve_real: the driver's functions are looked up there, all at
+ * once, and NVML is opened — an allocation never pays for a lookup or a dlopen. */
+void og_calls_resolve(void *cuda_handle)
+{
+    if (atomic_load_explicit(&cuda_resolved, memory_order_acquire) &&
+        (atomic_load_explicit(&nvml_resolved, memory_order_acquire) || !og_opt.nvml))
+        return;
+    if (foreign_namespace(cuda_handle))
+        return;
+    pthread_mutex_lock(&resolve_lock);
+    if (!atomic_load(&cuda_resolved)) {
+        void *own = cuda_handle ? NULL : dlopen(lib_soname(OG_LIB_CUDA), RTLD_LAZY | RTLD_NOLOAD);
+        void *h = cuda_handle ? cuda_handle : own;
+        if (h) {
+            fill_from(h, OG_LIB_CUDA);
+            /* the driver is there once its most basic function is */
+            if (OG_CALL(cuCtxGetDevice))
+                atomic_store_explicit(&cuda_resolved, 1, memory_order_release);
+        }
+        if (own)
+            dlclose(own);     /* libcuda stays loaded: the program holds it */
+    }
+    /* NVML only once the driver is in the process: a preloaded shell or launcher never
+     * loads it.  The handle is kept for the life of the process. */
+    if (atomic_load(&cuda_resolved) && og_opt.nvml && !atomic_load(&nvml_resolved)) {
+        void *h = dlopen(lib_soname(OG_LIB_NVML), RTLD_NOW | RTLD_LOCAL);
+        if (h)
+            fill_from(h, OG_LIB_NVML);
+        atomic_store_explicit(&nvml_resolved, 1, memory_order_release);
+    }
+    pthread_mutex_unlock(&resolve_lock);
+}
+
 OG_NO_SANITIZE void *og_resolve_real(int id)
 {
     void *p = atomic_load_explicit(&og_real_ptrs[id], memory_order_acquire);
@@ -85,28 +157,12 @@ OG_NO_SANITIZE void *og_resolve_real(int id)
         return p;
     /* Next definition after us in the global scope (a program linked with -lcuda) ... */
     p = og_dlsym_real(RTLD_NEXT, og_hooks[id].name);
-    if (!p) {
-        /* ... or the library itself when it was dlopen'ed locally. */
-        void *h = dlopen(lib_soname(og_hooks[id].lib), RTLD_LAZY | RTLD_NOLOAD);
-        if (h) {
-            p = og_dlsym_real(h, og_hooks[id].name);
-            dlclose(h);
-        }
-    }
     remember_real(id, p);
+    /* ... or the library itself when it was dlopen'ed locally: the whole table at once, so
+     * that this happens once per process and not once per function. */
+    if (!p && atomic_load_explicit(&og_ready, memory_order_acquire))
+        og_calls_resolve(NULL);
     return atomic_load_explicit(&og_real_ptrs[id], memory_order_acquire);
-}
-
-/* An un-hooked driver function the shim itself needs (cuCtxGetDevice, pool attributes). */
-void *og_cuda_sym(const char *name)
-{
-    void *p = NULL;
-    void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-    if (h) {
-        p = og_dlsym_real(h, name);
-        dlclose(h);
-    }
-    return p;
 }
 
 /* ------------------------------------------------------------------ cuGetProcAddress answers */
@@ -149,6 +205,7 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cu
     og_fn_cuGetProcAddress_v2 real = OG_REAL(cuGetProcAddress_v2);
     if (!real)
         return CUDA_ERROR_NOT_INITIALIZED;
+    og_calls_resolve(NULL);
     CUresult r = real(symbol, pfn, cudaVersion, flags, symbolStatus);
     if (r == CUDA_SUCCESS && pfn && *pfn)
         *pfn = og_proc_wrapper(symbol, cudaVersion, flags, *pfn);
@@ -160,6 +217,7 @@ CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuin
     og_fn_cuGetProcAddress real = OG_REAL(cuGetProcAddress);
     if (!real)
         return CUDA_ERROR_NOT_INITIALIZED;
+    og_calls_resolve(NULL);
     CUresult r = real(symbol, pfn, cudaVersion, flags);
     if (r == CUDA_SUCCESS && pfn && *pfn)
         *pfn = og_proc_wrapper(symbol, cudaVersion, flags, *pfn);
@@ -183,8 +241,12 @@ OG_NO_SANITIZE __attribute__((visibility("hidden"))) void *og_dlsym_handle(void 
     if (!real)
         return NULL;
     int id = og_hook_find(name);
-    if (id < 0)
+    if (id < 0 || foreign_namespace(handle))
         return real;
+    /* a door: the driver (or NVML) is in the process, resolve what the shim calls */
+    if (atomic_load_explicit(&og_ready, memory_order_acquire) && og_hooks[id].lib == OG_LIB_CUDA &&
+        real != og_hooks[id].wrapper)
+        og_calls_resolve(handle);
     if (real == og_hooks[id].wrapper) {      /* found our own export (e.g. on dlopen(NULL)) */
         if (og_resolve_real(id))
             return real;

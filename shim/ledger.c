@@ -17,6 +17,7 @@
  * struct and a share of the bucket array, nothing from malloc. */
 #include "og.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
@@ -52,21 +53,25 @@ typedef struct og_block {
     uint64_t size;
     uint64_t t_ns;
     uint32_t site;
-    int16_t device;
+    int8_t device;                  /* < OG_MAX_DEVICES; int8 keeps the block at 32 bytes + hh */
     uint8_t kind;
     uint8_t hook;
+    uint8_t flags;                  /* OG_KIND_F_COUNTED */
     UT_hash_handle hh;
 } og_block_t;
 
+/* One event of a ring.  A ring has one writer at a time (its shard's lock) and readers that
+ * take no lock (a dump), so the slot is a seqlock made only of atomics: seq is cleared, the
+ * fields are written, seq is set to index+1; a reader keeps a slot whose seq reads index+1
+ * before and after it copied the fields (the fences order the relaxed accesses in C11). */
 typedef struct {
-    _Atomic uint64_t seq;            /* index+1 once written; readers skip torn slots */
-    uint64_t t_ns, bytes, live;
-    int16_t device;
-    uint8_t op, hook;
+    _Atomic uint64_t seq;            /* index+1 once written; 0 while being written */
+    _Atomic uint64_t t_ns, bytes, live;
+    _Atomic uint32_t what;           /* device (16 bits) | op (8) | hook (8) */
 } og_event_t;
 
 typedef struct {
-    og_event_t *ev;
+    _Atomic(og_event_t *) ev;        /* allocated at the ring's first event */
     uint32_t size;
     _Atomic uint64_t head;
 } ring_t;
@@ -94,6 +99,8 @@ typedef struct {
 typedef struct {
     _Atomic uint64_t tracked, peak, peak_t_ns;
     _Atomic uint64_t pool_used;                 /* also in the shards; here for limit checks */
+    _Atomic uint64_t pool_counted;              /* blocks of unreadable pools (OG_KIND_F_COUNTED) */
+    atomic_int pools_unreadable;
     _Atomic uint64_t pool_reserved, vmm_physical, vmm_handles, vmm_mapped;
     _Atomic uint64_t slow_allocs, slow_frees, failures, unknown_frees;   /* VMM and rare paths */
     /* usage over the whole run, downsampled: when full, every other sample is dropped and
@@ -170,17 +177,24 @@ static pthread_mutex_t slow_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void ring_add(ring_t *r, int op, int hook, int device, uint64_t bytes, uint64_t live, uint64_t t)
 {
-    if (!r->ev)
-        return;
+    og_event_t *ev = atomic_load_explicit(&r->ev, memory_order_relaxed);
+    if (OG_UNLIKELY(!ev)) {
+        /* Each ring holds OOMGUARD_HISTORY events, so the newest OOMGUARD_HISTORY of the
+         * process are always kept, however the threads share them; only rings that are used
+         * cost memory (one per allocating thread, up to 64). */
+        if (!r->size || !(ev = calloc(r->size, sizeof *ev)))
+            return;
+        atomic_store_explicit(&r->ev, ev, memory_order_release);
+    }
     uint64_t i = atomic_load_explicit(&r->head, memory_order_relaxed);
-    og_event_t *e = &r->ev[i % r->size];
+    og_event_t *e = &ev[i % r->size];
     atomic_store_explicit(&e->seq, 0, memory_order_relaxed);
-    e->t_ns = t;
-    e->bytes = bytes;
-    e->live = live;
-    e->device = (int16_t)device;
-    e->op = (uint8_t)op;
-    e->hook = (uint8_t)hook;
+    atomic_thread_fence(memory_order_release);
+    atomic_store_explicit(&e->t_ns, t, memory_order_relaxed);
+    atomic_store_explicit(&e->bytes, bytes, memory_order_relaxed);
+    atomic_store_explicit(&e->live, live, memory_order_relaxed);
+    atomic_store_explicit(&e->what, (uint32_t)(uint16_t)device << 16 | (uint32_t)(uint8_t)op << 8 | (uint8_t)hook,
+                          memory_order_relaxed);
     atomic_store_explicit(&e->seq, i + 1, memory_order_release);
     atomic_store_explicit(&r->head, i + 1, memory_order_release);
 }
@@ -194,17 +208,24 @@ static void history_add(int op, int hook, int device, uint64_t bytes, uint64_t l
 
 static size_t ring_copy(ring_t *r, og_history_event_t *out, size_t n, size_t max)
 {
-    if (!r->ev)
+    og_event_t *ev = atomic_load_explicit(&r->ev, memory_order_acquire);
+    if (!ev)
         return n;
     uint64_t head = atomic_load_explicit(&r->head, memory_order_acquire);
     uint64_t first = head > r->size ? head - r->size : 0;
     for (uint64_t i = first; i < head && n < max; i++) {
-        og_event_t *e = &r->ev[i % r->size];
+        og_event_t *e = &ev[i % r->size];
         if (atomic_load_explicit(&e->seq, memory_order_acquire) != i + 1)
             continue;
-        out[n] = (og_history_event_t){ticks_to_ns(e->t_ns), e->bytes, e->live, e->device, e->op, e->hook};
-        if (atomic_load_explicit(&e->seq, memory_order_acquire) == i + 1)
-            n++;
+        uint64_t t = atomic_load_explicit(&e->t_ns, memory_order_relaxed);
+        uint64_t bytes = atomic_load_explicit(&e->bytes, memory_order_relaxed);
+        uint64_t live = atomic_load_explicit(&e->live, memory_order_relaxed);
+        uint32_t what = atomic_load_explicit(&e->what, memory_order_relaxed);
+        atomic_thread_fence(memory_order_acquire);
+        if (atomic_load_explicit(&e->seq, memory_order_relaxed) != i + 1)
+            continue;                    /* rewritten while we read it */
+        out[n++] = (og_history_event_t){ticks_to_ns(t), bytes, live, (int16_t)(what >> 16), (uint8_t)(what >> 8),
+                                        (uint8_t)what};
     }
     return n;
 }
@@ -215,6 +236,7 @@ static int cmp_event_t(const void *a, const void *b)
     return (x->t_ns > y->t_ns) - (x->t_ns < y->t_ns);
 }
 
+/* The newest OOMGUARD_HISTORY events of the process, oldest first. */
 size_t og_history_copy(og_history_event_t *out, size_t max)
 {
     size_t n = 0;
@@ -222,46 +244,37 @@ size_t og_history_copy(og_history_event_t *out, size_t max)
         n = ring_copy(&shards[i].ring, out, n, max);
     n = ring_copy(&slow_ring, out, n, max);
     qsort(out, n, sizeof *out, cmp_event_t);
+    size_t keep = (size_t)og_opt.history;
+    if (keep && n > keep) {
+        memmove(out, out + (n - keep), keep * sizeof *out);
+        n = keep;
+    }
     return n;
 }
 
 size_t og_history_capacity(void)
 {
-    return (size_t)SHARDS * shards[0].ring.size + slow_ring.size;
+    size_t n = atomic_load(&slow_ring.ev) ? slow_ring.size : 0;
+    for (int i = 0; i < SHARDS; i++)
+        if (atomic_load(&shards[i].ring.ev))
+            n += shards[i].ring.size;
+    return n;
 }
 
 /* ------------------------------------------------------------------ devices */
 
-typedef CUresult (*ctx_get_device_fn)(CUdevice *);
-static _Atomic(ctx_get_device_fn) ctx_get_device;
-
 int og_current_device(void)
 {
-    ctx_get_device_fn f = atomic_load_explicit(&ctx_get_device, memory_order_acquire);
-    if (!f) {
-        f = (ctx_get_device_fn)og_cuda_sym("cuCtxGetDevice");
-        if (!f)
-            return -1;
-        atomic_store_explicit(&ctx_get_device, f, memory_order_release);
-    }
+    og_cfn_cuCtxGetDevice f = OG_CALL(cuCtxGetDevice);
     CUdevice d;
-    return f(&d) == CUDA_SUCCESS ? (int)d : -1;
+    return f && f(&d) == CUDA_SUCCESS ? (int)d : -1;
 }
-
-typedef CUresult (*ptr_attr_fn)(void *, CUpointer_attribute, CUdeviceptr);
-static _Atomic(ptr_attr_fn) ptr_attr;
 
 int og_pointer_device(uintptr_t addr)
 {
-    ptr_attr_fn f = atomic_load_explicit(&ptr_attr, memory_order_acquire);
-    if (!f) {
-        f = (ptr_attr_fn)og_cuda_sym("cuPointerGetAttribute");
-        if (!f)
-            return -1;
-        atomic_store_explicit(&ptr_attr, f, memory_order_release);
-    }
+    og_cfn_cuPointerGetAttribute f = OG_CALL(cuPointerGetAttribute);
     int ordinal = -1;
-    return f(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, (CUdeviceptr)addr) == CUDA_SUCCESS ? ordinal : -1;
+    return f && f(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, (CUdeviceptr)addr) == CUDA_SUCCESS ? ordinal : -1;
 }
 
 static inline dev_t_ *dev_of(int device)
@@ -348,8 +361,10 @@ static OG_TLS int my_shard_idx = -1;
 
 static inline shard_t *my_shard(void)
 {
-    if (OG_UNLIKELY(my_shard_idx < 0))
+    if (OG_UNLIKELY(my_shard_idx < 0)) {
         my_shard_idx = (int)(atomic_fetch_add(&next_shard, 1) % SHARDS);
+        og_exit_arm();          /* once per thread: the program is running, not starting */
+    }
     return &shards[my_shard_idx];
 }
 
@@ -420,8 +435,17 @@ static inline void shard_count(shard_t *s, const og_block_t *b, int sign)
         sd->frees++;
 }
 
+/* How a block counts on its device: plain and managed blocks and counted pool blocks are
+ * device memory themselves; other pool blocks are inside their pool's reservation. */
+static inline bool counts_itself(int kind, int flags)
+{
+    return kind != OG_KIND_POOL || (flags & OG_KIND_F_COUNTED) != 0;
+}
+
 void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind)
 {
+    int flags = kind & OG_KIND_F_MASK;
+    kind &= ~OG_KIND_F_MASK;
     if (OG_UNLIKELY(!addr))
         return;                                   /* nothing allocated (and the sentinel's key) */
     uint32_t site = og_site_capture(c->caller);   /* before any lock: it may unwind */
@@ -440,7 +464,9 @@ void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind)
         if (old->kind != OG_KIND_HOST && dev_of(old->device)) {
             if (old->kind == OG_KIND_POOL)
                 atomic_fetch_sub(&devs[old->device].pool_used, old->size);
-            else
+            if (old->flags & OG_KIND_F_COUNTED)
+                atomic_fetch_sub(&devs[old->device].pool_counted, old->size);
+            if (counts_itself(old->kind, old->flags))
                 shard_tracked_add(s, old->device, -(int64_t)old->size, t);
         }
         block_put(s, old);
@@ -452,23 +478,26 @@ void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind)
         b->size = size;
         b->t_ns = t;
         b->site = site;
-        b->device = (int16_t)device;
+        b->device = (int8_t)device;
         b->kind = (uint8_t)kind;
         b->hook = (uint8_t)c->hook;
+        b->flags = (uint8_t)flags;
         HASH_ADD(hh, s->table, addr, sizeof(uint64_t), b);
         shard_count(s, b, +1);
         if (d) {
-            if (kind == OG_KIND_POOL) {
+            if (kind == OG_KIND_POOL)
                 atomic_fetch_add_explicit(&d->pool_used, size, memory_order_relaxed);
-                live = atomic_load_explicit(&d->tracked, memory_order_relaxed);
-            } else {
+            if (OG_UNLIKELY(flags & OG_KIND_F_COUNTED))
+                atomic_fetch_add_explicit(&d->pool_counted, size, memory_order_relaxed);
+            if (counts_itself(kind, flags))
                 live = shard_tracked_add(s, device, (int64_t)size, t);
-            }
+            else
+                live = atomic_load_explicit(&d->tracked, memory_order_relaxed);
             ring_add(&s->ring, OG_EV_ALLOC, c->hook, device, size, live, t);
         }
     }
     og_spin_unlock(&s->lock);
-    if (d && b && kind != OG_KIND_POOL)
+    if (d && b && counts_itself(kind, flags))
         og_warn_check(device, live);
     if (d && b && OG_UNLIKELY(atomic_load_explicit(&og_episode_open[device], memory_order_relaxed)))
         og_on_recovered(c, device, size);
@@ -495,18 +524,21 @@ void og_free_begin(og_call_t *c, uintptr_t addr, og_taken_t *tk)
         tk->device = b->device;
         tk->kind = b->kind;
         tk->hook = b->hook;
+        tk->flags = b->flags;
         HASH_DEL(s->table, b);
         shard_count(s, b, -1);
         block_put(s, b);
         dev_t_ *d = b->kind == OG_KIND_HOST ? NULL : dev_of(b->device);
         if (d) {
             uint64_t live;
-            if (tk->kind == OG_KIND_POOL) {
+            if (tk->kind == OG_KIND_POOL)
                 atomic_fetch_sub_explicit(&d->pool_used, tk->size, memory_order_relaxed);
-                live = atomic_load_explicit(&d->tracked, memory_order_relaxed);
-            } else {
+            if (OG_UNLIKELY(tk->flags & OG_KIND_F_COUNTED))
+                atomic_fetch_sub_explicit(&d->pool_counted, tk->size, memory_order_relaxed);
+            if (counts_itself(tk->kind, tk->flags))
                 live = shard_tracked_add(s, tk->device, -(int64_t)tk->size, t);
-            }
+            else
+                live = atomic_load_explicit(&d->tracked, memory_order_relaxed);
             ring_add(&s->ring, OG_EV_FREE, c->hook, tk->device, tk->size, live, t);
         }
     }
@@ -525,7 +557,7 @@ void og_free_end(og_call_t *c, og_taken_t *tk, CUresult r)
     bool device_block = tk->kind != OG_KIND_HOST && dev_of(tk->device);
     if (OG_LIKELY(r == CUDA_SUCCESS)) {
         if (device_block)
-            og_note_free(tk->device, tk->size);
+            og_note_free(tk->device, tk->size, tk->site);
         return;
     }
     /* the real free failed: the block is still allocated; put it back, unchanged */
@@ -541,6 +573,7 @@ void og_free_end(og_call_t *c, og_taken_t *tk, CUresult r)
         b->device = tk->device;
         b->kind = tk->kind;
         b->hook = tk->hook;
+        b->flags = tk->flags;
         HASH_ADD(hh, s->table, addr, sizeof(uint64_t), b);
         shard_count(s, b, +1);
         if (device_block) {            /* neither an allocation nor a free happened */
@@ -548,20 +581,27 @@ void og_free_end(og_call_t *c, og_taken_t *tk, CUresult r)
             s->dev[b->device].frees--;
             dev_t_ *d = &devs[b->device];
             uint64_t live;
-            if (b->kind == OG_KIND_POOL) {
+            if (b->kind == OG_KIND_POOL)
                 atomic_fetch_add_explicit(&d->pool_used, b->size, memory_order_relaxed);
-                live = atomic_load_explicit(&d->tracked, memory_order_relaxed);
-            } else {
+            if (b->flags & OG_KIND_F_COUNTED)
+                atomic_fetch_add_explicit(&d->pool_counted, b->size, memory_order_relaxed);
+            if (counts_itself(b->kind, b->flags))
                 live = shard_tracked_add(s, b->device, (int64_t)b->size, t);
-            }
+            else
+                live = atomic_load_explicit(&d->tracked, memory_order_relaxed);
             ring_add(&s->ring, OG_EV_ALLOC, c->hook, b->device, b->size, live, t);   /* restored */
         }
     }
     og_spin_unlock(&s->lock);
 }
 
+/* Only an out-of-memory result is a failure: CUDA_ERROR_INVALID_VALUE (size 0, a NULL
+ * pointer) and the like are the program's errors, passed back unchanged and not recorded. */
 void og_track_failure(og_call_t *c, uint64_t size, int kind, CUresult r)
 {
+    if (r != CUDA_ERROR_OUT_OF_MEMORY)
+        return;
+    og_exit_arm();
     int device = c->device >= 0 ? c->device : og_current_device();
     dev_t_ *d = dev_of(device);
     if (!d)
@@ -569,8 +609,7 @@ void og_track_failure(og_call_t *c, uint64_t size, int kind, CUresult r)
     atomic_fetch_add_explicit(&d->failures, 1, memory_order_relaxed);
     history_add(OG_EV_FAIL, c->hook, device, size, atomic_load(&d->tracked), og_ticks());
     c->device = device;
-    if (r == CUDA_ERROR_OUT_OF_MEMORY)
-        og_on_oom(c, size, kind, r, false);
+    og_on_oom(c, size, kind, r, false);
 }
 
 /* ------------------------------------------------------------------ VMM */
@@ -609,7 +648,7 @@ static void vmm_maybe_free(vmm_handle_t *h, uint64_t t)
         atomic_fetch_add(&d->slow_frees, 1);
         uint64_t live = tracked_add(d, -(int64_t)h->size, t);
         history_add(OG_EV_FREE, OG_H_cuMemRelease, h->device, h->size, live, t);
-        og_note_free(h->device, h->size);
+        og_note_free(h->device, h->size, h->site);
     }
     HASH_DEL(vmm_handles, h);
     free(h);
@@ -617,6 +656,7 @@ static void vmm_maybe_free(vmm_handle_t *h, uint64_t t)
 
 void og_track_vmm_create(og_call_t *c, CUmemGenericAllocationHandle handle, uint64_t size, int device)
 {
+    og_exit_arm();
     uint32_t site = og_site_capture(c->caller);
     uint64_t t = og_ticks();
     vmm_handle_t *h = calloc(1, sizeof *h);
@@ -774,6 +814,62 @@ void og_track_context_reset(og_call_t *c, int device)
     history_add(OG_EV_FREE, c->hook, device, gone, live, t);
 }
 
+/* The driver frees a context's cuMemAlloc/cuMemAllocManaged blocks (and arrays) without a
+ * free each.  Which blocks were that context's is asked of the driver after the fact: the
+ * candidates are copied under the shard locks, then each is looked up with no lock held (a
+ * lock of ours never waits on the driver), and those it no longer knows leave the ledger.
+ * Arrays are not device pointers and stay (the driver has no cheap question for them). */
+void og_track_blocks_gone(og_call_t *c, int device)
+{
+    og_cfn_cuPointerGetAttribute attr = OG_CALL(cuPointerGetAttribute);
+    if (!attr) {
+        if (device >= 0)
+            og_track_context_reset(c, device);
+        return;
+    }
+    size_t cap = 64, n = 0;
+    for (int i = 0; i < SHARDS; i++)
+        cap += atomic_load_explicit(&shards[i].nblocks, memory_order_relaxed);
+    struct cand { uint64_t addr, t; } *list = malloc(cap * sizeof *list);
+    if (!list)
+        return;
+    for (int i = 0; i < SHARDS && n < cap; i++) {
+        shard_t *s = &shards[i];
+        og_spin_lock(&s->lock);
+        for (og_block_t *b = s->table; b && n < cap; b = b->hh.next) {
+            if (b == &s->sentinel || (b->flags & OG_KIND_F_ARRAY) ||
+                (b->kind != OG_KIND_PLAIN && b->kind != OG_KIND_MANAGED) || (device >= 0 && b->device != device))
+                continue;
+            list[n++] = (struct cand){b->addr, b->t_ns};
+        }
+        og_spin_unlock(&s->lock);
+    }
+    uint64_t t = og_ticks(), gone_bytes[OG_MAX_DEVICES] = {0};
+    for (size_t k = 0; k < n; k++) {
+        CUdeviceptr start;
+        if (attr(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, (CUdeviceptr)list[k].addr) == CUDA_SUCCESS)
+            continue;                                   /* still there: another context's */
+        og_block_t *b = NULL;
+        shard_t *s = find_locked(list[k].addr, &b);
+        if (!s)
+            continue;
+        if (b->t_ns == list[k].t) {                    /* the same block, not a newer one */
+            HASH_DEL(s->table, b);
+            shard_count(s, b, -1);
+            if (dev_of(b->device)) {
+                shard_tracked_add(s, b->device, -(int64_t)b->size, t);
+                gone_bytes[b->device] += b->size;
+            }
+            block_put(s, b);
+        }
+        og_spin_unlock(&s->lock);
+    }
+    free(list);
+    for (int d = 0; d < OG_MAX_DEVICES; d++)
+        if (gone_bytes[d])
+            history_add(OG_EV_FREE, c->hook, d, gone_bytes[d], og_ledger_tracked(d), t);
+}
+
 void og_track_limit_refusal(og_call_t *c, uint64_t size, int kind)
 {
     dev_t_ *d = dev_of(c->device);
@@ -811,28 +907,24 @@ size_t og_ledger_foreach(og_block_fn fn, void *arg)
 
 /* ------------------------------------------------------------------ pools */
 
-typedef CUresult (*pool_get_attr_fn)(CUmemoryPool, CUmemPool_attribute, void *);
-typedef CUresult (*dev_get_pool_fn)(CUmemoryPool *, CUdevice);
-static _Atomic(pool_get_attr_fn) pool_get_attr;
-static _Atomic(dev_get_pool_fn) dev_get_pool;
-
-#define MAX_POOLS 256
+/* Every pool the process allocated from, whatever their number.  `reserved` is the last
+ * reservation folded into the device's totals.  A pool whose reservation cannot be read
+ * (cuMemPoolGetAttribute refused) is counted by what it handed out instead: its blocks carry
+ * OG_KIND_F_COUNTED and go into tracked themselves, and the dump says so. */
 typedef struct {
     CUmemoryPool pool;
     int device;
-    uint64_t reserved;         /* last value folded into the device's totals */
+    bool unreadable;
+    uint64_t reserved;
+    UT_hash_handle hh;
 } pool_t;
-static pool_t pools[MAX_POOLS];
-static int npools;
+static pool_t *pools;
+static atomic_int npools;
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static uint64_t pool_reserved_now(CUmemoryPool pool)
 {
-    pool_get_attr_fn f = atomic_load(&pool_get_attr);
-    if (!f) {
-        f = (pool_get_attr_fn)og_cuda_sym("cuMemPoolGetAttribute");
-        atomic_store(&pool_get_attr, f);
-    }
+    og_cfn_cuMemPoolGetAttribute f = OG_CALL(cuMemPoolGetAttribute);
     cuuint64_t v = 0;
     if (!f || f(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v) != CUDA_SUCCESS)
         return UINT64_MAX;
@@ -841,14 +933,18 @@ static uint64_t pool_reserved_now(CUmemoryPool pool)
 
 CUmemoryPool og_device_current_pool(int device)
 {
-    dev_get_pool_fn f = atomic_load(&dev_get_pool);
-    if (!f) {
-        f = (dev_get_pool_fn)og_cuda_sym("cuDeviceGetMemPool");
-        atomic_store(&dev_get_pool, f);
-    }
+    og_cfn_cuDeviceGetMemPool f = OG_CALL(cuDeviceGetMemPool);
     CUmemoryPool p = NULL;
     if (!f || f(&p, (CUdevice)device) != CUDA_SUCCESS)
         return NULL;
+    return p;
+}
+
+static pool_t *pool_find(CUmemoryPool pool)
+{
+    pool_t *p;
+    uint64_t k = (uint64_t)(uintptr_t)pool;
+    HASH_FIND(hh, pools, &k, sizeof k, p);
     return p;
 }
 
@@ -860,13 +956,8 @@ static void pool_apply(CUmemoryPool pool, uint64_t now)
     if (now == UINT64_MAX)
         return;
     pthread_mutex_lock(&pool_lock);
-    pool_t *p = NULL;
-    for (int i = 0; i < npools; i++)
-        if (pools[i].pool == pool) {
-            p = &pools[i];
-            break;
-        }
-    if (!p || now == p->reserved) {
+    pool_t *p = pool_find(pool);
+    if (!p || p->unreadable || now == p->reserved) {
         pthread_mutex_unlock(&pool_lock);
         return;
     }
@@ -883,59 +974,106 @@ static void pool_apply(CUmemoryPool pool, uint64_t now)
     }
     pthread_mutex_unlock(&pool_lock);
     if (d && delta < 0)
-        og_note_free(device, (uint64_t)-delta);
+        og_note_free(device, (uint64_t)-delta, OG_SITE_POOL);
 }
 
-void og_track_pool_use(og_call_t *c, CUmemoryPool pool, int device)
+/* After an allocation from `pool`: registers it and re-reads its reservation.  Returns true
+ * when the reservation is unreadable and the block is to be counted itself. */
+bool og_track_pool_use(og_call_t *c, CUmemoryPool pool, int device)
 {
     if (!pool)
-        return;
+        return false;
+    og_exit_arm();
     pthread_mutex_lock(&pool_lock);
-    bool known = false;
-    for (int i = 0; i < npools && !known; i++)
-        known = pools[i].pool == pool;
-    if (!known && npools < MAX_POOLS) {
-        pools[npools].pool = pool;
-        pools[npools].device = device;
-        pools[npools].reserved = 0;
-        npools++;
+    pool_t *p = pool_find(pool);
+    if (!p && (p = calloc(1, sizeof *p))) {
+        p->pool = pool;
+        p->device = device;
+        HASH_ADD(hh, pools, pool, sizeof(uint64_t), p);
+        atomic_fetch_add(&npools, 1);
     }
+    bool unreadable = p && p->unreadable;
     pthread_mutex_unlock(&pool_lock);
-    pool_apply(pool, pool_reserved_now(pool));
+    if (!p)
+        return false;
+    if (unreadable)
+        return true;
+    uint64_t now = pool_reserved_now(pool);
+    if (now == UINT64_MAX) {
+        pthread_mutex_lock(&pool_lock);
+        if ((p = pool_find(pool)) && !p->unreadable) {
+            p->unreadable = true;
+            dev_t_ *d = dev_of(p->device);
+            if (d)
+                atomic_fetch_add(&d->pools_unreadable, 1);
+        }
+        pthread_mutex_unlock(&pool_lock);
+        return true;
+    }
+    pool_apply(pool, now);
     og_warn_check(device, og_ledger_tracked(device));
+    return false;
 }
 
-void og_track_pool_refresh(CUmemoryPool pool)
+/* Re-read the reservation of `pool`, or of every pool (NULL); device >= 0: only its pools.
+ * Pools give memory back at synchronisation, not only at cuMemPoolTrimTo. */
+static void pools_refresh(CUmemoryPool pool, int device)
 {
-    CUmemoryPool list[MAX_POOLS];
-    int n = 0;
+    if (!atomic_load_explicit(&npools, memory_order_relaxed))
+        return;
+    CUmemoryPool small[64], *list = small;
+    int n = 0, cap = 64;
     pthread_mutex_lock(&pool_lock);
-    for (int i = 0; i < npools; i++)
-        if (!pool || pools[i].pool == pool)
-            list[n++] = pools[i].pool;
+    int total = HASH_COUNT(pools);
+    if (total > cap && (list = malloc((size_t)total * sizeof *list)))
+        cap = total;
+    else if (total > cap)
+        list = small;
+    for (pool_t *p = pools; p && n < cap; p = p->hh.next)
+        if ((!pool || p->pool == pool) && (device < 0 || p->device == device) && !p->unreadable)
+            list[n++] = p->pool;
     pthread_mutex_unlock(&pool_lock);
     for (int i = 0; i < n; i++)
         pool_apply(list[i], pool_reserved_now(list[i]));
+    if (list != small)
+        free(list);
 }
 
-/* Called before the real cuMemPoolDestroy: the pool's reservation goes with it. */
+void og_track_pool_refresh(CUmemoryPool pool) { pools_refresh(pool, -1); }
+void og_ledger_pools_refresh(int device) { pools_refresh(NULL, device); }
+
+/* Called after a successful cuMemPoolDestroy: the pool's reservation goes with it. */
 void og_track_pool_destroy(CUmemoryPool pool)
 {
     pthread_mutex_lock(&pool_lock);
-    for (int i = 0; i < npools; i++) {
-        if (pools[i].pool != pool)
-            continue;
-        dev_t_ *d = dev_of(pools[i].device);
-        if (d && pools[i].reserved) {
-            atomic_fetch_sub(&d->pool_reserved, pools[i].reserved);
+    pool_t *p = pool_find(pool);
+    if (p) {
+        dev_t_ *d = dev_of(p->device);
+        if (d && p->reserved) {
+            atomic_fetch_sub(&d->pool_reserved, p->reserved);
             uint64_t t = og_ticks();
-            uint64_t live = tracked_add(d, -(int64_t)pools[i].reserved, t);
-            history_add(OG_EV_POOL_SHRINK, OG_H_cuMemPoolDestroy, pools[i].device, pools[i].reserved, live, t);
+            uint64_t live = tracked_add(d, -(int64_t)p->reserved, t);
+            history_add(OG_EV_POOL_SHRINK, OG_H_cuMemPoolDestroy, p->device, p->reserved, live, t);
         }
-        pools[i] = pools[--npools];
-        break;
+        if (d && p->unreadable)
+            atomic_fetch_sub(&d->pools_unreadable, 1);
+        HASH_DEL(pools, p);
+        free(p);
+        atomic_fetch_sub(&npools, 1);
     }
     pthread_mutex_unlock(&pool_lock);
+}
+
+/* What the ledger could not measure on `device`, for the dump's memory.unmeasured. */
+bool og_ledger_unmeasured(int device, char *why, size_t n)
+{
+    dev_t_ *d = dev_of(device);
+    if (!d || !atomic_load(&d->pools_unreadable))
+        return false;
+    snprintf(why, n, "pools: the reservation of %d stream-ordered pool(s) could not be read; counted the %llu "
+             "bytes they handed out instead", atomic_load(&d->pools_unreadable),
+             (unsigned long long)atomic_load(&d->pool_counted));
+    return true;
 }
 
 /* ------------------------------------------------------------------ queries */
@@ -949,7 +1087,7 @@ void og_ledger_stats(int device, oomguard_device_stats_t *out)
     /* pools shrink at synchronisation points we do not hook; not at exit, when the runtime
      * may already have destroyed them */
     if (!atomic_load(&og_exiting))
-        og_track_pool_refresh(NULL);
+        pools_refresh(NULL, device);
     for (int i = 0; i < SHARDS; i++) {
         shard_t *sh = &shards[i];
         og_spin_lock(&sh->lock);
@@ -968,7 +1106,8 @@ void og_ledger_stats(int device, oomguard_device_stats_t *out)
         }
         og_spin_unlock(&sh->lock);
     }
-    out->pool_reserved_bytes = atomic_load(&d->pool_reserved);
+    /* an unreadable pool's reservation is what it handed out */
+    out->pool_reserved_bytes = atomic_load(&d->pool_reserved) + atomic_load(&d->pool_counted);
     out->vmm_physical_bytes = atomic_load(&d->vmm_physical);
     out->vmm_handles = atomic_load(&d->vmm_handles);
     out->vmm_mapped_bytes = atomic_load(&d->vmm_mapped);
@@ -1021,16 +1160,11 @@ void og_ledger_init(void)
         pthread_mutex_init(&devs[i].sample_lock, NULL);
         devs[i].sample_interval = 3000000;   /* ticks: about 1 ms to start with */
     }
-    /* the history is spread over the shards' rings plus the ring of rare events */
-    uint32_t per = (uint32_t)(og_opt.history / SHARDS);
-    if (per < 16)
-        per = 16;
-    for (int i = 0; i < SHARDS; i++) {
+    /* every ring can hold the whole history (allocated when first used: see ring_add) */
+    uint32_t per = (uint32_t)og_opt.history;
+    for (int i = 0; i < SHARDS; i++)
         shards[i].ring.size = per;
-        shards[i].ring.ev = calloc(per, sizeof(og_event_t));
-    }
-    slow_ring.size = (uint32_t)(og_opt.history / 4 > 64 ? og_opt.history / 4 : 64);
-    slow_ring.ev = calloc(slow_ring.size, sizeof(og_event_t));
+    slow_ring.size = per;
 }
 
 void og_ledger_atfork_prepare(void)
@@ -1074,7 +1208,12 @@ void og_ledger_atfork_child(void)
         HASH_DEL(vmm_maps, m);
         free(m);
     }
-    npools = 0;
+    pool_t *pp, *pt;
+    HASH_ITER(hh, pools, pp, pt) {
+        HASH_DEL(pools, pp);
+        free(pp);
+    }
+    atomic_store(&npools, 0);
     memset(devs, 0, sizeof devs);
     for (int i = 0; i < OG_MAX_DEVICES; i++) {
         pthread_mutex_init(&devs[i].sample_lock, NULL);
@@ -1086,13 +1225,13 @@ void og_ledger_atfork_child(void)
         memset(sh->dev, 0, sizeof sh->dev);
         memset(sh->pending, 0, sizeof sh->pending);
         atomic_store(&sh->ring.head, 0);
-        if (sh->ring.ev)
-            memset(sh->ring.ev, 0, sh->ring.size * sizeof(og_event_t));
+        if (atomic_load(&sh->ring.ev))
+            memset(atomic_load(&sh->ring.ev), 0, sh->ring.size * sizeof(og_event_t));
     }
     pthread_mutex_init(&slow_lock, NULL);
     atomic_store(&slow_ring.head, 0);
-    if (slow_ring.ev)
-        memset(slow_ring.ev, 0, slow_ring.size * sizeof(og_event_t));
+    if (atomic_load(&slow_ring.ev))
+        memset(atomic_load(&slow_ring.ev), 0, slow_ring.size * sizeof(og_event_t));
     start_ns = og_now_ns();
     start_ticks = og_ticks();
     og_ledger_atfork_parent();

@@ -8,7 +8,7 @@
 #include "record.h"
 #include "strbuf.h"
 
-#include <dlfcn.h>
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +22,7 @@ typedef struct {
 
 static spec_t limit_all, limit_dev[OG_MAX_DEVICES];
 static spec_t warn_spec;
-static bool limit_on, warn_on;
+static bool limit_on, warn_on;     /* set once at start-up, before any hook runs */
 static _Atomic uint64_t limit_cache[OG_MAX_DEVICES];   /* resolved bytes + 1; 0 = not yet */
 static _Atomic uint64_t warn_cache[OG_MAX_DEVICES];
 /* Memory of this process on the device that no hook sees (the CUDA context above all):
@@ -31,9 +31,12 @@ static _Atomic uint64_t warn_cache[OG_MAX_DEVICES];
 static _Atomic uint64_t overhead_cache[OG_MAX_DEVICES];   /* bytes + 1; 0 = not measured */
 static atomic_int warn_armed_dev[OG_MAX_DEVICES];
 
-static bool parse_value(const char *s, size_t n, spec_t *out, bool allow_over_100)
+/* Refused, with the reason in *why: a number without a unit (bytes? MB?), a size under
+ * 1 MiB (surely a typo), a device named twice, an index past OG_MAX_DEVICES. */
+static bool parse_value(const char *s, size_t n, spec_t *out, bool allow_over_100, const char **why)
 {
     char buf[64];
+    *why = "24GiB, 24000MB or 80% expected";
     if (n == 0 || n >= sizeof buf)
         return false;
     memcpy(buf, s, n);
@@ -42,6 +45,7 @@ static bool parse_value(const char *s, size_t n, spec_t *out, bool allow_over_10
         buf[n - 1] = 0;
         char *end;
         double v = strtod(buf, &end);
+        *why = "a percentage above 0 and at most 100 expected";
         if (end == buf || *end || !(v > 0) || (!allow_over_100 && v > 100))
             return false;
         *out = (spec_t){true, true, v};
@@ -51,26 +55,52 @@ static bool parse_value(const char *s, size_t n, spec_t *out, bool allow_over_10
     long long b = og_parse_size(buf, &ok);
     if (!ok || b <= 0)
         return false;
+    if (!isalpha((unsigned char)buf[n - 1])) {
+        *why = "a size needs a unit: 24GiB, 24000MB";
+        return false;
+    }
+    if (b < 1048576) {
+        *why = "under 1 MiB";
+        return false;
+    }
     *out = (spec_t){true, false, (double)b};
     return true;
 }
 
 /* "24GiB" | "80%" | "0:24GiB,1:40GiB" (an entry without index applies to every device) */
-static bool parse_limit(const char *s)
+static bool parse_limit(const char *s, const char **why)
 {
+    static char msg[96];
     spec_t all = {0}, dev[OG_MAX_DEVICES];
     memset(dev, 0, sizeof dev);
     for (const char *p = s; *p;) {
         size_t len = strcspn(p, ",");
         const char *colon = memchr(p, ':', len);
+        spec_t v;
         if (colon) {
             char *end;
             long idx = strtol(p, &end, 10);
-            if (end != colon || idx < 0 || idx >= OG_MAX_DEVICES ||
-                !parse_value(colon + 1, len - (size_t)(colon + 1 - p), &dev[idx], false))
+            if (end != colon || idx < 0 || idx >= OG_MAX_DEVICES) {
+                snprintf(msg, sizeof msg, "a device index from 0 to %d expected before ':'", OG_MAX_DEVICES - 1);
+                *why = msg;
                 return false;
-        } else if (!parse_value(p, len, &all, false)) {
-            return false;
+            }
+            if (!parse_value(colon + 1, len - (size_t)(colon + 1 - p), &v, false, why))
+                return false;
+            if (dev[idx].set) {
+                snprintf(msg, sizeof msg, "device %ld is named twice", idx);
+                *why = msg;
+                return false;
+            }
+            dev[idx] = v;
+        } else {
+            if (!parse_value(p, len, &v, false, why))
+                return false;
+            if (all.set) {
+                *why = "two limits for every device";
+                return false;
+            }
+            all = v;
         }
         p += len + (p[len] == ',');
     }
@@ -79,21 +109,41 @@ static bool parse_limit(const char *s)
     return true;
 }
 
+/* A device the limit names but the process cannot see (another machine's setting, a typo):
+ * said once, when the driver can first tell how many devices there are. */
+static void check_named_devices(void)
+{
+    static atomic_int done;
+    og_cfn_cuDeviceGetCount count = OG_CALL(cuDeviceGetCount);
+    int n = 0;
+    if (atomic_load_explicit(&done, memory_order_relaxed) || !count || count(&n) != CUDA_SUCCESS || n <= 0 ||
+        atomic_exchange(&done, 1))
+        return;
+    for (int d = n; d < OG_MAX_DEVICES; d++)
+        if (limit_dev[d].set) {
+            og_warn("OOMGUARD_LIMIT=%s names device %d, but %d device%s visible; that entry is ignored",
+                    og_opt.limit_s, d, n, n == 1 ? " is" : "s are");
+            break;
+        }
+}
+
 void og_limit_init(void)
 {
+    const char *why;
     if (og_opt.limit_s[0]) {
-        if (parse_limit(og_opt.limit_s))
+        if (parse_limit(og_opt.limit_s, &why))
             limit_on = true;
         else
-            og_warn("OOMGUARD_LIMIT=%s is not valid (24GiB, 24000MB, 80%% or 0:24GiB,1:40GiB expected); no limit",
-                    og_opt.limit_s);
+            og_warn("OOMGUARD_LIMIT=%s is not valid (%s; 24GiB, 24000MB, 80%% or 0:24GiB,1:40GiB expected); "
+                    "using the default: no limit", og_opt.limit_s, why);
     }
     if (og_opt.warn_at_s[0]) {
         size_t n = strlen(og_opt.warn_at_s);
-        if (parse_value(og_opt.warn_at_s, n, &warn_spec, false))
+        if (parse_value(og_opt.warn_at_s, n, &warn_spec, false, &why))
             warn_on = true;
         else
-            og_warn("OOMGUARD_WARN_AT=%s is not valid (90%% or 20GiB expected); no warning", og_opt.warn_at_s);
+            og_warn("OOMGUARD_WARN_AT=%s is not valid (%s; 90%% or 20GiB expected); using the default: no warning",
+                    og_opt.warn_at_s, why);
     }
     for (int i = 0; i < OG_MAX_DEVICES; i++)
         atomic_store(&warn_armed_dev[i], 1);
@@ -127,6 +177,7 @@ uint64_t og_limit_bytes(int device)
     uint64_t c = atomic_load_explicit(&limit_cache[device], memory_order_relaxed);
     if (c)
         return c - 1;
+    check_named_devices();
     uint64_t v = resolve(limit_dev[device].set ? &limit_dev[device] : &limit_all, device);
     if (v != UINT64_MAX)
         atomic_store(&limit_cache[device], v + 1);
@@ -166,6 +217,7 @@ bool og_limit_refuses(og_call_t *c, int device, uint64_t bytes, bool from_pool)
     uint64_t limit = og_limit_bytes(device);
     if (limit == UINT64_MAX)
         return false;
+    og_ledger_pools_refresh(device);   /* a pool may have given memory back since we looked */
     uint64_t used = limited_usage(device);
     /* a pool serves from its unused reservation first; only growth counts against the limit */
     uint64_t need = bytes;
@@ -192,82 +244,6 @@ void og_limit_view(int device, uint64_t *free_b, uint64_t *total_b)
         *total_b = limit;
     if (free_b && *free_b > lfree)
         *free_b = lfree;
-}
-
-/* ------------------------------------------------------------------ NVML memory info */
-
-typedef struct { unsigned long long total, free, used; } nvml_memory_t;
-typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } nvml_memory_v2_t;
-typedef struct {
-    char busIdLegacy[16];
-    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
-    char busId[32];
-} nvml_pci_t;
-
-static int nvml_cuda_ordinal(void *nvml_dev)
-{
-    static int (*pci)(void *, nvml_pci_t *);
-    if (!pci) {
-        void *h = dlopen("libnvidia-ml.so.1", RTLD_LAZY | RTLD_NOLOAD);
-        if (h) {
-            pci = (int (*)(void *, nvml_pci_t *))og_dlsym_real(h, "nvmlDeviceGetPciInfo_v3");
-            dlclose(h);
-        }
-    }
-    CUresult (*by_bus)(CUdevice *, const char *) = (CUresult(*)(CUdevice *, const char *))og_cuda_sym(
-        "cuDeviceGetByPCIBusId");
-    nvml_pci_t info;
-    memset(&info, 0, sizeof info);
-    if (!pci || !by_bus || pci(nvml_dev, &info) != 0)
-        return -1;
-    /* NVML's bus id has an 8-digit domain; the driver takes the short form too */
-    const char *id = info.busId;
-    if (strlen(id) > 12 && strncmp(id, "0000", 4) == 0)
-        id += 4;
-    CUdevice d;
-    return by_bus(&d, id) == CUDA_SUCCESS ? (int)d : -1;
-}
-
-int nvmlDeviceGetMemoryInfo(void *device, void *memory)
-{
-    og_call_t c;
-    og_enter(&c, OG_H_nvmlDeviceGetMemoryInfo, __builtin_return_address(0));
-    og_fn_nvmlDeviceGetMemoryInfo real = OG_REAL(nvmlDeviceGetMemoryInfo);
-    int r = real ? real(device, memory) : 999 /* NVML_ERROR_UNKNOWN */;
-    if (r == 0 && limit_on && memory && c.active) {
-        nvml_memory_t *m = memory;
-        int d = nvml_cuda_ordinal(device);
-        if (d >= 0 && og_limit_bytes(d) != UINT64_MAX) {
-            uint64_t f = m->free, t = m->total;
-            og_limit_view(d, &f, &t);
-            m->total = t;
-            m->free = f;
-            m->used = t - f;
-        }
-    }
-    og_leave(&c);
-    return r;
-}
-
-int nvmlDeviceGetMemoryInfo_v2(void *device, void *memory)
-{
-    og_call_t c;
-    og_enter(&c, OG_H_nvmlDeviceGetMemoryInfo_v2, __builtin_return_address(0));
-    og_fn_nvmlDeviceGetMemoryInfo_v2 real = OG_REAL(nvmlDeviceGetMemoryInfo_v2);
-    int r = real ? real(device, memory) : 999;
-    if (r == 0 && limit_on && memory && c.active) {
-        nvml_memory_v2_t *m = memory;
-        int d = nvml_cuda_ordinal(device);
-        if (d >= 0 && og_limit_bytes(d) != UINT64_MAX) {
-            uint64_t f = m->free, t = m->total;
-            og_limit_view(d, &f, &t);
-            m->total = t;
-            m->free = f;
-            m->used = t - f - (m->reserved < t - f ? m->reserved : 0);
-        }
-    }
-    og_leave(&c);
-    return r;
 }
 
 /* ------------------------------------------------------------------ warnings */
@@ -346,7 +322,7 @@ void og_summary_atexit(void)
             og_log("summary: device %d peak %s at %.2f s: larger than a 141 GB card", d,
                    og_human(st.peak_tracked_bytes, a, sizeof a), t);
     }
-    if (last >= 0 && og_opt.dir) {
+    if (last >= 0 && og_opt.dir_s[0]) {
         og_record_t *rec = og_record_capture("exit", NULL, last);
         if (rec) {
             og_write_record(rec);

@@ -15,6 +15,8 @@
 /* cuda.h maps base names onto their newest ABI; the shim names exact ABIs itself. */
 #undef cuGetProcAddress
 #undef cuDevicePrimaryCtxReset
+#undef cuDevicePrimaryCtxRelease
+#undef cuCtxDestroy
 
 #define OG_EXPORT __attribute__((visibility("default")))
 #define OG_TLS    __thread __attribute__((tls_model("initial-exec")))
@@ -81,33 +83,30 @@ void *og_resolve_real(int id);
 int og_hook_find(const char *name);                 /* -1 when not hooked */
 void *og_proc_wrapper(const char *base, int version, uint64_t flags, void *real);
 void *og_dlsym_real(void *handle, const char *name); /* glibc's dlsym */
-void *og_cuda_sym(const char *name);                 /* un-hooked driver function */
+
+/* Driver and NVML functions the shim calls itself (calls.def): resolved once at a door,
+ * then read with OG_CALL(name) — NULL when absent.  Never looked up inside an allocation. */
+enum og_call_id {
+#define OG_CALLFN(ret, name, lib, params) OG_C_##name,
+#include "calls.def"
+#undef OG_CALLFN
+    OG_C_COUNT
+};
+#define OG_CALLFN(ret, name, lib, params) typedef ret (*og_cfn_##name) params;
+#include "calls.def"
+#undef OG_CALLFN
+extern _Atomic(void *) og_call_ptrs[OG_C_COUNT];
+#define OG_CALL(name) \
+    ((og_cfn_##name)atomic_load_explicit(&og_call_ptrs[OG_C_##name], memory_order_acquire))
+/* Fill the table (and the hooks' real pointers) from the driver's handle, or from the
+ * global scope when handle is NULL; then open NVML.  Idempotent and cheap once done. */
+void og_calls_resolve(void *cuda_handle);
 
 /* ---------------------------------------------------------------- options (options.c) */
 
-typedef enum { OG_OPT_BOOL, OG_OPT_INT, OG_OPT_SIZE, OG_OPT_PERCENT, OG_OPT_STRING } og_opt_type;
+typedef enum { OG_OPT_BOOL, OG_OPT_INT, OG_OPT_PERCENT, OG_OPT_STRING } og_opt_type;
 
-/* OG_OPTION(id, env suffix, type, default, min, max, help) */
-#define OG_OPTIONS(X)                                                                          \
-    X(verbose,      "VERBOSE",     OG_OPT_BOOL,   "0",    0, 1,       "print options, hooks and tracking decisions on stderr") \
-    X(quiet,        "QUIET",       OG_OPT_BOOL,   "0",    0, 1,       "no stderr summary on OOM (the dump is still written)") \
-    X(stack_depth,  "STACK_DEPTH", OG_OPT_INT,    "16",   0, OG_MAX_FRAMES, "frames recorded per allocation site; 0 = caller address only") \
-    X(history,      "HISTORY",     OG_OPT_INT,    "4096", 16, 1 << 22, "allocation events kept in the ring shown in dumps") \
-    X(dir,          "DIR",         OG_OPT_STRING, "",     0, 0,       "where dumps go (default: working directory, then the temp dir, then stderr)") \
-    X(framework,    "FRAMEWORK",   OG_OPT_STRING, "auto", 0, 0,       "auto | pytorch | jax | tensorflow | cupy: framework whose advice to give") \
-    X(framework_libs, "FRAMEWORK_LIBS", OG_OPT_STRING, "", 0, 0,      "extra library names (comma-separated) that count as the framework's allocator") \
-    X(retry_window_ms, "RETRY_WINDOW_MS", OG_OPT_INT, "2000", 0, 600000, "a success this soon after a failure, of at least half its size, is a recovery") \
-    X(frag_share,   "FRAG_SHARE",  OG_OPT_PERCENT, "25%", 0, 10000,   "fragmentation: framework cache >= this share of its reservation") \
-    X(nonfw_share,  "NONFW_SHARE", OG_OPT_PERCENT, "20%", 0, 10000,   "non_framework: context + other libraries >= this share of the process") \
-    X(growth_min,   "GROWTH_MIN",  OG_OPT_PERCENT, "5%",  0, 10000,   "growth: rise of the troughs >= this share of the device") \
-    X(growth_steps, "GROWTH_STEPS", OG_OPT_PERCENT, "70%", 0, 10000,  "growth: share of rising steps between the 8 windows") \
-    X(max_dumps,    "MAX_DUMPS",   OG_OPT_INT,    "200",  1, 1000000, "dump files written per process at most (a storm of failures must not become a storm of fsyncs)") \
-    X(growth_min_ms, "GROWTH_MIN_MS", OG_OPT_INT, "1000", 0, 86400000, "growth: the usage samples must span at least this many milliseconds") \
-    X(nvml,         "NVML",        OG_OPT_BOOL,   "1",    0, 1,       "ask NVML for process and other-process usage at a failure") \
-    X(limit,        "LIMIT",       OG_OPT_STRING, "",     0, 0,       "per-process device memory limit: 24GiB, 24000MB, 80% or 0:24GiB,1:40GiB") \
-    X(warn_at,      "WARN_AT",     OG_OPT_STRING, "",     0, 0,       "warn once per crossing when usage passes this (90%, 20GiB; % of limit or total)") \
-    X(warn_dump,    "WARN_DUMP",   OG_OPT_BOOL,   "0",    0, 1,       "also write a 'warning' dump when OOMGUARD_WARN_AT is crossed") \
-    X(summary,      "SUMMARY",     OG_OPT_BOOL,   "0",    0, 1,       "at exit: peak per device and which card sizes it fits (and an 'exit' dump with OOMGUARD_DIR)")
+#include "options.def"
 
 enum og_opt_id {
 #define X(id, env, type, def, lo, hi, help) OG_OPT_##id,
@@ -116,20 +115,23 @@ enum og_opt_id {
     OG_OPT_COUNT
 };
 
+/* Numbers are long long; a string option `id` is the buffer og_opt.id_s (max = its size). */
+#define OG_OPT_FIELD_BOOL(id, hi)    long long id;
+#define OG_OPT_FIELD_INT(id, hi)     long long id;
+#define OG_OPT_FIELD_PERCENT(id, hi) long long id;
+#define OG_OPT_FIELD_STRING(id, hi)  char id##_s[hi];
 typedef struct og_options {
-#define X(id, env, type, def, lo, hi, help) long long id;
+#define X(id, env, type, def, lo, hi, help) OG_OPT_FIELD_##type(id, hi)
     OG_OPTIONS(X)
 #undef X
-    char dir_s[4096];
-    char framework_s[32];
-    char framework_libs_s[512];
-    char limit_s[512];
-    char warn_at_s[64];
 } og_options_t;
 
 extern og_options_t og_opt;
 void og_options_init(void);
 void og_options_print(void);
+const char *og_option_env(int id);                       /* "OOMGUARD_..." */
+const char *og_option_default(int id);
+bool og_option_valid(int id, const char *value);         /* would this value be taken? */
 long long og_parse_size(const char *s, bool *ok);   /* "24GiB", "24000MB", "123" */
 
 /* ---------------------------------------------------------------- logging */
@@ -157,6 +159,11 @@ const char *og_lib_name(uint16_t lib);
 int og_lib_class(uint16_t lib);
 uint16_t og_lib_count(void);
 uint16_t og_lib_of(uintptr_t pc);            /* dladdr: never with a lock held */
+struct og_frame;
+/* A frame for a dump: library, its path and build-id, offset, dynamic symbol (dladdr:
+ * dump time only).  `oomguard report` turns path+build-id+offset into names and lines. */
+void og_frame_describe(uintptr_t ip, bool return_address, struct og_frame *f);
+extern bool og_stack_cache_enabled;          /* false: every capture is a full unwind (tests) */
 void og_stacks_init(void);
 void og_stacks_atfork_prepare(void);
 void og_stacks_atfork_parent(void);
@@ -195,7 +202,7 @@ typedef struct og_taken {
     uint64_t addr, size, t_ns;
     uint32_t site;
     int16_t device;
-    uint8_t kind, hook;
+    uint8_t kind, hook, flags;
 } og_taken_t;
 /* Frees: take the block out before the real free, settle after it (see ledger.c). */
 void og_free_begin(og_call_t *c, uintptr_t addr, og_taken_t *tk);
@@ -208,7 +215,17 @@ void og_track_vmm_release(og_call_t *c, CUmemGenericAllocationHandle h);
 void og_track_vmm_retain(og_call_t *c, CUmemGenericAllocationHandle h);
 void og_track_vmm_map(og_call_t *c, uintptr_t va, uint64_t size, CUmemGenericAllocationHandle h);
 void og_track_vmm_unmap(og_call_t *c, uintptr_t va, uint64_t size);
-void og_track_pool_use(og_call_t *c, CUmemoryPool pool, int device);
+bool og_track_pool_use(og_call_t *c, CUmemoryPool pool, int device);   /* true: count the block itself */
+void og_ledger_pools_refresh(int device);       /* re-read the reservations of the device's pools */
+bool og_ledger_unmeasured(int device, char *why, size_t n);   /* ledger part of memory.unmeasured */
+/* og_track_alloc kind flag: a pool block counted as device memory itself (its pool's
+ * reservation cannot be read) */
+#define OG_KIND_F_COUNTED 0x80
+#define OG_KIND_F_ARRAY   0x40   /* a CUDA array: the key is its handle, not a device address */
+#define OG_KIND_F_MASK    0xC0
+/* After a context went away (destroyed, primary released to zero or reset): drop the
+ * device's (-1: any device's) blocks the driver no longer knows. */
+void og_track_blocks_gone(og_call_t *c, int device);
 void og_track_pool_refresh(CUmemoryPool pool);
 void og_track_pool_destroy(CUmemoryPool pool);
 void og_ledger_stats(int device, oomguard_device_stats_t *out);
@@ -248,15 +265,20 @@ void og_on_oom(og_call_t *c, uint64_t size, int kind, CUresult r, bool by_limit)
 /* dump.c: the record of a failure, written before the failing call returns */
 void og_report_failure(const og_episode_t *ep, og_call_t *c);
 void og_report_recovered(const og_episode_t *ep, og_call_t *c);
-void og_on_free(int device, uint64_t bytes);
+/* site: the freed block's allocation site (OG_SITE_POOL: a pool giving memory back), for
+ * counting only what the failing caller's framework released */
+#define OG_SITE_POOL UINT32_MAX
+void og_on_free(int device, uint64_t bytes, uint32_t site);
 extern atomic_int og_episode_open[OG_MAX_DEVICES];
 void og_on_recovered(og_call_t *c, int device, uint64_t size);
 void og_oom_refresh(int device);   /* new framework numbers: rewrite an open failure's dump */
-static inline void og_note_free(int device, uint64_t bytes)
+bool og_oom_open_recent(int device, uint64_t window_ns);  /* unrecovered failure this recent? */
+void og_query_at_failure(int device);  /* framework.c: the adapter's query, where it is safe */
+static inline void og_note_free(int device, uint64_t bytes, uint32_t site)
 {
     if (device >= 0 && device < OG_MAX_DEVICES &&
         OG_UNLIKELY(atomic_load_explicit(&og_episode_open[device], memory_order_relaxed)))
-        og_on_free(device, bytes);
+        og_on_free(device, bytes, site);
 }
 
 /* ---------------------------------------------------------------- records (capture.c, dump.c) */
@@ -264,6 +286,10 @@ struct og_record;
 struct og_framework_view;
 struct og_record *og_record_capture(const char *status, const og_episode_t *ep, int device);
 void og_record_free(struct og_record *rec);
+/* redact.c: what a dump may show of the command line and the environment */
+void og_cmdline_join(const char *raw, size_t n, char *out, size_t outsz);   /* NUL-separated argv */
+bool og_secret_option(const char *name, size_t n);
+bool og_secret_env_name(const char *name);
 uint64_t og_limit_bytes(int device);                     /* UINT64_MAX: no limit */
 void og_limit_init(void);
 bool og_limit_active(void);
@@ -281,12 +307,16 @@ uint64_t og_ledger_pool_spare(int device);
 void og_write_record(struct og_record *rec);             /* dump.c: writes JSON + text */
 void og_framework_view_get(struct og_framework_view *out); /* framework.c */
 void og_dump_atexit(void);
+void og_dump_flush_pending(int device);   /* the device's unrecovered failure is final; -1: all */
+void og_dump_fatal(void);                 /* dying: summaries out, temp names gone (signal-safe) */
+void og_fatal_arm(void);                  /* fatal.c: chain the fatal signals (once, lazily) */
 
 /* ---------------------------------------------------------------- call guard */
 
 extern OG_TLS int og_in_shim;
 extern atomic_int og_ready;
-extern atomic_int og_exiting;      /* set by the destructor: the driver may be torn down */
+extern atomic_int og_exiting;      /* set at exit: no driver or NVML call from now on */
+void og_exit_arm(void);           /* registers the exit summary (once; from a hook, not a constructor) */
 void og_init_slow(void);
 
 static inline void og_enter(og_call_t *c, int hook, void *caller)

@@ -6,6 +6,7 @@
  * episode is open are a direct, driver-level measure of memory the framework held but did
  * not use.  A later success on the device closes the episode as recovered. */
 #include "og.h"
+#include "advice_text.h"
 
 #include <string.h>
 
@@ -53,15 +54,49 @@ void og_on_oom(og_call_t *c, uint64_t size, int kind, CUresult r, bool by_limit)
     og_episode_t snapshot = *ep;
     pthread_mutex_unlock(&s->lock);
     og_limit_refresh_overhead(d);
+    if (c->active)
+        og_query_at_failure(d);   /* the framework's answer, when asking cannot deadlock */
     /* Written before the failing call returns to the program: a crash right after loses nothing. */
     og_report_failure(&snapshot, c);
 }
 
-void og_on_free(int device, uint64_t bytes)
+/* Library of a site if it is already known (never resolved here: a free may hold the ledger's
+ * locks, and resolving calls dladdr); the blocks live at the failure were resolved by its dump. */
+static int site_lib_known(uint32_t site)
+{
+    const og_site_t *st = og_site_get(site);
+    if (!st)
+        return -1;
+    uint16_t lib = __atomic_load_n(&st->lib, __ATOMIC_ACQUIRE);
+    return lib == OG_LIB_UNRESOLVED ? -1 : lib;
+}
+
+/* Did the failing caller's framework free this?  Same library as the failing call, or another
+ * library of the same framework (libc10_cuda frees what libtorch_cuda asked for). */
+static bool freed_by_failing_framework(const og_episode_t *ep, uint32_t site)
+{
+    if (site == OG_SITE_POOL)
+        return ep->kind == OG_KIND_POOL;     /* a pool trimmed after a stream-ordered failure */
+    int a = site_lib_known(ep->site), b = site_lib_known(site);
+    if (a < 0 || b < 0)
+        return false;
+    if (a == b)
+        return true;
+    if (og_lib_class((uint16_t)a) != OG_LIBCLASS_FRAMEWORK || og_lib_class((uint16_t)b) != OG_LIBCLASS_FRAMEWORK)
+        return false;
+    int fa = og_framework_of(og_lib_name((uint16_t)a), og_lib_name((uint16_t)a));
+    return fa == og_framework_of(og_lib_name((uint16_t)b), og_lib_name((uint16_t)b));
+}
+
+void og_on_free(int device, uint64_t bytes, uint32_t site)
 {
     episode_slot_t *s = &slots[device];
     pthread_mutex_lock(&s->lock);
-    if (atomic_load(&og_episode_open[device]))
+    /* only the failing framework's own releases, and only inside the retry window: unrelated
+     * frees (another thread, another library, much later) are no release "between attempts" */
+    if (atomic_load(&og_episode_open[device]) &&
+        og_now_ns() - s->ep.last_t_ns <= (uint64_t)og_opt.retry_window_ms * 1000000ull &&
+        freed_by_failing_framework(&s->ep, site))
         s->ep.released += bytes;
     pthread_mutex_unlock(&s->lock);
 }
@@ -85,7 +120,7 @@ void og_on_recovered(og_call_t *c, int device, uint64_t size)
     if (!in_window) {
         /* the program went on long after the failure: that failure was final */
         pthread_mutex_unlock(&s->lock);
-        og_dump_atexit();
+        og_dump_flush_pending(device);
         return;
     }
     og_episode_t snapshot = s->ep;
@@ -117,4 +152,16 @@ void og_oom_refresh(int device)
         og_call_t c = {.hook = snapshot.hook, .device = device, .caller = snapshot.caller, .active = false};
         og_report_failure(&snapshot, &c);
     }
+}
+
+/* An adapter reporting a framework failure: was it this driver failure (still open, recent)? */
+bool og_oom_open_recent(int device, uint64_t window_ns)
+{
+    if (device < 0 || device >= OG_MAX_DEVICES)
+        return false;
+    episode_slot_t *s = &slots[device];
+    pthread_mutex_lock(&s->lock);
+    bool r = atomic_load(&og_episode_open[device]) && og_now_ns() - s->ep.last_t_ns <= window_ns;
+    pthread_mutex_unlock(&s->lock);
+    return r;
 }

@@ -4,6 +4,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,23 +20,29 @@ typedef struct {
     const char *def;
     long long lo, hi;
     const char *help;
+    size_t off;                 /* where the value lives in og_opt */
 } og_opt_desc_t;
 
+#define OG_OPT_OFF_BOOL(id)    offsetof(og_options_t, id)
+#define OG_OPT_OFF_INT(id)     offsetof(og_options_t, id)
+#define OG_OPT_OFF_PERCENT(id) offsetof(og_options_t, id)
+#define OG_OPT_OFF_STRING(id)  offsetof(og_options_t, id##_s)
+
 static const og_opt_desc_t opt_desc[OG_OPT_COUNT] = {
-#define X(id, env, type, def, lo, hi, help) [OG_OPT_##id] = {"OOMGUARD_" env, type, def, lo, hi, help},
+#define X(id, env, type, def, lo, hi, help) \
+    [OG_OPT_##id] = {"OOMGUARD_" env, OG_OPT_##type, def, lo, hi, help, OG_OPT_OFF_##type(id)},
     OG_OPTIONS(X)
 #undef X
 };
 
-static long long *opt_slot(int i)
-{
-    switch (i) {
-#define X(id, env, type, def, lo, hi, help) case OG_OPT_##id: return &og_opt.id;
-        OG_OPTIONS(X)
+/* stacks.c sizes its unwind buffer by OG_MAX_FRAMES: the option may not ask for more */
+#define X(id, env, type, def, lo, hi, help) RANGE_HI_##id = (hi),
+enum { OG_OPTIONS(X) };
 #undef X
-    }
-    return NULL;
-}
+_Static_assert(RANGE_HI_stack_depth == OG_MAX_FRAMES, "OOMGUARD_STACK_DEPTH's maximum is OG_MAX_FRAMES");
+
+static long long *num_slot(int i) { return (long long *)((char *)&og_opt + opt_desc[i].off); }
+static char *str_slot(int i) { return (char *)&og_opt + opt_desc[i].off; }
 
 /* Sizes: plain bytes or a number with B, K/KB (10^3), KiB (2^10) ... TB/TiB.  Fractions allowed. */
 long long og_parse_size(const char *s, bool *ok)
@@ -94,43 +101,17 @@ static bool parse_int(const char *s, long long *out)
     return true;
 }
 
-static bool parse_one(const og_opt_desc_t *d, const char *s, long long *out)
+static bool parse_percent(const char *s, long long *out)
 {
-    bool ok = false;
-    switch (d->type) {
-    case OG_OPT_BOOL: ok = parse_bool(s, out); break;
-    case OG_OPT_INT: ok = parse_int(s, out); break;
-    case OG_OPT_SIZE: *out = og_parse_size(s, &ok); break;
-    case OG_OPT_PERCENT: {
-        char *end;
-        errno = 0;
-        double v = strtod(s, &end);
-        if (!errno && end != s && (*end == '%' || *end == 0) && (*end == 0 || end[1] == 0)) {
-            *out = (long long)(v * 100.0 + 0.5);   /* hundredths of a percent */
-            ok = v >= 0;
-        }
-        break;
-    }
-    case OG_OPT_STRING: ok = true; break;
-    }
-    if (ok && d->type != OG_OPT_STRING && d->type != OG_OPT_SIZE && d->type != OG_OPT_BOOL &&
-        d->lo < d->hi && (*out < d->lo || *out > d->hi))
-        ok = false;
-    return ok;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0 || v > 1e12 || !(*end == 0 || (end[0] == '%' && end[1] == 0)))
+        return false;
+    *out = (long long)(v * 100.0 + 0.5);   /* hundredths of a percent */
+    return true;
 }
 
-static char *string_slot(int i)
-{
-    return i == OG_OPT_dir ? og_opt.dir_s : i == OG_OPT_framework ? og_opt.framework_s
-         : i == OG_OPT_framework_libs ? og_opt.framework_libs_s : i == OG_OPT_limit ? og_opt.limit_s
-         : i == OG_OPT_warn_at ? og_opt.warn_at_s : NULL;
-}
-static size_t string_size(int i)
-{
-    return i == OG_OPT_dir ? sizeof og_opt.dir_s : i == OG_OPT_framework ? sizeof og_opt.framework_s
-         : i == OG_OPT_limit ? sizeof og_opt.limit_s : i == OG_OPT_warn_at ? sizeof og_opt.warn_at_s
-         : sizeof og_opt.framework_libs_s;
-}
 static bool framework_valid(const char *s)
 {
     static const char *const ok[] = {"auto", "pytorch", "jax", "tensorflow", "cupy"};
@@ -140,38 +121,88 @@ static bool framework_valid(const char *s)
     return false;
 }
 
+/* Strings whose values are a closed set; the others are checked where they are used. */
+static bool (*const str_check[OG_OPT_COUNT])(const char *) = {
+    [OG_OPT_framework] = framework_valid,
+};
+
+/* A number or a string of option i; false leaves *num untouched. */
+static bool parse_one(int i, const char *s, long long *num)
+{
+    const og_opt_desc_t *d = &opt_desc[i];
+    long long v = 0;
+    switch (d->type) {
+    case OG_OPT_STRING:
+        return strlen(s) < (size_t)d->hi && (!*s || !str_check[i] || str_check[i](s));
+    case OG_OPT_BOOL:
+        if (!parse_bool(s, &v))
+            return false;
+        break;
+    case OG_OPT_INT:
+        if (!parse_int(s, &v))
+            return false;
+        break;
+    case OG_OPT_PERCENT:
+        if (!parse_percent(s, &v))
+            return false;
+        break;
+    }
+    if (v < d->lo || v > d->hi)
+        return false;
+    if (num)
+        *num = v;
+    return true;
+}
+
+const char *og_option_env(int id) { return id >= 0 && id < OG_OPT_COUNT ? opt_desc[id].env : NULL; }
+const char *og_option_default(int id) { return id >= 0 && id < OG_OPT_COUNT ? opt_desc[id].def : NULL; }
+bool og_option_valid(int id, const char *value)
+{
+    return id >= 0 && id < OG_OPT_COUNT && value && parse_one(id, value, NULL);
+}
+
+static void bad_value(int i, const char *s)
+{
+    const og_opt_desc_t *d = &opt_desc[i];
+    const char *def = *d->def ? d->def : "(unset)";
+    if (d->type == OG_OPT_STRING && strlen(s) >= (size_t)d->hi)
+        og_warn("%s is %zu characters long (at most %lld); using the default %s", d->env, strlen(s), d->hi - 1,
+                def);
+    else if (i == OG_OPT_framework)
+        og_warn("%s=%s is not valid (auto, pytorch, jax, tensorflow or cupy); using the default %s", d->env, s,
+                def);
+    else if (d->type == OG_OPT_INT)
+        og_warn("%s=%s is not valid (an integer from %lld to %lld expected); using the default %s", d->env, s,
+                d->lo, d->hi, def);
+    else if (d->type == OG_OPT_PERCENT)
+        og_warn("%s=%s is not valid (a percentage from %g%% to %g%% expected); using the default %s", d->env, s,
+                d->lo / 100.0, d->hi / 100.0, def);
+    else
+        og_warn("%s=%s is not valid (1/0, true/false, yes/no or on/off expected); using the default %s", d->env,
+                s, def);
+}
+
+static void set_value(int i, const char *s)
+{
+    if (opt_desc[i].type == OG_OPT_STRING)
+        snprintf(str_slot(i), (size_t)opt_desc[i].hi, "%s", s);
+    else
+        parse_one(i, s, num_slot(i));
+}
+
 void og_options_init(void)
 {
-    snprintf(og_opt.framework_s, sizeof og_opt.framework_s, "auto");
-    og_opt.dir_s[0] = og_opt.framework_libs_s[0] = og_opt.limit_s[0] = og_opt.warn_at_s[0] = 0;
     for (int i = 0; i < OG_OPT_COUNT; i++) {
         const og_opt_desc_t *d = &opt_desc[i];
-        long long *slot = opt_slot(i), v = 0;
-        parse_one(d, d->def, &v);
-        *slot = v;
+        set_value(i, d->def);
         const char *s = getenv(d->env);
-        if (!s)
+        /* OOMGUARD_DIR= (empty) is how a wrapper script says "not set" */
+        if (!s || (d->type == OG_OPT_STRING && !*s))
             continue;
-        if (d->type == OG_OPT_STRING) {
-            if (i == OG_OPT_framework && !framework_valid(s)) {
-                og_warn("%s=%s is not valid (auto, pytorch, jax, tensorflow or cupy); using auto", d->env, s);
-                continue;
-            }
-            char *dst = string_slot(i);
-            if (dst) {
-                snprintf(dst, string_size(i), "%s", s);
-                *slot = 1;
-            }
-            continue;
-        }
-        if (parse_one(d, s, &v)) {
-            *slot = v;
-        } else if (d->lo < d->hi && d->type == OG_OPT_INT) {
-            og_warn("%s=%s is not valid (an integer from %lld to %lld expected); using the default %s",
-                    d->env, s, d->lo, d->hi, d->def);
-        } else {
-            og_warn("%s=%s is not valid; using the default %s", d->env, s, d->def);
-        }
+        if (parse_one(i, s, NULL))
+            set_value(i, s);
+        else
+            bad_value(i, s);
     }
 }
 
@@ -181,15 +212,15 @@ void og_options_print(void)
     for (int i = 0; i < OG_OPT_COUNT; i++) {
         const og_opt_desc_t *d = &opt_desc[i];
         const char *env = getenv(d->env);
+        char v[32];
+        const char *shown = v;
         if (d->type == OG_OPT_STRING)
-            og_log("  %-24s = %-10s %s%s", d->env, string_slot(i), d->help, env ? "" : " (default)");
-        else if (d->type == OG_OPT_PERCENT) {
-            char v[32];
-            snprintf(v, sizeof v, "%.2f%%", *opt_slot(i) / 100.0);
-            og_log("  %-24s = %-10s %s%s", d->env, v, d->help, env ? "" : " (default)");
-        }
+            shown = str_slot(i);
+        else if (d->type == OG_OPT_PERCENT)
+            snprintf(v, sizeof v, "%.2f%%", *num_slot(i) / 100.0);
         else
-            og_log("  %-24s = %-10lld %s%s", d->env, *opt_slot(i), d->help, env ? "" : " (default)");
+            snprintf(v, sizeof v, "%lld", *num_slot(i));
+        og_log("  %-24s = %-10s %s%s", d->env, shown, d->help, env ? "" : " (default)");
     }
 }
 

@@ -15,12 +15,18 @@ typedef struct og_lib_usage {
     char library[120];
     uint64_t bytes, blocks;
     bool framework;
+    int fw_kind;                     /* enum og_framework of this library (OG_FW_UNKNOWN if none) */
+    uint64_t pool_bytes;             /* of `bytes`, blocks taken from stream-ordered pools */
 } og_lib_usage_t;
 
 typedef struct og_other_proc {
     int pid;
     char name[64];
     uint64_t bytes;
+    bool visible;                    /* the pid exists in this pid namespace (/proc/PID) */
+    bool same_job;                   /* same command and job (launcher/rank variables) as this process */
+    long rank;                       /* its RANK (or launcher equivalent), -1 when unknown */
+    bool child;                      /* a child of this process (DataLoader worker, subprocess) */
 } og_other_proc_t;
 
 typedef struct og_frame {
@@ -28,6 +34,8 @@ typedef struct og_frame {
     char symbol[96];
     char library[96];
     uintptr_t offset;                /* ip - library base */
+    char path[192];                  /* the library's file, for symbolizing later ("" if unknown) */
+    char build_id[41];               /* its GNU build-id, hex ("" if it has none) */
 } og_frame_t;
 
 typedef struct og_top_site {
@@ -43,9 +51,9 @@ typedef struct og_sample { double t_rel; uint64_t live; } og_sample_t;
 typedef struct og_cause {
     const char *id;                  /* does_not_fit, fragmentation, ... */
     double confidence;               /* 0..1 */
-    char summary[256];
+    char summary[384];
     int nevidence;
-    struct { const char *name; bool is_text; double num; char text[64]; } evidence[8];
+    struct { const char *name; bool is_text; double num; char text[64]; } evidence[12];
 } og_cause_t;
 
 typedef struct og_remedy {
@@ -58,6 +66,14 @@ typedef struct og_remedy {
     const char *saving, *cost;
 } og_remedy_t;
 
+/* A Python source line (event.python_stack, python_sites: bytes/blocks only there). */
+typedef struct og_py_frame {
+    char file[200];
+    char function[64];
+    int line;
+    uint64_t bytes, blocks;
+} og_py_frame_t;
+
 /* Framework adapter's own numbers (PyTorch memory_stats and friends); has = false if none. */
 typedef struct og_framework_view {
     bool has;
@@ -68,6 +84,23 @@ typedef struct og_framework_view {
     char allocator_settings[256];
     char source[32];                 /* "torch", ... */
     char snapshot_file[512];         /* the framework's own snapshot (JSON), "" if none */
+    /* evidence for the diagnosis (zero = unknown): */
+    int grad_enabled;                /* 1 autograd on at the failure, -1 off (no_grad/inference_mode) */
+    int training;                    /* 1 training seen (optimizer state, backward), -1 known inference/eval */
+    uint64_t cap_bytes;              /* framework-imposed cap (memory fraction, set_limit); 0 none/unknown */
+    char cap_source[64];             /* the setting that imposes it */
+    char framework[16];              /* "pytorch" | "jax" | "tensorflow" | "cupy"; "" = from `source` */
+    char unmeasured_why[120];        /* why the adapter could not answer at the failure ("" = it did or none) */
+    /* issue 10: failures inside the framework's allocator and the Python lines (framework.c) */
+    bool internal_oom;               /* the framework refused the request itself; no driver call failed */
+    char api[48];                    /* the framework's allocator, event.api of an internal failure */
+    uint64_t requested_bytes;        /* the framework's own request; 0 unknown */
+    uint64_t peak_bytes;             /* the framework's peak (jax peak_bytes_in_use); 0 unknown */
+    uint64_t reported_t_ns;          /* when the adapter handed these in (og_now_ns) */
+    int npy_frames;                  /* event.python_stack, innermost first */
+    og_py_frame_t py_frames[24];
+    int npy_sites;                   /* python_sites: lines holding the most live memory, largest first */
+    og_py_frame_t py_sites[16];
 } og_framework_view_t;
 
 typedef struct og_record {
@@ -95,6 +128,7 @@ typedef struct og_record {
         uint64_t requested_bytes;
         const char *api;             /* API the program called (runtime name when via libcudart) */
         const char *driver_api;
+        bool framework_internal;     /* refused inside the framework's allocator: no driver call */
         int device;
         bool stream_ordered;
         int result;
@@ -117,6 +151,7 @@ typedef struct og_record {
         int cc_major, cc_minor;
         uint64_t total_bytes, free_bytes;
         uint64_t limit_bytes;        /* OG_UNKNOWN when no limit */
+        uint64_t limit_usage_bytes;  /* what the limit check counts (tracked + context); OG_UNKNOWN without limit */
     } device;
 
     struct {
@@ -134,8 +169,11 @@ typedef struct og_record {
         og_other_proc_t other[32];
         uint64_t other_processes_bytes;
         uint64_t host_pinned_bytes;
+        int pool_owner_fw;               /* whose stream-ordered pools: 0 unknown/none, 1 the framework's, 2 the application's */
+        char pool_owner[120];            /* library that took most blocks from the pools */
         int nunmeasured;
-        char unmeasured[4][160];
+        char unmeasured[8][160];
+        char nvml_process_query[96];     /* NVML call (and entry size) that listed the processes; "" = none */
         og_framework_view_t fw;
     } memory;
 
@@ -165,7 +203,7 @@ typedef struct og_record {
 
     /* summary across devices (peaks, which card sizes fit) */
     int nsummary;
-    struct { int index; uint64_t peak_bytes; double peak_t_rel; char peak_library[120]; } summary[16];
+    struct { int index; uint64_t peak_bytes; double peak_t_rel; char peak_library[120]; uint64_t tracked_bytes; } summary[16];
 } og_record_t;
 
 /* Diagnosis thresholds (OOMGUARD_* options, see og.h). */

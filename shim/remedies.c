@@ -80,9 +80,11 @@ static const char *base_name(const char *p)
 
 /* ------------------------------------------------------------------ context */
 
-enum cause { C_LIMIT, C_CACHE, C_FRAG, C_FOREIGN, C_NONFW, C_GROWTH, C_DNF, C_UNKNOWN, C_COUNT };
+enum cause { C_LIMIT, C_CACHE, C_FRAG, C_FOREIGN, C_NONFW, C_GROWTH, C_DNF, C_UNKNOWN, C_OTHERFW, C_PEERS,
+             C_IMBALANCE, C_FWCAP, C_COUNT };
 static const char *const cause_ids[C_COUNT] = {
     "limit", "cache_held", "fragmentation", "foreign_memory", "non_framework", "growth", "does_not_fit", "unknown",
+    "other_framework", "peer_ranks", "imbalance", "framework_cap",
 };
 
 typedef struct rctx {
@@ -100,6 +102,16 @@ typedef struct rctx {
     int visible;
     long world;
     char fail_lib[64];
+    bool live_known;             /* false when the framework's cache was not measured */
+    bool retried_zero;           /* the framework released its cache, got 0 B back, and failed again */
+    bool larger_than_device;     /* the request alone exceeds the device (or the limit) */
+    bool app_pool;               /* the cache is the application's own stream-ordered pool */
+    bool async_backend;          /* PyTorch's backend:cudaMallocAsync */
+    bool variable_sizes;         /* many different allocation sizes: variable-length batches */
+    int other_fw;                /* the other framework holding memory (other_framework), or 0 */
+    uint64_t other_fw_bytes, peers_bytes, capacity, growth_rise;
+    int npeers;
+    int grad, training;          /* adapter evidence, 0 unknown */
 } rctx_t;
 
 static const char *fw_display(enum og_framework fw)
@@ -139,7 +151,7 @@ static double evidence(const og_record_t *rec, const char *cause, const char *na
         const og_cause_t *c = &rec->diagnosis.causes[i];
         if (!c->id || strcmp(c->id, cause) != 0)
             continue;
-        int ne = c->nevidence < 0 ? 0 : c->nevidence > 8 ? 8 : c->nevidence;
+        int ne = c->nevidence < 0 ? 0 : c->nevidence > 12 ? 12 : c->nevidence;
         for (int e = 0; e < ne; e++)
             if (c->evidence[e].name && strcmp(c->evidence[e].name, name) == 0 && !c->evidence[e].is_text)
                 return c->evidence[e].num;
@@ -154,12 +166,30 @@ static const char *evidence_text(const og_record_t *rec, const char *cause, cons
         const og_cause_t *c = &rec->diagnosis.causes[i];
         if (!c->id || strcmp(c->id, cause) != 0)
             continue;
-        int ne = c->nevidence < 0 ? 0 : c->nevidence > 8 ? 8 : c->nevidence;
+        int ne = c->nevidence < 0 ? 0 : c->nevidence > 12 ? 12 : c->nevidence;
         for (int e = 0; e < ne; e++)
             if (c->evidence[e].name && strcmp(c->evidence[e].name, name) == 0 && c->evidence[e].is_text)
                 return c->evidence[e].text;
     }
     return NULL;
+}
+
+/* distinct allocation sizes (to 1 MiB) in the history: variable-length batches make many */
+static int distinct_sizes(const og_record_t *r)
+{
+    uint64_t seen[64];
+    int n = 0, ne = r->history.events ? r->history.nevents : 0;
+    for (int i = 0; i < ne && n < 64; i++) {
+        const struct og_hist_ev *e = &r->history.events[i];
+        if (!e->op || strcmp(e->op, "alloc") != 0)
+            continue;
+        bool dup = false;
+        for (int j = 0; j < n && !dup; j++)
+            dup = seen[j] == e->bytes >> 20;
+        if (!dup)
+            seen[n++] = e->bytes >> 20;
+    }
+    return n;
 }
 
 static void context(rctx_t *x, const og_record_t *rec)
@@ -182,12 +212,15 @@ static void context(rctx_t *x, const og_record_t *rec)
     if (n == 0)
         x->has[C_UNKNOWN] = true;
 
-    x->req = known(rec->event.requested_bytes) ? rec->event.requested_bytes : 0;
+    x->req = rec->event.requested_bytes;   /* the API's argument: SIZE_MAX is a request, not unknown */
     x->shortfall = known(rec->diagnosis.shortfall_bytes) ? rec->diagnosis.shortfall_bytes : 0;
     x->total = known(rec->device.total_bytes) ? rec->device.total_bytes : 0;
     x->tracked = known(rec->memory.process_tracked_bytes) ? rec->memory.process_tracked_bytes : 0;
     x->footprint = known(rec->memory.process_used_bytes) ? rec->memory.process_used_bytes : x->tracked;
     x->other = known(rec->memory.other_processes_bytes) ? rec->memory.other_processes_bytes : 0;
+    for (int i = 0; i < rec->memory.nother && i < 32; i++)   /* ranks of this job are not "others" */
+        if (rec->memory.other[i].same_job)
+            x->other = sub0(x->other, rec->memory.other[i].bytes);
     x->nonfw = known(rec->memory.non_framework_bytes) ? rec->memory.non_framework_bytes : 0;
 
     const og_framework_view_t *fw = &rec->memory.fw;
@@ -201,20 +234,57 @@ static void context(rctx_t *x, const og_record_t *rec)
         x->cached = rec->memory.framework_cached_bytes;
         src = rec->memory.framework_cached_source;
     }
-    x->cache_retried = src && strcmp(src, "retry_release") == 0;
+    /* a recovered dump keeps the first attempt's numbers: its cache was still there then */
+    x->cache_retried = src && strcmp(src, "retry_release") == 0 && !rec->event.recovered;
     x->reclaim = x->cached_known && !x->cache_retried ? x->cached : 0;
     if (fw->has && known(fw->largest_free_block_bytes) && !(fw->largest_free_block_bytes == 0 && x->cached)) {
         x->largest_known = true;
         x->largest = fw->largest_free_block_bytes;
     }
+    char full[sizeof rec->event.library];
+    cpy(full, sizeof full, rec->event.library, sizeof full);
+    cpy(x->fail_lib, sizeof x->fail_lib, base_name(full), strlen(base_name(full)) + 1);
+    /* live = what tensors hold; unknown when the cache was not measured (never call cache "live") */
+    x->live_known = (fw->has && known(fw->allocated_bytes)) || x->cached_known;
     x->live = fw->has && known(fw->allocated_bytes) ? fw->allocated_bytes : sub0(x->tracked, x->reclaim);
+    /* the framework released what it could before failing again and got nothing back */
+    x->retried_zero = rec->event.attempts >= 2 && !rec->event.recovered &&
+                      og_framework_of(x->fail_lib, x->fail_lib) != OG_FW_UNKNOWN &&
+                      (!known(rec->event.released_between_attempts_bytes) ||
+                       rec->event.released_between_attempts_bytes == 0);
+    x->app_pool = evidence_text(rec, "cache_held", "holder") != NULL;
+    x->async_backend = strstr(rec->pytorch_alloc_conf, "cudaMallocAsync") != NULL;
+    x->variable_sizes = evidence(rec, "fragmentation", "distinct_sizes") >= 8 || distinct_sizes(rec) >= 8;
+    x->larger_than_device = evidence(rec, "does_not_fit", "larger_than_device") > 0;
+    const char *ofw = evidence_text(rec, "other_framework", "framework");
+    if (ofw) {
+        static const char *const names[] = {"unknown", "pytorch", "jax", "tensorflow", "cupy"};
+        for (int i = 1; i < 5; i++)
+            if (strcmp(ofw, names[i]) == 0)
+                x->other_fw = i;
+        double b = evidence(rec, "other_framework", "framework_reserved_bytes");
+        x->other_fw_bytes = b > 0 ? (uint64_t)b : 0;
+    }
+    double pb = evidence(rec, "peer_ranks", "peers_bytes");
+    x->peers_bytes = pb > 0 ? (uint64_t)pb : 0;
+    double np = evidence(rec, "peer_ranks", "peers");
+    x->npeers = np > 0 ? (int)np : 0;
+    double gr = evidence(rec, "growth", "rise_bytes");
+    x->growth_rise = gr > 0 ? (uint64_t)gr : 0;
+    uint64_t lim = rec->device.limit_bytes;
+    x->capacity = known(lim) && (!x->total || lim < x->total) ? lim : x->total;
+    x->grad = fw->has ? fw->grad_enabled : 0;
+    x->training = fw->has ? fw->training : 0;
+    /* advice follows the failing call's framework */
+    int ffw = og_framework_of(x->fail_lib, x->fail_lib);
+    if (ffw != OG_FW_UNKNOWN) {
+        x->fw = (enum og_framework)ffw;
+        x->fwname = fw_display(x->fw);
+    }
     x->cc_known = rec->device.cc_major > 0;
     x->cc = rec->device.cc_major * 10 + (rec->device.cc_minor > 9 ? 9 : rec->device.cc_minor < 0 ? 0 : rec->device.cc_minor);
     x->visible = rec->visible_devices;
     x->world = rec->world_size;
-    char full[sizeof rec->event.library];
-    cpy(full, sizeof full, rec->event.library, sizeof full);
-    cpy(x->fail_lib, sizeof x->fail_lib, base_name(full), sizeof full);
 }
 
 /* ------------------------------------------------------------------ writing a remedy */
@@ -254,6 +324,12 @@ static void activations_vs_shortfall(const rctx_t *x, og_remedy_t *r, double fre
         return;
     }
     double need = (double)x->shortfall / frees;
+    if (!x->live_known) {
+        why(r, " %s more is needed; %s covers it if the activations it shrinks are at least %s (how much of the "
+            "%s held is in use was not measured).", og_hb((double)x->shortfall).s, what, og_hb(need).s,
+            og_hb((double)x->tracked).s);
+        return;
+    }
     if (need <= (double)x->live)
         why(r, " %s more is needed, %s of the %s live: %s covers it if activations are at least %s.",
             og_hb((double)x->shortfall).s, og_pct((double)x->shortfall, (double)x->live).s, og_hb((double)x->live).s, what,
@@ -268,10 +344,17 @@ static void activations_vs_shortfall(const rctx_t *x, og_remedy_t *r, double fre
 static bool b_raise_limit(const rctx_t *x, og_remedy_t *r)
 {
     const og_record_t *rec = x->rec;
-    uint64_t need = add_sat(x->tracked, x->req);
+    /* the check's own accounting: allocations plus the CUDA context */
+    uint64_t usage = known(rec->device.limit_usage_bytes) && rec->device.limit_usage_bytes > x->tracked
+                         ? rec->device.limit_usage_bytes : x->tracked;
+    uint64_t need = add_sat(usage, x->req);
     /* 10% headroom, rounded up to whole GiB */
     uint64_t sugg = (uint64_t)((double)need * 1.10 / GIB) + 1;
-    if (known(rec->device.limit_bytes))
+    if (known(rec->device.limit_bytes) && usage > x->tracked)
+        why(r, "OOMGUARD_LIMIT caps device %d at %s; the job needs at least %s (%s allocated + %s CUDA context + %s "
+            "requested).", rec->event.device, og_hb((double)rec->device.limit_bytes).s, og_hb((double)need).s,
+            og_hb((double)x->tracked).s, og_hb((double)(usage - x->tracked)).s, og_hb((double)x->req).s);
+    else if (known(rec->device.limit_bytes))
         why(r, "OOMGUARD_LIMIT caps device %d at %s; the job needs at least %s (%s held + %s requested).",
             rec->event.device, og_hb((double)rec->device.limit_bytes).s, og_hb((double)need).s, og_hb((double)x->tracked).s,
             og_hb((double)x->req).s);
@@ -281,6 +364,8 @@ static bool b_raise_limit(const rctx_t *x, og_remedy_t *r)
     if (known(rec->device.free_bytes) && rec->device.free_bytes >= x->req)
         why(r, " The card itself had %s free, so the request would have succeeded.",
             og_hb((double)rec->device.free_bytes).s);
+    if (usage > x->tracked && add_sat(usage - x->tracked, x->req) > rec->device.limit_bytes)
+        how(r, "export CUDA_MODULE_LOADING=LAZY   # a smaller CUDA context: kernels load when first used");
     how(r, "OOMGUARD_LIMIT=%lluGiB   # or for this device only: OOMGUARD_LIMIT=%d:%lluGiB",
         (unsigned long long)sugg, rec->event.device, (unsigned long long)sugg);
     how(r, "unset OOMGUARD_LIMIT   # no cap at all");
@@ -294,9 +379,16 @@ static bool b_empty_cache(const rctx_t *x, og_remedy_t *r)
     char cached[24];
     og_fmt(cached, sizeof cached, "%s", x->cached_known ? og_hb((double)x->cached).s : "an unmeasured amount");
 
-    if (x->has[C_CACHE] && x->fail_lib[0])
+    if (x->retried_zero)
+        why(r, "%s already released its cache when the allocation failed and got nothing back: what it keeps is "
+            "split inside segments still in use, which empty_cache() cannot return.", x->fwname);
+    else if (x->has[C_CACHE] && !x->cached_known && x->fail_lib[0])
+        why(r, "%s holds memory of which an unmeasured part is cached but unused, and %s (outside %s's allocator) "
+            "could not get %s: hand the cache back before that library allocates; memory_summary() shows how much "
+            "it is.", fw_display(rec->framework), x->fail_lib, fw_display(rec->framework), og_hb((double)x->req).s);
+    else if (x->has[C_CACHE] && x->fail_lib[0])
         why(r, "%s keeps %s cached while %s could not get %s: hand the cache back before that library allocates.",
-            x->fwname, cached, x->fail_lib, og_hb((double)x->req).s);
+            fw_display(rec->framework), cached, x->fail_lib, og_hb((double)x->req).s);
     else if (x->has[C_FRAG]) {
         why(r, "%s is cached but unused", cached);
         if (x->largest_known)
@@ -306,9 +398,12 @@ static bool b_empty_cache(const rctx_t *x, og_remedy_t *r)
     } else if (x->has[C_LIMIT])
         why(r, "The limit counts cached memory too: %s of the %s held is cached but unused.", cached,
             og_hb((double)x->tracked).s);
-    else if (x->primary == C_DNF)
-        why(r, "Only %s is cached, less than the %s missing: live tensors fill the memory, so this helps only "
+    else if (x->primary == C_DNF && x->cached_known)
+        why(r, "Only %s is cached, less than the %s missing: tensors in use fill the memory, so this helps only "
             "together with the reductions above.", cached, og_hb((double)x->shortfall).s);
+    else if (x->primary == C_DNF)
+        why(r, "How much of the %s this process holds is cached but unused was not measured: if it is at least the "
+            "%s missing, releasing it is the cheapest fix.", og_hb((double)x->tracked).s, og_hb((double)x->shortfall).s);
     else if (x->has[C_GROWTH])
         why(r, "%s is cached but unused; release it between epochs or phases so the growth does not also pin "
             "the cache.", cached);
@@ -407,13 +502,20 @@ static void list_other_processes(const rctx_t *x, og_remedy_t *r, int max_how)
         if (big < 0)
             break;
         used[big] = true;
+        const og_other_proc_t *o = &rec->memory.other[big];
         char full[sizeof rec->memory.other[0].name], name[sizeof full];
-        cpy(full, sizeof full, rec->memory.other[big].name, sizeof full);
-        cpy(name, sizeof name, base_name(full), sizeof full);
-        if (desktop_app(name))
+        cpy(full, sizeof full, o->name, sizeof full);
+        cpy(name, sizeof name, base_name(full), strlen(base_name(full)) + 1);
+        if (o->same_job || desktop_app(name)) {   /* never a kill line for a rank of this job */
+            k--;
             continue;
-        how(r, "kill %d   # %s, %s on this GPU: only if it is yours and no longer needed", rec->memory.other[big].pid,
-            name[0] ? name : "unknown", og_hb((double)rec->memory.other[big].bytes).s);
+        }
+        if (!o->visible)                           /* a host pid: kill here would hit another process */
+            how(r, "host pid %d holds %s: not visible in this container; stop it from the host (nvidia-smi there)",
+                o->pid, og_hb((double)o->bytes).s);
+        else
+            how(r, "kill %d   # %s, %s on this GPU: only if it is yours and no longer needed", o->pid,
+                name[0] ? name : "unknown", og_hb((double)o->bytes).s);
     }
 }
 
@@ -433,8 +535,10 @@ static bool b_foreign_processes(const rctx_t *x, og_remedy_t *r)
     int n = rec->memory.nother < 0 ? 0 : rec->memory.nother > 32 ? 32 : rec->memory.nother;
     if (x->other || n) {
         r->title = "Stop other processes that hold GPU memory";
-        why(r, "Other processes hold %s on this GPU", og_hb((double)x->other).s);
+        why(r, "Other processes (not of this job) hold %s on this GPU", og_hb((double)x->other).s);
         bool used[32] = {false};
+        for (int i = 0; i < n; i++)
+            used[i] = rec->memory.other[i].same_job;
         for (int k = 0; k < 3; k++) {
             int big = -1;
             for (int i = 0; i < n; i++)
@@ -445,9 +549,9 @@ static bool b_foreign_processes(const rctx_t *x, og_remedy_t *r)
             used[big] = true;
             char full[sizeof rec->memory.other[0].name], name[32];
             cpy(full, sizeof full, rec->memory.other[big].name, sizeof full);
-            cpy(name, sizeof name, base_name(full), sizeof full);
-            why(r, "%s pid %d %s %s", k ? "," : ":", rec->memory.other[big].pid, name[0] ? name : "?",
-                og_hb((double)rec->memory.other[big].bytes).s);
+            cpy(name, sizeof name, base_name(full), strlen(base_name(full)) + 1);
+            why(r, "%s %spid %d %s %s", k ? "," : ":", rec->memory.other[big].visible ? "" : "host ",
+                rec->memory.other[big].pid, name[0] ? name : "?", og_hb((double)rec->memory.other[big].bytes).s);
         }
         if (x->shortfall)
             why(r, "; %s is missing.", og_hb((double)x->shortfall).s);
@@ -498,11 +602,17 @@ static bool b_restart_process(const rctx_t *x, og_remedy_t *r)
             "check that the %d process%s holding %s still do useful work.", n, n == 1 ? "" : "es",
             og_hb((double)x->other).s);
         char pids[120] = "";
-        for (int i = 0; i < n && i < 8; i++) {
+        for (int i = 0, k = 0; i < n && k < 8; i++) {
+            if (!rec->memory.other[i].visible || rec->memory.other[i].same_job)
+                continue;
             size_t l = strlen(pids);
-            og_fmt(pids + l, sizeof pids - l, "%s%d", i ? "," : "", rec->memory.other[i].pid);
+            og_fmt(pids + l, sizeof pids - l, "%s%d", k++ ? "," : "", rec->memory.other[i].pid);
         }
-        how(r, "ps -o pid,stat,etime,cmd -p %s   # still running what you expect?", pids);
+        if (pids[0])
+            how(r, "ps -o pid,stat,etime,cmd -p %s   # still running what you expect?", pids);
+        else
+            how(r, "On the host: nvidia-smi --query-compute-apps=pid,used_memory --format=csv   # these pids are "
+                "not visible here");
     } else if (x->has[C_FRAG]) {
         why(r, "A fresh process starts with an empty, unfragmented cache (%s is cached now); a restart between "
             "phases avoids carrying fragmentation along.", x->cached_known ? og_hb((double)x->cached).s : "?");
@@ -767,9 +877,12 @@ static bool b_quantization(const rctx_t *x, og_remedy_t *r)
 {
     why(r, "For inference the weights dominate: 8-bit halves and 4-bit quarters them (a 70B model: 140 GB in "
         "fp16, ~70 GB in int8, ~35-40 GB in 4-bit).");
-    if (x->shortfall)
+    if (x->shortfall && 2.0 * (double)x->shortfall <= (double)x->footprint)
         why(r, " 8-bit covers the %s missing if at least %s of the %s held are fp16 weights.",
             og_hb((double)x->shortfall).s, og_hb(2.0 * (double)x->shortfall).s, og_hb((double)x->footprint).s);
+    else if (x->shortfall)
+        why(r, " 8-bit alone cannot cover the %s missing: even if all %s held were fp16 weights it would free half "
+            "of that; 4-bit frees about three quarters.", og_hb((double)x->shortfall).s, og_hb((double)x->footprint).s);
     const char *cdt = x->cc_known && x->cc < 80 ? "float16" : "bfloat16";
     if (x->fw == OG_FW_JAX || x->fw == OG_FW_TENSORFLOW)
         how(r, "Load pre-quantized int8/4-bit weights (AWQ, GPTQ) in a runtime that serves them, e.g. vLLM; the "
@@ -900,11 +1013,204 @@ static bool b_bigger_gpu(const rctx_t *x, og_remedy_t *r)
     return true;
 }
 
+static bool b_other_framework(const rctx_t *x, og_remedy_t *r)
+{
+    const og_record_t *rec = x->rec;
+    int k = x->other_fw;
+    const char *me = x->fw == OG_FW_UNKNOWN ? "the failing framework" : x->fwname;
+    if (k == OG_FW_JAX) {
+        r->title = "Stop JAX/XLA from preallocating the GPU";
+        why(r, "JAX (XLA) holds %s of this GPU in the same process: by default it preallocates 75%% of the memory "
+            "when its client starts, leaving %s short by %s.", og_hb((double)x->other_fw_bytes).s, me,
+            og_hb((double)x->shortfall).s);
+        if (rec->xla_preallocate_off)
+            why(r, " Preallocation is already off: JAX really uses that much.");
+        else
+            how(r, "export XLA_PYTHON_CLIENT_PREALLOCATE=false   # JAX allocates on demand");
+        int frac = x->total ? (int)(100.0 * (double)sub0(x->other_fw_bytes, x->shortfall) / (double)x->total) : 0;
+        if (frac >= 5 && frac <= 95)
+            how(r, "export XLA_PYTHON_CLIENT_MEM_FRACTION=.%02d   # or cap what JAX may take", frac);
+        else
+            how(r, "export XLA_PYTHON_CLIENT_MEM_FRACTION=.25   # or cap what JAX may take (here 25%%)");
+        how(r, "export JAX_PLATFORMS=cpu   # when JAX need not use the GPU at all (data loading, metrics)");
+    } else if (k == OG_FW_TENSORFLOW) {
+        r->title = "Stop TensorFlow from taking the whole GPU";
+        why(r, "TensorFlow holds %s of this GPU in the same process: by default it maps nearly all free memory at "
+            "start, leaving %s short by %s.", og_hb((double)x->other_fw_bytes).s, me, og_hb((double)x->shortfall).s);
+        if (env_is(rec, "TF_FORCE_GPU_ALLOW_GROWTH", "true"))
+            why(r, " Memory growth is already on: TensorFlow really uses that much.");
+        else {
+            how(r, "export TF_FORCE_GPU_ALLOW_GROWTH=true   # allocate on demand");
+            how(r, "for gpu in tf.config.list_physical_devices(\"GPU\"): "
+                "tf.config.experimental.set_memory_growth(gpu, True)   # before the first op");
+        }
+        how(r, "tf.config.set_logical_device_configuration(gpu, [tf.config.LogicalDeviceConfiguration(memory_limit="
+            "4096)])   # or a hard cap in MiB");
+        how(r, "tf.config.set_visible_devices([], \"GPU\")   # when TensorFlow need not use the GPU");
+    } else {
+        r->title = "Limit the other framework's memory";
+        why(r, "%s holds %s of this GPU in the same process, more than the %s missing.", fw_display(k),
+            og_hb((double)x->other_fw_bytes).s, og_hb((double)x->shortfall).s);
+        if (k == OG_FW_CUPY)
+            how(r, "cupy.get_default_memory_pool().free_all_blocks(); cupy.get_default_memory_pool().set_limit(size=...)");
+        else if (k == OG_FW_PYTORCH)
+            how(r, "torch.cuda.empty_cache(); torch.cuda.set_per_process_memory_fraction(0.5)   # PyTorch's share");
+    }
+    return true;
+}
+
+static bool b_set_device(const rctx_t *x, og_remedy_t *r)
+{
+    const og_record_t *rec = x->rec;
+    double kids = evidence(rec, "peer_ranks", "children");
+    if (kids > 0 && (int)kids == x->npeers) {
+        r->title = "Keep CUDA out of the DataLoader workers";
+        why(r, "%d child %s of this process (DataLoader workers) %s %s on GPU %d: a worker that calls .cuda() or "
+            "builds CUDA tensors (in the Dataset or collate_fn) gets a CUDA context of its own. Do not kill them: "
+            "fix the pipeline.", x->npeers, og_plural(x->npeers, "process", "processes"),
+            og_plural(x->npeers, "holds", "hold"), og_hb((double)x->peers_bytes).s, rec->event.device);
+        how(r, "%sreturn CPU tensors from Dataset/collate_fn; move the batch in the main process: "
+            "batch = batch.to(\"cuda\", non_blocking=True)", pt(x));
+        how(r, "%sDataLoader(..., pin_memory=True)   # fast host-to-GPU copies without CUDA in the workers", pt(x));
+        how(r, "%sif workers must use CUDA: torch.multiprocessing.set_start_method(\"spawn\") and keep it minimal",
+            pt(x));
+        return true;
+    }
+    if (x->npeers)
+        why(r, "%d other %s of this job %s %s on GPU %d, about one CUDA context each: every rank creates its "
+            "context on the current device, GPU 0 unless it selects its own first.", x->npeers,
+            og_plural(x->npeers, "rank", "ranks"), og_plural(x->npeers, "holds", "hold"),
+            og_hb((double)x->peers_bytes).s, rec->event.device);
+    else
+        why(r, "This rank (LOCAL_RANK=%ld) runs on GPU %d: it did not select its own GPU first.", rec->local_rank,
+            rec->event.device);
+    why(r, " Do not stop those processes: they are this job's ranks.");
+    how(r, "%slocal_rank = int(os.environ[\"LOCAL_RANK\"]); torch.cuda.set_device(local_rank)   # first thing, "
+        "before any CUDA call", pt(x));
+    how(r, "%storch.load(path, map_location=f\"cuda:{local_rank}\")   # not the GPU it was saved from", pt(x));
+    how(r, "%sdist.init_process_group(\"nccl\", device_id=torch.device(\"cuda\", local_rank))", pt(x));
+    how(r, "Or give each rank one GPU: CUDA_VISIBLE_DEVICES=$LOCAL_RANK in the per-rank launch script.");
+    return true;
+}
+
+static bool b_ddp(const rctx_t *x, og_remedy_t *r)
+{
+    const og_record_t *rec = x->rec;
+    double ratio = evidence(rec, "imbalance", "ratio");
+    double avg = evidence(rec, "imbalance", "other_devices_avg_bytes");
+    why(r, "GPU %d carries %.1fx what the other GPUs of this process hold (%s on average): nn.DataParallel gathers "
+        "every output there and keeps the optimizer state there. One process per GPU balances it.",
+        rec->event.device, ratio > 0 ? ratio : 1.0, og_hb(avg > 0 ? avg : 0).s);
+    int n = x->visible > 1 ? x->visible : 2;
+    how(r, "%storchrun --nproc_per_node=%d train.py   # one process per GPU", pt(x), n);
+    how(r, "%smodel = DistributedDataParallel(model.to(local_rank), device_ids=[local_rank])   # instead of "
+        "nn.DataParallel(model)", pt(x));
+    how(r, "%sor FSDP(model) to also shard parameters, gradients and optimizer state", pt(x));
+    return true;
+}
+
+static bool b_chunk(const rctx_t *x, og_remedy_t *r)
+{
+    why(r, "The request alone, %s, is larger than the whole %s (%s): no setting of this process can fit it. Split "
+        "the operation into pieces that fit, shard the tensor across GPUs, or keep it off the GPU.",
+        og_hb((double)x->req).s, known(x->rec->device.limit_bytes) && x->capacity < x->total ? "limit" : "device",
+        og_hb((double)x->capacity).s);
+    unsigned long long k = x->capacity ? (unsigned long long)(x->req / (x->capacity / 2 ? x->capacity / 2 : 1)) + 1 : 4;
+    if (k < 2)
+        k = 2;
+    switch (x->fw) {
+    case OG_FW_JAX:
+        how(r, "jax.lax.map(f, xs.reshape(%llu, -1, *xs.shape[1:]))   # %llu chunks, one at a time", k, k);
+        break;
+    case OG_FW_CUPY:
+        how(r, "for part in cupy.array_split(x, %llu): ...   # %llu pieces", k, k);
+        break;
+    default:
+        how(r, "%sfor part in torch.chunk(x, %llu, dim=0): out.append(f(part))   # %llu chunks, each under half the "
+            "card", pt(x), k, k);
+        how(r, "%slogits: compute the loss over the vocabulary in chunks (e.g. a chunked cross-entropy) instead "
+            "of one [batch, seq, vocab] tensor", pt(x));
+        break;
+    }
+    how(r, "Or shard it (tensor parallelism) or keep it in host memory and stream pieces to the GPU.");
+    return true;
+}
+
+static bool b_pool_trim(const rctx_t *x, og_remedy_t *r)
+{
+    const og_record_t *rec = x->rec;
+    double slack = evidence(rec, "cache_held", "pool_unused_bytes");
+    const char *owner = evidence_text(rec, "cache_held", "pool_owner");
+    why(r, "The application's own stream-ordered pool%s%s keeps %s of freed memory reserved: a pool returns memory "
+        "to the device only when trimmed or when its release threshold allows it at a synchronization.",
+        owner ? " (used by " : "", owner ? owner : "", og_hb(slack > 0 ? slack : 0).s);
+    if (owner)
+        why(r, ")");
+    how(r, "cudaStreamSynchronize(stream); cudaMemPoolTrimTo(pool, 0);   // before the large allocation");
+    how(r, "uint64_t keep = 0; cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);   // a lower "
+        "threshold: freed memory goes back at each synchronization");
+    how(r, "Or allocate the large buffer from the same pool (cudaMallocFromPoolAsync) so it reuses that memory.");
+    return true;
+}
+
+static bool b_bucketing(const rctx_t *x, og_remedy_t *r)
+{
+    (void)x;
+    why(r, "Batches of many different lengths leave differently sized holes in the allocator's segments; batches "
+        "of similar length (or padded to a few fixed lengths) reuse the same blocks.");
+    how(r, "Sort or bucket samples by length: e.g. a length-grouped sampler (Hugging Face group_by_length=True)");
+    how(r, "Pad to a few fixed lengths (e.g. multiples of 256 tokens) so the shapes repeat");
+    return true;
+}
+
+static bool b_fw_cap(const rctx_t *x, og_remedy_t *r)
+{
+    const og_record_t *rec = x->rec;
+    const char *src = evidence_text(rec, "framework_cap", "cap_source");
+    double cap = evidence(rec, "framework_cap", "cap_bytes");
+    double over = evidence(rec, "framework_cap", "over_cap_bytes");
+    why(r, "The framework refused the request under its own cap (%s, %s)", src && strcmp(src, "unknown") ? src
+        : "a memory fraction or pool limit", og_hb(cap > 0 ? cap : 0).s);
+    if (over > 0)
+        why(r, "; it needed %s more than the cap allows.", og_hb(over).s);
+    else
+        why(r, ".");
+    if (known(rec->device.free_bytes))
+        why(r, " The device had %s free.", og_hb((double)rec->device.free_bytes).s);
+    double need = cap > 0 ? cap + (over > 0 ? over : 0) : 0;
+    double frac = x->total && need > 0 ? need * 1.1 / (double)x->total : 0;
+    switch (x->fw) {
+    case OG_FW_JAX:
+        if (frac > 0 && frac < 0.96)
+            how(r, "export XLA_PYTHON_CLIENT_MEM_FRACTION=.%02d   # was the cap; or XLA_PYTHON_CLIENT_PREALLOCATE=false",
+                (int)(frac * 100) + 1);
+        else
+            how(r, "export XLA_PYTHON_CLIENT_PREALLOCATE=false   # allocate on demand instead of a fixed arena");
+        break;
+    case OG_FW_CUPY:
+        how(r, "cupy.get_default_memory_pool().set_limit(size=0)   # 0 = no limit; or a larger size");
+        break;
+    case OG_FW_TENSORFLOW:
+        how(r, "tf.config.set_logical_device_configuration(gpu, [tf.config.LogicalDeviceConfiguration("
+            "memory_limit=...)])   # a larger memory_limit, in MiB");
+        break;
+    default:
+        if (frac > 0 && frac < 1)
+            how(r, "%storch.cuda.set_per_process_memory_fraction(%.2f)   # or remove the call", pt(x), frac);
+        else
+            how(r, "%sremove torch.cuda.set_per_process_memory_fraction(...)", pt(x));
+        break;
+    }
+    how(r, "Or keep the cap and shrink the job with the remedies below.");
+    return true;
+}
+
 /* ------------------------------------------------------------------ catalog */
 
 enum rem {
     R_RAISE_LIMIT, R_EMPTY_CACHE, R_FOREIGN, R_RESTART, R_RELEASE_REFS, R_EXPANDABLE, R_INFERENCE, R_MIXED,
     R_SMALLER_BATCH, R_SHORTER_SEQ, R_CHECKPOINTING, R_FLASH, R_QUANT, R_MULTI_GPU, R_ZERO, R_OFFLOAD, R_BIGGER,
+    R_OTHER_FW, R_SET_DEVICE, R_DDP, R_CHUNK, R_POOL_TRIM, R_BUCKET, R_FW_CAP,
     R_COUNT
 };
 
@@ -962,6 +1268,24 @@ static const rdef_t catalog[R_COUNT] = {
                    b_cpu_offload},
     [R_BIGGER] = {"bigger_gpu", "Use a bigger GPU or a smaller model", "Everything: the job fits as it is",
                   "Money or model quality; moving the job", 160, b_bigger_gpu},
+    [R_OTHER_FW] = {"other_framework_memory", "Limit the other framework's reservation",
+                    "What the other framework reserves beyond its needs", "An environment variable at start", 5,
+                    b_other_framework},
+    [R_SET_DEVICE] = {"set_device", "Select each rank's own GPU before touching CUDA (set_device)",
+                      "The other ranks' contexts on this GPU", "One line at the start of the script", 6, b_set_device},
+    [R_DDP] = {"distributed_data_parallel", "One process per GPU: DistributedDataParallel instead of DataParallel",
+               "The imbalance: gathered outputs and optimizer state spread over the GPUs",
+               "A distributed launch (torchrun)", 75, b_ddp},
+    [R_CHUNK] = {"split_operation", "Split the oversized operation into chunks (or shard it)",
+                 "The single oversized tensor: each chunk fits", "A code change; a little speed", 8, b_chunk},
+    [R_POOL_TRIM] = {"pool_trim", "Trim the application's memory pool (cudaMemPoolTrimTo)",
+                     "The pool's reserved but unused memory", "A synchronization; later allocations go back to the driver",
+                     4, b_pool_trim},
+    [R_FW_CAP] = {"raise_framework_cap", "Raise or remove the framework's own memory cap",
+                  "Up to the rest of the device", "None on a dedicated GPU; the cap may protect other work", 3,
+                  b_fw_cap},
+    [R_BUCKET] = {"bucket_by_length", "Batch sequences of similar length", "Memory lost to holes between odd sizes",
+                  "A sampler change; slightly less random batches", 55, b_bucketing},
 };
 
 /* ------------------------------------------------------------------ selection */
@@ -977,52 +1301,115 @@ void og_select_remedies(og_record_t *rec)
 
     bool want[R_COUNT] = {false};
     bool cache_ok = x.cached_known && x.cached > 0 && !x.cache_retried;
+    /* unknown is not zero: a framework's reservation may hold cache nobody measured */
+    bool cache_maybe = !x.cached_known && known(rec->memory.framework_bytes) && rec->memory.framework_bytes > 0 &&
+                       !x.retried_zero;
+    bool known_inference = x.training == -1;
     if (x.has[C_LIMIT]) {
         want[R_RAISE_LIMIT] = true;
-        want[R_EMPTY_CACHE] |= cache_ok;
+        want[R_EMPTY_CACHE] |= cache_ok || cache_maybe;
         want[R_INFERENCE] = want[R_MIXED] = want[R_SMALLER_BATCH] = want[R_SHORTER_SEQ] = want[R_CHECKPOINTING] = true;
     }
-    if (x.has[C_CACHE])
-        want[R_EMPTY_CACHE] = true;
-    if (x.has[C_FRAG])
+    if (x.has[C_CACHE]) {
+        if (x.app_pool)
+            want[R_POOL_TRIM] = true;
+        else
+            want[R_EMPTY_CACHE] = true;
+    }
+    if (x.has[C_FRAG]) {
         want[R_EMPTY_CACHE] = want[R_RESTART] = want[R_EXPANDABLE] = true;
+        want[R_BUCKET] = x.variable_sizes || x.retried_zero;
+    }
     if (x.has[C_FOREIGN] || x.has[C_NONFW])
         want[R_FOREIGN] = want[R_RESTART] = true;
     if (x.has[C_GROWTH]) {
-        want[R_RELEASE_REFS] = want[R_INFERENCE] = true;
+        want[R_RELEASE_REFS] = want[R_INFERENCE] = want[R_RESTART] = true;
         want[R_EMPTY_CACHE] |= cache_ok;
     }
+    if (x.has[C_OTHERFW])
+        want[R_OTHER_FW] = true;
+    if (x.has[C_PEERS])
+        want[R_SET_DEVICE] = true;
+    if (x.has[C_FWCAP]) {
+        want[R_FW_CAP] = true;
+        want[R_MIXED] = want[R_SMALLER_BATCH] = want[R_CHECKPOINTING] = true;
+    }
+    if (x.has[C_IMBALANCE])
+        want[R_DDP] = want[R_SMALLER_BATCH] = want[R_MIXED] = true;
     if (x.has[C_DNF]) {
-        want[R_EMPTY_CACHE] |= cache_ok;
+        want[R_EMPTY_CACHE] |= cache_ok || cache_maybe;
         for (int i = R_INFERENCE; i <= R_BIGGER; i++)
             want[i] = true;
+        want[R_EXPANDABLE] |= x.retried_zero;   /* what is left after the release may be split segments */
+        want[R_BUCKET] |= x.retried_zero && x.variable_sizes;
     }
     if (x.has[C_UNKNOWN]) {
-        want[R_EMPTY_CACHE] |= cache_ok;
-        want[R_FOREIGN] |= x.other > 0 || rec->memory.nother > 0;
+        want[R_EMPTY_CACHE] |= cache_ok || cache_maybe;
+        want[R_FOREIGN] |= x.other > 0;
         want[R_RESTART] = want[R_EXPANDABLE] = want[R_INFERENCE] = want[R_MIXED] = want[R_SMALLER_BATCH] = true;
+    }
+    if (x.retried_zero && x.has[C_FRAG])
+        want[R_EMPTY_CACHE] = cache_ok;     /* it released everything it could: got 0 B back */
+    /* a single request larger than the device: only what splits, shards or moves it can help */
+    if (x.larger_than_device) {
+        for (int i = 0; i < R_COUNT; i++)
+            want[i] = false;
+        want[R_CHUNK] = want[R_MULTI_GPU] = want[R_OFFLOAD] = true;
+        want[R_BIGGER] = x.req < 141.0 * 1e9 * 0.97;
+        want[R_RAISE_LIMIT] = x.has[C_LIMIT] && known(rec->device.limit_bytes) && x.total && x.req < x.total;
+    }
+
+    /* the limit refused the request because of the context it counts: nothing the job shrinks helps */
+    if (x.has[C_LIMIT] && known(rec->device.limit_bytes) && known(rec->device.limit_usage_bytes) &&
+        rec->device.limit_usage_bytes > x.tracked &&
+        add_sat(rec->device.limit_usage_bytes - x.tracked, x.req) > rec->device.limit_bytes) {
+        for (int i = 0; i < R_COUNT; i++)
+            want[i] = false;
+        want[R_RAISE_LIMIT] = true;
+    }
+    /* a confident primary cause whose own remedy covers the shortfall: the generic ways to shrink the
+     * job are not the answer (they would only hide the cause) */
+    {
+        static const int own[C_COUNT] = {
+            [C_LIMIT] = -1, [C_CACHE] = -1, [C_FRAG] = -1, [C_FOREIGN] = R_FOREIGN, [C_NONFW] = -1,
+            [C_GROWTH] = -1, [C_DNF] = -1, [C_UNKNOWN] = -1, [C_OTHERFW] = R_OTHER_FW,
+            [C_PEERS] = R_SET_DEVICE, [C_IMBALANCE] = -1, [C_FWCAP] = -1,
+        };
+        double pconf = rec->diagnosis.ncauses > 0 ? rec->diagnosis.causes[0].confidence : 0;
+        int o = own[x.primary];
+        double cov = o == R_OTHER_FW ? (double)x.other_fw_bytes : o == R_SET_DEVICE ? (double)x.peers_bytes
+                   : o == R_FOREIGN ? (double)x.other : 0;
+        if (o >= 0 && pconf >= 0.7 && cov >= (double)x.shortfall && !x.larger_than_device)
+            for (int i = R_INFERENCE; i <= R_BIGGER; i++)
+                want[i] = false;
     }
 
     /* framework and settings */
     bool pytorchish = x.fw == OG_FW_PYTORCH || x.fw == OG_FW_UNKNOWN;
-    if (!pytorchish || rec->expandable_segments_set)
+    if (!pytorchish || rec->expandable_segments_set || x.async_backend)
         want[R_EXPANDABLE] = false;
     if (x.fw == OG_FW_JAX || x.fw == OG_FW_CUPY)
+        want[R_INFERENCE] = false;
+    /* already without autograd, or known to train: inference mode has nothing to give */
+    if (x.grad == -1 || x.training == 1)
         want[R_INFERENCE] = false;
     if (x.fw == OG_FW_CUPY)
         want[R_CHECKPOINTING] = want[R_SHORTER_SEQ] = want[R_FLASH] = want[R_QUANT] = want[R_MULTI_GPU] = false;
     if (x.fw == OG_FW_TENSORFLOW || x.fw == OG_FW_CUPY)
         want[R_ZERO] = false;
+    if (!pytorchish || x.fw == OG_FW_UNKNOWN)
+        want[R_DDP] = want[R_DDP] && pytorchish;
     /* JAX/TF/CuPy: their allocator knobs live in empty_cache, which fragmentation needs */
     if (x.has[C_FRAG] && !pytorchish)
         want[R_EMPTY_CACHE] = true;
 
     /* the job alone would fit on this card (what it holds + the request, 3% kept for the driver):
-     * a bigger card, more GPUs or offloading are not the answer */
-    if (x.total && (double)add_sat(x.footprint, x.req) <= (double)x.total * 0.97)
+     * a bigger card, more GPUs or offloading are not the answer; nor for a leak, which any card fills */
+    if (!x.larger_than_device &&
+        ((x.total && (double)add_sat(x.footprint, x.req) <= (double)x.total * 0.97) || x.primary == C_GROWTH))
         want[R_BIGGER] = want[R_MULTI_GPU] = want[R_ZERO] = want[R_OFFLOAD] = false;
 
-    /* order */
+    /* order: the checklist (cost, simplest first) ... */
     int order[R_COUNT];
     for (int i = 0; i < R_COUNT; i++)
         order[i] = catalog[i].order;
@@ -1032,29 +1419,112 @@ void og_select_remedies(og_record_t *rec)
     }
     if (x.cc_known && x.cc < 70)
         order[R_MIXED] = 1000;
-    if (x.primary == C_DNF)
-        order[R_EMPTY_CACHE] = 85;
-    /* the primary cause's own remedies lead, in this order */
+    if (!known_inference)
+        order[R_INFERENCE] = 95;            /* after the training remedies unless known to be inference */
+    /* limit: a cap set on purpose (a smaller card emulated, or a shared GPU) is not the first thing to change */
+    order[R_RAISE_LIMIT] = 900;
+
+    /* ... after whether each can cover the shortfall: estimated saving in bytes, -1 unknown */
+    /* for ranking only: when the cache was not measured, what the process holds bounds what is in use */
+    double live = x.live_known ? (double)x.live : (double)x.tracked;
+    double big = 1e30;
+    double cover[R_COUNT];
+    for (int i = 0; i < R_COUNT; i++)
+        cover[i] = -1;
+    cover[R_RAISE_LIMIT] = big;
+    cover[R_EMPTY_CACHE] = cache_ok ? (double)x.reclaim : cache_maybe ? -1 : 0;
+    cover[R_POOL_TRIM] = evidence(rec, "cache_held", "pool_unused_bytes");
+    cover[R_FOREIGN] = (double)x.other + (x.has[C_NONFW] ? (double)x.nonfw : 0);
+    cover[R_RELEASE_REFS] = x.growth_rise ? (double)x.growth_rise : -1;
+    cover[R_EXPANDABLE] = x.has[C_FRAG] && x.cached_known && x.cached ? (double)x.cached : -1;
+    if (live >= 0) {
+        cover[R_INFERENCE] = 0.3 * live;
+        cover[R_MIXED] = 0.25 * live;
+        cover[R_CHECKPOINTING] = 0.3 * live;
+        cover[R_SHORTER_SEQ] = 0.2 * live;
+        cover[R_FLASH] = 0.1 * live;
+        cover[R_QUANT] = 0.35 * live;
+    }
+    /* the batch can shrink as far as needed: the failing tensor shrinks with it */
+    cover[R_SMALLER_BATCH] = (double)x.req * 0.875;
+    cover[R_MULTI_GPU] = cover[R_ZERO] = cover[R_OFFLOAD] = cover[R_BIGGER] = cover[R_CHUNK] = big;
+    cover[R_OTHER_FW] = (double)x.other_fw_bytes;
+    cover[R_SET_DEVICE] = (double)x.peers_bytes;
+    cover[R_FW_CAP] = big;
+    double imb = evidence(rec, "imbalance", "device_bytes") - evidence(rec, "imbalance", "other_devices_avg_bytes");
+    cover[R_DDP] = imb > 0 ? imb : -1;
+    if (x.retried_zero)
+        cover[R_EMPTY_CACHE] = 0;
+
+    /* the primary cause's own remedies come first when they can cover it (or nobody can tell) */
     static const int key[C_COUNT][2] = {
-        [C_LIMIT] = {R_RAISE_LIMIT, -1},   [C_CACHE] = {R_EMPTY_CACHE, -1}, [C_FRAG] = {R_EMPTY_CACHE, R_EXPANDABLE},
-        [C_FOREIGN] = {R_FOREIGN, -1},     [C_NONFW] = {R_FOREIGN, -1},     [C_GROWTH] = {R_RELEASE_REFS, -1},
-        [C_DNF] = {-1, -1},                [C_UNKNOWN] = {-1, -1},
+        [C_LIMIT] = {-1, -1},              [C_CACHE] = {R_EMPTY_CACHE, R_POOL_TRIM},
+        [C_FRAG] = {R_EMPTY_CACHE, R_EXPANDABLE},
+        [C_FOREIGN] = {R_FOREIGN, -1},     [C_NONFW] = {R_FOREIGN, -1},
+        [C_GROWTH] = {R_RELEASE_REFS, R_INFERENCE},
+        [C_DNF] = {-1, -1},                [C_UNKNOWN] = {-1, -1},          [C_OTHERFW] = {R_OTHER_FW, -1},
+        [C_PEERS] = {R_SET_DEVICE, -1},    [C_IMBALANCE] = {R_DDP, -1},     [C_FWCAP] = {R_FW_CAP, -1},
     };
-    for (int k = 0; k < 2; k++)
-        if (key[x.primary][k] >= 0)
-            order[key[x.primary][k]] = -20 + k;
+    int tier[R_COUNT];
+    double need = (double)x.shortfall;
+    for (int i = 0; i < R_COUNT; i++)
+        tier[i] = need <= 0 || cover[i] >= need ? 1 : cover[i] < 0 ? 2 : 3;
+    for (int k = 0; k < 2; k++) {
+        int r = key[x.primary][k];
+        if (r >= 0 && tier[r] != 3)
+            tier[r] = 0, order[r] = -20 + k;
+    }
+    if (x.retried_zero && x.primary == C_FRAG) {  /* empty_cache got 0 B back: expandable segments leads */
+        tier[R_EXPANDABLE] = 0;
+        order[R_EXPANDABLE] = -30;
+        tier[R_BUCKET] = 0;
+        order[R_BUCKET] = -25;
+    }
+    if (x.larger_than_device)
+        tier[R_CHUNK] = 0, order[R_CHUNK] = -30;
+    if (x.has[C_FRAG] && x.retried_zero && tier[R_EXPANDABLE] > 1)
+        tier[R_EXPANDABLE] = 1;             /* the split segments are the likely rest */
+    /* failing while loading weights: what shrinks the weights or moves them leads; activation
+     * remedies cannot help a load */
+    const char *phase = evidence_text(rec, "does_not_fit", "phase");
+    if (phase && x.primary == C_DNF) {
+        if (strcmp(phase, "second_load") == 0) {
+            want[R_RELEASE_REFS] = want[R_RESTART] = true;
+            tier[R_RESTART] = tier[R_RELEASE_REFS] = 0;
+            order[R_RESTART] = -20;
+            order[R_RELEASE_REFS] = -19;
+        } else {
+            static const int weights[] = {R_QUANT, R_OFFLOAD, R_MULTI_GPU, R_ZERO, R_BIGGER};
+            for (size_t k = 0; k < sizeof weights / sizeof *weights; k++)
+                if (tier[weights[k]] == 1)
+                    order[weights[k]] = 20 + (int)k;
+            static const int acts[] = {R_SMALLER_BATCH, R_SHORTER_SEQ, R_CHECKPOINTING, R_FLASH, R_INFERENCE};
+            for (size_t k = 0; k < sizeof acts / sizeof *acts; k++)
+                tier[acts[k]] = 3;
+        }
+    }
+    if (x.primary == C_GROWTH && known_inference && x.grad == 1)
+        tier[R_INFERENCE] = 0, order[R_INFERENCE] = -19;   /* evaluation with autograd on keeps every graph */
+    /* a cap on a shared GPU protects the others; alone on it, a limit emulates a smaller card */
+    if (x.has[C_LIMIT] && rec->memory.nother > 0)
+        tier[R_RAISE_LIMIT] = 0, order[R_RAISE_LIMIT] = -20;
 
     int list[R_COUNT], n = 0;
     for (int i = 0; i < R_COUNT; i++)
         if (want[i])
             list[n++] = i;
-    for (int i = 1; i < n; i++) {               /* stable insertion sort by order */
+    for (int i = 1; i < n; i++) {               /* stable insertion sort by (tier, order) */
         int v = list[i], j = i - 1;
-        while (j >= 0 && order[list[j]] > order[v]) {
+        while (j >= 0 && tier[list[j]] * 10000 + order[list[j]] > tier[v] * 10000 + order[v]) {
             list[j + 1] = list[j];
             j--;
         }
         list[j + 1] = v;
+    }
+    /* never lead with inference mode unless the job is known to be inference */
+    if (n > 1 && list[0] == R_INFERENCE && !known_inference) {
+        list[0] = list[1];
+        list[1] = R_INFERENCE;
     }
 
     for (int i = 0; i < n && rec->nremedies < 20; i++) {

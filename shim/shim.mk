@@ -7,12 +7,12 @@ SHIM_CFLAGS = $(ALL_CFLAGS) -fPIC -fvisibility=hidden -pthread -Ishim
 
 all: $(SHIM_LIB)
 
-$(B)/shim/%.o: shim/%.c shim/og.h shim/hooks.def include/oomguard.h
+$(B)/shim/%.o: shim/%.c shim/og.h shim/hooks.def shim/calls.def include/oomguard.h
 	@mkdir -p $(dir $@)
 	$(CC) $(SHIM_CFLAGS) -MMD -MP -c $< -o $@
 
 $(SHIM_LIB): $(SHIM_OBJ)
 	$(CC) -shared -Wl,-soname,liboomguard.so -Wl,-z,now -Wl,-z,relro -Wl,--no-undefined \
-	    $(SAN_FLAGS) -o $@ $^ -lunwind -ldl -pthread
+	    $(SAN_FLAGS) $(LDFLAGS) -o $@ $^ -lunwind -ldl -pthread
 
 -include $(SHIM_OBJ:.o=.d)

@@ -11,10 +11,16 @@
 #include "og.h"
 
 #include <dlfcn.h>
+#include <elf.h>
 #include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <link.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <uthash.h>
+#include "record.h"
 
 #define SITE_SHARDS 16
 #define MAX_SITES   (1u << 20)
@@ -40,10 +46,17 @@ typedef struct {
     uintptr_t base;
     char name[120];
     int cls;
+    char path[192];          /* absolute, for `oomguard report` to symbolize from */
+    char build_id[41];
 } lib_t;
 static lib_t libs[MAX_LIBS];
 static atomic_uint lib_count;
 static pthread_mutex_t lib_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static pthread_key_t chains_key;       /* frees a thread's cached chains when it exits */
+static bool chains_key_ok;
+static int chain_slots;                /* per chain: 2 per frame unwound */
+static void chains_free(void *p);
 
 /* hash -> site id: a hit touches nothing shared (the site structs are read by every thread) */
 static OG_TLS struct { uint64_t hash; uint32_t id; } tls_cache[TLS_CACHE];
@@ -57,6 +70,8 @@ void og_stacks_init(void)
     /* libunwind's default cache is global and locked: with two threads unwinding at once
      * they queue on it.  A per-thread cache costs a little memory per thread. */
     unw_set_caching_policy(unw_local_addr_space, UNW_CACHE_PER_THREAD);
+    chain_slots = 2 * ((int)og_opt.stack_depth + 8);
+    chains_key_ok = pthread_key_create(&chains_key, chains_free) == 0;
 }
 
 /* ------------------------------------------------------------------ libraries */
@@ -86,6 +101,49 @@ static int classify(const char *path, const char *base)
     return OG_LIBCLASS_OTHER;
 }
 
+/* The GNU build-id of the loaded object containing `pc`, read from its PT_NOTE segments in
+ * memory (so the file on disk is never opened): dump time only, dl_iterate_phdr takes the
+ * loader lock. */
+struct build_id_req {
+    uintptr_t pc;
+    char *out;
+};
+
+static int build_id_cb(struct dl_phdr_info *info, size_t size, void *arg)
+{
+    struct build_id_req *q = arg;
+    bool mine = false;
+    for (int i = 0; i < info->dlpi_phnum && !mine; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        uintptr_t lo = info->dlpi_addr + ph->p_vaddr;
+        mine = ph->p_type == PT_LOAD && q->pc >= lo && q->pc - lo < ph->p_memsz;
+    }
+    if (!mine)
+        return 0;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_NOTE)
+            continue;
+        size_t align = ph->p_align == 8 ? 8 : 4;
+        const unsigned char *p = (const unsigned char *)(info->dlpi_addr + ph->p_vaddr), *end = p + ph->p_memsz;
+        while ((size_t)(end - p) >= sizeof(ElfW(Nhdr))) {
+            const ElfW(Nhdr) *nh = (const ElfW(Nhdr) *)p;
+            size_t name = (nh->n_namesz + align - 1) & ~(align - 1), desc = (nh->n_descsz + align - 1) & ~(align - 1);
+            const unsigned char *d = p + sizeof *nh + name;
+            if (name > (size_t)(end - p) || desc > (size_t)(end - d))
+                break;
+            if (nh->n_type == NT_GNU_BUILD_ID && nh->n_namesz == 4 && memcmp(p + sizeof *nh, "GNU", 4) == 0 &&
+                nh->n_descsz > 0 && nh->n_descsz <= 20) {
+                for (unsigned k = 0; k < nh->n_descsz; k++)
+                    snprintf(q->out + 2 * k, 3, "%02x", d[k]);
+                return 1;
+            }
+            p = d + desc;
+        }
+    }
+    return 1;
+}
+
 /* Library id for the object containing `pc` (dladdr: call without our locks held). */
 uint16_t og_lib_of(uintptr_t pc)
 {
@@ -97,6 +155,17 @@ uint16_t og_lib_of(uintptr_t pc)
     for (unsigned i = 1; i < n; i++)
         if (libs[i].base == base)
             return (uint16_t)i;
+    /* new: its file and build-id, found before taking our lock (the loader's comes first) */
+    char path[PATH_MAX], build_id[41] = "";
+    const char *fname = info.dli_fname && *info.dli_fname ? info.dli_fname : NULL;
+    ssize_t len;
+    if (!fname && (len = readlink("/proc/self/exe", path, sizeof path - 1)) > 0)
+        path[len] = 0;          /* the main program: the loader gives it no name */
+    else if (!fname || !realpath(fname, path))
+        snprintf(path, sizeof path, "%s", fname ? fname : program_invocation_name);
+    struct build_id_req q = {pc, build_id};
+    dl_iterate_phdr(build_id_cb, &q);
+
     pthread_mutex_lock(&lib_lock);
     n = atomic_load(&lib_count);
     for (unsigned i = 1; i < n; i++)
@@ -106,17 +175,43 @@ uint16_t og_lib_of(uintptr_t pc)
         }
     uint16_t id = 0;
     if (n < MAX_LIBS) {
-        const char *path = info.dli_fname && *info.dli_fname ? info.dli_fname : program_invocation_name;
-        const char *slash = strrchr(path, '/');
-        const char *b = slash ? slash + 1 : path;
+        const char *named = fname ? fname : program_invocation_name;
+        const char *slash = strrchr(named, '/');
+        const char *b = slash ? slash + 1 : named;
         libs[n].base = base;
         strncpy(libs[n].name, b, sizeof libs[n].name - 1);
-        libs[n].cls = classify(path, b);
+        libs[n].cls = classify(named, b);
+        if (strlen(path) < sizeof libs[n].path)   /* a cut path would name another file */
+            memcpy(libs[n].path, path, strlen(path) + 1);
+        memcpy(libs[n].build_id, build_id, sizeof build_id);
         id = (uint16_t)n;
         atomic_store_explicit(&lib_count, n + 1, memory_order_release);
     }
     pthread_mutex_unlock(&lib_lock);
     return id;
+}
+
+void og_frame_describe(uintptr_t ip, bool return_address, struct og_frame *f)
+{
+    memset(f, 0, sizeof *f);
+    f->ip = ip;
+    Dl_info info;
+    /* a return address points after the call: look up the call itself */
+    uintptr_t at = ip - (return_address ? 1 : 0);
+    if (!dladdr((void *)at, &info))
+        return;
+    const char *p = info.dli_fname ? strrchr(info.dli_fname, '/') : NULL;
+    snprintf(f->library, sizeof f->library, "%s", p ? p + 1 : info.dli_fname ? info.dli_fname : "?");
+    if (info.dli_sname)
+        snprintf(f->symbol, sizeof f->symbol, "%s", info.dli_sname);
+    f->offset = ip - (uintptr_t)info.dli_fbase;
+    uint16_t lib = og_lib_of(at);
+    if (lib && lib < atomic_load(&lib_count)) {
+        snprintf(f->path, sizeof f->path, "%s", libs[lib].path);
+        snprintf(f->build_id, sizeof f->build_id, "%s", libs[lib].build_id);
+        if (!f->library[0])   /* the main program */
+            snprintf(f->library, sizeof f->library, "%s", libs[lib].name);
+    }
 }
 
 const char *og_lib_name(uint16_t lib) { return lib < atomic_load(&lib_count) ? libs[lib].name : "unknown"; }
@@ -195,43 +290,264 @@ static const og_site_t *site_intern(uint64_t hash, const uintptr_t *frames, int 
     return s;
 }
 
-uint32_t og_site_capture(void *caller)
+/* ------------------------------------------------------------------ unwinding
+ *
+ * A full unwind costs 10-15 ns a frame, and a realistic stack is 40+ frames deep.  But a
+ * program allocates from a few places over and over, and an unwind is a pure function of
+ * where it starts (the capturing frame's address, fixed here by a frame pointer) and of
+ * the stack words it reads: the return-address slot and the saved-%rbp slot of each frame
+ * (x86-64 CFA rules are %rsp- or %rbp-relative).  So each thread keeps the chains it
+ * unwound, with the address and value of every slot the unwinder read; when a capture
+ * starts from the same frame address and every slot still holds the same value, the
+ * result is the same frames and site, and reading ~2 words a frame replaces the unwind.
+ * Chains with signal frames, slots below the capturing frame or jumps between stacks
+ * are never reused (their unwind depends on more than those words). */
+
+#define CHAIN_SETS 8
+#define CHAIN_WAYS 4       /* chains per set: captures at the same depth from many places */
+
+typedef struct {
+    uintptr_t addr, val;
+} slot_t;
+
+typedef struct {
+    uintptr_t fp;              /* capturing frame; 0 while empty or being written */
+    void *caller;
+    uint32_t site;
+    int nslots;
+    slot_t slot[];             /* chain_slots entries */
+} chain_t;
+
+typedef struct {
+    size_t stride;             /* bytes per chain_t */
+    unsigned char victim[CHAIN_SETS];
+    unsigned char ways[];      /* CHAIN_SETS x CHAIN_WAYS chains */
+} chain_cache_t;
+
+static OG_TLS chain_cache_t *tls_chains;
+static OG_TLS bool tls_chains_dead;    /* the thread is exiting: its cache was freed */
+bool og_stack_cache_enabled = true;    /* tests compare against the full unwind */
+OG_TLS uint64_t og_stack_chain_hits;   /* captures served from the cache (tests) */
+
+static void chains_free(void *p)
+{
+    if (p == tls_chains) {
+        tls_chains = NULL;
+        tls_chains_dead = true;
+    }
+    free(p);
+}
+
+static chain_cache_t *chains_get(void)
+{
+    chain_cache_t *c = tls_chains;
+    if (OG_LIKELY(c) || tls_chains_dead || !chains_key_ok)
+        return c;
+    size_t stride = (sizeof(chain_t) + (size_t)chain_slots * sizeof(slot_t) + 63) & ~(size_t)63;
+    c = aligned_alloc(64, (sizeof *c + 63 + CHAIN_SETS * CHAIN_WAYS * stride) & ~(size_t)63);
+    if (!c)
+        return NULL;
+    c->stride = stride;
+    memset(c->victim, 0, sizeof c->victim);
+    for (int i = 0; i < CHAIN_SETS * CHAIN_WAYS; i++)
+        ((chain_t *)(c->ways + (size_t)i * stride))->fp = 0;
+    if (pthread_setspecific(chains_key, c) != 0) {
+        free(c);
+        return NULL;
+    }
+    tls_chains = c;
+    return c;
+}
+
+static inline unsigned chain_set(uintptr_t fp, void *caller)
+{
+    uint64_t h = ((uint64_t)fp ^ ((uint64_t)(uintptr_t)caller << 7)) * 0x9e3779b97f4a7c15ull;
+    return (unsigned)(h >> 61) % CHAIN_SETS;
+}
+
+static inline chain_t *chain_at(chain_cache_t *c, unsigned set, unsigned way)
+{
+    return (chain_t *)(c->ways + (size_t)(set * CHAIN_WAYS + way) * c->stride);
+}
+
+/* The frames of the last unwind from `fp`, if every slot it read still holds its value. */
+static inline bool chain_hit(const chain_t *e, uintptr_t fp, void *caller)
+{
+    if (e->fp != fp || e->caller != caller)
+        return false;
+    for (int i = 0; i < e->nslots; i++)
+        if (*(const volatile uintptr_t *)e->slot[i].addr != e->slot[i].val)
+            return false;
+    return true;
+}
+
+/* Full unwind from the capturing frame (whose %rbp is fp): up to max return addresses of
+ * its callers, outermost last; in slots the stack words read to find them (slot_end[k]:
+ * how many were read up to frame k; *nslots = -1 when the chain must not be reused).
+ * Returns the number of addresses. */
+__attribute__((noinline)) static int unwind_full(uintptr_t fp, uintptr_t *ips, int max, slot_t *slots, int *slot_end,
+                                                 int *nslots)
+{
+    unw_context_t uc;
+    unw_cursor_t cur;
+    *nslots = -1;
+    if (unw_getcontext(&uc) != 0 || unw_init_local(&cur, &uc) != 0)
+        return 0;
+    /* step out of this function and the capturing one: frame 1 is where the CFA is fp+16 */
+    unw_word_t sp = 0;
+    int found = 0;
+    for (int i = 0; i < 4 && !found; i++) {
+        if (unw_step(&cur) <= 0)
+            return 0;
+        if (unw_get_reg(&cur, UNW_REG_SP, &sp) == 0 && sp == fp + 16)
+            found = 1;
+    }
+    int n = 0, ns = 0;
+    bool reuse = found && slots;
+    uintptr_t prev_slot = fp, rbp_slot = 0;   /* last return-address and %rbp slots kept */
+    uintptr_t prev_sp = 0, prev_rbp = 0, prev_rbp_loc = 0;
+    while (n < max) {
+        unw_word_t ip, cfa;
+        if (unw_get_reg(&cur, UNW_REG_IP, &ip) != 0 || !ip || unw_get_reg(&cur, UNW_REG_SP, &cfa) != 0)
+            break;
+        ips[n++] = ip;
+        if (reuse && n > 1 && prev_rbp >= prev_sp && prev_rbp <= cfa && prev_rbp_loc != rbp_slot) {
+            /* The caller's frame was found from %rbp only if %rbp pointed into the frame
+             * below it (a frame pointer); a %rbp holding data elsewhere played no part, and
+             * checking it would make every capture a miss. */
+            if (ns >= chain_slots)
+                reuse = false;
+            else {
+                slots[ns++] = (slot_t){prev_rbp_loc, prev_rbp};
+                rbp_slot = prev_rbp_loc;
+            }
+        }
+        if (reuse) {
+            unw_save_loc_t rip, rbp;
+            if (unw_get_save_loc(&cur, UNW_X86_64_RIP, &rip) != 0 || rip.type != UNW_SLT_MEMORY ||
+                unw_get_save_loc(&cur, UNW_X86_64_RBP, &rbp) != 0 || rbp.type != UNW_SLT_MEMORY ||
+                rbp.u.addr < fp || ns >= chain_slots ||
+                /* one thread stack, walked upwards: a jump means another stack */
+                rip.u.addr < prev_slot || rip.u.addr - prev_slot > (1u << 20)) {
+                reuse = false;
+            } else {
+                prev_slot = rip.u.addr;
+                slots[ns++] = (slot_t){rip.u.addr, *(const uintptr_t *)rip.u.addr};
+                prev_rbp_loc = rbp.u.addr;
+                prev_rbp = *(const uintptr_t *)rbp.u.addr;
+                prev_sp = cfa;
+            }
+        }
+        slot_end[n - 1] = ns;
+        if (n >= max || unw_step(&cur) <= 0)
+            break;
+        if (reuse && unw_is_signal_frame(&cur) > 0)
+            reuse = false;
+    }
+    if (reuse)
+        *nslots = ns;
+    return n;
+}
+
+/* Which of the raw frames (return addresses from the capturing function's caller on) a
+ * site keeps: from the wrapper's return address, at most `depth`.  Returns the count and
+ * sets *skip; 0 when there is nothing to keep. */
+static int keep_frames(const uintptr_t *buf, int n, void *caller, int depth, int *skip)
+{
+    int k = 0;
+    while (k < n && buf[k] != (uintptr_t)caller)
+        k++;
+    if (k == n)
+        k = 0;
+    *skip = k;
+    n -= k;
+    return n > depth ? depth : n;
+}
+
+/* A thread records a chain (the slow unwind, ~0.7 us a frame: libunwind's unw_step looks
+ * the code up again at every step) only for a stack it has just seen, and at most once per
+ * og_stack_record_cost captures that the cache did not serve: a program whose stacks never
+ * repeat pays at most 1/256 of a recording per capture. */
+int og_stack_record_cost = 256;       /* tests: 0, record every repeated stack */
+static OG_TLS int tls_record_credit = 1 << 30;
+
+__attribute__((noinline)) uint32_t og_site_capture(void *caller)
 {
     uintptr_t buf[OG_MAX_FRAMES + 8];
     const uintptr_t *frames = buf;
-    int n;
+    int n, skip = 0;
     int depth = (int)og_opt.stack_depth;
+    chain_cache_t *cc = NULL;
+    uintptr_t fp = 0;
+    unsigned set = 0;
     if (depth <= 0) {
         buf[0] = (uintptr_t)caller;
         n = 1;
     } else {
+        cc = og_stack_cache_enabled ? chains_get() : NULL;
+        if (cc) {
+            fp = (uintptr_t)__builtin_frame_address(0);
+            set = chain_set(fp, caller);
+            for (unsigned w = 0; w < CHAIN_WAYS; w++) {
+                const chain_t *e = chain_at(cc, set, w);
+                if (chain_hit(e, fp, caller)) {
+                    og_stack_chain_hits++;
+                    return e->site;
+                }
+            }
+        }
+        /* unw_backtrace's first frame is this function's own */
         n = unw_backtrace((void **)buf, depth + 8);
-        /* Drop the shim's own frames: start at the wrapper's return address. */
-        int skip = 0;
-        while (skip < n && buf[skip] != (uintptr_t)caller)
-            skip++;
-        if (skip == n)
-            skip = n > 1 ? 1 : 0;
+        if (n > 0)
+            memmove(buf, buf + 1, (size_t)--n * sizeof buf[0]);
+        n = keep_frames(buf, n, caller, depth, &skip);
         frames = buf + skip;
-        n -= skip;
-        if (n > depth)
-            n = depth;
         if (n <= 0) {
             buf[0] = (uintptr_t)caller;
             frames = buf;
             n = 1;
+            cc = NULL;
         }
     }
+    uint32_t id = 0;
+    bool repeated = false;
     uint64_t h = hash_frames(frames, n);
     unsigned slot = (unsigned)(h % TLS_CACHE);
-    if (tls_cache[slot].hash == h && tls_cache[slot].id)
-        return tls_cache[slot].id;
-    const og_site_t *s = site_intern(h, frames, n);
-    if (!s)
-        return 0;
-    tls_cache[slot].hash = h;
-    tls_cache[slot].id = s->id;
-    return s->id;
+    if (tls_cache[slot].hash == h && tls_cache[slot].id) {
+        id = tls_cache[slot].id;
+        repeated = true;
+    } else {
+        const og_site_t *s = site_intern(h, frames, n);
+        if (s) {
+            tls_cache[slot].hash = h;
+            tls_cache[slot].id = s->id;
+            id = s->id;
+        }
+    }
+    if (!cc || !id)
+        return id;
+    if (!repeated || tls_record_credit < og_stack_record_cost) {
+        if (tls_record_credit < og_stack_record_cost)
+            tls_record_credit++;
+        return id;
+    }
+    tls_record_credit = 0;
+    chain_t *e = chain_at(cc, set, cc->victim[set]++ % CHAIN_WAYS);
+    e->fp = 0;                       /* being rewritten (a signal handler may look) */
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    uintptr_t raw[OG_MAX_FRAMES + 8];
+    int slot_end[OG_MAX_FRAMES + 8], nslots, rskip;
+    int rn = unwind_full(fp, raw, depth + 7, e->slot, slot_end, &nslots);
+    rn = keep_frames(raw, rn, caller, depth, &rskip);
+    /* kept only if the two unwinders agree on the frames */
+    if (nslots >= 0 && rn == n && memcmp(raw + rskip, frames, (size_t)n * sizeof raw[0]) == 0) {
+        e->nslots = slot_end[rskip + n - 1];  /* only the words the kept frames depend on */
+        e->caller = caller;
+        e->site = id;
+        __atomic_signal_fence(__ATOMIC_SEQ_CST);
+        e->fp = fp;
+    }
+    return id;
 }
 
 uint16_t og_site_lib(const og_site_t *site)

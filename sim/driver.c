@@ -51,6 +51,8 @@ static void load_locked(void)
     sim_config_t *c = &g_sim.cfg;
     sim_config_load(c, false);
     g_sim.ndev = c->devices;
+    const char *pa = getenv("SIMGPU_POOL_ATTRS");
+    g_sim.pool_attrs_unreadable = pa && strcmp(pa, "unreadable") == 0;
     for (int d = 0; d < SIM_MAX_DEVICES; d++) {
         sim_dev_t *dv = &g_sim.dev[d];
         memset(dv, 0, sizeof *dv);
@@ -76,6 +78,11 @@ void sim_lock(void)
     raw_lock();
     if (!g_sim.loaded)
         load_locked();
+    if (OG_SIM_UNLIKELY(g_sim.torn_down) && !g_sim.torn_down_reported) {
+        /* a real driver answers CUDA_ERROR_DEINITIALIZED by now: whoever calls is a bug to find */
+        g_sim.torn_down_reported = true;
+        fprintf(stderr, "simgpu: error: driver called after libcuda's exit teardown\n");
+    }
 }
 
 void sim_unlock(void)
@@ -371,7 +378,15 @@ static void atfork_child(void)
     g_sim.loaded = false;
     __atomic_store_n(&g_sim.initialized, false, __ATOMIC_RELEASE);
     g_sim.forked_child = true;
+    g_sim.torn_down = g_sim.torn_down_reported = false;   /* the inherited atexit entry stays */
     t_depth = 0;
+    raw_unlock();
+}
+
+static void sim_exit_teardown(void)
+{
+    raw_lock();
+    g_sim.torn_down = true;
     raw_unlock();
 }
 
@@ -387,6 +402,7 @@ __attribute__((destructor)) static void sim_driver_dtor(void)
         write_truth_file_locked();
         sim_shared_close();
     }
+    g_sim.torn_down = true;
     raw_unlock();
 }
 
@@ -404,6 +420,12 @@ SIM_API CUresult CUDAAPI cuInit(unsigned int Flags)
         for (int d = 0; d < g_sim.ndev; d++)
             sim_mem_init_device_locked(d);
         __atomic_store_n(&g_sim.initialized, true, __ATOMIC_RELEASE);
+        /* Like NVIDIA's driver, tear down at exit(): calls made after that (from static
+         * destructors, from a library's destructor) get CUDA_ERROR_DEINITIALIZED. */
+        if (!g_sim.exit_registered) {
+            g_sim.exit_registered = true;
+            atexit(sim_exit_teardown);
+        }
     }
     sim_unlock();
     return r;

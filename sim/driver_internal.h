@@ -25,6 +25,7 @@
 #include "simgpu.h"
 
 #define SIM_API __attribute__((visibility("default")))
+#define OG_SIM_UNLIKELY(x) __builtin_expect(!!(x), 0)
 
 #define SIM_DRIVER_VERSION   13000
 #define SIM_CTX_STACK_MAX    64
@@ -214,6 +215,11 @@ typedef struct sim_state {
     uint64_t host_pinned_bytes, host_pinned_blocks;
     uint64_t next_handle, next_buffer_id, next_ctx_id;
 
+    bool pool_attrs_unreadable;       /* SIMGPU_POOL_ATTRS=unreadable */
+    bool torn_down;                   /* the library's destructor ran: later calls are a bug */
+    bool torn_down_reported;
+    bool exit_registered;             /* the exit teardown is registered once per process */
+
     uint64_t fn_calls[SIM_N_ALLOC_FNS];
     uint64_t any_calls;
     uint64_t prng;
@@ -231,9 +237,10 @@ SIM_HIDDEN void sim_unlock(void);
 #define ENTER_INIT()                                  \
     do {                                              \
         sim_lock();                                   \
-        if (!g_sim.initialized) {                     \
+        if (!g_sim.initialized || g_sim.torn_down) {  \
+            CUresult e_ = g_sim.torn_down ? CUDA_ERROR_DEINITIALIZED : CUDA_ERROR_NOT_INITIALIZED; \
             sim_unlock();                             \
-            return CUDA_ERROR_NOT_INITIALIZED;        \
+            return e_;                                \
         }                                             \
     } while (0)
 

@@ -313,6 +313,110 @@ static CUresult free_device_ptr_locked(CUdeviceptr dptr)
     return CUDA_ERROR_INVALID_VALUE;
 }
 
+/* ============================================================= CUDA arrays */
+
+/* An array is device memory behind an opaque handle: charged like a plain allocation
+ * of its texel bytes (width x height x depth x channels x format size, summed over the
+ * mipmap levels), in the current context, freed with it.  Counted in the truth's
+ * alloc_requested_bytes/alloc_blocks; for fault injection it is a cuMemAlloc call. */
+#define SIM_ARRAY_MAGIC 0x41525259u
+typedef struct sim_array {
+    uint32_t magic;
+    bool mipmapped;
+    CUdeviceptr base;                 /* of the plain allocation holding it */
+    CUDA_ARRAY3D_DESCRIPTOR desc;
+    unsigned int levels;
+} sim_array_t;
+
+static uint64_t array_texel_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels)
+{
+    uint64_t elem;
+    switch (d->Format) {
+    case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: elem = 1; break;
+    case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF: elem = 2; break;
+    default: elem = 4; break;
+    }
+    uint64_t total = 0;
+    for (unsigned int l = 0; l < (levels ? levels : 1); l++) {
+        uint64_t w = d->Width >> l ? d->Width >> l : 1, h = d->Height >> l ? d->Height >> l : 1;
+        uint64_t z = d->Depth >> l ? d->Depth >> l : 1;
+        total += w * h * z * (d->NumChannels ? d->NumChannels : 1) * elem;
+    }
+    return total;
+}
+
+static CUresult array_create_locked(void **out, const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int levels,
+                                    bool mipmapped)
+{
+    if (!out || !desc || desc->Width == 0 || (desc->NumChannels != 1 && desc->NumChannels != 2 &&
+                                              desc->NumChannels != 4) || (mipmapped && levels == 0))
+        return CUDA_ERROR_INVALID_VALUE;
+    sim_array_t *arr = calloc(1, sizeof *arr);
+    if (!arr)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = plain_alloc_locked(&arr->base, array_texel_bytes(desc, levels), "cuMemAlloc_v2", false);
+    if (r != CUDA_SUCCESS) {
+        free(arr);
+        return r;
+    }
+    arr->magic = SIM_ARRAY_MAGIC;
+    arr->mipmapped = mipmapped;
+    arr->desc = *desc;
+    arr->levels = levels;
+    *out = arr;
+    return CUDA_SUCCESS;
+}
+
+static CUresult array_destroy_locked(void *h, bool mipmapped)
+{
+    sim_array_t *arr = h;
+    if (!arr || arr->magic != SIM_ARRAY_MAGIC || arr->mipmapped != mipmapped)
+        return CUDA_ERROR_INVALID_HANDLE;
+    sim_alloc_t *a = NULL;
+    for (sim_alloc_t *x = g_sim.allocs; x; x = x->next)
+        if (x->va.r.base == arr->base)
+            a = x;
+    if (a)                            /* else its context is gone, and the memory with it */
+        plain_free_locked(a);
+    arr->magic = 0;
+    free(arr);
+    return CUDA_SUCCESS;
+}
+
+SIM_API CUresult CUDAAPI cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *d)
+{
+    ENTER_INIT();
+    if (!d)
+        RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
+    CUDA_ARRAY3D_DESCRIPTOR d3 = {d->Width, d->Height, 0, d->Format, d->NumChannels, 0};
+    RETURN_UNLOCK(array_create_locked((void **)pHandle, &d3, 1, false));
+}
+
+SIM_API CUresult CUDAAPI cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d)
+{
+    ENTER_INIT();
+    RETURN_UNLOCK(array_create_locked((void **)pHandle, d, 1, false));
+}
+
+SIM_API CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d,
+                                                unsigned int numMipmapLevels)
+{
+    ENTER_INIT();
+    RETURN_UNLOCK(array_create_locked((void **)pHandle, d, numMipmapLevels, true));
+}
+
+SIM_API CUresult CUDAAPI cuArrayDestroy(CUarray hArray)
+{
+    ENTER_INIT();
+    RETURN_UNLOCK(array_destroy_locked(hArray, false));
+}
+
+SIM_API CUresult CUDAAPI cuMipmappedArrayDestroy(CUmipmappedArray h)
+{
+    ENTER_INIT();
+    RETURN_UNLOCK(array_destroy_locked(h, true));
+}
+
 SIM_API CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
 {
     ENTER_INIT();
@@ -1385,7 +1489,12 @@ SIM_API CUresult CUDAAPI cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attr
         *(int *)value = pool->reuse[attr - CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES];
         break;
     case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: *(cuuint64_t *)value = pool->release_threshold; break;
-    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: *(cuuint64_t *)value = pool->reserved; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+        /* SIMGPU_POOL_ATTRS=unreadable: a driver (or a vGPU/MIG setup) that refuses it */
+        if (g_sim.pool_attrs_unreadable)
+            RETURN_UNLOCK(CUDA_ERROR_NOT_SUPPORTED);
+        *(cuuint64_t *)value = pool->reserved;
+        break;
     case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: *(cuuint64_t *)value = pool->reserved_high; break;
     case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *(cuuint64_t *)value = pool->used; break;
     case CU_MEMPOOL_ATTR_USED_MEM_HIGH: *(cuuint64_t *)value = pool->used_high; break;

@@ -77,6 +77,11 @@ static const proc_entry_t k_procs[] = {
     E(cuCtxGetDevice, 13000, cuCtxGetDevice_v2),
     E(cuCtxGetFlags, 7000, cuCtxGetFlags),
     E(cuCtxGetApiVersion, 3020, cuCtxGetApiVersion),
+    E(cuArrayCreate, 3020, cuArrayCreate_v2),
+    E(cuArray3DCreate, 3020, cuArray3DCreate_v2),
+    E(cuArrayDestroy, 2000, cuArrayDestroy),
+    E(cuMipmappedArrayCreate, 5000, cuMipmappedArrayCreate),
+    E(cuMipmappedArrayDestroy, 5000, cuMipmappedArrayDestroy),
     E(cuCtxSynchronize, 2000, cuCtxSynchronize),
     E(cuCtxSynchronize, 13000, cuCtxSynchronize_v2),
 

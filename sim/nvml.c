@@ -68,10 +68,36 @@ static bool driver_truth(int dev, simgpu_truth_t *t)
     return ok;
 }
 
+/* SIMGPU_NVML_GENERATION: how the process-list calls behave, as drivers of that age did.
+ *   r580     (default) nvmlDeviceGetRunningProcessDetailList answers; _v3 writes 24-byte entries
+ *   r535     the detail list is not supported; _v3 writes 32-byte entries (nvmlProcessInfo_v3_t
+ *            with usedGpuCcProtectedMemory), past a buffer sized for 24-byte ones
+ *   r525     the detail list is not supported; _v3 writes 24-byte entries
+ *   legacy16 the detail list is not supported; _v3 writes 16-byte entries (pid, bytes) */
+enum { GEN_R580, GEN_R535, GEN_R525, GEN_LEGACY16 };
+static int g_gen = GEN_R580;
+
+static void load_generation(void)
+{
+    static const char *const names[] = {"r580", "r535", "r525", "legacy16"};
+    const char *v = getenv("SIMGPU_NVML_GENERATION");
+    g_gen = GEN_R580;
+    if (!v || !*v)
+        return;
+    for (int i = 0; i < 4; i++)
+        if (strcasecmp(v, names[i]) == 0) {
+            g_gen = i;
+            return;
+        }
+    fprintf(stderr, "simgpu: warning: ignoring SIMGPU_NVML_GENERATION='%s' (r580, r535, r525 or legacy16 expected); "
+            "using default r580\n", v);
+}
+
 static void load_config_locked(void)
 {
     if (g_cfg_loaded)
         return;
+    load_generation();
     sim_config_load(&g_cfg, driver_reads_config());
     for (int d = 0; d < SIM_MAX_DEVICES; d++)
         g_dev[d].index = d;
@@ -502,6 +528,25 @@ static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *infoCou
     }
     if (n > 0 && !infos)
         return NVML_ERROR_INVALID_ARGUMENT;
+    /* the entry layout this driver generation writes (_v3 only; v1 always 16 bytes) */
+    size_t stride = v1 ? sizeof(nvmlProcessInfo_v1_t) : g_gen == GEN_R535 ? 32 : g_gen == GEN_LEGACY16 ? 16 : 24;
+    if (!v1 && stride != sizeof(nvmlProcessInfo_t)) {
+        for (int k = 0; k < n; k++) {
+            unsigned char *e = (unsigned char *)infos + (size_t)k * stride;
+            unsigned long long used = procs[k].used, zero = 0;
+            unsigned int none = 0xFFFFFFFFu;
+            memcpy(e, &procs[k].pid, sizeof(unsigned int));
+            memset(e + 4, 0, 4);
+            memcpy(e + 8, &used, sizeof used);
+            if (stride == 32) {
+                memcpy(e + 16, &none, sizeof none);
+                memcpy(e + 20, &none, sizeof none);
+                memcpy(e + 24, &zero, sizeof zero);   /* usedGpuCcProtectedMemory */
+            }
+        }
+        *infoCount = (unsigned)n;
+        return NVML_SUCCESS;
+    }
     for (int k = 0; k < n; k++) {
         if (v1) {
             nvmlProcessInfo_v1_t *p = &((nvmlProcessInfo_v1_t *)infos)[k];
@@ -535,4 +580,41 @@ NVML_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, 
                                                            nvmlProcessInfo_v1_t *infos)
 {
     return running_processes(device, infoCount, infos, true);
+}
+
+/* nvmlDeviceGetRunningProcessDetailList (R550+): a versioned list, any mode.  Compute mode
+ * lists this process and the others; graphics and MPS list nobody here. */
+NVML_API nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device, nvmlProcessDetailList_t *plist)
+{
+    REQUIRE_INIT();
+    REQUIRE_DEV(device, i);
+    if (g_gen != GEN_R580)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (!plist)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (plist->version != nvmlProcessDetailList_v1)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (plist->mode > 2)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    proc_t procs[MAX_PROCS];
+    simgpu_truth_t t;
+    bool have = driver_truth(i, &t);
+    pthread_mutex_lock(&g_lock);
+    int n = plist->mode == 0 ? collect_procs(i, have ? &t : NULL, procs) : 0;
+    pthread_mutex_unlock(&g_lock);
+    if (plist->numProcArrayEntries < (unsigned)n) {
+        plist->numProcArrayEntries = (unsigned)n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    if (n > 0 && !plist->procArray)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (int k = 0; k < n; k++) {
+        nvmlProcessDetail_v1_t *p = &plist->procArray[k];
+        p->pid = procs[k].pid;
+        p->usedGpuMemory = procs[k].used;
+        p->gpuInstanceId = p->computeInstanceId = 0xFFFFFFFFu;
+        p->usedGpuCcProtectedMemory = 0;
+    }
+    plist->numProcArrayEntries = (unsigned)n;
+    return NVML_SUCCESS;
 }

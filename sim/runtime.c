@@ -94,7 +94,12 @@
     X(MemsetD8, "cuMemsetD8", 3020, 0, PFN_cuMemsetD8_v3020)                                   \
     X(MemsetD8_pt, "cuMemsetD8", 7000, 2, PFN_cuMemsetD8_v7000_ptds)                           \
     X(MemsetD8Async, "cuMemsetD8Async", 3020, 0, PFN_cuMemsetD8Async_v3020)                    \
-    X(MemsetD8Async_pt, "cuMemsetD8Async", 7000, 2, PFN_cuMemsetD8Async_v7000_ptsz)
+    X(MemsetD8Async_pt, "cuMemsetD8Async", 7000, 2, PFN_cuMemsetD8Async_v7000_ptsz)          \
+    X(ArrayCreate, "cuArrayCreate", 3020, 0, PFN_cuArrayCreate_v3020)                         \
+    X(Array3DCreate, "cuArray3DCreate", 3020, 0, PFN_cuArray3DCreate_v3020)                   \
+    X(ArrayDestroy, "cuArrayDestroy", 2000, 0, PFN_cuArrayDestroy_v2000)                      \
+    X(MipmappedArrayCreate, "cuMipmappedArrayCreate", 5000, 0, PFN_cuMipmappedArrayCreate_v5000) \
+    X(MipmappedArrayDestroy, "cuMipmappedArrayDestroy", 5000, 0, PFN_cuMipmappedArrayDestroy_v5000)
 
 typedef struct rt_driver {
 #define RT_FIELD(field, name, ver, flags, type) type field;
@@ -657,6 +662,95 @@ RT_API cudaError_t CUDARTAPI cudaMallocPitch(void **devPtr, size_t *pitch, size_
         *pitch = pt;
     }
     return rt_ret_drv(r);
+}
+
+/* ============================================================== arrays */
+
+/* The channel description as a driver array format: equal channels of 8, 16 or 32 bits. */
+static bool rt_array_format(const struct cudaChannelFormatDesc *d, CUarray_format *f, unsigned int *ch)
+{
+    int bits = d->x;
+    *ch = (d->x > 0) + (d->y > 0) + (d->z > 0) + (d->w > 0);
+    if (*ch == 0 || *ch == 3 || (d->y && d->y != bits) || (d->z && d->z != bits) || (d->w && d->w != bits))
+        return false;
+    switch (d->f) {
+    case cudaChannelFormatKindFloat:
+        *f = bits == 16 ? CU_AD_FORMAT_HALF : CU_AD_FORMAT_FLOAT;
+        return bits == 16 || bits == 32;
+    case cudaChannelFormatKindSigned:
+        *f = bits == 8 ? CU_AD_FORMAT_SIGNED_INT8 : bits == 16 ? CU_AD_FORMAT_SIGNED_INT16 : CU_AD_FORMAT_SIGNED_INT32;
+        return bits == 8 || bits == 16 || bits == 32;
+    case cudaChannelFormatKindUnsigned:
+        *f = bits == 8 ? CU_AD_FORMAT_UNSIGNED_INT8 : bits == 16 ? CU_AD_FORMAT_UNSIGNED_INT16
+                                                                 : CU_AD_FORMAT_UNSIGNED_INT32;
+        return bits == 8 || bits == 16 || bits == 32;
+    default:
+        return false;
+    }
+}
+
+RT_API cudaError_t CUDARTAPI cudaMallocArray(cudaArray_t *array, const struct cudaChannelFormatDesc *desc,
+                                             size_t width, size_t height, unsigned int flags)
+{
+    CUDA_ARRAY_DESCRIPTOR d = {width, height, 0, 0};
+    if (!array || !desc || !rt_array_format(desc, &d.Format, &d.NumChannels))
+        return rt_ret(cudaErrorInvalidValue);
+    cudaError_t e = rt_ctx(NULL);
+    if (e != cudaSuccess)
+        return rt_ret(e);
+    return rt_ret_drv(D.ArrayCreate((CUarray *)array, &d));
+}
+
+RT_API cudaError_t CUDARTAPI cudaMalloc3DArray(cudaArray_t *array, const struct cudaChannelFormatDesc *desc,
+                                               struct cudaExtent extent, unsigned int flags)
+{
+    CUDA_ARRAY3D_DESCRIPTOR d = {extent.width, extent.height, extent.depth, 0, 0, flags};
+    if (!array || !desc || !rt_array_format(desc, &d.Format, &d.NumChannels))
+        return rt_ret(cudaErrorInvalidValue);
+    cudaError_t e = rt_ctx(NULL);
+    if (e != cudaSuccess)
+        return rt_ret(e);
+    return rt_ret_drv(D.Array3DCreate((CUarray *)array, &d));
+}
+
+RT_API cudaError_t CUDARTAPI cudaMallocMipmappedArray(cudaMipmappedArray_t *mm, const struct cudaChannelFormatDesc *desc,
+                                                      struct cudaExtent extent, unsigned int numLevels,
+                                                      unsigned int flags)
+{
+    CUDA_ARRAY3D_DESCRIPTOR d = {extent.width, extent.height, extent.depth, 0, 0, flags};
+    if (!mm || !desc || !rt_array_format(desc, &d.Format, &d.NumChannels))
+        return rt_ret(cudaErrorInvalidValue);
+    cudaError_t e = rt_ctx(NULL);
+    if (e != cudaSuccess)
+        return rt_ret(e);
+    return rt_ret_drv(D.MipmappedArrayCreate((CUmipmappedArray *)mm, &d, numLevels));
+}
+
+RT_API cudaError_t CUDARTAPI cudaFreeArray(cudaArray_t array)
+{
+    if (!array)
+        return cudaSuccess;
+    cudaError_t e = rt_ctx(NULL);
+    if (e != cudaSuccess)
+        return rt_ret(e);
+    return rt_ret_drv(D.ArrayDestroy((CUarray)array));
+}
+
+RT_API cudaError_t CUDARTAPI cudaFreeMipmappedArray(cudaMipmappedArray_t mm)
+{
+    if (!mm)
+        return cudaSuccess;
+    cudaError_t e = rt_ctx(NULL);
+    if (e != cudaSuccess)
+        return rt_ret(e);
+    return rt_ret_drv(D.MipmappedArrayDestroy((CUmipmappedArray)mm));
+}
+
+RT_API struct cudaChannelFormatDesc CUDARTAPI cudaCreateChannelDesc(int x, int y, int z, int w,
+                                                                    enum cudaChannelFormatKind f)
+{
+    struct cudaChannelFormatDesc d = {x, y, z, w, f};
+    return d;
 }
 
 RT_API cudaError_t CUDARTAPI cudaFree(void *devPtr)

@@ -38,7 +38,9 @@ sim: $(SIM_LIBS)
 
 $(SIM_OBJDIR)/%.o: sim/%.c $(SIM_HEADERS)
 	@mkdir -p $(@D)
-	$(CC) $(SIM_CFLAGS) -c $< -o $@
+	$(CC) $(SIM_CFLAGS) -MMD -MP -c $< -o $@
+
+-include $(wildcard $(SIM_OBJDIR)/*.d)
 
 $(SIM_LIBDIR)/libcuda.so.1: $(SIM_DRIVER_OBJS) sim/libcuda.map
 	$(CC) $(SIM_SOFLAGS) -Wl,-soname,libcuda.so.1 -Wl,--version-script=sim/libcuda.map \

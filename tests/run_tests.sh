@@ -94,24 +94,37 @@ run "e2e stress 2 dev x 8 threads x 100k, injected failures" \
 run "e2e stress, stacks off" \
     with_shim env SIMGPU_FAIL_PROB=0.02 SIMGPU_SEED=11 OOMGUARD_QUIET=1 OOMGUARD_STACK_DEPTH=0 STRESS_OPS=20000 "$B/tests/e2e_stress"
 
+echo "== real drivers: NVML generations, pools, arrays, contexts, exit, namespaces"
+suite "drivers" env B="$B" PRELOAD="$PRELOAD" bash tests/e2e/run_drv.sh
+
 echo "== OOMGUARD_LIMIT, WARN_AT, SUMMARY"
 suite "limit" env B="$B" PRELOAD="$PRELOAD" bash tests/e2e/run_limit.sh
+suite "stacks" env B="$B" PRELOAD="$PRELOAD" bash tests/stacks/run_tests.sh
 
 if [ -f tests/e2e/run_scenarios.sh ]; then
     echo "== OOM scenarios (dumps checked against the simulator)"
     suite "scenarios" env B="$B" PRELOAD="$PRELOAD" bash tests/e2e/run_scenarios.sh
 fi
 
+suite "dumps" env B="$B" PRELOAD="$PRELOAD" bash tests/e2e/run_dumps.sh
+echo "== regressions (issue 15: bugs that once passed the whole suite)"
+suite "regressions" env B="$B" PRELOAD="$PRELOAD" bash tests/regress/run_regressions.sh
 echo "== a 4-rank job under oomguard run, then oomguard merge"
 suite "launcher" env B="$B" bash tests/e2e/run_launcher.sh
 
 echo "== PyTorch adapter (stand-in torch on the simulated GPU)"
 suite "python adapter" env B="$B" PRELOAD="$PRELOAD" bash tests/adapter/run_tests.sh
 
+echo "== scenario corpus (issue 9: realistic failures, an expert's expectations, numbers vs the simulator)"
+suite "scenario corpus" env B="$B" PRELOAD="$PRELOAD" SANITIZE="${SANITIZE:-}" python3 tests/scenarios/run_scenarios.py
+
 if grep -q '^test-cli:' tools/tools.mk 2>/dev/null; then
     echo "== oomguard command"
     suite "cli" $MAKE -s --no-print-directory B="$B" SANITIZE="${SANITIZE:-}" test-cli
 fi
+
+echo "== oomguard stats, Prometheus format, cluster recipes (stand-in torchrun/srun, two simulated hosts)"
+suite "stats" $MAKE -s --no-print-directory B="$B" SANITIZE="${SANITIZE:-}" test-stats
 
 echo
 if [ ${#failed_names[@]} -gt 0 ]; then

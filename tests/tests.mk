@@ -6,7 +6,8 @@ TEST_B      := $(B)/tests
 E2E_CFLAGS   = $(ALL_CFLAGS) -Isim -Itests/e2e -pthread
 E2E_LDRT     = -L$(SIM_LIBDIR) -Wl,-rpath-link,$(SIM_LIBDIR)
 E2E_PROGS   := $(TEST_B)/e2e_runtime $(TEST_B)/e2e_static $(TEST_B)/e2e_driver $(TEST_B)/e2e_dlopen \
-               $(TEST_B)/e2e_entry_points $(TEST_B)/e2e_stress $(TEST_B)/e2e_fork_exec $(TEST_B)/e2e_rtld $(TEST_B)/e2e_limit $(TEST_B)/e2e_rank
+               $(TEST_B)/e2e_entry_points $(TEST_B)/e2e_stress $(TEST_B)/e2e_fork_exec $(TEST_B)/e2e_rtld $(TEST_B)/e2e_limit $(TEST_B)/e2e_rank \
+               $(TEST_B)/e2e_drv $(TEST_B)/e2e_dumps
 UNIT_PROGS  := $(patsubst tests/unit/%.c,$(TEST_B)/unit_%,$(wildcard tests/unit/test_*.c))
 E2E_DEPS     = tests/e2e/check.h include/oomguard.h $(SIM_LIBS) | $(TEST_B)/.dir
 
@@ -30,6 +31,10 @@ $(TEST_B)/e2e_fork_exec: tests/e2e/fork_exec.c $(E2E_DEPS)
 
 $(TEST_B)/e2e_rank: tests/e2e/rank.c $(E2E_DEPS)
 	$(CC) $(E2E_CFLAGS) $< -o $@ $(E2E_LDRT) -lcudart -ldl
+$(TEST_B)/e2e_dumps: tests/e2e/dumps.c $(E2E_DEPS)
+	$(CC) $(E2E_CFLAGS) $< -o $@ $(E2E_LDRT) -lcudart -ldl
+$(TEST_B)/e2e_drv: tests/e2e/drv.c $(E2E_DEPS)
+	$(CC) $(E2E_CFLAGS) $< -o $@ $(E2E_LDRT) -lcudart -lcuda -ldl
 $(TEST_B)/e2e_limit: tests/e2e/limit.c $(E2E_DEPS)
 	$(CC) $(E2E_CFLAGS) $< -o $@ $(E2E_LDRT) -lcudart -ldl
 
@@ -49,6 +54,7 @@ $(TEST_B)/e2e_rtld: tests/e2e/rtld.c $(TEST_B)/librtld_next_a.so $(TEST_B)/librt
 $(TEST_B)/unit_%: tests/unit/%.c $(SHIM_OBJ) | $(TEST_B)/.dir
 	$(CC) $(SHIM_CFLAGS) -Wno-unused-function $< $(SHIM_OBJ) -o $@ -lcmocka -lunwind -ldl -pthread
 
+include tests/stacks/stacks.mk
 test-build: all $(E2E_PROGS) $(UNIT_PROGS)
 
 test: test-build
@@ -69,3 +75,8 @@ $(TEST_B)/bench/null_bench: tests/bench/null_bench.c $(TEST_B)/bench/null/libcud
 
 bench: all $(TEST_B)/bench/bench $(TEST_B)/bench/null_bench
 	@B=$(B) bash tests/bench/run_bench.sh
+
+# the scenario corpus of issue 9
+include tests/scenarios/scenarios.mk
+# issue 15: regression tests, `make mutate`, `make coverage`
+include tests/regress/regress.mk tests/mutate/mutate.mk

@@ -26,6 +26,18 @@ enum og_op { OG_OP_OTHER, OG_OP_ALLOC, OG_OP_FREE, OG_OP_FAIL };
 
 struct og_frame {
     const char *ip, *symbol, *library;
+    /* for symbolizing (tools/symbolize.c): the library's file, its build-id, ip - its base */
+    const char *offset, *path, *build_id;
+    /* already symbolized in the dump (optional): demangled name, source line, inlined */
+    const char *function, *file, *inlined_into;
+    int64_t line; /* -1 when absent */
+    int inlined;  /* -1 when absent */
+};
+
+/* A Python frame (event.python_stack): line -1 when absent. */
+struct og_pyframe {
+    const char *file, *function;
+    int64_t line;
 };
 
 struct og_site {
@@ -117,6 +129,8 @@ struct og_dump {
         double t, t_rel;
         struct og_frame *stack;
         int nstack;
+        struct og_pyframe *python_stack; /* event.python_stack, innermost first */
+        int npython_stack;
         int recovered; /* recovered_by is an object */
         int64_t recovered_requested_bytes;
         double recovered_t;

@@ -593,7 +593,8 @@ static int get_arr(struct loader *L, const cJSON *obj, const struct path *at, co
             return -1;                                                                             \
     } while (0)
 
-/* Frames: [{ip, symbol, library}]; converted when `out` is given. */
+/* Frames: [{ip, symbol, library, offset, path, build_id, function, file, line, inlined}],
+ * inlined_into}, all optional; converted when `out` is given. */
 static int read_frames(struct loader *L, const cJSON *arr, const struct path *at, struct og_frame **out, int *nout)
 {
     int n = 0, i = 0;
@@ -614,12 +615,44 @@ static int read_frames(struct loader *L, const cJSON *arr, const struct path *at
         TRY(get_str(L, f, &p, "ip", &fr->ip));
         TRY(get_str(L, f, &p, "symbol", &fr->symbol));
         TRY(get_str(L, f, &p, "library", &fr->library));
+        TRY(get_str(L, f, &p, "offset", &fr->offset));
+        TRY(get_str(L, f, &p, "path", &fr->path));
+        TRY(get_str(L, f, &p, "build_id", &fr->build_id));
+        TRY(get_str(L, f, &p, "function", &fr->function));
+        TRY(get_str(L, f, &p, "file", &fr->file));
+        TRY(get_int(L, f, &p, "line", &fr->line));
+        TRY(get_bool(L, f, &p, "inlined", &fr->inlined));
+        TRY(get_str(L, f, &p, "inlined_into", &fr->inlined_into));
         i++;
     }
     if (out) {
         *out = v;
         *nout = n;
     }
+    return 0;
+}
+
+/* Python frames: [{file, line, function}] (event.python_stack). */
+static int read_pyframes(struct loader *L, const cJSON *arr, const struct path *at, struct og_pyframe **out, int *nout)
+{
+    int n = 0, i = 0;
+    const cJSON *f;
+    cJSON_ArrayForEach(f, arr) n++;
+    struct og_pyframe *v = n ? arena_alloc(&L->d->arena, (size_t)n * sizeof *v) : NULL;
+    if (n && !v)
+        return err_too_complex(L), -1;
+    cJSON_ArrayForEach(f, arr)
+    {
+        struct path p = {at, NULL, i};
+        if (!cJSON_IsObject(f))
+            return field_err(L, &p, NULL, "a frame object", f);
+        TRY(get_str(L, f, &p, "file", &v[i].file));
+        TRY(get_int(L, f, &p, "line", &v[i].line));
+        TRY(get_str(L, f, &p, "function", &v[i].function));
+        i++;
+    }
+    *out = v;
+    *nout = n;
     return 0;
 }
 
@@ -1199,6 +1232,11 @@ static int v_event(struct loader *L, const cJSON *r)
     TRY(get_arr(L, e, &p, "stack", &stack));
     if (stack)
         TRY(read_frames(L, stack, &(struct path){&p, "stack", 0}, &d->event.stack, &d->event.nstack));
+    const cJSON *pystack;
+    TRY(get_arr(L, e, &p, "python_stack", &pystack));
+    if (pystack)
+        TRY(read_pyframes(L, pystack, &(struct path){&p, "python_stack", 0}, &d->event.python_stack,
+                          &d->event.npython_stack));
     TRY(get_obj(L, e, &p, "recovered_by", &rb));
     d->event.recovered = rb != NULL;
     struct path prb = {&p, "recovered_by", 0};

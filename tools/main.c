@@ -24,6 +24,7 @@ static void usage(FILE *f)
           "  run [options] [--] CMD [ARGS...]   run CMD with liboomguard.so preloaded\n"
           "  report DUMP.json [options]         explain one dump (text, json, html, memory-viz)\n"
           "  merge DIR [options]                compare the dumps of a multi-rank job\n"
+          "  stats DIR... [options]             count the dumps of many jobs (text, json, html, prometheus)\n"
           "  help [COMMAND]                     help for a command\n"
           "\n"
           "options:\n"
@@ -324,6 +325,8 @@ int main(int argc, char **argv)
         return og_cmd_report(argc - 2, argv + 2);
     if (!strcmp(cmd, "merge"))
         return og_cmd_merge(argc - 2, argv + 2);
+    if (!strcmp(cmd, "stats"))
+        return og_cmd_stats(argc - 2, argv + 2);
     if (!strcmp(cmd, "help")) {
         const char *sub = argc > 2 ? argv[2] : NULL;
         if (!sub)
@@ -334,6 +337,8 @@ int main(int argc, char **argv)
             og_usage_report(stdout);
         else if (!strcmp(sub, "merge"))
             og_usage_merge(stdout);
+        else if (!strcmp(sub, "stats"))
+            og_usage_stats(stdout);
         else {
             fprintf(stderr, "oomguard: no such command '%s'\n", sub);
             return OG_EXIT_USAGE;

@@ -2,6 +2,7 @@
  * tiny inline script (allowed by its hash in the page's CSP), nothing fetched.
  * Every string from the dump goes through sb_html(). */
 #include "report.h"
+#include "symbolize.h"
 #include "version.h"
 
 #include <math.h>
@@ -61,7 +62,9 @@ static const char CSS[] =
     "table.fixed summary{white-space:nowrap;overflow:hidden;text-overflow:ellipsis}"
     "td.mono{word-break:break-all}"
     "ol.frames{margin:6px 0 0;padding-left:22px;font-size:12px}ol.frames li{margin:1px 0;word-break:break-all}"
-    "ol.frames .lib{color:var(--muted)}"
+    "ol.frames .lib{color:var(--muted)}ol.frames .src{color:var(--accent,#2563eb)}"
+    "ol.frames li.caller{font-weight:600}ol.frames .tag{font-size:10px;padding:0 4px;border-radius:3px;"
+    "background:var(--accent,#2563eb);color:#fff;font-weight:400}"
     ".cause{padding:10px 0;border-bottom:1px solid var(--line)}.cause:last-child{border-bottom:0}"
     ".cause .hd{display:flex;align-items:center;gap:10px;font-weight:600}"
     ".conf{width:120px;height:8px;background:#eef1f6;border-radius:4px;overflow:hidden}"
@@ -676,22 +679,89 @@ static void remedies(struct hx *h)
     sb_puts(h->b, "</section>\n");
 }
 
-static void frame_list(struct hx *h, const struct og_frame *f, int n, int max)
+/* One frame: name (demangled), file:line (full path on hover), library; "library+offset"
+ * when nothing names it. */
+static void frame_item(struct hx *h, const struct og_sym *y, int is_caller)
 {
-    sb_puts(h->b, "<ol class=\"frames mono\">");
-    for (int i = 0; i < n && i < max; i++) {
-        sb_puts(h->b, "<li>");
-        esc(h, f[i].symbol ? f[i].symbol : f[i].ip ? f[i].ip : "?", 300);
-        if (f[i].library) {
+    sb_puts(h->b, is_caller ? "<li class=\"caller\">" : "<li>");
+    if (y->function) {
+        sb_puts(h->b, "<span class=\"fn\">");
+        esc(h, y->function, 300);
+        sb_puts(h->b, "</span>");
+        if (y->inlined) {
+            sb_puts(h->b, y->inlined_into ? " <span class=\"lib\">(inlined into " : " <span class=\"lib\">(inlined");
+            if (y->inlined_into)
+                esc(h, y->inlined_into, 200);
+            sb_puts(h->b, ")</span>");
+        }
+        if (y->file && y->line > 0) {
+            const char *base = strrchr(y->file, '/');
+            sb_puts(h->b, " <span class=\"src\" title=\"");
+            esc(h, y->file, 400);
+            sb_puts(h->b, "\">");
+            esc(h, base ? base + 1 : y->file, 120);
+            sb_printf(h->b, ":%lld</span>", (long long)y->line);
+        }
+        if (y->module) {
             sb_puts(h->b, " <span class=\"lib\">");
-            esc(h, f[i].library, 100);
+            esc(h, y->module, 100);
             sb_puts(h->b, "</span>");
         }
-        sb_puts(h->b, "</li>");
+    } else {
+        esc(h, y->where, 200);
     }
-    if (n > max)
-        sb_printf(h->b, "<li class=\"muted\">\u2026 %d more frames</li>", n - max);
+    if (is_caller)
+        sb_puts(h->b, " <span class=\"tag\">caller</span>");
+    sb_puts(h->b, "</li>");
+}
+
+/* Runs of interpreter frames and of CUDA-library frames fold into one item; the first
+ * frame outside the CUDA libraries and the framework's allocator is marked as the caller. */
+static void frame_list(struct hx *h, const struct og_frame *f, int n, int max)
+{
+    struct og_sym *y = n > 0 ? calloc((size_t)n, sizeof *y) : NULL;
+    if (!y)
+        return;
+    int caller = og_stack_symbolize(f, n, y);
+    sb_puts(h->b, "<ol class=\"frames mono\">");
+    int items = 0, i = 0;
+    while (i < n && items < max) {
+        int run = og_fold_run(y, n, i);
+        if (run >= 2) {
+            sb_printf(h->b, "<li class=\"muted\">\u2026 %d %s (", run, og_fold_label(&y[i]));
+            esc(h, y[i].function ? y[i].function : y[i].where, 80);
+            sb_puts(h->b, " \u2026 ");
+            esc(h, y[i + run - 1].function ? y[i + run - 1].function : y[i + run - 1].where, 80);
+            sb_puts(h->b, ")</li>");
+            i += run;
+        } else {
+            frame_item(h, &y[i], i == caller);
+            i++;
+        }
+        items++;
+    }
+    if (n > i)
+        sb_printf(h->b, "<li class=\"muted\">\u2026 %d more frames</li>", n - i);
     sb_puts(h->b, "</ol>");
+    free(y);
+}
+
+/* The caller's name for a site's one-line label. */
+static void caller_label(struct hx *h, const struct og_frame *f, int n)
+{
+    struct og_sym *y = n > 0 ? calloc((size_t)n, sizeof *y) : NULL;
+    if (!y)
+        return;
+    int caller = og_stack_symbolize(f, n, y);
+    const struct og_sym *c = &y[caller >= 0 ? caller : 0];
+    esc(h, c->function ? c->function : c->where, 90);
+    if (c->function && c->file && c->line > 0) {
+        const char *base = strrchr(c->file, '/');
+        sb_puts(h->b, " ");
+        esc(h, base ? base + 1 : c->file, 60);
+        sb_printf(h->b, ":%lld", (long long)c->line);
+    }
+    free(y);
 }
 
 static void sites(struct hx *h, int top)
@@ -720,17 +790,10 @@ static void sites(struct hx *h, int top)
         esc(h, s->library ? s->library : "-", 80);
         sb_puts(h->b, "</td><td>");
         if (s->nframes) {
-            /* Label with the first frame outside the allocating library: the
-             * allocator's own frames are the same for every site. */
-            const struct og_frame *f = &s->frames[0];
-            for (int k = 0; k < s->nframes; k++)
-                if (s->frames[k].library && s->library && strcmp(s->frames[k].library, s->library) &&
-                    !strstr(s->frames[k].library, "libcudart") && !strstr(s->frames[k].library, "libcuda.so")) {
-                    f = &s->frames[k];
-                    break;
-                }
+            /* Labelled with the caller: the runtime's and the allocator's own frames
+             * are the same for every site. */
             sb_puts(h->b, "<details><summary class=\"mono\" style=\"font-size:12px\">");
-            esc(h, f->symbol ? f->symbol : f->ip ? f->ip : "?", 90);
+            caller_label(h, s->frames, s->nframes);
             sb_puts(h->b, "</summary>");
             frame_list(h, s->frames, s->nframes, 40);
             sb_puts(h->b, "</details>");
@@ -815,8 +878,24 @@ static void failed_call(struct hx *h)
     }
 #undef KV
     sb_puts(h->b, "</div>");
+    if (d->event.npython_stack > 0) {
+        /* the Python lines first: they are what the user wrote */
+        sb_puts(h->b, "<div class=\"muted\" style=\"margin-top:10px\">Python stack</div><ol class=\"frames mono\">");
+        for (int i = 0; i < d->event.npython_stack && i < 64; i++) {
+            const struct og_pyframe *p = &d->event.python_stack[i];
+            sb_puts(h->b, "<li><span class=\"fn\">");
+            esc(h, p->function ? p->function : "?", 200);
+            sb_puts(h->b, "</span> <span class=\"src\">");
+            esc(h, p->file ? p->file : "?", 300);
+            if (p->line > 0)
+                sb_printf(h->b, ":%lld", (long long)p->line);
+            sb_puts(h->b, "</span></li>");
+        }
+        sb_puts(h->b, "</ol>");
+    }
     if (d->event.nstack) {
-        sb_puts(h->b, "<div class=\"muted\" style=\"margin-top:10px\">Stack</div>");
+        sb_puts(h->b, d->event.npython_stack > 0 ? "<div class=\"muted\" style=\"margin-top:10px\">Native stack</div>"
+                                                 : "<div class=\"muted\" style=\"margin-top:10px\">Stack</div>");
         frame_list(h, d->event.stack, d->event.nstack, 64);
     }
     sb_puts(h->b, "</section>\n");

@@ -3,6 +3,7 @@
  * any JSON reader accepts the result; that happens on a copy, because the
  * validated struct og_dump points into the original tree. */
 #include "report.h"
+#include "symbolize.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +61,8 @@ int og_render_json(struct sbuf *out, const struct og_dump *d)
 {
     cJSON *copy = NULL;
     const cJSON *doc = d->root;
+    /* frames gain their names and lines (new keys only: the struct's pointers stay valid) */
+    og_symbolize_json((cJSON *)doc);
     if (needs_fix(doc)) {
         copy = cJSON_Duplicate(doc, 1);
         if (!copy)

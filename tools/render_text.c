@@ -1,9 +1,11 @@
 /* tools/render_text.c — the terminal report. */
 #include "report.h"
+#include "symbolize.h"
 #include "version.h"
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define TEXT_TOP_SITES 10
@@ -389,21 +391,69 @@ static void remedies(struct tx *t, const struct og_dump *d)
         sb_printf(t->b, "  ... and %d more\n", d->nremedies - shown);
 }
 
-static void frames(struct tx *t, const struct og_frame *f, int n, int max)
+static const char *base_name(const char *p)
 {
-    int shown = n < max ? n : max;
-    for (int i = 0; i < shown; i++) {
-        sb_puts(t->b, "       at ");
-        sb_text(t->b, f[i].symbol ? f[i].symbol : f[i].ip ? f[i].ip : "?", 110, 0);
-        if (f[i].library) {
+    const char *s = p ? strrchr(p, '/') : NULL;
+    return s ? s + 1 : p;
+}
+
+/* One frame: name (demangled), file:line, library; "library+offset" when nothing names it. */
+static void frame_line(struct tx *t, const struct og_sym *y, int is_caller)
+{
+    sb_puts(t->b, is_caller ? "    => at " : "       at ");
+    if (y->function) {
+        sb_text(t->b, y->function, 110, 0);
+        if (y->inlined) {
+            sb_printf(t->b, " %s(inlined%s", st(t, DIM), y->inlined_into ? " into " : "");
+            if (y->inlined_into)
+                sb_text(t->b, y->inlined_into, 60, 0);
+            sb_printf(t->b, ")%s", st(t, RESET));
+        }
+        if (y->file && y->line > 0) {
+            sb_puts(t->b, "  ");
+            sb_text(t->b, base_name(y->file), 60, 0);
+            sb_printf(t->b, ":%lld", (long long)y->line);
+        }
+        if (y->module) {
             sb_printf(t->b, "  %s", st(t, DIM));
-            sb_text(t->b, f[i].library, 60, 0);
+            sb_text(t->b, y->module, 60, 0);
             sb_puts(t->b, st(t, RESET));
         }
-        sb_putc(t->b, '\n');
+    } else {
+        sb_text(t->b, y->where, 120, 0);
     }
-    if (n > shown)
-        sb_printf(t->b, "       %s... %d more frames%s\n", st(t, DIM), n - shown, st(t, RESET));
+    if (is_caller)
+        sb_printf(t->b, "  %s<- caller%s", st(t, DIM), st(t, RESET));
+    sb_putc(t->b, '\n');
+}
+
+/* At most `max` lines: runs of interpreter frames fold into one, and the first frame
+ * outside the CUDA libraries and the framework's allocator is marked as the caller. */
+static void frames(struct tx *t, const struct og_frame *f, int n, int max)
+{
+    struct og_sym *y = n > 0 ? calloc((size_t)n, sizeof *y) : NULL;
+    if (!y)
+        return;
+    int caller = og_stack_symbolize(f, n, y);
+    int lines = 0, i = 0;
+    while (i < n && lines < max) {
+        int run = og_fold_run(y, n, i);
+        if (run >= 2) {
+            sb_printf(t->b, "       %s... %d %s (", st(t, DIM), run, og_fold_label(&y[i]));
+            sb_text(t->b, y[i].function ? y[i].function : y[i].where, 50, 0);
+            sb_puts(t->b, " ... ");
+            sb_text(t->b, y[i + run - 1].function ? y[i + run - 1].function : y[i + run - 1].where, 50, 0);
+            sb_printf(t->b, ")%s\n", st(t, RESET));
+            i += run;
+        } else {
+            frame_line(t, &y[i], i == caller);
+            i++;
+        }
+        lines++;
+    }
+    if (n > i)
+        sb_printf(t->b, "       %s... %d more frames%s\n", st(t, DIM), n - i, st(t, RESET));
+    free(y);
 }
 
 static void sites(struct tx *t, const struct og_dump *d, int top)
@@ -429,9 +479,24 @@ static void sites(struct tx *t, const struct og_dump *d, int top)
 
 static void failed_stack(struct tx *t, const struct og_dump *d)
 {
-    if (!d->event.nstack)
+    if (!d->event.nstack && !d->event.npython_stack)
         return;
     heading(t, "Stack of the failed call");
+    /* the Python lines first: they are what the user wrote */
+    for (int i = 0; i < d->event.npython_stack && i < 16; i++) {
+        const struct og_pyframe *p = &d->event.python_stack[i];
+        sb_puts(t->b, "       at ");
+        sb_text(t->b, p->function ? p->function : "?", 80, 0);
+        sb_puts(t->b, "  ");
+        sb_text(t->b, p->file ? p->file : "?", 100, 0);
+        if (p->line > 0)
+            sb_printf(t->b, ":%lld", (long long)p->line);
+        sb_printf(t->b, "  %s(Python)%s\n", st(t, DIM), st(t, RESET));
+    }
+    if (d->event.npython_stack > 16)
+        sb_printf(t->b, "       %s... %d more Python frames%s\n", st(t, DIM), d->event.npython_stack - 16, st(t, RESET));
+    if (d->event.npython_stack > 0)
+        sb_printf(t->b, "     %snative:%s\n", st(t, DIM), st(t, RESET));
     frames(t, d->event.stack, d->event.nstack, 16);
 }
 

@@ -19,6 +19,12 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include "../shim/options.def"
+
+/* the library's own ranges (shim/options.def): --stack-depth accepts exactly what it does */
+#define X(id, env, type, def, lo, hi, help) RUN_LO_##id = (lo), RUN_HI_##id = (hi),
+enum { OG_OPTIONS(X) };
+#undef X
 
 #include "cli.h"
 #include "util.h"
@@ -333,8 +339,9 @@ int og_cmd_run(int argc, char **argv)
     if (depth) {
         char *end;
         long v = strtol(depth, &end, 10);
-        if (!*depth || *end || v < 0 || v > 4096) {
-            fprintf(stderr, "oomguard run: --stack-depth %s: expected a number from 0 to 4096\n", depth);
+        if (!*depth || *end || v < RUN_LO_stack_depth || v > RUN_HI_stack_depth) {
+            fprintf(stderr, "oomguard run: --stack-depth %s: expected a number from %d to %d\n", depth,
+                    RUN_LO_stack_depth, RUN_HI_stack_depth);
             return OG_EXIT_USAGE;
         }
     }

@@ -8,7 +8,7 @@
 TOOLS_SRC  := $(filter-out tools/fuzz_dump.c,$(wildcard tools/*.c))
 TOOLS_HDR  := $(wildcard tools/*.h) $(wildcard include/oomguard.h)
 TOOLS_OBJ  := $(patsubst tools/%.c,$(B)/tools/%.o,$(TOOLS_SRC))
-TOOLS_LIBS := -lcjson -lm
+TOOLS_LIBS := -lcjson -lm -ldw -lelf -lstdc++
 FUZZ_CC    ?= clang
 FUZZ_SECONDS ?= 20
 
@@ -17,10 +17,12 @@ all: $(B)/oomguard
 
 $(B)/tools/%.o: tools/%.c $(TOOLS_HDR) | $(B)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -Itools -c $< -o $@
+	$(CC) $(ALL_CFLAGS) -Itools -MMD -MP -c $< -o $@
 
 $(B)/oomguard: $(TOOLS_OBJ)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(TOOLS_OBJ) $(TOOLS_LIBS)
+
+-include $(TOOLS_OBJ:.o=.d)
 
 # Test helpers: max-RSS/time runner and a do-nothing library for LD_PRELOAD checks.
 # Built without sanitizers: an ASan-instrumented library cannot be preloaded into sh.
@@ -52,3 +54,5 @@ fuzz-smoke: $(B)/fuzz-dump
 test-cli: $(B)/oomguard $(B)/cli-test/og-measure $(B)/cli-test/libdummy.so
 	@B=$(B) SANITIZE=$(SANITIZE) FUZZ_CC=$(FUZZ_CC) FUZZ_SECONDS=$(FUZZ_SECONDS) \
 	    MAKE="$(MAKE)" bash tests/cli/run_tests.sh
+
+include tests/stats/stats.mk

@@ -32,6 +32,8 @@ import os
 import sys
 import threading
 
+import oomguard_core
+
 __all__ = ["install", "activate", "report", "is_attached"]
 
 _SMALL_BUFFER = 2 * 1024 * 1024        # PyTorch's small-pool segment size (kSmallBuffer)
@@ -74,42 +76,7 @@ _last_snapshot = None
 
 def _shim_report_fn():
     """oomguard_framework_report from the preloaded shim, or None (no shim: the adapter is off)."""
-    global _report_fn
-    if _report_fn is not None:
-        return _report_fn
-    try:
-        import ctypes
-        try:
-            fn = ctypes.CDLL(None).oomguard_framework_report
-        except AttributeError:
-            return None
-
-        class _FrameworkStats(ctypes.Structure):
-            # include/oomguard.h: oomguard_framework_stats_t
-            _fields_ = [
-                ("struct_size", ctypes.c_uint64),
-                ("device", ctypes.c_int64),
-                ("allocated_bytes", ctypes.c_uint64),
-                ("reserved_bytes", ctypes.c_uint64),
-                ("active_bytes", ctypes.c_uint64),
-                ("inactive_split_bytes", ctypes.c_uint64),
-                ("largest_free_block_bytes", ctypes.c_uint64),
-                ("private_pool_bytes", ctypes.c_uint64),
-                ("num_alloc_retries", ctypes.c_uint64),
-                ("num_ooms", ctypes.c_uint64),
-                ("allocator_settings", ctypes.c_char_p),
-                ("source", ctypes.c_char_p),
-                ("snapshot_path", ctypes.c_char_p),
-            ]
-
-        fn.argtypes = [ctypes.POINTER(_FrameworkStats)]
-        fn.restype = ctypes.c_int
-        fn.struct_type = _FrameworkStats
-        _report_fn = fn
-        return fn
-    except Exception as e:
-        _err("looking up oomguard_framework_report", e)
-        return None
+    return oomguard_core.shim_fn("oomguard_framework_report")
 
 
 def _u64(v):
@@ -195,17 +162,38 @@ def _save_snapshot(snap):
         return None
 
 
+def _user_frame(frames, torch_dir):
+    """The innermost frame of a block's allocation traceback outside torch itself: the line of
+    the program that asked for the memory."""
+    first = None
+    for fr in frames or ():
+        if not isinstance(fr, dict):
+            continue
+        fn = str(fr.get("filename", ""))
+        if not fn or fn.startswith("??") or fn.endswith((".cpp", ".h", ".cc", ".cu")):
+            continue                      # C++ frames (stacks="all")
+        if first is None:
+            first = fr
+        if torch_dir and os.path.abspath(fn).startswith(torch_dir):
+            continue
+        return fr
+    return first
+
+
 def _cache_view(torch, device, alloc_size):
-    """(largest free block, private pool bytes) from the allocator snapshot; (None, None) if unreadable.
+    """(largest free block, private pool bytes, python sites) from the allocator snapshot;
+    (None, None, None) if unreadable.
 
     The largest free block is looked for where the failed request could have been served: the
     default pool (private pools such as CUDA graphs' are not usable by it), and the small or the
-    large pool depending on the size PyTorch tried to reserve (small segments are 2 MiB)."""
+    large pool depending on the size PyTorch tried to reserve (small segments are 2 MiB).
+    The sites: live blocks grouped by the program's line that allocated them, when the
+    allocation history is on (OOMGUARD_PYTHON_STACKS=1 turns it on); else None."""
     try:
         snap = torch.cuda.memory._snapshot()
     except Exception as e:
         _err("torch.cuda.memory._snapshot()", e)
-        return None, None
+        return None, None, None
     global _last_snapshot
     _last_snapshot = snap
     try:
@@ -215,12 +203,25 @@ def _cache_view(torch, device, alloc_size):
             want_small = int(alloc_size) <= _SMALL_BUFFER
         largest = 0
         private = 0
+        sites = {}
+        try:
+            torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+        except Exception:
+            torch_dir = None
         for seg in segments or ():
             if not isinstance(seg, dict):
                 continue
             d = seg.get("device")
             if d is not None and device is not None and int(d) != int(device):
                 continue
+            for b in seg.get("blocks", ()) or ():
+                if isinstance(b, dict) and b.get("state") == "active_allocated" and b.get("frames"):
+                    fr = _user_frame(b.get("frames"), torch_dir)
+                    if fr is not None:
+                        key = (str(fr.get("filename")), int(fr.get("line") or 0), str(fr.get("name", "")))
+                        v = sites.setdefault(key, [0, 0])
+                        v[0] += _u64(b.get("size", 0))
+                        v[1] += 1
             pool_id = seg.get("segment_pool_id")
             is_private = False
             if pool_id is not None:
@@ -239,22 +240,60 @@ def _cache_view(torch, device, alloc_size):
                     size = _u64(b.get("size", 0))
                     if size > largest:
                         largest = size
-        return largest, private
+        ranked = sorted(((k[0], k[1], k[2], v[0], v[1]) for k, v in sites.items()),
+                        key=lambda x: (-x[3], x[0], x[1]))[:16]
+        return largest, private, (ranked or None)
     except Exception as e:
         _err("reading the allocator snapshot", e)
-        return None, None
+        return None, None, None
 
 
-def report(device=None, alloc_size=None, use_snapshot=True):
+def _grad_mode(torch):
+    """1 autograd records at the failure, -1 it does not (no_grad / inference_mode), 0 unknown."""
+    try:
+        inf = getattr(torch, "is_inference_mode_enabled", None)
+        if inf is not None and inf():
+            return -1
+        return 1 if torch.is_grad_enabled() else -1
+    except Exception:
+        return 0
+
+
+def _device_total(torch, device):
+    try:
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    except Exception:
+        pass
+    try:
+        return int(torch.cuda.mem_get_info(device)[1])
+    except Exception:
+        return 0
+
+
+def _cap(torch, device, allowed):
+    """(cap bytes, the setting) when set_per_process_memory_fraction caps the allocator: PyTorch
+    hands its observer the allowed maximum instead of the device's total then."""
+    try:
+        total = _device_total(torch, device)
+        allowed = int(allowed or 0)
+        if total and 0 < allowed < total:
+            return allowed, "torch.cuda.set_per_process_memory_fraction(%.3g)" % (allowed / float(total))
+    except Exception:
+        pass
+    return 0, None
+
+
+def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowed=None, frame=None):
     """Reads PyTorch's numbers for `device` and hands them to the shim.  Returns the shim's
     result (0), or None when nothing was reported (no shim, no torch, stats unreadable).
-    Never raises.  Called by the out-of-memory observer; callable by hand too."""
+    Never raises.  Called by the out-of-memory observer (failed=True: PyTorch failed a request
+    of alloc_size; allowed: the observer's third argument); callable by hand too."""
     try:
-        import ctypes
         fn = _shim_report_fn()
         torch = _torch()
         if fn is None or torch is None:
             return None
+        stack = oomguard_core.python_stack(frame) if (failed or frame is not None) else None
         if device is None:
             device = torch.cuda.current_device()
         device = int(device)
@@ -271,33 +310,29 @@ def report(device=None, alloc_size=None, use_snapshot=True):
             # without these two the numbers would claim an empty cache: report nothing
             _say("memory_stats() has no allocated/reserved bytes: nothing reported")
             return None
-        largest, private = (None, None)
+        largest, private, sites = (None, None, None)
         snapshot_path = None
         if use_snapshot:
-            largest, private = _cache_view(torch, device, alloc_size)
+            largest, private, sites = _cache_view(torch, device, alloc_size)
             if _last_snapshot is not None:
                 snapshot_path = _save_snapshot(_last_snapshot)
-        s = fn.struct_type()
-        s.struct_size = ctypes.sizeof(s)
-        s.device = device
-        s.allocated_bytes = _u64(allocated)
-        s.reserved_bytes = _u64(reserved)
-        s.active_bytes = _u64(stats.get("active_bytes.all.current", 0))
-        s.inactive_split_bytes = _u64(stats.get("inactive_split_bytes.all.current", 0))
-        # 0 with a non-empty cache reads as "not measured" to the shim
-        s.largest_free_block_bytes = _u64(largest or 0)
-        s.private_pool_bytes = _u64(private or 0)
-        s.num_alloc_retries = _u64(stats.get("num_alloc_retries", 0))
-        s.num_ooms = _u64(stats.get("num_ooms", 0))
-        settings = _bytes(_allocator_settings(torch))
-        source = _bytes("torch %s" % (getattr(torch, "__version__", "?"),))
-        s.allocator_settings = settings
-        s.source = source
-        snap_b = _bytes(snapshot_path) if snapshot_path else None
-        s.snapshot_path = snap_b
-        r = fn(ctypes.byref(s))
+        cap, cap_source = _cap(torch, device, allowed) if failed else (0, None)
+        r = oomguard_core.send(
+            "oom" if failed else "report", "pytorch", device,
+            allocated_bytes=allocated, reserved_bytes=reserved,
+            active_bytes=stats.get("active_bytes.all.current", 0),
+            inactive_split_bytes=stats.get("inactive_split_bytes.all.current", 0),
+            # 0 with a non-empty cache reads as "not measured" to the shim
+            largest_free_block_bytes=largest or 0, private_pool_bytes=private or 0,
+            num_alloc_retries=stats.get("num_alloc_retries", 0), num_ooms=stats.get("num_ooms", 0),
+            allocator_settings=_allocator_settings(torch),
+            source="torch %s" % (getattr(torch, "__version__", "?"),),
+            snapshot_path=snapshot_path, framework="pytorch", api="torch.cuda.caching_allocator",
+            requested_bytes=alloc_size or 0, cap_bytes=cap, cap_source=cap_source,
+            peak_bytes=stats.get("allocated_bytes.all.peak", 0),
+            grad_enabled=_grad_mode(torch), python_stack=stack, python_sites=sites)
         _say("reported device %d: allocated %d, reserved %d, largest free block %s" %
-             (device, s.allocated_bytes, s.reserved_bytes, largest))
+             (device, allocated, reserved, largest))
         return r
     except Exception as e:
         _err("report", e)
@@ -310,7 +345,7 @@ def _observer(device, alloc, device_total, device_free):
         return
     _in_observer.busy = True
     try:
-        report(device, alloc)
+        report(device, alloc, failed=True, allowed=device_total, frame=sys._getframe(1))
     except Exception:
         pass
     finally:
@@ -340,7 +375,11 @@ def _excepthook(etype, value, tb):
     try:
         torch = _torch()
         if torch is not None and _is_oom(torch, value):
-            report(None, None, use_snapshot=False)
+            frame = None
+            while tb is not None:              # the innermost frame: where the error was raised
+                frame, tb = tb.tb_frame, tb.tb_next
+            # "report": the failure is the driver's, already dumped (an observer-less backend)
+            report(None, None, use_snapshot=False, frame=frame)
     except Exception:
         pass
     prev = _state.get("prev_excepthook") or sys.__excepthook__
@@ -389,9 +428,39 @@ def _attach():
                 return
             attach(_observer)
             _state["attached"] = "observer"
+            _record_history(torch)
             _say("out-of-memory observer attached (torch %s)" % (getattr(torch, "__version__", "?"),))
     except Exception as e:
         _err("attaching", e)
+
+
+_HISTORY_ENTRIES = 10000
+
+
+def _record_history(torch):
+    """OOMGUARD_PYTHON_STACKS=1: PyTorch keeps the Python traceback of every live block (and a
+    ring of the last _HISTORY_ENTRIES allocation events), so the dump can name the lines that
+    hold the memory.  This costs per allocation (docs/python-adapters.md gives the figure)."""
+    if not oomguard_core.truthy("OOMGUARD_PYTHON_STACKS"):
+        return
+    try:
+        rec = torch.cuda.memory._record_memory_history
+    except Exception as e:
+        _err("finding torch.cuda.memory._record_memory_history", e)
+        return
+    try:
+        rec(enabled="all", context="alloc", stacks="python", max_entries=_HISTORY_ENTRIES)
+    except TypeError:                    # torch 2.0 spelled it differently
+        try:
+            rec(True, record_context=True, trace_alloc_max_entries=_HISTORY_ENTRIES)
+        except Exception as e:
+            _err("torch.cuda.memory._record_memory_history", e)
+            return
+    except Exception as e:
+        _err("torch.cuda.memory._record_memory_history", e)
+        return
+    _state["history"] = True
+    _say("allocation history on (OOMGUARD_PYTHON_STACKS=1, %d entries)" % _HISTORY_ENTRIES)
 
 
 def install():
@@ -523,6 +592,7 @@ def activate():
             _state["activated"] = True
             if _shim_report_fn() is None:
                 return
+            oomguard_core.register_query()
             if "torch" in sys.modules:
                 install()
                 return

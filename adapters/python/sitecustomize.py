@@ -1,8 +1,12 @@
 """oomguard's sitecustomize: `oomguard run` puts this directory first on PYTHONPATH, so every
 Python process of the job imports this file at startup (site.py does, before the script runs).
 
-It enables the PyTorch adapter (oomguard_torch, which waits for `import torch` and does nothing
-without liboomguard preloaded) unless OOMGUARD_PYTHON_ADAPTER=0, and then runs the sitecustomize
+The plain `LD_PRELOAD=liboomguard.so python ...` puts this directory first on PYTHONPATH too
+(liboomguard's constructor, before the interpreter reads its environment), so both usages load it.
+
+It enables the adapters (oomguard_torch, oomguard_jax, oomguard_cupy: each waits for its
+framework's import and does nothing without liboomguard preloaded) unless
+OOMGUARD_PYTHON_ADAPTER=0, and then runs the sitecustomize
 that this file shadows -- the next one on sys.path (a later PYTHONPATH entry, the distribution's
 in the standard library directory, site-packages) -- under the name `sitecustomize`, so that
 `import sitecustomize` afterwards gives that module, as it would without oomguard.
@@ -15,17 +19,18 @@ program goes on.
 
 def _oomguard_enable():
     import os
-    if os.environ.get("OOMGUARD_PYTHON_ADAPTER", "1").strip() == "0":
+    if os.environ.get("OOMGUARD_PYTHON_ADAPTER", "1").strip().lower() in ("0", "false", "no", "off"):
         return
-    try:
-        import oomguard_torch  # noqa: F401  (activates itself)
-    except Exception as e:   # never let the adapter break start-up
-        if os.environ.get("OOMGUARD_VERBOSE", "").strip().lower() in ("1", "true", "yes", "on"):
-            try:
-                import sys
-                sys.stderr.write("oomguard: pytorch adapter: not enabled: %s: %s\n" % (type(e).__name__, e))
-            except Exception:
-                pass
+    for name in ("oomguard_torch", "oomguard_jax", "oomguard_cupy"):
+        try:
+            __import__(name)      # each activates itself: waits for its framework's import
+        except Exception as e:   # never let an adapter break start-up
+            if os.environ.get("OOMGUARD_VERBOSE", "").strip().lower() in ("1", "true", "yes", "on"):
+                try:
+                    import sys
+                    sys.stderr.write("oomguard: %s: not enabled: %s: %s\n" % (name, type(e).__name__, e))
+                except Exception:
+                    pass
 
 
 def _oomguard_shadowed_spec():

@@ -38,7 +38,8 @@ TMP=$(mktemp -d "${TMPDIR:-/tmp}/oomguard-adapter-tests.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 
 # A clean, reproducible environment for every job.
-unset PYTHONPATH PYTHONHOME PYTHONSTARTUP PYTHONVERBOSE OOMGUARD_VERBOSE OOMGUARD_PYTHON_ADAPTER \
+unset PYTHONPATH PYTHONHOME PYTHONSTARTUP PYTHONVERBOSE OOMGUARD_VERBOSE OOMGUARD_PYTHON_ADAPTER OOMGUARD_PYTHON_STACKS \
+      XLA_PYTHON_CLIENT_PREALLOCATE XLA_PYTHON_CLIENT_MEM_FRACTION XLA_PYTHON_CLIENT_ALLOCATOR CUPY_GPU_MEMORY_LIMIT \
       PYTORCH_CUDA_ALLOC_CONF PYTORCH_ALLOC_CONF FAKE_TORCH_BROKEN FAKE_TORCH_VERSION \
       OOMGUARD_LIMIT OOMGUARD_WARN_AT OOMGUARD_SUMMARY LD_PRELOAD
 export LD_LIBRARY_PATH="$BDIR/sim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -69,7 +70,8 @@ t() {
 # (bash exports a VAR=value placed before a function call to what that function runs)
 shim() { LD_PRELOAD="$PRELOAD" OOMGUARD_DIR="$W/dumps" OOMGUARD_FRAMEWORK_LIBS="$FWLIB" "$@"; }
 adapter() { PYTHONPATH="$AD:$FT" "$@"; }
-noadapter() { PYTHONPATH="$FT" "$@"; }
+# without the adapter: the shim itself would put it on PYTHONPATH in a Python process
+noadapter() { OOMGUARD_PYTHON_ADAPTER=0 PYTHONPATH="$FT" "$@"; }
 noshim() { LD_PRELOAD="$NOSHIM_PRELOAD" "$@"; }
 fail_if() { if eval "$1"; then echo "failed: $2"; return 1; fi; }
 # field FILE EXPR: a value from a JSON file (EXPR indexes d)
@@ -83,7 +85,7 @@ no_oomguard_lines() { grep -v '^oomguard' "$1" > "$1.clean" || true; echo "$1.cl
 # Which library the shim names as the caller of cudaMalloc from Python (ctypes goes through libffi):
 # it becomes OOMGUARD_FRAMEWORK_LIBS, so the stand-in counts as the framework's allocator.
 probe_dir=$TMP/probe; mkdir -p "$probe_dir"
-env LD_PRELOAD="$PRELOAD" OOMGUARD_DIR="$probe_dir" PYTHONPATH="$FT" "$PYTHON" "$JOB" oom-caught >/dev/null 2>&1
+env LD_PRELOAD="$PRELOAD" OOMGUARD_DIR="$probe_dir" OOMGUARD_PYTHON_ADAPTER=0 PYTHONPATH="$FT" "$PYTHON" "$JOB" oom-caught >/dev/null 2>&1
 FWLIB=$("$PYTHON" -c "
 import glob, json, sys
 f = glob.glob(sys.argv[1] + '/oomguard-*.json')
@@ -97,7 +99,7 @@ echo "== calls from the stand-in are attributed to $FWLIB"
 
 t_syntax() {
     local files=("$AD"/*.py "$SC"/*.py)
-    while IFS= read -r f; do files+=("$f"); done < <(find "$FT" -name '*.py' | sort)
+    while IFS= read -r f; do files+=("$f"); done < <(find "$FT" "$ROOT/tests/adapter/fake_jax" "$ROOT/tests/adapter/fake_cupy" -name '*.py' | sort)
     for f in "${files[@]}"; do
         "$PYTHON" -c "import py_compile,sys; py_compile.compile(sys.argv[1], cfile=sys.argv[2], doraise=True)" "$f" "$W/c.pyc" \
             || { echo "py_compile failed: $f"; return 1; }
@@ -167,7 +169,7 @@ t_state_before() {
 t "before the first CUDA use nothing is attached (queued with torch.cuda._lazy_call)" t_state_before
 
 t_manual() { # t_manual MODE: PYTHONPATH without the adapter; the job imports oomguard_torch itself
-    shim env PYTHONPATH="$FT" ADAPTER_DIR="$AD" "$PYTHON" "$JOB" "$1" exp.json || return 1
+    shim env OOMGUARD_PYTHON_ADAPTER=0 PYTHONPATH="$FT" ADAPTER_DIR="$AD" "$PYTHON" "$JOB" "$1" exp.json || return 1
     "$PYTHON" "$CHECK" dumps exp.json --primary fragmentation
 }
 t "manual enable: import oomguard_torch before torch" t_manual manual-before
@@ -244,7 +246,7 @@ t_user_sc_broken() {
     mkdir -p user
     printf 'import os\nprint("user sitecustomize started")\nraise ValueError("the user sitecustomize is broken")\n' > user/sitecustomize.py
     shim env PYTHONPATH="$AD:$FT:$W/user" "$PYTHON" -c 'import sys; print("main ran", "sitecustomize" in sys.modules); sys.exit(5)' > a.out 2> a.err; local ra=$?
-    shim env PYTHONPATH="$FT:$W/user" "$PYTHON" -c 'import sys; print("main ran", "sitecustomize" in sys.modules); sys.exit(5)' > b.out 2> b.err; local rb=$?
+    shim env OOMGUARD_PYTHON_ADAPTER=0 PYTHONPATH="$FT:$W/user" "$PYTHON" -c 'import sys; print("main ran", "sitecustomize" in sys.modules); sys.exit(5)' > b.out 2> b.err; local rb=$?
     [ $ra = 5 ] && [ $rb = 5 ] || { echo "exit $ra / $rb"; return 1; }
     cmp a.out b.out && cmp a.err b.err || { diff a.out b.out; diff a.err b.err; return 1; }
     grep -q 'Error in sitecustomize' a.err || { echo "no 'Error in sitecustomize'"; cat a.err; return 1; }
@@ -337,6 +339,182 @@ t_old_torch() {
     expect st1.json 'd["state"]["attached"]' observer
 }
 t "torch < 2.2 with several devices: no observer (PyTorch's per-device registration was unsafe)" t_old_torch
+
+# --- issue 10: the plain preload, framework-internal failures, Python lines, JAX and CuPy
+
+FJ=$ROOT/tests/adapter/fake_jax
+FC=$ROOT/tests/adapter/fake_cupy
+CHECKFW=$SC/check_fw.py
+OOMGUARD_BIN=$BDIR/oomguard
+
+t_three_usages() {
+    # the same fragmentation job: `oomguard run`, the plain preload, the plain preload with a
+    # sitecustomize of the user's own on PYTHONPATH
+    mk_user_sc "$W/user"
+    mkdir -p run plain user_sc
+    env LD_PRELOAD="$NOSHIM_PRELOAD" OOMGUARD_FRAMEWORK_LIBS="$FWLIB" PYTHONPATH="$FT" \
+        "$OOMGUARD_BIN" run --quiet --dir "$W/run" -- "$PYTHON" "$JOB" frag run.json > run.out 2>&1 \
+        || { cat run.out; return 1; }
+    env LD_PRELOAD="$PRELOAD" OOMGUARD_DIR="$W/plain" OOMGUARD_FRAMEWORK_LIBS="$FWLIB" PYTHONPATH="$FT" \
+        "$PYTHON" "$JOB" frag plain.json || return 1
+    env LD_PRELOAD="$PRELOAD" OOMGUARD_DIR="$W/user_sc" OOMGUARD_FRAMEWORK_LIBS="$FWLIB" \
+        PYTHONPATH="$FT:$W/user" MARK="$W/mark" "$PYTHON" "$JOB" frag user.json || return 1
+    [ "$(cat mark 2>/dev/null)" = "sitecustomize $W/user/sitecustomize.py" ] \
+        || { echo "the user's sitecustomize did not run: '$(cat mark 2>/dev/null)'"; return 1; }
+    local u prim=""
+    for u in run plain user_sc; do
+        local exp=$u.json; [ $u = user_sc ] && exp=user.json
+        "$PYTHON" "$CHECK" "$u" "$exp" --primary fragmentation || { echo "($u)"; return 1; }
+        local p; p=$(field "$(ls $u/oomguard-*.json)" 'd["diagnosis"]["primary"], [c["id"] for c in d["diagnosis"]["causes"]], [r["id"] for r in d["remedies"]]')
+        if [ -z "$prim" ]; then prim=$p; elif [ "$p" != "$prim" ]; then echo "$u: $p, run: $prim"; return 1; fi
+    done
+}
+t "same fragmentation job: oomguard run / plain LD_PRELOAD / plain + user sitecustomize give the same dump" t_three_usages
+
+t_plain_off() {
+    OOMGUARD_PYTHON_ADAPTER=0 shim env PYTHONPATH="$FT" "$PYTHON" -c '
+import os, sys
+print(os.environ.get("PYTHONPATH"), any(p.endswith("adapters/python") for p in sys.path), "oomguard_torch" in sys.modules)' > out || return 1
+    [ "$(cat out)" = "$FT False False" ] || { cat out; return 1; }
+    # and on: first on the path, once, also when the parent already put it there
+    shim env PYTHONPATH="$FT" "$PYTHON" -c '
+import os, subprocess, sys
+print(os.environ["PYTHONPATH"])
+sys.stdout.flush()
+subprocess.run([sys.executable, "-c", "import os; print(os.environ[\"PYTHONPATH\"])"])' > on || return 1
+    local want; want=$(cd "$AD" && pwd -P):$FT
+    [ "$(sed -n 1p on)" = "$want" ] && [ "$(sed -n 2p on)" = "$want" ] || { echo "want $want"; cat on; return 1; }
+}
+t "OOMGUARD_PYTHON_ADAPTER=0 leaves PYTHONPATH alone; otherwise the adapter goes first, once (children too)" t_plain_off
+
+t_children() {
+    # a shell that starts Python, and a Python that starts Python: each child loads the adapter
+    shim env PYTHONPATH="$FT" bash -c "cd '$W' && '$PYTHON' '$JOB' frag a.json" || return 1
+    "$PYTHON" "$CHECK" dumps a.json --primary fragmentation || return 1
+    rm -f dumps/*
+    shim env PYTHONPATH="$FT" "$PYTHON" -c 'import subprocess, sys; sys.exit(subprocess.call([sys.executable] + sys.argv[1:]))' \
+        "$JOB" frag b.json || return 1
+    "$PYTHON" "$CHECK" dumps b.json --primary fragmentation
+}
+t "child processes (bash -> python, python -> python) load the adapter under the plain preload" t_children
+
+t_installed() {
+    # the installed layout: <prefix>/lib/oomguard/{liboomguard.so,python/}
+    mkdir -p inst/lib/oomguard/python
+    cp "$(echo $PRELOAD | tr ' ' '\n' | grep liboomguard)" inst/lib/oomguard/liboomguard.so
+    cp "$AD"/*.py inst/lib/oomguard/python/
+    local pre=""; [ -n "$NOSHIM_PRELOAD" ] && pre="$NOSHIM_PRELOAD "
+    env LD_PRELOAD="${pre}$W/inst/lib/oomguard/liboomguard.so" OOMGUARD_DIR="$W/dumps" OOMGUARD_FRAMEWORK_LIBS="$FWLIB" \
+        PYTHONPATH="$FT" "$PYTHON" -c 'import sys, runpy; print(sys.path[1]); sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name="__main__")' \
+        "$JOB" frag exp.json > out || return 1
+    [ "$(head -n 1 out)" = "$W/inst/lib/oomguard/python" ] || { echo "sys.path[1] = $(head -n 1 out)"; return 1; }
+    "$PYTHON" "$CHECK" dumps exp.json --primary fragmentation
+}
+t "installed layout: lib/oomguard/python is found next to the library" t_installed
+
+t_fraction() {
+    shim adapter "$PYTHON" "$JOB" fraction exp.json || return 1
+    "$PYTHON" "$CHECKFW" dumps exp.json --framework pytorch --internal --api torch.cuda.caching_allocator \
+        --request exp --cap exp --cap-source 'set_per_process_memory_fraction(0.5)' --numbers torch --line failing || return 1
+    # the driver had room: the allocator's own cap refused it
+    expect exp.json 'd["expected"]["driver_free"] > d["expected"]["request"]' True
+}
+t "torch set_per_process_memory_fraction: dump without a driver failure, request and cap" t_fraction
+
+t_fraction_uncaught() {
+    shim adapter "$PYTHON" "$JOB" fraction-uncaught > a.out 2> a.err; local ra=$?
+    [ $ra = 1 ] || { echo "exit $ra"; cat a.err; return 1; }
+    local n; n=$(ls dumps/oomguard-*.json 2>/dev/null | wc -l)
+    [ "$n" = 1 ] || { echo "$n dumps"; return 1; }
+    expect "$(ls dumps/oomguard-*.json)" 'd["status"], d["event"]["framework_internal"], d["memory"]["framework"]["cap_bytes"] > 0' "oom True True"
+}
+t "torch memory fraction, OOM not caught: one dump, status oom" t_fraction_uncaught
+
+t_python_stack() {
+    shim adapter "$PYTHON" "$JOB" frag exp.json || return 1
+    "$PYTHON" "$CHECKFW" dumps exp.json --line failing || return 1
+    # innermost first: the allocator's frame comes before the script's line
+    expect "$(ls dumps/oomguard-*.json)" '[f["file"].endswith("job.py") for f in d["event"]["python_stack"]].index(True) > 0' True &&
+    expect "$(ls dumps/oomguard-*.json)" 'd["python_sites"]' '[]' &&
+    grep -q "Python stack (innermost first)" dumps/oomguard-*.txt
+}
+t "event.python_stack names the failing script line (innermost first); no python_sites by default" t_python_stack
+
+t_python_sites() {
+    OOMGUARD_PYTHON_STACKS=1 shim adapter "$PYTHON" "$JOB" frag exp.json || return 1
+    "$PYTHON" "$CHECKFW" dumps exp.json --line failing --site most || return 1
+    grep -q "Python lines holding the most live memory" dumps/oomguard-*.txt
+}
+t "OOMGUARD_PYTHON_STACKS=1: python_sites[0] is the line that allocated most" t_python_sites
+
+t_jax_prealloc() {
+    shim env PYTHONPATH="$FJ" OOMGUARD_FRAMEWORK=auto timeout 120 "$PYTHON" "$SC/job_jax.py" prealloc exp.json || return 1
+    expect exp.json 'd["attached"]' exception || return 1
+    "$PYTHON" "$CHECKFW" dumps exp.json --framework jax --internal --api xla.bfc_allocator --request exp --cap exp \
+        --cap-source XLA_PYTHON_CLIENT_MEM_FRACTION --numbers jax --line failing
+}
+t "jax: RESOURCE_EXHAUSTED inside the preallocated arena: dump with request, bytes_limit, memory_stats" t_jax_prealloc
+
+t_jax_uncaught() {
+    shim env PYTHONPATH="$FJ" OOMGUARD_FRAMEWORK=auto timeout 120 "$PYTHON" "$SC/job_jax.py" uncaught > a.out 2> a.err; local ra=$?
+    shim env OOMGUARD_PYTHON_ADAPTER=0 PYTHONPATH="$FJ" OOMGUARD_FRAMEWORK=auto OOMGUARD_DIR="$W/b" timeout 120 "$PYTHON" "$SC/job_jax.py" uncaught > b.out 2> b.err; local rb=$?
+    [ $ra = 1 ] && [ $rb = 1 ] || { echo "exit $ra / $rb"; return 1; }
+    [ "$(tail -n 1 a.err)" = "$(tail -n 1 b.err)" ] || { tail -n 1 a.err b.err; return 1; }
+    [ -z "$(ls b/oomguard-*.json 2>/dev/null)" ] || { echo "a dump without the adapter?"; return 1; }
+    expect "$(ls dumps/oomguard-*.json)" 'd["status"], d["memory"]["framework"]["framework"]' "oom jax"
+}
+t "jax: uncaught RESOURCE_EXHAUSTED: same traceback and exit status; the dump only with the adapter" t_jax_uncaught
+
+t_jax_frag() {
+    shim env PYTHONPATH="$FJ" OOMGUARD_FRAMEWORK=auto timeout 120 "$PYTHON" "$SC/job_jax.py" frag exp.json || return 1
+    "$PYTHON" "$CHECKFW" dumps exp.json --framework jax --internal --request exp --numbers jax --line failing \
+        --primary fragmentation
+}
+t "jax: half the arena free in pieces smaller than the request: fragmentation from memory_stats" t_jax_frag
+
+t_jax_platform() {
+    shim env PYTHONPATH="$FJ" OOMGUARD_FRAMEWORK=auto XLA_PYTHON_CLIENT_ALLOCATOR=platform timeout 120 \
+        "$PYTHON" "$SC/job_jax.py" platform exp.json || return 1
+    "$PYTHON" "$CHECKFW" dumps exp.json --framework jax --driver --cap 0 --line failing --primary does_not_fit
+}
+t "jax: XLA_PYTHON_CLIENT_ALLOCATOR=platform: the driver failure's dump gets XLA's numbers, no cap" t_jax_platform
+
+t_cupy_limit() {
+    shim env PYTHONPATH="$FC" OOMGUARD_FRAMEWORK=auto timeout 120 "$PYTHON" "$SC/job_cupy.py" limit exp.json || return 1
+    expect exp.json 'd["attached"]' exception || return 1
+    "$PYTHON" "$CHECKFW" dumps exp.json --framework cupy --internal --api cupy.cuda.MemoryPool --request exp --cap exp \
+        --cap-source 'set_limit(size=268435456)' --numbers cupy --line failing
+}
+t "cupy: pool limit (set_limit): dump with request and limit; the adapter never waits on the pool's lock" t_cupy_limit
+
+t_cupy_env_limit() {
+    shim env PYTHONPATH="$FC" OOMGUARD_FRAMEWORK=auto CUPY_GPU_MEMORY_LIMIT=200000000 timeout 120 \
+        "$PYTHON" "$SC/job_cupy.py" uncaught > a.out 2> a.err; local ra=$?
+    [ $ra = 1 ] || { echo "exit $ra"; cat a.err; return 1; }
+    grep -q 'OutOfMemoryError' a.err || { cat a.err; return 1; }
+    expect "$(ls dumps/oomguard-*.json)" 'd["memory"]["framework"]["cap_bytes"], d["memory"]["framework"]["cap_source"]' \
+        "200000000 CUPY_GPU_MEMORY_LIMIT=200000000"
+}
+t "cupy: CUPY_GPU_MEMORY_LIMIT, error not caught: the dump is still written before exit" t_cupy_env_limit
+
+t_cupy_driver() {
+    shim env PYTHONPATH="$FC" OOMGUARD_FRAMEWORK=auto timeout 120 "$PYTHON" "$SC/job_cupy.py" driver exp.json || return 1
+    "$PYTHON" "$CHECKFW" dumps exp.json --framework cupy --driver --cap 0 --numbers cupy --line failing
+}
+t "cupy: cudaMalloc fails after the pool freed its blocks: the driver failure's dump gets the pool's numbers" t_cupy_driver
+
+t_query_held() {
+    shim "$PYTHON" "$SC/job_query.py" held exp.json || return 1
+    "$PYTHON" "$CHECKFW" dumps exp.json --driver --line failing
+}
+t "query: a failing cudaMalloc on a thread holding the GIL gets the Python stack from the adapter's query" t_query_held
+
+t_query_released() {
+    shim timeout 60 "$PYTHON" "$SC/job_query.py" released exp.json || return 1
+    "$PYTHON" "$CHECKFW" dumps exp.json --driver --unmeasured 'does not hold the Python GIL' || return 1
+    expect "$(ls dumps/oomguard-*.json)" 'd["event"]["python_stack"]' '[]'
+}
+t "query: the GIL released around cudaMalloc (ctypes.CDLL): not asked, and the dump says why" t_query_released
 
 echo "${pass} passed, ${fail} failed$([ $skip != 0 ] && echo ", ${skip} skipped")"
 [ $fail = 0 ]

@@ -43,6 +43,20 @@ for threads in 1 2; do
     row "alloc+free pair, $threads thread(s), stacks 32" "$base ns" "$on ns" "$(awk "BEGIN{printf \"%.0f ns\", $on-$base}")" "<=1500 ns"
 done
 echo
+# A realistic call depth: 40 frames below each allocation (Python, framework, runtime), as in
+# a training step; the default depth and 32 frames.
+DEEP=${BENCH_DEEP:-40}
+echo "the shim alone, $DEEP frames below each allocation:"
+printf '%-44s %12s %12s %10s %10s\n' "measure" "without" "with shim" "added" "target"
+for threads in 1 2; do
+    base=$(best env LD_LIBRARY_PATH="$nlib" "$nb" $threads $NP $DEEP)
+    def=$(best env LD_LIBRARY_PATH="$nlib" LD_PRELOAD="$shim" OOMGUARD_QUIET=1 "$nb" $threads $N $DEEP)
+    on=$(best env LD_LIBRARY_PATH="$nlib" LD_PRELOAD="$shim" OOMGUARD_STACK_DEPTH=32 OOMGUARD_QUIET=1 "$nb" $threads $N $DEEP)
+    row "$DEEP deep, $threads thread(s), stacks default (16)" "$base ns" "$def ns" "$(awk "BEGIN{printf \"%.0f ns\", $def-$base}")" "<=150 ns"
+    row "$DEEP deep, $threads thread(s), stacks 32" "$base ns" "$on ns" "$(awk "BEGIN{printf \"%.0f ns\", $on-$base}")" "<=300 ns"
+    echo "ratio: ${threads}T default x$(awk "BEGIN{printf \"%.2f\", $def/$base}"), stacks 32 x$(awk "BEGIN{printf \"%.2f\", $on/$base}")"
+done
+echo
 base=$("$bench" blocks $BLOCKS)
 with=$(pre env OOMGUARD_STACK_DEPTH=0 "$bench" blocks $BLOCKS)
 row "RSS per live block ($BLOCKS blocks)" "$base B" "$with B" "$(awk "BEGIN{printf \"%.0f B\", $with-$base}")" "<=128 B"

@@ -17,7 +17,7 @@ out=$(run env OOMGUARD_LIMIT=1:4GiB "$prog" limit 2>&1); rc=$?
 result $rc "limit on device 1 of 2: every API family, frees, memory views (${out##*: })"
 [ $rc = 0 ] || printf '%s\n' "$out" | grep FAIL | head -20 | sed 's/^/      | /'
 
-for spec in 1:4096MiB 1:4294967296 "1:25%"; do
+for spec in 1:4096MiB 1:4294967296B "1:25%"; do
     out=$(run env OOMGUARD_LIMIT="$spec" "$prog" limit 2>&1); rc=$?
     result $rc "limit written as $spec"
 done

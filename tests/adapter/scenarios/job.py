@@ -7,6 +7,9 @@ at that moment (the numbers the dump's memory.framework must show) and the adapt
 Modes:
   frag          fill the device with 20 MiB segments holding an 8 MiB tensor each plus 12 MiB of
                 holes, plus one CUDA-graph-like private pool segment, then ask for 14 MiB
+                (OUT.json also names the lines: "most" allocated most, "failing" failed)
+  fraction      set_per_process_memory_fraction(0.5), then 100 MiB tensors until the allocator
+                refuses one itself (no driver failure); fraction-uncaught: the error is not caught
   toobig        a few tensors, then a request larger than the device
   multidev      like toobig, on device 1
   async         backend:cudaMallocAsync (set by the caller); dies of an uncaught OOM
@@ -101,23 +104,49 @@ if mode == "state-before":
     write({})
     sys.exit(0)
 
+def here():
+    """The caller's line (the test finds it in event.python_stack / python_sites)."""
+    return sys._getframe(1).f_lineno
+
+
+lines = {}
+
 if mode in ("frag", "manual-before", "manual-after", "manual-afterinit"):
     # a CUDA-graph-like private pool: a 20 MiB segment with a 17 MiB hole that the default pool
     # cannot use (a largest-free-block that counted it would hide the fragmentation)
-    keep.append(torch.empty(3 * MiB, pool_id=(1, 1)))
+    keep.append(torch.empty(3 * MiB, pool_id=(1, 1))); lines["small"] = here()  # noqa: E702
     free, total = torch._alloc.mem_get_info(0)
     for i in range(free // (20 * MiB)):
-        keep.append(torch.empty(8 * MiB))      # new 20 MiB segment: [8 MiB tensor | 12 MiB]
+        keep.append(torch.empty(8 * MiB)); lines["most"] = here()  # noqa: E702  new 20 MiB segment: [8 | 12]
         keep.append(torch.empty(8 * MiB))      # fills the 12 MiB hole: [8 | 8 | 4 free]
     del keep[2::2]                             # free every second one: [8 | 12 MiB free] each
     try:
+        lines["failing"] = here() + 1
         torch.empty(14 * MiB)                  # > every hole, no room for a new segment
     except torch.OutOfMemoryError as e:
         print("OOM:", str(e).split(".")[0])
-        write({"expected": expected(0)})
+        write({"expected": expected(0), "lines": lines, "file": os.path.abspath(__file__)})
         sys.exit(0)
     print("no OOM?")
     sys.exit(2)
+
+if mode in ("fraction", "fraction-uncaught"):
+    # set_per_process_memory_fraction(0.5): the allocator refuses, without asking the driver,
+    # a segment that would take its reservation past half of the device
+    torch.cuda.set_per_process_memory_fraction(0.5)
+    free, total = torch.cuda.mem_get_info(0)
+    try:
+        while True:
+            lines["failing"] = here() + 1
+            keep.append(torch.empty(100 * MiB))
+    except torch.OutOfMemoryError as e:
+        if mode == "fraction-uncaught":
+            raise
+        print("OOM:", str(e).split(".")[0])
+        exp = expected(0)
+        exp.update({"request": 100 * MiB, "cap": int(0.5 * total), "driver_free": torch.cuda.mem_get_info(0)[0]})
+        write({"expected": exp, "lines": lines, "file": os.path.abspath(__file__)})
+        sys.exit(0)
 
 if mode in ("toobig", "idempotent", "multidev", "oom-caught", "oom-uncaught", "state"):
     dev = 1 if mode == "multidev" else 0

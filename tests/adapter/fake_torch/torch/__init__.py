@@ -49,3 +49,37 @@ def empty(nbytes, device=None, pool_id=(0, 0)):
     d = cuda.current_device() if device is None else int(device)
     block = cuda._allocator(d).malloc(int(nbytes), tuple(pool_id))
     return Tensor(d, block, int(nbytes))
+
+
+# autograd modes, as far as the adapter asks (torch.is_grad_enabled, torch.no_grad, ...)
+import threading as _threading  # noqa: E402
+
+_grad = _threading.local()
+
+
+def is_grad_enabled():
+    return getattr(_grad, "enabled", True)
+
+
+def is_inference_mode_enabled():
+    return getattr(_grad, "inference", False)
+
+
+class no_grad(object):
+    def __enter__(self):
+        self._prev = is_grad_enabled()
+        _grad.enabled = False
+
+    def __exit__(self, *exc):
+        _grad.enabled = self._prev
+        return False
+
+
+class inference_mode(object):
+    def __enter__(self):
+        self._prev = (is_grad_enabled(), is_inference_mode_enabled())
+        _grad.enabled, _grad.inference = False, True
+
+    def __exit__(self, *exc):
+        _grad.enabled, _grad.inference = self._prev
+        return False

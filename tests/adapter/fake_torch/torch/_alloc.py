@@ -19,6 +19,7 @@ Environment knobs for the tests:
 """
 import ctypes
 import os
+import sys
 import threading
 
 KiB = 1024
@@ -106,14 +107,26 @@ def _fmt(n):
     return "%.2f MiB" % (n / float(MiB))
 
 
+def _python_frames():
+    """The allocation's Python traceback, innermost first, as PyTorch's snapshot gives it
+    ({"filename", "line", "name"}), recorded per allocation while the history is on."""
+    out = []
+    f = sys._getframe(2)
+    while f is not None:
+        out.append({"filename": f.f_code.co_filename, "line": f.f_lineno, "name": f.f_code.co_name})
+        f = f.f_back
+    return out
+
+
 class Block(object):
-    __slots__ = ("addr", "size", "requested", "allocated", "prev", "next", "segment")
+    __slots__ = ("addr", "size", "requested", "allocated", "prev", "next", "segment", "frames")
 
     def __init__(self, addr, size, segment):
         self.addr, self.size, self.segment = addr, size, segment
         self.requested = 0
         self.allocated = False
         self.prev = self.next = None
+        self.frames = []
 
 
 class Segment(object):
@@ -151,6 +164,22 @@ class DeviceAllocator(object):
         self.segments = []
         self.num_alloc_retries = 0
         self.num_ooms = 0
+        self.fraction = None             # set_per_process_memory_fraction
+        self.history = None              # _record_memory_history: max trace entries, or None
+        self.trace = []
+
+    def _reserved(self):
+        return sum(s.size for s in self.segments)
+
+    def _allowed(self, total):
+        return int(self.fraction * total) if self.fraction is not None else None
+
+    def _fits_fraction(self, seg_size):
+        """PyTorch refuses, without calling cudaMalloc, a segment that would take the reserved
+        bytes past fraction x total (set_per_process_memory_fraction)."""
+        if self.fraction is None:
+            return True
+        return self._reserved() + seg_size <= self._allowed(mem_get_info(self.device)[1])
 
     # -- driver side
     def _cuda_malloc(self, size):
@@ -189,22 +218,25 @@ class DeviceAllocator(object):
         block = self._best_fit(size, small, pool_id)
         if block is None:
             seg_size = allocation_size(size)
-            addr = self._cuda_malloc(seg_size)
+            addr = self._cuda_malloc(seg_size) if self._fits_fraction(seg_size) else None
             if addr is None:
                 self.num_alloc_retries += 1
                 self._release_free_segments()
-                addr = self._cuda_malloc(seg_size)
+                addr = self._cuda_malloc(seg_size) if self._fits_fraction(seg_size) else None
             if addr is None:
                 self.num_ooms += 1
                 free, total = mem_get_info(self.device)
+                allowed = self._allowed(total)
                 for obs in list(self.observers):
-                    obs(self.device, seg_size, total, free)
+                    # PyTorch hands the observer the allowed maximum when a fraction is set
+                    obs(self.device, seg_size, allowed if allowed is not None else total, free)
                 st = self.stats()
                 raise OutOfMemoryError(
                     "CUDA out of memory. Tried to allocate %s. GPU %d has a total capacity of %s of which %s is "
-                    "free. Of the allocated memory %s is allocated by PyTorch, and %s is reserved by PyTorch but "
-                    "unallocated." % (_fmt(size), self.device, _fmt(total), _fmt(free), _fmt(st["allocated"]),
-                                      _fmt(st["reserved"] - st["allocated"])))
+                    "free. %sOf the allocated memory %s is allocated by PyTorch, and %s is reserved by PyTorch but "
+                    "unallocated." % (_fmt(size), self.device, _fmt(total), _fmt(free),
+                                      "%s allowed; " % _fmt(allowed) if allowed is not None else "",
+                                      _fmt(st["allocated"]), _fmt(st["reserved"] - st["allocated"])))
             seg = Segment(self.device, addr, seg_size, small, pool_id)
             self.segments.append(seg)
             block = seg.head
@@ -218,11 +250,21 @@ class DeviceAllocator(object):
             block.size = size
         block.allocated = True
         block.requested = nbytes
+        if self.history is not None:
+            block.frames = _python_frames()
+            self.trace.append({"action": "alloc", "addr": block.addr, "size": block.size, "frames": block.frames})
+            if len(self.trace) > self.history:
+                del self.trace[:len(self.trace) - self.history]
         return block
 
     def free(self, block):
         block.allocated = False
         block.requested = 0
+        block.frames = []
+        if self.history is not None:
+            self.trace.append({"action": "free_completed", "addr": block.addr, "size": block.size, "frames": []})
+            if len(self.trace) > self.history:
+                del self.trace[:len(self.trace) - self.history]
         n = block.next
         if n is not None and not n.allocated:
             block.size += n.size
@@ -288,7 +330,8 @@ class DeviceAllocator(object):
             req = 0
             for b in s.blocks():
                 blocks.append({"address": b.addr, "size": b.size, "requested_size": b.requested,
-                               "state": "active_allocated" if b.allocated else "inactive", "frames": []})
+                               "state": "active_allocated" if b.allocated else "inactive",
+                               "frames": list(b.frames) if b.allocated else []})
                 if b.allocated:
                     alloc += b.size
                     req += b.requested

@@ -99,3 +99,34 @@ def memory_allocated(device=None):
 
 def memory_reserved(device=None):
     return memory_stats(device).get("reserved_bytes.all.current", 0)
+
+
+def mem_get_info(device=None):
+    """(free, total) bytes of the device, as cudaMemGetInfo says."""
+    d = current_device() if device is None else int(device)
+    return _alloc.mem_get_info(d)
+
+
+class _DeviceProperties(object):
+    def __init__(self, name, total_memory):
+        self.name = name
+        self.total_memory = total_memory
+
+
+def get_device_properties(device=None):
+    d = current_device() if device is None else int(device)
+    return _DeviceProperties("fake", _alloc.mem_get_info(d)[1])
+
+
+def set_per_process_memory_fraction(fraction, device=None):
+    """As PyTorch's: the caching allocator may reserve at most fraction x the device's total;
+    beyond that it fails requests itself, without asking the driver."""
+    _lazy_init()
+    if not isinstance(fraction, float):
+        raise TypeError("Invalid type for fraction argument, must be `float`")
+    if fraction < 0 or fraction > 1:
+        raise ValueError("Invalid fraction value: %s. Allowed range: 0~1" % fraction)
+    d = current_device() if device is None else int(device)
+    a = _allocator(d)
+    if hasattr(a, "fraction"):
+        a.fraction = fraction

@@ -1,4 +1,6 @@
 """torch.cuda.memory, as far as the adapter uses it."""
+import sys
+
 from torch import _alloc
 
 
@@ -29,7 +31,24 @@ def _snapshot(device=None):
     segments = []
     for d in sorted(cuda._allocators):
         segments.extend(cuda._allocators[d].snapshot_segments())
-    return {"segments": segments, "device_traces": [[] for _ in cuda._allocators]}
+    traces = [list(getattr(cuda._allocators[d], "trace", [])) for d in sorted(cuda._allocators)]
+    return {"segments": segments, "device_traces": traces}
+
+
+def _record_memory_history(enabled="all", context="all", stacks="all", max_entries=sys.maxsize, device=None):
+    """As PyTorch's: enabled None turns it off; "state"/"all" record the Python traceback of each
+    allocation (kept with the live block) and a ring of max_entries alloc/free events."""
+    from torch import cuda
+    if _alloc.broken("history"):
+        raise RuntimeError("fake torch: _record_memory_history broken on purpose")
+    if enabled not in (None, "state", "all"):
+        raise ValueError("enabled must be None, 'state' or 'all'")
+    cuda._lazy_init()
+    d = cuda.current_device() if device is None else _device_index(device)
+    a = cuda._allocator(d)
+    a.history = None if enabled is None else int(max_entries if enabled == "all" else 0)
+    if enabled is None:
+        a.trace = []
 
 
 def get_allocator_backend():

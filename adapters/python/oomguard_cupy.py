@@ -1,0 +1,159 @@
+"""oomguard's CuPy adapter: when CuPy's memory pool raises OutOfMemoryError -- its own limit
+(MemoryPool.set_limit, CUPY_GPU_MEMORY_LIMIT) refused the request, or cudaMalloc failed even
+after the pool freed its free blocks -- hands liboomguard the pool's numbers
+(used_bytes/total_bytes/free_bytes/n_free_blocks, the limit) so the shim writes a full dump, with
+the request and the cap, even when no driver call failed.
+
+Loaded at start-up by sitecustomize.py (plain LD_PRELOAD or `oomguard run`), or by hand:
+
+    import oomguard_cupy
+
+No hard dependency: it waits for `import cupy`, then wraps OutOfMemoryError.__init__, so it
+learns of the failure on the failing thread whether the program catches it or not.  Nothing runs
+per allocation.
+
+CuPy raises the error while it holds its pool's lock.  Asking the pool from there could wait on
+a lock that another thread holds while it waits for this one, so the failing thread only records
+what the error itself says (size, total, limit) and its Python stack, and a short-lived helper
+thread, which holds nothing, reads the pool once the lock is free and hands everything over.
+The helper is not a daemon: a program that dies of the error still gets its dump.
+See docs/python-adapters.md.
+"""
+import os
+import sys
+import threading
+
+import oomguard_core as _core
+
+__all__ = ["activate", "install", "report", "is_attached"]
+
+WHO = "cupy"
+API = "cupy.cuda.MemoryPool"
+_state = {"activated": False, "attached": None, "helpers": []}
+_lock = threading.RLock()
+
+
+def _cupy():
+    return sys.modules.get("cupy")
+
+
+def _cap_source(limit):
+    env = os.environ.get("CUPY_GPU_MEMORY_LIMIT", "").strip()
+    if env:
+        return "CUPY_GPU_MEMORY_LIMIT=%s" % env
+    return "cupy.get_default_memory_pool().set_limit(size=%d)" % limit
+
+
+def report(device=None, request=0, total=None, limit=None, stack=None):
+    """Reads the default pool (the current device's) and hands it to the shim as a failure of
+    `request` bytes.  Must not run while the pool's lock is held by this thread (see above).
+    Returns the shim's result or None.  Never raises."""
+    try:
+        cupy = _cupy()
+        if cupy is None or not _core.shim_present():
+            return None
+        if device is None:
+            device = cupy.cuda.runtime.getDevice()
+        pool = cupy.get_default_memory_pool()
+        prev = cupy.cuda.runtime.getDevice()
+        try:
+            if prev != device:
+                cupy.cuda.runtime.setDevice(device)     # the pool answers for the current device
+            used = pool.used_bytes()
+            reserved = pool.total_bytes()
+            free = pool.free_bytes()
+            nfree = pool.n_free_blocks()
+            if limit is None:
+                limit = pool.get_limit()
+        finally:
+            if prev != device:
+                cupy.cuda.runtime.setDevice(prev)
+        # CuPy has no public "largest free block"; with one free block it is that block
+        largest = free if nfree == 1 else 0
+        return _core.send(
+            "oom", WHO, device,
+            allocated_bytes=used, reserved_bytes=max(reserved, used), active_bytes=used,
+            largest_free_block_bytes=largest, num_ooms=1,
+            allocator_settings=_core.settings_from_env(("CUPY_",)),
+            source="cupy %s" % (getattr(cupy, "__version__", "?"),), framework="cupy", api=API,
+            requested_bytes=request, cap_bytes=limit or 0,
+            cap_source=_cap_source(limit) if limit else None, python_stack=stack)
+    except Exception as e:
+        _core.err(WHO, "report", e)
+        return None
+
+
+def _helper(device, **kw):
+    try:
+        # this thread's CUDA device is the failing one, so the shim can measure the device too
+        _cupy().cuda.runtime.setDevice(device)
+    except Exception:
+        pass
+    report(device, **kw)
+
+
+def _on_oom(exc, args, kwargs):
+    names = ("size", "total", "limit")
+    vals = dict(zip(names, args))
+    vals.update({k: v for k, v in kwargs.items() if k in names})
+    cupy = _cupy()
+    try:
+        device = cupy.cuda.runtime.getDevice() if cupy is not None else 0
+    except Exception:
+        device = 0
+    stack = _core.python_stack()
+    t = threading.Thread(target=_helper, name="oomguard-cupy-report",
+                         kwargs={"device": device, "request": int(vals.get("size") or 0),
+                                 "limit": int(vals.get("limit") or 0) or None, "stack": stack})
+    t.daemon = False
+    _state["helpers"].append(t)
+    del _state["helpers"][:-8]
+    t.start()
+
+
+def flush(timeout=5.0):
+    """Waits until the reports of earlier errors are handed over (for tests and programs that
+    want the dump before they go on)."""
+    for t in list(_state["helpers"]):
+        t.join(timeout)
+
+
+def install():
+    try:
+        with _lock:
+            if _state["attached"]:
+                return True
+            cupy = _cupy()
+            if cupy is None or not _core.shim_present():
+                return False
+            cls = getattr(getattr(getattr(cupy, "cuda", None), "memory", None), "OutOfMemoryError", None)
+            if not isinstance(cls, type) or not _core.hook_exception(cls, WHO, _on_oom):
+                _core.say(WHO, "no cupy.cuda.memory.OutOfMemoryError to attach to")
+                return False
+            _state["attached"] = "exception"
+            _core.say(WHO, "attached (cupy %s)" % (getattr(cupy, "__version__", "?"),))
+            return True
+    except Exception as e:
+        _core.err(WHO, "install", e)
+        return False
+
+
+def is_attached():
+    return _state["attached"]
+
+
+def activate():
+    try:
+        with _lock:
+            if _state["activated"]:
+                return
+            _state["activated"] = True
+            if not _core.shim_present():
+                return
+            _core.register_query()
+            _core.after_import("cupy", install)
+    except Exception as e:
+        _core.err(WHO, "activate", e)
+
+
+activate()

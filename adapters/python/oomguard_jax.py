@@ -1,0 +1,191 @@
+"""oomguard's JAX adapter: when XLA raises RESOURCE_EXHAUSTED (its BFC allocator could not serve
+a request, usually inside the arena it preallocated), hands liboomguard the framework's numbers
+-- jax.Device.memory_stats() -- and the settings in force, so the shim writes a full dump even
+though no driver call failed, and can tell the arena's cap, its live arrays and its free but
+unusable pieces apart.
+
+Loaded at start-up by sitecustomize.py (plain LD_PRELOAD or `oomguard run`), or by hand:
+
+    import oomguard_jax
+
+No hard dependency: it waits for `import jax`, then wraps the __init__ of JAX's runtime error
+class (jax.errors.JaxRuntimeError / jaxlib's XlaRuntimeError), so it learns of the failure on
+the failing thread, at the failure, whether the program catches the error or not.  Nothing runs
+per allocation.  Without liboomguard preloaded it does nothing.  Never raises into the program.
+See docs/python-adapters.md.
+"""
+import os
+import re
+import sys
+import threading
+
+import oomguard_core as _core
+
+__all__ = ["activate", "install", "report", "is_attached"]
+
+WHO = "jax"
+API = "xla.bfc_allocator"
+_state = {"activated": False, "attached": None}
+_lock = threading.RLock()
+_REQ = re.compile(r"allocate\s+([0-9][0-9,]*)\s*bytes")
+
+
+def _jax():
+    return sys.modules.get("jax")
+
+
+def _error_classes(jax):
+    out = []
+    for owner, name in ((getattr(jax, "errors", None), "JaxRuntimeError"),
+                        (getattr(jax, "errors", None), "XlaRuntimeError")):
+        cls = getattr(owner, name, None) if owner is not None else None
+        if isinstance(cls, type) and cls not in out:
+            out.append(cls)
+    try:
+        from jax._src.lib import xla_extension  # the real jaxlib's home of XlaRuntimeError
+        cls = getattr(xla_extension, "XlaRuntimeError", None)
+        if isinstance(cls, type) and cls not in out:
+            out.append(cls)
+    except Exception:
+        pass
+    return out
+
+
+def _settings():
+    s = _core.settings_from_env(("XLA_PYTHON_CLIENT_",), ("TF_FORCE_GPU_ALLOW_GROWTH", "XLA_FLAGS"))
+    if "XLA_PYTHON_CLIENT_PREALLOCATE" not in s:
+        s += "%sXLA_PYTHON_CLIENT_PREALLOCATE=true (default)" % ("," if s else "")
+    return s
+
+
+def _cap_source(stats):
+    if os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "").strip().lower() == "platform":
+        return None
+    # (PREALLOCATE only decides whether the arena is taken at once or grown up to the same cap;
+    # it is in allocator_settings)
+    frac = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
+    return "XLA_PYTHON_CLIENT_MEM_FRACTION=%s" % frac if frac else "XLA_PYTHON_CLIENT_MEM_FRACTION=0.75 (default)"
+
+
+def _ordinal(dev):
+    for attr in ("local_hardware_id", "id"):
+        v = getattr(dev, attr, None)
+        if isinstance(v, int) and v >= 0:
+            return v
+    return 0
+
+
+def _gpu_devices(jax):
+    try:
+        devs = jax.local_devices()
+    except Exception:
+        try:
+            devs = jax.devices()
+        except Exception:
+            return []
+    return [d for d in devs if str(getattr(d, "platform", "")).lower() in ("gpu", "cuda", "rocm")]
+
+
+def _pick(devs, request):
+    """The device the request failed on: XLA's message does not say, so the one it cannot fit on
+    (its arena's largest free block is smaller than the request), else the first."""
+    best = None
+    for d in devs:
+        try:
+            st = d.memory_stats() or {}
+        except Exception:
+            continue
+        if best is None:
+            best = (d, st)
+        free = st.get("largest_free_block_bytes")
+        if free is None:
+            free = st.get("bytes_limit", 0) - st.get("bytes_in_use", 0)
+        if request and free < request:
+            return d, st
+    return best if best else (None, None)
+
+
+def report(exc=None, request=None, stack=None):
+    """Hands the shim JAX's numbers for a RESOURCE_EXHAUSTED failure (exc, or by hand).  Returns
+    the shim's result or None.  Never raises."""
+    try:
+        jax = _jax()
+        if jax is None or not _core.shim_present():
+            return None
+        if request is None and exc is not None:
+            m = _REQ.search(str(exc))
+            request = int(m.group(1).replace(",", "")) if m else 0
+        dev, st = _pick(_gpu_devices(jax), request or 0)
+        if dev is None or not isinstance(st, dict):
+            _core.say(WHO, "no GPU device with memory_stats(): nothing reported")
+            return None
+        in_use = st.get("bytes_in_use", 0)
+        limit = st.get("bytes_limit", 0)
+        # what XLA holds from the driver: its pool (the preallocated arena), else what it reserved
+        reserved = st.get("pool_bytes") or st.get("bytes_reserved") or in_use
+        cap_source = _cap_source(st) if limit else None
+        return _core.send(
+            "oom", WHO, _ordinal(dev),
+            allocated_bytes=in_use, reserved_bytes=max(reserved, in_use), active_bytes=in_use,
+            largest_free_block_bytes=st.get("largest_free_block_bytes", 0),
+            num_ooms=1, allocator_settings=_settings(),
+            source="jax %s" % (getattr(jax, "__version__", "?"),), framework="jax", api=API,
+            requested_bytes=request or 0, cap_bytes=limit if cap_source else 0, cap_source=cap_source,
+            peak_bytes=st.get("peak_bytes_in_use", 0),
+            python_stack=stack if stack is not None else _core.python_stack())
+    except Exception as e:
+        _core.err(WHO, "report", e)
+        return None
+
+
+def _on_error(exc, args, kwargs):
+    # XLA's runtime errors carry their status as text; only RESOURCE_EXHAUSTED is ours
+    msg = str(args[0]) if args else str(exc)
+    if "RESOURCE_EXHAUSTED" not in msg:
+        return
+    report(exc, stack=_core.python_stack())
+
+
+def install():
+    """Attaches to the imported jax (idempotent).  Returns True when attached."""
+    try:
+        with _lock:
+            if _state["attached"]:
+                return True
+            jax = _jax()
+            if jax is None or not _core.shim_present():
+                return False
+            classes = _error_classes(jax)
+            hooked = [c for c in classes if _core.hook_exception(c, WHO, _on_error)]
+            if not hooked:
+                _core.say(WHO, "no JaxRuntimeError/XlaRuntimeError class to attach to")
+                return False
+            _state["attached"] = "exception"
+            _core.say(WHO, "attached to %s (jax %s)" % (", ".join(c.__name__ for c in hooked),
+                                                     getattr(jax, "__version__", "?")))
+            return True
+    except Exception as e:
+        _core.err(WHO, "install", e)
+        return False
+
+
+def is_attached():
+    return _state["attached"]
+
+
+def activate():
+    """install() once jax is imported (at once if it is).  Idempotent; nothing without the shim."""
+    try:
+        with _lock:
+            if _state["activated"]:
+                return
+            _state["activated"] = True
+            if not _core.shim_present():
+                return
+            _core.register_query()
+            _core.after_import("jax", install)
+    except Exception as e:
+        _core.err(WHO, "activate", e)
+
+
+activate()

@@ -1,0 +1,191 @@
+/* Dumps are never lost (tests/e2e/run_dumps.sh): a failure, then what the program does
+ * next — exits, aborts, is killed, calls _exit, crashes, fails on a second device, keeps
+ * failing past the dump budget, or keeps rewriting its dump while being killed.
+ * Run on the simulated GPU with SIMGPU_DEVICES=2 SIMGPU_MEM=24GiB. */
+#include <cuda_runtime_api.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define GiB (1024ull * 1024 * 1024)
+
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+/* A failure nothing recovers from. */
+static void fail(int dev)
+{
+    void *p;
+    cudaSetDevice(dev);
+    if (cudaMalloc(&p, 64 * GiB) == cudaSuccess)
+        exit(90);
+}
+
+/* A failure, 10 GiB freed, and the retry that succeeds: a recovery.  `hold` keeps the
+ * device's 10 GiB block for a later recovery (held by the caller). */
+static void *fail_only(int dev)
+{
+    void *a, *b;
+    cudaSetDevice(dev);
+    if (cudaMalloc(&a, 10 * GiB) != cudaSuccess)
+        exit(91);
+    if (cudaMalloc(&b, 20 * GiB) == cudaSuccess)
+        exit(92);
+    return a;
+}
+static void recover(int dev, void *a)
+{
+    void *b;
+    cudaSetDevice(dev);
+    cudaFree(a);
+    if (cudaMalloc(&b, 20 * GiB) != cudaSuccess)
+        exit(93);
+    cudaFree(b);
+}
+
+static void on_term(int sig) { _exit(7); }
+
+static void *rewriter(void *arg)
+{
+    for (;;)
+        fail(0);
+    return NULL;
+}
+
+static int race_done, race_failed, crossings;
+static void *warner(void *arg)
+{
+    cudaSetDevice(1);
+    /* each crossing of 50% of 24 GiB is a warning dump; on until well after the failure */
+    for (int after = 0; after < 40; after += __atomic_load_n(&race_failed, __ATOMIC_ACQUIRE)) {
+        void *p, *small;
+        __atomic_add_fetch(&crossings, 1, __ATOMIC_RELEASE);
+        if (cudaMalloc(&p, 13 * GiB) == cudaSuccess)
+            cudaFree(p);
+        if (cudaMalloc(&small, 1 << 20) == cudaSuccess)   /* seen below the threshold: re-armed */
+            cudaFree(small);
+    }
+    __atomic_store_n(&race_done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+static void *failer(void *arg)
+{
+    /* fail while a warning dump is being written, at a different point in each run */
+    int start = 4 + (int)(getpid() % 5);
+    while (__atomic_load_n(&crossings, __ATOMIC_ACQUIRE) < start)
+        ;
+    usleep((unsigned)(getpid() % 7) * 40);
+    fail(0);
+    __atomic_store_n(&race_failed, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    const char *mode = argc > 1 ? argv[1] : "exit";
+    void *keep;
+    cudaFree(0);
+    if (!strcmp(mode, "exit")) {
+        fail(0);
+        return 3;
+    } else if (!strcmp(mode, "abort")) {
+        fail(0);
+        abort();
+    } else if (!strcmp(mode, "term")) {
+        fail(0);
+        raise(SIGTERM);
+        return 1;
+    } else if (!strcmp(mode, "_exit")) {
+        fail(0);
+        _exit(3);
+    } else if (!strcmp(mode, "segv")) {
+        fail(0);
+        volatile uintptr_t addr = 8;
+        *(volatile int *)addr = 1;
+        return 1;
+    } else if (!strcmp(mode, "handler")) {
+        signal(SIGTERM, on_term);   /* the program's own handler, installed before the failure */
+        fail(0);
+        raise(SIGTERM);
+        return 1;
+    } else if (!strcmp(mode, "twodev")) {
+        /* device 1 fails, device 0 fails and never recovers, device 1 recovers: the
+         * one summary printed is device 0's */
+        keep = fail_only(1);
+        fail(0);
+        recover(1, keep);
+        return 3;
+    } else if (!strcmp(mode, "bothrecover")) {
+        /* device 1's failure does not make device 0's final: both recover, nothing printed */
+        void *k0 = fail_only(0), *k1 = fail_only(1);
+        recover(0, k0);
+        recover(1, k1);
+        return 0;
+    } else if (!strcmp(mode, "budget")) {
+        /* OOMGUARD_MAX_DUMPS=1: the first failure is dumped, the next are only counted */
+        int n = argc > 2 ? atoi(argv[2]) : 2000;
+        fail(0);
+        fail(0);
+        double t0 = now_us();
+        for (int i = 0; i < n; i++)
+            fail(0);
+        printf("failure past the budget: %.2f us\n", (now_us() - t0) / n);
+        return 0;
+    } else if (!strcmp(mode, "plain")) {
+        void *p;
+        for (int d = 0; d < 2; d++) {
+            cudaSetDevice(d);
+            if (cudaMalloc(&p, 256ull << 20) != cudaSuccess)
+                return 4;
+            cudaFree(p);
+        }
+        return 0;
+    } else if (!strcmp(mode, "rewrite")) {
+        /* rewrites its dump until killed (OOMGUARD_MAX_DUMPS large) */
+        pthread_t t;
+        pthread_create(&t, NULL, rewriter, NULL);
+        rewriter(NULL);
+    } else if (!strcmp(mode, "race")) {
+        /* warnings (OOMGUARD_WARN_AT=50% OOMGUARD_WARN_DUMP=1) on device 1 from one thread,
+         * one failure on device 0 from another: once the file holds the failure, no
+         * warning may replace it (checked by a watcher reading the file meanwhile) */
+        char path[4096];
+        char host[256] = "";
+        gethostname(host, sizeof host - 1);
+        snprintf(path, sizeof path, "%s/oomguard-%s-%d.json", getenv("OOMGUARD_DIR"), host, (int)getpid());
+        pthread_t w, o;
+        pthread_create(&w, NULL, warner, NULL);
+        pthread_create(&o, NULL, failer, NULL);
+        int seen_oom = 0, bad = 0;
+        while (!__atomic_load_n(&race_done, __ATOMIC_ACQUIRE) || !seen_oom) {
+            char buf[256] = "";
+            FILE *f = fopen(path, "r");
+            if (f) {
+                size_t n = fread(buf, 1, sizeof buf - 1, f);
+                buf[n] = 0;
+                fclose(f);
+            }
+            if (strstr(buf, "\"status\":\"oom\""))
+                seen_oom = 1;
+            else if (seen_oom && strstr(buf, "\"status\":\"warning\""))
+                bad = 1;
+            if (__atomic_load_n(&race_done, __ATOMIC_ACQUIRE) && !seen_oom && !f)
+                break;
+            usleep(200);
+        }
+        pthread_join(w, NULL);
+        pthread_join(o, NULL);
+        printf("race: oom seen %d, replaced by a warning %d\n", seen_oom, bad);
+        return seen_oom && !bad ? 0 : 5;
+    }
+    return 2;
+}

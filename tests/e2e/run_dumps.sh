@@ -1,0 +1,216 @@
+#!/usr/bin/env bash
+# Dumps are never lost, never someone else's, never leak a secret (issue 11 items 6-11, 16-17,
+# issue 13 items 6 and 8).  The file-safety cases run again as an unprivileged user when the
+# suite runs as root (root ignores permissions).  Ends with "N passed, N failed, N skipped".
+set -u
+B=${B:-build}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+PRELOAD=${PRELOAD:-$root/$B/liboomguard.so}
+prog="$root/$B/tests/e2e_dumps"
+pass=0 fail=0 skip=0
+work=$(mktemp -d "${TMPDIR:-/tmp}/oomguard-dumps.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+chmod 755 "$work"
+export LD_LIBRARY_PATH="$root/$B/sim" SIMGPU_DEVICES=2 SIMGPU_MEM=24GiB
+unset OOMGUARD_DIR OOMGUARD_QUIET OOMGUARD_LIMIT OOMGUARD_MAX_DUMPS
+host=$(hostname)
+
+result() { if [ "$1" = 0 ]; then pass=$((pass + 1)); echo "PASS  $2"; else fail=$((fail + 1)); echo "FAIL  $2"; fi; }
+skipped() { skip=$((skip + 1)); echo "SKIP  $1"; }
+shim() { env LD_PRELOAD="$PRELOAD" "$@"; }
+fresh() { local d="$work/$1"; rm -rf "$d"; mkdir -p "$d"; chmod 1777 "$d"; echo "$d"; }
+summaries() { grep -c "^oomguard: .* failed: " "$1"; }
+status_of() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["status"], d["event"]["device"])' "$1"; }
+
+# ---------------------------------------------------------------- file safety (also unprivileged)
+file_safety() {   # file_safety LABEL: every case writes below $work/<case>-LABEL
+    local L=$1 d rc out
+
+    # the documented name when it is free
+    d=$(fresh "name-$L")
+    bash -c 'echo $$ >"$1/pid"; exec env "${@:2}"' _ "$d" OOMGUARD_DIR="$d" OOMGUARD_QUIET=1 LD_PRELOAD="$PRELOAD" \
+        "$prog" exit >/dev/null 2>&1
+    local pid; pid=$(cat "$d/pid")
+    result $([ -f "$d/oomguard-$host-$pid.json" ] && [ -f "$d/oomguard-$host-$pid.txt" ] &&
+             [ "$(ls "$d" | grep -c '^oomguard-')" = 2 ]; echo $?) "[$L] free name: oomguard-<host>-<pid>.json + .txt"
+
+    # another process's dump under our name (another pid namespace, an earlier run): untouched
+    d=$(fresh "taken-$L")
+    bash -c 'echo $$ >"$3"; printf other >"$1/oomguard-$2-$$.json"; printf other >"$1/oomguard-$2-$$.txt"
+             exec env "${@:4}"' _ "$d" "$host" "$d/.pid" OOMGUARD_DIR="$d" OOMGUARD_QUIET=1 LD_PRELOAD="$PRELOAD" \
+        "$prog" bothrecover >/dev/null 2>&1
+    local others ours
+    pid=$(cat "$d/.pid")
+    others=$(cat "$d/oomguard-$host-$pid.json" "$d/oomguard-$host-$pid.txt" 2>/dev/null)
+    ours=$(ls "$d"/oomguard-*-2.json 2>/dev/null | wc -l)
+    result $([ "$others" = otherother ] && [ "$ours" = 1 ] && [ "$(ls "$d" | wc -l)" = 4 ]; echo $?) \
+        "[$L] name taken by another process: its dump untouched, ours is -2 and rewritten in place ($ours)"
+
+    # .json and .txt land together: a directory squats the .txt name
+    d=$(fresh "pair-$L")
+    bash -c 'mkdir "$1/oomguard-$2-$$.txt"; exec env "${@:3}"' _ "$d" "$host" OOMGUARD_DIR="$d" OOMGUARD_QUIET=1 \
+        LD_PRELOAD="$PRELOAD" "$prog" exit >/dev/null 2>&1
+    local lone=0 f
+    for f in "$d"/oomguard-*.json; do [ -f "${f%.json}.txt" ] || lone=$((lone + 1)); done
+    result $([ $lone = 0 ] && ls "$d"/oomguard-*-2.json >/dev/null 2>&1; echo $?) \
+        "[$L] .json and .txt land together ($lone without its pair)"
+
+    # the working directory is gone: $TMPDIR
+    d=$(fresh "cwd-$L"); mkdir -p "$d/gone" "$d/tmp"; chmod 1777 "$d/gone" "$d/tmp"
+    out=$(cd "$d/gone" && rmdir "$d/gone" && env TMPDIR="$d/tmp" OOMGUARD_QUIET=1 LD_PRELOAD="$PRELOAD" "$prog" exit 2>&1)
+    rc=$?
+    result $([ $rc = 3 ] && ls "$d"/tmp/oomguard-*.json >/dev/null 2>&1; echo $?) \
+        "[$L] working directory deleted: dump in \$TMPDIR (exit $rc)"
+
+    # OOMGUARD_DIR= (empty) means unset: the working directory, not /
+    d=$(fresh "emptydir-$L")
+    (cd "$d" && env OOMGUARD_DIR= OOMGUARD_QUIET=1 LD_PRELOAD="$PRELOAD" "$prog" exit >/dev/null 2>&1)
+    result $(ls "$d"/oomguard-*.json >/dev/null 2>&1; echo $?) "[$L] OOMGUARD_DIR='' is unset: dump in the working directory"
+
+    # killed while rewriting its dump: no hidden file left (TERM, HUP: handled; KILL: counted)
+    d=$(fresh "kill-$L")
+    local sig i left=0 leftk=0
+    for i in 1 2 3 4 5 6 7 8 9; do
+        for sig in TERM HUP KILL; do
+            env OOMGUARD_DIR="$d" OOMGUARD_QUIET=1 OOMGUARD_MAX_DUMPS=1000000 LD_PRELOAD="$PRELOAD" "$prog" rewrite \
+                >/dev/null 2>&1 &
+            local p=$!
+            sleep 0.0$((RANDOM % 9 + 1))
+            { kill -s $sig $p; sleep 0.1; kill -KILL $p; wait $p; } 2>/dev/null
+            n=$(find "$d" -name '.*' -type f | wc -l)
+            if [ $sig = KILL ]; then leftk=$((leftk + n)); else left=$((left + n)); fi
+            find "$d" -name '.*' -type f -delete
+        done
+    done
+    result $([ $left = 0 ]; echo $?) "[$L] 18 kills (TERM, HUP) while rewriting: $left hidden files left (KILL: $leftk)"
+}
+
+echo "== file safety (as $(id -un))"
+file_safety "$(id -un)"
+if [ "$(id -u)" = 0 ]; then
+    if command -v setpriv >/dev/null && setpriv --reuid=65534 --regid=65534 --clear-groups true 2>/dev/null; then
+        echo "== file safety (as nobody)"
+        # functions cannot cross setpriv: run this script's cases again in a child as nobody
+        out=$(setpriv --reuid=65534 --regid=65534 --clear-groups env B="$B" PRELOAD="$PRELOAD" OG_DUMPS_ONLY=file \
+              bash "$0" 2>&1)
+        printf '%s\n' "$out" | grep -E '^(PASS|FAIL|SKIP)'
+        p=$(printf '%s\n' "$out" | grep -cE '^PASS'); f=$(printf '%s\n' "$out" | grep -cE '^FAIL')
+        pass=$((pass + p)); fail=$((fail + f))
+        [ "$p" = 0 ] && { fail=$((fail + 1)); echo "FAIL  unprivileged run produced no results"; printf '%s\n' "$out" | tail -5; }
+    else
+        skipped "file safety as an unprivileged user (no setpriv)"
+    fi
+fi
+[ "${OG_DUMPS_ONLY:-}" = file ] && { echo "$pass passed, $fail failed, $skip skipped"; exit 0; }
+
+# ---------------------------------------------------------------- pid namespaces (root)
+echo "== pid namespaces"
+if unshare --pid --fork true 2>/dev/null; then
+    d=$(fresh pidns)
+    in_ns() { unshare --pid --fork env OOMGUARD_DIR="$d" OOMGUARD_QUIET=1 LD_PRELOAD="$PRELOAD" "$prog" exit >/dev/null 2>&1; }
+    in_ns
+    first=$(md5sum "$d/oomguard-$host-1.json" 2>/dev/null)
+    in_ns
+    in_ns & in_ns & wait
+    n=$(ls "$d"/oomguard-"$host"-1*.json | wc -l); t=$(ls "$d"/oomguard-"$host"-1*.txt | wc -l)
+    result $([ -n "$first" ] && [ "$(md5sum "$d/oomguard-$host-1.json")" = "$first" ] && [ "$n" = 4 ] && [ "$t" = 4 ]; echo $?) \
+        "4 processes, each pid 1 in its own namespace, one host name, one directory: $n dumps, the first untouched"
+else
+    skipped "pid namespaces (unshare --pid needs privileges)"
+fi
+
+# ---------------------------------------------------------------- the stderr summary
+echo "== the stderr summary of an unrecovered failure"
+for m in abort term _exit segv handler; do
+    d=$(fresh "sum-$m")
+    (cd "$d" && "$prog" $m >/dev/null 2>&1); want=$?
+    (cd "$d" && shim env OOMGUARD_DIR="$d" "$prog" $m >"$d/out" 2>&1); rc=$?
+    n=$(summaries "$d/out")
+    result $([ "$n" = 1 ] && [ $rc = $want ]; echo $?) "dies by $m: summary printed $n time(s), exit $rc as without oomguard ($want)"
+done
+d=$(fresh sum-twodev)
+shim env OOMGUARD_DIR="$d" "$prog" twodev >"$d/out" 2>&1
+n=$(summaries "$d/out"); dev=$(grep "^oomguard: .* failed: " "$d/out" | grep -o "on device [0-9]*")
+st=$(status_of "$d"/oomguard-*.json)
+result $([ "$n" = 1 ] && [ "$dev" = "on device 0" ] && [ "$st" = "oom 0" ]; echo $?) \
+    "device 1 recovers after device 0 failed: device 0's summary printed ($n, $dev), its dump kept ($st)"
+d=$(fresh sum-both)
+shim env OOMGUARD_DIR="$d" "$prog" bothrecover >"$d/out" 2>&1
+n=$(summaries "$d/out")
+result $([ "$n" = 0 ]; echo $?) "device 1 fails while device 0's failure is open, both recover: nothing printed ($n)"
+
+# ---------------------------------------------------------------- severity under threads
+echo "== a warning never replaces a failure"
+bad=0
+for i in 1 2 3 4 5 6 7 8; do
+    d=$(fresh race)
+    shim env OOMGUARD_DIR="$d" OOMGUARD_QUIET=1 OOMGUARD_WARN_AT=50% OOMGUARD_WARN_DUMP=1 "$prog" race >"$d/out" 2>&1 ||
+        { bad=$((bad + 1)); grep '^race' "$d/out"; }
+done
+result $bad "warning dumps from one thread, a failure from another, 8 runs: $bad with the failure replaced"
+
+# ---------------------------------------------------------------- the budget
+echo "== OOMGUARD_MAX_DUMPS"
+d=$(fresh budget)
+out=$(shim env OOMGUARD_DIR="$d" OOMGUARD_QUIET=1 OOMGUARD_MAX_DUMPS=1 "$prog" budget 3000 2>&1)
+us=$(printf '%s\n' "$out" | grep -o 'budget: [0-9.]*' | grep -o '[0-9.]*$')
+result $(python3 -c "import sys; sys.exit(0 if float('${us:-1e9}') < 50 else 1)"; echo $?) \
+    "a failure past the budget costs ${us:-?} us (< 50: no capture)"
+result $([ "$(ls "$d" | wc -l)" = 2 ]; echo $?) "MAX_DUMPS=1: one dump ($(ls "$d" | wc -l) files)"
+
+# ---------------------------------------------------------------- secrets
+echo "== secrets"
+d=$(fresh secrets)
+shim env OOMGUARD_DIR="$d" OOMGUARD_QUIET=1 NCCL_AUTH_TOKEN=s3cr3t-A CUDA_PASSPHRASE=s3cr3t-B XLA_CREDS=s3cr3t-C \
+    TF_API_KEY=s3cr3t-D CUDA_LAUNCH_BLOCKING=0 NCCL_IB_PKEY=3 \
+    "$prog" exit --api-key=s3cr3t-1 --token s3cr3t-2 --password=s3cr3t-3 https://bob:s3cr3t-4@example.com/x \
+    hf_token=s3cr3t-5 --max-tokens 77 >/dev/null 2>&1
+j=$(ls "$d"/oomguard-*.json)
+leaks=$(cat "$d"/oomguard-* | grep -o 's3cr3t-[A-Z0-9]' | sort -u | tr '\n' ' ')
+result $([ -z "$leaks" ]; echo $?) "no credential in the dump (leaked: ${leaks:-none})"
+python3 - "$j" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+c, e = d["cmdline"], d["env"]
+ok = ("--api-key=<redacted>" in c and "--token <redacted>" in c and "bob:<redacted>@example.com" in c
+      and "--max-tokens 77" in c and e.get("NCCL_AUTH_TOKEN") == "<redacted>" and e.get("CUDA_LAUNCH_BLOCKING") == "0"
+      and e.get("NCCL_IB_PKEY") == "3")
+print(c, e) if not ok else None
+sys.exit(0 if ok else 1)
+EOF
+result $? "names kept, values redacted; --max-tokens 77, CUDA_LAUNCH_BLOCKING and NCCL_IB_PKEY shown"
+
+# ---------------------------------------------------------------- OOMGUARD_LIMIT and friends
+echo "== bad OOMGUARD_LIMIT: one clear warning, the default (no limit)"
+long=$(printf '0:1GiB%.0s,' $(seq 100))1GiB
+for bad in 24 512KiB "0:1GiB,0:2GiB" "1GiB,2GiB" "5:1GiB" "$long"; do
+    out=$(shim env OOMGUARD_LIMIT="$bad" "$prog" plain 2>&1); rc=$?
+    n=$(printf '%s\n' "$out" | grep -c "OOMGUARD_LIMIT")
+    result $([ $rc = 0 ] && [ "$n" = 1 ]; echo $?) "OOMGUARD_LIMIT='${bad:0:24}': exit $rc, $n warning(s)"
+done
+out=$(shim env OOMGUARD_LIMIT=1:1GiB "$prog" plain 2>&1); rc=$?
+result $([ $rc = 0 ] && ! printf '%s\n' "$out" | grep -q warning; echo $?) "OOMGUARD_LIMIT=1:1GiB: taken, no warning"
+
+echo "== one list of options"
+"$root/$B/oomguard" run --stack-depth 65 -- true >/dev/null 2>&1; r1=$?
+"$root/$B/oomguard" run --stack-depth 64 -- true >/dev/null 2>&1; r2=$?
+result $([ $r1 != 0 ] && [ $r2 = 0 ]; echo $?) "oomguard run --stack-depth: 64 taken, 65 refused (the library's range)"
+lib=$(shim env OOMGUARD_VERBOSE=1 "$prog" plain 2>&1 | sed -n 's/^oomguard\[[0-9]*\]:   \(OOMGUARD_[A-Z_]*\) *=.*/\1/p' | sort -u)
+doc=$(grep -o '^| `OOMGUARD_[A-Z_]*`' "$root/README.md" | grep -o 'OOMGUARD_[A-Z_]*' | sort -u)
+result $([ -n "$lib" ] && [ "$lib" = "$doc" ]; echo $?) \
+    "README's options table lists exactly the library's options ($(echo "$lib" | wc -l))$(diff <(echo "$lib") <(echo "$doc") | grep '^[<>]' | tr '\n' ' ')"
+runopts=$("$root/$B/oomguard" run --help 2>&1 | grep -o 'OOMGUARD_[A-Z_]*' | sort -u | grep -vxE 'OOMGUARD_(LIB|PYTHON_ADAPTER)')
+unknown=$(comm -23 <(echo "$runopts") <(echo "$lib") | tr '\n' ' ')
+result $([ -z "$unknown" ]; echo $?) "oomguard run sets only options the library has (unknown: ${unknown:-none})"
+
+echo "== build"
+make -s --no-print-directory -C "$root" help CUDA_HOME=/nonexistent >"$work/help" 2>&1; r1=$?
+make -s --no-print-directory -C "$root" -n clean B=nonexistent-build CUDA_HOME=/nonexistent >/dev/null 2>&1; r2=$?
+result $([ $r1 = 0 ] && [ $r2 = 0 ] && grep -q test "$work/help"; echo $?) "make help and make clean work without cuda.h"
+link=$(make --no-print-directory -C "$root" -n -B B="$B" LDFLAGS=-Wl,--og-ldflags-mark "$B/liboomguard.so" 2>/dev/null |
+       sed -e ':a' -e '/\\$/{N;s/\\\n//;ba' -e '}' | grep -- '-shared.*liboomguard.so' | grep -c -- --og-ldflags-mark)
+result $([ "$link" = 1 ]; echo $?) "LDFLAGS reaches the liboomguard.so link"
+result $(ls "$root/$B"/tools/*.d "$root/$B"/sim/obj/*.d >/dev/null 2>&1; echo $?) "header dependencies (.d) for tools/ and sim/"
+
+echo "$pass passed, $fail failed, $skip skipped"
+[ $fail = 0 ]

@@ -1,0 +1,26 @@
+# `make mutate` and `make coverage` (issue 15).  Neither runs in CI: both take minutes.
+#
+#   make mutate                 every mutant of tests/mutate/mutants.txt, one at a time, on a
+#                               clean copy of the tree (build-mutate/ inside it); prints the score
+#   make mutate MUTATE_ARGS=--fast            without the slowest suite (PyTorch adapter)
+#   make mutate MUTATE_ARGS="--match ledger"  only some mutants
+#   make coverage               the test suite on a --coverage build ($(COV_B)/), then gcovr's
+#                               line and branch coverage of shim/ and tools/
+MUTATE_ARGS ?=
+COV_B       ?= build-coverage
+GCOVR       ?= gcovr
+
+.PHONY: mutate coverage
+mutate:
+	nice -n 10 python3 tests/mutate/mutate.py $(MUTATE_ARGS)
+
+# A separate build directory: the instrumented objects must never mix with the normal ones.
+coverage:
+	@command -v $(GCOVR) >/dev/null || { echo "make coverage needs gcovr (apt-get install gcovr)"; exit 1; }
+	rm -rf $(COV_B)
+	$(MAKE) --no-print-directory B=$(COV_B) CFLAGS="-O0 -g" SAN_FLAGS=--coverage test-build
+	-$(MAKE) --no-print-directory B=$(COV_B) CFLAGS="-O0 -g" SAN_FLAGS=--coverage test
+	$(GCOVR) --root . --object-directory $(COV_B) --filter 'shim/' --filter 'tools/' \
+	    --exclude 'tools/fuzz_dump.c' --txt-metric branch --print-summary --txt $(COV_B)/coverage.txt \
+	    --html-details $(COV_B)/coverage.html $(COV_B)
+	@echo "line and branch coverage: $(COV_B)/coverage.txt, per file in $(COV_B)/coverage.html"

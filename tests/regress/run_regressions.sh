@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# Regression tests for bugs that once passed the whole suite (issue 15): each test names the
+# bug it catches; `make mutate` (tests/mutate/) checks that they still do.
+# Needs B (build dir) and PRELOAD (the shim, or "sanitizer-runtime shim").  Ends with
+# "N passed, N failed".
+set -u
+B=${B:-build}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+PRELOAD=${PRELOAD:-$root/$B/liboomguard.so}
+prog="$root/$B/tests/regress"
+OG="$root/$B/oomguard"
+work=$(mktemp -d "${TMPDIR:-/tmp}/oomguard-regress.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+export LD_LIBRARY_PATH="$root/$B/sim:$root/$B/examples" SIMGPU_DEVICES=2 SIMGPU_MEM="0:24GiB,1:16GiB"
+unset OOMGUARD_DIR OOMGUARD_LIMIT OOMGUARD_WARN_AT OOMGUARD_MAX_DUMPS OOMGUARD_SUMMARY
+pass=0 fail=0
+result() { if [ "$1" = 0 ]; then pass=$((pass + 1)); echo "PASS  $2"; else fail=$((fail + 1)); echo "FAIL  $2"; fi; }
+show() { sed 's/^/      | /' "$1" | tail -n "${2:-15}"; }
+
+# mode NAME [ENV...]: runs `regress NAME` under the shim in its own dump directory $work/NAME
+mode() {
+    local name=$1; shift
+    local dir="$work/$name"; mkdir -p "$dir"
+    env OOMGUARD_DIR="$dir" OOMGUARD_QUIET=1 "$@" LD_PRELOAD="$PRELOAD" "$prog" "$name" >"$dir/out.log" 2>&1
+    local rc=$?
+    [ $rc = 0 ] || grep '^FAIL' "$dir/out.log" | head -n 5 | sed 's/^/      | /'
+    return $rc
+}
+dump_of() { ls "$work/$1"/oomguard-*.json 2>/dev/null | head -n 1; }
+py() { python3 - "$@" >"$work/py.log" 2>&1; local rc=$?; [ $rc = 0 ] || show "$work/py.log" 8; return $rc; }
+
+# ---------------------------------------------------------------- ledger
+mode reset
+result $? "cudaDeviceReset on device 1 drops its plain AND managed blocks, keeps device 0's"
+
+mode pool
+result $? "a pool of device 1 used while device 0 is current: device 1 is charged, device 0 shows 0 pool bytes"
+mode failed-free
+result $? "a free the driver refuses: block kept, allocs +1, frees +0, then freed once"
+mode cross-thread
+result $? "blocks freed by another thread than the one that allocated them are found"
+mode vmm-retain
+result $? "VMM: a retained handle needs its own release; a failed cuMemCreate is its device's failure"
+mode pitch-host
+result $? "pitched blocks counted as pitch x height; pinned host memory counted and given back"
+
+mode batch
+rc=$?
+py "$(dump_of batch)" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+fails = [e for e in d["history"]["events"] if e["op"] == "fail"]
+assert fails, "no fail event"
+live, tracked = fails[-1]["live_bytes"], d["memory"]["process_tracked_bytes"]
+# small changes are summed per thread and added in 4 MiB steps (shim/ledger.c): one thread's
+# usage may trail by less than 4 MiB, never by what 64 frees add up to
+assert abs(live - tracked) < 4 << 20, f"last fail event live_bytes {live} vs process_tracked_bytes {tracked}"
+PY
+pr=$?
+result $([ $rc = 0 ] && [ $pr = 0 ]; echo $?) \
+    "64 x 1 MiB allocated, then freed, then a failure: the fail event's live_bytes within 4 MiB of process_tracked_bytes (frees flush the batch)"
+
+mode invalid
+rc=$?
+n=$(ls "$work/invalid" | grep -c '^oomguard-')
+result $([ $rc = 0 ] && [ "$n" = 0 ]; echo $?) "cuMemAlloc(0) is the program's error: no failure counted, no dump ($n files)"
+
+# cuMemRelease of a bogus handle: the driver's error, with and without the shim
+mkdir -p "$work/release"
+with=$(env OOMGUARD_DIR="$work/release" LD_PRELOAD="$PRELOAD" "$prog" release 2>&1 | grep '^cuMemRelease')
+without=$("$prog" release 2>&1 | grep '^cuMemRelease')
+result $([ -n "$with" ] && [ "$with" = "$without" ] && [ "$with" = "cuMemRelease(bogus) = 1" ]; echo $?) \
+    "cuMemRelease(bogus handle) returns the driver's error, shim or not ('$with' / '$without')"
+
+# ---------------------------------------------------------------- failure episodes
+mode episode
+rc=$?
+py "$(dump_of episode)" <<'PY'
+import json, sys
+GiB = 1 << 30
+d = json.load(open(sys.argv[1]))
+e = d["event"]
+assert d["status"] == "recovered", d["status"]
+assert e["recovered_by"] and e["recovered_by"]["requested_bytes"] == 20 * GiB, e["recovered_by"]
+assert e["attempts"] == 2, e["attempts"]
+assert e["released_between_attempts_bytes"] == 4 * GiB, e["released_between_attempts_bytes"]
+# a recovered dump keeps the record of the episode's first failed attempt (shim/capture.c)
+assert e["requested_bytes"] == 30 * GiB, e["requested_bytes"]
+assert d["memory"]["framework_cached_bytes"] == 4 * GiB, d["memory"]["framework_cached_bytes"]
+PY
+pr=$?
+result $([ $rc = 0 ] && [ $pr = 0 ]; echo $?) \
+    "4 GiB held, 30 GiB fails, 4 GiB freed, 29 GiB fails, 1 MiB, 20 GiB succeeds: recovered_by 20 GiB, attempts 2, released 4 GiB"
+
+rm -rf "$work/episode"
+mode episode REGRESS_NO_RECOVERY=1
+rc=$?
+py "$(dump_of episode)" <<'PY'
+import json, sys
+GiB = 1 << 30
+d = json.load(open(sys.argv[1]))
+e = d["event"]
+assert d["status"] == "oom", d["status"]
+assert e["requested_bytes"] == 29 * GiB, f"requested {e['requested_bytes']}: the latest attempt, 29 GiB"
+assert e["attempts"] == 2, e["attempts"]
+assert e["released_between_attempts_bytes"] == 4 * GiB, e["released_between_attempts_bytes"]
+assert e.get("recovered_by") is None, e.get("recovered_by")
+PY
+pr=$?
+result $([ $rc = 0 ] && [ $pr = 0 ]; echo $?) \
+    "the same job dying after the second attempt: status oom, requested 29 GiB (the latest), attempts 2, released 4 GiB"
+
+# ---------------------------------------------------------------- warnings and budget
+mode warn-band OOMGUARD_WARN_AT=50% OOMGUARD_QUIET=0
+n=$(grep -c "crossed OOMGUARD_WARN_AT" "$work/warn-band/out.log")
+result $([ "$n" = 2 ]; echo $?) \
+    "WARN_AT=50% of 24 GiB: 13 GiB warns, 10 -> 11.5 -> 12.5 GiB stays in the 5% band (no warning), 0 -> 12.5 warns again ($n, want 2)"
+
+mode warn-limit OOMGUARD_LIMIT=0:8GiB OOMGUARD_WARN_AT=50% OOMGUARD_QUIET=0
+n=$(grep -c "crossed OOMGUARD_WARN_AT" "$work/warn-limit/out.log")
+result $([ "$n" = 1 ]; echo $?) "WARN_AT=50% with OOMGUARD_LIMIT=8GiB: the threshold is half the limit, 5 GiB warns ($n)"
+
+mode two-devices OOMGUARD_MAX_DUMPS=1 OOMGUARD_QUIET=0
+n=$(grep -c "dumps written (OOMGUARD_MAX_DUMPS)" "$work/two-devices/out.log")
+files=$(ls "$work/two-devices" | grep -c '^oomguard-.*\.json$')
+py "$(dump_of two-devices)" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["event"]["device"] == 0 and d["event"]["requested_bytes"] == 30 << 30, d["event"]
+PY
+pr=$?
+result $([ "$n" = 1 ] && [ "$files" = 1 ] && [ $pr = 0 ]; echo $?) \
+    "OOMGUARD_MAX_DUMPS=1, three failures: one budget warning ($n), one dump ($files), the first failure's"
+
+# ---------------------------------------------------------------- secrets never reach a dump
+d="$work/secrets"; mkdir -p "$d"
+env OOMGUARD_DIR="$d" OOMGUARD_QUIET=1 CUDA_AUTH_TOKEN=og-marker-1 NCCL_IB_PASSWORD=og-marker-2 \
+    XLA_FLAGS_API_KEY=og-marker-3 TF_DB_PASS=og-marker-4 PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128 \
+    LD_PRELOAD="$PRELOAD" "$prog" two-devices --token og-marker-5 https://user:og-marker-6@example.com/x \
+    --api-key=og-marker-7 >/dev/null 2>&1
+leaks=$(cat "$d"/oomguard-* 2>/dev/null | grep -o 'og-marker-[0-9]' | sort -u | tr '\n' ' ')
+py "$(ls "$d"/oomguard-*.json | head -n 1)" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+env = d["process"]["env"] if "env" in d.get("process", {}) else d.get("env")
+text = json.dumps(env)
+for name in ("CUDA_AUTH_TOKEN", "NCCL_IB_PASSWORD"):
+    assert name in text, f"{name} should be listed (value redacted): {text[:300]}"
+assert "max_split_size_mb:128" in text, "PYTORCH_CUDA_ALLOC_CONF shapes memory use: it must be in the dump"
+PY
+pr=$?
+result $([ -f "$(dump_of secrets)" ] && [ -z "$leaks" ] && [ $pr = 0 ]; echo $?) \
+    "credentials in CUDA_AUTH_TOKEN, NCCL_IB_PASSWORD, ..._API_KEY, ..._PASS, --token X, URL password, --api-key=X: none in the dump (${leaks:-none leaked})"
+
+# ---------------------------------------------------------------- the oomguard command
+FIX="$root/tests/fixtures"
+"$OG" report "$FIX/hostile_strings.json" --format html -o "$work/h.html" >/dev/null 2>&1
+grep -qF 'GPU &lt;b&gt;bold&lt;/b&gt; &amp; &quot;quoted&quot;' "$work/h.html"
+q=$?
+grep -qF "alert(&#39;host&#39;)" "$work/h.html"
+a=$?
+result $([ $q = 0 ] && [ $a = 0 ]; echo $?) "html: \" becomes &quot; and ' becomes &#39; (hostile-strings fixture)"
+
+# merge: the earlier failure is first even when its dump was written later
+mkdir -p "$work/job"
+py "$FIX/job4" "$work/job" <<'PY'
+import glob, json, os, sys
+src, dst = sys.argv[1:3]
+for f in sorted(glob.glob(src + "/*.json")):
+    d = json.load(open(f))
+    if d["rank"] == 2:            # failed first, but its dump is written last
+        d["time"] = d["event"]["t"] + 30
+    json.dump(d, open(os.path.join(dst, os.path.basename(f)), "w"))
+PY
+"$OG" merge "$work/job" --format json -o "$work/merge.json" >/dev/null 2>&1
+"$OG" merge "$work/job" >"$work/merge.txt" 2>&1
+py "$work/merge.json" "$work/job" <<'PY'
+import glob, json, sys
+m = json.load(open(sys.argv[1]))["jobs"][0]
+dumps = [json.load(open(f)) for f in glob.glob(sys.argv[2] + "/*.json")]
+assert m["first_failure"]["rank"] == 2, m["first_failure"]
+assert [r["rank"] for r in m["ranks"]] == sorted(d["rank"] for d in dumps), [r["rank"] for r in m["ranks"]]
+hosts = {d["host"] for d in dumps}
+PY
+r1=$?
+grep -q "Failed first: rank 2" "$work/merge.txt"
+r2=$?
+result $([ $r1 = 0 ] && [ $r2 = 0 ]; echo $?) "merge: the earlier failure (rank 2) is named first though its dump was written last; ranks in order"
+
+echo "$pass passed, $fail failed"
+[ $fail = 0 ]

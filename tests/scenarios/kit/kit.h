@@ -1,0 +1,64 @@
+/* The scenario kit: small stand-ins for the libraries a deep-learning job loads, each built under
+ * the real library's name so that oomguard attributes their memory as it would in production:
+ *
+ *   libc10_cuda.so                PyTorch's caching allocator (segments, splitting, best fit,
+ *                                 release-and-retry on failure; backend:cudaMallocAsync)
+ *   libcudnn.so.9                 cuDNN allocating its own workspace with cudaMalloc
+ *   libnccl.so.2                  NCCL allocating its channel buffers with cudaMalloc
+ *   xla_extension.so              XLA's client: preallocates XLA_PYTHON_CLIENT_MEM_FRACTION
+ *   libtensorflow_framework.so.2  TensorFlow's BFC allocator: grabs the free memory at start
+ *   libdali.so                    a GPU data pipeline with its own cudaMalloc'd output buffers
+ *
+ * Programs in progs/ are written as the user's script would be (the Python they stand for is
+ * in their comments) and call these the way the framework would on the user's behalf. */
+#ifndef SCEN_KIT_H
+#define SCEN_KIT_H
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#define MiB (1024ull * 1024)
+#define GiB (1024ull * MiB)
+
+/* ---- torch (libc10_cuda.so) ---- */
+typedef struct c10_stats {
+    uint64_t allocated, reserved, requested, inactive_split, largest_free, segments, retries, ooms;
+} c10_stats_t;
+void *c10_empty(size_t nbytes);          /* torch.empty(..., device="cuda"); NULL = OutOfMemoryError */
+void c10_free(void *p);                  /* the tensor's last reference goes away */
+void c10_empty_cache(void);              /* torch.cuda.empty_cache() */
+void c10_set_device(int device);         /* torch.cuda.set_device(device) */
+int c10_current_device(void);
+void c10_init(void);                     /* torch.cuda.init(): context on the current device */
+void c10_memory_stats(int device, c10_stats_t *out);
+void c10_enable_adapter(void);           /* `import oomguard_torch`: the allocator's numbers at an OOM */
+
+/* ---- cuDNN (libcudnn.so.9) ---- */
+int cudnn_conv_forward_ws(size_t workspace_bytes);   /* 0 ok, 2 = CUDNN_STATUS_ALLOC_FAILED */
+void cudnn_release_ws(void);
+
+/* ---- NCCL (libnccl.so.2) ---- */
+int nccl_comm_init_rank(int nranks, int rank, size_t bytes_per_channel, int channels);  /* 0 ok, 1 = ncclUnhandledCudaError */
+
+/* ---- XLA (xla_extension.so) ---- */
+int xla_client_init(int device);         /* 0 ok; honours XLA_PYTHON_CLIENT_PREALLOCATE / _MEM_FRACTION */
+void *xla_buffer(size_t nbytes);         /* a buffer inside the preallocated arena (or cuMemAlloc) */
+
+/* ---- TensorFlow (libtensorflow_framework.so.2) ---- */
+int tf_gpu_init(int device);             /* 0 ok; honours TF_FORCE_GPU_ALLOW_GROWTH */
+
+/* ---- DALI (libdali.so) ---- */
+int dali_pipeline_build(int buffers, size_t bytes_each);   /* 0 ok */
+void dali_pipeline_release_outputs(void);
+
+/* ---- small helpers for the programs ---- */
+static inline void msleep(unsigned ms) { usleep(ms * 1000u); }
+static inline int torch_oom(const char *where, size_t nbytes)
+{
+    fprintf(stderr, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate %.2f MiB (%s)\n",
+            nbytes / (double)MiB, where);
+    return 1;     /* a Python traceback ends the script with status 1 */
+}
+#endif

@@ -1,0 +1,32 @@
+/* libtensorflow_framework.so.2 stand-in: TensorFlow's GPU device, created at the first op, maps
+ * nearly all free memory into its BFC allocator (free minus a small reserve) unless
+ * TF_FORCE_GPU_ALLOW_GROWTH=true. */
+#include <cuda.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "kit.h"
+#include "truth.h"
+
+int tf_gpu_init(int device)
+{
+    CUdevice dev;
+    CUcontext ctx;
+    size_t free_b = 0, total = 0;
+    if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, device) != CUDA_SUCCESS ||
+        cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS)
+        return 1;
+    const char *g = getenv("TF_FORCE_GPU_ALLOW_GROWTH");
+    if (g && !strcasecmp(g, "true"))
+        return 0;
+    cuMemGetInfo(&free_b, &total);
+    size_t reserve = 300 * MiB;
+    size_t want = (free_b > reserve ? free_b - reserve : 0) / (2 * MiB) * (2 * MiB);
+    CUdeviceptr p;
+    if (want && cuMemAlloc(&p, want) != CUDA_SUCCESS) {
+        scen_mark("fail", "libtensorflow_framework.so.2", device, want, NULL);
+        return 2;
+    }
+    return 0;
+}

@@ -1,0 +1,54 @@
+/* train.py -- a DataLoader with num_workers=6 whose collate_fn moves batches to the GPU
+ * (pin_memory_device="cuda" plus a .cuda() in the collate): every worker process initialises CUDA
+ * and keeps a context on GPU 0 while the main process trains there.
+ *
+ *   loader = DataLoader(ds, num_workers=6, collate_fn=lambda b: default_collate(b).cuda())
+ *   model = Model().cuda()           # 18 GiB
+ *   for batch in loader: model(batch)   # 3 GiB of activations: out of memory
+ *
+ * The workers are this process's children (same command line); they are told via $SCEN_SYNC
+ * when to exit. */
+#include <fcntl.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "kit.h"
+
+int main(void)
+{
+    const char *sync = getenv("SCEN_SYNC");
+    char ready[4096], done[4096];
+    snprintf(done, sizeof done, "%s/done", sync ? sync : "/tmp");
+    pid_t w[6];
+    for (int i = 0; i < 6; i++) {
+        w[i] = fork();
+        if (w[i] == 0) {                       /* a worker: collate_fn -> .cuda() */
+            c10_init();
+            void *b = c10_empty(4 * MiB);
+            (void)b;
+            snprintf(ready, sizeof ready, "%s/ready.%d", sync ? sync : "/tmp", i);
+            close(open(ready, O_CREAT | O_WRONLY, 0644));
+            for (int t = 0; t < 3000 && access(done, F_OK) != 0; t++)
+                msleep(10);
+            _exit(0);
+        }
+    }
+    for (int i = 0; i < 6; i++) {              /* the first batches arrive */
+        snprintf(ready, sizeof ready, "%s/ready.%d", sync ? sync : "/tmp", i);
+        for (int t = 0; t < 3000 && access(ready, F_OK) != 0; t++)
+            msleep(10);
+    }
+    c10_init();
+    int rc = 0;
+    for (int i = 0; i < 36 && !rc; i++)
+        if (!c10_empty(512 * MiB))
+            rc = torch_oom("model.cuda()", 512 * MiB);
+    for (int i = 0; i < 6 && !rc; i++)
+        if (!c10_empty(512 * MiB))
+            rc = torch_oom("forward", 512 * MiB);
+    close(open(done, O_CREAT | O_WRONLY, 0644));
+    for (int i = 0; i < 6; i++)
+        waitpid(w[i], NULL, 0);
+    return rc;
+}

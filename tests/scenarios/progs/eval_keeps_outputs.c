@@ -1,0 +1,34 @@
+/* evaluate.py -- validation of a vision transformer, written without torch.no_grad():
+ *
+ *   model = build_model().cuda(); model.load_state_dict(torch.load(ckpt))   # 6 GiB
+ *   model.eval()                                   # (eval() does not turn autograd off)
+ *   all_logits = []
+ *   for images, labels in val_loader:              # ~20 ms per batch
+ *       logits = model(images)                     # activations saved for a backward that never comes
+ *       all_logits.append(logits)                  # keeps logits AND, through grad_fn, the activations
+ *   metrics = compute(torch.cat(all_logits))
+ *
+ * Each batch leaves ~1 GiB of saved activations plus its logits alive; the temporaries of the
+ * batch come back from the cache.  Runs out after ~16 batches. */
+#include "kit.h"
+
+int main(void)
+{
+    c10_init();
+    for (int i = 0; i < 12; i++)                    /* load_state_dict: 12 x 512 MiB */
+        if (!c10_empty(512 * MiB))
+            return torch_oom("load_state_dict", 512 * MiB);
+    for (int batch = 0;; batch++) {
+        void *tmp = c10_empty(256 * MiB);           /* attention scratch, freed within the batch */
+        if (!tmp)
+            return torch_oom("attention", 256 * MiB);
+        for (int blk = 0; blk < 4; blk++)           /* activations saved for backward (kept) */
+            if (!c10_empty(256 * MiB))
+                return torch_oom("block forward", 256 * MiB);
+        c10_free(tmp);
+        if (!c10_empty(64 * MiB))                   /* the logits appended to all_logits */
+            return torch_oom("head", 64 * MiB);
+        msleep(20);
+        printf("batch %d\n", batch);
+    }
+}

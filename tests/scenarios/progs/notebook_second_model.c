@@ -1,0 +1,21 @@
+/* A Jupyter notebook, cell after cell:
+ *
+ *   [1] model = load("base-7b")            # 12 GiB (bf16 + some buffers)
+ *   [2] model                              # Out[2] keeps a reference to the model
+ *   [3] del model; model = load("instruct-7b")    # the old one is still alive via Out[2]
+ *
+ * The second load fails: the first model was never freed (nothing to release: it is live). */
+#include "kit.h"
+
+int main(void)
+{
+    c10_init();
+    for (int i = 0; i < 24; i++)
+        if (!c10_empty(512 * MiB))
+            return torch_oom("cell 1: load", 512 * MiB);
+    msleep(300);                                   /* the user reads the output */
+    for (int i = 0; i < 24; i++)
+        if (!c10_empty(512 * MiB))
+            return torch_oom("cell 3: load", 512 * MiB);
+    return 0;
+}

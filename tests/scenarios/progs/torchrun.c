@@ -1,0 +1,57 @@
+/* A stand-in for `torchrun --nproc-per-node=N -- PROGRAM ARGS...`: starts N local ranks with the
+ * variables torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
+ * MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID), waits for all of them and exits with the first
+ * failing rank's status, as torchrun reports a ChildFailedError. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+int main(int argc, char **argv)
+{
+    int n = 1, i = 1;
+    for (; i < argc; i++) {
+        if (!strncmp(argv[i], "--nproc-per-node=", 17))
+            n = atoi(argv[i] + 17);
+        else if (!strcmp(argv[i], "--")) {
+            i++;
+            break;
+        } else
+            break;
+    }
+    if (i >= argc || n < 1 || n > 64) {
+        fprintf(stderr, "usage: torchrun --nproc-per-node=N -- PROGRAM [ARGS...]\n");
+        return 2;
+    }
+    pid_t pids[64];
+    char buf[32];
+    snprintf(buf, sizeof buf, "%d", n);
+    setenv("WORLD_SIZE", buf, 1);
+    setenv("LOCAL_WORLD_SIZE", buf, 1);
+    setenv("GROUP_RANK", "0", 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", "29500", 1);
+    setenv("TORCHELASTIC_RUN_ID", "none", 1);
+    for (int r = 0; r < n; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) {
+            snprintf(buf, sizeof buf, "%d", r);
+            setenv("RANK", buf, 1);
+            setenv("LOCAL_RANK", buf, 1);
+            execvp(argv[i], argv + i);
+            _exit(127);
+        }
+    }
+    int first = 0;
+    for (int r = 0; r < n; r++) {
+        int st = 0;
+        waitpid(pids[r], &st, 0);
+        int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (code && !first) {
+            first = code;
+            fprintf(stderr, "torchrun: rank %d (local_rank: %d) failed with exit code %d\n", r, r, code);
+        }
+    }
+    return first;
+}

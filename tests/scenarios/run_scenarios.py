@@ -1,0 +1,230 @@
+#!/usr/bin/env python3
+"""Runs the scenario corpus: every tests/scenarios/cases/NAME.json, in each of its modes
+("preload": the plain LD_PRELOAD=liboomguard.so contract; "run": under `oomguard run`), and checks
+the dumps with check.py.  Ends with "N passed, N failed, N xfail".
+
+usage: run_scenarios.py [NAME ...]      (default: every case)
+environment: B (build directory, default build), PRELOAD (what goes into LD_PRELOAD; default
+$B/liboomguard.so), SANITIZE=1, SCEN_STATUS=FILE (also write a status report for the rule
+writers), SCEN_KEEP=DIR (keep every run's dumps and logs there)."""
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+B = os.environ.get("B", "build")
+BDIR = B if os.path.isabs(B) else os.path.join(ROOT, B)
+BIN = os.path.join(BDIR, "tests", "scenarios")
+PRELOAD = os.environ.get("PRELOAD") or os.path.join(BDIR, "liboomguard.so")
+PRELOAD = " ".join(p if os.path.isabs(p) else os.path.join(ROOT, p) for p in PRELOAD.split())
+OOMGUARD = os.path.join(BDIR, "oomguard")
+TIMEOUT = 180
+
+# nothing of the caller's configuration leaks into a scenario
+SCRUB = ("OOMGUARD_", "PYTORCH_", "XLA_", "TF_", "SIMGPU_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+         "MASTER_", "TORCHELASTIC_", "SLURM_", "OMPI_", "PMI_", "CUDA_VISIBLE_DEVICES", "JAX_", "LD_PRELOAD", "SCEN_")
+
+
+def base_env():
+    env = {k: v for k, v in os.environ.items() if not any(k == s or k.startswith(s) for s in SCRUB)}
+    sim = os.path.join(BDIR, "sim")
+    env["LD_LIBRARY_PATH"] = sim + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+    env["SIMGPU_DEVICES"] = "1"
+    env["SIMGPU_MEM"] = "24GiB"
+    return env
+
+
+def subst(s, vals):
+    for k, v in vals.items():
+        s = s.replace("{%s}" % k, v)
+    return s
+
+
+def run_case(name, case, mode, work):
+    """Runs one case in one mode; returns (ok, lines of detail, summary for the status file)."""
+    dumps, truth, state = (os.path.join(work, x) for x in ("dumps", "truth", "state"))
+    for p in (dumps, truth, state):
+        os.makedirs(p, exist_ok=True)
+    vals = {"bin": BIN, "work": work, "state": state, "src": HERE}
+    env = base_env()
+    for k, v in case.get("env", {}).items():
+        env[k] = subst(str(v), vals)
+    env["SCEN_TRUTH"] = truth
+    detail = []
+    bg = None
+    extra = []
+    if "background" in case:
+        b = case["background"]
+        benv = dict(env)
+        for k, v in b.get("env", {}).items():
+            benv[k] = subst(str(v), vals)
+        ready = os.path.join(work, "ready")
+        benv["SCEN_READY"] = ready
+        bg = subprocess.Popen([subst(a, vals) for a in b["argv"]], env=benv, stdout=open(os.path.join(work, "bg.log"), "w"),
+                              stderr=subprocess.STDOUT, start_new_session=True)
+        t0 = time.time()
+        while not os.path.exists(ready) and time.time() - t0 < 60 and bg.poll() is None:
+            time.sleep(0.02)
+        if not os.path.exists(ready):
+            bg.kill()
+            return False, ["the background process did not get ready: " + open(os.path.join(work, "bg.log")).read()[-500:]], None
+        extra.append("bg_pid=%d" % bg.pid)
+    argv = [subst(a, vals) for a in case["argv"]]
+    if mode == "preload":
+        env["LD_PRELOAD"] = PRELOAD
+        env["OOMGUARD_DIR"] = dumps
+    elif mode == "run":
+        if os.environ.get("SANITIZE") == "1":
+            env["ASAN_OPTIONS"] = env.get("ASAN_OPTIONS", "detect_leaks=0:abort_on_error=1") + ":verify_asan_link_order=0"
+        argv = [OOMGUARD, "run", "--dir", dumps, "--"] + argv
+    else:
+        return False, ["unknown mode " + mode], None
+    log = os.path.join(work, "out.log")
+    try:
+        p = subprocess.run(argv, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, timeout=TIMEOUT,
+                           start_new_session=True)
+        rc = p.returncode
+    except subprocess.TimeoutExpired:
+        rc = "timeout"
+    finally:
+        if bg is not None:
+            try:
+                os.killpg(bg.pid, signal.SIGTERM)
+            except OSError:
+                pass
+            bg.wait()
+    ok = True
+    want = case.get("exit", 1)
+    if rc != want:
+        ok = False
+        lines = open(log, errors="replace").read().splitlines()
+        # a crash or sanitizer report says more than the last lines
+        why = [l for l in lines if any(k in l for k in ("runtime error", "SUMMARY:", "malloc()", "free()", "ERROR:",
+                                                        "Segmentation", "Aborted", "double free", "corrupted"))]
+        detail.append("FAIL exit status %s, expected %s%s" % (rc, want, (": " + " / ".join(why[:3])) if why else ""))
+        detail += ["  | " + l for l in lines[-15:]]
+    top3 = os.path.join(work, "top3")
+    chk = subprocess.run([sys.executable, os.path.join(HERE, "check.py"), os.path.join(HERE, "cases", name + ".json"),
+                          mode, dumps, truth, "--top3-out", top3] + extra, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, universal_newlines=True)
+    out = chk.stdout.splitlines()
+    if chk.returncode != 0:
+        ok = False
+    detail += [l for l in out if l.startswith(("FAIL", "dump", "checks", "Traceback", "  ", "Error", "KeyError"))
+               or "Error" in l]
+    got = next((l for l in out if l.startswith("dump ")), "no dump")
+    return ok, detail, got
+
+
+def main():
+    names = sys.argv[1:] or sorted(os.path.basename(f)[:-5] for f in glob.glob(os.path.join(HERE, "cases", "*.json")))
+    keep = os.environ.get("SCEN_KEEP")
+    tmp = keep or tempfile.mkdtemp(prefix="oomguard-scenarios.")
+    npass = nfail = nxfail = nxpass = 0
+    status = []
+    top3 = {}
+    cases = {}
+    for name in names:
+        case = json.load(open(os.path.join(HERE, "cases", name + ".json")))
+        cases[name] = case
+        for mode in case.get("modes", ["preload"]):
+            work = os.path.join(tmp, "%s.%s" % (name, mode))
+            shutil.rmtree(work, ignore_errors=True)
+            os.makedirs(work)
+            t0 = time.time()
+            ok, detail, got = run_case(name, case, mode, work)
+            try:
+                top3[(name, mode)] = open(os.path.join(work, "top3")).read().split()
+            except OSError:
+                pass
+            xf = case.get("xfail")
+            if isinstance(xf, dict):
+                xf = xf.get(mode)
+            label = "%s [%s] (%.1f s)" % (name, mode, time.time() - t0)
+            if ok and not xf:
+                npass += 1
+                print("PASS  " + label)
+            elif ok and xf:
+                npass += 1
+                nxpass += 1
+                print("XPASS " + label + ": marked as a known failure (%s) but passes now" % xf)
+            elif xf:
+                nxfail += 1
+                print("XFAIL " + label + ": " + xf)
+                for l in detail:
+                    print("      | " + l)
+            else:
+                nfail += 1
+                print("FAIL  " + label)
+                for l in detail:
+                    print("      | " + l)
+            if not ok:
+                status.append((name, mode, case, got, [l for l in detail if l.startswith("FAIL")], xf))
+    # cross-case: a 3% and a 4x shortfall do not get the same advice
+    for name, case in cases.items():
+        other = case.get("differs_from")
+        if not other:
+            continue
+        for mode in case.get("modes", ["preload"]):
+            a, b = top3.get((name, mode)), top3.get((other, mode))
+            if a is None or b is None:
+                continue
+            label = "%s [%s] top 3 differs from %s's" % (name, mode, other)
+            if a != b:
+                npass += 1
+                print("PASS  %s (%s vs %s)" % (label, a, b))
+            else:
+                xf = case.get("xfail_differs")
+                if xf:
+                    nxfail += 1
+                    print("XFAIL %s: both %s (%s)" % (label, a, xf))
+                else:
+                    nfail += 1
+                    print("FAIL  %s: both %s" % (label, a))
+                status.append((name, mode, case, "top3 %s == %s's" % (a, other), ["FAIL the same top 3 as " + other], xf))
+    if os.environ.get("SCEN_STATUS"):
+        write_status(os.environ["SCEN_STATUS"], status, npass, nfail, nxfail)
+    if not keep:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print("%d passed, %d failed, %d xfail%s" % (npass, nfail, nxfail, (", %d xpass" % nxpass) if nxpass else ""))
+    sys.exit(1 if nfail else 0)
+
+
+def write_status(path, status, npass, nfail, nxfail):
+    lines = ["# Scenario corpus status (tests/scenarios, written by run_scenarios.py)", "",
+             "%s UTC: %d passed, %d failed, %d xfail.  One entry per failing scenario/mode: what the expert "
+             "expects, what the dump said, the failed checks.  Re-run one: `B=build-x python3 "
+             "tests/scenarios/run_scenarios.py NAME` (SCEN_KEEP=DIR keeps the dumps)." %
+             (time.strftime("%H:%M", time.gmtime()), npass, nfail, nxfail), ""]
+    for name, mode, case, got, fails, xf in status:
+        e = case.get("expect", {})
+        want = []
+        if "primary" in e:
+            want.append("primary in %s" % e["primary"])
+        if e.get("top3_required"):
+            want.append("top3 has %s" % " and ".join("/".join(x) if isinstance(x, list) else x for x in e["top3_required"]))
+        if e.get("top3_forbidden"):
+            want.append("top3 without %s" % ",".join(e["top3_forbidden"]))
+        if e.get("top3_text_required"):
+            want.append("top3 text %s" % e["top3_text_required"])
+        lines.append("## %s [%s]%s" % (name, mode, " (XFAIL: %s)" % xf if xf else ""))
+        lines.append("- case: %s" % case.get("title", ""))
+        lines.append("- expert expects: %s" % ("; ".join(want) or "see cases/%s.json" % name))
+        lines.append("- got: %s" % got)
+        for f in fails[:8]:
+            lines.append("- %s" % f)
+        lines.append("")
+    with open(path + ".tmp", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    os.replace(path + ".tmp", path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+/* What a dump may show of the command line and the environment (shim/redact.c): credential
+ * values are replaced by "<redacted>", everything else is kept as it was. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "og.h"
+
+/* argv given as one string with '|' between the arguments */
+static void joined(const char *argv, const char *want)
+{
+    char raw[1024], out[1024];
+    size_t n = strlen(argv) + 1;
+    memcpy(raw, argv, n);
+    for (size_t i = 0; i < n; i++)
+        if (raw[i] == '|')
+            raw[i] = 0;
+    og_cmdline_join(raw, n, out, sizeof out);
+    assert_string_equal(out, want);
+}
+
+static void cmdline(void **state)
+{
+    joined("python|train.py|--lr|0.1", "python train.py --lr 0.1");
+    joined("train|--api-key=abc123", "train --api-key=<redacted>");
+    joined("train|--token|abc123|--epochs|3", "train --token <redacted> --epochs 3");
+    joined("train|--password=hunter2", "train --password=<redacted>");
+    joined("train|-p|8080|--db-password|x|--hf_token=y", "train -p 8080 --db-password <redacted> --hf_token=<redacted>");
+    joined("train|--client-secret=s|--AUTH-TOKEN=t|--apikey|k", "train --client-secret=<redacted> --AUTH-TOKEN=<redacted> --apikey <redacted>");
+    joined("train|wandb.api_key=z|lr=3", "train wandb.api_key=<redacted> lr=3");
+    joined("git|clone|https://bob:pa55@example.com/r.git", "git clone https://bob:<redacted>@example.com/r.git");
+    joined("x|--url=postgres://u:p@db:5432/x,redis://:q@h/0", "x --url=postgres://u:<redacted>@db:5432/x,redis://:<redacted>@h/0");
+    joined("x|https://example.com/a@b|http://user@host/", "x https://example.com/a@b http://user@host/");
+    /* not credentials: plural tokens, a tokenizer, a file path with key in a directory name */
+    joined("gen|--max-tokens|77|--tokenizer|gpt2|--keep|1", "gen --max-tokens 77 --tokenizer gpt2 --keep 1");
+    joined("x|--token", "x --token");                    /* no value: nothing to hide */
+    joined("x|--token|--verbose", "x --token --verbose");
+    joined("x|/data/key=1/file", "x /data/key=1/file");
+}
+
+static void truncated(void **state)
+{
+    char out[16];
+    const char raw[] = "train\0--api-key=abcdefghijkl";
+    og_cmdline_join(raw, sizeof raw, out, sizeof out);
+    assert_int_equal(strlen(out), sizeof out - 1);
+    assert_null(strstr(out, "abc"));
+    og_cmdline_join(raw, 0, out, sizeof out);
+    assert_string_equal(out, "");
+}
+
+static void env_names(void **state)
+{
+    const char *secret[] = {"NCCL_AUTH_TOKEN", "CUDA_PASSPHRASE", "TF_API_KEY", "XLA_CREDS", "PYTORCH_SECRET",
+                            "JAX_DB_PASSWORD", "CUDA_PWD", "hf_token", "OOMGUARD_KEYRING"};
+    const char *fine[] = {"CUDA_VISIBLE_DEVICES", "PYTORCH_CUDA_ALLOC_CONF", "NCCL_IB_PKEY", "XLA_FLAGS",
+                          "TF_GPU_ALLOCATOR", "RANK", "NCCL_DEBUG"};
+    for (size_t i = 0; i < sizeof secret / sizeof *secret; i++)
+        if (!og_secret_env_name(secret[i]))
+            fail_msg("%s should be redacted", secret[i]);
+    for (size_t i = 0; i < sizeof fine / sizeof *fine; i++)
+        if (og_secret_env_name(fine[i]))
+            fail_msg("%s should be shown", fine[i]);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(cmdline),
+        cmocka_unit_test(truncated),
+        cmocka_unit_test(env_names),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
