@@ -684,6 +684,24 @@ og_record_t *og_record_capture(const char *status, const og_episode_t *ep, int d
         else if (strstr(n, "cupy"))
             rec->framework = OG_FW_CUPY;
     }
+    /* an adapter that reported a framework's numbers makes the failing call's library that
+     * framework's allocator (a framework reaching cudaMalloc through ctypes/libffi, a custom
+     * allocator library): its blocks are the framework's, not "outside" it */
+    if (rec->memory.fw.has && rec->memory.fw.reserved_bytes > 0 && rec->framework != OG_FW_UNKNOWN &&
+        rec->event.library[0]) {
+        for (int i = 0; i < rec->memory.nlibs; i++) {
+            og_lib_usage_t *u = &rec->memory.by_library[i];
+            if (u->framework || strcmp(u->library, rec->event.library) != 0)
+                continue;
+            u->framework = true;
+            u->fw_kind = rec->framework;
+            rec->memory.framework_bytes += u->bytes;
+            size_t len = strlen(rec->framework_libs);
+            if (len + strlen(u->library) + 2 < sizeof rec->framework_libs)
+                snprintf(rec->framework_libs + len, sizeof rec->framework_libs - len, "%s%s", len ? "," : "",
+                         u->library);
+        }
+    }
     derive(rec, ep);
 
     /* summary of every device this process used */

@@ -30,8 +30,9 @@
  *                counts what the check counts (context included); "refused by the context alone"
  *                when the context plus the request is over the limit whatever the job holds.
  * framework_cap  the adapter reports a framework-imposed cap (set_per_process_memory_fraction,
- *                XLA_PYTHON_CLIENT_MEM_FRACTION, CuPy set_limit) and the framework refused the request
- *                itself (0.95), or allocated + request exceeds the cap while the device had room (0.8).
+ *                XLA_PYTHON_CLIENT_MEM_FRACTION, CuPy set_limit) and allocated + request exceeds it: the
+ *                framework refused the request itself (0.95), or the device had room (0.8).  Under the cap
+ *                an internal failure is not the cap's (e.g. fragmentation inside an XLA arena).
  * cache_held     failing library known and not a framework (cuDNN, NCCL, an extension), shortfall > 0:
  *                (a) measured: max(reclaim, app_slack) >= shortfall: 0.6 + 0.3*clamp((avail/short-1)/3);
  *                (b) the cache is unknown but frameworks reserve R >= shortfall: 0.5 + 0.1*clamp((R/short-1)/3)
@@ -72,16 +73,20 @@
  *                out is a cache, not a leak); the rate
  *                reported is the median rise per step.  Loading (weights, optimizer state: other
  *                sizes, never freed) marks no steps and a one-off jump inside a step does not set the
- *                rate.  Markers back to back (nothing between, < 0.25 ms apart) are one burst, one
+ *                rate.  A load is not a leak: when each step adds >= 1/40 of the device and the
+ *                process held less than two steps' worth before them, they are weights arriving
+ *                (does_not_fit then says "loading").  Markers back to back (nothing between, < 0.25 ms apart) are one burst, one
  *                step: a load of many equal shards is not many steps.  Otherwise wall time is not
  *                used, so a 1 ms leak is a leak and a slow load of other sizes is a load.
  *                conf = 0.5 + 0.25*clamp((steps - 6)/26) + 0.2*clamp((rising_share - rs)/(1 - rs)).
  * does_not_fit   req > free + reclaim.  A request larger than the device (or the limit) is named as
- *                such: 1.0.  Otherwise 0.95 when every input is measured; 0.8 when the framework
+ *                such: 1.0.  Otherwise 0.95 when every input is measured; 0.65 when the framework
  *                released its cache and still failed but its split segments were not measured; 0.45
  *                when a framework holds a reservation whose cache was not measured (an unknown
  *                cache never makes it certain); -0.15 when free memory was estimated; at most 0.45
- *                when others hold the missing bytes and the job alone would fit.
+ *                when others hold the missing bytes and the job alone would fit; at most 0.6 when growth
+ *                an imbalance or memory outside the framework (non_framework) accounts for the missing
+ *                bytes (they explain it better).
  *
  * Meaning of confidence (calibrated on tests/scenarios): >= 0.9 the measured numbers leave no
  * other reading; 0.6-0.9 measured, with margin; 0.4-0.6 an input was not measured and the
@@ -248,7 +253,8 @@ typedef struct dctx {
     uint64_t fw_resv_all;             /* every framework's reservation */
     int failing_fw;
     bool larger_than_device;
-    uint64_t capacity, growth_rise;
+    uint64_t capacity, growth_rise, imbalance_excess, nonfw_excess;
+    int load_steps;                   /* growth's steps that were a load instead (0 none) */
     int nchildren;
 } dctx_t;
 
@@ -456,7 +462,9 @@ static bool c_framework_cap(dctx_t *d, og_cause_t *c)
     uint64_t alloc = known(fw->allocated_bytes) ? fw->allocated_bytes : 0;
     bool over = add_sat(alloc, req) > fw->cap_bytes;
     bool room = known(r->device.free_bytes) && r->device.free_bytes >= req;
-    if (!fw->internal_oom && !(over && room))
+    /* the cap binds only when what is allocated plus the request exceeds it; an internal failure
+     * under the cap is something else (fragmentation inside the framework's arena) */
+    if (!over || (!fw->internal_oom && !room))
         return false;
     c->id = "framework_cap";
     c->confidence = fw->internal_oom ? 0.95 : 0.8;
@@ -696,9 +704,11 @@ static bool c_other_framework(dctx_t *d, og_cause_t *c)
                     : k == OG_FW_TENSORFLOW ? ": TensorFlow maps nearly all free GPU memory at start unless memory "
                                               "growth is on"
                     : "";
-    summary(c, "%s holds %s on this GPU (%s of it) in the same process, more than the %s %s is missing%s.",
-            fw_display(k), og_hb((double)r2).s, og_pct((double)r2, (double)d->total).s,
-            og_hb((double)d->shortfall).s, d->fwname, why);
+    char of[40] = "";
+    if (d->total)
+        og_fmt(of, sizeof of, " (%s of it)", og_pct((double)r2, (double)d->total).s);
+    summary(c, "%s holds %s on this GPU%s in the same process, more than the %s %s is missing%s.",
+            fw_display(k), og_hb((double)r2).s, of, og_hb((double)d->shortfall).s, d->fwname, why);
     ev_text(c, "framework", "%s", og_framework_name(k));
     ev_bytes(c, "framework_reserved_bytes", r2);
     ev_num(c, "device_share", share);
@@ -773,6 +783,7 @@ static bool c_imbalance(dctx_t *d, og_cause_t *c)
             "drives several GPUs and the first carries the gathered outputs and the optimizer state "
             "(nn.DataParallel).", r->event.device, og_hb((double)mine).s, nother, og_plural(nother, "GPU", "GPUs"),
             og_hb((double)avg).s, (double)mine / (double)(avg ? avg : 1));
+    d->imbalance_excess = sub0(mine, avg);
     ev_bytes(c, "device_bytes", mine);
     ev_bytes(c, "other_devices_avg_bytes", avg);
     ev_num(c, "other_devices", nother);
@@ -837,6 +848,7 @@ static bool c_non_framework(dctx_t *d, og_cause_t *c)
     if (share < ns || nf < d->shortfall || nf < NONFW_FLOOR)
         return false;
     c->id = "non_framework";
+    d->nonfw_excess = nf;
     c->confidence = 0.35 + 0.3 * clamp01(ns < 1 ? (share - ns) / (1 - ns) : 1) +
                     0.2 * clamp01(((double)nf / (double)d->shortfall - 1) / 3);
     int n = r->memory.nlibs < 0 ? 0 : r->memory.nlibs > 32 ? 32 : r->memory.nlibs;
@@ -877,7 +889,7 @@ static bool c_non_framework(dctx_t *d, og_cause_t *c)
 #define GROWTH_MIN_STEPS 6
 #define GROWTH_MAX_STEPS 512
 #define GROWTH_BURST_S 0.00025
-#define LOAD_GAP_S 0.01          /* a load's allocations follow each other closer than this */   /* markers closer than this with nothing between: one burst */
+#define LOAD_GAP_S 0.1           /* a pause this long between equal allocations ends a load */   /* markers closer than this with nothing between: one burst */
 
 static int cmp_u64(const void *a, const void *b)
 {
@@ -945,6 +957,13 @@ static bool c_growth(dctx_t *d, og_cause_t *c)
     double rise_share = (double)rise / (double)d->total;
     if (rising_share + 1e-9 < rs || rise_share + 1e-12 < gm || per_step == 0)
         return false;
+    /* a load, not a leak: steps that each add at least 1/40 of the device, starting from (almost)
+     * nothing held, are weights arriving (however slowly); a leak keeps tensors on top of an
+     * established working set (the weights came first) */
+    if ((double)per_step * 40 >= (double)d->total && lows[0] < 2 * per_step) {
+        d->load_steps = steps;
+        return false;
+    }
     /* a rise the framework's measured cache accounts for is the cache (a pool that keeps what it
      * handed out, a caching allocator), not tensors kept alive */
     if (d->cached_known && strcmp(d->cached_src, "retry_release") != 0 && 2 * d->cached >= rise)
@@ -993,19 +1012,30 @@ static bool c_does_not_fit(dctx_t *d, og_cause_t *c)
     double conf = 0.95;
     const char *basis = "measured";
     uint64_t fw_held = d->fw_resv_all;
+    if (known(r->memory.framework_bytes) && r->memory.framework_bytes > fw_held)
+        fw_held = r->memory.framework_bytes;
     if (!d->cached_known && fw_held > 0) {
         conf = 0.45;                 /* part of the reservation may be cache: not certain */
         basis = "cache_not_measured";
     } else if (d->retried && !r->memory.fw.has) {
-        conf = 0.8;
+        conf = 0.65;                 /* what stayed split in its segments was not measured */
         basis = "retry_released";
     }
     if (d->free_estimated)
         conf -= 0.15;
-    /* a leak that grew by more than what is missing explains the shortfall better */
+    /* a leak that grew by more than what is missing explains the shortfall better; so does an
+     * imbalance whose evening-out would free it */
     if (d->growth_rise >= missing && conf > 0.6) {
         conf = 0.6;
         basis = "growth_explains";
+    }
+    if (d->imbalance_excess >= missing && conf > 0.6) {
+        conf = 0.6;
+        basis = "imbalance_explains";
+    }
+    if (d->nonfw_excess >= missing && conf > 0.6) {
+        conf = 0.6;
+        basis = "non_framework_explains";
     }
     bool alone_fits = d->capacity && job <= d->capacity && d->other_all >= missing;
     if (alone_fits && conf > 0.45)
@@ -1041,7 +1071,8 @@ static bool c_does_not_fit(dctx_t *d, og_cause_t *c)
     uint64_t tol = 2ULL << 20;       /* shards of one checkpoint are the same size */
     double t_prev = -1;
     for (; i >= 0; i--) {
-        if (!e[i].op || strcmp(e[i].op, "fail") == 0)
+        /* failed attempts and the releases between them are the failure's own, not the load's */
+        if (!e[i].op || strcmp(e[i].op, "fail") == 0 || strcmp(e[i].op, "free") == 0)
             continue;
         bool same = strcmp(e[i].op, "alloc") == 0 && (e[i].bytes > d->req ? e[i].bytes - d->req : d->req - e[i].bytes) <= tol;
         if (!same || (t_prev >= 0 && t_prev - e[i].t_rel > LOAD_GAP_S))
@@ -1056,6 +1087,8 @@ static bool c_does_not_fit(dctx_t *d, og_cause_t *c)
             break;
         earlier++;
     }
+    if (run < 4 && d->load_steps >= 4)
+        run = d->load_steps;          /* a slow load: its pieces arrive one step at a time */
     if (run >= 4) {
         ev_text(c, "phase", "%s", earlier >= 4 ? "second_load" : "loading");
         ev_num(c, "load_allocations", run);

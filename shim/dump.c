@@ -200,8 +200,15 @@ void og_render_json(const og_record_t *r, og_sb_t *sb)
             const og_lib_usage_t *u = &r->memory.by_library[i];
             og_sb_puts(sb, i ? ",{\"library\":" : "{\"library\":");
             og_sb_json_str(sb, u->library);
-            og_sb_printf(sb, ",\"bytes\":%llu,\"blocks\":%llu,\"framework\":%s}", (unsigned long long)u->bytes,
+            og_sb_printf(sb, ",\"bytes\":%llu,\"blocks\":%llu,\"framework\":%s", (unsigned long long)u->bytes,
                          (unsigned long long)u->blocks, u->framework ? "true" : "false");
+            /* whose framework (several can share a process), and what came from pools */
+            og_sb_printf(sb, ",\"framework_name\":");
+            if (u->framework)
+                og_sb_json_str(sb, og_framework_name(u->fw_kind));
+            else
+                og_sb_puts(sb, "null");
+            og_sb_printf(sb, ",\"pool_bytes\":%llu}", (unsigned long long)u->pool_bytes);
         }
         og_sb_puts(sb, "]");
         K("framework_bytes"); j_u64(sb, r->memory.framework_bytes);
@@ -215,7 +222,10 @@ void og_render_json(const og_record_t *r, og_sb_t *sb)
         for (int i = 0; i < r->memory.nother; i++) {
             og_sb_printf(sb, "%s{\"pid\":%d,\"name\":", i ? "," : "", r->memory.other[i].pid);
             og_sb_json_str(sb, r->memory.other[i].name);
-            og_sb_printf(sb, ",\"bytes\":%llu}", (unsigned long long)r->memory.other[i].bytes);
+            og_sb_printf(sb, ",\"bytes\":%llu,\"visible\":%s,\"same_job\":%s,\"child\":%s,\"rank\":%ld}",
+                         (unsigned long long)r->memory.other[i].bytes, r->memory.other[i].visible ? "true" : "false",
+                         r->memory.other[i].same_job ? "true" : "false", r->memory.other[i].child ? "true" : "false",
+                         r->memory.other[i].rank);
         }
         og_sb_puts(sb, "]");
         K("other_processes_bytes"); j_u64(sb, r->memory.other_processes_bytes);
@@ -471,8 +481,10 @@ void og_render_text(const og_record_t *r, og_sb_t *sb)
     og_sb_printf(sb, "  process total (NVML)           %12s\n", H(r->memory.process_used_bytes));
     og_sb_printf(sb, "  other processes                %12s\n", H(r->memory.other_processes_bytes));
     for (int i = 0; i < r->memory.nother; i++)
-        og_sb_printf(sb, "    pid %-8d %-18s %12s\n", r->memory.other[i].pid, r->memory.other[i].name,
-                     H(r->memory.other[i].bytes));
+        og_sb_printf(sb, "    %spid %-8d %-18s %12s%s\n", r->memory.other[i].visible ? "" : "host ",
+                     r->memory.other[i].pid, r->memory.other[i].name, H(r->memory.other[i].bytes),
+                     r->memory.other[i].child ? "  (child of this process)"
+                     : r->memory.other[i].same_job ? "  (this job)" : "");
     for (int i = 0; i < r->memory.nunmeasured; i++)
         og_sb_printf(sb, "  not measured: %s\n", r->memory.unmeasured[i]);
     if (r->memory.nlibs) {
@@ -481,7 +493,12 @@ void og_render_text(const og_record_t *r, og_sb_t *sb)
             og_sb_printf(sb, "  %-40s %12s in %llu %s%s\n", r->memory.by_library[i].library,
                          H(r->memory.by_library[i].bytes), (unsigned long long)r->memory.by_library[i].blocks,
                          r->memory.by_library[i].blocks == 1 ? "block" : "blocks",
-                         r->memory.by_library[i].framework ? " (framework)" : "");
+                         !r->memory.by_library[i].framework ? ""
+                         : r->memory.by_library[i].fw_kind == OG_FW_JAX ? " (framework: jax)"
+                         : r->memory.by_library[i].fw_kind == OG_FW_TENSORFLOW ? " (framework: tensorflow)"
+                         : r->memory.by_library[i].fw_kind == OG_FW_CUPY ? " (framework: cupy)"
+                         : r->memory.by_library[i].fw_kind == OG_FW_PYTORCH ? " (framework: pytorch)"
+                         : " (framework)");
     }
     og_sb_printf(sb, "\npeak %s at %.3f s; %llu allocation%s, %llu free%s, %llu failure%s\n", H(r->history.peak_bytes),
                  r->history.peak_t_rel, (unsigned long long)r->history.allocs, r->history.allocs == 1 ? "" : "s",

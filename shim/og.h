@@ -22,7 +22,7 @@
 #define OG_TLS    __thread __attribute__((tls_model("initial-exec")))
 /* Code reachable from dlsym may run inside a sanitizer's own start-up (which looks up the
  * functions it intercepts with dlsym) before the sanitizer can check anything. */
-#define OG_NO_SANITIZE __attribute__((no_sanitize("address", "undefined")))
+#define OG_NO_SANITIZE __attribute__((no_sanitize("address", "undefined", "thread")))
 #define OG_LIKELY(x)   __builtin_expect(!!(x), 1)
 #define OG_UNLIKELY(x) __builtin_expect(!!(x), 0)
 

@@ -364,7 +364,8 @@ static bool b_raise_limit(const rctx_t *x, og_remedy_t *r)
     if (known(rec->device.free_bytes) && rec->device.free_bytes >= x->req)
         why(r, " The card itself had %s free, so the request would have succeeded.",
             og_hb((double)rec->device.free_bytes).s);
-    if (usage > x->tracked && add_sat(usage - x->tracked, x->req) > rec->device.limit_bytes)
+    if (usage > x->tracked && x->req <= rec->device.limit_bytes &&
+        add_sat(usage - x->tracked, x->req) > rec->device.limit_bytes)
         how(r, "export CUDA_MODULE_LOADING=LAZY   # a smaller CUDA context: kernels load when first used");
     how(r, "OOMGUARD_LIMIT=%lluGiB   # or for this device only: OOMGUARD_LIMIT=%d:%lluGiB",
         (unsigned long long)sugg, rec->event.device, (unsigned long long)sugg);
@@ -636,9 +637,9 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
     double step = evidence(rec, "growth", "rise_per_step_bytes");
     const char *steps = evidence_text(rec, "growth", "rising_steps");
     if (first >= 0 && last >= 0)
-        why(r, "The low point of this process's memory rose in %s intervals of the run, from %s to %s (about %s "
-            "per interval): something keeps tensors alive from one iteration to the next.", steps ? steps : "most", og_hb(first).s, og_hb(last).s,
-            og_hb(step > 0 ? step : 0).s);
+        why(r, "The low point of this process's memory rose from step to step (%s), from %s to %s, about %s per "
+            "step: something keeps tensors alive from one iteration to the next.", steps ? steps : "most steps",
+            og_hb(first).s, og_hb(last).s, og_hb(step > 0 ? step : 0).s);
     else
         why(r, "Live memory grows over the run: something keeps tensors alive from one iteration to the next.");
     switch (x->fw) {
@@ -703,11 +704,17 @@ static bool b_inference_mode(const rctx_t *x, og_remedy_t *r)
             "for backward.");
     else {
         why(r, "For inference or evaluation nothing needs to be kept for backward: typically 30-50%% less memory.");
-        if (x->shortfall && x->live) {
+        if (x->shortfall && x->live && x->live_known) {
             double s = (double)x->shortfall / (double)x->live;
             why(r, " %s is missing, %s of the %s live: %s.", og_hb((double)x->shortfall).s,
                 og_pct((double)x->shortfall, (double)x->live).s, og_hb((double)x->live).s,
                 s <= 0.30 ? "likely enough" : s <= 0.50 ? "may be enough" : "not enough alone");
+        } else if (x->shortfall && x->tracked) {
+            /* how much of what is held is in use was not measured: size it against what is held */
+            double s = (double)x->shortfall / (double)x->tracked;
+            why(r, " %s is missing, %s of the %s this process holds (in use or cached: not measured): %s.",
+                og_hb((double)x->shortfall).s, og_pct((double)x->shortfall, (double)x->tracked).s,
+                og_hb((double)x->tracked).s, s <= 0.15 ? "likely enough" : s <= 0.30 ? "may be enough" : "not enough alone");
         }
     }
     why(r, " Training code that calls backward cannot use it.");
@@ -1361,7 +1368,7 @@ void og_select_remedies(og_record_t *rec)
 
     /* the limit refused the request because of the context it counts: nothing the job shrinks helps */
     if (x.has[C_LIMIT] && known(rec->device.limit_bytes) && known(rec->device.limit_usage_bytes) &&
-        rec->device.limit_usage_bytes > x.tracked &&
+        rec->device.limit_usage_bytes > x.tracked && x.req <= rec->device.limit_bytes &&
         add_sat(rec->device.limit_usage_bytes - x.tracked, x.req) > rec->device.limit_bytes) {
         for (int i = 0; i < R_COUNT; i++)
             want[i] = false;
@@ -1445,6 +1452,11 @@ void og_select_remedies(og_record_t *rec)
         cover[R_FLASH] = 0.1 * live;
         cover[R_QUANT] = 0.35 * live;
     }
+    /* half precision halves the failing tensor too: if half of it still does not fit, it cannot
+     * cover the shortfall (a 4x shortfall is not a 3% one) */
+    double avail_now = x.shortfall < x.req ? (double)(x.req - x.shortfall) + (double)x.reclaim : 0;
+    if (x.shortfall && (double)x.req * 0.5 > avail_now && cover[R_MIXED] >= (double)x.shortfall)
+        cover[R_MIXED] = (double)x.req * 0.5;
     /* the batch can shrink as far as needed: the failing tensor shrinks with it */
     cover[R_SMALLER_BATCH] = (double)x.req * 0.875;
     cover[R_MULTI_GPU] = cover[R_ZERO] = cover[R_OFFLOAD] = cover[R_BIGGER] = cover[R_CHUNK] = big;
@@ -1474,7 +1486,7 @@ void og_select_remedies(og_record_t *rec)
         if (r >= 0 && tier[r] != 3)
             tier[r] = 0, order[r] = -20 + k;
     }
-    if (x.retried_zero && x.primary == C_FRAG) {  /* empty_cache got 0 B back: expandable segments leads */
+    if (x.retried_zero && x.has[C_FRAG]) {  /* empty_cache got 0 B back: expandable segments leads */
         tier[R_EXPANDABLE] = 0;
         order[R_EXPANDABLE] = -30;
         tier[R_BUCKET] = 0;
@@ -1504,7 +1516,7 @@ void og_select_remedies(og_record_t *rec)
         }
     }
     if (x.primary == C_GROWTH && known_inference && x.grad == 1)
-        tier[R_INFERENCE] = 0, order[R_INFERENCE] = -19;   /* evaluation with autograd on keeps every graph */
+        tier[R_INFERENCE] = 0, order[R_INFERENCE] = -21;   /* evaluation with autograd on keeps every graph */
     /* a cap on a shared GPU protects the others; alone on it, a limit emulates a smaller card */
     if (x.has[C_LIMIT] && rec->memory.nother > 0)
         tier[R_RAISE_LIMIT] = 0, order[R_RAISE_LIMIT] = -20;

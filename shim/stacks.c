@@ -2,11 +2,36 @@
  * the library that made the call (first frame outside the CUDA libraries and the shim).
  *
  * A site is created once per distinct stack and never freed, so a block records only a
- * 32-bit site id.  The hot path is: unwind, hash, look in a per-thread cache; the shared
- * table (sharded, one mutex per shard) is touched only on a miss.  Symbolisation (dladdr)
- * waits until a dump needs it: dladdr takes the loader lock. */
+ * 32-bit site id.  The hot path is: check the thread's cached chains (a stack seen before,
+ * verified word by word: see "unwinding" below); else unwind, hash, look in a per-thread
+ * cache; the shared table (sharded, one mutex per shard) is touched only on a miss.
+ * Symbolisation waits until a dump needs it (dladdr takes the loader lock), and names and
+ * lines wait for `oomguard report`: a dump records library path, build-id and offset. */
 #define UNW_LOCAL_ONLY
 #include <libunwind.h>
+
+#if defined(__SANITIZE_THREAD__)
+/* ThreadSanitizer build (make test SANITIZE=thread): unw_backtrace keeps a per-thread trace
+ * cache that libunwind, not instrumented, frees from a TSD destructor after TSan has
+ * finished the thread, which crashes TSan.  The plain unw_step walk keeps no such cache.
+ * Inlined so that, like unw_backtrace, the first frame is the caller's own. */
+static inline __attribute__((always_inline)) int og_tsan_backtrace(void **buf, int max)
+{
+    unw_context_t uc;
+    unw_cursor_t cur;
+    int n = 0;
+    if (unw_getcontext(&uc) != 0 || unw_init_local(&cur, &uc) != 0)
+        return 0;
+    do {
+        unw_word_t ip;
+        if (unw_get_reg(&cur, UNW_REG_IP, &ip) != 0)
+            break;
+        buf[n++] = (void *)ip;
+    } while (n < max && unw_step(&cur) > 0);
+    return n;
+}
+#define unw_backtrace og_tsan_backtrace
+#endif
 
 #include "og.h"
 
@@ -415,8 +440,8 @@ __attribute__((noinline)) static int unwind_full(uintptr_t fp, uintptr_t *ips, i
             /* The caller's frame was found from %rbp only if %rbp pointed into the frame
              * below it (a frame pointer); a %rbp holding data elsewhere played no part, and
              * checking it would make every capture a miss. */
-            if (ns >= chain_slots)
-                reuse = false;
+            if (ns >= chain_slots || prev_rbp_loc < fp || prev_rbp_loc > prev_slot)
+                reuse = false;   /* saved by a callee: it lies between fp and the last slot */
             else {
                 slots[ns++] = (slot_t){prev_rbp_loc, prev_rbp};
                 rbp_slot = prev_rbp_loc;

@@ -7,7 +7,7 @@ E2E_CFLAGS   = $(ALL_CFLAGS) -Isim -Itests/e2e -pthread
 E2E_LDRT     = -L$(SIM_LIBDIR) -Wl,-rpath-link,$(SIM_LIBDIR)
 E2E_PROGS   := $(TEST_B)/e2e_runtime $(TEST_B)/e2e_static $(TEST_B)/e2e_driver $(TEST_B)/e2e_dlopen \
                $(TEST_B)/e2e_entry_points $(TEST_B)/e2e_stress $(TEST_B)/e2e_fork_exec $(TEST_B)/e2e_rtld $(TEST_B)/e2e_limit $(TEST_B)/e2e_rank \
-               $(TEST_B)/e2e_drv $(TEST_B)/e2e_dumps
+               $(TEST_B)/e2e_drv $(TEST_B)/e2e_dumps $(TEST_B)/libno_tmpfile.so
 UNIT_PROGS  := $(patsubst tests/unit/%.c,$(TEST_B)/unit_%,$(wildcard tests/unit/test_*.c))
 E2E_DEPS     = tests/e2e/check.h include/oomguard.h $(SIM_LIBS) | $(TEST_B)/.dir
 
@@ -33,8 +33,10 @@ $(TEST_B)/e2e_rank: tests/e2e/rank.c $(E2E_DEPS)
 	$(CC) $(E2E_CFLAGS) $< -o $@ $(E2E_LDRT) -lcudart -ldl
 $(TEST_B)/e2e_dumps: tests/e2e/dumps.c $(E2E_DEPS)
 	$(CC) $(E2E_CFLAGS) $< -o $@ $(E2E_LDRT) -lcudart -ldl
+$(TEST_B)/libno_tmpfile.so: tests/e2e/no_tmpfile.c | $(TEST_B)/.dir
+	$(CC) $(ALL_CFLAGS) -fPIC -shared $< -o $@ -ldl
 $(TEST_B)/e2e_drv: tests/e2e/drv.c $(E2E_DEPS)
-	$(CC) $(E2E_CFLAGS) $< -o $@ $(E2E_LDRT) -lcudart -lcuda -ldl
+	$(CC) $(E2E_CFLAGS) $< -o $@ $(E2E_LDRT) -lcudart -lcuda -ldl -Wl,--export-dynamic-symbol=dlopen
 $(TEST_B)/e2e_limit: tests/e2e/limit.c $(E2E_DEPS)
 	$(CC) $(E2E_CFLAGS) $< -o $@ $(E2E_LDRT) -lcudart -ldl
 
@@ -60,7 +62,15 @@ test-build: all $(E2E_PROGS) $(UNIT_PROGS)
 test: test-build
 	@B=$(B) SANITIZE=$(SANITIZE) MAKE="$(MAKE)" bash tests/run_tests.sh
 
-.PHONY: test-build test bench
+# The soak of issue 11: 16 threads x 2 devices x SOAK_OPS (1M) operations with injected
+# failures, in an ASan+UBSan build and a TSan build of their own; tests/e2e/run_soak.sh.
+SOAK_OPS ?= 1000000
+soak:
+	$(MAKE) --no-print-directory B=build-soak-asan SANITIZE=1 test-build
+	$(MAKE) --no-print-directory B=build-soak-tsan SANITIZE=thread test-build
+	@ASAN_B=build-soak-asan TSAN_B=build-soak-tsan SOAK_OPS=$(SOAK_OPS) bash tests/e2e/run_soak.sh
+
+.PHONY: test-build test bench soak
 
 $(TEST_B)/bench/bench: tests/bench/bench.c $(SIM_LIBS)
 	@mkdir -p $(dir $@)

@@ -38,6 +38,7 @@ struct og_frame {
 struct og_pyframe {
     const char *file, *function;
     int64_t line;
+    int64_t bytes, blocks; /* python_sites only; -1 elsewhere */
 };
 
 struct og_site {
@@ -172,6 +173,8 @@ struct og_dump {
 
     struct og_site *sites; /* the largest `keep_sites`, largest first */
     int nsites;
+    struct og_pyframe *python_sites; /* python_sites: lines holding the most live memory, largest first */
+    int npython_sites;
     long sites_total;      /* entries in the file */
     int64_t sites_total_bytes;
 

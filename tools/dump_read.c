@@ -649,6 +649,8 @@ static int read_pyframes(struct loader *L, const cJSON *arr, const struct path *
         TRY(get_str(L, f, &p, "file", &v[i].file));
         TRY(get_int(L, f, &p, "line", &v[i].line));
         TRY(get_str(L, f, &p, "function", &v[i].function));
+        TRY(get_int(L, f, &p, "bytes", &v[i].bytes));     /* python_sites only */
+        TRY(get_int(L, f, &p, "blocks", &v[i].blocks));
         i++;
     }
     *out = v;
@@ -1508,6 +1510,10 @@ static int finish_sites(struct loader *L)
     struct og_dump *d = L->d;
     const cJSON *v;
     TRY(get_arr(L, d->root, NULL, "top_sites", &v));
+    const cJSON *ps;
+    TRY(get_arr(L, d->root, NULL, "python_sites", &ps));
+    if (ps)
+        TRY(read_pyframes(L, ps, &(struct path){NULL, "python_sites", 0}, &d->python_sites, &d->npython_sites));
     if (!L->nheap)
         return 0;
     qsort(L->heap, (size_t)L->nheap, sizeof *L->heap, cand_stronger_cmp);

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include "pickle.h"
 #include "report.h"
+#include "symbolize.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -31,12 +32,14 @@ static void frames(struct sbuf *b, const struct og_frame *f, int n)
     for (int i = 0; i < n && i < MAX_FRAMES; i++) {
         pk_item(b, &l);
         pk_dict_open(b, &fr);
+        struct og_sym y;   /* names and lines where this machine can find them (symbolize.c) */
+        og_symbolize(&f[i], &y);
         pk_key(b, &fr, "filename");
-        pk_str(b, f[i].library ? f[i].library : "??");
+        pk_str(b, y.file ? y.file : f[i].library ? f[i].library : "??");
         pk_key(b, &fr, "line");
-        pk_int(b, 0);
+        pk_int(b, y.file ? y.line : 0);
         pk_key(b, &fr, "name");
-        pk_str(b, f[i].symbol ? f[i].symbol : f[i].ip ? f[i].ip : "??");
+        pk_str(b, y.function ? y.function : y.where);
         pk_close(b, &fr);
     }
     pk_close(b, &l);

@@ -477,6 +477,24 @@ static void sites(struct tx *t, const struct og_dump *d, int top)
     }
 }
 
+/* python_sites (OOMGUARD_PYTHON_STACKS=1): the program's lines that hold the most live memory. */
+static void python_sites(struct tx *t, const struct og_dump *d, int top)
+{
+    if (!d->npython_sites)
+        return;
+    char h[32], g[32];
+    heading(t, "Python lines holding the most live memory");
+    for (int i = 0; i < d->npython_sites && i < top; i++) {
+        const struct og_pyframe *p = &d->python_sites[i];
+        sb_printf(t->b, "  %3d %12s %8s  ", i + 1, p->bytes >= 0 ? human_bytes(p->bytes, h) : "-",
+                  p->blocks >= 0 ? group_digits(p->blocks, g) : "-");
+        sb_text(t->b, p->file ? p->file : "?", 120, 0);
+        sb_printf(t->b, ":%lld in ", (long long)p->line);
+        sb_text(t->b, p->function ? p->function : "?", 60, 0);
+        sb_putc(t->b, '\n');
+    }
+}
+
 static void failed_stack(struct tx *t, const struct og_dump *d)
 {
     if (!d->event.nstack && !d->event.npython_stack)
@@ -602,6 +620,7 @@ int og_render_text(struct sbuf *out, const struct og_dump *d, const struct og_re
     causes(&t, d);
     remedies(&t, d);
     sites(&t, d, top);
+    python_sites(&t, d, top);
     failed_stack(&t, d);
     history(&t, d);
     context(&t, d);

@@ -407,16 +407,21 @@ static int rec_cmp_host_job(const void *pa, const void *pb)
     return a->job < b->job ? -1 : a->job > b->job;
 }
 
-static int rec_cmp_series(const void *pa, const void *pb)
+/* Series in the order of their label values (equal ids are equal strings). */
+static int rec_cmp_series(const void *pa, const void *pb, void *ctx)
 {
     const struct rec *a = pa, *b = pb;
-    if (a->status != b->status)
-        return a->status < b->status ? -1 : 1;
-    if (a->cause != b->cause)
-        return a->cause < b->cause ? -1 : 1;
-    if (a->host != b->host)
-        return a->host < b->host ? -1 : 1;
-    return a->gpu < b->gpu ? -1 : a->gpu > b->gpu;
+    const struct dim *d = ctx;
+    int c;
+    if (a->status != b->status && (c = strcmp(d[D_STATUS].v[a->status]->s, d[D_STATUS].v[b->status]->s)))
+        return c;
+    if (a->cause != b->cause && (c = strcmp(d[D_CAUSE].v[a->cause]->s, d[D_CAUSE].v[b->cause]->s)))
+        return c;
+    if (a->host != b->host && (c = strcmp(d[D_HOST].v[a->host]->s, d[D_HOST].v[b->host]->s)))
+        return c;
+    if (a->gpu != b->gpu)
+        return strcmp(d[D_GPU].v[a->gpu]->s, d[D_GPU].v[b->gpu]->s);
+    return 0;
 }
 
 static void finish(struct stats *st)
@@ -819,6 +824,21 @@ static int render_json(struct sbuf *b, const struct stats *st)
 
 /* ------------------------------------------------------------ prometheus */
 
+static int ent_name_cmp(const void *pa, const void *pb)
+{
+    return strcmp((*(struct ent *const *)pa)->s, (*(struct ent *const *)pb)->s);
+}
+
+static struct ent **by_name(const struct dim *d)
+{
+    struct ent **v = xmalloc((size_t)(d->n ? d->n : 1) * sizeof *v);
+    if (d->n) {
+        memcpy(v, d->v, (size_t)d->n * sizeof *v);
+        qsort(v, (size_t)d->n, sizeof *v, ent_name_cmp);
+    }
+    return v;
+}
+
 /* Label values: backslash, double quote and line feed are escaped; everything else
  * (valid UTF-8, as interned) passes as is. */
 static void prom_label(struct sbuf *b, const char *name, const char *v, int first)
@@ -848,10 +868,10 @@ static int render_prom(struct sbuf *b, struct stats *st)
                 "Dumps written by oomguard, by status (oom = the program got the error), diagnosis.primary, host "
                 "and GPU model.");
     if (st->nrecs)
-        qsort(st->recs, st->nrecs, sizeof *st->recs, rec_cmp_series);
+        qsort_r(st->recs, st->nrecs, sizeof *st->recs, rec_cmp_series, st->dim);
     for (size_t i = 0; i < st->nrecs;) {
         size_t k = i + 1;
-        while (k < st->nrecs && !rec_cmp_series(&st->recs[i], &st->recs[k]))
+        while (k < st->nrecs && !rec_cmp_series(&st->recs[i], &st->recs[k], st->dim))
             k++;
         const struct rec *r = &st->recs[i];
         sb_puts(b, "oomguard_dumps_total{");
@@ -864,14 +884,16 @@ static int render_prom(struct sbuf *b, struct stats *st)
     }
     prom_family(b, "oomguard_last_failure_timestamp_seconds", "gauge",
                 "Time of the latest out-of-memory failure (status oom) on the host, in seconds since the Unix epoch.");
+    struct ent **hv = by_name(&st->dim[D_HOST]);
     for (int i = 0; i < st->dim[D_HOST].n; i++) {
-        const struct ent *e = st->dim[D_HOST].v[i];
+        const struct ent *e = hv[i];
         if (isnan(e->last_fail))
             continue;
         sb_puts(b, "oomguard_last_failure_timestamp_seconds{");
         prom_label(b, "host", e->s, 1);
         sb_printf(b, "} %.3f\n", e->last_fail);
     }
+    free(hv);
     prom_family(b, "oomguard_first_remedy_total", "counter",
                 "Out-of-memory failures by the remedy oomguard ranked first.");
     for (int i = 0; i < st->dim[D_REMEDY].n; i++) {
@@ -923,7 +945,8 @@ static void html_bars(struct sbuf *b, const struct stats *st, int dim, const cha
         free(v);
         return;
     }
-    const int row = 26, lw = 300, bw = 560, W = 1000;
+    /* Causes carry their title after the bar: a shorter bar leaves it room. */
+    const int row = 26, lw = oom_only ? 170 : 300, bw = oom_only ? 330 : 560, W = 1000;
     sb_printf(b, "<section class=\"card\"><h2>%s</h2><svg viewBox=\"0 0 %d %d\" role=\"img\" id=\"%s\" aria-label=\"", title, W,
               n * row + 8, id);
     sb_html(b, title, 100, 0);
@@ -957,6 +980,13 @@ static void html_bars(struct sbuf *b, const struct stats *st, int dim, const cha
         sb_puts(b, "</text>");
     }
     sb_puts(b, "</svg>");
+    if (!oom_only) {
+        sb_puts(b, "<div class=\"legend\">");
+        for (int c = 0; c < C_OTHER; c++)
+            sb_printf(b, "<div><span class=\"sw\" style=\"background:%s\"></span>%s</div>", CLS_COLOR[c],
+                      c == C_OOM ? "out of memory" : c == C_EXIT ? "exit summary" : CLS_KEY[c]);
+        sb_puts(b, "</div>");
+    }
     if (d->n > n && !oom_only)
         sb_printf(b, "<p class=\"muted\">%d more not drawn (all are in --format json)</p>", d->n - n);
     sb_puts(b, "</section>\n");

@@ -388,6 +388,9 @@ def register_query():
             set_query.restype = ctypes.c_int
             set_query(cb, None, 1)               # OOMGUARD_QUERY_NEEDS_GIL
             _query["fn"] = cb                    # the C pointer lives as long as this object
+            import atexit
+            # before the interpreter frees the callback: the shim must not call it afterwards
+            atexit.register(set_query, ctypes.cast(None, proto), None, 0)
             return True
         except Exception as e:
             err("python", "registering the query", e)

@@ -415,7 +415,8 @@ t "installed layout: lib/oomguard/python is found next to the library" t_install
 t_fraction() {
     shim adapter "$PYTHON" "$JOB" fraction exp.json || return 1
     "$PYTHON" "$CHECKFW" dumps exp.json --framework pytorch --internal --api torch.cuda.caching_allocator \
-        --request exp --cap exp --cap-source 'set_per_process_memory_fraction(0.5)' --numbers torch --line failing || return 1
+        --request exp --cap exp --cap-source 'set_per_process_memory_fraction(0.5)' --numbers torch --line failing \
+        --primary framework_cap --remedy-mentions set_per_process_memory_fraction || return 1
     # the driver had room: the allocator's own cap refused it
     expect exp.json 'd["expected"]["driver_free"] > d["expected"]["request"]' True
 }
@@ -443,7 +444,12 @@ t "event.python_stack names the failing script line (innermost first); no python
 t_python_sites() {
     OOMGUARD_PYTHON_STACKS=1 shim adapter "$PYTHON" "$JOB" frag exp.json || return 1
     "$PYTHON" "$CHECKFW" dumps exp.json --line failing --site most || return 1
-    grep -q "Python lines holding the most live memory" dumps/oomguard-*.txt
+    grep -q "Python lines holding the most live memory" dumps/oomguard-*.txt || return 1
+    # `oomguard report` shows them too
+    local most; most=$(field exp.json 'd["lines"]["most"]')
+    "$OOMGUARD_BIN" report dumps/oomguard-*.json > report.txt || return 1
+    grep -A3 "Python lines holding the most live memory" report.txt | grep -q "job.py:$most in <module>" \
+        || { echo "oomguard report:"; grep -A3 "Python lines" report.txt; return 1; }
 }
 t "OOMGUARD_PYTHON_STACKS=1: python_sites[0] is the line that allocated most" t_python_sites
 
@@ -451,7 +457,8 @@ t_jax_prealloc() {
     shim env PYTHONPATH="$FJ" OOMGUARD_FRAMEWORK=auto timeout 120 "$PYTHON" "$SC/job_jax.py" prealloc exp.json || return 1
     expect exp.json 'd["attached"]' exception || return 1
     "$PYTHON" "$CHECKFW" dumps exp.json --framework jax --internal --api xla.bfc_allocator --request exp --cap exp \
-        --cap-source XLA_PYTHON_CLIENT_MEM_FRACTION --numbers jax --line failing
+        --cap-source XLA_PYTHON_CLIENT_MEM_FRACTION --numbers jax --line failing \
+        --primary framework_cap --remedy-mentions XLA_PYTHON_CLIENT_MEM_FRACTION
 }
 t "jax: RESOURCE_EXHAUSTED inside the preallocated arena: dump with request, bytes_limit, memory_stats" t_jax_prealloc
 
@@ -468,7 +475,7 @@ t "jax: uncaught RESOURCE_EXHAUSTED: same traceback and exit status; the dump on
 t_jax_frag() {
     shim env PYTHONPATH="$FJ" OOMGUARD_FRAMEWORK=auto timeout 120 "$PYTHON" "$SC/job_jax.py" frag exp.json || return 1
     "$PYTHON" "$CHECKFW" dumps exp.json --framework jax --internal --request exp --numbers jax --line failing \
-        --primary fragmentation
+        --primary fragmentation --remedy-mentions XLA_PYTHON_CLIENT_ALLOCATOR=platform
 }
 t "jax: half the arena free in pieces smaller than the request: fragmentation from memory_stats" t_jax_frag
 
@@ -483,7 +490,8 @@ t_cupy_limit() {
     shim env PYTHONPATH="$FC" OOMGUARD_FRAMEWORK=auto timeout 120 "$PYTHON" "$SC/job_cupy.py" limit exp.json || return 1
     expect exp.json 'd["attached"]' exception || return 1
     "$PYTHON" "$CHECKFW" dumps exp.json --framework cupy --internal --api cupy.cuda.MemoryPool --request exp --cap exp \
-        --cap-source 'set_limit(size=268435456)' --numbers cupy --line failing
+        --cap-source 'set_limit(size=268435456)' --numbers cupy --line failing \
+        --primary framework_cap --remedy-mentions set_limit
 }
 t "cupy: pool limit (set_limit): dump with request and limit; the adapter never waits on the pool's lock" t_cupy_limit
 
@@ -515,6 +523,16 @@ t_query_released() {
     expect "$(ls dumps/oomguard-*.json)" 'd["event"]["python_stack"]' '[]'
 }
 t "query: the GIL released around cudaMalloc (ctypes.CDLL): not asked, and the dump says why" t_query_released
+
+t_bench_stacks() {
+    # the per-allocation cost of OOMGUARD_PYTHON_STACKS (docs/python-adapters.md): it runs, the
+    # history records frames only when on, and it prints both figures
+    PYTHONPATH="$FT" "$PYTHON" "$ROOT/tests/adapter/bench_python_stacks.py" 2000 20 > out || { cat out; return 1; }
+    cat out
+    grep -qE '^python_stacks off: [0-9.]+ us per allocation$' out &&
+    grep -qE '^python_stacks cost: -?[0-9.]+ us per allocation' out
+}
+t "bench: OOMGUARD_PYTHON_STACKS cost per allocation is measured" t_bench_stacks
 
 echo "${pass} passed, ${fail} failed$([ $skip != 0 ] && echo ", ${skip} skipped")"
 [ $fail = 0 ]

@@ -108,10 +108,10 @@ int main(int argc, char **argv)
         simgpu_truth_t t;
         p_stats(0, &s);
         p_truth(0, &t);
-        CHECK(s.failures == t.failed_allocs, "failures: shim %llu driver %llu", (unsigned long long)s.failures,
-              (unsigned long long)t.failed_allocs);
-        CHECK(s.unknown_frees == 1, "unknown frees: %llu", (unsigned long long)s.unknown_frees);
-        CHECK(s.peak_tracked_bytes > 0, "no peak");
+        LEDGER_CHECK(s.failures == t.failed_allocs, "failures: shim %llu driver %llu", (unsigned long long)s.failures,
+                     (unsigned long long)t.failed_allocs);
+        LEDGER_CHECK(s.unknown_frees == 1, "unknown frees: %llu", (unsigned long long)s.unknown_frees);
+        LEDGER_CHECK(s.peak_tracked_bytes > 0, "no peak");
     }
     check_device(0, "end");
     check_device(1, "end");

@@ -23,7 +23,9 @@ EXPECT = {
     "non_framework": dict(status="oom", requested=4 * GiB, primary="non_framework"),
     "growth": dict(status="oom", requested=150 * MiB, cause="growth", top3_all=["release_references"]),
     "cache_held": dict(status="oom", requested=8 * GiB, primary="cache_held", library="libcomm.so"),
-    "recovered": dict(status="recovered", requested=12 * GiB),
+    # 10 x 2 GiB cached; 12 GiB fails once; the cache flush frees the 20 GiB; the retry succeeds
+    "recovered": dict(status="recovered", requested=12 * GiB,
+                      recovery=dict(by=12 * GiB, attempts=1, released=20 * GiB)),
 }
 
 failed = 0
@@ -88,6 +90,16 @@ def main():
         rem = next((r for r in d["remedies"] if r["id"] == rid), None)
         check(rem is not None and (text in rem["why"] or any(text in h for h in rem["how"])),
               f"{rid} names {text}")
+    if "recovery" in exp:
+        rv, e = exp["recovery"], d["event"]
+        rb = e.get("recovered_by") or {}
+        check(rb.get("requested_bytes") == rv["by"], f"recovered_by {rb} == {rv['by']}")
+        check(e["attempts"] == rv["attempts"], f"attempts {e['attempts']} == {rv['attempts']}")
+        check(e["released_between_attempts_bytes"] == rv["released"],
+              f"released between attempts {e['released_between_attempts_bytes']} == {rv['released']}")
+        check(d["memory"]["framework_cached_bytes"] == rv["released"]
+              and d["memory"].get("framework_cached_source") == "retry_release",
+              f"framework cache measured from the retry: {d['memory']['framework_cached_bytes']}")
     if "library" in exp:
         check(d["event"]["library"] == exp["library"], f"failing library {d['event']['library']}")
     check([r["rank"] for r in d["remedies"]] == list(range(1, len(ids) + 1)), "ranks 1..n")

@@ -10,7 +10,8 @@
  *   arrays     CUDA arrays through the driver and the runtime
  *   ctx        a created context destroyed, a primary context released to zero
  *   dlmopen    a driver opened in another link-map namespace is left alone
- *   summary    allocations, then a normal exit (OOMGUARD_SUMMARY decides the rest) */
+ *   summary    allocations, then a normal exit (OOMGUARD_SUMMARY decides the rest)
+ *   lookups    no dlopen by the shim inside allocations, failures and dumps included */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <stdint.h>
@@ -264,6 +265,47 @@ static int mode_dlmopen(void)
     return 0;
 }
 
+/* dlopen as the shim sees it: this program exports its own (-Wl,--export-dynamic-symbol), so
+ * the shim's calls land here; those made from liboomguard.so while `counting` are counted. */
+static int counting, shim_dlopens;
+void *dlopen(const char *file, int mode)
+{
+    static void *(*real)(const char *, int);
+    if (!real)
+        real = (void *(*)(const char *, int))dlvsym(RTLD_NEXT, "dlopen", "GLIBC_2.34");
+    if (!real)
+        real = (void *(*)(const char *, int))dlvsym(RTLD_NEXT, "dlopen", "GLIBC_2.2.5");
+    Dl_info info;
+    if (counting && dladdr(__builtin_return_address(0), &info) && info.dli_fname &&
+        strstr(info.dli_fname, "liboomguard")) {
+        shim_dlopens++;
+        fprintf(stderr, "shim dlopen(%s) inside an allocation\n", file ? file : "NULL");
+    }
+    return real(file, mode);
+}
+
+/* item 5: no dlopen (of NVML or the driver) and no look-up inside an allocation, a failure
+ * included (its dump asks the driver and NVML); run with OOMGUARD_LIMIT so that the limit's
+ * NVML query is on the path too */
+static int mode_lookups(void)
+{
+    void *p, *q, *big;
+    cudaSetDevice(0);
+    cudaFree(0);                          /* the runtime starts: the driver is in the process */
+    counting = 1;
+    for (int i = 0; i < 100; i++) {
+        CHECK(cudaMalloc(&p, 1 * MiB) == cudaSuccess, "small");
+        cudaFree(p);
+    }
+    CHECK(cudaMallocAsync(&q, 64 * MiB, 0) == cudaSuccess, "pool");
+    cudaFreeAsync(q, 0);
+    CHECK(cudaMalloc(&big, 100 * GiB) == cudaErrorMemoryAllocation, "over the limit");
+    CHECK(cudaMalloc(&big, 8 * GiB) == cudaErrorMemoryAllocation, "refused by the limit");
+    counting = 0;
+    CHECK(shim_dlopens == 0, "%d dlopen calls from the shim inside allocations", shim_dlopens);
+    return 0;
+}
+
 static int mode_summary(void)
 {
     void *p;
@@ -290,6 +332,7 @@ int main(int argc, char **argv)
              : !strcmp(m, "ctx")        ? mode_ctx()
              : !strcmp(m, "dlmopen")    ? mode_dlmopen()
              : !strcmp(m, "summary")    ? mode_summary()
+             : !strcmp(m, "lookups")    ? mode_lookups()
                                         : 2;
     if (rc == 2) {
         fprintf(stderr, "unknown mode %s\n", m);

@@ -12,6 +12,8 @@ int main(void)
 {
     const char *r = getenv("RANK");
     int rank = r ? atoi(r) : 0;
+    printf("rank %d pid %d\n", rank, (int)getpid());   /* the launcher test checks the dumps' pids */
+    fflush(stdout);
     cudaSetDevice(rank % 2);
     void *model, *big;
     if (cudaMalloc(&model, (size_t)(rank + 1) * GiB) != cudaSuccess)

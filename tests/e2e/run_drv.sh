@@ -90,7 +90,9 @@ result $rc "CUDA arrays (driver and runtime, 2D/3D/mipmapped) in the ledger, exa
 scenario ctx ctx
 result $rc "cuCtxDestroy and a primary context released to zero drop their blocks" "$out"
 
-# ---- item 5: namespaces, exit ----------------------------------------------------------
+# ---- item 5: look-ups, namespaces, exit --------------------------------------------------
+scenario lookups lookups OOMGUARD_LIMIT=0:8GiB
+result $rc "no dlopen or driver look-up inside an allocation (limit, failure and dump included)" "$out"
 scenario dlmopen dlmopen
 result $rc "a driver dlmopen'ed in another namespace is not redirected" "$out"
 # NVIDIA's runtime (and the simulated one) dlopen()s the driver: loaded after the shim, its

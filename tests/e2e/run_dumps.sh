@@ -87,18 +87,23 @@ file_safety() {   # file_safety LABEL: every case writes below $work/<case>-LABE
 
 echo "== file safety (as $(id -un))"
 file_safety "$(id -un)"
+echo "== file safety on a file system without O_TMPFILE (hidden temporary files)"
+saved=$PRELOAD; PRELOAD="$PRELOAD $root/$B/tests/libno_tmpfile.so"
+file_safety "$(id -un), no O_TMPFILE"
+PRELOAD=$saved
 if [ "$(id -u)" = 0 ]; then
-    if command -v setpriv >/dev/null && setpriv --reuid=65534 --regid=65534 --clear-groups true 2>/dev/null; then
+    nobody() { setpriv --reuid=65534 --regid=65534 --clear-groups "$@"; }
+    mkdir -p "$work/nobody" && chmod 1777 "$work/nobody"
+    if command -v setpriv >/dev/null && nobody test -x "$prog" -a -r "${PRELOAD##* }" -a -r "$0" 2>/dev/null; then
         echo "== file safety (as nobody)"
         # functions cannot cross setpriv: run this script's cases again in a child as nobody
-        out=$(setpriv --reuid=65534 --regid=65534 --clear-groups env B="$B" PRELOAD="$PRELOAD" OG_DUMPS_ONLY=file \
-              bash "$0" 2>&1)
+        out=$(nobody env B="$B" PRELOAD="$PRELOAD" OG_DUMPS_ONLY=file TMPDIR="$work/nobody" bash "$0" 2>&1)
         printf '%s\n' "$out" | grep -E '^(PASS|FAIL|SKIP)'
         p=$(printf '%s\n' "$out" | grep -cE '^PASS'); f=$(printf '%s\n' "$out" | grep -cE '^FAIL')
         pass=$((pass + p)); fail=$((fail + f))
         [ "$p" = 0 ] && { fail=$((fail + 1)); echo "FAIL  unprivileged run produced no results"; printf '%s\n' "$out" | tail -5; }
     else
-        skipped "file safety as an unprivileged user (no setpriv)"
+        skipped "file safety as an unprivileged user (no setpriv, or the build is not readable by nobody)"
     fi
 fi
 [ "${OG_DUMPS_ONLY:-}" = file ] && { echo "$pass passed, $fail failed, $skip skipped"; exit 0; }

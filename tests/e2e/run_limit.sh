@@ -64,7 +64,8 @@ int main(void) {
     void *a, *b; cudaSetDevice(0);
     for (int i = 0; i < 2; i++) {
         cudaMalloc(&a, 10ull << 30); cudaMalloc(&b, 3ull << 30);   /* crosses 50% of 24 GiB */
-        cudaFree(b); cudaMalloc(&b, 3ull << 30); cudaFree(b);       /* hovers: no new warning */
+        cudaFree(b); cudaMalloc(&b, 1536ull << 20); cudaFree(b);    /* 11.5 GiB: inside the 5% band, */
+        cudaMalloc(&b, 2560ull << 20); cudaFree(b);                 /* so 12.5 GiB: no new warning */
         cudaFree(a);                                                /* falls well below */
     }
     return 0;

@@ -1,17 +1,20 @@
 /* 2 devices x 8 threads x 100k random allocations and frees, with the simulated driver
  * failing a seeded share of them (SIMGPU_FAIL_PROB).  The ledger must still match the
- * driver to the byte, and every failure the driver reported must be counted. */
+ * driver to the byte, and every failure the driver reported must be counted.
+ * STRESS_THREADS and STRESS_OPS (per thread) size it: `make soak` runs 16 x 1M. */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <pthread.h>
 
 #include "check.h"
 
-#define THREADS 8
+#define MAX_THREADS 64
 #define OPS     100000
 #define SLOTS   64
 
-static int ops = OPS;
+static int ops = OPS, threads = 8;
+/* what the program itself did, per device: the shim's counters must say the same */
+static _Atomic unsigned long long did_alloc[2], did_free[2];
 
 static void *worker(void *arg)
 {
@@ -27,6 +30,7 @@ static void *worker(void *arg)
             cudaError_t e = kind[s] ? cudaFreeAsync(slot[s], 0) : cudaFree(slot[s]);
             if (e != cudaSuccess)
                 return (void *)2;
+            did_free[dev]++;
             slot[s] = NULL;
         } else {
             size_t size = 1 + rand_r(&seed) % (4u << 20);
@@ -35,12 +39,14 @@ static void *worker(void *arg)
             if (e != cudaSuccess) {
                 slot[s] = NULL;
                 (void)cudaGetLastError();
+            } else {
+                did_alloc[dev]++;
             }
         }
     }
     for (int s = 0; s < SLOTS; s++)
-        if (slot[s])
-            cudaFree(slot[s]);
+        if (slot[s] && cudaFree(slot[s]) == cudaSuccess)
+            did_free[dev]++;
     return NULL;
 }
 
@@ -48,13 +54,17 @@ int main(int argc, char **argv)
 {
     if (getenv("STRESS_OPS"))
         ops = atoi(getenv("STRESS_OPS"));
+    if (getenv("STRESS_THREADS"))
+        threads = atoi(getenv("STRESS_THREADS"));
+    if (threads < 2 || threads > MAX_THREADS)
+        threads = 8;
     int have_shim = check_setup();
     if (have_shim < 0)
         return 1;
-    pthread_t t[THREADS];
-    for (int i = 0; i < THREADS; i++)
+    pthread_t t[MAX_THREADS];
+    for (int i = 0; i < threads; i++)
         pthread_create(&t[i], NULL, worker, (void *)(uintptr_t)i);
-    for (int i = 0; i < THREADS; i++) {
+    for (int i = 0; i < threads; i++) {
         void *rv;
         pthread_join(t[i], &rv);
         CHECK(rv == NULL, "worker %d failed (%p)", i, rv);
@@ -72,6 +82,13 @@ int main(int argc, char **argv)
                   (unsigned long long)s.failures, (unsigned long long)tr.failed_allocs);
             CHECK(tr.injected_failures > 0, "dev %d: no failure was injected", dev);
             CHECK(s.plain_blocks == 0 && s.pool_blocks == 0, "dev %d: blocks left", dev);
+            CHECK(s.allocs == did_alloc[dev] && s.frees == did_free[dev],
+                  "dev %d: shim counted %llu allocs / %llu frees, the program made %llu / %llu", dev,
+                  (unsigned long long)s.allocs, (unsigned long long)s.frees, did_alloc[dev], did_free[dev]);
+            /* the peak counts requested bytes; the driver's adds granularity and the context */
+            CHECK(s.peak_tracked_bytes > 0 && s.peak_tracked_bytes <= tr.peak_used_bytes - tr.context_bytes,
+                  "dev %d: peak %llu, driver peak %llu - context %llu", dev,
+                  (unsigned long long)s.peak_tracked_bytes, tr.peak_used_bytes, tr.context_bytes);
             printf("dev %d: %llu allocs, %llu frees, %llu failures (%llu injected), peak %llu bytes\n", dev,
                    (unsigned long long)s.allocs, (unsigned long long)s.frees, (unsigned long long)s.failures,
                    (unsigned long long)tr.injected_failures, (unsigned long long)s.peak_tracked_bytes);

@@ -3,7 +3,8 @@
  * counters, the simulator's ground truth, or (from tests/regress/run_regressions.sh) the dump.
  *
  *   regress MODE [ARG...]   modes: reset pool batch failed-free release cross-thread vmm-retain
- *                     invalid episode warn-band warn-limit two-devices pitch-host
+ *                     invalid episode episode-pool episode-vmm warn-band warn-limit two-devices
+ *                     pitch-host limit-exact limit-pool
  * Run with LD_PRELOAD=liboomguard.so, SIMGPU_DEVICES=2 SIMGPU_MEM=0:24GiB,1:16GiB. */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -36,13 +37,26 @@ static void mode_reset(void)
     OK(cudaMallocManaged(&managed1, 64 * MiB, cudaMemAttachGlobal));
     oomguard_device_stats_t s = stats(1);
     CHECK(s.managed_bytes == 64 * MiB && s.managed_blocks == 1, "managed block on device 1 before the reset");
+    /* a block of another context on device 1: the primary context's reset leaves it */
+    CUcontext prim, created;
+    CUdeviceptr other;
+    OK(cuCtxGetCurrent(&prim));
+    OK(cuCtxCreate(&created, NULL, 0, 1));
+    OK(cuMemAlloc(&other, 16 * MiB));
+    OK(cuCtxSetCurrent(prim));
     OK(cudaDeviceReset());
     s = stats(1);
-    CHECK(s.plain_bytes + s.managed_bytes == 0, "device 1 after reset: %llu plain+managed bytes",
-          (unsigned long long)(s.plain_bytes + s.managed_bytes));
-    CHECK(s.plain_blocks + s.managed_blocks == 0, "device 1 after reset: %llu blocks",
-          (unsigned long long)(s.plain_blocks + s.managed_blocks));
+    CHECK(s.plain_bytes == 16 * MiB && s.managed_bytes == 0, "device 1 after reset: %llu plain, %llu managed bytes "
+          "(want only the other context's 16 MiB)", (unsigned long long)s.plain_bytes,
+          (unsigned long long)s.managed_bytes);
+    CHECK(s.plain_blocks == 1 && s.managed_blocks == 0, "device 1 after reset: %llu plain, %llu managed blocks",
+          (unsigned long long)s.plain_blocks, (unsigned long long)s.managed_blocks);
     check_device(1, "after reset");
+    OK(cuCtxDestroy(created));
+    s = stats(1);
+    CHECK(s.plain_bytes + s.managed_bytes == 0 && s.plain_blocks + s.managed_blocks == 0,
+          "device 1 with both contexts gone: nothing left");
+    check_device(1, "other context destroyed");
     s = stats(0);
     CHECK(s.plain_bytes == 8 * MiB && s.plain_blocks == 1, "device 0 keeps its block across device 1's reset");
     check_device(0, "other device after reset");
@@ -244,6 +258,96 @@ static void mode_episode(void)
     cudaFree(small);
 }
 
+/* The framework's release between attempts through a pool trim and through a VMM release:
+ * 4 GiB held, 30 GiB fails, the 4 GiB given back, 29 GiB fails (the script checks that the
+ * dump says 4 GiB were released between the attempts). */
+static void mode_episode_pool(void)
+{
+    void *a, *big;
+    cudaMemPool_t pool, other;
+    OK(cudaSetDevice(0));
+    OK(cudaDeviceGetDefaultMemPool(&pool, 0));
+    uint64_t keep_all = UINT64_MAX;
+    OK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
+    OK(cudaMallocAsync(&a, 4 * GiB, 0));
+    OK(cudaFreeAsync(a, 0));
+    OK(cudaStreamSynchronize(0));           /* the pool keeps the 4 GiB reserved */
+    /* the failing requests come from a second pool (a failing pool trims itself first) */
+    struct cudaMemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = 0;
+    OK(cudaMemPoolCreate(&other, &props));
+    CHECK(cudaMallocFromPoolAsync(&big, 30 * GiB, other, 0) == cudaErrorMemoryAllocation, "30 GiB fails");
+    (void)cudaGetLastError();
+    OK(cudaMemPoolTrimTo(pool, 0));
+    CHECK(cudaMallocFromPoolAsync(&big, 29 * GiB, other, 0) == cudaErrorMemoryAllocation, "29 GiB fails");
+    (void)cudaGetLastError();
+}
+
+static void mode_episode_vmm(void)
+{
+    OK(cudaSetDevice(0));
+    OK(cudaFree(0));
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    CUmemGenericAllocationHandle h;
+    CUdeviceptr d;
+    OK(cuMemCreate(&h, 4 * GiB, &prop, 0));
+    CHECK(cuMemAlloc(&d, 30 * GiB) == CUDA_ERROR_OUT_OF_MEMORY, "30 GiB fails");
+    OK(cuMemRelease(h));
+    CHECK(cuMemAlloc(&d, 29 * GiB) == CUDA_ERROR_OUT_OF_MEMORY, "29 GiB fails");
+}
+
+/* Under OOMGUARD_LIMIT (1:4GiB) the limited view is exact: every small allocation shows at
+ * once in the free memory cudaMemGetInfo reports (nothing is batched while a limit is set). */
+static void mode_limit_exact(void)
+{
+    void *p[3];
+    size_t f0, f, t;
+    OK(cudaSetDevice(1));
+    OK(cudaFree(0));
+    OK(cudaMemGetInfo(&f0, &t));
+    CHECK(t == 4 * GiB, "limited total %zu", t);
+    for (int i = 0; i < 3; i++) {
+        OK(cudaMalloc(&p[i], 1 * MiB));
+        OK(cudaMemGetInfo(&f, &t));
+        CHECK(f == f0 - (size_t)(i + 1) * MiB, "after %d x 1 MiB: free %zu, want %zu", i + 1, f,
+              (size_t)(f0 - (size_t)(i + 1) * MiB));
+    }
+    for (int i = 0; i < 3; i++)
+        OK(cudaFree(p[i]));
+    OK(cudaMemGetInfo(&f, &t));
+    CHECK(f == f0, "all freed: free %zu, want %zu", f, f0);
+}
+
+/* Under OOMGUARD_LIMIT (1:4GiB) a pool serves from its unused reservation first: 3 GiB
+ * reserved and free again in the pool, 2 GiB more from it needs no new memory and passes
+ * although 3.5 GiB (context included) already count against the limit. */
+static void mode_limit_pool(void)
+{
+    void *a, *b;
+    cudaMemPool_t pool;
+    OK(cudaSetDevice(1));
+    OK(cudaDeviceGetDefaultMemPool(&pool, 1));
+    uint64_t keep_all = UINT64_MAX;
+    OK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
+    OK(cudaMallocAsync(&a, 3 * GiB, 0));
+    OK(cudaFreeAsync(a, 0));
+    OK(cudaStreamSynchronize(0));
+    CHECK(cudaMallocAsync(&b, 2 * GiB, 0) == cudaSuccess, "2 GiB from the pool's spare reservation refused");
+    (void)cudaGetLastError();
+    OK(cudaFreeAsync(b, 0));
+    OK(cudaStreamSynchronize(0));
+    CHECK(cudaMalloc(&a, 1 * GiB) == cudaErrorMemoryAllocation, "1 GiB of new memory must be refused");
+    (void)cudaGetLastError();
+    check_device(1, "pool under the limit");
+}
+
 /* OOMGUARD_WARN_AT=50% of 24 GiB (12 GiB), re-armed below 95% of it (11.4 GiB):
  * 13 GiB warns; down to 10; up to 11.5 (inside the band: not re-armed) and 12.5: no new
  * warning; down to 0 and up to 12.5: the second warning.  The script counts them. */
@@ -316,7 +420,9 @@ static const struct { const char *name; void (*fn)(void); } modes[] = {
     {"vmm-retain", mode_vmm_retain}, {"invalid", mode_invalid},
     {"episode", mode_episode},       {"warn-band", mode_warn_band},
     {"warn-limit", mode_warn_limit}, {"two-devices", mode_two_devices},
-    {"pitch-host", mode_pitch_host},
+    {"pitch-host", mode_pitch_host}, {"episode-pool", mode_episode_pool},
+    {"episode-vmm", mode_episode_vmm}, {"limit-exact", mode_limit_exact},
+    {"limit-pool", mode_limit_pool},
 };
 
 int main(int argc, char **argv)

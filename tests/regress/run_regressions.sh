@@ -60,6 +60,12 @@ pr=$?
 result $([ $rc = 0 ] && [ $pr = 0 ]; echo $?) \
     "64 x 1 MiB allocated, then freed, then a failure: the fail event's live_bytes within 4 MiB of process_tracked_bytes (frees flush the batch)"
 
+mode limit-exact OOMGUARD_LIMIT=1:4GiB
+result $? "under OOMGUARD_LIMIT each 1 MiB allocation and free shows at once in cudaMemGetInfo (no batching)"
+
+mode limit-pool OOMGUARD_LIMIT=1:4GiB
+result $? "under OOMGUARD_LIMIT a pool allocation served from the pool's unused reservation is not refused"
+
 mode invalid
 rc=$?
 n=$(ls "$work/invalid" | grep -c '^oomguard-')
@@ -110,6 +116,21 @@ pr=$?
 result $([ $rc = 0 ] && [ $pr = 0 ]; echo $?) \
     "the same job dying after the second attempt: status oom, requested 29 GiB (the latest), attempts 2, released 4 GiB"
 
+for how in pool vmm; do
+    mode episode-$how
+    rc=$?
+    py "$(dump_of episode-$how)" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+e = d["event"]
+assert e["attempts"] == 2 and e["requested_bytes"] == 29 << 30, (e["attempts"], e["requested_bytes"])
+assert e["released_between_attempts_bytes"] == 4 << 30, e["released_between_attempts_bytes"]
+PY
+    pr=$?
+    result $([ $rc = 0 ] && [ $pr = 0 ]; echo $?) \
+        "released between attempts through a $([ $how = pool ] && echo "pool trim" || echo "VMM release"): 4 GiB"
+done
+
 # ---------------------------------------------------------------- warnings and budget
 mode warn-band OOMGUARD_WARN_AT=50% OOMGUARD_QUIET=0
 n=$(grep -c "crossed OOMGUARD_WARN_AT" "$work/warn-band/out.log")
@@ -151,6 +172,41 @@ PY
 pr=$?
 result $([ -f "$(dump_of secrets)" ] && [ -z "$leaks" ] && [ $pr = 0 ]; echo $?) \
     "credentials in CUDA_AUTH_TOKEN, NCCL_IB_PASSWORD, ..._API_KEY, ..._PASS, --token X, URL password, --api-key=X: none in the dump (${leaks:-none leaked})"
+
+# ---------------------------------------------------------------- file safety, unprivileged
+# Root ignores mode bits, so these run as an ordinary user: `nobody` via setpriv when the
+# suite runs as root (as in CI), else as the user running it.
+as_user=()
+if [ "$(id -u)" = 0 ]; then
+    if command -v setpriv >/dev/null && id nobody >/dev/null 2>&1; then
+        as_user=(setpriv --reuid="$(id -u nobody)" --regid="$(id -g nobody)" --clear-groups)
+    else
+        as_user=(false)
+    fi
+fi
+if [ "${as_user[*]}" = false ]; then
+    result 1 "file safety as an unprivileged user: running as root without setpriv or user nobody"
+else
+    u="$work/user"; mkdir -p "$u/ro" "$u/tmp" "$u/link"
+    chmod 755 "$work" "$u"; chmod 555 "$u/ro"; chmod 777 "$u/tmp" "$u/link"
+    # an unwritable OOMGUARD_DIR: the program carries on, one warning, the dump goes to TMPDIR
+    out=$("${as_user[@]}" env SIMGPU_DEVICES=1 SIMGPU_MEM=24GiB OOMGUARD_DIR="$u/ro" TMPDIR="$u/tmp" \
+          LD_PRELOAD="$PRELOAD" "$root/$B/examples/too_big" 2>&1); rc=$?
+    n=$(printf '%s\n' "$out" | grep -c "cannot write a dump in")
+    fb=$(ls "$u"/tmp/oomguard-*.json 2>/dev/null | wc -l)
+    result $([ $rc = 3 ] && [ "$n" = 1 ] && [ "$fb" = 1 ] && [ -z "$(ls -A "$u/ro")" ]; echo $?) \
+        "as $("${as_user[@]}" id -un): unwritable OOMGUARD_DIR: exit $rc, one warning ($n), dump in TMPDIR ($fb)"
+    # symlinks planted at both dump paths, pointing at a file the user may write
+    echo precious >"$u/victim"; chmod 666 "$u/victim"
+    "${as_user[@]}" bash -c 'ln -s "$1" "$2/oomguard-$3-$$.json"; ln -s "$1" "$2/oomguard-$3-$$.txt"; shift 3; exec env "$@"' _ \
+        "$u/victim" "$u/link" "$(hostname)" SIMGPU_DEVICES=1 SIMGPU_MEM=24GiB OOMGUARD_DIR="$u/link" OOMGUARD_QUIET=1 \
+        LD_PRELOAD="$PRELOAD" "$root/$B/examples/too_big" >/dev/null 2>&1
+    rc=$?
+    f=$(find "$u/link" -name 'oomguard-*.json' -type f | head -n 1)
+    perm=$(stat -c %a "$f" 2>/dev/null)
+    result $([ $rc = 3 ] && [ "$(cat "$u/victim")" = precious ] && [ -n "$f" ] && [ "$perm" = 600 ]; echo $?) \
+        "as an unprivileged user: nothing written through a planted symlink, dump written as a file, mode $perm"
+fi
 
 # ---------------------------------------------------------------- the oomguard command
 FIX="$root/tests/fixtures"

@@ -76,6 +76,28 @@ def generic_text_checks(d, txt):
             check(a <= b * 1.005 + 1, "%s: impossible statement %r" % (where, m.group(0)))
 
 
+def evidence_text_checks(d):
+    """What the dump says it did not measure, its texts must not state as fact; framework-specific
+    lines are labelled with their framework when the framework is unknown."""
+    um = " ".join(d.get("memory", {}).get("unmeasured") or [])
+    if "cache" in um:
+        for where, s in texts_of(d):
+            m = re.search(SIZE + r" (is |are )?(live|in live tensors|held by live tensors)\b", s)
+            check(not m, "%s calls bytes live although the framework's cache was not measured: %r"
+                  % (where, m.group(0) if m else ""))
+    fw = (d.get("framework") or {}).get("name")
+    if fw in (None, "", "unknown"):
+        labels = {"torch.": "PyTorch", "PYTORCH_": "PyTorch", "jax.": "JAX", "XLA_": "JAX", "tf.": "TensorFlow",
+                  "cupy.": "CuPy"}
+        for r in d.get("remedies", [])[:3]:
+            for h in r.get("how") or []:
+                for key, label in labels.items():
+                    if key in h:
+                        check(label.lower() in h.lower() or "xla" in h.lower() and label == "JAX",
+                              "remedy %s: %r is %s-specific but not labelled, and the framework is unknown"
+                              % (r.get("id"), h[:120], label))
+
+
 def pick_mark(marks, d):
     """The ground truth that belongs to this dump: the failing call's last failed attempt (an
     OOM that stayed), or the failed attempt before a recovery (a recovered dump)."""
@@ -137,6 +159,16 @@ def truth_checks(d, mark, rec_mark, exp):
               % (d["history"]["peak_bytes"], want))
     ex = mark.get("extra", {})
     fw = m.get("framework")
+    if ex.get("query") or ex.get("fw"):
+        # the framework's allocated/reserved are known to the test (a failure outside the framework
+        # with the adapter's query registered, or the Python job's own memory_stats()): the dump
+        # must carry them, measured, not unknown
+        if check(fw is not None, "memory.framework present (the shim could ask the adapter's query)"):
+            for key, ek in (("allocated_bytes", "allocated"), ("reserved_bytes", "reserved")):
+                check(fw.get(key) == ex.get(ek), "memory.framework.%s %s == allocator %s" % (key, fw.get(key), ex.get(ek)))
+            cached = ex["reserved"] - ex["allocated"]
+            check(m.get("framework_cached_bytes") == cached,
+                  "memory.framework_cached_bytes %s == reserved - allocated %s" % (m.get("framework_cached_bytes"), cached))
     if ex.get("adapter"):
         if check(fw is not None, "memory.framework present (the adapter reported)"):
             for key, ek in (("allocated_bytes", "allocated"), ("reserved_bytes", "reserved"),
@@ -146,6 +178,11 @@ def truth_checks(d, mark, rec_mark, exp):
             cached = ex["reserved"] - ex["allocated"]
             check(m.get("framework_cached_bytes") == cached,
                   "memory.framework_cached_bytes %s == reserved - allocated %s" % (m.get("framework_cached_bytes"), cached))
+    if d["status"] == "oom" and "released" in ex and mark["kind"] == "fail":
+        # the framework's own release between its failed attempts (PyTorch frees its free segments)
+        got = d["event"].get("released_between_attempts_bytes")
+        check(got == ex["released"], "event.released_between_attempts_bytes %s == the framework released %s"
+              % (got, ex["released"]))
     if d["status"] == "recovered" and rec_mark is not None:
         rel = rec_mark.get("extra", {}).get("released", 0)
         got = d["event"].get("released_between_attempts_bytes")
@@ -300,6 +337,7 @@ def main():
         mark, rec = pick_mark(marks, d)
         truth_checks(d, mark, rec, exp)
         generic_text_checks(d, txt)
+        evidence_text_checks(d)
         expectation_checks(d, txt, exp, subst)
         if top3_out:
             with open(top3_out, "w") as f:

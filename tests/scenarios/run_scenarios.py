@@ -23,6 +23,13 @@ B = os.environ.get("B", "build")
 BDIR = B if os.path.isabs(B) else os.path.join(ROOT, B)
 BIN = os.path.join(BDIR, "tests", "scenarios")
 PRELOAD = os.environ.get("PRELOAD") or os.path.join(BDIR, "liboomguard.so")
+if os.environ.get("SANITIZE") == "1" and not os.environ.get("PRELOAD"):
+    # the sanitizer runtime must come first in the initial library list (as tests/run_tests.sh does)
+    asan = subprocess.run([os.environ.get("CC", "cc"), "-print-file-name=libasan.so"], stdout=subprocess.PIPE,
+                          universal_newlines=True).stdout.strip()
+    PRELOAD = asan + " " + PRELOAD
+    os.environ.setdefault("ASAN_OPTIONS", "detect_leaks=0:abort_on_error=1:verify_asan_link_order=0")
+    os.environ.setdefault("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1")
 PRELOAD = " ".join(p if os.path.isabs(p) else os.path.join(ROOT, p) for p in PRELOAD.split())
 OOMGUARD = os.path.join(BDIR, "oomguard")
 TIMEOUT = 180
@@ -83,6 +90,11 @@ def run_case(name, case, mode, work):
     elif mode == "run":
         if os.environ.get("SANITIZE") == "1":
             env["ASAN_OPTIONS"] = env.get("ASAN_OPTIONS", "detect_leaks=0:abort_on_error=1") + ":verify_asan_link_order=0"
+            # a program that does not link the sanitizer runtime (python) gets it preloaded;
+            # `oomguard run` puts the shim first and keeps these after it
+            rt = " ".join(p for p in PRELOAD.split() if "liboomguard" not in os.path.basename(p))
+            if rt:
+                env["LD_PRELOAD"] = rt
         argv = [OOMGUARD, "run", "--dir", dumps, "--"] + argv
     else:
         return False, ["unknown mode " + mode], None
@@ -203,6 +215,19 @@ def write_status(path, status, npass, nfail, nxfail):
              "expects, what the dump said, the failed checks.  Re-run one: `B=build-x python3 "
              "tests/scenarios/run_scenarios.py NAME` (SCEN_KEEP=DIR keeps the dumps)." %
              (time.strftime("%H:%M", time.gmtime()), npass, nfail, nxfail), ""]
+    # the same check failing in many cases is usually one rule or one text: list those first
+    import re
+    common = {}
+    for name, mode, case, got, fails, xf in status:
+        for f in fails:
+            key = re.sub(r"\(primary .*$", "", re.sub(r"[0-9][0-9.]*", "N", f)).strip()
+            common.setdefault(key, set()).add(name)
+    rows = sorted(((len(v), k, v) for k, v in common.items() if len(v) > 1), reverse=True)
+    if rows:
+        lines.append("## Checks failing in several cases")
+        for n, k, v in rows[:12]:
+            lines.append("- %d cases: %s  (%s)" % (n, k[:200], ", ".join(sorted(v))[:300]))
+        lines.append("")
     for name, mode, case, got, fails, xf in status:
         e = case.get("expect", {})
         want = []
@@ -218,6 +243,8 @@ def write_status(path, status, npass, nfail, nxfail):
         lines.append("- case: %s" % case.get("title", ""))
         lines.append("- expert expects: %s" % ("; ".join(want) or "see cases/%s.json" % name))
         lines.append("- got: %s" % got)
+        if case.get("hint"):
+            lines.append("- hint: %s" % case["hint"])
         for f in fails[:8]:
             lines.append("- %s" % f)
         lines.append("")

@@ -1,6 +1,6 @@
 # The scenario corpus (issue 9): realistic out-of-memory failures, each a user's program in
 # tests/scenarios/progs/ with an expert's expectations in tests/scenarios/cases/NAME.json, run by
-# tests/scenarios/run_scenarios.sh.  The stand-in libraries carry the real libraries' names so the
+# tests/scenarios/run_scenarios.py.  The stand-in libraries carry the real libraries' names so the
 # shim attributes them as it would in production.
 SC_B       := $(B)/tests/scenarios
 SC_LIBDIR  := $(SC_B)/lib
@@ -15,7 +15,7 @@ SC_DRV      = -L$(SIM_LIBDIR) -Wl,-rpath-link,$(SIM_LIBDIR) -lcuda -ldl
 
 $(SC_LIBDIR)/libc10_cuda.so: tests/scenarios/kit/c10.c $(SC_KITDEPS)
 	@mkdir -p $(dir $@)
-	$(CC) $(SC_CFLAGS) -fPIC -shared -Wl,-soname,libc10_cuda.so $< -o $@ $(SC_RT)
+	$(CC) $(SC_CFLAGS) -fPIC -shared -Wl,-soname,libc10_cuda.so $< -o $@ $(SC_RT) -lcuda
 $(SC_LIBDIR)/libcudnn.so.9: tests/scenarios/kit/cudnn.c $(SC_KITDEPS)
 	@mkdir -p $(dir $@)
 	$(CC) $(SC_CFLAGS) -fPIC -shared -Wl,-soname,libcudnn.so.9 $< -o $@ $(SC_RT)
@@ -42,6 +42,6 @@ test-build: $(SC_PROGS)
 
 # just the corpus: make B=... test-scenarios
 test-scenarios: all $(SC_PROGS)
-	@B=$(B) bash tests/scenarios/run_scenarios.sh
+	@B=$(B) SANITIZE=$(SANITIZE) python3 tests/scenarios/run_scenarios.py
 
 .PHONY: scenario-progs test-scenarios

@@ -78,7 +78,8 @@ def main():
                 eq("%s[%r].%s" % (g, k, f), row.get(f), c.get(f, 0))
     for e in errors[:30]:
         print(e)
-    print("%d groups compared, %d differences" % (sum(len(want[g]) for g in ("by_job", "by_host")), len(errors)))
+    ngroups = sum(len(want[g]) for g in ("by_job", "by_host", "by_gpu_model", "by_framework"))
+    print("%d dumps, %d groups compared, %d differences" % (want["dumps"], ngroups, len(errors)))
     sys.exit(1 if errors else 0)
 
 

@@ -1,5 +1,5 @@
 /* Option parsing: sizes, booleans, ranges, and bad values that must fall back to the
- * default with one warning. */
+ * default with one warning (the warning itself is asserted in test_options_warn.c). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

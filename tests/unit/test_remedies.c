@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <ctype.h>
 
 #include "og.h"
 #include "record.h"
@@ -24,7 +25,8 @@ static const char *const ALL_IDS[] = {
     "empty_cache", "mixed_precision", "gradient_checkpointing", "smaller_batch", "expandable_segments",
     "flash_attention", "quantization", "cpu_offload", "release_references", "shorter_sequences",
     "multi_gpu_parallelism", "zero_fsdp", "inference_mode", "foreign_processes", "bigger_gpu",
-    "restart_process", "raise_limit",
+    "restart_process", "raise_limit", "other_framework_memory", "set_device", "distributed_data_parallel",
+    "split_operation", "pool_trim", "bucket_by_length", "raise_framework_cap",
 };
 
 /* A PyTorch process on a 24 GiB cc 8.6 card that holds 20 GiB; NVML and the cache not measured. */
@@ -92,6 +94,58 @@ static const og_remedy_t *rem(const og_record_t *r, const char *id)
 }
 
 static int rank_of(const og_record_t *r, const char *id) { return rem(r, id)->rank; }
+
+static bool has_cause(const og_record_t *r, const char *id)
+{
+    for (int i = 0; i < r->diagnosis.ncauses; i++)
+        if (r->diagnosis.causes[i].id && strcmp(r->diagnosis.causes[i].id, id) == 0)
+            return true;
+    return false;
+}
+
+/* the text checker of test_diagnose.c, shared through a copy: see og_test_check_text there */
+static double parse_size(const char *p)
+{
+    char *end;
+    double v = strtod(p, &end);
+    if (end == p)
+        return -1;
+    while (*end == ' ')
+        end++;
+    if (!strncmp(end, "TiB", 3)) return v * 1099511627776.0;
+    if (!strncmp(end, "GiB", 3)) return v * 1073741824.0;
+    if (!strncmp(end, "MiB", 3)) return v * 1048576.0;
+    if (!strncmp(end, "KiB", 3)) return v * 1024.0;
+    if (!strncmp(end, "B", 1)) return v;
+    return -1;
+}
+
+static void og_test_check_text(const char *t)
+{
+    if (strstr(t, "n/a"))
+        fail_msg("n/a in: %s", t);
+    static const char *const bad[] = {"1 processes", "1 ranks", "1 GPUs", "1 blocks", "1 steps"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        const char *p = strstr(t, bad[i]);
+        if (p && (p == t || (!isdigit((unsigned char)p[-1]) && p[-1] != '.')))
+            fail_msg("ungrammatical '%s' in: %s", bad[i], t);
+    }
+    for (const char *p = strstr(t, " of the "); p; p = strstr(p + 1, " of the ")) {
+        const char *q = p;
+        while (q > t && q[-1] != ' ')
+            q--;
+        const char *num = q;
+        if (q > t + 1) {
+            const char *w = q - 2;
+            while (w > t && w[-1] != ' ')
+                w--;
+            num = w;
+        }
+        double a = parse_size(num), b = parse_size(p + 8);
+        if (a >= 0 && b >= 0 && a > b * 1.0001)
+            fail_msg("impossible statement in: %s", t);
+    }
+}
 
 static bool how_has(const og_remedy_t *m, const char *s)
 {
@@ -161,13 +215,16 @@ static void does_not_fit_selection(void **state)
     run(r);
     check_shape(r);
     assert_string_equal(r->diagnosis.primary, "does_not_fit");
-    /* the checklist order of the reductions */
-    const char *order[] = {"inference_mode", "mixed_precision", "smaller_batch", "shorter_sequences",
-                           "gradient_checkpointing", "flash_attention", "quantization", "bigger_gpu"};
+    /* 7 GiB missing of an 8 GiB request: ranked by what can cover it, then by cost (issue 9):
+     * a smaller batch (the failing tensor shrinks with it) first, then moving or splitting the
+     * model; halving activations (mixed precision, checkpointing) cannot cover 7 GiB alone */
+    assert_string_equal(r->remedies[0].id, "smaller_batch");
+    const char *order[] = {"smaller_batch", "cpu_offload", "bigger_gpu", "mixed_precision"};
     for (size_t i = 1; i < sizeof order / sizeof *order; i++) {
         assert_true(rank_of(r, order[i - 1]) > 0);
         assert_true(rank_of(r, order[i - 1]) < rank_of(r, order[i]));
     }
+    assert_true(rank_of(r, "inference_mode") > 1);   /* not known to be inference: never first */
     /* empty_cache is there (300 MiB cached) but never first: after smaller_batch */
     assert_true(rank_of(r, "empty_cache") > rank_of(r, "smaller_batch"));
     assert_non_null(strstr(rem(r, "empty_cache")->why, "300 MiB"));
@@ -175,7 +232,6 @@ static void does_not_fit_selection(void **state)
     assert_non_null(strstr(rem(r, "smaller_batch")->why, "7.00 GiB more is needed"));
     /* 20 GiB held + 8 GiB requested: a 40 GB card */
     assert_non_null(strstr(rem(r, "bigger_gpu")->why, "40 GB"));
-    assert_int_equal(rank_of(r, "bigger_gpu"), r->nremedies);
     /* no fragmentation remedy */
     assert_int_equal(rank_of(r, "expandable_segments"), 0);
     assert_int_equal(rank_of(r, "release_references"), 0);
@@ -193,11 +249,12 @@ static void does_not_fit_never_leads_with_empty_cache(void **state)
     assert_string_not_equal(r->remedies[0].id, "empty_cache");
     assert_true(rank_of(r, "empty_cache") > 1);
 
-    /* cache not measured: no empty_cache at all */
+    /* cache not measured: unknown is not zero, empty_cache stays in play, but not first */
     r->memory.framework_cached_bytes = OG_UNKNOWN;
     run(r);
     check_shape(r);
-    assert_int_equal(rank_of(r, "empty_cache"), 0);
+    assert_true(rank_of(r, "empty_cache") > 1);
+    assert_non_null(strstr(rem(r, "empty_cache")->why, "not measured"));
 
     /* the framework already released its cache and retried: empty_cache would change nothing */
     r->memory.framework_cached_bytes = 2 * GiB;
@@ -230,10 +287,19 @@ static void foreign_names_the_pids(void **state)
     assert_non_null(strstr(f->why, "pid 4242 python3 9.00 GiB"));
     assert_non_null(strstr(f->why, "pid 77 Xorg"));
     assert_true(how_has(f, "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv"));
-    assert_true(how_has(f, "kill 4242"));
+    assert_false(how_has(f, "kill 4242"));            /* not visible in this pid namespace: a host pid */
+    assert_true(how_has(f, "host pid 4242"));
     assert_false(how_has(f, "kill 77"));              /* the X server is not killed: its settings are */
     assert_true(how_has(f, "hardware acceleration"));
+    r->memory.other[1].visible = true;                /* visible here: a kill line, with care */
+    run(r);
+    assert_true(how_has(&r->remedies[0], "kill 4242"));
     assert_true(how_has(rem(r, "restart_process"), "4242"));
+    /* a rank of this very job is never a process to stop */
+    r->memory.other[1].same_job = true;
+    r->memory.other[1].rank = 1;
+    run(r);
+    assert_false(any_how_has(r, "kill 4242"));
     /* 12 GiB + 2 GiB fits this card alone: no bigger card, no extra GPUs, no offload */
     assert_int_equal(rank_of(r, "bigger_gpu"), 0);
     assert_int_equal(rank_of(r, "multi_gpu_parallelism"), 0);
@@ -244,20 +310,29 @@ static void foreign_names_the_pids(void **state)
 static void growth_selection(void **state)
 {
     og_record_t *r = base();
-    r->event.requested_bytes = 512 * MiB;
-    r->history.nsamples = 64;
-    for (int i = 0; i < 64; i++) {
-        r->history.samples[i].t_rel = i;
-        r->history.samples[i].live = 4 * GiB + (uint64_t)i / 8 * GiB + (uint64_t)(i % 4) * (GiB / 2);
+    static struct og_hist_ev ev[64];
+    uint64_t live = 4 * GiB;
+    for (int s = 0; s < 16; s++) {          /* each step: 512 MiB of activations, 1 GiB kept */
+        ev[3 * s] = (struct og_hist_ev){.t_rel = s * 0.1, .op = "alloc", .bytes = 512 * MiB, .live = live += 512 * MiB};
+        ev[3 * s + 1] = (struct og_hist_ev){.t_rel = s * 0.1 + 0.01, .op = "alloc", .bytes = GiB, .live = live += GiB};
+        ev[3 * s + 2] = (struct og_hist_ev){.t_rel = s * 0.1 + 0.02, .op = "free", .bytes = 512 * MiB,
+                                            .live = live -= 512 * MiB};
     }
+    r->history.events = ev;
+    r->history.nevents = 48;
+    r->event.requested_bytes = 512 * MiB;
     run(r);
     check_shape(r);
     assert_string_equal(r->diagnosis.primary, "growth");
     assert_string_equal(r->remedies[0].id, "release_references");
     assert_true(how_has(&r->remedies[0], "loss.detach().item()"));
-    assert_non_null(strstr(r->remedies[0].why, "7 of 7"));
-    assert_non_null(strstr(r->remedies[0].why, "1.00 GiB per interval"));
+    assert_non_null(strstr(r->remedies[0].why, "15 of 15"));
+    assert_non_null(strstr(r->remedies[0].why, "1.00 GiB per step"));
     assert_true(rank_of(r, "inference_mode") > 1);
+    /* a leak gets no bigger card, no more GPUs, no offloading */
+    assert_int_equal(rank_of(r, "multi_gpu_parallelism"), 0);
+    assert_int_equal(rank_of(r, "cpu_offload"), 0);
+    assert_int_equal(rank_of(r, "zero_fsdp"), 0);
     assert_int_equal(rank_of(r, "empty_cache"), 0);   /* cache not measured */
     assert_int_equal(rank_of(r, "bigger_gpu"), 0);
     free(r);
@@ -290,9 +365,19 @@ static void limit_selection(void **state)
     run(r);
     check_shape(r);
     assert_string_equal(r->diagnosis.primary, "limit");
+    /* alone on the GPU the limit emulates a smaller card: making the job fit comes first */
+    assert_string_not_equal(r->remedies[0].id, "raise_limit");
+    const og_remedy_t *l = rem(r, "raise_limit");
+    assert_non_null(l->id);
+    assert_true(how_has(l, "OOMGUARD_LIMIT=19GiB"));
+    assert_non_null(strstr(l->why, "9.00 GiB free"));
+    /* on a shared GPU (others present) the cap protects them: raising it is the decision to make */
+    r->memory.nother = 1;
+    r->memory.other[0].pid = 99;
+    r->memory.other[0].bytes = 1 * GiB;
+    r->memory.other_processes_bytes = 1 * GiB;
+    run(r);
     assert_string_equal(r->remedies[0].id, "raise_limit");
-    assert_true(how_has(&r->remedies[0], "OOMGUARD_LIMIT=19GiB"));
-    assert_non_null(strstr(r->remedies[0].why, "9.00 GiB free"));
     assert_true(rank_of(r, "smaller_batch") > 1);
     assert_int_equal(rank_of(r, "bigger_gpu"), 0);    /* the card has room: the cap is the problem */
     free(r);
@@ -403,8 +488,8 @@ static void bf16_or_fp16_by_cc(void **state)
     assert_false(how_has(rem(r, "flash_attention"), "flash_attention_2"));
     assert_true(how_has(rem(r, "flash_attention"), "sdpa"));
     assert_true(how_has(rem(r, "quantization"), "bnb_4bit_compute_dtype=torch.float16"));
-    /* Turing is not pre-Volta: mixed precision keeps its checklist place */
-    assert_true(rank_of(r, "mixed_precision") < rank_of(r, "smaller_batch"));
+    /* Turing is not pre-Volta: mixed precision is not sent to the end */
+    assert_true(rank_of(r, "mixed_precision") < r->nremedies);
     free(r);
 }
 
@@ -535,6 +620,7 @@ static void cupy_and_unknown_framework(void **state)
     og_record_t *r = dnf();
     r->framework = OG_FW_CUPY;
     strcpy(r->framework_libs, "cupy_backends");
+    strcpy(r->event.library, "memory.cpython-311-x86_64-linux-gnu.so");   /* CuPy's allocator module */
     run(r);
     check_shape(r);
     assert_int_equal(rank_of(r, "inference_mode"), 0);
@@ -547,6 +633,7 @@ static void cupy_and_unknown_framework(void **state)
     r = frag();
     r->framework = OG_FW_UNKNOWN;
     r->framework_libs[0] = 0;
+    strcpy(r->event.library, "libmyalloc.so");
     run(r);
     check_shape(r);
     const og_remedy_t *e = rem(r, "expandable_segments");
@@ -619,8 +706,264 @@ static void huge_request_fits_no_card(void **state)
     r->event.requested_bytes = 200 * GiB;
     run(r);
     check_shape(r);
-    assert_non_null(strstr(rem(r, "bigger_gpu")->why, "no single common card"));
+    /* larger than the device: split it first; nothing that rearranges this process */
+    assert_string_equal(r->remedies[0].id, "split_operation");
+    assert_int_equal(rank_of(r, "empty_cache"), 0);
+    assert_int_equal(rank_of(r, "mixed_precision"), 0);
+    assert_int_equal(rank_of(r, "expandable_segments"), 0);
+    assert_int_equal(rank_of(r, "bigger_gpu"), 0);             /* no card has 200 GiB */
     free(r);
+}
+
+
+/* ------------------------------------------------------------------ issue 9 */
+
+static void second_framework_knobs(void **state)
+{
+    og_record_t *r = base();
+    strcpy(r->event.library, "libc10_cuda.so");
+    r->event.requested_bytes = 2 * GiB;
+    r->device.free_bytes = 512 * MiB;
+    r->memory.process_tracked_bytes = 23 * GiB;
+    r->memory.framework_bytes = 23 * GiB;
+    r->memory.nlibs = 2;
+    strcpy(r->memory.by_library[0].library, "xla_extension.so");
+    r->memory.by_library[0].bytes = 18 * GiB;
+    r->memory.by_library[0].framework = true;
+    r->memory.by_library[0].fw_kind = OG_FW_JAX;
+    strcpy(r->memory.by_library[1].library, "libc10_cuda.so");
+    r->memory.by_library[1].bytes = 5 * GiB;
+    r->memory.by_library[1].framework = true;
+    r->memory.by_library[1].fw_kind = OG_FW_PYTORCH;
+    run(r);
+    check_shape(r);
+    const og_remedy_t *m = &r->remedies[0];
+    assert_string_equal(m->id, "other_framework_memory");
+    assert_true(how_has(m, "XLA_PYTHON_CLIENT_PREALLOCATE=false"));
+    assert_true(how_has(m, "XLA_PYTHON_CLIENT_MEM_FRACTION"));
+    assert_true(how_has(m, "JAX_PLATFORMS=cpu"));
+    assert_int_equal(rank_of(r, "smaller_batch"), 0);   /* the job is not too big: JAX took the room */
+    assert_false(any_how_has(r, "Flax"));               /* advice follows the failing call: PyTorch */
+    /* TensorFlow instead */
+    strcpy(r->memory.by_library[0].library, "libtensorflow_framework.so.2");
+    r->memory.by_library[0].fw_kind = OG_FW_TENSORFLOW;
+    run(r);
+    assert_string_equal(r->remedies[0].id, "other_framework_memory");
+    assert_true(how_has(&r->remedies[0], "set_memory_growth"));
+    assert_true(how_has(&r->remedies[0], "TF_FORCE_GPU_ALLOW_GROWTH=true"));
+    free(r);
+}
+
+static void peers_get_set_device_never_kill(void **state)
+{
+    og_record_t *r = base();
+    r->event.requested_bytes = 2 * GiB;
+    r->device.free_bytes = 0;
+    r->world_size = 8;
+    r->rank = r->local_rank = 0;
+    r->memory.nother = 7;
+    for (int i = 0; i < 7; i++) {
+        r->memory.other[i].pid = 100 + i;
+        r->memory.other[i].bytes = 512 * MiB;
+        r->memory.other[i].same_job = r->memory.other[i].visible = true;
+    }
+    r->memory.other_processes_bytes = 7 * 512 * MiB;
+    run(r);
+    check_shape(r);
+    assert_string_equal(r->remedies[0].id, "set_device");
+    assert_true(how_has(&r->remedies[0], "torch.cuda.set_device(local_rank)"));
+    assert_true(how_has(&r->remedies[0], "map_location"));
+    assert_false(any_how_has(r, "kill "));
+    assert_int_equal(rank_of(r, "foreign_processes"), 0);
+    /* DataLoader workers (children): keep CUDA out of them */
+    for (int i = 0; i < 7; i++)
+        r->memory.other[i].child = true;
+    run(r);
+    assert_true(how_has(&r->remedies[0], "collate_fn") || strstr(r->remedies[0].why, "collate_fn"));
+    assert_false(any_how_has(r, "kill "));
+    free(r);
+}
+
+static void imbalance_gets_ddp_before_smaller_batch(void **state)
+{
+    og_record_t *r = base();
+    r->event.requested_bytes = 2 * GiB;
+    r->device.free_bytes = 512 * MiB;
+    r->visible_devices = 4;
+    r->nsummary = 4;
+    for (int i = 0; i < 4; i++) {
+        r->summary[i].index = i;
+        r->summary[i].tracked_bytes = i == 0 ? 22 * GiB : 7 * GiB;
+    }
+    run(r);
+    check_shape(r);
+    assert_string_equal(r->remedies[0].id, "distributed_data_parallel");
+    assert_true(how_has(&r->remedies[0], "DistributedDataParallel"));
+    assert_true(rank_of(r, "smaller_batch") > 1);
+    free(r);
+}
+
+static void app_pool_gets_trim(void **state)
+{
+    og_record_t *r = base();
+    r->framework = OG_FW_UNKNOWN;
+    r->framework_libs[0] = 0;
+    r->memory.framework_bytes = 0;
+    strcpy(r->event.library, "solver");
+    r->event.requested_bytes = 10 * GiB;
+    r->device.free_bytes = 5 * GiB;
+    r->memory.pool_reserved = 12 * GiB;
+    r->memory.pool_owner_fw = 2;
+    r->memory.framework_cached_bytes = 12 * GiB;
+    r->memory.framework_cached_source = "pool";
+    run(r);
+    check_shape(r);
+    assert_string_equal(r->remedies[0].id, "pool_trim");
+    assert_true(how_has(&r->remedies[0], "cudaMemPoolTrimTo"));
+    assert_true(how_has(&r->remedies[0], "cudaMemPoolAttrReleaseThreshold"));
+    assert_int_equal(rank_of(r, "empty_cache"), 0);
+    free(r);
+}
+
+/* PyTorch released its cache, got 0 B back and failed again: empty_cache does not lead */
+static void released_nothing_expandable_leads(void **state)
+{
+    og_record_t *r = base();
+    strcpy(r->event.library, "libc10_cuda.so");
+    r->event.requested_bytes = 992 * MiB;
+    r->device.free_bytes = 100 * MiB;
+    r->event.attempts = 2;
+    r->event.released_between_attempts_bytes = 0;
+    static struct og_hist_ev ev[16];
+    for (int i = 0; i < 16; i++)
+        ev[i] = (struct og_hist_ev){.t_rel = i * 0.1, .op = "alloc", .bytes = (900 + 20 * (uint64_t)i) * MiB,
+                                    .live = (uint64_t)(i + 1) * GiB};
+    r->history.events = ev;
+    r->history.nevents = 16;
+    run(r);
+    check_shape(r);
+    assert_true(has_cause(r, "fragmentation"));
+    assert_string_equal(r->remedies[0].id, "expandable_segments");
+    assert_true(rank_of(r, "bucket_by_length") > 0 && rank_of(r, "bucket_by_length") <= 3);
+    assert_true(rank_of(r, "empty_cache") != 1);
+    free(r);
+}
+
+/* a 3% and a 4x shortfall do not get the same list */
+static void shortfall_size_shapes_the_list(void **state)
+{
+    og_record_t *a = base(), *b = base();
+    a->event.requested_bytes = 1030 * MiB;            /* 3% over the 1 GiB free */
+    b->event.requested_bytes = 4 * GiB;               /* 4x */
+    a->memory.framework_cached_bytes = b->memory.framework_cached_bytes = 0;
+    a->memory.framework_cached_source = b->memory.framework_cached_source = "pool";
+    run(a);
+    run(b);
+    check_shape(a);
+    check_shape(b);
+    bool same = a->nremedies >= 3 && b->nremedies >= 3;
+    for (int i = 0; i < 3 && same; i++)
+        same = strcmp(a->remedies[i].id, b->remedies[i].id) == 0;
+    assert_false(same);
+    assert_string_not_equal(a->remedies[0].id, "inference_mode");
+    assert_int_equal(rank_of(a, "bigger_gpu"), 0);     /* 3% over: the job fits this card */
+    free(a);
+    free(b);
+}
+
+static void inference_mode_leads_only_when_known(void **state)
+{
+    og_record_t *r = base();
+    r->event.requested_bytes = 1100 * MiB;
+    r->memory.framework_cached_bytes = 0;
+    r->memory.framework_cached_source = "pool";
+    run(r);
+    assert_string_not_equal(r->remedies[0].id, "inference_mode");
+    /* the adapter says: grad on, no optimizer, eval: inference without no_grad */
+    r->memory.fw.has = true;
+    r->memory.fw.reserved_bytes = 20 * GiB;
+    r->memory.fw.allocated_bytes = 20 * GiB;
+    r->memory.fw.largest_free_block_bytes = OG_UNKNOWN;
+    r->memory.fw.grad_enabled = 1;
+    r->memory.fw.training = -1;
+    run(r);
+    assert_true(rank_of(r, "inference_mode") >= 1 && rank_of(r, "inference_mode") <= 3);
+    /* grad already off: inference mode has nothing to give */
+    r->memory.fw.grad_enabled = -1;
+    run(r);
+    assert_int_equal(rank_of(r, "inference_mode"), 0);
+    /* known training: not offered */
+    r->memory.fw.grad_enabled = 1;
+    r->memory.fw.training = 1;
+    run(r);
+    assert_int_equal(rank_of(r, "inference_mode"), 0);
+    free(r);
+}
+
+static void limit_refused_by_context_alone(void **state)
+{
+    og_record_t *r = base();
+    r->memory.process_tracked_bytes = 0;
+    r->memory.framework_bytes = 0;
+    r->device.limit_bytes = 400 * MiB;
+    r->device.limit_usage_bytes = 512 * MiB;
+    r->device.free_bytes = 20 * GiB;
+    r->event.requested_bytes = 20 * MiB;
+    r->event.caused_by_limit = true;
+    run(r);
+    check_shape(r);
+    assert_string_equal(r->remedies[0].id, "raise_limit");
+    assert_int_equal(r->nremedies, 1);               /* nothing the job shrinks can help */
+    assert_non_null(strstr(r->remedies[0].why, "CUDA context"));
+    free(r);
+}
+
+static void remedy_texts_over_edge_numbers(void **state)
+{
+    static const uint64_t reqs[] = {0, 1, 1024, 2 * GiB, 24 * GiB, 30 * GiB, OG_UNKNOWN};
+    static const uint64_t frees[] = {0, 1, 1 * GiB, OG_UNKNOWN};
+    static const uint64_t caches[] = {0, 1, 4 * GiB, 40 * GiB, OG_UNKNOWN};
+    for (size_t a = 0; a < sizeof reqs / sizeof *reqs; a++)
+        for (size_t b = 0; b < sizeof frees / sizeof *frees; b++)
+            for (size_t k = 0; k < sizeof caches / sizeof *caches; k++)
+                for (int variant = 0; variant < 5; variant++) {
+                    og_record_t *r = base();
+                    r->event.requested_bytes = reqs[a];
+                    r->device.free_bytes = frees[b];
+                    r->memory.framework_cached_bytes = caches[k];
+                    r->memory.framework_cached_source = caches[k] == OG_UNKNOWN ? NULL : "pool";
+                    if (variant == 1)
+                        strcpy(r->event.library, "libcudnn.so.9");
+                    if (variant == 2) {
+                        r->memory.nother = 1;
+                        r->memory.other[0].pid = 5;
+                        r->memory.other[0].bytes = 6 * GiB;
+                        r->memory.other_processes_bytes = 6 * GiB;
+                    }
+                    if (variant == 3) {
+                        r->event.caused_by_limit = true;
+                        r->device.limit_bytes = 16 * GiB;
+                        r->device.limit_usage_bytes = 20 * GiB + 300 * MiB;
+                    }
+                    if (variant == 4) {
+                        r->framework = OG_FW_UNKNOWN;
+                        r->framework_libs[0] = 0;
+                        strcpy(r->event.library, "app");
+                    }
+                    run(r);
+                    check_shape(r);
+                    for (int i = 0; i < r->nremedies; i++) {
+                        og_test_check_text(r->remedies[i].why);
+                        for (int h = 0; h < r->remedies[i].nhow; h++)
+                            og_test_check_text(r->remedies[i].how[h]);
+                        /* framework-specific lines are labelled when the framework is unknown */
+                        if (variant == 4)
+                            for (int h = 0; h < r->remedies[i].nhow; h++)
+                                if (strstr(r->remedies[i].how[h], "torch."))
+                                    assert_non_null(strstr(r->remedies[i].how[h], "PyTorch"));
+                    }
+                    free(r);
+                }
 }
 
 int main(void)
@@ -645,6 +988,15 @@ int main(void)
         cmocka_unit_test(multi_gpu_depends_on_visible_devices),
         cmocka_unit_test(empty_and_null_records),
         cmocka_unit_test(huge_request_fits_no_card),
+        cmocka_unit_test(second_framework_knobs),
+        cmocka_unit_test(peers_get_set_device_never_kill),
+        cmocka_unit_test(imbalance_gets_ddp_before_smaller_batch),
+        cmocka_unit_test(app_pool_gets_trim),
+        cmocka_unit_test(released_nothing_expandable_leads),
+        cmocka_unit_test(shortfall_size_shapes_the_list),
+        cmocka_unit_test(inference_mode_leads_only_when_known),
+        cmocka_unit_test(limit_refused_by_context_alone),
+        cmocka_unit_test(remedy_texts_over_edge_numbers),
     };
     int total = (int)(sizeof tests / sizeof *tests);
     int failed = cmocka_run_group_tests(tests, NULL, NULL);

@@ -8,9 +8,14 @@
  *     once more; then count an OOM, call the OOM observers (the oomguard adapter) and raise.
  *   - PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync: one cudaMallocAsync per tensor from the
  *     device's default pool, whose release threshold is set to "keep everything" as PyTorch does.
+ *   - PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the large pool is one segment per device
+ *     in a reserved virtual range that grows at its end (cuMemCreate + cuMemMap, 2 MiB granules)
+ *     instead of new cudaMalloc segments; releasing the cache unmaps the free chunks at its end.
  * One cache per device; a mutex around each call (PyTorch's allocator is thread-safe too). */
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +43,7 @@ typedef struct segment {
     uintptr_t base;
     size_t size;
     int small;
+    int expandable;              /* the device's expandable segment (VMM), see below */
     block_t *head;
     struct segment *next;
 } segment_t;
@@ -53,6 +59,10 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static dev_alloc_t devs[MAXDEV];
 static __thread int cur_dev = -1;
 static int adapter_on;
+static int grad_mode, train_mode;            /* what the adapter would see: 1 yes, -1 no, 0 unknown */
+/* per-device totals readable without the lock: the shim's query must never take it (the
+ * failing thread may be inside this allocator, holding it) */
+static _Atomic uint64_t live_allocated[MAXDEV], live_reserved[MAXDEV];
 
 static size_t round_up(size_t v, size_t m) { return (v + m - 1) / m * m; }
 
@@ -98,7 +108,7 @@ static void stats_locked(int dev, c10_stats_t *o)
     for (segment_t *s = a->segs; s; s = s->next) {
         o->segments++;
         o->reserved += s->size;
-        int split = s->head->next != NULL;
+        int split = s->head && s->head->next != NULL;
         for (block_t *b = s->head; b; b = b->next) {
             if (b->allocated) {
                 o->allocated += b->size;
@@ -113,6 +123,14 @@ static void stats_locked(int dev, c10_stats_t *o)
     }
 }
 
+static void publish_locked(int dev)
+{
+    c10_stats_t s;
+    stats_locked(dev, &s);
+    atomic_store(&live_allocated[dev], s.allocated);
+    atomic_store(&live_reserved[dev], s.reserved);
+}
+
 void c10_memory_stats(int device, c10_stats_t *out)
 {
     pthread_mutex_lock(&lock);
@@ -120,10 +138,43 @@ void c10_memory_stats(int device, c10_stats_t *out)
     pthread_mutex_unlock(&lock);
 }
 
-void c10_enable_adapter(void) { adapter_on = 1; }
+/* the adapter's query, called by the shim at a failing driver call (any library's): only
+ * lock-free reads, as the contract in oomguard.h demands */
+static int adapter_query(void *ctx, int device, oomguard_framework_stats_t *out)
+{
+    (void)ctx;
+    if (device < 0 || device >= MAXDEV)
+        return 0;
+    out->allocated_bytes = atomic_load(&live_allocated[device]);
+    out->reserved_bytes = atomic_load(&live_reserved[device]);
+    out->active_bytes = out->allocated_bytes;
+    out->framework = "pytorch";
+    out->source = "torch 2.5.1";
+    out->grad_enabled = grad_mode;
+    out->training = train_mode;
+    out->flags &= ~(uint64_t)OOMGUARD_FW_NO_NUMBERS;   /* the byte counts are filled */
+    return 0;
+}
+
+void c10_enable_adapter(void)
+{
+    adapter_on = 1;
+    int (*set_query)(oomguard_query_fn, void *, unsigned) =
+        (int (*)(oomguard_query_fn, void *, unsigned))dlsym(RTLD_DEFAULT, "oomguard_framework_set_query");
+    if (set_query)
+        set_query(adapter_query, NULL, 0);
+}
+
+int c10_adapter_enabled(void) { return adapter_on; }
+
+void c10_set_mode(int grad_enabled, int training)
+{
+    grad_mode = grad_enabled;
+    train_mode = training;
+}
 
 /* what oomguard_torch's out-of-memory observer hands to the shim */
-static void adapter_report(int dev, const c10_stats_t *s)
+static void adapter_report(int dev, const c10_stats_t *s, size_t requested)
 {
     if (!adapter_on)
         return;
@@ -144,6 +195,11 @@ static void adapter_report(int dev, const c10_stats_t *s)
         .num_ooms = s->ooms,
         .allocator_settings = conf ? conf : "",
         .source = "torch 2.5.1",
+        .framework = "pytorch",
+        .api = async_backend() ? "torch.cuda.cudaMallocAsync" : "torch.cuda.caching_allocator",
+        .requested_bytes = requested,
+        .grad_enabled = grad_mode,
+        .training = train_mode,
     };
     report(&f);
 }
@@ -166,7 +222,7 @@ static uint64_t release_cached_locked(int dev)
     cudaSetDevice(dev);
     while (*pp) {
         segment_t *s = *pp;
-        if (!s->head->allocated && !s->head->next) {
+        if (!s->expandable && s->head && !s->head->allocated && !s->head->next) {
             cudaFree((void *)s->base);
             n += s->size;
             *pp = s->next;
@@ -179,6 +235,147 @@ static uint64_t release_cached_locked(int dev)
     return n;
 }
 
+/* ---- expandable segments ---- */
+static block_t *best_fit(dev_alloc_t *a, size_t size, int small);
+
+static int expandable_conf(void)
+{
+    const char *c = getenv("PYTORCH_CUDA_ALLOC_CONF");
+    return c && strcasestr(c, "expandable_segments:true") && !async_backend();
+}
+
+typedef struct exp_seg {
+    CUdeviceptr va;
+    size_t mapped;
+    size_t chunks[4096];          /* the mappings, in address order (unmapped from the end) */
+    int nchunks;
+    segment_t *seg;
+} exp_seg_t;
+static exp_seg_t xs[MAXDEV];
+
+static block_t *tail_block(segment_t *s)
+{
+    block_t *b = s ? s->head : NULL;
+    while (b && b->next)
+        b = b->next;
+    return b;
+}
+
+/* maps `bytes` more at the end of the device's expandable segment; -1 when the device is full */
+static int xs_grow(int dev, size_t bytes)
+{
+    exp_seg_t *x = &xs[dev];
+    dev_alloc_t *a = &devs[dev];
+    if (!x->va && cuMemAddressReserve(&x->va, 1ull << 40, 0, 0, 0) != CUDA_SUCCESS)
+        return -1;
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    CUmemGenericAllocationHandle h;
+    if (x->nchunks == 4096 || cuMemCreate(&h, bytes, &prop, 0) != CUDA_SUCCESS)
+        return -1;
+    CUdeviceptr at = x->va + x->mapped;
+    if (cuMemMap(at, bytes, 0, h, 0) != CUDA_SUCCESS) {
+        cuMemRelease(h);
+        return -1;
+    }
+    CUmemAccessDesc acc;
+    memset(&acc, 0, sizeof acc);
+    acc.location = prop.location;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    cuMemSetAccess(at, bytes, &acc, 1);
+    cuMemRelease(h);                    /* the mapping keeps the physical memory */
+    x->chunks[x->nchunks++] = bytes;
+    x->mapped += bytes;
+    if (!x->seg) {
+        segment_t *s = calloc(1, sizeof *s);
+        s->base = (uintptr_t)x->va;
+        s->expandable = 1;
+        s->next = a->segs;
+        a->segs = s;
+        x->seg = s;
+    }
+    segment_t *s = x->seg;
+    block_t *t = tail_block(s);
+    if (t && !t->allocated) {
+        t->size += bytes;
+    } else {
+        block_t *n = calloc(1, sizeof *n);
+        n->addr = (uintptr_t)at;
+        n->size = bytes;
+        n->seg = s;
+        n->prev = t;
+        if (t)
+            t->next = n;
+        else
+            s->head = n;
+    }
+    s->size += bytes;
+    return 0;
+}
+
+/* unmaps whole free chunks at the end of the expandable segment; returns the bytes released */
+static uint64_t xs_trim(int dev)
+{
+    exp_seg_t *x = &xs[dev];
+    uint64_t n = 0;
+    while (x->seg && x->nchunks > 0) {
+        block_t *t = tail_block(x->seg);
+        size_t c = x->chunks[x->nchunks - 1];
+        if (!t || t->allocated || t->size < c)
+            break;
+        cuMemUnmap(x->va + x->mapped - c, c);
+        x->nchunks--;
+        x->mapped -= c;
+        x->seg->size -= c;
+        t->size -= c;
+        n += c;
+        if (t->size == 0) {
+            if (t->prev)
+                t->prev->next = NULL;
+            else
+                x->seg->head = NULL;
+            free(t);
+        }
+    }
+    return n;
+}
+
+/* the large-pool path with expandable segments: grow the segment instead of a new cudaMalloc */
+static block_t *xs_alloc_locked(int dev, size_t size)
+{
+    dev_alloc_t *a = &devs[dev];
+    block_t *t = tail_block(xs[dev].seg);
+    size_t have = t && !t->allocated ? t->size : 0;
+    size_t need = round_up(size - have, 2 * MiB);
+    cudaSetDevice(dev);
+    if (xs_grow(dev, need) != 0) {
+        c10_stats_t s;
+        stats_locked(dev, &s);
+        mark_stats("attempt", dev, need, &s, 0);
+        a->retries++;
+        uint64_t released = xs_trim(dev) + release_cached_locked(dev);
+        publish_locked(dev);
+        stats_locked(dev, &s);
+        mark_stats("released", dev, need, &s, released);
+        t = tail_block(xs[dev].seg);
+        have = t && !t->allocated ? t->size : 0;
+        need = round_up(size - have, 2 * MiB);
+        if (xs_grow(dev, need) != 0) {
+            a->ooms++;
+            stats_locked(dev, &s);
+            mark_stats("fail", dev, need, &s, released);
+            adapter_report(dev, &s, size);
+            return NULL;
+        }
+        stats_locked(dev, &s);
+        mark_stats("recovered", dev, need, &s, released);
+    }
+    return best_fit(a, size, 0);
+}
+
 void c10_empty_cache(void)
 {
     pthread_mutex_lock(&lock);
@@ -188,8 +385,11 @@ void c10_empty_cache(void)
             cudaMemPoolTrimTo(pool, 0);
     } else {
         for (int d = 0; d < MAXDEV; d++)
-            if (devs[d].segs)
+            if (devs[d].segs) {
+                xs_trim(d);
                 release_cached_locked(d);
+                publish_locked(d);
+            }
         cudaSetDevice(c10_current_device());
     }
     pthread_mutex_unlock(&lock);
@@ -242,7 +442,7 @@ static void *async_alloc_locked(int dev, size_t nbytes)
     a->ooms++;
     stats_locked(dev, &s);
     mark_stats("fail", dev, nbytes, &s, 0);
-    adapter_report(dev, &s);
+    adapter_report(dev, &s, nbytes);
     return NULL;
 }
 
@@ -252,6 +452,7 @@ void *c10_empty(size_t nbytes)
     pthread_mutex_lock(&lock);
     if (async_backend()) {
         void *p = async_alloc_locked(dev, nbytes ? nbytes : 1);
+        publish_locked(dev);
         pthread_mutex_unlock(&lock);
         return p;
     }
@@ -259,6 +460,13 @@ void *c10_empty(size_t nbytes)
     size_t size = nbytes < 512 ? 512 : round_up(nbytes, 512);
     int small = size <= SMALL_SIZE;
     block_t *b = best_fit(a, size, small);
+    if (!b && !small && expandable_conf()) {
+        b = xs_alloc_locked(dev, size);
+        if (!b) {
+            pthread_mutex_unlock(&lock);
+            return NULL;
+        }
+    }
     if (!b) {
         size_t seg_size = small ? SMALL_BUFFER : size < MIN_LARGE_ALLOC ? LARGE_BUFFER : round_up(size, 2 * MiB);
         void *p = NULL;
@@ -271,6 +479,7 @@ void *c10_empty(size_t nbytes)
             mark_stats("attempt", dev, seg_size, &s, 0);
             a->retries++;
             uint64_t released = release_cached_locked(dev);
+            publish_locked(dev);
             stats_locked(dev, &s);
             mark_stats("released", dev, seg_size, &s, released);
             e = cudaMalloc(&p, seg_size);
@@ -279,7 +488,7 @@ void *c10_empty(size_t nbytes)
                 a->ooms++;
                 stats_locked(dev, &s);
                 mark_stats("fail", dev, seg_size, &s, released);
-                adapter_report(dev, &s);
+                adapter_report(dev, &s, size);
                 pthread_mutex_unlock(&lock);
                 return NULL;
             }
@@ -314,6 +523,7 @@ void *c10_empty(size_t nbytes)
     }
     b->allocated = 1;
     b->requested = nbytes;
+    publish_locked(dev);
     pthread_mutex_unlock(&lock);
     return (void *)b->addr;
 }
@@ -325,6 +535,7 @@ void c10_free(void *p)
     pthread_mutex_lock(&lock);
     if (async_backend()) {
         cudaFreeAsync(p, 0);
+        publish_locked(c10_current_device());
         pthread_mutex_unlock(&lock);
         return;
     }
@@ -353,6 +564,7 @@ void c10_free(void *p)
                         b->next->prev = pr;
                     free(b);
                 }
+                publish_locked(d);
                 pthread_mutex_unlock(&lock);
                 return;
             }

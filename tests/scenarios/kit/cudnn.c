@@ -22,7 +22,8 @@ int cudnn_conv_forward_ws(size_t workspace_bytes)
     if (cudaMalloc(&ws, workspace_bytes) != cudaSuccess) {
         (void)cudaGetLastError();
         ws = NULL;
-        scen_mark("fail", "libcudnn.so.9", dev, workspace_bytes, NULL);
+        char fw[256];
+        scen_mark("fail", "libcudnn.so.9", dev, workspace_bytes, "%s", scen_fw_extra(fw, sizeof fw, dev));
         return 2;    /* CUDNN_STATUS_ALLOC_FAILED */
     }
     ws_size = workspace_bytes;

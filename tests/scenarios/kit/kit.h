@@ -33,7 +33,11 @@ void c10_set_device(int device);         /* torch.cuda.set_device(device) */
 int c10_current_device(void);
 void c10_init(void);                     /* torch.cuda.init(): context on the current device */
 void c10_memory_stats(int device, c10_stats_t *out);
-void c10_enable_adapter(void);           /* `import oomguard_torch`: the allocator's numbers at an OOM */
+void c10_enable_adapter(void);           /* `import oomguard_torch`: the allocator's numbers at an OOM,
+                                            and a query the shim may call at any failing call */
+int c10_adapter_enabled(void);
+void c10_set_mode(int grad_enabled, int training);  /* what the adapter sees: torch.is_grad_enabled(),
+                                                     backward/optimizer seen; 1 yes, -1 no, 0 unknown */
 
 /* ---- cuDNN (libcudnn.so.9) ---- */
 int cudnn_conv_forward_ws(size_t workspace_bytes);   /* 0 ok, 2 = CUDNN_STATUS_ALLOC_FAILED */

@@ -61,4 +61,20 @@ static inline void scen_mark(const char *kind, const char *lib, int device, unsi
     fclose(f);
     dlclose(h);
 }
+
+/* For a failure outside the framework (cuDNN, NCCL): PyTorch's books at that moment, when its
+ * adapter is on (the shim can then ask it through the adapter's query).  Writes the extra JSON
+ * members into buf ("" when there is nothing to add). */
+static inline const char *scen_fw_extra(char *buf, size_t n, int device)
+{
+    buf[0] = 0;
+    int (*on)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "c10_adapter_enabled");
+    void (*st)(int, void *) = (void (*)(int, void *))dlsym(RTLD_DEFAULT, "c10_memory_stats");
+    if (on && st && on()) {
+        unsigned long long s[8] = {0};   /* c10_stats_t: allocated, reserved, ... */
+        st(device, s);
+        snprintf(buf, n, "\"allocated\":%llu,\"reserved\":%llu,\"query\":1", s[0], s[1]);
+    }
+    return buf;
+}
 #endif

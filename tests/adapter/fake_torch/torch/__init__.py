@@ -43,12 +43,21 @@ class Tensor(object):
             pass
 
 
-def empty(nbytes, device=None, pool_id=(0, 0)):
-    """A tensor of nbytes bytes on `device` (default: the current device)."""
+uint8, int8, float16, bfloat16, float32 = "uint8", "int8", "float16", "bfloat16", "float32"
+_ITEMSIZE = {"uint8": 1, "int8": 1, "float16": 2, "bfloat16": 2, "float32": 4}
+
+
+def empty(nbytes, dtype=None, device=None, pool_id=(0, 0)):
+    """A tensor of nbytes elements of dtype (default: bytes) on `device` (default: the current
+    device; an int or "cuda[:N]" as in PyTorch).  torch.empty(n, dtype=torch.uint8, device=0)
+    means the same here and in PyTorch; pool_id is the stand-in's own (a CUDA-graph pool)."""
     cuda._lazy_init()
+    if isinstance(device, str):
+        device = int(device.split(":")[1]) if ":" in device else None
     d = cuda.current_device() if device is None else int(device)
-    block = cuda._allocator(d).malloc(int(nbytes), tuple(pool_id))
-    return Tensor(d, block, int(nbytes))
+    n = int(nbytes) * _ITEMSIZE[dtype or "uint8"]
+    block = cuda._allocator(d).malloc(n, tuple(pool_id))
+    return Tensor(d, block, n)
 
 
 # autograd modes, as far as the adapter asks (torch.is_grad_enabled, torch.no_grad, ...)

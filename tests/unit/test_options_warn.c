@@ -1,0 +1,80 @@
+/* A bad OOMGUARD_* value falls back to the default with exactly one warning on stderr that
+ * names the variable and the value (test_options.c checks the values; this checks what the
+ * user is told). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "og.h"
+
+/* Runs og_options_init with stderr going to a file; returns what was written (static). */
+static const char *init_capturing_stderr(void)
+{
+    static char out[8192];
+    char path[] = "/tmp/og-options-warn.XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    unlink(path);
+    int saved = dup(STDERR_FILENO);
+    dup2(fd, STDERR_FILENO);
+    og_options_init();
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    ssize_t n = pread(fd, out, sizeof out - 1, 0);
+    close(fd);
+    out[n > 0 ? n : 0] = 0;
+    return out;
+}
+
+static int count(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)) != NULL; p += strlen(needle))
+        n++;
+    return n;
+}
+
+static void bad_values_warn_once_each(void **state)
+{
+    setenv("OOMGUARD_STACK_DEPTH", "1000", 1);
+    setenv("OOMGUARD_VERBOSE", "maybe", 1);
+    setenv("OOMGUARD_HISTORY", "12abc", 1);
+    const char *err = init_capturing_stderr();
+    assert_int_equal(count(err, "OOMGUARD_STACK_DEPTH=1000 is not valid"), 1);
+    assert_int_equal(count(err, "OOMGUARD_VERBOSE=maybe is not valid"), 1);
+    assert_int_equal(count(err, "OOMGUARD_HISTORY=12abc is not valid"), 1);
+    assert_int_equal(count(err, "warning:"), 3);
+    /* and the defaults were used */
+    assert_int_equal(og_opt.stack_depth, 16);
+    assert_int_equal(og_opt.verbose, 0);
+    assert_int_equal(og_opt.history, 4096);
+    unsetenv("OOMGUARD_STACK_DEPTH");
+    unsetenv("OOMGUARD_VERBOSE");
+    unsetenv("OOMGUARD_HISTORY");
+}
+
+static void good_values_say_nothing(void **state)
+{
+    setenv("OOMGUARD_STACK_DEPTH", "7", 1);
+    setenv("OOMGUARD_VERBOSE", "yes", 1);
+    const char *err = init_capturing_stderr();
+    assert_int_equal(count(err, "warning:"), 0);
+    assert_int_equal(og_opt.stack_depth, 7);
+    unsetenv("OOMGUARD_STACK_DEPTH");
+    unsetenv("OOMGUARD_VERBOSE");
+    og_options_init();
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(bad_values_warn_once_each),
+        cmocka_unit_test(good_values_say_nothing),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
