@@ -144,6 +144,31 @@ static int phdr_cb(struct dl_phdr_info *info, size_t size, void *arg)
     return 0;
 }
 
+/* The framework of a loaded library by its base name, from its full path (CuPy's modules are
+ * known by their directory: cupy/cuda/memory.so). */
+struct kind_q { const char *base; int fw; };
+static int kind_cb(struct dl_phdr_info *info, size_t size, void *arg)
+{
+    (void)size;
+    struct kind_q *q = arg;
+    const char *path = info->dlpi_name;
+    if (!path || !*path)
+        return 0;
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    if (strcmp(base, q->base) != 0)
+        return 0;
+    q->fw = og_framework_of(base, path);
+    return q->fw != OG_FW_UNKNOWN;
+}
+
+static int framework_of_loaded(const char *base)
+{
+    struct kind_q q = {base, OG_FW_UNKNOWN};
+    dl_iterate_phdr(kind_cb, &q);
+    return q.fw;
+}
+
 static void capture_framework(og_record_t *rec)
 {
     dl_iterate_phdr(phdr_cb, rec);
@@ -329,6 +354,8 @@ static void capture_ledger(og_record_t *rec, int device)
         u->blocks = lib_blocks[best];
         u->framework = og_lib_class((uint16_t)best) == OG_LIBCLASS_FRAMEWORK;
         u->fw_kind = og_framework_of(u->library, u->library);
+        if (u->framework && u->fw_kind == OG_FW_UNKNOWN)
+            u->fw_kind = framework_of_loaded(u->library);
         if (u->framework && u->fw_kind == OG_FW_UNKNOWN)
             u->fw_kind = rec->framework;      /* OOMGUARD_FRAMEWORK_LIBS: a custom allocator of the framework */
         u->pool_bytes = lib_pool[best];
@@ -632,6 +659,7 @@ og_record_t *og_record_capture(const char *status, const og_episode_t *ep, int d
     capture_device(rec, device);
     capture_ledger(rec, device);
     og_nvml_measure(rec);
+    rec->memory.ipc_mapped_bytes = og_ledger_ipc_mapped(device);
     if (rec->memory.nunmeasured < (int)(sizeof rec->memory.unmeasured / sizeof rec->memory.unmeasured[0]) &&
         og_ledger_unmeasured(device, rec->memory.unmeasured[rec->memory.nunmeasured], sizeof rec->memory.unmeasured[0]))
         rec->memory.nunmeasured++;

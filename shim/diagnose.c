@@ -66,9 +66,13 @@
  *                stream-ordered pool counts as the framework (capture.c), so it never fires on it.
  * growth         a pattern of steps, not a ramp in time.  Steps are marked by the allocations of the
  *                failing request's size (within max(req/32, 2 MiB)) in the event history: a leak fails
- *                doing what every step did, at a higher floor.  The low point of a step is the least
+ *                doing what every step did, at a higher floor; failing that, by the size allocated
+ *                most often (>= 16 times: small leaked tensors while something else failed); failing
+ *                that, by every allocation (a leak of varying sizes), then with >= 16 steps and >= 90%
+ *                of them rising.  The low point of a step is the least
  *                live memory from its marker to the next.  Needs >= 6 steps, low points rising in >=
- *                growth_rising_steps of them, total rise >= growth_min_share of the device, and not
+ *                growth_rising_steps of them, total rise >= growth_min_share of the device (or, over
+ *                >= 16 steps, >= the bytes missing now), and not
  *                accounted for by a measured cache (>= half the rise: a pool keeping what it handed
  *                out is a cache, not a leak); the rate
  *                reported is the median rise per step.  Loading (weights, optimizer state: other
@@ -897,16 +901,18 @@ static int cmp_u64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static bool c_growth(dctx_t *d, og_cause_t *c)
+static bool growth_for(dctx_t *d, og_cause_t *c, uint64_t size, bool failing_size)
 {
     og_record_t *r = d->rec;
     int ne = r->history.events ? (r->history.nevents < 0 ? 0 : r->history.nevents) : 0;
-    if (ne < GROWTH_MIN_STEPS || d->total == 0 || d->req == 0)
+    if (ne < GROWTH_MIN_STEPS || d->total == 0 || size == 0)
         return false;
     const struct og_hist_ev *e = r->history.events;
     /* markers: successful allocations of the failing request's size (within 1/32 or 2 MiB: the
      * framework's rounding); a step runs from one marker to the next */
-    uint64_t tol = d->req / 32 > (2ULL << 20) ? d->req / 32 : (2ULL << 20);
+    uint64_t tol = size != UINT64_MAX && size / 32 > (2ULL << 20) ? size / 32 : (2ULL << 20);
+    if (!failing_size)
+        tol = size / 32;             /* the most frequent size: that size exactly (to rounding) */
     uint64_t lows[GROWTH_MAX_STEPS];
     int steps = 0;
     uint64_t low = UINT64_MAX;
@@ -917,7 +923,7 @@ static bool c_growth(dctx_t *d, og_cause_t *c)
             continue;
         bool alloc = strcmp(e[i].op, "alloc") == 0;
         uint64_t floor_now = alloc ? sub0(e[i].live, e[i].bytes) : e[i].live;
-        bool marker = alloc && (e[i].bytes > d->req ? e[i].bytes - d->req : d->req - e[i].bytes) <= tol;
+        bool marker = alloc && (size == UINT64_MAX || (e[i].bytes > size ? e[i].bytes - size : size - e[i].bytes) <= tol);
         if (marker) {
             /* back-to-back markers with nothing between (a burst: loading weights, a stack of
              * buffers) are one step, not many */
@@ -955,7 +961,9 @@ static bool c_growth(dctx_t *d, og_cause_t *c)
     double rs = d->th.growth_rising_steps, gm = d->th.growth_min_share;
     double rising_share = (double)rising / transitions;
     double rise_share = (double)rise / (double)d->total;
-    if (rising_share + 1e-9 < rs || rise_share + 1e-12 < gm || per_step == 0)
+    /* significant: gm of the device, or (over many steps) at least what is missing now */
+    bool big_enough = rise_share + 1e-12 >= gm || (d->shortfall > 0 && rise >= d->shortfall && steps >= 16);
+    if (rising_share + 1e-9 < rs || !big_enough || per_step == 0)
         return false;
     /* a load, not a leak: steps that each add at least 1/40 of the device, starting from (almost)
      * nothing held, are weights arriving (however slowly); a leak keeps tensors on top of an
@@ -968,13 +976,20 @@ static bool c_growth(dctx_t *d, og_cause_t *c)
      * handed out, a caching allocator), not tensors kept alive */
     if (d->cached_known && strcmp(d->cached_src, "retry_release") != 0 && 2 * d->cached >= rise)
         return false;
+    if (d->app_slack && 2 * d->app_slack >= rise)
+        return false;                /* the application's pool keeping what it handed out */
     c->id = "growth";
     c->confidence = 0.5 + 0.25 * clamp01((double)(steps - GROWTH_MIN_STEPS) / 26) +
                     0.2 * clamp01(rs < 1 ? (rising_share - rs) / (1 - rs) : 1);
-    summary(c, "Memory left behind rises from step to step: in %d steps that each allocate %s (the request that "
-            "failed), the low point rose in %d of %d, by about %s per step, from %s to %s.", steps,
-            og_hb((double)d->req).s, rising, transitions, og_hb((double)per_step).s, og_hb((double)lows[0]).s,
-            og_hb((double)lows[steps - 1]).s);
+    if (size == UINT64_MAX)
+        summary(c, "Memory left behind rises from step to step: over %d steps of varying sizes the low point rose "
+                "in %d of %d, by about %s per step, from %s to %s.", steps, rising, transitions,
+                og_hb((double)per_step).s, og_hb((double)lows[0]).s, og_hb((double)lows[steps - 1]).s);
+    else
+        summary(c, "Memory left behind rises from step to step: in %d steps that each allocate %s (%s), the low "
+                "point rose in %d of %d, by about %s per step, from %s to %s.", steps, og_hb((double)size).s,
+                failing_size ? "the size that failed" : "the size allocated most often", rising, transitions,
+                og_hb((double)per_step).s, og_hb((double)lows[0]).s, og_hb((double)lows[steps - 1]).s);
     ev_bytes(c, "first_trough_bytes", lows[0]);
     ev_bytes(c, "last_trough_bytes", lows[steps - 1]);
     ev_bytes(c, "rise_bytes", rise);
@@ -983,6 +998,66 @@ static bool c_growth(dctx_t *d, og_cause_t *c)
     ev_text(c, "rising_steps", "%d of %d", rising, transitions);
     ev_num(c, "steps", steps);
     return true;
+}
+
+/* the allocation size seen most often in the history (>= 16 times), 0 if none; one pass over
+ * the events with a table of 64 sizes (sizes beyond the first 64 distinct ones are not counted) */
+static uint64_t modal_alloc_size(const og_record_t *r)
+{
+    int ne = r->history.events ? r->history.nevents : 0;
+    uint64_t size[64];
+    int count[64], n = 0;
+    for (int i = 0; i < ne; i++) {
+        const struct og_hist_ev *e = &r->history.events[i];
+        if (!e->op || strcmp(e->op, "alloc") != 0)
+            continue;
+        int k = 0;
+        while (k < n && size[k] != e->bytes)
+            k++;
+        if (k == n) {
+            if (n == 64)
+                continue;
+            size[n] = e->bytes;
+            count[n++] = 0;
+        }
+        count[k]++;
+    }
+    int best = -1;
+    for (int k = 0; k < n; k++)
+        if (best < 0 || count[k] > count[best])
+            best = k;
+    return best >= 0 && count[best] >= 16 ? size[best] : 0;
+}
+
+/* Growth marked by the failing size first (a leak fails doing what every step did), else by the
+ * size allocated most often (a leak of small tensors while something else failed). */
+static bool c_growth(dctx_t *d, og_cause_t *c)
+{
+    if (growth_for(d, c, d->req, true))
+        return true;
+    memset(c, 0, sizeof *c);
+    uint64_t m = modal_alloc_size(d->rec);
+    if (m && (m > d->req ? m - d->req : d->req - m) > d->req / 32 && growth_for(d, c, m, false))
+        return true;
+    memset(c, 0, sizeof *c);
+    /* a leak of varying sizes (outputs kept per batch, each as long as its batch): every
+     * allocation (bursts merged) is a step; held to a stricter pattern: >= 16 steps, >= 90% rising */
+    if (!growth_for(d, c, UINT64_MAX, false))
+        return false;
+    double st = 0;
+    const char *rsteps = NULL;
+    for (int i = 0; i < c->nevidence; i++) {
+        if (strcmp(c->evidence[i].name, "steps") == 0)
+            st = c->evidence[i].num;
+        if (strcmp(c->evidence[i].name, "rising_steps") == 0)
+            rsteps = c->evidence[i].text;
+    }
+    int rising = 0, trans = 0;
+    if (st >= 16 && rsteps && sscanf(rsteps, "%d of %d", &rising, &trans) == 2 && trans && rising * 10 >= trans * 9)
+        return true;
+    memset(c, 0, sizeof *c);
+    d->growth_rise = 0;
+    return false;
 }
 
 static bool c_does_not_fit(dctx_t *d, og_cause_t *c)
@@ -1068,17 +1143,23 @@ static bool c_does_not_fit(dctx_t *d, og_cause_t *c)
      * an earlier burst of the same size still held: a second copy loaded beside the first */
     const struct og_hist_ev *e = r->history.events;
     int ne = e ? r->history.nevents : 0, run = 0, earlier = 0, i = ne - 1;
+    uint64_t held_before = 0;
     uint64_t tol = 2ULL << 20;       /* shards of one checkpoint are the same size */
-    double t_prev = -1;
+    double t_prev = -1, t_fail0 = -1;
+    for (int k = ne - 1; k >= 0 && k >= ne - 32; k--)    /* when the failures at the end began */
+        if (e[k].op && strcmp(e[k].op, "fail") == 0)
+            t_fail0 = e[k].t_rel;
     for (; i >= 0; i--) {
         /* failed attempts and the releases between them are the failure's own, not the load's */
-        if (!e[i].op || strcmp(e[i].op, "fail") == 0 || strcmp(e[i].op, "free") == 0)
+        if (!e[i].op || strcmp(e[i].op, "fail") == 0 ||
+            (strcmp(e[i].op, "free") == 0 && t_fail0 >= 0 && e[i].t_rel >= t_fail0))
             continue;
         bool same = strcmp(e[i].op, "alloc") == 0 && (e[i].bytes > d->req ? e[i].bytes - d->req : d->req - e[i].bytes) <= tol;
         if (!same || (t_prev >= 0 && t_prev - e[i].t_rel > LOAD_GAP_S))
             break;
         t_prev = e[i].t_rel;
         run++;
+        held_before = sub0(e[i].live, e[i].bytes);
     }
     for (; run >= 4 && i >= 0; i--) {
         if (!e[i].op || strcmp(e[i].op, "fail") == 0)
@@ -1087,9 +1168,14 @@ static bool c_does_not_fit(dctx_t *d, og_cause_t *c)
             break;
         earlier++;
     }
-    if (run < 4 && d->load_steps >= 4)
+    /* a load builds what the process holds: a run of equal blocks on top of a larger working set
+     * (a forward pass, an optimizer's state) is the job's own, not weights arriving */
+    bool built = (double)held_before < (double)run * (double)d->req;
+    if (run < 4 && d->load_steps >= 4) {
         run = d->load_steps;          /* a slow load: its pieces arrive one step at a time */
-    if (run >= 4) {
+        built = true;
+    }
+    if (run >= 4 && (built || earlier >= 4)) {
         ev_text(c, "phase", "%s", earlier >= 4 ? "second_load" : "loading");
         ev_num(c, "load_allocations", run);
         if (earlier >= 4)

@@ -179,6 +179,7 @@ void og_render_json(const og_record_t *r, og_sb_t *sb)
         K("total_bytes"); j_u64(sb, r->device.total_bytes);
         K("free_bytes"); j_u64(sb, r->device.free_bytes);
         K("limit_bytes"); j_u64(sb, r->device.limit_bytes);
+        K("limit_usage_bytes"); j_u64(sb, r->device.limit_usage_bytes);
         og_sb_puts(sb, "}");
     }
 
@@ -230,6 +231,14 @@ void og_render_json(const og_record_t *r, og_sb_t *sb)
         og_sb_puts(sb, "]");
         K("other_processes_bytes"); j_u64(sb, r->memory.other_processes_bytes);
         K("host_pinned_bytes"); j_u64(sb, r->memory.host_pinned_bytes);
+        K("pool_owner");
+        if (r->memory.pool_owner_fw) {
+            og_sb_printf(sb, "{\"library\":");
+            og_sb_json_str(sb, r->memory.pool_owner);
+            og_sb_printf(sb, ",\"framework\":%s}", r->memory.pool_owner_fw == 1 ? "true" : "false");
+        } else
+            og_sb_puts(sb, "null");
+        K("ipc_mapped_bytes"); j_u64(sb, r->memory.ipc_mapped_bytes);
         K("nvml_process_query");
         if (r->memory.nvml_process_query[0]) og_sb_json_str(sb, r->memory.nvml_process_query); else og_sb_puts(sb, "null");
         K("unmeasured"); og_sb_puts(sb, "[");

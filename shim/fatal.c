@@ -35,6 +35,13 @@ static void on_fatal(int sig, siginfo_t *si, void *uc)
      * exit() or _exit() prints); a fault or a default action is the end */
     if (dfl || is_fault(sig))
         og_dump_fatal();
+    if (p->sa_flags & SA_RESETHAND) {
+        /* a one-shot handler (it re-raises to die): reset as if it had been called directly */
+        struct sigaction reset;
+        memset(&reset, 0, sizeof reset);
+        reset.sa_handler = SIG_DFL;
+        sigaction(sig, &reset, NULL);
+    }
     if (p->sa_flags & SA_SIGINFO) {
         if (p->sa_sigaction)
             p->sa_sigaction(sig, si, uc);

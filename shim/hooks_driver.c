@@ -455,3 +455,29 @@ CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
     OG_FREE_CALL(hMipmappedArray, real(hMipmappedArray));
     OG_END(r);
 }
+
+/* ------------------------------------------------------------------ IPC */
+
+/* Memory another process allocated, opened here: in the ledger as a mapping (its close is
+ * then no unknown free, and a dump says how much is mapped) but never as ours. */
+#define OG_IPC_OPEN(name)                                                                      \
+    CUresult name(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)               \
+    {                                                                                          \
+        OG_BEGIN(name);                                                                        \
+        CUresult r = real(pdptr, handle, Flags);                                               \
+        og_cfn_cuMemGetAddressRange_v2 range = OG_CALL(cuMemGetAddressRange_v2);               \
+        CUdeviceptr base;                                                                      \
+        size_t size = 0;                                                                       \
+        if (c.active && r == CUDA_SUCCESS && pdptr && range && range(&base, &size, *pdptr) == CUDA_SUCCESS) \
+            og_track_alloc(&c, (uintptr_t)*pdptr, size, OG_KIND_PLAIN | OG_KIND_F_IPC);        \
+        OG_END(r);                                                                             \
+    }
+OG_IPC_OPEN(cuIpcOpenMemHandle)
+OG_IPC_OPEN(cuIpcOpenMemHandle_v2)
+
+CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+    OG_BEGIN(cuIpcCloseMemHandle);
+    OG_FREE_CALL(dptr, real(dptr));
+    OG_END(r);
+}

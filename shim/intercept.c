@@ -131,10 +131,9 @@ void og_calls_resolve(void *cuda_handle)
         void *own = cuda_handle ? NULL : dlopen(lib_soname(OG_LIB_CUDA), RTLD_LAZY | RTLD_NOLOAD);
         void *h = cuda_handle ? cuda_handle : own;
         if (h) {
+            /* once: a function this driver lacks stays NULL, and the shim does without it */
             fill_from(h, OG_LIB_CUDA);
-            /* the driver is there once its most basic function is */
-            if (OG_CALL(cuCtxGetDevice))
-                atomic_store_explicit(&cuda_resolved, 1, memory_order_release);
+            atomic_store_explicit(&cuda_resolved, 1, memory_order_release);
         }
         if (own)
             dlclose(own);     /* libcuda stays loaded: the program holds it */

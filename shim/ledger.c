@@ -100,6 +100,7 @@ typedef struct {
     _Atomic uint64_t tracked, peak, peak_t_ns;
     _Atomic uint64_t pool_used;                 /* also in the shards; here for limit checks */
     _Atomic uint64_t pool_counted;              /* blocks of unreadable pools (OG_KIND_F_COUNTED) */
+    _Atomic uint64_t ipc_mapped;                /* OG_KIND_F_IPC blocks: mapped, not ours */
     atomic_int pools_unreadable;
     _Atomic uint64_t pool_reserved, vmm_physical, vmm_handles, vmm_mapped;
     _Atomic uint64_t slow_allocs, slow_frees, failures, unknown_frees;   /* VMM and rare paths */
@@ -424,8 +425,8 @@ static inline void shard_count(shard_t *s, const og_block_t *b, int sign)
         s->host_blocks += (uint64_t)sign;
         return;
     }
-    if (b->device < 0 || b->device >= OG_MAX_DEVICES)
-        return;
+    if (b->device < 0 || b->device >= OG_MAX_DEVICES || (b->flags & OG_KIND_F_IPC))
+        return;                                   /* IPC: see ipc_account */
     shard_dev_t *sd = &s->dev[b->device];
     sd->bytes[b->kind] += (uint64_t)sign * b->size;
     sd->blocks[b->kind] += (uint64_t)sign;
@@ -439,7 +440,21 @@ static inline void shard_count(shard_t *s, const og_block_t *b, int sign)
  * device memory themselves; other pool blocks are inside their pool's reservation. */
 static inline bool counts_itself(int kind, int flags)
 {
-    return kind != OG_KIND_POOL || (flags & OG_KIND_F_COUNTED) != 0;
+    return !(flags & OG_KIND_F_IPC) && (kind != OG_KIND_POOL || (flags & OG_KIND_F_COUNTED) != 0);
+}
+
+/* An IPC mapping entering (+1) or leaving (-1) the ledger: another process's allocation,
+ * kept (so that its close is recognised and a dump can say what is mapped) but never
+ * counted as this process's memory. */
+static inline void ipc_account(dev_t_ *d, int flags, uint64_t size, int sign)
+{
+    if (OG_UNLIKELY(flags & OG_KIND_F_IPC) && d)
+        atomic_fetch_add_explicit(&d->ipc_mapped, (uint64_t)sign * size, memory_order_relaxed);
+}
+
+uint64_t og_ledger_ipc_mapped(int device)
+{
+    return device >= 0 && device < OG_MAX_DEVICES ? atomic_load(&devs[device].ipc_mapped) : 0;
 }
 
 void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind)
@@ -466,6 +481,7 @@ void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind)
                 atomic_fetch_sub(&devs[old->device].pool_used, old->size);
             if (old->flags & OG_KIND_F_COUNTED)
                 atomic_fetch_sub(&devs[old->device].pool_counted, old->size);
+            ipc_account(&devs[old->device], old->flags, old->size, -1);
             if (counts_itself(old->kind, old->flags))
                 shard_tracked_add(s, old->device, -(int64_t)old->size, t);
         }
@@ -489,17 +505,20 @@ void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind)
                 atomic_fetch_add_explicit(&d->pool_used, size, memory_order_relaxed);
             if (OG_UNLIKELY(flags & OG_KIND_F_COUNTED))
                 atomic_fetch_add_explicit(&d->pool_counted, size, memory_order_relaxed);
+            ipc_account(d, flags, size, +1);
             if (counts_itself(kind, flags))
                 live = shard_tracked_add(s, device, (int64_t)size, t);
             else
                 live = atomic_load_explicit(&d->tracked, memory_order_relaxed);
-            ring_add(&s->ring, OG_EV_ALLOC, c->hook, device, size, live, t);
+            if (!(flags & OG_KIND_F_IPC))         /* a mapping is no allocation event */
+                ring_add(&s->ring, OG_EV_ALLOC, c->hook, device, size, live, t);
         }
     }
     og_spin_unlock(&s->lock);
     if (d && b && counts_itself(kind, flags))
         og_warn_check(device, live);
-    if (d && b && OG_UNLIKELY(atomic_load_explicit(&og_episode_open[device], memory_order_relaxed)))
+    if (d && b && counts_itself(kind, flags) &&
+        OG_UNLIKELY(atomic_load_explicit(&og_episode_open[device], memory_order_relaxed)))
         og_on_recovered(c, device, size);
 }
 
@@ -535,11 +554,13 @@ void og_free_begin(og_call_t *c, uintptr_t addr, og_taken_t *tk)
                 atomic_fetch_sub_explicit(&d->pool_used, tk->size, memory_order_relaxed);
             if (OG_UNLIKELY(tk->flags & OG_KIND_F_COUNTED))
                 atomic_fetch_sub_explicit(&d->pool_counted, tk->size, memory_order_relaxed);
+            ipc_account(d, tk->flags, tk->size, -1);
             if (counts_itself(tk->kind, tk->flags))
                 live = shard_tracked_add(s, tk->device, -(int64_t)tk->size, t);
             else
                 live = atomic_load_explicit(&d->tracked, memory_order_relaxed);
-            ring_add(&s->ring, OG_EV_FREE, c->hook, tk->device, tk->size, live, t);
+            if (!(tk->flags & OG_KIND_F_IPC))
+                ring_add(&s->ring, OG_EV_FREE, c->hook, tk->device, tk->size, live, t);
         }
     }
     og_spin_unlock(&s->lock);
@@ -556,7 +577,7 @@ void og_free_end(og_call_t *c, og_taken_t *tk, CUresult r)
     }
     bool device_block = tk->kind != OG_KIND_HOST && dev_of(tk->device);
     if (OG_LIKELY(r == CUDA_SUCCESS)) {
-        if (device_block)
+        if (device_block && !(tk->flags & OG_KIND_F_IPC))
             og_note_free(tk->device, tk->size, tk->site);
         return;
     }
@@ -585,6 +606,7 @@ void og_free_end(og_call_t *c, og_taken_t *tk, CUresult r)
                 atomic_fetch_add_explicit(&d->pool_used, b->size, memory_order_relaxed);
             if (b->flags & OG_KIND_F_COUNTED)
                 atomic_fetch_add_explicit(&d->pool_counted, b->size, memory_order_relaxed);
+            ipc_account(d, b->flags, b->size, +1);
             if (counts_itself(b->kind, b->flags))
                 live = shard_tracked_add(s, b->device, (int64_t)b->size, t);
             else
@@ -796,7 +818,7 @@ void og_track_context_reset(og_call_t *c, int device)
         og_spin_lock(&s->lock);
         og_block_t *b, *tmp;
         HASH_ITER(hh, s->table, b, tmp) {
-            if (b == &s->sentinel || b->device != device ||
+            if (b == &s->sentinel || b->device != device || (b->flags & (OG_KIND_F_ARRAY | OG_KIND_F_IPC)) ||
                 (b->kind != OG_KIND_PLAIN && b->kind != OG_KIND_MANAGED))
                 continue;
             HASH_DEL(s->table, b);
@@ -837,7 +859,7 @@ void og_track_blocks_gone(og_call_t *c, int device)
         shard_t *s = &shards[i];
         og_spin_lock(&s->lock);
         for (og_block_t *b = s->table; b && n < cap; b = b->hh.next) {
-            if (b == &s->sentinel || (b->flags & OG_KIND_F_ARRAY) ||
+            if (b == &s->sentinel || (b->flags & (OG_KIND_F_ARRAY | OG_KIND_F_IPC)) ||
                 (b->kind != OG_KIND_PLAIN && b->kind != OG_KIND_MANAGED) || (device >= 0 && b->device != device))
                 continue;
             list[n++] = (struct cand){b->addr, b->t_ns};
@@ -887,8 +909,8 @@ size_t og_ledger_foreach(og_block_fn fn, void *arg)
         shard_t *s = &shards[i];
         og_spin_lock(&s->lock);
         for (og_block_t *b = s->table; b; b = b->hh.next) {
-            if (b == &s->sentinel)
-                continue;
+            if (b == &s->sentinel || (b->flags & OG_KIND_F_IPC))
+                continue;                         /* another process's allocation */
             og_block_view_t v = {b->addr, b->size, ticks_to_ns(b->t_ns), b->site, b->device, b->kind, b->hook};
             fn(&v, arg);
             n++;

@@ -322,7 +322,9 @@ void og_summary_atexit(void)
             og_log("summary: device %d peak %s at %.2f s: larger than a 141 GB card", d,
                    og_human(st.peak_tracked_bytes, a, sizeof a), t);
     }
-    if (last >= 0 && og_opt.dir_s[0]) {
+    /* the exit dump asks the driver and NVML: only from the atexit handler, never from a
+     * destructor (og_exiting), when libcuda may be gone */
+    if (last >= 0 && og_opt.dir_s[0] && !atomic_load(&og_exiting)) {
         og_record_t *rec = og_record_capture("exit", NULL, last);
         if (rec) {
             og_write_record(rec);

@@ -17,6 +17,7 @@
 #undef cuDevicePrimaryCtxReset
 #undef cuDevicePrimaryCtxRelease
 #undef cuCtxDestroy
+#undef cuIpcOpenMemHandle
 
 #define OG_EXPORT __attribute__((visibility("default")))
 #define OG_TLS    __thread __attribute__((tls_model("initial-exec")))
@@ -164,6 +165,8 @@ struct og_frame;
  * dump time only).  `oomguard report` turns path+build-id+offset into names and lines. */
 void og_frame_describe(uintptr_t ip, bool return_address, struct og_frame *f);
 extern bool og_stack_cache_enabled;          /* false: every capture is a full unwind (tests) */
+extern int og_stack_record_cost;             /* captures between two chain recordings (tests: 0) */
+extern OG_TLS uint64_t og_stack_chain_hits;  /* captures the chain cache served (tests) */
 void og_stacks_init(void);
 void og_stacks_atfork_prepare(void);
 void og_stacks_atfork_parent(void);
@@ -222,7 +225,9 @@ bool og_ledger_unmeasured(int device, char *why, size_t n);   /* ledger part of 
  * reservation cannot be read) */
 #define OG_KIND_F_COUNTED 0x80
 #define OG_KIND_F_ARRAY   0x40   /* a CUDA array: the key is its handle, not a device address */
-#define OG_KIND_F_MASK    0xC0
+#define OG_KIND_F_IPC     0x20   /* another process's memory opened here: mapped, not allocated */
+#define OG_KIND_F_MASK    0xE0
+uint64_t og_ledger_ipc_mapped(int device);      /* bytes of IPC mappings open on the device */
 /* After a context went away (destroyed, primary released to zero or reset): drop the
  * device's (-1: any device's) blocks the driver no longer knows. */
 void og_track_blocks_gone(og_call_t *c, int device);

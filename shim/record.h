@@ -174,6 +174,7 @@ typedef struct og_record {
         int nunmeasured;
         char unmeasured[8][160];
         char nvml_process_query[96];     /* NVML call (and entry size) that listed the processes; "" = none */
+        uint64_t ipc_mapped_bytes;       /* other processes' memory opened here (cuIpcOpenMemHandle): not ours */
         og_framework_view_t fw;
     } memory;
 

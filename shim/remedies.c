@@ -229,7 +229,10 @@ static void context(rctx_t *x, const og_record_t *rec)
         x->cached_known = true;
         x->cached = sub0(fw->reserved_bytes, fw->allocated_bytes);
         src = "adapter";
-    } else if (known(rec->memory.framework_cached_bytes)) {
+    } else if (known(rec->memory.framework_cached_bytes) &&
+               !(rec->memory.pool_owner_fw == 2 && rec->memory.framework_cached_source &&
+                 strcmp(rec->memory.framework_cached_source, "pool") == 0)) {
+        /* (an application's own pool is not the framework's cache) */
         x->cached_known = true;
         x->cached = rec->memory.framework_cached_bytes;
         src = rec->memory.framework_cached_source;
@@ -480,8 +483,8 @@ static bool b_empty_cache(const rctx_t *x, og_remedy_t *r)
         }
         how(r, "%sprint(torch.cuda.memory_summary())   # reserved vs allocated, before and after", pt(x));
         if (x->fw == OG_FW_UNKNOWN)
-            how(r, "Other frameworks: jax.clear_caches(); tf.keras.backend.clear_session(); "
-                "cupy.get_default_memory_pool().free_all_blocks()");
+            how(r, "JAX: jax.clear_caches(); TensorFlow: tf.keras.backend.clear_session(); "
+                "CuPy: cupy.get_default_memory_pool().free_all_blocks()");
         break;
     }
     return true;
@@ -1386,9 +1389,12 @@ void og_select_remedies(og_record_t *rec)
         int o = own[x.primary];
         double cov = o == R_OTHER_FW ? (double)x.other_fw_bytes : o == R_SET_DEVICE ? (double)x.peers_bytes
                    : o == R_FOREIGN ? (double)x.other : 0;
-        if (o >= 0 && pconf >= 0.7 && cov >= (double)x.shortfall && !x.larger_than_device)
+        if (o >= 0 && pconf >= 0.7 && cov >= (double)x.shortfall && !x.larger_than_device) {
             for (int i = R_INFERENCE; i <= R_BIGGER; i++)
                 want[i] = false;
+            if (!x.has[C_FRAG])
+                want[R_EXPANDABLE] = want[R_BUCKET] = false;
+        }
     }
 
     /* framework and settings */
@@ -1452,13 +1458,15 @@ void og_select_remedies(og_record_t *rec)
         cover[R_FLASH] = 0.1 * live;
         cover[R_QUANT] = 0.35 * live;
     }
-    /* half precision halves the failing tensor too: if half of it still does not fit, it cannot
-     * cover the shortfall (a 4x shortfall is not a 3% one) */
+    /* half precision halves the failing tensor too: if half of it still does not fit and the
+     * shortfall is a large part of what is held, it cannot cover it (a 4x shortfall is not 3%) */
     double avail_now = x.shortfall < x.req ? (double)(x.req - x.shortfall) + (double)x.reclaim : 0;
-    if (x.shortfall && (double)x.req * 0.5 > avail_now && cover[R_MIXED] >= (double)x.shortfall)
+    if (x.shortfall && (double)x.req * 0.5 > avail_now && cover[R_MIXED] >= (double)x.shortfall &&
+        (double)x.shortfall * 4 > live)
         cover[R_MIXED] = (double)x.req * 0.5;
-    /* the batch can shrink as far as needed: the failing tensor shrinks with it */
-    cover[R_SMALLER_BATCH] = (double)x.req * 0.875;
+    /* the batch can shrink as far as needed: the failing tensor shrinks with it, and so do the
+     * other activations */
+    cover[R_SMALLER_BATCH] = (double)x.req * 0.875 > 0.25 * live ? (double)x.req * 0.875 : 0.25 * live;
     cover[R_MULTI_GPU] = cover[R_ZERO] = cover[R_OFFLOAD] = cover[R_BIGGER] = cover[R_CHUNK] = big;
     cover[R_OTHER_FW] = (double)x.other_fw_bytes;
     cover[R_SET_DEVICE] = (double)x.peers_bytes;
@@ -1486,7 +1494,8 @@ void og_select_remedies(og_record_t *rec)
         if (r >= 0 && tier[r] != 3)
             tier[r] = 0, order[r] = -20 + k;
     }
-    if (x.retried_zero && x.has[C_FRAG]) {  /* empty_cache got 0 B back: expandable segments leads */
+    if (x.retried_zero && x.has[C_FRAG] && (x.primary == C_FRAG || x.primary == C_DNF)) {
+        /* empty_cache got 0 B back: expandable segments leads */
         tier[R_EXPANDABLE] = 0;
         order[R_EXPANDABLE] = -30;
         tier[R_BUCKET] = 0;

@@ -253,6 +253,8 @@ static void truth_locked(int dev, simgpu_truth_t *t)
     t->failed_allocs = d->failed_allocs;
     t->injected_failures = d->injected;
     t->contexts = d->contexts;
+    t->ipc_mapped_bytes = d->ipc_mapped;
+    t->ipc_mappings = d->ipc_mappings;
 }
 
 SIM_API int simgpu_truth(int device, simgpu_truth_t *out)

@@ -85,7 +85,7 @@ typedef struct sim_free_range {
 
 /* Every range that occupies fake device VA (or, for managed memory, a real
  * mmap) starts with this header so one range-compare works for all trees. */
-typedef enum { VA_PLAIN = 1, VA_MANAGED, VA_CHUNK, VA_RESERVE } sim_va_kind_t;
+typedef enum { VA_PLAIN = 1, VA_MANAGED, VA_CHUNK, VA_RESERVE, VA_IPC } sim_va_kind_t;
 
 typedef struct sim_range {
     uint64_t base, size;
@@ -178,6 +178,7 @@ typedef struct sim_dev {
     uint64_t pool_reserved, pool_used, pool_blocks;
     uint64_t used, peak_used;
     uint64_t failed_allocs, injected;
+    uint64_t ipc_mapped, ipc_mappings;  /* another process's memory opened here (not charged) */
 
     struct CUctx_st primary;          /* stable handle for the primary context */
     int primary_refs;

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/mman.h>
 
 /* ================================================================ helpers */
@@ -149,9 +150,9 @@ static bool classify_locked(uint64_t p, ptr_info_t *pi)
         return true;
     }
     sim_va_t *v = tree_find(&g_sim.va_tree, p, 1);
-    if (v && (v->kind == VA_PLAIN || v->kind == VA_MANAGED)) {
+    if (v && (v->kind == VA_PLAIN || v->kind == VA_MANAGED || v->kind == VA_IPC)) {
         sim_alloc_t *a = (sim_alloc_t *)v;
-        *pi = (ptr_info_t){ .kind = v->kind == VA_PLAIN ? PTR_PLAIN : PTR_MANAGED, .base = a->va.r.base,
+        *pi = (ptr_info_t){ .kind = v->kind == VA_MANAGED ? PTR_MANAGED : PTR_PLAIN, .base = a->va.r.base,
                             .size = a->requested, .dev = a->dev, .ctx = a->ctx,
                             .host_accessible = v->kind == VA_MANAGED, .buffer_id = a->buffer_id, .alloc = a };
         /* Pointers in the alignment slack past the requested size are not part
@@ -311,6 +312,85 @@ static CUresult free_device_ptr_locked(CUdeviceptr dptr)
         return CUDA_SUCCESS;
     }
     return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ===================================================================== IPC */
+
+/* A handle names (pid, device, base, size) of a plain allocation.  Opening one maps the
+ * exporter's memory into this process's address space: device memory, but not this
+ * process's allocation, so nothing is charged here (the truth's ipc_mapped_bytes).  A
+ * process cannot open its own handles (CUDA_ERROR_INVALID_CONTEXT, as the driver says). */
+typedef struct {
+    char magic[8];
+    uint32_t pid;
+    int32_t dev;
+    uint64_t base, size;
+} sim_ipc_handle_t;
+
+SIM_API CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
+{
+    ENTER_INIT();
+    sim_va_t *v = tree_find(&g_sim.va_tree, dptr, 1);
+    if (!pHandle || !v || v->kind != VA_PLAIN || v->r.base != dptr)
+        RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
+    sim_alloc_t *a = (sim_alloc_t *)v;
+    sim_ipc_handle_t h = {"SIMGPUIP", (uint32_t)getpid(), a->dev, a->va.r.base, a->requested};
+    memset(pHandle, 0, sizeof *pHandle);
+    memcpy(pHandle->reserved, &h, sizeof h);
+    RETURN_UNLOCK(CUDA_SUCCESS);
+}
+
+SIM_API CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)
+{
+    ENTER_INIT();
+    CUcontext ctx;
+    CUresult r = sim_current_ctx_locked(&ctx);
+    if (r != CUDA_SUCCESS)
+        RETURN_UNLOCK(r);
+    sim_ipc_handle_t h;
+    memcpy(&h, handle.reserved, sizeof h);
+    if (!pdptr || memcmp(h.magic, "SIMGPUIP", 8) != 0 || h.size == 0)
+        RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
+    if (h.pid == (uint32_t)getpid())
+        RETURN_UNLOCK(CUDA_ERROR_INVALID_CONTEXT);
+    if (h.dev != ctx->dev)
+        RETURN_UNLOCK(CUDA_ERROR_INVALID_DEVICE);
+    sim_alloc_t *a = calloc(1, sizeof *a);
+    uint64_t span = sim_align_up(h.size, SIM_ALLOC_ALIGN);
+    uint64_t base = a ? dev_va_alloc_locked(ctx->dev, span, SIM_ALLOC_ALIGN) : 0;
+    if (!base) {
+        free(a);
+        RETURN_UNLOCK(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    a->va = (sim_va_t){ { base, span }, VA_IPC };
+    va_insert_locked(&a->va);
+    a->dev = ctx->dev;
+    a->requested = h.size;
+    a->ctx = ctx;
+    a->buffer_id = g_sim.next_buffer_id++;
+    g_sim.dev[ctx->dev].ipc_mapped += h.size;
+    g_sim.dev[ctx->dev].ipc_mappings++;
+    *pdptr = base;
+    RETURN_UNLOCK(CUDA_SUCCESS);
+}
+
+SIM_API CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)
+{
+    return cuIpcOpenMemHandle_v2(pdptr, handle, Flags);
+}
+
+SIM_API CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+    ENTER_INIT();
+    sim_va_t *v = tree_find(&g_sim.va_tree, dptr, 1);
+    if (!v || v->kind != VA_IPC || v->r.base != dptr)
+        RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
+    sim_alloc_t *a = (sim_alloc_t *)v;
+    tdelete(&a->va, &g_sim.va_tree, sim_range_cmp);
+    g_sim.dev[a->dev].ipc_mapped -= a->requested;
+    g_sim.dev[a->dev].ipc_mappings--;
+    free(a);
+    RETURN_UNLOCK(CUDA_SUCCESS);
 }
 
 /* ============================================================= CUDA arrays */

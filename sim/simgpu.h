@@ -35,6 +35,7 @@ typedef struct simgpu_truth {
     unsigned long long failed_allocs, injected_failures; /* allocation calls that returned OUT_OF_MEMORY / of which injected */
     /* Appended after the original layout (keep it last): */
     unsigned long long contexts;                         /* live contexts on the device (primary counts once) */
+    unsigned long long ipc_mapped_bytes, ipc_mappings;   /* other processes' memory opened with cuIpcOpenMemHandle */
 } simgpu_truth_t;
 
 /* Fill *out with the current truth of `device`.  Returns 0, or -1 when the

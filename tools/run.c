@@ -6,6 +6,7 @@
  * CMD (torchrun workers, srun tasks) inherit the environment.  Signals sent to
  * oomguard are passed on, and the command's exit status or fatal signal becomes
  * oomguard's own. */
+#include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -217,8 +218,41 @@ static int found_cmp(const void *a, const void *b)
     return strcmp(((const struct found *)a)->name, ((const struct found *)b)->name);
 }
 
-/* Dumps (oomguard-*.json) in dir modified since `start`. */
-static void list_dumps(const char *dir, const char *shown_dir, const struct timespec *start)
+/* Whether a dump was written by the command or one of its direct children (torchrun's workers,
+ * a shell script's python), on this host: when many ranks share one dump directory, each
+ * `oomguard run` names its own dumps, not every rank's.  An unreadable dump is kept (listing
+ * too much beats hiding one). */
+static int dump_is_ours(int dfd, const char *name, pid_t child)
+{
+    int fd = openat(dfd, name, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+        return 1;
+    struct sbuf b;
+    sb_init(&b);
+    char chunk[65536];
+    ssize_t r;
+    while ((r = read(fd, chunk, sizeof chunk)) > 0 || (r < 0 && errno == EINTR))
+        if (r > 0)
+            sb_put(&b, chunk, (size_t)r);
+    close(fd);
+    int ours = 1;
+    cJSON *root = b.oom ? NULL : cJSON_ParseWithLength(b.p ? b.p : "", b.len);
+    const cJSON *pid = cJSON_GetObjectItemCaseSensitive(root, "pid");
+    const cJSON *ppid = cJSON_GetObjectItemCaseSensitive(root, "ppid");
+    const cJSON *host = cJSON_GetObjectItemCaseSensitive(root, "host");
+    char me[256] = "";
+    if (cJSON_IsNumber(pid) && cJSON_IsNumber(ppid)) {
+        ours = (pid_t)pid->valuedouble == child || (pid_t)ppid->valuedouble == child;
+        if (ours && cJSON_IsString(host) && gethostname(me, sizeof me - 1) == 0)
+            ours = strcmp(host->valuestring, me) == 0;
+    }
+    cJSON_Delete(root);
+    sb_free(&b);
+    return ours;
+}
+
+/* Dumps (oomguard-*.json) in dir modified since `start` by the command (see dump_is_ours). */
+static void list_dumps(const char *dir, const char *shown_dir, const struct timespec *start, pid_t child)
 {
     DIR *dp = opendir(dir);
     if (!dp)
@@ -235,6 +269,8 @@ static void list_dumps(const char *dir, const char *shown_dir, const struct time
             continue;
         if (st.st_mtim.tv_sec < start->tv_sec ||
             (st.st_mtim.tv_sec == start->tv_sec && st.st_mtim.tv_nsec < start->tv_nsec))
+            continue;
+        if (!dump_is_ours(dirfd(dp), de->d_name, child))
             continue;
         if (n == cap)
             v = xrealloc(v, (cap = cap ? cap * 2 : 8) * sizeof *v);
@@ -451,7 +487,7 @@ int og_cmd_run(int argc, char **argv)
         return exec_errno == ENOENT ? OG_RUN_NOT_FOUND : OG_RUN_NOT_EXECUTABLE;
     }
     if (!quiet)
-        list_dumps(absdir, shown_dir, &start);
+        list_dumps(absdir, shown_dir, &start, pid);
     if (WIFSIGNALED(status))
         return die_like(WTERMSIG(status));
     return WIFEXITED(status) ? WEXITSTATUS(status) : OG_RUN_CANNOT_START;

@@ -22,7 +22,8 @@ import threading
 _lock = threading.RLock()
 _fns = {}
 _struct = None
-_ADAPTER_FILES = ("oomguard_core.py", "oomguard_torch.py", "oomguard_jax.py", "oomguard_cupy.py", "sitecustomize.py")
+_ADAPTER_FILES = ("oomguard_core.py", "oomguard_torch.py", "oomguard_jax.py", "oomguard_cupy.py", "oomguard_tf.py",
+                  "sitecustomize.py")
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -5,8 +5,8 @@ Enable it with one line, before or after `import torch`:
 
     import oomguard_torch
 
-`oomguard run` does it for you (it puts this directory on PYTHONPATH; the sitecustomize.py
-next to this file imports the module).  Without liboomguard preloaded this module does nothing.
+`oomguard run` and the plain LD_PRELOAD=liboomguard.so do it for you (they put this directory
+on PYTHONPATH; the sitecustomize.py next to this file imports the module).  Without liboomguard preloaded this module does nothing.
 
 What it does:
   * waits until torch is imported (a sys.meta_path finder that notices `import torch`
@@ -17,6 +17,12 @@ What it does:
     lock released, tensors still alive); the observer reads torch.cuda.memory_stats(device) and
     torch.cuda.memory._snapshot(), and calls oomguard_framework_report() in the preloaded shim,
     which rewrites that failure's dump with these numbers (memory.framework);
+  * the observer is called for every request PyTorch fails, also one its own allocator refused
+    without asking the driver (set_per_process_memory_fraction): it calls
+    oomguard_framework_oom() with the request, the cap and the Python stack of the failing
+    thread, so such a refusal gets a full dump of its own;
+  * with OOMGUARD_PYTHON_STACKS=1 it turns on PyTorch's bounded allocation history at CUDA
+    initialisation, and the dump lists the lines holding the most live memory (python_sites);
   * with PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync PyTorch has no observer: the adapter
     then reports what memory_stats() has from sys.excepthook, if the program dies of an
     uncaught out-of-memory error; the shim's own pool accounting covers that backend anyway.
@@ -45,7 +51,6 @@ _state = {
     "attached": None,     # None, "observer" or "excepthook"
     "prev_excepthook": None,
 }
-_report_fn = None
 _in_observer = threading.local()
 
 
@@ -87,11 +92,6 @@ def _u64(v):
     if v < 0:
         return 0
     return min(v, (1 << 64) - 2)       # 2**64-1 is the shim's "unknown"
-
-
-def _bytes(s, maxlen=1000):
-    s = "" if s is None else str(s)
-    return s[:maxlen].encode("utf-8", "replace")
 
 
 def _torch():

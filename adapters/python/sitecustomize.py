@@ -21,7 +21,7 @@ def _oomguard_enable():
     import os
     if os.environ.get("OOMGUARD_PYTHON_ADAPTER", "1").strip().lower() in ("0", "false", "no", "off"):
         return
-    for name in ("oomguard_torch", "oomguard_jax", "oomguard_cupy"):
+    for name in ("oomguard_torch", "oomguard_jax", "oomguard_cupy", "oomguard_tf"):
         try:
             __import__(name)      # each activates itself: waits for its framework's import
         except Exception as e:   # never let an adapter break start-up

@@ -99,7 +99,7 @@ echo "== calls from the stand-in are attributed to $FWLIB"
 
 t_syntax() {
     local files=("$AD"/*.py "$SC"/*.py)
-    while IFS= read -r f; do files+=("$f"); done < <(find "$FT" "$ROOT/tests/adapter/fake_jax" "$ROOT/tests/adapter/fake_cupy" -name '*.py' | sort)
+    while IFS= read -r f; do files+=("$f"); done < <(find "$FT" "$ROOT/tests/adapter/fake_jax" "$ROOT/tests/adapter/fake_cupy" "$ROOT/tests/adapter/fake_tf" -name '*.py' | sort)
     for f in "${files[@]}"; do
         "$PYTHON" -c "import py_compile,sys; py_compile.compile(sys.argv[1], cfile=sys.argv[2], doraise=True)" "$f" "$W/c.pyc" \
             || { echo "py_compile failed: $f"; return 1; }
@@ -510,6 +510,15 @@ t_cupy_driver() {
     "$PYTHON" "$CHECKFW" dumps exp.json --framework cupy --driver --cap 0 --numbers cupy --line failing
 }
 t "cupy: cudaMalloc fails after the pool freed its blocks: the driver failure's dump gets the pool's numbers" t_cupy_driver
+
+t_tf_limit() {
+    shim env PYTHONPATH="$ROOT/tests/adapter/fake_tf" OOMGUARD_FRAMEWORK=auto timeout 120 "$PYTHON" "$SC/job_tf.py" limit exp.json \
+        || return 1
+    "$PYTHON" "$CHECKFW" dumps exp.json --framework tensorflow --internal --api tensorflow.bfc_allocator --request exp \
+        --cap exp --cap-source 'memory_limit=512' --line failing --primary framework_cap --remedy-mentions memory_limit || return 1
+    expect "$(ls dumps/oomguard-*.json)" 'd["memory"]["framework"]["allocated_bytes"]' "$(field exp.json 'd["expected"]["current"]')"
+}
+t "tensorflow: ResourceExhaustedError under a logical device's memory_limit: dump with request and cap" t_tf_limit
 
 t_query_held() {
     shim "$PYTHON" "$SC/job_query.py" held exp.json || return 1

@@ -281,6 +281,17 @@ hasnt "run does not list older dumps" "$T/err" "oomguard-old-1.json"
 (cd "$T/dd" && "$OG" run sh -c 'echo "{}" > oomguard-a-1.json; echo "{}" > oomguard-b-2.json' >"$T/out" 2>"$T/err")
 has "run lists several dumps in the current directory" "$T/err" "oomguard: 2 dumps written in .:"
 has "run suggests merge for several dumps" "$T/err" "oomguard merge ."
+# ranks sharing one directory: each `oomguard run` lists only its command's dumps (its own pid or
+# its children's, on this host), not those another rank wrote meanwhile
+mkdir -p "$T/shared"
+"$OG" run --dir "$T/shared" sh -c 'h=$(hostname)
+    printf "{\"pid\": %d, \"ppid\": %d, \"host\": \"%s\"}" $$ $PPID "$h" > "$OOMGUARD_DIR/oomguard-mine-$$.json"
+    printf "{\"pid\": 999999, \"ppid\": 1, \"host\": \"%s\"}" "$h" > "$OOMGUARD_DIR/oomguard-peer-999999.json"
+    printf "{\"pid\": %d, \"ppid\": %d, \"host\": \"another-node\"}" $$ $PPID > "$OOMGUARD_DIR/oomguard-node2-$$.json"' \
+    >"$T/out" 2>"$T/err"
+has "run lists its own dump in a shared directory" "$T/err" "oomguard: 1 dump written: $T/shared/oomguard-mine-"
+hasnt "run does not list another rank's dump" "$T/err" "oomguard-peer-999999.json"
+hasnt "run does not list another host's dump with the same pid" "$T/err" "oomguard-node2-"
 # signals sent to oomguard reach the command
 "$OG" run sh -c 'trap "exit 42" TERM; echo ready; while :; do sleep 0.05; done' >"$T/out" 2>&1 &
 pid=$!

@@ -9,6 +9,7 @@
  *   unreadable pools whose reservation the driver will not tell
  *   arrays     CUDA arrays through the driver and the runtime
  *   ctx        a created context destroyed, a primary context released to zero
+ *   ipc        a child process opens this one's memory: mapped there, not allocated
  *   dlmopen    a driver opened in another link-map namespace is left alone
  *   summary    allocations, then a normal exit (OOMGUARD_SUMMARY decides the rest)
  *   lookups    no dlopen by the shim inside allocations, failures and dumps included */
@@ -232,9 +233,14 @@ static int mode_ctx(void)
 
 static int mode_dlmopen(void)
 {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    /* an instrumented library in a second namespace needs a second sanitizer runtime */
+    printf("skipped: the sanitizer runtimes do not support dlmopen\n");
+    return 0;
+#endif
     void *h = dlmopen(LM_ID_NEWLM, "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!h) {
-        printf("dlmopen unavailable here (%s): skipped\n", dlerror());
+        printf("skipped: dlmopen unavailable here (%s)\n", dlerror());
         return 0;
     }
     const char *names[] = {"cuMemAlloc_v2", "cuMemFree_v2", "cuGetProcAddress_v2"};
@@ -306,6 +312,58 @@ static int mode_lookups(void)
     return 0;
 }
 
+/* item 4: the parent exports 256 MiB; a child process (the shim preloaded too) opens it:
+ * mapped there, not allocated there.  The child fails an allocation so that its dump says so. */
+static int mode_ipc(const char *self)
+{
+    CUdeviceptr p;
+    CUipcMemHandle h;
+    cudaSetDevice(0);
+    cudaFree(0);
+    CHECK(cuMemAlloc(&p, 256 * MiB) == CUDA_SUCCESS, "256 MiB to export");
+    CHECK(cuIpcGetMemHandle(&h, p) == CUDA_SUCCESS, "handle");
+    char hex[2 * sizeof h + 1];
+    for (size_t i = 0; i < sizeof h; i++)
+        sprintf(hex + 2 * i, "%02x", (unsigned char)h.reserved[i]);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s ipc-child %s", self, hex);
+    CHECK(system(cmd) == 0, "child failed");
+    return 0;
+}
+
+static int mode_ipc_child(const char *hex)
+{
+    CUipcMemHandle h;
+    CUdeviceptr p;
+    for (size_t i = 0; i < sizeof h; i++) {
+        unsigned v = 0;
+        sscanf(hex + 2 * i, "%2x", &v);
+        h.reserved[i] = (char)v;
+    }
+    cudaSetDevice(0);
+    cudaFree(0);
+    CHECK(cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS, "open");
+    simgpu_truth_t t;
+    p_truth(0, &t);
+    CHECK(t.ipc_mapped_bytes == 256 * MiB, "driver: %llu mapped", t.ipc_mapped_bytes);
+    check_device(0, "ipc child: mapped, nothing allocated");
+    if (p_stats) {
+        oomguard_device_stats_t st;
+        p_stats(0, &st);
+        CHECK(st.tracked_bytes == 0 && st.plain_blocks == 0, "the mapping counted as ours: %llu bytes",
+              (unsigned long long)st.tracked_bytes);
+    }
+    void *big;
+    CHECK(cudaMalloc(&big, 100 * GiB) == cudaErrorMemoryAllocation, "100 GiB must fail");
+    CHECK(cuIpcCloseMemHandle(p) == CUDA_SUCCESS, "close");
+    if (p_stats) {
+        oomguard_device_stats_t st;
+        p_stats(0, &st);
+        CHECK(st.unknown_frees == 0, "the close was an unknown free");
+    }
+    return 0;
+}
+
 static int mode_summary(void)
 {
     void *p;
@@ -333,6 +391,8 @@ int main(int argc, char **argv)
              : !strcmp(m, "dlmopen")    ? mode_dlmopen()
              : !strcmp(m, "summary")    ? mode_summary()
              : !strcmp(m, "lookups")    ? mode_lookups()
+             : !strcmp(m, "ipc")        ? mode_ipc(argv[0])
+             : !strcmp(m, "ipc-child") && argc > 2 ? mode_ipc_child(argv[2])
                                         : 2;
     if (rc == 2) {
         fprintf(stderr, "unknown mode %s\n", m);

@@ -54,6 +54,14 @@ static void recover(int dev, void *a)
 
 static void on_term(int sig) { _exit(7); }
 
+/* a crash reporter's one-shot handler: says so, then re-raises to die by the signal */
+static void on_segv_once(int sig, siginfo_t *si, void *uc)
+{
+    if (write(STDERR_FILENO, "program handler\n", 16) < 0)
+        _exit(98);
+    raise(sig);
+}
+
 static void *rewriter(void *arg)
 {
     for (;;)
@@ -116,6 +124,16 @@ int main(int argc, char **argv)
         signal(SIGTERM, on_term);   /* the program's own handler, installed before the failure */
         fail(0);
         raise(SIGTERM);
+        return 1;
+    } else if (!strcmp(mode, "oneshot")) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = on_segv_once;
+        sa.sa_flags = SA_SIGINFO | SA_RESETHAND;
+        sigaction(SIGSEGV, &sa, NULL);
+        fail(0);
+        volatile uintptr_t addr = 8;
+        *(volatile int *)addr = 1;
         return 1;
     } else if (!strcmp(mode, "twodev")) {
         /* device 1 fails, device 0 fails and never recovers, device 1 recovers: the

@@ -126,12 +126,13 @@ fi
 
 # ---------------------------------------------------------------- the stderr summary
 echo "== the stderr summary of an unrecovered failure"
-for m in abort term _exit segv handler; do
+for m in abort term _exit segv handler oneshot; do
     d=$(fresh "sum-$m")
-    (cd "$d" && "$prog" $m >/dev/null 2>&1); want=$?
-    (cd "$d" && shim env OOMGUARD_DIR="$d" "$prog" $m >"$d/out" 2>&1); rc=$?
-    n=$(summaries "$d/out")
-    result $([ "$n" = 1 ] && [ $rc = $want ]; echo $?) "dies by $m: summary printed $n time(s), exit $rc as without oomguard ($want)"
+    (cd "$d" && timeout 20 "$prog" $m >/dev/null 2>&1); want=$?
+    (cd "$d" && shim env OOMGUARD_DIR="$d" timeout 20 "$prog" $m >"$d/out" 2>&1); rc=$?
+    n=$(summaries "$d/out"); h=$(grep -c "program handler" "$d/out")
+    result $([ "$n" = 1 ] && [ $rc = $want ] && [ "$h" -le 1 ]; echo $?) \
+        "dies by $m: summary printed $n time(s), exit $rc as without oomguard ($want), program handler ran $h time(s)"
 done
 d=$(fresh sum-twodev)
 shim env OOMGUARD_DIR="$d" "$prog" twodev >"$d/out" 2>&1

@@ -144,6 +144,17 @@ static void mode_release(void)
     printf("cuMemRelease(bogus) = %d\n", (int)r);
     CHECK(r == CUDA_ERROR_INVALID_VALUE, "cuMemRelease of a bogus handle returned %d, want %d", (int)r,
           (int)CUDA_ERROR_INVALID_VALUE);
+    /* the same for every other hooked call the driver refuses (the script compares the lines) */
+    CUdeviceptr bogus = (CUdeviceptr)0x7f0000001000ull;
+    CUmemGenericAllocationHandle h;
+    printf("cuMemFree(bogus) = %d\n", (int)cuMemFree(bogus));
+    printf("cuMemFreeAsync(bogus) = %d\n", (int)cuMemFreeAsync(bogus, 0));
+    printf("cuMemFreeHost(bogus) = %d\n", (int)cuMemFreeHost((void *)0x1000));
+    printf("cuMemUnmap(bogus) = %d\n", (int)cuMemUnmap(bogus, 2 * MiB));
+    printf("cuMemMap(bogus) = %d\n", (int)cuMemMap(bogus, 2 * MiB, 0, (CUmemGenericAllocationHandle)0xdeadbeefull, 0));
+    printf("cuMemRetainAllocationHandle(bogus) = %d\n", (int)cuMemRetainAllocationHandle(&h, (void *)bogus));
+    printf("cuMemAlloc(0) = %d\n", (int)cuMemAlloc(&bogus, 0));
+    printf("cuMemAllocManaged(0) = %d\n", (int)cuMemAllocManaged(&bogus, 0, CU_MEM_ATTACH_GLOBAL));
 }
 
 /* Blocks allocated by one thread and freed by another (autograd's pattern). */

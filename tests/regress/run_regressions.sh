@@ -71,12 +71,16 @@ rc=$?
 n=$(ls "$work/invalid" | grep -c '^oomguard-')
 result $([ $rc = 0 ] && [ "$n" = 0 ]; echo $?) "cuMemAlloc(0) is the program's error: no failure counted, no dump ($n files)"
 
-# cuMemRelease of a bogus handle: the driver's error, with and without the shim
+# calls the driver refuses (a bogus handle, pointer, size 0): the driver's error, shim or not
 mkdir -p "$work/release"
-with=$(env OOMGUARD_DIR="$work/release" LD_PRELOAD="$PRELOAD" "$prog" release 2>&1 | grep '^cuMemRelease')
-without=$("$prog" release 2>&1 | grep '^cuMemRelease')
-result $([ -n "$with" ] && [ "$with" = "$without" ] && [ "$with" = "cuMemRelease(bogus) = 1" ]; echo $?) \
-    "cuMemRelease(bogus handle) returns the driver's error, shim or not ('$with' / '$without')"
+env OOMGUARD_DIR="$work/release" OOMGUARD_QUIET=1 LD_PRELOAD="$PRELOAD" "$prog" release 2>&1 | grep ' = ' >"$work/with.txt"
+"$prog" release 2>&1 | grep ' = ' >"$work/without.txt"
+rel=$(grep '^cuMemRelease' "$work/with.txt")
+ok=$(grep -c ' = 0$' "$work/with.txt")
+result $([ "$rel" = "cuMemRelease(bogus) = 1" ] && [ "$ok" = 0 ] && [ "$(wc -l <"$work/with.txt")" -ge 9 ] &&
+         cmp -s "$work/with.txt" "$work/without.txt"; echo $?) \
+    "cuMemRelease(bogus handle) and 8 more refused calls return the driver's error, shim or not ('$rel')"
+cmp -s "$work/with.txt" "$work/without.txt" || diff "$work/without.txt" "$work/with.txt" | sed 's/^/      | /'
 
 # ---------------------------------------------------------------- failure episodes
 mode episode
@@ -111,10 +115,14 @@ assert e["requested_bytes"] == 29 * GiB, f"requested {e['requested_bytes']}: the
 assert e["attempts"] == 2, e["attempts"]
 assert e["released_between_attempts_bytes"] == 4 * GiB, e["released_between_attempts_bytes"]
 assert e.get("recovered_by") is None, e.get("recovered_by")
+# what the framework freed between its attempts is memory it held but did not use
+m = d["memory"]
+assert m["framework_cached_bytes"] == 4 * GiB and m["framework_cached_source"] == "retry_release", \
+    (m["framework_cached_bytes"], m.get("framework_cached_source"))
 PY
 pr=$?
 result $([ $rc = 0 ] && [ $pr = 0 ]; echo $?) \
-    "the same job dying after the second attempt: status oom, requested 29 GiB (the latest), attempts 2, released 4 GiB"
+    "the same job dying after the second attempt: status oom, requested 29 GiB (the latest), attempts 2, released 4 GiB = framework cache"
 
 for how in pool vmm; do
     mode episode-$how
@@ -216,6 +224,20 @@ q=$?
 grep -qF "alert(&#39;host&#39;)" "$work/h.html"
 a=$?
 result $([ $q = 0 ] && [ $a = 0 ]; echo $?) "html: \" becomes &quot; and ' becomes &#39; (hostile-strings fixture)"
+
+# sizes just under a unit boundary switch unit before rounding: never "1024.00 MiB"
+py "$FIX/does_not_fit.json" "$work/edge.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["event"]["requested_bytes"] = (1 << 30) - 1          # 1023.999999 MiB
+json.dump(d, open(sys.argv[2], "w"))
+PY
+"$OG" report "$work/edge.json" --color never >"$work/edge.txt" 2>&1
+r1=$?
+grep -q "1\.00 GiB" "$work/edge.txt"
+r2=$?
+result $([ $r1 = 0 ] && [ $r2 = 0 ] && ! grep -q "1024\.00" "$work/edge.txt"; echo $?) \
+    "report: 2^30 - 1 bytes print as 1.00 GiB, never 1024.00 MiB"
 
 # merge: the earlier failure is first even when its dump was written later
 mkdir -p "$work/job"

@@ -91,6 +91,9 @@ def evidence_text_checks(d):
                   "cupy.": "CuPy"}
         for r in d.get("remedies", [])[:3]:
             for h in r.get("how") or []:
+                # labelled: "PyTorch: ...", "Other frameworks: ...", or the framework named in it
+                if re.match(r"^\s*[A-Za-z][\w ./+()-]{1,40}:\s", h):
+                    continue
                 for key, label in labels.items():
                     if key in h:
                         check(label.lower() in h.lower() or "xla" in h.lower() and label == "JAX",

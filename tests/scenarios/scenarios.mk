@@ -8,7 +8,7 @@ SC_CFLAGS   = $(ALL_CFLAGS) -Isim -Itests/scenarios/kit -pthread
 SC_KITDEPS  = tests/scenarios/kit/kit.h tests/scenarios/kit/truth.h include/oomguard.h $(SIM_LIBS)
 SC_LIBS    := $(SC_LIBDIR)/libc10_cuda.so $(SC_LIBDIR)/libcudnn.so.9 $(SC_LIBDIR)/libnccl.so.2 \
               $(SC_LIBDIR)/xla_extension.so $(SC_LIBDIR)/libtensorflow_framework.so.2 \
-              $(SC_LIBDIR)/libdali.so
+              $(SC_LIBDIR)/libdali.so $(SC_LIBDIR)/cupy/cuda/memory.so
 SC_PROGS   := $(patsubst tests/scenarios/progs/%.c,$(SC_B)/%,$(wildcard tests/scenarios/progs/*.c))
 SC_RT       = -L$(SIM_LIBDIR) -Wl,-rpath-link,$(SIM_LIBDIR) -lcudart -ldl
 SC_DRV      = -L$(SIM_LIBDIR) -Wl,-rpath-link,$(SIM_LIBDIR) -lcuda -ldl
@@ -33,9 +33,13 @@ $(SC_LIBDIR)/libdali.so: tests/scenarios/kit/dali.c $(SC_KITDEPS)
 	@mkdir -p $(dir $@)
 	$(CC) $(SC_CFLAGS) -fPIC -shared -Wl,-soname,libdali.so $< -o $@ $(SC_RT)
 
+$(SC_LIBDIR)/cupy/cuda/memory.so: tests/scenarios/kit/cupy_pool.c $(SC_KITDEPS)
+	@mkdir -p $(dir $@)
+	$(CC) $(SC_CFLAGS) -fPIC -shared -Wl,-soname,memory.so $< -o $@ $(SC_RT)
+
 # every program may use any stand-in; --as-needed keeps only those it calls
 $(SC_B)/%: tests/scenarios/progs/%.c $(SC_LIBS)
-	$(CC) $(SC_CFLAGS) $< -o $@ -Wl,--as-needed $(SC_LIBS) -Wl,-rpath,'$$ORIGIN/lib' $(SC_RT) -lcuda
+	$(CC) $(SC_CFLAGS) $< -o $@ -Wl,--as-needed $(SC_LIBS) -Wl,-rpath,'$$ORIGIN/lib:$$ORIGIN/lib/cupy/cuda' $(SC_RT) -lcuda
 
 scenario-progs: $(SC_PROGS)
 test-build: $(SC_PROGS)

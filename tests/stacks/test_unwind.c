@@ -9,9 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-extern bool og_stack_cache_enabled;
-extern int og_stack_record_cost;
-extern OG_TLS uint64_t og_stack_chain_hits;
 
 static int passed, failed;
 static _Atomic int mismatches;

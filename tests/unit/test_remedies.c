@@ -854,7 +854,8 @@ static void shortfall_size_shapes_the_list(void **state)
 {
     og_record_t *a = base(), *b = base();
     a->event.requested_bytes = 1030 * MiB;            /* 3% over the 1 GiB free */
-    b->event.requested_bytes = 4 * GiB;               /* 4x */
+    b->event.requested_bytes = 12 * GiB;              /* 4x the 3 GiB free */
+    b->device.free_bytes = 3 * GiB;
     a->memory.framework_cached_bytes = b->memory.framework_cached_bytes = 0;
     a->memory.framework_cached_source = b->memory.framework_cached_source = "pool";
     run(a);

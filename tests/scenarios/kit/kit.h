@@ -8,6 +8,7 @@
  *   xla_extension.so              XLA's client: preallocates XLA_PYTHON_CLIENT_MEM_FRACTION
  *   libtensorflow_framework.so.2  TensorFlow's BFC allocator: grabs the free memory at start
  *   libdali.so                    a GPU data pipeline with its own cudaMalloc'd output buffers
+ *   cupy/cuda/memory.so           CuPy's memory pool (the path names CuPy, as the real module's does)
  *
  * Programs in progs/ are written as the user's script would be (the Python they stand for is
  * in their comments) and call these the way the framework would on the user's behalf. */
@@ -56,6 +57,11 @@ int tf_gpu_init(int device);             /* 0 ok; honours TF_FORCE_GPU_ALLOW_GRO
 /* ---- DALI (libdali.so) ---- */
 int dali_pipeline_build(int buffers, size_t bytes_each);   /* 0 ok */
 void dali_pipeline_release_outputs(void);
+
+/* ---- CuPy's memory pool (.../cupy/cuda/memory.so) ---- */
+void *cupy_malloc(size_t nbytes);        /* cupy.empty(...) */
+void cupy_free(void *p);                 /* the array goes away: its block stays in the pool */
+void cupy_free_all_blocks(void);         /* cupy.get_default_memory_pool().free_all_blocks() */
 
 /* ---- small helpers for the programs ---- */
 static inline void msleep(unsigned ms) { usleep(ms * 1000u); }

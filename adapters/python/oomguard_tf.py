@@ -1,0 +1,141 @@
+"""oomguard's TensorFlow adapter: when TensorFlow raises ResourceExhaustedError ("OOM when
+allocating tensor ... by allocator GPU_N_bfc"), usually inside the arena its BFC allocator took
+at start-up, hands liboomguard what TensorFlow knows -- tf.config.experimental.get_memory_info()
+(current and peak bytes), the request (from the tensor's shape and type), the memory limit of
+the logical device and the settings in force (TF_FORCE_GPU_ALLOW_GROWTH, TF_GPU_ALLOCATOR) -- so
+the shim writes a full dump although no driver call failed.
+
+Loaded at start-up by sitecustomize.py (plain LD_PRELOAD or `oomguard run`), or by hand:
+
+    import oomguard_tf
+
+Like the JAX adapter it waits for `import tensorflow` and wraps ResourceExhaustedError.__init__
+(TensorFlow creates it in Python, after the failed op returned: no allocator lock is held).
+TensorFlow publishes neither its arena's size nor its largest free block, so the cached and
+fragmented part of the arena is not measured: reserved = the limit when the arena was taken at
+start-up (no memory growth), else unknown.  Never raises into the program.
+See docs/python-adapters.md.
+"""
+import os
+import re
+import sys
+import threading
+
+import oomguard_core as _core
+
+__all__ = ["activate", "install", "report", "is_attached"]
+
+WHO = "tensorflow"
+API = "tensorflow.bfc_allocator"
+_state = {"activated": False, "attached": None}
+_lock = threading.RLock()
+_SIZES = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8, "float64": 8,
+          "int8": 1, "uint8": 1, "int16": 2, "int32": 4, "int64": 8, "bool": 1, "complex64": 8}
+_SHAPE = re.compile(r"shape\s*\[([0-9, ]*)\]\s*and\s+type\s+(\w+)")
+_DEVICE = re.compile(r"device:GPU:(\d+)")
+
+
+def _tf():
+    return sys.modules.get("tensorflow")
+
+
+def _request(msg):
+    m = _SHAPE.search(msg)
+    if not m:
+        return 0
+    n = 1
+    for part in m.group(1).split(","):
+        if part.strip():
+            n *= int(part)
+    return n * _SIZES.get(m.group(2), 0)
+
+
+def _growth(tf, gpu):
+    if os.environ.get("TF_FORCE_GPU_ALLOW_GROWTH", "").strip().lower() == "true":
+        return True
+    try:
+        return bool(tf.config.experimental.get_memory_growth(gpu))
+    except Exception:
+        return None
+
+
+def report(exc=None, message=None, stack=None):
+    """Hands the shim TensorFlow's numbers for a ResourceExhaustedError.  Never raises."""
+    try:
+        tf = _tf()
+        if tf is None or not _core.shim_present():
+            return None
+        msg = message if message is not None else (str(exc) if exc is not None else "")
+        m = _DEVICE.search(msg)
+        device = int(m.group(1)) if m else 0
+        info = tf.config.experimental.get_memory_info("GPU:%d" % device)
+        current = int(info.get("current", 0))
+        cap, cap_source, gpu = 0, None, None
+        try:
+            gpu = tf.config.list_physical_devices("GPU")[device]
+            logical = tf.config.get_logical_device_configuration(gpu)
+            if logical and getattr(logical[0], "memory_limit", None):
+                cap = int(logical[0].memory_limit) << 20
+                cap_source = "tf.config.set_logical_device_configuration(memory_limit=%d)" % logical[0].memory_limit
+        except Exception:
+            pass
+        growth = _growth(tf, gpu) if gpu is not None else None
+        # without memory growth TensorFlow took its whole limit at start-up
+        reserved = cap if (cap and growth is False) else current
+        return _core.send(
+            "oom", WHO, device, allocated_bytes=current, reserved_bytes=max(reserved, current), active_bytes=current,
+            num_ooms=1, allocator_settings=_core.settings_from_env(("TF_GPU_", "TF_FORCE_GPU_"), ("XLA_FLAGS",)),
+            source="tensorflow %s" % (getattr(tf, "__version__", "?"),), framework="tensorflow", api=API,
+            requested_bytes=_request(msg), cap_bytes=cap, cap_source=cap_source,
+            peak_bytes=int(info.get("peak", 0)),
+            python_stack=stack if stack is not None else _core.python_stack())
+    except Exception as e:
+        _core.err(WHO, "report", e)
+        return None
+
+
+def _on_error(exc, args, kwargs):
+    # ResourceExhaustedError(node_def, op, message, *args)
+    msg = args[2] if len(args) > 2 else kwargs.get("message", "")
+    report(exc, message=str(msg), stack=_core.python_stack())
+
+
+def install():
+    try:
+        with _lock:
+            if _state["attached"]:
+                return True
+            tf = _tf()
+            if tf is None or not _core.shim_present():
+                return False
+            cls = getattr(getattr(tf, "errors", None), "ResourceExhaustedError", None)
+            if not isinstance(cls, type) or not _core.hook_exception(cls, WHO, _on_error):
+                _core.say(WHO, "no tf.errors.ResourceExhaustedError to attach to")
+                return False
+            _state["attached"] = "exception"
+            _core.say(WHO, "attached (tensorflow %s)" % (getattr(tf, "__version__", "?"),))
+            return True
+    except Exception as e:
+        _core.err(WHO, "install", e)
+        return False
+
+
+def is_attached():
+    return _state["attached"]
+
+
+def activate():
+    try:
+        with _lock:
+            if _state["activated"]:
+                return
+            _state["activated"] = True
+            if not _core.shim_present():
+                return
+            _core.register_query()
+            _core.after_import("tensorflow", install)
+    except Exception as e:
+        _core.err(WHO, "activate", e)
+
+
+activate()

@@ -1,0 +1,111 @@
+"""The stand-in's GPU memory: TensorFlow's GPU_N_bfc allocator in miniature, on the CUDA runtime
+through ctypes (the simulated GPU in the tests).  Without memory growth the first use takes the
+whole limit at once (TensorFlow maps nearly all free memory; here: the logical device's
+memory_limit, else 90% of the free memory); with TF_FORCE_GPU_ALLOW_GROWTH=true or
+tf.config.experimental.set_memory_growth it takes regions on demand up to the same limit.  A
+request the arena cannot serve raises ResourceExhaustedError without a failing driver call."""
+import ctypes
+import os
+import threading
+
+from tensorflow.errors import ResourceExhaustedError
+
+MiB = 1 << 20
+ROUND = 256
+_lock = threading.RLock()
+_rt = None
+growth = {}        # device -> bool (set_memory_growth)
+limits = {}        # device -> bytes (set_logical_device_configuration)
+
+
+def runtime():
+    global _rt
+    with _lock:
+        if _rt is None:
+            rt = ctypes.CDLL("libcudart.so.13")
+            rt.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+            rt.cudaSetDevice.argtypes = [ctypes.c_int]
+            rt.cudaGetDeviceCount.argtypes = [ctypes.POINTER(ctypes.c_int)]
+            rt.cudaMemGetInfo.argtypes = [ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+            _rt = rt
+        return _rt
+
+
+def device_count():
+    n = ctypes.c_int(0)
+    if runtime().cudaGetDeviceCount(ctypes.byref(n)) != 0:
+        runtime().cudaGetLastError()
+        return 0
+    return n.value
+
+
+def _malloc(device, size):
+    rt = runtime()
+    rt.cudaSetDevice(device)
+    p = ctypes.c_void_p(0)
+    if rt.cudaMalloc(ctypes.byref(p), size) != 0:
+        rt.cudaGetLastError()
+        return None
+    return p.value
+
+
+class Arena(object):
+    def __init__(self, device):
+        self.device = device
+        rt = runtime()
+        rt.cudaSetDevice(device)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        rt.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total))
+        self.limit = limits.get(device) or int(free.value * 0.9) // ROUND * ROUND
+        env = os.environ.get("TF_FORCE_GPU_ALLOW_GROWTH", "").strip().lower() == "true"
+        self.growth = env or growth.get(device, False)
+        self.free = []             # [addr, size] free chunks
+        self.pool = self.in_use = self.peak = 0
+        if not self.growth:
+            self._region(self.limit)
+
+    def _region(self, size):
+        addr = _malloc(self.device, size)
+        if addr is None:
+            return False
+        self.free.append([addr, size])
+        self.pool += size
+        return True
+
+    def allocate(self, nbytes, shape, dtype):
+        with _lock:
+            size = max(ROUND, (int(nbytes) + ROUND - 1) // ROUND * ROUND)
+            fit = [c for c in self.free if c[1] >= size]
+            if not fit and self.growth and self.pool + size <= self.limit:
+                self._region(max(size, min(self.limit - self.pool, 2 * size)))
+                fit = [c for c in self.free if c[1] >= size]
+            if not fit:
+                raise ResourceExhaustedError(
+                    None, None, "OOM when allocating tensor with shape[%s] and type %s on "
+                    "/job:localhost/replica:0/task:0/device:GPU:%d by allocator GPU_%d_bfc [Op:Fill]"
+                    % (",".join(str(s) for s in shape), dtype, self.device, self.device))
+            c = min(fit, key=lambda x: x[1])
+            addr = c[0]
+            c[0] += size
+            c[1] -= size
+            if c[1] == 0:
+                self.free.remove(c)
+            self.in_use += size
+            self.peak = max(self.peak, self.in_use)
+            return (addr, size)
+
+    def release(self, block):
+        with _lock:
+            self.free.append([block[0], block[1]])
+            self.in_use -= block[1]
+
+
+_arenas = {}
+
+
+def arena(device):
+    with _lock:
+        a = _arenas.get(device)
+        if a is None:
+            a = _arenas[device] = Arena(device)
+        return a

@@ -1,0 +1,36 @@
+"""Jobs with the stand-in tensorflow (tests/adapter/fake_tf) for tests/adapter/run_tests.sh.
+
+    python3 job_tf.py MODE [OUT.json]
+
+  limit   a logical device with memory_limit=512 (MB), 64 MiB tensors until the arena refuses
+          one (ResourceExhaustedError, no driver failure), caught
+"""
+import json
+import os
+import sys
+
+import tensorflow as tf
+
+MiB = 1 << 20
+mode = sys.argv[1]
+out = sys.argv[2] if len(sys.argv) > 2 else None
+keep = []
+lines = {}
+
+if mode == "limit":
+    gpu = tf.config.list_physical_devices("GPU")[0]
+    tf.config.set_logical_device_configuration(gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=512)])
+    try:
+        while True:
+            lines["failing"] = sys._getframe().f_lineno + 1
+            keep.append(tf.zeros((16, MiB), tf.float32))
+    except tf.errors.ResourceExhaustedError as e:
+        print("OOM:", e.message.split(" [")[0])
+        info = tf.config.experimental.get_memory_info("GPU:0")
+        with open(out, "w") as f:
+            json.dump({"expected": {"device": 0, "request": 64 * MiB, "cap": 512 * MiB, "current": info["current"]},
+                       "lines": lines, "file": os.path.abspath(__file__), "version": tf.__version__}, f)
+        sys.exit(0)
+
+print("unknown mode", mode)
+sys.exit(2)
