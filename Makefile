@@ -61,7 +61,7 @@ install: all
 	install -m 0644 README.md LICENSE docs/*.md $(DESTDIR)$(PREFIX)/share/doc/oomguard/
 
 clean:
-	rm -rf build build-san $(B)
+	rm -rf build build-san build-tsan $(B)
 
 help:
 	@echo "oomguard: make [target] [VARIABLE=value ...]"

@@ -101,6 +101,8 @@ typedef struct {
     _Atomic uint64_t pool_used;                 /* also in the shards; here for limit checks */
     _Atomic uint64_t pool_counted;              /* blocks of unreadable pools (OG_KIND_F_COUNTED) */
     _Atomic uint64_t ipc_mapped;                /* OG_KIND_F_IPC blocks: mapped, not ours */
+    _Atomic uint64_t graph_reserved;            /* the device's graph memory pool, as last read */
+    atomic_int seen;                            /* a tracked call named this device */
     atomic_int pools_unreadable;
     _Atomic uint64_t pool_reserved, vmm_physical, vmm_handles, vmm_mapped;
     _Atomic uint64_t slow_allocs, slow_frees, failures, unknown_frees;   /* VMM and rare paths */
@@ -1061,8 +1063,48 @@ static void pools_refresh(CUmemoryPool pool, int device)
         free(list);
 }
 
-void og_track_pool_refresh(CUmemoryPool pool) { pools_refresh(pool, -1); }
-void og_ledger_pools_refresh(int device) { pools_refresh(NULL, device); }
+/* Graph memory nodes take device memory into the device's graph pool, outside every
+ * allocation API; the driver says how much it holds.  Read where pools are re-read. */
+static void graph_refresh(int device)
+{
+    og_cfn_cuDeviceGetGraphMemAttribute f = OG_CALL(cuDeviceGetGraphMemAttribute);
+    dev_t_ *d = dev_of(device);
+    cuuint64_t now = 0;
+    if (!f || !d || f((CUdevice)device, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &now) != CUDA_SUCCESS)
+        return;
+    uint64_t before = atomic_exchange(&d->graph_reserved, now);
+    if (before == now)
+        return;
+    int64_t delta = (int64_t)(now - before);
+    uint64_t t = og_ticks();
+    uint64_t live = tracked_add(d, delta, t);
+    history_add(delta > 0 ? OG_EV_POOL_GROW : OG_EV_POOL_SHRINK, OG_H_COUNT, device,
+                (uint64_t)(delta > 0 ? delta : -delta), live, t);
+}
+
+static void graphs_refresh(int device)
+{
+    if (device >= 0) {
+        graph_refresh(device);
+        return;
+    }
+    for (int i = 0; i < OG_MAX_DEVICES; i++)
+        if (atomic_load_explicit(&devs[i].seen, memory_order_relaxed))
+            graph_refresh(i);
+}
+
+void og_track_pool_refresh(CUmemoryPool pool)
+{
+    pools_refresh(pool, -1);
+    if (!pool)
+        graphs_refresh(-1);
+}
+void og_ledger_pools_refresh(int device)
+{
+    pools_refresh(NULL, device);
+    graphs_refresh(device);
+}
+void og_track_graph_trim(int device) { graph_refresh(device); }
 
 /* Called after a successful cuMemPoolDestroy: the pool's reservation goes with it. */
 void og_track_pool_destroy(CUmemoryPool pool)
@@ -1108,8 +1150,10 @@ void og_ledger_stats(int device, oomguard_device_stats_t *out)
         return;
     /* pools shrink at synchronisation points we do not hook; not at exit, when the runtime
      * may already have destroyed them */
-    if (!atomic_load(&og_exiting))
+    if (!atomic_load(&og_exiting)) {
         pools_refresh(NULL, device);
+        graph_refresh(device);
+    }
     for (int i = 0; i < SHARDS; i++) {
         shard_t *sh = &shards[i];
         og_spin_lock(&sh->lock);
@@ -1134,7 +1178,8 @@ void og_ledger_stats(int device, oomguard_device_stats_t *out)
     out->vmm_handles = atomic_load(&d->vmm_handles);
     out->vmm_mapped_bytes = atomic_load(&d->vmm_mapped);
     /* exact, whatever is still pending in the shards */
-    out->tracked_bytes = out->plain_bytes + out->managed_bytes + out->pool_reserved_bytes + out->vmm_physical_bytes;
+    out->tracked_bytes = out->plain_bytes + out->managed_bytes + out->pool_reserved_bytes + out->vmm_physical_bytes +
+                         atomic_load(&d->graph_reserved);
     out->peak_tracked_bytes = atomic_load(&d->peak);
     if (out->tracked_bytes > out->peak_tracked_bytes)   /* a rise still pending in a shard */
         out->peak_tracked_bytes = out->tracked_bytes;

@@ -53,6 +53,19 @@ static void load_locked(void)
     g_sim.ndev = c->devices;
     const char *pa = getenv("SIMGPU_POOL_ATTRS");
     g_sim.pool_attrs_unreadable = pa && strcmp(pa, "unreadable") == 0;
+    /* SIMGPU_GRAPH_MEM=DEV:SIZE: graph memory nodes of graphs already run hold SIZE in the
+     * device's graph pool (the simulator runs no graphs; this stands for them) */
+    memset(g_sim.graph_mem, 0, sizeof g_sim.graph_mem);
+    const char *gm = getenv("SIMGPU_GRAPH_MEM");
+    if (gm && *gm) {
+        char *colon = strchr(gm, ':');
+        long gd = colon ? strtol(gm, NULL, 10) : 0;
+        uint64_t gb = 0;
+        if (gd >= 0 && gd < SIM_MAX_DEVICES && sim_parse_size(colon ? colon + 1 : gm, &gb))
+            g_sim.graph_mem[gd] = gb;
+        else
+            fprintf(stderr, "simgpu: warning: ignoring SIMGPU_GRAPH_MEM='%s' (DEV:SIZE expected); using default 0\n", gm);
+    }
     for (int d = 0; d < SIM_MAX_DEVICES; d++) {
         sim_dev_t *dv = &g_sim.dev[d];
         memset(dv, 0, sizeof *dv);
@@ -253,6 +266,7 @@ static void truth_locked(int dev, simgpu_truth_t *t)
     t->failed_allocs = d->failed_allocs;
     t->injected_failures = d->injected;
     t->contexts = d->contexts;
+    t->graph_reserved_bytes = d->graph_reserved;
     t->ipc_mapped_bytes = d->ipc_mapped;
     t->ipc_mappings = d->ipc_mappings;
 }
@@ -419,8 +433,11 @@ SIM_API CUresult CUDAAPI cuInit(unsigned int Flags)
     if (g_sim.ndev == 0) {
         r = CUDA_ERROR_NO_DEVICE;
     } else if (!g_sim.initialized) {
-        for (int d = 0; d < g_sim.ndev; d++)
+        for (int d = 0; d < g_sim.ndev; d++) {
             sim_mem_init_device_locked(d);
+            if (g_sim.graph_mem[d] && sim_charge_locked(d, g_sim.graph_mem[d]))
+                g_sim.dev[d].graph_reserved = g_sim.dev[d].graph_reserved_high = g_sim.graph_mem[d];
+        }
         __atomic_store_n(&g_sim.initialized, true, __ATOMIC_RELEASE);
         /* Like NVIDIA's driver, tear down at exit(): calls made after that (from static
          * destructors, from a library's destructor) get CUDA_ERROR_DEINITIALIZED. */
@@ -1271,4 +1288,37 @@ SIM_API CUresult CUDAAPI cuGetExportTable(const void **ppExportTable, const CUuu
     if (ppExportTable)
         *ppExportTable = NULL;
     return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+/* ========================================================== graph memory */
+
+SIM_API CUresult CUDAAPI cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void *value)
+{
+    ENTER_INIT();
+    if (sim_check_device(device) != CUDA_SUCCESS)
+        RETURN_UNLOCK(CUDA_ERROR_INVALID_DEVICE);
+    if (!value)
+        RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
+    sim_dev_t *d = &g_sim.dev[device];
+    switch (attr) {
+    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: *(cuuint64_t *)value = d->graph_reserved; break;
+    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH: *(cuuint64_t *)value = d->graph_reserved_high; break;
+    case CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: *(cuuint64_t *)value = 0; break;   /* no graph running */
+    case CU_GRAPH_MEM_ATTR_USED_MEM_HIGH: *(cuuint64_t *)value = d->graph_reserved_high; break;
+    default: RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
+    }
+    RETURN_UNLOCK(CUDA_SUCCESS);
+}
+
+/* Returns the graph pool's unused memory (all of it: no graph runs) to the device. */
+SIM_API CUresult CUDAAPI cuDeviceGraphMemTrim(CUdevice device)
+{
+    ENTER_INIT();
+    if (sim_check_device(device) != CUDA_SUCCESS)
+        RETURN_UNLOCK(CUDA_ERROR_INVALID_DEVICE);
+    sim_dev_t *d = &g_sim.dev[device];
+    if (d->graph_reserved)
+        sim_uncharge_locked(device, d->graph_reserved);
+    d->graph_reserved = 0;
+    RETURN_UNLOCK(CUDA_SUCCESS);
 }

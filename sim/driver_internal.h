@@ -179,6 +179,7 @@ typedef struct sim_dev {
     uint64_t used, peak_used;
     uint64_t failed_allocs, injected;
     uint64_t ipc_mapped, ipc_mappings;  /* another process's memory opened here (not charged) */
+    uint64_t graph_reserved, graph_reserved_high;   /* the device's graph memory pool */
 
     struct CUctx_st primary;          /* stable handle for the primary context */
     int primary_refs;
@@ -217,6 +218,7 @@ typedef struct sim_state {
     uint64_t next_handle, next_buffer_id, next_ctx_id;
 
     bool pool_attrs_unreadable;       /* SIMGPU_POOL_ATTRS=unreadable */
+    uint64_t graph_mem[SIM_MAX_DEVICES];   /* SIMGPU_GRAPH_MEM: graph memory held from cuInit */
     bool torn_down;                   /* the library's destructor ran: later calls are a bug */
     bool torn_down_reported;
     bool exit_registered;             /* the exit teardown is registered once per process */

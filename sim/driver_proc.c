@@ -77,6 +77,8 @@ static const proc_entry_t k_procs[] = {
     E(cuCtxGetDevice, 13000, cuCtxGetDevice_v2),
     E(cuCtxGetFlags, 7000, cuCtxGetFlags),
     E(cuCtxGetApiVersion, 3020, cuCtxGetApiVersion),
+    E(cuDeviceGetGraphMemAttribute, 11040, cuDeviceGetGraphMemAttribute),
+    E(cuDeviceGraphMemTrim, 11040, cuDeviceGraphMemTrim),
     E(cuIpcGetMemHandle, 4010, cuIpcGetMemHandle),
     E(cuIpcOpenMemHandle, 4010, cuIpcOpenMemHandle),
     E(cuIpcOpenMemHandle, 11000, cuIpcOpenMemHandle_v2),

@@ -36,6 +36,7 @@ typedef struct simgpu_truth {
     /* Appended after the original layout (keep it last): */
     unsigned long long contexts;                         /* live contexts on the device (primary counts once) */
     unsigned long long ipc_mapped_bytes, ipc_mappings;   /* other processes' memory opened with cuIpcOpenMemHandle */
+    unsigned long long graph_reserved_bytes;             /* the device's graph memory (SIMGPU_GRAPH_MEM), charged */
 } simgpu_truth_t;
 
 /* Fill *out with the current truth of `device`.  Returns 0, or -1 when the

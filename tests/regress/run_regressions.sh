@@ -261,9 +261,9 @@ assert [r["rank"] for r in m["ranks"]] == sorted(d["rank"] for d in dumps), [r["
 hosts = {d["host"] for d in dumps}
 PY
 r1=$?
-grep -q "Failed first: rank 2" "$work/merge.txt"
+grep -q "Failed first: rank 2" "$work/merge.txt" && grep -q "4 dumps from 1 host," "$work/merge.txt"
 r2=$?
-result $([ $r1 = 0 ] && [ $r2 = 0 ]; echo $?) "merge: the earlier failure (rank 2) is named first though its dump was written last; ranks in order"
+result $([ $r1 = 0 ] && [ $r2 = 0 ]; echo $?) "merge: the earlier failure (rank 2) is named first though its dump was written last; ranks in order; 1 host"
 
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

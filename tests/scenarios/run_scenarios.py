@@ -143,6 +143,7 @@ def main():
     status = []
     top3 = {}
     cases = {}
+    passed_runs = []
     for name in names:
         case = json.load(open(os.path.join(HERE, "cases", name + ".json")))
         cases[name] = case
@@ -163,6 +164,7 @@ def main():
             if ok and not xf:
                 npass += 1
                 print("PASS  " + label)
+                passed_runs.append((name, mode, work))
             elif ok and xf:
                 npass += 1
                 nxpass += 1
@@ -179,6 +181,18 @@ def main():
                     print("      | " + l)
             if not ok:
                 status.append((name, mode, case, got, [l for l in detail if l.startswith("FAIL")], xf))
+    # the checker itself must be able to fail: doctored copies of a passing run's dump
+    if passed_runs:
+        name, mode, work = passed_runs[0]
+        for what, doctor in DOCTORS:
+            ok, why = doctored_check(name, mode, work, doctor)
+            label = "checker rejects a doctored dump (%s) of %s [%s]" % (what, name, mode)
+            if ok:
+                npass += 1
+                print("PASS  " + label)
+            else:
+                nfail += 1
+                print("FAIL  " + label + ": " + why)
     # cross-case: a 3% and a 4x shortfall do not get the same advice
     for name, case in cases.items():
         other = case.get("differs_from")
@@ -207,6 +221,46 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
     print("%d passed, %d failed, %d xfail%s" % (npass, nfail, nxfail, (", %d xpass" % nxpass) if nxpass else ""))
     sys.exit(1 if nfail else 0)
+
+
+def _bump_free(d):
+    d["device"]["free_bytes"] += 2 << 20
+
+
+def _na_text(d):
+    d["remedies"][0]["why"] = (d["remedies"][0].get("why") or "") + " n/a of the cache"
+
+
+def _wrong_primary(d):
+    d["diagnosis"]["primary"] = "no_such_cause"
+
+
+def _lib_sum(d):
+    d["memory"]["by_library"][0]["bytes"] += 1 << 20
+
+
+DOCTORS = [("free bytes off by 2 MiB", _bump_free), ("'n/a of' in a remedy", _na_text),
+           ("a primary no expert accepts", _wrong_primary), ("by_library off by 1 MiB", _lib_sum)]
+
+
+def doctored_check(name, mode, work, doctor):
+    """Copies a passing run's dumps, changes one thing, and expects check.py to fail on it."""
+    src = os.path.join(work, "dumps")
+    dst = os.path.join(work, "doctored")
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(src, dst)
+    for f in glob.glob(os.path.join(dst, "oomguard-*.json")):
+        d = json.load(open(f))
+        if d.get("status") not in ("oom", "recovered"):
+            continue
+        doctor(d)
+        json.dump(d, open(f, "w"))
+    chk = subprocess.run([sys.executable, os.path.join(HERE, "check.py"), os.path.join(HERE, "cases", name + ".json"),
+                          mode, dst, os.path.join(work, "truth")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         universal_newlines=True)
+    if chk.returncode == 1 and "FAIL " in chk.stdout:
+        return True, ""
+    return False, "check.py exit %d: %s" % (chk.returncode, chk.stdout.splitlines()[-1:] if chk.stdout else "")
 
 
 def write_status(path, status, npass, nfail, nxfail):

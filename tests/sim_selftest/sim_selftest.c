@@ -1987,6 +1987,103 @@ static void run_static_runtime_test(const char *path)
 /* ============================================ under an LD_PRELOAD shim */
 
 /* Runs in a re-executed copy of this program with fake_shim.so preloaded. */
+/* Driver generations as NVML's process list writes them (SIMGPU_NVML_GENERATION). */
+static void sec_nvml_generation(void *arg)
+{
+    const char *gen = arg;
+    base_env();
+    setenv("SIMGPU_NVML_GENERATION", gen, 1);
+    setenv("SIMGPU_OTHER_PROCS", "0:4242:a:1GiB;0:777:b:2GiB", 1);
+    size_t stride = !strcmp(gen, "r535") ? 32 : !strcmp(gen, "legacy16") ? 16 : 24;
+    nvmlDevice_t d0;
+    CHECK_EQ(nvmlInit_v2(), NVML_SUCCESS);
+    CHECK_EQ(nvmlDeviceGetHandleByIndex_v2(0, &d0), NVML_SUCCESS);
+    unsigned count = 1;
+    unsigned char buf[2 * 32 + 16];
+    memset(buf, 0xAB, sizeof buf);
+    CHECK_EQ(nvmlDeviceGetComputeRunningProcesses_v3(d0, &count, (nvmlProcessInfo_t *)buf),
+             NVML_ERROR_INSUFFICIENT_SIZE);
+    CHECK_EQ(count, 2);
+    CHECK_EQ(buf[0], 0xAB);                                 /* nothing written on INSUFFICIENT_SIZE */
+    CHECK_EQ(nvmlDeviceGetComputeRunningProcesses_v3(d0, &count, (nvmlProcessInfo_t *)buf), NVML_SUCCESS);
+    unsigned pid0, pid1;
+    unsigned long long used1;
+    memcpy(&pid0, buf, 4);
+    memcpy(&pid1, buf + stride, 4);
+    memcpy(&used1, buf + stride + 8, 8);
+    CHECK_EQ(pid0, 4242);
+    CHECK_EQ(pid1, 777);
+    CHECK_EQ(used1, 2ull << 30);
+    CHECK_EQ(buf[2 * stride], 0xAB);                        /* nothing past the last entry */
+    nvmlProcessDetail_v1_t det[4];
+    nvmlProcessDetailList_t list = {nvmlProcessDetailList_v1, 0, 4, det};
+    nvmlReturn_t want = !strcmp(gen, "r580") ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
+    CHECK_EQ(nvmlDeviceGetRunningProcessDetailList(d0, &list), want);
+    if (want == NVML_SUCCESS) {
+        CHECK_EQ(list.numProcArrayEntries, 2);
+        CHECK_EQ(det[1].pid, 777);
+        CHECK_EQ(det[1].usedGpuMemory, 2ull << 30);
+        list.numProcArrayEntries = 1;
+        CHECK_EQ(nvmlDeviceGetRunningProcessDetailList(d0, &list), NVML_ERROR_INSUFFICIENT_SIZE);
+        CHECK_EQ(list.numProcArrayEntries, 2);
+        list.version = 1;
+        CHECK_EQ(nvmlDeviceGetRunningProcessDetailList(d0, &list), NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+        nvmlProcessDetailList_t gfx = {nvmlProcessDetailList_v1, 1, 4, det};
+        CHECK_EQ(nvmlDeviceGetRunningProcessDetailList(d0, &gfx), NVML_SUCCESS);
+        CHECK_EQ(gfx.numProcArrayEntries, 0);
+    }
+    nvmlShutdown();
+}
+
+/* CUDA arrays, IPC handles, unreadable pool attributes, the teardown at exit. */
+static void sec_more_memory(void *unused)
+{
+    base_env();
+    setenv("SIMGPU_POOL_ATTRS", "unreadable", 1);
+    CUdevice dev;
+    CUcontext ctx;
+    simgpu_truth_t t0, t;
+    CHECK_CU(cuInit(0), CUDA_SUCCESS);
+    CHECK_CU(cuDeviceGet(&dev, 0), CUDA_SUCCESS);
+    CHECK_CU(cuDevicePrimaryCtxRetain(&ctx, dev), CUDA_SUCCESS);
+    CHECK_CU(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    simgpu_truth(0, &t0);
+    CUarray a;
+    CUmipmappedArray m;
+    CUDA_ARRAY_DESCRIPTOR d2 = {1024, 1024, CU_AD_FORMAT_FLOAT, 4};                 /* 16 MiB */
+    CUDA_ARRAY3D_DESCRIPTOR dm = {256, 256, 0, CU_AD_FORMAT_UNSIGNED_INT8, 1, 0};  /* 64 KiB+16+4+1 KiB */
+    CUDA_ARRAY_DESCRIPTOR bad = {16, 16, CU_AD_FORMAT_FLOAT, 3};
+    CHECK_CU(cuArrayCreate_v2(&a, &d2), CUDA_SUCCESS);
+    CHECK_CU(cuMipmappedArrayCreate(&m, &dm, 4), CUDA_SUCCESS);
+    CHECK_CU(cuArrayCreate_v2(&a, &bad), CUDA_ERROR_INVALID_VALUE);
+    simgpu_truth(0, &t);
+    CHECK_EQ(t.alloc_requested_bytes - t0.alloc_requested_bytes, (16ull << 20) + 65536 + 16384 + 4096 + 1024);
+    CHECK_EQ(t.alloc_blocks - t0.alloc_blocks, 2);
+    CHECK_CU(cuArrayDestroy(a), CUDA_SUCCESS);
+    CHECK_CU(cuArrayDestroy(a), CUDA_ERROR_INVALID_HANDLE);
+    CHECK_CU(cuMipmappedArrayDestroy(m), CUDA_SUCCESS);
+    simgpu_truth(0, &t);
+    CHECK_EQ(t.alloc_requested_bytes, t0.alloc_requested_bytes);
+    /* IPC: a handle of a plain allocation; this process may not open its own */
+    CUdeviceptr p, q;
+    CUipcMemHandle h;
+    CHECK_CU(cuMemAlloc_v2(&p, 8 << 20), CUDA_SUCCESS);
+    CHECK_CU(cuIpcGetMemHandle(&h, p + 512), CUDA_ERROR_INVALID_VALUE);
+    CHECK_CU(cuIpcGetMemHandle(&h, p), CUDA_SUCCESS);
+    CHECK_CU(cuIpcOpenMemHandle_v2(&q, h, 0), CUDA_ERROR_INVALID_CONTEXT);
+    CHECK_CU(cuIpcCloseMemHandle(p), CUDA_ERROR_INVALID_VALUE);
+    /* unreadable pool reservation (the rest of the pool works) */
+    CUmemoryPool pool;
+    cuuint64_t v = 0;
+    CHECK_CU(cuDeviceGetMemPool(&pool, dev), CUDA_SUCCESS);
+    CHECK_CU(cuMemAllocAsync(&q, 4 << 20, NULL), CUDA_SUCCESS);
+    CHECK_CU(cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v), CUDA_ERROR_NOT_SUPPORTED);
+    CHECK_CU(cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &v), CUDA_SUCCESS);
+    CHECK_EQ(v, 4 << 20);
+    CHECK_CU(cuMemFreeAsync(q, NULL), CUDA_SUCCESS);
+    CHECK_CU(cuMemFree_v2(p), CUDA_SUCCESS);
+}
+
 static void sec_preload(void)
 {
     base_env();
@@ -2100,6 +2197,11 @@ int main(int argc, char **argv)
     run_forked("state-dir", sec_state_dir, NULL, NULL, 0);
     run_forked("truth-file", sec_truth_file, NULL, NULL, 0);
     run_forked("threads", sec_threads, NULL, NULL, 0);
+    run_forked("nvml-r580", sec_nvml_generation, "r580", NULL, 0);
+    run_forked("nvml-r535", sec_nvml_generation, "r535", NULL, 0);
+    run_forked("nvml-r525", sec_nvml_generation, "r525", NULL, 0);
+    run_forked("nvml-legacy16", sec_nvml_generation, "legacy16", NULL, 0);
+    run_forked("more-memory", sec_more_memory, NULL, NULL, 0);
     if (static_rt)
         run_static_runtime_test(static_rt);
     if (fake_shim) {

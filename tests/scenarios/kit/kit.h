@@ -53,6 +53,7 @@ void *xla_buffer(size_t nbytes);         /* a buffer inside the preallocated are
 
 /* ---- TensorFlow (libtensorflow_framework.so.2) ---- */
 int tf_gpu_init(int device);             /* 0 ok; honours TF_FORCE_GPU_ALLOW_GROWTH */
+void *tf_alloc(size_t nbytes);           /* a region for tensors under allow_growth (cuMemAlloc) */
 
 /* ---- DALI (libdali.so) ---- */
 int dali_pipeline_build(int buffers, size_t bytes_each);   /* 0 ok */

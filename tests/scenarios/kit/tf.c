@@ -30,3 +30,15 @@ int tf_gpu_init(int device)
     }
     return 0;
 }
+
+/* with allow_growth the BFC allocator grows region by region (cuMemAlloc) as tensors need it */
+void *tf_alloc(size_t nbytes)
+{
+    CUdeviceptr p = 0;
+    if (cuMemAlloc(&p, nbytes) != CUDA_SUCCESS) {
+        int dev = 0;
+        scen_mark("fail", "libtensorflow_framework.so.2", dev, nbytes, NULL);
+        return NULL;
+    }
+    return (void *)(uintptr_t)p;
+}

@@ -8,6 +8,7 @@
  *   loss = model(batch).loss                       # rank 0, on cuda:0: 3 GiB more
  *
  * Ranks 1-7 each leave a 512 MiB context on GPU 0; rank 0 runs out of memory there.
+ * The rank comes from torchrun's, srun's or mpirun's variables, whichever launched it.
  * (The ranks wait for each other with files in $SCEN_SYNC, as a process group barrier would.) */
 #include <fcntl.h>
 #include <stdio.h>
@@ -38,11 +39,18 @@ static int wait_all(const char *dir, const char *what, int n)
     return -1;
 }
 
+/* the first of these variables that is set (torchrun, srun, mpirun), as training scripts do */
+static int env_int(const char *a, const char *b, const char *c, int dflt)
+{
+    const char *v = getenv(a) ? getenv(a) : getenv(b) ? getenv(b) : getenv(c);
+    return v ? atoi(v) : dflt;
+}
+
 int main(void)
 {
-    int rank = atoi(getenv("RANK") ? getenv("RANK") : "0");
-    int local = atoi(getenv("LOCAL_RANK") ? getenv("LOCAL_RANK") : "0");
-    int world = atoi(getenv("WORLD_SIZE") ? getenv("WORLD_SIZE") : "1");
+    int rank = env_int("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", 0);
+    int local = env_int("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", 0);
+    int world = env_int("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", 1);
     const char *sync = getenv("SCEN_SYNC");
     c10_init();                                      /* on cuda:0: set_device was never called */
     c10_set_device(local);                           /* .to(local_rank) */
