@@ -704,10 +704,22 @@ static bool c_other_framework(dctx_t *d, og_cause_t *c)
     c->id = "other_framework";
     double share = d->total ? (double)r2 / (double)d->total : 0;
     c->confidence = 0.75 + 0.2 * clamp01(share / 0.5);
-    const char *why = k == OG_FW_JAX ? ": XLA preallocates 75% of the GPU when the client starts"
-                    : k == OG_FW_TENSORFLOW ? ": TensorFlow maps nearly all free GPU memory at start unless memory "
-                                              "growth is on"
-                    : "";
+    /* Name the mechanism only when its switch is not already off: with preallocation (or TF memory
+     * growth) disabled the bytes are what that framework really allocated and cached as it grew. */
+    bool tf_growth = false;
+    for (int i = 0; i < d->rec->nenv; i++)
+        if (!strcmp(d->rec->env[i], "TF_FORCE_GPU_ALLOW_GROWTH=true"))
+            tf_growth = true;
+    const char *why = k == OG_FW_JAX
+                          ? (d->rec->xla_preallocate_off
+                                 ? ": XLA_PYTHON_CLIENT_PREALLOCATE=false is already set, so these are arrays and "
+                                   "cache JAX allocated on demand (its allocator keeps freed memory)"
+                                 : ": XLA preallocates 75% of the GPU when the client starts")
+                    : k == OG_FW_TENSORFLOW
+                          ? (tf_growth ? ": memory growth is already on, so TensorFlow allocated this as it ran"
+                                       : ": TensorFlow maps nearly all free GPU memory at start unless memory "
+                                         "growth is on")
+                          : "";
     char of[40] = "";
     if (d->total)
         og_fmt(of, sizeof of, " (%s of it)", og_pct((double)r2, (double)d->total).s);
@@ -739,11 +751,11 @@ static bool c_peer_ranks(dctx_t *d, og_cause_t *c)
                 og_hb((double)d->peers_bytes).s, r->event.device, d->peers_small ? ", about one CUDA context each" : "");
     else if (d->npeers)
         summary(c, "%d other %s of this job (same command, launcher variables) %s %s on GPU %d%s: %s never "
-                "select%s its own GPU before touching CUDA, so %s on this one.", d->npeers,
+                "select%s %s own GPU before touching CUDA, so %s on this one.", d->npeers,
                 og_plural(d->npeers, "rank", "ranks"), og_plural(d->npeers, "holds", "hold"),
                 og_hb((double)d->peers_bytes).s, r->event.device,
                 d->peers_small ? ", about one CUDA context each" : "", og_plural(d->npeers, "it", "they"),
-                og_plural(d->npeers, "s", ""), og_plural(d->npeers, "its context lands", "their contexts land"));
+                og_plural(d->npeers, "s", ""), og_plural(d->npeers, "its", "their"), og_plural(d->npeers, "its context lands", "their contexts land"));
     else
         summary(c, "This rank has LOCAL_RANK=%ld but failed on GPU %d: it did not select its own GPU before touching "
                 "CUDA.", r->local_rank, r->event.device);

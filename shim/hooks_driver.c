@@ -481,3 +481,14 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
     OG_FREE_CALL(dptr, real(dptr));
     OG_END(r);
 }
+
+/* ------------------------------------------------------------------ graph memory */
+
+CUresult cuDeviceGraphMemTrim(CUdevice device)
+{
+    OG_BEGIN(cuDeviceGraphMemTrim);
+    CUresult r = real(device);
+    if (c.active && r == CUDA_SUCCESS)
+        og_track_graph_trim((int)device);
+    OG_END(r);
+}

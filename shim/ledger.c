@@ -287,6 +287,7 @@ static inline dev_t_ *dev_of(int device)
 
 static void sample(dev_t_ *d, uint64_t live, uint64_t t)
 {
+    atomic_store_explicit(&d->seen, 1, memory_order_relaxed);   /* its graph memory is re-read */
     if (pthread_mutex_trylock(&d->sample_lock) != 0)
         return;                       /* someone is sampling this device right now: enough */
     if (d->nsamples == OG_SAMPLES) {

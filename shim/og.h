@@ -219,7 +219,8 @@ void og_track_vmm_retain(og_call_t *c, CUmemGenericAllocationHandle h);
 void og_track_vmm_map(og_call_t *c, uintptr_t va, uint64_t size, CUmemGenericAllocationHandle h);
 void og_track_vmm_unmap(og_call_t *c, uintptr_t va, uint64_t size);
 bool og_track_pool_use(og_call_t *c, CUmemoryPool pool, int device);   /* true: count the block itself */
-void og_ledger_pools_refresh(int device);       /* re-read the reservations of the device's pools */
+void og_ledger_pools_refresh(int device);       /* re-read the device's pools and graph memory */
+void og_track_graph_trim(int device);           /* after cuDeviceGraphMemTrim */
 bool og_ledger_unmeasured(int device, char *why, size_t n);   /* ledger part of memory.unmeasured */
 /* og_track_alloc kind flag: a pool block counted as device memory itself (its pool's
  * reservation cannot be read) */

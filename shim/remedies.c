@@ -1029,14 +1029,20 @@ static bool b_other_framework(const rctx_t *x, og_remedy_t *r)
     int k = x->other_fw;
     const char *me = x->fw == OG_FW_UNKNOWN ? "the failing framework" : x->fwname;
     if (k == OG_FW_JAX) {
-        r->title = "Stop JAX/XLA from preallocating the GPU";
-        why(r, "JAX (XLA) holds %s of this GPU in the same process: by default it preallocates 75%% of the memory "
-            "when its client starts, leaving %s short by %s.", og_hb((double)x->other_fw_bytes).s, me,
-            og_hb((double)x->shortfall).s);
-        if (rec->xla_preallocate_off)
-            why(r, " Preallocation is already off: JAX really uses that much.");
-        else
+        if (rec->xla_preallocate_off) {
+            r->title = "Cap or release what JAX/XLA holds on this GPU";
+            why(r, "JAX (XLA) holds %s of this GPU in the same process, leaving %s short by %s. Preallocation is "
+                "already off: these are JAX's arrays and the freed memory its allocator keeps.",
+                og_hb((double)x->other_fw_bytes).s, me, og_hb((double)x->shortfall).s);
+            how(r, "del the JAX arrays you no longer need (or move them to host with jax.device_get) before the "
+                "PyTorch phase");
+        } else {
+            r->title = "Stop JAX/XLA from preallocating the GPU";
+            why(r, "JAX (XLA) holds %s of this GPU in the same process: by default it preallocates 75%% of the "
+                "memory when its client starts, leaving %s short by %s.", og_hb((double)x->other_fw_bytes).s, me,
+                og_hb((double)x->shortfall).s);
             how(r, "export XLA_PYTHON_CLIENT_PREALLOCATE=false   # JAX allocates on demand");
+        }
         int frac = x->total ? (int)(100.0 * (double)sub0(x->other_fw_bytes, x->shortfall) / (double)x->total) : 0;
         if (frac >= 5 && frac <= 95)
             how(r, "export XLA_PYTHON_CLIENT_MEM_FRACTION=.%02d   # or cap what JAX may take", frac);

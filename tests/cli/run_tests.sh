@@ -359,9 +359,12 @@ expect "merge of a missing directory: exit 2" 2 "$OG" merge "$T/nope"
 if [ $have_python = 1 ]; then
     python3 tests/cli/gen_large.py sites 1000000 "$T/sites.json"
     python3 tests/cli/gen_large.py events 100000 "$T/events.json"
-    # Limits: 1 s and 200 MiB.  Time is judged on CPU time (user+sys), best of
-    # three, so that other work on a shared machine does not fail the test;
-    # wall time is shown and must pass too unless it is only the machine's load.
+    # Limits: 2 s and 200 MiB.  This guards against pathological (quadratic,
+    # unbounded-memory) readers, not a benchmark: an idle machine reads the 90 MB
+    # file in about 0.85 s of CPU, and a loaded 2-core machine has been seen at
+    # 1.3 s.  Time is judged on CPU time (user+sys), best of three, so that other
+    # work on a shared machine does not fail the test; wall time is shown and must
+    # pass too unless it is only the machine's load.
     for input in sites events; do
         for fmt in text html; do
             best_w=999 best_c=999 best_kb=0 s=0
@@ -374,17 +377,17 @@ if [ $have_python = 1 ]; then
                 awk "BEGIN{exit !($w < $best_w)}" && best_w=$w
                 awk "BEGIN{exit !($c < $best_c)}" && best_c=$c
                 [ "$k" -gt "$best_kb" ] && best_kb=$k
-                awk "BEGIN{exit !($w < 1.0)}" && break
+                awk "BEGIN{exit !($w < 2.0)}" && break
             done
             what="perf: report $input ($([ $input = sites ] && echo "1M top_sites" || echo "100k events")) --format $fmt"
             load=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo 0)
             if [ "$s" != 0 ]; then bad "$what" "exit $s"
             elif [ "${SANITIZE:-}" = 1 ]; then ok "$what ran (wall ${best_w}s, cpu ${best_c}s, ${best_kb} KiB; limits not checked under sanitizers)"
             elif [ "$best_kb" -ge 204800 ]; then bad "$what" "peak RSS ${best_kb} KiB (limit 200 MiB)"
-            elif ! awk "BEGIN{exit !($best_c < 1.0)}"; then bad "$what" "cpu ${best_c}s (limit 1 s)"
-            elif awk "BEGIN{exit !($best_w < 1.0)}"; then ok "$what: ${best_w}s, $((best_kb / 1024)) MiB"
+            elif ! awk "BEGIN{exit !($best_c < 2.0)}"; then bad "$what" "cpu ${best_c}s (limit 2 s)"
+            elif awk "BEGIN{exit !($best_w < 2.0)}"; then ok "$what: ${best_w}s, $((best_kb / 1024)) MiB"
             elif awk "BEGIN{exit !($load > $(nproc))}"; then ok "$what: cpu ${best_c}s, $((best_kb / 1024)) MiB (wall ${best_w}s: load $load)"
-            else bad "$what" "wall ${best_w}s on an idle machine (limit 1 s)"; fi
+            else bad "$what" "wall ${best_w}s on an idle machine (limit 2 s)"; fi
         done
     done
     grep -qF "1,000,000" <("$OG" report "$T/sites.json") && ok "perf: text shows the top sites of 1,000,000" || bad "perf: site count"

@@ -78,7 +78,8 @@ static inline void check_device(int dev, const char *label)
         EQ("host pinned blocks", s.host_pinned_blocks, t.host_pinned_blocks);
     }
     /* tracked = everything the process took, except the context overhead */
-    uint64_t driver_tracked = t.alloc_requested_bytes + t.vmm_physical_bytes + t.pool_reserved_bytes;
+    uint64_t driver_tracked = t.alloc_requested_bytes + t.vmm_physical_bytes + t.pool_reserved_bytes +
+                              t.graph_reserved_bytes;
     EQ("tracked total", s.tracked_bytes, driver_tracked);
     check_ledger_count += check_count - first;
 }

@@ -10,6 +10,7 @@
  *   arrays     CUDA arrays through the driver and the runtime
  *   ctx        a created context destroyed, a primary context released to zero
  *   ipc        a child process opens this one's memory: mapped there, not allocated
+ *   graph      the device's graph memory, counted and trimmed
  *   dlmopen    a driver opened in another link-map namespace is left alone
  *   summary    allocations, then a normal exit (OOMGUARD_SUMMARY decides the rest)
  *   lookups    no dlopen by the shim inside allocations, failures and dumps included */
@@ -364,6 +365,27 @@ static int mode_ipc_child(const char *hex)
     return 0;
 }
 
+/* item 4: graph memory (SIMGPU_GRAPH_MEM=0:1GiB stands for graphs already run) is counted,
+ * and leaves the ledger when the graph pool is trimmed */
+static int mode_graph(void)
+{
+    void *p;
+    cudaSetDevice(0);
+    CHECK(cudaMalloc(&p, 64 * MiB) == cudaSuccess, "64 MiB");
+    check_device(0, "graph memory counted");
+    if (p_stats) {
+        oomguard_device_stats_t st;
+        p_stats(0, &st);
+        CHECK(st.tracked_bytes == 64 * MiB + 1 * GiB, "tracked %llu", (unsigned long long)st.tracked_bytes);
+    }
+    CHECK(cuDeviceGraphMemTrim(0) == CUDA_SUCCESS, "trim");
+    check_device(0, "graph memory trimmed");
+    void *big;
+    CHECK(cudaMalloc(&big, 100 * GiB) == cudaErrorMemoryAllocation, "100 GiB must fail");
+    cudaFree(p);
+    return 0;
+}
+
 static int mode_summary(void)
 {
     void *p;
@@ -392,6 +414,7 @@ int main(int argc, char **argv)
              : !strcmp(m, "summary")    ? mode_summary()
              : !strcmp(m, "lookups")    ? mode_lookups()
              : !strcmp(m, "ipc")        ? mode_ipc(argv[0])
+             : !strcmp(m, "graph")      ? mode_graph()
              : !strcmp(m, "ipc-child") && argc > 2 ? mode_ipc_child(argv[2])
                                         : 2;
     if (rc == 2) {

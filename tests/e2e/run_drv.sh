@@ -89,6 +89,8 @@ scenario arrays arrays
 result $rc "CUDA arrays (driver and runtime, 2D/3D/mipmapped) in the ledger, exactly" "$out"
 scenario ctx ctx
 result $rc "cuCtxDestroy and a primary context released to zero drop their blocks" "$out"
+scenario graph graph SIMGPU_GRAPH_MEM=0:1GiB
+result $rc "graph memory (cuDeviceGetGraphMemAttribute) counted, and released by cuDeviceGraphMemTrim" "$out"
 scenario ipc ipc
 py=$(python3 - "$(dump)" <<'PY' 2>&1
 import json, sys

@@ -19,6 +19,7 @@ Usage: tests/mutate/mutate.py [--only ID,ID] [--match REGEX] [--fast] [--check] 
   --fast    leave out the two slowest suites (scenario corpus, PyTorch adapter: ~20 s each)
   --check   only report which mutants are stale (no build, no tests)
   --jobs N  make -j N (default 2)
+  --suites S,S  only these suites (does this suite alone kill the mutant?)
 The campaign runs one mutant at a time under `nice`; see tests/README.md."""
 import argparse
 import os
@@ -177,6 +178,8 @@ def main():
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--suites", default="", help="only these suites (comma-separated), e.g. to check that one "
+                                                 "suite alone kills a mutant")
     ap.add_argument("--report", default=os.path.join(ROOT, B, "mutate-report.txt"))
     a = ap.parse_args()
 
@@ -210,6 +213,8 @@ def main():
         sys.exit(f"the unmutated tree does not build: {logs}/baseline-build.log")
 
     slow = SLOW if a.fast else set()
+    if a.suites:
+        slow |= set(SUITES["shim"] + SUITES["tools"]) - set(a.suites.split(","))
     timeouts, baseline, dropped = {}, {}, []
     for suite in dict.fromkeys(SUITES["shim"] + SUITES["tools"]):
         if suite in slow:

@@ -70,6 +70,8 @@ def generic_text_checks(d, txt):
         check(not re.search(r"\b0 B over the limit", s), "%s says '0 B over the limit'" % where)
         m = re.search(r"\b1 (processes|blocks|allocations|steps|ranks|contexts|segments|failures|shards|devices|GPUs)\b", s)
         check(not m, "%s: singular/plural: %r" % (where, m.group(0) if m else ""))
+        m = re.search(r"\bthey (\w+ ){0,2}its own\b|\bit (\w+ ){0,2}their own\b", s)
+        check(not m, "%s: pronoun agreement: %r" % (where, m.group(0) if m else ""))
         # "X of the Y held/reserved/cached": X cannot exceed Y
         for m in re.finditer(SIZE + r" of (?:the |its |their )?" + SIZE, s):
             a, b = size_of(m.group(1), m.group(2)), size_of(m.group(3), m.group(4))
@@ -139,13 +141,18 @@ def truth_checks(d, mark, rec_mark, exp):
     tracked = t["alloc_requested_bytes"] + t["vmm_physical_bytes"] + t["pool_reserved_bytes"]
     check(m["process_tracked_bytes"] == tracked,
           "memory.process_tracked_bytes %s == driver %s" % (m["process_tracked_bytes"], tracked))
-    check(m["process_used_bytes"] == t["used_bytes"],
+    # without NVML a number may be unknown (null) or inferred exactly, never a wrong one (0)
+    unk = (None,) if exp.get("nvml_absent") else ()
+    check(m["process_used_bytes"] in (t["used_bytes"],) + unk,
           "memory.process_used_bytes %s == driver used %s" % (m["process_used_bytes"], t["used_bytes"]))
-    check(m["other_processes_bytes"] == t["other_process_bytes"],
-          "memory.other_processes_bytes %s == driver %s" % (m["other_processes_bytes"], t["other_process_bytes"]))
-    osum = sum(p.get("bytes", 0) for p in m.get("other_processes", []))
-    check(osum == t["other_process_bytes"], "memory.other_processes[] sum %s == driver %s" % (osum, t["other_process_bytes"]))
-    check(m["context_bytes_estimate"] == t["context_bytes"],
+    check(m["other_processes_bytes"] in (t["other_process_bytes"],) + unk,
+          "memory.other_processes_bytes %s == driver %s%s" % (m["other_processes_bytes"], t["other_process_bytes"],
+                                                              " (or unknown)" if unk else ""))
+    if not exp.get("nvml_absent"):
+        osum = sum(p.get("bytes", 0) for p in m.get("other_processes", []))
+        check(osum == t["other_process_bytes"], "memory.other_processes[] sum %s == driver %s"
+              % (osum, t["other_process_bytes"]))
+    check(m["context_bytes_estimate"] in (t["context_bytes"],) + unk,
           "memory.context_bytes_estimate %s == driver context %s" % (m["context_bytes_estimate"], t["context_bytes"]))
     k = m["by_kind"]
     plain = t["alloc_requested_bytes"] - t["managed_requested_bytes"]
