@@ -30,6 +30,12 @@ static void j_u64(og_sb_t *sb, uint64_t v)
         og_sb_printf(sb, "%llu", (unsigned long long)v);
 }
 
+/* For adapter fields where 0 stands for "not reported". */
+static void j_u64_or_null(og_sb_t *sb, uint64_t v)
+{
+    j_u64(sb, v ? v : OG_UNKNOWN);
+}
+
 static void j_key(og_sb_t *sb, const char *k, bool *first)
 {
     if (!*first)
@@ -270,9 +276,15 @@ void og_render_json(const og_record_t *r, og_sb_t *sb)
             og_sb_json_str(sb, f->framework);
             og_sb_puts(sb, ",\"api\":");
             og_sb_json_str(sb, f->api);
-            og_sb_printf(sb, ",\"requested_bytes\":%llu,\"cap_bytes\":%llu,\"peak_bytes\":%llu,\"cap_source\":",
-                         (unsigned long long)f->requested_bytes, (unsigned long long)f->cap_bytes,
-                         (unsigned long long)f->peak_bytes);
+            /* 0 here means the adapter did not report it (no cap in force, no peak known): null, never
+             * "0 B", which a reader would take for a measured cap or peak */
+            og_sb_puts(sb, ",\"requested_bytes\":");
+            j_u64_or_null(sb, f->requested_bytes);
+            og_sb_puts(sb, ",\"cap_bytes\":");
+            j_u64_or_null(sb, f->cap_bytes);
+            og_sb_puts(sb, ",\"peak_bytes\":");
+            j_u64_or_null(sb, f->peak_bytes);
+            og_sb_puts(sb, ",\"cap_source\":");
             og_sb_json_str(sb, f->cap_source);
             og_sb_printf(sb, ",\"grad_enabled\":%s,\"training\":%s",
                          f->grad_enabled > 0 ? "true" : f->grad_enabled < 0 ? "false" : "null",
