@@ -9,6 +9,27 @@
 #define GIB (1024.0 * 1024.0 * 1024.0)
 #define TIB (1024.0 * 1024.0 * 1024.0 * 1024.0)
 
+const char *const og_cause_ids[OG_CAUSE_COUNT] = {
+#define OG_CAUSE_STR(e, s) s,
+    OG_CAUSE_LIST(OG_CAUSE_STR)
+#undef OG_CAUSE_STR
+};
+
+void og_cpy(char *dst, size_t n, const char *src, size_t srcn)
+{
+    size_t l = strnlen(src, srcn);
+    if (l >= n)
+        l = n - 1;
+    memcpy(dst, src, l);
+    dst[l] = 0;
+}
+
+const char *og_base_name(const char *p)
+{
+    const char *s = strrchr(p, '/');
+    return s ? s + 1 : p;
+}
+
 void og_vfmt(char *dst, size_t n, const char *fmt, va_list ap)
 {
     if (n)

@@ -8,6 +8,21 @@
 
 #include "record.h"
 
+/* Every cause id the diagnosis gives and the remedies read back, in one list so the two cannot drift apart.
+ * The order is the remedies' table order. */
+#define OG_CAUSE_LIST(X)                                                                                       \
+    X(LIMIT, "limit") X(CACHE, "cache_held") X(FRAG, "fragmentation") X(FOREIGN, "foreign_memory")              \
+    X(NONFW, "non_framework") X(GROWTH, "growth") X(DNF, "does_not_fit") X(UNKNOWN, "unknown")                  \
+    X(OTHERFW, "other_framework") X(PEERS, "peer_ranks") X(IMBALANCE, "imbalance") X(FWCAP, "framework_cap")
+
+enum og_cause_kind {
+#define OG_CAUSE_ENUM(e, s) OG_CAUSE_##e,
+    OG_CAUSE_LIST(OG_CAUSE_ENUM)
+#undef OG_CAUSE_ENUM
+    OG_CAUSE_COUNT
+};
+extern const char *const og_cause_ids[OG_CAUSE_COUNT];
+
 static inline int known(uint64_t v) { return v != OG_UNKNOWN; }
 static inline uint64_t sub0(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
 static inline uint64_t add_sat(uint64_t a, uint64_t b) { return a >= UINT64_MAX - 1 - b ? UINT64_MAX - 1 : a + b; }
@@ -22,6 +37,11 @@ og_hb_t og_hb(double bytes);
 /* a share as text: 12%, <1%, >9999%, n/a */
 typedef struct { char s[16]; } og_pc_t;
 og_pc_t og_pct(double part, double whole);
+
+/* bounded copy of a fixed-size field (the field may lack its terminator) */
+void og_cpy(char *dst, size_t n, const char *src, size_t srcn);
+/* the file name after the last '/' */
+const char *og_base_name(const char *path);
 
 /* enum og_framework of a library from its file name and path (OG_FW_UNKNOWN when none) */
 int og_framework_of(const char *base, const char *path);

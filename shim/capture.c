@@ -267,7 +267,8 @@ static int cmp_site_desc(const void *x, const void *y, void *arg)
     return bytes[a] < bytes[b] ? 1 : bytes[a] > bytes[b] ? -1 : (a > b) - (a < b);
 }
 
-static void capture_ledger(og_record_t *rec, int device)
+/* the ledger's totals for the device: memory by kind, host-pinned, peak and counters */
+static void ledger_totals(og_record_t *rec, int device)
 {
     oomguard_device_stats_t st;
     og_ledger_stats(device, &st);
@@ -289,20 +290,30 @@ static void capture_ledger(og_record_t *rec, int device)
     rec->history.frees = st.frees;
     rec->history.failures = st.failures;
     rec->history.unknown_frees = st.unknown_frees;
+}
 
-    agg_t a = {.device = device, .nsites = og_site_count()};
-    a.site_bytes = calloc(a.nsites, sizeof *a.site_bytes);
-    a.site_blocks = calloc(a.nsites, sizeof *a.site_blocks);
-    a.site_hook = calloc(a.nsites, 1);
-    a.site_pool = calloc(a.nsites, sizeof *a.site_pool);
-    uint32_t *order = calloc(a.nsites, sizeof *order);
-    if (!a.site_bytes || !a.site_blocks || !a.site_hook || !a.site_pool || !order)
-        goto out;
-    og_ledger_foreach(agg_block, &a);
+/* the device's live blocks summed per allocation site; `order` (the sites with blocks, for the top sites) is
+ * allocated here too so that a host out of memory skips the whole breakdown, not half of it */
+static bool sites_aggregate(agg_t *a, uint32_t **order)
+{
+    a->site_bytes = calloc(a->nsites, sizeof *a->site_bytes);
+    a->site_blocks = calloc(a->nsites, sizeof *a->site_blocks);
+    a->site_hook = calloc(a->nsites, 1);
+    a->site_pool = calloc(a->nsites, sizeof *a->site_pool);
+    *order = calloc(a->nsites, sizeof **order);
+    if (!a->site_bytes || !a->site_blocks || !a->site_hook || !a->site_pool || !*order)
+        return false;
+    og_ledger_foreach(agg_block, a);
+    return true;
+}
 
-    /* by library: resolve the sites' libraries first (it may add libraries to the table) */
-    for (uint32_t s = 0; s < a.nsites; s++)
-        if (a.site_blocks[s])
+/* by library (the 32 largest holders, then the pools' own cache), whose pools, the peak's library; also lists
+ * in `order` the sites that hold blocks.  False when the host is out of memory. */
+static bool ledger_by_library(og_record_t *rec, const agg_t *a, uint32_t *order, uint32_t *norder)
+{
+    /* resolve the sites' libraries first (it may add libraries to the table) */
+    for (uint32_t s = 0; s < a->nsites; s++)
+        if (a->site_blocks[s])
             (void)og_site_lib(og_site_get(s));
     uint16_t nlibs = og_lib_count();
     uint64_t *lib_bytes = calloc(nlibs, sizeof *lib_bytes), *lib_blocks = calloc(nlibs, sizeof *lib_blocks);
@@ -311,21 +322,22 @@ static void capture_ledger(og_record_t *rec, int device)
         free(lib_bytes);
         free(lib_blocks);
         free(lib_pool);
-        goto out;
+        return false;
     }
     uint32_t n = 0;
-    for (uint32_t s = 0; s < a.nsites; s++) {
-        if (!a.site_blocks[s])
+    for (uint32_t s = 0; s < a->nsites; s++) {
+        if (!a->site_blocks[s])
             continue;
         order[n++] = s;
         const og_site_t *site = og_site_get(s);
         uint16_t lib = og_site_lib(site);
         if (lib < nlibs) {
-            lib_bytes[lib] += a.site_bytes[s];
-            lib_blocks[lib] += a.site_blocks[s];
-            lib_pool[lib] += a.site_pool[s];
+            lib_bytes[lib] += a->site_bytes[s];
+            lib_blocks[lib] += a->site_blocks[s];
+            lib_pool[lib] += a->site_pool[s];
         }
     }
+    *norder = n;
     /* whose stream-ordered pools: the library that took most from them owns their slack */
     int pool_owner = -1;
     for (uint16_t l = 0; l < nlibs; l++)
@@ -385,21 +397,33 @@ static void capture_ledger(og_record_t *rec, int device)
     }
     if (rec->memory.nlibs)
         snprintf(rec->history.peak_library, sizeof rec->history.peak_library, "%s", rec->memory.by_library[0].library);
+    return true;
+}
 
-    /* top sites */
-    qsort_r(order, n, sizeof *order, cmp_site_desc, a.site_bytes);
+/* the 20 sites holding most, largest first, with their frames */
+static void ledger_top_sites(og_record_t *rec, const agg_t *a, uint32_t *order, uint32_t n)
+{
+    qsort_r(order, n, sizeof *order, cmp_site_desc, a->site_bytes);
     for (uint32_t i = 0; i < n && rec->nsites < 20; i++) {
         const og_site_t *site = og_site_get(order[i]);
         og_top_site_t *t = &rec->sites[rec->nsites++];
-        t->bytes = a.site_bytes[order[i]];
-        t->blocks = a.site_blocks[order[i]];
+        t->bytes = a->site_bytes[order[i]];
+        t->blocks = a->site_blocks[order[i]];
         snprintf(t->library, sizeof t->library, "%s", site ? og_lib_name(og_site_lib(site)) : "unknown");
         snprintf(t->api, sizeof t->api, "%s",
-                 api_name(a.site_hook[order[i]], site && site->depth ? site->frames[0] : 0));
+                 api_name(a->site_hook[order[i]], site && site->depth ? site->frames[0] : 0));
         for (int f = 0; site && f < site->depth && f < 16; f++)
             symbolize(site->frames[f], &t->frames[t->nframes++], true);
     }
-out:
+}
+
+static void capture_ledger(og_record_t *rec, int device)
+{
+    ledger_totals(rec, device);
+    agg_t a = {.device = device, .nsites = og_site_count()};
+    uint32_t *order = NULL, n = 0;
+    if (sites_aggregate(&a, &order) && ledger_by_library(rec, &a, order, &n))
+        ledger_top_sites(rec, &a, order, n);
     free(a.site_bytes);
     free(a.site_blocks);
     free(a.site_hook);

@@ -105,7 +105,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "og.h"
 #include "record.h"
 #include "advice_text.h"
 
@@ -169,25 +168,9 @@ static void summary(og_cause_t *c, const char *f, ...)
     va_end(ap);
 }
 
-/* bounded copy of a fixed-size field (the field may lack its terminator) */
-static void cpy(char *dst, size_t n, const char *src, size_t srcn)
-{
-    size_t l = strnlen(src, srcn);
-    if (l >= n)
-        l = n - 1;
-    memcpy(dst, src, l);
-    dst[l] = 0;
-}
-
-static const char *base_name(const char *p)
-{
-    const char *s = strrchr(p, '/');
-    return s ? s + 1 : p;
-}
-
 static bool same_lib(const char *a, const char *b)
 {
-    return a[0] && b[0] && (strcmp(a, b) == 0 || strcmp(base_name(a), base_name(b)) == 0);
+    return a[0] && b[0] && (strcmp(a, b) == 0 || strcmp(og_base_name(a), og_base_name(b)) == 0);
 }
 
 static const char *fw_display(int fw) { return og_fw_display(fw, "the framework"); }
@@ -196,20 +179,20 @@ static const char *fw_display(int fw) { return og_fw_display(fw, "the framework"
 static int failing_is_framework(const og_record_t *rec)
 {
     char lib[sizeof rec->event.library];
-    cpy(lib, sizeof lib, rec->event.library, sizeof rec->event.library);
+    og_cpy(lib, sizeof lib, rec->event.library, sizeof rec->event.library);
     if (!lib[0])
         return -1;
-    if (og_framework_of(base_name(lib), lib) != OG_FW_UNKNOWN)
+    if (og_framework_of(og_base_name(lib), lib) != OG_FW_UNKNOWN)
         return 1;
     int nlibs = rec->memory.nlibs < 0 ? 0 : rec->memory.nlibs > 32 ? 32 : rec->memory.nlibs;
     for (int i = 0; i < nlibs; i++) {
         char l[sizeof rec->memory.by_library[0].library];
-        cpy(l, sizeof l, rec->memory.by_library[i].library, sizeof l);
+        og_cpy(l, sizeof l, rec->memory.by_library[i].library, sizeof l);
         if (same_lib(lib, l))
             return rec->memory.by_library[i].framework ? 1 : 0;
     }
     char list[sizeof rec->framework_libs];
-    cpy(list, sizeof list, rec->framework_libs, sizeof list);
+    og_cpy(list, sizeof list, rec->framework_libs, sizeof list);
     for (char *p = list; *p;) {
         char *e = strchr(p, ',');
         if (e)
@@ -308,8 +291,8 @@ static void measure(dctx_t *d, og_record_t *rec, const og_thresholds_t *th)
     /* the failing call's framework; whose reservation is whose */
     d->failing_fw = failing_is_framework(rec);
     char flib[sizeof rec->event.library];
-    cpy(flib, sizeof flib, rec->event.library, sizeof flib);
-    d->ffw = og_framework_of(base_name(flib), flib);
+    og_cpy(flib, sizeof flib, rec->event.library, sizeof flib);
+    d->ffw = og_framework_of(og_base_name(flib), flib);
     int nlibs = rec->memory.nlibs < 0 ? 0 : rec->memory.nlibs > 32 ? 32 : rec->memory.nlibs;
     for (int i = 0; i < nlibs; i++) {
         const og_lib_usage_t *u = &rec->memory.by_library[i];
@@ -322,7 +305,7 @@ static void measure(dctx_t *d, og_record_t *rec, const og_thresholds_t *th)
         d->fw_resv_all = add_sat(d->fw_resv_all, u->bytes);
         if (d->failing_fw == 1 && d->ffw == OG_FW_UNKNOWN) {
             char l[sizeof u->library];
-            cpy(l, sizeof l, u->library, sizeof l);
+            og_cpy(l, sizeof l, u->library, sizeof l);
             if (same_lib(l, flib))
                 d->ffw = k;
         }
@@ -400,7 +383,7 @@ static bool c_limit(dctx_t *d, og_cause_t *c)
     og_record_t *r = d->rec;
     if (!r->event.caused_by_limit)
         return false;
-    c->id = "limit";
+    c->id = og_cause_ids[OG_CAUSE_LIMIT];
     c->confidence = 1.0;
     uint64_t ctx = sub0(d->usage_lim, d->tracked);
     uint64_t need = add_sat(d->usage_lim, d->req);
@@ -470,10 +453,10 @@ static bool c_framework_cap(dctx_t *d, og_cause_t *c)
      * under the cap is something else (fragmentation inside the framework's arena) */
     if (!over || (!fw->internal_oom && !room))
         return false;
-    c->id = "framework_cap";
+    c->id = og_cause_ids[OG_CAUSE_FWCAP];
     c->confidence = fw->internal_oom ? 0.95 : 0.8;
     char src[sizeof fw->cap_source];
-    cpy(src, sizeof src, fw->cap_source, sizeof fw->cap_source);
+    og_cpy(src, sizeof src, fw->cap_source, sizeof fw->cap_source);
     const char *who = fw_display(d->ffw);
     if (src[0])
         summary(c, "%s refused %s itself: %s caps it at %s and %s is in use%s.", who, og_hb((double)req).s, src,
@@ -500,14 +483,15 @@ static bool c_cache_held(dctx_t *d, og_cause_t *c)
     if (d->shortfall == 0)
         return false;
     char full[sizeof r->event.library], lib[64];
-    cpy(full, sizeof full, r->event.library, sizeof r->event.library);
-    cpy(lib, sizeof lib, full[0] ? base_name(full) : "the failing library", sizeof full);
+    og_cpy(full, sizeof full, r->event.library, sizeof r->event.library);
+    og_cpy(lib, sizeof lib, full[0] ? og_base_name(full) : "the failing library", sizeof full);
     /* the application's own stream-ordered pool keeps freed memory until trimmed */
     if (d->app_slack >= d->shortfall) {
-        c->id = "cache_held";
+        c->id = og_cause_ids[OG_CAUSE_CACHE];
         c->confidence = 0.75 + 0.2 * clamp01(((double)d->app_slack / (double)d->shortfall - 1) / 3);
         char owner[64];
-        cpy(owner, sizeof owner, r->memory.pool_owner[0] ? r->memory.pool_owner : "the application", sizeof r->memory.pool_owner);
+        og_cpy(owner, sizeof owner, r->memory.pool_owner[0] ? r->memory.pool_owner : "the application",
+               sizeof r->memory.pool_owner);
         summary(c, "The application's own stream-ordered memory pool (used by %s) keeps %s reserved but unused, more "
                 "than the %s missing: the pool holds freed memory until it is trimmed.", owner,
                 og_hb((double)d->app_slack).s, og_hb((double)d->shortfall).s);
@@ -521,7 +505,7 @@ static bool c_cache_held(dctx_t *d, og_cause_t *c)
     if (d->failing_fw != 0)
         return false;
     if (d->cached_known && d->reclaim >= d->shortfall) {
-        c->id = "cache_held";
+        c->id = og_cause_ids[OG_CAUSE_CACHE];
         c->confidence = 0.6 + 0.3 * clamp01(((double)d->reclaim / (double)d->shortfall - 1) / 3);
         if (d->recovered && strcmp(d->cached_src, "retry_release") == 0) {
             c->confidence = 0.9;
@@ -544,7 +528,7 @@ static bool c_cache_held(dctx_t *d, og_cause_t *c)
     if (d->cached_known || k < 0 || held < d->shortfall)
         return false;
     /* unknown is not zero: the framework holds a reservation of which an unmeasured part is cache */
-    c->id = "cache_held";
+    c->id = og_cause_ids[OG_CAUSE_CACHE];
     c->confidence = 0.5 + 0.1 * clamp01(((double)held / (double)d->shortfall - 1) / 3);
     const char *who = fw_display(k);
     summary(c, "%s failed to get %s while %s holds %s; how much of it is cached but unused was not measured (the "
@@ -596,7 +580,7 @@ static bool c_fragmentation(dctx_t *d, og_cause_t *c)
     if (d->retried && !r->memory.fw.has) {                                 /* (d) */
         int ds = distinct_alloc_sizes(r);
         if (ds >= 5 && d->shortfall > 0 && d->reservation >= d->shortfall) {
-            c->id = "fragmentation";
+            c->id = og_cause_ids[OG_CAUSE_FRAG];
             c->confidence = 0.5;
             summary(c, "%s released %s of free segments and retried, and %s still did not fit; it keeps %s reserved "
                     "in segments partly in use, and the run allocated %d different sizes (variable-length batches "
@@ -618,7 +602,7 @@ static bool c_fragmentation(dctx_t *d, og_cause_t *c)
     if (retry_rel && !d->recovered)
         return false;
     if (d->recovered && retry_rel) {
-        c->id = "fragmentation";
+        c->id = og_cause_ids[OG_CAUSE_FRAG];
         c->confidence = d->cached >= d->shortfall ? 0.9 : 0.7;
         if (d->cached >= d->shortfall)
             summary(c, "%s held %s cached but unused when %s failed; it released that cache between attempts and "
@@ -666,7 +650,7 @@ static bool c_fragmentation(dctx_t *d, og_cause_t *c)
     if (conf < 0)
         return false;
 
-    c->id = "fragmentation";
+    c->id = og_cause_ids[OG_CAUSE_FRAG];
     c->confidence = clamp01(conf);
     if (d->largest_known)
         summary(c, "%s holds %s cached but unused (%s of its %s reserved), yet its largest free block is %s, "
@@ -701,7 +685,7 @@ static bool c_other_framework(dctx_t *d, og_cause_t *c)
     int k = biggest_fw(d, d->ffw, &r2);
     if (k <= OG_FW_UNKNOWN || r2 < d->shortfall)
         return false;
-    c->id = "other_framework";
+    c->id = og_cause_ids[OG_CAUSE_OTHERFW];
     double share = d->total ? (double)r2 / (double)d->total : 0;
     c->confidence = 0.75 + 0.2 * clamp01(share / 0.5);
     /* Name the mechanism only when its switch is not already off: with preallocation (or TF memory
@@ -742,7 +726,7 @@ static bool c_peer_ranks(dctx_t *d, og_cause_t *c)
         return false;
     if (d->npeers && d->peers_bytes < d->shortfall && !wrong_device)
         return false;
-    c->id = "peer_ranks";
+    c->id = og_cause_ids[OG_CAUSE_PEERS];
     c->confidence = 0.7 + (d->npeers && d->peers_small ? 0.2 : 0) + (wrong_device ? 0.05 : 0);
     if (d->npeers && d->nchildren == d->npeers)
         summary(c, "%d child %s of this process (DataLoader workers or subprocesses) %s %s on GPU %d%s: a worker "
@@ -793,7 +777,7 @@ static bool c_imbalance(dctx_t *d, og_cause_t *c)
     if (sub0(mine, avg) < d->shortfall)
         return false;
     double ratio = (double)mine / (double)most;
-    c->id = "imbalance";
+    c->id = og_cause_ids[OG_CAUSE_IMBALANCE];
     c->confidence = 0.6 + 0.3 * clamp01((ratio - 1.5) / 2);
     summary(c, "GPU %d holds %s while the %d other %s this process uses hold %s on average (%.1fx less): one process "
             "drives several GPUs and the first carries the gathered outputs and the optimizer state "
@@ -813,7 +797,7 @@ static bool c_foreign(dctx_t *d, og_cause_t *c)
     og_record_t *r = d->rec;
     if (d->shortfall == 0 || d->other < d->shortfall)
         return false;
-    c->id = "foreign_memory";
+    c->id = og_cause_ids[OG_CAUSE_FOREIGN];
     double share = d->total ? (double)d->other / (double)d->total : 0;
     c->confidence = 0.45 + 0.25 * clamp01(((double)d->other / (double)d->shortfall - 1) / 3) +
                     0.3 * clamp01(share / 0.25);
@@ -825,7 +809,7 @@ static bool c_foreign(dctx_t *d, og_cause_t *c)
     char who[120] = "";
     if (big >= 0) {
         char name[sizeof r->memory.other[0].name];
-        cpy(name, sizeof name, r->memory.other[big].name, sizeof name);
+        og_cpy(name, sizeof name, r->memory.other[big].name, sizeof name);
         og_fmt(who, sizeof who, " (largest: %spid %d %s, %s)", r->memory.other[big].visible ? "" : "host ",
                r->memory.other[big].pid, name[0] ? name : "?", og_hb((double)r->memory.other[big].bytes).s);
     }
@@ -843,7 +827,7 @@ static bool c_foreign(dctx_t *d, og_cause_t *c)
     ev_num(c, "processes", d->nothers);
     if (big >= 0) {
         char name[sizeof r->memory.other[0].name];
-        cpy(name, sizeof name, r->memory.other[big].name, sizeof name);
+        og_cpy(name, sizeof name, r->memory.other[big].name, sizeof name);
         ev_text(c, "largest_process", "pid %d %s", r->memory.other[big].pid, name);
         ev_bytes(c, "largest_process_bytes", r->memory.other[big].bytes);
     }
@@ -863,7 +847,7 @@ static bool c_non_framework(dctx_t *d, og_cause_t *c)
     double ns = d->th.nonfw_share;
     if (share < ns || nf < d->shortfall || nf < NONFW_FLOOR)
         return false;
-    c->id = "non_framework";
+    c->id = og_cause_ids[OG_CAUSE_NONFW];
     d->nonfw_excess = nf;
     c->confidence = 0.35 + 0.3 * clamp01(ns < 1 ? (share - ns) / (1 - ns) : 1) +
                     0.2 * clamp01(((double)nf / (double)d->shortfall - 1) / 3);
@@ -876,8 +860,8 @@ static bool c_non_framework(dctx_t *d, og_cause_t *c)
     char lib[64] = "";
     if (big >= 0 && r->memory.by_library[big].bytes) {
         char full[sizeof r->memory.by_library[0].library];
-        cpy(full, sizeof full, r->memory.by_library[big].library, sizeof full);
-        cpy(lib, sizeof lib, base_name(full), sizeof full);
+        og_cpy(full, sizeof full, r->memory.by_library[big].library, sizeof full);
+        og_cpy(lib, sizeof lib, og_base_name(full), sizeof full);
     }
     uint64_t ctx = known(r->memory.context_bytes_estimate) ? r->memory.context_bytes_estimate : 0;
     char extra[112] = "";
@@ -990,7 +974,7 @@ static bool growth_for(dctx_t *d, og_cause_t *c, uint64_t size, bool failing_siz
         return false;
     if (d->app_slack && 2 * d->app_slack >= rise)
         return false;                /* the application's pool keeping what it handed out */
-    c->id = "growth";
+    c->id = og_cause_ids[OG_CAUSE_GROWTH];
     c->confidence = 0.5 + 0.25 * clamp01((double)(steps - GROWTH_MIN_STEPS) / 26) +
                     0.2 * clamp01(rs < 1 ? (rising_share - rs) / (1 - rs) : 1);
     if (size == UINT64_MAX)
@@ -1082,7 +1066,7 @@ static bool c_does_not_fit(dctx_t *d, og_cause_t *c)
     uint64_t avail = add_sat(add_sat(d->free_eff, d->reclaim), d->app_slack);
     if (d->req <= avail && !d->larger_than_device)
         return false;
-    c->id = "does_not_fit";
+    c->id = og_cause_ids[OG_CAUSE_DNF];
     uint64_t job = add_sat(sub0(d->footprint, d->reclaim), d->req);
     uint64_t missing = sub0(d->req, avail);
     if (d->larger_than_device) {
@@ -1202,7 +1186,7 @@ static bool c_does_not_fit(dctx_t *d, og_cause_t *c)
 
 static void c_unknown(dctx_t *d, og_cause_t *c)
 {
-    c->id = "unknown";
+    c->id = og_cause_ids[OG_CAUSE_UNKNOWN];
     c->confidence = 0;
     char miss[96] = "";
     int nm = 0;

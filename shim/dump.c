@@ -8,6 +8,7 @@
 #include "og.h"
 #include "record.h"
 #include "strbuf.h"
+#include "dump_render.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -17,422 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* Each nested JSON object below keeps its own "first key" flag, named alike on purpose. */
-#pragma GCC diagnostic ignored "-Wshadow"
-
-/* ------------------------------------------------------------------ JSON */
-
-static void j_u64(og_sb_t *sb, uint64_t v)
-{
-    if (v == OG_UNKNOWN)
-        og_sb_puts(sb, "null");
-    else
-        og_sb_printf(sb, "%llu", (unsigned long long)v);
-}
-
-/* For adapter fields where 0 stands for "not reported". */
-static void j_u64_or_null(og_sb_t *sb, uint64_t v)
-{
-    j_u64(sb, v ? v : OG_UNKNOWN);
-}
-
-static void j_key(og_sb_t *sb, const char *k, bool *first)
-{
-    if (!*first)
-        og_sb_puts(sb, ",");
-    *first = false;
-    og_sb_json_str(sb, k);
-    og_sb_puts(sb, ":");
-}
-#define K(name) j_key(sb, name, &first)
-
-static void j_frames(og_sb_t *sb, const og_frame_t *f, int n)
-{
-    og_sb_puts(sb, "[");
-    for (int i = 0; i < n; i++) {
-        bool first = true;
-        og_sb_puts(sb, i ? ",{" : "{");
-        K("ip");
-        og_sb_printf(sb, "\"0x%llx\"", (unsigned long long)f[i].ip);
-        K("symbol");
-        og_sb_json_str(sb, f[i].symbol);
-        K("library");
-        og_sb_json_str(sb, f[i].library);
-        K("offset");
-        og_sb_printf(sb, "\"0x%llx\"", (unsigned long long)f[i].offset);
-        K("path");          /* path + build_id + offset: what `oomguard report` symbolizes from */
-        if (f[i].path[0]) og_sb_json_str(sb, f[i].path); else og_sb_puts(sb, "null");
-        K("build_id");
-        if (f[i].build_id[0]) og_sb_json_str(sb, f[i].build_id); else og_sb_puts(sb, "null");
-        og_sb_puts(sb, "}");
-    }
-    og_sb_puts(sb, "]");
-}
-
-/* Python lines (event.python_stack, python_sites): bytes/blocks only for sites. */
-static void j_py_frames(og_sb_t *sb, const og_py_frame_t *f, int n, bool sized)
-{
-    og_sb_puts(sb, "[");
-    for (int i = 0; i < n; i++) {
-        og_sb_puts(sb, i ? ",{\"file\":" : "{\"file\":");
-        og_sb_json_str(sb, f[i].file);
-        og_sb_printf(sb, ",\"line\":%d,\"function\":", f[i].line);
-        og_sb_json_str(sb, f[i].function);
-        if (sized)
-            og_sb_printf(sb, ",\"bytes\":%llu,\"blocks\":%llu", (unsigned long long)f[i].bytes,
-                         (unsigned long long)f[i].blocks);
-        og_sb_puts(sb, "}");
-    }
-    og_sb_puts(sb, "]");
-}
-
-static void j_long_or_null(og_sb_t *sb, long v)
-{
-    if (v < 0)
-        og_sb_puts(sb, "null");
-    else
-        og_sb_printf(sb, "%ld", v);
-}
-
-void og_render_json(const og_record_t *r, og_sb_t *sb)
-{
-    bool first = true;
-    og_sb_puts(sb, "{");
-    K("schema"); og_sb_json_str(sb, OOMGUARD_DUMP_SCHEMA);
-    K("status"); og_sb_json_str(sb, r->status);
-    K("generator"); og_sb_printf(sb, "\"oomguard %s\"", OOMGUARD_VERSION);
-    K("time"); og_sb_printf(sb, "%.6f", r->time);
-    K("pid"); og_sb_printf(sb, "%d", r->pid);
-    K("ppid"); og_sb_printf(sb, "%d", r->ppid);
-    K("host"); og_sb_json_str(sb, r->host);
-    K("rank"); j_long_or_null(sb, r->rank);
-    K("local_rank"); j_long_or_null(sb, r->local_rank);
-    K("world_size"); j_long_or_null(sb, r->world_size);
-    K("job_id");
-    if (r->job_id[0]) og_sb_json_str(sb, r->job_id); else og_sb_puts(sb, "null");
-    K("cmdline"); og_sb_json_str(sb, r->cmdline);
-    K("framework");
-    {
-        bool first = true;
-        og_sb_puts(sb, "{");
-        K("name"); og_sb_json_str(sb, og_framework_name(r->framework));
-        K("libraries"); og_sb_puts(sb, "[");
-        const char *p = r->framework_libs;
-        for (int i = 0; *p; i++) {
-            size_t len = strcspn(p, ",");
-            char lib[128];
-            snprintf(lib, sizeof lib, "%.*s", (int)(len < 127 ? len : 127), p);
-            if (i) og_sb_puts(sb, ",");
-            og_sb_json_str(sb, lib);
-            p += len + (p[len] == ',');
-        }
-        og_sb_puts(sb, "]}");
-    }
-    K("env");
-    {
-        og_sb_puts(sb, "{");
-        for (int i = 0; i < r->nenv; i++) {
-            const char *eq = strchr(r->env[i], '=');
-            char name[128];
-            snprintf(name, sizeof name, "%.*s", (int)(eq ? eq - r->env[i] : 0), r->env[i]);
-            if (i) og_sb_puts(sb, ",");
-            og_sb_json_str(sb, name);
-            og_sb_puts(sb, ":");
-            og_sb_json_str(sb, eq ? eq + 1 : "");
-        }
-        og_sb_puts(sb, "}");
-    }
-    K("visible_devices"); og_sb_printf(sb, "%d", r->visible_devices);
-
-    K("event");
-    {
-        bool first = true;
-        og_sb_puts(sb, "{");
-        /* the API's argument, always known: SIZE_MAX is a request, not OG_UNKNOWN */
-        K("requested_bytes"); og_sb_printf(sb, "%llu", (unsigned long long)r->event.requested_bytes);
-        K("api"); og_sb_json_str(sb, r->event.api ? r->event.api : "");
-        K("driver_api"); og_sb_json_str(sb, r->event.driver_api ? r->event.driver_api : "");
-        K("device"); og_sb_printf(sb, "%d", r->event.device);
-        K("stream_ordered"); og_sb_puts(sb, r->event.stream_ordered ? "true" : "false");
-        K("result"); og_sb_printf(sb, "%d", r->event.result);
-        K("caused_by_limit"); og_sb_puts(sb, r->event.caused_by_limit ? "true" : "false");
-        K("library"); og_sb_json_str(sb, r->event.library);
-        K("stack"); j_frames(sb, r->event.frames, r->event.nframes);
-        K("python_stack"); j_py_frames(sb, r->memory.fw.py_frames, r->memory.fw.npy_frames, false);
-        K("framework_internal"); og_sb_puts(sb, r->event.framework_internal ? "true" : "false");
-        K("t"); og_sb_printf(sb, "%.6f", r->event.t);
-        K("t_rel"); og_sb_printf(sb, "%.6f", r->event.t_rel);
-        K("attempts"); og_sb_printf(sb, "%d", r->event.attempts);
-        K("released_between_attempts_bytes"); j_u64(sb, r->event.released_between_attempts_bytes);
-        K("recovered_by");
-        if (r->event.recovered) {
-            og_sb_printf(sb, "{\"requested_bytes\":%llu,\"t\":%.6f}",
-                         (unsigned long long)r->event.recovered_requested_bytes, r->event.recovered_t);
-        } else {
-            og_sb_puts(sb, "null");
-        }
-        og_sb_puts(sb, "}");
-    }
-
-    K("device");
-    {
-        bool first = true;
-        og_sb_puts(sb, "{");
-        K("index"); og_sb_printf(sb, "%d", r->device.index);
-        K("name"); og_sb_json_str(sb, r->device.name);
-        K("pci_bus_id"); og_sb_json_str(sb, r->device.pci_bus_id);
-        K("compute_capability"); og_sb_printf(sb, "\"%d.%d\"", r->device.cc_major, r->device.cc_minor);
-        K("total_bytes"); j_u64(sb, r->device.total_bytes);
-        K("free_bytes"); j_u64(sb, r->device.free_bytes);
-        K("limit_bytes"); j_u64(sb, r->device.limit_bytes);
-        K("limit_usage_bytes"); j_u64(sb, r->device.limit_usage_bytes);
-        og_sb_puts(sb, "}");
-    }
-
-    K("memory");
-    {
-        bool first = true;
-        og_sb_puts(sb, "{");
-        K("process_tracked_bytes"); j_u64(sb, r->memory.process_tracked_bytes);
-        K("process_used_bytes"); j_u64(sb, r->memory.process_used_bytes);
-        K("by_kind");
-        og_sb_printf(sb,
-                     "{\"plain\":%llu,\"managed\":%llu,\"pool_reserved\":%llu,\"pool_used\":%llu,"
-                     "\"vmm_physical\":%llu,\"vmm_mapped\":%llu}",
-                     (unsigned long long)r->memory.plain, (unsigned long long)r->memory.managed,
-                     (unsigned long long)r->memory.pool_reserved, (unsigned long long)r->memory.pool_used,
-                     (unsigned long long)r->memory.vmm_physical, (unsigned long long)r->memory.vmm_mapped);
-        K("by_library"); og_sb_puts(sb, "[");
-        for (int i = 0; i < r->memory.nlibs; i++) {
-            const og_lib_usage_t *u = &r->memory.by_library[i];
-            og_sb_puts(sb, i ? ",{\"library\":" : "{\"library\":");
-            og_sb_json_str(sb, u->library);
-            og_sb_printf(sb, ",\"bytes\":%llu,\"blocks\":%llu,\"framework\":%s", (unsigned long long)u->bytes,
-                         (unsigned long long)u->blocks, u->framework ? "true" : "false");
-            /* whose framework (several can share a process), and what came from pools */
-            og_sb_printf(sb, ",\"framework_name\":");
-            if (u->framework)
-                og_sb_json_str(sb, og_framework_name(u->fw_kind));
-            else
-                og_sb_puts(sb, "null");
-            og_sb_printf(sb, ",\"pool_bytes\":%llu}", (unsigned long long)u->pool_bytes);
-        }
-        og_sb_puts(sb, "]");
-        K("framework_bytes"); j_u64(sb, r->memory.framework_bytes);
-        K("framework_cached_bytes"); j_u64(sb, r->memory.framework_cached_bytes);
-        K("framework_cached_source");
-        if (r->memory.framework_cached_source) og_sb_json_str(sb, r->memory.framework_cached_source);
-        else og_sb_puts(sb, "null");
-        K("non_framework_bytes"); j_u64(sb, r->memory.non_framework_bytes);
-        K("context_bytes_estimate"); j_u64(sb, r->memory.context_bytes_estimate);
-        K("other_processes"); og_sb_puts(sb, "[");
-        for (int i = 0; i < r->memory.nother; i++) {
-            og_sb_printf(sb, "%s{\"pid\":%d,\"name\":", i ? "," : "", r->memory.other[i].pid);
-            og_sb_json_str(sb, r->memory.other[i].name);
-            og_sb_printf(sb, ",\"bytes\":%llu,\"visible\":%s,\"same_job\":%s,\"child\":%s,\"rank\":%ld}",
-                         (unsigned long long)r->memory.other[i].bytes, r->memory.other[i].visible ? "true" : "false",
-                         r->memory.other[i].same_job ? "true" : "false", r->memory.other[i].child ? "true" : "false",
-                         r->memory.other[i].rank);
-        }
-        og_sb_puts(sb, "]");
-        K("other_processes_bytes"); j_u64(sb, r->memory.other_processes_bytes);
-        K("host_pinned_bytes"); j_u64(sb, r->memory.host_pinned_bytes);
-        K("pool_owner");
-        if (r->memory.pool_owner_fw) {
-            og_sb_printf(sb, "{\"library\":");
-            og_sb_json_str(sb, r->memory.pool_owner);
-            og_sb_printf(sb, ",\"framework\":%s}", r->memory.pool_owner_fw == 1 ? "true" : "false");
-        } else
-            og_sb_puts(sb, "null");
-        K("ipc_mapped_bytes"); j_u64(sb, r->memory.ipc_mapped_bytes);
-        K("nvml_process_query");
-        if (r->memory.nvml_process_query[0]) og_sb_json_str(sb, r->memory.nvml_process_query); else og_sb_puts(sb, "null");
-        K("unmeasured"); og_sb_puts(sb, "[");
-        for (int i = 0; i < r->memory.nunmeasured; i++) {
-            if (i) og_sb_puts(sb, ",");
-            og_sb_json_str(sb, r->memory.unmeasured[i]);
-        }
-        og_sb_puts(sb, "]");
-        K("framework");
-        if (r->memory.fw.has) {
-            const og_framework_view_t *f = &r->memory.fw;
-            og_sb_printf(sb,
-                         "{\"allocated_bytes\":%llu,\"reserved_bytes\":%llu,\"active_bytes\":%llu,"
-                         "\"inactive_split_bytes\":%llu,\"largest_free_block_bytes\":%llu,"
-                         "\"private_pool_bytes\":%llu,\"num_alloc_retries\":%llu,\"num_ooms\":%llu,"
-                         "\"allocator_settings\":",
-                         (unsigned long long)f->allocated_bytes, (unsigned long long)f->reserved_bytes,
-                         (unsigned long long)f->active_bytes, (unsigned long long)f->inactive_split_bytes,
-                         (unsigned long long)f->largest_free_block_bytes, (unsigned long long)f->private_pool_bytes,
-                         (unsigned long long)f->num_alloc_retries, (unsigned long long)f->num_ooms);
-            og_sb_json_str(sb, f->allocator_settings);
-            og_sb_puts(sb, ",\"source\":");
-            og_sb_json_str(sb, f->source);
-            if (f->snapshot_file[0]) {
-                og_sb_puts(sb, ",\"snapshot_file\":");
-                og_sb_json_str(sb, f->snapshot_file);
-            }
-            og_sb_puts(sb, ",\"framework\":");
-            og_sb_json_str(sb, f->framework);
-            og_sb_puts(sb, ",\"api\":");
-            og_sb_json_str(sb, f->api);
-            /* 0 here means the adapter did not report it (no cap in force, no peak known): null, never
-             * "0 B", which a reader would take for a measured cap or peak */
-            og_sb_puts(sb, ",\"requested_bytes\":");
-            j_u64_or_null(sb, f->requested_bytes);
-            og_sb_puts(sb, ",\"cap_bytes\":");
-            j_u64_or_null(sb, f->cap_bytes);
-            og_sb_puts(sb, ",\"peak_bytes\":");
-            j_u64_or_null(sb, f->peak_bytes);
-            og_sb_puts(sb, ",\"cap_source\":");
-            og_sb_json_str(sb, f->cap_source);
-            og_sb_printf(sb, ",\"grad_enabled\":%s,\"training\":%s",
-                         f->grad_enabled > 0 ? "true" : f->grad_enabled < 0 ? "false" : "null",
-                         f->training > 0 ? "true" : f->training < 0 ? "false" : "null");
-            uint64_t cached = f->reserved_bytes > f->allocated_bytes ? f->reserved_bytes - f->allocated_bytes : 0;
-            /* 1 - largest free block / free cached bytes; null when either is unknown */
-            if (cached && f->largest_free_block_bytes)
-                og_sb_printf(sb, ",\"fragmentation\":%.4f}", 1.0 - (double)f->largest_free_block_bytes / (double)cached);
-            else
-                og_sb_puts(sb, ",\"fragmentation\":null}");
-        } else {
-            og_sb_puts(sb, "null");
-        }
-        og_sb_puts(sb, "}");
-    }
-
-    K("history");
-    {
-        bool first = true;
-        og_sb_puts(sb, "{");
-        K("peak_bytes"); j_u64(sb, r->history.peak_bytes);
-        K("peak_t_rel"); og_sb_printf(sb, "%.6f", r->history.peak_t_rel);
-        K("peak_library"); og_sb_json_str(sb, r->history.peak_library);
-        K("events"); og_sb_puts(sb, "[");
-        for (int i = 0; i < r->history.nevents; i++) {
-            const struct og_hist_ev *e = &r->history.events[i];
-            og_sb_printf(sb, "%s{\"t_rel\":%.6f,\"op\":\"%s\",\"bytes\":%llu,\"device\":%d,\"api\":\"%s\",\"live_bytes\":%llu}",
-                         i ? "," : "", e->t_rel, e->op, (unsigned long long)e->bytes, e->device, e->api,
-                         (unsigned long long)e->live);
-        }
-        og_sb_puts(sb, "]");
-        K("samples"); og_sb_puts(sb, "[");
-        for (int i = 0; i < r->history.nsamples; i++)
-            og_sb_printf(sb, "%s{\"t_rel\":%.6f,\"live_bytes\":%llu}", i ? "," : "", r->history.samples[i].t_rel,
-                         (unsigned long long)r->history.samples[i].live);
-        og_sb_puts(sb, "]");
-        K("counters");
-        og_sb_printf(sb, "{\"allocs\":%llu,\"frees\":%llu,\"failures\":%llu,\"unknown_frees\":%llu}",
-                     (unsigned long long)r->history.allocs, (unsigned long long)r->history.frees,
-                     (unsigned long long)r->history.failures, (unsigned long long)r->history.unknown_frees);
-        og_sb_puts(sb, "}");
-    }
-
-    K("python_sites"); j_py_frames(sb, r->memory.fw.py_sites, r->memory.fw.npy_sites, true);
-
-    K("top_sites"); og_sb_puts(sb, "[");
-    for (int i = 0; i < r->nsites; i++) {
-        const og_top_site_t *t = &r->sites[i];
-        og_sb_printf(sb, "%s{\"bytes\":%llu,\"blocks\":%llu,\"library\":", i ? "," : "",
-                     (unsigned long long)t->bytes, (unsigned long long)t->blocks);
-        og_sb_json_str(sb, t->library);
-        og_sb_puts(sb, ",\"api\":");
-        og_sb_json_str(sb, t->api);
-        og_sb_puts(sb, ",\"frames\":");
-        j_frames(sb, t->frames, t->nframes);
-        og_sb_puts(sb, "}");
-    }
-    og_sb_puts(sb, "]");
-
-    K("diagnosis");
-    {
-        bool first = true;
-        og_sb_puts(sb, "{");
-        K("primary"); og_sb_json_str(sb, r->diagnosis.primary ? r->diagnosis.primary : "unknown");
-        K("shortfall_bytes"); j_u64(sb, r->diagnosis.shortfall_bytes);
-        K("causes"); og_sb_puts(sb, "[");
-        for (int i = 0; i < r->diagnosis.ncauses; i++) {
-            const og_cause_t *c = &r->diagnosis.causes[i];
-            og_sb_puts(sb, i ? ",{\"id\":" : "{\"id\":");
-            og_sb_json_str(sb, c->id);
-            og_sb_printf(sb, ",\"confidence\":%.2f,\"summary\":", c->confidence);
-            og_sb_json_str(sb, c->summary);
-            og_sb_puts(sb, ",\"evidence\":{");
-            for (int e = 0; e < c->nevidence; e++) {
-                if (e) og_sb_puts(sb, ",");
-                og_sb_json_str(sb, c->evidence[e].name);
-                og_sb_puts(sb, ":");
-                if (c->evidence[e].is_text)
-                    og_sb_json_str(sb, c->evidence[e].text);
-                else if (c->evidence[e].num == (double)(uint64_t)c->evidence[e].num && c->evidence[e].num >= 0)
-                    og_sb_printf(sb, "%llu", (unsigned long long)c->evidence[e].num);
-                else
-                    og_sb_printf(sb, "%.4f", c->evidence[e].num);
-            }
-            og_sb_puts(sb, "}}");
-        }
-        og_sb_puts(sb, "]}");
-    }
-
-    K("remedies"); og_sb_puts(sb, "[");
-    for (int i = 0; i < r->nremedies; i++) {
-        const og_remedy_t *m = &r->remedies[i];
-        og_sb_puts(sb, i ? ",{\"id\":" : "{\"id\":");
-        og_sb_json_str(sb, m->id);
-        og_sb_printf(sb, ",\"rank\":%d,\"title\":", m->rank);
-        og_sb_json_str(sb, m->title ? m->title : "");
-        og_sb_puts(sb, ",\"why\":");
-        og_sb_json_str(sb, m->why);
-        og_sb_puts(sb, ",\"how\":[");
-        for (int h = 0; h < m->nhow; h++) {
-            if (h) og_sb_puts(sb, ",");
-            og_sb_json_str(sb, m->how[h]);
-        }
-        og_sb_puts(sb, "],\"saving\":");
-        og_sb_json_str(sb, m->saving ? m->saving : "");
-        og_sb_puts(sb, ",\"cost\":");
-        og_sb_json_str(sb, m->cost ? m->cost : "");
-        og_sb_puts(sb, "}");
-    }
-    og_sb_puts(sb, "]");
-
-    K("summary");
-    og_sb_puts(sb, "{\"devices\":[");
-    static const unsigned cards[] = {16, 24, 40, 48, 80, 141};
-    for (int i = 0; i < r->nsummary; i++) {
-        og_sb_printf(sb, "%s{\"index\":%d,\"peak_bytes\":%llu,\"peak_t_rel\":%.6f,\"peak_library\":", i ? "," : "",
-                     r->summary[i].index, (unsigned long long)r->summary[i].peak_bytes, r->summary[i].peak_t_rel);
-        og_sb_json_str(sb, r->summary[i].peak_library);
-        og_sb_puts(sb, ",\"fits\":[");
-        /* on the failing device the job needed more than its peak: what it held plus the request
-         * (less a measured cache), never less than peak + shortfall */
-        uint64_t need = r->summary[i].peak_bytes;
-        if (r->event.api && r->summary[i].index == r->event.device && strcmp(r->status, "exit") != 0 &&
-            strcmp(r->status, "warning") != 0) {
-            uint64_t held = r->memory.process_tracked_bytes;
-            if (r->memory.process_used_bytes != OG_UNKNOWN && r->memory.process_used_bytes > held)
-                held = r->memory.process_used_bytes;
-            uint64_t cached = r->memory.framework_cached_bytes != OG_UNKNOWN &&
-                              (!r->memory.framework_cached_source ||
-                               strcmp(r->memory.framework_cached_source, "retry_release") != 0 || r->event.recovered)
-                                  ? r->memory.framework_cached_bytes : 0;
-            uint64_t job = held + r->event.requested_bytes > cached ? held + r->event.requested_bytes - cached : 0;
-            uint64_t ps = r->diagnosis.shortfall_bytes != OG_UNKNOWN ? need + r->diagnosis.shortfall_bytes : need;
-            if (r->event.recovered)
-                job = ps = need;             /* it did fit, after the release */
-            if (job > need)
-                need = job;
-            if (ps > need)
-                need = ps;
-        }
-        for (size_t c = 0; c < sizeof cards / sizeof *cards; c++)
-            og_sb_printf(sb, "%s{\"card_gb\":%u,\"fits\":%s}", c ? "," : "", cards[c],
-                         need <= (uint64_t)cards[c] * 1000000000ull ? "true" : "false");
-        og_sb_puts(sb, "]}");
-    }
-    og_sb_puts(sb, "]}");
-    og_sb_puts(sb, "}\n");
-}
+/* The JSON renderer lives in dump_json.c. */
 
 /* ------------------------------------------------------------------ text */
 
@@ -445,7 +31,7 @@ static const char *human_rot(char (*hb)[32], unsigned *i, uint64_t v)
 /* a request is always known: SIZE_MAX is a size, not og_human's "unknown" */
 #define REQ(v) ((v) == OG_UNKNOWN ? OG_UNKNOWN - 1 : (v))
 
-void og_render_text(const og_record_t *r, og_sb_t *sb)
+void og_dump_text(const og_record_t *r, og_sb_t *sb)
 {
     char hb[8][32];
     unsigned hbi = 0;
@@ -844,8 +430,8 @@ static void write_dump(const og_record_t *r, char *path, size_t pathlen)
     path[0] = 0;
     og_fatal_arm();
     og_sb_t json = {0}, text = {0};
-    og_render_json(r, &json);
-    og_render_text(r, &text);
+    og_dump_json(r, &json);
+    og_dump_text(r, &text);
     if (json.failed || text.failed) {
         og_warn("could not render the dump (out of host memory)");
         goto out;
@@ -1036,14 +622,40 @@ void og_dump_fatal(void)
 
 /* ------------------------------------------------------------------ entry points */
 
-void og_write_record(og_record_t *rec)
+/* The one sequence every dump takes once admitted: capture, write, hand the record and the path written ("" when
+ * none) to `after` (stderr summary, log line) while it is alive, free.  Admission stays with the callers: a
+ * refused failure still leaves its brief stderr summary. */
+typedef void og_dump_after_fn(const og_record_t *rec, const og_episode_t *ep, const char *path);
+static void capture_write_free(const char *status, const og_episode_t *ep, int device, og_dump_after_fn *after)
 {
+    og_record_t *rec = og_record_capture(status, ep, device);
+    if (!rec)
+        return;
     char path[4800];
-    path[0] = 0;
-    if (dump_admit(rec->status, rec->event.device))
-        write_dump(rec, path, sizeof path);
+    write_dump(rec, path, sizeof path);
+    after(rec, ep, path);
+    og_record_free(rec);
+}
+
+static void after_status(const og_record_t *rec, const og_episode_t *ep, const char *path)
+{
     if (og_opt.verbose)
         og_log("%s dump written: %s", rec->status, path[0] ? path : "(none)");
+}
+
+void og_dump_capture_write(const char *status, int device)
+{
+    if (dump_admit(status, device))
+        capture_write_free(status, NULL, device, after_status);
+    else if (og_opt.verbose)
+        og_log("%s dump written: (none)", status);
+}
+
+static void after_failure(const og_record_t *rec, const og_episode_t *ep, const char *path)
+{
+    set_pending(rec, path);
+    if (og_opt.verbose)
+        og_log("dump written: %s", path[0] ? path : "(stderr)");
 }
 
 void og_report_failure(const og_episode_t *ep, og_call_t *c)
@@ -1056,15 +668,14 @@ void og_report_failure(const og_episode_t *ep, og_call_t *c)
             set_pending_brief(ep);
         return;
     }
-    og_record_t *rec = og_record_capture("oom", ep, ep->device);
-    if (!rec)
-        return;
-    char path[4800];
-    write_dump(rec, path, sizeof path);
-    set_pending(rec, path);
+    capture_write_free("oom", ep, ep->device, after_failure);
+}
+
+static void after_recovered(const og_record_t *rec, const og_episode_t *ep, const char *path)
+{
     if (og_opt.verbose)
-        og_log("dump written: %s", path[0] ? path : "(stderr)");
-    og_record_free(rec);
+        og_log("device %d: recovered after %d failed attempt(s); dump updated: %s", ep->device, ep->attempts,
+               path);
 }
 
 void og_report_recovered(const og_episode_t *ep, og_call_t *c)
@@ -1072,13 +683,5 @@ void og_report_recovered(const og_episode_t *ep, og_call_t *c)
     clear_pending(ep->device);               /* recovered: no alarm on stderr */
     if (!dump_admit("recovered", ep->device))
         return;
-    og_record_t *rec = og_record_capture("recovered", ep, ep->device);
-    if (!rec)
-        return;
-    char path[4800];
-    write_dump(rec, path, sizeof path);
-    if (og_opt.verbose)
-        og_log("device %d: recovered after %d failed attempt(s); dump updated: %s", ep->device, ep->attempts,
-               path);
-    og_record_free(rec);
+    capture_write_free("recovered", ep, ep->device, after_recovered);
 }

@@ -283,11 +283,7 @@ void og_warn_check(int device, uint64_t live)
             og_warn("device %d: usage %s crossed OOMGUARD_WARN_AT (%s)", device, og_human(live, a, sizeof a),
                     og_human(th, b, sizeof b));
             if (og_opt.warn_dump) {
-                og_record_t *rec = og_record_capture("warning", NULL, device);
-                if (rec) {
-                    og_write_record(rec);
-                    og_record_free(rec);
-                }
+                og_dump_capture_write("warning", device);
             }
         }
     } else if (live < th - th / 20) {
@@ -325,10 +321,6 @@ void og_summary_atexit(void)
     /* the exit dump asks the driver and NVML: only from the atexit handler, never from a
      * destructor (og_exiting), when libcuda may be gone */
     if (last >= 0 && og_opt.dir_s[0] && !atomic_load(&og_exiting)) {
-        og_record_t *rec = og_record_capture("exit", NULL, last);
-        if (rec) {
-            og_write_record(rec);
-            og_record_free(rec);
-        }
+        og_dump_capture_write("exit", last);
     }
 }

@@ -310,7 +310,7 @@ uint64_t og_nvml_process_used(int device);    /* UINT64_MAX when unknown */
 void og_limit_refresh_overhead(int device);
 uint64_t og_limit_usage(int device);          /* what counts against OOMGUARD_LIMIT */
 uint64_t og_ledger_pool_spare(int device);
-void og_write_record(struct og_record *rec);             /* dump.c: writes JSON + text */
+void og_dump_capture_write(const char *status, int device);   /* dump.c: a "warning"/"exit" dump, if admitted */
 void og_framework_view_get(struct og_framework_view *out); /* framework.c */
 void og_dump_atexit(void);
 void og_dump_flush_pending(int device);   /* the device's unrecovered failure is final; -1: all */

@@ -39,7 +39,6 @@
 #include <string.h>
 #include <strings.h>
 
-#include "og.h"
 #include "record.h"
 #include "advice_text.h"
 
@@ -57,41 +56,13 @@ const char *og_framework_name(enum og_framework fw)
     }
 }
 
-/* ------------------------------------------------------------------ helpers */
-
-
-
-
-
-static void cpy(char *dst, size_t n, const char *src, size_t srcn)
-{
-    size_t l = strnlen(src, srcn);
-    if (l >= n)
-        l = n - 1;
-    memcpy(dst, src, l);
-    dst[l] = 0;
-}
-
-static const char *base_name(const char *p)
-{
-    const char *s = strrchr(p, '/');
-    return s ? s + 1 : p;
-}
-
 /* ------------------------------------------------------------------ context */
-
-enum cause { C_LIMIT, C_CACHE, C_FRAG, C_FOREIGN, C_NONFW, C_GROWTH, C_DNF, C_UNKNOWN, C_OTHERFW, C_PEERS,
-             C_IMBALANCE, C_FWCAP, C_COUNT };
-static const char *const cause_ids[C_COUNT] = {
-    "limit", "cache_held", "fragmentation", "foreign_memory", "non_framework", "growth", "does_not_fit", "unknown",
-    "other_framework", "peer_ranks", "imbalance", "framework_cap",
-};
 
 typedef struct rctx {
     const og_record_t *rec;
     enum og_framework fw;
     const char *fwname;
-    bool has[C_COUNT];
+    bool has[OG_CAUSE_COUNT];
     int primary;
     uint64_t req, shortfall, total, tracked, footprint, live, other, nonfw;
     bool cached_known, cache_retried;
@@ -114,16 +85,7 @@ typedef struct rctx {
     int grad, training;          /* adapter evidence, 0 unknown */
 } rctx_t;
 
-static const char *fw_display(enum og_framework fw)
-{
-    switch (fw) {
-    case OG_FW_PYTORCH: return "PyTorch";
-    case OG_FW_JAX: return "JAX";
-    case OG_FW_TENSORFLOW: return "TensorFlow";
-    case OG_FW_CUPY: return "CuPy";
-    default: return "the framework";
-    }
-}
+static const char *fw_display(enum og_framework fw) { return og_fw_display(fw, "the framework"); }
 
 /* value of NAME in the allow-listed environment, or NULL */
 static const char *env_value(const og_record_t *rec, const char *name)
@@ -144,12 +106,12 @@ static bool env_is(const og_record_t *rec, const char *name, const char *value)
 }
 
 /* a number recorded as evidence by og_diagnose, or -1 */
-static double evidence(const og_record_t *rec, const char *cause, const char *name)
+static double evidence(const og_record_t *rec, enum og_cause_kind cause, const char *name)
 {
     int n = rec->diagnosis.ncauses < 0 ? 0 : rec->diagnosis.ncauses > 8 ? 8 : rec->diagnosis.ncauses;
     for (int i = 0; i < n; i++) {
         const og_cause_t *c = &rec->diagnosis.causes[i];
-        if (!c->id || strcmp(c->id, cause) != 0)
+        if (!c->id || strcmp(c->id, og_cause_ids[cause]) != 0)
             continue;
         int ne = c->nevidence < 0 ? 0 : c->nevidence > 12 ? 12 : c->nevidence;
         for (int e = 0; e < ne; e++)
@@ -159,12 +121,12 @@ static double evidence(const og_record_t *rec, const char *cause, const char *na
     return -1;
 }
 
-static const char *evidence_text(const og_record_t *rec, const char *cause, const char *name)
+static const char *evidence_text(const og_record_t *rec, enum og_cause_kind cause, const char *name)
 {
     int n = rec->diagnosis.ncauses < 0 ? 0 : rec->diagnosis.ncauses > 8 ? 8 : rec->diagnosis.ncauses;
     for (int i = 0; i < n; i++) {
         const og_cause_t *c = &rec->diagnosis.causes[i];
-        if (!c->id || strcmp(c->id, cause) != 0)
+        if (!c->id || strcmp(c->id, og_cause_ids[cause]) != 0)
             continue;
         int ne = c->nevidence < 0 ? 0 : c->nevidence > 12 ? 12 : c->nevidence;
         for (int e = 0; e < ne; e++)
@@ -198,19 +160,19 @@ static void context(rctx_t *x, const og_record_t *rec)
     x->rec = rec;
     x->fw = rec->framework;
     x->fwname = fw_display(rec->framework);
-    x->primary = C_UNKNOWN;
+    x->primary = OG_CAUSE_UNKNOWN;
     int n = rec->diagnosis.ncauses < 0 ? 0 : rec->diagnosis.ncauses > 8 ? 8 : rec->diagnosis.ncauses;
     for (int i = 0; i < n; i++) {
         const char *id = rec->diagnosis.causes[i].id;
-        for (int c = 0; id && c < C_COUNT; c++)
-            if (strcmp(id, cause_ids[c]) == 0) {
+        for (int c = 0; id && c < OG_CAUSE_COUNT; c++)
+            if (strcmp(id, og_cause_ids[c]) == 0) {
                 x->has[c] = true;
                 if (i == 0)
                     x->primary = c;
             }
     }
     if (n == 0)
-        x->has[C_UNKNOWN] = true;
+        x->has[OG_CAUSE_UNKNOWN] = true;
 
     x->req = rec->event.requested_bytes;   /* the API's argument: SIZE_MAX is a request, not unknown */
     x->shortfall = known(rec->diagnosis.shortfall_bytes) ? rec->diagnosis.shortfall_bytes : 0;
@@ -245,8 +207,8 @@ static void context(rctx_t *x, const og_record_t *rec)
         x->largest = fw->largest_free_block_bytes;
     }
     char full[sizeof rec->event.library];
-    cpy(full, sizeof full, rec->event.library, sizeof full);
-    cpy(x->fail_lib, sizeof x->fail_lib, base_name(full), strlen(base_name(full)) + 1);
+    og_cpy(full, sizeof full, rec->event.library, sizeof full);
+    og_cpy(x->fail_lib, sizeof x->fail_lib, og_base_name(full), strlen(og_base_name(full)) + 1);
     /* live = what tensors hold; unknown when the cache was not measured (never call cache "live") */
     x->live_known = (fw->has && known(fw->allocated_bytes)) || x->cached_known;
     x->live = fw->has && known(fw->allocated_bytes) ? fw->allocated_bytes : sub0(x->tracked, x->reclaim);
@@ -255,24 +217,24 @@ static void context(rctx_t *x, const og_record_t *rec)
                       og_framework_of(x->fail_lib, x->fail_lib) != OG_FW_UNKNOWN &&
                       (!known(rec->event.released_between_attempts_bytes) ||
                        rec->event.released_between_attempts_bytes == 0);
-    x->app_pool = evidence_text(rec, "cache_held", "holder") != NULL;
+    x->app_pool = evidence_text(rec, OG_CAUSE_CACHE, "holder") != NULL;
     x->async_backend = strstr(rec->pytorch_alloc_conf, "cudaMallocAsync") != NULL;
-    x->variable_sizes = evidence(rec, "fragmentation", "distinct_sizes") >= 8 || distinct_sizes(rec) >= 8;
-    x->larger_than_device = evidence(rec, "does_not_fit", "larger_than_device") > 0;
-    const char *ofw = evidence_text(rec, "other_framework", "framework");
+    x->variable_sizes = evidence(rec, OG_CAUSE_FRAG, "distinct_sizes") >= 8 || distinct_sizes(rec) >= 8;
+    x->larger_than_device = evidence(rec, OG_CAUSE_DNF, "larger_than_device") > 0;
+    const char *ofw = evidence_text(rec, OG_CAUSE_OTHERFW, "framework");
     if (ofw) {
         static const char *const names[] = {"unknown", "pytorch", "jax", "tensorflow", "cupy"};
         for (int i = 1; i < 5; i++)
             if (strcmp(ofw, names[i]) == 0)
                 x->other_fw = i;
-        double b = evidence(rec, "other_framework", "framework_reserved_bytes");
+        double b = evidence(rec, OG_CAUSE_OTHERFW, "framework_reserved_bytes");
         x->other_fw_bytes = b > 0 ? (uint64_t)b : 0;
     }
-    double pb = evidence(rec, "peer_ranks", "peers_bytes");
+    double pb = evidence(rec, OG_CAUSE_PEERS, "peers_bytes");
     x->peers_bytes = pb > 0 ? (uint64_t)pb : 0;
-    double np = evidence(rec, "peer_ranks", "peers");
+    double np = evidence(rec, OG_CAUSE_PEERS, "peers");
     x->npeers = np > 0 ? (int)np : 0;
-    double gr = evidence(rec, "growth", "rise_bytes");
+    double gr = evidence(rec, OG_CAUSE_GROWTH, "rise_bytes");
     x->growth_rise = gr > 0 ? (uint64_t)gr : 0;
     uint64_t lim = rec->device.limit_bytes;
     x->capacity = known(lim) && (!x->total || lim < x->total) ? lim : x->total;
@@ -386,29 +348,29 @@ static bool b_empty_cache(const rctx_t *x, og_remedy_t *r)
     if (x->retried_zero)
         why(r, "%s already released its cache when the allocation failed and got nothing back: what it keeps is "
             "split inside segments still in use, which empty_cache() cannot return.", x->fwname);
-    else if (x->has[C_CACHE] && !x->cached_known && x->fail_lib[0])
+    else if (x->has[OG_CAUSE_CACHE] && !x->cached_known && x->fail_lib[0])
         why(r, "%s holds memory of which an unmeasured part is cached but unused, and %s (outside %s's allocator) "
             "could not get %s: hand the cache back before that library allocates; memory_summary() shows how much "
             "it is.", fw_display(rec->framework), x->fail_lib, fw_display(rec->framework), og_hb((double)x->req).s);
-    else if (x->has[C_CACHE] && x->fail_lib[0])
+    else if (x->has[OG_CAUSE_CACHE] && x->fail_lib[0])
         why(r, "%s keeps %s cached while %s could not get %s: hand the cache back before that library allocates.",
             fw_display(rec->framework), cached, x->fail_lib, og_hb((double)x->req).s);
-    else if (x->has[C_FRAG]) {
+    else if (x->has[OG_CAUSE_FRAG]) {
         why(r, "%s is cached but unused", cached);
         if (x->largest_known)
             why(r, " and the largest free block is %s, below the %s requested", og_hb((double)x->largest).s,
                 og_hb((double)x->req).s);
         why(r, ": releasing the cache lets the allocator start again from fresh segments.");
-    } else if (x->has[C_LIMIT])
+    } else if (x->has[OG_CAUSE_LIMIT])
         why(r, "The limit counts cached memory too: %s of the %s held is cached but unused.", cached,
             og_hb((double)x->tracked).s);
-    else if (x->primary == C_DNF && x->cached_known)
+    else if (x->primary == OG_CAUSE_DNF && x->cached_known)
         why(r, "Only %s is cached, less than the %s missing: tensors in use fill the memory, so this helps only "
             "together with the reductions above.", cached, og_hb((double)x->shortfall).s);
-    else if (x->primary == C_DNF)
+    else if (x->primary == OG_CAUSE_DNF)
         why(r, "How much of the %s this process holds is cached but unused was not measured: if it is at least the "
             "%s missing, releasing it is the cheapest fix.", og_hb((double)x->tracked).s, og_hb((double)x->shortfall).s);
-    else if (x->has[C_GROWTH])
+    else if (x->has[OG_CAUSE_GROWTH])
         why(r, "%s is cached but unused; release it between epochs or phases so the growth does not also pin "
             "the cache.", cached);
     else
@@ -423,7 +385,7 @@ static bool b_empty_cache(const rctx_t *x, og_remedy_t *r)
             how(r, "export XLA_PYTHON_CLIENT_PREALLOCATE=false   # JAX reserves 75%% of the GPU at start by default");
         const og_framework_view_t *fw = &rec->memory.fw;
         uint64_t resv = fw->has && known(fw->reserved_bytes) ? fw->reserved_bytes : rec->memory.framework_bytes;
-        if ((x->has[C_CACHE] || x->has[C_FOREIGN]) && x->total && known(resv) && resv > x->shortfall) {
+        if ((x->has[OG_CAUSE_CACHE] || x->has[OG_CAUSE_FOREIGN]) && x->total && known(resv) && resv > x->shortfall) {
             int frac = (int)(100.0 * (double)(resv - x->shortfall) / (double)x->total);
             if (frac < 5)
                 frac = 5;
@@ -452,7 +414,7 @@ static bool b_empty_cache(const rctx_t *x, og_remedy_t *r)
             why(r, " TF_GPU_ALLOCATOR=cuda_malloc_async is already set.");
         else
             how(r, "export TF_GPU_ALLOCATOR=cuda_malloc_async   # stream-ordered allocator: less fragmentation");
-        if (x->has[C_CACHE] && x->total > x->shortfall)
+        if (x->has[OG_CAUSE_CACHE] && x->total > x->shortfall)
             how(r, "tf.config.set_logical_device_configuration(gpu, "
                 "[tf.config.LogicalDeviceConfiguration(memory_limit=%llu)])   # MiB; cap TensorFlow",
                 (unsigned long long)((x->total - x->shortfall) / (1ULL << 20) * 9 / 10));
@@ -462,10 +424,10 @@ static bool b_empty_cache(const rctx_t *x, og_remedy_t *r)
         r->title = "Release CuPy's memory pool";
         how(r, "cupy.get_default_memory_pool().free_all_blocks(); "
             "cupy.get_default_pinned_memory_pool().free_all_blocks()");
-        if (x->has[C_FRAG])
+        if (x->has[OG_CAUSE_FRAG])
             how(r, "cupy.cuda.set_allocator(cupy.cuda.MemoryAsyncPool().malloc)   # stream-ordered pool: less "
                 "fragmentation");
-        if (x->has[C_CACHE] && x->total > x->shortfall)
+        if (x->has[OG_CAUSE_CACHE] && x->total > x->shortfall)
             how(r, "cupy.get_default_memory_pool().set_limit(size=%llu)   # cap the pool, leave room for others",
                 (unsigned long long)((x->total - x->shortfall) / 10 * 9));
         break;
@@ -473,9 +435,9 @@ static bool b_empty_cache(const rctx_t *x, og_remedy_t *r)
         r->title = x->fw == OG_FW_PYTORCH ? "Release cached memory (torch.cuda.empty_cache)"
                                           : "Release the framework's cached memory";
         how(r, "%sdel big_tensor; gc.collect(); torch.cuda.empty_cache()   # at phase boundaries", pt(x));
-        if (x->has[C_CACHE] && x->fail_lib[0])
+        if (x->has[OG_CAUSE_CACHE] && x->fail_lib[0])
             how(r, "%scall torch.cuda.empty_cache() right before the code that makes %s allocate", pt(x), x->fail_lib);
-        if (x->has[C_FRAG] && rec->expandable_segments_set) {
+        if (x->has[OG_CAUSE_FRAG] && rec->expandable_segments_set) {
             why(r, " expandable_segments is already on (PYTORCH_CUDA_ALLOC_CONF=%.80s).", rec->pytorch_alloc_conf);
             if (!rec->max_split_set)
                 how(r, "%salternative: PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:512   # instead of "
@@ -508,8 +470,8 @@ static void list_other_processes(const rctx_t *x, og_remedy_t *r, int max_how)
         used[big] = true;
         const og_other_proc_t *o = &rec->memory.other[big];
         char full[sizeof rec->memory.other[0].name], name[sizeof full];
-        cpy(full, sizeof full, o->name, sizeof full);
-        cpy(name, sizeof name, base_name(full), strlen(base_name(full)) + 1);
+        og_cpy(full, sizeof full, o->name, sizeof full);
+        og_cpy(name, sizeof name, og_base_name(full), strlen(og_base_name(full)) + 1);
         if (o->same_job || desktop_app(name)) {   /* never a kill line for a rank of this job */
             k--;
             continue;
@@ -552,8 +514,8 @@ static bool b_foreign_processes(const rctx_t *x, og_remedy_t *r)
                 break;
             used[big] = true;
             char full[sizeof rec->memory.other[0].name], name[32];
-            cpy(full, sizeof full, rec->memory.other[big].name, sizeof full);
-            cpy(name, sizeof name, base_name(full), strlen(base_name(full)) + 1);
+            og_cpy(full, sizeof full, rec->memory.other[big].name, sizeof full);
+            og_cpy(name, sizeof name, og_base_name(full), strlen(og_base_name(full)) + 1);
             why(r, "%s %spid %d %s %s", k ? "," : ":", rec->memory.other[big].visible ? "" : "host ",
                 rec->memory.other[big].pid, name[0] ? name : "?", og_hb((double)rec->memory.other[big].bytes).s);
         }
@@ -561,14 +523,14 @@ static bool b_foreign_processes(const rctx_t *x, og_remedy_t *r)
             why(r, "; %s is missing.", og_hb((double)x->shortfall).s);
         else
             why(r, ".");
-        if (x->has[C_NONFW])
+        if (x->has[OG_CAUSE_NONFW])
             why(r, " Inside this process %s more is outside %s.", og_hb((double)x->nonfw).s, x->fwname);
         how(r, "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv");
         list_other_processes(x, r, 3);
         bool desk = false;
         for (int i = 0; i < n; i++) {
             char name[sizeof rec->memory.other[0].name];
-            cpy(name, sizeof name, rec->memory.other[i].name, sizeof name);
+            og_cpy(name, sizeof name, rec->memory.other[i].name, sizeof name);
             desk = desk || desktop_app(name);
         }
         if (desk)
@@ -581,11 +543,11 @@ static bool b_foreign_processes(const rctx_t *x, og_remedy_t *r)
     r->title = "Find the memory held outside the framework";
     why(r, "%s of this process's memory is outside %s (CUDA context and other libraries)", og_hb((double)x->nonfw).s,
         x->fwname);
-    const char *lib = evidence_text(rec, "non_framework", "largest_library");
-    double lb = evidence(rec, "non_framework", "largest_library_bytes");
+    const char *lib = evidence_text(rec, OG_CAUSE_NONFW, "largest_library");
+    double lb = evidence(rec, OG_CAUSE_NONFW, "largest_library_bytes");
     if (lib && lb > 0)
         why(r, "; the largest holder is %s with %s", lib, og_hb(lb).s);
-    double ctx = evidence(rec, "non_framework", "context_bytes_estimate");
+    double ctx = evidence(rec, OG_CAUSE_NONFW, "context_bytes_estimate");
     if (ctx >= 0)
         why(r, "; context and untracked memory ~%s", og_hb(ctx).s);
     why(r, ".");
@@ -601,7 +563,7 @@ static bool b_restart_process(const rctx_t *x, og_remedy_t *r)
 {
     const og_record_t *rec = x->rec;
     int n = rec->memory.nother < 0 ? 0 : rec->memory.nother > 32 ? 32 : rec->memory.nother;
-    if (x->has[C_FOREIGN] && n) {
+    if (x->has[OG_CAUSE_FOREIGN] && n) {
         why(r, "A process killed or interrupted mid-run can leave its context behind until it fully exits; "
             "check that the %d process%s holding %s still do useful work.", n, n == 1 ? "" : "es",
             og_hb((double)x->other).s);
@@ -617,10 +579,10 @@ static bool b_restart_process(const rctx_t *x, og_remedy_t *r)
         else
             how(r, "On the host: nvidia-smi --query-compute-apps=pid,used_memory --format=csv   # these pids are "
                 "not visible here");
-    } else if (x->has[C_FRAG]) {
+    } else if (x->has[OG_CAUSE_FRAG]) {
         why(r, "A fresh process starts with an empty, unfragmented cache (%s is cached now); a restart between "
             "phases avoids carrying fragmentation along.", x->cached_known ? og_hb((double)x->cached).s : "?");
-    } else if (x->has[C_NONFW]) {
+    } else if (x->has[OG_CAUSE_NONFW]) {
         why(r, "A restart drops contexts and library workspaces that accumulated in this process (%s outside %s).",
             og_hb((double)x->nonfw).s, x->fwname);
     } else {
@@ -635,10 +597,10 @@ static bool b_restart_process(const rctx_t *x, og_remedy_t *r)
 static bool b_release_references(const rctx_t *x, og_remedy_t *r)
 {
     const og_record_t *rec = x->rec;
-    double first = evidence(rec, "growth", "first_trough_bytes");
-    double last = evidence(rec, "growth", "last_trough_bytes");
-    double step = evidence(rec, "growth", "rise_per_step_bytes");
-    const char *steps = evidence_text(rec, "growth", "rising_steps");
+    double first = evidence(rec, OG_CAUSE_GROWTH, "first_trough_bytes");
+    double last = evidence(rec, OG_CAUSE_GROWTH, "last_trough_bytes");
+    double step = evidence(rec, OG_CAUSE_GROWTH, "rise_per_step_bytes");
+    const char *steps = evidence_text(rec, OG_CAUSE_GROWTH, "rising_steps");
     if (first >= 0 && last >= 0)
         why(r, "The low point of this process's memory rose from step to step (%s), from %s to %s, about %s per "
             "step: something keeps tensors alive from one iteration to the next.", steps ? steps : "most steps",
@@ -674,7 +636,7 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
 static bool b_expandable_segments(const rctx_t *x, og_remedy_t *r)
 {
     const og_record_t *rec = x->rec;
-    if (x->has[C_FRAG]) {
+    if (x->has[OG_CAUSE_FRAG]) {
         why(r, "%s is cached but unused", x->cached_known ? og_hb((double)x->cached).s : "Memory");
         if (x->largest_known)
             why(r, " while the largest free block is only %s", og_hb((double)x->largest).s);
@@ -702,7 +664,7 @@ static bool b_expandable_segments(const rctx_t *x, og_remedy_t *r)
 
 static bool b_inference_mode(const rctx_t *x, og_remedy_t *r)
 {
-    if (x->has[C_GROWTH] && !x->has[C_DNF])
+    if (x->has[OG_CAUSE_GROWTH] && !x->has[OG_CAUSE_DNF])
         why(r, "An evaluation loop run with autograd on keeps every graph it builds; without it nothing is kept "
             "for backward.");
     else {
@@ -1078,7 +1040,7 @@ static bool b_other_framework(const rctx_t *x, og_remedy_t *r)
 static bool b_set_device(const rctx_t *x, og_remedy_t *r)
 {
     const og_record_t *rec = x->rec;
-    double kids = evidence(rec, "peer_ranks", "children");
+    double kids = evidence(rec, OG_CAUSE_PEERS, "children");
     if (kids > 0 && (int)kids == x->npeers) {
         r->title = "Keep CUDA out of the DataLoader workers";
         why(r, "%d child %s of this process (DataLoader workers) %s %s on GPU %d: a worker that calls .cuda() or "
@@ -1112,8 +1074,8 @@ static bool b_set_device(const rctx_t *x, og_remedy_t *r)
 static bool b_ddp(const rctx_t *x, og_remedy_t *r)
 {
     const og_record_t *rec = x->rec;
-    double ratio = evidence(rec, "imbalance", "ratio");
-    double avg = evidence(rec, "imbalance", "other_devices_avg_bytes");
+    double ratio = evidence(rec, OG_CAUSE_IMBALANCE, "ratio");
+    double avg = evidence(rec, OG_CAUSE_IMBALANCE, "other_devices_avg_bytes");
     why(r, "GPU %d carries %.1fx what the other GPUs of this process hold (%s on average): nn.DataParallel gathers "
         "every output there and keeps the optimizer state there. One process per GPU balances it.",
         rec->event.device, ratio > 0 ? ratio : 1.0, og_hb(avg > 0 ? avg : 0).s);
@@ -1155,8 +1117,8 @@ static bool b_chunk(const rctx_t *x, og_remedy_t *r)
 static bool b_pool_trim(const rctx_t *x, og_remedy_t *r)
 {
     const og_record_t *rec = x->rec;
-    double slack = evidence(rec, "cache_held", "pool_unused_bytes");
-    const char *owner = evidence_text(rec, "cache_held", "pool_owner");
+    double slack = evidence(rec, OG_CAUSE_CACHE, "pool_unused_bytes");
+    const char *owner = evidence_text(rec, OG_CAUSE_CACHE, "pool_owner");
     why(r, "The application's own stream-ordered pool%s%s keeps %s of freed memory reserved: a pool returns memory "
         "to the device only when trimmed or when its release threshold allows it at a synchronization.",
         owner ? " (used by " : "", owner ? owner : "", og_hb(slack > 0 ? slack : 0).s);
@@ -1182,9 +1144,9 @@ static bool b_bucketing(const rctx_t *x, og_remedy_t *r)
 static bool b_fw_cap(const rctx_t *x, og_remedy_t *r)
 {
     const og_record_t *rec = x->rec;
-    const char *src = evidence_text(rec, "framework_cap", "cap_source");
-    double cap = evidence(rec, "framework_cap", "cap_bytes");
-    double over = evidence(rec, "framework_cap", "over_cap_bytes");
+    const char *src = evidence_text(rec, OG_CAUSE_FWCAP, "cap_source");
+    double cap = evidence(rec, OG_CAUSE_FWCAP, "cap_bytes");
+    double over = evidence(rec, OG_CAUSE_FWCAP, "over_cap_bytes");
     why(r, "The framework refused the request under its own cap (%s, %s)", src && strcmp(src, "unknown") ? src
         : "a memory fraction or pool limit", og_hb(cap > 0 ? cap : 0).s);
     if (over > 0)
@@ -1321,50 +1283,50 @@ void og_select_remedies(og_record_t *rec)
     bool cache_maybe = !x.cached_known && known(rec->memory.framework_bytes) && rec->memory.framework_bytes > 0 &&
                        !x.retried_zero;
     bool known_inference = x.training == -1;
-    if (x.has[C_LIMIT]) {
+    if (x.has[OG_CAUSE_LIMIT]) {
         want[R_RAISE_LIMIT] = true;
         want[R_EMPTY_CACHE] |= cache_ok || cache_maybe;
         want[R_INFERENCE] = want[R_MIXED] = want[R_SMALLER_BATCH] = want[R_SHORTER_SEQ] = want[R_CHECKPOINTING] = true;
     }
-    if (x.has[C_CACHE]) {
+    if (x.has[OG_CAUSE_CACHE]) {
         if (x.app_pool)
             want[R_POOL_TRIM] = true;
         else
             want[R_EMPTY_CACHE] = true;
     }
-    if (x.has[C_FRAG]) {
+    if (x.has[OG_CAUSE_FRAG]) {
         want[R_EMPTY_CACHE] = want[R_RESTART] = want[R_EXPANDABLE] = true;
         want[R_BUCKET] = x.variable_sizes || x.retried_zero;
     }
-    if (x.has[C_FOREIGN] || x.has[C_NONFW])
+    if (x.has[OG_CAUSE_FOREIGN] || x.has[OG_CAUSE_NONFW])
         want[R_FOREIGN] = want[R_RESTART] = true;
-    if (x.has[C_GROWTH]) {
+    if (x.has[OG_CAUSE_GROWTH]) {
         want[R_RELEASE_REFS] = want[R_INFERENCE] = want[R_RESTART] = true;
         want[R_EMPTY_CACHE] |= cache_ok;
     }
-    if (x.has[C_OTHERFW])
+    if (x.has[OG_CAUSE_OTHERFW])
         want[R_OTHER_FW] = true;
-    if (x.has[C_PEERS])
+    if (x.has[OG_CAUSE_PEERS])
         want[R_SET_DEVICE] = true;
-    if (x.has[C_FWCAP]) {
+    if (x.has[OG_CAUSE_FWCAP]) {
         want[R_FW_CAP] = true;
         want[R_MIXED] = want[R_SMALLER_BATCH] = want[R_CHECKPOINTING] = true;
     }
-    if (x.has[C_IMBALANCE])
+    if (x.has[OG_CAUSE_IMBALANCE])
         want[R_DDP] = want[R_SMALLER_BATCH] = want[R_MIXED] = true;
-    if (x.has[C_DNF]) {
+    if (x.has[OG_CAUSE_DNF]) {
         want[R_EMPTY_CACHE] |= cache_ok || cache_maybe;
         for (int i = R_INFERENCE; i <= R_BIGGER; i++)
             want[i] = true;
         want[R_EXPANDABLE] |= x.retried_zero;   /* what is left after the release may be split segments */
         want[R_BUCKET] |= x.retried_zero && x.variable_sizes;
     }
-    if (x.has[C_UNKNOWN]) {
+    if (x.has[OG_CAUSE_UNKNOWN]) {
         want[R_EMPTY_CACHE] |= cache_ok || cache_maybe;
         want[R_FOREIGN] |= x.other > 0;
         want[R_RESTART] = want[R_EXPANDABLE] = want[R_INFERENCE] = want[R_MIXED] = want[R_SMALLER_BATCH] = true;
     }
-    if (x.retried_zero && x.has[C_FRAG])
+    if (x.retried_zero && x.has[OG_CAUSE_FRAG])
         want[R_EMPTY_CACHE] = cache_ok;     /* it released everything it could: got 0 B back */
     /* a single request larger than the device: only what splits, shards or moves it can help */
     if (x.larger_than_device) {
@@ -1372,11 +1334,11 @@ void og_select_remedies(og_record_t *rec)
             want[i] = false;
         want[R_CHUNK] = want[R_MULTI_GPU] = want[R_OFFLOAD] = true;
         want[R_BIGGER] = x.req < 141.0 * 1e9 * 0.97;
-        want[R_RAISE_LIMIT] = x.has[C_LIMIT] && known(rec->device.limit_bytes) && x.total && x.req < x.total;
+        want[R_RAISE_LIMIT] = x.has[OG_CAUSE_LIMIT] && known(rec->device.limit_bytes) && x.total && x.req < x.total;
     }
 
     /* the limit refused the request because of the context it counts: nothing the job shrinks helps */
-    if (x.has[C_LIMIT] && known(rec->device.limit_bytes) && known(rec->device.limit_usage_bytes) &&
+    if (x.has[OG_CAUSE_LIMIT] && known(rec->device.limit_bytes) && known(rec->device.limit_usage_bytes) &&
         rec->device.limit_usage_bytes > x.tracked && x.req <= rec->device.limit_bytes &&
         add_sat(rec->device.limit_usage_bytes - x.tracked, x.req) > rec->device.limit_bytes) {
         for (int i = 0; i < R_COUNT; i++)
@@ -1386,10 +1348,11 @@ void og_select_remedies(og_record_t *rec)
     /* a confident primary cause whose own remedy covers the shortfall: the generic ways to shrink the
      * job are not the answer (they would only hide the cause) */
     {
-        static const int own[C_COUNT] = {
-            [C_LIMIT] = -1, [C_CACHE] = -1, [C_FRAG] = -1, [C_FOREIGN] = R_FOREIGN, [C_NONFW] = -1,
-            [C_GROWTH] = -1, [C_DNF] = -1, [C_UNKNOWN] = -1, [C_OTHERFW] = R_OTHER_FW,
-            [C_PEERS] = R_SET_DEVICE, [C_IMBALANCE] = -1, [C_FWCAP] = -1,
+        static const int own[OG_CAUSE_COUNT] = {
+            [OG_CAUSE_LIMIT] = -1, [OG_CAUSE_CACHE] = -1, [OG_CAUSE_FRAG] = -1, [OG_CAUSE_FOREIGN] = R_FOREIGN,
+            [OG_CAUSE_NONFW] = -1, [OG_CAUSE_GROWTH] = -1, [OG_CAUSE_DNF] = -1, [OG_CAUSE_UNKNOWN] = -1,
+            [OG_CAUSE_OTHERFW] = R_OTHER_FW, [OG_CAUSE_PEERS] = R_SET_DEVICE, [OG_CAUSE_IMBALANCE] = -1,
+            [OG_CAUSE_FWCAP] = -1,
         };
         double pconf = rec->diagnosis.ncauses > 0 ? rec->diagnosis.causes[0].confidence : 0;
         int o = own[x.primary];
@@ -1398,7 +1361,7 @@ void og_select_remedies(og_record_t *rec)
         if (o >= 0 && pconf >= 0.7 && cov >= (double)x.shortfall && !x.larger_than_device) {
             for (int i = R_INFERENCE; i <= R_BIGGER; i++)
                 want[i] = false;
-            if (!x.has[C_FRAG])
+            if (!x.has[OG_CAUSE_FRAG])
                 want[R_EXPANDABLE] = want[R_BUCKET] = false;
         }
     }
@@ -1419,13 +1382,13 @@ void og_select_remedies(og_record_t *rec)
     if (!pytorchish || x.fw == OG_FW_UNKNOWN)
         want[R_DDP] = want[R_DDP] && pytorchish;
     /* JAX/TF/CuPy: their allocator knobs live in empty_cache, which fragmentation needs */
-    if (x.has[C_FRAG] && !pytorchish)
+    if (x.has[OG_CAUSE_FRAG] && !pytorchish)
         want[R_EMPTY_CACHE] = true;
 
     /* the job alone would fit on this card (what it holds + the request, 3% kept for the driver):
      * a bigger card, more GPUs or offloading are not the answer; nor for a leak, which any card fills */
     if (!x.larger_than_device &&
-        ((x.total && (double)add_sat(x.footprint, x.req) <= (double)x.total * 0.97) || x.primary == C_GROWTH))
+        ((x.total && (double)add_sat(x.footprint, x.req) <= (double)x.total * 0.97) || x.primary == OG_CAUSE_GROWTH))
         want[R_BIGGER] = want[R_MULTI_GPU] = want[R_ZERO] = want[R_OFFLOAD] = false;
 
     /* order: the checklist (cost, simplest first) ... */
@@ -1452,10 +1415,10 @@ void og_select_remedies(og_record_t *rec)
         cover[i] = -1;
     cover[R_RAISE_LIMIT] = big;
     cover[R_EMPTY_CACHE] = cache_ok ? (double)x.reclaim : cache_maybe ? -1 : 0;
-    cover[R_POOL_TRIM] = evidence(rec, "cache_held", "pool_unused_bytes");
-    cover[R_FOREIGN] = (double)x.other + (x.has[C_NONFW] ? (double)x.nonfw : 0);
+    cover[R_POOL_TRIM] = evidence(rec, OG_CAUSE_CACHE, "pool_unused_bytes");
+    cover[R_FOREIGN] = (double)x.other + (x.has[OG_CAUSE_NONFW] ? (double)x.nonfw : 0);
     cover[R_RELEASE_REFS] = x.growth_rise ? (double)x.growth_rise : -1;
-    cover[R_EXPANDABLE] = x.has[C_FRAG] && x.cached_known && x.cached ? (double)x.cached : -1;
+    cover[R_EXPANDABLE] = x.has[OG_CAUSE_FRAG] && x.cached_known && x.cached ? (double)x.cached : -1;
     if (live >= 0) {
         cover[R_INFERENCE] = 0.3 * live;
         cover[R_MIXED] = 0.25 * live;
@@ -1477,19 +1440,21 @@ void og_select_remedies(og_record_t *rec)
     cover[R_OTHER_FW] = (double)x.other_fw_bytes;
     cover[R_SET_DEVICE] = (double)x.peers_bytes;
     cover[R_FW_CAP] = big;
-    double imb = evidence(rec, "imbalance", "device_bytes") - evidence(rec, "imbalance", "other_devices_avg_bytes");
+    double imb = evidence(rec, OG_CAUSE_IMBALANCE, "device_bytes") -
+                 evidence(rec, OG_CAUSE_IMBALANCE, "other_devices_avg_bytes");
     cover[R_DDP] = imb > 0 ? imb : -1;
     if (x.retried_zero)
         cover[R_EMPTY_CACHE] = 0;
 
     /* the primary cause's own remedies come first when they can cover it (or nobody can tell) */
-    static const int key[C_COUNT][2] = {
-        [C_LIMIT] = {-1, -1},              [C_CACHE] = {R_EMPTY_CACHE, R_POOL_TRIM},
-        [C_FRAG] = {R_EMPTY_CACHE, R_EXPANDABLE},
-        [C_FOREIGN] = {R_FOREIGN, -1},     [C_NONFW] = {R_FOREIGN, -1},
-        [C_GROWTH] = {R_RELEASE_REFS, R_INFERENCE},
-        [C_DNF] = {-1, -1},                [C_UNKNOWN] = {-1, -1},          [C_OTHERFW] = {R_OTHER_FW, -1},
-        [C_PEERS] = {R_SET_DEVICE, -1},    [C_IMBALANCE] = {R_DDP, -1},     [C_FWCAP] = {R_FW_CAP, -1},
+    static const int key[OG_CAUSE_COUNT][2] = {
+        [OG_CAUSE_LIMIT] = {-1, -1},              [OG_CAUSE_CACHE] = {R_EMPTY_CACHE, R_POOL_TRIM},
+        [OG_CAUSE_FRAG] = {R_EMPTY_CACHE, R_EXPANDABLE},
+        [OG_CAUSE_FOREIGN] = {R_FOREIGN, -1},     [OG_CAUSE_NONFW] = {R_FOREIGN, -1},
+        [OG_CAUSE_GROWTH] = {R_RELEASE_REFS, R_INFERENCE},
+        [OG_CAUSE_DNF] = {-1, -1},                [OG_CAUSE_UNKNOWN] = {-1, -1},
+        [OG_CAUSE_OTHERFW] = {R_OTHER_FW, -1},    [OG_CAUSE_PEERS] = {R_SET_DEVICE, -1},
+        [OG_CAUSE_IMBALANCE] = {R_DDP, -1},       [OG_CAUSE_FWCAP] = {R_FW_CAP, -1},
     };
     int tier[R_COUNT];
     double need = (double)x.shortfall;
@@ -1500,7 +1465,7 @@ void og_select_remedies(og_record_t *rec)
         if (r >= 0 && tier[r] != 3)
             tier[r] = 0, order[r] = -20 + k;
     }
-    if (x.retried_zero && x.has[C_FRAG] && (x.primary == C_FRAG || x.primary == C_DNF)) {
+    if (x.retried_zero && x.has[OG_CAUSE_FRAG] && (x.primary == OG_CAUSE_FRAG || x.primary == OG_CAUSE_DNF)) {
         /* empty_cache got 0 B back: expandable segments leads */
         tier[R_EXPANDABLE] = 0;
         order[R_EXPANDABLE] = -30;
@@ -1509,12 +1474,12 @@ void og_select_remedies(og_record_t *rec)
     }
     if (x.larger_than_device)
         tier[R_CHUNK] = 0, order[R_CHUNK] = -30;
-    if (x.has[C_FRAG] && x.retried_zero && tier[R_EXPANDABLE] > 1)
+    if (x.has[OG_CAUSE_FRAG] && x.retried_zero && tier[R_EXPANDABLE] > 1)
         tier[R_EXPANDABLE] = 1;             /* the split segments are the likely rest */
     /* failing while loading weights: what shrinks the weights or moves them leads; activation
      * remedies cannot help a load */
-    const char *phase = evidence_text(rec, "does_not_fit", "phase");
-    if (phase && x.primary == C_DNF) {
+    const char *phase = evidence_text(rec, OG_CAUSE_DNF, "phase");
+    if (phase && x.primary == OG_CAUSE_DNF) {
         if (strcmp(phase, "second_load") == 0) {
             want[R_RELEASE_REFS] = want[R_RESTART] = true;
             tier[R_RESTART] = tier[R_RELEASE_REFS] = 0;
@@ -1530,10 +1495,10 @@ void og_select_remedies(og_record_t *rec)
                 tier[acts[k]] = 3;
         }
     }
-    if (x.primary == C_GROWTH && known_inference && x.grad == 1)
+    if (x.primary == OG_CAUSE_GROWTH && known_inference && x.grad == 1)
         tier[R_INFERENCE] = 0, order[R_INFERENCE] = -21;   /* evaluation with autograd on keeps every graph */
     /* a cap on a shared GPU protects the others; alone on it, a limit emulates a smaller card */
-    if (x.has[C_LIMIT] && rec->memory.nother > 0)
+    if (x.has[OG_CAUSE_LIMIT] && rec->memory.nother > 0)
         tier[R_RAISE_LIMIT] = 0, order[R_RAISE_LIMIT] = -20;
 
     int list[R_COUNT], n = 0;

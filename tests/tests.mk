@@ -56,6 +56,13 @@ $(TEST_B)/e2e_rtld: tests/e2e/rtld.c $(TEST_B)/librtld_next_a.so $(TEST_B)/librt
 $(TEST_B)/unit_%: tests/unit/%.c $(SHIM_OBJ) | $(TEST_B)/.dir
 	$(CC) $(SHIM_CFLAGS) -Wno-unused-function $< $(SHIM_OBJ) -o $@ -lcmocka -lunwind -ldl -pthread
 
+# The analysis units (diagnosis, remedies, their texts) are pure: their tests link only those objects, so no
+# constructor runs and no exported dlsym stands between the test and libc.
+ANALYSIS_OBJ   := $(patsubst %,$(B)/shim/%.o,diagnose remedies advice_text)
+ANALYSIS_UNITS := $(patsubst %,$(TEST_B)/unit_test_%,diagnose remedies advice_edges)
+$(ANALYSIS_UNITS): $(TEST_B)/unit_%: tests/unit/%.c tests/unit/analysis_fixture.h $(ANALYSIS_OBJ) | $(TEST_B)/.dir
+	$(CC) $(ALL_CFLAGS) -Ishim -Wno-unused-function $< $(ANALYSIS_OBJ) -o $@ -lcmocka
+
 include tests/stacks/stacks.mk
 test-build: all $(E2E_PROGS) $(UNIT_PROGS)
 

@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "og.h"
 #include "record.h"
 
 #define GiB (1ULL << 30)

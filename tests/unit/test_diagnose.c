@@ -11,40 +11,14 @@
 #include <string.h>
 #include <ctype.h>
 
-#include "og.h"
 #include "record.h"
+#include "analysis_fixture.h"
 
-#define MiB (1ULL << 20)
-#define GiB (1ULL << 30)
-
-static const og_thresholds_t TH = {
-    .frag_share = 0.25, .nonfw_share = 0.20, .growth_min_share = 0.05, .growth_rising_steps = 0.70,
-};
-
-/* A PyTorch process on a 24 GiB card that holds 20 GiB, nothing cached, NVML not measured. */
+/* the shared fixture, with the failing call's result and the framework's one library in the breakdown */
 static og_record_t *base(void)
 {
-    og_record_t *r = calloc(1, sizeof *r);
-    assert_non_null(r);
-    r->status = "oom";
-    r->framework = OG_FW_PYTORCH;
-    strcpy(r->framework_libs, "libtorch_cuda.so, libc10_cuda.so");
-    r->visible_devices = 1;
-    r->rank = r->local_rank = r->world_size = -1;
-    r->event.requested_bytes = 2 * GiB;
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so, libc10_cuda.so");
     r->event.result = 2;
-    strcpy(r->event.library, "libtorch_cuda.so");
-    r->device.total_bytes = 24 * GiB;
-    r->device.free_bytes = 1 * GiB;
-    r->device.limit_bytes = OG_UNKNOWN;
-    r->device.cc_major = 8;
-    r->device.cc_minor = 6;
-    r->memory.process_tracked_bytes = 20 * GiB;
-    r->memory.process_used_bytes = OG_UNKNOWN;
-    r->memory.framework_bytes = 20 * GiB;
-    r->memory.framework_cached_bytes = OG_UNKNOWN;
-    r->memory.non_framework_bytes = OG_UNKNOWN;
-    r->memory.context_bytes_estimate = OG_UNKNOWN;
     r->memory.nlibs = 1;
     strcpy(r->memory.by_library[0].library, "libtorch_cuda.so");
     r->memory.by_library[0].bytes = 20 * GiB;

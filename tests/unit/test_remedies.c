@@ -11,15 +11,8 @@
 #include <string.h>
 #include <ctype.h>
 
-#include "og.h"
 #include "record.h"
-
-#define MiB (1ULL << 20)
-#define GiB (1ULL << 30)
-
-static const og_thresholds_t TH = {
-    .frag_share = 0.25, .nonfw_share = 0.20, .growth_min_share = 0.05, .growth_rising_steps = 0.70,
-};
+#include "analysis_fixture.h"
 
 static const char *const ALL_IDS[] = {
     "empty_cache", "mixed_precision", "gradient_checkpointing", "smaller_batch", "expandable_segments",
@@ -29,31 +22,7 @@ static const char *const ALL_IDS[] = {
     "split_operation", "pool_trim", "bucket_by_length", "raise_framework_cap",
 };
 
-/* A PyTorch process on a 24 GiB cc 8.6 card that holds 20 GiB; NVML and the cache not measured. */
-static og_record_t *base(void)
-{
-    og_record_t *r = calloc(1, sizeof *r);
-    assert_non_null(r);
-    r->status = "oom";
-    r->framework = OG_FW_PYTORCH;
-    strcpy(r->framework_libs, "libtorch_cuda.so,libc10_cuda.so");
-    r->visible_devices = 1;
-    r->rank = r->local_rank = r->world_size = -1;
-    r->event.requested_bytes = 2 * GiB;
-    strcpy(r->event.library, "libtorch_cuda.so");
-    r->device.total_bytes = 24 * GiB;
-    r->device.free_bytes = 1 * GiB;
-    r->device.limit_bytes = OG_UNKNOWN;
-    r->device.cc_major = 8;
-    r->device.cc_minor = 6;
-    r->memory.process_tracked_bytes = 20 * GiB;
-    r->memory.process_used_bytes = OG_UNKNOWN;
-    r->memory.framework_bytes = 20 * GiB;
-    r->memory.framework_cached_bytes = OG_UNKNOWN;
-    r->memory.non_framework_bytes = OG_UNKNOWN;
-    r->memory.context_bytes_estimate = OG_UNKNOWN;
-    return r;
-}
+static og_record_t *base(void) { return fixture_pytorch_24g("libtorch_cuda.so,libc10_cuda.so"); }
 
 /* the article's fragmentation example, with the PyTorch adapter */
 static og_record_t *frag(void)
