@@ -112,3 +112,15 @@ const char *og_plural(long long n, const char *one, const char *many)
 {
     return n == 1 ? one : many;
 }
+
+uint64_t og_other_inferred_bytes(const og_record_t *rec)
+{
+    const og_record_t *r = rec;
+    if (r->memory.other_processes_bytes != OG_UNKNOWN || r->memory.process_used_bytes != OG_UNKNOWN ||
+        r->device.total_bytes == OG_UNKNOWN || r->device.free_bytes == OG_UNKNOWN ||
+        r->memory.process_tracked_bytes == OG_UNKNOWN)
+        return OG_UNKNOWN;
+    uint64_t held = r->device.total_bytes > r->device.free_bytes ? r->device.total_bytes - r->device.free_bytes : 0;
+    uint64_t mine = r->memory.process_tracked_bytes + OG_CONTEXT_ALLOWANCE;
+    return held > mine ? held - mine : 0;
+}

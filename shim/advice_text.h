@@ -47,6 +47,13 @@ const char *og_base_name(const char *path);
 int og_framework_of(const char *base, const char *path);
 /* display name: PyTorch, JAX, TensorFlow, CuPy; `unknown` for OG_FW_UNKNOWN */
 const char *og_fw_display(int fw, const char *unknown);
+/* When NVML could not list the GPU's processes: the device memory that neither this process's
+ * tracked allocations nor one CUDA context (OG_CONTEXT_ALLOWANCE) explain, i.e. total - free -
+ * tracked - allowance; OG_UNKNOWN when the process list was measured or total/free are unknown.
+ * An inference, never a measurement: callers must say so. */
+#define OG_CONTEXT_ALLOWANCE (512ULL << 20)
+uint64_t og_other_inferred_bytes(const og_record_t *rec);
+
 /* "1 process" / "2 processes": singular or plural noun after a count */
 const char *og_plural(long long n, const char *one, const char *many);
 

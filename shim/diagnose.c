@@ -243,6 +243,7 @@ typedef struct dctx {
     uint64_t capacity, growth_rise, imbalance_excess, nonfw_excess;
     int load_steps;                   /* growth's steps that were a load instead (0 none) */
     int nchildren;
+    bool other_inferred;              /* `other` inferred from total - free - tracked (no NVML) */
 } dctx_t;
 
 static double th_or(double v, double def, bool allow_one)
@@ -370,6 +371,13 @@ static void measure(dctx_t *d, og_record_t *rec, const og_thresholds_t *th)
     } else if (d->total) {
         d->free_known = d->free_estimated = true;
         d->free_eff = sub0(d->total, add_sat(d->footprint, d->other_all));
+    }
+    if (!known(rec->memory.other_processes_bytes)) {
+        uint64_t inf = og_other_inferred_bytes(rec);
+        if (known(inf) && inf > 0) {
+            d->other = inf;
+            d->other_inferred = true;
+        }
     }
     d->shortfall = d->free_known ? sub0(d->req, d->free_eff) : 0;
     d->capacity = d->limited && (!d->total || d->limit < d->total) ? d->limit : d->total;
@@ -801,6 +809,18 @@ static bool c_foreign(dctx_t *d, og_cause_t *c)
     double share = d->total ? (double)d->other / (double)d->total : 0;
     c->confidence = 0.45 + 0.25 * clamp01(((double)d->other / (double)d->shortfall - 1) / 3) +
                     0.3 * clamp01(share / 0.25);
+    if (d->other_inferred) {
+        /* no process list: the bytes are an inference (another context, a leaked IPC mapping or
+         * memory of this process that oomguard did not see could hide in them too) */
+        c->confidence = 0.35 + 0.4 * clamp01(share / 0.25);
+        summary(c, "The process list could not be read (no NVML), but %s of this device is held outside this "
+                "process's allocations and its CUDA context (total - free - tracked), more than the %s missing: "
+                "most likely other processes.", og_hb((double)d->other).s, og_hb((double)d->shortfall).s);
+        ev_bytes(c, "other_inferred_bytes", d->other);
+        ev_bytes(c, "shortfall_bytes", d->shortfall);
+        ev_text(c, "basis", "%s", "total - free - tracked - context allowance; NVML unavailable");
+        return true;
+    }
     int n = r->memory.nother < 0 ? 0 : r->memory.nother > 32 ? 32 : r->memory.nother;
     int big = -1;
     for (int i = 0; i < n; i++)

@@ -273,7 +273,9 @@ __attribute__((format(printf, 2, 3))) static void unmeasured(og_record_t *rec, c
 /* Fills process_used_bytes and other processes; notes what could not be measured. */
 void og_nvml_measure(og_record_t *rec)
 {
+    /* Unknown is not zero: without a process list nobody knows what other processes hold. */
     rec->memory.process_used_bytes = OG_UNKNOWN;
+    rec->memory.other_processes_bytes = OG_UNKNOWN;
     proc_list_t pl;
     const char *why;
     uint64_t total = rec->device.total_bytes == OG_UNKNOWN ? 0 : rec->device.total_bytes;
@@ -287,6 +289,7 @@ void og_nvml_measure(og_record_t *rec)
     snprintf(rec->memory.nvml_process_query, sizeof rec->memory.nvml_process_query, "%s", pl.how);
     unsigned self = (unsigned)getpid();
     rec->memory.process_used_bytes = 0;
+    rec->memory.other_processes_bytes = 0;
     bool found_self = false;
     for (unsigned i = 0; i < pl.n; i++) {
         if (pl.p[i].pid == self) {

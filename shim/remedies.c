@@ -65,6 +65,7 @@ typedef struct rctx {
     bool has[OG_CAUSE_COUNT];
     int primary;
     uint64_t req, shortfall, total, tracked, footprint, live, other, nonfw;
+    bool other_inferred;              /* `other` inferred from total - free - tracked (no NVML) */
     bool cached_known, cache_retried;
     uint64_t cached, reclaim, largest;
     bool largest_known;
@@ -183,6 +184,10 @@ static void context(rctx_t *x, const og_record_t *rec)
     for (int i = 0; i < rec->memory.nother && i < 32; i++)   /* ranks of this job are not "others" */
         if (rec->memory.other[i].same_job)
             x->other = sub0(x->other, rec->memory.other[i].bytes);
+    if (!known(rec->memory.other_processes_bytes) && known(og_other_inferred_bytes(rec))) {
+        x->other = og_other_inferred_bytes(rec);   /* no NVML: inferred, and the texts say so */
+        x->other_inferred = true;
+    }
     x->nonfw = known(rec->memory.non_framework_bytes) ? rec->memory.non_framework_bytes : 0;
 
     const og_framework_view_t *fw = &rec->memory.fw;
@@ -501,7 +506,12 @@ static bool b_foreign_processes(const rctx_t *x, og_remedy_t *r)
     int n = rec->memory.nother < 0 ? 0 : rec->memory.nother > 32 ? 32 : rec->memory.nother;
     if (x->other || n) {
         r->title = "Stop other processes that hold GPU memory";
-        why(r, "Other processes (not of this job) hold %s on this GPU", og_hb((double)x->other).s);
+        if (x->other_inferred)
+            why(r, "NVML could not list the GPU's processes here (a container without it?), but %s of this GPU "
+                "is held outside this process: most likely other processes; list them on the host with nvidia-smi",
+                og_hb((double)x->other).s);
+        else
+            why(r, "Other processes (not of this job) hold %s on this GPU", og_hb((double)x->other).s);
         bool used[32] = {false};
         for (int i = 0; i < n; i++)
             used[i] = rec->memory.other[i].same_job;

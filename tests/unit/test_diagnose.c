@@ -932,6 +932,36 @@ static void pools_whose_cache(void **state)
     free(r);
 }
 
+/* Unknown is not zero: without NVML the process list is unknown; 14 GiB that neither this process's
+ * allocations nor its context explain point at other processes, as an inference, never as "0 B" */
+static void no_nvml_infers_other_processes(void **state)
+{
+    (void)state;
+    og_record_t *r = base();
+    r->memory.process_tracked_bytes = r->memory.framework_bytes = r->memory.by_library[0].bytes = 8 * GiB;
+    r->device.free_bytes = 1 * GiB + 512 * MiB;          /* 24 - 8 - 0.5 context - 14 others */
+    r->event.requested_bytes = 4 * GiB;
+    r->memory.other_processes_bytes = OG_UNKNOWN;
+    og_diagnose(r, &TH);
+    assert_string_equal(r->diagnosis.primary, "foreign_memory");
+    const og_cause_t *c = find(r, "foreign_memory");
+    assert_true(c->confidence < 0.9);                   /* an inference, not a measurement */
+    assert_non_null(strstr(c->summary, "no NVML"));
+    assert_true(ev(c, "other_inferred_bytes") == (double)(14 * GiB));
+    free(r);
+
+    /* the same numbers with a measured, empty process list: no other process to blame */
+    r = base();
+    r->memory.process_tracked_bytes = r->memory.framework_bytes = r->memory.by_library[0].bytes = 8 * GiB;
+    r->device.free_bytes = 1 * GiB + 512 * MiB;
+    r->event.requested_bytes = 4 * GiB;
+    r->memory.other_processes_bytes = 0;
+    r->memory.process_used_bytes = 8 * GiB + 512 * MiB;
+    og_diagnose(r, &TH);
+    assert_false(has(r, "foreign_memory"));
+    free(r);
+}
+
 static void recovered_keeps_the_failure(void **state)
 {
     og_record_t *r = base();
@@ -1119,6 +1149,7 @@ int main(void)
         cmocka_unit_test(peer_ranks_and_workers),
         cmocka_unit_test(dataparallel_imbalance),
         cmocka_unit_test(pools_whose_cache),
+        cmocka_unit_test(no_nvml_infers_other_processes),
         cmocka_unit_test(recovered_keeps_the_failure),
         cmocka_unit_test(limit_speaks_the_checks_accounting),
         cmocka_unit_test(framework_cap_cause),
