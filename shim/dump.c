@@ -189,6 +189,13 @@ static void scratch_set(int slot, int dfd, const char *name)
 }
 static void scratch_clear(int slot) { atomic_store(&scratch[slot].dfd, -1); }
 
+/* Set by og_dump_fatal before it removes the scratch names: another thread still writing a dump
+ * must not create a new hidden file in the moment before the process dies.  The handler sets it
+ * first and the writer checks it after creating a name it has already published in `scratch`, so
+ * one of the two always removes the file. */
+static atomic_int dying_pid;
+static bool dying(void) { return atomic_load(&dying_pid) == (int)getpid(); }
+
 static void hidden_name(char *buf, size_t n)
 {
     static atomic_uint seq;
@@ -214,6 +221,13 @@ static bool tmp_open(int dfd, og_tmp_t *t, bool named)
         hidden_name(t->tmpname, sizeof t->tmpname);
         scratch_set(t->slot, dfd, t->tmpname);
         t->fd = openat(dfd, t->tmpname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (t->fd >= 0 && dying()) {
+            unlinkat(dfd, t->tmpname, 0);
+            close(t->fd);
+            t->fd = -1;
+            scratch_clear(t->slot);
+            break;
+        }
         if (t->fd >= 0)
             return true;
         scratch_clear(t->slot);
@@ -249,6 +263,11 @@ static int tmp_replace(int dfd, og_tmp_t *t, const char *name)
         hidden_name(hidden, sizeof hidden);
         scratch_set(t->slot, dfd, hidden);
         if (tmp_link(dfd, t, hidden) == 0) {
+            if (dying()) {
+                unlinkat(dfd, hidden, 0);
+                scratch_clear(t->slot);
+                return -1;
+            }
             int r = renameat(dfd, hidden, dfd, name), e = errno;
             if (r != 0)
                 unlinkat(dfd, hidden, 0);
@@ -607,6 +626,7 @@ void og_dump_flush_pending(int device) { flush_pending(device); }
 void og_dump_fatal(void)
 {
     int pid = (int)getpid();
+    atomic_store(&dying_pid, pid);
     for (int i = 0; i < 4; i++) {
         if (scratch[i].pid != pid)
             continue;
