@@ -218,8 +218,15 @@ static void context(rctx_t *x, const og_record_t *rec)
     x->live_known = (fw->has && known(fw->allocated_bytes)) || x->cached_known;
     x->live = fw->has && known(fw->allocated_bytes) ? fw->allocated_bytes : sub0(x->tracked, x->reclaim);
     /* the framework released what it could before failing again and got nothing back */
-    x->retried_zero = rec->event.attempts >= 2 && !rec->event.recovered &&
-                      og_framework_of(x->fail_lib, x->fail_lib) != OG_FW_UNKNOWN &&
+    /* the failing library is the framework's when its name says so or when the ledger counts it as
+     * a framework library (an adapter's report makes it one, whatever its name) */
+    bool fail_is_fw = og_framework_of(x->fail_lib, x->fail_lib) != OG_FW_UNKNOWN;
+    for (int i = 0; !fail_is_fw && i < rec->memory.nlibs && i < 32; i++) {
+        char l[sizeof rec->memory.by_library[0].library];
+        og_cpy(l, sizeof l, rec->memory.by_library[i].library, sizeof l);
+        fail_is_fw = rec->memory.by_library[i].framework && strcmp(og_base_name(l), x->fail_lib) == 0;
+    }
+    x->retried_zero = rec->event.attempts >= 2 && !rec->event.recovered && fail_is_fw &&
                       (!known(rec->event.released_between_attempts_bytes) ||
                        rec->event.released_between_attempts_bytes == 0);
     x->app_pool = evidence_text(rec, OG_CAUSE_CACHE, "holder") != NULL;
