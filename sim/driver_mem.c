@@ -406,7 +406,9 @@ typedef struct sim_array {
     CUdeviceptr base;                 /* of the plain allocation holding it */
     CUDA_ARRAY3D_DESCRIPTOR desc;
     unsigned int levels;
+    struct sim_array *next;           /* live arrays: a handle is checked here before it is read */
 } sim_array_t;
+static sim_array_t *g_arrays;         /* under the simulator's lock */
 
 static uint64_t array_texel_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels)
 {
@@ -443,15 +445,22 @@ static CUresult array_create_locked(void **out, const CUDA_ARRAY3D_DESCRIPTOR *d
     arr->mipmapped = mipmapped;
     arr->desc = *desc;
     arr->levels = levels;
+    arr->next = g_arrays;
+    g_arrays = arr;
     *out = arr;
     return CUDA_SUCCESS;
 }
 
 static CUresult array_destroy_locked(void *h, bool mipmapped)
 {
-    sim_array_t *arr = h;
+    /* a destroyed or foreign handle is never dereferenced, as the real driver validates handles */
+    sim_array_t **link = &g_arrays;
+    while (*link && *link != (sim_array_t *)h)
+        link = &(*link)->next;
+    sim_array_t *arr = *link;
     if (!arr || arr->magic != SIM_ARRAY_MAGIC || arr->mipmapped != mipmapped)
         return CUDA_ERROR_INVALID_HANDLE;
+    *link = arr->next;
     sim_alloc_t *a = NULL;
     for (sim_alloc_t *x = g_sim.allocs; x; x = x->next)
         if (x->va.r.base == arr->base)

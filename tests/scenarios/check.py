@@ -148,6 +148,10 @@ def truth_checks(d, mark, rec_mark, exp):
     check(m["other_processes_bytes"] in (t["other_process_bytes"],) + unk,
           "memory.other_processes_bytes %s == driver %s%s" % (m["other_processes_bytes"], t["other_process_bytes"],
                                                               " (or unknown)" if unk else ""))
+    if exp.get("nvml_absent"):
+        # the case hides NVML: the dump must say it was not there (else the hiding failed)
+        check(any("nvml" in u.lower() for u in m.get("unmeasured") or []),
+              "memory.unmeasured names NVML as missing (%r)" % (m.get("unmeasured"),))
     if not exp.get("nvml_absent"):
         osum = sum(p.get("bytes", 0) for p in m.get("other_processes", []))
         check(osum == t["other_process_bytes"], "memory.other_processes[] sum %s == driver %s"

@@ -82,7 +82,10 @@ def run_case(name, case, mode, work):
         for f in os.listdir(sim):
             if f not in case["hide_libs"]:
                 os.symlink(os.path.join(sim, f), os.path.join(libdir, f))
-        env["LD_LIBRARY_PATH"] = libdir + ":" + ":".join(p for p in env["LD_LIBRARY_PATH"].split(":")[1:])
+        # every entry naming the simulator's directory goes (the test runner exports it too)
+        rest = [p for p in env["LD_LIBRARY_PATH"].split(":")
+                if p and os.path.realpath(p) != os.path.realpath(sim)]
+        env["LD_LIBRARY_PATH"] = ":".join([libdir] + rest)
     detail = []
     bg = None
     extra = []
