@@ -15,7 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 /* The JSON renderer lives in dump_json.c. */
@@ -190,11 +192,39 @@ static void scratch_set(int slot, int dfd, const char *name)
 static void scratch_clear(int slot) { atomic_store(&scratch[slot].dfd, -1); }
 
 /* Set by og_dump_fatal before it removes the scratch names: another thread still writing a dump
- * must not create a new hidden file in the moment before the process dies.  The handler sets it
- * first and the writer checks it after creating a name it has already published in `scratch`, so
- * one of the two always removes the file. */
+ * must not create a new hidden file in the moment before the process dies.  A writer brackets each
+ * creation of a published name with creation_begin/creation_end and checks `dying` on both sides;
+ * the handler, after setting `dying`, waits (bounded) for a writer in another thread to leave that
+ * bracket before it removes the names.  So a name is either removed by the writer that saw `dying`
+ * or exists when the handler removes it: the process cannot die between the creation and the check
+ * (a CI run once caught exactly that: the writer's linkat landed after the handler's unlinkat). */
 static atomic_int dying_pid;
+static atomic_int creating_tid;             /* the thread inside the bracket; 0: none */
 static bool dying(void) { return atomic_load(&dying_pid) == (int)getpid(); }
+static int this_tid(void) { return (int)syscall(SYS_gettid); }
+
+static bool creation_begin(void)
+{
+    atomic_store(&creating_tid, this_tid());
+    if (!dying())
+        return true;
+    atomic_store(&creating_tid, 0);
+    return false;
+}
+static void creation_end(void) { atomic_store(&creating_tid, 0); }
+
+/* Async-signal-safe: at most ~200 ms, since a SIGKILL may follow a SIGTERM closely. */
+static void wait_for_creation(void)
+{
+    int me = this_tid();
+    for (int i = 0; i < 2000; i++) {
+        int t = atomic_load(&creating_tid);
+        if (t == 0 || t == me)   /* the handler interrupted the writer itself: nothing to wait for */
+            return;
+        struct timespec ts = {0, 100 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
 
 static void hidden_name(char *buf, size_t n)
 {
@@ -220,14 +250,20 @@ static bool tmp_open(int dfd, og_tmp_t *t, bool named)
     for (int k = 0; k < 16; k++) {
         hidden_name(t->tmpname, sizeof t->tmpname);
         scratch_set(t->slot, dfd, t->tmpname);
+        if (!creation_begin()) {
+            scratch_clear(t->slot);
+            break;
+        }
         t->fd = openat(dfd, t->tmpname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
         if (t->fd >= 0 && dying()) {
             unlinkat(dfd, t->tmpname, 0);
             close(t->fd);
             t->fd = -1;
             scratch_clear(t->slot);
+            creation_end();
             break;
         }
+        creation_end();
         if (t->fd >= 0)
             return true;
         scratch_clear(t->slot);
@@ -262,12 +298,18 @@ static int tmp_replace(int dfd, og_tmp_t *t, const char *name)
     for (int k = 0; k < 16; k++) {
         hidden_name(hidden, sizeof hidden);
         scratch_set(t->slot, dfd, hidden);
+        if (!creation_begin()) {
+            scratch_clear(t->slot);
+            return -1;
+        }
         if (tmp_link(dfd, t, hidden) == 0) {
             if (dying()) {
                 unlinkat(dfd, hidden, 0);
                 scratch_clear(t->slot);
+                creation_end();
                 return -1;
             }
+            creation_end();
             int r = renameat(dfd, hidden, dfd, name), e = errno;
             if (r != 0)
                 unlinkat(dfd, hidden, 0);
@@ -275,6 +317,7 @@ static int tmp_replace(int dfd, og_tmp_t *t, const char *name)
             errno = e;
             return r;
         }
+        creation_end();
         scratch_clear(t->slot);
         if (errno != EEXIST)
             return -1;
@@ -612,6 +655,7 @@ void og_dump_atfork_child(void)
         atomic_store(&pending[d].state, P_EMPTY);
     for (int i = 0; i < 4; i++)
         scratch_clear(i);
+    atomic_store(&creating_tid, 0);
     nowned = 0;
     atomic_store(&written_severity, -1);
     atomic_store(&written_device, -1);
@@ -627,6 +671,7 @@ void og_dump_fatal(void)
 {
     int pid = (int)getpid();
     atomic_store(&dying_pid, pid);
+    wait_for_creation();
     for (int i = 0; i < 4; i++) {
         if (scratch[i].pid != pid)
             continue;
