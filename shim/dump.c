@@ -10,6 +10,7 @@
 #include "strbuf.h"
 #include "dump_render.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -337,6 +338,41 @@ static void tmp_close(int dfd, og_tmp_t *t)
     }
 }
 
+/* A SIGKILL (or a power cut) between creating a hidden name and renaming it cannot be caught, so
+ * a hidden temporary file may outlive its writer on a file system without O_TMPFILE.  A write
+ * lasts milliseconds: a file of ours older than this is an orphan whoever made it (its pid may be
+ * another namespace's), and the first dump this process writes in a directory removes such files.
+ * Only this uid's regular files named like ours; others' are not ours to judge (and the sticky
+ * bit of a shared directory forbids it anyway). */
+#define OG_ORPHAN_AGE_S 600
+
+static bool scratch_like(const char *n)
+{
+    size_t len = strlen(n);
+    return strncmp(n, ".oomguard-", 10) == 0 && len > 14 && strcmp(n + len - 4, ".tmp") == 0;
+}
+
+static void sweep_orphans(int dfd)
+{
+    int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    time_t now = time(NULL);
+    uid_t me = geteuid();
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        struct stat st;
+        if (scratch_like(e->d_name) && fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+            S_ISREG(st.st_mode) && st.st_uid == me && now - st.st_mtime > OG_ORPHAN_AGE_S)
+            unlinkat(dfd, e->d_name, 0);
+    }
+    closedir(d);
+}
+
 /* The names this process holds: its dump there is replaced in place, and no other file is
  * ever replaced.  Processes in different pid namespaces share a host name and a pid (1, in
  * containers), so the name alone does not say whose a file is: the inode does. */
@@ -402,8 +438,10 @@ static bool write_pair(const char *dir, const char *base, const og_sb_t *json, c
             snprintf(tname, sizeof tname, "%s.txt", b);
             if (tmp_link(dfd, &tj, jname) == 0) {
                 if (tmp_link(dfd, &tt, tname) == 0) {
-                    if (!o)
+                    if (!o) {   /* the first dump of this process in this directory */
                         o = nowned < 4 ? &owned[nowned++] : &owned[3];
+                        sweep_orphans(dfd);
+                    }
                     o->dir_dev = ds.st_dev;
                     o->dir_ino = ds.st_ino;
                     snprintf(o->base, sizeof o->base, "%s", b);

@@ -83,6 +83,19 @@ file_safety() {   # file_safety LABEL: every case writes below $work/<case>-LABE
         done
     done
     result $([ $left = 0 ]; echo $?) "[$L] 18 kills (TERM, HUP) while rewriting: $left hidden files left (KILL: $leftk)"
+
+    # what a SIGKILL left (uncatchable) is removed by the next dump in the directory once it is
+    # surely an orphan (older than 10 minutes); a fresh one (a write in progress) and files not
+    # named like ours stay
+    d=$(fresh orphans-$L)
+    printf x >"$d/.oomguard-4242-0-1.tmp"; touch -d '-11 minutes' "$d/.oomguard-4242-0-1.tmp"
+    printf x >"$d/.oomguard-4243-0-1.tmp"; touch -d '-5 minutes' "$d/.oomguard-4243-0-1.tmp"
+    printf x >"$d/.oomguard-notes"; touch -d '-1 day' "$d/.oomguard-notes"
+    ln -s "$d/.oomguard-notes" "$d/.oomguard-4244-0-1.tmp"; touch -h -d '-1 day' "$d/.oomguard-4244-0-1.tmp"
+    env OOMGUARD_DIR="$d" OOMGUARD_QUIET=1 LD_PRELOAD="$PRELOAD" "$prog" exit >/dev/null 2>&1
+    result $([ ! -e "$d/.oomguard-4242-0-1.tmp" ] && [ -f "$d/.oomguard-4243-0-1.tmp" ] && [ -f "$d/.oomguard-notes" ] &&
+             [ -L "$d/.oomguard-4244-0-1.tmp" ] && ls "$d"/oomguard-*.json >/dev/null 2>&1; echo $?) \
+        "[$L] an orphaned hidden file older than 10 min is removed by the next dump; a fresh one, a link and other names stay"
 }
 
 echo "== file safety (as $(id -un))"
