@@ -21,7 +21,7 @@ $(error cuda.h not found in $(CUDA_INC): install the CUDA toolkit headers or set
 endif
 endif
 
-WARN      := -Wall -Wextra -Wno-unused-parameter -Wshadow -Wstrict-prototypes
+WARN      := -Wall -Wextra -Wno-unused-parameter -Wshadow -Wstrict-prototypes -Wmissing-prototypes
 CFLAGS    ?= -O2 -g
 BASE_CFLAGS := -std=gnu11 $(WARN) -fno-strict-aliasing -D_GNU_SOURCE -I$(CUDA_INC) -Iinclude
 ifeq ($(SANITIZE),1)

@@ -1,6 +1,5 @@
 /* libcomm.so: a communication library that allocates its own buffers, as NCCL does. */
-#include <cuda_runtime_api.h>
-#include <stddef.h>
+#include "common.h"
 
 void *comm_init_buffers(size_t bytes)
 {

@@ -4,8 +4,6 @@
 #include "common.h"
 #include "minitorch/minitorch.h"
 
-void *workspace_reserve(size_t bytes);   /* libworkspace.so */
-
 int main(void)
 {
     cudaSetDevice(0);

@@ -1,7 +1,6 @@
 /* libworkspace.so: a library that takes device memory on its own, the way cuBLAS/cuDNN
  * workspaces or a custom kernel library do. */
-#include <cuda_runtime_api.h>
-#include <stddef.h>
+#include "common.h"
 
 void *workspace_reserve(size_t bytes)
 {

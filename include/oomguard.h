@@ -60,11 +60,13 @@ typedef struct oomguard_framework_stats {
     const char *cap_source;              /* the setting behind it: "torch.cuda.set_per_process_memory_fraction(0.5)" */
     uint64_t peak_bytes;                 /* the framework's peak (jax peak_bytes_in_use) */
     int32_t grad_enabled;                /* 1 autograd on at the failure, -1 off, 0 unknown */
-    int32_t training;                    /* 1 training seen, -1 inference/eval only, 0 unknown */
+    int32_t training;                    /* 1 training seen (PyTorch: an optimizer step ran), -1 inference/eval only, 0 unknown */
     const char *python_stack;            /* "file\tline\tfunction\n" per frame, innermost first */
     const char *python_sites;            /* "file\tline\tfunction\tbytes\tblocks\n", most live bytes first */
     const char *unmeasured_why;          /* why something the adapter should know is missing */
     uint64_t flags;                      /* OOMGUARD_FW_* */
+    /* added later (read only when struct_size covers it) */
+    int32_t autocast;                    /* 1 on at the failure, -1 off, 0 unknown */
 } oomguard_framework_stats_t;
 
 /* flags: the byte counts above were not filled (only the Python lines, e.g. from a query):

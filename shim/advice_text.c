@@ -4,11 +4,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#define KIB 1024.0
-#define MIB (1024.0 * 1024.0)
-#define GIB (1024.0 * 1024.0 * 1024.0)
-#define TIB (1024.0 * 1024.0 * 1024.0 * 1024.0)
-
 const char *const og_cause_ids[OG_CAUSE_COUNT] = {
 #define OG_CAUSE_STR(e, s) s,
     OG_CAUSE_LIST(OG_CAUSE_STR)
@@ -47,20 +42,7 @@ void og_fmt(char *dst, size_t n, const char *fmt, ...)
 og_hb_t og_hb(double b)
 {
     og_hb_t h;
-    if (b != b || b < 0)
-        b = 0;
-    if (b >= TIB)
-        og_fmt(h.s, sizeof h.s, "%.2f TiB", b / TIB);
-    else if (b >= GIB)
-        og_fmt(h.s, sizeof h.s, "%.2f GiB", b / GIB);
-    else if (b >= 100 * MIB)
-        og_fmt(h.s, sizeof h.s, "%.0f MiB", b / MIB);
-    else if (b >= MIB)
-        og_fmt(h.s, sizeof h.s, "%.1f MiB", b / MIB);
-    else if (b >= KIB)
-        og_fmt(h.s, sizeof h.s, "%.1f KiB", b / KIB);
-    else
-        og_fmt(h.s, sizeof h.s, "%.0f B", b);
+    og_bytes_fmt(h.s, sizeof h.s, b, OG_BYTES_SHORT);
     return h;
 }
 
@@ -97,17 +79,6 @@ int og_framework_of(const char *base, const char *path)
     return OG_FW_UNKNOWN;
 }
 
-const char *og_fw_display(int fw, const char *unknown)
-{
-    switch (fw) {
-    case OG_FW_PYTORCH: return "PyTorch";
-    case OG_FW_JAX: return "JAX";
-    case OG_FW_TENSORFLOW: return "TensorFlow";
-    case OG_FW_CUPY: return "CuPy";
-    default: return unknown;
-    }
-}
-
 const char *og_plural(long long n, const char *one, const char *many)
 {
     return n == 1 ? one : many;
@@ -123,4 +94,22 @@ uint64_t og_other_inferred_bytes(const og_record_t *rec)
     uint64_t held = r->device.total_bytes > r->device.free_bytes ? r->device.total_bytes - r->device.free_bytes : 0;
     uint64_t mine = r->memory.process_tracked_bytes + OG_CONTEXT_ALLOWANCE;
     return held > mine ? held - mine : 0;
+}
+
+int og_distinct_alloc_sizes(const og_record_t *rec)
+{
+    uint64_t seen[64];
+    int n = 0, ne = rec->history.events ? rec->history.nevents : 0;
+    for (int i = 0; i < ne && n < 64; i++) {
+        const struct og_hist_ev *e = &rec->history.events[i];
+        if (!e->op || strcmp(e->op, "alloc") != 0)
+            continue;
+        uint64_t k = e->bytes >> 20;
+        bool dup = false;
+        for (int j = 0; j < n && !dup; j++)
+            dup = seen[j] == k;
+        if (!dup)
+            seen[n++] = k;
+    }
+    return n;
 }

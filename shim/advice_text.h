@@ -30,7 +30,8 @@ static inline uint64_t add_sat(uint64_t a, uint64_t b) { return a >= UINT64_MAX 
 void og_vfmt(char *dst, size_t n, const char *fmt, va_list ap) __attribute__((format(printf, 3, 0)));
 void og_fmt(char *dst, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
-/* human units for sentences: 1.30 GiB, 512 MiB, 12.5 MiB, 3.0 KiB, 17 B */
+/* og_bytes_fmt's sentence style (1.30 GiB, 512 MiB, 12.5 MiB, 3.0 KiB, 17 B), returned by value
+ * so a printf can take several: og_hb(a).s, og_hb(b).s */
 typedef struct { char s[24]; } og_hb_t;
 og_hb_t og_hb(double bytes);
 
@@ -45,14 +46,16 @@ const char *og_base_name(const char *path);
 
 /* enum og_framework of a library from its file name and path (OG_FW_UNKNOWN when none) */
 int og_framework_of(const char *base, const char *path);
-/* display name: PyTorch, JAX, TensorFlow, CuPy; `unknown` for OG_FW_UNKNOWN */
-const char *og_fw_display(int fw, const char *unknown);
 /* When NVML could not list the GPU's processes: the device memory that neither this process's
  * tracked allocations nor one CUDA context (OG_CONTEXT_ALLOWANCE) explain, i.e. total - free -
  * tracked - allowance; OG_UNKNOWN when the process list was measured or total/free are unknown.
  * An inference, never a measurement: callers must say so. */
 #define OG_CONTEXT_ALLOWANCE (512ULL << 20)
 uint64_t og_other_inferred_bytes(const og_record_t *rec);
+
+/* distinct allocation sizes (to 1 MiB, at most 64 counted) among the history's allocations: variable-length
+ * batches make many, a fixed-shape loop few */
+int og_distinct_alloc_sizes(const og_record_t *rec);
 
 /* "1 process" / "2 processes": singular or plural noun after a count */
 const char *og_plural(long long n, const char *one, const char *many);

@@ -17,7 +17,6 @@
 #include <unistd.h>
 
 extern char **environ;
-void og_nvml_measure(og_record_t *rec);
 
 /* ------------------------------------------------------------------ process & job */
 
@@ -172,11 +171,9 @@ static int framework_of_loaded(const char *base)
 static void capture_framework(og_record_t *rec)
 {
     dl_iterate_phdr(phdr_cb, rec);
-    static const struct { const char *name; int fw; } forced[] = {
-        {"pytorch", OG_FW_PYTORCH}, {"jax", OG_FW_JAX}, {"tensorflow", OG_FW_TENSORFLOW}, {"cupy", OG_FW_CUPY}};
-    for (size_t i = 0; i < sizeof forced / sizeof *forced; i++)
-        if (strcmp(og_opt.framework_s, forced[i].name) == 0)
-            rec->framework = forced[i].fw;
+    enum og_framework forced = og_framework_from_name(og_opt.framework_s);   /* OOMGUARD_FRAMEWORK */
+    if (forced != OG_FW_UNKNOWN)
+        rec->framework = forced;
     if (og_opt.framework_libs_s[0]) {
         size_t len = strlen(rec->framework_libs);
         snprintf(rec->framework_libs + len, sizeof rec->framework_libs - len, "%s%s", len ? "," : "",
@@ -582,7 +579,7 @@ static void derive(og_record_t *rec, const og_episode_t *ep)
     /* unknown is not zero: say which part of the framework's memory was not measured, and why */
     if (rec->memory.framework_cached_bytes == OG_UNKNOWN &&
         (rec->memory.framework_bytes > 0 || rec->framework != OG_FW_UNKNOWN) && rec->memory.nunmeasured < 8) {
-        const char *fwn = og_fw_display(rec->framework, "the framework");
+        const char *fwn = og_framework_display(rec->framework, "the framework");
         if (fw->unmeasured_why[0])
             snprintf(rec->memory.unmeasured[rec->memory.nunmeasured++], 160,
                      "framework cache: %s's reserved-but-unused memory (%.100s)", fwn, fw->unmeasured_why);

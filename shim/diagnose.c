@@ -114,7 +114,7 @@
 #define NONFW_FLOOR   (1ULL << 30)     /* non_framework: at least 1 GiB */
 #define FRAG_C_FLOOR  (256ULL << 20)   /* fragmentation (c): at least 256 MiB idle */
 
-/* Defaults (the same as OOMGUARD_FRAG_SHARE etc. in og.h), used for a missing or invalid value. */
+/* Defaults (the same as OOMGUARD_FRAG_SHARE etc. in options.def), used for a missing or invalid value. */
 static const og_thresholds_t th_default = {
     .frag_share = 0.25, .nonfw_share = 0.20, .growth_min_share = 0.05, .growth_rising_steps = 0.70,
 };
@@ -136,12 +136,18 @@ static void ev_num(og_cause_t *c, const char *name, double v)
     c->evidence[c->nevidence].is_text = false;
     c->evidence[c->nevidence].num = v;
     c->evidence[c->nevidence].text[0] = 0;
+    c->evidence[c->nevidence].is_bytes = false;
     c->nevidence++;
 }
 
 static void ev_bytes(og_cause_t *c, const char *name, uint64_t v)
 {
+    int n = c->nevidence;
     ev_num(c, name, (double)v);
+    if (c->nevidence > n) {          /* the double is for comparisons; the dump writes this */
+        c->evidence[n].is_bytes = true;
+        c->evidence[n].bytes = v;
+    }
 }
 
 static void ev_text(og_cause_t *c, const char *name, const char *f, ...) __attribute__((format(printf, 3, 4)));
@@ -173,7 +179,7 @@ static bool same_lib(const char *a, const char *b)
     return a[0] && b[0] && (strcmp(a, b) == 0 || strcmp(og_base_name(a), og_base_name(b)) == 0);
 }
 
-static const char *fw_display(int fw) { return og_fw_display(fw, "the framework"); }
+static const char *fw_display(int fw) { return og_framework_display(fw, "the framework"); }
 
 /* 1: the failing call's library is a framework's, 0: it is not, -1: cannot tell. */
 static int failing_is_framework(const og_record_t *rec)
@@ -552,26 +558,6 @@ static bool c_cache_held(dctx_t *d, og_cause_t *c)
     return true;
 }
 
-/* number of distinct allocation sizes (to 1 MiB) among the history's allocations: variable-length
- * batches make many; a fixed-shape loop makes few */
-static int distinct_alloc_sizes(const og_record_t *r)
-{
-    uint64_t seen[64];
-    int n = 0, ne = r->history.events ? r->history.nevents : 0;
-    for (int i = 0; i < ne && n < 64; i++) {
-        const struct og_hist_ev *e = &r->history.events[i];
-        if (!e->op || strcmp(e->op, "alloc") != 0)
-            continue;
-        uint64_t k = e->bytes >> 20;
-        bool dup = false;
-        for (int j = 0; j < n && !dup; j++)
-            dup = seen[j] == k;
-        if (!dup)
-            seen[n++] = k;
-    }
-    return n;
-}
-
 static bool c_fragmentation(dctx_t *d, og_cause_t *c)
 {
     og_record_t *r = d->rec;
@@ -586,7 +572,7 @@ static bool c_fragmentation(dctx_t *d, og_cause_t *c)
     bool retry_rel = d->cached_known && strcmp(d->cached_src, "retry_release") == 0;
 
     if (d->retried && !r->memory.fw.has) {                                 /* (d) */
-        int ds = distinct_alloc_sizes(r);
+        int ds = og_distinct_alloc_sizes(r);
         if (ds >= 5 && d->shortfall > 0 && d->reservation >= d->shortfall) {
             c->id = og_cause_ids[OG_CAUSE_FRAG];
             c->confidence = 0.5;
@@ -929,12 +915,13 @@ static bool growth_for(dctx_t *d, og_cause_t *c, uint64_t size, bool failing_siz
     uint64_t tol = size != UINT64_MAX && size / 32 > (2ULL << 20) ? size / 32 : (2ULL << 20);
     if (!failing_size)
         tol = size / 32;             /* the most frequent size: that size exactly (to rounding) */
-    uint64_t lows[GROWTH_MAX_STEPS];
-    int steps = 0;
+    /* the latest GROWTH_MAX_STEPS steps (the ones nearest the failure), in a ring */
+    uint64_t ring[GROWTH_MAX_STEPS], lows[GROWTH_MAX_STEPS];
+    long seen = 0;
     uint64_t low = UINT64_MAX;
     bool in_step = false, between = false;
     double last_marker_t = 0;
-    for (int i = 0; i < ne && steps < GROWTH_MAX_STEPS; i++) {
+    for (int i = 0; i < ne; i++) {
         if (!e[i].op || strcmp(e[i].op, "fail") == 0)
             continue;
         bool alloc = strcmp(e[i].op, "alloc") == 0;
@@ -949,7 +936,7 @@ static bool growth_for(dctx_t *d, og_cause_t *c, uint64_t size, bool failing_siz
             if (burst)
                 continue;
             if (in_step)
-                lows[steps++] = low;     /* close the previous step */
+                ring[seen++ % GROWTH_MAX_STEPS] = low;   /* close the previous step */
             in_step = true;
             low = floor_now;             /* the floor under this step: live before its marker */
             continue;
@@ -958,8 +945,11 @@ static bool growth_for(dctx_t *d, og_cause_t *c, uint64_t size, bool failing_siz
         if (in_step && floor_now < low)
             low = floor_now;
     }
-    if (in_step && steps < GROWTH_MAX_STEPS)
-        lows[steps++] = low;
+    if (in_step)
+        ring[seen++ % GROWTH_MAX_STEPS] = low;
+    int steps = seen < GROWTH_MAX_STEPS ? (int)seen : GROWTH_MAX_STEPS;
+    for (int k = 0; k < steps; k++)
+        lows[k] = ring[(seen - steps + k) % GROWTH_MAX_STEPS];
     if (steps < GROWTH_MIN_STEPS)
         return false;
     int transitions = steps - 1, rising = 0;
@@ -998,12 +988,14 @@ static bool growth_for(dctx_t *d, og_cause_t *c, uint64_t size, bool failing_siz
     c->confidence = 0.5 + 0.25 * clamp01((double)(steps - GROWTH_MIN_STEPS) / 26) +
                     0.2 * clamp01(rs < 1 ? (rising_share - rs) / (1 - rs) : 1);
     if (size == UINT64_MAX)
-        summary(c, "Memory left behind rises from step to step: over %d steps of varying sizes the low point rose "
-                "in %d of %d, by about %s per step, from %s to %s.", steps, rising, transitions,
+        summary(c, "Memory left behind rises from step to step: over %s%d steps of varying sizes the low point rose "
+                "in %d of %d, by about %s per step, from %s to %s.", seen > steps ? "the last " : "", steps, rising,
+                transitions,
                 og_hb((double)per_step).s, og_hb((double)lows[0]).s, og_hb((double)lows[steps - 1]).s);
     else
-        summary(c, "Memory left behind rises from step to step: in %d steps that each allocate %s (%s), the low "
-                "point rose in %d of %d, by about %s per step, from %s to %s.", steps, og_hb((double)size).s,
+        summary(c, "Memory left behind rises from step to step: in %s%d steps that each allocate %s (%s), the low "
+                "point rose in %d of %d, by about %s per step, from %s to %s.", seen > steps ? "the last " : "", steps,
+                og_hb((double)size).s,
                 failing_size ? "the size that failed" : "the size allocated most often", rising, transitions,
                 og_hb((double)per_step).s, og_hb((double)lows[0]).s, og_hb((double)lows[steps - 1]).s);
     ev_bytes(c, "first_trough_bytes", lows[0]);
@@ -1013,6 +1005,9 @@ static bool growth_for(dctx_t *d, og_cause_t *c, uint64_t size, bool failing_siz
     d->growth_rise = rise;
     ev_text(c, "rising_steps", "%d of %d", rising, transitions);
     ev_num(c, "steps", steps);
+    /* which allocations mark the steps: the failing call's size says the failure is one more step */
+    ev_text(c, "step_marker", "%s", size == UINT64_MAX ? "every_allocation" : failing_size ? "failing_size"
+                                                                                            : "modal_size");
     return true;
 }
 
@@ -1283,6 +1278,22 @@ void og_diagnose(og_record_t *rec, const og_thresholds_t *th)
         }
         found[j + 1] = tmp;
         score[j + 1] = ts;
+    }
+    /* a confident leak that, beyond what the cache holds, grew by more than is missing is the root
+     * cause even when the cache or its splinters decide which request fails first: releasing them
+     * buys a few steps, fixing the leak ends the failures */
+    for (int g = 1; g < n; g++) {
+        if (strcmp(found[g].id, og_cause_ids[OG_CAUSE_GROWTH]) != 0)
+            continue;
+        bool cache_first = strcmp(found[0].id, og_cause_ids[OG_CAUSE_FRAG]) == 0 ||
+                           strcmp(found[0].id, og_cause_ids[OG_CAUSE_CACHE]) == 0;
+        uint64_t kept = d.cached_known ? sub0(d.growth_rise, d.cached) : 0;
+        if (cache_first && found[g].confidence >= 0.8 && d.shortfall > 0 && kept >= d.shortfall) {
+            og_cause_t leak = found[g];
+            memmove(&found[1], &found[0], (size_t)g * sizeof *found);
+            found[0] = leak;
+        }
+        break;
     }
     if (n > 8)
         n = 8;

@@ -2,9 +2,10 @@
  * atomically next to each other, plus the short stderr summary.
  *
  * Where: OOMGUARD_DIR, else the working directory, else the temp dir, else stderr.
- * How: a temporary file created O_EXCL (never through a symlink) with mode 0600 in the
- * target directory, written, fsync'ed, then renamed over the final name, so a reader sees
- * the old dump or the new one, never half of one. */
+ * How: an unnamed file (O_TMPFILE; where the file system lacks it, a hidden name created
+ * O_EXCL, never through a symlink) with mode 0600 in the target directory, written, fsync'ed,
+ * then linked to a name no file has, or renamed over this process's own earlier dump, so a
+ * reader sees the old dump or the new one, never half of one. */
 #include "og.h"
 #include "record.h"
 #include "strbuf.h"
@@ -28,10 +29,11 @@
 /* Several sizes in one printf: each gets its own buffer, taken in turn (calls are sequenced). */
 static const char *human_rot(char (*hb)[32], unsigned *i, uint64_t v)
 {
-    return og_human(v, hb[(*i)++ % 8], sizeof hb[0]);
+    char *b = hb[(*i)++ % 8];
+    return v == OG_UNKNOWN ? "unknown" : og_bytes_fmt(b, sizeof hb[0], (double)v, OG_BYTES_FIXED);
 }
 #define H(v) human_rot(hb, &hbi, (v))
-/* a request is always known: SIZE_MAX is a size, not og_human's "unknown" */
+/* a request is always known: SIZE_MAX is a size, not H's "unknown" */
 #define REQ(v) ((v) == OG_UNKNOWN ? OG_UNKNOWN - 1 : (v))
 
 void og_dump_text(const og_record_t *r, og_sb_t *sb)
@@ -679,7 +681,7 @@ static void set_pending_brief(const og_episode_t *ep)
     snprintf(msg, sizeof msg,
              "oomguard: %s of %s on device %d failed (no dump: OOMGUARD_MAX_DUMPS=%lld reached)\n",
              ep->hook >= 0 && ep->hook < OG_H_COUNT ? og_hooks[ep->hook].name : "allocation",
-             og_human(ep->requested, hb, sizeof hb), ep->device, og_opt.max_dumps);
+             og_bytes_fmt(hb, sizeof hb, (double)ep->requested, OG_BYTES_FIXED), ep->device, og_opt.max_dumps);
     store_pending(ep->device, msg);
 }
 
@@ -699,8 +701,6 @@ void og_dump_atfork_child(void)
     atomic_store(&written_device, -1);
     atomic_store(&dumps_written, 0);
 }
-
-void og_dump_atexit(void) { flush_pending(-1); }
 
 void og_dump_flush_pending(int device) { flush_pending(device); }
 

@@ -32,6 +32,21 @@ static void j_key(og_sb_t *sb, const char *k, bool *first)
 }
 #define K(name) j_key(sb, name, &first)
 
+/* ,"k":"v" and ,"k":N|null: one more member of an object that already has one */
+static void j_more_str(og_sb_t *sb, const char *k, const char *v)
+{
+    bool first = false;
+    K(k);
+    og_sb_json_str(sb, v);
+}
+
+static void j_more_u64_or_null(og_sb_t *sb, const char *k, uint64_t v)
+{
+    bool first = false;
+    K(k);
+    j_u64_or_null(sb, v);
+}
+
 static void j_frames(og_sb_t *sb, const og_frame_t *f, int n)
 {
     og_sb_puts(sb, "[");
@@ -258,29 +273,21 @@ static void w_memory(og_sb_t *sb, const og_record_t *r)
                      (unsigned long long)f->largest_free_block_bytes, (unsigned long long)f->private_pool_bytes,
                      (unsigned long long)f->num_alloc_retries, (unsigned long long)f->num_ooms);
         og_sb_json_str(sb, f->allocator_settings);
-        og_sb_puts(sb, ",\"source\":");
-        og_sb_json_str(sb, f->source);
-        if (f->snapshot_file[0]) {
-            og_sb_puts(sb, ",\"snapshot_file\":");
-            og_sb_json_str(sb, f->snapshot_file);
-        }
-        og_sb_puts(sb, ",\"framework\":");
-        og_sb_json_str(sb, f->framework);
-        og_sb_puts(sb, ",\"api\":");
-        og_sb_json_str(sb, f->api);
+        j_more_str(sb, "source", f->source);
+        if (f->snapshot_file[0])
+            j_more_str(sb, "snapshot_file", f->snapshot_file);
+        j_more_str(sb, "framework", f->framework);
+        j_more_str(sb, "api", f->api);
         /* 0 here means the adapter did not report it (no cap in force, no peak known): null, never
          * "0 B", which a reader would take for a measured cap or peak */
-        og_sb_puts(sb, ",\"requested_bytes\":");
-        j_u64_or_null(sb, f->requested_bytes);
-        og_sb_puts(sb, ",\"cap_bytes\":");
-        j_u64_or_null(sb, f->cap_bytes);
-        og_sb_puts(sb, ",\"peak_bytes\":");
-        j_u64_or_null(sb, f->peak_bytes);
-        og_sb_puts(sb, ",\"cap_source\":");
-        og_sb_json_str(sb, f->cap_source);
-        og_sb_printf(sb, ",\"grad_enabled\":%s,\"training\":%s",
+        j_more_u64_or_null(sb, "requested_bytes", f->requested_bytes);
+        j_more_u64_or_null(sb, "cap_bytes", f->cap_bytes);
+        j_more_u64_or_null(sb, "peak_bytes", f->peak_bytes);
+        j_more_str(sb, "cap_source", f->cap_source);
+        og_sb_printf(sb, ",\"grad_enabled\":%s,\"training\":%s,\"autocast\":%s",
                      f->grad_enabled > 0 ? "true" : f->grad_enabled < 0 ? "false" : "null",
-                     f->training > 0 ? "true" : f->training < 0 ? "false" : "null");
+                     f->training > 0 ? "true" : f->training < 0 ? "false" : "null",
+                     f->autocast > 0 ? "true" : f->autocast < 0 ? "false" : "null");
         uint64_t cached = f->reserved_bytes > f->allocated_bytes ? f->reserved_bytes - f->allocated_bytes : 0;
         /* 1 - largest free block / free cached bytes; null when either is unknown */
         if (cached && f->largest_free_block_bytes)
@@ -328,8 +335,7 @@ static void w_top_sites(og_sb_t *sb, const og_record_t *r)
         og_sb_printf(sb, "%s{\"bytes\":%llu,\"blocks\":%llu,\"library\":", i ? "," : "",
                      (unsigned long long)t->bytes, (unsigned long long)t->blocks);
         og_sb_json_str(sb, t->library);
-        og_sb_puts(sb, ",\"api\":");
-        og_sb_json_str(sb, t->api);
+        j_more_str(sb, "api", t->api);
         og_sb_puts(sb, ",\"frames\":");
         j_frames(sb, t->frames, t->nframes);
         og_sb_puts(sb, "}");
@@ -357,7 +363,10 @@ static void w_diagnosis(og_sb_t *sb, const og_record_t *r)
             og_sb_puts(sb, ":");
             if (c->evidence[e].is_text)
                 og_sb_json_str(sb, c->evidence[e].text);
-            else if (c->evidence[e].num == (double)(uint64_t)c->evidence[e].num && c->evidence[e].num >= 0)
+            else if (c->evidence[e].is_bytes)
+                og_sb_printf(sb, "%llu", (unsigned long long)c->evidence[e].bytes);
+            else if (c->evidence[e].num >= 0 && c->evidence[e].num < 18446744073709551616.0 &&
+                     c->evidence[e].num == (double)(uint64_t)c->evidence[e].num)
                 og_sb_printf(sb, "%llu", (unsigned long long)c->evidence[e].num);
             else
                 og_sb_printf(sb, "%.4f", c->evidence[e].num);
@@ -376,8 +385,7 @@ static void w_remedies(og_sb_t *sb, const og_record_t *r)
         og_sb_json_str(sb, m->id);
         og_sb_printf(sb, ",\"rank\":%d,\"title\":", m->rank);
         og_sb_json_str(sb, m->title ? m->title : "");
-        og_sb_puts(sb, ",\"why\":");
-        og_sb_json_str(sb, m->why);
+        j_more_str(sb, "why", m->why);
         og_sb_puts(sb, ",\"how\":[");
         for (int h = 0; h < m->nhow; h++) {
             if (h) og_sb_puts(sb, ",");
@@ -385,8 +393,7 @@ static void w_remedies(og_sb_t *sb, const og_record_t *r)
         }
         og_sb_puts(sb, "],\"saving\":");
         og_sb_json_str(sb, m->saving ? m->saving : "");
-        og_sb_puts(sb, ",\"cost\":");
-        og_sb_json_str(sb, m->cost ? m->cost : "");
+        j_more_str(sb, "cost", m->cost ? m->cost : "");
         og_sb_puts(sb, "}");
     }
     og_sb_puts(sb, "]");

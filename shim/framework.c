@@ -100,6 +100,8 @@ static int fill_view(og_framework_view_t *v, const oomguard_framework_stats_t *s
             v->grad_enabled = s->grad_enabled;
         if (HAS(s, training))
             v->training = s->training;
+        if (HAS(s, autocast))
+            v->autocast = s->autocast;
     }
     if (HAS(s, python_stack) && s->python_stack)
         v->npy_frames = parse_lines(s->python_stack, v->py_frames, 24, false);

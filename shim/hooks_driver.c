@@ -4,18 +4,26 @@
  * unchanged, and records what happened.  Recording never changes what the caller sees. */
 #include "og.h"
 
-#define OG_BEGIN(hook_name)                                                  \
-    og_call_t c;                                                             \
-    og_enter(&c, OG_H_##hook_name, __builtin_return_address(0));             \
-    og_fn_##hook_name real = OG_REAL(hook_name);                             \
-    if (OG_UNLIKELY(!real)) {                                                \
-        og_leave(&c);                                                        \
-        return CUDA_ERROR_NOT_INITIALIZED;                                   \
-    }
+/* Every wrapper starts with og_begin: the call guard is entered (so that resolving the real
+ * function, which may reach dlsym, passes through our own hooks), then the real function is
+ * found.  NULL: the driver has none; the guard is already left and the wrapper answers
+ * CUDA_ERROR_NOT_INITIALIZED.  The caller's address is taken by the wrapper itself
+ * (__builtin_return_address must run in the exported function's own frame). */
+static inline __attribute__((always_inline)) void *og_begin(og_call_t *c, int hook, void *caller)
+{
+    og_enter(c, hook, caller);
+    void *real = atomic_load_explicit(&og_real_ptrs[hook], memory_order_acquire);
+    if (OG_UNLIKELY(!real) && !(real = og_resolve_real(hook)))
+        og_leave(c);
+    return real;
+}
 
-#define OG_END(r) \
-    og_leave(&c); \
-    return (r)
+/* Every wrapper ends with `return og_end(&c, r)`: leaves the guard, passes r through. */
+static inline __attribute__((always_inline)) CUresult og_end(og_call_t *c, CUresult r)
+{
+    og_leave(c);
+    return r;
+}
 
 /* ------------------------------------------------------------------ plain allocations */
 
@@ -33,18 +41,38 @@ static CUresult after_alloc(og_call_t *c, CUresult r, CUdeviceptr *dptr, uint64_
 /* Frees: the block leaves the ledger before the real call (the address may be reused the
  * moment the driver has it back) and returns if the call failed.  A pointer the ledger does
  * not know is counted as an unknown free and passed through. */
-#define OG_FREE_CALL(addr, call)                     \
-    og_taken_t tk = {0};                             \
-    if (c.active && (addr))                          \
-        og_free_begin(&c, (uintptr_t)(addr), &tk);   \
-    CUresult r = (call);                             \
-    if (c.active && (addr))                          \
-        og_free_end(&c, &tk, r);
+static inline __attribute__((always_inline)) void free_begin(og_call_t *c, uintptr_t addr, og_taken_t *tk)
+{
+    if (c->active && addr)
+        og_free_begin(c, addr, tk);
+}
+
+/* After the real free: settles what free_begin took; returns the driver's result unchanged. */
+static inline __attribute__((always_inline)) CUresult free_end(og_call_t *c, uintptr_t addr, og_taken_t *tk,
+                                                                CUresult r)
+{
+    if (c->active && addr)
+        og_free_end(c, tk, r);
+    return r;
+}
+
+/* The frees whose only argument is what they free (an address or a handle). */
+#define OG_FREE_ONE(name, type)                                                                    \
+    CUresult name(type handle)                                                                     \
+    {                                                                                              \
+        og_call_t c;                                                                               \
+        og_fn_##name real = (og_fn_##name)og_begin(&c, OG_H_##name, __builtin_return_address(0)); \
+        if (OG_UNLIKELY(!real))                                                                    \
+            return CUDA_ERROR_NOT_INITIALIZED;                                                     \
+        og_taken_t tk = {0};                                                                       \
+        free_begin(&c, (uintptr_t)handle, &tk);                                                    \
+        return og_end(&c, free_end(&c, (uintptr_t)handle, &tk, real(handle)));                    \
+    }
 
 /* OOMGUARD_LIMIT: refuse before the driver sees it, with the API's own OOM error. */
-static bool refused(og_call_t *c, int device, uint64_t bytes, int kind)
+static __attribute__((noinline)) bool refused_by_limit(og_call_t *c, int device, uint64_t bytes, int kind)
 {
-    if (!og_limit_active() || !c->active)
+    if (!c->active)
         return false;
     if (device < 0)
         device = c->device = og_current_device();   /* kept: the tracking after the call needs it */
@@ -53,52 +81,63 @@ static bool refused(og_call_t *c, int device, uint64_t bytes, int kind)
     og_track_limit_refusal(c, bytes, kind);
     return true;
 }
-#define OG_LIMIT(dev, bytes, kind)                               \
-    if (OG_UNLIKELY(refused(&c, (dev), (bytes), (kind)))) {      \
-        og_leave(&c);                                            \
-        return CUDA_ERROR_OUT_OF_MEMORY;                         \
-    }
+static inline bool refused(og_call_t *c, int device, uint64_t bytes, int kind)
+{
+    return og_limit_active() && refused_by_limit(c, device, bytes, kind);   /* no call without a limit */
+}
 
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
-    OG_BEGIN(cuMemAlloc_v2);
-    OG_LIMIT(-1, bytesize, OG_KIND_PLAIN);
+    og_call_t c;
+    og_fn_cuMemAlloc_v2 real = (og_fn_cuMemAlloc_v2)og_begin(&c, OG_H_cuMemAlloc_v2, __builtin_return_address(0));
+    if (OG_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (OG_UNLIKELY(refused(&c, -1, bytesize, OG_KIND_PLAIN)))
+        return og_end(&c, CUDA_ERROR_OUT_OF_MEMORY);
     CUresult r = after_alloc(&c, real(dptr, bytesize), dptr, bytesize, OG_KIND_PLAIN);
-    OG_END(r);
+    return og_end(&c, r);
 }
 
 CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
                             unsigned int ElementSizeBytes)
 {
-    OG_BEGIN(cuMemAllocPitch_v2);
-    OG_LIMIT(-1, (uint64_t)WidthInBytes * Height, OG_KIND_PLAIN);
+    og_call_t c;
+    og_fn_cuMemAllocPitch_v2 real =
+        (og_fn_cuMemAllocPitch_v2)og_begin(&c, OG_H_cuMemAllocPitch_v2, __builtin_return_address(0));
+    if (OG_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (OG_UNLIKELY(refused(&c, -1, (uint64_t)WidthInBytes * Height, OG_KIND_PLAIN)))
+        return og_end(&c, CUDA_ERROR_OUT_OF_MEMORY);
     CUresult r = real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
     /* The driver pads each row; the block is pitch x height. */
     uint64_t bytes = r == CUDA_SUCCESS && pPitch ? (uint64_t)*pPitch * Height : (uint64_t)WidthInBytes * Height;
     r = after_alloc(&c, r, dptr, bytes, OG_KIND_PLAIN);
-    OG_END(r);
+    return og_end(&c, r);
 }
 
 CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
-    OG_BEGIN(cuMemAllocManaged);
-    OG_LIMIT(-1, bytesize, OG_KIND_MANAGED);
+    og_call_t c;
+    og_fn_cuMemAllocManaged real =
+        (og_fn_cuMemAllocManaged)og_begin(&c, OG_H_cuMemAllocManaged, __builtin_return_address(0));
+    if (OG_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (OG_UNLIKELY(refused(&c, -1, bytesize, OG_KIND_MANAGED)))
+        return og_end(&c, CUDA_ERROR_OUT_OF_MEMORY);
     CUresult r = after_alloc(&c, real(dptr, bytesize, flags), dptr, bytesize, OG_KIND_MANAGED);
-    OG_END(r);
+    return og_end(&c, r);
 }
 
-CUresult cuMemFree_v2(CUdeviceptr dptr)
-{
-    OG_BEGIN(cuMemFree_v2);
-    OG_FREE_CALL(dptr, real(dptr));
-    OG_END(r);
-}
+OG_FREE_ONE(cuMemFree_v2, CUdeviceptr)
 
 /* ------------------------------------------------------------------ memory info */
 
 CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
 {
-    OG_BEGIN(cuMemGetInfo_v2);
+    og_call_t c;
+    og_fn_cuMemGetInfo_v2 real = (og_fn_cuMemGetInfo_v2)og_begin(&c, OG_H_cuMemGetInfo_v2, __builtin_return_address(0));
+    if (OG_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = real(free, total);
     if (r == CUDA_SUCCESS && og_limit_active() && c.active) {
         uint64_t f = free ? *free : 0, t = total ? *total : 0;
@@ -108,19 +147,23 @@ CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
         if (total)
             *total = t;
     }
-    OG_END(r);
+    return og_end(&c, r);
 }
 
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
-    OG_BEGIN(cuDeviceTotalMem_v2);
+    og_call_t c;
+    og_fn_cuDeviceTotalMem_v2 real =
+        (og_fn_cuDeviceTotalMem_v2)og_begin(&c, OG_H_cuDeviceTotalMem_v2, __builtin_return_address(0));
+    if (OG_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = real(bytes, dev);
     if (r == CUDA_SUCCESS && bytes && og_limit_active() && c.active) {
         uint64_t t = *bytes;
         og_limit_view((int)dev, NULL, &t);
         *bytes = t;
     }
-    OG_END(r);
+    return og_end(&c, r);
 }
 
 /* ------------------------------------------------------------------ pinned host memory */
@@ -134,33 +177,39 @@ static CUresult after_host_alloc(og_call_t *c, CUresult r, void **pp, uint64_t b
 
 CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
 {
-    OG_BEGIN(cuMemHostAlloc);
+    og_call_t c;
+    og_fn_cuMemHostAlloc real = (og_fn_cuMemHostAlloc)og_begin(&c, OG_H_cuMemHostAlloc, __builtin_return_address(0));
+    if (OG_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = after_host_alloc(&c, real(pp, bytesize, Flags), pp, bytesize);
-    OG_END(r);
+    return og_end(&c, r);
 }
 
 CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
 {
-    OG_BEGIN(cuMemAllocHost_v2);
+    og_call_t c;
+    og_fn_cuMemAllocHost_v2 real =
+        (og_fn_cuMemAllocHost_v2)og_begin(&c, OG_H_cuMemAllocHost_v2, __builtin_return_address(0));
+    if (OG_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = after_host_alloc(&c, real(pp, bytesize), pp, bytesize);
-    OG_END(r);
+    return og_end(&c, r);
 }
 
-CUresult cuMemFreeHost(void *p)
-{
-    OG_BEGIN(cuMemFreeHost);
-    OG_FREE_CALL(p, real(p));
-    OG_END(r);
-}
+OG_FREE_ONE(cuMemFreeHost, void *)
 
 /* ------------------------------------------------------------------ virtual memory */
 
 CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
                      unsigned long long flags)
 {
-    OG_BEGIN(cuMemCreate);
-    if (prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
-        OG_LIMIT(prop->location.id, size, OG_KIND_VMM);
+    og_call_t c;
+    og_fn_cuMemCreate real = (og_fn_cuMemCreate)og_begin(&c, OG_H_cuMemCreate, __builtin_return_address(0));
+    if (OG_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+        OG_UNLIKELY(refused(&c, prop->location.id, size, OG_KIND_VMM)))
+        return og_end(&c, CUDA_ERROR_OUT_OF_MEMORY);
     CUresult r = real(handle, size, prop, flags);
     if (c.active && prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
         c.device = prop->location.id;
@@ -169,47 +218,60 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
         else if (r != CUDA_SUCCESS)
             og_track_failure(&c, size, OG_KIND_VMM, r);
     }
-    OG_END(r);
+    return og_end(&c, r);
 }
 
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
-    OG_BEGIN(cuMemRelease);
+    og_call_t c;
+    og_fn_cuMemRelease real = (og_fn_cuMemRelease)og_begin(&c, OG_H_cuMemRelease, __builtin_return_address(0));
+    if (OG_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
     /* Ledger first: once the driver has freed the handle it may hand the same value to another
      * thread's cuMemCreate.  A release the driver refuses is a program error on a handle the
      * ledger then no longer holds; the result still reaches the caller unchanged. */
     if (c.active)
         og_track_vmm_release(&c, handle);
     CUresult r = real(handle);
-    OG_END(r);
+    return og_end(&c, r);
 }
 
 CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
 {
-    OG_BEGIN(cuMemRetainAllocationHandle);
+    og_call_t c;
+    og_fn_cuMemRetainAllocationHandle real =
+        (og_fn_cuMemRetainAllocationHandle)og_begin(&c, OG_H_cuMemRetainAllocationHandle, __builtin_return_address(0));
+    if (OG_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = real(handle, addr);
     if (c.active && r == CUDA_SUCCESS && handle)
         og_track_vmm_retain(&c, *handle);
-    OG_END(r);
+    return og_end(&c, r);
 }
 
 CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                   unsigned long long flags)
 {
-    OG_BEGIN(cuMemMap);
+    og_call_t c;
+    og_fn_cuMemMap real = (og_fn_cuMemMap)og_begin(&c, OG_H_cuMemMap, __builtin_return_address(0));
+    if (OG_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = real(ptr, size, offset, handle, flags);
     if (c.active && r == CUDA_SUCCESS)
         og_track_vmm_map(&c, (uintptr_t)ptr, size, handle);
-    OG_END(r);
+    return og_end(&c, r);
 }
 
 CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
-    OG_BEGIN(cuMemUnmap);
+    og_call_t c;
+    og_fn_cuMemUnmap real = (og_fn_cuMemUnmap)og_begin(&c, OG_H_cuMemUnmap, __builtin_return_address(0));
+    if (OG_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
     if (c.active)                        /* before the driver frees anything: see cuMemRelease */
         og_track_vmm_unmap(&c, (uintptr_t)ptr, size);
     CUresult r = real(ptr, size);
-    OG_END(r);
+    return og_end(&c, r);
 }
 
 /* ------------------------------------------------------------------ stream-ordered pools */
@@ -233,28 +295,57 @@ static CUresult after_pool_alloc(og_call_t *c, CUresult r, CUdeviceptr *dptr, ui
 
 /* The legacy-stream and per-thread-stream (_ptsz) entry points differ only in which stream
  * "0" means; one body serves both. */
-#define OG_ALLOC_ASYNC(name)                                                                   \
-    CUresult name(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)                        \
-    {                                                                                          \
-        OG_BEGIN(name);                                                                        \
-        OG_LIMIT(-1, bytesize, OG_KIND_POOL);                                                  \
-        CUresult r = after_pool_alloc(&c, real(dptr, bytesize, hStream), dptr, bytesize, NULL); \
-        OG_END(r);                                                                             \
+static inline __attribute__((always_inline)) CUresult alloc_async(int hook, void *caller, CUdeviceptr *dptr,
+                                                                   size_t bytesize, CUstream hStream)
+{
+    og_call_t c;
+    og_fn_cuMemAllocAsync real = (og_fn_cuMemAllocAsync)og_begin(&c, hook, caller);
+    if (OG_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (OG_UNLIKELY(refused(&c, -1, bytesize, OG_KIND_POOL)))
+        return og_end(&c, CUDA_ERROR_OUT_OF_MEMORY);
+    return og_end(&c, after_pool_alloc(&c, real(dptr, bytesize, hStream), dptr, bytesize, NULL));
+}
+#define OG_ALLOC_ASYNC(name)                                                    \
+    CUresult name(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)         \
+    {                                                                           \
+        return alloc_async(OG_H_##name, __builtin_return_address(0), dptr, bytesize, hStream); \
     }
-#define OG_ALLOC_FROM_POOL(name)                                                               \
-    CUresult name(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)     \
-    {                                                                                          \
-        OG_BEGIN(name);                                                                        \
-        OG_LIMIT(-1, bytesize, OG_KIND_POOL);                                                  \
-        CUresult r = after_pool_alloc(&c, real(dptr, bytesize, pool, hStream), dptr, bytesize, pool); \
-        OG_END(r);                                                                             \
+
+static inline __attribute__((always_inline)) CUresult alloc_from_pool(int hook, void *caller, CUdeviceptr *dptr,
+                                                                      size_t bytesize, CUmemoryPool pool,
+                                                                      CUstream hStream)
+{
+    og_call_t c;
+    og_fn_cuMemAllocFromPoolAsync real = (og_fn_cuMemAllocFromPoolAsync)og_begin(&c, hook, caller);
+    if (OG_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (OG_UNLIKELY(refused(&c, -1, bytesize, OG_KIND_POOL)))
+        return og_end(&c, CUDA_ERROR_OUT_OF_MEMORY);
+    return og_end(&c, after_pool_alloc(&c, real(dptr, bytesize, pool, hStream), dptr, bytesize, pool));
+}
+#define OG_ALLOC_FROM_POOL(name)                                                                \
+    CUresult name(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)      \
+    {                                                                                           \
+        return alloc_from_pool(OG_H_##name, __builtin_return_address(0), dptr, bytesize, pool, hStream); \
     }
-#define OG_FREE_ASYNC(name)                                                                    \
-    CUresult name(CUdeviceptr dptr, CUstream hStream)                                          \
-    {                                                                                          \
-        OG_BEGIN(name);                                                                        \
-        OG_FREE_CALL(dptr, real(dptr, hStream));                                               \
-        OG_END(r);                                                                             \
+
+static inline __attribute__((always_inline)) CUresult free_async(int hook, void *caller, CUdeviceptr dptr,
+                                                                  CUstream hStream)
+{
+    og_call_t c;
+    og_fn_cuMemFreeAsync real = (og_fn_cuMemFreeAsync)og_begin(&c, hook, caller);
+    if (OG_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    og_taken_t tk = {0};
+    free_begin(&c, (uintptr_t)dptr, &tk);
+    CUresult r = real(dptr, hStream);
+    return og_end(&c, free_end(&c, (uintptr_t)dptr, &tk, r));
+}
+#define OG_FREE_ASYNC(name)                                                                      \
+    CUresult name(CUdeviceptr dptr, CUstream hStream)                                            \
+    {                                                                                            \
+        return free_async(OG_H_##name, __builtin_return_address(0), dptr, hStream);              \
     }
 
 OG_ALLOC_ASYNC(cuMemAllocAsync)
@@ -266,20 +357,27 @@ OG_FREE_ASYNC(cuMemFreeAsync_ptsz)
 
 CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
 {
-    OG_BEGIN(cuMemPoolTrimTo);
+    og_call_t c;
+    og_fn_cuMemPoolTrimTo real = (og_fn_cuMemPoolTrimTo)og_begin(&c, OG_H_cuMemPoolTrimTo, __builtin_return_address(0));
+    if (OG_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = real(pool, minBytesToKeep);
     if (c.active && r == CUDA_SUCCESS)
         og_track_pool_refresh(pool);
-    OG_END(r);
+    return og_end(&c, r);
 }
 
 CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
-    OG_BEGIN(cuMemPoolDestroy);
+    og_call_t c;
+    og_fn_cuMemPoolDestroy real =
+        (og_fn_cuMemPoolDestroy)og_begin(&c, OG_H_cuMemPoolDestroy, __builtin_return_address(0));
+    if (OG_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = real(pool);
     if (c.active && r == CUDA_SUCCESS)
         og_track_pool_destroy(pool);
-    OG_END(r);
+    return og_end(&c, r);
 }
 
 /* ------------------------------------------------------------------ context reset */
@@ -287,44 +385,56 @@ CUresult cuMemPoolDestroy(CUmemoryPool pool)
 /* The driver frees every cuMemAlloc/cuMemAllocManaged block of the primary context without
  * a cuMemFree each: drop them from the ledger too (pools and VMM memory are device objects
  * and survive). */
-#define OG_CTX_RESET(name)                                  \
-    CUresult name(CUdevice dev)                             \
-    {                                                       \
-        OG_BEGIN(name);                                     \
-        CUresult r = real(dev);                             \
-        if (c.active && r == CUDA_SUCCESS)                  \
-            og_track_blocks_gone(&c, (int)dev);             \
-        OG_END(r);                                          \
-    }
+static inline __attribute__((always_inline)) CUresult ctx_reset(int hook, void *caller, CUdevice dev)
+{
+    og_call_t c;
+    og_fn_cuDevicePrimaryCtxReset real = (og_fn_cuDevicePrimaryCtxReset)og_begin(&c, hook, caller);
+    if (OG_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = real(dev);
+    if (c.active && r == CUDA_SUCCESS)
+        og_track_blocks_gone(&c, (int)dev);
+    return og_end(&c, r);
+}
+#define OG_CTX_RESET(name) \
+    CUresult name(CUdevice dev) { return ctx_reset(OG_H_##name, __builtin_return_address(0), dev); }
 OG_CTX_RESET(cuDevicePrimaryCtxReset)       /* ABI of CUDA 7.0 (what libcudart asks for) */
 OG_CTX_RESET(cuDevicePrimaryCtxReset_v2)    /* ABI of CUDA 11.0 */
 
 /* A created context's blocks die with it; the driver is asked which ones those were. */
-#define OG_CTX_DESTROY(name)                                \
-    CUresult name(CUcontext ctx)                            \
-    {                                                       \
-        OG_BEGIN(name);                                     \
-        CUresult r = real(ctx);                             \
-        if (c.active && r == CUDA_SUCCESS)                  \
-            og_track_blocks_gone(&c, -1);                   \
-        OG_END(r);                                          \
-    }
+static inline __attribute__((always_inline)) CUresult ctx_destroy(int hook, void *caller, CUcontext ctx)
+{
+    og_call_t c;
+    og_fn_cuCtxDestroy real = (og_fn_cuCtxDestroy)og_begin(&c, hook, caller);
+    if (OG_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = real(ctx);
+    if (c.active && r == CUDA_SUCCESS)
+        og_track_blocks_gone(&c, -1);
+    return og_end(&c, r);
+}
+#define OG_CTX_DESTROY(name) \
+    CUresult name(CUcontext ctx) { return ctx_destroy(OG_H_##name, __builtin_return_address(0), ctx); }
 OG_CTX_DESTROY(cuCtxDestroy)
 OG_CTX_DESTROY(cuCtxDestroy_v2)
 
 /* The primary context is destroyed when its last reference is released. */
-#define OG_CTX_RELEASE(name)                                                         \
-    CUresult name(CUdevice dev)                                                      \
-    {                                                                                \
-        OG_BEGIN(name);                                                              \
-        CUresult r = real(dev);                                                      \
-        og_cfn_cuDevicePrimaryCtxGetState state = OG_CALL(cuDevicePrimaryCtxGetState); \
-        unsigned int flags;                                                          \
-        int active = 1;                                                              \
-        if (c.active && r == CUDA_SUCCESS && state && state(dev, &flags, &active) == CUDA_SUCCESS && !active) \
-            og_track_blocks_gone(&c, (int)dev);                                      \
-        OG_END(r);                                                                   \
-    }
+static inline __attribute__((always_inline)) CUresult ctx_release(int hook, void *caller, CUdevice dev)
+{
+    og_call_t c;
+    og_fn_cuDevicePrimaryCtxRelease real = (og_fn_cuDevicePrimaryCtxRelease)og_begin(&c, hook, caller);
+    if (OG_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = real(dev);
+    og_cfn_cuDevicePrimaryCtxGetState state = OG_CALL(cuDevicePrimaryCtxGetState);
+    unsigned int flags;
+    int active = 1;
+    if (c.active && r == CUDA_SUCCESS && state && state(dev, &flags, &active) == CUDA_SUCCESS && !active)
+        og_track_blocks_gone(&c, (int)dev);
+    return og_end(&c, r);
+}
+#define OG_CTX_RELEASE(name) \
+    CUresult name(CUdevice dev) { return ctx_release(OG_H_##name, __builtin_return_address(0), dev); }
 OG_CTX_RELEASE(cuDevicePrimaryCtxRelease)
 OG_CTX_RELEASE(cuDevicePrimaryCtxRelease_v2)
 
@@ -339,40 +449,22 @@ static CUresult after_sync(og_call_t *c, CUresult r)
     return r;
 }
 
-CUresult cuStreamSynchronize(CUstream hStream)
-{
-    OG_BEGIN(cuStreamSynchronize);
-    CUresult r = after_sync(&c, real(hStream));
-    OG_END(r);
-}
-
-CUresult cuStreamSynchronize_ptsz(CUstream hStream)
-{
-    OG_BEGIN(cuStreamSynchronize_ptsz);
-    CUresult r = after_sync(&c, real(hStream));
-    OG_END(r);
-}
-
-CUresult cuCtxSynchronize(void)
-{
-    OG_BEGIN(cuCtxSynchronize);
-    CUresult r = after_sync(&c, real());
-    OG_END(r);
-}
-
-CUresult cuCtxSynchronize_v2(CUcontext ctx)
-{
-    OG_BEGIN(cuCtxSynchronize_v2);
-    CUresult r = after_sync(&c, real(ctx));
-    OG_END(r);
-}
-
-CUresult cuEventSynchronize(CUevent hEvent)
-{
-    OG_BEGIN(cuEventSynchronize);
-    CUresult r = after_sync(&c, real(hEvent));
-    OG_END(r);
-}
+/* The five synchronising entry points (legacy and per-thread streams, both context ABIs,
+ * events) differ only in what they wait for. */
+#define OG_SYNC(name, params, args)                                                         \
+    CUresult name params                                                                    \
+    {                                                                                       \
+        og_call_t c;                                                                        \
+        og_fn_##name real = (og_fn_##name)og_begin(&c, OG_H_##name, __builtin_return_address(0)); \
+        if (OG_UNLIKELY(!real))                                                             \
+            return CUDA_ERROR_NOT_INITIALIZED;                                              \
+        return og_end(&c, after_sync(&c, real args));                                       \
+    }
+OG_SYNC(cuStreamSynchronize, (CUstream hStream), (hStream))
+OG_SYNC(cuStreamSynchronize_ptsz, (CUstream hStream), (hStream))
+OG_SYNC(cuCtxSynchronize, (void), ())
+OG_SYNC(cuCtxSynchronize_v2, (CUcontext ctx), (ctx))
+OG_SYNC(cuEventSynchronize, (CUevent hEvent), (hEvent))
 
 /* ------------------------------------------------------------------ CUDA arrays */
 
@@ -410,85 +502,97 @@ static CUresult after_array(og_call_t *c, CUresult r, void *handle, uint64_t byt
 
 CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *desc)
 {
-    OG_BEGIN(cuArrayCreate_v2);
+    og_call_t c;
+    og_fn_cuArrayCreate_v2 real =
+        (og_fn_cuArrayCreate_v2)og_begin(&c, OG_H_cuArrayCreate_v2, __builtin_return_address(0));
+    if (OG_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
     uint64_t bytes = desc ? array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels, 1) : 0;
-    OG_LIMIT(-1, bytes, OG_KIND_PLAIN);
+    if (OG_UNLIKELY(refused(&c, -1, bytes, OG_KIND_PLAIN)))
+        return og_end(&c, CUDA_ERROR_OUT_OF_MEMORY);
     CUresult r = real(pHandle, desc);
     r = after_array(&c, r, r == CUDA_SUCCESS && pHandle ? (void *)*pHandle : NULL, bytes);
-    OG_END(r);
+    return og_end(&c, r);
 }
 
 CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc)
 {
-    OG_BEGIN(cuArray3DCreate_v2);
+    og_call_t c;
+    og_fn_cuArray3DCreate_v2 real =
+        (og_fn_cuArray3DCreate_v2)og_begin(&c, OG_H_cuArray3DCreate_v2, __builtin_return_address(0));
+    if (OG_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
     uint64_t bytes = desc ? array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels, 1)
                           : 0;
-    OG_LIMIT(-1, bytes, OG_KIND_PLAIN);
+    if (OG_UNLIKELY(refused(&c, -1, bytes, OG_KIND_PLAIN)))
+        return og_end(&c, CUDA_ERROR_OUT_OF_MEMORY);
     CUresult r = real(pHandle, desc);
     r = after_array(&c, r, r == CUDA_SUCCESS && pHandle ? (void *)*pHandle : NULL, bytes);
-    OG_END(r);
+    return og_end(&c, r);
 }
 
 CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc,
                                 unsigned int numMipmapLevels)
 {
-    OG_BEGIN(cuMipmappedArrayCreate);
+    og_call_t c;
+    og_fn_cuMipmappedArrayCreate real =
+        (og_fn_cuMipmappedArrayCreate)og_begin(&c, OG_H_cuMipmappedArrayCreate, __builtin_return_address(0));
+    if (OG_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
     uint64_t bytes = desc ? array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels,
                                         numMipmapLevels)
                           : 0;
-    OG_LIMIT(-1, bytes, OG_KIND_PLAIN);
+    if (OG_UNLIKELY(refused(&c, -1, bytes, OG_KIND_PLAIN)))
+        return og_end(&c, CUDA_ERROR_OUT_OF_MEMORY);
     CUresult r = real(pHandle, desc, numMipmapLevels);
     r = after_array(&c, r, r == CUDA_SUCCESS && pHandle ? (void *)*pHandle : NULL, bytes);
-    OG_END(r);
+    return og_end(&c, r);
 }
 
-CUresult cuArrayDestroy(CUarray hArray)
-{
-    OG_BEGIN(cuArrayDestroy);
-    OG_FREE_CALL(hArray, real(hArray));
-    OG_END(r);
-}
+OG_FREE_ONE(cuArrayDestroy, CUarray)
 
-CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
-{
-    OG_BEGIN(cuMipmappedArrayDestroy);
-    OG_FREE_CALL(hMipmappedArray, real(hMipmappedArray));
-    OG_END(r);
-}
+OG_FREE_ONE(cuMipmappedArrayDestroy, CUmipmappedArray)
 
 /* ------------------------------------------------------------------ IPC */
 
 /* Memory another process allocated, opened here: in the ledger as a mapping (its close is
  * then no unknown free, and a dump says how much is mapped) but never as ours. */
-#define OG_IPC_OPEN(name)                                                                      \
-    CUresult name(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)               \
-    {                                                                                          \
-        OG_BEGIN(name);                                                                        \
-        CUresult r = real(pdptr, handle, Flags);                                               \
-        og_cfn_cuMemGetAddressRange_v2 range = OG_CALL(cuMemGetAddressRange_v2);               \
-        CUdeviceptr base;                                                                      \
-        size_t size = 0;                                                                       \
-        if (c.active && r == CUDA_SUCCESS && pdptr && range && range(&base, &size, *pdptr) == CUDA_SUCCESS) \
-            og_track_alloc(&c, (uintptr_t)*pdptr, size, OG_KIND_PLAIN | OG_KIND_F_IPC);        \
-        OG_END(r);                                                                             \
+static inline __attribute__((always_inline)) CUresult ipc_open(int hook, void *caller, CUdeviceptr *pdptr,
+                                                                CUipcMemHandle handle, unsigned int Flags)
+{
+    og_call_t c;
+    og_fn_cuIpcOpenMemHandle real = (og_fn_cuIpcOpenMemHandle)og_begin(&c, hook, caller);
+    if (OG_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = real(pdptr, handle, Flags);
+    og_cfn_cuMemGetAddressRange_v2 range = OG_CALL(cuMemGetAddressRange_v2);
+    CUdeviceptr base;
+    size_t size = 0;
+    if (c.active && r == CUDA_SUCCESS && pdptr && range && range(&base, &size, *pdptr) == CUDA_SUCCESS)
+        og_track_alloc(&c, (uintptr_t)*pdptr, size, OG_KIND_PLAIN | OG_KIND_F_IPC);
+    return og_end(&c, r);
+}
+#define OG_IPC_OPEN(name)                                                               \
+    CUresult name(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)        \
+    {                                                                                   \
+        return ipc_open(OG_H_##name, __builtin_return_address(0), pdptr, handle, Flags); \
     }
 OG_IPC_OPEN(cuIpcOpenMemHandle)
 OG_IPC_OPEN(cuIpcOpenMemHandle_v2)
 
-CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
-{
-    OG_BEGIN(cuIpcCloseMemHandle);
-    OG_FREE_CALL(dptr, real(dptr));
-    OG_END(r);
-}
+OG_FREE_ONE(cuIpcCloseMemHandle, CUdeviceptr)
 
 /* ------------------------------------------------------------------ graph memory */
 
 CUresult cuDeviceGraphMemTrim(CUdevice device)
 {
-    OG_BEGIN(cuDeviceGraphMemTrim);
+    og_call_t c;
+    og_fn_cuDeviceGraphMemTrim real =
+        (og_fn_cuDeviceGraphMemTrim)og_begin(&c, OG_H_cuDeviceGraphMemTrim, __builtin_return_address(0));
+    if (OG_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = real(device);
     if (c.active && r == CUDA_SUCCESS)
         og_track_graph_trim((int)device);
-    OG_END(r);
+    return og_end(&c, r);
 }

@@ -1,4 +1,5 @@
-/* Start-up, fork handling and the public functions of include/oomguard.h. */
+/* Start-up, fork handling, the exit summary's handlers and oomguard_device_stats/oomguard_version
+ * (include/oomguard.h; the framework adapters' entry points are framework.c's). */
 #include "og.h"
 
 #include <dlfcn.h>
@@ -136,8 +137,8 @@ static void og_exit_handler(void)
     if (!atomic_load(&og_ready) || atomic_exchange(&exit_done, 1))
         return;
     og_in_shim++;
-    og_dump_atexit();
-    og_summary_atexit();
+    og_dump_flush_pending(-1);
+    og_exit_summary();
     og_in_shim--;
     atomic_store(&og_exiting, 1);
 }
@@ -158,8 +159,8 @@ __attribute__((destructor)) static void og_destructor(void)
         if (atomic_exchange(&exit_done, 1))
             return;
         og_in_shim++;
-        og_dump_atexit();
-        og_summary_atexit();
+        og_dump_flush_pending(-1);
+        og_exit_summary();
         og_in_shim--;
     }
 }

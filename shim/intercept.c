@@ -32,6 +32,10 @@ _Atomic(void *) og_real_ptrs[OG_H_COUNT];
 typedef void *(*og_dlsym_fn)(void *, const char *);
 /* Read by the assembly trampoline below, hence not static. */
 __attribute__((visibility("hidden"))) _Atomic(og_dlsym_fn) og_real_dlsym_ptr;
+/* Called by the trampoline by name, hence not static either. */
+og_dlsym_fn og_resolve_real_dlsym(void);
+void *og_dlsym_handle(void *handle, const char *name);
+void *og_dlsym_default_hook(const char *name);
 
 /* dlvsym is not interposed, so asking it for the versioned dlsym cannot recurse.
  * GLIBC_2.34 is where dlsym moved into libc; GLIBC_2.2.5 is the x86-64 original. */
@@ -279,6 +283,25 @@ OG_NO_SANITIZE __attribute__((visibility("hidden"))) void *og_dlsym_default_hook
  * in place.  Explicit handles go to og_dlsym_handle. */
 #if defined(__x86_64__)
 __asm__(
+    /* A C call from inside the trampoline, keeping dlsym's own arguments (%rdi, %rsi) for
+     * the jump that follows it; the callee gets the name as its first argument (a callee
+     * without arguments ignores it) and the stack aligned as the ABI wants. */
+    ".macro og_call_keeping_args fn\n"
+    "    pushq %rdi\n"
+    "    .cfi_adjust_cfa_offset 8\n"
+    "    pushq %rsi\n"
+    "    .cfi_adjust_cfa_offset 8\n"
+    "    subq $8, %rsp\n"
+    "    .cfi_adjust_cfa_offset 8\n"
+    "    movq %rsi, %rdi\n"
+    "    call \\fn\n"
+    "    addq $8, %rsp\n"
+    "    .cfi_adjust_cfa_offset -8\n"
+    "    popq %rsi\n"
+    "    .cfi_adjust_cfa_offset -8\n"
+    "    popq %rdi\n"
+    "    .cfi_adjust_cfa_offset -8\n"
+    ".endm\n"
     ".text\n"
     ".globl dlsym\n"
     ".type dlsym,@function\n"
@@ -289,20 +312,7 @@ __asm__(
     "    je 2f\n"
     "    testq %rdi, %rdi\n"             /* explicit handle: C */
     "    jnz og_dlsym_handle\n"
-    "    pushq %rdi\n"                   /* RTLD_DEFAULT: hooked name? */
-    "    .cfi_adjust_cfa_offset 8\n"
-    "    pushq %rsi\n"
-    "    .cfi_adjust_cfa_offset 8\n"
-    "    subq $8, %rsp\n"
-    "    .cfi_adjust_cfa_offset 8\n"
-    "    movq %rsi, %rdi\n"
-    "    call og_dlsym_default_hook\n"
-    "    addq $8, %rsp\n"
-    "    .cfi_adjust_cfa_offset -8\n"
-    "    popq %rsi\n"
-    "    .cfi_adjust_cfa_offset -8\n"
-    "    popq %rdi\n"
-    "    .cfi_adjust_cfa_offset -8\n"
+    "    og_call_keeping_args og_dlsym_default_hook\n"   /* RTLD_DEFAULT: hooked name? */
     "    testq %rax, %rax\n"
     "    jz 2f\n"
     "    cmpq $1, %rax\n"               /* OG_DLSYM_NONE: a hooked name the driver lacks */
@@ -313,25 +323,14 @@ __asm__(
     "    testq %rax, %rax\n"
     "    jz 3f\n"
     "    jmp *%rax\n"
-    "3:  pushq %rdi\n"                   /* first use: resolve glibc's dlsym, then jump */
-    "    .cfi_adjust_cfa_offset 8\n"
-    "    pushq %rsi\n"
-    "    .cfi_adjust_cfa_offset 8\n"
-    "    subq $8, %rsp\n"
-    "    .cfi_adjust_cfa_offset 8\n"
-    "    call og_resolve_real_dlsym\n"
-    "    addq $8, %rsp\n"
-    "    .cfi_adjust_cfa_offset -8\n"
-    "    popq %rsi\n"
-    "    .cfi_adjust_cfa_offset -8\n"
-    "    popq %rdi\n"
-    "    .cfi_adjust_cfa_offset -8\n"
+    "3:  og_call_keeping_args og_resolve_real_dlsym\n"   /* first use: resolve glibc's dlsym, then jump */
     "    testq %rax, %rax\n"
     "    jz 4f\n"
     "    jmp *%rax\n"
     "4:  ret\n"                          /* no dlsym at all: NULL */
     "    .cfi_endproc\n"
-    ".size dlsym, .-dlsym\n");
+    ".size dlsym, .-dlsym\n"
+    ".purgem og_call_keeping_args\n");
 #else
 /* Other architectures: a C override that relies on a sibling call for the caller-relative
  * forms.  clang's musttail makes that a guarantee; elsewhere it is best effort. */

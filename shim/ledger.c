@@ -9,7 +9,7 @@
  *    blocks it hands out kept apart as pool_used.
  *  - pinned host memory is ledgered but never added to a device.
  *
- * Live blocks sit in 64 shards (uthash + mutex + counters + event ring each).  A thread
+ * Live blocks sit in 64 shards (uthash + spin lock + counters + event ring each).  A thread
  * records its allocations in its own shard (threads are given shards in turn), so two
  * threads allocating at once never share a cache line; a free looks in the caller's shard
  * first and then in the others (a block freed by another thread, e.g. PyTorch's autograd
@@ -73,6 +73,7 @@ typedef struct {
 typedef struct {
     _Atomic(og_event_t *) ev;        /* allocated at the ring's first event */
     uint32_t size;
+    uint32_t pos;                    /* head % size, kept by the writer: no division per event */
     _Atomic uint64_t head;
 } ring_t;
 
@@ -113,10 +114,10 @@ typedef struct {
     uint64_t sample_interval;
     int nsamples;
     struct { uint64_t t_ns, live; } samples[OG_SAMPLES];
-} __attribute__((aligned(64))) dev_t_;
+} __attribute__((aligned(64))) og_ledger_dev_t;
 
 static shard_t shards[SHARDS];
-static dev_t_ devs[OG_MAX_DEVICES];
+static og_ledger_dev_t devs[OG_MAX_DEVICES];
 
 void og_spin_lock_slow(og_spin_t *l)
 {
@@ -178,19 +179,29 @@ static uint64_t ticks_to_ns(uint64_t ticks)
 static ring_t slow_ring;
 static pthread_mutex_t slow_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static void ring_add(ring_t *r, int op, int hook, int device, uint64_t bytes, uint64_t live, uint64_t t)
+/* Each ring holds OOMGUARD_HISTORY events, so the newest OOMGUARD_HISTORY of the process
+ * are always kept, however the threads share them; only rings that are used cost memory
+ * (one per allocating thread, up to 64). */
+static __attribute__((noinline)) og_event_t *ring_alloc(ring_t *r)
+{
+    og_event_t *ev;
+    if (!r->size || !(ev = calloc(r->size, sizeof *ev)))
+        return NULL;
+    atomic_store_explicit(&r->ev, ev, memory_order_release);
+    return ev;
+}
+
+/* Inlined into the allocation and free paths (a call and its saved registers cost as much
+ * as the stores themselves). */
+static inline __attribute__((always_inline)) void ring_add(ring_t *r, int op, int hook, int device, uint64_t bytes,
+                                                           uint64_t live, uint64_t t)
 {
     og_event_t *ev = atomic_load_explicit(&r->ev, memory_order_relaxed);
-    if (OG_UNLIKELY(!ev)) {
-        /* Each ring holds OOMGUARD_HISTORY events, so the newest OOMGUARD_HISTORY of the
-         * process are always kept, however the threads share them; only rings that are used
-         * cost memory (one per allocating thread, up to 64). */
-        if (!r->size || !(ev = calloc(r->size, sizeof *ev)))
-            return;
-        atomic_store_explicit(&r->ev, ev, memory_order_release);
-    }
+    if (OG_UNLIKELY(!ev) && !(ev = ring_alloc(r)))
+        return;
     uint64_t i = atomic_load_explicit(&r->head, memory_order_relaxed);
-    og_event_t *e = &ev[i % r->size];
+    og_event_t *e = &ev[r->pos];
+    r->pos = r->pos + 1 == r->size ? 0 : r->pos + 1;
     atomic_store_explicit(&e->seq, 0, memory_order_relaxed);
     atomic_thread_fence(memory_order_release);
     atomic_store_explicit(&e->t_ns, t, memory_order_relaxed);
@@ -280,12 +291,12 @@ int og_pointer_device(uintptr_t addr)
     return f && f(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, (CUdeviceptr)addr) == CUDA_SUCCESS ? ordinal : -1;
 }
 
-static inline dev_t_ *dev_of(int device)
+static inline og_ledger_dev_t *dev_of(int device)
 {
     return device >= 0 && device < OG_MAX_DEVICES ? &devs[device] : NULL;
 }
 
-static void sample(dev_t_ *d, uint64_t live, uint64_t t)
+static void sample(og_ledger_dev_t *d, uint64_t live, uint64_t t)
 {
     atomic_store_explicit(&d->seen, 1, memory_order_relaxed);   /* its graph memory is re-read */
     if (pthread_mutex_trylock(&d->sample_lock) != 0)
@@ -305,7 +316,7 @@ static void sample(dev_t_ *d, uint64_t live, uint64_t t)
 
 size_t og_samples_copy(int device, og_sample_raw_t *out, size_t max)
 {
-    dev_t_ *d = dev_of(device);
+    og_ledger_dev_t *d = dev_of(device);
     if (!d)
         return 0;
     pthread_mutex_lock(&d->sample_lock);
@@ -319,7 +330,7 @@ size_t og_samples_copy(int device, og_sample_raw_t *out, size_t max)
 }
 
 /* tracked += delta; raise the peak when it is passed. */
-static uint64_t tracked_add(dev_t_ *d, int64_t delta, uint64_t t)
+static uint64_t tracked_add(og_ledger_dev_t *d, int64_t delta, uint64_t t)
 {
     uint64_t now = atomic_fetch_add_explicit(&d->tracked, (uint64_t)delta, memory_order_relaxed) + (uint64_t)delta;
     if (delta > 0) {
@@ -348,7 +359,7 @@ static uint64_t tracked_add(dev_t_ *d, int64_t delta, uint64_t t)
 
 static inline uint64_t shard_tracked_add(shard_t *s, int device, int64_t delta, uint64_t t)
 {
-    dev_t_ *d = &devs[device];
+    og_ledger_dev_t *d = &devs[device];
     int64_t p = s->pending[device] + delta;
     if (og_limit_active() || p >= OG_BATCH_BYTES || p <= -OG_BATCH_BYTES) {
         s->pending[device] = 0;
@@ -372,16 +383,9 @@ static inline shard_t *my_shard(void)
     return &shards[my_shard_idx];
 }
 
-/* Finds addr's block, looking in the caller's shard first.  Returns with that shard
- * locked and *out set, or NULL (nothing locked) when no shard has it. */
-static shard_t *find_locked(uint64_t addr, og_block_t **out)
+/* The other shards, for a block freed by another thread than the one that allocated it. */
+static __attribute__((noinline)) shard_t *find_locked_others(shard_t *mine, uint64_t addr, og_block_t **out)
 {
-    shard_t *mine = my_shard();
-    og_spin_lock(&mine->lock);
-    HASH_FIND(hh, mine->table, &addr, sizeof(uint64_t), *out);
-    if (*out)
-        return mine;
-    og_spin_unlock(&mine->lock);
     for (int i = 0; i < SHARDS; i++) {
         shard_t *s = &shards[i];
         if (s == mine || !atomic_load_explicit(&s->nblocks, memory_order_relaxed))
@@ -393,6 +397,20 @@ static shard_t *find_locked(uint64_t addr, og_block_t **out)
         og_spin_unlock(&s->lock);
     }
     return NULL;
+}
+
+/* Finds addr's block, looking in the caller's shard first (inlined: that is the common
+ * case).  Returns with that shard locked and *out set, or NULL (nothing locked) when no
+ * shard has it. */
+static inline __attribute__((always_inline)) shard_t *find_locked(uint64_t addr, og_block_t **out)
+{
+    shard_t *mine = my_shard();
+    og_spin_lock(&mine->lock);
+    HASH_FIND(hh, mine->table, &addr, sizeof(uint64_t), *out);
+    if (OG_LIKELY(*out))
+        return mine;
+    og_spin_unlock(&mine->lock);
+    return find_locked_others(mine, addr, out);
 }
 
 static og_block_t *block_get(shard_t *s)
@@ -449,7 +467,7 @@ static inline bool counts_itself(int kind, int flags)
 /* An IPC mapping entering (+1) or leaving (-1) the ledger: another process's allocation,
  * kept (so that its close is recognised and a dump can say what is mapped) but never
  * counted as this process's memory. */
-static inline void ipc_account(dev_t_ *d, int flags, uint64_t size, int sign)
+static inline void ipc_account(og_ledger_dev_t *d, int flags, uint64_t size, int sign)
 {
     if (OG_UNLIKELY(flags & OG_KIND_F_IPC) && d)
         atomic_fetch_add_explicit(&d->ipc_mapped, (uint64_t)sign * size, memory_order_relaxed);
@@ -460,6 +478,8 @@ uint64_t og_ledger_ipc_mapped(int device)
     return device >= 0 && device < OG_MAX_DEVICES ? atomic_load(&devs[device].ipc_mapped) : 0;
 }
 
+static void array_note(uint64_t handle, uint64_t t);
+
 void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind)
 {
     int flags = kind & OG_KIND_F_MASK;
@@ -469,11 +489,14 @@ void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind)
     uint32_t site = og_site_capture(c->caller);   /* before any lock: it may unwind */
     uint64_t t = og_ticks();
     int device = kind == OG_KIND_HOST ? -1 : (c->device >= 0 ? c->device : og_current_device());
-    dev_t_ *d = dev_of(device);
+    og_ledger_dev_t *d = dev_of(device);
     shard_t *s = my_shard();
     og_spin_lock(&s->lock);
     og_block_t *old;
-    HASH_FIND(hh, s->table, &addr, sizeof(uint64_t), old);
+    uint64_t key = addr;
+    unsigned hv;                                  /* hashed once for the lookup and the insert */
+    HASH_VALUE(&key, sizeof key, hv);
+    HASH_FIND_BYHASHVALUE(hh, s->table, &key, sizeof key, hv, old);
     if (OG_UNLIKELY(old)) {
         /* The driver handed out an address we still hold: its free went by a path we do
          * not see.  The old block is gone; count it out. */
@@ -501,7 +524,7 @@ void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind)
         b->kind = (uint8_t)kind;
         b->hook = (uint8_t)c->hook;
         b->flags = (uint8_t)flags;
-        HASH_ADD(hh, s->table, addr, sizeof(uint64_t), b);
+        HASH_ADD_BYHASHVALUE(hh, s->table, addr, sizeof(uint64_t), hv, b);
         shard_count(s, b, +1);
         if (d) {
             if (kind == OG_KIND_POOL)
@@ -523,6 +546,8 @@ void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind)
     if (d && b && counts_itself(kind, flags) &&
         OG_UNLIKELY(atomic_load_explicit(&og_episode_open[device], memory_order_relaxed)))
         og_on_recovered(c, device, size);
+    if (OG_UNLIKELY(flags & OG_KIND_F_ARRAY) && b)
+        array_note(addr, t);
 }
 
 /* A free takes the block out of the ledger *before* the real free: once the driver has
@@ -550,7 +575,7 @@ void og_free_begin(og_call_t *c, uintptr_t addr, og_taken_t *tk)
         HASH_DEL(s->table, b);
         shard_count(s, b, -1);
         block_put(s, b);
-        dev_t_ *d = b->kind == OG_KIND_HOST ? NULL : dev_of(b->device);
+        og_ledger_dev_t *d = b->kind == OG_KIND_HOST ? NULL : dev_of(b->device);
         if (d) {
             uint64_t live;
             if (tk->kind == OG_KIND_POOL)
@@ -573,7 +598,7 @@ void og_free_end(og_call_t *c, og_taken_t *tk, CUresult r)
 {
     if (!tk->found) {
         /* allocated before we were loaded, by a path we do not see, or a program bug */
-        dev_t_ *d = dev_of(og_current_device());
+        og_ledger_dev_t *d = dev_of(og_current_device());
         if (d)
             atomic_fetch_add_explicit(&d->unknown_frees, 1, memory_order_relaxed);
         return;
@@ -603,7 +628,7 @@ void og_free_end(og_call_t *c, og_taken_t *tk, CUresult r)
         if (device_block) {            /* neither an allocation nor a free happened */
             s->dev[b->device].allocs--;
             s->dev[b->device].frees--;
-            dev_t_ *d = &devs[b->device];
+            og_ledger_dev_t *d = &devs[b->device];
             uint64_t live;
             if (b->kind == OG_KIND_POOL)
                 atomic_fetch_add_explicit(&d->pool_used, b->size, memory_order_relaxed);
@@ -628,7 +653,7 @@ void og_track_failure(og_call_t *c, uint64_t size, int kind, CUresult r)
         return;
     og_exit_arm();
     int device = c->device >= 0 ? c->device : og_current_device();
-    dev_t_ *d = dev_of(device);
+    og_ledger_dev_t *d = dev_of(device);
     if (!d)
         return;
     atomic_fetch_add_explicit(&d->failures, 1, memory_order_relaxed);
@@ -666,7 +691,7 @@ static void vmm_maybe_free(vmm_handle_t *h, uint64_t t)
 {
     if (h->refs > 0 || h->mappings > 0)
         return;
-    dev_t_ *d = dev_of(h->device);
+    og_ledger_dev_t *d = dev_of(h->device);
     if (d) {
         atomic_fetch_sub(&d->vmm_physical, h->size);
         atomic_fetch_sub(&d->vmm_handles, 1);
@@ -706,7 +731,7 @@ void og_track_vmm_create(og_call_t *c, CUmemGenericAllocationHandle handle, uint
     }
     HASH_ADD(hh, vmm_handles, handle, sizeof(uint64_t), h);
     pthread_mutex_unlock(&vmm_lock);
-    dev_t_ *d = dev_of(device);
+    og_ledger_dev_t *d = dev_of(device);
     if (!d)
         return;
     atomic_fetch_add(&d->vmm_physical, size);
@@ -763,7 +788,7 @@ void og_track_vmm_map(og_call_t *c, uintptr_t va, uint64_t size, CUmemGenericAll
     HASH_FIND(hh, vmm_handles, &k, sizeof k, h);
     if (h) {
         h->mappings++;
-        dev_t_ *d = dev_of(h->device);
+        og_ledger_dev_t *d = dev_of(h->device);
         if (d)
             atomic_fetch_add(&d->vmm_mapped, size);
     }
@@ -777,7 +802,7 @@ static void unmap_one(vmm_map_t *m, uint64_t t)
     HASH_FIND(hh, vmm_handles, &k, sizeof k, h);
     if (h) {
         h->mappings--;
-        dev_t_ *d = dev_of(h->device);
+        og_ledger_dev_t *d = dev_of(h->device);
         if (d)
             atomic_fetch_sub(&d->vmm_mapped, m->size);
         vmm_maybe_free(h, t);
@@ -812,7 +837,7 @@ void og_track_vmm_unmap(og_call_t *c, uintptr_t va, uint64_t size)
 
 void og_track_context_reset(og_call_t *c, int device)
 {
-    dev_t_ *d = dev_of(device);
+    og_ledger_dev_t *d = dev_of(device);
     if (!d)
         return;
     uint64_t t = og_ticks(), gone = 0;
@@ -839,13 +864,120 @@ void og_track_context_reset(og_call_t *c, int device)
     history_add(OG_EV_FREE, c->hook, device, gone, live, t);
 }
 
+/* A CUDA array dies with the context it was made in, and no driver call tells that context
+ * from the handle: it is noted when the array is made (a side table: arrays are few and off
+ * the fast path).  Once a context has gone away the driver is asked which noted contexts are
+ * gone (CUDA_ERROR_CONTEXT_IS_DESTROYED or _INVALID_CONTEXT), and those arrays leave the
+ * ledger.  Notes of arrays destroyed one by one are swept when the table doubles. */
+typedef struct {
+    uint64_t handle, t;        /* the block's key and t_ns: the same array, not a newer one */
+    CUcontext ctx;
+    UT_hash_handle hh;
+} array_ctx_t;
+static array_ctx_t *array_ctxs;
+static unsigned array_sweep_at = 64;
+static pthread_mutex_t array_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static bool block_is(uint64_t addr, uint64_t t)
+{
+    og_block_t *b = NULL;
+    shard_t *s = find_locked(addr, &b);
+    if (!s)
+        return false;
+    bool same = b->t_ns == t;
+    og_spin_unlock(&s->lock);
+    return same;
+}
+
+static void array_note(uint64_t handle, uint64_t t)
+{
+    og_cfn_cuCtxGetCurrent cur = OG_CALL(cuCtxGetCurrent);
+    CUcontext ctx = NULL;
+    if (!cur || cur(&ctx) != CUDA_SUCCESS || !ctx)
+        return;
+    array_ctx_t *n = malloc(sizeof *n), *old, *tmp;
+    if (!n)
+        return;
+    *n = (array_ctx_t){.handle = handle, .t = t, .ctx = ctx};
+    pthread_mutex_lock(&array_lock);
+    HASH_FIND(hh, array_ctxs, &handle, sizeof handle, old);
+    if (old) {
+        HASH_DEL(array_ctxs, old);
+        free(old);
+    }
+    HASH_ADD(hh, array_ctxs, handle, sizeof handle, n);
+    if (HASH_COUNT(array_ctxs) >= array_sweep_at) {
+        HASH_ITER(hh, array_ctxs, old, tmp) {
+            if (!block_is(old->handle, old->t)) {
+                HASH_DEL(array_ctxs, old);
+                free(old);
+            }
+        }
+        array_sweep_at = 2 * HASH_COUNT(array_ctxs) + 64;
+    }
+    pthread_mutex_unlock(&array_lock);
+}
+
+/* Arrays whose context the driver says is gone leave the ledger; gone_bytes per device. */
+static void arrays_gone(uint64_t t, uint64_t *gone_bytes)
+{
+    og_cfn_cuCtxGetApiVersion ver = OG_CALL(cuCtxGetApiVersion);
+    if (!ver)
+        return;
+    pthread_mutex_lock(&array_lock);
+    size_t n = HASH_COUNT(array_ctxs), k = 0;
+    array_ctx_t *list = n ? malloc(n * sizeof *list) : NULL, *a, *tmp;
+    if (list)
+        HASH_ITER(hh, array_ctxs, a, tmp) list[k++] = *a;
+    pthread_mutex_unlock(&array_lock);
+    CUcontext asked = NULL;
+    bool dead = false;
+    for (size_t i = 0; i < k; i++) {
+        if (list[i].ctx != asked) {             /* no lock of ours is held while the driver answers */
+            unsigned int v;
+            CUresult r = ver(list[i].ctx, &v);
+            asked = list[i].ctx;
+            dead = r == CUDA_ERROR_CONTEXT_IS_DESTROYED || r == CUDA_ERROR_INVALID_CONTEXT;
+        }
+        if (!dead)
+            continue;
+        og_block_t *b = NULL;
+        shard_t *s = find_locked(list[i].handle, &b);
+        if (s) {
+            if (b->t_ns == list[i].t && (b->flags & OG_KIND_F_ARRAY)) {
+                HASH_DEL(s->table, b);
+                shard_count(s, b, -1);
+                if (dev_of(b->device)) {
+                    shard_tracked_add(s, b->device, -(int64_t)b->size, t);
+                    gone_bytes[b->device] += b->size;
+                }
+                block_put(s, b);
+            }
+            og_spin_unlock(&s->lock);
+        }
+        pthread_mutex_lock(&array_lock);
+        HASH_FIND(hh, array_ctxs, &list[i].handle, sizeof list[i].handle, a);
+        if (a && a->t == list[i].t) {
+            HASH_DEL(array_ctxs, a);
+            free(a);
+        }
+        pthread_mutex_unlock(&array_lock);
+    }
+    free(list);
+}
+
 /* The driver frees a context's cuMemAlloc/cuMemAllocManaged blocks (and arrays) without a
  * free each.  Which blocks were that context's is asked of the driver after the fact: the
  * candidates are copied under the shard locks, then each is looked up with no lock held (a
  * lock of ours never waits on the driver), and those it no longer knows leave the ledger.
- * Arrays are not device pointers and stay (the driver has no cheap question for them). */
+ * Arrays are not device pointers: their contexts are asked about (arrays_gone). */
 void og_track_blocks_gone(og_call_t *c, int device)
 {
+    uint64_t t_arr = og_ticks(), arr_bytes[OG_MAX_DEVICES] = {0};
+    arrays_gone(t_arr, arr_bytes);
+    for (int d = 0; d < OG_MAX_DEVICES; d++)
+        if (arr_bytes[d])
+            history_add(OG_EV_FREE, c->hook, d, arr_bytes[d], og_ledger_tracked(d), t_arr);
     og_cfn_cuPointerGetAttribute attr = OG_CALL(cuPointerGetAttribute);
     if (!attr) {
         if (device >= 0)
@@ -897,7 +1029,7 @@ void og_track_blocks_gone(og_call_t *c, int device)
 
 void og_track_limit_refusal(og_call_t *c, uint64_t size, int kind)
 {
-    dev_t_ *d = dev_of(c->device);
+    og_ledger_dev_t *d = dev_of(c->device);
     if (!d)
         return;
     atomic_fetch_add_explicit(&d->failures, 1, memory_order_relaxed);
@@ -989,7 +1121,7 @@ static void pool_apply(CUmemoryPool pool, uint64_t now)
     int device = p->device;
     int64_t delta = (int64_t)(now - p->reserved);
     p->reserved = now;
-    dev_t_ *d = dev_of(device);
+    og_ledger_dev_t *d = dev_of(device);
     if (d) {
         atomic_fetch_add(&d->pool_reserved, (uint64_t)delta);
         uint64_t t = og_ticks();
@@ -1028,7 +1160,7 @@ bool og_track_pool_use(og_call_t *c, CUmemoryPool pool, int device)
         pthread_mutex_lock(&pool_lock);
         if ((p = pool_find(pool)) && !p->unreadable) {
             p->unreadable = true;
-            dev_t_ *d = dev_of(p->device);
+            og_ledger_dev_t *d = dev_of(p->device);
             if (d)
                 atomic_fetch_add(&d->pools_unreadable, 1);
         }
@@ -1069,7 +1201,7 @@ static void pools_refresh(CUmemoryPool pool, int device)
 static void graph_refresh(int device)
 {
     og_cfn_cuDeviceGetGraphMemAttribute f = OG_CALL(cuDeviceGetGraphMemAttribute);
-    dev_t_ *d = dev_of(device);
+    og_ledger_dev_t *d = dev_of(device);
     cuuint64_t now = 0;
     if (!f || !d || f((CUdevice)device, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &now) != CUDA_SUCCESS)
         return;
@@ -1113,7 +1245,7 @@ void og_track_pool_destroy(CUmemoryPool pool)
     pthread_mutex_lock(&pool_lock);
     pool_t *p = pool_find(pool);
     if (p) {
-        dev_t_ *d = dev_of(p->device);
+        og_ledger_dev_t *d = dev_of(p->device);
         if (d && p->reserved) {
             atomic_fetch_sub(&d->pool_reserved, p->reserved);
             uint64_t t = og_ticks();
@@ -1132,7 +1264,7 @@ void og_track_pool_destroy(CUmemoryPool pool)
 /* What the ledger could not measure on `device`, for the dump's memory.unmeasured. */
 bool og_ledger_unmeasured(int device, char *why, size_t n)
 {
-    dev_t_ *d = dev_of(device);
+    og_ledger_dev_t *d = dev_of(device);
     if (!d || !atomic_load(&d->pools_unreadable))
         return false;
     snprintf(why, n, "pools: the reservation of %d stream-ordered pool(s) could not be read; counted the %llu "
@@ -1146,7 +1278,7 @@ bool og_ledger_unmeasured(int device, char *why, size_t n)
 void og_ledger_stats(int device, oomguard_device_stats_t *out)
 {
     memset(out, 0, sizeof *out);
-    dev_t_ *d = dev_of(device);
+    og_ledger_dev_t *d = dev_of(device);
     if (!d)
         return;
     /* pools shrink at synchronisation points we do not hook; not at exit, when the runtime
@@ -1192,13 +1324,13 @@ void og_ledger_stats(int device, oomguard_device_stats_t *out)
 
 uint64_t og_ledger_tracked(int device)
 {
-    dev_t_ *d = dev_of(device);
+    og_ledger_dev_t *d = dev_of(device);
     return d ? atomic_load_explicit(&d->tracked, memory_order_relaxed) : 0;
 }
 
 uint64_t og_ledger_pool_spare(int device)
 {
-    dev_t_ *d = dev_of(device);
+    og_ledger_dev_t *d = dev_of(device);
     if (!d)
         return 0;
     uint64_t r = atomic_load(&d->pool_reserved), u = atomic_load(&d->pool_used);
@@ -1207,7 +1339,7 @@ uint64_t og_ledger_pool_spare(int device)
 
 uint64_t og_ledger_peak_t_ns(int device)
 {
-    dev_t_ *d = dev_of(device);
+    og_ledger_dev_t *d = dev_of(device);
     return d ? ticks_to_ns(atomic_load(&d->peak_t_ns)) : 0;
 }
 
@@ -1239,6 +1371,7 @@ void og_ledger_atfork_prepare(void)
 {
     pthread_mutex_lock(&pool_lock);
     pthread_mutex_lock(&vmm_lock);
+    pthread_mutex_lock(&array_lock);   /* before the shards: array_note takes them under it */
     for (int i = 0; i < SHARDS; i++)
         og_spin_lock(&shards[i].lock);
 }
@@ -1247,6 +1380,7 @@ void og_ledger_atfork_parent(void)
 {
     for (int i = SHARDS - 1; i >= 0; i--)
         og_spin_unlock(&shards[i].lock);
+    pthread_mutex_unlock(&array_lock);
     pthread_mutex_unlock(&vmm_lock);
     pthread_mutex_unlock(&pool_lock);
 }
@@ -1282,6 +1416,11 @@ void og_ledger_atfork_child(void)
         free(pp);
     }
     atomic_store(&npools, 0);
+    array_ctx_t *ac, *act;
+    HASH_ITER(hh, array_ctxs, ac, act) {
+        HASH_DEL(array_ctxs, ac);
+        free(ac);
+    }
     memset(devs, 0, sizeof devs);
     for (int i = 0; i < OG_MAX_DEVICES; i++) {
         pthread_mutex_init(&devs[i].sample_lock, NULL);
@@ -1293,11 +1432,13 @@ void og_ledger_atfork_child(void)
         memset(sh->dev, 0, sizeof sh->dev);
         memset(sh->pending, 0, sizeof sh->pending);
         atomic_store(&sh->ring.head, 0);
+        sh->ring.pos = 0;
         if (atomic_load(&sh->ring.ev))
             memset(atomic_load(&sh->ring.ev), 0, sh->ring.size * sizeof(og_event_t));
     }
     pthread_mutex_init(&slow_lock, NULL);
     atomic_store(&slow_ring.head, 0);
+    slow_ring.pos = 0;
     if (atomic_load(&slow_ring.ev))
         memset(atomic_load(&slow_ring.ev), 0, slow_ring.size * sizeof(og_event_t));
     start_ns = og_now_ns();

@@ -5,8 +5,7 @@
  * the driver, and every memory query (cuMemGetInfo, cuDeviceTotalMem, NVML) reports
  * total = limit and free = limit - used, clamped to what is physically free, never negative. */
 #include "og.h"
-#include "record.h"
-#include "strbuf.h"
+#include "human.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -22,7 +21,8 @@ typedef struct {
 
 static spec_t limit_all, limit_dev[OG_MAX_DEVICES];
 static spec_t warn_spec;
-static bool limit_on, warn_on;     /* set once at start-up, before any hook runs */
+bool og_limit_on;                  /* set once at start-up, before any hook runs */
+static bool warn_on;
 static _Atomic uint64_t limit_cache[OG_MAX_DEVICES];   /* resolved bytes + 1; 0 = not yet */
 static _Atomic uint64_t warn_cache[OG_MAX_DEVICES];
 /* Memory of this process on the device that no hook sees (the CUDA context above all):
@@ -132,7 +132,7 @@ void og_limit_init(void)
     const char *why;
     if (og_opt.limit_s[0]) {
         if (parse_limit(og_opt.limit_s, &why))
-            limit_on = true;
+            og_limit_on = true;
         else
             og_warn("OOMGUARD_LIMIT=%s is not valid (%s; 24GiB, 24000MB, 80%% or 0:24GiB,1:40GiB expected); "
                     "using the default: no limit", og_opt.limit_s, why);
@@ -148,8 +148,6 @@ void og_limit_init(void)
     for (int i = 0; i < OG_MAX_DEVICES; i++)
         atomic_store(&warn_armed_dev[i], 1);
 }
-
-bool og_limit_active(void) { return limit_on; }
 
 static uint64_t physical_total(int device)
 {
@@ -172,7 +170,7 @@ static uint64_t resolve(const spec_t *s, int device)
 
 uint64_t og_limit_bytes(int device)
 {
-    if (!limit_on || device < 0 || device >= OG_MAX_DEVICES)
+    if (!og_limit_on || device < 0 || device >= OG_MAX_DEVICES)
         return UINT64_MAX;
     uint64_t c = atomic_load_explicit(&limit_cache[device], memory_order_relaxed);
     if (c)
@@ -186,7 +184,7 @@ uint64_t og_limit_bytes(int device)
 
 void og_limit_refresh_overhead(int device)
 {
-    if (!limit_on || device < 0 || device >= OG_MAX_DEVICES)
+    if (!og_limit_on || device < 0 || device >= OG_MAX_DEVICES)
         return;
     uint64_t tracked = og_ledger_tracked(device);
     uint64_t used = og_nvml_process_used(device);
@@ -210,7 +208,7 @@ static uint64_t limited_usage(int device)
     return og_ledger_tracked(device) + overhead(device);
 }
 
-uint64_t og_limit_usage(int device) { return limit_on ? limited_usage(device) : og_ledger_tracked(device); }
+uint64_t og_limit_usage(int device) { return og_limit_on ? limited_usage(device) : og_ledger_tracked(device); }
 
 bool og_limit_refuses(og_call_t *c, int device, uint64_t bytes, bool from_pool)
 {
@@ -280,8 +278,9 @@ void og_warn_check(int device, uint64_t live)
     if (live >= th) {
         if (atomic_exchange(&warn_armed_dev[device], 0)) {
             char a[32], b[32];
-            og_warn("device %d: usage %s crossed OOMGUARD_WARN_AT (%s)", device, og_human(live, a, sizeof a),
-                    og_human(th, b, sizeof b));
+            og_warn("device %d: usage %s crossed OOMGUARD_WARN_AT (%s)", device,
+                    og_bytes_fmt(a, sizeof a, (double)live, OG_BYTES_FIXED),
+                    og_bytes_fmt(b, sizeof b, (double)th, OG_BYTES_FIXED));
             if (og_opt.warn_dump) {
                 og_dump_capture_write("warning", device);
             }
@@ -293,7 +292,7 @@ void og_warn_check(int device, uint64_t live)
 
 /* ------------------------------------------------------------------ exit summary */
 
-void og_summary_atexit(void)
+void og_exit_summary(void)
 {
     if (!og_opt.summary)
         return;
@@ -313,10 +312,10 @@ void og_summary_atexit(void)
         double t = og_ledger_peak_t_ns(d) ? (double)(og_ledger_peak_t_ns(d) - og_start_ns()) / 1e9 : 0;
         if (fit)
             og_log("summary: device %d peak %s at %.2f s: fits on %u GB cards and above", d,
-                   og_human(st.peak_tracked_bytes, a, sizeof a), t, fit);
+                   og_bytes_fmt(a, sizeof a, (double)st.peak_tracked_bytes, OG_BYTES_FIXED), t, fit);
         else
             og_log("summary: device %d peak %s at %.2f s: larger than a 141 GB card", d,
-                   og_human(st.peak_tracked_bytes, a, sizeof a), t);
+                   og_bytes_fmt(a, sizeof a, (double)st.peak_tracked_bytes, OG_BYTES_FIXED), t);
     }
     /* the exit dump asks the driver and NVML: only from the atexit handler, never from a
      * destructor (og_exiting), when libcuda may be gone */

@@ -1,5 +1,7 @@
 /* Internal header of liboomguard.so.  Internal names use the og_ prefix and are hidden;
- * the public surface is include/oomguard.h plus the interposed CUDA/dlsym symbols. */
+ * the public surface is include/oomguard.h plus the interposed CUDA/dlsym symbols.
+ * Declarations are grouped by the file that defines them, from the call guard every hook
+ * passes through to the dump written at the end. */
 #ifndef OG_H
 #define OG_H
 
@@ -31,21 +33,35 @@
 #define OG_MAX_FRAMES    64
 #define OG_SAMPLES       512
 
-/* ---------------------------------------------------------------- spin locks */
+/* ---------------------------------------------------------------- call guard (init.c) */
 
-/* For the ledger's shards: each is mostly used by one thread, critical sections are a few
- * dozen instructions, and an uncontended pthread mutex costs several times that. */
-typedef struct { atomic_int v; } og_spin_t;
-void og_spin_lock_slow(og_spin_t *l);
-static inline void og_spin_lock(og_spin_t *l)
+typedef struct og_call {
+    int hook;
+    int device;               /* -1 until known */
+    void *caller;
+    bool active;              /* false when re-entered from inside the shim */
+} og_call_t;
+
+extern OG_TLS int og_in_shim;
+extern atomic_int og_ready;
+extern atomic_int og_exiting;      /* set at exit: no driver or NVML call from now on */
+void og_exit_arm(void);           /* registers the exit summary (once; from a hook, not a constructor) */
+void og_init_slow(void);
+
+static inline void og_enter(og_call_t *c, int hook, void *caller)
 {
-    if (__builtin_expect(!atomic_exchange_explicit(&l->v, 1, memory_order_acquire), 1))
-        return;
-    og_spin_lock_slow(l);
+    c->hook = hook;
+    c->device = -1;
+    c->caller = caller;
+    if (OG_UNLIKELY(!atomic_load_explicit(&og_ready, memory_order_acquire)))
+        og_init_slow();
+    /* A hook reached from inside the shim (e.g. while writing a dump) passes through. */
+    c->active = (og_in_shim == 0);
+    og_in_shim++;
 }
-static inline void og_spin_unlock(og_spin_t *l) { atomic_store_explicit(&l->v, 0, memory_order_release); }
+static inline void og_leave(og_call_t *c) { og_in_shim--; }
 
-/* ---------------------------------------------------------------- hooks (hooks.def) */
+/* ---------------------------------------------------------------- hooks (hooks.def; intercept.c) */
 
 enum og_lib { OG_LIB_CUDA, OG_LIB_NVML };
 
@@ -56,6 +72,7 @@ enum og_hook_id {
     OG_H_COUNT
 };
 
+/* The wrappers: hooks_driver.c, nvml.c (NVML) and intercept.c (cuGetProcAddress). */
 #define OG_HOOK(ret, name, base, since, ptsz, lib, rt, params, args) \
     typedef ret (*og_fn_##name) params;                          \
     OG_EXPORT ret name params;
@@ -85,6 +102,8 @@ int og_hook_find(const char *name);                 /* -1 when not hooked */
 void *og_proc_wrapper(const char *base, int version, uint64_t flags, void *real);
 void *og_dlsym_real(void *handle, const char *name); /* glibc's dlsym */
 
+/* ---------------------------------------------------------------- calls (calls.def; intercept.c) */
+
 /* Driver and NVML functions the shim calls itself (calls.def): resolved once at a door,
  * then read with OG_CALL(name) — NULL when absent.  Never looked up inside an allocation. */
 enum og_call_id {
@@ -103,7 +122,7 @@ extern _Atomic(void *) og_call_ptrs[OG_C_COUNT];
  * global scope when handle is NULL; then open NVML.  Idempotent and cheap once done. */
 void og_calls_resolve(void *cuda_handle);
 
-/* ---------------------------------------------------------------- options (options.c) */
+/* ---------------------------------------------------------------- options and logging (options.c) */
 
 typedef enum { OG_OPT_BOOL, OG_OPT_INT, OG_OPT_PERCENT, OG_OPT_STRING } og_opt_type;
 
@@ -135,11 +154,97 @@ const char *og_option_default(int id);
 bool og_option_valid(int id, const char *value);         /* would this value be taken? */
 long long og_parse_size(const char *s, bool *ok);   /* "24GiB", "24000MB", "123" */
 
-/* ---------------------------------------------------------------- logging */
 void og_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void og_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* ---------------------------------------------------------------- stacks & sites (stacks.c) */
+/* ---------------------------------------------------------------- ledger (ledger.c) */
+
+/* For the ledger's shards: each is mostly used by one thread, critical sections are a few
+ * dozen instructions, and an uncontended pthread mutex costs several times that. */
+typedef struct { atomic_int v; } og_spin_t;
+void og_spin_lock_slow(og_spin_t *l);
+static inline void og_spin_lock(og_spin_t *l)
+{
+    if (__builtin_expect(!atomic_exchange_explicit(&l->v, 1, memory_order_acquire), 1))
+        return;
+    og_spin_lock_slow(l);
+}
+static inline void og_spin_unlock(og_spin_t *l) { atomic_store_explicit(&l->v, 0, memory_order_release); }
+
+uint64_t og_now_ns(void);     /* CLOCK_MONOTONIC */
+uint64_t og_start_ns(void);
+
+enum og_kind { OG_KIND_PLAIN, OG_KIND_MANAGED, OG_KIND_POOL, OG_KIND_HOST, OG_KIND_VMM, OG_KIND_COUNT };
+/* og_track_alloc kind flag: a pool block counted as device memory itself (its pool's
+ * reservation cannot be read) */
+#define OG_KIND_F_COUNTED 0x80
+#define OG_KIND_F_ARRAY   0x40   /* a CUDA array: the key is its handle, not a device address */
+#define OG_KIND_F_IPC     0x20   /* another process's memory opened here: mapped, not allocated */
+#define OG_KIND_F_MASK    0xE0
+
+void og_ledger_init(void);
+int og_current_device(void);
+int og_pointer_device(uintptr_t addr);          /* device ordinal of a device pointer, -1 */
+CUmemoryPool og_device_current_pool(int device);
+void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind);
+typedef struct og_taken {
+    bool found;
+    uint64_t addr, size, t_ns;
+    uint32_t site;
+    int16_t device;
+    uint8_t kind, hook, flags;
+} og_taken_t;
+/* Frees: take the block out before the real free, settle after it (see ledger.c). */
+void og_free_begin(og_call_t *c, uintptr_t addr, og_taken_t *tk);
+void og_free_end(og_call_t *c, og_taken_t *tk, CUresult r);
+void og_track_limit_refusal(og_call_t *c, uint64_t size, int kind);
+void og_track_context_reset(og_call_t *c, int device);
+void og_track_failure(og_call_t *c, uint64_t size, int kind, CUresult r);
+void og_track_vmm_create(og_call_t *c, CUmemGenericAllocationHandle h, uint64_t size, int device);
+void og_track_vmm_release(og_call_t *c, CUmemGenericAllocationHandle h);
+void og_track_vmm_retain(og_call_t *c, CUmemGenericAllocationHandle h);
+void og_track_vmm_map(og_call_t *c, uintptr_t va, uint64_t size, CUmemGenericAllocationHandle h);
+void og_track_vmm_unmap(og_call_t *c, uintptr_t va, uint64_t size);
+bool og_track_pool_use(og_call_t *c, CUmemoryPool pool, int device);   /* true: count the block itself */
+void og_track_pool_refresh(CUmemoryPool pool);
+void og_track_pool_destroy(CUmemoryPool pool);
+void og_ledger_pools_refresh(int device);       /* re-read the device's pools and graph memory */
+void og_track_graph_trim(int device);           /* after cuDeviceGraphMemTrim */
+/* After a context went away (destroyed, primary released to zero or reset): drop the
+ * device's (-1: any device's) blocks the driver no longer knows. */
+void og_track_blocks_gone(og_call_t *c, int device);
+
+/* What the ledger knows, for the limit, the warning and the dumps */
+uint64_t og_ledger_tracked(int device);
+uint64_t og_ledger_pool_spare(int device);
+uint64_t og_ledger_ipc_mapped(int device);      /* bytes of IPC mappings open on the device */
+uint64_t og_ledger_peak_t_ns(int device);
+bool og_ledger_unmeasured(int device, char *why, size_t n);   /* ledger part of memory.unmeasured */
+void og_ledger_stats(int device, oomguard_device_stats_t *out);
+
+enum og_event_op { OG_EV_ALLOC, OG_EV_FREE, OG_EV_FAIL, OG_EV_POOL_GROW, OG_EV_POOL_SHRINK };
+typedef struct og_history_event {
+    uint64_t t_ns, bytes, live;   /* live: tracked bytes on the device after the event */
+    int16_t device;
+    uint8_t op, hook;             /* hook == OG_H_COUNT: no API (pool resize seen later) */
+} og_history_event_t;
+size_t og_history_copy(og_history_event_t *out, size_t max);   /* oldest first */
+size_t og_history_capacity(void);
+typedef struct { uint64_t t_ns, live; } og_sample_raw_t;
+size_t og_samples_copy(int device, og_sample_raw_t *out, size_t max);
+
+/* Iterate live blocks (for dumps): returns number visited. */
+typedef struct og_block_view {
+    uintptr_t addr; uint64_t size; uint64_t t_ns; uint32_t site; int device; int kind; int hook;
+} og_block_view_t;
+typedef void (*og_block_fn)(const og_block_view_t *b, void *arg);
+size_t og_ledger_foreach(og_block_fn fn, void *arg);
+
+void og_ledger_atfork_prepare(void);
+void og_ledger_atfork_parent(void);
+void og_ledger_atfork_child(void);
+
+/* ---------------------------------------------------------------- stacks and sites (stacks.c) */
 
 enum og_libclass { OG_LIBCLASS_OTHER, OG_LIBCLASS_CUDA, OG_LIBCLASS_FRAMEWORK };
 
@@ -172,80 +277,6 @@ void og_stacks_atfork_prepare(void);
 void og_stacks_atfork_parent(void);
 void og_stacks_atfork_child(void);
 
-/* ---------------------------------------------------------------- ledger (ledger.c) */
-
-enum og_kind { OG_KIND_PLAIN, OG_KIND_MANAGED, OG_KIND_POOL, OG_KIND_HOST, OG_KIND_VMM, OG_KIND_COUNT };
-
-enum og_event_op { OG_EV_ALLOC, OG_EV_FREE, OG_EV_FAIL, OG_EV_POOL_GROW, OG_EV_POOL_SHRINK };
-typedef struct og_history_event {
-    uint64_t t_ns, bytes, live;   /* live: tracked bytes on the device after the event */
-    int16_t device;
-    uint8_t op, hook;             /* hook == OG_H_COUNT: no API (pool resize seen later) */
-} og_history_event_t;
-size_t og_history_copy(og_history_event_t *out, size_t max);   /* oldest first */
-size_t og_history_capacity(void);
-uint64_t og_ledger_peak_t_ns(int device);
-typedef struct { uint64_t t_ns, live; } og_sample_raw_t;
-size_t og_samples_copy(int device, og_sample_raw_t *out, size_t max);
-CUmemoryPool og_device_current_pool(int device);
-
-typedef struct og_call {
-    int hook;
-    int device;               /* -1 until known */
-    void *caller;
-    bool active;              /* false when re-entered from inside the shim */
-} og_call_t;
-
-void og_ledger_init(void);
-int og_current_device(void);
-int og_pointer_device(uintptr_t addr);          /* device ordinal of a device pointer, -1 */
-void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind);
-typedef struct og_taken {
-    bool found;
-    uint64_t addr, size, t_ns;
-    uint32_t site;
-    int16_t device;
-    uint8_t kind, hook, flags;
-} og_taken_t;
-/* Frees: take the block out before the real free, settle after it (see ledger.c). */
-void og_free_begin(og_call_t *c, uintptr_t addr, og_taken_t *tk);
-void og_free_end(og_call_t *c, og_taken_t *tk, CUresult r);
-void og_track_limit_refusal(og_call_t *c, uint64_t size, int kind);
-void og_track_context_reset(og_call_t *c, int device);
-void og_track_failure(og_call_t *c, uint64_t size, int kind, CUresult r);
-void og_track_vmm_create(og_call_t *c, CUmemGenericAllocationHandle h, uint64_t size, int device);
-void og_track_vmm_release(og_call_t *c, CUmemGenericAllocationHandle h);
-void og_track_vmm_retain(og_call_t *c, CUmemGenericAllocationHandle h);
-void og_track_vmm_map(og_call_t *c, uintptr_t va, uint64_t size, CUmemGenericAllocationHandle h);
-void og_track_vmm_unmap(og_call_t *c, uintptr_t va, uint64_t size);
-bool og_track_pool_use(og_call_t *c, CUmemoryPool pool, int device);   /* true: count the block itself */
-void og_ledger_pools_refresh(int device);       /* re-read the device's pools and graph memory */
-void og_track_graph_trim(int device);           /* after cuDeviceGraphMemTrim */
-bool og_ledger_unmeasured(int device, char *why, size_t n);   /* ledger part of memory.unmeasured */
-/* og_track_alloc kind flag: a pool block counted as device memory itself (its pool's
- * reservation cannot be read) */
-#define OG_KIND_F_COUNTED 0x80
-#define OG_KIND_F_ARRAY   0x40   /* a CUDA array: the key is its handle, not a device address */
-#define OG_KIND_F_IPC     0x20   /* another process's memory opened here: mapped, not allocated */
-#define OG_KIND_F_MASK    0xE0
-uint64_t og_ledger_ipc_mapped(int device);      /* bytes of IPC mappings open on the device */
-/* After a context went away (destroyed, primary released to zero or reset): drop the
- * device's (-1: any device's) blocks the driver no longer knows. */
-void og_track_blocks_gone(og_call_t *c, int device);
-void og_track_pool_refresh(CUmemoryPool pool);
-void og_track_pool_destroy(CUmemoryPool pool);
-void og_ledger_stats(int device, oomguard_device_stats_t *out);
-void og_ledger_atfork_prepare(void);
-void og_ledger_atfork_parent(void);
-void og_ledger_atfork_child(void);
-
-/* Iterate live blocks (for dumps): returns number visited. */
-typedef struct og_block_view {
-    uintptr_t addr; uint64_t size; uint64_t t_ns; uint32_t site; int device; int kind; int hook;
-} og_block_view_t;
-typedef void (*og_block_fn)(const og_block_view_t *b, void *arg);
-size_t og_ledger_foreach(og_block_fn fn, void *arg);
-
 /* ---------------------------------------------------------------- failures (oom.c) */
 
 /* A failure opens an "episode" on its device; frees that follow are what the framework
@@ -265,21 +296,15 @@ typedef struct og_episode {
 
 void og_oom_init(void);
 void og_oom_atfork_child(void);
-void og_framework_atfork_child(void);
-void og_dump_atfork_child(void);
 void og_on_oom(og_call_t *c, uint64_t size, int kind, CUresult r, bool by_limit);
-/* dump.c: the record of a failure, written before the failing call returns */
-void og_report_failure(const og_episode_t *ep, og_call_t *c);
-void og_report_recovered(const og_episode_t *ep, og_call_t *c);
+void og_on_recovered(og_call_t *c, int device, uint64_t size);
+void og_oom_refresh(int device);   /* new framework numbers: rewrite an open failure's dump */
+bool og_oom_open_recent(int device, uint64_t window_ns);  /* unrecovered failure this recent? */
 /* site: the freed block's allocation site (OG_SITE_POOL: a pool giving memory back), for
  * counting only what the failing caller's framework released */
 #define OG_SITE_POOL UINT32_MAX
 void og_on_free(int device, uint64_t bytes, uint32_t site);
 extern atomic_int og_episode_open[OG_MAX_DEVICES];
-void og_on_recovered(og_call_t *c, int device, uint64_t size);
-void og_oom_refresh(int device);   /* new framework numbers: rewrite an open failure's dump */
-bool og_oom_open_recent(int device, uint64_t window_ns);  /* unrecovered failure this recent? */
-void og_query_at_failure(int device);  /* framework.c: the adapter's query, where it is safe */
 static inline void og_note_free(int device, uint64_t bytes, uint32_t site)
 {
     if (device >= 0 && device < OG_MAX_DEVICES &&
@@ -287,58 +312,55 @@ static inline void og_note_free(int device, uint64_t bytes, uint32_t site)
         og_on_free(device, bytes, site);
 }
 
-/* ---------------------------------------------------------------- records (capture.c, dump.c) */
+/* ---------------------------------------------------------------- limit, warning, exit summary (limit.c) */
+
+void og_limit_init(void);
+extern bool og_limit_on;                 /* OOMGUARD_LIMIT is set: fixed before any hook runs */
+static inline bool og_limit_active(void) { return og_limit_on; }   /* inline: on every allocation */
+uint64_t og_limit_bytes(int device);                     /* UINT64_MAX: no limit */
+/* true: the request would take the device past the limit; the caller fails it. */
+bool og_limit_refuses(og_call_t *c, int device, uint64_t bytes, bool from_pool);
+uint64_t og_limit_usage(int device);          /* what counts against OOMGUARD_LIMIT */
+void og_limit_refresh_overhead(int device);
+void og_limit_view(int device, uint64_t *free_b, uint64_t *total_b);
+void og_warn_check(int device, uint64_t live);
+void og_exit_summary(void);   /* OOMGUARD_SUMMARY: peak lines and the exit dump */
+
+/* ---------------------------------------------------------------- NVML (nvml.c) */
+
 struct og_record;
+uint64_t og_nvml_process_used(int device);    /* UINT64_MAX when unknown */
+/* Fills process_used_bytes and other processes; notes what could not be measured. */
+void og_nvml_measure(struct og_record *rec);
+
+/* ---------------------------------------------------------------- framework adapters (framework.c) */
+
 struct og_framework_view;
+void og_framework_view_get(struct og_framework_view *out);
+void og_query_at_failure(int device);  /* the adapter's query, where it is safe */
+void og_framework_atfork_child(void);
+
+/* ---------------------------------------------------------------- records (capture.c, redact.c) */
+
 struct og_record *og_record_capture(const char *status, const og_episode_t *ep, int device);
 void og_record_free(struct og_record *rec);
 /* redact.c: what a dump may show of the command line and the environment */
 void og_cmdline_join(const char *raw, size_t n, char *out, size_t outsz);   /* NUL-separated argv */
 bool og_secret_option(const char *name, size_t n);
 bool og_secret_env_name(const char *name);
-uint64_t og_limit_bytes(int device);                     /* UINT64_MAX: no limit */
-void og_limit_init(void);
-bool og_limit_active(void);
-/* true: the request would take the device past the limit; the caller fails it. */
-bool og_limit_refuses(og_call_t *c, int device, uint64_t bytes, bool from_pool);
-void og_warn_check(int device, uint64_t live);
-extern atomic_int og_warn_armed;
-void og_summary_atexit(void);
-void og_limit_view(int device, uint64_t *free_b, uint64_t *total_b);
-uint64_t og_ledger_tracked(int device);
-uint64_t og_nvml_process_used(int device);    /* UINT64_MAX when unknown */
-void og_limit_refresh_overhead(int device);
-uint64_t og_limit_usage(int device);          /* what counts against OOMGUARD_LIMIT */
-uint64_t og_ledger_pool_spare(int device);
-void og_dump_capture_write(const char *status, int device);   /* dump.c: a "warning"/"exit" dump, if admitted */
-void og_framework_view_get(struct og_framework_view *out); /* framework.c */
-void og_dump_atexit(void);
+
+/* ---------------------------------------------------------------- dumps (dump.c) */
+
+/* The record of a failure, written before the failing call returns */
+void og_report_failure(const og_episode_t *ep, og_call_t *c);
+void og_report_recovered(const og_episode_t *ep, og_call_t *c);
+void og_dump_capture_write(const char *status, int device);   /* a "warning"/"exit" dump, if admitted */
 void og_dump_flush_pending(int device);   /* the device's unrecovered failure is final; -1: all */
 void og_dump_fatal(void);                 /* dying: summaries out, temp names gone (signal-safe) */
-void og_fatal_arm(void);                  /* fatal.c: chain the fatal signals (once, lazily) */
+void og_dump_atfork_child(void);
 
-/* ---------------------------------------------------------------- call guard */
+/* ---------------------------------------------------------------- fatal signals and _exit (fatal.c) */
 
-extern OG_TLS int og_in_shim;
-extern atomic_int og_ready;
-extern atomic_int og_exiting;      /* set at exit: no driver or NVML call from now on */
-void og_exit_arm(void);           /* registers the exit summary (once; from a hook, not a constructor) */
-void og_init_slow(void);
-
-static inline void og_enter(og_call_t *c, int hook, void *caller)
-{
-    c->hook = hook;
-    c->device = -1;
-    c->caller = caller;
-    if (OG_UNLIKELY(!atomic_load_explicit(&og_ready, memory_order_acquire)))
-        og_init_slow();
-    /* A hook reached from inside the shim (e.g. while writing a dump) passes through. */
-    c->active = (og_in_shim == 0);
-    og_in_shim++;
-}
-static inline void og_leave(og_call_t *c) { og_in_shim--; }
-
-uint64_t og_now_ns(void);     /* CLOCK_MONOTONIC */
-uint64_t og_start_ns(void);
+void og_fatal_arm(void);                  /* chain the fatal signals (once, lazily) */
 
 #endif

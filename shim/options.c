@@ -1,6 +1,7 @@
-/* OOMGUARD_* options: one table (OG_OPTIONS in og.h), read once, printable.
+/* OOMGUARD_* options: one table (OG_OPTIONS in options.def), read once, printable.
  * A bad value never stops the host program: one warning, then the default. */
 #include "og.h"
+#include "human.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -114,11 +115,7 @@ static bool parse_percent(const char *s, long long *out)
 
 static bool framework_valid(const char *s)
 {
-    static const char *const ok[] = {"auto", "pytorch", "jax", "tensorflow", "cupy"};
-    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++)
-        if (strcmp(s, ok[i]) == 0)
-            return true;
-    return false;
+    return strcmp(s, "auto") == 0 || og_framework_from_name(s) != OG_FW_UNKNOWN;
 }
 
 /* Strings whose values are a closed set; the others are checked where they are used. */

@@ -1,15 +1,15 @@
 /* The in-memory record of one failure (or warning, or exit summary): everything a dump
- * says, measured once.  JSON and text are both rendered from it (dump.c), so the two
- * can never disagree.  Field meanings: docs/dump-format.md. */
+ * says, measured once.  JSON and text are both rendered from it (dump_json.c, dump.c), so
+ * the two can never disagree.  Field meanings: docs/dump-format.md. */
 #ifndef OG_RECORD_H
 #define OG_RECORD_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
-#define OG_UNKNOWN UINT64_MAX          /* a byte count that could not be measured */
+#include "human.h"   /* enum og_framework */
 
-enum og_framework { OG_FW_UNKNOWN, OG_FW_PYTORCH, OG_FW_JAX, OG_FW_TENSORFLOW, OG_FW_CUPY };
+#define OG_UNKNOWN UINT64_MAX          /* a byte count that could not be measured */
 
 typedef struct og_lib_usage {
     char library[120];
@@ -53,7 +53,10 @@ typedef struct og_cause {
     double confidence;               /* 0..1 */
     char summary[384];
     int nevidence;
-    struct { const char *name; bool is_text; double num; char text[64]; } evidence[12];
+    struct {
+        const char *name; bool is_text; double num; char text[64];
+        bool is_bytes; uint64_t bytes;   /* a byte count, exact (num rounds SIZE_MAX up to 2^64) */
+    } evidence[12];
 } og_cause_t;
 
 typedef struct og_remedy {
@@ -87,6 +90,7 @@ typedef struct og_framework_view {
     /* evidence for the diagnosis (zero = unknown): */
     int grad_enabled;                /* 1 autograd on at the failure, -1 off (no_grad/inference_mode) */
     int training;                    /* 1 training seen (optimizer state, backward), -1 known inference/eval */
+    int autocast;                    /* 1 mixed precision (autocast) on at the failure, -1 off */
     uint64_t cap_bytes;              /* framework-imposed cap (memory fraction, set_limit); 0 none/unknown */
     char cap_source[64];             /* the setting that imposes it */
     char framework[16];              /* "pytorch" | "jax" | "tensorflow" | "cupy"; "" = from `source` */
@@ -207,7 +211,7 @@ typedef struct og_record {
     struct { int index; uint64_t peak_bytes; double peak_t_rel; char peak_library[120]; uint64_t tracked_bytes; } summary[16];
 } og_record_t;
 
-/* Diagnosis thresholds (OOMGUARD_* options, see og.h). */
+/* Diagnosis thresholds (OOMGUARD_* options, see options.def). */
 typedef struct og_thresholds {
     double frag_share;           /* cached >= this share of the framework's reservation */
     double nonfw_share;          /* non-framework >= this share of the process's usage */
@@ -221,6 +225,5 @@ typedef struct og_thresholds {
 void og_diagnose(og_record_t *rec, const og_thresholds_t *th);
 /* remedies.c: fills rec->remedies from diagnosis + measurements.  Pure. */
 void og_select_remedies(og_record_t *rec);
-const char *og_framework_name(enum og_framework fw);
 
 #endif

@@ -45,17 +45,6 @@
 #define MIB (1024.0 * 1024.0)
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
-const char *og_framework_name(enum og_framework fw)
-{
-    switch (fw) {
-    case OG_FW_PYTORCH: return "pytorch";
-    case OG_FW_JAX: return "jax";
-    case OG_FW_TENSORFLOW: return "tensorflow";
-    case OG_FW_CUPY: return "cupy";
-    default: return "unknown";
-    }
-}
-
 /* ------------------------------------------------------------------ context */
 
 typedef struct rctx {
@@ -84,9 +73,14 @@ typedef struct rctx {
     uint64_t other_fw_bytes, peers_bytes, capacity, growth_rise;
     int npeers;
     int grad, training;          /* adapter evidence, 0 unknown */
+    int autocast;                /* adapter evidence: 1 mixed precision on at the failure, -1 off, 0 unknown */
 } rctx_t;
 
-static const char *fw_display(enum og_framework fw) { return og_fw_display(fw, "the framework"); }
+/* Autograd was off at the failure and nothing says the job trains: inference or generation, where
+ * memory kept from step to step is kept on purpose (a KV cache, collected outputs), not a graph. */
+static bool no_autograd_job(const rctx_t *x) { return x->grad == -1 && x->training != 1; }
+
+static const char *fw_display(enum og_framework fw) { return og_framework_display(fw, "the framework"); }
 
 /* value of NAME in the allow-listed environment, or NULL */
 static const char *env_value(const og_record_t *rec, const char *name)
@@ -106,8 +100,9 @@ static bool env_is(const og_record_t *rec, const char *name, const char *value)
     return v && strcasecmp(v, value) == 0;
 }
 
-/* a number recorded as evidence by og_diagnose, or -1 */
-static double evidence(const og_record_t *rec, enum og_cause_kind cause, const char *name)
+/* the evidence NAME (a number, or text when TEXT) that og_diagnose recorded for CAUSE, or NULL */
+static const og_cause_t *find_evidence(const og_record_t *rec, enum og_cause_kind cause, const char *name, bool text,
+                                       int *at)
 {
     int n = rec->diagnosis.ncauses < 0 ? 0 : rec->diagnosis.ncauses > 8 ? 8 : rec->diagnosis.ncauses;
     for (int i = 0; i < n; i++) {
@@ -116,43 +111,36 @@ static double evidence(const og_record_t *rec, enum og_cause_kind cause, const c
             continue;
         int ne = c->nevidence < 0 ? 0 : c->nevidence > 12 ? 12 : c->nevidence;
         for (int e = 0; e < ne; e++)
-            if (c->evidence[e].name && strcmp(c->evidence[e].name, name) == 0 && !c->evidence[e].is_text)
-                return c->evidence[e].num;
-    }
-    return -1;
-}
-
-static const char *evidence_text(const og_record_t *rec, enum og_cause_kind cause, const char *name)
-{
-    int n = rec->diagnosis.ncauses < 0 ? 0 : rec->diagnosis.ncauses > 8 ? 8 : rec->diagnosis.ncauses;
-    for (int i = 0; i < n; i++) {
-        const og_cause_t *c = &rec->diagnosis.causes[i];
-        if (!c->id || strcmp(c->id, og_cause_ids[cause]) != 0)
-            continue;
-        int ne = c->nevidence < 0 ? 0 : c->nevidence > 12 ? 12 : c->nevidence;
-        for (int e = 0; e < ne; e++)
-            if (c->evidence[e].name && strcmp(c->evidence[e].name, name) == 0 && c->evidence[e].is_text)
-                return c->evidence[e].text;
+            if (c->evidence[e].name && strcmp(c->evidence[e].name, name) == 0 && c->evidence[e].is_text == text) {
+                *at = e;
+                return c;
+            }
     }
     return NULL;
 }
 
-/* distinct allocation sizes (to 1 MiB) in the history: variable-length batches make many */
-static int distinct_sizes(const og_record_t *r)
+/* a number recorded as evidence by og_diagnose, or -1 */
+static double evidence(const og_record_t *rec, enum og_cause_kind cause, const char *name)
 {
-    uint64_t seen[64];
-    int n = 0, ne = r->history.events ? r->history.nevents : 0;
-    for (int i = 0; i < ne && n < 64; i++) {
-        const struct og_hist_ev *e = &r->history.events[i];
-        if (!e->op || strcmp(e->op, "alloc") != 0)
-            continue;
-        bool dup = false;
-        for (int j = 0; j < n && !dup; j++)
-            dup = seen[j] == e->bytes >> 20;
-        if (!dup)
-            seen[n++] = e->bytes >> 20;
-    }
-    return n;
+    int e;
+    const og_cause_t *c = find_evidence(rec, cause, name, false, &e);
+    return c ? c->evidence[e].num : -1;
+}
+
+static const char *evidence_text(const og_record_t *rec, enum og_cause_kind cause, const char *name)
+{
+    int e;
+    const og_cause_t *c = find_evidence(rec, cause, name, true, &e);
+    return c ? c->evidence[e].text : NULL;
+}
+
+/* The growth's steps ran without autograd: it was off when the failing call, itself one more step
+ * (marked by its size), was made.  A failure of another size (an evaluation after a leaking
+ * training loop) says nothing about the mode the growth happened in. */
+static bool growth_without_autograd(const rctx_t *x)
+{
+    const char *marker = evidence_text(x->rec, OG_CAUSE_GROWTH, "step_marker");
+    return no_autograd_job(x) && marker && strcmp(marker, "failing_size") == 0;
 }
 
 static void context(rctx_t *x, const og_record_t *rec)
@@ -231,14 +219,11 @@ static void context(rctx_t *x, const og_record_t *rec)
                        rec->event.released_between_attempts_bytes == 0);
     x->app_pool = evidence_text(rec, OG_CAUSE_CACHE, "holder") != NULL;
     x->async_backend = strstr(rec->pytorch_alloc_conf, "cudaMallocAsync") != NULL;
-    x->variable_sizes = evidence(rec, OG_CAUSE_FRAG, "distinct_sizes") >= 8 || distinct_sizes(rec) >= 8;
+    x->variable_sizes = evidence(rec, OG_CAUSE_FRAG, "distinct_sizes") >= 8 || og_distinct_alloc_sizes(rec) >= 8;
     x->larger_than_device = evidence(rec, OG_CAUSE_DNF, "larger_than_device") > 0;
     const char *ofw = evidence_text(rec, OG_CAUSE_OTHERFW, "framework");
     if (ofw) {
-        static const char *const names[] = {"unknown", "pytorch", "jax", "tensorflow", "cupy"};
-        for (int i = 1; i < 5; i++)
-            if (strcmp(ofw, names[i]) == 0)
-                x->other_fw = i;
+        x->other_fw = og_framework_from_name(ofw);
         double b = evidence(rec, OG_CAUSE_OTHERFW, "framework_reserved_bytes");
         x->other_fw_bytes = b > 0 ? (uint64_t)b : 0;
     }
@@ -252,6 +237,7 @@ static void context(rctx_t *x, const og_record_t *rec)
     x->capacity = known(lim) && (!x->total || lim < x->total) ? lim : x->total;
     x->grad = fw->has ? fw->grad_enabled : 0;
     x->training = fw->has ? fw->training : 0;
+    x->autocast = fw->has ? fw->autocast : 0;
     /* advice follows the failing call's framework */
     int ffw = og_framework_of(x->fail_lib, x->fail_lib);
     if (ffw != OG_FW_UNKNOWN) {
@@ -618,12 +604,29 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
     double last = evidence(rec, OG_CAUSE_GROWTH, "last_trough_bytes");
     double step = evidence(rec, OG_CAUSE_GROWTH, "rise_per_step_bytes");
     const char *steps = evidence_text(rec, OG_CAUSE_GROWTH, "rising_steps");
-    if (first >= 0 && last >= 0)
+    bool kept_on_purpose = growth_without_autograd(x) && (x->fw == OG_FW_PYTORCH || x->fw == OG_FW_UNKNOWN);
+    if (first >= 0 && last >= 0 && kept_on_purpose)
+        why(r, "The low point rose from step to step (%s), from %s to %s, about %s per step, with autograd off: no "
+            "graph is kept, so most often this is a KV cache growing with every generated token (batch x tokens) "
+            "or outputs collected on the GPU.", steps ? steps : "most steps", og_hb(first).s,
+            og_hb(last).s, og_hb(step > 0 ? step : 0).s);
+    else if (first >= 0 && last >= 0)
         why(r, "The low point of this process's memory rose from step to step (%s), from %s to %s, about %s per "
             "step: something keeps tensors alive from one iteration to the next.", steps ? steps : "most steps",
             og_hb(first).s, og_hb(last).s, og_hb(step > 0 ? step : 0).s);
     else
         why(r, "Live memory grows over the run: something keeps tensors alive from one iteration to the next.");
+    if (kept_on_purpose) {
+        how(r, "%smodel.generate(inputs, max_new_tokens=N)   # the KV cache holds batch x (prompt + new tokens) "
+            "positions: fewer of either", pt(x));
+        how(r, "%sresults.append(output.cpu())   # or .tolist(): collect outputs on the host, not the GPU", pt(x));
+        how(r, "%smodel.generate(inputs, cache_implementation=\"quantized\")   # Hugging Face: a 4-bit KV cache; "
+            "or a paged cache server (vLLM)", pt(x));
+        if (x->training != -1)   /* nobody said whether training steps ran before: their leak fits too */
+            how(r, "%slosses.append(loss.detach().item())   # if training steps ran before: keep numbers, not tensors",
+                pt(x));
+        return true;
+    }
     switch (x->fw) {
     case OG_FW_JAX:
         how(r, "losses.append(float(loss))   # not the device array; or jax.device_get(loss)");
@@ -768,6 +771,18 @@ static bool b_mixed_precision(const rctx_t *x, og_remedy_t *r)
 
 static bool b_smaller_batch(const rctx_t *x, og_remedy_t *r)
 {
+    if (no_autograd_job(x) && (x->fw == OG_FW_PYTORCH || x->fw == OG_FW_UNKNOWN)) {
+        why(r, "Without autograd what grows with the batch is the activations and, when generating, the KV cache of "
+            "every sequence: half the sequences at once, half of it; no accumulation is needed.");
+        activations_vs_shortfall(x, r, 0.5, "halving the batch");
+        r->title = "Smaller batch (fewer sequences at once)";
+        r->cost = "More, smaller calls; nothing to accumulate without training";
+        how(r, "%sfor i in range(0, len(prompts), 16): model.generate(prompts[i:i + 16], ...)   # fewer sequences "
+            "per call", pt(x));
+        how(r, "%sDataLoader(dataset, batch_size=batch_size // 2)   # evaluation: no gradient accumulation needed",
+            pt(x));
+        return true;
+    }
     why(r, "Activation memory grows linearly with the batch size; gradient accumulation keeps the effective "
         "batch.");
     activations_vs_shortfall(x, r, 0.5, "halving the batch");
@@ -1320,6 +1335,9 @@ void og_select_remedies(og_record_t *rec)
     if (x.has[OG_CAUSE_GROWTH]) {
         want[R_RELEASE_REFS] = want[R_INFERENCE] = want[R_RESTART] = true;
         want[R_EMPTY_CACHE] |= cache_ok;
+        /* inference keeps per step by design (KV cache, outputs): it shrinks with the batch and length */
+        want[R_SMALLER_BATCH] |= growth_without_autograd(&x) && x.primary == OG_CAUSE_GROWTH;
+        want[R_SHORTER_SEQ] |= growth_without_autograd(&x) && x.primary == OG_CAUSE_GROWTH;
     }
     if (x.has[OG_CAUSE_OTHERFW])
         want[R_OTHER_FW] = true;
@@ -1392,6 +1410,9 @@ void og_select_remedies(og_record_t *rec)
     /* already without autograd, or known to train: inference mode has nothing to give */
     if (x.grad == -1 || x.training == 1)
         want[R_INFERENCE] = false;
+    /* autocast already on at the failure: mixed precision is in force, it has nothing more to give */
+    if (x.autocast == 1)
+        want[R_MIXED] = false;
     if (x.fw == OG_FW_CUPY)
         want[R_CHECKPOINTING] = want[R_SHORTER_SEQ] = want[R_FLASH] = want[R_QUANT] = want[R_MULTI_GPU] = false;
     if (x.fw == OG_FW_TENSORFLOW || x.fw == OG_FW_CUPY)
@@ -1514,6 +1535,19 @@ void og_select_remedies(og_record_t *rec)
     }
     if (x.primary == OG_CAUSE_GROWTH && known_inference && x.grad == 1)
         tier[R_INFERENCE] = 0, order[R_INFERENCE] = -21;   /* evaluation with autograd on keeps every graph */
+    /* memory rising step after step: what gives back only today's cache or splinters buys a step or two
+     * before the next failure, so it follows what stops or shrinks the growth */
+    if (x.primary == OG_CAUSE_GROWTH && rec->diagnosis.ncauses > 0 && rec->diagnosis.causes[0].confidence >= 0.7) {
+        static const int one_off[] = {R_EMPTY_CACHE, R_EXPANDABLE, R_RESTART, R_BUCKET, R_POOL_TRIM};
+        for (size_t k = 0; k < sizeof one_off / sizeof *one_off; k++)
+            if (tier[one_off[k]] > 0)
+                tier[one_off[k]] = 3;
+        if (growth_without_autograd(&x) && known_inference) {
+            tier[R_SMALLER_BATCH] = tier[R_SHORTER_SEQ] = 0;
+            order[R_SMALLER_BATCH] = -10;
+            order[R_SHORTER_SEQ] = -9;
+        }
+    }
     /* a cap on a shared GPU protects the others; alone on it, a limit emulates a smaller card */
     if (x.has[OG_CAUSE_LIMIT] && rec->memory.nother > 0)
         tier[R_RAISE_LIMIT] = 0, order[R_RAISE_LIMIT] = -20;

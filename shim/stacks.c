@@ -496,59 +496,59 @@ static int keep_frames(const uintptr_t *buf, int n, void *caller, int depth, int
 int og_stack_record_cost = 256;       /* tests: 0, record every repeated stack */
 static OG_TLS int tls_record_credit = 1 << 30;
 
-__attribute__((noinline)) uint32_t og_site_capture(void *caller)
+/* The site id of these frames: the thread's cache, else the shared table.  *repeated: the
+ * cache knew them.  0 when the site could not be recorded. */
+static inline uint32_t site_of_frames(const uintptr_t *frames, int n, bool *repeated)
+{
+    uint64_t h = hash_frames(frames, n);
+    unsigned slot = (unsigned)(h % TLS_CACHE);
+    *repeated = false;
+    if (tls_cache[slot].hash == h && tls_cache[slot].id) {
+        *repeated = true;
+        return tls_cache[slot].id;
+    }
+    const og_site_t *s = site_intern(h, frames, n);
+    if (!s)
+        return 0;
+    tls_cache[slot].hash = h;
+    tls_cache[slot].id = s->id;
+    return s->id;
+}
+
+/* Unwinds from its own frame (the chain cache keys on it): never inlined. */
+static __attribute__((noinline)) uint32_t site_capture_unwound(void *caller, int depth)
 {
     uintptr_t buf[OG_MAX_FRAMES + 8];
     const uintptr_t *frames = buf;
     int n, skip = 0;
-    int depth = (int)og_opt.stack_depth;
-    chain_cache_t *cc = NULL;
+    chain_cache_t *cc = og_stack_cache_enabled ? chains_get() : NULL;
     uintptr_t fp = 0;
     unsigned set = 0;
-    if (depth <= 0) {
-        buf[0] = (uintptr_t)caller;
-        n = 1;
-    } else {
-        cc = og_stack_cache_enabled ? chains_get() : NULL;
-        if (cc) {
-            fp = (uintptr_t)__builtin_frame_address(0);
-            set = chain_set(fp, caller);
-            for (unsigned w = 0; w < CHAIN_WAYS; w++) {
-                const chain_t *e = chain_at(cc, set, w);
-                if (chain_hit(e, fp, caller)) {
-                    og_stack_chain_hits++;
-                    return e->site;
-                }
+    if (cc) {
+        fp = (uintptr_t)__builtin_frame_address(0);
+        set = chain_set(fp, caller);
+        for (unsigned w = 0; w < CHAIN_WAYS; w++) {
+            const chain_t *e = chain_at(cc, set, w);
+            if (chain_hit(e, fp, caller)) {
+                og_stack_chain_hits++;
+                return e->site;
             }
         }
-        /* unw_backtrace's first frame is this function's own */
-        n = unw_backtrace((void **)buf, depth + 8);
-        if (n > 0)
-            memmove(buf, buf + 1, (size_t)--n * sizeof buf[0]);
-        n = keep_frames(buf, n, caller, depth, &skip);
-        frames = buf + skip;
-        if (n <= 0) {
-            buf[0] = (uintptr_t)caller;
-            frames = buf;
-            n = 1;
-            cc = NULL;
-        }
     }
-    uint32_t id = 0;
-    bool repeated = false;
-    uint64_t h = hash_frames(frames, n);
-    unsigned slot = (unsigned)(h % TLS_CACHE);
-    if (tls_cache[slot].hash == h && tls_cache[slot].id) {
-        id = tls_cache[slot].id;
-        repeated = true;
-    } else {
-        const og_site_t *s = site_intern(h, frames, n);
-        if (s) {
-            tls_cache[slot].hash = h;
-            tls_cache[slot].id = s->id;
-            id = s->id;
-        }
+    /* unw_backtrace's first frame is this function's own */
+    n = unw_backtrace((void **)buf, depth + 8);
+    if (n > 0)
+        memmove(buf, buf + 1, (size_t)--n * sizeof buf[0]);
+    n = keep_frames(buf, n, caller, depth, &skip);
+    frames = buf + skip;
+    if (n <= 0) {
+        buf[0] = (uintptr_t)caller;
+        frames = buf;
+        n = 1;
+        cc = NULL;
     }
+    bool repeated;
+    uint32_t id = site_of_frames(frames, n, &repeated);
     if (!cc || !id)
         return id;
     if (!repeated || tls_record_credit < og_stack_record_cost) {
@@ -573,6 +573,16 @@ __attribute__((noinline)) uint32_t og_site_capture(void *caller)
         e->fp = fp;
     }
     return id;
+}
+
+uint32_t og_site_capture(void *caller)
+{
+    int depth = (int)og_opt.stack_depth;
+    if (depth > 0)
+        return site_capture_unwound(caller, depth);
+    uintptr_t f = (uintptr_t)caller;      /* depth 0: the wrapper's return address is the site */
+    bool repeated;
+    return site_of_frames(&f, 1, &repeated);
 }
 
 uint16_t og_site_lib(const og_site_t *site)

@@ -87,24 +87,3 @@ void og_sb_free(og_sb_t *sb)
     sb->buf = NULL;
     sb->len = sb->cap = 0;
 }
-
-/* 1.30 GiB style, binary units, two decimals like PyTorch's messages. */
-const char *og_human(uint64_t bytes, char *buf, size_t n)
-{
-    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-    if (bytes == UINT64_MAX) {
-        snprintf(buf, n, "unknown");
-        return buf;
-    }
-    double v = (double)bytes;
-    int u = 0;
-    while (v >= 1024.0 && u < 5) {
-        v /= 1024.0;
-        u++;
-    }
-    if (u == 0)
-        snprintf(buf, n, "%llu B", (unsigned long long)bytes);
-    else
-        snprintf(buf, n, "%.2f %s", v, unit[u]);
-    return buf;
-}

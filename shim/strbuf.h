@@ -15,5 +15,4 @@ void og_sb_puts(og_sb_t *sb, const char *s);
 void og_sb_printf(og_sb_t *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void og_sb_json_str(og_sb_t *sb, const char *s);
 void og_sb_free(og_sb_t *sb);
-const char *og_human(uint64_t bytes, char *buf, size_t n);
 #endif

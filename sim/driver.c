@@ -340,6 +340,62 @@ static void write_truth_file_locked(void)
     fclose(f);
 }
 
+/* ================================================ stream and event lists */
+
+/* Free the objects of `ctx` (NULL: every object) from the list. */
+static void obj_drop_locked(sim_obj_t **list, CUcontext ctx)
+{
+    for (sim_obj_t **pp = list; *pp;) {
+        if (!ctx || (*pp)->ctx == ctx) {
+            sim_obj_t *dead = *pp;
+            *pp = dead->next;
+            free(dead);
+        } else {
+            pp = &(*pp)->next;
+        }
+    }
+}
+
+/* The object behind handle `h`, NULL for anything not in the list. */
+static sim_obj_t *obj_find_locked(sim_obj_t *list, const void *h)
+{
+    for (sim_obj_t *o = list; o; o = o->next)
+        if ((const void *)o == h)
+            return o;
+    return NULL;
+}
+
+/* A new object of `size` bytes (its handle type) in the calling thread's current context. */
+static CUresult obj_create_locked(sim_obj_t **list, size_t size, unsigned int flags, sim_obj_t **out)
+{
+    CUcontext c;
+    CUresult r = sim_current_ctx_locked(&c);
+    if (r != CUDA_SUCCESS)
+        return r;
+    sim_obj_t *o = calloc(1, size);
+    if (!o)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    o->dev = c->dev;
+    o->ctx = c;
+    o->flags = flags;
+    o->next = *list;
+    *list = o;
+    *out = o;
+    return CUDA_SUCCESS;
+}
+
+static CUresult obj_destroy_locked(sim_obj_t **list, const void *h)
+{
+    for (sim_obj_t **pp = list; *pp; pp = &(*pp)->next)
+        if ((const void *)*pp == h) {
+            sim_obj_t *dead = *pp;
+            *pp = dead->next;
+            free(dead);
+            return CUDA_SUCCESS;
+        }
+    return CUDA_ERROR_INVALID_HANDLE;
+}
+
 /* ===================================================== fork / load / exit */
 
 static void drop_handles_locked(void)
@@ -350,21 +406,9 @@ static void drop_handles_locked(void)
         free(c);
         c = n;
     }
-    struct CUstream_st *s = g_sim.streams;
-    while (s) {
-        struct CUstream_st *n = s->next;
-        free(s);
-        s = n;
-    }
-    struct CUevent_st *e = g_sim.events;
-    while (e) {
-        struct CUevent_st *n = e->next;
-        free(e);
-        e = n;
-    }
     g_sim.ctxs = NULL;
-    g_sim.streams = NULL;
-    g_sim.events = NULL;
+    obj_drop_locked(&g_sim.streams, NULL);
+    obj_drop_locked(&g_sim.events, NULL);
 }
 
 static void atfork_prepare(void)
@@ -462,11 +506,7 @@ SIM_API CUresult CUDAAPI cuDriverGetVersion(int *driverVersion)
 
 SIM_API CUresult CUDAAPI cuDeviceGet(CUdevice *device, int ordinal)
 {
-    ENTER_INIT();
-    if (!device)
-        RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
-    if (sim_check_device(ordinal) != CUDA_SUCCESS)
-        RETURN_UNLOCK(CUDA_ERROR_INVALID_DEVICE);
+    ENTER_DEVICE(ordinal, !device);
     *device = ordinal;
     RETURN_UNLOCK(CUDA_SUCCESS);
 }
@@ -482,22 +522,14 @@ SIM_API CUresult CUDAAPI cuDeviceGetCount(int *count)
 
 SIM_API CUresult CUDAAPI cuDeviceGetName(char *name, int len, CUdevice dev)
 {
-    ENTER_INIT();
-    if (!name || len <= 0)
-        RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
-    if (sim_check_device(dev) != CUDA_SUCCESS)
-        RETURN_UNLOCK(CUDA_ERROR_INVALID_DEVICE);
+    ENTER_DEVICE(dev, !name || len <= 0);
     snprintf(name, (size_t)len, "%s", g_sim.cfg.name[dev]);
     RETURN_UNLOCK(CUDA_SUCCESS);
 }
 
 SIM_API CUresult CUDAAPI cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
-    ENTER_INIT();
-    if (!bytes)
-        RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
-    if (sim_check_device(dev) != CUDA_SUCCESS)
-        RETURN_UNLOCK(CUDA_ERROR_INVALID_DEVICE);
+    ENTER_DEVICE(dev, !bytes);
     *bytes = g_sim.dev[dev].total;
     RETURN_UNLOCK(CUDA_SUCCESS);
 }
@@ -569,22 +601,14 @@ static int attribute_value(CUdevice_attribute a, int dev)
 
 SIM_API CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
 {
-    ENTER_INIT();
-    if (!pi || (int)attrib <= 0 || attrib >= CU_DEVICE_ATTRIBUTE_MAX)
-        RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
-    if (sim_check_device(dev) != CUDA_SUCCESS)
-        RETURN_UNLOCK(CUDA_ERROR_INVALID_DEVICE);
+    ENTER_DEVICE(dev, !pi || (int)attrib <= 0 || attrib >= CU_DEVICE_ATTRIBUTE_MAX);
     *pi = attribute_value(attrib, dev);
     RETURN_UNLOCK(CUDA_SUCCESS);
 }
 
 SIM_API CUresult CUDAAPI cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
 {
-    ENTER_INIT();
-    if (!pciBusId || len <= 0)
-        RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
-    if (sim_check_device(dev) != CUDA_SUCCESS)
-        RETURN_UNLOCK(CUDA_ERROR_INVALID_DEVICE);
+    ENTER_DEVICE(dev, !pciBusId || len <= 0);
     snprintf(pciBusId, (size_t)len, "0000:%02x:00.0", 0x10 + dev);
     RETURN_UNLOCK(CUDA_SUCCESS);
 }
@@ -625,11 +649,7 @@ static void device_uuid(int dev, CUuuid *u)
 
 SIM_API CUresult CUDAAPI cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
 {
-    ENTER_INIT();
-    if (!uuid)
-        RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
-    if (sim_check_device(dev) != CUDA_SUCCESS)
-        RETURN_UNLOCK(CUDA_ERROR_INVALID_DEVICE);
+    ENTER_DEVICE(dev, !uuid);
     device_uuid(dev, uuid);
     RETURN_UNLOCK(CUDA_SUCCESS);
 }
@@ -653,24 +673,8 @@ static CUresult ctx_charge_locked(int dev)
 
 static void drop_ctx_streams_locked(CUcontext ctx)
 {
-    for (struct CUstream_st **pp = &g_sim.streams; *pp;) {
-        if ((*pp)->ctx == ctx) {
-            struct CUstream_st *dead = *pp;
-            *pp = dead->next;
-            free(dead);
-        } else {
-            pp = &(*pp)->next;
-        }
-    }
-    for (struct CUevent_st **pp = &g_sim.events; *pp;) {
-        if ((*pp)->ctx == ctx) {
-            struct CUevent_st *dead = *pp;
-            *pp = dead->next;
-            free(dead);
-        } else {
-            pp = &(*pp)->next;
-        }
-    }
+    obj_drop_locked(&g_sim.streams, ctx);
+    obj_drop_locked(&g_sim.events, ctx);
 }
 
 /* Destroying a context frees everything allocated in it (cuMemAlloc,
@@ -689,13 +693,11 @@ static void ctx_teardown_locked(CUcontext ctx)
 
 /* ====================================================== primary contexts */
 
+/* The primary_*_locked helpers take an ordinal their caller checked (ENTER_DEVICE). */
+
 SIM_API CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
-    ENTER_INIT();
-    if (!pctx)
-        RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
-    if (sim_check_device(dev) != CUDA_SUCCESS)
-        RETURN_UNLOCK(CUDA_ERROR_INVALID_DEVICE);
+    ENTER_DEVICE(dev, !pctx);
     sim_dev_t *d = &g_sim.dev[dev];
     if (d->primary_refs == 0) {
         CUresult r = ctx_charge_locked(dev);
@@ -712,8 +714,6 @@ SIM_API CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 
 static CUresult primary_release_locked(CUdevice dev)
 {
-    if (sim_check_device(dev) != CUDA_SUCCESS)
-        return CUDA_ERROR_INVALID_DEVICE;
     sim_dev_t *d = &g_sim.dev[dev];
     /* "It is safe for other modules to call cuDevicePrimaryCtxRelease() even
      * after resetting the device": each reference a reset wiped out may still
@@ -732,7 +732,7 @@ static CUresult primary_release_locked(CUdevice dev)
 
 SIM_API CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
-    ENTER_INIT();
+    ENTER_DEVICE(dev, false);
     RETURN_UNLOCK(primary_release_locked(dev));
 }
 
@@ -743,8 +743,6 @@ SIM_API CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev)
 
 static CUresult primary_reset_locked(CUdevice dev)
 {
-    if (sim_check_device(dev) != CUDA_SUCCESS)
-        return CUDA_ERROR_INVALID_DEVICE;
     sim_dev_t *d = &g_sim.dev[dev];
     if (d->primary_refs > 0) {
         ctx_teardown_locked(&d->primary);
@@ -757,7 +755,7 @@ static CUresult primary_reset_locked(CUdevice dev)
 
 SIM_API CUresult CUDAAPI cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
-    ENTER_INIT();
+    ENTER_DEVICE(dev, false);
     RETURN_UNLOCK(primary_reset_locked(dev));
 }
 
@@ -768,11 +766,7 @@ SIM_API CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev)
 
 SIM_API CUresult CUDAAPI cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
 {
-    ENTER_INIT();
-    if (!flags || !active)
-        RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
-    if (sim_check_device(dev) != CUDA_SUCCESS)
-        RETURN_UNLOCK(CUDA_ERROR_INVALID_DEVICE);
+    ENTER_DEVICE(dev, !flags || !active);
     *flags = g_sim.dev[dev].primary_flags;
     *active = g_sim.dev[dev].primary_refs > 0;
     RETURN_UNLOCK(CUDA_SUCCESS);
@@ -780,8 +774,6 @@ SIM_API CUresult CUDAAPI cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *
 
 static CUresult primary_set_flags_locked(CUdevice dev, unsigned int flags, bool v1)
 {
-    if (sim_check_device(dev) != CUDA_SUCCESS)
-        return CUDA_ERROR_INVALID_DEVICE;
     if (flags & ~(unsigned)CU_CTX_FLAGS_MASK)
         return CUDA_ERROR_INVALID_VALUE;
     sim_dev_t *d = &g_sim.dev[dev];
@@ -797,13 +789,13 @@ static CUresult primary_set_flags_locked(CUdevice dev, unsigned int flags, bool 
 
 SIM_API CUresult CUDAAPI cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
 {
-    ENTER_INIT();
+    ENTER_DEVICE(dev, false);
     RETURN_UNLOCK(primary_set_flags_locked(dev, flags, false));
 }
 
 SIM_API CUresult CUDAAPI cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags)
 {
-    ENTER_INIT();
+    ENTER_DEVICE(dev, false);
     RETURN_UNLOCK(primary_set_flags_locked(dev, flags, true));
 }
 
@@ -1045,32 +1037,22 @@ CUresult sim_stream_device_locked(CUstream s, int *dev)
         *dev = c->dev;
         return CUDA_SUCCESS;
     }
-    for (struct CUstream_st *p = g_sim.streams; p; p = p->next)
-        if (p == s) {
-            *dev = p->dev;
-            return CUDA_SUCCESS;
-        }
-    return CUDA_ERROR_INVALID_HANDLE;
+    sim_obj_t *o = obj_find_locked(g_sim.streams, s);
+    if (!o)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *dev = o->dev;
+    return CUDA_SUCCESS;
 }
 
 static CUresult stream_create_locked(CUstream *ph, unsigned int flags)
 {
     if (!ph || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING))
         return CUDA_ERROR_INVALID_VALUE;
-    CUcontext c;
-    CUresult r = sim_current_ctx_locked(&c);
-    if (r != CUDA_SUCCESS)
-        return r;
-    struct CUstream_st *s = calloc(1, sizeof *s);
-    if (!s)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    s->dev = c->dev;
-    s->ctx = c;
-    s->flags = flags;
-    s->next = g_sim.streams;
-    g_sim.streams = s;
-    *ph = s;
-    return CUDA_SUCCESS;
+    sim_obj_t *o;
+    CUresult r = obj_create_locked(&g_sim.streams, sizeof(struct CUstream_st), flags, &o);
+    if (r == CUDA_SUCCESS)
+        *ph = (CUstream)(void *)o;
+    return r;
 }
 
 SIM_API CUresult CUDAAPI cuStreamCreate(CUstream *phStream, unsigned int Flags)
@@ -1088,14 +1070,7 @@ SIM_API CUresult CUDAAPI cuStreamCreateWithPriority(CUstream *phStream, unsigned
 SIM_API CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream)
 {
     ENTER_INIT();
-    for (struct CUstream_st **pp = &g_sim.streams; *pp; pp = &(*pp)->next)
-        if (*pp == hStream) {
-            struct CUstream_st *dead = *pp;
-            *pp = dead->next;
-            free(dead);
-            RETURN_UNLOCK(CUDA_SUCCESS);
-        }
-    RETURN_UNLOCK(CUDA_ERROR_INVALID_HANDLE);
+    RETURN_UNLOCK(obj_destroy_locked(&g_sim.streams, hStream));
 }
 
 SIM_API CUresult CUDAAPI cuStreamDestroy(CUstream hStream)
@@ -1130,12 +1105,9 @@ SIM_API CUresult CUDAAPI cuStreamQuery_ptsz(CUstream hStream)
     return cuStreamQuery(hStream);
 }
 
-static struct CUevent_st *find_event_locked(CUevent e)
+static sim_obj_t *find_event_locked(CUevent e)
 {
-    for (struct CUevent_st *p = g_sim.events; p; p = p->next)
-        if (p == e)
-            return p;
-    return NULL;
+    return obj_find_locked(g_sim.events, e);
 }
 
 SIM_API CUresult CUDAAPI cuEventCreate(CUevent *phEvent, unsigned int Flags)
@@ -1143,20 +1115,11 @@ SIM_API CUresult CUDAAPI cuEventCreate(CUevent *phEvent, unsigned int Flags)
     ENTER_INIT();
     if (!phEvent || (Flags & ~(unsigned)(CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS)))
         RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
-    CUcontext c;
-    CUresult r = sim_current_ctx_locked(&c);
-    if (r != CUDA_SUCCESS)
-        RETURN_UNLOCK(r);
-    struct CUevent_st *e = calloc(1, sizeof *e);
-    if (!e)
-        RETURN_UNLOCK(CUDA_ERROR_OUT_OF_MEMORY);
-    e->dev = c->dev;
-    e->ctx = c;
-    e->flags = Flags;
-    e->next = g_sim.events;
-    g_sim.events = e;
-    *phEvent = e;
-    RETURN_UNLOCK(CUDA_SUCCESS);
+    sim_obj_t *o;
+    CUresult r = obj_create_locked(&g_sim.events, sizeof(struct CUevent_st), Flags, &o);
+    if (r == CUDA_SUCCESS)
+        *phEvent = (CUevent)(void *)o;
+    RETURN_UNLOCK(r);
 }
 
 SIM_API CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream)
@@ -1182,7 +1145,7 @@ SIM_API CUresult CUDAAPI cuEventQuery(CUevent hEvent)
 SIM_API CUresult CUDAAPI cuEventSynchronize(CUevent hEvent)
 {
     ENTER_INIT();
-    struct CUevent_st *e = find_event_locked(hEvent);
+    sim_obj_t *e = find_event_locked(hEvent);
     if (!e)
         RETURN_UNLOCK(CUDA_ERROR_INVALID_HANDLE);
     sim_pools_sync_locked(e->dev);
@@ -1192,14 +1155,7 @@ SIM_API CUresult CUDAAPI cuEventSynchronize(CUevent hEvent)
 SIM_API CUresult CUDAAPI cuEventDestroy_v2(CUevent hEvent)
 {
     ENTER_INIT();
-    for (struct CUevent_st **pp = &g_sim.events; *pp; pp = &(*pp)->next)
-        if (*pp == hEvent) {
-            struct CUevent_st *dead = *pp;
-            *pp = dead->next;
-            free(dead);
-            RETURN_UNLOCK(CUDA_SUCCESS);
-        }
-    RETURN_UNLOCK(CUDA_ERROR_INVALID_HANDLE);
+    RETURN_UNLOCK(obj_destroy_locked(&g_sim.events, hEvent));
 }
 
 SIM_API CUresult CUDAAPI cuEventDestroy(CUevent hEvent)
@@ -1294,9 +1250,7 @@ SIM_API CUresult CUDAAPI cuGetExportTable(const void **ppExportTable, const CUuu
 
 SIM_API CUresult CUDAAPI cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void *value)
 {
-    ENTER_INIT();
-    if (sim_check_device(device) != CUDA_SUCCESS)
-        RETURN_UNLOCK(CUDA_ERROR_INVALID_DEVICE);
+    ENTER_DEVICE(device, false);
     if (!value)
         RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
     sim_dev_t *d = &g_sim.dev[device];
@@ -1313,9 +1267,7 @@ SIM_API CUresult CUDAAPI cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMe
 /* Returns the graph pool's unused memory (all of it: no graph runs) to the device. */
 SIM_API CUresult CUDAAPI cuDeviceGraphMemTrim(CUdevice device)
 {
-    ENTER_INIT();
-    if (sim_check_device(device) != CUDA_SUCCESS)
-        RETURN_UNLOCK(CUDA_ERROR_INVALID_DEVICE);
+    ENTER_DEVICE(device, false);
     sim_dev_t *d = &g_sim.dev[device];
     if (d->graph_reserved)
         sim_uncharge_locked(device, d->graph_reserved);

@@ -64,18 +64,22 @@ struct CUctx_st {
     struct CUctx_st *next;    /* registry of created contexts (destroyed ones stay, inactive) */
 };
 
-struct CUstream_st {
+/* All the simulator knows of a stream or an event: where it was created.
+ * Each kind lives in its own list of these (g_sim.streams, g_sim.events);
+ * the handle points at its first member. */
+typedef struct sim_obj {
     int dev;
     CUcontext ctx;
     unsigned int flags;
-    struct CUstream_st *next;
+    struct sim_obj *next;
+} sim_obj_t;
+
+struct CUstream_st {
+    sim_obj_t obj;
 };
 
 struct CUevent_st {
-    int dev;
-    CUcontext ctx;
-    unsigned int flags;
-    struct CUevent_st *next;
+    sim_obj_t obj;
 };
 
 typedef struct sim_free_range {
@@ -209,8 +213,8 @@ typedef struct sim_state {
     sim_alloc_t *allocs;              /* list of plain/managed for context sweeps */
 
     struct CUctx_st *ctxs;            /* created contexts (live and destroyed) */
-    struct CUstream_st *streams;
-    struct CUevent_st *events;
+    sim_obj_t *streams;               /* struct CUstream_st */
+    sim_obj_t *events;                /* struct CUevent_st */
     struct CUmemPoolHandle_st *pools;
 
     uint64_t vmm_cursor;
@@ -252,6 +256,18 @@ SIM_HIDDEN void sim_unlock(void);
         CUresult rv_ = (rv);                          \
         sim_unlock();                                 \
         return rv_;                                   \
+    } while (0)
+
+/* ENTER_INIT for calls about one device, then their argument checks in the
+ * driver's order: CUDA_ERROR_INVALID_VALUE when `invalid` (bad pointers or
+ * values) before CUDA_ERROR_INVALID_DEVICE for a bad ordinal. */
+#define ENTER_DEVICE(dev, invalid)                    \
+    do {                                              \
+        ENTER_INIT();                                 \
+        if (invalid)                                  \
+            RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);  \
+        if (sim_check_device(dev) != CUDA_SUCCESS)    \
+            RETURN_UNLOCK(CUDA_ERROR_INVALID_DEVICE); \
     } while (0)
 
 /* Current context of the calling thread, validated.  Returns CUDA_SUCCESS,

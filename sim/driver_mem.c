@@ -947,16 +947,15 @@ static void phys_maybe_free_locked(sim_phys_t *p)
     free(p);
 }
 
-/* Only device-resident pinned allocations are simulated. */
-static CUresult check_alloc_prop(const CUmemAllocationProp *prop, int *dev)
+/* The device of a pinned allocation's location: host locations are valid
+ * but not simulated (CUDA_ERROR_NOT_SUPPORTED); anything else is invalid. */
+static CUresult device_location(const CUmemLocation *loc, int *dev)
 {
-    if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)
-        return CUDA_ERROR_INVALID_VALUE;
-    switch (prop->location.type) {
+    switch (loc->type) {
     case CU_MEM_LOCATION_TYPE_DEVICE:
-        if (sim_check_device(prop->location.id) != CUDA_SUCCESS)
+        if (sim_check_device(loc->id) != CUDA_SUCCESS)
             return CUDA_ERROR_INVALID_DEVICE;
-        *dev = prop->location.id;
+        *dev = loc->id;
         return CUDA_SUCCESS;
     case CU_MEM_LOCATION_TYPE_HOST:
     case CU_MEM_LOCATION_TYPE_HOST_NUMA:
@@ -964,6 +963,14 @@ static CUresult check_alloc_prop(const CUmemAllocationProp *prop, int *dev)
     default:
         return CUDA_ERROR_INVALID_VALUE;
     }
+}
+
+/* Only device-resident pinned allocations are simulated. */
+static CUresult check_alloc_prop(const CUmemAllocationProp *prop, int *dev)
+{
+    if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)
+        return CUDA_ERROR_INVALID_VALUE;
+    return device_location(&prop->location, dev);
 }
 
 SIM_API CUresult CUDAAPI cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
@@ -1175,6 +1182,15 @@ static bool pool_valid_locked(CUmemoryPool pool)
             return !p->destroyed;
     return false;
 }
+
+/* ENTER_INIT for calls on a pool: CUDA_ERROR_INVALID_VALUE for a pool that
+ * does not exist (or is destroyed) and when `invalid`. */
+#define ENTER_POOL(pool, invalid)                                 \
+    do {                                                          \
+        ENTER_INIT();                                             \
+        if (!pool_valid_locked(pool) || (invalid))                \
+            RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);              \
+    } while (0)
 
 static CUmemoryPool pool_new_locked(int dev, bool is_default, const CUmemPoolProps *props)
 {
@@ -1481,18 +1497,7 @@ static CUresult check_pool_props(const CUmemPoolProps *props, int *dev)
         return CUDA_ERROR_INVALID_VALUE;
     if (props->handleTypes != CU_MEM_HANDLE_TYPE_NONE && props->handleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
         return CUDA_ERROR_NOT_SUPPORTED;
-    switch (props->location.type) {
-    case CU_MEM_LOCATION_TYPE_DEVICE:
-        if (sim_check_device(props->location.id) != CUDA_SUCCESS)
-            return CUDA_ERROR_INVALID_DEVICE;
-        *dev = props->location.id;
-        return CUDA_SUCCESS;
-    case CU_MEM_LOCATION_TYPE_HOST:
-    case CU_MEM_LOCATION_TYPE_HOST_NUMA:
-        return CUDA_ERROR_NOT_SUPPORTED;
-    default:
-        return CUDA_ERROR_INVALID_VALUE;
-    }
+    return device_location(&props->location, dev);
 }
 
 SIM_API CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
@@ -1513,9 +1518,7 @@ SIM_API CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProp
 
 SIM_API CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool)
 {
-    ENTER_INIT();
-    if (!pool_valid_locked(pool) || pool->is_default)
-        RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
+    ENTER_POOL(pool, pool->is_default);
     sim_dev_t *d = &g_sim.dev[pool->dev];
     if (d->current_pool == pool)
         d->current_pool = d->default_pool;
@@ -1529,18 +1532,14 @@ SIM_API CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool)
 
 SIM_API CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
 {
-    ENTER_INIT();
-    if (!pool_valid_locked(pool))
-        RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
+    ENTER_POOL(pool, false);
     pool_trim_locked(pool, minBytesToKeep);
     RETURN_UNLOCK(CUDA_SUCCESS);
 }
 
 SIM_API CUresult CUDAAPI cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
-    ENTER_INIT();
-    if (!pool_valid_locked(pool) || !value)
-        RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
+    ENTER_POOL(pool, !value);
     switch (attr) {
     case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
     case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
@@ -1551,15 +1550,14 @@ SIM_API CUresult CUDAAPI cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attr
         pool->release_threshold = *(cuuint64_t *)value;
         RETURN_UNLOCK(CUDA_SUCCESS);
     case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
         /* High watermarks can only be reset (to the current value). */
         if (*(cuuint64_t *)value != 0)
             RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
-        pool->reserved_high = pool->reserved;
-        RETURN_UNLOCK(CUDA_SUCCESS);
-    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
-        if (*(cuuint64_t *)value != 0)
-            RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
-        pool->used_high = pool->used;
+        if (attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)
+            pool->reserved_high = pool->reserved;
+        else
+            pool->used_high = pool->used;
         RETURN_UNLOCK(CUDA_SUCCESS);
     default:
         RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
@@ -1568,9 +1566,7 @@ SIM_API CUresult CUDAAPI cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attr
 
 SIM_API CUresult CUDAAPI cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
-    ENTER_INIT();
-    if (!pool_valid_locked(pool) || !value)
-        RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
+    ENTER_POOL(pool, !value);
     switch (attr) {
     case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
     case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
@@ -1594,35 +1590,31 @@ SIM_API CUresult CUDAAPI cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attr
 
 SIM_API CUresult CUDAAPI cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
 {
-    ENTER_INIT();
-    if (!pool_out)
-        RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
-    if (sim_check_device(dev) != CUDA_SUCCESS)
-        RETURN_UNLOCK(CUDA_ERROR_INVALID_DEVICE);
+    ENTER_DEVICE(dev, !pool_out);
     *pool_out = g_sim.dev[dev].default_pool;
     RETURN_UNLOCK(CUDA_SUCCESS);
 }
 
 SIM_API CUresult CUDAAPI cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 {
-    ENTER_INIT();
-    if (!pool)
-        RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
-    if (sim_check_device(dev) != CUDA_SUCCESS)
-        RETURN_UNLOCK(CUDA_ERROR_INVALID_DEVICE);
+    ENTER_DEVICE(dev, !pool);
     *pool = g_sim.dev[dev].current_pool;
     RETURN_UNLOCK(CUDA_SUCCESS);
 }
 
+/* cuDeviceSetMemPool / cuMemSetMemPool once the device is known: only a pool of that device. */
+static CUresult set_current_pool_locked(int dev, CUmemoryPool pool)
+{
+    if (!pool_valid_locked(pool) || pool->dev != dev)
+        return CUDA_ERROR_INVALID_VALUE;
+    g_sim.dev[dev].current_pool = pool;
+    return CUDA_SUCCESS;
+}
+
 SIM_API CUresult CUDAAPI cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
 {
-    ENTER_INIT();
-    if (sim_check_device(dev) != CUDA_SUCCESS)
-        RETURN_UNLOCK(CUDA_ERROR_INVALID_DEVICE);
-    if (!pool_valid_locked(pool) || pool->dev != dev)
-        RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
-    g_sim.dev[dev].current_pool = pool;
-    RETURN_UNLOCK(CUDA_SUCCESS);
+    ENTER_DEVICE(dev, false);
+    RETURN_UNLOCK(set_current_pool_locked(dev, pool));
 }
 
 /* CUDA 13 location-based variants: device-resident pinned pools only. */
@@ -1634,39 +1626,33 @@ static CUresult check_location(const CUmemLocation *loc, CUmemAllocationType typ
         return loc->type <= CU_MEM_LOCATION_TYPE_HOST_NUMA ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_INVALID_VALUE;
     if (type != CU_MEM_ALLOCATION_TYPE_PINNED)
         return CUDA_ERROR_INVALID_VALUE;
-    if (loc->type == CU_MEM_LOCATION_TYPE_HOST || loc->type == CU_MEM_LOCATION_TYPE_HOST_NUMA)
-        return CUDA_ERROR_NOT_SUPPORTED;
-    if (loc->type != CU_MEM_LOCATION_TYPE_DEVICE)
+    return device_location(loc, dev);
+}
+
+/* cuMemGetDefaultMemPool (`current` false) and cuMemGetMemPool. */
+static CUresult location_pool_locked(CUmemoryPool *out, const CUmemLocation *location, CUmemAllocationType type,
+                                     bool current)
+{
+    int dev;
+    if (!out)
         return CUDA_ERROR_INVALID_VALUE;
-    if (sim_check_device(loc->id) != CUDA_SUCCESS)
-        return CUDA_ERROR_INVALID_DEVICE;
-    *dev = loc->id;
-    return CUDA_SUCCESS;
+    CUresult r = check_location(location, type, &dev);
+    if (r == CUDA_SUCCESS)
+        *out = current ? g_sim.dev[dev].current_pool : g_sim.dev[dev].default_pool;
+    return r;
 }
 
 SIM_API CUresult CUDAAPI cuMemGetDefaultMemPool(CUmemoryPool *pool_out, CUmemLocation *location,
                                                 CUmemAllocationType type)
 {
     ENTER_INIT();
-    int dev;
-    if (!pool_out)
-        RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
-    CUresult r = check_location(location, type, &dev);
-    if (r == CUDA_SUCCESS)
-        *pool_out = g_sim.dev[dev].default_pool;
-    RETURN_UNLOCK(r);
+    RETURN_UNLOCK(location_pool_locked(pool_out, location, type, false));
 }
 
 SIM_API CUresult CUDAAPI cuMemGetMemPool(CUmemoryPool *pool, CUmemLocation *location, CUmemAllocationType type)
 {
     ENTER_INIT();
-    int dev;
-    if (!pool)
-        RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
-    CUresult r = check_location(location, type, &dev);
-    if (r == CUDA_SUCCESS)
-        *pool = g_sim.dev[dev].current_pool;
-    RETURN_UNLOCK(r);
+    RETURN_UNLOCK(location_pool_locked(pool, location, type, true));
 }
 
 SIM_API CUresult CUDAAPI cuMemSetMemPool(CUmemLocation *location, CUmemAllocationType type, CUmemoryPool pool)
@@ -1674,12 +1660,7 @@ SIM_API CUresult CUDAAPI cuMemSetMemPool(CUmemLocation *location, CUmemAllocatio
     ENTER_INIT();
     int dev;
     CUresult r = check_location(location, type, &dev);
-    if (r != CUDA_SUCCESS)
-        RETURN_UNLOCK(r);
-    if (!pool_valid_locked(pool) || pool->dev != dev)
-        RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
-    g_sim.dev[dev].current_pool = pool;
-    RETURN_UNLOCK(CUDA_SUCCESS);
+    RETURN_UNLOCK(r == CUDA_SUCCESS ? set_current_pool_locked(dev, pool) : r);
 }
 
 /* ============================================================ fork reset */

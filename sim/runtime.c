@@ -167,6 +167,25 @@ static cudaError_t rt_ret_drv(CUresult r)
     return rt_ret(map_driver_error(r));
 }
 
+/* A driver allocation's result: the pointer it wrote to *p on success, the error recorded
+ * otherwise.  p by address: the allocation is an argument of this call, and C leaves the
+ * order in which arguments are evaluated open. */
+static cudaError_t rt_ret_ptr(CUresult r, const CUdeviceptr *p, void **out)
+{
+    if (r == CUDA_SUCCESS)
+        *out = (void *)(uintptr_t)*p;
+    return rt_ret_drv(r);
+}
+
+/* Preamble of an API call: `ready` is rt_init(), rt_init_device() or rt_ctx(); when it
+ * fails the call records and returns its error (the runtime's ENTER_INIT). */
+#define RT_READY(ready)                        \
+    do {                                       \
+        cudaError_t ready_ = (ready);          \
+        if (ready_ != cudaSuccess)             \
+            return rt_ret(ready_);             \
+    } while (0)
+
 RT_API cudaError_t CUDARTAPI cudaGetLastError(void)
 {
     cudaError_t e = t_last_error;
@@ -179,12 +198,19 @@ RT_API cudaError_t CUDARTAPI cudaPeekAtLastError(void)
     return t_last_error;
 }
 
-RT_API const char *CUDARTAPI cudaGetErrorName(cudaError_t error)
+/* The enumerator's name of a cudaError_t this runtime knows, else NULL. */
+static const char *error_name(cudaError_t error)
 {
     for (size_t i = 0; i < sizeof k_cuda_error_names / sizeof k_cuda_error_names[0]; i++)
         if (k_cuda_error_names[i].code == (int)error)
             return k_cuda_error_names[i].name;
-    return "unrecognized error code";
+    return NULL;
+}
+
+RT_API const char *CUDARTAPI cudaGetErrorName(cudaError_t error)
+{
+    const char *name = error_name(error);
+    return name ? name : "unrecognized error code";
 }
 
 RT_API const char *CUDARTAPI cudaGetErrorString(cudaError_t error)
@@ -229,10 +255,7 @@ RT_API const char *CUDARTAPI cudaGetErrorString(cudaError_t error)
     for (size_t i = 0; i < sizeof k_text / sizeof k_text[0]; i++)
         if (k_text[i].code == error)
             return k_text[i].text;
-    for (size_t i = 0; i < sizeof k_cuda_error_names / sizeof k_cuda_error_names[0]; i++)
-        if (k_cuda_error_names[i].code == (int)error)
-            return "unknown error";
-    return "unrecognized error code";
+    return error_name(error) ? "unknown error" : "unrecognized error code";
 }
 
 /* ====================================================== initialisation */
@@ -373,6 +396,34 @@ static int primary_device_of(CUcontext c)
     return dev;
 }
 
+/* The device of `cur`, a context current on this thread (not NULL): a primary context's
+ * own, else the driver's answer for a context the program made current itself. */
+static CUresult device_of_current(CUcontext cur, int *dev, bool *primary)
+{
+    int pd = primary_device_of(cur);
+    *primary = pd >= 0;
+    if (*primary) {
+        *dev = pd;
+        return CUDA_SUCCESS;
+    }
+    CUdevice dv;
+    CUresult r = D.CtxGetDevice(&dv);
+    if (r == CUDA_SUCCESS)
+        *dev = dv;
+    return r;
+}
+
+/* Retain the primary context of `dev` and make it current unless `cur` already is it. */
+static cudaError_t make_primary_current(int dev, CUcontext cur)
+{
+    CUcontext prim = NULL;
+    cudaError_t e = retain_primary(dev, &prim);
+    if (e != cudaSuccess)
+        return e;
+    CUresult r = cur != prim ? D.CtxSetCurrent(prim) : CUDA_SUCCESS;
+    return map_driver_error(r);
+}
+
 /*
  * Make sure the calling thread has a usable context, the way cudart does:
  * a context the program made current through the driver API is used as is;
@@ -389,25 +440,24 @@ static cudaError_t rt_ctx(int *dev_out)
     CUresult r = D.CtxGetCurrent(&cur);
     if (r != CUDA_SUCCESS)
         return map_driver_error(r);
-    int pd = primary_device_of(cur);
-    if (cur && pd < 0) {
-        CUdevice dv;
-        r = D.CtxGetDevice(&dv);
-        if (r != CUDA_SUCCESS)
-            return map_driver_error(r);
-        if (dev_out)
-            *dev_out = dv;
-        return cudaSuccess;
-    }
-    int dev = pd >= 0 ? pd : t_device;
-    CUcontext prim = NULL;
-    if ((e = retain_primary(dev, &prim)) != cudaSuccess)
-        return e;
-    if (cur != prim && (r = D.CtxSetCurrent(prim)) != CUDA_SUCCESS)
+    int dev = t_device;
+    bool primary = true;
+    if (cur && (r = device_of_current(cur, &dev, &primary)) != CUDA_SUCCESS)
         return map_driver_error(r);
+    if (primary && (e = make_primary_current(dev, cur)) != cudaSuccess)
+        return e;
     if (dev_out)
         *dev_out = dev;
     return cudaSuccess;
+}
+
+/* rt_init(), then CUDA's check of a device ordinal argument. */
+static cudaError_t rt_init_device(int device)
+{
+    cudaError_t e = rt_init();
+    if (e != cudaSuccess)
+        return e;
+    return device < 0 || device >= g_rt.ndev ? cudaErrorInvalidDevice : cudaSuccess;
 }
 
 /* ============================================================= devices */
@@ -427,19 +477,10 @@ RT_API cudaError_t CUDARTAPI cudaGetDeviceCount(int *count)
 
 RT_API cudaError_t CUDARTAPI cudaSetDevice(int device)
 {
-    cudaError_t e = rt_init();
-    if (e != cudaSuccess)
-        return rt_ret(e);
-    if (device < 0 || device >= g_rt.ndev)
-        return rt_ret(cudaErrorInvalidDevice);
+    RT_READY(rt_init_device(device));
     /* Since CUDA 12, cudaSetDevice initialises the device's primary context
      * and makes it current immediately. */
-    CUcontext prim = NULL;
-    if ((e = retain_primary(device, &prim)) != cudaSuccess)
-        return rt_ret(e);
-    CUresult r = D.CtxSetCurrent(prim);
-    if (r != CUDA_SUCCESS)
-        return rt_ret_drv(r);
+    RT_READY(make_primary_current(device, NULL));
     t_device = device;
     return cudaSuccess;
 }
@@ -452,19 +493,12 @@ static cudaError_t current_device(int *device)
     if (e != cudaSuccess)
         return e;
     CUcontext cur = NULL;
-    CUdevice dv;
-    if (D.CtxGetCurrent(&cur) == CUDA_SUCCESS && cur) {
-        int pd = primary_device_of(cur);
-        if (pd >= 0) {
-            *device = pd;
-            return cudaSuccess;
-        }
-        if (D.CtxGetDevice(&dv) == CUDA_SUCCESS) {
-            *device = dv;
-            return cudaSuccess;
-        }
-    }
-    *device = t_device;
+    int dev;
+    bool primary;
+    if (D.CtxGetCurrent(&cur) == CUDA_SUCCESS && cur && device_of_current(cur, &dev, &primary) == CUDA_SUCCESS)
+        *device = dev;
+    else
+        *device = t_device;
     return cudaSuccess;
 }
 
@@ -486,11 +520,7 @@ RT_API cudaError_t CUDARTAPI cudaGetDeviceProperties(struct cudaDeviceProp *prop
 {
     if (!prop)
         return rt_ret(cudaErrorInvalidValue);
-    cudaError_t e = rt_init();
-    if (e != cudaSuccess)
-        return rt_ret(e);
-    if (device < 0 || device >= g_rt.ndev)
-        return rt_ret(cudaErrorInvalidDevice);
+    RT_READY(rt_init_device(device));
     memset(prop, 0, sizeof *prop);
     CUresult r = D.DeviceGetName(prop->name, sizeof prop->name, device);
     size_t total = 0;
@@ -554,11 +584,7 @@ RT_API cudaError_t CUDARTAPI cudaDeviceGetAttribute(int *value, enum cudaDeviceA
 {
     if (!value)
         return rt_ret(cudaErrorInvalidValue);
-    cudaError_t e = rt_init();
-    if (e != cudaSuccess)
-        return rt_ret(e);
-    if (device < 0 || device >= g_rt.ndev)
-        return rt_ret(cudaErrorInvalidDevice);
+    RT_READY(rt_init_device(device));
     return rt_ret_drv(D.DeviceGetAttribute(value, (CUdevice_attribute)attr_, device));
 }
 
@@ -586,9 +612,7 @@ RT_API cudaError_t CUDARTAPI cudaRuntimeGetVersion(int *runtimeVersion)
 
 RT_API cudaError_t CUDARTAPI cudaDeviceSynchronize(void)
 {
-    cudaError_t e = rt_ctx(NULL);
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_ctx(NULL));
     return rt_ret_drv(D.CtxSynchronize());
 }
 
@@ -598,9 +622,7 @@ RT_API cudaError_t CUDARTAPI cudaDeviceSynchronize(void)
 RT_API cudaError_t CUDARTAPI cudaDeviceReset(void)
 {
     int dev;
-    cudaError_t e = current_device(&dev);
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(current_device(&dev));
     CUresult r = D.DevicePrimaryCtxReset(dev);
     if (r == CUDA_SUCCESS) {
         /* The reset dropped our reference; the handle stays the same, so the
@@ -618,42 +640,30 @@ RT_API cudaError_t CUDARTAPI cudaMalloc(void **devPtr, size_t size)
 {
     if (!devPtr)
         return rt_ret(cudaErrorInvalidValue);
-    cudaError_t e = rt_ctx(NULL);
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_ctx(NULL));
     if (size == 0) {
         /* The runtime answers a zero-byte request itself with NULL. */
         *devPtr = NULL;
         return cudaSuccess;
     }
     CUdeviceptr p;
-    CUresult r = D.MemAlloc(&p, size);
-    if (r == CUDA_SUCCESS)
-        *devPtr = (void *)(uintptr_t)p;
-    return rt_ret_drv(r);
+    return rt_ret_ptr(D.MemAlloc(&p, size), &p, devPtr);
 }
 
 RT_API cudaError_t CUDARTAPI cudaMallocManaged(void **devPtr, size_t size, unsigned int flags)
 {
     if (!devPtr || size == 0 || (flags != cudaMemAttachGlobal && flags != cudaMemAttachHost))
         return rt_ret(cudaErrorInvalidValue);
-    cudaError_t e = rt_ctx(NULL);
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_ctx(NULL));
     CUdeviceptr p;
-    CUresult r = D.MemAllocManaged(&p, size, flags);
-    if (r == CUDA_SUCCESS)
-        *devPtr = (void *)(uintptr_t)p;
-    return rt_ret_drv(r);
+    return rt_ret_ptr(D.MemAllocManaged(&p, size, flags), &p, devPtr);
 }
 
 RT_API cudaError_t CUDARTAPI cudaMallocPitch(void **devPtr, size_t *pitch, size_t width, size_t height)
 {
     if (!devPtr || !pitch)
         return rt_ret(cudaErrorInvalidValue);
-    cudaError_t e = rt_ctx(NULL);
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_ctx(NULL));
     CUdeviceptr p;
     size_t pt;
     CUresult r = D.MemAllocPitch(&p, &pt, width, height, 4);
@@ -695,9 +705,7 @@ RT_API cudaError_t CUDARTAPI cudaMallocArray(cudaArray_t *array, const struct cu
     CUDA_ARRAY_DESCRIPTOR d = {width, height, 0, 0};
     if (!array || !desc || !rt_array_format(desc, &d.Format, &d.NumChannels))
         return rt_ret(cudaErrorInvalidValue);
-    cudaError_t e = rt_ctx(NULL);
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_ctx(NULL));
     return rt_ret_drv(D.ArrayCreate((CUarray *)array, &d));
 }
 
@@ -707,9 +715,7 @@ RT_API cudaError_t CUDARTAPI cudaMalloc3DArray(cudaArray_t *array, const struct 
     CUDA_ARRAY3D_DESCRIPTOR d = {extent.width, extent.height, extent.depth, 0, 0, flags};
     if (!array || !desc || !rt_array_format(desc, &d.Format, &d.NumChannels))
         return rt_ret(cudaErrorInvalidValue);
-    cudaError_t e = rt_ctx(NULL);
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_ctx(NULL));
     return rt_ret_drv(D.Array3DCreate((CUarray *)array, &d));
 }
 
@@ -720,9 +726,7 @@ RT_API cudaError_t CUDARTAPI cudaMallocMipmappedArray(cudaMipmappedArray_t *mm, 
     CUDA_ARRAY3D_DESCRIPTOR d = {extent.width, extent.height, extent.depth, 0, 0, flags};
     if (!mm || !desc || !rt_array_format(desc, &d.Format, &d.NumChannels))
         return rt_ret(cudaErrorInvalidValue);
-    cudaError_t e = rt_ctx(NULL);
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_ctx(NULL));
     return rt_ret_drv(D.MipmappedArrayCreate((CUmipmappedArray *)mm, &d, numLevels));
 }
 
@@ -730,9 +734,7 @@ RT_API cudaError_t CUDARTAPI cudaFreeArray(cudaArray_t array)
 {
     if (!array)
         return cudaSuccess;
-    cudaError_t e = rt_ctx(NULL);
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_ctx(NULL));
     return rt_ret_drv(D.ArrayDestroy((CUarray)array));
 }
 
@@ -740,9 +742,7 @@ RT_API cudaError_t CUDARTAPI cudaFreeMipmappedArray(cudaMipmappedArray_t mm)
 {
     if (!mm)
         return cudaSuccess;
-    cudaError_t e = rt_ctx(NULL);
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_ctx(NULL));
     return rt_ret_drv(D.MipmappedArrayDestroy((CUmipmappedArray)mm));
 }
 
@@ -756,9 +756,7 @@ RT_API struct cudaChannelFormatDesc CUDARTAPI cudaCreateChannelDesc(int x, int y
 RT_API cudaError_t CUDARTAPI cudaFree(void *devPtr)
 {
     /* cudaFree(NULL) is the classic way to force context creation. */
-    cudaError_t e = rt_ctx(NULL);
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_ctx(NULL));
     if (!devPtr)
         return cudaSuccess;
     return rt_ret_drv(D.MemFree((CUdeviceptr)(uintptr_t)devPtr));
@@ -768,9 +766,7 @@ RT_API cudaError_t CUDARTAPI cudaMemGetInfo(size_t *free, size_t *total)
 {
     if (!free || !total)
         return rt_ret(cudaErrorInvalidValue);
-    cudaError_t e = rt_ctx(NULL);
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_ctx(NULL));
     return rt_ret_drv(D.MemGetInfo(free, total));
 }
 
@@ -778,9 +774,7 @@ static cudaError_t host_alloc(void **ptr, size_t size, unsigned int flags)
 {
     if (!ptr || (flags & ~(unsigned)(cudaHostAllocPortable | cudaHostAllocMapped | cudaHostAllocWriteCombined)))
         return rt_ret(cudaErrorInvalidValue);
-    cudaError_t e = rt_ctx(NULL);
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_ctx(NULL));
     if (size == 0) {
         *ptr = NULL;
         return cudaSuccess;
@@ -802,9 +796,7 @@ RT_API cudaError_t CUDARTAPI cudaHostAlloc(void **pHost, size_t size, unsigned i
 
 RT_API cudaError_t CUDARTAPI cudaFreeHost(void *ptr)
 {
-    cudaError_t e = rt_ctx(NULL);
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_ctx(NULL));
     if (!ptr)
         return cudaSuccess;
     return rt_ret_drv(D.MemFreeHost(ptr));
@@ -812,70 +804,50 @@ RT_API cudaError_t CUDARTAPI cudaFreeHost(void *ptr)
 
 /* ------------------------------------------------ stream-ordered allocator */
 
-static cudaError_t malloc_async(void **devPtr, size_t size, cudaStream_t stream, bool pt)
-{
-    if (!devPtr)
-        return rt_ret(cudaErrorInvalidValue);
-    cudaError_t e = rt_ctx(NULL);
-    if (e != cudaSuccess)
-        return rt_ret(e);
-    if (size == 0) {
-        *devPtr = NULL;
-        return cudaSuccess;
-    }
-    CUdeviceptr p;
-    CUresult r = (pt ? D.MemAllocAsync_pt : D.MemAllocAsync)(&p, size, (CUstream)stream);
-    if (r == CUDA_SUCCESS)
-        *devPtr = (void *)(uintptr_t)p;
-    return rt_ret_drv(r);
-}
-
-RT_API cudaError_t CUDARTAPI cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream)
-{
-    return malloc_async(devPtr, size, hStream, false);
-}
-
-RT_API cudaError_t CUDARTAPI cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStream)
-{
-    return malloc_async(devPtr, size, hStream, true);
-}
-
-static cudaError_t malloc_from_pool(void **ptr, size_t size, cudaMemPool_t pool, cudaStream_t stream, bool pt)
+/* cudaMallocAsync and cudaMallocFromPoolAsync (`from_pool`), legacy or per-thread (`pt`)
+ * default stream. */
+static cudaError_t malloc_async(void **ptr, size_t size, bool from_pool, cudaMemPool_t pool, cudaStream_t stream,
+                                bool pt)
 {
     if (!ptr)
         return rt_ret(cudaErrorInvalidValue);
-    cudaError_t e = rt_ctx(NULL);
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_ctx(NULL));
     if (size == 0) {
         *ptr = NULL;
         return cudaSuccess;
     }
     CUdeviceptr p;
-    CUresult r = (pt ? D.MemAllocFromPoolAsync_pt : D.MemAllocFromPoolAsync)(&p, size, (CUmemoryPool)pool,
-                                                                             (CUstream)stream);
-    if (r == CUDA_SUCCESS)
-        *ptr = (void *)(uintptr_t)p;
-    return rt_ret_drv(r);
+    CUresult r = from_pool ? (pt ? D.MemAllocFromPoolAsync_pt : D.MemAllocFromPoolAsync)(&p, size, (CUmemoryPool)pool,
+                                                                                        (CUstream)stream)
+                           : (pt ? D.MemAllocAsync_pt : D.MemAllocAsync)(&p, size, (CUstream)stream);
+    return rt_ret_ptr(r, &p, ptr);
+}
+
+RT_API cudaError_t CUDARTAPI cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream)
+{
+    return malloc_async(devPtr, size, false, NULL, hStream, false);
+}
+
+RT_API cudaError_t CUDARTAPI cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStream)
+{
+    return malloc_async(devPtr, size, false, NULL, hStream, true);
 }
 
 RT_API cudaError_t CUDARTAPI cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMemPool_t memPool,
                                                      cudaStream_t stream)
 {
-    return malloc_from_pool(ptr, size, memPool, stream, false);
+    return malloc_async(ptr, size, true, memPool, stream, false);
 }
 
 RT_API cudaError_t CUDARTAPI cudaMallocFromPoolAsync_ptsz(void **ptr, size_t size, cudaMemPool_t memPool,
                                                           cudaStream_t stream)
 {
-    return malloc_from_pool(ptr, size, memPool, stream, true);
+    return malloc_async(ptr, size, true, memPool, stream, true);
 }
 
 static cudaError_t free_async(void *devPtr, cudaStream_t stream, bool pt)
 {
-    cudaError_t e = rt_ctx(NULL);
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_ctx(NULL));
     if (!devPtr)
         return cudaSuccess;
     return rt_ret_drv((pt ? D.MemFreeAsync_pt : D.MemFreeAsync)((CUdeviceptr)(uintptr_t)devPtr, (CUstream)stream));
@@ -893,25 +865,19 @@ RT_API cudaError_t CUDARTAPI cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStre
 
 RT_API cudaError_t CUDARTAPI cudaDeviceGetDefaultMemPool(cudaMemPool_t *memPool, int device)
 {
-    cudaError_t e = rt_init();
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_init());
     return rt_ret_drv(D.DeviceGetDefaultMemPool((CUmemoryPool *)memPool, device));
 }
 
 RT_API cudaError_t CUDARTAPI cudaDeviceGetMemPool(cudaMemPool_t *memPool, int device)
 {
-    cudaError_t e = rt_init();
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_init());
     return rt_ret_drv(D.DeviceGetMemPool((CUmemoryPool *)memPool, device));
 }
 
 RT_API cudaError_t CUDARTAPI cudaDeviceSetMemPool(int device, cudaMemPool_t memPool)
 {
-    cudaError_t e = rt_init();
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_init());
     return rt_ret_drv(D.DeviceSetMemPool(device, (CUmemoryPool)memPool));
 }
 
@@ -919,9 +885,7 @@ RT_API cudaError_t CUDARTAPI cudaMemPoolCreate(cudaMemPool_t *memPool, const str
 {
     if (!memPool || !poolProps)
         return rt_ret(cudaErrorInvalidValue);
-    cudaError_t e = rt_init();
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_init());
     /* Field by field: the two structs are meant to match, but nothing
      * promises it. */
     CUmemPoolProps p;
@@ -938,34 +902,26 @@ RT_API cudaError_t CUDARTAPI cudaMemPoolCreate(cudaMemPool_t *memPool, const str
 
 RT_API cudaError_t CUDARTAPI cudaMemPoolDestroy(cudaMemPool_t memPool)
 {
-    cudaError_t e = rt_init();
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_init());
     return rt_ret_drv(D.MemPoolDestroy((CUmemoryPool)memPool));
 }
 
 RT_API cudaError_t CUDARTAPI cudaMemPoolTrimTo(cudaMemPool_t memPool, size_t minBytesToKeep)
 {
-    cudaError_t e = rt_init();
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_init());
     return rt_ret_drv(D.MemPoolTrimTo((CUmemoryPool)memPool, minBytesToKeep));
 }
 
 /* cudaMemPoolAttr values equal CUmemPool_attribute values. */
 RT_API cudaError_t CUDARTAPI cudaMemPoolSetAttribute(cudaMemPool_t memPool, enum cudaMemPoolAttr attr_, void *value)
 {
-    cudaError_t e = rt_init();
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_init());
     return rt_ret_drv(D.MemPoolSetAttribute((CUmemoryPool)memPool, (CUmemPool_attribute)attr_, value));
 }
 
 RT_API cudaError_t CUDARTAPI cudaMemPoolGetAttribute(cudaMemPool_t memPool, enum cudaMemPoolAttr attr_, void *value)
 {
-    cudaError_t e = rt_init();
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_init());
     return rt_ret_drv(D.MemPoolGetAttribute((CUmemoryPool)memPool, (CUmemPool_attribute)attr_, value));
 }
 
@@ -976,9 +932,7 @@ static cudaError_t memcpy_common(void *dst, const void *src, size_t count, enum 
 {
     if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault)
         return rt_ret(cudaErrorInvalidMemcpyDirection);
-    cudaError_t e = rt_ctx(NULL);
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_ctx(NULL));
     if (count == 0)
         return cudaSuccess;
     /* Unified addressing: the driver tells the two sides apart itself. */
@@ -1015,9 +969,7 @@ RT_API cudaError_t CUDARTAPI cudaMemcpyAsync_ptsz(void *dst, const void *src, si
 
 static cudaError_t memset_common(void *devPtr, int value, size_t count, bool async, cudaStream_t stream, bool pt)
 {
-    cudaError_t e = rt_ctx(NULL);
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_ctx(NULL));
     if (count == 0)
         return cudaSuccess;
     CUdeviceptr d = (CUdeviceptr)(uintptr_t)devPtr;
@@ -1055,9 +1007,7 @@ RT_API cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t *pStream, un
 {
     if (!pStream)
         return rt_ret(cudaErrorInvalidValue);
-    cudaError_t e = rt_ctx(NULL);
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_ctx(NULL));
     return rt_ret_drv(D.StreamCreate((CUstream *)pStream, flags));
 }
 
@@ -1068,25 +1018,19 @@ RT_API cudaError_t CUDARTAPI cudaStreamCreate(cudaStream_t *pStream)
 
 RT_API cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t stream)
 {
-    cudaError_t e = rt_ctx(NULL);
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_ctx(NULL));
     return rt_ret_drv(D.StreamDestroy((CUstream)stream));
 }
 
 RT_API cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t stream)
 {
-    cudaError_t e = rt_ctx(NULL);
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_ctx(NULL));
     return rt_ret_drv(D.StreamSynchronize((CUstream)stream));
 }
 
 RT_API cudaError_t CUDARTAPI cudaStreamSynchronize_ptsz(cudaStream_t stream)
 {
-    cudaError_t e = rt_ctx(NULL);
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_ctx(NULL));
     return rt_ret_drv(D.StreamSynchronize_pt((CUstream)stream));
 }
 
@@ -1094,9 +1038,7 @@ RT_API cudaError_t CUDARTAPI cudaEventCreateWithFlags(cudaEvent_t *event, unsign
 {
     if (!event)
         return rt_ret(cudaErrorInvalidValue);
-    cudaError_t e = rt_ctx(NULL);
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_ctx(NULL));
     return rt_ret_drv(D.EventCreate((CUevent *)event, flags));
 }
 
@@ -1107,33 +1049,25 @@ RT_API cudaError_t CUDARTAPI cudaEventCreate(cudaEvent_t *event)
 
 RT_API cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
 {
-    cudaError_t e = rt_ctx(NULL);
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_ctx(NULL));
     return rt_ret_drv(D.EventRecord((CUevent)event, (CUstream)stream));
 }
 
 RT_API cudaError_t CUDARTAPI cudaEventRecord_ptsz(cudaEvent_t event, cudaStream_t stream)
 {
-    cudaError_t e = rt_ctx(NULL);
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_ctx(NULL));
     return rt_ret_drv(D.EventRecord_pt((CUevent)event, (CUstream)stream));
 }
 
 RT_API cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t event)
 {
-    cudaError_t e = rt_ctx(NULL);
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_ctx(NULL));
     return rt_ret_drv(D.EventSynchronize((CUevent)event));
 }
 
 RT_API cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t event)
 {
-    cudaError_t e = rt_ctx(NULL);
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_ctx(NULL));
     return rt_ret_drv(D.EventDestroy((CUevent)event));
 }
 
@@ -1144,9 +1078,7 @@ static cudaError_t entry_point(const char *symbol, void **funcPtr, unsigned int 
 {
     if (!symbol || !funcPtr)
         return rt_ret(cudaErrorInvalidValue);
-    cudaError_t e = rt_init();
-    if (e != cudaSuccess)
-        return rt_ret(e);
+    RT_READY(rt_init());
     /* cudaEnable* flags equal CU_GET_PROC_ADDRESS_*; "default" means the
      * stream semantics the caller was compiled with. */
     if (flags == cudaEnableDefault && ptds_default)

@@ -78,6 +78,23 @@ static bool parse_int(const char *s, long lo, long hi, long *out)
     return true;
 }
 
+/* A parser's failure: why the value is refused. */
+static bool reject(const char **why, const char *reason)
+{
+    *why = reason;
+    return false;
+}
+
+/* `spec` into buf (for strtok_r), unless it does not fit. */
+static bool spec_copy(char *buf, size_t size, const char *spec, const char **why)
+{
+    size_t len = strlen(spec);
+    if (len >= size)
+        return reject(why, "value too long");
+    memcpy(buf, spec, len + 1);
+    return true;
+}
+
 /*
  * Per-device values: "VALUE" for every device, "D:VALUE,D:VALUE" per device,
  * or a mix ("80GiB,1:40GiB").  A leading "D:" is only taken as a device prefix
@@ -90,11 +107,8 @@ typedef bool (*per_dev_fn)(int dev, const char *value, void *ctx);
 static bool parse_per_device(const char *spec, int ndev, per_dev_fn apply, void *ctx, const char **why)
 {
     char buf[2048];
-    if (strlen(spec) >= sizeof buf) {
-        *why = "value too long";
+    if (!spec_copy(buf, sizeof buf, spec, why))
         return false;
-    }
-    strcpy(buf, spec);
     char *save = NULL;
     int items = 0;
     for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
@@ -109,23 +123,17 @@ static bool parse_per_device(const char *spec, int ndev, per_dev_fn apply, void 
                     digits = false;
             if (digits) {
                 dev = atoi(tok);
-                if (dev >= ndev) {
-                    *why = "device index out of range";
-                    return false;
-                }
+                if (dev >= ndev)
+                    return reject(why, "device index out of range");
                 val = colon + 1;
             }
         }
-        if (!apply(dev, val, ctx)) {
-            *why = "malformed value";
-            return false;
-        }
+        if (!apply(dev, val, ctx))
+            return reject(why, "malformed value");
         items++;
     }
-    if (items == 0) {
-        *why = "empty";
-        return false;
-    }
+    if (items == 0)
+        return reject(why, "empty");
     return true;
 }
 
@@ -214,11 +222,8 @@ const char *sim_canonical_alloc_fn(const char *name)
 static bool parse_other_procs(const char *spec, sim_config_t *c, const char **why)
 {
     char buf[4096];
-    if (strlen(spec) >= sizeof buf) {
-        *why = "value too long";
+    if (!spec_copy(buf, sizeof buf, spec, why))
         return false;
-    }
-    strcpy(buf, spec);
     char *save = NULL;
     c->n_other = 0;
     for (char *tok = strtok_r(buf, ";", &save); tok; tok = strtok_r(NULL, ";", &save)) {
@@ -236,26 +241,16 @@ static bool parse_other_procs(const char *spec, sim_config_t *c, const char **wh
         }
         long dev, pid;
         uint64_t bytes;
-        if (nf != 4) {
-            *why = "expected DEV:PID:NAME:BYTES";
-            return false;
-        }
-        if (!parse_int(f[0], 0, c->devices - 1, &dev)) {
-            *why = "bad or out-of-range device";
-            return false;
-        }
-        if (!parse_int(f[1], 1, 0x7fffffffL, &pid)) {
-            *why = "bad pid";
-            return false;
-        }
-        if (!sim_parse_size(f[3], &bytes)) {
-            *why = "bad size";
-            return false;
-        }
-        if (c->n_other >= SIM_MAX_OTHER_PROCS) {
-            *why = "too many entries";
-            return false;
-        }
+        if (nf != 4)
+            return reject(why, "expected DEV:PID:NAME:BYTES");
+        if (!parse_int(f[0], 0, c->devices - 1, &dev))
+            return reject(why, "bad or out-of-range device");
+        if (!parse_int(f[1], 1, 0x7fffffffL, &pid))
+            return reject(why, "bad pid");
+        if (!sim_parse_size(f[3], &bytes))
+            return reject(why, "bad size");
+        if (c->n_other >= SIM_MAX_OTHER_PROCS)
+            return reject(why, "too many entries");
         sim_other_proc_t *o = &c->other[c->n_other++];
         o->dev = (int)dev;
         o->pid = (unsigned int)pid;
@@ -268,39 +263,28 @@ static bool parse_other_procs(const char *spec, sim_config_t *c, const char **wh
 static bool parse_fail_nth(const char *spec, sim_config_t *c, const char **why)
 {
     char buf[2048];
-    if (strlen(spec) >= sizeof buf) {
-        *why = "value too long";
+    if (!spec_copy(buf, sizeof buf, spec, why))
         return false;
-    }
-    strcpy(buf, spec);
     char *save = NULL;
     c->n_fail = 0;
     for (char *tok = strtok_r(buf, ",;", &save); tok; tok = strtok_r(NULL, ",;", &save)) {
         tok = (char *)skip_ws(tok);
         char *colon = strrchr(tok, ':');
-        if (!colon) {
-            *why = "expected NAME:N";
-            return false;
-        }
+        if (!colon)
+            return reject(why, "expected NAME:N");
         *colon = '\0';
         char *name = tok;
         size_t nl = strlen(name);
         while (nl && isspace((unsigned char)name[nl - 1]))
             name[--nl] = '\0';
         long n;
-        if (!parse_int(colon + 1, 1, 0x7fffffffL, &n)) {
-            *why = "N must be a positive integer";
-            return false;
-        }
+        if (!parse_int(colon + 1, 1, 0x7fffffffL, &n))
+            return reject(why, "N must be a positive integer");
         const char *canon = strcmp(name, "*") == 0 ? "*" : sim_canonical_alloc_fn(name);
-        if (!canon) {
-            *why = "not an allocating function (see docs/simulator.md)";
-            return false;
-        }
-        if (c->n_fail >= SIM_MAX_FAIL_RULES) {
-            *why = "too many rules";
-            return false;
-        }
+        if (!canon)
+            return reject(why, "not an allocating function (see docs/simulator.md)");
+        if (c->n_fail >= SIM_MAX_FAIL_RULES)
+            return reject(why, "too many rules");
         snprintf(c->fail[c->n_fail].name, sizeof c->fail[0].name, "%s", canon);
         c->fail[c->n_fail].nth = (uint64_t)n;
         c->n_fail++;

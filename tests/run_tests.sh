@@ -105,6 +105,7 @@ suite "drivers" env B="$B" PRELOAD="$PRELOAD" bash tests/e2e/run_drv.sh
 echo "== OOMGUARD_LIMIT, WARN_AT, SUMMARY"
 suite "limit" env B="$B" PRELOAD="$PRELOAD" bash tests/e2e/run_limit.sh
 suite "stacks" env B="$B" PRELOAD="$PRELOAD" bash tests/stacks/run_tests.sh
+suite "reader" env B="$B" PRELOAD="$PRELOAD" bash tests/reader/run_tests.sh
 
 if [ -f tests/e2e/run_scenarios.sh ]; then
     echo "== OOM scenarios (dumps checked against the simulator)"

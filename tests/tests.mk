@@ -41,29 +41,31 @@ $(TEST_B)/e2e_limit: tests/e2e/limit.c $(E2E_DEPS)
 	$(CC) $(E2E_CFLAGS) $< -o $@ $(E2E_LDRT) -lcudart -ldl
 
 # dlsym(RTLD_NEXT/RTLD_DEFAULT) must keep answering relative to the real caller
-$(TEST_B)/librtld_next_a.so: tests/e2e/rtld_next_a.c | $(TEST_B)/.dir
+$(TEST_B)/librtld_next_a.so: tests/e2e/rtld_next_a.c tests/e2e/rtld.h | $(TEST_B)/.dir
 	$(CC) $(ALL_CFLAGS) -fPIC -shared $< -o $@ -ldl
-$(TEST_B)/librtld_next_b.so: tests/e2e/rtld_next_b.c | $(TEST_B)/.dir
+$(TEST_B)/librtld_next_b.so: tests/e2e/rtld_next_b.c tests/e2e/rtld.h | $(TEST_B)/.dir
 	$(CC) $(ALL_CFLAGS) -fPIC -shared $< -o $@
-$(TEST_B)/librtld_dep.so: tests/e2e/rtld_dep.c | $(TEST_B)/.dir
+$(TEST_B)/librtld_dep.so: tests/e2e/rtld_dep.c tests/e2e/rtld.h | $(TEST_B)/.dir
 	$(CC) $(ALL_CFLAGS) -fPIC -shared $< -o $@
-$(TEST_B)/librtld_local.so: tests/e2e/rtld_local.c $(TEST_B)/librtld_dep.so
+$(TEST_B)/librtld_local.so: tests/e2e/rtld_local.c tests/e2e/rtld.h $(TEST_B)/librtld_dep.so
 	$(CC) $(ALL_CFLAGS) -fPIC -shared $< -o $@ -L$(TEST_B) -Wl,--no-as-needed -lrtld_dep -Wl,--as-needed -Wl,-rpath,'$$ORIGIN' -ldl
-$(TEST_B)/e2e_rtld: tests/e2e/rtld.c $(TEST_B)/librtld_next_a.so $(TEST_B)/librtld_next_b.so $(TEST_B)/librtld_local.so
+$(TEST_B)/e2e_rtld: tests/e2e/rtld.c tests/e2e/rtld.h $(TEST_B)/librtld_next_a.so $(TEST_B)/librtld_next_b.so $(TEST_B)/librtld_local.so
 	$(CC) $(E2E_CFLAGS) $< -o $@ -L$(TEST_B) -Wl,--no-as-needed -lrtld_next_a -lrtld_next_b -Wl,--as-needed -Wl,--disable-new-dtags -Wl,-rpath,'$$ORIGIN' -ldl
 
 # Unit tests link the shim's objects directly.
 $(TEST_B)/unit_%: tests/unit/%.c $(SHIM_OBJ) | $(TEST_B)/.dir
 	$(CC) $(SHIM_CFLAGS) -Wno-unused-function $< $(SHIM_OBJ) -o $@ -lcmocka -lunwind -ldl -pthread
+$(TEST_B)/unit_test_options $(TEST_B)/unit_test_options_warn: tests/unit/options_fixture.h
 
 # The analysis units (diagnosis, remedies, their texts) are pure: their tests link only those objects, so no
 # constructor runs and no exported dlsym stands between the test and libc.
-ANALYSIS_OBJ   := $(patsubst %,$(B)/shim/%.o,diagnose remedies advice_text)
+ANALYSIS_OBJ   := $(patsubst %,$(B)/shim/%.o,diagnose remedies advice_text human)
 ANALYSIS_UNITS := $(patsubst %,$(TEST_B)/unit_test_%,diagnose remedies advice_edges)
 $(ANALYSIS_UNITS): $(TEST_B)/unit_%: tests/unit/%.c tests/unit/analysis_fixture.h $(ANALYSIS_OBJ) | $(TEST_B)/.dir
 	$(CC) $(ALL_CFLAGS) -Ishim -Wno-unused-function $< $(ANALYSIS_OBJ) -o $@ -lcmocka
 
 include tests/stacks/stacks.mk
+include tests/reader/reader.mk
 test-build: all $(E2E_PROGS) $(UNIT_PROGS)
 
 test: test-build

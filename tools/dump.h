@@ -8,7 +8,11 @@
  *
  * Every field the tools read is type-checked here; renderers can trust the
  * struct.  Absent or null values are: -1 for counts and ids (all of which are
- * non-negative in the format), NAN for times, NULL for strings, -1 for booleans. */
+ * non-negative in the format), NAN for times, NULL for strings, -1 for booleans,
+ * known == 0 for struct og_bytes.
+ *
+ * Integers are read exactly from their text (see keep_exact_ints in dump_read.c),
+ * not through cJSON's double: a request can be SIZE_MAX bytes. */
 #ifndef OG_DUMP_H
 #define OG_DUMP_H
 
@@ -20,6 +24,15 @@
 #define OG_MAX_FILE_BYTES ((size_t)512 << 20)   /* refuse bigger files */
 #define OG_DEFAULT_MEM_LIMIT ((size_t)1 << 30) /* cJSON + compact arrays */
 #define OG_MAX_EXACT_INT 9007199254740992.0    /* 2^53: doubles hold integers exactly below this */
+
+/* A byte count that can be as large as a request: up to SIZE_MAX = 2^64-1, which neither an
+ * int64 nor a double holds.  Every uint64 is a value, so unknown (null or absent) is a flag of
+ * its own (unknown is not zero).  `neg` is only set for a difference that may be negative
+ * (diagnosis.shortfall_bytes): the value is then -v. */
+struct og_bytes {
+    uint64_t v;
+    uint8_t known, neg;
+};
 
 enum og_status { OG_ST_OTHER, OG_ST_OOM, OG_ST_RECOVERED, OG_ST_WARNING, OG_ST_EXIT };
 enum og_op { OG_OP_OTHER, OG_OP_ALLOC, OG_OP_FREE, OG_OP_FAIL };
@@ -51,7 +64,8 @@ struct og_site {
 
 struct og_event {
     double t_rel;
-    int64_t bytes, live_bytes; /* live_bytes -1 when absent */
+    struct og_bytes bytes;     /* a failed request can be SIZE_MAX */
+    int64_t live_bytes;        /* -1 when absent */
     int32_t device;            /* -1 when absent */
     int32_t op;                /* enum og_op */
 };
@@ -124,7 +138,8 @@ struct og_dump {
 
     struct {
         int present;
-        int64_t requested_bytes, device, result, attempts, released_between_attempts_bytes;
+        struct og_bytes requested_bytes;
+        int64_t device, result, attempts, released_between_attempts_bytes;
         const char *api, *driver_api, *library;
         int stream_ordered, caused_by_limit;
         double t, t_rel;
@@ -133,7 +148,7 @@ struct og_dump {
         struct og_pyframe *python_stack; /* event.python_stack, innermost first */
         int npython_stack;
         int recovered; /* recovered_by is an object */
-        int64_t recovered_requested_bytes;
+        struct og_bytes recovered_requested_bytes;
         double recovered_t;
     } event;
 
@@ -181,7 +196,7 @@ struct og_dump {
     struct {
         int present;
         const char *primary;
-        int64_t shortfall_bytes;
+        struct og_bytes shortfall_bytes; /* requested - free: may be negative */
         struct og_cause *causes;
         int ncauses;
     } diag;
@@ -220,6 +235,9 @@ void og_dump_free(struct og_dump *d);
 
 /* Helpers for renderers. */
 const char *og_op_name(int op);
+/* An integer JSON value, exactly (its text where a double cannot hold it): 1 and *out set, or 0
+ * when v is not an integer in [-(2^64-1), 2^64-1]. */
+int og_json_bytes(const cJSON *v, struct og_bytes *out);
 /* Largest history value (samples, events, peak), or -1. */
 int64_t og_history_max(const struct og_dump *d);
 /* Events of the failing device (or all, when the dump does not say). */

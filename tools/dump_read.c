@@ -13,6 +13,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -397,6 +398,158 @@ static int syntax_error(struct loader *L, size_t at, size_t from, int depth, con
     return S_ERR;
 }
 
+/* ------------------------------------------------------------------------ */
+/* Exact integers.  cJSON reads every number into a double, exact only below 2^53, but the
+ * shim writes requests up to SIZE_MAX (2^64-1) as plain decimal integers.  So that byte
+ * counts are read exactly, the text of each integer a double cannot hold (16 digits or more)
+ * is kept on its number node, in valuestring: cJSON leaves that NULL for numbers, frees it with
+ * the node and copies it in cJSON_Duplicate.  The number tokens of the text cJSON just parsed
+ * are paired, in order, with the tree's number nodes in document order (the order cJSON links
+ * them in); a token whose value is not the node's stops the pairing, and the numbers after it
+ * stay doubles (refused where an exact integer is needed, never misread).  Fractions and
+ * exponents are read as doubles: an integer of 2^53 or more must be written as digits. */
+
+#define EXACT_DIGITS 16 /* fewer digits: below 10^15 < 2^53, exact as a double */
+
+/* The next number token at or after *p (strings skipped); 0 at the end. */
+static int next_number(const char **p, const char *end, const char **tok, size_t *len)
+{
+    const char *q = *p;
+    while (q < end) {
+        char c = *q;
+        if (c == '"') {
+            for (q++; q < end && *q != '"'; q++)
+                if (*q == '\\' && q + 1 < end)
+                    q++;
+            q++;
+        } else if (c == '-' || (c >= '0' && c <= '9')) {
+            const char *t = q;
+            while (q < end && *q && strchr("0123456789+-.eE", *q))
+                q++;
+            *tok = t;
+            *len = (size_t)(q - t);
+            *p = q;
+            return 1;
+        } else {
+            q++;
+        }
+    }
+    *p = q;
+    return 0;
+}
+
+struct exact_walk {
+    const char *p, *end;
+    int stop; /* 1: out of step with the text, 2: out of memory */
+};
+
+static void exact_nodes(struct exact_walk *w, cJSON *v)
+{
+    for (; v && !w->stop; v = v->next) {
+        if (cJSON_IsNumber(v)) {
+            const char *tok;
+            size_t len, digits = 0;
+            int integer = 1;
+            if (!next_number(&w->p, w->end, &tok, &len) || len > 64) {
+                w->stop = 1;
+                return;
+            }
+            for (size_t i = 0; i < len; i++) {
+                if (tok[i] >= '0' && tok[i] <= '9')
+                    digits++;
+                else if (i || tok[i] != '-')
+                    integer = 0;
+            }
+            char text[65];
+            memcpy(text, tok, len);
+            text[len] = '\0';
+            if (strtod(text, NULL) != v->valuedouble) {
+                w->stop = 1;
+                return;
+            }
+            /* kept in canonical form ("-" and digits, no leading zero) where it fits 64 bits, so
+             * that it prints as JSON; as written where it does not (quoted when refused) */
+            struct og_bytes x;
+            cJSON tmp = {.type = cJSON_Number, .valuestring = text};
+            if (integer && digits >= EXACT_DIGITS && !v->valuestring) {
+                char canon[32];
+                if (og_json_bytes(&tmp, &x)) {
+                    snprintf(canon, sizeof canon, "%s%" PRIu64, x.neg ? "-" : "", x.v);
+                    len = strlen(canon);
+                    memcpy(text, canon, len + 1);
+                }
+                v->valuestring = cJSON_malloc(len + 1);
+                if (!v->valuestring) {
+                    w->stop = 2;
+                    return;
+                }
+                memcpy(v->valuestring, text, len + 1);
+            }
+        } else if (v->child) {
+            exact_nodes(w, v->child);
+        }
+    }
+}
+
+static int is_digit(char c) { return c >= '0' && c <= '9'; }
+
+/* Whether the text holds a run of EXACT_DIGITS digits.  Such a run covers one of every
+ * EXACT_DIGITS consecutive bytes, so only those are looked at unless one is a digit. */
+static int has_long_digit_run(const char *start, const char *end)
+{
+    size_t n = (size_t)(end - start);
+    for (size_t i = EXACT_DIGITS - 1; i < n; i += EXACT_DIGITS) {
+        if (!is_digit(start[i]))
+            continue;
+        size_t a = i, b = i;
+        while (a > 0 && is_digit(start[a - 1]))
+            a--;
+        while (b + 1 < n && is_digit(start[b + 1]))
+            b++;
+        if (b - a + 1 >= EXACT_DIGITS)
+            return 1;
+        i = b; /* the next run starts after this one */
+    }
+    return 0;
+}
+
+/* 0, or -1 when memory ran out.  Most values hold no long digit run: a quick look first. */
+static int keep_exact_ints(cJSON *v, const char *start, const char *end)
+{
+    if (!has_long_digit_run(start, end))
+        return 0;
+    struct exact_walk w = {start, end, 0};
+    exact_nodes(&w, v);
+    return w.stop == 2 ? -1 : 0;
+}
+
+int og_json_bytes(const cJSON *v, struct og_bytes *out)
+{
+    if (!cJSON_IsNumber(v))
+        return 0;
+    if (v->valuestring) {
+        const char *s = v->valuestring;
+        int neg = *s == '-';
+        uint64_t x = 0;
+        if (neg)
+            s++;
+        if (!*s)
+            return 0;
+        for (; *s; s++) {
+            if (*s < '0' || *s > '9' || x > (UINT64_MAX - (uint64_t)(*s - '0')) / 10)
+                return 0;
+            x = x * 10 + (uint64_t)(*s - '0');
+        }
+        *out = (struct og_bytes){x, 1, (uint8_t)(neg && x)};
+        return 1;
+    }
+    double x = v->valuedouble;
+    if (!isfinite(x) || x != floor(x) || fabs(x) > OG_MAX_EXACT_INT)
+        return 0;
+    *out = (struct og_bytes){(uint64_t)fabs(x), 1, x < 0};
+    return 1;
+}
+
 /* Parses one JSON value at pos with cJSON. */
 static int parse_value(struct loader *L, cJSON **out, size_t from, int depth)
 {
@@ -411,6 +564,10 @@ static int parse_value(struct loader *L, cJSON **out, size_t from, int depth)
             return S_MORE;
         size_t at = end ? (size_t)(end - s->buf) : s->pos;
         return syntax_error(L, at, from, depth, NULL);
+    }
+    if (keep_exact_ints(v, start, end) < 0) {
+        cJSON_Delete(v);
+        return err_too_complex(L);
     }
     s->pos = (size_t)(end - s->buf);
     *out = v;
@@ -458,6 +615,8 @@ static void describe_json(struct sbuf *b, const cJSON *v)
         sb_puts(b, "a string (\"");
         sb_text(b, v->valuestring, 40, 0);
         sb_puts(b, "\")");
+    } else if (cJSON_IsNumber(v) && v->valuestring) {
+        sb_text(b, v->valuestring, 70, 0); /* its exact text (keep_exact_ints) */
     } else if (cJSON_IsNumber(v)) {
         if (isfinite(v->valuedouble))
             sb_printf(b, "%.17g", v->valuedouble);
@@ -498,17 +657,17 @@ static const cJSON *member(const cJSON *obj, const char *key)
     return v && !cJSON_IsNull(v) ? v : NULL;
 }
 
+/* int64 fields (counts, ids, sizes bounded by a device): exact integers in [lo, 2^63-1]. */
 static int check_int(struct loader *L, const cJSON *v, const struct path *at, const char *key, int64_t lo,
                      int64_t *out)
 {
-    double x = v->valuedouble;
+    struct og_bytes b;
     if (!cJSON_IsNumber(v))
         return field_err(L, at, key, "an integer", v);
-    if (!isfinite(x) || x != floor(x) || x < (double)lo || x > OG_MAX_EXACT_INT)
+    if (!og_json_bytes(v, &b) || (b.neg ? lo >= 0 || b.v > (uint64_t)-lo : b.v > INT64_MAX))
         return field_err(L, at, key,
-                         lo < 0 ? "an integer of at most 2^53 in magnitude" : "a non-negative integer below 2^53",
-                         v);
-    *out = (int64_t)x;
+                         lo < 0 ? "an integer of magnitude below 2^63" : "a non-negative integer below 2^63", v);
+    *out = b.neg ? -(int64_t)b.v : (int64_t)b.v;
     return 1;
 }
 
@@ -525,6 +684,31 @@ static int get_int_min(struct loader *L, const cJSON *obj, const struct path *at
 static int get_int(struct loader *L, const cJSON *obj, const struct path *at, const char *key, int64_t *out)
 {
     return get_int_min(L, obj, at, key, 0, out);
+}
+
+/* Byte counts that can reach SIZE_MAX (requests and what derives from them): exact over the
+ * whole uint64 range; `signed_ok` for a difference (-(2^64-1) .. 2^64-1). */
+static int check_bytes(struct loader *L, const cJSON *v, const struct path *at, const char *key, int signed_ok,
+                       struct og_bytes *out)
+{
+    if (!cJSON_IsNumber(v))
+        return field_err(L, at, key, "an integer", v);
+    if (!og_json_bytes(v, out) || (out->neg && !signed_ok)) {
+        *out = (struct og_bytes){0};
+        return field_err(L, at, key,
+                         signed_ok ? "an integer of magnitude below 2^64" : "a non-negative integer below 2^64", v);
+    }
+    return 1;
+}
+
+static int get_bytes(struct loader *L, const cJSON *obj, const struct path *at, const char *key, int signed_ok,
+                     struct og_bytes *out)
+{
+    const cJSON *v = member(obj, key);
+    *out = (struct og_bytes){0};
+    if (!v)
+        return 0;
+    return check_bytes(L, v, at, key, signed_ok, out);
 }
 
 static int get_num(struct loader *L, const cJSON *obj, const struct path *at, const char *key, double *out)
@@ -790,7 +974,7 @@ static int read_event(struct loader *L, const cJSON *el, const struct path *p, i
     if (samples)
         return 0;
     TRY(get_str(L, el, p, "op", &op));
-    TRY(get_int(L, el, p, "bytes", &e->bytes));
+    TRY(get_bytes(L, el, p, "bytes", 0, &e->bytes));
     TRY(get_int(L, el, p, "device", &dev));
     TRY(get_str(L, el, p, "api", &api));
     e->device = dev > INT32_MAX ? -1 : (int32_t)dev;
@@ -1219,7 +1403,7 @@ static int v_event(struct loader *L, const cJSON *r)
     const struct path p = {NULL, "event", 0};
     TRY(get_obj(L, r, NULL, "event", &e));
     d->event.present = e != NULL;
-    TRY(get_int(L, e, &p, "requested_bytes", &d->event.requested_bytes));
+    TRY(get_bytes(L, e, &p, "requested_bytes", 0, &d->event.requested_bytes));
     TRY(get_str(L, e, &p, "api", &d->event.api));
     TRY(get_str(L, e, &p, "driver_api", &d->event.driver_api));
     TRY(get_int(L, e, &p, "device", &d->event.device));
@@ -1242,7 +1426,7 @@ static int v_event(struct loader *L, const cJSON *r)
     TRY(get_obj(L, e, &p, "recovered_by", &rb));
     d->event.recovered = rb != NULL;
     struct path prb = {&p, "recovered_by", 0};
-    TRY(get_int(L, rb, &prb, "requested_bytes", &d->event.recovered_requested_bytes));
+    TRY(get_bytes(L, rb, &prb, "requested_bytes", 0, &d->event.recovered_requested_bytes));
     TRY(get_num(L, rb, &prb, "t", &d->event.recovered_t));
     return 0;
 }
@@ -1274,8 +1458,8 @@ static int v_memory(struct loader *L, const cJSON *r)
     TRY(get_int(L, m, &p, "process_used_bytes", &d->mem.process_used_bytes));
     TRY(get_int(L, m, &p, "framework_bytes", &d->mem.framework_bytes));
     TRY(get_int(L, m, &p, "framework_cached_bytes", &d->mem.framework_cached_bytes));
-    TRY(get_int_min(L, m, &p, "non_framework_bytes", -(int64_t)OG_MAX_EXACT_INT, &d->mem.non_framework_bytes));
-    TRY(get_int_min(L, m, &p, "context_bytes_estimate", -(int64_t)OG_MAX_EXACT_INT, &d->mem.context_bytes_estimate));
+    TRY(get_int_min(L, m, &p, "non_framework_bytes", -INT64_MAX, &d->mem.non_framework_bytes));
+    TRY(get_int_min(L, m, &p, "context_bytes_estimate", -INT64_MAX, &d->mem.context_bytes_estimate));
     TRY(get_int(L, m, &p, "other_processes_bytes", &d->mem.other_processes_bytes));
     TRY(get_int(L, m, &p, "host_pinned_bytes", &d->mem.host_pinned_bytes));
     /* Differences of two measurements can dip below zero; show them as unknown. */
@@ -1342,9 +1526,9 @@ static int v_memory(struct loader *L, const cJSON *r)
         cJSON_ArrayForEach(x, fw)
         {
             size_t n = x->string ? strlen(x->string) : 0;
-            int64_t ignored;
+            struct og_bytes ignored; /* the adapter's requested_bytes can be SIZE_MAX too */
             if (n > 6 && !strcmp(x->string + n - 6, "_bytes") && !cJSON_IsNull(x))
-                TRY(check_int(L, x, &pf, x->string, 0, &ignored));
+                TRY(check_bytes(L, x, &pf, x->string, 0, &ignored));
         }
         TRY(get_obj(L, fw, &pf, "snapshot", &d->mem.fw_snapshot));
         TRY(get_str(L, fw, &pf, "snapshot_file", &d->mem.fw_snapshot_file));
@@ -1382,9 +1566,7 @@ static int v_diagnosis(struct loader *L, const cJSON *r)
     TRY(get_obj(L, r, NULL, "diagnosis", &g));
     d->diag.present = g != NULL;
     TRY(get_str(L, g, &p, "primary", &d->diag.primary));
-    TRY(get_int_min(L, g, &p, "shortfall_bytes", -(int64_t)OG_MAX_EXACT_INT, &d->diag.shortfall_bytes));
-    if (!member(g, "shortfall_bytes"))
-        d->diag.shortfall_bytes = INT64_MIN;
+    TRY(get_bytes(L, g, &p, "shortfall_bytes", 1, &d->diag.shortfall_bytes));
     TRY(get_arr(L, g, &p, "causes", &causes));
     if (!causes)
         return 0;

@@ -92,18 +92,10 @@ static int write_output(const struct sbuf *b, const char *path)
         fprintf(stderr, "oomguard: %s: %s\n", path, strerror(errno));
         return OG_EXIT_OUTPUT;
     }
-    size_t off = 0;
-    while (off < b->len) {
-        ssize_t n = write(fd, b->p + off, b->len - off);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            fprintf(stderr, "oomguard: %s: %s\n", path ? path : "standard output", n < 0 ? strerror(errno) : "short write");
-            if (path)
-                close(fd);
-            return OG_EXIT_OUTPUT;
-        }
-        off += (size_t)n;
+    if (write_all(fd, b, path ? path : "standard output") != OG_EXIT_OK) {
+        if (path)
+            close(fd);
+        return OG_EXIT_OUTPUT;
     }
     if (path && close(fd) < 0) {
         fprintf(stderr, "oomguard: %s: %s\n", path, strerror(errno));

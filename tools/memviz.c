@@ -125,31 +125,34 @@ static void segments(struct sbuf *b, const struct og_dump *d, int64_t dev)
 
 /* Live synthetic allocations by size, newest first, to pair frees with allocs. */
 struct live {
-    int64_t *size_key; /* open-addressing table: size -> head record */
+    uint64_t *size_key; /* open-addressing table: size -> head record */
     long *head;
     size_t cap;
-    int64_t *addr; /* records */
+    uint64_t *addr; /* records */
     long *prev;
     size_t n;
 };
 
-static size_t slot(const struct live *L, int64_t size)
+static size_t slot(const struct live *L, uint64_t size)
 {
-    size_t h = (size_t)((uint64_t)size * 0x9e3779b97f4a7c15ull) & (L->cap - 1);
+    size_t h = (size_t)(size * 0x9e3779b97f4a7c15ull) & (L->cap - 1);
     while (L->head[h] != -2 && L->size_key[h] != size)
         h = (h + 1) & (L->cap - 1);
     return h;
 }
 
-static void trace_entry(struct sbuf *b, struct pk_seq *list, const char *action, int64_t addr, int64_t size,
+/* Sizes (and the made-up addresses after them) can pass 2^63: a failed request of SIZE_MAX. */
+static void trace_entry(struct sbuf *b, struct pk_seq *list, const char *action, uint64_t addr, uint64_t size,
                         int64_t time_us)
 {
     struct pk_seq s, fr;
     pk_item(b, list);
     pk_dict_open(b, &s);
     kv_str(b, &s, "action", action);
-    kv_int(b, &s, "addr", addr);
-    kv_int(b, &s, "size", size);
+    pk_key(b, &s, "addr");
+    pk_uint(b, addr);
+    pk_key(b, &s, "size");
+    pk_uint(b, size);
     kv_int(b, &s, "stream", 0);
     kv_int(b, &s, "time_us", time_us);
     pk_key(b, &s, "frames");
@@ -176,37 +179,38 @@ static int device_trace(struct sbuf *b, const struct og_dump *d, int64_t dev, in
     }
     for (size_t i = 0; i < L.cap; i++)
         L.head[i] = -2; /* empty slot */
-    int64_t next = TRACE_BASE;
+    uint64_t next = TRACE_BASE;
     pk_list_open(b, &list);
     for (size_t i = 0; i < n; i++) {
         const struct og_event *e = &d->hist.events[i];
-        if ((e->device >= 0 ? e->device : primary) != dev || e->bytes < 0)
+        if ((e->device >= 0 ? e->device : primary) != dev || !e->bytes.known)
             continue;
+        uint64_t size = e->bytes.v;
         int64_t t = isfinite(e->t_rel) && fabs(e->t_rel) < 9e12 ? (int64_t)(e->t_rel * 1e6) : 0;
         if (e->op == OG_OP_ALLOC) {
-            size_t h = slot(&L, e->bytes);
+            size_t h = slot(&L, size);
             if (L.head[h] == -2) {
-                L.size_key[h] = e->bytes;
+                L.size_key[h] = size;
                 L.head[h] = -1;
             }
             L.addr[L.n] = next;
             L.prev[L.n] = L.head[h];
             L.head[h] = (long)L.n++;
-            trace_entry(b, &list, "segment_alloc", next, e->bytes, t);
-            trace_entry(b, &list, "alloc", next, e->bytes, t);
-            int64_t step = (e->bytes + 511) / 512 * 512;
-            next += step > 0 ? step : 512;
+            trace_entry(b, &list, "segment_alloc", next, size, t);
+            trace_entry(b, &list, "alloc", next, size, t);
+            uint64_t step = size > UINT64_MAX - 511 ? UINT64_MAX : (size + 511) / 512 * 512;
+            next += step > 0 ? step : 512; /* wraps only past 2^64: made-up addresses */
         } else if (e->op == OG_OP_FREE) {
-            size_t h = slot(&L, e->bytes);
+            size_t h = slot(&L, size);
             if (L.head[h] < 0)
                 continue; /* freed memory allocated before the history window */
             long r = L.head[h];
             L.head[h] = L.prev[r];
-            trace_entry(b, &list, "free_completed", L.addr[r], e->bytes, t);
-            trace_entry(b, &list, "segment_free", L.addr[r], e->bytes, t);
+            trace_entry(b, &list, "free_completed", L.addr[r], size, t);
+            trace_entry(b, &list, "segment_free", L.addr[r], size, t);
         } else if (e->op == OG_OP_FAIL) {
             /* PyTorch records the device's free memory in `addr` for an oom. */
-            trace_entry(b, &list, "oom", d->device.free_bytes >= 0 ? d->device.free_bytes : 0, e->bytes, t);
+            trace_entry(b, &list, "oom", d->device.free_bytes >= 0 ? (uint64_t)d->device.free_bytes : 0, size, t);
         }
     }
     pk_close(b, &list);

@@ -6,6 +6,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -255,10 +256,10 @@ static void text_job(struct sbuf *b, const struct job *j, int color)
         sb_puts(b, ")");
         if (og_format_time(t0, tm)[0])
             sb_printf(b, " at %s", tm);
-        if (f->event.requested_bytes >= 0) {
+        if (f->event.requested_bytes.known) {
             sb_puts(b, ": ");
             sb_text(b, f->event.api ? f->event.api : "allocation", 40, 0);
-            sb_printf(b, " of %s", human_bytes(f->event.requested_bytes, h[0]));
+            sb_printf(b, " of %s", human_bytes_u64(f->event.requested_bytes.v, h[0]));
         }
         sb_putc(b, '\n');
         int later = 0;
@@ -371,6 +372,17 @@ static void add_int(cJSON *o, const char *k, int64_t v)
         cJSON_AddNumberToObject(o, k, (double)v);
 }
 
+/* Exactly, as the dump wrote it: a double would turn SIZE_MAX into 2^64. */
+static void add_bytes(cJSON *o, const char *k, struct og_bytes v)
+{
+    char num[32];
+    snprintf(num, sizeof num, "%s%" PRIu64, v.neg ? "-" : "", v.v);
+    if (!v.known)
+        cJSON_AddNullToObject(o, k);
+    else
+        cJSON_AddRawToObject(o, k, num);
+}
+
 static cJSON *json_job(const struct job *j)
 {
     cJSON *o = cJSON_CreateObject(), *ranks = cJSON_CreateArray(), *ctx = cJSON_CreateArray();
@@ -388,7 +400,7 @@ static cJSON *json_job(const struct job *j)
         add_int(r, "non_framework_bytes", d->mem.non_framework_bytes);
         add_int(r, "other_processes_bytes", d->mem.other_processes_bytes);
         add_str(r, "status", d->status_str);
-        add_int(r, "requested_bytes", d->event.present ? d->event.requested_bytes : -1);
+        add_bytes(r, "requested_bytes", d->event.present ? d->event.requested_bytes : (struct og_bytes){0});
         if (isfinite(fail_time(d)))
             cJSON_AddNumberToObject(r, "failed_at", fail_time(d));
         else
@@ -469,8 +481,8 @@ static void html_job(struct sbuf *b, const struct job *j)
         sb_puts(b, ")");
         if (og_format_time(fail_time(f), tm)[0])
             sb_printf(b, " at %s", tm);
-        if (f->event.requested_bytes >= 0)
-            sb_printf(b, ", requesting %s", human_bytes(f->event.requested_bytes, h[0]));
+        if (f->event.requested_bytes.known)
+            sb_printf(b, ", requesting %s", human_bytes_u64(f->event.requested_bytes.v, h[0]));
         int later = 0;
         for (int i = 0; i < j->n; i++) {
             double t = fail_time(j->r[i]);

@@ -1,5 +1,6 @@
 /* tools/pickle.c — see pickle.h for the opcodes used. */
 #include "pickle.h"
+#include "dump.h"
 
 #include <math.h>
 #include <string.h>
@@ -60,6 +61,19 @@ void pk_int(struct sbuf *b, int64_t v)
         op(b, 8);
         le(b, (uint64_t)v, 8);
     }
+}
+
+/* Up to 2^64-1 (a request of SIZE_MAX): LONG1 is two's complement, so 9 bytes keep the sign clear. */
+void pk_uint(struct sbuf *b, uint64_t v)
+{
+    if (v <= INT64_MAX) {
+        pk_int(b, (int64_t)v);
+        return;
+    }
+    op(b, OP_LONG1);
+    op(b, 9);
+    le(b, v, 8);
+    sb_putc(b, 0);
 }
 
 void pk_float(struct sbuf *b, double v)
@@ -127,6 +141,7 @@ void pk_key(struct sbuf *b, struct pk_seq *s, const char *key)
 
 void pk_json(struct sbuf *b, const cJSON *v)
 {
+    struct og_bytes n;
     struct pk_seq s;
     const cJSON *c;
     if (cJSON_IsObject(v)) {
@@ -147,6 +162,11 @@ void pk_json(struct sbuf *b, const cJSON *v)
         pk_close(b, &s);
     } else if (cJSON_IsString(v)) {
         pk_str(b, v->valuestring);
+    } else if (cJSON_IsNumber(v) && og_json_bytes(v, &n) && (!n.neg || n.v <= INT64_MAX)) {
+        if (n.neg)
+            pk_int(b, -(int64_t)n.v);
+        else
+            pk_uint(b, n.v); /* exactly, beyond 2^53 too */
     } else if (cJSON_IsNumber(v)) {
         double x = v->valuedouble;
         if (isfinite(x) && x == floor(x) && fabs(x) < 9.2e18)

@@ -28,6 +28,7 @@ void pk_end(struct sbuf *b);
 void pk_none(struct sbuf *b);
 void pk_bool(struct sbuf *b, int v);
 void pk_int(struct sbuf *b, int64_t v);
+void pk_uint(struct sbuf *b, uint64_t v);
 void pk_float(struct sbuf *b, double v);
 void pk_str(struct sbuf *b, const char *s); /* invalid UTF-8 becomes U+FFFD */
 /* Containers: open, then pk_item() before each list element or dict key, then close.

@@ -95,6 +95,7 @@ static int toupper_ascii(int c) { return c >= 'a' && c <= 'z' ? c - 'a' + 'A' : 
 static void esc(struct hx *h, const char *s, size_t max) { sb_html(h->b, s ? s : "", max, 0); }
 
 static const char *hb(int64_t v, char out[32]) { return human_bytes(v, out); }
+static const char *hbu(uint64_t v, char out[32]) { return human_bytes_u64(v, out); }
 
 static void kpi(struct hx *h, const char *cls, const char *k, const char *v, const char *x)
 {
@@ -156,9 +157,9 @@ static void header(struct hx *h)
     static const char *const badge[] = {"oomguard dump", "Out of memory", "Recovered", "Warning", "Exit summary"};
     sb_printf(h->b, "<header class=\"top %s\"><span class=\"badge\">%s</span><h1>", status_class(d),
               d->status == OG_ST_OOM && d->event.caused_by_limit == 1 ? "Limit reached" : badge[d->status]);
-    if (d->event.present && d->event.requested_bytes >= 0) {
+    if (d->event.present && d->event.requested_bytes.known) {
         esc(h, d->event.api ? d->event.api : "allocation", 60);
-        sb_printf(h->b, " of %s %s", hb(d->event.requested_bytes, a),
+        sb_printf(h->b, " of %s %s", hbu(d->event.requested_bytes.v, a),
                   d->status == OG_ST_RECOVERED ? "failed, then succeeded"
                   : d->status == OG_ST_OOM     ? "failed"
                                                : "requested");
@@ -207,19 +208,19 @@ static void kpis(struct hx *h)
     const struct og_dump *d = h->d;
     char a[32], b[32], x[96];
     sb_puts(h->b, "<div class=\"kpis\">");
-    if (d->event.present && d->event.requested_bytes >= 0)
-        kpi(h, "", "Requested", hb(d->event.requested_bytes, a), NULL);
+    if (d->event.present && d->event.requested_bytes.known)
+        kpi(h, "", "Requested", hbu(d->event.requested_bytes.v, a), NULL);
     if (d->device.free_bytes >= 0) {
         if (d->device.total_bytes > 0)
             snprintf(x, sizeof x, "of %s on the device", hb(d->device.total_bytes, b));
         kpi(h, "", "Free", hb(d->device.free_bytes, a), d->device.total_bytes > 0 ? x : NULL);
     }
-    int64_t sf = og_shortfall(d);
-    if (d->status == OG_ST_OOM && sf != INT64_MIN) {
-        if (sf > 0 && d->event.caused_by_limit == 1)
-            kpi(h, "bad", "Over the limit by", hb(sf, a), "OOMGUARD_LIMIT refused it");
-        else if (sf > 0)
-            kpi(h, "bad", "Short by", hb(sf, a), "more than was free");
+    struct og_bytes sf = og_shortfall(d);
+    if (d->status == OG_ST_OOM && sf.known) {
+        if (!sf.neg && sf.v > 0 && d->event.caused_by_limit == 1)
+            kpi(h, "bad", "Over the limit by", hbu(sf.v, a), "OOMGUARD_LIMIT refused it");
+        else if (!sf.neg && sf.v > 0)
+            kpi(h, "bad", "Short by", hbu(sf.v, a), "more than was free");
         else
             kpi(h, "bad", "Short by", "0 B", "enough free in total, not in one piece");
     }
@@ -364,7 +365,7 @@ static void chart(struct hx *h)
     if (isfinite(tfail))
         for (size_t i = 0; i < n && p[i].t <= tfail; i++)
             live_at_fail = p[i].v;
-    double req = d->event.requested_bytes >= 0 ? (double)d->event.requested_bytes : 0;
+    double req = d->event.requested_bytes.known ? (double)d->event.requested_bytes.v : 0;
     if (d->device.total_bytes > 0)
         vmax = fmax(vmax, (double)d->device.total_bytes);
     if (d->device.limit_bytes >= 0)
@@ -458,7 +459,7 @@ static void chart(struct hx *h)
             sb_printf(h->b,
                       "<rect x=\"%.1f\" y=\"%.1f\" width=\"8\" height=\"%.1f\" fill=\"%s\" fill-opacity=\"0.55\">"
                       "<title>the failed request: %s on top of the usage at that moment</title></rect>",
-                      x - 4, Y(live_at_fail + req), fmax(Y(live_at_fail) - Y(live_at_fail + req), 1.0), col, hb((int64_t)req, a));
+                      x - 4, Y(live_at_fail + req), fmax(Y(live_at_fail) - Y(live_at_fail + req), 1.0), col, hbu(d->event.requested_bytes.v, a));
         int right = x > L + pw * 0.7;
         /* Below the device-total line, which sits near the top. */
         double ly = d->device.total_bytes > 0 ? Y((double)d->device.total_bytes) + 18 : T + 14;
@@ -468,7 +469,7 @@ static void chart(struct hx *h)
                   : d->event.caused_by_limit == 1 ? "refused by OOMGUARD_LIMIT"
                                                   : "out of memory");
         if (req > 0)
-            sb_printf(h->b, " \u00b7 %s requested", hb((int64_t)req, a));
+            sb_printf(h->b, " \u00b7 %s requested", hbu(d->event.requested_bytes.v, a));
         sb_puts(h->b, "</text>");
     }
     sb_puts(h->b, "</svg>");
@@ -497,7 +498,7 @@ static void breakdown(struct hx *h)
     if (!n || scale <= 0)
         return;
     char a[32];
-    int64_t req = d->event.present ? d->event.requested_bytes : -1;
+    struct og_bytes req = d->event.present ? d->event.requested_bytes : (struct og_bytes){0};
     /* Room on the right for a request that sticks out past the device. */
     double total = (double)scale, room = 1000 - 150;
     double free_x = -1, x = 0;
@@ -516,8 +517,8 @@ static void breakdown(struct hx *h)
         sb_printf(h->b, ": %s</title></rect>", hb(parts[i].bytes, a));
         x += w;
     }
-    if (req >= 0) {
-        double rx = free_x >= 0 ? free_x : x, rw = (double)req / total * room;
+    if (req.known) {
+        double rx = free_x >= 0 ? free_x : x, rw = (double)req.v / total * room;
         double fw = free_x >= 0 ? x - free_x : 0; /* free segment width */
         sb_printf(h->b, "<text x=\"0\" y=\"72\" font-size=\"12\" fill=\"#5f6b7a\">request</text>");
         double fit = fmin(rw, fw);
@@ -530,7 +531,7 @@ static void breakdown(struct hx *h)
         double lx = fmin(rx + rw + 8, 1000 - 4);
         int anchor_end = rx + rw + 8 > 1000 - 140;
         sb_printf(h->b, "<text x=\"%.2f\" y=\"93\" font-size=\"12\" font-weight=\"600\" fill=\"#b02a2a\" text-anchor=\"%s\">%s%s</text>",
-                  anchor_end ? fmax(rx - 8, 60) : lx, anchor_end ? "end" : "start", hb(req, a),
+                  anchor_end ? fmax(rx - 8, 60) : lx, anchor_end ? "end" : "start", hbu(req.v, a),
                   rw > fw && d->status != OG_ST_RECOVERED ? " \u2014 does not fit" : "");
     }
     if (d->device.limit_bytes >= 0 && (double)d->device.limit_bytes < total) {
@@ -546,10 +547,10 @@ static void breakdown(struct hx *h)
         sb_printf(h->b, "<span class=\"n\">%s <span class=\"muted\">%.1f%%</span></span></div>", hb(parts[i].bytes, a),
                   100.0 * (double)parts[i].bytes / total);
     }
-    if (req >= 0)
+    if (req.known)
         sb_printf(h->b, "<div><span class=\"sw\" style=\"background:#d93636\"></span>Failed request"
                         "<span class=\"n\">%s</span></div>",
-                  hb(req, a));
+                  hbu(req.v, a));
     sb_puts(h->b, "</div>");
 
     const cJSON *fw = d->mem.framework, *it;
@@ -568,15 +569,17 @@ static void breakdown(struct hx *h)
             snprintf(key, sizeof key, "%.*s", (int)(kl - 6 > 40 ? 40 : kl - 6), it->string);
             sb_puts(h->b, "<div class=\"n\">");
             esc(h, key, 40);
-            sb_printf(h->b, "</div><div>%s</div>", hb((int64_t)it->valuedouble, a));
+            struct og_bytes v;
+            sb_printf(h->b, "</div><div>%s</div>", og_json_bytes(it, &v) && !v.neg ? hbu(v.v, a) : "?");
         }
         if (!first)
             sb_puts(h->b, "</div>");
         /* the framework's view next to the driver-level count, reconciled */
         const cJSON *res = cJSON_GetObjectItemCaseSensitive(fw, "reserved_bytes");
-        if (cJSON_IsNumber(res) && d->mem.framework_bytes >= 0) {
+        struct og_bytes rv;
+        if (og_json_bytes(res, &rv) && !rv.neg && rv.v <= INT64_MAX && d->mem.framework_bytes >= 0) {
             char b2[32];
-            int64_t r = (int64_t)res->valuedouble, diff = d->mem.framework_bytes - r;
+            int64_t r = (int64_t)rv.v, diff = d->mem.framework_bytes - r;
             sb_printf(h->b, "<h2 style=\"margin-top:16px\">Two views</h2><div class=\"kv\">"
                             "<div class=\"n\">%s reserved</div><div>%s</div>",
                       og_framework_title(d->framework_name), hb(r, a));
@@ -854,10 +857,11 @@ static void failed_call(struct hx *h)
         esc(h, d->event.library, 120);
         sb_puts(h->b, "</div>");
     }
-    if (d->event.requested_bytes >= 0) {
+    if (d->event.requested_bytes.known) {
         char g[32];
         KV("requested");
-        sb_printf(h->b, "%s (%s bytes)</div>", hb(d->event.requested_bytes, a), group_digits(d->event.requested_bytes, g));
+        sb_printf(h->b, "%s (%s bytes)</div>", hbu(d->event.requested_bytes.v, a),
+                  group_digits_u64(d->event.requested_bytes.v, g));
     }
     if (d->event.result >= 0) {
         const char *rn = og_result_name(d->event.result);

@@ -57,6 +57,21 @@ static int needs_fix(const cJSON *v)
     return 0;
 }
 
+/* Integers a double cannot hold carry their exact text (dump_read.c, keep_exact_ints): printed
+ * as that text (a raw node) so that SIZE_MAX stays 18446744073709551615, not 1.8446744073709552e+19. */
+static void exact_ints(cJSON *v, int raw)
+{
+    for (; v; v = v->next) {
+        struct og_bytes n; /* canonical text only: one past 64 bits keeps cJSON's double */
+        if (raw && cJSON_IsNumber(v) && v->valuestring && og_json_bytes(v, &n))
+            v->type = (v->type & ~0xFF) | cJSON_Raw;
+        else if (!raw && (v->type & 0xFF) == cJSON_Raw)
+            v->type = (v->type & ~0xFF) | cJSON_Number;
+        if (v->child)
+            exact_ints(v->child, raw);
+    }
+}
+
 int og_render_json(struct sbuf *out, const struct og_dump *d)
 {
     cJSON *copy = NULL;
@@ -70,7 +85,9 @@ int og_render_json(struct sbuf *out, const struct og_dump *d)
         sanitize(copy);
         doc = copy;
     }
+    exact_ints((cJSON *)doc, 1);
     char *s = cJSON_Print(doc);
+    exact_ints((cJSON *)doc, 0); /* the struct og_dump reads these nodes as numbers */
     cJSON_Delete(copy);
     if (!s)
         return -1;

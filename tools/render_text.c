@@ -81,10 +81,14 @@ static void headline(struct tx *t, const struct og_dump *d)
     }
     sb_putc(t->b, '\n');
 
-    if (d->event.present && d->event.requested_bytes >= 0) {
+    if (d->event.present && d->event.requested_bytes.known) {
         sb_puts(t->b, "  ");
         sb_text(t->b, d->event.api ? d->event.api : "allocation", 60, 0);
-        sb_printf(t->b, " of %s%s%s", st(t, BOLD), human_bytes(d->event.requested_bytes, h1), st(t, RESET));
+        sb_printf(t->b, " of %s%s%s", st(t, BOLD), human_bytes_u64(d->event.requested_bytes.v, h1), st(t, RESET));
+        if (d->event.requested_bytes.v >= 1ull << 50) { /* past any device: the exact number says more */
+            char g[32];
+            sb_printf(t->b, " (%s bytes)", group_digits_u64(d->event.requested_bytes.v, g));
+        }
         if (d->status == OG_ST_RECOVERED) {
             sb_puts(t->b, " failed, then succeeded");
             if (d->event.released_between_attempts_bytes > 0)
@@ -99,11 +103,11 @@ static void headline(struct tx *t, const struct og_dump *d)
             }
             if (d->device.limit_bytes >= 0)
                 sb_printf(t->b, " (OOMGUARD_LIMIT %s)", human_bytes(d->device.limit_bytes, h3));
-            int64_t sf = og_shortfall(d);
-            if (sf > 0)
-                sb_printf(t->b, " — %s%s %s%s", st(t, RED), human_bytes(sf, h3),
+            struct og_bytes sf = og_shortfall(d);
+            if (sf.known && !sf.neg && sf.v > 0)
+                sb_printf(t->b, " — %s%s %s%s", st(t, RED), human_bytes_u64(sf.v, h3),
                           d->event.caused_by_limit == 1 ? "over the limit" : "short", st(t, RESET));
-            else if (sf != INT64_MIN && d->status == OG_ST_OOM)
+            else if (sf.known && d->status == OG_ST_OOM)
                 sb_puts(t->b, " — enough in total, but not in one piece");
         }
         sb_putc(t->b, '\n');
@@ -235,16 +239,19 @@ static void where(struct tx *t, const struct og_dump *d)
         bar(t, scale > 0 ? (double)parts[i].bytes / (double)scale : 0, style);
         sb_putc(t->b, '\n');
     }
-    if (d->event.present && d->event.requested_bytes >= 0) {
+    if (d->event.present && d->event.requested_bytes.known) {
+        double req = (double)d->event.requested_bytes.v;
         sb_puts(t->b, "  ");
         sb_repeat(t->b, "\u2500", 40 + 12);
         sb_putc(t->b, '\n');
         sb_puts(t->b, "  ");
         cell(t, d->status == OG_ST_RECOVERED ? "Requested (succeeded on retry)" : "Requested", 60, 40);
-        sb_printf(t->b, "%12s", human_bytes(d->event.requested_bytes, h));
-        if (scale > 0)
-            sb_printf(t->b, "  %5.1f%%  ", 100.0 * (double)d->event.requested_bytes / (double)scale);
-        bar(t, scale > 0 ? (double)d->event.requested_bytes / (double)scale : 0, RED);
+        sb_printf(t->b, "%12s", human_bytes_u64(d->event.requested_bytes.v, h));
+        if (scale > 0 && req / (double)scale < 1e3)
+            sb_printf(t->b, "  %5.1f%%  ", 100.0 * req / (double)scale);
+        else if (scale > 0) /* a request no device holds ("7e+10%"): the columns stay */
+            sb_printf(t->b, "  %5.0e%%  ", 100.0 * req / (double)scale);
+        bar(t, scale > 0 ? req / (double)scale : 0, RED);
         sb_putc(t->b, '\n');
     }
     /* The framework adapter's own numbers. */
@@ -263,17 +270,35 @@ static void where(struct tx *t, const struct og_dump *d)
             char key[48];
             snprintf(key, sizeof key, "%.*s", (int)(kl - 6 > 40 ? 40 : kl - 6), x->string);
             sb_text(t->b, key, 40, 0); /* keys come from the dump too */
-            sb_printf(t->b, " %s", human_bytes((int64_t)x->valuedouble, h));
+            struct og_bytes v;
+            sb_printf(t->b, " %s", og_json_bytes(x, &v) && !v.neg ? human_bytes_u64(v.v, h) : "?");
         }
         if (!first)
+            sb_putc(t->b, '\n');
+        /* the modes in force at the failure, as the adapter saw them (null: not known, not shown) */
+        static const struct { const char *key, *on, *off; } modes[] = {
+            {"grad_enabled", "autograd on", "autograd off"},
+            {"training", "training (optimizer steps ran)", "inference only"},
+            {"autocast", "autocast (mixed precision) on", "autocast off"},
+        };
+        int nmodes = 0;
+        for (size_t k = 0; k < sizeof modes / sizeof *modes; k++) {
+            const cJSON *mode = cJSON_GetObjectItemCaseSensitive(fw, modes[k].key);
+            if (!cJSON_IsBool(mode))
+                continue;
+            sb_puts(t->b, nmodes++ ? ", " : "  at the failure: ");
+            sb_puts(t->b, cJSON_IsTrue(mode) ? modes[k].on : modes[k].off);
+        }
+        if (nmodes)
             sb_putc(t->b, '\n');
         /* The two views side by side: what the framework says it reserved, and what the shim
          * counted at the driver from the framework's libraries. */
         const cJSON *res = cJSON_GetObjectItemCaseSensitive(fw, "reserved_bytes");
         const cJSON *alc = cJSON_GetObjectItemCaseSensitive(fw, "allocated_bytes");
-        if (cJSON_IsNumber(res) && d->mem.framework_bytes >= 0) {
+        struct og_bytes rv, av;
+        if (og_json_bytes(res, &rv) && !rv.neg && rv.v <= INT64_MAX && d->mem.framework_bytes >= 0) {
             char a[32], b2[32], c[32];
-            int64_t r = (int64_t)res->valuedouble, diff = d->mem.framework_bytes - r;
+            int64_t r = (int64_t)rv.v, diff = d->mem.framework_bytes - r;
             sb_printf(t->b, "  two views: %s reserved %s; oomguard counted %s at the driver from its libraries",
                       og_framework_title(d->framework_name), human_bytes(r, a),
                       human_bytes(d->mem.framework_bytes, b2));
@@ -284,9 +309,9 @@ static void where(struct tx *t, const struct og_dump *d)
                           diff > 0 ? "more" : "less",
                           diff > 0 ? "memory its libraries took outside its allocator, e.g. workspaces"
                                    : "segments not attributed to its libraries, or released since");
-            if (cJSON_IsNumber(alc))
-                sb_printf(t->b, "  in tensors %s, cached but unused %s\n", human_bytes((int64_t)alc->valuedouble, a),
-                          human_bytes(r - (int64_t)alc->valuedouble, b2));
+            if (og_json_bytes(alc, &av) && !av.neg && av.v <= INT64_MAX)
+                sb_printf(t->b, "  in tensors %s, cached but unused %s\n", human_bytes((int64_t)av.v, a),
+                          human_bytes(r - (int64_t)av.v, b2));
         }
     }
 }

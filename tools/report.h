@@ -44,8 +44,8 @@ const struct og_cause *og_primary_cause(const struct og_dump *d);
 const char *og_format_time(double t, char out[40]);
 /* Evidence value: sizes for *_bytes, exact integers, strings; escaped for HTML when html != 0. */
 void og_evidence_value(struct sbuf *b, const struct og_evidence *e, int html);
-/* Shortfall: diagnosis.shortfall_bytes, else requested - free; INT64_MIN if unknown. */
-int64_t og_shortfall(const struct og_dump *d);
+/* Shortfall: diagnosis.shortfall_bytes, else requested - free (may be negative); unknown when neither. */
+struct og_bytes og_shortfall(const struct og_dump *d);
 /* The process's own usage: NVML's number, else what oomguard tracked; -1 if neither. */
 int64_t og_process_bytes(const struct og_dump *d);
 /* Counts for headlines. */

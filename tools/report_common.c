@@ -1,6 +1,9 @@
 /* tools/report_common.c — facts derived from a dump that the text and HTML
  * reports present the same way. */
 #include "report.h"
+#include "human.h"
+
+#include <inttypes.h>
 
 #include <math.h>
 #include <stdio.h>
@@ -9,17 +12,7 @@
 
 const char *og_framework_title(const char *name)
 {
-    if (!name)
-        return "Framework";
-    if (!strcmp(name, "pytorch"))
-        return "PyTorch";
-    if (!strcmp(name, "jax"))
-        return "JAX";
-    if (!strcmp(name, "tensorflow"))
-        return "TensorFlow";
-    if (!strcmp(name, "cupy"))
-        return "CuPy";
-    return "Framework";
+    return og_framework_display(og_framework_from_name(name), "Framework");
 }
 
 const char *og_cause_title(const char *id)
@@ -79,13 +72,16 @@ const char *og_format_time(double t, char out[40])
     return out;
 }
 
-int64_t og_shortfall(const struct og_dump *d)
+struct og_bytes og_shortfall(const struct og_dump *d)
 {
-    if (d->diag.shortfall_bytes != INT64_MIN && d->diag.present)
+    if (d->diag.shortfall_bytes.known && d->diag.present)
         return d->diag.shortfall_bytes;
-    if (d->event.requested_bytes >= 0 && d->device.free_bytes >= 0)
-        return d->event.requested_bytes - d->device.free_bytes;
-    return INT64_MIN;
+    struct og_bytes r = d->event.requested_bytes, s = {0};
+    if (r.known && d->device.free_bytes >= 0) {
+        uint64_t f = (uint64_t)d->device.free_bytes;
+        s = r.v >= f ? (struct og_bytes){r.v - f, 1, 0} : (struct og_bytes){f - r.v, 1, 1};
+    }
+    return s;
 }
 
 int64_t og_process_bytes(const struct og_dump *d)
@@ -159,15 +155,16 @@ void og_evidence_value(struct sbuf *b, const struct og_evidence *e, int html)
     const cJSON *v = e->value;
     /* "requested_bytes", "context_bytes_estimate": sizes, shown both ways. */
     int is_size = strstr(e->name, "bytes") != NULL;
+    struct og_bytes n;
     if (cJSON_IsNumber(v)) {
         double x = v->valuedouble;
-        int integral = isfinite(x) && x == floor(x) && fabs(x) < OG_MAX_EXACT_INT;
+        int integral = og_json_bytes(v, &n); /* exactly, up to 2^64-1 (a SIZE_MAX request) */
         if (integral && is_size) {
             char h[32], g[32];
-            int64_t i = (int64_t)x;
-            sb_printf(b, "%s%s (%s bytes)", i < 0 ? "-" : "", human_bytes(i < 0 ? -i : i, h), group_digits(i, g));
+            sb_printf(b, "%s%s (%s%s bytes)", n.neg ? "-" : "", human_bytes_u64(n.v, h), n.neg ? "-" : "",
+                      group_digits_u64(n.v, g));
         } else if (integral) {
-            sb_printf(b, "%.0f", x);
+            sb_printf(b, "%s%" PRIu64, n.neg ? "-" : "", n.v);
         } else if (isfinite(x)) {
             sb_printf(b, "%.6g", x);
         } else {

@@ -1170,20 +1170,8 @@ void og_usage_stats(FILE *f)
 /* Temporary file in the same directory, then rename: a collector never reads half a file. */
 static int write_atomic(const struct sbuf *b, const char *path)
 {
-    if (!path) {
-        size_t off = 0;
-        while (off < b->len) {
-            ssize_t n = write(STDOUT_FILENO, b->p + off, b->len - off);
-            if (n < 0 && errno == EINTR)
-                continue;
-            if (n <= 0) {
-                fprintf(stderr, "oomguard: standard output: %s\n", n < 0 ? strerror(errno) : "short write");
-                return OG_EXIT_OUTPUT;
-            }
-            off += (size_t)n;
-        }
-        return OG_EXIT_OK;
-    }
+    if (!path)
+        return write_all(STDOUT_FILENO, b, "standard output");
     size_t pl = strlen(path);
     char *tmp = xmalloc(pl + 16);
     const char *slash = strrchr(path, '/');
@@ -1196,19 +1184,7 @@ static int write_atomic(const struct sbuf *b, const char *path)
         free(tmp);
         return OG_EXIT_OUTPUT;
     }
-    int rc = OG_EXIT_OK;
-    size_t off = 0;
-    while (off < b->len) {
-        ssize_t n = write(fd, b->p + off, b->len - off);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            fprintf(stderr, "oomguard: %s: %s\n", path, n < 0 ? strerror(errno) : "short write");
-            rc = OG_EXIT_OUTPUT;
-            break;
-        }
-        off += (size_t)n;
-    }
+    int rc = write_all(fd, b, path);
     if (rc == OG_EXIT_OK && (fchmod(fd, 0644) < 0 || fsync(fd) < 0)) {
         fprintf(stderr, "oomguard: %s: %s\n", path, strerror(errno));
         rc = OG_EXIT_OUTPUT;

@@ -7,7 +7,9 @@
 
 TOOLS_SRC  := $(filter-out tools/fuzz_dump.c,$(wildcard tools/*.c))
 TOOLS_HDR  := $(wildcard tools/*.h) $(wildcard include/oomguard.h)
-TOOLS_OBJ  := $(patsubst tools/%.c,$(B)/tools/%.o,$(TOOLS_SRC))
+# shim/human.c formats sizes and names frameworks for both: the report spells them as the dump does.
+TOOLS_SHARED := shim/human.c
+TOOLS_OBJ  := $(patsubst tools/%.c,$(B)/tools/%.o,$(TOOLS_SRC)) $(patsubst shim/%.c,$(B)/shim/%.o,$(TOOLS_SHARED))
 TOOLS_LIBS := -lcjson -lm -ldw -lelf -lstdc++
 FUZZ_CC    ?= clang
 FUZZ_SECONDS ?= 20
@@ -15,9 +17,9 @@ FUZZ_SECONDS ?= 20
 .PHONY: test-cli fuzz-dump fuzz-smoke
 all: $(B)/oomguard
 
-$(B)/tools/%.o: tools/%.c $(TOOLS_HDR) | $(B)
+$(B)/tools/%.o: tools/%.c $(TOOLS_HDR) shim/human.h | $(B)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -Itools -MMD -MP -c $< -o $@
+	$(CC) $(ALL_CFLAGS) -Itools -iquote shim -MMD -MP -c $< -o $@
 
 $(B)/oomguard: $(TOOLS_OBJ)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(TOOLS_OBJ) $(TOOLS_LIBS)
@@ -35,9 +37,9 @@ $(B)/cli-test/libdummy.so: tests/cli/dummy.c | $(B)
 	$(CC) $(BASE_CFLAGS) $(CFLAGS) -shared -fPIC -o $@ $<
 
 # The fuzzer links the same reader/renderer sources as the command (not main.c/run.c).
-FUZZ_SRC := tools/fuzz_dump.c $(filter-out tools/main.c tools/run.c,$(TOOLS_SRC))
-$(B)/fuzz-dump: $(FUZZ_SRC) $(TOOLS_HDR) | $(B)
-	$(FUZZ_CC) $(BASE_CFLAGS) -Itools -g -O1 -fno-omit-frame-pointer \
+FUZZ_SRC := tools/fuzz_dump.c $(filter-out tools/main.c tools/run.c,$(TOOLS_SRC)) $(TOOLS_SHARED)
+$(B)/fuzz-dump: $(FUZZ_SRC) $(TOOLS_HDR) shim/human.h | $(B)
+	$(FUZZ_CC) $(BASE_CFLAGS) -Itools -iquote shim -g -O1 -fno-omit-frame-pointer \
 	    -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	    -o $@ $(FUZZ_SRC) $(TOOLS_LIBS)
 

@@ -1,10 +1,13 @@
-/* tools/util.c — output buffer, untrusted-string rendering, sizes. */
+/* tools/util.c — output buffer, untrusted-string rendering, sizes, writing it out. */
 #include "util.h"
+#include "human.h"   /* shim/human.c: the dump's own formatting */
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 void sb_init(struct sbuf *b) { memset(b, 0, sizeof *b); }
 
@@ -214,23 +217,29 @@ size_t text_width(const char *s, size_t max_chars)
 
 const char *human_bytes(int64_t bytes, char out[32])
 {
-    static const char *const unit[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
     if (bytes < 0) {
         snprintf(out, 32, "?");
         return out;
     }
-    if (bytes < 1024) {
-        snprintf(out, 32, "%" PRId64 " B", bytes);
-        return out;
+    return human_bytes_u64((uint64_t)bytes, out);
+}
+
+/* The whole uint64 range: a request can be SIZE_MAX ("16.00 EiB"). */
+const char *human_bytes_u64(uint64_t bytes, char out[32])
+{
+    return og_bytes_fmt(out, 32, (double)bytes, OG_BYTES_FIXED);
+}
+
+const char *group_digits_u64(uint64_t v, char out[32])
+{
+    char tmp[32];
+    int n = snprintf(tmp, sizeof tmp, "%" PRIu64, v), k = 0;
+    for (int i = 0; i < n; i++) {
+        if (i && (n - i) % 3 == 0)
+            out[k++] = ',';
+        out[k++] = tmp[i];
     }
-    double v = (double)bytes / 1024.0;
-    int u = 0;
-    /* Switch unit before rounding would print "1024.00". */
-    while (v >= 1023.995 && u < 5) {
-        v /= 1024.0;
-        u++;
-    }
-    snprintf(out, 32, "%.2f %s", v, unit[u]);
+    out[k] = '\0';
     return out;
 }
 
@@ -276,4 +285,20 @@ char *xstrdup(const char *s)
 {
     size_t n = strlen(s) + 1;
     return memcpy(xmalloc(n), s, n);
+}
+
+int write_all(int fd, const struct sbuf *b, const char *what)
+{
+    size_t off = 0;
+    while (off < b->len) {
+        ssize_t n = write(fd, b->p + off, b->len - off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            fprintf(stderr, "oomguard: %s: %s\n", what, n < 0 ? strerror(errno) : "short write");
+            return OG_EXIT_OUTPUT;
+        }
+        off += (size_t)n;
+    }
+    return OG_EXIT_OK;
 }

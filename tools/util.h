@@ -47,13 +47,19 @@ int utf8_valid(const char *s);
 
 /* "1.30 GiB" (binary units, two decimals; plain "512 B" below 1 KiB). */
 const char *human_bytes(int64_t bytes, char out[32]);
+const char *human_bytes_u64(uint64_t bytes, char out[32]); /* all of uint64 (requests up to SIZE_MAX) */
 /* "1,395,864,371" */
 const char *group_digits(int64_t v, char out[32]);
+const char *group_digits_u64(uint64_t v, char out[32]); /* "18,446,744,073,709,551,615" fits 32 */
 
 /* Returns a malloc'd copy or exits with a message; for the few allocations the
  * command cannot sensibly go on without. */
 void *xmalloc(size_t n);
 void *xrealloc(void *p, size_t n);
 char *xstrdup(const char *s);
+
+/* Writes all of B to FD (retrying interrupted writes): OG_EXIT_OK, or OG_EXIT_OUTPUT after a message naming
+ * WHAT (the file, or "standard output"). */
+int write_all(int fd, const struct sbuf *b, const char *what);
 
 #endif

@@ -1,6 +1,6 @@
-/* tools/version.h — the version `oomguard --version` prints.
- * include/oomguard.h (owned by the library) is the single source of truth once it
- * defines OOMGUARD_VERSION; until then the tools carry their own. */
+/* tools/version.h — the version `oomguard --version` prints: OOMGUARD_VERSION of
+ * include/oomguard.h (owned by the library), the single source of truth.  The fallback
+ * below only serves a compile without include/ on the path. */
 #ifndef OG_TOOLS_VERSION_H
 #define OG_TOOLS_VERSION_H
 

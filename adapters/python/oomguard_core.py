@@ -9,6 +9,8 @@
   * after_import(name, fn): runs fn once module `name` has been imported (at once if it is);
   * hook_exception(cls, on_init): makes a framework's out-of-memory exception class report
     itself when it is created, i.e. on the failing thread at the failure, caught or not;
+  * activation(who, module, install): an adapter's activate(); ExceptionAdapter: activate,
+    install and is_attached of an adapter that learns of failures from exception classes;
   * the query the shim may call at a failing driver allocation (only if that thread already
     holds the GIL; see include/oomguard.h): it hands over the Python stack, nothing else.
 
@@ -84,6 +86,7 @@ def stats_struct():
                 ("python_sites", ctypes.c_char_p),
                 ("unmeasured_why", ctypes.c_char_p),
                 ("flags", ctypes.c_uint64),
+                ("autocast", ctypes.c_int32),      # appended later: the shim reads it only when struct_size covers it
             ]
         _struct = FrameworkStats
     return _struct
@@ -305,16 +308,39 @@ class _OomguardImportHook(object):
 def after_import(name, fn):
     """fn() once module `name` is imported: now if it is, else right after its import."""
     with _lock:
-        if name in sys.modules:
-            fn()
+        if name not in sys.modules:
+            for f in sys.meta_path:
+                if isinstance(f, _OomguardImportHook) and f.name == name:
+                    f.callbacks.append(fn)
+                    return
+            h = _OomguardImportHook(name)
+            h.callbacks.append(fn)
+            sys.meta_path.insert(0, h)
             return
-        for f in sys.meta_path:
-            if isinstance(f, _OomguardImportHook) and f.name == name:
-                f.callbacks.append(fn)
-                return
-        h = _OomguardImportHook(name)
-        h.callbacks.append(fn)
-        sys.meta_path.insert(0, h)
+    fn()           # outside _lock: fn takes its adapter's lock, and shim_fn() takes _lock under it
+
+
+def activation(who, module, install):
+    """An adapter's activate(): install() once `module` is imported (at once if it is), and the
+    shim's query registered.  Idempotent; nothing without the shim; never raises."""
+    state = {"activated": False}
+    lock = threading.RLock()
+
+    def activate():
+        try:
+            with lock:
+                if state["activated"]:
+                    return
+                state["activated"] = True
+                if not shim_present():
+                    return
+                register_query()
+                after_import(module, install)
+        except Exception as e:
+            err(who, "activate", e)
+
+    activate.__doc__ = activation.__doc__
+    return activate
 
 
 # ---------------------------------------------------------------------------- framework exceptions
@@ -352,6 +378,50 @@ def hook_exception(cls, who, on_init):
 
 
 _busy = threading.local()
+
+
+class ExceptionAdapter(object):
+    """What the adapters that learn of a failure from the framework's exception (jax, cupy,
+    tensorflow) share: install() wraps __init__ of the classes that classes(module) returns
+    (hook_exception, with on_init) once `module` is imported; activate() arranges it.  Both are
+    idempotent and never raise; is_attached() is None or "exception"."""
+
+    def __init__(self, who, module, classes, on_init, missing):
+        self.who, self.module, self.classes, self.on_init, self.missing = who, module, classes, on_init, missing
+        self.attached = None
+        self._lock = threading.RLock()
+        self.activate = activation(who, module, self.install)
+
+    def install(self):
+        """Attaches to the imported module (idempotent).  Returns True when attached."""
+        try:
+            with self._lock:
+                if self.attached:
+                    return True
+                mod = sys.modules.get(self.module)
+                if mod is None or not shim_present():
+                    return False
+                hooked = [c for c in self.classes(mod) if hook_exception(c, self.who, self.on_init)]
+                if not hooked:
+                    say(self.who, "no %s to attach to" % self.missing)
+                    return False
+                self.attached = "exception"
+                say(self.who, "attached to %s (%s %s)" % (", ".join(c.__name__ for c in hooked), self.module,
+                                                         getattr(mod, "__version__", "?")))
+                return True
+        except Exception as e:
+            err(self.who, "install", e)
+            return False
+
+    def is_attached(self):
+        return self.attached
+
+
+def attr_class(obj, *path):
+    """[the class at obj.path...], or [] when there is none (for ExceptionAdapter's classes)."""
+    for name in path:
+        obj = getattr(obj, name, None)
+    return [obj] if isinstance(obj, type) else []
 
 
 # ---------------------------------------------------------------------------- the shim's query

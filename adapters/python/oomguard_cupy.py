@@ -29,8 +29,7 @@ __all__ = ["activate", "install", "report", "is_attached"]
 
 WHO = "cupy"
 API = "cupy.cuda.MemoryPool"
-_state = {"activated": False, "attached": None, "helpers": []}
-_lock = threading.RLock()
+_helpers = []       # the report threads of the latest errors (flush() waits for them)
 
 
 def _cupy():
@@ -106,54 +105,21 @@ def _on_oom(exc, args, kwargs):
                          kwargs={"device": device, "request": int(vals.get("size") or 0),
                                  "limit": int(vals.get("limit") or 0) or None, "stack": stack})
     t.daemon = False
-    _state["helpers"].append(t)
-    del _state["helpers"][:-8]
+    _helpers.append(t)
+    del _helpers[:-8]
     t.start()
 
 
 def flush(timeout=5.0):
     """Waits until the reports of earlier errors are handed over (for tests and programs that
     want the dump before they go on)."""
-    for t in list(_state["helpers"]):
+    for t in list(_helpers):
         t.join(timeout)
 
 
-def install():
-    try:
-        with _lock:
-            if _state["attached"]:
-                return True
-            cupy = _cupy()
-            if cupy is None or not _core.shim_present():
-                return False
-            cls = getattr(getattr(getattr(cupy, "cuda", None), "memory", None), "OutOfMemoryError", None)
-            if not isinstance(cls, type) or not _core.hook_exception(cls, WHO, _on_oom):
-                _core.say(WHO, "no cupy.cuda.memory.OutOfMemoryError to attach to")
-                return False
-            _state["attached"] = "exception"
-            _core.say(WHO, "attached (cupy %s)" % (getattr(cupy, "__version__", "?"),))
-            return True
-    except Exception as e:
-        _core.err(WHO, "install", e)
-        return False
-
-
-def is_attached():
-    return _state["attached"]
-
-
-def activate():
-    try:
-        with _lock:
-            if _state["activated"]:
-                return
-            _state["activated"] = True
-            if not _core.shim_present():
-                return
-            _core.register_query()
-            _core.after_import("cupy", install)
-    except Exception as e:
-        _core.err(WHO, "activate", e)
-
+_adapter = _core.ExceptionAdapter(
+    WHO, "cupy", lambda cupy: _core.attr_class(cupy, "cuda", "memory", "OutOfMemoryError"), _on_oom,
+    "cupy.cuda.memory.OutOfMemoryError")
+install, activate, is_attached = _adapter.install, _adapter.activate, _adapter.is_attached
 
 activate()

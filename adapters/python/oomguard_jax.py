@@ -17,7 +17,6 @@ See docs/python-adapters.md.
 import os
 import re
 import sys
-import threading
 
 import oomguard_core as _core
 
@@ -25,8 +24,6 @@ __all__ = ["activate", "install", "report", "is_attached"]
 
 WHO = "jax"
 API = "xla.bfc_allocator"
-_state = {"activated": False, "attached": None}
-_lock = threading.RLock()
 _REQ = re.compile(r"allocate\s+([0-9][0-9,]*)\s*bytes")
 
 
@@ -146,46 +143,7 @@ def _on_error(exc, args, kwargs):
     report(exc, stack=_core.python_stack())
 
 
-def install():
-    """Attaches to the imported jax (idempotent).  Returns True when attached."""
-    try:
-        with _lock:
-            if _state["attached"]:
-                return True
-            jax = _jax()
-            if jax is None or not _core.shim_present():
-                return False
-            classes = _error_classes(jax)
-            hooked = [c for c in classes if _core.hook_exception(c, WHO, _on_error)]
-            if not hooked:
-                _core.say(WHO, "no JaxRuntimeError/XlaRuntimeError class to attach to")
-                return False
-            _state["attached"] = "exception"
-            _core.say(WHO, "attached to %s (jax %s)" % (", ".join(c.__name__ for c in hooked),
-                                                     getattr(jax, "__version__", "?")))
-            return True
-    except Exception as e:
-        _core.err(WHO, "install", e)
-        return False
-
-
-def is_attached():
-    return _state["attached"]
-
-
-def activate():
-    """install() once jax is imported (at once if it is).  Idempotent; nothing without the shim."""
-    try:
-        with _lock:
-            if _state["activated"]:
-                return
-            _state["activated"] = True
-            if not _core.shim_present():
-                return
-            _core.register_query()
-            _core.after_import("jax", install)
-    except Exception as e:
-        _core.err(WHO, "activate", e)
-
+_adapter = _core.ExceptionAdapter(WHO, "jax", _error_classes, _on_error, "JaxRuntimeError/XlaRuntimeError class")
+install, activate, is_attached = _adapter.install, _adapter.activate, _adapter.is_attached
 
 activate()

@@ -19,7 +19,6 @@ See docs/python-adapters.md.
 import os
 import re
 import sys
-import threading
 
 import oomguard_core as _core
 
@@ -27,8 +26,6 @@ __all__ = ["activate", "install", "report", "is_attached"]
 
 WHO = "tensorflow"
 API = "tensorflow.bfc_allocator"
-_state = {"activated": False, "attached": None}
-_lock = threading.RLock()
 _SIZES = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8, "float64": 8,
           "int8": 1, "uint8": 1, "int16": 2, "int32": 4, "int64": 8, "bool": 1, "complex64": 8}
 _SHAPE = re.compile(r"shape\s*\[([0-9, ]*)\]\s*and\s+type\s+(\w+)")
@@ -100,42 +97,9 @@ def _on_error(exc, args, kwargs):
     report(exc, message=str(msg), stack=_core.python_stack())
 
 
-def install():
-    try:
-        with _lock:
-            if _state["attached"]:
-                return True
-            tf = _tf()
-            if tf is None or not _core.shim_present():
-                return False
-            cls = getattr(getattr(tf, "errors", None), "ResourceExhaustedError", None)
-            if not isinstance(cls, type) or not _core.hook_exception(cls, WHO, _on_error):
-                _core.say(WHO, "no tf.errors.ResourceExhaustedError to attach to")
-                return False
-            _state["attached"] = "exception"
-            _core.say(WHO, "attached (tensorflow %s)" % (getattr(tf, "__version__", "?"),))
-            return True
-    except Exception as e:
-        _core.err(WHO, "install", e)
-        return False
-
-
-def is_attached():
-    return _state["attached"]
-
-
-def activate():
-    try:
-        with _lock:
-            if _state["activated"]:
-                return
-            _state["activated"] = True
-            if not _core.shim_present():
-                return
-            _core.register_query()
-            _core.after_import("tensorflow", install)
-    except Exception as e:
-        _core.err(WHO, "activate", e)
-
+_adapter = _core.ExceptionAdapter(
+    WHO, "tensorflow", lambda tf: _core.attr_class(tf, "errors", "ResourceExhaustedError"), _on_error,
+    "tf.errors.ResourceExhaustedError")
+install, activate, is_attached = _adapter.install, _adapter.activate, _adapter.is_attached
 
 activate()

@@ -21,6 +21,9 @@ What it does:
     without asking the driver (set_per_process_memory_fraction): it calls
     oomguard_framework_oom() with the request, the cap and the Python stack of the failing
     thread, so such a refusal gets a full dump of its own;
+  * with the numbers go the settings in force: autograd and autocast (mixed precision) on the
+    failing thread, and whether the job trains (a global optimizer step hook, PyTorch 2.0+, that
+    only sets a flag), so the remedies leave out what is already done;
   * with OOMGUARD_PYTHON_STACKS=1 it turns on PyTorch's bounded allocation history at CUDA
     initialisation, and the dump lists the lines holding the most live memory (python_sites);
   * with PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync PyTorch has no observer: the adapter
@@ -45,53 +48,30 @@ __all__ = ["install", "activate", "report", "is_attached"]
 _SMALL_BUFFER = 2 * 1024 * 1024        # PyTorch's small-pool segment size (kSmallBuffer)
 _lock = threading.RLock()
 _state = {
-    "activated": False,   # activate() ran
     "installed": False,   # install() ran against the torch module
     "queued": False,      # waiting for CUDA initialisation
     "attached": None,     # None, "observer" or "excepthook"
     "prev_excepthook": None,
+    "step_hook": None,    # the handle of the optimizer step hook (training)
 }
 _in_observer = threading.local()
 
 
 # ---------------------------------------------------------------------------- small helpers
 
-def _verbose():
-    v = os.environ.get("OOMGUARD_VERBOSE", "")
-    return v.strip().lower() in ("1", "true", "yes", "on")
+WHO = "pytorch"
+_u64 = oomguard_core.u64
 
 
 def _say(msg):
-    """One line on stderr, only with OOMGUARD_VERBOSE=1; never raises."""
-    if not _verbose():
-        return
-    try:
-        sys.stderr.write("oomguard: pytorch adapter: %s\n" % (msg,))
-        sys.stderr.flush()
-    except Exception:
-        pass
+    oomguard_core.say(WHO, msg)
 
 
 def _err(where, exc):
-    _say("%s failed: %s: %s" % (where, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else ""))
+    oomguard_core.err(WHO, where, exc)
 
 
 _last_snapshot = None
-
-
-def _shim_report_fn():
-    """oomguard_framework_report from the preloaded shim, or None (no shim: the adapter is off)."""
-    return oomguard_core.shim_fn("oomguard_framework_report")
-
-
-def _u64(v):
-    try:
-        v = int(v)
-    except Exception:
-        return 0
-    if v < 0:
-        return 0
-    return min(v, (1 << 64) - 2)       # 2**64-1 is the shim's "unknown"
 
 
 def _torch():
@@ -259,6 +239,52 @@ def _grad_mode(torch):
         return 0
 
 
+def _autocast_mode(torch):
+    """1 CUDA autocast (mixed precision) is on in this thread, -1 it is off, 0 unknown.
+    is_autocast_enabled takes the device type since PyTorch 2.4; before, it took none and
+    answered for CUDA."""
+    try:
+        fn = getattr(torch, "is_autocast_enabled", None)
+        if fn is None:
+            return 0
+        try:
+            on = fn("cuda")
+        except TypeError:
+            on = fn()
+        return 1 if on else -1
+    except Exception:
+        return 0
+
+
+# training: set once any optimizer's step() has run (PyTorch's global step hook, 2.0+); it is
+# never cleared, and nothing here can tell that a job does not train (that stays unknown)
+_step_seen = False
+
+
+def _on_optimizer_step(optimizer, args, kwargs):
+    """torch.optim.optimizer.register_optimizer_step_post_hook callback: runs after every
+    optimizer step, so it only sets a flag."""
+    global _step_seen
+    _step_seen = True
+
+
+def _watch_optimizers(torch):
+    """Registers _on_optimizer_step once.  A torch without the global hook (< 2.0) leaves
+    training unknown."""
+    if _state.get("step_hook") is not None:
+        return
+    try:
+        # torch/optim/__init__.py deletes its submodules' names; `import torch` has loaded this one
+        mod = sys.modules.get("torch.optim.optimizer") or getattr(getattr(torch, "optim", None), "optimizer", None)
+        register = getattr(mod, "register_optimizer_step_post_hook", None)
+        if register is None:
+            _say("no torch.optim.optimizer.register_optimizer_step_post_hook: training stays unknown")
+            return
+        _state["step_hook"] = register(_on_optimizer_step)
+    except Exception as e:
+        _err("registering the optimizer step hook", e)
+
+
 def _device_total(torch, device):
     try:
         return int(torch.cuda.get_device_properties(device).total_memory)
@@ -283,15 +309,16 @@ def _cap(torch, device, allowed):
     return 0, None
 
 
-def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowed=None, frame=None):
+def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowed=None, frame=None, modes=True):
     """Reads PyTorch's numbers for `device` and hands them to the shim.  Returns the shim's
     result (0), or None when nothing was reported (no shim, no torch, stats unreadable).
     Never raises.  Called by the out-of-memory observer (failed=True: PyTorch failed a request
-    of alloc_size; allowed: the observer's third argument); callable by hand too."""
+    of alloc_size; allowed: the observer's third argument); callable by hand too.
+    modes=False: the grad and autocast modes of this thread are not the failure's any more (the
+    exception has left the `with` blocks that set them): reported as unknown."""
     try:
-        fn = _shim_report_fn()
         torch = _torch()
-        if fn is None or torch is None:
+        if torch is None or not oomguard_core.shim_present():
             return None
         stack = oomguard_core.python_stack(frame) if (failed or frame is not None) else None
         if device is None:
@@ -330,7 +357,8 @@ def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowe
             snapshot_path=snapshot_path, framework="pytorch", api="torch.cuda.caching_allocator",
             requested_bytes=alloc_size or 0, cap_bytes=cap, cap_source=cap_source,
             peak_bytes=stats.get("allocated_bytes.all.peak", 0),
-            grad_enabled=_grad_mode(torch), python_stack=stack, python_sites=sites)
+            grad_enabled=_grad_mode(torch) if modes else 0, training=1 if _step_seen else 0,
+            autocast=_autocast_mode(torch) if modes else 0, python_stack=stack, python_sites=sites)
         _say("reported device %d: allocated %d, reserved %d, largest free block %s" %
              (device, allocated, reserved, largest))
         return r
@@ -379,7 +407,7 @@ def _excepthook(etype, value, tb):
             while tb is not None:              # the innermost frame: where the error was raised
                 frame, tb = tb.tb_frame, tb.tb_next
             # "report": the failure is the driver's, already dumped (an observer-less backend)
-            report(None, None, use_snapshot=False, frame=frame)
+            report(None, None, use_snapshot=False, frame=frame, modes=False)
     except Exception:
         pass
     prev = _state.get("prev_excepthook") or sys.__excepthook__
@@ -470,12 +498,13 @@ def install():
         with _lock:
             if _state["installed"]:
                 return True
-            if _shim_report_fn() is None:
+            if not oomguard_core.shim_present():
                 return False
             torch = _torch()
             if torch is None or not hasattr(torch, "cuda"):
                 return False
             _state["installed"] = True
+            _watch_optimizers(torch)
             cuda = torch.cuda
             is_init = getattr(cuda, "is_initialized", None)
             if is_init is not None and is_init():
@@ -499,107 +528,7 @@ def is_attached():
     return _state["attached"]
 
 
-# ---------------------------------------------------------------------------- the import hook
-
-class _LoaderWrapper(object):
-    """Runs torch's own loader, then install().  Anything else is the original loader's."""
-
-    def __init__(self, loader, finder):
-        self._oomguard_loader = loader
-        self._oomguard_finder = finder
-
-    def create_module(self, spec):
-        return self._oomguard_loader.create_module(spec)
-
-    def exec_module(self, module):
-        loader = self._oomguard_loader
-        try:
-            loader.exec_module(module)
-        finally:
-            # the module and its spec keep torch's own loader
-            try:
-                spec = getattr(module, "__spec__", None)
-                if spec is not None and spec.loader is self:
-                    spec.loader = loader
-                if getattr(module, "__loader__", None) is self:
-                    module.__loader__ = loader
-            except Exception:
-                pass
-        self._oomguard_finder._loaded()
-
-    def __getattr__(self, name):
-        if name.startswith("_oomguard_"):
-            raise AttributeError(name)
-        return getattr(self._oomguard_loader, name)
-
-
-class _TorchImportHook(object):
-    """A sys.meta_path finder that answers nothing itself: on `import torch` it lets the other
-    finders find torch, wraps the loader so install() runs when torch/__init__.py has finished,
-    and removes itself once torch is loaded."""
-
-    def __init__(self):
-        self._busy = threading.local()
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != "torch" or getattr(self._busy, "on", False):
-            return None
-        self._busy.on = True
-        try:
-            spec = None
-            for finder in list(sys.meta_path):
-                if finder is self:
-                    continue
-                find = getattr(finder, "find_spec", None)
-                if find is None:
-                    continue
-                try:
-                    spec = find(fullname, path, target)
-                except TypeError:          # a finder written for find_spec(name, path)
-                    spec = find(fullname, path)
-                if spec is not None:
-                    break
-            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module") \
-                    or isinstance(spec.loader, _LoaderWrapper):
-                return None
-            spec.loader = _LoaderWrapper(spec.loader, self)
-            return spec
-        except Exception as e:
-            _err("import hook", e)
-            return None
-        finally:
-            self._busy.on = False
-
-    def invalidate_caches(self):
-        pass
-
-    def _loaded(self):
-        try:
-            while self in sys.meta_path:
-                sys.meta_path.remove(self)
-        except Exception:
-            pass
-        install()
-
-
-def activate():
-    """Arranges install() for when torch is imported (at once if it already is).  Idempotent;
-    does nothing without the shim."""
-    try:
-        with _lock:
-            if _state["activated"]:
-                return
-            _state["activated"] = True
-            if _shim_report_fn() is None:
-                return
-            oomguard_core.register_query()
-            if "torch" in sys.modules:
-                install()
-                return
-            if not any(isinstance(f, _TorchImportHook) for f in sys.meta_path):
-                sys.meta_path.insert(0, _TorchImportHook())
-    except Exception as e:
-        _err("activate", e)
-
-
+# install() once torch is imported (oomguard_core.after_import: a sys.meta_path finder that notices
+# `import torch` finishing), at once if it already is; nothing without the shim
+activate = oomguard_core.activation(WHO, "torch", install)
 activate()

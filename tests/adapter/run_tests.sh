@@ -99,7 +99,7 @@ echo "== calls from the stand-in are attributed to $FWLIB"
 
 t_syntax() {
     local files=("$AD"/*.py "$SC"/*.py)
-    while IFS= read -r f; do files+=("$f"); done < <(find "$FT" "$ROOT/tests/adapter/fake_jax" "$ROOT/tests/adapter/fake_cupy" "$ROOT/tests/adapter/fake_tf" -name '*.py' | sort)
+    while IFS= read -r f; do files+=("$f"); done < <(find "$FT" "$ROOT/tests/adapter/fake_jax" "$ROOT/tests/adapter/fake_cupy" "$ROOT/tests/adapter/fake_tf" "$ROOT/tests/adapter/fake_common" -name '*.py' | sort)
     for f in "${files[@]}"; do
         "$PYTHON" -c "import py_compile,sys; py_compile.compile(sys.argv[1], cfile=sys.argv[2], doraise=True)" "$f" "$W/c.pyc" \
             || { echo "py_compile failed: $f"; return 1; }
@@ -178,7 +178,8 @@ t "manual enable: import oomguard_torch after CUDA initialisation" t_manual manu
 
 t_idempotent() {
     shim adapter env ADAPTER_DIR="$AD" "$PYTHON" "$JOB" idempotent exp.json || return 1
-    expect exp.json 'd["state"]["observers"]' 1 && "$PYTHON" "$CHECK" dumps exp.json --primary does_not_fit
+    expect exp.json 'd["state"]["observers"]' 1 && expect exp.json 'd["state"]["step_hooks"]' 1 &&
+    "$PYTHON" "$CHECK" dumps exp.json --primary does_not_fit
 }
 t "sitecustomize + import twice + activate() + install(): one observer" t_idempotent
 
@@ -192,7 +193,8 @@ t_noshim() {
     [ ! -s c.err ] || { echo "stderr:"; cat c.err; return 1; }
     expect st.json 'd["state"]["adapter_loaded"]' True && expect st.json 'd["state"]["attached"]' None &&
     expect st.json 'd["state"]["observers"]' 0 && expect st.json 'd["state"]["queued_calls"]' 0 &&
-    expect st.json 'd["state"]["import_hooks"]' 0 && expect st.json 'd["state"]["excepthook_replaced"]' False
+    expect st.json 'd["state"]["import_hooks"]' 0 && expect st.json 'd["state"]["excepthook_replaced"]' False &&
+    expect st.json 'd["state"]["step_hooks"]' 0
 }
 t "without the shim the adapter is a silent no-op" t_noshim
 
@@ -225,7 +227,7 @@ import sys, sitecustomize
 print(sitecustomize.__file__)
 print(sitecustomize.USER_SITECUSTOMIZE)
 print("oomguard_torch" in sys.modules)
-print(sum(1 for f in sys.meta_path if type(f).__name__ == "_TorchImportHook"))' > out || return 1
+print(sum(1 for f in sys.meta_path if type(f).__name__ == "_OomguardImportHook" and f.name == "torch"))' > out || return 1
     printf '%s\n' "$W/user/sitecustomize.py" True True 1 > want
     diff want out || return 1
     [ "$(cat mark)" = "sitecustomize $W/user/sitecustomize.py" ] || { echo "mark: $(cat mark)"; return 1; }
@@ -328,7 +330,10 @@ t_async() {
     rm -f dumps/*; mv a.json dumps/oomguard-with-adapter.json
     "$PYTHON" "$CHECK" dumps exp.json --settings backend:cudaMallocAsync &&
     expect exp.json 'd["state"]["attached"]' excepthook && expect exp.json 'd["state"]["observers"]' 0 &&
-    expect exp.json 'd["expected"]["reserved"] > d["expected"]["allocated"]' True
+    expect exp.json 'd["expected"]["reserved"] > d["expected"]["allocated"]' True &&
+    # reported after the error left every `with` block: the thread's modes are not the failure's
+    expect dumps/oomguard-with-adapter.json \
+        '[d["memory"]["framework"][k] for k in ("grad_enabled", "autocast")]' '[None, None]'
 }
 t "backend:cudaMallocAsync: no observer; an uncaught OOM reports memory_stats from sys.excepthook" t_async
 
@@ -532,6 +537,79 @@ t_query_released() {
     expect "$(ls dumps/oomguard-*.json)" 'd["event"]["python_stack"]' '[]'
 }
 t "query: the GIL released around cudaMalloc (ctypes.CDLL): not asked, and the dump says why" t_query_released
+
+t_standins_alone() {
+    # each stand-in imports with only its own directory on sys.path, also through a relative,
+    # unnormalised path (as tests/scenarios' cases give it), and reaches the simulated GPU through
+    # the shared helpers (fake_common), which are no top-level module of their own
+    local pkg dir
+    for pkg in torch jax cupy tensorflow; do
+        case $pkg in tensorflow) dir=fake_tf ;; *) dir=fake_$pkg ;; esac
+        for p in "$ROOT/tests/adapter/$dir" "$ROOT/tests/scenarios/../adapter/$dir"; do
+            env -u PYTHONPATH PYTHONPATH="$p" "$PYTHON" -c '
+import importlib, sys
+pkg = importlib.import_module(sys.argv[1])
+h = importlib.import_module(sys.argv[1] + "._fake_cuda")
+assert h.device_count() == 1, h.device_count()
+assert h.mem_get_info(0)[1] == 2560 << 20, h.mem_get_info(0)
+assert "_fake_cuda" not in sys.modules
+try:
+    import _fake_cuda  # noqa: F401
+except ImportError:
+    pass
+else:
+    raise SystemExit("_fake_cuda is importable on its own")
+' $pkg || { echo "stand-in $pkg from $p"; return 1; }
+        done
+    done
+}
+t "the stand-ins import from their own directory alone; their shared helpers are not a top-level module" t_standins_alone
+
+# --- the settings in force at the failure: training (an optimizer step ran), autocast
+
+FW_MODES='[d["memory"]["framework"][k] for k in ("grad_enabled", "training", "autocast")]'
+REMEDY_IDS='[r["id"] for r in d["remedies"]]'
+
+t_train_before() {
+    shim adapter "$PYTHON" "$JOB" train-before-step exp.json || return 1
+    local dump; dump=$(ls dumps/oomguard-*.json)
+    expect exp.json 'd["state"]["step_hooks"]' 1 &&
+    expect "$dump" "$FW_MODES" '[True, None, False]' &&
+    expect "$dump" "\"mixed_precision\" in $REMEDY_IDS" True
+}
+t "no optimizer step yet, autocast left again: training null, autocast false, mixed_precision offered" t_train_before
+
+t_train_after() {
+    shim adapter "$PYTHON" "$JOB" train-after-step exp.json || return 1
+    local dump; dump=$(ls dumps/oomguard-*.json)
+    expect "$dump" "$FW_MODES" '[True, True, True]' &&
+    expect "$dump" "[i for i in $REMEDY_IDS if i in (\"mixed_precision\", \"inference_mode\")]" '[]' &&
+    expect "$dump" "\"smaller_batch\" in $REMEDY_IDS" True || return 1
+    "$OOMGUARD_BIN" report "$dump" > report.txt || return 1
+    grep -q "at the failure: autograd on, training (optimizer steps ran), autocast (mixed precision) on" report.txt \
+        || { echo "oomguard report:"; grep -A3 "allocator:" report.txt; return 1; }
+}
+t "after an AdamW step, inside torch.autocast(bf16): training and autocast true; no mixed_precision, no inference_mode" t_train_after
+
+t_train_old_torch() {
+    # torch 1.13: no global optimizer hook (training stays unknown), is_autocast_enabled() without
+    # a device type (still read)
+    shim adapter env FAKE_TORCH_VERSION=1.13.1 "$PYTHON" "$JOB" train-after-step exp.json || return 1
+    expect exp.json 'd["state"]["step_hooks"]' 0 &&
+    expect "$(ls dumps/oomguard-*.json)" "$FW_MODES" '[True, None, True]'
+}
+t "torch < 2.0 (no optimizer step hook, is_autocast_enabled() without device): training null, autocast read" t_train_old_torch
+
+t_struct_sizes() {
+    shim adapter env ADAPTER_DIR="$AD" "$PYTHON" "$JOB" struct-old old.json || return 1
+    expect old.json 'd["struct_size"] < d["full_size"]' True || return 1
+    mv dumps/oomguard-*.json old-dump.json; rm -f dumps/*
+    shim adapter env ADAPTER_DIR="$AD" "$PYTHON" "$JOB" struct-new new.json || return 1
+    # the old size: autocast is past its end and not read; the fields before it are
+    expect old-dump.json "$FW_MODES" '[False, True, None]' &&
+    expect "$(ls dumps/oomguard-*.json)" "$FW_MODES" '[False, True, True]'
+}
+t "a struct of the size before autocast was added is accepted; autocast only read when it is covered" t_struct_sizes
 
 t_bench_stacks() {
     # the per-allocation cost of OOMGUARD_PYTHON_STACKS (docs/python-adapters.md): it runs, the

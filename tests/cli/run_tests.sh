@@ -21,26 +21,8 @@ unset NO_COLOR LD_PRELOAD OOMGUARD_DIR
 # Tests put LD_PRELOAD on oomguard itself; under SANITIZE=1 ASan would object.
 export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0
 
-passed=0 failed=0 skipped=0
-ok() { passed=$((passed + 1)); printf 'ok    %s\n' "$1"; }
-bad() {
-    failed=$((failed + 1))
-    printf 'FAIL  %s\n' "$1"
-    [ $# -gt 1 ] && printf '%s\n' "$2" | head -15 | sed 's/^/      /'
-    return 0
-}
-skip() { skipped=$((skipped + 1)); printf 'SKIP  %s (%s)\n' "$1" "$2"; }
-# expect NAME WANT_RC CMD... : runs CMD, output in $T/out, $T/err
-expect() {
-    local name=$1 want=$2
-    shift 2
-    "$@" >"$T/out" 2>"$T/err"
-    local rc=$?
-    if [ "$rc" = "$want" ]; then ok "$name"; else bad "$name" "exit $rc, wanted $want; stderr: $(head -c 600 "$T/err")"; fi
-}
-# has NAME FILE PATTERN : FILE contains the fixed string PATTERN
-has() { if grep -qF -- "$3" "$2"; then ok "$1"; else bad "$1" "no '$3' in $(head -c 800 "$2")"; fi; }
-hasnt() { if grep -qF -- "$3" "$2"; then bad "$1" "found '$3'"; else ok "$1"; fi; }
+# ok, bad, skip, expect (no time limit here), has, hasnt, checks_end
+. tests/lib/checks.sh
 
 have_python=0
 command -v python3 >/dev/null && have_python=1
@@ -174,7 +156,7 @@ check_bad() { # file expected-message
 check_bad truncated.json "truncated"
 check_bad not_json.json "not JSON (line 1, column 1: unexpected 'o')"
 check_bad wrong_types.json 'event.requested_bytes: expected an integer, found a string ("lots")'
-check_bad number_overflow.json "event.requested_bytes: expected a non-negative integer below 2^53, found a number too large"
+check_bad number_overflow.json "event.requested_bytes: expected a non-negative integer below 2^64, found a number too large"
 check_bad schema_v2.json "schema oomguard.dump/2 is newer than this oomguard understands (oomguard.dump/1)"
 check_bad deep_nesting.json "nested more than 1000 levels deep"
 check_bad not_a_dump.json 'not an oomguard dump (no "schema" key)'
@@ -292,21 +274,17 @@ mkdir -p "$T/shared"
 has "run lists its own dump in a shared directory" "$T/err" "oomguard: 1 dump written: $T/shared/oomguard-mine-"
 hasnt "run does not list another rank's dump" "$T/err" "oomguard-peer-999999.json"
 hasnt "run does not list another host's dump with the same pid" "$T/err" "oomguard-node2-"
-# signals sent to oomguard reach the command
-"$OG" run sh -c 'trap "exit 42" TERM; echo ready; while :; do sleep 0.05; done' >"$T/out" 2>&1 &
-pid=$!
-for _ in $(seq 1 100); do grep -q ready "$T/out" 2>/dev/null && break; sleep 0.05; done
-kill -TERM $pid
-wait $pid
-rc=$?
-[ $rc = 42 ] && ok "run forwards SIGTERM to the command" || bad "run forwards SIGTERM" "exit $rc"
-"$OG" run sh -c 'trap "exit 43" USR1; echo ready; while :; do sleep 0.05; done' >"$T/out" 2>&1 &
-pid=$!
-for _ in $(seq 1 100); do grep -q ready "$T/out" 2>/dev/null && break; sleep 0.05; done
-kill -USR1 $pid
-wait $pid
-rc=$?
-[ $rc = 43 ] && ok "run forwards SIGUSR1 to the command" || bad "run forwards SIGUSR1" "exit $rc"
+# signals sent to oomguard reach the command: it exits with the status its trap for that signal gives
+for sig_status in TERM:42 USR1:43; do
+    sig=${sig_status%:*} status=${sig_status#*:}
+    "$OG" run sh -c "trap 'exit $status' $sig; echo ready; while :; do sleep 0.05; done" >"$T/out" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 100); do grep -q ready "$T/out" 2>/dev/null && break; sleep 0.05; done
+    kill -"$sig" $pid
+    wait $pid
+    rc=$?
+    [ $rc = "$status" ] && ok "run forwards SIG$sig to the command" || bad "run forwards SIG$sig" "exit $rc"
+done
 
 # ---------------------------------------------------------------- merge
 expect "merge job4: exit 0" 0 "$OG" merge "$FIX/job4"
@@ -418,9 +396,4 @@ else
     skip "fuzz smoke" "${FUZZ_CC:-clang} not found"
 fi
 
-if [ $skipped -gt 0 ]; then
-    echo "$passed passed, $failed failed, $skipped skipped"
-else
-    echo "$passed passed, $failed failed"
-fi
-[ $failed = 0 ]
+checks_end

@@ -1,7 +1,6 @@
 /* dlsym(RTLD_NEXT) and dlsym(RTLD_DEFAULT) keep answering relative to their real caller. */
 #include "check.h"
-
-int og_rtld_next_value(void);
+#include "rtld.h"
 
 int main(int argc, char **argv)
 {

@@ -1,2 +1,4 @@
+#include "rtld.h"
+
 int og_rtld_probe(void) { return 2; }
 

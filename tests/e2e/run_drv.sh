@@ -6,19 +6,11 @@
 # driver still works, program errors that are not failures, huge requests, the history
 # size.  Every check compares with the simulator's truth.  Ends with "N passed, N failed".
 set -u
-B=${B:-build}
-root=$(cd "$(dirname "$0")/../.." && pwd)
-PRELOAD=${PRELOAD:-$root/$B/liboomguard.so}
+. "$(dirname "$0")/../lib/suite.sh"   # suite_init, result
+suite_init drv
 prog="$root/$B/tests/e2e_drv"
 tool="$root/$B/oomguard"
-work=$(mktemp -d "${TMPDIR:-/tmp}/oomguard-drv.XXXXXX")
-trap 'rm -rf "$work"' EXIT
 export LD_LIBRARY_PATH="$root/$B/sim" SIMGPU_DEVICES=2 SIMGPU_MEM="0:24GiB,1:16GiB" OOMGUARD_QUIET=1
-pass=0 fail=0 skip=0
-result() {
-    if [ "$1" = 0 ]; then pass=$((pass + 1)); echo "PASS  $2"
-    else fail=$((fail + 1)); echo "FAIL  $2"; [ -n "${3:-}" ] && printf '%s\n' "$3" | tail -n 15 | sed 's/^/      | /'; fi
-}
 # scenario NAME MODE [VAR=VALUE...]: runs the program with the shim in its own dump dir
 scenario() {
     local name=$1 mode=$2; shift 2

@@ -3,15 +3,11 @@
 # rank 2 fails first; `oomguard merge` must name it and show every rank.
 # Ends with "N passed, N failed".
 set -u
-B=${B:-build}
-root=$(cd "$(dirname "$0")/../.." && pwd)
-work=$(mktemp -d "${TMPDIR:-/tmp}/oomguard-job.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+. "$(dirname "$0")/../lib/suite.sh"   # suite_init, result
+suite_init job
 mkdir -p "$work/dumps" "$work/state"
 export LD_LIBRARY_PATH="$root/$B/sim" SIMGPU_DEVICES=2 SIMGPU_MEM=8GiB SIMGPU_STATE_DIR="$work/state"
 export WORLD_SIZE=4 TORCHELASTIC_RUN_ID=job42 OOMGUARD_SUMMARY=1 OOMGUARD_QUIET=1
-pass=0 fail=0
-result() { if [ "$1" = 0 ]; then pass=$((pass + 1)); echo "PASS  $2"; else fail=$((fail + 1)); echo "FAIL  $2"; fi; }
 
 pids=()
 for r in 0 1 2 3; do

@@ -1,16 +1,11 @@
 #!/usr/bin/env bash
 # OOMGUARD_LIMIT, OOMGUARD_WARN_AT and OOMGUARD_SUMMARY end to end.  Ends with "N passed, N failed".
 set -u
-B=${B:-build}
-root=$(cd "$(dirname "$0")/../.." && pwd)
-PRELOAD=${PRELOAD:-$root/$B/liboomguard.so}
+. "$(dirname "$0")/../lib/suite.sh"   # suite_init, result
+suite_init limit
 prog="$root/$B/tests/e2e_limit"
-work=$(mktemp -d "${TMPDIR:-/tmp}/oomguard-limit.XXXXXX")
-trap 'rm -rf "$work"' EXIT
 export LD_LIBRARY_PATH="$root/$B/sim:$root/$B/examples" SIMGPU_DEVICES=2 SIMGPU_MEM="0:24GiB,1:16GiB"
 export OOMGUARD_DIR="$work" OOMGUARD_QUIET=1
-pass=0 fail=0
-result() { if [ "$1" = 0 ]; then pass=$((pass + 1)); echo "PASS  $2"; else fail=$((fail + 1)); echo "FAIL  $2"; fi; }
 run() { env LD_PRELOAD="$PRELOAD" "$@"; }
 
 out=$(run env OOMGUARD_LIMIT=1:4GiB "$prog" limit 2>&1); rc=$?

@@ -3,16 +3,10 @@
 # Also: bad OOMGUARD_DIR, a symlink planted where the dump goes, a bad threshold value.
 # Ends with "N passed, N failed".
 set -u
-B=${B:-build}
-root=$(cd "$(dirname "$0")/../.." && pwd)
-PRELOAD=${PRELOAD:-$root/$B/liboomguard.so}
-pass=0 fail=0
-work=$(mktemp -d "${TMPDIR:-/tmp}/oomguard-scen.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+. "$(dirname "$0")/../lib/suite.sh"   # suite_init, result
+suite_init scen
 export LD_LIBRARY_PATH="$root/$B/sim:$root/$B/examples"
 export OOMGUARD_FRAMEWORK=pytorch OOMGUARD_FRAMEWORK_LIBS=libminitorch.so OOMGUARD_QUIET=1
-
-result() { if [ "$1" = 0 ]; then pass=$((pass + 1)); echo "PASS  $2"; else fail=$((fail + 1)); echo "FAIL  $2"; fi; }
 
 scenario() {   # scenario NAME PROGRAM EXPECTED_EXIT [ENV...]
     local name=$1 prog=$2 want=$3; shift 3

@@ -16,6 +16,40 @@
 #define GiB (1024ull * MiB)
 #define OK(call) CHECK((call) == 0, "%s", #call)
 
+/* DEV current, with its primary context made (cudaFree(0): how CUDA programs force it) */
+static void use_device(int dev)
+{
+    OK(cudaSetDevice(dev));
+    OK(cudaFree(0));
+}
+
+/* DEV current, its default stream-ordered pool set to keep all it reserves, and BYTES reserved in it
+ * (allocated and freed again): the pool holds them unused */
+static cudaMemPool_t pool_keeping(int dev, size_t bytes)
+{
+    void *a;
+    cudaMemPool_t pool;
+    OK(cudaSetDevice(dev));
+    OK(cudaDeviceGetDefaultMemPool(&pool, dev));
+    uint64_t keep_all = UINT64_MAX;
+    OK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
+    OK(cudaMallocAsync(&a, bytes, 0));
+    OK(cudaFreeAsync(a, 0));
+    OK(cudaStreamSynchronize(0));
+    return pool;
+}
+
+/* the properties of plain VMM device memory on DEV, for cuMemCreate */
+static CUmemAllocationProp vmm_prop(int dev)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    return prop;
+}
+
 static oomguard_device_stats_t stats(int dev)
 {
     oomguard_device_stats_t s;
@@ -71,8 +105,7 @@ static void mode_pool(void)
     cudaMemPool_t pool1;
     OK(cudaSetDevice(1));
     OK(cudaDeviceGetDefaultMemPool(&pool1, 1));
-    OK(cudaSetDevice(0));
-    OK(cudaFree(0));
+    use_device(0);
     void *p = NULL;
     OK(cudaMallocFromPoolAsync(&p, 64 * MiB, pool1, 0));
     OK(cudaStreamSynchronize(0));
@@ -108,8 +141,7 @@ static void mode_batch(void)
 /* A free the driver refuses (no current context): the block stays, allocs +1, frees +0. */
 static void mode_failed_free(void)
 {
-    OK(cudaSetDevice(0));
-    OK(cudaFree(0));
+    use_device(0);
     oomguard_device_stats_t before = stats(0);
     CUdeviceptr d;
     OK(cuMemAlloc(&d, 5 * MiB));
@@ -138,8 +170,7 @@ static void mode_failed_free(void)
 /* The driver's answer to a bogus release reaches the caller, shim or not. */
 static void mode_release(void)
 {
-    OK(cudaSetDevice(0));
-    OK(cudaFree(0));
+    use_device(0);
     CUresult r = cuMemRelease((CUmemGenericAllocationHandle)0xdeadbeefull);
     printf("cuMemRelease(bogus) = %d\n", (int)r);
     CHECK(r == CUDA_ERROR_INVALID_VALUE, "cuMemRelease of a bogus handle returned %d, want %d", (int)r,
@@ -203,13 +234,8 @@ static void mode_cross_thread(void)
 /* VMM: a retained handle needs one more release; mapped memory lives until unmapped. */
 static void mode_vmm_retain(void)
 {
-    OK(cudaSetDevice(1));
-    OK(cudaFree(0));
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = 1;
+    use_device(1);
+    CUmemAllocationProp prop = vmm_prop(1);
     CUmemGenericAllocationHandle h, h2;
     OK(cuMemCreate(&h, 8 * MiB, &prop, 0));
     CUdeviceptr va;
@@ -239,8 +265,7 @@ static void mode_vmm_retain(void)
 /* An invalid request is the program's error: no failure counted, no dump. */
 static void mode_invalid(void)
 {
-    OK(cudaSetDevice(0));
-    OK(cudaFree(0));
+    use_device(0);
     CUdeviceptr d;
     CUresult r = cuMemAlloc(&d, 0);
     CHECK(r == CUDA_ERROR_INVALID_VALUE, "cuMemAlloc(0) = %d", (int)r);
@@ -274,15 +299,8 @@ static void mode_episode(void)
  * dump says 4 GiB were released between the attempts). */
 static void mode_episode_pool(void)
 {
-    void *a, *big;
-    cudaMemPool_t pool, other;
-    OK(cudaSetDevice(0));
-    OK(cudaDeviceGetDefaultMemPool(&pool, 0));
-    uint64_t keep_all = UINT64_MAX;
-    OK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
-    OK(cudaMallocAsync(&a, 4 * GiB, 0));
-    OK(cudaFreeAsync(a, 0));
-    OK(cudaStreamSynchronize(0));           /* the pool keeps the 4 GiB reserved */
+    void *big;
+    cudaMemPool_t pool = pool_keeping(0, 4 * GiB), other;   /* the pool keeps the 4 GiB reserved */
     /* the failing requests come from a second pool (a failing pool trims itself first) */
     struct cudaMemPoolProps props;
     memset(&props, 0, sizeof props);
@@ -299,13 +317,8 @@ static void mode_episode_pool(void)
 
 static void mode_episode_vmm(void)
 {
-    OK(cudaSetDevice(0));
-    OK(cudaFree(0));
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = 0;
+    use_device(0);
+    CUmemAllocationProp prop = vmm_prop(0);
     CUmemGenericAllocationHandle h;
     CUdeviceptr d;
     OK(cuMemCreate(&h, 4 * GiB, &prop, 0));
@@ -320,8 +333,7 @@ static void mode_limit_exact(void)
 {
     void *p[3];
     size_t f0, f, t;
-    OK(cudaSetDevice(1));
-    OK(cudaFree(0));
+    use_device(1);
     OK(cudaMemGetInfo(&f0, &t));
     CHECK(t == 4 * GiB, "limited total %zu", t);
     for (int i = 0; i < 3; i++) {
@@ -342,14 +354,7 @@ static void mode_limit_exact(void)
 static void mode_limit_pool(void)
 {
     void *a, *b;
-    cudaMemPool_t pool;
-    OK(cudaSetDevice(1));
-    OK(cudaDeviceGetDefaultMemPool(&pool, 1));
-    uint64_t keep_all = UINT64_MAX;
-    OK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
-    OK(cudaMallocAsync(&a, 3 * GiB, 0));
-    OK(cudaFreeAsync(a, 0));
-    OK(cudaStreamSynchronize(0));
+    pool_keeping(1, 3 * GiB);
     CHECK(cudaMallocAsync(&b, 2 * GiB, 0) == cudaSuccess, "2 GiB from the pool's spare reservation refused");
     (void)cudaGetLastError();
     OK(cudaFreeAsync(b, 0));

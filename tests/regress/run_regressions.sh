@@ -4,17 +4,12 @@
 # Needs B (build dir) and PRELOAD (the shim, or "sanitizer-runtime shim").  Ends with
 # "N passed, N failed".
 set -u
-B=${B:-build}
-root=$(cd "$(dirname "$0")/../.." && pwd)
-PRELOAD=${PRELOAD:-$root/$B/liboomguard.so}
+. "$(dirname "$0")/../lib/suite.sh"   # suite_init, result
+suite_init regress
 prog="$root/$B/tests/regress"
 OG="$root/$B/oomguard"
-work=$(mktemp -d "${TMPDIR:-/tmp}/oomguard-regress.XXXXXX")
-trap 'rm -rf "$work"' EXIT
 export LD_LIBRARY_PATH="$root/$B/sim:$root/$B/examples" SIMGPU_DEVICES=2 SIMGPU_MEM="0:24GiB,1:16GiB"
 unset OOMGUARD_DIR OOMGUARD_LIMIT OOMGUARD_WARN_AT OOMGUARD_MAX_DUMPS OOMGUARD_SUMMARY
-pass=0 fail=0
-result() { if [ "$1" = 0 ]; then pass=$((pass + 1)); echo "PASS  $2"; else fail=$((fail + 1)); echo "FAIL  $2"; fi; }
 show() { sed 's/^/      | /' "$1" | tail -n "${2:-15}"; }
 
 # mode NAME [ENV...]: runs `regress NAME` under the shim in its own dump directory $work/NAME

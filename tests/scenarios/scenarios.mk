@@ -5,7 +5,7 @@
 SC_B       := $(B)/tests/scenarios
 SC_LIBDIR  := $(SC_B)/lib
 SC_CFLAGS   = $(ALL_CFLAGS) -Isim -Itests/scenarios/kit -pthread
-SC_KITDEPS  = tests/scenarios/kit/kit.h tests/scenarios/kit/truth.h include/oomguard.h $(SIM_LIBS)
+SC_KITDEPS  = tests/scenarios/kit/kit.h tests/scenarios/kit/ranks.h tests/scenarios/kit/driver.h tests/scenarios/kit/truth.h include/oomguard.h $(SIM_LIBS)
 SC_LIBS    := $(SC_LIBDIR)/libc10_cuda.so $(SC_LIBDIR)/libcudnn.so.9 $(SC_LIBDIR)/libnccl.so.2 \
               $(SC_LIBDIR)/xla_extension.so $(SC_LIBDIR)/libtensorflow_framework.so.2 \
               $(SC_LIBDIR)/libdali.so $(SC_LIBDIR)/cupy/cuda/memory.so

@@ -215,6 +215,18 @@ static void base_env(void)
     setenv("SIMGPU_OTHER_PROCS", "0:4242:Xorg:1GiB;1:777:python:512MiB", 1);
 }
 
+/* cuInit, then the primary context of `dev` retained and made current (three
+ * checks, reported at the caller's line): how most sections start. */
+static CUcontext init_primary(int dev, int line)
+{
+    CUcontext c = NULL;
+    check_cu(cuInit(0), OK, "cuInit(0)", line);
+    check_cu(cuDevicePrimaryCtxRetain(&c, dev), OK, "cuDevicePrimaryCtxRetain(&c, dev)", line);
+    check_cu(cuCtxSetCurrent(c), OK, "cuCtxSetCurrent(c)", line);
+    return c;
+}
+#define INIT_PRIMARY(dev) init_primary((dev), __LINE__)
+
 static void *libcuda(void)
 {
     return dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
@@ -260,28 +272,33 @@ static void sec_driver(void *unused)
     CHECK_EQ(total, 8 * GiB);
     CHECK_CU(cuDeviceTotalMem(&total, 1), OK);
     CHECK_EQ(total, 4 * GiB);
+    /* Attribute values (a = -1 first: each call must write its answer). */
+    static const struct {
+        CUdevice_attribute attr;
+        const char *name;
+        int dev, want;
+    } k_attrs[] = {
+#define ATTR(name, dev, want) { CU_DEVICE_ATTRIBUTE_##name, #name, dev, want }
+        ATTR(COMPUTE_CAPABILITY_MAJOR, 1, 8),
+        ATTR(COMPUTE_CAPABILITY_MINOR, 1, 6),
+        ATTR(COMPUTE_CAPABILITY_MAJOR, 0, 9),
+        ATTR(MULTIPROCESSOR_COUNT, 0, 132),
+        ATTR(PCI_BUS_ID, 1, 0x11),
+        ATTR(PCI_DEVICE_ID, 1, 0),
+        ATTR(PCI_DOMAIN_ID, 1, 0),
+        ATTR(MEMORY_POOLS_SUPPORTED, 0, 1),
+        ATTR(VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0, 1),
+        ATTR(MAXIMUM_TEXTURE1D_WIDTH, 0, 0), /* not simulated: 0 with success */
+#undef ATTR
+    };
     int a = -1;
-    CHECK_CU(cuDeviceGetAttribute(&a, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 1), OK);
-    CHECK_EQ(a, 8);
-    CHECK_CU(cuDeviceGetAttribute(&a, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 1), OK);
-    CHECK_EQ(a, 6);
-    CHECK_CU(cuDeviceGetAttribute(&a, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 0), OK);
-    CHECK_EQ(a, 9);
-    CHECK_CU(cuDeviceGetAttribute(&a, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 0), OK);
-    CHECK_EQ(a, 132);
-    CHECK_CU(cuDeviceGetAttribute(&a, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, 1), OK);
-    CHECK_EQ(a, 0x11);
-    CHECK_CU(cuDeviceGetAttribute(&a, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, 1), OK);
-    CHECK_EQ(a, 0);
-    CHECK_CU(cuDeviceGetAttribute(&a, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, 1), OK);
-    CHECK_EQ(a, 0);
-    CHECK_CU(cuDeviceGetAttribute(&a, CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 0), OK);
-    CHECK_EQ(a, 1);
-    CHECK_CU(cuDeviceGetAttribute(&a, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0), OK);
-    CHECK_EQ(a, 1);
-    a = -1;
-    CHECK_CU(cuDeviceGetAttribute(&a, CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_WIDTH, 0), OK);
-    CHECK_EQ(a, 0);
+    for (size_t i = 0; i < sizeof k_attrs / sizeof k_attrs[0]; i++) {
+        char what[96];
+        snprintf(what, sizeof what, "cuDeviceGetAttribute(%s, dev %d)", k_attrs[i].name, k_attrs[i].dev);
+        a = -1;
+        check_cu(cuDeviceGetAttribute(&a, k_attrs[i].attr, k_attrs[i].dev), OK, what, __LINE__);
+        check_eq((unsigned long long)a, (unsigned long long)k_attrs[i].want, what, "expected", __LINE__);
+    }
     CHECK_CU(cuDeviceGetAttribute(&a, (CUdevice_attribute)0, 0), CUDA_ERROR_INVALID_VALUE);
     CHECK_CU(cuDeviceGetAttribute(&a, CU_DEVICE_ATTRIBUTE_MAX, 0), CUDA_ERROR_INVALID_VALUE);
     char bus[32];
@@ -745,10 +762,7 @@ static void sec_proc_address(void *unused)
 static void sec_vmm(void *unused)
 {
     base_env();
-    CHECK_CU(cuInit(0), OK);
-    CUcontext p0;
-    CHECK_CU(cuDevicePrimaryCtxRetain(&p0, 0), OK);
-    CHECK_CU(cuCtxSetCurrent(p0), OK);
+    INIT_PRIMARY(0);
 
     CUmemAllocationProp prop;
     memset(&prop, 0, sizeof prop);
@@ -877,10 +891,7 @@ static void sec_vmm(void *unused)
 static void sec_pools(void *unused)
 {
     base_env();
-    CHECK_CU(cuInit(0), OK);
-    CUcontext p0;
-    CHECK_CU(cuDevicePrimaryCtxRetain(&p0, 0), OK);
-    CHECK_CU(cuCtxSetCurrent(p0), OK);
+    INIT_PRIMARY(0);
 
     CUmemoryPool dp = NULL, cp = NULL, got = NULL;
     CHECK_CU(cuDeviceGetDefaultMemPool(&dp, 0), OK);
@@ -950,6 +961,12 @@ static void sec_pools(void *unused)
     CHECK_EQ(val, 0);
     CHECK_CU(cuMemPoolGetAttribute(dp, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &val), OK);
     CHECK_EQ(val, 1 * MiB + 1000);
+    val = 5;
+    CHECK_CU(cuMemPoolSetAttribute(dp, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &val), CUDA_ERROR_INVALID_VALUE);
+    val = 0;
+    CHECK_CU(cuMemPoolSetAttribute(dp, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &val), OK);
+    CHECK_CU(cuMemPoolGetAttribute(dp, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &val), OK);
+    CHECK_EQ(val, 0); /* nothing in use now */
     CHECK_CU(cuMemPoolSetAttribute(dp, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &val), CUDA_ERROR_INVALID_VALUE);
 
     /* Release threshold: memory under it survives synchronisation. */
@@ -997,6 +1014,16 @@ static void sec_pools(void *unused)
     CHECK_CU(cuDeviceSetMemPool(0, mp), OK);
     CHECK_CU(cuDeviceGetMemPool(&cp, 0), OK);
     CHECK(cp == mp);
+    /* The CUDA 13 location-based calls see the same current pool, apart from the default. */
+    CUmemLocation loc0 = { CU_MEM_LOCATION_TYPE_DEVICE, 0 };
+    CHECK_CU(cuMemGetMemPool(&got, &loc0, CU_MEM_ALLOCATION_TYPE_PINNED), OK);
+    CHECK(got == mp);
+    CHECK_CU(cuMemGetDefaultMemPool(&got, &loc0, CU_MEM_ALLOCATION_TYPE_PINNED), OK);
+    CHECK(got == dp);
+    CHECK_CU(cuMemSetMemPool(&loc0, CU_MEM_ALLOCATION_TYPE_PINNED, dp), OK);
+    CHECK_CU(cuDeviceGetMemPool(&cp, 0), OK);
+    CHECK(cp == dp);
+    CHECK_CU(cuMemSetMemPool(&loc0, CU_MEM_ALLOCATION_TYPE_PINNED, mp), OK);
     CHECK_CU(cuMemAllocAsync(&c2, 1 * MiB, NULL), OK);
     CHECK_CU(cuPointerGetAttribute(&got, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, c2), OK);
     CHECK(got == mp);
@@ -1081,10 +1108,7 @@ static void sec_fault_nth(void *unused)
 {
     base_env();
     setenv("SIMGPU_FAIL_NTH", "cuMemAlloc:3,*:6,cuMemAllocPitch:1", 1);
-    CHECK_CU(cuInit(0), OK);
-    CUcontext p0;
-    CHECK_CU(cuDevicePrimaryCtxRetain(&p0, 0), OK); /* contexts are not allocating calls */
-    CHECK_CU(cuCtxSetCurrent(p0), OK);
+    INIT_PRIMARY(0); /* contexts are not allocating calls */
     CUdeviceptr d[8];
     void *h = NULL;
     CHECK_CU(cuMemAlloc(&d[0], 1), OK);                  /* cuMemAlloc #1, any #1 */
@@ -1126,10 +1150,7 @@ static void prob_pattern(void *out)
     setenv("SIMGPU_FAIL_PROB", "0.5", 1);
     setenv("SIMGPU_SEED", "42", 1);
     unsigned char *bits = out;
-    CHECK_CU(cuInit(0), OK);
-    CUcontext c;
-    CHECK_CU(cuDevicePrimaryCtxRetain(&c, 0), OK);
-    CHECK_CU(cuCtxSetCurrent(c), OK);
+    INIT_PRIMARY(0);
     int fails = 0;
     for (int i = 0; i < 200; i++) {
         CUdeviceptr d;
@@ -1208,12 +1229,13 @@ static void sec_bad_env(void *unused)
     CHECK(strstr(text, "SIMGPU_OTHER_PROCS") != NULL);
     CHECK(strstr(text, "SIMGPU_FAIL_NTH") != NULL);
     CHECK(strstr(text, "SIMGPU_CC") != NULL);
+    /* ...each with the parser's reason. */
+    CHECK(strstr(text, "SIMGPU_MEM='12XB' (malformed value)") != NULL);
+    CHECK(strstr(text, "SIMGPU_OTHER_PROCS='0:1:x' (expected DEV:PID:NAME:BYTES)") != NULL);
+    CHECK(strstr(text, "SIMGPU_FAIL_NTH='cuBogus:1' (not an allocating function") != NULL);
 
     /* Defaults in effect: 512 MiB context overhead, 2 MiB granules. */
-    CHECK_CU(cuInit(0), OK);
-    CUcontext c;
-    CHECK_CU(cuDevicePrimaryCtxRetain(&c, 0), OK);
-    CHECK_CU(cuCtxSetCurrent(c), OK);
+    INIT_PRIMARY(0);
     CUdeviceptr d;
     CHECK_CU(cuMemAlloc(&d, 1), OK);
     t = T(0);
@@ -1276,10 +1298,7 @@ static void fork_grandchild(void *unused)
 static void sec_fork(void *unused)
 {
     base_env();
-    CHECK_CU(cuInit(0), OK);
-    CUcontext c;
-    CHECK_CU(cuDevicePrimaryCtxRetain(&c, 0), OK);
-    CHECK_CU(cuCtxSetCurrent(c), OK);
+    INIT_PRIMARY(0);
     CUdeviceptr d;
     CHECK_CU(cuMemAlloc(&d, 10 * MiB), OK);
     void *p = NULL;
@@ -1393,10 +1412,7 @@ static void sec_nvml(void *unused)
     CHECK_EQ(procs[0].gpuInstanceId, 0xFFFFFFFFu);
 
     /* Now with a context and memory on device 0. */
-    CHECK_CU(cuInit(0), OK);
-    CUcontext c;
-    CHECK_CU(cuDevicePrimaryCtxRetain(&c, 0), OK);
-    CHECK_CU(cuCtxSetCurrent(c), OK);
+    INIT_PRIMARY(0);
     CUdeviceptr dp;
     CHECK_CU(cuMemAlloc(&dp, 100 * MiB), OK);
     simgpu_truth_t t = T(0);
@@ -1772,10 +1788,7 @@ static void sec_state_dir(void *unused)
     char dir[300];
     snprintf(dir, sizeof dir, "%s/state", g_tmpdir);
     setenv("SIMGPU_STATE_DIR", dir, 1);
-    CHECK_CU(cuInit(0), OK);
-    CUcontext c;
-    CHECK_CU(cuDevicePrimaryCtxRetain(&c, 0), OK);
-    CHECK_CU(cuCtxSetCurrent(c), OK);
+    INIT_PRIMARY(0);
     CUdeviceptr d;
     CHECK_CU(cuMemAlloc(&d, 1 * GiB), OK);
     g_peer_pid = (unsigned)getpid();
@@ -1801,10 +1814,7 @@ static void sec_state_dir(void *unused)
 
 static void truth_writer(void *unused)
 {
-    CHECK_CU(cuInit(0), OK);
-    CUcontext c;
-    CHECK_CU(cuDevicePrimaryCtxRetain(&c, 0), OK);
-    CHECK_CU(cuCtxSetCurrent(c), OK);
+    INIT_PRIMARY(0);
     CUdeviceptr d;
     CHECK_CU(cuMemAlloc(&d, 3 * MiB), OK);
     g_peer_pid = (unsigned)getpid();
@@ -1918,6 +1928,23 @@ static void *hammer_runtime(void *arg)
     return (void *)(intptr_t)bad;
 }
 
+/* N_THREADS threads of fn(i), joined; each must return 0 (one check each).
+ * Returns the sum of the failures they counted in thread_fails[]. */
+static int run_threads(void *(*fn)(void *), const int *thread_fails)
+{
+    pthread_t th[N_THREADS];
+    for (int i = 0; i < N_THREADS; i++)
+        pthread_create(&th[i], NULL, fn, (void *)(intptr_t)i);
+    int fails = 0;
+    for (int i = 0; i < N_THREADS; i++) {
+        void *ret = NULL;
+        pthread_join(th[i], &ret);
+        CHECK_EQ((intptr_t)ret, 0);
+        fails += thread_fails[i];
+    }
+    return fails;
+}
+
 static void sec_threads(void *unused)
 {
     base_env();
@@ -1925,16 +1952,7 @@ static void sec_threads(void *unused)
     setenv("SIMGPU_SEED", "7", 1);
     CHECK_CU(cuInit(0), OK);
     CHECK_CU(cuDevicePrimaryCtxRetain(&g_thread_ctx, 0), OK);
-    pthread_t th[N_THREADS];
-    for (int i = 0; i < N_THREADS; i++)
-        pthread_create(&th[i], NULL, hammer, (void *)(intptr_t)i);
-    int fails = 0;
-    for (int i = 0; i < N_THREADS; i++) {
-        void *ret = NULL;
-        pthread_join(th[i], &ret);
-        CHECK_EQ((intptr_t)ret, 0);
-        fails += g_thread_fails[i];
-    }
+    int fails = run_threads(hammer, g_thread_fails);
     simgpu_truth_t t = T(0);
     CHECK_EQ(t.alloc_blocks, 0);
     CHECK_EQ(t.alloc_charged_bytes, 0);
@@ -1951,14 +1969,7 @@ static void sec_threads(void *unused)
     CHECK_EQ(t.used_bytes, 256 * MiB);
     (void)c;
 
-    for (int i = 0; i < N_THREADS; i++)
-        pthread_create(&th[i], NULL, hammer_runtime, (void *)(intptr_t)i);
-    for (int i = 0; i < N_THREADS; i++) {
-        void *ret = NULL;
-        pthread_join(th[i], &ret);
-        CHECK_EQ((intptr_t)ret, 0);
-        fails += g_rt_fails[i];
-    }
+    fails += run_threads(hammer_runtime, g_rt_fails);
     simgpu_truth_t t1 = T(1);
     t = T(0);
     CHECK_EQ(t.alloc_blocks + t1.alloc_blocks, 0);
@@ -2097,10 +2108,7 @@ static void sec_preload(void)
     CHECK(shim_alloc != NULL && drv_alloc != NULL && shim_alloc != drv_alloc);
 
     /* The program's own call goes through the shim. */
-    CHECK_CU(cuInit(0), OK);
-    CUcontext c;
-    CHECK_CU(cuDevicePrimaryCtxRetain(&c, 0), OK);
-    CHECK_CU(cuCtxSetCurrent(c), OK);
+    INIT_PRIMARY(0);
     CUdeviceptr d;
     CHECK_CU(cuMemAlloc(&d, 1 * MiB), OK);
     CHECK_EQ(*calls, 1);
@@ -2181,27 +2189,36 @@ int main(int argc, char **argv)
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
 
-    run_forked("driver", sec_driver, NULL, NULL, 0);
-    run_forked("proc-address", sec_proc_address, NULL, NULL, 0);
-    run_forked("vmm", sec_vmm, NULL, NULL, 0);
-    run_forked("pools", sec_pools, NULL, NULL, 0);
-    run_forked("fault-nth", sec_fault_nth, NULL, NULL, 0);
-    run_forked("fault-prob", sec_fault_prob, NULL, NULL, 0);
-    run_forked("bad-env", sec_bad_env, NULL, NULL, 0);
-    run_forked("sizes", sec_sizes, NULL, NULL, 0);
-    run_forked("fork", sec_fork, NULL, NULL, 0);
-    run_forked("no-device", sec_no_device, NULL, NULL, 0);
-    run_forked("nvml", sec_nvml, NULL, NULL, 0);
-    run_forked("runtime", sec_runtime, NULL, NULL, 0);
-    run_forked("lookups", sec_lookups, NULL, NULL, 0);
-    run_forked("state-dir", sec_state_dir, NULL, NULL, 0);
-    run_forked("truth-file", sec_truth_file, NULL, NULL, 0);
-    run_forked("threads", sec_threads, NULL, NULL, 0);
-    run_forked("nvml-r580", sec_nvml_generation, "r580", NULL, 0);
-    run_forked("nvml-r535", sec_nvml_generation, "r535", NULL, 0);
-    run_forked("nvml-r525", sec_nvml_generation, "r525", NULL, 0);
-    run_forked("nvml-legacy16", sec_nvml_generation, "legacy16", NULL, 0);
-    run_forked("more-memory", sec_more_memory, NULL, NULL, 0);
+    /* The sections, in order; each runs in its own fork child. */
+    static const struct {
+        const char *name;
+        void (*fn)(void *);
+        void *arg;
+    } k_sections[] = {
+        { "driver", sec_driver, NULL },
+        { "proc-address", sec_proc_address, NULL },
+        { "vmm", sec_vmm, NULL },
+        { "pools", sec_pools, NULL },
+        { "fault-nth", sec_fault_nth, NULL },
+        { "fault-prob", sec_fault_prob, NULL },
+        { "bad-env", sec_bad_env, NULL },
+        { "sizes", sec_sizes, NULL },
+        { "fork", sec_fork, NULL },
+        { "no-device", sec_no_device, NULL },
+        { "nvml", sec_nvml, NULL },
+        { "runtime", sec_runtime, NULL },
+        { "lookups", sec_lookups, NULL },
+        { "state-dir", sec_state_dir, NULL },
+        { "truth-file", sec_truth_file, NULL },
+        { "threads", sec_threads, NULL },
+        { "nvml-r580", sec_nvml_generation, "r580" },
+        { "nvml-r535", sec_nvml_generation, "r535" },
+        { "nvml-r525", sec_nvml_generation, "r525" },
+        { "nvml-legacy16", sec_nvml_generation, "legacy16" },
+        { "more-memory", sec_more_memory, NULL },
+    };
+    for (size_t i = 0; i < sizeof k_sections / sizeof k_sections[0]; i++)
+        run_forked(k_sections[i].name, k_sections[i].fn, k_sections[i].arg, NULL, 0);
     if (static_rt)
         run_static_runtime_test(static_rt);
     if (fake_shim) {

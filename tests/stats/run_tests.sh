@@ -17,24 +17,9 @@ unset NO_COLOR LD_PRELOAD OOMGUARD_DIR
 # `oomguard run` puts the shim ahead of the sanitizer runtime the test program links (as in tests/cli).
 export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0
 
-passed=0 failed=0 skipped=0
-ok() { passed=$((passed + 1)); printf 'ok    %s\n' "$1"; }
-bad() {
-    failed=$((failed + 1))
-    printf 'FAIL  %s\n' "$1"
-    [ $# -gt 1 ] && printf '%s\n' "$2" | head -20 | sed 's/^/      /'
-    return 0
-}
-skip() { skipped=$((skipped + 1)); printf 'SKIP  %s (%s)\n' "$1" "$2"; }
-expect() {
-    local name=$1 want=$2
-    shift 2
-    timeout 120 "$@" >"$T/out" 2>"$T/err"
-    local rc=$?
-    if [ "$rc" = "$want" ]; then ok "$name"; else bad "$name" "exit $rc, wanted $want; stderr: $(head -c 600 "$T/err")"; fi
-}
-has() { if grep -qF -- "$3" "$2"; then ok "$1"; else bad "$1" "no '$3' in $(head -c 800 "$2")"; fi; }
-hasnt() { if grep -qF -- "$3" "$2"; then bad "$1" "found '$3'"; else ok "$1"; fi; }
+# ok, bad, skip, expect, has, hasnt, checks_end; a command under expect gets 120 s
+CHECK_DETAIL_LINES=20 EXPECT_TIMEOUT=120
+. tests/lib/checks.sh
 # py NAME SCRIPT ARGS...: a Python check; its output is shown on failure
 py() {
     local name=$1 script=$2
@@ -267,9 +252,4 @@ sed 's/^/  cluster: /' "$T/cluster.log" | grep -E 'PASS|FAIL|SKIP'
 passed=$((passed + ${cp_:-0})); failed=$((failed + ${cf:-1})); skipped=$((skipped + ${cs:-0}))
 [ -z "$line" ] && tail -20 "$T/cluster.log"
 
-if [ $skipped -gt 0 ]; then
-    echo "$passed passed, $failed failed, $skipped skipped"
-else
-    echo "$passed passed, $failed failed"
-fi
-[ $failed = 0 ]
+checks_end

@@ -3,6 +3,7 @@
 #ifndef OG_ANALYSIS_FIXTURE_H
 #define OG_ANALYSIS_FIXTURE_H
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +42,243 @@ static og_record_t *fixture_pytorch_24g(const char *fw_libs)
     r->memory.non_framework_bytes = OG_UNKNOWN;
     r->memory.context_bytes_estimate = OG_UNKNOWN;
     return r;
+}
+
+/* ------------------------------------------------------------------ set-ups both files build on */
+
+/* the failing call comes from framework FW, whose one library LIB is also the failing library */
+static void fixture_framework(og_record_t *r, enum og_framework fw, const char *lib)
+{
+    r->framework = fw;
+    snprintf(r->framework_libs, sizeof r->framework_libs, "%s", lib);
+    snprintf(r->event.library, sizeof r->event.library, "%s", lib);
+}
+
+/* no framework seen; the failing call comes from LIB (an application or its own allocator) */
+static void fixture_no_framework(og_record_t *r, const char *lib)
+{
+    r->framework = OG_FW_UNKNOWN;
+    r->framework_libs[0] = 0;
+    snprintf(r->event.library, sizeof r->event.library, "%s", lib);
+}
+
+/* one more process on the device (NAME may be NULL), counted in other_processes_bytes */
+static og_other_proc_t *fixture_other(og_record_t *r, int pid, const char *name, uint64_t bytes)
+{
+    assert_true(r->memory.nother < (int)(sizeof r->memory.other / sizeof *r->memory.other));
+    og_other_proc_t *o = &r->memory.other[r->memory.nother++];
+    o->pid = pid;
+    if (name)
+        snprintf(o->name, sizeof o->name, "%s", name);
+    o->bytes = bytes;
+    r->memory.other_processes_bytes += bytes;
+    return o;
+}
+
+/* one more framework library in the per-library breakdown */
+static void fixture_fw_lib(og_record_t *r, const char *lib, uint64_t bytes, enum og_framework kind)
+{
+    og_lib_usage_t *l = &r->memory.by_library[r->memory.nlibs++];
+    snprintf(l->library, sizeof l->library, "%s", lib);
+    l->bytes = bytes;
+    l->framework = true;
+    l->fw_kind = kind;
+}
+
+/* what the framework's allocator says: RESERVED held, ALLOCATED of it in use, the largest free block */
+static void fixture_adapter(og_record_t *r, uint64_t reserved, uint64_t allocated, uint64_t largest_free)
+{
+    r->memory.fw.has = true;
+    r->memory.fw.reserved_bytes = reserved;
+    r->memory.fw.allocated_bytes = allocated;
+    r->memory.fw.largest_free_block_bytes = largest_free;
+}
+
+/* the article's fragmentation example: 2.50 GiB requested, 1.20 GiB free, 1.70 GiB reserved but unallocated */
+static void fixture_article_fragmentation(og_record_t *r, uint64_t largest_free)
+{
+    r->event.requested_bytes = 2560 * MiB;
+    r->device.free_bytes = 1229 * MiB;
+    fixture_adapter(r, 22528 * MiB, (22528 - 1741) * MiB, largest_free);
+}
+
+/* JAX preallocated 18 of the 23 GiB this process holds and PyTorch (libc10_cuda.so) fails for 2 GiB */
+static void fixture_second_framework(og_record_t *r)
+{
+    r->framework = OG_FW_PYTORCH;
+    strcpy(r->event.library, "libc10_cuda.so");
+    r->event.requested_bytes = 2 * GiB;
+    r->device.free_bytes = 512 * MiB;
+    r->memory.process_tracked_bytes = 23 * GiB;
+    r->memory.framework_bytes = 23 * GiB;
+    r->memory.nlibs = 0;
+    fixture_fw_lib(r, "xla_extension.so", 18 * GiB, OG_FW_JAX);
+    fixture_fw_lib(r, "libc10_cuda.so", 5 * GiB, OG_FW_PYTORCH);
+}
+
+/* rank 0 of 8 asks for 2 GiB on a full GPU 0 where the 7 other ranks (visible, same job) hold 512 MiB each */
+static void fixture_peer_ranks(og_record_t *r)
+{
+    r->event.requested_bytes = 2 * GiB;
+    r->device.free_bytes = 0;
+    r->world_size = 8;
+    r->rank = r->local_rank = 0;
+    for (int i = 0; i < 7; i++) {
+        og_other_proc_t *o = fixture_other(r, 100 + i, NULL, 512 * MiB);
+        o->same_job = o->visible = true;
+        o->rank = i + 1;
+    }
+}
+
+/* one process over 4 visible GPUs: 22 GiB on GPU 0, 7 GiB on each other, 2 GiB more wanted on GPU 0 */
+static void fixture_imbalance(og_record_t *r)
+{
+    r->event.requested_bytes = 2 * GiB;
+    r->device.free_bytes = 512 * MiB;
+    r->visible_devices = 4;
+    r->nsummary = 4;
+    for (int i = 0; i < 4; i++) {
+        r->summary[i].index = i;
+        r->summary[i].tracked_bytes = i == 0 ? 22 * GiB : 7 * GiB;
+    }
+}
+
+/* no framework: the application's own stream-ordered pool keeps 12 GiB idle and its 10 GiB request fails */
+static void fixture_app_pool(og_record_t *r)
+{
+    fixture_no_framework(r, "solver");
+    r->memory.nlibs = 0;
+    r->memory.framework_bytes = 0;
+    r->event.requested_bytes = 10 * GiB;
+    r->device.free_bytes = 5 * GiB;
+    r->memory.pool_reserved = 12 * GiB;
+    r->memory.pool_used = 0;
+    r->memory.pool_owner_fw = 2;
+    r->memory.framework_cached_bytes = 12 * GiB;      /* capture's "pool" source: the app's, not a framework's */
+    r->memory.framework_cached_source = "pool";
+}
+
+/* a 400 MiB OOMGUARD_LIMIT that a 512 MiB context alone exceeds: 20 MiB refused with 20 GiB free */
+static void fixture_limit_by_context(og_record_t *r)
+{
+    r->memory.process_tracked_bytes = 0;
+    r->memory.framework_bytes = 0;
+    r->memory.by_library[0].bytes = 0;
+    r->device.limit_bytes = 400 * MiB;
+    r->device.limit_usage_bytes = 512 * MiB;
+    r->device.free_bytes = 20 * GiB;
+    r->event.requested_bytes = 20 * MiB;
+    r->event.caused_by_limit = true;
+}
+
+/* ------------------------------------------------------------------ event history */
+
+/* allocations and frees on the device, `live` after each (one test at a time: a static buffer) */
+static struct og_hist_ev FIXTURE_EV[4096];
+static void ev_reset(og_record_t *r) { r->history.events = FIXTURE_EV; r->history.nevents = 0; }
+static uint64_t ev_live(const og_record_t *r) { return r->history.nevents ? FIXTURE_EV[r->history.nevents - 1].live : 0; }
+static void ev_add(og_record_t *r, double t, const char *op, uint64_t bytes)
+{
+    assert_true(r->history.nevents < (int)(sizeof FIXTURE_EV / sizeof *FIXTURE_EV));
+    uint64_t live = ev_live(r);
+    live = strcmp(op, "alloc") == 0 ? live + bytes : strcmp(op, "free") == 0 ? live - bytes : live;
+    FIXTURE_EV[r->history.nevents++] = (struct og_hist_ev){.t_rel = t, .op = op, .bytes = bytes, .live = live};
+}
+
+/* a training loop: each step allocates `act` (the size that will fail), keeps `keep`, frees act */
+static void leak_loop(og_record_t *r, int steps, double dt, uint64_t act, uint64_t keep)
+{
+    double t = 0.01;
+    for (int s = 0; s < steps; s++, t += dt) {
+        ev_add(r, t, "alloc", act);
+        if (keep)
+            ev_add(r, t + dt / 4, "alloc", keep);
+        ev_add(r, t + dt / 2, "free", act);
+    }
+    r->event.requested_bytes = act;
+}
+
+/* ------------------------------------------------------------------ texts over edge numbers */
+
+/* FIXTURE_EDGE_CASES records: every request x free x cache below, each in FIXTURE_EDGE_VARIANTS variants
+ * (plain, a cuDNN call, another process, the limit, no framework) */
+static const uint64_t FIXTURE_EDGE_REQ[] = {0, 1, 1024, 2 * GiB, 24 * GiB, 30 * GiB, OG_UNKNOWN};
+static const uint64_t FIXTURE_EDGE_FREE[] = {0, 1, 1 * GiB, OG_UNKNOWN};
+static const uint64_t FIXTURE_EDGE_CACHE[] = {0, 1, 4 * GiB, 40 * GiB, OG_UNKNOWN};
+#define FIXTURE_N(a) (sizeof(a) / sizeof *(a))
+#define FIXTURE_EDGE_VARIANTS 5
+#define FIXTURE_EDGE_CASES \
+    (FIXTURE_N(FIXTURE_EDGE_REQ) * FIXTURE_N(FIXTURE_EDGE_FREE) * FIXTURE_N(FIXTURE_EDGE_CACHE) * FIXTURE_EDGE_VARIANTS)
+
+/* edge case I (0 <= I < FIXTURE_EDGE_CASES) applied to R; its variant is I % FIXTURE_EDGE_VARIANTS */
+static void fixture_edge_case(og_record_t *r, size_t i)
+{
+    int variant = (int)(i % FIXTURE_EDGE_VARIANTS);
+    i /= FIXTURE_EDGE_VARIANTS;
+    uint64_t cache = FIXTURE_EDGE_CACHE[i % FIXTURE_N(FIXTURE_EDGE_CACHE)];
+    i /= FIXTURE_N(FIXTURE_EDGE_CACHE);
+    r->device.free_bytes = FIXTURE_EDGE_FREE[i % FIXTURE_N(FIXTURE_EDGE_FREE)];
+    r->event.requested_bytes = FIXTURE_EDGE_REQ[i / FIXTURE_N(FIXTURE_EDGE_FREE)];
+    r->memory.framework_cached_bytes = cache;
+    r->memory.framework_cached_source = cache == OG_UNKNOWN ? NULL : "pool";
+    if (variant == 1)
+        strcpy(r->event.library, "libcudnn.so.9");
+    if (variant == 2)
+        fixture_other(r, 5, NULL, 6 * GiB);
+    if (variant == 3) {
+        r->event.caused_by_limit = true;
+        r->device.limit_bytes = 16 * GiB;
+        r->device.limit_usage_bytes = 20 * GiB + 300 * MiB;
+    }
+    if (variant == 4)
+        fixture_no_framework(r, "app");
+}
+
+/* ------------------------------------------------------------------ the text checker */
+
+/* "1.50 GiB" -> bytes; -1 when P does not start with a size */
+static double fixture_parse_size(const char *p)
+{
+    char *end;
+    double v = strtod(p, &end);
+    if (end == p)
+        return -1;
+    while (*end == ' ')
+        end++;
+    if (!strncmp(end, "TiB", 3)) return v * 1099511627776.0;
+    if (!strncmp(end, "GiB", 3)) return v * 1073741824.0;
+    if (!strncmp(end, "MiB", 3)) return v * 1048576.0;
+    if (!strncmp(end, "KiB", 3)) return v * 1024.0;
+    if (!strncmp(end, "B", 1)) return v;
+    return -1;
+}
+
+/* a sentence the user reads: no "n/a", no "1 processes", no "A of the B" with A > B */
+static void og_test_check_text(const char *t)
+{
+    if (strstr(t, "n/a"))
+        fail_msg("n/a in: %s", t);
+    static const char *const bad[] = {"1 processes", "1 ranks", "1 GPUs", "1 blocks", "1 steps", "1 others hold"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        const char *p = strstr(t, bad[i]);
+        if (p && (p == t || !isdigit((unsigned char)p[-1])))
+            fail_msg("ungrammatical '%s' in: %s", bad[i], t);
+    }
+    for (const char *p = strstr(t, " of the "); p; p = strstr(p + 1, " of the ")) {
+        const char *q = p;
+        while (q > t && q[-1] != ' ')
+            q--;
+        const char *num = q;
+        if (q > t + 1) {                       /* "1.50 GiB of the": the number is a word before */
+            const char *w = q - 2;
+            while (w > t && w[-1] != ' ')
+                w--;
+            num = w;
+        }
+        double a = fixture_parse_size(num), b = fixture_parse_size(p + 8);
+        if (a >= 0 && b >= 0 && a > b * 1.0001)
+            fail_msg("impossible statement in: %s", t);
+    }
 }
 
 #endif

@@ -9,36 +9,15 @@
 #include <string.h>
 
 #include "record.h"
+#include "analysis_fixture.h"
 
-#define GiB (1ULL << 30)
-
-static const og_thresholds_t TH = {
-    .frag_share = 0.25, .nonfw_share = 0.20, .growth_min_share = 0.05, .growth_rising_steps = 0.70,
-};
-
-/* PyTorch, 24 GiB card, 20 GiB held, 8 GiB requested with 1 GiB free: does not fit */
+/* the shared fixture with 8 GiB requested (1 GiB free: does not fit) on a card of compute capability MAJOR.MINOR */
 static og_record_t *record(int major, int minor)
 {
-    og_record_t *r = calloc(1, sizeof *r);
-    assert_non_null(r);
-    r->status = "oom";
-    r->framework = OG_FW_PYTORCH;
-    strcpy(r->framework_libs, "libtorch_cuda.so,libc10_cuda.so");
-    r->visible_devices = 1;
-    r->rank = r->local_rank = r->world_size = -1;
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so,libc10_cuda.so");
     r->event.requested_bytes = 8 * GiB;
-    strcpy(r->event.library, "libtorch_cuda.so");
-    r->device.total_bytes = 24 * GiB;
-    r->device.free_bytes = 1 * GiB;
-    r->device.limit_bytes = OG_UNKNOWN;
     r->device.cc_major = major;
     r->device.cc_minor = minor;
-    r->memory.process_tracked_bytes = 20 * GiB;
-    r->memory.process_used_bytes = OG_UNKNOWN;
-    r->memory.framework_bytes = 20 * GiB;
-    r->memory.framework_cached_bytes = OG_UNKNOWN;
-    r->memory.non_framework_bytes = OG_UNKNOWN;
-    r->memory.context_bytes_estimate = OG_UNKNOWN;
     og_diagnose(r, &TH);
     og_select_remedies(r);
     return r;

@@ -85,6 +85,12 @@ static void check_shape(const og_record_t *r)
     }
 }
 
+/* diagnose with the default thresholds and check the invariants (every time, so no diagnosis escapes them) */
+static void diag(og_record_t *r)
+{
+    og_diagnose(r, &TH);
+}
+
 /* ------------------------------------------------------------------ does_not_fit */
 
 static void does_not_fit_threshold(void **state)
@@ -95,15 +101,13 @@ static void does_not_fit_threshold(void **state)
     r->memory.framework_bytes = 20 * GiB;
     /* request exactly free + cache: it would fit */
     r->event.requested_bytes = 1 * GiB + 512 * MiB;
-    og_diagnose(r, &TH);
-    check_shape(r);
+    diag(r);
     assert_false(has(r, "does_not_fit"));
     assert_int_equal(r->diagnosis.shortfall_bytes, 512 * MiB);
 
     /* one byte more: it does not */
     r->event.requested_bytes = 1 * GiB + 512 * MiB + 1;
-    og_diagnose(r, &TH);
-    check_shape(r);
+    diag(r);
     const og_cause_t *c = find(r, "does_not_fit");
     assert_non_null(c->id);
     /* every input measured: certain, however small the margin (issue 9: not 52%) */
@@ -113,7 +117,7 @@ static void does_not_fit_threshold(void **state)
 
     /* a request far beyond free: summary in GiB */
     r->event.requested_bytes = 20 * GiB;
-    og_diagnose(r, &TH);
+    diag(r);
     c = find(r, "does_not_fit");
     assert_true(c->confidence > 0.9);
     assert_string_equal(r->diagnosis.primary, "does_not_fit");
@@ -121,7 +125,7 @@ static void does_not_fit_threshold(void **state)
 
     /* larger than the whole device: named as such */
     r->event.requested_bytes = 30 * GiB;
-    og_diagnose(r, &TH);
+    diag(r);
     c = find(r, "does_not_fit");
     assert_true(c->confidence == 1.0);
     assert_true(ev(c, "larger_than_device") == 1);
@@ -134,8 +138,7 @@ static void does_not_fit_cache_not_measured(void **state)
 {
     og_record_t *r = base();
     r->event.requested_bytes = 3 * GiB;
-    og_diagnose(r, &TH);
-    check_shape(r);
+    diag(r);
     const og_cause_t *c = find(r, "does_not_fit");
     assert_non_null(c->id);
     assert_non_null(strstr(c->summary, "not measured"));
@@ -153,8 +156,7 @@ static void retry_release_is_not_reclaimable(void **state)
     r->event.attempts = 2;
     r->memory.framework_cached_bytes = 4 * GiB;
     r->memory.framework_cached_source = "retry_release";
-    og_diagnose(r, &TH);
-    check_shape(r);
+    diag(r);
     const og_cause_t *c = find(r, "does_not_fit");
     assert_non_null(c->id);
     assert_int_equal((uint64_t)ev(c, "reclaimable_bytes"), 0);
@@ -172,14 +174,12 @@ static void fragmentation_cache_covers_request(void **state)
     r->memory.framework_cached_source = "pool";
     r->memory.framework_bytes = 100 * GiB;        /* share branch out of reach */
     r->memory.framework_cached_bytes = 2 * GiB - 1;
-    og_diagnose(r, &TH);
-    check_shape(r);
+    diag(r);
     assert_false(has(r, "fragmentation"));        /* below: cache < request and < shortfall */
     assert_true(has(r, "does_not_fit"));
 
     r->memory.framework_cached_bytes = 2 * GiB;   /* at: cache == request */
-    og_diagnose(r, &TH);
-    check_shape(r);
+    diag(r);
     const og_cause_t *c = find(r, "fragmentation");
     assert_non_null(c->id);
     assert_false(has(r, "does_not_fit"));
@@ -193,14 +193,8 @@ static void fragmentation_cache_covers_request(void **state)
 static void fragmentation_free_plus_cache(void **state)
 {
     og_record_t *r = base();
-    r->event.requested_bytes = 2560 * MiB;
-    r->device.free_bytes = 1229 * MiB;
-    r->memory.fw.has = true;
-    r->memory.fw.reserved_bytes = 22528 * MiB;
-    r->memory.fw.allocated_bytes = 22528 * MiB - 1741 * MiB;
-    r->memory.fw.largest_free_block_bytes = OG_UNKNOWN;
-    og_diagnose(r, &TH);
-    check_shape(r);
+    fixture_article_fragmentation(r, OG_UNKNOWN);
+    diag(r);
     const og_cause_t *c = find(r, "fragmentation");
     assert_non_null(c->id);
     assert_string_equal(evt(c, "rule"), "free_plus_cache_covers");
@@ -218,12 +212,10 @@ static void fragmentation_share_threshold(void **state)
     r->memory.framework_cached_source = "pool";
     r->memory.framework_bytes = 16 * GiB;
     r->memory.framework_cached_bytes = 4 * GiB - 1;   /* just below 25% */
-    og_diagnose(r, &TH);
-    check_shape(r);
+    diag(r);
     assert_false(has(r, "fragmentation"));
     r->memory.framework_cached_bytes = 4 * GiB;       /* exactly 25% */
-    og_diagnose(r, &TH);
-    check_shape(r);
+    diag(r);
     const og_cause_t *c = find(r, "fragmentation");
     assert_non_null(c->id);
     assert_string_equal(evt(c, "rule"), "idle_share");
@@ -235,7 +227,7 @@ static void fragmentation_share_threshold(void **state)
     /* the share branch needs at least 256 MiB idle */
     r->memory.framework_bytes = 512 * MiB;
     r->memory.framework_cached_bytes = 255 * MiB;
-    og_diagnose(r, &TH);
+    diag(r);
     assert_false(has(r, "fragmentation"));
     free(r);
 }
@@ -245,12 +237,8 @@ static void fragmentation_textbook_with_adapter(void **state)
     og_record_t *r = base();
     r->event.requested_bytes = 2 * GiB;
     r->device.free_bytes = 256 * MiB;
-    r->memory.fw.has = true;
-    r->memory.fw.reserved_bytes = 20 * GiB;
-    r->memory.fw.allocated_bytes = 14 * GiB;           /* 6 GiB cached */
-    r->memory.fw.largest_free_block_bytes = 600 * MiB;
-    og_diagnose(r, &TH);
-    check_shape(r);
+    fixture_adapter(r, 20 * GiB, 14 * GiB, 600 * MiB);   /* 6 GiB cached */
+    diag(r);
     const og_cause_t *c = find(r, "fragmentation");
     assert_non_null(c->id);
     assert_string_equal(r->diagnosis.primary, "fragmentation");
@@ -263,7 +251,7 @@ static void fragmentation_textbook_with_adapter(void **state)
 
     /* the adapter says a big enough block was there: fragmentation is unlikely */
     r->memory.fw.largest_free_block_bytes = 3 * GiB;
-    og_diagnose(r, &TH);
+    diag(r);
     c = find(r, "fragmentation");
     assert_non_null(c->id);
     assert_true(c->confidence < 0.35);
@@ -278,17 +266,12 @@ static void foreign_threshold(void **state)
     r->event.requested_bytes = 2 * GiB;       /* shortfall 1 GiB */
     r->memory.process_tracked_bytes = 12 * GiB;
     r->memory.framework_bytes = 12 * GiB;
-    r->memory.nother = 1;
-    r->memory.other[0].pid = 4242;
-    strcpy(r->memory.other[0].name, "python3");
-    r->memory.other[0].bytes = r->memory.other_processes_bytes = 1 * GiB - 1;
-    og_diagnose(r, &TH);
-    check_shape(r);
+    fixture_other(r, 4242, "python3", 1 * GiB - 1);
+    diag(r);
     assert_false(has(r, "foreign_memory"));
 
     r->memory.other[0].bytes = r->memory.other_processes_bytes = 1 * GiB;
-    og_diagnose(r, &TH);
-    check_shape(r);
+    diag(r);
     const og_cause_t *c = find(r, "foreign_memory");
     assert_non_null(c->id);
     assert_true(c->confidence >= 0.45 && c->confidence <= 0.5 + 1e-9);
@@ -297,8 +280,7 @@ static void foreign_threshold(void **state)
 
     /* much more held by others: the job alone would fit, so foreign leads does_not_fit */
     r->memory.other[0].bytes = r->memory.other_processes_bytes = 10 * GiB;
-    og_diagnose(r, &TH);
-    check_shape(r);
+    diag(r);
     assert_string_equal(r->diagnosis.primary, "foreign_memory");
     assert_true(find(r, "foreign_memory")->confidence > 0.8);
     const og_cause_t *d = find(r, "does_not_fit");
@@ -316,16 +298,9 @@ static void fragmentation_and_foreign(void **state)
     r->memory.framework_bytes = 14 * GiB;
     r->memory.framework_cached_bytes = 3 * GiB;
     r->memory.framework_cached_source = "pool";
-    r->memory.nother = 2;
-    r->memory.other[0].pid = 100;
-    strcpy(r->memory.other[0].name, "Xorg");
-    r->memory.other[0].bytes = 300 * MiB;
-    r->memory.other[1].pid = 200;
-    strcpy(r->memory.other[1].name, "trainer");
-    r->memory.other[1].bytes = 8 * GiB;
-    r->memory.other_processes_bytes = 8 * GiB + 300 * MiB;
-    og_diagnose(r, &TH);
-    check_shape(r);
+    fixture_other(r, 100, "Xorg", 300 * MiB);
+    fixture_other(r, 200, "trainer", 8 * GiB);
+    diag(r);
     assert_true(has(r, "fragmentation"));
     assert_true(has(r, "foreign_memory"));
     assert_false(has(r, "does_not_fit"));
@@ -354,14 +329,12 @@ static og_record_t *nonfw_base(uint64_t nonfw)
 static void non_framework_threshold(void **state)
 {
     og_record_t *r = nonfw_base(4 * GiB - 1);             /* just under 20% of 20 GiB */
-    og_diagnose(r, &TH);
-    check_shape(r);
+    diag(r);
     assert_false(has(r, "non_framework"));
     free(r);
 
     r = nonfw_base(4 * GiB);                              /* exactly 20% */
-    og_diagnose(r, &TH);
-    check_shape(r);
+    diag(r);
     const og_cause_t *c = find(r, "non_framework");
     assert_non_null(c->id);
     assert_true(c->confidence >= 0.35 && c->confidence < 0.6);
@@ -374,17 +347,17 @@ static void non_framework_threshold(void **state)
     r->memory.process_used_bytes = 2 * GiB;
     r->memory.framework_bytes = 1 * GiB + 1;
     r->event.requested_bytes = 1 * GiB + 512 * MiB;       /* shortfall 512 MiB */
-    og_diagnose(r, &TH);
+    diag(r);
     assert_false(has(r, "non_framework"));
     r->memory.non_framework_bytes = 1 * GiB;
-    og_diagnose(r, &TH);
+    diag(r);
     assert_true(has(r, "non_framework"));
     free(r);
 
     /* not above the shortfall: no */
     r = nonfw_base(5 * GiB);
     r->event.requested_bytes = 7 * GiB;                   /* shortfall 6 GiB */
-    og_diagnose(r, &TH);
+    diag(r);
     assert_false(has(r, "non_framework"));
     free(r);
 }
@@ -395,8 +368,7 @@ static void non_framework_needs_nvml_and_framework(void **state)
     r->memory.process_used_bytes = OG_UNKNOWN;
     r->memory.non_framework_bytes = OG_UNKNOWN;
     r->memory.context_bytes_estimate = OG_UNKNOWN;
-    og_diagnose(r, &TH);
-    check_shape(r);
+    diag(r);
     assert_false(has(r, "non_framework"));
     free(r);
 
@@ -405,37 +377,14 @@ static void non_framework_needs_nvml_and_framework(void **state)
     r->framework_libs[0] = 0;
     r->memory.framework_bytes = 0;
     r->memory.non_framework_bytes = 20 * GiB;
-    og_diagnose(r, &TH);
-    check_shape(r);
+    diag(r);
     assert_false(has(r, "non_framework"));
     free(r);
 }
 
 /* ------------------------------------------------------------------ growth */
 
-/* event history: allocations and frees on the device, `live` after each */
-static struct og_hist_ev EV[4096];
-static void ev_reset(og_record_t *r) { r->history.events = EV; r->history.nevents = 0; }
-static uint64_t ev_live(const og_record_t *r) { return r->history.nevents ? EV[r->history.nevents - 1].live : 0; }
-static void ev_add(og_record_t *r, double t, const char *op, uint64_t bytes)
-{
-    uint64_t live = ev_live(r);
-    live = strcmp(op, "alloc") == 0 ? live + bytes : strcmp(op, "free") == 0 ? live - bytes : live;
-    EV[r->history.nevents++] = (struct og_hist_ev){.t_rel = t, .op = op, .bytes = bytes, .live = live};
-}
-
-/* a training loop: each step allocates `act` (the size that will fail), keeps `keep`, frees act */
-static void leak_loop(og_record_t *r, int steps, double dt, uint64_t act, uint64_t keep)
-{
-    double t = 0.01;
-    for (int s = 0; s < steps; s++, t += dt) {
-        ev_add(r, t, "alloc", act);
-        if (keep)
-            ev_add(r, t + dt / 4, "alloc", keep);
-        ev_add(r, t + dt / 2, "free", act);
-    }
-    r->event.requested_bytes = act;
-}
+/* event history (ev_reset, ev_add, leak_loop): analysis_fixture.h */
 
 static void growth_is_a_pattern_of_steps(void **state)
 {
@@ -443,8 +392,7 @@ static void growth_is_a_pattern_of_steps(void **state)
     ev_reset(r);
     ev_add(r, 0, "alloc", 8 * GiB);               /* the model: another size, not a step */
     leak_loop(r, 40, 0.1, 512 * MiB, 300 * MiB);   /* 40 steps, 300 MiB kept each */
-    og_diagnose(r, &TH);
-    check_shape(r);
+    diag(r);
     const og_cause_t *c = find(r, "growth");
     assert_non_null(c->id);
     assert_int_equal((uint64_t)ev(c, "rise_per_step_bytes"), 300 * MiB);
@@ -456,19 +404,19 @@ static void growth_is_a_pattern_of_steps(void **state)
     /* the same loop 100x faster (1 ms steps): still a leak, same numbers */
     ev_reset(r);
     leak_loop(r, 40, 0.001, 512 * MiB, 300 * MiB);
-    og_diagnose(r, &TH);
+    diag(r);
     assert_int_equal((uint64_t)ev(find(r, "growth"), "rise_per_step_bytes"), 300 * MiB);
 
     /* a flat sawtooth: nothing kept, no growth */
     ev_reset(r);
     leak_loop(r, 40, 0.1, 512 * MiB, 0);
-    og_diagnose(r, &TH);
+    diag(r);
     assert_false(has(r, "growth"));
 
     /* too few steps */
     ev_reset(r);
     leak_loop(r, 5, 0.1, 512 * MiB, 300 * MiB);
-    og_diagnose(r, &TH);
+    diag(r);
     assert_false(has(r, "growth"));
     free(r);
 }
@@ -482,8 +430,7 @@ static void growth_excludes_loading(void **state)
         ev_add(r, 0.1 * (i + 1), "alloc", GiB);
     r->event.requested_bytes = 2 * GiB;
     r->device.free_bytes = 1 * GiB;
-    og_diagnose(r, &TH);
-    check_shape(r);
+    diag(r);
     assert_false(has(r, "growth"));
     assert_string_equal(r->diagnosis.primary, "does_not_fit");
 
@@ -493,7 +440,7 @@ static void growth_excludes_loading(void **state)
         ev_add(r, 0.001, "alloc", GiB);
     r->event.requested_bytes = GiB;
     r->device.free_bytes = 512 * MiB;
-    og_diagnose(r, &TH);
+    diag(r);
     assert_false(has(r, "growth"));
     assert_true(has(r, "does_not_fit"));
     assert_non_null(evt(find(r, "does_not_fit"), "phase"));
@@ -506,7 +453,7 @@ static void growth_excludes_loading(void **state)
     for (int s = 1; s < 12; s++)
         ev_add(r, 0.1 * s, "alloc", 300 * MiB);
     r->event.requested_bytes = 300 * MiB;
-    og_diagnose(r, &TH);
+    diag(r);
     assert_int_equal((uint64_t)ev(find(r, "growth"), "rise_per_step_bytes"), 300 * MiB);
 
     /* the rise is the framework's measured cache (a pool keeping what it handed out): no leak */
@@ -514,7 +461,7 @@ static void growth_excludes_loading(void **state)
     leak_loop(r, 40, 0.1, 512 * MiB, 300 * MiB);
     r->memory.framework_cached_bytes = 12 * GiB;
     r->memory.framework_cached_source = "pool";
-    og_diagnose(r, &TH);
+    diag(r);
     assert_false(has(r, "growth"));
     free(r);
 }
@@ -530,8 +477,7 @@ static void growth_of_other_sizes(void **state)
         ev_add(r, 0.01 + 0.004 * s, "alloc", 2 * MiB);            /* one small segment every few requests */
     r->event.requested_bytes = 512 * MiB;
     r->device.free_bytes = 256 * MiB;
-    og_diagnose(r, &TH);
-    check_shape(r);
+    diag(r);
     const og_cause_t *c = find(r, "growth");
     assert_non_null(c->id);
     assert_int_equal((uint64_t)ev(c, "rise_per_step_bytes"), 2 * MiB);
@@ -545,8 +491,7 @@ static void growth_of_other_sizes(void **state)
         ev_add(r, 0.03 * (s + 1), "alloc", (40 + (seed >> 8) % 261) * MiB);
     }
     r->event.requested_bytes = 512 * MiB;
-    og_diagnose(r, &TH);
-    check_shape(r);
+    diag(r);
     c = find(r, "growth");
     assert_non_null(c->id);
     assert_non_null(strstr(c->summary, "varying sizes"));
@@ -560,11 +505,11 @@ static void growth_thresholds(void **state)
     /* total rise below 5% of 24 GiB: no */
     ev_reset(r);
     leak_loop(r, 20, 0.1, 256 * MiB, 60 * MiB);       /* 19 x 60 MiB = 1.11 GiB < 1.2 GiB */
-    og_diagnose(r, &TH);
+    diag(r);
     assert_false(has(r, "growth"));
     ev_reset(r);
     leak_loop(r, 22, 0.1, 256 * MiB, 60 * MiB);       /* 21 x 60 MiB = 1.23 GiB */
-    og_diagnose(r, &TH);
+    diag(r);
     assert_true(has(r, "growth"));
     /* rising in fewer than 70% of the steps: no */
     ev_reset(r);
@@ -575,7 +520,7 @@ static void growth_thresholds(void **state)
         ev_add(r, 0.1 * s + 0.02, "free", 256 * MiB);
     }
     r->event.requested_bytes = 256 * MiB;
-    og_diagnose(r, &TH);
+    diag(r);
     assert_false(has(r, "growth"));
     free(r);
 }
@@ -590,13 +535,11 @@ static void cache_held_other_library(void **state)
     r->device.free_bytes = 512 * MiB;                  /* shortfall 512 MiB */
     r->memory.framework_cached_bytes = 512 * MiB - 1;
     r->memory.framework_cached_source = "pool";
-    og_diagnose(r, &TH);
-    check_shape(r);
+    diag(r);
     assert_false(has(r, "cache_held"));
 
     r->memory.framework_cached_bytes = 6 * GiB;
-    og_diagnose(r, &TH);
-    check_shape(r);
+    diag(r);
     const og_cause_t *c = find(r, "cache_held");
     assert_non_null(c->id);
     assert_string_equal(r->diagnosis.primary, "cache_held");
@@ -607,13 +550,13 @@ static void cache_held_other_library(void **state)
 
     /* the framework itself failed: that is fragmentation, not cache_held */
     strcpy(r->event.library, "libc10_cuda.so");
-    og_diagnose(r, &TH);
+    diag(r);
     assert_false(has(r, "cache_held"));
     assert_true(has(r, "fragmentation"));
 
     /* library unknown: cannot say */
     r->event.library[0] = 0;
-    og_diagnose(r, &TH);
+    diag(r);
     assert_false(has(r, "cache_held"));
     free(r);
 }
@@ -627,8 +570,7 @@ static void limit_cause(void **state)
     r->device.limit_bytes = 21 * GiB;
     r->event.requested_bytes = 2 * GiB;
     r->event.caused_by_limit = true;
-    og_diagnose(r, &TH);
-    check_shape(r);
+    diag(r);
     assert_string_equal(r->diagnosis.primary, "limit");
     const og_cause_t *c = find(r, "limit");
     assert_true(c->confidence == 1.0);
@@ -640,7 +582,7 @@ static void limit_cause(void **state)
 
     /* a limit that is set but did not refuse: no limit cause */
     r->event.caused_by_limit = false;
-    og_diagnose(r, &TH);
+    diag(r);
     assert_false(has(r, "limit"));
     free(r);
 }
@@ -651,8 +593,7 @@ static void nothing_holds_is_unknown(void **state)
 {
     og_record_t *r = base();
     r->event.requested_bytes = 512 * MiB;              /* fits in the 1 GiB free */
-    og_diagnose(r, &TH);
-    check_shape(r);
+    diag(r);
     assert_int_equal(r->diagnosis.ncauses, 1);
     assert_string_equal(r->diagnosis.primary, "unknown");
     assert_int_equal(r->diagnosis.shortfall_bytes, 0);
@@ -695,16 +636,14 @@ static void huge_values(void **state)
     r->memory.non_framework_bytes = UINT64_MAX - 2;
     ev_reset(r);
     for (int i = 0; i < 64; i++)
-        EV[r->history.nevents++] = (struct og_hist_ev){.t_rel = i, .op = "alloc", .bytes = UINT64_MAX - 4,
+        FIXTURE_EV[r->history.nevents++] = (struct og_hist_ev){.t_rel = i, .op = "alloc", .bytes = UINT64_MAX - 4,
                                                         .live = (uint64_t)i << 57};
-    og_diagnose(r, &TH);
-    check_shape(r);
+    diag(r);
     assert_int_equal(r->diagnosis.shortfall_bytes, 1);
 
     r->device.free_bytes = 0;
     r->memory.framework_cached_bytes = 0;
-    og_diagnose(r, &TH);
-    check_shape(r);
+    diag(r);
     assert_true(has(r, "does_not_fit"));
     free(r);
 }
@@ -734,15 +673,14 @@ static void tie_break_priority(void **state)
     r->device.free_bytes = 0;
     r->device.limit_bytes = 20 * GiB;                  /* == tracked: nothing free under the limit */
     r->event.caused_by_limit = true;
-    og_diagnose(r, &TH);
-    check_shape(r);
+    diag(r);
     assert_int_equal(r->diagnosis.ncauses, 2);
     assert_string_equal(r->diagnosis.causes[0].id, "limit");
     assert_string_equal(r->diagnosis.causes[1].id, "does_not_fit");
     /* with the cache measured both are certain: the priority decides */
     r->memory.framework_cached_bytes = 0;
     r->memory.framework_cached_source = "pool";
-    og_diagnose(r, &TH);
+    diag(r);
     assert_true(r->diagnosis.causes[0].confidence == 1.0 && r->diagnosis.causes[1].confidence >= 0.95);
     assert_string_equal(r->diagnosis.causes[0].id, "limit");
 
@@ -773,8 +711,7 @@ static void unknown_cache_keeps_cache_cause(void **state)
     r->device.free_bytes = 512 * MiB;
     r->memory.framework_bytes = 16 * GiB;
     r->memory.by_library[0].bytes = 16 * GiB;
-    og_diagnose(r, &TH);
-    check_shape(r);
+    diag(r);
     assert_string_equal(r->diagnosis.primary, "cache_held");
     const og_cause_t *c = find(r, "cache_held");
     assert_true(c->confidence >= 0.4 && c->confidence <= 0.65);   /* an input was not measured */
@@ -784,11 +721,8 @@ static void unknown_cache_keeps_cache_cause(void **state)
     const og_cause_t *d = find(r, "does_not_fit");
     assert_true(d->id == NULL || d->confidence <= 0.45);           /* never a confident does_not_fit */
     /* measured (adapter) and small: the cache cannot cover it, does_not_fit is certain */
-    r->memory.fw.has = true;
-    r->memory.fw.reserved_bytes = 16 * GiB;
-    r->memory.fw.allocated_bytes = 16 * GiB - 100 * MiB;
-    r->memory.fw.largest_free_block_bytes = OG_UNKNOWN;
-    og_diagnose(r, &TH);
+    fixture_adapter(r, 16 * GiB, 16 * GiB - 100 * MiB, OG_UNKNOWN);
+    diag(r);
     assert_string_equal(r->diagnosis.primary, "does_not_fit");
     assert_true(find(r, "does_not_fit")->confidence >= 0.9);
     free(r);
@@ -798,23 +732,8 @@ static void unknown_cache_keeps_cache_cause(void **state)
 static void second_framework_reservation(void **state)
 {
     og_record_t *r = base();
-    r->framework = OG_FW_PYTORCH;
-    strcpy(r->event.library, "libc10_cuda.so");
-    r->event.requested_bytes = 2 * GiB;
-    r->device.free_bytes = 512 * MiB;
-    r->memory.process_tracked_bytes = 23 * GiB;
-    r->memory.framework_bytes = 23 * GiB;
-    r->memory.nlibs = 2;
-    strcpy(r->memory.by_library[0].library, "xla_extension.so");
-    r->memory.by_library[0].bytes = 18 * GiB;
-    r->memory.by_library[0].framework = true;
-    r->memory.by_library[0].fw_kind = OG_FW_JAX;
-    strcpy(r->memory.by_library[1].library, "libc10_cuda.so");
-    r->memory.by_library[1].bytes = 5 * GiB;
-    r->memory.by_library[1].framework = true;
-    r->memory.by_library[1].fw_kind = OG_FW_PYTORCH;
-    og_diagnose(r, &TH);
-    check_shape(r);
+    fixture_second_framework(r);
+    diag(r);
     assert_string_equal(r->diagnosis.primary, "other_framework");
     const og_cause_t *c = find(r, "other_framework");
     assert_string_equal(evt(c, "framework"), "jax");
@@ -827,20 +746,8 @@ static void second_framework_reservation(void **state)
 static void peer_ranks_and_workers(void **state)
 {
     og_record_t *r = base();
-    r->event.requested_bytes = 2 * GiB;
-    r->device.free_bytes = 0;
-    r->world_size = 8;
-    r->rank = r->local_rank = 0;
-    r->memory.nother = 7;
-    for (int i = 0; i < 7; i++) {
-        r->memory.other[i].pid = 100 + i;
-        r->memory.other[i].bytes = 512 * MiB;
-        r->memory.other[i].same_job = r->memory.other[i].visible = true;
-        r->memory.other[i].rank = i + 1;
-    }
-    r->memory.other_processes_bytes = 7 * 512 * MiB;
-    og_diagnose(r, &TH);
-    check_shape(r);
+    fixture_peer_ranks(r);
+    diag(r);
     assert_string_equal(r->diagnosis.primary, "peer_ranks");
     assert_false(has(r, "foreign_memory"));                   /* the job's own ranks are not "others" */
     const og_cause_t *c = find(r, "peer_ranks");
@@ -852,7 +759,7 @@ static void peer_ranks_and_workers(void **state)
     r->memory.other[0].child = true;
     r->memory.other[0].bytes = 3 * GiB;
     r->memory.other_processes_bytes = 3 * GiB;
-    og_diagnose(r, &TH);
+    diag(r);
     c = find(r, "peer_ranks");
     assert_non_null(c->id);
     assert_non_null(strstr(c->summary, "1 child process of this process"));
@@ -863,28 +770,20 @@ static void peer_ranks_and_workers(void **state)
 static void dataparallel_imbalance(void **state)
 {
     og_record_t *r = base();
-    r->event.requested_bytes = 2 * GiB;
-    r->device.free_bytes = 512 * MiB;
-    r->visible_devices = 4;
-    r->nsummary = 4;
-    for (int i = 0; i < 4; i++) {
-        r->summary[i].index = i;
-        r->summary[i].tracked_bytes = i == 0 ? 22 * GiB : 7 * GiB;
-    }
-    og_diagnose(r, &TH);
-    check_shape(r);
+    fixture_imbalance(r);
+    diag(r);
     const og_cause_t *c = find(r, "imbalance");
     assert_non_null(c->id);
     assert_string_equal(r->diagnosis.primary, "imbalance");
     assert_non_null(strstr(c->summary, "3 other GPUs"));
     /* a DDP rank (world_size > 1) is one process per GPU: no imbalance of this kind */
     r->world_size = 4;
-    og_diagnose(r, &TH);
+    diag(r);
     assert_false(has(r, "imbalance"));
     /* balanced: no */
     r->world_size = -1;
     r->summary[0].tracked_bytes = 8 * GiB;
-    og_diagnose(r, &TH);
+    diag(r);
     assert_false(has(r, "imbalance"));
     free(r);
 }
@@ -893,20 +792,8 @@ static void pools_whose_cache(void **state)
 {
     /* the application's own pool keeps 12 GiB: its cache, not "does not fit" */
     og_record_t *r = base();
-    r->framework = OG_FW_UNKNOWN;
-    r->framework_libs[0] = 0;
-    r->memory.nlibs = 0;
-    r->memory.framework_bytes = 0;
-    strcpy(r->event.library, "solver");
-    r->event.requested_bytes = 10 * GiB;
-    r->device.free_bytes = 5 * GiB;
-    r->memory.pool_reserved = 12 * GiB;
-    r->memory.pool_used = 0;
-    r->memory.pool_owner_fw = 2;
-    r->memory.framework_cached_bytes = 12 * GiB;      /* capture's "pool" source: the app's, not a framework's */
-    r->memory.framework_cached_source = "pool";
-    og_diagnose(r, &TH);
-    check_shape(r);
+    fixture_app_pool(r);
+    diag(r);
     assert_string_equal(r->diagnosis.primary, "cache_held");
     assert_string_equal(evt(find(r, "cache_held"), "holder"), "application_pool");
     assert_false(has(r, "does_not_fit"));
@@ -925,8 +812,7 @@ static void pools_whose_cache(void **state)
     r->memory.framework_cached_source = "pool";
     r->memory.process_used_bytes = 20 * GiB + 512 * MiB;
     r->memory.non_framework_bytes = 512 * MiB;
-    og_diagnose(r, &TH);
-    check_shape(r);
+    diag(r);
     assert_string_equal(r->diagnosis.primary, "cache_held");
     assert_false(has(r, "non_framework"));
     free(r);
@@ -942,7 +828,7 @@ static void no_nvml_infers_other_processes(void **state)
     r->device.free_bytes = 1 * GiB + 512 * MiB;          /* 24 - 8 - 0.5 context - 14 others */
     r->event.requested_bytes = 4 * GiB;
     r->memory.other_processes_bytes = OG_UNKNOWN;
-    og_diagnose(r, &TH);
+    diag(r);
     assert_string_equal(r->diagnosis.primary, "foreign_memory");
     const og_cause_t *c = find(r, "foreign_memory");
     assert_true(c->confidence < 0.9);                   /* an inference, not a measurement */
@@ -957,7 +843,7 @@ static void no_nvml_infers_other_processes(void **state)
     r->event.requested_bytes = 4 * GiB;
     r->memory.other_processes_bytes = 0;
     r->memory.process_used_bytes = 8 * GiB + 512 * MiB;
-    og_diagnose(r, &TH);
+    diag(r);
     assert_false(has(r, "foreign_memory"));
     free(r);
 }
@@ -973,8 +859,7 @@ static void recovered_keeps_the_failure(void **state)
     r->event.released_between_attempts_bytes = 6 * GiB;
     r->memory.framework_cached_bytes = 6 * GiB;
     r->memory.framework_cached_source = "retry_release";
-    og_diagnose(r, &TH);
-    check_shape(r);
+    diag(r);
     assert_string_equal(r->diagnosis.primary, "fragmentation");
     assert_true(find(r, "fragmentation")->confidence >= 0.85);
     assert_non_null(strstr(find(r, "fragmentation")->summary, "retry succeeded"));
@@ -985,17 +870,8 @@ static void recovered_keeps_the_failure(void **state)
 static void limit_speaks_the_checks_accounting(void **state)
 {
     og_record_t *r = base();
-    /* a 400 MiB limit and a 512 MiB context: refused by the context alone */
-    r->memory.process_tracked_bytes = 0;
-    r->memory.framework_bytes = 0;
-    r->memory.by_library[0].bytes = 0;
-    r->device.limit_bytes = 400 * MiB;
-    r->device.limit_usage_bytes = 512 * MiB;
-    r->device.free_bytes = 20 * GiB;
-    r->event.requested_bytes = 20 * MiB;
-    r->event.caused_by_limit = true;
-    og_diagnose(r, &TH);
-    check_shape(r);
+    fixture_limit_by_context(r);   /* a 400 MiB limit and a 512 MiB context: refused by the context alone */
+    diag(r);
     const og_cause_t *c = find(r, "limit");
     assert_non_null(strstr(c->summary, "context alone"));
     assert_null(strstr(c->summary, " 0 B over"));
@@ -1005,7 +881,7 @@ static void limit_speaks_the_checks_accounting(void **state)
     r->device.limit_bytes = 16 * GiB;
     r->device.limit_usage_bytes = 15 * GiB + 512 * MiB;
     r->event.requested_bytes = 1 * GiB;
-    og_diagnose(r, &TH);
+    diag(r);
     c = find(r, "limit");
     assert_non_null(strstr(c->summary, "512 MiB CUDA context"));
     assert_non_null(strstr(c->summary, "512 MiB over the limit"));
@@ -1015,16 +891,12 @@ static void limit_speaks_the_checks_accounting(void **state)
 static void framework_cap_cause(void **state)
 {
     og_record_t *r = base();
-    r->memory.fw.has = true;
+    fixture_adapter(r, 12 * GiB, 11 * GiB, OG_UNKNOWN);
     r->memory.fw.internal_oom = true;
-    r->memory.fw.allocated_bytes = 11 * GiB;
-    r->memory.fw.reserved_bytes = 12 * GiB;
-    r->memory.fw.largest_free_block_bytes = OG_UNKNOWN;
     r->memory.fw.cap_bytes = 12 * GiB;
     strcpy(r->memory.fw.cap_source, "torch.cuda.set_per_process_memory_fraction(0.5)");
     r->device.free_bytes = 10 * GiB;
-    og_diagnose(r, &TH);
-    check_shape(r);
+    diag(r);
     assert_string_equal(r->diagnosis.primary, "framework_cap");
     assert_non_null(strstr(find(r, "framework_cap")->summary, "set_per_process_memory_fraction(0.5)"));
     /* a JAX arena under its cap but split: fragmentation, not the cap */
@@ -1034,89 +906,23 @@ static void framework_cap_cause(void **state)
     r->memory.fw.largest_free_block_bytes = 16 * MiB;
     r->event.requested_bytes = 24 * MiB;
     r->device.free_bytes = 0;
-    og_diagnose(r, &TH);
-    check_shape(r);
+    diag(r);
     assert_string_equal(r->diagnosis.primary, "fragmentation");
     assert_false(has(r, "framework_cap"));
     free(r);
 }
 
-/* every summary over edge numbers: no impossible or ungrammatical statement */
-static double parse_size(const char *p)
-{
-    char *end;
-    double v = strtod(p, &end);
-    if (end == p)
-        return -1;
-    while (*end == ' ')
-        end++;
-    if (!strncmp(end, "TiB", 3)) return v * 1099511627776.0;
-    if (!strncmp(end, "GiB", 3)) return v * 1073741824.0;
-    if (!strncmp(end, "MiB", 3)) return v * 1048576.0;
-    if (!strncmp(end, "KiB", 3)) return v * 1024.0;
-    if (!strncmp(end, "B", 1)) return v;
-    return -1;
-}
-
-void og_test_check_text(const char *t);
-void og_test_check_text(const char *t)
-{
-    assert_null(strstr(t, "n/a"));
-    static const char *const bad[] = {"1 processes", "1 ranks", "1 GPUs", "1 blocks", "1 steps", "1 others hold"};
-    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
-        if (strstr(t, bad[i]) && (strstr(t, bad[i]) == t || !isdigit((unsigned char)strstr(t, bad[i])[-1])))
-            fail_msg("ungrammatical '%s' in: %s", bad[i], t);
-    /* "A of the B" with A > B is impossible */
-    for (const char *p = strstr(t, " of the "); p; p = strstr(p + 1, " of the ")) {
-        const char *q = p;
-        while (q > t && q[-1] != ' ')
-            q--;
-        const char *num = q;
-        if (q > t + 1) {                       /* "1.50 GiB of the": the number is a word before */
-            const char *w = q - 2;
-            while (w > t && w[-1] != ' ')
-                w--;
-            num = w;
-        }
-        double a = parse_size(num), b = parse_size(p + 8);
-        if (a >= 0 && b >= 0 && a > b * 1.0001)
-            fail_msg("impossible statement in: %s", t);
-    }
-}
-
+/* every summary over edge numbers: no impossible or ungrammatical statement (og_test_check_text: the fixture) */
 static void texts_over_edge_numbers(void **state)
 {
-    static const uint64_t reqs[] = {0, 1, 1024, 2 * GiB, 24 * GiB, 30 * GiB, OG_UNKNOWN};
-    static const uint64_t frees[] = {0, 1, 1 * GiB, OG_UNKNOWN};
-    static const uint64_t caches[] = {0, 1, 4 * GiB, 40 * GiB, OG_UNKNOWN};
-    for (size_t a = 0; a < sizeof reqs / sizeof *reqs; a++)
-        for (size_t b = 0; b < sizeof frees / sizeof *frees; b++)
-            for (size_t k = 0; k < sizeof caches / sizeof *caches; k++)
-                for (int variant = 0; variant < 4; variant++) {
-                    og_record_t *r = base();
-                    r->event.requested_bytes = reqs[a];
-                    r->device.free_bytes = frees[b];
-                    r->memory.framework_cached_bytes = caches[k];
-                    r->memory.framework_cached_source = caches[k] == OG_UNKNOWN ? NULL : "pool";
-                    if (variant == 1)
-                        strcpy(r->event.library, "libcudnn.so.9");
-                    if (variant == 2) {
-                        r->memory.nother = 1;
-                        r->memory.other[0].pid = 5;
-                        r->memory.other[0].bytes = 6 * GiB;
-                        r->memory.other_processes_bytes = 6 * GiB;
-                    }
-                    if (variant == 3) {
-                        r->event.caused_by_limit = true;
-                        r->device.limit_bytes = 16 * GiB;
-                        r->device.limit_usage_bytes = 20 * GiB + 300 * MiB;
-                    }
-                    og_diagnose(r, &TH);
-                    check_shape(r);
-                    for (int i = 0; i < r->diagnosis.ncauses; i++)
-                        og_test_check_text(r->diagnosis.causes[i].summary);
-                    free(r);
-                }
+    for (size_t i = 0; i < FIXTURE_EDGE_CASES; i++) {
+        og_record_t *r = base();
+        fixture_edge_case(r, i);
+        diag(r);
+        for (int c = 0; c < r->diagnosis.ncauses; c++)
+            og_test_check_text(r->diagnosis.causes[c].summary);
+        free(r);
+    }
 }
 
 int main(void)

@@ -8,6 +8,7 @@
 #include <cmocka.h>
 
 #include "og.h"
+#include "options_fixture.h"
 
 static void size_units(void **state)
 {
@@ -44,16 +45,10 @@ static void env_values(void **state)
     assert_int_equal(og_opt.verbose, 1);
 
     /* out of range and garbage: default, not a crash or a clamp */
-    setenv("OOMGUARD_STACK_DEPTH", "1000", 1);
-    setenv("OOMGUARD_VERBOSE", "maybe", 1);
-    setenv("OOMGUARD_HISTORY", "12abc", 1);
+    set_bad_options();
     og_options_init();
-    assert_int_equal(og_opt.stack_depth, 16);
-    assert_int_equal(og_opt.verbose, 0);
-    assert_int_equal(og_opt.history, 4096);
-    unsetenv("OOMGUARD_STACK_DEPTH");
-    unsetenv("OOMGUARD_VERBOSE");
-    unsetenv("OOMGUARD_HISTORY");
+    assert_default_options();
+    unset_bad_options();
     og_options_init();
     assert_int_equal(og_opt.stack_depth, 16);
 }

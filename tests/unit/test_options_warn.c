@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "og.h"
+#include "options_fixture.h"
 
 /* Runs og_options_init with stderr going to a file; returns what was written (static). */
 static const char *init_capturing_stderr(void)
@@ -41,21 +42,17 @@ static int count(const char *hay, const char *needle)
 
 static void bad_values_warn_once_each(void **state)
 {
-    setenv("OOMGUARD_STACK_DEPTH", "1000", 1);
-    setenv("OOMGUARD_VERBOSE", "maybe", 1);
-    setenv("OOMGUARD_HISTORY", "12abc", 1);
+    set_bad_options();
     const char *err = init_capturing_stderr();
-    assert_int_equal(count(err, "OOMGUARD_STACK_DEPTH=1000 is not valid"), 1);
-    assert_int_equal(count(err, "OOMGUARD_VERBOSE=maybe is not valid"), 1);
-    assert_int_equal(count(err, "OOMGUARD_HISTORY=12abc is not valid"), 1);
-    assert_int_equal(count(err, "warning:"), 3);
+    for (size_t i = 0; i < N_BAD_OPTIONS; i++) {
+        char line[128];
+        snprintf(line, sizeof line, "%s=%s is not valid", BAD_OPTIONS[i].name, BAD_OPTIONS[i].value);
+        assert_int_equal(count(err, line), 1);
+    }
+    assert_int_equal(count(err, "warning:"), N_BAD_OPTIONS);
     /* and the defaults were used */
-    assert_int_equal(og_opt.stack_depth, 16);
-    assert_int_equal(og_opt.verbose, 0);
-    assert_int_equal(og_opt.history, 4096);
-    unsetenv("OOMGUARD_STACK_DEPTH");
-    unsetenv("OOMGUARD_VERBOSE");
-    unsetenv("OOMGUARD_HISTORY");
+    assert_default_options();
+    unset_bad_options();
 }
 
 static void good_values_say_nothing(void **state)

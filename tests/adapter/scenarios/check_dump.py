@@ -2,36 +2,13 @@
 
 Checks the one oomguard-*.json dump in DUMP_DIR against what the job wrote to EXPECTED.json.
 Prints every mismatch; exit status 1 when there is one."""
-import glob
-import json
 import sys
 
-args = sys.argv[1:]
-ddir, expf = args[0], args[1]
-opts = args[2:]
+from checkkit import Check
 
-
-def opt(name):
-    if name in opts:
-        i = opts.index(name)
-        return opts[i + 1] if i + 1 < len(opts) and not opts[i + 1].startswith("--") else True
-    return None
-
-
-bad = []
-dumps = sorted(glob.glob(ddir + "/oomguard-*.json"))
-if len(dumps) != 1:
-    print("expected one dump in %s, found %d" % (ddir, len(dumps)))
-    sys.exit(1)
-d = json.load(open(dumps[0]))
-e = json.load(open(expf))
-exp = e.get("expected", {})
+c = Check(sys.argv[1:])
+d, e, exp, bad, opt = c.d, c.e, c.exp, c.bad, c.opt
 fw = d.get("memory", {}).get("framework")
-
-if d.get("status") != "oom":
-    bad.append("status %r" % d.get("status"))
-if "device" in exp and d["event"]["device"] != exp["device"]:
-    bad.append("event.device %r != %r" % (d["event"]["device"], exp["device"]))
 
 if opt("--no-framework"):
     if fw is not None:
@@ -62,18 +39,10 @@ else:
             if d["memory"].get("framework_cached_bytes") != exp["reserved"] - exp["allocated"]:
                 bad.append("memory.framework_cached_bytes = %r" % d["memory"].get("framework_cached_bytes"))
 
-p = opt("--primary")
-if p and d["diagnosis"]["primary"] != p:
-    bad.append("diagnosis.primary = %r, want %r (%s)" % (d["diagnosis"]["primary"], p,
-               "; ".join(c["summary"] for c in d["diagnosis"]["causes"][:2])))
+c.primary()
 np = opt("--not-primary")
 if np and d["diagnosis"]["primary"] == np:
     bad.append("diagnosis.primary is %r" % np)
 
-for b in bad:
-    print("MISMATCH:", b)
-if bad:
-    print("dump:", dumps[0])
-    sys.exit(1)
-print("ok: %s primary=%s framework=%s" % (dumps[0].split("/")[-1], d["diagnosis"]["primary"],
-                                           None if fw is None else {k: fw[k] for k in ("allocated_bytes", "reserved_bytes", "largest_free_block_bytes")}))
+c.finish("primary=%s framework=%s" % (d["diagnosis"]["primary"], None if fw is None else
+                                      {k: fw[k] for k in ("allocated_bytes", "reserved_bytes", "largest_free_block_bytes")}))

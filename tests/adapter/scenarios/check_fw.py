@@ -18,37 +18,15 @@ of job.py, job_jax.py, job_cupy.py).  Checks:
   --remedy-mentions T  some remedy's title/why/how mentions T
   --unmeasured TEXT    memory.unmeasured has an entry containing TEXT
 Prints every mismatch; exit status 1 when there is one."""
-import glob
 import json
 import sys
 
-args = sys.argv[1:]
-ddir, expf = args[0], args[1]
-opts = args[2:]
+from checkkit import Check
 
-
-def opt(name):
-    if name in opts:
-        i = opts.index(name)
-        return opts[i + 1] if i + 1 < len(opts) and not opts[i + 1].startswith("--") else True
-    return None
-
-
-dumps = sorted(glob.glob(ddir + "/oomguard-*.json"))
-if len(dumps) != 1:
-    print("expected one dump in %s, found %d" % (ddir, len(dumps)))
-    sys.exit(1)
-d = json.load(open(dumps[0]))
-e = json.load(open(expf))
-exp = e.get("expected", {})
+chk = Check(sys.argv[1:])
+d, e, exp, bad, opt = chk.d, chk.e, chk.exp, chk.bad, chk.opt
 ev = d["event"]
 fw = d["memory"].get("framework")
-bad = []
-
-if d.get("status") != "oom":
-    bad.append("status %r" % d.get("status"))
-if "device" in exp and ev["device"] != exp["device"]:
-    bad.append("event.device %r != %r" % (ev["device"], exp["device"]))
 
 name = opt("--framework")
 if name:
@@ -133,10 +111,7 @@ if site:
         bad.append("python_sites not largest first / empty: %r" % sites)
 
 causes = [c["id"] for c in d["diagnosis"]["causes"]]
-p = opt("--primary")
-if p and d["diagnosis"]["primary"] not in p.split(","):
-    bad.append("diagnosis.primary = %r, want %r (%s)" % (d["diagnosis"]["primary"], p,
-               "; ".join(c["summary"] for c in d["diagnosis"]["causes"][:2])))
+chk.primary()
 c = opt("--cause")
 if c and c not in causes:
     bad.append("cause %r not among %r" % (c, causes))
@@ -149,10 +124,4 @@ um = opt("--unmeasured")
 if um and not any(um in u for u in d["memory"].get("unmeasured", [])):
     bad.append("memory.unmeasured lacks %r: %r" % (um, d["memory"].get("unmeasured")))
 
-for b in bad:
-    print("MISMATCH:", b)
-if bad:
-    print("dump:", dumps[0])
-    sys.exit(1)
-print("ok: %s primary=%s api=%s internal=%s" % (dumps[0].split("/")[-1], d["diagnosis"]["primary"], ev.get("api"),
-                                                 ev.get("framework_internal")))
+chk.finish("primary=%s api=%s internal=%s" % (d["diagnosis"]["primary"], ev.get("api"), ev.get("framework_internal")))

@@ -22,14 +22,17 @@ Modes:
   idempotent    import oomguard_torch twice, activate() and install() again, then toobig
   state         import torch, use CUDA, write the adapter's state
   state-before  import torch, write the adapter's state before any CUDA use
+  train-before-step  AdamW over 120 MiB of parameters, autocast entered and left again, no
+                optimizer step yet; then a request the device cannot hold now (not larger than it)
+  train-after-step   the same after one AdamW step, failing inside torch.autocast("cuda", bfloat16)
+  struct-old / struct-new  oomguard_framework_oom() called directly with autocast = 1 in the
+                struct, struct_size that of the struct before autocast was added / the full size
 """
-import json
 import os
 import sys
 
-MiB = 1 << 20
-mode = sys.argv[1]
-out = sys.argv[2] if len(sys.argv) > 2 else None
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))   # for jobkit under runpy.run_path too
+from jobkit import MiB, here, mode, out, write as write_out  # noqa: E402
 
 
 def manual_import():
@@ -67,11 +70,15 @@ def adapter_state():
         "attached": ad.is_attached() if ad is not None else None,
         "observers": len(torch.cuda._observers),
         "queued_calls": len(torch.cuda._queued_calls),
-        "import_hooks": sum(1 for f in sys.meta_path if type(f).__name__ == "_TorchImportHook"),
+        # the finder that waits for `import torch` (oomguard_core.after_import)
+        "import_hooks": sum(1 for f in sys.meta_path
+                            if type(f).__name__ == "_OomguardImportHook" and getattr(f, "name", None) == "torch"),
         "profile_or_trace": sys.getprofile() is not None or sys.gettrace() is not None,
         "excepthook_replaced": sys.excepthook is not sys.__excepthook__,
         "torch_loader": type(torch.__loader__).__name__,
         "torch_spec_loader": type(torch.__spec__.loader).__name__,
+        # PyTorch's global optimizer step hooks (the adapter's: training)
+        "step_hooks": len(getattr(sys.modules.get("torch.optim.optimizer"), "_global_optimizer_post_hooks", ())),
     }
 
 
@@ -80,8 +87,7 @@ def write(extra):
         return
     d = {"state": adapter_state(), "version": torch.__version__}
     d.update(extra)
-    with open(out, "w") as f:
-        json.dump(d, f, indent=1, sort_keys=True)
+    write_out(d)
 
 
 def expected(device):
@@ -103,11 +109,6 @@ keep = []
 if mode == "state-before":
     write({})
     sys.exit(0)
-
-def here():
-    """The caller's line (the test finds it in event.python_stack / python_sites)."""
-    return sys._getframe(1).f_lineno
-
 
 lines = {}
 
@@ -168,6 +169,51 @@ if mode in ("toobig", "idempotent", "multidev", "oom-caught", "oom-uncaught", "s
         write({"expected": expected(dev)})
         sys.exit(3 if mode == "oom-caught" else 0)
     sys.exit(2)
+
+if mode in ("train-before-step", "train-after-step"):
+    params = [torch.empty(30 * MiB) for _ in range(4)]
+    optimizer = torch.optim.AdamW(params, lr=1e-4)
+    if mode == "train-after-step":
+        optimizer.step()                       # makes AdamW's state: 240 MiB
+        optimizer.zero_grad()
+    else:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            pass                               # on and off again before the failure
+    free, total = torch.cuda.mem_get_info(0)
+    big = free + 64 * MiB                      # more than is free, less than the device
+    try:
+        if mode == "train-after-step":
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                torch.empty(big)
+        else:
+            torch.empty(big)
+    except torch.OutOfMemoryError as e:
+        print("OOM:", str(e).split(".")[0])
+        write({"expected": expected(0), "request": big, "total": total})
+        sys.exit(0)
+    sys.exit(2)
+
+if mode in ("struct-old", "struct-new"):
+    # an adapter built before autocast was added passes a shorter struct: the shim must not read
+    # past it (here the field is set, so reading it would show)
+    import ctypes
+    sys.path.insert(0, os.environ["ADAPTER_DIR"])
+    import oomguard_core
+    keep.append(torch.empty(30 * MiB))
+    S = oomguard_core.stats_struct()
+    s = S()
+    s.struct_size = S.autocast.offset if mode == "struct-old" else ctypes.sizeof(S)
+    s.device = 0
+    s.allocated_bytes = s.reserved_bytes = 32 * MiB
+    s.framework = b"pytorch"
+    s.api = b"torch.cuda.caching_allocator"
+    s.requested_bytes = 64 << 30
+    s.grad_enabled, s.training, s.autocast = -1, 1, 1
+    fn = ctypes.CDLL(None).oomguard_framework_oom
+    fn.argtypes = [ctypes.POINTER(S)]
+    r = fn(ctypes.byref(s))
+    write({"rc": r, "struct_size": s.struct_size, "full_size": ctypes.sizeof(S)})
+    sys.exit(0 if r == 0 else 2)
 
 if mode == "async":
     def own_hook(etype, value, tb):

@@ -10,33 +10,24 @@ Modes:
   driver    no limit: 256 MiB arrays until cudaMalloc fails; CuPy frees its free blocks,
             retries, and raises OutOfMemoryError (caught)
 """
-import json
 import os
 import sys
 
 import cupy
 
-MiB = 1 << 20
-mode = sys.argv[1]
-out = sys.argv[2] if len(sys.argv) > 2 else None
+from jobkit import MiB, here, mode, write as write_out
+
 keep = []
 lines = {}
 
 
-def here():
-    return sys._getframe(1).f_lineno
-
-
 def write(request, limit):
-    if not out:
-        return
     pool = cupy.get_default_memory_pool()
     ad = sys.modules.get("oomguard_cupy")
-    with open(out, "w") as f:
-        json.dump({"expected": {"device": 0, "request": request, "limit": limit, "used": pool.used_bytes(),
-                                "total": pool.total_bytes()},
-                   "lines": lines, "file": os.path.abspath(__file__), "version": cupy.__version__,
-                   "attached": ad.is_attached() if ad else None}, f, indent=1, sort_keys=True)
+    write_out({"expected": {"device": 0, "request": request, "limit": limit, "used": pool.used_bytes(),
+                            "total": pool.total_bytes()},
+               "lines": lines, "file": os.path.abspath(__file__), "version": cupy.__version__,
+               "attached": ad.is_attached() if ad else None})
 
 
 pool = cupy.get_default_memory_pool()

@@ -13,33 +13,24 @@ the lines of this file the test looks for.  Modes:
   platform   XLA_PYTHON_CLIENT_ALLOCATOR=platform (set by the caller): arrays until cudaMalloc
              fails; XLA turns that into RESOURCE_EXHAUSTED (caught)
 """
-import json
 import os
 import sys
 
 import jax
 import jax.numpy as jnp
 
-MiB = 1 << 20
-mode = sys.argv[1]
-out = sys.argv[2] if len(sys.argv) > 2 else None
+from jobkit import MiB, here, mode, write as write_out
+
 keep = []
 lines = {}
 
 
-def here():
-    return sys._getframe(1).f_lineno
-
-
 def write(request):
-    if not out:
-        return
     st = jax.devices()[0].memory_stats()
     ad = sys.modules.get("oomguard_jax")
-    with open(out, "w") as f:
-        json.dump({"expected": {"device": 0, "request": request, "stats": st}, "lines": lines,
-                   "file": os.path.abspath(__file__), "version": jax.__version__,
-                   "attached": ad.is_attached() if ad else None}, f, indent=1, sort_keys=True)
+    write_out({"expected": {"device": 0, "request": request, "stats": st}, "lines": lines,
+               "file": os.path.abspath(__file__), "version": jax.__version__,
+               "attached": ad.is_attached() if ad else None})
 
 
 def fill(size):

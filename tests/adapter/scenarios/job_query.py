@@ -7,17 +7,16 @@ adapter's query, which hands over this file's line.  released: through ctypes.CD
 releases the GIL: the shim must not ask (taking the GIL inside the allocation could deadlock) and
 says so in memory.unmeasured.  Either way the call returns its error unchanged."""
 import ctypes
-import json
 import os
 import sys
 
-mode, out = sys.argv[1], sys.argv[2]
+from jobkit import here, mode, write
+
 lib = (ctypes.PyDLL if mode == "held" else ctypes.CDLL)("libcudart.so.13")
 lib.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
 p = ctypes.c_void_p(0)
-lines = {"failing": sys._getframe().f_lineno + 1}
+lines = {"failing": here() + 1}
 r = lib.cudaMalloc(ctypes.byref(p), 64 << 30)
 print("cudaMalloc:", r)
-with open(out, "w") as f:
-    json.dump({"expected": {"device": 0}, "lines": lines, "file": os.path.abspath(__file__), "result": r}, f)
+write({"expected": {"device": 0}, "lines": lines, "file": os.path.abspath(__file__), "result": r})
 sys.exit(0 if r == 2 else 2)

@@ -5,15 +5,13 @@
   limit   a logical device with memory_limit=512 (MB), 64 MiB tensors until the arena refuses
           one (ResourceExhaustedError, no driver failure), caught
 """
-import json
 import os
 import sys
 
 import tensorflow as tf
 
-MiB = 1 << 20
-mode = sys.argv[1]
-out = sys.argv[2] if len(sys.argv) > 2 else None
+from jobkit import MiB, here, mode, write
+
 keep = []
 lines = {}
 
@@ -22,14 +20,13 @@ if mode == "limit":
     tf.config.set_logical_device_configuration(gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=512)])
     try:
         while True:
-            lines["failing"] = sys._getframe().f_lineno + 1
+            lines["failing"] = here() + 1
             keep.append(tf.zeros((16, MiB), tf.float32))
     except tf.errors.ResourceExhaustedError as e:
         print("OOM:", e.message.split(" [")[0])
         info = tf.config.experimental.get_memory_info("GPU:0")
-        with open(out, "w") as f:
-            json.dump({"expected": {"device": 0, "request": 64 * MiB, "cap": 512 * MiB, "current": info["current"]},
-                       "lines": lines, "file": os.path.abspath(__file__), "version": tf.__version__}, f)
+        write({"expected": {"device": 0, "request": 64 * MiB, "cap": 512 * MiB, "current": info["current"]},
+               "lines": lines, "file": os.path.abspath(__file__), "version": tf.__version__})
         sys.exit(0)
 
 print("unknown mode", mode)

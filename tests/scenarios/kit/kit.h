@@ -14,6 +14,7 @@
  * in their comments) and call these the way the framework would on the user's behalf. */
 #ifndef SCEN_KIT_H
 #define SCEN_KIT_H
+#include <fcntl.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -71,5 +72,25 @@ static inline int torch_oom(const char *where, size_t nbytes)
     fprintf(stderr, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate %.2f MiB (%s)\n",
             nbytes / (double)MiB, where);
     return 1;     /* a Python traceback ends the script with status 1 */
+}
+/* N tensors of EACH bytes, made by WHERE (model.cuda(), forward, ...): 0, or the script's exit status at the
+ * first that does not fit; what was made stays (the script holds its tensors) */
+static inline int torch_alloc_n(int n, size_t each, const char *where)
+{
+    for (int i = 0; i < n; i++)
+        if (!c10_empty(each))
+            return torch_oom(where, each);
+    return 0;
+}
+/* a process in the background of a scenario, its memory in place: tell the runner ($SCEN_READY names a
+ * file to create), then idle until the runner kills it (10 minutes at most) */
+static inline int hold_until_killed(void)
+{
+    const char *r = getenv("SCEN_READY");
+    if (r)
+        close(open(r, O_CREAT | O_WRONLY, 0644));
+    for (int i = 0; i < 600; i++)
+        sleep(1);
+    return 0;
 }
 #endif

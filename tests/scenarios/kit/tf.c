@@ -6,16 +6,14 @@
 #include <string.h>
 #include <strings.h>
 
+#include "driver.h"
 #include "kit.h"
 #include "truth.h"
 
 int tf_gpu_init(int device)
 {
-    CUdevice dev;
-    CUcontext ctx;
     size_t free_b = 0, total = 0;
-    if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, device) != CUDA_SUCCESS ||
-        cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS)
+    if (kit_bind_primary_ctx(device))
         return 1;
     const char *g = getenv("TF_FORCE_GPU_ALLOW_GROWTH");
     if (g && !strcasecmp(g, "true"))

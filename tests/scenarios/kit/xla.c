@@ -8,6 +8,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "driver.h"
 #include "kit.h"
 #include "truth.h"
 
@@ -16,11 +17,8 @@ static size_t arena_size, arena_used;
 
 int xla_client_init(int device)
 {
-    CUdevice dev;
-    CUcontext ctx;
     size_t free_b = 0, total = 0;
-    if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, device) != CUDA_SUCCESS ||
-        cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS)
+    if (kit_bind_primary_ctx(device))
         return 1;
     const char *pre = getenv("XLA_PYTHON_CLIENT_PREALLOCATE");
     if (pre && (!strcasecmp(pre, "false") || !strcmp(pre, "0")))

@@ -13,9 +13,8 @@ int main(int argc, char **argv)
 {
     int batch = argc > 1 ? atoi(argv[1]) : 4;
     c10_init();
-    for (int i = 0; i < 40; i++)                          /* weights, grads, Adam state */
-        if (!c10_empty(512 * MiB))
-            return torch_oom("model/optimizer", 512 * MiB);
+    if (torch_alloc_n(40, 512 * MiB, "model/optimizer"))   /* weights, grads, Adam state */
+        return 1;
     size_t scores = (size_t)batch * 923 * MiB;
     scores = (scores + 2 * MiB - 1) / (2 * MiB) * (2 * MiB);
     void *s = c10_empty(scores);

@@ -22,9 +22,8 @@ int main(int argc, char **argv)
         c10_set_mode(1, 1);
     }
     c10_init();
-    for (int i = 0; i < 8; i++)
-        if (!c10_empty(512 * MiB))
-            return torch_oom("model/optimizer", 512 * MiB);
+    if (torch_alloc_n(8, 512 * MiB, "model/optimizer"))
+        return 1;
     void *act[4];
     for (int i = 0; i < 4; i++)                       /* training step activations */
         if (!(act[i] = c10_empty(512 * MiB)))

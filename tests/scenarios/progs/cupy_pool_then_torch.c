@@ -19,11 +19,9 @@ int main(void)
             return 1;
     for (int i = 1; i < 14; i++)                  /* feats (tmp[0]) stays */
         cupy_free(tmp[i]);
-    for (int i = 0; i < 12; i++)
-        if (!c10_empty(512 * MiB))
-            return torch_oom("model.cuda()", 512 * MiB);
-    for (int l = 0; l < 8; l++)
-        if (!c10_empty(512 * MiB))
-            return torch_oom("forward", 512 * MiB);
+    if (torch_alloc_n(12, 512 * MiB, "model.cuda()"))
+        return 1;
+    if (torch_alloc_n(8, 512 * MiB, "forward"))
+        return 1;
     return 0;
 }

@@ -40,13 +40,9 @@ int main(void)
             msleep(10);
     }
     c10_init();
-    int rc = 0;
-    for (int i = 0; i < 36 && !rc; i++)
-        if (!c10_empty(512 * MiB))
-            rc = torch_oom("model.cuda()", 512 * MiB);
-    for (int i = 0; i < 6 && !rc; i++)
-        if (!c10_empty(512 * MiB))
-            rc = torch_oom("forward", 512 * MiB);
+    int rc = torch_alloc_n(36, 512 * MiB, "model.cuda()");
+    if (!rc)
+        rc = torch_alloc_n(6, 512 * MiB, "forward");
     close(open(done, O_CREAT | O_WRONLY, 0644));
     for (int i = 0; i < 6; i++)
         waitpid(w[i], NULL, 0);

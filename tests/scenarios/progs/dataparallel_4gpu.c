@@ -11,24 +11,20 @@
 int main(void)
 {
     c10_init();
-    for (int i = 0; i < 24; i++)                      /* weights+grads+Adam on cuda:0 */
-        if (!c10_empty(512 * MiB))
-            return torch_oom("model.cuda()", 512 * MiB);
+    if (torch_alloc_n(24, 512 * MiB, "model.cuda()"))   /* weights+grads+Adam on cuda:0 */
+        return 1;
     for (int d = 1; d < 4; d++) {                     /* replicate() */
         c10_set_device(d);
-        for (int i = 0; i < 6; i++)
-            if (!c10_empty(512 * MiB))
-                return torch_oom("replicate", 512 * MiB);
+        if (torch_alloc_n(6, 512 * MiB, "replicate"))
+            return 1;
     }
     for (int d = 0; d < 4; d++) {                     /* parallel_apply: activations per replica */
         c10_set_device(d);
-        for (int i = 0; i < 6; i++)
-            if (!c10_empty(512 * MiB))
-                return torch_oom("parallel_apply", 512 * MiB);
+        if (torch_alloc_n(6, 512 * MiB, "parallel_apply"))
+            return 1;
     }
     c10_set_device(0);
-    for (int d = 0; d < 4; d++)                       /* gather() on cuda:0 */
-        if (!c10_empty(2560 * MiB))
-            return torch_oom("gather", 2560 * MiB);
+    if (torch_alloc_n(4, 2560 * MiB, "gather"))   /* gather() on cuda:0 */
+        return 1;
     return 0;
 }

@@ -8,56 +8,23 @@
  *
  * Ranks 1-3 each put a context and 3 GiB on GPU 0; rank 0, whose GPU that is, runs out.
  * (Ranks wait for each other through files in $SCEN_SYNC.) */
-#include <fcntl.h>
-#include <stdio.h>
-
-#include "kit.h"
-
-static void touch(const char *dir, const char *what, int rank)
-{
-    char p[4096];
-    snprintf(p, sizeof p, "%s/%s.%d", dir, what, rank);
-    close(open(p, O_CREAT | O_WRONLY, 0644));
-}
-
-static void wait_ranks(const char *dir, const char *what, int from, int to)
-{
-    for (int tries = 0; tries < 3000; tries++) {
-        int have = 0;
-        for (int r = from; r < to; r++) {
-            char p[4096];
-            snprintf(p, sizeof p, "%s/%s.%d", dir, what, r);
-            have += access(p, F_OK) == 0;
-        }
-        if (have == to - from)
-            return;
-        msleep(10);
-    }
-}
+#include "ranks.h"
 
 int main(void)
 {
-    int rank = atoi(getenv("RANK") ? getenv("RANK") : "0");
-    int local = atoi(getenv("LOCAL_RANK") ? getenv("LOCAL_RANK") : "0");
-    int world = atoi(getenv("WORLD_SIZE") ? getenv("WORLD_SIZE") : "1");
-    const char *sync = getenv("SCEN_SYNC");
-    c10_set_device(local);
+    scen_rank_t me = scen_rank();
+    c10_set_device(me.local);
     c10_init();
-    int rc = 0;
-    for (int i = 0; i < 24 && !rc; i++)
-        if (!c10_empty(512 * MiB))
-            rc = torch_oom("model.cuda()", 512 * MiB);
-    if (sync && rank == 0)                       /* the others happen to get there first */
-        wait_ranks(sync, "loaded", 1, world);
+    int rc = torch_alloc_n(24, 512 * MiB, "model.cuda()");
+    if (me.sync && me.rank == 0)                 /* the others happen to get there first */
+        scen_wait_ranks(me.sync, "loaded", 1, me.world);
     c10_set_device(0);                           /* torch.load restores onto the saved device */
-    for (int i = 0; i < 6 && !rc; i++)
-        if (!c10_empty(512 * MiB))
-            rc = torch_oom("torch.load", 512 * MiB);
-    c10_set_device(local);
-    if (sync) {
-        touch(sync, "loaded", rank);
-        touch(sync, "done", rank);
-        wait_ranks(sync, "done", 0, world);
+    if (!rc)
+        rc = torch_alloc_n(6, 512 * MiB, "torch.load");
+    c10_set_device(me.local);
+    if (me.sync) {
+        scen_touch(me.sync, "loaded", me.rank);
+        scen_barrier(&me, "done");
     }
     return rc;
 }

@@ -21,16 +21,14 @@ int main(int argc, char **argv)
         c10_set_mode(1, -1);
     }
     c10_init();
-    for (int i = 0; i < 12; i++)                    /* load_state_dict: 12 x 512 MiB */
-        if (!c10_empty(512 * MiB))
-            return torch_oom("load_state_dict", 512 * MiB);
+    if (torch_alloc_n(12, 512 * MiB, "load_state_dict"))   /* load_state_dict: 12 x 512 MiB */
+        return 1;
     for (int batch = 0;; batch++) {
         void *tmp = c10_empty(256 * MiB);           /* attention scratch, freed within the batch */
         if (!tmp)
             return torch_oom("attention", 256 * MiB);
-        for (int blk = 0; blk < 4; blk++)           /* activations saved for backward (kept) */
-            if (!c10_empty(256 * MiB))
-                return torch_oom("block forward", 256 * MiB);
+        if (torch_alloc_n(4, 256 * MiB, "block forward"))   /* activations saved for backward (kept) */
+            return 1;
         c10_free(tmp);
         if (!c10_empty(64 * MiB))                   /* the logits appended to all_logits */
             return torch_oom("head", 64 * MiB);

@@ -12,15 +12,13 @@
 int main(void)
 {
     c10_init();
-    for (int i = 0; i < 36; i++)
-        if (!c10_empty(512 * MiB))
-            return torch_oom("model/optimizer", 512 * MiB);
+    if (torch_alloc_n(36, 512 * MiB, "model/optimizer"))
+        return 1;
     void *tmp = c10_empty(1 * GiB);                    /* a warm-up batch, freed: stays mapped */
     if (!tmp)
         return torch_oom("warm-up", 1 * GiB);
     c10_free(tmp);
-    for (int l = 0; l < 12; l++)
-        if (!c10_empty(512 * MiB))
-            return torch_oom("forward", 512 * MiB);
+    if (torch_alloc_n(12, 512 * MiB, "forward"))
+        return 1;
     return 0;
 }

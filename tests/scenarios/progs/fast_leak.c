@@ -13,9 +13,8 @@
 int main(void)
 {
     c10_init();
-    for (int i = 0; i < 4; i++)
-        if (!c10_empty(512 * MiB))
-            return torch_oom("model.cuda()", 512 * MiB);
+    if (torch_alloc_n(4, 512 * MiB, "model.cuda()"))
+        return 1;
     for (int step = 0;; step++) {
         void *t[2];
         for (int i = 0; i < 2; i++)

@@ -22,9 +22,8 @@ int main(int argc, char **argv)
     if (argc > 1 && !strcmp(argv[1], "adapter"))
         c10_enable_adapter();
     c10_init();
-    for (int i = 0; i < 16; i++)
-        if (!c10_empty(512 * MiB))
-            return torch_oom("model/optimizer", 512 * MiB);
+    if (torch_alloc_n(16, 512 * MiB, "model/optimizer"))
+        return 1;
     static void *masks[4097];
     unsigned seed = 12345;
     for (int step = 0; step < 20000; step++) {

@@ -17,11 +17,9 @@ int main(void)
         if (!xla_buffer(512 * MiB))
             return 1;
     c10_init();
-    for (int i = 0; i < 12; i++)
-        if (!c10_empty(512 * MiB))
-            return torch_oom("model.cuda()", 512 * MiB);
-    for (int l = 0; l < 16; l++)
-        if (!c10_empty(512 * MiB))
-            return torch_oom("forward", 512 * MiB);
+    if (torch_alloc_n(12, 512 * MiB, "model.cuda()"))
+        return 1;
+    if (torch_alloc_n(16, 512 * MiB, "forward"))
+        return 1;
     return 0;
 }

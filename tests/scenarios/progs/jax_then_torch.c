@@ -18,9 +18,8 @@ int main(void)
     if (!xla_buffer(256 * MiB))                  /* the features */
         return 1;
     c10_init();
-    for (int i = 0; i < 6; i++)
-        if (!c10_empty(512 * MiB))
-            return torch_oom("head.cuda()", 512 * MiB);
+    if (torch_alloc_n(6, 512 * MiB, "head.cuda()"))
+        return 1;
     if (!c10_empty(3 * GiB))
         return torch_oom("head(feats)", 3 * GiB);
     return 0;

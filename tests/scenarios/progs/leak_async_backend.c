@@ -11,9 +11,8 @@
 int main(void)
 {
     c10_init();
-    for (int i = 0; i < 8; i++)
-        if (!c10_empty(512 * MiB))
-            return torch_oom("policy", 512 * MiB);
+    if (torch_alloc_n(8, 512 * MiB, "policy"))
+        return 1;
     for (int it = 0;; it++) {
         void *t[4];
         for (int i = 0; i < 4; i++)

@@ -14,9 +14,8 @@
 int main(void)
 {
     c10_init();
-    for (int i = 0; i < 44; i++)                 /* the model: 22 GiB */
-        if (!c10_empty(512 * MiB))
-            return torch_oom("model", 512 * MiB);
+    if (torch_alloc_n(44, 512 * MiB, "model"))   /* the model: 22 GiB */
+        return 1;
     for (int req = 0;; req++) {
         void *t = c10_empty(512 * MiB);
         if (!t)

@@ -12,9 +12,8 @@
 int main(void)
 {
     c10_init();
-    for (int i = 0; i < 16; i++)
-        if (!c10_empty(512 * MiB))
-            return torch_oom("model/optimizer", 512 * MiB);
+    if (torch_alloc_n(16, 512 * MiB, "model/optimizer"))
+        return 1;
     unsigned seed = 99;
     for (int step = 0;; step++) {
         void *act[4];

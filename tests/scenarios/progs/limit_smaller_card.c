@@ -9,11 +9,9 @@
 int main(void)
 {
     c10_init();
-    for (int i = 0; i < 24; i++)
-        if (!c10_empty(512 * MiB))
-            return torch_oom("model/optimizer", 512 * MiB);
-    for (int l = 0; l < 12; l++)
-        if (!c10_empty(512 * MiB))
-            return torch_oom("forward", 512 * MiB);
+    if (torch_alloc_n(24, 512 * MiB, "model/optimizer"))
+        return 1;
+    if (torch_alloc_n(12, 512 * MiB, "forward"))
+        return 1;
     return 0;
 }

@@ -9,8 +9,7 @@
 int main(void)
 {
     c10_init();
-    for (int piece = 0; piece < 25; piece++)
-        if (!c10_empty(1 * GiB))
-            return torch_oom("from_pretrained", 1 * GiB);
+    if (torch_alloc_n(25, 1 * GiB, "from_pretrained"))
+        return 1;
     return 0;
 }

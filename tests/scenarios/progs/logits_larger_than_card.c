@@ -10,9 +10,8 @@
 int main(void)
 {
     c10_init();
-    for (int i = 0; i < 12; i++)
-        if (!c10_empty(512 * MiB))
-            return torch_oom("from_pretrained", 512 * MiB);
+    if (torch_alloc_n(12, 512 * MiB, "from_pretrained"))
+        return 1;
     if (!c10_empty(2 * GiB))                       /* hidden states of the document */
         return torch_oom("forward", 2 * GiB);
     size_t logits = 32768ull * 262144ull * 4;

@@ -10,12 +10,10 @@
 int main(void)
 {
     c10_init();
-    for (int i = 0; i < 24; i++)
-        if (!c10_empty(512 * MiB))
-            return torch_oom("cell 1: load", 512 * MiB);
+    if (torch_alloc_n(24, 512 * MiB, "cell 1: load"))
+        return 1;
     msleep(300);                                   /* the user reads the output */
-    for (int i = 0; i < 24; i++)
-        if (!c10_empty(512 * MiB))
-            return torch_oom("cell 3: load", 512 * MiB);
+    if (torch_alloc_n(24, 512 * MiB, "cell 3: load"))
+        return 1;
     return 0;
 }

@@ -12,9 +12,8 @@
 int main(void)
 {
     c10_init();
-    for (int i = 0; i < 12; i++)
-        if (!c10_empty(512 * MiB))
-            return torch_oom("model/optimizer", 512 * MiB);
+    if (torch_alloc_n(12, 512 * MiB, "model/optimizer"))
+        return 1;
     for (int epoch = 0; epoch < 3; epoch++) {
         void *a[8];
         for (int i = 0; i < 8; i++)

@@ -11,9 +11,8 @@
 int main(void)
 {
     c10_init();
-    for (int i = 0; i < 12; i++)                          /* 6 GiB model */
-        if (!c10_empty(512 * MiB))
-            return torch_oom("model", 512 * MiB);
+    if (torch_alloc_n(12, 512 * MiB, "model"))   /* 6 GiB model */
+        return 1;
     void *a[8];
     for (int i = 0; i < 8; i++)                           /* training activations, cached after */
         if (!(a[i] = c10_empty(1 * GiB)))

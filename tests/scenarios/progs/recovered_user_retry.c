@@ -20,9 +20,8 @@ int main(void)
     c10_init();
     if (dali_pipeline_build(4, 512 * MiB) != 0)
         return 1;
-    for (int i = 0; i < 32; i++)
-        if (!c10_empty(512 * MiB))
-            return torch_oom("model.cuda()", 512 * MiB);
+    if (torch_alloc_n(32, 512 * MiB, "model.cuda()"))
+        return 1;
     void *a[8];
     for (int i = 0; i < 8; i++)
         if (!(a[i] = c10_empty(512 * MiB)))

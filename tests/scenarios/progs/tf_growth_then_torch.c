@@ -18,11 +18,9 @@ int main(void)
         if (!tf_alloc(512 * MiB))
             return 1;
     c10_init();
-    for (int i = 0; i < 12; i++)
-        if (!c10_empty(512 * MiB))
-            return torch_oom("port.cuda()", 512 * MiB);
-    for (int l = 0; l < 16; l++)
-        if (!c10_empty(512 * MiB))
-            return torch_oom("port(x)", 512 * MiB);
+    if (torch_alloc_n(12, 512 * MiB, "port.cuda()"))
+        return 1;
+    if (torch_alloc_n(16, 512 * MiB, "port(x)"))
+        return 1;
     return 0;
 }

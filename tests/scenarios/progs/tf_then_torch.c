@@ -15,8 +15,7 @@ int main(void)
         return 1;
     }
     c10_init();
-    for (int i = 0; i < 4; i++)
-        if (!c10_empty(512 * MiB))
-            return torch_oom("port.cuda()", 512 * MiB);
+    if (torch_alloc_n(4, 512 * MiB, "port.cuda()"))
+        return 1;
     return 0;
 }

@@ -12,9 +12,8 @@
 int main(void)
 {
     c10_init();
-    for (int i = 0; i < 16; i++)
-        if (!c10_empty(512 * MiB))
-            return torch_oom("model/optimizer", 512 * MiB);
+    if (torch_alloc_n(16, 512 * MiB, "model/optimizer"))
+        return 1;
     void *v[12];
     for (int i = 0; i < 12; i++)
         if (!(v[i] = c10_empty(1 * GiB)))

@@ -9,7 +9,22 @@ _FIELDS = ("total_bytes", "free_bytes", "context_bytes", "alloc_requested_bytes"
            "alloc_blocks", "managed_requested_bytes", "vmm_physical_bytes", "vmm_handles",
            "pool_reserved_bytes", "pool_used_bytes", "pool_blocks", "other_process_bytes", "used_bytes",
            "peak_used_bytes", "host_pinned_bytes", "host_pinned_blocks", "failed_allocs",
-           "injected_failures", "contexts")
+           "injected_failures", "contexts", "ipc_mapped_bytes", "ipc_mappings", "graph_reserved_bytes")
+# every field of sim/simgpu.h's simgpu_truth_t, in order: the simulator writes the whole struct, so a
+# shorter one here is a heap overflow (it once corrupted Python's heap and crashed its exit GC)
+
+
+def _header_fields():
+    """The field names of simgpu_truth_t as sim/simgpu.h declares them, in order."""
+    import re
+    src = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "sim", "simgpu.h")).read()
+    body = src[src.index("typedef struct simgpu_truth {"):src.index("} simgpu_truth_t;")]
+    body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
+    return tuple(n.strip() for decl in re.findall(r"unsigned long long ([^;]+);", body) for n in decl.split(","))
+
+
+if _header_fields() != _FIELDS:
+    raise SystemExit("scen_truth.py: _FIELDS differ from sim/simgpu.h's simgpu_truth_t: %r" % (_header_fields(),))
 
 
 class _Truth(ctypes.Structure):

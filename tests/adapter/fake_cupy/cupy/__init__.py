@@ -9,6 +9,9 @@ allocates for real through the CUDA runtime.
 """
 import os as _os
 
+# the stand-ins' shared CUDA runtime and chunk list (tests/adapter/fake_common) load as cupy._fake_cuda
+__path__.append(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), _os.pardir, _os.pardir, "fake_common"))
+
 __version__ = _os.environ.get("FAKE_CUPY_VERSION", "13.3.0+fake")
 
 from cupy import cuda  # noqa: E402

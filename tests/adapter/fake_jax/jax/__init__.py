@@ -9,6 +9,9 @@ through the CUDA runtime, honouring XLA_PYTHON_CLIENT_PREALLOCATE / _MEM_FRACTIO
 """
 import os as _os
 
+# the stand-ins' shared CUDA runtime and chunk list (tests/adapter/fake_common) load as jax._fake_cuda
+__path__.append(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), _os.pardir, _os.pardir, "fake_common"))
+
 __version__ = _os.environ.get("FAKE_JAX_VERSION", "0.4.35+fake")
 
 from jax import errors  # noqa: E402

@@ -5,6 +5,9 @@ experimental.set_memory_growth}, tf.zeros/ones(shape, dtype) and tf.float32, und
 names and signatures; device memory from a BFC arena in miniature (tensorflow/_bfc.py)."""
 import os as _os
 
+# the stand-ins' shared CUDA runtime and chunk list (tests/adapter/fake_common) load as tensorflow._fake_cuda
+__path__.append(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), _os.pardir, _os.pardir, "fake_common"))
+
 __version__ = _os.environ.get("FAKE_TF_VERSION", "2.17.0+fake")
 
 from tensorflow import errors  # noqa: E402,F401

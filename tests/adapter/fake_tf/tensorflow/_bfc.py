@@ -4,59 +4,24 @@ whole limit at once (TensorFlow maps nearly all free memory; here: the logical d
 memory_limit, else 90% of the free memory); with TF_FORCE_GPU_ALLOW_GROWTH=true or
 tf.config.experimental.set_memory_growth it takes regions on demand up to the same limit.  A
 request the arena cannot serve raises ResourceExhaustedError without a failing driver call."""
-import ctypes
 import os
 import threading
 
+from tensorflow._fake_cuda import cuda_malloc, device_count, mem_get_info, round_up  # noqa: F401
 from tensorflow.errors import ResourceExhaustedError
 
 MiB = 1 << 20
 ROUND = 256
 _lock = threading.RLock()
-_rt = None
 growth = {}        # device -> bool (set_memory_growth)
 limits = {}        # device -> bytes (set_logical_device_configuration)
-
-
-def runtime():
-    global _rt
-    with _lock:
-        if _rt is None:
-            rt = ctypes.CDLL("libcudart.so.13")
-            rt.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
-            rt.cudaSetDevice.argtypes = [ctypes.c_int]
-            rt.cudaGetDeviceCount.argtypes = [ctypes.POINTER(ctypes.c_int)]
-            rt.cudaMemGetInfo.argtypes = [ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
-            _rt = rt
-        return _rt
-
-
-def device_count():
-    n = ctypes.c_int(0)
-    if runtime().cudaGetDeviceCount(ctypes.byref(n)) != 0:
-        runtime().cudaGetLastError()
-        return 0
-    return n.value
-
-
-def _malloc(device, size):
-    rt = runtime()
-    rt.cudaSetDevice(device)
-    p = ctypes.c_void_p(0)
-    if rt.cudaMalloc(ctypes.byref(p), size) != 0:
-        rt.cudaGetLastError()
-        return None
-    return p.value
 
 
 class Arena(object):
     def __init__(self, device):
         self.device = device
-        rt = runtime()
-        rt.cudaSetDevice(device)
-        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-        rt.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total))
-        self.limit = limits.get(device) or int(free.value * 0.9) // ROUND * ROUND
+        free = mem_get_info(device)[0]
+        self.limit = limits.get(device) or int(free * 0.9) // ROUND * ROUND
         env = os.environ.get("TF_FORCE_GPU_ALLOW_GROWTH", "").strip().lower() == "true"
         self.growth = env or growth.get(device, False)
         self.free = []             # [addr, size] free chunks
@@ -65,7 +30,7 @@ class Arena(object):
             self._region(self.limit)
 
     def _region(self, size):
-        addr = _malloc(self.device, size)
+        addr = cuda_malloc(self.device, size)
         if addr is None:
             return False
         self.free.append([addr, size])
@@ -74,7 +39,7 @@ class Arena(object):
 
     def allocate(self, nbytes, shape, dtype):
         with _lock:
-            size = max(ROUND, (int(nbytes) + ROUND - 1) // ROUND * ROUND)
+            size = round_up(nbytes, ROUND)
             fit = [c for c in self.free if c[1] >= size]
             if not fit and self.growth and self.pool + size <= self.limit:
                 self._region(max(size, min(self.limit - self.pool, 2 * size)))

@@ -2,7 +2,9 @@
 
 It has just what adapters/python/oomguard_torch.py touches -- torch.__version__,
 torch.OutOfMemoryError, torch.cuda.{memory_stats, memory._snapshot, get_allocator_backend,
-is_initialized, _lazy_call, _lazy_init, ...} and torch._C._cuda_attach_out_of_memory_observer --
+is_initialized, _lazy_call, _lazy_init, ...}, torch._C._cuda_attach_out_of_memory_observer, the
+autograd and autocast modes (torch.no_grad, torch.autocast, torch.is_autocast_enabled, ...) and
+torch.optim (the global optimizer step hook, SGD, AdamW: tests/adapter/fake_torch/torch/optim) --
 and a caching allocator (torch/_alloc.py) that allocates for real through the CUDA runtime, so the
 tests exercise liboomguard's hooks.  torch.empty(nbytes) returns a Tensor holding nbytes of device
 memory until it is deleted.
@@ -11,7 +13,10 @@ FAKE_TORCH_BROKEN=import makes `import torch` raise; FAKE_TORCH_VERSION sets __v
 """
 import os as _os
 
-from torch._alloc import OutOfMemoryError, broken as _broken
+# the stand-ins' shared CUDA runtime and chunk list (tests/adapter/fake_common) load as torch._fake_cuda
+__path__.append(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), _os.pardir, _os.pardir, "fake_common"))
+
+from torch._alloc import OutOfMemoryError, broken as _broken  # noqa: E402
 
 if _broken("import"):
     raise RuntimeError("fake torch: broken on purpose (FAKE_TORCH_BROKEN=import)")
@@ -92,3 +97,60 @@ class inference_mode(object):
     def __exit__(self, *exc):
         _grad.enabled, _grad.inference = self._prev
         return False
+
+
+# autocast (mixed precision), thread-local as in PyTorch: torch.autocast and torch.is_autocast_enabled
+_amp = _threading.local()
+
+
+def _before_2_4():
+    parts = (__version__.split("+")[0].split(".") + ["0"])[:2]
+    try:
+        return tuple(int(x) for x in parts) < (2, 4)
+    except ValueError:
+        return False
+
+
+def _autocast_state():
+    st = getattr(_amp, "on", None)
+    if st is None:
+        st = _amp.on = {}
+    return st
+
+
+def is_autocast_enabled(device_type=None):
+    """is_autocast_enabled(device_type) since PyTorch 2.4; without an argument (and before 2.4,
+    where it took none): CUDA's autocast."""
+    if device_type is not None and _before_2_4():
+        raise TypeError("is_autocast_enabled() takes 0 positional arguments but 1 was given")
+    return bool(_autocast_state().get(device_type or "cuda", False))
+
+
+class autocast(object):
+    """torch.autocast(device_type, dtype=None, enabled=True, cache_enabled=None): a context manager
+    (or decorator) that turns autocast on for device_type in this thread; the stand-in computes
+    nothing, so only the state changes."""
+
+    def __init__(self, device_type, dtype=None, enabled=True, cache_enabled=None):
+        self.device = device_type
+        self.fast_dtype = dtype if dtype is not None else (float16 if device_type == "cuda" else bfloat16)
+        self._enabled = bool(enabled)
+
+    def __enter__(self):
+        st = _autocast_state()
+        self._prev = st.get(self.device, False)
+        st[self.device] = self._enabled
+        return self
+
+    def __exit__(self, *exc):
+        _autocast_state()[self.device] = self._prev
+        return False
+
+    def __call__(self, func):
+        def decorate_autocast(*args, **kwargs):
+            with self:
+                return func(*args, **kwargs)
+        return decorate_autocast
+
+
+from torch import optim  # noqa: E402  (PyTorch imports torch.optim with torch)

@@ -20,7 +20,8 @@ Environment knobs for the tests:
 import ctypes
 import os
 import sys
-import threading
+
+from torch._fake_cuda import Chunk, best_fit, cuda_free, cuda_malloc, device_count, mem_get_info, round_up, runtime
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -61,48 +62,6 @@ OutOfMemoryError.__module__ = "torch"
 OutOfMemoryError.__qualname__ = "OutOfMemoryError"
 
 
-_rt = None
-_rt_lock = threading.Lock()
-
-
-def runtime():
-    global _rt
-    with _rt_lock:
-        if _rt is None:
-            rt = ctypes.CDLL("libcudart.so.13")
-            rt.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
-            rt.cudaFree.argtypes = [ctypes.c_void_p]
-            rt.cudaSetDevice.argtypes = [ctypes.c_int]
-            rt.cudaGetDevice.argtypes = [ctypes.POINTER(ctypes.c_int)]
-            rt.cudaGetDeviceCount.argtypes = [ctypes.POINTER(ctypes.c_int)]
-            rt.cudaMemGetInfo.argtypes = [ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
-            rt.cudaMallocAsync.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_void_p]
-            rt.cudaFreeAsync.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-            rt.cudaDeviceGetDefaultMemPool.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
-            rt.cudaMemPoolGetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
-            rt.cudaMemPoolTrimTo.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-            _rt = rt
-        return _rt
-
-
-def device_count():
-    n = ctypes.c_int(0)
-    if runtime().cudaGetDeviceCount(ctypes.byref(n)) != cudaSuccess:
-        runtime().cudaGetLastError()
-        return 0
-    return n.value
-
-
-def mem_get_info(device):
-    rt = runtime()
-    rt.cudaSetDevice(device)
-    free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-    if rt.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total)) != cudaSuccess:
-        rt.cudaGetLastError()
-        return 0, 0
-    return free.value, total.value
-
-
 def _fmt(n):
     return "%.2f MiB" % (n / float(MiB))
 
@@ -118,15 +77,19 @@ def _python_frames():
     return out
 
 
-class Block(object):
-    __slots__ = ("addr", "size", "requested", "allocated", "prev", "next", "segment", "frames")
+class Block(Chunk):
+    """A block of a segment (Chunk: address order, used or free); `requested` and the allocation's
+    Python frames while used."""
+    __slots__ = ("requested", "segment", "frames")
 
-    def __init__(self, addr, size, segment):
-        self.addr, self.size, self.segment = addr, size, segment
+    def __init__(self, addr, size, segment=None):
+        Chunk.__init__(self, addr, size)
+        self.segment = segment
         self.requested = 0
-        self.allocated = False
-        self.prev = self.next = None
         self.frames = []
+
+    def _new(self, addr, size):
+        return Block(addr, size, self.segment)
 
 
 class Segment(object):
@@ -135,16 +98,11 @@ class Segment(object):
         self.head = Block(addr, size, self)
 
     def blocks(self):
-        b = self.head
-        while b is not None:
-            yield b
-            b = b.next
+        return self.head.walk()
 
 
 def round_size(n):
-    if n < MIN_BLOCK:
-        return MIN_BLOCK
-    return (n + MIN_BLOCK - 1) // MIN_BLOCK * MIN_BLOCK
+    return round_up(n, MIN_BLOCK)
 
 
 def allocation_size(size):
@@ -183,34 +141,21 @@ class DeviceAllocator(object):
 
     # -- driver side
     def _cuda_malloc(self, size):
-        rt = runtime()
-        rt.cudaSetDevice(self.device)
-        p = ctypes.c_void_p(0)
-        if rt.cudaMalloc(ctypes.byref(p), size) != cudaSuccess:
-            rt.cudaGetLastError()
-            return None
-        return p.value
+        return cuda_malloc(self.device, size)
 
     def _release_free_segments(self):
         keep = []
         for s in self.segments:
-            if not s.head.allocated and s.head.next is None:
-                runtime().cudaSetDevice(self.device)
-                runtime().cudaFree(s.addr)
+            if not s.head.used and s.head.next is None:
+                cuda_free(self.device, s.addr)
             else:
                 keep.append(s)
         self.segments = keep
 
     # -- the cache
     def _best_fit(self, size, small, pool_id):
-        best = None
-        for s in self.segments:
-            if s.small != small or s.pool_id != pool_id:
-                continue
-            for b in s.blocks():
-                if not b.allocated and b.size >= size and (best is None or b.size < best.size):
-                    best = b
-        return best
+        return best_fit((b for s in self.segments if s.small == small and s.pool_id == pool_id for b in s.blocks()),
+                        size)
 
     def malloc(self, nbytes, pool_id=(0, 0)):
         size = round_size(nbytes)
@@ -242,13 +187,8 @@ class DeviceAllocator(object):
             block = seg.head
         rest = block.size - size
         if (small and rest >= MIN_BLOCK) or (not small and rest > SMALL_SIZE):
-            r = Block(block.addr + size, rest, block.segment)
-            r.prev, r.next = block, block.next
-            if block.next is not None:
-                block.next.prev = r
-            block.next = r
-            block.size = size
-        block.allocated = True
+            block.split(size)
+        block.used = True
         block.requested = nbytes
         if self.history is not None:
             block.frames = _python_frames()
@@ -258,25 +198,13 @@ class DeviceAllocator(object):
         return block
 
     def free(self, block):
-        block.allocated = False
         block.requested = 0
         block.frames = []
         if self.history is not None:
             self.trace.append({"action": "free_completed", "addr": block.addr, "size": block.size, "frames": []})
             if len(self.trace) > self.history:
                 del self.trace[:len(self.trace) - self.history]
-        n = block.next
-        if n is not None and not n.allocated:
-            block.size += n.size
-            block.next = n.next
-            if n.next is not None:
-                n.next.prev = block
-        p = block.prev
-        if p is not None and not p.allocated:
-            p.size += block.size
-            p.next = block.next
-            if block.next is not None:
-                block.next.prev = p
+        block.release()
 
     def empty_cache(self):
         self._release_free_segments()
@@ -294,7 +222,7 @@ class DeviceAllocator(object):
                 private += s.size
             split = s.head.next is not None
             for b in s.blocks():
-                if b.allocated:
+                if b.used:
                     allocated += b.size
                     requested += b.requested
                 else:
@@ -330,9 +258,9 @@ class DeviceAllocator(object):
             req = 0
             for b in s.blocks():
                 blocks.append({"address": b.addr, "size": b.size, "requested_size": b.requested,
-                               "state": "active_allocated" if b.allocated else "inactive",
-                               "frames": list(b.frames) if b.allocated else []})
-                if b.allocated:
+                               "state": "active_allocated" if b.used else "inactive",
+                               "frames": list(b.frames) if b.used else []})
+                if b.used:
                     alloc += b.size
                     req += b.requested
             out.append({"device": s.device, "address": s.addr, "total_size": s.size, "allocated_size": alloc,

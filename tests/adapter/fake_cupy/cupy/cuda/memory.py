@@ -12,6 +12,7 @@ What it copies from CuPy's pool, because oomguard's diagnosis depends on it:
 import os
 import threading
 
+from cupy._fake_cuda import Chunk, best_fit, round_up
 from cupy.cuda import runtime
 
 _ROUND = 512
@@ -27,18 +28,10 @@ class OutOfMemoryError(MemoryError):
         super().__init__(msg)
 
 
-class _Chunk(object):
-    __slots__ = ("ptr", "size", "used", "prev", "next")
-
-    def __init__(self, ptr, size):
-        self.ptr, self.size, self.used = ptr, size, False
-        self.prev = self.next = None
-
-
 class MemoryPointer(object):
     def __init__(self, pool, chunk, device):
         self._pool, self._chunk, self.device_id = pool, chunk, device
-        self.ptr = chunk.ptr
+        self.ptr = chunk.addr
         self.size = chunk.size
 
     def __del__(self):
@@ -68,20 +61,11 @@ class _SingleDeviceMemoryPool(object):
 
     def _chunks(self):
         for h in self.segments:
-            c = h
-            while c is not None:
+            for c in h.walk():
                 yield c
-                c = c.next
 
     def total(self):
-        return sum(h_size for h_size in (self._seg_size(h) for h in self.segments))
-
-    def _seg_size(self, head):
-        n, c = 0, head
-        while c is not None:
-            n += c.size
-            c = c.next
-        return n
+        return sum(c.size for c in self._chunks())
 
     def used(self):
         return sum(c.size for c in self._chunks() if c.used)
@@ -93,17 +77,14 @@ class _SingleDeviceMemoryPool(object):
         keep = []
         for h in self.segments:
             if not h.used and h.next is None:
-                runtime.free(h.ptr)
+                runtime.free(h.addr)
             else:
                 keep.append(h)
         self.segments = keep
 
     def malloc(self, size):
-        size = max(_ROUND, (int(size) + _ROUND - 1) // _ROUND * _ROUND)
-        best = None
-        for c in self._chunks():
-            if not c.used and c.size >= size and (best is None or c.size < best.size):
-                best = c
+        size = round_up(size, _ROUND)
+        best = best_fit(self._chunks(), size)
         if best is None:
             limit = self.get_limit()
             if limit and self.total() + size > limit:
@@ -118,32 +99,15 @@ class _SingleDeviceMemoryPool(object):
                     ptr = runtime.malloc(size)
                 except runtime.CUDARuntimeError:
                     raise OutOfMemoryError(size, self.total()) from None
-            best = _Chunk(ptr, size)
+            best = Chunk(ptr, size)
             self.segments.append(best)
         if best.size - size >= _ROUND:
-            r = _Chunk(best.ptr + size, best.size - size)
-            r.prev, r.next = best, best.next
-            if best.next is not None:
-                best.next.prev = r
-            best.next = r
-            best.size = size
+            best.split(size)
         best.used = True
         return best
 
     def free(self, c):
-        c.used = False
-        n = c.next
-        if n is not None and not n.used:
-            c.size += n.size
-            c.next = n.next
-            if n.next is not None:
-                n.next.prev = c
-        p = c.prev
-        if p is not None and not p.used:
-            p.size += c.size
-            p.next = c.next
-            if c.next is not None:
-                c.next.prev = p
+        c.release()
 
 
 class MemoryPool(object):

@@ -1,10 +1,9 @@
 """cupy.cuda.runtime, as far as the stand-in uses it: the CUDA runtime through ctypes (the simulated
 GPU in the tests, so every allocation goes through liboomguard's hooks)."""
-import ctypes
 import threading
 
-_rt = None
-_lock = threading.Lock()
+from cupy import _fake_cuda as _cuda
+
 _tls = threading.local()
 
 
@@ -14,56 +13,29 @@ class CUDARuntimeError(RuntimeError):
         super().__init__("cudaErrorMemoryAllocation: out of memory" if status == 2 else "CUDA error %d" % status)
 
 
-def _lib():
-    global _rt
-    with _lock:
-        if _rt is None:
-            rt = ctypes.CDLL("libcudart.so.13")
-            rt.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
-            rt.cudaFree.argtypes = [ctypes.c_void_p]
-            rt.cudaSetDevice.argtypes = [ctypes.c_int]
-            rt.cudaGetDeviceCount.argtypes = [ctypes.POINTER(ctypes.c_int)]
-            rt.cudaMemGetInfo.argtypes = [ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
-            _rt = rt
-        return _rt
-
-
 def getDevice():
     return getattr(_tls, "device", 0)
 
 
 def setDevice(device):
     _tls.device = int(device)
-    _lib().cudaSetDevice(int(device))
+    _cuda.runtime().cudaSetDevice(int(device))
 
 
 def getDeviceCount():
-    n = ctypes.c_int(0)
-    if _lib().cudaGetDeviceCount(ctypes.byref(n)) != 0:
-        _lib().cudaGetLastError()
-        return 0
-    return n.value
+    return _cuda.device_count()
 
 
 def memGetInfo():
-    free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-    _lib().cudaSetDevice(getDevice())
-    if _lib().cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total)) != 0:
-        _lib().cudaGetLastError()
-        return 0, 0
-    return free.value, total.value
+    return _cuda.mem_get_info(getDevice())
 
 
 def malloc(size):
-    p = ctypes.c_void_p(0)
-    _lib().cudaSetDevice(getDevice())
-    st = _lib().cudaMalloc(ctypes.byref(p), size)
-    if st != 0:
-        _lib().cudaGetLastError()
+    st, ptr = _cuda.malloc(getDevice(), size)
+    if ptr is None:
         raise CUDARuntimeError(st)
-    return p.value
+    return ptr
 
 
 def free(ptr):
-    _lib().cudaSetDevice(getDevice())
-    _lib().cudaFree(ptr)
+    _cuda.cuda_free(getDevice(), ptr)

@@ -15,59 +15,16 @@ What it copies from XLA's GPU client, because oomguard's diagnosis depends on it
     bytes_reserved, peak_bytes_reserved, largest_free_block_bytes, pool_bytes, peak_pool_bytes,
     num_allocs.
 """
-import ctypes
 import os
 import threading
 
+from jax._fake_cuda import Chunk, best_fit, cuda_free, cuda_malloc, device_count, mem_get_info, round_up  # noqa: F401
 from jax.errors import JaxRuntimeError
 
 MiB = 1 << 20
 ROUND = 256
 
-_rt = None
 _lock = threading.RLock()
-
-
-def runtime():
-    global _rt
-    with _lock:
-        if _rt is None:
-            rt = ctypes.CDLL("libcudart.so.13")
-            rt.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
-            rt.cudaFree.argtypes = [ctypes.c_void_p]
-            rt.cudaSetDevice.argtypes = [ctypes.c_int]
-            rt.cudaGetDeviceCount.argtypes = [ctypes.POINTER(ctypes.c_int)]
-            rt.cudaMemGetInfo.argtypes = [ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
-            _rt = rt
-        return _rt
-
-
-def device_count():
-    n = ctypes.c_int(0)
-    if runtime().cudaGetDeviceCount(ctypes.byref(n)) != 0:
-        runtime().cudaGetLastError()
-        return 0
-    return n.value
-
-
-def mem_get_info(device):
-    rt = runtime()
-    rt.cudaSetDevice(device)
-    free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-    if rt.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total)) != 0:
-        rt.cudaGetLastError()
-        return 0, 0
-    return free.value, total.value
-
-
-def _cuda_malloc(device, size):
-    rt = runtime()
-    rt.cudaSetDevice(device)
-    p = ctypes.c_void_p(0)
-    if rt.cudaMalloc(ctypes.byref(p), size) != 0:
-        rt.cudaGetLastError()
-        return None
-    return p.value
 
 
 def _env_bool(name, default):
@@ -79,14 +36,6 @@ def _env_bool(name, default):
 
 def _oom(n):
     return JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate %d bytes." % n)
-
-
-class Chunk(object):
-    __slots__ = ("addr", "size", "used", "prev", "next")
-
-    def __init__(self, addr, size):
-        self.addr, self.size, self.used = addr, size, False
-        self.prev = self.next = None
 
 
 class BFCAllocator(object):
@@ -105,7 +54,7 @@ class BFCAllocator(object):
                 raise JaxRuntimeError("INTERNAL: failed to preallocate %d bytes of GPU memory" % self.bytes_limit)
 
     def _add_region(self, size):
-        addr = _cuda_malloc(self.device, size)
+        addr = cuda_malloc(self.device, size)
         if addr is None:
             return False
         head = Chunk(addr, size)
@@ -116,21 +65,15 @@ class BFCAllocator(object):
 
     def _chunks(self):
         for _, _, head in self.regions:
-            c = head
-            while c is not None:
+            for c in head.walk():
                 yield c
-                c = c.next
 
     def _best_fit(self, size):
-        best = None
-        for c in self._chunks():
-            if not c.used and c.size >= size and (best is None or c.size < best.size):
-                best = c
-        return best
+        return best_fit(self._chunks(), size)
 
     def allocate(self, nbytes):
         with _lock:
-            size = max(ROUND, (int(nbytes) + ROUND - 1) // ROUND * ROUND)
+            size = round_up(nbytes, ROUND)
             c = self._best_fit(size)
             if c is None and not self.preallocate:
                 # grow, never past bytes_limit: XLA refuses beyond it without asking the driver
@@ -142,12 +85,7 @@ class BFCAllocator(object):
             if c is None:
                 raise _oom(size)
             if c.size - size >= ROUND:
-                r = Chunk(c.addr + size, c.size - size)
-                r.prev, r.next = c, c.next
-                if c.next is not None:
-                    c.next.prev = r
-                c.next = r
-                c.size = size
+                c.split(size)
             c.used = True
             self.in_use += c.size
             self.num_allocs += 1
@@ -157,20 +95,8 @@ class BFCAllocator(object):
 
     def free(self, c):
         with _lock:
-            c.used = False
             self.in_use -= c.size
-            n = c.next
-            if n is not None and not n.used:
-                c.size += n.size
-                c.next = n.next
-                if n.next is not None:
-                    n.next.prev = c
-            p = c.prev
-            if p is not None and not p.used:
-                p.size += c.size
-                p.next = c.next
-                if c.next is not None:
-                    c.next.prev = p
+            c.release()
 
     def stats(self):
         with _lock:
@@ -190,7 +116,7 @@ class PlatformAllocator(object):
         self.in_use = self.peak_in_use = self.num_allocs = 0
 
     def allocate(self, nbytes):
-        addr = _cuda_malloc(self.device, max(1, int(nbytes)))
+        addr = cuda_malloc(self.device, max(1, int(nbytes)))
         if addr is None:
             raise _oom(int(nbytes))
         self.in_use += int(nbytes)
@@ -199,8 +125,7 @@ class PlatformAllocator(object):
         return (addr, int(nbytes))
 
     def free(self, block):
-        runtime().cudaSetDevice(self.device)
-        runtime().cudaFree(block[0])
+        cuda_free(self.device, block[0])
         self.in_use -= block[1]
 
     def stats(self):

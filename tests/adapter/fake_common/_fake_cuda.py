@@ -1,0 +1,138 @@
+"""What the stand-in frameworks (fake_torch, fake_jax, fake_cupy, fake_tf) share: the CUDA runtime
+reached through ctypes -- the simulated GPU in the tests, so every region goes through
+liboomguard's hooks -- and the chunk list their allocators carve regions into (best fit, split,
+merged with free neighbours when released), as the real allocators do.
+
+Test code only.  Each stand-in package appends this directory to its own __path__ and imports
+this file as <package>._fake_cuda: it is found wherever the stand-in is on sys.path, and nothing
+else can import it (it is on no sys.path entry, and the real frameworks know nothing of it)."""
+import ctypes
+import threading
+
+_rt = None
+_lock = threading.Lock()
+_P = ctypes.POINTER
+_ARGTYPES = (
+    ("cudaMalloc", [_P(ctypes.c_void_p), ctypes.c_size_t]),
+    ("cudaFree", [ctypes.c_void_p]),
+    ("cudaSetDevice", [ctypes.c_int]),
+    ("cudaGetDevice", [_P(ctypes.c_int)]),
+    ("cudaGetDeviceCount", [_P(ctypes.c_int)]),
+    ("cudaMemGetInfo", [_P(ctypes.c_size_t), _P(ctypes.c_size_t)]),
+    ("cudaMallocAsync", [_P(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_void_p]),
+    ("cudaFreeAsync", [ctypes.c_void_p, ctypes.c_void_p]),
+    ("cudaDeviceGetDefaultMemPool", [_P(ctypes.c_void_p), ctypes.c_int]),
+    ("cudaMemPoolGetAttribute", [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]),
+    ("cudaMemPoolTrimTo", [ctypes.c_void_p, ctypes.c_size_t]),
+)
+
+
+def runtime():
+    """libcudart.so.13 through ctypes, loaded once."""
+    global _rt
+    with _lock:
+        if _rt is None:
+            rt = ctypes.CDLL("libcudart.so.13")
+            for name, argtypes in _ARGTYPES:
+                getattr(rt, name).argtypes = argtypes
+            _rt = rt
+        return _rt
+
+
+def device_count():
+    n = ctypes.c_int(0)
+    if runtime().cudaGetDeviceCount(ctypes.byref(n)) != 0:
+        runtime().cudaGetLastError()
+        return 0
+    return n.value
+
+
+def mem_get_info(device):
+    """(free, total) bytes of `device`, (0, 0) when the runtime cannot say."""
+    rt = runtime()
+    rt.cudaSetDevice(device)
+    free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    if rt.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total)) != 0:
+        rt.cudaGetLastError()
+        return 0, 0
+    return free.value, total.value
+
+
+def malloc(device, size):
+    """(status, address) of cudaMalloc on `device`; address None on a failure, whose error is
+    cleared as the real allocators do before they retry or raise."""
+    rt = runtime()
+    rt.cudaSetDevice(device)
+    p = ctypes.c_void_p(0)
+    st = rt.cudaMalloc(ctypes.byref(p), size)
+    if st != 0:
+        rt.cudaGetLastError()
+        return st, None
+    return 0, p.value
+
+
+def cuda_malloc(device, size):
+    """The address, or None when cudaMalloc failed."""
+    return malloc(device, size)[1]
+
+
+def cuda_free(device, addr):
+    runtime().cudaSetDevice(device)
+    runtime().cudaFree(addr)
+
+
+def round_up(n, unit):
+    """n rounded up to a multiple of unit, at least unit."""
+    return max(unit, (int(n) + unit - 1) // unit * unit)
+
+
+class Chunk(object):
+    """A piece of a region, in the region's address order (prev/next); used or free."""
+    __slots__ = ("addr", "size", "used", "prev", "next")
+
+    def __init__(self, addr, size):
+        self.addr, self.size, self.used = addr, size, False
+        self.prev = self.next = None
+
+    def walk(self):
+        """This chunk and the ones after it (from a region's head: the whole region)."""
+        c = self
+        while c is not None:
+            yield c
+            c = c.next
+
+    def _new(self, addr, size):
+        return type(self)(addr, size)
+
+    def split(self, size):
+        """Keeps the first `size` bytes; the rest becomes a free chunk right after this one."""
+        r = self._new(self.addr + size, self.size - size)
+        r.prev, r.next = self, self.next
+        if self.next is not None:
+            self.next.prev = r
+        self.next = r
+        self.size = size
+
+    def _absorb_next(self):
+        n = self.next
+        self.size += n.size
+        self.next = n.next
+        if n.next is not None:
+            n.next.prev = self
+
+    def release(self):
+        """Marks the chunk free and merges it with free neighbours."""
+        self.used = False
+        if self.next is not None and not self.next.used:
+            self._absorb_next()
+        if self.prev is not None and not self.prev.used:
+            self.prev._absorb_next()
+
+
+def best_fit(chunks, size):
+    """The smallest free chunk of at least `size` bytes among `chunks`, or None."""
+    best = None
+    for c in chunks:
+        if not c.used and c.size >= size and (best is None or c.size < best.size):
+            best = c
+    return best

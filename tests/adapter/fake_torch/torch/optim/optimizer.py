@@ -1,0 +1,63 @@
+"""torch.optim.optimizer: Optimizer and the global step hooks.
+
+register_optimizer_step_post_hook(hook) exists from PyTorch 2.0 (FAKE_TORCH_VERSION below 2.0
+leaves it out, as older versions had none); hook(optimizer, args, kwargs) runs after every
+optimizer's step(), with the arguments step() was given."""
+import collections
+
+import torch
+
+_global_optimizer_post_hooks = collections.OrderedDict()
+_next_id = [0]
+
+
+class RemovableHandle(object):
+    """torch.utils.hooks.RemovableHandle, as far as needed here."""
+
+    def __init__(self, hooks, key):
+        self._hooks, self.id = hooks, key
+
+    def remove(self):
+        self._hooks.pop(self.id, None)
+
+
+def register_optimizer_step_post_hook(hook):
+    _next_id[0] += 1
+    _global_optimizer_post_hooks[_next_id[0]] = hook
+    return RemovableHandle(_global_optimizer_post_hooks, _next_id[0])
+
+
+def _before(major, minor):
+    parts = (torch.__version__.split("+")[0].split(".") + ["0"])[:2]
+    try:
+        return tuple(int(x) for x in parts) < (major, minor)
+    except ValueError:
+        return False
+
+
+if _before(2, 0):
+    del register_optimizer_step_post_hook
+
+
+class Optimizer(object):
+    def __init__(self, params, defaults):
+        self.defaults = dict(defaults)
+        self.state = {}
+        group = dict(defaults)
+        group["params"] = list(params)
+        self.param_groups = [group]
+
+    def zero_grad(self, set_to_none=True):
+        pass
+
+    def _update(self):
+        pass
+
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        self._update()
+        args = (closure,) if closure is not None else ()
+        # PyTorch iterates its dict of global hooks itself: a hook must not remove itself here
+        for hook in _global_optimizer_post_hooks.values():
+            hook(self, args, {})
+        return loss
