@@ -248,6 +248,7 @@ typedef struct dctx {
     bool larger_than_device;
     uint64_t capacity, growth_rise, imbalance_excess, nonfw_excess;
     int load_steps;                   /* growth's steps that were a load instead (0 none) */
+    uint64_t load_step_bytes;         /* what each of those steps added (the median) */
     int nchildren;
     bool other_inferred;              /* `other` inferred from total - free - tracked (no NVML) */
 } dctx_t;
@@ -976,6 +977,7 @@ static bool growth_for(dctx_t *d, og_cause_t *c, uint64_t size, bool failing_siz
      * established working set (the weights came first) */
     if ((double)per_step * 40 >= (double)d->total && lows[0] < 2 * per_step) {
         d->load_steps = steps;
+        d->load_step_bytes = per_step;
         return false;
     }
     /* a rise the framework's measured cache accounts for is the cache (a pool that keeps what it
@@ -1182,8 +1184,11 @@ static bool c_does_not_fit(dctx_t *d, og_cause_t *c)
     /* a load builds what the process holds: a run of equal blocks on top of a larger working set
      * (a forward pass, an optimizer's state) is the job's own, not weights arriving */
     bool built = (double)held_before < (double)run * (double)d->req;
-    if (run < 4 && d->load_steps >= 4) {
-        run = d->load_steps;          /* a slow load: its pieces arrive one step at a time */
+    /* a slow load: its pieces arrive one step at a time, and the failing request is the next piece
+     * (a request far larger than a piece, e.g. the logits after a forward pass whose layers looked
+     * like load steps, is not part of it) */
+    if (run < 4 && d->load_steps >= 4 && (double)d->req <= 1.5 * (double)d->load_step_bytes) {
+        run = d->load_steps;
         built = true;
     }
     if (run >= 4 && (built || earlier >= 4)) {
