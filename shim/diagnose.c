@@ -1191,6 +1191,10 @@ static bool c_does_not_fit(dctx_t *d, og_cause_t *c)
         run = d->load_steps;
         built = true;
     }
+    /* after optimizer steps the weights were loaded long ago: a run of equal blocks now is a batch
+     * (an evaluation's outputs, a bigger validation batch), unless a second copy sits beside them */
+    if (r->memory.fw.has && r->memory.fw.training == 1 && earlier < 4)
+        built = false;
     if (run >= 4 && (built || earlier >= 4)) {
         ev_text(c, "phase", "%s", earlier >= 4 ? "second_load" : "loading");
         ev_num(c, "load_allocations", run);

@@ -771,14 +771,23 @@ static bool b_mixed_precision(const rctx_t *x, og_remedy_t *r)
 
 static bool b_smaller_batch(const rctx_t *x, og_remedy_t *r)
 {
-    if (no_autograd_job(x) && (x->fw == OG_FW_PYTORCH || x->fw == OG_FW_UNKNOWN)) {
-        why(r, "Without autograd what grows with the batch is the activations and, when generating, the KV cache of "
-            "every sequence: half the sequences at once, half of it; no accumulation is needed.");
+    /* autograd off at the failure: generation, inference or a validation pass, where the batch shrinks
+     * without gradient accumulation */
+    if (x->grad == -1 && (x->fw == OG_FW_PYTORCH || x->fw == OG_FW_UNKNOWN)) {
+        if (x->training == 1)
+            why(r, "Autograd was off at the failure inside a training job: a validation or evaluation pass. Its "
+                "batch can be smaller than training's, with nothing to accumulate; memory falls with it.");
+        else
+            why(r, "Without autograd what grows with the batch is the activations and, when generating, the KV "
+                "cache of every sequence: half the sequences at once, half of it; no accumulation is needed.");
         activations_vs_shortfall(x, r, 0.5, "halving the batch");
-        r->title = "Smaller batch (fewer sequences at once)";
+        r->title = "Smaller batch (fewer samples at once)";
         r->cost = "More, smaller calls; nothing to accumulate without training";
-        how(r, "%sfor i in range(0, len(prompts), 16): model.generate(prompts[i:i + 16], ...)   # fewer sequences "
-            "per call", pt(x));
+        if (x->training == 1)
+            how(r, "%sval_loader = DataLoader(val_set, batch_size=train_batch_size // 2)   # or smaller", pt(x));
+        else
+            how(r, "%sfor i in range(0, len(prompts), 16): model.generate(prompts[i:i + 16], ...)   # fewer "
+                "sequences per call", pt(x));
         how(r, "%sDataLoader(dataset, batch_size=batch_size // 2)   # evaluation: no gradient accumulation needed",
             pt(x));
         return true;
@@ -1441,6 +1450,8 @@ void og_select_remedies(og_record_t *rec)
         order[R_MIXED] = 1000;
     if (!known_inference)
         order[R_INFERENCE] = 95;            /* after the training remedies unless known to be inference */
+    if (x.grad == -1)
+        order[R_SMALLER_BATCH] = 65;        /* without autograd a smaller batch costs nothing in accuracy */
     /* limit: a cap set on purpose (a smaller card emulated, or a shared GPU) is not the first thing to change */
     order[R_RAISE_LIMIT] = 900;
 
