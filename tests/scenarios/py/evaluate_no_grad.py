@@ -15,31 +15,20 @@ import torch
 import scen_truth
 
 MiB = 1 << 20
-_last = {}
-
-
-def empty(n):
-    """torch.empty(n), remembering what the allocator reserved just before the call"""
-    _last["n"] = n
-    _last["reserved"] = torch.cuda.memory_reserved()
-    return torch.empty(n)
 
 
 model = [torch.empty(512 * MiB) for _ in range(12)]          # 6 GiB of weights
 all_logits = []
 for batch in range(10000):
     try:
-        tmp = empty(256 * MiB)                               # attention scratch
+        tmp = scen_truth.torch_empty(256 * MiB)                               # attention scratch
         acts = []
         for blk in range(4):
-            acts.append(empty(256 * MiB))                    # saved for backward
+            acts.append(scen_truth.torch_empty(256 * MiB))                    # saved for backward
         del tmp
-        logits = empty(64 * MiB)
+        logits = scen_truth.torch_empty(64 * MiB)
     except torch.OutOfMemoryError:
-        st = torch.cuda.memory_stats()                       # (everything allocated is still referenced)
-        scen_truth.mark("fail", 0, scen_truth.torch_segment_size(_last["n"]),
-                        allocated=st["allocated_bytes.all.current"], reserved=st["reserved_bytes.all.current"],
-                        released=_last["reserved"] - st["reserved_bytes.all.current"], fw=1)
+        scen_truth.torch_oom_mark()
         raise
     all_logits.append((logits, acts))
     time.sleep(0.02)

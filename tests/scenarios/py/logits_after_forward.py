@@ -17,27 +17,17 @@ import torch
 import scen_truth
 
 MiB = 1 << 20
-_last = {}
-
-
-def empty(n):
-    _last["n"] = n
-    _last["reserved"] = torch.cuda.memory_reserved()
-    return torch.empty(n)
 
 
 try:
-    weights = [empty(100 * MiB) for _ in range(32)]          # 3.2 GiB of weights
+    weights = [scen_truth.torch_empty(100 * MiB) for _ in range(32)]          # 3.2 GiB of weights
     saved = []
     for layer in range(16):
-        saved.append(empty(320 * MiB))                       # attention output, saved for backward
-        saved.append(empty(352 * MiB))                       # MLP activation, saved for backward
+        saved.append(scen_truth.torch_empty(320 * MiB))                       # attention output, saved for backward
+        saved.append(scen_truth.torch_empty(352 * MiB))                       # MLP activation, saved for backward
         time.sleep(0.002)
-    logits = empty(12288 * MiB)
+    logits = scen_truth.torch_empty(12288 * MiB)
 except torch.OutOfMemoryError:
-    st = torch.cuda.memory_stats()
-    scen_truth.mark("fail", 0, scen_truth.torch_segment_size(_last["n"]),
-                    allocated=st["allocated_bytes.all.current"], reserved=st["reserved_bytes.all.current"],
-                    released=_last["reserved"] - st["reserved_bytes.all.current"], fw=1)
+    scen_truth.torch_oom_mark()
     raise
 sys.exit(0)

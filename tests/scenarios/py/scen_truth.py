@@ -54,3 +54,25 @@ def torch_segment_size(nbytes):
     """The cudaMalloc the stand-in torch makes for a tensor of nbytes (a cache miss)."""
     from torch import _alloc
     return _alloc.allocation_size(_alloc.round_size(nbytes))
+
+
+_last = {}
+
+
+def torch_empty(nbytes, device=None):
+    """torch.empty(nbytes) (stand-in torch: bytes), remembering the request and what the allocator
+    reserved just before it, for torch_oom_mark."""
+    import torch
+    _last["n"] = nbytes
+    _last["reserved"] = torch.cuda.memory_reserved()
+    return torch.empty(nbytes) if device is None else torch.empty(nbytes, device=device)
+
+
+def torch_oom_mark(device=0):
+    """The truth at a torch.OutOfMemoryError raised by the last torch_empty: the simulator's books
+    plus what the allocator says it holds and released between its attempts."""
+    import torch
+    st = torch.cuda.memory_stats()
+    mark("fail", device, torch_segment_size(_last["n"]), allocated=st["allocated_bytes.all.current"],
+         reserved=st["reserved_bytes.all.current"], released=_last["reserved"] - st["reserved_bytes.all.current"],
+         fw=1)

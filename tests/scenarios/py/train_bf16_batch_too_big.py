@@ -23,13 +23,6 @@ import scen_truth
 
 MiB = 1 << 20
 LAYERS = 8
-_last = {}
-
-
-def empty(n):
-    _last["n"] = n
-    _last["reserved"] = torch.cuda.memory_reserved()
-    return torch.empty(n, device="cuda")
 
 
 def forward(batch, acts):
@@ -38,8 +31,8 @@ def forward(batch, acts):
     the vocabulary, the largest tensor of the step (24 x 2048 tokens x 65536 x 2 bytes = 6 GiB)."""
     for layer in range(LAYERS):
         for size in (384, 448, 512):
-            acts.append(empty(size * MiB))
-    acts.append(empty(6144 * MiB))
+            acts.append(scen_truth.torch_empty(size * MiB, device="cuda"))
+    acts.append(scen_truth.torch_empty(6144 * MiB, device="cuda"))
 
 
 def backward(acts, params):
@@ -49,13 +42,13 @@ def backward(acts, params):
     while acts:
         acts.pop()
         if len(grads) < len(params) and len(acts) % 2 == 0:
-            grads.append(empty(params[len(grads)].nbytes))
+            grads.append(scen_truth.torch_empty(params[len(grads)].nbytes, device="cuda"))
     return grads
 
 
 acts = []                       # module level: still alive at the failure, as in a real forward pass
 try:
-    params = [empty(256 * MiB) for _ in range(12)]                 # 0.8B fp32 parameters
+    params = [scen_truth.torch_empty(256 * MiB, device="cuda") for _ in range(12)]                 # 0.8B fp32 parameters
     optimizer = torch.optim.AdamW(params, lr=1e-4)
     for step in range(100):
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -65,9 +58,6 @@ try:
         optimizer.zero_grad()
         del grads                                                  # zero_grad(set_to_none=True)
 except torch.OutOfMemoryError:
-    st = torch.cuda.memory_stats()
-    scen_truth.mark("fail", 0, scen_truth.torch_segment_size(_last["n"]),
-                    allocated=st["allocated_bytes.all.current"], reserved=st["reserved_bytes.all.current"],
-                    released=_last["reserved"] - st["reserved_bytes.all.current"], fw=1)
+    scen_truth.torch_oom_mark()
     raise
 sys.exit(0)

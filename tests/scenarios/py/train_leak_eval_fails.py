@@ -21,32 +21,22 @@ import torch
 import scen_truth
 
 MiB = 1 << 20
-_last = {}
-
-
-def empty(n):
-    _last["n"] = n
-    _last["reserved"] = torch.cuda.memory_reserved()
-    return torch.empty(n)
 
 
 try:
-    weights = [empty(256 * MiB) for _ in range(16)]            # 4 GiB model
+    weights = [scen_truth.torch_empty(256 * MiB) for _ in range(16)]            # 4 GiB model
     losses = []
     for step in range(300):
-        acts = [empty(512 * MiB) for _ in range(8)]            # forward activations, freed after backward
-        loss = empty(64 * MiB)                                 # the loss and the graph it keeps
+        acts = [scen_truth.torch_empty(512 * MiB) for _ in range(8)]            # forward activations, freed after backward
+        loss = scen_truth.torch_empty(64 * MiB)                                 # the loss and the graph it keeps
         losses.append(loss)
         del acts
         time.sleep(0.005)
         if step % 50 == 49:
             with torch.no_grad():
-                out = [empty(3072 * MiB) for _ in range(2)]    # validation buffers
+                out = [scen_truth.torch_empty(3072 * MiB) for _ in range(2)]    # validation buffers
                 del out
 except torch.OutOfMemoryError:
-    st = torch.cuda.memory_stats()
-    scen_truth.mark("fail", 0, scen_truth.torch_segment_size(_last["n"]),
-                    allocated=st["allocated_bytes.all.current"], reserved=st["reserved_bytes.all.current"],
-                    released=_last["reserved"] - st["reserved_bytes.all.current"], fw=1)
+    scen_truth.torch_oom_mark()
     raise
 sys.exit(0)

@@ -18,32 +18,22 @@ import torch
 import scen_truth
 
 MiB = 1 << 20
-_last = {}
-
-
-def empty(n):
-    _last["n"] = n
-    _last["reserved"] = torch.cuda.memory_reserved()
-    return torch.empty(n)
 
 
 try:
     outs = []
-    params = [empty(256 * MiB) for _ in range(8)]                # 2 GiB model
+    params = [scen_truth.torch_empty(256 * MiB) for _ in range(8)]                # 2 GiB model
     opt = torch.optim.AdamW(params, lr=1e-4)
     for step in range(40):
-        acts = [empty(768 * MiB) for _ in range(8)]              # 6 GiB of activations, freed after backward
+        acts = [scen_truth.torch_empty(768 * MiB) for _ in range(8)]              # 6 GiB of activations, freed after backward
         del acts
         opt.step()
         time.sleep(0.01)
     with torch.no_grad():
         outs = []                                                # (kept alive here for the truth mark)
         for _ in range(6):
-            outs.append(empty(3072 * MiB))                       # the validation batch: 18 GiB
+            outs.append(scen_truth.torch_empty(3072 * MiB))                       # the validation batch: 18 GiB
 except torch.OutOfMemoryError:
-    st = torch.cuda.memory_stats()
-    scen_truth.mark("fail", 0, scen_truth.torch_segment_size(_last["n"]),
-                    allocated=st["allocated_bytes.all.current"], reserved=st["reserved_bytes.all.current"],
-                    released=_last["reserved"] - st["reserved_bytes.all.current"], fw=1)
+    scen_truth.torch_oom_mark()
     raise
 sys.exit(0)
