@@ -67,11 +67,16 @@ typedef struct oomguard_framework_stats {
     uint64_t flags;                      /* OOMGUARD_FW_* */
     /* added later (read only when struct_size covers it) */
     int32_t autocast;                    /* 1 on at the failure, -1 off, 0 unknown */
+    /* added later (read only when struct_size covers it and flags has OOMGUARD_FW_FREED_KNOWN:
+     * 0 is a real answer here, so a zeroed field must not pass for it) */
+    uint64_t freed_bytes_total;          /* bytes the framework's allocator freed over the process's life */
 } oomguard_framework_stats_t;
 
 /* flags: the byte counts above were not filled (only the Python lines, e.g. from a query):
  * the shim keeps the numbers it had. */
 #define OOMGUARD_FW_NO_NUMBERS 1u
+/* freed_bytes_total was measured (PyTorch: memory_stats()["allocated_bytes.all.freed"]) */
+#define OOMGUARD_FW_FREED_KNOWN 2u
 
 /* Returns 0, or -1 for a NULL struct or one older than the first release of this struct. Safe from any thread, at any time.
  * Called while a failure on that device is still open (an adapter's out-of-memory hook),

@@ -82,6 +82,11 @@
  *                (does_not_fit then says "loading").  Markers back to back (nothing between, < 0.25 ms apart) are one burst, one
  *                step: a load of many equal shards is not many steps.  Otherwise wall time is not
  *                used, so a 1 ms leak is a leak and a slow load of other sizes is a load.
+ *                One pass is not a leak: when the framework reports what it freed over its life
+ *                (PyTorch allocated_bytes.all.freed) and that is < 10% of the rise, the steps are
+ *                one pass keeping what it makes (a forward pass keeping each layer's activations),
+ *                not iterations, which free their temporaries; no growth, and does_not_fit does
+ *                not call it a load.  An unknown freed total (no adapter) is not zero.
  *                conf = 0.5 + 0.25*clamp((steps - 6)/26) + 0.2*clamp((rising_share - rs)/(1 - rs)).
  * does_not_fit   req > free + reclaim.  A request larger than the device (or the limit) is named as
  *                such: 1.0.  Otherwise 0.95 when every input is measured; 0.65 when the framework
@@ -249,6 +254,7 @@ typedef struct dctx {
     uint64_t capacity, growth_rise, imbalance_excess, nonfw_excess;
     int load_steps;                   /* growth's steps that were a load instead (0 none) */
     uint64_t load_step_bytes;         /* what each of those steps added (the median) */
+    bool pass_built;                  /* rising steps over a working set with nothing freed: one pass */
     int nchildren;
     bool other_inferred;              /* `other` inferred from total - free - tracked (no NVML) */
 } dctx_t;
@@ -896,6 +902,9 @@ static bool c_non_framework(dctx_t *d, og_cause_t *c)
 #define GROWTH_MIN_STEPS 6
 #define GROWTH_MAX_STEPS 512
 #define GROWTH_BURST_S 0.00025
+/* the framework freed under this share of the rise over its whole life: the rising steps are one
+ * pass building up, not iterations (the leaks of the corpus free >= 23% of it: py_evaluate_no_grad) */
+#define GROWTH_MIN_FREED_SHARE 0.1
 #define LOAD_GAP_S 0.1           /* a pause this long between equal allocations ends a load */   /* markers closer than this with nothing between: one burst */
 
 static int cmp_u64(const void *a, const void *b)
@@ -986,6 +995,14 @@ static bool growth_for(dctx_t *d, og_cause_t *c, uint64_t size, bool failing_siz
         return false;
     if (d->app_slack && 2 * d->app_slack >= rise)
         return false;                /* the application's pool keeping what it handed out */
+    /* a loop that leaks frees its temporaries every iteration; one pass that builds up (the first
+     * forward of a too-big batch: a step per layer, each activation kept for backward) has freed
+     * (almost) nothing.  Unknown (no adapter, or one that cannot tell) is not zero. */
+    const og_framework_view_t *fw = &r->memory.fw;
+    if (fw->has && fw->freed_known && (double)fw->freed_bytes_total < GROWTH_MIN_FREED_SHARE * (double)rise) {
+        d->pass_built = true;
+        return false;
+    }
     c->id = og_cause_ids[OG_CAUSE_GROWTH];
     c->confidence = 0.5 + 0.25 * clamp01((double)(steps - GROWTH_MIN_STEPS) / 26) +
                     0.2 * clamp01(rs < 1 ? (rising_share - rs) / (1 - rs) : 1);
@@ -1007,6 +1024,8 @@ static bool growth_for(dctx_t *d, og_cause_t *c, uint64_t size, bool failing_siz
     d->growth_rise = rise;
     ev_text(c, "rising_steps", "%d of %d", rising, transitions);
     ev_num(c, "steps", steps);
+    if (fw->has && fw->freed_known)
+        ev_bytes(c, "framework_freed_bytes", fw->freed_bytes_total);
     /* which allocations mark the steps: the failing call's size says the failure is one more step */
     ev_text(c, "step_marker", "%s", size == UINT64_MAX ? "every_allocation" : failing_size ? "failing_size"
                                                                                             : "modal_size");
@@ -1187,7 +1206,10 @@ static bool c_does_not_fit(dctx_t *d, og_cause_t *c)
     /* a slow load: its pieces arrive one step at a time, and the failing request is the next piece
      * (a request far larger than a piece, e.g. the logits after a forward pass whose layers looked
      * like load steps, is not part of it) */
-    if (run < 4 && d->load_steps >= 4 && (double)d->req <= 1.5 * (double)d->load_step_bytes) {
+    /* ... unless the rising steps sat on a working set and nothing was freed (growth_for): one
+     * forward pass keeping each layer's activations, whose weights, merged into one burst, made
+     * the every-allocation steps look like a load from nothing */
+    if (run < 4 && d->load_steps >= 4 && !d->pass_built && (double)d->req <= 1.5 * (double)d->load_step_bytes) {
         run = d->load_steps;
         built = true;
     }

@@ -288,6 +288,10 @@ static void w_memory(og_sb_t *sb, const og_record_t *r)
                      f->grad_enabled > 0 ? "true" : f->grad_enabled < 0 ? "false" : "null",
                      f->training > 0 ? "true" : f->training < 0 ? "false" : "null",
                      f->autocast > 0 ? "true" : f->autocast < 0 ? "false" : "null");
+        if (f->freed_known)
+            og_sb_printf(sb, ",\"freed_bytes_total\":%llu", (unsigned long long)f->freed_bytes_total);
+        else
+            og_sb_puts(sb, ",\"freed_bytes_total\":null");
         uint64_t cached = f->reserved_bytes > f->allocated_bytes ? f->reserved_bytes - f->allocated_bytes : 0;
         /* 1 - largest free block / free cached bytes; null when either is unknown */
         if (cached && f->largest_free_block_bytes)

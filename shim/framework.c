@@ -102,6 +102,10 @@ static int fill_view(og_framework_view_t *v, const oomguard_framework_stats_t *s
             v->training = s->training;
         if (HAS(s, autocast))
             v->autocast = s->autocast;
+        if (HAS(s, freed_bytes_total) && (flags & OOMGUARD_FW_FREED_KNOWN)) {
+            v->freed_known = true;
+            v->freed_bytes_total = s->freed_bytes_total;
+        }
     }
     if (HAS(s, python_stack) && s->python_stack)
         v->npy_frames = parse_lines(s->python_stack, v->py_frames, 24, false);

@@ -918,6 +918,27 @@ static void array_note(uint64_t handle, uint64_t t)
     pthread_mutex_unlock(&array_lock);
 }
 
+/* A block the driver no longer knows leaves the ledger: addr's block, if it is still the one
+ * made at `made` (not a newer one at the same address) and has the flags `need`; its bytes
+ * are added to gone_bytes[its device]. */
+static void drop_if_same(uint64_t addr, uint64_t made, int need, uint64_t t, uint64_t *gone_bytes)
+{
+    og_block_t *b = NULL;
+    shard_t *s = find_locked(addr, &b);
+    if (!s)
+        return;
+    if (b->t_ns == made && (b->flags & need) == need) {
+        HASH_DEL(s->table, b);
+        shard_count(s, b, -1);
+        if (dev_of(b->device)) {
+            shard_tracked_add(s, b->device, -(int64_t)b->size, t);
+            gone_bytes[b->device] += b->size;
+        }
+        block_put(s, b);
+    }
+    og_spin_unlock(&s->lock);
+}
+
 /* Arrays whose context the driver says is gone leave the ledger; gone_bytes per device. */
 static void arrays_gone(uint64_t t, uint64_t *gone_bytes)
 {
@@ -941,20 +962,7 @@ static void arrays_gone(uint64_t t, uint64_t *gone_bytes)
         }
         if (!dead)
             continue;
-        og_block_t *b = NULL;
-        shard_t *s = find_locked(list[i].handle, &b);
-        if (s) {
-            if (b->t_ns == list[i].t && (b->flags & OG_KIND_F_ARRAY)) {
-                HASH_DEL(s->table, b);
-                shard_count(s, b, -1);
-                if (dev_of(b->device)) {
-                    shard_tracked_add(s, b->device, -(int64_t)b->size, t);
-                    gone_bytes[b->device] += b->size;
-                }
-                block_put(s, b);
-            }
-            og_spin_unlock(&s->lock);
-        }
+        drop_if_same(list[i].handle, list[i].t, OG_KIND_F_ARRAY, t, gone_bytes);
         pthread_mutex_lock(&array_lock);
         HASH_FIND(hh, array_ctxs, &list[i].handle, sizeof list[i].handle, a);
         if (a && a->t == list[i].t) {
@@ -1006,20 +1014,7 @@ void og_track_blocks_gone(og_call_t *c, int device)
         CUdeviceptr start;
         if (attr(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, (CUdeviceptr)list[k].addr) == CUDA_SUCCESS)
             continue;                                   /* still there: another context's */
-        og_block_t *b = NULL;
-        shard_t *s = find_locked(list[k].addr, &b);
-        if (!s)
-            continue;
-        if (b->t_ns == list[k].t) {                    /* the same block, not a newer one */
-            HASH_DEL(s->table, b);
-            shard_count(s, b, -1);
-            if (dev_of(b->device)) {
-                shard_tracked_add(s, b->device, -(int64_t)b->size, t);
-                gone_bytes[b->device] += b->size;
-            }
-            block_put(s, b);
-        }
-        og_spin_unlock(&s->lock);
+        drop_if_same(list[k].addr, list[k].t, 0, t, gone_bytes);
     }
     free(list);
     for (int d = 0; d < OG_MAX_DEVICES; d++)

@@ -91,6 +91,8 @@ typedef struct og_framework_view {
     int grad_enabled;                /* 1 autograd on at the failure, -1 off (no_grad/inference_mode) */
     int training;                    /* 1 training seen (optimizer state, backward), -1 known inference/eval */
     int autocast;                    /* 1 mixed precision (autocast) on at the failure, -1 off */
+    bool freed_known;                /* freed_bytes_total was measured (0 freed is an answer) */
+    uint64_t freed_bytes_total;      /* bytes the framework freed over the process's life */
     uint64_t cap_bytes;              /* framework-imposed cap (memory fraction, set_limit); 0 none/unknown */
     char cap_source[64];             /* the setting that imposes it */
     char framework[16];              /* "pytorch" | "jax" | "tensorflow" | "cupy"; "" = from `source` */

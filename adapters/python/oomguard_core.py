@@ -24,6 +24,7 @@ import threading
 _lock = threading.RLock()
 _fns = {}
 _struct = None
+FW_FREED_KNOWN = 2       # include/oomguard.h OOMGUARD_FW_FREED_KNOWN: freed_bytes_total was measured
 _ADAPTER_FILES = ("oomguard_core.py", "oomguard_torch.py", "oomguard_jax.py", "oomguard_cupy.py", "oomguard_tf.py",
                   "sitecustomize.py")
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -87,6 +88,7 @@ def stats_struct():
                 ("unmeasured_why", ctypes.c_char_p),
                 ("flags", ctypes.c_uint64),
                 ("autocast", ctypes.c_int32),      # appended later: the shim reads it only when struct_size covers it
+                ("freed_bytes_total", ctypes.c_uint64),  # read only with FW_FREED_KNOWN in flags (0 is an answer)
             ]
         _struct = FrameworkStats
     return _struct
@@ -199,6 +201,8 @@ def send(kind, who, device, **kw):
                 setattr(s, k, int(v))
             else:
                 setattr(s, k, u64(v))
+        if kw.get("freed_bytes_total") is not None:
+            s.flags |= FW_FREED_KNOWN        # None (not measured) stays unknown, never a 0 freed
         r = fn(ctypes.byref(s))
         say(who, "%s for device %d handed over (allocated %d, reserved %d, request %d, cap %d)" %
             (kind, device, s.allocated_bytes, s.reserved_bytes, s.requested_bytes, s.cap_bytes))

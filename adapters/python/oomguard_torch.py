@@ -358,7 +358,10 @@ def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowe
             requested_bytes=alloc_size or 0, cap_bytes=cap, cap_source=cap_source,
             peak_bytes=stats.get("allocated_bytes.all.peak", 0),
             grad_enabled=_grad_mode(torch) if modes else 0, training=1 if _step_seen else 0,
-            autocast=_autocast_mode(torch) if modes else 0, python_stack=stack, python_sites=sites)
+            autocast=_autocast_mode(torch) if modes else 0, python_stack=stack, python_sites=sites,
+            # all the caching allocator ever freed: a loop frees its temporaries every iteration,
+            # one forward pass building up frees (almost) nothing; None (older torch) is unknown
+            freed_bytes_total=stats.get("allocated_bytes.all.freed"))
         _say("reported device %d: allocated %d, reserved %d, largest free block %s" %
              (device, allocated, reserved, largest))
         return r

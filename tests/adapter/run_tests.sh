@@ -111,6 +111,8 @@ t "python 3.9 syntax (py_compile + 3.9 grammar, no 3.10+ constructs)" t_syntax
 t_frag() {
     shim adapter "$PYTHON" "$JOB" frag exp.json || return 1
     "$PYTHON" "$CHECK" dumps exp.json --primary fragmentation --settings backend:native || return 1
+    # the job freed tensors to make the holes: the allocator's freed total counts them
+    expect exp.json 'd["expected"]["freed"] > 0' True || return 1
     # nothing left behind that costs per allocation or per import
     expect exp.json 'd["state"]["attached"]' observer &&
     expect exp.json 'd["state"]["observers"]' 1 &&
@@ -607,7 +609,14 @@ t_struct_sizes() {
     shim adapter env ADAPTER_DIR="$AD" "$PYTHON" "$JOB" struct-new new.json || return 1
     # the old size: autocast is past its end and not read; the fields before it are
     expect old-dump.json "$FW_MODES" '[False, True, None]' &&
-    expect "$(ls dumps/oomguard-*.json)" "$FW_MODES" '[False, True, True]'
+    expect "$(ls dumps/oomguard-*.json)" "$FW_MODES" '[False, True, True]' || return 1
+    # freed_bytes_total: past the old struct's end, not read; covered and marked, read
+    expect old-dump.json 'd["memory"]["framework"]["freed_bytes_total"]' None &&
+    expect "$(ls dumps/oomguard-*.json)" 'd["memory"]["framework"]["freed_bytes_total"]' $((12345 << 20)) || return 1
+    rm -f dumps/*
+    # covered but not marked measured (a zeroed field of an adapter that cannot tell): unknown, not 0
+    shim adapter env ADAPTER_DIR="$AD" "$PYTHON" "$JOB" struct-noflag nf.json || return 1
+    expect "$(ls dumps/oomguard-*.json)" 'd["memory"]["framework"]["freed_bytes_total"]' None
 }
 t "a struct of the size before autocast was added is accepted; autocast only read when it is covered" t_struct_sizes
 

@@ -20,7 +20,8 @@ else:
         pairs = [("allocated_bytes", "allocated"), ("reserved_bytes", "reserved")]
         if "active" in exp:
             pairs += [("active_bytes", "active"), ("inactive_split_bytes", "inactive_split"),
-                      ("num_ooms", "num_ooms"), ("num_alloc_retries", "num_alloc_retries")]
+                      ("num_ooms", "num_ooms"), ("num_alloc_retries", "num_alloc_retries"),
+                      ("freed_bytes_total", "freed")]      # None (torch without the key): null
         if "largest_free" in exp:
             if opt("--no-snapshot"):
                 if fw["largest_free_block_bytes"] != 0 or fw["private_pool_bytes"] != 0:

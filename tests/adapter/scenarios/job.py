@@ -27,6 +27,8 @@ Modes:
   train-after-step   the same after one AdamW step, failing inside torch.autocast("cuda", bfloat16)
   struct-old / struct-new  oomguard_framework_oom() called directly with autocast = 1 in the
                 struct, struct_size that of the struct before autocast was added / the full size
+                (freed_bytes_total set, marked measured in struct-new only)
+  struct-noflag the full size, freed_bytes_total set without OOMGUARD_FW_FREED_KNOWN
 """
 import os
 import sys
@@ -101,7 +103,7 @@ def expected(device):
             "active": ms.get("active_bytes.all.current", 0),
             "inactive_split": st.get("inactive_split", 0), "largest_free": st.get("largest_free", 0),
             "private": st.get("private", 0), "num_ooms": ms.get("num_ooms", 0),
-            "num_alloc_retries": ms.get("num_alloc_retries", 0)}
+            "num_alloc_retries": ms.get("num_alloc_retries", 0), "freed": ms.get("allocated_bytes.all.freed")}
 
 
 keep = []
@@ -193,7 +195,7 @@ if mode in ("train-before-step", "train-after-step"):
         sys.exit(0)
     sys.exit(2)
 
-if mode in ("struct-old", "struct-new"):
+if mode in ("struct-old", "struct-new", "struct-noflag"):
     # an adapter built before autocast was added passes a shorter struct: the shim must not read
     # past it (here the field is set, so reading it would show)
     import ctypes
@@ -209,6 +211,12 @@ if mode in ("struct-old", "struct-new"):
     s.api = b"torch.cuda.caching_allocator"
     s.requested_bytes = 64 << 30
     s.grad_enabled, s.training, s.autocast = -1, 1, 1
+    # freed_bytes_total is read only when covered and marked measured: set but unmarked it is unknown
+    s.freed_bytes_total = 12345 * MiB
+    if mode == "struct-new":
+        s.flags = oomguard_core.FW_FREED_KNOWN
+    if mode == "struct-noflag":
+        s.struct_size = ctypes.sizeof(S)
     fn = ctypes.CDLL(None).oomguard_framework_oom
     fn.argtypes = [ctypes.POINTER(S)]
     r = fn(ctypes.byref(s))

@@ -25,31 +25,22 @@ import scen_truth
 
 MiB = 1 << 20
 LAYERS = 40
-_last = {}
-
-
-def empty(n):
-    _last["n"] = n
-    _last["reserved"] = torch.cuda.memory_reserved()
-    return torch.empty(n, device="cuda")
+empty = scen_truth.torch_empty
 
 
 acts = []                       # module level: still alive at the failure, as in a real forward pass
 try:
-    params = [empty(100 * MiB) for _ in range(32)]                 # 0.8B fp32 parameters
+    params = [empty(100 * MiB, device="cuda") for _ in range(32)]  # 0.8B fp32 parameters
     optimizer = torch.optim.AdamW(params, lr=1e-4)
     for step in range(100):
         for layer in range(LAYERS):
-            acts.append(empty(320 * MiB))                          # attention output, kept for backward
-            acts.append(empty(352 * MiB))                          # MLP activation, kept for backward
+            acts.append(empty(320 * MiB, device="cuda"))           # attention output, kept for backward
+            acts.append(empty(352 * MiB, device="cuda"))           # MLP activation, kept for backward
             time.sleep(0.002)                                      # the layer's compute
         del acts[:]                                                # (backward, optimizer.step: never reached)
         optimizer.step()
         optimizer.zero_grad()
 except torch.OutOfMemoryError:
-    st = torch.cuda.memory_stats()
-    scen_truth.mark("fail", 0, scen_truth.torch_segment_size(_last["n"]),
-                    allocated=st["allocated_bytes.all.current"], reserved=st["reserved_bytes.all.current"],
-                    released=_last["reserved"] - st["reserved_bytes.all.current"], fw=1)
+    scen_truth.torch_oom_mark()
     raise
 sys.exit(0)

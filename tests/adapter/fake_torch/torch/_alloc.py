@@ -122,6 +122,8 @@ class DeviceAllocator(object):
         self.segments = []
         self.num_alloc_retries = 0
         self.num_ooms = 0
+        self.allocated_total = 0         # allocated_bytes.all.allocated / .freed: cumulative block bytes
+        self.freed_total = 0
         self.fraction = None             # set_per_process_memory_fraction
         self.history = None              # _record_memory_history: max trace entries, or None
         self.trace = []
@@ -190,6 +192,7 @@ class DeviceAllocator(object):
             block.split(size)
         block.used = True
         block.requested = nbytes
+        self.allocated_total += block.size
         if self.history is not None:
             block.frames = _python_frames()
             self.trace.append({"action": "alloc", "addr": block.addr, "size": block.size, "frames": block.frames})
@@ -198,6 +201,7 @@ class DeviceAllocator(object):
         return block
 
     def free(self, block):
+        self.freed_total += block.size       # a tensor back to the cache (not the driver): freed
         block.requested = 0
         block.frames = []
         if self.history is not None:
@@ -246,6 +250,8 @@ class DeviceAllocator(object):
             d["inactive_split_bytes.%s.current" % pool] = st["inactive_split"]
             d["requested_bytes.%s.current" % pool] = st["requested"]
             d["segment.%s.current" % pool] = st["segments"]
+        d["allocated_bytes.all.allocated"] = self.allocated_total
+        d["allocated_bytes.all.freed"] = self.freed_total
         d["num_alloc_retries"] = self.num_alloc_retries
         d["num_ooms"] = self.num_ooms
         return d
