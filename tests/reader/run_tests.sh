@@ -4,21 +4,16 @@
 # shim's own evidence for it exact, and CUDA arrays leaving the ledger with their context (issue
 # 11 item 4).  Ends with "N passed, N failed".
 set -u
-B=${B:-build}
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+. "$(dirname "$0")/../lib/suite.sh"   # suite_init, result
+suite_init reader
+ROOT=$root T=$work
 cd "$ROOT"
-PRELOAD=${PRELOAD:-$ROOT/$B/liboomguard.so}
 OG="$ROOT/$B/oomguard"
 PROG="$ROOT/$B/tests/reader_bignum"
 export LD_LIBRARY_PATH="$ROOT/$B/sim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export SIMGPU_DEVICES=2 SIMGPU_MEM="0:24GiB,1:16GiB"
 unset OOMGUARD_DIR OOMGUARD_LIMIT OOMGUARD_MAX_DUMPS
-T=$(mktemp -d "${TMPDIR:-/tmp}/oomguard-reader.XXXXXX")
-trap 'rm -rf "$T"' EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); echo "PASS  $1"; }
-no() { fail=$((fail + 1)); echo "FAIL  $1"; [ -n "${2:-}" ] && printf '%s\n' "$2" | head -n 15 | sed 's/^/      | /'; return 0; }
-check() { if [ "$1" = 0 ]; then ok "$2"; else no "$2" "${3:-}"; fi; }
+check() { result "$@"; }
 # py NAME SCRIPT ARGS...: a Python check that prints nothing when it holds
 py() {
     local name=$1 script=$2; shift 2
@@ -33,7 +28,7 @@ out=$(env OOMGUARD_DIR="$T/huge" OOMGUARD_QUIET=1 OOMGUARD_MAX_DUMPS=10 LD_PRELO
 check $? "the program: requests of 2^53+1 and SIZE_MAX fail as out of memory, the ledger matches" "$out"
 D=$(ls "$T"/huge/oomguard-*.json 2>/dev/null | head -n 1)
 if [ -z "$D" ]; then
-    no "a dump was written" "$(ls -la "$T/huge")"
+    result 1 "a dump was written" "$(ls -la "$T/huge")"
     echo "$pass passed, $fail failed"
     exit 1
 fi
