@@ -774,7 +774,6 @@ og_record_t *og_record_capture(const char *status, const og_episode_t *ep, int d
         .nonfw_share = og_opt.nonfw_share / 10000.0,
         .growth_min_share = og_opt.growth_min / 10000.0,
         .growth_rising_steps = og_opt.growth_steps / 10000.0,
-        .growth_min_seconds = og_opt.growth_min_ms / 1000.0,
     };
     og_record_t *first = recovered_from_first(rec, ep, device);
     if (first) {

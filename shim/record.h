@@ -218,9 +218,7 @@ typedef struct og_thresholds {
     double frag_share;           /* cached >= this share of the framework's reservation */
     double nonfw_share;          /* non-framework >= this share of the process's usage */
     double growth_min_share;     /* growth: rise >= this share of the device total */
-    double growth_rising_steps;  /* growth: share of rising steps between windows */
-    double growth_min_seconds;   /* growth: the samples must span at least this long (a load-up
-                                    that fills memory in a burst is not a leak) */
+    double growth_rising_steps;  /* growth: share of steps whose low point rose */
 } og_thresholds_t;
 
 /* diagnose.c: fills rec->diagnosis from the measured fields.  Pure: no I/O, no globals. */

@@ -783,11 +783,12 @@ static bool b_smaller_batch(const rctx_t *x, og_remedy_t *r)
         activations_vs_shortfall(x, r, 0.5, "halving the batch");
         r->title = "Smaller batch (fewer samples at once)";
         r->cost = "More, smaller calls; nothing to accumulate without training";
-        if (x->training == 1)
+        if (x->training == 1) {
             how(r, "%sval_loader = DataLoader(val_set, batch_size=train_batch_size // 2)   # or smaller", pt(x));
-        else
-            how(r, "%sfor i in range(0, len(prompts), 16): model.generate(prompts[i:i + 16], ...)   # fewer "
-                "sequences per call", pt(x));
+            return true;
+        }
+        how(r, "%sfor i in range(0, len(prompts), 16): model.generate(prompts[i:i + 16], ...)   # fewer "
+            "sequences per call", pt(x));
         how(r, "%sDataLoader(dataset, batch_size=batch_size // 2)   # evaluation: no gradient accumulation needed",
             pt(x));
         return true;
@@ -1345,8 +1346,8 @@ void og_select_remedies(og_record_t *rec)
         want[R_RELEASE_REFS] = want[R_INFERENCE] = want[R_RESTART] = true;
         want[R_EMPTY_CACHE] |= cache_ok;
         /* inference keeps per step by design (KV cache, outputs): it shrinks with the batch and length */
-        want[R_SMALLER_BATCH] |= growth_without_autograd(&x) && x.primary == OG_CAUSE_GROWTH;
-        want[R_SHORTER_SEQ] |= growth_without_autograd(&x) && x.primary == OG_CAUSE_GROWTH;
+        if (x.primary == OG_CAUSE_GROWTH && growth_without_autograd(&x))
+            want[R_SMALLER_BATCH] = want[R_SHORTER_SEQ] = true;
     }
     if (x.has[OG_CAUSE_OTHERFW])
         want[R_OTHER_FW] = true;
@@ -1553,11 +1554,6 @@ void og_select_remedies(og_record_t *rec)
         for (size_t k = 0; k < sizeof one_off / sizeof *one_off; k++)
             if (tier[one_off[k]] > 0)
                 tier[one_off[k]] = 3;
-        if (growth_without_autograd(&x) && known_inference) {
-            tier[R_SMALLER_BATCH] = tier[R_SHORTER_SEQ] = 0;
-            order[R_SMALLER_BATCH] = -10;
-            order[R_SHORTER_SEQ] = -9;
-        }
     }
     /* a cap on a shared GPU protects the others; alone on it, a limit emulates a smaller card */
     if (x.has[OG_CAUSE_LIMIT] && rec->memory.nother > 0)
