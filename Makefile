@@ -5,7 +5,13 @@
 #   tests/tests.mk  unit + end-to-end tests, benchmarks
 #   examples/examples.mk  realistic OOM scenarios, `make demo`
 #
-# Variables: CUDA_HOME (default /usr/local/cuda), PREFIX, DESTDIR, SANITIZE=1 (ASan+UBSan).
+##= B=DIR             build directory (default build; build-san with SANITIZE=1, build-tsan with SANITIZE=thread)
+##= SANITIZE=1        AddressSanitizer + UndefinedBehaviorSanitizer build
+##= SANITIZE=thread   ThreadSanitizer build
+##= CUDA_HOME=DIR     where include/cuda.h is (default /usr/local/cuda)
+##= SOAK_OPS=N        operations per thread and device of `make soak` (default 1000000)
+##= FUZZ_SECONDS=N    how long `make fuzz-smoke` fuzzes (default 20)
+##= CC, CFLAGS, LDFLAGS, PREFIX, DESTDIR   as usual
 
 CUDA_HOME ?= /usr/local/cuda
 PREFIX    ?= /usr/local
@@ -38,7 +44,7 @@ ALL_CFLAGS = $(BASE_CFLAGS) $(CFLAGS) $(SAN_FLAGS)
 DEB_DEPS  := build-essential uthash-dev libunwind-dev libcmocka-dev libcjson-dev python3 chromium clang libclang-rt-14-dev libdw-dev python3-yaml gcovr
 
 .PHONY: all test bench demo install clean deps help
-all:
+all:  ## liboomguard.so, the oomguard command, the simulated GPU, the examples (default)
 
 include sim/sim.mk
 include shim/shim.mk
@@ -46,12 +52,12 @@ include tools/tools.mk
 include examples/examples.mk
 include tests/tests.mk
 
-deps:
+deps:  ## install the Debian packages the build and the tests need (DEB_DEPS)
 	@if [ "$$(id -u)" != 0 ] && ! command -v sudo >/dev/null; then echo "make deps: need root or sudo"; exit 1; fi
 	$(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get update -qq
 	$(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(DEB_DEPS)
 
-install: all
+install: all  ## install into DESTDIR/PREFIX (default /usr/local)
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/oomguard $(DESTDIR)$(PREFIX)/share/doc/oomguard $(DESTDIR)$(PREFIX)/include
 	install -m 0755 $(B)/oomguard $(DESTDIR)$(PREFIX)/bin/oomguard
 	install -m 0755 $(B)/liboomguard.so $(DESTDIR)$(PREFIX)/lib/oomguard/liboomguard.so
@@ -60,29 +66,15 @@ install: all
 	install -m 0644 adapters/python/*.py $(DESTDIR)$(PREFIX)/lib/oomguard/python/
 	install -m 0644 README.md LICENSE docs/*.md $(DESTDIR)$(PREFIX)/share/doc/oomguard/
 
-clean:
+clean:  ## remove build, build-san, build-tsan and B
 	rm -rf build build-san build-tsan $(B)
 
-help:
+help:  ## this list, generated from the comments on the makefiles' target lines
 	@echo "oomguard: make [target] [VARIABLE=value ...]"
 	@echo "targets:"
-	@echo "  all            liboomguard.so, the oomguard command, the simulated GPU, examples (default)"
-	@echo "  test           every test suite (ends with 'N passed, N failed')"
-	@echo "  test-cli       the oomguard command's tests only"
-	@echo "  bench          benchmarks (docs/benchmarks.md)"
-	@echo "  demo           realistic OOM scenarios on the simulated GPU"
-	@echo "  fuzz-smoke     fuzz the dump reader for FUZZ_SECONDS (default 20)"
-	@echo "  install        into DESTDIR/PREFIX (default /usr/local)"
-	@echo "  deps           install the Debian packages the build needs (DEB_DEPS)"
-	@echo "  clean          remove build, build-san and B"
+	@awk -F':.*## ' '/^[a-zA-Z][a-zA-Z0-9_-]*:.*## / { printf "  %-16s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 	@echo "variables:"
-	@echo "  B=DIR          build directory (default build; build-san with SANITIZE=1)"
-	@echo "  SANITIZE=1     AddressSanitizer + UndefinedBehaviorSanitizer build"
-	@echo "  SANITIZE=thread  ThreadSanitizer build (default B=build-tsan)"
-	@echo "  soak           16 threads x 2 devices x SOAK_OPS (1M) operations with injected failures,"
-	@echo "                 ASan and TSan builds: the ledger equals the simulator's truth (minutes)"
-	@echo "  CUDA_HOME=DIR  where include/cuda.h is (default /usr/local/cuda)"
-	@echo "  CC, CFLAGS, LDFLAGS, PREFIX, DESTDIR"
+	@sed -n 's/^##= \{0,1\}/  /p' $(MAKEFILE_LIST)
 
 $(B):
 	@mkdir -p $@

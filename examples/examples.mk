@@ -19,11 +19,11 @@ $(EX_B)/libcomm.so: examples/comm.c examples/common.h $(SIM_LIBS)
 $(EX_B)/%: examples/%.c examples/common.h $(EX_LIBS)
 	$(CC) $(EX_CFLAGS) $< -o $@ -L$(EX_B) -lminitorch -lworkspace -lcomm -Wl,-rpath,'$$ORIGIN' $(EX_LD)
 
-examples: $(EX_PROGS)
+examples: $(EX_PROGS)  ## the realistic OOM programs of examples/ (on the simulated GPU)
 all: examples
 
 # The demo: a fragmentation failure on a simulated 24 GiB GPU, then the report.
-demo: all
+demo: all  ## run a fragmentation OOM on a simulated 24 GiB GPU and show the report
 	@bash examples/run_example.sh $(B) fragmentation
 
 .PHONY: examples demo

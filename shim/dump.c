@@ -502,7 +502,7 @@ static bool severity_allows(int sev, int device)
 }
 
 /* Before any capture: is a dump of this status wanted, and is one left in the budget?
- * Past OOMGUARD_MAX_DUMPS a failure costs this check, not a capture (issue 11 item 11). */
+ * Past OOMGUARD_MAX_DUMPS a failure costs this check, not a capture. */
 static bool dump_admit(const char *status, int device)
 {
     if (!severity_allows(severity(status), device)) {

@@ -97,7 +97,7 @@ typedef struct og_framework_view {
     char cap_source[64];             /* the setting that imposes it */
     char framework[16];              /* "pytorch" | "jax" | "tensorflow" | "cupy"; "" = from `source` */
     char unmeasured_why[120];        /* why the adapter could not answer at the failure ("" = it did or none) */
-    /* issue 10: failures inside the framework's allocator and the Python lines (framework.c) */
+    /* failures inside the framework's allocator and the Python lines (framework.c) */
     bool internal_oom;               /* the framework refused the request itself; no driver call failed */
     char api[48];                    /* the framework's allocator, event.api of an internal failure */
     uint64_t requested_bytes;        /* the framework's own request; 0 unknown */

@@ -34,7 +34,7 @@ SIM_SYSLIBS = -ldl -lpthread -lm
 
 .PHONY: sim sim-selftest
 all: $(SIM_LIBS)
-sim: $(SIM_LIBS)
+sim: $(SIM_LIBS)  ## the simulated GPU only: libcuda.so.1, libcudart.so.13, libnvidia-ml.so.1
 
 $(SIM_OBJDIR)/%.o: sim/%.c $(SIM_HEADERS)
 	@mkdir -p $(@D)
@@ -86,6 +86,6 @@ $(B)/tests/libsim_fake_shim.so: tests/sim_selftest/fake_shim.c
 
 SIM_SELFTEST_BINS := $(B)/tests/sim_selftest $(B)/tests/sim_static_runtime $(B)/tests/libsim_fake_shim.so
 
-sim-selftest: $(SIM_SELFTEST_BINS) $(SIM_LIBS)
+sim-selftest: $(SIM_SELFTEST_BINS) $(SIM_LIBS)  ## the simulated GPU's own self-test
 	LD_LIBRARY_PATH=$(SIM_LIBDIR)$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH} $(B)/tests/sim_selftest \
 	    --static-runtime $(B)/tests/sim_static_runtime --fake-shim $(abspath $(B)/tests/libsim_fake_shim.so)

@@ -77,6 +77,9 @@ suite() {
 
 with_shim() { env LD_PRELOAD="$PRELOAD" OOMGUARD_DIR="$LOG_DIR" "$@"; }
 
+echo "== house rules (make help, no numbered work items)"
+suite "lint" bash tests/lint/run_lint.sh
+
 echo "== unit tests"
 for t in "$B"/tests/unit_*; do
     [ -x "$t" ] || continue
@@ -113,7 +116,7 @@ if [ -f tests/e2e/run_scenarios.sh ]; then
 fi
 
 suite "dumps" env B="$B" PRELOAD="$PRELOAD" bash tests/e2e/run_dumps.sh
-echo "== regressions (issue 15: bugs that once passed the whole suite)"
+echo "== regressions (bugs that once passed the whole suite)"
 suite "regressions" env B="$B" PRELOAD="$PRELOAD" bash tests/regress/run_regressions.sh
 echo "== a 4-rank job under oomguard run, then oomguard merge"
 suite "launcher" env B="$B" bash tests/e2e/run_launcher.sh
@@ -121,7 +124,7 @@ suite "launcher" env B="$B" bash tests/e2e/run_launcher.sh
 echo "== PyTorch adapter (stand-in torch on the simulated GPU)"
 suite "python adapter" env B="$B" PRELOAD="$PRELOAD" bash tests/adapter/run_tests.sh
 
-echo "== scenario corpus (issue 9: realistic failures, an expert's expectations, numbers vs the simulator)"
+echo "== scenario corpus (realistic failures, an expert's expectations, numbers vs the simulator)"
 suite "scenario corpus" env B="$B" PRELOAD="$PRELOAD" SANITIZE="${SANITIZE:-}" python3 tests/scenarios/run_scenarios.py
 
 if grep -q '^test-cli:' tools/tools.mk 2>/dev/null; then

@@ -66,15 +66,15 @@ $(ANALYSIS_UNITS): $(TEST_B)/unit_%: tests/unit/%.c tests/unit/analysis_fixture.
 
 include tests/stacks/stacks.mk
 include tests/reader/reader.mk
-test-build: all $(E2E_PROGS) $(UNIT_PROGS)
+test-build: all $(E2E_PROGS) $(UNIT_PROGS)  ## build every test program without running it
 
-test: test-build
+test: test-build  ## every test suite; ends with 'N passed, N failed'
 	@B=$(B) SANITIZE=$(SANITIZE) MAKE="$(MAKE)" bash tests/run_tests.sh
 
-# The soak of issue 11: 16 threads x 2 devices x SOAK_OPS (1M) operations with injected
+# The soak: 16 threads x 2 devices x SOAK_OPS (1M) operations with injected
 # failures, in an ASan+UBSan build and a TSan build of their own; tests/e2e/run_soak.sh.
 SOAK_OPS ?= 1000000
-soak:
+soak:  ## 16 threads x 2 devices x SOAK_OPS (1M) operations with injected failures, ASan and TSan (minutes)
 	$(MAKE) --no-print-directory B=build-soak-asan SANITIZE=1 test-build
 	$(MAKE) --no-print-directory B=build-soak-tsan SANITIZE=thread test-build
 	@ASAN_B=build-soak-asan TSAN_B=build-soak-tsan SOAK_OPS=$(SOAK_OPS) bash tests/e2e/run_soak.sh
@@ -92,10 +92,10 @@ $(TEST_B)/bench/null/libcuda.so.1: tests/bench/null_driver.c
 $(TEST_B)/bench/null_bench: tests/bench/null_bench.c $(TEST_B)/bench/null/libcuda.so.1
 	$(CC) $(ALL_CFLAGS) -pthread $< -o $@ -L$(TEST_B)/bench/null -lcuda
 
-bench: all $(TEST_B)/bench/bench $(TEST_B)/bench/null_bench
+bench: all $(TEST_B)/bench/bench $(TEST_B)/bench/null_bench  ## the shim's cost per allocation and per dump (docs/benchmarks.md)
 	@B=$(B) bash tests/bench/run_bench.sh
 
-# the scenario corpus of issue 9
+# the scenario corpus
 include tests/scenarios/scenarios.mk
-# issue 15: regression tests, `make mutate`, `make coverage`
+# regression tests, `make mutate`, `make coverage`
 include tests/regress/regress.mk tests/mutate/mutate.mk

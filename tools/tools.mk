@@ -43,17 +43,17 @@ $(B)/fuzz-dump: $(FUZZ_SRC) $(TOOLS_HDR) shim/human.h | $(B)
 	    -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	    -o $@ $(FUZZ_SRC) $(TOOLS_LIBS)
 
-fuzz-dump: $(B)/fuzz-dump
+fuzz-dump: $(B)/fuzz-dump  ## the libFuzzer harness of the dump reader (clang)
 
 # New inputs go to a private corpus directory (runs may overlap); crashes are
 # saved as $(B)/fuzz-crash-*.
-fuzz-smoke: $(B)/fuzz-dump
+fuzz-smoke: $(B)/fuzz-dump  ## fuzz the dump reader for FUZZ_SECONDS (default 20)
 	@corpus=$$(mktemp -d "$${TMPDIR:-/tmp}/oomguard-fuzz.XXXXXX") && \
 	$(B)/fuzz-dump -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -rss_limit_mb=2048 \
 	    -artifact_prefix=$(B)/fuzz- -print_final_stats=1 "$$corpus" tests/fixtures; \
 	rc=$$?; rm -rf "$$corpus"; exit $$rc
 
-test-cli: $(B)/oomguard $(B)/cli-test/og-measure $(B)/cli-test/libdummy.so
+test-cli: $(B)/oomguard $(B)/cli-test/og-measure $(B)/cli-test/libdummy.so  ## the oomguard command's tests only
 	@B=$(B) SANITIZE=$(SANITIZE) FUZZ_CC=$(FUZZ_CC) FUZZ_SECONDS=$(FUZZ_SECONDS) \
 	    MAKE="$(MAKE)" bash tests/cli/run_tests.sh
 

@@ -347,7 +347,7 @@ t_old_torch() {
 }
 t "torch < 2.2 with several devices: no observer (PyTorch's per-device registration was unsafe)" t_old_torch
 
-# --- issue 10: the plain preload, framework-internal failures, Python lines, JAX and CuPy
+# --- the plain preload, framework-internal failures, Python lines, JAX and CuPy
 
 FJ=$ROOT/tests/adapter/fake_jax
 FC=$ROOT/tests/adapter/fake_cupy

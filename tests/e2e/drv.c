@@ -1,4 +1,4 @@
-/* Real-driver robustness (issue 11, items 1-5 and 13-15), one mode per scenario; run by
+/* Real-driver robustness, one mode per scenario; run by
  * tests/e2e/run_drv.sh, which checks the dumps.  Ends with "N checks, N failed".
  *   oom        1 GiB held, then a request that cannot fit: a dump (NVML's view in it)
  *   inval      size 0 and a NULL pointer: the program's errors, not failures
@@ -291,7 +291,7 @@ void *dlopen(const char *file, int mode)
     return real(file, mode);
 }
 
-/* item 5: no dlopen (of NVML or the driver) and no look-up inside an allocation, a failure
+/* no dlopen (of NVML or the driver) and no look-up inside an allocation, a failure
  * included (its dump asks the driver and NVML); run with OOMGUARD_LIMIT so that the limit's
  * NVML query is on the path too */
 static int mode_lookups(void)
@@ -313,7 +313,7 @@ static int mode_lookups(void)
     return 0;
 }
 
-/* item 4: the parent exports 256 MiB; a child process (the shim preloaded too) opens it:
+/* the parent exports 256 MiB; a child process (the shim preloaded too) opens it:
  * mapped there, not allocated there.  The child fails an allocation so that its dump says so. */
 static int mode_ipc(const char *self)
 {
@@ -365,7 +365,7 @@ static int mode_ipc_child(const char *hex)
     return 0;
 }
 
-/* item 4: graph memory (SIMGPU_GRAPH_MEM=0:1GiB stands for graphs already run) is counted,
+/* graph memory (SIMGPU_GRAPH_MEM=0:1GiB stands for graphs already run) is counted,
  * and leaves the ledger when the graph pool is trimmed */
 static int mode_graph(void)
 {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Real-driver robustness (issue 11 items 1-5, 13-15) end to end on the simulated GPU:
+# Real-driver robustness end to end on the simulated GPU:
 # NVML process lists as each driver generation writes them, more processes than fit,
 # pools that give memory back at synchronisation, unreadable pools, many pools, CUDA
 # arrays, contexts that go away, a driver in another namespace, the exit summary while the
@@ -20,7 +20,7 @@ scenario() {
 }
 dump() { ls "$dir"/oomguard-*.json 2>/dev/null | head -n 1; }
 
-# ---- item 1: the NVML process list, whatever the driver's entry size ----------------
+# ---- the NVML process list, whatever the driver's entry size ----------------
 others="0:4242:trainer:3GiB;0:777:notebook:1GiB"
 for gen in r580 r535 r525 legacy16; do
     scenario "nvml-$gen" oom SIMGPU_NVML_GENERATION=$gen SIMGPU_OTHER_PROCS="$others"
@@ -43,7 +43,7 @@ PY
     result $([ $rc = 0 ] && [ -z "$py" ]; echo $?) "NVML $gen: own and other processes read exactly ($gen)" "$out$py"
 done
 
-# ---- item 2: more processes than the first buffer holds ------------------------------
+# ---- more processes than the first buffer holds ------------------------------
 many=""; sum=0
 for i in $(seq 1 64); do many="$many${many:+;}0:$((5000 + i)):p$i:10MiB"; sum=$((sum + 10485760)); done
 # 64 other processes and this one: more than the first buffer of 64
@@ -62,7 +62,7 @@ PY
     result $([ $rc = 0 ] && [ -z "$py" ]; echo $?) "NVML $gen: 65 processes, INSUFFICIENT_SIZE retried, no unfilled entry read" "$out$py"
 done
 
-# ---- item 3: pools ---------------------------------------------------------------------
+# ---- pools ---------------------------------------------------------------------
 scenario pools pools OOMGUARD_LIMIT=1:4GiB
 result $rc "pools give memory back at stream/event/device synchronisation; a limit sees it" "$out"
 scenario manypools manypools
@@ -76,7 +76,7 @@ PY
 )
 result $([ $rc = 0 ] && [ -z "$py" ]; echo $?) "unreadable pool reservation: what it handed out is counted, and the dump says so" "$out$py"
 
-# ---- item 4: arrays, contexts ----------------------------------------------------------
+# ---- arrays, contexts ----------------------------------------------------------
 scenario arrays arrays
 result $rc "CUDA arrays (driver and runtime, 2D/3D/mipmapped) in the ledger, exactly" "$out"
 scenario ctx ctx
@@ -94,7 +94,7 @@ PY
 )
 result $([ $rc = 0 ] && [ -z "$py" ]; echo $?) "IPC-imported memory: mapped, not allocated by the importing process" "$out$py"
 
-# ---- item 5: look-ups, namespaces, exit --------------------------------------------------
+# ---- look-ups, namespaces, exit --------------------------------------------------
 scenario lookups lookups OOMGUARD_LIMIT=0:8GiB
 result $rc "no dlopen or driver look-up inside an allocation (limit, failure and dump included)" "$out"
 scenario dlmopen dlmopen
@@ -128,12 +128,12 @@ bad=$(printf '%s\n' "$out" | grep -c "after libcuda's exit teardown")
 result $([ $rc = 0 ] && [ -z "$py" ] && [ "$bad" = 0 ] && printf '%s\n' "$out" | grep -q "summary: device 0 peak"; echo $?) \
     "exit summary and dump from atexit: no driver call after the driver's exit teardown" "$out$py"
 
-# ---- item 13: only out-of-memory is a failure -------------------------------------------
+# ---- only out-of-memory is a failure -------------------------------------------
 scenario inval inval
 n=$(ls "$dir" | grep -c json)
 result $([ $rc = 0 ] && [ "$n" = 0 ]; echo $?) "CUDA_ERROR_INVALID_VALUE is not a failure: no dump, no count" "$out"
 
-# ---- item 14: requests of 2^53 bytes and more --------------------------------------------
+# ---- requests of 2^53 bytes and more --------------------------------------------
 scenario huge huge OOMGUARD_MAX_DUMPS=10
 py=$(python3 - "$dir" <<'PY' 2>&1
 import glob, json, re, sys
@@ -148,7 +148,7 @@ zero=$(printf '%s\n' "$txt" | grep -c " 0 B requested\|of 0 B ")
 result $([ $rc = 0 ] && [ -z "$py" ] && [ "$zero" = 0 ] && printf '%s\n' "$txt" | grep -q "18446744073709551615 bytes"; echo $?) \
     "requests of 2^53 and SIZE_MAX: exact integers in the dump's JSON and text" "$out$py$(printf '%s\n' "$txt" | head -5)"
 
-# ---- item 15: OOMGUARD_HISTORY events per process ------------------------------------------
+# ---- OOMGUARD_HISTORY events per process ------------------------------------------
 scenario history history OOMGUARD_HISTORY=100
 py=$(python3 - "$(dump)" <<'PY' 2>&1
 import json, sys

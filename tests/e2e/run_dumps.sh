@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# Dumps are never lost, never someone else's, never leak a secret (issue 11 items 6-11, 16-17,
-# issue 13 items 6 and 8).  The file-safety cases run again as an unprivileged user when the
+# Dumps are never lost, never someone else's, never leak a secret.  The file-safety cases run again as an unprivileged user when the
 # suite runs as root (root ignores permissions).  Ends with "N passed, N failed, N skipped".
 set -u
 . "$(dirname "$0")/../lib/suite.sh"   # suite_init, result

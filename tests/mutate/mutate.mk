@@ -1,4 +1,4 @@
-# `make mutate` and `make coverage` (issue 15).  Neither runs in CI: both take minutes.
+# `make mutate` and `make coverage`.  Neither runs in CI: both take minutes.
 #
 #   make mutate                 every mutant of tests/mutate/mutants.txt, one at a time, on a
 #                               clean copy of the tree (build-mutate/ inside it); prints the score
@@ -16,11 +16,11 @@ COV_FILTER   = --root . --object-directory $(COV_B) --filter 'shim/' --filter 't
 COV_FLAGS    = --coverage -fprofile-update=atomic
 
 .PHONY: mutate coverage
-mutate:
+mutate:  ## mutation testing: each mutant of the shim must be killed by the suite (minutes)
 	nice -n 10 python3 tests/mutate/mutate.py $(MUTATE_ARGS)
 
 # A separate build directory: the instrumented objects must never mix with the normal ones.
-coverage:
+coverage:  ## line coverage of the shim under the test suite (gcovr)
 	@command -v $(GCOVR) >/dev/null || { echo "make coverage needs gcovr (apt-get install gcovr)"; exit 1; }
 	rm -rf $(COV_B)
 	$(MAKE) --no-print-directory B=$(COV_B) CFLAGS="-O0 -g" SAN_FLAGS="$(COV_FLAGS)" test-build

@@ -1,11 +1,11 @@
 /* Programs for tests/reader/run_tests.sh, one mode per case; run under liboomguard.so on the
  * simulated GPU (SIMGPU_DEVICES=2).  Ends with "NAME: N checks, N failed".
  *   huge       requests no device holds: 2^53+1 bytes (cudaMalloc) and SIZE_MAX (cuMemAlloc),
- *              so the dump carries integers that a double cannot hold (issue 11 item 14)
+ *              so the dump carries integers that a double cannot hold
  *   ctxarrays  CUDA arrays (cuArrayCreate, cuArray3DCreate, cuMipmappedArrayCreate) in a created
  *              context that is destroyed, and in a primary context released to zero: their
  *              blocks leave the ledger with the context, and the runtime's with cudaDeviceReset
- *              (issue 11 item 4) */
+ *              (arrays leave the ledger with their context) */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <stdint.h>

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# tests/reader: a real dump with requests of 2^53+1 and SIZE_MAX bytes (issue 11 item 14) read
+# tests/reader: a real dump with requests of 2^53+1 and SIZE_MAX bytes read
 # exactly by every reader of the `oomguard` command (report in each format, merge, stats), the
-# shim's own evidence for it exact, and CUDA arrays leaving the ledger with their context (issue
-# 11 item 4).  Ends with "N passed, N failed".
+# shim's own evidence for it exact, and CUDA arrays leaving the ledger with their context.
+# Ends with "N passed, N failed".
 set -u
 . "$(dirname "$0")/../lib/suite.sh"   # suite_init, result
 suite_init reader

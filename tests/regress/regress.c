@@ -1,4 +1,4 @@
-/* Regression tests for bugs that once passed the whole suite (issue 15): each mode is one
+/* Regression tests for bugs that once passed the whole suite: each mode is one
  * scenario whose expected numbers are worked out by hand, checked against the shim's
  * counters, the simulator's ground truth, or (from tests/regress/run_regressions.sh) the dump.
  *

@@ -1,4 +1,4 @@
-# tests/regress: regression tests for bugs that once passed the suite (issue 15).
+# tests/regress: regression tests for bugs that once passed the suite.
 # Included from tests/tests.mk; run by tests/run_tests.sh through tests/regress/run_regressions.sh.
 REGRESS_PROGS := $(TEST_B)/regress
 

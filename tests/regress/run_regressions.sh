@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regression tests for bugs that once passed the whole suite (issue 15): each test names the
+# Regression tests for bugs that once passed the whole suite: each test names the
 # bug it catches; `make mutate` (tests/mutate/) checks that they still do.
 # Needs B (build dir) and PRELOAD (the shim, or "sanitizer-runtime shim").  Ends with
 # "N passed, N failed".

@@ -1,4 +1,4 @@
-# The scenario corpus (issue 9): realistic out-of-memory failures, each a user's program in
+# The scenario corpus: realistic out-of-memory failures, each a user's program in
 # tests/scenarios/progs/ with an expert's expectations in tests/scenarios/cases/NAME.json, run by
 # tests/scenarios/run_scenarios.py.  The stand-in libraries carry the real libraries' names so the
 # shim attributes them as it would in production.
@@ -41,11 +41,11 @@ $(SC_LIBDIR)/cupy/cuda/memory.so: tests/scenarios/kit/cupy_pool.c $(SC_KITDEPS)
 $(SC_B)/%: tests/scenarios/progs/%.c $(SC_LIBS)
 	$(CC) $(SC_CFLAGS) $< -o $@ -Wl,--as-needed $(SC_LIBS) -Wl,-rpath,'$$ORIGIN/lib:$$ORIGIN/lib/cupy/cuda' $(SC_RT) -lcuda
 
-scenario-progs: $(SC_PROGS)
+scenario-progs: $(SC_PROGS)  ## build the scenario corpus's programs
 test-build: $(SC_PROGS)
 
 # just the corpus: make B=... test-scenarios
-test-scenarios: all $(SC_PROGS)
+test-scenarios: all $(SC_PROGS)  ## the scenario corpus only
 	@B=$(B) SANITIZE=$(SANITIZE) python3 tests/scenarios/run_scenarios.py
 
 .PHONY: scenario-progs test-scenarios

@@ -10,5 +10,5 @@ $(B)/tests/stats_rank_job: tests/stats/rank_job.c $(SIM_LIBS)
 	$(CC) $(ALL_CFLAGS) -Isim $< -o $@ -L$(SIM_LIBDIR) -Wl,-rpath-link,$(SIM_LIBDIR) -lcudart -ldl
 
 .PHONY: test-stats
-test-stats: $(B)/oomguard $(B)/liboomguard.so $(SIM_LIBS) $(B)/tests/stats_rank_job $(B)/cli-test/og-measure
+test-stats: $(B)/oomguard $(B)/liboomguard.so $(SIM_LIBS) $(B)/tests/stats_rank_job $(B)/cli-test/og-measure  ## oomguard stats, Prometheus format and the cluster recipes only
 	@B=$(B) SANITIZE=$(SANITIZE) bash tests/stats/run_tests.sh

@@ -110,7 +110,7 @@ static void does_not_fit_threshold(void **state)
     diag(r);
     const og_cause_t *c = find(r, "does_not_fit");
     assert_non_null(c->id);
-    /* every input measured: certain, however small the margin (issue 9: not 52%) */
+    /* every input measured: certain, however small the margin (not 52%) */
     assert_true(c->confidence >= 0.9);
     assert_int_equal((uint64_t)ev(c, "missing_bytes"), 1);
     assert_string_equal(evt(c, "basis"), "measured");
@@ -700,7 +700,7 @@ static void tie_break_priority(void **state)
 }
 
 
-/* ------------------------------------------------------------------ issue 9: evidence model */
+/* ------------------------------------------------------------------ the evidence model */
 
 /* cuDNN fails while PyTorch holds 16 GiB whose cache was not measured: unknown is not zero */
 static void unknown_cache_keeps_cache_cause(void **state)

@@ -162,7 +162,7 @@ static void does_not_fit_selection(void **state)
 {
     og_record_t *r = dnf();
     run_primary(r, "does_not_fit");
-    /* 7 GiB missing of an 8 GiB request: ranked by what can cover it, then by cost (issue 9):
+    /* 7 GiB missing of an 8 GiB request: ranked by what can cover it, then by cost:
      * a smaller batch (the failing tensor shrinks with it) first, then moving or splitting the
      * model; halving activations (mixed precision, checkpointing) cannot cover 7 GiB alone */
     assert_string_equal(r->remedies[0].id, "smaller_batch");
@@ -589,7 +589,7 @@ static void huge_request_fits_no_card(void **state)
 }
 
 
-/* ------------------------------------------------------------------ issue 9 */
+/* ------------------------------------------------------------------ the scenario corpus's lessons */
 
 static void second_framework_knobs(void **state)
 {

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# House rules a reviewer would otherwise check by hand, checked on every `make test`:
+#  - every phony target of the makefiles is described in `make help` (its line carries a `## ` comment);
+#  - code, makefiles, tests and docs name what a thing is ("the scenario corpus"), never a numbered work item
+#    that a newcomer cannot look up.
+# Ends with "N passed, N failed".
+set -u
+. "$(dirname "$0")/../lib/suite.sh"
+suite_init lint
+cd "$root"
+
+mk_files=$(ls Makefile ./*/*.mk ./*/*/*.mk 2>/dev/null)
+
+# 1. make help lists every phony target
+help=$(make -s --no-print-directory help 2>&1)
+missing=""
+for t in $(sed -n 's/^\.PHONY:[[:space:]]*//p' $mk_files | tr ' ' '\n' | sort -u); do
+    printf '%s\n' "$help" | grep -qE "^  $t( |$)" || missing="$missing $t"
+done
+[ -z "$missing" ]; result $? "make help describes every phony target" "undescribed:$missing"
+
+# 2. no numbered work items in what is shipped or run
+refs=$(git ls-files -- ':!*.png' ':!*.pkl' ':!tests/lint/run_lint.sh' 2>/dev/null |
+       xargs grep -nIE '\b[Ii]ssues? ?#?[0-9]+\b|\b[Ii]tems? [0-9]+(-[0-9]+)?\b|\bsession [0-9]+\b' 2>/dev/null)
+[ -z "$refs" ]; result $? "no numbered work items in code, makefiles, tests or docs" "$refs"
+
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]
