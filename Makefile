@@ -43,7 +43,7 @@ ALL_CFLAGS = $(BASE_CFLAGS) $(CFLAGS) $(SAN_FLAGS)
 
 DEB_DEPS  := build-essential uthash-dev libunwind-dev libcmocka-dev libcjson-dev python3 chromium clang libclang-rt-14-dev libdw-dev python3-yaml gcovr
 
-.PHONY: all test bench demo install clean deps help
+.PHONY: all test bench demo install clean deps help format format-check
 all:  ## liboomguard.so, the oomguard command, the simulated GPU, the examples (default)
 
 include sim/sim.mk
@@ -65,6 +65,12 @@ install: all  ## install into DESTDIR/PREFIX (default /usr/local)
 	install -d $(DESTDIR)$(PREFIX)/lib/oomguard/python
 	install -m 0644 adapters/python/*.py $(DESTDIR)$(PREFIX)/lib/oomguard/python/
 	install -m 0644 README.md LICENSE docs/*.md $(DESTDIR)$(PREFIX)/share/doc/oomguard/
+
+FORMAT_SRC = $(shell git ls-files '*.c' '*.h' 2>/dev/null)
+format:  ## apply .clang-format to every C source in git
+	clang-format -i --style=file $(FORMAT_SRC)
+format-check:  ## fail if a C source differs from .clang-format's layout
+	clang-format --dry-run --Werror --style=file $(FORMAT_SRC)
 
 clean:  ## remove build, build-san, build-tsan and B
 	rm -rf build build-san build-tsan $(B)
