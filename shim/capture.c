@@ -668,6 +668,39 @@ static og_record_t *recovered_from_first(const og_record_t *now, const og_episod
     return f;
 }
 
+/* What failed: the event's fields from the episode (none for a warning or an exit record). */
+static void fill_event(og_record_t *rec, const og_episode_t *ep, int device)
+{
+    rec->event.device = device;
+    if (!ep)
+        return;
+    bool in_fw = ep->hook < 0 || ep->hook >= OG_H_COUNT;   /* inside the framework's allocator */
+    rec->event.requested_bytes = ep->requested;
+    rec->event.driver_api = in_fw ? "" : og_hooks[ep->hook].name;
+    rec->event.api = !in_fw ? api_name(ep->hook, (uintptr_t)ep->caller)
+                     : rec->memory.fw.api[0] ? rec->memory.fw.api : "framework allocator";
+    rec->event.framework_internal = in_fw;
+    rec->event.stream_ordered = ep->kind == OG_KIND_POOL;
+    rec->event.result = ep->result;
+    rec->event.caused_by_limit = ep->by_limit;
+    rec->event.t_rel = (double)(ep->last_t_ns - og_start_ns()) / 1e9;
+    rec->event.t = rec->time - (double)(og_now_ns() - ep->last_t_ns) / 1e9;
+    rec->event.attempts = ep->attempts;
+    rec->event.released_between_attempts_bytes = ep->released_before_attempt;
+    rec->event.recovered = ep->recovered;
+    rec->event.recovered_requested_bytes = ep->recovered_requested;
+    rec->event.recovered_t = ep->recovered ? rec->time - (double)(og_now_ns() - ep->recovered_t_ns) / 1e9 : 0;
+    const og_site_t *site = og_site_get(ep->site);
+    snprintf(rec->event.library, sizeof rec->event.library, "%s",
+             site ? og_lib_name(og_site_lib(site)) : og_lib_name(og_lib_of((uintptr_t)ep->caller)));
+    for (int f = 0; site && f < site->depth && f < 32; f++)
+        symbolize(site->frames[f], &rec->event.frames[rec->event.nframes++], true);
+    /* advice follows the framework of the failing call (several can share a process) */
+    int ffw = og_framework_of(rec->event.library, rec->event.library);
+    if (ffw != OG_FW_UNKNOWN && strcmp(og_opt.framework_s, "auto") == 0)
+        rec->framework = ffw;
+}
+
 og_record_t *og_record_capture(const char *status, const og_episode_t *ep, int device)
 {
     og_record_t *rec = calloc(1, sizeof *rec);
@@ -693,34 +726,7 @@ og_record_t *og_record_capture(const char *status, const og_episode_t *ep, int d
         rec->memory.fw.npy_frames = rec->memory.fw.npy_sites = 0;
     capture_history(rec, device);
 
-    rec->event.device = device;
-    if (ep) {
-        bool in_fw = ep->hook < 0 || ep->hook >= OG_H_COUNT;   /* inside the framework's allocator */
-        rec->event.requested_bytes = ep->requested;
-        rec->event.driver_api = in_fw ? "" : og_hooks[ep->hook].name;
-        rec->event.api = !in_fw ? api_name(ep->hook, (uintptr_t)ep->caller)
-                         : rec->memory.fw.api[0] ? rec->memory.fw.api : "framework allocator";
-        rec->event.framework_internal = in_fw;
-        rec->event.stream_ordered = ep->kind == OG_KIND_POOL;
-        rec->event.result = ep->result;
-        rec->event.caused_by_limit = ep->by_limit;
-        rec->event.t_rel = (double)(ep->last_t_ns - og_start_ns()) / 1e9;
-        rec->event.t = rec->time - (double)(og_now_ns() - ep->last_t_ns) / 1e9;
-        rec->event.attempts = ep->attempts;
-        rec->event.released_between_attempts_bytes = ep->released_before_attempt;
-        rec->event.recovered = ep->recovered;
-        rec->event.recovered_requested_bytes = ep->recovered_requested;
-        rec->event.recovered_t = ep->recovered ? rec->time - (double)(og_now_ns() - ep->recovered_t_ns) / 1e9 : 0;
-        const og_site_t *site = og_site_get(ep->site);
-        snprintf(rec->event.library, sizeof rec->event.library, "%s",
-                 site ? og_lib_name(og_site_lib(site)) : og_lib_name(og_lib_of((uintptr_t)ep->caller)));
-        for (int f = 0; site && f < site->depth && f < 32; f++)
-            symbolize(site->frames[f], &rec->event.frames[rec->event.nframes++], true);
-        /* advice follows the framework of the failing call (several can share a process) */
-        int ffw = og_framework_of(rec->event.library, rec->event.library);
-        if (ffw != OG_FW_UNKNOWN && strcmp(og_opt.framework_s, "auto") == 0)
-            rec->framework = ffw;
-    }
+    fill_event(rec, ep, device);
     /* an adapter that reported a framework's numbers is evidence of that framework */
     if (rec->memory.fw.has && rec->framework == OG_FW_UNKNOWN) {
         const char *n = rec->memory.fw.framework[0] ? rec->memory.fw.framework : rec->memory.fw.source;
@@ -783,6 +789,31 @@ og_record_t *og_record_capture(const char *status, const og_episode_t *ep, int d
     og_diagnose(rec, &th);
     og_select_remedies(rec);
     keep_first_failure(rec, ep, device);
+    return rec;
+}
+
+/* The record of a failure the dump budget refused, made when its episode ended unrecovered: what
+ * failed, from the episode; nothing of the memory at that moment (it is long gone), and says so. */
+og_record_t *og_record_unmeasured(const char *status, const og_episode_t *ep)
+{
+    og_record_t *rec = calloc(1, sizeof *rec);
+    if (!rec)
+        return NULL;
+    rec->status = status;
+    capture_process(rec);
+    capture_env(rec);
+    capture_framework(rec);
+    rec->device.index = ep->device;
+    rec->device.total_bytes = rec->device.free_bytes = OG_UNKNOWN;
+    rec->device.limit_bytes = rec->device.limit_usage_bytes = OG_UNKNOWN;
+    rec->memory.process_used_bytes = rec->memory.non_framework_bytes = OG_UNKNOWN;
+    rec->memory.context_bytes_estimate = rec->memory.framework_cached_bytes = OG_UNKNOWN;
+    rec->memory.other_processes_bytes = OG_UNKNOWN;
+    rec->diagnosis.shortfall_bytes = OG_UNKNOWN;
+    snprintf(rec->memory.unmeasured[rec->memory.nunmeasured++], sizeof rec->memory.unmeasured[0],
+             "everything but the failing call: OOMGUARD_MAX_DUMPS (%lld) was spent when it failed; recorded "
+             "from the failure alone when it proved final", og_opt.max_dumps);
+    fill_event(rec, ep, ep->device);
     return rec;
 }
 

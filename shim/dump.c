@@ -480,6 +480,24 @@ out:;
 static atomic_int warned_dir;
 static atomic_llong dumps_written;
 static atomic_int warned_budget;
+static atomic_llong briefs_written;
+
+/* Per device, the failure episode whose record was last admitted (its first attempt's time; 0
+ * none) and how many of its failed attempts were counted: its later rewrites are free. */
+static struct {
+    _Atomic uint64_t key;
+    atomic_int attempts;
+} on_disk[OG_MAX_DEVICES];
+
+/* The latest failure the budget refused, per device, while its episode is open: if it ends
+ * unrecovered and the file holds no unrecovered failure (only a recovery, a warning, an exit
+ * summary), a record made from the episode alone is written when that is known (exit, or a
+ * success long after), so the file never says "recovered" for a process whose last failure was
+ * not.  Guarded by pending_lock. */
+static struct {
+    bool set;
+    og_episode_t ep;
+} owed[OG_MAX_DEVICES];
 
 /* One file per process: a less serious record never replaces a more serious one (an exit
  * summary or a warning must not overwrite the evidence of a failure).  A failure's own
@@ -501,23 +519,33 @@ static bool severity_allows(int sev, int device)
     return sev >= cur || (sev == 2 && cur == 3 && atomic_load(&written_device) == device);
 }
 
+/* The budget (OOMGUARD_MAX_DUMPS) counts what happened, not how often a file was rewritten: each
+ * failed call dumped, each warning, each exit summary is one unit.  A failure's own record is
+ * rewritten in place within the unit it already has: when its episode recovers (PyTorch's
+ * flush-and-retry makes one by itself), and when the framework's numbers arrive for it. */
+static bool budget_take(void)
+{
+    if (atomic_load_explicit(&dumps_written, memory_order_relaxed) >= og_opt.max_dumps ||
+        atomic_fetch_add(&dumps_written, 1) >= og_opt.max_dumps) {
+        if (!atomic_exchange(&warned_budget, 1))
+            og_warn("%lld dumps written (OOMGUARD_MAX_DUMPS); later failures are counted but not measured",
+                    og_opt.max_dumps);
+        return false;
+    }
+    return true;
+}
+
 /* Before any capture: is a dump of this status wanted, and is one left in the budget?
- * Past OOMGUARD_MAX_DUMPS a failure costs this check, not a capture. */
-static bool dump_admit(const char *status, int device)
+ * Past OOMGUARD_MAX_DUMPS a failure costs this check, not a capture.  `free_rewrite`: the
+ * record of a failure already counted (no unit taken). */
+static bool dump_admit(const char *status, int device, bool free_rewrite)
 {
     if (!severity_allows(severity(status), device)) {
         if (og_opt.verbose)
             og_log("%s record not written: the dump file holds a more serious record", status);
         return false;
     }
-    if (atomic_load_explicit(&dumps_written, memory_order_relaxed) >= og_opt.max_dumps ||
-        atomic_fetch_add(&dumps_written, 1) >= og_opt.max_dumps) {
-        if (!atomic_exchange(&warned_budget, 1))
-            og_warn("%lld dumps written (OOMGUARD_MAX_DUMPS); later failures are counted but not dumped",
-                    og_opt.max_dumps);
-        return false;
-    }
-    return true;
+    return free_rewrite || budget_take();
 }
 
 static const char *dump_dir_fallback(void)
@@ -679,7 +707,7 @@ static void set_pending_brief(const og_episode_t *ep)
 {
     char msg[512], hb[32];
     snprintf(msg, sizeof msg,
-             "oomguard: %s of %s on device %d failed (no dump: OOMGUARD_MAX_DUMPS=%lld reached)\n",
+             "oomguard: %s of %s on device %d failed (not measured: OOMGUARD_MAX_DUMPS=%lld reached)\n",
              ep->hook >= 0 && ep->hook < OG_H_COUNT ? og_hooks[ep->hook].name : "allocation",
              og_bytes_fmt(hb, sizeof hb, (double)ep->requested, OG_BYTES_FIXED), ep->device, og_opt.max_dumps);
     store_pending(ep->device, msg);
@@ -700,9 +728,19 @@ void og_dump_atfork_child(void)
     atomic_store(&written_severity, -1);
     atomic_store(&written_device, -1);
     atomic_store(&dumps_written, 0);
+    atomic_store(&briefs_written, 0);
+    for (int d = 0; d < OG_MAX_DEVICES; d++) {
+        atomic_store(&on_disk[d].key, 0);
+        owed[d].set = false;
+    }
 }
 
-void og_dump_flush_pending(int device) { flush_pending(device); }
+static void write_owed(int device);
+void og_dump_flush_pending(int device)
+{
+    flush_pending(device);
+    write_owed(device);
+}
 
 /* The process is dying (fatal signal, _exit): async-signal-safe only. */
 void og_dump_fatal(void)
@@ -748,7 +786,7 @@ static void after_status(const og_record_t *rec, const og_episode_t *ep, const c
 
 void og_dump_capture_write(const char *status, int device)
 {
-    if (dump_admit(status, device))
+    if (dump_admit(status, device, false))
         capture_write_free(status, NULL, device, after_status);
     else if (og_opt.verbose)
         og_log("%s dump written: (none)", status);
@@ -761,17 +799,39 @@ static void after_failure(const og_record_t *rec, const og_episode_t *ep, const 
         og_log("dump written: %s", path[0] ? path : "(stderr)");
 }
 
+static void owe(int d, const og_episode_t *ep)
+{
+    if (d < 0 || d >= OG_MAX_DEVICES)
+        return;
+    pthread_mutex_lock(&pending_lock);
+    owed[d].set = ep != NULL;
+    if (ep)
+        owed[d].ep = *ep;
+    pthread_mutex_unlock(&pending_lock);
+}
+
 void og_report_failure(const og_episode_t *ep, og_call_t *c)
 {
+    int d = ep->device;
     bool fresh = ep->attempts == 1 && c->active;
     if (fresh)   /* a new failure on this device: its older unrecovered one is final */
-        flush_pending(ep->device);
-    if (!dump_admit("oom", ep->device)) {
+        flush_pending(d);
+    bool same = d >= 0 && d < OG_MAX_DEVICES && atomic_load(&on_disk[d].key) == ep->first_t_ns;
+    /* the framework's numbers for an attempt already counted: a rewrite within its unit */
+    bool refresh = same && ep->attempts <= atomic_load(&on_disk[d].attempts);
+    if (!dump_admit("oom", d, refresh)) {
+        if (!same)                   /* the file holds an older episode: this one is owed */
+            owe(d, ep);
         if (fresh)
             set_pending_brief(ep);
         return;
     }
-    capture_write_free("oom", ep, ep->device, after_failure);
+    if (d >= 0 && d < OG_MAX_DEVICES) {
+        atomic_store(&on_disk[d].key, ep->first_t_ns);
+        atomic_store(&on_disk[d].attempts, ep->attempts);
+        owe(d, NULL);
+    }
+    capture_write_free("oom", ep, d, after_failure);
 }
 
 static void after_recovered(const og_record_t *rec, const og_episode_t *ep, const char *path)
@@ -783,8 +843,45 @@ static void after_recovered(const og_record_t *rec, const og_episode_t *ep, cons
 
 void og_report_recovered(const og_episode_t *ep, og_call_t *c)
 {
-    clear_pending(ep->device);               /* recovered: no alarm on stderr */
-    if (!dump_admit("recovered", ep->device))
+    int d = ep->device;
+    clear_pending(d);               /* recovered: no alarm on stderr */
+    if (d < 0 || d >= OG_MAX_DEVICES)
         return;
-    capture_write_free("recovered", ep, ep->device, after_recovered);
+    owe(d, NULL);
+    /* only the episode whose record is on disk is rewritten, in place and within its unit; one
+     * the budget refused was never written and owes nothing now */
+    if (atomic_load(&on_disk[d].key) != ep->first_t_ns || !dump_admit("recovered", d, true))
+        return;
+    capture_write_free("recovered", ep, d, after_recovered);
+}
+
+/* Owed failures that ended unrecovered, written from their episodes alone (normal context only:
+ * exit, the destructor, a success long after; a fatal signal prints the stderr line instead).
+ * At most OOMGUARD_MAX_DUMPS of them, like the dumps themselves. */
+static void write_owed(int device)
+{
+    for (int d = 0; d < OG_MAX_DEVICES; d++) {
+        if (device >= 0 && d != device)
+            continue;
+        pthread_mutex_lock(&pending_lock);
+        bool set = owed[d].set;
+        og_episode_t ep = owed[d].ep;
+        owed[d].set = false;
+        pthread_mutex_unlock(&pending_lock);
+        /* a measured unrecovered failure on disk is worth more than a record of the failure alone */
+        if (!set || atomic_load(&written_severity) >= severity("oom") ||
+            atomic_fetch_add(&briefs_written, 1) >= og_opt.max_dumps)
+            continue;
+        og_record_t *rec = og_record_unmeasured("oom", &ep);
+        if (!rec)
+            continue;
+        char path[4800];
+        write_dump(rec, path, sizeof path);
+        if (og_opt.verbose)
+            og_log("device %d: a failure past the budget ended unrecovered; recorded from the failure alone: %s", d,
+                   path[0] ? path : "(none)");
+        atomic_store(&on_disk[d].key, ep.first_t_ns);
+        atomic_store(&on_disk[d].attempts, ep.attempts);
+        og_record_free(rec);
+    }
 }

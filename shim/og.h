@@ -343,6 +343,8 @@ void og_framework_atfork_child(void);
 /* ---------------------------------------------------------------- records (capture.c, redact.c) */
 
 struct og_record *og_record_capture(const char *status, const og_episode_t *ep, int device);
+/* A failure the dump budget refused, recorded later from its episode alone (nothing measured) */
+struct og_record *og_record_unmeasured(const char *status, const og_episode_t *ep);
 void og_record_free(struct og_record *rec);
 /* redact.c: what a dump may show of the command line and the environment */
 void og_cmdline_join(const char *raw, size_t n, char *out, size_t outsz);   /* NUL-separated argv */

@@ -1,6 +1,7 @@
 /* Dumps are never lost (tests/e2e/run_dumps.sh): a failure, then what the program does
  * next — exits, aborts, is killed, calls _exit, crashes, fails on a second device, keeps
- * failing past the dump budget, or keeps rewriting its dump while being killed.
+ * failing past the dump budget, recovers many times before failing for good, or keeps rewriting
+ * its dump while being killed.
  * Run on the simulated GPU with SIMGPU_DEVICES=2 SIMGPU_MEM=24GiB. */
 #include <cuda_runtime_api.h>
 #include <pthread.h>
@@ -158,6 +159,13 @@ int main(int argc, char **argv)
             fail(0);
         printf("failure past the budget: %.2f us\n", (now_us() - t0) / n);
         return 0;
+    } else if (!strcmp(mode, "recoveries")) {
+        /* N failures the framework recovers from (PyTorch's flush-and-retry), then one it does not */
+        int n = argc > 2 ? atoi(argv[2]) : 150;
+        for (int i = 0; i < n; i++)
+            recover(0, fail_only(0));
+        fail(0);
+        return 3;
     } else if (!strcmp(mode, "plain")) {
         void *p;
         for (int d = 0; d < 2; d++) {

@@ -174,6 +174,23 @@ us=$(printf '%s\n' "$out" | grep -o 'budget: [0-9.]*' | grep -o '[0-9.]*$')
 result $(python3 -c "import sys; sys.exit(0 if float('${us:-1e9}') < 50 else 1)"; echo $?) \
     "a failure past the budget costs ${us:-?} us (< 50: no capture)"
 result $([ "$(ls "$d" | wc -l)" = 2 ]; echo $?) "MAX_DUMPS=1: one dump ($(ls "$d" | wc -l) files)"
+# the budget counts failures, not writes: recovered episodes (each a failure and its in-place rewrite)
+# do not use up the dump of the failure that ends the process
+d=$(fresh recoveries)
+shim env OOMGUARD_DIR="$d" OOMGUARD_QUIET=1 "$prog" recoveries 150 >/dev/null 2>&1; rc=$?
+st=$(status_of "$d"/oomguard-*.json 2>/dev/null)
+bys=$("$root/$B/oomguard" stats "$d" --format json 2>/dev/null |
+      python3 -c 'import json,sys; b=json.load(sys.stdin)["by_status"]; print(b["oom"], b["recovered"])')
+result $([ $rc = 3 ] && [ "$st" = "oom 0" ] && [ "$bys" = "1 0" ] && [ "$(ls "$d" | wc -l)" = 2 ]; echo $?) \
+    "150 recovered failures, then a fatal one (default budget): the file says '$st', stats counts oom/recovered '$bys'"
+# past the budget the failure that proves final is still recorded, from the failure alone
+d=$(fresh recoveries-past)
+shim env OOMGUARD_DIR="$d" OOMGUARD_QUIET=1 OOMGUARD_MAX_DUMPS=10 "$prog" recoveries 30 >/dev/null 2>&1; rc=$?
+st=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); e=d["event"]
+print(d["status"], e["requested_bytes"] >> 30, any("OOMGUARD_MAX_DUMPS" in u for u in d["memory"]["unmeasured"]))' \
+     "$d"/oomguard-*.json 2>/dev/null)
+result $([ $rc = 3 ] && [ "$st" = "oom 64 True" ]; echo $?) \
+    "MAX_DUMPS=10, 30 recovered failures, then a fatal one: the file says '$st' (status, GiB, not measured)"
 
 # ---------------------------------------------------------------- secrets
 echo "== secrets"
