@@ -232,13 +232,14 @@ typedef struct {
 static void agg_block(const og_block_view_t *b, void *arg)
 {
     agg_t *a = arg;
-    if (b->device != a->device || b->kind == OG_KIND_HOST || b->site >= a->nsites)
+    if (b->device != a->device || b->kind == OG_KIND_HOST)
         return;
-    a->site_bytes[b->site] += b->size;
-    a->site_blocks[b->site]++;
-    a->site_hook[b->site] = (uint8_t)b->hook;
+    uint32_t s = b->site < a->nsites ? b->site : 0;   /* a site newer than the arrays: unknown, still counted */
+    a->site_bytes[s] += b->size;
+    a->site_blocks[s]++;
+    a->site_hook[s] = (uint8_t)b->hook;
     if (b->kind == OG_KIND_POOL)
-        a->site_pool[b->site] += b->size;
+        a->site_pool[s] += b->size;
 }
 
 static void symbolize(uintptr_t ip, og_frame_t *f, bool return_address)
@@ -264,11 +265,10 @@ static int cmp_site_desc(const void *x, const void *y, void *arg)
     return bytes[a] < bytes[b] ? 1 : bytes[a] > bytes[b] ? -1 : (a > b) - (a < b);
 }
 
-/* the ledger's totals for the device: memory by kind, host-pinned, peak and counters */
-static void ledger_totals(og_record_t *rec, int device)
+/* the ledger's totals for the device (`st`, read with its blocks): memory by kind, host-pinned, peak, counters */
+static void ledger_totals(og_record_t *rec, int device, const oomguard_device_stats_t *s)
 {
-    oomguard_device_stats_t st;
-    og_ledger_stats(device, &st);
+    const oomguard_device_stats_t st = *s;
     rec->memory.process_tracked_bytes = st.tracked_bytes;
     rec->memory.plain = st.plain_bytes;
     rec->memory.managed = st.managed_bytes;
@@ -276,9 +276,7 @@ static void ledger_totals(og_record_t *rec, int device)
     rec->memory.pool_used = st.pool_used_bytes;
     rec->memory.vmm_physical = st.vmm_physical_bytes;
     rec->memory.vmm_mapped = st.vmm_mapped_bytes;
-    oomguard_device_stats_t st0;
-    og_ledger_stats(0, &st0);
-    rec->memory.host_pinned_bytes = st0.host_pinned_bytes;
+    rec->memory.host_pinned_bytes = st.host_pinned_bytes;
     rec->history.peak_bytes = st.peak_tracked_bytes;
     rec->history.peak_t_rel = (double)(og_ledger_peak_t_ns(device) - og_start_ns()) / 1e9;
     if (og_ledger_peak_t_ns(device) == 0)
@@ -289,19 +287,16 @@ static void ledger_totals(og_record_t *rec, int device)
     rec->history.unknown_frees = st.unknown_frees;
 }
 
-/* the device's live blocks summed per allocation site; `order` (the sites with blocks, for the top sites) is
- * allocated here too so that a host out of memory skips the whole breakdown, not half of it */
-static bool sites_aggregate(agg_t *a, uint32_t **order)
+/* arrays for the device's live blocks summed per allocation site; `order` (the sites with blocks, for the top
+ * sites) is allocated here too so that a host out of memory skips the whole breakdown, not half of it */
+static bool sites_alloc(agg_t *a, uint32_t **order)
 {
     a->site_bytes = calloc(a->nsites, sizeof *a->site_bytes);
     a->site_blocks = calloc(a->nsites, sizeof *a->site_blocks);
     a->site_hook = calloc(a->nsites, 1);
     a->site_pool = calloc(a->nsites, sizeof *a->site_pool);
     *order = calloc(a->nsites, sizeof **order);
-    if (!a->site_bytes || !a->site_blocks || !a->site_hook || !a->site_pool || !*order)
-        return false;
-    og_ledger_foreach(agg_block, a);
-    return true;
+    return a->site_bytes && a->site_blocks && a->site_hook && a->site_pool && *order;
 }
 
 /* by library (the 32 largest holders, then the pools' own cache), whose pools, the peak's library; also lists
@@ -414,12 +409,20 @@ static void ledger_top_sites(og_record_t *rec, const agg_t *a, uint32_t *order, 
     }
 }
 
+/* Sites made between sizing the arrays and reading the ledger (other threads allocating) fit in this much
+ * room; any beyond it are summed as site 0 (unknown), never dropped. */
+#define OG_SITES_HEADROOM 4096
+
+/* Totals, by kind, by library and the top sites from one snapshot of the ledger: they add up. */
 static void capture_ledger(og_record_t *rec, int device)
 {
-    ledger_totals(rec, device);
-    agg_t a = {.device = device, .nsites = og_site_count()};
+    agg_t a = {.device = device, .nsites = og_site_count() + OG_SITES_HEADROOM};
     uint32_t *order = NULL, n = 0;
-    if (sites_aggregate(&a, &order) && ledger_by_library(rec, &a, order, &n))
+    bool sites = sites_alloc(&a, &order);
+    oomguard_device_stats_t st;
+    og_ledger_snapshot(device, &st, sites ? agg_block : NULL, &a);
+    ledger_totals(rec, device, &st);
+    if (sites && ledger_by_library(rec, &a, order, &n))
         ledger_top_sites(rec, &a, order, n);
     free(a.site_bytes);
     free(a.site_blocks);
@@ -763,6 +766,11 @@ og_record_t *og_record_capture(const char *status, const og_episode_t *ep, int d
     for (int d = 0; d < OG_MAX_DEVICES && rec->nsummary < 16; d++) {
         oomguard_device_stats_t st;
         og_ledger_stats(d, &st);
+        if (d == device) {   /* the failing device as its snapshot read it, not a moment later */
+            st.tracked_bytes = rec->memory.process_tracked_bytes;
+            st.peak_tracked_bytes = rec->history.peak_bytes;
+            st.allocs = rec->history.allocs;
+        }
         if (!st.allocs && !st.peak_tracked_bytes)
             continue;
         rec->summary[rec->nsummary].index = d;

@@ -519,6 +519,45 @@ size_t og_ledger_foreach(og_block_fn fn, void *arg)
 
 /* ------------------------------------------------------------------ queries */
 
+/* One shard's counters for `device` (and its pinned host memory when `host`); its lock held. */
+static void shard_sum(const shard_t *sh, int device, bool host, oomguard_device_stats_t *out)
+{
+    const shard_dev_t *sd = &sh->dev[device];
+    out->plain_bytes += sd->bytes[OG_KIND_PLAIN];
+    out->plain_blocks += sd->blocks[OG_KIND_PLAIN];
+    out->managed_bytes += sd->bytes[OG_KIND_MANAGED];
+    out->managed_blocks += sd->blocks[OG_KIND_MANAGED];
+    out->pool_used_bytes += sd->bytes[OG_KIND_POOL];
+    out->pool_blocks += sd->blocks[OG_KIND_POOL];
+    out->allocs += sd->allocs;
+    out->frees += sd->frees;
+    if (host) {
+        out->host_pinned_bytes += sh->host_bytes;
+        out->host_pinned_blocks += sh->host_blocks;
+    }
+}
+
+/* The device-wide figures that are not the shards' (pools, VMM, graph memory, counters);
+ * `vmm_physical`: as read with the handles (og_ledger_snapshot), else UINT64_MAX. */
+static void device_sum(const og_ledger_dev_t *d, uint64_t vmm_physical, oomguard_device_stats_t *out)
+{
+    /* an unreadable pool's reservation is what it handed out */
+    out->pool_reserved_bytes = atomic_load(&d->pool_reserved) + atomic_load(&d->pool_counted);
+    out->vmm_physical_bytes = vmm_physical != UINT64_MAX ? vmm_physical : atomic_load(&d->vmm_physical);
+    out->vmm_handles = atomic_load(&d->vmm_handles);
+    out->vmm_mapped_bytes = atomic_load(&d->vmm_mapped);
+    /* exact, whatever is still pending in the shards */
+    out->tracked_bytes = out->plain_bytes + out->managed_bytes + out->pool_reserved_bytes + out->vmm_physical_bytes +
+                         atomic_load(&d->graph_reserved);
+    out->peak_tracked_bytes = atomic_load(&d->peak);
+    if (out->tracked_bytes > out->peak_tracked_bytes)   /* a rise still pending in a shard */
+        out->peak_tracked_bytes = out->tracked_bytes;
+    out->allocs += atomic_load(&d->slow_allocs);
+    out->frees += atomic_load(&d->slow_frees);
+    out->failures = atomic_load(&d->failures);
+    out->unknown_frees = atomic_load(&d->unknown_frees);
+}
+
 void og_ledger_stats(int device, oomguard_device_stats_t *out)
 {
     memset(out, 0, sizeof *out);
@@ -532,36 +571,59 @@ void og_ledger_stats(int device, oomguard_device_stats_t *out)
     for (int i = 0; i < SHARDS; i++) {
         shard_t *sh = &og_shards[i];
         og_spin_lock(&sh->lock);
-        const shard_dev_t *sd = &sh->dev[device];
-        out->plain_bytes += sd->bytes[OG_KIND_PLAIN];
-        out->plain_blocks += sd->blocks[OG_KIND_PLAIN];
-        out->managed_bytes += sd->bytes[OG_KIND_MANAGED];
-        out->managed_blocks += sd->blocks[OG_KIND_MANAGED];
-        out->pool_used_bytes += sd->bytes[OG_KIND_POOL];
-        out->pool_blocks += sd->blocks[OG_KIND_POOL];
-        out->allocs += sd->allocs;
-        out->frees += sd->frees;
-        if (device == 0) {
-            out->host_pinned_bytes += sh->host_bytes;
-            out->host_pinned_blocks += sh->host_blocks;
-        }
+        shard_sum(sh, device, device == 0, out);
         og_spin_unlock(&sh->lock);
     }
-    /* an unreadable pool's reservation is what it handed out */
-    out->pool_reserved_bytes = atomic_load(&d->pool_reserved) + atomic_load(&d->pool_counted);
-    out->vmm_physical_bytes = atomic_load(&d->vmm_physical);
-    out->vmm_handles = atomic_load(&d->vmm_handles);
-    out->vmm_mapped_bytes = atomic_load(&d->vmm_mapped);
-    /* exact, whatever is still pending in the shards */
-    out->tracked_bytes = out->plain_bytes + out->managed_bytes + out->pool_reserved_bytes + out->vmm_physical_bytes +
-                         atomic_load(&d->graph_reserved);
-    out->peak_tracked_bytes = atomic_load(&d->peak);
-    if (out->tracked_bytes > out->peak_tracked_bytes)   /* a rise still pending in a shard */
-        out->peak_tracked_bytes = out->tracked_bytes;
-    out->allocs += atomic_load(&d->slow_allocs);
-    out->frees += atomic_load(&d->slow_frees);
-    out->failures = atomic_load(&d->failures);
-    out->unknown_frees = atomic_load(&d->unknown_frees);
+    device_sum(d, UINT64_MAX, out);
+}
+
+/* og_ledger_snapshot's walk of the VMM handles: passes them on and sums the device's. */
+typedef struct {
+    og_block_fn fn;
+    void *arg;
+    int device;
+    uint64_t vmm_bytes;
+} vmm_walk_t;
+static void vmm_walk(const og_block_view_t *b, void *arg)
+{
+    vmm_walk_t *w = arg;
+    if (b->device == w->device)
+        w->vmm_bytes += b->size;
+    if (w->fn)
+        w->fn(b, w->arg);
+}
+
+/* What a dump compares (totals, by kind, the blocks summed by site and library) read at one
+ * moment: every shard locked at once, so the sums agree however many threads allocate meanwhile
+ * (they wait for the copy).  VMM handles (rare, under their own lock, taken before the shards
+ * by fork's handler) are walked right after, and the device's VMM total is the sum of that walk,
+ * so by kind and by block still agree.  `fn` sees every live block (as og_ledger_foreach) and
+ * must not call into the shim. */
+void og_ledger_snapshot(int device, oomguard_device_stats_t *out, og_block_fn fn, void *arg)
+{
+    memset(out, 0, sizeof *out);
+    og_ledger_dev_t *d = dev_of(device);
+    if (!d)
+        return;
+    if (!atomic_load(&og_exiting))
+        og_ledger_pools_refresh(device);
+    for (int i = 0; i < SHARDS; i++)
+        og_spin_lock(&og_shards[i].lock);
+    for (int i = 0; i < SHARDS; i++) {
+        shard_t *s = &og_shards[i];
+        shard_sum(s, device, true, out);
+        for (og_block_t *b = s->table; fn && b; b = b->hh.next) {
+            if (b == &s->sentinel || (b->flags & OG_KIND_F_IPC))
+                continue;
+            og_block_view_t v = {b->addr, b->size, og_ticks_to_ns(b->t_ns), b->site, b->device, b->kind, b->hook};
+            fn(&v, arg);
+        }
+    }
+    for (int i = SHARDS - 1; i >= 0; i--)
+        og_spin_unlock(&og_shards[i].lock);
+    vmm_walk_t w = {fn, arg, device, 0};
+    og_vmm_foreach(vmm_walk, &w);
+    device_sum(d, w.vmm_bytes, out);
 }
 
 uint64_t og_ledger_tracked(int device)

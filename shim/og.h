@@ -221,6 +221,11 @@ uint64_t og_ledger_ipc_mapped(int device);      /* bytes of IPC mappings open on
 uint64_t og_ledger_peak_t_ns(int device);
 bool og_ledger_unmeasured(int device, char *why, size_t n);   /* ledger part of memory.unmeasured */
 void og_ledger_stats(int device, oomguard_device_stats_t *out);
+struct og_block_view;
+/* The device's totals (as og_ledger_stats, plus pinned host memory) and every live block (fn,
+ * as og_ledger_foreach; NULL: none) read at one moment, all shards locked: a dump's sums agree. */
+void og_ledger_snapshot(int device, oomguard_device_stats_t *out,
+                        void (*fn)(const struct og_block_view *b, void *arg), void *arg);
 
 enum og_event_op { OG_EV_ALLOC, OG_EV_FREE, OG_EV_FAIL, OG_EV_POOL_GROW, OG_EV_POOL_SHRINK };
 typedef struct og_history_event {

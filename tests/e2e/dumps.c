@@ -63,6 +63,46 @@ static void on_segv_once(int sig, siginfo_t *si, void *uc)
     raise(sig);
 }
 
+/* Allocates and frees blocks of 1-64 MiB on device 0 until told to stop. */
+static volatile int churn_stop;
+static void *churner(void *arg)
+{
+    unsigned seed = (unsigned)(uintptr_t)arg;
+    void *held[16] = {0};
+    cudaSetDevice(0);
+    while (!churn_stop) {
+        int k = (int)(rand_r(&seed) % 16);
+        if (held[k]) {
+            cudaFree(held[k]);
+            held[k] = NULL;
+        } else if (cudaMalloc(&held[k], ((size_t)(rand_r(&seed) % 64) + 1) << 20) != cudaSuccess) {
+            held[k] = NULL;
+        }
+    }
+    for (int k = 0; k < 16; k++)
+        if (held[k])
+            cudaFree(held[k]);
+    return NULL;
+}
+
+/* Copies this process's dump to DIR/copy-N.json (the dump is replaced atomically: a whole file). */
+static void copy_dump(int n)
+{
+    char host[256] = "", src[4096], dst[4096];
+    gethostname(host, sizeof host - 1);
+    snprintf(src, sizeof src, "%s/oomguard-%s-%d.json", getenv("OOMGUARD_DIR"), host, (int)getpid());
+    snprintf(dst, sizeof dst, "%s/copy-%d.json", getenv("OOMGUARD_DIR"), n);
+    FILE *in = fopen(src, "rb"), *out = in ? fopen(dst, "wb") : NULL;
+    char buf[65536];
+    size_t k;
+    while (out && (k = fread(buf, 1, sizeof buf, in)) > 0)
+        fwrite(buf, 1, k, out);
+    if (out)
+        fclose(out);
+    if (in)
+        fclose(in);
+}
+
 static void *rewriter(void *arg)
 {
     for (;;)
@@ -166,6 +206,22 @@ int main(int argc, char **argv)
             recover(0, fail_only(0));
         fail(0);
         return 3;
+    } else if (!strcmp(mode, "snapshot")) {
+        /* N failures on device 0 while 4 threads allocate and free there; each dump copied */
+        int n = argc > 2 ? atoi(argv[2]) : 20;
+        pthread_t t[4];
+        for (int i = 0; i < 4; i++)
+            pthread_create(&t[i], NULL, churner, (void *)(uintptr_t)(i + 1));
+        usleep(20000);
+        for (int i = 0; i < n; i++) {
+            fail(0);
+            copy_dump(i);
+            usleep(2000);
+        }
+        churn_stop = 1;
+        for (int i = 0; i < 4; i++)
+            pthread_join(t[i], NULL);
+        return 0;
     } else if (!strcmp(mode, "plain")) {
         void *p;
         for (int d = 0; d < 2; d++) {

@@ -192,6 +192,30 @@ print(d["status"], e["requested_bytes"] >> 30, any("OOMGUARD_MAX_DUMPS" in u for
 result $([ $rc = 3 ] && [ "$st" = "oom 64 True" ]; echo $?) \
     "MAX_DUMPS=10, 30 recovered failures, then a fatal one: the file says '$st' (status, GiB, not measured)"
 
+# ---------------------------------------------------------------- one moment per dump
+echo "== a dump taken while other threads allocate agrees with itself"
+d=$(fresh snapshot)
+shim env OOMGUARD_DIR="$d" OOMGUARD_QUIET=1 "$prog" snapshot 20 >/dev/null 2>&1; rc=$?
+out=$(python3 - "$d" <<'EOF'
+import glob, json, sys
+bad, n = [], 0
+for f in sorted(glob.glob(sys.argv[1] + "/copy-*.json")):
+    d = json.load(open(f)); m = d["memory"]; k = m["by_kind"]; n += 1
+    t = m["process_tracked_bytes"]
+    got = {"by_kind": k["plain"] + k["managed"] + k["pool_reserved"] + k["vmm_physical"],
+           "by_library": sum(u["bytes"] for u in m["by_library"]),
+           "top_sites": sum(s["bytes"] for s in d["top_sites"])}
+    blocks = (sum(u["blocks"] for u in m["by_library"]), sum(s["blocks"] for s in d["top_sites"]))
+    peak = [x["peak_bytes"] for x in d["summary"]["devices"] if x["index"] == 0]
+    if any(v != t for v in got.values()) or blocks[0] != blocks[1] or d["history"]["peak_bytes"] < t or \
+       peak != [d["history"]["peak_bytes"]]:
+        bad.append("%s: tracked %d %s blocks %s peak %s" % (f.rsplit("/", 1)[1], t, got, blocks, peak))
+print(n, len(bad), "; ".join(bad[:2]))
+EOF
+)
+result $([ $rc = 0 ] && [ "${out%% *}" = 20 ] && [ "$(echo "$out" | cut -d' ' -f2)" = 0 ]; echo $?) \
+    "20 dumps while 4 threads allocate: totals, by kind, by library, top sites and peaks agree (dumps, disagreeing: $out)"
+
 # ---------------------------------------------------------------- secrets
 echo "== secrets"
 d=$(fresh secrets)
