@@ -7,7 +7,9 @@
  * chains to what was installed before: a program handler still runs, an ignored signal
  * stays ignored, and a default one still kills with the same signal (exit status, core).
  * A program that installs its own handler later simply replaces ours.  Everything done in
- * a handler is async-signal-safe (write, unlinkat, sigaction, raise). */
+ * a handler is async-signal-safe (write, unlinkat, sigaction, sigpending, raise).  A signal a
+ * program handler deals with (a runtime that faults on purpose) is no end: only one that will
+ * end the process marks it dying (ends_after_handler). */
 #include "og.h"
 
 #include <errno.h>
@@ -26,14 +28,32 @@ static bool is_fault(int sig)
     return sig == SIGSEGV || sig == SIGBUS || sig == SIGFPE || sig == SIGILL || sig == SIGABRT;
 }
 
+/* After a program handler returned: will this signal still end the process?  Only when it is
+ * left to its default action (the handler reset it, or it was one-shot) and it comes again:
+ * re-raised (pending now), or a hardware fault, whose instruction runs again on return.  A
+ * handler that fixed the fault and returned (a JVM's null check, a Julia safepoint, a wasm
+ * bounds check), or one that left by siglongjmp (never returning here), leaves no mark: the
+ * process is not dying, nothing is printed, later dumps go where they always go. */
+static bool ends_after_handler(int sig, const siginfo_t *si)
+{
+    struct sigaction now;
+    if (sigaction(sig, NULL, &now) != 0 || (now.sa_flags & SA_SIGINFO) || now.sa_handler != SIG_DFL)
+        return false;
+    sigset_t pend;
+    if (sigpending(&pend) == 0 && sigismember(&pend, sig))
+        return true;
+    return si && si->si_code > 0 && is_fault(sig) && sig != SIGABRT;
+}
+
 static void on_fatal(int sig, siginfo_t *si, void *uc)
 {
     int saved = errno;
     const struct sigaction *p = &prev[sig];
     bool dfl = !(p->sa_flags & SA_SIGINFO) && p->sa_handler == SIG_DFL;
-    /* a program handler for SIGTERM/SIGINT may carry on: then it is not the end yet (its
-     * exit() or _exit() prints); a fault or a default action is the end */
-    if (dfl || is_fault(sig))
+    /* the default action is the end; a program handler may carry on (handled faults, a TERM
+     * handler that cleans up): then the end is decided once it returns, or by its exit(),
+     * _exit() or abort(), which print themselves */
+    if (dfl)
         og_dump_fatal();
     if (p->sa_flags & SA_RESETHAND) {
         /* a one-shot handler (it re-raises to die): reset as if it had been called directly */
@@ -54,6 +74,8 @@ static void on_fatal(int sig, siginfo_t *si, void *uc)
     } else if (p->sa_handler != SIG_IGN) {
         p->sa_handler(sig);
     }
+    if (!dfl && ends_after_handler(sig, si))
+        og_dump_fatal();
     errno = saved;
 }
 

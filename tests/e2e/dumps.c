@@ -5,6 +5,7 @@
  * Run on the simulated GPU with SIMGPU_DEVICES=2 SIMGPU_MEM=24GiB. */
 #include <cuda_runtime_api.h>
 #include <pthread.h>
+#include <setjmp.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/mman.h>
 
 #define GiB (1024ull * 1024 * 1024)
 
@@ -61,6 +63,38 @@ static void on_segv_once(int sig, siginfo_t *si, void *uc)
     if (write(STDERR_FILENO, "program handler\n", 16) < 0)
         _exit(98);
     raise(sig);
+}
+
+/* A runtime that faults on purpose (a JVM's implicit null checks, Julia's safepoints, wasm bounds
+ * checks): its SIGSEGV handler either fixes the page and returns, or leaves by siglongjmp. */
+static char *guard_page;
+static sigjmp_buf fault_jmp;
+static volatile int fault_by_jump;
+static void on_planned_fault(int sig, siginfo_t *si, void *uc)
+{
+    if ((char *)si->si_addr != guard_page)
+        _exit(97);
+    if (fault_by_jump)
+        siglongjmp(fault_jmp, 1);
+    mprotect(guard_page, 4096, PROT_READ | PROT_WRITE);   /* fixed: the write runs again, now fine */
+}
+static void planned_faults_setup(void)   /* at start-up, as a runtime does: before any failure */
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_planned_fault;
+    sa.sa_flags = SA_SIGINFO;
+    sigaction(SIGSEGV, &sa, NULL);
+    guard_page = mmap(NULL, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+}
+static void planned_faults(int n)
+{
+    for (volatile int i = 0; i < n; i++) {
+        fault_by_jump = i & 1;
+        mprotect(guard_page, 4096, PROT_NONE);
+        if (sigsetjmp(fault_jmp, 1) == 0)
+            *(volatile char *)guard_page = 1;
+    }
 }
 
 /* Allocates and frees blocks of 1-64 MiB on device 0 until told to stop. */
@@ -205,6 +239,19 @@ int main(int argc, char **argv)
         for (int i = 0; i < n; i++)
             recover(0, fail_only(0));
         fail(0);
+        return 3;
+    } else if (!strcmp(mode, "faults")) {
+        /* a failure nothing recovers from yet, 1000 faults the program's own handler deals with,
+         * a recovery on device 1, then the failure again, bigger: it is the last word */
+        void *p;
+        planned_faults_setup();
+        fail(0);
+        planned_faults(argc > 2 ? atoi(argv[2]) : 1000);
+        fprintf(stderr, "faults handled\n");
+        recover(1, fail_only(1));
+        cudaSetDevice(0);
+        if (cudaMalloc(&p, 48 * GiB) == cudaSuccess)
+            return 90;
         return 3;
     } else if (!strcmp(mode, "snapshot")) {
         /* N failures on device 0 while 4 threads allocate and free there; each dump copied */

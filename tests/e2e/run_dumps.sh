@@ -145,6 +145,22 @@ for m in abort term _exit segv handler oneshot; do
     result $([ "$n" = 1 ] && [ $rc = $want ] && [ "$h" -le 1 ]; echo $?) \
         "dies by $m: summary printed $n time(s), exit $rc as without oomguard ($want), program handler ran $h time(s)"
 done
+# a runtime that faults on purpose (its own SIGSEGV handler fixes the page or siglongjmps) is not dying:
+# 1000 handled faults print nothing, and the failure after them is dumped where dumps go (with and
+# without O_TMPFILE, where a process marked dying could only print its dump on stderr)
+for fs in tmpfile no_tmpfile; do
+    d=$(fresh "faults-$fs"); mkdir -p "$d/tmp"
+    pre=$PRELOAD; [ $fs = no_tmpfile ] && pre="$PRELOAD $root/$B/tests/libno_tmpfile.so"
+    env LD_PRELOAD="$pre" OOMGUARD_DIR="$d" TMPDIR="$d/tmp" "$prog" faults 1000 >"$d/out" 2>&1; rc=$?
+    n=$(summaries "$d/out")
+    first=$(grep -n -m1 "^oomguard: .* failed: " "$d/out" | cut -d: -f1)
+    mark=$(grep -n -m1 "^faults handled" "$d/out" | cut -d: -f1)
+    st=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["status"], d["event"]["requested_bytes"] >> 30)' \
+         "$d"/oomguard-*.json 2>/dev/null)
+    result $([ $rc = 3 ] && [ "$n" = 1 ] && [ "${first:-0}" -gt "${mark:-0}" ] && [ "$st" = "oom 48" ] &&
+             [ -z "$(ls -A "$d/tmp")" ]; echo $?) \
+        "[$fs] 1000 SIGSEGVs the program handles, then a failure: summary printed $n time(s), after them ($first > $mark), dump '$st' in OOMGUARD_DIR, $(ls -A "$d/tmp" | wc -l) in TMPDIR"
+done
 d=$(fresh sum-twodev)
 shim env OOMGUARD_DIR="$d" "$prog" twodev >"$d/out" 2>&1
 n=$(summaries "$d/out"); dev=$(grep "^oomguard: .* failed: " "$d/out" | grep -o "on device [0-9]*")
