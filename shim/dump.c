@@ -14,10 +14,12 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -236,6 +238,25 @@ static void hidden_name(char *buf, size_t n)
              (unsigned long long)og_now_ns());
 }
 
+/* A writer holds its temporary file's lock (flock: per open file, dropped by the kernel however
+ * the writer dies) for as long as it lives: that is how a sweep tells a write in progress from
+ * what a SIGKILL left (sweep_orphans).  False: a sweep in another process took the new hidden
+ * file for an orphan in the moment before the lock (its link count is 0 now); the caller makes
+ * another.  No lock on this file system: the sweep falls back to the file's age. */
+static bool claim(int fd, bool named)
+{
+    for (int i = 0; flock(fd, LOCK_EX | LOCK_NB) != 0; i++) {
+        if ((errno != EWOULDBLOCK && errno != EINTR) || !named)
+            return true;
+        if (i == 200)
+            return false;                          /* a sweep holds it: it is about to go */
+        struct timespec ts = {0, 50 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    struct stat st;
+    return !named || fstat(fd, &st) != 0 || st.st_nlink > 0;
+}
+
 /* One file of a dump before it has its name: an unnamed O_TMPFILE, else a hidden file. */
 typedef struct {
     int fd;
@@ -248,7 +269,7 @@ static bool tmp_open(int dfd, og_tmp_t *t, bool named)
     t->tmpname[0] = 0;
     if (!named) {
         t->fd = openat(dfd, ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
-        return t->fd >= 0;
+        return t->fd >= 0 && claim(t->fd, false);   /* its hidden link (tmp_replace) is this locked file */
     }
     for (int k = 0; k < 16; k++) {
         hidden_name(t->tmpname, sizeof t->tmpname);
@@ -267,8 +288,14 @@ static bool tmp_open(int dfd, og_tmp_t *t, bool named)
             break;
         }
         creation_end();
-        if (t->fd >= 0)
+        if (t->fd >= 0 && claim(t->fd, true))
             return true;
+        if (t->fd >= 0) {                          /* swept before it was locked: another name */
+            close(t->fd);
+            t->fd = -1;
+            scratch_clear(t->slot);
+            continue;
+        }
         scratch_clear(t->slot);
         if (errno != EEXIST)
             break;
@@ -341,12 +368,16 @@ static void tmp_close(int dfd, og_tmp_t *t)
 }
 
 /* A SIGKILL (or a power cut) between creating a hidden name and renaming it cannot be caught, so
- * a hidden temporary file may outlive its writer on a file system without O_TMPFILE.  A write
- * lasts milliseconds: a file of ours older than this is an orphan whoever made it (its pid may be
- * another namespace's), and the first dump this process writes in a directory removes such files.
- * Only this uid's regular files named like ours; others' are not ours to judge (and the sticky
- * bit of a shared directory forbids it anyway). */
+ * a hidden temporary file may outlive its writer (on a file system without O_TMPFILE, or the
+ * moment a dump is renamed over an older one).  A live writer holds its file's lock (claim), so a
+ * file of ours whose lock can be taken is an orphan, whoever made it (its pid may be another
+ * namespace's).  Where the file system has no locks, a file older than OG_ORPHAN_AGE_S is (a
+ * write lasts milliseconds).  Swept when the process starts, in its dump directory
+ * (og_dump_sweep_start), and by the first dump it writes in any directory.  Only this uid's
+ * regular files named like ours; others' are not ours to judge (and the sticky bit of a shared
+ * directory forbids it anyway). */
 #define OG_ORPHAN_AGE_S 600
+#define OG_SWEEP_MAX_ENTRIES 20000   /* a start-up in a huge directory reads no more than this */
 
 static bool scratch_like(const char *n)
 {
@@ -354,7 +385,29 @@ static bool scratch_like(const char *n)
     return strncmp(n, ".oomguard-", 10) == 0 && len > 14 && strcmp(n + len - 4, ".tmp") == 0;
 }
 
-static void sweep_orphans(int dfd)
+/* Is this hidden file an orphan?  Its lock tells (taken: removed here, under the lock). */
+static void sweep_one(int dfd, const char *name, const struct stat *st, time_t now)
+{
+    int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    struct stat fs;
+    if (fd < 0 || fstat(fd, &fs) != 0 || fs.st_dev != st->st_dev || fs.st_ino != st->st_ino) {
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    bool orphan;
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+        orphan = true;                              /* no writer holds it */
+    else
+        orphan = errno != EWOULDBLOCK && now - st->st_mtime > OG_ORPHAN_AGE_S;   /* no locks here */
+    struct stat again;
+    if (orphan && fstatat(dfd, name, &again, AT_SYMLINK_NOFOLLOW) == 0 && again.st_ino == fs.st_ino &&
+        again.st_dev == fs.st_dev)
+        unlinkat(dfd, name, 0);
+    close(fd);
+}
+
+static void sweep_orphans(int dfd, long max_entries)
 {
     int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
@@ -366,13 +419,24 @@ static void sweep_orphans(int dfd)
     time_t now = time(NULL);
     uid_t me = geteuid();
     struct dirent *e;
-    while ((e = readdir(d))) {
+    for (long n = 0; (e = readdir(d)) && n < max_entries; n++) {
         struct stat st;
         if (scratch_like(e->d_name) && fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-            S_ISREG(st.st_mode) && st.st_uid == me && now - st.st_mtime > OG_ORPHAN_AGE_S)
-            unlinkat(dfd, e->d_name, 0);
+            S_ISREG(st.st_mode) && st.st_uid == me)
+            sweep_one(dfd, e->d_name, &st, now);
     }
     closedir(d);
+}
+
+/* At start-up, in the dump directory (OOMGUARD_DIR, else the working directory): what earlier
+ * processes killed there left is removed now, not only when this one writes a dump. */
+void og_dump_sweep_start(void)
+{
+    int dfd = open(og_opt.dir_s[0] ? og_opt.dir_s : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+        return;
+    sweep_orphans(dfd, OG_SWEEP_MAX_ENTRIES);
+    close(dfd);
 }
 
 /* The names this process holds: its dump there is replaced in place, and no other file is
@@ -442,7 +506,7 @@ static bool write_pair(const char *dir, const char *base, const og_sb_t *json, c
                 if (tmp_link(dfd, &tt, tname) == 0) {
                     if (!o) {   /* the first dump of this process in this directory */
                         o = nowned < 4 ? &owned[nowned++] : &owned[3];
-                        sweep_orphans(dfd);
+                        sweep_orphans(dfd, LONG_MAX);
                     }
                     o->dir_dev = ds.st_dev;
                     o->dir_ino = ds.st_ino;

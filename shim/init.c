@@ -123,6 +123,7 @@ __attribute__((constructor)) static void og_constructor(void)
     og_init_slow();
     og_in_shim++;
     python_adapter_path();
+    og_dump_sweep_start();      /* here, not on an allocation's path */
     og_in_shim--;
 }
 

@@ -365,6 +365,7 @@ void og_dump_capture_write(const char *status, int device);   /* a "warning"/"ex
 void og_dump_flush_pending(int device);   /* the device's unrecovered failure is final; -1: all */
 void og_dump_fatal(void);                 /* dying: summaries out, temp names gone (signal-safe) */
 void og_dump_atfork_child(void);
+void og_dump_sweep_start(void);           /* at start-up: orphaned temporaries in the dump directory */
 
 /* ---------------------------------------------------------------- fatal signals and _exit (fatal.c) */
 

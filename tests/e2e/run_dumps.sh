@@ -63,7 +63,7 @@ file_safety() {   # file_safety LABEL: every case writes below $work/<case>-LABE
 
     # killed while rewriting its dump: no hidden file left (TERM, HUP: handled; KILL: counted)
     d=$(fresh "kill-$L")
-    local sig i left=0 leftk=0
+    local sig i left=0 leftk=0 startk=0
     for i in 1 2 3 4 5 6 7 8 9; do
         for sig in TERM HUP KILL; do
             env OOMGUARD_DIR="$d" OOMGUARD_QUIET=1 OOMGUARD_MAX_DUMPS=1000000 LD_PRELOAD="$PRELOAD" "$prog" rewrite \
@@ -76,24 +76,43 @@ file_safety() {   # file_safety LABEL: every case writes below $work/<case>-LABE
               for w in $(seq 30); do kill -0 $p || break; sleep 0.1; done
               kill -KILL $p; wait $p; } 2>/dev/null
             n=$(find "$d" -name '.*' -type f | wc -l)
-            if [ $sig = KILL ]; then leftk=$((leftk + n)); else left=$((left + n)); fi
+            if [ $sig = KILL ]; then
+                leftk=$((leftk + n))
+                # what only a SIGKILL leaves goes when the next process starts there (no dump written)
+                env OOMGUARD_DIR="$d" LD_PRELOAD="$PRELOAD" true
+                startk=$((startk + $(find "$d" -name '.*' -type f | wc -l)))
+            else
+                left=$((left + n))
+            fi
             find "$d" -name '.*' -type f -delete
         done
     done
     result $([ $left = 0 ]; echo $?) "[$L] 18 kills (TERM, HUP) while rewriting: $left hidden files left (KILL: $leftk)"
+    result $([ $startk = 0 ]; echo $?) \
+        "[$L] 9 SIGKILLs while rewriting: $leftk hidden files left, $startk after the next process started there"
 
-    # what a SIGKILL left (uncatchable) is removed by the next dump in the directory once it is
-    # surely an orphan (older than 10 minutes); a fresh one (a write in progress) and files not
+    # what a SIGKILL left (uncatchable) is removed when the next process starts in the directory, however
+    # young: no live writer holds its lock; a file a writer holds (a write in progress) and files not
     # named like ours stay
     d=$(fresh orphans-$L)
     printf x >"$d/.oomguard-4242-0-1.tmp"; touch -d '-11 minutes' "$d/.oomguard-4242-0-1.tmp"
-    printf x >"$d/.oomguard-4243-0-1.tmp"; touch -d '-5 minutes' "$d/.oomguard-4243-0-1.tmp"
+    printf x >"$d/.oomguard-4245-0-1.tmp"
+    printf x >"$d/.oomguard-4243-0-1.tmp"
     printf x >"$d/.oomguard-notes"; touch -d '-1 day' "$d/.oomguard-notes"
     ln -s "$d/.oomguard-notes" "$d/.oomguard-4244-0-1.tmp"; touch -h -d '-1 day' "$d/.oomguard-4244-0-1.tmp"
-    env OOMGUARD_DIR="$d" OOMGUARD_QUIET=1 LD_PRELOAD="$PRELOAD" "$prog" exit >/dev/null 2>&1
-    result $([ ! -e "$d/.oomguard-4242-0-1.tmp" ] && [ -f "$d/.oomguard-4243-0-1.tmp" ] && [ -f "$d/.oomguard-notes" ] &&
-             [ -L "$d/.oomguard-4244-0-1.tmp" ] && ls "$d"/oomguard-*.json >/dev/null 2>&1; echo $?) \
-        "[$L] an orphaned hidden file older than 10 min is removed by the next dump; a fresh one, a link and other names stay"
+    flock "$d/.oomguard-4243-0-1.tmp" sleep 3 & local holder=$!   # a writer (its child sleep holds the lock too)
+    for i in $(seq 50); do flock -n "$d/.oomguard-4243-0-1.tmp" true || break; sleep 0.1; done
+    env OOMGUARD_DIR="$d" LD_PRELOAD="$PRELOAD" "$prog" plain >/dev/null 2>&1
+    result $([ ! -e "$d/.oomguard-4242-0-1.tmp" ] && [ ! -e "$d/.oomguard-4245-0-1.tmp" ] &&
+             [ -f "$d/.oomguard-4243-0-1.tmp" ] && [ -f "$d/.oomguard-notes" ] && [ -L "$d/.oomguard-4244-0-1.tmp" ] &&
+             ! ls "$d"/oomguard-*.json >/dev/null 2>&1; echo $?) \
+        "[$L] at start, no dump: orphaned hidden files (11 min and just made) removed; a locked one, a link and other names stay"
+    wait $holder 2>/dev/null
+    # the working directory is the dump directory when OOMGUARD_DIR is not set
+    printf x >"$d/.oomguard-4246-0-1.tmp"
+    (cd "$d" && env LD_PRELOAD="$PRELOAD" "$prog" plain >/dev/null 2>&1)
+    result $([ ! -e "$d/.oomguard-4246-0-1.tmp" ] && [ ! -e "$d/.oomguard-4243-0-1.tmp" ]; echo $?) \
+        "[$L] at start in the working directory: orphans removed (the lock released meanwhile)"
 }
 
 echo "== file safety (as $(id -un))"
