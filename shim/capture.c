@@ -72,11 +72,16 @@ static void capture_process(og_record_t *rec)
  * nothing whose name suggests a credential even there. */
 static bool env_allowed(const char *kv)
 {
-    static const char *const prefix[] = {"CUDA_", "PYTORCH_", "XLA_", "TF_", "NCCL_", "OOMGUARD_", "JAX_", "CUPY_"};
+    /* TensorFlow's own variables by their families, not every TF_*: Terraform's TF_VAR_*, TF_TOKEN_*,
+     * TF_CLI_ARGS* carry secrets and say nothing about GPU memory */
+    static const char *const prefix[] = {"CUDA_", "PYTORCH_", "XLA_", "NCCL_", "OOMGUARD_", "JAX_", "CUPY_",
+                                         "TF_CPP_", "TF_GPU_", "TF_CUDA_", "TF_CUDNN_", "TF_XLA_", "TF_FORCE_",
+                                         "TF_ENABLE_", "TF_DISABLE_", "TF_DETERMINISTIC_", "TF_NUM_", "TF_AUTOTUNE_"};
     static const char *const exact[] = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_PROCID",
                                         "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_JOB_ID", "OMPI_COMM_WORLD_RANK",
                                         "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK",
-                                        "PMI_SIZE", "TORCHELASTIC_RUN_ID"};
+                                        "PMI_SIZE", "TORCHELASTIC_RUN_ID", "TF_CONFIG", "TF_USE_LEGACY_KERAS",
+                                        "TF_SYNC_ON_FINISH"};
     size_t name_len = strcspn(kv, "=");
     char name[128];
     if (name_len >= sizeof name)
@@ -92,24 +97,37 @@ static bool env_allowed(const char *kv)
     return false;
 }
 
+/* What a dump shows of one environment entry: false when it is not captured at all.  A
+ * credential-looking name keeps its name, never its value, even under CUDA_ & co; any other value
+ * loses what has a credential's shape (a URL's password, a token). */
+bool og_env_entry(const char *kv, char *out, size_t outsz)
+{
+    if (!env_allowed(kv) || outsz == 0)
+        return false;
+    char name[128];
+    size_t name_len = strcspn(kv, "=");
+    snprintf(name, sizeof name, "%.*s", (int)name_len, kv);   /* env_allowed: < 128 */
+    int w = snprintf(out, outsz, "%s=", name);
+    if (w < 0 || (size_t)w >= outsz)
+        return true;
+    if (og_secret_env_name(name) || !kv[name_len])
+        snprintf(out + w, outsz - (size_t)w, "%s", kv[name_len] ? "<redacted>" : "");
+    else
+        og_redact_text(kv + name_len + 1, out + w, outsz - (size_t)w);
+    return true;
+}
+
 static void capture_env(og_record_t *rec)
 {
-    for (char **e = environ; e && *e; e++) {
-        if (!env_allowed(*e))
-            continue;
-        /* a credential-looking name keeps its name, never its value, even under CUDA_ & co */
-        char name[128];
-        size_t name_len = strcspn(*e, "=");
-        snprintf(name, sizeof name, "%.*s", (int)name_len, *e);   /* env_allowed: < 128 */
-        if (rec->nenv < (int)(sizeof rec->env / sizeof rec->env[0]))
-            snprintf(rec->env[rec->nenv++], sizeof rec->env[0], "%s%s", name,
-                     og_secret_env_name(name) ? "=<redacted>" : *e + name_len);
-    }
+    for (char **e = environ; e && *e; e++)
+        if (rec->nenv < (int)(sizeof rec->env / sizeof rec->env[0]) &&
+            og_env_entry(*e, rec->env[rec->nenv], sizeof rec->env[0]))
+            rec->nenv++;
     const char *conf = getenv("PYTORCH_CUDA_ALLOC_CONF");
     if (!conf)
         conf = getenv("PYTORCH_ALLOC_CONF");
     if (conf) {
-        snprintf(rec->pytorch_alloc_conf, sizeof rec->pytorch_alloc_conf, "%s", conf);
+        og_redact_text(conf, rec->pytorch_alloc_conf, sizeof rec->pytorch_alloc_conf);   /* remedies quote it */
         rec->expandable_segments_set = strcasestr(conf, "expandable_segments:true") != NULL;
         rec->max_split_set = strcasestr(conf, "max_split_size_mb") != NULL;
     }

@@ -355,6 +355,8 @@ void og_record_free(struct og_record *rec);
 void og_cmdline_join(const char *raw, size_t n, char *out, size_t outsz);   /* NUL-separated argv */
 bool og_secret_option(const char *name, size_t n);
 bool og_secret_env_name(const char *name);
+void og_redact_text(const char *in, char *out, size_t outsz);   /* an environment value: by shape */
+bool og_env_entry(const char *kv, char *out, size_t outsz);      /* capture.c: "NAME=value" as a dump shows it */
 
 /* ---------------------------------------------------------------- dumps (dump.c) */
 

@@ -273,6 +273,12 @@ sys.exit(0 if ok else 1)
 EOF
 result $? "names kept, values redacted; --max-tokens 77, CUDA_LAUNCH_BLOCKING and NCCL_IB_PKEY shown"
 
+echo "== the table of credential forms (tests/unit/redaction_forms.tsv), each in a real dump"
+d=$(fresh forms)
+out=$(PRELOAD="$PRELOAD" python3 "$root/tests/e2e/check_redaction.py" "$prog" "$root/tests/unit/redaction_forms.tsv" "$d" 2>&1); rc=$?
+[ $rc = 0 ] || printf '%s\n' "$out" | head -n 30
+result $rc "$(printf '%s\n' "$out" | tail -n 1): by shape (URL passwords, query signatures, tokens, headers) and by name"
+
 # ---------------------------------------------------------------- OOMGUARD_LIMIT and friends
 echo "== bad OOMGUARD_LIMIT: one clear warning, the default (no limit)"
 long=$(printf '0:1GiB%.0s,' $(seq 100))1GiB

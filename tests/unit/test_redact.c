@@ -2,6 +2,7 @@
  * values are replaced by "<redacted>", everything else is kept as it was. */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,12 +67,56 @@ static void env_names(void **state)
             fail_msg("%s should be shown", fine[i]);
 }
 
+/* The table of forms (tests/unit/redaction_forms.tsv), each through the functions a dump uses. */
+static void forms(void **state)
+{
+    const char *path = getenv("OG_REDACTION_FORMS") ? getenv("OG_REDACTION_FORMS") : "tests/unit/redaction_forms.tsv";
+    FILE *f = fopen(path, "r");
+    if (!f)
+        fail_msg("cannot open %s (run from the repository root)", path);
+    char line[2048];
+    int n = 0, bad = 0;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        if (line[0] == '#' || !line[0])
+            continue;
+        char *in = strchr(line, '\t'), *want = in ? strchr(in + 1, '\t') : NULL;
+        if (!in || !want)
+            fail_msg("malformed line: %s", line);
+        *in++ = 0;
+        *want++ = 0;
+        char out[1024];
+        n++;
+        if (!strcmp(line, "arg")) {
+            char raw[1024];
+            size_t len = strlen(in) + 1;
+            memcpy(raw, in, len);
+            for (size_t i = 0; i < len; i++)
+                if (raw[i] == '|')
+                    raw[i] = 0;
+            og_cmdline_join(raw, len, out, sizeof out);
+        } else {
+            if (!og_env_entry(in, out, sizeof out))
+                strcpy(out, "-");
+        }
+        if (strcmp(out, want) != 0) {
+            print_error("form %d (%s %s):\n   got %s\n  want %s\n", n, line, in, out, want);
+            bad++;
+        }
+    }
+    fclose(f);
+    print_message("%d forms, %d as expected\n", n, n - bad);
+    assert_true(n >= 29);
+    assert_int_equal(bad, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(cmdline),
         cmocka_unit_test(truncated),
         cmocka_unit_test(env_names),
+        cmocka_unit_test(forms),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
