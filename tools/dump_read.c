@@ -12,6 +12,7 @@
 #include "version.h"
 
 #include <errno.h>
+#include <float.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
@@ -550,6 +551,132 @@ int og_json_bytes(const cJSON *v, struct og_bytes *out)
     return 1;
 }
 
+/* ------------------------------------------------------------------------ */
+/* What cJSON reads silently but a reader of evidence must refuse: a key given twice (cJSON finds
+ * the first, JSON tools the last), "\u0000" (cJSON's string stops there) and a number that
+ * underflows (1e-400 would read as 0 bytes).  Each check looks at one value cJSON parsed, with
+ * its text [start, end). */
+
+static int cmp_names(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* The first key given twice in an object of v's tree, or NULL (-1 in *oom when memory ran out). */
+static const char *duplicate_key(const cJSON *v, int *oom)
+{
+    for (; v && !*oom; v = v->next) {
+        if (cJSON_IsObject(v) && v->child && v->child->next) {
+            size_t n = 0, i = 0;
+            for (const cJSON *c = v->child; c; c = c->next)
+                n++;
+            const char **names = n > SIZE_MAX / sizeof *names ? NULL : cJSON_malloc(n * sizeof *names);
+            if (!names) {
+                *oom = 1;
+                return NULL;
+            }
+            for (const cJSON *c = v->child; c; c = c->next)
+                names[i++] = c->string ? c->string : "";
+            qsort(names, n, sizeof *names, cmp_names);
+            const char *dup = NULL;
+            for (i = 1; i < n && !dup; i++)
+                if (!strcmp(names[i - 1], names[i]))
+                    dup = names[i];
+            cJSON_free(names);
+            if (dup)
+                return dup;
+        }
+        if (v->child) {
+            const char *dup = duplicate_key(v->child, oom);
+            if (dup)
+                return dup;
+        }
+    }
+    return NULL;
+}
+
+/* Has v's tree a number that is zero or below the smallest normal double? (only then the text is
+ * read again for an underflow) */
+static int has_tiny_number(const cJSON *v)
+{
+    for (; v; v = v->next) {
+        if (cJSON_IsNumber(v) && fabs(v->valuedouble) < DBL_MIN)
+            return 1;
+        if (v->child && has_tiny_number(v->child))
+            return 1;
+    }
+    return 0;
+}
+
+/* The first number token in [p, end) that underflows: digits that are not all zero, read as zero
+ * or as a subnormal.  NULL when none. */
+static const char *underflowing_number(const char *p, const char *end, size_t *len)
+{
+    const char *tok;
+    while (next_number(&p, end, &tok, len)) {
+        int nonzero = 0;
+        for (size_t i = 0; i < *len && tok[i] != 'e' && tok[i] != 'E'; i++)
+            nonzero |= tok[i] >= '1' && tok[i] <= '9';
+        if (!nonzero)
+            continue;
+        char small[64], *text = *len < sizeof small ? small : cJSON_malloc(*len + 1);
+        if (!text)
+            continue;                       /* cannot tell: let it pass as cJSON read it */
+        memcpy(text, tok, *len);
+        text[*len] = 0;
+        double x = strtod(text, NULL);
+        if (text != small)
+            cJSON_free(text);
+        if (fabs(x) < DBL_MIN)
+            return tok;
+    }
+    return NULL;
+}
+
+static int duplicate_err(struct loader *L, const char *key)
+{
+    struct sbuf b;
+    sb_init(&b);
+    sb_text(&b, key, 80, 0);
+    set_err(L, "the key \"%s\" is given twice in one object: refused, readers disagree on which one counts",
+            b.p ? b.p : "");
+    sb_free(&b);
+    return S_ERR;
+}
+
+/* S_OK, or S_ERR with the message set */
+static int check_value(struct loader *L, const cJSON *v, const char *start, const char *end)
+{
+    struct src *s = &L->s;
+    unsigned long long line, col;
+    for (const char *p = start; (p = memchr(p, '\\', (size_t)(end - p))) != NULL; p += 2) {
+        if (end - p >= 6 && !memcmp(p, "\\u0000", 6)) {
+            src_line_col(s, (size_t)(p - s->buf), &line, &col);
+            set_err(L, "a string holds \\u0000 (line %llu, column %llu): refused, it would cut the string short",
+                    line, col);
+            return S_ERR;
+        }
+        if (end - p < 2)
+            break;
+    }
+    int oom = 0;
+    const char *dup = duplicate_key(v, &oom);
+    if (oom)
+        return err_too_complex(L);
+    if (dup) {
+        return duplicate_err(L, dup);
+    }
+    size_t len;
+    const char *tok = has_tiny_number(v) ? underflowing_number(start, end, &len) : NULL;
+    if (tok) {
+        src_line_col(s, (size_t)(tok - s->buf), &line, &col);
+        set_err(L, "the number %.*s%s (line %llu, column %llu) is too small for a double (it would read as 0): refused",
+                (int)(len > 40 ? 40 : len), tok, len > 40 ? "..." : "", line, col);
+        return S_ERR;
+    }
+    return S_OK;
+}
+
 /* Parses one JSON value at pos with cJSON. */
 static int parse_value(struct loader *L, cJSON **out, size_t from, int depth)
 {
@@ -568,6 +695,10 @@ static int parse_value(struct loader *L, cJSON **out, size_t from, int depth)
     if (keep_exact_ints(v, start, end) < 0) {
         cJSON_Delete(v);
         return err_too_complex(L);
+    }
+    if (check_value(L, v, start, end) != S_OK) {
+        cJSON_Delete(v);
+        return S_ERR;
     }
     s->pos = (size_t)(end - s->buf);
     *out = v;
@@ -1214,6 +1345,11 @@ static int walk_object(struct loader *L, int ctx, cJSON *obj, int depth)
         STEP(st_member(L, ctx, after_comma, &m, depth));
         if (m.kind == M_END)
             return S_OK;
+        if (cJSON_GetObjectItemCaseSensitive(obj, m.key->valuestring)) {
+            duplicate_err(L, m.key->valuestring);
+            member_clear(&m);
+            return S_ERR;
+        }
         int r = S_OK, more = 0;
         if (m.kind == M_VALUE) {
             if (ctx == CTX_TOP && !strcmp(m.key->valuestring, "schema") && !L->schema_ok &&

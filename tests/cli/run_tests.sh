@@ -157,6 +157,7 @@ check_bad truncated.json "truncated"
 check_bad not_json.json "not JSON (line 1, column 1: unexpected 'o')"
 check_bad wrong_types.json 'event.requested_bytes: expected an integer, found a string ("lots")'
 check_bad number_overflow.json "event.requested_bytes: expected a non-negative integer below 2^64, found a number too large"
+check_bad nul_in_string.json 'a string holds \u0000 (line 13, column 22): refused'
 check_bad schema_v2.json "schema oomguard.dump/2 is newer than this oomguard understands (oomguard.dump/1)"
 check_bad deep_nesting.json "nested more than 1000 levels deep"
 check_bad not_a_dump.json 'not an oomguard dump (no "schema" key)'

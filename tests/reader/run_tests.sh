@@ -157,6 +157,41 @@ for line in open(sys.argv[2]):
 assert r["history"]["events"][0]["x12345678901234567"] == -12345678901234567, r["history"]["events"][0]
 ' "$T/strings.out.json" "$T/bigpaths"
 
+# ---- what a JSON parser may read silently, a reader of evidence refuses -----------------------
+# a key given twice (readers disagree on which counts), "\u0000" (cut strings), numbers that underflow
+python3 - "$D" "$T" <<'PY'
+import sys
+t, T = open(sys.argv[1]).read(), sys.argv[2]
+def case(name, old, new):
+    assert old in t, old
+    open(f"{T}/refuse-{name}.json", "w").write(t.replace(old, new, 1))
+case("dup-top", '"status":"oom",', '"status":"oom","status":"recovered",')
+case("dup-event", '"event":{', '"event":{"device":1,')
+case("dup-history", '"history":{', '"history":{"peak_bytes":1,')
+case("dup-deep", '"event":{', '"event":{"x":{"a":1,"b":2,"a":3},')
+case("nul-value", '"cmdline":"', '"cmdline":"./x\\u0000 --token=hidden ')
+case("nul-key", '"event":{', '"event":{"a\\u0000b":1,')
+case("underflow-bytes", '"requested_bytes":18446744073709551615', '"requested_bytes":1e-400')
+case("underflow-float", '"time":', '"time":0.' + "0" * 400 + '1,"x":')
+case("underflow-neg", '"time":', '"time":-2.5E-330,"x":')
+# look-alikes that stay readable: an escaped backslash before u0000, zeros, a small normal number
+open(f"{T}/accept-lookalikes.json", "w").write(t.replace('"cmdline":"', '"cmdline":"\\\\u0000 ', 1)
+    .replace('"time":', '"t0":0,"t1":0e-400,"t2":-0.0,"t3":2.3e-308,"time":', 1))
+PY
+for f in "$T"/refuse-*.json; do
+    name=$(basename "$f" .json)
+    "$OG" report "$f" >/dev/null 2>"$T/err"; rc=$?
+    case $name in
+        refuse-dup*) want="given twice" ;;
+        refuse-nul*) want='\u0000' ;;
+        *) want="too small" ;;
+    esac
+    check $([ $rc = 2 ] && grep -qF "$want" "$T/err"; echo $?) "$name: refused (exit $rc): $(head -c 160 "$T/err")"
+done
+"$OG" report "$T/accept-lookalikes.json" >"$T/look.txt" 2>"$T/err"
+check $? "an escaped backslash before u0000, 0e-400, -0.0 and 2.3e-308 are read" "$(cat "$T/err")"
+check $(grep -qF '\u0000' "$T/look.txt"; echo $?) "the escaped backslash is shown as text" "$(grep -n command "$T/look.txt")"
+
 # ---- CUDA arrays leave the ledger with their context ------------------------------------------
 out=$(env OOMGUARD_QUIET=1 OOMGUARD_DIR="$T" LD_PRELOAD="$PRELOAD" "$PROG" ctxarrays 2>&1)
 check $? "arrays: cuCtxDestroy and a primary context released to zero drop their blocks (ledger == driver)" "$out"
