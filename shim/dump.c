@@ -38,24 +38,49 @@ static const char *human_rot(char (*hb)[32], unsigned *i, uint64_t v)
 /* a request is always known: SIZE_MAX is a size, not H's "unknown" */
 #define REQ(v) ((v) == OG_UNKNOWN ? OG_UNKNOWN - 1 : (v))
 
-void og_dump_text(const og_record_t *r, og_sb_t *sb)
+/* Strings from outside (argv, host and library names, Python frames, what remedies quote) may hold
+ * newlines that would forge report lines: such a string is rendered escaped, in a copy kept until
+ * the text is done.  Everything else unsafe is escaped over the whole text afterwards. */
+typedef struct {
+    char *copy[64];
+    int n;
+} esc_pool_t;
+
+static const char *field(esc_pool_t *pool, const char *s)
+{
+    if (!s || !og_text_needs_escape(s, false))
+        return s ? s : "";
+    if (pool->n >= (int)(sizeof pool->copy / sizeof pool->copy[0]))
+        return "?";
+    og_sb_t e = {0};
+    og_sb_text_escaped(&e, s, strlen(s), false);
+    if (e.failed || !e.buf) {
+        og_sb_free(&e);
+        return "?";
+    }
+    return pool->copy[pool->n++] = e.buf;
+}
+#define T(s) field(&pool, (s))
+
+static void render_text(const og_record_t *r, og_sb_t *sb)
 {
     char hb[8][32];
     unsigned hbi = 0;
+    esc_pool_t pool = {.n = 0};
     og_sb_printf(sb, "oomguard %s — %s report\n", OOMGUARD_VERSION, r->status);
-    og_sb_printf(sb, "process %d on %s", r->pid, r->host);
+    og_sb_printf(sb, "process %d on %s", r->pid, T(r->host));
     if (r->rank >= 0)
         og_sb_printf(sb, ", rank %ld", r->rank);
     if (r->job_id[0])
-        og_sb_printf(sb, ", job %s", r->job_id);
-    og_sb_printf(sb, "\ncommand: %s\nframework: %s\n\n", r->cmdline, og_framework_name(r->framework));
+        og_sb_printf(sb, ", job %s", T(r->job_id));
+    og_sb_printf(sb, "\ncommand: %s\nframework: %s\n\n", T(r->cmdline), og_framework_name(r->framework));
 
     if (r->event.api) {
         og_sb_printf(sb, "%s of %s (%llu bytes) on device %d failed", r->event.api, H(REQ(r->event.requested_bytes)),
                      (unsigned long long)r->event.requested_bytes, r->event.device);
         if (r->event.caused_by_limit)
             og_sb_puts(sb, " (refused by OOMGUARD_LIMIT)");
-        og_sb_printf(sb, ", called from %s", r->event.library);
+        og_sb_printf(sb, ", called from %s", T(r->event.library));
         if (r->event.attempts > 1)
             og_sb_printf(sb, "; %d attempts, %s released in between", r->event.attempts,
                          H(r->event.released_between_attempts_bytes));
@@ -70,10 +95,10 @@ void og_dump_text(const og_record_t *r, og_sb_t *sb)
         /* the Python lines first: what a Python user looks for (native frames are in the JSON) */
         for (int i = 0; i < r->memory.fw.npy_frames && i < 12; i++)
             og_sb_printf(sb, "%s  %s:%d in %s\n", i ? "" : "Python stack (innermost first):\n",
-                         r->memory.fw.py_frames[i].file, r->memory.fw.py_frames[i].line,
-                         r->memory.fw.py_frames[i].function);
+                         T(r->memory.fw.py_frames[i].file), r->memory.fw.py_frames[i].line,
+                         T(r->memory.fw.py_frames[i].function));
     }
-    og_sb_printf(sb, "device %d: %s (compute capability %d.%d), total %s, free %s", r->device.index, r->device.name,
+    og_sb_printf(sb, "device %d: %s (compute capability %d.%d), total %s, free %s", r->device.index, T(r->device.name),
                  r->device.cc_major, r->device.cc_minor, H(r->device.total_bytes), H(r->device.free_bytes));
     if (r->device.limit_bytes != OG_UNKNOWN)
         og_sb_printf(sb, ", limit %s", H(r->device.limit_bytes));
@@ -96,15 +121,15 @@ void og_dump_text(const og_record_t *r, og_sb_t *sb)
     og_sb_printf(sb, "  other processes                %12s\n", H(r->memory.other_processes_bytes));
     for (int i = 0; i < r->memory.nother; i++)
         og_sb_printf(sb, "    %spid %-8d %-18s %12s%s\n", r->memory.other[i].visible ? "" : "host ",
-                     r->memory.other[i].pid, r->memory.other[i].name, H(r->memory.other[i].bytes),
+                     r->memory.other[i].pid, T(r->memory.other[i].name), H(r->memory.other[i].bytes),
                      r->memory.other[i].child ? "  (child of this process)"
                      : r->memory.other[i].same_job ? "  (this job)" : "");
     for (int i = 0; i < r->memory.nunmeasured; i++)
-        og_sb_printf(sb, "  not measured: %s\n", r->memory.unmeasured[i]);
+        og_sb_printf(sb, "  not measured: %s\n", T(r->memory.unmeasured[i]));
     if (r->memory.nlibs) {
         og_sb_puts(sb, "\nby library\n");
         for (int i = 0; i < r->memory.nlibs; i++)
-            og_sb_printf(sb, "  %-40s %12s in %llu %s%s\n", r->memory.by_library[i].library,
+            og_sb_printf(sb, "  %-40s %12s in %llu %s%s\n", T(r->memory.by_library[i].library),
                          H(r->memory.by_library[i].bytes), (unsigned long long)r->memory.by_library[i].blocks,
                          r->memory.by_library[i].blocks == 1 ? "block" : "blocks",
                          !r->memory.by_library[i].framework ? ""
@@ -125,15 +150,15 @@ void og_dump_text(const og_record_t *r, og_sb_t *sb)
     og_sb_puts(sb, "\n");
     for (int i = 0; i < r->diagnosis.ncauses; i++)
         og_sb_printf(sb, "  %-15s %3.0f%%  %s\n", r->diagnosis.causes[i].id, r->diagnosis.causes[i].confidence * 100,
-                     r->diagnosis.causes[i].summary);
+                     T(r->diagnosis.causes[i].summary));
 
     if (r->nremedies) {
         og_sb_puts(sb, "\nwhat to do, best first\n");
         for (int i = 0; i < r->nremedies; i++) {
             const og_remedy_t *m = &r->remedies[i];
-            og_sb_printf(sb, "  %d. %s [%s]\n     %s\n", m->rank, m->title ? m->title : m->id, m->id, m->why);
+            og_sb_printf(sb, "  %d. %s [%s]\n     %s\n", m->rank, T(m->title ? m->title : m->id), m->id, T(m->why));
             for (int h = 0; h < m->nhow; h++)
-                og_sb_printf(sb, "       %s\n", m->how[h]);
+                og_sb_printf(sb, "       %s\n", T(m->how[h]));
             if (m->saving && *m->saving)
                 og_sb_printf(sb, "     saves: %s; costs: %s\n", m->saving, m->cost ? m->cost : "-");
         }
@@ -144,7 +169,7 @@ void og_dump_text(const og_record_t *r, og_sb_t *sb)
             const og_py_frame_t *p = &r->memory.fw.py_sites[i];
             og_sb_printf(sb, "  %12s in %llu block%s  %s:%d in %s\n", H(p->bytes), (unsigned long long)p->blocks,
                          p->blocks == 1 ? "" : "s",
-                         p->file, p->line, p->function);
+                         T(p->file), p->line, T(p->function));
         }
     }
     if (r->nsites) {
@@ -153,12 +178,27 @@ void og_dump_text(const og_record_t *r, og_sb_t *sb)
             const og_top_site_t *t = &r->sites[i];
             og_sb_printf(sb, "  %s in %llu block%s via %s from %s\n", H(t->bytes), (unsigned long long)t->blocks,
                          t->blocks == 1 ? "" : "s", t->api,
-                         t->library);
+                         T(t->library));
             for (int f = 0; f < t->nframes && f < 8; f++)
-                og_sb_printf(sb, "      #%d %s%s%s+0x%llx\n", f, t->frames[f].symbol[0] ? t->frames[f].symbol : "?",
-                             " in ", t->frames[f].library, (unsigned long long)t->frames[f].offset);
+                og_sb_printf(sb, "      #%d %s%s%s+0x%llx\n", f, t->frames[f].symbol[0] ? T(t->frames[f].symbol) : "?",
+                             " in ", T(t->frames[f].library), (unsigned long long)t->frames[f].offset);
         }
     }
+    for (int i = 0; i < pool.n; i++)
+        free(pool.copy[i]);
+}
+
+/* The text twin: what render_text wrote, with every control character but its own newlines
+ * escaped and bytes that are not UTF-8 shown as \xNN (docs/dump-format.md). */
+void og_dump_text(const og_record_t *r, og_sb_t *sb)
+{
+    og_sb_t raw = {0};
+    render_text(r, &raw);
+    if (raw.failed)
+        sb->failed = true;
+    else if (raw.buf)
+        og_sb_text_escaped(sb, raw.buf, raw.len, true);
+    og_sb_free(&raw);
 }
 
 /* ------------------------------------------------------------------ files */
@@ -618,6 +658,22 @@ static const char *dump_dir_fallback(void)
     return tmpdir && *tmpdir ? tmpdir : "/tmp";
 }
 
+/* The host name as part of a file name: it is untrusted (any bytes a container was given), so
+ * only letters, digits, '.', '_' and '-' are kept, anything else becomes '_'; at most 64 bytes. */
+static void name_part(char *out, size_t n, const char *host)
+{
+    size_t i = 0;
+    for (; host[i] && i + 1 < n; i++) {
+        unsigned char c = (unsigned char)host[i];
+        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+                  c == '_' || c == '-';
+        out[i] = ok ? (char)c : '_';
+    }
+    out[i] = 0;
+    if (!i || !strcmp(out, ".") || !strcmp(out, ".."))
+        snprintf(out, n, "unknown");
+}
+
 /* Writes both files (budget already taken); `path` gets the JSON path, "" when all failed. */
 static void write_dump(const og_record_t *r, char *path, size_t pathlen)
 {
@@ -630,14 +686,12 @@ static void write_dump(const og_record_t *r, char *path, size_t pathlen)
         og_warn("could not render the dump (out of host memory)");
         goto out;
     }
-    char base[512];
+    char base[512], host[65];
+    name_part(host, sizeof host, r->host);
     if (r->rank >= 0)
-        snprintf(base, sizeof base, "oomguard-%s-%d-rank%ld", r->host, r->pid, r->rank);
+        snprintf(base, sizeof base, "oomguard-%s-%d-rank%ld", host, r->pid, r->rank);
     else
-        snprintf(base, sizeof base, "oomguard-%s-%d", r->host, r->pid);
-    for (char *p = base; *p; p++)
-        if (*p == '/')
-            *p = '_';
+        snprintf(base, sizeof base, "oomguard-%s-%d", host, r->pid);
     /* the working directory may be gone (getcwd fails): the temp dirs still work */
     char cwd[4096];
     const char *dirs[4] = {0};
@@ -762,7 +816,11 @@ static void set_pending(const og_record_t *r, const char *path)
                      r->remedies[i].nhow ? ": " : "", r->remedies[i].nhow ? r->remedies[i].how[0] : "");
     if (path[0])
         og_sb_printf(&sb, "oomguard: full report: oomguard report %s\n", path);
-    store_pending(r->event.device, sb.buf ? sb.buf : "");
+    og_sb_t safe = {0};   /* a terminal reads it: nothing from the record may act on it */
+    if (sb.buf)
+        og_sb_text_escaped(&safe, sb.buf, sb.len, true);
+    store_pending(r->event.device, safe.buf ? safe.buf : "");
+    og_sb_free(&safe);
     og_sb_free(&sb);
 }
 

@@ -243,6 +243,9 @@ static void w_memory(og_sb_t *sb, const og_record_t *r)
     }
     og_sb_puts(sb, "]");
     K("other_processes_bytes"); j_u64(sb, r->memory.other_processes_bytes);
+    K("other_processes_count");
+    if (r->memory.other_processes_bytes == OG_UNKNOWN) og_sb_puts(sb, "null");
+    else og_sb_printf(sb, "%d", r->memory.other_processes_count);
     K("host_pinned_bytes"); j_u64(sb, r->memory.host_pinned_bytes);
     K("pool_owner");
     if (r->memory.pool_owner_fw) {

@@ -9,6 +9,7 @@
  * Stored as the latest report; dumps written afterwards use it. */
 #include "og.h"
 #include "record.h"
+#include "strbuf.h"
 
 #include <dlfcn.h>
 #include <stddef.h>
@@ -22,12 +23,14 @@ static og_framework_view_t fw_view;
 /* does the caller's struct reach field f? (adapters built against an older header pass less) */
 #define HAS(s, f) ((s)->struct_size >= offsetof(oomguard_framework_stats_t, f) + sizeof((s)->f))
 
-/* cut at n - 1 bytes: these are labels, a shortened one is still useful */
+/* cut at n - 1 bytes, on a whole character: these are labels, a shortened one is still useful */
 static void copy_str(char *dst, size_t n, const char *src)
 {
     size_t i = 0;
     for (; src && src[i] && i + 1 < n; i++)
         dst[i] = src[i];
+    if (src && src[i])
+        i = og_utf8_cut(dst, i);
     dst[i] = 0;
 }
 
@@ -301,3 +304,4 @@ void og_framework_atfork_child(void)
     memset(&fw_view, 0, sizeof fw_view);
     in_query = 0;
 }
+

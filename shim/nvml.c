@@ -270,6 +270,14 @@ __attribute__((format(printf, 2, 3))) static void unmeasured(og_record_t *rec, c
     va_end(ap);
 }
 
+static int by_used_desc(const void *a, const void *b)
+{
+    const og_nvml_proc_t *x = a, *y = b;
+    if (x->used != y->used)
+        return x->used > y->used ? -1 : 1;
+    return x->pid < y->pid ? -1 : x->pid > y->pid;
+}
+
 /* Fills process_used_bytes and other processes; notes what could not be measured. */
 void og_nvml_measure(og_record_t *rec)
 {
@@ -291,6 +299,9 @@ void og_nvml_measure(og_record_t *rec)
     rec->memory.process_used_bytes = 0;
     rec->memory.other_processes_bytes = 0;
     bool found_self = false;
+    /* largest first before the list is cut: the 12 GiB holder is the one the advice needs */
+    if (pl.n > 1)
+        qsort(pl.p, pl.n, sizeof *pl.p, by_used_desc);
     for (unsigned i = 0; i < pl.n; i++) {
         if (pl.p[i].pid == self) {
             found_self = true;
@@ -298,6 +309,7 @@ void og_nvml_measure(og_record_t *rec)
             continue;
         }
         rec->memory.other_processes_bytes += pl.p[i].used;
+        rec->memory.other_processes_count++;
         if (rec->memory.nother < (int)(sizeof rec->memory.other / sizeof rec->memory.other[0])) {
             og_other_proc_t *o = &rec->memory.other[rec->memory.nother++];
             o->pid = (int)pl.p[i].pid;

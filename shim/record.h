@@ -172,8 +172,9 @@ typedef struct og_record {
         uint64_t non_framework_bytes;    /* process_used - framework_bytes; OG_UNKNOWN without NVML */
         uint64_t context_bytes_estimate; /* process_used - tracked; OG_UNKNOWN without NVML */
         int nother;
-        og_other_proc_t other[32];
-        uint64_t other_processes_bytes;
+        og_other_proc_t other[32];       /* largest first */
+        uint64_t other_processes_bytes;  /* all of them, listed or not */
+        int other_processes_count;       /* all of them: other[] keeps the 32 holding most */
         uint64_t host_pinned_bytes;
         int pool_owner_fw;               /* whose stream-ordered pools: 0 unknown/none, 1 the framework's, 2 the application's */
         char pool_owner[120];            /* library that took most blocks from the pools */

@@ -10,6 +10,7 @@
  * (?X-Amz-Signature=, &token=), header forms (Authorization: ..., Cookie: ...), a word after
  * "Bearer", and the token shapes of common services (the table `shapes` below). */
 #include "og.h"
+#include "strbuf.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -91,6 +92,15 @@ static void put(out_t *o, const char *s, size_t n)
     for (size_t i = 0; i < n && o->len + 1 < o->n; i++)
         o->p[o->len++] = s[i] ? s[i] : ' ';
     o->p[o->len] = 0;
+}
+
+/* a copy cut short ends on a whole character */
+static void finish(out_t *o)
+{
+    if (o->len + 1 >= o->n) {
+        o->len = og_utf8_cut(o->p, o->len);
+        o->p[o->len] = 0;
+    }
 }
 
 static void put_redacted(out_t *o) { put(o, REDACTED, strlen(REDACTED)); }
@@ -277,6 +287,7 @@ void og_redact_text(const char *in, char *out, size_t outsz)
         return;
     out[0] = 0;
     put_text(&o, in, strlen(in));
+    finish(&o);
 }
 
 void og_cmdline_join(const char *raw, size_t n, char *out, size_t outsz)
@@ -311,4 +322,5 @@ void og_cmdline_join(const char *raw, size_t n, char *out, size_t outsz)
         }
         i += len + 1;
     }
+    finish(&o);
 }

@@ -58,27 +58,142 @@ void og_sb_printf(og_sb_t *sb, const char *fmt, ...)
     sb->len += (size_t)n;
 }
 
-/* JSON string with quotes; control characters and invalid bytes escaped so any input
- * (library paths, command lines, process names) yields valid JSON. */
+/* Length of the valid UTF-8 sequence at p (at most n bytes), its code point in *cp; 0 when the
+ * byte at p starts none (a stray continuation byte, an overlong form, a surrogate, a cut one). */
+size_t og_utf8_seq(const unsigned char *p, size_t n, uint32_t *cp)
+{
+    unsigned c = p[0];
+    size_t len;
+    uint32_t v, min;
+    if (c < 0x80) {
+        *cp = c;
+        return 1;
+    }
+    if ((c & 0xe0) == 0xc0)
+        len = 2, v = c & 0x1f, min = 0x80;
+    else if ((c & 0xf0) == 0xe0)
+        len = 3, v = c & 0x0f, min = 0x800;
+    else if ((c & 0xf8) == 0xf0)
+        len = 4, v = c & 0x07, min = 0x10000;
+    else
+        return 0;
+    if (len > n)
+        return 0;
+    for (size_t i = 1; i < len; i++) {
+        if ((p[i] & 0xc0) != 0x80)
+            return 0;
+        v = (v << 6) | (p[i] & 0x3f);
+    }
+    if (v < min || v > 0x10ffff || (v >= 0xd800 && v <= 0xdfff))
+        return 0;
+    *cp = v;
+    return len;
+}
+
+/* len, less an incomplete UTF-8 sequence at the end of s[0..len): where a copy was cut short */
+size_t og_utf8_cut(const char *s, size_t len)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t k = len;
+    while (k > 0 && len - k < 3 && (p[k - 1] & 0xc0) == 0x80)
+        k--;
+    if (k == 0 || p[k - 1] < 0xc0)
+        return len;
+    size_t lead = k - 1, want = p[lead] >= 0xf0 ? 4 : p[lead] >= 0xe0 ? 3 : 2;
+    return len - lead < want ? lead : len;
+}
+
+/* JSON string with quotes: valid UTF-8 as it is (café stays café), control characters escaped,
+ * each byte that is not UTF-8 as U+FFFD, so any input (library paths, command lines, process
+ * names) yields valid JSON that reads back as the text it was. */
 void og_sb_json_str(og_sb_t *sb, const char *s)
 {
     og_sb_put(sb, "\"", 1);
-    for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
-        unsigned char ch = *p;
-        switch (ch) {
-        case '"': og_sb_put(sb, "\\\"", 2); break;
-        case '\\': og_sb_put(sb, "\\\\", 2); break;
-        case '\n': og_sb_put(sb, "\\n", 2); break;
-        case '\r': og_sb_put(sb, "\\r", 2); break;
-        case '\t': og_sb_put(sb, "\\t", 2); break;
-        default:
-            if (ch < 0x20 || ch >= 0x80)   /* keep output ASCII: bytes >= 0x80 may not be UTF-8 */
-                og_sb_printf(sb, "\\u%04x", ch);
-            else
-                og_sb_put(sb, (const char *)p, 1);
+    const unsigned char *p = (const unsigned char *)(s ? s : "");
+    size_t n = strlen((const char *)p);
+    while (n) {
+        size_t run = 0;   /* plain characters are copied in runs */
+        while (run < n && p[run] >= 0x20 && p[run] < 0x80 && p[run] != '"' && p[run] != '\\')
+            run++;
+        if (run) {
+            og_sb_put(sb, (const char *)p, run);
+            p += run, n -= run;
+            continue;
         }
+        uint32_t cp;
+        size_t len = og_utf8_seq(p, n, &cp);
+        if (!len) {
+            og_sb_put(sb, "\\ufffd", 6);
+            len = 1;
+        } else if (cp == '"') {
+            og_sb_put(sb, "\\\"", 2);
+        } else if (cp == '\\') {
+            og_sb_put(sb, "\\\\", 2);
+        } else if (cp == '\n') {
+            og_sb_put(sb, "\\n", 2);
+        } else if (cp == '\r') {
+            og_sb_put(sb, "\\r", 2);
+        } else if (cp == '\t') {
+            og_sb_put(sb, "\\t", 2);
+        } else if (cp < 0x20) {
+            og_sb_printf(sb, "\\u%04x", (unsigned)cp);
+        } else {
+            og_sb_put(sb, (const char *)p, len);
+        }
+        p += len, n -= len;
     }
     og_sb_put(sb, "\"", 1);
+}
+
+/* Characters a terminal or an editor acts on or shows misleadingly: C0 and C1 controls, DEL, the
+ * bidi overrides and isolates (text that reads differently than it is), line/paragraph separators. */
+static bool text_unsafe(uint32_t cp)
+{
+    return cp < 0x20 || (cp >= 0x7f && cp <= 0x9f) || (cp >= 0x202a && cp <= 0x202e) ||
+           (cp >= 0x2066 && cp <= 0x2069) || cp == 0x2028 || cp == 0x2029 || cp == 0x200e || cp == 0x200f;
+}
+
+bool og_text_needs_escape(const char *s, bool keep_nl)
+{
+    const unsigned char *p = (const unsigned char *)(s ? s : "");
+    size_t n = strlen((const char *)p);
+    while (n) {
+        uint32_t cp;
+        size_t len = og_utf8_seq(p, n, &cp);
+        if (!len || (text_unsafe(cp) && !(keep_nl && cp == '\n')))
+            return true;
+        p += len, n -= len;
+    }
+    return false;
+}
+
+/* s[0..n) for a text file or a terminal: valid UTF-8 as it is; control characters made visible
+ * (\n \r \t \e, other bytes \xNN), bytes that are not UTF-8 as \xNN, other unsafe characters as
+ * \u{XXXX}.  keep_nl: a newline stays one (the renderer's own lines). */
+void og_sb_text_escaped(og_sb_t *sb, const char *s, size_t n, bool keep_nl)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    while (n) {
+        uint32_t cp;
+        size_t len = og_utf8_seq(p, n, &cp);
+        if (!len) {
+            og_sb_printf(sb, "\\x%02x", p[0]);
+            len = 1;
+        } else if (!text_unsafe(cp) || (keep_nl && cp == '\n')) {
+            og_sb_put(sb, (const char *)p, len);
+        } else if (cp == '\n') {
+            og_sb_put(sb, "\\n", 2);
+        } else if (cp == '\r') {
+            og_sb_put(sb, "\\r", 2);
+        } else if (cp == '\t') {
+            og_sb_put(sb, "\\t", 2);
+        } else if (cp < 0x80) {
+            og_sb_printf(sb, "\\x%02x", (unsigned)cp);
+        } else {
+            og_sb_printf(sb, "\\u{%04x}", (unsigned)cp);
+        }
+        p += len, n -= len;
+    }
 }
 
 void og_sb_free(og_sb_t *sb)

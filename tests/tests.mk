@@ -7,7 +7,7 @@ E2E_CFLAGS   = $(ALL_CFLAGS) -Isim -Itests/e2e -pthread
 E2E_LDRT     = -L$(SIM_LIBDIR) -Wl,-rpath-link,$(SIM_LIBDIR)
 E2E_PROGS   := $(TEST_B)/e2e_runtime $(TEST_B)/e2e_static $(TEST_B)/e2e_driver $(TEST_B)/e2e_dlopen \
                $(TEST_B)/e2e_entry_points $(TEST_B)/e2e_stress $(TEST_B)/e2e_fork_exec $(TEST_B)/e2e_rtld $(TEST_B)/e2e_limit $(TEST_B)/e2e_rank \
-               $(TEST_B)/e2e_drv $(TEST_B)/e2e_dumps $(TEST_B)/libno_tmpfile.so
+               $(TEST_B)/e2e_drv $(TEST_B)/e2e_dumps $(TEST_B)/libno_tmpfile.so $(TEST_B)/libfake_host.so
 UNIT_PROGS  := $(patsubst tests/unit/%.c,$(TEST_B)/unit_%,$(wildcard tests/unit/test_*.c))
 E2E_DEPS     = tests/e2e/check.h include/oomguard.h $(SIM_LIBS) | $(TEST_B)/.dir
 
@@ -35,6 +35,8 @@ $(TEST_B)/e2e_dumps: tests/e2e/dumps.c $(E2E_DEPS)
 	$(CC) $(E2E_CFLAGS) $< -o $@ $(E2E_LDRT) -lcudart -ldl
 $(TEST_B)/libno_tmpfile.so: tests/e2e/no_tmpfile.c | $(TEST_B)/.dir
 	$(CC) $(ALL_CFLAGS) -fPIC -shared $< -o $@ -ldl
+$(TEST_B)/libfake_host.so: tests/e2e/fake_host.c | $(TEST_B)/.dir
+	$(CC) $(ALL_CFLAGS) -fPIC -shared $< -o $@
 $(TEST_B)/e2e_drv: tests/e2e/drv.c $(E2E_DEPS)
 	$(CC) $(E2E_CFLAGS) $< -o $@ $(E2E_LDRT) -lcudart -lcuda -ldl -Wl,--export-dynamic-symbol=dlopen
 $(TEST_B)/e2e_limit: tests/e2e/limit.c $(E2E_DEPS)

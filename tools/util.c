@@ -126,7 +126,7 @@ static size_t utf8_next(const unsigned char *s, int32_t *cp)
 static int is_unsafe(int32_t cp)
 {
     return cp < 0x20 || (cp >= 0x7f && cp <= 0x9f) || (cp >= 0x202a && cp <= 0x202e) ||
-           (cp >= 0x2066 && cp <= 0x2069);
+           (cp >= 0x2066 && cp <= 0x2069) || cp == 0x2028 || cp == 0x2029;
 }
 
 static const char REPLACEMENT[] = "\xef\xbf\xbd"; /* U+FFFD */
@@ -148,8 +148,10 @@ static void sb_safe(struct sbuf *b, const char *s, size_t max_chars, unsigned fl
         int32_t cp;
         size_t n = utf8_next(p, &cp);
         chars++;
-        if (cp < 0) {
+        if (cp < 0 && mode == MODE_RAW) {
             sb_puts(b, REPLACEMENT);
+        } else if (cp < 0) {
+            sb_printf(b, "\\x%02x", *p);         /* shown for what it is: a byte that is not UTF-8 */
         } else if (mode == MODE_RAW) {
             sb_put(b, p, n);
         } else if (cp == '\n' && (flags & OG_TEXT_KEEP_NL)) {
@@ -157,7 +159,10 @@ static void sb_safe(struct sbuf *b, const char *s, size_t max_chars, unsigned fl
         } else if (cp == '\n' || cp == '\t' || cp == '\r') {
             sb_putc(b, ' ');
         } else if (is_unsafe(cp)) {
-            sb_puts(b, REPLACEMENT);
+            if (cp < 0x80)
+                sb_printf(b, "\\x%02x", (unsigned)cp);   /* ESC is \x1b: visible, inert */
+            else
+                sb_printf(b, "\\u{%04x}", (unsigned)cp);
         } else if (mode == MODE_HTML && cp == '&') {
             sb_puts(b, "&amp;");
         } else if (mode == MODE_HTML && cp == '<') {

@@ -123,7 +123,9 @@ def _save_snapshot(snap):
         d = os.environ.get("OOMGUARD_DIR") or os.getcwd()
         rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or os.environ.get("OMPI_COMM_WORLD_RANK")
         name = "oomguard-%s-%d%s.torch-snapshot" % (  # not *.json: dump globs must not see it
-            socket.gethostname().replace("/", "_"), os.getpid(), ("-rank%s" % rank) if rank else "")
+            # the host name as the shim puts it in a file name: only [A-Za-z0-9._-], at most 64
+            "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in socket.gethostname())[:64]
+            or "unknown", os.getpid(), ("-rank%s" % rank) if rank and rank.isdigit() else "")
         fd, tmp = tempfile.mkstemp(prefix=".oomguard-snapshot.", dir=d)
         try:
             with os.fdopen(fd, "w") as f:

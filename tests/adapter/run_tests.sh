@@ -630,5 +630,15 @@ t_bench_stacks() {
 }
 t "bench: OOMGUARD_PYTHON_STACKS cost per allocation is measured" t_bench_stacks
 
+t_utf8_stack() {
+    # the job in a directory named café: the Python stack's file names stay café, not cafÃ©
+    mkdir -p "$W/café" && cp "$JOB" "$SC/jobkit.py" "$W/café/" || return 1
+    shim adapter "$PYTHON" "$W/café/job.py" toobig exp.json || return 1
+    local dump; dump=$(ls dumps/oomguard-*.json | head -n 1)
+    expect "$dump" '[f["file"] for f in d["event"]["python_stack"] if f["file"].endswith("/café/job.py")] != []' True &&
+    grep -q "café/job.py:" "${dump%.json}.txt" || { echo "the .txt lacks café/job.py:"; grep -n "job.py" "${dump%.json}.txt"; return 1; }
+}
+t "a Python stack in a directory named café: café in the JSON and the .txt" t_utf8_stack
+
 echo "${pass} passed, ${fail} failed$([ $skip != 0 ] && echo ", ${skip} skipped")"
 [ $fail = 0 ]

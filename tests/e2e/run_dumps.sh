@@ -279,6 +279,69 @@ out=$(PRELOAD="$PRELOAD" python3 "$root/tests/e2e/check_redaction.py" "$prog" "$
 [ $rc = 0 ] || printf '%s\n' "$out" | head -n 30
 result $rc "$(printf '%s\n' "$out" | tail -n 1): by shape (URL passwords, query signatures, tokens, headers) and by name"
 
+# ---------------------------------------------------------------- text that is true
+echo "== UTF-8 kept, control characters and invalid bytes escaped"
+d=$(fresh utf8)
+shim env OOMGUARD_DIR="$d" OOMGUARD_QUIET=1 "$prog" exit café $'\e[31mred\e[0m' $'two\nlines' $'bad\xffbyte' \
+    $'\u202eevil' 日本 >/dev/null 2>&1
+"$root/$B/oomguard" report "$d"/oomguard-*.json --color never >"$d/report.txt" 2>&1
+python3 - "$d" <<'EOF2'
+import glob, json, sys
+d = sys.argv[1]
+j = json.load(open(glob.glob(d + "/oomguard-*.json")[0], encoding="utf-8"))
+c = j["cmdline"]
+bad = [w for w in ("café", "\x1b[31mred\x1b[0m", "two\nlines", "bad\ufffdbyte", "\u202eevil", "日本") if w not in c]
+t = open(glob.glob(d + "/oomguard-*.txt")[0], "rb").read()
+t.decode("utf-8")                                      # strict: every byte is UTF-8
+for w in ("café", "\\x1b[31mred\\x1b[0m", "two\\nlines", "bad\\xffbyte", "\\u{202e}evil", "日本"):
+    if w.encode() not in t:
+        bad.append("txt lacks " + w)
+if any(b < 0x20 and b != 0x0a for b in t):
+    bad.append("a control byte in the .txt: %r" % [hex(b) for b in t if b < 0x20 and b != 0x0a][:5])
+if "\u202e".encode() in t:
+    bad.append("a raw bidi override in the .txt")
+r = open(d + "/report.txt", "rb").read()
+if "café".encode() not in r or "日本".encode() not in r or b"\x1b" in r:
+    bad.append("report: %r" % [l for l in r.split(b"\n") if b"caf" in l][:2])
+print(bad) if bad else None
+sys.exit(1 if bad else 0)
+EOF2
+result $? "café and 日本 as they are in the JSON, the .txt and the report; ESC, newline, 0xff, U+202E escaped in the .txt"
+
+echo "== a hostile host name: the file name keeps [A-Za-z0-9._-], the JSON the truth"
+d=$(fresh hostname)
+hn=$'ho/st\e[2J\nx y'
+env LD_PRELOAD="$PRELOAD $root/$B/tests/libfake_host.so" FAKE_HOSTNAME="$hn" OOMGUARD_DIR="$d" OOMGUARD_QUIET=1 \
+    "$prog" exit >/dev/null 2>&1
+names=$(ls "$d")
+python3 - "$d" "$hn" <<'EOF2'
+import glob, json, os, re, sys
+d, hn = sys.argv[1], sys.argv[2]
+names = os.listdir(d)
+ok = len(names) == 2 and all(re.fullmatch(r"oomguard-ho_st__2J_x_y-\d+\.(json|txt)", n) for n in names)
+j = json.load(open(glob.glob(d + "/oomguard-*.json")[0])) if ok else {}
+ok = ok and j["host"] == hn
+sys.exit(0 if ok else 1)
+EOF2
+result $? "file names: $(printf '%q ' $names)"
+
+echo "== other processes: largest first before the cut at 32, all counted"
+d=$(fresh others)
+others=""; for i in $(seq 0 39); do others="${others}0:$((5000 + i)):small$i:64MiB;"; done
+others="${others}0:6000:holder:12GiB"
+shim env OOMGUARD_DIR="$d" OOMGUARD_QUIET=1 SIMGPU_OTHER_PROCS="$others" "$prog" exit >/dev/null 2>&1
+python3 - "$d" <<'EOF2'
+import glob, json, sys
+m = json.load(open(glob.glob(sys.argv[1] + "/oomguard-*.json")[0]))["memory"]
+o = m["other_processes"]
+b = [p["bytes"] for p in o]
+ok = (len(o) == 32 and o[0]["pid"] == 6000 and o[0]["bytes"] == 12 << 30 and b == sorted(b, reverse=True)
+      and m["other_processes_count"] == 41 and m["other_processes_bytes"] == (12 << 30) + 40 * (64 << 20))
+print(len(o), o[:2], m.get("other_processes_count"), m["other_processes_bytes"]) if not ok else None
+sys.exit(0 if ok else 1)
+EOF2
+result $? "41 other processes: the 12 GiB holder listed first, 32 listed, other_processes_count 41, the total of all"
+
 # ---------------------------------------------------------------- OOMGUARD_LIMIT and friends
 echo "== bad OOMGUARD_LIMIT: one clear warning, the default (no limit)"
 long=$(printf '0:1GiB%.0s,' $(seq 100))1GiB
