@@ -722,6 +722,21 @@ static void fill_event(og_record_t *rec, const og_episode_t *ep, int device)
         rec->framework = ffw;
 }
 
+/* A Python process whose adapter never loaded has no framework view: the dump says so and why,
+ * and stderr once (not for OOMGUARD_PYTHON_ADAPTER=0, which asked for it). */
+static void python_view_missing(og_record_t *rec)
+{
+    static atomic_int said;
+    char why[160];
+    bool loud = false;
+    if (!og_python_adapter_missing(why, sizeof why, &loud))
+        return;
+    if (rec->memory.nunmeasured < (int)(sizeof rec->memory.unmeasured / sizeof rec->memory.unmeasured[0]))
+        snprintf(rec->memory.unmeasured[rec->memory.nunmeasured++], sizeof rec->memory.unmeasured[0], "%s", why);
+    if (loud && !og_opt.quiet && !atomic_exchange(&said, 1))
+        og_warn("%s (import oomguard_torch in the program to get it)", why);
+}
+
 og_record_t *og_record_capture(const char *status, const og_episode_t *ep, int device)
 {
     og_record_t *rec = calloc(1, sizeof *rec);
@@ -740,6 +755,7 @@ og_record_t *og_record_capture(const char *status, const og_episode_t *ep, int d
         rec->memory.nunmeasured++;
     capture_peers(rec);
     og_framework_view_get(&rec->memory.fw);
+    python_view_missing(rec);
     if (rec->memory.fw.has && rec->memory.fw.device != device)
         rec->memory.fw.has = false;          /* numbers for another device */
     /* Python lines handed in before this failure began belong to an older one */

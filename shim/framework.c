@@ -305,3 +305,83 @@ void og_framework_atfork_child(void)
     in_query = 0;
 }
 
+/* ------------------------------------------------------------------ is the Python view missing? */
+
+static int py_state = OG_PY_NONE;     /* written once by the constructor, single-threaded */
+static char py_detail[256];
+
+void og_python_started(int state, const char *detail)
+{
+    py_state = state;
+    copy_str(py_detail, sizeof py_detail, detail ? detail : "");
+}
+
+/* Why an interpreter given the adapter on PYTHONPATH never imported it: its own flags say (the
+ * legacy globals mirror the configuration), else its command line does. */
+static const char *python_flags_why(void)
+{
+    static const struct {
+        const char *global;
+        char opt;
+        const char *why;
+    } flags[] = {
+        {"Py_IsolatedFlag", 'I', "python -I (isolated) ignores PYTHONPATH"},
+        {"Py_IgnoreEnvironmentFlag", 'E', "python -E ignores PYTHONPATH"},
+        {"Py_NoSiteFlag", 'S', "python -S imports no site, so no sitecustomize"},
+    };
+    size_t nf = sizeof flags / sizeof *flags;
+    for (size_t i = 0; i < nf; i++) {
+        const int *g = og_dlsym_real(RTLD_DEFAULT, flags[i].global);
+        if (g && *g)
+            return flags[i].why;
+    }
+    /* the interpreter's options: argv words before the script, -c or -m */
+    char buf[4096];
+    FILE *f = fopen("/proc/self/cmdline", "re");
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f)
+        fclose(f);
+    buf[n] = 0;
+    bool skip = false;                   /* this word is the argument of -W or -X */
+    for (size_t at = strlen(buf) + 1; at < n; at += strlen(buf + at) + 1) {
+        const char *a = buf + at;
+        if (skip) {
+            skip = false;
+            continue;
+        }
+        if (a[0] != '-' || !a[1] || a[1] == '-')
+            break;
+        for (const char *c = a + 1; *c; c++) {
+            for (size_t i = 0; i < nf; i++)
+                if (*c == flags[i].opt)
+                    return flags[i].why;
+            if (*c == 'c' || *c == 'm')
+                return NULL;             /* the rest is the program */
+            if (*c == 'W' || *c == 'X') {
+                skip = !c[1];            /* -X dev, or -Xdev */
+                break;
+            }
+        }
+    }
+    return NULL;
+}
+
+bool og_python_adapter_missing(char *why, size_t n, bool *loud)
+{
+    const char *m = getenv(OG_PY_MARKER);
+    if (py_state == OG_PY_NONE || (m && !strcmp(m, "1")))
+        return false;
+    *loud = py_state != OG_PY_OFF;
+    const char *flags = py_state == OG_PY_PATH_SET ? python_flags_why() : NULL;
+    if (py_state == OG_PY_OFF)
+        snprintf(why, n, "python adapter: off (OOMGUARD_PYTHON_ADAPTER=0) and not imported: no framework view");
+    else if (py_state == OG_PY_NO_DIR)
+        snprintf(why, n, "python adapter: not loaded: no adapters directory next to liboomguard.so in %.60s",
+                 py_detail);
+    else if (flags)
+        snprintf(why, n, "python adapter: not loaded: %s; no framework view", flags);
+    else
+        snprintf(why, n, "python adapter: not loaded: sitecustomize.py did not run (another one first on "
+                         "sys.path?); no framework view");
+    return true;
+}

@@ -76,14 +76,21 @@ void og_init_slow(void) { pthread_once(&init_once, init_once_fn); }
 static void python_adapter_path(void)
 {
     typedef int (*py_init_fn)(void);
-    if (!og_opt.python_adapter || !og_dlsym_real(RTLD_DEFAULT, "Py_BytesMain"))
+    if (!og_dlsym_real(RTLD_DEFAULT, "Py_BytesMain"))
         return;
     py_init_fn is_init = (py_init_fn)og_dlsym_real(RTLD_DEFAULT, "Py_IsInitialized");
     if (!is_init || is_init())
         return;
-    Dl_info info;
-    if (!dladdr((void *)python_adapter_path, &info) || !info.dli_fname)
+    setenv(OG_PY_MARKER, "0", 1);        /* the adapter makes it "1": a dump can tell it never loaded */
+    if (!og_opt.python_adapter) {
+        og_python_started(OG_PY_OFF, NULL);
         return;
+    }
+    Dl_info info;
+    if (!dladdr((void *)python_adapter_path, &info) || !info.dli_fname) {
+        og_python_started(OG_PY_NO_DIR, "?");
+        return;
+    }
     char dir[PATH_MAX], cand[PATH_MAX + 32], probe[PATH_MAX + 64], real[PATH_MAX];
     snprintf(dir, sizeof dir, "%s", info.dli_fname);
     char *slash = strrchr(dir, '/');
@@ -98,6 +105,7 @@ static void python_adapter_path(void)
         snprintf(probe, sizeof probe, "%.4000s/sitecustomize.py", cand);
         if (access(probe, R_OK) != 0 || !realpath(cand, real))
             continue;
+        og_python_started(OG_PY_PATH_SET, real);
         const char *old = getenv("PYTHONPATH");
         if (!old || !*old) {
             setenv("PYTHONPATH", real, 1);
@@ -116,6 +124,7 @@ static void python_adapter_path(void)
         free(v);
         return;
     }
+    og_python_started(OG_PY_NO_DIR, dir);
 }
 
 __attribute__((constructor)) static void og_constructor(void)

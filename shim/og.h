@@ -344,6 +344,12 @@ struct og_framework_view;
 void og_framework_view_get(struct og_framework_view *out);
 void og_query_at_failure(int device);  /* the adapter's query, where it is safe */
 void og_framework_atfork_child(void);
+/* Did the Python adapter load?  The constructor says what it did for the interpreter; the adapter
+ * (oomguard_core.py) turns OG_PY_MARKER from "0" to "1" when it is imported. */
+#define OG_PY_MARKER "_OOMGUARD_PY_ADAPTER"
+enum { OG_PY_NONE, OG_PY_PATH_SET, OG_PY_NO_DIR, OG_PY_OFF };
+void og_python_started(int state, const char *detail);
+bool og_python_adapter_missing(char *why, size_t n, bool *loud);   /* at a dump; loud: say it on stderr */
 
 /* ---------------------------------------------------------------- records (capture.c, redact.c) */
 

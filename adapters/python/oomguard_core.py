@@ -29,6 +29,11 @@ _ADAPTER_FILES = ("oomguard_core.py", "oomguard_torch.py", "oomguard_jax.py", "o
                   "sitecustomize.py")
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
+# liboomguard's constructor sets this to "0" in a Python process; "1" tells a dump the adapter loaded
+# (without the shim it is absent and stays so)
+if os.environ.get("_OOMGUARD_PY_ADAPTER") == "0":
+    os.environ["_OOMGUARD_PY_ADAPTER"] = "1"
+
 
 def truthy(name, default="0"):
     return os.environ.get(name, default).strip().lower() in ("1", "true", "yes", "on")

@@ -640,5 +640,56 @@ t_utf8_stack() {
 }
 t "a Python stack in a directory named café: café in the JSON and the .txt" t_utf8_stack
 
+# ---- the adapter could not load: the dump and one stderr line say so and why ------------------------
+# missing_view WANT [STDERR_LINES]: the dump's memory.unmeasured names WANT; stderr has STDERR_LINES lines about it
+missing_view() {
+    local dump n
+    dump=$(ls dumps/oomguard-*.json 2>/dev/null | head -n 1)
+    [ -n "$dump" ] || { echo "no dump"; cat err; return 1; }
+    expect "$dump" "[u for u in d['memory']['unmeasured'] if '$1' in u] != []" True || { cat err; return 1; }
+    n=$(grep -c "python adapter" err)
+    [ "$n" = "${2:-1}" ] || { echo "$n stderr lines about the adapter, want ${2:-1}:"; cat err; return 1; }
+}
+t_flag() { # t_flag FLAG WHY: the stand-in torch is put on sys.path by the program (-I and -E ignore PYTHONPATH)
+    shim env -u OOMGUARD_QUIET PYTHONPATH="$FT" "$PYTHON" $1 -c 'import runpy, sys; sys.path[:0] = [sys.argv[1]]
+sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name="__main__")' "$FT" "$JOB" oom-caught exp.json \
+        >out 2>err; local rc=$?
+    [ $rc = 3 ] || { echo "exit $rc, want 3"; cat err; return 1; }
+    missing_view "python adapter: not loaded: $2"
+}
+t "python -I: the dump's memory.unmeasured and one stderr line say the adapter did not load, and why" t_flag -I "python -I"
+t "python -E: the same, naming -E" t_flag -E "python -E"
+t "python -S: the same, naming -S (no site, no sitecustomize)" t_flag -S "python -S"
+t "python -sIB: flags grouped in one word are read" t_flag -sIB "python -I"
+t_flag_control() {
+    shim adapter env -u OOMGUARD_QUIET "$PYTHON" "$JOB" oom-caught exp.json >out 2>err; local rc=$?
+    [ $rc = 3 ] || { echo "exit $rc"; cat err; return 1; }
+    local dump; dump=$(ls dumps/oomguard-*.json | head -n 1)
+    expect "$dump" '[u for u in d["memory"]["unmeasured"] if "python adapter" in u]' '[]' &&
+    fail_if 'grep -q "python adapter" err' "a stderr line about the adapter: $(cat err)" &&
+    expect "$dump" 'd["memory"].get("framework") is not None' True
+}
+t "the adapter loaded: no such entry and no such line" t_flag_control
+t_layout() {
+    # liboomguard.so alone in a directory: no python/ next to it, no ../adapters/python
+    local pre="" p
+    mkdir -p lone/lib
+    for p in $PRELOAD; do
+        case "$(basename "$p")" in liboomguard*) cp "$p" lone/lib/ && p=$W/lone/lib/$(basename "$p") ;; esac
+        pre="$pre${pre:+ }$p"
+    done
+    LD_PRELOAD="$pre" OOMGUARD_DIR="$W/dumps" OOMGUARD_FRAMEWORK_LIBS="$FWLIB" env -u OOMGUARD_QUIET \
+        PYTHONPATH="$FT" "$PYTHON" "$JOB" oom-caught exp.json >out 2>err
+    [ $? = 3 ] || { echo "exit status"; cat err; return 1; }
+    missing_view "no adapters directory next to liboomguard.so in $W/lone/lib"
+}
+t "a layout without the adapters directory: the dump and one stderr line say where it looked" t_layout
+t_off() {
+    shim noadapter env -u OOMGUARD_QUIET "$PYTHON" "$JOB" oom-caught exp.json >out 2>err
+    [ $? = 3 ] || { echo "exit status"; cat err; return 1; }
+    missing_view "OOMGUARD_PYTHON_ADAPTER=0" 0
+}
+t "OOMGUARD_PYTHON_ADAPTER=0: the dump says the view is off, stderr says nothing (it was asked for)" t_off
+
 echo "${pass} passed, ${fail} failed$([ $skip != 0 ] && echo ", ${skip} skipped")"
 [ $fail = 0 ]
