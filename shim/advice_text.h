@@ -13,7 +13,8 @@
 #define OG_CAUSE_LIST(X)                                                                                       \
     X(LIMIT, "limit") X(CACHE, "cache_held") X(FRAG, "fragmentation") X(FOREIGN, "foreign_memory")              \
     X(NONFW, "non_framework") X(GROWTH, "growth") X(DNF, "does_not_fit") X(UNKNOWN, "unknown")                  \
-    X(OTHERFW, "other_framework") X(PEERS, "peer_ranks") X(IMBALANCE, "imbalance") X(FWCAP, "framework_cap")
+    X(OTHERFW, "other_framework") X(PEERS, "peer_ranks") X(IMBALANCE, "imbalance") X(FWCAP, "framework_cap")      \
+    X(SNAPSHOT, "snapshot")
 
 enum og_cause_kind {
 #define OG_CAUSE_ENUM(e, s) OG_CAUSE_##e,

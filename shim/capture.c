@@ -34,7 +34,7 @@ static long env_long(const char *const *names)
     return -1;
 }
 
-static void capture_process(og_record_t *rec)
+void og_record_identity(og_record_t *rec)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -743,7 +743,7 @@ og_record_t *og_record_capture(const char *status, const og_episode_t *ep, int d
     if (!rec)
         return NULL;
     rec->status = status;
-    capture_process(rec);
+    og_record_identity(rec);
     capture_env(rec);
     capture_framework(rec);
     capture_device(rec, device);
@@ -842,7 +842,7 @@ og_record_t *og_record_unmeasured(const char *status, const og_episode_t *ep)
     if (!rec)
         return NULL;
     rec->status = status;
-    capture_process(rec);
+    og_record_identity(rec);
     capture_env(rec);
     capture_framework(rec);
     rec->device.index = ep->device;

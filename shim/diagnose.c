@@ -1266,6 +1266,26 @@ static void c_unknown(dctx_t *d, og_cause_t *c)
         ev_bytes(c, "cached_bytes", d->cached);
 }
 
+/* A snapshot on request (`oomguard snapshot`): no failure to explain; what holds memory now leads,
+ * and the rules that still hold without a request (growth, the cache, others) follow it. */
+static void c_snapshot(dctx_t *d, const og_record_t *rec, og_cause_t *c)
+{
+    c->id = og_cause_ids[OG_CAUSE_SNAPSHOT];
+    c->confidence = 1.0;
+    const og_lib_usage_t *top = rec->memory.nlibs ? &rec->memory.by_library[0] : NULL;
+    summary(c, "What holds memory now (a snapshot, no failure): this process tracks %s on device %d%s%s%s%s; "
+               "others hold %s.", og_hb((double)d->tracked).s, rec->device.index, top ? ", most from " : "",
+            top ? top->library : "", top ? " " : "", top ? og_hb((double)top->bytes).s : "",
+            og_hb((double)d->other_all).s);
+    ev_bytes(c, "tracked_bytes", d->tracked);
+    ev_bytes(c, "total_bytes", d->total);
+    ev_bytes(c, "other_processes_bytes", d->other_all);
+    if (top) {
+        ev_text(c, "top_library", "%s", top->library);
+        ev_bytes(c, "top_library_bytes", top->bytes);
+    }
+}
+
 /* ------------------------------------------------------------------ entry */
 
 typedef bool (*cause_fn)(dctx_t *, og_cause_t *);
@@ -1326,11 +1346,15 @@ void og_diagnose(og_record_t *rec, const og_thresholds_t *th)
         }
         break;
     }
-    if (n > 8)
-        n = 8;
+    bool snap = rec->status && strcmp(rec->status, "snapshot") == 0;
+    if (n > 8 - snap)
+        n = 8 - snap;
     for (int i = 0; i < n; i++)
-        rec->diagnosis.causes[i] = found[i];
-    if (n == 0) {
+        rec->diagnosis.causes[i + snap] = found[i];
+    if (snap) {
+        c_snapshot(&d, rec, &rec->diagnosis.causes[0]);
+        n++;
+    } else if (n == 0) {
         c_unknown(&d, &rec->diagnosis.causes[0]);
         n = 1;
     }

@@ -692,6 +692,11 @@ static void write_dump(const og_record_t *r, char *path, size_t pathlen)
         snprintf(base, sizeof base, "oomguard-%s-%d-rank%ld", host, r->pid, r->rank);
     else
         snprintf(base, sizeof base, "oomguard-%s-%d", host, r->pid);
+    /* a snapshot on request has a file of its own: it never replaces a failure's evidence,
+     * and the next snapshot replaces it */
+    bool snap = strcmp(r->status, "snapshot") == 0;
+    if (snap)
+        snprintf(base + strlen(base), sizeof base - strlen(base), "-snapshot");
     /* the working directory may be gone (getcwd fails): the temp dirs still work */
     char cwd[4096];
     const char *dirs[4] = {0};
@@ -706,7 +711,7 @@ static void write_dump(const og_record_t *r, char *path, size_t pathlen)
     if (strcmp(tmp, "/tmp") != 0 && strcmp(dirs[0], "/tmp") != 0)
         dirs[nd++] = "/tmp";
     pthread_mutex_lock(&write_lock);
-    if (!severity_allows(severity(r->status), r->event.device)) {
+    if (!snap && !severity_allows(severity(r->status), r->event.device)) {
         pthread_mutex_unlock(&write_lock);   /* a more serious record landed meanwhile */
         goto out;
     }
@@ -715,8 +720,10 @@ static void write_dump(const og_record_t *r, char *path, size_t pathlen)
         bool ok = write_pair(dirs[i], base, &json, &text, path, pathlen, false, &named) ||
                   (named && write_pair(dirs[i], base, &json, &text, path, pathlen, true, &named));
         if (ok) {
-            atomic_store(&written_severity, severity(r->status));
-            atomic_store(&written_device, r->event.device);
+            if (!snap) {
+                atomic_store(&written_severity, severity(r->status));
+                atomic_store(&written_device, r->event.device);
+            }
             pthread_mutex_unlock(&write_lock);
             if (i > 0 && !atomic_exchange(&warned_dir, 1))
                 og_warn("could not write the dump in %s; wrote it in %s instead",
@@ -912,6 +919,20 @@ void og_dump_capture_write(const char *status, int device)
         capture_write_free(status, NULL, device, after_status);
     else if (og_opt.verbose)
         og_log("%s dump written: (none)", status);
+}
+
+/* `oomguard snapshot`: the process is asked for its picture now (shim/live.c).  Neither the
+ * severity order nor OOMGUARD_MAX_DUMPS applies: the user asked, and the file is its own. */
+bool og_dump_snapshot(int device, char *path, size_t n)
+{
+    og_record_t *rec = og_record_capture("snapshot", NULL, device);
+    if (!rec)
+        return false;
+    char p[4800];
+    write_dump(rec, p, sizeof p);
+    og_record_free(rec);
+    snprintf(path, n, "%s", p);
+    return p[0] != 0;
 }
 
 static void after_failure(const og_record_t *rec, const og_episode_t *ep, const char *path)

@@ -53,8 +53,10 @@ static void on_fatal(int sig, siginfo_t *si, void *uc)
     /* the default action is the end; a program handler may carry on (handled faults, a TERM
      * handler that cleans up): then the end is decided once it returns, or by its exit(),
      * _exit() or abort(), which print themselves */
-    if (dfl)
+    if (dfl) {
         og_dump_fatal();
+        og_live_exit();
+    }
     if (p->sa_flags & SA_RESETHAND) {
         /* a one-shot handler (it re-raises to die): reset as if it had been called directly */
         struct sigaction reset;
@@ -74,8 +76,10 @@ static void on_fatal(int sig, siginfo_t *si, void *uc)
     } else if (p->sa_handler != SIG_IGN) {
         p->sa_handler(sig);
     }
-    if (!dfl && ends_after_handler(sig, si))
+    if (!dfl && ends_after_handler(sig, si)) {
         og_dump_fatal();
+        og_live_exit();
+    }
     errno = saved;
 }
 
@@ -104,6 +108,7 @@ void og_fatal_arm(void) { pthread_once(&arm_once, arm); }
 static _Noreturn void exit_now(int status)
 {
     og_dump_fatal();
+    og_live_exit();
     for (;;)
         syscall(SYS_exit_group, status);
 }

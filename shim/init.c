@@ -31,6 +31,7 @@ static void atfork_child(void)
     og_oom_atfork_child();
     og_framework_atfork_child();
     og_dump_atfork_child();
+    og_live_atfork_child();
 }
 
 static void print_hooks(void)
@@ -147,6 +148,7 @@ static void og_exit_handler(void)
     if (!atomic_load(&og_ready) || atomic_exchange(&exit_done, 1))
         return;
     og_in_shim++;
+    og_live_exit();
     og_dump_flush_pending(-1);
     og_exit_summary();
     og_in_shim--;
@@ -155,6 +157,7 @@ static void og_exit_handler(void)
 
 void og_exit_arm(void)
 {
+    og_live_ensure();           /* publishing starts with the program's first tracked call */
     static atomic_int armed;
     if (!atomic_load_explicit(&armed, memory_order_relaxed) && !atomic_exchange(&armed, 1))
         atexit(og_exit_handler);
@@ -169,6 +172,7 @@ __attribute__((destructor)) static void og_destructor(void)
         if (atomic_exchange(&exit_done, 1))
             return;
         og_in_shim++;
+        og_live_exit();
         og_dump_flush_pending(-1);
         og_exit_summary();
         og_in_shim--;

@@ -560,14 +560,19 @@ static void device_sum(const og_ledger_dev_t *d, uint64_t vmm_physical, oomguard
 
 void og_ledger_stats(int device, oomguard_device_stats_t *out)
 {
+    /* pools shrink at synchronisation points we do not hook; not at exit, when the runtime
+     * may already have destroyed them */
+    if (dev_of(device) && !atomic_load(&og_exiting))
+        og_ledger_pools_refresh(device);
+    og_ledger_counts(device, out);
+}
+
+void og_ledger_counts(int device, oomguard_device_stats_t *out)
+{
     memset(out, 0, sizeof *out);
     og_ledger_dev_t *d = dev_of(device);
     if (!d)
         return;
-    /* pools shrink at synchronisation points we do not hook; not at exit, when the runtime
-     * may already have destroyed them */
-    if (!atomic_load(&og_exiting))
-        og_ledger_pools_refresh(device);
     for (int i = 0; i < SHARDS; i++) {
         shard_t *sh = &og_shards[i];
         og_spin_lock(&sh->lock);

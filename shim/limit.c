@@ -244,6 +244,18 @@ void og_limit_view(int device, uint64_t *free_b, uint64_t *total_b)
         *free_b = lfree;
 }
 
+uint64_t og_limit_cached(int device)
+{
+    uint64_t c = og_limit_on && device >= 0 && device < OG_MAX_DEVICES ? atomic_load(&limit_cache[device]) : 0;
+    return c ? c - 1 : UINT64_MAX;
+}
+
+uint64_t og_warn_cached(int device)
+{
+    uint64_t c = warn_on && device >= 0 && device < OG_MAX_DEVICES ? atomic_load(&warn_cache[device]) : 0;
+    return c ? c - 1 : UINT64_MAX;
+}
+
 /* ------------------------------------------------------------------ warnings */
 
 static uint64_t warn_threshold(int device)
@@ -281,6 +293,7 @@ void og_warn_check(int device, uint64_t live)
             og_warn("device %d: usage %s crossed OOMGUARD_WARN_AT (%s)", device,
                     og_bytes_fmt(a, sizeof a, (double)live, OG_BYTES_FIXED),
                     og_bytes_fmt(b, sizeof b, (double)th, OG_BYTES_FIXED));
+            og_live_note_warning(device);
             if (og_opt.warn_dump) {
                 og_dump_capture_write("warning", device);
             }

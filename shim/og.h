@@ -226,6 +226,9 @@ struct og_block_view;
  * as og_ledger_foreach; NULL: none) read at one moment, all shards locked: a dump's sums agree. */
 void og_ledger_snapshot(int device, oomguard_device_stats_t *out,
                         void (*fn)(const struct og_block_view *b, void *arg), void *arg);
+/* the same without asking the driver for the pools' reservations (the last ones read): for a
+ * thread of the shim's own (shim/live.c) */
+void og_ledger_counts(int device, oomguard_device_stats_t *out);
 
 enum og_event_op { OG_EV_ALLOC, OG_EV_FREE, OG_EV_FAIL, OG_EV_POOL_GROW, OG_EV_POOL_SHRINK };
 typedef struct og_history_event {
@@ -329,6 +332,9 @@ uint64_t og_limit_usage(int device);          /* what counts against OOMGUARD_LI
 void og_limit_refresh_overhead(int device);
 void og_limit_view(int device, uint64_t *free_b, uint64_t *total_b);
 void og_warn_check(int device, uint64_t live);
+/* the limit and the warning level in bytes as already resolved (UINT64_MAX: none or not yet) */
+uint64_t og_limit_cached(int device);
+uint64_t og_warn_cached(int device);
 void og_exit_summary(void);   /* OOMGUARD_SUMMARY: peak lines and the exit dump */
 
 /* ---------------------------------------------------------------- NVML (nvml.c) */
@@ -356,6 +362,7 @@ bool og_python_adapter_missing(char *why, size_t n, bool *loud);   /* at a dump;
 struct og_record *og_record_capture(const char *status, const og_episode_t *ep, int device);
 /* A failure the dump budget refused, recorded later from its episode alone (nothing measured) */
 struct og_record *og_record_unmeasured(const char *status, const og_episode_t *ep);
+void og_record_identity(struct og_record *rec);   /* time, pid, host, rank, job, command line */
 void og_record_free(struct og_record *rec);
 /* redact.c: what a dump may show of the command line and the environment */
 void og_cmdline_join(const char *raw, size_t n, char *out, size_t outsz);   /* NUL-separated argv */
@@ -374,6 +381,16 @@ void og_dump_flush_pending(int device);   /* the device's unrecovered failure is
 void og_dump_fatal(void);                 /* dying: summaries out, temp names gone (signal-safe) */
 void og_dump_atfork_child(void);
 void og_dump_sweep_start(void);           /* at start-up: orphaned temporaries in the dump directory */
+bool og_dump_snapshot(int device, char *path, size_t n);   /* status "snapshot", on request */
+
+/* ---------------------------------------------------------------- the live page (live.c, live.h) */
+
+void og_live_ensure(void);               /* start publishing (once per process; from a hook) */
+void og_live_kick(void);                 /* publish now: a failure */
+void og_live_note_warning(int device);   /* OOMGUARD_WARN_AT crossed */
+void og_live_exit(void);
+void og_live_atfork_child(void);
+uint64_t og_live_start_ticks(int pid);
 
 /* ---------------------------------------------------------------- fatal signals and _exit (fatal.c) */
 

@@ -54,6 +54,7 @@ void og_on_oom(og_call_t *c, uint64_t size, int kind, CUresult r, bool by_limit)
     og_episode_t snapshot = *ep;
     pthread_mutex_unlock(&s->lock);
     og_limit_refresh_overhead(d);
+    og_live_kick();
     if (c->active)
         og_query_at_failure(d);   /* the framework's answer, when asking cannot deadlock */
     /* Written before the failing call returns to the program: a crash right after loses nothing. */

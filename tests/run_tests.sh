@@ -118,6 +118,8 @@ fi
 suite "dumps" env B="$B" PRELOAD="$PRELOAD" bash tests/e2e/run_dumps.sh
 echo "== regressions (bugs that once passed the whole suite)"
 suite "regressions" env B="$B" PRELOAD="$PRELOAD" bash tests/regress/run_regressions.sh
+echo "== oomguard top and snapshot: three simulated jobs and one without oomguard, against the simulator"
+suite "live" env B="$B" PRELOAD="$PRELOAD" bash tests/e2e/run_live.sh
 echo "== a 4-rank job under oomguard run, then oomguard merge"
 suite "launcher" env B="$B" bash tests/e2e/run_launcher.sh
 

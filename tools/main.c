@@ -25,6 +25,8 @@ static void usage(FILE *f)
           "  report DUMP.json [options]         explain one dump (text, json, html, memory-viz)\n"
           "  merge DIR [options]                compare the dumps of a multi-rank job\n"
           "  stats DIR... [options]             count the dumps of many jobs (text, json, html, prometheus)\n"
+          "  top [options]                      live view of every GPU: who holds memory, inside each process\n"
+          "  snapshot PID|--all                 ask a running process for a dump now (it keeps running)\n"
           "  help [COMMAND]                     help for a command\n"
           "\n"
           "options:\n"
@@ -319,6 +321,10 @@ int main(int argc, char **argv)
         return og_cmd_merge(argc - 2, argv + 2);
     if (!strcmp(cmd, "stats"))
         return og_cmd_stats(argc - 2, argv + 2);
+    if (!strcmp(cmd, "top"))
+        return og_cmd_top(argc - 2, argv + 2);
+    if (!strcmp(cmd, "snapshot"))
+        return og_cmd_snapshot(argc - 2, argv + 2);
     if (!strcmp(cmd, "help")) {
         const char *sub = argc > 2 ? argv[2] : NULL;
         if (!sub)
@@ -331,6 +337,10 @@ int main(int argc, char **argv)
             og_usage_merge(stdout);
         else if (!strcmp(sub, "stats"))
             og_usage_stats(stdout);
+        else if (!strcmp(sub, "top"))
+            og_usage_top(stdout);
+        else if (!strcmp(sub, "snapshot"))
+            og_usage_snapshot(stdout);
         else {
             fprintf(stderr, "oomguard: no such command '%s'\n", sub);
             return OG_EXIT_USAGE;

@@ -6,11 +6,11 @@
 #   fuzz-smoke         run fuzz-dump for FUZZ_SECONDS (default 20) over tests/fixtures
 
 TOOLS_SRC  := $(filter-out tools/fuzz_dump.c,$(wildcard tools/*.c))
-TOOLS_HDR  := $(wildcard tools/*.h) $(wildcard include/oomguard.h)
+TOOLS_HDR  := $(wildcard tools/*.h) $(wildcard include/oomguard.h) shim/live.h
 # shim/human.c formats sizes and names frameworks for both: the report spells them as the dump does.
 TOOLS_SHARED := shim/human.c
 TOOLS_OBJ  := $(patsubst tools/%.c,$(B)/tools/%.o,$(TOOLS_SRC)) $(patsubst shim/%.c,$(B)/shim/%.o,$(TOOLS_SHARED))
-TOOLS_LIBS := -lcjson -lm -ldw -lelf -lstdc++
+TOOLS_LIBS := -lcjson -lm -ldw -lelf -lstdc++ -ldl
 FUZZ_CC    ?= clang
 FUZZ_SECONDS ?= 20
 
@@ -37,7 +37,7 @@ $(B)/cli-test/libdummy.so: tests/cli/dummy.c | $(B)
 	$(CC) $(BASE_CFLAGS) $(CFLAGS) -shared -fPIC -o $@ $<
 
 # The fuzzer links the same reader/renderer sources as the command (not main.c/run.c).
-FUZZ_SRC := tools/fuzz_dump.c $(filter-out tools/main.c tools/run.c,$(TOOLS_SRC)) $(TOOLS_SHARED)
+FUZZ_SRC := tools/fuzz_dump.c $(filter-out tools/main.c tools/run.c tools/top.c,$(TOOLS_SRC)) $(TOOLS_SHARED)
 $(B)/fuzz-dump: $(FUZZ_SRC) $(TOOLS_HDR) shim/human.h | $(B)
 	$(FUZZ_CC) $(BASE_CFLAGS) -Itools -iquote shim -g -O1 -fno-omit-frame-pointer \
 	    -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \

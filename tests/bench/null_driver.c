@@ -21,3 +21,9 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 
 CUresult cuMemFree_v2(CUdeviceptr dptr) { (void)dptr; return CUDA_SUCCESS; }
 CUresult cuCtxGetDevice(CUdevice *device) { *device = 0; return CUDA_SUCCESS; }
+/* one device, as a real driver answers (the shim's publishing thread reads the count once) */
+CUresult cuDeviceGetCount(int *count)
+{
+    *count = 1;
+    return CUDA_SUCCESS;
+}

@@ -1,0 +1,89 @@
+/* A job for the live view's tests (tests/e2e/run_live.sh): holds device memory in steps the
+ * test drives, and writes the simulator's truth after each step, so that `oomguard top` and
+ * `oomguard snapshot` can be checked against it.
+ *
+ * usage: e2e_live_job MODE CTL
+ *   grow   one more 256 MiB block each time CTL/grow.go.N appears (N = 1, 2, ...)
+ *   limit  under OOMGUARD_LIMIT=3GiB: 1 GiB twice, 768 MiB, then 512 MiB that the limit refuses
+ *   plain  1 GiB and three 64 MiB blocks
+ * Each writes CTL/MODE.truth ("step S pid P tracked T used U failed F") after every change
+ * (written whole: a temp file renamed), then waits for CTL/stop, frees everything and exits
+ * 0.  It installs a SIGUSR1/SIGUSR2 handler and says at exit how often it ran: a snapshot
+ * must not use the program's signals. */
+#include <cuda_runtime_api.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "simgpu.h"
+
+#define MiB (1024ull * 1024)
+
+static volatile sig_atomic_t usr_signals;
+static void on_usr(int sig) { usr_signals++; }
+
+static void truth(const char *ctl, const char *mode, int step)
+{
+    simgpu_truth_t t;
+    if (simgpu_truth(0, &t) != 0)
+        return;
+    char tmp[512], path[512];
+    snprintf(tmp, sizeof tmp, "%s/%s.truth.tmp", ctl, mode);
+    snprintf(path, sizeof path, "%s/%s.truth", ctl, mode);
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return;
+    fprintf(f, "step %d pid %d tracked %llu used %llu failed %llu\n", step, (int)getpid(),
+            t.alloc_requested_bytes + t.vmm_physical_bytes + t.pool_reserved_bytes, t.used_bytes, t.failed_allocs);
+    fclose(f);
+    rename(tmp, path);
+}
+
+static int exists(const char *ctl, const char *name)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s", ctl, name);
+    return access(p, F_OK) == 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 3)
+        return 2;
+    const char *mode = argv[1], *ctl = argv[2];
+    signal(SIGUSR1, on_usr);
+    signal(SIGUSR2, on_usr);
+    void *blocks[64];
+    int n = 0, step = 0;
+    cudaSetDevice(0);
+    if (!strcmp(mode, "grow")) {
+        truth(ctl, mode, step);
+        while (!exists(ctl, "stop")) {
+            char go[64];
+            snprintf(go, sizeof go, "grow.go.%d", step + 1);
+            if (exists(ctl, go) && n < 64) {
+                if (cudaMalloc(&blocks[n], 256 * MiB) == cudaSuccess)
+                    n++;
+                truth(ctl, mode, ++step);
+            }
+            usleep(20000);
+        }
+    } else {
+        static const unsigned long long limit_steps[] = {1024 * MiB, 1024 * MiB, 768 * MiB, 512 * MiB};
+        static const unsigned long long plain_steps[] = {1024 * MiB, 64 * MiB, 64 * MiB, 64 * MiB};
+        const unsigned long long *s = !strcmp(mode, "limit") ? limit_steps : plain_steps;
+        for (int i = 0; i < 4; i++)
+            if (cudaMalloc(&blocks[n], s[i]) == cudaSuccess)
+                n++;
+        truth(ctl, mode, ++step);
+        while (!exists(ctl, "stop"))
+            usleep(20000);
+    }
+    for (int i = 0; i < n; i++)
+        cudaFree(blocks[i]);
+    printf("%s: pid %d done, %d block(s), %d signal(s) of the program's own\n", mode, (int)getpid(), n,
+           (int)usr_signals);
+    return usr_signals ? 3 : 0;
+}
