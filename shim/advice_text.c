@@ -10,6 +10,12 @@ const char *const og_cause_ids[OG_CAUSE_COUNT] = {
 #undef OG_CAUSE_STR
 };
 
+const char *og_hist_op_name(enum og_hist_op op)
+{
+    static const char *const names[] = {"?", "alloc", "free", "fail", "pool_grow", "pool_shrink", "?"};
+    return (unsigned)op < sizeof names / sizeof *names ? names[op] : "?";
+}
+
 void og_cpy(char *dst, size_t n, const char *src, size_t srcn)
 {
     size_t l = strnlen(src, srcn);
@@ -102,7 +108,7 @@ int og_distinct_alloc_sizes(const og_record_t *rec)
     int n = 0, ne = rec->history.events ? rec->history.nevents : 0;
     for (int i = 0; i < ne && n < 64; i++) {
         const struct og_hist_ev *e = &rec->history.events[i];
-        if (!e->op || strcmp(e->op, "alloc") != 0)
+        if (e->op != OG_OP_ALLOC)
             continue;
         uint64_t k = e->bytes >> 20;
         bool dup = false;

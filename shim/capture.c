@@ -451,10 +451,10 @@ static void capture_ledger(og_record_t *rec, int device)
 
 /* ------------------------------------------------------------------ history */
 
-static const char *op_name(int op)
+/* the ledger's history operation (alloc, free, fail, pool_grow, pool_shrink) as the record's */
+static enum og_hist_op op_of(int op)
 {
-    static const char *const names[] = {"alloc", "free", "fail", "pool_grow", "pool_shrink"};
-    return op >= 0 && op < 5 ? names[op] : "?";
+    return op >= 0 && op < 5 ? (enum og_hist_op)(OG_OP_ALLOC + op) : OG_OP_OTHER;
 }
 
 static void capture_history(og_record_t *rec, int device)
@@ -469,7 +469,7 @@ static void capture_history(og_record_t *rec, int device)
                 continue;
             struct og_hist_ev *e = &rec->history.events[rec->history.nevents++];
             e->t_rel = (double)(raw[i].t_ns - og_start_ns()) / 1e9;
-            e->op = op_name(raw[i].op);
+            e->op = op_of(raw[i].op);
             e->bytes = raw[i].bytes;
             e->device = raw[i].device;
             e->api = raw[i].hook < OG_H_COUNT ? og_hooks[raw[i].hook].name : "(pool)";
@@ -589,13 +589,13 @@ static void derive(og_record_t *rec, const og_episode_t *ep)
     rec->memory.framework_cached_bytes = OG_UNKNOWN;
     if (fw->has && fw->reserved_bytes >= fw->allocated_bytes) {
         rec->memory.framework_cached_bytes = fw->reserved_bytes - fw->allocated_bytes;
-        rec->memory.framework_cached_source = "adapter";
+        rec->memory.framework_cached_source = OG_CACHE_ADAPTER;
     } else if (ep && ep->attempts >= 2 && ep->released_before_attempt > 0) {
         rec->memory.framework_cached_bytes = ep->released_before_attempt;
-        rec->memory.framework_cached_source = "retry_release";
+        rec->memory.framework_cached_source = OG_CACHE_RETRY_RELEASE;
     } else if (rec->memory.pool_reserved > rec->memory.pool_used) {
         rec->memory.framework_cached_bytes = rec->memory.pool_reserved - rec->memory.pool_used;
-        rec->memory.framework_cached_source = "pool";
+        rec->memory.framework_cached_source = OG_CACHE_POOL;
     }
     /* unknown is not zero: say which part of the framework's memory was not measured, and why */
     if (rec->memory.framework_cached_bytes == OG_UNKNOWN &&
@@ -676,7 +676,7 @@ static og_record_t *recovered_from_first(const og_record_t *now, const og_episod
     f->event.recovered_t = now->event.recovered_t;
     if (f->memory.framework_cached_bytes == OG_UNKNOWN && ep->released > 0) {
         f->memory.framework_cached_bytes = ep->released;
-        f->memory.framework_cached_source = "retry_release";
+        f->memory.framework_cached_source = OG_CACHE_RETRY_RELEASE;
         /* the cache is measured now: drop the line that said it was not */
         for (int i = 0; i < f->memory.nunmeasured; i++)
             if (strncmp(f->memory.unmeasured[i], "framework cache:", 16) == 0) {

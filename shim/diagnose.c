@@ -1,29 +1,12 @@
 /* Diagnosis: why did the allocation fail?  Fills rec->diagnosis from the measured fields of
- * the record.  Pure: no I/O, no globals, no allocation; the same record always gives the same
+ * the record.  Pure: no I/O, no globals, no allocation (scratch lives in the record); the same record always gives the same
  * diagnosis.  (<stdio.h> is included for vsnprintf only, to format the summaries.)
  * docs/diagnosis.md states every rule for users; this comment is the precise version.
  *
- * Evidence model.  Every input is measured, estimated or unknown, and says whose memory it is:
- *   req        event.requested_bytes
- *   total      device.total_bytes
- *   usage_lim  what OOMGUARD_LIMIT counts: device.limit_usage_bytes (tracked + CUDA context),
- *              process_tracked_bytes when that was not recorded
- *   free       device.free_bytes; with a limit: min(limit - usage_lim, free); when the physical
- *              free is not known and there is no limit it is estimated (total - footprint - others)
- *   shortfall  max(0, req - free)                        -> diagnosis.shortfall_bytes
- *   footprint  process_used_bytes (NVML) when known, else process_tracked_bytes
- *   ffw        the framework of the failing call: its library's framework, else the record's
- *   resv[fw]   bytes held by each framework's libraries (by_library, fw_kind), pool caches included
- *   cached     the failing framework's held-but-unused memory, measured: the adapter's
- *              reserved - allocated; or what that framework freed between its failed attempts
- *              ("retry_release"); or the slack of the framework's own stream-ordered pool.
- *              UNKNOWN otherwise -- never 0, never "live".
- *   reclaim    what could still be handed back: cached, except a cache the framework already
- *              released before a retry that failed (it is in `free` now); in a recovered dump the
- *              numbers are those of the first attempt, before the release, so reclaim = cached
- *   app_slack  pool_reserved - pool_used when the pools belong to the application (not the framework)
- *   peers      other processes on the device of the same job (same command and launcher/rank
- *              variables, see capture.c); `others` excludes them
+ * The quantities the rules read (req, free, shortfall, footprint, cached, reclaim, app_slack, peers,
+ * the growth's steps, ...) are the facts of facts.c, computed once before any rule runs; every rule
+ * is a function of those const facts (and of the const record, for names in its texts), so the
+ * order of the table below decides ties only.
  *
  * Causes (each that holds is kept; clamp(x) = min(1, max(0, x))):
  * limit          event.caused_by_limit: 1.0 (oomguard refused the request itself).  The text
@@ -112,22 +95,13 @@
 
 #include "record.h"
 #include "advice_text.h"
+#include "facts.h"
 
-#define MIB (1024.0 * 1024.0)
-#define GIB (1024.0 * 1024.0 * 1024.0)
-
-#define NONFW_FLOOR   (1ULL << 30)     /* non_framework: at least 1 GiB */
 #define FRAG_C_FLOOR  (256ULL << 20)   /* fragmentation (c): at least 256 MiB idle */
 
-/* Defaults (the same as OOMGUARD_FRAG_SHARE etc. in options.def), used for a missing or invalid value. */
-static const og_thresholds_t th_default = {
-    .frag_share = 0.25, .nonfw_share = 0.20, .growth_min_share = 0.05, .growth_rising_steps = 0.70,
-};
 
 /* ------------------------------------------------------------------ small helpers */
 
-static uint64_t min64(uint64_t a, uint64_t b) { return a < b ? a : b; }
-/* saturating add that never produces OG_UNKNOWN */
 static double clamp01(double x) { return x != x ? 0 : x < 0 ? 0 : x > 1 ? 1 : x; }
 
 
@@ -179,229 +153,15 @@ static void summary(og_cause_t *c, const char *f, ...)
     va_end(ap);
 }
 
-static bool same_lib(const char *a, const char *b)
-{
-    return a[0] && b[0] && (strcmp(a, b) == 0 || strcmp(og_base_name(a), og_base_name(b)) == 0);
-}
 
 static const char *fw_display(int fw) { return og_framework_display(fw, "the framework"); }
 
-/* 1: the failing call's library is a framework's, 0: it is not, -1: cannot tell. */
-static int failing_is_framework(const og_record_t *rec)
-{
-    char lib[sizeof rec->event.library];
-    og_cpy(lib, sizeof lib, rec->event.library, sizeof rec->event.library);
-    if (!lib[0])
-        return -1;
-    if (og_framework_of(og_base_name(lib), lib) != OG_FW_UNKNOWN)
-        return 1;
-    int nlibs = rec->memory.nlibs < 0 ? 0 : rec->memory.nlibs > 32 ? 32 : rec->memory.nlibs;
-    for (int i = 0; i < nlibs; i++) {
-        char l[sizeof rec->memory.by_library[0].library];
-        og_cpy(l, sizeof l, rec->memory.by_library[i].library, sizeof l);
-        if (same_lib(lib, l))
-            return rec->memory.by_library[i].framework ? 1 : 0;
-    }
-    char list[sizeof rec->framework_libs];
-    og_cpy(list, sizeof list, rec->framework_libs, sizeof list);
-    for (char *p = list; *p;) {
-        char *e = strchr(p, ',');
-        if (e)
-            *e = 0;
-        while (*p == ' ')
-            p++;
-        size_t l = strlen(p);
-        while (l && p[l - 1] == ' ')
-            p[--l] = 0;
-        if (same_lib(lib, p))
-            return 1;
-        if (!e)
-            break;
-        p = e + 1;
-    }
-    if (rec->framework_libs[0] || rec->framework != OG_FW_UNKNOWN)
-        return 0;
-    return -1;
-}
-
-/* ------------------------------------------------------------------ measured context */
-
-#define NFW 5
-
-typedef struct dctx {
-    og_record_t *rec;
-    og_thresholds_t th;
-    const char *fwname;               /* the failing framework, for sentences */
-    int ffw;                          /* enum og_framework of the failing call */
-    uint64_t req, total, tracked, other_all, other, peers_bytes;
-    int npeers, nothers;
-    bool peers_small;
-    bool limited;
-    uint64_t limit, usage_lim;
-    bool free_known, free_estimated;
-    uint64_t free_eff, shortfall;
-    bool used_known;
-    uint64_t used, footprint;
-    bool cached_known, retried, recovered;
-    uint64_t cached, reclaim, reservation, released;
-    const char *cached_src;
-    bool largest_known;
-    uint64_t largest, app_slack;
-    uint64_t resv[NFW];               /* per framework kind, on this device */
-    uint64_t fw_resv_all;             /* every framework's reservation */
-    int failing_fw;
-    bool larger_than_device;
-    uint64_t capacity, growth_rise, imbalance_excess, nonfw_excess;
-    int load_steps;                   /* growth's steps that were a load instead (0 none) */
-    uint64_t load_step_bytes;         /* what each of those steps added (the median) */
-    bool pass_built;                  /* rising steps over a working set with nothing freed: one pass */
-    int nchildren;
-    bool other_inferred;              /* `other` inferred from total - free - tracked (no NVML) */
-} dctx_t;
-
-static double th_or(double v, double def, bool allow_one)
-{
-    if (v != v || v <= 0 || v > 1 || (!allow_one && v >= 1))
-        return def;
-    return v;
-}
-
-static void measure(dctx_t *d, og_record_t *rec, const og_thresholds_t *th)
-{
-    memset(d, 0, sizeof *d);
-    d->rec = rec;
-    d->th = th ? *th : th_default;
-    d->th.frag_share = th_or(d->th.frag_share, th_default.frag_share, true);
-    d->th.nonfw_share = th_or(d->th.nonfw_share, th_default.nonfw_share, true);
-    d->th.growth_min_share = th_or(d->th.growth_min_share, th_default.growth_min_share, true);
-    d->th.growth_rising_steps = th_or(d->th.growth_rising_steps, th_default.growth_rising_steps, true);
-
-    d->req = rec->event.requested_bytes;   /* the API's argument: SIZE_MAX is a request, not unknown */
-    d->total = known(rec->device.total_bytes) ? rec->device.total_bytes : 0;
-    d->tracked = known(rec->memory.process_tracked_bytes) ? rec->memory.process_tracked_bytes : 0;
-    d->other_all = known(rec->memory.other_processes_bytes) ? rec->memory.other_processes_bytes : 0;
-    d->used_known = known(rec->memory.process_used_bytes);
-    d->used = d->used_known ? rec->memory.process_used_bytes : 0;
-    d->footprint = d->used_known ? d->used : d->tracked;
-    d->recovered = rec->event.recovered;
-
-    /* peers of the same job are not "other users" of the GPU */
-    int no = rec->memory.nother < 0 ? 0 : rec->memory.nother > 32 ? 32 : rec->memory.nother;
-    uint64_t listed = 0;
-    d->peers_small = true;
-    for (int i = 0; i < no; i++) {
-        listed = add_sat(listed, rec->memory.other[i].bytes);
-        if (rec->memory.other[i].same_job) {
-            d->npeers++;
-            d->nchildren += rec->memory.other[i].child;
-            d->peers_bytes = add_sat(d->peers_bytes, rec->memory.other[i].bytes);
-            if (rec->memory.other[i].bytes > 3 * (GIB / 2))
-                d->peers_small = false;
-        } else
-            d->nothers++;
-    }
-    d->other = sub0(d->other_all, d->peers_bytes);
-
-    /* the failing call's framework; whose reservation is whose */
-    d->failing_fw = failing_is_framework(rec);
-    char flib[sizeof rec->event.library];
-    og_cpy(flib, sizeof flib, rec->event.library, sizeof flib);
-    d->ffw = og_framework_of(og_base_name(flib), flib);
-    int nlibs = rec->memory.nlibs < 0 ? 0 : rec->memory.nlibs > 32 ? 32 : rec->memory.nlibs;
-    for (int i = 0; i < nlibs; i++) {
-        const og_lib_usage_t *u = &rec->memory.by_library[i];
-        if (!u->framework)
-            continue;
-        int k = u->fw_kind >= 0 && u->fw_kind < NFW ? u->fw_kind : OG_FW_UNKNOWN;
-        if (k == OG_FW_UNKNOWN)
-            k = rec->framework >= 0 && rec->framework < NFW ? (int)rec->framework : OG_FW_UNKNOWN;
-        d->resv[k] = add_sat(d->resv[k], u->bytes);
-        d->fw_resv_all = add_sat(d->fw_resv_all, u->bytes);
-        if (d->failing_fw == 1 && d->ffw == OG_FW_UNKNOWN) {
-            char l[sizeof u->library];
-            og_cpy(l, sizeof l, u->library, sizeof l);
-            if (same_lib(l, flib))
-                d->ffw = k;
-        }
-    }
-    if (d->ffw == OG_FW_UNKNOWN)
-        d->ffw = rec->framework;
-    d->fwname = fw_display(d->ffw);
-
-    const og_framework_view_t *fw = &rec->memory.fw;
-    bool app_pool = rec->memory.pool_owner_fw == 2;
-    if (fw->has && known(fw->reserved_bytes) && known(fw->allocated_bytes)) {
-        d->cached_known = true;
-        d->cached = sub0(fw->reserved_bytes, fw->allocated_bytes);
-        d->cached_src = "adapter";
-        d->reservation = fw->reserved_bytes;
-    } else if (known(rec->memory.framework_cached_bytes) &&
-               !(app_pool && rec->memory.framework_cached_source &&
-                 strcmp(rec->memory.framework_cached_source, "pool") == 0)) {
-        d->cached_known = true;
-        d->cached = rec->memory.framework_cached_bytes;
-        d->cached_src = rec->memory.framework_cached_source ? rec->memory.framework_cached_source : "measured";
-    }
-    int kinds = 0;
-    for (int k = 0; k < NFW; k++)
-        kinds += d->resv[k] > 0;
-    /* several frameworks: the failing one's own reservation; one: everything the framework holds */
-    if (!d->reservation)
-        d->reservation = kinds > 1 && d->ffw != OG_FW_UNKNOWN && d->resv[d->ffw] ? d->resv[d->ffw]
-                         : known(rec->memory.framework_bytes) ? rec->memory.framework_bytes : 0;
-    d->released = known(rec->event.released_between_attempts_bytes) ? rec->event.released_between_attempts_bytes : 0;
-    /* the framework released its cache and retried (PyTorch does before raising) and it still failed */
-    d->retried = !d->recovered && rec->event.attempts >= 2 && d->failing_fw != 0 &&
-                 (!d->cached_src || strcmp(d->cached_src, "retry_release") == 0);
-    if (d->retried && !d->cached_known) {
-        /* released nothing: the framework had no wholly free segment left: a measured 0 */
-        d->cached_known = true;
-        d->cached = 0;
-        d->cached_src = "retry_release";
-    }
-    /* a cache already handed back between retries is in `free` now: nothing left to reclaim
-     * (a recovered dump keeps the first attempt's numbers, from before the release) */
-    d->reclaim = d->cached_known && (d->recovered || strcmp(d->cached_src, "retry_release") != 0) ? d->cached : 0;
-    if (fw->has && known(fw->largest_free_block_bytes) && !(fw->largest_free_block_bytes == 0 && d->cached > 0)) {
-        d->largest_known = true;
-        d->largest = fw->largest_free_block_bytes;
-    }
-    if (app_pool && known(rec->memory.pool_reserved) && known(rec->memory.pool_used))
-        d->app_slack = sub0(rec->memory.pool_reserved, rec->memory.pool_used);
-
-    d->limited = known(rec->device.limit_bytes);
-    d->limit = d->limited ? rec->device.limit_bytes : 0;
-    d->usage_lim = d->limited && known(rec->device.limit_usage_bytes) && rec->device.limit_usage_bytes >= d->tracked
-                       ? rec->device.limit_usage_bytes : d->tracked;
-    if (d->limited) {
-        d->free_known = true;
-        d->free_eff = sub0(d->limit, d->usage_lim);
-        if (known(rec->device.free_bytes))
-            d->free_eff = min64(d->free_eff, rec->device.free_bytes);
-    } else if (known(rec->device.free_bytes)) {
-        d->free_known = true;
-        d->free_eff = rec->device.free_bytes;
-    } else if (d->total) {
-        d->free_known = d->free_estimated = true;
-        d->free_eff = sub0(d->total, add_sat(d->footprint, d->other_all));
-    }
-    if (!known(rec->memory.other_processes_bytes)) {
-        uint64_t inf = og_other_inferred_bytes(rec);
-        if (known(inf) && inf > 0) {
-            d->other = inf;
-            d->other_inferred = true;
-        }
-    }
-    d->shortfall = d->free_known ? sub0(d->req, d->free_eff) : 0;
-    d->capacity = d->limited && (!d->total || d->limit < d->total) ? d->limit : d->total;
-    d->larger_than_device = d->capacity && d->req > d->capacity;
-}
+/* ------------------------------------------------------------------ causes */
 
 /* ------------------------------------------------------------------ causes */
 
-static bool c_limit(dctx_t *d, og_cause_t *c)
+static bool c_limit(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
 {
-    og_record_t *r = d->rec;
     if (!r->event.caused_by_limit)
         return false;
     c->id = og_cause_ids[OG_CAUSE_LIMIT];
@@ -450,30 +210,13 @@ static bool c_limit(dctx_t *d, og_cause_t *c)
 }
 
 /* the largest framework reservation and its kind */
-static int biggest_fw(const dctx_t *d, int except, uint64_t *bytes)
+static bool c_framework_cap(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
 {
-    int best = -1;
-    for (int k = 0; k < NFW; k++)
-        if (k != except && d->resv[k] && (best < 0 || d->resv[k] > d->resv[best]))
-            best = k;
-    *bytes = best >= 0 ? d->resv[best] : 0;
-    return best;
-}
-
-static bool c_framework_cap(dctx_t *d, og_cause_t *c)
-{
-    og_record_t *r = d->rec;
     const og_framework_view_t *fw = &r->memory.fw;
-    if (!fw->has || !fw->cap_bytes || fw->cap_bytes == OG_UNKNOWN)
+    if (!d->cap.binds)
         return false;
-    uint64_t req = d->req ? d->req : fw->requested_bytes;
-    uint64_t alloc = known(fw->allocated_bytes) ? fw->allocated_bytes : 0;
-    bool over = add_sat(alloc, req) > fw->cap_bytes;
-    bool room = known(r->device.free_bytes) && r->device.free_bytes >= req;
-    /* the cap binds only when what is allocated plus the request exceeds it; an internal failure
-     * under the cap is something else (fragmentation inside the framework's arena) */
-    if (!over || (!fw->internal_oom && !room))
-        return false;
+    uint64_t req = d->cap.req, alloc = d->cap.alloc;
+    bool room = d->cap.room;
     c->id = og_cause_ids[OG_CAUSE_FWCAP];
     c->confidence = fw->internal_oom ? 0.95 : 0.8;
     char src[sizeof fw->cap_source];
@@ -491,16 +234,15 @@ static bool c_framework_cap(dctx_t *d, og_cause_t *c)
     ev_text(c, "cap_source", "%s", src[0] ? src : "unknown");
     ev_bytes(c, "allocated_bytes", alloc);
     ev_bytes(c, "requested_bytes", req);
-    ev_bytes(c, "over_cap_bytes", sub0(add_sat(alloc, req), fw->cap_bytes));
+    ev_bytes(c, "over_cap_bytes", d->cap.over);
     ev_num(c, "internal_oom", fw->internal_oom ? 1 : 0);
     if (known(r->device.free_bytes))
         ev_bytes(c, "physical_free_bytes", r->device.free_bytes);
     return true;
 }
 
-static bool c_cache_held(dctx_t *d, og_cause_t *c)
+static bool c_cache_held(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
 {
-    og_record_t *r = d->rec;
     if (d->shortfall == 0)
         return false;
     char full[sizeof r->event.library], lib[64];
@@ -528,7 +270,7 @@ static bool c_cache_held(dctx_t *d, og_cause_t *c)
     if (d->cached_known && d->reclaim >= d->shortfall) {
         c->id = og_cause_ids[OG_CAUSE_CACHE];
         c->confidence = 0.6 + 0.3 * clamp01(((double)d->reclaim / (double)d->shortfall - 1) / 3);
-        if (d->recovered && strcmp(d->cached_src, "retry_release") == 0) {
+        if (d->recovered && d->cached_src == OG_CACHE_RETRY_RELEASE) {
             c->confidence = 0.9;
             summary(c, "%s failed to get %s while %s held %s cached but unused; %s released it between attempts "
                     "and the retry succeeded.", lib, og_hb((double)d->req).s, fw_display(r->framework),
@@ -541,11 +283,15 @@ static bool c_cache_held(dctx_t *d, og_cause_t *c)
         ev_bytes(c, "requested_bytes", d->req);
         ev_bytes(c, "shortfall_bytes", d->shortfall);
         ev_bytes(c, "cached_bytes", d->cached);
-        ev_text(c, "cached_source", "%s", d->cached_src);
+        ev_text(c, "cached_source", "%s", og_cache_src_name(d->cached_src));
         return true;
     }
     uint64_t held;
-    int k = biggest_fw(d, -1, &held);
+    int k = -1;
+    for (int j = 0; j < OG_NFW; j++)       /* the largest framework reservation */
+        if (d->resv[j] && (k < 0 || d->resv[j] > d->resv[k]))
+            k = j;
+    held = k >= 0 ? d->resv[k] : 0;
     if (d->cached_known || k < 0 || held < d->shortfall)
         return false;
     /* unknown is not zero: the framework holds a reservation of which an unmeasured part is cache */
@@ -565,21 +311,20 @@ static bool c_cache_held(dctx_t *d, og_cause_t *c)
     return true;
 }
 
-static bool c_fragmentation(dctx_t *d, og_cause_t *c)
+static bool c_fragmentation(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
 {
-    og_record_t *r = d->rec;
     if (d->failing_fw == 0 || r->memory.pool_owner_fw == 2)
         return false;
-    double fs = d->th.frag_share;
+    double fs = d->frag_share;
     double cached = (double)d->cached, req = (double)d->req;
     double share = d->reservation ? cached / (double)d->reservation : 0;
     bool share_hit = d->reservation && share >= fs;
     double conf = -1;
     const char *why = NULL;
-    bool retry_rel = d->cached_known && strcmp(d->cached_src, "retry_release") == 0;
+    bool retry_rel = d->cached_known && d->cached_src == OG_CACHE_RETRY_RELEASE;
 
     if (d->retried && !r->memory.fw.has) {                                 /* (d) */
-        int ds = og_distinct_alloc_sizes(r);
+        int ds = d->distinct_sizes;
         if (ds >= 5 && d->shortfall > 0 && d->reservation >= d->shortfall) {
             c->id = og_cause_ids[OG_CAUSE_FRAG];
             c->confidence = 0.5;
@@ -678,12 +423,12 @@ static bool c_fragmentation(dctx_t *d, og_cause_t *c)
     return true;
 }
 
-static bool c_other_framework(dctx_t *d, og_cause_t *c)
+static bool c_other_framework(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
 {
     if (d->shortfall == 0 || d->ffw == OG_FW_UNKNOWN)
         return false;
-    uint64_t r2;
-    int k = biggest_fw(d, d->ffw, &r2);
+    uint64_t r2 = d->other_fw_bytes;
+    int k = d->other_fw;
     if (k <= OG_FW_UNKNOWN || r2 < d->shortfall)
         return false;
     c->id = og_cause_ids[OG_CAUSE_OTHERFW];
@@ -692,11 +437,11 @@ static bool c_other_framework(dctx_t *d, og_cause_t *c)
     /* Name the mechanism only when its switch is not already off: with preallocation (or TF memory
      * growth) disabled the bytes are what that framework really allocated and cached as it grew. */
     bool tf_growth = false;
-    for (int i = 0; i < d->rec->nenv; i++)
-        if (!strcmp(d->rec->env[i], "TF_FORCE_GPU_ALLOW_GROWTH=true"))
+    for (int i = 0; i < r->nenv; i++)
+        if (!strcmp(r->env[i], "TF_FORCE_GPU_ALLOW_GROWTH=true"))
             tf_growth = true;
     const char *why = k == OG_FW_JAX
-                          ? (d->rec->xla_preallocate_off
+                          ? (r->xla_preallocate_off
                                  ? ": XLA_PYTHON_CLIENT_PREALLOCATE=false is already set, so these are arrays and "
                                    "cache JAX allocated on demand (its allocator keeps freed memory)"
                                  : ": XLA preallocates 75% of the GPU when the client starts")
@@ -718,9 +463,8 @@ static bool c_other_framework(dctx_t *d, og_cause_t *c)
     return true;
 }
 
-static bool c_peer_ranks(dctx_t *d, og_cause_t *c)
+static bool c_peer_ranks(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
 {
-    og_record_t *r = d->rec;
     bool wrong_device = r->local_rank >= 0 && r->visible_devices > 1 && r->local_rank != r->event.device &&
                         r->local_rank < r->visible_devices;
     if (d->shortfall == 0 || (d->npeers == 0 && !wrong_device))
@@ -754,48 +498,27 @@ static bool c_peer_ranks(dctx_t *d, og_cause_t *c)
     return true;
 }
 
-static bool c_imbalance(dctx_t *d, og_cause_t *c)
+static bool c_imbalance(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
 {
-    og_record_t *r = d->rec;
-    if (d->shortfall == 0 || r->world_size > 1 || r->nsummary < 2)
+    const og_imbalance_facts_t *b = &d->imbalance;
+    if (!b->holds)
         return false;
-    uint64_t mine = 0, most = 0, sum = 0;
-    int nother = 0;
-    for (int i = 0; i < r->nsummary && i < 16; i++) {
-        uint64_t t = r->summary[i].tracked_bytes;
-        if (r->summary[i].index == r->event.device)
-            mine = t;
-        else if (t) {
-            nother++;
-            sum = add_sat(sum, t);
-            if (t > most)
-                most = t;
-        }
-    }
-    if (!nother || !most || (double)mine < 1.5 * (double)most)
-        return false;
-    uint64_t avg = sum / (uint64_t)nother;
-    if (sub0(mine, avg) < d->shortfall)
-        return false;
-    double ratio = (double)mine / (double)most;
     c->id = og_cause_ids[OG_CAUSE_IMBALANCE];
-    c->confidence = 0.6 + 0.3 * clamp01((ratio - 1.5) / 2);
+    c->confidence = 0.6 + 0.3 * clamp01((b->ratio - 1.5) / 2);
     summary(c, "GPU %d holds %s while the %d other %s this process uses hold %s on average (%.1fx less): one process "
             "drives several GPUs and the first carries the gathered outputs and the optimizer state "
-            "(nn.DataParallel).", r->event.device, og_hb((double)mine).s, nother, og_plural(nother, "GPU", "GPUs"),
-            og_hb((double)avg).s, (double)mine / (double)(avg ? avg : 1));
-    d->imbalance_excess = sub0(mine, avg);
-    ev_bytes(c, "device_bytes", mine);
-    ev_bytes(c, "other_devices_avg_bytes", avg);
-    ev_num(c, "other_devices", nother);
-    ev_num(c, "ratio", ratio);
+            "(nn.DataParallel).", r->event.device, og_hb((double)b->mine).s, b->nother,
+            og_plural(b->nother, "GPU", "GPUs"), og_hb((double)b->avg).s, (double)b->mine / (double)(b->avg ? b->avg : 1));
+    ev_bytes(c, "device_bytes", b->mine);
+    ev_bytes(c, "other_devices_avg_bytes", b->avg);
+    ev_num(c, "other_devices", b->nother);
+    ev_num(c, "ratio", b->ratio);
     ev_bytes(c, "shortfall_bytes", d->shortfall);
     return true;
 }
 
-static bool c_foreign(dctx_t *d, og_cause_t *c)
+static bool c_foreign(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
 {
-    og_record_t *r = d->rec;
     if (d->shortfall == 0 || d->other < d->shortfall)
         return false;
     c->id = og_cause_ids[OG_CAUSE_FOREIGN];
@@ -847,31 +570,20 @@ static bool c_foreign(dctx_t *d, og_cause_t *c)
     return true;
 }
 
-static bool c_non_framework(dctx_t *d, og_cause_t *c)
+static bool c_non_framework(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
 {
-    og_record_t *r = d->rec;
+    if (!d->nonfw_holds)
+        return false;
     uint64_t fwb = known(r->memory.framework_bytes) ? r->memory.framework_bytes : 0;
-    if (!d->used_known || d->used == 0 || !known(r->memory.non_framework_bytes) || d->shortfall == 0)
-        return false;
-    if (r->framework == OG_FW_UNKNOWN && fwb == 0)
-        return false;               /* no framework: "outside the framework" would be everything */
-    uint64_t nf = r->memory.non_framework_bytes;
+    uint64_t nf = d->nonfw;
     double share = (double)nf / (double)d->used;
-    double ns = d->th.nonfw_share;
-    if (share < ns || nf < d->shortfall || nf < NONFW_FLOOR)
-        return false;
+    double ns = d->nonfw_share;
     c->id = og_cause_ids[OG_CAUSE_NONFW];
-    d->nonfw_excess = nf;
     c->confidence = 0.35 + 0.3 * clamp01(ns < 1 ? (share - ns) / (1 - ns) : 1) +
                     0.2 * clamp01(((double)nf / (double)d->shortfall - 1) / 3);
-    int n = r->memory.nlibs < 0 ? 0 : r->memory.nlibs > 32 ? 32 : r->memory.nlibs;
-    int big = -1;
-    for (int i = 0; i < n; i++)
-        if (!r->memory.by_library[i].framework &&
-            (big < 0 || r->memory.by_library[i].bytes > r->memory.by_library[big].bytes))
-            big = i;
+    int big = d->nonfw_big_lib;
     char lib[64] = "";
-    if (big >= 0 && r->memory.by_library[big].bytes) {
+    if (big >= 0) {
         char full[sizeof r->memory.by_library[0].library];
         og_cpy(full, sizeof full, r->memory.by_library[big].library, sizeof full);
         og_cpy(lib, sizeof lib, og_base_name(full), sizeof full);
@@ -898,203 +610,48 @@ static bool c_non_framework(dctx_t *d, og_cause_t *c)
     }
     return true;
 }
-
 #define GROWTH_MIN_STEPS 6
-#define GROWTH_MAX_STEPS 512
-#define GROWTH_BURST_S 0.00025
-/* the framework freed under this share of the rise over its whole life: the rising steps are one
- * pass building up, not iterations (the leaks of the corpus free >= 23% of it: py_evaluate_no_grad) */
-#define GROWTH_MIN_FREED_SHARE 0.1
-#define LOAD_GAP_S 0.1           /* a pause this long between equal allocations ends a load */   /* markers closer than this with nothing between: one burst */
 
-static int cmp_u64(const void *a, const void *b)
+/* Growth: the facts' reading of the steps (facts.c) when it holds. */
+static bool c_growth(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
 {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return (x > y) - (x < y);
-}
-
-static bool growth_for(dctx_t *d, og_cause_t *c, uint64_t size, bool failing_size)
-{
-    og_record_t *r = d->rec;
-    int ne = r->history.events ? (r->history.nevents < 0 ? 0 : r->history.nevents) : 0;
-    if (ne < GROWTH_MIN_STEPS || d->total == 0 || size == 0)
+    const og_growth_facts_t *g = &d->growth;
+    if (!g->holds)
         return false;
-    const struct og_hist_ev *e = r->history.events;
-    /* markers: successful allocations of the failing request's size (within 1/32 or 2 MiB: the
-     * framework's rounding); a step runs from one marker to the next */
-    uint64_t tol = size != UINT64_MAX && size / 32 > (2ULL << 20) ? size / 32 : (2ULL << 20);
-    if (!failing_size)
-        tol = size / 32;             /* the most frequent size: that size exactly (to rounding) */
-    /* the latest GROWTH_MAX_STEPS steps (the ones nearest the failure), in a ring */
-    uint64_t ring[GROWTH_MAX_STEPS], lows[GROWTH_MAX_STEPS];
-    long seen = 0;
-    uint64_t low = UINT64_MAX;
-    bool in_step = false, between = false;
-    double last_marker_t = 0;
-    for (int i = 0; i < ne; i++) {
-        if (!e[i].op || strcmp(e[i].op, "fail") == 0)
-            continue;
-        bool alloc = strcmp(e[i].op, "alloc") == 0;
-        uint64_t floor_now = alloc ? sub0(e[i].live, e[i].bytes) : e[i].live;
-        bool marker = alloc && (size == UINT64_MAX || (e[i].bytes > size ? e[i].bytes - size : size - e[i].bytes) <= tol);
-        if (marker) {
-            /* back-to-back markers with nothing between (a burst: loading weights, a stack of
-             * buffers) are one step, not many */
-            bool burst = in_step && !between && e[i].t_rel - last_marker_t < GROWTH_BURST_S;
-            last_marker_t = e[i].t_rel;
-            between = false;
-            if (burst)
-                continue;
-            if (in_step)
-                ring[seen++ % GROWTH_MAX_STEPS] = low;   /* close the previous step */
-            in_step = true;
-            low = floor_now;             /* the floor under this step: live before its marker */
-            continue;
-        }
-        between = true;
-        if (in_step && floor_now < low)
-            low = floor_now;
-    }
-    if (in_step)
-        ring[seen++ % GROWTH_MAX_STEPS] = low;
-    int steps = seen < GROWTH_MAX_STEPS ? (int)seen : GROWTH_MAX_STEPS;
-    for (int k = 0; k < steps; k++)
-        lows[k] = ring[(seen - steps + k) % GROWTH_MAX_STEPS];
-    if (steps < GROWTH_MIN_STEPS)
-        return false;
-    int transitions = steps - 1, rising = 0;
-    uint64_t rises[GROWTH_MAX_STEPS];
-    for (int i = 1; i < steps; i++) {
-        rises[i - 1] = sub0(lows[i], lows[i - 1]);
-        if (rises[i - 1] > (1ULL << 19))
-            rising++;
-    }
-    /* the typical step: the median rise (a load or an optimizer's first step inside one step
-     * must not pass for the leak's rate) */
-    qsort(rises, (size_t)transitions, sizeof *rises, cmp_u64);
-    uint64_t per_step = rises[transitions / 2];
-    uint64_t rise = sub0(lows[steps - 1], lows[0]);
-    double rs = d->th.growth_rising_steps, gm = d->th.growth_min_share;
-    double rising_share = (double)rising / transitions;
-    double rise_share = (double)rise / (double)d->total;
-    /* significant: gm of the device, or (over many steps) at least what is missing now */
-    bool big_enough = rise_share + 1e-12 >= gm || (d->shortfall > 0 && rise >= d->shortfall && steps >= 16);
-    if (rising_share + 1e-9 < rs || !big_enough || per_step == 0)
-        return false;
-    /* a load, not a leak: steps that each add at least 1/40 of the device, starting from (almost)
-     * nothing held, are weights arriving (however slowly); a leak keeps tensors on top of an
-     * established working set (the weights came first) */
-    if ((double)per_step * 40 >= (double)d->total && lows[0] < 2 * per_step) {
-        d->load_steps = steps;
-        d->load_step_bytes = per_step;
-        return false;
-    }
-    /* a rise the framework's measured cache accounts for is the cache (a pool that keeps what it
-     * handed out, a caching allocator), not tensors kept alive */
-    if (d->cached_known && strcmp(d->cached_src, "retry_release") != 0 && 2 * d->cached >= rise)
-        return false;
-    if (d->app_slack && 2 * d->app_slack >= rise)
-        return false;                /* the application's pool keeping what it handed out */
-    /* a loop that leaks frees its temporaries every iteration; one pass that builds up (the first
-     * forward of a too-big batch: a step per layer, each activation kept for backward) has freed
-     * (almost) nothing.  Unknown (no adapter, or one that cannot tell) is not zero. */
     const og_framework_view_t *fw = &r->memory.fw;
-    if (fw->has && fw->freed_known && (double)fw->freed_bytes_total < GROWTH_MIN_FREED_SHARE * (double)rise) {
-        d->pass_built = true;
-        return false;
-    }
+    double rs = d->growth_rising_steps;
     c->id = og_cause_ids[OG_CAUSE_GROWTH];
-    c->confidence = 0.5 + 0.25 * clamp01((double)(steps - GROWTH_MIN_STEPS) / 26) +
-                    0.2 * clamp01(rs < 1 ? (rising_share - rs) / (1 - rs) : 1);
-    if (size == UINT64_MAX)
+    c->confidence = 0.5 + 0.25 * clamp01((double)(g->steps - GROWTH_MIN_STEPS) / 26) +
+                    0.2 * clamp01(rs < 1 ? (g->rising_share - rs) / (1 - rs) : 1);
+    if (g->marker == OG_MARK_EVERY_ALLOCATION)
         summary(c, "Memory left behind rises from step to step: over %s%d steps of varying sizes the low point rose "
-                "in %d of %d, by about %s per step, from %s to %s.", seen > steps ? "the last " : "", steps, rising,
-                transitions,
-                og_hb((double)per_step).s, og_hb((double)lows[0]).s, og_hb((double)lows[steps - 1]).s);
+                "in %d of %d, by about %s per step, from %s to %s.", g->seen > g->steps ? "the last " : "", g->steps,
+                g->rising, g->transitions, og_hb((double)g->per_step).s, og_hb((double)g->first_low).s,
+                og_hb((double)g->last_low).s);
     else
         summary(c, "Memory left behind rises from step to step: in %s%d steps that each allocate %s (%s), the low "
-                "point rose in %d of %d, by about %s per step, from %s to %s.", seen > steps ? "the last " : "", steps,
-                og_hb((double)size).s,
-                failing_size ? "the size that failed" : "the size allocated most often", rising, transitions,
-                og_hb((double)per_step).s, og_hb((double)lows[0]).s, og_hb((double)lows[steps - 1]).s);
-    ev_bytes(c, "first_trough_bytes", lows[0]);
-    ev_bytes(c, "last_trough_bytes", lows[steps - 1]);
-    ev_bytes(c, "rise_bytes", rise);
-    ev_bytes(c, "rise_per_step_bytes", per_step);
-    d->growth_rise = rise;
-    ev_text(c, "rising_steps", "%d of %d", rising, transitions);
-    ev_num(c, "steps", steps);
+                "point rose in %d of %d, by about %s per step, from %s to %s.", g->seen > g->steps ? "the last " : "",
+                g->steps, og_hb((double)g->size).s,
+                g->marker == OG_MARK_FAILING_SIZE ? "the size that failed" : "the size allocated most often",
+                g->rising, g->transitions, og_hb((double)g->per_step).s, og_hb((double)g->first_low).s,
+                og_hb((double)g->last_low).s);
+    ev_bytes(c, "first_trough_bytes", g->first_low);
+    ev_bytes(c, "last_trough_bytes", g->last_low);
+    ev_bytes(c, "rise_bytes", g->rise);
+    ev_bytes(c, "rise_per_step_bytes", g->per_step);
+    ev_text(c, "rising_steps", "%d of %d", g->rising, g->transitions);
+    ev_num(c, "steps", g->steps);
     if (fw->has && fw->freed_known)
         ev_bytes(c, "framework_freed_bytes", fw->freed_bytes_total);
     /* which allocations mark the steps: the failing call's size says the failure is one more step */
-    ev_text(c, "step_marker", "%s", size == UINT64_MAX ? "every_allocation" : failing_size ? "failing_size"
-                                                                                            : "modal_size");
+    ev_text(c, "step_marker", "%s", g->marker == OG_MARK_EVERY_ALLOCATION ? "every_allocation"
+                                    : g->marker == OG_MARK_FAILING_SIZE   ? "failing_size"
+                                                                          : "modal_size");
     return true;
 }
 
-/* the allocation size seen most often in the history (>= 16 times), 0 if none; one pass over
- * the events with a table of 64 sizes (sizes beyond the first 64 distinct ones are not counted) */
-static uint64_t modal_alloc_size(const og_record_t *r)
+static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
 {
-    int ne = r->history.events ? r->history.nevents : 0;
-    uint64_t size[64];
-    int count[64], n = 0;
-    for (int i = 0; i < ne; i++) {
-        const struct og_hist_ev *e = &r->history.events[i];
-        if (!e->op || strcmp(e->op, "alloc") != 0)
-            continue;
-        int k = 0;
-        while (k < n && size[k] != e->bytes)
-            k++;
-        if (k == n) {
-            if (n == 64)
-                continue;
-            size[n] = e->bytes;
-            count[n++] = 0;
-        }
-        count[k]++;
-    }
-    int best = -1;
-    for (int k = 0; k < n; k++)
-        if (best < 0 || count[k] > count[best])
-            best = k;
-    return best >= 0 && count[best] >= 16 ? size[best] : 0;
-}
-
-/* Growth marked by the failing size first (a leak fails doing what every step did), else by the
- * size allocated most often (a leak of small tensors while something else failed). */
-static bool c_growth(dctx_t *d, og_cause_t *c)
-{
-    if (growth_for(d, c, d->req, true))
-        return true;
-    memset(c, 0, sizeof *c);
-    uint64_t m = modal_alloc_size(d->rec);
-    if (m && (m > d->req ? m - d->req : d->req - m) > d->req / 32 && growth_for(d, c, m, false))
-        return true;
-    memset(c, 0, sizeof *c);
-    /* a leak of varying sizes (outputs kept per batch, each as long as its batch): every
-     * allocation (bursts merged) is a step; held to a stricter pattern: >= 16 steps, >= 90% rising */
-    if (!growth_for(d, c, UINT64_MAX, false))
-        return false;
-    double st = 0;
-    const char *rsteps = NULL;
-    for (int i = 0; i < c->nevidence; i++) {
-        if (strcmp(c->evidence[i].name, "steps") == 0)
-            st = c->evidence[i].num;
-        if (strcmp(c->evidence[i].name, "rising_steps") == 0)
-            rsteps = c->evidence[i].text;
-    }
-    int rising = 0, trans = 0;
-    if (st >= 16 && rsteps && sscanf(rsteps, "%d of %d", &rising, &trans) == 2 && trans && rising * 10 >= trans * 9)
-        return true;
-    memset(c, 0, sizeof *c);
-    d->growth_rise = 0;
-    return false;
-}
-
-static bool c_does_not_fit(dctx_t *d, og_cause_t *c)
-{
-    og_record_t *r = d->rec;
     if (!d->free_known || d->req == 0)
         return false;
     if (d->recovered && !d->larger_than_device)
@@ -1132,15 +689,15 @@ static bool c_does_not_fit(dctx_t *d, og_cause_t *c)
         conf -= 0.15;
     /* a leak that grew by more than what is missing explains the shortfall better; so does an
      * imbalance whose evening-out would free it */
-    if (d->growth_rise >= missing && conf > 0.6) {
+    if (d->growth.holds && d->growth.rise >= missing && conf > 0.6) {
         conf = 0.6;
         basis = "growth_explains";
     }
-    if (d->imbalance_excess >= missing && conf > 0.6) {
+    if (d->imbalance.holds && sub0(d->imbalance.mine, d->imbalance.avg) >= missing && conf > 0.6) {
         conf = 0.6;
         basis = "imbalance_explains";
     }
-    if (d->nonfw_excess >= missing && conf > 0.6) {
+    if (d->nonfw_holds && d->nonfw >= missing && conf > 0.6) {
         conf = 0.6;
         basis = "non_framework_explains";
     }
@@ -1152,7 +709,7 @@ static bool c_does_not_fit(dctx_t *d, og_cause_t *c)
     if (!d->cached_known && fw_held > 0)
         og_fmt(note, sizeof note, " (%s's cache was not measured: part of its %s may be reclaimable)", d->fwname,
                og_hb((double)fw_held).s);
-    else if (d->cached_known && strcmp(d->cached_src, "retry_release") == 0)
+    else if (d->cached_known && d->cached_src == OG_CACHE_RETRY_RELEASE)
         og_fmt(note, sizeof note, " (%s already released %s and retried)", d->fwname, og_hb((double)d->cached).s);
     else if (d->free_estimated)
         og_fmt(note, sizeof note, " (free memory estimated)");
@@ -1171,66 +728,23 @@ static bool c_does_not_fit(dctx_t *d, og_cause_t *c)
     ev_bytes(c, "job_need_bytes", job);
     ev_bytes(c, d->limited ? "limit_bytes" : "capacity_bytes", d->capacity);
     ev_text(c, "basis", "%s", basis);
-    /* failing inside a burst of equal allocations that are all kept: a load (weights), not a step;
-     * an earlier burst of the same size still held: a second copy loaded beside the first */
-    const struct og_hist_ev *e = r->history.events;
-    int ne = e ? r->history.nevents : 0, run = 0, earlier = 0, i = ne - 1;
-    uint64_t held_before = 0;
-    uint64_t tol = 2ULL << 20;       /* shards of one checkpoint are the same size */
-    double t_prev = -1, t_fail0 = -1;
-    for (int k = ne - 1; k >= 0 && k >= ne - 32; k--)    /* when the failures at the end began */
-        if (e[k].op && strcmp(e[k].op, "fail") == 0)
-            t_fail0 = e[k].t_rel;
-    for (; i >= 0; i--) {
-        /* failed attempts and the releases between them are the failure's own, not the load's */
-        if (!e[i].op || strcmp(e[i].op, "fail") == 0 ||
-            (strcmp(e[i].op, "free") == 0 && t_fail0 >= 0 && e[i].t_rel >= t_fail0))
-            continue;
-        bool same = strcmp(e[i].op, "alloc") == 0 && (e[i].bytes > d->req ? e[i].bytes - d->req : d->req - e[i].bytes) <= tol;
-        if (!same || (t_prev >= 0 && t_prev - e[i].t_rel > LOAD_GAP_S))
-            break;
-        t_prev = e[i].t_rel;
-        run++;
-        held_before = sub0(e[i].live, e[i].bytes);
-    }
-    for (; run >= 4 && i >= 0; i--) {
-        if (!e[i].op || strcmp(e[i].op, "fail") == 0)
-            continue;
-        if (strcmp(e[i].op, "alloc") != 0 || (e[i].bytes > d->req ? e[i].bytes - d->req : d->req - e[i].bytes) > tol)
-            break;
-        earlier++;
-    }
-    /* a load builds what the process holds: a run of equal blocks on top of a larger working set
-     * (a forward pass, an optimizer's state) is the job's own, not weights arriving */
-    bool built = (double)held_before < (double)run * (double)d->req;
-    /* a slow load: its pieces arrive one step at a time, and the failing request is the next piece
-     * (a request far larger than a piece, e.g. the logits after a forward pass whose layers looked
-     * like load steps, is not part of it) */
-    /* ... unless the rising steps sat on a working set and nothing was freed (growth_for): one
-     * forward pass keeping each layer's activations, whose weights, merged into one burst, made
-     * the every-allocation steps look like a load from nothing */
-    if (run < 4 && d->load_steps >= 4 && !d->pass_built && (double)d->req <= 1.5 * (double)d->load_step_bytes) {
-        run = d->load_steps;
-        built = true;
-    }
-    /* after optimizer steps the weights were loaded long ago: a run of equal blocks now is a batch
-     * (an evaluation's outputs, a bigger validation batch), unless a second copy sits beside them */
-    if (r->memory.fw.has && r->memory.fw.training == 1 && earlier < 4)
-        built = false;
-    if (run >= 4 && (built || earlier >= 4)) {
-        ev_text(c, "phase", "%s", earlier >= 4 ? "second_load" : "loading");
-        ev_num(c, "load_allocations", run);
-        if (earlier >= 4)
-            ev_num(c, "earlier_load_allocations", earlier);
-        if (earlier >= 4 && strlen(c->summary) + 120 < sizeof c->summary)
+    /* failing inside a burst of equal allocations that are all kept: a load (weights), not a step */
+    const og_load_facts_t *ld = &d->load;
+    if (ld->phase != OG_PHASE_NONE) {
+        bool second = ld->phase == OG_PHASE_SECOND_LOAD;
+        ev_text(c, "phase", "%s", second ? "second_load" : "loading");
+        ev_num(c, "load_allocations", ld->run);
+        if (second)
+            ev_num(c, "earlier_load_allocations", ld->earlier);
+        if (second && strlen(c->summary) + 120 < sizeof c->summary)
             og_fmt(c->summary + strlen(c->summary) - 1, sizeof c->summary - strlen(c->summary) + 1,
                    ": it failed loading %d more blocks of %s while %d of the same size, loaded earlier, are still held.",
-                   run, og_hb((double)d->req).s, earlier);
+                   ld->run, og_hb((double)d->req).s, ld->earlier);
     }
     return true;
 }
 
-static void c_unknown(dctx_t *d, og_cause_t *c)
+static void c_unknown(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
 {
     c->id = og_cause_ids[OG_CAUSE_UNKNOWN];
     c->confidence = 0;
@@ -1268,7 +782,7 @@ static void c_unknown(dctx_t *d, og_cause_t *c)
 
 /* A snapshot on request (`oomguard snapshot`): no failure to explain; what holds memory now leads,
  * and the rules that still hold without a request (growth, the cache, others) follow it. */
-static void c_snapshot(dctx_t *d, const og_record_t *rec, og_cause_t *c)
+static void c_snapshot(const og_facts_t *d, const og_record_t *rec, og_cause_t *c)
 {
     c->id = og_cause_ids[OG_CAUSE_SNAPSHOT];
     c->confidence = 1.0;
@@ -1288,7 +802,7 @@ static void c_snapshot(dctx_t *d, const og_record_t *rec, og_cause_t *c)
 
 /* ------------------------------------------------------------------ entry */
 
-typedef bool (*cause_fn)(dctx_t *, og_cause_t *);
+typedef bool (*cause_fn)(const og_facts_t *, const og_record_t *, og_cause_t *);
 
 /* evaluation order = tie-break priority (first wins) */
 static const struct { cause_fn fn; double bonus; } cause_table[] = {
@@ -1296,53 +810,47 @@ static const struct { cause_fn fn; double bonus; } cause_table[] = {
     {c_fragmentation, 0.04},  {c_imbalance, 0.035},    {c_foreign, 0.03},     {c_non_framework, 0.02},
     {c_growth, 0.01},         {c_does_not_fit, 0.0},
 };
+#define NRULES (sizeof cause_table / sizeof *cause_table)
 
-void og_diagnose(og_record_t *rec, const og_thresholds_t *th)
+/* Runs the rules in ORDER (indexes of cause_table) and ranks what holds into rec->diagnosis.  The
+ * ranking depends on the table's bonuses, not on ORDER: the rules only read the facts. */
+static void diagnose_in(og_record_t *rec, const og_facts_t *d, const int *order)
 {
-    if (!rec)
-        return;
-    memset(&rec->diagnosis, 0, sizeof rec->diagnosis);
-    dctx_t d;
-    measure(&d, rec, th);
-    rec->diagnosis.shortfall_bytes = d.shortfall;
-
-    og_cause_t found[sizeof cause_table / sizeof *cause_table];
-    double score[sizeof cause_table / sizeof *cause_table];
-    int n = 0;
-    for (size_t i = 0; i < sizeof cause_table / sizeof *cause_table; i++) {
-        og_cause_t *c = &found[n];
+    og_cause_t *found = rec->analysis.found;
+    double score[NRULES];
+    int idx[NRULES], n = 0;
+    for (size_t k = 0; k < NRULES; k++) {
+        size_t i = (size_t)order[k];
+        og_cause_t *c = &found[i];
         memset(c, 0, sizeof *c);
-        if (cause_table[i].fn(&d, c)) {
-            score[n] = c->confidence + cause_table[i].bonus;
-            n++;
-        }
+        if (cause_table[i].fn(d, rec, c))
+            score[i] = c->confidence + cause_table[i].bonus;
     }
+    for (size_t i = 0; i < NRULES; i++)          /* in table order: the tie-break */
+        if (found[i].id)
+            idx[n++] = (int)i;
     /* stable insertion sort by score, highest first */
     for (int i = 1; i < n; i++) {
-        og_cause_t tmp = found[i];
-        double ts = score[i];
-        int j = i - 1;
-        while (j >= 0 && score[j] < ts) {
-            found[j + 1] = found[j];
-            score[j + 1] = score[j];
+        int v = idx[i], j = i - 1;
+        while (j >= 0 && score[idx[j]] < score[v]) {
+            idx[j + 1] = idx[j];
             j--;
         }
-        found[j + 1] = tmp;
-        score[j + 1] = ts;
+        idx[j + 1] = v;
     }
     /* a confident leak that, beyond what the cache holds, grew by more than is missing is the root
      * cause even when the cache or its splinters decide which request fails first: releasing them
      * buys a few steps, fixing the leak ends the failures */
     for (int g = 1; g < n; g++) {
-        if (strcmp(found[g].id, og_cause_ids[OG_CAUSE_GROWTH]) != 0)
+        if (found[idx[g]].id != og_cause_ids[OG_CAUSE_GROWTH])
             continue;
-        bool cache_first = strcmp(found[0].id, og_cause_ids[OG_CAUSE_FRAG]) == 0 ||
-                           strcmp(found[0].id, og_cause_ids[OG_CAUSE_CACHE]) == 0;
-        uint64_t kept = d.cached_known ? sub0(d.growth_rise, d.cached) : 0;
-        if (cache_first && found[g].confidence >= 0.8 && d.shortfall > 0 && kept >= d.shortfall) {
-            og_cause_t leak = found[g];
-            memmove(&found[1], &found[0], (size_t)g * sizeof *found);
-            found[0] = leak;
+        const char *first = found[idx[0]].id;
+        bool cache_first = first == og_cause_ids[OG_CAUSE_FRAG] || first == og_cause_ids[OG_CAUSE_CACHE];
+        uint64_t kept = d->cached_known ? sub0(d->growth.rise, d->cached) : 0;
+        if (cache_first && found[idx[g]].confidence >= 0.8 && d->shortfall > 0 && kept >= d->shortfall) {
+            int leak = idx[g];
+            memmove(&idx[1], &idx[0], (size_t)g * sizeof *idx);
+            idx[0] = leak;
         }
         break;
     }
@@ -1350,14 +858,34 @@ void og_diagnose(og_record_t *rec, const og_thresholds_t *th)
     if (n > 8 - snap)
         n = 8 - snap;
     for (int i = 0; i < n; i++)
-        rec->diagnosis.causes[i + snap] = found[i];
+        rec->diagnosis.causes[i + snap] = found[idx[i]];
     if (snap) {
-        c_snapshot(&d, rec, &rec->diagnosis.causes[0]);
+        c_snapshot(d, rec, &rec->diagnosis.causes[0]);
         n++;
     } else if (n == 0) {
-        c_unknown(&d, &rec->diagnosis.causes[0]);
+        c_unknown(d, rec, &rec->diagnosis.causes[0]);
         n = 1;
     }
     rec->diagnosis.ncauses = n;
     rec->diagnosis.primary = rec->diagnosis.causes[0].id;
 }
+
+static void diagnose_order(og_record_t *rec, const og_thresholds_t *th, bool reverse)
+{
+    if (!rec)
+        return;
+    memset(&rec->diagnosis, 0, sizeof rec->diagnosis);
+    og_facts_t *d = &rec->analysis.facts;
+    og_facts_compute(d, rec, th, &rec->analysis.growth);
+    rec->analysis.facts_valid = true;
+    rec->diagnosis.shortfall_bytes = d->shortfall;
+    int order[NRULES];
+    for (size_t i = 0; i < NRULES; i++)
+        order[i] = reverse ? (int)(NRULES - 1 - i) : (int)i;
+    diagnose_in(rec, d, order);
+}
+
+void og_diagnose(og_record_t *rec, const og_thresholds_t *th) { diagnose_order(rec, th, false); }
+
+/* The same diagnosis with the rules run last to first: a test that no rule depends on another's run. */
+void og_diagnose_reversed(og_record_t *rec, const og_thresholds_t *th) { diagnose_order(rec, th, true); }

@@ -115,7 +115,7 @@ static void render_text(const og_record_t *r, og_sb_t *sb)
                  (int)(19 - strlen(og_framework_name(r->framework))), "", H(r->memory.framework_bytes));
     if (r->memory.framework_cached_bytes != OG_UNKNOWN)
         og_sb_printf(sb, ", cached but unused %s (%s)", H(r->memory.framework_cached_bytes),
-                     r->memory.framework_cached_source);
+                     og_cache_src_name(r->memory.framework_cached_source));
     og_sb_printf(sb, "\n  non-framework (context, libs)  %12s\n", H(r->memory.non_framework_bytes));
     og_sb_printf(sb, "  process total (NVML)           %12s\n", H(r->memory.process_used_bytes));
     og_sb_printf(sb, "  other processes                %12s\n", H(r->memory.other_processes_bytes));

@@ -228,7 +228,7 @@ static void w_memory(og_sb_t *sb, const og_record_t *r)
     K("framework_bytes"); j_u64(sb, r->memory.framework_bytes);
     K("framework_cached_bytes"); j_u64(sb, r->memory.framework_cached_bytes);
     K("framework_cached_source");
-    if (r->memory.framework_cached_source) og_sb_json_str(sb, r->memory.framework_cached_source);
+    if (r->memory.framework_cached_source != OG_CACHE_NONE) og_sb_json_str(sb, og_cache_src_name(r->memory.framework_cached_source));
     else og_sb_puts(sb, "null");
     K("non_framework_bytes"); j_u64(sb, r->memory.non_framework_bytes);
     K("context_bytes_estimate"); j_u64(sb, r->memory.context_bytes_estimate);
@@ -318,7 +318,7 @@ static void w_history(og_sb_t *sb, const og_record_t *r)
     for (int i = 0; i < r->history.nevents; i++) {
         const struct og_hist_ev *e = &r->history.events[i];
         og_sb_printf(sb, "%s{\"t_rel\":%.6f,\"op\":\"%s\",\"bytes\":%llu,\"device\":%d,\"api\":\"%s\",\"live_bytes\":%llu}",
-                     i ? "," : "", e->t_rel, e->op, (unsigned long long)e->bytes, e->device, e->api,
+                     i ? "," : "", e->t_rel, og_hist_op_name(e->op), (unsigned long long)e->bytes, e->device, e->api,
                      (unsigned long long)e->live);
     }
     og_sb_puts(sb, "]");
@@ -424,8 +424,7 @@ static void w_summary(og_sb_t *sb, const og_record_t *r)
             if (r->memory.process_used_bytes != OG_UNKNOWN && r->memory.process_used_bytes > held)
                 held = r->memory.process_used_bytes;
             uint64_t cached = r->memory.framework_cached_bytes != OG_UNKNOWN &&
-                              (!r->memory.framework_cached_source ||
-                               strcmp(r->memory.framework_cached_source, "retry_release") != 0 || r->event.recovered)
+                              (r->memory.framework_cached_source != OG_CACHE_RETRY_RELEASE || r->event.recovered)
                                   ? r->memory.framework_cached_bytes : 0;
             uint64_t job = held + r->event.requested_bytes > cached ? held + r->event.requested_bytes - cached : 0;
             uint64_t ps = r->diagnosis.shortfall_bytes != OG_UNKNOWN ? need + r->diagnosis.shortfall_bytes : need;

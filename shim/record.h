@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "human.h"   /* enum og_framework */
+#include "facts.h"
 
 #define OG_UNKNOWN UINT64_MAX          /* a byte count that could not be measured */
 
@@ -47,6 +48,10 @@ typedef struct og_top_site {
 } og_top_site_t;
 
 typedef struct og_sample { double t_rel; uint64_t live; } og_sample_t;
+
+/* What one history event was (OG_OP_NONE: an empty entry). */
+enum og_hist_op { OG_OP_NONE, OG_OP_ALLOC, OG_OP_FREE, OG_OP_FAIL, OG_OP_POOL_GROW, OG_OP_POOL_SHRINK, OG_OP_OTHER };
+const char *og_hist_op_name(enum og_hist_op op);
 
 typedef struct og_cause {
     const char *id;                  /* does_not_fit, fragmentation, ... */
@@ -168,7 +173,7 @@ typedef struct og_record {
         og_lib_usage_t by_library[32];
         uint64_t framework_bytes;        /* held by the framework's libraries */
         uint64_t framework_cached_bytes; /* held but unused: OG_UNKNOWN if not measured */
-        const char *framework_cached_source; /* "retry_release" | "pool" | "adapter" | NULL */
+        enum og_cache_src framework_cached_source; /* OG_CACHE_NONE when not measured */
         uint64_t non_framework_bytes;    /* process_used - framework_bytes; OG_UNKNOWN without NVML */
         uint64_t context_bytes_estimate; /* process_used - tracked; OG_UNKNOWN without NVML */
         int nother;
@@ -190,7 +195,7 @@ typedef struct og_record {
         double peak_t_rel;
         char peak_library[120];
         int nevents;
-        struct og_hist_ev { double t_rel; const char *op; uint64_t bytes; int device; const char *api; uint64_t live; } *events;
+        struct og_hist_ev { double t_rel; enum og_hist_op op; uint64_t bytes; int device; const char *api; uint64_t live; } *events;
         int nsamples;
         og_sample_t samples[512];
         uint64_t allocs, frees, failures, unknown_frees;
@@ -212,6 +217,15 @@ typedef struct og_record {
     /* summary across devices (peaks, which card sizes fit) */
     int nsummary;
     struct { int index; uint64_t peak_bytes; double peak_t_rel; char peak_library[120]; uint64_t tracked_bytes; } summary[16];
+
+    /* the analysis's working space (not dumped): the facts og_diagnose computed, read again by
+     * og_select_remedies, and scratch too large for the failing thread's stack */
+    struct {
+        bool facts_valid;
+        og_facts_t facts;
+        og_growth_scratch_t growth;
+        og_cause_t found[16];        /* every cause that holds, before ranking */
+    } analysis;
 } og_record_t;
 
 /* Diagnosis thresholds (OOMGUARD_* options, see options.def). */
@@ -222,8 +236,12 @@ typedef struct og_thresholds {
     double growth_rising_steps;  /* growth: share of steps whose low point rose */
 } og_thresholds_t;
 
+/* facts.c: the facts of REC (thresholds TH, NULL for the defaults); S is scratch for the growth rule. */
+void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds_t *th, og_growth_scratch_t *s);
 /* diagnose.c: fills rec->diagnosis from the measured fields.  Pure: no I/O, no globals. */
 void og_diagnose(og_record_t *rec, const og_thresholds_t *th);
+/* the same, running the rules last to first (tests: no rule depends on another) */
+void og_diagnose_reversed(og_record_t *rec, const og_thresholds_t *th);
 /* remedies.c: fills rec->remedies from diagnosis + measurements.  Pure. */
 void og_select_remedies(og_record_t *rec);
 

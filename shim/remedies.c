@@ -41,6 +41,7 @@
 
 #include "record.h"
 #include "advice_text.h"
+#include "facts.h"
 
 #define MIB (1024.0 * 1024.0)
 #define GIB (1024.0 * 1024.0 * 1024.0)
@@ -49,6 +50,7 @@
 
 typedef struct rctx {
     const og_record_t *rec;
+    const og_facts_t *f;
     enum og_framework fw;
     const char *fwname;
     bool has[OG_CAUSE_COUNT];
@@ -100,55 +102,27 @@ static bool env_is(const og_record_t *rec, const char *name, const char *value)
     return v && strcasecmp(v, value) == 0;
 }
 
-/* the evidence NAME (a number, or text when TEXT) that og_diagnose recorded for CAUSE, or NULL */
-static const og_cause_t *find_evidence(const og_record_t *rec, enum og_cause_kind cause, const char *name, bool text,
-                                       int *at)
-{
-    int n = rec->diagnosis.ncauses < 0 ? 0 : rec->diagnosis.ncauses > 8 ? 8 : rec->diagnosis.ncauses;
-    for (int i = 0; i < n; i++) {
-        const og_cause_t *c = &rec->diagnosis.causes[i];
-        if (!c->id || strcmp(c->id, og_cause_ids[cause]) != 0)
-            continue;
-        int ne = c->nevidence < 0 ? 0 : c->nevidence > 12 ? 12 : c->nevidence;
-        for (int e = 0; e < ne; e++)
-            if (c->evidence[e].name && strcmp(c->evidence[e].name, name) == 0 && c->evidence[e].is_text == text) {
-                *at = e;
-                return c;
-            }
-    }
-    return NULL;
-}
-
-/* a number recorded as evidence by og_diagnose, or -1 */
-static double evidence(const og_record_t *rec, enum og_cause_kind cause, const char *name)
-{
-    int e;
-    const og_cause_t *c = find_evidence(rec, cause, name, false, &e);
-    return c ? c->evidence[e].num : -1;
-}
-
-static const char *evidence_text(const og_record_t *rec, enum og_cause_kind cause, const char *name)
-{
-    int e;
-    const og_cause_t *c = find_evidence(rec, cause, name, true, &e);
-    return c ? c->evidence[e].text : NULL;
-}
-
 /* The growth's steps ran without autograd: it was off when the failing call, itself one more step
  * (marked by its size), was made.  A failure of another size (an evaluation after a leaking
  * training loop) says nothing about the mode the growth happened in. */
 static bool growth_without_autograd(const rctx_t *x)
 {
-    const char *marker = evidence_text(x->rec, OG_CAUSE_GROWTH, "step_marker");
-    return no_autograd_job(x) && marker && strcmp(marker, "failing_size") == 0;
+    return no_autograd_job(x) && x->has[OG_CAUSE_GROWTH] && x->f->growth.marker == OG_MARK_FAILING_SIZE;
 }
 
-static void context(rctx_t *x, const og_record_t *rec)
+/* The advice's view: the facts og_diagnose computed (og_diagnose's own when it ran on this record),
+ * and which causes the diagnosis kept.  A cause's findings count only when the diagnosis kept it. */
+static void context(rctx_t *x, og_record_t *rec)
 {
     memset(x, 0, sizeof *x);
+    if (!rec->analysis.facts_valid) {
+        og_facts_compute(&rec->analysis.facts, rec, NULL, &rec->analysis.growth);
+        rec->analysis.facts_valid = true;
+    }
+    const og_facts_t *f = &rec->analysis.facts;
+    const struct og_advice_facts *a = &f->adv;
     x->rec = rec;
-    x->fw = rec->framework;
-    x->fwname = fw_display(rec->framework);
+    x->f = f;
     x->primary = OG_CAUSE_UNKNOWN;
     int n = rec->diagnosis.ncauses < 0 ? 0 : rec->diagnosis.ncauses > 8 ? 8 : rec->diagnosis.ncauses;
     for (int i = 0; i < n; i++) {
@@ -163,89 +137,45 @@ static void context(rctx_t *x, const og_record_t *rec)
     if (n == 0)
         x->has[OG_CAUSE_UNKNOWN] = true;
 
-    x->req = rec->event.requested_bytes;   /* the API's argument: SIZE_MAX is a request, not unknown */
+    x->req = f->req;
     x->shortfall = known(rec->diagnosis.shortfall_bytes) ? rec->diagnosis.shortfall_bytes : 0;
-    x->total = known(rec->device.total_bytes) ? rec->device.total_bytes : 0;
-    x->tracked = known(rec->memory.process_tracked_bytes) ? rec->memory.process_tracked_bytes : 0;
-    x->footprint = known(rec->memory.process_used_bytes) ? rec->memory.process_used_bytes : x->tracked;
-    x->other = known(rec->memory.other_processes_bytes) ? rec->memory.other_processes_bytes : 0;
-    for (int i = 0; i < rec->memory.nother && i < 32; i++)   /* ranks of this job are not "others" */
-        if (rec->memory.other[i].same_job)
-            x->other = sub0(x->other, rec->memory.other[i].bytes);
-    if (!known(rec->memory.other_processes_bytes) && known(og_other_inferred_bytes(rec))) {
-        x->other = og_other_inferred_bytes(rec);   /* no NVML: inferred, and the texts say so */
-        x->other_inferred = true;
+    x->total = f->total;
+    x->tracked = f->tracked;
+    x->footprint = f->footprint;
+    x->other = a->other;
+    x->other_inferred = a->other_inferred;
+    x->nonfw = f->nonfw;
+    x->cached_known = a->cached_known;
+    x->cached = a->cached;
+    x->cache_retried = a->cache_retried;
+    x->reclaim = a->reclaim;
+    x->largest_known = f->largest_known;
+    x->largest = f->largest;
+    og_cpy(x->fail_lib, sizeof x->fail_lib, a->fail_lib, sizeof a->fail_lib);
+    x->live_known = a->live_known;
+    x->live = a->live;
+    x->retried_zero = a->retried_zero;
+    x->app_pool = x->has[OG_CAUSE_CACHE] && f->app_pool_covers;
+    x->async_backend = a->async_backend;
+    x->variable_sizes = f->distinct_sizes >= 8;
+    x->larger_than_device = x->has[OG_CAUSE_DNF] && f->free_known && f->req && f->larger_than_device;
+    if (x->has[OG_CAUSE_OTHERFW]) {
+        x->other_fw = f->other_fw;
+        x->other_fw_bytes = f->other_fw_bytes;
     }
-    x->nonfw = known(rec->memory.non_framework_bytes) ? rec->memory.non_framework_bytes : 0;
-
-    const og_framework_view_t *fw = &rec->memory.fw;
-    const char *src = NULL;
-    if (fw->has && known(fw->reserved_bytes) && known(fw->allocated_bytes)) {
-        x->cached_known = true;
-        x->cached = sub0(fw->reserved_bytes, fw->allocated_bytes);
-        src = "adapter";
-    } else if (known(rec->memory.framework_cached_bytes) &&
-               !(rec->memory.pool_owner_fw == 2 && rec->memory.framework_cached_source &&
-                 strcmp(rec->memory.framework_cached_source, "pool") == 0)) {
-        /* (an application's own pool is not the framework's cache) */
-        x->cached_known = true;
-        x->cached = rec->memory.framework_cached_bytes;
-        src = rec->memory.framework_cached_source;
+    if (x->has[OG_CAUSE_PEERS]) {
+        x->peers_bytes = f->peers_bytes;
+        x->npeers = f->npeers;
     }
-    /* a recovered dump keeps the first attempt's numbers: its cache was still there then */
-    x->cache_retried = src && strcmp(src, "retry_release") == 0 && !rec->event.recovered;
-    x->reclaim = x->cached_known && !x->cache_retried ? x->cached : 0;
-    if (fw->has && known(fw->largest_free_block_bytes) && !(fw->largest_free_block_bytes == 0 && x->cached)) {
-        x->largest_known = true;
-        x->largest = fw->largest_free_block_bytes;
-    }
-    char full[sizeof rec->event.library];
-    og_cpy(full, sizeof full, rec->event.library, sizeof full);
-    og_cpy(x->fail_lib, sizeof x->fail_lib, og_base_name(full), strlen(og_base_name(full)) + 1);
-    /* live = what tensors hold; unknown when the cache was not measured (never call cache "live") */
-    x->live_known = (fw->has && known(fw->allocated_bytes)) || x->cached_known;
-    x->live = fw->has && known(fw->allocated_bytes) ? fw->allocated_bytes : sub0(x->tracked, x->reclaim);
-    /* the framework released what it could before failing again and got nothing back */
-    /* the failing library is the framework's when its name says so or when the ledger counts it as
-     * a framework library (an adapter's report makes it one, whatever its name) */
-    bool fail_is_fw = og_framework_of(x->fail_lib, x->fail_lib) != OG_FW_UNKNOWN;
-    for (int i = 0; !fail_is_fw && i < rec->memory.nlibs && i < 32; i++) {
-        char l[sizeof rec->memory.by_library[0].library];
-        og_cpy(l, sizeof l, rec->memory.by_library[i].library, sizeof l);
-        fail_is_fw = rec->memory.by_library[i].framework && strcmp(og_base_name(l), x->fail_lib) == 0;
-    }
-    x->retried_zero = rec->event.attempts >= 2 && !rec->event.recovered && fail_is_fw &&
-                      (!known(rec->event.released_between_attempts_bytes) ||
-                       rec->event.released_between_attempts_bytes == 0);
-    x->app_pool = evidence_text(rec, OG_CAUSE_CACHE, "holder") != NULL;
-    x->async_backend = strstr(rec->pytorch_alloc_conf, "cudaMallocAsync") != NULL;
-    x->variable_sizes = evidence(rec, OG_CAUSE_FRAG, "distinct_sizes") >= 8 || og_distinct_alloc_sizes(rec) >= 8;
-    x->larger_than_device = evidence(rec, OG_CAUSE_DNF, "larger_than_device") > 0;
-    const char *ofw = evidence_text(rec, OG_CAUSE_OTHERFW, "framework");
-    if (ofw) {
-        x->other_fw = og_framework_from_name(ofw);
-        double b = evidence(rec, OG_CAUSE_OTHERFW, "framework_reserved_bytes");
-        x->other_fw_bytes = b > 0 ? (uint64_t)b : 0;
-    }
-    double pb = evidence(rec, OG_CAUSE_PEERS, "peers_bytes");
-    x->peers_bytes = pb > 0 ? (uint64_t)pb : 0;
-    double np = evidence(rec, OG_CAUSE_PEERS, "peers");
-    x->npeers = np > 0 ? (int)np : 0;
-    double gr = evidence(rec, OG_CAUSE_GROWTH, "rise_bytes");
-    x->growth_rise = gr > 0 ? (uint64_t)gr : 0;
-    uint64_t lim = rec->device.limit_bytes;
-    x->capacity = known(lim) && (!x->total || lim < x->total) ? lim : x->total;
-    x->grad = fw->has ? fw->grad_enabled : 0;
-    x->training = fw->has ? fw->training : 0;
-    x->autocast = fw->has ? fw->autocast : 0;
-    /* advice follows the failing call's framework */
-    int ffw = og_framework_of(x->fail_lib, x->fail_lib);
-    if (ffw != OG_FW_UNKNOWN) {
-        x->fw = (enum og_framework)ffw;
-        x->fwname = fw_display(x->fw);
-    }
-    x->cc_known = rec->device.cc_major > 0;
-    x->cc = rec->device.cc_major * 10 + (rec->device.cc_minor > 9 ? 9 : rec->device.cc_minor < 0 ? 0 : rec->device.cc_minor);
+    x->growth_rise = x->has[OG_CAUSE_GROWTH] ? f->growth.rise : 0;
+    x->capacity = f->capacity;
+    x->grad = a->grad;
+    x->training = a->training;
+    x->autocast = a->autocast;
+    x->fw = a->fw;
+    x->fwname = fw_display(x->fw);
+    x->cc_known = a->cc_known;
+    x->cc = a->cc;
     x->visible = rec->visible_devices;
     x->world = rec->world_size;
 }
@@ -546,11 +476,22 @@ static bool b_foreign_processes(const rctx_t *x, og_remedy_t *r)
     r->title = "Find the memory held outside the framework";
     why(r, "%s of this process's memory is outside %s (CUDA context and other libraries)", og_hb((double)x->nonfw).s,
         x->fwname);
-    const char *lib = evidence_text(rec, OG_CAUSE_NONFW, "largest_library");
-    double lb = evidence(rec, OG_CAUSE_NONFW, "largest_library_bytes");
+    /* what the non_framework cause found, when the diagnosis kept it */
+    const char *lib = NULL;
+    char libname[64];
+    double lb = -1, ctx = -1;
+    if (x->has[OG_CAUSE_NONFW] && x->f->nonfw_big_lib >= 0) {
+        const og_lib_usage_t *u = &rec->memory.by_library[x->f->nonfw_big_lib];
+        char full[sizeof u->library];
+        og_cpy(full, sizeof full, u->library, sizeof full);
+        og_cpy(libname, sizeof libname, og_base_name(full), sizeof full);
+        lib = libname;
+        lb = (double)u->bytes;
+    }
+    if (x->has[OG_CAUSE_NONFW] && known(rec->memory.context_bytes_estimate))
+        ctx = (double)rec->memory.context_bytes_estimate;
     if (lib && lb > 0)
         why(r, "; the largest holder is %s with %s", lib, og_hb(lb).s);
-    double ctx = evidence(rec, OG_CAUSE_NONFW, "context_bytes_estimate");
     if (ctx >= 0)
         why(r, "; context and untracked memory ~%s", og_hb(ctx).s);
     why(r, ".");
@@ -599,11 +540,13 @@ static bool b_restart_process(const rctx_t *x, og_remedy_t *r)
 
 static bool b_release_references(const rctx_t *x, og_remedy_t *r)
 {
-    const og_record_t *rec = x->rec;
-    double first = evidence(rec, OG_CAUSE_GROWTH, "first_trough_bytes");
-    double last = evidence(rec, OG_CAUSE_GROWTH, "last_trough_bytes");
-    double step = evidence(rec, OG_CAUSE_GROWTH, "rise_per_step_bytes");
-    const char *steps = evidence_text(rec, OG_CAUSE_GROWTH, "rising_steps");
+    const og_growth_facts_t *g = &x->f->growth;
+    bool grew = x->has[OG_CAUSE_GROWTH];
+    double first = grew ? (double)g->first_low : -1, last = grew ? (double)g->last_low : -1;
+    double step = grew ? (double)g->per_step : -1;
+    char stepbuf[32];
+    og_fmt(stepbuf, sizeof stepbuf, "%d of %d", g->rising, g->transitions);
+    const char *steps = grew ? stepbuf : NULL;
     bool kept_on_purpose = growth_without_autograd(x) && (x->fw == OG_FW_PYTORCH || x->fw == OG_FW_UNKNOWN);
     if (first >= 0 && last >= 0 && kept_on_purpose)
         why(r, "The low point rose from step to step (%s), from %s to %s, about %s per step, with autograd off: no "
@@ -1082,7 +1025,7 @@ static bool b_other_framework(const rctx_t *x, og_remedy_t *r)
 static bool b_set_device(const rctx_t *x, og_remedy_t *r)
 {
     const og_record_t *rec = x->rec;
-    double kids = evidence(rec, OG_CAUSE_PEERS, "children");
+    double kids = x->has[OG_CAUSE_PEERS] ? x->f->nchildren : -1;
     if (kids > 0 && (int)kids == x->npeers) {
         r->title = "Keep CUDA out of the DataLoader workers";
         why(r, "%d child %s of this process (DataLoader workers) %s %s on GPU %d: a worker that calls .cuda() or "
@@ -1116,8 +1059,8 @@ static bool b_set_device(const rctx_t *x, og_remedy_t *r)
 static bool b_ddp(const rctx_t *x, og_remedy_t *r)
 {
     const og_record_t *rec = x->rec;
-    double ratio = evidence(rec, OG_CAUSE_IMBALANCE, "ratio");
-    double avg = evidence(rec, OG_CAUSE_IMBALANCE, "other_devices_avg_bytes");
+    double ratio = x->has[OG_CAUSE_IMBALANCE] ? x->f->imbalance.ratio : -1;
+    double avg = x->has[OG_CAUSE_IMBALANCE] ? (double)x->f->imbalance.avg : -1;
     why(r, "GPU %d carries %.1fx what the other GPUs of this process hold (%s on average): nn.DataParallel gathers "
         "every output there and keeps the optimizer state there. One process per GPU balances it.",
         rec->event.device, ratio > 0 ? ratio : 1.0, og_hb(avg > 0 ? avg : 0).s);
@@ -1159,8 +1102,11 @@ static bool b_chunk(const rctx_t *x, og_remedy_t *r)
 static bool b_pool_trim(const rctx_t *x, og_remedy_t *r)
 {
     const og_record_t *rec = x->rec;
-    double slack = evidence(rec, OG_CAUSE_CACHE, "pool_unused_bytes");
-    const char *owner = evidence_text(rec, OG_CAUSE_CACHE, "pool_owner");
+    double slack = x->app_pool ? (double)x->f->app_slack : -1;
+    char ownerbuf[64];
+    og_cpy(ownerbuf, sizeof ownerbuf, rec->memory.pool_owner[0] ? rec->memory.pool_owner : "the application",
+           sizeof rec->memory.pool_owner);
+    const char *owner = x->app_pool ? ownerbuf : NULL;
     why(r, "The application's own stream-ordered pool%s%s keeps %s of freed memory reserved: a pool returns memory "
         "to the device only when trimmed or when its release threshold allows it at a synchronization.",
         owner ? " (used by " : "", owner ? owner : "", og_hb(slack > 0 ? slack : 0).s);
@@ -1186,9 +1132,11 @@ static bool b_bucketing(const rctx_t *x, og_remedy_t *r)
 static bool b_fw_cap(const rctx_t *x, og_remedy_t *r)
 {
     const og_record_t *rec = x->rec;
-    const char *src = evidence_text(rec, OG_CAUSE_FWCAP, "cap_source");
-    double cap = evidence(rec, OG_CAUSE_FWCAP, "cap_bytes");
-    double over = evidence(rec, OG_CAUSE_FWCAP, "over_cap_bytes");
+    bool capped = x->has[OG_CAUSE_FWCAP];
+    char srcbuf[sizeof rec->memory.fw.cap_source];
+    og_cpy(srcbuf, sizeof srcbuf, rec->memory.fw.cap_source, sizeof rec->memory.fw.cap_source);
+    const char *src = !capped ? NULL : srcbuf[0] ? srcbuf : "unknown";
+    double cap = capped ? (double)x->f->cap.cap : -1, over = capped ? (double)x->f->cap.over : -1;
     why(r, "The framework refused the request under its own cap (%s, %s)", src && strcmp(src, "unknown") ? src
         : "a memory fraction or pool limit", og_hb(cap > 0 ? cap : 0).s);
     if (over > 0)
@@ -1465,7 +1413,7 @@ void og_select_remedies(og_record_t *rec)
         cover[i] = -1;
     cover[R_RAISE_LIMIT] = big;
     cover[R_EMPTY_CACHE] = cache_ok ? (double)x.reclaim : cache_maybe ? -1 : 0;
-    cover[R_POOL_TRIM] = evidence(rec, OG_CAUSE_CACHE, "pool_unused_bytes");
+    cover[R_POOL_TRIM] = x.app_pool ? (double)x.f->app_slack : -1;
     cover[R_FOREIGN] = (double)x.other + (x.has[OG_CAUSE_NONFW] ? (double)x.nonfw : 0);
     cover[R_RELEASE_REFS] = x.growth_rise ? (double)x.growth_rise : -1;
     cover[R_EXPANDABLE] = x.has[OG_CAUSE_FRAG] && x.cached_known && x.cached ? (double)x.cached : -1;
@@ -1490,8 +1438,7 @@ void og_select_remedies(og_record_t *rec)
     cover[R_OTHER_FW] = (double)x.other_fw_bytes;
     cover[R_SET_DEVICE] = (double)x.peers_bytes;
     cover[R_FW_CAP] = big;
-    double imb = evidence(rec, OG_CAUSE_IMBALANCE, "device_bytes") -
-                 evidence(rec, OG_CAUSE_IMBALANCE, "other_devices_avg_bytes");
+    double imb = x.has[OG_CAUSE_IMBALANCE] ? (double)x.f->imbalance.mine - (double)x.f->imbalance.avg : 0;
     cover[R_DDP] = imb > 0 ? imb : -1;
     if (x.retried_zero)
         cover[R_EMPTY_CACHE] = 0;
@@ -1528,7 +1475,9 @@ void og_select_remedies(og_record_t *rec)
         tier[R_EXPANDABLE] = 1;             /* the split segments are the likely rest */
     /* failing while loading weights: what shrinks the weights or moves them leads; activation
      * remedies cannot help a load */
-    const char *phase = evidence_text(rec, OG_CAUSE_DNF, "phase");
+    const char *phase = !x.has[OG_CAUSE_DNF] || x.f->larger_than_device ? NULL
+                        : x.f->load.phase == OG_PHASE_SECOND_LOAD ? "second_load"
+                        : x.f->load.phase == OG_PHASE_LOADING     ? "loading" : NULL;
     if (phase && x.primary == OG_CAUSE_DNF) {
         if (strcmp(phase, "second_load") == 0) {
             want[R_RELEASE_REFS] = want[R_RESTART] = true;

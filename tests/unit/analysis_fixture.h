@@ -155,7 +155,7 @@ static void fixture_app_pool(og_record_t *r)
     r->memory.pool_used = 0;
     r->memory.pool_owner_fw = 2;
     r->memory.framework_cached_bytes = 12 * GiB;      /* capture's "pool" source: the app's, not a framework's */
-    r->memory.framework_cached_source = "pool";
+    r->memory.framework_cached_source = OG_CACHE_POOL;
 }
 
 /* a 400 MiB OOMGUARD_LIMIT that a 512 MiB context alone exceeds: 20 MiB refused with 20 GiB free */
@@ -181,8 +181,10 @@ static void ev_add(og_record_t *r, double t, const char *op, uint64_t bytes)
 {
     assert_true(r->history.nevents < (int)(sizeof FIXTURE_EV / sizeof *FIXTURE_EV));
     uint64_t live = ev_live(r);
-    live = strcmp(op, "alloc") == 0 ? live + bytes : strcmp(op, "free") == 0 ? live - bytes : live;
-    FIXTURE_EV[r->history.nevents++] = (struct og_hist_ev){.t_rel = t, .op = op, .bytes = bytes, .live = live};
+    enum og_hist_op o = strcmp(op, "alloc") == 0 ? OG_OP_ALLOC : strcmp(op, "free") == 0 ? OG_OP_FREE
+                      : strcmp(op, "fail") == 0 ? OG_OP_FAIL : OG_OP_OTHER;
+    live = o == OG_OP_ALLOC ? live + bytes : o == OG_OP_FREE ? live - bytes : live;
+    FIXTURE_EV[r->history.nevents++] = (struct og_hist_ev){.t_rel = t, .op = o, .bytes = bytes, .live = live};
 }
 
 /* a training loop: each step allocates `act` (the size that will fail), keeps `keep`, frees act */
@@ -220,7 +222,7 @@ static void fixture_edge_case(og_record_t *r, size_t i)
     r->device.free_bytes = FIXTURE_EDGE_FREE[i % FIXTURE_N(FIXTURE_EDGE_FREE)];
     r->event.requested_bytes = FIXTURE_EDGE_REQ[i / FIXTURE_N(FIXTURE_EDGE_FREE)];
     r->memory.framework_cached_bytes = cache;
-    r->memory.framework_cached_source = cache == OG_UNKNOWN ? NULL : "pool";
+    r->memory.framework_cached_source = cache == OG_UNKNOWN ? OG_CACHE_NONE : OG_CACHE_POOL;
     if (variant == 1)
         strcpy(r->event.library, "libcudnn.so.9");
     if (variant == 2)

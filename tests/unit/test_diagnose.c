@@ -97,7 +97,7 @@ static void does_not_fit_threshold(void **state)
 {
     og_record_t *r = base();
     r->memory.framework_cached_bytes = 512 * MiB;
-    r->memory.framework_cached_source = "pool";
+    r->memory.framework_cached_source = OG_CACHE_POOL;
     r->memory.framework_bytes = 20 * GiB;
     /* request exactly free + cache: it would fit */
     r->event.requested_bytes = 1 * GiB + 512 * MiB;
@@ -155,7 +155,7 @@ static void retry_release_is_not_reclaimable(void **state)
     r->event.requested_bytes = 3 * GiB;
     r->event.attempts = 2;
     r->memory.framework_cached_bytes = 4 * GiB;
-    r->memory.framework_cached_source = "retry_release";
+    r->memory.framework_cached_source = OG_CACHE_RETRY_RELEASE;
     diag(r);
     const og_cause_t *c = find(r, "does_not_fit");
     assert_non_null(c->id);
@@ -171,7 +171,7 @@ static void fragmentation_cache_covers_request(void **state)
 {
     og_record_t *r = base();
     r->device.free_bytes = 0;
-    r->memory.framework_cached_source = "pool";
+    r->memory.framework_cached_source = OG_CACHE_POOL;
     r->memory.framework_bytes = 100 * GiB;        /* share branch out of reach */
     r->memory.framework_cached_bytes = 2 * GiB - 1;
     diag(r);
@@ -209,7 +209,7 @@ static void fragmentation_share_threshold(void **state)
     og_record_t *r = base();
     r->event.requested_bytes = 8 * GiB;
     r->device.free_bytes = 0;
-    r->memory.framework_cached_source = "pool";
+    r->memory.framework_cached_source = OG_CACHE_POOL;
     r->memory.framework_bytes = 16 * GiB;
     r->memory.framework_cached_bytes = 4 * GiB - 1;   /* just below 25% */
     diag(r);
@@ -297,7 +297,7 @@ static void fragmentation_and_foreign(void **state)
     r->memory.process_tracked_bytes = 14 * GiB;
     r->memory.framework_bytes = 14 * GiB;
     r->memory.framework_cached_bytes = 3 * GiB;
-    r->memory.framework_cached_source = "pool";
+    r->memory.framework_cached_source = OG_CACHE_POOL;
     fixture_other(r, 100, "Xorg", 300 * MiB);
     fixture_other(r, 200, "trainer", 8 * GiB);
     diag(r);
@@ -460,7 +460,7 @@ static void growth_excludes_loading(void **state)
     ev_reset(r);
     leak_loop(r, 40, 0.1, 512 * MiB, 300 * MiB);
     r->memory.framework_cached_bytes = 12 * GiB;
-    r->memory.framework_cached_source = "pool";
+    r->memory.framework_cached_source = OG_CACHE_POOL;
     diag(r);
     assert_false(has(r, "growth"));
     free(r);
@@ -534,7 +534,7 @@ static void cache_held_other_library(void **state)
     r->event.requested_bytes = 1 * GiB;
     r->device.free_bytes = 512 * MiB;                  /* shortfall 512 MiB */
     r->memory.framework_cached_bytes = 512 * MiB - 1;
-    r->memory.framework_cached_source = "pool";
+    r->memory.framework_cached_source = OG_CACHE_POOL;
     diag(r);
     assert_false(has(r, "cache_held"));
 
@@ -630,13 +630,13 @@ static void huge_values(void **state)
     r->device.total_bytes = UINT64_MAX - 2;
     r->device.free_bytes = UINT64_MAX - 3;
     r->memory.framework_cached_bytes = UINT64_MAX - 2;
-    r->memory.framework_cached_source = "pool";
+    r->memory.framework_cached_source = OG_CACHE_POOL;
     r->memory.other_processes_bytes = UINT64_MAX - 2;
     r->memory.process_used_bytes = UINT64_MAX - 2;
     r->memory.non_framework_bytes = UINT64_MAX - 2;
     ev_reset(r);
     for (int i = 0; i < 64; i++)
-        FIXTURE_EV[r->history.nevents++] = (struct og_hist_ev){.t_rel = i, .op = "alloc", .bytes = UINT64_MAX - 4,
+        FIXTURE_EV[r->history.nevents++] = (struct og_hist_ev){.t_rel = i, .op = OG_OP_ALLOC, .bytes = UINT64_MAX - 4,
                                                         .live = (uint64_t)i << 57};
     diag(r);
     assert_int_equal(r->diagnosis.shortfall_bytes, 1);
@@ -653,7 +653,7 @@ static void bad_thresholds_fall_back(void **state)
     og_record_t *r = base();
     r->event.requested_bytes = 8 * GiB;
     r->device.free_bytes = 0;
-    r->memory.framework_cached_source = "pool";
+    r->memory.framework_cached_source = OG_CACHE_POOL;
     r->memory.framework_bytes = 16 * GiB;
     r->memory.framework_cached_bytes = 4 * GiB;       /* 25%: holds with the default */
     og_thresholds_t bad = {.frag_share = -1, .nonfw_share = 0, .growth_min_share = 2, .growth_rising_steps = 0.0 / 0.0};
@@ -679,7 +679,7 @@ static void tie_break_priority(void **state)
     assert_string_equal(r->diagnosis.causes[1].id, "does_not_fit");
     /* with the cache measured both are certain: the priority decides */
     r->memory.framework_cached_bytes = 0;
-    r->memory.framework_cached_source = "pool";
+    r->memory.framework_cached_source = OG_CACHE_POOL;
     diag(r);
     assert_true(r->diagnosis.causes[0].confidence == 1.0 && r->diagnosis.causes[1].confidence >= 0.95);
     assert_string_equal(r->diagnosis.causes[0].id, "limit");
@@ -809,7 +809,7 @@ static void pools_whose_cache(void **state)
     r->memory.pool_used = 8 * GiB;
     r->memory.pool_owner_fw = 1;
     r->memory.framework_cached_bytes = 12 * GiB;
-    r->memory.framework_cached_source = "pool";
+    r->memory.framework_cached_source = OG_CACHE_POOL;
     r->memory.process_used_bytes = 20 * GiB + 512 * MiB;
     r->memory.non_framework_bytes = 512 * MiB;
     diag(r);
@@ -858,7 +858,7 @@ static void recovered_keeps_the_failure(void **state)
     r->device.free_bytes = 1 * GiB;                     /* the numbers of the first attempt */
     r->event.released_between_attempts_bytes = 6 * GiB;
     r->memory.framework_cached_bytes = 6 * GiB;
-    r->memory.framework_cached_source = "retry_release";
+    r->memory.framework_cached_source = OG_CACHE_RETRY_RELEASE;
     diag(r);
     assert_string_equal(r->diagnosis.primary, "fragmentation");
     assert_true(find(r, "fragmentation")->confidence >= 0.85);
@@ -925,6 +925,103 @@ static void texts_over_edge_numbers(void **state)
     }
 }
 
+/* ------------------------------------------------------------------ rules are functions of the facts */
+
+/* the two diagnoses say the same: ids, confidences, summaries and evidence */
+static void assert_same_diagnosis(const og_record_t *a, const og_record_t *b)
+{
+    assert_int_equal(a->diagnosis.ncauses, b->diagnosis.ncauses);
+    assert_ptr_equal(a->diagnosis.primary, b->diagnosis.primary);
+    assert_int_equal(a->diagnosis.shortfall_bytes, b->diagnosis.shortfall_bytes);
+    for (int i = 0; i < a->diagnosis.ncauses; i++) {
+        const og_cause_t *x = &a->diagnosis.causes[i], *y = &b->diagnosis.causes[i];
+        assert_ptr_equal(x->id, y->id);
+        assert_true(x->confidence == y->confidence);
+        assert_string_equal(x->summary, y->summary);
+        assert_int_equal(x->nevidence, y->nevidence);
+        for (int e = 0; e < x->nevidence; e++) {
+            assert_string_equal(x->evidence[e].name, y->evidence[e].name);
+            assert_int_equal(x->evidence[e].is_text, y->evidence[e].is_text);
+            assert_string_equal(x->evidence[e].text, y->evidence[e].text);
+            assert_true(x->evidence[e].num == y->evidence[e].num);
+            assert_int_equal(x->evidence[e].bytes, y->evidence[e].bytes);
+        }
+    }
+}
+
+/* diagnose R forwards and with the rules run last to first: no rule may read what another wrote */
+static void assert_order_free(og_record_t *r)
+{
+    og_record_t *q = malloc(sizeof *q);
+    assert_non_null(q);
+    og_diagnose(r, &TH);
+    memcpy(q, r, sizeof *q);
+    og_diagnose_reversed(q, &TH);
+    assert_same_diagnosis(r, q);
+    free(q);
+}
+
+static void rules_run_in_any_order(void **state)
+{
+    for (size_t i = 0; i < FIXTURE_EDGE_CASES; i++) {
+        og_record_t *r = base();
+        fixture_edge_case(r, i);
+        assert_order_free(r);
+        free(r);
+    }
+    void (*const fixtures[])(og_record_t *) = {fixture_second_framework, fixture_peer_ranks, fixture_imbalance,
+                                               fixture_app_pool, fixture_limit_by_context};
+    for (size_t i = 0; i < sizeof fixtures / sizeof *fixtures; i++) {
+        og_record_t *r = base();
+        fixtures[i](r);
+        assert_order_free(r);
+        free(r);
+    }
+    og_record_t *r = base();
+    fixture_article_fragmentation(r, 100 * MiB);
+    assert_order_free(r);
+    free(r);
+    /* a leak whose rise also caps does_not_fit (growth read by another rule before) */
+    r = base();
+    ev_reset(r);
+    leak_loop(r, 24, 0.5, 512 * MiB, 256 * MiB);
+    r->memory.process_tracked_bytes = r->memory.process_used_bytes = 23 * GiB;
+    r->device.free_bytes = 100 * MiB;
+    assert_order_free(r);
+    assert_true(has(r, "growth"));
+    free(r);
+}
+
+/* SIZE_MAX is a request like any other: with the same history it reads the steps as a 3 GiB request
+ * does (it never turns the growth rule into its every-allocation mode) */
+static void size_max_request_is_a_request(void **state)
+{
+    const uint64_t reqs[] = {3 * GiB, UINT64_MAX};
+    const og_cause_t *g[2];
+    og_record_t *r[2];
+    for (int k = 0; k < 2; k++) {
+        r[k] = base();
+        ev_reset(r[k]);
+        /* a run that keeps 600 MiB of outputs of varying sizes per step: every-allocation steps */
+        double t = 0.01;
+        for (int s = 0; s < 12; s++, t += 0.5) {
+            ev_add(r[k], t, "alloc", (400 + 37 * (uint64_t)s) * MiB);
+            ev_add(r[k], t + 0.1, "alloc", 600 * MiB);
+            ev_add(r[k], t + 0.2, "free", (400 + 37 * (uint64_t)s) * MiB);
+        }
+        r[k]->event.requested_bytes = reqs[k];
+        r[k]->device.total_bytes = 80 * GiB;
+        r[k]->device.free_bytes = 1 * GiB;
+        diag(r[k]);
+        g[k] = find(r[k], "growth");
+    }
+    assert_ptr_equal(g[0]->id, g[1]->id);
+    if (g[0]->id)
+        assert_true(g[0]->confidence == g[1]->confidence);
+    free(r[0]);
+    free(r[1]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -960,6 +1057,8 @@ int main(void)
         cmocka_unit_test(limit_speaks_the_checks_accounting),
         cmocka_unit_test(framework_cap_cause),
         cmocka_unit_test(texts_over_edge_numbers),
+        cmocka_unit_test(rules_run_in_any_order),
+        cmocka_unit_test(size_max_request_is_a_request),
     };
     int total = (int)(sizeof tests / sizeof *tests);
     int failed = cmocka_run_group_tests(tests, NULL, NULL);

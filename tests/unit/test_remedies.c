@@ -38,7 +38,7 @@ static og_record_t *dnf(void)
     og_record_t *r = base();
     r->event.requested_bytes = 8 * GiB;
     r->memory.framework_cached_bytes = 300 * MiB;
-    r->memory.framework_cached_source = "pool";
+    r->memory.framework_cached_source = OG_CACHE_POOL;
     return r;
 }
 
@@ -53,7 +53,7 @@ static og_record_t *nccl_cache_held(void)
     r->event.requested_bytes = 1 * GiB;
     r->device.free_bytes = 256 * MiB;
     r->memory.framework_cached_bytes = 6 * GiB;
-    r->memory.framework_cached_source = "pool";
+    r->memory.framework_cached_source = OG_CACHE_POOL;
     return r;
 }
 
@@ -202,7 +202,7 @@ static void does_not_fit_never_leads_with_empty_cache(void **state)
 
     /* the framework already released its cache and retried: empty_cache would change nothing */
     r->memory.framework_cached_bytes = 2 * GiB;
-    r->memory.framework_cached_source = "retry_release";
+    r->memory.framework_cached_source = OG_CACHE_RETRY_RELEASE;
     r->event.attempts = 2;
     run(r);
     assert_int_equal(rank_of(r, "empty_cache"), 0);
@@ -248,9 +248,9 @@ static void growth_selection(void **state)
     static struct og_hist_ev ev[64];
     uint64_t live = 4 * GiB;
     for (int s = 0; s < 16; s++) {          /* each step: 512 MiB of activations, 1 GiB kept */
-        ev[3 * s] = (struct og_hist_ev){.t_rel = s * 0.1, .op = "alloc", .bytes = 512 * MiB, .live = live += 512 * MiB};
-        ev[3 * s + 1] = (struct og_hist_ev){.t_rel = s * 0.1 + 0.01, .op = "alloc", .bytes = GiB, .live = live += GiB};
-        ev[3 * s + 2] = (struct og_hist_ev){.t_rel = s * 0.1 + 0.02, .op = "free", .bytes = 512 * MiB,
+        ev[3 * s] = (struct og_hist_ev){.t_rel = s * 0.1, .op = OG_OP_ALLOC, .bytes = 512 * MiB, .live = live += 512 * MiB};
+        ev[3 * s + 1] = (struct og_hist_ev){.t_rel = s * 0.1 + 0.01, .op = OG_OP_ALLOC, .bytes = GiB, .live = live += GiB};
+        ev[3 * s + 2] = (struct og_hist_ev){.t_rel = s * 0.1 + 0.02, .op = OG_OP_FREE, .bytes = 512 * MiB,
                                             .live = live -= 512 * MiB};
     }
     r->history.events = ev;
@@ -465,7 +465,7 @@ static void tensorflow_knobs(void **state)
     og_record_t *r = base();
     fixture_framework(r, OG_FW_TENSORFLOW, "libtensorflow_framework.so.2");
     r->memory.framework_cached_bytes = 3 * GiB;
-    r->memory.framework_cached_source = "pool";
+    r->memory.framework_cached_source = OG_CACHE_POOL;
     run_primary(r, "fragmentation");
     assert_int_equal(rank_of(r, "expandable_segments"), 0);
     const og_remedy_t *e = rem(r, "empty_cache");
@@ -666,7 +666,7 @@ static void released_nothing_expandable_leads(void **state)
     r->event.released_between_attempts_bytes = 0;
     static struct og_hist_ev ev[16];
     for (int i = 0; i < 16; i++)
-        ev[i] = (struct og_hist_ev){.t_rel = i * 0.1, .op = "alloc", .bytes = (900 + 20 * (uint64_t)i) * MiB,
+        ev[i] = (struct og_hist_ev){.t_rel = i * 0.1, .op = OG_OP_ALLOC, .bytes = (900 + 20 * (uint64_t)i) * MiB,
                                     .live = (uint64_t)(i + 1) * GiB};
     r->history.events = ev;
     r->history.nevents = 16;
@@ -686,7 +686,7 @@ static void shortfall_size_shapes_the_list(void **state)
     b->event.requested_bytes = 12 * GiB;              /* 4x the 3 GiB free */
     b->device.free_bytes = 3 * GiB;
     a->memory.framework_cached_bytes = b->memory.framework_cached_bytes = 0;
-    a->memory.framework_cached_source = b->memory.framework_cached_source = "pool";
+    a->memory.framework_cached_source = b->memory.framework_cached_source = OG_CACHE_POOL;
     run(a);
     run(b);
     bool same = a->nremedies >= 3 && b->nremedies >= 3;
@@ -704,7 +704,7 @@ static void inference_mode_leads_only_when_known(void **state)
     og_record_t *r = base();
     r->event.requested_bytes = 1100 * MiB;
     r->memory.framework_cached_bytes = 0;
-    r->memory.framework_cached_source = "pool";
+    r->memory.framework_cached_source = OG_CACHE_POOL;
     run(r);
     assert_string_not_equal(r->remedies[0].id, "inference_mode");
     /* the adapter says: grad on, no optimizer, eval: inference without no_grad */

@@ -1,0 +1,625 @@
+/* Facts: every quantity the diagnosis and the remedies decide on, computed once from the record
+ * (facts.h says what each is).  Pure: no I/O, no globals, no allocation; large scratch (the growth
+ * rule's steps) lives in the record.  The meanings, in the notation of docs/diagnosis.md:
+ *
+ *   req        event.requested_bytes
+ *   total      device.total_bytes
+ *   usage_lim  what OOMGUARD_LIMIT counts: device.limit_usage_bytes (tracked + CUDA context),
+ *              process_tracked_bytes when that was not recorded
+ *   free       device.free_bytes; with a limit: min(limit - usage_lim, free); when the physical
+ *              free is not known and there is no limit it is estimated (total - footprint - others)
+ *   shortfall  max(0, req - free)                        -> diagnosis.shortfall_bytes
+ *   footprint  process_used_bytes (NVML) when known, else process_tracked_bytes
+ *   ffw        the framework of the failing call: its library's framework, else the record's
+ *   resv[fw]   bytes held by each framework's libraries (by_library, fw_kind), pool caches included
+ *   cached     the failing framework's held-but-unused memory, measured: the adapter's
+ *              reserved - allocated; or what that framework freed between its failed attempts
+ *              ("retry_release"); or the slack of the framework's own stream-ordered pool.
+ *              Not known otherwise -- never 0, never "live".
+ *   reclaim    what could still be handed back: cached, except a cache the framework already
+ *              released before a retry that failed (it is in `free` now); in a recovered dump the
+ *              numbers are those of the first attempt, before the release, so reclaim = cached
+ *   app_slack  pool_reserved - pool_used when the pools belong to the application (not the framework)
+ *   peers      other processes on the device of the same job (same command and launcher/rank
+ *              variables, see capture.c); `others` excludes them
+ *
+ * The history patterns (growth's steps, a load the request belongs to) and the cross-device
+ * imbalance are facts too: the causes report them, does_not_fit and the remedies read them. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "record.h"
+#include "advice_text.h"
+#include "facts.h"
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+#define NONFW_FLOOR   (1ULL << 30)     /* non_framework: at least 1 GiB */
+
+/* Defaults (the same as OOMGUARD_FRAG_SHARE etc. in options.def), used for a missing or invalid value. */
+static const og_thresholds_t th_default = {
+    .frag_share = 0.25, .nonfw_share = 0.20, .growth_min_share = 0.05, .growth_rising_steps = 0.70,
+};
+
+const char *og_cache_src_name(enum og_cache_src s)
+{
+    switch (s) {
+    case OG_CACHE_ADAPTER: return "adapter";
+    case OG_CACHE_RETRY_RELEASE: return "retry_release";
+    case OG_CACHE_POOL: return "pool";
+    case OG_CACHE_MEASURED: return "measured";
+    default: return "none";
+    }
+}
+
+static uint64_t min64(uint64_t a, uint64_t b) { return a < b ? a : b; }
+
+static bool same_lib(const char *a, const char *b)
+{
+    return a[0] && b[0] && (strcmp(a, b) == 0 || strcmp(og_base_name(a), og_base_name(b)) == 0);
+}
+
+/* 1: the failing call's library is a framework's, 0: it is not, -1: cannot tell. */
+static int failing_is_framework(const og_record_t *rec)
+{
+    char lib[sizeof rec->event.library];
+    og_cpy(lib, sizeof lib, rec->event.library, sizeof rec->event.library);
+    if (!lib[0])
+        return -1;
+    if (og_framework_of(og_base_name(lib), lib) != OG_FW_UNKNOWN)
+        return 1;
+    int nlibs = rec->memory.nlibs < 0 ? 0 : rec->memory.nlibs > 32 ? 32 : rec->memory.nlibs;
+    for (int i = 0; i < nlibs; i++) {
+        char l[sizeof rec->memory.by_library[0].library];
+        og_cpy(l, sizeof l, rec->memory.by_library[i].library, sizeof l);
+        if (same_lib(lib, l))
+            return rec->memory.by_library[i].framework ? 1 : 0;
+    }
+    char list[sizeof rec->framework_libs];
+    og_cpy(list, sizeof list, rec->framework_libs, sizeof list);
+    for (char *p = list; *p;) {
+        char *e = strchr(p, ',');
+        if (e)
+            *e = 0;
+        while (*p == ' ')
+            p++;
+        size_t l = strlen(p);
+        while (l && p[l - 1] == ' ')
+            p[--l] = 0;
+        if (same_lib(lib, p))
+            return 1;
+        if (!e)
+            break;
+        p = e + 1;
+    }
+    if (rec->framework_libs[0] || rec->framework != OG_FW_UNKNOWN)
+        return 0;
+    return -1;
+}
+
+static double th_or(double v, double def)
+{
+    if (v != v || v <= 0 || v > 1)
+        return def;
+    return v;
+}
+
+/* the largest framework reservation other than EXCEPT and its kind (-1 none) */
+static int biggest_fw(const og_facts_t *f, int except, uint64_t *bytes)
+{
+    int best = -1;
+    for (int k = 0; k < OG_NFW; k++)
+        if (k != except && f->resv[k] && (best < 0 || f->resv[k] > f->resv[best]))
+            best = k;
+    *bytes = best >= 0 ? f->resv[best] : 0;
+    return best;
+}
+
+/* ------------------------------------------------------------------ measured quantities */
+
+static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t *th)
+{
+    og_thresholds_t t = th ? *th : th_default;
+    d->frag_share = th_or(t.frag_share, th_default.frag_share);
+    d->nonfw_share = th_or(t.nonfw_share, th_default.nonfw_share);
+    d->growth_min_share = th_or(t.growth_min_share, th_default.growth_min_share);
+    d->growth_rising_steps = th_or(t.growth_rising_steps, th_default.growth_rising_steps);
+
+    d->req = rec->event.requested_bytes;
+    d->total = known(rec->device.total_bytes) ? rec->device.total_bytes : 0;
+    d->tracked = known(rec->memory.process_tracked_bytes) ? rec->memory.process_tracked_bytes : 0;
+    d->other_all = known(rec->memory.other_processes_bytes) ? rec->memory.other_processes_bytes : 0;
+    d->used_known = known(rec->memory.process_used_bytes);
+    d->used = d->used_known ? rec->memory.process_used_bytes : 0;
+    d->footprint = d->used_known ? d->used : d->tracked;
+    d->recovered = rec->event.recovered;
+    d->phys_free.known = known(rec->device.free_bytes);
+    d->phys_free.v = d->phys_free.known ? rec->device.free_bytes : 0;
+
+    /* peers of the same job are not "other users" of the GPU */
+    int no = rec->memory.nother < 0 ? 0 : rec->memory.nother > 32 ? 32 : rec->memory.nother;
+    d->peers_small = true;
+    for (int i = 0; i < no; i++) {
+        if (rec->memory.other[i].same_job) {
+            d->npeers++;
+            d->nchildren += rec->memory.other[i].child;
+            d->peers_bytes = add_sat(d->peers_bytes, rec->memory.other[i].bytes);
+            if (rec->memory.other[i].bytes > 3 * (GIB / 2))
+                d->peers_small = false;
+        } else
+            d->nothers++;
+    }
+    d->other = sub0(d->other_all, d->peers_bytes);
+    d->wrong_device = rec->local_rank >= 0 && rec->visible_devices > 1 && rec->local_rank != rec->event.device &&
+                      rec->local_rank < rec->visible_devices;
+
+    /* the failing call's framework; whose reservation is whose */
+    d->failing_fw = failing_is_framework(rec);
+    char flib[sizeof rec->event.library];
+    og_cpy(flib, sizeof flib, rec->event.library, sizeof flib);
+    d->ffw = og_framework_of(og_base_name(flib), flib);
+    int nlibs = rec->memory.nlibs < 0 ? 0 : rec->memory.nlibs > 32 ? 32 : rec->memory.nlibs;
+    for (int i = 0; i < nlibs; i++) {
+        const og_lib_usage_t *u = &rec->memory.by_library[i];
+        if (!u->framework)
+            continue;
+        int k = u->fw_kind >= 0 && u->fw_kind < OG_NFW ? u->fw_kind : OG_FW_UNKNOWN;
+        if (k == OG_FW_UNKNOWN)
+            k = rec->framework >= 0 && rec->framework < OG_NFW ? (int)rec->framework : OG_FW_UNKNOWN;
+        d->resv[k] = add_sat(d->resv[k], u->bytes);
+        d->fw_resv_all = add_sat(d->fw_resv_all, u->bytes);
+        if (d->failing_fw == 1 && d->ffw == OG_FW_UNKNOWN) {
+            char l[sizeof u->library];
+            og_cpy(l, sizeof l, u->library, sizeof l);
+            if (same_lib(l, flib))
+                d->ffw = k;
+        }
+    }
+    if (d->ffw == OG_FW_UNKNOWN)
+        d->ffw = rec->framework;
+    d->fwname = og_framework_display(d->ffw, "the framework");
+    d->other_fw = d->ffw == OG_FW_UNKNOWN ? -1 : biggest_fw(d, d->ffw, &d->other_fw_bytes);
+
+    const og_framework_view_t *fw = &rec->memory.fw;
+    bool app_pool = rec->memory.pool_owner_fw == 2;
+    enum og_cache_src rec_src = rec->memory.framework_cached_source;
+    if (fw->has && known(fw->reserved_bytes) && known(fw->allocated_bytes)) {
+        d->cached_known = true;
+        d->cached = sub0(fw->reserved_bytes, fw->allocated_bytes);
+        d->cached_src = OG_CACHE_ADAPTER;
+        d->reservation = fw->reserved_bytes;
+    } else if (known(rec->memory.framework_cached_bytes) && !(app_pool && rec_src == OG_CACHE_POOL)) {
+        d->cached_known = true;
+        d->cached = rec->memory.framework_cached_bytes;
+        d->cached_src = rec_src != OG_CACHE_NONE ? rec_src : OG_CACHE_MEASURED;
+    }
+    int kinds = 0;
+    for (int k = 0; k < OG_NFW; k++)
+        kinds += d->resv[k] > 0;
+    /* several frameworks: the failing one's own reservation; one: everything the framework holds */
+    if (!d->reservation)
+        d->reservation = kinds > 1 && d->ffw != OG_FW_UNKNOWN && d->resv[d->ffw] ? d->resv[d->ffw]
+                         : known(rec->memory.framework_bytes) ? rec->memory.framework_bytes : 0;
+    d->released = known(rec->event.released_between_attempts_bytes) ? rec->event.released_between_attempts_bytes : 0;
+    /* the framework released its cache and retried (PyTorch does before raising) and it still failed */
+    d->retried = !d->recovered && rec->event.attempts >= 2 && d->failing_fw != 0 &&
+                 (d->cached_src == OG_CACHE_NONE || d->cached_src == OG_CACHE_RETRY_RELEASE);
+    if (d->retried && !d->cached_known) {
+        /* released nothing: the framework had no wholly free segment left: a measured 0 */
+        d->cached_known = true;
+        d->cached = 0;
+        d->cached_src = OG_CACHE_RETRY_RELEASE;
+    }
+    /* a cache already handed back between retries is in `free` now: nothing left to reclaim
+     * (a recovered dump keeps the first attempt's numbers, from before the release) */
+    d->reclaim = d->cached_known && (d->recovered || d->cached_src != OG_CACHE_RETRY_RELEASE) ? d->cached : 0;
+    if (fw->has && known(fw->largest_free_block_bytes) && !(fw->largest_free_block_bytes == 0 && d->cached > 0)) {
+        d->largest_known = true;
+        d->largest = fw->largest_free_block_bytes;
+    }
+    if (app_pool && known(rec->memory.pool_reserved) && known(rec->memory.pool_used))
+        d->app_slack = sub0(rec->memory.pool_reserved, rec->memory.pool_used);
+
+    d->limited = known(rec->device.limit_bytes);
+    d->limit = d->limited ? rec->device.limit_bytes : 0;
+    d->usage_lim = d->limited && known(rec->device.limit_usage_bytes) && rec->device.limit_usage_bytes >= d->tracked
+                       ? rec->device.limit_usage_bytes : d->tracked;
+    if (d->limited) {
+        d->free_known = true;
+        d->free_eff = sub0(d->limit, d->usage_lim);
+        if (known(rec->device.free_bytes))
+            d->free_eff = min64(d->free_eff, rec->device.free_bytes);
+    } else if (known(rec->device.free_bytes)) {
+        d->free_known = true;
+        d->free_eff = rec->device.free_bytes;
+    } else if (d->total) {
+        d->free_known = d->free_estimated = true;
+        d->free_eff = sub0(d->total, add_sat(d->footprint, d->other_all));
+    }
+    if (!known(rec->memory.other_processes_bytes)) {
+        uint64_t inf = og_other_inferred_bytes(rec);
+        if (known(inf) && inf > 0) {
+            d->other = inf;
+            d->other_inferred = true;
+        }
+    }
+    d->shortfall = d->free_known ? sub0(d->req, d->free_eff) : 0;
+    d->capacity = d->limited && (!d->total || d->limit < d->total) ? d->limit : d->total;
+    d->larger_than_device = d->capacity && d->req > d->capacity;
+    d->app_pool_covers = d->shortfall > 0 && d->app_slack >= d->shortfall;
+    d->distinct_sizes = og_distinct_alloc_sizes(rec);
+}
+
+/* A framework-imposed cap binds when what is allocated plus the request exceeds it; an internal
+ * failure under the cap is something else (fragmentation inside the framework's arena). */
+static void framework_cap(og_facts_t *d, const og_record_t *r)
+{
+    const og_framework_view_t *fw = &r->memory.fw;
+    struct og_cap_facts *k = &d->cap;
+    if (!fw->has || !fw->cap_bytes || fw->cap_bytes == OG_UNKNOWN)
+        return;
+    k->cap = fw->cap_bytes;
+    k->req = d->req ? d->req : fw->requested_bytes;
+    k->alloc = known(fw->allocated_bytes) ? fw->allocated_bytes : 0;
+    k->over = sub0(add_sat(k->alloc, k->req), k->cap);
+    k->room = d->phys_free.known && d->phys_free.v >= k->req;
+    k->binds = add_sat(k->alloc, k->req) > k->cap && (fw->internal_oom || k->room);
+}
+
+/* ------------------------------------------------------------------ growth: steps in the history */
+
+#define GROWTH_MIN_STEPS 6
+#define GROWTH_BURST_S 0.00025          /* markers closer than this with nothing between: one burst */
+/* the framework freed under this share of the rise over its whole life: the rising steps are one
+ * pass building up, not iterations (the leaks of the corpus free >= 23% of it: py_evaluate_no_grad) */
+#define GROWTH_MIN_FREED_SHARE 0.1
+#define LOAD_GAP_S 0.1                  /* a pause this long between equal allocations ends a load */
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static bool is_op(const struct og_hist_ev *e, enum og_hist_op op) { return e->op == op; }
+
+/* One reading of the steps: marked by allocations of SIZE (MARKER says how), into g.  True when the
+ * growth pattern holds; the load and one-pass findings are recorded in g either way. */
+static bool growth_for(const og_facts_t *d, const og_record_t *r, og_growth_scratch_t *s, og_growth_facts_t *g,
+                       uint64_t size, enum og_step_marker marker)
+{
+    int ne = r->history.events ? (r->history.nevents < 0 ? 0 : r->history.nevents) : 0;
+    if (ne < GROWTH_MIN_STEPS || d->total == 0 || (marker != OG_MARK_EVERY_ALLOCATION && size == 0))
+        return false;
+    const struct og_hist_ev *e = r->history.events;
+    /* markers: successful allocations of the failing request's size (within 1/32 or 2 MiB: the
+     * framework's rounding); a step runs from one marker to the next */
+    uint64_t tol = size / 32 > (2ULL << 20) ? size / 32 : (2ULL << 20);
+    if (marker == OG_MARK_MODAL_SIZE)
+        tol = size / 32;             /* the most frequent size: that size exactly (to rounding) */
+    /* the latest OG_GROWTH_MAX_STEPS steps (the ones nearest the failure), in a ring */
+    uint64_t *ring = s->ring, *lows = s->lows, *rises = s->rises;
+    long seen = 0;
+    uint64_t low = UINT64_MAX;
+    bool in_step = false, between = false;
+    double last_marker_t = 0;
+    for (int i = 0; i < ne; i++) {
+        if (is_op(&e[i], OG_OP_NONE) || is_op(&e[i], OG_OP_FAIL))
+            continue;
+        bool alloc = is_op(&e[i], OG_OP_ALLOC);
+        uint64_t floor_now = alloc ? sub0(e[i].live, e[i].bytes) : e[i].live;
+        bool mark = alloc && (marker == OG_MARK_EVERY_ALLOCATION ||
+                              (e[i].bytes > size ? e[i].bytes - size : size - e[i].bytes) <= tol);
+        if (mark) {
+            /* back-to-back markers with nothing between (a burst: loading weights, a stack of
+             * buffers) are one step, not many */
+            bool burst = in_step && !between && e[i].t_rel - last_marker_t < GROWTH_BURST_S;
+            last_marker_t = e[i].t_rel;
+            between = false;
+            if (burst)
+                continue;
+            if (in_step)
+                ring[seen++ % OG_GROWTH_MAX_STEPS] = low;   /* close the previous step */
+            in_step = true;
+            low = floor_now;             /* the floor under this step: live before its marker */
+            continue;
+        }
+        between = true;
+        if (in_step && floor_now < low)
+            low = floor_now;
+    }
+    if (in_step)
+        ring[seen++ % OG_GROWTH_MAX_STEPS] = low;
+    int steps = seen < OG_GROWTH_MAX_STEPS ? (int)seen : OG_GROWTH_MAX_STEPS;
+    for (int k = 0; k < steps; k++)
+        lows[k] = ring[(seen - steps + k) % OG_GROWTH_MAX_STEPS];
+    if (steps < GROWTH_MIN_STEPS)
+        return false;
+    int transitions = steps - 1, rising = 0;
+    for (int i = 1; i < steps; i++) {
+        rises[i - 1] = sub0(lows[i], lows[i - 1]);
+        if (rises[i - 1] > (1ULL << 19))
+            rising++;
+    }
+    /* the typical step: the median rise (a load or an optimizer's first step inside one step
+     * must not pass for the leak's rate) */
+    qsort(rises, (size_t)transitions, sizeof *rises, cmp_u64);
+    uint64_t per_step = rises[transitions / 2];
+    uint64_t rise = sub0(lows[steps - 1], lows[0]);
+    double rs = d->growth_rising_steps, gm = d->growth_min_share;
+    double rising_share = (double)rising / transitions;
+    double rise_share = (double)rise / (double)d->total;
+    /* significant: gm of the device, or (over many steps) at least what is missing now */
+    bool big_enough = rise_share + 1e-12 >= gm || (d->shortfall > 0 && rise >= d->shortfall && steps >= 16);
+    if (rising_share + 1e-9 < rs || !big_enough || per_step == 0)
+        return false;
+    /* a load, not a leak: steps that each add at least 1/40 of the device, starting from (almost)
+     * nothing held, are weights arriving (however slowly); a leak keeps tensors on top of an
+     * established working set (the weights came first) */
+    if ((double)per_step * 40 >= (double)d->total && lows[0] < 2 * per_step) {
+        g->load_steps = steps;
+        g->load_step_bytes = per_step;
+        return false;
+    }
+    /* a rise the framework's measured cache accounts for is the cache (a pool that keeps what it
+     * handed out, a caching allocator), not tensors kept alive */
+    if (d->cached_known && d->cached_src != OG_CACHE_RETRY_RELEASE && 2 * d->cached >= rise)
+        return false;
+    if (d->app_slack && 2 * d->app_slack >= rise)
+        return false;                /* the application's pool keeping what it handed out */
+    /* a loop that leaks frees its temporaries every iteration; one pass that builds up (the first
+     * forward of a too-big batch: a step per layer, each activation kept for backward) has freed
+     * (almost) nothing.  Unknown (no adapter, or one that cannot tell) is not zero. */
+    const og_framework_view_t *fw = &r->memory.fw;
+    if (fw->has && fw->freed_known && (double)fw->freed_bytes_total < GROWTH_MIN_FREED_SHARE * (double)rise) {
+        g->pass_built = true;
+        return false;
+    }
+    g->marker = marker;
+    g->size = size;
+    g->seen = seen;
+    g->steps = steps;
+    g->rising = rising;
+    g->transitions = transitions;
+    g->per_step = per_step;
+    g->rise = rise;
+    g->first_low = lows[0];
+    g->last_low = lows[steps - 1];
+    g->rising_share = rising_share;
+    return true;
+}
+
+/* the allocation size seen most often in the history (>= 16 times), 0 if none; one pass over
+ * the events with a table of 64 sizes (sizes beyond the first 64 distinct ones are not counted) */
+static uint64_t modal_alloc_size(const og_record_t *r)
+{
+    int ne = r->history.events ? r->history.nevents : 0;
+    uint64_t size[64];
+    int count[64], n = 0;
+    for (int i = 0; i < ne; i++) {
+        const struct og_hist_ev *e = &r->history.events[i];
+        if (!is_op(e, OG_OP_ALLOC))
+            continue;
+        int k = 0;
+        while (k < n && size[k] != e->bytes)
+            k++;
+        if (k == n) {
+            if (n == 64)
+                continue;
+            size[n] = e->bytes;
+            count[n++] = 0;
+        }
+        count[k]++;
+    }
+    int best = -1;
+    for (int k = 0; k < n; k++)
+        if (best < 0 || count[k] > count[best])
+            best = k;
+    return best >= 0 && count[best] >= 16 ? size[best] : 0;
+}
+
+/* Growth marked by the failing size first (a leak fails doing what every step did), else by the
+ * size allocated most often (a leak of small tensors while something else failed), else by every
+ * allocation (a leak of varying sizes), held to a stricter pattern: >= 16 steps, >= 90% rising. */
+static void growth(og_facts_t *d, const og_record_t *r, og_growth_scratch_t *s)
+{
+    og_growth_facts_t *g = &d->growth;
+    if (growth_for(d, r, s, g, d->req, OG_MARK_FAILING_SIZE)) {
+        g->holds = true;
+        return;
+    }
+    uint64_t m = modal_alloc_size(r);
+    if (m && (m > d->req ? m - d->req : d->req - m) > d->req / 32 && growth_for(d, r, s, g, m, OG_MARK_MODAL_SIZE)) {
+        g->holds = true;
+        return;
+    }
+    if (growth_for(d, r, s, g, 0, OG_MARK_EVERY_ALLOCATION) && g->steps >= 16 && g->transitions &&
+        g->rising * 10 >= g->transitions * 9)
+        g->holds = true;
+}
+
+/* ------------------------------------------------------------------ a load the request belongs to */
+
+/* Failing inside a burst of equal allocations that are all kept: a load (weights), not a step; an
+ * earlier burst of the same size still held: a second copy loaded beside the first. */
+static void load(og_facts_t *d, const og_record_t *r)
+{
+    const struct og_hist_ev *e = r->history.events;
+    int ne = e ? r->history.nevents : 0, run = 0, earlier = 0, i = ne - 1;
+    uint64_t held_before = 0;
+    uint64_t tol = 2ULL << 20;       /* shards of one checkpoint are the same size */
+    double t_prev = -1, t_fail0 = -1;
+    for (int k = ne - 1; k >= 0 && k >= ne - 32; k--)    /* when the failures at the end began */
+        if (is_op(&e[k], OG_OP_FAIL))
+            t_fail0 = e[k].t_rel;
+    for (; i >= 0; i--) {
+        /* failed attempts and the releases between them are the failure's own, not the load's */
+        if (is_op(&e[i], OG_OP_NONE) || is_op(&e[i], OG_OP_FAIL) ||
+            (is_op(&e[i], OG_OP_FREE) && t_fail0 >= 0 && e[i].t_rel >= t_fail0))
+            continue;
+        bool same = is_op(&e[i], OG_OP_ALLOC) &&
+                    (e[i].bytes > d->req ? e[i].bytes - d->req : d->req - e[i].bytes) <= tol;
+        if (!same || (t_prev >= 0 && t_prev - e[i].t_rel > LOAD_GAP_S))
+            break;
+        t_prev = e[i].t_rel;
+        run++;
+        held_before = sub0(e[i].live, e[i].bytes);
+    }
+    for (; run >= 4 && i >= 0; i--) {
+        if (is_op(&e[i], OG_OP_NONE) || is_op(&e[i], OG_OP_FAIL))
+            continue;
+        if (!is_op(&e[i], OG_OP_ALLOC) ||
+            (e[i].bytes > d->req ? e[i].bytes - d->req : d->req - e[i].bytes) > tol)
+            break;
+        earlier++;
+    }
+    /* a load builds what the process holds: a run of equal blocks on top of a larger working set
+     * (a forward pass, an optimizer's state) is the job's own, not weights arriving */
+    bool built = (double)held_before < (double)run * (double)d->req;
+    /* a slow load: its pieces arrive one step at a time, and the failing request is the next piece
+     * (a request far larger than a piece, e.g. the logits after a forward pass whose layers looked
+     * like load steps, is not part of it) ... unless the rising steps sat on a working set and
+     * nothing was freed (growth): one forward pass keeping each layer's activations, whose weights,
+     * merged into one burst, made the every-allocation steps look like a load from nothing */
+    const og_growth_facts_t *g = &d->growth;
+    if (run < 4 && g->load_steps >= 4 && !g->pass_built && (double)d->req <= 1.5 * (double)g->load_step_bytes) {
+        run = g->load_steps;
+        built = true;
+    }
+    /* after optimizer steps the weights were loaded long ago: a run of equal blocks now is a batch
+     * (an evaluation's outputs, a bigger validation batch), unless a second copy sits beside them */
+    if (r->memory.fw.has && r->memory.fw.training == 1 && earlier < 4)
+        built = false;
+    d->load.run = run;
+    d->load.earlier = earlier;
+    d->load.phase = run >= 4 && (built || earlier >= 4) ? (earlier >= 4 ? OG_PHASE_SECOND_LOAD : OG_PHASE_LOADING)
+                                                        : OG_PHASE_NONE;
+}
+
+/* ------------------------------------------------------------------ across devices, outside the framework */
+
+static void imbalance(og_facts_t *d, const og_record_t *r)
+{
+    og_imbalance_facts_t *b = &d->imbalance;
+    if (d->shortfall == 0 || r->world_size > 1 || r->nsummary < 2)
+        return;
+    uint64_t mine = 0, most = 0, sum = 0;
+    int nother = 0;
+    for (int i = 0; i < r->nsummary && i < 16; i++) {
+        uint64_t t = r->summary[i].tracked_bytes;
+        if (r->summary[i].index == r->event.device)
+            mine = t;
+        else if (t) {
+            nother++;
+            sum = add_sat(sum, t);
+            if (t > most)
+                most = t;
+        }
+    }
+    if (!nother || !most || (double)mine < 1.5 * (double)most)
+        return;
+    uint64_t avg = sum / (uint64_t)nother;
+    if (sub0(mine, avg) < d->shortfall)
+        return;
+    b->holds = true;
+    b->mine = mine;
+    b->avg = avg;
+    b->nother = nother;
+    b->ratio = (double)mine / (double)most;
+}
+
+static void non_framework(og_facts_t *d, const og_record_t *r)
+{
+    d->nonfw = known(r->memory.non_framework_bytes) ? r->memory.non_framework_bytes : 0;
+    d->nonfw_big_lib = -1;
+    int n = r->memory.nlibs < 0 ? 0 : r->memory.nlibs > 32 ? 32 : r->memory.nlibs;
+    for (int i = 0; i < n; i++)
+        if (!r->memory.by_library[i].framework &&
+            (d->nonfw_big_lib < 0 || r->memory.by_library[i].bytes > r->memory.by_library[d->nonfw_big_lib].bytes))
+            d->nonfw_big_lib = i;
+    if (d->nonfw_big_lib >= 0 && !r->memory.by_library[d->nonfw_big_lib].bytes)
+        d->nonfw_big_lib = -1;
+    uint64_t fwb = known(r->memory.framework_bytes) ? r->memory.framework_bytes : 0;
+    if (!d->used_known || d->used == 0 || !known(r->memory.non_framework_bytes) || d->shortfall == 0)
+        return;
+    if (r->framework == OG_FW_UNKNOWN && fwb == 0)
+        return;                     /* no framework: "outside the framework" would be everything */
+    uint64_t nf = r->memory.non_framework_bytes;
+    double share = (double)nf / (double)d->used;
+    d->nonfw_holds = share >= d->nonfw_share && nf >= d->shortfall && nf >= NONFW_FLOOR;
+}
+
+/* ------------------------------------------------------------------ what the advice reads */
+
+static void advice(og_facts_t *f, const og_record_t *rec)
+{
+    struct og_advice_facts *x = &f->adv;
+    x->fw = rec->framework;
+    x->other = known(rec->memory.other_processes_bytes) ? rec->memory.other_processes_bytes : 0;
+    for (int i = 0; i < rec->memory.nother && i < 32; i++)   /* ranks of this job are not "others" */
+        if (rec->memory.other[i].same_job)
+            x->other = sub0(x->other, rec->memory.other[i].bytes);
+    if (!known(rec->memory.other_processes_bytes) && known(og_other_inferred_bytes(rec))) {
+        x->other = og_other_inferred_bytes(rec);   /* no NVML: inferred, and the texts say so */
+        x->other_inferred = true;
+    }
+    const og_framework_view_t *fw = &rec->memory.fw;
+    enum og_cache_src src = OG_CACHE_NONE;
+    if (fw->has && known(fw->reserved_bytes) && known(fw->allocated_bytes)) {
+        x->cached_known = true;
+        x->cached = sub0(fw->reserved_bytes, fw->allocated_bytes);
+        src = OG_CACHE_ADAPTER;
+    } else if (known(rec->memory.framework_cached_bytes) &&
+               !(rec->memory.pool_owner_fw == 2 && rec->memory.framework_cached_source == OG_CACHE_POOL)) {
+        /* (an application's own pool is not the framework's cache) */
+        x->cached_known = true;
+        x->cached = rec->memory.framework_cached_bytes;
+        src = rec->memory.framework_cached_source;
+    }
+    /* a recovered dump keeps the first attempt's numbers: its cache was still there then */
+    x->cache_retried = src == OG_CACHE_RETRY_RELEASE && !rec->event.recovered;
+    x->reclaim = x->cached_known && !x->cache_retried ? x->cached : 0;
+    char full[sizeof rec->event.library];
+    og_cpy(full, sizeof full, rec->event.library, sizeof full);
+    og_cpy(x->fail_lib, sizeof x->fail_lib, og_base_name(full), strlen(og_base_name(full)) + 1);
+    /* live = what tensors hold; unknown when the cache was not measured (never call cache "live") */
+    x->live_known = (fw->has && known(fw->allocated_bytes)) || x->cached_known;
+    x->live = fw->has && known(fw->allocated_bytes) ? fw->allocated_bytes : sub0(f->tracked, x->reclaim);
+    /* the failing library is the framework's when its name says so or when the ledger counts it as
+     * a framework library (an adapter's report makes it one, whatever its name) */
+    bool fail_is_fw = og_framework_of(x->fail_lib, x->fail_lib) != OG_FW_UNKNOWN;
+    for (int i = 0; !fail_is_fw && i < rec->memory.nlibs && i < 32; i++) {
+        char l[sizeof rec->memory.by_library[0].library];
+        og_cpy(l, sizeof l, rec->memory.by_library[i].library, sizeof l);
+        fail_is_fw = rec->memory.by_library[i].framework && strcmp(og_base_name(l), x->fail_lib) == 0;
+    }
+    /* the framework released what it could before failing again and got nothing back */
+    x->retried_zero = rec->event.attempts >= 2 && !rec->event.recovered && fail_is_fw &&
+                      (!known(rec->event.released_between_attempts_bytes) ||
+                       rec->event.released_between_attempts_bytes == 0);
+    x->async_backend = strstr(rec->pytorch_alloc_conf, "cudaMallocAsync") != NULL;
+    x->grad = fw->has ? fw->grad_enabled : 0;
+    x->training = fw->has ? fw->training : 0;
+    x->autocast = fw->has ? fw->autocast : 0;
+    /* advice follows the failing call's framework */
+    int ffw = og_framework_of(x->fail_lib, x->fail_lib);
+    if (ffw != OG_FW_UNKNOWN)
+        x->fw = ffw;
+    x->cc_known = rec->device.cc_major > 0;
+    x->cc = rec->device.cc_major * 10 +
+            (rec->device.cc_minor > 9 ? 9 : rec->device.cc_minor < 0 ? 0 : rec->device.cc_minor);
+}
+
+/* ------------------------------------------------------------------ entry */
+
+void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds_t *th, og_growth_scratch_t *s)
+{
+    memset(f, 0, sizeof *f);
+    measure(f, rec, th);
+    framework_cap(f, rec);
+    growth(f, rec, s);
+    load(f, rec);
+    imbalance(f, rec);
+    non_framework(f, rec);
+    advice(f, rec);
+}
