@@ -43,6 +43,16 @@ void og_record_identity(og_record_t *rec)
     rec->ppid = (int)getppid();
     if (gethostname(rec->host, sizeof rec->host - 1) != 0)
         snprintf(rec->host, sizeof rec->host, "unknown");
+    /* inside a pod the host name is the pod's: the node comes from the downward API
+     * (NODE_NAME, examples/kubernetes) or the batch system */
+    static const char *const node[] = {"NODE_NAME", "SLURMD_NODENAME", NULL};
+    for (const char *const *v = node; *v; v++) {
+        const char *s = getenv(*v);
+        if (s && *s) {
+            snprintf(rec->node, sizeof rec->node, "%s", s);
+            break;
+        }
+    }
     static const char *const rank[] = {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", NULL};
     static const char *const local[] = {"LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK",
                                         "MPI_LOCALRANKID", NULL};

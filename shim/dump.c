@@ -69,6 +69,8 @@ static void render_text(const og_record_t *r, og_sb_t *sb)
     esc_pool_t pool = {.n = 0};
     og_sb_printf(sb, "oomguard %s — %s report\n", OOMGUARD_VERSION, r->status);
     og_sb_printf(sb, "process %d on %s", r->pid, T(r->host));
+    if (r->node[0] && strcmp(r->node, r->host) != 0)
+        og_sb_printf(sb, " (node %s)", T(r->node));
     if (r->rank >= 0)
         og_sb_printf(sb, ", rank %ld", r->rank);
     if (r->job_id[0])

@@ -139,6 +139,7 @@ static void w_top(og_sb_t *sb, const og_record_t *r, bool *first_)
     KT("pid"); og_sb_printf(sb, "%d", r->pid);
     KT("ppid"); og_sb_printf(sb, "%d", r->ppid);
     KT("host"); og_sb_json_str(sb, r->host);
+    KT("node"); if (r->node[0]) og_sb_json_str(sb, r->node); else og_sb_puts(sb, "null");
     KT("rank"); j_long_or_null(sb, r->rank);
     KT("local_rank"); j_long_or_null(sb, r->local_rank);
     KT("world_size"); j_long_or_null(sb, r->world_size);

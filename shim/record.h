@@ -119,6 +119,7 @@ typedef struct og_record {
     double time;                     /* epoch seconds */
     int pid, ppid;
     char host[256];
+    char node[256];                  /* the machine, when the host name is a pod's or a task's ("": unknown) */
     long rank, local_rank, world_size;   /* -1 when not set */
     char job_id[128];
     char cmdline[1024];

@@ -126,7 +126,7 @@ struct og_dump {
     const char *file; /* as given on the command line, for messages */
     cJSON *root;      /* the document; streamed arrays hold all elements only with keep_all */
 
-    const char *schema, *status_str, *generator, *host, *job_id, *cmdline;
+    const char *schema, *status_str, *generator, *host, *node, *job_id, *cmdline;
     enum og_status status;
     double time;
     int64_t pid, ppid, rank, local_rank, world_size, visible_devices;

@@ -1499,6 +1499,7 @@ static int v_top(struct loader *L, const cJSON *r)
     TRY(get_int(L, r, NULL, "pid", &d->pid));
     TRY(get_int(L, r, NULL, "ppid", &d->ppid));
     TRY(get_str(L, r, NULL, "host", &d->host));
+    TRY(get_str(L, r, NULL, "node", &d->node));
     TRY(get_int(L, r, NULL, "rank", &d->rank));
     TRY(get_int(L, r, NULL, "local_rank", &d->local_rank));
     TRY(get_int(L, r, NULL, "world_size", &d->world_size));

@@ -48,6 +48,7 @@ struct ent {
     int id;
     int64_t n[NCLS], total;
     double first_fail, last_fail; /* status oom; NAN when none */
+    char *last_fail_pod;          /* hosts: the pod (dump's host name) of the latest failure on the node */
     int64_t distinct;             /* jobs: hosts; hosts: jobs (filled in by finish()) */
 };
 
@@ -178,7 +179,10 @@ static void add_dump(struct stats *st, const struct og_dump *d)
     struct ent *e[NDIM] = {0};
     e[D_STATUS] = intern(&st->dim[D_STATUS], d->status_str, "unknown");
     e[D_CAUSE] = intern(&st->dim[D_CAUSE], d->diag.present ? d->diag.primary : NULL, "none");
-    e[D_HOST] = intern(&st->dim[D_HOST], d->host, "unknown");
+    /* a node, not a pod: pods come and go (one Prometheus series each), nodes stay */
+    const char *node = d->node && *d->node ? d->node : NULL;
+    e[D_HOST] = intern(&st->dim[D_HOST], node ? node : d->host, "unknown");
+    double host_last = e[D_HOST]->last_fail;
     e[D_JOB] = intern(&st->dim[D_JOB], d->job_id, "none");
     e[D_GPU] = intern(&st->dim[D_GPU], d->device.present ? d->device.name : NULL, "unknown");
     e[D_FW] = intern(&st->dim[D_FW], d->framework_name, "unknown");
@@ -191,6 +195,18 @@ static void add_dump(struct stats *st, const struct og_dump *d)
     for (int i = 0; i < NDIM; i++)
         if (e[i])
             count(e[i], cls, t);
+    struct ent *h = e[D_HOST];
+    if (node && d->host && *d->host && strcmp(node, d->host) != 0 && cls == C_OOM && !isnan(t) &&
+        h->last_fail == t) {
+        char *pod = normalise(d->host);
+        /* the newest failure's pod; at equal times the greatest name, whatever the reading order */
+        if (!h->last_fail_pod || t > host_last || strcmp(pod, h->last_fail_pod) > 0) {
+            free(h->last_fail_pod);
+            h->last_fail_pod = pod;
+        } else {
+            free(pod);
+        }
+    }
     if (st->nrecs == st->caprecs)
         st->recs = xrealloc(st->recs, (st->caprecs = st->caprecs ? st->caprecs * 2 : 1024) * sizeof *st->recs);
     st->recs[st->nrecs++] = (struct rec){t, cls, e[D_STATUS]->id, e[D_CAUSE]->id, e[D_HOST]->id, e[D_JOB]->id,
@@ -723,6 +739,8 @@ static cJSON *json_group(const struct stats *st, int dim, const char *distinct)
             cJSON_AddNumberToObject(g, distinct, (double)v[i]->distinct);
         json_time(g, "first_failure", v[i]->first_fail);
         json_time(g, "last_failure", v[i]->last_fail);
+        if (v[i]->last_fail_pod)
+            cJSON_AddStringToObject(g, "last_failure_pod", v[i]->last_fail_pod);
         cJSON_AddItemToObject(o, v[i]->s, g);
     }
     free(v);
@@ -892,6 +910,19 @@ static int render_prom(struct sbuf *b, struct stats *st)
         sb_puts(b, "oomguard_last_failure_timestamp_seconds{");
         prom_label(b, "host", e->s, 1);
         sb_printf(b, "} %.3f\n", e->last_fail);
+    }
+    /* one series per node at a time: the pod label does not multiply the counters above */
+    prom_family(b, "oomguard_last_failure_pod_info", "gauge",
+                "The pod (the dump's host name, where the dump names a node) of the latest out-of-memory failure on "
+                "the node; always 1.");
+    for (int i = 0; i < st->dim[D_HOST].n; i++) {
+        const struct ent *e = hv[i];
+        if (isnan(e->last_fail) || !e->last_fail_pod)
+            continue;
+        sb_puts(b, "oomguard_last_failure_pod_info{");
+        prom_label(b, "host", e->s, 1);
+        prom_label(b, "pod", e->last_fail_pod, 0);
+        sb_puts(b, "} 1\n");
     }
     free(hv);
     prom_family(b, "oomguard_first_remedy_total", "counter",
@@ -1210,6 +1241,7 @@ static void stats_free(struct stats *st)
         for (int i = 0; i < st->dim[d].n; i++) {
             free(st->dim[d].v[i]->s);
             free(st->dim[d].v[i]->title);
+            free(st->dim[d].v[i]->last_fail_pod);
             free(st->dim[d].v[i]);
         }
         free(st->dim[d].v);

@@ -73,5 +73,6 @@ dockerfile = open(os.path.join(root, "Dockerfile")).read()
 src = re.search(r"(/\S+)/liboomguard\.so", cmd).group(1)
 assert "cp build/liboomguard.so /out/" in dockerfile and "COPY --from=build /out %s" % src in dockerfile, \
     "the Dockerfile does not put liboomguard.so in %s" % src
+assert "NODE_NAME" in tenv and "spec.nodeName" in str(tenv["NODE_NAME"]), "NODE_NAME (the dump's node) is not set"
 print("kubernetes example: init container -> %s (%s) -> LD_PRELOAD=%s; OOMGUARD_DIR=%s on claim %s"
       % (lib_vol, "emptyDir", preload, odir, volumes[om["name"]]["persistentVolumeClaim"]["claimName"]))

@@ -126,6 +126,46 @@ result $? "stats across jobs: causes and first remedies agree with the dumps the
 result $? "prometheus output of the cluster passes the format check"
 oom_b=$(awk '/^oomguard_dumps_total\{status="oom",.*host="simhost-b"/ {s += $NF} END {print s + 0}' "$work/oom.prom")
 result $([ "$oom_b" = 2 ]; echo $?) "prometheus: oomguard_dumps_total for oom on simhost-b sums to 2 ($oom_b)"
+python3 - "$shared/4242" <<'PY'
+import glob, json, sys
+nodes = {json.load(open(f))["node"] for f in glob.glob(sys.argv[1] + "/oomguard-*.json")}
+assert nodes == {"simhost-a", "simhost-b"}, nodes
+PY
+result $? "srun-style job: each dump records its node (SLURMD_NODENAME)"
+
+# Kubernetes: pods are hosts that come and go, nodes stay.  Three pods of one job (host name = pod
+# name, NODE_NAME from the downward API) on two nodes, each failing, one after the other.
+k8s=$work/k8s/oom
+mkdir -p "$k8s"
+for pod in "llama-ft-0 node-a" "llama-ft-1 node-b" "llama-ft-2 node-a"; do
+    set -- $pod
+    SIMGPU_STATE_DIR=$work/state-a bash "$root/tests/stats/launch.sh" torchrun --host "$1" --nproc 1 --job llama-ft -- \
+        env NODE_NAME="$2" LD_PRELOAD="$PRELOAD" OOMGUARD_DIR="$k8s" "$PROG" 0 - >"$work/pod-$1.log" 2>&1
+    sleep 0.05
+done
+"$OG" stats "$k8s" --format json -o "$work/k8s.json" 2>"$work/k8s-stats.err" &&
+    "$OG" stats "$k8s" --format prometheus -o "$work/k8s.prom" 2>>"$work/k8s-stats.err"
+result $? "kubernetes pods: oomguard stats exits 0"
+python3 - "$k8s" "$work/k8s.json" "$work/k8s.prom" <<'PY'
+import glob, json, re, sys
+dumps = [json.load(open(f)) for f in glob.glob(sys.argv[1] + "/oomguard-*.json")]
+assert sorted((d["host"], d["node"]) for d in dumps) == [("llama-ft-0", "node-a"), ("llama-ft-1", "node-b"),
+                                                         ("llama-ft-2", "node-a")], [(d["host"], d["node"]) for d in dumps]
+s, prom = json.load(open(sys.argv[2])), open(sys.argv[3]).read()
+assert set(s["by_host"]) == {"node-a", "node-b"}, list(s["by_host"])
+assert s["by_host"]["node-a"]["oom"] == 2 and s["by_host"]["node-b"]["oom"] == 1, s["by_host"]
+assert s["by_host"]["node-a"]["last_failure_pod"] == "llama-ft-2", s["by_host"]["node-a"]
+counters = re.findall(r"^oomguard_dumps_total\{(.*)\} \d+$", prom, re.M)
+assert counters and all("llama" not in c for c in counters), counters
+assert {re.search(r'host="([^"]*)"', c).group(1) for c in counters} == {"node-a", "node-b"}, counters
+info = re.findall(r"^oomguard_last_failure_pod_info\{(.*)\} 1$", prom, re.M)
+assert sorted(info) == ['host="node-a",pod="llama-ft-2"', 'host="node-b",pod="llama-ft-1"'], info
+print("pods ok")
+PY
+result $? "kubernetes pods: the node is the host label, the latest pod one series per node"
+python3 "$root/tests/stats/check_prom.py" "$work/k8s.prom" >"$work/k8s-prom.log" 2>&1
+result $? "kubernetes pods: prometheus output passes the format check"
+
 if [ $fail != 0 ]; then
     for f in "$work"/*.log "$work"/*.err; do echo "--- $f"; tail -5 "$f"; done
 fi
