@@ -4,6 +4,7 @@
 #   tools/tools.mk  the `oomguard` command
 #   tests/tests.mk  unit + end-to-end tests, benchmarks
 #   examples/examples.mk  realistic OOM scenarios, `make demo`
+#   pkg/pkg.mk      `make bundle` (one relocatable directory) and `make wheel` (pip)
 #
 ##= B=DIR             build directory (default build; build-san with SANITIZE=1, build-tsan with SANITIZE=thread)
 ##= SANITIZE=1        AddressSanitizer + UndefinedBehaviorSanitizer build
@@ -41,7 +42,8 @@ B         := build-tsan
 endif
 ALL_CFLAGS = $(BASE_CFLAGS) $(CFLAGS) $(SAN_FLAGS)
 
-DEB_DEPS  := build-essential uthash-dev libunwind-dev libcmocka-dev libcjson-dev python3 chromium clang libclang-rt-14-dev libdw-dev python3-yaml gcovr
+DEB_DEPS  := build-essential uthash-dev libunwind-dev libcmocka-dev libcjson-dev python3 chromium clang libclang-rt-14-dev libdw-dev python3-yaml gcovr \
+             patchelf python3-build python3-wheel python3-setuptools python3-venv
 
 .PHONY: all test bench demo install clean deps help format format-check
 all:  ## liboomguard.so, the oomguard command, the simulated GPU, the examples (default)
@@ -50,6 +52,7 @@ include sim/sim.mk
 include shim/shim.mk
 include tools/tools.mk
 include examples/examples.mk
+include pkg/pkg.mk
 include tests/tests.mk
 
 deps:  ## install the Debian packages the build and the tests need (DEB_DEPS)
@@ -72,8 +75,8 @@ format:  ## apply .clang-format to every C source in git
 format-check:  ## fail if a C source differs from .clang-format's layout
 	clang-format --dry-run --Werror --style=file $(FORMAT_SRC)
 
-clean:  ## remove build, build-san, build-tsan and B
-	rm -rf build build-san build-tsan $(B)
+clean:  ## remove build, build-san, build-tsan, B and dist (the wheels)
+	rm -rf build build-san build-tsan $(B) dist
 
 help:  ## this list, generated from the comments on the makefiles' target lines
 	@echo "oomguard: make [target] [VARIABLE=value ...]"

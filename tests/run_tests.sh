@@ -126,6 +126,9 @@ suite "launcher" env B="$B" bash tests/e2e/run_launcher.sh
 echo "== PyTorch adapter (stand-in torch on the simulated GPU)"
 suite "python adapter" env B="$B" PRELOAD="$PRELOAD" bash tests/adapter/run_tests.sh
 
+echo "== packaged: make wheel, pip install --no-index into a fresh venv, Jupyter kernel, Kubernetes layout"
+suite "packaging" env B="$B" SANITIZE="${SANITIZE:-}" MAKE="$MAKE" bash tests/pkg/run_tests.sh
+
 echo "== scenario corpus (realistic failures, an expert's expectations, numbers vs the simulator)"
 suite "scenario corpus" env B="$B" PRELOAD="$PRELOAD" SANITIZE="${SANITIZE:-}" python3 tests/scenarios/run_scenarios.py
 

@@ -107,7 +107,8 @@ static int mkdir_p(const char *path)
 }
 
 /* Finds liboomguard.so: OOMGUARD_LIB, else next to the real binary, else in
- * ../lib/oomguard/ relative to it (the installed layout). */
+ * ../lib/oomguard/ relative to it (the installed layout), else in ../ (the bundle and the
+ * wheel: bin/oomguard next to liboomguard.so, pkg/bundle.sh). */
 static int find_library(char *out, size_t outlen)
 {
     const char *env = getenv("OOMGUARD_LIB");
@@ -128,18 +129,18 @@ static int find_library(char *out, size_t outlen)
     char *slash = strrchr(exe, '/');
     if (slash)
         *slash = '\0';
-    char cand[2][PATH_MAX + 64];
-    snprintf(cand[0], sizeof cand[0], "%s/liboomguard.so", exe);
-    snprintf(cand[1], sizeof cand[1], "%s/../lib/oomguard/liboomguard.so", exe);
-    for (int i = 0; i < 2; i++)
+    static const char *const rel[] = {"liboomguard.so", "../lib/oomguard/liboomguard.so", "../liboomguard.so"};
+    enum { NREL = sizeof rel / sizeof rel[0] };
+    char cand[NREL][PATH_MAX + 64];
+    for (int i = 0; i < NREL; i++) {
+        snprintf(cand[i], sizeof cand[i], "%s/%s", exe, rel[i]);
         if (access(cand[i], R_OK) == 0 && realpath(cand[i], out))
             return 0;
-    fprintf(stderr,
-            "oomguard: cannot find liboomguard.so\n"
-            "  looked for %s\n"
-            "         and %s\n"
-            "  build it (make) or set OOMGUARD_LIB=/path/to/liboomguard.so\n",
-            cand[0], cand[1]);
+    }
+    fprintf(stderr, "oomguard: cannot find liboomguard.so\n");
+    for (int i = 0; i < NREL; i++)
+        fprintf(stderr, "  %s %s\n", i ? "       and" : "looked for", cand[i]);
+    fprintf(stderr, "  build it (make) or set OOMGUARD_LIB=/path/to/liboomguard.so\n");
     (void)outlen;
     return -1;
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks the wiring of the Kubernetes example (examples/kubernetes/*.yaml), since no
-cluster is at hand: the init container copies liboomguard.so into a volume that the
-training container mounts where LD_PRELOAD points; OOMGUARD_DIR lies on a persistent
+cluster is at hand: the init container copies liboomguard.so, lib/ and the Python adapters
+into a volume that the training container mounts where LD_PRELOAD points; OOMGUARD_DIR lies on a persistent
 volume claim that the directory defines; every $(VAR) in env and args is defined before
 use; every volume mounted is declared.  Exits 0 when all hold, 77 without PyYAML."""
 import glob
@@ -68,11 +68,19 @@ assert om and "persistentVolumeClaim" in volumes[om["name"]], "OOMGUARD_DIR %s i
 assert volumes[om["name"]]["persistentVolumeClaim"]["claimName"] in claims, "the claim is not defined in the example"
 assert ienv["OOMGUARD_DIR"]["value"] == odir and "mkdir -p" in cmd, "the init container does not create OOMGUARD_DIR"
 assert not om.get("readOnly"), "the dump volume is read-only"
-# The image the init container copies from has the library where the command expects it.
+# The image the init container copies from has the bundle (pkg/bundle.sh) where the command expects
+# it, and the init container copies what the library needs next to it: lib/ and the adapters.
 dockerfile = open(os.path.join(root, "Dockerfile")).read()
 src = re.search(r"(/\S+)/liboomguard\.so", cmd).group(1)
-assert "cp build/liboomguard.so /out/" in dockerfile and "COPY --from=build /out %s" % src in dockerfile, \
-    "the Dockerfile does not put liboomguard.so in %s" % src
-assert "NODE_NAME" in tenv and "spec.nodeName" in str(tenv["NODE_NAME"]), "NODE_NAME (the dump's node) is not set"
+assert re.search(r"^RUN make B=build bundle$", dockerfile, re.M) and \
+    "COPY --from=build /src/build/bundle %s" % src in dockerfile, "the Dockerfile does not put the bundle in %s" % src
+for part in ("lib", "python"):
+    assert "%s/%s " % (src, part) in cmd, "the init container does not copy %s/ (%s)" % (part, cmd)
+# the build stage installs what the library and the command link (shim/shim.mk, tools/tools.mk)
+build_stage = dockerfile.split("\nFROM ")[1]
+for pkg in ("libunwind-dev", "libcjson-dev", "libdw-dev", "libelf-dev", "patchelf"):
+    assert pkg in build_stage, "the build stage does not install %s" % pkg
+tenv_names = set(tenv)
+assert "NODE_NAME" in tenv_names and "spec.nodeName" in str(tenv["NODE_NAME"]), "NODE_NAME (the dump's node) is not set"
 print("kubernetes example: init container -> %s (%s) -> LD_PRELOAD=%s; OOMGUARD_DIR=%s on claim %s"
       % (lib_vol, "emptyDir", preload, odir, volumes[om["name"]]["persistentVolumeClaim"]["claimName"]))
