@@ -70,6 +70,12 @@ typedef struct oomguard_framework_stats {
     /* added later (read only when struct_size covers it and flags has OOMGUARD_FW_FREED_KNOWN:
      * 0 is a real answer here, so a zeroed field must not pass for it) */
     uint64_t freed_bytes_total;          /* bytes the framework's allocator freed over the process's life */
+    /* added later (read only when struct_size covers them; NULL = not measured): what the memory is
+     * for and what the job was doing (memory.framework.roles, event.phase; docs/dump-format.md) */
+    const char *roles;                   /* "role\tNAME\tBYTES|-\tTENSORS\n", "optimizer\t...", "holder\t...", "meta\t..." */
+    const char *phase;                   /* "loading" | "forward" | "backward" | "optimizer_step" | ... */
+    const char *phase_frame;             /* "file\tline\tfunction\n": the frame that decided the phase */
+    const char *phase_source;            /* how the phase was told ("stack", ...), or why it is unknown */
 } oomguard_framework_stats_t;
 
 /* flags: the byte counts above were not filled (only the Python lines, e.g. from a query):

@@ -805,6 +805,43 @@ static void clear_pending(int d)
     pthread_mutex_unlock(&pending_lock);
 }
 
+/* The summary's lines on what the job was doing and what its memory is for (event.phase,
+ * memory.framework.roles): the roles that hold bytes, the largest holder named. */
+static void summary_roles(og_sb_t *sb, const og_record_t *r)
+{
+    static const char *const labels[OG_NROLES] = {
+#define OG_ROLE(key, label) label,
+#include "roles.def"
+#undef OG_ROLE
+    };
+    const og_framework_view_t *f = &r->memory.fw;
+    char b[32];
+    if (f->phase[0]) {
+        og_sb_printf(sb, "oomguard: phase: %s", f->phase);
+        if (f->has_phase_frame) {
+            const char *slash = strrchr(f->phase_frame.file, '/');
+            og_sb_printf(sb, " (%s:%d in %s)", slash ? slash + 1 : f->phase_frame.file, f->phase_frame.line,
+                         f->phase_frame.function);
+        }
+        og_sb_puts(sb, "\n");
+    }
+    if (!f->roles.has)
+        return;
+    og_sb_puts(sb, "oomguard: memory by role:");
+    int n = 0;
+    for (int i = 0; i < OG_NROLES; i++) {
+        uint64_t v = f->roles.bytes[i];
+        if (v == 0 || (v == OG_UNKNOWN && i != OG_ROLE_activations))
+            continue;
+        og_sb_printf(sb, "%s %s %s", n++ ? "," : "", labels[i],
+                     v == OG_UNKNOWN ? "unknown" : og_bytes_fmt(b, sizeof b, (double)v, OG_BYTES_FIXED));
+        if (i == OG_ROLE_held_by_python && f->roles.nholders)
+            og_sb_printf(sb, " (%s %s)", f->roles.holders[0].label,
+                         og_bytes_fmt(b, sizeof b, (double)f->roles.holders[0].bytes, OG_BYTES_FIXED));
+    }
+    og_sb_puts(sb, n ? "\n" : " none measured\n");
+}
+
 static void set_pending(const og_record_t *r, const char *path)
 {
     char hb[8][32];
@@ -815,7 +852,9 @@ static void set_pending(const og_record_t *r, const char *path)
                  H(r->device.total_bytes));
     if (r->device.limit_bytes != OG_UNKNOWN)
         og_sb_printf(&sb, " (limit %s)", H(r->device.limit_bytes));
-    og_sb_printf(&sb, "\noomguard: diagnosis: %s", r->diagnosis.primary ? r->diagnosis.primary : "unknown");
+    og_sb_puts(&sb, "\n");
+    summary_roles(&sb, r);
+    og_sb_printf(&sb, "oomguard: diagnosis: %s", r->diagnosis.primary ? r->diagnosis.primary : "unknown");
     if (r->diagnosis.ncauses)
         og_sb_printf(&sb, " — %s", r->diagnosis.causes[0].summary);
     og_sb_puts(&sb, "\n");

@@ -87,6 +87,67 @@ static void j_py_frames(og_sb_t *sb, const og_py_frame_t *f, int n, bool sized)
     og_sb_puts(sb, "]");
 }
 
+/* one Python line as an object: {file, line, function} */
+static void j_py_frames_one(og_sb_t *sb, const og_py_frame_t *f)
+{
+    og_sb_puts(sb, "{\"file\":");
+    og_sb_json_str(sb, f->file);
+    og_sb_printf(sb, ",\"line\":%d,\"function\":", f->line);
+    og_sb_json_str(sb, f->function);
+    og_sb_puts(sb, "}");
+}
+
+/* memory.framework.roles: the allocated bytes by role (shim/roles.def), or null when not measured */
+static void j_roles(og_sb_t *sb, const og_roles_t *r)
+{
+    if (!r->has) {
+        og_sb_puts(sb, "null");
+        return;
+    }
+    bool first = true;
+    og_sb_puts(sb, "{");
+    K("allocated_bytes"); j_u64(sb, r->allocated_bytes);
+#define OG_ROLE(k, label) \
+    K(#k "_bytes"); j_u64(sb, r->bytes[OG_ROLE_##k]); \
+    K(#k "_tensors"); \
+    if (OG_ROLE_##k == OG_ROLE_activations || r->bytes[OG_ROLE_##k] == OG_UNKNOWN) og_sb_puts(sb, "null"); \
+    else og_sb_printf(sb, "%llu", (unsigned long long)r->tensors[OG_ROLE_##k]);
+#include "roles.def"
+#undef OG_ROLE
+    K("optimizers"); og_sb_puts(sb, "[");
+    for (int i = 0; i < r->noptimizers; i++) {
+        og_sb_puts(sb, i ? ",{\"class\":" : "{\"class\":");
+        og_sb_json_str(sb, r->optimizers[i].cls);
+        og_sb_printf(sb, ",\"bytes\":%llu,\"tensors\":%llu}", (unsigned long long)r->optimizers[i].bytes,
+                     (unsigned long long)r->optimizers[i].tensors);
+    }
+    og_sb_puts(sb, "]");
+    K("holders"); og_sb_puts(sb, "[");
+    for (int i = 0; i < r->nholders; i++) {
+        const og_role_holder_t *h = &r->holders[i];
+        og_sb_puts(sb, i ? ",{\"label\":" : "{\"label\":");
+        og_sb_json_str(sb, h->label);
+        j_more_str(sb, "name", h->name);
+        j_more_str(sb, "kind", h->kind);
+        j_more_str(sb, "where", h->where);
+        og_sb_printf(sb, ",\"bytes\":%llu,\"tensors\":%llu,\"site\":", (unsigned long long)h->bytes,
+                     (unsigned long long)h->tensors);
+        if (h->has_site)
+            j_py_frames_one(sb, &h->site);
+        else
+            og_sb_puts(sb, "null");
+        og_sb_puts(sb, "}");
+    }
+    og_sb_puts(sb, "]");
+    K("complete"); og_sb_puts(sb, r->complete ? "true" : "false");
+    K("why");
+    if (r->why[0]) og_sb_json_str(sb, r->why); else og_sb_puts(sb, "null");
+    K("elapsed_ms"); og_sb_printf(sb, "%.3f", (double)r->elapsed_us / 1000.0);
+    K("objects_scanned"); og_sb_printf(sb, "%llu", (unsigned long long)r->objects);
+    K("read_in_part"); og_sb_printf(sb, "%llu", (unsigned long long)r->sampled);
+    og_sb_puts(sb, "}");
+}
+
 static void j_long_or_null(og_sb_t *sb, long v)
 {
     if (v < 0)
@@ -168,6 +229,16 @@ static void w_event(og_sb_t *sb, const og_record_t *r)
     K("stack"); j_frames(sb, r->event.frames, r->event.nframes);
     K("python_stack"); j_py_frames(sb, r->memory.fw.py_frames, r->memory.fw.npy_frames, false);
     K("framework_internal"); og_sb_puts(sb, r->event.framework_internal ? "true" : "false");
+    /* what the job was doing, from the adapter (null: unknown; phase_source says how or why) */
+    K("phase");
+    if (r->memory.fw.phase[0]) og_sb_json_str(sb, r->memory.fw.phase); else og_sb_puts(sb, "null");
+    K("phase_frame");
+    if (r->memory.fw.phase[0] && r->memory.fw.has_phase_frame) j_py_frames_one(sb, &r->memory.fw.phase_frame);
+    else og_sb_puts(sb, "null");
+    K("phase_source");
+    if (r->memory.fw.phase_source[0]) og_sb_json_str(sb, r->memory.fw.phase_source);
+    else if (!r->memory.fw.npy_frames && !r->memory.fw.phase[0]) og_sb_json_str(sb, "no Python stack");
+    else og_sb_puts(sb, "null");
     K("t"); og_sb_printf(sb, "%.6f", r->event.t);
     K("t_rel"); og_sb_printf(sb, "%.6f", r->event.t_rel);
     K("attempts"); og_sb_printf(sb, "%d", r->event.attempts);
@@ -299,9 +370,12 @@ static void w_memory(og_sb_t *sb, const og_record_t *r)
         uint64_t cached = f->reserved_bytes > f->allocated_bytes ? f->reserved_bytes - f->allocated_bytes : 0;
         /* 1 - largest free block / free cached bytes; null when either is unknown */
         if (cached && f->largest_free_block_bytes)
-            og_sb_printf(sb, ",\"fragmentation\":%.4f}", 1.0 - (double)f->largest_free_block_bytes / (double)cached);
+            og_sb_printf(sb, ",\"fragmentation\":%.4f", 1.0 - (double)f->largest_free_block_bytes / (double)cached);
         else
-            og_sb_puts(sb, ",\"fragmentation\":null}");
+            og_sb_puts(sb, ",\"fragmentation\":null");
+        og_sb_puts(sb, ",\"roles\":");
+        j_roles(sb, &f->roles);
+        og_sb_puts(sb, "}");
     } else {
         og_sb_puts(sb, "null");
     }

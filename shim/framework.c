@@ -65,6 +65,96 @@ static int parse_lines(const char *s, og_py_frame_t *out, int max, bool sized)
     return n;
 }
 
+/* Splits one line at tabs in place: up to max fields; returns how many. */
+static int split_tabs(char *line, char **f, int max)
+{
+    int n = 0;
+    while (n < max) {
+        f[n++] = line;
+        char *t = strchr(line, '\t');
+        if (!t)
+            break;
+        *t = 0;
+        line = t + 1;
+    }
+    return n;
+}
+
+/* a byte count of the roles' lines: "-" (or anything not a number) is unknown */
+static uint64_t role_u64(const char *s)
+{
+    char *end = NULL;
+    if (!s || *s < '0' || *s > '9')
+        return OG_UNKNOWN;
+    unsigned long long v = strtoull(s, &end, 10);
+    return end && *end == 0 && v != OG_UNKNOWN ? (uint64_t)v : OG_UNKNOWN;
+}
+
+static const char *const role_keys[OG_NROLES] = {
+#define OG_ROLE(key, label) #key,
+#include "roles.def"
+#undef OG_ROLE
+};
+
+/* The adapter's roles (oomguard_framework_stats_t.roles): "role\tNAME\tBYTES\tTENSORS",
+ * "optimizer\tCLASS\tBYTES\tTENSORS", "holder\tBYTES\tTENSORS\tLABEL\tNAME\tKIND\tWHERE\tFILE\tLINE\tFUNCTION",
+ * "meta\tKEY\tVALUE" lines; unknown lines and roles are skipped.  A role not given stays unknown. */
+static void parse_roles(const char *s, og_roles_t *r)
+{
+    memset(r, 0, sizeof *r);
+    for (int i = 0; i < OG_NROLES; i++)
+        r->bytes[i] = OG_UNKNOWN;
+    r->allocated_bytes = OG_UNKNOWN;
+    r->has = true;
+    while (s && *s) {
+        const char *end = strchr(s, '\n');
+        size_t len = end ? (size_t)(end - s) : strlen(s);
+        char line[1024], *f[10];
+        snprintf(line, sizeof line, "%.*s", (int)(len < sizeof line - 1 ? len : sizeof line - 1), s);
+        s = end ? end + 1 : s + len;
+        int n = split_tabs(line, f, 10);
+        if (!strcmp(f[0], "role") && n >= 4) {
+            for (int i = 0; i < OG_NROLES; i++)
+                if (!strcmp(f[1], role_keys[i])) {
+                    r->bytes[i] = role_u64(f[2]);
+                    r->tensors[i] = strtoull(f[3], NULL, 10);
+                }
+        } else if (!strcmp(f[0], "optimizer") && n >= 4 && r->noptimizers < (int)(sizeof r->optimizers / sizeof r->optimizers[0])) {
+            copy_str(r->optimizers[r->noptimizers].cls, sizeof r->optimizers[0].cls, f[1]);
+            r->optimizers[r->noptimizers].bytes = strtoull(f[2], NULL, 10);
+            r->optimizers[r->noptimizers].tensors = strtoull(f[3], NULL, 10);
+            r->noptimizers++;
+        } else if (!strcmp(f[0], "holder") && n >= 10 && r->nholders < (int)(sizeof r->holders / sizeof r->holders[0])) {
+            og_role_holder_t *h = &r->holders[r->nholders++];
+            h->bytes = strtoull(f[1], NULL, 10);
+            h->tensors = strtoull(f[2], NULL, 10);
+            copy_str(h->label, sizeof h->label, f[3]);
+            copy_str(h->name, sizeof h->name, f[4]);
+            copy_str(h->kind, sizeof h->kind, f[5]);
+            copy_str(h->where, sizeof h->where, f[6]);
+            h->has_site = strcmp(f[7], "-") != 0 && f[7][0];
+            if (h->has_site) {
+                copy_str(h->site.file, sizeof h->site.file, f[7]);
+                h->site.line = atoi(f[8]);
+                copy_str(h->site.function, sizeof h->site.function, f[9]);
+            }
+        } else if (!strcmp(f[0], "meta") && n >= 3) {
+            if (!strcmp(f[1], "allocated"))
+                r->allocated_bytes = role_u64(f[2]);
+            else if (!strcmp(f[1], "complete"))
+                r->complete = atoi(f[2]) != 0;
+            else if (!strcmp(f[1], "elapsed_us"))
+                r->elapsed_us = strtoull(f[2], NULL, 10);
+            else if (!strcmp(f[1], "objects"))
+                r->objects = strtoull(f[2], NULL, 10);
+            else if (!strcmp(f[1], "sampled"))
+                r->sampled = strtoull(f[2], NULL, 10);
+            else if (!strcmp(f[1], "why"))
+                copy_str(r->why, sizeof r->why, f[2]);
+        }
+    }
+}
+
 /* What the struct says, merged into *v (the numbers only when the adapter filled them). */
 static int fill_view(og_framework_view_t *v, const oomguard_framework_stats_t *s)
 {
@@ -114,6 +204,14 @@ static int fill_view(og_framework_view_t *v, const oomguard_framework_stats_t *s
         v->npy_frames = parse_lines(s->python_stack, v->py_frames, 24, false);
     if (HAS(s, python_sites) && s->python_sites)
         v->npy_sites = parse_lines(s->python_sites, v->py_sites, 16, true);
+    if (HAS(s, roles) && s->roles)
+        parse_roles(s->roles, &v->roles);
+    if (HAS(s, phase) && s->phase)
+        copy_str(v->phase, sizeof v->phase, s->phase);
+    if (HAS(s, phase_source) && s->phase_source)
+        copy_str(v->phase_source, sizeof v->phase_source, s->phase_source);
+    if (HAS(s, phase_frame) && s->phase_frame)
+        v->has_phase_frame = parse_lines(s->phase_frame, &v->phase_frame, 1, false) == 1;
     if (HAS(s, unmeasured_why) && s->unmeasured_why)
         copy_str(v->unmeasured_why, sizeof v->unmeasured_why, s->unmeasured_why);
     v->reported_t_ns = og_now_ns();

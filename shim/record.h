@@ -82,6 +82,37 @@ typedef struct og_py_frame {
     uint64_t bytes, blocks;
 } og_py_frame_t;
 
+/* The framework's allocated bytes by role (memory.framework.roles), from the adapter; has = false if none. */
+enum og_role {
+#define OG_ROLE(key, label) OG_ROLE_##key,
+#include "roles.def"
+#undef OG_ROLE
+    OG_NROLES
+};
+
+typedef struct og_role_holder {
+    char label[160];                 /* "losses (list, global in train.py)" */
+    char name[64], kind[32], where[96];
+    uint64_t bytes, tensors;
+    bool has_site;                   /* site: the line that created its largest tensor (allocation history) */
+    og_py_frame_t site;
+} og_role_holder_t;
+
+typedef struct og_roles {
+    bool has;
+    bool complete;                   /* the scan finished within its time budget */
+    uint64_t allocated_bytes;        /* what the roles split (OG_UNKNOWN if unknown) */
+    uint64_t bytes[OG_NROLES];       /* OG_UNKNOWN: unknown */
+    uint64_t tensors[OG_NROLES];     /* storages counted */
+    int noptimizers;
+    struct { char cls[48]; uint64_t bytes, tensors; } optimizers[6];
+    int nholders;
+    og_role_holder_t holders[8];
+    uint64_t elapsed_us, objects;
+    uint64_t sampled;                /* large containers and classes read in part (their first elements held no tensor) */
+    char why[160];                   /* why something is unknown ("" none) */
+} og_roles_t;
+
 /* Framework adapter's own numbers (PyTorch memory_stats and friends); has = false if none. */
 typedef struct og_framework_view {
     bool has;
@@ -112,6 +143,11 @@ typedef struct og_framework_view {
     og_py_frame_t py_frames[24];
     int npy_sites;                   /* python_sites: lines holding the most live memory, largest first */
     og_py_frame_t py_sites[16];
+    og_roles_t roles;                /* memory.framework.roles */
+    char phase[24];                  /* event.phase: "" unknown */
+    char phase_source[96];           /* event.phase_source: how it was told, or why unknown ("" none given) */
+    bool has_phase_frame;
+    og_py_frame_t phase_frame;       /* event.phase_frame */
 } og_framework_view_t;
 
 typedef struct og_record {

@@ -7,7 +7,7 @@ SHIM_CFLAGS = $(ALL_CFLAGS) -fPIC -fvisibility=hidden -pthread -Ishim
 
 all: $(SHIM_LIB)
 
-$(B)/shim/%.o: shim/%.c shim/og.h shim/hooks.def shim/calls.def include/oomguard.h
+$(B)/shim/%.o: shim/%.c shim/og.h shim/hooks.def shim/calls.def shim/roles.def include/oomguard.h
 	@mkdir -p $(dir $@)
 	$(CC) $(SHIM_CFLAGS) -MMD -MP -c $< -o $@
 

@@ -126,6 +126,9 @@ suite "launcher" env B="$B" bash tests/e2e/run_launcher.sh
 echo "== PyTorch adapter (stand-in torch on the simulated GPU)"
 suite "python adapter" env B="$B" PRELOAD="$PRELOAD" bash tests/adapter/run_tests.sh
 
+echo "== roles and phase on the real PyTorch API (python3-torch, CPU) and on the stand-in"
+suite "real torch" env B="$B" bash tests/adapter/real_torch/run_tests.sh
+
 echo "== packaged: make wheel, pip install --no-index into a fresh venv, Jupyter kernel, Kubernetes layout"
 suite "packaging" env B="$B" SANITIZE="${SANITIZE:-}" MAKE="$MAKE" bash tests/pkg/run_tests.sh
 

@@ -54,6 +54,33 @@ struct og_pyframe {
     int64_t bytes, blocks; /* python_sites only; -1 elsewhere */
 };
 
+/* memory.framework.roles (shim/roles.def gives the roles): -1 is unknown (null) or absent. */
+enum og_role_ix {
+#define OG_ROLE(key, label) OG_RX_##key,
+#include "../shim/roles.def"
+#undef OG_ROLE
+    OG_NROLE_IX
+};
+
+struct og_role_holder_view {
+    const char *label;
+    int64_t bytes, tensors;
+    struct og_pyframe site; /* file NULL: no site */
+};
+
+struct og_roles_view {
+    int present;
+    int64_t allocated_bytes;
+    int64_t bytes[OG_NROLE_IX], tensors[OG_NROLE_IX];
+    struct { const char *cls; int64_t bytes, tensors; } *optimizers;
+    int noptimizers;
+    struct og_role_holder_view *holders;
+    int nholders;
+    int complete;           /* -1 absent */
+    const char *why;
+    double elapsed_ms;
+};
+
 struct og_site {
     int64_t bytes, blocks;
     const char *library, *api;
@@ -147,6 +174,8 @@ struct og_dump {
         int nstack;
         struct og_pyframe *python_stack; /* event.python_stack, innermost first */
         int npython_stack;
+        const char *phase, *phase_source; /* event.phase (NULL: unknown) and how it was told */
+        struct og_pyframe phase_frame;    /* file NULL: none */
         int recovered; /* recovered_by is an object */
         struct og_bytes recovered_requested_bytes;
         double recovered_t;
@@ -172,6 +201,7 @@ struct og_dump {
         const cJSON *framework;    /* adapter's view (object) or NULL */
         const cJSON *fw_snapshot;  /* memory.framework.snapshot (object) or NULL */
         const char *fw_snapshot_file; /* memory.framework.snapshot_file (the adapter's JSON) or NULL */
+        struct og_roles_view roles;   /* memory.framework.roles */
     } mem;
 
     struct {

@@ -973,6 +973,92 @@ static int read_pyframes(struct loader *L, const cJSON *arr, const struct path *
     return 0;
 }
 
+/* One Python frame object ({file, line, function}) or null: file NULL then. */
+static int read_pyframe_obj(struct loader *L, const cJSON *obj, const char *key, const struct path *at,
+                            struct og_pyframe *f)
+{
+    const cJSON *o;
+    memset(f, 0, sizeof *f);
+    f->line = f->bytes = f->blocks = -1;
+    TRY(get_obj(L, obj, at, key, &o));
+    if (!o)
+        return 0;
+    struct path p = {at, key, 0};
+    TRY(get_str(L, o, &p, "file", &f->file));
+    TRY(get_int(L, o, &p, "line", &f->line));
+    TRY(get_str(L, o, &p, "function", &f->function));
+    return 1;
+}
+
+/* memory.framework.roles: every role's bytes a byte count or null (shim/roles.def names them). */
+static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, struct og_roles_view *r)
+{
+    static const char *const keys[OG_NROLE_IX] = {
+#define OG_ROLE(key, label) #key,
+#include "../shim/roles.def"
+#undef OG_ROLE
+    };
+    const cJSON *o, *arr, *x;
+    memset(r, 0, sizeof *r);
+    r->complete = -1;
+    r->elapsed_ms = NAN;
+    TRY(get_obj(L, fw, pf, "roles", &o));
+    if (!o)
+        return 0;
+    r->present = 1;
+    struct path p = {pf, "roles", 0};
+    char key[64];
+    TRY(get_int(L, o, &p, "allocated_bytes", &r->allocated_bytes));
+    for (int i = 0; i < OG_NROLE_IX; i++) {
+        snprintf(key, sizeof key, "%s_bytes", keys[i]);
+        TRY(get_int(L, o, &p, key, &r->bytes[i]));
+        snprintf(key, sizeof key, "%s_tensors", keys[i]);
+        TRY(get_int(L, o, &p, key, &r->tensors[i]));
+    }
+    TRY(get_arr(L, o, &p, "optimizers", &arr));
+    int n = 0;
+    cJSON_ArrayForEach(x, arr) n++;
+    if (n) {
+        r->optimizers = arena_alloc(&L->d->arena, (size_t)n * sizeof *r->optimizers);
+        if (!r->optimizers)
+            return err_too_complex(L), -1;
+        cJSON_ArrayForEach(x, arr)
+        {
+            struct path pe = {&p, "optimizers", r->noptimizers};
+            if (!cJSON_IsObject(x))
+                return field_err(L, &pe, NULL, "an object", x);
+            TRY(get_str(L, x, &pe, "class", &r->optimizers[r->noptimizers].cls));
+            TRY(get_int(L, x, &pe, "bytes", &r->optimizers[r->noptimizers].bytes));
+            TRY(get_int(L, x, &pe, "tensors", &r->optimizers[r->noptimizers].tensors));
+            r->noptimizers++;
+        }
+    }
+    TRY(get_arr(L, o, &p, "holders", &arr));
+    n = 0;
+    cJSON_ArrayForEach(x, arr) n++;
+    if (n) {
+        r->holders = arena_alloc(&L->d->arena, (size_t)n * sizeof *r->holders);
+        if (!r->holders)
+            return err_too_complex(L), -1;
+        cJSON_ArrayForEach(x, arr)
+        {
+            struct og_role_holder_view *h = &r->holders[r->nholders];
+            struct path pe = {&p, "holders", r->nholders};
+            if (!cJSON_IsObject(x))
+                return field_err(L, &pe, NULL, "an object", x);
+            TRY(get_str(L, x, &pe, "label", &h->label));
+            TRY(get_int(L, x, &pe, "bytes", &h->bytes));
+            TRY(get_int(L, x, &pe, "tensors", &h->tensors));
+            TRY(read_pyframe_obj(L, x, "site", &pe, &h->site));
+            r->nholders++;
+        }
+    }
+    TRY(get_bool(L, o, &p, "complete", &r->complete));
+    TRY(get_str(L, o, &p, "why", &r->why));
+    TRY(get_num(L, o, &p, "elapsed_ms", &r->elapsed_ms));
+    return 1;
+}
+
 static int read_site(struct loader *L, const cJSON *el, const struct path *at, struct og_site *s, int convert)
 {
     if (!cJSON_IsObject(el))
@@ -1560,6 +1646,9 @@ static int v_event(struct loader *L, const cJSON *r)
     if (pystack)
         TRY(read_pyframes(L, pystack, &(struct path){&p, "python_stack", 0}, &d->event.python_stack,
                           &d->event.npython_stack));
+    TRY(get_str(L, e, &p, "phase", &d->event.phase));
+    TRY(get_str(L, e, &p, "phase_source", &d->event.phase_source));
+    TRY(read_pyframe_obj(L, e, "phase_frame", &p, &d->event.phase_frame));
     TRY(get_obj(L, e, &p, "recovered_by", &rb));
     d->event.recovered = rb != NULL;
     struct path prb = {&p, "recovered_by", 0};
@@ -1669,6 +1758,7 @@ static int v_memory(struct loader *L, const cJSON *r)
         }
         TRY(get_obj(L, fw, &pf, "snapshot", &d->mem.fw_snapshot));
         TRY(get_str(L, fw, &pf, "snapshot_file", &d->mem.fw_snapshot_file));
+        TRY(read_roles(L, fw, &pf, &d->mem.roles));
     }
     return 0;
 }

@@ -595,6 +595,87 @@ static void breakdown(struct hx *h)
     sb_puts(h->b, "</section>\n");
 }
 
+/* What the allocated memory is for (memory.framework.roles) and what the job was doing
+ * (event.phase): the first card when the adapter measured them. */
+static void roles_card(struct hx *h)
+{
+    static const char *const labels[OG_NROLE_IX] = {
+#define OG_ROLE(key, label) label,
+#include "../shim/roles.def"
+#undef OG_ROLE
+    };
+    const struct og_dump *d = h->d;
+    const struct og_roles_view *r = &d->mem.roles;
+    char a[32];
+    if (!r->present && !d->event.phase)
+        return;
+    sb_puts(h->b, "<section class=\"card\" id=\"roles\">");
+    if (d->event.phase) {
+        sb_puts(h->b, "<h2>Phase: ");
+        esc(h, d->event.phase, 40);
+        sb_puts(h->b, "</h2>");
+        const struct og_pyframe *f = &d->event.phase_frame;
+        if (f->file || d->event.phase_source) {
+            sb_puts(h->b, "<p class=\"muted\">");
+            if (f->file) {
+                sb_puts(h->b, "<code>");
+                esc(h, f->file, 200);
+                sb_printf(h->b, ":%lld</code> in <code>", (long long)f->line);
+                esc(h, f->function, 80);
+                sb_puts(h->b, "</code> ");
+            }
+            if (d->event.phase_source) {
+                sb_puts(h->b, "(from the ");
+                esc(h, d->event.phase_source, 96);
+                sb_puts(h->b, ")");
+            }
+            sb_puts(h->b, "</p>");
+        }
+    }
+    if (r->present) {
+        sb_puts(h->b, "<h2>What the allocated memory is for");
+        if (r->allocated_bytes >= 0)
+            sb_printf(h->b, " <span class=\"muted\">(%s allocated)</span>", hb(r->allocated_bytes, a));
+        sb_puts(h->b, "</h2><table class=\"roles\"><tbody>");
+        for (int i = 0; i < OG_NROLE_IX; i++) {
+            sb_puts(h->b, "<tr><td>");
+            esc(h, labels[i], 60);
+            if (r->bytes[i] < 0) {
+                sb_puts(h->b, "</td><td class=\"num\">unknown</td><td></td></tr>");
+                continue;
+            }
+            double pct = r->allocated_bytes > 0 ? 100.0 * (double)r->bytes[i] / (double)r->allocated_bytes : 0;
+            sb_printf(h->b, "</td><td class=\"num\">%s</td><td><svg width=\"200\" height=\"10\"><rect width=\"%.1f\" "
+                            "height=\"10\" fill=\"#3b82c4\"/></svg></td></tr>",
+                      hb(r->bytes[i], a), pct > 100 ? 200.0 : pct * 2.0);
+            for (int k = 0; i == OG_RX_optimizer_state && k < r->noptimizers; k++) {
+                sb_puts(h->b, "<tr><td style=\"padding-left:22px\">");
+                esc(h, r->optimizers[k].cls, 48);
+                sb_printf(h->b, "</td><td class=\"num\">%s</td><td></td></tr>", hb(r->optimizers[k].bytes, a));
+            }
+            for (int k = 0; i == OG_RX_held_by_python && k < r->nholders; k++) {
+                const struct og_role_holder_view *x = &r->holders[k];
+                sb_puts(h->b, "<tr><td style=\"padding-left:22px\"><code>");
+                esc(h, x->label, 160);
+                sb_puts(h->b, "</code>");
+                if (x->site.file) {
+                    sb_puts(h->b, " <span class=\"muted\">made at ");
+                    esc(h, x->site.file, 200);
+                    sb_printf(h->b, ":%lld</span>", (long long)x->site.line);
+                }
+                sb_printf(h->b, "</td><td class=\"num\">%s</td><td></td></tr>", hb(x->bytes, a));
+            }
+        }
+        sb_puts(h->b, "</tbody></table>");
+        if (r->why) {
+            sb_puts(h->b, "<p class=\"muted\">");
+            esc(h, r->why, 200);
+            sb_puts(h->b, "</p>");
+        }
+    }
+    sb_puts(h->b, "</section>\n");
+}
+
 static void causes(struct hx *h)
 {
     const struct og_dump *d = h->d;
@@ -1001,6 +1082,7 @@ int og_render_html(struct sbuf *out, const struct og_dump *d, const struct og_re
     struct hx h = {out, d};
     page_head(&h);
     header(&h);
+    roles_card(&h);
     kpis(&h);
     primary(&h);
     chart(&h);

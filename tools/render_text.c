@@ -520,6 +520,81 @@ static void python_sites(struct tx *t, const struct og_dump *d, int top)
     }
 }
 
+/* What the allocated memory is for (memory.framework.roles) and what the job was doing
+ * (event.phase): first in the report when the adapter measured them. */
+static void roles_table(struct tx *t, const struct og_dump *d)
+{
+    static const char *const labels[OG_NROLE_IX] = {
+#define OG_ROLE(key, label) label,
+#include "../shim/roles.def"
+#undef OG_ROLE
+    };
+    const struct og_roles_view *r = &d->mem.roles;
+    char h[32];
+    if (d->event.phase) {
+        sb_printf(t->b, "\n%sPhase:%s ", st(t, BOLD), st(t, RESET));
+        sb_text(t->b, d->event.phase, 40, 0);
+        const struct og_pyframe *f = &d->event.phase_frame;
+        if (f->file) {
+            sb_puts(t->b, " (");
+            sb_text(t->b, base_name(f->file), 120, 0);
+            sb_printf(t->b, ":%lld in ", (long long)f->line);
+            sb_text(t->b, f->function ? f->function : "?", 60, 0);
+            sb_puts(t->b, ")");
+        }
+        if (d->event.phase_source) {
+            sb_puts(t->b, st(t, DIM));
+            sb_puts(t->b, " — from the ");
+            sb_text(t->b, d->event.phase_source, 96, 0);
+            sb_puts(t->b, st(t, RESET));
+        }
+        sb_putc(t->b, '\n');
+    }
+    if (!r->present)
+        return;
+    sb_printf(t->b, "\n%sWhat the allocated memory is for%s", st(t, BOLD), st(t, RESET));
+    if (r->allocated_bytes >= 0)
+        sb_printf(t->b, " (%s allocated)", human_bytes(r->allocated_bytes, h));
+    sb_putc(t->b, '\n');
+    for (int i = 0; i < OG_NROLE_IX; i++) {
+        sb_puts(t->b, "  ");
+        cell(t, labels[i], 40, 30);
+        if (r->bytes[i] < 0) {
+            sb_printf(t->b, "%12s\n", "unknown");
+            continue;
+        }
+        sb_printf(t->b, "%12s  ", human_bytes(r->bytes[i], h));
+        if (r->allocated_bytes > 0)
+            bar(t, (double)r->bytes[i] / (double)r->allocated_bytes, CYAN);
+        sb_putc(t->b, '\n');
+        if (i == OG_RX_optimizer_state)
+            for (int k = 0; k < r->noptimizers; k++) {
+                sb_puts(t->b, "    ");
+                sb_text(t->b, r->optimizers[k].cls ? r->optimizers[k].cls : "?", 40, 0);
+                sb_printf(t->b, " %s\n", human_bytes(r->optimizers[k].bytes, h));
+            }
+        if (i == OG_RX_held_by_python)
+            for (int k = 0; k < r->nholders; k++) {
+                const struct og_role_holder_view *x = &r->holders[k];
+                sb_printf(t->b, "    %10s  ", human_bytes(x->bytes, h));
+                sb_text(t->b, x->label ? x->label : "?", 160, 0);
+                if (x->site.file) {
+                    sb_puts(t->b, st(t, DIM));
+                    sb_puts(t->b, ", made at ");
+                    sb_text(t->b, base_name(x->site.file), 120, 0);
+                    sb_printf(t->b, ":%lld", (long long)x->site.line);
+                    sb_puts(t->b, st(t, RESET));
+                }
+                sb_putc(t->b, '\n');
+            }
+    }
+    if (r->why) {
+        sb_puts(t->b, "  (");
+        sb_text(t->b, r->why, 200, 0);
+        sb_puts(t->b, ")\n");
+    }
+}
+
 static void failed_stack(struct tx *t, const struct og_dump *d)
 {
     if (!d->event.nstack && !d->event.npython_stack)
@@ -639,6 +714,7 @@ int og_render_text(struct sbuf *out, const struct og_dump *d, const struct og_re
     sb_text(out, d->file, 200, 0);
     sb_printf(out, "%s\n", st(&t, RESET));
     headline(&t, d);
+    roles_table(&t, d);
     facts(&t, d);
     where(&t, d);
     others(&t, d);

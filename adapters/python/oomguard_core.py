@@ -26,7 +26,7 @@ _fns = {}
 _struct = None
 FW_FREED_KNOWN = 2       # include/oomguard.h OOMGUARD_FW_FREED_KNOWN: freed_bytes_total was measured
 _ADAPTER_FILES = ("oomguard_core.py", "oomguard_torch.py", "oomguard_jax.py", "oomguard_cupy.py", "oomguard_tf.py",
-                  "sitecustomize.py")
+                  "oomguard_roles.py", "oomguard_phase.py", "sitecustomize.py")
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 # liboomguard's constructor sets this to "0" in a Python process; "1" tells a dump the adapter loaded
@@ -94,6 +94,10 @@ def stats_struct():
                 ("flags", ctypes.c_uint64),
                 ("autocast", ctypes.c_int32),      # appended later: the shim reads it only when struct_size covers it
                 ("freed_bytes_total", ctypes.c_uint64),  # read only with FW_FREED_KNOWN in flags (0 is an answer)
+                ("roles", ctypes.c_char_p),         # oomguard_roles.encode()
+                ("phase", ctypes.c_char_p),         # oomguard_phase.detect(): phase, frame, source
+                ("phase_frame", ctypes.c_char_p),
+                ("phase_source", ctypes.c_char_p),
             ]
         _struct = FrameworkStats
     return _struct
@@ -199,7 +203,7 @@ def send(kind, who, device, **kw):
                 v = encode_sites(v)
             ftype = dict(s._fields_)[k]
             if ftype is ctypes.c_char_p:
-                b = _b(v)
+                b = _b(v, 16000 if k == "roles" else 4000)
                 keep.append(b)
                 setattr(s, k, b)
             elif ftype is ctypes.c_int32:

@@ -19,6 +19,8 @@ import re
 import sys
 
 import oomguard_core as _core
+import oomguard_phase
+import oomguard_roles
 
 __all__ = ["activate", "install", "report", "is_attached"]
 
@@ -102,6 +104,51 @@ def _pick(devs, request):
     return best if best else (None, None)
 
 
+def _array_bytes_on(dev):
+    """storage(a) for oomguard_roles.measure_arrays: (buffer key, bytes) of array a's part on dev
+    (its shard there for a sharded array), or None."""
+    def storage(a):
+        try:
+            if a.is_deleted():
+                return None
+        except Exception:
+            pass
+        shards = getattr(a, "addressable_shards", None)
+        if shards is not None:
+            for sh in shards:
+                if sh.device == dev:
+                    data = sh.data
+                    try:
+                        key = data.unsafe_buffer_pointer()
+                    except Exception:
+                        key = ("array", id(data))
+                    return key, int(data.nbytes)
+            return None
+        devs = a.devices()
+        if dev in devs and len(devs) == 1:
+            return ("array", id(a)), int(a.nbytes)
+        return None
+    return storage
+
+
+def _roles(jax, dev, allocated):
+    """memory.framework.roles for JAX: the live arrays on dev (jax.live_arrays()) and who holds
+    them; what they are for (parameters, optimizer state) stays unknown.  None if not told."""
+    try:
+        live = getattr(jax, "live_arrays", None)
+        arr_type = getattr(jax, "Array", None)
+        if live is None or not isinstance(arr_type, type):
+            return None
+        r = oomguard_roles.measure_arrays(jax, arr_type, live(), allocated, _array_bytes_on(dev))
+        if r is not None and "error" in r:
+            _core.say(WHO, "roles not measured: %s" % r["error"])
+            return None
+        return oomguard_roles.encode(r)
+    except Exception as e:
+        _core.err(WHO, "measuring the roles", e)
+        return None
+
+
 def report(exc=None, request=None, stack=None):
     """Hands the shim JAX's numbers for a RESOURCE_EXHAUSTED failure (exc, or by hand).  Returns
     the shim's result or None.  Never raises."""
@@ -121,6 +168,12 @@ def report(exc=None, request=None, stack=None):
         # what XLA holds from the driver: its pool (the preallocated arena), else what it reserved
         reserved = st.get("pool_bytes") or st.get("bytes_reserved") or in_use
         cap_source = _cap_source(st) if limit else None
+        roles = _roles(jax, dev, in_use)
+        try:
+            pkg = os.path.dirname(os.path.abspath(jax.__file__)) + os.sep
+        except Exception:
+            pkg = None
+        phase = oomguard_phase.encode(*oomguard_phase.detect(sys._getframe(1), 0, exc=exc, package_dir=pkg))
         return _core.send(
             "oom", WHO, _ordinal(dev),
             allocated_bytes=in_use, reserved_bytes=max(reserved, in_use), active_bytes=in_use,
@@ -129,7 +182,8 @@ def report(exc=None, request=None, stack=None):
             source="jax %s" % (getattr(jax, "__version__", "?"),), framework="jax", api=API,
             requested_bytes=request or 0, cap_bytes=limit if cap_source else 0, cap_source=cap_source,
             peak_bytes=st.get("peak_bytes_in_use", 0),
-            python_stack=stack if stack is not None else _core.python_stack())
+            python_stack=stack if stack is not None else _core.python_stack(),
+            roles=roles, phase=phase[0], phase_frame=phase[1], phase_source=phase[2])
     except Exception as e:
         _core.err(WHO, "report", e)
         return None

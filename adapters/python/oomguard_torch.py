@@ -42,6 +42,8 @@ import sys
 import threading
 
 import oomguard_core
+import oomguard_phase
+import oomguard_roles
 
 __all__ = ["install", "activate", "report", "is_attached"]
 
@@ -163,8 +165,9 @@ def _user_frame(frames, torch_dir):
 
 
 def _cache_view(torch, device, alloc_size):
-    """(largest free block, private pool bytes, python sites) from the allocator snapshot;
-    (None, None, None) if unreadable.
+    """(largest free block, private pool bytes, python sites, blocks) from the allocator snapshot;
+    (None, None, None, None) if unreadable.  blocks: the live blocks of `device` for the roles,
+    ({address: size} of the default pools, {address: size} of private pools, {address: line}).
 
     The largest free block is looked for where the failed request could have been served: the
     default pool (private pools such as CUDA graphs' are not usable by it), and the small or the
@@ -175,7 +178,7 @@ def _cache_view(torch, device, alloc_size):
         snap = torch.cuda.memory._snapshot()
     except Exception as e:
         _err("torch.cuda.memory._snapshot()", e)
-        return None, None, None
+        return None, None, None, None
     global _last_snapshot
     _last_snapshot = snap
     try:
@@ -186,6 +189,7 @@ def _cache_view(torch, device, alloc_size):
         largest = 0
         private = 0
         sites = {}
+        live, live_private, made_at = {}, {}, {}
         try:
             torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
         except Exception:
@@ -196,14 +200,6 @@ def _cache_view(torch, device, alloc_size):
             d = seg.get("device")
             if d is not None and device is not None and int(d) != int(device):
                 continue
-            for b in seg.get("blocks", ()) or ():
-                if isinstance(b, dict) and b.get("state") == "active_allocated" and b.get("frames"):
-                    fr = _user_frame(b.get("frames"), torch_dir)
-                    if fr is not None:
-                        key = (str(fr.get("filename")), int(fr.get("line") or 0), str(fr.get("name", "")))
-                        v = sites.setdefault(key, [0, 0])
-                        v[0] += _u64(b.get("size", 0))
-                        v[1] += 1
             pool_id = seg.get("segment_pool_id")
             is_private = False
             if pool_id is not None:
@@ -211,6 +207,19 @@ def _cache_view(torch, device, alloc_size):
                     is_private = tuple(int(x) for x in pool_id) != (0, 0)
                 except Exception:
                     is_private = False
+            into = live_private if is_private else live
+            for b in seg.get("blocks", ()) or ():
+                if isinstance(b, dict) and b.get("state") == "active_allocated":
+                    if b.get("address") is not None:
+                        into[int(b["address"])] = _u64(b.get("size", 0))
+                    fr = _user_frame(b.get("frames"), torch_dir) if b.get("frames") else None
+                    if fr is not None:
+                        key = (str(fr.get("filename")), int(fr.get("line") or 0), str(fr.get("name", "")))
+                        v = sites.setdefault(key, [0, 0])
+                        v[0] += _u64(b.get("size", 0))
+                        v[1] += 1
+                        if b.get("address") is not None:
+                            made_at[int(b["address"])] = key
             if is_private:
                 private += _u64(seg.get("total_size", 0))
                 continue
@@ -224,10 +233,10 @@ def _cache_view(torch, device, alloc_size):
                         largest = size
         ranked = sorted(((k[0], k[1], k[2], v[0], v[1]) for k, v in sites.items()),
                         key=lambda x: (-x[3], x[0], x[1]))[:16]
-        return largest, private, (ranked or None)
+        return largest, private, (ranked or None), (live, live_private, made_at)
     except Exception as e:
         _err("reading the allocator snapshot", e)
-        return None, None, None
+        return None, None, None, None
 
 
 def _grad_mode(torch):
@@ -311,7 +320,37 @@ def _cap(torch, device, allowed):
     return 0, None
 
 
-def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowed=None, frame=None, modes=True):
+def _torch_dir(torch):
+    try:
+        return os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+    except Exception:
+        return None
+
+
+def measure_roles(torch, device, allocated, blocks=None, on_device=None, budget=None):
+    """The failing device's allocated bytes by role (oomguard_roles.measure) on PyTorch's objects:
+    the storages' sizes are the allocator's blocks when the snapshot was read (blocks, from
+    _cache_view), else their bytes rounded up to PyTorch's 512.  None when not measured."""
+    try:
+        sizes = private = made_at = None
+        if blocks is not None:
+            sizes, private, made_at = blocks
+        r = oomguard_roles.measure(torch, device, allocated, on_device=on_device, sizes=sizes, round_to=512,
+                                   private=private, sites=made_at, budget=budget)
+        if r is not None and "error" in r:
+            _say("roles not measured: %s" % r["error"])
+            return None
+        if r is not None:
+            _say("roles measured in %.1f ms over %d objects%s" % (r["elapsed_ms"], r["objects"],
+                                                                  "" if r["complete"] else " (stopped at the budget)"))
+        return r
+    except Exception as e:
+        _err("measuring the roles", e)
+        return None
+
+
+def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowed=None, frame=None, modes=True,
+           exc=None):
     """Reads PyTorch's numbers for `device` and hands them to the shim.  Returns the shim's
     result (0), or None when nothing was reported (no shim, no torch, stats unreadable).
     Never raises.  Called by the out-of-memory observer (failed=True: PyTorch failed a request
@@ -339,13 +378,19 @@ def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowe
             # without these two the numbers would claim an empty cache: report nothing
             _say("memory_stats() has no allocated/reserved bytes: nothing reported")
             return None
-        largest, private, sites = (None, None, None)
+        largest, private, sites, blocks = (None, None, None, None)
         snapshot_path = None
         if use_snapshot:
-            largest, private, sites = _cache_view(torch, device, alloc_size)
+            largest, private, sites, blocks = _cache_view(torch, device, alloc_size)
             if _last_snapshot is not None:
                 snapshot_path = _save_snapshot(_last_snapshot)
         cap, cap_source = _cap(torch, device, allowed) if failed else (0, None)
+        grad = _grad_mode(torch) if modes else 0
+        roles = phase = None
+        if failed or frame is not None:
+            roles = oomguard_roles.encode(measure_roles(torch, device, allocated, blocks))
+            phase = oomguard_phase.encode(*oomguard_phase.detect(frame, grad, exc=exc, package_dir=_torch_dir(torch)))
+        phase = phase or (None, None, None)
         r = oomguard_core.send(
             "oom" if failed else "report", "pytorch", device,
             allocated_bytes=allocated, reserved_bytes=reserved,
@@ -359,11 +404,12 @@ def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowe
             snapshot_path=snapshot_path, framework="pytorch", api="torch.cuda.caching_allocator",
             requested_bytes=alloc_size or 0, cap_bytes=cap, cap_source=cap_source,
             peak_bytes=stats.get("allocated_bytes.all.peak", 0),
-            grad_enabled=_grad_mode(torch) if modes else 0, training=1 if _step_seen else 0,
+            grad_enabled=grad, training=1 if _step_seen else 0,
             autocast=_autocast_mode(torch) if modes else 0, python_stack=stack, python_sites=sites,
             # all the caching allocator ever freed: a loop frees its temporaries every iteration,
             # one forward pass building up frees (almost) nothing; None (older torch) is unknown
-            freed_bytes_total=stats.get("allocated_bytes.all.freed"))
+            freed_bytes_total=stats.get("allocated_bytes.all.freed"),
+            roles=roles, phase=phase[0], phase_frame=phase[1], phase_source=phase[2])
         _say("reported device %d: allocated %d, reserved %d, largest free block %s" %
              (device, allocated, reserved, largest))
         return r
@@ -412,7 +458,7 @@ def _excepthook(etype, value, tb):
             while tb is not None:              # the innermost frame: where the error was raised
                 frame, tb = tb.tb_frame, tb.tb_next
             # "report": the failure is the driver's, already dumped (an observer-less backend)
-            report(None, None, use_snapshot=False, frame=frame, modes=False)
+            report(None, None, use_snapshot=False, frame=frame, modes=False, exc=value)
     except Exception:
         pass
     prev = _state.get("prev_excepthook") or sys.__excepthook__

@@ -479,6 +479,20 @@ t_jax_uncaught() {
 }
 t "jax: uncaught RESOURCE_EXHAUSTED: same traceback and exit status; the dump only with the adapter" t_jax_uncaught
 
+t_jax_roles() {
+    shim env PYTHONPATH="$FJ" OOMGUARD_FRAMEWORK=auto timeout 120 "$PYTHON" "$SC/job_jax.py" prealloc exp.json || return 1
+    local dump; dump=$(ls dumps/oomguard-*.json)
+    local live; live=$(field exp.json 'd["expected"]["live_bytes"]')
+    # the live arrays are held by Python (the list keep names them); what they are for is unknown
+    expect "$dump" '[d["memory"]["framework"]["roles"][k + "_bytes"] for k in ("parameters", "buffers", "gradients", "optimizer_state", "graph_pools")]' \
+        '[None, None, None, None, None]' &&
+    expect "$dump" 'd["memory"]["framework"]["roles"]["held_by_python_bytes"]' "$live" &&
+    expect "$dump" '[(h["label"], h["bytes"]) for h in d["memory"]["framework"]["roles"]["holders"]]' \
+        "[('keep (list, global in job_jax.py)', $live)]" &&
+    expect "$dump" 'd["memory"]["framework"]["roles"]["activations_bytes"] == d["memory"]["framework"]["allocated_bytes"] - '"$live" True
+}
+t "jax: roles from jax.live_arrays(): held by Python = the live arrays, named; parameters and state unknown (null)" t_jax_roles
+
 t_jax_frag() {
     shim env PYTHONPATH="$FJ" OOMGUARD_FRAMEWORK=auto timeout 120 "$PYTHON" "$SC/job_jax.py" frag exp.json || return 1
     "$PYTHON" "$CHECKFW" dumps exp.json --framework jax --internal --request exp --numbers jax --line failing \
@@ -690,6 +704,64 @@ t_off() {
     missing_view "OOMGUARD_PYTHON_ADAPTER=0" 0
 }
 t "OOMGUARD_PYTHON_ADAPTER=0: the dump says the view is off, stderr says nothing (it was asked for)" t_off
+
+# --- what the memory is for (memory.framework.roles) and what the job was doing (event.phase)
+
+ROLES_JOB=$SC/job_roles.py
+CHECK_ROLES=$SC/check_roles.py
+t_roles() { # t_roles MODE [check options]: the dump's roles and phase equal job_roles.py's truth
+    local m=$1; shift
+    shim adapter "$PYTHON" "$ROLES_JOB" "$m" truth.json || return 1
+    "$PYTHON" "$CHECK_ROLES" dumps truth.json "$@"
+}
+t "roles: parameters, buffers, gradients, AdamW state, graph pool, held by Python (named), activations = the stand-in's blocks, to the byte; phase forward" \
+    t_roles roles
+t_roles_site() { OOMGUARD_PYTHON_STACKS=1 t_roles roles --site "losses (list, global in job_roles.py)"; }
+t "roles: the holder names the line that created its tensors (OOMGUARD_PYTHON_STACKS=1)" t_roles_site
+t "phase forward: the innermost forward() frame decides" t_roles forward
+t "phase backward: the engine thread has no frame of the program; the thread that called backward() decides" t_roles backward
+t "phase optimizer_step: AdamW making its state at the first step (a bare frozen parameter counted as a parameter)" t_roles step
+t "phase loading: torch.load restoring onto the GPU" t_roles load
+t "phase oom_handler: a retry inside the except block of an earlier OOM; phase_frame is the handler's line" t_roles handler
+t_roles_off() { OOMGUARD_ROLES_BUDGET_MS=0 t_roles roles --no-roles; }
+t "roles off with OOMGUARD_ROLES_BUDGET_MS=0 (null), phase still there" t_roles_off
+t_roles_budget() { JOB_BALLAST=1500000 OOMGUARD_ROLES_BUDGET_MS=1 t_roles roles --incomplete; }
+t "roles past their time budget (1 ms, 1.5M objects): complete false, activations unknown (null), why given" t_roles_budget
+
+t_roles_render() {
+    # the text and HTML reports and the stderr summary lead with the phase and the roles table
+    OOMGUARD_QUIET=0 shim adapter "$PYTHON" "$ROLES_JOB" roles-uncaught truth.json > out 2> err
+    local dump; dump=$(ls dumps/oomguard-*.json | head -n 1)
+    [ -n "$dump" ] || { echo "no dump"; cat err; return 1; }
+    grep '^oomguard' err | sed -n 2p | grep -q '^oomguard: phase: forward (job_roles.py:[0-9]* in forward)$' &&
+    grep '^oomguard' err | sed -n 3p | grep -q '^oomguard: memory by role: parameters 64.00 MiB, buffers 2.00 MiB, gradients 64.00 MiB, optimizer state 128.00 MiB, CUDA-graph pools 6.00 MiB, held by Python objects 22.00 MiB (self.cache (dict on Trainer) 16.00 MiB), activations and temporaries' \
+        || { echo "stderr:"; cat err; return 1; }
+    "$ROOT/$B/oomguard" report "$dump" > report.txt || return 1
+    local roles where
+    roles=$(grep -n '^What the allocated memory is for (' report.txt | cut -d: -f1)
+    where=$(grep -n '^Where the memory is' report.txt | cut -d: -f1)
+    [ -n "$roles" ] && [ -n "$where" ] && [ "$roles" -lt "$where" ] || { echo "roles at '$roles', where at '$where'"; cat report.txt; return 1; }
+    grep -qE '^  optimizer state +128.00 MiB' report.txt && grep -qE '^    AdamW 128.00 MiB' report.txt &&
+    grep -qE '^ +16.00 MiB  self.cache \(dict on Trainer\)' report.txt || { cat report.txt; return 1; }
+    "$ROOT/$B/oomguard" report "$dump" --format html -o report.html || return 1
+    "$PYTHON" - report.html <<'PY'
+import sys
+h = open(sys.argv[1]).read()
+r, k = h.find('id="roles"'), h.find('class="kpis"')
+assert 0 < r < k, (r, k)
+assert "self.cache (dict on Trainer)" in h and "Phase: forward" in h
+PY
+}
+t "roles and phase lead the text and HTML reports and the stderr summary" t_roles_render
+
+t_phase_c() {
+    # a C program has no Python stack: the phase is unknown, never guessed from block sizes
+    shim "$ROOT/$B/examples/too_big" > /dev/null 2>&1
+    local dump; dump=$(ls dumps/oomguard-*.json | head -n 1)
+    [ -n "$dump" ] || { echo "no dump"; return 1; }
+    expect "$dump" '[d["event"]["phase"], d["event"]["phase_frame"], d["event"]["phase_source"]]' "[None, None, 'no Python stack']"
+}
+t "phase of a C program: null, phase_source 'no Python stack'" t_phase_c
 
 echo "${pass} passed, ${fail} failed$([ $skip != 0 ] && echo ", ${skip} skipped")"
 [ $fail = 0 ]

@@ -3,14 +3,15 @@
 
 Everything is compared, exactly, except what differs between any two runs of one job: times,
 process ids, code addresses (ASLR; each frame's library and offset are compared), the command
-line and OOMGUARD_DIR (where the dump went), the snapshot's path, and the time-bucketed
-samples of the usage curve.  So the cause, the remedies, every byte count, the framework's own
+line and OOMGUARD_DIR (where the dump went), the snapshot's path, the time-bucketed
+samples of the usage curve, and the role scan's time and heap size (the interpreter's own
+objects differ between a venv and the source tree).  So the cause, the remedies, every byte count, the framework's own
 numbers, the Python lines and the stacks must agree."""
 import json
 import sys
 
 VOLATILE_KEYS = {"time", "pid", "ppid", "cmdline", "t", "t_rel", "peak_t_rel", "ip", "snapshot_file", "samples",
-                 "recovered_t"}
+                 "recovered_t", "elapsed_ms", "objects_scanned"}
 
 
 def norm(x, path=""):

@@ -28,7 +28,8 @@ lines = {}
 def write(request):
     st = jax.devices()[0].memory_stats()
     ad = sys.modules.get("oomguard_jax")
-    write_out({"expected": {"device": 0, "request": request, "stats": st}, "lines": lines,
+    write_out({"expected": {"device": 0, "request": request, "stats": st,
+                            "live_bytes": sum(a.nbytes for a in keep)}, "lines": lines,
                "file": os.path.abspath(__file__), "version": jax.__version__,
                "attached": ad.is_attached() if ad else None})
 

@@ -48,6 +48,16 @@ def local_devices(process_index=None, backend=None):
     return devices(backend)
 
 
+import weakref as _weakref  # noqa: E402
+
+_live = _weakref.WeakSet()
+
+
+def live_arrays(platform=None):
+    """jax.live_arrays(): the arrays not deleted yet."""
+    return [a for a in list(_live) if not a.is_deleted()]
+
+
 class Array(object):
     """A device buffer of nbytes; its memory goes back to the allocator when it is deleted."""
 
@@ -63,6 +73,7 @@ class Array(object):
         self._alloc = _bfc.allocator(device.local_hardware_id)
         self._buf = None
         self._buf = self._alloc.allocate(self.nbytes)
+        _live.add(self)
 
     def devices(self):
         return {self._device}

@@ -27,17 +27,67 @@ from torch import _C  # noqa: E402
 from torch import cuda  # noqa: E402
 
 
+class UntypedStorage(object):
+    """Tensor.untyped_storage(): the memory a tensor and its views share."""
+
+    def __init__(self, owner):
+        self._owner = owner
+
+    def data_ptr(self):
+        b = self._owner._block
+        return b[0] if isinstance(b, tuple) else b.addr
+
+    def nbytes(self):
+        return self._owner.nbytes
+
+
 class Tensor(object):
-    """nbytes of device memory; freed (back to the cache) when the object goes away."""
+    """nbytes of device memory; freed (back to the cache) when the object goes away.  A view
+    (Tensor.view, nn.Parameter(t)) shares its base's storage and keeps the base alive.  .grad,
+    .requires_grad and .backward() as far as the role and phase tests need them
+    (torch/autograd: backward runs on an engine thread of its own, as PyTorch's does)."""
+    is_cuda = True
+    grad = None
+    requires_grad = False
+    _base = None
+    _params = ()            # the parameters a forward pass's output depends on (torch/nn)
 
     def __init__(self, device, block, nbytes):
         self.device = device
         self._block = block
         self.nbytes = nbytes
 
+    def _root(self):
+        t = self
+        while t._base is not None:
+            t = t._base
+        return t
+
     def data_ptr(self):
-        b = self._block
+        b = self._root()._block
         return b[0] if isinstance(b, tuple) else b.addr
+
+    def untyped_storage(self):
+        return UntypedStorage(self._root())
+
+    def get_device(self):
+        return self.device
+
+    def view(self, *shape):
+        v = Tensor.__new__(Tensor)
+        v.device, v._block, v.nbytes, v._base = self.device, None, self.nbytes, self
+        return v
+
+    def detach(self):
+        return self.view()
+
+    def requires_grad_(self, flag=True):
+        self.requires_grad = bool(flag)
+        return self
+
+    def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
+        from torch import autograd
+        autograd.backward(self, gradient, retain_graph, create_graph, inputs=inputs)
 
     def __del__(self):
         try:
@@ -63,6 +113,11 @@ def empty(nbytes, dtype=None, device=None, pool_id=(0, 0)):
     n = int(nbytes) * _ITEMSIZE[dtype or "uint8"]
     block = cuda._allocator(d).malloc(n, tuple(pool_id))
     return Tensor(d, block, n)
+
+
+def empty_like(t, dtype=None, device=None):
+    """A new tensor of t's size on t's device."""
+    return empty(t.nbytes, device=t.device if device is None else device)
 
 
 # autograd modes, as far as the adapter asks (torch.is_grad_enabled, torch.no_grad, ...)
@@ -154,3 +209,6 @@ class autocast(object):
 
 
 from torch import optim  # noqa: E402  (PyTorch imports torch.optim with torch)
+from torch import nn  # noqa: E402
+from torch import autograd  # noqa: E402
+from torch.serialization import load, save  # noqa: E402,F401

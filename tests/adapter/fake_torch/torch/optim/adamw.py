@@ -10,8 +10,8 @@ class AdamW(Optimizer):
 
     def _update(self):
         for p in self.param_groups[0]["params"]:
-            if id(p) not in self.state:
-                self.state[id(p)] = {"step": 0,
-                                     "exp_avg": torch.empty(p.nbytes, device=p.device),
+            if p not in self.state:
+                self.state[p] = {"step": 0,
+                             "exp_avg": torch.empty(p.nbytes, device=p.device),
                                      "exp_avg_sq": torch.empty(p.nbytes, device=p.device)}
-            self.state[id(p)]["step"] += 1
+            self.state[p]["step"] += 1

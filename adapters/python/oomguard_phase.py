@@ -1,0 +1,187 @@
+"""What the job was doing when an allocation failed (event.phase in the dump; docs/dump-format.md),
+from the Python stack of the failing thread and the adapter's flags -- never from block sizes.
+
+PATTERNS is the one table: (phase, priority, file pattern, function pattern), fnmatch patterns on
+the frame's file ('/'-separated) and function name.  Every frame of the failing stack is matched;
+the match of highest priority decides, the innermost among equals, and that frame is reported
+(event.phase_frame).  Before the table:
+  * oom_handler: the failing thread is inside the `except` block of an earlier out-of-memory error
+    (sys.exc_info(), or the chain of the exception being raised): the job retries in the handler;
+  * the failing thread has no frame of its own (PyTorch's autograd engine threads run backward
+    with no Python frames): the thread that called backward() decides, found in
+    sys._current_frames();
+after it, one flag: a forward pass with autograd off is an evaluation.
+No Python stack at all: unknown (None).  Python 3.9+, standard library only; never raises.
+"""
+import fnmatch
+import os
+import sys
+import threading
+
+PHASES = ("loading", "forward", "backward", "optimizer_step", "evaluation", "generation", "collective",
+          "oom_handler")
+
+# (phase, priority, file pattern, function pattern): higher priority wins; data, not code
+PATTERNS = (
+    ("loading", 50, "*/torch/serialization.py", "*"),
+    ("loading", 50, "*/safetensors/*", "*"),
+    ("loading", 50, "*", "from_pretrained"),
+    ("loading", 50, "*", "load_state_dict"),
+    ("loading", 50, "*", "load_checkpoint"),
+    ("loading", 50, "*/torch/nn/modules/module.py", "to"),
+    ("loading", 50, "*/torch/nn/modules/module.py", "cuda"),
+    ("loading", 50, "*/torch/nn/modules/module.py", "_apply"),
+    ("loading", 50, "*/torch/nn/modules/module.py", "_load_from_state_dict"),
+    ("generation", 45, "*", "generate"),
+    ("generation", 45, "*/transformers/generation/*", "*"),
+    ("optimizer_step", 40, "*/torch/optim/*", "*"),
+    ("optimizer_step", 40, "*/bitsandbytes/optim/*", "*"),
+    ("optimizer_step", 40, "*/apex/optimizers/*", "*"),
+    ("optimizer_step", 40, "*/deepspeed/ops/adam/*", "*"),
+    ("optimizer_step", 40, "*/optax/*", "*"),
+    ("backward", 35, "*/torch/autograd/__init__.py", "backward"),
+    ("backward", 35, "*/torch/autograd/__init__.py", "grad"),
+    ("backward", 35, "*/torch/autograd/graph.py", "_engine_run_backward"),
+    ("backward", 35, "*/torch/_tensor.py", "backward"),
+    ("backward", 35, "*/jax/_src/api.py", "*grad*"),
+    ("collective", 30, "*/torch/distributed/distributed_c10d.py", "*"),
+    ("collective", 30, "*/torch/distributed/_functional_collectives*.py", "*"),
+    ("collective", 30, "*/torch/cuda/nccl.py", "*"),
+    ("collective", 30, "*/deepspeed/comm/*", "*"),
+    ("evaluation", 20, "*", "evaluate"),
+    ("evaluation", 20, "*", "evaluation_loop"),
+    ("evaluation", 20, "*", "validate"),
+    ("evaluation", 20, "*", "validation_step"),
+    ("evaluation", 20, "*", "test_step"),
+    ("evaluation", 20, "*", "predict_step"),
+    ("evaluation", 20, "*", "prediction_step"),
+    ("forward", 10, "*/torch/nn/modules/module.py", "_call_impl"),
+    ("forward", 10, "*", "forward"),
+)
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_cache = {}
+
+
+def _match(filename, function):
+    """(phase, priority) of one frame, or None.  Cached by (file, function)."""
+    key = (filename, function)
+    r = _cache.get(key, False)
+    if r is not False:
+        return r
+    fn = filename.replace(os.sep, "/")
+    best = None
+    for phase, prio, fpat, npat in PATTERNS:
+        if (best is None or prio > best[1]) and fnmatch.fnmatchcase(function, npat) and fnmatch.fnmatchcase(fn, fpat):
+            best = (phase, prio)
+    if len(_cache) < 4096:
+        _cache[key] = best
+    return best
+
+
+def _ours(frame):
+    return os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == _HERE
+
+
+def frames_of(frame, limit=256):
+    """The frames from `frame` outwards, without the adapters' own."""
+    out = []
+    while frame is not None and len(out) < limit:
+        if not _ours(frame):
+            out.append(frame)
+        frame = frame.f_back
+    return out
+
+
+def from_frames(frames):
+    """(phase, frame) decided by the table, or (None, None)."""
+    best, at = None, None
+    for f in frames:                       # innermost first: ties keep the innermost
+        m = _match(f.f_code.co_filename, f.f_code.co_name)
+        if m is not None and (best is None or m[1] > best[1]):
+            best, at = m, f
+    return (best[0], at) if best else (None, None)
+
+
+def _is_oom(exc):
+    seen = 0
+    while exc is not None and seen < 16:
+        if type(exc).__name__ in ("OutOfMemoryError", "XlaRuntimeError", "ResourceExhaustedError") \
+                and ("out of memory" in str(exc).lower() or type(exc).__name__ == "OutOfMemoryError"
+                     or "resource_exhausted" in str(exc).lower()):
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False
+
+
+def _handler_frame(exc):
+    """The frame whose `except` block handles exc: the first entry of its traceback."""
+    tb = getattr(exc, "__traceback__", None)
+    return tb.tb_frame if tb is not None else None
+
+
+def _own_frames(frames, package_dir):
+    """Frames of the failing thread outside the framework's package (the program's, a library's)."""
+    if not package_dir:
+        return frames
+    return [f for f in frames if not os.path.abspath(f.f_code.co_filename).startswith(package_dir)]
+
+
+def _backward_caller():
+    """The frame of another thread that is inside backward(), or None."""
+    me = threading.get_ident()
+    for tid, f in list(sys._current_frames().items()):
+        if tid == me:
+            continue
+        for fr in frames_of(f):
+            m = _match(fr.f_code.co_filename, fr.f_code.co_name)
+            if m is not None and m[0] == "backward":
+                return fr
+    return None
+
+
+def detect(frame, grad_enabled=0, exc=None, package_dir=None):
+    """(phase, (file, line, function) | None, source) for a failure on the thread whose innermost
+    frame is `frame` (None: no Python frame).  grad_enabled: 1/-1/0 as the adapter's flag.  exc:
+    the exception being raised, if the failure is known from one (its chain is looked at);
+    package_dir: the framework's own directory ("…/torch/"), whose frames alone do not make a
+    thread of its own.  source: "stack" | "exception being handled" | "thread that called
+    backward()" | "stack and autograd off" | why it is unknown.  Never raises."""
+    try:
+        frames = frames_of(frame) if frame is not None else []
+        handled = sys.exc_info()[1]
+        for e, src in ((handled, "exception being handled"),
+                       (getattr(exc, "__context__", None), "exception being handled")):
+            if e is not None and _is_oom(e):
+                hf = _handler_frame(e)
+                return "oom_handler", _where(hf), src
+        if not _own_frames(frames, package_dir):
+            caller = _backward_caller()
+            if caller is not None:
+                return "backward", _where(caller), "thread that called backward()"
+            if not frames:
+                return None, None, "no Python stack"
+        phase, at = from_frames(frames)
+        if phase is None:
+            return None, None, "no frame of the stack matches a phase pattern"
+        if phase == "forward" and grad_enabled < 0:
+            return "evaluation", _where(at), "stack and autograd off"
+        return phase, _where(at), "stack"
+    except Exception as e:
+        return None, None, "phase not read: %s" % type(e).__name__
+
+
+def _where(f):
+    if f is None:
+        return None
+    return (f.f_code.co_filename, int(f.f_lineno or 0), f.f_code.co_name)
+
+
+def encode(phase, where, source):
+    """(phase, phase_frame, phase_source) as the shim takes them: strings or None."""
+    frame = None
+    if where:
+        frame = "%s\t%d\t%s\n" % (str(where[0]).replace("\t", " ").replace("\n", " "), int(where[1]),
+                                  str(where[2]).replace("\t", " "))
+    return phase, frame, source

@@ -1,0 +1,576 @@
+"""What the failing device's memory is for: oomguard's adapters split a framework's allocated bytes
+by role at an out-of-memory failure (memory.framework.roles in the dump; docs/dump-format.md).
+
+  parameters        tensors of nn.Module._parameters and of the optimizers' param_groups
+  buffers           nn.Module._buffers (running statistics, masks registered as buffers)
+  gradients         .grad of those parameters
+  optimizer_state   torch.optim.Optimizer.state, also by optimizer class
+  graph_pools       live blocks in CUDA-graph private pools (from the allocator snapshot)
+  held_by_python    other tensors reachable from a named Python object: an attribute of an object
+                    (self.cache), a module global (losses), a list/dict local of a running function;
+                    the largest holders are named, with the line that created their largest tensor
+                    when the allocation history is on
+  activations       the rest: allocated minus all the above (never negative); tensors autograd
+                    saved, temporaries, locals of running functions.  Unknown (None) when the scan
+                    ran out of time or a role above is unknown.
+
+A storage is counted once, under the first role that reaches it in that order (views share their
+storage: counted by its data pointer).  Modules and optimizers are found with gc; the scan has a
+time budget (OOMGUARD_ROLES_BUDGET_MS), reads only Python attributes (no device memory is
+allocated, no framework allocator is called), and never raises: measure() returns None when it
+cannot answer at all.  The budget and elapsed_ms are the scanning thread's CPU time.
+
+The framework-specific parts are arguments, so the same code runs on real PyTorch objects with
+CPU tensors standing in for the failing device (tests/adapter/test_roles_real_torch.py):
+  on_device(t)  is this tensor's storage on the failing device?
+  sizes         {storage data pointer: allocator block size} (PyTorch's snapshot) or None;
+  round_to      without sizes: a storage's bytes rounded up to this (PyTorch's blocks: 512).
+Python 3.9+, standard library only.
+"""
+import collections
+import gc
+import itertools
+import os
+import sys
+import threading
+import time
+
+ROLES = ("parameters", "buffers", "gradients", "optimizer_state", "graph_pools", "held_by_python", "activations")
+TOP_HOLDERS = 8
+_DEPTH = 3                     # containers followed below a named holder: list of tuples of tensors
+_CHECK_EVERY = 2048            # objects between two looks at the clock
+_SAMPLE_OVER = 256             # a larger container is read whole only if one of its first
+_SAMPLE = 32                   # _SAMPLE elements holds a tensor; the same for a class's instances
+_ATOMS = frozenset((int, float, str, bytes, bool, type(None), complex))
+_MODULE_INTERNALS = frozenset(("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set",
+                               "_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
+                               "_backward_pre_hooks", "_state_dict_hooks", "_load_state_dict_pre_hooks",
+                               "_load_state_dict_post_hooks", "_state_dict_pre_hooks",
+                               "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs",
+                               "_forward_hooks_always_called", "_is_full_backward_hook"))
+_CONTAINERS = (list, tuple, set, frozenset, collections.deque)
+_MAPPINGS = (dict, collections.OrderedDict, collections.defaultdict)
+# a running function's local that holds tensors for longer than a statement: a list, dict, set or
+# deque it fills (a bare tensor local, an argument tuple are temporaries: activations)
+_LOCAL_HOLDERS = (list, dict, set, collections.deque, collections.OrderedDict, collections.defaultdict)
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def budget_s():
+    """OOMGUARD_ROLES_BUDGET_MS (default 200; 0 turns the roles off) in seconds."""
+    try:
+        return max(0.0, float(os.environ.get("OOMGUARD_ROLES_BUDGET_MS", "200"))) / 1000.0
+    except ValueError:
+        return 0.2
+
+
+def _clock():
+    """The scanning thread's CPU time: what the scan costs, whatever else the machine runs (on a
+    loaded host the wall clock would stop it at a different point each time)."""
+    return time.thread_time()
+
+
+class _OutOfTime(Exception):
+    pass
+
+
+_LIB_MARKERS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+
+
+def _lib_dirs():
+    out = set()
+    for p in (sys.prefix, sys.base_prefix, sys.exec_prefix):
+        if p:
+            out.add(os.path.join(os.path.abspath(p), "lib") + os.sep)
+    return tuple(out)
+
+
+def is_user_file(path, exclude=(), _libs=[]):
+    """The program's own source: not the standard library, an installed package, the framework
+    (exclude: its directories) or the adapters."""
+    if not path or path.startswith("<"):
+        return False
+    if not _libs:
+        _libs.append(_lib_dirs())
+    p = os.path.abspath(path)
+    if any(m in p for m in _LIB_MARKERS) or p.startswith(_libs[0]) or os.path.dirname(p) == _HERE:
+        return False
+    return not any(p.startswith(x) for x in exclude)
+
+
+class _Scan(object):
+    """One measurement: the state shared by its steps."""
+
+    def __init__(self, torch, on_device, sizes, round_to, private, sites, deadline):
+        self.torch = torch
+        self.on_device = on_device
+        self.sizes = sizes
+        self.round_to = max(1, int(round_to or 1))
+        self.private = private or {}      # data pointer -> block size, blocks in CUDA-graph pools
+        self.sites = sites or {}          # data pointer -> (file, line, function) that created it
+        self.deadline = deadline
+        self.seen = {}                    # data pointer -> role that has it
+        self.totals = dict((r, [0, 0]) for r in ROLES)
+        self.optimizers = {}              # class name -> [bytes, tensors]
+        self.holders = {}                 # (name, kind, where) -> [bytes, tensors, largest ptr, largest bytes]
+        self.tensor_type = getattr(torch, "Tensor", None)
+        st = None
+        for name in ("untyped_storage", "_storage", "storage"):
+            st = getattr(self.tensor_type, name, None)
+            if st is not None:
+                break
+        self.storage_of = st
+        self.kinds = {}                   # type -> "tensor" | "module" | "optimizer" | "user" | ""
+        self.ticks = 0
+        self.objects = 0
+        self.sampled = 0                  # containers and classes read in part (see tensors_in)
+        self.claimed = set()              # ids of the tensor objects already looked at
+        self.stage = "the heap"           # what the scan reads now (said when the budget stops it)
+        try:
+            self.exclude = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,)
+        except Exception:
+            self.exclude = ()
+
+    def tick(self):
+        self.ticks += 1
+        if self.ticks >= _CHECK_EVERY:
+            self.ticks = 0
+            if _clock() > self.deadline:
+                raise _OutOfTime()
+
+    def attrs_of(self, objs, holder_of):
+        """Named holders among the attributes of objs (instances); after _SAMPLE instances of a
+        class none of which holds a tensor, the class's other instances are not read."""
+        empty = {}
+        for o in objs:
+            tp = type(o)
+            n = empty.get(tp, 0)
+            if n < 0 or n >= _SAMPLE:
+                if n >= _SAMPLE:
+                    empty[tp] = -1
+                    self.sampled += 1
+                continue
+            d = getattr(o, "__dict__", None)
+            if not isinstance(d, dict):
+                continue
+            found = False
+            for k, v in list(d.items()):
+                if type(v) in _ATOMS:
+                    continue
+                if holder_of(o, k, v):
+                    found = True
+            empty[tp] = -2 if found else n + 1
+
+    def storage(self, t):
+        """(data pointer, bytes the allocator holds for it) of a tensor on the failing device, or None."""
+        try:
+            if not self.on_device(t):
+                return None
+            s = self.storage_of(t)
+            ptr = int(s.data_ptr())
+            if not ptr:
+                return None
+            if self.sizes is not None:
+                size = self.sizes.get(ptr)
+                if size is None:
+                    size = self.private.get(ptr)
+                return (ptr, size) if size is not None else None    # not the allocator's memory
+            n = int(s.nbytes())
+            r = self.round_to
+            return ptr, (n + r - 1) // r * r if n else r
+        except Exception:
+            return None
+
+    def claim(self, t, role):
+        """Counts t's storage under role unless a role has it already; returns its bytes (0 if not)."""
+        i = id(t)                         # the objects stay alive during the scan: ids are theirs
+        if i in self.claimed:
+            return 0
+        self.claimed.add(i)
+        st = self.storage(t)
+        if st is None or st[0] in self.seen:
+            return 0
+        ptr, size = st
+        if role == "held_by_python" and ptr in self.private:
+            return 0                      # graph pools are their own role
+        self.seen[ptr] = role
+        tot = self.totals[role]
+        tot[0] += size
+        tot[1] += 1
+        return size
+
+    def kind(self, tp):
+        k = self.kinds.get(tp)
+        if k is None:
+            k = self.kinds[tp] = _classify(self.torch, tp, self.exclude)
+        return k
+
+    def tensors_in(self, v, depth=_DEPTH):
+        """The tensors in v and in the lists/tuples/dicts/sets it holds, `depth` levels down.  A
+        container of more than _SAMPLE_OVER elements is read whole only when one of its first
+        _SAMPLE elements holds a tensor (a dataset of a million records is not walked)."""
+        out = []
+        stack = [(v, depth)]
+        kinds = self.kinds
+        while stack:
+            x, d = stack.pop()
+            self.ticks += 1
+            if self.ticks >= _CHECK_EVERY:
+                self.tick()
+            tp = type(x)
+            if tp in _ATOMS:
+                continue
+            if tp in _CONTAINERS or tp in _MAPPINGS or isinstance(x, (list, tuple, dict)):
+                if d <= 0:
+                    continue
+                items = x.values() if isinstance(x, dict) else x
+                if len(x) > _SAMPLE_OVER:
+                    head = list(itertools.islice(items, _SAMPLE))
+                    if not any(self.tensors_in(y, d - 1) for y in head):
+                        self.sampled += 1
+                        continue
+                stack.extend((y, d - 1) for y in items)
+                continue
+            k = kinds.get(tp)
+            if k is None:
+                k = self.kind(tp)
+            if k == "tensor" or k == "parameter":
+                out.append(x)
+        return out
+
+
+def _classify(torch, tp, exclude):
+    try:
+        nn = getattr(torch, "nn", None)
+        P = getattr(nn, "Parameter", None)
+        if isinstance(P, type) and issubclass(tp, P):
+            return "parameter"
+        T = getattr(torch, "Tensor", None)
+        if T is not None and issubclass(tp, T):
+            return "tensor"
+        M = getattr(nn, "Module", None)
+        if M is not None and issubclass(tp, M):
+            return "module"
+        optim = getattr(torch, "optim", None)
+        O = getattr(optim, "Optimizer", None)
+        if O is not None and issubclass(tp, O):
+            return "optimizer"
+        if tp.__module__ in ("builtins",) or not hasattr(tp, "__dict__"):
+            return ""
+        mod = sys.modules.get(tp.__module__)
+        if mod is not None and is_user_file(getattr(mod, "__file__", None), exclude):
+            return "user"
+    except Exception:
+        pass
+    return ""
+
+
+def _module_label(mod):
+    f = getattr(mod, "__file__", None)
+    return os.path.basename(f) if f else getattr(mod, "__name__", "?")
+
+
+def _holder(scan, v, name, kind, where):
+    """Counts the unclaimed tensors v holds under the holder (name, kind, where); True when v
+    holds a tensor at all."""
+    tensors = scan.tensors_in(v)
+    if not tensors:
+        return False
+    got = 0
+    n = 0
+    big = (0, 0)
+    for t in tensors:
+        b = scan.claim(t, "held_by_python")
+        if b:
+            got += b
+            n += 1
+            if b > big[1]:
+                st = scan.storage(t)
+                big = (st[0] if st else 0, b)
+    if got:
+        h = scan.holders.setdefault((name, kind, where), [0, 0, 0, 0])
+        h[0] += got
+        h[1] += n
+        if big[1] > h[3]:
+            h[2], h[3] = big
+    return True
+
+
+def _frame_locals(frame):
+    try:
+        return frame.f_locals
+    except Exception:
+        return {}
+
+
+def measure(torch, device, allocated, on_device=None, sizes=None, round_to=512, private=None, sites=None,
+            budget=None, frame_roots=True):
+    """The failing device's allocated bytes by role (see the module's docstring), as a dict:
+    {"allocated", "roles": {role: [bytes|None, tensors]}, "optimizers": {class: [bytes, tensors]},
+     "holders": [(label, name, kind, where, bytes, tensors, (file, line, function)|None)],
+     "complete", "why", "elapsed_ms", "objects"}.  None when nothing could be measured."""
+    t0 = _clock()
+    budget = budget_s() if budget is None else float(budget)
+    if budget <= 0:
+        return None
+    try:
+        if on_device is None:
+            dev = int(device)
+
+            def on_device(t):
+                return t.is_cuda and t.get_device() == dev
+        scan = _Scan(torch, on_device, sizes, round_to, private, sites, t0 + budget)
+        if scan.tensor_type is None or scan.storage_of is None:
+            return None
+        complete, why = True, ""
+        gc_was = gc.isenabled()
+        gc.disable()                      # no collection (nor finalizer) while walking the heap
+        try:
+            _walk(scan, frame_roots)
+        except _OutOfTime:
+            complete, why = False, "the scan stopped at its time budget (%g ms) while reading %s: the roles before " \
+                "are whole, the later ones lower bounds" % (budget * 1000.0, scan.stage)
+        finally:
+            if gc_was:
+                gc.enable()
+        return _result(scan, allocated, complete, why, t0)
+    except Exception as e:          # never into the program
+        return {"error": "%s: %s" % (type(e).__name__, e)}
+
+
+def _walk(scan, frame_roots):
+    objs = gc.get_objects()
+    scan.objects = len(objs)
+    # the types first (C speed), then only the objects of the types that matter
+    kinds = scan.kinds
+    for tp in set(map(type, objs)):
+        if tp not in kinds:
+            scan.kind(tp)
+    if _clock() > scan.deadline:
+        raise _OutOfTime()
+    wanted = dict((tp, k) for tp, k in kinds.items() if k in ("module", "optimizer", "parameter"))
+    picked = list(itertools.compress(objs, map(wanted.__contains__, map(type, objs))))
+    del objs
+    modules, optimizers, loose = [], [], []
+    by_kind = {"module": modules, "optimizer": optimizers, "parameter": loose}
+    for o in picked:
+        by_kind[wanted[type(o)]].append(o)
+    del picked
+    scan.stage = "parameters"
+    # parameters and buffers: of every module (all of them are gc objects), then the optimizers'
+    params = []
+    for m in modules:
+        d = getattr(m, "__dict__", {})
+        for p in (d.get("_parameters") or {}).values():
+            if p is not None:
+                scan.tick()
+                scan.claim(p, "parameters")
+                params.append(p)
+    for opt in optimizers:
+        for g in getattr(opt, "param_groups", ()) or ():
+            for p in (g.get("params") or ()) if isinstance(g, dict) else ():
+                scan.tick()
+                scan.claim(p, "parameters")
+                params.append(p)
+    for p in loose:                       # parameters of no module and no optimizer (frozen, bare)
+        scan.tick()
+        if scan.claim(p, "parameters"):
+            params.append(p)
+    for m in modules:
+        for b in (getattr(m, "__dict__", {}).get("_buffers") or {}).values():
+            if b is not None:
+                scan.tick()
+                scan.claim(b, "buffers")
+    scan.stage = "gradients"
+    for p in params:
+        scan.tick()
+        try:
+            g = p.grad
+        except Exception:
+            g = None
+        if g is not None:
+            scan.claim(g, "gradients")
+    scan.stage = "optimizer state"
+    for opt in optimizers:
+        name = type(opt).__name__
+        got = [0, 0]
+        state = getattr(opt, "state", None) or {}
+        try:
+            values = list(state.values())
+        except Exception:
+            values = []
+        for t in scan.tensors_in(values, 3):
+            b = scan.claim(t, "optimizer_state")
+            if b:
+                got[0] += b
+                got[1] += 1
+        o = scan.optimizers.setdefault(name, [0, 0])
+        o[0] += got[0]
+        o[1] += got[1]
+    # the graph pools' live blocks that no role above holds
+    for ptr, size in scan.private.items():
+        if ptr not in scan.seen:
+            scan.seen[ptr] = "graph_pools"
+            scan.totals["graph_pools"][0] += size
+            scan.totals["graph_pools"][1] += 1
+    _named_holders(scan, modules, frame_roots)
+
+
+def _named_holders(scan, modules, frame_roots):
+    # named holders: attributes of modules, module globals of the program, the containers that its
+    # running functions hold in local variables; the program's own objects met there (a global
+    # trainer, a method's self) are read attribute by attribute, two levels down
+    visited = set()
+    scan.stage = "the tensors held by Python objects"
+
+    def attr_holder(o, k, v):
+        if k in _MODULE_INTERNALS and scan.kinds.get(type(o)) == "module":
+            return False
+        if scan.kind(type(v)) == "user":
+            return instance(v, 1)
+        return _holder(scan, v, "self." + str(k), type(v).__name__, "on " + type(o).__name__)
+
+    def instance(o, depth):
+        if id(o) in visited or depth < 0:
+            return False
+        visited.add(id(o))
+        d = getattr(o, "__dict__", None)
+        found = False
+        for k, v in list(d.items()) if isinstance(d, dict) else ():
+            if type(v) not in _ATOMS:
+                if scan.kind(type(v)) == "user":
+                    found = instance(v, depth - 1) or found
+                else:
+                    found = _holder(scan, v, "self." + str(k), type(v).__name__, "on " + type(o).__name__) or found
+        return found
+
+    scan.attrs_of(modules, attr_holder)
+    for mname, mod in list(sys.modules.items()):
+        if mod is None or (mname != "__main__" and not is_user_file(getattr(mod, "__file__", None), scan.exclude)):
+            continue
+        where = "global in " + _module_label(mod)
+        for k, v in list(getattr(mod, "__dict__", {}).items()):
+            if k.startswith("__") or type(v) in _ATOMS or isinstance(v, (type(sys), type)):
+                continue
+            if scan.kind(type(v)) == "user":
+                instance(v, 2)
+            else:
+                _holder(scan, v, str(k), type(v).__name__, where)
+    if frame_roots:
+        for tid, f in list(sys._current_frames().items()):
+            while f is not None:
+                code = f.f_code
+                if is_user_file(code.co_filename, scan.exclude):
+                    where = "local in %s (%s:%d)" % (code.co_name, os.path.basename(code.co_filename), f.f_lineno or 0)
+                    for k, v in list(_frame_locals(f).items()):
+                        tp = type(v)
+                        if tp in _LOCAL_HOLDERS:
+                            _holder(scan, v, str(k), tp.__name__, where)
+                        elif tp not in _ATOMS and scan.kind(tp) == "user":
+                            instance(v, 2)
+                f = f.f_back
+
+
+def _result(scan, allocated, complete, why, t0, unknown=()):
+    roles = dict((r, [None, 0] if r in unknown else [v[0], v[1]]) for r, v in scan.totals.items())
+    known = sum(v[0] for r, v in scan.totals.items() if r != "activations" and r not in unknown)
+    if allocated is None:
+        roles["activations"] = [None, 0]
+        why = why or "the framework's allocated bytes are unknown"
+    elif not complete:
+        roles["activations"] = [None, 0]
+    else:
+        roles["activations"] = [max(0, int(allocated) - known), 0]
+        if known > int(allocated):
+            why = "the roles found exceed the allocated bytes by %d (read at different times)" % (known - int(allocated))
+    hs = sorted(scan.holders.items(), key=lambda kv: (-kv[1][0], kv[0]))[:TOP_HOLDERS]
+    holders = []
+    for (name, kind, where), (b, n, ptr, _) in hs:
+        sep = " " if where.startswith("on ") else ", "
+        label = "%s (%s%s%s)" % (name, kind, sep, where)
+        holders.append((label, name, kind, where, b, n, scan.sites.get(ptr)))
+    return {"allocated": allocated, "roles": roles, "optimizers": scan.optimizers, "holders": holders,
+            "complete": complete, "why": why, "elapsed_ms": (_clock() - t0) * 1000.0,
+            "objects": scan.objects, "sampled": scan.sampled}
+
+
+def measure_arrays(framework, array_type, arrays, allocated, storage, budget=None, frame_roots=True):
+    """A framework whose live arrays are known but not what they are for (JAX: jax.live_arrays()):
+    held_by_python is every live array on the failing device (all of them are Python objects),
+    the largest named holders as measure() names them; parameters, buffers, gradients, optimizer
+    state and graph pools are unknown (None); activations = allocated - the live arrays (XLA's
+    temporaries and the running computation's buffers).  storage(a) -> (key, bytes on the failing
+    device) or None.  Same result as measure(); never raises."""
+    t0 = _clock()
+    budget = budget_s() if budget is None else float(budget)
+    if budget <= 0:
+        return None
+    try:
+        import types
+        ns = types.SimpleNamespace(Tensor=array_type, __file__=getattr(framework, "__file__", None) or "")
+        scan = _Scan(ns, lambda a: True, None, 1, None, None, t0 + budget)
+        if not getattr(framework, "__file__", None):
+            scan.exclude = ()
+        scan.storage = storage
+        complete, why = True, ""
+        gc_was = gc.isenabled()
+        gc.disable()
+        try:
+            scan.stage = "the live arrays"
+            total = [0, 0]
+            keys = set()
+            for a in arrays:
+                scan.tick()
+                st = storage(a)
+                if st is not None and st[0] not in keys:
+                    keys.add(st[0])
+                    total[0] += st[1]
+                    total[1] += 1
+            _named_holders(scan, [], frame_roots)
+            scan.totals["held_by_python"] = total
+        except _OutOfTime:
+            complete, why = False, "the scan stopped at its time budget (%g ms) while reading %s" % (
+                budget * 1000.0, scan.stage)
+        finally:
+            if gc_was:
+                gc.enable()
+        r = _result(scan, allocated, complete, why, t0,
+                    unknown=("parameters", "buffers", "gradients", "optimizer_state", "graph_pools"))
+        if not complete:
+            r["roles"]["held_by_python"] = [None, 0]
+        r["why"] = r["why"] or ("parameters, gradients and optimizer state are arrays like the others here: "
+                                "not told apart")
+        return r
+    except Exception as e:
+        return {"error": "%s: %s" % (type(e).__name__, e)}
+
+
+def _clean(s):
+    return str(s).replace("\t", " ").replace("\n", " ")
+
+
+def encode(r):
+    """The measurement as the shim reads it (oomguard_framework_stats_t.roles): one record a line,
+    fields separated by tabs; '-' is unknown.
+      role  NAME BYTES TENSORS | optimizer CLASS BYTES TENSORS |
+      holder BYTES TENSORS LABEL NAME KIND WHERE FILE LINE FUNCTION | meta KEY VALUE"""
+    if not r or "roles" not in r:
+        return None
+    out = []
+    for name in ROLES:
+        b, n = r["roles"].get(name, [None, 0])
+        out.append("role\t%s\t%s\t%d" % (name, "-" if b is None else int(b), int(n)))
+    for cls, (b, n) in sorted(r["optimizers"].items()):
+        out.append("optimizer\t%s\t%d\t%d" % (_clean(cls), int(b), int(n)))
+    for label, name, kind, where, b, n, site in r["holders"]:
+        f, ln, fn = site if site else ("-", 0, "-")
+        out.append("holder\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s" % (
+            int(b), int(n), _clean(label), _clean(name), _clean(kind), _clean(where), _clean(f), int(ln), _clean(fn)))
+    out.append("meta\tallocated\t%s" % ("-" if r["allocated"] is None else int(r["allocated"])))
+    out.append("meta\tcomplete\t%d" % (1 if r["complete"] else 0))
+    out.append("meta\telapsed_us\t%d" % int(r["elapsed_ms"] * 1000))
+    out.append("meta\tobjects\t%d" % int(r["objects"]))
+    out.append("meta\tsampled\t%d" % int(r.get("sampled", 0)))
+    if r.get("why"):
+        out.append("meta\twhy\t%s" % _clean(r["why"]))
+    return "\n".join(out) + "\n"

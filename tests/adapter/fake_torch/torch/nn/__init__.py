@@ -1,0 +1,5 @@
+"""torch.nn, as far as the role and phase tests use it: Module (parameters, buffers, submodules,
+__call__ -> _call_impl -> forward, to/cuda/_apply, load_state_dict) and Parameter."""
+from torch.nn.parameter import Parameter  # noqa: F401
+from torch.nn.modules.module import Module  # noqa: F401
+from torch.nn import modules  # noqa: F401

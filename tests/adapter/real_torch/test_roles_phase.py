@@ -1,0 +1,358 @@
+"""The role and phase code (adapters/python/oomguard_roles.py, oomguard_phase.py) on real PyTorch
+objects: nn.Module, nn.Parameter, register_buffer, views sharing storage, torch.optim.AdamW state
+after a real step, lists and dicts of tensors held globally and on objects, gc; CPU tensors stand
+in for the failing CUDA device (the device test is an argument of the role code).
+
+  python3 test_roles_phase.py            the real torch (Debian's python3-torch, a CPU build)
+  python3 test_roles_phase.py --stand-in the stand-in torch (tests/adapter/fake_torch, on the
+                                         simulated GPU): its classes must pass the same checks,
+                                         so it cannot drift from the real objects
+
+The shared checks build the same objects through the API both have; the real torch adds what only
+it can run (a real backward and AdamW step, torch.load, hooks inside PyTorch's own frames).
+Ends with "N passed, N failed[, N skipped]"."""
+import gc
+import io
+import os
+import sys
+import threading
+import traceback
+import _thread
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "adapters", "python"))
+STAND_IN = "--stand-in" in sys.argv
+if STAND_IN:
+    sys.path.insert(0, os.path.join(ROOT, "tests", "adapter", "fake_torch"))
+
+try:
+    import torch
+except ImportError as e:
+    print("SKIP  no torch for %s: %s" % (sys.executable, e))
+    print("0 passed, 0 failed, 1 skipped")
+    sys.exit(0)
+
+import oomguard_phase  # noqa: E402
+import oomguard_roles  # noqa: E402
+
+F32 = torch.float32
+DEV = None if STAND_IN else "cpu"
+results = {"pass": 0, "fail": 0}
+
+
+def check(name, fn):
+    try:
+        fn()
+        results["pass"] += 1
+        print("PASS  %s" % name)
+    except Exception:
+        results["fail"] += 1
+        print("FAIL  %s" % name)
+        for line in traceback.format_exc().splitlines():
+            print("      | " + line)
+
+
+def on_device(t):
+    """The failing device: CPU tensors for the real torch, the stand-in's device tensors."""
+    return bool(t.is_cuda) if STAND_IN else t.device.type == "cpu"
+
+
+def empty(n):
+    """n float32 elements (4n bytes) on the device of the run."""
+    return torch.empty(n, dtype=F32, device=DEV) if DEV else torch.empty(n, dtype=F32)
+
+
+def nbytes(t):
+    for name in ("untyped_storage", "_storage"):
+        st = getattr(t, name, None)
+        if st is not None:
+            return int(st().nbytes())
+    raise AssertionError("no storage")
+
+
+def measure(allocated, **kw):
+    r = oomguard_roles.measure(torch, 0, allocated, on_device=on_device, round_to=1, budget=5.0, **kw)
+    assert r is not None and "error" not in r, r
+    return r
+
+
+# ------------------------------------------------------------------------------ the shared objects
+
+class Block(torch.nn.Module):
+    def __init__(self, n):
+        torch.nn.Module.__init__(self)
+        self.weight = torch.nn.Parameter(empty(n))
+        self.register_buffer("running_mean", empty(64))
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        torch.nn.Module.__init__(self)
+        self.a = Block(4096)
+        self.b = Block(1024)
+        self.head = torch.nn.Parameter(empty(256))
+
+
+class Trainer(object):
+    def __init__(self):
+        self.cache = {}
+
+
+def build():
+    """The shared set-up; returns the truth: bytes by role and by holder."""
+    g = globals()
+    for k in ("model", "opt", "views", "losses", "trainer"):
+        g.pop(k, None)
+    gc.collect()
+    g["model"] = Net()
+    params = [model.a.weight, model.b.weight, model.head]
+    for p in params:                                   # what backward() would have made
+        p.grad = empty(p.nbytes // 4 if STAND_IN else p.numel())
+    g["opt"] = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt.step()                                         # the state, made at the first step
+    g["views"] = [model.a.weight.view(-1)]             # a view: the weight's storage, counted once
+    g["losses"] = [empty(16) for _ in range(5)]
+    g["trainer"] = Trainer()
+    trainer.cache["x"] = empty(2048)
+    trainer.cache["y"] = [empty(512), empty(512)]
+    state = [t for st in opt.state.values() for t in st.values() if hasattr(t, "data_ptr") and on_device(t)]
+    truth = {
+        "parameters": sum(nbytes(p) for p in params),
+        "buffers": nbytes(model.a.running_mean) + nbytes(model.b.running_mean),
+        "gradients": sum(nbytes(p.grad) for p in params),
+        "optimizer_state": sum(nbytes(t) for t in state),
+        "graph_pools": 0,
+        "held_by_python": 5 * 64 + 2048 * 4 + 2 * 512 * 4,
+    }
+    holders = {"losses (list, global in test_roles_phase.py)": 5 * 64,
+               "self.cache (dict on Trainer)": 2048 * 4 + 2 * 512 * 4}
+    # AdamW keeps two tensors the size of each parameter (plus a step count, a tensor in PyTorch)
+    assert truth["optimizer_state"] >= 2 * truth["parameters"], truth
+    return truth, holders
+
+
+def t_roles():
+    truth, holders = build()
+    act = empty(1000)                   # a temporary of this frame: activations   # noqa: F841
+    allocated = sum(truth.values()) + 4000
+    r = measure(allocated)
+    got = dict((k, v[0]) for k, v in r["roles"].items())
+    for k, v in truth.items():
+        assert got[k] == v, (k, got[k], v)
+    assert got["activations"] == 4000, got
+    assert r["complete"] is True and r["optimizers"]["AdamW"][0] == truth["optimizer_state"], r
+    named = dict((h[0], h[4]) for h in r["holders"])
+    assert named == holders, named
+    enc = oomguard_roles.encode(r)
+    assert "role\tparameters\t%d\t" % truth["parameters"] in enc and "holder\t" in enc, enc
+
+
+def t_local_holder():
+    truth, _ = build()
+    outs = [empty(300), empty(300)]     # a list a running function fills: a named holder  # noqa: F841
+    r = measure(None)
+    named = dict((h[0].split(" (")[0], h[4]) for h in r["holders"])
+    assert named.get("outs") == 2 * 300 * 4, r["holders"]
+    assert r["roles"]["activations"][0] is None and r["why"], r      # allocated unknown: rest unknown
+
+
+def t_gc_only():
+    """Modules and optimizers reached only through gc: no name of ours holds them."""
+    truth, _ = build()
+    g = globals()
+    keep = [g.pop("model"), g.pop("opt")]
+    holder = {"k": keep}              # not a container the scan names (a dict in a closure cell)
+
+    def inner():
+        return holder
+    del keep
+    r = measure(None)
+    assert r["roles"]["parameters"][0] == truth["parameters"], r["roles"]
+    assert r["roles"]["optimizer_state"][0] == truth["optimizer_state"], r["roles"]
+    assert inner() is holder
+
+
+def t_budget():
+    build()
+    r = oomguard_roles.measure(torch, 0, 10 ** 9, on_device=on_device, round_to=1, budget=1e-9)
+    assert r["complete"] is False and r["roles"]["activations"][0] is None and "budget" in r["why"], r
+
+
+def t_never_raises():
+    def bad(t):
+        raise RuntimeError("device test broken")
+    build()
+    r = oomguard_roles.measure(torch, 0, 100, on_device=bad, round_to=1, budget=5.0)
+    assert r is not None and r["roles"]["parameters"][0] == 0, r
+
+
+check("roles of a model, its gradients, AdamW state, a view, global lists and an object's dict", t_roles)
+check("a list local of a running function is a named holder; unknown allocated leaves activations unknown",
+      t_local_holder)
+check("modules and optimizers found through gc alone", t_gc_only)
+check("the time budget stops the scan: incomplete, activations unknown", t_budget)
+check("a device test that raises never raises out of the role code", t_never_raises)
+
+
+# ------------------------------------------------------------------------------ the phase, real torch only
+
+def expect_phase(got, phase, file_part=None, function=None):
+    ph, where, source = got
+    assert ph == phase, got
+    if file_part is not None:
+        assert where is not None and file_part in where[0].replace(os.sep, "/"), got
+    if function is not None:
+        assert where[2] == function, got
+
+
+def t_real_step():
+    """A real forward, backward and AdamW step: the state the role code finds is PyTorch's."""
+    lin = torch.nn.Linear(64, 32)
+    o = torch.optim.AdamW(lin.parameters(), lr=1e-3)
+    lin(torch.randn(8, 64)).sum().backward()
+    o.step()
+    st = [t for s in o.state.values() for t in s.values() if torch.is_tensor(t)]
+    mine = set(t._storage().data_ptr() if not hasattr(t, "untyped_storage") else t.untyped_storage().data_ptr()
+               for t in st + [p.grad for p in lin.parameters()] + list(lin.parameters()))
+    r = oomguard_roles.measure(torch, 0, None, round_to=1, budget=5.0,
+                               on_device=lambda t: t.device.type == "cpu" and (
+                                   t._storage() if not hasattr(t, "untyped_storage") else t.untyped_storage()
+                               ).data_ptr() in mine)
+    pb = sum(nbytes(p) for p in lin.parameters())
+    assert r["roles"]["parameters"][0] == pb, r["roles"]
+    assert r["roles"]["gradients"][0] == pb, r["roles"]
+    assert r["roles"]["optimizer_state"][0] == sum(nbytes(t) for t in st) >= 2 * pb, r["roles"]
+
+
+def t_phase_forward():
+    got = []
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            got.append(oomguard_phase.detect(sys._getframe(), 1))
+            return x
+    m = M()
+    m.register_forward_pre_hook(lambda mod, inp: got.append(oomguard_phase.detect(sys._getframe(), 1)))
+    m(torch.zeros(1))
+    expect_phase(got[0], "forward", "torch/nn/modules/module.py")      # the pre-hook: PyTorch's _call_impl
+    expect_phase(got[1], "forward", "test_roles_phase.py", "forward")
+    got2 = oomguard_phase.detect(sys._getframe(), 1)
+    assert got2[0] is None and got2[1] is None, got2   # outside the module: no frame of a phase
+
+
+def t_phase_eval_flag():
+    got = []
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            got.append(oomguard_phase.detect(sys._getframe(), -1 if not torch.is_grad_enabled() else 1))
+            return x
+    with torch.no_grad():
+        M()(torch.zeros(1))
+    assert got[0][0] == "evaluation" and got[0][2] == "stack and autograd off", got
+
+
+def t_phase_backward():
+    got, other = [], []
+    x = torch.ones(3, requires_grad=True)
+    y = (x * 2).sum()
+
+    def hook(g):
+        got.append(oomguard_phase.detect(sys._getframe(), 1))
+        # an engine thread of PyTorch's has no Python frame: the caller thread tells the phase
+        done = _thread.allocate_lock()
+        done.acquire()
+
+        def engine():
+            other.append(oomguard_phase.detect(None, 0))
+            done.release()
+        _thread.start_new_thread(engine, ())
+        done.acquire()
+        return g
+    x.register_hook(hook)
+    y.backward()
+    expect_phase(got[0], "backward", "torch/autograd/")
+    expect_phase(other[0], "backward", "torch/autograd/")
+    assert other[0][2] == "thread that called backward()", other
+
+
+def t_phase_step():
+    got = []
+    lin = torch.nn.Linear(4, 2)
+    o = torch.optim.AdamW(lin.parameters())
+
+    def closure():
+        got.append(oomguard_phase.detect(sys._getframe(), 1))
+        loss = lin(torch.ones(1, 4)).sum()
+        loss.backward()
+        return loss
+    o.step(closure)
+    expect_phase(got[0], "optimizer_step", "torch/optim/")
+
+
+def t_phase_loading():
+    got = []
+    buf = io.BytesIO()
+    torch.save({"w": torch.ones(4)}, buf)
+    buf.seek(0)
+
+    def where(storage, location):
+        got.append(oomguard_phase.detect(sys._getframe(), 1))
+        return storage
+    torch.load(buf, map_location=where)
+    expect_phase(got[0], "loading", "torch/serialization.py")
+    lin = torch.nn.Linear(2, 2)
+    lin._register_load_state_dict_pre_hook(lambda *a, **k: got.append(oomguard_phase.detect(sys._getframe(), 1)))
+    lin.load_state_dict(torch.nn.Linear(2, 2).state_dict())
+    expect_phase(got[1], "loading", "torch/nn/modules/module.py")
+
+    class Moved(torch.nn.Linear):
+        def _apply(self, fn, *a, **k):
+            got.append(oomguard_phase.detect(sys._getframe(), 1))
+            return torch.nn.Linear._apply(self, fn, *a, **k)
+    Moved(2, 2).to(torch.float64)
+    expect_phase(got[2], "loading", "torch/nn/modules/module.py", "to")
+
+
+def t_phase_handler():
+    def work():
+        try:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        except torch.cuda.OutOfMemoryError:
+            return oomguard_phase.detect(sys._getframe(), 1), sys._getframe().f_lineno
+    got, line = work()
+    expect_phase(got, "oom_handler", "test_roles_phase.py", "work")
+    assert got[1][1] == line, (got, line)
+    # after the handler: not in it any more
+    assert oomguard_phase.detect(sys._getframe(), 1)[0] != "oom_handler"
+
+
+def t_phase_patterns_real_files():
+    """The table's PyTorch file patterns name files this torch has (the layout has not drifted)."""
+    base = os.path.dirname(os.path.abspath(torch.__file__))
+    checked = 0
+    for phase, prio, fpat, npat in oomguard_phase.PATTERNS:
+        if not fpat.startswith("*/torch/") or "*" in fpat[len("*/torch/"):]:
+            continue
+        rel = fpat[len("*/torch/"):]
+        if rel in ("autograd/graph.py", "distributed/_functional_collectives*.py"):
+            continue                                     # newer than 1.13
+        assert os.path.exists(os.path.join(base, rel)), fpat
+        checked += 1
+    assert checked >= 5, checked
+
+
+if not STAND_IN:
+    check("a real Linear, backward and AdamW step: parameters, gradients, state as PyTorch made them",
+          t_real_step)
+    check("phase forward: PyTorch's _call_impl (a pre-hook) and the module's forward", t_phase_forward)
+    check("phase evaluation: a forward pass with autograd off", t_phase_eval_flag)
+    check("phase backward: a hook inside PyTorch's backward; a frameless thread finds the caller", t_phase_backward)
+    check("phase optimizer_step: inside AdamW.step (a closure)", t_phase_step)
+    check("phase loading: torch.load (map_location), load_state_dict, Module.to", t_phase_loading)
+    check("phase oom_handler: inside the except block of torch.cuda.OutOfMemoryError", t_phase_handler)
+    check("the phase table's PyTorch files exist in this torch", t_phase_patterns_real_files)
+
+gc.collect()
+print("%d passed, %d failed" % (results["pass"], results["fail"]))
+sys.exit(1 if results["fail"] else 0)

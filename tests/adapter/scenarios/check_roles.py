@@ -1,0 +1,61 @@
+"""Checks a dump's memory.framework.roles and event.phase against the truth job_roles.py wrote.
+
+  python3 check_roles.py DUMPDIR TRUTH.json [--no-roles] [--incomplete] [--site LABEL]
+
+Every role's bytes equal the truth to the byte (a role the truth does not name: 0); activations
+are allocated minus the other roles (and the truth's, when it has one); the named holders are
+exactly the truth's, with its bytes; phase, and the file/function/line of phase_frame, are the
+truth's.  --site LABEL: that holder names the line that created its tensors (truth losses_line).
+--incomplete: the scan stopped at its budget: complete false, activations null, why given.
+--no-roles: memory.framework.roles is null (the phase is still checked)."""
+import glob
+import json
+import sys
+
+ROLES = ("parameters", "buffers", "gradients", "optimizer_state", "graph_pools", "held_by_python", "activations")
+
+
+def main():
+    ddir, tfile = sys.argv[1], sys.argv[2]
+    opts = sys.argv[3:]
+    truth = json.load(open(tfile))["truth"]
+    dumps = sorted(glob.glob(ddir + "/oomguard-*.json"))
+    assert len(dumps) == 1, dumps
+    d = json.load(open(dumps[0]))
+    fw = d["memory"]["framework"]
+    assert fw is not None, "no memory.framework"
+    e = d["event"]
+    assert e["phase"] == truth["phase"], (e["phase"], truth["phase"], e["phase_source"])
+    pf = e["phase_frame"]
+    assert pf is not None and pf["file"].endswith(truth["phase_file"]), (pf, truth["phase_file"])
+    assert pf["function"] == truth["phase_function"], (pf, truth["phase_function"])
+    if truth["phase_line"] is not None:
+        assert pf["line"] == truth["phase_line"], (pf, truth["phase_line"])
+    r = fw["roles"]
+    if "--no-roles" in opts:
+        assert r is None, r
+        return
+    assert r is not None, "no memory.framework.roles"
+    assert r["allocated_bytes"] == fw["allocated_bytes"], (r["allocated_bytes"], fw["allocated_bytes"])
+    if "--incomplete" in opts:
+        assert r["complete"] is False and r["activations_bytes"] is None and r["why"], r
+        return
+    assert r["complete"] is True, r
+    for role in ROLES[:-1]:
+        want = truth["roles"].get(role, 0)
+        assert r[role + "_bytes"] == want, (role, r[role + "_bytes"], want)
+    others = sum(r[k + "_bytes"] for k in ROLES[:-1])
+    assert r["activations_bytes"] == max(0, fw["allocated_bytes"] - others), r
+    if "activations" in truth:
+        assert r["activations_bytes"] == truth["activations"], (r["activations_bytes"], truth["activations"])
+    assert sum(o["bytes"] for o in r["optimizers"]) == r["optimizer_state_bytes"], r["optimizers"]
+    got = dict((h["label"], h["bytes"]) for h in r["holders"])
+    assert got == truth["holders"], (got, truth["holders"])
+    if "--site" in opts:
+        label = opts[opts.index("--site") + 1]
+        h = [h for h in r["holders"] if h["label"] == label][0]
+        assert h["site"] is not None and h["site"]["line"] == truth["losses_line"], (h, truth["losses_line"])
+    print("roles and phase as the truth: %s" % json.dumps(dict((k, r[k + "_bytes"]) for k in ROLES)))
+
+
+main()
