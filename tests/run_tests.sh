@@ -132,6 +132,11 @@ suite "real torch" env B="$B" bash tests/adapter/real_torch/run_tests.sh
 echo "== packaged: make wheel, pip install --no-index into a fresh venv, Jupyter kernel, Kubernetes layout"
 suite "packaging" env B="$B" SANITIZE="${SANITIZE:-}" MAKE="$MAKE" bash tests/pkg/run_tests.sh
 
+echo "== README's sample outputs (tools/readme_samples.py makes them by running them)"
+if [ -z "${SANITIZE:-}" ]; then
+    run "README's sample outputs are what the runs give" python3 tools/readme_samples.py --check --build "$B"
+fi
+
 echo "== scenario corpus (realistic failures, an expert's expectations, numbers vs the simulator)"
 suite "scenario corpus" env B="$B" PRELOAD="$PRELOAD" SANITIZE="${SANITIZE:-}" python3 tests/scenarios/run_scenarios.py
 
