@@ -906,7 +906,7 @@ void og_dump_atfork_child(void)
 }
 
 static void write_owed(int device);
-void og_dump_flush_pending(int device)
+static void dump_flush_pending(int device)
 {
     flush_pending(device);
     write_owed(device);
@@ -954,7 +954,7 @@ static void after_status(const og_record_t *rec, const og_episode_t *ep, const c
         og_log("%s dump written: %s", rec->status, path[0] ? path : "(none)");
 }
 
-void og_dump_capture_write(const char *status, int device)
+static void dump_capture_write(const char *status, int device)
 {
     if (dump_admit(status, device, false))
         capture_write_free(status, NULL, device, after_status);
@@ -994,7 +994,7 @@ static void owe(int d, const og_episode_t *ep)
     pthread_mutex_unlock(&pending_lock);
 }
 
-void og_report_failure(const og_episode_t *ep, og_call_t *c)
+static void report_failure(const og_episode_t *ep, og_call_t *c)
 {
     int d = ep->device;
     bool fresh = ep->attempts == 1 && c->active;
@@ -1025,7 +1025,7 @@ static void after_recovered(const og_record_t *rec, const og_episode_t *ep, cons
                path);
 }
 
-void og_report_recovered(const og_episode_t *ep, og_call_t *c)
+static void report_recovered(const og_episode_t *ep, og_call_t *c)
 {
     int d = ep->device;
     clear_pending(d);               /* recovered: no alarm on stderr */
@@ -1068,4 +1068,52 @@ static void write_owed(int device)
         atomic_store(&on_disk[d].attempts, ep.attempts);
         og_record_free(rec);
     }
+}
+
+/* ------------------------------------------------------------------ on the failure path's stack */
+
+/* The entry points run on the failure path's own stack (og_on_alt_stack): a thread with a small
+ * stack that fails an allocation gets its error code and its dump. */
+typedef struct {
+    int what;
+    const og_episode_t *ep;
+    og_call_t *c;
+    const char *status;
+    int device;
+} dump_call_t;
+enum { DC_FAILURE, DC_RECOVERED, DC_CAPTURE, DC_FLUSH };
+
+static void dump_call(void *arg)
+{
+    const dump_call_t *d = arg;
+    switch (d->what) {
+    case DC_FAILURE: report_failure(d->ep, d->c); break;
+    case DC_RECOVERED: report_recovered(d->ep, d->c); break;
+    case DC_CAPTURE: dump_capture_write(d->status, d->device); break;
+    default: dump_flush_pending(d->device); break;
+    }
+}
+
+void og_report_failure(const og_episode_t *ep, og_call_t *c)
+{
+    dump_call_t d = {.what = DC_FAILURE, .ep = ep, .c = c};
+    og_on_alt_stack(dump_call, &d);
+}
+
+void og_report_recovered(const og_episode_t *ep, og_call_t *c)
+{
+    dump_call_t d = {.what = DC_RECOVERED, .ep = ep, .c = c};
+    og_on_alt_stack(dump_call, &d);
+}
+
+void og_dump_capture_write(const char *status, int device)
+{
+    dump_call_t d = {.what = DC_CAPTURE, .status = status, .device = device};
+    og_on_alt_stack(dump_call, &d);
+}
+
+void og_dump_flush_pending(int device)
+{
+    dump_call_t d = {.what = DC_FLUSH, .device = device};
+    og_on_alt_stack(dump_call, &d);
 }

@@ -7,7 +7,26 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define OG_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define OG_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define OG_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define OG_TSAN 1
+#endif
+#endif
+#ifdef OG_ASAN
+#include <sanitizer/common_interface_defs.h>
+#endif
 
 OG_TLS int og_in_shim;
 atomic_int og_ready;
@@ -24,8 +43,10 @@ static void atfork_parent(void)
     og_stacks_atfork_parent();
     og_ledger_atfork_parent();
 }
+static void alt_atfork_child(void);
 static void atfork_child(void)
 {
+    alt_atfork_child();
     og_stacks_atfork_child();
     og_ledger_atfork_child();
     og_oom_atfork_child();
@@ -44,9 +65,11 @@ static void print_hooks(void)
     }
 }
 
+static void alt_prepare(void);
 static void init_once_fn(void)
 {
     og_in_shim++;               /* nothing we do here is to be recorded */
+    alt_prepare();
     og_options_init();
     og_stacks_init();
     og_ledger_init();
@@ -61,6 +84,134 @@ static void init_once_fn(void)
     }
     og_in_shim--;
     atomic_store_explicit(&og_ready, 1, memory_order_release);
+}
+
+/* ------------------------------------------------------------------ the failure path's stack */
+
+/* The failure path (capture, diagnosis, remedies, rendering, writing) needs tens of KiB of stack
+ * (the diagnosis alone has a 20 KB frame), more than a thread made with a small stack has left
+ * inside a cudaMalloc.  It runs on a stack of its own instead, mapped at start-up with a guard
+ * page below it, so the caller's stack only holds the switch.  One stack for the process, taken
+ * under a lock: failures are rare and write one file anyway, so two threads failing at once
+ * simply take turns.  A failure inside the failure path (a signal handler, a nested call) is
+ * already on it and runs there directly.  Where there is no such stack (the mapping failed, an
+ * architecture without the switch below, ThreadSanitizer, which cannot follow it) the path runs
+ * where it is called, as before. */
+#if OG_ASAN
+#define OG_ALT_STACK_SIZE (8u << 20)   /* redzones and unmerged frames: several times the plain need */
+#else
+#define OG_ALT_STACK_SIZE (1u << 20)   /* ~50 KiB used: the rest is margin (untouched pages cost nothing) */
+#endif
+#if (defined(__x86_64__) || defined(__aarch64__)) && !defined(OG_TSAN)
+#define OG_ALT_SWITCH 1
+#endif
+
+static char *alt_base;                  /* lowest usable byte, above the guard page; NULL: none */
+static pthread_mutex_t alt_lock = PTHREAD_MUTEX_INITIALIZER;
+static OG_TLS bool on_alt;
+
+static void alt_prepare(void)
+{
+#ifdef OG_ALT_SWITCH
+    long page = sysconf(_SC_PAGESIZE);
+    size_t guard = page > 0 ? (size_t)page : 4096;
+    char *m = mmap(NULL, OG_ALT_STACK_SIZE + guard, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+    if (m == MAP_FAILED)
+        return;
+    if (mprotect(m, guard, PROT_NONE) != 0) {
+        munmap(m, OG_ALT_STACK_SIZE + guard);
+        return;
+    }
+    alt_base = m + guard;
+#endif
+}
+
+/* A fork child has only the forking thread: nobody is on the stack there. */
+static void alt_atfork_child(void)
+{
+    pthread_mutex_init(&alt_lock, NULL);
+    on_alt = false;
+}
+
+#ifdef OG_ALT_SWITCH
+/* Calls fn(arg) with the stack pointer at `top` (16-byte aligned), back on the caller's stack
+ * when it returns.  Every register the ABI lets fn change is declared clobbered. */
+static __attribute__((noinline)) void call_on_stack(char *top, void (*fn)(void *), void *arg)
+{
+#if defined(__x86_64__)
+    __asm__ volatile("mov %%rsp, %%rbx\n\t"
+                     "mov %0, %%rsp\n\t"
+                     "mov %2, %%rdi\n\t"
+                     "call *%1\n\t"
+                     "mov %%rbx, %%rsp\n\t"
+                     :
+                     : "r"(top), "r"(fn), "r"(arg)
+                     : "rbx", "rax", "rcx", "rdx", "rsi", "rdi", "r8", "r9", "r10", "r11", "memory", "cc",
+                       "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
+                       "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
+#elif defined(__aarch64__)
+    register char *t __asm__("x9") = top;
+    register void (*f)(void *) __asm__("x10") = fn;
+    register void *a __asm__("x11") = arg;
+    __asm__ volatile("mov x19, sp\n\t"
+                     "mov sp, %0\n\t"
+                     "mov x0, %2\n\t"
+                     "blr %1\n\t"
+                     "mov sp, x19\n\t"
+                     : "+r"(t), "+r"(f), "+r"(a)
+                     :
+                     : "x0", "x1", "x2", "x3", "x4", "x5", "x6", "x7", "x8", "x12", "x13", "x14", "x15", "x16",
+                       "x17", "x18", "x19", "x30", "memory", "cc", "v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7",
+                       "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27", "v28",
+                       "v29", "v30", "v31");
+#endif
+}
+
+typedef struct {
+    void (*fn)(void *);
+    void *arg;
+#ifdef OG_ASAN
+    const void *caller_bottom;
+    size_t caller_size;
+#endif
+} alt_call_t;
+
+static void alt_entry(void *p)
+{
+    alt_call_t *a = p;
+#ifdef OG_ASAN
+    __sanitizer_finish_switch_fiber(NULL, &a->caller_bottom, &a->caller_size);
+#endif
+    a->fn(a->arg);
+#ifdef OG_ASAN
+    __sanitizer_start_switch_fiber(NULL, a->caller_bottom, a->caller_size);
+#endif
+}
+#endif
+
+void og_on_alt_stack(void (*fn)(void *), void *arg)
+{
+#ifdef OG_ALT_SWITCH
+    if (alt_base && !on_alt) {
+        pthread_mutex_lock(&alt_lock);
+        on_alt = true;
+        alt_call_t a = {.fn = fn, .arg = arg};
+        char *top = (char *)(((uintptr_t)alt_base + OG_ALT_STACK_SIZE) & ~(uintptr_t)15);
+#ifdef OG_ASAN
+        void *fake = NULL;
+        __sanitizer_start_switch_fiber(&fake, alt_base, OG_ALT_STACK_SIZE);
+#endif
+        call_on_stack(top, alt_entry, &a);
+#ifdef OG_ASAN
+        __sanitizer_finish_switch_fiber(fake, NULL, NULL);
+#endif
+        on_alt = false;
+        pthread_mutex_unlock(&alt_lock);
+        return;
+    }
+#endif
+    fn(arg);
 }
 
 /* Hooks can run before our constructor (another library's constructor may allocate). */

@@ -46,6 +46,9 @@ extern OG_TLS int og_in_shim;
 extern atomic_int og_ready;
 extern atomic_int og_exiting;      /* set at exit: no driver or NVML call from now on */
 void og_exit_arm(void);           /* registers the exit summary (once; from a hook, not a constructor) */
+/* Runs fn(arg) on the failure path's own stack (mapped at start-up), so that a thread with a
+ * small stack can fail an allocation: the caller's stack holds only the switch. */
+void og_on_alt_stack(void (*fn)(void *), void *arg);
 void og_init_slow(void);
 
 static inline void og_enter(og_call_t *c, int hook, void *caller)

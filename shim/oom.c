@@ -25,6 +25,8 @@ void og_oom_init(void)
         pthread_mutex_init(&slots[i].lock, NULL);
 }
 
+static void refresh_overhead(void *device) { og_limit_refresh_overhead(*(int *)device); }
+
 void og_on_oom(og_call_t *c, uint64_t size, int kind, CUresult r, bool by_limit)
 {
     int d = c->device;
@@ -53,7 +55,8 @@ void og_on_oom(og_call_t *c, uint64_t size, int kind, CUresult r, bool by_limit)
     ep->released_before_attempt = ep->released;
     og_episode_t snapshot = *ep;
     pthread_mutex_unlock(&s->lock);
-    og_limit_refresh_overhead(d);
+    if (og_limit_active())
+        og_on_alt_stack(refresh_overhead, &d);   /* NVML's process list: not on the caller's stack */
     og_live_kick();
     if (c->active)
         og_query_at_failure(d);   /* the framework's answer, when asking cannot deadlock */

@@ -137,6 +137,35 @@ static void copy_dump(int n)
         fclose(in);
 }
 
+/* A thread that allocates on device 0: 64 GiB (fails) or 64 MiB (succeeds, freed); returns the error. */
+static void *alloc_in_thread(void *arg)
+{
+    void *p;
+    cudaSetDevice(0);
+    cudaError_t r = cudaMalloc(&p, arg ? 64 * GiB : 64ull << 20);
+    if (r == cudaSuccess)
+        cudaFree(p);
+    return (void *)(intptr_t)r;
+}
+
+/* The most stack a thread running fn used: it runs on a stack of ours, filled with a pattern first. */
+static size_t stack_used(void *(*fn)(void *), void *arg)
+{
+    size_t size = 1u << 20, i = 0;
+    unsigned char *stk = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    memset(stk, 0xA5, size);
+    pthread_attr_t at;
+    pthread_t t;
+    pthread_attr_init(&at);
+    pthread_attr_setstack(&at, stk, size);
+    pthread_create(&t, &at, fn, arg);
+    pthread_join(t, NULL);
+    while (i < size && stk[i] == 0xA5)
+        i++;
+    munmap(stk, size);
+    return size - i;
+}
+
 static void *rewriter(void *arg)
 {
     for (;;)
@@ -268,6 +297,22 @@ int main(int argc, char **argv)
         churn_stop = 1;
         for (int i = 0; i < 4; i++)
             pthread_join(t[i], NULL);
+        return 0;
+    } else if (!strcmp(mode, "smallstack")) {
+        /* a thread made with a small stack (argv[2] bytes) fails an allocation: it gets the error */
+        pthread_attr_t at;
+        pthread_t t;
+        void *r = NULL;
+        pthread_attr_init(&at);
+        if (pthread_attr_setstacksize(&at, (size_t)atol(argv[2])) != 0 || pthread_create(&t, &at, alloc_in_thread, "") != 0)
+            return 5;
+        pthread_join(t, &r);
+        printf("small stack: %d\n", (int)(intptr_t)r);
+        return (intptr_t)r == cudaErrorMemoryAllocation ? 3 : 4;
+    } else if (!strcmp(mode, "stackuse")) {
+        /* the stack a successful allocation uses, and a failing one (its dump included) */
+        size_t ok = stack_used(alloc_in_thread, NULL), failed = stack_used(alloc_in_thread, "");
+        printf("stack: allocation %zu failure %zu\n", ok, failed);
         return 0;
     } else if (!strcmp(mode, "plain")) {
         void *p;

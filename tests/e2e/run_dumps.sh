@@ -251,6 +251,22 @@ EOF
 result $([ $rc = 0 ] && [ "${out%% *}" = 20 ] && [ "$(echo "$out" | cut -d' ' -f2)" = 0 ]; echo $?) \
     "20 dumps while 4 threads allocate: totals, by kind, by library, top sites and peaks agree (dumps, disagreeing: $out)"
 
+# ---------------------------------------------------------------- a small stack
+echo "== the failure path on a thread with a small stack"
+# the failure path runs on a stack of its own: the caller's holds the failing call and the switch.
+# ASan's redzones make the caller's own part (a successful cudaMalloc: 15 KiB there, 13 plain) larger: 32 KiB.
+size=16384; [ "${SANITIZE:-}" = 1 ] && size=32768
+d=$(fresh smallstack)
+shim env OOMGUARD_DIR="$d" OOMGUARD_QUIET=1 "$prog" smallstack $size >"$d/out" 2>&1; rc=$?
+st=$(status_of "$d"/oomguard-*.json 2>/dev/null)
+result $([ $rc = 3 ] && [ "$st" = "oom 0" ]; echo $?) \
+    "a thread with a $((size / 1024)) KiB stack whose cudaMalloc fails gets the error code (exit $rc) and a dump ($st)"
+out=$(shim env OOMGUARD_DIR="$d" OOMGUARD_QUIET=1 "$prog" stackuse 2>/dev/null)
+ok=$(echo "$out" | sed -n 's/^stack: allocation \([0-9]*\) failure \([0-9]*\)$/\1/p')
+failed=$(echo "$out" | sed -n 's/^stack: allocation \([0-9]*\) failure \([0-9]*\)$/\2/p')
+result $([ -n "$ok" ] && [ -n "$failed" ] && [ $((failed - ok)) -le 8192 ]; echo $?) \
+    "the failure path takes $(( ${failed:-0} - ${ok:-0} )) bytes of the caller's stack beyond a successful cudaMalloc's ${ok:-?} (<= 8192)"
+
 # ---------------------------------------------------------------- secrets
 echo "== secrets"
 d=$(fresh secrets)
