@@ -419,7 +419,7 @@ static void tmp_close(int dfd, og_tmp_t *t)
  * regular files named like ours; others' are not ours to judge (and the sticky bit of a shared
  * directory forbids it anyway). */
 #define OG_ORPHAN_AGE_S 600
-#define OG_SWEEP_MAX_ENTRIES 20000   /* a start-up in a huge directory reads no more than this */
+#define OG_SWEEP_MAX_ENTRIES 1024    /* a start-up reads no more (~1.5 us each): a bigger directory is swept by the first dump */
 
 static bool scratch_like(const char *n)
 {
