@@ -760,9 +760,12 @@ og_record_t *og_record_capture(const char *status, const og_episode_t *ep, int d
     capture_ledger(rec, device);
     og_nvml_measure(rec);
     rec->memory.ipc_mapped_bytes = og_ledger_ipc_mapped(device);
-    if (rec->memory.nunmeasured < (int)(sizeof rec->memory.unmeasured / sizeof rec->memory.unmeasured[0]) &&
-        og_ledger_unmeasured(device, rec->memory.unmeasured[rec->memory.nunmeasured], sizeof rec->memory.unmeasured[0]))
-        rec->memory.nunmeasured++;
+    for (int k = 0; rec->memory.nunmeasured < (int)(sizeof rec->memory.unmeasured / sizeof rec->memory.unmeasured[0]) &&
+                    og_ledger_unmeasured(device, k, rec->memory.unmeasured[rec->memory.nunmeasured],
+                                         sizeof rec->memory.unmeasured[0]);
+         k++)
+        if (rec->memory.unmeasured[rec->memory.nunmeasured][0])
+            rec->memory.nunmeasured++;
     capture_peers(rec);
     og_framework_view_get(&rec->memory.fw);
     python_view_missing(rec);

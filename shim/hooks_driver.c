@@ -64,7 +64,7 @@ static inline __attribute__((always_inline)) CUresult free_end(og_call_t *c, uin
         og_fn_##name real = (og_fn_##name)og_begin(&c, OG_H_##name, __builtin_return_address(0)); \
         if (OG_UNLIKELY(!real))                                                                    \
             return CUDA_ERROR_NOT_INITIALIZED;                                                     \
-        og_taken_t tk = {0};                                                                       \
+        og_taken_t tk;                                                                             \
         free_begin(&c, (uintptr_t)handle, &tk);                                                    \
         return og_end(&c, free_end(&c, (uintptr_t)handle, &tk, real(handle)));                    \
     }

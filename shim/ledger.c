@@ -71,20 +71,56 @@ uint64_t og_ticks_to_ns(uint64_t ticks)
 /* ------------------------------------------------------------------ history rings */
 
 /* Each shard keeps its own ring (written under the shard lock); VMM, pools and failures go
- * to one more ring with its own lock.  A dump merges them by time. */
+ * to one more ring with its own lock.  A dump merges them by time.
+ *
+ * OOMGUARD_HISTORY bounds the events of the whole process, not of each ring: the rings take
+ * their buffers, when their first thread arrives, from a budget of twice OOMGUARD_HISTORY
+ * events, each min(OOMGUARD_HISTORY, half of what is left) and at least 16.  The first
+ * allocating thread keeps OOMGUARD_HISTORY events (a single-threaded program sees all it
+ * did before), the next ones half as many each; in all at most 2 x OOMGUARD_HISTORY + 16 x 65
+ * events of 40 bytes.  The buffer is allocated with no lock held; without memory the ring
+ * keeps only its newest event (counted in og_ledger_lost). */
 static ring_t slow_ring;
 static pthread_mutex_t slow_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic int64_t history_left;
 
-/* Each ring holds OOMGUARD_HISTORY events, so the newest OOMGUARD_HISTORY of the process
- * are always kept, however the threads share them; only rings that are used cost memory
- * (one per allocating thread, up to 64). */
-static __attribute__((noinline)) og_event_t *ring_alloc(ring_t *r)
+static void ring_init(ring_t *r)
 {
-    og_event_t *ev;
-    if (!r->size || !(ev = calloc(r->size, sizeof *ev)))
-        return NULL;
-    atomic_store_explicit(&r->ev, ev, memory_order_release);
-    return ev;
+    r->own.size = 1;
+    r->pos = 0;
+    atomic_store(&r->claimed, 0);
+    atomic_store(&r->head, 0);
+    atomic_store_explicit(&r->buf, (ring_buf_t *)&r->own, memory_order_release);
+}
+
+/* A buffer for `r`, installed under `lock` (a shard's) or `mutex` (the slow ring's). */
+static __attribute__((noinline)) void ring_provide(ring_t *r, og_spin_t *lock, pthread_mutex_t *mutex)
+{
+    if (atomic_load_explicit(&r->claimed, memory_order_relaxed) || atomic_exchange(&r->claimed, 1))
+        return;
+    int64_t h = og_opt.history, left = atomic_load(&history_left), want;
+    do {
+        want = left / 2 < h ? left / 2 : h;
+        if (want < 16)
+            want = 16;
+    } while (!atomic_compare_exchange_weak(&history_left, &left, left - want));
+    ring_buf_t *rb = calloc(1, sizeof *rb + (size_t)want * sizeof(og_event_t));
+    if (!rb) {
+        atomic_fetch_add(&history_left, want);
+        og_lost(OG_LOST_HISTORY);
+        return;
+    }
+    rb->size = (uint32_t)want;
+    if (lock)
+        og_spin_lock(lock);
+    else
+        pthread_mutex_lock(mutex);
+    r->pos = (uint32_t)(atomic_load_explicit(&r->head, memory_order_relaxed) % rb->size);
+    atomic_store_explicit(&r->buf, rb, memory_order_release);
+    if (lock)
+        og_spin_unlock(lock);
+    else
+        pthread_mutex_unlock(mutex);
 }
 
 /* Inlined into the allocation and free paths (a call and its saved registers cost as much
@@ -92,12 +128,10 @@ static __attribute__((noinline)) og_event_t *ring_alloc(ring_t *r)
 static inline __attribute__((always_inline)) void ring_add(ring_t *r, int op, int hook, int device, uint64_t bytes,
                                                            uint64_t live, uint64_t t)
 {
-    og_event_t *ev = atomic_load_explicit(&r->ev, memory_order_relaxed);
-    if (OG_UNLIKELY(!ev) && !(ev = ring_alloc(r)))
-        return;
+    ring_buf_t *rb = atomic_load_explicit(&r->buf, memory_order_relaxed);
     uint64_t i = atomic_load_explicit(&r->head, memory_order_relaxed);
-    og_event_t *e = &ev[r->pos];
-    r->pos = r->pos + 1 == r->size ? 0 : r->pos + 1;
+    og_event_t *e = &rb->ev[r->pos];
+    r->pos = r->pos + 1 == rb->size ? 0 : r->pos + 1;
     atomic_store_explicit(&e->seq, 0, memory_order_relaxed);
     atomic_thread_fence(memory_order_release);
     atomic_store_explicit(&e->t_ns, t, memory_order_relaxed);
@@ -111,6 +145,8 @@ static inline __attribute__((always_inline)) void ring_add(ring_t *r, int op, in
 
 void og_history_add(int op, int hook, int device, uint64_t bytes, uint64_t live, uint64_t t)
 {
+    if (OG_UNLIKELY(!atomic_load_explicit(&slow_ring.claimed, memory_order_relaxed)))
+        ring_provide(&slow_ring, NULL, &slow_lock);
     pthread_mutex_lock(&slow_lock);
     ring_add(&slow_ring, op, hook, device, bytes, live, t);
     pthread_mutex_unlock(&slow_lock);
@@ -118,13 +154,11 @@ void og_history_add(int op, int hook, int device, uint64_t bytes, uint64_t live,
 
 static size_t ring_copy(ring_t *r, og_history_event_t *out, size_t n, size_t max)
 {
-    og_event_t *ev = atomic_load_explicit(&r->ev, memory_order_acquire);
-    if (!ev)
-        return n;
+    ring_buf_t *rb = atomic_load_explicit(&r->buf, memory_order_acquire);
     uint64_t head = atomic_load_explicit(&r->head, memory_order_acquire);
-    uint64_t first = head > r->size ? head - r->size : 0;
+    uint64_t first = head > rb->size ? head - rb->size : 0;
     for (uint64_t i = first; i < head && n < max; i++) {
-        og_event_t *e = &ev[i % r->size];
+        og_event_t *e = &rb->ev[i % rb->size];
         if (atomic_load_explicit(&e->seq, memory_order_acquire) != i + 1)
             continue;
         uint64_t t = atomic_load_explicit(&e->t_ns, memory_order_relaxed);
@@ -146,7 +180,10 @@ static int cmp_event_t(const void *a, const void *b)
     return (x->t_ns > y->t_ns) - (x->t_ns < y->t_ns);
 }
 
-/* The newest OOMGUARD_HISTORY events of the process, oldest first. */
+/* The newest OOMGUARD_HISTORY events of the process, oldest first, and never more than
+ * OG_DUMP_EVENTS: a dump's history is bounded by size (about 100 bytes of JSON an event),
+ * whatever OOMGUARD_HISTORY is; memory.unmeasured says when events were left out. */
+#define OG_DUMP_EVENTS 65536
 size_t og_history_copy(og_history_event_t *out, size_t max)
 {
     size_t n = 0;
@@ -154,20 +191,31 @@ size_t og_history_copy(og_history_event_t *out, size_t max)
         n = ring_copy(&og_shards[i].ring, out, n, max);
     n = ring_copy(&slow_ring, out, n, max);
     qsort(out, n, sizeof *out, cmp_event_t);
-    size_t keep = (size_t)og_opt.history;
-    if (keep && n > keep) {
+    size_t keep = (size_t)og_opt.history < OG_DUMP_EVENTS ? (size_t)og_opt.history : OG_DUMP_EVENTS;
+    if (n > keep) {
         memmove(out, out + (n - keep), keep * sizeof *out);
         n = keep;
     }
     return n;
 }
 
+/* Events the rings hold now (what og_history_copy chooses from). */
+static uint64_t history_held(void)
+{
+    uint64_t n = 0;
+    for (int i = 0; i <= SHARDS; i++) {
+        ring_t *r = i < SHARDS ? &og_shards[i].ring : &slow_ring;
+        uint64_t head = atomic_load(&r->head), size = atomic_load(&r->buf)->size;
+        n += head < size ? head : size;
+    }
+    return n;
+}
+
 size_t og_history_capacity(void)
 {
-    size_t n = atomic_load(&slow_ring.ev) ? slow_ring.size : 0;
+    size_t n = atomic_load(&slow_ring.buf)->size;
     for (int i = 0; i < SHARDS; i++)
-        if (atomic_load(&og_shards[i].ring.ev))
-            n += og_shards[i].ring.size;
+        n += atomic_load(&og_shards[i].ring.buf)->size;
     return n;
 }
 
@@ -241,65 +289,159 @@ uint64_t og_tracked_add(og_ledger_dev_t *d, int64_t delta, uint64_t t)
 
 /* ------------------------------------------------------------------ blocks */
 
+_Atomic uint64_t og_ledger_lost[OG_LOST_COUNT];
+
 static atomic_uint next_shard;
 static OG_TLS int my_shard_idx = -1;
 
 static inline shard_t *my_shard(void)
 {
     if (OG_UNLIKELY(my_shard_idx < 0)) {
-        my_shard_idx = (int)(atomic_fetch_add(&next_shard, 1) % SHARDS);
+        int k = (int)(atomic_fetch_add(&next_shard, 1) % SHARDS);
+        ring_provide(&og_shards[k].ring, &og_shards[k].lock, NULL);   /* no lock of ours held here */
+        my_shard_idx = k;
         og_exit_arm();          /* once per thread: the program is running, not starting */
     }
     return &og_shards[my_shard_idx];
 }
 
-/* The other shards, for a block freed by another thread than the one that allocated it. */
-static __attribute__((noinline)) shard_t *find_locked_others(shard_t *mine, uint64_t addr, og_block_t **out)
+/* Which shard holds a block, as a hint a free reads before it takes any lock: one byte per
+ * address hash, written by the allocating thread (only when it changes: a thread reusing its
+ * addresses writes nothing), never locked.  A stale or colliding hint costs only the walk of
+ * the other shards that a free without hints always did; the shard's table stays the truth. */
+#define OWNER_HINTS (1u << 16)
+static _Atomic uint8_t owner_hint[OWNER_HINTS];
+static inline _Atomic uint8_t *hint_of(uint64_t h) { return &owner_hint[h >> 48]; }   /* h: og_addr_mix */
+static inline void hint_set(uint64_t h, int shard)
+{
+    uint8_t k = (uint8_t)shard;
+    if (OG_UNLIKELY(atomic_load_explicit(hint_of(h), memory_order_relaxed) != k))
+        atomic_store_explicit(hint_of(h), k, memory_order_relaxed);
+}
+
+/* The shards the hint did not name, for a block whose hint was overwritten (another block
+ * with the same hint slot) or that was allocated before the hint was kept. */
+static __attribute__((noinline)) shard_t *find_locked_others(shard_t *tried, uint64_t addr, uint64_t h,
+                                                             og_block_t **out)
 {
     for (int i = 0; i < SHARDS; i++) {
         shard_t *s = &og_shards[i];
-        if (s == mine || !atomic_load_explicit(&s->nblocks, memory_order_relaxed))
+        if (s == tried || !atomic_load_explicit(&s->nblocks, memory_order_relaxed))
             continue;
         og_spin_lock(&s->lock);
-        HASH_FIND(hh, s->table, &addr, sizeof(uint64_t), *out);
-        if (*out)
+        og_block_t *b = og_table_slot(s, addr, h);
+        if (b->addr) {
+            *out = b;
             return s;
+        }
         og_spin_unlock(&s->lock);
     }
     return NULL;
 }
 
-/* Finds addr's block, looking in the caller's shard first (inlined: that is the common
- * case).  Returns with that shard locked and *out set, or NULL (nothing locked) when no
- * shard has it. */
-static inline __attribute__((always_inline)) shard_t *find_locked(uint64_t addr, og_block_t **out)
+/* Finds addr's block in the shard its hint names (inlined: that is the common case), else in
+ * the others.  Returns with that shard locked and *out set, or NULL (nothing locked). */
+static inline __attribute__((always_inline)) shard_t *find_locked(uint64_t addr, uint64_t h, og_block_t **out)
 {
-    shard_t *mine = my_shard();
-    og_spin_lock(&mine->lock);
-    HASH_FIND(hh, mine->table, &addr, sizeof(uint64_t), *out);
-    if (OG_LIKELY(*out))
-        return mine;
-    og_spin_unlock(&mine->lock);
-    return find_locked_others(mine, addr, out);
+    shard_t *s = &og_shards[atomic_load_explicit(hint_of(h), memory_order_relaxed) % SHARDS];
+    og_spin_lock(&s->lock);
+    og_block_t *b = og_table_slot(s, addr, h);
+    if (OG_LIKELY(b->addr)) {
+        *out = b;
+        return s;
+    }
+    og_spin_unlock(&s->lock);
+    return find_locked_others(s, addr, h, out);
 }
 
-shard_t *og_block_find_locked(uint64_t addr, og_block_t **out) { return find_locked(addr, out); }
+shard_t *og_block_find_locked(uint64_t addr, og_block_t **out) { return find_locked(addr, og_addr_mix(addr), out); }
 
-static og_block_t *block_get(shard_t *s)
+/* Backward-shift deletion: the blocks after the emptied slot that would be found sooner from
+ * their home slot move into it, so no tombstones and no probe grows longer. */
+void og_table_remove_shift(shard_t *s, og_block_t *b)
 {
-    og_block_t *b = s->free_list;
-    if (OG_LIKELY(b)) {
-        s->free_list = b->hh.next;
-        return b;
+    uint32_t hole = (uint32_t)(b - s->slots), mask = s->mask;
+    for (uint32_t j = (hole + 1) & mask;; j = (j + 1) & mask) {
+        og_block_t *x = &s->slots[j];
+        if (!x->addr)
+            break;
+        uint32_t home = (uint32_t)(og_addr_mix(x->addr) >> s->shift);
+        if (((j - home) & mask) >= ((j - hole) & mask)) {   /* the hole is on x's probe path */
+            s->slots[hole] = *x;
+            hole = j;
+        }
     }
-    og_block_t *slab = malloc(SLAB_COUNT * sizeof *slab);
-    if (!slab)
-        return NULL;
-    for (int i = 1; i < SLAB_COUNT - 1; i++)
-        slab[i].hh.next = &slab[i + 1];
-    slab[SLAB_COUNT - 1].hh.next = NULL;
-    s->free_list = &slab[1];
-    return &slab[0];
+    s->slots[hole].addr = 0;
+}
+
+/* The table doubles at half full.  The allocation is made with the shard's lock dropped (no
+ * lock of ours is held across a call that can fail); the table may have changed meanwhile,
+ * so the caller looks up again after.  Without memory the table fills up to 7/8, then a
+ * block is left untracked (counted in og_ledger_lost). */
+bool og_table_ensure_slow(shard_t *s)
+{
+    uint32_t size = s->mask + 1;
+    og_spin_unlock(&s->lock);
+    og_block_t *grown = og_line_alloc(2 * (size_t)size * sizeof *grown), *old = NULL;
+    if (grown)
+        memset(grown, 0, 2 * (size_t)size * sizeof *grown);
+    og_spin_lock(&s->lock);
+    if (grown && s->mask + 1 == size) {
+        old = s->slots;
+        s->slots = grown;
+        s->mask = 2 * size - 1;
+        s->shift--;
+        for (uint32_t i = 0; i < size; i++)
+            if (old[i].addr)
+                *og_table_slot(s, old[i].addr, og_addr_mix(old[i].addr)) = old[i];
+        grown = NULL;
+    }
+    uint64_t n = atomic_load_explicit(&s->nblocks, memory_order_relaxed);
+    bool room = n < (s->mask + 1) - (s->mask + 1) / 8;
+    if (grown || (old && old != s->first)) {
+        og_spin_unlock(&s->lock);
+        free(grown);                        /* another thread grew it first */
+        if (old != s->first)
+            free(old);
+        og_spin_lock(&s->lock);
+    }
+    return room;
+}
+
+/* How a block counts on its device: plain and managed blocks and counted pool blocks are
+ * device memory themselves; other pool blocks are inside their pool's reservation. */
+static inline bool counts_on_device(const og_block_t *b)
+{
+    return counts_itself(b->kind, b->flags);
+}
+
+/* og_block_account for everything but a plain or managed block of a known device: pinned
+ * host memory, pool blocks, IPC mappings, blocks of no known device. */
+uint64_t og_block_account_rare(shard_t *s, const og_block_t *b, int op, uint64_t t, bool *flushed)
+{
+    int sign = op == OG_BLOCK_OUT ? -1 : 1;
+    if (b->kind == OG_KIND_HOST) {
+        s->host_bytes += (uint64_t)sign * b->size;
+        s->host_blocks += (uint64_t)sign;
+        return 0;
+    }
+    og_ledger_dev_t *d = dev_of(b->device);
+    if (!d)
+        return 0;
+    if (!(b->flags & OG_KIND_F_IPC)) {             /* IPC: mapped here, not allocated */
+        shard_dev_t *sd = &s->dev[b->device];
+        sd->bytes[b->kind] += (uint64_t)sign * b->size;
+        sd->blocks[b->kind] += (uint64_t)sign;
+        sd->allocs += op == OG_BLOCK_IN;
+    }
+    if (b->kind == OG_KIND_POOL)
+        atomic_fetch_add_explicit(&d->pool_used, (uint64_t)sign * b->size, memory_order_relaxed);
+    if (b->flags & OG_KIND_F_COUNTED)
+        atomic_fetch_add_explicit(&d->pool_counted, (uint64_t)sign * b->size, memory_order_relaxed);
+    ipc_account(d, b->flags, b->size, sign);
+    if (counts_on_device(b))
+        return shard_tracked_add(s, b->device, (int64_t)sign * (int64_t)b->size, t, flushed);
+    return atomic_load_explicit(&d->tracked, memory_order_relaxed);
 }
 
 uint64_t og_ledger_ipc_mapped(int device)
@@ -307,121 +449,95 @@ uint64_t og_ledger_ipc_mapped(int device)
     return device >= 0 && device < OG_MAX_DEVICES ? atomic_load(&og_devs[device].ipc_mapped) : 0;
 }
 
+/* A block into the caller's shard (an allocation, or one put back), its event (by `hook`, at
+ * `t`) in the ring.  Returns false when there was no room for it (counted); *flushed: the
+ * device's total moved. */
+static inline __attribute__((always_inline)) bool block_insert(const og_block_t *nb, int op, int hook, uint64_t t,
+                                                               uint64_t *live, bool *flushed)
+{
+    shard_t *s = my_shard();
+    uint64_t h = og_addr_mix(nb->addr);
+    og_spin_lock(&s->lock);
+    if (OG_UNLIKELY(!og_table_ensure(s))) {
+        og_spin_unlock(&s->lock);
+        og_lost(OG_LOST_BLOCKS);
+        return false;
+    }
+    og_block_t *b = og_table_slot_new(s, nb->addr, h);
+    if (OG_UNLIKELY(b->addr))
+        /* The driver handed out an address we still hold: its free went by a path we do not
+         * see.  The old block is gone; count it out. */
+        og_block_account(s, b, OG_BLOCK_OUT, t, flushed);
+    *b = *nb;
+    *live = og_block_account(s, nb, op, t, flushed);
+    if (OG_LIKELY(!(nb->flags & OG_BLOCK_F_RARE)) ||   /* a mapping is no event */
+        ((unsigned)nb->device < OG_MAX_DEVICES && nb->kind != OG_KIND_HOST && !(nb->flags & OG_KIND_F_IPC)))
+        ring_add(&s->ring, OG_EV_ALLOC, hook, nb->device, nb->size, *live, t);
+    og_spin_unlock(&s->lock);
+    hint_set(h, my_shard_idx);
+    return true;
+}
+
 void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind)
 {
     int flags = kind & OG_KIND_F_MASK;
     kind &= ~OG_KIND_F_MASK;
     if (OG_UNLIKELY(!addr))
-        return;                                   /* nothing allocated (and the sentinel's key) */
+        return;                                   /* nothing allocated (and the empty slot's key) */
     uint32_t site = og_site_capture(c->caller);   /* before any lock: it may unwind */
-    uint64_t t = og_ticks();
     int device = kind == OG_KIND_HOST ? -1 : (c->device >= 0 ? c->device : og_current_device());
-    og_ledger_dev_t *d = dev_of(device);
-    shard_t *s = my_shard();
-    og_spin_lock(&s->lock);
-    og_block_t *old;
-    uint64_t key = addr;
-    unsigned hv;                                  /* hashed once for the lookup and the insert */
-    HASH_VALUE(&key, sizeof key, hv);
-    HASH_FIND_BYHASHVALUE(hh, s->table, &key, sizeof key, hv, old);
-    if (OG_UNLIKELY(old)) {
-        /* The driver handed out an address we still hold: its free went by a path we do
-         * not see.  The old block is gone; count it out. */
-        HASH_DEL(s->table, old);
-        shard_count(s, old, -1);
-        if (old->kind != OG_KIND_HOST && dev_of(old->device)) {
-            if (old->kind == OG_KIND_POOL)
-                atomic_fetch_sub(&og_devs[old->device].pool_used, old->size);
-            if (old->flags & OG_KIND_F_COUNTED)
-                atomic_fetch_sub(&og_devs[old->device].pool_counted, old->size);
-            ipc_account(&og_devs[old->device], old->flags, old->size, -1);
-            if (counts_itself(old->kind, old->flags))
-                shard_tracked_add(s, old->device, -(int64_t)old->size, t);
-        }
-        block_put(s, old);
+    bool rare = kind > OG_KIND_MANAGED || (flags & (OG_KIND_F_IPC | OG_KIND_F_COUNTED)) ||
+                (unsigned)device >= OG_MAX_DEVICES;
+    og_block_t nb = {addr, size, og_ticks(), site, (int8_t)device, (uint8_t)kind, (uint8_t)c->hook,
+                     (uint8_t)(flags | (rare ? OG_BLOCK_F_RARE : 0))};
+    uint64_t live;
+    bool flushed = false;
+    if (OG_UNLIKELY(!block_insert(&nb, OG_BLOCK_IN, c->hook, nb.t_ns, &live, &flushed)))
+        return;
+    if (OG_LIKELY(!rare) || ((unsigned)device < OG_MAX_DEVICES && kind != OG_KIND_HOST && counts_itself(kind, flags))) {
+        /* The warning is looked at when the device's total moves (small allocations are
+         * batched: it trails by less than OG_BATCH_BYTES per thread, as the peak does). */
+        if (OG_UNLIKELY(flushed))
+            og_warn_check(device, live);
+        if (OG_UNLIKELY(atomic_load_explicit(&og_episode_open[device], memory_order_relaxed)))
+            og_on_recovered(c, device, size);
     }
-    og_block_t *b = block_get(s);
-    uint64_t live = 0;
-    if (b) {
-        b->addr = addr;
-        b->size = size;
-        b->t_ns = t;
-        b->site = site;
-        b->device = (int8_t)device;
-        b->kind = (uint8_t)kind;
-        b->hook = (uint8_t)c->hook;
-        b->flags = (uint8_t)flags;
-        HASH_ADD_BYHASHVALUE(hh, s->table, addr, sizeof(uint64_t), hv, b);
-        shard_count(s, b, +1);
-        if (d) {
-            if (kind == OG_KIND_POOL)
-                atomic_fetch_add_explicit(&d->pool_used, size, memory_order_relaxed);
-            if (OG_UNLIKELY(flags & OG_KIND_F_COUNTED))
-                atomic_fetch_add_explicit(&d->pool_counted, size, memory_order_relaxed);
-            ipc_account(d, flags, size, +1);
-            if (counts_itself(kind, flags))
-                live = shard_tracked_add(s, device, (int64_t)size, t);
-            else
-                live = atomic_load_explicit(&d->tracked, memory_order_relaxed);
-            if (!(flags & OG_KIND_F_IPC))         /* a mapping is no allocation event */
-                ring_add(&s->ring, OG_EV_ALLOC, c->hook, device, size, live, t);
-        }
-    }
-    og_spin_unlock(&s->lock);
-    if (d && b && counts_itself(kind, flags))
-        og_warn_check(device, live);
-    if (d && b && counts_itself(kind, flags) &&
-        OG_UNLIKELY(atomic_load_explicit(&og_episode_open[device], memory_order_relaxed)))
-        og_on_recovered(c, device, size);
-    if (OG_UNLIKELY(flags & OG_KIND_F_ARRAY) && b)
-        og_array_note(addr, t);
+    if (OG_UNLIKELY(flags & OG_KIND_F_ARRAY))
+        og_array_note(addr, nb.t_ns);
 }
 
 /* A free takes the block out of the ledger *before* the real free: once the driver has
  * the address back it may hand it to another thread, whose allocation must not meet our
  * stale entry.  Everything is settled here under one lock, as if the free succeeds (it
  * almost always does); og_free_end undoes it if the real free failed. */
+_Static_assert(offsetof(og_taken_t, flags) - offsetof(og_taken_t, addr) == offsetof(og_block_t, flags) &&
+                   sizeof(og_block_t) == 32,
+               "og_taken_t holds a copy of og_block_t from its addr field on");
+
 void og_free_begin(og_call_t *c, uintptr_t addr, og_taken_t *tk)
 {
-    tk->found = false;
-    tk->addr = addr;
-    uint64_t t = og_ticks();
-    og_block_t *b = NULL;
-    shard_t *s = find_locked(addr, &b);
-    if (!s)
+    og_block_t *b;
+    uint64_t h = og_addr_mix(addr);
+    shard_t *s = find_locked(addr, h, &b);
+    if (!s) {
+        tk->found = false;
+        tk->addr = addr;
         return;
-    if (b) {
-        tk->found = true;
-        tk->size = b->size;
-        tk->t_ns = b->t_ns;
-        tk->site = b->site;
-        tk->device = b->device;
-        tk->kind = b->kind;
-        tk->hook = b->hook;
-        tk->flags = b->flags;
-        HASH_DEL(s->table, b);
-        shard_count(s, b, -1);
-        block_put(s, b);
-        og_ledger_dev_t *d = b->kind == OG_KIND_HOST ? NULL : dev_of(b->device);
-        if (d) {
-            uint64_t live;
-            if (tk->kind == OG_KIND_POOL)
-                atomic_fetch_sub_explicit(&d->pool_used, tk->size, memory_order_relaxed);
-            if (OG_UNLIKELY(tk->flags & OG_KIND_F_COUNTED))
-                atomic_fetch_sub_explicit(&d->pool_counted, tk->size, memory_order_relaxed);
-            ipc_account(d, tk->flags, tk->size, -1);
-            if (counts_itself(tk->kind, tk->flags))
-                live = shard_tracked_add(s, tk->device, -(int64_t)tk->size, t);
-            else
-                live = atomic_load_explicit(&d->tracked, memory_order_relaxed);
-            if (!(tk->flags & OG_KIND_F_IPC))
-                ring_add(&s->ring, OG_EV_FREE, c->hook, tk->device, tk->size, live, t);
-        }
     }
+    uint64_t t = og_ticks();
+    tk->found = true;
+    memcpy(&tk->addr, b, sizeof *b);
+    bool flushed;
+    uint64_t live = og_block_account(s, b, OG_BLOCK_OUT, t, &flushed);
+    og_table_remove(s, b);
+    if (OG_LIKELY(!(tk->flags & OG_BLOCK_F_RARE)) ||
+        ((unsigned)tk->device < OG_MAX_DEVICES && tk->kind != OG_KIND_HOST && !(tk->flags & OG_KIND_F_IPC)))
+        ring_add(&s->ring, OG_EV_FREE, c->hook, tk->device, tk->size, live, t);
     og_spin_unlock(&s->lock);
 }
 
-void og_free_end(og_call_t *c, og_taken_t *tk, CUresult r)
+/* A free the ledger did not know, or one the driver refused (og_free_end: og.h). */
+void og_free_end_slow(og_call_t *c, og_taken_t *tk, CUresult r)
 {
     if (!tk->found) {
         /* allocated before we were loaded, by a path we do not see, or a program bug */
@@ -436,40 +552,12 @@ void og_free_end(og_call_t *c, og_taken_t *tk, CUresult r)
             og_note_free(tk->device, tk->size, tk->site);
         return;
     }
-    /* the real free failed: the block is still allocated; put it back, unchanged */
-    shard_t *s = my_shard();
-    uint64_t t = og_ticks();
-    og_spin_lock(&s->lock);
-    og_block_t *b = block_get(s);
-    if (b) {
-        b->addr = tk->addr;
-        b->size = tk->size;
-        b->t_ns = tk->t_ns;
-        b->site = tk->site;
-        b->device = tk->device;
-        b->kind = tk->kind;
-        b->hook = tk->hook;
-        b->flags = tk->flags;
-        HASH_ADD(hh, s->table, addr, sizeof(uint64_t), b);
-        shard_count(s, b, +1);
-        if (device_block) {            /* neither an allocation nor a free happened */
-            s->dev[b->device].allocs--;
-            s->dev[b->device].frees--;
-            og_ledger_dev_t *d = &og_devs[b->device];
-            uint64_t live;
-            if (b->kind == OG_KIND_POOL)
-                atomic_fetch_add_explicit(&d->pool_used, b->size, memory_order_relaxed);
-            if (b->flags & OG_KIND_F_COUNTED)
-                atomic_fetch_add_explicit(&d->pool_counted, b->size, memory_order_relaxed);
-            ipc_account(d, b->flags, b->size, +1);
-            if (counts_itself(b->kind, b->flags))
-                live = shard_tracked_add(s, b->device, (int64_t)b->size, t);
-            else
-                live = atomic_load_explicit(&d->tracked, memory_order_relaxed);
-            ring_add(&s->ring, OG_EV_ALLOC, c->hook, b->device, b->size, live, t);   /* restored */
-        }
-    }
-    og_spin_unlock(&s->lock);
+    /* the real free failed: the block is still allocated; put it back, unchanged (neither an
+     * allocation nor a free happened; its event says it is back) */
+    og_block_t nb = {tk->addr, tk->size, tk->t_ns, tk->site, tk->device, tk->kind, tk->hook, tk->flags};
+    uint64_t live;
+    bool flushed;
+    block_insert(&nb, OG_BLOCK_BACK, c->hook, og_ticks(), &live, &flushed);
 }
 
 /* Only an out-of-memory result is a failure: CUDA_ERROR_INVALID_VALUE (size 0, a NULL
@@ -499,15 +587,36 @@ void og_track_limit_refusal(og_call_t *c, uint64_t size, int kind)
     og_on_oom(c, size, kind, CUDA_ERROR_OUT_OF_MEMORY, true);
 }
 
+/* A reader's lock on a shard (dumps, totals, the exit summary).  A thread that died inside
+ * the ledger (killed in the middle, or a signal handler that never returned) may hold one
+ * for good: a reader waits at most a second, then leaves the shard out, counted (the dump's
+ * memory.unmeasured says so).  Writers hold a shard for a few dozen instructions. */
+static bool reader_lock(shard_t *s)
+{
+    if (OG_LIKELY(!atomic_exchange_explicit(&s->lock.v, 1, memory_order_acquire)))
+        return true;
+    uint64_t give_up = og_now_ns() + 1000000000;
+    while (atomic_load_explicit(&s->lock.v, memory_order_relaxed) ||
+           atomic_exchange_explicit(&s->lock.v, 1, memory_order_acquire)) {
+        if (og_now_ns() > give_up) {
+            og_lost(OG_LOST_SHARDS);
+            return false;
+        }
+        sched_yield();
+    }
+    return true;
+}
+
 size_t og_ledger_foreach(og_block_fn fn, void *arg)
 {
     size_t n = 0;
     for (int i = 0; i < SHARDS; i++) {
         shard_t *s = &og_shards[i];
-        og_spin_lock(&s->lock);
-        for (og_block_t *b = s->table; b; b = b->hh.next) {
-            if (b == &s->sentinel || (b->flags & OG_KIND_F_IPC))
-                continue;                         /* another process's allocation */
+        if (!reader_lock(s))
+            continue;
+        for (og_block_t *b = s->slots; b <= s->slots + s->mask; b++) {
+            if (!b->addr || (b->flags & OG_KIND_F_IPC))
+                continue;                         /* empty, or another process's allocation */
             og_block_view_t v = {b->addr, b->size, og_ticks_to_ns(b->t_ns), b->site, b->device, b->kind, b->hook};
             fn(&v, arg);
             n++;
@@ -515,6 +624,50 @@ size_t og_ledger_foreach(og_block_fn fn, void *arg)
         og_spin_unlock(&s->lock);
     }
     return n + og_vmm_foreach(fn, arg);
+}
+
+/* What the ledger could not keep for lack of host memory, one entry of memory.unmeasured
+ * each (the process's counts: the loss is not tied to a device). */
+static const struct {
+    _Atomic uint64_t *count;
+    const char *text;
+} lost_texts[] = {
+    {&og_ledger_lost[OG_LOST_BLOCKS], "ledger: %llu block(s) not tracked (no host memory for the table): their bytes are missing "
+                     "from the totals and their frees count as unknown"},
+    {&og_ledger_lost[OG_LOST_VMM], "vmm: %llu handle(s) or mapping(s) not tracked (no host memory)"},
+    {&og_ledger_lost[OG_LOST_POOLS], "pools: %llu pool use(s) not registered (no host memory): their reservation is not counted"},
+    {&og_ledger_lost[OG_LOST_ARRAYS], "arrays: %llu CUDA array(s) not noted with their context (no host memory): they stay in the "
+                     "ledger after it is gone"},
+    {&og_ledger_lost[OG_LOST_HISTORY], "history: %llu event ring(s) got no memory; those threads' history holds only their newest "
+                      "event"},
+    {&og_ledger_lost[OG_LOST_SHARDS], "ledger: a shard stayed locked for a second (a thread that died inside "
+                                      "the ledger), %llu time(s): its blocks are missing from those totals"},
+    {&og_sites_lost, "sites: %llu allocation(s) left without a site (no host memory for it, or 2^20 sites): shown as unknown"},
+};
+
+bool og_ledger_unmeasured(int device, int k, char *why, size_t n)
+{
+    size_t nlost = sizeof lost_texts / sizeof *lost_texts;
+    if (k == 0) {
+        og_pool_unmeasured(device, why, n);
+        return true;
+    }
+    if (k == 1) {
+        uint64_t held = history_held(), keep = (uint64_t)og_opt.history;
+        why[0] = 0;
+        if (keep > OG_DUMP_EVENTS && held > OG_DUMP_EVENTS)
+            snprintf(why, n, "history: the dump shows the newest %d of the %llu events kept (OOMGUARD_HISTORY=%llu)",
+                     OG_DUMP_EVENTS, (unsigned long long)(held < keep ? held : keep), (unsigned long long)keep);
+        return true;
+    }
+    k--;
+    if (k < 1 || (size_t)k > nlost)
+        return false;
+    uint64_t count = atomic_load(lost_texts[k - 1].count);
+    why[0] = 0;
+    if (count)
+        snprintf(why, n, lost_texts[k - 1].text, (unsigned long long)count);
+    return true;
 }
 
 /* ------------------------------------------------------------------ queries */
@@ -530,7 +683,7 @@ static void shard_sum(const shard_t *sh, int device, bool host, oomguard_device_
     out->pool_used_bytes += sd->bytes[OG_KIND_POOL];
     out->pool_blocks += sd->blocks[OG_KIND_POOL];
     out->allocs += sd->allocs;
-    out->frees += sd->frees;
+    out->frees += sd->allocs - sd->blocks[OG_KIND_PLAIN] - sd->blocks[OG_KIND_MANAGED] - sd->blocks[OG_KIND_POOL];
     if (host) {
         out->host_pinned_bytes += sh->host_bytes;
         out->host_pinned_blocks += sh->host_blocks;
@@ -575,7 +728,8 @@ void og_ledger_counts(int device, oomguard_device_stats_t *out)
         return;
     for (int i = 0; i < SHARDS; i++) {
         shard_t *sh = &og_shards[i];
-        og_spin_lock(&sh->lock);
+        if (!reader_lock(sh))
+            continue;
         shard_sum(sh, device, device == 0, out);
         og_spin_unlock(&sh->lock);
     }
@@ -612,20 +766,24 @@ void og_ledger_snapshot(int device, oomguard_device_stats_t *out, og_block_fn fn
         return;
     if (!atomic_load(&og_exiting))
         og_ledger_pools_refresh(device);
+    bool held[SHARDS];
     for (int i = 0; i < SHARDS; i++)
-        og_spin_lock(&og_shards[i].lock);
+        held[i] = reader_lock(&og_shards[i]);
     for (int i = 0; i < SHARDS; i++) {
         shard_t *s = &og_shards[i];
+        if (!held[i])
+            continue;
         shard_sum(s, device, true, out);
-        for (og_block_t *b = s->table; fn && b; b = b->hh.next) {
-            if (b == &s->sentinel || (b->flags & OG_KIND_F_IPC))
-                continue;
+        for (og_block_t *b = s->slots; fn && b <= s->slots + s->mask; b++) {
+            if (!b->addr || (b->flags & OG_KIND_F_IPC))
+                continue;                         /* empty, or another process's allocation */
             og_block_view_t v = {b->addr, b->size, og_ticks_to_ns(b->t_ns), b->site, b->device, b->kind, b->hook};
             fn(&v, arg);
         }
     }
     for (int i = SHARDS - 1; i >= 0; i--)
-        og_spin_unlock(&og_shards[i].lock);
+        if (held[i])
+            og_spin_unlock(&og_shards[i].lock);
     vmm_walk_t w = {fn, arg, device, 0};
     og_vmm_foreach(vmm_walk, &w);
     device_sum(d, w.vmm_bytes, out);
@@ -652,6 +810,72 @@ uint64_t og_ledger_peak_t_ns(int device)
     return d ? og_ticks_to_ns(atomic_load(&d->peak_t_ns)) : 0;
 }
 
+/* ------------------------------------------------------------------ consistency (OG_DEBUG) */
+
+#ifdef OG_DEBUG
+/* `make OG_DEBUG=1` (the soak builds): the ledger's books checked against each other, with
+ * every lock of the ledger held (the fork order), at a moment the caller makes quiet (the
+ * soak's program, once its threads are joined, finds this with dlsym).  For each device:
+ * the device's total plus what the shards still batch equals the shards' plain and managed
+ * bytes plus pools, VMM and graph memory; the shards' pool bytes equal pool_used; in every
+ * shard, the table holds nblocks blocks, each found from its home slot.  Returns the number
+ * of mismatches, each printed to stderr. */
+OG_EXPORT int oomguard_debug_ledger_check(void);
+OG_EXPORT int oomguard_debug_ledger_check(void)
+{
+    int bad = 0;
+    og_ledger_atfork_prepare();
+    for (int i = 0; i < SHARDS; i++) {
+        shard_t *s = &og_shards[i];
+        uint64_t n = 0;
+        for (uint32_t k = 0; k <= s->mask; k++) {
+            og_block_t *b = &s->slots[k];
+            if (!b->addr)
+                continue;
+            n++;
+            if (og_table_slot(s, b->addr, og_addr_mix(b->addr)) != b) {
+                fprintf(stderr, "oomguard debug: shard %d: block %#llx not found from its home slot\n", i,
+                        (unsigned long long)b->addr);
+                bad++;
+            }
+        }
+        if (n != atomic_load(&s->nblocks)) {
+            fprintf(stderr, "oomguard debug: shard %d: %llu blocks in the table, nblocks %llu\n", i,
+                    (unsigned long long)n, (unsigned long long)atomic_load(&s->nblocks));
+            bad++;
+        }
+    }
+    for (int dv = 0; dv < OG_MAX_DEVICES; dv++) {
+        og_ledger_dev_t *d = &og_devs[dv];
+        int64_t pending = 0;
+        uint64_t blocks = 0, pool = 0;
+        for (int i = 0; i < SHARDS; i++) {
+            pending += og_shards[i].pending[dv];
+            blocks += og_shards[i].dev[dv].bytes[OG_KIND_PLAIN] + og_shards[i].dev[dv].bytes[OG_KIND_MANAGED];
+            pool += og_shards[i].dev[dv].bytes[OG_KIND_POOL];
+        }
+        uint64_t total = atomic_load(&d->tracked) + (uint64_t)pending;
+        uint64_t parts = blocks + atomic_load(&d->pool_counted) + atomic_load(&d->pool_reserved) +
+                         atomic_load(&d->vmm_physical) + atomic_load(&d->graph_reserved);
+        if (total != parts) {
+            fprintf(stderr, "oomguard debug: device %d: tracked %llu + pending %lld != blocks %llu + pools %llu + "
+                    "counted %llu + vmm %llu + graph %llu\n", dv, (unsigned long long)atomic_load(&d->tracked),
+                    (long long)pending, (unsigned long long)blocks, (unsigned long long)atomic_load(&d->pool_reserved),
+                    (unsigned long long)atomic_load(&d->pool_counted), (unsigned long long)atomic_load(&d->vmm_physical),
+                    (unsigned long long)atomic_load(&d->graph_reserved));
+            bad++;
+        }
+        if (pool != atomic_load(&d->pool_used)) {
+            fprintf(stderr, "oomguard debug: device %d: shards' pool blocks %llu != pool_used %llu\n", dv,
+                    (unsigned long long)pool, (unsigned long long)atomic_load(&d->pool_used));
+            bad++;
+        }
+    }
+    og_ledger_atfork_parent();
+    return bad;
+}
+#endif
+
 /* ------------------------------------------------------------------ init & fork */
 
 void og_ledger_init(void)
@@ -661,19 +885,18 @@ void og_ledger_init(void)
     for (int i = 0; i < SHARDS; i++) {
         shard_t *s = &og_shards[i];
         atomic_store(&s->lock.v, 0);
-        s->sentinel.addr = 0;       /* no allocation has address 0; the hooks never look it up */
-        s->sentinel.device = -1;
-        HASH_ADD(hh, s->table, addr, sizeof(uint64_t), &s->sentinel);
+        s->slots = s->first;
+        s->mask = TABLE_FIRST - 1;
+        s->shift = 64 - __builtin_ctz(TABLE_FIRST);
     }
     for (int i = 0; i < OG_MAX_DEVICES; i++) {
         pthread_mutex_init(&og_devs[i].sample_lock, NULL);
         og_devs[i].sample_interval = 3000000;   /* ticks: about 1 ms to start with */
     }
-    /* every ring can hold the whole history (allocated when first used: see ring_add) */
-    uint32_t per = (uint32_t)og_opt.history;
     for (int i = 0; i < SHARDS; i++)
-        og_shards[i].ring.size = per;
-    slow_ring.size = per;
+        ring_init(&og_shards[i].ring);
+    ring_init(&slow_ring);
+    atomic_store(&history_left, 2 * og_opt.history);
 }
 
 void og_ledger_atfork_prepare(void)
@@ -700,13 +923,7 @@ void og_ledger_atfork_child(void)
 {
     for (int i = 0; i < SHARDS; i++) {
         shard_t *s = &og_shards[i];
-        og_block_t *b, *tmp;
-        HASH_ITER(hh, s->table, b, tmp) {
-            if (b == &s->sentinel)
-                continue;
-            HASH_DEL(s->table, b);
-            block_put(s, b);
-        }
+        memset(s->slots, 0, (s->mask + 1) * sizeof *s->slots);
         atomic_store(&s->nblocks, 0);
     }
     og_vmm_atfork(OG_FORK_CHILD);
@@ -722,16 +939,16 @@ void og_ledger_atfork_child(void)
         sh->host_bytes = sh->host_blocks = 0;
         memset(sh->dev, 0, sizeof sh->dev);
         memset(sh->pending, 0, sizeof sh->pending);
+        ring_buf_t *rb = atomic_load(&sh->ring.buf);   /* the child keeps its parent's buffers, emptied */
+        memset(rb->ev, 0, rb->size * sizeof(og_event_t));
         atomic_store(&sh->ring.head, 0);
         sh->ring.pos = 0;
-        if (atomic_load(&sh->ring.ev))
-            memset(atomic_load(&sh->ring.ev), 0, sh->ring.size * sizeof(og_event_t));
     }
     pthread_mutex_init(&slow_lock, NULL);
+    ring_buf_t *rb = atomic_load(&slow_ring.buf);
+    memset(rb->ev, 0, rb->size * sizeof(og_event_t));
     atomic_store(&slow_ring.head, 0);
     slow_ring.pos = 0;
-    if (atomic_load(&slow_ring.ev))
-        memset(atomic_load(&slow_ring.ev), 0, slow_ring.size * sizeof(og_event_t));
     start_ns = og_now_ns();
     start_ticks = og_ticks();
     og_ledger_atfork_parent();

@@ -13,15 +13,17 @@ void og_track_context_reset(og_call_t *c, int device)
     for (int i = 0; i < SHARDS; i++) {
         shard_t *s = &og_shards[i];
         og_spin_lock(&s->lock);
-        og_block_t *b, *tmp;
-        HASH_ITER(hh, s->table, b, tmp) {
-            if (b == &s->sentinel || b->device != device || (b->flags & (OG_KIND_F_ARRAY | OG_KIND_F_IPC)) ||
-                (b->kind != OG_KIND_PLAIN && b->kind != OG_KIND_MANAGED))
+        for (uint32_t k = 0; k <= s->mask;) {
+            og_block_t *b = &s->slots[k];
+            if (!b->addr || b->device != device || (b->flags & (OG_KIND_F_ARRAY | OG_KIND_F_IPC)) ||
+                (b->kind != OG_KIND_PLAIN && b->kind != OG_KIND_MANAGED)) {
+                k++;
                 continue;
-            HASH_DEL(s->table, b);
-            shard_count(s, b, -1);
+            }
+            bool flushed;
+            og_block_account(s, b, OG_BLOCK_OUT, t, &flushed);
             gone += b->size;
-            block_put(s, b);
+            og_table_remove(s, b);   /* another block may have moved into slot k: look again */
         }
         int64_t pending = s->pending[device];   /* settle this shard's batched share */
         s->pending[device] = 0;
@@ -29,8 +31,7 @@ void og_track_context_reset(og_call_t *c, int device)
         if (pending)
             og_tracked_add(d, pending, t);
     }
-    uint64_t live = og_tracked_add(d, -(int64_t)gone, t);
-    og_history_add(OG_EV_FREE, c->hook, device, gone, live, t);
+    og_history_add(OG_EV_FREE, c->hook, device, gone, atomic_load(&d->tracked), t);
 }
 
 /* A CUDA array dies with the context it was made in, and no driver call tells that context
@@ -65,8 +66,10 @@ void og_array_note(uint64_t handle, uint64_t t)
     if (!cur || cur(&ctx) != CUDA_SUCCESS || !ctx)
         return;
     array_ctx_t *n = malloc(sizeof *n), *old, *tmp;
-    if (!n)
+    if (!n) {
+        og_lost(OG_LOST_ARRAYS);     /* the array stays in the ledger past its context */
         return;
+    }
     *n = (array_ctx_t){.handle = handle, .t = t, .ctx = ctx};
     pthread_mutex_lock(&array_lock);
     HASH_FIND(hh, array_ctxs, &handle, sizeof handle, old);
@@ -75,6 +78,10 @@ void og_array_note(uint64_t handle, uint64_t t)
         free(old);
     }
     HASH_ADD(hh, array_ctxs, handle, sizeof handle, n);
+    if (OG_HASH_ADD_FAILED(n)) {
+        free(n);
+        og_lost(OG_LOST_ARRAYS);
+    }
     if (HASH_COUNT(array_ctxs) >= array_sweep_at) {
         HASH_ITER(hh, array_ctxs, old, tmp) {
             if (!block_is(old->handle, old->t)) {
@@ -97,13 +104,11 @@ static void drop_if_same(uint64_t addr, uint64_t made, int need, uint64_t t, uin
     if (!s)
         return;
     if (b->t_ns == made && (b->flags & need) == need) {
-        HASH_DEL(s->table, b);
-        shard_count(s, b, -1);
-        if (dev_of(b->device)) {
-            shard_tracked_add(s, b->device, -(int64_t)b->size, t);
+        bool flushed;
+        og_block_account(s, b, OG_BLOCK_OUT, t, &flushed);
+        if (dev_of(b->device))
             gone_bytes[b->device] += b->size;
-        }
-        block_put(s, b);
+        og_table_remove(s, b);
     }
     og_spin_unlock(&s->lock);
 }
@@ -170,8 +175,8 @@ void og_track_blocks_gone(og_call_t *c, int device)
     for (int i = 0; i < SHARDS && n < cap; i++) {
         shard_t *s = &og_shards[i];
         og_spin_lock(&s->lock);
-        for (og_block_t *b = s->table; b && n < cap; b = b->hh.next) {
-            if (b == &s->sentinel || (b->flags & (OG_KIND_F_ARRAY | OG_KIND_F_IPC)) ||
+        for (og_block_t *b = s->slots; b <= s->slots + s->mask && n < cap; b++) {
+            if (!b->addr || (b->flags & (OG_KIND_F_ARRAY | OG_KIND_F_IPC)) ||
                 (b->kind != OG_KIND_PLAIN && b->kind != OG_KIND_MANAGED) || (device >= 0 && b->device != device))
                 continue;
             list[n++] = (struct cand){b->addr, b->t_ns};

@@ -11,41 +11,65 @@
 #include <stdlib.h>
 
 /* MurmurHash3's 64-bit finaliser: addresses differ only in a few middle bits (allocations
- * are 256-byte aligned and close together), and uthash indexes buckets by the low bits; with
- * a weaker mix the chains grow long and uthash stops expanding the table for good. */
-static inline unsigned og_hash_ptr(uint64_t k)
+ * are 256-byte aligned and close together), and tables index by the low bits; with a weaker
+ * mix the probe sequences grow long. */
+static inline uint64_t og_hash_ptr(uint64_t k)
 {
     k ^= k >> 33;
     k *= 0xff51afd7ed558ccdull;
     k ^= k >> 33;
     k *= 0xc4ceb9fe1a85ec53ull;
     k ^= k >> 33;
-    return (unsigned)k;
+    return k;
 }
-#define HASH_FUNCTION(keyptr, keylen, hashv) ((hashv) = og_hash_ptr(*(const uint64_t *)(keyptr)))
-/* uthash's table headers and bucket arrays on cache lines of their own: two shards' tables
- * allocated side by side would otherwise share a line that both threads write on every
- * allocation (false sharing measured at ~1 us per pair with two threads). */
+#define HASH_FUNCTION(keyptr, keylen, hashv) ((hashv) = (unsigned)og_hash_ptr(*(const uint64_t *)(keyptr)))
+/* The side tables (VMM, pools, arrays) use uthash.  Its default answer to a failed malloc is
+ * exit(): here a failed add leaves the item out of the table (hh.tbl == NULL), the caller
+ * frees it and counts it in og_ledger_lost (the dump's memory.unmeasured). */
+#define HASH_NONFATAL_OOM 1
 static void *og_line_alloc(size_t n) { return aligned_alloc(64, (n + 63) & ~(size_t)63); }
 #define uthash_malloc(sz) og_line_alloc(sz)
 #define uthash_free(ptr, sz) free(ptr)
 #include <uthash.h>
+/* true when HASH_ADD left `item` out for lack of memory */
+#define OG_HASH_ADD_FAILED(item) ((item)->hh.tbl == NULL)
 
+/* The blocks' own tables hash by Fibonacci hashing (one multiplication; the slot is the top
+ * bits), which spreads the regular strides of device addresses evenly. */
+static inline uint64_t og_addr_mix(uint64_t addr) { return addr * 0x9e3779b97f4a7c15ull; }
 
-#define SHARDS     64
-#define SLAB_COUNT 512
+/* OG_DEBUG (`make OG_DEBUG=1`, the soak): invariants checked on the way; otherwise nothing. */
+#ifdef OG_DEBUG
+#include <stdio.h>
+#define OG_ASSERT(cond)                                                                            \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "oomguard debug: %s:%d: %s does not hold\n", __FILE__, __LINE__, #cond); \
+            abort();                                                                               \
+        }                                                                                          \
+    } while (0)
+#else
+#define OG_ASSERT(cond) ((void)0)
+#endif
 
+#define SHARDS      64
+#define TABLE_FIRST 16      /* slots every shard has without allocating */
+
+/* A live block, stored in its shard's table itself (open addressing, linear probing):
+ * address 0 is an empty slot (no allocation has it; the hooks never look it up). */
 typedef struct og_block {
     uint64_t addr;
     uint64_t size;
     uint64_t t_ns;
     uint32_t site;
-    int8_t device;                  /* < OG_MAX_DEVICES; int8 keeps the block at 32 bytes + hh */
+    int8_t device;                  /* < OG_MAX_DEVICES, or -1 */
     uint8_t kind;
     uint8_t hook;
-    uint8_t flags;                  /* OG_KIND_F_COUNTED */
-    UT_hash_handle hh;
+    uint8_t flags;                  /* OG_KIND_F_*, OG_BLOCK_F_RARE */
 } og_block_t;
+/* Set on a block that is not a plain or managed block of a known device: its accounting is
+ * the out-of-line og_block_account_rare (decided once, when the block enters). */
+#define OG_BLOCK_F_RARE 0x01
 
 /* One event of a ring.  A ring has one writer at a time (its shard's lock) and readers that
  * take no lock (a dump), so the slot is a seqlock made only of atomics: seq is cleared, the
@@ -57,31 +81,39 @@ typedef struct {
     _Atomic uint32_t what;           /* device (16 bits) | op (8) | hook (8) */
 } og_event_t;
 
+/* A ring's events with their count: a reader that loads the buffer gets its size with it. */
 typedef struct {
-    _Atomic(og_event_t *) ev;        /* allocated at the ring's first event */
     uint32_t size;
-    uint32_t pos;                    /* head % size, kept by the writer: no division per event */
+    og_event_t ev[];
+} ring_buf_t;
+
+typedef struct {
+    _Atomic(ring_buf_t *) buf;       /* `own` until the ring has its share of OOMGUARD_HISTORY */
+    uint32_t pos;                    /* head % buf->size, kept by the writer: no division per event */
+    atomic_int claimed;              /* a thread is getting (or got) the ring its buffer */
     _Atomic uint64_t head;
+    struct { uint32_t size; og_event_t ev[1]; } own;   /* laid out as a ring_buf_t of 1: never NULL */
 } ring_t;
 
 /* Counters live in the shard, under its lock: two threads working on different addresses
- * touch different cache lines.  Only `tracked` (needed for peaks and limits) is shared. */
+ * touch different cache lines.  Only `tracked` (needed for peaks and limits) is shared.
+ * Frees are not counted apart: every block in was an allocation or a put back, every block
+ * out a free, so frees = allocs - live blocks (og_ledger_stats). */
 typedef struct {
-    uint64_t bytes[OG_KIND_COUNT], blocks[OG_KIND_COUNT], allocs, frees;
+    uint64_t bytes[OG_KIND_COUNT], blocks[OG_KIND_COUNT], allocs;
 } shard_dev_t;
 
 typedef struct {
     og_spin_t lock;
-    og_block_t *table;
-    og_block_t *free_list;          /* linked through hh.next */
+    uint32_t mask;                  /* table size - 1 (a power of two) */
+    uint32_t shift;                 /* 64 - log2(table size): a block's home slot is og_addr_mix >> shift */
+    og_block_t *slots;              /* the table: `first` until it grows */
     ring_t ring;                    /* this shard's recent events */
     uint64_t host_bytes, host_blocks;
-    _Atomic uint64_t nblocks;       /* lets a cross-thread free skip empty shards unlocked */
+    _Atomic uint64_t nblocks;       /* blocks in the table; lets a cross-thread free skip empty shards unlocked */
     int64_t pending[OG_MAX_DEVICES];/* small changes not yet added to og_devs[].tracked (see below) */
-    og_block_t sentinel;            /* address 0, always in the table: uthash frees a table
-                                       that becomes empty and re-creates it on the next add,
-                                       which would cost a malloc and two frees per pair */
     shard_dev_t dev[OG_MAX_DEVICES];
+    og_block_t first[TABLE_FIRST];
 } __attribute__((aligned(64))) shard_t;
 
 typedef struct {
@@ -140,43 +172,19 @@ static inline og_ledger_dev_t *dev_of(int device)
  * limit is exact. */
 #define OG_BATCH_BYTES (4ll << 20)
 
-static inline uint64_t shard_tracked_add(shard_t *s, int device, int64_t delta, uint64_t t)
+/* *flushed is set when the device's total moved (the warning is checked then, by the caller
+ * once its lock is dropped: it trails like the peaks). */
+static inline uint64_t shard_tracked_add(shard_t *s, int device, int64_t delta, uint64_t t, bool *flushed)
 {
     og_ledger_dev_t *d = &og_devs[device];
     int64_t p = s->pending[device] + delta;
     if (og_limit_active() || p >= OG_BATCH_BYTES || p <= -OG_BATCH_BYTES) {
         s->pending[device] = 0;
+        *flushed = true;
         return og_tracked_add(d, p, t);
     }
     s->pending[device] = p;
     return atomic_load_explicit(&d->tracked, memory_order_relaxed) + (uint64_t)p;
-}
-
-static inline void block_put(shard_t *s, og_block_t *b)
-{
-    b->hh.next = s->free_list;
-    s->free_list = b;
-}
-
-/* Counters of one block entering (sign +1) or leaving (-1) a shard; shard lock held. */
-static inline void shard_count(shard_t *s, const og_block_t *b, int sign)
-{
-    atomic_store_explicit(&s->nblocks, atomic_load_explicit(&s->nblocks, memory_order_relaxed) + (uint64_t)sign,
-                          memory_order_relaxed);
-    if (b->kind == OG_KIND_HOST) {
-        s->host_bytes += (uint64_t)sign * b->size;
-        s->host_blocks += (uint64_t)sign;
-        return;
-    }
-    if (b->device < 0 || b->device >= OG_MAX_DEVICES || (b->flags & OG_KIND_F_IPC))
-        return;                                   /* IPC: see ipc_account */
-    shard_dev_t *sd = &s->dev[b->device];
-    sd->bytes[b->kind] += (uint64_t)sign * b->size;
-    sd->blocks[b->kind] += (uint64_t)sign;
-    if (sign > 0)
-        sd->allocs++;
-    else
-        sd->frees++;
 }
 
 /* How a block counts on its device: plain and managed blocks and counted pool blocks are
@@ -195,9 +203,78 @@ static inline void ipc_account(og_ledger_dev_t *d, int flags, uint64_t size, int
         atomic_fetch_add_explicit(&d->ipc_mapped, (uint64_t)sign * size, memory_order_relaxed);
 }
 
+/* The one place a block's bytes are counted, for every path that moves a block: the
+ * allocation (OG_BLOCK_IN), a free or anything else that takes it out (OG_BLOCK_OUT: a
+ * teardown, an address the driver handed out again) and a block put back after the driver
+ * refused its free (OG_BLOCK_BACK: in again, and the free that was counted is undone).
+ * Shard lock held.  Returns the device's usage after it, for the event ring; *flushed is set
+ * when the device's total moved. */
+enum og_block_op { OG_BLOCK_IN, OG_BLOCK_OUT, OG_BLOCK_BACK };
+uint64_t og_block_account_rare(shard_t *s, const og_block_t *b, int op, uint64_t t, bool *flushed);
+static inline __attribute__((always_inline)) uint64_t og_block_account(shard_t *s, const og_block_t *b, int op,
+                                                                        uint64_t t, bool *flushed)
+{
+    int sign = op == OG_BLOCK_OUT ? -1 : 1;
+    atomic_store_explicit(&s->nblocks, atomic_load_explicit(&s->nblocks, memory_order_relaxed) + (uint64_t)sign,
+                          memory_order_relaxed);
+    /* plain and managed blocks (and arrays) of a known device: the common case, inline */
+    if (OG_UNLIKELY(b->flags & OG_BLOCK_F_RARE))
+        return og_block_account_rare(s, b, op, t, flushed);
+    shard_dev_t *sd = &s->dev[b->device];
+    OG_ASSERT(sign > 0 || (sd->blocks[b->kind] > 0 && sd->bytes[b->kind] >= b->size));
+    sd->bytes[b->kind] += (uint64_t)sign * b->size;
+    sd->blocks[b->kind] += (uint64_t)sign;
+    sd->allocs += op == OG_BLOCK_IN;
+    return shard_tracked_add(s, b->device, (int64_t)sign * (int64_t)b->size, t, flushed);
+}
+
+/* The shard's table (ledger.c).  og_table_slot: addr's slot, or the empty slot where it
+ * would go; og_table_remove: empties a slot (the blocks after it move up: a slot pointer
+ * is not valid after it); og_table_ensure: room for one more block, growing the table with
+ * the lock dropped around the allocation — false when there is none (the block is then not
+ * tracked, and counted in og_ledger_lost). */
+static inline og_block_t *og_table_slot(const shard_t *s, uint64_t addr, uint64_t h)
+{
+    for (uint32_t i = (uint32_t)(h >> s->shift);; i = (i + 1) & s->mask) {
+        og_block_t *b = &s->slots[i];
+        if (OG_LIKELY(b->addr == addr) || !b->addr)
+            return b;
+    }
+}
+/* The same, for an insertion: the slot is most often empty. */
+static inline og_block_t *og_table_slot_new(const shard_t *s, uint64_t addr, uint64_t h)
+{
+    for (uint32_t i = (uint32_t)(h >> s->shift);; i = (i + 1) & s->mask) {
+        og_block_t *b = &s->slots[i];
+        if (OG_LIKELY(!b->addr) || b->addr == addr)
+            return b;
+    }
+}
+void og_table_remove_shift(shard_t *s, og_block_t *b);
+static inline void og_table_remove(shard_t *s, og_block_t *b)
+{
+    if (OG_LIKELY(!s->slots[(uint32_t)(b - s->slots + 1) & s->mask].addr))
+        b->addr = 0;                 /* the next slot is empty: nothing moves */
+    else
+        og_table_remove_shift(s, b);
+}
+bool og_table_ensure_slow(shard_t *s);
+static inline bool og_table_ensure(shard_t *s)
+{
+    uint64_t n = atomic_load_explicit(&s->nblocks, memory_order_relaxed);
+    return OG_LIKELY(n < (s->mask + 1) / 2) || og_table_ensure_slow(s);
+}
+
+/* Things the ledger could not keep for lack of host memory, and shards it could not read at
+ * exit (the dump's memory.unmeasured). */
+enum og_lost { OG_LOST_BLOCKS, OG_LOST_VMM, OG_LOST_POOLS, OG_LOST_ARRAYS, OG_LOST_HISTORY, OG_LOST_SHARDS, OG_LOST_COUNT };
+extern _Atomic uint64_t og_ledger_lost[OG_LOST_COUNT];
+static inline void og_lost(int what) { atomic_fetch_add_explicit(&og_ledger_lost[what], 1, memory_order_relaxed); }
+
 /* The other ledger files' parts of the shared entry points (ledger.c calls them). */
 void og_array_note(uint64_t handle, uint64_t t);          /* ledger_ctx.c */
 size_t og_vmm_foreach(og_block_fn fn, void *arg);         /* ledger_vmm.c */
+void og_pool_unmeasured(int device, char *why, size_t n);   /* ledger_pool.c */
 enum og_fork_phase { OG_FORK_PREPARE, OG_FORK_PARENT, OG_FORK_CHILD };
 void og_vmm_atfork(int phase);
 void og_ctx_atfork(int phase);

@@ -85,16 +85,25 @@ bool og_track_pool_use(og_call_t *c, CUmemoryPool pool, int device)
     og_exit_arm();
     pthread_mutex_lock(&pool_lock);
     pool_t *p = pool_find(pool);
+    bool fresh = !p;
     if (!p && (p = calloc(1, sizeof *p))) {
         p->pool = pool;
         p->device = device;
         HASH_ADD(hh, pools, pool, sizeof(uint64_t), p);
-        atomic_fetch_add(&npools, 1);
+        if (OG_HASH_ADD_FAILED(p)) {
+            free(p);
+            p = NULL;
+        } else {
+            atomic_fetch_add(&npools, 1);
+        }
     }
     bool unreadable = p && p->unreadable;
     pthread_mutex_unlock(&pool_lock);
-    if (!p)
+    if (!p) {
+        if (fresh)
+            og_lost(OG_LOST_POOLS);    /* its reservation is not counted */
         return false;
+    }
     if (unreadable)
         return true;
     uint64_t now = pool_reserved_now(pool);
@@ -203,16 +212,15 @@ void og_track_pool_destroy(CUmemoryPool pool)
     pthread_mutex_unlock(&pool_lock);
 }
 
-/* What the ledger could not measure on `device`, for the dump's memory.unmeasured. */
-bool og_ledger_unmeasured(int device, char *why, size_t n)
+/* The pools' entry of memory.unmeasured on `device` ("" when there is none). */
+void og_pool_unmeasured(int device, char *why, size_t n)
 {
     og_ledger_dev_t *d = dev_of(device);
-    if (!d || !atomic_load(&d->pools_unreadable))
-        return false;
-    snprintf(why, n, "pools: the reservation of %d stream-ordered pool(s) could not be read; counted the %llu "
-             "bytes they handed out instead", atomic_load(&d->pools_unreadable),
-             (unsigned long long)atomic_load(&d->pool_counted));
-    return true;
+    why[0] = 0;
+    if (d && atomic_load(&d->pools_unreadable))
+        snprintf(why, n, "pools: the reservation of %d stream-ordered pool(s) could not be read; counted the %llu "
+                 "bytes they handed out instead", atomic_load(&d->pools_unreadable),
+                 (unsigned long long)atomic_load(&d->pool_counted));
 }
 
 void og_pool_atfork(int phase)

@@ -51,8 +51,10 @@ void og_track_vmm_create(og_call_t *c, CUmemGenericAllocationHandle handle, uint
     uint32_t site = og_site_capture(c->caller);
     uint64_t t = og_ticks();
     vmm_handle_t *h = calloc(1, sizeof *h);
-    if (!h)
+    if (!h) {
+        og_lost(OG_LOST_VMM);
         return;
+    }
     h->handle = handle;
     h->size = size;
     h->device = device;
@@ -71,7 +73,13 @@ void og_track_vmm_create(og_call_t *c, CUmemGenericAllocationHandle handle, uint
         vmm_maybe_free(stale, t);
     }
     HASH_ADD(hh, vmm_handles, handle, sizeof(uint64_t), h);
+    bool lost = OG_HASH_ADD_FAILED(h);
     pthread_mutex_unlock(&vmm_lock);
+    if (lost) {
+        free(h);
+        og_lost(OG_LOST_VMM);
+        return;
+    }
     og_ledger_dev_t *d = dev_of(device);
     if (!d)
         return;
@@ -111,8 +119,10 @@ void og_track_vmm_release(og_call_t *c, CUmemGenericAllocationHandle handle)
 void og_track_vmm_map(og_call_t *c, uintptr_t va, uint64_t size, CUmemGenericAllocationHandle handle)
 {
     vmm_map_t *m = calloc(1, sizeof *m);
-    if (!m)
+    if (!m) {
+        og_lost(OG_LOST_VMM);
         return;
+    }
     m->va = va;
     m->size = size;
     m->handle = handle;
@@ -124,6 +134,12 @@ void og_track_vmm_map(og_call_t *c, uintptr_t va, uint64_t size, CUmemGenericAll
         free(old);
     }
     HASH_ADD(hh, vmm_maps, va, sizeof(uint64_t), m);
+    if (OG_HASH_ADD_FAILED(m)) {
+        pthread_mutex_unlock(&vmm_lock);
+        free(m);
+        og_lost(OG_LOST_VMM);
+        return;
+    }
     vmm_handle_t *h;
     uint64_t k = handle;
     HASH_FIND(hh, vmm_handles, &k, sizeof k, h);

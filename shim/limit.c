@@ -278,17 +278,31 @@ static uint64_t warn_threshold(int device)
     return v;
 }
 
-/* Once per crossing: re-armed only after usage falls 5% below the threshold. */
-/* Called with no lock of ours held: it may write a dump. */
-void og_warn_check(int device, uint64_t live)
+/* Once per crossing: re-armed only after usage falls 5% below the threshold.  The inline
+ * og_warn_check calls this only at a crossing of the edges set here (armed: the threshold;
+ * fired: 5% below it).  Called with no lock of ours held: it may write a dump. */
+_Atomic uint64_t og_warn_above[OG_MAX_DEVICES], og_warn_below[OG_MAX_DEVICES];
+
+static void warn_edges(int device, bool armed, uint64_t th)
 {
-    if (!warn_on || device < 0 || device >= OG_MAX_DEVICES)
+    atomic_store_explicit(&og_warn_above[device], armed ? th : UINT64_MAX, memory_order_relaxed);
+    atomic_store_explicit(&og_warn_below[device], armed ? 0 : th - th / 20, memory_order_relaxed);
+}
+
+void og_warn_crossed(int device, uint64_t live)
+{
+    if (device < 0 || device >= OG_MAX_DEVICES)
         return;
+    if (!warn_on) {
+        warn_edges(device, true, UINT64_MAX);
+        return;
+    }
     uint64_t th = warn_threshold(device);
     if (th == UINT64_MAX)
-        return;
+        return;                          /* not known yet: asked again at the next allocation */
     if (live >= th) {
         if (atomic_exchange(&warn_armed_dev[device], 0)) {
+            warn_edges(device, false, th);
             char a[32], b[32];
             og_warn("device %d: usage %s crossed OOMGUARD_WARN_AT (%s)", device,
                     og_bytes_fmt(a, sizeof a, (double)live, OG_BYTES_FIXED),
@@ -301,6 +315,7 @@ void og_warn_check(int device, uint64_t live)
     } else if (live < th - th / 20) {
         atomic_store(&warn_armed_dev[device], 1);
     }
+    warn_edges(device, atomic_load(&warn_armed_dev[device]) != 0, th);
 }
 
 /* ------------------------------------------------------------------ exit summary */

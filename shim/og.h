@@ -14,6 +14,11 @@
 
 #include "oomguard.h"
 
+/* What is declared below is the library's own, hidden unless marked OG_EXPORT: the compiler
+ * then reaches the shared variables directly instead of through the GOT (the hot path reads
+ * several). */
+#pragma GCC visibility push(hidden)
+
 /* cuda.h maps base names onto their newest ABI; the shim names exact ABIs itself. */
 #undef cuGetProcAddress
 #undef cuDevicePrimaryCtxReset
@@ -192,14 +197,14 @@ CUmemoryPool og_device_current_pool(int device);
 void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind);
 typedef struct og_taken {
     bool found;
-    uint64_t addr, size, t_ns;
+    uint64_t addr, size, t_ns;    /* from addr on: the ledger's block, as it was (one copy) */
     uint32_t site;
-    int16_t device;
+    int8_t device;
     uint8_t kind, hook, flags;
 } og_taken_t;
 /* Frees: take the block out before the real free, settle after it (see ledger.c). */
 void og_free_begin(og_call_t *c, uintptr_t addr, og_taken_t *tk);
-void og_free_end(og_call_t *c, og_taken_t *tk, CUresult r);
+void og_free_end_slow(og_call_t *c, og_taken_t *tk, CUresult r);   /* og_free_end (oom section) */
 void og_track_limit_refusal(og_call_t *c, uint64_t size, int kind);
 void og_track_context_reset(og_call_t *c, int device);
 void og_track_failure(og_call_t *c, uint64_t size, int kind, CUresult r);
@@ -222,7 +227,8 @@ uint64_t og_ledger_tracked(int device);
 uint64_t og_ledger_pool_spare(int device);
 uint64_t og_ledger_ipc_mapped(int device);      /* bytes of IPC mappings open on the device */
 uint64_t og_ledger_peak_t_ns(int device);
-bool og_ledger_unmeasured(int device, char *why, size_t n);   /* ledger part of memory.unmeasured */
+/* The ledger's entries of memory.unmeasured, one by one (k = 0, 1, ...): false after the last. */
+bool og_ledger_unmeasured(int device, int k, char *why, size_t n);
 void og_ledger_stats(int device, oomguard_device_stats_t *out);
 struct og_block_view;
 /* The device's totals (as og_ledger_stats, plus pinned host memory) and every live block (fn,
@@ -268,7 +274,15 @@ typedef struct og_site {
 } og_site_t;
 
 #define OG_LIB_UNRESOLVED 0xFFFF
-uint32_t og_site_capture(void *caller);            /* unwinds (or uses caller), dedups */
+uint32_t og_site_capture_slow(void *caller);       /* unwinds (or uses caller), dedups */
+/* OOMGUARD_STACK_DEPTH=0: the caller's address is the site; the thread's last one is kept. */
+extern OG_TLS struct og_site_last { void *caller; uint32_t id; } og_site_last;
+static inline uint32_t og_site_capture(void *caller)
+{
+    if (og_opt.stack_depth == 0 && caller == og_site_last.caller && og_site_last.id)
+        return og_site_last.id;
+    return og_site_capture_slow(caller);
+}
 uint16_t og_site_lib(const og_site_t *site);       /* calling library (resolved on first use) */
 const og_site_t *og_site_get(uint32_t id);
 uint32_t og_site_count(void);
@@ -280,9 +294,7 @@ struct og_frame;
 /* A frame for a dump: library, its path and build-id, offset, dynamic symbol (dladdr:
  * dump time only).  `oomguard report` turns path+build-id+offset into names and lines. */
 void og_frame_describe(uintptr_t ip, bool return_address, struct og_frame *f);
-extern bool og_stack_cache_enabled;          /* false: every capture is a full unwind (tests) */
-extern int og_stack_record_cost;             /* captures between two chain recordings (tests: 0) */
-extern OG_TLS uint64_t og_stack_chain_hits;  /* captures the chain cache served (tests) */
+extern _Atomic uint64_t og_sites_lost;     /* captures left "unknown": no memory for the site, or 2^20 sites */
 void og_stacks_init(void);
 void og_stacks_atfork_prepare(void);
 void og_stacks_atfork_parent(void);
@@ -322,6 +334,16 @@ static inline void og_note_free(int device, uint64_t bytes, uint32_t site)
         OG_UNLIKELY(atomic_load_explicit(&og_episode_open[device], memory_order_relaxed)))
         og_on_free(device, bytes, site);
 }
+/* After the real free (ledger.c): inline for the common case, a block found and freed. */
+static inline void og_free_end(og_call_t *c, og_taken_t *tk, CUresult r)
+{
+    if (OG_LIKELY(tk->found && r == CUDA_SUCCESS)) {
+        if (tk->kind != OG_KIND_HOST && !(tk->flags & OG_KIND_F_IPC))
+            og_note_free(tk->device, tk->size, tk->site);
+        return;
+    }
+    og_free_end_slow(c, tk, r);
+}
 
 /* ---------------------------------------------------------------- limit, warning, exit summary (limit.c) */
 
@@ -334,10 +356,21 @@ bool og_limit_refuses(og_call_t *c, int device, uint64_t bytes, bool from_pool);
 uint64_t og_limit_usage(int device);          /* what counts against OOMGUARD_LIMIT */
 void og_limit_refresh_overhead(int device);
 void og_limit_view(int device, uint64_t *free_b, uint64_t *total_b);
-void og_warn_check(int device, uint64_t live);
 /* the limit and the warning level in bytes as already resolved (UINT64_MAX: none or not yet) */
 uint64_t og_limit_cached(int device);
 uint64_t og_warn_cached(int device);
+/* OOMGUARD_WARN_AT, inline on every allocation: usage at or above og_warn_above[device], or
+ * below og_warn_below[device] (re-arming), is a crossing, handled out of line.  Both start at
+ * 0: the first check computes them. */
+extern _Atomic uint64_t og_warn_above[OG_MAX_DEVICES], og_warn_below[OG_MAX_DEVICES];
+void og_warn_crossed(int device, uint64_t live);
+static inline void og_warn_check(int device, uint64_t live)
+{
+    if ((unsigned)device < OG_MAX_DEVICES &&
+        OG_UNLIKELY(live >= atomic_load_explicit(&og_warn_above[device], memory_order_relaxed) ||
+                    live < atomic_load_explicit(&og_warn_below[device], memory_order_relaxed)))
+        og_warn_crossed(device, live);
+}
 void og_exit_summary(void);   /* OOMGUARD_SUMMARY: peak lines and the exit dump */
 
 /* ---------------------------------------------------------------- NVML (nvml.c) */
@@ -398,5 +431,7 @@ uint64_t og_live_start_ticks(int pid);
 /* ---------------------------------------------------------------- fatal signals and _exit (fatal.c) */
 
 void og_fatal_arm(void);                  /* chain the fatal signals (once, lazily) */
+
+#pragma GCC visibility pop
 
 #endif

@@ -10,12 +10,11 @@
 #define UNW_LOCAL_ONLY
 #include <libunwind.h>
 
-#if defined(__SANITIZE_THREAD__)
-/* ThreadSanitizer build (make test SANITIZE=thread): unw_backtrace keeps a per-thread trace
- * cache that libunwind, not instrumented, frees from a TSD destructor after TSan has
- * finished the thread, which crashes TSan.  The plain unw_step walk keeps no such cache.
- * Inlined so that, like unw_backtrace, the first frame is the caller's own. */
-static inline __attribute__((always_inline)) int og_tsan_backtrace(void **buf, int max)
+/* The plain unw_step walk: unlike unw_backtrace it keeps no per-thread trace cache (libunwind
+ * maps ~256 KiB for one at a thread's first unw_backtrace), so it is what a thread uses until
+ * it has shown that it allocates repeatedly (site_capture_unwound).  Inlined so that, like
+ * unw_backtrace, the first frame is the caller's own. */
+static inline __attribute__((always_inline)) int og_walk_backtrace(void **buf, int max)
 {
     unw_context_t uc;
     unw_cursor_t cur;
@@ -30,10 +29,14 @@ static inline __attribute__((always_inline)) int og_tsan_backtrace(void **buf, i
     } while (n < max && unw_step(&cur) > 0);
     return n;
 }
-#define unw_backtrace og_tsan_backtrace
+#if defined(__SANITIZE_THREAD__)
+/* ThreadSanitizer build (make test SANITIZE=thread): libunwind, not instrumented, frees the
+ * trace cache from a TSD destructor after TSan has finished the thread, which crashes TSan. */
+#define unw_backtrace og_walk_backtrace
 #endif
 
 #include "og.h"
+#include "og_test.h"
 
 #include <dlfcn.h>
 #include <elf.h>
@@ -44,6 +47,9 @@ static inline __attribute__((always_inline)) int og_tsan_backtrace(void **buf, i
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+/* A failed add leaves the node out (the site still exists: a later capture makes it again);
+ * uthash's default would be exit(). */
+#define HASH_NONFATAL_OOM 1
 #include <uthash.h>
 #include "record.h"
 
@@ -93,7 +99,8 @@ void og_stacks_init(void)
     strcpy(libs[0].name, "unknown");
     atomic_store(&lib_count, 1);
     /* libunwind's default cache is global and locked: with two threads unwinding at once
-     * they queue on it.  A per-thread cache costs a little memory per thread. */
+     * they queue on it.  A per-thread cache costs a little memory per thread (its trace
+     * cache, ~256 KiB, is another matter: see og_walk_backtrace). */
     unw_set_caching_policy(unw_local_addr_space, UNW_CACHE_PER_THREAD);
     chain_slots = 2 * ((int)og_opt.stack_depth + 8);
     chains_key_ok = pthread_key_create(&chains_key, chains_free) == 0;
@@ -273,6 +280,8 @@ static og_site_t *site_new(uint64_t hash, const uintptr_t *frames, int n)
     return s;
 }
 
+_Atomic uint64_t og_sites_lost;
+
 static const og_site_t *site_intern(uint64_t hash, const uintptr_t *frames, int n)
 {
     site_shard_t *sh = &shards[hash % SITE_SHARDS];
@@ -287,6 +296,7 @@ static const og_site_t *site_intern(uint64_t hash, const uintptr_t *frames, int 
     node = s ? malloc(sizeof *node) : NULL;
     if (!node) {
         free(s);
+        atomic_fetch_add_explicit(&og_sites_lost, 1, memory_order_relaxed);   /* the block's site is "unknown" */
         return NULL;
     }
     pthread_mutex_lock(&sh->lock);
@@ -304,6 +314,7 @@ static const og_site_t *site_intern(uint64_t hash, const uintptr_t *frames, int 
         pthread_mutex_unlock(&sh->lock);
         free(s);
         free(node);
+        atomic_fetch_add_explicit(&og_sites_lost, 1, memory_order_relaxed);
         return NULL;
     }
     s->id = id;
@@ -396,14 +407,21 @@ static inline chain_t *chain_at(chain_cache_t *c, unsigned set, unsigned way)
 }
 
 /* The frames of the last unwind from `fp`, if every slot it read still holds its value. */
+static inline uintptr_t slot_diff(const slot_t *s) { return *(const volatile uintptr_t *)s->addr ^ s->val; }
 static inline bool chain_hit(const chain_t *e, uintptr_t fp, void *caller)
 {
     if (e->fp != fp || e->caller != caller)
         return false;
-    for (int i = 0; i < e->nslots; i++)
-        if (*(const volatile uintptr_t *)e->slot[i].addr != e->slot[i].val)
-            return false;
-    return true;
+    /* Every word compared, without a branch per word (a hit reads them all anyway; a miss
+     * costs a full unwind).  Reading past a changed word is safe: the words lie in this
+     * thread's stack above fp, where the recorded unwind read them. */
+    const slot_t *p = e->slot, *end = p + e->nslots;
+    uintptr_t diff = 0;
+    for (; end - p >= 4; p += 4)
+        diff |= slot_diff(p) | slot_diff(p + 1) | slot_diff(p + 2) | slot_diff(p + 3);
+    for (; p < end; p++)
+        diff |= slot_diff(p);
+    return diff == 0;
 }
 
 /* Full unwind from the capturing frame (whose %rbp is fp): up to max return addresses of
@@ -521,12 +539,13 @@ static __attribute__((noinline)) uint32_t site_capture_unwound(void *caller, int
     uintptr_t buf[OG_MAX_FRAMES + 8];
     const uintptr_t *frames = buf;
     int n, skip = 0;
-    chain_cache_t *cc = og_stack_cache_enabled ? chains_get() : NULL;
-    uintptr_t fp = 0;
-    unsigned set = 0;
+    /* The thread's chain cache exists once it captured a stack it had seen before (below): a
+     * thread that allocates once never pays for one. */
+    chain_cache_t *cc = og_stack_cache_enabled ? tls_chains : NULL;
+    uintptr_t fp = (uintptr_t)__builtin_frame_address(0);
+    unsigned set = chain_set(fp, caller);
+    bool can_record = og_stack_cache_enabled;
     if (cc) {
-        fp = (uintptr_t)__builtin_frame_address(0);
-        set = chain_set(fp, caller);
         for (unsigned w = 0; w < CHAIN_WAYS; w++) {
             const chain_t *e = chain_at(cc, set, w);
             if (chain_hit(e, fp, caller)) {
@@ -535,8 +554,9 @@ static __attribute__((noinline)) uint32_t site_capture_unwound(void *caller, int
             }
         }
     }
-    /* unw_backtrace's first frame is this function's own */
-    n = unw_backtrace((void **)buf, depth + 8);
+    /* the first frame is this function's own; a thread without a chain cache (it has not
+     * repeated a stack yet) walks without libunwind's per-thread trace cache */
+    n = cc ? unw_backtrace((void **)buf, depth + 8) : og_walk_backtrace((void **)buf, depth + 8);
     if (n > 0)
         memmove(buf, buf + 1, (size_t)--n * sizeof buf[0]);
     n = keep_frames(buf, n, caller, depth, &skip);
@@ -545,17 +565,19 @@ static __attribute__((noinline)) uint32_t site_capture_unwound(void *caller, int
         buf[0] = (uintptr_t)caller;
         frames = buf;
         n = 1;
-        cc = NULL;
+        can_record = false;
     }
     bool repeated;
     uint32_t id = site_of_frames(frames, n, &repeated);
-    if (!cc || !id)
+    if (!can_record || !id)
         return id;
     if (!repeated || tls_record_credit < og_stack_record_cost) {
         if (tls_record_credit < og_stack_record_cost)
             tls_record_credit++;
         return id;
     }
+    if (!cc && !(cc = chains_get()))
+        return id;
     tls_record_credit = 0;
     chain_t *e = chain_at(cc, set, cc->victim[set]++ % CHAIN_WAYS);
     e->fp = 0;                       /* being rewritten (a signal handler may look) */
@@ -575,14 +597,21 @@ static __attribute__((noinline)) uint32_t site_capture_unwound(void *caller, int
     return id;
 }
 
-uint32_t og_site_capture(void *caller)
+/* Depth 0: the wrapper's return address is the site; a thread's allocations mostly come
+ * from the one place it called last (og_site_capture, og.h, checks it inline). */
+OG_TLS struct og_site_last og_site_last;
+
+uint32_t og_site_capture_slow(void *caller)
 {
     int depth = (int)og_opt.stack_depth;
     if (depth > 0)
         return site_capture_unwound(caller, depth);
-    uintptr_t f = (uintptr_t)caller;      /* depth 0: the wrapper's return address is the site */
+    uintptr_t f = (uintptr_t)caller;
     bool repeated;
-    return site_of_frames(&f, 1, &repeated);
+    uint32_t id = site_of_frames(&f, 1, &repeated);
+    og_site_last.caller = caller;
+    og_site_last.id = id;
+    return id;
 }
 
 uint16_t og_site_lib(const og_site_t *site)

@@ -116,6 +116,8 @@ if [ -f tests/e2e/run_scenarios.sh ]; then
 fi
 
 suite "dumps" env B="$B" PRELOAD="$PRELOAD" bash tests/e2e/run_dumps.sh
+echo "== a hostile process: host malloc failing inside the shim"
+suite "hostile" env B="$B" PRELOAD="$PRELOAD" bash tests/hostile/run_hostile.sh
 echo "== regressions (bugs that once passed the whole suite)"
 suite "regressions" env B="$B" PRELOAD="$PRELOAD" bash tests/regress/run_regressions.sh
 echo "== oomguard top and snapshot: three simulated jobs and one without oomguard, against the simulator"

@@ -4,6 +4,7 @@
  * cache and then with a plain unw_backtrace, and the two must be the same site with the
  * same frames.  Prints "N passed, N failed". */
 #include "og.h"
+#include "og_test.h"
 
 #include <stdio.h>
 #include <stdlib.h>
