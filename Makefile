@@ -9,6 +9,7 @@
 ##= B=DIR             build directory (default build; build-san with SANITIZE=1, build-tsan with SANITIZE=thread)
 ##= SANITIZE=1        AddressSanitizer + UndefinedBehaviorSanitizer build
 ##= SANITIZE=thread   ThreadSanitizer build
+##= OG_DEBUG=1        the ledger's invariants asserted and its books checked by the soak (make soak sets it)
 ##= CUDA_HOME=DIR     where include/cuda.h is (default /usr/local/cuda)
 ##= SOAK_OPS=N        operations per thread and device of `make soak` (default 1000000)
 ##= FUZZ_SECONDS=N    how long `make fuzz-smoke` fuzzes (default 20)
@@ -31,6 +32,11 @@ endif
 WARN      := -Wall -Wextra -Wno-unused-parameter -Wshadow -Wstrict-prototypes -Wmissing-prototypes
 CFLAGS    ?= -O2 -g
 BASE_CFLAGS := -std=gnu11 $(WARN) -fno-strict-aliasing -D_GNU_SOURCE -I$(CUDA_INC) -Iinclude
+# OG_DEBUG=1: the ledger's invariants asserted (shim/ledger_int.h) and its consistency check
+# exported for the soak's program (make soak builds with it)
+ifeq ($(OG_DEBUG),1)
+BASE_CFLAGS += -DOG_DEBUG
+endif
 ifeq ($(SANITIZE),1)
 SAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 B         := build-san

@@ -76,11 +76,12 @@ test: test-build  ## every test suite; ends with 'N passed, N failed'
 	@B=$(B) SANITIZE=$(SANITIZE) MAKE="$(MAKE)" bash tests/run_tests.sh
 
 # The soak: 16 threads x 2 devices x SOAK_OPS (1M) operations with injected
-# failures, in an ASan+UBSan build and a TSan build of their own; tests/e2e/run_soak.sh.
+# failures, in an ASan+UBSan build and a TSan build of their own, both with OG_DEBUG=1 (the
+# ledger's invariants asserted, its books checked at the end); tests/e2e/run_soak.sh.
 SOAK_OPS ?= 1000000
 soak:  ## 16 threads x 2 devices x SOAK_OPS (1M) operations with injected failures, ASan and TSan (minutes)
-	$(MAKE) --no-print-directory B=build-soak-asan SANITIZE=1 test-build
-	$(MAKE) --no-print-directory B=build-soak-tsan SANITIZE=thread test-build
+	$(MAKE) --no-print-directory B=build-soak-asan SANITIZE=1 OG_DEBUG=1 test-build
+	$(MAKE) --no-print-directory B=build-soak-tsan SANITIZE=thread OG_DEBUG=1 test-build
 	@ASAN_B=build-soak-asan TSAN_B=build-soak-tsan SOAK_OPS=$(SOAK_OPS) bash tests/e2e/run_soak.sh
 
 .PHONY: test-build test bench soak

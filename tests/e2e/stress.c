@@ -71,6 +71,13 @@ int main(int argc, char **argv)
     }
     cudaSetDevice(0);
     cudaDeviceSynchronize();
+    /* an OG_DEBUG build of the shim (make soak) checks its books against each other */
+    int (*ledger_check)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "oomguard_debug_ledger_check");
+    if (ledger_check) {
+        int bad = ledger_check();
+        CHECK(bad == 0, "the ledger's books disagree in %d place(s)", bad);
+        printf("ledger consistency (OG_DEBUG): %d mismatch(es)\n", bad);
+    }
     for (int dev = 0; dev < 2; dev++) {
         check_device(dev, "after stress");
         if (have_shim) {
