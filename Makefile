@@ -74,6 +74,9 @@ install: all  ## install into DESTDIR/PREFIX (default /usr/local)
 	install -d $(DESTDIR)$(PREFIX)/lib/oomguard/python
 	install -m 0644 adapters/python/*.py $(DESTDIR)$(PREFIX)/lib/oomguard/python/
 	install -m 0644 README.md LICENSE docs/*.md $(DESTDIR)$(PREFIX)/share/doc/oomguard/
+	install -d $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/bash-completion/completions
+	install -m 0644 docs/man/oomguard.1 $(DESTDIR)$(PREFIX)/share/man/man1/oomguard.1
+	install -m 0644 tools/completion/oomguard.bash $(DESTDIR)$(PREFIX)/share/bash-completion/completions/oomguard
 
 FORMAT_SRC = $(shell git ls-files '*.c' '*.h' 2>/dev/null)
 format:  ## apply .clang-format to every C source in git

@@ -1,10 +1,13 @@
 /* tools/main.c — `oomguard`: command dispatch, `report` and `merge` option
  * handling, and writing the output. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -22,7 +25,7 @@ static void usage(FILE *f)
           "\n"
           "commands:\n"
           "  run [options] [--] CMD [ARGS...]   run CMD with liboomguard.so preloaded\n"
-          "  report DUMP.json [options]         explain one dump (text, json, html, memory-viz)\n"
+          "  report [DUMP.json|DIR] [options]   explain one dump (default: the newest here)\n"
           "  merge DIR [options]                compare the dumps of a multi-rank job\n"
           "  stats DIR... [options]             count the dumps of many jobs (text, json, html, prometheus)\n"
           "  top [options]                      live view of every GPU: who holds memory, inside each process\n"
@@ -47,10 +50,12 @@ static void usage(FILE *f)
 
 void og_usage_report(FILE *f)
 {
-    fputs("usage: oomguard report DUMP.json [--format text|json|html|memory-viz] [-o FILE]\n"
+    fputs("usage: oomguard report [DUMP.json|DIR] [--format text|json|html|memory-viz] [-o FILE]\n"
           "\n"
           "Explain one dump: what failed, where the memory was, why, and what to do.\n"
-          "DUMP.json may be - for standard input.\n"
+          "DUMP.json may be - for standard input.  Without it, or with a directory, the\n"
+          "newest oomguard-*.json of that directory, else of OOMGUARD_DIR, else of the\n"
+          "working directory.\n"
           "\n"
           "options:\n"
           "  -f, --format FMT   text (default): terminal report\n"
@@ -124,100 +129,135 @@ static int parse_format(const char *s, int allow_memviz)
     return -1;
 }
 
-/* Options shared by report and merge.  Returns -1 to exit with *rc. */
+/* Options shared by report and merge (getopt_long: -fhtml, --format=html, -o x, options
+ * before or after the operand).  Returns -1 to exit with *rc. */
 static int parse_common(int argc, char **argv, const char *cmd, int allow_memviz, struct common *c, int *rc,
                         void (*help)(FILE *))
 {
+    enum { O_TOP = 256, O_COLOR, O_NO_COLOR };
+    static const struct option lo[] = {
+        {"format", required_argument, NULL, 'f'}, {"output", required_argument, NULL, 'o'},
+        {"top", required_argument, NULL, O_TOP},  {"color", required_argument, NULL, O_COLOR},
+        {"no-color", no_argument, NULL, O_NO_COLOR}, {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
     memset(c, 0, sizeof *c);
-    int no_more_opts = 0;
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i], *val = NULL;
-        const char *name = a;
-        size_t nl = strlen(a);
-        if (!no_more_opts && a[0] == '-' && a[1]) {
-            if (!strcmp(a, "--")) {
-                no_more_opts = 1;
-                continue;
-            }
-            if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-                help(stdout);
-                *rc = OG_EXIT_OK;
-                return -1;
-            }
-            const char *eq = strchr(a, '=');
-            if (!strncmp(a, "--", 2) && eq) {
-                nl = (size_t)(eq - a);
-                val = eq + 1;
-            }
-#define IS(s) (nl == strlen(s) && !strncmp(name, s, nl))
-            int takes = IS("-f") || IS("--format") || IS("-o") || IS("--output") || IS("--top") || IS("--color");
-            if (!takes) {
-                if (IS("--no-color")) {
-                    c->color_when = -1;
-                    continue;
-                }
-                fprintf(stderr, "oomguard %s: unknown option %s (see oomguard %s --help)\n", cmd, a, cmd);
+    const char *val;
+    int opt, first;
+    while ((opt = og_getopt(cmd, argc, argv, "f:o:h", lo, &val, &first)) != -1) {
+        switch (opt) {
+        case 'h':
+            help(stdout);
+            *rc = OG_EXIT_OK;
+            return -1;
+        case 'f':
+            c->format = parse_format(val, allow_memviz);
+            if (c->format < 0) {
+                fprintf(stderr, "oomguard %s: unknown format '%s' (use text, json, html%s)\n", cmd, val,
+                        allow_memviz ? " or memory-viz" : "");
                 *rc = OG_EXIT_USAGE;
                 return -1;
             }
-            if (!val) {
-                if (i + 1 >= argc) {
-                    fprintf(stderr, "oomguard %s: %s needs a value\n", cmd, a);
-                    *rc = OG_EXIT_USAGE;
-                    return -1;
-                }
-                val = argv[++i];
+            break;
+        case 'o':
+            c->output = val;
+            break;
+        case O_TOP: {
+            char *end;
+            long v = strtol(val, &end, 10);
+            if (!*val || *end || v < 1 || v > 100000) {
+                fprintf(stderr, "oomguard %s: --top %s: expected a number from 1 to 100000\n", cmd, val);
+                *rc = OG_EXIT_USAGE;
+                return -1;
             }
-            if (IS("-f") || IS("--format")) {
-                c->format = parse_format(val, allow_memviz);
-                if (c->format < 0) {
-                    fprintf(stderr, "oomguard %s: unknown format '%s' (use text, json, html%s)\n", cmd, val,
-                            allow_memviz ? " or memory-viz" : "");
-                    *rc = OG_EXIT_USAGE;
-                    return -1;
-                }
-            } else if (IS("-o") || IS("--output")) {
-                c->output = val;
-            } else if (IS("--top")) {
-                char *end;
-                long v = strtol(val, &end, 10);
-                if (!*val || *end || v < 1 || v > 100000) {
-                    fprintf(stderr, "oomguard %s: --top %s: expected a number from 1 to 100000\n", cmd, val);
-                    *rc = OG_EXIT_USAGE;
-                    return -1;
-                }
-                c->top = (int)v;
-            } else {
-                if (!strcmp(val, "auto"))
-                    c->color_when = 0;
-                else if (!strcmp(val, "always"))
-                    c->color_when = 1;
-                else if (!strcmp(val, "never"))
-                    c->color_when = -1;
-                else {
-                    fprintf(stderr, "oomguard %s: --color %s: use auto, always or never\n", cmd, val);
-                    *rc = OG_EXIT_USAGE;
-                    return -1;
-                }
-            }
-#undef IS
-            continue;
+            c->top = (int)v;
+            break;
         }
-        if (c->input) {
-            fprintf(stderr, "oomguard %s: one %s at a time (got '%s' and '%s')\n", cmd,
-                    allow_memviz ? "dump" : "directory", c->input, a);
+        case O_COLOR:
+            if (!strcmp(val, "auto"))
+                c->color_when = 0;
+            else if (!strcmp(val, "always"))
+                c->color_when = 1;
+            else if (!strcmp(val, "never"))
+                c->color_when = -1;
+            else {
+                fprintf(stderr, "oomguard %s: --color %s: use auto, always or never\n", cmd, val);
+                *rc = OG_EXIT_USAGE;
+                return -1;
+            }
+            break;
+        case O_NO_COLOR:
+            c->color_when = -1;
+            break;
+        default:
             *rc = OG_EXIT_USAGE;
             return -1;
         }
-        c->input = a;
     }
-    if (!c->input) {
-        fprintf(stderr, "oomguard %s: missing %s\n", cmd, allow_memviz ? "DUMP.json" : "DIR");
+    if (argc - first > 1) {
+        fprintf(stderr, "oomguard %s: one %s at a time (got '%s' and '%s')\n", cmd,
+                allow_memviz ? "dump" : "directory", argv[first], argv[first + 1]);
+        *rc = OG_EXIT_USAGE;
+        return -1;
+    }
+    c->input = first < argc ? argv[first] : NULL;
+    if (!c->input && !allow_memviz) {
+        fprintf(stderr, "oomguard %s: missing DIR\n", cmd);
         help(stderr);
         *rc = OG_EXIT_USAGE;
         return -1;
     }
     return 0;
+}
+
+/* `report` without a dump, or with a directory: the newest oomguard-*.json there (by
+ * modification time, then name).  dir NULL: OOMGUARD_DIR, else the working directory.
+ * Returns a malloc'd path, or NULL after saying why on stderr. */
+static char *newest_dump(const char *dir)
+{
+    if (!dir) {
+        const char *e = getenv("OOMGUARD_DIR");
+        dir = e && *e ? e : ".";
+    }
+    DIR *d = opendir(dir);
+    if (!d) {
+        fprintf(stderr, "oomguard: %s: %s\n", dir, strerror(errno));
+        return NULL;
+    }
+    char *best = NULL;
+    struct timespec best_t = {0, 0};
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t l = strlen(e->d_name);
+        if (strncmp(e->d_name, "oomguard-", 9) != 0 || l < 14 || strcmp(e->d_name + l - 5, ".json") != 0)
+            continue;
+        struct stat st;
+        if (fstatat(dirfd(d), e->d_name, &st, 0) != 0 || !S_ISREG(st.st_mode))
+            continue;
+        n++;
+        int newer = !best || st.st_mtim.tv_sec > best_t.tv_sec ||
+                    (st.st_mtim.tv_sec == best_t.tv_sec && st.st_mtim.tv_nsec > best_t.tv_nsec) ||
+                    (st.st_mtim.tv_sec == best_t.tv_sec && st.st_mtim.tv_nsec == best_t.tv_nsec &&
+                     strcmp(e->d_name, strrchr(best, '/') + 1) > 0);
+        if (newer) {
+            size_t need = strlen(dir) + l + 2;
+            char *p = malloc(need);
+            if (!p)
+                break;
+            snprintf(p, need, "%s/%s", dir, e->d_name);
+            free(best);
+            best = p;
+            best_t = st.st_mtim;
+        }
+    }
+    closedir(d);
+    if (!best)
+        fprintf(stderr, "oomguard report: no oomguard-*.json dump in %s%s\n", dir,
+                strcmp(dir, ".") ? "" : " (the working directory; OOMGUARD_DIR is not set)");
+    else if (n > 1)
+        fprintf(stderr, "oomguard report: %s (the newest of %d dumps in %s)\n", best, n, dir);
+    return best;
 }
 
 static int want_color(const struct common *c)
@@ -238,6 +278,13 @@ int og_cmd_report(int argc, char **argv)
         fputs("oomguard report: memory-viz output is a binary pickle; use -o FILE.pickle\n", stderr);
         return OG_EXIT_USAGE;
     }
+    char *found = NULL;
+    struct stat ist;
+    if (!c.input || (strcmp(c.input, "-") != 0 && stat(c.input, &ist) == 0 && S_ISDIR(ist.st_mode))) {
+        if (!(found = newest_dump(c.input)))
+            return OG_EXIT_INPUT;
+        c.input = found;
+    }
     og_reader_init(0);
     struct og_load_opts lo = {
         .keep_all = c.format == OG_FMT_JSON,
@@ -247,6 +294,7 @@ int og_cmd_report(int argc, char **argv)
     struct og_dump *d = og_dump_load_file(c.input, &lo, &err);
     if (!d) {
         fprintf(stderr, "oomguard: %s\n", err.msg);
+        free(found);
         return OG_EXIT_INPUT;
     }
     struct sbuf out;
@@ -264,6 +312,7 @@ int og_cmd_report(int argc, char **argv)
     }
     sb_free(&out);
     og_dump_free(d);
+    free(found);
     return rc;
 }
 

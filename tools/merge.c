@@ -38,6 +38,8 @@ static struct og_dump *slim_copy(const struct og_dump *d, char *file)
     s->job_id = copy_str(d->job_id);
     s->status_str = copy_str(d->status_str);
     s->status = d->status;
+    s->diag.present = d->diag.present;
+    s->diag.primary = copy_str(d->diag.primary);   /* the cause column */
     s->time = d->time;
     s->pid = d->pid;
     s->rank = d->rank;
@@ -62,12 +64,19 @@ static struct og_dump *slim_copy(const struct og_dump *d, char *file)
     return s;
 }
 
+/* A rank's cause: the primary diagnosis of its dump ("-" for an exit summary or a warning). */
+static const char *rank_cause(const struct og_dump *d)
+{
+    return d->diag.primary && *d->diag.primary ? d->diag.primary : "-";
+}
+
 static void slim_free(struct og_dump *s)
 {
     free((char *)s->file);
     free((char *)s->host);
     free((char *)s->job_id);
     free((char *)s->status_str);
+    free((char *)s->diag.primary);
     free((char *)s->event.api);
     free((char *)s->device.name);
     free(s->mem.procs);
@@ -277,8 +286,8 @@ static void text_job(struct sbuf *b, const struct job *j, int color)
         sb_puts(b, "  No rank ran out of memory.\n");
     }
 
-    sb_printf(b, "\n  %s%-6s %-16s %-9s %-5s %11s %11s %11s %11s  %s%s\n", dim, "rank", "host", "pid", "gpu", "used",
-              "framework", "non-fw", "other procs", "status", rst);
+    sb_printf(b, "\n  %s%-6s %-16s %-9s %-5s %11s %11s %11s %11s  %-16s %s%s\n", dim, "rank", "host", "pid", "gpu", "used",
+              "framework", "non-fw", "other procs", "cause", "status", rst);
     for (int i = 0; i < j->n; i++) {
         const struct og_dump *d = j->r[i];
         char rk[24], dv[24];
@@ -293,6 +302,10 @@ static void text_job(struct sbuf *b, const struct job *j, int color)
                   d->mem.framework_bytes >= 0 ? human_bytes(d->mem.framework_bytes, h[1]) : "-",
                   d->mem.non_framework_bytes >= 0 ? human_bytes(d->mem.non_framework_bytes, h[2]) : "-",
                   d->mem.other_processes_bytes >= 0 ? human_bytes(d->mem.other_processes_bytes, h[3]) : "-");
+        const char *cause = rank_cause(d);
+        sb_text(b, cause, 16, 0);
+        for (int w = (int)text_width(cause, 16); w < 17; w++)
+            sb_putc(b, ' ');
         int first = i == j->first;
         sb_puts(b, d->status == OG_ST_OOM ? red : "");
         sb_text(b, d->status_str ? d->status_str : "?", 12, 0);
@@ -400,6 +413,7 @@ static cJSON *json_job(const struct job *j)
         add_int(r, "non_framework_bytes", d->mem.non_framework_bytes);
         add_int(r, "other_processes_bytes", d->mem.other_processes_bytes);
         add_str(r, "status", d->status_str);
+        add_str(r, "cause", d->diag.primary && *d->diag.primary ? d->diag.primary : NULL);
         add_bytes(r, "requested_bytes", d->event.present ? d->event.requested_bytes : (struct og_bytes){0});
         if (isfinite(fail_time(d)))
             cJSON_AddNumberToObject(r, "failed_at", fail_time(d));
@@ -496,7 +510,7 @@ static void html_job(struct sbuf *b, const struct job *j)
     }
     sb_puts(b, "<table class=\"ranks\"><thead><tr><th class=\"num\">rank</th><th>host</th><th class=\"num\">pid</th>"
                "<th class=\"num\">GPU</th><th class=\"num\">used</th><th class=\"num\">framework</th>"
-               "<th class=\"num\">non-framework</th><th class=\"num\">other processes</th><th>status</th></tr></thead><tbody>");
+               "<th class=\"num\">non-framework</th><th class=\"num\">other processes</th><th>cause</th><th>status</th></tr></thead><tbody>");
     for (int i = 0; i < j->n; i++) {
         const struct og_dump *d = j->r[i];
         sb_puts(b, "<tr><td class=\"num\">");
@@ -510,6 +524,9 @@ static void html_job(struct sbuf *b, const struct job *j)
                   d->mem.framework_bytes >= 0 ? human_bytes(d->mem.framework_bytes, h[1]) : "-",
                   d->mem.non_framework_bytes >= 0 ? human_bytes(d->mem.non_framework_bytes, h[2]) : "-",
                   d->mem.other_processes_bytes >= 0 ? human_bytes(d->mem.other_processes_bytes, h[3]) : "-");
+        sb_puts(b, "<span class=\"mono\">");
+        sb_html(b, rank_cause(d), 40, 0);
+        sb_puts(b, "</span></td><td>");
         sb_html(b, d->status_str ? d->status_str : "?", 20, 0);
         sb_printf(b, "%s</td></tr>", i == j->first ? " <b style=\"color:#d93636\">(first)</b>" : "");
     }

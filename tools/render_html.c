@@ -344,6 +344,43 @@ static void unit_for(double max, double *unit, const char **name)
     *name = names[u];
 }
 
+/* The time unit of an axis that spans `span` seconds: ms below 2 s, s below 2 min, min below
+ * 2 h, else h (a span of 0.0023 s reads "2.3 ms", not "0.0023 s"). */
+static void time_unit(double span, double *unit, const char **name)
+{
+    static const struct { double below, unit; const char *name; } units[] = {
+        {2, 0.001, "ms"}, {120, 1, "s"}, {7200, 60, "min"}, {INFINITY, 3600, "h"},
+    };
+    size_t i = 0;
+    while (i + 1 < sizeof units / sizeof units[0] && !(span < units[i].below))
+        i++;
+    *unit = units[i].unit;
+    *name = units[i].name;
+}
+
+/* A tick value with the decimals its step needs (step 0.25 -> "1.25", step 5 -> "15"). */
+static const char *tick(char buf[32], double v, double step)
+{
+    int dec = 0;
+    while (dec < 6 && fabs(step * pow(10, dec) - round(step * pow(10, dec))) > 1e-6 * fmax(1, step * pow(10, dec)))
+        dec++;
+    if (fabs(v) < step * 1e-9)
+        v = 0;
+    snprintf(buf, 32, "%.*f", dec, v);
+    return buf;
+}
+
+/* Width of a label in the chart's units (an estimate from the font size: the labels are
+ * short and mostly digits, which are about 0.6 em wide in the sans-serif fonts used). */
+static double label_width(const char *s, double size)
+{
+    double w = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        if ((*p & 0xc0) != 0x80)
+            w += 0.6 * size;
+    return w;
+}
+
 static void chart(struct hx *h)
 {
     const struct og_dump *d = h->d;
@@ -351,7 +388,8 @@ static void chart(struct hx *h)
     struct pt *p = chart_points(d, &n);
     if (!p)
         return;
-    const double W = 1000, H = 330, L = 74, R = 150, T = 16, B = 42;
+    /* every label sits inside the plot (R: a small margin, not a label column) */
+    const double W = 1000, H = 330, L = 74, R = 16, T = 16, B = 42;
     const double pw = W - L - R, ph = H - T - B;
     double t0 = p[0].t, t1 = p[n - 1].t, vmax = 0;
     for (size_t i = 0; i < n; i++)
@@ -400,11 +438,13 @@ static void chart(struct hx *h)
         sb_printf(h->b, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"end\" fill=\"#5f6b7a\">%g %s</text>",
                   L - 8, y + 4, v, uname);
     }
-    /* x labels */
-    double span = t1 - t0, tu = span >= 7200 ? 3600 : span >= 600 ? 60 : 1;
-    const char *tn = tu == 3600 ? "h" : tu == 60 ? "min" : "s";
+    /* x labels, in the unit that fits the span */
+    double span = t1 - t0, tu;
+    const char *tn;
+    time_unit(span, &tu, &tn);
     double tstep = nice_step(span / tu, 8) * tu;
     double tfirst = ceil(t0 / tstep) * tstep;
+    char tb[32];
     if (tstep > 0 && isfinite(tstep) && span / tstep < 40)
         for (int k = 0; k < 40 && tfirst + k * tstep <= t1 + 1e-9; k++) {
             double t = tfirst + k * tstep;
@@ -412,22 +452,26 @@ static void chart(struct hx *h)
                 continue;
             sb_printf(h->b,
                       "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#c9d0da\"/>"
-                      "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\" fill=\"#5f6b7a\">%g %s</text>",
-                      X(t), T + ph, X(t), T + ph + 5, X(t), T + ph + 19, t / tu, tn);
+                      "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"%s\" fill=\"#5f6b7a\">%s %s</text>",
+                      X(t), T + ph, X(t), T + ph + 5, X(t), T + ph + 19,
+                      X(t) > L + pw - 20 ? "end" : "middle", tick(tb, t / tu, tstep / tu), tn);
         }
     sb_printf(h->b, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\" fill=\"#5f6b7a\">time since the process started</text>",
               L + pw / 2, H - 6);
     sb_printf(h->b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#8a94a3\"/>", L, T + ph, L + pw, T + ph);
 
-    /* area + line (step-wise: usage holds until the next event) */
+    /* area + line; the usage of the last point holds until the failure (the end of the axis):
+     * the chart is drawn to the failure, not to the last sample before it */
     sb_printf(h->b, "<path fill=\"#3b6fd8\" fill-opacity=\"0.13\" d=\"M%.1f %.1f", X(p[0].t), Y(0.0));
     for (size_t i = 0; i < n; i++)
         sb_printf(h->b, "L%.1f %.1f", X(p[i].t), Y(p[i].v));
-    sb_printf(h->b, "L%.1f %.1fZ\"/>", X(p[n - 1].t), Y(0.0));
+    sb_printf(h->b, "L%.1f %.1fL%.1f %.1fZ\"/>", X(t1), Y(p[n - 1].v), X(t1), Y(0.0));
     sb_printf(h->b, "<path fill=\"none\" stroke=\"#3b6fd8\" stroke-width=\"2\" stroke-linejoin=\"round\" d=\"M%.1f %.1f",
               X(p[0].t), Y(p[0].v));
     for (size_t i = 1; i < n; i++)
         sb_printf(h->b, "L%.1f %.1f", X(p[i].t), Y(p[i].v));
+    if (p[n - 1].t < t1)
+        sb_printf(h->b, "L%.1f %.1f", X(t1), Y(p[n - 1].v));
     sb_puts(h->b, "\"><title>device memory tracked by oomguard for this process</title></path>");
 
     char a[32];
@@ -435,15 +479,15 @@ static void chart(struct hx *h)
         double y = Y((double)d->device.total_bytes);
         sb_printf(h->b,
                   "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#1d2330\" stroke-dasharray=\"6 4\"/>"
-                  "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" fill=\"#1d2330\">device total %s</text>",
-                  L, y, L + pw, y, L + pw + 8, y + 4, hb(d->device.total_bytes, a));
+                  "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" fill=\"#1d2330\" text-anchor=\"end\">device total %s</text>",
+                  L, y, L + pw, y, L + pw - 6, y - 5, hb(d->device.total_bytes, a));
     }
     if (d->device.limit_bytes >= 0) {
         double y = Y((double)d->device.limit_bytes);
         sb_printf(h->b,
                   "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#c98a00\" stroke-dasharray=\"3 3\" stroke-width=\"1.5\"/>"
-                  "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" fill=\"#8a5d00\">limit %s</text>",
-                  L, y, L + pw, y, L + pw + 8, y + 16, hb(d->device.limit_bytes, a));
+                  "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" fill=\"#8a5d00\" text-anchor=\"end\">limit %s</text>",
+                  L, y, L + pw, y, L + pw - 6, y + 15, hb(d->device.limit_bytes, a));
     }
     if (d->hist.peak_bytes >= 0 && isfinite(d->hist.peak_t_rel) && d->hist.peak_t_rel >= t0 && d->hist.peak_t_rel <= t1)
         sb_printf(h->b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"#fff\" stroke=\"#3b6fd8\" stroke-width=\"2\">"
@@ -460,16 +504,25 @@ static void chart(struct hx *h)
                       "<rect x=\"%.1f\" y=\"%.1f\" width=\"8\" height=\"%.1f\" fill=\"%s\" fill-opacity=\"0.55\">"
                       "<title>the failed request: %s on top of the usage at that moment</title></rect>",
                       x - 4, Y(live_at_fail + req), fmax(Y(live_at_fail) - Y(live_at_fail + req), 1.0), col, hbu(d->event.requested_bytes.v, a));
-        int right = x > L + pw * 0.7;
-        /* Below the device-total line, which sits near the top. */
-        double ly = d->device.total_bytes > 0 ? Y((double)d->device.total_bytes) + 18 : T + 14;
-        sb_printf(h->b, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" font-weight=\"600\" fill=\"%s\" text-anchor=\"%s\">%s",
-                  right ? x - 8 : x + 8, ly, col, right ? "end" : "start",
-                  d->status == OG_ST_RECOVERED       ? "failed, recovered"
-                  : d->event.caused_by_limit == 1 ? "refused by OOMGUARD_LIMIT"
-                                                  : "out of memory");
+        /* Below the device-total line, which sits near the top (the limit's label is under it
+         * when there is one); on the side of the failure line that has room for it. */
+        const char *what = d->status == OG_ST_RECOVERED       ? "failed, recovered"
+                           : d->event.caused_by_limit == 1 ? "refused by OOMGUARD_LIMIT"
+                                                           : "out of memory";
+        char label[96];
         if (req > 0)
-            sb_printf(h->b, " \u00b7 %s requested", hbu(d->event.requested_bytes.v, a));
+            snprintf(label, sizeof label, "%s \u00b7 %s requested", what, hbu(d->event.requested_bytes.v, a));
+        else
+            snprintf(label, sizeof label, "%s", what);
+        double lw = label_width(label, 12);
+        int right = x + 8 + lw > L + pw && x - 8 - lw >= L;
+        double ly = d->device.total_bytes > 0 ? Y((double)d->device.total_bytes) + 18 : T + 14;
+        if (d->device.limit_bytes >= 0 && fabs(ly - (Y((double)d->device.limit_bytes) + 15)) < 14)
+            ly += 16;
+        double lx = right ? x - 8 : fmin(x + 8, L + pw - lw);
+        sb_printf(h->b, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" font-weight=\"600\" fill=\"%s\" text-anchor=\"%s\">",
+                  fmax(lx, L + 2), ly, col, right ? "end" : "start");
+        sb_html(h->b, label, 96, 0);
         sb_puts(h->b, "</text>");
     }
     sb_puts(h->b, "</svg>");

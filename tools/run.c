@@ -9,6 +9,7 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
+#include <getopt.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
@@ -316,56 +317,32 @@ static int die_like(int sig)
     return 128 + sig; /* the signal's default action does not terminate */
 }
 
-static int opt_value(int argc, char **argv, int *i, const char *name, const char **val)
-{
-    size_t l = strlen(name);
-    const char *a = argv[*i];
-    if (strncmp(a, name, l))
-        return 0;
-    if (a[l] == '=') {
-        *val = a + l + 1;
-        return 1;
-    }
-    if (a[l])
-        return 0;
-    if (*i + 1 >= argc) {
-        fprintf(stderr, "oomguard run: %s needs a value\n", name);
-        return -1;
-    }
-    *val = argv[++*i];
-    return 1;
-}
-
 int og_cmd_run(int argc, char **argv)
 {
-    const char *dir = NULL, *limit = NULL, *warn = NULL, *depth = NULL;
-    int summary = 0, verbose = 0, quiet = 0, i;
-    for (i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        int r = 0;
-        if (!strcmp(a, "--")) {
-            i++;
-            break;
-        }
-        if (a[0] != '-' || !a[1])
-            break;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+    enum { O_SUMMARY = 256, O_VERBOSE, O_QUIET, O_DIR, O_LIMIT, O_WARN_AT, O_STACK_DEPTH };
+    static const struct option lo[] = {
+        {"summary", no_argument, NULL, O_SUMMARY},       {"verbose", no_argument, NULL, O_VERBOSE},
+        {"quiet", no_argument, NULL, O_QUIET},           {"dir", required_argument, NULL, O_DIR},
+        {"limit", required_argument, NULL, O_LIMIT},     {"warn-at", required_argument, NULL, O_WARN_AT},
+        {"stack-depth", required_argument, NULL, O_STACK_DEPTH}, {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *dir = NULL, *limit = NULL, *warn = NULL, *depth = NULL, *val;
+    int summary = 0, verbose = 0, quiet = 0, i = 0, opt;
+    /* '+': options end at the command, whose own options are its own */
+    while ((opt = og_getopt("run", argc, argv, "+h", lo, &val, &i)) != -1) {
+        switch (opt) {
+        case 'h':
             og_usage_run(stdout);
             return OG_EXIT_OK;
-        } else if (!strcmp(a, "--summary")) {
-            summary = 1;
-        } else if (!strcmp(a, "--verbose")) {
-            verbose = 1;
-        } else if (!strcmp(a, "--quiet")) {
-            quiet = 1;
-        } else if ((r = opt_value(argc, argv, &i, "--dir", &dir)) || (r = opt_value(argc, argv, &i, "--limit", &limit)) ||
-                   (r = opt_value(argc, argv, &i, "--warn-at", &warn)) ||
-                   (r = opt_value(argc, argv, &i, "--stack-depth", &depth))) {
-            if (r < 0)
-                return OG_EXIT_USAGE;
-        } else {
-            fprintf(stderr, "oomguard run: unknown option %s (see oomguard run --help)\n", a);
-            return OG_EXIT_USAGE;
+        case O_SUMMARY: summary = 1; break;
+        case O_VERBOSE: verbose = 1; break;
+        case O_QUIET: quiet = 1; break;
+        case O_DIR: dir = val; break;
+        case O_LIMIT: limit = val; break;
+        case O_WARN_AT: warn = val; break;
+        case O_STACK_DEPTH: depth = val; break;
+        default: return OG_EXIT_USAGE;
         }
     }
     if (i >= argc) {

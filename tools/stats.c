@@ -15,6 +15,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <getopt.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
@@ -1263,48 +1264,23 @@ int og_cmd_stats(int argc, char **argv)
     memset(&st, 0, sizeof st);
     st.dirs = xmalloc((size_t)(argc ? argc : 1) * sizeof *st.dirs);
     const char *output = NULL;
-    int format = FMT_TEXT, color_when = 0, top = 0, no_more = 0, rc = OG_EXIT_OK;
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i], *val = NULL;
-        if (no_more || a[0] != '-' || !a[1]) {
-            st.dirs[st.ndirs++] = a;
-            continue;
-        }
-        if (!strcmp(a, "--")) {
-            no_more = 1;
-            continue;
-        }
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+    int format = FMT_TEXT, color_when = 0, top = 0, rc = OG_EXIT_OK, opt, first = 0;
+    enum { O_TOP = 256, O_COLOR, O_NO_COLOR };
+    static const struct option lo[] = {
+        {"format", required_argument, NULL, 'f'}, {"output", required_argument, NULL, 'o'},
+        {"top", required_argument, NULL, O_TOP},  {"color", required_argument, NULL, O_COLOR},
+        {"no-color", no_argument, NULL, O_NO_COLOR}, {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *val;
+    while ((opt = og_getopt("stats", argc, argv, "f:o:h", lo, &val, &first)) != -1) {
+        int bad = 0;
+        switch (opt) {
+        case 'h':
             og_usage_stats(stdout);
             free(st.dirs);
             return OG_EXIT_OK;
-        }
-        if (!strcmp(a, "--no-color")) {
-            color_when = -1;
-            continue;
-        }
-        size_t nl = strlen(a);
-        const char *eq = strchr(a, '=');
-        if (!strncmp(a, "--", 2) && eq) {
-            nl = (size_t)(eq - a);
-            val = eq + 1;
-        }
-#define IS(s) (nl == strlen(s) && !strncmp(a, s, nl))
-        if (!(IS("-f") || IS("--format") || IS("-o") || IS("--output") || IS("--top") || IS("--color"))) {
-            fprintf(stderr, "oomguard stats: unknown option %s (see oomguard stats --help)\n", a);
-            free(st.dirs);
-            return OG_EXIT_USAGE;
-        }
-        if (!val) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "oomguard stats: %s needs a value\n", a);
-                free(st.dirs);
-                return OG_EXIT_USAGE;
-            }
-            val = argv[++i];
-        }
-        int bad = 0;
-        if (IS("-f") || IS("--format")) {
+        case 'f':
             format = !strcmp(val, "text")         ? FMT_TEXT
                      : !strcmp(val, "json")       ? FMT_JSON
                      : !strcmp(val, "html")       ? FMT_HTML
@@ -1314,9 +1290,11 @@ int og_cmd_stats(int argc, char **argv)
                 fprintf(stderr, "oomguard stats: unknown format '%s' (use text, json, html or prometheus)\n", val);
                 bad = 1;
             }
-        } else if (IS("-o") || IS("--output")) {
+            break;
+        case 'o':
             output = val;
-        } else if (IS("--top")) {
+            break;
+        case O_TOP: {
             char *end;
             long v = strtol(val, &end, 10);
             if (!*val || *end || v < 1 || v > 100000) {
@@ -1324,19 +1302,28 @@ int og_cmd_stats(int argc, char **argv)
                 bad = 1;
             }
             top = (int)v;
-        } else {
+            break;
+        }
+        case O_COLOR:
             color_when = !strcmp(val, "auto") ? 0 : !strcmp(val, "always") ? 1 : !strcmp(val, "never") ? -1 : 2;
             if (color_when == 2) {
                 fprintf(stderr, "oomguard stats: --color %s: use auto, always or never\n", val);
                 bad = 1;
             }
+            break;
+        case O_NO_COLOR:
+            color_when = -1;
+            break;
+        default:
+            bad = 1;
         }
-#undef IS
         if (bad) {
             free(st.dirs);
             return OG_EXIT_USAGE;
         }
     }
+    for (int i = first; i < argc; i++)
+        st.dirs[st.ndirs++] = argv[i];
     if (!st.ndirs) {
         fputs("oomguard stats: missing DIR\n", stderr);
         og_usage_stats(stderr);

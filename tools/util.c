@@ -1,4 +1,5 @@
 /* tools/util.c — output buffer, untrusted-string rendering, sizes, writing it out. */
+#include <getopt.h>
 #include "util.h"
 #include "human.h"   /* shim/human.c: the dump's own formatting */
 
@@ -306,4 +307,32 @@ int write_all(int fd, const struct sbuf *b, const char *what)
         off += (size_t)n;
     }
     return OG_EXIT_OK;
+}
+
+int og_getopt(const char *cmd, int argc, char **argv, const char *shortopts, const struct option *lo,
+              const char **arg, int *optind_out)
+{
+    static const char *started;
+    char so[64];
+    int plus = shortopts[0] == '+';
+    snprintf(so, sizeof so, "%s:%s", plus ? "+" : "", shortopts + plus);
+    if (started != cmd) {   /* a new command line: getopt's state starts over */
+        started = cmd;
+        optind = 0;
+    }
+    opterr = 0;
+    int c = getopt_long(argc + 1, argv - 1, so, lo, NULL);
+    *arg = optarg;
+    *optind_out = optind - 1;
+    if (c == '?' || c == ':') {
+        char shortname[3] = {'-', (char)optopt, 0};
+        const char *name = optopt && !(optind >= 2 && !strncmp(argv[optind - 2], "--", 2)) ? shortname
+                                                                                            : argv[optind - 2];
+        if (c == '?')
+            fprintf(stderr, "oomguard %s: unknown option %s (see oomguard %s --help)\n", cmd, name, cmd);
+        else
+            fprintf(stderr, "oomguard %s: %s needs a value\n", cmd, name);
+        return '?';
+    }
+    return c;
 }

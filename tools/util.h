@@ -62,4 +62,13 @@ char *xstrdup(const char *s);
  * WHAT (the file, or "standard output"). */
 int write_all(int fd, const struct sbuf *b, const char *what);
 
+/* getopt_long for a subcommand: argv holds the arguments after the command name (argv[-1]
+ * is the name).  Returns the option's value as getopt_long does, -1 at the end (then *optind_out
+ * is the first operand), or '?' after printing "oomguard CMD: unknown option X" /
+ * "X needs a value" on stderr.  `shortopts` without getopt's leading ':'; a leading '+' stops
+ * at the first operand (for `run`, whose command follows). */
+struct option;
+int og_getopt(const char *cmd, int argc, char **argv, const char *shortopts, const struct option *lo,
+              const char **arg, int *optind_out);
+
 #endif

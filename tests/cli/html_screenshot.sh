@@ -47,6 +47,25 @@ check "chart line" 'stroke="#3b6fd8"'
 check "where-the-memory-is bar" 'id="breakdown"'
 check "top sites table" '<table id="sites"'
 check "remedy code" '<pre>'
+# The chart's labels, measured by the browser: the chart's SVG alone in a page whose script
+# compares each label's box with the plot (x 74..984) and the picture, and writes the result.
+python3 - "$W/report.html" "$W/chart.html" <<'PY'
+import re, sys
+svg = re.search(r'<svg viewBox="0 0 1000 330".*?</svg>', open(sys.argv[1]).read(), re.S).group(0)
+open(sys.argv[2], "w").write("""<!DOCTYPE html><html><body style="margin:0;width:1000px">%s<script>
+const out = [];
+for (const t of document.querySelectorAll('#chart text')) {
+  const b = t.getBBox(), big = t.getAttribute('font-size') === '12';
+  const lo = big ? 74 : 0, hi = big ? 984.5 : 1000;
+  if (b.x < lo || b.x + b.width > hi || b.y < 0 || b.y + b.height > 330)
+    out.push(t.textContent + ' [' + b.x.toFixed(1) + '..' + (b.x + b.width).toFixed(1) + ']');
+}
+document.body.setAttribute('data-labels', out.length ? 'outside: ' + out.join('; ') : 'inside');
+</script></body></html>""" % svg)
+PY
+timeout 90 "$browser" "${flags[@]}" --dump-dom "file://$(readlink -f "$W/chart.html")" >"$W/chart-dom.html" 2>"$W/chart-dom.err"
+if grep -q 'data-labels="inside"' "$W/chart-dom.html"; then echo "ok: chart labels inside the plot (Chromium's boxes)"
+else echo "chart labels: $(grep -o 'data-labels="[^"]*"' "$W/chart-dom.html" || echo 'not measured')"; fail=1; fi
 # Chromium reports page script errors and CSP violations as CONSOLE messages.
 if grep -E 'CONSOLE|Uncaught|Content Security Policy|Refused to' "$W/shot.err" "$W/dom.err" | grep -v 'dbus' >"$W/console.txt"; then
     echo "console errors:"

@@ -194,7 +194,37 @@ PY
 fi
 
 # ---------------------------------------------------------------- usage and output errors
-expect "report without a file: exit 1" 1 "$OG" report
+# no dump named: the newest oomguard-*.json of the directory given, of OOMGUARD_DIR, of the working directory
+mkdir -p "$T/newest/sub" "$T/empty"
+cp "$FIX/recovered.json" "$T/newest/oomguard-a-1.json"
+cp "$FIX/does_not_fit.json" "$T/newest/oomguard-b-2.json"
+cp "$FIX/recovered.json" "$T/newest/oomguard-c-3.json.txt"
+touch -d '2020-01-01' "$T/newest/oomguard-b-2.json"
+(cd "$T/empty" && expect "report without a file, none here: exit 2" 2 "$OG" report)
+has "report without a file, none here: says where it looked" "$T/err" "no oomguard-*.json dump in ."
+(cd "$T/newest" && "$OG" report >"$T/out" 2>"$T/err")
+has "report without a file: the newest dump of the working directory" "$T/out" "Recovered from an out-of-memory error"
+has "report without a file: names the dump it chose" "$T/err" "oomguard-a-1.json (the newest of 2 dumps"
+touch "$T/newest/oomguard-b-2.json"
+"$OG" report "$T/newest" >"$T/out" 2>"$T/err"
+has "report DIR: the newest dump in DIR" "$T/out" "cudaMalloc of 2.00 GiB failed"
+(cd "$T/empty" && OOMGUARD_DIR="$T/newest" "$OG" report -fjson >"$T/out" 2>"$T/err")
+has "report without a file: OOMGUARD_DIR before the working directory" "$T/out" '"requested_bytes":	2147483648'
+# getopt_long: short options glued, long options with =, abbreviations, options after the operand
+for form in "-fhtml" "--format=html" "-f html" "--form html"; do
+    # shellcheck disable=SC2086
+    "$OG" report $form "$FIX/recovered.json" -o "$T/o.html" 2>"$T/err"
+    head -c 15 "$T/o.html" 2>/dev/null | grep -q '<!DOCTYPE html>' && ok "report $form" || bad "report $form" "$(cat "$T/err")"
+done
+"$OG" report -o"$T/o2.txt" "$FIX/recovered.json" && grep -q "oomguard report:" "$T/o2.txt" && ok "report -oFILE" || bad "report -oFILE"
+"$OG" merge -fjson "$FIX/job4" >"$T/out" 2>&1; grep -q '"job_id"' "$T/out" && ok "merge -fjson" || bad "merge -fjson" "$(head -3 "$T/out")"
+expect "report -o without a value: exit 1" 1 "$OG" report "$FIX/recovered.json" -o
+has "report -o without a value: says so" "$T/err" "-o needs a value"
+expect "report -x: exit 1" 1 "$OG" report "$FIX/recovered.json" -x
+has "report -x: names the option" "$T/err" "unknown option -x"
+expect "stats --format=json DIR" 0 "$OG" stats --format=json "$FIX"
+expect "stats -fprometheus" 0 "$OG" stats "$FIX" -fprometheus
+expect "run --dir=DIR -- CMD: options end at the command" 0 "$OG" run --dir="$T/rd" -- sh -c 'test "$OOMGUARD_DIR" = "'"$(readlink -f "$T")"'/rd"'
 expect "report with an unknown format: exit 1" 1 "$OG" report "$FIX/recovered.json" --format pdf
 expect "report with two files: exit 1" 1 "$OG" report "$FIX/recovered.json" "$FIX/recovered.json"
 expect "report with an unknown option: exit 1" 1 "$OG" report "$FIX/recovered.json" --frob
@@ -291,11 +321,12 @@ done
 expect "merge job4: exit 0" 0 "$OG" merge "$FIX/job4"
 has "merge: rank 2 failed first" "$T/out" "Failed first: rank 2 (gpu-node-03 pid 61206, GPU 0)"
 has "merge: then rank 0" "$T/out" "then: rank 0 (+1.29 s)"
-has "merge: table header" "$T/out" "rank   host             pid       gpu          used   framework      non-fw other procs  status"
-has "merge: rank 0 row" "$T/out" "0      gpu-node-03      61204     0       15.48 GiB   15.00 GiB  492.00 MiB   20.94 GiB  oom"
-has "merge: rank 1 row" "$T/out" "1      gpu-node-03      61205     1       15.23 GiB   14.75 GiB  492.00 MiB   15.29 GiB  exit"
-has "merge: rank 2 row" "$T/out" "2      gpu-node-03      61206     0       19.98 GiB   19.50 GiB  492.00 MiB   16.44 GiB  oom (first)"
-has "merge: rank 3 row" "$T/out" "3      gpu-node-03      61207     1       15.29 GiB   14.81 GiB  492.00 MiB   15.23 GiB  exit"
+has "merge: table header" "$T/out" "rank   host             pid       gpu          used   framework      non-fw other procs  cause            status"
+has "merge: rank 0 row, its cause" "$T/out" "0      gpu-node-03      61204     0       15.48 GiB   15.00 GiB  492.00 MiB   20.94 GiB  foreign_memory   oom"
+has "merge: an exit summary has no cause" "$T/out" "15.29 GiB  -                exit"
+has "merge: rank 1 row" "$T/out" "1      gpu-node-03      61205     1       15.23 GiB   14.75 GiB  492.00 MiB   15.29 GiB  -                exit"
+has "merge: rank 2 row" "$T/out" "2      gpu-node-03      61206     0       19.98 GiB   19.50 GiB  492.00 MiB   16.44 GiB  foreign_memory   oom (first)"
+has "merge: rank 3 row" "$T/out" "3      gpu-node-03      61207     1       15.29 GiB   14.81 GiB  492.00 MiB   15.23 GiB  -                exit"
 has "merge: other ranks' contexts" "$T/out" "rank 0's GPU (GPU 0 on gpu-node-03) holds 3 contexts of other ranks"
 has "merge: context pids" "$T/out" "pids 61205 (rank 1, 492.00 MiB), 61206 (rank 2, 19.98 GiB), 61207 (rank 3, 492.00 MiB)"
 has "merge: skew flagged" "$T/out" "23.8% of the largest — uneven (more than 10%)"
@@ -309,6 +340,7 @@ assert m["dumps"] == 4 and len(m["jobs"]) == 1 and j["job_id"] == "tr-5f2a9c"
 assert j["first_failure"]["rank"] == 2 and j["first_failure"]["pid"] == 61206
 assert [r["rank"] for r in j["ranks"]] == [0, 1, 2, 3]
 assert [r["status"] for r in j["ranks"]] == ["oom", "exit", "oom", "exit"]
+assert [r["cause"] for r in j["ranks"]] == ["foreign_memory", None, "foreign_memory", None]
 c0 = [c for c in j["foreign_contexts"] if c["rank"] == 0][0]
 assert sorted(x["rank"] for x in c0["contexts"]) == [1, 2, 3]
 assert j["skew"]["uneven"] is True and j["skew"]["max_rank"] == 2
@@ -317,6 +349,8 @@ PY
 fi
 expect "merge --format html" 0 "$OG" merge "$FIX/job4" --format html -o "$T/m.html"
 has "merge html: rank table" "$T/m.html" "<table class=\"ranks\">"
+has "merge html: a cause column" "$T/m.html" "<th>cause</th><th>status</th>"
+has "merge html: each rank's cause" "$T/m.html" "<span class=\"mono\">foreign_memory</span>"
 mkdir -p "$T/mixed"
 cp "$FIX"/job4/*.json "$T/mixed/"
 cp "$FIX/does_not_fit.json" "$T/mixed/oomguard-gpu-ws-07-48213.json"
@@ -375,6 +409,13 @@ else
     skip "performance" "python3 not found"
 fi
 
+# ---------------------------------------------------------------- the HTML chart (its SVG read back)
+if [ $have_python = 1 ]; then
+    msg=$(python3 tests/cli/check_chart.py "$OG" "$FIX/does_not_fit.json" "$T" 2>&1) \
+        && ok "html chart: drawn to the failure, labels inside the plot, time unit fits the span (ms/s/min/h)" \
+        || bad "html chart: drawn to the failure, labels inside, time units" "$msg"
+fi
+
 # ---------------------------------------------------------------- headless browser
 bash tests/cli/html_screenshot.sh "$OG" "$T/shot" >"$T/shot.log" 2>&1
 rc=$?
@@ -383,6 +424,29 @@ case $rc in
 77) skip "html in headless Chromium" "$(tail -1 "$T/shot.log")" ;;
 *) bad "html renders in headless Chromium" "$(tail -15 "$T/shot.log")" ;;
 esac
+
+# ---------------------------------------------------------------- make install: man page and bash completion
+if ${MAKE:-make} --no-print-directory install B="$B" DESTDIR="$T/inst" PREFIX=/usr >"$T/inst.log" 2>&1; then
+    M=$T/inst/usr/share/man/man1/oomguard.1 C=$T/inst/usr/share/bash-completion/completions/oomguard
+    [ -x "$T/inst/usr/bin/oomguard" ] && [ -f "$M" ] && [ -f "$C" ] && ok "make install: command, man page, bash completion" \
+        || bad "make install: command, man page, bash completion" "$(find "$T/inst" -type f | head)"
+    if command -v man >/dev/null 2>&1; then
+        MANWIDTH=80 man -l "$M" >"$T/man.txt" 2>"$T/man.err"
+        if grep -q "oomguard report" "$T/man.txt" && grep -q "OOMGUARD_DIR" "$T/man.txt" && ! grep -q . "$T/man.err"; then
+            ok "man -l renders the man page without warnings"
+        else bad "man -l renders the man page" "$(cat "$T/man.err"; head -5 "$T/man.txt")"; fi
+    else
+        skip "man -l renders the man page" "man not found"
+    fi
+    # the completion, as bash calls it
+    comp() { bash -c '. "$1"; shift; COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); _oomguard; echo "${COMPREPLY[*]}"' _ "$C" "$@"; }
+    [ "$(comp oomguard re)" = "report" ] && ok "completion: subcommands" || bad "completion: subcommands" "$(comp oomguard re)"
+    [ "$(comp oomguard report -f "")" = "text json html memory-viz" ] && ok "completion: report formats" || bad "completion: report formats" "$(comp oomguard report -f "")"
+    [ "$(comp oomguard stats --format pro)" = "prometheus" ] && ok "completion: stats formats" || bad "completion: stats formats"
+    case " $(comp oomguard report --) " in *" --format "*" --top "*) ok "completion: report options" ;; *) bad "completion: report options" "$(comp oomguard report --)" ;; esac
+else
+    bad "make install DESTDIR=..." "$(tail -5 "$T/inst.log")"
+fi
 
 # ---------------------------------------------------------------- fuzz smoke
 if command -v "${FUZZ_CC:-clang}" >/dev/null 2>&1; then
