@@ -114,36 +114,48 @@ def _allocator_settings(torch):
     return conf
 
 
+def _write_atomic(d, path, write, binary):
+    import tempfile
+    fd, tmp = tempfile.mkstemp(prefix=".oomguard-snapshot.", dir=d)
+    try:
+        with os.fdopen(fd, "wb" if binary else "w") as f:
+            write(f)
+        os.replace(tmp, path)
+    except Exception:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
 def _save_snapshot(snap):
-    """Writes the allocator snapshot as JSON where the shim writes its dumps (OOMGUARD_DIR, else
-    the working directory), atomically; returns the path, or None.  `oomguard report --format
-    memory-viz` turns it into the pickle PyTorch's memory_viz page opens."""
+    """Writes the allocator snapshot where the shim writes its dumps (OOMGUARD_DIR, else the
+    working directory), atomically, twice: as JSON (the path returned, or None; the dump names
+    it and `oomguard report --format memory-viz` turns it into a pickle), and as the pickle
+    PyTorch's memory_viz page opens directly (the same path + ".pickle", as
+    torch.cuda.memory._dump_snapshot writes it)."""
     try:
         import json
+        import pickle
         import socket
-        import tempfile
         d = os.environ.get("OOMGUARD_DIR") or os.getcwd()
         rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or os.environ.get("OMPI_COMM_WORLD_RANK")
         name = "oomguard-%s-%d%s.torch-snapshot" % (  # not *.json: dump globs must not see it
             # the host name as the shim puts it in a file name: only [A-Za-z0-9._-], at most 64
             "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in socket.gethostname())[:64]
             or "unknown", os.getpid(), ("-rank%s" % rank) if rank and rank.isdigit() else "")
-        fd, tmp = tempfile.mkstemp(prefix=".oomguard-snapshot.", dir=d)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(snap, f, default=lambda o: list(o) if isinstance(o, (tuple, set)) else str(o))
-            path = os.path.join(d, name)
-            os.replace(tmp, path)
-            return os.path.abspath(path)
-        except Exception:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        path = os.path.abspath(os.path.join(d, name))
+        _write_atomic(d, path, lambda f: json.dump(
+            snap, f, default=lambda o: list(o) if isinstance(o, (tuple, set)) else str(o)), False)
     except Exception as e:
         _err("saving the allocator snapshot", e)
         return None
+    try:
+        _write_atomic(d, path + ".pickle", lambda f: pickle.dump(snap, f, protocol=2), True)
+    except Exception as e:
+        _err("saving the allocator snapshot as a pickle", e)
+    return path
 
 
 def _user_frame(frames, torch_dir):

@@ -141,12 +141,34 @@ assert isinstance(p, dict) and "segments" in p, type(p)
 assert len(p["segments"]) == len(j["segments"]) > 0, (len(p["segments"]), len(j["segments"]))
 assert [s["total_size"] for s in p["segments"]] == [s["total_size"] for s in j["segments"]]
 PY
+    [ $? = 0 ] || return 1
+    # the adapter's own pickle, next to the JSON, is the same snapshot; PyTorch's _memory_viz
+    # functions and the page's replay accept both (77: no _memory_viz module here)
+    [ -f "$snap.pickle" ] || { echo "no $snap.pickle"; return 1; }
+    "$PYTHON" - "$snap.pickle" "$snap" <<'PY' || return 1
+import json, pickle, sys
+p = pickle.load(open(sys.argv[1], "rb"))
+j = json.load(open(sys.argv[2]))
+assert [s["total_size"] for s in p["segments"]] == [s["total_size"] for s in j["segments"]]
+PY
+    python3 "$ROOT/tests/cli/check_memviz.py" "$W/snap.pickle" "$snap.pickle"
+    local rc=$?
+    [ $rc = 0 ] || [ $rc = 77 ]
 }
 t "the allocator snapshot is saved next to the dump and becomes the memory_viz pickle" t_snapshot
 
 t_frag_without() {
     shim noadapter "$PYTHON" "$JOB" frag exp.json || return 1
-    "$PYTHON" "$CHECK" dumps exp.json --no-framework --not-primary fragmentation
+    "$PYTHON" "$CHECK" dumps exp.json --no-framework --not-primary fragmentation || return 1
+    # without the adapter: the export built from the ledger loads in _memory_viz and replays
+    # within the device
+    local dump total
+    dump=$(ls "$W"/dumps/oomguard-*.json | head -n 1)
+    total=$(field "$dump" 'd["device"]["total_bytes"]') || return 1
+    "$ROOT/$B/oomguard" report "$dump" --format memory-viz -o "$W/noadapter.pickle" || return 1
+    python3 "$ROOT/tests/cli/check_memviz.py" --total "$total" "$W/noadapter.pickle"
+    local rc=$?
+    [ $rc = 0 ] || [ $rc = 77 ]
 }
 t "the same job without the adapter: no memory.framework, fragmentation not diagnosed" t_frag_without
 

@@ -15,7 +15,7 @@ class PlainOnly(pickle.Unpickler):
 SEGMENT_KEYS = {"device", "address", "total_size", "allocated_size", "active_size", "requested_size",
                 "stream", "segment_type", "segment_pool_id", "is_expandable", "frames", "blocks"}
 BLOCK_KEYS = {"address", "size", "requested_size", "state", "frames"}
-TRACE_KEYS = {"action", "addr", "size", "stream", "time_us", "frames"}
+TRACE_KEYS = {"action", "size", "stream", "time_us", "frames"}   # and addr, or device_free for "oom"
 ACTIONS = {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom",
            "segment_map", "segment_unmap", "snapshot"}
 
@@ -41,6 +41,8 @@ def check(path):
         for e in trace:
             if not TRACE_KEYS <= e.keys() or e["action"] not in ACTIONS:
                 return f"bad trace entry {e!r}"
+            if ("device_free" if e["action"] == "oom" else "addr") not in e:
+                return f"trace entry without its address (oom: device_free) {e!r}"
     return None
 
 

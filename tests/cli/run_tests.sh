@@ -77,19 +77,49 @@ for f in sys.argv[1:]:
         || bad "report --format json output is valid JSON" "$msg"
     msg=$(python3 tests/cli/check_pickle.py "$T"/viz-*.pickle 2>&1) && ok "memory-viz pickles load in python3 with the snapshot layout" \
         || bad "memory-viz pickles load in python3 with the snapshot layout" "$msg"
-    python3 - "$T"/viz-*fragmentation.pickle "$T"/viz-*does_not_fit.pickle >"$T/py" 2>&1 <<'PY'
-import pickle, sys
+    python3 - "$T"/viz-*fragmentation.pickle "$T"/viz-*does_not_fit.pickle "$FIX/does_not_fit.json" >"$T/py" 2>&1 <<'PY'
+import json, pickle, sys
 frag = pickle.load(open(sys.argv[1], "rb"))
 assert frag["segments"][0]["segment_pool_id"] == [0, 0], "captured snapshot emitted as is"
 assert "allocator_settings" in frag
 dnf = pickle.load(open(sys.argv[2], "rb"))
-assert len(dnf["segments"]) == 7 and dnf["segments"][0]["total_size"] == 9663676416
+dump = json.load(open(sys.argv[3]))
+libs = [(l["library"], l["bytes"]) for l in dump["memory"]["by_library"] if l["bytes"] > 0]
+# one segment per library, its size what the ledger says the library holds
+assert [(s["library"], s["total_size"]) for s in dnf["segments"]] == libs, [(s["library"], s["total_size"]) for s in dnf["segments"]]
 assert dnf["segments"][0]["segment_pool_id"] == (0, 0)
+# the framework's cached-but-unused bytes are inactive blocks, the largest the adapter's largest free block
+fw = [s for s in dnf["segments"] if s["library"] == "libc10_cuda.so"][0]
+inactive = [b["size"] for b in fw["blocks"] if b["state"] == "inactive"]
+assert sum(inactive) == dump["memory"]["framework_cached_bytes"], (sum(inactive), dump["memory"]["framework_cached_bytes"])
+assert max(inactive) == dump["memory"]["framework"]["largest_free_block_bytes"] and len(inactive) > 1, inactive
 acts = [e["action"] for e in dnf["device_traces"][0]]
 assert "oom" in acts and "alloc" in acts and "free_completed" in acts, acts
+oom = [e for e in dnf["device_traces"][0] if e["action"] == "oom"][0]
+assert oom["device_free"] == dump["device"]["free_bytes"] and "addr" not in oom, oom
+# allocations still live at the end of the trace are blocks of the segments
+live = {}
+for e in dnf["device_traces"][0]:
+    if e["action"] == "alloc":
+        live[e["addr"]] = e["size"]
+    elif e["action"] == "free_completed":
+        del live[e["addr"]]
+blocks = {b["address"]: b["size"] for s in dnf["segments"] for b in s["blocks"] if b["state"] == "active_allocated"}
+assert live and all(blocks.get(a) == n for a, n in live.items()), live
 PY
-    [ $? = 0 ] && ok "memory-viz: captured snapshot passed through, synthetic one built from sites and events" \
+    [ $? = 0 ] && ok "memory-viz: captured snapshot passed through; built one: a segment per library, the cache inactive, trace addresses on the blocks, oom with device_free" \
         || bad "memory-viz content" "$(cat "$T/py")"
+    # PyTorch's own _memory_viz functions on every export, and the page's replay within the device
+    for f in "$T"/viz-*.pickle; do
+        n=$(basename "$f" .pickle); n=${n#viz-}; n=${n#*-}
+        total=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["device"]["total_bytes"])' "$(find "$FIX" -name "$n.json" -not -path "$FIX/bad/*" | head -n 1)" 2>/dev/null)
+        python3 tests/cli/check_memviz.py ${total:+--total "$total"} "$f" >"$T/mv" 2>&1
+        case $? in
+        0) ok "memory-viz $n: _memory_viz segments/memory/compare/stats accept it, replay counts nothing twice" ;;
+        77) skip "memory-viz $n with _memory_viz" "$(cat "$T/mv")" ;;
+        *) bad "memory-viz $n with _memory_viz" "$(cat "$T/mv")" ;;
+        esac
+    done
 else
     skip "memory-viz pickles load in python3" "python3 not found"
 fi

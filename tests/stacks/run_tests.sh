@@ -68,6 +68,15 @@ for k in ("ip", "symbol", "library", "offset"):
     assert all(k in f for f in d["event"]["stack"]), k
 PY
 
+# the C program's memory_viz export: PyTorch's _memory_viz functions accept it, the page's
+# replay stays within the device (77: no _memory_viz module here)
+"$OG" report "$d" --format memory-viz -o "$T/g.pickle" 2>"$T/g.err"
+python3 tests/cli/check_memviz.py --total "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["device"]["total_bytes"])' "$d")" "$T/g.pickle" >"$T/g.mv" 2>&1
+case $? in
+0 | 77) ok "C program: memory_viz export accepted by _memory_viz, replayed within the device" ;;
+*) no "C program: memory_viz export" "$(cat "$T/g.mv" "$T/g.err")" ;;
+esac
+
 # 3. without -g: names from .symtab (a static function has no other), no lines
 d=$(run "$S/symprog-nog" "$T/nog")
 report "$d" nog
