@@ -1,0 +1,25 @@
+"""train.py -- a job on a shared 24 GiB card whose site-wide launcher wrapper caps every process:
+
+    torch.cuda.set_per_process_memory_fraction(0.5)    # in sitecustomize.py, set by the admins
+    ...
+    model = build_model().cuda()                          # 4 GiB
+    for batch in loader: ...                              # 10 GiB of activations
+
+The job needs 14 GiB; PyTorch refuses past 12 GiB itself, while the card has ~11 GiB free beyond
+that (nothing else runs on it).  An expert: the cap is the cause: raise the fraction (or ask for
+it); not a bigger GPU, not killing other processes.
+"""
+import sys
+import torch
+import scen_truth
+
+MiB = 1 << 20
+empty = scen_truth.torch_empty
+torch.cuda.set_per_process_memory_fraction(0.5)
+try:
+    weights = [empty(256 * MiB, device="cuda") for _ in range(16)]        # 4 GiB
+    acts = [empty(512 * MiB, device="cuda") for _ in range(20)]           # 10 GiB of activations
+except torch.OutOfMemoryError:
+    scen_truth.torch_oom_mark()
+    raise
+sys.exit(0)

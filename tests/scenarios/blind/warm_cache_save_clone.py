@@ -1,0 +1,33 @@
+"""train.py -- a long fine-tuning run (steady for hours: weights, grads and AdamW state 15 GiB, 6 GiB
+of activations per step, cached) that saves a checkpoint every 500 steps:
+
+    if step % 500 == 499:
+        sd = {k: v.detach().clone() for k, v in model.state_dict().items()}   # snapshot on the GPU
+        torch.save(sd, path)
+
+Memory is flat across steps (no leak); the first save clones the 3 GiB of weights on the GPU while
+the allocator still caches the step's activation blocks in pieces that the clone's 96 MiB tensors
+do reuse, but the clone plus the cached pieces and the next step's peak do not fit.  An expert:
+the snapshot belongs on the CPU (v.to("cpu") / state_dict then save directly); not a leak, nothing
+to restart, no other process to kill.
+"""
+import sys
+import time
+import torch
+import scen_truth
+
+MiB = 1 << 20
+empty = scen_truth.torch_empty
+try:
+    state = [empty(480 * MiB, device="cuda") for _ in range(32)]        # weights + grads + moments: 15 GiB
+    for step in range(600):
+        acts = [empty(384 * MiB, device="cuda") for _ in range(16)]     # 6 GiB per step
+        del acts
+        time.sleep(0.002)
+        if step % 500 == 499:
+            snapshot = [empty(96 * MiB, device="cuda") for _ in range(32)]   # 3 GiB: the GPU clone
+            acts = [empty(384 * MiB, device="cuda") for _ in range(16)]     # (the save is async: next step runs)
+except torch.OutOfMemoryError:
+    scen_truth.torch_oom_mark()
+    raise
+sys.exit(0)
