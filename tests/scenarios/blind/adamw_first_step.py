@@ -17,12 +17,37 @@ import torch
 import scen_truth
 
 MiB = 1 << 20
+
+
+def alloc_n(n, nbytes):
+    """n tensors of nbytes; a list local to this frame, so a failure's traceback keeps the partial
+    list alive in the except block, as the tensors of a real forward pass are (for the truth mark)."""
+    got = []
+    for _ in range(n):
+        got.append(scen_truth.torch_empty(nbytes, device="cuda"))
+    return got
+
+
+_orig_empty = torch.empty
+_made = []
+
+
+def _empty_traced(nbytes, *args, **kw):
+    """torch.empty as optimizer.step calls it, noted for the truth mark like scen_truth.torch_empty;
+    the tensors stay referenced until the mark (the job dies right after, as it does with PyTorch)."""
+    scen_truth._last.update(n=nbytes, reserved=torch.cuda.memory_reserved())
+    t = _orig_empty(nbytes, *args, **kw)
+    _made.append(t)
+    return t
+
+
+torch.empty = _empty_traced
 empty = scen_truth.torch_empty
 try:
-    params = [empty(224 * MiB, device="cuda") for _ in range(32)]        # 7 GiB
+    params = alloc_n(32, 224 * MiB)        # 7 GiB
     optimizer = torch.optim.AdamW(params, lr=2e-5)
-    acts = [empty(256 * MiB, device="cuda") for _ in range(16)]         # forward
-    grads = [empty(224 * MiB, device="cuda") for _ in range(32)]         # backward
+    acts = alloc_n(16, 256 * MiB)         # forward
+    grads = alloc_n(32, 224 * MiB)         # backward
     del acts
     with torch.no_grad():
         optimizer.step()                                                  # the moments, 14 GiB

@@ -16,11 +16,20 @@ import torch
 import scen_truth
 
 MiB = 1 << 20
+
+
+def alloc_n(n, nbytes):
+    """n tensors of nbytes; a list local to this frame, so a failure's traceback keeps the partial
+    list alive in the except block, as the tensors of a real forward pass are (for the truth mark)."""
+    got = []
+    for _ in range(n):
+        got.append(scen_truth.torch_empty(nbytes, device="cuda"))
+    return got
 graphs = []
 try:
     with torch.inference_mode():
-        weights = [scen_truth.torch_empty(256 * MiB, device="cuda") for _ in range(32)]   # 8 GiB
-        kv = [scen_truth.torch_empty(384 * MiB, device="cuda") for _ in range(16)]        # 6 GiB
+        weights = alloc_n(32, 256 * MiB)   # 8 GiB
+        kv = alloc_n(16, 384 * MiB)        # 6 GiB
         for bs in range(1, 65):
             scen_truth._last["n"] = (64 + 4 * bs) * MiB
             scen_truth._last["reserved"] = torch.cuda.memory_reserved()

@@ -19,15 +19,24 @@ import torch
 import scen_truth
 
 MiB = 1 << 20
+
+
+def alloc_n(n, nbytes):
+    """n tensors of nbytes; a list local to this frame, so a failure's traceback keeps the partial
+    list alive in the except block, as the tensors of a real forward pass are (for the truth mark)."""
+    got = []
+    for _ in range(n):
+        got.append(scen_truth.torch_empty(nbytes, device="cuda"))
+    return got
 empty = scen_truth.torch_empty
 cache = {}
 try:
-    weights = [empty(256 * MiB, device="cuda") for _ in range(12)]      # encoder + head, optimizer: 3 GiB
+    weights = alloc_n(12, 256 * MiB)      # encoder + head, optimizer: 3 GiB
     for step in range(1000):
         for j in range(8):
             with torch.no_grad():
                 cache[step * 8 + j] = empty(24 * MiB, device="cuda")
-        acts = [empty(256 * MiB, device="cuda") for _ in range(8)]     # 2 GiB of activations
+        acts = alloc_n(8, 256 * MiB)     # 2 GiB of activations
         del acts
         time.sleep(0.003)
 except torch.OutOfMemoryError:

@@ -20,17 +20,26 @@ import torch
 import scen_truth
 
 MiB = 1 << 20
+
+
+def alloc_n(n, nbytes):
+    """n tensors of nbytes; a list local to this frame, so a failure's traceback keeps the partial
+    list alive in the except block, as the tensors of a real forward pass are (for the truth mark)."""
+    got = []
+    for _ in range(n):
+        got.append(scen_truth.torch_empty(nbytes, device="cuda"))
+    return got
 empty = scen_truth.torch_empty
 try:
-    params = [empty(160 * MiB, device="cuda") for _ in range(32)]       # 5 GiB
+    params = alloc_n(32, 160 * MiB)       # 5 GiB
     optimizer = torch.optim.AdamW(params, lr=1e-4)
-    acts = [empty(256 * MiB, device="cuda") for _ in range(8)]         # forward, 2 GiB
-    grads = [empty(160 * MiB, device="cuda") for _ in range(32)]        # backward
+    acts = alloc_n(8, 256 * MiB)         # forward, 2 GiB
+    grads = alloc_n(32, 160 * MiB)        # backward
     del acts
     torch.cuda.empty_cache()                                            # (the script calls it every step)
     optimizer.step()                                                    # moments, 10 GiB
     with torch.no_grad():
-        ema = [empty(160 * MiB, device="cuda") for _ in range(32)]     # deepcopy(model)
+        ema = alloc_n(32, 160 * MiB)     # deepcopy(model)
 except torch.OutOfMemoryError:
     scen_truth.torch_oom_mark()
     raise

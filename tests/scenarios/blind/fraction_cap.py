@@ -14,11 +14,20 @@ import torch
 import scen_truth
 
 MiB = 1 << 20
+
+
+def alloc_n(n, nbytes):
+    """n tensors of nbytes; a list local to this frame, so a failure's traceback keeps the partial
+    list alive in the except block, as the tensors of a real forward pass are (for the truth mark)."""
+    got = []
+    for _ in range(n):
+        got.append(scen_truth.torch_empty(nbytes, device="cuda"))
+    return got
 empty = scen_truth.torch_empty
 torch.cuda.set_per_process_memory_fraction(0.5)
 try:
-    weights = [empty(256 * MiB, device="cuda") for _ in range(16)]        # 4 GiB
-    acts = [empty(512 * MiB, device="cuda") for _ in range(20)]           # 10 GiB of activations
+    weights = alloc_n(16, 256 * MiB)        # 4 GiB
+    acts = alloc_n(20, 512 * MiB)           # 10 GiB of activations
 except torch.OutOfMemoryError:
     scen_truth.torch_oom_mark()
     raise

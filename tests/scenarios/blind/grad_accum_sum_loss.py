@@ -17,10 +17,19 @@ import torch
 import scen_truth
 
 MiB = 1 << 20
+
+
+def alloc_n(n, nbytes):
+    """n tensors of nbytes; a list local to this frame, so a failure's traceback keeps the partial
+    list alive in the except block, as the tensors of a real forward pass are (for the truth mark)."""
+    got = []
+    for _ in range(n):
+        got.append(scen_truth.torch_empty(nbytes, device="cuda"))
+    return got
 empty = scen_truth.torch_empty
 graphs = []
 try:
-    state = [empty(256 * MiB, device="cuda") for _ in range(16)]       # weights, grads, moments: 4 GiB
+    state = alloc_n(16, 256 * MiB)       # weights, grads, moments: 4 GiB
     for micro in range(16):
         for layer in range(10):
             graphs.append(empty(128 * MiB, device="cuda"))             # kept until total.backward()

@@ -15,11 +15,20 @@ import torch
 import scen_truth
 
 MiB = 1 << 20
+
+
+def alloc_n(n, nbytes):
+    """n tensors of nbytes; a list local to this frame, so a failure's traceback keeps the partial
+    list alive in the except block, as the tensors of a real forward pass are (for the truth mark)."""
+    got = []
+    for _ in range(n):
+        got.append(scen_truth.torch_empty(nbytes, device="cuda"))
+    return got
 empty = scen_truth.torch_empty
 try:
-    model = [empty(192 * MiB, device="cuda") for _ in range(32)]        # 6 GiB, the built model
-    ckpt_model = [empty(192 * MiB, device="cuda") for _ in range(32)]   # torch.load: the saved weights
-    ckpt_opt = [empty(192 * MiB, device="cuda") for _ in range(64)]     # torch.load: exp_avg, exp_avg_sq
+    model = alloc_n(32, 192 * MiB)        # 6 GiB, the built model
+    ckpt_model = alloc_n(32, 192 * MiB)   # torch.load: the saved weights
+    ckpt_opt = alloc_n(64, 192 * MiB)     # torch.load: exp_avg, exp_avg_sq
 except torch.OutOfMemoryError:
     scen_truth.torch_oom_mark()
     raise

@@ -19,14 +19,23 @@ import torch
 import scen_truth
 
 MiB = 1 << 20
+
+
+def alloc_n(n, nbytes):
+    """n tensors of nbytes; a list local to this frame, so a failure's traceback keeps the partial
+    list alive in the except block, as the tensors of a real forward pass are (for the truth mark)."""
+    got = []
+    for _ in range(n):
+        got.append(scen_truth.torch_empty(nbytes, device="cuda"))
+    return got
 empty = scen_truth.torch_empty
 nccl = ctypes.CDLL(os.environ["SCEN_NCCL"])
 nccl.nccl_comm_init_rank.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_size_t, ctypes.c_int]
-state = [empty(512 * MiB, device="cuda") for _ in range(28)]           # weights, grads, moments: 14 GiB
+state = alloc_n(28, 512 * MiB)           # weights, grads, moments: 14 GiB
 if nccl.nccl_comm_init_rank(8, 0, 32 * MiB, 16) != 0:                   # the default group (DDP)
     sys.exit(2)
 for step in range(2000):
-    acts = [empty(256 * MiB, device="cuda") for _ in range(20)]         # 5 GiB per step, cached
+    acts = alloc_n(20, 256 * MiB)         # 5 GiB per step, cached
     del acts
     time.sleep(0.001)
     if step % 100 == 99:

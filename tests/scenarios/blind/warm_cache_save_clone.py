@@ -17,16 +17,25 @@ import torch
 import scen_truth
 
 MiB = 1 << 20
+
+
+def alloc_n(n, nbytes):
+    """n tensors of nbytes; a list local to this frame, so a failure's traceback keeps the partial
+    list alive in the except block, as the tensors of a real forward pass are (for the truth mark)."""
+    got = []
+    for _ in range(n):
+        got.append(scen_truth.torch_empty(nbytes, device="cuda"))
+    return got
 empty = scen_truth.torch_empty
 try:
-    state = [empty(480 * MiB, device="cuda") for _ in range(32)]        # weights + grads + moments: 15 GiB
+    state = alloc_n(32, 480 * MiB)        # weights + grads + moments: 15 GiB
     for step in range(600):
-        acts = [empty(384 * MiB, device="cuda") for _ in range(16)]     # 6 GiB per step
+        acts = alloc_n(16, 384 * MiB)     # 6 GiB per step
         del acts
         time.sleep(0.002)
         if step % 500 == 499:
-            snapshot = [empty(96 * MiB, device="cuda") for _ in range(32)]   # 3 GiB: the GPU clone
-            acts = [empty(384 * MiB, device="cuda") for _ in range(16)]     # (the save is async: next step runs)
+            snapshot = alloc_n(32, 96 * MiB)   # 3 GiB: the GPU clone
+            acts = alloc_n(16, 384 * MiB)     # (the save is async: next step runs)
 except torch.OutOfMemoryError:
     scen_truth.torch_oom_mark()
     raise
