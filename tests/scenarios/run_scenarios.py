@@ -63,8 +63,9 @@ def subst(s, vals):
     return s
 
 
-def run_case(name, case, mode, work):
-    """Runs one case in one mode; returns (ok, lines of detail, summary for the status file)."""
+def run_case(name, case, mode, work, cases_dir=None):
+    """Runs one case in one mode; returns (ok, lines of detail, summary for the status file).
+    cases_dir: where NAME.json lies (default: cases/; the blind set lies in blind/)."""
     dumps, truth, state = (os.path.join(work, x) for x in ("dumps", "truth", "state"))
     for p in (dumps, truth, state):
         os.makedirs(p, exist_ok=True)
@@ -149,7 +150,7 @@ def run_case(name, case, mode, work):
         detail.append("FAIL exit status %s, expected %s%s" % (rc, want, (": " + " / ".join(why[:3])) if why else ""))
         detail += ["  | " + l for l in lines[-15:]]
     top3 = os.path.join(work, "top3")
-    chk = subprocess.run([sys.executable, os.path.join(HERE, "check.py"), os.path.join(HERE, "cases", name + ".json"),
+    chk = subprocess.run([sys.executable, os.path.join(HERE, "check.py"), os.path.join(cases_dir or os.path.join(HERE, "cases"), name + ".json"),
                           mode, dumps, truth, "--top3-out", top3] + extra, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, universal_newlines=True)
     out = chk.stdout.splitlines()

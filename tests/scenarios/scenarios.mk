@@ -48,4 +48,8 @@ test-build: $(SC_PROGS)
 test-scenarios: all $(SC_PROGS)  ## the scenario corpus only
 	@B=$(B) SANITIZE=$(SANITIZE) python3 tests/scenarios/run_scenarios.py
 
-.PHONY: scenario-progs test-scenarios
+# the blind scenarios (tests/scenarios/blind/): a measurement of the rules, not part of `make test`
+test-blind: all $(SC_PROGS)  ## score the diagnosis on the blind scenarios (dev and validation sets; not in make test)
+	@B=$(B) python3 tests/scenarios/run_blind.py --attainable
+
+.PHONY: scenario-progs test-scenarios test-blind

@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""Runs the blind scenarios (tests/scenarios/blind/NAME.json): users' programs whose expectations were
+written before they ever ran under the library, by someone who had not read the diagnosis rules.
+Each case runs like a corpus case (run_scenarios.run_case, checked by check.py: truth, texts and
+the expectation), and is then scored on three questions, per set (dev / validation):
+  primary right          the diagnosis' primary cause is among the acceptable ones
+  first remedy acceptable the first remedy is one of `first` (when given) and none of the forbidden
+  top-3 met              every top3_required entry is in the top 3 and no top3_forbidden one is
+Not part of `make test`: these measure the rules, they are expected to fail where the catalog or
+the rules fall short.  Exits 0 whatever the scores (it is a measurement).
+
+With --attainable, each case's dump is also edited to say what the expert said (the primary, the
+first remedy, the required top 3, none of the forbidden ones; every number left as measured) and
+check.py must accept the edited copy: the expectation can be met by a dump of this very run.
+
+usage: run_blind.py [--attainable] [NAME ...]    environment: as run_scenarios.py (B, PRELOAD, SCEN_KEEP)"""
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import check
+import run_scenarios
+
+BLIND = os.path.join(run_scenarios.HERE, "blind")
+
+
+def final_dump(dumps, exp):
+    """The dump the case is about: the last one of the expected status (as check.py selects them)."""
+    want = exp.get("status", "oom")
+    found = [json.load(open(f)) for f in sorted(glob.glob(os.path.join(dumps, "oomguard-*.json")))]
+    found = [d for d in found if d.get("status") == want]
+    return found[-1] if found else None
+
+
+def score(d, exp):
+    """(primary right, first remedy acceptable, top-3 met) for one dump; None where the case does not say."""
+    if d is None:
+        return False, False, False
+    primary = d["diagnosis"].get("primary")
+    ids = [r["id"] for r in d["remedies"]]
+    top3 = ids[:3]
+    p_ok = primary in check.alts(exp["primary"]) if "primary" in exp else None
+    first = ids[0] if ids else None
+    f_ok = first is not None
+    if "first" in exp:
+        f_ok = f_ok and first in check.alts(exp["first"])
+    bad_first = set(exp.get("first_forbidden", [])) | set(exp.get("top3_forbidden", [])) | set(
+        exp.get("remedies_forbidden", []))
+    if not exp.get("inference_job"):
+        bad_first.add("inference_mode")
+    f_ok = f_ok and first not in bad_first
+    t_ok = all(any(a in top3 for a in check.alts(e)) for e in exp.get("top3_required", [])) and not any(
+        e in top3 for e in exp.get("top3_forbidden", []))
+    return p_ok, f_ok, t_ok
+
+
+def expert_edit(d, exp):
+    """The dump d, edited to say what the expectation says (ids only; numbers untouched)."""
+    d = json.loads(json.dumps(d))
+    diag = d["diagnosis"]
+    if "primary" in exp and diag.get("primary") not in check.alts(exp["primary"]):
+        want = check.alts(exp["primary"])[0]
+        old = next((c for c in diag.get("causes", []) if c["id"] == diag.get("primary")), None)
+        diag["causes"] = [c for c in diag.get("causes", []) if c["id"] != want]
+        if old is not None:
+            old["id"] = want
+        diag["primary"] = want
+    bad = set(exp.get("first_forbidden", [])) | set(exp.get("top3_forbidden", [])) | set(
+        exp.get("remedies_forbidden", []))
+    rx = exp.get("top3_text_forbidden", [])
+    keep = [r for r in d["remedies"] if r["id"] not in bad
+            and not any(__import__("re").search(x, check.remedy_text(r)) for x in rx)]
+    wanted = ([check.alts(exp["first"])[0]] if "first" in exp else []) + [
+        check.alts(e)[0] for e in exp.get("top3_required", []) if not any(a in [r["id"] for r in keep[:3]]
+                                                                          for a in check.alts(e))]
+    lead = []
+    for w in wanted:
+        if w in [r["id"] for r in lead]:
+            continue
+        r = next((r for r in keep if r["id"] == w), None)
+        lead.append(r if r is not None else {"id": w, "title": w.replace("_", " "), "why": "the expert's fix",
+                                               "how": "the expert's fix"})
+    d["remedies"] = lead + [r for r in keep if r["id"] not in wanted]
+    for i, r in enumerate(d["remedies"]):
+        r["rank"] = i + 1
+    return d
+
+
+def attainable(name, work, exp):
+    """check.py accepts this run's dump edited to the expert's answer."""
+    d = final_dump(os.path.join(work, "dumps"), exp)
+    if d is None:
+        return False, "no dump to edit"
+    edir = os.path.join(work, "edited")
+    shutil.rmtree(edir, ignore_errors=True)
+    os.makedirs(edir)
+    src = sorted(f for f in glob.glob(os.path.join(work, "dumps", "oomguard-*.json"))
+                 if json.load(open(f)).get("status") == exp.get("status", "oom"))[-1]
+    base = os.path.basename(src)
+    json.dump(expert_edit(d, exp), open(os.path.join(edir, base), "w"))
+    shutil.copy(src[:-5] + ".txt", os.path.join(edir, base[:-5] + ".txt"))
+    chk = subprocess.run([sys.executable, os.path.join(run_scenarios.HERE, "check.py"), os.path.join(BLIND, name + ".json"),
+                          "preload", edir, os.path.join(work, "truth")], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, universal_newlines=True)
+    return chk.returncode == 0, "; ".join(l for l in chk.stdout.splitlines() if l.startswith("FAIL"))[:400]
+
+
+def main():
+    want_attain = "--attainable" in sys.argv
+    sys.argv = [a for a in sys.argv if a != "--attainable"]
+    names = sys.argv[1:] or sorted(os.path.basename(f)[:-5] for f in glob.glob(os.path.join(BLIND, "*.json")))
+    keep = os.environ.get("SCEN_KEEP")
+    tmp = keep or tempfile.mkdtemp(prefix="oomguard-blind.")
+    sets = {}
+    for name in names:
+        case = json.load(open(os.path.join(BLIND, name + ".json")))
+        exp = case.get("expect", {})
+        work = os.path.join(tmp, name)
+        shutil.rmtree(work, ignore_errors=True)
+        os.makedirs(work)
+        ok, detail, got = run_scenarios.run_case(name, case, "preload", work, cases_dir=BLIND)
+        d = final_dump(os.path.join(work, "dumps"), exp)
+        p_ok, f_ok, t_ok = score(d, exp)
+        s = case.get("set", "dev")
+        row = sets.setdefault(s, {"n": 0, "pass": 0, "primary": [0, 0], "first": [0, 0], "top3": [0, 0]})
+        row["n"] += 1
+        row["pass"] += ok
+        for k, v in (("primary", p_ok), ("first", f_ok), ("top3", t_ok)):
+            if v is not None:
+                row[k][0] += bool(v)
+                row[k][1] += 1
+        print("%s %s [%s] %s" % ("PASS" if ok else "FAIL", name, s, got or "no dump"))
+        for line in detail:
+            if line.startswith("FAIL"):
+                print("    " + line)
+        if want_attain:
+            a_ok, why = attainable(name, work, exp)
+            row["attain"] = row.get("attain", 0) + a_ok
+            print("    attainable: %s%s" % ("yes" if a_ok else "NO", "" if a_ok else " (" + why + ")"))
+    print()
+    parts = []
+    for s in sorted(sets, key=lambda x: (x != "dev", x)):
+        r = sets[s]
+        parts.append("%s: %d/%d primary right, %d/%d first remedy acceptable, %d/%d top-3 met (%d/%d cases pass)"
+                     % (s, r["primary"][0], r["primary"][1], r["first"][0], r["first"][1], r["top3"][0], r["top3"][1],
+                        r["pass"], r["n"]) + ("; %d/%d attainable" % (r.get("attain", 0), r["n"])
+                                              if want_attain else ""))
+    print("; ".join(parts))
+    if not keep:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
