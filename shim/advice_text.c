@@ -5,9 +5,9 @@
 #include <string.h>
 
 const char *const og_cause_ids[OG_CAUSE_COUNT] = {
-#define OG_CAUSE_STR(e, s) s,
-    OG_CAUSE_LIST(OG_CAUSE_STR)
-#undef OG_CAUSE_STR
+#define X(name, id, rule, bonus, own1, own2, title) id,
+#include "causes.def"
+#undef X
 };
 
 const char *og_hist_op_name(enum og_hist_op op)

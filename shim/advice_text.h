@@ -8,18 +8,11 @@
 
 #include "record.h"
 
-/* Every cause id the diagnosis gives and the remedies read back, in one list so the two cannot drift apart.
- * The order is the remedies' table order. */
-#define OG_CAUSE_LIST(X)                                                                                       \
-    X(LIMIT, "limit") X(CACHE, "cache_held") X(FRAG, "fragmentation") X(FOREIGN, "foreign_memory")              \
-    X(NONFW, "non_framework") X(GROWTH, "growth") X(DNF, "does_not_fit") X(UNKNOWN, "unknown")                  \
-    X(OTHERFW, "other_framework") X(PEERS, "peer_ranks") X(IMBALANCE, "imbalance") X(FWCAP, "framework_cap")      \
-    X(SNAPSHOT, "snapshot")
-
+/* Every cause, from the one list of causes (causes.def), in its order. */
 enum og_cause_kind {
-#define OG_CAUSE_ENUM(e, s) OG_CAUSE_##e,
-    OG_CAUSE_LIST(OG_CAUSE_ENUM)
-#undef OG_CAUSE_ENUM
+#define X(name, id, rule, bonus, own1, own2, title) OG_CAUSE_##name,
+#include "causes.def"
+#undef X
     OG_CAUSE_COUNT
 };
 extern const char *const og_cause_ids[OG_CAUSE_COUNT];

@@ -83,9 +83,8 @@
  * Meaning of confidence (calibrated on tests/scenarios): >= 0.9 the measured numbers leave no
  * other reading; 0.6-0.9 measured, with margin; 0.4-0.6 an input was not measured and the
  * cause is the best reading of what was; < 0.4 possible but not supported.
- * Order: by confidence plus a tie-break bonus (limit 0.06, framework_cap 0.055, cache_held 0.05, peer_ranks 0.048,
- * other_framework 0.045, fragmentation 0.04, imbalance 0.035, foreign_memory 0.03, non_framework
- * 0.02, growth 0.01, does_not_fit 0), stable; the bonus never changes the reported confidence.
+ * Order: by confidence plus each cause's tie-break bonus (shim/causes.def: the list of causes, whose
+ * order also breaks equal scores), stable; the bonus never changes the reported confidence.
  * primary = first id; when nothing holds, one cause "unknown" (confidence 0) says what was measured.
  */
 #include <stdarg.h>
@@ -465,8 +464,7 @@ static bool c_other_framework(const og_facts_t *d, const og_record_t *r, og_caus
 
 static bool c_peer_ranks(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
 {
-    bool wrong_device = r->local_rank >= 0 && r->visible_devices > 1 && r->local_rank != r->event.device &&
-                        r->local_rank < r->visible_devices;
+    bool wrong_device = d->wrong_device;
     if (d->shortfall == 0 || (d->npeers == 0 && !wrong_device))
         return false;
     if (d->npeers && d->peers_bytes < d->shortfall && !wrong_device)
@@ -804,11 +802,12 @@ static void c_snapshot(const og_facts_t *d, const og_record_t *rec, og_cause_t *
 
 typedef bool (*cause_fn)(const og_facts_t *, const og_record_t *, og_cause_t *);
 
-/* evaluation order = tie-break priority (first wins) */
+/* the rules and their tie-break bonuses, from the list of causes (causes.def); its order breaks
+ * equal scores (first wins) */
 static const struct { cause_fn fn; double bonus; } cause_table[] = {
-    {c_limit, 0.06},          {c_framework_cap, 0.055}, {c_cache_held, 0.05},    {c_peer_ranks, 0.048}, {c_other_framework, 0.045},
-    {c_fragmentation, 0.04},  {c_imbalance, 0.035},    {c_foreign, 0.03},     {c_non_framework, 0.02},
-    {c_growth, 0.01},         {c_does_not_fit, 0.0},
+#define X(name, id, rule, bonus, own1, own2, title) [OG_CAUSE_##name] = {rule, bonus},
+#include "causes.def"
+#undef X
 };
 #define NRULES (sizeof cause_table / sizeof *cause_table)
 
@@ -823,7 +822,7 @@ static void diagnose_in(og_record_t *rec, const og_facts_t *d, const int *order)
         size_t i = (size_t)order[k];
         og_cause_t *c = &found[i];
         memset(c, 0, sizeof *c);
-        if (cause_table[i].fn(d, rec, c))
+        if (cause_table[i].fn && cause_table[i].fn(d, rec, c))
             score[i] = c->confidence + cause_table[i].bonus;
     }
     for (size_t i = 0; i < NRULES; i++)          /* in table order: the tie-break */

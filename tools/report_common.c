@@ -17,16 +17,13 @@ const char *og_framework_title(const char *name)
 
 const char *og_cause_title(const char *id)
 {
+    /* the library's list of causes: every cause it can name has its title here */
     static const struct {
         const char *id, *title;
     } t[] = {
-        {"does_not_fit", "the request is larger than the free memory"},
-        {"fragmentation", "free memory is fragmented into blocks too small for the request"},
-        {"foreign_memory", "other processes hold memory on this GPU"},
-        {"non_framework", "memory outside the framework (CUDA context, other libraries)"},
-        {"growth", "memory use kept growing during the run"},
-        {"cache_held", "the framework's cache held memory it was not using"},
-        {"limit", "OOMGUARD_LIMIT refused the allocation"},
+#define X(name, id, rule, bonus, own1, own2, title) {id, title},
+#include "../shim/causes.def"
+#undef X
     };
     for (size_t i = 0; id && i < sizeof t / sizeof t[0]; i++)
         if (!strcmp(id, t[i].id))

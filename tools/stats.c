@@ -171,6 +171,17 @@ static const struct og_remedy *first_remedy(const struct og_dump *d)
     return best;
 }
 
+/* A remedy's id.  Dumps written before "non_framework_memory" had an id of its own named it
+ * "foreign_processes" (with its own title): they count as what they were. */
+static const char *remedy_id(const struct og_remedy *r)
+{
+    static const char old_title[] = "Find the memory held outside the framework";
+    if (r->id && strcmp(r->id, "foreign_processes") == 0 && r->title &&
+        strncmp(r->title, old_title, sizeof old_title - 1) == 0)
+        return "non_framework_memory";
+    return r->id;
+}
+
 static void add_dump(struct stats *st, const struct og_dump *d)
 {
     int cls = cls_of(d);
@@ -189,7 +200,7 @@ static void add_dump(struct stats *st, const struct og_dump *d)
     e[D_FW] = intern(&st->dim[D_FW], d->framework_name, "unknown");
     const struct og_remedy *r = first_remedy(d);
     if (r) {
-        e[D_REMEDY] = intern(&st->dim[D_REMEDY], r->id, "unknown");
+        e[D_REMEDY] = intern(&st->dim[D_REMEDY], remedy_id(r), "unknown");
         if (!e[D_REMEDY]->title && r->title)
             e[D_REMEDY]->title = normalise(r->title);
     }

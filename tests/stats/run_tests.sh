@@ -92,6 +92,26 @@ py "a single file is counted" 'import json,sys; s=json.load(open(sys.argv[1])); 
 expect "several directories" 0 "$OG" stats "$S/job4" "$S/misc" --format json
 py "several directories are added up" 'import json,sys; s=json.load(open(sys.argv[1])); assert s["dumps"]==6 and s["by_status"]["oom"]==3, s["by_status"]' "$T/out"
 
+# ---------------------------------------------------------------- one id per remedy, old dumps too
+# Dumps written before "non_framework_memory" had its own id named it "foreign_processes" (with its own
+# title); stats counts it as what it was, and "Stop other processes" stays foreign_processes.
+O=$T/oldid
+mkdir -p "$O"
+python3 - "$FIX/does_not_fit.json" "$O" <<'PYEOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for n, title in ((1, "Find the memory held outside the framework"), (2, "Stop other processes that hold GPU memory")):
+    d["pid"] = 1000 + n
+    d["remedies"] = [{"id": "foreign_processes", "rank": 1, "title": title, "why": "", "how": [], "saving": "", "cost": ""}]
+    json.dump(d, open("%s/oomguard-old-%d.json" % (sys.argv[2], n), "w"))
+PYEOF
+expect "old remedy id: exit 0" 0 "$OG" stats "$O" --format json -o "$T/oldid.json"
+py "old remedy id: counted as non_framework_memory" '
+import json, sys
+s = json.load(open(sys.argv[1]))
+fr = {r["id"]: r["failures"] for r in s["first_remedies"]}
+assert fr == {"non_framework_memory": 1, "foreign_processes": 1}, fr' "$T/oldid.json"
+
 # ---------------------------------------------------------------- exact counts: generated
 python3 tests/stats/gen_dumps.py "$T/gen" 400 7
 expect "generated: 400 dumps over many jobs and hosts" 0 "$OG" stats "$T/gen" --format json -o "$T/gen.json"

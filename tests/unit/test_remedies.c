@@ -12,6 +12,7 @@
 #include <ctype.h>
 
 #include "record.h"
+#include "remedies.h"
 #include "analysis_fixture.h"
 
 static const char *const ALL_IDS[] = {
@@ -19,7 +20,7 @@ static const char *const ALL_IDS[] = {
     "flash_attention", "quantization", "cpu_offload", "release_references", "shorter_sequences",
     "multi_gpu_parallelism", "zero_fsdp", "inference_mode", "foreign_processes", "bigger_gpu",
     "restart_process", "raise_limit", "other_framework_memory", "set_device", "distributed_data_parallel",
-    "split_operation", "pool_trim", "bucket_by_length", "raise_framework_cap",
+    "split_operation", "pool_trim", "bucket_by_length", "raise_framework_cap", "non_framework_memory",
 };
 
 static og_record_t *base(void) { return fixture_pytorch_24g("libtorch_cuda.so,libc10_cuda.so"); }
@@ -322,8 +323,8 @@ static void non_framework_selection(void **state)
     r->memory.by_library[1].bytes = 7 * GiB;
     run_primary(r, "non_framework");
     const og_remedy_t *f = &r->remedies[0];
-    assert_string_equal(f->id, "foreign_processes");
-    assert_non_null(strstr(f->title, "outside"));
+    assert_string_equal(f->id, "non_framework_memory");   /* its own id: not "stop other processes" */
+    assert_int_equal(rank_of(r, "foreign_processes"), 0);
     assert_non_null(strstr(f->why, "libnvinfer.so.10"));
     assert_true(how_has(f, "libnvinfer.so.10"));
     assert_true(rank_of(r, "restart_process") > 0);
@@ -757,6 +758,89 @@ static void remedy_texts_over_edge_numbers(void **state)
     }
 }
 
+/* ------------------------------------------------------------------ the docs say what the code does */
+
+/* docs/diagnosis.md (read from the repository root, where the suites run) */
+static char *read_diagnosis_doc(void)
+{
+    FILE *f = fopen("docs/diagnosis.md", "r");
+    assert_non_null(f);
+    static char buf[1 << 18];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    return buf;
+}
+
+/* one id per remedy, one title per id: `oomguard stats` counts remedies by id */
+static void one_id_per_remedy(void **state)
+{
+    for (int i = 0; i < R_COUNT; i++) {
+        assert_non_null(og_remedy_catalog[i].id);
+        assert_non_null(og_remedy_catalog[i].build);
+        for (int j = 0; j < i; j++) {
+            assert_string_not_equal(og_remedy_catalog[i].id, og_remedy_catalog[j].id);
+            assert_string_not_equal(og_remedy_catalog[i].title, og_remedy_catalog[j].title);
+        }
+    }
+}
+
+/* the table of ranking rows in the docs is the code's, line for line */
+static void docs_list_the_ranking_rows(void **state)
+{
+    char *doc = read_diagnosis_doc();
+    char *p = strstr(doc, "<!-- rank-rows");
+    assert_non_null(p);
+    char *end = strstr(p, "<!-- /rank-rows -->");
+    assert_non_null(end);
+    *end = 0;
+    p = strstr(p, "| --- |");
+    assert_non_null(p);
+    p = strchr(p, '\n') + 1;
+    char want[1024];
+    int i = 0;
+    for (; og_rank_row_text(i, want, sizeof want); i++) {
+        char *nl = strchr(p, '\n');
+        assert_non_null(nl);
+        *nl = 0;
+        if (strcmp(p, want) != 0)
+            fail_msg("docs/diagnosis.md rank row %d:\n  docs: %s\n  code: %s", i, p, want);
+        p = nl + 1;
+    }
+    assert_true(i > 20);
+    assert_string_equal(p, "");                 /* no row the code does not have */
+}
+
+/* the causes table of the docs names exactly the causes of shim/causes.def */
+static void docs_list_the_causes(void **state)
+{
+    char *doc = read_diagnosis_doc();
+    char *t = strstr(doc, "## Causes");
+    assert_non_null(t);
+    char *end = strstr(t, "\n## ");
+    assert_non_null(end);
+    int rows = 0;
+    for (char *p = t; p && p < end; p = strchr(p + 1, '\n'))
+        rows += strncmp(p, "\n| `", 4) == 0;
+    static const char *const ids[] = {
+#define X(name, id, rule, bonus, own1, own2, title) id,
+#include "causes.def"
+#undef X
+    };
+    int n = 0;
+    for (size_t i = 0; i < sizeof ids / sizeof *ids; i++) {
+        char cell[64];
+        snprintf(cell, sizeof cell, "\n| `%s` |", ids[i]);
+        char *at = strstr(t, cell);
+        if (strcmp(ids[i], "unknown") == 0)
+            continue;                           /* no rule: it is named in the text */
+        if (!at || at > end)
+            fail_msg("docs/diagnosis.md: no row for the cause %s", ids[i]);
+        n++;
+    }
+    assert_int_equal(rows, n);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -788,6 +872,9 @@ int main(void)
         cmocka_unit_test(inference_mode_leads_only_when_known),
         cmocka_unit_test(limit_refused_by_context_alone),
         cmocka_unit_test(remedy_texts_over_edge_numbers),
+        cmocka_unit_test(one_id_per_remedy),
+        cmocka_unit_test(docs_list_the_ranking_rows),
+        cmocka_unit_test(docs_list_the_causes),
     };
     int total = (int)(sizeof tests / sizeof *tests);
     int failed = cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,39 +1,7 @@
-/* Remedies: what to do about the diagnosed failure.  Fills rec->remedies from rec->diagnosis and
- * the measurements.  Pure: no I/O, no globals, no allocation.  (<stdio.h> for vsnprintf only.)
- *
- * Selection.  Each cause that holds brings its remedies (those marked * only when the framework's
- * cache is known and > 0 and was not already handed back by the framework's own retry):
- *   limit          raise_limit, empty_cache*, inference_mode, mixed_precision, smaller_batch,
- *                  shorter_sequences, gradient_checkpointing
- *   cache_held     empty_cache
- *   fragmentation  empty_cache, restart_process, expandable_segments
- *   foreign_memory foreign_processes, restart_process
- *   non_framework  foreign_processes, restart_process
- *   growth         release_references, empty_cache*, inference_mode
- *   does_not_fit   empty_cache*, inference_mode, mixed_precision, smaller_batch, shorter_sequences,
- *                  gradient_checkpointing, flash_attention, quantization, multi_gpu_parallelism,
- *                  zero_fsdp, cpu_offload, bigger_gpu (the last four only when the job would not fit
- *                  on this card alone: process footprint + request > 97% of the device total)
- *   unknown        empty_cache*, foreign_processes (when other processes hold memory),
- *                  restart_process, expandable_segments, inference_mode, mixed_precision, smaller_batch
- * Filters: expandable_segments only for PyTorch (or an unknown framework, labelled as a PyTorch
- * setting) and never when PYTORCH_CUDA_ALLOC_CONF already has it; JAX, TensorFlow and CuPy get
- * their allocator knobs inside empty_cache.  inference_mode: not JAX (no tape outside jax.grad) or
- * CuPy; gradient_checkpointing, shorter_sequences, flash_attention, quantization,
- * multi_gpu_parallelism: not CuPy; zero_fsdp: not TensorFlow or CuPy.
- *
- * Order: the article's checklist, simplest first: raise_limit, empty_cache, foreign_processes,
- * restart_process, release_references, expandable_segments, inference_mode, mixed_precision,
- * smaller_batch, shorter_sequences, gradient_checkpointing, flash_attention, quantization,
- * [multi_gpu_parallelism, zero_fsdp when more than one GPU is visible], cpu_offload,
- * [multi_gpu_parallelism, zero_fsdp ("add GPUs") otherwise], bigger_gpu.  Adjustments:
- *   - the primary cause's own remedies go first: limit -> raise_limit, cache_held -> empty_cache,
- *     fragmentation -> empty_cache then expandable_segments, foreign_memory and non_framework ->
- *     foreign_processes, growth -> release_references (does_not_fit keeps the checklist);
- *   - primary does_not_fit: empty_cache moves after smaller_batch (it cannot free live tensors);
- *   - compute capability known and < 7.0 (before Volta): mixed_precision goes last, saying why.
- * At most 20 remedies, ranked 1..n without gaps.
- */
+/* Remedy texts: what each remedy says for this failure (why it applies, how to do it), tailored to
+ * what the dump measured.  Which remedies are offered and in what order is the ranking's
+ * (remedy_rank.c); the catalog's ids, titles and defaults are data (remedies.def).
+ * Pure: no I/O, no globals, no allocation.  (<stdio.h> for vsnprintf only.) */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -42,41 +10,10 @@
 #include "record.h"
 #include "advice_text.h"
 #include "facts.h"
+#include "remedies.h"
 
 #define MIB (1024.0 * 1024.0)
 #define GIB (1024.0 * 1024.0 * 1024.0)
-
-/* ------------------------------------------------------------------ context */
-
-typedef struct rctx {
-    const og_record_t *rec;
-    const og_facts_t *f;
-    enum og_framework fw;
-    const char *fwname;
-    bool has[OG_CAUSE_COUNT];
-    int primary;
-    uint64_t req, shortfall, total, tracked, footprint, live, other, nonfw;
-    bool other_inferred;              /* `other` inferred from total - free - tracked (no NVML) */
-    bool cached_known, cache_retried;
-    uint64_t cached, reclaim, largest;
-    bool largest_known;
-    bool cc_known;
-    int cc;                      /* major * 10 + minor */
-    int visible;
-    long world;
-    char fail_lib[64];
-    bool live_known;             /* false when the framework's cache was not measured */
-    bool retried_zero;           /* the framework released its cache, got 0 B back, and failed again */
-    bool larger_than_device;     /* the request alone exceeds the device (or the limit) */
-    bool app_pool;               /* the cache is the application's own stream-ordered pool */
-    bool async_backend;          /* PyTorch's backend:cudaMallocAsync */
-    bool variable_sizes;         /* many different allocation sizes: variable-length batches */
-    int other_fw;                /* the other framework holding memory (other_framework), or 0 */
-    uint64_t other_fw_bytes, peers_bytes, capacity, growth_rise;
-    int npeers;
-    int grad, training;          /* adapter evidence, 0 unknown */
-    int autocast;                /* adapter evidence: 1 mixed precision on at the failure, -1 off, 0 unknown */
-} rctx_t;
 
 /* Autograd was off at the failure and nothing says the job trains: inference or generation, where
  * memory kept from step to step is kept on purpose (a KV cache, collected outputs), not a graph. */
@@ -105,14 +42,14 @@ static bool env_is(const og_record_t *rec, const char *name, const char *value)
 /* The growth's steps ran without autograd: it was off when the failing call, itself one more step
  * (marked by its size), was made.  A failure of another size (an evaluation after a leaking
  * training loop) says nothing about the mode the growth happened in. */
-static bool growth_without_autograd(const rctx_t *x)
+bool og_growth_without_autograd(const rctx_t *x)
 {
     return no_autograd_job(x) && x->has[OG_CAUSE_GROWTH] && x->f->growth.marker == OG_MARK_FAILING_SIZE;
 }
 
 /* The advice's view: the facts og_diagnose computed (og_diagnose's own when it ran on this record),
  * and which causes the diagnosis kept.  A cause's findings count only when the diagnosis kept it. */
-static void context(rctx_t *x, og_record_t *rec)
+void og_remedy_context(rctx_t *x, og_record_t *rec)
 {
     memset(x, 0, sizeof *x);
     if (!rec->analysis.facts_valid) {
@@ -136,6 +73,7 @@ static void context(rctx_t *x, og_record_t *rec)
     }
     if (n == 0)
         x->has[OG_CAUSE_UNKNOWN] = true;
+    x->primary_conf = n > 0 ? rec->diagnosis.causes[0].confidence : 0;
 
     x->req = f->req;
     x->shortfall = known(rec->diagnosis.shortfall_bytes) ? rec->diagnosis.shortfall_bytes : 0;
@@ -427,53 +365,55 @@ static bool b_foreign_processes(const rctx_t *x, og_remedy_t *r)
 {
     const og_record_t *rec = x->rec;
     int n = rec->memory.nother < 0 ? 0 : rec->memory.nother > 32 ? 32 : rec->memory.nother;
-    if (x->other || n) {
-        r->title = "Stop other processes that hold GPU memory";
-        if (x->other_inferred)
-            why(r, "NVML could not list the GPU's processes here (a container without it?), but %s of this GPU "
-                "is held outside this process: most likely other processes; list them on the host with nvidia-smi",
-                og_hb((double)x->other).s);
-        else
-            why(r, "Other processes (not of this job) hold %s on this GPU", og_hb((double)x->other).s);
-        bool used[32] = {false};
+    if (x->other_inferred)
+        why(r, "NVML could not list the GPU's processes here (a container without it?), but %s of this GPU "
+            "is held outside this process: most likely other processes; list them on the host with nvidia-smi",
+            og_hb((double)x->other).s);
+    else
+        why(r, "Other processes (not of this job) hold %s on this GPU", og_hb((double)x->other).s);
+    bool used[32] = {false};
+    for (int i = 0; i < n; i++)
+        used[i] = rec->memory.other[i].same_job;
+    for (int k = 0; k < 3; k++) {
+        int big = -1;
         for (int i = 0; i < n; i++)
-            used[i] = rec->memory.other[i].same_job;
-        for (int k = 0; k < 3; k++) {
-            int big = -1;
-            for (int i = 0; i < n; i++)
-                if (!used[i] && (big < 0 || rec->memory.other[i].bytes > rec->memory.other[big].bytes))
-                    big = i;
-            if (big < 0)
-                break;
-            used[big] = true;
-            char full[sizeof rec->memory.other[0].name], name[32];
-            og_cpy(full, sizeof full, rec->memory.other[big].name, sizeof full);
-            og_cpy(name, sizeof name, og_base_name(full), strlen(og_base_name(full)) + 1);
-            why(r, "%s %spid %d %s %s", k ? "," : ":", rec->memory.other[big].visible ? "" : "host ",
-                rec->memory.other[big].pid, name[0] ? name : "?", og_hb((double)rec->memory.other[big].bytes).s);
-        }
-        if (x->shortfall)
-            why(r, "; %s is missing.", og_hb((double)x->shortfall).s);
-        else
-            why(r, ".");
-        if (x->has[OG_CAUSE_NONFW])
-            why(r, " Inside this process %s more is outside %s.", og_hb((double)x->nonfw).s, x->fwname);
-        how(r, "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv");
-        list_other_processes(x, r, 3);
-        bool desk = false;
-        for (int i = 0; i < n; i++) {
-            char name[sizeof rec->memory.other[0].name];
-            og_cpy(name, sizeof name, rec->memory.other[i].name, sizeof name);
-            desk = desk || desktop_app(name);
-        }
-        if (desk)
-            how(r, "Desktop apps (browser, Discord, X server) hold GPU memory: turn off their hardware "
-                "acceleration or close them.");
-        how(r, "nvidia-smi pmon -c 1   # live per-process view");
-        return true;
+            if (!used[i] && (big < 0 || rec->memory.other[i].bytes > rec->memory.other[big].bytes))
+                big = i;
+        if (big < 0)
+            break;
+        used[big] = true;
+        char full[sizeof rec->memory.other[0].name], name[32];
+        og_cpy(full, sizeof full, rec->memory.other[big].name, sizeof full);
+        og_cpy(name, sizeof name, og_base_name(full), strlen(og_base_name(full)) + 1);
+        why(r, "%s %spid %d %s %s", k ? "," : ":", rec->memory.other[big].visible ? "" : "host ",
+            rec->memory.other[big].pid, name[0] ? name : "?", og_hb((double)rec->memory.other[big].bytes).s);
     }
+    if (x->shortfall)
+        why(r, "; %s is missing.", og_hb((double)x->shortfall).s);
+    else
+        why(r, ".");
+    if (x->has[OG_CAUSE_NONFW])
+        why(r, " Inside this process %s more is outside %s.", og_hb((double)x->nonfw).s, x->fwname);
+    how(r, "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv");
+    list_other_processes(x, r, 3);
+    bool desk = false;
+    for (int i = 0; i < n; i++) {
+        char name[sizeof rec->memory.other[0].name];
+        og_cpy(name, sizeof name, rec->memory.other[i].name, sizeof name);
+        desk = desk || desktop_app(name);
+    }
+    if (desk)
+        how(r, "Desktop apps (browser, Discord, X server) hold GPU memory: turn off their hardware "
+            "acceleration or close them.");
+    how(r, "nvidia-smi pmon -c 1   # live per-process view");
+    return true;
+}
+
+/* Memory outside the framework with no other process to stop: it is in this process. */
+static bool b_non_framework_memory(const rctx_t *x, og_remedy_t *r)
+{
+    const og_record_t *rec = x->rec;
     /* nothing from other processes: the memory outside the framework is in this process */
-    r->title = "Find the memory held outside the framework";
     why(r, "%s of this process's memory is outside %s (CUDA context and other libraries)", og_hb((double)x->nonfw).s,
         x->fwname);
     /* what the non_framework cause found, when the diagnosis kept it */
@@ -547,7 +487,7 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
     char stepbuf[32];
     og_fmt(stepbuf, sizeof stepbuf, "%d of %d", g->rising, g->transitions);
     const char *steps = grew ? stepbuf : NULL;
-    bool kept_on_purpose = growth_without_autograd(x) && (x->fw == OG_FW_PYTORCH || x->fw == OG_FW_UNKNOWN);
+    bool kept_on_purpose = og_growth_without_autograd(x) && (x->fw == OG_FW_PYTORCH || x->fw == OG_FW_UNKNOWN);
     if (first >= 0 && last >= 0 && kept_on_purpose)
         why(r, "The low point rose from step to step (%s), from %s to %s, about %s per step, with autograd off: no "
             "graph is kept, so most often this is a KV cache growing with every generated token (batch x tokens) "
@@ -1173,371 +1113,10 @@ static bool b_fw_cap(const rctx_t *x, og_remedy_t *r)
     return true;
 }
 
-/* ------------------------------------------------------------------ catalog */
+/* ------------------------------------------------------------------ the catalog */
 
-enum rem {
-    R_RAISE_LIMIT, R_EMPTY_CACHE, R_FOREIGN, R_RESTART, R_RELEASE_REFS, R_EXPANDABLE, R_INFERENCE, R_MIXED,
-    R_SMALLER_BATCH, R_SHORTER_SEQ, R_CHECKPOINTING, R_FLASH, R_QUANT, R_MULTI_GPU, R_ZERO, R_OFFLOAD, R_BIGGER,
-    R_OTHER_FW, R_SET_DEVICE, R_DDP, R_CHUNK, R_POOL_TRIM, R_BUCKET, R_FW_CAP,
-    R_COUNT
+const og_remedy_def_t og_remedy_catalog[R_COUNT] = {
+#define X(name, id, order, build, title, saving, cost) [R_##name] = {id, title, saving, cost, order, build},
+#include "remedies.def"
+#undef X
 };
-
-typedef struct rdef {
-    const char *id, *title, *saving, *cost;
-    int order;                                   /* checklist position, x10 */
-    bool (*build)(const rctx_t *, og_remedy_t *);
-} rdef_t;
-
-static const rdef_t catalog[R_COUNT] = {
-    [R_RAISE_LIMIT] = {"raise_limit", "Raise or remove OOMGUARD_LIMIT", "Removes the artificial cap",
-                       "None on a dedicated GPU; on a shared one the cap protects other jobs", 0, b_raise_limit},
-    [R_EMPTY_CACHE] = {"empty_cache", "Release the framework's cached memory",
-                       "All cached-but-unused memory; nothing held by live tensors",
-                       "Milliseconds; later allocations go back to the driver", 10, b_empty_cache},
-    [R_FOREIGN] = {"foreign_processes", "Stop other processes that hold GPU memory",
-                   "Whatever the other holders have", "Stopping other work; none on a dedicated server", 20,
-                   b_foreign_processes},
-    [R_RESTART] = {"restart_process", "Restart the process and clear leftover contexts",
-                   "Leftover contexts, the cache and fragmentation", "Lost in-memory state and the restart time", 30,
-                   b_restart_process},
-    [R_RELEASE_REFS] = {"release_references", "Stop keeping tensors alive across iterations",
-                        "The whole growth: memory stays flat from step to step", "A code change; nothing at run time",
-                        40, b_release_references},
-    [R_EXPANDABLE] = {"expandable_segments", "Let PyTorch's allocator grow segments (expandable_segments)",
-                      "Most of the memory lost to fragmentation", "Takes effect at the next start; rarely slower", 50,
-                      b_expandable_segments},
-    [R_INFERENCE] = {"inference_mode", "Run inference without autograd", "30-50% of inference memory",
-                     "None; not for code that calls backward", 60, b_inference_mode},
-    [R_MIXED] = {"mixed_precision", "Mixed precision (bf16/fp16)",
-                 "~50% of activation memory; 50-80% faster on tensor-core GPUs",
-                 "Numerical care: fp16 needs loss scaling, bf16 needs cc 8.0+", 70, b_mixed_precision},
-    [R_SMALLER_BATCH] = {"smaller_batch", "Smaller batch with gradient accumulation",
-                         "Activation memory in proportion to the batch (half the batch: ~half of it)",
-                         "More, smaller steps; accumulation keeps the effective batch", 80, b_smaller_batch},
-    [R_SHORTER_SEQ] = {"shorter_sequences", "Shorter maximum sequence length",
-                       "~75% of attention memory for 2x shorter sequences (quadratic without flash-attention)",
-                       "The model sees less context", 90, b_shorter_sequences},
-    [R_CHECKPOINTING] = {"gradient_checkpointing", "Gradient checkpointing", "50-70% of activation memory",
-                         "~30% longer training steps", 100, b_gradient_checkpointing},
-    [R_FLASH] = {"flash_attention", "Fused (flash) attention",
-                 "4-10x less attention memory above 4096 tokens; little on short sequences",
-                 "Extra package; half precision; FlashAttention-2 needs cc 8.0+", 110, b_flash_attention},
-    [R_QUANT] = {"quantization", "Quantize the weights (8-bit / 4-bit)",
-                 "Weights: ~50% with int8, ~70-75% with 4-bit (70B: 140 -> ~70 -> ~35-40 GB)",
-                 "Some accuracy; inference (or QLoRA fine-tuning) only", 120, b_quantization},
-    [R_MULTI_GPU] = {"multi_gpu_parallelism", "Split the work across GPUs",
-                     "Model memory / N with tensor or pipeline parallelism; activations / N with data parallelism",
-                     "More GPUs; communication overhead", 130, b_multi_gpu},
-    [R_ZERO] = {"zero_fsdp", "Shard model state with ZeRO-3 / FSDP",
-                "Parameters, gradients and optimizer state divided by the GPU count",
-                "Communication every step; a distributed launch", 135, b_zero_fsdp},
-    [R_OFFLOAD] = {"cpu_offload", "Offload part of the model to CPU memory",
-                   "Whatever is offloaded, up to all the weights", "3-10x slower steps; disk offload slowest", 140,
-                   b_cpu_offload},
-    [R_BIGGER] = {"bigger_gpu", "Use a bigger GPU or a smaller model", "Everything: the job fits as it is",
-                  "Money or model quality; moving the job", 160, b_bigger_gpu},
-    [R_OTHER_FW] = {"other_framework_memory", "Limit the other framework's reservation",
-                    "What the other framework reserves beyond its needs", "An environment variable at start", 5,
-                    b_other_framework},
-    [R_SET_DEVICE] = {"set_device", "Select each rank's own GPU before touching CUDA (set_device)",
-                      "The other ranks' contexts on this GPU", "One line at the start of the script", 6, b_set_device},
-    [R_DDP] = {"distributed_data_parallel", "One process per GPU: DistributedDataParallel instead of DataParallel",
-               "The imbalance: gathered outputs and optimizer state spread over the GPUs",
-               "A distributed launch (torchrun)", 75, b_ddp},
-    [R_CHUNK] = {"split_operation", "Split the oversized operation into chunks (or shard it)",
-                 "The single oversized tensor: each chunk fits", "A code change; a little speed", 8, b_chunk},
-    [R_POOL_TRIM] = {"pool_trim", "Trim the application's memory pool (cudaMemPoolTrimTo)",
-                     "The pool's reserved but unused memory", "A synchronization; later allocations go back to the driver",
-                     4, b_pool_trim},
-    [R_FW_CAP] = {"raise_framework_cap", "Raise or remove the framework's own memory cap",
-                  "Up to the rest of the device", "None on a dedicated GPU; the cap may protect other work", 3,
-                  b_fw_cap},
-    [R_BUCKET] = {"bucket_by_length", "Batch sequences of similar length", "Memory lost to holes between odd sizes",
-                  "A sampler change; slightly less random batches", 55, b_bucketing},
-};
-
-/* ------------------------------------------------------------------ selection */
-
-void og_select_remedies(og_record_t *rec)
-{
-    if (!rec)
-        return;
-    memset(rec->remedies, 0, sizeof rec->remedies);
-    rec->nremedies = 0;
-    rctx_t x;
-    context(&x, rec);
-
-    bool want[R_COUNT] = {false};
-    bool cache_ok = x.cached_known && x.cached > 0 && !x.cache_retried;
-    /* unknown is not zero: a framework's reservation may hold cache nobody measured */
-    bool cache_maybe = !x.cached_known && known(rec->memory.framework_bytes) && rec->memory.framework_bytes > 0 &&
-                       !x.retried_zero;
-    bool known_inference = x.training == -1;
-    if (x.has[OG_CAUSE_LIMIT]) {
-        want[R_RAISE_LIMIT] = true;
-        want[R_EMPTY_CACHE] |= cache_ok || cache_maybe;
-        want[R_INFERENCE] = want[R_MIXED] = want[R_SMALLER_BATCH] = want[R_SHORTER_SEQ] = want[R_CHECKPOINTING] = true;
-    }
-    if (x.has[OG_CAUSE_CACHE]) {
-        if (x.app_pool)
-            want[R_POOL_TRIM] = true;
-        else
-            want[R_EMPTY_CACHE] = true;
-    }
-    if (x.has[OG_CAUSE_FRAG]) {
-        want[R_EMPTY_CACHE] = want[R_RESTART] = want[R_EXPANDABLE] = true;
-        want[R_BUCKET] = x.variable_sizes || x.retried_zero;
-    }
-    if (x.has[OG_CAUSE_FOREIGN] || x.has[OG_CAUSE_NONFW])
-        want[R_FOREIGN] = want[R_RESTART] = true;
-    if (x.has[OG_CAUSE_GROWTH]) {
-        want[R_RELEASE_REFS] = want[R_INFERENCE] = want[R_RESTART] = true;
-        want[R_EMPTY_CACHE] |= cache_ok;
-        /* inference keeps per step by design (KV cache, outputs): it shrinks with the batch and length */
-        if (x.primary == OG_CAUSE_GROWTH && growth_without_autograd(&x))
-            want[R_SMALLER_BATCH] = want[R_SHORTER_SEQ] = true;
-    }
-    if (x.has[OG_CAUSE_OTHERFW])
-        want[R_OTHER_FW] = true;
-    if (x.has[OG_CAUSE_PEERS])
-        want[R_SET_DEVICE] = true;
-    if (x.has[OG_CAUSE_FWCAP]) {
-        want[R_FW_CAP] = true;
-        want[R_MIXED] = want[R_SMALLER_BATCH] = want[R_CHECKPOINTING] = true;
-    }
-    if (x.has[OG_CAUSE_IMBALANCE])
-        want[R_DDP] = want[R_SMALLER_BATCH] = want[R_MIXED] = true;
-    if (x.has[OG_CAUSE_DNF]) {
-        want[R_EMPTY_CACHE] |= cache_ok || cache_maybe;
-        for (int i = R_INFERENCE; i <= R_BIGGER; i++)
-            want[i] = true;
-        want[R_EXPANDABLE] |= x.retried_zero;   /* what is left after the release may be split segments */
-        want[R_BUCKET] |= x.retried_zero && x.variable_sizes;
-    }
-    if (x.has[OG_CAUSE_UNKNOWN]) {
-        want[R_EMPTY_CACHE] |= cache_ok || cache_maybe;
-        want[R_FOREIGN] |= x.other > 0;
-        want[R_RESTART] = want[R_EXPANDABLE] = want[R_INFERENCE] = want[R_MIXED] = want[R_SMALLER_BATCH] = true;
-    }
-    if (x.retried_zero && x.has[OG_CAUSE_FRAG])
-        want[R_EMPTY_CACHE] = cache_ok;     /* it released everything it could: got 0 B back */
-    /* a single request larger than the device: only what splits, shards or moves it can help */
-    if (x.larger_than_device) {
-        for (int i = 0; i < R_COUNT; i++)
-            want[i] = false;
-        want[R_CHUNK] = want[R_MULTI_GPU] = want[R_OFFLOAD] = true;
-        want[R_BIGGER] = x.req < 141.0 * 1e9 * 0.97;
-        want[R_RAISE_LIMIT] = x.has[OG_CAUSE_LIMIT] && known(rec->device.limit_bytes) && x.total && x.req < x.total;
-    }
-
-    /* the limit refused the request because of the context it counts: nothing the job shrinks helps */
-    if (x.has[OG_CAUSE_LIMIT] && known(rec->device.limit_bytes) && known(rec->device.limit_usage_bytes) &&
-        rec->device.limit_usage_bytes > x.tracked && x.req <= rec->device.limit_bytes &&
-        add_sat(rec->device.limit_usage_bytes - x.tracked, x.req) > rec->device.limit_bytes) {
-        for (int i = 0; i < R_COUNT; i++)
-            want[i] = false;
-        want[R_RAISE_LIMIT] = true;
-    }
-    /* a confident primary cause whose own remedy covers the shortfall: the generic ways to shrink the
-     * job are not the answer (they would only hide the cause) */
-    {
-        static const int own[OG_CAUSE_COUNT] = {
-            [OG_CAUSE_LIMIT] = -1, [OG_CAUSE_CACHE] = -1, [OG_CAUSE_FRAG] = -1, [OG_CAUSE_FOREIGN] = R_FOREIGN,
-            [OG_CAUSE_NONFW] = -1, [OG_CAUSE_GROWTH] = -1, [OG_CAUSE_DNF] = -1, [OG_CAUSE_UNKNOWN] = -1,
-            [OG_CAUSE_OTHERFW] = R_OTHER_FW, [OG_CAUSE_PEERS] = R_SET_DEVICE, [OG_CAUSE_IMBALANCE] = -1,
-            [OG_CAUSE_FWCAP] = -1,
-        };
-        double pconf = rec->diagnosis.ncauses > 0 ? rec->diagnosis.causes[0].confidence : 0;
-        int o = own[x.primary];
-        double cov = o == R_OTHER_FW ? (double)x.other_fw_bytes : o == R_SET_DEVICE ? (double)x.peers_bytes
-                   : o == R_FOREIGN ? (double)x.other : 0;
-        if (o >= 0 && pconf >= 0.7 && cov >= (double)x.shortfall && !x.larger_than_device) {
-            for (int i = R_INFERENCE; i <= R_BIGGER; i++)
-                want[i] = false;
-            if (!x.has[OG_CAUSE_FRAG])
-                want[R_EXPANDABLE] = want[R_BUCKET] = false;
-        }
-    }
-
-    /* framework and settings */
-    bool pytorchish = x.fw == OG_FW_PYTORCH || x.fw == OG_FW_UNKNOWN;
-    if (!pytorchish || rec->expandable_segments_set || x.async_backend)
-        want[R_EXPANDABLE] = false;
-    if (x.fw == OG_FW_JAX || x.fw == OG_FW_CUPY)
-        want[R_INFERENCE] = false;
-    /* already without autograd, or known to train: inference mode has nothing to give */
-    if (x.grad == -1 || x.training == 1)
-        want[R_INFERENCE] = false;
-    /* autocast already on at the failure: mixed precision is in force, it has nothing more to give */
-    if (x.autocast == 1)
-        want[R_MIXED] = false;
-    if (x.fw == OG_FW_CUPY)
-        want[R_CHECKPOINTING] = want[R_SHORTER_SEQ] = want[R_FLASH] = want[R_QUANT] = want[R_MULTI_GPU] = false;
-    if (x.fw == OG_FW_TENSORFLOW || x.fw == OG_FW_CUPY)
-        want[R_ZERO] = false;
-    if (!pytorchish || x.fw == OG_FW_UNKNOWN)
-        want[R_DDP] = want[R_DDP] && pytorchish;
-    /* JAX/TF/CuPy: their allocator knobs live in empty_cache, which fragmentation needs */
-    if (x.has[OG_CAUSE_FRAG] && !pytorchish)
-        want[R_EMPTY_CACHE] = true;
-
-    /* the job alone would fit on this card (what it holds + the request, 3% kept for the driver):
-     * a bigger card, more GPUs or offloading are not the answer; nor for a leak, which any card fills */
-    if (!x.larger_than_device &&
-        ((x.total && (double)add_sat(x.footprint, x.req) <= (double)x.total * 0.97) || x.primary == OG_CAUSE_GROWTH))
-        want[R_BIGGER] = want[R_MULTI_GPU] = want[R_ZERO] = want[R_OFFLOAD] = false;
-
-    /* order: the checklist (cost, simplest first) ... */
-    int order[R_COUNT];
-    for (int i = 0; i < R_COUNT; i++)
-        order[i] = catalog[i].order;
-    if (x.visible <= 1) {
-        order[R_MULTI_GPU] = 150;
-        order[R_ZERO] = 155;
-    }
-    if (x.cc_known && x.cc < 70)
-        order[R_MIXED] = 1000;
-    if (!known_inference)
-        order[R_INFERENCE] = 95;            /* after the training remedies unless known to be inference */
-    if (x.grad == -1)
-        order[R_SMALLER_BATCH] = 65;        /* without autograd a smaller batch costs nothing in accuracy */
-    /* limit: a cap set on purpose (a smaller card emulated, or a shared GPU) is not the first thing to change */
-    order[R_RAISE_LIMIT] = 900;
-
-    /* ... after whether each can cover the shortfall: estimated saving in bytes, -1 unknown */
-    /* for ranking only: when the cache was not measured, what the process holds bounds what is in use */
-    double live = x.live_known ? (double)x.live : (double)x.tracked;
-    double big = 1e30;
-    double cover[R_COUNT];
-    for (int i = 0; i < R_COUNT; i++)
-        cover[i] = -1;
-    cover[R_RAISE_LIMIT] = big;
-    cover[R_EMPTY_CACHE] = cache_ok ? (double)x.reclaim : cache_maybe ? -1 : 0;
-    cover[R_POOL_TRIM] = x.app_pool ? (double)x.f->app_slack : -1;
-    cover[R_FOREIGN] = (double)x.other + (x.has[OG_CAUSE_NONFW] ? (double)x.nonfw : 0);
-    cover[R_RELEASE_REFS] = x.growth_rise ? (double)x.growth_rise : -1;
-    cover[R_EXPANDABLE] = x.has[OG_CAUSE_FRAG] && x.cached_known && x.cached ? (double)x.cached : -1;
-    if (live >= 0) {
-        cover[R_INFERENCE] = 0.3 * live;
-        cover[R_MIXED] = 0.25 * live;
-        cover[R_CHECKPOINTING] = 0.3 * live;
-        cover[R_SHORTER_SEQ] = 0.2 * live;
-        cover[R_FLASH] = 0.1 * live;
-        cover[R_QUANT] = 0.35 * live;
-    }
-    /* half precision halves the failing tensor too: if half of it still does not fit and the
-     * shortfall is a large part of what is held, it cannot cover it (a 4x shortfall is not 3%) */
-    double avail_now = x.shortfall < x.req ? (double)(x.req - x.shortfall) + (double)x.reclaim : 0;
-    if (x.shortfall && (double)x.req * 0.5 > avail_now && cover[R_MIXED] >= (double)x.shortfall &&
-        (double)x.shortfall * 4 > live)
-        cover[R_MIXED] = (double)x.req * 0.5;
-    /* the batch can shrink as far as needed: the failing tensor shrinks with it, and so do the
-     * other activations */
-    cover[R_SMALLER_BATCH] = (double)x.req * 0.875 > 0.25 * live ? (double)x.req * 0.875 : 0.25 * live;
-    cover[R_MULTI_GPU] = cover[R_ZERO] = cover[R_OFFLOAD] = cover[R_BIGGER] = cover[R_CHUNK] = big;
-    cover[R_OTHER_FW] = (double)x.other_fw_bytes;
-    cover[R_SET_DEVICE] = (double)x.peers_bytes;
-    cover[R_FW_CAP] = big;
-    double imb = x.has[OG_CAUSE_IMBALANCE] ? (double)x.f->imbalance.mine - (double)x.f->imbalance.avg : 0;
-    cover[R_DDP] = imb > 0 ? imb : -1;
-    if (x.retried_zero)
-        cover[R_EMPTY_CACHE] = 0;
-
-    /* the primary cause's own remedies come first when they can cover it (or nobody can tell) */
-    static const int key[OG_CAUSE_COUNT][2] = {
-        [OG_CAUSE_LIMIT] = {-1, -1},              [OG_CAUSE_CACHE] = {R_EMPTY_CACHE, R_POOL_TRIM},
-        [OG_CAUSE_FRAG] = {R_EMPTY_CACHE, R_EXPANDABLE},
-        [OG_CAUSE_FOREIGN] = {R_FOREIGN, -1},     [OG_CAUSE_NONFW] = {R_FOREIGN, -1},
-        [OG_CAUSE_GROWTH] = {R_RELEASE_REFS, R_INFERENCE},
-        [OG_CAUSE_DNF] = {-1, -1},                [OG_CAUSE_UNKNOWN] = {-1, -1},
-        [OG_CAUSE_OTHERFW] = {R_OTHER_FW, -1},    [OG_CAUSE_PEERS] = {R_SET_DEVICE, -1},
-        [OG_CAUSE_IMBALANCE] = {R_DDP, -1},       [OG_CAUSE_FWCAP] = {R_FW_CAP, -1},
-    };
-    int tier[R_COUNT];
-    double need = (double)x.shortfall;
-    for (int i = 0; i < R_COUNT; i++)
-        tier[i] = need <= 0 || cover[i] >= need ? 1 : cover[i] < 0 ? 2 : 3;
-    for (int k = 0; k < 2; k++) {
-        int r = key[x.primary][k];
-        if (r >= 0 && tier[r] != 3)
-            tier[r] = 0, order[r] = -20 + k;
-    }
-    if (x.retried_zero && x.has[OG_CAUSE_FRAG] && (x.primary == OG_CAUSE_FRAG || x.primary == OG_CAUSE_DNF)) {
-        /* empty_cache got 0 B back: expandable segments leads */
-        tier[R_EXPANDABLE] = 0;
-        order[R_EXPANDABLE] = -30;
-        tier[R_BUCKET] = 0;
-        order[R_BUCKET] = -25;
-    }
-    if (x.larger_than_device)
-        tier[R_CHUNK] = 0, order[R_CHUNK] = -30;
-    if (x.has[OG_CAUSE_FRAG] && x.retried_zero && tier[R_EXPANDABLE] > 1)
-        tier[R_EXPANDABLE] = 1;             /* the split segments are the likely rest */
-    /* failing while loading weights: what shrinks the weights or moves them leads; activation
-     * remedies cannot help a load */
-    const char *phase = !x.has[OG_CAUSE_DNF] || x.f->larger_than_device ? NULL
-                        : x.f->load.phase == OG_PHASE_SECOND_LOAD ? "second_load"
-                        : x.f->load.phase == OG_PHASE_LOADING     ? "loading" : NULL;
-    if (phase && x.primary == OG_CAUSE_DNF) {
-        if (strcmp(phase, "second_load") == 0) {
-            want[R_RELEASE_REFS] = want[R_RESTART] = true;
-            tier[R_RESTART] = tier[R_RELEASE_REFS] = 0;
-            order[R_RESTART] = -20;
-            order[R_RELEASE_REFS] = -19;
-        } else {
-            static const int weights[] = {R_QUANT, R_OFFLOAD, R_MULTI_GPU, R_ZERO, R_BIGGER};
-            for (size_t k = 0; k < sizeof weights / sizeof *weights; k++)
-                if (tier[weights[k]] == 1)
-                    order[weights[k]] = 20 + (int)k;
-            static const int acts[] = {R_SMALLER_BATCH, R_SHORTER_SEQ, R_CHECKPOINTING, R_FLASH, R_INFERENCE};
-            for (size_t k = 0; k < sizeof acts / sizeof *acts; k++)
-                tier[acts[k]] = 3;
-        }
-    }
-    if (x.primary == OG_CAUSE_GROWTH && known_inference && x.grad == 1)
-        tier[R_INFERENCE] = 0, order[R_INFERENCE] = -21;   /* evaluation with autograd on keeps every graph */
-    /* memory rising step after step: what gives back only today's cache or splinters buys a step or two
-     * before the next failure, so it follows what stops or shrinks the growth */
-    if (x.primary == OG_CAUSE_GROWTH && rec->diagnosis.ncauses > 0 && rec->diagnosis.causes[0].confidence >= 0.7) {
-        static const int one_off[] = {R_EMPTY_CACHE, R_EXPANDABLE, R_RESTART, R_BUCKET, R_POOL_TRIM};
-        for (size_t k = 0; k < sizeof one_off / sizeof *one_off; k++)
-            if (tier[one_off[k]] > 0)
-                tier[one_off[k]] = 3;
-    }
-    /* a cap on a shared GPU protects the others; alone on it, a limit emulates a smaller card */
-    if (x.has[OG_CAUSE_LIMIT] && rec->memory.nother > 0)
-        tier[R_RAISE_LIMIT] = 0, order[R_RAISE_LIMIT] = -20;
-
-    int list[R_COUNT], n = 0;
-    for (int i = 0; i < R_COUNT; i++)
-        if (want[i])
-            list[n++] = i;
-    for (int i = 1; i < n; i++) {               /* stable insertion sort by (tier, order) */
-        int v = list[i], j = i - 1;
-        while (j >= 0 && tier[list[j]] * 10000 + order[list[j]] > tier[v] * 10000 + order[v]) {
-            list[j + 1] = list[j];
-            j--;
-        }
-        list[j + 1] = v;
-    }
-    /* never lead with inference mode unless the job is known to be inference */
-    if (n > 1 && list[0] == R_INFERENCE && !known_inference) {
-        list[0] = list[1];
-        list[1] = R_INFERENCE;
-    }
-
-    for (int i = 0; i < n && rec->nremedies < 20; i++) {
-        const rdef_t *d = &catalog[list[i]];
-        og_remedy_t *r = &rec->remedies[rec->nremedies];
-        memset(r, 0, sizeof *r);
-        r->id = d->id;
-        r->title = d->title;
-        r->saving = d->saving;
-        r->cost = d->cost;
-        if (!d->build(&x, r)) {
-            memset(r, 0, sizeof *r);
-            continue;
-        }
-        r->rank = ++rec->nremedies;
-    }
-}

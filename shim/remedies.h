@@ -1,0 +1,69 @@
+/* Remedies, shared by their texts (remedy_texts.c) and their ranking (remedy_rank.c).  Pure. */
+#ifndef OG_REMEDIES_H
+#define OG_REMEDIES_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "record.h"
+#include "advice_text.h"
+#include "facts.h"
+
+enum og_rem {
+#define X(name, id, order, build, title, saving, cost) R_##name,
+#include "remedies.def"
+#undef X
+    R_COUNT,
+    R_NONE = -1
+};
+
+/* What the advice reads: the facts, which causes the diagnosis kept, and a few views of them. */
+typedef struct rctx {
+    const og_record_t *rec;
+    const og_facts_t *f;
+    enum og_framework fw;
+    const char *fwname;
+    bool has[OG_CAUSE_COUNT];
+    int primary;
+    double primary_conf;             /* the primary cause's confidence */
+    uint64_t req, shortfall, total, tracked, footprint, live, other, nonfw;
+    bool other_inferred;              /* `other` inferred from total - free - tracked (no NVML) */
+    bool cached_known, cache_retried;
+    uint64_t cached, reclaim, largest;
+    bool largest_known;
+    bool cc_known;
+    int cc;                      /* major * 10 + minor */
+    int visible;
+    long world;
+    char fail_lib[64];
+    bool live_known;             /* false when the framework's cache was not measured */
+    bool retried_zero;           /* the framework released its cache, got 0 B back, and failed again */
+    bool larger_than_device;     /* the request alone exceeds the device (or the limit) */
+    bool app_pool;               /* the cache is the application's own stream-ordered pool */
+    bool async_backend;          /* PyTorch's backend:cudaMallocAsync */
+    bool variable_sizes;         /* many different allocation sizes: variable-length batches */
+    int other_fw;                /* the other framework holding memory (other_framework), or 0 */
+    uint64_t other_fw_bytes, peers_bytes, capacity, growth_rise;
+    int npeers;
+    int grad, training;          /* adapter evidence, 0 unknown */
+    int autocast;                /* adapter evidence: 1 mixed precision on at the failure, -1 off, 0 unknown */
+} rctx_t;
+
+typedef struct og_remedy_def {
+    const char *id, *title, *saving, *cost;
+    int order;                                   /* checklist position, x10 */
+    bool (*build)(const rctx_t *, og_remedy_t *);
+} og_remedy_def_t;
+
+extern const og_remedy_def_t og_remedy_catalog[R_COUNT];
+
+/* the advice's view of REC (computes the facts when og_diagnose did not) */
+void og_remedy_context(rctx_t *x, og_record_t *rec);
+/* the growth's steps ran without autograd (a KV cache, outputs kept on purpose) */
+bool og_growth_without_autograd(const rctx_t *x);
+
+/* Row I of the ranking's tables (passes in order) as a line of docs/diagnosis.md's table; 0 past the last. */
+int og_rank_row_text(int i, char *buf, size_t n);
+
+#endif

@@ -1,0 +1,454 @@
+/* Ranking: which remedies a failure gets and in what order.  Fills rec->remedies from the
+ * diagnosis and the facts.  Pure: no I/O, no globals, no allocation.
+ *
+ * A few named passes, each over data:
+ *   bring     each cause that holds brings its remedies (rows of `bring`)
+ *   narrow    what the failure or the settings rule out (rows of `narrow`)
+ *   order     the checklist (remedies.def: cheapest first), moved by the rows of `reorder`
+ *   estimate  what each remedy could save, in bytes (-1 unknown); tier 1: covers the shortfall (or
+ *             nothing is missing), 2: unknown, 3: cannot cover it alone
+ *   lead      the primary cause's own remedies (shim/causes.def) go first when they can cover it;
+ *             then the rows of `lead`
+ *   sort      by (tier, order), stable in catalog order; inference mode never leads unless the job is
+ *             known to be inference
+ * A row is a condition on the facts, an effect on some remedies, the facts it reads and the corpus
+ * cases (tests/scenarios/cases) that motivate it; rows of a pass apply in order, a later one
+ * overriding an earlier.  docs/diagnosis.md lists every row (a test checks it does).
+ * At most 20 remedies, ranked 1..n without gaps. */
+#include <string.h>
+
+#include "remedies.h"
+
+typedef struct rank {
+    bool want[R_COUNT];
+    int tier[R_COUNT], order[R_COUNT];
+    double cover[R_COUNT];
+} rank_t;
+
+/* ------------------------------------------------------------------ conditions */
+
+#define HAS(c) (x->has[OG_CAUSE_##c])
+#define PRIMARY(c) (x->primary == OG_CAUSE_##c)
+
+static bool cache_ok(const rctx_t *x) { return x->cached_known && x->cached > 0 && !x->cache_retried; }
+/* unknown is not zero: a framework's reservation may hold cache nobody measured */
+static bool cache_maybe(const rctx_t *x)
+{
+    const og_record_t *r = x->rec;
+    return !x->cached_known && known(r->memory.framework_bytes) && r->memory.framework_bytes > 0 && !x->retried_zero;
+}
+static bool known_inference(const rctx_t *x) { return x->training == -1; }
+static bool pytorchish(const rctx_t *x) { return x->fw == OG_FW_PYTORCH || x->fw == OG_FW_UNKNOWN; }
+static const char *load_phase(const rctx_t *x)
+{
+    if (!HAS(DNF) || x->f->larger_than_device)
+        return NULL;
+    return x->f->load.phase == OG_PHASE_SECOND_LOAD ? "second_load" : x->f->load.phase == OG_PHASE_LOADING ? "loading"
+                                                                                                          : NULL;
+}
+
+static bool always(const rctx_t *x) { return x != NULL; }
+static bool limit_holds(const rctx_t *x) { return HAS(LIMIT); }
+static bool limit_cache(const rctx_t *x) { return HAS(LIMIT) && (cache_ok(x) || cache_maybe(x)); }
+static bool cache_app_pool(const rctx_t *x) { return HAS(CACHE) && x->app_pool; }
+static bool cache_framework(const rctx_t *x) { return HAS(CACHE) && !x->app_pool; }
+static bool frag_holds(const rctx_t *x) { return HAS(FRAG); }
+static bool frag_variable(const rctx_t *x) { return HAS(FRAG) && (x->variable_sizes || x->retried_zero); }
+static bool others_hold(const rctx_t *x) { return HAS(FOREIGN) || HAS(NONFW); }
+static bool growth_holds(const rctx_t *x) { return HAS(GROWTH); }
+static bool growth_cache(const rctx_t *x) { return HAS(GROWTH) && cache_ok(x); }
+static bool growth_on_purpose(const rctx_t *x) { return PRIMARY(GROWTH) && og_growth_without_autograd(x); }
+static bool otherfw_holds(const rctx_t *x) { return HAS(OTHERFW); }
+static bool peers_hold(const rctx_t *x) { return HAS(PEERS); }
+static bool fwcap_holds(const rctx_t *x) { return HAS(FWCAP); }
+static bool imbalance_holds(const rctx_t *x) { return HAS(IMBALANCE); }
+static bool dnf_cache(const rctx_t *x) { return HAS(DNF) && (cache_ok(x) || cache_maybe(x)); }
+static bool dnf_holds(const rctx_t *x) { return HAS(DNF); }
+static bool dnf_split_rest(const rctx_t *x) { return HAS(DNF) && x->retried_zero; }
+static bool dnf_bucket(const rctx_t *x) { return HAS(DNF) && x->retried_zero && x->variable_sizes; }
+static bool unknown_cache(const rctx_t *x) { return HAS(UNKNOWN) && (cache_ok(x) || cache_maybe(x)); }
+static bool unknown_others(const rctx_t *x) { return HAS(UNKNOWN) && x->other > 0; }
+static bool unknown_holds(const rctx_t *x) { return HAS(UNKNOWN); }
+
+static bool released_nothing(const rctx_t *x) { return x->retried_zero && HAS(FRAG) && !cache_ok(x); }
+static bool larger(const rctx_t *x) { return x->larger_than_device; }
+static bool larger_card_exists(const rctx_t *x) { return x->larger_than_device && x->req < 141.0 * 1e9 * 0.97; }
+static bool larger_than_limit_only(const rctx_t *x)
+{
+    return x->larger_than_device && HAS(LIMIT) && known(x->rec->device.limit_bytes) && x->total && x->req < x->total;
+}
+/* the limit refused the request because of the context it counts: nothing the job shrinks helps */
+static bool limit_by_context(const rctx_t *x)
+{
+    const og_record_t *r = x->rec;
+    return HAS(LIMIT) && known(r->device.limit_bytes) && known(r->device.limit_usage_bytes) &&
+           r->device.limit_usage_bytes > x->tracked && x->req <= r->device.limit_bytes &&
+           add_sat(r->device.limit_usage_bytes - x->tracked, x->req) > r->device.limit_bytes;
+}
+/* a confident primary cause whose own remedy covers the shortfall (another framework, peer ranks,
+ * other processes): the generic ways to shrink the job would only hide the cause; nor are they the
+ * answer to a snapshot, where nothing failed */
+static bool own_fix_covers(const rctx_t *x)
+{
+    double cov = PRIMARY(OTHERFW) ? (double)x->other_fw_bytes : PRIMARY(PEERS) ? (double)x->peers_bytes
+               : PRIMARY(FOREIGN) ? (double)x->other : PRIMARY(SNAPSHOT) ? 0 : -1;
+    return cov >= 0 && x->primary_conf >= 0.7 && cov >= (double)x->shortfall && !x->larger_than_device;
+}
+static bool own_fix_covers_no_frag(const rctx_t *x) { return own_fix_covers(x) && !HAS(FRAG); }
+static bool no_expandable(const rctx_t *x)
+{
+    return !pytorchish(x) || x->rec->expandable_segments_set || x->async_backend;
+}
+static bool no_tape(const rctx_t *x) { return x->fw == OG_FW_JAX || x->fw == OG_FW_CUPY; }
+static bool autograd_known(const rctx_t *x) { return x->grad == -1 || x->training == 1; }
+static bool autocast_on(const rctx_t *x) { return x->autocast == 1; }
+static bool cupy(const rctx_t *x) { return x->fw == OG_FW_CUPY; }
+static bool no_zero(const rctx_t *x) { return x->fw == OG_FW_TENSORFLOW || x->fw == OG_FW_CUPY; }
+static bool not_pytorch(const rctx_t *x) { return !pytorchish(x); }
+static bool frag_other_framework(const rctx_t *x) { return HAS(FRAG) && !pytorchish(x); }
+/* the job alone would fit on this card (what it holds + the request, 3% kept for the driver); or a
+ * leak, which any card fills */
+static bool fits_alone_or_leak(const rctx_t *x)
+{
+    return !x->larger_than_device &&
+           ((x->total && (double)add_sat(x->footprint, x->req) <= (double)x->total * 0.97) || PRIMARY(GROWTH));
+}
+
+static bool one_gpu(const rctx_t *x) { return x->visible <= 1; }
+static bool pre_volta(const rctx_t *x) { return x->cc_known && x->cc < 70; }
+static bool not_known_inference(const rctx_t *x) { return !known_inference(x); }
+static bool autograd_off(const rctx_t *x) { return x->grad == -1; }
+
+static bool split_segments_lead(const rctx_t *x)
+{
+    return x->retried_zero && HAS(FRAG) && (PRIMARY(FRAG) || PRIMARY(DNF));
+}
+static bool split_segments_rest(const rctx_t *x) { return HAS(FRAG) && x->retried_zero; }
+static bool second_load(const rctx_t *x)
+{
+    const char *p = load_phase(x);
+    return PRIMARY(DNF) && p && strcmp(p, "second_load") == 0;
+}
+static bool loading(const rctx_t *x)
+{
+    const char *p = load_phase(x);
+    return PRIMARY(DNF) && p && strcmp(p, "loading") == 0;
+}
+static bool eval_with_autograd(const rctx_t *x) { return PRIMARY(GROWTH) && known_inference(x) && x->grad == 1; }
+static bool confident_growth(const rctx_t *x) { return PRIMARY(GROWTH) && x->primary_conf >= 0.7; }
+static bool limit_on_shared_gpu(const rctx_t *x) { return HAS(LIMIT) && x->rec->memory.nother > 0; }
+/* no other process to stop: the memory outside the framework is in this process */
+static bool no_other_process(const rctx_t *x) { return !x->other && x->rec->memory.nother <= 0; }
+
+/* ------------------------------------------------------------------ rows */
+
+enum effect {
+    WANT,          /* offer them */
+    DROP,          /* do not offer them */
+    ONLY,          /* offer these and nothing else */
+    ORDER,         /* checklist position: value, value + step, ... */
+    ORDER_COVERS,  /* the same, for those whose estimate covers the shortfall (tier 1) */
+    LEAD,          /* tier 0 at position value, value + step, ... */
+    TIER,          /* tier value */
+    TIER_CAP,      /* tier at most value */
+    DEMOTE,        /* tier value for those not leading (tier > 0) */
+    REPLACE,       /* the second takes the first's place (its tier and position) */
+};
+static const char *const effect_names[] = {"want", "drop", "only", "order", "order if it covers", "lead",
+                                           "tier", "tier at most", "demote", "replace"};
+
+#define REMS(...) {__VA_ARGS__, R_NONE}
+typedef struct og_rank_row {
+    const char *name;
+    bool (*when)(const rctx_t *);
+    enum effect effect;
+    int value, step;
+    int rem[12];
+    const char *reads;               /* the facts the condition reads */
+    const char *cases;               /* corpus cases that motivate it */
+} og_rank_row_t;
+
+static const og_rank_row_t bring[] = {
+    {"limit", limit_holds, WANT, 0, 0, REMS(R_RAISE_LIMIT, R_INFERENCE, R_MIXED, R_SMALLER_BATCH, R_SHORTER_SEQ, R_CHECKPOINTING),
+     "cause limit", "limit_emulates_16gb"},
+    {"limit_cache", limit_cache, WANT, 0, 0, REMS(R_EMPTY_CACHE), "cause limit, cache known > 0 or unmeasured", "limit_emulates_16gb"},
+    {"cache_app_pool", cache_app_pool, WANT, 0, 0, REMS(R_POOL_TRIM), "cause cache_held, application pool slack", "app_mempool_idle"},
+    {"cache_framework", cache_framework, WANT, 0, 0, REMS(R_EMPTY_CACHE), "cause cache_held", "cudnn_workspace_cache"},
+    {"fragmentation", frag_holds, WANT, 0, 0, REMS(R_EMPTY_CACHE, R_RESTART, R_EXPANDABLE), "cause fragmentation", "frag_varlen_adapter"},
+    {"fragmentation_bucket", frag_variable, WANT, 0, 0, REMS(R_BUCKET), "cause fragmentation, distinct sizes >= 8 or a retry that freed 0 B",
+     "frag_varlen_noadapter"},
+    {"other_processes", others_hold, WANT, 0, 0, REMS(R_FOREIGN, R_RESTART), "cause foreign_memory or non_framework", "stale_process_60pct"},
+    {"growth", growth_holds, WANT, 0, 0, REMS(R_RELEASE_REFS, R_INFERENCE, R_RESTART), "cause growth", "loss_history_leak"},
+    {"growth_cache", growth_cache, WANT, 0, 0, REMS(R_EMPTY_CACHE), "cause growth, cache known > 0", "leak_async_backend"},
+    {"growth_kept_on_purpose", growth_on_purpose, WANT, 0, 0, REMS(R_SMALLER_BATCH, R_SHORTER_SEQ),
+     "primary growth marked by the failing size, autograd off, not training", "generate_kv_cache"},
+    {"other_framework", otherfw_holds, WANT, 0, 0, REMS(R_OTHER_FW), "cause other_framework", "jax_prealloc_then_torch"},
+    {"peer_ranks", peers_hold, WANT, 0, 0, REMS(R_SET_DEVICE), "cause peer_ranks", "ddp_8ranks_no_set_device"},
+    {"framework_cap", fwcap_holds, WANT, 0, 0, REMS(R_FW_CAP, R_MIXED, R_SMALLER_BATCH, R_CHECKPOINTING), "cause framework_cap",
+     "(unit tests: framework_cap_cause)"},
+    {"imbalance", imbalance_holds, WANT, 0, 0, REMS(R_DDP, R_SMALLER_BATCH, R_MIXED), "cause imbalance", "dataparallel_imbalance"},
+    {"does_not_fit_cache", dnf_cache, WANT, 0, 0, REMS(R_EMPTY_CACHE), "cause does_not_fit, cache known > 0 or unmeasured", "batch_3pct_over"},
+    {"does_not_fit", dnf_holds, WANT, 0, 0,
+     REMS(R_INFERENCE, R_MIXED, R_SMALLER_BATCH, R_SHORTER_SEQ, R_CHECKPOINTING, R_FLASH, R_QUANT, R_MULTI_GPU, R_ZERO, R_OFFLOAD, R_BIGGER),
+     "cause does_not_fit", "batch_3pct_over, batch_4x_over"},
+    {"does_not_fit_split_rest", dnf_split_rest, WANT, 0, 0, REMS(R_EXPANDABLE), "cause does_not_fit, a retry that freed 0 B",
+     "frag_varlen_noadapter"},
+    {"does_not_fit_bucket", dnf_bucket, WANT, 0, 0, REMS(R_BUCKET), "cause does_not_fit, a retry that freed 0 B, distinct sizes >= 8",
+     "frag_varlen_noadapter"},
+    {"unknown_cache", unknown_cache, WANT, 0, 0, REMS(R_EMPTY_CACHE), "no cause, cache known > 0 or unmeasured", "(unit tests)"},
+    {"unknown_others", unknown_others, WANT, 0, 0, REMS(R_FOREIGN), "no cause, other processes' bytes", "(unit tests)"},
+    {"unknown", unknown_holds, WANT, 0, 0, REMS(R_RESTART, R_EXPANDABLE, R_INFERENCE, R_MIXED, R_SMALLER_BATCH), "no cause", "(unit tests)"},
+};
+
+static const og_rank_row_t narrow[] = {
+    {"released_nothing", released_nothing, DROP, 0, 0, REMS(R_EMPTY_CACHE),
+     "fragmentation, a retry that freed 0 B, cache not known > 0", "frag_varlen_noadapter"},
+    {"larger_than_device", larger, ONLY, 0, 0, REMS(R_CHUNK, R_MULTI_GPU, R_OFFLOAD), "request > device or limit (does_not_fit)",
+     "logits_larger_than_card"},
+    {"larger_bigger_card", larger_card_exists, WANT, 0, 0, REMS(R_BIGGER), "request > device, < the largest card (141 GB)",
+     "logits_larger_than_card"},
+    {"larger_than_limit_only", larger_than_limit_only, WANT, 0, 0, REMS(R_RAISE_LIMIT), "request > limit, < device total",
+     "(unit tests)"},
+    {"limit_by_context", limit_by_context, ONLY, 0, 0, REMS(R_RAISE_LIMIT), "limit, limit usage (context), request",
+     "limit_context_alone"},
+    {"own_fix_covers", own_fix_covers, DROP, 0, 0,
+     REMS(R_INFERENCE, R_MIXED, R_SMALLER_BATCH, R_SHORTER_SEQ, R_CHECKPOINTING, R_FLASH, R_QUANT, R_MULTI_GPU, R_ZERO, R_OFFLOAD, R_BIGGER),
+     "primary other_framework/peer_ranks/foreign_memory >= 0.7, its bytes >= shortfall; a snapshot", "jax_prealloc_then_torch, ddp_all_on_gpu0, stale_process_60pct"},
+    {"own_fix_covers_no_frag", own_fix_covers_no_frag, DROP, 0, 0, REMS(R_EXPANDABLE, R_BUCKET), "the same, no fragmentation",
+     "cupy_pool_then_torch"},
+    {"no_expandable", no_expandable, DROP, 0, 0, REMS(R_EXPANDABLE),
+     "failing framework not PyTorch, expandable_segments already set, backend:cudaMallocAsync", "torch_async_backend_nccl"},
+    {"no_tape", no_tape, DROP, 0, 0, REMS(R_INFERENCE), "failing framework JAX or CuPy", "(unit tests)"},
+    {"autograd_known", autograd_known, DROP, 0, 0, REMS(R_INFERENCE), "adapter: grad_enabled off, or training seen",
+     "loss_history_leak_adapter, validation_batch_too_big"},
+    {"autocast_on", autocast_on, DROP, 0, 0, REMS(R_MIXED), "adapter: autocast on at the failure", "train_bf16_batch_too_big"},
+    {"cupy", cupy, DROP, 0, 0, REMS(R_CHECKPOINTING, R_SHORTER_SEQ, R_FLASH, R_QUANT, R_MULTI_GPU), "failing framework CuPy",
+     "(unit tests)"},
+    {"no_zero", no_zero, DROP, 0, 0, REMS(R_ZERO), "failing framework TensorFlow or CuPy", "(unit tests)"},
+    {"ddp_pytorch", not_pytorch, DROP, 0, 0, REMS(R_DDP), "failing framework not PyTorch", "(unit tests)"},
+    {"fragmentation_knobs", frag_other_framework, WANT, 0, 0, REMS(R_EMPTY_CACHE),
+     "fragmentation, failing framework JAX/TensorFlow/CuPy (their allocator knobs)", "(unit tests)"},
+    {"fits_alone_or_leak", fits_alone_or_leak, DROP, 0, 0, REMS(R_BIGGER, R_MULTI_GPU, R_ZERO, R_OFFLOAD),
+     "footprint + request <= 97% of the device, or primary growth", "batch_3pct_over, loss_history_leak"},
+};
+
+static const og_rank_row_t reorder[] = {
+    {"one_gpu", one_gpu, ORDER, 150, 5, REMS(R_MULTI_GPU, R_ZERO), "visible devices <= 1", "batch_4x_over"},
+    {"pre_volta", pre_volta, ORDER, 1000, 0, REMS(R_MIXED), "compute capability < 7.0", "(unit tests: cc70)"},
+    {"training_first", not_known_inference, ORDER, 95, 0, REMS(R_INFERENCE), "adapter: training not known -1",
+     "batch_3pct_over"},
+    {"no_autograd_batch", autograd_off, ORDER, 65, 0, REMS(R_SMALLER_BATCH), "adapter: grad_enabled off",
+     "validation_batch_too_big"},
+    {"limit_on_purpose", always, ORDER, 900, 0, REMS(R_RAISE_LIMIT), "-", "limit_emulates_16gb"},
+};
+
+static const og_rank_row_t lead[] = {
+    {"split_segments_lead", split_segments_lead, LEAD, -30, 5, REMS(R_EXPANDABLE, R_BUCKET),
+     "primary fragmentation or does_not_fit, fragmentation, a retry that freed 0 B", "frag_varlen_noadapter"},
+    {"larger_chunk", larger, LEAD, -30, 0, REMS(R_CHUNK), "request > device or limit", "logits_larger_than_card"},
+    {"split_segments_rest", split_segments_rest, TIER_CAP, 1, 0, REMS(R_EXPANDABLE), "fragmentation, a retry that freed 0 B",
+     "frag_varlen_noadapter"},
+    {"second_load", second_load, WANT, 0, 0, REMS(R_RELEASE_REFS, R_RESTART), "primary does_not_fit, phase second_load",
+     "notebook_second_model"},
+    {"second_load_lead", second_load, LEAD, -20, 1, REMS(R_RESTART, R_RELEASE_REFS), "primary does_not_fit, phase second_load",
+     "notebook_second_model"},
+    {"loading_weights", loading, ORDER_COVERS, 20, 1, REMS(R_QUANT, R_OFFLOAD, R_MULTI_GPU, R_ZERO, R_BIGGER),
+     "primary does_not_fit, phase loading", "load_13b_fp16, slow_load_13b"},
+    {"loading_not_activations", loading, TIER, 3, 0, REMS(R_SMALLER_BATCH, R_SHORTER_SEQ, R_CHECKPOINTING, R_FLASH, R_INFERENCE),
+     "primary does_not_fit, phase loading", "load_13b_fp16, load_cast_empty_cache"},
+    {"eval_with_autograd", eval_with_autograd, LEAD, -21, 0, REMS(R_INFERENCE),
+     "primary growth, adapter: training -1 and grad_enabled on", "eval_keeps_outputs_adapter"},
+    {"growth_one_offs_last", confident_growth, DEMOTE, 3, 0, REMS(R_EMPTY_CACHE, R_EXPANDABLE, R_RESTART, R_BUCKET, R_POOL_TRIM),
+     "primary growth >= 0.7", "train_leak_eval_fails, generate_kv_cache"},
+    {"limit_on_shared_gpu", limit_on_shared_gpu, LEAD, -20, 0, REMS(R_RAISE_LIMIT), "limit, other processes listed",
+     "(unit tests)"},
+    {"outside_the_framework", no_other_process, REPLACE, 0, 0, REMS(R_FOREIGN, R_NONFW_MEMORY),
+     "other processes' bytes, none listed", "recovered_user_retry, dataloader_workers_cuda"},
+};
+
+static void apply(rank_t *k, const rctx_t *x, const og_rank_row_t *rows, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const og_rank_row_t *w = &rows[i];
+        if (!w->when(x))
+            continue;
+        if (w->effect == ONLY)
+            memset(k->want, 0, sizeof k->want);
+        if (w->effect == REPLACE) {
+            int a = w->rem[0], b = w->rem[1];
+            if (k->want[a]) {
+                k->want[a] = false, k->want[b] = true;
+                k->tier[b] = k->tier[a], k->order[b] = k->order[a], k->cover[b] = k->cover[a];
+            }
+            continue;
+        }
+        for (int j = 0; w->rem[j] != R_NONE; j++) {
+            int r = w->rem[j], v = w->value + j * w->step;
+            switch (w->effect) {
+            case WANT: case ONLY: k->want[r] = true; break;
+            case DROP: k->want[r] = false; break;
+            case ORDER: k->order[r] = v; break;
+            case ORDER_COVERS: if (k->tier[r] == 1) k->order[r] = v; break;
+            case LEAD: k->tier[r] = 0; k->order[r] = v; break;
+            case TIER: k->tier[r] = v; break;
+            case TIER_CAP: if (k->tier[r] > v) k->tier[r] = v; break;
+            case DEMOTE: if (k->tier[r] > 0) k->tier[r] = v; break;
+            case REPLACE: break;
+            }
+        }
+    }
+}
+#define APPLY(k, x, rows) apply(k, x, rows, sizeof rows / sizeof *rows)
+
+/* ------------------------------------------------------------------ estimate */
+
+/* what each remedy could save, in bytes; -1 unknown */
+static void estimate(rank_t *k, const rctx_t *x)
+{
+    double *cover = k->cover;
+    /* for ranking only: when the cache was not measured, what the process holds bounds what is in use */
+    double live = x->live_known ? (double)x->live : (double)x->tracked;
+    double big = 1e30;
+    for (int i = 0; i < R_COUNT; i++)
+        cover[i] = -1;
+    cover[R_RAISE_LIMIT] = big;
+    cover[R_EMPTY_CACHE] = cache_ok(x) ? (double)x->reclaim : cache_maybe(x) ? -1 : 0;
+    cover[R_POOL_TRIM] = x->app_pool ? (double)x->f->app_slack : -1;
+    cover[R_FOREIGN] = (double)x->other + (HAS(NONFW) ? (double)x->nonfw : 0);
+    cover[R_RELEASE_REFS] = x->growth_rise ? (double)x->growth_rise : -1;
+    cover[R_EXPANDABLE] = HAS(FRAG) && x->cached_known && x->cached ? (double)x->cached : -1;
+    if (live >= 0) {
+        cover[R_INFERENCE] = 0.3 * live;
+        cover[R_MIXED] = 0.25 * live;
+        cover[R_CHECKPOINTING] = 0.3 * live;
+        cover[R_SHORTER_SEQ] = 0.2 * live;
+        cover[R_FLASH] = 0.1 * live;
+        cover[R_QUANT] = 0.35 * live;
+    }
+    /* half precision halves the failing tensor too: if half of it still does not fit and the
+     * shortfall is a large part of what is held, it cannot cover it (a 4x shortfall is not 3%) */
+    double avail_now = x->shortfall < x->req ? (double)(x->req - x->shortfall) + (double)x->reclaim : 0;
+    if (x->shortfall && (double)x->req * 0.5 > avail_now && cover[R_MIXED] >= (double)x->shortfall &&
+        (double)x->shortfall * 4 > live)
+        cover[R_MIXED] = (double)x->req * 0.5;
+    /* the batch can shrink as far as needed: the failing tensor shrinks with it, and so do the
+     * other activations */
+    cover[R_SMALLER_BATCH] = (double)x->req * 0.875 > 0.25 * live ? (double)x->req * 0.875 : 0.25 * live;
+    cover[R_MULTI_GPU] = cover[R_ZERO] = cover[R_OFFLOAD] = cover[R_BIGGER] = cover[R_CHUNK] = big;
+    cover[R_OTHER_FW] = (double)x->other_fw_bytes;
+    cover[R_SET_DEVICE] = (double)x->peers_bytes;
+    cover[R_FW_CAP] = big;
+    double imb = HAS(IMBALANCE) ? (double)x->f->imbalance.mine - (double)x->f->imbalance.avg : 0;
+    cover[R_DDP] = imb > 0 ? imb : -1;
+    if (x->retried_zero)
+        cover[R_EMPTY_CACHE] = 0;
+    double need = (double)x->shortfall;
+    for (int i = 0; i < R_COUNT; i++)
+        k->tier[i] = need <= 0 || cover[i] >= need ? 1 : cover[i] < 0 ? 2 : 3;
+}
+
+/* ------------------------------------------------------------------ the primary cause's own remedies */
+
+static const int own_remedies[OG_CAUSE_COUNT][2] = {
+#define X(name, id, rule, bonus, own1, own2, title) [OG_CAUSE_##name] = {R_##own1, R_##own2},
+#include "causes.def"
+#undef X
+};
+
+static void lead_own(rank_t *k, const rctx_t *x)
+{
+    for (int j = 0; j < 2; j++) {
+        int r = own_remedies[x->primary][j];
+        if (r != R_NONE && k->tier[r] != 3)
+            k->tier[r] = 0, k->order[r] = -20 + j;
+    }
+}
+
+/* ------------------------------------------------------------------ entry */
+
+void og_select_remedies(og_record_t *rec)
+{
+    if (!rec)
+        return;
+    memset(rec->remedies, 0, sizeof rec->remedies);
+    rec->nremedies = 0;
+    rctx_t x;
+    og_remedy_context(&x, rec);
+    rank_t k;
+    memset(&k, 0, sizeof k);
+
+    APPLY(&k, &x, bring);
+    APPLY(&k, &x, narrow);
+    for (int i = 0; i < R_COUNT; i++)
+        k.order[i] = og_remedy_catalog[i].order;
+    APPLY(&k, &x, reorder);
+    estimate(&k, &x);
+    lead_own(&k, &x);
+    APPLY(&k, &x, lead);
+
+    int list[R_COUNT], n = 0;
+    for (int i = 0; i < R_COUNT; i++)
+        if (k.want[i])
+            list[n++] = i;
+    for (int i = 1; i < n; i++) {               /* stable insertion sort by (tier, order) */
+        int v = list[i], j = i - 1;
+        while (j >= 0 && k.tier[list[j]] * 10000 + k.order[list[j]] > k.tier[v] * 10000 + k.order[v]) {
+            list[j + 1] = list[j];
+            j--;
+        }
+        list[j + 1] = v;
+    }
+    /* never lead with inference mode unless the job is known to be inference */
+    if (n > 1 && list[0] == R_INFERENCE && !known_inference(&x)) {
+        list[0] = list[1];
+        list[1] = R_INFERENCE;
+    }
+
+    for (int i = 0; i < n && rec->nremedies < 20; i++) {
+        const og_remedy_def_t *d = &og_remedy_catalog[list[i]];
+        og_remedy_t *r = &rec->remedies[rec->nremedies];
+        memset(r, 0, sizeof *r);
+        r->id = d->id;
+        r->title = d->title;
+        r->saving = d->saving;
+        r->cost = d->cost;
+        if (!d->build(&x, r)) {
+            memset(r, 0, sizeof *r);
+            continue;
+        }
+        r->rank = ++rec->nremedies;
+    }
+}
+
+/* ------------------------------------------------------------------ the rows, for docs and tests */
+
+int og_rank_row_text(int i, char *buf, size_t n)
+{
+    static const struct { const char *pass; const og_rank_row_t *rows; size_t n; } passes[] = {
+        {"bring", bring, sizeof bring / sizeof *bring},
+        {"narrow", narrow, sizeof narrow / sizeof *narrow},
+        {"order", reorder, sizeof reorder / sizeof *reorder},
+        {"lead", lead, sizeof lead / sizeof *lead},
+    };
+    for (size_t p = 0; p < sizeof passes / sizeof *passes; p++) {
+        if (i >= (int)passes[p].n) {
+            i -= (int)passes[p].n;
+            continue;
+        }
+        const og_rank_row_t *w = &passes[p].rows[i];
+        char rems[400] = "", eff[40];
+        for (int j = 0; w->rem[j] != R_NONE; j++) {
+            size_t l = strlen(rems);
+            og_fmt(rems + l, sizeof rems - l, "%s`%s`", j ? ", " : "", og_remedy_catalog[w->rem[j]].id);
+        }
+        if (w->effect <= ONLY || w->effect == REPLACE)
+            og_fmt(eff, sizeof eff, "%s", effect_names[w->effect]);
+        else if (w->step)
+            og_fmt(eff, sizeof eff, "%s %d (+%d each)", effect_names[w->effect], w->value, w->step);
+        else
+            og_fmt(eff, sizeof eff, "%s %d", effect_names[w->effect], w->value);
+        og_fmt(buf, n, "| %s | `%s` | %s | %s | %s | %s |", passes[p].pass, w->name, w->reads, eff, rems, w->cases);
+        return 1;
+    }
+    return 0;
+}
