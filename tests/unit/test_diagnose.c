@@ -54,13 +54,17 @@ static const char *evt(const og_cause_t *c, const char *name)
     return NULL;
 }
 
+/* a cause's tie-break bonus, from the list of causes */
 static double bonus(const char *id)
 {
-    static const char *const prio[] = {"limit", "cache_held", "fragmentation", "foreign_memory", "non_framework",
-                                       "growth", "does_not_fit"};
-    for (int i = 0; i < 7; i++)
-        if (strcmp(id, prio[i]) == 0)
-            return 0.01 * (6 - i);
+    static const struct { const char *id; double bonus; } b[] = {
+#define X(name, cid, rule, cbonus, own1, own2, title) {cid, cbonus},
+#include "causes.def"
+#undef X
+    };
+    for (size_t i = 0; i < sizeof b / sizeof *b; i++)
+        if (strcmp(id, b[i].id) == 0)
+            return b[i].bonus;
     return 0;
 }
 
@@ -925,6 +929,39 @@ static void texts_over_edge_numbers(void **state)
     }
 }
 
+/* an estimated free figure lowers does_not_fit's confidence */
+static void does_not_fit_on_estimated_free(void **state)
+{
+    og_record_t *r = base();
+    r->device.free_bytes = OG_UNKNOWN;               /* 24 - 20 held: 4 GiB, estimated */
+    r->event.requested_bytes = 6 * GiB;
+    diag(r);
+    const og_cause_t *c = find(r, "does_not_fit");
+    assert_non_null(c->id);
+    assert_string_equal(evt(c, "basis"), "cache_not_measured");
+    assert_true(c->confidence < 0.4);               /* 0.45 for an unmeasured cache, less 0.15 */
+    free(r);
+}
+
+/* a leak that grew by more than is missing explains the shortfall better than does_not_fit */
+static void does_not_fit_yields_to_growth(void **state)
+{
+    og_record_t *r = base();
+    ev_reset(r);
+    leak_loop(r, 24, 0.5, 512 * MiB, 256 * MiB);
+    r->memory.process_tracked_bytes = r->memory.process_used_bytes = 23 * GiB;
+    r->device.free_bytes = 100 * MiB;
+    r->memory.framework_cached_bytes = 0;            /* measured: nothing cached */
+    r->memory.framework_cached_source = OG_CACHE_POOL;
+    diag(r);
+    assert_true(has(r, "growth"));
+    const og_cause_t *c = find(r, "does_not_fit");
+    assert_non_null(c->id);
+    assert_string_equal(evt(c, "basis"), "growth_explains");
+    assert_true(c->confidence <= 0.6);
+    free(r);
+}
+
 /* ------------------------------------------------------------------ rules are functions of the facts */
 
 /* the two diagnoses say the same: ids, confidences, summaries and evidence */
@@ -1057,6 +1094,8 @@ int main(void)
         cmocka_unit_test(limit_speaks_the_checks_accounting),
         cmocka_unit_test(framework_cap_cause),
         cmocka_unit_test(texts_over_edge_numbers),
+        cmocka_unit_test(does_not_fit_on_estimated_free),
+        cmocka_unit_test(does_not_fit_yields_to_growth),
         cmocka_unit_test(rules_run_in_any_order),
         cmocka_unit_test(size_max_request_is_a_request),
     };

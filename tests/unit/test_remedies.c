@@ -758,6 +758,20 @@ static void remedy_texts_over_edge_numbers(void **state)
     }
 }
 
+/* autocast already on at the failure: mixed precision is in force, it is not offered again */
+static void autocast_on_drops_mixed_precision(void **state)
+{
+    og_record_t *r = base();
+    fixture_adapter(r, 20 * GiB, 20 * GiB, 0);
+    r->memory.fw.autocast = -1;
+    run_primary(r, "does_not_fit");
+    assert_true(rank_of(r, "mixed_precision") > 0);
+    r->memory.fw.autocast = 1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "mixed_precision"), 0);
+    free(r);
+}
+
 /* ------------------------------------------------------------------ the docs say what the code does */
 
 /* docs/diagnosis.md (read from the repository root, where the suites run) */
@@ -872,6 +886,7 @@ int main(void)
         cmocka_unit_test(inference_mode_leads_only_when_known),
         cmocka_unit_test(limit_refused_by_context_alone),
         cmocka_unit_test(remedy_texts_over_edge_numbers),
+        cmocka_unit_test(autocast_on_drops_mixed_precision),
         cmocka_unit_test(one_id_per_remedy),
         cmocka_unit_test(docs_list_the_ranking_rows),
         cmocka_unit_test(docs_list_the_causes),

@@ -1,0 +1,236 @@
+/* og_facts_compute: the quantities every rule and remedy reads, each asserted on the facts
+ * themselves (no sentence): free memory under a limit and estimated, the request against the
+ * device, the growth's steps (bursts, the minimum, one pass, the every-allocation reading), a load
+ * and a second copy, an imbalance, a framework cap, a rank on another GPU, a retry. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "record.h"
+#include "analysis_fixture.h"
+
+static og_facts_t F;
+
+static const og_facts_t *facts(og_record_t *r)
+{
+    og_facts_compute(&F, r, &TH, &r->analysis.growth);
+    return &F;
+}
+
+static void free_under_a_limit_is_at_most_the_device_free(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    r->device.limit_bytes = 16 * GiB;
+    r->device.limit_usage_bytes = 4 * GiB;
+    r->memory.process_tracked_bytes = 4 * GiB;
+    r->device.free_bytes = 1 * GiB;            /* the limit leaves 12 GiB, the device has 1 */
+    const og_facts_t *f = facts(r);
+    assert_true(f->free_known && f->limited);
+    assert_int_equal(f->free_eff, 1 * GiB);
+    free(r);
+}
+
+static void estimated_free_counts_the_others(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    r->device.free_bytes = OG_UNKNOWN;
+    r->memory.process_used_bytes = 10 * GiB;
+    r->memory.other_processes_bytes = 6 * GiB;
+    const og_facts_t *f = facts(r);
+    assert_true(f->free_known && f->free_estimated);
+    assert_int_equal(f->free_eff, 8 * GiB);
+    free(r);
+}
+
+static void a_request_of_the_device_size_is_not_larger(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    r->event.requested_bytes = 24 * GiB;
+    assert_false(facts(r)->larger_than_device);
+    r->event.requested_bytes = 24 * GiB + 1;
+    assert_true(facts(r)->larger_than_device);
+    free(r);
+}
+
+/* each step's marker is two allocations of the failing size 0.1 ms apart with nothing between */
+static void bursts_are_one_step(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    ev_reset(r);
+    double t = 0.01;
+    for (int s = 0; s < 10; s++, t += 0.5) {
+        ev_add(r, t, "alloc", 512 * MiB);
+        ev_add(r, t + 0.0001, "alloc", 512 * MiB);
+        ev_add(r, t + 0.1, "alloc", 300 * MiB);            /* kept */
+        ev_add(r, t + 0.2, "free", 512 * MiB);
+        ev_add(r, t + 0.2, "free", 512 * MiB);
+    }
+    r->event.requested_bytes = 512 * MiB;
+    const og_facts_t *f = facts(r);
+    assert_true(f->growth.holds);
+    assert_int_equal(f->growth.marker, OG_MARK_FAILING_SIZE);
+    assert_int_equal(f->growth.steps, 10);
+    free(r);
+}
+
+static void growth_needs_six_steps(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    ev_reset(r);
+    ev_add(r, 0.001, "alloc", 8 * GiB);                     /* the weights first: a leak, not a load */
+    leak_loop(r, 5, 0.5, 512 * MiB, 1 * GiB);
+    assert_false(facts(r)->growth.holds);
+    ev_reset(r);
+    ev_add(r, 0.001, "alloc", 8 * GiB);
+    leak_loop(r, 6, 0.5, 512 * MiB, 1 * GiB);
+    assert_true(facts(r)->growth.holds);
+    assert_int_equal(F.growth.steps, 6);
+    free(r);
+}
+
+/* the framework freed nothing over its life: one pass keeping what it makes, not a leak */
+static void one_pass_is_not_growth(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    ev_reset(r);
+    leak_loop(r, 12, 0.5, 512 * MiB, 1 * GiB);
+    fixture_adapter(r, 20 * GiB, 20 * GiB, 0);
+    r->memory.fw.freed_known = true;
+    r->memory.fw.freed_bytes_total = 0;
+    const og_facts_t *f = facts(r);
+    assert_false(f->growth.holds);
+    assert_true(f->growth.pass_built);
+    r->memory.fw.freed_bytes_total = 12 * 512 * MiB;       /* iterations free their temporaries */
+    assert_true(facts(r)->growth.holds);
+    free(r);
+}
+
+/* kept outputs of varying sizes, 10 steps all rising: the every-allocation reading needs 16 */
+static void every_allocation_needs_sixteen_steps(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    for (int steps = 10; steps <= 20; steps += 10) {
+        ev_reset(r);
+        for (int s = 0; s < steps; s++)
+            ev_add(r, 0.01 + 0.5 * s, "alloc", (100 + 17 * (uint64_t)s) * MiB);
+        r->event.requested_bytes = 3 * GiB;
+        const og_facts_t *f = facts(r);
+        assert_int_equal(f->growth.holds, steps >= 16);
+        if (f->growth.holds)
+            assert_int_equal(f->growth.marker, OG_MARK_EVERY_ALLOCATION);
+    }
+    free(r);
+}
+
+/* weights: a run of equal kept blocks at the end; a second run of them earlier: a second copy */
+static void loading_and_a_second_copy(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    r->memory.process_tracked_bytes = 4 * GiB;
+    ev_reset(r);
+    for (int i = 0; i < 8; i++)
+        ev_add(r, 0.01 + 0.001 * i, "alloc", 512 * MiB);
+    r->event.requested_bytes = 512 * MiB;
+    assert_int_equal(facts(r)->load.phase, OG_PHASE_LOADING);
+    assert_int_equal(F.load.run, 8);
+    for (int i = 0; i < 8; i++)
+        ev_add(r, 5 + 0.001 * i, "alloc", 512 * MiB);
+    assert_int_equal(facts(r)->load.phase, OG_PHASE_SECOND_LOAD);
+    assert_int_equal(F.load.earlier, 8);
+    free(r);
+}
+
+/* after optimizer steps, a run of equal kept blocks is a batch, not weights */
+static void a_run_after_training_is_not_a_load(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    ev_reset(r);
+    for (int i = 0; i < 8; i++)
+        ev_add(r, 0.01 + 0.001 * i, "alloc", 512 * MiB);
+    r->event.requested_bytes = 512 * MiB;
+    fixture_adapter(r, 20 * GiB, 20 * GiB, 0);
+    assert_int_equal(facts(r)->load.phase, OG_PHASE_LOADING);
+    r->memory.fw.training = 1;
+    assert_int_equal(facts(r)->load.phase, OG_PHASE_NONE);
+    free(r);
+}
+
+static void imbalance_needs_one_and_a_half_times(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    fixture_imbalance(r);
+    assert_true(facts(r)->imbalance.holds);
+    for (int i = 1; i < 4; i++)
+        r->summary[i].tracked_bytes = 16 * GiB;             /* 22 / 16 = 1.4x */
+    r->device.free_bytes = 0;
+    assert_false(facts(r)->imbalance.holds);
+    free(r);
+}
+
+static void a_cap_binds_when_the_framework_refused_or_the_device_had_room(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    fixture_adapter(r, 10 * GiB, 10 * GiB, 0);
+    r->memory.fw.cap_bytes = 11 * GiB;
+    r->device.free_bytes = 1 * GiB;                          /* no room for 2 GiB */
+    assert_false(facts(r)->cap.binds);
+    r->memory.fw.internal_oom = true;
+    assert_true(facts(r)->cap.binds);
+    r->memory.fw.internal_oom = false;
+    r->device.free_bytes = 4 * GiB;
+    assert_true(facts(r)->cap.binds);
+    assert_int_equal(F.cap.over, 1 * GiB);
+    free(r);
+}
+
+static void local_rank_beyond_the_visible_gpus(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    r->visible_devices = 2;
+    r->event.device = 0;
+    r->local_rank = 1;
+    assert_true(facts(r)->wrong_device);
+    r->local_rank = 3;
+    assert_false(facts(r)->wrong_device);
+    free(r);
+}
+
+static void a_retry_needs_two_attempts(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    r->event.attempts = 1;
+    assert_false(facts(r)->retried);
+    assert_false(F.adv.retried_zero);
+    r->event.attempts = 2;
+    assert_true(facts(r)->retried);
+    assert_true(F.adv.retried_zero);
+    r->event.recovered = true;                               /* the retry worked */
+    assert_false(facts(r)->retried);
+    assert_false(F.adv.retried_zero);
+    free(r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(free_under_a_limit_is_at_most_the_device_free),
+        cmocka_unit_test(estimated_free_counts_the_others),
+        cmocka_unit_test(a_request_of_the_device_size_is_not_larger),
+        cmocka_unit_test(bursts_are_one_step),
+        cmocka_unit_test(growth_needs_six_steps),
+        cmocka_unit_test(one_pass_is_not_growth),
+        cmocka_unit_test(every_allocation_needs_sixteen_steps),
+        cmocka_unit_test(loading_and_a_second_copy),
+        cmocka_unit_test(a_run_after_training_is_not_a_load),
+        cmocka_unit_test(imbalance_needs_one_and_a_half_times),
+        cmocka_unit_test(a_cap_binds_when_the_framework_refused_or_the_device_had_room),
+        cmocka_unit_test(local_rank_beyond_the_visible_gpus),
+        cmocka_unit_test(a_retry_needs_two_attempts),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
