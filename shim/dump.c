@@ -854,6 +854,13 @@ static void set_pending(const og_record_t *r, const char *path)
         og_sb_printf(&sb, " (limit %s)", H(r->device.limit_bytes));
     og_sb_puts(&sb, "\n");
     summary_roles(&sb, r);
+    /* the program's line, after what the memory is for: the innermost Python frame outside the framework's own code */
+    for (int i = 0; i < r->memory.fw.npy_frames; i++)
+        if (!og_python_file_in_framework(r->memory.fw.py_frames[i].file) || i == r->memory.fw.npy_frames - 1) {
+            const og_py_frame_t *p = &r->memory.fw.py_frames[i];
+            og_sb_printf(&sb, "oomguard: failing Python line: %s:%d in %s\n", p->file, p->line, p->function);
+            break;
+        }
     og_sb_printf(&sb, "oomguard: diagnosis: %s", r->diagnosis.primary ? r->diagnosis.primary : "unknown");
     if (r->diagnosis.ncauses)
         og_sb_printf(&sb, " — %s", r->diagnosis.causes[0].summary);

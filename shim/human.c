@@ -36,11 +36,12 @@ const char *og_bytes_fmt(char *buf, size_t n, double bytes, enum og_bytes_style 
 
 static const struct {
     const char *name, *display;
+    const char *packages;   /* "/pkg/" directories of its Python code, '|'-separated */
 } frameworks[] = {
-    [OG_FW_PYTORCH] = {"pytorch", "PyTorch"},
-    [OG_FW_JAX] = {"jax", "JAX"},
-    [OG_FW_TENSORFLOW] = {"tensorflow", "TensorFlow"},
-    [OG_FW_CUPY] = {"cupy", "CuPy"},
+    [OG_FW_PYTORCH] = {"pytorch", "PyTorch", "/torch/"},
+    [OG_FW_JAX] = {"jax", "JAX", "/jax/|/jaxlib/"},
+    [OG_FW_TENSORFLOW] = {"tensorflow", "TensorFlow", "/tensorflow/|/keras/"},
+    [OG_FW_CUPY] = {"cupy", "CuPy", "/cupy/"},
 };
 #define OG_FW_END ((int)(sizeof frameworks / sizeof *frameworks))
 
@@ -60,4 +61,19 @@ enum og_framework og_framework_from_name(const char *name)
 const char *og_framework_display(enum og_framework fw, const char *unknown)
 {
     return (int)fw > OG_FW_UNKNOWN && (int)fw < OG_FW_END ? frameworks[fw].display : unknown;
+}
+
+int og_python_file_in_framework(const char *file)
+{
+    if (!file)
+        return 0;
+    for (int fw = OG_FW_UNKNOWN + 1; fw < OG_FW_END; fw++)
+        for (const char *p = frameworks[fw].packages; p && *p;) {
+            size_t n = strcspn(p, "|");
+            for (const char *f = file; (f = strstr(f, "/")) != NULL; f++)
+                if (strncmp(f, p, n) == 0)
+                    return 1;
+            p += n + (p[n] == '|');
+        }
+    return 0;
 }

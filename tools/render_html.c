@@ -860,6 +860,13 @@ static void frame_list(struct hx *h, const struct og_frame *f, int n, int max)
     if (!y)
         return;
     int caller = og_stack_symbolize(f, n, y);
+    if (og_stack_python_only(y, n)) {
+        sb_printf(h->b, "<ol class=\"frames mono\"><li class=\"muted\">%s (%d native frame%s: the interpreter, "
+                        "the CUDA libraries)</li></ol>",
+                  OG_PYTHON_CODE_LINE, n, n == 1 ? "" : "s");
+        free(y);
+        return;
+    }
     sb_puts(h->b, "<ol class=\"frames mono\">");
     int items = 0, i = 0;
     while (i < n && items < max) {
@@ -890,6 +897,11 @@ static void caller_label(struct hx *h, const struct og_frame *f, int n)
     if (!y)
         return;
     int caller = og_stack_symbolize(f, n, y);
+    if (og_stack_python_only(y, n)) {
+        sb_puts(h->b, OG_PYTHON_CODE_LINE);
+        free(y);
+        return;
+    }
     const struct og_sym *c = &y[caller >= 0 ? caller : 0];
     esc(h, c->function ? c->function : c->where, 90);
     if (c->function && c->file && c->line > 0) {
@@ -899,6 +911,18 @@ static void caller_label(struct hx *h, const struct og_frame *f, int n)
         sb_printf(h->b, ":%lld", (long long)c->line);
     }
     free(y);
+}
+
+/* A site whose native stack is Python code only (its "library" is the interpreter). */
+static int site_python_only(const struct og_site *s)
+{
+    struct og_sym *y = s->nframes > 0 ? calloc((size_t)s->nframes, sizeof *y) : NULL;
+    if (!y)
+        return 0;
+    og_stack_symbolize(s->frames, s->nframes, y);
+    int r = og_stack_python_only(y, s->nframes);
+    free(y);
+    return r;
 }
 
 static void sites(struct hx *h, int top)
@@ -924,7 +948,7 @@ static void sites(struct hx *h, int top)
                   s->blocks >= 0 ? group_digits(s->blocks, g) : "-");
         esc(h, s->api ? s->api : "-", 40);
         sb_puts(h->b, "</td><td class=\"mono\">");
-        esc(h, s->library ? s->library : "-", 80);
+        esc(h, site_python_only(s) ? "Python code" : s->library ? s->library : "-", 80);
         sb_puts(h->b, "</td><td>");
         if (s->nframes) {
             /* Labelled with the caller: the runtime's and the allocator's own frames
@@ -940,6 +964,62 @@ static void sites(struct hx *h, int top)
         sb_puts(h->b, "</td></tr>");
     }
     sb_puts(h->b, "</tbody></table></section>\n");
+}
+
+/* The first thing a Python user reads, right under the diagnosis: the failing Python line and
+ * its stack, the lines holding the most live memory (python_sites), or how to get them. */
+static void python_first(struct hx *h)
+{
+    const struct og_dump *d = h->d;
+    if (!og_python_job(d))
+        return;
+    sb_puts(h->b, "<section class=\"card\" id=\"python\"><h2>Python lines</h2>");
+    if (d->event.npython_stack > 0) {
+        const struct og_pyframe *p = og_failing_python_line(d);
+        sb_puts(h->b, "<div class=\"muted\">The failing line</div><div class=\"mono\" style=\"font-size:15px;font-weight:600\">");
+        esc(h, p->file ? p->file : "?", 300);
+        if (p->line > 0)
+            sb_printf(h->b, ":%lld", (long long)p->line);
+        sb_puts(h->b, " in ");
+        esc(h, p->function ? p->function : "?", 200);
+        sb_puts(h->b, "</div>");
+        sb_puts(h->b, "<div class=\"muted\" style=\"margin-top:10px\">Python stack</div><ol class=\"frames mono\">");
+        for (int i = 0; i < d->event.npython_stack && i < 64; i++) {
+            p = &d->event.python_stack[i];
+            sb_puts(h->b, "<li><span class=\"fn\">");
+            esc(h, p->function ? p->function : "?", 200);
+            sb_puts(h->b, "</span> <span class=\"src\">");
+            esc(h, p->file ? p->file : "?", 300);
+            if (p->line > 0)
+                sb_printf(h->b, ":%lld", (long long)p->line);
+            sb_puts(h->b, "</span></li>");
+        }
+        sb_puts(h->b, "</ol>");
+    }
+    if (d->npython_sites > 0) {
+        char a[32], g[32];
+        sb_puts(h->b, "<div class=\"muted\" style=\"margin-top:10px\">Python lines holding the most live memory</div>"
+                      "<table id=\"python-sites\"><thead><tr><th class=\"num\">memory</th><th class=\"num\">blocks</th>"
+                      "<th>line</th></tr></thead><tbody>");
+        for (int i = 0; i < d->npython_sites && i < 50; i++) {
+            const struct og_pyframe *p = &d->python_sites[i];
+            sb_printf(h->b, "<tr><td class=\"num\">%s</td><td class=\"num\">%s</td><td class=\"mono\">",
+                      p->bytes >= 0 ? hb(p->bytes, a) : "-", p->blocks >= 0 ? group_digits(p->blocks, g) : "-");
+            esc(h, p->file ? p->file : "?", 300);
+            sb_printf(h->b, ":%lld in ", (long long)p->line);
+            esc(h, p->function ? p->function : "?", 200);
+            sb_puts(h->b, "</td></tr>");
+        }
+        sb_puts(h->b, "</tbody></table>");
+    } else if (d->framework_name && !strcmp(d->framework_name, "pytorch")) {
+        const char *v = og_env_value(d, "OOMGUARD_PYTHON_STACKS");
+        sb_puts(h->b, v && !strcmp(v, "1")
+                          ? "<p class=\"muted\" id=\"python-hint\">Python lines holding memory: none reported although "
+                            "<code>OOMGUARD_PYTHON_STACKS=1</code> (the adapter could not read PyTorch's allocation history).</p>"
+                          : "<p class=\"muted\" id=\"python-hint\">Python lines holding memory: not recorded; run with "
+                            "<code>OOMGUARD_PYTHON_STACKS=1</code> to list them (costs per allocation).</p>");
+    }
+    sb_puts(h->b, "</section>\n");
 }
 
 /* summary.devices: each GPU's peak and the card sizes it would fit on. */
@@ -988,6 +1068,8 @@ static void failed_call(struct hx *h)
     }
     if (d->event.library) {
         KV("called from");
+        if (og_event_python_only(d))
+            sb_puts(h->b, "Python code, via ");
         esc(h, d->event.library, 120);
         sb_puts(h->b, "</div>");
     }
@@ -1016,21 +1098,8 @@ static void failed_call(struct hx *h)
     }
 #undef KV
     sb_puts(h->b, "</div>");
-    if (d->event.npython_stack > 0) {
-        /* the Python lines first: they are what the user wrote */
-        sb_puts(h->b, "<div class=\"muted\" style=\"margin-top:10px\">Python stack</div><ol class=\"frames mono\">");
-        for (int i = 0; i < d->event.npython_stack && i < 64; i++) {
-            const struct og_pyframe *p = &d->event.python_stack[i];
-            sb_puts(h->b, "<li><span class=\"fn\">");
-            esc(h, p->function ? p->function : "?", 200);
-            sb_puts(h->b, "</span> <span class=\"src\">");
-            esc(h, p->file ? p->file : "?", 300);
-            if (p->line > 0)
-                sb_printf(h->b, ":%lld", (long long)p->line);
-            sb_puts(h->b, "</span></li>");
-        }
-        sb_puts(h->b, "</ol>");
-    }
+    if (d->event.npython_stack > 0)   /* the Python lines are at the top of the page */
+        sb_puts(h->b, "<div class=\"muted\" style=\"margin-top:10px\">Python stack: <a href=\"#python\">at the top</a></div>");
     if (d->event.nstack) {
         sb_puts(h->b, d->event.npython_stack > 0 ? "<div class=\"muted\" style=\"margin-top:10px\">Native stack</div>"
                                                  : "<div class=\"muted\" style=\"margin-top:10px\">Stack</div>");
@@ -1138,6 +1207,7 @@ int og_render_html(struct sbuf *out, const struct og_dump *d, const struct og_re
     roles_card(&h);
     kpis(&h);
     primary(&h);
+    python_first(&h);
     chart(&h);
     breakdown(&h);
     causes(&h);

@@ -193,7 +193,7 @@ static void facts(struct tx *t, const struct og_dump *d)
             sb_text(t->b, d->event.driver_api, 60, 0);
         }
         if (d->event.library) {
-            sb_puts(t->b, " from ");
+            sb_puts(t->b, og_event_python_only(d) ? " from Python code via " : " from ");
             sb_text(t->b, d->event.library, 80, 0);
         }
         if (d->event.result >= 0) {
@@ -460,6 +460,12 @@ static void frames(struct tx *t, const struct og_frame *f, int n, int max)
     if (!y)
         return;
     int caller = og_stack_symbolize(f, n, y);
+    if (og_stack_python_only(y, n)) {
+        sb_printf(t->b, "       %s%s (%d native frame%s: the interpreter, the CUDA libraries)%s\n", st(t, DIM),
+                  OG_PYTHON_CODE_LINE, n, n == 1 ? "" : "s", st(t, RESET));
+        free(y);
+        return;
+    }
     int lines = 0, i = 0;
     while (i < n && lines < max) {
         int run = og_fold_run(y, n, i);
@@ -481,6 +487,18 @@ static void frames(struct tx *t, const struct og_frame *f, int n, int max)
     free(y);
 }
 
+/* A site whose native stack is Python code only (its "library" is the interpreter). */
+static int site_python_only(const struct og_site *s)
+{
+    struct og_sym *y = s->nframes > 0 ? calloc((size_t)s->nframes, sizeof *y) : NULL;
+    if (!y)
+        return 0;
+    og_stack_symbolize(s->frames, s->nframes, y);
+    int r = og_stack_python_only(y, s->nframes);
+    free(y);
+    return r;
+}
+
 static void sites(struct tx *t, const struct og_dump *d, int top)
 {
     if (!d->nsites)
@@ -496,7 +514,7 @@ static void sites(struct tx *t, const struct og_dump *d, int top)
         sb_printf(t->b, "  %3d %12s %8s  ", i + 1, human_bytes(s->bytes, h), s->blocks >= 0 ? group_digits(s->blocks, g) : "-");
         cell(t, s->api, 16, 16);
         sb_putc(t->b, ' ');
-        sb_text(t->b, s->library ? s->library : "-", 80, 0);
+        sb_text(t->b, site_python_only(s) ? "Python code" : s->library ? s->library : "-", 80, 0);
         sb_putc(t->b, '\n');
         frames(t, s->frames, s->nframes, TEXT_FRAMES);
     }
@@ -595,24 +613,62 @@ static void roles_table(struct tx *t, const struct og_dump *d)
     }
 }
 
-static void failed_stack(struct tx *t, const struct og_dump *d)
+/* The Python stack of the failed call, innermost first (at most `max` lines). */
+static void python_stack(struct tx *t, const struct og_dump *d, int max)
 {
-    if (!d->event.nstack && !d->event.npython_stack)
-        return;
-    heading(t, "Stack of the failed call");
-    /* the Python lines first: they are what the user wrote */
-    for (int i = 0; i < d->event.npython_stack && i < 16; i++) {
+    const struct og_pyframe *mine = og_failing_python_line(d);
+    for (int i = 0; i < d->event.npython_stack && i < max; i++) {
         const struct og_pyframe *p = &d->event.python_stack[i];
-        sb_puts(t->b, "       at ");
+        sb_puts(t->b, p == mine ? "    => at " : "       at ");
         sb_text(t->b, p->function ? p->function : "?", 80, 0);
         sb_puts(t->b, "  ");
         sb_text(t->b, p->file ? p->file : "?", 100, 0);
         if (p->line > 0)
             sb_printf(t->b, ":%lld", (long long)p->line);
-        sb_printf(t->b, "  %s(Python)%s\n", st(t, DIM), st(t, RESET));
+        sb_printf(t->b, "  %s(Python)%s%s\n", st(t, DIM), st(t, RESET), p == mine ? "  <- the failing line" : "");
     }
-    if (d->event.npython_stack > 16)
-        sb_printf(t->b, "       %s... %d more Python frames%s\n", st(t, DIM), d->event.npython_stack - 16, st(t, RESET));
+    if (d->event.npython_stack > max)
+        sb_printf(t->b, "       %s... %d more Python frames%s\n", st(t, DIM), d->event.npython_stack - max, st(t, RESET));
+}
+
+/* The first screen of a Python job: the failing Python line and the lines holding memory,
+ * before the numbers; or how to get the latter when they were not recorded. */
+static void python_first(struct tx *t, const struct og_dump *d)
+{
+    if (!og_python_job(d))
+        return;
+    if (d->event.npython_stack > 0) {
+        heading(t, "Python stack of the failed call (innermost first)");
+        python_stack(t, d, 8);
+    }
+    if (d->npython_sites > 0) {
+        python_sites(t, d, 5);
+        if (d->npython_sites > 5)
+            sb_printf(t->b, "      %s... %d more below%s\n", st(t, DIM), d->npython_sites - 5, st(t, RESET));
+    } else if (d->framework_name && !strcmp(d->framework_name, "pytorch")) {
+        const char *v = og_env_value(d, "OOMGUARD_PYTHON_STACKS");
+        if (v && !strcmp(v, "1"))
+            sb_printf(t->b, "\n%sPython lines holding memory: none reported although OOMGUARD_PYTHON_STACKS=1 "
+                            "(the adapter could not read PyTorch's allocation history).%s\n",
+                      st(t, DIM), st(t, RESET));
+        else
+            sb_printf(t->b, "\n%sPython lines holding memory: not recorded; run with OOMGUARD_PYTHON_STACKS=1 "
+                            "to list them (costs per allocation).%s\n",
+                      st(t, DIM), st(t, RESET));
+    }
+}
+
+static void failed_stack(struct tx *t, const struct og_dump *d)
+{
+    if (!d->event.nstack && !d->event.npython_stack)
+        return;
+    heading(t, "Stack of the failed call");
+    /* the Python lines first: they are what the user wrote (the first screen shows up to
+     * eight; a longer stack is shown whole here) */
+    if (d->event.npython_stack > 8)
+        python_stack(t, d, 16);
+    else if (d->event.npython_stack > 0)
+        sb_printf(t->b, "       %s(the Python lines: at the top of this report)%s\n", st(t, DIM), st(t, RESET));
     if (d->event.npython_stack > 0)
         sb_printf(t->b, "     %snative:%s\n", st(t, DIM), st(t, RESET));
     frames(t, d->event.stack, d->event.nstack, 16);
@@ -714,6 +770,7 @@ int og_render_text(struct sbuf *out, const struct og_dump *d, const struct og_re
     sb_text(out, d->file, 200, 0);
     sb_printf(out, "%s\n", st(&t, RESET));
     headline(&t, d);
+    python_first(&t, d);
     roles_table(&t, d);
     facts(&t, d);
     where(&t, d);
@@ -721,7 +778,8 @@ int og_render_text(struct sbuf *out, const struct og_dump *d, const struct og_re
     causes(&t, d);
     remedies(&t, d);
     sites(&t, d, top);
-    python_sites(&t, d, top);
+    if (d->npython_sites > 5)   /* the first screen showed five */
+        python_sites(&t, d, top);
     failed_stack(&t, d);
     history(&t, d);
     context(&t, d);

@@ -50,5 +50,15 @@ struct og_bytes og_shortfall(const struct og_dump *d);
 int64_t og_process_bytes(const struct og_dump *d);
 /* Counts for headlines. */
 const char *og_result_name(int64_t result);
+/* The failed call's native stack is Python code only (symbolize.h, og_stack_python_only). */
+int og_event_python_only(const struct og_dump *d);
+/* A Python job: a Python stack or python_sites, a framework adapter's report, or a native
+ * stack of Python code only. */
+int og_python_job(const struct og_dump *d);
+/* The failing Python line: the innermost frame of event.python_stack outside the frameworks'
+ * own packages (else the innermost); NULL without a Python stack. */
+const struct og_pyframe *og_failing_python_line(const struct og_dump *d);
+/* The value of an environment variable the dump recorded, or NULL. */
+const char *og_env_value(const struct og_dump *d, const char *key);
 
 #endif

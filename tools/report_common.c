@@ -1,12 +1,14 @@
 /* tools/report_common.c — facts derived from a dump that the text and HTML
  * reports present the same way. */
 #include "report.h"
+#include "symbolize.h"
 #include "human.h"
 
 #include <inttypes.h>
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -178,4 +180,40 @@ void og_evidence_value(struct sbuf *b, const struct og_evidence *e, int html)
         (html ? sb_html : sb_text)(b, s ? s : "(too large)", 200, 0);
         cJSON_free(s);
     }
+}
+
+int og_event_python_only(const struct og_dump *d)
+{
+    struct og_sym *y = d->event.nstack > 0 ? calloc((size_t)d->event.nstack, sizeof *y) : NULL;
+    if (!y)
+        return 0;
+    og_stack_symbolize(d->event.stack, d->event.nstack, y);
+    int r = og_stack_python_only(y, d->event.nstack);
+    free(y);
+    return r;
+}
+
+int og_python_job(const struct og_dump *d)
+{
+    if (d->event.npython_stack > 0 || d->npython_sites > 0)
+        return 1;
+    if (d->mem.framework && d->framework_name && strcmp(d->framework_name, "unknown"))
+        return 1;   /* a framework adapter reported: it runs in Python */
+    return og_event_python_only(d);
+}
+
+const char *og_env_value(const struct og_dump *d, const char *key)
+{
+    for (int i = 0; i < d->nenv; i++)
+        if (d->env[i].key && !strcmp(d->env[i].key, key))
+            return d->env[i].value;
+    return NULL;
+}
+
+const struct og_pyframe *og_failing_python_line(const struct og_dump *d)
+{
+    for (int i = 0; i < d->event.npython_stack; i++)
+        if (!og_python_file_in_framework(d->event.python_stack[i].file))
+            return &d->event.python_stack[i];
+    return d->event.npython_stack > 0 ? &d->event.python_stack[0] : NULL;
 }

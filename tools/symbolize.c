@@ -369,6 +369,27 @@ int og_fold_run(const struct og_sym *syms, int n, int i)
     return j - i;
 }
 
+int og_stack_python_only(const struct og_sym *syms, int n)
+{
+    static const char *const start[] = {"__libc_start_call_main", "__libc_start_main", "_start", "start_thread",
+                                        "clone", "__clone", "__GI___clone"};
+    int interp = 0;
+    for (int i = 0; i < n; i++) {
+        if (syms[i].kind == OG_FK_INTERP) {
+            interp = 1;
+            continue;
+        }
+        if (syms[i].kind == OG_FK_RUNTIME || syms[i].kind == OG_FK_ALLOCATOR)
+            continue;
+        int glue = 0;
+        for (size_t k = 0; k < sizeof start / sizeof *start && !glue; k++)
+            glue = syms[i].function && !strcmp(syms[i].function, start[k]);
+        if (!glue)
+            return 0;
+    }
+    return interp;
+}
+
 const char *og_fold_label(const struct og_sym *sym)
 {
     return sym->kind == OG_FK_INTERP ? "interpreter frames" : "frames in the CUDA libraries";

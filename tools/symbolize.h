@@ -51,6 +51,13 @@ int og_fold_run(const struct og_sym *syms, int n, int i);
 /* "interpreter frames" / "frames in the CUDA libraries" for a run starting at syms[i]. */
 const char *og_fold_label(const struct og_sym *sym);
 
+/* 1 when the stack is Python code only: interpreter frames (libpython, libffi, ctypes,
+ * pybind11) and, around them, only the CUDA libraries, the framework's allocator and the
+ * process's start (__libc_start_main, _start): reports show it as one line pointing at the
+ * Python lines, not as native frames nobody wrote. */
+int og_stack_python_only(const struct og_sym *syms, int n);
+#define OG_PYTHON_CODE_LINE "Python code \u2014 see the Python lines"
+
 /* `report --format json`: adds function, file, line, inlined to the frames of the document
  * (event.stack, top_sites[].frames) that this machine can symbolize.  Returns how many. */
 int og_symbolize_json(cJSON *doc);

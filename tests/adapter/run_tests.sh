@@ -482,6 +482,40 @@ t_python_sites() {
 }
 t "OOMGUARD_PYTHON_STACKS=1: python_sites[0] is the line that allocated most" t_python_sites
 
+# Python first: the failing line on stderr and at the top of the reports; interpreter-only
+# native stacks folded into one line; how to get python_sites when they are off
+t_python_first() {
+    OOMGUARD_QUIET=0 shim adapter "$PYTHON" "$JOB" frag exp.json 2>err.txt || return 1
+    local fail; fail=$(field exp.json 'd["lines"]["failing"]')
+    grep -q "^oomguard: failing Python line: .*job.py:$fail in <module>$" err.txt || { echo "stderr:"; cat err.txt; return 1; }
+    "$OOMGUARD_BIN" report dumps >report.txt 2>/dev/null || return 1
+    head -n 20 report.txt >first.txt
+    grep -q "=> at <module>  .*job.py:$fail  (Python)  <- the failing line" first.txt &&
+        grep -q "run with OOMGUARD_PYTHON_STACKS=1 to list them" first.txt ||
+        { echo "first screen:"; cat first.txt; return 1; }
+    grep -q "cudaMalloc       Python code" report.txt && grep -q "Python code — see the Python lines" report.txt &&
+        ! grep -q "__libc_start_call_main\|ffi_call" report.txt || { echo "report:"; sed -n '/Top allocation/,$p' report.txt; return 1; }
+    "$OOMGUARD_BIN" report dumps -fhtml -o r.html 2>/dev/null || return 1
+    "$PYTHON" - r.html "$fail" <<'PY' || return 1
+import sys
+h = open(sys.argv[1]).read()
+py, chart, sites = h.index('id="python"'), h.index('id="chart"'), h.index('id="sites"')
+assert py < chart < sites, (py, chart, sites)
+assert 'job.py:%s in &lt;module&gt;</div>' % sys.argv[2] in h, "failing line"
+assert 'id="python-hint"' in h and "OOMGUARD_PYTHON_STACKS=1" in h
+assert "Python code \u2014 see the Python lines" in h and "__libc_start_call_main" not in h
+PY
+    # with the history on: the lines holding memory on the first screen, no hint
+    rm -rf dumps && mkdir dumps
+    OOMGUARD_PYTHON_STACKS=1 shim adapter "$PYTHON" "$JOB" frag exp.json 2>/dev/null || return 1
+    local most; most=$(field exp.json 'd["lines"]["most"]')
+    "$OOMGUARD_BIN" report dumps 2>/dev/null | head -n 20 >first.txt
+    grep -A2 "Python lines holding the most live memory" first.txt | grep -q "job.py:$most in <module>" &&
+        ! grep -q "OOMGUARD_PYTHON_STACKS" first.txt || { echo "first screen:"; cat first.txt; return 1; }
+    "$OOMGUARD_BIN" report dumps -fhtml 2>/dev/null | grep -q '<table id="python-sites">' || { echo "no python-sites table"; return 1; }
+}
+t "Python first: failing line on stderr and on the first screen, interpreter stacks folded, the history hint" t_python_first
+
 t_jax_prealloc() {
     shim env PYTHONPATH="$FJ" OOMGUARD_FRAMEWORK=auto timeout 120 "$PYTHON" "$SC/job_jax.py" prealloc exp.json || return 1
     expect exp.json 'd["attached"]' exception || return 1
