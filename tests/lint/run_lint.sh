@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # House rules a reviewer would otherwise check by hand, checked on every `make test`:
 #  - every phony target of the makefiles is described in `make help` (its line carries a `## ` comment);
+#  - every mutant of tests/mutate/mutants.txt still finds its snippet;
 #  - code, makefiles, tests and docs name what a thing is ("the scenario corpus"), never a numbered work item
 #    that a newcomer cannot look up.
 # Ends with "N passed, N failed".
@@ -23,6 +24,10 @@ done
 refs=$(git ls-files -- ':!*.png' ':!*.pkl' ':!tests/lint/run_lint.sh' 2>/dev/null |
        xargs grep -nIE '\b[Ii]ssues? ?#?[0-9]+\b|\b[Ii]tems? [0-9]+(-[0-9]+)?\b|\bsession [0-9]+\b' 2>/dev/null)
 [ -z "$refs" ]; result $? "no numbered work items in code, makefiles, tests or docs" "$refs"
+
+# 3. every mutant of `make mutate` still applies to the code it stands for (a stale snippet tests nothing)
+stale=$(python3 tests/mutate/mutate.py --check 2>&1 | grep '^stale')
+[ -z "$stale" ]; result $? "every mutant of make mutate applies to today's code" "$stale"
 
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]
