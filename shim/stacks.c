@@ -406,9 +406,10 @@ static inline chain_t *chain_at(chain_cache_t *c, unsigned set, unsigned way)
     return (chain_t *)(c->ways + (size_t)(set * CHAIN_WAYS + way) * c->stride);
 }
 
-/* The frames of the last unwind from `fp`, if every slot it read still holds its value. */
-static inline uintptr_t slot_diff(const slot_t *s) { return *(const volatile uintptr_t *)s->addr ^ s->val; }
-static inline bool chain_hit(const chain_t *e, uintptr_t fp, void *caller)
+/* The frames of the last unwind from `fp`, if every slot it read still holds its value.  The words are read
+ * whatever their frame's layout now is (ASan may have a redzone there): not instrumented. */
+OG_NO_SANITIZE static inline uintptr_t slot_diff(const slot_t *s) { return *(const volatile uintptr_t *)s->addr ^ s->val; }
+OG_NO_SANITIZE static inline bool chain_hit(const chain_t *e, uintptr_t fp, void *caller)
 {
     if (e->fp != fp || e->caller != caller)
         return false;
