@@ -12,20 +12,27 @@ suite_init hostile
 fm="$root/$B/tests/hostile/failmalloc.so" prog="$root/$B/tests/hostile/hostile_malloc"
 export SIMGPU_DEVICES=1 SIMGPU_MEM=24GiB OOMGUARD_QUIET=1
 
-base=$(env LD_PRELOAD="$fm" timeout 120 "$prog" 2>&1); base_rc=$?
-result $([ $base_rc = 0 ]; echo $?) "without the shim: exit 0 ($base_rc)" "$base"
+# A sanitizer replaces malloc itself, so a malloc interposer cannot stand in front of it: the
+# failing-malloc cases run in the plain build only (CI runs both builds).
+if [ -n "${SANITIZE:-}" ]; then
+    for c in "without the shim" "1 in 1, SUMMARY=0" "1 in 1, SUMMARY=1" "1 in 3, SUMMARY=0" "1 in 3, SUMMARY=1"; do
+        skip=$((skip + 1)); echo "SKIP  shim mallocs failing ($c): the sanitizer owns malloc in this build"
+    done
+else
+    base=$(env LD_PRELOAD="$fm" timeout 120 "$prog" 2>&1); base_rc=$?
+    result $([ $base_rc = 0 ]; echo $?) "without the shim: exit 0 ($base_rc)" "$base"
 
-for every in 1 3; do
-    for summary in 0 1; do
-        d="$work/every$every-summary$summary"; mkdir -p "$d"
-        out=$(env LD_PRELOAD="$fm $PRELOAD" FAILMALLOC_EVERY=$every OOMGUARD_SUMMARY=$summary OOMGUARD_DIR="$d" \
-              timeout 120 "$prog" 2>&1); rc=$?
-        name="shim mallocs failing (1 in $every), OOMGUARD_SUMMARY=$summary"
-        result $([ $rc = $base_rc ]; echo $?) "$name: same exit status ($rc), no hang" "$out"
-        printf '%s\n' "$out" | grep -q "shim mallocs failed: [1-9]"
-        result $? "$name: the shim's mallocs did fail" "$out"
-        json=$(ls "$d"/oomguard-*.json 2>/dev/null | head -n 1)
-        python3 - "$json" "$every" 2>&1 <<'PY'
+    for every in 1 3; do
+        for summary in 0 1; do
+            d="$work/every$every-summary$summary"; mkdir -p "$d"
+            out=$(env LD_PRELOAD="$fm $PRELOAD" FAILMALLOC_EVERY=$every OOMGUARD_SUMMARY=$summary OOMGUARD_DIR="$d" \
+                  timeout 120 "$prog" 2>&1); rc=$?
+            name="shim mallocs failing (1 in $every), OOMGUARD_SUMMARY=$summary"
+            result $([ $rc = $base_rc ]; echo $?) "$name: same exit status ($rc), no hang" "$out"
+            printf '%s\n' "$out" | grep -q "shim mallocs failed: [1-9]"
+            result $? "$name: the shim's mallocs did fail" "$out"
+            json=$(ls "$d"/oomguard-*.json 2>/dev/null | head -n 1)
+            python3 - "$json" "$every" 2>&1 <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 unm = d["memory"]["unmeasured"]
@@ -35,9 +42,10 @@ need = ["ledger:", "history:"] if sys.argv[2] == "1" else []
 missing = [k for k in need if not any(u.startswith(k) for u in unm)]
 assert not missing, (missing, unm)
 PY
-        result $? "$name: dump written, memory.unmeasured names what is missing" "$(ls "$d")"
+            result $? "$name: dump written, memory.unmeasured names what is missing" "$(ls "$d")"
+        done
     done
-done
+fi
 
 # ---- what a thread costs, what the history costs --------------------------------------------
 rss="$root/$B/tests/hostile/thread_rss"
@@ -64,4 +72,4 @@ assert n == 65536, n
 assert any(u.startswith("history: the dump shows the newest 65536") for u in d["memory"]["unmeasured"]), d["memory"]["unmeasured"]
 PY
 result $? "OOMGUARD_HISTORY=1000000: the dump's history is bounded (65,536 events) and says so" "$out"
-echo "$pass passed, $fail failed"
+echo "$pass passed, $fail failed, $skip skipped"
