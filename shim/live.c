@@ -72,29 +72,6 @@ static uint64_t unix_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-/* field 22 of /proc/self/stat: the process's start, in clock ticks after boot */
-uint64_t og_live_start_ticks(int pid)
-{
-    char p[64], buf[1024];
-    snprintf(p, sizeof p, "/proc/%d/stat", pid);
-    int fd = open(p, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return 0;
-    buf[n] = 0;
-    char *s = strrchr(buf, ')');      /* the command may hold spaces and parentheses */
-    if (!s)
-        return 0;
-    s++;
-    for (int field = 2; *s && field < 22; s++)
-        if (*s == ' ')
-            field++;
-    return strtoull(s, NULL, 10);
-}
-
 /* Ours: a directory (not a link), owned by uid, mode 0700. */
 static bool dir_ok(int fd, uid_t uid)
 {

@@ -28,6 +28,11 @@
 
 #include <stdatomic.h>
 #include <stdint.h>
+#include <unistd.h>
+#include <string.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <fcntl.h>
 
 #define OG_LIVE_MAGIC   0x4547415056494c47ull   /* "GLIVPAGE" */
 #define OG_LIVE_VERSION 1
@@ -94,5 +99,29 @@ typedef struct og_live_page {
     _Atomic uint32_t snap_ok, pad2;
     char snap_path[512];
 } og_live_page_t;
+
+/* field 22 of /proc/PID/stat: the process's start, in clock ticks after boot (0 when unreadable); the writer
+ * stamps its page with it and readers compare, so a reused pid is not taken for the page's process */
+static inline uint64_t og_live_start_ticks(int pid)
+{
+    char p[64], buf[1024];
+    snprintf(p, sizeof p, "/proc/%d/stat", pid);
+    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    char *s = strrchr(buf, ')');      /* the command may hold spaces and parentheses */
+    if (!s)
+        return 0;
+    s++;
+    for (int field = 2; *s && field < 22; s++)
+        if (*s == ' ')
+            field++;
+    return strtoull(s, NULL, 10);
+}
 
 #endif

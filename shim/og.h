@@ -426,7 +426,6 @@ void og_live_kick(void);                 /* publish now: a failure */
 void og_live_note_warning(int device);   /* OOMGUARD_WARN_AT crossed */
 void og_live_exit(void);
 void og_live_atfork_child(void);
-uint64_t og_live_start_ticks(int pid);
 
 /* ---------------------------------------------------------------- fatal signals and _exit (fatal.c) */
 

@@ -46,28 +46,6 @@ struct pages {
     int stale_removed;
 };
 
-static uint64_t start_ticks_of(int pid)
-{
-    char p[64], buf[1024];
-    snprintf(p, sizeof p, "/proc/%d/stat", pid);
-    int fd = open(p, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return 0;
-    buf[n] = 0;
-    char *s = strrchr(buf, ')');
-    if (!s)
-        return 0;
-    s++;
-    for (int field = 2; *s && field < 22; s++)
-        if (*s == ' ')
-            field++;
-    return strtoull(s, NULL, 10);
-}
-
 /* A copy of the body that no write tore (the seqlock); false when none could be had. */
 static bool page_read(const og_live_page_t *m, og_live_body_t *out)
 {
@@ -160,11 +138,11 @@ static void pages_load(struct pages *ps, const char *dir, bool writable, int onl
                 og_live_body_t b;
                 bool ok = m->magic == OG_LIVE_MAGIC && m->version == OG_LIVE_VERSION && m->size >= sizeof *m &&
                           page_read(m, &b) && b.pid == pid && b.uid == uid;
-                uint64_t st_now = start_ticks_of(pid);
+                uint64_t st_now = og_live_start_ticks(pid);
                 bool stale = m->magic == OG_LIVE_MAGIC && ok && (st_now == 0 || st_now != b.start_ticks);
                 if (!stale && m->magic == OG_LIVE_MAGIC && !ok) {
                     /* a page not yet published, or never will be: only its process's death says */
-                    stale = start_ticks_of(pid) == 0;
+                    stale = og_live_start_ticks(pid) == 0;
                 }
                 if (stale) {
                     if (unlinkat(dfd, f->d_name, 0) == 0)
