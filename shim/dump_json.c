@@ -97,7 +97,7 @@ static void j_py_frames_one(og_sb_t *sb, const og_py_frame_t *f)
     og_sb_puts(sb, "}");
 }
 
-/* memory.framework.roles: the allocated bytes by role (shim/roles.def), or null when not measured */
+/* memory.framework.roles: the allocated bytes by role (common/roles.def), or null when not measured */
 static void j_roles(og_sb_t *sb, const og_roles_t *r)
 {
     if (!r->has) {

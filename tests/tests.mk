@@ -63,10 +63,10 @@ $(TEST_B)/unit_test_options $(TEST_B)/unit_test_options_warn: tests/unit/options
 
 # The analysis units (diagnosis, remedies, their texts) are pure: their tests link only those objects, so no
 # constructor runs and no exported dlsym stands between the test and libc.
-ANALYSIS_OBJ   := $(patsubst %,$(B)/shim/%.o,facts diagnose remedy_texts remedy_rank advice_text human)
+ANALYSIS_OBJ   := $(patsubst %.c,$(B)/%.o,$(ANALYSIS_SRC) $(COMMON_SRC))
 ANALYSIS_UNITS := $(patsubst %,$(TEST_B)/unit_test_%,facts diagnose remedies advice_edges)
 $(ANALYSIS_UNITS): $(TEST_B)/unit_%: tests/unit/%.c tests/unit/analysis_fixture.h $(ANALYSIS_OBJ) | $(TEST_B)/.dir
-	$(CC) $(ALL_CFLAGS) -Ishim -Wno-unused-function $< $(ANALYSIS_OBJ) -o $@ -lcmocka
+	$(CC) $(ALL_CFLAGS) -Ianalysis -Icommon -Wno-unused-function $< $(ANALYSIS_OBJ) -o $@ -lcmocka
 
 include tests/stacks/stacks.mk
 include tests/reader/reader.mk

@@ -54,10 +54,10 @@ struct og_pyframe {
     int64_t bytes, blocks; /* python_sites only; -1 elsewhere */
 };
 
-/* memory.framework.roles (shim/roles.def gives the roles): -1 is unknown (null) or absent. */
+/* memory.framework.roles (common/roles.def gives the roles): -1 is unknown (null) or absent. */
 enum og_role_ix {
 #define OG_ROLE(key, label) OG_RX_##key,
-#include "../shim/roles.def"
+#include "../common/roles.def"
 #undef OG_ROLE
     OG_NROLE_IX
 };

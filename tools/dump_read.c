@@ -990,12 +990,12 @@ static int read_pyframe_obj(struct loader *L, const cJSON *obj, const char *key,
     return 1;
 }
 
-/* memory.framework.roles: every role's bytes a byte count or null (shim/roles.def names them). */
+/* memory.framework.roles: every role's bytes a byte count or null (common/roles.def names them). */
 static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, struct og_roles_view *r)
 {
     static const char *const keys[OG_NROLE_IX] = {
 #define OG_ROLE(key, label) #key,
-#include "../shim/roles.def"
+#include "../common/roles.def"
 #undef OG_ROLE
     };
     const cJSON *o, *arr, *x;

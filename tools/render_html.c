@@ -654,7 +654,7 @@ static void roles_card(struct hx *h)
 {
     static const char *const labels[OG_NROLE_IX] = {
 #define OG_ROLE(key, label) label,
-#include "../shim/roles.def"
+#include "../common/roles.def"
 #undef OG_ROLE
     };
     const struct og_dump *d = h->d;

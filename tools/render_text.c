@@ -544,7 +544,7 @@ static void roles_table(struct tx *t, const struct og_dump *d)
 {
     static const char *const labels[OG_NROLE_IX] = {
 #define OG_ROLE(key, label) label,
-#include "../shim/roles.def"
+#include "../common/roles.def"
 #undef OG_ROLE
     };
     const struct og_roles_view *r = &d->mem.roles;

@@ -24,7 +24,7 @@ const char *og_cause_title(const char *id)
         const char *id, *title;
     } t[] = {
 #define X(name, id, rule, bonus, own1, own2, title) {id, title},
-#include "../shim/causes.def"
+#include "../common/causes.def"
 #undef X
     };
     for (size_t i = 0; id && i < sizeof t / sizeof t[0]; i++)

@@ -21,9 +21,9 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-#include "../shim/options.def"
+#include "../common/options.def"
 
-/* the library's own ranges (shim/options.def): --stack-depth accepts exactly what it does */
+/* the library's own ranges (common/options.def): --stack-depth accepts exactly what it does */
 #define X(id, env, type, def, lo, hi, help) RUN_LO_##id = (lo), RUN_HI_##id = (hi),
 enum { OG_OPTIONS(X) };
 #undef X

@@ -7,9 +7,10 @@
 
 TOOLS_SRC  := $(filter-out tools/fuzz_dump.c,$(wildcard tools/*.c))
 TOOLS_HDR  := $(wildcard tools/*.h) $(wildcard include/oomguard.h) shim/live.h
-# shim/human.c formats sizes and names frameworks for both: the report spells them as the dump does.
-TOOLS_SHARED := shim/human.c
-TOOLS_OBJ  := $(patsubst tools/%.c,$(B)/tools/%.o,$(TOOLS_SRC)) $(patsubst shim/%.c,$(B)/shim/%.o,$(TOOLS_SHARED))
+# common/ is what the command shares with the library: common/human.c formats sizes and names frameworks
+# (the report spells them as the dump does); the options, causes and roles lists.
+TOOLS_SHARED := common/human.c
+TOOLS_OBJ  := $(patsubst tools/%.c,$(B)/tools/%.o,$(TOOLS_SRC)) $(patsubst %.c,$(B)/%.o,$(TOOLS_SHARED))
 TOOLS_LIBS := -lcjson -lm -ldw -lelf -lstdc++ -ldl
 FUZZ_CC    ?= clang
 FUZZ_SECONDS ?= 20
@@ -17,9 +18,9 @@ FUZZ_SECONDS ?= 20
 .PHONY: test-cli fuzz-dump fuzz-smoke
 all: $(B)/oomguard
 
-$(B)/tools/%.o: tools/%.c $(TOOLS_HDR) shim/human.h | $(B)
+$(B)/tools/%.o: tools/%.c $(TOOLS_HDR) common/human.h | $(B)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -Itools -iquote shim -MMD -MP -c $< -o $@
+	$(CC) $(ALL_CFLAGS) -Itools -iquote common -iquote shim -MMD -MP -c $< -o $@
 
 $(B)/oomguard: $(TOOLS_OBJ)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(TOOLS_OBJ) $(TOOLS_LIBS)
@@ -38,8 +39,8 @@ $(B)/cli-test/libdummy.so: tests/cli/dummy.c | $(B)
 
 # The fuzzer links the same reader/renderer sources as the command (not main.c/run.c).
 FUZZ_SRC := tools/fuzz_dump.c $(filter-out tools/main.c tools/run.c tools/top.c,$(TOOLS_SRC)) $(TOOLS_SHARED)
-$(B)/fuzz-dump: $(FUZZ_SRC) $(TOOLS_HDR) shim/human.h | $(B)
-	$(FUZZ_CC) $(BASE_CFLAGS) -Itools -iquote shim -g -O1 -fno-omit-frame-pointer \
+$(B)/fuzz-dump: $(FUZZ_SRC) $(TOOLS_HDR) common/human.h | $(B)
+	$(FUZZ_CC) $(BASE_CFLAGS) -Itools -iquote common -iquote shim -g -O1 -fno-omit-frame-pointer \
 	    -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	    -o $@ $(FUZZ_SRC) $(TOOLS_LIBS)
 

@@ -1,7 +1,7 @@
 /* tools/util.c — output buffer, untrusted-string rendering, sizes, writing it out. */
 #include <getopt.h>
 #include "util.h"
-#include "human.h"   /* shim/human.c: the dump's own formatting */
+#include "human.h"   /* common/human.c: the dump's own formatting */
 
 #include <errno.h>
 #include <inttypes.h>

@@ -2,6 +2,7 @@
 # House rules a reviewer would otherwise check by hand, checked on every `make test`:
 #  - every phony target of the makefiles is described in `make help` (its line carries a `## ` comment);
 #  - every mutant of tests/mutate/mutants.txt still finds its snippet;
+#  - the pure layers (analysis/, common/) include nothing of the shim and keep no writable state;
 #  - code, makefiles, tests and docs name what a thing is ("the scenario corpus"), never a numbered work item
 #    that a newcomer cannot look up.
 # Ends with "N passed, N failed".
@@ -28,6 +29,19 @@ refs=$(git ls-files -- ':!*.png' ':!*.pkl' ':!tests/lint/run_lint.sh' 2>/dev/nul
 # 3. every mutant of `make mutate` still applies to the code it stands for (a stale snippet tests nothing)
 stale=$(python3 tests/mutate/mutate.py --check 2>&1 | grep '^stale')
 [ -z "$stale" ]; result $? "every mutant of make mutate applies to today's code" "$stale"
+
+# 4. the analysis is pure: a record in, a diagnosis out. Nothing of the recorder's headers (CUDA, og.h) is
+#    included, and its objects and common/'s have no writable data (.data/.bss): tables are const.
+deps=$(grep -nE '#include *"(\.\./)?(shim/)?(og|og_test|ledger_int|live|dump_render)\.h"|#include *<cuda' analysis/*.[ch] common/*.[ch] 2>/dev/null)
+[ -z "$deps" ]; result $? "analysis/ and common/ include nothing of the shim" "$deps"
+B=${B:-build}
+writable=""
+for o in "$B"/analysis/*.o "$B"/common/*.o; do
+    [ -f "$o" ] || continue
+    n=$(size -A "$o" | awk '$1 ~ /^\.(data|bss)($|\.)/ && $1 !~ /rel\.ro/ && $2 > 0 {print $1}')
+    [ -z "$n" ] || writable="$writable ${o#"$B"/}:$n"
+done
+[ -z "$writable" ]; result $? "analysis/ and common/ keep no writable state" "$writable"
 
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -10,7 +10,7 @@ MUTATE_ARGS ?=
 COV_B       ?= build-coverage
 GCOVR       ?= gcovr
 # gcovr 5.2 (Debian 12) and later; the fuzz harness is not product code
-COV_FILTER   = --root . --object-directory $(COV_B) --filter 'shim/' --filter 'tools/' --exclude 'tools/fuzz_dump.c' \
+COV_FILTER   = --root . --object-directory $(COV_B) --filter 'shim/' --filter 'analysis/' --filter 'common/' --filter 'tools/' --exclude 'tools/fuzz_dump.c' \
                --gcov-ignore-parse-errors
 # the shim counts from many threads at once: atomic counters, or gcov sees negative counts
 COV_FLAGS    = --coverage -fprofile-update=atomic

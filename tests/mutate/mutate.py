@@ -2,7 +2,7 @@
 """Mutation testing of oomguard: does the suite turn red when the code is wrong?
 
 Each mutant in tests/mutate/mutants.txt is one small, plausible bug: an exact snippet of a
-file in shim/ or tools/ and what replaces it.  For every mutant, alone:
+file in shim/, analysis/, common/ or tools/ and what replaces it.  For every mutant, alone:
 
   1. a clean copy of the tree (files git tracks or would track, as they are now, with the
      baseline build) is made in a temporary directory, with its own build directory;

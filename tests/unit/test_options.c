@@ -59,7 +59,7 @@ static void clear_env(void)
         unsetenv(og_option_env(i));
 }
 
-/* Every default in shim/options.def is a value the parser takes (a typo there would make the
+/* Every default in common/options.def is a value the parser takes (a typo there would make the
  * library warn about its own default at every start-up), and an empty environment gives it. */
 static void defaults_parse(void **state)
 {

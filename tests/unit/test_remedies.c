@@ -825,7 +825,7 @@ static void docs_list_the_ranking_rows(void **state)
     assert_string_equal(p, "");                 /* no row the code does not have */
 }
 
-/* the causes table of the docs names exactly the causes of shim/causes.def */
+/* the causes table of the docs names exactly the causes of common/causes.def */
 static void docs_list_the_causes(void **state)
 {
     char *doc = read_diagnosis_doc();

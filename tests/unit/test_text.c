@@ -1,4 +1,4 @@
-/* Text that is true (shim/strbuf.c): valid UTF-8 kept as it is in JSON and in the text twin;
+/* Text that is true (common/strbuf.c): valid UTF-8 kept as it is in JSON and in the text twin;
  * control characters and bytes that are not UTF-8 escaped, visibly, in the twin; copies cut short
  * end on a whole character. */
 #include <setjmp.h>

@@ -83,7 +83,7 @@
  * Meaning of confidence (calibrated on tests/scenarios): >= 0.9 the measured numbers leave no
  * other reading; 0.6-0.9 measured, with margin; 0.4-0.6 an input was not measured and the
  * cause is the best reading of what was; < 0.4 possible but not supported.
- * Order: by confidence plus each cause's tie-break bonus (shim/causes.def: the list of causes, whose
+ * Order: by confidence plus each cause's tie-break bonus (common/causes.def: the list of causes, whose
  * order also breaks equal scores), stable; the bonus never changes the reported confidence.
  * primary = first id; when nothing holds, one cause "unknown" (confidence 0) says what was measured.
  */

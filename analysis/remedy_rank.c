@@ -7,7 +7,7 @@
  *   order     the checklist (remedies.def: cheapest first), moved by the rows of `reorder`
  *   estimate  what each remedy could save, in bytes (-1 unknown); tier 1: covers the shortfall (or
  *             nothing is missing), 2: unknown, 3: cannot cover it alone
- *   lead      the primary cause's own remedies (shim/causes.def) go first when they can cover it;
+ *   lead      the primary cause's own remedies (common/causes.def) go first when they can cover it;
  *             then the rows of `lead`
  *   sort      by (tier, order), stable in catalog order; inference mode never leads unless the job is
  *             known to be inference
