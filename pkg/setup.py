@@ -31,7 +31,7 @@ HOST_LIBS = re.compile(r"^(ld-linux[^ ]*|libc\.so\.6|libm\.so\.6|libdl\.so\.2|li
 
 def version():
     with open(os.path.join(PKG, "include", "oomguard.h")) as f:
-        return re.search(r'#define OOMGUARD_VERSION "([^"]+)"', f.read()).group(1)
+        return re.search(r'#define\s+OOMGUARD_VERSION\s+"([^"]+)"', f.read()).group(1)
 
 
 def elf_objects():

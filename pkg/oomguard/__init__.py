@@ -29,7 +29,8 @@ def _version():
     try:
         with open(os.path.join(_HERE, "include", "oomguard.h")) as f:
             for line in f:
-                if line.startswith("#define OOMGUARD_VERSION "):
+                words = line.split()
+                if words[:2] == ["#define", "OOMGUARD_VERSION"]:
                     return line.split('"')[1]
     except OSError:
         pass
