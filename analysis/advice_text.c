@@ -12,7 +12,7 @@ const char *const og_cause_ids[OG_CAUSE_COUNT] = {
 
 const char *og_hist_op_name(enum og_hist_op op)
 {
-    static const char *const names[] = {"?", "alloc", "free", "fail", "pool_grow", "pool_shrink", "?"};
+    static const char *const names[] = { "?", "alloc", "free", "fail", "pool_grow", "pool_shrink", "?" };
     return (unsigned)op < sizeof names / sizeof *names ? names[op] : "?";
 }
 
@@ -85,10 +85,7 @@ int og_framework_of(const char *base, const char *path)
     return OG_FW_UNKNOWN;
 }
 
-const char *og_plural(long long n, const char *one, const char *many)
-{
-    return n == 1 ? one : many;
-}
+const char *og_plural(long long n, const char *one, const char *many) { return n == 1 ? one : many; }
 
 uint64_t og_other_inferred_bytes(const og_record_t *rec)
 {

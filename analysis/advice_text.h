@@ -26,11 +26,15 @@ void og_fmt(char *dst, size_t n, const char *fmt, ...) __attribute__((format(pri
 
 /* og_bytes_fmt's sentence style (1.30 GiB, 512 MiB, 12.5 MiB, 3.0 KiB, 17 B), returned by value
  * so a printf can take several: og_hb(a).s, og_hb(b).s */
-typedef struct { char s[24]; } og_hb_t;
+typedef struct {
+    char s[24];
+} og_hb_t;
 og_hb_t og_hb(double bytes);
 
 /* a share as text: 12%, <1%, >9999%, n/a */
-typedef struct { char s[16]; } og_pc_t;
+typedef struct {
+    char s[16];
+} og_pc_t;
 og_pc_t og_pct(double part, double whole);
 
 /* bounded copy of a fixed-size field (the field may lack its terminator) */

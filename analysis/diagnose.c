@@ -96,14 +96,12 @@
 #include "advice_text.h"
 #include "facts.h"
 
-#define FRAG_C_FLOOR  (256ULL << 20)   /* fragmentation (c): at least 256 MiB idle */
+#define FRAG_C_FLOOR (256ULL << 20) /* fragmentation (c): at least 256 MiB idle */
 
 
 /* ------------------------------------------------------------------ small helpers */
 
 static double clamp01(double x) { return x != x ? 0 : x < 0 ? 0 : x > 1 ? 1 : x; }
-
-
 
 
 static void ev_num(og_cause_t *c, const char *name, double v)
@@ -122,7 +120,7 @@ static void ev_bytes(og_cause_t *c, const char *name, uint64_t v)
 {
     int n = c->nevidence;
     ev_num(c, name, (double)v);
-    if (c->nevidence > n) {          /* the double is for comparisons; the dump writes this */
+    if (c->nevidence > n) { /* the double is for comparisons; the dump writes this */
         c->evidence[n].is_bytes = true;
         c->evidence[n].bytes = v;
     }
@@ -178,19 +176,24 @@ static bool c_limit(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
                     og_hb((double)d->limit).s, og_hb((double)d->req).s,
                     phys ? "; the device itself had room for it" : "");
         else if (ctx && add_sat(ctx, d->req) > d->limit)
-            summary(c, "OOMGUARD_LIMIT (%s) refused %s because of the CUDA context alone: the limit also counts %s of "
+            summary(c,
+                    "OOMGUARD_LIMIT (%s) refused %s because of the CUDA context alone: the limit also counts %s of "
                     "context and untracked memory, and that plus the request is over it whatever the job holds (%s "
                     "allocated)%s.",
                     og_hb((double)d->limit).s, og_hb((double)d->req).s, og_hb((double)ctx).s,
                     og_hb((double)d->tracked).s, phys ? "; the device itself had room for it" : "");
         else if (over)
-            summary(c, "OOMGUARD_LIMIT (%s) refused %s: the job would hold %s (%s allocated%s + %s requested), %s over "
-                    "the limit%s.", og_hb((double)d->limit).s, og_hb((double)d->req).s, og_hb((double)need).s,
+            summary(c,
+                    "OOMGUARD_LIMIT (%s) refused %s: the job would hold %s (%s allocated%s + %s requested), %s over "
+                    "the limit%s.",
+                    og_hb((double)d->limit).s, og_hb((double)d->req).s, og_hb((double)need).s,
                     og_hb((double)d->tracked).s, ctxs, og_hb((double)d->req).s, og_hb((double)over).s,
                     phys ? "; the device itself had room for it" : "");
         else
-            summary(c, "OOMGUARD_LIMIT (%s) refused %s: with %s already counted (%s allocated%s) the limit was "
-                    "reached.", og_hb((double)d->limit).s, og_hb((double)d->req).s, og_hb((double)d->usage_lim).s,
+            summary(c,
+                    "OOMGUARD_LIMIT (%s) refused %s: with %s already counted (%s allocated%s) the limit was "
+                    "reached.",
+                    og_hb((double)d->limit).s, og_hb((double)d->req).s, og_hb((double)d->usage_lim).s,
                     og_hb((double)d->tracked).s, ctxs);
         ev_bytes(c, "limit_bytes", d->limit);
         ev_bytes(c, "over_limit_bytes", over);
@@ -226,8 +229,8 @@ static bool c_framework_cap(const og_facts_t *d, const og_record_t *r, og_cause_
                 og_hb((double)fw->cap_bytes).s, og_hb((double)alloc).s,
                 room ? "; the device itself had room for the request" : "");
     else
-        summary(c, "%s refused %s itself: a framework-imposed cap of %s, with %s in use%s.", who,
-                og_hb((double)req).s, og_hb((double)fw->cap_bytes).s, og_hb((double)alloc).s,
+        summary(c, "%s refused %s itself: a framework-imposed cap of %s, with %s in use%s.", who, og_hb((double)req).s,
+                og_hb((double)fw->cap_bytes).s, og_hb((double)alloc).s,
                 room ? "; the device itself had room for the request" : "");
     ev_bytes(c, "cap_bytes", fw->cap_bytes);
     ev_text(c, "cap_source", "%s", src[0] ? src : "unknown");
@@ -254,9 +257,10 @@ static bool c_cache_held(const og_facts_t *d, const og_record_t *r, og_cause_t *
         char owner[64];
         og_cpy(owner, sizeof owner, r->memory.pool_owner[0] ? r->memory.pool_owner : "the application",
                sizeof r->memory.pool_owner);
-        summary(c, "The application's own stream-ordered memory pool (used by %s) keeps %s reserved but unused, more "
-                "than the %s missing: the pool holds freed memory until it is trimmed.", owner,
-                og_hb((double)d->app_slack).s, og_hb((double)d->shortfall).s);
+        summary(c,
+                "The application's own stream-ordered memory pool (used by %s) keeps %s reserved but unused, more "
+                "than the %s missing: the pool holds freed memory until it is trimmed.",
+                owner, og_hb((double)d->app_slack).s, og_hb((double)d->shortfall).s);
         ev_text(c, "holder", "application_pool");
         ev_text(c, "pool_owner", "%s", owner);
         ev_bytes(c, "pool_unused_bytes", d->app_slack);
@@ -271,9 +275,11 @@ static bool c_cache_held(const og_facts_t *d, const og_record_t *r, og_cause_t *
         c->confidence = 0.6 + 0.3 * clamp01(((double)d->reclaim / (double)d->shortfall - 1) / 3);
         if (d->recovered && d->cached_src == OG_CACHE_RETRY_RELEASE) {
             c->confidence = 0.9;
-            summary(c, "%s failed to get %s while %s held %s cached but unused; %s released it between attempts "
-                    "and the retry succeeded.", lib, og_hb((double)d->req).s, fw_display(r->framework),
-                    og_hb((double)d->cached).s, fw_display(r->framework));
+            summary(c,
+                    "%s failed to get %s while %s held %s cached but unused; %s released it between attempts "
+                    "and the retry succeeded.",
+                    lib, og_hb((double)d->req).s, fw_display(r->framework), og_hb((double)d->cached).s,
+                    fw_display(r->framework));
         } else
             summary(c, "%s failed to get %s while %s holds %s cached but unused, more than the %s missing.", lib,
                     og_hb((double)d->req).s, fw_display(r->framework), og_hb((double)d->reclaim).s,
@@ -287,7 +293,7 @@ static bool c_cache_held(const og_facts_t *d, const og_record_t *r, og_cause_t *
     }
     uint64_t held;
     int k = -1;
-    for (int j = 0; j < OG_NFW; j++)       /* the largest framework reservation */
+    for (int j = 0; j < OG_NFW; j++) /* the largest framework reservation */
         if (d->resv[j] && (k < 0 || d->resv[j] > d->resv[k]))
             k = j;
     held = k >= 0 ? d->resv[k] : 0;
@@ -297,10 +303,11 @@ static bool c_cache_held(const og_facts_t *d, const og_record_t *r, og_cause_t *
     c->id = og_cause_ids[OG_CAUSE_CACHE];
     c->confidence = 0.5 + 0.1 * clamp01(((double)held / (double)d->shortfall - 1) / 3);
     const char *who = fw_display(k);
-    summary(c, "%s failed to get %s while %s holds %s; how much of it is cached but unused was not measured (the "
+    summary(c,
+            "%s failed to get %s while %s holds %s; how much of it is cached but unused was not measured (the "
             "failure came from outside %s's allocator, which therefore kept its cache). If at least the %s missing "
-            "is cache, releasing it before that call makes room.", lib, og_hb((double)d->req).s, who,
-            og_hb((double)held).s, who, og_hb((double)d->shortfall).s);
+            "is cache, releasing it before that call makes room.",
+            lib, og_hb((double)d->req).s, who, og_hb((double)held).s, who, og_hb((double)d->shortfall).s);
     ev_text(c, "failing_library", "%s", lib);
     ev_bytes(c, "requested_bytes", d->req);
     ev_bytes(c, "shortfall_bytes", d->shortfall);
@@ -322,15 +329,16 @@ static bool c_fragmentation(const og_facts_t *d, const og_record_t *r, og_cause_
     const char *why = NULL;
     bool retry_rel = d->cached_known && d->cached_src == OG_CACHE_RETRY_RELEASE;
 
-    if (d->retried && !r->memory.fw.has) {                                 /* (d) */
+    if (d->retried && !r->memory.fw.has) { /* (d) */
         int ds = d->distinct_sizes;
         if (ds >= 5 && d->shortfall > 0 && d->reservation >= d->shortfall) {
             c->id = og_cause_ids[OG_CAUSE_FRAG];
             c->confidence = 0.5;
-            summary(c, "%s released %s of free segments and retried, and %s still did not fit; it keeps %s reserved "
+            summary(c,
+                    "%s released %s of free segments and retried, and %s still did not fit; it keeps %s reserved "
                     "in segments partly in use, and the run allocated %d different sizes (variable-length batches "
-                    "split segments). How much of the reservation is unused was not measured.", d->fwname,
-                    og_hb((double)d->released).s, og_hb(req).s, og_hb((double)d->reservation).s, ds);
+                    "split segments). How much of the reservation is unused was not measured.",
+                    d->fwname, og_hb((double)d->released).s, og_hb(req).s, og_hb((double)d->reservation).s, ds);
             ev_bytes(c, "released_bytes", d->released);
             ev_bytes(c, "reservation_bytes", d->reservation);
             ev_bytes(c, "requested_bytes", d->req);
@@ -350,12 +358,15 @@ static bool c_fragmentation(const og_facts_t *d, const og_record_t *r, og_cause_
         c->id = og_cause_ids[OG_CAUSE_FRAG];
         c->confidence = d->cached >= d->shortfall ? 0.9 : 0.7;
         if (d->cached >= d->shortfall)
-            summary(c, "%s held %s cached but unused when %s failed; it released that cache between attempts and "
-                    "the retry succeeded.", d->fwname, og_hb(cached).s, og_hb(req).s);
+            summary(c,
+                    "%s held %s cached but unused when %s failed; it released that cache between attempts and "
+                    "the retry succeeded.",
+                    d->fwname, og_hb(cached).s, og_hb(req).s);
         else
-            summary(c, "%s held %s cached but unused when %s failed (%s was missing); it released that cache "
-                    "between attempts, the rest was freed otherwise, and the retry succeeded.", d->fwname,
-                    og_hb(cached).s, og_hb(req).s, og_hb((double)d->shortfall).s);
+            summary(c,
+                    "%s held %s cached but unused when %s failed (%s was missing); it released that cache "
+                    "between attempts, the rest was freed otherwise, and the retry succeeded.",
+                    d->fwname, og_hb(cached).s, og_hb(req).s, og_hb((double)d->shortfall).s);
         ev_bytes(c, "released_bytes", d->cached);
         ev_bytes(c, "requested_bytes", d->req);
         ev_bytes(c, "shortfall_bytes", d->shortfall);
@@ -363,7 +374,7 @@ static bool c_fragmentation(const og_facts_t *d, const og_record_t *r, og_cause_
         return true;
     }
 
-    if (d->req && d->cached >= d->req) {                                  /* (a) */
+    if (d->req && d->cached >= d->req) { /* (a) */
         double a;
         if (d->largest_known && d->largest < d->req) {
             a = 0.85 + 0.15 * clamp01(1 - (double)d->largest / cached);
@@ -377,7 +388,7 @@ static bool c_fragmentation(const og_facts_t *d, const og_record_t *r, og_cause_
         }
         conf = a;
     }
-    if (d->shortfall > 0 && d->cached >= d->shortfall && d->cached < d->req) {   /* (b) */
+    if (d->shortfall > 0 && d->cached >= d->shortfall && d->cached < d->req) { /* (b) */
         double b = 0.45 + 0.2 * clamp01(cached / req) + (share_hit ? 0.1 : 0) +
                    (d->largest_known && d->largest < d->req ? 0.1 : 0);
         if (b > conf) {
@@ -385,7 +396,7 @@ static bool c_fragmentation(const og_facts_t *d, const og_record_t *r, og_cause_
             why = "free_plus_cache_covers";
         }
     }
-    if (share_hit && d->cached >= FRAG_C_FLOOR) {                            /* (c) */
+    if (share_hit && d->cached >= FRAG_C_FLOOR) { /* (c) */
         double cc = 0.3 + 0.2 * clamp01(fs < 1 ? (share - fs) / (1 - fs) : 1);
         if (cc > conf) {
             conf = cc;
@@ -398,16 +409,20 @@ static bool c_fragmentation(const og_facts_t *d, const og_record_t *r, og_cause_
     c->id = og_cause_ids[OG_CAUSE_FRAG];
     c->confidence = clamp01(conf);
     if (d->largest_known)
-        summary(c, "%s holds %s cached but unused (%s of its %s reserved), yet its largest free block is %s, "
-                "smaller than the %s requested.", d->fwname, og_hb(cached).s, og_pct(cached, (double)d->reservation).s,
-                og_hb((double)d->reservation).s, og_hb((double)d->largest).s, og_hb(req).s);
+        summary(c,
+                "%s holds %s cached but unused (%s of its %s reserved), yet its largest free block is %s, "
+                "smaller than the %s requested.",
+                d->fwname, og_hb(cached).s, og_pct(cached, (double)d->reservation).s, og_hb((double)d->reservation).s,
+                og_hb((double)d->largest).s, og_hb(req).s);
     else if (strcmp(why, "idle_share") == 0)
-        summary(c, "%s holds %s cached but unused, %s of its %s reserved; that idle memory is not where the %s "
-                "request needs it.", d->fwname, og_hb(cached).s, og_pct(cached, (double)d->reservation).s,
-                og_hb((double)d->reservation).s, og_hb(req).s);
+        summary(c,
+                "%s holds %s cached but unused, %s of its %s reserved; that idle memory is not where the %s "
+                "request needs it.",
+                d->fwname, og_hb(cached).s, og_pct(cached, (double)d->reservation).s, og_hb((double)d->reservation).s,
+                og_hb(req).s);
     else
-        summary(c, "%s holds %s cached but unused and %s is free, yet %s could not be found in one piece.",
-                d->fwname, og_hb(cached).s, og_hb((double)d->free_eff).s, og_hb(req).s);
+        summary(c, "%s holds %s cached but unused and %s is free, yet %s could not be found in one piece.", d->fwname,
+                og_hb(cached).s, og_hb((double)d->free_eff).s, og_hb(req).s);
     ev_bytes(c, "cached_bytes", d->cached);
     ev_bytes(c, "requested_bytes", d->req);
     ev_bytes(c, "reservation_bytes", d->reservation);
@@ -439,21 +454,20 @@ static bool c_other_framework(const og_facts_t *d, const og_record_t *r, og_caus
     for (int i = 0; i < r->nenv; i++)
         if (!strcmp(r->env[i], "TF_FORCE_GPU_ALLOW_GROWTH=true"))
             tf_growth = true;
-    const char *why = k == OG_FW_JAX
-                          ? (r->xla_preallocate_off
-                                 ? ": XLA_PYTHON_CLIENT_PREALLOCATE=false is already set, so these are arrays and "
-                                   "cache JAX allocated on demand (its allocator keeps freed memory)"
-                                 : ": XLA preallocates 75% of the GPU when the client starts")
-                    : k == OG_FW_TENSORFLOW
-                          ? (tf_growth ? ": memory growth is already on, so TensorFlow allocated this as it ran"
-                                       : ": TensorFlow maps nearly all free GPU memory at start unless memory "
-                                         "growth is on")
-                          : "";
+    const char *why =
+        k == OG_FW_JAX
+            ? (r->xla_preallocate_off ? ": XLA_PYTHON_CLIENT_PREALLOCATE=false is already set, so these are arrays and "
+                                        "cache JAX allocated on demand (its allocator keeps freed memory)"
+                                      : ": XLA preallocates 75% of the GPU when the client starts")
+        : k == OG_FW_TENSORFLOW ? (tf_growth ? ": memory growth is already on, so TensorFlow allocated this as it ran"
+                                             : ": TensorFlow maps nearly all free GPU memory at start unless memory "
+                                               "growth is on")
+                                : "";
     char of[40] = "";
     if (d->total)
         og_fmt(of, sizeof of, " (%s of it)", og_pct((double)r2, (double)d->total).s);
-    summary(c, "%s holds %s on this GPU%s in the same process, more than the %s %s is missing%s.",
-            fw_display(k), og_hb((double)r2).s, of, og_hb((double)d->shortfall).s, d->fwname, why);
+    summary(c, "%s holds %s on this GPU%s in the same process, more than the %s %s is missing%s.", fw_display(k),
+            og_hb((double)r2).s, of, og_hb((double)d->shortfall).s, d->fwname, why);
     ev_text(c, "framework", "%s", og_framework_name(k));
     ev_bytes(c, "framework_reserved_bytes", r2);
     ev_num(c, "device_share", share);
@@ -472,20 +486,25 @@ static bool c_peer_ranks(const og_facts_t *d, const og_record_t *r, og_cause_t *
     c->id = og_cause_ids[OG_CAUSE_PEERS];
     c->confidence = 0.7 + (d->npeers && d->peers_small ? 0.2 : 0) + (wrong_device ? 0.05 : 0);
     if (d->npeers && d->nchildren == d->npeers)
-        summary(c, "%d child %s of this process (DataLoader workers or subprocesses) %s %s on GPU %d%s: a worker "
-                "that touches CUDA creates its own context; the data pipeline should stay on the CPU.", d->npeers,
-                og_plural(d->npeers, "process", "processes"), og_plural(d->npeers, "holds", "hold"),
-                og_hb((double)d->peers_bytes).s, r->event.device, d->peers_small ? ", about one CUDA context each" : "");
-    else if (d->npeers)
-        summary(c, "%d other %s of this job (same command, launcher variables) %s %s on GPU %d%s: %s never "
-                "select%s %s own GPU before touching CUDA, so %s on this one.", d->npeers,
-                og_plural(d->npeers, "rank", "ranks"), og_plural(d->npeers, "holds", "hold"),
+        summary(c,
+                "%d child %s of this process (DataLoader workers or subprocesses) %s %s on GPU %d%s: a worker "
+                "that touches CUDA creates its own context; the data pipeline should stay on the CPU.",
+                d->npeers, og_plural(d->npeers, "process", "processes"), og_plural(d->npeers, "holds", "hold"),
                 og_hb((double)d->peers_bytes).s, r->event.device,
-                d->peers_small ? ", about one CUDA context each" : "", og_plural(d->npeers, "it", "they"),
-                og_plural(d->npeers, "s", ""), og_plural(d->npeers, "its", "their"), og_plural(d->npeers, "its context lands", "their contexts land"));
+                d->peers_small ? ", about one CUDA context each" : "");
+    else if (d->npeers)
+        summary(c,
+                "%d other %s of this job (same command, launcher variables) %s %s on GPU %d%s: %s never "
+                "select%s %s own GPU before touching CUDA, so %s on this one.",
+                d->npeers, og_plural(d->npeers, "rank", "ranks"), og_plural(d->npeers, "holds", "hold"),
+                og_hb((double)d->peers_bytes).s, r->event.device, d->peers_small ? ", about one CUDA context each" : "",
+                og_plural(d->npeers, "it", "they"), og_plural(d->npeers, "s", ""), og_plural(d->npeers, "its", "their"),
+                og_plural(d->npeers, "its context lands", "their contexts land"));
     else
-        summary(c, "This rank has LOCAL_RANK=%ld but failed on GPU %d: it did not select its own GPU before touching "
-                "CUDA.", r->local_rank, r->event.device);
+        summary(c,
+                "This rank has LOCAL_RANK=%ld but failed on GPU %d: it did not select its own GPU before touching "
+                "CUDA.",
+                r->local_rank, r->event.device);
     ev_num(c, "peers", d->npeers);
     ev_num(c, "children", d->nchildren);
     ev_bytes(c, "peers_bytes", d->peers_bytes);
@@ -503,10 +522,12 @@ static bool c_imbalance(const og_facts_t *d, const og_record_t *r, og_cause_t *c
         return false;
     c->id = og_cause_ids[OG_CAUSE_IMBALANCE];
     c->confidence = 0.6 + 0.3 * clamp01((b->ratio - 1.5) / 2);
-    summary(c, "GPU %d holds %s while the %d other %s this process uses hold %s on average (%.1fx less): one process "
+    summary(c,
+            "GPU %d holds %s while the %d other %s this process uses hold %s on average (%.1fx less): one process "
             "drives several GPUs and the first carries the gathered outputs and the optimizer state "
-            "(nn.DataParallel).", r->event.device, og_hb((double)b->mine).s, b->nother,
-            og_plural(b->nother, "GPU", "GPUs"), og_hb((double)b->avg).s, (double)b->mine / (double)(b->avg ? b->avg : 1));
+            "(nn.DataParallel).",
+            r->event.device, og_hb((double)b->mine).s, b->nother, og_plural(b->nother, "GPU", "GPUs"),
+            og_hb((double)b->avg).s, (double)b->mine / (double)(b->avg ? b->avg : 1));
     ev_bytes(c, "device_bytes", b->mine);
     ev_bytes(c, "other_devices_avg_bytes", b->avg);
     ev_num(c, "other_devices", b->nother);
@@ -521,15 +542,17 @@ static bool c_foreign(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
         return false;
     c->id = og_cause_ids[OG_CAUSE_FOREIGN];
     double share = d->total ? (double)d->other / (double)d->total : 0;
-    c->confidence = 0.45 + 0.25 * clamp01(((double)d->other / (double)d->shortfall - 1) / 3) +
-                    0.3 * clamp01(share / 0.25);
+    c->confidence =
+        0.45 + 0.25 * clamp01(((double)d->other / (double)d->shortfall - 1) / 3) + 0.3 * clamp01(share / 0.25);
     if (d->other_inferred) {
         /* no process list: the bytes are an inference (another context, a leaked IPC mapping or
          * memory of this process that oomguard did not see could hide in them too) */
         c->confidence = 0.35 + 0.4 * clamp01(share / 0.25);
-        summary(c, "The process list could not be read (no NVML), but %s of this device is held outside this "
+        summary(c,
+                "The process list could not be read (no NVML), but %s of this device is held outside this "
                 "process's allocations and its CUDA context (total - free - tracked), more than the %s missing: "
-                "most likely other processes.", og_hb((double)d->other).s, og_hb((double)d->shortfall).s);
+                "most likely other processes.",
+                og_hb((double)d->other).s, og_hb((double)d->shortfall).s);
         ev_bytes(c, "other_inferred_bytes", d->other);
         ev_bytes(c, "shortfall_bytes", d->shortfall);
         ev_text(c, "basis", "%s", "total - free - tracked - context allowance; NVML unavailable");
@@ -590,11 +613,12 @@ static bool c_non_framework(const og_facts_t *d, const og_record_t *r, og_cause_
     char extra[112] = "";
     if (lib[0])
         og_fmt(extra, sizeof extra, "; largest: %s %s, CUDA context ~%s", lib,
-            og_hb((double)r->memory.by_library[big].bytes).s, og_hb((double)ctx).s);
+               og_hb((double)r->memory.by_library[big].bytes).s, og_hb((double)ctx).s);
     else
         og_fmt(extra, sizeof extra, "; CUDA context and untracked memory ~%s", og_hb((double)ctx).s);
     summary(c, "%s of this process's %s (%s) is outside %s%s; that is more than the %s missing.", og_hb((double)nf).s,
-            og_hb((double)d->used).s, og_pct((double)nf, (double)d->used).s, d->fwname, extra, og_hb((double)d->shortfall).s);
+            og_hb((double)d->used).s, og_pct((double)nf, (double)d->used).s, d->fwname, extra,
+            og_hb((double)d->shortfall).s);
     ev_bytes(c, "non_framework_bytes", nf);
     ev_bytes(c, "process_used_bytes", d->used);
     ev_bytes(c, "framework_bytes", fwb);
@@ -622,16 +646,18 @@ static bool c_growth(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
     c->confidence = 0.5 + 0.25 * clamp01((double)(g->steps - GROWTH_MIN_STEPS) / 26) +
                     0.2 * clamp01(rs < 1 ? (g->rising_share - rs) / (1 - rs) : 1);
     if (g->marker == OG_MARK_EVERY_ALLOCATION)
-        summary(c, "Memory left behind rises from step to step: over %s%d steps of varying sizes the low point rose "
-                "in %d of %d, by about %s per step, from %s to %s.", g->seen > g->steps ? "the last " : "", g->steps,
-                g->rising, g->transitions, og_hb((double)g->per_step).s, og_hb((double)g->first_low).s,
-                og_hb((double)g->last_low).s);
+        summary(c,
+                "Memory left behind rises from step to step: over %s%d steps of varying sizes the low point rose "
+                "in %d of %d, by about %s per step, from %s to %s.",
+                g->seen > g->steps ? "the last " : "", g->steps, g->rising, g->transitions,
+                og_hb((double)g->per_step).s, og_hb((double)g->first_low).s, og_hb((double)g->last_low).s);
     else
-        summary(c, "Memory left behind rises from step to step: in %s%d steps that each allocate %s (%s), the low "
-                "point rose in %d of %d, by about %s per step, from %s to %s.", g->seen > g->steps ? "the last " : "",
-                g->steps, og_hb((double)g->size).s,
-                g->marker == OG_MARK_FAILING_SIZE ? "the size that failed" : "the size allocated most often",
-                g->rising, g->transitions, og_hb((double)g->per_step).s, og_hb((double)g->first_low).s,
+        summary(c,
+                "Memory left behind rises from step to step: in %s%d steps that each allocate %s (%s), the low "
+                "point rose in %d of %d, by about %s per step, from %s to %s.",
+                g->seen > g->steps ? "the last " : "", g->steps, og_hb((double)g->size).s,
+                g->marker == OG_MARK_FAILING_SIZE ? "the size that failed" : "the size allocated most often", g->rising,
+                g->transitions, og_hb((double)g->per_step).s, og_hb((double)g->first_low).s,
                 og_hb((double)g->last_low).s);
     ev_bytes(c, "first_trough_bytes", g->first_low);
     ev_bytes(c, "last_trough_bytes", g->last_low);
@@ -642,9 +668,10 @@ static bool c_growth(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
     if (fw->has && fw->freed_known)
         ev_bytes(c, "framework_freed_bytes", fw->freed_bytes_total);
     /* which allocations mark the steps: the failing call's size says the failure is one more step */
-    ev_text(c, "step_marker", "%s", g->marker == OG_MARK_EVERY_ALLOCATION ? "every_allocation"
-                                    : g->marker == OG_MARK_FAILING_SIZE   ? "failing_size"
-                                                                          : "modal_size");
+    ev_text(c, "step_marker", "%s",
+            g->marker == OG_MARK_EVERY_ALLOCATION ? "every_allocation"
+            : g->marker == OG_MARK_FAILING_SIZE   ? "failing_size"
+                                                  : "modal_size");
     return true;
 }
 
@@ -653,7 +680,7 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
     if (!d->free_known || d->req == 0)
         return false;
     if (d->recovered && !d->larger_than_device)
-        return false;                /* the retry succeeded: it did fit */
+        return false; /* the retry succeeded: it did fit */
     uint64_t avail = add_sat(add_sat(d->free_eff, d->reclaim), d->app_slack);
     if (d->req <= avail && !d->larger_than_device)
         return false;
@@ -662,8 +689,10 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
     uint64_t missing = sub0(d->req, avail);
     if (d->larger_than_device) {
         c->confidence = 1.0;
-        summary(c, "The request alone, %s, is larger than the whole %s (%s): no rearranging of this process can fit "
-                "it.", og_hb((double)d->req).s, d->limited && d->capacity == d->limit ? "limit" : "device",
+        summary(c,
+                "The request alone, %s, is larger than the whole %s (%s): no rearranging of this process can fit "
+                "it.",
+                og_hb((double)d->req).s, d->limited && d->capacity == d->limit ? "limit" : "device",
                 og_hb((double)d->capacity).s);
         ev_bytes(c, "requested_bytes", d->req);
         ev_bytes(c, d->limited && d->capacity == d->limit ? "limit_bytes" : "capacity_bytes", d->capacity);
@@ -677,10 +706,10 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
     if (known(r->memory.framework_bytes) && r->memory.framework_bytes > fw_held)
         fw_held = r->memory.framework_bytes;
     if (!d->cached_known && fw_held > 0) {
-        conf = 0.45;                 /* part of the reservation may be cache: not certain */
+        conf = 0.45; /* part of the reservation may be cache: not certain */
         basis = "cache_not_measured";
     } else if (d->retried && !r->memory.fw.has) {
-        conf = 0.65;                 /* what stayed split in its segments was not measured */
+        conf = 0.65; /* what stayed split in its segments was not measured */
         basis = "retry_released";
     }
     if (d->free_estimated)
@@ -735,9 +764,10 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
         if (second)
             ev_num(c, "earlier_load_allocations", ld->earlier);
         if (second && strlen(c->summary) + 120 < sizeof c->summary)
-            og_fmt(c->summary + strlen(c->summary) - 1, sizeof c->summary - strlen(c->summary) + 1,
-                   ": it failed loading %d more blocks of %s while %d of the same size, loaded earlier, are still held.",
-                   ld->run, og_hb((double)d->req).s, ld->earlier);
+            og_fmt(
+                c->summary + strlen(c->summary) - 1, sizeof c->summary - strlen(c->summary) + 1,
+                ": it failed loading %d more blocks of %s while %d of the same size, loaded earlier, are still held.",
+                ld->run, og_hb((double)d->req).s, ld->earlier);
     }
     return true;
 }
@@ -748,7 +778,7 @@ static void c_unknown(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
     c->confidence = 0;
     char miss[96] = "";
     int nm = 0;
-    const char *m[4] = {"", "", "", ""};
+    const char *m[4] = { "", "", "", "" };
     if (!d->cached_known)
         m[nm++] = "framework cache";
     if (!d->used_known)
@@ -757,7 +787,7 @@ static void c_unknown(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
         m[nm++] = "free memory";
     if (nm)
         og_fmt(miss, sizeof miss, "; not measured: %s%s%s%s%s", m[0], nm > 1 ? ", " : "", nm > 1 ? m[1] : "",
-            nm > 2 ? ", " : "", nm > 2 ? m[2] : "");
+               nm > 2 ? ", " : "", nm > 2 ? m[2] : "");
     if (d->free_known)
         summary(c, "No rule matched: %s requested, %s free of %s, this process tracks %s, others hold %s%s.",
                 og_hb((double)d->req).s, og_hb((double)d->free_eff).s, og_hb((double)d->total).s,
@@ -785,10 +815,11 @@ static void c_snapshot(const og_facts_t *d, const og_record_t *rec, og_cause_t *
     c->id = og_cause_ids[OG_CAUSE_SNAPSHOT];
     c->confidence = 1.0;
     const og_lib_usage_t *top = rec->memory.nlibs ? &rec->memory.by_library[0] : NULL;
-    summary(c, "What holds memory now (a snapshot, no failure): this process tracks %s on device %d%s%s%s%s; "
-               "others hold %s.", og_hb((double)d->tracked).s, rec->device.index, top ? ", most from " : "",
-            top ? top->library : "", top ? " " : "", top ? og_hb((double)top->bytes).s : "",
-            og_hb((double)d->other_all).s);
+    summary(c,
+            "What holds memory now (a snapshot, no failure): this process tracks %s on device %d%s%s%s%s; "
+            "others hold %s.",
+            og_hb((double)d->tracked).s, rec->device.index, top ? ", most from " : "", top ? top->library : "",
+            top ? " " : "", top ? og_hb((double)top->bytes).s : "", og_hb((double)d->other_all).s);
     ev_bytes(c, "tracked_bytes", d->tracked);
     ev_bytes(c, "total_bytes", d->total);
     ev_bytes(c, "other_processes_bytes", d->other_all);
@@ -804,8 +835,11 @@ typedef bool (*cause_fn)(const og_facts_t *, const og_record_t *, og_cause_t *);
 
 /* the rules and their tie-break bonuses, from the list of causes (causes.def); its order breaks
  * equal scores (first wins) */
-static const struct { cause_fn fn; double bonus; } cause_table[] = {
-#define X(name, id, rule, bonus, own1, own2, title) [OG_CAUSE_##name] = {rule, bonus},
+static const struct {
+    cause_fn fn;
+    double bonus;
+} cause_table[] = {
+#define X(name, id, rule, bonus, own1, own2, title) [OG_CAUSE_##name] = { rule, bonus },
 #include "causes.def"
 #undef X
 };
@@ -825,7 +859,7 @@ static void diagnose_in(og_record_t *rec, const og_facts_t *d, const int *order)
         if (cause_table[i].fn && cause_table[i].fn(d, rec, c))
             score[i] = c->confidence + cause_table[i].bonus;
     }
-    for (size_t i = 0; i < NRULES; i++)          /* in table order: the tie-break */
+    for (size_t i = 0; i < NRULES; i++) /* in table order: the tie-break */
         if (found[i].id)
             idx[n++] = (int)i;
     /* stable insertion sort by score, highest first */

@@ -34,21 +34,29 @@
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
-#define NONFW_FLOOR   (1ULL << 30)     /* non_framework: at least 1 GiB */
+#define NONFW_FLOOR (1ULL << 30) /* non_framework: at least 1 GiB */
 
 /* Defaults (the same as OOMGUARD_FRAG_SHARE etc. in options.def), used for a missing or invalid value. */
 static const og_thresholds_t th_default = {
-    .frag_share = 0.25, .nonfw_share = 0.20, .growth_min_share = 0.05, .growth_rising_steps = 0.70,
+    .frag_share = 0.25,
+    .nonfw_share = 0.20,
+    .growth_min_share = 0.05,
+    .growth_rising_steps = 0.70,
 };
 
 const char *og_cache_src_name(enum og_cache_src s)
 {
     switch (s) {
-    case OG_CACHE_ADAPTER: return "adapter";
-    case OG_CACHE_RETRY_RELEASE: return "retry_release";
-    case OG_CACHE_POOL: return "pool";
-    case OG_CACHE_MEASURED: return "measured";
-    default: return "none";
+    case OG_CACHE_ADAPTER:
+        return "adapter";
+    case OG_CACHE_RETRY_RELEASE:
+        return "retry_release";
+    case OG_CACHE_POOL:
+        return "pool";
+    case OG_CACHE_MEASURED:
+        return "measured";
+    default:
+        return "none";
     }
 }
 
@@ -199,7 +207,8 @@ static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t
     /* several frameworks: the failing one's own reservation; one: everything the framework holds */
     if (!d->reservation)
         d->reservation = kinds > 1 && d->ffw != OG_FW_UNKNOWN && d->resv[d->ffw] ? d->resv[d->ffw]
-                         : known(rec->memory.framework_bytes) ? rec->memory.framework_bytes : 0;
+                         : known(rec->memory.framework_bytes)                    ? rec->memory.framework_bytes
+                                                                                 : 0;
     d->released = known(rec->event.released_between_attempts_bytes) ? rec->event.released_between_attempts_bytes : 0;
     /* the framework released its cache and retried (PyTorch does before raising) and it still failed */
     d->retried = !d->recovered && rec->event.attempts >= 2 && d->failing_fw != 0 &&
@@ -223,7 +232,8 @@ static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t
     d->limited = known(rec->device.limit_bytes);
     d->limit = d->limited ? rec->device.limit_bytes : 0;
     d->usage_lim = d->limited && known(rec->device.limit_usage_bytes) && rec->device.limit_usage_bytes >= d->tracked
-                       ? rec->device.limit_usage_bytes : d->tracked;
+                       ? rec->device.limit_usage_bytes
+                       : d->tracked;
     if (d->limited) {
         d->free_known = true;
         d->free_eff = sub0(d->limit, d->usage_lim);
@@ -269,11 +279,11 @@ static void framework_cap(og_facts_t *d, const og_record_t *r)
 /* ------------------------------------------------------------------ growth: steps in the history */
 
 #define GROWTH_MIN_STEPS 6
-#define GROWTH_BURST_S 0.00025          /* markers closer than this with nothing between: one burst */
+#define GROWTH_BURST_S   0.00025 /* markers closer than this with nothing between: one burst */
 /* the framework freed under this share of the rise over its whole life: the rising steps are one
  * pass building up, not iterations (the leaks of the corpus free >= 23% of it: py_evaluate_no_grad) */
 #define GROWTH_MIN_FREED_SHARE 0.1
-#define LOAD_GAP_S 0.1                  /* a pause this long between equal allocations ends a load */
+#define LOAD_GAP_S             0.1 /* a pause this long between equal allocations ends a load */
 
 static int cmp_u64(const void *a, const void *b)
 {
@@ -296,7 +306,7 @@ static bool growth_for(const og_facts_t *d, const og_record_t *r, og_growth_scra
      * framework's rounding); a step runs from one marker to the next */
     uint64_t tol = size / 32 > (2ULL << 20) ? size / 32 : (2ULL << 20);
     if (marker == OG_MARK_MODAL_SIZE)
-        tol = size / 32;             /* the most frequent size: that size exactly (to rounding) */
+        tol = size / 32; /* the most frequent size: that size exactly (to rounding) */
     /* the latest OG_GROWTH_MAX_STEPS steps (the ones nearest the failure), in a ring */
     uint64_t *ring = s->ring, *lows = s->lows, *rises = s->rises;
     long seen = 0;
@@ -319,9 +329,9 @@ static bool growth_for(const og_facts_t *d, const og_record_t *r, og_growth_scra
             if (burst)
                 continue;
             if (in_step)
-                ring[seen++ % OG_GROWTH_MAX_STEPS] = low;   /* close the previous step */
+                ring[seen++ % OG_GROWTH_MAX_STEPS] = low; /* close the previous step */
             in_step = true;
-            low = floor_now;             /* the floor under this step: live before its marker */
+            low = floor_now; /* the floor under this step: live before its marker */
             continue;
         }
         between = true;
@@ -366,7 +376,7 @@ static bool growth_for(const og_facts_t *d, const og_record_t *r, og_growth_scra
     if (d->cached_known && d->cached_src != OG_CACHE_RETRY_RELEASE && 2 * d->cached >= rise)
         return false;
     if (d->app_slack && 2 * d->app_slack >= rise)
-        return false;                /* the application's pool keeping what it handed out */
+        return false; /* the application's pool keeping what it handed out */
     /* a loop that leaks frees its temporaries every iteration; one pass that builds up (the first
      * forward of a too-big batch: a step per layer, each activation kept for backward) has freed
      * (almost) nothing.  Unknown (no adapter, or one that cannot tell) is not zero. */
@@ -447,9 +457,9 @@ static void load(og_facts_t *d, const og_record_t *r)
     const struct og_hist_ev *e = r->history.events;
     int ne = e ? r->history.nevents : 0, run = 0, earlier = 0, i = ne - 1;
     uint64_t held_before = 0;
-    uint64_t tol = 2ULL << 20;       /* shards of one checkpoint are the same size */
+    uint64_t tol = 2ULL << 20; /* shards of one checkpoint are the same size */
     double t_prev = -1, t_fail0 = -1;
-    for (int k = ne - 1; k >= 0 && k >= ne - 32; k--)    /* when the failures at the end began */
+    for (int k = ne - 1; k >= 0 && k >= ne - 32; k--) /* when the failures at the end began */
         if (is_op(&e[k], OG_OP_FAIL))
             t_fail0 = e[k].t_rel;
     for (; i >= 0; i--) {
@@ -457,8 +467,8 @@ static void load(og_facts_t *d, const og_record_t *r)
         if (is_op(&e[i], OG_OP_NONE) || is_op(&e[i], OG_OP_FAIL) ||
             (is_op(&e[i], OG_OP_FREE) && t_fail0 >= 0 && e[i].t_rel >= t_fail0))
             continue;
-        bool same = is_op(&e[i], OG_OP_ALLOC) &&
-                    (e[i].bytes > d->req ? e[i].bytes - d->req : d->req - e[i].bytes) <= tol;
+        bool same =
+            is_op(&e[i], OG_OP_ALLOC) && (e[i].bytes > d->req ? e[i].bytes - d->req : d->req - e[i].bytes) <= tol;
         if (!same || (t_prev >= 0 && t_prev - e[i].t_rel > LOAD_GAP_S))
             break;
         t_prev = e[i].t_rel;
@@ -468,8 +478,7 @@ static void load(og_facts_t *d, const og_record_t *r)
     for (; run >= 4 && i >= 0; i--) {
         if (is_op(&e[i], OG_OP_NONE) || is_op(&e[i], OG_OP_FAIL))
             continue;
-        if (!is_op(&e[i], OG_OP_ALLOC) ||
-            (e[i].bytes > d->req ? e[i].bytes - d->req : d->req - e[i].bytes) > tol)
+        if (!is_op(&e[i], OG_OP_ALLOC) || (e[i].bytes > d->req ? e[i].bytes - d->req : d->req - e[i].bytes) > tol)
             break;
         earlier++;
     }
@@ -492,8 +501,8 @@ static void load(og_facts_t *d, const og_record_t *r)
         built = false;
     d->load.run = run;
     d->load.earlier = earlier;
-    d->load.phase = run >= 4 && (built || earlier >= 4) ? (earlier >= 4 ? OG_PHASE_SECOND_LOAD : OG_PHASE_LOADING)
-                                                        : OG_PHASE_NONE;
+    d->load.phase =
+        run >= 4 && (built || earlier >= 4) ? (earlier >= 4 ? OG_PHASE_SECOND_LOAD : OG_PHASE_LOADING) : OG_PHASE_NONE;
 }
 
 /* ------------------------------------------------------------------ across devices, outside the framework */
@@ -543,7 +552,7 @@ static void non_framework(og_facts_t *d, const og_record_t *r)
     if (!d->used_known || d->used == 0 || !known(r->memory.non_framework_bytes) || d->shortfall == 0)
         return;
     if (r->framework == OG_FW_UNKNOWN && fwb == 0)
-        return;                     /* no framework: "outside the framework" would be everything */
+        return; /* no framework: "outside the framework" would be everything */
     uint64_t nf = r->memory.non_framework_bytes;
     double share = (double)nf / (double)d->used;
     d->nonfw_holds = share >= d->nonfw_share && nf >= d->shortfall && nf >= NONFW_FLOOR;
@@ -556,11 +565,11 @@ static void advice(og_facts_t *f, const og_record_t *rec)
     struct og_advice_facts *x = &f->adv;
     x->fw = rec->framework;
     x->other = known(rec->memory.other_processes_bytes) ? rec->memory.other_processes_bytes : 0;
-    for (int i = 0; i < rec->memory.nother && i < 32; i++)   /* ranks of this job are not "others" */
+    for (int i = 0; i < rec->memory.nother && i < 32; i++) /* ranks of this job are not "others" */
         if (rec->memory.other[i].same_job)
             x->other = sub0(x->other, rec->memory.other[i].bytes);
     if (!known(rec->memory.other_processes_bytes) && known(og_other_inferred_bytes(rec))) {
-        x->other = og_other_inferred_bytes(rec);   /* no NVML: inferred, and the texts say so */
+        x->other = og_other_inferred_bytes(rec); /* no NVML: inferred, and the texts say so */
         x->other_inferred = true;
     }
     const og_framework_view_t *fw = &rec->memory.fw;
@@ -594,9 +603,9 @@ static void advice(og_facts_t *f, const og_record_t *rec)
         fail_is_fw = rec->memory.by_library[i].framework && strcmp(og_base_name(l), x->fail_lib) == 0;
     }
     /* the framework released what it could before failing again and got nothing back */
-    x->retried_zero = rec->event.attempts >= 2 && !rec->event.recovered && fail_is_fw &&
-                      (!known(rec->event.released_between_attempts_bytes) ||
-                       rec->event.released_between_attempts_bytes == 0);
+    x->retried_zero =
+        rec->event.attempts >= 2 && !rec->event.recovered && fail_is_fw &&
+        (!known(rec->event.released_between_attempts_bytes) || rec->event.released_between_attempts_bytes == 0);
     x->async_backend = strstr(rec->pytorch_alloc_conf, "cudaMallocAsync") != NULL;
     x->grad = fw->has ? fw->grad_enabled : 0;
     x->training = fw->has ? fw->training : 0;
@@ -606,8 +615,9 @@ static void advice(og_facts_t *f, const og_record_t *rec)
     if (ffw != OG_FW_UNKNOWN)
         x->fw = ffw;
     x->cc_known = rec->device.cc_major > 0;
-    x->cc = rec->device.cc_major * 10 +
-            (rec->device.cc_minor > 9 ? 9 : rec->device.cc_minor < 0 ? 0 : rec->device.cc_minor);
+    x->cc = rec->device.cc_major * 10 + (rec->device.cc_minor > 9   ? 9
+                                         : rec->device.cc_minor < 0 ? 0
+                                                                    : rec->device.cc_minor);
 }
 
 /* ------------------------------------------------------------------ entry */

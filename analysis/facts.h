@@ -11,7 +11,10 @@
 #include <stdint.h>
 
 /* A byte count that may be unknown (unknown is not zero). */
-typedef struct og_qty { bool known; uint64_t v; } og_qty_t;
+typedef struct og_qty {
+    bool known;
+    uint64_t v;
+} og_qty_t;
 
 /* Where the failing framework's cached-but-unused bytes were measured. */
 enum og_cache_src {
@@ -29,39 +32,41 @@ enum og_step_marker { OG_MARK_FAILING_SIZE, OG_MARK_MODAL_SIZE, OG_MARK_EVERY_AL
 /* What the job was doing when it failed, read from the history by does_not_fit. */
 enum og_load_phase { OG_PHASE_NONE, OG_PHASE_LOADING, OG_PHASE_SECOND_LOAD };
 
-#define OG_NFW 5                          /* enum og_framework values */
+#define OG_NFW              5 /* enum og_framework values */
 #define OG_GROWTH_MAX_STEPS 512
 
 /* Scratch of the growth rule: the low points of up to OG_GROWTH_MAX_STEPS steps and their rises. */
-typedef struct og_growth_scratch { uint64_t ring[OG_GROWTH_MAX_STEPS], lows[OG_GROWTH_MAX_STEPS], rises[OG_GROWTH_MAX_STEPS]; } og_growth_scratch_t;
+typedef struct og_growth_scratch {
+    uint64_t ring[OG_GROWTH_MAX_STEPS], lows[OG_GROWTH_MAX_STEPS], rises[OG_GROWTH_MAX_STEPS];
+} og_growth_scratch_t;
 
 /* Growth: the low points of the latest steps of the history (see diagnose.c, growth). */
 typedef struct og_growth_facts {
-    bool holds;                      /* the rule's pattern is there (the rule then reports it) */
+    bool holds; /* the rule's pattern is there (the rule then reports it) */
     enum og_step_marker marker;
-    uint64_t size;                   /* the marker size (unused for OG_MARK_EVERY_ALLOCATION) */
-    long seen;                       /* steps in the whole history */
-    int steps, rising, transitions;  /* steps read (<= OG_GROWTH_MAX_STEPS), rising among transitions */
+    uint64_t size;                  /* the marker size (unused for OG_MARK_EVERY_ALLOCATION) */
+    long seen;                      /* steps in the whole history */
+    int steps, rising, transitions; /* steps read (<= OG_GROWTH_MAX_STEPS), rising among transitions */
     uint64_t per_step, rise, first_low, last_low;
     double rising_share;
     /* side findings of the attempts, read by does_not_fit */
-    int load_steps;                  /* steps that were a load instead (0 none) */
-    uint64_t load_step_bytes;        /* what each of those steps added (the median) */
-    bool pass_built;                 /* rising steps over a working set with nothing freed: one pass */
+    int load_steps;           /* steps that were a load instead (0 none) */
+    uint64_t load_step_bytes; /* what each of those steps added (the median) */
+    bool pass_built;          /* rising steps over a working set with nothing freed: one pass */
 } og_growth_facts_t;
 
 /* The load that the failing request may be part of (a run of equal allocations kept). */
 typedef struct og_load_facts {
     enum og_load_phase phase;
-    int run, earlier;                /* allocations of the run, and of an earlier run of the same size */
+    int run, earlier; /* allocations of the run, and of an earlier run of the same size */
 } og_load_facts_t;
 
 /* One process driving several GPUs. */
 typedef struct og_imbalance_facts {
     bool holds;
-    uint64_t mine, avg;              /* the failing GPU's tracked bytes, the others' average */
+    uint64_t mine, avg; /* the failing GPU's tracked bytes, the others' average */
     int nother;
-    double ratio;                    /* mine / the most of any other */
+    double ratio; /* mine / the most of any other */
 } og_imbalance_facts_t;
 
 typedef struct og_facts {
@@ -69,12 +74,12 @@ typedef struct og_facts {
     double frag_share, nonfw_share, growth_min_share, growth_rising_steps;
 
     /* the request and the device */
-    uint64_t req;                    /* the API's argument: SIZE_MAX is a request like any other */
+    uint64_t req; /* the API's argument: SIZE_MAX is a request like any other */
     bool recovered;
-    uint64_t total;                  /* 0 when unknown */
+    uint64_t total; /* 0 when unknown */
     bool limited;
-    uint64_t limit, usage_lim;       /* OOMGUARD_LIMIT and what it counts */
-    og_qty_t phys_free;              /* the device's own free bytes */
+    uint64_t limit, usage_lim; /* OOMGUARD_LIMIT and what it counts */
+    og_qty_t phys_free;        /* the device's own free bytes */
     bool free_known, free_estimated;
     uint64_t free_eff, shortfall, capacity;
     bool larger_than_device;
@@ -86,14 +91,14 @@ typedef struct og_facts {
     uint64_t other_all, other, peers_bytes;
     int npeers, nothers, nchildren;
     bool peers_small, other_inferred;
-    bool wrong_device;               /* LOCAL_RANK names another visible GPU than the failing one */
+    bool wrong_device; /* LOCAL_RANK names another visible GPU than the failing one */
 
     /* frameworks */
-    int failing_fw;                  /* 1 the failing library is a framework's, 0 not, -1 cannot tell */
-    int ffw;                         /* enum og_framework of the failing call */
+    int failing_fw; /* 1 the failing library is a framework's, 0 not, -1 cannot tell */
+    int ffw;        /* enum og_framework of the failing call */
     const char *fwname;
     uint64_t resv[OG_NFW], fw_resv_all;
-    int other_fw;                    /* the largest reservation of another framework than ffw, -1 none */
+    int other_fw; /* the largest reservation of another framework than ffw, -1 none */
     uint64_t other_fw_bytes;
 
     /* the failing framework's cache */
@@ -102,38 +107,38 @@ typedef struct og_facts {
     uint64_t cached, reclaim, reservation, released;
     bool largest_known;
     uint64_t largest, app_slack;
-    bool app_pool_covers;            /* the application's own pool keeps at least the shortfall */
-    int distinct_sizes;              /* distinct allocation sizes (to 1 MiB, at most 64) in the history */
+    bool app_pool_covers; /* the application's own pool keeps at least the shortfall */
+    int distinct_sizes;   /* distinct allocation sizes (to 1 MiB, at most 64) in the history */
 
     /* a framework-imposed cap (memory fraction, set_limit) the adapter reported */
     struct og_cap_facts {
-        bool binds;                  /* allocated + request exceed it, and the framework refused or the device had room */
+        bool binds; /* allocated + request exceed it, and the framework refused or the device had room */
         uint64_t cap, req, alloc, over;
-        bool room;                   /* the device itself had room for the request */
+        bool room; /* the device itself had room for the request */
     } cap;
 
     /* patterns in the history and across devices */
     og_growth_facts_t growth;
     og_load_facts_t load;
     og_imbalance_facts_t imbalance;
-    bool nonfw_holds;                /* memory outside the framework explains the shortfall */
-    uint64_t nonfw;                  /* non_framework_bytes, 0 when unknown */
-    int nonfw_big_lib;               /* index in by_library of the largest non-framework library, -1 none */
+    bool nonfw_holds;  /* memory outside the framework explains the shortfall */
+    uint64_t nonfw;    /* non_framework_bytes, 0 when unknown */
+    int nonfw_big_lib; /* index in by_library of the largest non-framework library, -1 none */
 
     /* what the advice reads (its definitions, kept apart where they differ from the causes') */
     struct og_advice_facts {
-        int fw;                      /* the failing library's framework by name, else the record's */
-        uint64_t other;              /* others' bytes, without this job's ranks; inferred without NVML */
+        int fw;         /* the failing library's framework by name, else the record's */
+        uint64_t other; /* others' bytes, without this job's ranks; inferred without NVML */
         bool other_inferred;
         bool cached_known, cache_retried;
         uint64_t cached, reclaim;
         bool live_known;
         uint64_t live;
-        bool retried_zero;           /* released its cache, got 0 B back, failed again */
-        bool async_backend;          /* PyTorch's backend:cudaMallocAsync */
+        bool retried_zero;  /* released its cache, got 0 B back, failed again */
+        bool async_backend; /* PyTorch's backend:cudaMallocAsync */
         bool cc_known;
-        int cc;                      /* major * 10 + minor */
-        int grad, training, autocast;   /* adapter evidence, 0 unknown */
+        int cc;                       /* major * 10 + minor */
+        int grad, training, autocast; /* adapter evidence, 0 unknown */
         char fail_lib[64];
     } adv;
 } og_facts_t;

@@ -7,36 +7,36 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "human.h"   /* enum og_framework */
+#include "human.h" /* enum og_framework */
 #include "facts.h"
 
-#define OG_UNKNOWN UINT64_MAX          /* a byte count that could not be measured */
+#define OG_UNKNOWN UINT64_MAX /* a byte count that could not be measured */
 
 typedef struct og_lib_usage {
     char library[120];
     uint64_t bytes, blocks;
     bool framework;
-    int fw_kind;                     /* enum og_framework of this library (OG_FW_UNKNOWN if none) */
-    uint64_t pool_bytes;             /* of `bytes`, blocks taken from stream-ordered pools */
+    int fw_kind;         /* enum og_framework of this library (OG_FW_UNKNOWN if none) */
+    uint64_t pool_bytes; /* of `bytes`, blocks taken from stream-ordered pools */
 } og_lib_usage_t;
 
 typedef struct og_other_proc {
     int pid;
     char name[64];
     uint64_t bytes;
-    bool visible;                    /* the pid exists in this pid namespace (/proc/PID) */
-    bool same_job;                   /* same command and job (launcher/rank variables) as this process */
-    long rank;                       /* its RANK (or launcher equivalent), -1 when unknown */
-    bool child;                      /* a child of this process (DataLoader worker, subprocess) */
+    bool visible;  /* the pid exists in this pid namespace (/proc/PID) */
+    bool same_job; /* same command and job (launcher/rank variables) as this process */
+    long rank;     /* its RANK (or launcher equivalent), -1 when unknown */
+    bool child;    /* a child of this process (DataLoader worker, subprocess) */
 } og_other_proc_t;
 
 typedef struct og_frame {
     uintptr_t ip;
     char symbol[96];
     char library[96];
-    uintptr_t offset;                /* ip - library base */
-    char path[192];                  /* the library's file, for symbolizing later ("" if unknown) */
-    char build_id[41];               /* its GNU build-id, hex ("" if it has none) */
+    uintptr_t offset;  /* ip - library base */
+    char path[192];    /* the library's file, for symbolizing later ("" if unknown) */
+    char build_id[41]; /* its GNU build-id, hex ("" if it has none) */
 } og_frame_t;
 
 typedef struct og_top_site {
@@ -47,26 +47,33 @@ typedef struct og_top_site {
     og_frame_t frames[16];
 } og_top_site_t;
 
-typedef struct og_sample { double t_rel; uint64_t live; } og_sample_t;
+typedef struct og_sample {
+    double t_rel;
+    uint64_t live;
+} og_sample_t;
 
 /* What one history event was (OG_OP_NONE: an empty entry). */
 enum og_hist_op { OG_OP_NONE, OG_OP_ALLOC, OG_OP_FREE, OG_OP_FAIL, OG_OP_POOL_GROW, OG_OP_POOL_SHRINK, OG_OP_OTHER };
 const char *og_hist_op_name(enum og_hist_op op);
 
 typedef struct og_cause {
-    const char *id;                  /* does_not_fit, fragmentation, ... */
-    double confidence;               /* 0..1 */
+    const char *id;    /* does_not_fit, fragmentation, ... */
+    double confidence; /* 0..1 */
     char summary[384];
     int nevidence;
     struct {
-        const char *name; bool is_text; double num; char text[64];
-        bool is_bytes; uint64_t bytes;   /* a byte count, exact (num rounds SIZE_MAX up to 2^64) */
+        const char *name;
+        bool is_text;
+        double num;
+        char text[64];
+        bool is_bytes;
+        uint64_t bytes; /* a byte count, exact (num rounds SIZE_MAX up to 2^64) */
     } evidence[12];
 } og_cause_t;
 
 typedef struct og_remedy {
     const char *id;
-    int rank;                        /* 1 = first */
+    int rank; /* 1 = first */
     const char *title;
     char why[384];
     int nhow;
@@ -91,26 +98,29 @@ enum og_role {
 };
 
 typedef struct og_role_holder {
-    char label[160];                 /* "losses (list, global in train.py)" */
+    char label[160]; /* "losses (list, global in train.py)" */
     char name[64], kind[32], where[96];
     uint64_t bytes, tensors;
-    bool has_site;                   /* site: the line that created its largest tensor (allocation history) */
+    bool has_site; /* site: the line that created its largest tensor (allocation history) */
     og_py_frame_t site;
 } og_role_holder_t;
 
 typedef struct og_roles {
     bool has;
-    bool complete;                   /* the scan finished within its time budget */
-    uint64_t allocated_bytes;        /* what the roles split (OG_UNKNOWN if unknown) */
-    uint64_t bytes[OG_NROLES];       /* OG_UNKNOWN: unknown */
-    uint64_t tensors[OG_NROLES];     /* storages counted */
+    bool complete;               /* the scan finished within its time budget */
+    uint64_t allocated_bytes;    /* what the roles split (OG_UNKNOWN if unknown) */
+    uint64_t bytes[OG_NROLES];   /* OG_UNKNOWN: unknown */
+    uint64_t tensors[OG_NROLES]; /* storages counted */
     int noptimizers;
-    struct { char cls[48]; uint64_t bytes, tensors; } optimizers[6];
+    struct {
+        char cls[48];
+        uint64_t bytes, tensors;
+    } optimizers[6];
     int nholders;
     og_role_holder_t holders[8];
     uint64_t elapsed_us, objects;
-    uint64_t sampled;                /* large containers and classes read in part (their first elements held no tensor) */
-    char why[160];                   /* why something is unknown ("" none) */
+    uint64_t sampled; /* large containers and classes read in part (their first elements held no tensor) */
+    char why[160];    /* why something is unknown ("" none) */
 } og_roles_t;
 
 /* Framework adapter's own numbers (PyTorch memory_stats and friends); has = false if none. */
@@ -121,62 +131,62 @@ typedef struct og_framework_view {
     uint64_t largest_free_block_bytes, private_pool_bytes;
     uint64_t num_alloc_retries, num_ooms;
     char allocator_settings[256];
-    char source[32];                 /* "torch", ... */
-    char snapshot_file[512];         /* the framework's own snapshot (JSON), "" if none */
+    char source[32];         /* "torch", ... */
+    char snapshot_file[512]; /* the framework's own snapshot (JSON), "" if none */
     /* evidence for the diagnosis (zero = unknown): */
-    int grad_enabled;                /* 1 autograd on at the failure, -1 off (no_grad/inference_mode) */
-    int training;                    /* 1 training seen (optimizer state, backward), -1 known inference/eval */
-    int autocast;                    /* 1 mixed precision (autocast) on at the failure, -1 off */
-    bool freed_known;                /* freed_bytes_total was measured (0 freed is an answer) */
-    uint64_t freed_bytes_total;      /* bytes the framework freed over the process's life */
-    uint64_t cap_bytes;              /* framework-imposed cap (memory fraction, set_limit); 0 none/unknown */
-    char cap_source[64];             /* the setting that imposes it */
-    char framework[16];              /* "pytorch" | "jax" | "tensorflow" | "cupy"; "" = from `source` */
-    char unmeasured_why[120];        /* why the adapter could not answer at the failure ("" = it did or none) */
+    int grad_enabled;           /* 1 autograd on at the failure, -1 off (no_grad/inference_mode) */
+    int training;               /* 1 training seen (optimizer state, backward), -1 known inference/eval */
+    int autocast;               /* 1 mixed precision (autocast) on at the failure, -1 off */
+    bool freed_known;           /* freed_bytes_total was measured (0 freed is an answer) */
+    uint64_t freed_bytes_total; /* bytes the framework freed over the process's life */
+    uint64_t cap_bytes;         /* framework-imposed cap (memory fraction, set_limit); 0 none/unknown */
+    char cap_source[64];        /* the setting that imposes it */
+    char framework[16];         /* "pytorch" | "jax" | "tensorflow" | "cupy"; "" = from `source` */
+    char unmeasured_why[120];   /* why the adapter could not answer at the failure ("" = it did or none) */
     /* failures inside the framework's allocator and the Python lines (framework.c) */
-    bool internal_oom;               /* the framework refused the request itself; no driver call failed */
-    char api[48];                    /* the framework's allocator, event.api of an internal failure */
-    uint64_t requested_bytes;        /* the framework's own request; 0 unknown */
-    uint64_t peak_bytes;             /* the framework's peak (jax peak_bytes_in_use); 0 unknown */
-    uint64_t reported_t_ns;          /* when the adapter handed these in (og_now_ns) */
-    int npy_frames;                  /* event.python_stack, innermost first */
+    bool internal_oom;        /* the framework refused the request itself; no driver call failed */
+    char api[48];             /* the framework's allocator, event.api of an internal failure */
+    uint64_t requested_bytes; /* the framework's own request; 0 unknown */
+    uint64_t peak_bytes;      /* the framework's peak (jax peak_bytes_in_use); 0 unknown */
+    uint64_t reported_t_ns;   /* when the adapter handed these in (og_now_ns) */
+    int npy_frames;           /* event.python_stack, innermost first */
     og_py_frame_t py_frames[24];
-    int npy_sites;                   /* python_sites: lines holding the most live memory, largest first */
+    int npy_sites; /* python_sites: lines holding the most live memory, largest first */
     og_py_frame_t py_sites[16];
-    og_roles_t roles;                /* memory.framework.roles */
-    char phase[24];                  /* event.phase: "" unknown */
-    char phase_source[96];           /* event.phase_source: how it was told, or why unknown ("" none given) */
+    og_roles_t roles;      /* memory.framework.roles */
+    char phase[24];        /* event.phase: "" unknown */
+    char phase_source[96]; /* event.phase_source: how it was told, or why unknown ("" none given) */
     bool has_phase_frame;
-    og_py_frame_t phase_frame;       /* event.phase_frame */
+    og_py_frame_t phase_frame; /* event.phase_frame */
 } og_framework_view_t;
 
 typedef struct og_record {
-    const char *status;              /* oom | recovered | warning | exit */
-    double time;                     /* epoch seconds */
+    const char *status; /* oom | recovered | warning | exit */
+    double time;        /* epoch seconds */
     int pid, ppid;
     char host[256];
-    char node[256];                  /* the machine, when the host name is a pod's or a task's ("": unknown) */
-    long rank, local_rank, world_size;   /* -1 when not set */
+    char node[256];                    /* the machine, when the host name is a pod's or a task's ("": unknown) */
+    long rank, local_rank, world_size; /* -1 when not set */
     char job_id[128];
     char cmdline[1024];
     enum og_framework framework;
-    char framework_libs[512];        /* comma-separated framework libraries seen */
+    char framework_libs[512]; /* comma-separated framework libraries seen */
     int visible_devices;
 
     /* settings already in force, read from the environment (allow-listed) */
     int nenv;
-    char env[48][256];               /* "NAME=value" */
-    char pytorch_alloc_conf[256];    /* PYTORCH_CUDA_ALLOC_CONF (or PYTORCH_ALLOC_CONF) */
+    char env[48][256];            /* "NAME=value" */
+    char pytorch_alloc_conf[256]; /* PYTORCH_CUDA_ALLOC_CONF (or PYTORCH_ALLOC_CONF) */
     bool expandable_segments_set;
     bool max_split_set;
-    bool xla_preallocate_off;        /* XLA_PYTHON_CLIENT_PREALLOCATE=false */
+    bool xla_preallocate_off; /* XLA_PYTHON_CLIENT_PREALLOCATE=false */
     char tf_gpu_allocator[64];
 
     struct {
         uint64_t requested_bytes;
-        const char *api;             /* API the program called (runtime name when via libcudart) */
+        const char *api; /* API the program called (runtime name when via libcudart) */
         const char *driver_api;
-        bool framework_internal;     /* refused inside the framework's allocator: no driver call */
+        bool framework_internal; /* refused inside the framework's allocator: no driver call */
         int device;
         bool stream_ordered;
         int result;
@@ -198,32 +208,32 @@ typedef struct og_record {
         char pci_bus_id[32];
         int cc_major, cc_minor;
         uint64_t total_bytes, free_bytes;
-        uint64_t limit_bytes;        /* OG_UNKNOWN when no limit */
-        uint64_t limit_usage_bytes;  /* what the limit check counts (tracked + context); OG_UNKNOWN without limit */
+        uint64_t limit_bytes;       /* OG_UNKNOWN when no limit */
+        uint64_t limit_usage_bytes; /* what the limit check counts (tracked + context); OG_UNKNOWN without limit */
     } device;
 
     struct {
         uint64_t process_tracked_bytes;
-        uint64_t process_used_bytes;     /* NVML; OG_UNKNOWN if not measured */
+        uint64_t process_used_bytes; /* NVML; OG_UNKNOWN if not measured */
         uint64_t plain, managed, pool_reserved, pool_used, vmm_physical, vmm_mapped;
         int nlibs;
         og_lib_usage_t by_library[32];
-        uint64_t framework_bytes;        /* held by the framework's libraries */
-        uint64_t framework_cached_bytes; /* held but unused: OG_UNKNOWN if not measured */
+        uint64_t framework_bytes;                  /* held by the framework's libraries */
+        uint64_t framework_cached_bytes;           /* held but unused: OG_UNKNOWN if not measured */
         enum og_cache_src framework_cached_source; /* OG_CACHE_NONE when not measured */
-        uint64_t non_framework_bytes;    /* process_used - framework_bytes; OG_UNKNOWN without NVML */
-        uint64_t context_bytes_estimate; /* process_used - tracked; OG_UNKNOWN without NVML */
+        uint64_t non_framework_bytes;              /* process_used - framework_bytes; OG_UNKNOWN without NVML */
+        uint64_t context_bytes_estimate;           /* process_used - tracked; OG_UNKNOWN without NVML */
         int nother;
-        og_other_proc_t other[32];       /* largest first */
-        uint64_t other_processes_bytes;  /* all of them, listed or not */
-        int other_processes_count;       /* all of them: other[] keeps the 32 holding most */
+        og_other_proc_t other[32];      /* largest first */
+        uint64_t other_processes_bytes; /* all of them, listed or not */
+        int other_processes_count;      /* all of them: other[] keeps the 32 holding most */
         uint64_t host_pinned_bytes;
-        int pool_owner_fw;               /* whose stream-ordered pools: 0 unknown/none, 1 the framework's, 2 the application's */
-        char pool_owner[120];            /* library that took most blocks from the pools */
+        int pool_owner_fw;    /* whose stream-ordered pools: 0 unknown/none, 1 the framework's, 2 the application's */
+        char pool_owner[120]; /* library that took most blocks from the pools */
         int nunmeasured;
         char unmeasured[8][160];
-        char nvml_process_query[96];     /* NVML call (and entry size) that listed the processes; "" = none */
-        uint64_t ipc_mapped_bytes;       /* other processes' memory opened here (cuIpcOpenMemHandle): not ours */
+        char nvml_process_query[96]; /* NVML call (and entry size) that listed the processes; "" = none */
+        uint64_t ipc_mapped_bytes;   /* other processes' memory opened here (cuIpcOpenMemHandle): not ours */
         og_framework_view_t fw;
     } memory;
 
@@ -232,7 +242,14 @@ typedef struct og_record {
         double peak_t_rel;
         char peak_library[120];
         int nevents;
-        struct og_hist_ev { double t_rel; enum og_hist_op op; uint64_t bytes; int device; const char *api; uint64_t live; } *events;
+        struct og_hist_ev {
+            double t_rel;
+            enum og_hist_op op;
+            uint64_t bytes;
+            int device;
+            const char *api;
+            uint64_t live;
+        } * events;
         int nsamples;
         og_sample_t samples[512];
         uint64_t allocs, frees, failures, unknown_frees;
@@ -253,7 +270,13 @@ typedef struct og_record {
 
     /* summary across devices (peaks, which card sizes fit) */
     int nsummary;
-    struct { int index; uint64_t peak_bytes; double peak_t_rel; char peak_library[120]; uint64_t tracked_bytes; } summary[16];
+    struct {
+        int index;
+        uint64_t peak_bytes;
+        double peak_t_rel;
+        char peak_library[120];
+        uint64_t tracked_bytes;
+    } summary[16];
 
     /* the analysis's working space (not dumped): the facts og_diagnose computed, read again by
      * og_select_remedies, and scratch too large for the failing thread's stack */
@@ -261,16 +284,16 @@ typedef struct og_record {
         bool facts_valid;
         og_facts_t facts;
         og_growth_scratch_t growth;
-        og_cause_t found[16];        /* every cause that holds, before ranking */
+        og_cause_t found[16]; /* every cause that holds, before ranking */
     } analysis;
 } og_record_t;
 
 /* Diagnosis thresholds (OOMGUARD_* options, see options.def). */
 typedef struct og_thresholds {
-    double frag_share;           /* cached >= this share of the framework's reservation */
-    double nonfw_share;          /* non-framework >= this share of the process's usage */
-    double growth_min_share;     /* growth: rise >= this share of the device total */
-    double growth_rising_steps;  /* growth: share of steps whose low point rose */
+    double frag_share;          /* cached >= this share of the framework's reservation */
+    double nonfw_share;         /* non-framework >= this share of the process's usage */
+    double growth_min_share;    /* growth: rise >= this share of the device total */
+    double growth_rising_steps; /* growth: share of steps whose low point rose */
 } og_thresholds_t;
 
 /* facts.c: the facts of REC (thresholds TH, NULL for the defaults); S is scratch for the growth rule. */

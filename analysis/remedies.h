@@ -26,33 +26,33 @@ typedef struct rctx {
     const char *fwname;
     bool has[OG_CAUSE_COUNT];
     int primary;
-    double primary_conf;             /* the primary cause's confidence */
+    double primary_conf; /* the primary cause's confidence */
     uint64_t req, shortfall, total, tracked, footprint, live, other, nonfw;
-    bool other_inferred;              /* `other` inferred from total - free - tracked (no NVML) */
+    bool other_inferred; /* `other` inferred from total - free - tracked (no NVML) */
     bool cached_known, cache_retried;
     uint64_t cached, reclaim, largest;
     bool largest_known;
     bool cc_known;
-    int cc;                      /* major * 10 + minor */
+    int cc; /* major * 10 + minor */
     int visible;
     long world;
     char fail_lib[64];
-    bool live_known;             /* false when the framework's cache was not measured */
-    bool retried_zero;           /* the framework released its cache, got 0 B back, and failed again */
-    bool larger_than_device;     /* the request alone exceeds the device (or the limit) */
-    bool app_pool;               /* the cache is the application's own stream-ordered pool */
-    bool async_backend;          /* PyTorch's backend:cudaMallocAsync */
-    bool variable_sizes;         /* many different allocation sizes: variable-length batches */
-    int other_fw;                /* the other framework holding memory (other_framework), or 0 */
+    bool live_known;         /* false when the framework's cache was not measured */
+    bool retried_zero;       /* the framework released its cache, got 0 B back, and failed again */
+    bool larger_than_device; /* the request alone exceeds the device (or the limit) */
+    bool app_pool;           /* the cache is the application's own stream-ordered pool */
+    bool async_backend;      /* PyTorch's backend:cudaMallocAsync */
+    bool variable_sizes;     /* many different allocation sizes: variable-length batches */
+    int other_fw;            /* the other framework holding memory (other_framework), or 0 */
     uint64_t other_fw_bytes, peers_bytes, capacity, growth_rise;
     int npeers;
-    int grad, training;          /* adapter evidence, 0 unknown */
-    int autocast;                /* adapter evidence: 1 mixed precision on at the failure, -1 off, 0 unknown */
+    int grad, training; /* adapter evidence, 0 unknown */
+    int autocast;       /* adapter evidence: 1 mixed precision on at the failure, -1 off, 0 unknown */
 } rctx_t;
 
 typedef struct og_remedy_def {
     const char *id, *title, *saving, *cost;
-    int order;                                   /* checklist position, x10 */
+    int order; /* checklist position, x10 */
     bool (*build)(const rctx_t *, og_remedy_t *);
 } og_remedy_def_t;
 

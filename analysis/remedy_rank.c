@@ -27,7 +27,7 @@ typedef struct rank {
 
 /* ------------------------------------------------------------------ conditions */
 
-#define HAS(c) (x->has[OG_CAUSE_##c])
+#define HAS(c)     (x->has[OG_CAUSE_##c])
 #define PRIMARY(c) (x->primary == OG_CAUSE_##c)
 
 static bool cache_ok(const rctx_t *x) { return x->cached_known && x->cached > 0 && !x->cache_retried; }
@@ -43,8 +43,9 @@ static const char *load_phase(const rctx_t *x)
 {
     if (!HAS(DNF) || x->f->larger_than_device)
         return NULL;
-    return x->f->load.phase == OG_PHASE_SECOND_LOAD ? "second_load" : x->f->load.phase == OG_PHASE_LOADING ? "loading"
-                                                                                                          : NULL;
+    return x->f->load.phase == OG_PHASE_SECOND_LOAD ? "second_load"
+           : x->f->load.phase == OG_PHASE_LOADING   ? "loading"
+                                                    : NULL;
 }
 
 static bool always(const rctx_t *x) { return x != NULL; }
@@ -90,8 +91,11 @@ static bool limit_by_context(const rctx_t *x)
  * answer to a snapshot, where nothing failed */
 static bool own_fix_covers(const rctx_t *x)
 {
-    double cov = PRIMARY(OTHERFW) ? (double)x->other_fw_bytes : PRIMARY(PEERS) ? (double)x->peers_bytes
-               : PRIMARY(FOREIGN) ? (double)x->other : PRIMARY(SNAPSHOT) ? 0 : -1;
+    double cov = PRIMARY(OTHERFW)    ? (double)x->other_fw_bytes
+                 : PRIMARY(PEERS)    ? (double)x->peers_bytes
+                 : PRIMARY(FOREIGN)  ? (double)x->other
+                 : PRIMARY(SNAPSHOT) ? 0
+                                     : -1;
     return cov >= 0 && x->primary_conf >= 0.7 && cov >= (double)x->shortfall && !x->larger_than_device;
 }
 static bool own_fix_covers_no_frag(const rctx_t *x) { return own_fix_covers(x) && !HAS(FRAG); }
@@ -143,127 +147,151 @@ static bool no_other_process(const rctx_t *x) { return !x->other && x->rec->memo
 /* ------------------------------------------------------------------ rows */
 
 enum effect {
-    WANT,          /* offer them */
-    DROP,          /* do not offer them */
-    ONLY,          /* offer these and nothing else */
-    ORDER,         /* checklist position: value, value + step, ... */
-    ORDER_COVERS,  /* the same, for those whose estimate covers the shortfall (tier 1) */
-    LEAD,          /* tier 0 at position value, value + step, ... */
-    TIER,          /* tier value */
-    TIER_CAP,      /* tier at most value */
-    DEMOTE,        /* tier value for those not leading (tier > 0) */
-    REPLACE,       /* the second takes the first's place (its tier and position) */
+    WANT,         /* offer them */
+    DROP,         /* do not offer them */
+    ONLY,         /* offer these and nothing else */
+    ORDER,        /* checklist position: value, value + step, ... */
+    ORDER_COVERS, /* the same, for those whose estimate covers the shortfall (tier 1) */
+    LEAD,         /* tier 0 at position value, value + step, ... */
+    TIER,         /* tier value */
+    TIER_CAP,     /* tier at most value */
+    DEMOTE,       /* tier value for those not leading (tier > 0) */
+    REPLACE,      /* the second takes the first's place (its tier and position) */
 };
-static const char *const effect_names[] = {"want", "drop", "only", "order", "order if it covers", "lead",
-                                           "tier", "tier at most", "demote", "replace"};
+static const char *const effect_names[] = { "want", "drop", "only",         "order",  "order if it covers",
+                                            "lead", "tier", "tier at most", "demote", "replace" };
 
-#define REMS(...) {__VA_ARGS__, R_NONE}
+#define REMS(...)           \
+    {                       \
+        __VA_ARGS__, R_NONE \
+    }
 typedef struct og_rank_row {
     const char *name;
     bool (*when)(const rctx_t *);
     enum effect effect;
     int value, step;
     int rem[12];
-    const char *reads;               /* the facts the condition reads */
-    const char *cases;               /* corpus cases that motivate it */
+    const char *reads; /* the facts the condition reads */
+    const char *cases; /* corpus cases that motivate it */
 } og_rank_row_t;
 
 static const og_rank_row_t bring[] = {
-    {"limit", limit_holds, WANT, 0, 0, REMS(R_RAISE_LIMIT, R_INFERENCE, R_MIXED, R_SMALLER_BATCH, R_SHORTER_SEQ, R_CHECKPOINTING),
-     "cause limit", "limit_emulates_16gb"},
-    {"limit_cache", limit_cache, WANT, 0, 0, REMS(R_EMPTY_CACHE), "cause limit, cache known > 0 or unmeasured", "limit_emulates_16gb"},
-    {"cache_app_pool", cache_app_pool, WANT, 0, 0, REMS(R_POOL_TRIM), "cause cache_held, application pool slack", "app_mempool_idle"},
-    {"cache_framework", cache_framework, WANT, 0, 0, REMS(R_EMPTY_CACHE), "cause cache_held", "cudnn_workspace_cache"},
-    {"fragmentation", frag_holds, WANT, 0, 0, REMS(R_EMPTY_CACHE, R_RESTART, R_EXPANDABLE), "cause fragmentation", "frag_varlen_adapter"},
-    {"fragmentation_bucket", frag_variable, WANT, 0, 0, REMS(R_BUCKET), "cause fragmentation, distinct sizes >= 8 or a retry that freed 0 B",
-     "frag_varlen_noadapter"},
-    {"other_processes", others_hold, WANT, 0, 0, REMS(R_FOREIGN, R_RESTART), "cause foreign_memory or non_framework", "stale_process_60pct"},
-    {"growth", growth_holds, WANT, 0, 0, REMS(R_RELEASE_REFS, R_INFERENCE, R_RESTART), "cause growth", "loss_history_leak"},
-    {"growth_cache", growth_cache, WANT, 0, 0, REMS(R_EMPTY_CACHE), "cause growth, cache known > 0", "leak_async_backend"},
-    {"growth_kept_on_purpose", growth_on_purpose, WANT, 0, 0, REMS(R_SMALLER_BATCH, R_SHORTER_SEQ),
-     "primary growth marked by the failing size, autograd off, not training", "generate_kv_cache"},
-    {"other_framework", otherfw_holds, WANT, 0, 0, REMS(R_OTHER_FW), "cause other_framework", "jax_prealloc_then_torch"},
-    {"peer_ranks", peers_hold, WANT, 0, 0, REMS(R_SET_DEVICE), "cause peer_ranks", "ddp_8ranks_no_set_device"},
-    {"framework_cap", fwcap_holds, WANT, 0, 0, REMS(R_FW_CAP, R_MIXED, R_SMALLER_BATCH, R_CHECKPOINTING), "cause framework_cap",
-     "(unit tests: framework_cap_cause)"},
-    {"imbalance", imbalance_holds, WANT, 0, 0, REMS(R_DDP, R_SMALLER_BATCH, R_MIXED), "cause imbalance", "dataparallel_imbalance"},
-    {"does_not_fit_cache", dnf_cache, WANT, 0, 0, REMS(R_EMPTY_CACHE), "cause does_not_fit, cache known > 0 or unmeasured", "batch_3pct_over"},
-    {"does_not_fit", dnf_holds, WANT, 0, 0,
-     REMS(R_INFERENCE, R_MIXED, R_SMALLER_BATCH, R_SHORTER_SEQ, R_CHECKPOINTING, R_FLASH, R_QUANT, R_MULTI_GPU, R_ZERO, R_OFFLOAD, R_BIGGER),
-     "cause does_not_fit", "batch_3pct_over, batch_4x_over"},
-    {"does_not_fit_split_rest", dnf_split_rest, WANT, 0, 0, REMS(R_EXPANDABLE), "cause does_not_fit, a retry that freed 0 B",
-     "frag_varlen_noadapter"},
-    {"does_not_fit_bucket", dnf_bucket, WANT, 0, 0, REMS(R_BUCKET), "cause does_not_fit, a retry that freed 0 B, distinct sizes >= 8",
-     "frag_varlen_noadapter"},
-    {"unknown_cache", unknown_cache, WANT, 0, 0, REMS(R_EMPTY_CACHE), "no cause, cache known > 0 or unmeasured", "(unit tests)"},
-    {"unknown_others", unknown_others, WANT, 0, 0, REMS(R_FOREIGN), "no cause, other processes' bytes", "(unit tests)"},
-    {"unknown", unknown_holds, WANT, 0, 0, REMS(R_RESTART, R_EXPANDABLE, R_INFERENCE, R_MIXED, R_SMALLER_BATCH), "no cause", "(unit tests)"},
+    { "limit", limit_holds, WANT, 0, 0,
+      REMS(R_RAISE_LIMIT, R_INFERENCE, R_MIXED, R_SMALLER_BATCH, R_SHORTER_SEQ, R_CHECKPOINTING), "cause limit",
+      "limit_emulates_16gb" },
+    { "limit_cache", limit_cache, WANT, 0, 0, REMS(R_EMPTY_CACHE), "cause limit, cache known > 0 or unmeasured",
+      "limit_emulates_16gb" },
+    { "cache_app_pool", cache_app_pool, WANT, 0, 0, REMS(R_POOL_TRIM), "cause cache_held, application pool slack",
+      "app_mempool_idle" },
+    { "cache_framework", cache_framework, WANT, 0, 0, REMS(R_EMPTY_CACHE), "cause cache_held",
+      "cudnn_workspace_cache" },
+    { "fragmentation", frag_holds, WANT, 0, 0, REMS(R_EMPTY_CACHE, R_RESTART, R_EXPANDABLE), "cause fragmentation",
+      "frag_varlen_adapter" },
+    { "fragmentation_bucket", frag_variable, WANT, 0, 0, REMS(R_BUCKET),
+      "cause fragmentation, distinct sizes >= 8 or a retry that freed 0 B", "frag_varlen_noadapter" },
+    { "other_processes", others_hold, WANT, 0, 0, REMS(R_FOREIGN, R_RESTART), "cause foreign_memory or non_framework",
+      "stale_process_60pct" },
+    { "growth", growth_holds, WANT, 0, 0, REMS(R_RELEASE_REFS, R_INFERENCE, R_RESTART), "cause growth",
+      "loss_history_leak" },
+    { "growth_cache", growth_cache, WANT, 0, 0, REMS(R_EMPTY_CACHE), "cause growth, cache known > 0",
+      "leak_async_backend" },
+    { "growth_kept_on_purpose", growth_on_purpose, WANT, 0, 0, REMS(R_SMALLER_BATCH, R_SHORTER_SEQ),
+      "primary growth marked by the failing size, autograd off, not training", "generate_kv_cache" },
+    { "other_framework", otherfw_holds, WANT, 0, 0, REMS(R_OTHER_FW), "cause other_framework",
+      "jax_prealloc_then_torch" },
+    { "peer_ranks", peers_hold, WANT, 0, 0, REMS(R_SET_DEVICE), "cause peer_ranks", "ddp_8ranks_no_set_device" },
+    { "framework_cap", fwcap_holds, WANT, 0, 0, REMS(R_FW_CAP, R_MIXED, R_SMALLER_BATCH, R_CHECKPOINTING),
+      "cause framework_cap", "(unit tests: framework_cap_cause)" },
+    { "imbalance", imbalance_holds, WANT, 0, 0, REMS(R_DDP, R_SMALLER_BATCH, R_MIXED), "cause imbalance",
+      "dataparallel_imbalance" },
+    { "does_not_fit_cache", dnf_cache, WANT, 0, 0, REMS(R_EMPTY_CACHE),
+      "cause does_not_fit, cache known > 0 or unmeasured", "batch_3pct_over" },
+    { "does_not_fit", dnf_holds, WANT, 0, 0,
+      REMS(R_INFERENCE, R_MIXED, R_SMALLER_BATCH, R_SHORTER_SEQ, R_CHECKPOINTING, R_FLASH, R_QUANT, R_MULTI_GPU, R_ZERO,
+           R_OFFLOAD, R_BIGGER),
+      "cause does_not_fit", "batch_3pct_over, batch_4x_over" },
+    { "does_not_fit_split_rest", dnf_split_rest, WANT, 0, 0, REMS(R_EXPANDABLE),
+      "cause does_not_fit, a retry that freed 0 B", "frag_varlen_noadapter" },
+    { "does_not_fit_bucket", dnf_bucket, WANT, 0, 0, REMS(R_BUCKET),
+      "cause does_not_fit, a retry that freed 0 B, distinct sizes >= 8", "frag_varlen_noadapter" },
+    { "unknown_cache", unknown_cache, WANT, 0, 0, REMS(R_EMPTY_CACHE), "no cause, cache known > 0 or unmeasured",
+      "(unit tests)" },
+    { "unknown_others", unknown_others, WANT, 0, 0, REMS(R_FOREIGN), "no cause, other processes' bytes",
+      "(unit tests)" },
+    { "unknown", unknown_holds, WANT, 0, 0, REMS(R_RESTART, R_EXPANDABLE, R_INFERENCE, R_MIXED, R_SMALLER_BATCH),
+      "no cause", "(unit tests)" },
 };
 
 static const og_rank_row_t narrow[] = {
-    {"released_nothing", released_nothing, DROP, 0, 0, REMS(R_EMPTY_CACHE),
-     "fragmentation, a retry that freed 0 B, cache not known > 0", "frag_varlen_noadapter"},
-    {"larger_than_device", larger, ONLY, 0, 0, REMS(R_CHUNK, R_MULTI_GPU, R_OFFLOAD), "request > device or limit (does_not_fit)",
-     "logits_larger_than_card"},
-    {"larger_bigger_card", larger_card_exists, WANT, 0, 0, REMS(R_BIGGER), "request > device, < the largest card (141 GB)",
-     "logits_larger_than_card"},
-    {"larger_than_limit_only", larger_than_limit_only, WANT, 0, 0, REMS(R_RAISE_LIMIT), "request > limit, < device total",
-     "(unit tests)"},
-    {"limit_by_context", limit_by_context, ONLY, 0, 0, REMS(R_RAISE_LIMIT), "limit, limit usage (context), request",
-     "limit_context_alone"},
-    {"own_fix_covers", own_fix_covers, DROP, 0, 0,
-     REMS(R_INFERENCE, R_MIXED, R_SMALLER_BATCH, R_SHORTER_SEQ, R_CHECKPOINTING, R_FLASH, R_QUANT, R_MULTI_GPU, R_ZERO, R_OFFLOAD, R_BIGGER),
-     "primary other_framework/peer_ranks/foreign_memory >= 0.7, its bytes >= shortfall; a snapshot", "jax_prealloc_then_torch, ddp_all_on_gpu0, stale_process_60pct"},
-    {"own_fix_covers_no_frag", own_fix_covers_no_frag, DROP, 0, 0, REMS(R_EXPANDABLE, R_BUCKET), "the same, no fragmentation",
-     "cupy_pool_then_torch"},
-    {"no_expandable", no_expandable, DROP, 0, 0, REMS(R_EXPANDABLE),
-     "failing framework not PyTorch, expandable_segments already set, backend:cudaMallocAsync", "torch_async_backend_nccl"},
-    {"no_tape", no_tape, DROP, 0, 0, REMS(R_INFERENCE), "failing framework JAX or CuPy", "(unit tests)"},
-    {"autograd_known", autograd_known, DROP, 0, 0, REMS(R_INFERENCE), "adapter: grad_enabled off, or training seen",
-     "loss_history_leak_adapter, validation_batch_too_big"},
-    {"autocast_on", autocast_on, DROP, 0, 0, REMS(R_MIXED), "adapter: autocast on at the failure", "train_bf16_batch_too_big"},
-    {"cupy", cupy, DROP, 0, 0, REMS(R_CHECKPOINTING, R_SHORTER_SEQ, R_FLASH, R_QUANT, R_MULTI_GPU), "failing framework CuPy",
-     "(unit tests)"},
-    {"no_zero", no_zero, DROP, 0, 0, REMS(R_ZERO), "failing framework TensorFlow or CuPy", "(unit tests)"},
-    {"ddp_pytorch", not_pytorch, DROP, 0, 0, REMS(R_DDP), "failing framework not PyTorch", "(unit tests)"},
-    {"fragmentation_knobs", frag_other_framework, WANT, 0, 0, REMS(R_EMPTY_CACHE),
-     "fragmentation, failing framework JAX/TensorFlow/CuPy (their allocator knobs)", "(unit tests)"},
-    {"fits_alone_or_leak", fits_alone_or_leak, DROP, 0, 0, REMS(R_BIGGER, R_MULTI_GPU, R_ZERO, R_OFFLOAD),
-     "footprint + request <= 97% of the device, or primary growth", "batch_3pct_over, loss_history_leak"},
+    { "released_nothing", released_nothing, DROP, 0, 0, REMS(R_EMPTY_CACHE),
+      "fragmentation, a retry that freed 0 B, cache not known > 0", "frag_varlen_noadapter" },
+    { "larger_than_device", larger, ONLY, 0, 0, REMS(R_CHUNK, R_MULTI_GPU, R_OFFLOAD),
+      "request > device or limit (does_not_fit)", "logits_larger_than_card" },
+    { "larger_bigger_card", larger_card_exists, WANT, 0, 0, REMS(R_BIGGER),
+      "request > device, < the largest card (141 GB)", "logits_larger_than_card" },
+    { "larger_than_limit_only", larger_than_limit_only, WANT, 0, 0, REMS(R_RAISE_LIMIT),
+      "request > limit, < device total", "(unit tests)" },
+    { "limit_by_context", limit_by_context, ONLY, 0, 0, REMS(R_RAISE_LIMIT), "limit, limit usage (context), request",
+      "limit_context_alone" },
+    { "own_fix_covers", own_fix_covers, DROP, 0, 0,
+      REMS(R_INFERENCE, R_MIXED, R_SMALLER_BATCH, R_SHORTER_SEQ, R_CHECKPOINTING, R_FLASH, R_QUANT, R_MULTI_GPU, R_ZERO,
+           R_OFFLOAD, R_BIGGER),
+      "primary other_framework/peer_ranks/foreign_memory >= 0.7, its bytes >= shortfall; a snapshot",
+      "jax_prealloc_then_torch, ddp_all_on_gpu0, stale_process_60pct" },
+    { "own_fix_covers_no_frag", own_fix_covers_no_frag, DROP, 0, 0, REMS(R_EXPANDABLE, R_BUCKET),
+      "the same, no fragmentation", "cupy_pool_then_torch" },
+    { "no_expandable", no_expandable, DROP, 0, 0, REMS(R_EXPANDABLE),
+      "failing framework not PyTorch, expandable_segments already set, backend:cudaMallocAsync",
+      "torch_async_backend_nccl" },
+    { "no_tape", no_tape, DROP, 0, 0, REMS(R_INFERENCE), "failing framework JAX or CuPy", "(unit tests)" },
+    { "autograd_known", autograd_known, DROP, 0, 0, REMS(R_INFERENCE), "adapter: grad_enabled off, or training seen",
+      "loss_history_leak_adapter, validation_batch_too_big" },
+    { "autocast_on", autocast_on, DROP, 0, 0, REMS(R_MIXED), "adapter: autocast on at the failure",
+      "train_bf16_batch_too_big" },
+    { "cupy", cupy, DROP, 0, 0, REMS(R_CHECKPOINTING, R_SHORTER_SEQ, R_FLASH, R_QUANT, R_MULTI_GPU),
+      "failing framework CuPy", "(unit tests)" },
+    { "no_zero", no_zero, DROP, 0, 0, REMS(R_ZERO), "failing framework TensorFlow or CuPy", "(unit tests)" },
+    { "ddp_pytorch", not_pytorch, DROP, 0, 0, REMS(R_DDP), "failing framework not PyTorch", "(unit tests)" },
+    { "fragmentation_knobs", frag_other_framework, WANT, 0, 0, REMS(R_EMPTY_CACHE),
+      "fragmentation, failing framework JAX/TensorFlow/CuPy (their allocator knobs)", "(unit tests)" },
+    { "fits_alone_or_leak", fits_alone_or_leak, DROP, 0, 0, REMS(R_BIGGER, R_MULTI_GPU, R_ZERO, R_OFFLOAD),
+      "footprint + request <= 97% of the device, or primary growth", "batch_3pct_over, loss_history_leak" },
 };
 
 static const og_rank_row_t reorder[] = {
-    {"one_gpu", one_gpu, ORDER, 150, 5, REMS(R_MULTI_GPU, R_ZERO), "visible devices <= 1", "batch_4x_over"},
-    {"pre_volta", pre_volta, ORDER, 1000, 0, REMS(R_MIXED), "compute capability < 7.0", "(unit tests: cc70)"},
-    {"training_first", not_known_inference, ORDER, 95, 0, REMS(R_INFERENCE), "adapter: training not known -1",
-     "batch_3pct_over"},
-    {"no_autograd_batch", autograd_off, ORDER, 65, 0, REMS(R_SMALLER_BATCH), "adapter: grad_enabled off",
-     "validation_batch_too_big"},
-    {"limit_on_purpose", always, ORDER, 900, 0, REMS(R_RAISE_LIMIT), "-", "limit_emulates_16gb"},
+    { "one_gpu", one_gpu, ORDER, 150, 5, REMS(R_MULTI_GPU, R_ZERO), "visible devices <= 1", "batch_4x_over" },
+    { "pre_volta", pre_volta, ORDER, 1000, 0, REMS(R_MIXED), "compute capability < 7.0", "(unit tests: cc70)" },
+    { "training_first", not_known_inference, ORDER, 95, 0, REMS(R_INFERENCE), "adapter: training not known -1",
+      "batch_3pct_over" },
+    { "no_autograd_batch", autograd_off, ORDER, 65, 0, REMS(R_SMALLER_BATCH), "adapter: grad_enabled off",
+      "validation_batch_too_big" },
+    { "limit_on_purpose", always, ORDER, 900, 0, REMS(R_RAISE_LIMIT), "-", "limit_emulates_16gb" },
 };
 
 static const og_rank_row_t lead[] = {
-    {"split_segments_lead", split_segments_lead, LEAD, -30, 5, REMS(R_EXPANDABLE, R_BUCKET),
-     "primary fragmentation or does_not_fit, fragmentation, a retry that freed 0 B", "frag_varlen_noadapter"},
-    {"larger_chunk", larger, LEAD, -30, 0, REMS(R_CHUNK), "request > device or limit", "logits_larger_than_card"},
-    {"split_segments_rest", split_segments_rest, TIER_CAP, 1, 0, REMS(R_EXPANDABLE), "fragmentation, a retry that freed 0 B",
-     "frag_varlen_noadapter"},
-    {"second_load", second_load, WANT, 0, 0, REMS(R_RELEASE_REFS, R_RESTART), "primary does_not_fit, phase second_load",
-     "notebook_second_model"},
-    {"second_load_lead", second_load, LEAD, -20, 1, REMS(R_RESTART, R_RELEASE_REFS), "primary does_not_fit, phase second_load",
-     "notebook_second_model"},
-    {"loading_weights", loading, ORDER_COVERS, 20, 1, REMS(R_QUANT, R_OFFLOAD, R_MULTI_GPU, R_ZERO, R_BIGGER),
-     "primary does_not_fit, phase loading", "load_13b_fp16, slow_load_13b"},
-    {"loading_not_activations", loading, TIER, 3, 0, REMS(R_SMALLER_BATCH, R_SHORTER_SEQ, R_CHECKPOINTING, R_FLASH, R_INFERENCE),
-     "primary does_not_fit, phase loading", "load_13b_fp16, load_cast_empty_cache"},
-    {"eval_with_autograd", eval_with_autograd, LEAD, -21, 0, REMS(R_INFERENCE),
-     "primary growth, adapter: training -1 and grad_enabled on", "eval_keeps_outputs_adapter"},
-    {"growth_one_offs_last", confident_growth, DEMOTE, 3, 0, REMS(R_EMPTY_CACHE, R_EXPANDABLE, R_RESTART, R_BUCKET, R_POOL_TRIM),
-     "primary growth >= 0.7", "train_leak_eval_fails, generate_kv_cache"},
-    {"limit_on_shared_gpu", limit_on_shared_gpu, LEAD, -20, 0, REMS(R_RAISE_LIMIT), "limit, other processes listed",
-     "(unit tests)"},
-    {"outside_the_framework", no_other_process, REPLACE, 0, 0, REMS(R_FOREIGN, R_NONFW_MEMORY),
-     "other processes' bytes, none listed", "recovered_user_retry, dataloader_workers_cuda"},
+    { "split_segments_lead", split_segments_lead, LEAD, -30, 5, REMS(R_EXPANDABLE, R_BUCKET),
+      "primary fragmentation or does_not_fit, fragmentation, a retry that freed 0 B", "frag_varlen_noadapter" },
+    { "larger_chunk", larger, LEAD, -30, 0, REMS(R_CHUNK), "request > device or limit", "logits_larger_than_card" },
+    { "split_segments_rest", split_segments_rest, TIER_CAP, 1, 0, REMS(R_EXPANDABLE),
+      "fragmentation, a retry that freed 0 B", "frag_varlen_noadapter" },
+    { "second_load", second_load, WANT, 0, 0, REMS(R_RELEASE_REFS, R_RESTART),
+      "primary does_not_fit, phase second_load", "notebook_second_model" },
+    { "second_load_lead", second_load, LEAD, -20, 1, REMS(R_RESTART, R_RELEASE_REFS),
+      "primary does_not_fit, phase second_load", "notebook_second_model" },
+    { "loading_weights", loading, ORDER_COVERS, 20, 1, REMS(R_QUANT, R_OFFLOAD, R_MULTI_GPU, R_ZERO, R_BIGGER),
+      "primary does_not_fit, phase loading", "load_13b_fp16, slow_load_13b" },
+    { "loading_not_activations", loading, TIER, 3, 0,
+      REMS(R_SMALLER_BATCH, R_SHORTER_SEQ, R_CHECKPOINTING, R_FLASH, R_INFERENCE),
+      "primary does_not_fit, phase loading", "load_13b_fp16, load_cast_empty_cache" },
+    { "eval_with_autograd", eval_with_autograd, LEAD, -21, 0, REMS(R_INFERENCE),
+      "primary growth, adapter: training -1 and grad_enabled on", "eval_keeps_outputs_adapter" },
+    { "growth_one_offs_last", confident_growth, DEMOTE, 3, 0,
+      REMS(R_EMPTY_CACHE, R_EXPANDABLE, R_RESTART, R_BUCKET, R_POOL_TRIM), "primary growth >= 0.7",
+      "train_leak_eval_fails, generate_kv_cache" },
+    { "limit_on_shared_gpu", limit_on_shared_gpu, LEAD, -20, 0, REMS(R_RAISE_LIMIT), "limit, other processes listed",
+      "(unit tests)" },
+    { "outside_the_framework", no_other_process, REPLACE, 0, 0, REMS(R_FOREIGN, R_NONFW_MEMORY),
+      "other processes' bytes, none listed", "recovered_user_retry, dataloader_workers_cuda" },
 };
 
 static void apply(rank_t *k, const rctx_t *x, const og_rank_row_t *rows, size_t n)
@@ -285,15 +313,37 @@ static void apply(rank_t *k, const rctx_t *x, const og_rank_row_t *rows, size_t 
         for (int j = 0; w->rem[j] != R_NONE; j++) {
             int r = w->rem[j], v = w->value + j * w->step;
             switch (w->effect) {
-            case WANT: case ONLY: k->want[r] = true; break;
-            case DROP: k->want[r] = false; break;
-            case ORDER: k->order[r] = v; break;
-            case ORDER_COVERS: if (k->tier[r] == 1) k->order[r] = v; break;
-            case LEAD: k->tier[r] = 0; k->order[r] = v; break;
-            case TIER: k->tier[r] = v; break;
-            case TIER_CAP: if (k->tier[r] > v) k->tier[r] = v; break;
-            case DEMOTE: if (k->tier[r] > 0) k->tier[r] = v; break;
-            case REPLACE: break;
+            case WANT:
+            case ONLY:
+                k->want[r] = true;
+                break;
+            case DROP:
+                k->want[r] = false;
+                break;
+            case ORDER:
+                k->order[r] = v;
+                break;
+            case ORDER_COVERS:
+                if (k->tier[r] == 1)
+                    k->order[r] = v;
+                break;
+            case LEAD:
+                k->tier[r] = 0;
+                k->order[r] = v;
+                break;
+            case TIER:
+                k->tier[r] = v;
+                break;
+            case TIER_CAP:
+                if (k->tier[r] > v)
+                    k->tier[r] = v;
+                break;
+            case DEMOTE:
+                if (k->tier[r] > 0)
+                    k->tier[r] = v;
+                break;
+            case REPLACE:
+                break;
             }
         }
     }
@@ -350,7 +400,7 @@ static void estimate(rank_t *k, const rctx_t *x)
 /* ------------------------------------------------------------------ the primary cause's own remedies */
 
 static const int own_remedies[OG_CAUSE_COUNT][2] = {
-#define X(name, id, rule, bonus, own1, own2, title) [OG_CAUSE_##name] = {R_##own1, R_##own2},
+#define X(name, id, rule, bonus, own1, own2, title) [OG_CAUSE_##name] = { R_##own1, R_##own2 },
 #include "causes.def"
 #undef X
 };
@@ -390,7 +440,7 @@ void og_select_remedies(og_record_t *rec)
     for (int i = 0; i < R_COUNT; i++)
         if (k.want[i])
             list[n++] = i;
-    for (int i = 1; i < n; i++) {               /* stable insertion sort by (tier, order) */
+    for (int i = 1; i < n; i++) { /* stable insertion sort by (tier, order) */
         int v = list[i], j = i - 1;
         while (j >= 0 && k.tier[list[j]] * 10000 + k.order[list[j]] > k.tier[v] * 10000 + k.order[v]) {
             list[j + 1] = list[j];
@@ -424,11 +474,15 @@ void og_select_remedies(og_record_t *rec)
 
 int og_rank_row_text(int i, char *buf, size_t n)
 {
-    static const struct { const char *pass; const og_rank_row_t *rows; size_t n; } passes[] = {
-        {"bring", bring, sizeof bring / sizeof *bring},
-        {"narrow", narrow, sizeof narrow / sizeof *narrow},
-        {"order", reorder, sizeof reorder / sizeof *reorder},
-        {"lead", lead, sizeof lead / sizeof *lead},
+    static const struct {
+        const char *pass;
+        const og_rank_row_t *rows;
+        size_t n;
+    } passes[] = {
+        { "bring", bring, sizeof bring / sizeof *bring },
+        { "narrow", narrow, sizeof narrow / sizeof *narrow },
+        { "order", reorder, sizeof reorder / sizeof *reorder },
+        { "lead", lead, sizeof lead / sizeof *lead },
     };
     for (size_t p = 0; p < sizeof passes / sizeof *passes; p++) {
         if (i >= (int)passes[p].n) {

@@ -156,15 +156,16 @@ static void activations_vs_shortfall(const rctx_t *x, og_remedy_t *r, double fre
     }
     double need = (double)x->shortfall / frees;
     if (!x->live_known) {
-        why(r, " %s more is needed; %s covers it if the activations it shrinks are at least %s (how much of the "
-            "%s held is in use was not measured).", og_hb((double)x->shortfall).s, what, og_hb(need).s,
-            og_hb((double)x->tracked).s);
+        why(r,
+            " %s more is needed; %s covers it if the activations it shrinks are at least %s (how much of the "
+            "%s held is in use was not measured).",
+            og_hb((double)x->shortfall).s, what, og_hb(need).s, og_hb((double)x->tracked).s);
         return;
     }
     if (need <= (double)x->live)
         why(r, " %s more is needed, %s of the %s live: %s covers it if activations are at least %s.",
-            og_hb((double)x->shortfall).s, og_pct((double)x->shortfall, (double)x->live).s, og_hb((double)x->live).s, what,
-            og_hb(need).s);
+            og_hb((double)x->shortfall).s, og_pct((double)x->shortfall, (double)x->live).s, og_hb((double)x->live).s,
+            what, og_hb(need).s);
     else
         why(r, " %s more is needed but only %s is live: %s alone cannot cover it; combine it with others.",
             og_hb((double)x->shortfall).s, og_hb((double)x->live).s, what);
@@ -177,18 +178,21 @@ static bool b_raise_limit(const rctx_t *x, og_remedy_t *r)
     const og_record_t *rec = x->rec;
     /* the check's own accounting: allocations plus the CUDA context */
     uint64_t usage = known(rec->device.limit_usage_bytes) && rec->device.limit_usage_bytes > x->tracked
-                         ? rec->device.limit_usage_bytes : x->tracked;
+                         ? rec->device.limit_usage_bytes
+                         : x->tracked;
     uint64_t need = add_sat(usage, x->req);
     /* 10% headroom, rounded up to whole GiB */
     uint64_t sugg = (uint64_t)((double)need * 1.10 / GIB) + 1;
     if (known(rec->device.limit_bytes) && usage > x->tracked)
-        why(r, "OOMGUARD_LIMIT caps device %d at %s; the job needs at least %s (%s allocated + %s CUDA context + %s "
-            "requested).", rec->event.device, og_hb((double)rec->device.limit_bytes).s, og_hb((double)need).s,
+        why(r,
+            "OOMGUARD_LIMIT caps device %d at %s; the job needs at least %s (%s allocated + %s CUDA context + %s "
+            "requested).",
+            rec->event.device, og_hb((double)rec->device.limit_bytes).s, og_hb((double)need).s,
             og_hb((double)x->tracked).s, og_hb((double)(usage - x->tracked)).s, og_hb((double)x->req).s);
     else if (known(rec->device.limit_bytes))
         why(r, "OOMGUARD_LIMIT caps device %d at %s; the job needs at least %s (%s held + %s requested).",
-            rec->event.device, og_hb((double)rec->device.limit_bytes).s, og_hb((double)need).s, og_hb((double)x->tracked).s,
-            og_hb((double)x->req).s);
+            rec->event.device, og_hb((double)rec->device.limit_bytes).s, og_hb((double)need).s,
+            og_hb((double)x->tracked).s, og_hb((double)x->req).s);
     else
         why(r, "OOMGUARD_LIMIT refused the request; the job needs at least %s (%s held + %s requested).",
             og_hb((double)need).s, og_hb((double)x->tracked).s, og_hb((double)x->req).s);
@@ -198,8 +202,8 @@ static bool b_raise_limit(const rctx_t *x, og_remedy_t *r)
     if (usage > x->tracked && x->req <= rec->device.limit_bytes &&
         add_sat(usage - x->tracked, x->req) > rec->device.limit_bytes)
         how(r, "export CUDA_MODULE_LOADING=LAZY   # a smaller CUDA context: kernels load when first used");
-    how(r, "OOMGUARD_LIMIT=%lluGiB   # or for this device only: OOMGUARD_LIMIT=%d:%lluGiB",
-        (unsigned long long)sugg, rec->event.device, (unsigned long long)sugg);
+    how(r, "OOMGUARD_LIMIT=%lluGiB   # or for this device only: OOMGUARD_LIMIT=%d:%lluGiB", (unsigned long long)sugg,
+        rec->event.device, (unsigned long long)sugg);
     how(r, "unset OOMGUARD_LIMIT   # no cap at all");
     how(r, "Or keep the cap and shrink the job with the remedies below.");
     return true;
@@ -212,12 +216,16 @@ static bool b_empty_cache(const rctx_t *x, og_remedy_t *r)
     og_fmt(cached, sizeof cached, "%s", x->cached_known ? og_hb((double)x->cached).s : "an unmeasured amount");
 
     if (x->retried_zero)
-        why(r, "%s already released its cache when the allocation failed and got nothing back: what it keeps is "
-            "split inside segments still in use, which empty_cache() cannot return.", x->fwname);
+        why(r,
+            "%s already released its cache when the allocation failed and got nothing back: what it keeps is "
+            "split inside segments still in use, which empty_cache() cannot return.",
+            x->fwname);
     else if (x->has[OG_CAUSE_CACHE] && !x->cached_known && x->fail_lib[0])
-        why(r, "%s holds memory of which an unmeasured part is cached but unused, and %s (outside %s's allocator) "
+        why(r,
+            "%s holds memory of which an unmeasured part is cached but unused, and %s (outside %s's allocator) "
             "could not get %s: hand the cache back before that library allocates; memory_summary() shows how much "
-            "it is.", fw_display(rec->framework), x->fail_lib, fw_display(rec->framework), og_hb((double)x->req).s);
+            "it is.",
+            fw_display(rec->framework), x->fail_lib, fw_display(rec->framework), og_hb((double)x->req).s);
     else if (x->has[OG_CAUSE_CACHE] && x->fail_lib[0])
         why(r, "%s keeps %s cached while %s could not get %s: hand the cache back before that library allocates.",
             fw_display(rec->framework), cached, x->fail_lib, og_hb((double)x->req).s);
@@ -231,14 +239,20 @@ static bool b_empty_cache(const rctx_t *x, og_remedy_t *r)
         why(r, "The limit counts cached memory too: %s of the %s held is cached but unused.", cached,
             og_hb((double)x->tracked).s);
     else if (x->primary == OG_CAUSE_DNF && x->cached_known)
-        why(r, "Only %s is cached, less than the %s missing: tensors in use fill the memory, so this helps only "
-            "together with the reductions above.", cached, og_hb((double)x->shortfall).s);
+        why(r,
+            "Only %s is cached, less than the %s missing: tensors in use fill the memory, so this helps only "
+            "together with the reductions above.",
+            cached, og_hb((double)x->shortfall).s);
     else if (x->primary == OG_CAUSE_DNF)
-        why(r, "How much of the %s this process holds is cached but unused was not measured: if it is at least the "
-            "%s missing, releasing it is the cheapest fix.", og_hb((double)x->tracked).s, og_hb((double)x->shortfall).s);
+        why(r,
+            "How much of the %s this process holds is cached but unused was not measured: if it is at least the "
+            "%s missing, releasing it is the cheapest fix.",
+            og_hb((double)x->tracked).s, og_hb((double)x->shortfall).s);
     else if (x->has[OG_CAUSE_GROWTH])
-        why(r, "%s is cached but unused; release it between epochs or phases so the growth does not also pin "
-            "the cache.", cached);
+        why(r,
+            "%s is cached but unused; release it between epochs or phases so the growth does not also pin "
+            "the cache.",
+            cached);
     else
         why(r, "%s is cached but unused; releasing it is the first step of the checklist.", cached);
 
@@ -265,7 +279,7 @@ static bool b_empty_cache(const rctx_t *x, og_remedy_t *r)
             why(r, " XLA_PYTHON_CLIENT_ALLOCATOR=platform is already set.");
         else
             how(r, "export XLA_PYTHON_CLIENT_ALLOCATOR=platform   # exact allocate/free: no cache, no fragmentation; "
-                "slower");
+                   "slower");
         how(r, "del big_array; gc.collect(); jax.clear_caches()   # drop dead arrays and compiled programs");
         break;
     }
@@ -275,13 +289,14 @@ static bool b_empty_cache(const rctx_t *x, og_remedy_t *r)
             why(r, " Memory growth is already on (TF_FORCE_GPU_ALLOW_GROWTH=true).");
         else
             how(r, "for gpu in tf.config.list_physical_devices(\"GPU\"): "
-                "tf.config.experimental.set_memory_growth(gpu, True)   # before the first op");
+                   "tf.config.experimental.set_memory_growth(gpu, True)   # before the first op");
         if (strcmp(rec->tf_gpu_allocator, "cuda_malloc_async") == 0)
             why(r, " TF_GPU_ALLOCATOR=cuda_malloc_async is already set.");
         else
             how(r, "export TF_GPU_ALLOCATOR=cuda_malloc_async   # stream-ordered allocator: less fragmentation");
         if (x->has[OG_CAUSE_CACHE] && x->total > x->shortfall)
-            how(r, "tf.config.set_logical_device_configuration(gpu, "
+            how(r,
+                "tf.config.set_logical_device_configuration(gpu, "
                 "[tf.config.LogicalDeviceConfiguration(memory_limit=%llu)])   # MiB; cap TensorFlow",
                 (unsigned long long)((x->total - x->shortfall) / (1ULL << 20) * 9 / 10));
         how(r, "tf.keras.backend.clear_session(); gc.collect()   # between models");
@@ -289,10 +304,10 @@ static bool b_empty_cache(const rctx_t *x, og_remedy_t *r)
     case OG_FW_CUPY:
         r->title = "Release CuPy's memory pool";
         how(r, "cupy.get_default_memory_pool().free_all_blocks(); "
-            "cupy.get_default_pinned_memory_pool().free_all_blocks()");
+               "cupy.get_default_pinned_memory_pool().free_all_blocks()");
         if (x->has[OG_CAUSE_FRAG])
             how(r, "cupy.cuda.set_allocator(cupy.cuda.MemoryAsyncPool().malloc)   # stream-ordered pool: less "
-                "fragmentation");
+                   "fragmentation");
         if (x->has[OG_CAUSE_CACHE] && x->total > x->shortfall)
             how(r, "cupy.get_default_memory_pool().set_limit(size=%llu)   # cap the pool, leave room for others",
                 (unsigned long long)((x->total - x->shortfall) / 10 * 9));
@@ -306,13 +321,15 @@ static bool b_empty_cache(const rctx_t *x, og_remedy_t *r)
         if (x->has[OG_CAUSE_FRAG] && rec->expandable_segments_set) {
             why(r, " expandable_segments is already on (PYTORCH_CUDA_ALLOC_CONF=%.80s).", rec->pytorch_alloc_conf);
             if (!rec->max_split_set)
-                how(r, "%salternative: PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:512   # instead of "
-                    "expandable_segments: large blocks are not split", pt(x));
+                how(r,
+                    "%salternative: PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:512   # instead of "
+                    "expandable_segments: large blocks are not split",
+                    pt(x));
         }
         how(r, "%sprint(torch.cuda.memory_summary())   # reserved vs allocated, before and after", pt(x));
         if (x->fw == OG_FW_UNKNOWN)
             how(r, "JAX: jax.clear_caches(); TensorFlow: tf.keras.backend.clear_session(); "
-                "CuPy: cupy.get_default_memory_pool().free_all_blocks()");
+                   "CuPy: cupy.get_default_memory_pool().free_all_blocks()");
         break;
     }
     return true;
@@ -325,7 +342,7 @@ static void list_other_processes(const rctx_t *x, og_remedy_t *r, int max_how)
 {
     const og_record_t *rec = x->rec;
     int n = rec->memory.nother < 0 ? 0 : rec->memory.nother > 32 ? 32 : rec->memory.nother;
-    bool used[32] = {false};
+    bool used[32] = { false };
     for (int k = 0; k < max_how; k++) {
         int big = -1;
         for (int i = 0; i < n; i++)
@@ -338,11 +355,11 @@ static void list_other_processes(const rctx_t *x, og_remedy_t *r, int max_how)
         char full[sizeof rec->memory.other[0].name], name[sizeof full];
         og_cpy(full, sizeof full, o->name, sizeof full);
         og_cpy(name, sizeof name, og_base_name(full), strlen(og_base_name(full)) + 1);
-        if (o->same_job || desktop_app(name)) {   /* never a kill line for a rank of this job */
+        if (o->same_job || desktop_app(name)) { /* never a kill line for a rank of this job */
             k--;
             continue;
         }
-        if (!o->visible)                           /* a host pid: kill here would hit another process */
+        if (!o->visible) /* a host pid: kill here would hit another process */
             how(r, "host pid %d holds %s: not visible in this container; stop it from the host (nvidia-smi there)",
                 o->pid, og_hb((double)o->bytes).s);
         else
@@ -353,8 +370,8 @@ static void list_other_processes(const rctx_t *x, og_remedy_t *r, int max_how)
 
 static bool desktop_app(const char *name)
 {
-    static const char *const apps[] = {"Xorg", "Xwayland", "gnome-shell", "kwin", "chrome", "chromium", "firefox",
-                                       "Discord", "discord", "electron", "steam", "obs", "code"};
+    static const char *const apps[] = { "Xorg",    "Xwayland", "gnome-shell", "kwin",  "chrome", "chromium", "firefox",
+                                        "Discord", "discord",  "electron",    "steam", "obs",    "code" };
     for (size_t i = 0; i < sizeof apps / sizeof *apps; i++)
         if (strstr(name, apps[i]))
             return true;
@@ -366,12 +383,13 @@ static bool b_foreign_processes(const rctx_t *x, og_remedy_t *r)
     const og_record_t *rec = x->rec;
     int n = rec->memory.nother < 0 ? 0 : rec->memory.nother > 32 ? 32 : rec->memory.nother;
     if (x->other_inferred)
-        why(r, "NVML could not list the GPU's processes here (a container without it?), but %s of this GPU "
+        why(r,
+            "NVML could not list the GPU's processes here (a container without it?), but %s of this GPU "
             "is held outside this process: most likely other processes; list them on the host with nvidia-smi",
             og_hb((double)x->other).s);
     else
         why(r, "Other processes (not of this job) hold %s on this GPU", og_hb((double)x->other).s);
-    bool used[32] = {false};
+    bool used[32] = { false };
     for (int i = 0; i < n; i++)
         used[i] = rec->memory.other[i].same_job;
     for (int k = 0; k < 3; k++) {
@@ -404,7 +422,7 @@ static bool b_foreign_processes(const rctx_t *x, og_remedy_t *r)
     }
     if (desk)
         how(r, "Desktop apps (browser, Discord, X server) hold GPU memory: turn off their hardware "
-            "acceleration or close them.");
+               "acceleration or close them.");
     how(r, "nvidia-smi pmon -c 1   # live per-process view");
     return true;
 }
@@ -437,8 +455,10 @@ static bool b_non_framework_memory(const rctx_t *x, og_remedy_t *r)
     why(r, ".");
     if (lib && lb > 0)
         how(r, "Check what makes %s allocate (its own cache or workspace settings) and cap it.", lib);
-    how(r, "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv   # compare with %s's own "
-        "numbers", x->fwname);
+    how(r,
+        "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv   # compare with %s's own "
+        "numbers",
+        x->fwname);
     how(r, "export CUDA_MODULE_LOADING=LAZY   # smaller CUDA context: kernels are loaded when first used");
     return true;
 }
@@ -448,9 +468,10 @@ static bool b_restart_process(const rctx_t *x, og_remedy_t *r)
     const og_record_t *rec = x->rec;
     int n = rec->memory.nother < 0 ? 0 : rec->memory.nother > 32 ? 32 : rec->memory.nother;
     if (x->has[OG_CAUSE_FOREIGN] && n) {
-        why(r, "A process killed or interrupted mid-run can leave its context behind until it fully exits; "
-            "check that the %d process%s holding %s still do useful work.", n, n == 1 ? "" : "es",
-            og_hb((double)x->other).s);
+        why(r,
+            "A process killed or interrupted mid-run can leave its context behind until it fully exits; "
+            "check that the %d process%s holding %s still do useful work.",
+            n, n == 1 ? "" : "es", og_hb((double)x->other).s);
         char pids[120] = "";
         for (int i = 0, k = 0; i < n && k < 8; i++) {
             if (!rec->memory.other[i].visible || rec->memory.other[i].same_job)
@@ -462,16 +483,20 @@ static bool b_restart_process(const rctx_t *x, og_remedy_t *r)
             how(r, "ps -o pid,stat,etime,cmd -p %s   # still running what you expect?", pids);
         else
             how(r, "On the host: nvidia-smi --query-compute-apps=pid,used_memory --format=csv   # these pids are "
-                "not visible here");
+                   "not visible here");
     } else if (x->has[OG_CAUSE_FRAG]) {
-        why(r, "A fresh process starts with an empty, unfragmented cache (%s is cached now); a restart between "
-            "phases avoids carrying fragmentation along.", x->cached_known ? og_hb((double)x->cached).s : "?");
+        why(r,
+            "A fresh process starts with an empty, unfragmented cache (%s is cached now); a restart between "
+            "phases avoids carrying fragmentation along.",
+            x->cached_known ? og_hb((double)x->cached).s : "?");
     } else if (x->has[OG_CAUSE_NONFW]) {
         why(r, "A restart drops contexts and library workspaces that accumulated in this process (%s outside %s).",
             og_hb((double)x->nonfw).s, x->fwname);
     } else {
-        why(r, "A restart clears leftover contexts, the framework's cache and references kept by an interactive "
-            "session (this process holds %s).", og_hb((double)x->footprint).s);
+        why(r,
+            "A restart clears leftover contexts, the framework's cache and references kept by an interactive "
+            "session (this process holds %s).",
+            og_hb((double)x->footprint).s);
     }
     how(r, "fuser -v /dev/nvidia*   # every process that still has the GPU open, leftovers included");
     how(r, "Restart the job (in Jupyter: restart the kernel; its process keeps the memory until it exits).");
@@ -489,23 +514,29 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
     const char *steps = grew ? stepbuf : NULL;
     bool kept_on_purpose = og_growth_without_autograd(x) && (x->fw == OG_FW_PYTORCH || x->fw == OG_FW_UNKNOWN);
     if (first >= 0 && last >= 0 && kept_on_purpose)
-        why(r, "The low point rose from step to step (%s), from %s to %s, about %s per step, with autograd off: no "
+        why(r,
+            "The low point rose from step to step (%s), from %s to %s, about %s per step, with autograd off: no "
             "graph is kept, so most often this is a KV cache growing with every generated token (batch x tokens) "
-            "or outputs collected on the GPU.", steps ? steps : "most steps", og_hb(first).s,
-            og_hb(last).s, og_hb(step > 0 ? step : 0).s);
+            "or outputs collected on the GPU.",
+            steps ? steps : "most steps", og_hb(first).s, og_hb(last).s, og_hb(step > 0 ? step : 0).s);
     else if (first >= 0 && last >= 0)
-        why(r, "The low point of this process's memory rose from step to step (%s), from %s to %s, about %s per "
-            "step: something keeps tensors alive from one iteration to the next.", steps ? steps : "most steps",
-            og_hb(first).s, og_hb(last).s, og_hb(step > 0 ? step : 0).s);
+        why(r,
+            "The low point of this process's memory rose from step to step (%s), from %s to %s, about %s per "
+            "step: something keeps tensors alive from one iteration to the next.",
+            steps ? steps : "most steps", og_hb(first).s, og_hb(last).s, og_hb(step > 0 ? step : 0).s);
     else
         why(r, "Live memory grows over the run: something keeps tensors alive from one iteration to the next.");
     if (kept_on_purpose) {
-        how(r, "%smodel.generate(inputs, max_new_tokens=N)   # the KV cache holds batch x (prompt + new tokens) "
-            "positions: fewer of either", pt(x));
+        how(r,
+            "%smodel.generate(inputs, max_new_tokens=N)   # the KV cache holds batch x (prompt + new tokens) "
+            "positions: fewer of either",
+            pt(x));
         how(r, "%sresults.append(output.cpu())   # or .tolist(): collect outputs on the host, not the GPU", pt(x));
-        how(r, "%smodel.generate(inputs, cache_implementation=\"quantized\")   # Hugging Face: a 4-bit KV cache; "
-            "or a paged cache server (vLLM)", pt(x));
-        if (x->training != -1)   /* nobody said whether training steps ran before: their leak fits too */
+        how(r,
+            "%smodel.generate(inputs, cache_implementation=\"quantized\")   # Hugging Face: a 4-bit KV cache; "
+            "or a paged cache server (vLLM)",
+            pt(x));
+        if (x->training != -1) /* nobody said whether training steps ran before: their leak fits too */
             how(r, "%slosses.append(loss.detach().item())   # if training steps ran before: keep numbers, not tensors",
                 pt(x));
         return true;
@@ -519,7 +550,7 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
     case OG_FW_TENSORFLOW:
         how(r, "losses.append(float(loss))   # or loss.numpy(); a kept tensor keeps its memory");
         how(r, "Build models and tf.function objects once, outside the loop; tf.keras.backend.clear_session() "
-            "between models.");
+               "between models.");
         break;
     case OG_FW_CUPY:
         how(r, "results.append(float(x.sum()))   # or x.get(): keep host copies, not device arrays");
@@ -529,8 +560,10 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
         how(r, "%slosses.append(loss.detach().item())   # not losses.append(loss): that keeps every step's graph",
             pt(x));
         how(r, "%sdel outputs, loss   # before the next step; optimizer.zero_grad(set_to_none=True)", pt(x));
-        how(r, "%storch.cuda.memory._record_memory_history(); ...; torch.cuda.memory._dump_snapshot(\"snap.pickle\")"
-            "   # who holds it", pt(x));
+        how(r,
+            "%storch.cuda.memory._record_memory_history(); ...; torch.cuda.memory._dump_snapshot(\"snap.pickle\")"
+            "   # who holds it",
+            pt(x));
         break;
     }
     return true;
@@ -543,8 +576,10 @@ static bool b_expandable_segments(const rctx_t *x, og_remedy_t *r)
         why(r, "%s is cached but unused", x->cached_known ? og_hb((double)x->cached).s : "Memory");
         if (x->largest_known)
             why(r, " while the largest free block is only %s", og_hb((double)x->largest).s);
-        why(r, ": with expandable segments the allocator grows its segments in place instead of needing a new "
-            "contiguous %s.", og_hb((double)x->req).s);
+        why(r,
+            ": with expandable segments the allocator grows its segments in place instead of needing a new "
+            "contiguous %s.",
+            og_hb((double)x->req).s);
     } else
         why(r, "Reduces fragmentation, the usual reason for a failure while memory is cached but unused.");
     if (rec->max_split_set)
@@ -569,20 +604,25 @@ static bool b_inference_mode(const rctx_t *x, og_remedy_t *r)
 {
     if (x->has[OG_CAUSE_GROWTH] && !x->has[OG_CAUSE_DNF])
         why(r, "An evaluation loop run with autograd on keeps every graph it builds; without it nothing is kept "
-            "for backward.");
+               "for backward.");
     else {
         why(r, "For inference or evaluation nothing needs to be kept for backward: typically 30-50%% less memory.");
         if (x->shortfall && x->live && x->live_known) {
             double s = (double)x->shortfall / (double)x->live;
             why(r, " %s is missing, %s of the %s live: %s.", og_hb((double)x->shortfall).s,
                 og_pct((double)x->shortfall, (double)x->live).s, og_hb((double)x->live).s,
-                s <= 0.30 ? "likely enough" : s <= 0.50 ? "may be enough" : "not enough alone");
+                s <= 0.30   ? "likely enough"
+                : s <= 0.50 ? "may be enough"
+                            : "not enough alone");
         } else if (x->shortfall && x->tracked) {
             /* how much of what is held is in use was not measured: size it against what is held */
             double s = (double)x->shortfall / (double)x->tracked;
             why(r, " %s is missing, %s of the %s this process holds (in use or cached: not measured): %s.",
                 og_hb((double)x->shortfall).s, og_pct((double)x->shortfall, (double)x->tracked).s,
-                og_hb((double)x->tracked).s, s <= 0.15 ? "likely enough" : s <= 0.30 ? "may be enough" : "not enough alone");
+                og_hb((double)x->tracked).s,
+                s <= 0.15   ? "likely enough"
+                : s <= 0.30 ? "may be enough"
+                            : "not enough alone");
         }
     }
     why(r, " Training code that calls backward cannot use it.");
@@ -602,26 +642,34 @@ static bool b_mixed_precision(const rctx_t *x, og_remedy_t *r)
 {
     bool bf16 = x->cc_known && x->cc >= 80, fp16 = x->cc_known && x->cc < 80, old = x->cc_known && x->cc < 70;
     if (old)
-        why(r, "Compute capability %d.%d is older than Volta: no tensor cores, so half precision brings little "
-            "speed and fp16 is fragile; ranked last.", x->cc / 10, x->cc % 10);
+        why(r,
+            "Compute capability %d.%d is older than Volta: no tensor cores, so half precision brings little "
+            "speed and fp16 is fragile; ranked last.",
+            x->cc / 10, x->cc % 10);
     else if (bf16)
-        why(r, "Half precision halves activation storage; this GPU (cc %d.%d) supports bf16, which needs no loss "
-            "scaling.", x->cc / 10, x->cc % 10);
+        why(r,
+            "Half precision halves activation storage; this GPU (cc %d.%d) supports bf16, which needs no loss "
+            "scaling.",
+            x->cc / 10, x->cc % 10);
     else if (fp16)
-        why(r, "Half precision halves activation storage; this GPU (cc %d.%d) has no bf16 (needs 8.0+): use fp16 "
-            "with loss scaling.", x->cc / 10, x->cc % 10);
+        why(r,
+            "Half precision halves activation storage; this GPU (cc %d.%d) has no bf16 (needs 8.0+): use fp16 "
+            "with loss scaling.",
+            x->cc / 10, x->cc % 10);
     else
         why(r, "Half precision halves activation storage; bf16 needs compute capability 8.0+, otherwise use fp16 "
-            "with loss scaling.");
+               "with loss scaling.");
     activations_vs_shortfall(x, r, 0.5, "halving them");
     const char *dt = bf16 ? "bfloat16" : "float16";
     switch (x->fw) {
     case OG_FW_JAX:
-        how(r, "Flax: nn.Dense(features, dtype=jnp.%s, param_dtype=jnp.float32)   # compute in half, keep fp32 "
-            "params", dt);
+        how(r,
+            "Flax: nn.Dense(features, dtype=jnp.%s, param_dtype=jnp.float32)   # compute in half, keep fp32 "
+            "params",
+            dt);
         if (!bf16)
             how(r, "fp16 loss scaling with jmp: policy = jmp.get_policy(\"params=float32,compute=float16,"
-                "output=float32\"); jmp.DynamicLossScale");
+                   "output=float32\"); jmp.DynamicLossScale");
         else
             how(r, "or cast for the forward pass: jax.tree_util.tree_map(lambda p: p.astype(jnp.bfloat16), params)");
         break;
@@ -640,8 +688,7 @@ static bool b_mixed_precision(const rctx_t *x, og_remedy_t *r)
             how(r, "%swith torch.autocast(device_type=\"cuda\", dtype=torch.bfloat16):   # cc 8.0+", pt(x));
         if (!bf16) {
             how(r, "%sscaler = torch.amp.GradScaler(\"cuda\")   # fp16 needs loss scaling", pt(x));
-            how(r, "%swith torch.autocast(device_type=\"cuda\", dtype=torch.float16): loss = model(batch).loss",
-                pt(x));
+            how(r, "%swith torch.autocast(device_type=\"cuda\", dtype=torch.float16): loss = model(batch).loss", pt(x));
             how(r, "%sscaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()", pt(x));
         } else
             how(r, "%s    loss = model(batch).loss   # then loss.backward() as usual", pt(x));
@@ -659,10 +706,10 @@ static bool b_smaller_batch(const rctx_t *x, og_remedy_t *r)
     if (x->grad == -1 && (x->fw == OG_FW_PYTORCH || x->fw == OG_FW_UNKNOWN)) {
         if (x->training == 1)
             why(r, "Autograd was off at the failure inside a training job: a validation or evaluation pass. Its "
-                "batch can be smaller than training's, with nothing to accumulate; memory falls with it.");
+                   "batch can be smaller than training's, with nothing to accumulate; memory falls with it.");
         else
             why(r, "Without autograd what grows with the batch is the activations and, when generating, the KV "
-                "cache of every sequence: half the sequences at once, half of it; no accumulation is needed.");
+                   "cache of every sequence: half the sequences at once, half of it; no accumulation is needed.");
         activations_vs_shortfall(x, r, 0.5, "halving the batch");
         r->title = "Smaller batch (fewer samples at once)";
         r->cost = "More, smaller calls; nothing to accumulate without training";
@@ -670,14 +717,16 @@ static bool b_smaller_batch(const rctx_t *x, og_remedy_t *r)
             how(r, "%sval_loader = DataLoader(val_set, batch_size=train_batch_size // 2)   # or smaller", pt(x));
             return true;
         }
-        how(r, "%sfor i in range(0, len(prompts), 16): model.generate(prompts[i:i + 16], ...)   # fewer "
-            "sequences per call", pt(x));
+        how(r,
+            "%sfor i in range(0, len(prompts), 16): model.generate(prompts[i:i + 16], ...)   # fewer "
+            "sequences per call",
+            pt(x));
         how(r, "%sDataLoader(dataset, batch_size=batch_size // 2)   # evaluation: no gradient accumulation needed",
             pt(x));
         return true;
     }
     why(r, "Activation memory grows linearly with the batch size; gradient accumulation keeps the effective "
-        "batch.");
+           "batch.");
     activations_vs_shortfall(x, r, 0.5, "halving the batch");
     switch (x->fw) {
     case OG_FW_JAX:
@@ -703,7 +752,7 @@ static bool b_smaller_batch(const rctx_t *x, og_remedy_t *r)
 static bool b_shorter_sequences(const rctx_t *x, og_remedy_t *r)
 {
     why(r, "Without a fused attention kernel attention memory grows with the square of the sequence length: "
-        "2048 -> 1024 tokens cuts it by about 75%%.");
+           "2048 -> 1024 tokens cuts it by about 75%%.");
     if (x->shortfall)
         why(r, " %s more is needed.", og_hb((double)x->shortfall).s);
     how(r, "tokenizer(texts, truncation=True, max_length=1024)   # Hugging Face tokenizers");
@@ -718,7 +767,7 @@ static bool b_shorter_sequences(const rctx_t *x, og_remedy_t *r)
 static bool b_gradient_checkpointing(const rctx_t *x, og_remedy_t *r)
 {
     why(r, "Activations are recomputed during backward instead of stored: 50-70%% of them freed for about 30%% "
-        "more step time; best for long-context transformers.");
+           "more step time; best for long-context transformers.");
     activations_vs_shortfall(x, r, 0.6, "freeing 60% of them");
     switch (x->fw) {
     case OG_FW_JAX:
@@ -729,8 +778,7 @@ static bool b_gradient_checkpointing(const rctx_t *x, og_remedy_t *r)
         break;
     default:
         how(r, "%smodel.gradient_checkpointing_enable()   # Hugging Face models", pt(x));
-        how(r, "%sfrom torch.utils.checkpoint import checkpoint; x = checkpoint(block, x, use_reentrant=False)",
-            pt(x));
+        how(r, "%sfrom torch.utils.checkpoint import checkpoint; x = checkpoint(block, x, use_reentrant=False)", pt(x));
         if (x->fw == OG_FW_UNKNOWN)
             how(r, "JAX: jax.checkpoint(block_fn); TensorFlow: tf.recompute_grad(block)");
         break;
@@ -742,18 +790,20 @@ static bool b_flash_attention(const rctx_t *x, og_remedy_t *r)
 {
     bool old = x->cc_known && x->cc < 80;
     if (old)
-        why(r, "FlashAttention-2 needs compute capability 8.0+ (this GPU: %d.%d); a memory-efficient SDPA kernel "
-            "still makes attention memory linear in the sequence length.", x->cc / 10, x->cc % 10);
+        why(r,
+            "FlashAttention-2 needs compute capability 8.0+ (this GPU: %d.%d); a memory-efficient SDPA kernel "
+            "still makes attention memory linear in the sequence length.",
+            x->cc / 10, x->cc % 10);
     else
         why(r, "Fused attention keeps attention memory linear instead of quadratic in the sequence length: 4-10x "
-            "less above 4096 tokens, little for short sequences.");
+               "less above 4096 tokens, little for short sequences.");
     switch (x->fw) {
     case OG_FW_JAX:
         how(r, "jax.nn.dot_product_attention(q, k, v, implementation=\"cudnn\")   # fused; cc 8.0+");
         break;
     case OG_FW_TENSORFLOW:
         how(r, "TensorFlow has no built-in FlashAttention: use your model library's fused attention, or shorter "
-            "sequences.");
+               "sequences.");
         break;
     default:
         if (old) {
@@ -762,8 +812,10 @@ static bool b_flash_attention(const rctx_t *x, og_remedy_t *r)
                 pt(x));
         } else {
             how(r, "pip install flash-attn --no-build-isolation");
-            how(r, "%sAutoModelForCausalLM.from_pretrained(name, attn_implementation=\"flash_attention_2\", "
-                "torch_dtype=torch.bfloat16)", pt(x));
+            how(r,
+                "%sAutoModelForCausalLM.from_pretrained(name, attn_implementation=\"flash_attention_2\", "
+                "torch_dtype=torch.bfloat16)",
+                pt(x));
         }
         break;
     }
@@ -773,19 +825,23 @@ static bool b_flash_attention(const rctx_t *x, og_remedy_t *r)
 static bool b_quantization(const rctx_t *x, og_remedy_t *r)
 {
     why(r, "For inference the weights dominate: 8-bit halves and 4-bit quarters them (a 70B model: 140 GB in "
-        "fp16, ~70 GB in int8, ~35-40 GB in 4-bit).");
+           "fp16, ~70 GB in int8, ~35-40 GB in 4-bit).");
     if (x->shortfall && 2.0 * (double)x->shortfall <= (double)x->footprint)
         why(r, " 8-bit covers the %s missing if at least %s of the %s held are fp16 weights.",
             og_hb((double)x->shortfall).s, og_hb(2.0 * (double)x->shortfall).s, og_hb((double)x->footprint).s);
     else if (x->shortfall)
-        why(r, " 8-bit alone cannot cover the %s missing: even if all %s held were fp16 weights it would free half "
-            "of that; 4-bit frees about three quarters.", og_hb((double)x->shortfall).s, og_hb((double)x->footprint).s);
+        why(r,
+            " 8-bit alone cannot cover the %s missing: even if all %s held were fp16 weights it would free half "
+            "of that; 4-bit frees about three quarters.",
+            og_hb((double)x->shortfall).s, og_hb((double)x->footprint).s);
     const char *cdt = x->cc_known && x->cc < 80 ? "float16" : "bfloat16";
     if (x->fw == OG_FW_JAX || x->fw == OG_FW_TENSORFLOW)
         how(r, "Load pre-quantized int8/4-bit weights (AWQ, GPTQ) in a runtime that serves them, e.g. vLLM; the "
-            "PyTorch route is below.");
-    how(r, "%sbnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=\"nf4\", "
-        "bnb_4bit_compute_dtype=torch.%s)", x->fw == OG_FW_PYTORCH ? "" : "PyTorch: ", cdt);
+               "PyTorch route is below.");
+    how(r,
+        "%sbnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=\"nf4\", "
+        "bnb_4bit_compute_dtype=torch.%s)",
+        x->fw == OG_FW_PYTORCH ? "" : "PyTorch: ", cdt);
     how(r, "%smodel = AutoModelForCausalLM.from_pretrained(name, quantization_config=bnb)   # or load_in_8bit=True",
         x->fw == OG_FW_PYTORCH ? "" : "PyTorch: ");
     how(r, "Or load a checkpoint already quantized with AWQ or GPTQ.");
@@ -798,27 +854,34 @@ static bool b_multi_gpu(const rctx_t *x, og_remedy_t *r)
     if (n > 1) {
         r->title = "Split the work across the visible GPUs";
         if (x->world > 1)
-            why(r, "This job already runs %ld ranks: data parallelism (DDP) splits only the batch, each GPU still "
-                "holds the whole model; tensor or pipeline parallelism splits the model itself.", x->world);
+            why(r,
+                "This job already runs %ld ranks: data parallelism (DDP) splits only the batch, each GPU still "
+                "holds the whole model; tensor or pipeline parallelism splits the model itself.",
+                x->world);
         else
-            why(r, "%d GPUs are visible but one of them ran out: data parallelism (DDP) splits the batch, tensor or "
-                "pipeline parallelism splits the model itself.", n);
+            why(r,
+                "%d GPUs are visible but one of them ran out: data parallelism (DDP) splits the batch, tensor or "
+                "pipeline parallelism splits the model itself.",
+                n);
     } else {
         r->title = "Add GPUs and split the model";
-        why(r, "Only %s GPU is visible: with more, tensor or pipeline parallelism splits the model (e.g. 70B "
-            "inference on 2x 80 GB with tensor parallelism).", n == 1 ? "one" : "one (or an unknown number of)");
+        why(r,
+            "Only %s GPU is visible: with more, tensor or pipeline parallelism splits the model (e.g. 70B "
+            "inference on 2x 80 GB with tensor parallelism).",
+            n == 1 ? "one" : "one (or an unknown number of)");
     }
     int k = n > 1 ? n : 2;
     switch (x->fw) {
     case OG_FW_JAX:
         how(r, "mesh = jax.sharding.Mesh(jax.devices(), (\"model\",)); place weights with "
-            "NamedSharding(mesh, P(None, \"model\"))");
+               "NamedSharding(mesh, P(None, \"model\"))");
         break;
     case OG_FW_TENSORFLOW:
         how(r, "strategy = tf.distribute.MirroredStrategy()   # build and compile the model under strategy.scope()");
         break;
     default:
-        how(r, "%storchrun --nproc_per_node=%d train.py   # with DistributedDataParallel(model, device_ids=[local_rank])",
+        how(r,
+            "%storchrun --nproc_per_node=%d train.py   # with DistributedDataParallel(model, device_ids=[local_rank])",
             pt(x), k);
         how(r, "vllm serve <model> --tensor-parallel-size %d   # inference: the weights are split across GPUs", k);
         how(r, "%sAutoModelForCausalLM.from_pretrained(name, device_map=\"auto\")   # layers spread over the GPUs",
@@ -833,15 +896,19 @@ static bool b_zero_fsdp(const rctx_t *x, og_remedy_t *r)
 {
     int n = x->visible;
     if (n > 1)
-        why(r, "For training: with %d GPUs, ZeRO-3 / FSDP full sharding keeps about 1/%d of the parameters, "
-            "gradients and optimizer state on each GPU.", n, n);
+        why(r,
+            "For training: with %d GPUs, ZeRO-3 / FSDP full sharding keeps about 1/%d of the parameters, "
+            "gradients and optimizer state on each GPU.",
+            n, n);
     else
-        why(r, "For training on several GPUs (only %s visible now): ZeRO-3 / FSDP shard parameters, gradients and "
-            "optimizer state, so each GPU holds 1/N of them (70B+ on 8x 80 GB).", n == 1 ? "one is" : "one or none");
+        why(r,
+            "For training on several GPUs (only %s visible now): ZeRO-3 / FSDP shard parameters, gradients and "
+            "optimizer state, so each GPU holds 1/N of them (70B+ on 8x 80 GB).",
+            n == 1 ? "one is" : "one or none");
     int k = n > 1 ? n : 8;
     if (x->fw == OG_FW_JAX) {
         how(r, "Shard parameters and optimizer state over a mesh axis: NamedSharding(mesh, P(\"fsdp\")) on their "
-            "largest dimension.");
+               "largest dimension.");
         return true;
     }
     how(r, "%saccelerate config   # choose FSDP (FULL_SHARD) or DeepSpeed ZeRO stage 3", pt(x));
@@ -854,7 +921,7 @@ static bool b_zero_fsdp(const rctx_t *x, og_remedy_t *r)
 static bool b_cpu_offload(const rctx_t *x, og_remedy_t *r)
 {
     why(r, "Keep part of the model in host RAM and bring it over when needed: it fits, but steps get 3-10x "
-        "slower (offload to disk is slower still).");
+           "slower (offload to disk is slower still).");
     if (x->shortfall)
         why(r, " At least %s has to move off the GPU.", og_hb((double)x->shortfall).s);
     unsigned long long budget = x->total ? (unsigned long long)((double)x->total * 0.85 / GIB) : 0;
@@ -871,8 +938,10 @@ static bool b_cpu_offload(const rctx_t *x, og_remedy_t *r)
         how(r, "Keep large arrays in host memory (numpy) and copy chunks with cupy.asarray() when needed.");
         break;
     default:
-        how(r, "%sAutoModelForCausalLM.from_pretrained(name, device_map=\"auto\", max_memory={%d: \"%lluGiB\", "
-            "\"cpu\": \"64GiB\"})", pt(x), x->rec->event.device, budget);
+        how(r,
+            "%sAutoModelForCausalLM.from_pretrained(name, device_map=\"auto\", max_memory={%d: \"%lluGiB\", "
+            "\"cpu\": \"64GiB\"})",
+            pt(x), x->rec->event.device, budget);
         how(r, "%soffload_folder=\"offload\"   # only if RAM is short too: disk is the slowest", pt(x));
         how(r, "DeepSpeed ZeRO-Offload: \"offload_optimizer\": {\"device\": \"cpu\"}   # training");
         break;
@@ -882,9 +951,12 @@ static bool b_cpu_offload(const rctx_t *x, og_remedy_t *r)
 
 static bool b_bigger_gpu(const rctx_t *x, og_remedy_t *r)
 {
-    static const struct { int gb; const char *cards; } cards[] = {
-        {16, "V100 16GB, T4"}, {24, "RTX 4090, A10, L4"}, {40, "A100 40GB"},
-        {48, "RTX A6000, L40S"}, {80, "A100 80GB, H100"}, {141, "H200"},
+    static const struct {
+        int gb;
+        const char *cards;
+    } cards[] = {
+        { 16, "V100 16GB, T4" },   { 24, "RTX 4090, A10, L4" }, { 40, "A100 40GB" },
+        { 48, "RTX A6000, L40S" }, { 80, "A100 80GB, H100" },   { 141, "H200" },
     };
     /* the process alone on a fresh card: what it holds now plus the request; 3% kept for the driver */
     uint64_t need = add_sat(x->footprint, x->req);
@@ -895,14 +967,17 @@ static bool b_bigger_gpu(const rctx_t *x, og_remedy_t *r)
             break;
         }
     if (fit >= 0) {
-        why(r, "The job needs about %s (%s held + %s requested); this card has %s. The smallest common card that "
-            "fits is %d GB (%s).", og_hb((double)need).s, og_hb((double)x->footprint).s, og_hb((double)x->req).s,
-            og_hb((double)x->total).s, cards[fit].gb, cards[fit].cards);
+        why(r,
+            "The job needs about %s (%s held + %s requested); this card has %s. The smallest common card that "
+            "fits is %d GB (%s).",
+            og_hb((double)need).s, og_hb((double)x->footprint).s, og_hb((double)x->req).s, og_hb((double)x->total).s,
+            cards[fit].gb, cards[fit].cards);
         how(r, "Run on a %d GB card (%s), e.g. rented for the run.", cards[fit].gb, cards[fit].cards);
     } else {
-        why(r, "The job needs about %s (%s held + %s requested): no single common card (up to 141 GB) fits it with "
-            "room to spare; shrink the model or split it across GPUs.", og_hb((double)need).s,
-            og_hb((double)x->footprint).s, og_hb((double)x->req).s);
+        why(r,
+            "The job needs about %s (%s held + %s requested): no single common card (up to 141 GB) fits it with "
+            "room to spare; shrink the model or split it across GPUs.",
+            og_hb((double)need).s, og_hb((double)x->footprint).s, og_hb((double)x->req).s);
         how(r, "Split across GPUs (tensor parallel or ZeRO-3/FSDP) or quantize, then pick the card count.");
     }
     how(r, "Or a smaller model of the same family (e.g. 70B -> 13B).");
@@ -918,16 +993,18 @@ static bool b_other_framework(const rctx_t *x, og_remedy_t *r)
     if (k == OG_FW_JAX) {
         if (rec->xla_preallocate_off) {
             r->title = "Cap or release what JAX/XLA holds on this GPU";
-            why(r, "JAX (XLA) holds %s of this GPU in the same process, leaving %s short by %s. Preallocation is "
+            why(r,
+                "JAX (XLA) holds %s of this GPU in the same process, leaving %s short by %s. Preallocation is "
                 "already off: these are JAX's arrays and the freed memory its allocator keeps.",
                 og_hb((double)x->other_fw_bytes).s, me, og_hb((double)x->shortfall).s);
             how(r, "del the JAX arrays you no longer need (or move them to host with jax.device_get) before the "
-                "PyTorch phase");
+                   "PyTorch phase");
         } else {
             r->title = "Stop JAX/XLA from preallocating the GPU";
-            why(r, "JAX (XLA) holds %s of this GPU in the same process: by default it preallocates 75%% of the "
-                "memory when its client starts, leaving %s short by %s.", og_hb((double)x->other_fw_bytes).s, me,
-                og_hb((double)x->shortfall).s);
+            why(r,
+                "JAX (XLA) holds %s of this GPU in the same process: by default it preallocates 75%% of the "
+                "memory when its client starts, leaving %s short by %s.",
+                og_hb((double)x->other_fw_bytes).s, me, og_hb((double)x->shortfall).s);
             how(r, "export XLA_PYTHON_CLIENT_PREALLOCATE=false   # JAX allocates on demand");
         }
         int frac = x->total ? (int)(100.0 * (double)sub0(x->other_fw_bytes, x->shortfall) / (double)x->total) : 0;
@@ -938,24 +1015,27 @@ static bool b_other_framework(const rctx_t *x, og_remedy_t *r)
         how(r, "export JAX_PLATFORMS=cpu   # when JAX need not use the GPU at all (data loading, metrics)");
     } else if (k == OG_FW_TENSORFLOW) {
         r->title = "Stop TensorFlow from taking the whole GPU";
-        why(r, "TensorFlow holds %s of this GPU in the same process: by default it maps nearly all free memory at "
-            "start, leaving %s short by %s.", og_hb((double)x->other_fw_bytes).s, me, og_hb((double)x->shortfall).s);
+        why(r,
+            "TensorFlow holds %s of this GPU in the same process: by default it maps nearly all free memory at "
+            "start, leaving %s short by %s.",
+            og_hb((double)x->other_fw_bytes).s, me, og_hb((double)x->shortfall).s);
         if (env_is(rec, "TF_FORCE_GPU_ALLOW_GROWTH", "true"))
             why(r, " Memory growth is already on: TensorFlow really uses that much.");
         else {
             how(r, "export TF_FORCE_GPU_ALLOW_GROWTH=true   # allocate on demand");
             how(r, "for gpu in tf.config.list_physical_devices(\"GPU\"): "
-                "tf.config.experimental.set_memory_growth(gpu, True)   # before the first op");
+                   "tf.config.experimental.set_memory_growth(gpu, True)   # before the first op");
         }
         how(r, "tf.config.set_logical_device_configuration(gpu, [tf.config.LogicalDeviceConfiguration(memory_limit="
-            "4096)])   # or a hard cap in MiB");
+               "4096)])   # or a hard cap in MiB");
         how(r, "tf.config.set_visible_devices([], \"GPU\")   # when TensorFlow need not use the GPU");
     } else {
         r->title = "Limit the other framework's memory";
         why(r, "%s holds %s of this GPU in the same process, more than the %s missing.", fw_display(k),
             og_hb((double)x->other_fw_bytes).s, og_hb((double)x->shortfall).s);
         if (k == OG_FW_CUPY)
-            how(r, "cupy.get_default_memory_pool().free_all_blocks(); cupy.get_default_memory_pool().set_limit(size=...)");
+            how(r,
+                "cupy.get_default_memory_pool().free_all_blocks(); cupy.get_default_memory_pool().set_limit(size=...)");
         else if (k == OG_FW_PYTORCH)
             how(r, "torch.cuda.empty_cache(); torch.cuda.set_per_process_memory_fraction(0.5)   # PyTorch's share");
     }
@@ -968,28 +1048,35 @@ static bool b_set_device(const rctx_t *x, og_remedy_t *r)
     double kids = x->has[OG_CAUSE_PEERS] ? x->f->nchildren : -1;
     if (kids > 0 && (int)kids == x->npeers) {
         r->title = "Keep CUDA out of the DataLoader workers";
-        why(r, "%d child %s of this process (DataLoader workers) %s %s on GPU %d: a worker that calls .cuda() or "
+        why(r,
+            "%d child %s of this process (DataLoader workers) %s %s on GPU %d: a worker that calls .cuda() or "
             "builds CUDA tensors (in the Dataset or collate_fn) gets a CUDA context of its own. Do not kill them: "
-            "fix the pipeline.", x->npeers, og_plural(x->npeers, "process", "processes"),
-            og_plural(x->npeers, "holds", "hold"), og_hb((double)x->peers_bytes).s, rec->event.device);
-        how(r, "%sreturn CPU tensors from Dataset/collate_fn; move the batch in the main process: "
-            "batch = batch.to(\"cuda\", non_blocking=True)", pt(x));
+            "fix the pipeline.",
+            x->npeers, og_plural(x->npeers, "process", "processes"), og_plural(x->npeers, "holds", "hold"),
+            og_hb((double)x->peers_bytes).s, rec->event.device);
+        how(r,
+            "%sreturn CPU tensors from Dataset/collate_fn; move the batch in the main process: "
+            "batch = batch.to(\"cuda\", non_blocking=True)",
+            pt(x));
         how(r, "%sDataLoader(..., pin_memory=True)   # fast host-to-GPU copies without CUDA in the workers", pt(x));
         how(r, "%sif workers must use CUDA: torch.multiprocessing.set_start_method(\"spawn\") and keep it minimal",
             pt(x));
         return true;
     }
     if (x->npeers)
-        why(r, "%d other %s of this job %s %s on GPU %d, about one CUDA context each: every rank creates its "
-            "context on the current device, GPU 0 unless it selects its own first.", x->npeers,
-            og_plural(x->npeers, "rank", "ranks"), og_plural(x->npeers, "holds", "hold"),
+        why(r,
+            "%d other %s of this job %s %s on GPU %d, about one CUDA context each: every rank creates its "
+            "context on the current device, GPU 0 unless it selects its own first.",
+            x->npeers, og_plural(x->npeers, "rank", "ranks"), og_plural(x->npeers, "holds", "hold"),
             og_hb((double)x->peers_bytes).s, rec->event.device);
     else
         why(r, "This rank (LOCAL_RANK=%ld) runs on GPU %d: it did not select its own GPU first.", rec->local_rank,
             rec->event.device);
     why(r, " Do not stop those processes: they are this job's ranks.");
-    how(r, "%slocal_rank = int(os.environ[\"LOCAL_RANK\"]); torch.cuda.set_device(local_rank)   # first thing, "
-        "before any CUDA call", pt(x));
+    how(r,
+        "%slocal_rank = int(os.environ[\"LOCAL_RANK\"]); torch.cuda.set_device(local_rank)   # first thing, "
+        "before any CUDA call",
+        pt(x));
     how(r, "%storch.load(path, map_location=f\"cuda:{local_rank}\")   # not the GPU it was saved from", pt(x));
     how(r, "%sdist.init_process_group(\"nccl\", device_id=torch.device(\"cuda\", local_rank))", pt(x));
     how(r, "Or give each rank one GPU: CUDA_VISIBLE_DEVICES=$LOCAL_RANK in the per-rank launch script.");
@@ -1001,20 +1088,24 @@ static bool b_ddp(const rctx_t *x, og_remedy_t *r)
     const og_record_t *rec = x->rec;
     double ratio = x->has[OG_CAUSE_IMBALANCE] ? x->f->imbalance.ratio : -1;
     double avg = x->has[OG_CAUSE_IMBALANCE] ? (double)x->f->imbalance.avg : -1;
-    why(r, "GPU %d carries %.1fx what the other GPUs of this process hold (%s on average): nn.DataParallel gathers "
+    why(r,
+        "GPU %d carries %.1fx what the other GPUs of this process hold (%s on average): nn.DataParallel gathers "
         "every output there and keeps the optimizer state there. One process per GPU balances it.",
         rec->event.device, ratio > 0 ? ratio : 1.0, og_hb(avg > 0 ? avg : 0).s);
     int n = x->visible > 1 ? x->visible : 2;
     how(r, "%storchrun --nproc_per_node=%d train.py   # one process per GPU", pt(x), n);
-    how(r, "%smodel = DistributedDataParallel(model.to(local_rank), device_ids=[local_rank])   # instead of "
-        "nn.DataParallel(model)", pt(x));
+    how(r,
+        "%smodel = DistributedDataParallel(model.to(local_rank), device_ids=[local_rank])   # instead of "
+        "nn.DataParallel(model)",
+        pt(x));
     how(r, "%sor FSDP(model) to also shard parameters, gradients and optimizer state", pt(x));
     return true;
 }
 
 static bool b_chunk(const rctx_t *x, og_remedy_t *r)
 {
-    why(r, "The request alone, %s, is larger than the whole %s (%s): no setting of this process can fit it. Split "
+    why(r,
+        "The request alone, %s, is larger than the whole %s (%s): no setting of this process can fit it. Split "
         "the operation into pieces that fit, shard the tensor across GPUs, or keep it off the GPU.",
         og_hb((double)x->req).s, known(x->rec->device.limit_bytes) && x->capacity < x->total ? "limit" : "device",
         og_hb((double)x->capacity).s);
@@ -1029,10 +1120,14 @@ static bool b_chunk(const rctx_t *x, og_remedy_t *r)
         how(r, "for part in cupy.array_split(x, %llu): ...   # %llu pieces", k, k);
         break;
     default:
-        how(r, "%sfor part in torch.chunk(x, %llu, dim=0): out.append(f(part))   # %llu chunks, each under half the "
-            "card", pt(x), k, k);
-        how(r, "%slogits: compute the loss over the vocabulary in chunks (e.g. a chunked cross-entropy) instead "
-            "of one [batch, seq, vocab] tensor", pt(x));
+        how(r,
+            "%sfor part in torch.chunk(x, %llu, dim=0): out.append(f(part))   # %llu chunks, each under half the "
+            "card",
+            pt(x), k, k);
+        how(r,
+            "%slogits: compute the loss over the vocabulary in chunks (e.g. a chunked cross-entropy) instead "
+            "of one [batch, seq, vocab] tensor",
+            pt(x));
         break;
     }
     how(r, "Or shard it (tensor parallelism) or keep it in host memory and stream pieces to the GPU.");
@@ -1047,14 +1142,15 @@ static bool b_pool_trim(const rctx_t *x, og_remedy_t *r)
     og_cpy(ownerbuf, sizeof ownerbuf, rec->memory.pool_owner[0] ? rec->memory.pool_owner : "the application",
            sizeof rec->memory.pool_owner);
     const char *owner = x->app_pool ? ownerbuf : NULL;
-    why(r, "The application's own stream-ordered pool%s%s keeps %s of freed memory reserved: a pool returns memory "
+    why(r,
+        "The application's own stream-ordered pool%s%s keeps %s of freed memory reserved: a pool returns memory "
         "to the device only when trimmed or when its release threshold allows it at a synchronization.",
         owner ? " (used by " : "", owner ? owner : "", og_hb(slack > 0 ? slack : 0).s);
     if (owner)
         why(r, ")");
     how(r, "cudaStreamSynchronize(stream); cudaMemPoolTrimTo(pool, 0);   // before the large allocation");
     how(r, "uint64_t keep = 0; cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);   // a lower "
-        "threshold: freed memory goes back at each synchronization");
+           "threshold: freed memory goes back at each synchronization");
     how(r, "Or allocate the large buffer from the same pool (cudaMallocFromPoolAsync) so it reuses that memory.");
     return true;
 }
@@ -1063,7 +1159,7 @@ static bool b_bucketing(const rctx_t *x, og_remedy_t *r)
 {
     (void)x;
     why(r, "Batches of many different lengths leave differently sized holes in the allocator's segments; batches "
-        "of similar length (or padded to a few fixed lengths) reuse the same blocks.");
+           "of similar length (or padded to a few fixed lengths) reuse the same blocks.");
     how(r, "Sort or bucket samples by length: e.g. a length-grouped sampler (Hugging Face group_by_length=True)");
     how(r, "Pad to a few fixed lengths (e.g. multiples of 256 tokens) so the shapes repeat");
     return true;
@@ -1077,8 +1173,8 @@ static bool b_fw_cap(const rctx_t *x, og_remedy_t *r)
     og_cpy(srcbuf, sizeof srcbuf, rec->memory.fw.cap_source, sizeof rec->memory.fw.cap_source);
     const char *src = !capped ? NULL : srcbuf[0] ? srcbuf : "unknown";
     double cap = capped ? (double)x->f->cap.cap : -1, over = capped ? (double)x->f->cap.over : -1;
-    why(r, "The framework refused the request under its own cap (%s, %s)", src && strcmp(src, "unknown") ? src
-        : "a memory fraction or pool limit", og_hb(cap > 0 ? cap : 0).s);
+    why(r, "The framework refused the request under its own cap (%s, %s)",
+        src && strcmp(src, "unknown") ? src : "a memory fraction or pool limit", og_hb(cap > 0 ? cap : 0).s);
     if (over > 0)
         why(r, "; it needed %s more than the cap allows.", og_hb(over).s);
     else
@@ -1090,7 +1186,8 @@ static bool b_fw_cap(const rctx_t *x, og_remedy_t *r)
     switch (x->fw) {
     case OG_FW_JAX:
         if (frac > 0 && frac < 0.96)
-            how(r, "export XLA_PYTHON_CLIENT_MEM_FRACTION=.%02d   # was the cap; or XLA_PYTHON_CLIENT_PREALLOCATE=false",
+            how(r,
+                "export XLA_PYTHON_CLIENT_MEM_FRACTION=.%02d   # was the cap; or XLA_PYTHON_CLIENT_PREALLOCATE=false",
                 (int)(frac * 100) + 1);
         else
             how(r, "export XLA_PYTHON_CLIENT_PREALLOCATE=false   # allocate on demand instead of a fixed arena");
@@ -1100,7 +1197,7 @@ static bool b_fw_cap(const rctx_t *x, og_remedy_t *r)
         break;
     case OG_FW_TENSORFLOW:
         how(r, "tf.config.set_logical_device_configuration(gpu, [tf.config.LogicalDeviceConfiguration("
-            "memory_limit=...)])   # a larger memory_limit, in MiB");
+               "memory_limit=...)])   # a larger memory_limit, in MiB");
         break;
     default:
         if (frac > 0 && frac < 1)
@@ -1116,7 +1213,7 @@ static bool b_fw_cap(const rctx_t *x, og_remedy_t *r)
 /* ------------------------------------------------------------------ the catalog */
 
 const og_remedy_def_t og_remedy_catalog[R_COUNT] = {
-#define X(name, id, order, build, title, saving, cost) [R_##name] = {id, title, saving, cost, order, build},
+#define X(name, id, order, build, title, saving, cost) [R_##name] = { id, title, saving, cost, order, build },
 #include "remedies.def"
 #undef X
 };

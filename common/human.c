@@ -6,10 +6,10 @@
 
 const char *og_bytes_fmt(char *buf, size_t n, double bytes, enum og_bytes_style style)
 {
-    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    static const char *const unit[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB" };
     enum { TOP = sizeof unit / sizeof *unit - 1 };
     const double k = 1024.0;
-    double v = bytes >= 0 ? bytes : 0;   /* also NaN */
+    double v = bytes >= 0 ? bytes : 0; /* also NaN */
     int u = 0, digits = 0;
     while (v >= k && u < TOP) {
         v /= k;
@@ -36,12 +36,12 @@ const char *og_bytes_fmt(char *buf, size_t n, double bytes, enum og_bytes_style 
 
 static const struct {
     const char *name, *display;
-    const char *packages;   /* "/pkg/" directories of its Python code, '|'-separated */
+    const char *packages; /* "/pkg/" directories of its Python code, '|'-separated */
 } frameworks[] = {
-    [OG_FW_PYTORCH] = {"pytorch", "PyTorch", "/torch/"},
-    [OG_FW_JAX] = {"jax", "JAX", "/jax/|/jaxlib/"},
-    [OG_FW_TENSORFLOW] = {"tensorflow", "TensorFlow", "/tensorflow/|/keras/"},
-    [OG_FW_CUPY] = {"cupy", "CuPy", "/cupy/"},
+    [OG_FW_PYTORCH] = { "pytorch", "PyTorch", "/torch/" },
+    [OG_FW_JAX] = { "jax", "JAX", "/jax/|/jaxlib/" },
+    [OG_FW_TENSORFLOW] = { "tensorflow", "TensorFlow", "/tensorflow/|/keras/" },
+    [OG_FW_CUPY] = { "cupy", "CuPy", "/cupy/" },
 };
 #define OG_FW_END ((int)(sizeof frameworks / sizeof *frameworks))
 

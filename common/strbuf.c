@@ -112,7 +112,7 @@ void og_sb_json_str(og_sb_t *sb, const char *s)
     const unsigned char *p = (const unsigned char *)(s ? s : "");
     size_t n = strlen((const char *)p);
     while (n) {
-        size_t run = 0;   /* plain characters are copied in runs */
+        size_t run = 0; /* plain characters are copied in runs */
         while (run < n && p[run] >= 0x20 && p[run] < 0x80 && p[run] != '"' && p[run] != '\\')
             run++;
         if (run) {

@@ -13,7 +13,7 @@ typedef struct og_sb {
 void og_sb_put(og_sb_t *sb, const char *s, size_t n);
 void og_sb_puts(og_sb_t *sb, const char *s);
 void og_sb_printf(og_sb_t *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void og_sb_json_str(og_sb_t *sb, const char *s);   /* UTF-8 kept; invalid bytes as U+FFFD */
+void og_sb_json_str(og_sb_t *sb, const char *s); /* UTF-8 kept; invalid bytes as U+FFFD */
 void og_sb_text_escaped(og_sb_t *sb, const char *s, size_t n, bool keep_nl);
 bool og_text_needs_escape(const char *s, bool keep_nl);
 size_t og_utf8_cut(const char *s, size_t len);

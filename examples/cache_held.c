@@ -12,9 +12,9 @@ int main(void)
     for (int i = 0; i < 10; i++)
         if (!(t[i] = mt_alloc(2 * GiB)))
             fail_exit("activations");
-    for (int i = 2; i < 10; i++)            /* the step ends: 16 GiB go back to the cache */
+    for (int i = 2; i < 10; i++) /* the step ends: 16 GiB go back to the cache */
         mt_free(t[i]);
-    mt_report_to_oomguard();                /* an adapter reports the framework's view */
+    mt_report_to_oomguard(); /* an adapter reports the framework's view */
     if (!comm_init_buffers(8 * GiB))
         fail_exit("communicator buffers");
     return 0;

@@ -16,6 +16,6 @@ static inline void fail_exit(const char *what)
 }
 
 /* The helper libraries, each taking device memory on its own with cudaMalloc */
-void *workspace_reserve(size_t bytes);   /* libworkspace.so (examples/workspace.c) */
-void *comm_init_buffers(size_t bytes);   /* libcomm.so (examples/comm.c) */
+void *workspace_reserve(size_t bytes); /* libworkspace.so (examples/workspace.c) */
+void *comm_init_buffers(size_t bytes); /* libcomm.so (examples/comm.c) */
 #endif

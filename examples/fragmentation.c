@@ -19,7 +19,7 @@ int main(void)
             fail_exit("fill");
     }
     printf("filled the device with %d tensors\n", n);
-    for (int i = 0; i < n; i += 2)          /* free the 12 MiB ones: holes everywhere */
+    for (int i = 0; i < n; i += 2) /* free the 12 MiB ones: holes everywhere */
         mt_free(t[i]);
     mt_stats_t s;
     mt_stats(&s);

@@ -12,17 +12,17 @@ int main(void)
         if (!mt_alloc(2 * GiB))
             fail_exit("weights");
     for (int step = 0;; step++) {
-        void *act = mt_alloc(3 * GiB);          /* activations of this step */
+        void *act = mt_alloc(3 * GiB); /* activations of this step */
         if (!act) {
             fprintf(stderr, "step %d: ", step);
             fail_exit("forward pass");
         }
-        void *graph = mt_alloc(150 * MiB);      /* losses.append(loss): the graph stays alive */
+        void *graph = mt_alloc(150 * MiB); /* losses.append(loss): the graph stays alive */
         if (!graph) {
             fprintf(stderr, "step %d: ", step);
             fail_exit("loss");
         }
         mt_free(act);
-        usleep(15000);                         /* a training step takes time */
+        usleep(15000); /* a training step takes time */
     }
 }

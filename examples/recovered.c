@@ -12,8 +12,8 @@ int main(void)
         if (!(t[i] = mt_alloc(2 * GiB)))
             fail_exit("warm-up");
     for (int i = 0; i < 10; i++)
-        mt_free(t[i]);                      /* all cached, nothing returned to the driver */
-    void *big = mt_alloc(12 * GiB);         /* fails once, flush, retry succeeds */
+        mt_free(t[i]);              /* all cached, nothing returned to the driver */
+    void *big = mt_alloc(12 * GiB); /* fails once, flush, retry succeeds */
     if (!big)
         fail_exit("big batch");
     printf("big batch allocated after the cache was flushed\n");

@@ -14,18 +14,18 @@
 extern "C" {
 #endif
 
-#define OOMGUARD_VERSION "0.1.0"
+#define OOMGUARD_VERSION     "0.1.0"
 #define OOMGUARD_DUMP_SCHEMA "oomguard.dump/1"
 
 /* What the ledger holds for one device, in bytes, as the shim counted it. */
 typedef struct oomguard_device_stats {
-    uint64_t plain_bytes, plain_blocks;          /* cuMemAlloc/cuMemAllocPitch (cudaMalloc...) */
-    uint64_t managed_bytes, managed_blocks;      /* cuMemAllocManaged */
-    uint64_t pool_used_bytes, pool_blocks;       /* handed out by stream-ordered pools */
-    uint64_t pool_reserved_bytes;                /* device memory the pools hold */
-    uint64_t vmm_physical_bytes, vmm_handles;    /* cuMemCreate'd physical memory alive */
-    uint64_t vmm_mapped_bytes;                   /* of it, mapped into address ranges */
-    uint64_t tracked_bytes;                      /* plain + managed + pool_reserved + vmm_physical */
+    uint64_t plain_bytes, plain_blocks;       /* cuMemAlloc/cuMemAllocPitch (cudaMalloc...) */
+    uint64_t managed_bytes, managed_blocks;   /* cuMemAllocManaged */
+    uint64_t pool_used_bytes, pool_blocks;    /* handed out by stream-ordered pools */
+    uint64_t pool_reserved_bytes;             /* device memory the pools hold */
+    uint64_t vmm_physical_bytes, vmm_handles; /* cuMemCreate'd physical memory alive */
+    uint64_t vmm_mapped_bytes;                /* of it, mapped into address ranges */
+    uint64_t tracked_bytes;                   /* plain + managed + pool_reserved + vmm_physical */
     uint64_t peak_tracked_bytes;
     uint64_t host_pinned_bytes, host_pinned_blocks; /* process-wide; reported for device 0 only */
     uint64_t allocs, frees, failures, unknown_frees;
@@ -38,44 +38,44 @@ int oomguard_device_stats(int device, oomguard_device_stats_t *out);
  * Set struct_size = sizeof(oomguard_framework_stats_t); strings are copied. */
 typedef struct oomguard_framework_stats {
     uint64_t struct_size;
-    int64_t device;                      /* CUDA ordinal the numbers are for */
-    uint64_t allocated_bytes;            /* in live tensors */
-    uint64_t reserved_bytes;             /* held from the driver */
+    int64_t device;           /* CUDA ordinal the numbers are for */
+    uint64_t allocated_bytes; /* in live tensors */
+    uint64_t reserved_bytes;  /* held from the driver */
     uint64_t active_bytes;
-    uint64_t inactive_split_bytes;       /* free pieces of split blocks */
-    uint64_t largest_free_block_bytes;   /* largest free block inside the cache */
-    uint64_t private_pool_bytes;         /* e.g. CUDA graph pools */
+    uint64_t inactive_split_bytes;     /* free pieces of split blocks */
+    uint64_t largest_free_block_bytes; /* largest free block inside the cache */
+    uint64_t private_pool_bytes;       /* e.g. CUDA graph pools */
     uint64_t num_alloc_retries, num_ooms;
-    const char *allocator_settings;      /* e.g. PYTORCH_CUDA_ALLOC_CONF as seen by the framework */
-    const char *source;                  /* e.g. "torch 2.11" */
+    const char *allocator_settings; /* e.g. PYTORCH_CUDA_ALLOC_CONF as seen by the framework */
+    const char *source;             /* e.g. "torch 2.11" */
     /* added later (read only when struct_size covers it): a JSON file holding the framework's
      * own allocator snapshot (PyTorch: torch.cuda.memory._snapshot()), recorded in the dump as
      * memory.framework.snapshot_file and used by `oomguard report --format memory-viz` */
     const char *snapshot_path;
     /* added with the JAX/CuPy adapters (read only when struct_size covers them; NULL/0 = unknown) */
-    const char *framework;               /* "pytorch" | "jax" | "tensorflow" | "cupy" */
-    const char *api;                     /* the framework's allocator: "torch.cuda.caching_allocator", ... */
-    uint64_t requested_bytes;            /* the request the framework failed */
-    uint64_t cap_bytes;                  /* a cap the framework imposes on itself (memory fraction, set_limit) */
-    const char *cap_source;              /* the setting behind it: "torch.cuda.set_per_process_memory_fraction(0.5)" */
-    uint64_t peak_bytes;                 /* the framework's peak (jax peak_bytes_in_use) */
-    int32_t grad_enabled;                /* 1 autograd on at the failure, -1 off, 0 unknown */
-    int32_t training;                    /* 1 training seen (PyTorch: an optimizer step ran), -1 inference/eval only, 0 unknown */
-    const char *python_stack;            /* "file\tline\tfunction\n" per frame, innermost first */
-    const char *python_sites;            /* "file\tline\tfunction\tbytes\tblocks\n", most live bytes first */
-    const char *unmeasured_why;          /* why something the adapter should know is missing */
-    uint64_t flags;                      /* OOMGUARD_FW_* */
+    const char *framework;    /* "pytorch" | "jax" | "tensorflow" | "cupy" */
+    const char *api;          /* the framework's allocator: "torch.cuda.caching_allocator", ... */
+    uint64_t requested_bytes; /* the request the framework failed */
+    uint64_t cap_bytes;       /* a cap the framework imposes on itself (memory fraction, set_limit) */
+    const char *cap_source;   /* the setting behind it: "torch.cuda.set_per_process_memory_fraction(0.5)" */
+    uint64_t peak_bytes;      /* the framework's peak (jax peak_bytes_in_use) */
+    int32_t grad_enabled;     /* 1 autograd on at the failure, -1 off, 0 unknown */
+    int32_t training;         /* 1 training seen (PyTorch: an optimizer step ran), -1 inference/eval only, 0 unknown */
+    const char *python_stack; /* "file\tline\tfunction\n" per frame, innermost first */
+    const char *python_sites; /* "file\tline\tfunction\tbytes\tblocks\n", most live bytes first */
+    const char *unmeasured_why; /* why something the adapter should know is missing */
+    uint64_t flags;             /* OOMGUARD_FW_* */
     /* added later (read only when struct_size covers it) */
-    int32_t autocast;                    /* 1 on at the failure, -1 off, 0 unknown */
+    int32_t autocast; /* 1 on at the failure, -1 off, 0 unknown */
     /* added later (read only when struct_size covers it and flags has OOMGUARD_FW_FREED_KNOWN:
      * 0 is a real answer here, so a zeroed field must not pass for it) */
-    uint64_t freed_bytes_total;          /* bytes the framework's allocator freed over the process's life */
+    uint64_t freed_bytes_total; /* bytes the framework's allocator freed over the process's life */
     /* added later (read only when struct_size covers them; NULL = not measured): what the memory is
      * for and what the job was doing (memory.framework.roles, event.phase; docs/dump-format.md) */
-    const char *roles;                   /* "role\tNAME\tBYTES|-\tTENSORS\n", "optimizer\t...", "holder\t...", "meta\t..." */
-    const char *phase;                   /* "loading" | "forward" | "backward" | "optimizer_step" | ... */
-    const char *phase_frame;             /* "file\tline\tfunction\n": the frame that decided the phase */
-    const char *phase_source;            /* how the phase was told ("stack", ...), or why it is unknown */
+    const char *roles;        /* "role\tNAME\tBYTES|-\tTENSORS\n", "optimizer\t...", "holder\t...", "meta\t..." */
+    const char *phase;        /* "loading" | "forward" | "backward" | "optimizer_step" | ... */
+    const char *phase_frame;  /* "file\tline\tfunction\n": the frame that decided the phase */
+    const char *phase_source; /* how the phase was told ("stack", ...), or why it is unknown */
 } oomguard_framework_stats_t;
 
 /* flags: the byte counts above were not filled (only the Python lines, e.g. from a query):

@@ -45,7 +45,7 @@ void og_record_identity(og_record_t *rec)
         snprintf(rec->host, sizeof rec->host, "unknown");
     /* inside a pod the host name is the pod's: the node comes from the downward API
      * (NODE_NAME, examples/kubernetes) or the batch system */
-    static const char *const node[] = {"NODE_NAME", "SLURMD_NODENAME", NULL};
+    static const char *const node[] = { "NODE_NAME", "SLURMD_NODENAME", NULL };
     for (const char *const *v = node; *v; v++) {
         const char *s = getenv(*v);
         if (s && *s) {
@@ -53,15 +53,16 @@ void og_record_identity(og_record_t *rec)
             break;
         }
     }
-    static const char *const rank[] = {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", NULL};
-    static const char *const local[] = {"LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK",
-                                        "MPI_LOCALRANKID", NULL};
-    static const char *const world[] = {"WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", NULL};
+    static const char *const rank[] = { "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", NULL };
+    static const char *const local[] = { "LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                                         NULL };
+    static const char *const world[] = { "WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", NULL };
     rec->rank = env_long(rank);
     rec->local_rank = env_long(local);
     rec->world_size = env_long(world);
-    static const char *const job[] = {"TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID",
-                                      "JOB_ID", NULL};
+    static const char *const job[] = {
+        "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "JOB_ID", NULL
+    };
     for (const char *const *j = job; *j; j++) {
         const char *v = getenv(*j);
         if (v && *v) {
@@ -84,14 +85,28 @@ static bool env_allowed(const char *kv)
 {
     /* TensorFlow's own variables by their families, not every TF_*: Terraform's TF_VAR_*, TF_TOKEN_*,
      * TF_CLI_ARGS* carry secrets and say nothing about GPU memory */
-    static const char *const prefix[] = {"CUDA_", "PYTORCH_", "XLA_", "NCCL_", "OOMGUARD_", "JAX_", "CUPY_",
-                                         "TF_CPP_", "TF_GPU_", "TF_CUDA_", "TF_CUDNN_", "TF_XLA_", "TF_FORCE_",
-                                         "TF_ENABLE_", "TF_DISABLE_", "TF_DETERMINISTIC_", "TF_NUM_", "TF_AUTOTUNE_"};
-    static const char *const exact[] = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_PROCID",
-                                        "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_JOB_ID", "OMPI_COMM_WORLD_RANK",
-                                        "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK",
-                                        "PMI_SIZE", "TORCHELASTIC_RUN_ID", "TF_CONFIG", "TF_USE_LEGACY_KERAS",
-                                        "TF_SYNC_ON_FINISH"};
+    static const char *const prefix[] = { "CUDA_",     "PYTORCH_",    "XLA_",        "NCCL_",
+                                          "OOMGUARD_", "JAX_",        "CUPY_",       "TF_CPP_",
+                                          "TF_GPU_",   "TF_CUDA_",    "TF_CUDNN_",   "TF_XLA_",
+                                          "TF_FORCE_", "TF_ENABLE_",  "TF_DISABLE_", "TF_DETERMINISTIC_",
+                                          "TF_NUM_",   "TF_AUTOTUNE_" };
+    static const char *const exact[] = { "RANK",
+                                         "LOCAL_RANK",
+                                         "WORLD_SIZE",
+                                         "LOCAL_WORLD_SIZE",
+                                         "SLURM_PROCID",
+                                         "SLURM_LOCALID",
+                                         "SLURM_NTASKS",
+                                         "SLURM_JOB_ID",
+                                         "OMPI_COMM_WORLD_RANK",
+                                         "OMPI_COMM_WORLD_LOCAL_RANK",
+                                         "OMPI_COMM_WORLD_SIZE",
+                                         "PMI_RANK",
+                                         "PMI_SIZE",
+                                         "TORCHELASTIC_RUN_ID",
+                                         "TF_CONFIG",
+                                         "TF_USE_LEGACY_KERAS",
+                                         "TF_SYNC_ON_FINISH" };
     size_t name_len = strcspn(kv, "=");
     char name[128];
     if (name_len >= sizeof name)
@@ -116,7 +131,7 @@ bool og_env_entry(const char *kv, char *out, size_t outsz)
         return false;
     char name[128];
     size_t name_len = strcspn(kv, "=");
-    snprintf(name, sizeof name, "%.*s", (int)name_len, kv);   /* env_allowed: < 128 */
+    snprintf(name, sizeof name, "%.*s", (int)name_len, kv); /* env_allowed: < 128 */
     int w = snprintf(out, outsz, "%s=", name);
     if (w < 0 || (size_t)w >= outsz)
         return true;
@@ -137,7 +152,7 @@ static void capture_env(og_record_t *rec)
     if (!conf)
         conf = getenv("PYTORCH_ALLOC_CONF");
     if (conf) {
-        og_redact_text(conf, rec->pytorch_alloc_conf, sizeof rec->pytorch_alloc_conf);   /* remedies quote it */
+        og_redact_text(conf, rec->pytorch_alloc_conf, sizeof rec->pytorch_alloc_conf); /* remedies quote it */
         rec->expandable_segments_set = strcasestr(conf, "expandable_segments:true") != NULL;
         rec->max_split_set = strcasestr(conf, "max_split_size_mb") != NULL;
     }
@@ -173,7 +188,10 @@ static int phdr_cb(struct dl_phdr_info *info, size_t size, void *arg)
 
 /* The framework of a loaded library by its base name, from its full path (CuPy's modules are
  * known by their directory: cupy/cuda/memory.so). */
-struct kind_q { const char *base; int fw; };
+struct kind_q {
+    const char *base;
+    int fw;
+};
 static int kind_cb(struct dl_phdr_info *info, size_t size, void *arg)
 {
     (void)size;
@@ -191,7 +209,7 @@ static int kind_cb(struct dl_phdr_info *info, size_t size, void *arg)
 
 static int framework_of_loaded(const char *base)
 {
-    struct kind_q q = {base, OG_FW_UNKNOWN};
+    struct kind_q q = { base, OG_FW_UNKNOWN };
     dl_iterate_phdr(kind_cb, &q);
     return q.fw;
 }
@@ -199,7 +217,7 @@ static int framework_of_loaded(const char *base)
 static void capture_framework(og_record_t *rec)
 {
     dl_iterate_phdr(phdr_cb, rec);
-    enum og_framework forced = og_framework_from_name(og_opt.framework_s);   /* OOMGUARD_FRAMEWORK */
+    enum og_framework forced = og_framework_from_name(og_opt.framework_s); /* OOMGUARD_FRAMEWORK */
     if (forced != OG_FW_UNKNOWN)
         rec->framework = forced;
     if (og_opt.framework_libs_s[0]) {
@@ -262,7 +280,7 @@ static void agg_block(const og_block_view_t *b, void *arg)
     agg_t *a = arg;
     if (b->device != a->device || b->kind == OG_KIND_HOST)
         return;
-    uint32_t s = b->site < a->nsites ? b->site : 0;   /* a site newer than the arrays: unknown, still counted */
+    uint32_t s = b->site < a->nsites ? b->site : 0; /* a site newer than the arrays: unknown, still counted */
     a->site_bytes[s] += b->size;
     a->site_blocks[s]++;
     a->site_hook[s] = (uint8_t)b->hook;
@@ -272,7 +290,7 @@ static void agg_block(const og_block_view_t *b, void *arg)
 
 static void symbolize(uintptr_t ip, og_frame_t *f, bool return_address)
 {
-    og_frame_describe(ip, return_address, f);   /* stacks.c: library, path, build-id, symbol */
+    og_frame_describe(ip, return_address, f); /* stacks.c: library, path, build-id, symbol */
 }
 
 static const char *api_name(int hook, uintptr_t caller)
@@ -373,7 +391,7 @@ static bool ledger_by_library(og_record_t *rec, const agg_t *a, uint32_t *order,
                   strcmp(rec->tf_gpu_allocator, "cuda_malloc_async") == 0;
         rec->memory.pool_owner_fw = pool_fw ? 1 : 2;
     }
-    for (int k = 0; k < 32; k++) {         /* the 32 largest holders, largest first */
+    for (int k = 0; k < 32; k++) { /* the 32 largest holders, largest first */
         int best = -1;
         for (uint16_t l = 0; l < nlibs; l++)
             if (lib_blocks[l] && (best < 0 || lib_bytes[l] > lib_bytes[best]))
@@ -389,7 +407,7 @@ static bool ledger_by_library(og_record_t *rec, const agg_t *a, uint32_t *order,
         if (u->framework && u->fw_kind == OG_FW_UNKNOWN)
             u->fw_kind = framework_of_loaded(u->library);
         if (u->framework && u->fw_kind == OG_FW_UNKNOWN)
-            u->fw_kind = rec->framework;      /* OOMGUARD_FRAMEWORK_LIBS: a custom allocator of the framework */
+            u->fw_kind = rec->framework; /* OOMGUARD_FRAMEWORK_LIBS: a custom allocator of the framework */
         u->pool_bytes = lib_pool[best];
         if (u->framework)
             rec->memory.framework_bytes += u->bytes;
@@ -444,7 +462,7 @@ static void ledger_top_sites(og_record_t *rec, const agg_t *a, uint32_t *order, 
 /* Totals, by kind, by library and the top sites from one snapshot of the ledger: they add up. */
 static void capture_ledger(og_record_t *rec, int device)
 {
-    agg_t a = {.device = device, .nsites = og_site_count() + OG_SITES_HEADROOM};
+    agg_t a = { .device = device, .nsites = og_site_count() + OG_SITES_HEADROOM };
     uint32_t *order = NULL, n = 0;
     bool sites = sites_alloc(&a, &order);
     oomguard_device_stats_t st;
@@ -462,10 +480,7 @@ static void capture_ledger(og_record_t *rec, int device)
 /* ------------------------------------------------------------------ history */
 
 /* the ledger's history operation (alloc, free, fail, pool_grow, pool_shrink) as the record's */
-static enum og_hist_op op_of(int op)
-{
-    return op >= 0 && op < 5 ? (enum og_hist_op)(OG_OP_ALLOC + op) : OG_OP_OTHER;
-}
+static enum og_hist_op op_of(int op) { return op >= 0 && op < 5 ? (enum og_hist_op)(OG_OP_ALLOC + op) : OG_OP_OTHER; }
 
 static void capture_history(og_record_t *rec, int device)
 {
@@ -532,10 +547,10 @@ static const char *env_in(const char *blk, ssize_t len, const char *name)
  * or ranks of the same world.  Only rank/job variables are read from their environment. */
 static void capture_peers(og_record_t *rec)
 {
-    static const char *const job_vars[] = {"TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "MASTER_PORT", "PBS_JOBID",
-                                           "LSB_JOBID", "JOB_ID", NULL};
-    static const char *const rank_vars[] = {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", NULL};
-    static const char *const world_vars[] = {"WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", NULL};
+    static const char *const job_vars[] = { "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "MASTER_PORT", "PBS_JOBID",
+                                            "LSB_JOBID",           "JOB_ID",       NULL };
+    static const char *const rank_vars[] = { "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", NULL };
+    static const char *const world_vars[] = { "WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", NULL };
     char *buf = malloc(65536);
     char *cmd = malloc(sizeof rec->cmdline);
     if (!buf || !cmd)
@@ -557,7 +572,7 @@ static void capture_peers(og_record_t *rec)
         ssize_t n = read_proc(o->pid, "cmdline", buf, sizeof rec->cmdline);
         if (n <= 0)
             continue;
-        og_cmdline_join(buf, (size_t)n, cmd, sizeof rec->cmdline);   /* redacted like ours */
+        og_cmdline_join(buf, (size_t)n, cmd, sizeof rec->cmdline); /* redacted like ours */
         bool same_cmd = strcmp(cmd, rec->cmdline) == 0;
         ssize_t en = read_proc(o->pid, "environ", buf, 65536);
         bool job_match = false, job_differs = false, ranked = false;
@@ -618,18 +633,22 @@ static void derive(og_record_t *rec, const og_episode_t *ep)
                  rec->event.library[0] && rec->memory.framework_bytes > 0)
             snprintf(rec->memory.unmeasured[rec->memory.nunmeasured++], 160,
                      "framework cache: %s's unused reserve (the failing call came from %.30s, outside its "
-                     "allocator: cache kept, no adapter numbers)", fwn, rec->event.library);
+                     "allocator: cache kept, no adapter numbers)",
+                     fwn, rec->event.library);
         else
             snprintf(rec->memory.unmeasured[rec->memory.nunmeasured++], 160,
                      "framework cache: %s's reserved-but-unused memory (no adapter numbers and no release "
-                     "between attempts to measure it)", fwn);
+                     "between attempts to measure it)",
+                     fwn);
     }
     uint64_t used = rec->memory.process_used_bytes;
-    rec->memory.non_framework_bytes = used == OG_UNKNOWN ? OG_UNKNOWN
-                                      : used > rec->memory.framework_bytes ? used - rec->memory.framework_bytes : 0;
+    rec->memory.non_framework_bytes = used == OG_UNKNOWN                   ? OG_UNKNOWN
+                                      : used > rec->memory.framework_bytes ? used - rec->memory.framework_bytes
+                                                                           : 0;
     rec->memory.context_bytes_estimate = used == OG_UNKNOWN ? OG_UNKNOWN
                                          : used > rec->memory.process_tracked_bytes
-                                             ? used - rec->memory.process_tracked_bytes : 0;
+                                             ? used - rec->memory.process_tracked_bytes
+                                             : 0;
 }
 
 /* The record of an episode's first failed attempt, per device: a recovered dump keeps the
@@ -661,7 +680,7 @@ static void keep_first_failure(const og_record_t *rec, const og_episode_t *ep, i
     og_record_t *c = record_copy(rec);
     if (!c)
         return;
-    c->event.recovered_t = (double)ep->first_t_ns;    /* the episode's key until it is used */
+    c->event.recovered_t = (double)ep->first_t_ns; /* the episode's key until it is used */
     og_record_t *old = atomic_exchange(&first_fail[device], c);
     og_record_free(old);
 }
@@ -705,11 +724,12 @@ static void fill_event(og_record_t *rec, const og_episode_t *ep, int device)
     rec->event.device = device;
     if (!ep)
         return;
-    bool in_fw = ep->hook < 0 || ep->hook >= OG_H_COUNT;   /* inside the framework's allocator */
+    bool in_fw = ep->hook < 0 || ep->hook >= OG_H_COUNT; /* inside the framework's allocator */
     rec->event.requested_bytes = ep->requested;
     rec->event.driver_api = in_fw ? "" : og_hooks[ep->hook].name;
-    rec->event.api = !in_fw ? api_name(ep->hook, (uintptr_t)ep->caller)
-                     : rec->memory.fw.api[0] ? rec->memory.fw.api : "framework allocator";
+    rec->event.api = !in_fw                  ? api_name(ep->hook, (uintptr_t)ep->caller)
+                     : rec->memory.fw.api[0] ? rec->memory.fw.api
+                                             : "framework allocator";
     rec->event.framework_internal = in_fw;
     rec->event.stream_ordered = ep->kind == OG_KIND_POOL;
     rec->event.result = ep->result;
@@ -770,7 +790,7 @@ og_record_t *og_record_capture(const char *status, const og_episode_t *ep, int d
     og_framework_view_get(&rec->memory.fw);
     python_view_missing(rec);
     if (rec->memory.fw.has && rec->memory.fw.device != device)
-        rec->memory.fw.has = false;          /* numbers for another device */
+        rec->memory.fw.has = false; /* numbers for another device */
     /* Python lines handed in before this failure began belong to an older one */
     if (!ep || rec->memory.fw.reported_t_ns < ep->first_t_ns)
         rec->memory.fw.npy_frames = rec->memory.fw.npy_sites = 0;
@@ -813,7 +833,7 @@ og_record_t *og_record_capture(const char *status, const og_episode_t *ep, int d
     for (int d = 0; d < OG_MAX_DEVICES && rec->nsummary < 16; d++) {
         oomguard_device_stats_t st;
         og_ledger_stats(d, &st);
-        if (d == device) {   /* the failing device as its snapshot read it, not a moment later */
+        if (d == device) { /* the failing device as its snapshot read it, not a moment later */
             st.tracked_bytes = rec->memory.process_tracked_bytes;
             st.peak_tracked_bytes = rec->history.peak_bytes;
             st.allocs = rec->history.allocs;
@@ -867,7 +887,8 @@ og_record_t *og_record_unmeasured(const char *status, const og_episode_t *ep)
     rec->diagnosis.shortfall_bytes = OG_UNKNOWN;
     snprintf(rec->memory.unmeasured[rec->memory.nunmeasured++], sizeof rec->memory.unmeasured[0],
              "everything but the failing call: OOMGUARD_MAX_DUMPS (%lld) was spent when it failed; recorded "
-             "from the failure alone when it proved final", og_opt.max_dumps);
+             "from the failure alone when it proved final",
+             og_opt.max_dumps);
     fill_event(rec, ep, ep->device);
     return rec;
 }

@@ -52,7 +52,7 @@ static const char *field(esc_pool_t *pool, const char *s)
         return s ? s : "";
     if (pool->n >= (int)(sizeof pool->copy / sizeof pool->copy[0]))
         return "?";
-    og_sb_t e = {0};
+    og_sb_t e = { 0 };
     og_sb_text_escaped(&e, s, strlen(s), false);
     if (e.failed || !e.buf) {
         og_sb_free(&e);
@@ -66,7 +66,7 @@ static void render_text(const og_record_t *r, og_sb_t *sb)
 {
     char hb[8][32];
     unsigned hbi = 0;
-    esc_pool_t pool = {.n = 0};
+    esc_pool_t pool = { .n = 0 };
     og_sb_printf(sb, "oomguard %s — %s report\n", OOMGUARD_VERSION, r->status);
     og_sb_printf(sb, "process %d on %s", r->pid, T(r->host));
     if (r->node[0] && strcmp(r->node, r->host) != 0)
@@ -92,7 +92,8 @@ static void render_text(const og_record_t *r, og_sb_t *sb)
                          H(r->event.recovered_requested_bytes));
         if (r->event.framework_internal)
             og_sb_printf(sb, "The framework's own allocator refused it (no driver call failed)%s%s%s%s.\n",
-                         r->memory.fw.cap_bytes ? ": cap " : "", r->memory.fw.cap_bytes ? H(r->memory.fw.cap_bytes) : "",
+                         r->memory.fw.cap_bytes ? ": cap " : "",
+                         r->memory.fw.cap_bytes ? H(r->memory.fw.cap_bytes) : "",
                          r->memory.fw.cap_source[0] ? " set by " : "", r->memory.fw.cap_source);
         /* the Python lines first: what a Python user looks for (native frames are in the JSON) */
         for (int i = 0; i < r->memory.fw.npy_frames && i < 12; i++)
@@ -110,7 +111,8 @@ static void render_text(const og_record_t *r, og_sb_t *sb)
     if (r->memory.managed)
         og_sb_printf(sb, "    managed                      %12s\n", H(r->memory.managed));
     if (r->memory.pool_reserved)
-        og_sb_printf(sb, "    pools (reserved / in use)    %12s / %s\n", H(r->memory.pool_reserved), H(r->memory.pool_used));
+        og_sb_printf(sb, "    pools (reserved / in use)    %12s / %s\n", H(r->memory.pool_reserved),
+                     H(r->memory.pool_used));
     if (r->memory.vmm_physical)
         og_sb_printf(sb, "    virtual memory (physical)    %12s\n", H(r->memory.vmm_physical));
     og_sb_printf(sb, "  framework (%s)%*s%12s", og_framework_name(r->framework),
@@ -124,8 +126,9 @@ static void render_text(const og_record_t *r, og_sb_t *sb)
     for (int i = 0; i < r->memory.nother; i++)
         og_sb_printf(sb, "    %spid %-8d %-18s %12s%s\n", r->memory.other[i].visible ? "" : "host ",
                      r->memory.other[i].pid, T(r->memory.other[i].name), H(r->memory.other[i].bytes),
-                     r->memory.other[i].child ? "  (child of this process)"
-                     : r->memory.other[i].same_job ? "  (this job)" : "");
+                     r->memory.other[i].child      ? "  (child of this process)"
+                     : r->memory.other[i].same_job ? "  (this job)"
+                                                   : "");
     for (int i = 0; i < r->memory.nunmeasured; i++)
         og_sb_printf(sb, "  not measured: %s\n", T(r->memory.unmeasured[i]));
     if (r->memory.nlibs) {
@@ -134,12 +137,12 @@ static void render_text(const og_record_t *r, og_sb_t *sb)
             og_sb_printf(sb, "  %-40s %12s in %llu %s%s\n", T(r->memory.by_library[i].library),
                          H(r->memory.by_library[i].bytes), (unsigned long long)r->memory.by_library[i].blocks,
                          r->memory.by_library[i].blocks == 1 ? "block" : "blocks",
-                         !r->memory.by_library[i].framework ? ""
-                         : r->memory.by_library[i].fw_kind == OG_FW_JAX ? " (framework: jax)"
+                         !r->memory.by_library[i].framework                    ? ""
+                         : r->memory.by_library[i].fw_kind == OG_FW_JAX        ? " (framework: jax)"
                          : r->memory.by_library[i].fw_kind == OG_FW_TENSORFLOW ? " (framework: tensorflow)"
-                         : r->memory.by_library[i].fw_kind == OG_FW_CUPY ? " (framework: cupy)"
-                         : r->memory.by_library[i].fw_kind == OG_FW_PYTORCH ? " (framework: pytorch)"
-                         : " (framework)");
+                         : r->memory.by_library[i].fw_kind == OG_FW_CUPY       ? " (framework: cupy)"
+                         : r->memory.by_library[i].fw_kind == OG_FW_PYTORCH    ? " (framework: pytorch)"
+                                                                               : " (framework)");
     }
     og_sb_printf(sb, "\npeak %s at %.3f s; %llu allocation%s, %llu free%s, %llu failure%s\n", H(r->history.peak_bytes),
                  r->history.peak_t_rel, (unsigned long long)r->history.allocs, r->history.allocs == 1 ? "" : "s",
@@ -170,8 +173,7 @@ static void render_text(const og_record_t *r, og_sb_t *sb)
         for (int i = 0; i < r->memory.fw.npy_sites && i < 10; i++) {
             const og_py_frame_t *p = &r->memory.fw.py_sites[i];
             og_sb_printf(sb, "  %12s in %llu block%s  %s:%d in %s\n", H(p->bytes), (unsigned long long)p->blocks,
-                         p->blocks == 1 ? "" : "s",
-                         T(p->file), p->line, T(p->function));
+                         p->blocks == 1 ? "" : "s", T(p->file), p->line, T(p->function));
         }
     }
     if (r->nsites) {
@@ -179,8 +181,7 @@ static void render_text(const og_record_t *r, og_sb_t *sb)
         for (int i = 0; i < r->nsites && i < 10; i++) {
             const og_top_site_t *t = &r->sites[i];
             og_sb_printf(sb, "  %s in %llu block%s via %s from %s\n", H(t->bytes), (unsigned long long)t->blocks,
-                         t->blocks == 1 ? "" : "s", t->api,
-                         T(t->library));
+                         t->blocks == 1 ? "" : "s", t->api, T(t->library));
             for (int f = 0; f < t->nframes && f < 8; f++)
                 og_sb_printf(sb, "      #%d %s%s%s+0x%llx\n", f, t->frames[f].symbol[0] ? T(t->frames[f].symbol) : "?",
                              " in ", T(t->frames[f].library), (unsigned long long)t->frames[f].offset);
@@ -194,7 +195,7 @@ static void render_text(const og_record_t *r, og_sb_t *sb)
  * escaped and bytes that are not UTF-8 shown as \xNN (docs/dump-format.md). */
 void og_dump_text(const og_record_t *r, og_sb_t *sb)
 {
-    og_sb_t raw = {0};
+    og_sb_t raw = { 0 };
     render_text(r, &raw);
     if (raw.failed)
         sb->failed = true;
@@ -224,11 +225,11 @@ static bool write_all(int fd, const char *p, size_t n)
  * system has no O_TMPFILE, and the link renamed over this process's own dump.  A fatal
  * signal or _exit meanwhile removes them (og_dump_fatal), so no hidden file is left. */
 typedef struct {
-    atomic_int dfd;             /* -1: free */
+    atomic_int dfd; /* -1: free */
     pid_t pid;
     char name[96];
 } og_scratch_t;
-static og_scratch_t scratch[4] = {{-1, 0, ""}, {-1, 0, ""}, {-1, 0, ""}, {-1, 0, ""}};
+static og_scratch_t scratch[4] = { { -1, 0, "" }, { -1, 0, "" }, { -1, 0, "" }, { -1, 0, "" } };
 
 static void scratch_set(int slot, int dfd, const char *name)
 {
@@ -246,7 +247,7 @@ static void scratch_clear(int slot) { atomic_store(&scratch[slot].dfd, -1); }
  * or exists when the handler removes it: the process cannot die between the creation and the check
  * (a CI run once caught exactly that: the writer's linkat landed after the handler's unlinkat). */
 static atomic_int dying_pid;
-static atomic_int creating_tid;             /* the thread inside the bracket; 0: none */
+static atomic_int creating_tid; /* the thread inside the bracket; 0: none */
 static bool dying(void) { return atomic_load(&dying_pid) == (int)getpid(); }
 static int this_tid(void) { return (int)syscall(SYS_gettid); }
 
@@ -266,9 +267,9 @@ static void wait_for_creation(void)
     int me = this_tid();
     for (int i = 0; i < 2000; i++) {
         int t = atomic_load(&creating_tid);
-        if (t == 0 || t == me)   /* the handler interrupted the writer itself: nothing to wait for */
+        if (t == 0 || t == me) /* the handler interrupted the writer itself: nothing to wait for */
             return;
-        struct timespec ts = {0, 100 * 1000};
+        struct timespec ts = { 0, 100 * 1000 };
         nanosleep(&ts, NULL);
     }
 }
@@ -291,8 +292,8 @@ static bool claim(int fd, bool named)
         if ((errno != EWOULDBLOCK && errno != EINTR) || !named)
             return true;
         if (i == 200)
-            return false;                          /* a sweep holds it: it is about to go */
-        struct timespec ts = {0, 50 * 1000};
+            return false; /* a sweep holds it: it is about to go */
+        struct timespec ts = { 0, 50 * 1000 };
         nanosleep(&ts, NULL);
     }
     struct stat st;
@@ -303,7 +304,7 @@ static bool claim(int fd, bool named)
 typedef struct {
     int fd;
     int slot;
-    char tmpname[96];           /* "" for an O_TMPFILE */
+    char tmpname[96]; /* "" for an O_TMPFILE */
 } og_tmp_t;
 
 static bool tmp_open(int dfd, og_tmp_t *t, bool named)
@@ -311,7 +312,7 @@ static bool tmp_open(int dfd, og_tmp_t *t, bool named)
     t->tmpname[0] = 0;
     if (!named) {
         t->fd = openat(dfd, ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
-        return t->fd >= 0 && claim(t->fd, false);   /* its hidden link (tmp_replace) is this locked file */
+        return t->fd >= 0 && claim(t->fd, false); /* its hidden link (tmp_replace) is this locked file */
     }
     for (int k = 0; k < 16; k++) {
         hidden_name(t->tmpname, sizeof t->tmpname);
@@ -332,7 +333,7 @@ static bool tmp_open(int dfd, og_tmp_t *t, bool named)
         creation_end();
         if (t->fd >= 0 && claim(t->fd, true))
             return true;
-        if (t->fd >= 0) {                          /* swept before it was locked: another name */
+        if (t->fd >= 0) { /* swept before it was locked: another name */
             close(t->fd);
             t->fd = -1;
             scratch_clear(t->slot);
@@ -419,7 +420,8 @@ static void tmp_close(int dfd, og_tmp_t *t)
  * regular files named like ours; others' are not ours to judge (and the sticky bit of a shared
  * directory forbids it anyway). */
 #define OG_ORPHAN_AGE_S 600
-#define OG_SWEEP_MAX_ENTRIES 1024    /* a start-up reads no more (~1.5 us each): a bigger directory is swept by the first dump */
+#define OG_SWEEP_MAX_ENTRIES \
+    1024 /* a start-up reads no more (~1.5 us each): a bigger directory is swept by the first dump */
 
 static bool scratch_like(const char *n)
 {
@@ -439,9 +441,9 @@ static void sweep_one(int dfd, const char *name, const struct stat *st, time_t n
     }
     bool orphan;
     if (flock(fd, LOCK_EX | LOCK_NB) == 0)
-        orphan = true;                              /* no writer holds it */
+        orphan = true; /* no writer holds it */
     else
-        orphan = errno != EWOULDBLOCK && now - st->st_mtime > OG_ORPHAN_AGE_S;   /* no locks here */
+        orphan = errno != EWOULDBLOCK && now - st->st_mtime > OG_ORPHAN_AGE_S; /* no locks here */
     struct stat again;
     if (orphan && fstatat(dfd, name, &again, AT_SYMLINK_NOFOLLOW) == 0 && again.st_ino == fs.st_ino &&
         again.st_dev == fs.st_dev)
@@ -463,8 +465,8 @@ static void sweep_orphans(int dfd, long max_entries)
     struct dirent *e;
     for (long n = 0; (e = readdir(d)) && n < max_entries; n++) {
         struct stat st;
-        if (scratch_like(e->d_name) && fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-            S_ISREG(st.st_mode) && st.st_uid == me)
+        if (scratch_like(e->d_name) && fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
+            st.st_uid == me)
             sweep_one(dfd, e->d_name, &st, now);
     }
     closedir(d);
@@ -489,7 +491,7 @@ typedef struct {
     ino_t dir_ino, file_ino;
     char base[540];
 } og_owned_t;
-static og_owned_t owned[4];          /* guarded by write_lock */
+static og_owned_t owned[4]; /* guarded by write_lock */
 static int nowned;
 
 static og_owned_t *owned_in(const struct stat *dir)
@@ -509,7 +511,7 @@ static bool write_pair(const char *dir, const char *base, const og_sb_t *json, c
     int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0)
         return false;
-    og_tmp_t tj = {.fd = -1, .slot = 0}, tt = {.fd = -1, .slot = 1};
+    og_tmp_t tj = { .fd = -1, .slot = 0 }, tt = { .fd = -1, .slot = 1 };
     bool ok = false;
     struct stat ds, fs;
     char jname[600], tname[600];
@@ -525,12 +527,12 @@ static bool write_pair(const char *dir, const char *base, const og_sb_t *json, c
         snprintf(jname, sizeof jname, "%s.json", o->base);
         snprintf(tname, sizeof tname, "%s.txt", o->base);
     }
-    if (o && fstatat(dfd, jname, &fs, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(fs.st_mode) &&
-        fs.st_dev == o->file_dev && fs.st_ino == o->file_ino) {
+    if (o && fstatat(dfd, jname, &fs, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(fs.st_mode) && fs.st_dev == o->file_dev &&
+        fs.st_ino == o->file_ino) {
         /* our own dump (a recovery, a newer failure): text first, so the JSON's text is there */
         if (tmp_replace(dfd, &tt, tname) != 0 || tmp_replace(dfd, &tj, jname) != 0)
             goto out;
-        if (fstat(tj.fd, &fs) == 0) {   /* the new inode is ours now */
+        if (fstat(tj.fd, &fs) == 0) { /* the new inode is ours now */
             o->file_dev = fs.st_dev;
             o->file_ino = fs.st_ino;
         }
@@ -546,7 +548,7 @@ static bool write_pair(const char *dir, const char *base, const og_sb_t *json, c
             snprintf(tname, sizeof tname, "%s.txt", b);
             if (tmp_link(dfd, &tj, jname) == 0) {
                 if (tmp_link(dfd, &tt, tname) == 0) {
-                    if (!o) {   /* the first dump of this process in this directory */
+                    if (!o) { /* the first dump of this process in this directory */
                         o = nowned < 4 ? &owned[nowned++] : &owned[3];
                         sweep_orphans(dfd, LONG_MAX);
                     }
@@ -560,13 +562,13 @@ static bool write_pair(const char *dir, const char *base, const og_sb_t *json, c
                     break;
                 }
                 int e = errno;
-                unlinkat(dfd, jname, 0);   /* just made: the pair lands together or not at all */
+                unlinkat(dfd, jname, 0); /* just made: the pair lands together or not at all */
                 errno = e;
             }
             if (errno != EEXIST || n >= 1000) {
                 /* no /proc to link an O_TMPFILE through: hidden named files instead */
-                *retry_named = !named && errno != EEXIST && errno != ENOSPC && errno != EDQUOT &&
-                               errno != EROFS && errno != EACCES;
+                *retry_named = !named && errno != EEXIST && errno != ENOSPC && errno != EDQUOT && errno != EROFS &&
+                               errno != EACCES;
                 goto out;
             }
         }
@@ -612,11 +614,13 @@ static struct {
  * other processes never replace this one's file (the claim above). */
 static int severity(const char *status)
 {
-    return strcmp(status, "oom") == 0 ? 3 : strcmp(status, "recovered") == 0 ? 2
-         : strcmp(status, "warning") == 0 ? 1 : 0;
+    return strcmp(status, "oom") == 0         ? 3
+           : strcmp(status, "recovered") == 0 ? 2
+           : strcmp(status, "warning") == 0   ? 1
+                                              : 0;
 }
 static pthread_mutex_t write_lock = PTHREAD_MUTEX_INITIALIZER;
-static atomic_int written_severity = -1;   /* written under write_lock; read anywhere */
+static atomic_int written_severity = -1; /* written under write_lock; read anywhere */
 static atomic_int written_device = -1;
 
 static bool severity_allows(int sev, int device)
@@ -667,8 +671,8 @@ static void name_part(char *out, size_t n, const char *host)
     size_t i = 0;
     for (; host[i] && i + 1 < n; i++) {
         unsigned char c = (unsigned char)host[i];
-        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-                  c == '_' || c == '-';
+        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+                  c == '-';
         out[i] = ok ? (char)c : '_';
     }
     out[i] = 0;
@@ -681,7 +685,7 @@ static void write_dump(const og_record_t *r, char *path, size_t pathlen)
 {
     path[0] = 0;
     og_fatal_arm();
-    og_sb_t json = {0}, text = {0};
+    og_sb_t json = { 0 }, text = { 0 };
     og_dump_json(r, &json);
     og_dump_text(r, &text);
     if (json.failed || text.failed) {
@@ -701,7 +705,7 @@ static void write_dump(const og_record_t *r, char *path, size_t pathlen)
         snprintf(base + strlen(base), sizeof base - strlen(base), "-snapshot");
     /* the working directory may be gone (getcwd fails): the temp dirs still work */
     char cwd[4096];
-    const char *dirs[4] = {0};
+    const char *dirs[4] = { 0 };
     int nd = 0;
     if (og_opt.dir_s[0])
         dirs[nd++] = og_opt.dir_s;
@@ -714,7 +718,7 @@ static void write_dump(const og_record_t *r, char *path, size_t pathlen)
         dirs[nd++] = "/tmp";
     pthread_mutex_lock(&write_lock);
     if (!snap && !severity_allows(severity(r->status), r->event.device)) {
-        pthread_mutex_unlock(&write_lock);   /* a more serious record landed meanwhile */
+        pthread_mutex_unlock(&write_lock); /* a more serious record landed meanwhile */
         goto out;
     }
     for (int i = 0; i < nd; i++) {
@@ -759,7 +763,7 @@ typedef struct {
     char text[2048];
 } og_pending_t;
 static og_pending_t pending[OG_MAX_DEVICES];
-static atomic_int pending_pid;            /* a vfork child shares these: it prints nothing */
+static atomic_int pending_pid; /* a vfork child shares these: it prints nothing */
 static pthread_mutex_t pending_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Async-signal-safe: prints a READY slot once. */
@@ -846,7 +850,7 @@ static void set_pending(const og_record_t *r, const char *path)
 {
     char hb[8][32];
     unsigned hbi = 0;
-    og_sb_t sb = {0};
+    og_sb_t sb = { 0 };
     og_sb_printf(&sb, "oomguard: %s of %s on device %d (%s) failed: %s free of %s", r->event.api,
                  H(REQ(r->event.requested_bytes)), r->device.index, r->device.name, H(r->device.free_bytes),
                  H(r->device.total_bytes));
@@ -867,11 +871,11 @@ static void set_pending(const og_record_t *r, const char *path)
     og_sb_puts(&sb, "\n");
     for (int i = 0; i < r->nremedies && i < 3; i++)
         og_sb_printf(&sb, "oomguard:   %d. %s%s%s\n", r->remedies[i].rank,
-                     r->remedies[i].title ? r->remedies[i].title : r->remedies[i].id,
-                     r->remedies[i].nhow ? ": " : "", r->remedies[i].nhow ? r->remedies[i].how[0] : "");
+                     r->remedies[i].title ? r->remedies[i].title : r->remedies[i].id, r->remedies[i].nhow ? ": " : "",
+                     r->remedies[i].nhow ? r->remedies[i].how[0] : "");
     if (path[0])
         og_sb_printf(&sb, "oomguard: full report: oomguard report %s\n", path);
-    og_sb_t safe = {0};   /* a terminal reads it: nothing from the record may act on it */
+    og_sb_t safe = { 0 }; /* a terminal reads it: nothing from the record may act on it */
     if (sb.buf)
         og_sb_text_escaped(&safe, sb.buf, sb.len, true);
     store_pending(r->event.device, safe.buf ? safe.buf : "");
@@ -1005,13 +1009,13 @@ static void report_failure(const og_episode_t *ep, og_call_t *c)
 {
     int d = ep->device;
     bool fresh = ep->attempts == 1 && c->active;
-    if (fresh)   /* a new failure on this device: its older unrecovered one is final */
+    if (fresh) /* a new failure on this device: its older unrecovered one is final */
         flush_pending(d);
     bool same = d >= 0 && d < OG_MAX_DEVICES && atomic_load(&on_disk[d].key) == ep->first_t_ns;
     /* the framework's numbers for an attempt already counted: a rewrite within its unit */
     bool refresh = same && ep->attempts <= atomic_load(&on_disk[d].attempts);
     if (!dump_admit("oom", d, refresh)) {
-        if (!same)                   /* the file holds an older episode: this one is owed */
+        if (!same) /* the file holds an older episode: this one is owed */
             owe(d, ep);
         if (fresh)
             set_pending_brief(ep);
@@ -1028,14 +1032,13 @@ static void report_failure(const og_episode_t *ep, og_call_t *c)
 static void after_recovered(const og_record_t *rec, const og_episode_t *ep, const char *path)
 {
     if (og_opt.verbose)
-        og_log("device %d: recovered after %d failed attempt(s); dump updated: %s", ep->device, ep->attempts,
-               path);
+        og_log("device %d: recovered after %d failed attempt(s); dump updated: %s", ep->device, ep->attempts, path);
 }
 
 static void report_recovered(const og_episode_t *ep, og_call_t *c)
 {
     int d = ep->device;
-    clear_pending(d);               /* recovered: no alarm on stderr */
+    clear_pending(d); /* recovered: no alarm on stderr */
     if (d < 0 || d >= OG_MAX_DEVICES)
         return;
     owe(d, NULL);
@@ -1094,33 +1097,41 @@ static void dump_call(void *arg)
 {
     const dump_call_t *d = arg;
     switch (d->what) {
-    case DC_FAILURE: report_failure(d->ep, d->c); break;
-    case DC_RECOVERED: report_recovered(d->ep, d->c); break;
-    case DC_CAPTURE: dump_capture_write(d->status, d->device); break;
-    default: dump_flush_pending(d->device); break;
+    case DC_FAILURE:
+        report_failure(d->ep, d->c);
+        break;
+    case DC_RECOVERED:
+        report_recovered(d->ep, d->c);
+        break;
+    case DC_CAPTURE:
+        dump_capture_write(d->status, d->device);
+        break;
+    default:
+        dump_flush_pending(d->device);
+        break;
     }
 }
 
 void og_report_failure(const og_episode_t *ep, og_call_t *c)
 {
-    dump_call_t d = {.what = DC_FAILURE, .ep = ep, .c = c};
+    dump_call_t d = { .what = DC_FAILURE, .ep = ep, .c = c };
     og_on_alt_stack(dump_call, &d);
 }
 
 void og_report_recovered(const og_episode_t *ep, og_call_t *c)
 {
-    dump_call_t d = {.what = DC_RECOVERED, .ep = ep, .c = c};
+    dump_call_t d = { .what = DC_RECOVERED, .ep = ep, .c = c };
     og_on_alt_stack(dump_call, &d);
 }
 
 void og_dump_capture_write(const char *status, int device)
 {
-    dump_call_t d = {.what = DC_CAPTURE, .status = status, .device = device};
+    dump_call_t d = { .what = DC_CAPTURE, .status = status, .device = device };
     og_on_alt_stack(dump_call, &d);
 }
 
 void og_dump_flush_pending(int device)
 {
-    dump_call_t d = {.what = DC_FLUSH, .device = device};
+    dump_call_t d = { .what = DC_FLUSH, .device = device };
     og_on_alt_stack(dump_call, &d);
 }

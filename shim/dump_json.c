@@ -17,10 +17,7 @@ static void j_u64(og_sb_t *sb, uint64_t v)
 }
 
 /* For adapter fields where 0 stands for "not reported". */
-static void j_u64_or_null(og_sb_t *sb, uint64_t v)
-{
-    j_u64(sb, v ? v : OG_UNKNOWN);
-}
+static void j_u64_or_null(og_sb_t *sb, uint64_t v) { j_u64(sb, v ? v : OG_UNKNOWN); }
 
 static void j_key(og_sb_t *sb, const char *k, bool *first)
 {
@@ -61,10 +58,16 @@ static void j_frames(og_sb_t *sb, const og_frame_t *f, int n)
         og_sb_json_str(sb, f[i].library);
         K("offset");
         og_sb_printf(sb, "\"0x%llx\"", (unsigned long long)f[i].offset);
-        K("path");          /* path + build_id + offset: what `oomguard report` symbolizes from */
-        if (f[i].path[0]) og_sb_json_str(sb, f[i].path); else og_sb_puts(sb, "null");
+        K("path"); /* path + build_id + offset: what `oomguard report` symbolizes from */
+        if (f[i].path[0])
+            og_sb_json_str(sb, f[i].path);
+        else
+            og_sb_puts(sb, "null");
         K("build_id");
-        if (f[i].build_id[0]) og_sb_json_str(sb, f[i].build_id); else og_sb_puts(sb, "null");
+        if (f[i].build_id[0])
+            og_sb_json_str(sb, f[i].build_id);
+        else
+            og_sb_puts(sb, "null");
         og_sb_puts(sb, "}");
     }
     og_sb_puts(sb, "]");
@@ -106,15 +109,20 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
     }
     bool first = true;
     og_sb_puts(sb, "{");
-    K("allocated_bytes"); j_u64(sb, r->allocated_bytes);
-#define OG_ROLE(k, label) \
-    K(#k "_bytes"); j_u64(sb, r->bytes[OG_ROLE_##k]); \
-    K(#k "_tensors"); \
-    if (OG_ROLE_##k == OG_ROLE_activations || r->bytes[OG_ROLE_##k] == OG_UNKNOWN) og_sb_puts(sb, "null"); \
-    else og_sb_printf(sb, "%llu", (unsigned long long)r->tensors[OG_ROLE_##k]);
+    K("allocated_bytes");
+    j_u64(sb, r->allocated_bytes);
+#define OG_ROLE(k, label)                                                          \
+    K(#k "_bytes");                                                                \
+    j_u64(sb, r->bytes[OG_ROLE_##k]);                                              \
+    K(#k "_tensors");                                                              \
+    if (OG_ROLE_##k == OG_ROLE_activations || r->bytes[OG_ROLE_##k] == OG_UNKNOWN) \
+        og_sb_puts(sb, "null");                                                    \
+    else                                                                           \
+        og_sb_printf(sb, "%llu", (unsigned long long)r->tensors[OG_ROLE_##k]);
 #include "roles.def"
 #undef OG_ROLE
-    K("optimizers"); og_sb_puts(sb, "[");
+    K("optimizers");
+    og_sb_puts(sb, "[");
     for (int i = 0; i < r->noptimizers; i++) {
         og_sb_puts(sb, i ? ",{\"class\":" : "{\"class\":");
         og_sb_json_str(sb, r->optimizers[i].cls);
@@ -122,7 +130,8 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
                      (unsigned long long)r->optimizers[i].tensors);
     }
     og_sb_puts(sb, "]");
-    K("holders"); og_sb_puts(sb, "[");
+    K("holders");
+    og_sb_puts(sb, "[");
     for (int i = 0; i < r->nholders; i++) {
         const og_role_holder_t *h = &r->holders[i];
         og_sb_puts(sb, i ? ",{\"label\":" : "{\"label\":");
@@ -139,12 +148,19 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
         og_sb_puts(sb, "}");
     }
     og_sb_puts(sb, "]");
-    K("complete"); og_sb_puts(sb, r->complete ? "true" : "false");
+    K("complete");
+    og_sb_puts(sb, r->complete ? "true" : "false");
     K("why");
-    if (r->why[0]) og_sb_json_str(sb, r->why); else og_sb_puts(sb, "null");
-    K("elapsed_ms"); og_sb_printf(sb, "%.3f", (double)r->elapsed_us / 1000.0);
-    K("objects_scanned"); og_sb_printf(sb, "%llu", (unsigned long long)r->objects);
-    K("read_in_part"); og_sb_printf(sb, "%llu", (unsigned long long)r->sampled);
+    if (r->why[0])
+        og_sb_json_str(sb, r->why);
+    else
+        og_sb_puts(sb, "null");
+    K("elapsed_ms");
+    og_sb_printf(sb, "%.3f", (double)r->elapsed_us / 1000.0);
+    K("objects_scanned");
+    og_sb_printf(sb, "%llu", (unsigned long long)r->objects);
+    K("read_in_part");
+    og_sb_printf(sb, "%llu", (unsigned long long)r->sampled);
     og_sb_puts(sb, "}");
 }
 
@@ -160,14 +176,17 @@ static void w_framework(og_sb_t *sb, const og_record_t *r)
 {
     bool first = true;
     og_sb_puts(sb, "{");
-    K("name"); og_sb_json_str(sb, og_framework_name(r->framework));
-    K("libraries"); og_sb_puts(sb, "[");
+    K("name");
+    og_sb_json_str(sb, og_framework_name(r->framework));
+    K("libraries");
+    og_sb_puts(sb, "[");
     const char *p = r->framework_libs;
     for (int i = 0; *p; i++) {
         size_t len = strcspn(p, ",");
         char lib[128];
         snprintf(lib, sizeof lib, "%.*s", (int)(len < 127 ? len : 127), p);
-        if (i) og_sb_puts(sb, ",");
+        if (i)
+            og_sb_puts(sb, ",");
         og_sb_json_str(sb, lib);
         p += len + (p[len] == ',');
     }
@@ -181,7 +200,8 @@ static void w_env(og_sb_t *sb, const og_record_t *r)
         const char *eq = strchr(r->env[i], '=');
         char name[128];
         snprintf(name, sizeof name, "%.*s", (int)(eq ? eq - r->env[i] : 0), r->env[i]);
-        if (i) og_sb_puts(sb, ",");
+        if (i)
+            og_sb_puts(sb, ",");
         og_sb_json_str(sb, name);
         og_sb_puts(sb, ":");
         og_sb_json_str(sb, eq ? eq + 1 : "");
@@ -193,23 +213,44 @@ static void w_env(og_sb_t *sb, const og_record_t *r)
 static void w_top(og_sb_t *sb, const og_record_t *r, bool *first_)
 {
 #define KT(name) j_key(sb, name, first_)
-    KT("schema"); og_sb_json_str(sb, OOMGUARD_DUMP_SCHEMA);
-    KT("status"); og_sb_json_str(sb, r->status);
-    KT("generator"); og_sb_printf(sb, "\"oomguard %s\"", OOMGUARD_VERSION);
-    KT("time"); og_sb_printf(sb, "%.6f", r->time);
-    KT("pid"); og_sb_printf(sb, "%d", r->pid);
-    KT("ppid"); og_sb_printf(sb, "%d", r->ppid);
-    KT("host"); og_sb_json_str(sb, r->host);
-    KT("node"); if (r->node[0]) og_sb_json_str(sb, r->node); else og_sb_puts(sb, "null");
-    KT("rank"); j_long_or_null(sb, r->rank);
-    KT("local_rank"); j_long_or_null(sb, r->local_rank);
-    KT("world_size"); j_long_or_null(sb, r->world_size);
+    KT("schema");
+    og_sb_json_str(sb, OOMGUARD_DUMP_SCHEMA);
+    KT("status");
+    og_sb_json_str(sb, r->status);
+    KT("generator");
+    og_sb_printf(sb, "\"oomguard %s\"", OOMGUARD_VERSION);
+    KT("time");
+    og_sb_printf(sb, "%.6f", r->time);
+    KT("pid");
+    og_sb_printf(sb, "%d", r->pid);
+    KT("ppid");
+    og_sb_printf(sb, "%d", r->ppid);
+    KT("host");
+    og_sb_json_str(sb, r->host);
+    KT("node");
+    if (r->node[0])
+        og_sb_json_str(sb, r->node);
+    else
+        og_sb_puts(sb, "null");
+    KT("rank");
+    j_long_or_null(sb, r->rank);
+    KT("local_rank");
+    j_long_or_null(sb, r->local_rank);
+    KT("world_size");
+    j_long_or_null(sb, r->world_size);
     KT("job_id");
-    if (r->job_id[0]) og_sb_json_str(sb, r->job_id); else og_sb_puts(sb, "null");
-    KT("cmdline"); og_sb_json_str(sb, r->cmdline);
-    KT("framework"); w_framework(sb, r);
-    KT("env"); w_env(sb, r);
-    KT("visible_devices"); og_sb_printf(sb, "%d", r->visible_devices);
+    if (r->job_id[0])
+        og_sb_json_str(sb, r->job_id);
+    else
+        og_sb_puts(sb, "null");
+    KT("cmdline");
+    og_sb_json_str(sb, r->cmdline);
+    KT("framework");
+    w_framework(sb, r);
+    KT("env");
+    w_env(sb, r);
+    KT("visible_devices");
+    og_sb_printf(sb, "%d", r->visible_devices);
 #undef KT
 }
 
@@ -218,31 +259,54 @@ static void w_event(og_sb_t *sb, const og_record_t *r)
     bool first = true;
     og_sb_puts(sb, "{");
     /* the API's argument, always known: SIZE_MAX is a request, not OG_UNKNOWN */
-    K("requested_bytes"); og_sb_printf(sb, "%llu", (unsigned long long)r->event.requested_bytes);
-    K("api"); og_sb_json_str(sb, r->event.api ? r->event.api : "");
-    K("driver_api"); og_sb_json_str(sb, r->event.driver_api ? r->event.driver_api : "");
-    K("device"); og_sb_printf(sb, "%d", r->event.device);
-    K("stream_ordered"); og_sb_puts(sb, r->event.stream_ordered ? "true" : "false");
-    K("result"); og_sb_printf(sb, "%d", r->event.result);
-    K("caused_by_limit"); og_sb_puts(sb, r->event.caused_by_limit ? "true" : "false");
-    K("library"); og_sb_json_str(sb, r->event.library);
-    K("stack"); j_frames(sb, r->event.frames, r->event.nframes);
-    K("python_stack"); j_py_frames(sb, r->memory.fw.py_frames, r->memory.fw.npy_frames, false);
-    K("framework_internal"); og_sb_puts(sb, r->event.framework_internal ? "true" : "false");
+    K("requested_bytes");
+    og_sb_printf(sb, "%llu", (unsigned long long)r->event.requested_bytes);
+    K("api");
+    og_sb_json_str(sb, r->event.api ? r->event.api : "");
+    K("driver_api");
+    og_sb_json_str(sb, r->event.driver_api ? r->event.driver_api : "");
+    K("device");
+    og_sb_printf(sb, "%d", r->event.device);
+    K("stream_ordered");
+    og_sb_puts(sb, r->event.stream_ordered ? "true" : "false");
+    K("result");
+    og_sb_printf(sb, "%d", r->event.result);
+    K("caused_by_limit");
+    og_sb_puts(sb, r->event.caused_by_limit ? "true" : "false");
+    K("library");
+    og_sb_json_str(sb, r->event.library);
+    K("stack");
+    j_frames(sb, r->event.frames, r->event.nframes);
+    K("python_stack");
+    j_py_frames(sb, r->memory.fw.py_frames, r->memory.fw.npy_frames, false);
+    K("framework_internal");
+    og_sb_puts(sb, r->event.framework_internal ? "true" : "false");
     /* what the job was doing, from the adapter (null: unknown; phase_source says how or why) */
     K("phase");
-    if (r->memory.fw.phase[0]) og_sb_json_str(sb, r->memory.fw.phase); else og_sb_puts(sb, "null");
+    if (r->memory.fw.phase[0])
+        og_sb_json_str(sb, r->memory.fw.phase);
+    else
+        og_sb_puts(sb, "null");
     K("phase_frame");
-    if (r->memory.fw.phase[0] && r->memory.fw.has_phase_frame) j_py_frames_one(sb, &r->memory.fw.phase_frame);
-    else og_sb_puts(sb, "null");
+    if (r->memory.fw.phase[0] && r->memory.fw.has_phase_frame)
+        j_py_frames_one(sb, &r->memory.fw.phase_frame);
+    else
+        og_sb_puts(sb, "null");
     K("phase_source");
-    if (r->memory.fw.phase_source[0]) og_sb_json_str(sb, r->memory.fw.phase_source);
-    else if (!r->memory.fw.npy_frames && !r->memory.fw.phase[0]) og_sb_json_str(sb, "no Python stack");
-    else og_sb_puts(sb, "null");
-    K("t"); og_sb_printf(sb, "%.6f", r->event.t);
-    K("t_rel"); og_sb_printf(sb, "%.6f", r->event.t_rel);
-    K("attempts"); og_sb_printf(sb, "%d", r->event.attempts);
-    K("released_between_attempts_bytes"); j_u64(sb, r->event.released_between_attempts_bytes);
+    if (r->memory.fw.phase_source[0])
+        og_sb_json_str(sb, r->memory.fw.phase_source);
+    else if (!r->memory.fw.npy_frames && !r->memory.fw.phase[0])
+        og_sb_json_str(sb, "no Python stack");
+    else
+        og_sb_puts(sb, "null");
+    K("t");
+    og_sb_printf(sb, "%.6f", r->event.t);
+    K("t_rel");
+    og_sb_printf(sb, "%.6f", r->event.t_rel);
+    K("attempts");
+    og_sb_printf(sb, "%d", r->event.attempts);
+    K("released_between_attempts_bytes");
+    j_u64(sb, r->event.released_between_attempts_bytes);
     K("recovered_by");
     if (r->event.recovered) {
         og_sb_printf(sb, "{\"requested_bytes\":%llu,\"t\":%.6f}",
@@ -257,14 +321,22 @@ static void w_device(og_sb_t *sb, const og_record_t *r)
 {
     bool first = true;
     og_sb_puts(sb, "{");
-    K("index"); og_sb_printf(sb, "%d", r->device.index);
-    K("name"); og_sb_json_str(sb, r->device.name);
-    K("pci_bus_id"); og_sb_json_str(sb, r->device.pci_bus_id);
-    K("compute_capability"); og_sb_printf(sb, "\"%d.%d\"", r->device.cc_major, r->device.cc_minor);
-    K("total_bytes"); j_u64(sb, r->device.total_bytes);
-    K("free_bytes"); j_u64(sb, r->device.free_bytes);
-    K("limit_bytes"); j_u64(sb, r->device.limit_bytes);
-    K("limit_usage_bytes"); j_u64(sb, r->device.limit_usage_bytes);
+    K("index");
+    og_sb_printf(sb, "%d", r->device.index);
+    K("name");
+    og_sb_json_str(sb, r->device.name);
+    K("pci_bus_id");
+    og_sb_json_str(sb, r->device.pci_bus_id);
+    K("compute_capability");
+    og_sb_printf(sb, "\"%d.%d\"", r->device.cc_major, r->device.cc_minor);
+    K("total_bytes");
+    j_u64(sb, r->device.total_bytes);
+    K("free_bytes");
+    j_u64(sb, r->device.free_bytes);
+    K("limit_bytes");
+    j_u64(sb, r->device.limit_bytes);
+    K("limit_usage_bytes");
+    j_u64(sb, r->device.limit_usage_bytes);
     og_sb_puts(sb, "}");
 }
 
@@ -272,8 +344,10 @@ static void w_memory(og_sb_t *sb, const og_record_t *r)
 {
     bool first = true;
     og_sb_puts(sb, "{");
-    K("process_tracked_bytes"); j_u64(sb, r->memory.process_tracked_bytes);
-    K("process_used_bytes"); j_u64(sb, r->memory.process_used_bytes);
+    K("process_tracked_bytes");
+    j_u64(sb, r->memory.process_tracked_bytes);
+    K("process_used_bytes");
+    j_u64(sb, r->memory.process_used_bytes);
     K("by_kind");
     og_sb_printf(sb,
                  "{\"plain\":%llu,\"managed\":%llu,\"pool_reserved\":%llu,\"pool_used\":%llu,"
@@ -281,7 +355,8 @@ static void w_memory(og_sb_t *sb, const og_record_t *r)
                  (unsigned long long)r->memory.plain, (unsigned long long)r->memory.managed,
                  (unsigned long long)r->memory.pool_reserved, (unsigned long long)r->memory.pool_used,
                  (unsigned long long)r->memory.vmm_physical, (unsigned long long)r->memory.vmm_mapped);
-    K("by_library"); og_sb_puts(sb, "[");
+    K("by_library");
+    og_sb_puts(sb, "[");
     for (int i = 0; i < r->memory.nlibs; i++) {
         const og_lib_usage_t *u = &r->memory.by_library[i];
         og_sb_puts(sb, i ? ",{\"library\":" : "{\"library\":");
@@ -297,14 +372,21 @@ static void w_memory(og_sb_t *sb, const og_record_t *r)
         og_sb_printf(sb, ",\"pool_bytes\":%llu}", (unsigned long long)u->pool_bytes);
     }
     og_sb_puts(sb, "]");
-    K("framework_bytes"); j_u64(sb, r->memory.framework_bytes);
-    K("framework_cached_bytes"); j_u64(sb, r->memory.framework_cached_bytes);
+    K("framework_bytes");
+    j_u64(sb, r->memory.framework_bytes);
+    K("framework_cached_bytes");
+    j_u64(sb, r->memory.framework_cached_bytes);
     K("framework_cached_source");
-    if (r->memory.framework_cached_source != OG_CACHE_NONE) og_sb_json_str(sb, og_cache_src_name(r->memory.framework_cached_source));
-    else og_sb_puts(sb, "null");
-    K("non_framework_bytes"); j_u64(sb, r->memory.non_framework_bytes);
-    K("context_bytes_estimate"); j_u64(sb, r->memory.context_bytes_estimate);
-    K("other_processes"); og_sb_puts(sb, "[");
+    if (r->memory.framework_cached_source != OG_CACHE_NONE)
+        og_sb_json_str(sb, og_cache_src_name(r->memory.framework_cached_source));
+    else
+        og_sb_puts(sb, "null");
+    K("non_framework_bytes");
+    j_u64(sb, r->memory.non_framework_bytes);
+    K("context_bytes_estimate");
+    j_u64(sb, r->memory.context_bytes_estimate);
+    K("other_processes");
+    og_sb_puts(sb, "[");
     for (int i = 0; i < r->memory.nother; i++) {
         og_sb_printf(sb, "%s{\"pid\":%d,\"name\":", i ? "," : "", r->memory.other[i].pid);
         og_sb_json_str(sb, r->memory.other[i].name);
@@ -314,11 +396,15 @@ static void w_memory(og_sb_t *sb, const og_record_t *r)
                      r->memory.other[i].rank);
     }
     og_sb_puts(sb, "]");
-    K("other_processes_bytes"); j_u64(sb, r->memory.other_processes_bytes);
+    K("other_processes_bytes");
+    j_u64(sb, r->memory.other_processes_bytes);
     K("other_processes_count");
-    if (r->memory.other_processes_bytes == OG_UNKNOWN) og_sb_puts(sb, "null");
-    else og_sb_printf(sb, "%d", r->memory.other_processes_count);
-    K("host_pinned_bytes"); j_u64(sb, r->memory.host_pinned_bytes);
+    if (r->memory.other_processes_bytes == OG_UNKNOWN)
+        og_sb_puts(sb, "null");
+    else
+        og_sb_printf(sb, "%d", r->memory.other_processes_count);
+    K("host_pinned_bytes");
+    j_u64(sb, r->memory.host_pinned_bytes);
     K("pool_owner");
     if (r->memory.pool_owner_fw) {
         og_sb_printf(sb, "{\"library\":");
@@ -326,12 +412,18 @@ static void w_memory(og_sb_t *sb, const og_record_t *r)
         og_sb_printf(sb, ",\"framework\":%s}", r->memory.pool_owner_fw == 1 ? "true" : "false");
     } else
         og_sb_puts(sb, "null");
-    K("ipc_mapped_bytes"); j_u64(sb, r->memory.ipc_mapped_bytes);
+    K("ipc_mapped_bytes");
+    j_u64(sb, r->memory.ipc_mapped_bytes);
     K("nvml_process_query");
-    if (r->memory.nvml_process_query[0]) og_sb_json_str(sb, r->memory.nvml_process_query); else og_sb_puts(sb, "null");
-    K("unmeasured"); og_sb_puts(sb, "[");
+    if (r->memory.nvml_process_query[0])
+        og_sb_json_str(sb, r->memory.nvml_process_query);
+    else
+        og_sb_puts(sb, "null");
+    K("unmeasured");
+    og_sb_puts(sb, "[");
     for (int i = 0; i < r->memory.nunmeasured; i++) {
-        if (i) og_sb_puts(sb, ",");
+        if (i)
+            og_sb_puts(sb, ",");
         og_sb_json_str(sb, r->memory.unmeasured[i]);
     }
     og_sb_puts(sb, "]");
@@ -360,9 +452,15 @@ static void w_memory(og_sb_t *sb, const og_record_t *r)
         j_more_u64_or_null(sb, "peak_bytes", f->peak_bytes);
         j_more_str(sb, "cap_source", f->cap_source);
         og_sb_printf(sb, ",\"grad_enabled\":%s,\"training\":%s,\"autocast\":%s",
-                     f->grad_enabled > 0 ? "true" : f->grad_enabled < 0 ? "false" : "null",
-                     f->training > 0 ? "true" : f->training < 0 ? "false" : "null",
-                     f->autocast > 0 ? "true" : f->autocast < 0 ? "false" : "null");
+                     f->grad_enabled > 0   ? "true"
+                     : f->grad_enabled < 0 ? "false"
+                                           : "null",
+                     f->training > 0   ? "true"
+                     : f->training < 0 ? "false"
+                                       : "null",
+                     f->autocast > 0   ? "true"
+                     : f->autocast < 0 ? "false"
+                                       : "null");
         if (f->freed_known)
             og_sb_printf(sb, ",\"freed_bytes_total\":%llu", (unsigned long long)f->freed_bytes_total);
         else
@@ -386,18 +484,24 @@ static void w_history(og_sb_t *sb, const og_record_t *r)
 {
     bool first = true;
     og_sb_puts(sb, "{");
-    K("peak_bytes"); j_u64(sb, r->history.peak_bytes);
-    K("peak_t_rel"); og_sb_printf(sb, "%.6f", r->history.peak_t_rel);
-    K("peak_library"); og_sb_json_str(sb, r->history.peak_library);
-    K("events"); og_sb_puts(sb, "[");
+    K("peak_bytes");
+    j_u64(sb, r->history.peak_bytes);
+    K("peak_t_rel");
+    og_sb_printf(sb, "%.6f", r->history.peak_t_rel);
+    K("peak_library");
+    og_sb_json_str(sb, r->history.peak_library);
+    K("events");
+    og_sb_puts(sb, "[");
     for (int i = 0; i < r->history.nevents; i++) {
         const struct og_hist_ev *e = &r->history.events[i];
-        og_sb_printf(sb, "%s{\"t_rel\":%.6f,\"op\":\"%s\",\"bytes\":%llu,\"device\":%d,\"api\":\"%s\",\"live_bytes\":%llu}",
+        og_sb_printf(sb,
+                     "%s{\"t_rel\":%.6f,\"op\":\"%s\",\"bytes\":%llu,\"device\":%d,\"api\":\"%s\",\"live_bytes\":%llu}",
                      i ? "," : "", e->t_rel, og_hist_op_name(e->op), (unsigned long long)e->bytes, e->device, e->api,
                      (unsigned long long)e->live);
     }
     og_sb_puts(sb, "]");
-    K("samples"); og_sb_puts(sb, "[");
+    K("samples");
+    og_sb_puts(sb, "[");
     for (int i = 0; i < r->history.nsamples; i++)
         og_sb_printf(sb, "%s{\"t_rel\":%.6f,\"live_bytes\":%llu}", i ? "," : "", r->history.samples[i].t_rel,
                      (unsigned long long)r->history.samples[i].live);
@@ -414,8 +518,8 @@ static void w_top_sites(og_sb_t *sb, const og_record_t *r)
     og_sb_puts(sb, "[");
     for (int i = 0; i < r->nsites; i++) {
         const og_top_site_t *t = &r->sites[i];
-        og_sb_printf(sb, "%s{\"bytes\":%llu,\"blocks\":%llu,\"library\":", i ? "," : "",
-                     (unsigned long long)t->bytes, (unsigned long long)t->blocks);
+        og_sb_printf(sb, "%s{\"bytes\":%llu,\"blocks\":%llu,\"library\":", i ? "," : "", (unsigned long long)t->bytes,
+                     (unsigned long long)t->blocks);
         og_sb_json_str(sb, t->library);
         j_more_str(sb, "api", t->api);
         og_sb_puts(sb, ",\"frames\":");
@@ -429,9 +533,12 @@ static void w_diagnosis(og_sb_t *sb, const og_record_t *r)
 {
     bool first = true;
     og_sb_puts(sb, "{");
-    K("primary"); og_sb_json_str(sb, r->diagnosis.primary ? r->diagnosis.primary : "unknown");
-    K("shortfall_bytes"); j_u64(sb, r->diagnosis.shortfall_bytes);
-    K("causes"); og_sb_puts(sb, "[");
+    K("primary");
+    og_sb_json_str(sb, r->diagnosis.primary ? r->diagnosis.primary : "unknown");
+    K("shortfall_bytes");
+    j_u64(sb, r->diagnosis.shortfall_bytes);
+    K("causes");
+    og_sb_puts(sb, "[");
     for (int i = 0; i < r->diagnosis.ncauses; i++) {
         const og_cause_t *c = &r->diagnosis.causes[i];
         og_sb_puts(sb, i ? ",{\"id\":" : "{\"id\":");
@@ -440,7 +547,8 @@ static void w_diagnosis(og_sb_t *sb, const og_record_t *r)
         og_sb_json_str(sb, c->summary);
         og_sb_puts(sb, ",\"evidence\":{");
         for (int e = 0; e < c->nevidence; e++) {
-            if (e) og_sb_puts(sb, ",");
+            if (e)
+                og_sb_puts(sb, ",");
             og_sb_json_str(sb, c->evidence[e].name);
             og_sb_puts(sb, ":");
             if (c->evidence[e].is_text)
@@ -470,7 +578,8 @@ static void w_remedies(og_sb_t *sb, const og_record_t *r)
         j_more_str(sb, "why", m->why);
         og_sb_puts(sb, ",\"how\":[");
         for (int h = 0; h < m->nhow; h++) {
-            if (h) og_sb_puts(sb, ",");
+            if (h)
+                og_sb_puts(sb, ",");
             og_sb_json_str(sb, m->how[h]);
         }
         og_sb_puts(sb, "],\"saving\":");
@@ -484,7 +593,7 @@ static void w_remedies(og_sb_t *sb, const og_record_t *r)
 static void w_summary(og_sb_t *sb, const og_record_t *r)
 {
     og_sb_puts(sb, "{\"devices\":[");
-    static const unsigned cards[] = {16, 24, 40, 48, 80, 141};
+    static const unsigned cards[] = { 16, 24, 40, 48, 80, 141 };
     for (int i = 0; i < r->nsummary; i++) {
         og_sb_printf(sb, "%s{\"index\":%d,\"peak_bytes\":%llu,\"peak_t_rel\":%.6f,\"peak_library\":", i ? "," : "",
                      r->summary[i].index, (unsigned long long)r->summary[i].peak_bytes, r->summary[i].peak_t_rel);
@@ -498,13 +607,15 @@ static void w_summary(og_sb_t *sb, const og_record_t *r)
             uint64_t held = r->memory.process_tracked_bytes;
             if (r->memory.process_used_bytes != OG_UNKNOWN && r->memory.process_used_bytes > held)
                 held = r->memory.process_used_bytes;
-            uint64_t cached = r->memory.framework_cached_bytes != OG_UNKNOWN &&
-                              (r->memory.framework_cached_source != OG_CACHE_RETRY_RELEASE || r->event.recovered)
-                                  ? r->memory.framework_cached_bytes : 0;
+            uint64_t cached =
+                r->memory.framework_cached_bytes != OG_UNKNOWN &&
+                        (r->memory.framework_cached_source != OG_CACHE_RETRY_RELEASE || r->event.recovered)
+                    ? r->memory.framework_cached_bytes
+                    : 0;
             uint64_t job = held + r->event.requested_bytes > cached ? held + r->event.requested_bytes - cached : 0;
             uint64_t ps = r->diagnosis.shortfall_bytes != OG_UNKNOWN ? need + r->diagnosis.shortfall_bytes : need;
             if (r->event.recovered)
-                job = ps = need;             /* it did fit, after the release */
+                job = ps = need; /* it did fit, after the release */
             if (job > need)
                 need = job;
             if (ps > need)
@@ -523,14 +634,23 @@ void og_dump_json(const og_record_t *r, og_sb_t *sb)
     bool first = true;
     og_sb_puts(sb, "{");
     w_top(sb, r, &first);
-    K("event"); w_event(sb, r);
-    K("device"); w_device(sb, r);
-    K("memory"); w_memory(sb, r);
-    K("history"); w_history(sb, r);
-    K("python_sites"); j_py_frames(sb, r->memory.fw.py_sites, r->memory.fw.npy_sites, true);
-    K("top_sites"); w_top_sites(sb, r);
-    K("diagnosis"); w_diagnosis(sb, r);
-    K("remedies"); w_remedies(sb, r);
-    K("summary"); w_summary(sb, r);
+    K("event");
+    w_event(sb, r);
+    K("device");
+    w_device(sb, r);
+    K("memory");
+    w_memory(sb, r);
+    K("history");
+    w_history(sb, r);
+    K("python_sites");
+    j_py_frames(sb, r->memory.fw.py_sites, r->memory.fw.npy_sites, true);
+    K("top_sites");
+    w_top_sites(sb, r);
+    K("diagnosis");
+    w_diagnosis(sb, r);
+    K("remedies");
+    w_remedies(sb, r);
+    K("summary");
+    w_summary(sb, r);
     og_sb_puts(sb, "}\n");
 }

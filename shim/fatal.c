@@ -18,8 +18,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-static const int fatal_sigs[] = {SIGABRT, SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTERM, SIGINT, SIGHUP, SIGQUIT,
-                                 SIGPIPE, SIGXCPU};
+static const int fatal_sigs[] = { SIGABRT, SIGSEGV, SIGBUS,  SIGFPE,  SIGILL, SIGTERM,
+                                  SIGINT,  SIGHUP,  SIGQUIT, SIGPIPE, SIGXCPU };
 static struct sigaction prev[NSIG];
 static pthread_once_t arm_once = PTHREAD_ONCE_INIT;
 

@@ -119,12 +119,14 @@ static void parse_roles(const char *s, og_roles_t *r)
                     r->bytes[i] = role_u64(f[2]);
                     r->tensors[i] = strtoull(f[3], NULL, 10);
                 }
-        } else if (!strcmp(f[0], "optimizer") && n >= 4 && r->noptimizers < (int)(sizeof r->optimizers / sizeof r->optimizers[0])) {
+        } else if (!strcmp(f[0], "optimizer") && n >= 4 &&
+                   r->noptimizers < (int)(sizeof r->optimizers / sizeof r->optimizers[0])) {
             copy_str(r->optimizers[r->noptimizers].cls, sizeof r->optimizers[0].cls, f[1]);
             r->optimizers[r->noptimizers].bytes = strtoull(f[2], NULL, 10);
             r->optimizers[r->noptimizers].tensors = strtoull(f[3], NULL, 10);
             r->noptimizers++;
-        } else if (!strcmp(f[0], "holder") && n >= 10 && r->nholders < (int)(sizeof r->holders / sizeof r->holders[0])) {
+        } else if (!strcmp(f[0], "holder") && n >= 10 &&
+                   r->nholders < (int)(sizeof r->holders / sizeof r->holders[0])) {
             og_role_holder_t *h = &r->holders[r->nholders++];
             h->bytes = strtoull(f[1], NULL, 10);
             h->tensors = strtoull(f[2], NULL, 10);
@@ -162,7 +164,7 @@ static int fill_view(og_framework_view_t *v, const oomguard_framework_stats_t *s
         return -1;
     uint64_t flags = HAS(s, flags) ? s->flags : 0;
     if (!(flags & OOMGUARD_FW_NO_NUMBERS)) {
-        memset(v, 0, sizeof *v);      /* a new report replaces the old one whole */
+        memset(v, 0, sizeof *v); /* a new report replaces the old one whole */
         v->has = true;
         v->allocated_bytes = s->allocated_bytes;
         v->reserved_bytes = s->reserved_bytes;
@@ -247,7 +249,7 @@ OG_EXPORT int oomguard_framework_report(const oomguard_framework_stats_t *s)
     if (store(s, false, &device) != 0)
         return -1;
     og_init_slow();
-    og_in_shim++;                 /* nothing done while rewriting the dump is recorded */
+    og_in_shim++; /* nothing done while rewriting the dump is recorded */
     og_oom_refresh(device);
     og_in_shim--;
     return 0;
@@ -259,14 +261,14 @@ OG_EXPORT int oomguard_framework_oom(const oomguard_framework_stats_t *s)
     if (!s || s->struct_size < offsetof(oomguard_framework_stats_t, snapshot_path))
         return -1;
     og_init_slow();
-    uint64_t t0 = og_now_ns();    /* before store(): the Python lines belong to this failure */
+    uint64_t t0 = og_now_ns(); /* before store(): the Python lines belong to this failure */
     uint64_t window = (uint64_t)og_opt.retry_window_ms * 1000000ull;
     bool driver_failed = s->device >= 0 && s->device < OG_MAX_DEVICES && og_oom_open_recent((int)s->device, window);
     if (store(s, !driver_failed, &device) != 0)
         return -1;
     og_in_shim++;
     if (driver_failed) {
-        og_oom_refresh(device);   /* the driver's failure is the event; these are its numbers */
+        og_oom_refresh(device); /* the driver's failure is the event; these are its numbers */
     } else if (device >= 0 && device < OG_MAX_DEVICES) {
         /* No call reached the driver: the framework's allocator refused the request itself. */
         og_episode_t ep;
@@ -280,7 +282,7 @@ OG_EXPORT int oomguard_framework_oom(const oomguard_framework_stats_t *s)
         ep.first_t_ns = ep.last_t_ns = t0;
         ep.first_requested = ep.requested = HAS(s, requested_bytes) ? s->requested_bytes : 0;
         ep.result = CUDA_ERROR_OUT_OF_MEMORY;
-        og_call_t c = {.hook = -1, .device = device, .caller = ep.caller, .active = true};
+        og_call_t c = { .hook = -1, .device = device, .caller = ep.caller, .active = true };
         og_report_failure(&ep, &c);
     }
     og_in_shim--;
@@ -303,7 +305,7 @@ static OG_TLS int in_query;
 
 OG_EXPORT int oomguard_framework_set_query(oomguard_query_fn fn, void *ctx, unsigned flags)
 {
-    atomic_store(&query_fn, NULL);          /* never a new function with the old context */
+    atomic_store(&query_fn, NULL); /* never a new function with the old context */
     atomic_store(&query_ctx, ctx);
     atomic_store(&query_flags, flags);
     atomic_store(&query_fn, fn);
@@ -323,11 +325,11 @@ static void py_resolve(void)
     if (py.is_initialized && py.unchecked_get && py.this_thread_state)
         return;
     py.is_initialized = (py_int_fn)og_dlsym_real(RTLD_DEFAULT, "Py_IsInitialized");
-    py.unchecked_get = (py_ptr_fn)og_dlsym_real(RTLD_DEFAULT, "PyThreadState_GetUnchecked");      /* 3.13 */
+    py.unchecked_get = (py_ptr_fn)og_dlsym_real(RTLD_DEFAULT, "PyThreadState_GetUnchecked"); /* 3.13 */
     if (!py.unchecked_get)
         py.unchecked_get = (py_ptr_fn)og_dlsym_real(RTLD_DEFAULT, "_PyThreadState_UncheckedGet");
     py.this_thread_state = (py_ptr_fn)og_dlsym_real(RTLD_DEFAULT, "PyGILState_GetThisThreadState");
-    py.gc_disable = (py_int_fn)og_dlsym_real(RTLD_DEFAULT, "PyGC_Disable");                    /* 3.10 */
+    py.gc_disable = (py_int_fn)og_dlsym_real(RTLD_DEFAULT, "PyGC_Disable"); /* 3.10 */
     py.gc_enable = (py_int_fn)og_dlsym_real(RTLD_DEFAULT, "PyGC_Enable");
 }
 
@@ -375,7 +377,7 @@ void og_query_at_failure(int device)
         return;
     }
     if (flags & OOMGUARD_QUERY_NEEDS_GIL)
-        gc_was = py.gc_disable();      /* no finalizer (freeing device memory) inside the failing call */
+        gc_was = py.gc_disable(); /* no finalizer (freeing device memory) inside the failing call */
     oomguard_framework_stats_t *s = calloc(1, sizeof *s);
     if (s) {
         s->struct_size = sizeof *s;
@@ -385,7 +387,7 @@ void og_query_at_failure(int device)
         int r = fn(ctx, device, s);
         in_query--;
         if (r == 0) {
-            s->struct_size = sizeof *s;    /* the query fills, it does not shrink the struct */
+            s->struct_size = sizeof *s; /* the query fills, it does not shrink the struct */
             int d = device;
             store(s, false, &d);
         }
@@ -405,7 +407,7 @@ void og_framework_atfork_child(void)
 
 /* ------------------------------------------------------------------ is the Python view missing? */
 
-static int py_state = OG_PY_NONE;     /* written once by the constructor, single-threaded */
+static int py_state = OG_PY_NONE; /* written once by the constructor, single-threaded */
 static char py_detail[256];
 
 void og_python_started(int state, const char *detail)
@@ -423,9 +425,9 @@ static const char *python_flags_why(void)
         char opt;
         const char *why;
     } flags[] = {
-        {"Py_IsolatedFlag", 'I', "python -I (isolated) ignores PYTHONPATH"},
-        {"Py_IgnoreEnvironmentFlag", 'E', "python -E ignores PYTHONPATH"},
-        {"Py_NoSiteFlag", 'S', "python -S imports no site, so no sitecustomize"},
+        { "Py_IsolatedFlag", 'I', "python -I (isolated) ignores PYTHONPATH" },
+        { "Py_IgnoreEnvironmentFlag", 'E', "python -E ignores PYTHONPATH" },
+        { "Py_NoSiteFlag", 'S', "python -S imports no site, so no sitecustomize" },
     };
     size_t nf = sizeof flags / sizeof *flags;
     for (size_t i = 0; i < nf; i++) {
@@ -440,7 +442,7 @@ static const char *python_flags_why(void)
     if (f)
         fclose(f);
     buf[n] = 0;
-    bool skip = false;                   /* this word is the argument of -W or -X */
+    bool skip = false; /* this word is the argument of -W or -X */
     for (size_t at = strlen(buf) + 1; at < n; at += strlen(buf + at) + 1) {
         const char *a = buf + at;
         if (skip) {
@@ -454,9 +456,9 @@ static const char *python_flags_why(void)
                 if (*c == flags[i].opt)
                     return flags[i].why;
             if (*c == 'c' || *c == 'm')
-                return NULL;             /* the rest is the program */
+                return NULL; /* the rest is the program */
             if (*c == 'W' || *c == 'X') {
-                skip = !c[1];            /* -X dev, or -Xdev */
+                skip = !c[1]; /* -X dev, or -Xdev */
                 break;
             }
         }
@@ -479,7 +481,8 @@ bool og_python_adapter_missing(char *why, size_t n, bool *loud)
     else if (flags)
         snprintf(why, n, "python adapter: not loaded: %s; no framework view", flags);
     else
-        snprintf(why, n, "python adapter: not loaded: sitecustomize.py did not run (another one first on "
-                         "sys.path?); no framework view");
+        snprintf(why, n,
+                 "python adapter: not loaded: sitecustomize.py did not run (another one first on "
+                 "sys.path?); no framework view");
     return true;
 }

@@ -48,8 +48,7 @@ static inline __attribute__((always_inline)) void free_begin(og_call_t *c, uintp
 }
 
 /* After the real free: settles what free_begin took; returns the driver's result unchanged. */
-static inline __attribute__((always_inline)) CUresult free_end(og_call_t *c, uintptr_t addr, og_taken_t *tk,
-                                                                CUresult r)
+static inline __attribute__((always_inline)) CUresult free_end(og_call_t *c, uintptr_t addr, og_taken_t *tk, CUresult r)
 {
     if (c->active && addr)
         og_free_end(c, tk, r);
@@ -57,15 +56,15 @@ static inline __attribute__((always_inline)) CUresult free_end(og_call_t *c, uin
 }
 
 /* The frees whose only argument is what they free (an address or a handle). */
-#define OG_FREE_ONE(name, type)                                                                    \
-    CUresult name(type handle)                                                                     \
-    {                                                                                              \
-        og_call_t c;                                                                               \
+#define OG_FREE_ONE(name, type)                                                                   \
+    CUresult name(type handle)                                                                    \
+    {                                                                                             \
+        og_call_t c;                                                                              \
         og_fn_##name real = (og_fn_##name)og_begin(&c, OG_H_##name, __builtin_return_address(0)); \
-        if (OG_UNLIKELY(!real))                                                                    \
-            return CUDA_ERROR_NOT_INITIALIZED;                                                     \
-        og_taken_t tk;                                                                             \
-        free_begin(&c, (uintptr_t)handle, &tk);                                                    \
+        if (OG_UNLIKELY(!real))                                                                   \
+            return CUDA_ERROR_NOT_INITIALIZED;                                                    \
+        og_taken_t tk;                                                                            \
+        free_begin(&c, (uintptr_t)handle, &tk);                                                   \
         return og_end(&c, free_end(&c, (uintptr_t)handle, &tk, real(handle)));                    \
     }
 
@@ -75,7 +74,7 @@ static __attribute__((noinline)) bool refused_by_limit(og_call_t *c, int device,
     if (!c->active)
         return false;
     if (device < 0)
-        device = c->device = og_current_device();   /* kept: the tracking after the call needs it */
+        device = c->device = og_current_device(); /* kept: the tracking after the call needs it */
     if (device < 0 || !og_limit_refuses(c, device, bytes, kind == OG_KIND_POOL))
         return false;
     og_track_limit_refusal(c, bytes, kind);
@@ -83,7 +82,7 @@ static __attribute__((noinline)) bool refused_by_limit(og_call_t *c, int device,
 }
 static inline bool refused(og_call_t *c, int device, uint64_t bytes, int kind)
 {
-    return og_limit_active() && refused_by_limit(c, device, bytes, kind);   /* no call without a limit */
+    return og_limit_active() && refused_by_limit(c, device, bytes, kind); /* no call without a limit */
 }
 
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
@@ -268,7 +267,7 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
     og_fn_cuMemUnmap real = (og_fn_cuMemUnmap)og_begin(&c, OG_H_cuMemUnmap, __builtin_return_address(0));
     if (OG_UNLIKELY(!real))
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (c.active)                        /* before the driver frees anything: see cuMemRelease */
+    if (c.active) /* before the driver frees anything: see cuMemRelease */
         og_track_vmm_unmap(&c, (uintptr_t)ptr, size);
     CUresult r = real(ptr, size);
     return og_end(&c, r);
@@ -278,8 +277,7 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 
 /* A pool block is memory handed out; what the device lost is the pool's reservation,
  * re-read from the driver after each allocation. */
-static CUresult after_pool_alloc(og_call_t *c, CUresult r, CUdeviceptr *dptr, uint64_t bytes,
-                                 CUmemoryPool pool)
+static CUresult after_pool_alloc(og_call_t *c, CUresult r, CUdeviceptr *dptr, uint64_t bytes, CUmemoryPool pool)
 {
     if (!c->active)
         return r;
@@ -296,7 +294,7 @@ static CUresult after_pool_alloc(og_call_t *c, CUresult r, CUdeviceptr *dptr, ui
 /* The legacy-stream and per-thread-stream (_ptsz) entry points differ only in which stream
  * "0" means; one body serves both. */
 static inline __attribute__((always_inline)) CUresult alloc_async(int hook, void *caller, CUdeviceptr *dptr,
-                                                                   size_t bytesize, CUstream hStream)
+                                                                  size_t bytesize, CUstream hStream)
 {
     og_call_t c;
     og_fn_cuMemAllocAsync real = (og_fn_cuMemAllocAsync)og_begin(&c, hook, caller);
@@ -306,15 +304,14 @@ static inline __attribute__((always_inline)) CUresult alloc_async(int hook, void
         return og_end(&c, CUDA_ERROR_OUT_OF_MEMORY);
     return og_end(&c, after_pool_alloc(&c, real(dptr, bytesize, hStream), dptr, bytesize, NULL));
 }
-#define OG_ALLOC_ASYNC(name)                                                    \
-    CUresult name(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)         \
-    {                                                                           \
+#define OG_ALLOC_ASYNC(name)                                                                   \
+    CUresult name(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)                        \
+    {                                                                                          \
         return alloc_async(OG_H_##name, __builtin_return_address(0), dptr, bytesize, hStream); \
     }
 
-static inline __attribute__((always_inline)) CUresult alloc_from_pool(int hook, void *caller, CUdeviceptr *dptr,
-                                                                      size_t bytesize, CUmemoryPool pool,
-                                                                      CUstream hStream)
+static inline __attribute__((always_inline)) CUresult
+alloc_from_pool(int hook, void *caller, CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
 {
     og_call_t c;
     og_fn_cuMemAllocFromPoolAsync real = (og_fn_cuMemAllocFromPoolAsync)og_begin(&c, hook, caller);
@@ -324,28 +321,28 @@ static inline __attribute__((always_inline)) CUresult alloc_from_pool(int hook, 
         return og_end(&c, CUDA_ERROR_OUT_OF_MEMORY);
     return og_end(&c, after_pool_alloc(&c, real(dptr, bytesize, pool, hStream), dptr, bytesize, pool));
 }
-#define OG_ALLOC_FROM_POOL(name)                                                                \
-    CUresult name(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)      \
-    {                                                                                           \
+#define OG_ALLOC_FROM_POOL(name)                                                                         \
+    CUresult name(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)               \
+    {                                                                                                    \
         return alloc_from_pool(OG_H_##name, __builtin_return_address(0), dptr, bytesize, pool, hStream); \
     }
 
 static inline __attribute__((always_inline)) CUresult free_async(int hook, void *caller, CUdeviceptr dptr,
-                                                                  CUstream hStream)
+                                                                 CUstream hStream)
 {
     og_call_t c;
     og_fn_cuMemFreeAsync real = (og_fn_cuMemFreeAsync)og_begin(&c, hook, caller);
     if (OG_UNLIKELY(!real))
         return CUDA_ERROR_NOT_INITIALIZED;
-    og_taken_t tk = {0};
+    og_taken_t tk = { 0 };
     free_begin(&c, (uintptr_t)dptr, &tk);
     CUresult r = real(dptr, hStream);
     return og_end(&c, free_end(&c, (uintptr_t)dptr, &tk, r));
 }
-#define OG_FREE_ASYNC(name)                                                                      \
-    CUresult name(CUdeviceptr dptr, CUstream hStream)                                            \
-    {                                                                                            \
-        return free_async(OG_H_##name, __builtin_return_address(0), dptr, hStream);              \
+#define OG_FREE_ASYNC(name)                                                         \
+    CUresult name(CUdeviceptr dptr, CUstream hStream)                               \
+    {                                                                               \
+        return free_async(OG_H_##name, __builtin_return_address(0), dptr, hStream); \
     }
 
 OG_ALLOC_ASYNC(cuMemAllocAsync)
@@ -398,8 +395,8 @@ static inline __attribute__((always_inline)) CUresult ctx_reset(int hook, void *
 }
 #define OG_CTX_RESET(name) \
     CUresult name(CUdevice dev) { return ctx_reset(OG_H_##name, __builtin_return_address(0), dev); }
-OG_CTX_RESET(cuDevicePrimaryCtxReset)       /* ABI of CUDA 7.0 (what libcudart asks for) */
-OG_CTX_RESET(cuDevicePrimaryCtxReset_v2)    /* ABI of CUDA 11.0 */
+OG_CTX_RESET(cuDevicePrimaryCtxReset)    /* ABI of CUDA 7.0 (what libcudart asks for) */
+OG_CTX_RESET(cuDevicePrimaryCtxReset_v2) /* ABI of CUDA 11.0 */
 
 /* A created context's blocks die with it; the driver is asked which ones those were. */
 static inline __attribute__((always_inline)) CUresult ctx_destroy(int hook, void *caller, CUcontext ctx)
@@ -451,14 +448,14 @@ static CUresult after_sync(og_call_t *c, CUresult r)
 
 /* The five synchronising entry points (legacy and per-thread streams, both context ABIs,
  * events) differ only in what they wait for. */
-#define OG_SYNC(name, params, args)                                                         \
-    CUresult name params                                                                    \
-    {                                                                                       \
-        og_call_t c;                                                                        \
+#define OG_SYNC(name, params, args)                                                               \
+    CUresult name params                                                                          \
+    {                                                                                             \
+        og_call_t c;                                                                              \
         og_fn_##name real = (og_fn_##name)og_begin(&c, OG_H_##name, __builtin_return_address(0)); \
-        if (OG_UNLIKELY(!real))                                                             \
-            return CUDA_ERROR_NOT_INITIALIZED;                                              \
-        return og_end(&c, after_sync(&c, real args));                                       \
+        if (OG_UNLIKELY(!real))                                                                   \
+            return CUDA_ERROR_NOT_INITIALIZED;                                                    \
+        return og_end(&c, after_sync(&c, real args));                                             \
     }
 OG_SYNC(cuStreamSynchronize, (CUstream hStream), (hStream))
 OG_SYNC(cuStreamSynchronize_ptsz, (CUstream hStream), (hStream))
@@ -473,9 +470,15 @@ OG_SYNC(cuEventSynchronize, (CUevent hEvent), (hEvent))
 static uint64_t format_bytes(CUarray_format f)
 {
     switch (f) {
-    case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: return 1;
-    case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF: return 2;
-    default: return 4;
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+        return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+        return 2;
+    default:
+        return 4;
     }
 }
 
@@ -522,8 +525,7 @@ CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *des
         (og_fn_cuArray3DCreate_v2)og_begin(&c, OG_H_cuArray3DCreate_v2, __builtin_return_address(0));
     if (OG_UNLIKELY(!real))
         return CUDA_ERROR_NOT_INITIALIZED;
-    uint64_t bytes = desc ? array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels, 1)
-                          : 0;
+    uint64_t bytes = desc ? array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels, 1) : 0;
     if (OG_UNLIKELY(refused(&c, -1, bytes, OG_KIND_PLAIN)))
         return og_end(&c, CUDA_ERROR_OUT_OF_MEMORY);
     CUresult r = real(pHandle, desc);
@@ -539,9 +541,9 @@ CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DE
         (og_fn_cuMipmappedArrayCreate)og_begin(&c, OG_H_cuMipmappedArrayCreate, __builtin_return_address(0));
     if (OG_UNLIKELY(!real))
         return CUDA_ERROR_NOT_INITIALIZED;
-    uint64_t bytes = desc ? array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels,
-                                        numMipmapLevels)
-                          : 0;
+    uint64_t bytes =
+        desc ? array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels, numMipmapLevels)
+             : 0;
     if (OG_UNLIKELY(refused(&c, -1, bytes, OG_KIND_PLAIN)))
         return og_end(&c, CUDA_ERROR_OUT_OF_MEMORY);
     CUresult r = real(pHandle, desc, numMipmapLevels);
@@ -558,7 +560,7 @@ OG_FREE_ONE(cuMipmappedArrayDestroy, CUmipmappedArray)
 /* Memory another process allocated, opened here: in the ledger as a mapping (its close is
  * then no unknown free, and a dump says how much is mapped) but never as ours. */
 static inline __attribute__((always_inline)) CUresult ipc_open(int hook, void *caller, CUdeviceptr *pdptr,
-                                                                CUipcMemHandle handle, unsigned int Flags)
+                                                               CUipcMemHandle handle, unsigned int Flags)
 {
     og_call_t c;
     og_fn_cuIpcOpenMemHandle real = (og_fn_cuIpcOpenMemHandle)og_begin(&c, hook, caller);
@@ -572,9 +574,9 @@ static inline __attribute__((always_inline)) CUresult ipc_open(int hook, void *c
         og_track_alloc(&c, (uintptr_t)*pdptr, size, OG_KIND_PLAIN | OG_KIND_F_IPC);
     return og_end(&c, r);
 }
-#define OG_IPC_OPEN(name)                                                               \
-    CUresult name(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)        \
-    {                                                                                   \
+#define OG_IPC_OPEN(name)                                                                \
+    CUresult name(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)         \
+    {                                                                                    \
         return ipc_open(OG_H_##name, __builtin_return_address(0), pdptr, handle, Flags); \
     }
 OG_IPC_OPEN(cuIpcOpenMemHandle)

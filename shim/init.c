@@ -68,14 +68,14 @@ static void print_hooks(void)
 static void alt_prepare(void);
 static void init_once_fn(void)
 {
-    og_in_shim++;               /* nothing we do here is to be recorded */
+    og_in_shim++; /* nothing we do here is to be recorded */
     alt_prepare();
     og_options_init();
     og_stacks_init();
     og_ledger_init();
     og_oom_init();
     og_limit_init();
-    og_calls_resolve(NULL);     /* a program linked with -lcuda has its driver already */
+    og_calls_resolve(NULL); /* a program linked with -lcuda has its driver already */
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
     if (og_opt.verbose) {
         og_log("liboomguard %s loaded", OOMGUARD_VERSION);
@@ -98,15 +98,15 @@ static void init_once_fn(void)
  * architecture without the switch below, ThreadSanitizer, which cannot follow it) the path runs
  * where it is called, as before. */
 #if OG_ASAN
-#define OG_ALT_STACK_SIZE (8u << 20)   /* redzones and unmerged frames: several times the plain need */
+#define OG_ALT_STACK_SIZE (8u << 20) /* redzones and unmerged frames: several times the plain need */
 #else
-#define OG_ALT_STACK_SIZE (1u << 20)   /* ~50 KiB used: the rest is margin (untouched pages cost nothing) */
+#define OG_ALT_STACK_SIZE (1u << 20) /* ~50 KiB used: the rest is margin (untouched pages cost nothing) */
 #endif
 #if (defined(__x86_64__) || defined(__aarch64__)) && !defined(OG_TSAN)
 #define OG_ALT_SWITCH 1
 #endif
 
-static char *alt_base;                  /* lowest usable byte, above the guard page; NULL: none */
+static char *alt_base; /* lowest usable byte, above the guard page; NULL: none */
 static pthread_mutex_t alt_lock = PTHREAD_MUTEX_INITIALIZER;
 static OG_TLS bool on_alt;
 
@@ -147,9 +147,9 @@ static __attribute__((noinline)) void call_on_stack(char *top, void (*fn)(void *
                      "mov %%rbx, %%rsp\n\t"
                      :
                      : "r"(top), "r"(fn), "r"(arg)
-                     : "rbx", "rax", "rcx", "rdx", "rsi", "rdi", "r8", "r9", "r10", "r11", "memory", "cc",
-                       "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
-                       "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
+                     : "rbx", "rax", "rcx", "rdx", "rsi", "rdi", "r8", "r9", "r10", "r11", "memory", "cc", "xmm0",
+                       "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
+                       "xmm12", "xmm13", "xmm14", "xmm15");
 #elif defined(__aarch64__)
     register char *t __asm__("x9") = top;
     register void (*f)(void *) __asm__("x10") = fn;
@@ -161,10 +161,10 @@ static __attribute__((noinline)) void call_on_stack(char *top, void (*fn)(void *
                      "mov sp, x19\n\t"
                      : "+r"(t), "+r"(f), "+r"(a)
                      :
-                     : "x0", "x1", "x2", "x3", "x4", "x5", "x6", "x7", "x8", "x12", "x13", "x14", "x15", "x16",
-                       "x17", "x18", "x19", "x30", "memory", "cc", "v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7",
-                       "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27", "v28",
-                       "v29", "v30", "v31");
+                     : "x0", "x1", "x2", "x3", "x4", "x5", "x6", "x7", "x8", "x12", "x13", "x14", "x15", "x16", "x17",
+                       "x18", "x19", "x30", "memory", "cc", "v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v16",
+                       "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27", "v28", "v29", "v30",
+                       "v31");
 #endif
 }
 
@@ -196,7 +196,7 @@ void og_on_alt_stack(void (*fn)(void *), void *arg)
     if (alt_base && !on_alt) {
         pthread_mutex_lock(&alt_lock);
         on_alt = true;
-        alt_call_t a = {.fn = fn, .arg = arg};
+        alt_call_t a = { .fn = fn, .arg = arg };
         char *top = (char *)(((uintptr_t)alt_base + OG_ALT_STACK_SIZE) & ~(uintptr_t)15);
 #ifdef OG_ASAN
         void *fake = NULL;
@@ -233,7 +233,7 @@ static void python_adapter_path(void)
     py_init_fn is_init = (py_init_fn)og_dlsym_real(RTLD_DEFAULT, "Py_IsInitialized");
     if (!is_init || is_init())
         return;
-    setenv(OG_PY_MARKER, "0", 1);        /* the adapter makes it "1": a dump can tell it never loaded */
+    setenv(OG_PY_MARKER, "0", 1); /* the adapter makes it "1": a dump can tell it never loaded */
     if (!og_opt.python_adapter) {
         og_python_started(OG_PY_OFF, NULL);
         return;
@@ -251,7 +251,7 @@ static void python_adapter_path(void)
     else
         snprintf(dir, sizeof dir, ".");
     /* installed: <prefix>/lib/oomguard/python; build tree: <build>/../adapters/python */
-    static const char *const rel[] = {"python", "../adapters/python"};
+    static const char *const rel[] = { "python", "../adapters/python" };
     for (size_t i = 0; i < sizeof rel / sizeof *rel; i++) {
         snprintf(cand, sizeof cand, "%.4000s/%s", dir, rel[i]);
         snprintf(probe, sizeof probe, "%.4000s/sitecustomize.py", cand);
@@ -266,7 +266,7 @@ static void python_adapter_path(void)
         size_t l = strlen(real);
         for (const char *p = old; (p = strstr(p, real)); p += l)
             if ((p == old || p[-1] == ':') && (!p[l] || p[l] == ':'))
-                return;                  /* already there (oomguard run, or the parent process) */
+                return; /* already there (oomguard run, or the parent process) */
         size_t n = l + strlen(old) + 2;
         char *v = malloc(n);
         if (!v)
@@ -284,7 +284,7 @@ __attribute__((constructor)) static void og_constructor(void)
     og_init_slow();
     og_in_shim++;
     python_adapter_path();
-    og_dump_sweep_start();      /* here, not on an allocation's path */
+    og_dump_sweep_start(); /* here, not on an allocation's path */
     og_in_shim--;
 }
 
@@ -308,7 +308,7 @@ static void og_exit_handler(void)
 
 void og_exit_arm(void)
 {
-    og_live_ensure();           /* publishing starts with the program's first tracked call */
+    og_live_ensure(); /* publishing starts with the program's first tracked call */
     static atomic_int armed;
     if (!atomic_load_explicit(&armed, memory_order_relaxed) && !atomic_exchange(&armed, 1))
         atexit(og_exit_handler);

@@ -20,7 +20,7 @@
 
 const og_hook_t og_hooks[OG_H_COUNT] = {
 #define OG_HOOK(ret, name, base, since, ptsz, lib, rt, params, args) \
-    [OG_H_##name] = {#name, #base, since, ptsz, lib, (void *)name, #rt},
+    [OG_H_##name] = { #name, #base, since, ptsz, lib, (void *)name, #rt },
 #include "hooks.def"
 #undef OG_HOOK
 };
@@ -44,7 +44,7 @@ OG_NO_SANITIZE __attribute__((visibility("hidden"))) og_dlsym_fn og_resolve_real
     og_dlsym_fn f = atomic_load_explicit(&og_real_dlsym_ptr, memory_order_acquire);
     if (f)
         return f;
-    static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17", "GLIBC_2.0"};
+    static const char *const versions[] = { "GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17", "GLIBC_2.0" };
     for (size_t i = 0; i < sizeof versions / sizeof *versions && !f; i++)
         f = (og_dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", versions[i]);
     atomic_store_explicit(&og_real_dlsym_ptr, f, memory_order_release);
@@ -62,7 +62,7 @@ OG_NO_SANITIZE void *og_dlsym_real(void *handle, const char *name)
 OG_NO_SANITIZE int og_hook_find(const char *name)
 {
     if (!name || !((name[0] == 'c' && name[1] == 'u') || (name[0] == 'n' && name[1] == 'v')))
-        return -1;                                  /* cheap reject: every hook is cu* or nvml* */
+        return -1; /* cheap reject: every hook is cu* or nvml* */
     for (int i = 0; i < OG_H_COUNT; i++)
         if (strcmp(og_hooks[i].name, name) == 0)
             return i;
@@ -87,8 +87,11 @@ OG_NO_SANITIZE static void remember_real(int id, void *real)
 
 _Atomic(void *) og_call_ptrs[OG_C_COUNT];
 
-static const struct { const char *name; int lib; } call_names[OG_C_COUNT] = {
-#define OG_CALLFN(ret, name, lib, params) [OG_C_##name] = {#name, lib},
+static const struct {
+    const char *name;
+    int lib;
+} call_names[OG_C_COUNT] = {
+#define OG_CALLFN(ret, name, lib, params) [OG_C_##name] = { #name, lib },
 #include "calls.def"
 #undef OG_CALLFN
 };
@@ -140,7 +143,7 @@ void og_calls_resolve(void *cuda_handle)
             atomic_store_explicit(&cuda_resolved, 1, memory_order_release);
         }
         if (own)
-            dlclose(own);     /* libcuda stays loaded: the program holds it */
+            dlclose(own); /* libcuda stays loaded: the program holds it */
     }
     /* NVML only once the driver is in the process: a preloaded shell or launcher never
      * loads it.  The handle is kept for the life of the process. */
@@ -177,7 +180,7 @@ static int proc_entry(const char *base, int version, uint64_t flags)
     int want_ptsz = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
     int best = -1;
     for (int pass = 0; pass < 2 && best < 0; pass++) {
-        int ptsz = pass == 0 ? want_ptsz : 0;   /* per-thread falls back to legacy */
+        int ptsz = pass == 0 ? want_ptsz : 0; /* per-thread falls back to legacy */
         for (int i = 0; i < OG_H_COUNT; i++) {
             const og_hook_t *h = &og_hooks[i];
             if (h->lib != OG_LIB_CUDA || h->ptsz != ptsz || h->since > version || strcmp(h->base, base) != 0)
@@ -250,7 +253,7 @@ OG_NO_SANITIZE __attribute__((visibility("hidden"))) void *og_dlsym_handle(void 
     if (atomic_load_explicit(&og_ready, memory_order_acquire) && og_hooks[id].lib == OG_LIB_CUDA &&
         real != og_hooks[id].wrapper)
         og_calls_resolve(handle);
-    if (real == og_hooks[id].wrapper) {      /* found our own export (e.g. on dlopen(NULL)) */
+    if (real == og_hooks[id].wrapper) { /* found our own export (e.g. on dlopen(NULL)) */
         if (og_resolve_real(id))
             return real;
         set_dlerror(handle, name);
@@ -308,14 +311,14 @@ __asm__(
     ".p2align 4\n"
     "dlsym:\n"
     "    .cfi_startproc\n"
-    "    cmpq $-1, %rdi\n"               /* RTLD_NEXT: straight to glibc */
+    "    cmpq $-1, %rdi\n" /* RTLD_NEXT: straight to glibc */
     "    je 2f\n"
-    "    testq %rdi, %rdi\n"             /* explicit handle: C */
+    "    testq %rdi, %rdi\n" /* explicit handle: C */
     "    jnz og_dlsym_handle\n"
-    "    og_call_keeping_args og_dlsym_default_hook\n"   /* RTLD_DEFAULT: hooked name? */
+    "    og_call_keeping_args og_dlsym_default_hook\n" /* RTLD_DEFAULT: hooked name? */
     "    testq %rax, %rax\n"
     "    jz 2f\n"
-    "    cmpq $1, %rax\n"               /* OG_DLSYM_NONE: a hooked name the driver lacks */
+    "    cmpq $1, %rax\n" /* OG_DLSYM_NONE: a hooked name the driver lacks */
     "    jne 5f\n"
     "    xorl %eax, %eax\n"
     "5:  ret\n"
@@ -323,11 +326,11 @@ __asm__(
     "    testq %rax, %rax\n"
     "    jz 3f\n"
     "    jmp *%rax\n"
-    "3:  og_call_keeping_args og_resolve_real_dlsym\n"   /* first use: resolve glibc's dlsym, then jump */
+    "3:  og_call_keeping_args og_resolve_real_dlsym\n" /* first use: resolve glibc's dlsym, then jump */
     "    testq %rax, %rax\n"
     "    jz 4f\n"
     "    jmp *%rax\n"
-    "4:  ret\n"                          /* no dlsym at all: NULL */
+    "4:  ret\n" /* no dlsym at all: NULL */
     "    .cfi_endproc\n"
     ".size dlsym, .-dlsym\n"
     ".purgem og_call_keeping_args\n");

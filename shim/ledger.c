@@ -36,7 +36,7 @@ void og_spin_lock_slow(og_spin_t *l)
                 __builtin_ia32_pause();
 #endif
             } else {
-                sched_yield();           /* the holder may have been preempted */
+                sched_yield(); /* the holder may have been preempted */
             }
         }
         if (!atomic_exchange_explicit(&l->v, 1, memory_order_acquire))
@@ -63,7 +63,7 @@ uint64_t og_ticks_to_ns(uint64_t ticks)
     uint64_t now_t = og_ticks(), now_ns = og_now_ns();
     double rate = now_t > start_ticks + 1000000 && now_ns > start_ns
                       ? (double)(now_ns - start_ns) / (double)(now_t - start_ticks)
-                      : 1.0 / 3.0;                 /* too early to tell: assume 3 GHz */
+                      : 1.0 / 3.0; /* too early to tell: assume 3 GHz */
     double rel = ((double)ticks - (double)start_ticks) * rate;
     return start_ns + (uint64_t)(rel > 0 ? rel : 0);
 }
@@ -167,9 +167,9 @@ static size_t ring_copy(ring_t *r, og_history_event_t *out, size_t n, size_t max
         uint32_t what = atomic_load_explicit(&e->what, memory_order_relaxed);
         atomic_thread_fence(memory_order_acquire);
         if (atomic_load_explicit(&e->seq, memory_order_relaxed) != i + 1)
-            continue;                    /* rewritten while we read it */
-        out[n++] = (og_history_event_t){og_ticks_to_ns(t), bytes, live, (int16_t)(what >> 16), (uint8_t)(what >> 8),
-                                        (uint8_t)what};
+            continue; /* rewritten while we read it */
+        out[n++] = (og_history_event_t){ og_ticks_to_ns(t),    bytes,        live, (int16_t)(what >> 16),
+                                         (uint8_t)(what >> 8), (uint8_t)what };
     }
     return n;
 }
@@ -237,9 +237,9 @@ int og_pointer_device(uintptr_t addr)
 
 static void sample(og_ledger_dev_t *d, uint64_t live, uint64_t t)
 {
-    atomic_store_explicit(&d->seen, 1, memory_order_relaxed);   /* its graph memory is re-read */
+    atomic_store_explicit(&d->seen, 1, memory_order_relaxed); /* its graph memory is re-read */
     if (pthread_mutex_trylock(&d->sample_lock) != 0)
-        return;                       /* someone is sampling this device right now: enough */
+        return; /* someone is sampling this device right now: enough */
     if (d->nsamples == OG_SAMPLES) {
         for (int i = 0; i < OG_SAMPLES / 2; i++)
             d->samples[i] = d->samples[2 * i + 1];
@@ -283,7 +283,7 @@ uint64_t og_tracked_add(og_ledger_dev_t *d, int64_t delta, uint64_t t)
     }
     if (OG_UNLIKELY(t >= atomic_load_explicit(&d->next_sample, memory_order_relaxed)))
         sample(d, now, t);
-    return now;   /* callers that grew usage call og_warn_check once their locks are dropped */
+    return now; /* callers that grew usage call og_warn_check once their locks are dropped */
 }
 
 
@@ -298,9 +298,9 @@ static inline shard_t *my_shard(void)
 {
     if (OG_UNLIKELY(my_shard_idx < 0)) {
         int k = (int)(atomic_fetch_add(&next_shard, 1) % SHARDS);
-        ring_provide(&og_shards[k].ring, &og_shards[k].lock, NULL);   /* no lock of ours held here */
+        ring_provide(&og_shards[k].ring, &og_shards[k].lock, NULL); /* no lock of ours held here */
         my_shard_idx = k;
-        og_exit_arm();          /* once per thread: the program is running, not starting */
+        og_exit_arm(); /* once per thread: the program is running, not starting */
     }
     return &og_shards[my_shard_idx];
 }
@@ -311,7 +311,7 @@ static inline shard_t *my_shard(void)
  * the other shards that a free without hints always did; the shard's table stays the truth. */
 #define OWNER_HINTS (1u << 16)
 static _Atomic uint8_t owner_hint[OWNER_HINTS];
-static inline _Atomic uint8_t *hint_of(uint64_t h) { return &owner_hint[h >> 48]; }   /* h: og_addr_mix */
+static inline _Atomic uint8_t *hint_of(uint64_t h) { return &owner_hint[h >> 48]; } /* h: og_addr_mix */
 static inline void hint_set(uint64_t h, int shard)
 {
     uint8_t k = (uint8_t)shard;
@@ -366,7 +366,7 @@ void og_table_remove_shift(shard_t *s, og_block_t *b)
         if (!x->addr)
             break;
         uint32_t home = (uint32_t)(og_addr_mix(x->addr) >> s->shift);
-        if (((j - home) & mask) >= ((j - hole) & mask)) {   /* the hole is on x's probe path */
+        if (((j - home) & mask) >= ((j - hole) & mask)) { /* the hole is on x's probe path */
             s->slots[hole] = *x;
             hole = j;
         }
@@ -400,7 +400,7 @@ bool og_table_ensure_slow(shard_t *s)
     bool room = n < (s->mask + 1) - (s->mask + 1) / 8;
     if (grown || (old && old != s->first)) {
         og_spin_unlock(&s->lock);
-        free(grown);                        /* another thread grew it first */
+        free(grown); /* another thread grew it first */
         if (old != s->first)
             free(old);
         og_spin_lock(&s->lock);
@@ -410,10 +410,7 @@ bool og_table_ensure_slow(shard_t *s)
 
 /* How a block counts on its device: plain and managed blocks and counted pool blocks are
  * device memory themselves; other pool blocks are inside their pool's reservation. */
-static inline bool counts_on_device(const og_block_t *b)
-{
-    return counts_itself(b->kind, b->flags);
-}
+static inline bool counts_on_device(const og_block_t *b) { return counts_itself(b->kind, b->flags); }
 
 /* og_block_account for everything but a plain or managed block of a known device: pinned
  * host memory, pool blocks, IPC mappings, blocks of no known device. */
@@ -428,7 +425,7 @@ uint64_t og_block_account_rare(shard_t *s, const og_block_t *b, int op, uint64_t
     og_ledger_dev_t *d = dev_of(b->device);
     if (!d)
         return 0;
-    if (!(b->flags & OG_KIND_F_IPC)) {             /* IPC: mapped here, not allocated */
+    if (!(b->flags & OG_KIND_F_IPC)) { /* IPC: mapped here, not allocated */
         shard_dev_t *sd = &s->dev[b->device];
         sd->bytes[b->kind] += (uint64_t)sign * b->size;
         sd->blocks[b->kind] += (uint64_t)sign;
@@ -470,7 +467,7 @@ static inline __attribute__((always_inline)) bool block_insert(const og_block_t 
         og_block_account(s, b, OG_BLOCK_OUT, t, flushed);
     *b = *nb;
     *live = og_block_account(s, nb, op, t, flushed);
-    if (OG_LIKELY(!(nb->flags & OG_BLOCK_F_RARE)) ||   /* a mapping is no event */
+    if (OG_LIKELY(!(nb->flags & OG_BLOCK_F_RARE)) || /* a mapping is no event */
         ((unsigned)nb->device < OG_MAX_DEVICES && nb->kind != OG_KIND_HOST && !(nb->flags & OG_KIND_F_IPC)))
         ring_add(&s->ring, OG_EV_ALLOC, hook, nb->device, nb->size, *live, t);
     og_spin_unlock(&s->lock);
@@ -483,13 +480,15 @@ void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind)
     int flags = kind & OG_KIND_F_MASK;
     kind &= ~OG_KIND_F_MASK;
     if (OG_UNLIKELY(!addr))
-        return;                                   /* nothing allocated (and the empty slot's key) */
-    uint32_t site = og_site_capture(c->caller);   /* before any lock: it may unwind */
+        return;                                 /* nothing allocated (and the empty slot's key) */
+    uint32_t site = og_site_capture(c->caller); /* before any lock: it may unwind */
     int device = kind == OG_KIND_HOST ? -1 : (c->device >= 0 ? c->device : og_current_device());
-    bool rare = kind > OG_KIND_MANAGED || (flags & (OG_KIND_F_IPC | OG_KIND_F_COUNTED)) ||
-                (unsigned)device >= OG_MAX_DEVICES;
-    og_block_t nb = {addr, size, og_ticks(), site, (int8_t)device, (uint8_t)kind, (uint8_t)c->hook,
-                     (uint8_t)(flags | (rare ? OG_BLOCK_F_RARE : 0))};
+    bool rare =
+        kind > OG_KIND_MANAGED || (flags & (OG_KIND_F_IPC | OG_KIND_F_COUNTED)) || (unsigned)device >= OG_MAX_DEVICES;
+    og_block_t nb = {
+        addr,           size,          og_ticks(),       site,
+        (int8_t)device, (uint8_t)kind, (uint8_t)c->hook, (uint8_t)(flags | (rare ? OG_BLOCK_F_RARE : 0))
+    };
     uint64_t live;
     bool flushed = false;
     if (OG_UNLIKELY(!block_insert(&nb, OG_BLOCK_IN, c->hook, nb.t_ns, &live, &flushed)))
@@ -554,7 +553,7 @@ void og_free_end_slow(og_call_t *c, og_taken_t *tk, CUresult r)
     }
     /* the real free failed: the block is still allocated; put it back, unchanged (neither an
      * allocation nor a free happened; its event says it is back) */
-    og_block_t nb = {tk->addr, tk->size, tk->t_ns, tk->site, tk->device, tk->kind, tk->hook, tk->flags};
+    og_block_t nb = { tk->addr, tk->size, tk->t_ns, tk->site, tk->device, tk->kind, tk->hook, tk->flags };
     uint64_t live;
     bool flushed;
     block_insert(&nb, OG_BLOCK_BACK, c->hook, og_ticks(), &live, &flushed);
@@ -616,8 +615,8 @@ size_t og_ledger_foreach(og_block_fn fn, void *arg)
             continue;
         for (og_block_t *b = s->slots; b <= s->slots + s->mask; b++) {
             if (!b->addr || (b->flags & OG_KIND_F_IPC))
-                continue;                         /* empty, or another process's allocation */
-            og_block_view_t v = {b->addr, b->size, og_ticks_to_ns(b->t_ns), b->site, b->device, b->kind, b->hook};
+                continue; /* empty, or another process's allocation */
+            og_block_view_t v = { b->addr, b->size, og_ticks_to_ns(b->t_ns), b->site, b->device, b->kind, b->hook };
             fn(&v, arg);
             n++;
         }
@@ -632,17 +631,22 @@ static const struct {
     _Atomic uint64_t *count;
     const char *text;
 } lost_texts[] = {
-    {&og_ledger_lost[OG_LOST_BLOCKS], "ledger: %llu block(s) not tracked (no host memory for the table): their bytes are missing "
-                     "from the totals and their frees count as unknown"},
-    {&og_ledger_lost[OG_LOST_VMM], "vmm: %llu handle(s) or mapping(s) not tracked (no host memory)"},
-    {&og_ledger_lost[OG_LOST_POOLS], "pools: %llu pool use(s) not registered (no host memory): their reservation is not counted"},
-    {&og_ledger_lost[OG_LOST_ARRAYS], "arrays: %llu CUDA array(s) not noted with their context (no host memory): they stay in the "
-                     "ledger after it is gone"},
-    {&og_ledger_lost[OG_LOST_HISTORY], "history: %llu event ring(s) got no memory; those threads' history holds only their newest "
-                      "event"},
-    {&og_ledger_lost[OG_LOST_SHARDS], "ledger: a shard stayed locked for a second (a thread that died inside "
-                                      "the ledger), %llu time(s): its blocks are missing from those totals"},
-    {&og_sites_lost, "sites: %llu allocation(s) left without a site (no host memory for it, or 2^20 sites): shown as unknown"},
+    { &og_ledger_lost[OG_LOST_BLOCKS],
+      "ledger: %llu block(s) not tracked (no host memory for the table): their bytes are missing "
+      "from the totals and their frees count as unknown" },
+    { &og_ledger_lost[OG_LOST_VMM], "vmm: %llu handle(s) or mapping(s) not tracked (no host memory)" },
+    { &og_ledger_lost[OG_LOST_POOLS],
+      "pools: %llu pool use(s) not registered (no host memory): their reservation is not counted" },
+    { &og_ledger_lost[OG_LOST_ARRAYS],
+      "arrays: %llu CUDA array(s) not noted with their context (no host memory): they stay in the "
+      "ledger after it is gone" },
+    { &og_ledger_lost[OG_LOST_HISTORY],
+      "history: %llu event ring(s) got no memory; those threads' history holds only their newest "
+      "event" },
+    { &og_ledger_lost[OG_LOST_SHARDS], "ledger: a shard stayed locked for a second (a thread that died inside "
+                                       "the ledger), %llu time(s): its blocks are missing from those totals" },
+    { &og_sites_lost,
+      "sites: %llu allocation(s) left without a site (no host memory for it, or 2^20 sites): shown as unknown" },
 };
 
 bool og_ledger_unmeasured(int device, int k, char *why, size_t n)
@@ -703,7 +707,7 @@ static void device_sum(const og_ledger_dev_t *d, uint64_t vmm_physical, oomguard
     out->tracked_bytes = out->plain_bytes + out->managed_bytes + out->pool_reserved_bytes + out->vmm_physical_bytes +
                          atomic_load(&d->graph_reserved);
     out->peak_tracked_bytes = atomic_load(&d->peak);
-    if (out->tracked_bytes > out->peak_tracked_bytes)   /* a rise still pending in a shard */
+    if (out->tracked_bytes > out->peak_tracked_bytes) /* a rise still pending in a shard */
         out->peak_tracked_bytes = out->tracked_bytes;
     out->allocs += atomic_load(&d->slow_allocs);
     out->frees += atomic_load(&d->slow_frees);
@@ -776,15 +780,15 @@ void og_ledger_snapshot(int device, oomguard_device_stats_t *out, og_block_fn fn
         shard_sum(s, device, true, out);
         for (og_block_t *b = s->slots; fn && b <= s->slots + s->mask; b++) {
             if (!b->addr || (b->flags & OG_KIND_F_IPC))
-                continue;                         /* empty, or another process's allocation */
-            og_block_view_t v = {b->addr, b->size, og_ticks_to_ns(b->t_ns), b->site, b->device, b->kind, b->hook};
+                continue; /* empty, or another process's allocation */
+            og_block_view_t v = { b->addr, b->size, og_ticks_to_ns(b->t_ns), b->site, b->device, b->kind, b->hook };
             fn(&v, arg);
         }
     }
     for (int i = SHARDS - 1; i >= 0; i--)
         if (held[i])
             og_spin_unlock(&og_shards[i].lock);
-    vmm_walk_t w = {fn, arg, device, 0};
+    vmm_walk_t w = { fn, arg, device, 0 };
     og_vmm_foreach(vmm_walk, &w);
     device_sum(d, w.vmm_bytes, out);
 }
@@ -858,11 +862,13 @@ OG_EXPORT int oomguard_debug_ledger_check(void)
         uint64_t parts = blocks + atomic_load(&d->pool_counted) + atomic_load(&d->pool_reserved) +
                          atomic_load(&d->vmm_physical) + atomic_load(&d->graph_reserved);
         if (total != parts) {
-            fprintf(stderr, "oomguard debug: device %d: tracked %llu + pending %lld != blocks %llu + pools %llu + "
-                    "counted %llu + vmm %llu + graph %llu\n", dv, (unsigned long long)atomic_load(&d->tracked),
-                    (long long)pending, (unsigned long long)blocks, (unsigned long long)atomic_load(&d->pool_reserved),
-                    (unsigned long long)atomic_load(&d->pool_counted), (unsigned long long)atomic_load(&d->vmm_physical),
-                    (unsigned long long)atomic_load(&d->graph_reserved));
+            fprintf(
+                stderr,
+                "oomguard debug: device %d: tracked %llu + pending %lld != blocks %llu + pools %llu + "
+                "counted %llu + vmm %llu + graph %llu\n",
+                dv, (unsigned long long)atomic_load(&d->tracked), (long long)pending, (unsigned long long)blocks,
+                (unsigned long long)atomic_load(&d->pool_reserved), (unsigned long long)atomic_load(&d->pool_counted),
+                (unsigned long long)atomic_load(&d->vmm_physical), (unsigned long long)atomic_load(&d->graph_reserved));
             bad++;
         }
         if (pool != atomic_load(&d->pool_used)) {
@@ -891,7 +897,7 @@ void og_ledger_init(void)
     }
     for (int i = 0; i < OG_MAX_DEVICES; i++) {
         pthread_mutex_init(&og_devs[i].sample_lock, NULL);
-        og_devs[i].sample_interval = 3000000;   /* ticks: about 1 ms to start with */
+        og_devs[i].sample_interval = 3000000; /* ticks: about 1 ms to start with */
     }
     for (int i = 0; i < SHARDS; i++)
         ring_init(&og_shards[i].ring);
@@ -903,7 +909,7 @@ void og_ledger_atfork_prepare(void)
 {
     og_pool_atfork(OG_FORK_PREPARE);
     og_vmm_atfork(OG_FORK_PREPARE);
-    og_ctx_atfork(OG_FORK_PREPARE);    /* before the shards: array_note takes them under it */
+    og_ctx_atfork(OG_FORK_PREPARE); /* before the shards: array_note takes them under it */
     for (int i = 0; i < SHARDS; i++)
         og_spin_lock(&og_shards[i].lock);
 }
@@ -939,7 +945,7 @@ void og_ledger_atfork_child(void)
         sh->host_bytes = sh->host_blocks = 0;
         memset(sh->dev, 0, sizeof sh->dev);
         memset(sh->pending, 0, sizeof sh->pending);
-        ring_buf_t *rb = atomic_load(&sh->ring.buf);   /* the child keeps its parent's buffers, emptied */
+        ring_buf_t *rb = atomic_load(&sh->ring.buf); /* the child keeps its parent's buffers, emptied */
         memset(rb->ev, 0, rb->size * sizeof(og_event_t));
         atomic_store(&sh->ring.head, 0);
         sh->ring.pos = 0;

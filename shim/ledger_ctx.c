@@ -23,9 +23,9 @@ void og_track_context_reset(og_call_t *c, int device)
             bool flushed;
             og_block_account(s, b, OG_BLOCK_OUT, t, &flushed);
             gone += b->size;
-            og_table_remove(s, b);   /* another block may have moved into slot k: look again */
+            og_table_remove(s, b); /* another block may have moved into slot k: look again */
         }
-        int64_t pending = s->pending[device];   /* settle this shard's batched share */
+        int64_t pending = s->pending[device]; /* settle this shard's batched share */
         s->pending[device] = 0;
         og_spin_unlock(&s->lock);
         if (pending)
@@ -40,7 +40,7 @@ void og_track_context_reset(og_call_t *c, int device)
  * gone (CUDA_ERROR_CONTEXT_IS_DESTROYED or _INVALID_CONTEXT), and those arrays leave the
  * ledger.  Notes of arrays destroyed one by one are swept when the table doubles. */
 typedef struct {
-    uint64_t handle, t;        /* the block's key and t_ns: the same array, not a newer one */
+    uint64_t handle, t; /* the block's key and t_ns: the same array, not a newer one */
     CUcontext ctx;
     UT_hash_handle hh;
 } array_ctx_t;
@@ -67,10 +67,10 @@ void og_array_note(uint64_t handle, uint64_t t)
         return;
     array_ctx_t *n = malloc(sizeof *n), *old, *tmp;
     if (!n) {
-        og_lost(OG_LOST_ARRAYS);     /* the array stays in the ledger past its context */
+        og_lost(OG_LOST_ARRAYS); /* the array stays in the ledger past its context */
         return;
     }
-    *n = (array_ctx_t){.handle = handle, .t = t, .ctx = ctx};
+    *n = (array_ctx_t){ .handle = handle, .t = t, .ctx = ctx };
     pthread_mutex_lock(&array_lock);
     HASH_FIND(hh, array_ctxs, &handle, sizeof handle, old);
     if (old) {
@@ -83,7 +83,8 @@ void og_array_note(uint64_t handle, uint64_t t)
         og_lost(OG_LOST_ARRAYS);
     }
     if (HASH_COUNT(array_ctxs) >= array_sweep_at) {
-        HASH_ITER(hh, array_ctxs, old, tmp) {
+        HASH_ITER(hh, array_ctxs, old, tmp)
+        {
             if (!block_is(old->handle, old->t)) {
                 HASH_DEL(array_ctxs, old);
                 free(old);
@@ -128,7 +129,7 @@ static void arrays_gone(uint64_t t, uint64_t *gone_bytes)
     CUcontext asked = NULL;
     bool dead = false;
     for (size_t i = 0; i < k; i++) {
-        if (list[i].ctx != asked) {             /* no lock of ours is held while the driver answers */
+        if (list[i].ctx != asked) { /* no lock of ours is held while the driver answers */
             unsigned int v;
             CUresult r = ver(list[i].ctx, &v);
             asked = list[i].ctx;
@@ -155,7 +156,7 @@ static void arrays_gone(uint64_t t, uint64_t *gone_bytes)
  * Arrays are not device pointers: their contexts are asked about (arrays_gone). */
 void og_track_blocks_gone(og_call_t *c, int device)
 {
-    uint64_t t_arr = og_ticks(), arr_bytes[OG_MAX_DEVICES] = {0};
+    uint64_t t_arr = og_ticks(), arr_bytes[OG_MAX_DEVICES] = { 0 };
     arrays_gone(t_arr, arr_bytes);
     for (int d = 0; d < OG_MAX_DEVICES; d++)
         if (arr_bytes[d])
@@ -169,7 +170,9 @@ void og_track_blocks_gone(og_call_t *c, int device)
     size_t cap = 64, n = 0;
     for (int i = 0; i < SHARDS; i++)
         cap += atomic_load_explicit(&og_shards[i].nblocks, memory_order_relaxed);
-    struct cand { uint64_t addr, t; } *list = malloc(cap * sizeof *list);
+    struct cand {
+        uint64_t addr, t;
+    } *list = malloc(cap * sizeof *list);
     if (!list)
         return;
     for (int i = 0; i < SHARDS && n < cap; i++) {
@@ -179,15 +182,15 @@ void og_track_blocks_gone(og_call_t *c, int device)
             if (!b->addr || (b->flags & (OG_KIND_F_ARRAY | OG_KIND_F_IPC)) ||
                 (b->kind != OG_KIND_PLAIN && b->kind != OG_KIND_MANAGED) || (device >= 0 && b->device != device))
                 continue;
-            list[n++] = (struct cand){b->addr, b->t_ns};
+            list[n++] = (struct cand){ b->addr, b->t_ns };
         }
         og_spin_unlock(&s->lock);
     }
-    uint64_t t = og_ticks(), gone_bytes[OG_MAX_DEVICES] = {0};
+    uint64_t t = og_ticks(), gone_bytes[OG_MAX_DEVICES] = { 0 };
     for (size_t k = 0; k < n; k++) {
         CUdeviceptr start;
         if (attr(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, (CUdeviceptr)list[k].addr) == CUDA_SUCCESS)
-            continue;                                   /* still there: another context's */
+            continue; /* still there: another context's */
         drop_if_same(list[k].addr, list[k].t, 0, t, gone_bytes);
     }
     free(list);
@@ -204,7 +207,8 @@ void og_ctx_atfork(int phase)
     }
     if (phase == OG_FORK_CHILD) {
         array_ctx_t *ac, *act;
-        HASH_ITER(hh, array_ctxs, ac, act) {
+        HASH_ITER(hh, array_ctxs, ac, act)
+        {
             HASH_DEL(array_ctxs, ac);
             free(ac);
         }

@@ -28,7 +28,7 @@ static inline uint64_t og_hash_ptr(uint64_t k)
  * frees it and counts it in og_ledger_lost (the dump's memory.unmeasured). */
 #define HASH_NONFATAL_OOM 1
 static void *og_line_alloc(size_t n) { return aligned_alloc(64, (n + 63) & ~(size_t)63); }
-#define uthash_malloc(sz) og_line_alloc(sz)
+#define uthash_malloc(sz)    og_line_alloc(sz)
 #define uthash_free(ptr, sz) free(ptr)
 #include <uthash.h>
 /* true when HASH_ADD left `item` out for lack of memory */
@@ -41,19 +41,19 @@ static inline uint64_t og_addr_mix(uint64_t addr) { return addr * 0x9e3779b97f4a
 /* OG_DEBUG (`make OG_DEBUG=1`, the soak): invariants checked on the way; otherwise nothing. */
 #ifdef OG_DEBUG
 #include <stdio.h>
-#define OG_ASSERT(cond)                                                                            \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
+#define OG_ASSERT(cond)                                                                              \
+    do {                                                                                             \
+        if (!(cond)) {                                                                               \
             fprintf(stderr, "oomguard debug: %s:%d: %s does not hold\n", __FILE__, __LINE__, #cond); \
-            abort();                                                                               \
-        }                                                                                          \
+            abort();                                                                                 \
+        }                                                                                            \
     } while (0)
 #else
 #define OG_ASSERT(cond) ((void)0)
 #endif
 
 #define SHARDS      64
-#define TABLE_FIRST 16      /* slots every shard has without allocating */
+#define TABLE_FIRST 16 /* slots every shard has without allocating */
 
 /* A live block, stored in its shard's table itself (open addressing, linear probing):
  * address 0 is an empty slot (no allocation has it; the hooks never look it up). */
@@ -62,10 +62,10 @@ typedef struct og_block {
     uint64_t size;
     uint64_t t_ns;
     uint32_t site;
-    int8_t device;                  /* < OG_MAX_DEVICES, or -1 */
+    int8_t device; /* < OG_MAX_DEVICES, or -1 */
     uint8_t kind;
     uint8_t hook;
-    uint8_t flags;                  /* OG_KIND_F_*, OG_BLOCK_F_RARE */
+    uint8_t flags; /* OG_KIND_F_*, OG_BLOCK_F_RARE */
 } og_block_t;
 /* Set on a block that is not a plain or managed block of a known device: its accounting is
  * the out-of-line og_block_account_rare (decided once, when the block enters). */
@@ -76,9 +76,9 @@ typedef struct og_block {
  * fields are written, seq is set to index+1; a reader keeps a slot whose seq reads index+1
  * before and after it copied the fields (the fences order the relaxed accesses in C11). */
 typedef struct {
-    _Atomic uint64_t seq;            /* index+1 once written; 0 while being written */
+    _Atomic uint64_t seq; /* index+1 once written; 0 while being written */
     _Atomic uint64_t t_ns, bytes, live;
-    _Atomic uint32_t what;           /* device (16 bits) | op (8) | hook (8) */
+    _Atomic uint32_t what; /* device (16 bits) | op (8) | hook (8) */
 } og_event_t;
 
 /* A ring's events with their count: a reader that loads the buffer gets its size with it. */
@@ -88,11 +88,14 @@ typedef struct {
 } ring_buf_t;
 
 typedef struct {
-    _Atomic(ring_buf_t *) buf;       /* `own` until the ring has its share of OOMGUARD_HISTORY */
-    uint32_t pos;                    /* head % buf->size, kept by the writer: no division per event */
-    atomic_int claimed;              /* a thread is getting (or got) the ring its buffer */
+    _Atomic(ring_buf_t *) buf; /* `own` until the ring has its share of OOMGUARD_HISTORY */
+    uint32_t pos;              /* head % buf->size, kept by the writer: no division per event */
+    atomic_int claimed;        /* a thread is getting (or got) the ring its buffer */
     _Atomic uint64_t head;
-    struct { uint32_t size; og_event_t ev[1]; } own;   /* laid out as a ring_buf_t of 1: never NULL */
+    struct {
+        uint32_t size;
+        og_event_t ev[1];
+    } own; /* laid out as a ring_buf_t of 1: never NULL */
 } ring_t;
 
 /* Counters live in the shard, under its lock: two threads working on different addresses
@@ -105,34 +108,36 @@ typedef struct {
 
 typedef struct {
     og_spin_t lock;
-    uint32_t mask;                  /* table size - 1 (a power of two) */
-    uint32_t shift;                 /* 64 - log2(table size): a block's home slot is og_addr_mix >> shift */
-    og_block_t *slots;              /* the table: `first` until it grows */
-    ring_t ring;                    /* this shard's recent events */
+    uint32_t mask;     /* table size - 1 (a power of two) */
+    uint32_t shift;    /* 64 - log2(table size): a block's home slot is og_addr_mix >> shift */
+    og_block_t *slots; /* the table: `first` until it grows */
+    ring_t ring;       /* this shard's recent events */
     uint64_t host_bytes, host_blocks;
-    _Atomic uint64_t nblocks;       /* blocks in the table; lets a cross-thread free skip empty shards unlocked */
-    int64_t pending[OG_MAX_DEVICES];/* small changes not yet added to og_devs[].tracked (see below) */
+    _Atomic uint64_t nblocks;        /* blocks in the table; lets a cross-thread free skip empty shards unlocked */
+    int64_t pending[OG_MAX_DEVICES]; /* small changes not yet added to og_devs[].tracked (see below) */
     shard_dev_t dev[OG_MAX_DEVICES];
     og_block_t first[TABLE_FIRST];
 } __attribute__((aligned(64))) shard_t;
 
 typedef struct {
     _Atomic uint64_t tracked, peak, peak_t_ns;
-    _Atomic uint64_t pool_used;                 /* also in the shards; here for limit checks */
-    _Atomic uint64_t pool_counted;              /* blocks of unreadable pools (OG_KIND_F_COUNTED) */
-    _Atomic uint64_t ipc_mapped;                /* OG_KIND_F_IPC blocks: mapped, not ours */
-    _Atomic uint64_t graph_reserved;            /* the device's graph memory pool, as last read */
-    atomic_int seen;                            /* a tracked call named this device */
+    _Atomic uint64_t pool_used;      /* also in the shards; here for limit checks */
+    _Atomic uint64_t pool_counted;   /* blocks of unreadable pools (OG_KIND_F_COUNTED) */
+    _Atomic uint64_t ipc_mapped;     /* OG_KIND_F_IPC blocks: mapped, not ours */
+    _Atomic uint64_t graph_reserved; /* the device's graph memory pool, as last read */
+    atomic_int seen;                 /* a tracked call named this device */
     atomic_int pools_unreadable;
     _Atomic uint64_t pool_reserved, vmm_physical, vmm_handles, vmm_mapped;
-    _Atomic uint64_t slow_allocs, slow_frees, failures, unknown_frees;   /* VMM and rare paths */
+    _Atomic uint64_t slow_allocs, slow_frees, failures, unknown_frees; /* VMM and rare paths */
     /* usage over the whole run, downsampled: when full, every other sample is dropped and
      * the interval doubles, so 512 points always span the run */
     pthread_mutex_t sample_lock;
     _Atomic uint64_t next_sample;
     uint64_t sample_interval;
     int nsamples;
-    struct { uint64_t t_ns, live; } samples[OG_SAMPLES];
+    struct {
+        uint64_t t_ns, live;
+    } samples[OG_SAMPLES];
 } __attribute__((aligned(64))) og_ledger_dev_t;
 
 extern shard_t og_shards[SHARDS];
@@ -212,7 +217,7 @@ static inline void ipc_account(og_ledger_dev_t *d, int flags, uint64_t size, int
 enum og_block_op { OG_BLOCK_IN, OG_BLOCK_OUT, OG_BLOCK_BACK };
 uint64_t og_block_account_rare(shard_t *s, const og_block_t *b, int op, uint64_t t, bool *flushed);
 static inline __attribute__((always_inline)) uint64_t og_block_account(shard_t *s, const og_block_t *b, int op,
-                                                                        uint64_t t, bool *flushed)
+                                                                       uint64_t t, bool *flushed)
 {
     int sign = op == OG_BLOCK_OUT ? -1 : 1;
     atomic_store_explicit(&s->nblocks, atomic_load_explicit(&s->nblocks, memory_order_relaxed) + (uint64_t)sign,
@@ -254,7 +259,7 @@ void og_table_remove_shift(shard_t *s, og_block_t *b);
 static inline void og_table_remove(shard_t *s, og_block_t *b)
 {
     if (OG_LIKELY(!s->slots[(uint32_t)(b - s->slots + 1) & s->mask].addr))
-        b->addr = 0;                 /* the next slot is empty: nothing moves */
+        b->addr = 0; /* the next slot is empty: nothing moves */
     else
         og_table_remove_shift(s, b);
 }
@@ -267,14 +272,22 @@ static inline bool og_table_ensure(shard_t *s)
 
 /* Things the ledger could not keep for lack of host memory, and shards it could not read at
  * exit (the dump's memory.unmeasured). */
-enum og_lost { OG_LOST_BLOCKS, OG_LOST_VMM, OG_LOST_POOLS, OG_LOST_ARRAYS, OG_LOST_HISTORY, OG_LOST_SHARDS, OG_LOST_COUNT };
+enum og_lost {
+    OG_LOST_BLOCKS,
+    OG_LOST_VMM,
+    OG_LOST_POOLS,
+    OG_LOST_ARRAYS,
+    OG_LOST_HISTORY,
+    OG_LOST_SHARDS,
+    OG_LOST_COUNT
+};
 extern _Atomic uint64_t og_ledger_lost[OG_LOST_COUNT];
 static inline void og_lost(int what) { atomic_fetch_add_explicit(&og_ledger_lost[what], 1, memory_order_relaxed); }
 
 /* The other ledger files' parts of the shared entry points (ledger.c calls them). */
 void og_array_note(uint64_t handle, uint64_t t);          /* ledger_ctx.c */
 size_t og_vmm_foreach(og_block_fn fn, void *arg);         /* ledger_vmm.c */
-void og_pool_unmeasured(int device, char *why, size_t n);   /* ledger_pool.c */
+void og_pool_unmeasured(int device, char *why, size_t n); /* ledger_pool.c */
 enum og_fork_phase { OG_FORK_PREPARE, OG_FORK_PARENT, OG_FORK_CHILD };
 void og_vmm_atfork(int phase);
 void og_ctx_atfork(int phase);

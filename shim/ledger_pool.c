@@ -69,7 +69,7 @@ static void pool_apply(CUmemoryPool pool, uint64_t now)
         uint64_t t = og_ticks();
         uint64_t live = og_tracked_add(d, delta, t);
         og_history_add(delta > 0 ? OG_EV_POOL_GROW : OG_EV_POOL_SHRINK, OG_H_COUNT, device,
-                    (uint64_t)(delta > 0 ? delta : -delta), live, t);
+                       (uint64_t)(delta > 0 ? delta : -delta), live, t);
     }
     pthread_mutex_unlock(&pool_lock);
     if (d && delta < 0)
@@ -101,7 +101,7 @@ bool og_track_pool_use(og_call_t *c, CUmemoryPool pool, int device)
     pthread_mutex_unlock(&pool_lock);
     if (!p) {
         if (fresh)
-            og_lost(OG_LOST_POOLS);    /* its reservation is not counted */
+            og_lost(OG_LOST_POOLS); /* its reservation is not counted */
         return false;
     }
     if (unreadable)
@@ -163,7 +163,7 @@ static void graph_refresh(int device)
     uint64_t t = og_ticks();
     uint64_t live = og_tracked_add(d, delta, t);
     og_history_add(delta > 0 ? OG_EV_POOL_GROW : OG_EV_POOL_SHRINK, OG_H_COUNT, device,
-                (uint64_t)(delta > 0 ? delta : -delta), live, t);
+                   (uint64_t)(delta > 0 ? delta : -delta), live, t);
 }
 
 static void graphs_refresh(int device)
@@ -218,9 +218,10 @@ void og_pool_unmeasured(int device, char *why, size_t n)
     og_ledger_dev_t *d = dev_of(device);
     why[0] = 0;
     if (d && atomic_load(&d->pools_unreadable))
-        snprintf(why, n, "pools: the reservation of %d stream-ordered pool(s) could not be read; counted the %llu "
-                 "bytes they handed out instead", atomic_load(&d->pools_unreadable),
-                 (unsigned long long)atomic_load(&d->pool_counted));
+        snprintf(why, n,
+                 "pools: the reservation of %d stream-ordered pool(s) could not be read; counted the %llu "
+                 "bytes they handed out instead",
+                 atomic_load(&d->pools_unreadable), (unsigned long long)atomic_load(&d->pool_counted));
 }
 
 void og_pool_atfork(int phase)
@@ -231,7 +232,8 @@ void og_pool_atfork(int phase)
     }
     if (phase == OG_FORK_CHILD) {
         pool_t *pp, *pt;
-        HASH_ITER(hh, pools, pp, pt) {
+        HASH_ITER(hh, pools, pp, pt)
+        {
             HASH_DEL(pools, pp);
             free(pp);
         }

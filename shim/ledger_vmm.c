@@ -9,7 +9,7 @@ typedef struct {
     uint64_t handle;
     uint64_t size;
     int device;
-    int refs;              /* cuMemCreate + cuMemRetainAllocationHandle - cuMemRelease */
+    int refs; /* cuMemCreate + cuMemRetainAllocationHandle - cuMemRelease */
     int mappings;
     uint64_t t_ns;
     uint32_t site;
@@ -129,7 +129,7 @@ void og_track_vmm_map(og_call_t *c, uintptr_t va, uint64_t size, CUmemGenericAll
     pthread_mutex_lock(&vmm_lock);
     vmm_map_t *old;
     HASH_FIND(hh, vmm_maps, &m->va, sizeof(uint64_t), old);
-    if (old) {                      /* cannot happen with a correct driver; keep the newest */
+    if (old) { /* cannot happen with a correct driver; keep the newest */
         HASH_DEL(vmm_maps, old);
         free(old);
     }
@@ -182,9 +182,10 @@ void og_track_vmm_unmap(og_call_t *c, uintptr_t va, uint64_t size)
         a += m->size ? m->size : 1;
         unmap_one(m, t);
     }
-    if (a < end) {                   /* anything else inside the range */
+    if (a < end) { /* anything else inside the range */
         vmm_map_t *m, *tmp;
-        HASH_ITER(hh, vmm_maps, m, tmp) {
+        HASH_ITER(hh, vmm_maps, m, tmp)
+        {
             if (m->va >= va && m->va < end)
                 unmap_one(m, t);
         }
@@ -197,7 +198,8 @@ size_t og_vmm_foreach(og_block_fn fn, void *arg)
     size_t n = 0;
     pthread_mutex_lock(&vmm_lock);
     for (vmm_handle_t *h = vmm_handles; h; h = h->hh.next) {
-        og_block_view_t v = {h->handle, h->size, og_ticks_to_ns(h->t_ns), h->site, h->device, OG_KIND_VMM, OG_H_cuMemCreate};
+        og_block_view_t v = { h->handle, h->size,     og_ticks_to_ns(h->t_ns), h->site,
+                              h->device, OG_KIND_VMM, OG_H_cuMemCreate };
         fn(&v, arg);
         n++;
     }
@@ -211,14 +213,16 @@ void og_vmm_atfork(int phase)
         pthread_mutex_lock(&vmm_lock);
         return;
     }
-    if (phase == OG_FORK_CHILD) {     /* the child holds no device memory; the lock stays held */
+    if (phase == OG_FORK_CHILD) { /* the child holds no device memory; the lock stays held */
         vmm_handle_t *h, *ht;
-        HASH_ITER(hh, vmm_handles, h, ht) {
+        HASH_ITER(hh, vmm_handles, h, ht)
+        {
             HASH_DEL(vmm_handles, h);
             free(h);
         }
         vmm_map_t *m, *mt;
-        HASH_ITER(hh, vmm_maps, m, mt) {
+        HASH_ITER(hh, vmm_maps, m, mt)
+        {
             HASH_DEL(vmm_maps, m);
             free(m);
         }

@@ -16,19 +16,19 @@
 typedef struct {
     bool set;
     bool percent;
-    double value;            /* bytes, or percent of the device's total */
+    double value; /* bytes, or percent of the device's total */
 } spec_t;
 
 static spec_t limit_all, limit_dev[OG_MAX_DEVICES];
 static spec_t warn_spec;
-bool og_limit_on;                  /* set once at start-up, before any hook runs */
+bool og_limit_on; /* set once at start-up, before any hook runs */
 static bool warn_on;
-static _Atomic uint64_t limit_cache[OG_MAX_DEVICES];   /* resolved bytes + 1; 0 = not yet */
+static _Atomic uint64_t limit_cache[OG_MAX_DEVICES]; /* resolved bytes + 1; 0 = not yet */
 static _Atomic uint64_t warn_cache[OG_MAX_DEVICES];
 /* Memory of this process on the device that no hook sees (the CUDA context above all):
  * measured with NVML as process usage minus tracked, once per device and at each failure.
  * A limited device then behaves like a smaller card, whose context also lives inside it. */
-static _Atomic uint64_t overhead_cache[OG_MAX_DEVICES];   /* bytes + 1; 0 = not measured */
+static _Atomic uint64_t overhead_cache[OG_MAX_DEVICES]; /* bytes + 1; 0 = not measured */
 static atomic_int warn_armed_dev[OG_MAX_DEVICES];
 
 /* Refused, with the reason in *why: a number without a unit (bytes? MB?), a size under
@@ -48,7 +48,7 @@ static bool parse_value(const char *s, size_t n, spec_t *out, bool allow_over_10
         *why = "a percentage above 0 and at most 100 expected";
         if (end == buf || *end || !(v > 0) || (!allow_over_100 && v > 100))
             return false;
-        *out = (spec_t){true, true, v};
+        *out = (spec_t){ true, true, v };
         return true;
     }
     bool ok;
@@ -63,7 +63,7 @@ static bool parse_value(const char *s, size_t n, spec_t *out, bool allow_over_10
         *why = "under 1 MiB";
         return false;
     }
-    *out = (spec_t){true, false, (double)b};
+    *out = (spec_t){ true, false, (double)b };
     return true;
 }
 
@@ -71,7 +71,7 @@ static bool parse_value(const char *s, size_t n, spec_t *out, bool allow_over_10
 static bool parse_limit(const char *s, const char **why)
 {
     static char msg[96];
-    spec_t all = {0}, dev[OG_MAX_DEVICES];
+    spec_t all = { 0 }, dev[OG_MAX_DEVICES];
     memset(dev, 0, sizeof dev);
     for (const char *p = s; *p;) {
         size_t len = strcspn(p, ",");
@@ -121,8 +121,8 @@ static void check_named_devices(void)
         return;
     for (int d = n; d < OG_MAX_DEVICES; d++)
         if (limit_dev[d].set) {
-            og_warn("OOMGUARD_LIMIT=%s names device %d, but %d device%s visible; that entry is ignored",
-                    og_opt.limit_s, d, n, n == 1 ? " is" : "s are");
+            og_warn("OOMGUARD_LIMIT=%s names device %d, but %d device%s visible; that entry is ignored", og_opt.limit_s,
+                    d, n, n == 1 ? " is" : "s are");
             break;
         }
 }
@@ -135,7 +135,8 @@ void og_limit_init(void)
             og_limit_on = true;
         else
             og_warn("OOMGUARD_LIMIT=%s is not valid (%s; 24GiB, 24000MB, 80%% or 0:24GiB,1:40GiB expected); "
-                    "using the default: no limit", og_opt.limit_s, why);
+                    "using the default: no limit",
+                    og_opt.limit_s, why);
     }
     if (og_opt.warn_at_s[0]) {
         size_t n = strlen(og_opt.warn_at_s);
@@ -203,10 +204,7 @@ static uint64_t overhead(int device)
 }
 
 /* What counts against the limit: tracked memory plus the untracked overhead. */
-static uint64_t limited_usage(int device)
-{
-    return og_ledger_tracked(device) + overhead(device);
-}
+static uint64_t limited_usage(int device) { return og_ledger_tracked(device) + overhead(device); }
 
 uint64_t og_limit_usage(int device) { return og_limit_on ? limited_usage(device) : og_ledger_tracked(device); }
 
@@ -215,7 +213,7 @@ bool og_limit_refuses(og_call_t *c, int device, uint64_t bytes, bool from_pool)
     uint64_t limit = og_limit_bytes(device);
     if (limit == UINT64_MAX)
         return false;
-    og_ledger_pools_refresh(device);   /* a pool may have given memory back since we looked */
+    og_ledger_pools_refresh(device); /* a pool may have given memory back since we looked */
     uint64_t used = limited_usage(device);
     /* a pool serves from its unused reservation first; only growth counts against the limit */
     uint64_t need = bytes;
@@ -299,7 +297,7 @@ void og_warn_crossed(int device, uint64_t live)
     }
     uint64_t th = warn_threshold(device);
     if (th == UINT64_MAX)
-        return;                          /* not known yet: asked again at the next allocation */
+        return; /* not known yet: asked again at the next allocation */
     if (live >= th) {
         if (atomic_exchange(&warn_armed_dev[device], 0)) {
             warn_edges(device, false, th);
@@ -324,7 +322,7 @@ void og_exit_summary(void)
 {
     if (!og_opt.summary)
         return;
-    static const unsigned cards[] = {16, 24, 40, 48, 80, 141};
+    static const unsigned cards[] = { 16, 24, 40, 48, 80, 141 };
     int last = -1;
     for (int d = 0; d < OG_MAX_DEVICES; d++) {
         oomguard_device_stats_t st;

@@ -30,18 +30,18 @@
 #include <unistd.h>
 
 #define OG_LIVE_PERIOD_MS 250
-#define OG_LIVE_LIB_EVERY 4          /* libraries: about once a second */
-#define OG_LIVE_TREND     16         /* rounds the rate is measured over (~4 s) */
+#define OG_LIVE_LIB_EVERY 4  /* libraries: about once a second */
+#define OG_LIVE_TREND     16 /* rounds the rate is measured over (~4 s) */
 
-static atomic_int started;           /* 1 once this process started its thread */
+static atomic_int started; /* 1 once this process started its thread */
 static atomic_int stopping;
 static atomic_int kicked;
 static pthread_mutex_t wake_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t wake_cond;
-static og_live_page_t *page;         /* the helper thread's; NULL until made */
+static og_live_page_t *page; /* the helper thread's; NULL until made */
 static int page_pid;
 static char page_path[4200];
-static atomic_int page_named;        /* page_path is set (exit removes it) */
+static atomic_int page_named; /* page_path is set (exit removes it) */
 static _Atomic uint64_t warnings[OG_MAX_DEVICES];
 
 /* ------------------------------------------------------------------ kicks (failure, warning) */
@@ -103,7 +103,7 @@ static int user_dir(const char *base, char *out, size_t n)
         fd = openat(bfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         struct stat st;
         if (fd >= 0 && fstat(fd, &st) == 0 && st.st_uid == uid && (st.st_mode & 0777) != 0700)
-            (void)fchmod(fd, 0700);          /* a umask took bits away */
+            (void)fchmod(fd, 0700); /* a umask took bits away */
         if (fd >= 0 && !dir_ok(fd, uid)) {
             close(fd);
             fd = -1;
@@ -203,7 +203,7 @@ typedef struct {
     int n, pos;
 } trend_t;
 
-static og_live_body_t body;          /* the helper thread's staging copy */
+static og_live_body_t body; /* the helper thread's staging copy */
 static trend_t trends[OG_LIVE_DEVS];
 
 static void identity(og_live_body_t *b)
@@ -230,7 +230,7 @@ static void identity(og_live_body_t *b)
 typedef struct {
     int slot_of[OG_MAX_DEVICES];
     uint32_t nsites;
-    uint64_t *bytes;                 /* [slot * nsites + site] */
+    uint64_t *bytes; /* [slot * nsites + site] */
     uint32_t *blocks;
 } lib_acc_t;
 
@@ -282,8 +282,8 @@ static void libraries(og_live_body_t *b)
     a.bytes = calloc(cells ? cells : 1, sizeof *a.bytes);
     a.blocks = calloc(cells ? cells : 1, sizeof *a.blocks);
     if (a.bytes && a.blocks && b->ndevs) {
-        og_ledger_foreach(acc_block, &a);            /* takes each shard's lock in turn */
-        for (uint32_t s = 0; s < a.nsites; s++)      /* resolve outside every lock (dladdr) */
+        og_ledger_foreach(acc_block, &a);       /* takes each shard's lock in turn */
+        for (uint32_t s = 0; s < a.nsites; s++) /* resolve outside every lock (dladdr) */
             (void)og_site_lib(og_site_get(s));
         uint16_t nlibs = og_lib_count();
         uint64_t *lb = calloc((size_t)nlibs + 1, sizeof *lb);
@@ -326,7 +326,7 @@ static void libraries(og_live_body_t *b)
     free(a.blocks);
 }
 
-static int ndevices = OG_MAX_DEVICES;   /* the driver's count, read once: fewer shard passes */
+static int ndevices = OG_MAX_DEVICES; /* the driver's count, read once: fewer shard passes */
 
 static void counters(og_live_body_t *b, uint64_t now_ms)
 {
@@ -339,11 +339,11 @@ static void counters(og_live_body_t *b, uint64_t now_ms)
         if (!st.allocs && !st.peak_tracked_bytes && !st.failures && !w)
             continue;
         og_live_dev_t *d = &b->dev[n];
-        if (d->index != dev) {               /* a new device in this slot: its own libraries */
+        if (d->index != dev) { /* a new device in this slot: its own libraries */
             memset(d, 0, sizeof *d);
             memset(&trends[n], 0, sizeof trends[n]);
             trends[n].device = dev;
-            og_cfn_cuDeviceGetPCIBusId bus = OG_CALL(cuDeviceGetPCIBusId);   /* once per device */
+            og_cfn_cuDeviceGetPCIBusId bus = OG_CALL(cuDeviceGetPCIBusId); /* once per device */
             if (!bus || bus(d->pci, sizeof d->pci, dev) != CUDA_SUCCESS)
                 d->pci[0] = 0;
         }
@@ -444,7 +444,7 @@ static void snapshot_serve(void)
 
 static void *live_main(void *arg)
 {
-    og_in_shim = 1;                  /* nothing this thread does is the program's */
+    og_in_shim = 1; /* nothing this thread does is the program's */
     memset(&body, 0, sizeof body);
     memset(trends, 0, sizeof trends);
     page = page_create();
@@ -496,7 +496,7 @@ void og_live_ensure(void)
     page_pid = (int)getpid();
     sigset_t all, old;
     sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);   /* the thread inherits "everything blocked" */
+    pthread_sigmask(SIG_SETMASK, &all, &old); /* the thread inherits "everything blocked" */
     pthread_attr_t at;
     pthread_attr_init(&at);
     pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);

@@ -34,12 +34,12 @@
 #include <stdio.h>
 #include <fcntl.h>
 
-#define OG_LIVE_MAGIC   0x4547415056494c47ull   /* "GLIVPAGE" */
-#define OG_LIVE_VERSION 1
-#define OG_LIVE_DEVS    16          /* devices published per process */
-#define OG_LIVE_LIBS    8           /* libraries per device; the rest is summed as "other" */
+#define OG_LIVE_MAGIC      0x4547415056494c47ull /* "GLIVPAGE" */
+#define OG_LIVE_VERSION    1
+#define OG_LIVE_DEVS       16 /* devices published per process */
+#define OG_LIVE_LIBS       8  /* libraries per device; the rest is summed as "other" */
 #define OG_LIVE_DIR_PREFIX "oomguard-live-"
-#define OG_LIVE_NONE    UINT64_MAX  /* a number not known / not set */
+#define OG_LIVE_NONE       UINT64_MAX /* a number not known / not set */
 
 /* kinds, in the order of og_live_dev_t.by_kind */
 #define OG_LIVE_KINDS(X) X(plain) X(managed) X(pool) X(vmm) X(graph)
@@ -47,29 +47,29 @@ enum {
 #define OG_LIVE_KIND_ENUM(k) OG_LIVE_K_##k,
     OG_LIVE_KINDS(OG_LIVE_KIND_ENUM)
 #undef OG_LIVE_KIND_ENUM
-    OG_LIVE_K_COUNT
+        OG_LIVE_K_COUNT
 };
 
 typedef struct og_live_lib {
     char name[56];
-    uint64_t bytes;                 /* tracked bytes allocated from this library's call sites */
+    uint64_t bytes; /* tracked bytes allocated from this library's call sites */
     uint32_t blocks;
-    uint32_t framework;             /* 1: a framework's allocator (the dump's by_library.framework) */
+    uint32_t framework; /* 1: a framework's allocator (the dump's by_library.framework) */
 } og_live_lib_t;
 
 typedef struct og_live_dev {
-    int32_t index;                  /* CUDA ordinal in the process; -1: slot unused */
+    int32_t index; /* CUDA ordinal in the process; -1: slot unused */
     uint32_t nlibs;
-    char pci[16];                   /* cuDeviceGetPCIBusId ("0000:65:00.0"): the same GPU as NVML's */
-    uint64_t tracked;               /* the ledger's tracked bytes (every kind, counted once) */
+    char pci[16];                      /* cuDeviceGetPCIBusId ("0000:65:00.0"): the same GPU as NVML's */
+    uint64_t tracked;                  /* the ledger's tracked bytes (every kind, counted once) */
     uint64_t by_kind[OG_LIVE_K_COUNT]; /* plain, managed, pool reservations, VMM physical, graph pool */
-    uint64_t pool_used;             /* of the pools' reservations, handed out in blocks */
-    uint64_t peak, peak_unix_ms;    /* the highest tracked so far and when (wall clock) */
+    uint64_t pool_used;                /* of the pools' reservations, handed out in blocks */
+    uint64_t peak, peak_unix_ms;       /* the highest tracked so far and when (wall clock) */
     uint64_t allocs, frees, failures, warnings;
-    uint64_t limit, warn_at;        /* OOMGUARD_LIMIT / OOMGUARD_WARN_AT in bytes; OG_LIVE_NONE */
-    int64_t rate;                   /* bytes per second over the last few seconds (+ rising) */
-    uint64_t other_lib_bytes;       /* tracked bytes beyond the libraries listed */
-    og_live_lib_t libs[OG_LIVE_LIBS];   /* largest first */
+    uint64_t limit, warn_at;          /* OOMGUARD_LIMIT / OOMGUARD_WARN_AT in bytes; OG_LIVE_NONE */
+    int64_t rate;                     /* bytes per second over the last few seconds (+ rising) */
+    uint64_t other_lib_bytes;         /* tracked bytes beyond the libraries listed */
+    og_live_lib_t libs[OG_LIVE_LIBS]; /* largest first */
     /* the framework's own numbers as an adapter last reported them (fw_unix_ms 0: never) */
     uint64_t fw_unix_ms, fw_allocated, fw_reserved, fw_peak;
     char fw_name[24];
@@ -78,19 +78,19 @@ typedef struct og_live_dev {
 typedef struct og_live_body {
     int32_t pid, ndevs;
     uint32_t uid, pad;
-    uint64_t start_ticks;           /* /proc/self/stat field 22: with pid, names the process */
+    uint64_t start_ticks; /* /proc/self/stat field 22: with pid, names the process */
     uint64_t started_unix_ms, updated_unix_ms, updates;
-    int64_t rank, local_rank, world_size;   /* -1 when not set */
+    int64_t rank, local_rank, world_size; /* -1 when not set */
     char job[64];
     char host[64];
-    char cmd[256];                  /* the command line, as a dump shows it (secrets redacted) */
+    char cmd[256]; /* the command line, as a dump shows it (secrets redacted) */
     og_live_dev_t dev[OG_LIVE_DEVS];
 } og_live_body_t;
 
 typedef struct og_live_page {
     uint64_t magic;
-    uint32_t version, size;         /* size: sizeof(og_live_page_t) of the writer */
-    _Atomic uint64_t seq;           /* seqlock over body */
+    uint32_t version, size; /* size: sizeof(og_live_page_t) of the writer */
+    _Atomic uint64_t seq;   /* seqlock over body */
     og_live_body_t body;
     /* `oomguard snapshot`: adds 1 to snap_req; the publisher writes a dump, copies its path
      * into snap_path and sets snap_done to the request it served (snap_ok 0: no dump). */
@@ -114,7 +114,7 @@ static inline uint64_t og_live_start_ticks(int pid)
     if (n <= 0)
         return 0;
     buf[n] = 0;
-    char *s = strrchr(buf, ')');      /* the command may hold spaces and parentheses */
+    char *s = strrchr(buf, ')'); /* the command may hold spaces and parentheses */
     if (!s)
         return 0;
     s++;

@@ -26,7 +26,7 @@
 typedef int nvmlReturn_t;
 typedef void *nvmlDevice_t;
 
-#define NVML_SUCCESS 0
+#define NVML_SUCCESS                 0
 #define NVML_ERROR_INSUFFICIENT_SIZE 7
 #define NVML_VALUE_NOT_AVAILABLE_ULL 0xFFFFFFFFFFFFFFFFull
 
@@ -35,17 +35,22 @@ typedef struct {
     unsigned long long usedGpuMemory;
     unsigned int gpuInstanceId, computeInstanceId;
     unsigned long long usedGpuCcProtectedMemory;
-} nvml_proc_detail_t;                    /* nvmlProcessDetail_v1_t */
+} nvml_proc_detail_t; /* nvmlProcessDetail_v1_t */
 typedef struct {
     unsigned int version;
-    unsigned int mode;                   /* 0: compute */
+    unsigned int mode; /* 0: compute */
     unsigned int numProcArrayEntries;
     nvml_proc_detail_t *procArray;
-} nvml_proc_detail_list_t;               /* nvmlProcessDetailList_v1_t */
+} nvml_proc_detail_list_t; /* nvmlProcessDetailList_v1_t */
 #define NVML_PROC_DETAIL_LIST_V1 ((unsigned)sizeof(nvml_proc_detail_list_t) | (1u << 24))
 
-typedef struct { unsigned long long total, free, used; } nvml_memory_t;
-typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } nvml_memory_v2_t;
+typedef struct {
+    unsigned long long total, free, used;
+} nvml_memory_t;
+typedef struct {
+    unsigned int version;
+    unsigned long long total, reserved, free, used;
+} nvml_memory_v2_t;
 typedef struct {
     char busIdLegacy[16];
     unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
@@ -55,7 +60,7 @@ typedef struct {
 /* ------------------------------------------------------------------ session */
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
-static int init_result = -1;            /* nvmlInit_v2's answer; -1: NVML absent */
+static int init_result = -1; /* nvmlInit_v2's answer; -1: NVML absent */
 static void nvml_init_once(void)
 {
     og_cfn_nvmlInit_v2 init = OG_CALL(nvmlInit_v2);
@@ -79,14 +84,14 @@ static const char *nvml_unavailable(void)
 
 typedef struct {
     unsigned int pid;
-    uint64_t used;                      /* NVML_VALUE_NOT_AVAILABLE_ULL as 0 */
+    uint64_t used; /* NVML_VALUE_NOT_AVAILABLE_ULL as 0 */
 } og_nvml_proc_t;
 
 typedef struct {
-    og_nvml_proc_t *p;                  /* malloc'ed, n entries */
+    og_nvml_proc_t *p; /* malloc'ed, n entries */
     unsigned n;
-    char how[96];                       /* the call (and entry size) that answered */
-    int err;                            /* NVML's error when n is not valid */
+    char how[96]; /* the call (and entry size) that answered */
+    int err;      /* NVML's error when n is not valid */
 } proc_list_t;
 
 #define PROC_TRIES 4
@@ -98,11 +103,11 @@ static bool plausible(const unsigned char *e, unsigned stride, uint64_t total)
     unsigned long long used;
     memcpy(&pid, e, sizeof pid);
     memcpy(&used, e + 8, sizeof used);
-    if (pid == 0 || pid > (1u << 22))   /* pid_max is at most 2^22 */
+    if (pid == 0 || pid > (1u << 22)) /* pid_max is at most 2^22 */
         return false;
     if (used != NVML_VALUE_NOT_AVAILABLE_ULL && total && used > total)
         return false;
-    if (stride >= 24) {                 /* MIG ids: none (0xFFFFFFFF) or small */
+    if (stride >= 24) { /* MIG ids: none (0xFFFFFFFF) or small */
         unsigned int gi, ci;
         memcpy(&gi, e + 16, sizeof gi);
         memcpy(&ci, e + 20, sizeof ci);
@@ -115,7 +120,7 @@ static bool plausible(const unsigned char *e, unsigned stride, uint64_t total)
 /* The stride that reads n plausible entries (ours among them when we are listed). */
 static unsigned pick_stride(const unsigned char *buf, unsigned n, uint64_t total)
 {
-    static const unsigned strides[] = {24, 32, 16};   /* documented first */
+    static const unsigned strides[] = { 24, 32, 16 }; /* documented first */
     unsigned self = (unsigned)getpid(), best = 0;
     for (size_t s = 0; s < sizeof strides / sizeof *strides; s++) {
         unsigned st = strides[s], ok = 0;
@@ -146,14 +151,14 @@ static bool query_detail_list(nvmlDevice_t dev, proc_list_t *out)
         nvml_proc_detail_t *arr = calloc(cap, sizeof *arr);
         if (!arr)
             return false;
-        nvml_proc_detail_list_t list = {NVML_PROC_DETAIL_LIST_V1, 0, cap, arr};
+        nvml_proc_detail_list_t list = { NVML_PROC_DETAIL_LIST_V1, 0, cap, arr };
         nvmlReturn_t r = f(dev, &list);
         if (r == NVML_ERROR_INSUFFICIENT_SIZE && list.numProcArrayEntries > cap) {
-            cap = list.numProcArrayEntries + 8;      /* room for a process that starts meanwhile */
+            cap = list.numProcArrayEntries + 8; /* room for a process that starts meanwhile */
             free(arr);
             continue;
         }
-        if (r != NVML_SUCCESS) {                     /* absent on this driver, or refused */
+        if (r != NVML_SUCCESS) { /* absent on this driver, or refused */
             free(arr);
             return false;
         }
@@ -257,7 +262,7 @@ static void proc_name(int pid, char *out, size_t n)
         fclose(f);
     }
     if (!out[0])
-        snprintf(out, n, "(not visible)");   /* another container or user */
+        snprintf(out, n, "(not visible)"); /* another container or user */
 }
 
 __attribute__((format(printf, 2, 3))) static void unmeasured(og_record_t *rec, const char *fmt, ...)

@@ -32,7 +32,7 @@ void og_on_oom(og_call_t *c, uint64_t size, int kind, CUresult r, bool by_limit)
     int d = c->device;
     if (d < 0 || d >= OG_MAX_DEVICES)
         return;
-    uint32_t site = og_site_capture(c->caller);   /* may unwind: before taking the lock */
+    uint32_t site = og_site_capture(c->caller); /* may unwind: before taking the lock */
     episode_slot_t *s = &slots[d];
     pthread_mutex_lock(&s->lock);
     og_episode_t *ep = &s->ep;
@@ -56,10 +56,10 @@ void og_on_oom(og_call_t *c, uint64_t size, int kind, CUresult r, bool by_limit)
     og_episode_t snapshot = *ep;
     pthread_mutex_unlock(&s->lock);
     if (og_limit_active())
-        og_on_alt_stack(refresh_overhead, &d);   /* NVML's process list: not on the caller's stack */
+        og_on_alt_stack(refresh_overhead, &d); /* NVML's process list: not on the caller's stack */
     og_live_kick();
     if (c->active)
-        og_query_at_failure(d);   /* the framework's answer, when asking cannot deadlock */
+        og_query_at_failure(d); /* the framework's answer, when asking cannot deadlock */
     /* Written before the failing call returns to the program: a crash right after loses nothing. */
     og_report_failure(&snapshot, c);
 }
@@ -80,7 +80,7 @@ static int site_lib_known(uint32_t site)
 static bool freed_by_failing_framework(const og_episode_t *ep, uint32_t site)
 {
     if (site == OG_SITE_POOL)
-        return ep->kind == OG_KIND_POOL;     /* a pool trimmed after a stream-ordered failure */
+        return ep->kind == OG_KIND_POOL; /* a pool trimmed after a stream-ordered failure */
     int a = site_lib_known(ep->site), b = site_lib_known(site);
     if (a < 0 || b < 0)
         return false;
@@ -153,7 +153,7 @@ void og_oom_refresh(int device)
     og_episode_t snapshot = s->ep;
     pthread_mutex_unlock(&s->lock);
     if (open) {
-        og_call_t c = {.hook = snapshot.hook, .device = device, .caller = snapshot.caller, .active = false};
+        og_call_t c = { .hook = snapshot.hook, .device = device, .caller = snapshot.caller, .active = false };
         og_report_failure(&snapshot, &c);
     }
 }

@@ -21,7 +21,7 @@ typedef struct {
     const char *def;
     long long lo, hi;
     const char *help;
-    size_t off;                 /* where the value lives in og_opt */
+    size_t off; /* where the value lives in og_opt */
 } og_opt_desc_t;
 
 #define OG_OPT_OFF_BOOL(id)    offsetof(og_options_t, id)
@@ -31,7 +31,7 @@ typedef struct {
 
 static const og_opt_desc_t opt_desc[OG_OPT_COUNT] = {
 #define X(id, env, type, def, lo, hi, help) \
-    [OG_OPT_##id] = {"OOMGUARD_" env, OG_OPT_##type, def, lo, hi, help, OG_OPT_OFF_##type(id)},
+    [OG_OPT_##id] = { "OOMGUARD_" env, OG_OPT_##type, def, lo, hi, help, OG_OPT_OFF_##type(id) },
     OG_OPTIONS(X)
 #undef X
 };
@@ -62,12 +62,24 @@ long long og_parse_size(const char *s, bool *ok)
         return 0;
     while (isspace((unsigned char)*end))
         end++;
-    static const struct { const char *suf; double mul; } units[] = {
-        {"", 1}, {"b", 1},
-        {"k", 1e3}, {"kb", 1e3}, {"kib", 1024.0},
-        {"m", 1e6}, {"mb", 1e6}, {"mib", 1048576.0},
-        {"g", 1e9}, {"gb", 1e9}, {"gib", 1073741824.0},
-        {"t", 1e12}, {"tb", 1e12}, {"tib", 1099511627776.0},
+    static const struct {
+        const char *suf;
+        double mul;
+    } units[] = {
+        { "", 1 },
+        { "b", 1 },
+        { "k", 1e3 },
+        { "kb", 1e3 },
+        { "kib", 1024.0 },
+        { "m", 1e6 },
+        { "mb", 1e6 },
+        { "mib", 1048576.0 },
+        { "g", 1e9 },
+        { "gb", 1e9 },
+        { "gib", 1073741824.0 },
+        { "t", 1e12 },
+        { "tb", 1e12 },
+        { "tib", 1099511627776.0 },
     };
     for (size_t i = 0; i < sizeof units / sizeof *units; i++) {
         if (strcasecmp(end, units[i].suf) == 0) {
@@ -83,11 +95,17 @@ long long og_parse_size(const char *s, bool *ok)
 
 static bool parse_bool(const char *s, long long *out)
 {
-    static const char *const yes[] = {"1", "true", "yes", "on"}, *const no[] = {"0", "false", "no", "off", ""};
+    static const char *const yes[] = { "1", "true", "yes", "on" }, *const no[] = { "0", "false", "no", "off", "" };
     for (size_t i = 0; i < 4; i++)
-        if (strcasecmp(s, yes[i]) == 0) { *out = 1; return true; }
+        if (strcasecmp(s, yes[i]) == 0) {
+            *out = 1;
+            return true;
+        }
     for (size_t i = 0; i < 5; i++)
-        if (strcasecmp(s, no[i]) == 0) { *out = 0; return true; }
+        if (strcasecmp(s, no[i]) == 0) {
+            *out = 0;
+            return true;
+        }
     return false;
 }
 
@@ -109,7 +127,7 @@ static bool parse_percent(const char *s, long long *out)
     double v = strtod(s, &end);
     if (errno || end == s || v < 0 || v > 1e12 || !(*end == 0 || (end[0] == '%' && end[1] == 0)))
         return false;
-    *out = (long long)(v * 100.0 + 0.5);   /* hundredths of a percent */
+    *out = (long long)(v * 100.0 + 0.5); /* hundredths of a percent */
     return true;
 }
 
@@ -163,20 +181,18 @@ static void bad_value(int i, const char *s)
     const og_opt_desc_t *d = &opt_desc[i];
     const char *def = *d->def ? d->def : "(unset)";
     if (d->type == OG_OPT_STRING && strlen(s) >= (size_t)d->hi)
-        og_warn("%s is %zu characters long (at most %lld); using the default %s", d->env, strlen(s), d->hi - 1,
-                def);
+        og_warn("%s is %zu characters long (at most %lld); using the default %s", d->env, strlen(s), d->hi - 1, def);
     else if (i == OG_OPT_framework)
-        og_warn("%s=%s is not valid (auto, pytorch, jax, tensorflow or cupy); using the default %s", d->env, s,
-                def);
+        og_warn("%s=%s is not valid (auto, pytorch, jax, tensorflow or cupy); using the default %s", d->env, s, def);
     else if (d->type == OG_OPT_INT)
-        og_warn("%s=%s is not valid (an integer from %lld to %lld expected); using the default %s", d->env, s,
-                d->lo, d->hi, def);
+        og_warn("%s=%s is not valid (an integer from %lld to %lld expected); using the default %s", d->env, s, d->lo,
+                d->hi, def);
     else if (d->type == OG_OPT_PERCENT)
         og_warn("%s=%s is not valid (a percentage from %g%% to %g%% expected); using the default %s", d->env, s,
                 d->lo / 100.0, d->hi / 100.0, def);
     else
-        og_warn("%s=%s is not valid (1/0, true/false, yes/no or on/off expected); using the default %s", d->env,
-                s, def);
+        og_warn("%s=%s is not valid (1/0, true/false, yes/no or on/off expected); using the default %s", d->env, s,
+                def);
 }
 
 static void set_value(int i, const char *s)

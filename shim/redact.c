@@ -22,12 +22,12 @@
 /* one word of an option name, lower case */
 static bool secret_word(const char *w, size_t n)
 {
-    static const char *const exact[] = {
-        "key",        "apikey",     "token",      "secret",    "password",  "passwd",     "passphrase",
-        "pass",       "pwd",        "pw",         "passcode",  "auth",      "authorization",
-        "credential", "credentials", "cred",      "creds",     "privatekey", "accesskey", "sessionkey",
-        "secretkey",  "authkey",    "signingkey", "cookie",    "cookies",   "jwt",        "bearer",
-        "signature",  "sig",        "sessionid"};
+    static const char *const exact[] = { "key",       "apikey",     "token",         "secret",     "password",
+                                         "passwd",    "passphrase", "pass",          "pwd",        "pw",
+                                         "passcode",  "auth",       "authorization", "credential", "credentials",
+                                         "cred",      "creds",      "privatekey",    "accesskey",  "sessionkey",
+                                         "secretkey", "authkey",    "signingkey",    "cookie",     "cookies",
+                                         "jwt",       "bearer",     "signature",     "sig",        "sessionid" };
     char buf[64];
     if (n == 0 || n >= sizeof buf)
         return false;
@@ -38,7 +38,7 @@ static bool secret_word(const char *w, size_t n)
         if (strcmp(buf, exact[i]) == 0)
             return true;
     /* glued forms: hftoken, authtoken, clientsecret, dbpassword, apikey */
-    static const char *const suffix[] = {"token", "secret", "password", "passwd", "apikey"};
+    static const char *const suffix[] = { "token", "secret", "password", "passwd", "apikey" };
     for (size_t i = 0; i < sizeof suffix / sizeof *suffix; i++) {
         size_t m = strlen(suffix[i]);
         if (n > m && strcmp(buf + n - m, suffix[i]) == 0)
@@ -71,15 +71,15 @@ bool og_secret_option(const char *name, size_t n)
 
 bool og_secret_env_name(const char *name)
 {
-    static const char *const safe[] = {"NCCL_IB_PKEY"};   /* an InfiniBand partition index */
+    static const char *const safe[] = { "NCCL_IB_PKEY" }; /* an InfiniBand partition index */
     for (size_t i = 0; i < sizeof safe / sizeof *safe; i++)
         if (strcmp(name, safe[i]) == 0)
             return false;
-    static const char *const deny[] = {"PASS", "TOKEN", "SECRET", "AUTH", "CRED", "KEY", "PWD", "COOKIE"};
+    static const char *const deny[] = { "PASS", "TOKEN", "SECRET", "AUTH", "CRED", "KEY", "PWD", "COOKIE" };
     for (size_t i = 0; i < sizeof deny / sizeof *deny; i++)
         if (strcasestr(name, deny[i]))
             return true;
-    return og_secret_option(name, strlen(name));   /* DB_PW, GIT_JWT, URL_SIG */
+    return og_secret_option(name, strlen(name)); /* DB_PW, GIT_JWT, URL_SIG */
 }
 
 typedef struct {
@@ -107,15 +107,19 @@ static void put_redacted(out_t *o) { put(o, REDACTED, strlen(REDACTED)); }
 
 /* ---------------------------------------------------------------- token shapes */
 
-enum { ALNUM, UPPER_DIGIT, WORD, WORD_DASH };   /* [A-Za-z0-9] [A-Z0-9] [A-Za-z0-9_] [A-Za-z0-9_-] */
+enum { ALNUM, UPPER_DIGIT, WORD, WORD_DASH }; /* [A-Za-z0-9] [A-Z0-9] [A-Za-z0-9_] [A-Za-z0-9_-] */
 
 static bool in_class(int cls, unsigned char c)
 {
     switch (cls) {
-    case ALNUM: return isalnum(c);
-    case UPPER_DIGIT: return isupper(c) || isdigit(c);
-    case WORD: return isalnum(c) || c == '_';
-    default: return isalnum(c) || c == '_' || c == '-';
+    case ALNUM:
+        return isalnum(c);
+    case UPPER_DIGIT:
+        return isupper(c) || isdigit(c);
+    case WORD:
+        return isalnum(c) || c == '_';
+    default:
+        return isalnum(c) || c == '_' || c == '-';
     }
 }
 
@@ -123,29 +127,21 @@ static bool in_class(int cls, unsigned char c)
 static const struct shape {
     const char *prefix;
     int cls;
-    size_t min, max;   /* length of the body after the prefix */
+    size_t min, max; /* length of the body after the prefix */
 } shapes[] = {
-    {"sk-", WORD_DASH, 16, 400},          /* OpenAI, Anthropic (sk-ant-...), sk-proj-... */
-    {"hf_", ALNUM, 20, 200},              /* Hugging Face */
-    {"ghp_", ALNUM, 20, 200},             /* GitHub: personal, OAuth, user, server, refresh */
-    {"gho_", ALNUM, 20, 200},
-    {"ghu_", ALNUM, 20, 200},
-    {"ghs_", ALNUM, 20, 200},
-    {"ghr_", ALNUM, 20, 200},
-    {"github_pat_", WORD, 20, 400},       /* GitHub fine-grained */
-    {"glpat-", WORD_DASH, 20, 200},       /* GitLab */
-    {"AKIA", UPPER_DIGIT, 16, 16},        /* AWS access key ids (long-lived, temporary) */
-    {"ASIA", UPPER_DIGIT, 16, 16},
-    {"AIza", WORD_DASH, 35, 35},          /* Google API keys */
-    {"xoxa-", WORD_DASH, 8, 400},         /* Slack */
-    {"xoxb-", WORD_DASH, 8, 400},
-    {"xoxp-", WORD_DASH, 8, 400},
-    {"xoxr-", WORD_DASH, 8, 400},
-    {"xoxs-", WORD_DASH, 8, 400},
-    {"xoxe-", WORD_DASH, 8, 400},
-    {"npm_", ALNUM, 30, 100},             /* npm */
-    {"sk_live_", ALNUM, 16, 200},         /* Stripe */
-    {"rk_live_", ALNUM, 16, 200},
+    { "sk-", WORD_DASH, 16, 400 }, /* OpenAI, Anthropic (sk-ant-...), sk-proj-... */
+    { "hf_", ALNUM, 20, 200 },     /* Hugging Face */
+    { "ghp_", ALNUM, 20, 200 },    /* GitHub: personal, OAuth, user, server, refresh */
+    { "gho_", ALNUM, 20, 200 },       { "ghu_", ALNUM, 20, 200 },       { "ghs_", ALNUM, 20, 200 },
+    { "ghr_", ALNUM, 20, 200 },       { "github_pat_", WORD, 20, 400 }, /* GitHub fine-grained */
+    { "glpat-", WORD_DASH, 20, 200 },                                   /* GitLab */
+    { "AKIA", UPPER_DIGIT, 16, 16 },                                    /* AWS access key ids (long-lived, temporary) */
+    { "ASIA", UPPER_DIGIT, 16, 16 },  { "AIza", WORD_DASH, 35, 35 },    /* Google API keys */
+    { "xoxa-", WORD_DASH, 8, 400 },                                     /* Slack */
+    { "xoxb-", WORD_DASH, 8, 400 },   { "xoxp-", WORD_DASH, 8, 400 },   { "xoxr-", WORD_DASH, 8, 400 },
+    { "xoxs-", WORD_DASH, 8, 400 },   { "xoxe-", WORD_DASH, 8, 400 },   { "npm_", ALNUM, 30, 100 }, /* npm */
+    { "sk_live_", ALNUM, 16, 200 },                                                                 /* Stripe */
+    { "rk_live_", ALNUM, 16, 200 },
 };
 
 static size_t run_of(const char *s, size_t n, int cls)
@@ -164,7 +160,7 @@ static size_t token_at(const char *s, size_t n)
         if (n <= m || memcmp(s, shapes[i].prefix, m) != 0)
             continue;
         size_t body = run_of(s + m, n - m, shapes[i].cls);
-        bool glued = m + body < n && isalnum((unsigned char)s[m + body]);   /* AKIA + 17 characters */
+        bool glued = m + body < n && isalnum((unsigned char)s[m + body]); /* AKIA + 17 characters */
         if (body >= shapes[i].min && body <= shapes[i].max && !glued)
             return m + body;
     }
@@ -224,7 +220,7 @@ static void put_text(out_t *o, const char *s, size_t n)
                 end++;
             for (size_t k = auth; k < end; k++)
                 if (s[k] == '@')
-                    at = k;                                /* the last @ ends the user info */
+                    at = k; /* the last @ ends the user info */
             const char *colon = at ? memchr(s + auth, ':', at - auth) : NULL;
             if (colon) {
                 put(o, s + i, (size_t)(colon + 1 - (s + i)));
@@ -266,7 +262,7 @@ static void put_text(out_t *o, const char *s, size_t n)
                 put(o, s + i, v - i);
                 size_t end = v;
                 while (header && end < n && s[end] != '\n' && s[end] != '\r')
-                    end++;                                 /* a header's value: the rest of its line */
+                    end++; /* a header's value: the rest of its line */
                 if (!header)
                     end = value_end(s, n, v);
                 if (end > v)
@@ -282,7 +278,7 @@ static void put_text(out_t *o, const char *s, size_t n)
 
 void og_redact_text(const char *in, char *out, size_t outsz)
 {
-    out_t o = {out, outsz, 0};
+    out_t o = { out, outsz, 0 };
     if (!outsz)
         return;
     out[0] = 0;
@@ -292,7 +288,7 @@ void og_redact_text(const char *in, char *out, size_t outsz)
 
 void og_cmdline_join(const char *raw, size_t n, char *out, size_t outsz)
 {
-    out_t o = {out, outsz, 0};
+    out_t o = { out, outsz, 0 };
     if (!outsz)
         return;
     out[0] = 0;

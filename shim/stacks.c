@@ -56,7 +56,7 @@ static inline __attribute__((always_inline)) int og_walk_backtrace(void **buf, i
 #define SITE_SHARDS 16
 #define MAX_SITES   (1u << 20)
 #define MAX_LIBS    1024
-#define TLS_CACHE   32   /* small: static TLS is shared with every other library */
+#define TLS_CACHE   32 /* small: static TLS is shared with every other library */
 
 typedef struct site_node {
     uint64_t hash;
@@ -70,27 +70,30 @@ typedef struct {
 } site_shard_t;
 
 static site_shard_t shards[SITE_SHARDS];
-static _Atomic(og_site_t *) site_by_id[MAX_SITES];   /* bss: untouched pages cost nothing */
-static atomic_uint site_next = 1;                     /* id 0 = "unknown" */
+static _Atomic(og_site_t *) site_by_id[MAX_SITES]; /* bss: untouched pages cost nothing */
+static atomic_uint site_next = 1;                  /* id 0 = "unknown" */
 
 typedef struct {
     uintptr_t base;
     char name[120];
     int cls;
-    char path[192];          /* absolute, for `oomguard report` to symbolize from */
+    char path[192]; /* absolute, for `oomguard report` to symbolize from */
     char build_id[41];
 } lib_t;
 static lib_t libs[MAX_LIBS];
 static atomic_uint lib_count;
 static pthread_mutex_t lib_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static pthread_key_t chains_key;       /* frees a thread's cached chains when it exits */
+static pthread_key_t chains_key; /* frees a thread's cached chains when it exits */
 static bool chains_key_ok;
-static int chain_slots;                /* per chain: 2 per frame unwound */
+static int chain_slots; /* per chain: 2 per frame unwound */
 static void chains_free(void *p);
 
 /* hash -> site id: a hit touches nothing shared (the site structs are read by every thread) */
-static OG_TLS struct { uint64_t hash; uint32_t id; } tls_cache[TLS_CACHE];
+static OG_TLS struct {
+    uint64_t hash;
+    uint32_t id;
+} tls_cache[TLS_CACHE];
 
 void og_stacks_init(void)
 {
@@ -110,16 +113,16 @@ void og_stacks_init(void)
 
 static int classify(const char *path, const char *base)
 {
-    static const char *const cuda[] = {"libcuda.so", "libcudart", "libnvidia-ml", "liboomguard"};
+    static const char *const cuda[] = { "libcuda.so", "libcudart", "libnvidia-ml", "liboomguard" };
     for (size_t i = 0; i < sizeof cuda / sizeof *cuda; i++)
         if (strncmp(base, cuda[i], strlen(cuda[i])) == 0)
             return OG_LIBCLASS_CUDA;
-    static const char *const fw[] = {"libc10_cuda", "libc10.", "libtorch", "xla_extension", "libxla",
-                                     "_xla", "libtensorflow", "_pywrap_tensorflow", "libjax"};
+    static const char *const fw[] = { "libc10_cuda", "libc10.",       "libtorch",           "xla_extension", "libxla",
+                                      "_xla",        "libtensorflow", "_pywrap_tensorflow", "libjax" };
     for (size_t i = 0; i < sizeof fw / sizeof *fw; i++)
         if (strncmp(base, fw[i], strlen(fw[i])) == 0)
             return OG_LIBCLASS_FRAMEWORK;
-    if (og_opt.framework_libs_s[0]) {    /* OOMGUARD_FRAMEWORK_LIBS: a custom allocator's library */
+    if (og_opt.framework_libs_s[0]) { /* OOMGUARD_FRAMEWORK_LIBS: a custom allocator's library */
         size_t n = strlen(base);
         for (const char *p = og_opt.framework_libs_s; *p;) {
             size_t len = strcspn(p, ",");
@@ -192,10 +195,10 @@ uint16_t og_lib_of(uintptr_t pc)
     const char *fname = info.dli_fname && *info.dli_fname ? info.dli_fname : NULL;
     ssize_t len;
     if (!fname && (len = readlink("/proc/self/exe", path, sizeof path - 1)) > 0)
-        path[len] = 0;          /* the main program: the loader gives it no name */
+        path[len] = 0; /* the main program: the loader gives it no name */
     else if (!fname || !realpath(fname, path))
         snprintf(path, sizeof path, "%s", fname ? fname : program_invocation_name);
-    struct build_id_req q = {pc, build_id};
+    struct build_id_req q = { pc, build_id };
     dl_iterate_phdr(build_id_cb, &q);
 
     pthread_mutex_lock(&lib_lock);
@@ -213,7 +216,7 @@ uint16_t og_lib_of(uintptr_t pc)
         libs[n].base = base;
         strncpy(libs[n].name, b, sizeof libs[n].name - 1);
         libs[n].cls = classify(named, b);
-        if (strlen(path) < sizeof libs[n].path)   /* a cut path would name another file */
+        if (strlen(path) < sizeof libs[n].path) /* a cut path would name another file */
             memcpy(libs[n].path, path, strlen(path) + 1);
         memcpy(libs[n].build_id, build_id, sizeof build_id);
         id = (uint16_t)n;
@@ -241,7 +244,7 @@ void og_frame_describe(uintptr_t ip, bool return_address, struct og_frame *f)
     if (lib && lib < atomic_load(&lib_count)) {
         snprintf(f->path, sizeof f->path, "%s", libs[lib].path);
         snprintf(f->build_id, sizeof f->build_id, "%s", libs[lib].build_id);
-        if (!f->library[0])   /* the main program */
+        if (!f->library[0]) /* the main program */
             snprintf(f->library, sizeof f->library, "%s", libs[lib].name);
     }
 }
@@ -292,17 +295,17 @@ static const og_site_t *site_intern(uint64_t hash, const uintptr_t *frames, int 
     if (node)
         return atomic_load(&site_by_id[node->id]);
 
-    og_site_t *s = site_new(hash, frames, n);   /* dladdr: no lock of ours held */
+    og_site_t *s = site_new(hash, frames, n); /* dladdr: no lock of ours held */
     node = s ? malloc(sizeof *node) : NULL;
     if (!node) {
         free(s);
-        atomic_fetch_add_explicit(&og_sites_lost, 1, memory_order_relaxed);   /* the block's site is "unknown" */
+        atomic_fetch_add_explicit(&og_sites_lost, 1, memory_order_relaxed); /* the block's site is "unknown" */
         return NULL;
     }
     pthread_mutex_lock(&sh->lock);
     site_node_t *again;
     HASH_FIND(hh, sh->table, &hash, sizeof hash, again);
-    if (again) {                                 /* another thread won the race */
+    if (again) { /* another thread won the race */
         pthread_mutex_unlock(&sh->lock);
         free(s);
         free(node);
@@ -340,30 +343,30 @@ static const og_site_t *site_intern(uint64_t hash, const uintptr_t *frames, int 
  * are never reused (their unwind depends on more than those words). */
 
 #define CHAIN_SETS 8
-#define CHAIN_WAYS 4       /* chains per set: captures at the same depth from many places */
+#define CHAIN_WAYS 4 /* chains per set: captures at the same depth from many places */
 
 typedef struct {
     uintptr_t addr, val;
 } slot_t;
 
 typedef struct {
-    uintptr_t fp;              /* capturing frame; 0 while empty or being written */
+    uintptr_t fp; /* capturing frame; 0 while empty or being written */
     void *caller;
     uint32_t site;
     int nslots;
-    slot_t slot[];             /* chain_slots entries */
+    slot_t slot[]; /* chain_slots entries */
 } chain_t;
 
 typedef struct {
-    size_t stride;             /* bytes per chain_t */
+    size_t stride; /* bytes per chain_t */
     unsigned char victim[CHAIN_SETS];
-    unsigned char ways[];      /* CHAIN_SETS x CHAIN_WAYS chains */
+    unsigned char ways[]; /* CHAIN_SETS x CHAIN_WAYS chains */
 } chain_cache_t;
 
 static OG_TLS chain_cache_t *tls_chains;
-static OG_TLS bool tls_chains_dead;    /* the thread is exiting: its cache was freed */
-bool og_stack_cache_enabled = true;    /* tests compare against the full unwind */
-OG_TLS uint64_t og_stack_chain_hits;   /* captures served from the cache (tests) */
+static OG_TLS bool tls_chains_dead;  /* the thread is exiting: its cache was freed */
+bool og_stack_cache_enabled = true;  /* tests compare against the full unwind */
+OG_TLS uint64_t og_stack_chain_hits; /* captures served from the cache (tests) */
 
 static void chains_free(void *p)
 {
@@ -408,7 +411,10 @@ static inline chain_t *chain_at(chain_cache_t *c, unsigned set, unsigned way)
 
 /* The frames of the last unwind from `fp`, if every slot it read still holds its value.  The words are read
  * whatever their frame's layout now is (ASan may have a redzone there): not instrumented. */
-OG_NO_SANITIZE static inline uintptr_t slot_diff(const slot_t *s) { return *(const volatile uintptr_t *)s->addr ^ s->val; }
+OG_NO_SANITIZE static inline uintptr_t slot_diff(const slot_t *s)
+{
+    return *(const volatile uintptr_t *)s->addr ^ s->val;
+}
 OG_NO_SANITIZE static inline bool chain_hit(const chain_t *e, uintptr_t fp, void *caller)
 {
     if (e->fp != fp || e->caller != caller)
@@ -448,7 +454,7 @@ __attribute__((noinline)) static int unwind_full(uintptr_t fp, uintptr_t *ips, i
     }
     int n = 0, ns = 0;
     bool reuse = found && slots;
-    uintptr_t prev_slot = fp, rbp_slot = 0;   /* last return-address and %rbp slots kept */
+    uintptr_t prev_slot = fp, rbp_slot = 0; /* last return-address and %rbp slots kept */
     uintptr_t prev_sp = 0, prev_rbp = 0, prev_rbp_loc = 0;
     while (n < max) {
         unw_word_t ip, cfa;
@@ -460,23 +466,23 @@ __attribute__((noinline)) static int unwind_full(uintptr_t fp, uintptr_t *ips, i
              * below it (a frame pointer); a %rbp holding data elsewhere played no part, and
              * checking it would make every capture a miss. */
             if (ns >= chain_slots || prev_rbp_loc < fp || prev_rbp_loc > prev_slot)
-                reuse = false;   /* saved by a callee: it lies between fp and the last slot */
+                reuse = false; /* saved by a callee: it lies between fp and the last slot */
             else {
-                slots[ns++] = (slot_t){prev_rbp_loc, prev_rbp};
+                slots[ns++] = (slot_t){ prev_rbp_loc, prev_rbp };
                 rbp_slot = prev_rbp_loc;
             }
         }
         if (reuse) {
             unw_save_loc_t rip, rbp;
             if (unw_get_save_loc(&cur, UNW_X86_64_RIP, &rip) != 0 || rip.type != UNW_SLT_MEMORY ||
-                unw_get_save_loc(&cur, UNW_X86_64_RBP, &rbp) != 0 || rbp.type != UNW_SLT_MEMORY ||
-                rbp.u.addr < fp || ns >= chain_slots ||
+                unw_get_save_loc(&cur, UNW_X86_64_RBP, &rbp) != 0 || rbp.type != UNW_SLT_MEMORY || rbp.u.addr < fp ||
+                ns >= chain_slots ||
                 /* one thread stack, walked upwards: a jump means another stack */
                 rip.u.addr < prev_slot || rip.u.addr - prev_slot > (1u << 20)) {
                 reuse = false;
             } else {
                 prev_slot = rip.u.addr;
-                slots[ns++] = (slot_t){rip.u.addr, *(const uintptr_t *)rip.u.addr};
+                slots[ns++] = (slot_t){ rip.u.addr, *(const uintptr_t *)rip.u.addr };
                 prev_rbp_loc = rbp.u.addr;
                 prev_rbp = *(const uintptr_t *)rbp.u.addr;
                 prev_sp = cfa;
@@ -512,7 +518,7 @@ static int keep_frames(const uintptr_t *buf, int n, void *caller, int depth, int
  * the code up again at every step) only for a stack it has just seen, and at most once per
  * og_stack_record_cost captures that the cache did not serve: a program whose stacks never
  * repeat pays at most 1/256 of a recording per capture. */
-int og_stack_record_cost = 256;       /* tests: 0, record every repeated stack */
+int og_stack_record_cost = 256; /* tests: 0, record every repeated stack */
 static OG_TLS int tls_record_credit = 1 << 30;
 
 /* The site id of these frames: the thread's cache, else the shared table.  *repeated: the
@@ -581,7 +587,7 @@ static __attribute__((noinline)) uint32_t site_capture_unwound(void *caller, int
         return id;
     tls_record_credit = 0;
     chain_t *e = chain_at(cc, set, cc->victim[set]++ % CHAIN_WAYS);
-    e->fp = 0;                       /* being rewritten (a signal handler may look) */
+    e->fp = 0; /* being rewritten (a signal handler may look) */
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     uintptr_t raw[OG_MAX_FRAMES + 8];
     int slot_end[OG_MAX_FRAMES + 8], nslots, rskip;
@@ -589,7 +595,7 @@ static __attribute__((noinline)) uint32_t site_capture_unwound(void *caller, int
     rn = keep_frames(raw, rn, caller, depth, &rskip);
     /* kept only if the two unwinders agree on the frames */
     if (nslots >= 0 && rn == n && memcmp(raw + rskip, frames, (size_t)n * sizeof raw[0]) == 0) {
-        e->nslots = slot_end[rskip + n - 1];  /* only the words the kept frames depend on */
+        e->nslots = slot_end[rskip + n - 1]; /* only the words the kept frames depend on */
         e->caller = caller;
         e->site = id;
         __atomic_signal_fence(__ATOMIC_SEQ_CST);
@@ -623,8 +629,8 @@ uint16_t og_site_lib(const og_site_t *site)
     if (lib != OG_LIB_UNRESOLVED)
         return lib;
     lib = 0;
-    for (int i = 0; i < site->depth; i++) {   /* the first frame outside CUDA and the shim */
-        lib = og_lib_of(site->frames[i] - (i ? 1 : 0));   /* return addresses point past the call */
+    for (int i = 0; i < site->depth; i++) {             /* the first frame outside CUDA and the shim */
+        lib = og_lib_of(site->frames[i] - (i ? 1 : 0)); /* return addresses point past the call */
         if (og_lib_class(lib) != OG_LIBCLASS_CUDA)
             break;
     }

@@ -25,7 +25,7 @@ sim_state_t g_sim;
  * hand-offs, and any work done outside the lock looks many times more expensive.) */
 static void raw_lock(void)
 {
-    for (unsigned spins = 0; __atomic_exchange_n(&g_sim.lock, 1, __ATOMIC_ACQUIRE); ) {
+    for (unsigned spins = 0; __atomic_exchange_n(&g_sim.lock, 1, __ATOMIC_ACQUIRE);) {
         while (__atomic_load_n(&g_sim.lock, __ATOMIC_RELAXED)) {
             if (++spins < 128) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -64,7 +64,8 @@ static void load_locked(void)
         if (gd >= 0 && gd < SIM_MAX_DEVICES && sim_parse_size(colon ? colon + 1 : gm, &gb))
             g_sim.graph_mem[gd] = gb;
         else
-            fprintf(stderr, "simgpu: warning: ignoring SIMGPU_GRAPH_MEM='%s' (DEV:SIZE expected); using default 0\n", gm);
+            fprintf(stderr, "simgpu: warning: ignoring SIMGPU_GRAPH_MEM='%s' (DEV:SIZE expected); using default 0\n",
+                    gm);
     }
     for (int d = 0; d < SIM_MAX_DEVICES; d++) {
         sim_dev_t *dv = &g_sim.dev[d];
@@ -98,10 +99,7 @@ void sim_lock(void)
     }
 }
 
-void sim_unlock(void)
-{
-    raw_unlock();
-}
+void sim_unlock(void) { raw_unlock(); }
 
 CUresult sim_check_device(CUdevice dev)
 {
@@ -149,10 +147,7 @@ CUresult sim_current_ctx_locked(CUcontext *out)
 
 /* ======================================================= memory accounting */
 
-uint64_t sim_other_bytes_locked(int dev)
-{
-    return g_sim.dev[dev].other_cfg + sim_shared_others_used(dev);
-}
+uint64_t sim_other_bytes_locked(int dev) { return g_sim.dev[dev].other_cfg + sim_shared_others_used(dev); }
 
 uint64_t sim_free_bytes_locked(int dev)
 {
@@ -161,10 +156,7 @@ uint64_t sim_free_bytes_locked(int dev)
     return taken >= d->total ? 0 : d->total - taken;
 }
 
-void sim_publish_locked(int dev)
-{
-    sim_shared_publish(dev, g_sim.dev[dev].used, g_sim.dev[dev].contexts);
-}
+void sim_publish_locked(int dev) { sim_shared_publish(dev, g_sim.dev[dev].used, g_sim.dev[dev].contexts); }
 
 /* Admission control for every byte of device memory this process takes
  * (context overheads, plain allocations, VMM physical memory, pool chunks).
@@ -194,8 +186,8 @@ void sim_uncharge_locked(int dev, uint64_t bytes)
 /* ========================================================= fault injection */
 
 static const char *const k_alloc_fns[SIM_N_ALLOC_FNS] = {
-    "cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemAllocManaged", "cuMemCreate",
-    "cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuMemHostAlloc", "cuMemAllocHost_v2",
+    "cuMemAlloc_v2",   "cuMemAllocPitch_v2",      "cuMemAllocManaged", "cuMemCreate",
+    "cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuMemHostAlloc",    "cuMemAllocHost_v2",
 };
 
 /* splitmix64: tiny, well distributed, and fully determined by SIMGPU_SEED.
@@ -210,10 +202,7 @@ static double prng_next_locked(void)
     return (double)(z >> 11) * (1.0 / 9007199254740992.0);
 }
 
-void sim_count_oom_locked(int dev)
-{
-    g_sim.dev[dev].failed_allocs++;
-}
+void sim_count_oom_locked(int dev) { g_sim.dev[dev].failed_allocs++; }
 
 bool sim_inject_locked(const char *canon, int dev)
 {
@@ -332,10 +321,10 @@ static void write_truth_file_locked(void)
                 "\"host_pinned_bytes\":%llu,\"host_pinned_blocks\":%llu,\"failed_allocs\":%llu,"
                 "\"injected_failures\":%llu,\"contexts\":%llu}\n",
                 dev, (int)getpid(), t.total_bytes, t.free_bytes, t.context_bytes, t.alloc_requested_bytes,
-                t.alloc_charged_bytes, t.alloc_blocks, t.managed_requested_bytes, t.vmm_physical_bytes,
-                t.vmm_handles, t.pool_reserved_bytes, t.pool_used_bytes, t.pool_blocks, t.other_process_bytes,
-                t.used_bytes, t.peak_used_bytes, t.host_pinned_bytes, t.host_pinned_blocks, t.failed_allocs,
-                t.injected_failures, t.contexts);
+                t.alloc_charged_bytes, t.alloc_blocks, t.managed_requested_bytes, t.vmm_physical_bytes, t.vmm_handles,
+                t.pool_reserved_bytes, t.pool_used_bytes, t.pool_blocks, t.other_process_bytes, t.used_bytes,
+                t.peak_used_bytes, t.host_pinned_bytes, t.host_pinned_blocks, t.failed_allocs, t.injected_failures,
+                t.contexts);
     }
     fclose(f);
 }
@@ -411,15 +400,9 @@ static void drop_handles_locked(void)
     obj_drop_locked(&g_sim.events, NULL);
 }
 
-static void atfork_prepare(void)
-{
-    raw_lock();
-}
+static void atfork_prepare(void) { raw_lock(); }
 
-static void atfork_parent(void)
-{
-    raw_unlock();
-}
+static void atfork_parent(void) { raw_unlock(); }
 
 /* A fork child starts like a fresh process: no contexts, no device memory,
  * not initialised (cuInit must be called again), configuration re-read.
@@ -438,7 +421,7 @@ static void atfork_child(void)
     g_sim.loaded = false;
     __atomic_store_n(&g_sim.initialized, false, __ATOMIC_RELEASE);
     g_sim.forked_child = true;
-    g_sim.torn_down = g_sim.torn_down_reported = false;   /* the inherited atexit entry stays */
+    g_sim.torn_down = g_sim.torn_down_reported = false; /* the inherited atexit entry stays */
     t_depth = 0;
     raw_unlock();
 }
@@ -537,65 +520,111 @@ SIM_API CUresult CUDAAPI cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 /* The 32-bit-era v1 entry points took `unsigned int` sizes/pointers; a 64-bit
  * device cannot honour them, so the simulator declines like a modern driver
  * would for out-of-range values. */
-SIM_API CUresult CUDAAPI cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
-{
-    return CUDA_ERROR_NOT_SUPPORTED;
-}
+SIM_API CUresult CUDAAPI cuDeviceTotalMem(unsigned int *bytes, CUdevice dev) { return CUDA_ERROR_NOT_SUPPORTED; }
 
 /* Attribute values of a plausible Hopper-class device.  Anything not listed
  * reads as 0 with CUDA_SUCCESS, like an unsupported feature. */
 static int attribute_value(CUdevice_attribute a, int dev)
 {
     switch (a) {
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: return 1024;
-    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: return 1024;
-    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: return 1024;
-    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: return 64;
-    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: return 2147483647;
-    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: return 65535;
-    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: return 65535;
-    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: return 49152;
-    case CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY: return 65536;
-    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: return 32;
-    case CU_DEVICE_ATTRIBUTE_MAX_PITCH: return 2147483647;
-    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK: return 65536;
-    case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: return 1980000;
-    case CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT: return 512;
-    case CU_DEVICE_ATTRIBUTE_GPU_OVERLAP: return 1;
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: return SIM_SM_COUNT;
-    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: return 1;
-    case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: return 1;
-    case CU_DEVICE_ATTRIBUTE_ECC_ENABLED: return 1;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: return 0x10 + dev;
-    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: return 0;
-    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: return 0;
-    case CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: return 2619000;
-    case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: return 5120;
-    case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: return 50 * 1024 * 1024;
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: return 2048;
-    case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: return 3;
-    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: return 1;
-    case CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT: return 32;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: return g_sim.cfg.cc_major[dev];
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: return g_sim.cfg.cc_minor[dev];
-    case CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED: return 1;
-    case CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED: return 1;
-    case CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED: return 1;
-    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: return 233472;
-    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR: return 65536;
-    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: return 1;
-    case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: return 1;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED: return 1;
-    case CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM: return 1;
-    case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: return 1;
-    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: return 232448;
-    case CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: return 32;
-    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: return 1;
-    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: return 1;
-    case CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED: return 1;
-    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: return 1;
-    case CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES: return CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    default: return 0;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
+        return 1024;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X:
+        return 1024;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y:
+        return 1024;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z:
+        return 64;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X:
+        return 2147483647;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y:
+        return 65535;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z:
+        return 65535;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK:
+        return 49152;
+    case CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY:
+        return 65536;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE:
+        return 32;
+    case CU_DEVICE_ATTRIBUTE_MAX_PITCH:
+        return 2147483647;
+    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK:
+        return 65536;
+    case CU_DEVICE_ATTRIBUTE_CLOCK_RATE:
+        return 1980000;
+    case CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT:
+        return 512;
+    case CU_DEVICE_ATTRIBUTE_GPU_OVERLAP:
+        return 1;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
+        return SIM_SM_COUNT;
+    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY:
+        return 1;
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS:
+        return 1;
+    case CU_DEVICE_ATTRIBUTE_ECC_ENABLED:
+        return 1;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID:
+        return 0x10 + dev;
+    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID:
+        return 0;
+    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID:
+        return 0;
+    case CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE:
+        return 2619000;
+    case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH:
+        return 5120;
+    case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE:
+        return 50 * 1024 * 1024;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR:
+        return 2048;
+    case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT:
+        return 3;
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
+        return 1;
+    case CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT:
+        return 32;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
+        return g_sim.cfg.cc_major[dev];
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
+        return g_sim.cfg.cc_minor[dev];
+    case CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED:
+        return 1;
+    case CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED:
+        return 1;
+    case CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED:
+        return 1;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR:
+        return 233472;
+    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR:
+        return 65536;
+    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
+        return 1;
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS:
+        return 1;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED:
+        return 1;
+    case CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM:
+        return 1;
+    case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH:
+        return 1;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN:
+        return 232448;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR:
+        return 32;
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+        return 1;
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+        return 1;
+    case CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED:
+        return 1;
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
+        return 1;
+    case CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES:
+        return CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    default:
+        return 0;
     }
 }
 
@@ -654,10 +683,7 @@ SIM_API CUresult CUDAAPI cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
     RETURN_UNLOCK(CUDA_SUCCESS);
 }
 
-SIM_API CUresult CUDAAPI cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
-{
-    return cuDeviceGetUuid_v2(uuid, dev);
-}
+SIM_API CUresult CUDAAPI cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) { return cuDeviceGetUuid_v2(uuid, dev); }
 
 /* ====================================================== context plumbing */
 
@@ -736,10 +762,7 @@ SIM_API CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev)
     RETURN_UNLOCK(primary_release_locked(dev));
 }
 
-SIM_API CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev)
-{
-    return cuDevicePrimaryCtxRelease_v2(dev);
-}
+SIM_API CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev) { return cuDevicePrimaryCtxRelease_v2(dev); }
 
 static CUresult primary_reset_locked(CUdevice dev)
 {
@@ -759,10 +782,7 @@ SIM_API CUresult CUDAAPI cuDevicePrimaryCtxReset_v2(CUdevice dev)
     RETURN_UNLOCK(primary_reset_locked(dev));
 }
 
-SIM_API CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev)
-{
-    return cuDevicePrimaryCtxReset_v2(dev);
-}
+SIM_API CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev) { return cuDevicePrimaryCtxReset_v2(dev); }
 
 SIM_API CUresult CUDAAPI cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
 {
@@ -876,10 +896,7 @@ SIM_API CUresult CUDAAPI cuCtxDestroy_v2(CUcontext ctx)
     RETURN_UNLOCK(CUDA_SUCCESS);
 }
 
-SIM_API CUresult CUDAAPI cuCtxDestroy(CUcontext ctx)
-{
-    return cuCtxDestroy_v2(ctx);
-}
+SIM_API CUresult CUDAAPI cuCtxDestroy(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }
 
 SIM_API CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx)
 {
@@ -924,10 +941,7 @@ SIM_API CUresult CUDAAPI cuCtxPushCurrent_v2(CUcontext ctx)
     RETURN_UNLOCK(CUDA_SUCCESS);
 }
 
-SIM_API CUresult CUDAAPI cuCtxPushCurrent(CUcontext ctx)
-{
-    return cuCtxPushCurrent_v2(ctx);
-}
+SIM_API CUresult CUDAAPI cuCtxPushCurrent(CUcontext ctx) { return cuCtxPushCurrent_v2(ctx); }
 
 SIM_API CUresult CUDAAPI cuCtxPopCurrent_v2(CUcontext *pctx)
 {
@@ -940,10 +954,7 @@ SIM_API CUresult CUDAAPI cuCtxPopCurrent_v2(CUcontext *pctx)
     RETURN_UNLOCK(CUDA_SUCCESS);
 }
 
-SIM_API CUresult CUDAAPI cuCtxPopCurrent(CUcontext *pctx)
-{
-    return cuCtxPopCurrent_v2(pctx);
-}
+SIM_API CUresult CUDAAPI cuCtxPopCurrent(CUcontext *pctx) { return cuCtxPopCurrent_v2(pctx); }
 
 /* ctx == NULL means "the calling thread's current context". */
 static CUresult resolve_ctx_locked(CUcontext ctx, CUcontext *out)
@@ -979,10 +990,7 @@ SIM_API CUresult CUDAAPI cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx)
     RETURN_UNLOCK(r);
 }
 
-SIM_API CUresult CUDAAPI cuCtxGetDevice(CUdevice *device)
-{
-    return cuCtxGetDevice_v2(device, NULL);
-}
+SIM_API CUresult CUDAAPI cuCtxGetDevice(CUdevice *device) { return cuCtxGetDevice_v2(device, NULL); }
 
 SIM_API CUresult CUDAAPI cuCtxGetFlags(unsigned int *flags)
 {
@@ -1020,10 +1028,7 @@ SIM_API CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx)
     RETURN_UNLOCK(r);
 }
 
-SIM_API CUresult CUDAAPI cuCtxSynchronize(void)
-{
-    return cuCtxSynchronize_v2(NULL);
-}
+SIM_API CUresult CUDAAPI cuCtxSynchronize(void) { return cuCtxSynchronize_v2(NULL); }
 
 /* ======================================================= streams, events */
 
@@ -1073,10 +1078,7 @@ SIM_API CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream)
     RETURN_UNLOCK(obj_destroy_locked(&g_sim.streams, hStream));
 }
 
-SIM_API CUresult CUDAAPI cuStreamDestroy(CUstream hStream)
-{
-    return cuStreamDestroy_v2(hStream);
-}
+SIM_API CUresult CUDAAPI cuStreamDestroy(CUstream hStream) { return cuStreamDestroy_v2(hStream); }
 
 SIM_API CUresult CUDAAPI cuStreamSynchronize(CUstream hStream)
 {
@@ -1088,10 +1090,7 @@ SIM_API CUresult CUDAAPI cuStreamSynchronize(CUstream hStream)
     RETURN_UNLOCK(r);
 }
 
-SIM_API CUresult CUDAAPI cuStreamSynchronize_ptsz(CUstream hStream)
-{
-    return cuStreamSynchronize(hStream);
-}
+SIM_API CUresult CUDAAPI cuStreamSynchronize_ptsz(CUstream hStream) { return cuStreamSynchronize(hStream); }
 
 SIM_API CUresult CUDAAPI cuStreamQuery(CUstream hStream)
 {
@@ -1100,15 +1099,9 @@ SIM_API CUresult CUDAAPI cuStreamQuery(CUstream hStream)
     RETURN_UNLOCK(sim_stream_device_locked(hStream, &dev));
 }
 
-SIM_API CUresult CUDAAPI cuStreamQuery_ptsz(CUstream hStream)
-{
-    return cuStreamQuery(hStream);
-}
+SIM_API CUresult CUDAAPI cuStreamQuery_ptsz(CUstream hStream) { return cuStreamQuery(hStream); }
 
-static sim_obj_t *find_event_locked(CUevent e)
-{
-    return obj_find_locked(g_sim.events, e);
-}
+static sim_obj_t *find_event_locked(CUevent e) { return obj_find_locked(g_sim.events, e); }
 
 SIM_API CUresult CUDAAPI cuEventCreate(CUevent *phEvent, unsigned int Flags)
 {
@@ -1131,10 +1124,7 @@ SIM_API CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream)
     RETURN_UNLOCK(sim_stream_device_locked(hStream, &dev));
 }
 
-SIM_API CUresult CUDAAPI cuEventRecord_ptsz(CUevent hEvent, CUstream hStream)
-{
-    return cuEventRecord(hEvent, hStream);
-}
+SIM_API CUresult CUDAAPI cuEventRecord_ptsz(CUevent hEvent, CUstream hStream) { return cuEventRecord(hEvent, hStream); }
 
 SIM_API CUresult CUDAAPI cuEventQuery(CUevent hEvent)
 {
@@ -1158,10 +1148,7 @@ SIM_API CUresult CUDAAPI cuEventDestroy_v2(CUevent hEvent)
     RETURN_UNLOCK(obj_destroy_locked(&g_sim.events, hEvent));
 }
 
-SIM_API CUresult CUDAAPI cuEventDestroy(CUevent hEvent)
-{
-    return cuEventDestroy_v2(hEvent);
-}
+SIM_API CUresult CUDAAPI cuEventDestroy(CUevent hEvent) { return cuEventDestroy_v2(hEvent); }
 
 /* ================================================================ errors */
 
@@ -1175,10 +1162,13 @@ static const struct {
     { CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory" },
     { CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error" },
     { CUDA_ERROR_DEINITIALIZED, "CUDA_ERROR_DEINITIALIZED", "driver shutting down" },
-    { CUDA_ERROR_PROFILER_DISABLED, "CUDA_ERROR_PROFILER_DISABLED", "profiler disabled while using external profiling tool" },
+    { CUDA_ERROR_PROFILER_DISABLED, "CUDA_ERROR_PROFILER_DISABLED",
+      "profiler disabled while using external profiling tool" },
     { CUDA_ERROR_STUB_LIBRARY, "CUDA_ERROR_STUB_LIBRARY", "CUDA driver is a stub library" },
-    { CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER, "CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER", "API call is not supported in the installed CUDA driver" },
-    { CUDA_ERROR_DEVICE_UNAVAILABLE, "CUDA_ERROR_DEVICE_UNAVAILABLE", "CUDA-capable device(s) is/are busy or unavailable" },
+    { CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER, "CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER",
+      "API call is not supported in the installed CUDA driver" },
+    { CUDA_ERROR_DEVICE_UNAVAILABLE, "CUDA_ERROR_DEVICE_UNAVAILABLE",
+      "CUDA-capable device(s) is/are busy or unavailable" },
     { CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected" },
     { CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal" },
     { CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid" },
@@ -1190,23 +1180,28 @@ static const struct {
     { CUDA_ERROR_NOT_MAPPED, "CUDA_ERROR_NOT_MAPPED", "resource not mapped" },
     { CUDA_ERROR_INVALID_SOURCE, "CUDA_ERROR_INVALID_SOURCE", "device kernel image is invalid" },
     { CUDA_ERROR_FILE_NOT_FOUND, "CUDA_ERROR_FILE_NOT_FOUND", "file not found" },
-    { CUDA_ERROR_OPERATING_SYSTEM, "CUDA_ERROR_OPERATING_SYSTEM", "OS call failed or operation not supported on this OS" },
+    { CUDA_ERROR_OPERATING_SYSTEM, "CUDA_ERROR_OPERATING_SYSTEM",
+      "OS call failed or operation not supported on this OS" },
     { CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle" },
     { CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state" },
     { CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found" },
     { CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready" },
     { CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered" },
-    { CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "too many resources requested for launch" },
+    { CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
+      "too many resources requested for launch" },
     { CUDA_ERROR_LAUNCH_TIMEOUT, "CUDA_ERROR_LAUNCH_TIMEOUT", "the launch timed out and was terminated" },
-    { CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED", "peer access is already enabled" },
+    { CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED",
+      "peer access is already enabled" },
     { CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED", "peer access has not been enabled" },
-    { CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE, "CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE", "cannot set while device is active in this process" },
+    { CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE, "CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE",
+      "cannot set while device is active in this process" },
     { CUDA_ERROR_CONTEXT_IS_DESTROYED, "CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed" },
     { CUDA_ERROR_LAUNCH_FAILED, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure" },
     { CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted" },
     { CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported" },
     { CUDA_ERROR_SYSTEM_NOT_READY, "CUDA_ERROR_SYSTEM_NOT_READY", "system not yet initialized" },
-    { CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH", "system has unsupported display driver / cuda driver combination" },
+    { CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
+      "system has unsupported display driver / cuda driver combination" },
     { CUDA_ERROR_TIMEOUT, "CUDA_ERROR_TIMEOUT", "wait operation timed out" },
     { CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error" },
 };
@@ -1255,11 +1250,20 @@ SIM_API CUresult CUDAAPI cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMe
         RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
     sim_dev_t *d = &g_sim.dev[device];
     switch (attr) {
-    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: *(cuuint64_t *)value = d->graph_reserved; break;
-    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH: *(cuuint64_t *)value = d->graph_reserved_high; break;
-    case CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: *(cuuint64_t *)value = 0; break;   /* no graph running */
-    case CU_GRAPH_MEM_ATTR_USED_MEM_HIGH: *(cuuint64_t *)value = d->graph_reserved_high; break;
-    default: RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
+    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT:
+        *(cuuint64_t *)value = d->graph_reserved;
+        break;
+    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH:
+        *(cuuint64_t *)value = d->graph_reserved_high;
+        break;
+    case CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT:
+        *(cuuint64_t *)value = 0;
+        break; /* no graph running */
+    case CU_GRAPH_MEM_ATTR_USED_MEM_HIGH:
+        *(cuuint64_t *)value = d->graph_reserved_high;
+        break;
+    default:
+        RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
     }
     RETURN_UNLOCK(CUDA_SUCCESS);
 }

@@ -24,15 +24,15 @@
 #include "sim_config.h"
 #include "simgpu.h"
 
-#define SIM_API __attribute__((visibility("default")))
+#define SIM_API            __attribute__((visibility("default")))
 #define OG_SIM_UNLIKELY(x) __builtin_expect(!!(x), 0)
 
-#define SIM_DRIVER_VERSION   13000
-#define SIM_CTX_STACK_MAX    64
-#define SIM_SM_COUNT         132
-#define SIM_ALLOC_ALIGN      512ULL              /* plain and pool block address alignment */
-#define SIM_POOL_CHUNK_MIN   (32ULL * SIM_MIB)   /* smallest chunk a pool reserves */
-#define SIM_PAGE             4096ULL
+#define SIM_DRIVER_VERSION 13000
+#define SIM_CTX_STACK_MAX  64
+#define SIM_SM_COUNT       132
+#define SIM_ALLOC_ALIGN    512ULL            /* plain and pool block address alignment */
+#define SIM_POOL_CHUNK_MIN (32ULL * SIM_MIB) /* smallest chunk a pool reserves */
+#define SIM_PAGE           4096ULL
 
 /* Fake device virtual address layout (never dereferenced, never mmap'd):
  *   device d : [SIM_VA_DEV_BASE + d * SIM_VA_DEV_SPAN, +SIM_VA_DEV_SPAN)
@@ -40,15 +40,12 @@
  * Chosen below the region where Linux places mmap()s and above ASan's heap,
  * so fake ranges do not collide with real host pointers in practice; the
  * allocator still checks every candidate against all known ranges. */
-#define SIM_VA_DEV_BASE  0x700000000000ULL
-#define SIM_VA_DEV_SPAN  (1ULL << 39)            /* 512 GiB per device */
-#define SIM_VA_VMM_BASE  0x680000000000ULL
-#define SIM_VA_VMM_END   0x700000000000ULL
+#define SIM_VA_DEV_BASE 0x700000000000ULL
+#define SIM_VA_DEV_SPAN (1ULL << 39) /* 512 GiB per device */
+#define SIM_VA_VMM_BASE 0x680000000000ULL
+#define SIM_VA_VMM_END  0x700000000000ULL
 
-static inline uint64_t sim_align_up(uint64_t v, uint64_t a)
-{
-    return (v + a - 1) & ~(a - 1);
-}
+static inline uint64_t sim_align_up(uint64_t v, uint64_t a) { return (v + a - 1) & ~(a - 1); }
 
 /* ---------------------------------------------------------------- handles */
 
@@ -58,10 +55,10 @@ struct CUctx_st {
     uint32_t magic;
     int dev;
     bool primary;
-    bool active;              /* primary: retained and not reset; created: until destroyed */
+    bool active; /* primary: retained and not reset; created: until destroyed */
     unsigned int flags;
     uint64_t id;
-    struct CUctx_st *next;    /* registry of created contexts (destroyed ones stay, inactive) */
+    struct CUctx_st *next; /* registry of created contexts (destroyed ones stay, inactive) */
 };
 
 /* All the simulator knows of a stream or an event: where it was created.
@@ -84,7 +81,7 @@ struct CUevent_st {
 
 typedef struct sim_free_range {
     uint64_t off, len;
-    struct sim_free_range *next;      /* sorted by offset, coalesced */
+    struct sim_free_range *next; /* sorted by offset, coalesced */
 } sim_free_range_t;
 
 /* Every range that occupies fake device VA (or, for managed memory, a real
@@ -101,22 +98,22 @@ typedef struct sim_va {
 } sim_va_t;
 
 typedef struct sim_chunk {
-    sim_va_t va;                      /* kind VA_CHUNK */
+    sim_va_t va; /* kind VA_CHUNK */
     struct CUmemPoolHandle_st *pool;
     sim_free_range_t *free;
-    uint64_t used;                    /* rounded bytes of live blocks in this chunk */
+    uint64_t used; /* rounded bytes of live blocks in this chunk */
     struct sim_chunk *next;
 } sim_chunk_t;
 
 struct CUmemPoolHandle_st {
     int dev;
     bool is_default;
-    bool destroyed;                   /* destroyed with blocks outstanding */
+    bool destroyed; /* destroyed with blocks outstanding */
     uint64_t release_threshold;
     int reuse[3];                     /* REUSE_* attributes (stored, no effect) */
     uint64_t max_size;                /* 0 = unlimited */
-    uint64_t reserved, reserved_high;  /* whole chunks */
-    uint64_t used, used_high, blocks;  /* requested bytes / count of live blocks */
+    uint64_t reserved, reserved_high; /* whole chunks */
+    uint64_t used, used_high, blocks; /* requested bytes / count of live blocks */
     sim_chunk_t *chunks;              /* newest first */
     CUmemPoolProps props;
     struct CUmemPoolHandle_st *next;
@@ -124,45 +121,45 @@ struct CUmemPoolHandle_st {
 
 /* --------------------------------------------------------------- memory */
 
-typedef struct sim_alloc {            /* cuMemAlloc / cuMemAllocPitch / cuMemAllocManaged */
-    sim_va_t va;                      /* kind VA_PLAIN or VA_MANAGED */
+typedef struct sim_alloc { /* cuMemAlloc / cuMemAllocPitch / cuMemAllocManaged */
+    sim_va_t va;           /* kind VA_PLAIN or VA_MANAGED */
     int dev;
     uint64_t requested, charged;
-    uint64_t map_len;                 /* managed: length of the real mmap backing it */
+    uint64_t map_len; /* managed: length of the real mmap backing it */
     CUcontext ctx;
     uint64_t buffer_id;
     struct sim_alloc *prev, *next;
 } sim_alloc_t;
 
-typedef struct sim_block {            /* a pool sub-allocation */
-    sim_range_t r;                    /* size rounded to SIM_ALLOC_ALIGN */
+typedef struct sim_block { /* a pool sub-allocation */
+    sim_range_t r;         /* size rounded to SIM_ALLOC_ALIGN */
     uint64_t requested;
     sim_chunk_t *chunk;
     uint64_t buffer_id;
 } sim_block_t;
 
-typedef struct sim_phys {             /* cuMemCreate physical allocation */
+typedef struct sim_phys { /* cuMemCreate physical allocation */
     uint64_t handle;
     int dev;
     uint64_t size;
     CUmemAllocationProp prop;
-    int refs;                         /* create + retain - release */
+    int refs; /* create + retain - release */
     int mappings;
     uint64_t buffer_id;
 } sim_phys_t;
 
-typedef struct sim_reserve {          /* cuMemAddressReserve */
-    sim_va_t va;                      /* kind VA_RESERVE */
+typedef struct sim_reserve { /* cuMemAddressReserve */
+    sim_va_t va;             /* kind VA_RESERVE */
     uint64_t mappings;
 } sim_reserve_t;
 
-typedef struct sim_mapping {          /* cuMemMap */
+typedef struct sim_mapping { /* cuMemMap */
     sim_range_t r;
     sim_phys_t *phys;
     sim_reserve_t *res;
 } sim_mapping_t;
 
-typedef struct sim_host {             /* cuMemHostAlloc / cuMemAllocHost: real memory */
+typedef struct sim_host { /* cuMemHostAlloc / cuMemAllocHost: real memory */
     sim_range_t r;
     void *mem;
     unsigned int flags;
@@ -175,19 +172,19 @@ typedef struct sim_host {             /* cuMemHostAlloc / cuMemAllocHost: real m
 
 typedef struct sim_dev {
     uint64_t total;
-    uint64_t other_cfg;               /* SIMGPU_OTHER_PROCS on this device */
+    uint64_t other_cfg; /* SIMGPU_OTHER_PROCS on this device */
     uint64_t context_bytes, contexts;
     uint64_t alloc_requested, alloc_charged, alloc_blocks, managed_requested;
     uint64_t vmm_physical, vmm_handles;
     uint64_t pool_reserved, pool_used, pool_blocks;
     uint64_t used, peak_used;
     uint64_t failed_allocs, injected;
-    uint64_t ipc_mapped, ipc_mappings;  /* another process's memory opened here (not charged) */
-    uint64_t graph_reserved, graph_reserved_high;   /* the device's graph memory pool */
+    uint64_t ipc_mapped, ipc_mappings;            /* another process's memory opened here (not charged) */
+    uint64_t graph_reserved, graph_reserved_high; /* the device's graph memory pool */
 
-    struct CUctx_st primary;          /* stable handle for the primary context */
+    struct CUctx_st primary; /* stable handle for the primary context */
     int primary_refs;
-    int primary_reset_debt;           /* releases still tolerated after a reset */
+    int primary_reset_debt; /* releases still tolerated after a reset */
     unsigned int primary_flags;
 
     struct CUmemPoolHandle_st *default_pool, *current_pool;
@@ -197,35 +194,35 @@ typedef struct sim_dev {
 #define SIM_N_ALLOC_FNS 8
 
 typedef struct sim_state {
-    int lock;                       /* spin lock: see sim_lock() */
-    bool loaded;                      /* configuration read */
-    bool initialized;                 /* cuInit succeeded */
+    int lock;         /* spin lock: see sim_lock() */
+    bool loaded;      /* configuration read */
+    bool initialized; /* cuInit succeeded */
     bool forked_child;
     sim_config_t cfg;
     int ndev;
     sim_dev_t dev[SIM_MAX_DEVICES];
 
-    void *va_tree;                    /* sim_va_t*: plain, managed, chunks, reservations */
-    void *block_tree;                 /* sim_block_t* */
-    void *map_tree;                   /* sim_mapping_t* */
-    void *phys_tree;                  /* sim_phys_t* keyed by handle */
-    void *host_tree;                  /* sim_host_t* */
-    sim_alloc_t *allocs;              /* list of plain/managed for context sweeps */
+    void *va_tree;       /* sim_va_t*: plain, managed, chunks, reservations */
+    void *block_tree;    /* sim_block_t* */
+    void *map_tree;      /* sim_mapping_t* */
+    void *phys_tree;     /* sim_phys_t* keyed by handle */
+    void *host_tree;     /* sim_host_t* */
+    sim_alloc_t *allocs; /* list of plain/managed for context sweeps */
 
-    struct CUctx_st *ctxs;            /* created contexts (live and destroyed) */
-    sim_obj_t *streams;               /* struct CUstream_st */
-    sim_obj_t *events;                /* struct CUevent_st */
+    struct CUctx_st *ctxs; /* created contexts (live and destroyed) */
+    sim_obj_t *streams;    /* struct CUstream_st */
+    sim_obj_t *events;     /* struct CUevent_st */
     struct CUmemPoolHandle_st *pools;
 
     uint64_t vmm_cursor;
     uint64_t host_pinned_bytes, host_pinned_blocks;
     uint64_t next_handle, next_buffer_id, next_ctx_id;
 
-    bool pool_attrs_unreadable;       /* SIMGPU_POOL_ATTRS=unreadable */
-    uint64_t graph_mem[SIM_MAX_DEVICES];   /* SIMGPU_GRAPH_MEM: graph memory held from cuInit */
-    bool torn_down;                   /* the library's destructor ran: later calls are a bug */
+    bool pool_attrs_unreadable;          /* SIMGPU_POOL_ATTRS=unreadable */
+    uint64_t graph_mem[SIM_MAX_DEVICES]; /* SIMGPU_GRAPH_MEM: graph memory held from cuInit */
+    bool torn_down;                      /* the library's destructor ran: later calls are a bug */
     bool torn_down_reported;
-    bool exit_registered;             /* the exit teardown is registered once per process */
+    bool exit_registered; /* the exit teardown is registered once per process */
 
     uint64_t fn_calls[SIM_N_ALLOC_FNS];
     uint64_t any_calls;
@@ -241,21 +238,21 @@ SIM_HIDDEN void sim_unlock(void);
 /* Entry preamble of calls that need cuInit: lock, check, and (on failure)
  * unlock and return CUDA_ERROR_NOT_INITIALIZED.  RETURN_UNLOCK ends such a
  * call. */
-#define ENTER_INIT()                                  \
-    do {                                              \
-        sim_lock();                                   \
-        if (!g_sim.initialized || g_sim.torn_down) {  \
+#define ENTER_INIT()                                                                               \
+    do {                                                                                           \
+        sim_lock();                                                                                \
+        if (!g_sim.initialized || g_sim.torn_down) {                                               \
             CUresult e_ = g_sim.torn_down ? CUDA_ERROR_DEINITIALIZED : CUDA_ERROR_NOT_INITIALIZED; \
-            sim_unlock();                             \
-            return e_;                                \
-        }                                             \
+            sim_unlock();                                                                          \
+            return e_;                                                                             \
+        }                                                                                          \
     } while (0)
 
-#define RETURN_UNLOCK(rv)                             \
-    do {                                              \
-        CUresult rv_ = (rv);                          \
-        sim_unlock();                                 \
-        return rv_;                                   \
+#define RETURN_UNLOCK(rv)    \
+    do {                     \
+        CUresult rv_ = (rv); \
+        sim_unlock();        \
+        return rv_;          \
     } while (0)
 
 /* ENTER_INIT for calls about one device, then their argument checks in the

@@ -117,10 +117,10 @@ typedef enum { PTR_NONE, PTR_PLAIN, PTR_MANAGED, PTR_BLOCK, PTR_MAPPING, PTR_HOS
 
 typedef struct {
     ptr_kind_t kind;
-    uint64_t base, size;   /* the allocation containing the pointer */
+    uint64_t base, size; /* the allocation containing the pointer */
     int dev;
     CUcontext ctx;
-    bool host_accessible;  /* real memory the simulator may read/write */
+    bool host_accessible; /* real memory the simulator may read/write */
     uint64_t buffer_id;
     sim_alloc_t *alloc;
     sim_block_t *block;
@@ -133,28 +133,47 @@ static bool classify_locked(uint64_t p, ptr_info_t *pi)
     memset(pi, 0, sizeof *pi);
     sim_host_t *h = tree_find(&g_sim.host_tree, p, 1);
     if (h) {
-        *pi = (ptr_info_t){ .kind = PTR_HOST, .base = h->r.base, .size = h->r.size, .dev = h->dev, .ctx = h->ctx,
-                            .host_accessible = true, .buffer_id = h->buffer_id, .host = h };
+        *pi = (ptr_info_t){ .kind = PTR_HOST,
+                            .base = h->r.base,
+                            .size = h->r.size,
+                            .dev = h->dev,
+                            .ctx = h->ctx,
+                            .host_accessible = true,
+                            .buffer_id = h->buffer_id,
+                            .host = h };
         return true;
     }
     sim_block_t *b = tree_find(&g_sim.block_tree, p, 1);
     if (b) {
-        *pi = (ptr_info_t){ .kind = PTR_BLOCK, .base = b->r.base, .size = b->requested, .dev = b->chunk->pool->dev,
-                            .buffer_id = b->buffer_id, .block = b };
+        *pi = (ptr_info_t){ .kind = PTR_BLOCK,
+                            .base = b->r.base,
+                            .size = b->requested,
+                            .dev = b->chunk->pool->dev,
+                            .buffer_id = b->buffer_id,
+                            .block = b };
         return true;
     }
     sim_mapping_t *m = tree_find(&g_sim.map_tree, p, 1);
     if (m) {
-        *pi = (ptr_info_t){ .kind = PTR_MAPPING, .base = m->r.base, .size = m->r.size, .dev = m->phys->dev,
-                            .buffer_id = m->phys->buffer_id, .map = m };
+        *pi = (ptr_info_t){ .kind = PTR_MAPPING,
+                            .base = m->r.base,
+                            .size = m->r.size,
+                            .dev = m->phys->dev,
+                            .buffer_id = m->phys->buffer_id,
+                            .map = m };
         return true;
     }
     sim_va_t *v = tree_find(&g_sim.va_tree, p, 1);
     if (v && (v->kind == VA_PLAIN || v->kind == VA_MANAGED || v->kind == VA_IPC)) {
         sim_alloc_t *a = (sim_alloc_t *)v;
-        *pi = (ptr_info_t){ .kind = v->kind == VA_MANAGED ? PTR_MANAGED : PTR_PLAIN, .base = a->va.r.base,
-                            .size = a->requested, .dev = a->dev, .ctx = a->ctx,
-                            .host_accessible = v->kind == VA_MANAGED, .buffer_id = a->buffer_id, .alloc = a };
+        *pi = (ptr_info_t){ .kind = v->kind == VA_MANAGED ? PTR_MANAGED : PTR_PLAIN,
+                            .base = a->va.r.base,
+                            .size = a->requested,
+                            .dev = a->dev,
+                            .ctx = a->ctx,
+                            .host_accessible = v->kind == VA_MANAGED,
+                            .buffer_id = a->buffer_id,
+                            .alloc = a };
         /* Pointers in the alignment slack past the requested size are not part
          * of the allocation. */
         return p < a->va.r.base + a->requested;
@@ -334,7 +353,7 @@ SIM_API CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr 
     if (!pHandle || !v || v->kind != VA_PLAIN || v->r.base != dptr)
         RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
     sim_alloc_t *a = (sim_alloc_t *)v;
-    sim_ipc_handle_t h = {"SIMGPUIP", (uint32_t)getpid(), a->dev, a->va.r.base, a->requested};
+    sim_ipc_handle_t h = { "SIMGPUIP", (uint32_t)getpid(), a->dev, a->va.r.base, a->requested };
     memset(pHandle, 0, sizeof *pHandle);
     memcpy(pHandle->reserved, &h, sizeof h);
     RETURN_UNLOCK(CUDA_SUCCESS);
@@ -403,20 +422,29 @@ SIM_API CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr)
 typedef struct sim_array {
     uint32_t magic;
     bool mipmapped;
-    CUdeviceptr base;                 /* of the plain allocation holding it */
+    CUdeviceptr base; /* of the plain allocation holding it */
     CUDA_ARRAY3D_DESCRIPTOR desc;
     unsigned int levels;
-    struct sim_array *next;           /* live arrays: a handle is checked here before it is read */
+    struct sim_array *next; /* live arrays: a handle is checked here before it is read */
 } sim_array_t;
-static sim_array_t *g_arrays;         /* under the simulator's lock */
+static sim_array_t *g_arrays; /* under the simulator's lock */
 
 static uint64_t array_texel_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels)
 {
     uint64_t elem;
     switch (d->Format) {
-    case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: elem = 1; break;
-    case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF: elem = 2; break;
-    default: elem = 4; break;
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+        elem = 1;
+        break;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+        elem = 2;
+        break;
+    default:
+        elem = 4;
+        break;
     }
     uint64_t total = 0;
     for (unsigned int l = 0; l < (levels ? levels : 1); l++) {
@@ -430,8 +458,8 @@ static uint64_t array_texel_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int
 static CUresult array_create_locked(void **out, const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int levels,
                                     bool mipmapped)
 {
-    if (!out || !desc || desc->Width == 0 || (desc->NumChannels != 1 && desc->NumChannels != 2 &&
-                                              desc->NumChannels != 4) || (mipmapped && levels == 0))
+    if (!out || !desc || desc->Width == 0 ||
+        (desc->NumChannels != 1 && desc->NumChannels != 2 && desc->NumChannels != 4) || (mipmapped && levels == 0))
         return CUDA_ERROR_INVALID_VALUE;
     sim_array_t *arr = calloc(1, sizeof *arr);
     if (!arr)
@@ -465,7 +493,7 @@ static CUresult array_destroy_locked(void *h, bool mipmapped)
     for (sim_alloc_t *x = g_sim.allocs; x; x = x->next)
         if (x->va.r.base == arr->base)
             a = x;
-    if (a)                            /* else its context is gone, and the memory with it */
+    if (a) /* else its context is gone, and the memory with it */
         plain_free_locked(a);
     arr->magic = 0;
     free(arr);
@@ -477,7 +505,7 @@ SIM_API CUresult CUDAAPI cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DES
     ENTER_INIT();
     if (!d)
         RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
-    CUDA_ARRAY3D_DESCRIPTOR d3 = {d->Width, d->Height, 0, d->Format, d->NumChannels, 0};
+    CUDA_ARRAY3D_DESCRIPTOR d3 = { d->Width, d->Height, 0, d->Format, d->NumChannels, 0 };
     RETURN_UNLOCK(array_create_locked((void **)pHandle, &d3, 1, false));
 }
 
@@ -611,10 +639,7 @@ SIM_API CUresult CUDAAPI cuMemAllocHost_v2(void **pp, size_t bytesize)
 }
 
 /* v1 only narrowed the size; host pointers were always full width. */
-SIM_API CUresult CUDAAPI cuMemAllocHost(void **pp, unsigned int bytesize)
-{
-    return cuMemAllocHost_v2(pp, bytesize);
-}
+SIM_API CUresult CUDAAPI cuMemAllocHost(void **pp, unsigned int bytesize) { return cuMemAllocHost_v2(pp, bytesize); }
 
 SIM_API CUresult CUDAAPI cuMemFreeHost(void *p)
 {
@@ -732,18 +757,38 @@ SIM_API CUresult CUDAAPI cuPointerGetAttributes(unsigned int numAttributes, CUpo
             continue;
         }
         switch (attributes[i]) {
-        case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data[i] = NULL; break;
-        case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *(unsigned int *)data[i] = 0; break;
-        case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *(CUdeviceptr *)data[i] = 0; break;
-        case CU_POINTER_ATTRIBUTE_HOST_POINTER: *(void **)data[i] = NULL; break;
-        case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data[i] = -2; break;
-        case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(void **)data[i] = NULL; break;
-        case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data[i] = 0; break;
+        case CU_POINTER_ATTRIBUTE_CONTEXT:
+            *(CUcontext *)data[i] = NULL;
+            break;
+        case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+            *(unsigned int *)data[i] = 0;
+            break;
+        case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+            *(CUdeviceptr *)data[i] = 0;
+            break;
+        case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+            *(void **)data[i] = NULL;
+            break;
+        case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+            *(int *)data[i] = -2;
+            break;
+        case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+            *(void **)data[i] = NULL;
+            break;
+        case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+            *(size_t *)data[i] = 0;
+            break;
         case CU_POINTER_ATTRIBUTE_BUFFER_ID:
         case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID:
-        case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: *(unsigned long long *)data[i] = 0; break;
-        case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: *(CUmemoryPool *)data[i] = NULL; break;
-        default: *(bool *)data[i] = false; break;
+        case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+            *(unsigned long long *)data[i] = 0;
+            break;
+        case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+            *(CUmemoryPool *)data[i] = NULL;
+            break;
+        default:
+            *(bool *)data[i] = false;
+            break;
         }
     }
     RETURN_UNLOCK(CUDA_SUCCESS);
@@ -1185,11 +1230,11 @@ static bool pool_valid_locked(CUmemoryPool pool)
 
 /* ENTER_INIT for calls on a pool: CUDA_ERROR_INVALID_VALUE for a pool that
  * does not exist (or is destroyed) and when `invalid`. */
-#define ENTER_POOL(pool, invalid)                                 \
-    do {                                                          \
-        ENTER_INIT();                                             \
-        if (!pool_valid_locked(pool) || (invalid))                \
-            RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);              \
+#define ENTER_POOL(pool, invalid)                    \
+    do {                                             \
+        ENTER_INIT();                                \
+        if (!pool_valid_locked(pool) || (invalid))   \
+            RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE); \
     } while (0)
 
 static CUmemoryPool pool_new_locked(int dev, bool is_default, const CUmemPoolProps *props)
@@ -1573,17 +1618,26 @@ SIM_API CUresult CUDAAPI cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attr
     case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
         *(int *)value = pool->reuse[attr - CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES];
         break;
-    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: *(cuuint64_t *)value = pool->release_threshold; break;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+        *(cuuint64_t *)value = pool->release_threshold;
+        break;
     case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
         /* SIMGPU_POOL_ATTRS=unreadable: a driver (or a vGPU/MIG setup) that refuses it */
         if (g_sim.pool_attrs_unreadable)
             RETURN_UNLOCK(CUDA_ERROR_NOT_SUPPORTED);
         *(cuuint64_t *)value = pool->reserved;
         break;
-    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: *(cuuint64_t *)value = pool->reserved_high; break;
-    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *(cuuint64_t *)value = pool->used; break;
-    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: *(cuuint64_t *)value = pool->used_high; break;
-    default: RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+        *(cuuint64_t *)value = pool->reserved_high;
+        break;
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
+        *(cuuint64_t *)value = pool->used;
+        break;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+        *(cuuint64_t *)value = pool->used_high;
+        break;
+    default:
+        RETURN_UNLOCK(CUDA_ERROR_INVALID_VALUE);
     }
     RETURN_UNLOCK(CUDA_SUCCESS);
 }

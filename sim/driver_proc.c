@@ -20,14 +20,20 @@
 #include <string.h>
 
 typedef struct proc_entry {
-    const char *name;   /* base name as passed to cuGetProcAddress */
-    int version;        /* first CUDA version of this ABI variant */
-    bool per_thread;    /* _ptds / _ptsz variant */
+    const char *name; /* base name as passed to cuGetProcAddress */
+    int version;      /* first CUDA version of this ABI variant */
+    bool per_thread;  /* _ptds / _ptsz variant */
     void *fn;
 } proc_entry_t;
 
-#define E(base, ver, sym)  { #base, ver, false, (void *)&sym }
-#define PT(base, ver, sym) { #base, ver, true, (void *)&sym }
+#define E(base, ver, sym)               \
+    {                                   \
+#base, ver, false, (void *)&sym \
+    }
+#define PT(base, ver, sym)             \
+    {                                  \
+#base, ver, true, (void *)&sym \
+    }
 
 static const proc_entry_t k_procs[] = {
     E(cuInit, 2000, cuInit),

@@ -27,7 +27,7 @@
 
 #define SIM_NVML_DRIVER_VERSION "580.65.06"
 #define SIM_NVML_VERSION        "13.580.65.06"
-#define SIM_PCI_DEVICE_ID       0x233010deu   /* device 0x2330, vendor 0x10de */
+#define SIM_PCI_DEVICE_ID       0x233010deu /* device 0x2330, vendor 0x10de */
 
 struct nvmlDevice_st {
     int index;
@@ -79,7 +79,7 @@ static int g_gen = GEN_R580;
 
 static void load_generation(void)
 {
-    static const char *const names[] = {"r580", "r535", "r525", "legacy16"};
+    static const char *const names[] = { "r580", "r535", "r525", "legacy16" };
     const char *v = getenv("SIMGPU_NVML_GENERATION");
     g_gen = GEN_R580;
     if (!v || !*v)
@@ -89,8 +89,10 @@ static void load_generation(void)
             g_gen = i;
             return;
         }
-    fprintf(stderr, "simgpu: warning: ignoring SIMGPU_NVML_GENERATION='%s' (r580, r535, r525 or legacy16 expected); "
-            "using default r580\n", v);
+    fprintf(stderr,
+            "simgpu: warning: ignoring SIMGPU_NVML_GENERATION='%s' (r580, r535, r525 or legacy16 expected); "
+            "using default r580\n",
+            v);
 }
 
 static void load_config_locked(void)
@@ -117,10 +119,7 @@ static void nvml_atfork_child(void)
     g_init_count = 0;
 }
 
-__attribute__((constructor)) static void nvml_ctor(void)
-{
-    pthread_atfork(NULL, NULL, nvml_atfork_child);
-}
+__attribute__((constructor)) static void nvml_ctor(void) { pthread_atfork(NULL, NULL, nvml_atfork_child); }
 
 static bool initialized(void)
 {
@@ -139,16 +138,16 @@ static int dev_index(nvmlDevice_t d)
     return -1;
 }
 
-#define REQUIRE_INIT()                        \
-    do {                                      \
-        if (!initialized())                   \
-            return NVML_ERROR_UNINITIALIZED;  \
+#define REQUIRE_INIT()                       \
+    do {                                     \
+        if (!initialized())                  \
+            return NVML_ERROR_UNINITIALIZED; \
     } while (0)
 
-#define REQUIRE_DEV(dev, idx)                 \
-    int idx = dev_index(dev);                 \
-    if (idx < 0)                              \
-        return NVML_ERROR_INVALID_ARGUMENT
+#define REQUIRE_DEV(dev, idx) \
+    int idx = dev_index(dev); \
+    if (idx < 0)              \
+    return NVML_ERROR_INVALID_ARGUMENT
 
 static nvmlReturn_t copy_string(char *dst, unsigned int length, const char *src)
 {
@@ -173,20 +172,11 @@ static nvmlReturn_t init_common(unsigned int flags)
     return NVML_SUCCESS;
 }
 
-NVML_API nvmlReturn_t nvmlInit_v2(void)
-{
-    return init_common(0);
-}
+NVML_API nvmlReturn_t nvmlInit_v2(void) { return init_common(0); }
 
-NVML_API nvmlReturn_t nvmlInit(void)
-{
-    return init_common(0);
-}
+NVML_API nvmlReturn_t nvmlInit(void) { return init_common(0); }
 
-NVML_API nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
-{
-    return init_common(flags);
-}
+NVML_API nvmlReturn_t nvmlInitWithFlags(unsigned int flags) { return init_common(flags); }
 
 NVML_API nvmlReturn_t nvmlShutdown(void)
 {
@@ -203,35 +193,64 @@ NVML_API nvmlReturn_t nvmlShutdown(void)
 NVML_API const char *nvmlErrorString(nvmlReturn_t result)
 {
     switch (result) {
-    case NVML_SUCCESS: return "Success";
-    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
-    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
-    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
-    case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
-    case NVML_ERROR_ALREADY_INITIALIZED: return "Already Initialized";
-    case NVML_ERROR_NOT_FOUND: return "Not Found";
-    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
-    case NVML_ERROR_INSUFFICIENT_POWER: return "Insufficient External Power";
-    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
-    case NVML_ERROR_TIMEOUT: return "Timeout";
-    case NVML_ERROR_IRQ_ISSUE: return "Interrupt request issue";
-    case NVML_ERROR_LIBRARY_NOT_FOUND: return "NVML Shared Library Not Found";
-    case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
-    case NVML_ERROR_CORRUPTED_INFOROM: return "Corrupted infoROM";
-    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
-    case NVML_ERROR_RESET_REQUIRED: return "GPU requires restart";
-    case NVML_ERROR_OPERATING_SYSTEM: return "The operating system has blocked the request.";
-    case NVML_ERROR_LIB_RM_VERSION_MISMATCH: return "RM has detected an NVML/RM version mismatch.";
-    case NVML_ERROR_IN_USE: return "In use by another client";
-    case NVML_ERROR_MEMORY: return "Insufficient Memory";
-    case NVML_ERROR_NO_DATA: return "No data";
-    case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
-    case NVML_ERROR_DEPRECATED: return "Deprecated";
-    case NVML_ERROR_NOT_READY: return "Not Ready";
-    case NVML_ERROR_GPU_NOT_FOUND: return "GPU not found";
-    case NVML_ERROR_INVALID_STATE: return "Invalid state";
-    case NVML_ERROR_UNKNOWN: return "Unknown Error";
-    default: return "Unknown Error";
+    case NVML_SUCCESS:
+        return "Success";
+    case NVML_ERROR_UNINITIALIZED:
+        return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT:
+        return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED:
+        return "Not Supported";
+    case NVML_ERROR_NO_PERMISSION:
+        return "Insufficient Permissions";
+    case NVML_ERROR_ALREADY_INITIALIZED:
+        return "Already Initialized";
+    case NVML_ERROR_NOT_FOUND:
+        return "Not Found";
+    case NVML_ERROR_INSUFFICIENT_SIZE:
+        return "Insufficient Size";
+    case NVML_ERROR_INSUFFICIENT_POWER:
+        return "Insufficient External Power";
+    case NVML_ERROR_DRIVER_NOT_LOADED:
+        return "Driver Not Loaded";
+    case NVML_ERROR_TIMEOUT:
+        return "Timeout";
+    case NVML_ERROR_IRQ_ISSUE:
+        return "Interrupt request issue";
+    case NVML_ERROR_LIBRARY_NOT_FOUND:
+        return "NVML Shared Library Not Found";
+    case NVML_ERROR_FUNCTION_NOT_FOUND:
+        return "Function Not Found";
+    case NVML_ERROR_CORRUPTED_INFOROM:
+        return "Corrupted infoROM";
+    case NVML_ERROR_GPU_IS_LOST:
+        return "GPU is lost";
+    case NVML_ERROR_RESET_REQUIRED:
+        return "GPU requires restart";
+    case NVML_ERROR_OPERATING_SYSTEM:
+        return "The operating system has blocked the request.";
+    case NVML_ERROR_LIB_RM_VERSION_MISMATCH:
+        return "RM has detected an NVML/RM version mismatch.";
+    case NVML_ERROR_IN_USE:
+        return "In use by another client";
+    case NVML_ERROR_MEMORY:
+        return "Insufficient Memory";
+    case NVML_ERROR_NO_DATA:
+        return "No data";
+    case NVML_ERROR_ARGUMENT_VERSION_MISMATCH:
+        return "Argument version mismatch";
+    case NVML_ERROR_DEPRECATED:
+        return "Deprecated";
+    case NVML_ERROR_NOT_READY:
+        return "Not Ready";
+    case NVML_ERROR_GPU_NOT_FOUND:
+        return "GPU not found";
+    case NVML_ERROR_INVALID_STATE:
+        return "Invalid state";
+    case NVML_ERROR_UNKNOWN:
+        return "Unknown Error";
+    default:
+        return "Unknown Error";
     }
 }
 
@@ -295,10 +314,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount)
     return NVML_SUCCESS;
 }
 
-NVML_API nvmlReturn_t nvmlDeviceGetCount(unsigned int *deviceCount)
-{
-    return nvmlDeviceGetCount_v2(deviceCount);
-}
+NVML_API nvmlReturn_t nvmlDeviceGetCount(unsigned int *deviceCount) { return nvmlDeviceGetCount_v2(deviceCount); }
 
 NVML_API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device)
 {
@@ -541,7 +557,7 @@ static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *infoCou
             if (stride == 32) {
                 memcpy(e + 16, &none, sizeof none);
                 memcpy(e + 20, &none, sizeof none);
-                memcpy(e + 24, &zero, sizeof zero);   /* usedGpuCcProtectedMemory */
+                memcpy(e + 24, &zero, sizeof zero); /* usedGpuCcProtectedMemory */
             }
         }
         *infoCount = (unsigned)n;

@@ -54,14 +54,14 @@ typedef struct nvmlDevice_st *nvmlDevice_t;
 #define NVML_INIT_FLAG_NO_GPUS   1
 #define NVML_INIT_FLAG_NO_ATTACH 2
 
-#define NVML_DEVICE_NAME_BUFFER_SIZE          64
-#define NVML_DEVICE_NAME_V2_BUFFER_SIZE       96
-#define NVML_DEVICE_UUID_BUFFER_SIZE          80
-#define NVML_DEVICE_UUID_V2_BUFFER_SIZE       96
+#define NVML_DEVICE_NAME_BUFFER_SIZE           64
+#define NVML_DEVICE_NAME_V2_BUFFER_SIZE        96
+#define NVML_DEVICE_UUID_BUFFER_SIZE           80
+#define NVML_DEVICE_UUID_V2_BUFFER_SIZE        96
 #define NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE 80
-#define NVML_SYSTEM_NVML_VERSION_BUFFER_SIZE  80
-#define NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE    32
-#define NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE 16
+#define NVML_SYSTEM_NVML_VERSION_BUFFER_SIZE   80
+#define NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE     32
+#define NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE  16
 
 #define NVML_VALUE_NOT_AVAILABLE (-1)
 
@@ -70,9 +70,9 @@ typedef struct nvmlPciInfo_st {
     unsigned int domain;
     unsigned int bus;
     unsigned int device;
-    unsigned int pciDeviceId;      /* (device id << 16) | vendor id */
+    unsigned int pciDeviceId; /* (device id << 16) | vendor id */
     unsigned int pciSubSystemId;
-    char busId[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE];          /* "00000000:10:00.0" */
+    char busId[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE]; /* "00000000:10:00.0" */
 } nvmlPciInfo_t;
 
 typedef struct nvmlMemory_st {
@@ -82,7 +82,7 @@ typedef struct nvmlMemory_st {
 } nvmlMemory_t;
 
 typedef struct nvmlMemory_v2_st {
-    unsigned int version;          /* must be nvmlMemory_v2 */
+    unsigned int version; /* must be nvmlMemory_v2 */
     unsigned long long total;
     unsigned long long reserved;
     unsigned long long free;
@@ -90,13 +90,13 @@ typedef struct nvmlMemory_v2_st {
 } nvmlMemory_v2_t;
 
 #define NVML_STRUCT_VERSION(data, ver) (unsigned int)(sizeof(nvml##data##_v##ver##_t) | ((ver) << 24U))
-#define nvmlMemory_v2 NVML_STRUCT_VERSION(Memory, 2)
+#define nvmlMemory_v2                  NVML_STRUCT_VERSION(Memory, 2)
 
 /* Layout shared by nvmlDeviceGetComputeRunningProcesses_v2 and _v3. */
 typedef struct nvmlProcessInfo_st {
     unsigned int pid;
     unsigned long long usedGpuMemory;
-    unsigned int gpuInstanceId;    /* 0xFFFFFFFF when MIG is off */
+    unsigned int gpuInstanceId; /* 0xFFFFFFFF when MIG is off */
     unsigned int computeInstanceId;
 } nvmlProcessInfo_t;
 
@@ -114,8 +114,8 @@ typedef struct nvmlProcessDetail_v1_st {
 } nvmlProcessDetail_v1_t;
 
 typedef struct nvmlProcessDetailList_v1_st {
-    unsigned int version;          /* must be nvmlProcessDetailList_v1 */
-    unsigned int mode;             /* 0 compute, 1 graphics, 2 MPS compute */
+    unsigned int version; /* must be nvmlProcessDetailList_v1 */
+    unsigned int mode;    /* 0 compute, 1 graphics, 2 MPS compute */
     unsigned int numProcArrayEntries;
     nvmlProcessDetail_v1_t *procArray;
 } nvmlProcessDetailList_v1_t;

@@ -31,74 +31,74 @@
 
 #include "runtime_tables.h"
 
-#define RT_API __attribute__((visibility("default")))
+#define RT_API         __attribute__((visibility("default")))
 #define RT_MAX_DEVICES 64
-#define RT_N_LOOKUPS (sizeof k_cudart13_lookups / sizeof k_cudart13_lookups[0])
+#define RT_N_LOOKUPS   (sizeof k_cudart13_lookups / sizeof k_cudart13_lookups[0])
 
 /*
  * The driver functions this runtime calls: field, base name, version, flags,
  * and the cudaTypedefs.h pointer type of that ABI variant.  Every row must be
  * one of the real runtime's lookups (checked at initialisation).
  */
-#define RT_DRIVER_FUNCS(X)                                                                     \
-    X(Init, "cuInit", 2000, 0, PFN_cuInit_v2000)                                               \
-    X(GetProcAddress, "cuGetProcAddress", 12000, 0, PFN_cuGetProcAddress_v12000)               \
-    X(DriverGetVersion, "cuDriverGetVersion", 2020, 0, PFN_cuDriverGetVersion_v2020)           \
-    X(DeviceGet, "cuDeviceGet", 2000, 0, PFN_cuDeviceGet_v2000)                                \
-    X(DeviceGetCount, "cuDeviceGetCount", 2000, 0, PFN_cuDeviceGetCount_v2000)                 \
-    X(DeviceGetName, "cuDeviceGetName", 2000, 0, PFN_cuDeviceGetName_v2000)                    \
-    X(DeviceTotalMem, "cuDeviceTotalMem", 3020, 0, PFN_cuDeviceTotalMem_v3020)                 \
-    X(DeviceGetAttribute, "cuDeviceGetAttribute", 2000, 0, PFN_cuDeviceGetAttribute_v2000)     \
-    X(DeviceGetUuid, "cuDeviceGetUuid", 9020, 0, PFN_cuDeviceGetUuid_v9020)                    \
-    X(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000, 0, PFN_cuDevicePrimaryCtxRetain_v7000) \
-    X(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", 7000, 0, PFN_cuDevicePrimaryCtxRelease_v7000) \
-    X(DevicePrimaryCtxReset, "cuDevicePrimaryCtxReset", 7000, 0, PFN_cuDevicePrimaryCtxReset_v7000)    \
-    X(CtxSetCurrent, "cuCtxSetCurrent", 4000, 0, PFN_cuCtxSetCurrent_v4000)                    \
-    X(CtxGetCurrent, "cuCtxGetCurrent", 4000, 0, PFN_cuCtxGetCurrent_v4000)                    \
-    X(CtxGetDevice, "cuCtxGetDevice", 2000, 0, PFN_cuCtxGetDevice_v2000)                       \
-    X(CtxSynchronize, "cuCtxSynchronize", 2000, 0, PFN_cuCtxSynchronize_v2000)                 \
-    X(MemGetInfo, "cuMemGetInfo", 3020, 0, PFN_cuMemGetInfo_v3020)                             \
-    X(MemAlloc, "cuMemAlloc", 3020, 0, PFN_cuMemAlloc_v3020)                                   \
-    X(MemAllocPitch, "cuMemAllocPitch", 3020, 0, PFN_cuMemAllocPitch_v3020)                    \
-    X(MemAllocManaged, "cuMemAllocManaged", 6000, 0, PFN_cuMemAllocManaged_v6000)              \
-    X(MemFree, "cuMemFree", 3020, 0, PFN_cuMemFree_v3020)                                      \
-    X(MemHostAlloc, "cuMemHostAlloc", 2020, 0, PFN_cuMemHostAlloc_v2020)                       \
-    X(MemFreeHost, "cuMemFreeHost", 2000, 0, PFN_cuMemFreeHost_v2000)                          \
-    X(MemAllocAsync, "cuMemAllocAsync", 11020, 0, PFN_cuMemAllocAsync_v11020)                  \
-    X(MemAllocAsync_pt, "cuMemAllocAsync", 11020, 2, PFN_cuMemAllocAsync_v11020_ptsz)          \
-    X(MemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 11020, 0, PFN_cuMemAllocFromPoolAsync_v11020) \
+#define RT_DRIVER_FUNCS(X)                                                                                    \
+    X(Init, "cuInit", 2000, 0, PFN_cuInit_v2000)                                                              \
+    X(GetProcAddress, "cuGetProcAddress", 12000, 0, PFN_cuGetProcAddress_v12000)                              \
+    X(DriverGetVersion, "cuDriverGetVersion", 2020, 0, PFN_cuDriverGetVersion_v2020)                          \
+    X(DeviceGet, "cuDeviceGet", 2000, 0, PFN_cuDeviceGet_v2000)                                               \
+    X(DeviceGetCount, "cuDeviceGetCount", 2000, 0, PFN_cuDeviceGetCount_v2000)                                \
+    X(DeviceGetName, "cuDeviceGetName", 2000, 0, PFN_cuDeviceGetName_v2000)                                   \
+    X(DeviceTotalMem, "cuDeviceTotalMem", 3020, 0, PFN_cuDeviceTotalMem_v3020)                                \
+    X(DeviceGetAttribute, "cuDeviceGetAttribute", 2000, 0, PFN_cuDeviceGetAttribute_v2000)                    \
+    X(DeviceGetUuid, "cuDeviceGetUuid", 9020, 0, PFN_cuDeviceGetUuid_v9020)                                   \
+    X(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000, 0, PFN_cuDevicePrimaryCtxRetain_v7000)        \
+    X(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", 7000, 0, PFN_cuDevicePrimaryCtxRelease_v7000)     \
+    X(DevicePrimaryCtxReset, "cuDevicePrimaryCtxReset", 7000, 0, PFN_cuDevicePrimaryCtxReset_v7000)           \
+    X(CtxSetCurrent, "cuCtxSetCurrent", 4000, 0, PFN_cuCtxSetCurrent_v4000)                                   \
+    X(CtxGetCurrent, "cuCtxGetCurrent", 4000, 0, PFN_cuCtxGetCurrent_v4000)                                   \
+    X(CtxGetDevice, "cuCtxGetDevice", 2000, 0, PFN_cuCtxGetDevice_v2000)                                      \
+    X(CtxSynchronize, "cuCtxSynchronize", 2000, 0, PFN_cuCtxSynchronize_v2000)                                \
+    X(MemGetInfo, "cuMemGetInfo", 3020, 0, PFN_cuMemGetInfo_v3020)                                            \
+    X(MemAlloc, "cuMemAlloc", 3020, 0, PFN_cuMemAlloc_v3020)                                                  \
+    X(MemAllocPitch, "cuMemAllocPitch", 3020, 0, PFN_cuMemAllocPitch_v3020)                                   \
+    X(MemAllocManaged, "cuMemAllocManaged", 6000, 0, PFN_cuMemAllocManaged_v6000)                             \
+    X(MemFree, "cuMemFree", 3020, 0, PFN_cuMemFree_v3020)                                                     \
+    X(MemHostAlloc, "cuMemHostAlloc", 2020, 0, PFN_cuMemHostAlloc_v2020)                                      \
+    X(MemFreeHost, "cuMemFreeHost", 2000, 0, PFN_cuMemFreeHost_v2000)                                         \
+    X(MemAllocAsync, "cuMemAllocAsync", 11020, 0, PFN_cuMemAllocAsync_v11020)                                 \
+    X(MemAllocAsync_pt, "cuMemAllocAsync", 11020, 2, PFN_cuMemAllocAsync_v11020_ptsz)                         \
+    X(MemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 11020, 0, PFN_cuMemAllocFromPoolAsync_v11020)         \
     X(MemAllocFromPoolAsync_pt, "cuMemAllocFromPoolAsync", 11020, 2, PFN_cuMemAllocFromPoolAsync_v11020_ptsz) \
-    X(MemFreeAsync, "cuMemFreeAsync", 11020, 0, PFN_cuMemFreeAsync_v11020)                     \
-    X(MemFreeAsync_pt, "cuMemFreeAsync", 11020, 2, PFN_cuMemFreeAsync_v11020_ptsz)             \
-    X(MemPoolCreate, "cuMemPoolCreate", 11020, 0, PFN_cuMemPoolCreate_v11020)                  \
-    X(MemPoolDestroy, "cuMemPoolDestroy", 11020, 0, PFN_cuMemPoolDestroy_v11020)               \
-    X(MemPoolTrimTo, "cuMemPoolTrimTo", 11020, 0, PFN_cuMemPoolTrimTo_v11020)                  \
-    X(MemPoolSetAttribute, "cuMemPoolSetAttribute", 11020, 0, PFN_cuMemPoolSetAttribute_v11020) \
-    X(MemPoolGetAttribute, "cuMemPoolGetAttribute", 11020, 0, PFN_cuMemPoolGetAttribute_v11020) \
-    X(DeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 11020, 0, PFN_cuDeviceGetDefaultMemPool_v11020) \
-    X(DeviceGetMemPool, "cuDeviceGetMemPool", 11020, 0, PFN_cuDeviceGetMemPool_v11020)         \
-    X(DeviceSetMemPool, "cuDeviceSetMemPool", 11020, 0, PFN_cuDeviceSetMemPool_v11020)         \
-    X(StreamCreate, "cuStreamCreate", 2000, 0, PFN_cuStreamCreate_v2000)                       \
-    X(StreamDestroy, "cuStreamDestroy", 4000, 0, PFN_cuStreamDestroy_v4000)                    \
-    X(StreamSynchronize, "cuStreamSynchronize", 2000, 0, PFN_cuStreamSynchronize_v2000)        \
-    X(StreamSynchronize_pt, "cuStreamSynchronize", 7000, 2, PFN_cuStreamSynchronize_v7000_ptsz) \
-    X(EventCreate, "cuEventCreate", 2000, 0, PFN_cuEventCreate_v2000)                          \
-    X(EventRecord, "cuEventRecord", 2000, 0, PFN_cuEventRecord_v2000)                          \
-    X(EventRecord_pt, "cuEventRecord", 7000, 2, PFN_cuEventRecord_v7000_ptsz)                  \
-    X(EventSynchronize, "cuEventSynchronize", 2000, 0, PFN_cuEventSynchronize_v2000)           \
-    X(EventDestroy, "cuEventDestroy", 4000, 0, PFN_cuEventDestroy_v4000)                       \
-    X(Memcpy, "cuMemcpy", 4000, 0, PFN_cuMemcpy_v4000)                                         \
-    X(Memcpy_pt, "cuMemcpy", 7000, 2, PFN_cuMemcpy_v7000_ptds)                                 \
-    X(MemcpyAsync, "cuMemcpyAsync", 4000, 0, PFN_cuMemcpyAsync_v4000)                          \
-    X(MemcpyAsync_pt, "cuMemcpyAsync", 7000, 2, PFN_cuMemcpyAsync_v7000_ptsz)                  \
-    X(MemsetD8, "cuMemsetD8", 3020, 0, PFN_cuMemsetD8_v3020)                                   \
-    X(MemsetD8_pt, "cuMemsetD8", 7000, 2, PFN_cuMemsetD8_v7000_ptds)                           \
-    X(MemsetD8Async, "cuMemsetD8Async", 3020, 0, PFN_cuMemsetD8Async_v3020)                    \
-    X(MemsetD8Async_pt, "cuMemsetD8Async", 7000, 2, PFN_cuMemsetD8Async_v7000_ptsz)          \
-    X(ArrayCreate, "cuArrayCreate", 3020, 0, PFN_cuArrayCreate_v3020)                         \
-    X(Array3DCreate, "cuArray3DCreate", 3020, 0, PFN_cuArray3DCreate_v3020)                   \
-    X(ArrayDestroy, "cuArrayDestroy", 2000, 0, PFN_cuArrayDestroy_v2000)                      \
-    X(MipmappedArrayCreate, "cuMipmappedArrayCreate", 5000, 0, PFN_cuMipmappedArrayCreate_v5000) \
+    X(MemFreeAsync, "cuMemFreeAsync", 11020, 0, PFN_cuMemFreeAsync_v11020)                                    \
+    X(MemFreeAsync_pt, "cuMemFreeAsync", 11020, 2, PFN_cuMemFreeAsync_v11020_ptsz)                            \
+    X(MemPoolCreate, "cuMemPoolCreate", 11020, 0, PFN_cuMemPoolCreate_v11020)                                 \
+    X(MemPoolDestroy, "cuMemPoolDestroy", 11020, 0, PFN_cuMemPoolDestroy_v11020)                              \
+    X(MemPoolTrimTo, "cuMemPoolTrimTo", 11020, 0, PFN_cuMemPoolTrimTo_v11020)                                 \
+    X(MemPoolSetAttribute, "cuMemPoolSetAttribute", 11020, 0, PFN_cuMemPoolSetAttribute_v11020)               \
+    X(MemPoolGetAttribute, "cuMemPoolGetAttribute", 11020, 0, PFN_cuMemPoolGetAttribute_v11020)               \
+    X(DeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 11020, 0, PFN_cuDeviceGetDefaultMemPool_v11020)   \
+    X(DeviceGetMemPool, "cuDeviceGetMemPool", 11020, 0, PFN_cuDeviceGetMemPool_v11020)                        \
+    X(DeviceSetMemPool, "cuDeviceSetMemPool", 11020, 0, PFN_cuDeviceSetMemPool_v11020)                        \
+    X(StreamCreate, "cuStreamCreate", 2000, 0, PFN_cuStreamCreate_v2000)                                      \
+    X(StreamDestroy, "cuStreamDestroy", 4000, 0, PFN_cuStreamDestroy_v4000)                                   \
+    X(StreamSynchronize, "cuStreamSynchronize", 2000, 0, PFN_cuStreamSynchronize_v2000)                       \
+    X(StreamSynchronize_pt, "cuStreamSynchronize", 7000, 2, PFN_cuStreamSynchronize_v7000_ptsz)               \
+    X(EventCreate, "cuEventCreate", 2000, 0, PFN_cuEventCreate_v2000)                                         \
+    X(EventRecord, "cuEventRecord", 2000, 0, PFN_cuEventRecord_v2000)                                         \
+    X(EventRecord_pt, "cuEventRecord", 7000, 2, PFN_cuEventRecord_v7000_ptsz)                                 \
+    X(EventSynchronize, "cuEventSynchronize", 2000, 0, PFN_cuEventSynchronize_v2000)                          \
+    X(EventDestroy, "cuEventDestroy", 4000, 0, PFN_cuEventDestroy_v4000)                                      \
+    X(Memcpy, "cuMemcpy", 4000, 0, PFN_cuMemcpy_v4000)                                                        \
+    X(Memcpy_pt, "cuMemcpy", 7000, 2, PFN_cuMemcpy_v7000_ptds)                                                \
+    X(MemcpyAsync, "cuMemcpyAsync", 4000, 0, PFN_cuMemcpyAsync_v4000)                                         \
+    X(MemcpyAsync_pt, "cuMemcpyAsync", 7000, 2, PFN_cuMemcpyAsync_v7000_ptsz)                                 \
+    X(MemsetD8, "cuMemsetD8", 3020, 0, PFN_cuMemsetD8_v3020)                                                  \
+    X(MemsetD8_pt, "cuMemsetD8", 7000, 2, PFN_cuMemsetD8_v7000_ptds)                                          \
+    X(MemsetD8Async, "cuMemsetD8Async", 3020, 0, PFN_cuMemsetD8Async_v3020)                                   \
+    X(MemsetD8Async_pt, "cuMemsetD8Async", 7000, 2, PFN_cuMemsetD8Async_v7000_ptsz)                           \
+    X(ArrayCreate, "cuArrayCreate", 3020, 0, PFN_cuArrayCreate_v3020)                                         \
+    X(Array3DCreate, "cuArray3DCreate", 3020, 0, PFN_cuArray3DCreate_v3020)                                   \
+    X(ArrayDestroy, "cuArrayDestroy", 2000, 0, PFN_cuArrayDestroy_v2000)                                      \
+    X(MipmappedArrayCreate, "cuMipmappedArrayCreate", 5000, 0, PFN_cuMipmappedArrayCreate_v5000)              \
     X(MipmappedArrayDestroy, "cuMipmappedArrayDestroy", 5000, 0, PFN_cuMipmappedArrayDestroy_v5000)
 
 typedef struct rt_driver {
@@ -110,9 +110,9 @@ typedef struct rt_driver {
 static struct {
     pthread_mutex_t lock;
     bool inited;
-    cudaError_t init_err;          /* sticky: a failed initialisation fails every call */
+    cudaError_t init_err; /* sticky: a failed initialisation fails every call */
     void *lib;
-    void *ptrs[RT_N_LOOKUPS];      /* results of the replayed lookups */
+    void *ptrs[RT_N_LOOKUPS]; /* results of the replayed lookups */
     rt_driver_t d;
     int ndev;
     CUcontext primary[RT_MAX_DEVICES];
@@ -130,26 +130,46 @@ static __thread cudaError_t t_last_error;
 static cudaError_t map_driver_error(CUresult r)
 {
     switch (r) {
-    case CUDA_SUCCESS: return cudaSuccess;
-    case CUDA_ERROR_INVALID_VALUE: return cudaErrorInvalidValue;
-    case CUDA_ERROR_OUT_OF_MEMORY: return cudaErrorMemoryAllocation;
-    case CUDA_ERROR_NOT_INITIALIZED: return cudaErrorInitializationError;
-    case CUDA_ERROR_DEINITIALIZED: return cudaErrorCudartUnloading;
-    case CUDA_ERROR_STUB_LIBRARY: return cudaErrorStubLibrary;
-    case CUDA_ERROR_NO_DEVICE: return cudaErrorNoDevice;
-    case CUDA_ERROR_INVALID_DEVICE: return cudaErrorInvalidDevice;
-    case CUDA_ERROR_INVALID_CONTEXT: return cudaErrorDeviceUninitialized;
-    case CUDA_ERROR_CONTEXT_IS_DESTROYED: return cudaErrorContextIsDestroyed;
-    case CUDA_ERROR_ALREADY_MAPPED: return cudaErrorAlreadyMapped;
-    case CUDA_ERROR_NOT_MAPPED: return cudaErrorNotMapped;
-    case CUDA_ERROR_INVALID_HANDLE: return cudaErrorInvalidResourceHandle;
-    case CUDA_ERROR_ILLEGAL_STATE: return cudaErrorIllegalState;
-    case CUDA_ERROR_NOT_FOUND: return cudaErrorSymbolNotFound;
-    case CUDA_ERROR_NOT_READY: return cudaErrorNotReady;
-    case CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE: return cudaErrorSetOnActiveProcess;
-    case CUDA_ERROR_NOT_PERMITTED: return cudaErrorNotPermitted;
-    case CUDA_ERROR_NOT_SUPPORTED: return cudaErrorNotSupported;
-    default: return cudaErrorUnknown;
+    case CUDA_SUCCESS:
+        return cudaSuccess;
+    case CUDA_ERROR_INVALID_VALUE:
+        return cudaErrorInvalidValue;
+    case CUDA_ERROR_OUT_OF_MEMORY:
+        return cudaErrorMemoryAllocation;
+    case CUDA_ERROR_NOT_INITIALIZED:
+        return cudaErrorInitializationError;
+    case CUDA_ERROR_DEINITIALIZED:
+        return cudaErrorCudartUnloading;
+    case CUDA_ERROR_STUB_LIBRARY:
+        return cudaErrorStubLibrary;
+    case CUDA_ERROR_NO_DEVICE:
+        return cudaErrorNoDevice;
+    case CUDA_ERROR_INVALID_DEVICE:
+        return cudaErrorInvalidDevice;
+    case CUDA_ERROR_INVALID_CONTEXT:
+        return cudaErrorDeviceUninitialized;
+    case CUDA_ERROR_CONTEXT_IS_DESTROYED:
+        return cudaErrorContextIsDestroyed;
+    case CUDA_ERROR_ALREADY_MAPPED:
+        return cudaErrorAlreadyMapped;
+    case CUDA_ERROR_NOT_MAPPED:
+        return cudaErrorNotMapped;
+    case CUDA_ERROR_INVALID_HANDLE:
+        return cudaErrorInvalidResourceHandle;
+    case CUDA_ERROR_ILLEGAL_STATE:
+        return cudaErrorIllegalState;
+    case CUDA_ERROR_NOT_FOUND:
+        return cudaErrorSymbolNotFound;
+    case CUDA_ERROR_NOT_READY:
+        return cudaErrorNotReady;
+    case CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE:
+        return cudaErrorSetOnActiveProcess;
+    case CUDA_ERROR_NOT_PERMITTED:
+        return cudaErrorNotPermitted;
+    case CUDA_ERROR_NOT_SUPPORTED:
+        return cudaErrorNotSupported;
+    default:
+        return cudaErrorUnknown;
     }
 }
 
@@ -162,10 +182,7 @@ static cudaError_t rt_ret(cudaError_t e)
     return e;
 }
 
-static cudaError_t rt_ret_drv(CUresult r)
-{
-    return rt_ret(map_driver_error(r));
-}
+static cudaError_t rt_ret_drv(CUresult r) { return rt_ret(map_driver_error(r)); }
 
 /* A driver allocation's result: the pointer it wrote to *p on success, the error recorded
  * otherwise.  p by address: the allocation is an argument of this call, and C leaves the
@@ -179,11 +196,11 @@ static cudaError_t rt_ret_ptr(CUresult r, const CUdeviceptr *p, void **out)
 
 /* Preamble of an API call: `ready` is rt_init(), rt_init_device() or rt_ctx(); when it
  * fails the call records and returns its error (the runtime's ENTER_INIT). */
-#define RT_READY(ready)                        \
-    do {                                       \
-        cudaError_t ready_ = (ready);          \
-        if (ready_ != cudaSuccess)             \
-            return rt_ret(ready_);             \
+#define RT_READY(ready)               \
+    do {                              \
+        cudaError_t ready_ = (ready); \
+        if (ready_ != cudaSuccess)    \
+            return rt_ret(ready_);    \
     } while (0)
 
 RT_API cudaError_t CUDARTAPI cudaGetLastError(void)
@@ -193,10 +210,7 @@ RT_API cudaError_t CUDARTAPI cudaGetLastError(void)
     return e;
 }
 
-RT_API cudaError_t CUDARTAPI cudaPeekAtLastError(void)
-{
-    return t_last_error;
-}
+RT_API cudaError_t CUDARTAPI cudaPeekAtLastError(void) { return t_last_error; }
 
 /* The enumerator's name of a cudaError_t this runtime knows, else NULL. */
 static const char *error_name(cudaError_t error)
@@ -291,11 +305,11 @@ static cudaError_t init_locked(void)
     }
 
     bool complete = true;
-#define RT_ASSIGN(field, name, ver, flags, type)                \
-    D.field = (type)lookup_result(name, ver, flags);            \
-    if (!D.field) {                                             \
+#define RT_ASSIGN(field, name, ver, flags, type)                                          \
+    D.field = (type)lookup_result(name, ver, flags);                                      \
+    if (!D.field) {                                                                       \
         fprintf(stderr, "simcudart: driver lacks %s (%d, flags %d)\n", name, ver, flags); \
-        complete = false;                                       \
+        complete = false;                                                                 \
     }
     RT_DRIVER_FUNCS(RT_ASSIGN)
 #undef RT_ASSIGN
@@ -347,10 +361,7 @@ static void rt_atfork_child(void)
     t_last_error = cudaSuccess;
 }
 
-__attribute__((constructor)) static void rt_ctor(void)
-{
-    pthread_atfork(NULL, NULL, rt_atfork_child);
-}
+__attribute__((constructor)) static void rt_ctor(void) { pthread_atfork(NULL, NULL, rt_atfork_child); }
 
 /*
  * Retain the primary context of `dev` once per process and return it.  The
@@ -691,18 +702,19 @@ static bool rt_array_format(const struct cudaChannelFormatDesc *d, CUarray_forma
         *f = bits == 8 ? CU_AD_FORMAT_SIGNED_INT8 : bits == 16 ? CU_AD_FORMAT_SIGNED_INT16 : CU_AD_FORMAT_SIGNED_INT32;
         return bits == 8 || bits == 16 || bits == 32;
     case cudaChannelFormatKindUnsigned:
-        *f = bits == 8 ? CU_AD_FORMAT_UNSIGNED_INT8 : bits == 16 ? CU_AD_FORMAT_UNSIGNED_INT16
-                                                                 : CU_AD_FORMAT_UNSIGNED_INT32;
+        *f = bits == 8    ? CU_AD_FORMAT_UNSIGNED_INT8
+             : bits == 16 ? CU_AD_FORMAT_UNSIGNED_INT16
+                          : CU_AD_FORMAT_UNSIGNED_INT32;
         return bits == 8 || bits == 16 || bits == 32;
     default:
         return false;
     }
 }
 
-RT_API cudaError_t CUDARTAPI cudaMallocArray(cudaArray_t *array, const struct cudaChannelFormatDesc *desc,
-                                             size_t width, size_t height, unsigned int flags)
+RT_API cudaError_t CUDARTAPI cudaMallocArray(cudaArray_t *array, const struct cudaChannelFormatDesc *desc, size_t width,
+                                             size_t height, unsigned int flags)
 {
-    CUDA_ARRAY_DESCRIPTOR d = {width, height, 0, 0};
+    CUDA_ARRAY_DESCRIPTOR d = { width, height, 0, 0 };
     if (!array || !desc || !rt_array_format(desc, &d.Format, &d.NumChannels))
         return rt_ret(cudaErrorInvalidValue);
     RT_READY(rt_ctx(NULL));
@@ -712,18 +724,19 @@ RT_API cudaError_t CUDARTAPI cudaMallocArray(cudaArray_t *array, const struct cu
 RT_API cudaError_t CUDARTAPI cudaMalloc3DArray(cudaArray_t *array, const struct cudaChannelFormatDesc *desc,
                                                struct cudaExtent extent, unsigned int flags)
 {
-    CUDA_ARRAY3D_DESCRIPTOR d = {extent.width, extent.height, extent.depth, 0, 0, flags};
+    CUDA_ARRAY3D_DESCRIPTOR d = { extent.width, extent.height, extent.depth, 0, 0, flags };
     if (!array || !desc || !rt_array_format(desc, &d.Format, &d.NumChannels))
         return rt_ret(cudaErrorInvalidValue);
     RT_READY(rt_ctx(NULL));
     return rt_ret_drv(D.Array3DCreate((CUarray *)array, &d));
 }
 
-RT_API cudaError_t CUDARTAPI cudaMallocMipmappedArray(cudaMipmappedArray_t *mm, const struct cudaChannelFormatDesc *desc,
+RT_API cudaError_t CUDARTAPI cudaMallocMipmappedArray(cudaMipmappedArray_t *mm,
+                                                      const struct cudaChannelFormatDesc *desc,
                                                       struct cudaExtent extent, unsigned int numLevels,
                                                       unsigned int flags)
 {
-    CUDA_ARRAY3D_DESCRIPTOR d = {extent.width, extent.height, extent.depth, 0, 0, flags};
+    CUDA_ARRAY3D_DESCRIPTOR d = { extent.width, extent.height, extent.depth, 0, 0, flags };
     if (!mm || !desc || !rt_array_format(desc, &d.Format, &d.NumChannels))
         return rt_ret(cudaErrorInvalidValue);
     RT_READY(rt_ctx(NULL));
@@ -749,7 +762,7 @@ RT_API cudaError_t CUDARTAPI cudaFreeMipmappedArray(cudaMipmappedArray_t mm)
 RT_API struct cudaChannelFormatDesc CUDARTAPI cudaCreateChannelDesc(int x, int y, int z, int w,
                                                                     enum cudaChannelFormatKind f)
 {
-    struct cudaChannelFormatDesc d = {x, y, z, w, f};
+    struct cudaChannelFormatDesc d = { x, y, z, w, f };
     return d;
 }
 
@@ -818,7 +831,7 @@ static cudaError_t malloc_async(void **ptr, size_t size, bool from_pool, cudaMem
     }
     CUdeviceptr p;
     CUresult r = from_pool ? (pt ? D.MemAllocFromPoolAsync_pt : D.MemAllocFromPoolAsync)(&p, size, (CUmemoryPool)pool,
-                                                                                        (CUstream)stream)
+                                                                                         (CUstream)stream)
                            : (pt ? D.MemAllocAsync_pt : D.MemAllocAsync)(&p, size, (CUstream)stream);
     return rt_ret_ptr(r, &p, ptr);
 }
@@ -1090,7 +1103,7 @@ static cudaError_t entry_point(const char *symbol, void **funcPtr, unsigned int 
         if (r != CUDA_SUCCESS)
             *funcPtr = NULL;
         if (driverStatus)
-            *driverStatus = r == CUDA_SUCCESS ? cudaDriverEntryPointSuccess
+            *driverStatus = r == CUDA_SUCCESS                                  ? cudaDriverEntryPointSuccess
                             : st == CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT ? cudaDriverEntryPointVersionNotSufficent
                                                                                : cudaDriverEntryPointSymbolNotFound;
         return cudaSuccess;

@@ -30,14 +30,24 @@ static const char *skip_ws(const char *s)
 
 bool sim_parse_size(const char *s, uint64_t *out)
 {
-    static const struct { const char *unit; uint64_t mult; } units[] = {
-        { "",    1 },                 { "b",   1 },
-        { "kib", SIM_KIB },           { "mib", SIM_MIB },        { "gib", SIM_GIB },
+    static const struct {
+        const char *unit;
+        uint64_t mult;
+    } units[] = {
+        { "", 1 },
+        { "b", 1 },
+        { "kib", SIM_KIB },
+        { "mib", SIM_MIB },
+        { "gib", SIM_GIB },
         { "tib", SIM_GIB * 1024ULL },
-        { "k",   SIM_KIB },           { "m",   SIM_MIB },        { "g",   SIM_GIB },
-        { "t",   SIM_GIB * 1024ULL },
-        { "kb",  1000ULL },           { "mb",  1000000ULL },     { "gb",  1000000000ULL },
-        { "tb",  1000000000000ULL },
+        { "k", SIM_KIB },
+        { "m", SIM_MIB },
+        { "g", SIM_GIB },
+        { "t", SIM_GIB * 1024ULL },
+        { "kb", 1000ULL },
+        { "mb", 1000000ULL },
+        { "gb", 1000000000ULL },
+        { "tb", 1000000000000ULL },
     };
     if (!s)
         return false;
@@ -200,10 +210,12 @@ static void set_defaults_cc(sim_config_t *c)
 const char *sim_canonical_alloc_fn(const char *name)
 {
     static const char *const canon[] = {
-        "cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemAllocManaged", "cuMemCreate",
-        "cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuMemHostAlloc", "cuMemAllocHost_v2",
+        "cuMemAlloc_v2",   "cuMemAllocPitch_v2",      "cuMemAllocManaged", "cuMemCreate",
+        "cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuMemHostAlloc",    "cuMemAllocHost_v2",
     };
-    static const struct { const char *alias, *canon; } alias[] = {
+    static const struct {
+        const char *alias, *canon;
+    } alias[] = {
         { "cuMemAlloc", "cuMemAlloc_v2" },
         { "cuMemAllocPitch", "cuMemAllocPitch_v2" },
         { "cuMemAllocHost", "cuMemAllocHost_v2" },

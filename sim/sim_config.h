@@ -15,7 +15,7 @@
 
 #define SIM_HIDDEN __attribute__((visibility("hidden")))
 
-#define SIM_MAX_DEVICES     16          /* each device owns a 512 GiB fake VA window */
+#define SIM_MAX_DEVICES     16 /* each device owns a 512 GiB fake VA window */
 #define SIM_MAX_OTHER_PROCS 64
 #define SIM_MAX_FAIL_RULES  32
 #define SIM_NAME_MAX        96
@@ -41,8 +41,8 @@ typedef struct sim_other_proc {
 } sim_other_proc_t;
 
 typedef struct sim_fail_rule {
-    char name[48];      /* canonical allocating-function name, or "*" */
-    uint64_t nth;       /* 1-based call number that fails */
+    char name[48]; /* canonical allocating-function name, or "*" */
+    uint64_t nth;  /* 1-based call number that fails */
 } sim_fail_rule_t;
 
 typedef struct sim_config {
@@ -58,9 +58,9 @@ typedef struct sim_config {
     sim_fail_rule_t fail[SIM_MAX_FAIL_RULES];
     double fail_prob;
     uint64_t seed;
-    char truth_file[512];   /* "" = off */
-    char state_dir[512];    /* "" = off */
-    char lookup_log[512];   /* SIMGPU_LOG_LOOKUPS: "" = off */
+    char truth_file[512]; /* "" = off */
+    char state_dir[512];  /* "" = off */
+    char lookup_log[512]; /* SIMGPU_LOG_LOOKUPS: "" = off */
 } sim_config_t;
 
 /* Parse the SIMGPU_* environment into *cfg.  Every malformed variable prints

@@ -26,7 +26,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define SHARED_MAGIC   0x474d4953u   /* "SIMG" */
+#define SHARED_MAGIC   0x474d4953u /* "SIMG" */
 #define SHARED_VERSION 1u
 #define SHARED_SLOTS   256
 
@@ -58,10 +58,7 @@ static bool pid_alive(uint32_t pid)
     return kill((pid_t)pid, 0) == 0 || errno == EPERM;
 }
 
-bool sim_shared_enabled(void)
-{
-    return g_sh.enabled;
-}
+bool sim_shared_enabled(void) { return g_sh.enabled; }
 
 bool sim_shared_open(const sim_config_t *cfg)
 {
@@ -80,8 +77,8 @@ bool sim_shared_open(const sim_config_t *cfg)
         if (fd >= 0) {
             flock(fd, LOCK_EX);
             struct stat st;
-            if (fstat(fd, &st) == 0 && (st.st_size >= (off_t)sizeof(shared_file_t) ||
-                                        ftruncate(fd, sizeof(shared_file_t)) == 0))
+            if (fstat(fd, &st) == 0 &&
+                (st.st_size >= (off_t)sizeof(shared_file_t) || ftruncate(fd, sizeof(shared_file_t)) == 0))
                 m = mmap(NULL, sizeof(shared_file_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
             if (m != MAP_FAILED) {
                 shared_file_t *f = m;
@@ -95,8 +92,8 @@ bool sim_shared_open(const sim_config_t *cfg)
             flock(fd, LOCK_UN);
         }
         if (fd < 0 || m == MAP_FAILED) {
-            fprintf(stderr, "simgpu: warning: cannot use state file '%s' (%s); cross-process sharing off\n",
-                    path, strerror(errno));
+            fprintf(stderr, "simgpu: warning: cannot use state file '%s' (%s); cross-process sharing off\n", path,
+                    strerror(errno));
             if (fd >= 0)
                 close(fd);
             for (int e = 0; e < d; e++) {

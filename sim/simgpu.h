@@ -22,21 +22,22 @@ extern "C" {
 #endif
 
 typedef struct simgpu_truth {
-    unsigned long long total_bytes, free_bytes;          /* what cuMemGetInfo would say for that device */
-    unsigned long long context_bytes;                    /* context overheads charged now */
-    unsigned long long alloc_requested_bytes, alloc_charged_bytes, alloc_blocks;   /* cuMemAlloc/Pitch/Managed live */
-    unsigned long long managed_requested_bytes;          /* subset of the above from cuMemAllocManaged */
-    unsigned long long vmm_physical_bytes, vmm_handles;  /* live physical (created, not yet freed) */
+    unsigned long long total_bytes, free_bytes; /* what cuMemGetInfo would say for that device */
+    unsigned long long context_bytes;           /* context overheads charged now */
+    unsigned long long alloc_requested_bytes, alloc_charged_bytes, alloc_blocks; /* cuMemAlloc/Pitch/Managed live */
+    unsigned long long managed_requested_bytes;         /* subset of the above from cuMemAllocManaged */
+    unsigned long long vmm_physical_bytes, vmm_handles; /* live physical (created, not yet freed) */
     unsigned long long pool_reserved_bytes, pool_used_bytes, pool_blocks; /* all pools of that device;
                                                             used = requested bytes of live blocks */
-    unsigned long long other_process_bytes;              /* SIMGPU_OTHER_PROCS + live peers in SIMGPU_STATE_DIR */
-    unsigned long long used_bytes, peak_used_bytes;      /* this process: context+charged+vmm+pool reserved */
+    unsigned long long other_process_bytes;                   /* SIMGPU_OTHER_PROCS + live peers in SIMGPU_STATE_DIR */
+    unsigned long long used_bytes, peak_used_bytes;           /* this process: context+charged+vmm+pool reserved */
     unsigned long long host_pinned_bytes, host_pinned_blocks; /* process-wide, reported with dev 0 */
-    unsigned long long failed_allocs, injected_failures; /* allocation calls that returned OUT_OF_MEMORY / of which injected */
+    unsigned long long failed_allocs,
+        injected_failures; /* allocation calls that returned OUT_OF_MEMORY / of which injected */
     /* Appended after the original layout (keep it last): */
-    unsigned long long contexts;                         /* live contexts on the device (primary counts once) */
-    unsigned long long ipc_mapped_bytes, ipc_mappings;   /* other processes' memory opened with cuIpcOpenMemHandle */
-    unsigned long long graph_reserved_bytes;             /* the device's graph memory (SIMGPU_GRAPH_MEM), charged */
+    unsigned long long contexts;                       /* live contexts on the device (primary counts once) */
+    unsigned long long ipc_mapped_bytes, ipc_mappings; /* other processes' memory opened with cuIpcOpenMemHandle */
+    unsigned long long graph_reserved_bytes;           /* the device's graph memory (SIMGPU_GRAPH_MEM), charged */
 } simgpu_truth_t;
 
 /* Fill *out with the current truth of `device`.  Returns 0, or -1 when the

@@ -21,9 +21,9 @@
 
 #include <cjson/cJSON.h>
 
-#define OG_MAX_FILE_BYTES ((size_t)512 << 20)   /* refuse bigger files */
-#define OG_DEFAULT_MEM_LIMIT ((size_t)1 << 30) /* cJSON + compact arrays */
-#define OG_MAX_EXACT_INT 9007199254740992.0    /* 2^53: doubles hold integers exactly below this */
+#define OG_MAX_FILE_BYTES    ((size_t)512 << 20) /* refuse bigger files */
+#define OG_DEFAULT_MEM_LIMIT ((size_t)1 << 30)   /* cJSON + compact arrays */
+#define OG_MAX_EXACT_INT     9007199254740992.0  /* 2^53: doubles hold integers exactly below this */
 
 /* A byte count that can be as large as a request: up to SIZE_MAX = 2^64-1, which neither an
  * int64 nor a double holds.  Every uint64 is a value, so unknown (null or absent) is a flag of
@@ -72,11 +72,14 @@ struct og_roles_view {
     int present;
     int64_t allocated_bytes;
     int64_t bytes[OG_NROLE_IX], tensors[OG_NROLE_IX];
-    struct { const char *cls; int64_t bytes, tensors; } *optimizers;
+    struct {
+        const char *cls;
+        int64_t bytes, tensors;
+    } * optimizers;
     int noptimizers;
     struct og_role_holder_view *holders;
     int nholders;
-    int complete;           /* -1 absent */
+    int complete; /* -1 absent */
     const char *why;
     double elapsed_ms;
 };
@@ -91,10 +94,10 @@ struct og_site {
 
 struct og_event {
     double t_rel;
-    struct og_bytes bytes;     /* a failed request can be SIZE_MAX */
-    int64_t live_bytes;        /* -1 when absent */
-    int32_t device;            /* -1 when absent */
-    int32_t op;                /* enum og_op */
+    struct og_bytes bytes; /* a failed request can be SIZE_MAX */
+    int64_t live_bytes;    /* -1 when absent */
+    int32_t device;        /* -1 when absent */
+    int32_t op;            /* enum og_op */
 };
 
 struct og_sample {
@@ -176,7 +179,7 @@ struct og_dump {
         int npython_stack;
         const char *phase, *phase_source; /* event.phase (NULL: unknown) and how it was told */
         struct og_pyframe phase_frame;    /* file NULL: none */
-        int recovered; /* recovered_by is an object */
+        int recovered;                    /* recovered_by is an object */
         struct og_bytes recovered_requested_bytes;
         double recovered_t;
     } event;
@@ -188,18 +191,17 @@ struct og_dump {
     } device;
 
     struct {
-        int64_t process_tracked_bytes, process_used_bytes, framework_bytes, framework_cached_bytes,
-            non_framework_bytes, context_bytes_estimate, other_processes_bytes, host_pinned_bytes;
-        int64_t kind_plain, kind_managed, kind_pool_reserved, kind_pool_used, kind_vmm_physical,
-            kind_vmm_mapped;
+        int64_t process_tracked_bytes, process_used_bytes, framework_bytes, framework_cached_bytes, non_framework_bytes,
+            context_bytes_estimate, other_processes_bytes, host_pinned_bytes;
+        int64_t kind_plain, kind_managed, kind_pool_reserved, kind_pool_used, kind_vmm_physical, kind_vmm_mapped;
         struct og_lib *libs;
         int nlibs;
         struct og_proc *procs;
         int nprocs;
         const char **unmeasured;
         int nunmeasured;
-        const cJSON *framework;    /* adapter's view (object) or NULL */
-        const cJSON *fw_snapshot;  /* memory.framework.snapshot (object) or NULL */
+        const cJSON *framework;       /* adapter's view (object) or NULL */
+        const cJSON *fw_snapshot;     /* memory.framework.snapshot (object) or NULL */
         const char *fw_snapshot_file; /* memory.framework.snapshot_file (the adapter's JSON) or NULL */
         struct og_roles_view roles;   /* memory.framework.roles */
     } mem;
@@ -220,7 +222,7 @@ struct og_dump {
     int nsites;
     struct og_pyframe *python_sites; /* python_sites: lines holding the most live memory, largest first */
     int npython_sites;
-    long sites_total;      /* entries in the file */
+    long sites_total; /* entries in the file */
     int64_t sites_total_bytes;
 
     struct {
@@ -243,9 +245,9 @@ struct og_dump {
 };
 
 struct og_load_opts {
-    int keep_all;    /* keep every streamed element in `root` (json / memory-viz output) */
-    int keep_sites;  /* how many of the largest top_sites to keep (default 1000) */
-    int no_history;  /* skip history events/samples (merge does not need them) */
+    int keep_all;   /* keep every streamed element in `root` (json / memory-viz output) */
+    int keep_sites; /* how many of the largest top_sites to keep (default 1000) */
+    int no_history; /* skip history events/samples (merge does not need them) */
 };
 
 #define OG_ERR_MAX 640
@@ -259,8 +261,8 @@ void og_reader_init(size_t mem_limit);
 /* Load a dump from a file ("-" = standard input) or from memory.  On failure
  * returns NULL with err->msg set; the exit code for that is OG_EXIT_INPUT. */
 struct og_dump *og_dump_load_file(const char *path, const struct og_load_opts *opts, struct og_err *err);
-struct og_dump *og_dump_load_mem(const char *data, size_t len, const char *name,
-                                 const struct og_load_opts *opts, struct og_err *err);
+struct og_dump *og_dump_load_mem(const char *data, size_t len, const char *name, const struct og_load_opts *opts,
+                                 struct og_err *err);
 void og_dump_free(struct og_dump *d);
 
 /* Helpers for renderers. */

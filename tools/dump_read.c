@@ -73,7 +73,7 @@ static void hook_free(void *p)
 
 void og_reader_init(size_t mem_limit)
 {
-    static cJSON_Hooks hooks = {hook_malloc, hook_free};
+    static cJSON_Hooks hooks = { hook_malloc, hook_free };
     if (mem_limit)
         g_mem_limit = mem_limit;
     cJSON_InitHooks(&hooks);
@@ -146,16 +146,16 @@ static void arena_free(struct og_arena *a)
 /* ------------------------------------------------------------------------ */
 /* The input window. */
 
-#define WINDOW_MIN ((size_t)64 << 10)
+#define WINDOW_MIN   ((size_t)64 << 10)
 #define WINDOW_START ((size_t)4 << 20)
 
 struct src {
-    int fd; /* -1: everything is already in buf */
+    int fd;    /* -1: everything is already in buf */
     char *buf; /* buf[len] is always '\0' */
     size_t cap, len, pos;
-    uint64_t base;        /* file offset of buf[0] */
-    uint64_t lines;       /* newlines before buf[0] */
-    uint64_t col0;        /* bytes between the last of them and buf[0] */
+    uint64_t base;  /* file offset of buf[0] */
+    uint64_t lines; /* newlines before buf[0] */
+    uint64_t col0;  /* bytes between the last of them and buf[0] */
     int eof;
 };
 
@@ -180,10 +180,10 @@ struct loader {
     const struct og_load_opts *o;
     struct og_dump *d;
     struct og_err *err;
-    int failed;       /* err holds a fatal error */
-    int deferred;     /* err holds a validation error found while streaming */
-    int schema_ok;    /* the schema key was seen and accepted */
-    int seen[4];      /* streamed arrays already seen (by target) */
+    int failed;    /* err holds a fatal error */
+    int deferred;  /* err holds a validation error found while streaming */
+    int schema_ok; /* the schema key was seen and accepted */
+    int seen[4];   /* streamed arrays already seen (by target) */
     int seen_history;
     cJSON *stream_arr[4];
     long stream_idx;
@@ -273,18 +273,18 @@ static int src_fill(struct loader *L, size_t keep)
 
 /* Runs a step; when it needs more input, slides the window and runs it again
  * from where it began.  Steps only return S_MORE while more input may come. */
-#define STEP(call)                                                                                 \
-    do {                                                                                           \
-        size_t mark_ = L->s.pos;                                                                   \
-        int r_;                                                                                    \
-        while ((r_ = (call)) == S_MORE) {                                                          \
-            L->s.pos = mark_;                                                                      \
-            if (src_fill(L, mark_) < 0)                                                            \
-                return S_ERR;                                                                      \
-            mark_ = L->s.pos;                                                                      \
-        }                                                                                          \
-        if (r_ != S_OK)                                                                            \
-            return S_ERR;                                                                          \
+#define STEP(call)                        \
+    do {                                  \
+        size_t mark_ = L->s.pos;          \
+        int r_;                           \
+        while ((r_ = (call)) == S_MORE) { \
+            L->s.pos = mark_;             \
+            if (src_fill(L, mark_) < 0)   \
+                return S_ERR;             \
+            mark_ = L->s.pos;             \
+        }                                 \
+        if (r_ != S_OK)                   \
+            return S_ERR;                 \
     } while (0)
 
 static int is_ws(int c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
@@ -388,14 +388,13 @@ static int syntax_error(struct loader *L, size_t at, size_t from, int depth, con
     if (unbalanced && (at + 1 >= s->len || tail_clean)) {
         unsigned long long end_line, end_col;
         src_line_col(s, s->len, &end_line, &end_col);
-        set_err(L, "truncated (the JSON stops in the middle of a value at line %llu, column %llu)", end_line,
-                end_col);
+        set_err(L, "truncated (the JSON stops in the middle of a value at line %llu, column %llu)", end_line, end_col);
         return S_ERR;
     }
     char what[32];
     describe_char(s, at, what);
-    set_err(L, "not JSON (line %llu, column %llu: unexpected %s%s%s)", line, col, what,
-            expected ? ", expected " : "", expected ? expected : "");
+    set_err(L, "not JSON (line %llu, column %llu: unexpected %s%s%s)", line, col, what, expected ? ", expected " : "",
+            expected ? expected : "");
     return S_ERR;
 }
 
@@ -471,7 +470,7 @@ static void exact_nodes(struct exact_walk *w, cJSON *v)
             /* kept in canonical form ("-" and digits, no leading zero) where it fits 64 bits, so
              * that it prints as JSON; as written where it does not (quoted when refused) */
             struct og_bytes x;
-            cJSON tmp = {.type = cJSON_Number, .valuestring = text};
+            cJSON tmp = { .type = cJSON_Number, .valuestring = text };
             if (integer && digits >= EXACT_DIGITS && !v->valuestring) {
                 char canon[32];
                 if (og_json_bytes(&tmp, &x)) {
@@ -519,7 +518,7 @@ static int keep_exact_ints(cJSON *v, const char *start, const char *end)
 {
     if (!has_long_digit_run(start, end))
         return 0;
-    struct exact_walk w = {start, end, 0};
+    struct exact_walk w = { start, end, 0 };
     exact_nodes(&w, v);
     return w.stop == 2 ? -1 : 0;
 }
@@ -541,13 +540,13 @@ int og_json_bytes(const cJSON *v, struct og_bytes *out)
                 return 0;
             x = x * 10 + (uint64_t)(*s - '0');
         }
-        *out = (struct og_bytes){x, 1, (uint8_t)(neg && x)};
+        *out = (struct og_bytes){ x, 1, (uint8_t)(neg && x) };
         return 1;
     }
     double x = v->valuedouble;
     if (!isfinite(x) || x != floor(x) || fabs(x) > OG_MAX_EXACT_INT)
         return 0;
-    *out = (struct og_bytes){(uint64_t)fabs(x), 1, x < 0};
+    *out = (struct og_bytes){ (uint64_t)fabs(x), 1, x < 0 };
     return 1;
 }
 
@@ -557,10 +556,7 @@ int og_json_bytes(const cJSON *v, struct og_bytes *out)
  * underflows (1e-400 would read as 0 bytes).  Each check looks at one value cJSON parsed, with
  * its text [start, end). */
 
-static int cmp_names(const void *a, const void *b)
-{
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
+static int cmp_names(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
 
 /* The first key given twice in an object of v's tree, or NULL (-1 in *oom when memory ran out). */
 static const char *duplicate_key(const cJSON *v, int *oom)
@@ -621,7 +617,7 @@ static const char *underflowing_number(const char *p, const char *end, size_t *l
             continue;
         char small[64], *text = *len < sizeof small ? small : cJSON_malloc(*len + 1);
         if (!text)
-            continue;                       /* cannot tell: let it pass as cJSON read it */
+            continue; /* cannot tell: let it pass as cJSON read it */
         memcpy(text, tok, *len);
         text[*len] = 0;
         double x = strtod(text, NULL);
@@ -652,8 +648,8 @@ static int check_value(struct loader *L, const cJSON *v, const char *start, cons
     for (const char *p = start; (p = memchr(p, '\\', (size_t)(end - p))) != NULL; p += 2) {
         if (end - p >= 6 && !memcmp(p, "\\u0000", 6)) {
             src_line_col(s, (size_t)(p - s->buf), &line, &col);
-            set_err(L, "a string holds \\u0000 (line %llu, column %llu): refused, it would cut the string short",
-                    line, col);
+            set_err(L, "a string holds \\u0000 (line %llu, column %llu): refused, it would cut the string short", line,
+                    col);
             return S_ERR;
         }
         if (end - p < 2)
@@ -706,8 +702,7 @@ static int parse_value(struct loader *L, cJSON **out, size_t from, int depth)
 }
 
 /* Expects one of `chars` after optional whitespace; stores which one. */
-static int expect_one_of(struct loader *L, const char *chars, char *got, size_t from, int depth,
-                         const char *expected)
+static int expect_one_of(struct loader *L, const char *chars, char *got, size_t from, int depth, const char *expected)
 {
     int r = skip_ws(L);
     if (r == S_MORE)
@@ -764,12 +759,11 @@ static void describe_json(struct sbuf *b, const cJSON *v)
     }
 }
 
-static int field_err(struct loader *L, const struct path *at, const char *key, const char *expected,
-                     const cJSON *got)
+static int field_err(struct loader *L, const struct path *at, const char *key, const char *expected, const cJSON *got)
 {
     if (L->failed || L->deferred)
         return -1;
-    struct path p = {at, key, 0};
+    struct path p = { at, key, 0 };
     struct sbuf b;
     sb_init(&b);
     path_fmt(&b, key ? &p : at);
@@ -789,8 +783,7 @@ static const cJSON *member(const cJSON *obj, const char *key)
 }
 
 /* int64 fields (counts, ids, sizes bounded by a device): exact integers in [lo, 2^63-1]. */
-static int check_int(struct loader *L, const cJSON *v, const struct path *at, const char *key, int64_t lo,
-                     int64_t *out)
+static int check_int(struct loader *L, const cJSON *v, const struct path *at, const char *key, int64_t lo, int64_t *out)
 {
     struct og_bytes b;
     if (!cJSON_IsNumber(v))
@@ -825,7 +818,7 @@ static int check_bytes(struct loader *L, const cJSON *v, const struct path *at, 
     if (!cJSON_IsNumber(v))
         return field_err(L, at, key, "an integer", v);
     if (!og_json_bytes(v, out) || (out->neg && !signed_ok)) {
-        *out = (struct og_bytes){0};
+        *out = (struct og_bytes){ 0 };
         return field_err(L, at, key,
                          signed_ok ? "an integer of magnitude below 2^64" : "a non-negative integer below 2^64", v);
     }
@@ -836,7 +829,7 @@ static int get_bytes(struct loader *L, const cJSON *obj, const struct path *at, 
                      struct og_bytes *out)
 {
     const cJSON *v = member(obj, key);
-    *out = (struct og_bytes){0};
+    *out = (struct og_bytes){ 0 };
     if (!v)
         return 0;
     return check_bytes(L, v, at, key, signed_ok, out);
@@ -902,10 +895,10 @@ static int get_arr(struct loader *L, const cJSON *obj, const struct path *at, co
     return 1;
 }
 
-#define TRY(x)                                                                                     \
-    do {                                                                                           \
-        if ((x) < 0)                                                                               \
-            return -1;                                                                             \
+#define TRY(x)         \
+    do {               \
+        if ((x) < 0)   \
+            return -1; \
     } while (0)
 
 /* Frames: [{ip, symbol, library, offset, path, build_id, function, file, line, inlined}],
@@ -923,7 +916,7 @@ static int read_frames(struct loader *L, const cJSON *arr, const struct path *at
     }
     cJSON_ArrayForEach(f, arr)
     {
-        struct path p = {at, NULL, i};
+        struct path p = { at, NULL, i };
         struct og_frame tmp, *fr = v ? &v[i] : &tmp;
         if (!cJSON_IsObject(f))
             return field_err(L, &p, NULL, "a frame object", f);
@@ -958,13 +951,13 @@ static int read_pyframes(struct loader *L, const cJSON *arr, const struct path *
         return err_too_complex(L), -1;
     cJSON_ArrayForEach(f, arr)
     {
-        struct path p = {at, NULL, i};
+        struct path p = { at, NULL, i };
         if (!cJSON_IsObject(f))
             return field_err(L, &p, NULL, "a frame object", f);
         TRY(get_str(L, f, &p, "file", &v[i].file));
         TRY(get_int(L, f, &p, "line", &v[i].line));
         TRY(get_str(L, f, &p, "function", &v[i].function));
-        TRY(get_int(L, f, &p, "bytes", &v[i].bytes));     /* python_sites only */
+        TRY(get_int(L, f, &p, "bytes", &v[i].bytes)); /* python_sites only */
         TRY(get_int(L, f, &p, "blocks", &v[i].blocks));
         i++;
     }
@@ -983,7 +976,7 @@ static int read_pyframe_obj(struct loader *L, const cJSON *obj, const char *key,
     TRY(get_obj(L, obj, at, key, &o));
     if (!o)
         return 0;
-    struct path p = {at, key, 0};
+    struct path p = { at, key, 0 };
     TRY(get_str(L, o, &p, "file", &f->file));
     TRY(get_int(L, o, &p, "line", &f->line));
     TRY(get_str(L, o, &p, "function", &f->function));
@@ -1006,7 +999,7 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
     if (!o)
         return 0;
     r->present = 1;
-    struct path p = {pf, "roles", 0};
+    struct path p = { pf, "roles", 0 };
     char key[64];
     TRY(get_int(L, o, &p, "allocated_bytes", &r->allocated_bytes));
     for (int i = 0; i < OG_NROLE_IX; i++) {
@@ -1024,7 +1017,7 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
             return err_too_complex(L), -1;
         cJSON_ArrayForEach(x, arr)
         {
-            struct path pe = {&p, "optimizers", r->noptimizers};
+            struct path pe = { &p, "optimizers", r->noptimizers };
             if (!cJSON_IsObject(x))
                 return field_err(L, &pe, NULL, "an object", x);
             TRY(get_str(L, x, &pe, "class", &r->optimizers[r->noptimizers].cls));
@@ -1043,7 +1036,7 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
         cJSON_ArrayForEach(x, arr)
         {
             struct og_role_holder_view *h = &r->holders[r->nholders];
-            struct path pe = {&p, "holders", r->nholders};
+            struct path pe = { &p, "holders", r->nholders };
             if (!cJSON_IsObject(x))
                 return field_err(L, &pe, NULL, "an object", x);
             TRY(get_str(L, x, &pe, "label", &h->label));
@@ -1070,17 +1063,17 @@ static int read_site(struct loader *L, const cJSON *el, const struct path *at, s
     const cJSON *frames;
     TRY(get_arr(L, el, at, "frames", &frames));
     if (frames)
-        TRY(read_frames(L, frames, &(struct path){at, "frames", 0}, convert ? &s->frames : NULL, &s->nframes));
+        TRY(read_frames(L, frames, &(struct path){ at, "frames", 0 }, convert ? &s->frames : NULL, &s->nframes));
     return 0;
 }
 
 /* ------------------------------------------------------------------------ */
 /* Streamed elements. */
 
-static const struct path P_SITES = {NULL, "top_sites", 0};
-static const struct path P_HISTORY = {NULL, "history", 0};
-static const struct path P_EVENTS = {&P_HISTORY, "events", 0};
-static const struct path P_SAMPLES = {&P_HISTORY, "samples", 0};
+static const struct path P_SITES = { NULL, "top_sites", 0 };
+static const struct path P_HISTORY = { NULL, "history", 0 };
+static const struct path P_EVENTS = { &P_HISTORY, "events", 0 };
+static const struct path P_SAMPLES = { &P_HISTORY, "samples", 0 };
 
 /* Min-heap on (bytes, then later index): the root is the weakest kept site. */
 static int cand_weaker(const struct cand *a, const struct cand *b)
@@ -1129,8 +1122,8 @@ static int consume_site(struct loader *L, cJSON *el, long idx)
             cJSON_Delete(el);
         return 0;
     }
-    struct og_site s = {0};
-    struct path p = {&P_SITES, NULL, idx};
+    struct og_site s = { 0 };
+    struct path p = { &P_SITES, NULL, idx };
     if (read_site(L, el, &p, &s, 0) < 0) {
         L->failed = 0; /* reported later, once the schema is known to be ours */
         L->deferred = 1;
@@ -1142,7 +1135,7 @@ static int consume_site(struct loader *L, cJSON *el, long idx)
     L->d->sites_total++;
     L->d->sites_total_bytes = bytes > INT64_MAX - L->d->sites_total_bytes ? INT64_MAX : L->d->sites_total_bytes + bytes;
 
-    struct cand c = {bytes, idx, el};
+    struct cand c = { bytes, idx, el };
     int k = L->o->keep_sites > 0 ? L->o->keep_sites : 1000;
     if (L->nheap < k) {
         if (L->nheap == L->heapcap) {
@@ -1207,8 +1200,8 @@ static int consume_event(struct loader *L, cJSON *el, long idx, int samples)
     if (L->o->keep_all)
         cJSON_AddItemToArray(L->stream_arr[samples ? T_SAMPLES : T_EVENTS], el);
     if (!L->deferred) {
-        struct path p = {samples ? &P_SAMPLES : &P_EVENTS, NULL, idx};
-        struct og_event e = {0};
+        struct path p = { samples ? &P_SAMPLES : &P_EVENTS, NULL, idx };
+        struct og_event e = { 0 };
         if (read_event(L, el, &p, samples, &e) < 0) {
             L->failed = 0; /* reported later, once the schema is known to be ours */
             L->deferred = 1;
@@ -1217,7 +1210,7 @@ static int consume_event(struct loader *L, cJSON *el, long idx, int samples)
         } else if (samples) {
             if (grow_charged((void **)&d->hist.samples, &d->hist.samples_cap, d->hist.nsamples + 1,
                              sizeof *d->hist.samples))
-                d->hist.samples[d->hist.nsamples++] = (struct og_sample){e.t_rel, e.live_bytes};
+                d->hist.samples[d->hist.nsamples++] = (struct og_sample){ e.t_rel, e.live_bytes };
             else
                 ret = -1;
         } else {
@@ -1285,8 +1278,8 @@ struct member {
     cJSON *key;   /* string item holding the key */
     cJSON *value; /* M_VALUE */
     int kind;
-    int target;   /* M_STREAM */
-    int more;     /* M_VALUE: a ',' followed */
+    int target; /* M_STREAM */
+    int more;   /* M_VALUE: a ',' followed */
 };
 
 enum { M_END, M_VALUE, M_STREAM, M_OBJECT };
@@ -1497,8 +1490,11 @@ static int st_open(struct loader *L, int *is_object)
     r = parse_value(L, &v, s->pos, 0);
     if (r != S_OK)
         return r;
-    const char *what = cJSON_IsArray(v) ? "an array" : cJSON_IsString(v) ? "a string" : cJSON_IsNumber(v) ? "a number"
-                                                   : cJSON_IsBool(v) ? "a boolean" : "null";
+    const char *what = cJSON_IsArray(v)    ? "an array"
+                       : cJSON_IsString(v) ? "a string"
+                       : cJSON_IsNumber(v) ? "a number"
+                       : cJSON_IsBool(v)   ? "a boolean"
+                                           : "null";
     set_err(L, "not an oomguard dump (the JSON is %s, expected an object)", what);
     cJSON_Delete(v);
     return S_ERR;
@@ -1543,11 +1539,11 @@ static int count_items(const cJSON *arr)
     return n;
 }
 
-#define ARENA_ARRAY(ptr, n)                                                                        \
-    do {                                                                                           \
-        (ptr) = (n) ? arena_alloc(&d->arena, (size_t)(n) * sizeof *(ptr)) : NULL;                  \
-        if ((n) && !(ptr))                                                                         \
-            return err_too_complex(L), -1;                                                         \
+#define ARENA_ARRAY(ptr, n)                                                       \
+    do {                                                                          \
+        (ptr) = (n) ? arena_alloc(&d->arena, (size_t)(n) * sizeof *(ptr)) : NULL; \
+        if ((n) && !(ptr))                                                        \
+            return err_too_complex(L), -1;                                        \
     } while (0)
 
 static int read_strings(struct loader *L, const cJSON *arr, const struct path *at, const char ***out, int *nout)
@@ -1560,7 +1556,7 @@ static int read_strings(struct loader *L, const cJSON *arr, const struct path *a
     cJSON_ArrayForEach(x, arr)
     {
         if (!cJSON_IsString(x) || !x->valuestring)
-            return field_err(L, &(struct path){at, NULL, i}, NULL, "a string", x);
+            return field_err(L, &(struct path){ at, NULL, i }, NULL, "a string", x);
         v[i++] = x->valuestring;
     }
     *out = v;
@@ -1575,7 +1571,9 @@ static int v_top(struct loader *L, const cJSON *r)
     static const struct {
         const char *s;
         enum og_status st;
-    } st[] = {{"oom", OG_ST_OOM}, {"recovered", OG_ST_RECOVERED}, {"warning", OG_ST_WARNING}, {"exit", OG_ST_EXIT}};
+    } st[] = {
+        { "oom", OG_ST_OOM }, { "recovered", OG_ST_RECOVERED }, { "warning", OG_ST_WARNING }, { "exit", OG_ST_EXIT }
+    };
     d->status = OG_ST_OTHER;
     for (size_t i = 0; d->status_str && i < sizeof st / sizeof st[0]; i++)
         if (!strcmp(d->status_str, st[i].s))
@@ -1595,15 +1593,15 @@ static int v_top(struct loader *L, const cJSON *r)
 
     const cJSON *fw, *libs, *env;
     TRY(get_obj(L, r, NULL, "framework", &fw));
-    struct path pfw = {NULL, "framework", 0};
+    struct path pfw = { NULL, "framework", 0 };
     TRY(get_str(L, fw, &pfw, "name", &d->framework_name));
     TRY(get_arr(L, fw, &pfw, "libraries", &libs));
     if (libs)
-        TRY(read_strings(L, libs, &(struct path){&pfw, "libraries", 0}, &d->framework_libs, &d->nframework_libs));
+        TRY(read_strings(L, libs, &(struct path){ &pfw, "libraries", 0 }, &d->framework_libs, &d->nframework_libs));
 
     TRY(get_obj(L, r, NULL, "env", &env));
     if (env) {
-        struct path penv = {NULL, "env", 0};
+        struct path penv = { NULL, "env", 0 };
         int n = count_items(env), i = 0;
         ARENA_ARRAY(d->env, n);
         const cJSON *x;
@@ -1623,7 +1621,7 @@ static int v_event(struct loader *L, const cJSON *r)
 {
     struct og_dump *d = L->d;
     const cJSON *e, *stack, *rb;
-    const struct path p = {NULL, "event", 0};
+    const struct path p = { NULL, "event", 0 };
     TRY(get_obj(L, r, NULL, "event", &e));
     d->event.present = e != NULL;
     TRY(get_bytes(L, e, &p, "requested_bytes", 0, &d->event.requested_bytes));
@@ -1640,18 +1638,18 @@ static int v_event(struct loader *L, const cJSON *r)
     TRY(get_int(L, e, &p, "released_between_attempts_bytes", &d->event.released_between_attempts_bytes));
     TRY(get_arr(L, e, &p, "stack", &stack));
     if (stack)
-        TRY(read_frames(L, stack, &(struct path){&p, "stack", 0}, &d->event.stack, &d->event.nstack));
+        TRY(read_frames(L, stack, &(struct path){ &p, "stack", 0 }, &d->event.stack, &d->event.nstack));
     const cJSON *pystack;
     TRY(get_arr(L, e, &p, "python_stack", &pystack));
     if (pystack)
-        TRY(read_pyframes(L, pystack, &(struct path){&p, "python_stack", 0}, &d->event.python_stack,
+        TRY(read_pyframes(L, pystack, &(struct path){ &p, "python_stack", 0 }, &d->event.python_stack,
                           &d->event.npython_stack));
     TRY(get_str(L, e, &p, "phase", &d->event.phase));
     TRY(get_str(L, e, &p, "phase_source", &d->event.phase_source));
     TRY(read_pyframe_obj(L, e, "phase_frame", &p, &d->event.phase_frame));
     TRY(get_obj(L, e, &p, "recovered_by", &rb));
     d->event.recovered = rb != NULL;
-    struct path prb = {&p, "recovered_by", 0};
+    struct path prb = { &p, "recovered_by", 0 };
     TRY(get_bytes(L, rb, &prb, "requested_bytes", 0, &d->event.recovered_requested_bytes));
     TRY(get_num(L, rb, &prb, "t", &d->event.recovered_t));
     return 0;
@@ -1661,7 +1659,7 @@ static int v_device(struct loader *L, const cJSON *r)
 {
     struct og_dump *d = L->d;
     const cJSON *v;
-    const struct path p = {NULL, "device", 0};
+    const struct path p = { NULL, "device", 0 };
     TRY(get_obj(L, r, NULL, "device", &v));
     d->device.present = v != NULL;
     TRY(get_int(L, v, &p, "index", &d->device.index));
@@ -1678,7 +1676,7 @@ static int v_memory(struct loader *L, const cJSON *r)
 {
     struct og_dump *d = L->d;
     const cJSON *m, *k, *libs, *procs, *unm, *fw;
-    const struct path p = {NULL, "memory", 0};
+    const struct path p = { NULL, "memory", 0 };
     TRY(get_obj(L, r, NULL, "memory", &m));
     TRY(get_int(L, m, &p, "process_tracked_bytes", &d->mem.process_tracked_bytes));
     TRY(get_int(L, m, &p, "process_used_bytes", &d->mem.process_used_bytes));
@@ -1695,7 +1693,7 @@ static int v_memory(struct loader *L, const cJSON *r)
         d->mem.context_bytes_estimate = -1;
 
     TRY(get_obj(L, m, &p, "by_kind", &k));
-    struct path pk = {&p, "by_kind", 0};
+    struct path pk = { &p, "by_kind", 0 };
     TRY(get_int(L, k, &pk, "plain", &d->mem.kind_plain));
     TRY(get_int(L, k, &pk, "managed", &d->mem.kind_managed));
     TRY(get_int(L, k, &pk, "pool_reserved", &d->mem.kind_pool_reserved));
@@ -1705,13 +1703,13 @@ static int v_memory(struct loader *L, const cJSON *r)
 
     TRY(get_arr(L, m, &p, "by_library", &libs));
     if (libs) {
-        struct path pl = {&p, "by_library", 0};
+        struct path pl = { &p, "by_library", 0 };
         int n = count_items(libs), i = 0;
         ARENA_ARRAY(d->mem.libs, n);
         const cJSON *x;
         cJSON_ArrayForEach(x, libs)
         {
-            struct path pe = {&pl, NULL, i};
+            struct path pe = { &pl, NULL, i };
             struct og_lib *l = &d->mem.libs[i++];
             if (!cJSON_IsObject(x))
                 return field_err(L, &pe, NULL, "an object", x);
@@ -1724,13 +1722,13 @@ static int v_memory(struct loader *L, const cJSON *r)
     }
     TRY(get_arr(L, m, &p, "other_processes", &procs));
     if (procs) {
-        struct path pp = {&p, "other_processes", 0};
+        struct path pp = { &p, "other_processes", 0 };
         int n = count_items(procs), i = 0;
         ARENA_ARRAY(d->mem.procs, n);
         const cJSON *x;
         cJSON_ArrayForEach(x, procs)
         {
-            struct path pe = {&pp, NULL, i};
+            struct path pe = { &pp, NULL, i };
             struct og_proc *o = &d->mem.procs[i++];
             if (!cJSON_IsObject(x))
                 return field_err(L, &pe, NULL, "an object", x);
@@ -1742,12 +1740,12 @@ static int v_memory(struct loader *L, const cJSON *r)
     }
     TRY(get_arr(L, m, &p, "unmeasured", &unm));
     if (unm)
-        TRY(read_strings(L, unm, &(struct path){&p, "unmeasured", 0}, &d->mem.unmeasured, &d->mem.nunmeasured));
+        TRY(read_strings(L, unm, &(struct path){ &p, "unmeasured", 0 }, &d->mem.unmeasured, &d->mem.nunmeasured));
     TRY(get_obj(L, m, &p, "framework", &fw));
     d->mem.framework = fw;
     if (fw) {
         /* The adapter's own numbers: every *_bytes key must be a byte count. */
-        struct path pf = {&p, "framework", 0};
+        struct path pf = { &p, "framework", 0 };
         const cJSON *x;
         cJSON_ArrayForEach(x, fw)
         {
@@ -1767,7 +1765,7 @@ static int v_history(struct loader *L, const cJSON *r)
 {
     struct og_dump *d = L->d;
     const cJSON *h, *c, *x;
-    const struct path p = {NULL, "history", 0};
+    const struct path p = { NULL, "history", 0 };
     TRY(get_obj(L, r, NULL, "history", &h));
     d->hist.present = h != NULL;
     TRY(get_int(L, h, &p, "peak_bytes", &d->hist.peak_bytes));
@@ -1777,7 +1775,7 @@ static int v_history(struct loader *L, const cJSON *r)
     TRY(get_arr(L, h, &p, "events", &x));
     TRY(get_arr(L, h, &p, "samples", &x));
     TRY(get_obj(L, h, &p, "counters", &c));
-    struct path pc = {&p, "counters", 0};
+    struct path pc = { &p, "counters", 0 };
     TRY(get_int(L, c, &pc, "allocs", &d->hist.allocs));
     TRY(get_int(L, c, &pc, "frees", &d->hist.frees));
     TRY(get_int(L, c, &pc, "failures", &d->hist.failures));
@@ -1789,7 +1787,7 @@ static int v_diagnosis(struct loader *L, const cJSON *r)
 {
     struct og_dump *d = L->d;
     const cJSON *g, *causes;
-    const struct path p = {NULL, "diagnosis", 0};
+    const struct path p = { NULL, "diagnosis", 0 };
     TRY(get_obj(L, r, NULL, "diagnosis", &g));
     d->diag.present = g != NULL;
     TRY(get_str(L, g, &p, "primary", &d->diag.primary));
@@ -1797,13 +1795,13 @@ static int v_diagnosis(struct loader *L, const cJSON *r)
     TRY(get_arr(L, g, &p, "causes", &causes));
     if (!causes)
         return 0;
-    struct path pcs = {&p, "causes", 0};
+    struct path pcs = { &p, "causes", 0 };
     int n = count_items(causes), i = 0;
     ARENA_ARRAY(d->diag.causes, n);
     const cJSON *x;
     cJSON_ArrayForEach(x, causes)
     {
-        struct path pe = {&pcs, NULL, i};
+        struct path pe = { &pcs, NULL, i };
         struct og_cause *c = &d->diag.causes[i++];
         const cJSON *ev;
         if (!cJSON_IsObject(x))
@@ -1832,7 +1830,7 @@ static int v_remedies(struct loader *L, const cJSON *r)
 {
     struct og_dump *d = L->d;
     const cJSON *arr;
-    const struct path p = {NULL, "remedies", 0};
+    const struct path p = { NULL, "remedies", 0 };
     TRY(get_arr(L, r, NULL, "remedies", &arr));
     if (!arr)
         return 0;
@@ -1841,7 +1839,7 @@ static int v_remedies(struct loader *L, const cJSON *r)
     const cJSON *x;
     cJSON_ArrayForEach(x, arr)
     {
-        struct path pe = {&p, NULL, i};
+        struct path pe = { &p, NULL, i };
         struct og_remedy *m = &d->remedies[i++];
         const cJSON *how;
         if (!cJSON_IsObject(x))
@@ -1854,7 +1852,7 @@ static int v_remedies(struct loader *L, const cJSON *r)
         TRY(get_str(L, x, &pe, "cost", &m->cost));
         TRY(get_arr(L, x, &pe, "how", &how));
         if (how)
-            TRY(read_strings(L, how, &(struct path){&pe, "how", 0}, &m->how, &m->nhow));
+            TRY(read_strings(L, how, &(struct path){ &pe, "how", 0 }, &m->how, &m->nhow));
     }
     d->nremedies = n;
     return 0;
@@ -1864,18 +1862,18 @@ static int v_summary(struct loader *L, const cJSON *r)
 {
     struct og_dump *d = L->d;
     const cJSON *s, *devs;
-    const struct path p = {NULL, "summary", 0};
+    const struct path p = { NULL, "summary", 0 };
     TRY(get_obj(L, r, NULL, "summary", &s));
     TRY(get_arr(L, s, &p, "devices", &devs));
     if (!devs)
         return 0;
-    struct path pd = {&p, "devices", 0};
+    struct path pd = { &p, "devices", 0 };
     int n = count_items(devs), i = 0;
     ARENA_ARRAY(d->devsum, n);
     const cJSON *x;
     cJSON_ArrayForEach(x, devs)
     {
-        struct path pe = {&pd, NULL, i};
+        struct path pe = { &pd, NULL, i };
         struct og_devsum *v = &d->devsum[i++];
         const cJSON *fits;
         if (!cJSON_IsObject(x))
@@ -1887,13 +1885,13 @@ static int v_summary(struct loader *L, const cJSON *r)
         TRY(get_arr(L, x, &pe, "fits", &fits));
         if (!fits)
             continue;
-        struct path pf = {&pe, "fits", 0};
+        struct path pf = { &pe, "fits", 0 };
         int nf = count_items(fits), j = 0;
         ARENA_ARRAY(v->fits, nf);
         const cJSON *y;
         cJSON_ArrayForEach(y, fits)
         {
-            struct path pfe = {&pf, NULL, j};
+            struct path pfe = { &pf, NULL, j };
             struct og_fit *f = &v->fits[j++];
             if (!cJSON_IsObject(y))
                 return field_err(L, &pfe, NULL, "an object", y);
@@ -1922,7 +1920,7 @@ static int finish_sites(struct loader *L)
     const cJSON *ps;
     TRY(get_arr(L, d->root, NULL, "python_sites", &ps));
     if (ps)
-        TRY(read_pyframes(L, ps, &(struct path){NULL, "python_sites", 0}, &d->python_sites, &d->npython_sites));
+        TRY(read_pyframes(L, ps, &(struct path){ NULL, "python_sites", 0 }, &d->python_sites, &d->npython_sites));
     if (!L->nheap)
         return 0;
     qsort(L->heap, (size_t)L->nheap, sizeof *L->heap, cand_stronger_cmp);
@@ -1934,7 +1932,7 @@ static int finish_sites(struct loader *L)
         d->nkept_nodes = L->nheap;
     }
     for (int i = 0; i < L->nheap; i++) {
-        struct path p = {&P_SITES, NULL, L->heap[i].index};
+        struct path p = { &P_SITES, NULL, L->heap[i].index };
         TRY(read_site(L, L->heap[i].node, &p, &d->sites[i], 1));
         d->sites[i].index = L->heap[i].index;
     }
@@ -2005,10 +2003,9 @@ static struct og_dump *load(struct loader *L)
     return d;
 }
 
-static struct og_dump *new_dump(struct loader *L, const char *name, const struct og_load_opts *opts,
-                                struct og_err *err)
+static struct og_dump *new_dump(struct loader *L, const char *name, const struct og_load_opts *opts, struct og_err *err)
 {
-    static const struct og_load_opts defaults = {0, 1000, 0};
+    static const struct og_load_opts defaults = { 0, 1000, 0 };
     memset(L, 0, sizeof *L);
     L->o = opts ? opts : &defaults;
     L->err = err;

@@ -19,7 +19,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 static void render_all(const struct og_dump *d)
 {
     struct sbuf b;
-    struct og_render_opts color = {1, 0}, plain = {0, 3};
+    struct og_render_opts color = { 1, 0 }, plain = { 0, 3 };
     sb_init(&b);
     og_render_text(&b, d, &color);
     og_render_text(&b, d, &plain);
@@ -32,14 +32,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct og_err err;
     /* Streaming mode with a tiny top-N, so that eviction from the heap runs. */
-    struct og_load_opts small = {.keep_all = 0, .keep_sites = 2, .no_history = 0};
+    struct og_load_opts small = { .keep_all = 0, .keep_sites = 2, .no_history = 0 };
     struct og_dump *d = og_dump_load_mem((const char *)data, size, "fuzz.json", &small, &err);
     if (d) {
         render_all(d);
         og_dump_free(d);
     }
     /* Keep-everything mode, as `report --format json` uses it. */
-    struct og_load_opts all = {.keep_all = 1, .keep_sites = 1000, .no_history = 0};
+    struct og_load_opts all = { .keep_all = 1, .keep_sites = 1000, .no_history = 0 };
     d = og_dump_load_mem((const char *)data, size, "fuzz.json", &all, &err);
     if (d) {
         struct sbuf b;

@@ -136,10 +136,13 @@ static int parse_common(int argc, char **argv, const char *cmd, int allow_memviz
 {
     enum { O_TOP = 256, O_COLOR, O_NO_COLOR };
     static const struct option lo[] = {
-        {"format", required_argument, NULL, 'f'}, {"output", required_argument, NULL, 'o'},
-        {"top", required_argument, NULL, O_TOP},  {"color", required_argument, NULL, O_COLOR},
-        {"no-color", no_argument, NULL, O_NO_COLOR}, {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
+        { "format", required_argument, NULL, 'f' },
+        { "output", required_argument, NULL, 'o' },
+        { "top", required_argument, NULL, O_TOP },
+        { "color", required_argument, NULL, O_COLOR },
+        { "no-color", no_argument, NULL, O_NO_COLOR },
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 },
     };
     memset(c, 0, sizeof *c);
     const char *val;
@@ -195,8 +198,8 @@ static int parse_common(int argc, char **argv, const char *cmd, int allow_memviz
         }
     }
     if (argc - first > 1) {
-        fprintf(stderr, "oomguard %s: one %s at a time (got '%s' and '%s')\n", cmd,
-                allow_memviz ? "dump" : "directory", argv[first], argv[first + 1]);
+        fprintf(stderr, "oomguard %s: one %s at a time (got '%s' and '%s')\n", cmd, allow_memviz ? "dump" : "directory",
+                argv[first], argv[first + 1]);
         *rc = OG_EXIT_USAGE;
         return -1;
     }
@@ -225,7 +228,7 @@ static char *newest_dump(const char *dir)
         return NULL;
     }
     char *best = NULL;
-    struct timespec best_t = {0, 0};
+    struct timespec best_t = { 0, 0 };
     int n = 0;
     struct dirent *e;
     while ((e = readdir(d))) {
@@ -299,7 +302,7 @@ int og_cmd_report(int argc, char **argv)
     }
     struct sbuf out;
     sb_init(&out);
-    struct og_render_opts ro = {.color = c.format == OG_FMT_TEXT && want_color(&c), .top = c.top};
+    struct og_render_opts ro = { .color = c.format == OG_FMT_TEXT && want_color(&c), .top = c.top };
     int r = c.format == OG_FMT_JSON     ? og_render_json(&out, d)
             : c.format == OG_FMT_HTML   ? og_render_html(&out, d, &ro)
             : c.format == OG_FMT_MEMVIZ ? og_render_memviz(&out, d)

@@ -28,14 +28,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SEG_BASE 0x7f0000000000LL   /* synthetic segment addresses */
-#define TRACE_BASE 0x7e0000000000LL /* addresses of allocations freed within the trace */
-#define ALIGN_2M (2LL << 20)
+#define SEG_BASE            0x7f0000000000LL /* synthetic segment addresses */
+#define TRACE_BASE          0x7e0000000000LL /* addresses of allocations freed within the trace */
+#define ALIGN_2M            (2LL << 20)
 #define MAX_BLOCKS_PER_SITE 256
-#define MAX_BLOCKS_TOTAL 20000
-#define MAX_HOLES 64                /* inactive pieces per segment */
-#define MAX_FRAMES 16
-#define MAX_DEVICES 64
+#define MAX_BLOCKS_TOTAL    20000
+#define MAX_HOLES           64 /* inactive pieces per segment */
+#define MAX_FRAMES          16
+#define MAX_DEVICES         64
 
 static void frames(struct sbuf *b, const struct og_frame *f, int n)
 {
@@ -44,7 +44,7 @@ static void frames(struct sbuf *b, const struct og_frame *f, int n)
     for (int i = 0; i < n && i < MAX_FRAMES; i++) {
         pk_item(b, &l);
         pk_dict_open(b, &fr);
-        struct og_sym y;   /* names and lines where this machine can find them (symbolize.c) */
+        struct og_sym y; /* names and lines where this machine can find them (symbolize.c) */
         og_symbolize(&f[i], &y);
         pk_key(b, &fr, "filename");
         pk_str(b, y.file ? y.file : f[i].library ? f[i].library : "??");
@@ -73,11 +73,11 @@ static void kv_str(struct sbuf *b, struct pk_seq *s, const char *k, const char *
 
 struct vblock {
     int64_t size;
-    int seg;                      /* its segment */
-    int active;                   /* active_allocated, else inactive */
-    long ev;                      /* the trace's allocation (event index) still live at its end that
+    int seg;                    /* its segment */
+    int active;                 /* active_allocated, else inactive */
+    long ev;                    /* the trace's allocation (event index) still live at its end that
                                    * this block is; -1 none */
-    const struct og_site *site;   /* frames; NULL: none known */
+    const struct og_site *site; /* frames; NULL: none known */
 };
 
 struct vseg {
@@ -130,7 +130,7 @@ static int lay_library(struct layout *L, const struct og_dump *d, const char *li
         if (d->sites[i].library && !strcmp(d->sites[i].library, lib) && d->sites[i].bytes > 0)
             sites_bytes += d->sites[i].bytes;
     double scale = sites_bytes > active && sites_bytes > 0 ? (double)active / (double)sites_bytes : 1.0;
-    for (int i = 0; i < d->nsites && *blocks_left > 0 && placed < active; i++) {
+    for (int i = 0; i<d->nsites && * blocks_left> 0 && placed < active; i++) {
         const struct og_site *site = &d->sites[i];
         if (!site->library || strcmp(site->library, lib) || site->bytes <= 0)
             continue;
@@ -146,13 +146,13 @@ static int lay_library(struct layout *L, const struct og_dump *d, const char *li
             nb = want > 0 ? want : 1;
         int64_t per = want / nb;
         for (int64_t k = 0; k < nb; k++)
-            if (lay_push(L, (struct vblock){k == nb - 1 ? want - per * (nb - 1) : per, seg, 1, -1, site}) < 0)
+            if (lay_push(L, (struct vblock){ k == nb - 1 ? want - per * (nb - 1) : per, seg, 1, -1, site }) < 0)
                 return -1;
         *blocks_left -= nb;
         placed += want;
     }
     /* sites outside the top list (or none known) */
-    if (lay_push(L, (struct vblock){active - placed, seg, 1, -1, NULL}) < 0)
+    if (lay_push(L, (struct vblock){ active - placed, seg, 1, -1, NULL }) < 0)
         return -1;
     /* the cache: the largest free block, then pieces no larger, between the active blocks */
     if (cached > 0) {
@@ -179,7 +179,7 @@ static int lay_library(struct layout *L, const struct og_dump *d, const char *li
             }
             if ((int64_t)h < nholes && (k + 1) * (size_t)nholes / nact > h) {
                 int64_t sz = h + 1 == (size_t)nholes ? rest - done : per;
-                if (lay_push(L, (struct vblock){sz, seg, 0, -1, NULL}) < 0) {
+                if (lay_push(L, (struct vblock){ sz, seg, 0, -1, NULL }) < 0) {
                     free(act);
                     return -1;
                 }
@@ -188,7 +188,7 @@ static int lay_library(struct layout *L, const struct og_dump *d, const char *li
             }
         }
         free(act);
-        if (lay_push(L, (struct vblock){piece + (rest - done), seg, 0, -1, NULL}) < 0)
+        if (lay_push(L, (struct vblock){ piece + (rest - done), seg, 0, -1, NULL }) < 0)
             return -1;
     }
     if (L->n == first)
@@ -197,7 +197,7 @@ static int lay_library(struct layout *L, const struct og_dump *d, const char *li
     if (!ns)
         return -1;
     L->s = ns;
-    L->s[L->ns++] = (struct vseg){lib, 0, bytes};
+    L->s[L->ns++] = (struct vseg){ lib, 0, bytes };
     return 0;
 }
 
@@ -218,7 +218,10 @@ static int build_layout(struct layout *L, const struct og_dump *d)
             continue;
         /* a stream-ordered pool's unused reservation: all of it cached */
         int pool_cache = !strncmp(l->library, "(stream-ordered pool cache", 26);
-        if (lay_library(L, d, l->library, l->bytes, pool_cache ? l->bytes : i == fw_lib ? cached : 0,
+        if (lay_library(L, d, l->library, l->bytes,
+                        pool_cache    ? l->bytes
+                        : i == fw_lib ? cached
+                                      : 0,
                         i == fw_lib ? largest_free : -1, &blocks_left) < 0)
             return -1;
     }
@@ -280,7 +283,7 @@ static int claim(struct layout *L, int64_t size, long ev)
         if (v->size > size && (best < 0 || v->size > L->b[best].size))
             best = (long)i;
     }
-    if (best < 0 || lay_push(L, L->b[best]) < 0)   /* room for one more */
+    if (best < 0 || lay_push(L, L->b[best]) < 0) /* room for one more */
         return -1;
     memmove(L->b + best + 1, L->b + best, (L->n - 1 - (size_t)best) * sizeof *L->b);
     L->b[best].size = size;
@@ -319,7 +322,7 @@ static void emit_segments(struct sbuf *b, const struct layout *L, const int64_t 
         pk_tuple2(b);
         pk_key(b, &s, "is_expandable");
         pk_bool(b, 0);
-        kv_str(b, &s, "library", L->s[k].library);   /* ours: which library holds it */
+        kv_str(b, &s, "library", L->s[k].library); /* ours: which library holds it */
         pk_key(b, &s, "frames");
         frames(b, site ? site->frames : NULL, site ? site->nframes : 0);
         pk_key(b, &s, "blocks");
@@ -350,7 +353,7 @@ struct live {
     uint64_t *size_key; /* open-addressing table: size -> head record */
     long *head;
     size_t cap;
-    long *ev;           /* records: the event index of the allocation */
+    long *ev; /* records: the event index of the allocation */
     long *prev;
     size_t n;
 };
@@ -372,7 +375,7 @@ static int on_device(const struct og_event *e, int64_t dev, int64_t primary)
  * the trace), and for each allocation whether it is still live at the end (pair[i] = -2). */
 static int pair_events(const struct og_dump *d, int64_t dev, int64_t primary, long *pair)
 {
-    struct live L = {0};
+    struct live L = { 0 };
     size_t n = d->hist.nevents;
     L.cap = 16;
     while (L.cap < 2 * n + 2)
@@ -401,12 +404,12 @@ static int pair_events(const struct og_dump *d, int64_t dev, int64_t primary, lo
             L.ev[L.n] = (long)i;
             L.prev[L.n] = L.head[h];
             L.head[h] = (long)L.n++;
-            pair[i] = -2;   /* live until a free says otherwise */
+            pair[i] = -2; /* live until a free says otherwise */
         } else if (e->op == OG_OP_FREE && L.head[h] >= 0) {
             long r = L.head[h];
             L.head[h] = L.prev[r];
             pair[i] = L.ev[r];
-            pair[L.ev[r]] = -3;   /* freed within the trace */
+            pair[L.ev[r]] = -3; /* freed within the trace */
         }
     }
     free(L.size_key), free(L.head), free(L.ev), free(L.prev);
@@ -482,7 +485,7 @@ static int synthetic(struct sbuf *out, const struct og_dump *d)
     if (ndev > MAX_DEVICES)
         ndev = MAX_DEVICES;
     size_t n = d->hist.nevents;
-    struct layout L = {0};
+    struct layout L = { 0 };
     long *pair = malloc((n + 1) * sizeof *pair);
     uint64_t *addr_of = calloc(n + 1, sizeof *addr_of);
     int64_t *baddr = NULL;

@@ -39,7 +39,7 @@ static struct og_dump *slim_copy(const struct og_dump *d, char *file)
     s->status_str = copy_str(d->status_str);
     s->status = d->status;
     s->diag.present = d->diag.present;
-    s->diag.primary = copy_str(d->diag.primary);   /* the cause column */
+    s->diag.primary = copy_str(d->diag.primary); /* the cause column */
     s->time = d->time;
     s->pid = d->pid;
     s->rank = d->rank;
@@ -59,7 +59,7 @@ static struct og_dump *slim_copy(const struct og_dump *d, char *file)
     s->mem.nprocs = d->mem.nprocs;
     struct og_proc *procs = xmalloc((size_t)(d->mem.nprocs ? d->mem.nprocs : 1) * sizeof *procs);
     for (int i = 0; i < d->mem.nprocs; i++)
-        procs[i] = (struct og_proc){d->mem.procs[i].pid, d->mem.procs[i].bytes, NULL};
+        procs[i] = (struct og_proc){ d->mem.procs[i].pid, d->mem.procs[i].bytes, NULL };
     s->mem.procs = procs;
     return s;
 }
@@ -107,7 +107,7 @@ int og_merge_load(const char *dir, struct og_merge_input *in, char *err, size_t 
         qsort(names, n, sizeof *names, name_cmp);
     in->dumps = xmalloc((n ? n : 1) * sizeof *in->dumps);
     in->skipped = xmalloc((n ? n : 1) * sizeof *in->skipped);
-    const struct og_load_opts opts = {.keep_all = 0, .keep_sites = 1, .no_history = 1};
+    const struct og_load_opts opts = { .keep_all = 0, .keep_sites = 1, .no_history = 1 };
     for (size_t i = 0; i < n; i++) {
         size_t pl = strlen(dir) + strlen(names[i]) + 2;
         char *path = xmalloc(pl);
@@ -178,7 +178,7 @@ static double fail_time(const struct og_dump *d)
 struct job {
     struct og_dump **r; /* ranks, sorted */
     int n;
-    int first;          /* index of the first failure or -1 */
+    int first; /* index of the first failure or -1 */
     int hosts;
     int64_t max_used, min_used;
     int max_i, min_i;
@@ -223,10 +223,7 @@ static int rank_of_pid(const struct job *j, const struct og_dump *on, int64_t pi
     return -1;
 }
 
-static int64_t device_of(const struct og_dump *d)
-{
-    return d->event.device >= 0 ? d->event.device : d->device.index;
-}
+static int64_t device_of(const struct og_dump *d) { return d->event.device >= 0 ? d->event.device : d->device.index; }
 
 static void who(struct sbuf *b, const struct og_dump *d, int html)
 {
@@ -286,8 +283,8 @@ static void text_job(struct sbuf *b, const struct job *j, int color)
         sb_puts(b, "  No rank ran out of memory.\n");
     }
 
-    sb_printf(b, "\n  %s%-6s %-16s %-9s %-5s %11s %11s %11s %11s  %-16s %s%s\n", dim, "rank", "host", "pid", "gpu", "used",
-              "framework", "non-fw", "other procs", "cause", "status", rst);
+    sb_printf(b, "\n  %s%-6s %-16s %-9s %-5s %11s %11s %11s %11s  %-16s %s%s\n", dim, "rank", "host", "pid", "gpu",
+              "used", "framework", "non-fw", "other procs", "cause", "status", rst);
     for (int i = 0; i < j->n; i++) {
         const struct og_dump *d = j->r[i];
         char rk[24], dv[24];
@@ -335,7 +332,8 @@ static void text_job(struct sbuf *b, const struct job *j, int color)
         else
             sb_puts(b, " (on ");
         sb_text(b, d->host ? d->host : "?", 60, 0);
-        sb_printf(b, ") holds %d context%s of other ranks, %s: pids ", cnt, cnt == 1 ? "" : "s", human_bytes(bytes, h[0]));
+        sb_printf(b, ") holds %d context%s of other ranks, %s: pids ", cnt, cnt == 1 ? "" : "s",
+                  human_bytes(bytes, h[0]));
         int c = 0;
         for (int k = 0; k < d->mem.nprocs; k++) {
             int r = rank_of_pid(j, d, d->mem.procs[k].pid);
@@ -414,7 +412,7 @@ static cJSON *json_job(const struct job *j)
         add_int(r, "other_processes_bytes", d->mem.other_processes_bytes);
         add_str(r, "status", d->status_str);
         add_str(r, "cause", d->diag.primary && *d->diag.primary ? d->diag.primary : NULL);
-        add_bytes(r, "requested_bytes", d->event.present ? d->event.requested_bytes : (struct og_bytes){0});
+        add_bytes(r, "requested_bytes", d->event.present ? d->event.requested_bytes : (struct og_bytes){ 0 });
         if (isfinite(fail_time(d)))
             cJSON_AddNumberToObject(r, "failed_at", fail_time(d));
         else
@@ -510,7 +508,8 @@ static void html_job(struct sbuf *b, const struct job *j)
     }
     sb_puts(b, "<table class=\"ranks\"><thead><tr><th class=\"num\">rank</th><th>host</th><th class=\"num\">pid</th>"
                "<th class=\"num\">GPU</th><th class=\"num\">used</th><th class=\"num\">framework</th>"
-               "<th class=\"num\">non-framework</th><th class=\"num\">other processes</th><th>cause</th><th>status</th></tr></thead><tbody>");
+               "<th class=\"num\">non-framework</th><th class=\"num\">other "
+               "processes</th><th>cause</th><th>status</th></tr></thead><tbody>");
     for (int i = 0; i < j->n; i++) {
         const struct og_dump *d = j->r[i];
         sb_puts(b, "<tr><td class=\"num\">");
@@ -518,9 +517,12 @@ static void html_job(struct sbuf *b, const struct job *j)
             sb_printf(b, "%lld", (long long)d->rank);
         sb_puts(b, "</td><td class=\"mono\">");
         sb_html(b, d->host ? d->host : "-", 60, 0);
-        sb_printf(b, "</td><td class=\"num\">%lld</td><td class=\"num\">%lld</td><td class=\"num\">%s</td><td class=\"num\">%s</td>"
-                     "<td class=\"num\">%s</td><td class=\"num\">%s</td><td>",
-                  (long long)d->pid, (long long)device_of(d), og_process_bytes(d) >= 0 ? human_bytes(og_process_bytes(d), h[0]) : "-",
+        sb_printf(b,
+                  "</td><td class=\"num\">%lld</td><td class=\"num\">%lld</td><td class=\"num\">%s</td><td "
+                  "class=\"num\">%s</td>"
+                  "<td class=\"num\">%s</td><td class=\"num\">%s</td><td>",
+                  (long long)d->pid, (long long)device_of(d),
+                  og_process_bytes(d) >= 0 ? human_bytes(og_process_bytes(d), h[0]) : "-",
                   d->mem.framework_bytes >= 0 ? human_bytes(d->mem.framework_bytes, h[1]) : "-",
                   d->mem.non_framework_bytes >= 0 ? human_bytes(d->mem.non_framework_bytes, h[2]) : "-",
                   d->mem.other_processes_bytes >= 0 ? human_bytes(d->mem.other_processes_bytes, h[3]) : "-");
@@ -579,7 +581,7 @@ int og_merge_render(struct sbuf *out, const struct og_merge_input *in, int forma
         int k = i + 1;
         while (k < in->ndumps && streq(v[k]->job_id, v[i]->job_id))
             k++;
-        jobs[njobs] = (struct job){.r = v + i, .n = k - i};
+        jobs[njobs] = (struct job){ .r = v + i, .n = k - i };
         analyse(&jobs[njobs++]);
         i = k;
     }
@@ -617,7 +619,8 @@ int og_merge_render(struct sbuf *out, const struct og_merge_input *in, int forma
         for (int i = 0; i < njobs; i++)
             html_job(out, &jobs[i]);
         if (in->nskipped) {
-            sb_printf(out, "<section class=\"card\"><h2>Skipped %d file%s</h2><ul>", in->nskipped, in->nskipped == 1 ? "" : "s");
+            sb_printf(out, "<section class=\"card\"><h2>Skipped %d file%s</h2><ul>", in->nskipped,
+                      in->nskipped == 1 ? "" : "s");
             for (int i = 0; i < in->nskipped; i++) {
                 sb_puts(out, "<li class=\"mono\">");
                 sb_html(out, in->skipped[i], 400, 0);
@@ -628,7 +631,8 @@ int og_merge_render(struct sbuf *out, const struct og_merge_input *in, int forma
         sb_puts(out, "</main>\n");
         og_html_end(out);
     } else {
-        sb_printf(out, "%soomguard merge: %d dump%s in ", color ? "\033[2m" : "", in->ndumps, in->ndumps == 1 ? "" : "s");
+        sb_printf(out, "%soomguard merge: %d dump%s in ", color ? "\033[2m" : "", in->ndumps,
+                  in->ndumps == 1 ? "" : "s");
         sb_text(out, in->dir, 200, 0);
         sb_printf(out, " (%d job%s)%s\n", njobs, njobs == 1 ? "" : "s", color ? "\033[0m" : "");
         for (int i = 0; i < njobs; i++)

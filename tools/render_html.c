@@ -11,11 +11,11 @@
 #include <string.h>
 
 #define HTML_TOP_SITES 20
-#define CHART_POINTS 1000
+#define CHART_POINTS   1000
 
 /* The only script; its SHA-256 is allowed by the CSP below.  It marks the page
  * as fully parsed, which the headless-browser test checks. */
-#define OK_SCRIPT "document.body.dataset.ok=\"1\";"
+#define OK_SCRIPT        "document.body.dataset.ok=\"1\";"
 #define OK_SCRIPT_SHA256 "7zcKPzuLjUWvXFuvmHHFF/RkS5rSWHsU5vrO8e66mEA="
 
 static const char CSS[] =
@@ -69,9 +69,11 @@ static const char CSS[] =
     ".cause .hd{display:flex;align-items:center;gap:10px;font-weight:600}"
     ".conf{width:120px;height:8px;background:#eef1f6;border-radius:4px;overflow:hidden}"
     ".conf i{display:block;height:8px;background:var(--accent)}"
-    ".ev{display:grid;grid-template-columns:minmax(160px,max-content) 1fr;gap:2px 16px;margin:8px 0 0 2px;font-size:13px}"
+    ".ev{display:grid;grid-template-columns:minmax(160px,max-content) 1fr;gap:2px 16px;margin:8px 0 0 "
+    "2px;font-size:13px}"
     ".ev .n{color:var(--muted)}"
-    ".remedy{display:grid;grid-template-columns:36px 1fr;gap:4px 10px;padding:12px 0;border-bottom:1px solid var(--line)}"
+    ".remedy{display:grid;grid-template-columns:36px 1fr;gap:4px 10px;padding:12px 0;border-bottom:1px solid "
+    "var(--line)}"
     ".remedy:last-child{border-bottom:0}"
     ".rank{width:28px;height:28px;border-radius:50%;background:var(--accent);color:#fff;display:flex;"
     "align-items:center;justify-content:center;font-weight:700}"
@@ -154,7 +156,7 @@ static void header(struct hx *h)
 {
     const struct og_dump *d = h->d;
     char a[32], tm[40];
-    static const char *const badge[] = {"oomguard dump", "Out of memory", "Recovered", "Warning", "Exit summary"};
+    static const char *const badge[] = { "oomguard dump", "Out of memory", "Recovered", "Warning", "Exit summary" };
     sb_printf(h->b, "<header class=\"top %s\"><span class=\"badge\">%s</span><h1>", status_class(d),
               d->status == OG_ST_OOM && d->event.caused_by_limit == 1 ? "Limit reached" : badge[d->status]);
     if (d->event.present && d->event.requested_bytes.known) {
@@ -225,7 +227,8 @@ static void kpis(struct hx *h)
             kpi(h, "bad", "Short by", "0 B", "enough free in total, not in one piece");
     }
     if (d->status == OG_ST_RECOVERED && d->event.released_between_attempts_bytes >= 0)
-        kpi(h, "good", "Released to recover", hb(d->event.released_between_attempts_bytes, a), "by the framework between attempts");
+        kpi(h, "good", "Released to recover", hb(d->event.released_between_attempts_bytes, a),
+            "by the framework between attempts");
     if (og_process_bytes(d) >= 0)
         kpi(h, "", "This process", hb(og_process_bytes(d), a),
             d->mem.process_used_bytes >= 0 ? "on the device (NVML)" : "tracked by oomguard");
@@ -287,12 +290,12 @@ static struct pt *chart_points(const struct og_dump *d, size_t *np)
     if (d->hist.nsamples >= 2) {
         for (size_t i = 0; i < d->hist.nsamples; i++)
             if (isfinite(d->hist.samples[i].t_rel) && d->hist.samples[i].live_bytes >= 0)
-                p[n++] = (struct pt){d->hist.samples[i].t_rel, (double)d->hist.samples[i].live_bytes};
+                p[n++] = (struct pt){ d->hist.samples[i].t_rel, (double)d->hist.samples[i].live_bytes };
     } else {
         for (size_t i = 0; i < d->hist.nevents; i++) {
             const struct og_event *e = &d->hist.events[i];
             if (isfinite(e->t_rel) && e->live_bytes >= 0 && og_event_on_device(d, e))
-                p[n++] = (struct pt){e->t_rel, (double)e->live_bytes};
+                p[n++] = (struct pt){ e->t_rel, (double)e->live_bytes };
         }
     }
     int sorted = 1;
@@ -333,7 +336,7 @@ static double nice_step(double range, int target)
 
 static void unit_for(double max, double *unit, const char **name)
 {
-    static const char *const names[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    static const char *const names[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB" };
     int u = 0;
     double v = 1;
     while (u < 5 && max >= v * 1024 * 2) {
@@ -348,8 +351,14 @@ static void unit_for(double max, double *unit, const char **name)
  * 2 h, else h (a span of 0.0023 s reads "2.3 ms", not "0.0023 s"). */
 static void time_unit(double span, double *unit, const char **name)
 {
-    static const struct { double below, unit; const char *name; } units[] = {
-        {2, 0.001, "ms"}, {120, 1, "s"}, {7200, 60, "min"}, {INFINITY, 3600, "h"},
+    static const struct {
+        double below, unit;
+        const char *name;
+    } units[] = {
+        { 2, 0.001, "ms" },
+        { 120, 1, "s" },
+        { 7200, 60, "min" },
+        { INFINITY, 3600, "h" },
     };
     size_t i = 0;
     while (i + 1 < sizeof units / sizeof units[0] && !(span < units[i].below))
@@ -421,7 +430,7 @@ static void chart(struct hx *h)
         free(p);
         return;
     }
-#define X(t) (L + ((t) - t0) / (t1 - t0) * pw)
+#define X(t) (L + ((t)-t0) / (t1 - t0) * pw)
 #define Y(v) (T + ph - (v) / vmax * ph)
 
     sb_puts(h->b, "<section class=\"card\"><h2>Device memory over time</h2>"
@@ -435,7 +444,8 @@ static void chart(struct hx *h)
     for (int k = 0; k <= 20 && step > 0 && k * step <= vmax / unit + 1e-9; k++) {
         double v = k * step, y = Y(v * unit);
         sb_printf(h->b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e8ecf2\"/>", L, y, L + pw, y);
-        sb_printf(h->b, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"end\" fill=\"#5f6b7a\">%g %s</text>",
+        sb_printf(h->b,
+                  "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"end\" fill=\"#5f6b7a\">%g %s</text>",
                   L - 8, y + 4, v, uname);
     }
     /* x labels, in the unit that fits the span */
@@ -453,12 +463,15 @@ static void chart(struct hx *h)
             sb_printf(h->b,
                       "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#c9d0da\"/>"
                       "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"%s\" fill=\"#5f6b7a\">%s %s</text>",
-                      X(t), T + ph, X(t), T + ph + 5, X(t), T + ph + 19,
-                      X(t) > L + pw - 20 ? "end" : "middle", tick(tb, t / tu, tstep / tu), tn);
+                      X(t), T + ph, X(t), T + ph + 5, X(t), T + ph + 19, X(t) > L + pw - 20 ? "end" : "middle",
+                      tick(tb, t / tu, tstep / tu), tn);
         }
-    sb_printf(h->b, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\" fill=\"#5f6b7a\">time since the process started</text>",
+    sb_printf(h->b,
+              "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\" fill=\"#5f6b7a\">time since the "
+              "process started</text>",
               L + pw / 2, H - 6);
-    sb_printf(h->b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#8a94a3\"/>", L, T + ph, L + pw, T + ph);
+    sb_printf(h->b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#8a94a3\"/>", L, T + ph, L + pw,
+              T + ph);
 
     /* area + line; the usage of the last point holds until the failure (the end of the axis):
      * the chart is drawn to the failure, not to the last sample before it */
@@ -466,7 +479,8 @@ static void chart(struct hx *h)
     for (size_t i = 0; i < n; i++)
         sb_printf(h->b, "L%.1f %.1f", X(p[i].t), Y(p[i].v));
     sb_printf(h->b, "L%.1f %.1fL%.1f %.1fZ\"/>", X(t1), Y(p[n - 1].v), X(t1), Y(0.0));
-    sb_printf(h->b, "<path fill=\"none\" stroke=\"#3b6fd8\" stroke-width=\"2\" stroke-linejoin=\"round\" d=\"M%.1f %.1f",
+    sb_printf(h->b,
+              "<path fill=\"none\" stroke=\"#3b6fd8\" stroke-width=\"2\" stroke-linejoin=\"round\" d=\"M%.1f %.1f",
               X(p[0].t), Y(p[0].v));
     for (size_t i = 1; i < n; i++)
         sb_printf(h->b, "L%.1f %.1f", X(p[i].t), Y(p[i].v));
@@ -477,36 +491,41 @@ static void chart(struct hx *h)
     char a[32];
     if (d->device.total_bytes > 0) {
         double y = Y((double)d->device.total_bytes);
-        sb_printf(h->b,
-                  "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#1d2330\" stroke-dasharray=\"6 4\"/>"
-                  "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" fill=\"#1d2330\" text-anchor=\"end\">device total %s</text>",
-                  L, y, L + pw, y, L + pw - 6, y - 5, hb(d->device.total_bytes, a));
+        sb_printf(
+            h->b,
+            "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#1d2330\" stroke-dasharray=\"6 4\"/>"
+            "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" fill=\"#1d2330\" text-anchor=\"end\">device total %s</text>",
+            L, y, L + pw, y, L + pw - 6, y - 5, hb(d->device.total_bytes, a));
     }
     if (d->device.limit_bytes >= 0) {
         double y = Y((double)d->device.limit_bytes);
         sb_printf(h->b,
-                  "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#c98a00\" stroke-dasharray=\"3 3\" stroke-width=\"1.5\"/>"
+                  "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#c98a00\" stroke-dasharray=\"3 3\" "
+                  "stroke-width=\"1.5\"/>"
                   "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" fill=\"#8a5d00\" text-anchor=\"end\">limit %s</text>",
                   L, y, L + pw, y, L + pw - 6, y + 15, hb(d->device.limit_bytes, a));
     }
     if (d->hist.peak_bytes >= 0 && isfinite(d->hist.peak_t_rel) && d->hist.peak_t_rel >= t0 && d->hist.peak_t_rel <= t1)
-        sb_printf(h->b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"#fff\" stroke=\"#3b6fd8\" stroke-width=\"2\">"
-                        "<title>peak %s</title></circle>",
+        sb_printf(h->b,
+                  "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"#fff\" stroke=\"#3b6fd8\" stroke-width=\"2\">"
+                  "<title>peak %s</title></circle>",
                   X(d->hist.peak_t_rel), Y((double)d->hist.peak_bytes), hb(d->hist.peak_bytes, a));
     if (isfinite(tfail)) {
         const char *col = d->status == OG_ST_RECOVERED ? "#1f9d55" : "#d93636";
         double x = X(tfail);
         sb_printf(h->b,
-                  "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-dasharray=\"4 3\" stroke-width=\"1.5\"/>",
+                  "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-dasharray=\"4 3\" "
+                  "stroke-width=\"1.5\"/>",
                   x, T, x, T + ph, col);
         if (isfinite(live_at_fail) && req > 0)
             sb_printf(h->b,
                       "<rect x=\"%.1f\" y=\"%.1f\" width=\"8\" height=\"%.1f\" fill=\"%s\" fill-opacity=\"0.55\">"
                       "<title>the failed request: %s on top of the usage at that moment</title></rect>",
-                      x - 4, Y(live_at_fail + req), fmax(Y(live_at_fail) - Y(live_at_fail + req), 1.0), col, hbu(d->event.requested_bytes.v, a));
+                      x - 4, Y(live_at_fail + req), fmax(Y(live_at_fail) - Y(live_at_fail + req), 1.0), col,
+                      hbu(d->event.requested_bytes.v, a));
         /* Below the device-total line, which sits near the top (the limit's label is under it
          * when there is one); on the side of the failure line that has room for it. */
-        const char *what = d->status == OG_ST_RECOVERED       ? "failed, recovered"
+        const char *what = d->status == OG_ST_RECOVERED    ? "failed, recovered"
                            : d->event.caused_by_limit == 1 ? "refused by OOMGUARD_LIMIT"
                                                            : "out of memory";
         char label[96];
@@ -520,14 +539,16 @@ static void chart(struct hx *h)
         if (d->device.limit_bytes >= 0 && fabs(ly - (Y((double)d->device.limit_bytes) + 15)) < 14)
             ly += 16;
         double lx = right ? x - 8 : fmin(x + 8, L + pw - lw);
-        sb_printf(h->b, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" font-weight=\"600\" fill=\"%s\" text-anchor=\"%s\">",
+        sb_printf(h->b,
+                  "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" font-weight=\"600\" fill=\"%s\" text-anchor=\"%s\">",
                   fmax(lx, L + 2), ly, col, right ? "end" : "start");
         sb_html(h->b, label, 96, 0);
         sb_puts(h->b, "</text>");
     }
     sb_puts(h->b, "</svg>");
-    sb_printf(h->b, "<div class=\"muted\" style=\"font-size:12px\">Device memory this process held through the "
-                    "allocation APIs oomguard tracks (%zu points%s).</div></section>\n",
+    sb_printf(h->b,
+              "<div class=\"muted\" style=\"font-size:12px\">Device memory this process held through the "
+              "allocation APIs oomguard tracks (%zu points%s).</div></section>\n",
               n, (d->hist.nsamples >= 2 ? d->hist.nsamples : d->hist.nevents) > n ? ", downsampled" : "");
 #undef X
 #undef Y
@@ -538,7 +559,7 @@ static void chart(struct hx *h)
 
 static const char *part_color(int kind)
 {
-    static const char *const c[] = {"#3b6fd8", "#9dbcf2", "#8e5ad6", "#6b8bd6", "#e8833a", "#b9c0ca", "#bfe3c8"};
+    static const char *const c[] = { "#3b6fd8", "#9dbcf2", "#8e5ad6", "#6b8bd6", "#e8833a", "#b9c0ca", "#bfe3c8" };
     return c[kind];
 }
 
@@ -551,7 +572,7 @@ static void breakdown(struct hx *h)
     if (!n || scale <= 0)
         return;
     char a[32];
-    struct og_bytes req = d->event.present ? d->event.requested_bytes : (struct og_bytes){0};
+    struct og_bytes req = d->event.present ? d->event.requested_bytes : (struct og_bytes){ 0 };
     /* Room on the right for a request that sticks out past the device. */
     double total = (double)scale, room = 1000 - 150;
     double free_x = -1, x = 0;
@@ -576,21 +597,30 @@ static void breakdown(struct hx *h)
         sb_printf(h->b, "<text x=\"0\" y=\"72\" font-size=\"12\" fill=\"#5f6b7a\">request</text>");
         double fit = fmin(rw, fw);
         if (fit > 0)
-            sb_printf(h->b, "<rect x=\"%.2f\" y=\"78\" width=\"%.2f\" height=\"20\" fill=\"#d93636\" fill-opacity=\"0.75\"/>", rx, fit);
+            sb_printf(h->b,
+                      "<rect x=\"%.2f\" y=\"78\" width=\"%.2f\" height=\"20\" fill=\"#d93636\" fill-opacity=\"0.75\"/>",
+                      rx, fit);
         if (rw > fw)
-            sb_printf(h->b, "<rect x=\"%.2f\" y=\"78\" width=\"%.2f\" height=\"20\" fill=\"url(#hatch)\" stroke=\"#d93636\"/>",
-                      rx + fit, fmin(rw - fit, 1000 - rx - fit));
-        sb_printf(h->b, "<line x1=\"%.2f\" y1=\"14\" x2=\"%.2f\" y2=\"100\" stroke=\"#d93636\" stroke-dasharray=\"3 2\"/>", rx, rx);
+            sb_printf(
+                h->b,
+                "<rect x=\"%.2f\" y=\"78\" width=\"%.2f\" height=\"20\" fill=\"url(#hatch)\" stroke=\"#d93636\"/>",
+                rx + fit, fmin(rw - fit, 1000 - rx - fit));
+        sb_printf(h->b,
+                  "<line x1=\"%.2f\" y1=\"14\" x2=\"%.2f\" y2=\"100\" stroke=\"#d93636\" stroke-dasharray=\"3 2\"/>",
+                  rx, rx);
         double lx = fmin(rx + rw + 8, 1000 - 4);
         int anchor_end = rx + rw + 8 > 1000 - 140;
-        sb_printf(h->b, "<text x=\"%.2f\" y=\"93\" font-size=\"12\" font-weight=\"600\" fill=\"#b02a2a\" text-anchor=\"%s\">%s%s</text>",
+        sb_printf(h->b,
+                  "<text x=\"%.2f\" y=\"93\" font-size=\"12\" font-weight=\"600\" fill=\"#b02a2a\" "
+                  "text-anchor=\"%s\">%s%s</text>",
                   anchor_end ? fmax(rx - 8, 60) : lx, anchor_end ? "end" : "start", hbu(req.v, a),
                   rw > fw && d->status != OG_ST_RECOVERED ? " \u2014 does not fit" : "");
     }
     if (d->device.limit_bytes >= 0 && (double)d->device.limit_bytes < total) {
         double lx = (double)d->device.limit_bytes / total * room;
-        sb_printf(h->b, "<line x1=\"%.2f\" y1=\"14\" x2=\"%.2f\" y2=\"56\" stroke=\"#c98a00\" stroke-width=\"2.5\"/>"
-                        "<text x=\"%.2f\" y=\"11\" font-size=\"11\" fill=\"#8a5d00\" text-anchor=\"middle\">limit %s</text>",
+        sb_printf(h->b,
+                  "<line x1=\"%.2f\" y1=\"14\" x2=\"%.2f\" y2=\"56\" stroke=\"#c98a00\" stroke-width=\"2.5\"/>"
+                  "<text x=\"%.2f\" y=\"11\" font-size=\"11\" fill=\"#8a5d00\" text-anchor=\"middle\">limit %s</text>",
                   lx, lx, lx, hb(d->device.limit_bytes, a));
     }
     sb_puts(h->b, "</svg><div class=\"legend\">");
@@ -601,8 +631,9 @@ static void breakdown(struct hx *h)
                   100.0 * (double)parts[i].bytes / total);
     }
     if (req.known)
-        sb_printf(h->b, "<div><span class=\"sw\" style=\"background:#d93636\"></span>Failed request"
-                        "<span class=\"n\">%s</span></div>",
+        sb_printf(h->b,
+                  "<div><span class=\"sw\" style=\"background:#d93636\"></span>Failed request"
+                  "<span class=\"n\">%s</span></div>",
                   hbu(req.v, a));
     sb_puts(h->b, "</div>");
 
@@ -633,14 +664,14 @@ static void breakdown(struct hx *h)
         if (og_json_bytes(res, &rv) && !rv.neg && rv.v <= INT64_MAX && d->mem.framework_bytes >= 0) {
             char b2[32];
             int64_t r = (int64_t)rv.v, diff = d->mem.framework_bytes - r;
-            sb_printf(h->b, "<h2 style=\"margin-top:16px\">Two views</h2><div class=\"kv\">"
-                            "<div class=\"n\">%s reserved</div><div>%s</div>",
+            sb_printf(h->b,
+                      "<h2 style=\"margin-top:16px\">Two views</h2><div class=\"kv\">"
+                      "<div class=\"n\">%s reserved</div><div>%s</div>",
                       og_framework_title(d->framework_name), hb(r, a));
             sb_printf(h->b, "<div class=\"n\">oomguard at the driver</div><div>%s</div>",
                       hb(d->mem.framework_bytes, b2));
-            sb_printf(h->b, "<div class=\"n\">difference</div><div>%s%s</div></div>",
-                      hb(diff < 0 ? -diff : diff, a),
-                      diff == 0 ? " (the views agree)"
+            sb_printf(h->b, "<div class=\"n\">difference</div><div>%s%s</div></div>", hb(diff < 0 ? -diff : diff, a),
+                      diff == 0  ? " (the views agree)"
                       : diff > 0 ? " more at the driver: memory its libraries took outside its allocator"
                                  : " less at the driver: segments not attributed to it, or released since");
         }
@@ -698,8 +729,9 @@ static void roles_card(struct hx *h)
                 continue;
             }
             double pct = r->allocated_bytes > 0 ? 100.0 * (double)r->bytes[i] / (double)r->allocated_bytes : 0;
-            sb_printf(h->b, "</td><td class=\"num\">%s</td><td><svg width=\"200\" height=\"10\"><rect width=\"%.1f\" "
-                            "height=\"10\" fill=\"#3b82c4\"/></svg></td></tr>",
+            sb_printf(h->b,
+                      "</td><td class=\"num\">%s</td><td><svg width=\"200\" height=\"10\"><rect width=\"%.1f\" "
+                      "height=\"10\" fill=\"#3b82c4\"/></svg></td></tr>",
                       hb(r->bytes[i], a), pct > 100 ? 200.0 : pct * 2.0);
             for (int k = 0; i == OG_RX_optimizer_state && k < r->noptimizers; k++) {
                 sb_puts(h->b, "<tr><td style=\"padding-left:22px\">");
@@ -740,8 +772,10 @@ static void causes(struct hx *h)
         double conf = isfinite(c->confidence) ? fmin(fmax(c->confidence, 0), 1) : 0;
         sb_puts(h->b, "<div class=\"cause\"><div class=\"hd\"><code>");
         esc(h, c->id ? c->id : "?", 60);
-        sb_printf(h->b, "</code><span class=\"conf\"><i style=\"width:%.0f%%\"></i></span><span class=\"muted\">%.0f%%</span>",
-                  conf * 100, conf * 100);
+        sb_printf(
+            h->b,
+            "</code><span class=\"conf\"><i style=\"width:%.0f%%\"></i></span><span class=\"muted\">%.0f%%</span>",
+            conf * 100, conf * 100);
         const char *title = og_cause_title(c->id);
         if (title)
             sb_printf(h->b, "<span class=\"muted\" style=\"font-weight:400\">%s</span>", title);
@@ -861,8 +895,9 @@ static void frame_list(struct hx *h, const struct og_frame *f, int n, int max)
         return;
     int caller = og_stack_symbolize(f, n, y);
     if (og_stack_python_only(y, n)) {
-        sb_printf(h->b, "<ol class=\"frames mono\"><li class=\"muted\">%s (%d native frame%s: the interpreter, "
-                        "the CUDA libraries)</li></ol>",
+        sb_printf(h->b,
+                  "<ol class=\"frames mono\"><li class=\"muted\">%s (%d native frame%s: the interpreter, "
+                  "the CUDA libraries)</li></ol>",
                   OG_PYTHON_CODE_LINE, n, n == 1 ? "" : "s");
         free(y);
         return;
@@ -932,18 +967,22 @@ static void sites(struct hx *h, int top)
         return;
     char a[32], g[32];
     int shown = d->nsites < top ? d->nsites : top;
-    sb_printf(h->b, "<section class=\"card\"><h2>Top allocation sites <span class=\"muted\" style=\"font-weight:400\">"
-                    "%d of %s, %s in all</span></h2>",
+    sb_printf(h->b,
+              "<section class=\"card\"><h2>Top allocation sites <span class=\"muted\" style=\"font-weight:400\">"
+              "%d of %s, %s in all</span></h2>",
               shown, group_digits(d->sites_total, g), hb(d->sites_total_bytes, a));
     sb_puts(h->b, "<table id=\"sites\" class=\"fixed\"><colgroup><col style=\"width:4%\"><col style=\"width:10%\">"
                   "<col style=\"width:10%\"><col style=\"width:8%\"><col style=\"width:11%\"><col style=\"width:15%\">"
-                  "<col style=\"width:42%\"></colgroup><thead><tr><th class=\"num\">#</th><th class=\"num\">memory</th><th>share</th>"
+                  "<col style=\"width:42%\"></colgroup><thead><tr><th class=\"num\">#</th><th "
+                  "class=\"num\">memory</th><th>share</th>"
                   "<th class=\"num\">blocks</th><th>api</th><th>library</th><th>where</th></tr></thead><tbody>");
     double max = d->sites[0].bytes > 0 ? (double)d->sites[0].bytes : 1;
     for (int i = 0; i < shown; i++) {
         const struct og_site *s = &d->sites[i];
-        sb_printf(h->b, "<tr><td class=\"num\">%d</td><td class=\"num\">%s</td>"
-                        "<td><div class=\"share\"><i style=\"width:%.1f%%\"></i></div></td><td class=\"num\">%s</td><td class=\"mono\">",
+        sb_printf(h->b,
+                  "<tr><td class=\"num\">%d</td><td class=\"num\">%s</td>"
+                  "<td><div class=\"share\"><i style=\"width:%.1f%%\"></i></div></td><td class=\"num\">%s</td><td "
+                  "class=\"mono\">",
                   i + 1, hb(s->bytes, a), s->bytes > 0 ? 100.0 * (double)s->bytes / max : 0.0,
                   s->blocks >= 0 ? group_digits(s->blocks, g) : "-");
         esc(h, s->api ? s->api : "-", 40);
@@ -976,7 +1015,9 @@ static void python_first(struct hx *h)
     sb_puts(h->b, "<section class=\"card\" id=\"python\"><h2>Python lines</h2>");
     if (d->event.npython_stack > 0) {
         const struct og_pyframe *p = og_failing_python_line(d);
-        sb_puts(h->b, "<div class=\"muted\">The failing line</div><div class=\"mono\" style=\"font-size:15px;font-weight:600\">");
+        sb_puts(
+            h->b,
+            "<div class=\"muted\">The failing line</div><div class=\"mono\" style=\"font-size:15px;font-weight:600\">");
         esc(h, p->file ? p->file : "?", 300);
         if (p->line > 0)
             sb_printf(h->b, ":%lld", (long long)p->line);
@@ -1013,11 +1054,13 @@ static void python_first(struct hx *h)
         sb_puts(h->b, "</tbody></table>");
     } else if (d->framework_name && !strcmp(d->framework_name, "pytorch")) {
         const char *v = og_env_value(d, "OOMGUARD_PYTHON_STACKS");
-        sb_puts(h->b, v && !strcmp(v, "1")
-                          ? "<p class=\"muted\" id=\"python-hint\">Python lines holding memory: none reported although "
-                            "<code>OOMGUARD_PYTHON_STACKS=1</code> (the adapter could not read PyTorch's allocation history).</p>"
-                          : "<p class=\"muted\" id=\"python-hint\">Python lines holding memory: not recorded; run with "
-                            "<code>OOMGUARD_PYTHON_STACKS=1</code> to list them (costs per allocation).</p>");
+        sb_puts(
+            h->b,
+            v && !strcmp(v, "1")
+                ? "<p class=\"muted\" id=\"python-hint\">Python lines holding memory: none reported although "
+                  "<code>OOMGUARD_PYTHON_STACKS=1</code> (the adapter could not read PyTorch's allocation history).</p>"
+                : "<p class=\"muted\" id=\"python-hint\">Python lines holding memory: not recorded; run with "
+                  "<code>OOMGUARD_PYTHON_STACKS=1</code> to list them (costs per allocation).</p>");
     }
     sb_puts(h->b, "</section>\n");
 }
@@ -1034,8 +1077,8 @@ static void fits(struct hx *h)
                   "<th>fits on</th></tr></thead><tbody>");
     for (int i = 0; i < d->ndevsum && i < 64; i++) {
         const struct og_devsum *v = &d->devsum[i];
-        sb_printf(h->b, "<tr><td class=\"num\">%lld</td><td class=\"num\">%s</td><td class=\"num\">", (long long)v->index,
-                  v->peak_bytes >= 0 ? hb(v->peak_bytes, a) : "-");
+        sb_printf(h->b, "<tr><td class=\"num\">%lld</td><td class=\"num\">%s</td><td class=\"num\">",
+                  (long long)v->index, v->peak_bytes >= 0 ? hb(v->peak_bytes, a) : "-");
         if (isfinite(v->peak_t_rel))
             sb_printf(h->b, "%.1f s", v->peak_t_rel);
         sb_puts(h->b, "</td><td class=\"mono\">");
@@ -1043,7 +1086,10 @@ static void fits(struct hx *h)
         sb_puts(h->b, "</td><td>");
         for (int j = 0; j < v->nfits && j < 32; j++)
             sb_printf(h->b, "<span class=\"chip %s\">%g GB %s</span>", v->fits[j].fits == 1 ? "save" : "cost",
-                      v->fits[j].card_gb, v->fits[j].fits == 1 ? "\u2713" : v->fits[j].fits == 0 ? "\u2717" : "?");
+                      v->fits[j].card_gb,
+                      v->fits[j].fits == 1   ? "\u2713"
+                      : v->fits[j].fits == 0 ? "\u2717"
+                                             : "?");
         sb_puts(h->b, "</td></tr>");
     }
     sb_puts(h->b, "</tbody></table></section>\n");
@@ -1098,8 +1144,10 @@ static void failed_call(struct hx *h)
     }
 #undef KV
     sb_puts(h->b, "</div>");
-    if (d->event.npython_stack > 0)   /* the Python lines are at the top of the page */
-        sb_puts(h->b, "<div class=\"muted\" style=\"margin-top:10px\">Python stack: <a href=\"#python\">at the top</a></div>");
+    if (d->event.npython_stack > 0) /* the Python lines are at the top of the page */
+        sb_puts(
+            h->b,
+            "<div class=\"muted\" style=\"margin-top:10px\">Python stack: <a href=\"#python\">at the top</a></div>");
     if (d->event.nstack) {
         sb_puts(h->b, d->event.npython_stack > 0 ? "<div class=\"muted\" style=\"margin-top:10px\">Native stack</div>"
                                                  : "<div class=\"muted\" style=\"margin-top:10px\">Stack</div>");
@@ -1159,10 +1207,12 @@ static void details(struct hx *h)
         sb_puts(h->b, i ? "<div></div><div class=\"v\">" : "<div class=\"n\">by library</div><div class=\"v\">");
         sb_puts(h->b, "<span class=\"mono\">");
         esc(h, d->mem.libs[i].library, 120);
-        sb_printf(h->b, "</span> %s%s</div>", hb(d->mem.libs[i].bytes, a), d->mem.libs[i].framework == 1 ? " (framework)" : "");
+        sb_printf(h->b, "</span> %s%s</div>", hb(d->mem.libs[i].bytes, a),
+                  d->mem.libs[i].framework == 1 ? " (framework)" : "");
     }
     if (d->mem.host_pinned_bytes >= 0)
-        sb_printf(h->b, "<div class=\"n\">pinned host memory</div><div class=\"v\">%s</div>", hb(d->mem.host_pinned_bytes, a));
+        sb_printf(h->b, "<div class=\"n\">pinned host memory</div><div class=\"v\">%s</div>",
+                  hb(d->mem.host_pinned_bytes, a));
     for (int i = 0; i < d->mem.nunmeasured && i < 50; i++) {
         sb_puts(h->b, i ? "<div></div><div class=\"v\">" : "<div class=\"n\">not measured</div><div class=\"v\">");
         esc(h, d->mem.unmeasured[i], 300);
@@ -1170,9 +1220,11 @@ static void details(struct hx *h)
     }
     sb_puts(h->b, "</div>");
     if (d->nenv) {
-        sb_printf(h->b, "<details style=\"margin-top:10px\"><summary>environment (%d variables)</summary><div class=\"kv mono\" "
-                        "style=\"margin-top:6px;font-size:12px\">",
-                  d->nenv);
+        sb_printf(
+            h->b,
+            "<details style=\"margin-top:10px\"><summary>environment (%d variables)</summary><div class=\"kv mono\" "
+            "style=\"margin-top:6px;font-size:12px\">",
+            d->nenv);
         for (int i = 0; i < d->nenv && i < 200; i++) {
             sb_puts(h->b, "<div class=\"n\">");
             esc(h, d->env[i].key, 80);
@@ -1201,7 +1253,7 @@ static void footer(struct hx *h)
 
 int og_render_html(struct sbuf *out, const struct og_dump *d, const struct og_render_opts *o)
 {
-    struct hx h = {out, d};
+    struct hx h = { out, d };
     page_head(&h);
     header(&h);
     roles_card(&h);

@@ -49,7 +49,8 @@ static void sanitize(cJSON *v)
 static int needs_fix(const cJSON *v)
 {
     for (; v; v = v->next) {
-        if ((v->string && !utf8_valid(v->string)) || (cJSON_IsString(v) && v->valuestring && !utf8_valid(v->valuestring)))
+        if ((v->string && !utf8_valid(v->string)) ||
+            (cJSON_IsString(v) && v->valuestring && !utf8_valid(v->valuestring)))
             return 1;
         if (v->child && needs_fix(v->child))
             return 1;

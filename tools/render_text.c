@@ -9,8 +9,8 @@
 #include <string.h>
 
 #define TEXT_TOP_SITES 10
-#define TEXT_FRAMES 6
-#define BAR_WIDTH 28
+#define TEXT_FRAMES    6
+#define BAR_WIDTH      28
 
 struct tx {
     struct sbuf *b;
@@ -19,13 +19,13 @@ struct tx {
 
 /* ANSI styles; empty strings when colour is off. */
 static const char *st(const struct tx *t, const char *code) { return t->color ? code : ""; }
-#define BOLD "\033[1m"
-#define DIM "\033[2m"
-#define RED "\033[31m"
-#define GREEN "\033[32m"
+#define BOLD   "\033[1m"
+#define DIM    "\033[2m"
+#define RED    "\033[31m"
+#define GREEN  "\033[32m"
 #define YELLOW "\033[33m"
-#define CYAN "\033[36m"
-#define RESET "\033[0m"
+#define CYAN   "\033[36m"
+#define RESET  "\033[0m"
 
 static void heading(struct tx *t, const char *title)
 {
@@ -43,7 +43,7 @@ static void cell(struct tx *t, const char *s, size_t max, int width)
 
 static void bar(struct tx *t, double frac, const char *style)
 {
-    static const char *const eighth[] = {"", "\u258f", "\u258e", "\u258d", "\u258c", "\u258b", "\u258a", "\u2589"};
+    static const char *const eighth[] = { "", "\u258f", "\u258e", "\u258d", "\u258c", "\u258b", "\u258a", "\u2589" };
     if (!(frac > 0))
         return;
     if (frac > 1)
@@ -61,9 +61,10 @@ static void bar(struct tx *t, double frac, const char *style)
 static void headline(struct tx *t, const struct og_dump *d)
 {
     char h1[32], h2[32], h3[32];
-    const char *color = d->status == OG_ST_OOM ? RED : d->status == OG_ST_RECOVERED ? GREEN
-                        : d->status == OG_ST_WARNING                               ? YELLOW
-                                                                                   : CYAN;
+    const char *color = d->status == OG_ST_OOM         ? RED
+                        : d->status == OG_ST_RECOVERED ? GREEN
+                        : d->status == OG_ST_WARNING   ? YELLOW
+                                                       : CYAN;
     sb_printf(t->b, "%s%s%s%s", st(t, BOLD), st(t, color), og_status_title(d), st(t, RESET));
     if (d->device.index >= 0 || d->event.device >= 0) {
         sb_printf(t->b, "%s on GPU %lld", st(t, BOLD),
@@ -198,7 +199,8 @@ static void facts(struct tx *t, const struct og_dump *d)
         }
         if (d->event.result >= 0) {
             const char *rn = og_result_name(d->event.result);
-            sb_printf(t->b, ", result %lld%s%s%s", (long long)d->event.result, rn ? " (" : "", rn ? rn : "", rn ? ")" : "");
+            sb_printf(t->b, ", result %lld%s%s%s", (long long)d->event.result, rn ? " (" : "", rn ? rn : "",
+                      rn ? ")" : "");
         }
         if (d->event.stream_ordered == 1)
             sb_puts(t->b, ", stream-ordered");
@@ -228,9 +230,10 @@ static void where(struct tx *t, const struct og_dump *d)
         snprintf(title, sizeof title, "Where the memory is");
     heading(t, title);
     for (int i = 0; i < n; i++) {
-        const char *style = parts[i].kind == P_FREE ? GREEN : parts[i].kind == P_OTHER_PROCS ? YELLOW
-                            : parts[i].kind == P_UNACCOUNTED                                 ? DIM
-                                                                                             : CYAN;
+        const char *style = parts[i].kind == P_FREE          ? GREEN
+                            : parts[i].kind == P_OTHER_PROCS ? YELLOW
+                            : parts[i].kind == P_UNACCOUNTED ? DIM
+                                                             : CYAN;
         sb_puts(t->b, "  ");
         cell(t, parts[i].label, 60, 40);
         sb_printf(t->b, "%12s", human_bytes(parts[i].bytes, h));
@@ -276,10 +279,12 @@ static void where(struct tx *t, const struct og_dump *d)
         if (!first)
             sb_putc(t->b, '\n');
         /* the modes in force at the failure, as the adapter saw them (null: not known, not shown) */
-        static const struct { const char *key, *on, *off; } modes[] = {
-            {"grad_enabled", "autograd on", "autograd off"},
-            {"training", "training (optimizer steps ran)", "inference only"},
-            {"autocast", "autocast (mixed precision) on", "autocast off"},
+        static const struct {
+            const char *key, *on, *off;
+        } modes[] = {
+            { "grad_enabled", "autograd on", "autograd off" },
+            { "training", "training (optimizer steps ran)", "inference only" },
+            { "autocast", "autocast (mixed precision) on", "autocast off" },
         };
         int nmodes = 0;
         for (size_t k = 0; k < sizeof modes / sizeof *modes; k++) {
@@ -305,8 +310,7 @@ static void where(struct tx *t, const struct og_dump *d)
             if (diff == 0)
                 sb_puts(t->b, " (they agree)\n");
             else
-                sb_printf(t->b, " (%s %s: %s)\n", human_bytes(diff < 0 ? -diff : diff, c),
-                          diff > 0 ? "more" : "less",
+                sb_printf(t->b, " (%s %s: %s)\n", human_bytes(diff < 0 ? -diff : diff, c), diff > 0 ? "more" : "less",
                           diff > 0 ? "memory its libraries took outside its allocator, e.g. workspaces"
                                    : "segments not attributed to its libraries, or released since");
             if (og_json_bytes(alc, &av) && !av.neg && av.v <= INT64_MAX)
@@ -508,10 +512,12 @@ static void sites(struct tx *t, const struct og_dump *d, int top)
     snprintf(title, sizeof title, "Top allocation sites (%d of %s, %s in all)", shown, group_digits(d->sites_total, g),
              human_bytes(d->sites_total_bytes, h));
     heading(t, title);
-    sb_printf(t->b, "  %s%3s %12s %8s  %-16s %s%s\n", st(t, DIM), "#", "memory", "blocks", "api", "library", st(t, RESET));
+    sb_printf(t->b, "  %s%3s %12s %8s  %-16s %s%s\n", st(t, DIM), "#", "memory", "blocks", "api", "library",
+              st(t, RESET));
     for (int i = 0; i < shown; i++) {
         const struct og_site *s = &d->sites[i];
-        sb_printf(t->b, "  %3d %12s %8s  ", i + 1, human_bytes(s->bytes, h), s->blocks >= 0 ? group_digits(s->blocks, g) : "-");
+        sb_printf(t->b, "  %3d %12s %8s  ", i + 1, human_bytes(s->bytes, h),
+                  s->blocks >= 0 ? group_digits(s->blocks, g) : "-");
         cell(t, s->api, 16, 16);
         sb_putc(t->b, ' ');
         sb_text(t->b, site_python_only(s) ? "Python code" : s->library ? s->library : "-", 80, 0);
@@ -628,7 +634,8 @@ static void python_stack(struct tx *t, const struct og_dump *d, int max)
         sb_printf(t->b, "  %s(Python)%s%s\n", st(t, DIM), st(t, RESET), p == mine ? "  <- the failing line" : "");
     }
     if (d->event.npython_stack > max)
-        sb_printf(t->b, "       %s... %d more Python frames%s\n", st(t, DIM), d->event.npython_stack - max, st(t, RESET));
+        sb_printf(t->b, "       %s... %d more Python frames%s\n", st(t, DIM), d->event.npython_stack - max,
+                  st(t, RESET));
 }
 
 /* The first screen of a Python job: the failing Python line and the lines holding memory,
@@ -648,12 +655,14 @@ static void python_first(struct tx *t, const struct og_dump *d)
     } else if (d->framework_name && !strcmp(d->framework_name, "pytorch")) {
         const char *v = og_env_value(d, "OOMGUARD_PYTHON_STACKS");
         if (v && !strcmp(v, "1"))
-            sb_printf(t->b, "\n%sPython lines holding memory: none reported although OOMGUARD_PYTHON_STACKS=1 "
-                            "(the adapter could not read PyTorch's allocation history).%s\n",
+            sb_printf(t->b,
+                      "\n%sPython lines holding memory: none reported although OOMGUARD_PYTHON_STACKS=1 "
+                      "(the adapter could not read PyTorch's allocation history).%s\n",
                       st(t, DIM), st(t, RESET));
         else
-            sb_printf(t->b, "\n%sPython lines holding memory: not recorded; run with OOMGUARD_PYTHON_STACKS=1 "
-                            "to list them (costs per allocation).%s\n",
+            sb_printf(t->b,
+                      "\n%sPython lines holding memory: not recorded; run with OOMGUARD_PYTHON_STACKS=1 "
+                      "to list them (costs per allocation).%s\n",
                       st(t, DIM), st(t, RESET));
     }
 }
@@ -677,10 +686,10 @@ static void failed_stack(struct tx *t, const struct og_dump *d)
 /* One-line sparkline of the usage history. */
 static void sparkline(struct tx *t, const struct og_dump *d)
 {
-    static const char *const lv[] = {"\u2581", "\u2582", "\u2583", "\u2584", "\u2585", "\u2586", "\u2587", "\u2588"};
+    static const char *const lv[] = { "\u2581", "\u2582", "\u2583", "\u2584", "\u2585", "\u2586", "\u2587", "\u2588" };
     enum { W = 60 };
     int64_t bucket[W];
-    int have[W] = {0};
+    int have[W] = { 0 };
     size_t n = d->hist.nsamples ? d->hist.nsamples : d->hist.nevents;
     if (n < 2)
         return;
@@ -764,7 +773,7 @@ static void context(struct tx *t, const struct og_dump *d)
 
 int og_render_text(struct sbuf *out, const struct og_dump *d, const struct og_render_opts *o)
 {
-    struct tx t = {out, o && o->color};
+    struct tx t = { out, o && o->color };
     int top = o && o->top > 0 ? o->top : TEXT_TOP_SITES;
     sb_printf(out, "%soomguard report: ", st(&t, DIM));
     sb_text(out, d->file, 200, 0);
@@ -778,7 +787,7 @@ int og_render_text(struct sbuf *out, const struct og_dump *d, const struct og_re
     causes(&t, d);
     remedies(&t, d);
     sites(&t, d, top);
-    if (d->npython_sites > 5)   /* the first screen showed five */
+    if (d->npython_sites > 5) /* the first screen showed five */
         python_sites(&t, d, top);
     failed_stack(&t, d);
     history(&t, d);

@@ -23,7 +23,7 @@ const char *og_cause_title(const char *id)
     static const struct {
         const char *id, *title;
     } t[] = {
-#define X(name, id, rule, bonus, own1, own2, title) {id, title},
+#define X(name, id, rule, bonus, own1, own2, title) { id, title },
 #include "../common/causes.def"
 #undef X
     };
@@ -75,10 +75,10 @@ struct og_bytes og_shortfall(const struct og_dump *d)
 {
     if (d->diag.shortfall_bytes.known && d->diag.present)
         return d->diag.shortfall_bytes;
-    struct og_bytes r = d->event.requested_bytes, s = {0};
+    struct og_bytes r = d->event.requested_bytes, s = { 0 };
     if (r.known && d->device.free_bytes >= 0) {
         uint64_t f = (uint64_t)d->device.free_bytes;
-        s = r.v >= f ? (struct og_bytes){r.v - f, 1, 0} : (struct og_bytes){f - r.v, 1, 1};
+        s = r.v >= f ? (struct og_bytes){ r.v - f, 1, 0 } : (struct og_bytes){ f - r.v, 1, 1 };
     }
     return s;
 }
@@ -115,10 +115,10 @@ int og_breakdown(const struct og_dump *d, struct og_part *parts, int64_t *scale)
     snprintf(used_label, sizeof used_label, "%s in use", fw);
     snprintf(cached_label, sizeof cached_label, "%s cached, unused", fw);
 
-#define ADD(k, l, b)                                                                               \
-    do {                                                                                           \
-        parts[n++] = (struct og_part){(k), (l), clamp0(b)};                                        \
-        sum += clamp0(b);                                                                          \
+#define ADD(k, l, b)                                          \
+    do {                                                      \
+        parts[n++] = (struct og_part){ (k), (l), clamp0(b) }; \
+        sum += clamp0(b);                                     \
     } while (0)
 
     int64_t fwb = d->mem.framework_bytes;
@@ -198,7 +198,7 @@ int og_python_job(const struct og_dump *d)
     if (d->event.npython_stack > 0 || d->npython_sites > 0)
         return 1;
     if (d->mem.framework && d->framework_name && strcmp(d->framework_name, "unknown"))
-        return 1;   /* a framework adapter reported: it runs in Python */
+        return 1; /* a framework adapter reported: it runs in Python */
     return og_event_python_only(d);
 }
 

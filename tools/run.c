@@ -31,7 +31,7 @@ enum { OG_OPTIONS(X) };
 #include "cli.h"
 #include "util.h"
 
-static const int FORWARDED[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2};
+static const int FORWARDED[] = { SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2 };
 #define NFORWARDED ((int)(sizeof FORWARDED / sizeof FORWARDED[0]))
 
 static volatile sig_atomic_t g_child;
@@ -123,14 +123,15 @@ static int find_library(char *out, size_t outlen)
     char exe[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n <= 0) {
-        fprintf(stderr, "oomguard: cannot find my own binary (/proc/self/exe: %s); set OOMGUARD_LIB\n", strerror(errno));
+        fprintf(stderr, "oomguard: cannot find my own binary (/proc/self/exe: %s); set OOMGUARD_LIB\n",
+                strerror(errno));
         return -1;
     }
     exe[n] = '\0';
     char *slash = strrchr(exe, '/');
     if (slash)
         *slash = '\0';
-    static const char *const rel[] = {"liboomguard.so", "../lib/oomguard/liboomguard.so", "../liboomguard.so"};
+    static const char *const rel[] = { "liboomguard.so", "../lib/oomguard/liboomguard.so", "../liboomguard.so" };
     enum { NREL = sizeof rel / sizeof rel[0] };
     char cand[NREL][PATH_MAX + 64];
     for (int i = 0; i < NREL; i++) {
@@ -198,7 +199,7 @@ static void set_python_adapter(const char *lib)
             size_t l = strlen(real);
             for (const char *p = old; (p = strstr(p, real)); p += l)
                 if ((p == old || p[-1] == ':') && (!p[l] || p[l] == ':'))
-                    return;                  /* nested oomguard run: already there */
+                    return; /* nested oomguard run: already there */
             size_t n = strlen(real) + strlen(old) + 2;
             char *v = xmalloc(n);
             snprintf(v, n, "%s:%s", real, old);
@@ -305,7 +306,7 @@ static int die_like(int sig)
     fflush(NULL);
     if (sig == SIGQUIT || sig == SIGILL || sig == SIGABRT || sig == SIGFPE || sig == SIGSEGV || sig == SIGBUS ||
         sig == SIGSYS || sig == SIGTRAP || sig == SIGXCPU || sig == SIGXFSZ) {
-        struct rlimit rl = {0, 0}; /* the command's core is the interesting one, not ours */
+        struct rlimit rl = { 0, 0 }; /* the command's core is the interesting one, not ours */
         setrlimit(RLIMIT_CORE, &rl);
     }
     signal(sig, SIG_DFL);
@@ -321,11 +322,15 @@ int og_cmd_run(int argc, char **argv)
 {
     enum { O_SUMMARY = 256, O_VERBOSE, O_QUIET, O_DIR, O_LIMIT, O_WARN_AT, O_STACK_DEPTH };
     static const struct option lo[] = {
-        {"summary", no_argument, NULL, O_SUMMARY},       {"verbose", no_argument, NULL, O_VERBOSE},
-        {"quiet", no_argument, NULL, O_QUIET},           {"dir", required_argument, NULL, O_DIR},
-        {"limit", required_argument, NULL, O_LIMIT},     {"warn-at", required_argument, NULL, O_WARN_AT},
-        {"stack-depth", required_argument, NULL, O_STACK_DEPTH}, {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
+        { "summary", no_argument, NULL, O_SUMMARY },
+        { "verbose", no_argument, NULL, O_VERBOSE },
+        { "quiet", no_argument, NULL, O_QUIET },
+        { "dir", required_argument, NULL, O_DIR },
+        { "limit", required_argument, NULL, O_LIMIT },
+        { "warn-at", required_argument, NULL, O_WARN_AT },
+        { "stack-depth", required_argument, NULL, O_STACK_DEPTH },
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 },
     };
     const char *dir = NULL, *limit = NULL, *warn = NULL, *depth = NULL, *val;
     int summary = 0, verbose = 0, quiet = 0, i = 0, opt;
@@ -335,14 +340,29 @@ int og_cmd_run(int argc, char **argv)
         case 'h':
             og_usage_run(stdout);
             return OG_EXIT_OK;
-        case O_SUMMARY: summary = 1; break;
-        case O_VERBOSE: verbose = 1; break;
-        case O_QUIET: quiet = 1; break;
-        case O_DIR: dir = val; break;
-        case O_LIMIT: limit = val; break;
-        case O_WARN_AT: warn = val; break;
-        case O_STACK_DEPTH: depth = val; break;
-        default: return OG_EXIT_USAGE;
+        case O_SUMMARY:
+            summary = 1;
+            break;
+        case O_VERBOSE:
+            verbose = 1;
+            break;
+        case O_QUIET:
+            quiet = 1;
+            break;
+        case O_DIR:
+            dir = val;
+            break;
+        case O_LIMIT:
+            limit = val;
+            break;
+        case O_WARN_AT:
+            warn = val;
+            break;
+        case O_STACK_DEPTH:
+            depth = val;
+            break;
+        default:
+            return OG_EXIT_USAGE;
         }
     }
     if (i >= argc) {

@@ -28,16 +28,16 @@
 
 #include <uthash.h>
 
-#define MAX_DEPTH 64               /* directory levels below an argument */
-#define MAX_PATH 4096
-#define MAX_VALUE_BYTES 200        /* interned strings are cut here (at a UTF-8 boundary) */
-#define READ_WHOLE_MAX ((size_t)64 << 20) /* bigger files are streamed by the reader */
-#define KEEP_SKIPPED 1000          /* skipped files listed by name (all are counted) */
+#define MAX_DEPTH         64 /* directory levels below an argument */
+#define MAX_PATH          4096
+#define MAX_VALUE_BYTES   200                /* interned strings are cut here (at a UTF-8 boundary) */
+#define READ_WHOLE_MAX    ((size_t)64 << 20) /* bigger files are streamed by the reader */
+#define KEEP_SKIPPED      1000               /* skipped files listed by name (all are counted) */
 #define MAX_TREND_BUCKETS 400
 
 /* Status classes: real crashes (oom) are kept apart from the rest. */
 enum { C_OOM, C_RECOVERED, C_WARNING, C_EXIT, C_OTHER, NCLS };
-static const char *const CLS_KEY[NCLS] = {"oom", "recovered", "warning", "exit", "other"};
+static const char *const CLS_KEY[NCLS] = { "oom", "recovered", "warning", "exit", "other" };
 
 /* Grouping dimensions. */
 enum { D_STATUS, D_CAUSE, D_HOST, D_JOB, D_GPU, D_FW, D_REMEDY, NDIM };
@@ -188,7 +188,7 @@ static void add_dump(struct stats *st, const struct og_dump *d)
     double t = (cls == C_OOM || cls == C_RECOVERED) && d->event.present && isfinite(d->event.t) ? d->event.t : d->time;
     if (!plausible_time(t))
         t = NAN;
-    struct ent *e[NDIM] = {0};
+    struct ent *e[NDIM] = { 0 };
     e[D_STATUS] = intern(&st->dim[D_STATUS], d->status_str, "unknown");
     e[D_CAUSE] = intern(&st->dim[D_CAUSE], d->diag.present ? d->diag.primary : NULL, "none");
     /* a node, not a pod: pods come and go (one Prometheus series each), nodes stay */
@@ -208,8 +208,7 @@ static void add_dump(struct stats *st, const struct og_dump *d)
         if (e[i])
             count(e[i], cls, t);
     struct ent *h = e[D_HOST];
-    if (node && d->host && *d->host && strcmp(node, d->host) != 0 && cls == C_OOM && !isnan(t) &&
-        h->last_fail == t) {
+    if (node && d->host && *d->host && strcmp(node, d->host) != 0 && cls == C_OOM && !isnan(t) && h->last_fail == t) {
         char *pod = normalise(d->host);
         /* the newest failure's pod; at equal times the greatest name, whatever the reading order */
         if (!h->last_fail_pod || t > host_last || strcmp(pod, h->last_fail_pod) > 0) {
@@ -221,8 +220,8 @@ static void add_dump(struct stats *st, const struct og_dump *d)
     }
     if (st->nrecs == st->caprecs)
         st->recs = xrealloc(st->recs, (st->caprecs = st->caprecs ? st->caprecs * 2 : 1024) * sizeof *st->recs);
-    st->recs[st->nrecs++] = (struct rec){t, cls, e[D_STATUS]->id, e[D_CAUSE]->id, e[D_HOST]->id, e[D_JOB]->id,
-                                         e[D_GPU]->id};
+    st->recs[st->nrecs++] =
+        (struct rec){ t, cls, e[D_STATUS]->id, e[D_CAUSE]->id, e[D_HOST]->id, e[D_JOB]->id, e[D_GPU]->id };
 }
 
 static void skip(struct stats *st, const char *msg)
@@ -242,7 +241,7 @@ static void skipf(struct stats *st, const char *path, const char *why)
     skip(st, m);
 }
 
-static const struct og_load_opts LOAD_OPTS = {.keep_all = 0, .keep_sites = 1, .no_history = 1};
+static const struct og_load_opts LOAD_OPTS = { .keep_all = 0, .keep_sites = 1, .no_history = 1 };
 
 /* Opens without blocking (a FIFO or device named like a dump must not hang the
  * walk) and loads only regular files.  Files up to READ_WHOLE_MAX are read in one
@@ -298,7 +297,8 @@ static void load_one(struct stats *st, const char *path)
         if (!d) {
             /* The reader named the /proc path: name the file instead. */
             size_t pl = strlen(proc);
-            const char *why = !strncmp(err.msg, proc, pl) && !strncmp(err.msg + pl, ": ", 2) ? err.msg + pl + 2 : err.msg;
+            const char *why =
+                !strncmp(err.msg, proc, pl) && !strncmp(err.msg + pl, ": ", 2) ? err.msg + pl + 2 : err.msg;
             skipf(st, path, why);
             return;
         }
@@ -599,7 +599,7 @@ static void text_group(struct tx *x, const struct stats *st, int dim, const char
 
 static void render_text(struct sbuf *b, const struct stats *st, int color, int top)
 {
-    struct tx x = {b, color, top ? top : 10, "", "", "", "", "", ""};
+    struct tx x = { b, color, top ? top : 10, "", "", "", "", "", "" };
     if (color) {
         x.bold = "\033[1m";
         x.red = "\033[31m";
@@ -615,11 +615,13 @@ static void render_text(struct sbuf *b, const struct stats *st, int color, int t
         sb_text(b, st->dirs[i], 200, 0);
     }
     sb_printf(b, "; %lld file%s skipped\n", (long long)st->skipped, st->skipped == 1 ? "" : "s");
-    sb_printf(b, "  %s%lld out of memory%s (crashed), %s%lld recovered%s (the framework's retry succeeded), %s%lld warning%s%s, "
-                 "%lld exit summar%s",
-              x.red, (long long)oom, x.rst, x.green, (long long)cls_total(st, C_RECOVERED), x.rst, x.yellow,
-              (long long)cls_total(st, C_WARNING), cls_total(st, C_WARNING) == 1 ? "" : "s", x.rst,
-              (long long)cls_total(st, C_EXIT), cls_total(st, C_EXIT) == 1 ? "y" : "ies");
+    sb_printf(
+        b,
+        "  %s%lld out of memory%s (crashed), %s%lld recovered%s (the framework's retry succeeded), %s%lld warning%s%s, "
+        "%lld exit summar%s",
+        x.red, (long long)oom, x.rst, x.green, (long long)cls_total(st, C_RECOVERED), x.rst, x.yellow,
+        (long long)cls_total(st, C_WARNING), cls_total(st, C_WARNING) == 1 ? "" : "s", x.rst,
+        (long long)cls_total(st, C_EXIT), cls_total(st, C_EXIT) == 1 ? "y" : "ies");
     if (cls_total(st, C_OTHER))
         sb_printf(b, ", %lld other", (long long)cls_total(st, C_OTHER));
     sb_printf(b, "\n  %d job%s, %d host%s, %d GPU model%s\n", st->dim[D_JOB].n, st->dim[D_JOB].n == 1 ? "" : "s",
@@ -957,12 +959,13 @@ static int render_prom(struct sbuf *b, struct stats *st)
 
 /* ------------------------------------------------------------ html */
 
-static const char *const CLS_COLOR[NCLS] = {"#d93636", "#1f9d55", "#c98a00", "#3366cc", "#b9c0ca"};
+static const char *const CLS_COLOR[NCLS] = { "#d93636", "#1f9d55", "#c98a00", "#3366cc", "#b9c0ca" };
 
 static void html_kpi(struct sbuf *b, const char *cls, const char *k, int64_t v, const char *x)
 {
     char g[32];
-    sb_printf(b, "<div class=\"kpi %s\"><div class=\"k\">%s</div><div class=\"v\">%s</div>", cls, k, group_digits(v, g));
+    sb_printf(b, "<div class=\"kpi %s\"><div class=\"k\">%s</div><div class=\"v\">%s</div>", cls, k,
+              group_digits(v, g));
     if (x)
         sb_printf(b, "<div class=\"x\">%s</div>", x);
     sb_puts(b, "</div>");
@@ -990,8 +993,8 @@ static void html_bars(struct sbuf *b, const struct stats *st, int dim, const cha
     }
     /* Causes carry their title after the bar: a shorter bar leaves it room. */
     const int row = 26, lw = oom_only ? 170 : 300, bw = oom_only ? 330 : 560, W = 1000;
-    sb_printf(b, "<section class=\"card\"><h2>%s</h2><svg viewBox=\"0 0 %d %d\" role=\"img\" id=\"%s\" aria-label=\"", title, W,
-              n * row + 8, id);
+    sb_printf(b, "<section class=\"card\"><h2>%s</h2><svg viewBox=\"0 0 %d %d\" role=\"img\" id=\"%s\" aria-label=\"",
+              title, W, n * row + 8, id);
     sb_html(b, title, 100, 0);
     sb_puts(b, "\">");
     for (int i = 0; i < n; i++) {
@@ -1009,7 +1012,9 @@ static void html_bars(struct sbuf *b, const struct stats *st, int dim, const cha
             if (!e->n[c])
                 continue;
             double w = max ? (double)e->n[c] / (double)max * bw : 0;
-            sb_printf(b, "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"18\" rx=\"3\" fill=\"%s\"><title>%lld %s</title></rect>",
+            sb_printf(b,
+                      "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"18\" rx=\"3\" fill=\"%s\"><title>%lld "
+                      "%s</title></rect>",
                       x, y + 3, w < 1 ? 1 : w, CLS_COLOR[c], (long long)e->n[c], CLS_KEY[c]);
             x += w;
         }
@@ -1027,7 +1032,9 @@ static void html_bars(struct sbuf *b, const struct stats *st, int dim, const cha
         sb_puts(b, "<div class=\"legend\">");
         for (int c = 0; c < C_OTHER; c++)
             sb_printf(b, "<div><span class=\"sw\" style=\"background:%s\"></span>%s</div>", CLS_COLOR[c],
-                      c == C_OOM ? "out of memory" : c == C_EXIT ? "exit summary" : CLS_KEY[c]);
+                      c == C_OOM    ? "out of memory"
+                      : c == C_EXIT ? "exit summary"
+                                    : CLS_KEY[c]);
         sb_puts(b, "</div>");
     }
     if (d->n > n && !oom_only)
@@ -1036,25 +1043,28 @@ static void html_bars(struct sbuf *b, const struct stats *st, int dim, const cha
     free(v);
 }
 
-static void html_table(struct sbuf *b, const struct stats *st, int dim, const char *title, const char *distinct, int top)
+static void html_table(struct sbuf *b, const struct stats *st, int dim, const char *title, const char *distinct,
+                       int top)
 {
     const struct dim *d = &st->dim[dim];
     if (!d->n)
         return;
     struct ent **v = sorted(d);
     char tm[40];
-    sb_printf(b, "<section class=\"card\"><h2>%s</h2><table><thead><tr><th>name</th><th class=\"num\">oom</th>"
-                 "<th class=\"num\">recovered</th><th class=\"num\">warning</th><th class=\"num\">exit</th>"
-                 "<th class=\"num\">dumps</th>%s%s%s<th>last failure</th></tr></thead><tbody>",
+    sb_printf(b,
+              "<section class=\"card\"><h2>%s</h2><table><thead><tr><th>name</th><th class=\"num\">oom</th>"
+              "<th class=\"num\">recovered</th><th class=\"num\">warning</th><th class=\"num\">exit</th>"
+              "<th class=\"num\">dumps</th>%s%s%s<th>last failure</th></tr></thead><tbody>",
               title, distinct ? "<th class=\"num\">" : "", distinct ? distinct : "", distinct ? "</th>" : "");
     for (int i = 0; i < d->n && i < top; i++) {
         const struct ent *e = v[i];
         sb_puts(b, "<tr><td class=\"mono\">");
         sb_html(b, e->s, 120, 0);
-        sb_printf(b, "</td><td class=\"num\">%lld</td><td class=\"num\">%lld</td><td class=\"num\">%lld</td>"
-                     "<td class=\"num\">%lld</td><td class=\"num\">%lld</td>",
-                  (long long)e->n[C_OOM], (long long)e->n[C_RECOVERED], (long long)e->n[C_WARNING], (long long)e->n[C_EXIT],
-                  (long long)e->total);
+        sb_printf(b,
+                  "</td><td class=\"num\">%lld</td><td class=\"num\">%lld</td><td class=\"num\">%lld</td>"
+                  "<td class=\"num\">%lld</td><td class=\"num\">%lld</td>",
+                  (long long)e->n[C_OOM], (long long)e->n[C_RECOVERED], (long long)e->n[C_WARNING],
+                  (long long)e->n[C_EXIT], (long long)e->total);
         if (distinct)
             sb_printf(b, "<td class=\"num\">%lld</td>", (long long)e->distinct);
         sb_printf(b, "<td>%s</td></tr>", isnan(e->last_fail) ? "" : og_format_time(e->last_fail, tm));
@@ -1078,17 +1088,19 @@ static void html_trend(struct sbuf *b, const struct stats *st)
     }
     const double L = 60, R = 985, T = 12, H = 230;
     double bw = (R - L) / st->nbuckets;
-    sb_printf(b, "<section class=\"card\"><h2>Trend <span class=\"muted\" style=\"font-weight:400\">per %s (UTC): "
-                 "out of memory, recovered, warnings</span></h2>"
-                 "<svg viewBox=\"0 0 1000 290\" role=\"img\" aria-label=\"failures over time\" id=\"trend\">",
+    sb_printf(b,
+              "<section class=\"card\"><h2>Trend <span class=\"muted\" style=\"font-weight:400\">per %s (UTC): "
+              "out of memory, recovered, warnings</span></h2>"
+              "<svg viewBox=\"0 0 1000 290\" role=\"img\" aria-label=\"failures over time\" id=\"trend\">",
               st->bucket_name);
     for (int g = 0; g <= 4; g++) {
         double y = T + H - H * g / 4.0;
-        sb_printf(b, "<line x1=\"%.0f\" x2=\"%.0f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#e3e7ee\"/>"
-                     "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\" font-size=\"11\" fill=\"#5f6b7a\">%.0f</text>",
+        sb_printf(b,
+                  "<line x1=\"%.0f\" x2=\"%.0f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#e3e7ee\"/>"
+                  "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\" font-size=\"11\" fill=\"#5f6b7a\">%.0f</text>",
                   L, R, y, y, L - 6, y + 4, max * g / 4.0);
     }
-    static const int order[] = {C_OOM, C_RECOVERED, C_WARNING};
+    static const int order[] = { C_OOM, C_RECOVERED, C_WARNING };
     for (int k = 0; k < st->nbuckets; k++) {
         double y = T + H;
         char lb[40];
@@ -1098,7 +1110,9 @@ static void html_trend(struct sbuf *b, const struct stats *st)
                 continue;
             double h = max ? (double)c / (double)max * H : 0;
             y -= h;
-            sb_printf(b, "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\"><title>%s: %lld %s</title></rect>",
+            sb_printf(b,
+                      "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\"><title>%s: %lld "
+                      "%s</title></rect>",
                       L + k * bw + bw * 0.1, y, bw * 0.8 > 0.5 ? bw * 0.8 : 0.5, h, CLS_COLOR[order[j]],
                       bucket_label(st, k, lb), (long long)c, CLS_KEY[order[j]]);
         }
@@ -1113,12 +1127,15 @@ static void html_trend(struct sbuf *b, const struct stats *st)
     sb_puts(b, "</svg><div class=\"legend\">");
     for (int j = 0; j < 3; j++)
         sb_printf(b, "<div><span class=\"sw\" style=\"background:%s\"></span>%s<span class=\"n\">%lld</span></div>",
-                  CLS_COLOR[order[j]], order[j] == C_OOM ? "out of memory" : order[j] == C_RECOVERED ? "recovered" : "warning",
+                  CLS_COLOR[order[j]],
+                  order[j] == C_OOM         ? "out of memory"
+                  : order[j] == C_RECOVERED ? "recovered"
+                                            : "warning",
                   (long long)cls_total(st, order[j]));
     sb_puts(b, "</div>");
     if (st->undated)
-        sb_printf(b, "<p class=\"muted\">%lld dump%s without a plausible time are not drawn.</p>", (long long)st->undated,
-                  st->undated == 1 ? "" : "s");
+        sb_printf(b, "<p class=\"muted\">%lld dump%s without a plausible time are not drawn.</p>",
+                  (long long)st->undated, st->undated == 1 ? "" : "s");
     sb_puts(b, "</section>\n");
 }
 
@@ -1129,8 +1146,8 @@ static int render_html(struct sbuf *b, const struct stats *st, int top)
     int64_t oom = cls_total(st, C_OOM);
     sb_printf(b, "<header class=\"top %s\"><span class=\"badge\">fleet statistics</span><h1>", oom ? "oom" : "exit");
     char g[32], tm[40];
-    sb_printf(b, "%s out-of-memory failure%s in %s dump%s</h1><p class=\"sub\">", group_digits(oom, g), oom == 1 ? "" : "s",
-              group_digits((int64_t)st->nrecs, tm), st->nrecs == 1 ? "" : "s");
+    sb_printf(b, "%s out-of-memory failure%s in %s dump%s</h1><p class=\"sub\">", group_digits(oom, g),
+              oom == 1 ? "" : "s", group_digits((int64_t)st->nrecs, tm), st->nrecs == 1 ? "" : "s");
     for (int i = 0; i < st->ndirs; i++) {
         sb_puts(b, i ? " \u00b7 " : "");
         sb_html(b, st->dirs[i], 200, 0);
@@ -1278,10 +1295,13 @@ int og_cmd_stats(int argc, char **argv)
     int format = FMT_TEXT, color_when = 0, top = 0, rc = OG_EXIT_OK, opt, first = 0;
     enum { O_TOP = 256, O_COLOR, O_NO_COLOR };
     static const struct option lo[] = {
-        {"format", required_argument, NULL, 'f'}, {"output", required_argument, NULL, 'o'},
-        {"top", required_argument, NULL, O_TOP},  {"color", required_argument, NULL, O_COLOR},
-        {"no-color", no_argument, NULL, O_NO_COLOR}, {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
+        { "format", required_argument, NULL, 'f' },
+        { "output", required_argument, NULL, 'o' },
+        { "top", required_argument, NULL, O_TOP },
+        { "color", required_argument, NULL, O_COLOR },
+        { "no-color", no_argument, NULL, O_NO_COLOR },
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 },
     };
     const char *val;
     while ((opt = og_getopt("stats", argc, argv, "f:o:h", lo, &val, &first)) != -1) {
@@ -1370,7 +1390,8 @@ int og_cmd_stats(int argc, char **argv)
         finish(&st);
         struct sbuf out;
         sb_init(&out);
-        int color = color_when ? color_when > 0 : !output && isatty(STDOUT_FILENO) && !(getenv("NO_COLOR") && *getenv("NO_COLOR"));
+        int color = color_when ? color_when > 0
+                               : !output && isatty(STDOUT_FILENO) && !(getenv("NO_COLOR") && *getenv("NO_COLOR"));
         int r = format == FMT_JSON   ? render_json(&out, &st)
                 : format == FMT_HTML ? render_html(&out, &st, top)
                 : format == FMT_PROM ? render_prom(&out, &st)

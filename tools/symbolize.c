@@ -19,23 +19,23 @@
 char *__cxa_demangle(const char *mangled, char *buf, size_t *len, int *status);
 
 struct og_module {
-    char *key;                 /* path "\n" build-id */
-    Dwfl *dwfl;                /* NULL: no usable file on this machine */
+    char *key;  /* path "\n" build-id */
+    Dwfl *dwfl; /* NULL: no usable file on this machine */
     Dwfl_Module *m;
-    GElf_Addr link_base;       /* first PT_LOAD's page: where the recorded offsets start */
+    GElf_Addr link_base; /* first PT_LOAD's page: where the recorded offsets start */
     UT_hash_handle hh;
 };
 
 struct og_cached {
-    char *key;                 /* module key "\n" offset */
+    char *key; /* module key "\n" offset */
     struct og_sym sym;
     UT_hash_handle hh;
 };
 
 static struct og_module *modules;
 static struct og_cached *cached;
-static char *debuginfo_path;   /* libdwfl's search path: next to the file, .debug/, debug roots */
-static char debug_root[4096];  /* OOMGUARD_DEBUG_DIR (a /usr/lib/debug-like tree), or "" */
+static char *debuginfo_path;  /* libdwfl's search path: next to the file, .debug/, debug roots */
+static char debug_root[4096]; /* OOMGUARD_DEBUG_DIR (a /usr/lib/debug-like tree), or "" */
 
 static const Dwfl_Callbacks callbacks = {
     .find_elf = dwfl_build_id_find_elf,
@@ -48,7 +48,7 @@ static char *demangle(const char *name)
 {
     if (!name)
         return NULL;
-    char *plain = strndup(name, strcspn(name, "@"));   /* "memcpy@@GLIBC_2.14": the version is noise */
+    char *plain = strndup(name, strcspn(name, "@")); /* "memcpy@@GLIBC_2.14": the version is noise */
     if (plain && plain[0] == '_' && plain[1] == 'Z') {
         int status = -1;
         char *d = __cxa_demangle(plain, NULL, NULL, &status);
@@ -143,7 +143,7 @@ static struct og_module *module_open(const char *path, const char *build_id)
         if (!elf_facts(cand[c], hex, &base))
             continue;
         if (idlen && strcmp(hex, build_id) != 0)
-            continue;   /* rebuilt since the dump: its addresses mean something else */
+            continue; /* rebuilt since the dump: its addresses mean something else */
         Dwfl *dwfl = dwfl_begin(&callbacks);
         if (!dwfl)
             break;
@@ -243,7 +243,7 @@ static int prefix(const char *s, const char *p) { return s && strncmp(s, p, strl
 
 static int classify(const struct og_sym *s)
 {
-    static const char *const runtime[] = {"libcuda.so", "libcudart", "libnvidia-ml", "liboomguard"};
+    static const char *const runtime[] = { "libcuda.so", "libcudart", "libnvidia-ml", "liboomguard" };
     for (size_t i = 0; i < sizeof runtime / sizeof *runtime; i++)
         if (prefix(s->module, runtime[i]))
             return OG_FK_RUNTIME;
@@ -251,13 +251,14 @@ static int classify(const struct og_sym *s)
     if (prefix(s->module, "libc10_cuda") || prefix(s->module, "libc10.") || strstr(fn, "CachingAllocator") ||
         strstr(fn, "BFCAllocator") || strstr(fn, "StreamExecutorMemoryAllocator") || strstr(fn, "MemoryPool::malloc"))
         return OG_FK_ALLOCATOR;
-    static const char *const interp_mod[] = {"libpython", "python", "libffi", "_ctypes"};
+    static const char *const interp_mod[] = { "libpython", "python", "libffi", "_ctypes" };
     for (size_t i = 0; i < sizeof interp_mod / sizeof *interp_mod; i++)
         if (prefix(s->module, interp_mod[i]))
             return OG_FK_INTERP;
-    static const char *const interp_fn[] = {"_PyEval_", "PyEval_", "_PyObject_", "PyObject_Call", "PyObject_Vectorcall",
-                                            "_PyFunction_", "cfunction_", "method_vectorcall", "slot_tp_",
-                                            "ffi_call", "pybind11::"};
+    static const char *const interp_fn[] = {
+        "_PyEval_",   "PyEval_",           "_PyObject_", "PyObject_Call", "PyObject_Vectorcall", "_PyFunction_",
+        "cfunction_", "method_vectorcall", "slot_tp_",   "ffi_call",      "pybind11::"
+    };
     for (size_t i = 0; i < sizeof interp_fn / sizeof *interp_fn; i++)
         if (prefix(fn, interp_fn[i]))
             return OG_FK_INTERP;
@@ -371,8 +372,9 @@ int og_fold_run(const struct og_sym *syms, int n, int i)
 
 int og_stack_python_only(const struct og_sym *syms, int n)
 {
-    static const char *const start[] = {"__libc_start_call_main", "__libc_start_main", "_start", "start_thread",
-                                        "clone", "__clone", "__GI___clone"};
+    static const char *const start[] = {
+        "__libc_start_call_main", "__libc_start_main", "_start", "start_thread", "clone", "__clone", "__GI___clone"
+    };
     int interp = 0;
     for (int i = 0; i < n; i++) {
         if (syms[i].kind == OG_FK_INTERP) {

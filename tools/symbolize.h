@@ -12,10 +12,10 @@
 #include "dump.h"
 
 enum og_sym_source {
-    OG_SYM_NONE,     /* library+offset only */
-    OG_SYM_DUMP,     /* names the dump itself carries (dynamic symbol, or symbolized before) */
-    OG_SYM_SYMTAB,   /* the library's symbol table (.symtab or .dynsym) */
-    OG_SYM_DWARF,    /* debug information: name, file:line */
+    OG_SYM_NONE,   /* library+offset only */
+    OG_SYM_DUMP,   /* names the dump itself carries (dynamic symbol, or symbolized before) */
+    OG_SYM_SYMTAB, /* the library's symbol table (.symtab or .dynsym) */
+    OG_SYM_DWARF,  /* debug information: name, file:line */
 };
 
 enum og_frame_kind {
@@ -26,15 +26,15 @@ enum og_frame_kind {
 };
 
 struct og_sym {
-    const char *function;  /* demangled; NULL when unknown */
-    const char *file;      /* source file as DWARF names it; NULL when unknown */
-    int64_t line;          /* 0 when unknown */
-    int inlined;           /* 1: inlined into `inlined_into` at this address */
+    const char *function; /* demangled; NULL when unknown */
+    const char *file;     /* source file as DWARF names it; NULL when unknown */
+    int64_t line;         /* 0 when unknown */
+    int inlined;          /* 1: inlined into `inlined_into` at this address */
     const char *inlined_into;
-    const char *module;    /* library base name, or NULL */
-    char where[160];       /* "libfoo.so+0x1a2b" */
-    int source;            /* enum og_sym_source */
-    int kind;              /* enum og_frame_kind */
+    const char *module; /* library base name, or NULL */
+    char where[160];    /* "libfoo.so+0x1a2b" */
+    int source;         /* enum og_sym_source */
+    int kind;           /* enum og_frame_kind */
 };
 
 /* Fills *out for one frame; strings live until og_symbolize_reset(). */

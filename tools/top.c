@@ -36,7 +36,7 @@
 struct page {
     og_live_body_t b;
     char path[4200];
-    int fd;                          /* kept open (O_RDWR) by snapshot only */
+    int fd; /* kept open (O_RDWR) by snapshot only */
     og_live_page_t *map;
 };
 
@@ -52,7 +52,7 @@ static bool page_read(const og_live_page_t *m, og_live_body_t *out)
     for (int tries = 0; tries < 200; tries++) {
         uint64_t s1 = atomic_load_explicit(&m->seq, memory_order_acquire);
         if (s1 == 0)
-            return false;                       /* never published yet */
+            return false; /* never published yet */
         if (s1 & 1) {
             usleep(100);
             continue;
@@ -106,7 +106,7 @@ static void pages_load(struct pages *ps, const char *dir, bool writable, int onl
             if (dfd < 0)
                 continue;
             if (fstat(dfd, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != uid || (st.st_mode & 0777) != 0700) {
-                close(dfd);                     /* not the user's own private directory */
+                close(dfd); /* not the user's own private directory */
                 continue;
             }
             DIR *pd = fdopendir(dfd);
@@ -191,8 +191,14 @@ static void pages_free(struct pages *ps)
 
 /* ------------------------------------------------------------------ NVML (optional) */
 
-typedef struct { unsigned int pid; unsigned long long used; unsigned int gi, ci; } nv_proc_t;
-typedef struct { unsigned long long total, free, used; } nv_mem_t;
+typedef struct {
+    unsigned int pid;
+    unsigned long long used;
+    unsigned int gi, ci;
+} nv_proc_t;
+typedef struct {
+    unsigned long long total, free, used;
+} nv_mem_t;
 typedef struct {
     char busIdLegacy[16];
     unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
@@ -232,15 +238,15 @@ static bool nvml_open(void)
 /* ------------------------------------------------------------------ the model */
 
 struct proc {
-    int gpu;                         /* index into gpus[] */
+    int gpu; /* index into gpus[] */
     int pid;
-    const og_live_body_t *b;         /* NULL: a process without the library (NVML only) */
+    const og_live_body_t *b; /* NULL: a process without the library (NVML only) */
     const og_live_dev_t *d;
-    uint64_t nvml_used;              /* OG_LIVE_NONE when NVML does not list it */
+    uint64_t nvml_used; /* OG_LIVE_NONE when NVML does not list it */
 };
 
 struct gpu {
-    int index;                       /* NVML index (or the CUDA ordinal without NVML) */
+    int index; /* NVML index (or the CUDA ordinal without NVML) */
     char name[96], pci[32];
     bool nvml;
     uint64_t total, free, used;
@@ -296,8 +302,8 @@ static void model_load(struct model *m, const char *dir)
     m->now_ms = now_unix_ms();
     pages_load(&m->pages, dir, false, 0);
     nv_proc_t *np = NULL;
-    unsigned int nnp[MAX_GPUS] = {0};
-    nv_proc_t *plist[MAX_GPUS] = {0};
+    unsigned int nnp[MAX_GPUS] = { 0 };
+    nv_proc_t *plist[MAX_GPUS] = { 0 };
     if (nvml_open()) {
         unsigned int n = 0;
         nv.count(&n);
@@ -364,7 +370,7 @@ static void model_load(struct model *m, const char *dir)
                     found = true;
                 }
             if (!found && m->nprocs < MAX_PROCS)
-                m->procs[m->nprocs++] = (struct proc){g, pid, NULL, NULL, plist[g][k].used};
+                m->procs[m->nprocs++] = (struct proc){ g, pid, NULL, NULL, plist[g][k].used };
         }
         free(plist[g]);
     }
@@ -411,15 +417,15 @@ static void proc_cmd(const struct proc *p, char *out, size_t n)
 /* ------------------------------------------------------------------ sorting and filtering */
 
 enum sort_key { SORT_USAGE, SORT_PEAK, SORT_RATE, SORT_PID, SORT_COUNT };
-static const char *const sort_names[SORT_COUNT] = {"usage", "peak", "rate", "pid"};
+static const char *const sort_names[SORT_COUNT] = { "usage", "peak", "rate", "pid" };
 
 struct view {
     enum sort_key sort;
-    char filter[64];                 /* substring of the command, job or pid; "" none */
-    int gpu;                         /* -1 every GPU */
-    bool libs;                       /* library lines under each process */
+    char filter[64]; /* substring of the command, job or pid; "" none */
+    int gpu;         /* -1 every GPU */
+    bool libs;       /* library lines under each process */
     int width;
-    int top_libs;                    /* prometheus: libraries per process, then "other" */
+    int top_libs; /* prometheus: libraries per process, then "other" */
 };
 
 static bool proc_matches(const struct view *v, const struct proc *p)
@@ -566,8 +572,8 @@ static void render_text(const struct model *m, const struct view *v, struct sbuf
             sb_puts(b, "  (no NVML: totals unknown)");
         line_end(b, s0, v->width);
         s0 = b->len;
-        sb_printf(b, "  %7s %4s %-6s %7s %7s %9s %8s %3s %s", "PID", "RANK", "JOB", "USAGE", "PEAK", "TREND", "HEADROOM",
-                  "F/W", "COMMAND");
+        sb_printf(b, "  %7s %4s %-6s %7s %7s %9s %8s %3s %s", "PID", "RANK", "JOB", "USAGE", "PEAK", "TREND",
+                  "HEADROOM", "F/W", "COMMAND");
         line_end(b, s0, v->width);
         for (int i = 0; i < m->nprocs; i++) {
             const struct proc *p = &m->procs[i];
@@ -632,7 +638,8 @@ static void render_text(const struct model *m, const struct view *v, struct sbuf
                 ago(m->now_ms, p->d->fw_unix_ms, a);
                 sb_puts(b, "           ");
                 sb_text(b, p->d->fw_name[0] ? p->d->fw_name : "framework", 16, 0);
-                sb_printf(b, ": allocated %s reserved %s (%s)", sz(p->d->fw_allocated, t1), sz(p->d->fw_reserved, t2), a);
+                sb_printf(b, ": allocated %s reserved %s (%s)", sz(p->d->fw_allocated, t1), sz(p->d->fw_reserved, t2),
+                          a);
                 line_end(b, s0, v->width);
             }
         }
@@ -783,15 +790,19 @@ static void render_prom(const struct model *m, const struct view *v, struct sbuf
         const char *name, *type, *help;
         prom_val_fn fn;
     } fam[] = {
-        {"oomguard_device_tracked_bytes", "gauge", "Device memory a process holds, as oomguard's ledger counts it", pv_tracked},
-        {"oomguard_device_peak_bytes", "gauge", "Highest tracked device memory of the process so far", pv_peak},
-        {"oomguard_device_headroom_bytes", "gauge", "What the process may still take: to its OOMGUARD_LIMIT, else the GPU's free memory", pv_head},
-        {"oomguard_device_limit_bytes", "gauge", "OOMGUARD_LIMIT of the process on the device", pv_limit},
-        {"oomguard_allocation_failures_total", "counter", "Out-of-memory results of the process's device allocations", pv_fail},
-        {"oomguard_warnings_total", "counter", "OOMGUARD_WARN_AT crossings of the process", pv_warn},
+        { "oomguard_device_tracked_bytes", "gauge", "Device memory a process holds, as oomguard's ledger counts it",
+          pv_tracked },
+        { "oomguard_device_peak_bytes", "gauge", "Highest tracked device memory of the process so far", pv_peak },
+        { "oomguard_device_headroom_bytes", "gauge",
+          "What the process may still take: to its OOMGUARD_LIMIT, else the GPU's free memory", pv_head },
+        { "oomguard_device_limit_bytes", "gauge", "OOMGUARD_LIMIT of the process on the device", pv_limit },
+        { "oomguard_allocation_failures_total", "counter", "Out-of-memory results of the process's device allocations",
+          pv_fail },
+        { "oomguard_warnings_total", "counter", "OOMGUARD_WARN_AT crossings of the process", pv_warn },
     };
     /* per library: the top N of each process, the rest summed as "other" */
-    sb_puts(b, "# HELP oomguard_device_bytes Device memory a process holds, by the library that allocated it (top N, the rest \"other\")\n"
+    sb_puts(b, "# HELP oomguard_device_bytes Device memory a process holds, by the library that allocated it (top N, "
+               "the rest \"other\")\n"
                "# TYPE oomguard_device_bytes gauge\n");
     for (int i = 0; i < m->nprocs; i++) {
         const struct proc *p = &m->procs[i];
@@ -839,17 +850,20 @@ static void render_prom(const struct model *m, const struct view *v, struct sbuf
         if (p->d || pv_nvml(m, p) == OG_LIVE_NONE || (v->gpu >= 0 && m->gpus[p->gpu].index != v->gpu))
             continue;
         if (!head) {
-            sb_puts(b, "# HELP oomguard_process_nvml_bytes Device memory of a process without oomguard, as NVML reports it\n"
-                       "# TYPE oomguard_process_nvml_bytes gauge\n");
+            sb_puts(
+                b,
+                "# HELP oomguard_process_nvml_bytes Device memory of a process without oomguard, as NVML reports it\n"
+                "# TYPE oomguard_process_nvml_bytes gauge\n");
             head = true;
         }
         sb_puts(b, "oomguard_process_nvml_bytes{");
         prom_proc_labels(b, m, p);
         sb_printf(b, "} %llu\n", (unsigned long long)p->nvml_used);
     }
-    static const char *const gfam[3][2] = {{"oomguard_gpu_total_bytes", "GPU memory, as NVML reports it"},
-                                          {"oomguard_gpu_used_bytes", "GPU memory in use by every process and context, as NVML reports it"},
-                                          {"oomguard_gpu_free_bytes", "Free GPU memory, as NVML reports it"}};
+    static const char *const gfam[3][2] = { { "oomguard_gpu_total_bytes", "GPU memory, as NVML reports it" },
+                                            { "oomguard_gpu_used_bytes",
+                                              "GPU memory in use by every process and context, as NVML reports it" },
+                                            { "oomguard_gpu_free_bytes", "Free GPU memory, as NVML reports it" } };
     for (int f = 0; f < 3; f++) {
         head = false;
         for (int g = 0; g < m->ngpus; g++) {
@@ -978,7 +992,7 @@ static int interactive(const char *dir, struct view *v, int interval_ms)
         }
         sb_free(&b);
         sb_free(&out);
-        struct pollfd pfd = {STDIN_FILENO, POLLIN, 0};
+        struct pollfd pfd = { STDIN_FILENO, POLLIN, 0 };
         uint64_t until = now_unix_ms() + (uint64_t)interval_ms;
         bool redraw = false;
         while (!got_signal && !redraw) {
@@ -995,7 +1009,7 @@ static int interactive(const char *dir, struct view *v, int interval_ms)
             char keys[32];
             ssize_t n = read(STDIN_FILENO, keys, sizeof keys);
             if (n <= 0) {
-                got_signal = SIGHUP;          /* the terminal went away */
+                got_signal = SIGHUP; /* the terminal went away */
                 break;
             }
             for (ssize_t k = 0; k < n; k++) {
@@ -1024,10 +1038,18 @@ static int interactive(const char *dir, struct view *v, int interval_ms)
                 case 's':
                     v->sort = (enum sort_key)((v->sort + 1) % SORT_COUNT);
                     break;
-                case 'u': v->sort = SORT_USAGE; break;
-                case 'p': v->sort = SORT_PEAK; break;
-                case 'r': v->sort = SORT_RATE; break;
-                case 'i': v->sort = SORT_PID; break;
+                case 'u':
+                    v->sort = SORT_USAGE;
+                    break;
+                case 'p':
+                    v->sort = SORT_PEAK;
+                    break;
+                case 'r':
+                    v->sort = SORT_RATE;
+                    break;
+                case 'i':
+                    v->sort = SORT_PID;
+                    break;
                 case 'l':
                     v->libs = !v->libs;
                     break;
@@ -1112,20 +1134,20 @@ static int write_out(const char *path, const struct sbuf *b)
 
 int og_cmd_top(int argc, char **argv)
 {
-    struct view v = {.sort = SORT_USAGE, .gpu = -1, .libs = true, .width = 80, .top_libs = 5};
+    struct view v = { .sort = SORT_USAGE, .gpu = -1, .libs = true, .width = 80, .top_libs = 5 };
     bool once = false;
     const char *format = "text", *dir = NULL, *output = NULL;
     double delay = 1.0;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-#define NEED()                                                                   \
-    do {                                                                         \
-        if (!val) {                                                              \
-            fprintf(stderr, "oomguard top: %s needs a value\n", a);              \
-            return OG_EXIT_USAGE;                                                \
-        }                                                                        \
-        i++;                                                                     \
+#define NEED()                                                      \
+    do {                                                            \
+        if (!val) {                                                 \
+            fprintf(stderr, "oomguard top: %s needs a value\n", a); \
+            return OG_EXIT_USAGE;                                   \
+        }                                                           \
+        i++;                                                        \
     } while (0)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             og_usage_top(stdout);
@@ -1287,7 +1309,7 @@ int og_cmd_snapshot(int argc, char **argv)
         og_usage_snapshot(stderr);
         return OG_EXIT_USAGE;
     }
-    struct pages ps = {0};
+    struct pages ps = { 0 };
     pages_load(&ps, dir, true, all ? 0 : pid);
     if (!all && !ps.n) {
         /* say why: gone, another user's, or not under oomguard */
@@ -1299,9 +1321,11 @@ int og_cmd_snapshot(int argc, char **argv)
         else if (geteuid() != 0 && st.st_uid != geteuid())
             fprintf(stderr, "oomguard snapshot: process %d is another user's: refused\n", pid);
         else
-            fprintf(stderr, "oomguard snapshot: process %d is not running under oomguard (no live page: "
-                            "liboomguard.so not preloaded, OOMGUARD_LIVE=0, no CUDA allocation yet, or another "
-                            "OOMGUARD_LIVE_DIR)\n", pid);
+            fprintf(stderr,
+                    "oomguard snapshot: process %d is not running under oomguard (no live page: "
+                    "liboomguard.so not preloaded, OOMGUARD_LIVE=0, no CUDA allocation yet, or another "
+                    "OOMGUARD_LIVE_DIR)\n",
+                    pid);
         pages_free(&ps);
         return OG_EXIT_INPUT;
     }
@@ -1323,8 +1347,10 @@ int og_cmd_snapshot(int argc, char **argv)
         memcpy(path, m->snap_path, sizeof m->snap_path);
         path[sizeof m->snap_path] = 0;
         if (!atomic_load(&m->snap_ok) || !path[0]) {
-            fprintf(stderr, "oomguard snapshot: process %d could not write a dump (no device memory tracked yet, "
-                            "or no writable directory)\n", ps.p[i].b.pid);
+            fprintf(stderr,
+                    "oomguard snapshot: process %d could not write a dump (no device memory tracked yet, "
+                    "or no writable directory)\n",
+                    ps.p[i].b.pid);
             rc = OG_EXIT_INPUT;
             continue;
         }

@@ -1,7 +1,7 @@
 /* tools/util.c — output buffer, untrusted-string rendering, sizes, writing it out. */
 #include <getopt.h>
 #include "util.h"
-#include "human.h"   /* common/human.c: the dump's own formatting */
+#include "human.h" /* common/human.c: the dump's own formatting */
 
 #include <errno.h>
 #include <inttypes.h>
@@ -152,7 +152,7 @@ static void sb_safe(struct sbuf *b, const char *s, size_t max_chars, unsigned fl
         if (cp < 0 && mode == MODE_RAW) {
             sb_puts(b, REPLACEMENT);
         } else if (cp < 0) {
-            sb_printf(b, "\\x%02x", *p);         /* shown for what it is: a byte that is not UTF-8 */
+            sb_printf(b, "\\x%02x", *p); /* shown for what it is: a byte that is not UTF-8 */
         } else if (mode == MODE_RAW) {
             sb_put(b, p, n);
         } else if (cp == '\n' && (flags & OG_TEXT_KEEP_NL)) {
@@ -161,7 +161,7 @@ static void sb_safe(struct sbuf *b, const char *s, size_t max_chars, unsigned fl
             sb_putc(b, ' ');
         } else if (is_unsafe(cp)) {
             if (cp < 0x80)
-                sb_printf(b, "\\x%02x", (unsigned)cp);   /* ESC is \x1b: visible, inert */
+                sb_printf(b, "\\x%02x", (unsigned)cp); /* ESC is \x1b: visible, inert */
             else
                 sb_printf(b, "\\u{%04x}", (unsigned)cp);
         } else if (mode == MODE_HTML && cp == '&') {
@@ -309,14 +309,14 @@ int write_all(int fd, const struct sbuf *b, const char *what)
     return OG_EXIT_OK;
 }
 
-int og_getopt(const char *cmd, int argc, char **argv, const char *shortopts, const struct option *lo,
-              const char **arg, int *optind_out)
+int og_getopt(const char *cmd, int argc, char **argv, const char *shortopts, const struct option *lo, const char **arg,
+              int *optind_out)
 {
     static const char *started;
     char so[64];
     int plus = shortopts[0] == '+';
     snprintf(so, sizeof so, "%s:%s", plus ? "+" : "", shortopts + plus);
-    if (started != cmd) {   /* a new command line: getopt's state starts over */
+    if (started != cmd) { /* a new command line: getopt's state starts over */
         started = cmd;
         optind = 0;
     }
@@ -325,9 +325,9 @@ int og_getopt(const char *cmd, int argc, char **argv, const char *shortopts, con
     *arg = optarg;
     *optind_out = optind - 1;
     if (c == '?' || c == ':') {
-        char shortname[3] = {'-', (char)optopt, 0};
-        const char *name = optopt && !(optind >= 2 && !strncmp(argv[optind - 2], "--", 2)) ? shortname
-                                                                                            : argv[optind - 2];
+        char shortname[3] = { '-', (char)optopt, 0 };
+        const char *name =
+            optopt && !(optind >= 2 && !strncmp(argv[optind - 2], "--", 2)) ? shortname : argv[optind - 2];
         if (c == '?')
             fprintf(stderr, "oomguard %s: unknown option %s (see oomguard %s --help)\n", cmd, name, cmd);
         else

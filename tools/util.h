@@ -68,7 +68,7 @@ int write_all(int fd, const struct sbuf *b, const char *what);
  * "X needs a value" on stderr.  `shortopts` without getopt's leading ':'; a leading '+' stops
  * at the first operand (for `run`, whose command follows). */
 struct option;
-int og_getopt(const char *cmd, int argc, char **argv, const char *shortopts, const struct option *lo,
-              const char **arg, int *optind_out);
+int og_getopt(const char *cmd, int argc, char **argv, const char *shortopts, const struct option *lo, const char **arg,
+              int *optind_out);
 
 #endif

@@ -16,6 +16,6 @@
 
 /* The dump schema major version this reader understands. */
 #define OG_SCHEMA_PREFIX "oomguard.dump/"
-#define OG_SCHEMA_MAJOR 1
+#define OG_SCHEMA_MAJOR  1
 
 #endif

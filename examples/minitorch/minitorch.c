@@ -9,15 +9,15 @@
 
 #include "oomguard.h"
 
-#define MiB (1024ull * 1024)
-#define MIN_SEGMENT (20 * MiB)     /* like PyTorch's large-pool segments */
-#define ROUND 512
+#define MiB         (1024ull * 1024)
+#define MIN_SEGMENT (20 * MiB) /* like PyTorch's large-pool segments */
+#define ROUND       512
 
 typedef struct block {
     uintptr_t addr;
     size_t size;
     int free;
-    struct block *next;          /* address order within the segment */
+    struct block *next; /* address order within the segment */
 } block_t;
 
 typedef struct segment {
@@ -105,7 +105,7 @@ void *mt_alloc(size_t bytes)
         }
         b = seg->blocks;
     }
-    if (b->size - size >= ROUND) {          /* split: the rest stays cached */
+    if (b->size - size >= ROUND) { /* split: the rest stays cached */
         block_t *rest = calloc(1, sizeof *rest);
         rest->addr = b->addr + size;
         rest->size = b->size - size;
@@ -130,13 +130,13 @@ void mt_free(void *p)
                 continue;
             b->free = 1;
             st.allocated -= b->size;
-            if (b->next && b->next->free) {     /* merge with the following free block */
+            if (b->next && b->next->free) { /* merge with the following free block */
                 block_t *n = b->next;
                 b->size += n->size;
                 b->next = n->next;
                 free(n);
             }
-            if (prev && prev->free) {           /* and with the preceding one */
+            if (prev && prev->free) { /* and with the preceding one */
                 prev->size += b->size;
                 prev->next = b->next;
                 free(b);

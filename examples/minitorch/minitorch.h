@@ -12,9 +12,9 @@ typedef struct mt_stats {
     uint64_t allocated, reserved, largest_free_block, segments, alloc_retries, ooms;
 } mt_stats_t;
 
-void *mt_alloc(size_t bytes);          /* NULL on out of memory (after flush + retry) */
+void *mt_alloc(size_t bytes); /* NULL on out of memory (after flush + retry) */
 void mt_free(void *p);
-void mt_empty_cache(void);             /* return fully free segments to the driver */
+void mt_empty_cache(void); /* return fully free segments to the driver */
 void mt_stats(mt_stats_t *out);
 /* Hands the allocator's view to oomguard, as the PyTorch adapter does on an OOM. */
 void mt_report_to_oomguard(void);

@@ -52,7 +52,7 @@ static void *pairs_worker(void *arg)
     cudaGetDeviceCount(&ndev);
     cudaSetDevice(getenv("BENCH_SPREAD") ? atomic_fetch_add(&next_dev, 1) % ndev : 0);
     void *p;
-    for (int i = 0; i < 1000; i++) {          /* warm up: contexts, sites, slabs */
+    for (int i = 0; i < 1000; i++) { /* warm up: contexts, sites, slabs */
         cudaMalloc(&p, 4096);
         cudaFree(p);
     }

@@ -50,7 +50,7 @@ __attribute__((noinline)) static void down_a(double *secs, int n)
 }
 __attribute__((noinline)) static void down_b(double *secs, int n)
 {
-    char pad[48];                     /* frames of different sizes, as real code has */
+    char pad[48]; /* frames of different sizes, as real code has */
     pad[n % sizeof pad] = (char)n;
     __asm__ volatile("" : : "r"(pad) : "memory");
     if (n <= 0)

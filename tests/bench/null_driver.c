@@ -8,7 +8,11 @@
 static __thread uint64_t next_addr;
 static int next_range;
 
-CUresult cuInit(unsigned int flags) { (void)flags; return CUDA_SUCCESS; }
+CUresult cuInit(unsigned int flags)
+{
+    (void)flags;
+    return CUDA_SUCCESS;
+}
 
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
@@ -19,8 +23,16 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     return CUDA_SUCCESS;
 }
 
-CUresult cuMemFree_v2(CUdeviceptr dptr) { (void)dptr; return CUDA_SUCCESS; }
-CUresult cuCtxGetDevice(CUdevice *device) { *device = 0; return CUDA_SUCCESS; }
+CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    (void)dptr;
+    return CUDA_SUCCESS;
+}
+CUresult cuCtxGetDevice(CUdevice *device)
+{
+    *device = 0;
+    return CUDA_SUCCESS;
+}
 /* one device, as a real driver answers (the shim's publishing thread reads the count once) */
 CUresult cuDeviceGetCount(int *count)
 {

@@ -8,17 +8,14 @@
 
 #define MiB (1024ull * 1024)
 
-static void must(cudaError_t e, const char *what)
-{
-    CHECK(e == cudaSuccess, "%s: %s", what, cudaGetErrorString(e));
-}
+static void must(cudaError_t e, const char *what) { CHECK(e == cudaSuccess, "%s: %s", what, cudaGetErrorString(e)); }
 
 static void one_device(int dev)
 {
     char label[64];
     must(cudaSetDevice(dev), "cudaSetDevice");
-    void *plain[6] = {0};
-    size_t sizes[6] = {1, 1000, 3 * MiB, 100 * MiB, 4097, 64 * MiB + 3};
+    void *plain[6] = { 0 };
+    size_t sizes[6] = { 1, 1000, 3 * MiB, 100 * MiB, 4097, 64 * MiB + 3 };
     for (int i = 0; i < 6; i++)
         must(cudaMalloc(&plain[i], sizes[i]), "cudaMalloc");
     void *pitched, *managed, *host1, *host2;

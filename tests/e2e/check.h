@@ -15,24 +15,24 @@
 
 static int check_failures;
 static int check_count;
-static int check_ledger_count;   /* of check_count: comparisons with the shim's ledger */
+static int check_ledger_count; /* of check_count: comparisons with the shim's ledger */
 
-#define CHECK(cond, ...)                                                   \
-    do {                                                                   \
-        check_count++;                                                     \
-        if (!(cond)) {                                                     \
-            check_failures++;                                              \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);           \
-            fprintf(stderr, __VA_ARGS__);                                  \
-            fputc('\n', stderr);                                           \
-        }                                                                  \
+#define CHECK(cond, ...)                                         \
+    do {                                                         \
+        check_count++;                                           \
+        if (!(cond)) {                                           \
+            check_failures++;                                    \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                        \
+            fputc('\n', stderr);                                 \
+        }                                                        \
     } while (0)
 
 /* A check of the shim's numbers (made only when the shim is there) */
-#define LEDGER_CHECK(...)          \
-    do {                           \
-        check_ledger_count++;      \
-        CHECK(__VA_ARGS__);        \
+#define LEDGER_CHECK(...)     \
+    do {                      \
+        check_ledger_count++; \
+        CHECK(__VA_ARGS__);   \
     } while (0)
 
 static int (*p_truth)(int, simgpu_truth_t *);
@@ -52,8 +52,9 @@ static inline int check_setup(void)
     return p_stats ? 1 : 0;
 }
 
-#define EQ(what, a, b) CHECK((uint64_t)(a) == (uint64_t)(b), "[%s] dev %d %s: shim %" PRIu64 " != driver %" PRIu64, \
-                             label, dev, what, (uint64_t)(a), (uint64_t)(b))
+#define EQ(what, a, b)                                                                                             \
+    CHECK((uint64_t)(a) == (uint64_t)(b), "[%s] dev %d %s: shim %" PRIu64 " != driver %" PRIu64, label, dev, what, \
+          (uint64_t)(a), (uint64_t)(b))
 
 /* The ledger equals the driver's ground truth, to the byte, for one device. */
 static inline void check_device(int dev, const char *label)
@@ -78,8 +79,8 @@ static inline void check_device(int dev, const char *label)
         EQ("host pinned blocks", s.host_pinned_blocks, t.host_pinned_blocks);
     }
     /* tracked = everything the process took, except the context overhead */
-    uint64_t driver_tracked = t.alloc_requested_bytes + t.vmm_physical_bytes + t.pool_reserved_bytes +
-                              t.graph_reserved_bytes;
+    uint64_t driver_tracked =
+        t.alloc_requested_bytes + t.vmm_physical_bytes + t.pool_reserved_bytes + t.graph_reserved_bytes;
     EQ("tracked total", s.tracked_bytes, driver_tracked);
     check_ledger_count += check_count - first;
 }

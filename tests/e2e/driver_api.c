@@ -5,7 +5,7 @@
 
 #include "check.h"
 
-#define MiB (1024ull * 1024)
+#define MiB      (1024ull * 1024)
 #define OK(call) CHECK((call) == CUDA_SUCCESS, "%s", #call)
 
 int main(int argc, char **argv)
@@ -47,14 +47,14 @@ int main(int argc, char **argv)
     OK(cuMemAddressReserve(&va, 16 * gran, 0, 0, 0));
     OK(cuMemMap(va, 10 * gran, 0, h1, 0));
     OK(cuMemMap(va + 10 * gran, 4 * gran, 0, h2, 0));
-    CUmemAccessDesc acc = {.location = prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    CUmemAccessDesc acc = { .location = prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
     OK(cuMemSetAccess(va, 14 * gran, &acc, 1));
     check_device(1, "vmm mapped");
-    OK(cuMemRelease(h1));               /* still mapped: memory stays */
+    OK(cuMemRelease(h1)); /* still mapped: memory stays */
     check_device(1, "vmm h1 released, mapped");
-    OK(cuMemRelease(h3));               /* never mapped: gone now */
+    OK(cuMemRelease(h3)); /* never mapped: gone now */
     check_device(1, "vmm h3 released");
-    OK(cuMemUnmap(va, 14 * gran));      /* one unmap over two mappings frees h1 */
+    OK(cuMemUnmap(va, 14 * gran)); /* one unmap over two mappings frees h1 */
     check_device(1, "vmm unmapped");
     OK(cuMemRelease(h2));
     OK(cuMemAddressFree(va, 16 * gran));

@@ -47,7 +47,7 @@ static int mode_inval(void)
 {
     CUdeviceptr p;
     cudaSetDevice(0);
-    cudaFree(0);                               /* context */
+    cudaFree(0); /* context */
     CHECK(cuMemAlloc(&p, 0) == CUDA_ERROR_INVALID_VALUE, "size 0");
     CHECK(cuMemAlloc(NULL, 1 * MiB) == CUDA_ERROR_INVALID_VALUE, "NULL out-pointer");
     CHECK(cuMemAllocManaged(&p, 0, CU_MEM_ATTACH_GLOBAL) == CUDA_ERROR_INVALID_VALUE, "managed size 0");
@@ -86,7 +86,7 @@ static int mode_pools(void)
 {
     cudaStream_t s;
     void *p, *q;
-    cudaSetDevice(1);                          /* 16 GiB; run with OOMGUARD_LIMIT=1:4GiB */
+    cudaSetDevice(1); /* 16 GiB; run with OOMGUARD_LIMIT=1:4GiB */
     cudaStreamCreate(&s);
     /* default pool, release threshold 0: the 3 GiB go back at the synchronisation */
     CHECK(cudaMallocAsync(&p, 3 * GiB, s) == cudaSuccess, "3 GiB from the pool");
@@ -181,9 +181,9 @@ static int mode_arrays(void)
     cudaFree(0);
     CUarray a2, a3;
     CUmipmappedArray mm;
-    CUDA_ARRAY_DESCRIPTOR d2 = {4096, 4096, CU_AD_FORMAT_FLOAT, 4};                  /* 256 MiB */
-    CUDA_ARRAY3D_DESCRIPTOR d3 = {512, 512, 64, CU_AD_FORMAT_UNSIGNED_INT8, 2, 0};   /* 32 MiB */
-    CUDA_ARRAY3D_DESCRIPTOR dm = {1024, 1024, 0, CU_AD_FORMAT_HALF, 1, 0};
+    CUDA_ARRAY_DESCRIPTOR d2 = { 4096, 4096, CU_AD_FORMAT_FLOAT, 4 };                /* 256 MiB */
+    CUDA_ARRAY3D_DESCRIPTOR d3 = { 512, 512, 64, CU_AD_FORMAT_UNSIGNED_INT8, 2, 0 }; /* 32 MiB */
+    CUDA_ARRAY3D_DESCRIPTOR dm = { 1024, 1024, 0, CU_AD_FORMAT_HALF, 1, 0 };
     CHECK(cuArrayCreate(&a2, &d2) == CUDA_SUCCESS, "cuArrayCreate");
     CHECK(cuArray3DCreate(&a3, &d3) == CUDA_SUCCESS, "cuArray3DCreate");
     CHECK(cuMipmappedArrayCreate(&mm, &dm, 5) == CUDA_SUCCESS, "cuMipmappedArrayCreate");
@@ -192,12 +192,12 @@ static int mode_arrays(void)
     cudaMipmappedArray_t rm;
     struct cudaChannelFormatDesc ch = cudaCreateChannelDesc(32, 0, 0, 0, cudaChannelFormatKindFloat);
     CHECK(cudaMallocArray(&ra, &ch, 1024, 1024, 0) == cudaSuccess, "cudaMallocArray");
-    CHECK(cudaMalloc3DArray(&r3, &ch, (struct cudaExtent){256, 256, 16}, 0) == cudaSuccess, "cudaMalloc3DArray");
-    CHECK(cudaMallocMipmappedArray(&rm, &ch, (struct cudaExtent){512, 512, 0}, 4, 0) == cudaSuccess,
+    CHECK(cudaMalloc3DArray(&r3, &ch, (struct cudaExtent){ 256, 256, 16 }, 0) == cudaSuccess, "cudaMalloc3DArray");
+    CHECK(cudaMallocMipmappedArray(&rm, &ch, (struct cudaExtent){ 512, 512, 0 }, 4, 0) == cudaSuccess,
           "cudaMallocMipmappedArray");
     check_device(0, "runtime arrays");
     CUarray big;
-    CUDA_ARRAY_DESCRIPTOR db = {1 << 20, 1 << 16, CU_AD_FORMAT_FLOAT, 4};            /* 1 TiB */
+    CUDA_ARRAY_DESCRIPTOR db = { 1 << 20, 1 << 16, CU_AD_FORMAT_FLOAT, 4 }; /* 1 TiB */
     CHECK(cuArrayCreate(&big, &db) == CUDA_ERROR_OUT_OF_MEMORY, "1 TiB array must fail");
     cudaFreeArray(ra);
     cudaFreeArray(r3);
@@ -244,7 +244,7 @@ static int mode_dlmopen(void)
         printf("skipped: dlmopen unavailable here (%s)\n", dlerror());
         return 0;
     }
-    const char *names[] = {"cuMemAlloc_v2", "cuMemFree_v2", "cuGetProcAddress_v2"};
+    const char *names[] = { "cuMemAlloc_v2", "cuMemFree_v2", "cuGetProcAddress_v2" };
     for (int i = 0; i < 3; i++) {
         void *f = dlsym(h, names[i]);
         Dl_info info;
@@ -252,7 +252,8 @@ static int mode_dlmopen(void)
               "%s of the other namespace answered by %s", names[i], f && dladdr(f, &info) ? info.dli_fname : "?");
     }
     CUresult (*init)(unsigned) = (CUresult(*)(unsigned))dlsym(h, "cuInit");
-    CUresult (*retain)(CUcontext *, CUdevice) = (CUresult(*)(CUcontext *, CUdevice))dlsym(h, "cuDevicePrimaryCtxRetain");
+    CUresult (*retain)(CUcontext *, CUdevice) =
+        (CUresult(*)(CUcontext *, CUdevice))dlsym(h, "cuDevicePrimaryCtxRetain");
     CUresult (*setcur)(CUcontext) = (CUresult(*)(CUcontext))dlsym(h, "cuCtxSetCurrent");
     CUresult (*alloc)(CUdeviceptr *, size_t) = (CUresult(*)(CUdeviceptr *, size_t))dlsym(h, "cuMemAlloc_v2");
     CUcontext ctx;
@@ -298,7 +299,7 @@ static int mode_lookups(void)
 {
     void *p, *q, *big;
     cudaSetDevice(0);
-    cudaFree(0);                          /* the runtime starts: the driver is in the process */
+    cudaFree(0); /* the runtime starts: the driver is in the process */
     counting = 1;
     for (int i = 0; i < 100; i++) {
         CHECK(cudaMalloc(&p, 1 * MiB) == cudaSuccess, "small");
@@ -401,22 +402,22 @@ int main(int argc, char **argv)
     if (argc < 2 || check_setup() < 0)
         return 2;
     const char *m = argv[1];
-    int rc = !strcmp(m, "oom")          ? mode_oom()
-             : !strcmp(m, "inval")      ? mode_inval()
-             : !strcmp(m, "huge")       ? mode_huge()
-             : !strcmp(m, "history")    ? mode_history()
-             : !strcmp(m, "pools")      ? mode_pools()
-             : !strcmp(m, "manypools")  ? mode_manypools()
-             : !strcmp(m, "unreadable") ? mode_unreadable()
-             : !strcmp(m, "arrays")     ? mode_arrays()
-             : !strcmp(m, "ctx")        ? mode_ctx()
-             : !strcmp(m, "dlmopen")    ? mode_dlmopen()
-             : !strcmp(m, "summary")    ? mode_summary()
-             : !strcmp(m, "lookups")    ? mode_lookups()
-             : !strcmp(m, "ipc")        ? mode_ipc(argv[0])
-             : !strcmp(m, "graph")      ? mode_graph()
+    int rc = !strcmp(m, "oom")                     ? mode_oom()
+             : !strcmp(m, "inval")                 ? mode_inval()
+             : !strcmp(m, "huge")                  ? mode_huge()
+             : !strcmp(m, "history")               ? mode_history()
+             : !strcmp(m, "pools")                 ? mode_pools()
+             : !strcmp(m, "manypools")             ? mode_manypools()
+             : !strcmp(m, "unreadable")            ? mode_unreadable()
+             : !strcmp(m, "arrays")                ? mode_arrays()
+             : !strcmp(m, "ctx")                   ? mode_ctx()
+             : !strcmp(m, "dlmopen")               ? mode_dlmopen()
+             : !strcmp(m, "summary")               ? mode_summary()
+             : !strcmp(m, "lookups")               ? mode_lookups()
+             : !strcmp(m, "ipc")                   ? mode_ipc(argv[0])
+             : !strcmp(m, "graph")                 ? mode_graph()
              : !strcmp(m, "ipc-child") && argc > 2 ? mode_ipc_child(argv[2])
-                                        : 2;
+                                                   : 2;
     if (rc == 2) {
         fprintf(stderr, "unknown mode %s\n", m);
         return 2;

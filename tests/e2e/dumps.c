@@ -76,9 +76,9 @@ static void on_planned_fault(int sig, siginfo_t *si, void *uc)
         _exit(97);
     if (fault_by_jump)
         siglongjmp(fault_jmp, 1);
-    mprotect(guard_page, 4096, PROT_READ | PROT_WRITE);   /* fixed: the write runs again, now fine */
+    mprotect(guard_page, 4096, PROT_READ | PROT_WRITE); /* fixed: the write runs again, now fine */
 }
-static void planned_faults_setup(void)   /* at start-up, as a runtime does: before any failure */
+static void planned_faults_setup(void) /* at start-up, as a runtime does: before any failure */
 {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -102,7 +102,7 @@ static volatile int churn_stop;
 static void *churner(void *arg)
 {
     unsigned seed = (unsigned)(uintptr_t)arg;
-    void *held[16] = {0};
+    void *held[16] = { 0 };
     cudaSetDevice(0);
     while (!churn_stop) {
         int k = (int)(rand_r(&seed) % 16);
@@ -183,7 +183,7 @@ static void *warner(void *arg)
         __atomic_add_fetch(&crossings, 1, __ATOMIC_RELEASE);
         if (cudaMalloc(&p, 13 * GiB) == cudaSuccess)
             cudaFree(p);
-        if (cudaMalloc(&small, 1 << 20) == cudaSuccess)   /* seen below the threshold: re-armed */
+        if (cudaMalloc(&small, 1 << 20) == cudaSuccess) /* seen below the threshold: re-armed */
             cudaFree(small);
     }
     __atomic_store_n(&race_done, 1, __ATOMIC_RELEASE);
@@ -225,7 +225,7 @@ int main(int argc, char **argv)
         *(volatile int *)addr = 1;
         return 1;
     } else if (!strcmp(mode, "handler")) {
-        signal(SIGTERM, on_term);   /* the program's own handler, installed before the failure */
+        signal(SIGTERM, on_term); /* the program's own handler, installed before the failure */
         fail(0);
         raise(SIGTERM);
         return 1;
@@ -304,7 +304,8 @@ int main(int argc, char **argv)
         pthread_t t;
         void *r = NULL;
         pthread_attr_init(&at);
-        if (pthread_attr_setstacksize(&at, (size_t)atol(argv[2])) != 0 || pthread_create(&t, &at, alloc_in_thread, "") != 0)
+        if (pthread_attr_setstacksize(&at, (size_t)atol(argv[2])) != 0 ||
+            pthread_create(&t, &at, alloc_in_thread, "") != 0)
             return 5;
         pthread_join(t, &r);
         printf("small stack: %d\n", (int)(intptr_t)r);

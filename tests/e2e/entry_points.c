@@ -53,7 +53,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < 12; i++) {
         CHECK(create(&handles[i], page, &prop, 0) == CUDA_SUCCESS, "create %d", i);
         CHECK(map(base + i * page, page, 0, handles[i], 0) == CUDA_SUCCESS, "map %d", i);
-        CHECK(release(handles[i]) == CUDA_SUCCESS, "release %d", i);   /* PyTorch releases right away */
+        CHECK(release(handles[i]) == CUDA_SUCCESS, "release %d", i); /* PyTorch releases right away */
     }
     check_device(0, "expandable segment grown");
     CHECK(unmap(base + 8 * page, 4 * page) == CUDA_SUCCESS, "shrink");
@@ -80,7 +80,9 @@ int main(int argc, char **argv)
     if (gpa) {
         async_fn a2 = NULL;
         CHECK(gpa("cuMemAllocAsync", (void **)&a2, 11020, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, NULL) ==
-                  CUDA_SUCCESS && a2, "lookup ptsz");
+                      CUDA_SUCCESS &&
+                  a2,
+              "lookup ptsz");
         CUdeviceptr r;
         if (a2) {
             CHECK(a2(&r, 7 * MiB, 0) == CUDA_SUCCESS, "alloc");

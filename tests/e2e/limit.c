@@ -12,7 +12,9 @@
 #define MiB (1024ull * 1024)
 #define GiB (1024ull * MiB)
 
-typedef struct { unsigned long long total, free, used; } nvml_memory_t;
+typedef struct {
+    unsigned long long total, free, used;
+} nvml_memory_t;
 static int (*nvml_init)(void);
 static int (*nvml_by_index)(unsigned, void **);
 static int (*nvml_meminfo)(void *, nvml_memory_t *);

@@ -71,8 +71,8 @@ int main(int argc, char **argv)
             usleep(20000);
         }
     } else {
-        static const unsigned long long limit_steps[] = {1024 * MiB, 1024 * MiB, 768 * MiB, 512 * MiB};
-        static const unsigned long long plain_steps[] = {1024 * MiB, 64 * MiB, 64 * MiB, 64 * MiB};
+        static const unsigned long long limit_steps[] = { 1024 * MiB, 1024 * MiB, 768 * MiB, 512 * MiB };
+        static const unsigned long long plain_steps[] = { 1024 * MiB, 64 * MiB, 64 * MiB, 64 * MiB };
         const unsigned long long *s = !strcmp(mode, "limit") ? limit_steps : plain_steps;
         for (int i = 0; i < 4; i++)
             if (cudaMalloc(&blocks[n], s[i]) == cudaSuccess)

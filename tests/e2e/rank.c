@@ -12,13 +12,13 @@ int main(void)
 {
     const char *r = getenv("RANK");
     int rank = r ? atoi(r) : 0;
-    printf("rank %d pid %d\n", rank, (int)getpid());   /* the launcher test checks the dumps' pids */
+    printf("rank %d pid %d\n", rank, (int)getpid()); /* the launcher test checks the dumps' pids */
     fflush(stdout);
     cudaSetDevice(rank % 2);
     void *model, *big;
     if (cudaMalloc(&model, (size_t)(rank + 1) * GiB) != cudaSuccess)
         return 4;
-    usleep(400000);                               /* every rank is up: they see each other */
+    usleep(400000); /* every rank is up: they see each other */
     if (rank == 2 || rank == 0) {
         usleep(rank == 0 ? 300000 : 0);
         if (cudaMalloc(&big, 64 * GiB) != cudaSuccess) {

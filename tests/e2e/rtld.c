@@ -4,8 +4,7 @@
 
 int main(int argc, char **argv)
 {
-    CHECK(og_rtld_next_value() == 2, "RTLD_NEXT from libA must find libB's definition, got %d",
-          og_rtld_next_value());
+    CHECK(og_rtld_next_value() == 2, "RTLD_NEXT from libA must find libB's definition, got %d", og_rtld_next_value());
     void *h = dlopen("librtld_local.so", RTLD_NOW | RTLD_LOCAL);
     CHECK(h != NULL, "dlopen librtld_local.so: %s", dlerror());
     if (h) {

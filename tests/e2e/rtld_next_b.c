@@ -1,4 +1,3 @@
 #include "rtld.h"
 
 int og_rtld_probe(void) { return 2; }
-

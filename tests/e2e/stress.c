@@ -9,8 +9,8 @@
 #include "check.h"
 
 #define MAX_THREADS 64
-#define OPS     100000
-#define SLOTS   64
+#define OPS         100000
+#define SLOTS       64
 
 static int ops = OPS, threads = 8;
 /* what the program itself did, per device: the shim's counters must say the same */
@@ -22,8 +22,8 @@ static void *worker(void *arg)
     int dev = (int)(uintptr_t)arg % 2;
     if (cudaSetDevice(dev) != cudaSuccess)
         return (void *)1;
-    void *slot[SLOTS] = {0};
-    int kind[SLOTS] = {0};
+    void *slot[SLOTS] = { 0 };
+    int kind[SLOTS] = { 0 };
     for (int i = 0; i < ops; i++) {
         int s = (int)(rand_r(&seed) % SLOTS);
         if (slot[s]) {
@@ -94,8 +94,8 @@ int main(int argc, char **argv)
                   (unsigned long long)s.allocs, (unsigned long long)s.frees, did_alloc[dev], did_free[dev]);
             /* the peak counts requested bytes; the driver's adds granularity and the context */
             CHECK(s.peak_tracked_bytes > 0 && s.peak_tracked_bytes <= tr.peak_used_bytes - tr.context_bytes,
-                  "dev %d: peak %llu, driver peak %llu - context %llu", dev,
-                  (unsigned long long)s.peak_tracked_bytes, tr.peak_used_bytes, tr.context_bytes);
+                  "dev %d: peak %llu, driver peak %llu - context %llu", dev, (unsigned long long)s.peak_tracked_bytes,
+                  tr.peak_used_bytes, tr.context_bytes);
             printf("dev %d: %llu allocs, %llu frees, %llu failures (%llu injected), peak %llu bytes\n", dev,
                    (unsigned long long)s.allocs, (unsigned long long)s.frees, (unsigned long long)s.failures,
                    (unsigned long long)tr.injected_failures, (unsigned long long)s.peak_tracked_bytes);

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 
 #define THREADS 8
-#define KEEP    600     /* live blocks per thread: past every shard's first table */
+#define KEEP    600 /* live blocks per thread: past every shard's first table */
 
 static void *worker(void *arg)
 {
@@ -35,7 +35,7 @@ int main(void)
     unsigned long (*failed)(void) = (unsigned long (*)(void))dlsym(RTLD_DEFAULT, "failmalloc_failed");
     void *first;
     if (cudaMalloc(&first, 1 << 20) != cudaSuccess || cudaFree(first) != cudaSuccess)
-        return 3;                        /* the runtime is up before the failing starts */
+        return 3; /* the runtime is up before the failing starts */
     if (set)
         set(1);
     pthread_t t[THREADS];

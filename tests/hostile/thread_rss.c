@@ -47,7 +47,7 @@ int main(void)
         return 2;
     pthread_attr_t attr;
     pthread_attr_init(&attr);
-    pthread_attr_setstacksize(&attr, 256 << 10);   /* small, untouched stacks: the shim's share shows */
+    pthread_attr_setstacksize(&attr, 256 << 10); /* small, untouched stacks: the shim's share shows */
     pthread_barrier_init(&all_done, NULL, (unsigned)n + 1);
     pthread_barrier_init(&may_exit, NULL, (unsigned)n + 1);
     pthread_t *t = calloc((size_t)n, sizeof *t);
@@ -64,7 +64,7 @@ int main(void)
         pthread_join(t[i], &r);
         bad |= r != NULL;
     }
-    if (getenv("OOM_AT_END")) {            /* a failure, for a dump of all that history */
+    if (getenv("OOM_AT_END")) { /* a failure, for a dump of all that history */
         void *huge;
         if (cudaMalloc(&huge, (size_t)1 << 50) == cudaSuccess)
             return 5;

@@ -29,9 +29,9 @@ static int mode_huge(void)
 /* Three arrays in the current context: 16 + 8 + (4+1+...) MiB. */
 static void make_arrays(CUarray *a2, CUarray *a3, CUmipmappedArray *mm)
 {
-    CUDA_ARRAY_DESCRIPTOR d2 = {2048, 2048, CU_AD_FORMAT_FLOAT, 1};                /* 16 MiB */
-    CUDA_ARRAY3D_DESCRIPTOR d3 = {256, 256, 32, CU_AD_FORMAT_UNSIGNED_INT8, 4, 0}; /* 8 MiB */
-    CUDA_ARRAY3D_DESCRIPTOR dm = {1024, 1024, 0, CU_AD_FORMAT_HALF, 2, 0};       /* 4 MiB + levels */
+    CUDA_ARRAY_DESCRIPTOR d2 = { 2048, 2048, CU_AD_FORMAT_FLOAT, 1 };                /* 16 MiB */
+    CUDA_ARRAY3D_DESCRIPTOR d3 = { 256, 256, 32, CU_AD_FORMAT_UNSIGNED_INT8, 4, 0 }; /* 8 MiB */
+    CUDA_ARRAY3D_DESCRIPTOR dm = { 1024, 1024, 0, CU_AD_FORMAT_HALF, 2, 0 };         /* 4 MiB + levels */
     CHECK(cuArrayCreate(a2, &d2) == CUDA_SUCCESS, "cuArrayCreate");
     CHECK(cuArray3DCreate(a3, &d3) == CUDA_SUCCESS, "cuArray3DCreate");
     CHECK(cuMipmappedArrayCreate(mm, &dm, 3) == CUDA_SUCCESS, "cuMipmappedArrayCreate");
@@ -48,10 +48,10 @@ static int mode_ctxarrays(void)
     CHECK(cuDeviceGet(&dev, 1) == CUDA_SUCCESS, "device 1");
     CHECK(cuDevicePrimaryCtxRetain(&prim, dev) == CUDA_SUCCESS, "retain");
     CHECK(cuCtxSetCurrent(prim) == CUDA_SUCCESS, "primary current");
-    make_arrays(&a2, &a3, &mm);                 /* the primary's */
+    make_arrays(&a2, &a3, &mm); /* the primary's */
     CHECK(cuMemAlloc(&keep, 2 * MiB) == CUDA_SUCCESS, "primary block");
     CHECK(cuCtxCreate(&created, NULL, 0, dev) == CUDA_SUCCESS, "create");
-    make_arrays(&b2, &b3, &nm);                 /* the created context's */
+    make_arrays(&b2, &b3, &nm); /* the created context's */
     check_device(1, "arrays in two contexts");
     CHECK(cuCtxDestroy(created) == CUDA_SUCCESS, "destroy");
     check_device(1, "created context destroyed: its arrays gone, the primary's kept");
@@ -64,7 +64,8 @@ static int mode_ctxarrays(void)
     make_arrays(&a2, &a3, &mm);
     check_device(1, "arrays in the new primary context");
     CHECK(cuArrayDestroy(a2) == CUDA_SUCCESS && cuArrayDestroy(a3) == CUDA_SUCCESS &&
-          cuMipmappedArrayDestroy(mm) == CUDA_SUCCESS, "destroy arrays");
+              cuMipmappedArrayDestroy(mm) == CUDA_SUCCESS,
+          "destroy arrays");
     check_device(1, "arrays destroyed one by one");
     CHECK(cuDevicePrimaryCtxRelease(dev) == CUDA_SUCCESS, "release again");
 
@@ -74,8 +75,8 @@ static int mode_ctxarrays(void)
     struct cudaChannelFormatDesc ch = cudaCreateChannelDesc(32, 0, 0, 0, cudaChannelFormatKindFloat);
     CHECK(cudaSetDevice(0) == cudaSuccess, "runtime device 0");
     CHECK(cudaMallocArray(&ra, &ch, 1024, 1024, 0) == cudaSuccess, "cudaMallocArray");
-    CHECK(cudaMalloc3DArray(&r3, &ch, (struct cudaExtent){256, 256, 16}, 0) == cudaSuccess, "cudaMalloc3DArray");
-    CHECK(cudaMallocMipmappedArray(&rm, &ch, (struct cudaExtent){512, 512, 0}, 4, 0) == cudaSuccess,
+    CHECK(cudaMalloc3DArray(&r3, &ch, (struct cudaExtent){ 256, 256, 16 }, 0) == cudaSuccess, "cudaMalloc3DArray");
+    CHECK(cudaMallocMipmappedArray(&rm, &ch, (struct cudaExtent){ 512, 512, 0 }, 4, 0) == cudaSuccess,
           "cudaMallocMipmappedArray");
     check_device(0, "runtime arrays");
     CHECK(cudaDeviceReset() == cudaSuccess, "cudaDeviceReset");

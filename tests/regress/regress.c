@@ -12,8 +12,8 @@
 
 #include "check.h"
 
-#define MiB (1024ull * 1024)
-#define GiB (1024ull * MiB)
+#define MiB      (1024ull * 1024)
+#define GiB      (1024ull * MiB)
 #define OK(call) CHECK((call) == 0, "%s", #call)
 
 /* DEV current, with its primary context made (cudaFree(0): how CUDA programs force it) */
@@ -80,9 +80,10 @@ static void mode_reset(void)
     OK(cuCtxSetCurrent(prim));
     OK(cudaDeviceReset());
     s = stats(1);
-    CHECK(s.plain_bytes == 16 * MiB && s.managed_bytes == 0, "device 1 after reset: %llu plain, %llu managed bytes "
-          "(want only the other context's 16 MiB)", (unsigned long long)s.plain_bytes,
-          (unsigned long long)s.managed_bytes);
+    CHECK(s.plain_bytes == 16 * MiB && s.managed_bytes == 0,
+          "device 1 after reset: %llu plain, %llu managed bytes "
+          "(want only the other context's 16 MiB)",
+          (unsigned long long)s.plain_bytes, (unsigned long long)s.managed_bytes);
     CHECK(s.plain_blocks == 1 && s.managed_blocks == 0, "device 1 after reset: %llu plain, %llu managed blocks",
           (unsigned long long)s.plain_blocks, (unsigned long long)s.managed_blocks);
     check_device(1, "after reset");
@@ -285,7 +286,7 @@ static void mode_episode(void)
     OK(cudaFree(a));
     CHECK(cudaMalloc(&big, 29 * GiB) == cudaErrorMemoryAllocation, "29 GiB fails");
     (void)cudaGetLastError();
-    if (getenv("REGRESS_NO_RECOVERY"))          /* the job dies here: the second attempt is final */
+    if (getenv("REGRESS_NO_RECOVERY")) /* the job dies here: the second attempt is final */
         return;
     OK(cudaMalloc(&small, 1 * MiB));
     OK(cudaMalloc(&ok, 20 * GiB));
@@ -300,7 +301,7 @@ static void mode_episode(void)
 static void mode_episode_pool(void)
 {
     void *big;
-    cudaMemPool_t pool = pool_keeping(0, 4 * GiB), other;   /* the pool keeps the 4 GiB reserved */
+    cudaMemPool_t pool = pool_keeping(0, 4 * GiB), other; /* the pool keeps the 4 GiB reserved */
     /* the failing requests come from a second pool (a failing pool trims itself first) */
     struct cudaMemPoolProps props;
     memset(&props, 0, sizeof props);
@@ -372,15 +373,15 @@ static void mode_warn_band(void)
     void *a, *b, *c, *d;
     OK(cudaSetDevice(0));
     OK(cudaMalloc(&a, 10 * GiB));
-    OK(cudaMalloc(&b, 3 * GiB));              /* 13 GiB: warning 1 */
-    OK(cudaFree(b));                          /* 10 GiB */
-    OK(cudaMalloc(&c, 1536 * MiB));           /* 11.5 GiB */
-    OK(cudaMalloc(&d, 1 * GiB));              /* 12.5 GiB */
+    OK(cudaMalloc(&b, 3 * GiB));    /* 13 GiB: warning 1 */
+    OK(cudaFree(b));                /* 10 GiB */
+    OK(cudaMalloc(&c, 1536 * MiB)); /* 11.5 GiB */
+    OK(cudaMalloc(&d, 1 * GiB));    /* 12.5 GiB */
     OK(cudaFree(d));
     OK(cudaFree(c));
-    OK(cudaFree(a));                          /* 0 */
-    OK(cudaMalloc(&a, 10 * GiB));             /* 10 GiB: re-armed */
-    OK(cudaMalloc(&b, 2560 * MiB));           /* 12.5 GiB: warning 2 */
+    OK(cudaFree(a));                /* 0 */
+    OK(cudaMalloc(&a, 10 * GiB));   /* 10 GiB: re-armed */
+    OK(cudaMalloc(&b, 2560 * MiB)); /* 12.5 GiB: warning 2 */
     OK(cudaFree(b));
     OK(cudaFree(a));
 }
@@ -429,21 +430,32 @@ static void mode_pitch_host(void)
     check_device(1, "pitched freed");
 }
 
-static const struct { const char *name; void (*fn)(void); } modes[] = {
-    {"reset", mode_reset},           {"pool", mode_pool},
-    {"batch", mode_batch},           {"failed-free", mode_failed_free},
-    {"release", mode_release},       {"cross-thread", mode_cross_thread},
-    {"vmm-retain", mode_vmm_retain}, {"invalid", mode_invalid},
-    {"episode", mode_episode},       {"warn-band", mode_warn_band},
-    {"warn-limit", mode_warn_limit}, {"two-devices", mode_two_devices},
-    {"pitch-host", mode_pitch_host}, {"episode-pool", mode_episode_pool},
-    {"episode-vmm", mode_episode_vmm}, {"limit-exact", mode_limit_exact},
-    {"limit-pool", mode_limit_pool},
+static const struct {
+    const char *name;
+    void (*fn)(void);
+} modes[] = {
+    { "reset", mode_reset },
+    { "pool", mode_pool },
+    { "batch", mode_batch },
+    { "failed-free", mode_failed_free },
+    { "release", mode_release },
+    { "cross-thread", mode_cross_thread },
+    { "vmm-retain", mode_vmm_retain },
+    { "invalid", mode_invalid },
+    { "episode", mode_episode },
+    { "warn-band", mode_warn_band },
+    { "warn-limit", mode_warn_limit },
+    { "two-devices", mode_two_devices },
+    { "pitch-host", mode_pitch_host },
+    { "episode-pool", mode_episode_pool },
+    { "episode-vmm", mode_episode_vmm },
+    { "limit-exact", mode_limit_exact },
+    { "limit-pool", mode_limit_pool },
 };
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) {             /* more arguments are ignored (the redaction test passes secrets) */
+    if (argc < 2) { /* more arguments are ignored (the redaction test passes secrets) */
         fprintf(stderr, "usage: %s MODE\n", argv[0]);
         return 2;
     }

@@ -35,8 +35,7 @@
  * declared by cuda_runtime_api.h only when compiling for per-thread streams. */
 cudaError_t CUDARTAPI cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStream);
 cudaError_t CUDARTAPI cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream);
-cudaError_t CUDARTAPI cudaMallocFromPoolAsync_ptsz(void **ptr, size_t size, cudaMemPool_t memPool,
-                                                   cudaStream_t stream);
+cudaError_t CUDARTAPI cudaMallocFromPoolAsync_ptsz(void **ptr, size_t size, cudaMemPool_t memPool, cudaStream_t stream);
 cudaError_t CUDARTAPI cudaStreamSynchronize_ptsz(cudaStream_t stream);
 cudaError_t CUDARTAPI cudaGetDriverEntryPointByVersion_ptsz(const char *symbol, void **funcPtr,
                                                             unsigned int cudaVersion, unsigned long long flags,
@@ -69,8 +68,8 @@ static void check_eq(unsigned long long a, unsigned long long b, const char *ea,
         return;
     }
     g_fail++;
-    printf("FAIL [%s] line %d: %s == %s: got %llu (0x%llx), expected %llu (0x%llx)\n", g_section, line, ea, eb, a,
-           a, b, b);
+    printf("FAIL [%s] line %d: %s == %s: got %llu (0x%llx), expected %llu (0x%llx)\n", g_section, line, ea, eb, a, a, b,
+           b);
     fflush(stdout);
 }
 
@@ -101,8 +100,8 @@ static void check_rt(cudaError_t got, cudaError_t want, const char *expr, int li
         return;
     }
     g_fail++;
-    printf("FAIL [%s] line %d: %s returned %s (%d), expected %s (%d)\n", g_section, line, expr,
-           cudaGetErrorName(got), got, cudaGetErrorName(want), want);
+    printf("FAIL [%s] line %d: %s returned %s (%d), expected %s (%d)\n", g_section, line, expr, cudaGetErrorName(got),
+           got, cudaGetErrorName(want), want);
     fflush(stdout);
 }
 
@@ -117,12 +116,12 @@ static void check_str(const char *got, const char *want, const char *expr, int l
     fflush(stdout);
 }
 
-#define CHECK(c) check((c), #c, __LINE__)
-#define CHECK_EQ(a, b) check_eq((unsigned long long)(a), (unsigned long long)(b), #a, #b, __LINE__)
+#define CHECK(c)             check((c), #c, __LINE__)
+#define CHECK_EQ(a, b)       check_eq((unsigned long long)(a), (unsigned long long)(b), #a, #b, __LINE__)
 #define CHECK_CU(call, want) check_cu((call), (want), #call, __LINE__)
 #define CHECK_RT(call, want) check_rt((call), (want), #call, __LINE__)
 #define CHECK_STR(got, want) check_str((got), (want), #got, __LINE__)
-#define OK CUDA_SUCCESS
+#define OK                   CUDA_SUCCESS
 
 static simgpu_truth_t T(int dev)
 {
@@ -202,7 +201,7 @@ static void run_forked(const char *name, void (*fn)(void *), void *arg, void *pa
 /* The configuration most sections use. */
 static void base_env(void)
 {
-    static const char *const clear[] = { "SIMGPU_FAIL_NTH", "SIMGPU_FAIL_PROB", "SIMGPU_SEED",
+    static const char *const clear[] = { "SIMGPU_FAIL_NTH",   "SIMGPU_FAIL_PROB", "SIMGPU_SEED",
                                          "SIMGPU_TRUTH_FILE", "SIMGPU_STATE_DIR", "SIMGPU_LOG_LOOKUPS" };
     for (size_t i = 0; i < sizeof clear / sizeof clear[0]; i++)
         unsetenv(clear[i]);
@@ -227,10 +226,7 @@ static CUcontext init_primary(int dev, int line)
 }
 #define INIT_PRIMARY(dev) init_primary((dev), __LINE__)
 
-static void *libcuda(void)
-{
-    return dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-}
+static void *libcuda(void) { return dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD); }
 
 static char g_tmpdir[256];
 
@@ -1111,15 +1107,15 @@ static void sec_fault_nth(void *unused)
     INIT_PRIMARY(0); /* contexts are not allocating calls */
     CUdeviceptr d[8];
     void *h = NULL;
-    CHECK_CU(cuMemAlloc(&d[0], 1), OK);                  /* cuMemAlloc #1, any #1 */
-    CHECK_CU(cuMemAlloc(&d[1], 1), OK);                  /* #2, any #2 */
+    CHECK_CU(cuMemAlloc(&d[0], 1), OK);                       /* cuMemAlloc #1, any #1 */
+    CHECK_CU(cuMemAlloc(&d[1], 1), OK);                       /* #2, any #2 */
     CHECK_CU(cuMemAlloc(&d[2], 1), CUDA_ERROR_OUT_OF_MEMORY); /* #3: injected */
     simgpu_truth_t t = T(0);
     CHECK_EQ(t.injected_failures, 1);
     CHECK_EQ(t.failed_allocs, 1);
     CHECK_EQ(t.alloc_blocks, 2);
-    CHECK_CU(cuMemAllocManaged(&d[3], 4096, CU_MEM_ATTACH_GLOBAL), OK); /* any #4 */
-    CHECK_CU(cuMemHostAlloc(&h, 64, 0), OK);                            /* any #5 */
+    CHECK_CU(cuMemAllocManaged(&d[3], 4096, CU_MEM_ATTACH_GLOBAL), OK);   /* any #4 */
+    CHECK_CU(cuMemHostAlloc(&h, 64, 0), OK);                              /* any #5 */
     CHECK_CU(cuMemAllocAsync(&d[4], 64, NULL), CUDA_ERROR_OUT_OF_MEMORY); /* any #6: injected */
     CHECK_CU(cuMemAlloc(&d[5], 1), OK);                                   /* cuMemAlloc #4, any #7 */
     t = T(0);
@@ -1657,8 +1653,7 @@ static void sec_runtime(void *unused)
     CHECK_RT(cudaGetDriverEntryPointByVersion("cuMemAllocAsync", &fn, 12000, cudaEnablePerThreadDefaultStream, &qr),
              cudaSuccess);
     CHECK(fn == dlsym(lib, "cuMemAllocAsync_ptsz"));
-    CHECK_RT(cudaGetDriverEntryPointByVersion_ptsz("cuMemFreeAsync", &fn, 12000, cudaEnableDefault, &qr),
-             cudaSuccess);
+    CHECK_RT(cudaGetDriverEntryPointByVersion_ptsz("cuMemFreeAsync", &fn, 12000, cudaEnableDefault, &qr), cudaSuccess);
     CHECK(fn == dlsym(lib, "cuMemFreeAsync_ptsz"));
     CHECK_RT(cudaGetDriverEntryPointByVersion("cuNoSuchThing", &fn, 12000, cudaEnableDefault, &qr), cudaSuccess);
     CHECK(fn == NULL);
@@ -1666,8 +1661,7 @@ static void sec_runtime(void *unused)
     CHECK_RT(cudaGetDriverEntryPointByVersion("cuMemAllocAsync", &fn, 11000, cudaEnableDefault, &qr), cudaSuccess);
     CHECK(fn == NULL);
     CHECK_EQ(qr, cudaDriverEntryPointVersionNotSufficent);
-    CHECK_RT(cudaGetDriverEntryPointByVersion("cuMemAlloc", &fn, 99000, cudaEnableDefault, &qr),
-             cudaErrorInvalidValue);
+    CHECK_RT(cudaGetDriverEntryPointByVersion("cuMemAlloc", &fn, 99000, cudaEnableDefault, &qr), cudaErrorInvalidValue);
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
     CHECK_RT(cudaGetDriverEntryPoint("cuCtxGetDevice", &fn, cudaEnableDefault, &qr), cudaSuccess);
@@ -1863,7 +1857,7 @@ static void sec_truth_file(void *unused)
 /* ============================================================== threads */
 
 #define N_THREADS 8
-#define N_ITERS 3000
+#define N_ITERS   3000
 
 static CUcontext g_thread_ctx;
 static int g_thread_fails[N_THREADS];
@@ -1886,7 +1880,7 @@ static void *hammer(void *arg)
         }
         size_t size = 1 + rand_r(&seed) % (3 * MiB);
         CUresult r = (rand_r(&seed) & 1) ? cuMemAlloc(&live[slot], size)
-                                        : cuMemAllocAsync(&live[slot], size, CU_STREAM_PER_THREAD);
+                                         : cuMemAllocAsync(&live[slot], size, CU_STREAM_PER_THREAD);
         if (r == CUDA_ERROR_OUT_OF_MEMORY)
             g_thread_fails[id]++;
         else
@@ -2015,7 +2009,7 @@ static void sec_nvml_generation(void *arg)
     CHECK_EQ(nvmlDeviceGetComputeRunningProcesses_v3(d0, &count, (nvmlProcessInfo_t *)buf),
              NVML_ERROR_INSUFFICIENT_SIZE);
     CHECK_EQ(count, 2);
-    CHECK_EQ(buf[0], 0xAB);                                 /* nothing written on INSUFFICIENT_SIZE */
+    CHECK_EQ(buf[0], 0xAB); /* nothing written on INSUFFICIENT_SIZE */
     CHECK_EQ(nvmlDeviceGetComputeRunningProcesses_v3(d0, &count, (nvmlProcessInfo_t *)buf), NVML_SUCCESS);
     unsigned pid0, pid1;
     unsigned long long used1;
@@ -2025,9 +2019,9 @@ static void sec_nvml_generation(void *arg)
     CHECK_EQ(pid0, 4242);
     CHECK_EQ(pid1, 777);
     CHECK_EQ(used1, 2ull << 30);
-    CHECK_EQ(buf[2 * stride], 0xAB);                        /* nothing past the last entry */
+    CHECK_EQ(buf[2 * stride], 0xAB); /* nothing past the last entry */
     nvmlProcessDetail_v1_t det[4];
-    nvmlProcessDetailList_t list = {nvmlProcessDetailList_v1, 0, 4, det};
+    nvmlProcessDetailList_t list = { nvmlProcessDetailList_v1, 0, 4, det };
     nvmlReturn_t want = !strcmp(gen, "r580") ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
     CHECK_EQ(nvmlDeviceGetRunningProcessDetailList(d0, &list), want);
     if (want == NVML_SUCCESS) {
@@ -2039,7 +2033,7 @@ static void sec_nvml_generation(void *arg)
         CHECK_EQ(list.numProcArrayEntries, 2);
         list.version = 1;
         CHECK_EQ(nvmlDeviceGetRunningProcessDetailList(d0, &list), NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
-        nvmlProcessDetailList_t gfx = {nvmlProcessDetailList_v1, 1, 4, det};
+        nvmlProcessDetailList_t gfx = { nvmlProcessDetailList_v1, 1, 4, det };
         CHECK_EQ(nvmlDeviceGetRunningProcessDetailList(d0, &gfx), NVML_SUCCESS);
         CHECK_EQ(gfx.numProcArrayEntries, 0);
     }
@@ -2061,9 +2055,9 @@ static void sec_more_memory(void *unused)
     simgpu_truth(0, &t0);
     CUarray a;
     CUmipmappedArray m;
-    CUDA_ARRAY_DESCRIPTOR d2 = {1024, 1024, CU_AD_FORMAT_FLOAT, 4};                 /* 16 MiB */
-    CUDA_ARRAY3D_DESCRIPTOR dm = {256, 256, 0, CU_AD_FORMAT_UNSIGNED_INT8, 1, 0};  /* 64 KiB+16+4+1 KiB */
-    CUDA_ARRAY_DESCRIPTOR bad = {16, 16, CU_AD_FORMAT_FLOAT, 3};
+    CUDA_ARRAY_DESCRIPTOR d2 = { 1024, 1024, CU_AD_FORMAT_FLOAT, 4 };               /* 16 MiB */
+    CUDA_ARRAY3D_DESCRIPTOR dm = { 256, 256, 0, CU_AD_FORMAT_UNSIGNED_INT8, 1, 0 }; /* 64 KiB+16+4+1 KiB */
+    CUDA_ARRAY_DESCRIPTOR bad = { 16, 16, CU_AD_FORMAT_FLOAT, 3 };
     CHECK_CU(cuArrayCreate_v2(&a, &d2), CUDA_SUCCESS);
     CHECK_CU(cuMipmappedArrayCreate(&m, &dm, 4), CUDA_SUCCESS);
     CHECK_CU(cuArrayCreate_v2(&a, &bad), CUDA_ERROR_INVALID_VALUE);

@@ -16,14 +16,14 @@
 
 static int pass, fail;
 
-#define CHECK(c)                                                      \
-    do {                                                              \
-        if (c) {                                                      \
-            pass++;                                                   \
-        } else {                                                      \
-            fail++;                                                   \
+#define CHECK(c)                                                         \
+    do {                                                                 \
+        if (c) {                                                         \
+            pass++;                                                      \
+        } else {                                                         \
+            fail++;                                                      \
             printf("FAIL [static-runtime] line %d: %s\n", __LINE__, #c); \
-        }                                                             \
+        }                                                                \
     } while (0)
 
 int main(void)

@@ -53,7 +53,7 @@ __attribute__((noinline)) static void f_plain(const unsigned char *path, int i, 
 }
 __attribute__((noinline)) static void f_vla(const unsigned char *path, int i, int len)
 {
-    volatile char buf[16 + 16 * (path[i] >> 4)];   /* frame found from %rbp */
+    volatile char buf[16 + 16 * (path[i] >> 4)]; /* frame found from %rbp */
     buf[0] = 1;
     step(path, i + 1, len);
     sink += buf[0];
@@ -79,10 +79,18 @@ static void step(const unsigned char *path, int i, int len)
         return;
     }
     switch (path[i] & 3) {
-    case 0: f_plain(path, i, len); break;
-    case 1: f_vla(path, i, len); break;
-    case 2: f_big(path, i, len); break;
-    default: f_indirect(path, i, len); break;
+    case 0:
+        f_plain(path, i, len);
+        break;
+    case 1:
+        f_vla(path, i, len);
+        break;
+    case 2:
+        f_big(path, i, len);
+        break;
+    default:
+        f_indirect(path, i, len);
+        break;
     }
     sink++;
 }
@@ -136,7 +144,7 @@ int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
     og_init_slow();
-    og_stack_record_cost = 0;   /* record every repeated stack: the cache is what is tested */
+    og_stack_record_cost = 0; /* record every repeated stack: the cache is what is tested */
     char what[160];
     snprintf(what, sizeof what, "stack depth %lld", (long long)og_opt.stack_depth);
     check(og_opt.stack_depth > 0, what);
@@ -146,23 +154,25 @@ int main(void)
     snprintf(what, sizeof what, "3000 random paths x 3: cached chains == full unwind (%d mismatches)",
              atomic_load(&mismatches));
     check(atomic_load(&mismatches) == 0, what);
-    snprintf(what, sizeof what, "the cache served %llu of 9000 captures", (unsigned long long)(og_stack_chain_hits - hits0));
+    snprintf(what, sizeof what, "the cache served %llu of 9000 captures",
+             (unsigned long long)(og_stack_chain_hits - hits0));
     check(og_stack_chain_hits - hits0 >= 2500, what);
 
     atomic_store(&mismatches, 0);
     hits0 = og_stack_chain_hits;
     for (int r = 0; r < 400; r++) {
         int n = 16 + 16 * ((r * 7) % 29);
-        for (volatile int again = 0; again < 3; again++)   /* the third call hits */
+        for (volatile int again = 0; again < 3; again++) /* the third call hits */
             split_outer(n, r & 1);
     }
-    snprintf(what, sizeof what, "same capturing frame, frames above split differently: exact (%d mismatches, %llu hits)",
+    snprintf(what, sizeof what,
+             "same capturing frame, frames above split differently: exact (%d mismatches, %llu hits)",
              atomic_load(&mismatches), (unsigned long long)(og_stack_chain_hits - hits0));
     check(atomic_load(&mismatches) == 0 && og_stack_chain_hits - hits0 >= 300, what);
 
     atomic_store(&mismatches, 0);
     pthread_t t[2];
-    uintptr_t hits[2] = {0, 0};
+    uintptr_t hits[2] = { 0, 0 };
     for (int i = 0; i < 2; i++)
         pthread_create(&t[i], NULL, thread_main, (void *)(uintptr_t)(100 + i));
     for (int i = 0; i < 2; i++) {

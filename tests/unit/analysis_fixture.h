@@ -14,7 +14,10 @@
 #define GiB (1ULL << 30)
 
 static const og_thresholds_t TH = {
-    .frag_share = 0.25, .nonfw_share = 0.20, .growth_min_share = 0.05, .growth_rising_steps = 0.70,
+    .frag_share = 0.25,
+    .nonfw_share = 0.20,
+    .growth_min_share = 0.05,
+    .growth_rising_steps = 0.70,
 };
 
 /* A PyTorch process on a 24 GiB cc 8.6 card that holds 20 GiB and asks for 2 GiB with 1 GiB free; NVML and the
@@ -154,7 +157,7 @@ static void fixture_app_pool(og_record_t *r)
     r->memory.pool_reserved = 12 * GiB;
     r->memory.pool_used = 0;
     r->memory.pool_owner_fw = 2;
-    r->memory.framework_cached_bytes = 12 * GiB;      /* capture's "pool" source: the app's, not a framework's */
+    r->memory.framework_cached_bytes = 12 * GiB; /* capture's "pool" source: the app's, not a framework's */
     r->memory.framework_cached_source = OG_CACHE_POOL;
 }
 
@@ -175,16 +178,25 @@ static void fixture_limit_by_context(og_record_t *r)
 
 /* allocations and frees on the device, `live` after each (one test at a time: a static buffer) */
 static struct og_hist_ev FIXTURE_EV[4096];
-static void ev_reset(og_record_t *r) { r->history.events = FIXTURE_EV; r->history.nevents = 0; }
-static uint64_t ev_live(const og_record_t *r) { return r->history.nevents ? FIXTURE_EV[r->history.nevents - 1].live : 0; }
+static void ev_reset(og_record_t *r)
+{
+    r->history.events = FIXTURE_EV;
+    r->history.nevents = 0;
+}
+static uint64_t ev_live(const og_record_t *r)
+{
+    return r->history.nevents ? FIXTURE_EV[r->history.nevents - 1].live : 0;
+}
 static void ev_add(og_record_t *r, double t, const char *op, uint64_t bytes)
 {
     assert_true(r->history.nevents < (int)(sizeof FIXTURE_EV / sizeof *FIXTURE_EV));
     uint64_t live = ev_live(r);
-    enum og_hist_op o = strcmp(op, "alloc") == 0 ? OG_OP_ALLOC : strcmp(op, "free") == 0 ? OG_OP_FREE
-                      : strcmp(op, "fail") == 0 ? OG_OP_FAIL : OG_OP_OTHER;
+    enum og_hist_op o = strcmp(op, "alloc") == 0  ? OG_OP_ALLOC
+                        : strcmp(op, "free") == 0 ? OG_OP_FREE
+                        : strcmp(op, "fail") == 0 ? OG_OP_FAIL
+                                                  : OG_OP_OTHER;
     live = o == OG_OP_ALLOC ? live + bytes : o == OG_OP_FREE ? live - bytes : live;
-    FIXTURE_EV[r->history.nevents++] = (struct og_hist_ev){.t_rel = t, .op = o, .bytes = bytes, .live = live};
+    FIXTURE_EV[r->history.nevents++] = (struct og_hist_ev){ .t_rel = t, .op = o, .bytes = bytes, .live = live };
 }
 
 /* a training loop: each step allocates `act` (the size that will fail), keeps `keep`, frees act */
@@ -204,10 +216,10 @@ static void leak_loop(og_record_t *r, int steps, double dt, uint64_t act, uint64
 
 /* FIXTURE_EDGE_CASES records: every request x free x cache below, each in FIXTURE_EDGE_VARIANTS variants
  * (plain, a cuDNN call, another process, the limit, no framework) */
-static const uint64_t FIXTURE_EDGE_REQ[] = {0, 1, 1024, 2 * GiB, 24 * GiB, 30 * GiB, OG_UNKNOWN};
-static const uint64_t FIXTURE_EDGE_FREE[] = {0, 1, 1 * GiB, OG_UNKNOWN};
-static const uint64_t FIXTURE_EDGE_CACHE[] = {0, 1, 4 * GiB, 40 * GiB, OG_UNKNOWN};
-#define FIXTURE_N(a) (sizeof(a) / sizeof *(a))
+static const uint64_t FIXTURE_EDGE_REQ[] = { 0, 1, 1024, 2 * GiB, 24 * GiB, 30 * GiB, OG_UNKNOWN };
+static const uint64_t FIXTURE_EDGE_FREE[] = { 0, 1, 1 * GiB, OG_UNKNOWN };
+static const uint64_t FIXTURE_EDGE_CACHE[] = { 0, 1, 4 * GiB, 40 * GiB, OG_UNKNOWN };
+#define FIXTURE_N(a)          (sizeof(a) / sizeof *(a))
 #define FIXTURE_EDGE_VARIANTS 5
 #define FIXTURE_EDGE_CASES \
     (FIXTURE_N(FIXTURE_EDGE_REQ) * FIXTURE_N(FIXTURE_EDGE_FREE) * FIXTURE_N(FIXTURE_EDGE_CACHE) * FIXTURE_EDGE_VARIANTS)
@@ -247,11 +259,16 @@ static double fixture_parse_size(const char *p)
         return -1;
     while (*end == ' ')
         end++;
-    if (!strncmp(end, "TiB", 3)) return v * 1099511627776.0;
-    if (!strncmp(end, "GiB", 3)) return v * 1073741824.0;
-    if (!strncmp(end, "MiB", 3)) return v * 1048576.0;
-    if (!strncmp(end, "KiB", 3)) return v * 1024.0;
-    if (!strncmp(end, "B", 1)) return v;
+    if (!strncmp(end, "TiB", 3))
+        return v * 1099511627776.0;
+    if (!strncmp(end, "GiB", 3))
+        return v * 1073741824.0;
+    if (!strncmp(end, "MiB", 3))
+        return v * 1048576.0;
+    if (!strncmp(end, "KiB", 3))
+        return v * 1024.0;
+    if (!strncmp(end, "B", 1))
+        return v;
     return -1;
 }
 
@@ -260,7 +277,7 @@ static void og_test_check_text(const char *t)
 {
     if (strstr(t, "n/a"))
         fail_msg("n/a in: %s", t);
-    static const char *const bad[] = {"1 processes", "1 ranks", "1 GPUs", "1 blocks", "1 steps", "1 others hold"};
+    static const char *const bad[] = { "1 processes", "1 ranks", "1 GPUs", "1 blocks", "1 steps", "1 others hold" };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         const char *p = strstr(t, bad[i]);
         if (p && (p == t || !isdigit((unsigned char)p[-1])))
@@ -271,7 +288,7 @@ static void og_test_check_text(const char *t)
         while (q > t && q[-1] != ' ')
             q--;
         const char *num = q;
-        if (q > t + 1) {                       /* "1.50 GiB of the": the number is a word before */
+        if (q > t + 1) { /* "1.50 GiB of the": the number is a word before */
             const char *w = q - 2;
             while (w > t && w[-1] != ' ')
                 w--;

@@ -8,10 +8,12 @@
 #include "og.h"
 
 /* out of range and garbage */
-static const struct { const char *name, *value; } BAD_OPTIONS[] = {
-    {"OOMGUARD_STACK_DEPTH", "1000"},
-    {"OOMGUARD_VERBOSE", "maybe"},
-    {"OOMGUARD_HISTORY", "12abc"},
+static const struct {
+    const char *name, *value;
+} BAD_OPTIONS[] = {
+    { "OOMGUARD_STACK_DEPTH", "1000" },
+    { "OOMGUARD_VERBOSE", "maybe" },
+    { "OOMGUARD_HISTORY", "12abc" },
 };
 #define N_BAD_OPTIONS (sizeof BAD_OPTIONS / sizeof *BAD_OPTIONS)
 

@@ -57,8 +57,11 @@ static const char *evt(const og_cause_t *c, const char *name)
 /* a cause's tie-break bonus, from the list of causes */
 static double bonus(const char *id)
 {
-    static const struct { const char *id; double bonus; } b[] = {
-#define X(name, cid, rule, cbonus, own1, own2, title) {cid, cbonus},
+    static const struct {
+        const char *id;
+        double bonus;
+    } b[] = {
+#define X(name, cid, rule, cbonus, own1, own2, title) { cid, cbonus },
 #include "causes.def"
 #undef X
     };
@@ -79,21 +82,18 @@ static void check_shape(const og_record_t *r)
         assert_non_null(c->id);
         assert_true(c->confidence >= 0 && c->confidence <= 1);
         assert_true(strlen(c->summary) > 10);
-        assert_true(strlen(c->summary) < sizeof c->summary - 1);      /* never truncated */
+        assert_true(strlen(c->summary) < sizeof c->summary - 1); /* never truncated */
         assert_true(c->nevidence >= 1 && c->nevidence <= 12);
         for (int e = 0; e < c->nevidence; e++)
             assert_non_null(c->evidence[e].name);
-        if (i)    /* sorted by confidence + the documented tie-break bonus */
+        if (i) /* sorted by confidence + the documented tie-break bonus */
             assert_true(r->diagnosis.causes[i - 1].confidence + bonus(r->diagnosis.causes[i - 1].id) + 1e-12 >=
                         c->confidence + bonus(c->id));
     }
 }
 
 /* diagnose with the default thresholds and check the invariants (every time, so no diagnosis escapes them) */
-static void diag(og_record_t *r)
-{
-    og_diagnose(r, &TH);
-}
+static void diag(og_record_t *r) { og_diagnose(r, &TH); }
 
 /* ------------------------------------------------------------------ does_not_fit */
 
@@ -147,8 +147,8 @@ static void does_not_fit_cache_not_measured(void **state)
     assert_non_null(c->id);
     assert_non_null(strstr(c->summary, "not measured"));
     assert_non_null(evt(c, "reclaimable_bytes"));
-    assert_false(has(r, "fragmentation"));       /* needs the cache */
-    assert_false(has(r, "non_framework"));       /* needs NVML */
+    assert_false(has(r, "fragmentation")); /* needs the cache */
+    assert_false(has(r, "non_framework")); /* needs NVML */
     free(r);
 }
 
@@ -176,13 +176,13 @@ static void fragmentation_cache_covers_request(void **state)
     og_record_t *r = base();
     r->device.free_bytes = 0;
     r->memory.framework_cached_source = OG_CACHE_POOL;
-    r->memory.framework_bytes = 100 * GiB;        /* share branch out of reach */
+    r->memory.framework_bytes = 100 * GiB; /* share branch out of reach */
     r->memory.framework_cached_bytes = 2 * GiB - 1;
     diag(r);
-    assert_false(has(r, "fragmentation"));        /* below: cache < request and < shortfall */
+    assert_false(has(r, "fragmentation")); /* below: cache < request and < shortfall */
     assert_true(has(r, "does_not_fit"));
 
-    r->memory.framework_cached_bytes = 2 * GiB;   /* at: cache == request */
+    r->memory.framework_cached_bytes = 2 * GiB; /* at: cache == request */
     diag(r);
     const og_cause_t *c = find(r, "fragmentation");
     assert_non_null(c->id);
@@ -215,10 +215,10 @@ static void fragmentation_share_threshold(void **state)
     r->device.free_bytes = 0;
     r->memory.framework_cached_source = OG_CACHE_POOL;
     r->memory.framework_bytes = 16 * GiB;
-    r->memory.framework_cached_bytes = 4 * GiB - 1;   /* just below 25% */
+    r->memory.framework_cached_bytes = 4 * GiB - 1; /* just below 25% */
     diag(r);
     assert_false(has(r, "fragmentation"));
-    r->memory.framework_cached_bytes = 4 * GiB;       /* exactly 25% */
+    r->memory.framework_cached_bytes = 4 * GiB; /* exactly 25% */
     diag(r);
     const og_cause_t *c = find(r, "fragmentation");
     assert_non_null(c->id);
@@ -241,7 +241,7 @@ static void fragmentation_textbook_with_adapter(void **state)
     og_record_t *r = base();
     r->event.requested_bytes = 2 * GiB;
     r->device.free_bytes = 256 * MiB;
-    fixture_adapter(r, 20 * GiB, 14 * GiB, 600 * MiB);   /* 6 GiB cached */
+    fixture_adapter(r, 20 * GiB, 14 * GiB, 600 * MiB); /* 6 GiB cached */
     diag(r);
     const og_cause_t *c = find(r, "fragmentation");
     assert_non_null(c->id);
@@ -249,7 +249,7 @@ static void fragmentation_textbook_with_adapter(void **state)
     assert_true(c->confidence >= 0.95);
     assert_string_equal(evt(c, "rule"), "textbook");
     double frag = ev(c, "fragmentation");
-    assert_true(frag > 0.90 && frag < 0.91);          /* 1 - 600 MiB / 6 GiB */
+    assert_true(frag > 0.90 && frag < 0.91); /* 1 - 600 MiB / 6 GiB */
     assert_int_equal((uint64_t)ev(c, "largest_free_block_bytes"), 600 * MiB);
     assert_non_null(strstr(c->summary, "600 MiB"));
 
@@ -267,7 +267,7 @@ static void fragmentation_textbook_with_adapter(void **state)
 static void foreign_threshold(void **state)
 {
     og_record_t *r = base();
-    r->event.requested_bytes = 2 * GiB;       /* shortfall 1 GiB */
+    r->event.requested_bytes = 2 * GiB; /* shortfall 1 GiB */
     r->memory.process_tracked_bytes = 12 * GiB;
     r->memory.framework_bytes = 12 * GiB;
     fixture_other(r, 4242, "python3", 1 * GiB - 1);
@@ -318,7 +318,7 @@ static void fragmentation_and_foreign(void **state)
 static og_record_t *nonfw_base(uint64_t nonfw)
 {
     og_record_t *r = base();
-    r->event.requested_bytes = 2 * GiB;                   /* shortfall 1 GiB */
+    r->event.requested_bytes = 2 * GiB; /* shortfall 1 GiB */
     r->memory.process_used_bytes = 20 * GiB;
     r->memory.framework_bytes = 20 * GiB - nonfw;
     r->memory.non_framework_bytes = nonfw;
@@ -332,12 +332,12 @@ static og_record_t *nonfw_base(uint64_t nonfw)
 
 static void non_framework_threshold(void **state)
 {
-    og_record_t *r = nonfw_base(4 * GiB - 1);             /* just under 20% of 20 GiB */
+    og_record_t *r = nonfw_base(4 * GiB - 1); /* just under 20% of 20 GiB */
     diag(r);
     assert_false(has(r, "non_framework"));
     free(r);
 
-    r = nonfw_base(4 * GiB);                              /* exactly 20% */
+    r = nonfw_base(4 * GiB); /* exactly 20% */
     diag(r);
     const og_cause_t *c = find(r, "non_framework");
     assert_non_null(c->id);
@@ -350,7 +350,7 @@ static void non_framework_threshold(void **state)
     r = nonfw_base(1 * GiB - 1);
     r->memory.process_used_bytes = 2 * GiB;
     r->memory.framework_bytes = 1 * GiB + 1;
-    r->event.requested_bytes = 1 * GiB + 512 * MiB;       /* shortfall 512 MiB */
+    r->event.requested_bytes = 1 * GiB + 512 * MiB; /* shortfall 512 MiB */
     diag(r);
     assert_false(has(r, "non_framework"));
     r->memory.non_framework_bytes = 1 * GiB;
@@ -360,7 +360,7 @@ static void non_framework_threshold(void **state)
 
     /* not above the shortfall: no */
     r = nonfw_base(5 * GiB);
-    r->event.requested_bytes = 7 * GiB;                   /* shortfall 6 GiB */
+    r->event.requested_bytes = 7 * GiB; /* shortfall 6 GiB */
     diag(r);
     assert_false(has(r, "non_framework"));
     free(r);
@@ -394,8 +394,8 @@ static void growth_is_a_pattern_of_steps(void **state)
 {
     og_record_t *r = base();
     ev_reset(r);
-    ev_add(r, 0, "alloc", 8 * GiB);               /* the model: another size, not a step */
-    leak_loop(r, 40, 0.1, 512 * MiB, 300 * MiB);   /* 40 steps, 300 MiB kept each */
+    ev_add(r, 0, "alloc", 8 * GiB);              /* the model: another size, not a step */
+    leak_loop(r, 40, 0.1, 512 * MiB, 300 * MiB); /* 40 steps, 300 MiB kept each */
     diag(r);
     const og_cause_t *c = find(r, "growth");
     assert_non_null(c->id);
@@ -478,7 +478,7 @@ static void growth_of_other_sizes(void **state)
     ev_reset(r);
     ev_add(r, 0, "alloc", 20 * GiB);
     for (int s = 0; s < 400; s++)
-        ev_add(r, 0.01 + 0.004 * s, "alloc", 2 * MiB);            /* one small segment every few requests */
+        ev_add(r, 0.01 + 0.004 * s, "alloc", 2 * MiB); /* one small segment every few requests */
     r->event.requested_bytes = 512 * MiB;
     r->device.free_bytes = 256 * MiB;
     diag(r);
@@ -508,11 +508,11 @@ static void growth_thresholds(void **state)
     og_record_t *r = base();
     /* total rise below 5% of 24 GiB: no */
     ev_reset(r);
-    leak_loop(r, 20, 0.1, 256 * MiB, 60 * MiB);       /* 19 x 60 MiB = 1.11 GiB < 1.2 GiB */
+    leak_loop(r, 20, 0.1, 256 * MiB, 60 * MiB); /* 19 x 60 MiB = 1.11 GiB < 1.2 GiB */
     diag(r);
     assert_false(has(r, "growth"));
     ev_reset(r);
-    leak_loop(r, 22, 0.1, 256 * MiB, 60 * MiB);       /* 21 x 60 MiB = 1.23 GiB */
+    leak_loop(r, 22, 0.1, 256 * MiB, 60 * MiB); /* 21 x 60 MiB = 1.23 GiB */
     diag(r);
     assert_true(has(r, "growth"));
     /* rising in fewer than 70% of the steps: no */
@@ -536,7 +536,7 @@ static void cache_held_other_library(void **state)
     og_record_t *r = base();
     strcpy(r->event.library, "/usr/lib/libnccl.so.2");
     r->event.requested_bytes = 1 * GiB;
-    r->device.free_bytes = 512 * MiB;                  /* shortfall 512 MiB */
+    r->device.free_bytes = 512 * MiB; /* shortfall 512 MiB */
     r->memory.framework_cached_bytes = 512 * MiB - 1;
     r->memory.framework_cached_source = OG_CACHE_POOL;
     diag(r);
@@ -550,7 +550,7 @@ static void cache_held_other_library(void **state)
     assert_string_equal(evt(c, "failing_library"), "libnccl.so.2");
     assert_non_null(strstr(c->summary, "libnccl.so.2"));
     assert_non_null(strstr(c->summary, "6.00 GiB"));
-    assert_false(has(r, "fragmentation"));             /* not the framework's own allocation */
+    assert_false(has(r, "fragmentation")); /* not the framework's own allocation */
 
     /* the framework itself failed: that is fragmentation, not cache_held */
     strcpy(r->event.library, "libc10_cuda.so");
@@ -596,7 +596,7 @@ static void limit_cause(void **state)
 static void nothing_holds_is_unknown(void **state)
 {
     og_record_t *r = base();
-    r->event.requested_bytes = 512 * MiB;              /* fits in the 1 GiB free */
+    r->event.requested_bytes = 512 * MiB; /* fits in the 1 GiB free */
     diag(r);
     assert_int_equal(r->diagnosis.ncauses, 1);
     assert_string_equal(r->diagnosis.primary, "unknown");
@@ -619,11 +619,11 @@ static void zero_record(void **state)
     r->memory.framework_bytes = r->memory.framework_cached_bytes = OG_UNKNOWN;
     r->memory.non_framework_bytes = r->memory.context_bytes_estimate = OG_UNKNOWN;
     r->memory.other_processes_bytes = r->memory.pool_reserved = r->memory.pool_used = OG_UNKNOWN;
-    r->history.nsamples = 100;                          /* all zero samples at t = 0 */
+    r->history.nsamples = 100; /* all zero samples at t = 0 */
     og_diagnose(r, NULL);
     check_shape(r);
     assert_string_equal(r->diagnosis.primary, "unknown");
-    og_diagnose(NULL, NULL);                            /* no crash */
+    og_diagnose(NULL, NULL); /* no crash */
     free(r);
 }
 
@@ -640,8 +640,8 @@ static void huge_values(void **state)
     r->memory.non_framework_bytes = UINT64_MAX - 2;
     ev_reset(r);
     for (int i = 0; i < 64; i++)
-        FIXTURE_EV[r->history.nevents++] = (struct og_hist_ev){.t_rel = i, .op = OG_OP_ALLOC, .bytes = UINT64_MAX - 4,
-                                                        .live = (uint64_t)i << 57};
+        FIXTURE_EV[r->history.nevents++] =
+            (struct og_hist_ev){ .t_rel = i, .op = OG_OP_ALLOC, .bytes = UINT64_MAX - 4, .live = (uint64_t)i << 57 };
     diag(r);
     assert_int_equal(r->diagnosis.shortfall_bytes, 1);
 
@@ -659,8 +659,10 @@ static void bad_thresholds_fall_back(void **state)
     r->device.free_bytes = 0;
     r->memory.framework_cached_source = OG_CACHE_POOL;
     r->memory.framework_bytes = 16 * GiB;
-    r->memory.framework_cached_bytes = 4 * GiB;       /* 25%: holds with the default */
-    og_thresholds_t bad = {.frag_share = -1, .nonfw_share = 0, .growth_min_share = 2, .growth_rising_steps = 0.0 / 0.0};
+    r->memory.framework_cached_bytes = 4 * GiB; /* 25%: holds with the default */
+    og_thresholds_t bad = {
+        .frag_share = -1, .nonfw_share = 0, .growth_min_share = 2, .growth_rising_steps = 0.0 / 0.0
+    };
     og_diagnose(r, &bad);
     assert_true(has(r, "fragmentation"));
     og_thresholds_t strict = TH;
@@ -675,7 +677,7 @@ static void tie_break_priority(void **state)
 {
     og_record_t *r = base();
     r->device.free_bytes = 0;
-    r->device.limit_bytes = 20 * GiB;                  /* == tracked: nothing free under the limit */
+    r->device.limit_bytes = 20 * GiB; /* == tracked: nothing free under the limit */
     r->event.caused_by_limit = true;
     diag(r);
     assert_int_equal(r->diagnosis.ncauses, 2);
@@ -718,12 +720,12 @@ static void unknown_cache_keeps_cache_cause(void **state)
     diag(r);
     assert_string_equal(r->diagnosis.primary, "cache_held");
     const og_cause_t *c = find(r, "cache_held");
-    assert_true(c->confidence >= 0.4 && c->confidence <= 0.65);   /* an input was not measured */
+    assert_true(c->confidence >= 0.4 && c->confidence <= 0.65); /* an input was not measured */
     assert_non_null(strstr(c->summary, "not measured"));
     assert_null(strstr(c->summary, "live"));
     assert_string_equal(evt(c, "cached_bytes"), "not measured");
     const og_cause_t *d = find(r, "does_not_fit");
-    assert_true(d->id == NULL || d->confidence <= 0.45);           /* never a confident does_not_fit */
+    assert_true(d->id == NULL || d->confidence <= 0.45); /* never a confident does_not_fit */
     /* measured (adapter) and small: the cache cannot cover it, does_not_fit is certain */
     fixture_adapter(r, 16 * GiB, 16 * GiB - 100 * MiB, OG_UNKNOWN);
     diag(r);
@@ -753,7 +755,7 @@ static void peer_ranks_and_workers(void **state)
     fixture_peer_ranks(r);
     diag(r);
     assert_string_equal(r->diagnosis.primary, "peer_ranks");
-    assert_false(has(r, "foreign_memory"));                   /* the job's own ranks are not "others" */
+    assert_false(has(r, "foreign_memory")); /* the job's own ranks are not "others" */
     const og_cause_t *c = find(r, "peer_ranks");
     assert_true(c->confidence >= 0.85);
     assert_non_null(strstr(c->summary, "7 other ranks of this job"));
@@ -829,13 +831,13 @@ static void no_nvml_infers_other_processes(void **state)
     (void)state;
     og_record_t *r = base();
     r->memory.process_tracked_bytes = r->memory.framework_bytes = r->memory.by_library[0].bytes = 8 * GiB;
-    r->device.free_bytes = 1 * GiB + 512 * MiB;          /* 24 - 8 - 0.5 context - 14 others */
+    r->device.free_bytes = 1 * GiB + 512 * MiB; /* 24 - 8 - 0.5 context - 14 others */
     r->event.requested_bytes = 4 * GiB;
     r->memory.other_processes_bytes = OG_UNKNOWN;
     diag(r);
     assert_string_equal(r->diagnosis.primary, "foreign_memory");
     const og_cause_t *c = find(r, "foreign_memory");
-    assert_true(c->confidence < 0.9);                   /* an inference, not a measurement */
+    assert_true(c->confidence < 0.9); /* an inference, not a measurement */
     assert_non_null(strstr(c->summary, "no NVML"));
     assert_true(ev(c, "other_inferred_bytes") == (double)(14 * GiB));
     free(r);
@@ -859,7 +861,7 @@ static void recovered_keeps_the_failure(void **state)
     r->event.recovered = true;
     r->event.attempts = 2;
     r->event.requested_bytes = 4 * GiB;
-    r->device.free_bytes = 1 * GiB;                     /* the numbers of the first attempt */
+    r->device.free_bytes = 1 * GiB; /* the numbers of the first attempt */
     r->event.released_between_attempts_bytes = 6 * GiB;
     r->memory.framework_cached_bytes = 6 * GiB;
     r->memory.framework_cached_source = OG_CACHE_RETRY_RELEASE;
@@ -867,14 +869,14 @@ static void recovered_keeps_the_failure(void **state)
     assert_string_equal(r->diagnosis.primary, "fragmentation");
     assert_true(find(r, "fragmentation")->confidence >= 0.85);
     assert_non_null(strstr(find(r, "fragmentation")->summary, "retry succeeded"));
-    assert_false(has(r, "does_not_fit"));              /* the retry fit */
+    assert_false(has(r, "does_not_fit")); /* the retry fit */
     free(r);
 }
 
 static void limit_speaks_the_checks_accounting(void **state)
 {
     og_record_t *r = base();
-    fixture_limit_by_context(r);   /* a 400 MiB limit and a 512 MiB context: refused by the context alone */
+    fixture_limit_by_context(r); /* a 400 MiB limit and a 512 MiB context: refused by the context alone */
     diag(r);
     const og_cause_t *c = find(r, "limit");
     assert_non_null(strstr(c->summary, "context alone"));
@@ -933,13 +935,13 @@ static void texts_over_edge_numbers(void **state)
 static void does_not_fit_on_estimated_free(void **state)
 {
     og_record_t *r = base();
-    r->device.free_bytes = OG_UNKNOWN;               /* 24 - 20 held: 4 GiB, estimated */
+    r->device.free_bytes = OG_UNKNOWN; /* 24 - 20 held: 4 GiB, estimated */
     r->event.requested_bytes = 6 * GiB;
     diag(r);
     const og_cause_t *c = find(r, "does_not_fit");
     assert_non_null(c->id);
     assert_string_equal(evt(c, "basis"), "cache_not_measured");
-    assert_true(c->confidence < 0.4);               /* 0.45 for an unmeasured cache, less 0.15 */
+    assert_true(c->confidence < 0.4); /* 0.45 for an unmeasured cache, less 0.15 */
     free(r);
 }
 
@@ -951,7 +953,7 @@ static void does_not_fit_yields_to_growth(void **state)
     leak_loop(r, 24, 0.5, 512 * MiB, 256 * MiB);
     r->memory.process_tracked_bytes = r->memory.process_used_bytes = 23 * GiB;
     r->device.free_bytes = 100 * MiB;
-    r->memory.framework_cached_bytes = 0;            /* measured: nothing cached */
+    r->memory.framework_cached_bytes = 0; /* measured: nothing cached */
     r->memory.framework_cached_source = OG_CACHE_POOL;
     diag(r);
     assert_true(has(r, "growth"));
@@ -1006,8 +1008,8 @@ static void rules_run_in_any_order(void **state)
         assert_order_free(r);
         free(r);
     }
-    void (*const fixtures[])(og_record_t *) = {fixture_second_framework, fixture_peer_ranks, fixture_imbalance,
-                                               fixture_app_pool, fixture_limit_by_context};
+    void (*const fixtures[])(og_record_t *) = { fixture_second_framework, fixture_peer_ranks, fixture_imbalance,
+                                                fixture_app_pool, fixture_limit_by_context };
     for (size_t i = 0; i < sizeof fixtures / sizeof *fixtures; i++) {
         og_record_t *r = base();
         fixtures[i](r);
@@ -1033,7 +1035,7 @@ static void rules_run_in_any_order(void **state)
  * does (it never turns the growth rule into its every-allocation mode) */
 static void size_max_request_is_a_request(void **state)
 {
-    const uint64_t reqs[] = {3 * GiB, UINT64_MAX};
+    const uint64_t reqs[] = { 3 * GiB, UINT64_MAX };
     const og_cause_t *g[2];
     og_record_t *r[2];
     for (int k = 0; k < 2; k++) {

@@ -28,7 +28,7 @@ static void free_under_a_limit_is_at_most_the_device_free(void **state)
     r->device.limit_bytes = 16 * GiB;
     r->device.limit_usage_bytes = 4 * GiB;
     r->memory.process_tracked_bytes = 4 * GiB;
-    r->device.free_bytes = 1 * GiB;            /* the limit leaves 12 GiB, the device has 1 */
+    r->device.free_bytes = 1 * GiB; /* the limit leaves 12 GiB, the device has 1 */
     const og_facts_t *f = facts(r);
     assert_true(f->free_known && f->limited);
     assert_int_equal(f->free_eff, 1 * GiB);
@@ -66,7 +66,7 @@ static void bursts_are_one_step(void **state)
     for (int s = 0; s < 10; s++, t += 0.5) {
         ev_add(r, t, "alloc", 512 * MiB);
         ev_add(r, t + 0.0001, "alloc", 512 * MiB);
-        ev_add(r, t + 0.1, "alloc", 300 * MiB);            /* kept */
+        ev_add(r, t + 0.1, "alloc", 300 * MiB); /* kept */
         ev_add(r, t + 0.2, "free", 512 * MiB);
         ev_add(r, t + 0.2, "free", 512 * MiB);
     }
@@ -82,7 +82,7 @@ static void growth_needs_six_steps(void **state)
 {
     og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
     ev_reset(r);
-    ev_add(r, 0.001, "alloc", 8 * GiB);                     /* the weights first: a leak, not a load */
+    ev_add(r, 0.001, "alloc", 8 * GiB); /* the weights first: a leak, not a load */
     leak_loop(r, 5, 0.5, 512 * MiB, 1 * GiB);
     assert_false(facts(r)->growth.holds);
     ev_reset(r);
@@ -105,7 +105,7 @@ static void one_pass_is_not_growth(void **state)
     const og_facts_t *f = facts(r);
     assert_false(f->growth.holds);
     assert_true(f->growth.pass_built);
-    r->memory.fw.freed_bytes_total = 12 * 512 * MiB;       /* iterations free their temporaries */
+    r->memory.fw.freed_bytes_total = 12 * 512 * MiB; /* iterations free their temporaries */
     assert_true(facts(r)->growth.holds);
     free(r);
 }
@@ -166,7 +166,7 @@ static void imbalance_needs_one_and_a_half_times(void **state)
     fixture_imbalance(r);
     assert_true(facts(r)->imbalance.holds);
     for (int i = 1; i < 4; i++)
-        r->summary[i].tracked_bytes = 16 * GiB;             /* 22 / 16 = 1.4x */
+        r->summary[i].tracked_bytes = 16 * GiB; /* 22 / 16 = 1.4x */
     r->device.free_bytes = 0;
     assert_false(facts(r)->imbalance.holds);
     free(r);
@@ -177,7 +177,7 @@ static void a_cap_binds_when_the_framework_refused_or_the_device_had_room(void *
     og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
     fixture_adapter(r, 10 * GiB, 10 * GiB, 0);
     r->memory.fw.cap_bytes = 11 * GiB;
-    r->device.free_bytes = 1 * GiB;                          /* no room for 2 GiB */
+    r->device.free_bytes = 1 * GiB; /* no room for 2 GiB */
     assert_false(facts(r)->cap.binds);
     r->memory.fw.internal_oom = true;
     assert_true(facts(r)->cap.binds);
@@ -209,7 +209,7 @@ static void a_retry_needs_two_attempts(void **state)
     r->event.attempts = 2;
     assert_true(facts(r)->retried);
     assert_true(F.adv.retried_zero);
-    r->event.recovered = true;                               /* the retry worked */
+    r->event.recovered = true; /* the retry worked */
     assert_false(facts(r)->retried);
     assert_false(F.adv.retried_zero);
     free(r);

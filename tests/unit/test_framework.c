@@ -19,7 +19,7 @@ static oomguard_framework_stats_t base(void)
     oomguard_framework_stats_t s;
     memset(&s, 0, sizeof s);
     s.struct_size = sizeof s;
-    s.device = 3;                    /* no failure open there: nothing is rewritten */
+    s.device = 3; /* no failure open there: nothing is rewritten */
     s.allocated_bytes = 100;
     s.reserved_bytes = 300;
     s.source = "torch 9.9";
@@ -100,7 +100,7 @@ static int query(void *ctx, int device, oomguard_framework_stats_t *out)
     calls++;
     assert_ptr_equal(ctx, &calls);
     assert_int_equal(out->flags, OOMGUARD_FW_NO_NUMBERS);
-    og_query_at_failure(device);          /* never called from inside itself */
+    og_query_at_failure(device); /* never called from inside itself */
     out->python_stack = "/q/asked.py\t7\tstep\n";
     return 0;
 }
@@ -122,11 +122,11 @@ static void query_called_once(void **state)
     calls = 0;
     oomguard_framework_set_query(query, &calls, 0);
     og_query_at_failure(3);
-    assert_int_equal(calls, 1);           /* the nested call inside did not run it again */
+    assert_int_equal(calls, 1); /* the nested call inside did not run it again */
     get();
     assert_int_equal(view.npy_frames, 1);
     assert_string_equal(view.py_frames[0].file, "/q/asked.py");
-    og_query_at_failure(-1);              /* no device: not asked */
+    og_query_at_failure(-1); /* no device: not asked */
     og_query_at_failure(OG_MAX_DEVICES);
     assert_int_equal(calls, 1);
     oomguard_framework_set_query(NULL, NULL, 0);
@@ -138,10 +138,8 @@ int main(void)
 {
     og_init_slow();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(struct_versions),
-        cmocka_unit_test(python_lines),
-        cmocka_unit_test(stack_only_keeps_numbers),
-        cmocka_unit_test(query_needs_gil),
+        cmocka_unit_test(struct_versions),          cmocka_unit_test(python_lines),
+        cmocka_unit_test(stack_only_keeps_numbers), cmocka_unit_test(query_needs_gil),
         cmocka_unit_test(query_called_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

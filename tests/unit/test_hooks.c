@@ -51,13 +51,16 @@ static void proc_versions_and_flags(void **state)
     assert_ptr_equal(og_proc_wrapper("cuGetProcAddress", 12000, 0, &fake_real[OG_H_cuGetProcAddress_v2]),
                      (void *)cuGetProcAddress_v2);
     /* legacy and default flags: legacy stream; per-thread: _ptsz */
-    assert_ptr_equal(og_proc_wrapper("cuMemAllocAsync", 12000, CU_GET_PROC_ADDRESS_LEGACY_STREAM,
-                                     &fake_real[OG_H_cuMemAllocAsync]), (void *)cuMemAllocAsync);
+    assert_ptr_equal(
+        og_proc_wrapper("cuMemAllocAsync", 12000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &fake_real[OG_H_cuMemAllocAsync]),
+        (void *)cuMemAllocAsync);
     assert_ptr_equal(og_proc_wrapper("cuMemAllocAsync", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
-                                     &fake_real[OG_H_cuMemAllocAsync_ptsz]), (void *)cuMemAllocAsync_ptsz);
+                                     &fake_real[OG_H_cuMemAllocAsync_ptsz]),
+                     (void *)cuMemAllocAsync_ptsz);
     /* per-thread requested for a function with no such variant: the legacy one */
     assert_ptr_equal(og_proc_wrapper("cuMemAlloc", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
-                                     &fake_real[OG_H_cuMemAlloc_v2]), (void *)cuMemAlloc_v2);
+                                     &fake_real[OG_H_cuMemAlloc_v2]),
+                     (void *)cuMemAlloc_v2);
     /* names we do not hook, and NULLs */
     assert_ptr_equal(og_proc_wrapper("cuMemcpy", 12000, 0, &other), &other);
     assert_null(og_proc_wrapper("cuMemAlloc", 12000, 0, NULL));

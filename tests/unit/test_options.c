@@ -27,7 +27,7 @@ static void size_units(void **state)
 static void size_rejects(void **state)
 {
     bool ok;
-    const char *bad[] = {"banana", "-5GB", "", "12XB", "GB", "1e30", "+3", "5 G i B"};
+    const char *bad[] = { "banana", "-5GB", "", "12XB", "GB", "1e30", "+3", "5 G i B" };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         og_parse_size(bad[i], &ok);
         assert_false(ok);
@@ -75,7 +75,7 @@ static void defaults_parse(void **state)
     og_options_init();
     assert_int_equal(og_opt.stack_depth, 16);
     assert_int_equal(og_opt.history, 4096);
-    assert_int_equal(og_opt.frag_share, 2500);         /* hundredths of a percent */
+    assert_int_equal(og_opt.frag_share, 2500); /* hundredths of a percent */
     assert_int_equal(og_opt.max_dumps, 200);
     assert_int_equal(og_opt.nvml, 1);
     assert_string_equal(og_opt.framework_s, "auto");
@@ -113,7 +113,7 @@ static void string_options(void **state)
     assert_true(og_option_valid(OG_OPT_dir, ""));
 
     /* the longest value that fits is taken whole */
-    char dir[4097];                       /* og_opt.dir_s holds 4095 characters */
+    char dir[4097]; /* og_opt.dir_s holds 4095 characters */
     memset(dir, 'd', sizeof dir - 1);
     dir[sizeof dir - 1] = 0;
     assert_false(og_option_valid(OG_OPT_dir, dir));
@@ -139,12 +139,8 @@ static void percent_and_bool(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(size_units),
-        cmocka_unit_test(size_rejects),
-        cmocka_unit_test(env_values),
-        cmocka_unit_test(defaults_parse),
-        cmocka_unit_test(string_options),
-        cmocka_unit_test(percent_and_bool),
+        cmocka_unit_test(size_units),     cmocka_unit_test(size_rejects),   cmocka_unit_test(env_values),
+        cmocka_unit_test(defaults_parse), cmocka_unit_test(string_options), cmocka_unit_test(percent_and_bool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -29,15 +29,18 @@ static void cmdline(void **state)
     joined("train|--api-key=abc123", "train --api-key=<redacted>");
     joined("train|--token|abc123|--epochs|3", "train --token <redacted> --epochs 3");
     joined("train|--password=hunter2", "train --password=<redacted>");
-    joined("train|-p|8080|--db-password|x|--hf_token=y", "train -p 8080 --db-password <redacted> --hf_token=<redacted>");
-    joined("train|--client-secret=s|--AUTH-TOKEN=t|--apikey|k", "train --client-secret=<redacted> --AUTH-TOKEN=<redacted> --apikey <redacted>");
+    joined("train|-p|8080|--db-password|x|--hf_token=y",
+           "train -p 8080 --db-password <redacted> --hf_token=<redacted>");
+    joined("train|--client-secret=s|--AUTH-TOKEN=t|--apikey|k",
+           "train --client-secret=<redacted> --AUTH-TOKEN=<redacted> --apikey <redacted>");
     joined("train|wandb.api_key=z|lr=3", "train wandb.api_key=<redacted> lr=3");
     joined("git|clone|https://bob:pa55@example.com/r.git", "git clone https://bob:<redacted>@example.com/r.git");
-    joined("x|--url=postgres://u:p@db:5432/x,redis://:q@h/0", "x --url=postgres://u:<redacted>@db:5432/x,redis://:<redacted>@h/0");
+    joined("x|--url=postgres://u:p@db:5432/x,redis://:q@h/0",
+           "x --url=postgres://u:<redacted>@db:5432/x,redis://:<redacted>@h/0");
     joined("x|https://example.com/a@b|http://user@host/", "x https://example.com/a@b http://user@host/");
     /* not credentials: plural tokens, a tokenizer, a file path with key in a directory name */
     joined("gen|--max-tokens|77|--tokenizer|gpt2|--keep|1", "gen --max-tokens 77 --tokenizer gpt2 --keep 1");
-    joined("x|--token", "x --token");                    /* no value: nothing to hide */
+    joined("x|--token", "x --token"); /* no value: nothing to hide */
     joined("x|--token|--verbose", "x --token --verbose");
     joined("x|/data/key=1/file", "x /data/key=1/file");
 }
@@ -55,10 +58,15 @@ static void truncated(void **state)
 
 static void env_names(void **state)
 {
-    const char *secret[] = {"NCCL_AUTH_TOKEN", "CUDA_PASSPHRASE", "TF_API_KEY", "XLA_CREDS", "PYTORCH_SECRET",
-                            "JAX_DB_PASSWORD", "CUDA_PWD", "hf_token", "OOMGUARD_KEYRING"};
-    const char *fine[] = {"CUDA_VISIBLE_DEVICES", "PYTORCH_CUDA_ALLOC_CONF", "NCCL_IB_PKEY", "XLA_FLAGS",
-                          "TF_GPU_ALLOCATOR", "RANK", "NCCL_DEBUG"};
+    const char *secret[] = { "NCCL_AUTH_TOKEN", "CUDA_PASSPHRASE", "TF_API_KEY", "XLA_CREDS",       "PYTORCH_SECRET",
+                             "JAX_DB_PASSWORD", "CUDA_PWD",        "hf_token",   "OOMGUARD_KEYRING" };
+    const char *fine[] = { "CUDA_VISIBLE_DEVICES",
+                           "PYTORCH_CUDA_ALLOC_CONF",
+                           "NCCL_IB_PKEY",
+                           "XLA_FLAGS",
+                           "TF_GPU_ALLOCATOR",
+                           "RANK",
+                           "NCCL_DEBUG" };
     for (size_t i = 0; i < sizeof secret / sizeof *secret; i++)
         if (!og_secret_env_name(secret[i]))
             fail_msg("%s should be redacted", secret[i]);

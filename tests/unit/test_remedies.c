@@ -16,11 +16,31 @@
 #include "analysis_fixture.h"
 
 static const char *const ALL_IDS[] = {
-    "empty_cache", "mixed_precision", "gradient_checkpointing", "smaller_batch", "expandable_segments",
-    "flash_attention", "quantization", "cpu_offload", "release_references", "shorter_sequences",
-    "multi_gpu_parallelism", "zero_fsdp", "inference_mode", "foreign_processes", "bigger_gpu",
-    "restart_process", "raise_limit", "other_framework_memory", "set_device", "distributed_data_parallel",
-    "split_operation", "pool_trim", "bucket_by_length", "raise_framework_cap", "non_framework_memory",
+    "empty_cache",
+    "mixed_precision",
+    "gradient_checkpointing",
+    "smaller_batch",
+    "expandable_segments",
+    "flash_attention",
+    "quantization",
+    "cpu_offload",
+    "release_references",
+    "shorter_sequences",
+    "multi_gpu_parallelism",
+    "zero_fsdp",
+    "inference_mode",
+    "foreign_processes",
+    "bigger_gpu",
+    "restart_process",
+    "raise_limit",
+    "other_framework_memory",
+    "set_device",
+    "distributed_data_parallel",
+    "split_operation",
+    "pool_trim",
+    "bucket_by_length",
+    "raise_framework_cap",
+    "non_framework_memory",
 };
 
 static og_record_t *base(void) { return fixture_pytorch_24g("libtorch_cuda.so,libc10_cuda.so"); }
@@ -113,13 +133,13 @@ static void check_shape(const og_record_t *r)
     assert_true(r->nremedies >= 1 && r->nremedies <= 20);
     for (int i = 0; i < r->nremedies; i++) {
         const og_remedy_t *m = &r->remedies[i];
-        assert_int_equal(m->rank, i + 1);                        /* 1..n, no gaps */
+        assert_int_equal(m->rank, i + 1); /* 1..n, no gaps */
         bool known_id = false;
         for (size_t k = 0; k < sizeof ALL_IDS / sizeof *ALL_IDS; k++)
             known_id = known_id || strcmp(m->id, ALL_IDS[k]) == 0;
         assert_true(known_id);
         for (int j = 0; j < i; j++)
-            assert_string_not_equal(m->id, r->remedies[j].id);   /* each once */
+            assert_string_not_equal(m->id, r->remedies[j].id); /* each once */
         assert_non_null(m->title);
         assert_non_null(m->saving);
         assert_non_null(m->cost);
@@ -167,12 +187,12 @@ static void does_not_fit_selection(void **state)
      * a smaller batch (the failing tensor shrinks with it) first, then moving or splitting the
      * model; halving activations (mixed precision, checkpointing) cannot cover 7 GiB alone */
     assert_string_equal(r->remedies[0].id, "smaller_batch");
-    const char *order[] = {"smaller_batch", "cpu_offload", "bigger_gpu", "mixed_precision"};
+    const char *order[] = { "smaller_batch", "cpu_offload", "bigger_gpu", "mixed_precision" };
     for (size_t i = 1; i < sizeof order / sizeof *order; i++) {
         assert_true(rank_of(r, order[i - 1]) > 0);
         assert_true(rank_of(r, order[i - 1]) < rank_of(r, order[i]));
     }
-    assert_true(rank_of(r, "inference_mode") > 1);   /* not known to be inference: never first */
+    assert_true(rank_of(r, "inference_mode") > 1); /* not known to be inference: never first */
     /* empty_cache is there (300 MiB cached) but never first: after smaller_batch */
     assert_true(rank_of(r, "empty_cache") > rank_of(r, "smaller_batch"));
     assert_non_null(strstr(rem(r, "empty_cache")->why, "300 MiB"));
@@ -189,7 +209,7 @@ static void does_not_fit_selection(void **state)
 static void does_not_fit_never_leads_with_empty_cache(void **state)
 {
     og_record_t *r = dnf();
-    r->memory.framework_cached_bytes = 6 * GiB;       /* lots cached, still not enough */
+    r->memory.framework_cached_bytes = 6 * GiB; /* lots cached, still not enough */
     r->event.requested_bytes = 16 * GiB;
     run_primary(r, "does_not_fit");
     assert_string_not_equal(r->remedies[0].id, "empty_cache");
@@ -223,11 +243,11 @@ static void foreign_names_the_pids(void **state)
     assert_non_null(strstr(f->why, "pid 4242 python3 9.00 GiB"));
     assert_non_null(strstr(f->why, "pid 77 Xorg"));
     assert_true(how_has(f, "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv"));
-    assert_false(how_has(f, "kill 4242"));            /* not visible in this pid namespace: a host pid */
+    assert_false(how_has(f, "kill 4242")); /* not visible in this pid namespace: a host pid */
     assert_true(how_has(f, "host pid 4242"));
-    assert_false(how_has(f, "kill 77"));              /* the X server is not killed: its settings are */
+    assert_false(how_has(f, "kill 77")); /* the X server is not killed: its settings are */
     assert_true(how_has(f, "hardware acceleration"));
-    r->memory.other[1].visible = true;                /* visible here: a kill line, with care */
+    r->memory.other[1].visible = true; /* visible here: a kill line, with care */
     run(r);
     assert_true(how_has(&r->remedies[0], "kill 4242"));
     assert_true(how_has(rem(r, "restart_process"), "4242"));
@@ -248,11 +268,14 @@ static void growth_selection(void **state)
     og_record_t *r = base();
     static struct og_hist_ev ev[64];
     uint64_t live = 4 * GiB;
-    for (int s = 0; s < 16; s++) {          /* each step: 512 MiB of activations, 1 GiB kept */
-        ev[3 * s] = (struct og_hist_ev){.t_rel = s * 0.1, .op = OG_OP_ALLOC, .bytes = 512 * MiB, .live = live += 512 * MiB};
-        ev[3 * s + 1] = (struct og_hist_ev){.t_rel = s * 0.1 + 0.01, .op = OG_OP_ALLOC, .bytes = GiB, .live = live += GiB};
-        ev[3 * s + 2] = (struct og_hist_ev){.t_rel = s * 0.1 + 0.02, .op = OG_OP_FREE, .bytes = 512 * MiB,
-                                            .live = live -= 512 * MiB};
+    for (int s = 0; s < 16; s++) { /* each step: 512 MiB of activations, 1 GiB kept */
+        ev[3 * s] =
+            (struct og_hist_ev){ .t_rel = s * 0.1, .op = OG_OP_ALLOC, .bytes = 512 * MiB, .live = live += 512 * MiB };
+        ev[3 * s + 1] =
+            (struct og_hist_ev){ .t_rel = s * 0.1 + 0.01, .op = OG_OP_ALLOC, .bytes = GiB, .live = live += GiB };
+        ev[3 * s + 2] = (struct og_hist_ev){
+            .t_rel = s * 0.1 + 0.02, .op = OG_OP_FREE, .bytes = 512 * MiB, .live = live -= 512 * MiB
+        };
     }
     r->history.events = ev;
     r->history.nevents = 48;
@@ -267,7 +290,7 @@ static void growth_selection(void **state)
     assert_int_equal(rank_of(r, "multi_gpu_parallelism"), 0);
     assert_int_equal(rank_of(r, "cpu_offload"), 0);
     assert_int_equal(rank_of(r, "zero_fsdp"), 0);
-    assert_int_equal(rank_of(r, "empty_cache"), 0);   /* cache not measured */
+    assert_int_equal(rank_of(r, "empty_cache"), 0); /* cache not measured */
     assert_int_equal(rank_of(r, "bigger_gpu"), 0);
     free(r);
 }
@@ -301,7 +324,7 @@ static void limit_selection(void **state)
     run(r);
     assert_string_equal(r->remedies[0].id, "raise_limit");
     assert_true(rank_of(r, "smaller_batch") > 1);
-    assert_int_equal(rank_of(r, "bigger_gpu"), 0);    /* the card has room: the cap is the problem */
+    assert_int_equal(rank_of(r, "bigger_gpu"), 0); /* the card has room: the cap is the problem */
     free(r);
 }
 
@@ -309,7 +332,7 @@ static void non_framework_selection(void **state)
 {
     og_record_t *r = base();
     r->event.requested_bytes = 2 * GiB;
-    r->device.free_bytes = 1843 * MiB;                  /* 205 MiB missing */
+    r->device.free_bytes = 1843 * MiB; /* 205 MiB missing */
     r->memory.process_used_bytes = 20 * GiB;
     r->memory.process_tracked_bytes = 19 * GiB;
     r->memory.framework_bytes = 12 * GiB;
@@ -323,7 +346,7 @@ static void non_framework_selection(void **state)
     r->memory.by_library[1].bytes = 7 * GiB;
     run_primary(r, "non_framework");
     const og_remedy_t *f = &r->remedies[0];
-    assert_string_equal(f->id, "non_framework_memory");   /* its own id: not "stop other processes" */
+    assert_string_equal(f->id, "non_framework_memory"); /* its own id: not "stop other processes" */
     assert_int_equal(rank_of(r, "foreign_processes"), 0);
     assert_non_null(strstr(f->why, "libnvinfer.so.10"));
     assert_true(how_has(f, "libnvinfer.so.10"));
@@ -338,7 +361,7 @@ static void unknown_cause_selection(void **state)
     run_primary(r, "unknown");
     assert_true(rank_of(r, "restart_process") > 0);
     assert_true(rank_of(r, "smaller_batch") > 0);
-    assert_int_equal(rank_of(r, "foreign_processes"), 0);   /* nobody else on the device */
+    assert_int_equal(rank_of(r, "foreign_processes"), 0); /* nobody else on the device */
     assert_int_equal(rank_of(r, "bigger_gpu"), 0);
     free(r);
 }
@@ -502,7 +525,7 @@ static void cupy_and_unknown_framework(void **state)
     og_record_t *r = dnf();
     r->framework = OG_FW_CUPY;
     strcpy(r->framework_libs, "cupy_backends");
-    strcpy(r->event.library, "memory.cpython-311-x86_64-linux-gnu.so");   /* CuPy's allocator module */
+    strcpy(r->event.library, "memory.cpython-311-x86_64-linux-gnu.so"); /* CuPy's allocator module */
     run(r);
     assert_int_equal(rank_of(r, "inference_mode"), 0);
     assert_int_equal(rank_of(r, "flash_attention"), 0);
@@ -585,7 +608,7 @@ static void huge_request_fits_no_card(void **state)
     assert_int_equal(rank_of(r, "empty_cache"), 0);
     assert_int_equal(rank_of(r, "mixed_precision"), 0);
     assert_int_equal(rank_of(r, "expandable_segments"), 0);
-    assert_int_equal(rank_of(r, "bigger_gpu"), 0);             /* no card has 200 GiB */
+    assert_int_equal(rank_of(r, "bigger_gpu"), 0); /* no card has 200 GiB */
     free(r);
 }
 
@@ -602,8 +625,8 @@ static void second_framework_knobs(void **state)
     assert_true(how_has(m, "XLA_PYTHON_CLIENT_PREALLOCATE=false"));
     assert_true(how_has(m, "XLA_PYTHON_CLIENT_MEM_FRACTION"));
     assert_true(how_has(m, "JAX_PLATFORMS=cpu"));
-    assert_int_equal(rank_of(r, "smaller_batch"), 0);   /* the job is not too big: JAX took the room */
-    assert_false(any_how_has(r, "Flax"));               /* advice follows the failing call: PyTorch */
+    assert_int_equal(rank_of(r, "smaller_batch"), 0); /* the job is not too big: JAX took the room */
+    assert_false(any_how_has(r, "Flax"));             /* advice follows the failing call: PyTorch */
     /* TensorFlow instead */
     strcpy(r->memory.by_library[0].library, "libtensorflow_framework.so.2");
     r->memory.by_library[0].fw_kind = OG_FW_TENSORFLOW;
@@ -667,8 +690,10 @@ static void released_nothing_expandable_leads(void **state)
     r->event.released_between_attempts_bytes = 0;
     static struct og_hist_ev ev[16];
     for (int i = 0; i < 16; i++)
-        ev[i] = (struct og_hist_ev){.t_rel = i * 0.1, .op = OG_OP_ALLOC, .bytes = (900 + 20 * (uint64_t)i) * MiB,
-                                    .live = (uint64_t)(i + 1) * GiB};
+        ev[i] = (struct og_hist_ev){ .t_rel = i * 0.1,
+                                     .op = OG_OP_ALLOC,
+                                     .bytes = (900 + 20 * (uint64_t)i) * MiB,
+                                     .live = (uint64_t)(i + 1) * GiB };
     r->history.events = ev;
     r->history.nevents = 16;
     run(r);
@@ -683,8 +708,8 @@ static void released_nothing_expandable_leads(void **state)
 static void shortfall_size_shapes_the_list(void **state)
 {
     og_record_t *a = base(), *b = base();
-    a->event.requested_bytes = 1030 * MiB;            /* 3% over the 1 GiB free */
-    b->event.requested_bytes = 12 * GiB;              /* 4x the 3 GiB free */
+    a->event.requested_bytes = 1030 * MiB; /* 3% over the 1 GiB free */
+    b->event.requested_bytes = 12 * GiB;   /* 4x the 3 GiB free */
     b->device.free_bytes = 3 * GiB;
     a->memory.framework_cached_bytes = b->memory.framework_cached_bytes = 0;
     a->memory.framework_cached_source = b->memory.framework_cached_source = OG_CACHE_POOL;
@@ -695,7 +720,7 @@ static void shortfall_size_shapes_the_list(void **state)
         same = strcmp(a->remedies[i].id, b->remedies[i].id) == 0;
     assert_false(same);
     assert_string_not_equal(a->remedies[0].id, "inference_mode");
-    assert_int_equal(rank_of(a, "bigger_gpu"), 0);     /* 3% over: the job fits this card */
+    assert_int_equal(rank_of(a, "bigger_gpu"), 0); /* 3% over: the job fits this card */
     free(a);
     free(b);
 }
@@ -732,7 +757,7 @@ static void limit_refused_by_context_alone(void **state)
     fixture_limit_by_context(r);
     run(r);
     assert_string_equal(r->remedies[0].id, "raise_limit");
-    assert_int_equal(r->nremedies, 1);               /* nothing the job shrinks can help */
+    assert_int_equal(r->nremedies, 1); /* nothing the job shrinks can help */
     assert_non_null(strstr(r->remedies[0].why, "CUDA context"));
     free(r);
 }
@@ -822,7 +847,7 @@ static void docs_list_the_ranking_rows(void **state)
         p = nl + 1;
     }
     assert_true(i > 20);
-    assert_string_equal(p, "");                 /* no row the code does not have */
+    assert_string_equal(p, ""); /* no row the code does not have */
 }
 
 /* the causes table of the docs names exactly the causes of common/causes.def */
@@ -847,7 +872,7 @@ static void docs_list_the_causes(void **state)
         snprintf(cell, sizeof cell, "\n| `%s` |", ids[i]);
         char *at = strstr(t, cell);
         if (strcmp(ids[i], "unknown") == 0)
-            continue;                           /* no rule: it is named in the text */
+            continue; /* no rule: it is named in the text */
         if (!at || at > end)
             fail_msg("docs/diagnosis.md: no row for the cause %s", ids[i]);
         n++;

@@ -13,7 +13,7 @@
 
 static void json_is(const char *in, const char *want)
 {
-    og_sb_t sb = {0};
+    og_sb_t sb = { 0 };
     og_sb_json_str(&sb, in);
     assert_false(sb.failed);
     assert_string_equal(sb.buf, want);
@@ -22,7 +22,7 @@ static void json_is(const char *in, const char *want)
 
 static void text_is(const char *in, bool keep_nl, const char *want)
 {
-    og_sb_t sb = {0};
+    og_sb_t sb = { 0 };
     og_sb_text_escaped(&sb, in, strlen(in), keep_nl);
     assert_string_equal(sb.buf ? sb.buf : "", want);
     assert_int_equal(og_text_needs_escape(in, keep_nl), strcmp(in, want) != 0);
@@ -32,14 +32,14 @@ static void text_is(const char *in, bool keep_nl, const char *want)
 static void json_strings(void **state)
 {
     json_is("café", "\"café\"");
-    json_is("日本 \xf0\x9f\x98\x80", "\"日本 \xf0\x9f\x98\x80\"");        /* 3- and 4-byte characters */
+    json_is("日本 \xf0\x9f\x98\x80", "\"日本 \xf0\x9f\x98\x80\""); /* 3- and 4-byte characters */
     json_is("a\"b\\c\n\t\r\x01\x1f", "\"a\\\"b\\\\c\\n\\t\\r\\u0001\\u001f\"");
-    json_is("\x7f", "\"\x7f\"");                                          /* DEL is valid JSON */
+    json_is("\x7f", "\"\x7f\""); /* DEL is valid JSON */
     json_is("bad\xffx", "\"bad\\ufffdx\"");
-    json_is("\xc0\xaf", "\"\\ufffd\\ufffd\"");                            /* overlong '/' */
-    json_is("\xed\xa0\x80", "\"\\ufffd\\ufffd\\ufffd\"");                 /* a surrogate */
-    json_is("caf\xc3", "\"caf\\ufffd\"");                                 /* cut short */
-    json_is("\xf4\x90\x80\x80", "\"\\ufffd\\ufffd\\ufffd\\ufffd\"");      /* past U+10FFFF */
+    json_is("\xc0\xaf", "\"\\ufffd\\ufffd\"");                       /* overlong '/' */
+    json_is("\xed\xa0\x80", "\"\\ufffd\\ufffd\\ufffd\"");            /* a surrogate */
+    json_is("caf\xc3", "\"caf\\ufffd\"");                            /* cut short */
+    json_is("\xf4\x90\x80\x80", "\"\\ufffd\\ufffd\\ufffd\\ufffd\""); /* past U+10FFFF */
     json_is(NULL, "\"\"");
 }
 
@@ -49,10 +49,12 @@ static void text_strings(void **state)
     text_is("\x1b[31mred\x1b[0m", false, "\\x1b[31mred\\x1b[0m");
     text_is("a\nb\tc\rd", false, "a\\nb\\tc\\rd");
     text_is("a\nb", true, "a\nb");
-    text_is("\xe2\x80\xae" "evil", false, "\\u{202e}evil");                /* bidi override */
-    text_is("\xe2\x81\xa6x", false, "\\u{2066}x");                         /* bidi isolate */
-    text_is("\xc2\x85", false, "\\u{0085}");                               /* C1 NEL */
-    text_is("\xe2\x80\xa8", false, "\\u{2028}");                           /* line separator */
+    text_is("\xe2\x80\xae"
+            "evil",
+            false, "\\u{202e}evil");               /* bidi override */
+    text_is("\xe2\x81\xa6x", false, "\\u{2066}x"); /* bidi isolate */
+    text_is("\xc2\x85", false, "\\u{0085}");       /* C1 NEL */
+    text_is("\xe2\x80\xa8", false, "\\u{2028}");   /* line separator */
     text_is("bad\xff", false, "bad\\xff");
     text_is("\x7f", false, "\\x7f");
 }

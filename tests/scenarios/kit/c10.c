@@ -24,11 +24,11 @@
 #include "oomguard.h"
 #include "truth.h"
 
-#define LIB "libc10_cuda.so"
-#define MAXDEV 16
-#define SMALL_SIZE (1 * MiB)
-#define SMALL_BUFFER (2 * MiB)
-#define LARGE_BUFFER (20 * MiB)
+#define LIB             "libc10_cuda.so"
+#define MAXDEV          16
+#define SMALL_SIZE      (1 * MiB)
+#define SMALL_BUFFER    (2 * MiB)
+#define LARGE_BUFFER    (20 * MiB)
 #define MIN_LARGE_ALLOC (10 * MiB)
 
 typedef struct block {
@@ -43,7 +43,7 @@ typedef struct segment {
     uintptr_t base;
     size_t size;
     int small;
-    int expandable;              /* the device's expandable segment (VMM), see below */
+    int expandable; /* the device's expandable segment (VMM), see below */
     block_t *head;
     struct segment *next;
 } segment_t;
@@ -59,7 +59,7 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static dev_alloc_t devs[MAXDEV];
 static __thread int cur_dev = -1;
 static int adapter_on;
-static int grad_mode, train_mode;            /* what the adapter would see: 1 yes, -1 no, 0 unknown */
+static int grad_mode, train_mode; /* what the adapter would see: 1 yes, -1 no, 0 unknown */
 /* per-device totals readable without the lock: the shim's query must never take it (the
  * failing thread may be inside this allocator, holding it) */
 static _Atomic uint64_t live_allocated[MAXDEV], live_reserved[MAXDEV];
@@ -78,7 +78,7 @@ void c10_init(void)
 {
     int d = c10_current_device();
     cudaSetDevice(d);
-    cudaFree(NULL);   /* torch._C._cuda_init(): the primary context of the current device */
+    cudaFree(NULL); /* torch._C._cuda_init(): the primary context of the current device */
 }
 
 void c10_set_device(int device)
@@ -152,7 +152,7 @@ static int adapter_query(void *ctx, int device, oomguard_framework_stats_t *out)
     out->source = "torch 2.5.1";
     out->grad_enabled = grad_mode;
     out->training = train_mode;
-    out->flags &= ~(uint64_t)OOMGUARD_FW_NO_NUMBERS;   /* the byte counts are filled */
+    out->flags &= ~(uint64_t)OOMGUARD_FW_NO_NUMBERS; /* the byte counts are filled */
     return 0;
 }
 
@@ -209,9 +209,9 @@ static void mark_stats(const char *kind, int dev, size_t req, const c10_stats_t 
     scen_mark(kind, LIB, dev, req,
               "\"allocated\":%llu,\"reserved\":%llu,\"inactive_split\":%llu,\"largest_free\":%llu,"
               "\"retries\":%llu,\"ooms\":%llu,\"released\":%llu,\"adapter\":%d",
-              (unsigned long long)s->allocated, (unsigned long long)s->reserved,
-              (unsigned long long)s->inactive_split, (unsigned long long)s->largest_free,
-              (unsigned long long)s->retries, (unsigned long long)s->ooms, (unsigned long long)released, adapter_on);
+              (unsigned long long)s->allocated, (unsigned long long)s->reserved, (unsigned long long)s->inactive_split,
+              (unsigned long long)s->largest_free, (unsigned long long)s->retries, (unsigned long long)s->ooms,
+              (unsigned long long)released, adapter_on);
 }
 
 /* frees every entirely free segment; returns the bytes given back to the driver */
@@ -247,7 +247,7 @@ static int expandable_conf(void)
 typedef struct exp_seg {
     CUdeviceptr va;
     size_t mapped;
-    size_t chunks[4096];          /* the mappings, in address order (unmapped from the end) */
+    size_t chunks[4096]; /* the mappings, in address order (unmapped from the end) */
     int nchunks;
     segment_t *seg;
 } exp_seg_t;
@@ -286,7 +286,7 @@ static int xs_grow(int dev, size_t bytes)
     acc.location = prop.location;
     acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     cuMemSetAccess(at, bytes, &acc, 1);
-    cuMemRelease(h);                    /* the mapping keeps the physical memory */
+    cuMemRelease(h); /* the mapping keeps the physical memory */
     x->chunks[x->nchunks++] = bytes;
     x->mapped += bytes;
     if (!x->seg) {
@@ -416,7 +416,7 @@ static void *async_alloc_locked(int dev, size_t nbytes)
     if (cudaDeviceGetDefaultMemPool(&pool, dev) != cudaSuccess)
         return NULL;
     if (!a->pool_configured) {
-        uint64_t keep = UINT64_MAX;   /* PyTorch: the pool keeps what it reserved */
+        uint64_t keep = UINT64_MAX; /* PyTorch: the pool keeps what it reserved */
         cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
         a->pool_configured = 1;
     }

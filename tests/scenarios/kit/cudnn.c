@@ -24,7 +24,7 @@ int cudnn_conv_forward_ws(size_t workspace_bytes)
         ws = NULL;
         char fw[256];
         scen_mark("fail", "libcudnn.so.9", dev, workspace_bytes, "%s", scen_fw_extra(fw, sizeof fw, dev));
-        return 2;    /* CUDNN_STATUS_ALLOC_FAILED */
+        return 2; /* CUDNN_STATUS_ALLOC_FAILED */
     }
     ws_size = workspace_bytes;
     return 0;

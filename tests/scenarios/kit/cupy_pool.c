@@ -6,7 +6,11 @@
 #include "kit.h"
 #include "truth.h"
 
-typedef struct pblock { void *p; size_t size; int used; } pblock_t;
+typedef struct pblock {
+    void *p;
+    size_t size;
+    int used;
+} pblock_t;
 static pblock_t blocks[4096];
 static int nblocks;
 
@@ -24,7 +28,7 @@ void *cupy_malloc(size_t nbytes)
         scen_mark("fail", "cupy", 0, size, NULL);
         return NULL;
     }
-    blocks[nblocks++] = (pblock_t){p, size, 1};
+    blocks[nblocks++] = (pblock_t){ p, size, 1 };
     return p;
 }
 

@@ -28,42 +28,43 @@
 typedef struct c10_stats {
     uint64_t allocated, reserved, requested, inactive_split, largest_free, segments, retries, ooms;
 } c10_stats_t;
-void *c10_empty(size_t nbytes);          /* torch.empty(..., device="cuda"); NULL = OutOfMemoryError */
-void c10_free(void *p);                  /* the tensor's last reference goes away */
-void c10_empty_cache(void);              /* torch.cuda.empty_cache() */
-void c10_set_device(int device);         /* torch.cuda.set_device(device) */
+void *c10_empty(size_t nbytes);  /* torch.empty(..., device="cuda"); NULL = OutOfMemoryError */
+void c10_free(void *p);          /* the tensor's last reference goes away */
+void c10_empty_cache(void);      /* torch.cuda.empty_cache() */
+void c10_set_device(int device); /* torch.cuda.set_device(device) */
 int c10_current_device(void);
-void c10_init(void);                     /* torch.cuda.init(): context on the current device */
+void c10_init(void); /* torch.cuda.init(): context on the current device */
 void c10_memory_stats(int device, c10_stats_t *out);
-void c10_enable_adapter(void);           /* `import oomguard_torch`: the allocator's numbers at an OOM,
+void c10_enable_adapter(void); /* `import oomguard_torch`: the allocator's numbers at an OOM,
                                             and a query the shim may call at any failing call */
 int c10_adapter_enabled(void);
-void c10_set_mode(int grad_enabled, int training);  /* what the adapter sees: torch.is_grad_enabled(),
+void c10_set_mode(int grad_enabled, int training); /* what the adapter sees: torch.is_grad_enabled(),
                                                      backward/optimizer seen; 1 yes, -1 no, 0 unknown */
 
 /* ---- cuDNN (libcudnn.so.9) ---- */
-int cudnn_conv_forward_ws(size_t workspace_bytes);   /* 0 ok, 2 = CUDNN_STATUS_ALLOC_FAILED */
+int cudnn_conv_forward_ws(size_t workspace_bytes); /* 0 ok, 2 = CUDNN_STATUS_ALLOC_FAILED */
 void cudnn_release_ws(void);
 
 /* ---- NCCL (libnccl.so.2) ---- */
-int nccl_comm_init_rank(int nranks, int rank, size_t bytes_per_channel, int channels);  /* 0 ok, 1 = ncclUnhandledCudaError */
+int nccl_comm_init_rank(int nranks, int rank, size_t bytes_per_channel,
+                        int channels); /* 0 ok, 1 = ncclUnhandledCudaError */
 
 /* ---- XLA (xla_extension.so) ---- */
-int xla_client_init(int device);         /* 0 ok; honours XLA_PYTHON_CLIENT_PREALLOCATE / _MEM_FRACTION */
-void *xla_buffer(size_t nbytes);         /* a buffer inside the preallocated arena (or cuMemAlloc) */
+int xla_client_init(int device); /* 0 ok; honours XLA_PYTHON_CLIENT_PREALLOCATE / _MEM_FRACTION */
+void *xla_buffer(size_t nbytes); /* a buffer inside the preallocated arena (or cuMemAlloc) */
 
 /* ---- TensorFlow (libtensorflow_framework.so.2) ---- */
-int tf_gpu_init(int device);             /* 0 ok; honours TF_FORCE_GPU_ALLOW_GROWTH */
-void *tf_alloc(size_t nbytes);           /* a region for tensors under allow_growth (cuMemAlloc) */
+int tf_gpu_init(int device);   /* 0 ok; honours TF_FORCE_GPU_ALLOW_GROWTH */
+void *tf_alloc(size_t nbytes); /* a region for tensors under allow_growth (cuMemAlloc) */
 
 /* ---- DALI (libdali.so) ---- */
-int dali_pipeline_build(int buffers, size_t bytes_each);   /* 0 ok */
+int dali_pipeline_build(int buffers, size_t bytes_each); /* 0 ok */
 void dali_pipeline_release_outputs(void);
 
 /* ---- CuPy's memory pool (.../cupy/cuda/memory.so) ---- */
-void *cupy_malloc(size_t nbytes);        /* cupy.empty(...) */
-void cupy_free(void *p);                 /* the array goes away: its block stays in the pool */
-void cupy_free_all_blocks(void);         /* cupy.get_default_memory_pool().free_all_blocks() */
+void *cupy_malloc(size_t nbytes); /* cupy.empty(...) */
+void cupy_free(void *p);          /* the array goes away: its block stays in the pool */
+void cupy_free_all_blocks(void);  /* cupy.get_default_memory_pool().free_all_blocks() */
 
 /* ---- small helpers for the programs ---- */
 static inline void msleep(unsigned ms) { usleep(ms * 1000u); }
@@ -71,7 +72,7 @@ static inline int torch_oom(const char *where, size_t nbytes)
 {
     fprintf(stderr, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate %.2f MiB (%s)\n",
             nbytes / (double)MiB, where);
-    return 1;     /* a Python traceback ends the script with status 1 */
+    return 1; /* a Python traceback ends the script with status 1 */
 }
 /* N tensors of EACH bytes, made by WHERE (model.cuda(), forward, ...): 0, or the script's exit status at the
  * first that does not fit; what was made stays (the script holds its tensors) */

@@ -17,7 +17,7 @@ int nccl_comm_init_rank(int nranks, int rank, size_t bytes_per_channel, int chan
             (void)cudaGetLastError();
             char fw[256];
             scen_mark("fail", "libnccl.so.2", dev, bytes_per_channel, "%s", scen_fw_extra(fw, sizeof fw, dev));
-            return 1;    /* ncclUnhandledCudaError */
+            return 1; /* ncclUnhandledCudaError */
         }
     }
     return 0;

@@ -11,7 +11,7 @@
 
 typedef struct scen_rank {
     int rank, local, world;
-    const char *sync;                    /* $SCEN_SYNC; NULL when run alone */
+    const char *sync; /* $SCEN_SYNC; NULL when run alone */
 } scen_rank_t;
 
 /* the first of these variables that is set, as training scripts read them */

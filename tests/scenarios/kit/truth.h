@@ -47,11 +47,12 @@ static inline void scen_mark(const char *kind, const char *lib, int device, unsi
         simgpu_truth_t t;
         if (!truth || truth(d, &t) != 0)
             continue;
-        fprintf(f, "%s{\"device\":%d,\"total_bytes\":%llu,\"free_bytes\":%llu,\"context_bytes\":%llu,"
-                   "\"alloc_requested_bytes\":%llu,\"alloc_charged_bytes\":%llu,\"alloc_blocks\":%llu,"
-                   "\"managed_requested_bytes\":%llu,\"vmm_physical_bytes\":%llu,\"pool_reserved_bytes\":%llu,"
-                   "\"pool_used_bytes\":%llu,\"other_process_bytes\":%llu,\"used_bytes\":%llu,"
-                   "\"peak_used_bytes\":%llu,\"failed_allocs\":%llu,\"contexts\":%llu}",
+        fprintf(f,
+                "%s{\"device\":%d,\"total_bytes\":%llu,\"free_bytes\":%llu,\"context_bytes\":%llu,"
+                "\"alloc_requested_bytes\":%llu,\"alloc_charged_bytes\":%llu,\"alloc_blocks\":%llu,"
+                "\"managed_requested_bytes\":%llu,\"vmm_physical_bytes\":%llu,\"pool_reserved_bytes\":%llu,"
+                "\"pool_used_bytes\":%llu,\"other_process_bytes\":%llu,\"used_bytes\":%llu,"
+                "\"peak_used_bytes\":%llu,\"failed_allocs\":%llu,\"contexts\":%llu}",
                 d ? "," : "", d, t.total_bytes, t.free_bytes, t.context_bytes, t.alloc_requested_bytes,
                 t.alloc_charged_bytes, t.alloc_blocks, t.managed_requested_bytes, t.vmm_physical_bytes,
                 t.pool_reserved_bytes, t.pool_used_bytes, t.other_process_bytes, t.used_bytes, t.peak_used_bytes,
@@ -71,7 +72,7 @@ static inline const char *scen_fw_extra(char *buf, size_t n, int device)
     int (*on)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "c10_adapter_enabled");
     void (*st)(int, void *) = (void (*)(int, void *))dlsym(RTLD_DEFAULT, "c10_memory_stats");
     if (on && st && on()) {
-        unsigned long long s[8] = {0};   /* c10_stats_t: allocated, reserved, ... */
+        unsigned long long s[8] = { 0 }; /* c10_stats_t: allocated, reserved, ... */
         st(device, s);
         snprintf(buf, n, "\"allocated\":%llu,\"reserved\":%llu,\"query\":1", s[0], s[1]);
     }

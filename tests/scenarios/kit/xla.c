@@ -29,7 +29,7 @@ int xla_client_init(int device)
     size_t want = (size_t)(fraction * (double)total) / (2 * MiB) * (2 * MiB);
     if (cuMemAlloc(&arena, want) != CUDA_SUCCESS) {
         scen_mark("fail", "xla_extension.so", device, want, NULL);
-        return 2;    /* RESOURCE_EXHAUSTED at client creation */
+        return 2; /* RESOURCE_EXHAUSTED at client creation */
     }
     arena_size = want;
     return 0;

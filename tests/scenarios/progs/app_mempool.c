@@ -33,13 +33,13 @@ int main(void)
     cudaStream_t stream;
     cudaStreamCreate(&stream);
     void *bufs[24];
-    for (int i = 0; i < 24; i++)                 /* a burst: 24 requests of 512 MiB in flight */
+    for (int i = 0; i < 24; i++) /* a burst: 24 requests of 512 MiB in flight */
         if (cudaMallocFromPoolAsync(&bufs[i], 512 * MiB, pool, stream) != cudaSuccess)
             return 1;
     for (int i = 0; i < 24; i++)
         cudaFreeAsync(bufs[i], stream);
-    cudaStreamSynchronize(stream);               /* the threshold keeps every chunk */
-    for (int i = 0; i < 8; i++) {                /* steady traffic: small requests */
+    cudaStreamSynchronize(stream); /* the threshold keeps every chunk */
+    for (int i = 0; i < 8; i++) {  /* steady traffic: small requests */
         void *p;
         cudaMallocFromPoolAsync(&p, 64 * MiB, pool, stream);
         cudaFreeAsync(p, stream);

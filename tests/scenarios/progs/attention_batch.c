@@ -13,7 +13,7 @@ int main(int argc, char **argv)
 {
     int batch = argc > 1 ? atoi(argv[1]) : 4;
     c10_init();
-    if (torch_alloc_n(40, 512 * MiB, "model/optimizer"))   /* weights, grads, Adam state */
+    if (torch_alloc_n(40, 512 * MiB, "model/optimizer")) /* weights, grads, Adam state */
         return 1;
     size_t scores = (size_t)batch * 923 * MiB;
     scores = (scores + 2 * MiB - 1) / (2 * MiB) * (2 * MiB);

@@ -17,7 +17,7 @@
 
 int main(int argc, char **argv)
 {
-    if (argc > 1 && !strcmp(argv[1], "adapter")) {   /* import oomguard_torch: its query answers for PyTorch */
+    if (argc > 1 && !strcmp(argv[1], "adapter")) { /* import oomguard_torch: its query answers for PyTorch */
         c10_enable_adapter();
         c10_set_mode(1, 1);
     }
@@ -25,13 +25,13 @@ int main(int argc, char **argv)
     if (torch_alloc_n(8, 512 * MiB, "model/optimizer"))
         return 1;
     void *act[4];
-    for (int i = 0; i < 4; i++)                       /* training step activations */
+    for (int i = 0; i < 4; i++) /* training step activations */
         if (!(act[i] = c10_empty(512 * MiB)))
             return torch_oom("train step", 512 * MiB);
     for (int i = 0; i < 4; i++)
         c10_free(act[i]);
     void *val[8];
-    for (int i = 0; i < 8; i++)                       /* validation at full resolution */
+    for (int i = 0; i < 8; i++) /* validation at full resolution */
         if (!(val[i] = c10_empty(2 * GiB)))
             return torch_oom("validation", 2 * GiB);
     for (int i = 0; i < 8; i++)

@@ -17,7 +17,7 @@ int main(void)
     for (int i = 0; i < 14; i++)
         if (!(tmp[i] = cupy_malloc(1 * GiB)))
             return 1;
-    for (int i = 1; i < 14; i++)                  /* feats (tmp[0]) stays */
+    for (int i = 1; i < 14; i++) /* feats (tmp[0]) stays */
         cupy_free(tmp[i]);
     if (torch_alloc_n(12, 512 * MiB, "model.cuda()"))
         return 1;

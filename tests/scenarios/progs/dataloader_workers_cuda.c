@@ -23,7 +23,7 @@ int main(void)
     pid_t w[6];
     for (int i = 0; i < 6; i++) {
         w[i] = fork();
-        if (w[i] == 0) {                       /* a worker: collate_fn -> .cuda() */
+        if (w[i] == 0) { /* a worker: collate_fn -> .cuda() */
             c10_init();
             void *b = c10_empty(4 * MiB);
             (void)b;
@@ -34,7 +34,7 @@ int main(void)
             _exit(0);
         }
     }
-    for (int i = 0; i < 6; i++) {              /* the first batches arrive */
+    for (int i = 0; i < 6; i++) { /* the first batches arrive */
         snprintf(ready, sizeof ready, "%s/ready.%d", sync ? sync : "/tmp", i);
         for (int t = 0; t < 3000 && access(ready, F_OK) != 0; t++)
             msleep(10);

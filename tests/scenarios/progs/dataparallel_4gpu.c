@@ -11,20 +11,20 @@
 int main(void)
 {
     c10_init();
-    if (torch_alloc_n(24, 512 * MiB, "model.cuda()"))   /* weights+grads+Adam on cuda:0 */
+    if (torch_alloc_n(24, 512 * MiB, "model.cuda()")) /* weights+grads+Adam on cuda:0 */
         return 1;
-    for (int d = 1; d < 4; d++) {                     /* replicate() */
+    for (int d = 1; d < 4; d++) { /* replicate() */
         c10_set_device(d);
         if (torch_alloc_n(6, 512 * MiB, "replicate"))
             return 1;
     }
-    for (int d = 0; d < 4; d++) {                     /* parallel_apply: activations per replica */
+    for (int d = 0; d < 4; d++) { /* parallel_apply: activations per replica */
         c10_set_device(d);
         if (torch_alloc_n(6, 512 * MiB, "parallel_apply"))
             return 1;
     }
     c10_set_device(0);
-    if (torch_alloc_n(4, 2560 * MiB, "gather"))   /* gather() on cuda:0 */
+    if (torch_alloc_n(4, 2560 * MiB, "gather")) /* gather() on cuda:0 */
         return 1;
     return 0;
 }

@@ -12,15 +12,15 @@
 int main(void)
 {
     scen_rank_t me = scen_rank();
-    c10_init();                                    /* "cuda" == cuda:0 for every rank */
+    c10_init(); /* "cuda" == cuda:0 for every rank */
     int rc = 0;
-    if (me.sync && me.rank == 1)                   /* rank 1 loads after rank 0 */
+    if (me.sync && me.rank == 1) /* rank 1 loads after rank 0 */
         scen_wait_ranks(me.sync, "loaded", 0, 1);
     if (!rc)
         rc = torch_alloc_n(20, 512 * MiB, "model.to('cuda')");
     if (me.sync)
         scen_barrier(&me, "loaded");
-    if (me.sync && me.rank == 1)                   /* rank 0 is one step ahead */
+    if (me.sync && me.rank == 1) /* rank 0 is one step ahead */
         scen_wait_ranks(me.sync, "forward", 0, 1);
     if (!rc)
         rc = torch_alloc_n(4, 512 * MiB, "forward");

@@ -16,9 +16,9 @@ int main(void)
     c10_set_device(me.local);
     c10_init();
     int rc = torch_alloc_n(24, 512 * MiB, "model.cuda()");
-    if (me.sync && me.rank == 0)                 /* the others happen to get there first */
+    if (me.sync && me.rank == 0) /* the others happen to get there first */
         scen_wait_ranks(me.sync, "loaded", 1, me.world);
-    c10_set_device(0);                           /* torch.load restores onto the saved device */
+    c10_set_device(0); /* torch.load restores onto the saved device */
     if (!rc)
         rc = torch_alloc_n(6, 512 * MiB, "torch.load");
     c10_set_device(me.local);

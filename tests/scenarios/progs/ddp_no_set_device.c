@@ -14,9 +14,9 @@
 
 int main(void)
 {
-    scen_rank_t me = scen_rank();                    /* torchrun's, srun's or mpirun's variables */
-    c10_init();                                      /* on cuda:0: set_device was never called */
-    c10_set_device(me.local);                        /* .to(local_rank) */
+    scen_rank_t me = scen_rank(); /* torchrun's, srun's or mpirun's variables */
+    c10_init();                   /* on cuda:0: set_device was never called */
+    c10_set_device(me.local);     /* .to(local_rank) */
     if (torch_alloc_n(40, 512 * MiB, "model.to(local_rank)"))
         return 1;
     if (me.sync && scen_barrier(&me, "ready") != 0)

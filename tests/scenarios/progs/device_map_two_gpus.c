@@ -12,20 +12,20 @@
 int main(void)
 {
     c10_init();
-    if (torch_alloc_n(28, 512 * MiB, "from_pretrained (cuda:0)"))   /* layers 0-23: 14 GiB on GPU 0 */
+    if (torch_alloc_n(28, 512 * MiB, "from_pretrained (cuda:0)")) /* layers 0-23: 14 GiB on GPU 0 */
         return 1;
     c10_set_device(1);
-    if (torch_alloc_n(28, 512 * MiB, "from_pretrained (cuda:1)"))   /* layers 24-47: 14 GiB on GPU 1 */
+    if (torch_alloc_n(28, 512 * MiB, "from_pretrained (cuda:1)")) /* layers 24-47: 14 GiB on GPU 1 */
         return 1;
-    if (!c10_empty(2 * GiB))                          /* lm_head (tied embedding copy) */
+    if (!c10_empty(2 * GiB)) /* lm_head (tied embedding copy) */
         return torch_oom("lm_head", 2 * GiB);
     c10_set_device(0);
-    if (torch_alloc_n(4, 512 * MiB, "kv cache (cuda:0)"))   /* KV cache of layers 0-23 */
+    if (torch_alloc_n(4, 512 * MiB, "kv cache (cuda:0)")) /* KV cache of layers 0-23 */
         return 1;
     c10_set_device(1);
-    if (torch_alloc_n(4, 512 * MiB, "kv cache (cuda:1)"))   /* KV cache of layers 24-47 */
+    if (torch_alloc_n(4, 512 * MiB, "kv cache (cuda:1)")) /* KV cache of layers 24-47 */
         return 1;
-    if (!c10_empty(6 * GiB))                          /* logits of the prompt, fp32 */
+    if (!c10_empty(6 * GiB)) /* logits of the prompt, fp32 */
         return torch_oom("logits", 6 * GiB);
     return 0;
 }

@@ -14,7 +14,7 @@ int main(void)
     c10_init();
     if (torch_alloc_n(36, 512 * MiB, "model/optimizer"))
         return 1;
-    void *tmp = c10_empty(1 * GiB);                    /* a warm-up batch, freed: stays mapped */
+    void *tmp = c10_empty(1 * GiB); /* a warm-up batch, freed: stays mapped */
     if (!tmp)
         return torch_oom("warm-up", 1 * GiB);
     c10_free(tmp);

@@ -35,7 +35,7 @@ int main(int argc, char **argv)
             size_t n = (size_t)len * 256 * 1024;
             n = (n + 2 * MiB - 1) / (2 * MiB) * (2 * MiB);
             if (l == 6 && !masks[len]) {
-                size_t m = (size_t)len * len;                /* bool mask, L x L */
+                size_t m = (size_t)len * len; /* bool mask, L x L */
                 m = m < 2 * MiB ? 2 * MiB : (m + 2 * MiB - 1) / (2 * MiB) * (2 * MiB);
                 if (!(masks[len] = c10_empty(m)))
                     return torch_oom("causal_mask", m);

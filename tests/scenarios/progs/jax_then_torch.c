@@ -15,7 +15,7 @@ int main(void)
         fprintf(stderr, "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED\n");
         return 1;
     }
-    if (!xla_buffer(256 * MiB))                  /* the features */
+    if (!xla_buffer(256 * MiB)) /* the features */
         return 1;
     c10_init();
     if (torch_alloc_n(6, 512 * MiB, "head.cuda()"))

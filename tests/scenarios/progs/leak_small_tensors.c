@@ -14,7 +14,7 @@
 int main(void)
 {
     c10_init();
-    if (torch_alloc_n(44, 512 * MiB, "model"))   /* the model: 22 GiB */
+    if (torch_alloc_n(44, 512 * MiB, "model")) /* the model: 22 GiB */
         return 1;
     for (int req = 0;; req++) {
         void *t = c10_empty(512 * MiB);

@@ -12,7 +12,7 @@ int main(void)
     c10_init();
     if (torch_alloc_n(12, 512 * MiB, "from_pretrained"))
         return 1;
-    if (!c10_empty(2 * GiB))                       /* hidden states of the document */
+    if (!c10_empty(2 * GiB)) /* hidden states of the document */
         return torch_oom("forward", 2 * GiB);
     size_t logits = 32768ull * 262144ull * 4;
     if (!c10_empty(logits))

@@ -16,25 +16,26 @@
 
 int main(int argc, char **argv)
 {
-    if (argc > 1 && !strcmp(argv[1], "adapter")) {   /* import oomguard_torch: grad mode on, backward and optimizer seen */
+    if (argc > 1 &&
+        !strcmp(argv[1], "adapter")) { /* import oomguard_torch: grad mode on, backward and optimizer seen */
         c10_enable_adapter();
         c10_set_mode(1, 1);
     }
     c10_init();
     void *w[8], *g[8], *adam[16];
-    for (int i = 0; i < 8; i++)          /* from_pretrained: 8 shards of 512 MiB */
+    for (int i = 0; i < 8; i++) /* from_pretrained: 8 shards of 512 MiB */
         if (!(w[i] = c10_empty(512 * MiB)))
             return torch_oom("from_pretrained", 512 * MiB);
     unsigned seed = 7;
     for (int step = 0;; step++) {
         void *act[6];
-        for (int l = 0; l < 6; l++)                      /* forward: saved activations */
+        for (int l = 0; l < 6; l++) /* forward: saved activations */
             if (!(act[l] = c10_empty(512 * MiB)))
                 return torch_oom("forward", 512 * MiB);
-        void *kept = c10_empty(300 * MiB);               /* what the appended loss keeps alive */
+        void *kept = c10_empty(300 * MiB); /* what the appended loss keeps alive */
         if (!kept)
             return torch_oom("loss", 300 * MiB);
-        if (step == 0) {                                 /* backward: grads; first opt.step(): Adam state */
+        if (step == 0) { /* backward: grads; first opt.step(): Adam state */
             for (int i = 0; i < 8; i++)
                 if (!(g[i] = c10_empty(512 * MiB)))
                     return torch_oom("backward", 512 * MiB);
@@ -42,10 +43,10 @@ int main(int argc, char **argv)
                 if (!(adam[i] = c10_empty(512 * MiB)))
                     return torch_oom("optimizer.step", 512 * MiB);
         }
-        for (int l = 5; l >= 0; l--)                     /* backward frees the activations */
+        for (int l = 5; l >= 0; l--) /* backward frees the activations */
             c10_free(act[l]);
         seed = seed * 1103515245u + 12345u;
-        msleep(50 + (seed >> 16) % 151);                 /* the data loader: 50-200 ms a step */
+        msleep(50 + (seed >> 16) % 151); /* the data loader: 50-200 ms a step */
         printf("step %d loss %.3f\n", step, 2.0 / (step + 1));
     }
 }

@@ -12,7 +12,7 @@ int main(void)
     c10_init();
     if (torch_alloc_n(24, 512 * MiB, "cell 1: load"))
         return 1;
-    msleep(300);                                   /* the user reads the output */
+    msleep(300); /* the user reads the output */
     if (torch_alloc_n(24, 512 * MiB, "cell 3: load"))
         return 1;
     return 0;

@@ -12,14 +12,14 @@ int main(void)
 {
     c10_init();
     for (int shard = 0; shard < 20; shard++) {
-        msleep(100);                                  /* reading the shard from disk */
+        msleep(100); /* reading the shard from disk */
         if (!c10_empty(1 * GiB))
             return torch_oom("from_pretrained", 1 * GiB);
         printf("Loading checkpoint shards: %d/20\n", shard + 1);
     }
-    if (!c10_empty(2 * GiB))                          /* KV cache for the prompts */
+    if (!c10_empty(2 * GiB)) /* KV cache for the prompts */
         return torch_oom("generate: kv cache", 2 * GiB);
-    if (!c10_empty(2 * GiB))                          /* prefill activations */
+    if (!c10_empty(2 * GiB)) /* prefill activations */
         return torch_oom("generate: prefill", 2 * GiB);
     return 0;
 }

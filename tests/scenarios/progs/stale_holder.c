@@ -6,7 +6,7 @@
 int main(void)
 {
     c10_init();
-    for (int i = 0; i < 28; i++)          /* 14 GiB: with its context, 60% of 24 GiB */
+    for (int i = 0; i < 28; i++) /* 14 GiB: with its context, 60% of 24 GiB */
         if (!c10_empty(512 * MiB))
             return 1;
     return hold_until_killed();

@@ -21,7 +21,8 @@ int main(void)
     for (int i = 0; i < 12; i++)
         c10_free(v[i]);
     if (nccl_comm_init_rank(2, 0, 1 * GiB, 4) != 0) {
-        fprintf(stderr, "torch.distributed.DistBackendError: NCCL error: unhandled cuda error (run with NCCL_DEBUG=INFO)\n");
+        fprintf(stderr,
+                "torch.distributed.DistBackendError: NCCL error: unhandled cuda error (run with NCCL_DEBUG=INFO)\n");
         return 1;
     }
     return 0;
