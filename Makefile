@@ -49,7 +49,8 @@ endif
 ALL_CFLAGS = $(BASE_CFLAGS) $(CFLAGS) $(SAN_FLAGS)
 
 DEB_DEPS  := build-essential uthash-dev libunwind-dev libcmocka-dev libcjson-dev python3 chromium clang libclang-rt-14-dev libdw-dev python3-yaml gcovr \
-             patchelf python3-build python3-wheel python3-setuptools python3-venv python3-torch
+             patchelf python3-build python3-wheel python3-setuptools python3-venv python3-torch \
+             clang-format tmux
 
 .PHONY: all test bench demo install clean deps help format format-check
 all:  ## liboomguard.so, the oomguard command, the simulated GPU, the examples (default)

@@ -3,6 +3,7 @@
 #  - every phony target of the makefiles is described in `make help` (its line carries a `## ` comment);
 #  - every mutant of tests/mutate/mutants.txt still finds its snippet;
 #  - the pure layers (analysis/, common/) include nothing of the shim and keep no writable state;
+#  - every C source is laid out as .clang-format says (`make format` fixes it);
 #  - code, makefiles, tests and docs name what a thing is ("the scenario corpus"), never a numbered work item
 #    that a newcomer cannot look up.
 # Ends with "N passed, N failed".
@@ -30,7 +31,15 @@ refs=$(git ls-files -- ':!*.png' ':!*.pkl' ':!tests/lint/run_lint.sh' 2>/dev/nul
 stale=$(python3 tests/mutate/mutate.py --check 2>&1 | grep '^stale')
 [ -z "$stale" ]; result $? "every mutant of make mutate applies to today's code" "$stale"
 
-# 4. the analysis is pure: a record in, a diagnosis out. Nothing of the recorder's headers (CUDA, og.h) is
+# 4. one layout: every C source as .clang-format says
+if command -v clang-format >/dev/null; then
+    fmt=$(git ls-files '*.c' '*.h' | xargs clang-format --dry-run --style=file 2>&1 | grep -o '^[^:]*:[0-9]*' | sort -u | head -20)
+    [ -z "$fmt" ]; result $? "every C source follows .clang-format (make format)" "$fmt"
+else
+    skip=$((skip + 1)); echo "SKIP  every C source follows .clang-format (clang-format is not installed: make deps)"
+fi
+
+# 5. the analysis is pure: a record in, a diagnosis out. Nothing of the recorder's headers (CUDA, og.h) is
 #    included, and its objects and common/'s have no writable data (.data/.bss): tables are const.
 deps=$(grep -nE '#include *"(\.\./)?(shim/)?(og|og_test|ledger_int|live|dump_render)\.h"|#include *<cuda' analysis/*.[ch] common/*.[ch] 2>/dev/null)
 [ -z "$deps" ]; result $? "analysis/ and common/ include nothing of the shim" "$deps"
