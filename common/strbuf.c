@@ -1,5 +1,6 @@
-/* A growable string for rendering dumps, with JSON string escaping.  Allocation failures
- * are sticky (sb->failed) so renderers need not check every append. */
+/* The one growable string of the project: the library renders dumps into it, the command its
+ * reports (tools/ adds its own escaping for untrusted text on top).  Allocation failures are
+ * sticky (sb->failed), so renderers need not check every append, and nothing aborts. */
 #include "strbuf.h"
 
 #include <stdarg.h>
@@ -26,36 +27,51 @@ static bool grow(og_sb_t *sb, size_t extra)
     return true;
 }
 
-void og_sb_put(og_sb_t *sb, const char *s, size_t n)
+void og_sb_put(og_sb_t *sb, const void *s, size_t n)
 {
     if (!grow(sb, n))
         return;
-    memcpy(sb->buf + sb->len, s, n);
+    if (n) /* s may be NULL for nothing; the buffer still exists (an empty string is "", not absent) */
+        memcpy(sb->buf + sb->len, s, n);
     sb->len += n;
     sb->buf[sb->len] = 0;
 }
 
 void og_sb_puts(og_sb_t *sb, const char *s) { og_sb_put(sb, s, strlen(s)); }
 
+void og_sb_putc(og_sb_t *sb, int c)
+{
+    char ch = (char)c;
+    og_sb_put(sb, &ch, 1);
+}
+
+void og_sb_repeat(og_sb_t *sb, const char *s, int n)
+{
+    for (int i = 0; i < n; i++)
+        og_sb_puts(sb, s);
+}
+
+void og_sb_vprintf(og_sb_t *sb, const char *fmt, va_list ap)
+{
+    va_list again;
+    va_copy(again, ap);
+    char small[512];
+    int n = vsnprintf(small, sizeof small, fmt, ap);
+    if (n >= 0 && (size_t)n < sizeof small)
+        og_sb_put(sb, small, (size_t)n);
+    else if (n >= 0 && grow(sb, (size_t)n)) {
+        vsnprintf(sb->buf + sb->len, (size_t)n + 1, fmt, again);
+        sb->len += (size_t)n;
+    }
+    va_end(again);
+}
+
 void og_sb_printf(og_sb_t *sb, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    char small[512];
-    int n = vsnprintf(small, sizeof small, fmt, ap);
+    og_sb_vprintf(sb, fmt, ap);
     va_end(ap);
-    if (n < 0)
-        return;
-    if ((size_t)n < sizeof small) {
-        og_sb_put(sb, small, (size_t)n);
-        return;
-    }
-    if (!grow(sb, (size_t)n))
-        return;
-    va_start(ap, fmt);
-    vsnprintf(sb->buf + sb->len, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    sb->len += (size_t)n;
 }
 
 /* Length of the valid UTF-8 sequence at p (at most n bytes), its code point in *cp; 0 when the
@@ -199,6 +215,5 @@ void og_sb_text_escaped(og_sb_t *sb, const char *s, size_t n, bool keep_nl)
 void og_sb_free(og_sb_t *sb)
 {
     free(sb->buf);
-    sb->buf = NULL;
-    sb->len = sb->cap = 0;
+    og_sb_init(sb);
 }

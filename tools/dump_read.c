@@ -194,16 +194,16 @@ struct loader {
 static void set_err(struct loader *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void set_err(struct loader *L, const char *fmt, ...)
 {
-    struct sbuf b;
-    sb_init(&b);
+    og_sb_t b;
+    og_sb_init(&b);
     sb_text(&b, L->d->file, 200, 0);
-    sb_puts(&b, ": ");
+    og_sb_puts(&b, ": ");
     va_list ap;
     va_start(ap, fmt);
-    sb_vprintf(&b, fmt, ap);
+    og_sb_vprintf(&b, fmt, ap);
     va_end(ap);
-    snprintf(L->err->msg, sizeof L->err->msg, "%s", b.p ? b.p : "error");
-    sb_free(&b);
+    snprintf(L->err->msg, sizeof L->err->msg, "%s", b.buf ? b.buf : "error");
+    og_sb_free(&b);
     L->failed = 1;
 }
 
@@ -631,12 +631,12 @@ static const char *underflowing_number(const char *p, const char *end, size_t *l
 
 static int duplicate_err(struct loader *L, const char *key)
 {
-    struct sbuf b;
-    sb_init(&b);
+    og_sb_t b;
+    og_sb_init(&b);
     sb_text(&b, key, 80, 0);
     set_err(L, "the key \"%s\" is given twice in one object: refused, readers disagree on which one counts",
-            b.p ? b.p : "");
-    sb_free(&b);
+            b.buf ? b.buf : "");
+    og_sb_free(&b);
     return S_ERR;
 }
 
@@ -721,41 +721,41 @@ static int expect_one_of(struct loader *L, const char *chars, char *got, size_t 
 /* Field access with type checks.  Each returns 1 (value stored), 0 (absent or
  * null: sentinel stored) or -1 (wrong type: error recorded). */
 
-static void path_fmt(struct sbuf *b, const struct path *p)
+static void path_fmt(og_sb_t *b, const struct path *p)
 {
     if (!p)
         return;
     path_fmt(b, p->up);
     if (p->key) {
         if (p->up)
-            sb_putc(b, '.');
+            og_sb_putc(b, '.');
         sb_text(b, p->key, 60, 0);
     } else {
-        sb_printf(b, "[%ld]", p->idx);
+        og_sb_printf(b, "[%ld]", p->idx);
     }
 }
 
-static void describe_json(struct sbuf *b, const cJSON *v)
+static void describe_json(og_sb_t *b, const cJSON *v)
 {
     if (cJSON_IsString(v)) {
-        sb_puts(b, "a string (\"");
+        og_sb_puts(b, "a string (\"");
         sb_text(b, v->valuestring, 40, 0);
-        sb_puts(b, "\")");
+        og_sb_puts(b, "\")");
     } else if (cJSON_IsNumber(v) && v->valuestring) {
         sb_text(b, v->valuestring, 70, 0); /* its exact text (keep_exact_ints) */
     } else if (cJSON_IsNumber(v)) {
         if (isfinite(v->valuedouble))
-            sb_printf(b, "%.17g", v->valuedouble);
+            og_sb_printf(b, "%.17g", v->valuedouble);
         else
-            sb_puts(b, "a number too large to represent");
+            og_sb_puts(b, "a number too large to represent");
     } else if (cJSON_IsBool(v)) {
-        sb_puts(b, cJSON_IsTrue(v) ? "true" : "false");
+        og_sb_puts(b, cJSON_IsTrue(v) ? "true" : "false");
     } else if (cJSON_IsArray(v)) {
-        sb_puts(b, "an array");
+        og_sb_puts(b, "an array");
     } else if (cJSON_IsObject(v)) {
-        sb_puts(b, "an object");
+        og_sb_puts(b, "an object");
     } else {
-        sb_puts(b, "null");
+        og_sb_puts(b, "null");
     }
 }
 
@@ -764,15 +764,15 @@ static int field_err(struct loader *L, const struct path *at, const char *key, c
     if (L->failed || L->deferred)
         return -1;
     struct path p = { at, key, 0 };
-    struct sbuf b;
-    sb_init(&b);
+    og_sb_t b;
+    og_sb_init(&b);
     path_fmt(&b, key ? &p : at);
-    sb_puts(&b, ": expected ");
-    sb_puts(&b, expected);
-    sb_puts(&b, ", found ");
+    og_sb_puts(&b, ": expected ");
+    og_sb_puts(&b, expected);
+    og_sb_puts(&b, ", found ");
     describe_json(&b, got);
-    set_err(L, "%s", b.p ? b.p : "invalid field");
-    sb_free(&b);
+    set_err(L, "%s", b.buf ? b.buf : "invalid field");
+    og_sb_free(&b);
     return -1;
 }
 
@@ -1235,40 +1235,40 @@ static int consume_event(struct loader *L, cJSON *el, long idx, int samples)
 static int check_schema(struct loader *L, const cJSON *v)
 {
     if (!cJSON_IsString(v) || !v->valuestring) {
-        struct sbuf b;
-        sb_init(&b);
+        og_sb_t b;
+        og_sb_init(&b);
         describe_json(&b, v);
-        set_err(L, "not an oomguard dump (\"schema\" is %s, expected \"oomguard.dump/1\")", b.p ? b.p : "?");
-        sb_free(&b);
+        set_err(L, "not an oomguard dump (\"schema\" is %s, expected \"oomguard.dump/1\")", b.buf ? b.buf : "?");
+        og_sb_free(&b);
         return S_ERR;
     }
     const char *s = v->valuestring;
-    struct sbuf shown;
-    sb_init(&shown);
+    og_sb_t shown;
+    og_sb_init(&shown);
     sb_text(&shown, s, 64, 0);
     int ret = S_OK;
     size_t plen = strlen(OG_SCHEMA_PREFIX);
     if (strncmp(s, OG_SCHEMA_PREFIX, plen) || s[plen] < '0' || s[plen] > '9') {
-        set_err(L, "not an oomguard dump (schema \"%s\")", shown.p ? shown.p : "");
+        set_err(L, "not an oomguard dump (schema \"%s\")", shown.buf ? shown.buf : "");
         ret = S_ERR;
     } else {
         char *end;
         errno = 0;
         unsigned long major = strtoul(s + plen, &end, 10);
         if (*end != '\0' && *end != '.') {
-            set_err(L, "not an oomguard dump (schema \"%s\")", shown.p ? shown.p : "");
+            set_err(L, "not an oomguard dump (schema \"%s\")", shown.buf ? shown.buf : "");
             ret = S_ERR;
         } else if (errno || major > OG_SCHEMA_MAJOR) {
-            set_err(L, "schema %s is newer than this oomguard understands (%s%d)", shown.p ? shown.p : "",
+            set_err(L, "schema %s is newer than this oomguard understands (%s%d)", shown.buf ? shown.buf : "",
                     OG_SCHEMA_PREFIX, OG_SCHEMA_MAJOR);
             ret = S_ERR;
         } else if (major < OG_SCHEMA_MAJOR) {
-            set_err(L, "schema %s is not supported (this oomguard reads %s%d)", shown.p ? shown.p : "",
+            set_err(L, "schema %s is not supported (this oomguard reads %s%d)", shown.buf ? shown.buf : "",
                     OG_SCHEMA_PREFIX, OG_SCHEMA_MAJOR);
             ret = S_ERR;
         }
     }
-    sb_free(&shown);
+    og_sb_free(&shown);
     if (ret == S_OK)
         L->schema_ok = 1;
     return ret;

@@ -18,14 +18,14 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 
 static void render_all(const struct og_dump *d)
 {
-    struct sbuf b;
+    og_sb_t b;
     struct og_render_opts color = { 1, 0 }, plain = { 0, 3 };
-    sb_init(&b);
+    og_sb_init(&b);
     og_render_text(&b, d, &color);
     og_render_text(&b, d, &plain);
     og_render_html(&b, d, &plain);
     og_render_memviz(&b, d);
-    sb_free(&b);
+    og_sb_free(&b);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -42,10 +42,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct og_load_opts all = { .keep_all = 1, .keep_sites = 1000, .no_history = 0 };
     d = og_dump_load_mem((const char *)data, size, "fuzz.json", &all, &err);
     if (d) {
-        struct sbuf b;
-        sb_init(&b);
+        og_sb_t b;
+        og_sb_init(&b);
         og_render_json(&b, d);
-        sb_free(&b);
+        og_sb_free(&b);
         render_all(d);
         og_dump_free(d);
     }

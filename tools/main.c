@@ -92,7 +92,7 @@ void og_usage_merge(FILE *f)
 }
 
 /* Writes the whole buffer to path (or stdout when NULL).  Exit status 3 on failure. */
-static int write_output(const struct sbuf *b, const char *path)
+static int write_output(const og_sb_t *b, const char *path)
 {
     int fd = path ? open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644) : STDOUT_FILENO;
     if (fd < 0) {
@@ -300,20 +300,20 @@ int og_cmd_report(int argc, char **argv)
         free(found);
         return OG_EXIT_INPUT;
     }
-    struct sbuf out;
-    sb_init(&out);
+    og_sb_t out;
+    og_sb_init(&out);
     struct og_render_opts ro = { .color = c.format == OG_FMT_TEXT && want_color(&c), .top = c.top };
     int r = c.format == OG_FMT_JSON     ? og_render_json(&out, d)
             : c.format == OG_FMT_HTML   ? og_render_html(&out, d, &ro)
             : c.format == OG_FMT_MEMVIZ ? og_render_memviz(&out, d)
                                         : og_render_text(&out, d, &ro);
-    if (r < 0 || out.oom) {
+    if (r < 0 || out.failed) {
         fprintf(stderr, "oomguard: %s: out of memory while rendering the report\n", c.input);
         rc = OG_EXIT_OUTPUT;
     } else {
         rc = write_output(&out, c.output);
     }
-    sb_free(&out);
+    og_sb_free(&out);
     og_dump_free(d);
     free(found);
     return rc;
@@ -332,8 +332,8 @@ int og_cmd_merge(int argc, char **argv)
         fprintf(stderr, "oomguard: %s\n", err);
         return OG_EXIT_INPUT;
     }
-    struct sbuf out;
-    sb_init(&out);
+    og_sb_t out;
+    og_sb_init(&out);
     if (og_merge_render(&out, &in, c.format, c.format == OG_FMT_TEXT && want_color(&c)) < 0) {
         fprintf(stderr, "oomguard: out of memory while rendering\n");
         rc = OG_EXIT_OUTPUT;
@@ -345,7 +345,7 @@ int og_cmd_merge(int argc, char **argv)
                 in.nskipped ? " (all were skipped)" : "");
         rc = OG_EXIT_INPUT;
     }
-    sb_free(&out);
+    og_sb_free(&out);
     og_merge_free(&in);
     return rc;
 }

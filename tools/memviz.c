@@ -37,7 +37,7 @@
 #define MAX_FRAMES          16
 #define MAX_DEVICES         64
 
-static void frames(struct sbuf *b, const struct og_frame *f, int n)
+static void frames(og_sb_t *b, const struct og_frame *f, int n)
 {
     struct pk_seq l, fr;
     pk_list_open(b, &l);
@@ -57,13 +57,13 @@ static void frames(struct sbuf *b, const struct og_frame *f, int n)
     pk_close(b, &l);
 }
 
-static void kv_int(struct sbuf *b, struct pk_seq *s, const char *k, int64_t v)
+static void kv_int(og_sb_t *b, struct pk_seq *s, const char *k, int64_t v)
 {
     pk_key(b, s, k);
     pk_int(b, v);
 }
 
-static void kv_str(struct sbuf *b, struct pk_seq *s, const char *k, const char *v)
+static void kv_str(og_sb_t *b, struct pk_seq *s, const char *k, const char *v)
 {
     pk_key(b, s, k);
     pk_str(b, v);
@@ -292,7 +292,7 @@ static int claim(struct layout *L, int64_t size, long ev)
     return 0;
 }
 
-static void emit_segments(struct sbuf *b, const struct layout *L, const int64_t *addr, int64_t dev)
+static void emit_segments(og_sb_t *b, const struct layout *L, const int64_t *addr, int64_t dev)
 {
     struct pk_seq list;
     pk_list_open(b, &list);
@@ -416,7 +416,7 @@ static int pair_events(const struct og_dump *d, int64_t dev, int64_t primary, lo
     return 0;
 }
 
-static void trace_entry(struct sbuf *b, struct pk_seq *list, const char *action, const char *addr_key, uint64_t addr,
+static void trace_entry(og_sb_t *b, struct pk_seq *list, const char *action, const char *addr_key, uint64_t addr,
                         uint64_t size, int64_t time_us)
 {
     struct pk_seq s, fr;
@@ -436,7 +436,7 @@ static void trace_entry(struct sbuf *b, struct pk_seq *list, const char *action,
 }
 
 /* `addr_of[i]`: the address of allocation event i (0: left out). */
-static void device_trace(struct sbuf *b, const struct og_dump *d, int64_t dev, int64_t primary, const long *pair,
+static void device_trace(og_sb_t *b, const struct og_dump *d, int64_t dev, int64_t primary, const long *pair,
                          const uint64_t *addr_of)
 {
     struct pk_seq list;
@@ -473,7 +473,7 @@ static void trace_addrs(const struct og_dump *d, const long *pair, uint64_t *add
 }
 
 /* The synthetic snapshot (no adapter snapshot): layout, then the traces over it. */
-static int synthetic(struct sbuf *out, const struct og_dump *d)
+static int synthetic(og_sb_t *out, const struct og_dump *d)
 {
     int64_t primary = d->event.device >= 0 ? d->event.device : d->device.index >= 0 ? d->device.index : 0;
     int64_t ndev = primary + 1;
@@ -568,13 +568,13 @@ static cJSON *load_snapshot_file(const char *path)
     return j;
 }
 
-int og_render_memviz(struct sbuf *out, const struct og_dump *d)
+int og_render_memviz(og_sb_t *out, const struct og_dump *d)
 {
     pk_begin(out);
     if (d->mem.fw_snapshot) {
         pk_json(out, d->mem.fw_snapshot);
         pk_end(out);
-        return out->oom ? -1 : 0;
+        return out->failed ? -1 : 0;
     }
     if (d->mem.fw_snapshot_file && *d->mem.fw_snapshot_file) {
         cJSON *snap = load_snapshot_file(d->mem.fw_snapshot_file);
@@ -582,11 +582,11 @@ int og_render_memviz(struct sbuf *out, const struct og_dump *d)
             pk_json(out, snap);
             cJSON_Delete(snap);
             pk_end(out);
-            return out->oom ? -1 : 0;
+            return out->failed ? -1 : 0;
         }
     }
     if (synthetic(out, d) < 0)
         return -1;
     pk_end(out);
-    return out->oom ? -1 : 0;
+    return out->failed ? -1 : 0;
 }

@@ -225,88 +225,89 @@ static int rank_of_pid(const struct job *j, const struct og_dump *on, int64_t pi
 
 static int64_t device_of(const struct og_dump *d) { return d->event.device >= 0 ? d->event.device : d->device.index; }
 
-static void who(struct sbuf *b, const struct og_dump *d, int html)
+static void who(og_sb_t *b, const struct og_dump *d, int html)
 {
     if (d->rank >= 0)
-        sb_printf(b, "rank %lld", (long long)d->rank);
+        og_sb_printf(b, "rank %lld", (long long)d->rank);
     else
-        sb_printf(b, "pid %lld", (long long)d->pid);
+        og_sb_printf(b, "pid %lld", (long long)d->pid);
     (void)html;
 }
 
 /* ---- text ---- */
 
-static void text_job(struct sbuf *b, const struct job *j, int color)
+static void text_job(og_sb_t *b, const struct job *j, int color)
 {
     const char *bold = color ? "\033[1m" : "", *red = color ? "\033[31m" : "", *yellow = color ? "\033[33m" : "",
                *dim = color ? "\033[2m" : "", *rst = color ? "\033[0m" : "";
     char h[6][32], tm[40];
     const struct og_dump *d0 = j->r[0];
-    sb_printf(b, "\n%sJob ", bold);
+    og_sb_printf(b, "\n%sJob ", bold);
     sb_text(b, d0->job_id ? d0->job_id : "(no job id)", 80, 0);
-    sb_printf(b, "%s: %d dump%s from %d host%s", rst, j->n, j->n == 1 ? "" : "s", j->hosts, j->hosts == 1 ? "" : "s");
+    og_sb_printf(b, "%s: %d dump%s from %d host%s", rst, j->n, j->n == 1 ? "" : "s", j->hosts,
+                 j->hosts == 1 ? "" : "s");
     if (d0->world_size >= 0)
-        sb_printf(b, ", world size %lld", (long long)d0->world_size);
-    sb_putc(b, '\n');
+        og_sb_printf(b, ", world size %lld", (long long)d0->world_size);
+    og_sb_putc(b, '\n');
 
     if (j->first >= 0) {
         const struct og_dump *f = j->r[j->first];
         double t0 = fail_time(f);
-        sb_printf(b, "  %sFailed first: ", red);
+        og_sb_printf(b, "  %sFailed first: ", red);
         who(b, f, 0);
-        sb_printf(b, "%s (", rst);
+        og_sb_printf(b, "%s (", rst);
         sb_text(b, f->host ? f->host : "?", 60, 0);
-        sb_printf(b, " pid %lld", (long long)f->pid);
+        og_sb_printf(b, " pid %lld", (long long)f->pid);
         if (device_of(f) >= 0)
-            sb_printf(b, ", GPU %lld", (long long)device_of(f));
-        sb_puts(b, ")");
+            og_sb_printf(b, ", GPU %lld", (long long)device_of(f));
+        og_sb_puts(b, ")");
         if (og_format_time(t0, tm)[0])
-            sb_printf(b, " at %s", tm);
+            og_sb_printf(b, " at %s", tm);
         if (f->event.requested_bytes.known) {
-            sb_puts(b, ": ");
+            og_sb_puts(b, ": ");
             sb_text(b, f->event.api ? f->event.api : "allocation", 40, 0);
-            sb_printf(b, " of %s", human_bytes_u64(f->event.requested_bytes.v, h[0]));
+            og_sb_printf(b, " of %s", human_bytes_u64(f->event.requested_bytes.v, h[0]));
         }
-        sb_putc(b, '\n');
+        og_sb_putc(b, '\n');
         int later = 0;
         for (int i = 0; i < j->n; i++) {
             double t = fail_time(j->r[i]);
             if (i == j->first || !isfinite(t))
                 continue;
-            sb_puts(b, later++ ? ", " : "  then: ");
+            og_sb_puts(b, later++ ? ", " : "  then: ");
             who(b, j->r[i], 0);
-            sb_printf(b, " (+%.2f s)", t - t0);
+            og_sb_printf(b, " (+%.2f s)", t - t0);
         }
         if (later)
-            sb_putc(b, '\n');
+            og_sb_putc(b, '\n');
     } else {
-        sb_puts(b, "  No rank ran out of memory.\n");
+        og_sb_puts(b, "  No rank ran out of memory.\n");
     }
 
-    sb_printf(b, "\n  %s%-6s %-16s %-9s %-5s %11s %11s %11s %11s  %-16s %s%s\n", dim, "rank", "host", "pid", "gpu",
-              "used", "framework", "non-fw", "other procs", "cause", "status", rst);
+    og_sb_printf(b, "\n  %s%-6s %-16s %-9s %-5s %11s %11s %11s %11s  %-16s %s%s\n", dim, "rank", "host", "pid", "gpu",
+                 "used", "framework", "non-fw", "other procs", "cause", "status", rst);
     for (int i = 0; i < j->n; i++) {
         const struct og_dump *d = j->r[i];
         char rk[24], dv[24];
         snprintf(rk, sizeof rk, "%lld", (long long)d->rank);
         snprintf(dv, sizeof dv, "%lld", (long long)device_of(d));
-        sb_printf(b, "  %-6s ", d->rank >= 0 ? rk : "-");
+        og_sb_printf(b, "  %-6s ", d->rank >= 0 ? rk : "-");
         sb_text(b, d->host ? d->host : "-", 16, 0);
         for (int w = (int)text_width(d->host ? d->host : "-", 16); w < 16; w++)
-            sb_putc(b, ' ');
-        sb_printf(b, " %-9lld %-5s %11s %11s %11s %11s  ", (long long)d->pid, device_of(d) >= 0 ? dv : "-",
-                  og_process_bytes(d) >= 0 ? human_bytes(og_process_bytes(d), h[0]) : "-",
-                  d->mem.framework_bytes >= 0 ? human_bytes(d->mem.framework_bytes, h[1]) : "-",
-                  d->mem.non_framework_bytes >= 0 ? human_bytes(d->mem.non_framework_bytes, h[2]) : "-",
-                  d->mem.other_processes_bytes >= 0 ? human_bytes(d->mem.other_processes_bytes, h[3]) : "-");
+            og_sb_putc(b, ' ');
+        og_sb_printf(b, " %-9lld %-5s %11s %11s %11s %11s  ", (long long)d->pid, device_of(d) >= 0 ? dv : "-",
+                     og_process_bytes(d) >= 0 ? human_bytes(og_process_bytes(d), h[0]) : "-",
+                     d->mem.framework_bytes >= 0 ? human_bytes(d->mem.framework_bytes, h[1]) : "-",
+                     d->mem.non_framework_bytes >= 0 ? human_bytes(d->mem.non_framework_bytes, h[2]) : "-",
+                     d->mem.other_processes_bytes >= 0 ? human_bytes(d->mem.other_processes_bytes, h[3]) : "-");
         const char *cause = rank_cause(d);
         sb_text(b, cause, 16, 0);
         for (int w = (int)text_width(cause, 16); w < 17; w++)
-            sb_putc(b, ' ');
+            og_sb_putc(b, ' ');
         int first = i == j->first;
-        sb_puts(b, d->status == OG_ST_OOM ? red : "");
+        og_sb_puts(b, d->status == OG_ST_OOM ? red : "");
         sb_text(b, d->status_str ? d->status_str : "?", 12, 0);
-        sb_printf(b, "%s%s\n", first ? " (first)" : "", d->status == OG_ST_OOM ? rst : "");
+        og_sb_printf(b, "%s%s\n", first ? " (first)" : "", d->status == OG_ST_OOM ? rst : "");
     }
 
     /* GPUs that hold contexts of other ranks of the same job. */
@@ -323,40 +324,40 @@ static void text_job(struct sbuf *b, const struct job *j, int color)
         if (!cnt)
             continue;
         if (!any++)
-            sb_printf(b, "\n  %sOther ranks on the same GPU%s\n", bold, rst);
-        sb_printf(b, "  %s", yellow);
+            og_sb_printf(b, "\n  %sOther ranks on the same GPU%s\n", bold, rst);
+        og_sb_printf(b, "  %s", yellow);
         who(b, d, 0);
-        sb_printf(b, "'s GPU%s", rst);
+        og_sb_printf(b, "'s GPU%s", rst);
         if (device_of(d) >= 0)
-            sb_printf(b, " (GPU %lld on ", (long long)device_of(d));
+            og_sb_printf(b, " (GPU %lld on ", (long long)device_of(d));
         else
-            sb_puts(b, " (on ");
+            og_sb_puts(b, " (on ");
         sb_text(b, d->host ? d->host : "?", 60, 0);
-        sb_printf(b, ") holds %d context%s of other ranks, %s: pids ", cnt, cnt == 1 ? "" : "s",
-                  human_bytes(bytes, h[0]));
+        og_sb_printf(b, ") holds %d context%s of other ranks, %s: pids ", cnt, cnt == 1 ? "" : "s",
+                     human_bytes(bytes, h[0]));
         int c = 0;
         for (int k = 0; k < d->mem.nprocs; k++) {
             int r = rank_of_pid(j, d, d->mem.procs[k].pid);
             if (r < 0)
                 continue;
-            sb_printf(b, "%s%lld (", c++ ? ", " : "", (long long)d->mem.procs[k].pid);
+            og_sb_printf(b, "%s%lld (", c++ ? ", " : "", (long long)d->mem.procs[k].pid);
             who(b, j->r[r], 0);
-            sb_printf(b, ", %s)", human_bytes(d->mem.procs[k].bytes, h[1]));
+            og_sb_printf(b, ", %s)", human_bytes(d->mem.procs[k].bytes, h[1]));
         }
-        sb_putc(b, '\n');
+        og_sb_putc(b, '\n');
     }
 
     if (j->n > 1 && j->max_i >= 0 && j->min_i >= 0) {
         int64_t spread = j->max_used - j->min_used;
         double frac = j->max_used > 0 ? (double)spread / (double)j->max_used : 0;
-        sb_printf(b, "\n  %sSkew%s: usage ranges from %s (", bold, rst, human_bytes(j->min_used, h[0]));
+        og_sb_printf(b, "\n  %sSkew%s: usage ranges from %s (", bold, rst, human_bytes(j->min_used, h[0]));
         who(b, j->r[j->min_i], 0);
-        sb_printf(b, ") to %s (", human_bytes(j->max_used, h[1]));
+        og_sb_printf(b, ") to %s (", human_bytes(j->max_used, h[1]));
         who(b, j->r[j->max_i], 0);
-        sb_printf(b, "): %s, %.1f%% of the largest", human_bytes(spread, h[2]), frac * 100);
+        og_sb_printf(b, "): %s, %.1f%% of the largest", human_bytes(spread, h[2]), frac * 100);
         if (frac > SKEW_FLAG)
-            sb_printf(b, " %s— uneven (more than %.0f%%)%s", yellow, SKEW_FLAG * 100, rst);
-        sb_putc(b, '\n');
+            og_sb_printf(b, " %s— uneven (more than %.0f%%)%s", yellow, SKEW_FLAG * 100, rst);
+        og_sb_putc(b, '\n');
     }
 }
 
@@ -368,11 +369,11 @@ static void add_str(cJSON *o, const char *k, const char *v)
         cJSON_AddNullToObject(o, k);
         return;
     }
-    struct sbuf b;
-    sb_init(&b);
+    og_sb_t b;
+    og_sb_init(&b);
     sb_utf8(&b, v);
-    cJSON_AddStringToObject(o, k, b.p ? b.p : "");
-    sb_free(&b);
+    cJSON_AddStringToObject(o, k, b.buf ? b.buf : "");
+    og_sb_free(&b);
 }
 
 static void add_int(cJSON *o, const char *k, int64_t v)
@@ -473,66 +474,66 @@ static cJSON *json_job(const struct job *j)
 
 /* ---- html ---- */
 
-static void html_job(struct sbuf *b, const struct job *j)
+static void html_job(og_sb_t *b, const struct job *j)
 {
     char h[4][32], tm[40];
     const struct og_dump *d0 = j->r[0];
-    sb_puts(b, "<section class=\"card\"><h2>Job <span class=\"mono\">");
+    og_sb_puts(b, "<section class=\"card\"><h2>Job <span class=\"mono\">");
     sb_html(b, d0->job_id ? d0->job_id : "(no job id)", 100, 0);
-    sb_printf(b, "</span> <span class=\"muted\" style=\"font-weight:400\">%d dump%s, %d host%s</span></h2>", j->n,
-              j->n == 1 ? "" : "s", j->hosts, j->hosts == 1 ? "" : "s");
+    og_sb_printf(b, "</span> <span class=\"muted\" style=\"font-weight:400\">%d dump%s, %d host%s</span></h2>", j->n,
+                 j->n == 1 ? "" : "s", j->hosts, j->hosts == 1 ? "" : "s");
     if (j->first >= 0) {
         const struct og_dump *f = j->r[j->first];
-        sb_puts(b, "<div class=\"card primary\" style=\"padding:10px 14px;margin-bottom:12px\"><b>Failed first: ");
+        og_sb_puts(b, "<div class=\"card primary\" style=\"padding:10px 14px;margin-bottom:12px\"><b>Failed first: ");
         who(b, f, 1);
-        sb_puts(b, "</b> (");
+        og_sb_puts(b, "</b> (");
         sb_html(b, f->host ? f->host : "?", 60, 0);
-        sb_printf(b, ", pid %lld", (long long)f->pid);
+        og_sb_printf(b, ", pid %lld", (long long)f->pid);
         if (device_of(f) >= 0)
-            sb_printf(b, ", GPU %lld", (long long)device_of(f));
-        sb_puts(b, ")");
+            og_sb_printf(b, ", GPU %lld", (long long)device_of(f));
+        og_sb_puts(b, ")");
         if (og_format_time(fail_time(f), tm)[0])
-            sb_printf(b, " at %s", tm);
+            og_sb_printf(b, " at %s", tm);
         if (f->event.requested_bytes.known)
-            sb_printf(b, ", requesting %s", human_bytes_u64(f->event.requested_bytes.v, h[0]));
+            og_sb_printf(b, ", requesting %s", human_bytes_u64(f->event.requested_bytes.v, h[0]));
         int later = 0;
         for (int i = 0; i < j->n; i++) {
             double t = fail_time(j->r[i]);
             if (i == j->first || !isfinite(t))
                 continue;
-            sb_puts(b, later++ ? ", " : "<br>then ");
+            og_sb_puts(b, later++ ? ", " : "<br>then ");
             who(b, j->r[i], 1);
-            sb_printf(b, " (+%.2f s)", t - fail_time(f));
+            og_sb_printf(b, " (+%.2f s)", t - fail_time(f));
         }
-        sb_puts(b, "</div>");
+        og_sb_puts(b, "</div>");
     }
-    sb_puts(b, "<table class=\"ranks\"><thead><tr><th class=\"num\">rank</th><th>host</th><th class=\"num\">pid</th>"
-               "<th class=\"num\">GPU</th><th class=\"num\">used</th><th class=\"num\">framework</th>"
-               "<th class=\"num\">non-framework</th><th class=\"num\">other "
-               "processes</th><th>cause</th><th>status</th></tr></thead><tbody>");
+    og_sb_puts(b, "<table class=\"ranks\"><thead><tr><th class=\"num\">rank</th><th>host</th><th class=\"num\">pid</th>"
+                  "<th class=\"num\">GPU</th><th class=\"num\">used</th><th class=\"num\">framework</th>"
+                  "<th class=\"num\">non-framework</th><th class=\"num\">other "
+                  "processes</th><th>cause</th><th>status</th></tr></thead><tbody>");
     for (int i = 0; i < j->n; i++) {
         const struct og_dump *d = j->r[i];
-        sb_puts(b, "<tr><td class=\"num\">");
+        og_sb_puts(b, "<tr><td class=\"num\">");
         if (d->rank >= 0)
-            sb_printf(b, "%lld", (long long)d->rank);
-        sb_puts(b, "</td><td class=\"mono\">");
+            og_sb_printf(b, "%lld", (long long)d->rank);
+        og_sb_puts(b, "</td><td class=\"mono\">");
         sb_html(b, d->host ? d->host : "-", 60, 0);
-        sb_printf(b,
-                  "</td><td class=\"num\">%lld</td><td class=\"num\">%lld</td><td class=\"num\">%s</td><td "
-                  "class=\"num\">%s</td>"
-                  "<td class=\"num\">%s</td><td class=\"num\">%s</td><td>",
-                  (long long)d->pid, (long long)device_of(d),
-                  og_process_bytes(d) >= 0 ? human_bytes(og_process_bytes(d), h[0]) : "-",
-                  d->mem.framework_bytes >= 0 ? human_bytes(d->mem.framework_bytes, h[1]) : "-",
-                  d->mem.non_framework_bytes >= 0 ? human_bytes(d->mem.non_framework_bytes, h[2]) : "-",
-                  d->mem.other_processes_bytes >= 0 ? human_bytes(d->mem.other_processes_bytes, h[3]) : "-");
-        sb_puts(b, "<span class=\"mono\">");
+        og_sb_printf(b,
+                     "</td><td class=\"num\">%lld</td><td class=\"num\">%lld</td><td class=\"num\">%s</td><td "
+                     "class=\"num\">%s</td>"
+                     "<td class=\"num\">%s</td><td class=\"num\">%s</td><td>",
+                     (long long)d->pid, (long long)device_of(d),
+                     og_process_bytes(d) >= 0 ? human_bytes(og_process_bytes(d), h[0]) : "-",
+                     d->mem.framework_bytes >= 0 ? human_bytes(d->mem.framework_bytes, h[1]) : "-",
+                     d->mem.non_framework_bytes >= 0 ? human_bytes(d->mem.non_framework_bytes, h[2]) : "-",
+                     d->mem.other_processes_bytes >= 0 ? human_bytes(d->mem.other_processes_bytes, h[3]) : "-");
+        og_sb_puts(b, "<span class=\"mono\">");
         sb_html(b, rank_cause(d), 40, 0);
-        sb_puts(b, "</span></td><td>");
+        og_sb_puts(b, "</span></td><td>");
         sb_html(b, d->status_str ? d->status_str : "?", 20, 0);
-        sb_printf(b, "%s</td></tr>", i == j->first ? " <b style=\"color:#d93636\">(first)</b>" : "");
+        og_sb_printf(b, "%s</td></tr>", i == j->first ? " <b style=\"color:#d93636\">(first)</b>" : "");
     }
-    sb_puts(b, "</tbody></table>");
+    og_sb_puts(b, "</tbody></table>");
     for (int i = 0; i < j->n; i++) {
         const struct og_dump *d = j->r[i];
         int cnt = 0;
@@ -540,35 +541,35 @@ static void html_job(struct sbuf *b, const struct job *j)
             cnt += rank_of_pid(j, d, d->mem.procs[k].pid) >= 0;
         if (!cnt)
             continue;
-        sb_puts(b, "<p>&#9888; ");
+        og_sb_puts(b, "<p>&#9888; ");
         who(b, d, 1);
-        sb_puts(b, "&#39;s GPU (");
+        og_sb_puts(b, "&#39;s GPU (");
         if (device_of(d) >= 0)
-            sb_printf(b, "GPU %lld on ", (long long)device_of(d));
+            og_sb_printf(b, "GPU %lld on ", (long long)device_of(d));
         sb_html(b, d->host ? d->host : "?", 60, 0);
-        sb_printf(b, ") holds %d context%s of other ranks: ", cnt, cnt == 1 ? "" : "s");
+        og_sb_printf(b, ") holds %d context%s of other ranks: ", cnt, cnt == 1 ? "" : "s");
         int c = 0;
         for (int k = 0; k < d->mem.nprocs; k++) {
             int r = rank_of_pid(j, d, d->mem.procs[k].pid);
             if (r < 0)
                 continue;
-            sb_printf(b, "%spid %lld (", c++ ? ", " : "", (long long)d->mem.procs[k].pid);
+            og_sb_printf(b, "%spid %lld (", c++ ? ", " : "", (long long)d->mem.procs[k].pid);
             who(b, j->r[r], 1);
-            sb_printf(b, ", %s)", human_bytes(d->mem.procs[k].bytes, h[0]));
+            og_sb_printf(b, ", %s)", human_bytes(d->mem.procs[k].bytes, h[0]));
         }
-        sb_puts(b, "</p>");
+        og_sb_puts(b, "</p>");
     }
     if (j->n > 1 && j->max_i >= 0) {
         int64_t spread = j->max_used - j->min_used;
         double frac = j->max_used > 0 ? (double)spread / (double)j->max_used : 0;
-        sb_printf(b, "<p><b>Skew:</b> %s to %s, a spread of %s (%.1f%%)%s</p>", human_bytes(j->min_used, h[0]),
-                  human_bytes(j->max_used, h[1]), human_bytes(spread, h[2]), frac * 100,
-                  frac > SKEW_FLAG ? " \u2014 <b style=\"color:#c98a00\">uneven</b>" : "");
+        og_sb_printf(b, "<p><b>Skew:</b> %s to %s, a spread of %s (%.1f%%)%s</p>", human_bytes(j->min_used, h[0]),
+                     human_bytes(j->max_used, h[1]), human_bytes(spread, h[2]), frac * 100,
+                     frac > SKEW_FLAG ? " \u2014 <b style=\"color:#c98a00\">uneven</b>" : "");
     }
-    sb_puts(b, "</section>\n");
+    og_sb_puts(b, "</section>\n");
 }
 
-int og_merge_render(struct sbuf *out, const struct og_merge_input *in, int format, int color)
+int og_merge_render(og_sb_t *out, const struct og_merge_input *in, int format, int color)
 {
     struct og_dump **v = xmalloc((size_t)(in->ndumps ? in->ndumps : 1) * sizeof *v);
     memcpy(v, in->dumps, (size_t)in->ndumps * sizeof *v);
@@ -594,59 +595,59 @@ int og_merge_render(struct sbuf *out, const struct og_merge_input *in, int forma
             cJSON_AddItemToArray(ja, json_job(&jobs[i]));
         cJSON_AddItemToObject(o, "jobs", ja);
         for (int i = 0; i < in->nskipped; i++) {
-            struct sbuf b;
-            sb_init(&b);
+            og_sb_t b;
+            og_sb_init(&b);
             sb_utf8(&b, in->skipped[i]);
-            cJSON_AddItemToArray(sk, cJSON_CreateString(b.p ? b.p : ""));
-            sb_free(&b);
+            cJSON_AddItemToArray(sk, cJSON_CreateString(b.buf ? b.buf : ""));
+            og_sb_free(&b);
         }
         cJSON_AddItemToObject(o, "skipped", sk);
         char *s = cJSON_Print(o);
         if (s) {
-            sb_puts(out, s);
-            sb_putc(out, '\n');
+            og_sb_puts(out, s);
+            og_sb_putc(out, '\n');
         } else {
-            out->oom = 1;
+            out->failed = 1;
         }
         cJSON_free(s);
         cJSON_Delete(o);
     } else if (format == OG_FMT_HTML) {
         og_html_begin(out, "oomguard merge");
-        sb_puts(out, "<header class=\"top exit\"><span class=\"badge\">merge</span><h1>");
-        sb_printf(out, "%d dump%s in ", in->ndumps, in->ndumps == 1 ? "" : "s");
+        og_sb_puts(out, "<header class=\"top exit\"><span class=\"badge\">merge</span><h1>");
+        og_sb_printf(out, "%d dump%s in ", in->ndumps, in->ndumps == 1 ? "" : "s");
         sb_html(out, in->dir, 200, 0);
-        sb_printf(out, "</h1><p class=\"sub\">%d job%s</p></header><main>", njobs, njobs == 1 ? "" : "s");
+        og_sb_printf(out, "</h1><p class=\"sub\">%d job%s</p></header><main>", njobs, njobs == 1 ? "" : "s");
         for (int i = 0; i < njobs; i++)
             html_job(out, &jobs[i]);
         if (in->nskipped) {
-            sb_printf(out, "<section class=\"card\"><h2>Skipped %d file%s</h2><ul>", in->nskipped,
-                      in->nskipped == 1 ? "" : "s");
+            og_sb_printf(out, "<section class=\"card\"><h2>Skipped %d file%s</h2><ul>", in->nskipped,
+                         in->nskipped == 1 ? "" : "s");
             for (int i = 0; i < in->nskipped; i++) {
-                sb_puts(out, "<li class=\"mono\">");
+                og_sb_puts(out, "<li class=\"mono\">");
                 sb_html(out, in->skipped[i], 400, 0);
-                sb_puts(out, "</li>");
+                og_sb_puts(out, "</li>");
             }
-            sb_puts(out, "</ul></section>");
+            og_sb_puts(out, "</ul></section>");
         }
-        sb_puts(out, "</main>\n");
+        og_sb_puts(out, "</main>\n");
         og_html_end(out);
     } else {
-        sb_printf(out, "%soomguard merge: %d dump%s in ", color ? "\033[2m" : "", in->ndumps,
-                  in->ndumps == 1 ? "" : "s");
+        og_sb_printf(out, "%soomguard merge: %d dump%s in ", color ? "\033[2m" : "", in->ndumps,
+                     in->ndumps == 1 ? "" : "s");
         sb_text(out, in->dir, 200, 0);
-        sb_printf(out, " (%d job%s)%s\n", njobs, njobs == 1 ? "" : "s", color ? "\033[0m" : "");
+        og_sb_printf(out, " (%d job%s)%s\n", njobs, njobs == 1 ? "" : "s", color ? "\033[0m" : "");
         for (int i = 0; i < njobs; i++)
             text_job(out, &jobs[i], color);
         if (in->nskipped) {
-            sb_printf(out, "\nSkipped %d file%s:\n", in->nskipped, in->nskipped == 1 ? "" : "s");
+            og_sb_printf(out, "\nSkipped %d file%s:\n", in->nskipped, in->nskipped == 1 ? "" : "s");
             for (int i = 0; i < in->nskipped; i++) {
-                sb_puts(out, "  ");
+                og_sb_puts(out, "  ");
                 sb_text(out, in->skipped[i], 400, 0);
-                sb_putc(out, '\n');
+                og_sb_putc(out, '\n');
             }
         }
     }
     free(jobs);
     free(v);
-    return out->oom ? -1 : 0;
+    return out->failed ? -1 : 0;
 }

@@ -20,6 +20,6 @@ struct og_merge_input {
 int og_merge_load(const char *dir, struct og_merge_input *in, char *err, size_t errlen);
 void og_merge_free(struct og_merge_input *in);
 /* Renders the merged view (format: text, json or html). */
-int og_merge_render(struct sbuf *out, const struct og_merge_input *in, int format, int color);
+int og_merge_render(og_sb_t *out, const struct og_merge_input *in, int format, int color);
 
 #endif

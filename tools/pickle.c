@@ -27,25 +27,25 @@ enum {
 
 #define BATCH 1000
 
-static void op(struct sbuf *b, int c) { sb_putc(b, c); }
+static void op(og_sb_t *b, int c) { og_sb_putc(b, c); }
 
-static void le(struct sbuf *b, uint64_t v, int n)
+static void le(og_sb_t *b, uint64_t v, int n)
 {
     for (int i = 0; i < n; i++)
-        sb_putc(b, (int)((v >> (8 * i)) & 0xff));
+        og_sb_putc(b, (int)((v >> (8 * i)) & 0xff));
 }
 
-void pk_begin(struct sbuf *b)
+void pk_begin(og_sb_t *b)
 {
     op(b, OP_PROTO);
     op(b, 2);
 }
 
-void pk_end(struct sbuf *b) { op(b, OP_STOP); }
-void pk_none(struct sbuf *b) { op(b, OP_NONE); }
-void pk_bool(struct sbuf *b, int v) { op(b, v ? OP_NEWTRUE : OP_NEWFALSE); }
+void pk_end(og_sb_t *b) { op(b, OP_STOP); }
+void pk_none(og_sb_t *b) { op(b, OP_NONE); }
+void pk_bool(og_sb_t *b, int v) { op(b, v ? OP_NEWTRUE : OP_NEWFALSE); }
 
-void pk_int(struct sbuf *b, int64_t v)
+void pk_int(og_sb_t *b, int64_t v)
 {
     if (v >= 0 && v <= 0xff) {
         op(b, OP_BININT1);
@@ -64,7 +64,7 @@ void pk_int(struct sbuf *b, int64_t v)
 }
 
 /* Up to 2^64-1 (a request of SIZE_MAX): LONG1 is two's complement, so 9 bytes keep the sign clear. */
-void pk_uint(struct sbuf *b, uint64_t v)
+void pk_uint(og_sb_t *b, uint64_t v)
 {
     if (v <= INT64_MAX) {
         pk_int(b, (int64_t)v);
@@ -73,49 +73,49 @@ void pk_uint(struct sbuf *b, uint64_t v)
     op(b, OP_LONG1);
     op(b, 9);
     le(b, v, 8);
-    sb_putc(b, 0);
+    og_sb_putc(b, 0);
 }
 
-void pk_float(struct sbuf *b, double v)
+void pk_float(og_sb_t *b, double v)
 {
     uint64_t bits;
     memcpy(&bits, &v, sizeof bits);
     op(b, OP_BINFLOAT);
     for (int i = 7; i >= 0; i--)
-        sb_putc(b, (int)((bits >> (8 * i)) & 0xff));
+        og_sb_putc(b, (int)((bits >> (8 * i)) & 0xff));
 }
 
-void pk_str(struct sbuf *b, const char *s)
+void pk_str(og_sb_t *b, const char *s)
 {
-    struct sbuf u;
-    sb_init(&u);
+    og_sb_t u;
+    og_sb_init(&u);
     sb_utf8(&u, s ? s : "");
-    if (u.oom) {
-        b->oom = 1;
-        sb_free(&u);
+    if (u.failed) {
+        b->failed = 1;
+        og_sb_free(&u);
         return;
     }
     op(b, OP_BINUNICODE);
     le(b, (uint64_t)u.len, 4);
-    sb_put(b, u.p, u.len);
-    sb_free(&u);
+    og_sb_put(b, u.buf, u.len);
+    og_sb_free(&u);
 }
 
-void pk_list_open(struct sbuf *b, struct pk_seq *s)
+void pk_list_open(og_sb_t *b, struct pk_seq *s)
 {
     s->n = 0;
     s->dict = 0;
     op(b, OP_EMPTY_LIST);
 }
 
-void pk_dict_open(struct sbuf *b, struct pk_seq *s)
+void pk_dict_open(og_sb_t *b, struct pk_seq *s)
 {
     s->n = 0;
     s->dict = 1;
     op(b, OP_EMPTY_DICT);
 }
 
-void pk_item(struct sbuf *b, struct pk_seq *s)
+void pk_item(og_sb_t *b, struct pk_seq *s)
 {
     if (s->n % BATCH == 0) {
         if (s->n)
@@ -125,21 +125,21 @@ void pk_item(struct sbuf *b, struct pk_seq *s)
     s->n++;
 }
 
-void pk_close(struct sbuf *b, struct pk_seq *s)
+void pk_close(og_sb_t *b, struct pk_seq *s)
 {
     if (s->n)
         op(b, s->dict ? OP_SETITEMS : OP_APPENDS);
 }
 
-void pk_tuple2(struct sbuf *b) { op(b, OP_TUPLE2); }
+void pk_tuple2(og_sb_t *b) { op(b, OP_TUPLE2); }
 
-void pk_key(struct sbuf *b, struct pk_seq *s, const char *key)
+void pk_key(og_sb_t *b, struct pk_seq *s, const char *key)
 {
     pk_item(b, s);
     pk_str(b, key);
 }
 
-void pk_json(struct sbuf *b, const cJSON *v)
+void pk_json(og_sb_t *b, const cJSON *v)
 {
     struct og_bytes n;
     struct pk_seq s;

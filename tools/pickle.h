@@ -23,24 +23,24 @@ struct pk_seq {
     int dict;
 };
 
-void pk_begin(struct sbuf *b);
-void pk_end(struct sbuf *b);
-void pk_none(struct sbuf *b);
-void pk_bool(struct sbuf *b, int v);
-void pk_int(struct sbuf *b, int64_t v);
-void pk_uint(struct sbuf *b, uint64_t v);
-void pk_float(struct sbuf *b, double v);
-void pk_str(struct sbuf *b, const char *s); /* invalid UTF-8 becomes U+FFFD */
+void pk_begin(og_sb_t *b);
+void pk_end(og_sb_t *b);
+void pk_none(og_sb_t *b);
+void pk_bool(og_sb_t *b, int v);
+void pk_int(og_sb_t *b, int64_t v);
+void pk_uint(og_sb_t *b, uint64_t v);
+void pk_float(og_sb_t *b, double v);
+void pk_str(og_sb_t *b, const char *s); /* invalid UTF-8 becomes U+FFFD */
 /* Containers: open, then pk_item() before each list element or dict key, then close.
  * Items are flushed in batches of 1000 as CPython does. */
-void pk_list_open(struct sbuf *b, struct pk_seq *s);
-void pk_dict_open(struct sbuf *b, struct pk_seq *s);
-void pk_item(struct sbuf *b, struct pk_seq *s);
-void pk_close(struct sbuf *b, struct pk_seq *s);
-void pk_tuple2(struct sbuf *b); /* makes a tuple of the two values just written */
+void pk_list_open(og_sb_t *b, struct pk_seq *s);
+void pk_dict_open(og_sb_t *b, struct pk_seq *s);
+void pk_item(og_sb_t *b, struct pk_seq *s);
+void pk_close(og_sb_t *b, struct pk_seq *s);
+void pk_tuple2(og_sb_t *b); /* makes a tuple of the two values just written */
 /* Any JSON value: objects become dicts, arrays lists, integral numbers ints. */
-void pk_json(struct sbuf *b, const cJSON *v);
+void pk_json(og_sb_t *b, const cJSON *v);
 /* Shorthand for `key: value` inside a dict. */
-void pk_key(struct sbuf *b, struct pk_seq *s, const char *key);
+void pk_key(og_sb_t *b, struct pk_seq *s, const char *key);
 
 #endif

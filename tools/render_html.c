@@ -88,7 +88,7 @@ static const char CSS[] =
     "@media print{header.top{-webkit-print-color-adjust:exact;print-color-adjust:exact}}";
 
 struct hx {
-    struct sbuf *b;
+    og_sb_t *b;
     const struct og_dump *d;
 };
 
@@ -101,10 +101,10 @@ static const char *hbu(uint64_t v, char out[32]) { return human_bytes_u64(v, out
 
 static void kpi(struct hx *h, const char *cls, const char *k, const char *v, const char *x)
 {
-    sb_printf(h->b, "<div class=\"kpi %s\"><div class=\"k\">%s</div><div class=\"v\">%s</div>", cls, k, v);
+    og_sb_printf(h->b, "<div class=\"kpi %s\"><div class=\"k\">%s</div><div class=\"v\">%s</div>", cls, k, v);
     if (x)
-        sb_printf(h->b, "<div class=\"x\">%s</div>", x);
-    sb_puts(h->b, "</div>");
+        og_sb_printf(h->b, "<div class=\"x\">%s</div>", x);
+    og_sb_puts(h->b, "</div>");
 }
 
 static const char *status_class(const struct og_dump *d)
@@ -123,33 +123,33 @@ static const char *status_class(const struct og_dump *d)
     }
 }
 
-void og_html_begin(struct sbuf *b, const char *title)
+void og_html_begin(og_sb_t *b, const char *title)
 {
-    sb_puts(b, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-               "<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">"
-               "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
-               "style-src 'unsafe-inline'; img-src data:; script-src 'sha256-" OK_SCRIPT_SHA256 "'\">"
-               "<meta name=\"generator\" content=\"oomguard " OOMGUARD_VERSION "\"><title>");
+    og_sb_puts(b, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+                  "<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">"
+                  "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
+                  "style-src 'unsafe-inline'; img-src data:; script-src 'sha256-" OK_SCRIPT_SHA256 "'\">"
+                  "<meta name=\"generator\" content=\"oomguard " OOMGUARD_VERSION "\"><title>");
     sb_html(b, title, 300, 0);
-    sb_printf(b, "</title><style>%s</style></head>\n<body>\n", CSS);
+    og_sb_printf(b, "</title><style>%s</style></head>\n<body>\n", CSS);
 }
 
-void og_html_end(struct sbuf *b) { sb_puts(b, "<script>" OK_SCRIPT "</script>\n</body></html>\n"); }
+void og_html_end(og_sb_t *b) { og_sb_puts(b, "<script>" OK_SCRIPT "</script>\n</body></html>\n"); }
 
 static void page_head(struct hx *h)
 {
     const struct og_dump *d = h->d;
-    struct sbuf t;
-    sb_init(&t);
-    sb_printf(&t, "oomguard: %s", og_status_title(d));
+    og_sb_t t;
+    og_sb_init(&t);
+    og_sb_printf(&t, "oomguard: %s", og_status_title(d));
     if (d->host) {
-        sb_puts(&t, " \u2014 ");
-        sb_puts(&t, d->host); /* escaped by og_html_begin */
+        og_sb_puts(&t, " \u2014 ");
+        og_sb_puts(&t, d->host); /* escaped by og_html_begin */
     }
     if (d->pid >= 0)
-        sb_printf(&t, " pid %lld", (long long)d->pid);
-    og_html_begin(h->b, t.p ? t.p : "oomguard");
-    sb_free(&t);
+        og_sb_printf(&t, " pid %lld", (long long)d->pid);
+    og_html_begin(h->b, t.buf ? t.buf : "oomguard");
+    og_sb_free(&t);
 }
 
 static void header(struct hx *h)
@@ -157,23 +157,23 @@ static void header(struct hx *h)
     const struct og_dump *d = h->d;
     char a[32], tm[40];
     static const char *const badge[] = { "oomguard dump", "Out of memory", "Recovered", "Warning", "Exit summary" };
-    sb_printf(h->b, "<header class=\"top %s\"><span class=\"badge\">%s</span><h1>", status_class(d),
-              d->status == OG_ST_OOM && d->event.caused_by_limit == 1 ? "Limit reached" : badge[d->status]);
+    og_sb_printf(h->b, "<header class=\"top %s\"><span class=\"badge\">%s</span><h1>", status_class(d),
+                 d->status == OG_ST_OOM && d->event.caused_by_limit == 1 ? "Limit reached" : badge[d->status]);
     if (d->event.present && d->event.requested_bytes.known) {
         esc(h, d->event.api ? d->event.api : "allocation", 60);
-        sb_printf(h->b, " of %s %s", hbu(d->event.requested_bytes.v, a),
-                  d->status == OG_ST_RECOVERED ? "failed, then succeeded"
-                  : d->status == OG_ST_OOM     ? "failed"
-                                               : "requested");
+        og_sb_printf(h->b, " of %s %s", hbu(d->event.requested_bytes.v, a),
+                     d->status == OG_ST_RECOVERED ? "failed, then succeeded"
+                     : d->status == OG_ST_OOM     ? "failed"
+                                                  : "requested");
     } else {
-        sb_puts(h->b, og_status_title(d));
+        og_sb_puts(h->b, og_status_title(d));
     }
     int64_t dev = d->event.device >= 0 ? d->event.device : d->device.index;
     if (dev >= 0)
-        sb_printf(h->b, " on GPU %lld", (long long)dev);
-    sb_puts(h->b, "</h1><p class=\"sub\">");
+        og_sb_printf(h->b, " on GPU %lld", (long long)dev);
+    og_sb_puts(h->b, "</h1><p class=\"sub\">");
     int sep = 0;
-#define SEP() sb_puts(h->b, sep++ ? " \u00b7 " : "")
+#define SEP() og_sb_puts(h->b, sep++ ? " \u00b7 " : "")
     if (d->device.name) {
         SEP();
         esc(h, d->device.name, 80);
@@ -184,32 +184,32 @@ static void header(struct hx *h)
     }
     if (d->pid >= 0) {
         SEP();
-        sb_printf(h->b, "pid %lld", (long long)d->pid);
+        og_sb_printf(h->b, "pid %lld", (long long)d->pid);
     }
     if (d->rank >= 0) {
         SEP();
-        sb_printf(h->b, "rank %lld", (long long)d->rank);
+        og_sb_printf(h->b, "rank %lld", (long long)d->rank);
         if (d->world_size >= 0)
-            sb_printf(h->b, "/%lld", (long long)d->world_size);
+            og_sb_printf(h->b, "/%lld", (long long)d->world_size);
     }
     if (d->framework_name) {
         SEP();
-        sb_puts(h->b, og_framework_title(d->framework_name));
+        og_sb_puts(h->b, og_framework_title(d->framework_name));
     }
     double when = d->event.present && isfinite(d->event.t) ? d->event.t : d->time;
     if (og_format_time(when, tm)[0]) {
         SEP();
-        sb_puts(h->b, tm);
+        og_sb_puts(h->b, tm);
     }
 #undef SEP
-    sb_puts(h->b, "</p></header>\n<main>\n");
+    og_sb_puts(h->b, "</p></header>\n<main>\n");
 }
 
 static void kpis(struct hx *h)
 {
     const struct og_dump *d = h->d;
     char a[32], b[32], x[96];
-    sb_puts(h->b, "<div class=\"kpis\">");
+    og_sb_puts(h->b, "<div class=\"kpis\">");
     if (d->event.present && d->event.requested_bytes.known)
         kpi(h, "", "Requested", hbu(d->event.requested_bytes.v, a), NULL);
     if (d->device.free_bytes >= 0) {
@@ -237,7 +237,7 @@ static void kpis(struct hx *h)
             snprintf(x, sizeof x, "at %.1f s", d->hist.peak_t_rel);
         kpi(h, "", "Peak", hb(d->hist.peak_bytes, a), isfinite(d->hist.peak_t_rel) ? x : NULL);
     }
-    sb_puts(h->b, "</div>\n");
+    og_sb_puts(h->b, "</div>\n");
 }
 
 static void primary(struct hx *h)
@@ -246,23 +246,23 @@ static void primary(struct hx *h)
     if (!c)
         return;
     const char *title = og_cause_title(c->id);
-    sb_printf(h->b, "<section class=\"card primary %s\"><div class=\"muted\">Diagnosis</div><div class=\"t\">",
-              status_class(h->d));
+    og_sb_printf(h->b, "<section class=\"card primary %s\"><div class=\"muted\">Diagnosis</div><div class=\"t\">",
+                 status_class(h->d));
     if (title) {
-        sb_putc(h->b, toupper_ascii(title[0]));
-        sb_puts(h->b, title + 1);
+        og_sb_putc(h->b, toupper_ascii(title[0]));
+        og_sb_puts(h->b, title + 1);
     } else {
         esc(h, c->id, 60);
     }
     if (isfinite(c->confidence))
-        sb_printf(h->b, " <span class=\"muted\">(confidence %.0f%%)</span>", fmin(fmax(c->confidence, 0), 1) * 100);
-    sb_puts(h->b, "</div>");
+        og_sb_printf(h->b, " <span class=\"muted\">(confidence %.0f%%)</span>", fmin(fmax(c->confidence, 0), 1) * 100);
+    og_sb_puts(h->b, "</div>");
     if (c->summary) {
-        sb_puts(h->b, "<p style=\"margin:6px 0 0\">");
+        og_sb_puts(h->b, "<p style=\"margin:6px 0 0\">");
         esc(h, c->summary, 1000);
-        sb_puts(h->b, "</p>");
+        og_sb_puts(h->b, "</p>");
     }
-    sb_puts(h->b, "</section>\n");
+    og_sb_puts(h->b, "</section>\n");
 }
 
 /* ---- chart ---- */
@@ -433,8 +433,8 @@ static void chart(struct hx *h)
 #define X(t) (L + ((t)-t0) / (t1 - t0) * pw)
 #define Y(v) (T + ph - (v) / vmax * ph)
 
-    sb_puts(h->b, "<section class=\"card\"><h2>Device memory over time</h2>"
-                  "<svg viewBox=\"0 0 1000 330\" role=\"img\" aria-label=\"memory over time\" id=\"chart\">");
+    og_sb_puts(h->b, "<section class=\"card\"><h2>Device memory over time</h2>"
+                     "<svg viewBox=\"0 0 1000 330\" role=\"img\" aria-label=\"memory over time\" id=\"chart\">");
     /* y grid and labels */
     double unit;
     const char *uname;
@@ -443,10 +443,11 @@ static void chart(struct hx *h)
     /* Loops count steps: with hostile magnitudes `v += step` may not advance. */
     for (int k = 0; k <= 20 && step > 0 && k * step <= vmax / unit + 1e-9; k++) {
         double v = k * step, y = Y(v * unit);
-        sb_printf(h->b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e8ecf2\"/>", L, y, L + pw, y);
-        sb_printf(h->b,
-                  "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"end\" fill=\"#5f6b7a\">%g %s</text>",
-                  L - 8, y + 4, v, uname);
+        og_sb_printf(h->b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e8ecf2\"/>", L, y, L + pw,
+                     y);
+        og_sb_printf(h->b,
+                     "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"end\" fill=\"#5f6b7a\">%g %s</text>",
+                     L - 8, y + 4, v, uname);
     }
     /* x labels, in the unit that fits the span */
     double span = t1 - t0, tu;
@@ -460,38 +461,39 @@ static void chart(struct hx *h)
             double t = tfirst + k * tstep;
             if (t < t0 - 1e-9)
                 continue;
-            sb_printf(h->b,
-                      "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#c9d0da\"/>"
-                      "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"%s\" fill=\"#5f6b7a\">%s %s</text>",
-                      X(t), T + ph, X(t), T + ph + 5, X(t), T + ph + 19, X(t) > L + pw - 20 ? "end" : "middle",
-                      tick(tb, t / tu, tstep / tu), tn);
+            og_sb_printf(
+                h->b,
+                "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#c9d0da\"/>"
+                "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"%s\" fill=\"#5f6b7a\">%s %s</text>",
+                X(t), T + ph, X(t), T + ph + 5, X(t), T + ph + 19, X(t) > L + pw - 20 ? "end" : "middle",
+                tick(tb, t / tu, tstep / tu), tn);
         }
-    sb_printf(h->b,
-              "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\" fill=\"#5f6b7a\">time since the "
-              "process started</text>",
-              L + pw / 2, H - 6);
-    sb_printf(h->b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#8a94a3\"/>", L, T + ph, L + pw,
-              T + ph);
+    og_sb_printf(h->b,
+                 "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\" fill=\"#5f6b7a\">time since the "
+                 "process started</text>",
+                 L + pw / 2, H - 6);
+    og_sb_printf(h->b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#8a94a3\"/>", L, T + ph, L + pw,
+                 T + ph);
 
     /* area + line; the usage of the last point holds until the failure (the end of the axis):
      * the chart is drawn to the failure, not to the last sample before it */
-    sb_printf(h->b, "<path fill=\"#3b6fd8\" fill-opacity=\"0.13\" d=\"M%.1f %.1f", X(p[0].t), Y(0.0));
+    og_sb_printf(h->b, "<path fill=\"#3b6fd8\" fill-opacity=\"0.13\" d=\"M%.1f %.1f", X(p[0].t), Y(0.0));
     for (size_t i = 0; i < n; i++)
-        sb_printf(h->b, "L%.1f %.1f", X(p[i].t), Y(p[i].v));
-    sb_printf(h->b, "L%.1f %.1fL%.1f %.1fZ\"/>", X(t1), Y(p[n - 1].v), X(t1), Y(0.0));
-    sb_printf(h->b,
-              "<path fill=\"none\" stroke=\"#3b6fd8\" stroke-width=\"2\" stroke-linejoin=\"round\" d=\"M%.1f %.1f",
-              X(p[0].t), Y(p[0].v));
+        og_sb_printf(h->b, "L%.1f %.1f", X(p[i].t), Y(p[i].v));
+    og_sb_printf(h->b, "L%.1f %.1fL%.1f %.1fZ\"/>", X(t1), Y(p[n - 1].v), X(t1), Y(0.0));
+    og_sb_printf(h->b,
+                 "<path fill=\"none\" stroke=\"#3b6fd8\" stroke-width=\"2\" stroke-linejoin=\"round\" d=\"M%.1f %.1f",
+                 X(p[0].t), Y(p[0].v));
     for (size_t i = 1; i < n; i++)
-        sb_printf(h->b, "L%.1f %.1f", X(p[i].t), Y(p[i].v));
+        og_sb_printf(h->b, "L%.1f %.1f", X(p[i].t), Y(p[i].v));
     if (p[n - 1].t < t1)
-        sb_printf(h->b, "L%.1f %.1f", X(t1), Y(p[n - 1].v));
-    sb_puts(h->b, "\"><title>device memory tracked by oomguard for this process</title></path>");
+        og_sb_printf(h->b, "L%.1f %.1f", X(t1), Y(p[n - 1].v));
+    og_sb_puts(h->b, "\"><title>device memory tracked by oomguard for this process</title></path>");
 
     char a[32];
     if (d->device.total_bytes > 0) {
         double y = Y((double)d->device.total_bytes);
-        sb_printf(
+        og_sb_printf(
             h->b,
             "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#1d2330\" stroke-dasharray=\"6 4\"/>"
             "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" fill=\"#1d2330\" text-anchor=\"end\">device total %s</text>",
@@ -499,30 +501,31 @@ static void chart(struct hx *h)
     }
     if (d->device.limit_bytes >= 0) {
         double y = Y((double)d->device.limit_bytes);
-        sb_printf(h->b,
-                  "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#c98a00\" stroke-dasharray=\"3 3\" "
-                  "stroke-width=\"1.5\"/>"
-                  "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" fill=\"#8a5d00\" text-anchor=\"end\">limit %s</text>",
-                  L, y, L + pw, y, L + pw - 6, y + 15, hb(d->device.limit_bytes, a));
+        og_sb_printf(
+            h->b,
+            "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#c98a00\" stroke-dasharray=\"3 3\" "
+            "stroke-width=\"1.5\"/>"
+            "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" fill=\"#8a5d00\" text-anchor=\"end\">limit %s</text>",
+            L, y, L + pw, y, L + pw - 6, y + 15, hb(d->device.limit_bytes, a));
     }
     if (d->hist.peak_bytes >= 0 && isfinite(d->hist.peak_t_rel) && d->hist.peak_t_rel >= t0 && d->hist.peak_t_rel <= t1)
-        sb_printf(h->b,
-                  "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"#fff\" stroke=\"#3b6fd8\" stroke-width=\"2\">"
-                  "<title>peak %s</title></circle>",
-                  X(d->hist.peak_t_rel), Y((double)d->hist.peak_bytes), hb(d->hist.peak_bytes, a));
+        og_sb_printf(h->b,
+                     "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"#fff\" stroke=\"#3b6fd8\" stroke-width=\"2\">"
+                     "<title>peak %s</title></circle>",
+                     X(d->hist.peak_t_rel), Y((double)d->hist.peak_bytes), hb(d->hist.peak_bytes, a));
     if (isfinite(tfail)) {
         const char *col = d->status == OG_ST_RECOVERED ? "#1f9d55" : "#d93636";
         double x = X(tfail);
-        sb_printf(h->b,
-                  "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-dasharray=\"4 3\" "
-                  "stroke-width=\"1.5\"/>",
-                  x, T, x, T + ph, col);
+        og_sb_printf(h->b,
+                     "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-dasharray=\"4 3\" "
+                     "stroke-width=\"1.5\"/>",
+                     x, T, x, T + ph, col);
         if (isfinite(live_at_fail) && req > 0)
-            sb_printf(h->b,
-                      "<rect x=\"%.1f\" y=\"%.1f\" width=\"8\" height=\"%.1f\" fill=\"%s\" fill-opacity=\"0.55\">"
-                      "<title>the failed request: %s on top of the usage at that moment</title></rect>",
-                      x - 4, Y(live_at_fail + req), fmax(Y(live_at_fail) - Y(live_at_fail + req), 1.0), col,
-                      hbu(d->event.requested_bytes.v, a));
+            og_sb_printf(h->b,
+                         "<rect x=\"%.1f\" y=\"%.1f\" width=\"8\" height=\"%.1f\" fill=\"%s\" fill-opacity=\"0.55\">"
+                         "<title>the failed request: %s on top of the usage at that moment</title></rect>",
+                         x - 4, Y(live_at_fail + req), fmax(Y(live_at_fail) - Y(live_at_fail + req), 1.0), col,
+                         hbu(d->event.requested_bytes.v, a));
         /* Below the device-total line, which sits near the top (the limit's label is under it
          * when there is one); on the side of the failure line that has room for it. */
         const char *what = d->status == OG_ST_RECOVERED    ? "failed, recovered"
@@ -539,17 +542,17 @@ static void chart(struct hx *h)
         if (d->device.limit_bytes >= 0 && fabs(ly - (Y((double)d->device.limit_bytes) + 15)) < 14)
             ly += 16;
         double lx = right ? x - 8 : fmin(x + 8, L + pw - lw);
-        sb_printf(h->b,
-                  "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" font-weight=\"600\" fill=\"%s\" text-anchor=\"%s\">",
-                  fmax(lx, L + 2), ly, col, right ? "end" : "start");
+        og_sb_printf(h->b,
+                     "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" font-weight=\"600\" fill=\"%s\" text-anchor=\"%s\">",
+                     fmax(lx, L + 2), ly, col, right ? "end" : "start");
         sb_html(h->b, label, 96, 0);
-        sb_puts(h->b, "</text>");
+        og_sb_puts(h->b, "</text>");
     }
-    sb_puts(h->b, "</svg>");
-    sb_printf(h->b,
-              "<div class=\"muted\" style=\"font-size:12px\">Device memory this process held through the "
-              "allocation APIs oomguard tracks (%zu points%s).</div></section>\n",
-              n, (d->hist.nsamples >= 2 ? d->hist.nsamples : d->hist.nevents) > n ? ", downsampled" : "");
+    og_sb_puts(h->b, "</svg>");
+    og_sb_printf(h->b,
+                 "<div class=\"muted\" style=\"font-size:12px\">Device memory this process held through the "
+                 "allocation APIs oomguard tracks (%zu points%s).</div></section>\n",
+                 n, (d->hist.nsamples >= 2 ? d->hist.nsamples : d->hist.nevents) > n ? ", downsampled" : "");
 #undef X
 #undef Y
     free(p);
@@ -576,66 +579,69 @@ static void breakdown(struct hx *h)
     /* Room on the right for a request that sticks out past the device. */
     double total = (double)scale, room = 1000 - 150;
     double free_x = -1, x = 0;
-    sb_puts(h->b, "<section class=\"card\"><h2>Where the memory is</h2><svg viewBox=\"0 0 1000 104\" id=\"breakdown\">"
-                  "<defs><pattern id=\"hatch\" width=\"6\" height=\"6\" patternUnits=\"userSpaceOnUse\" "
-                  "patternTransform=\"rotate(45)\"><rect width=\"6\" height=\"6\" fill=\"#f7d4d4\"/>"
-                  "<line x1=\"0\" y1=\"0\" x2=\"0\" y2=\"6\" stroke=\"#d93636\" stroke-width=\"3\"/></pattern></defs>");
-    sb_puts(h->b, "<text x=\"0\" y=\"12\" font-size=\"12\" fill=\"#5f6b7a\">device</text>");
+    og_sb_puts(h->b,
+               "<section class=\"card\"><h2>Where the memory is</h2><svg viewBox=\"0 0 1000 104\" id=\"breakdown\">"
+               "<defs><pattern id=\"hatch\" width=\"6\" height=\"6\" patternUnits=\"userSpaceOnUse\" "
+               "patternTransform=\"rotate(45)\"><rect width=\"6\" height=\"6\" fill=\"#f7d4d4\"/>"
+               "<line x1=\"0\" y1=\"0\" x2=\"0\" y2=\"6\" stroke=\"#d93636\" stroke-width=\"3\"/></pattern></defs>");
+    og_sb_puts(h->b, "<text x=\"0\" y=\"12\" font-size=\"12\" fill=\"#5f6b7a\">device</text>");
     for (int i = 0; i < n; i++) {
         double w = (double)parts[i].bytes / total * room;
         if (parts[i].kind == P_FREE)
             free_x = x;
-        sb_printf(h->b, "<rect x=\"%.2f\" y=\"18\" width=\"%.2f\" height=\"34\" fill=\"%s\"%s><title>", x, w,
-                  part_color(parts[i].kind), parts[i].kind == P_FREE ? " stroke=\"#1f9d55\" stroke-width=\"1\"" : "");
+        og_sb_printf(h->b, "<rect x=\"%.2f\" y=\"18\" width=\"%.2f\" height=\"34\" fill=\"%s\"%s><title>", x, w,
+                     part_color(parts[i].kind),
+                     parts[i].kind == P_FREE ? " stroke=\"#1f9d55\" stroke-width=\"1\"" : "");
         esc(h, parts[i].label, 80);
-        sb_printf(h->b, ": %s</title></rect>", hb(parts[i].bytes, a));
+        og_sb_printf(h->b, ": %s</title></rect>", hb(parts[i].bytes, a));
         x += w;
     }
     if (req.known) {
         double rx = free_x >= 0 ? free_x : x, rw = (double)req.v / total * room;
         double fw = free_x >= 0 ? x - free_x : 0; /* free segment width */
-        sb_printf(h->b, "<text x=\"0\" y=\"72\" font-size=\"12\" fill=\"#5f6b7a\">request</text>");
+        og_sb_printf(h->b, "<text x=\"0\" y=\"72\" font-size=\"12\" fill=\"#5f6b7a\">request</text>");
         double fit = fmin(rw, fw);
         if (fit > 0)
-            sb_printf(h->b,
-                      "<rect x=\"%.2f\" y=\"78\" width=\"%.2f\" height=\"20\" fill=\"#d93636\" fill-opacity=\"0.75\"/>",
-                      rx, fit);
+            og_sb_printf(
+                h->b, "<rect x=\"%.2f\" y=\"78\" width=\"%.2f\" height=\"20\" fill=\"#d93636\" fill-opacity=\"0.75\"/>",
+                rx, fit);
         if (rw > fw)
-            sb_printf(
+            og_sb_printf(
                 h->b,
                 "<rect x=\"%.2f\" y=\"78\" width=\"%.2f\" height=\"20\" fill=\"url(#hatch)\" stroke=\"#d93636\"/>",
                 rx + fit, fmin(rw - fit, 1000 - rx - fit));
-        sb_printf(h->b,
-                  "<line x1=\"%.2f\" y1=\"14\" x2=\"%.2f\" y2=\"100\" stroke=\"#d93636\" stroke-dasharray=\"3 2\"/>",
-                  rx, rx);
+        og_sb_printf(h->b,
+                     "<line x1=\"%.2f\" y1=\"14\" x2=\"%.2f\" y2=\"100\" stroke=\"#d93636\" stroke-dasharray=\"3 2\"/>",
+                     rx, rx);
         double lx = fmin(rx + rw + 8, 1000 - 4);
         int anchor_end = rx + rw + 8 > 1000 - 140;
-        sb_printf(h->b,
-                  "<text x=\"%.2f\" y=\"93\" font-size=\"12\" font-weight=\"600\" fill=\"#b02a2a\" "
-                  "text-anchor=\"%s\">%s%s</text>",
-                  anchor_end ? fmax(rx - 8, 60) : lx, anchor_end ? "end" : "start", hbu(req.v, a),
-                  rw > fw && d->status != OG_ST_RECOVERED ? " \u2014 does not fit" : "");
+        og_sb_printf(h->b,
+                     "<text x=\"%.2f\" y=\"93\" font-size=\"12\" font-weight=\"600\" fill=\"#b02a2a\" "
+                     "text-anchor=\"%s\">%s%s</text>",
+                     anchor_end ? fmax(rx - 8, 60) : lx, anchor_end ? "end" : "start", hbu(req.v, a),
+                     rw > fw && d->status != OG_ST_RECOVERED ? " \u2014 does not fit" : "");
     }
     if (d->device.limit_bytes >= 0 && (double)d->device.limit_bytes < total) {
         double lx = (double)d->device.limit_bytes / total * room;
-        sb_printf(h->b,
-                  "<line x1=\"%.2f\" y1=\"14\" x2=\"%.2f\" y2=\"56\" stroke=\"#c98a00\" stroke-width=\"2.5\"/>"
-                  "<text x=\"%.2f\" y=\"11\" font-size=\"11\" fill=\"#8a5d00\" text-anchor=\"middle\">limit %s</text>",
-                  lx, lx, lx, hb(d->device.limit_bytes, a));
+        og_sb_printf(
+            h->b,
+            "<line x1=\"%.2f\" y1=\"14\" x2=\"%.2f\" y2=\"56\" stroke=\"#c98a00\" stroke-width=\"2.5\"/>"
+            "<text x=\"%.2f\" y=\"11\" font-size=\"11\" fill=\"#8a5d00\" text-anchor=\"middle\">limit %s</text>",
+            lx, lx, lx, hb(d->device.limit_bytes, a));
     }
-    sb_puts(h->b, "</svg><div class=\"legend\">");
+    og_sb_puts(h->b, "</svg><div class=\"legend\">");
     for (int i = 0; i < n; i++) {
-        sb_printf(h->b, "<div><span class=\"sw\" style=\"background:%s\"></span>", part_color(parts[i].kind));
+        og_sb_printf(h->b, "<div><span class=\"sw\" style=\"background:%s\"></span>", part_color(parts[i].kind));
         esc(h, parts[i].label, 80);
-        sb_printf(h->b, "<span class=\"n\">%s <span class=\"muted\">%.1f%%</span></span></div>", hb(parts[i].bytes, a),
-                  100.0 * (double)parts[i].bytes / total);
+        og_sb_printf(h->b, "<span class=\"n\">%s <span class=\"muted\">%.1f%%</span></span></div>",
+                     hb(parts[i].bytes, a), 100.0 * (double)parts[i].bytes / total);
     }
     if (req.known)
-        sb_printf(h->b,
-                  "<div><span class=\"sw\" style=\"background:#d93636\"></span>Failed request"
-                  "<span class=\"n\">%s</span></div>",
-                  hbu(req.v, a));
-    sb_puts(h->b, "</div>");
+        og_sb_printf(h->b,
+                     "<div><span class=\"sw\" style=\"background:#d93636\"></span>Failed request"
+                     "<span class=\"n\">%s</span></div>",
+                     hbu(req.v, a));
+    og_sb_puts(h->b, "</div>");
 
     const cJSON *fw = d->mem.framework, *it;
     if (fw) {
@@ -646,37 +652,37 @@ static void breakdown(struct hx *h)
             if (kl <= 6 || strcmp(it->string + kl - 6, "_bytes") || !cJSON_IsNumber(it))
                 continue;
             if (first)
-                sb_printf(h->b, "<h2 style=\"margin-top:16px\">%s allocator</h2><div class=\"kv\">",
-                          og_framework_title(d->framework_name));
+                og_sb_printf(h->b, "<h2 style=\"margin-top:16px\">%s allocator</h2><div class=\"kv\">",
+                             og_framework_title(d->framework_name));
             first = 0;
             char key[48];
             snprintf(key, sizeof key, "%.*s", (int)(kl - 6 > 40 ? 40 : kl - 6), it->string);
-            sb_puts(h->b, "<div class=\"n\">");
+            og_sb_puts(h->b, "<div class=\"n\">");
             esc(h, key, 40);
             struct og_bytes v;
-            sb_printf(h->b, "</div><div>%s</div>", og_json_bytes(it, &v) && !v.neg ? hbu(v.v, a) : "?");
+            og_sb_printf(h->b, "</div><div>%s</div>", og_json_bytes(it, &v) && !v.neg ? hbu(v.v, a) : "?");
         }
         if (!first)
-            sb_puts(h->b, "</div>");
+            og_sb_puts(h->b, "</div>");
         /* the framework's view next to the driver-level count, reconciled */
         const cJSON *res = cJSON_GetObjectItemCaseSensitive(fw, "reserved_bytes");
         struct og_bytes rv;
         if (og_json_bytes(res, &rv) && !rv.neg && rv.v <= INT64_MAX && d->mem.framework_bytes >= 0) {
             char b2[32];
             int64_t r = (int64_t)rv.v, diff = d->mem.framework_bytes - r;
-            sb_printf(h->b,
-                      "<h2 style=\"margin-top:16px\">Two views</h2><div class=\"kv\">"
-                      "<div class=\"n\">%s reserved</div><div>%s</div>",
-                      og_framework_title(d->framework_name), hb(r, a));
-            sb_printf(h->b, "<div class=\"n\">oomguard at the driver</div><div>%s</div>",
-                      hb(d->mem.framework_bytes, b2));
-            sb_printf(h->b, "<div class=\"n\">difference</div><div>%s%s</div></div>", hb(diff < 0 ? -diff : diff, a),
-                      diff == 0  ? " (the views agree)"
-                      : diff > 0 ? " more at the driver: memory its libraries took outside its allocator"
-                                 : " less at the driver: segments not attributed to it, or released since");
+            og_sb_printf(h->b,
+                         "<h2 style=\"margin-top:16px\">Two views</h2><div class=\"kv\">"
+                         "<div class=\"n\">%s reserved</div><div>%s</div>",
+                         og_framework_title(d->framework_name), hb(r, a));
+            og_sb_printf(h->b, "<div class=\"n\">oomguard at the driver</div><div>%s</div>",
+                         hb(d->mem.framework_bytes, b2));
+            og_sb_printf(h->b, "<div class=\"n\">difference</div><div>%s%s</div></div>", hb(diff < 0 ? -diff : diff, a),
+                         diff == 0  ? " (the views agree)"
+                         : diff > 0 ? " more at the driver: memory its libraries took outside its allocator"
+                                    : " less at the driver: segments not attributed to it, or released since");
         }
     }
-    sb_puts(h->b, "</section>\n");
+    og_sb_puts(h->b, "</section>\n");
 }
 
 /* What the allocated memory is for (memory.framework.roles) and what the job was doing
@@ -693,72 +699,72 @@ static void roles_card(struct hx *h)
     char a[32];
     if (!r->present && !d->event.phase)
         return;
-    sb_puts(h->b, "<section class=\"card\" id=\"roles\">");
+    og_sb_puts(h->b, "<section class=\"card\" id=\"roles\">");
     if (d->event.phase) {
-        sb_puts(h->b, "<h2>Phase: ");
+        og_sb_puts(h->b, "<h2>Phase: ");
         esc(h, d->event.phase, 40);
-        sb_puts(h->b, "</h2>");
+        og_sb_puts(h->b, "</h2>");
         const struct og_pyframe *f = &d->event.phase_frame;
         if (f->file || d->event.phase_source) {
-            sb_puts(h->b, "<p class=\"muted\">");
+            og_sb_puts(h->b, "<p class=\"muted\">");
             if (f->file) {
-                sb_puts(h->b, "<code>");
+                og_sb_puts(h->b, "<code>");
                 esc(h, f->file, 200);
-                sb_printf(h->b, ":%lld</code> in <code>", (long long)f->line);
+                og_sb_printf(h->b, ":%lld</code> in <code>", (long long)f->line);
                 esc(h, f->function, 80);
-                sb_puts(h->b, "</code> ");
+                og_sb_puts(h->b, "</code> ");
             }
             if (d->event.phase_source) {
-                sb_puts(h->b, "(from the ");
+                og_sb_puts(h->b, "(from the ");
                 esc(h, d->event.phase_source, 96);
-                sb_puts(h->b, ")");
+                og_sb_puts(h->b, ")");
             }
-            sb_puts(h->b, "</p>");
+            og_sb_puts(h->b, "</p>");
         }
     }
     if (r->present) {
-        sb_puts(h->b, "<h2>What the allocated memory is for");
+        og_sb_puts(h->b, "<h2>What the allocated memory is for");
         if (r->allocated_bytes >= 0)
-            sb_printf(h->b, " <span class=\"muted\">(%s allocated)</span>", hb(r->allocated_bytes, a));
-        sb_puts(h->b, "</h2><table class=\"roles\"><tbody>");
+            og_sb_printf(h->b, " <span class=\"muted\">(%s allocated)</span>", hb(r->allocated_bytes, a));
+        og_sb_puts(h->b, "</h2><table class=\"roles\"><tbody>");
         for (int i = 0; i < OG_NROLE_IX; i++) {
-            sb_puts(h->b, "<tr><td>");
+            og_sb_puts(h->b, "<tr><td>");
             esc(h, labels[i], 60);
             if (r->bytes[i] < 0) {
-                sb_puts(h->b, "</td><td class=\"num\">unknown</td><td></td></tr>");
+                og_sb_puts(h->b, "</td><td class=\"num\">unknown</td><td></td></tr>");
                 continue;
             }
             double pct = r->allocated_bytes > 0 ? 100.0 * (double)r->bytes[i] / (double)r->allocated_bytes : 0;
-            sb_printf(h->b,
-                      "</td><td class=\"num\">%s</td><td><svg width=\"200\" height=\"10\"><rect width=\"%.1f\" "
-                      "height=\"10\" fill=\"#3b82c4\"/></svg></td></tr>",
-                      hb(r->bytes[i], a), pct > 100 ? 200.0 : pct * 2.0);
+            og_sb_printf(h->b,
+                         "</td><td class=\"num\">%s</td><td><svg width=\"200\" height=\"10\"><rect width=\"%.1f\" "
+                         "height=\"10\" fill=\"#3b82c4\"/></svg></td></tr>",
+                         hb(r->bytes[i], a), pct > 100 ? 200.0 : pct * 2.0);
             for (int k = 0; i == OG_RX_optimizer_state && k < r->noptimizers; k++) {
-                sb_puts(h->b, "<tr><td style=\"padding-left:22px\">");
+                og_sb_puts(h->b, "<tr><td style=\"padding-left:22px\">");
                 esc(h, r->optimizers[k].cls, 48);
-                sb_printf(h->b, "</td><td class=\"num\">%s</td><td></td></tr>", hb(r->optimizers[k].bytes, a));
+                og_sb_printf(h->b, "</td><td class=\"num\">%s</td><td></td></tr>", hb(r->optimizers[k].bytes, a));
             }
             for (int k = 0; i == OG_RX_held_by_python && k < r->nholders; k++) {
                 const struct og_role_holder_view *x = &r->holders[k];
-                sb_puts(h->b, "<tr><td style=\"padding-left:22px\"><code>");
+                og_sb_puts(h->b, "<tr><td style=\"padding-left:22px\"><code>");
                 esc(h, x->label, 160);
-                sb_puts(h->b, "</code>");
+                og_sb_puts(h->b, "</code>");
                 if (x->site.file) {
-                    sb_puts(h->b, " <span class=\"muted\">made at ");
+                    og_sb_puts(h->b, " <span class=\"muted\">made at ");
                     esc(h, x->site.file, 200);
-                    sb_printf(h->b, ":%lld</span>", (long long)x->site.line);
+                    og_sb_printf(h->b, ":%lld</span>", (long long)x->site.line);
                 }
-                sb_printf(h->b, "</td><td class=\"num\">%s</td><td></td></tr>", hb(x->bytes, a));
+                og_sb_printf(h->b, "</td><td class=\"num\">%s</td><td></td></tr>", hb(x->bytes, a));
             }
         }
-        sb_puts(h->b, "</tbody></table>");
+        og_sb_puts(h->b, "</tbody></table>");
         if (r->why) {
-            sb_puts(h->b, "<p class=\"muted\">");
+            og_sb_puts(h->b, "<p class=\"muted\">");
             esc(h, r->why, 200);
-            sb_puts(h->b, "</p>");
+            og_sb_puts(h->b, "</p>");
         }
     }
-    sb_puts(h->b, "</section>\n");
+    og_sb_puts(h->b, "</section>\n");
 }
 
 static void causes(struct hx *h)
@@ -766,39 +772,39 @@ static void causes(struct hx *h)
     const struct og_dump *d = h->d;
     if (!d->diag.ncauses)
         return;
-    sb_puts(h->b, "<section class=\"card\"><h2>Diagnosis</h2>");
+    og_sb_puts(h->b, "<section class=\"card\"><h2>Diagnosis</h2>");
     for (int i = 0; i < d->diag.ncauses; i++) {
         const struct og_cause *c = &d->diag.causes[i];
         double conf = isfinite(c->confidence) ? fmin(fmax(c->confidence, 0), 1) : 0;
-        sb_puts(h->b, "<div class=\"cause\"><div class=\"hd\"><code>");
+        og_sb_puts(h->b, "<div class=\"cause\"><div class=\"hd\"><code>");
         esc(h, c->id ? c->id : "?", 60);
-        sb_printf(
+        og_sb_printf(
             h->b,
             "</code><span class=\"conf\"><i style=\"width:%.0f%%\"></i></span><span class=\"muted\">%.0f%%</span>",
             conf * 100, conf * 100);
         const char *title = og_cause_title(c->id);
         if (title)
-            sb_printf(h->b, "<span class=\"muted\" style=\"font-weight:400\">%s</span>", title);
-        sb_puts(h->b, "</div>");
+            og_sb_printf(h->b, "<span class=\"muted\" style=\"font-weight:400\">%s</span>", title);
+        og_sb_puts(h->b, "</div>");
         if (c->summary) {
-            sb_puts(h->b, "<div style=\"margin-top:4px\">");
+            og_sb_puts(h->b, "<div style=\"margin-top:4px\">");
             esc(h, c->summary, 2000);
-            sb_puts(h->b, "</div>");
+            og_sb_puts(h->b, "</div>");
         }
         if (c->nevidence) {
-            sb_puts(h->b, "<div class=\"ev\">");
+            og_sb_puts(h->b, "<div class=\"ev\">");
             for (int j = 0; j < c->nevidence && j < 50; j++) {
-                sb_puts(h->b, "<div class=\"n mono\">");
+                og_sb_puts(h->b, "<div class=\"n mono\">");
                 esc(h, c->evidence[j].name, 60);
-                sb_puts(h->b, "</div><div>");
+                og_sb_puts(h->b, "</div><div>");
                 og_evidence_value(h->b, &c->evidence[j], 1);
-                sb_puts(h->b, "</div>");
+                og_sb_puts(h->b, "</div>");
             }
-            sb_puts(h->b, "</div>");
+            og_sb_puts(h->b, "</div>");
         }
-        sb_puts(h->b, "</div>");
+        og_sb_puts(h->b, "</div>");
     }
-    sb_puts(h->b, "</section>\n");
+    og_sb_puts(h->b, "</section>\n");
 }
 
 static void remedies(struct hx *h)
@@ -806,84 +812,84 @@ static void remedies(struct hx *h)
     const struct og_dump *d = h->d;
     if (!d->nremedies)
         return;
-    sb_puts(h->b, "<section class=\"card\" id=\"remedies\"><h2>What to do</h2>");
+    og_sb_puts(h->b, "<section class=\"card\" id=\"remedies\"><h2>What to do</h2>");
     for (int i = 0; i < d->nremedies && i < 30; i++) {
         const struct og_remedy *r = &d->remedies[i];
-        sb_printf(h->b, "<div class=\"remedy\"><div class=\"rank\">%lld</div><div><div class=\"t\">",
-                  (long long)(r->rank >= 0 && r->rank < 1000 ? r->rank : i + 1));
+        og_sb_printf(h->b, "<div class=\"remedy\"><div class=\"rank\">%lld</div><div><div class=\"t\">",
+                     (long long)(r->rank >= 0 && r->rank < 1000 ? r->rank : i + 1));
         esc(h, r->title ? r->title : r->id ? r->id : "?", 300);
         if (r->id) {
-            sb_puts(h->b, " <code class=\"muted\" style=\"font-size:12px;font-weight:400\">");
+            og_sb_puts(h->b, " <code class=\"muted\" style=\"font-size:12px;font-weight:400\">");
             esc(h, r->id, 60);
-            sb_puts(h->b, "</code>");
+            og_sb_puts(h->b, "</code>");
         }
-        sb_puts(h->b, "</div>");
+        og_sb_puts(h->b, "</div>");
         if (r->saving || r->cost) {
-            sb_puts(h->b, "<div class=\"chips\">");
+            og_sb_puts(h->b, "<div class=\"chips\">");
             if (r->saving) {
-                sb_puts(h->b, "<span class=\"chip save\">saves ");
+                og_sb_puts(h->b, "<span class=\"chip save\">saves ");
                 esc(h, r->saving, 80);
-                sb_puts(h->b, "</span>");
+                og_sb_puts(h->b, "</span>");
             }
             if (r->cost) {
-                sb_puts(h->b, "<span class=\"chip cost\">cost: ");
+                og_sb_puts(h->b, "<span class=\"chip cost\">cost: ");
                 esc(h, r->cost, 120);
-                sb_puts(h->b, "</span>");
+                og_sb_puts(h->b, "</span>");
             }
-            sb_puts(h->b, "</div>");
+            og_sb_puts(h->b, "</div>");
         }
         if (r->why) {
-            sb_puts(h->b, "<div>");
+            og_sb_puts(h->b, "<div>");
             esc(h, r->why, 1000);
-            sb_puts(h->b, "</div>");
+            og_sb_puts(h->b, "</div>");
         }
         if (r->nhow) {
-            sb_puts(h->b, "<pre>");
+            og_sb_puts(h->b, "<pre>");
             for (int j = 0; j < r->nhow && j < 40; j++) {
                 sb_html(h->b, r->how[j], 500, OG_TEXT_KEEP_NL);
-                sb_putc(h->b, '\n');
+                og_sb_putc(h->b, '\n');
             }
-            sb_puts(h->b, "</pre>");
+            og_sb_puts(h->b, "</pre>");
         }
-        sb_puts(h->b, "</div></div>");
+        og_sb_puts(h->b, "</div></div>");
     }
-    sb_puts(h->b, "</section>\n");
+    og_sb_puts(h->b, "</section>\n");
 }
 
 /* One frame: name (demangled), file:line (full path on hover), library; "library+offset"
  * when nothing names it. */
 static void frame_item(struct hx *h, const struct og_sym *y, int is_caller)
 {
-    sb_puts(h->b, is_caller ? "<li class=\"caller\">" : "<li>");
+    og_sb_puts(h->b, is_caller ? "<li class=\"caller\">" : "<li>");
     if (y->function) {
-        sb_puts(h->b, "<span class=\"fn\">");
+        og_sb_puts(h->b, "<span class=\"fn\">");
         esc(h, y->function, 300);
-        sb_puts(h->b, "</span>");
+        og_sb_puts(h->b, "</span>");
         if (y->inlined) {
-            sb_puts(h->b, y->inlined_into ? " <span class=\"lib\">(inlined into " : " <span class=\"lib\">(inlined");
+            og_sb_puts(h->b, y->inlined_into ? " <span class=\"lib\">(inlined into " : " <span class=\"lib\">(inlined");
             if (y->inlined_into)
                 esc(h, y->inlined_into, 200);
-            sb_puts(h->b, ")</span>");
+            og_sb_puts(h->b, ")</span>");
         }
         if (y->file && y->line > 0) {
             const char *base = strrchr(y->file, '/');
-            sb_puts(h->b, " <span class=\"src\" title=\"");
+            og_sb_puts(h->b, " <span class=\"src\" title=\"");
             esc(h, y->file, 400);
-            sb_puts(h->b, "\">");
+            og_sb_puts(h->b, "\">");
             esc(h, base ? base + 1 : y->file, 120);
-            sb_printf(h->b, ":%lld</span>", (long long)y->line);
+            og_sb_printf(h->b, ":%lld</span>", (long long)y->line);
         }
         if (y->module) {
-            sb_puts(h->b, " <span class=\"lib\">");
+            og_sb_puts(h->b, " <span class=\"lib\">");
             esc(h, y->module, 100);
-            sb_puts(h->b, "</span>");
+            og_sb_puts(h->b, "</span>");
         }
     } else {
         esc(h, y->where, 200);
     }
     if (is_caller)
-        sb_puts(h->b, " <span class=\"tag\">caller</span>");
-    sb_puts(h->b, "</li>");
+        og_sb_puts(h->b, " <span class=\"tag\">caller</span>");
+    og_sb_puts(h->b, "</li>");
 }
 
 /* Runs of interpreter frames and of CUDA-library frames fold into one item; the first
@@ -895,23 +901,23 @@ static void frame_list(struct hx *h, const struct og_frame *f, int n, int max)
         return;
     int caller = og_stack_symbolize(f, n, y);
     if (og_stack_python_only(y, n)) {
-        sb_printf(h->b,
-                  "<ol class=\"frames mono\"><li class=\"muted\">%s (%d native frame%s: the interpreter, "
-                  "the CUDA libraries)</li></ol>",
-                  OG_PYTHON_CODE_LINE, n, n == 1 ? "" : "s");
+        og_sb_printf(h->b,
+                     "<ol class=\"frames mono\"><li class=\"muted\">%s (%d native frame%s: the interpreter, "
+                     "the CUDA libraries)</li></ol>",
+                     OG_PYTHON_CODE_LINE, n, n == 1 ? "" : "s");
         free(y);
         return;
     }
-    sb_puts(h->b, "<ol class=\"frames mono\">");
+    og_sb_puts(h->b, "<ol class=\"frames mono\">");
     int items = 0, i = 0;
     while (i < n && items < max) {
         int run = og_fold_run(y, n, i);
         if (run >= 2) {
-            sb_printf(h->b, "<li class=\"muted\">\u2026 %d %s (", run, og_fold_label(&y[i]));
+            og_sb_printf(h->b, "<li class=\"muted\">\u2026 %d %s (", run, og_fold_label(&y[i]));
             esc(h, y[i].function ? y[i].function : y[i].where, 80);
-            sb_puts(h->b, " \u2026 ");
+            og_sb_puts(h->b, " \u2026 ");
             esc(h, y[i + run - 1].function ? y[i + run - 1].function : y[i + run - 1].where, 80);
-            sb_puts(h->b, ")</li>");
+            og_sb_puts(h->b, ")</li>");
             i += run;
         } else {
             frame_item(h, &y[i], i == caller);
@@ -920,8 +926,8 @@ static void frame_list(struct hx *h, const struct og_frame *f, int n, int max)
         items++;
     }
     if (n > i)
-        sb_printf(h->b, "<li class=\"muted\">\u2026 %d more frames</li>", n - i);
-    sb_puts(h->b, "</ol>");
+        og_sb_printf(h->b, "<li class=\"muted\">\u2026 %d more frames</li>", n - i);
+    og_sb_puts(h->b, "</ol>");
     free(y);
 }
 
@@ -933,7 +939,7 @@ static void caller_label(struct hx *h, const struct og_frame *f, int n)
         return;
     int caller = og_stack_symbolize(f, n, y);
     if (og_stack_python_only(y, n)) {
-        sb_puts(h->b, OG_PYTHON_CODE_LINE);
+        og_sb_puts(h->b, OG_PYTHON_CODE_LINE);
         free(y);
         return;
     }
@@ -941,9 +947,9 @@ static void caller_label(struct hx *h, const struct og_frame *f, int n)
     esc(h, c->function ? c->function : c->where, 90);
     if (c->function && c->file && c->line > 0) {
         const char *base = strrchr(c->file, '/');
-        sb_puts(h->b, " ");
+        og_sb_puts(h->b, " ");
         esc(h, base ? base + 1 : c->file, 60);
-        sb_printf(h->b, ":%lld", (long long)c->line);
+        og_sb_printf(h->b, ":%lld", (long long)c->line);
     }
     free(y);
 }
@@ -967,42 +973,43 @@ static void sites(struct hx *h, int top)
         return;
     char a[32], g[32];
     int shown = d->nsites < top ? d->nsites : top;
-    sb_printf(h->b,
-              "<section class=\"card\"><h2>Top allocation sites <span class=\"muted\" style=\"font-weight:400\">"
-              "%d of %s, %s in all</span></h2>",
-              shown, group_digits(d->sites_total, g), hb(d->sites_total_bytes, a));
-    sb_puts(h->b, "<table id=\"sites\" class=\"fixed\"><colgroup><col style=\"width:4%\"><col style=\"width:10%\">"
-                  "<col style=\"width:10%\"><col style=\"width:8%\"><col style=\"width:11%\"><col style=\"width:15%\">"
-                  "<col style=\"width:42%\"></colgroup><thead><tr><th class=\"num\">#</th><th "
-                  "class=\"num\">memory</th><th>share</th>"
-                  "<th class=\"num\">blocks</th><th>api</th><th>library</th><th>where</th></tr></thead><tbody>");
+    og_sb_printf(h->b,
+                 "<section class=\"card\"><h2>Top allocation sites <span class=\"muted\" style=\"font-weight:400\">"
+                 "%d of %s, %s in all</span></h2>",
+                 shown, group_digits(d->sites_total, g), hb(d->sites_total_bytes, a));
+    og_sb_puts(h->b,
+               "<table id=\"sites\" class=\"fixed\"><colgroup><col style=\"width:4%\"><col style=\"width:10%\">"
+               "<col style=\"width:10%\"><col style=\"width:8%\"><col style=\"width:11%\"><col style=\"width:15%\">"
+               "<col style=\"width:42%\"></colgroup><thead><tr><th class=\"num\">#</th><th "
+               "class=\"num\">memory</th><th>share</th>"
+               "<th class=\"num\">blocks</th><th>api</th><th>library</th><th>where</th></tr></thead><tbody>");
     double max = d->sites[0].bytes > 0 ? (double)d->sites[0].bytes : 1;
     for (int i = 0; i < shown; i++) {
         const struct og_site *s = &d->sites[i];
-        sb_printf(h->b,
-                  "<tr><td class=\"num\">%d</td><td class=\"num\">%s</td>"
-                  "<td><div class=\"share\"><i style=\"width:%.1f%%\"></i></div></td><td class=\"num\">%s</td><td "
-                  "class=\"mono\">",
-                  i + 1, hb(s->bytes, a), s->bytes > 0 ? 100.0 * (double)s->bytes / max : 0.0,
-                  s->blocks >= 0 ? group_digits(s->blocks, g) : "-");
+        og_sb_printf(h->b,
+                     "<tr><td class=\"num\">%d</td><td class=\"num\">%s</td>"
+                     "<td><div class=\"share\"><i style=\"width:%.1f%%\"></i></div></td><td class=\"num\">%s</td><td "
+                     "class=\"mono\">",
+                     i + 1, hb(s->bytes, a), s->bytes > 0 ? 100.0 * (double)s->bytes / max : 0.0,
+                     s->blocks >= 0 ? group_digits(s->blocks, g) : "-");
         esc(h, s->api ? s->api : "-", 40);
-        sb_puts(h->b, "</td><td class=\"mono\">");
+        og_sb_puts(h->b, "</td><td class=\"mono\">");
         esc(h, site_python_only(s) ? "Python code" : s->library ? s->library : "-", 80);
-        sb_puts(h->b, "</td><td>");
+        og_sb_puts(h->b, "</td><td>");
         if (s->nframes) {
             /* Labelled with the caller: the runtime's and the allocator's own frames
              * are the same for every site. */
-            sb_puts(h->b, "<details><summary class=\"mono\" style=\"font-size:12px\">");
+            og_sb_puts(h->b, "<details><summary class=\"mono\" style=\"font-size:12px\">");
             caller_label(h, s->frames, s->nframes);
-            sb_puts(h->b, "</summary>");
+            og_sb_puts(h->b, "</summary>");
             frame_list(h, s->frames, s->nframes, 40);
-            sb_puts(h->b, "</details>");
+            og_sb_puts(h->b, "</details>");
         } else {
-            sb_puts(h->b, "<span class=\"muted\">no stack</span>");
+            og_sb_puts(h->b, "<span class=\"muted\">no stack</span>");
         }
-        sb_puts(h->b, "</td></tr>");
+        og_sb_puts(h->b, "</td></tr>");
     }
-    sb_puts(h->b, "</tbody></table></section>\n");
+    og_sb_puts(h->b, "</tbody></table></section>\n");
 }
 
 /* The first thing a Python user reads, right under the diagnosis: the failing Python line and
@@ -1012,49 +1019,50 @@ static void python_first(struct hx *h)
     const struct og_dump *d = h->d;
     if (!og_python_job(d))
         return;
-    sb_puts(h->b, "<section class=\"card\" id=\"python\"><h2>Python lines</h2>");
+    og_sb_puts(h->b, "<section class=\"card\" id=\"python\"><h2>Python lines</h2>");
     if (d->event.npython_stack > 0) {
         const struct og_pyframe *p = og_failing_python_line(d);
-        sb_puts(
+        og_sb_puts(
             h->b,
             "<div class=\"muted\">The failing line</div><div class=\"mono\" style=\"font-size:15px;font-weight:600\">");
         esc(h, p->file ? p->file : "?", 300);
         if (p->line > 0)
-            sb_printf(h->b, ":%lld", (long long)p->line);
-        sb_puts(h->b, " in ");
+            og_sb_printf(h->b, ":%lld", (long long)p->line);
+        og_sb_puts(h->b, " in ");
         esc(h, p->function ? p->function : "?", 200);
-        sb_puts(h->b, "</div>");
-        sb_puts(h->b, "<div class=\"muted\" style=\"margin-top:10px\">Python stack</div><ol class=\"frames mono\">");
+        og_sb_puts(h->b, "</div>");
+        og_sb_puts(h->b, "<div class=\"muted\" style=\"margin-top:10px\">Python stack</div><ol class=\"frames mono\">");
         for (int i = 0; i < d->event.npython_stack && i < 64; i++) {
             p = &d->event.python_stack[i];
-            sb_puts(h->b, "<li><span class=\"fn\">");
+            og_sb_puts(h->b, "<li><span class=\"fn\">");
             esc(h, p->function ? p->function : "?", 200);
-            sb_puts(h->b, "</span> <span class=\"src\">");
+            og_sb_puts(h->b, "</span> <span class=\"src\">");
             esc(h, p->file ? p->file : "?", 300);
             if (p->line > 0)
-                sb_printf(h->b, ":%lld", (long long)p->line);
-            sb_puts(h->b, "</span></li>");
+                og_sb_printf(h->b, ":%lld", (long long)p->line);
+            og_sb_puts(h->b, "</span></li>");
         }
-        sb_puts(h->b, "</ol>");
+        og_sb_puts(h->b, "</ol>");
     }
     if (d->npython_sites > 0) {
         char a[32], g[32];
-        sb_puts(h->b, "<div class=\"muted\" style=\"margin-top:10px\">Python lines holding the most live memory</div>"
-                      "<table id=\"python-sites\"><thead><tr><th class=\"num\">memory</th><th class=\"num\">blocks</th>"
-                      "<th>line</th></tr></thead><tbody>");
+        og_sb_puts(h->b,
+                   "<div class=\"muted\" style=\"margin-top:10px\">Python lines holding the most live memory</div>"
+                   "<table id=\"python-sites\"><thead><tr><th class=\"num\">memory</th><th class=\"num\">blocks</th>"
+                   "<th>line</th></tr></thead><tbody>");
         for (int i = 0; i < d->npython_sites && i < 50; i++) {
             const struct og_pyframe *p = &d->python_sites[i];
-            sb_printf(h->b, "<tr><td class=\"num\">%s</td><td class=\"num\">%s</td><td class=\"mono\">",
-                      p->bytes >= 0 ? hb(p->bytes, a) : "-", p->blocks >= 0 ? group_digits(p->blocks, g) : "-");
+            og_sb_printf(h->b, "<tr><td class=\"num\">%s</td><td class=\"num\">%s</td><td class=\"mono\">",
+                         p->bytes >= 0 ? hb(p->bytes, a) : "-", p->blocks >= 0 ? group_digits(p->blocks, g) : "-");
             esc(h, p->file ? p->file : "?", 300);
-            sb_printf(h->b, ":%lld in ", (long long)p->line);
+            og_sb_printf(h->b, ":%lld in ", (long long)p->line);
             esc(h, p->function ? p->function : "?", 200);
-            sb_puts(h->b, "</td></tr>");
+            og_sb_puts(h->b, "</td></tr>");
         }
-        sb_puts(h->b, "</tbody></table>");
+        og_sb_puts(h->b, "</tbody></table>");
     } else if (d->framework_name && !strcmp(d->framework_name, "pytorch")) {
         const char *v = og_env_value(d, "OOMGUARD_PYTHON_STACKS");
-        sb_puts(
+        og_sb_puts(
             h->b,
             v && !strcmp(v, "1")
                 ? "<p class=\"muted\" id=\"python-hint\">Python lines holding memory: none reported although "
@@ -1062,7 +1070,7 @@ static void python_first(struct hx *h)
                 : "<p class=\"muted\" id=\"python-hint\">Python lines holding memory: not recorded; run with "
                   "<code>OOMGUARD_PYTHON_STACKS=1</code> to list them (costs per allocation).</p>");
     }
-    sb_puts(h->b, "</section>\n");
+    og_sb_puts(h->b, "</section>\n");
 }
 
 /* summary.devices: each GPU's peak and the card sizes it would fit on. */
@@ -1072,27 +1080,27 @@ static void fits(struct hx *h)
     if (!d->ndevsum)
         return;
     char a[32];
-    sb_puts(h->b, "<section class=\"card\"><h2>Peak per GPU, and the cards it fits on</h2><table><thead><tr>"
-                  "<th class=\"num\">GPU</th><th class=\"num\">peak</th><th class=\"num\">at</th><th>mostly</th>"
-                  "<th>fits on</th></tr></thead><tbody>");
+    og_sb_puts(h->b, "<section class=\"card\"><h2>Peak per GPU, and the cards it fits on</h2><table><thead><tr>"
+                     "<th class=\"num\">GPU</th><th class=\"num\">peak</th><th class=\"num\">at</th><th>mostly</th>"
+                     "<th>fits on</th></tr></thead><tbody>");
     for (int i = 0; i < d->ndevsum && i < 64; i++) {
         const struct og_devsum *v = &d->devsum[i];
-        sb_printf(h->b, "<tr><td class=\"num\">%lld</td><td class=\"num\">%s</td><td class=\"num\">",
-                  (long long)v->index, v->peak_bytes >= 0 ? hb(v->peak_bytes, a) : "-");
+        og_sb_printf(h->b, "<tr><td class=\"num\">%lld</td><td class=\"num\">%s</td><td class=\"num\">",
+                     (long long)v->index, v->peak_bytes >= 0 ? hb(v->peak_bytes, a) : "-");
         if (isfinite(v->peak_t_rel))
-            sb_printf(h->b, "%.1f s", v->peak_t_rel);
-        sb_puts(h->b, "</td><td class=\"mono\">");
+            og_sb_printf(h->b, "%.1f s", v->peak_t_rel);
+        og_sb_puts(h->b, "</td><td class=\"mono\">");
         esc(h, v->peak_library ? v->peak_library : "-", 80);
-        sb_puts(h->b, "</td><td>");
+        og_sb_puts(h->b, "</td><td>");
         for (int j = 0; j < v->nfits && j < 32; j++)
-            sb_printf(h->b, "<span class=\"chip %s\">%g GB %s</span>", v->fits[j].fits == 1 ? "save" : "cost",
-                      v->fits[j].card_gb,
-                      v->fits[j].fits == 1   ? "\u2713"
-                      : v->fits[j].fits == 0 ? "\u2717"
-                                             : "?");
-        sb_puts(h->b, "</td></tr>");
+            og_sb_printf(h->b, "<span class=\"chip %s\">%g GB %s</span>", v->fits[j].fits == 1 ? "save" : "cost",
+                         v->fits[j].card_gb,
+                         v->fits[j].fits == 1   ? "\u2713"
+                         : v->fits[j].fits == 0 ? "\u2717"
+                                                : "?");
+        og_sb_puts(h->b, "</td></tr>");
     }
-    sb_puts(h->b, "</tbody></table></section>\n");
+    og_sb_puts(h->b, "</tbody></table></section>\n");
 }
 
 static void failed_call(struct hx *h)
@@ -1101,59 +1109,60 @@ static void failed_call(struct hx *h)
     if (!d->event.present)
         return;
     char a[32];
-    sb_puts(h->b, "<section class=\"card\"><h2>The failed call</h2><div class=\"kv\">");
-#define KV(name) sb_puts(h->b, "<div class=\"n\">" name "</div><div class=\"v\">")
+    og_sb_puts(h->b, "<section class=\"card\"><h2>The failed call</h2><div class=\"kv\">");
+#define KV(name) og_sb_puts(h->b, "<div class=\"n\">" name "</div><div class=\"v\">")
     if (d->event.api) {
         KV("api");
         esc(h, d->event.api, 80);
         if (d->event.driver_api) {
-            sb_puts(h->b, " \u2192 ");
+            og_sb_puts(h->b, " \u2192 ");
             esc(h, d->event.driver_api, 80);
         }
-        sb_puts(h->b, "</div>");
+        og_sb_puts(h->b, "</div>");
     }
     if (d->event.library) {
         KV("called from");
         if (og_event_python_only(d))
-            sb_puts(h->b, "Python code, via ");
+            og_sb_puts(h->b, "Python code, via ");
         esc(h, d->event.library, 120);
-        sb_puts(h->b, "</div>");
+        og_sb_puts(h->b, "</div>");
     }
     if (d->event.requested_bytes.known) {
         char g[32];
         KV("requested");
-        sb_printf(h->b, "%s (%s bytes)</div>", hbu(d->event.requested_bytes.v, a),
-                  group_digits_u64(d->event.requested_bytes.v, g));
+        og_sb_printf(h->b, "%s (%s bytes)</div>", hbu(d->event.requested_bytes.v, a),
+                     group_digits_u64(d->event.requested_bytes.v, g));
     }
     if (d->event.result >= 0) {
         const char *rn = og_result_name(d->event.result);
         KV("result");
-        sb_printf(h->b, "%lld%s%s%s</div>", (long long)d->event.result, rn ? " (" : "", rn ? rn : "", rn ? ")" : "");
+        og_sb_printf(h->b, "%lld%s%s%s</div>", (long long)d->event.result, rn ? " (" : "", rn ? rn : "", rn ? ")" : "");
     }
     if (d->event.attempts >= 0) {
         KV("attempts");
-        sb_printf(h->b, "%lld", (long long)d->event.attempts);
+        og_sb_printf(h->b, "%lld", (long long)d->event.attempts);
         if (d->event.released_between_attempts_bytes >= 0)
-            sb_printf(h->b, ", %s released between them", hb(d->event.released_between_attempts_bytes, a));
-        sb_puts(h->b, "</div>");
+            og_sb_printf(h->b, ", %s released between them", hb(d->event.released_between_attempts_bytes, a));
+        og_sb_puts(h->b, "</div>");
     }
     if (d->event.stream_ordered >= 0 || d->event.caused_by_limit >= 0) {
         KV("kind");
-        sb_printf(h->b, "%s%s</div>", d->event.stream_ordered == 1 ? "stream-ordered (pool)" : "plain",
-                  d->event.caused_by_limit == 1 ? ", refused by OOMGUARD_LIMIT" : "");
+        og_sb_printf(h->b, "%s%s</div>", d->event.stream_ordered == 1 ? "stream-ordered (pool)" : "plain",
+                     d->event.caused_by_limit == 1 ? ", refused by OOMGUARD_LIMIT" : "");
     }
 #undef KV
-    sb_puts(h->b, "</div>");
+    og_sb_puts(h->b, "</div>");
     if (d->event.npython_stack > 0) /* the Python lines are at the top of the page */
-        sb_puts(
+        og_sb_puts(
             h->b,
             "<div class=\"muted\" style=\"margin-top:10px\">Python stack: <a href=\"#python\">at the top</a></div>");
     if (d->event.nstack) {
-        sb_puts(h->b, d->event.npython_stack > 0 ? "<div class=\"muted\" style=\"margin-top:10px\">Native stack</div>"
-                                                 : "<div class=\"muted\" style=\"margin-top:10px\">Stack</div>");
+        og_sb_puts(h->b, d->event.npython_stack > 0
+                             ? "<div class=\"muted\" style=\"margin-top:10px\">Native stack</div>"
+                             : "<div class=\"muted\" style=\"margin-top:10px\">Stack</div>");
         frame_list(h, d->event.stack, d->event.nstack, 64);
     }
-    sb_puts(h->b, "</section>\n");
+    og_sb_puts(h->b, "</section>\n");
 }
 
 static void processes(struct hx *h)
@@ -1162,96 +1171,96 @@ static void processes(struct hx *h)
     if (!d->mem.nprocs)
         return;
     char a[32];
-    sb_puts(h->b, "<section class=\"card\"><h2>Other processes on this GPU</h2><table><thead><tr>"
-                  "<th class=\"num\">pid</th><th>name</th><th class=\"num\">memory</th></tr></thead><tbody>");
+    og_sb_puts(h->b, "<section class=\"card\"><h2>Other processes on this GPU</h2><table><thead><tr>"
+                     "<th class=\"num\">pid</th><th>name</th><th class=\"num\">memory</th></tr></thead><tbody>");
     for (int i = 0; i < d->mem.nprocs && i < 200; i++) {
-        sb_printf(h->b, "<tr><td class=\"num\">%lld</td><td class=\"mono\">", (long long)d->mem.procs[i].pid);
+        og_sb_printf(h->b, "<tr><td class=\"num\">%lld</td><td class=\"mono\">", (long long)d->mem.procs[i].pid);
         esc(h, d->mem.procs[i].name, 200);
-        sb_printf(h->b, "</td><td class=\"num\">%s</td></tr>", hb(d->mem.procs[i].bytes, a));
+        og_sb_printf(h->b, "</td><td class=\"num\">%s</td></tr>", hb(d->mem.procs[i].bytes, a));
     }
-    sb_puts(h->b, "</tbody></table></section>\n");
+    og_sb_puts(h->b, "</tbody></table></section>\n");
 }
 
 static void details(struct hx *h)
 {
     const struct og_dump *d = h->d;
     char a[32];
-    sb_puts(h->b, "<section class=\"card\"><h2>Process and environment</h2><div class=\"kv\">");
+    og_sb_puts(h->b, "<section class=\"card\"><h2>Process and environment</h2><div class=\"kv\">");
     if (d->cmdline) {
-        sb_puts(h->b, "<div class=\"n\">command</div><div class=\"v mono\">");
+        og_sb_puts(h->b, "<div class=\"n\">command</div><div class=\"v mono\">");
         esc(h, d->cmdline, 2000);
-        sb_puts(h->b, "</div>");
+        og_sb_puts(h->b, "</div>");
     }
     if (d->pid >= 0)
-        sb_printf(h->b, "<div class=\"n\">pid</div><div class=\"v\">%lld (parent %lld)</div>", (long long)d->pid,
-                  (long long)d->ppid);
+        og_sb_printf(h->b, "<div class=\"n\">pid</div><div class=\"v\">%lld (parent %lld)</div>", (long long)d->pid,
+                     (long long)d->ppid);
     if (d->job_id) {
-        sb_puts(h->b, "<div class=\"n\">job</div><div class=\"v mono\">");
+        og_sb_puts(h->b, "<div class=\"n\">job</div><div class=\"v mono\">");
         esc(h, d->job_id, 200);
-        sb_puts(h->b, "</div>");
+        og_sb_puts(h->b, "</div>");
     }
     if (d->device.pci_bus_id || d->device.compute_capability) {
-        sb_puts(h->b, "<div class=\"n\">device</div><div class=\"v\">");
+        og_sb_puts(h->b, "<div class=\"n\">device</div><div class=\"v\">");
         esc(h, d->device.name ? d->device.name : "?", 100);
         if (d->device.pci_bus_id) {
-            sb_puts(h->b, ", PCI ");
+            og_sb_puts(h->b, ", PCI ");
             esc(h, d->device.pci_bus_id, 40);
         }
         if (d->device.compute_capability) {
-            sb_puts(h->b, ", compute capability ");
+            og_sb_puts(h->b, ", compute capability ");
             esc(h, d->device.compute_capability, 20);
         }
-        sb_puts(h->b, "</div>");
+        og_sb_puts(h->b, "</div>");
     }
     for (int i = 0; i < d->mem.nlibs && i < 50; i++) {
-        sb_puts(h->b, i ? "<div></div><div class=\"v\">" : "<div class=\"n\">by library</div><div class=\"v\">");
-        sb_puts(h->b, "<span class=\"mono\">");
+        og_sb_puts(h->b, i ? "<div></div><div class=\"v\">" : "<div class=\"n\">by library</div><div class=\"v\">");
+        og_sb_puts(h->b, "<span class=\"mono\">");
         esc(h, d->mem.libs[i].library, 120);
-        sb_printf(h->b, "</span> %s%s</div>", hb(d->mem.libs[i].bytes, a),
-                  d->mem.libs[i].framework == 1 ? " (framework)" : "");
+        og_sb_printf(h->b, "</span> %s%s</div>", hb(d->mem.libs[i].bytes, a),
+                     d->mem.libs[i].framework == 1 ? " (framework)" : "");
     }
     if (d->mem.host_pinned_bytes >= 0)
-        sb_printf(h->b, "<div class=\"n\">pinned host memory</div><div class=\"v\">%s</div>",
-                  hb(d->mem.host_pinned_bytes, a));
+        og_sb_printf(h->b, "<div class=\"n\">pinned host memory</div><div class=\"v\">%s</div>",
+                     hb(d->mem.host_pinned_bytes, a));
     for (int i = 0; i < d->mem.nunmeasured && i < 50; i++) {
-        sb_puts(h->b, i ? "<div></div><div class=\"v\">" : "<div class=\"n\">not measured</div><div class=\"v\">");
+        og_sb_puts(h->b, i ? "<div></div><div class=\"v\">" : "<div class=\"n\">not measured</div><div class=\"v\">");
         esc(h, d->mem.unmeasured[i], 300);
-        sb_puts(h->b, "</div>");
+        og_sb_puts(h->b, "</div>");
     }
-    sb_puts(h->b, "</div>");
+    og_sb_puts(h->b, "</div>");
     if (d->nenv) {
-        sb_printf(
+        og_sb_printf(
             h->b,
             "<details style=\"margin-top:10px\"><summary>environment (%d variables)</summary><div class=\"kv mono\" "
             "style=\"margin-top:6px;font-size:12px\">",
             d->nenv);
         for (int i = 0; i < d->nenv && i < 200; i++) {
-            sb_puts(h->b, "<div class=\"n\">");
+            og_sb_puts(h->b, "<div class=\"n\">");
             esc(h, d->env[i].key, 80);
-            sb_puts(h->b, "</div><div class=\"v\">");
+            og_sb_puts(h->b, "</div><div class=\"v\">");
             esc(h, d->env[i].value, 500);
-            sb_puts(h->b, "</div>");
+            og_sb_puts(h->b, "</div>");
         }
-        sb_puts(h->b, "</div></details>");
+        og_sb_puts(h->b, "</div></details>");
     }
-    sb_puts(h->b, "</section>\n");
+    og_sb_puts(h->b, "</section>\n");
 }
 
 static void footer(struct hx *h)
 {
     const struct og_dump *d = h->d;
-    sb_puts(h->b, "</main>\n<footer>Report by oomguard " OOMGUARD_VERSION " from <span class=\"mono\">");
+    og_sb_puts(h->b, "</main>\n<footer>Report by oomguard " OOMGUARD_VERSION " from <span class=\"mono\">");
     esc(h, d->file, 200);
-    sb_puts(h->b, "</span>");
+    og_sb_puts(h->b, "</span>");
     if (d->generator) {
-        sb_puts(h->b, ", written by ");
+        og_sb_puts(h->b, ", written by ");
         esc(h, d->generator, 60);
     }
-    sb_puts(h->b, ".</footer>\n");
+    og_sb_puts(h->b, ".</footer>\n");
     og_html_end(h->b);
 }
 
-int og_render_html(struct sbuf *out, const struct og_dump *d, const struct og_render_opts *o)
+int og_render_html(og_sb_t *out, const struct og_dump *d, const struct og_render_opts *o)
 {
     struct hx h = { out, d };
     page_head(&h);
@@ -1270,5 +1279,5 @@ int og_render_html(struct sbuf *out, const struct og_dump *d, const struct og_re
     processes(&h);
     details(&h);
     footer(&h);
-    return out->oom ? -1 : 0;
+    return out->failed ? -1 : 0;
 }

@@ -11,16 +11,16 @@
 /* Returns a cJSON-allocated valid UTF-8 copy of s, or NULL if s is already valid. */
 static char *fixed_utf8(const char *s)
 {
-    struct sbuf b;
-    sb_init(&b);
+    og_sb_t b;
+    og_sb_init(&b);
     sb_utf8(&b, s);
     char *r = NULL;
-    if (!b.oom && (b.len != strlen(s) || memcmp(b.p ? b.p : "", s, b.len))) {
+    if (!b.failed && (b.len != strlen(s) || memcmp(b.buf ? b.buf : "", s, b.len))) {
         r = cJSON_malloc(b.len + 1);
         if (r)
-            memcpy(r, b.p, b.len + 1);
+            memcpy(r, b.buf, b.len + 1);
     }
-    sb_free(&b);
+    og_sb_free(&b);
     return r;
 }
 
@@ -73,7 +73,7 @@ static void exact_ints(cJSON *v, int raw)
     }
 }
 
-int og_render_json(struct sbuf *out, const struct og_dump *d)
+int og_render_json(og_sb_t *out, const struct og_dump *d)
 {
     cJSON *copy = NULL;
     const cJSON *doc = d->root;
@@ -92,8 +92,8 @@ int og_render_json(struct sbuf *out, const struct og_dump *d)
     cJSON_Delete(copy);
     if (!s)
         return -1;
-    sb_puts(out, s);
-    sb_putc(out, '\n');
+    og_sb_puts(out, s);
+    og_sb_putc(out, '\n');
     cJSON_free(s);
-    return out->oom ? -1 : 0;
+    return out->failed ? -1 : 0;
 }

@@ -13,7 +13,7 @@
 #define BAR_WIDTH      28
 
 struct tx {
-    struct sbuf *b;
+    og_sb_t *b;
     int color;
 };
 
@@ -29,7 +29,7 @@ static const char *st(const struct tx *t, const char *code) { return t->color ? 
 
 static void heading(struct tx *t, const char *title)
 {
-    sb_printf(t->b, "\n%s%s%s\n", st(t, BOLD), title, st(t, RESET));
+    og_sb_printf(t->b, "\n%s%s%s\n", st(t, BOLD), title, st(t, RESET));
 }
 
 /* Untrusted text padded to `width` display columns. */
@@ -38,7 +38,7 @@ static void cell(struct tx *t, const char *s, size_t max, int width)
     sb_text(t->b, s ? s : "-", max, 0);
     int w = (int)text_width(s ? s : "-", max);
     for (int i = w; i < width; i++)
-        sb_putc(t->b, ' ');
+        og_sb_putc(t->b, ' ');
 }
 
 static void bar(struct tx *t, double frac, const char *style)
@@ -51,11 +51,11 @@ static void bar(struct tx *t, double frac, const char *style)
     int units = (int)lround(frac * BAR_WIDTH * 8);
     if (units == 0)
         units = 1; /* visible even when tiny */
-    sb_puts(t->b, st(t, style));
+    og_sb_puts(t->b, st(t, style));
     for (int i = 0; i < units / 8; i++)
-        sb_puts(t->b, "\u2588");
-    sb_puts(t->b, eighth[units % 8]);
-    sb_puts(t->b, st(t, RESET));
+        og_sb_puts(t->b, "\u2588");
+    og_sb_puts(t->b, eighth[units % 8]);
+    og_sb_puts(t->b, st(t, RESET));
 }
 
 static void headline(struct tx *t, const struct og_dump *d)
@@ -65,152 +65,153 @@ static void headline(struct tx *t, const struct og_dump *d)
                         : d->status == OG_ST_RECOVERED ? GREEN
                         : d->status == OG_ST_WARNING   ? YELLOW
                                                        : CYAN;
-    sb_printf(t->b, "%s%s%s%s", st(t, BOLD), st(t, color), og_status_title(d), st(t, RESET));
+    og_sb_printf(t->b, "%s%s%s%s", st(t, BOLD), st(t, color), og_status_title(d), st(t, RESET));
     if (d->device.index >= 0 || d->event.device >= 0) {
-        sb_printf(t->b, "%s on GPU %lld", st(t, BOLD),
-                  (long long)(d->event.device >= 0 ? d->event.device : d->device.index));
+        og_sb_printf(t->b, "%s on GPU %lld", st(t, BOLD),
+                     (long long)(d->event.device >= 0 ? d->event.device : d->device.index));
         if (d->device.name) {
-            sb_puts(t->b, " (");
+            og_sb_puts(t->b, " (");
             sb_text(t->b, d->device.name, 80, 0);
-            sb_puts(t->b, ")");
+            og_sb_puts(t->b, ")");
         }
-        sb_puts(t->b, st(t, RESET));
+        og_sb_puts(t->b, st(t, RESET));
     }
     if (d->status_str && d->status == OG_ST_OTHER) {
-        sb_puts(t->b, " — status ");
+        og_sb_puts(t->b, " — status ");
         sb_text(t->b, d->status_str, 40, 0);
     }
-    sb_putc(t->b, '\n');
+    og_sb_putc(t->b, '\n');
 
     if (d->event.present && d->event.requested_bytes.known) {
-        sb_puts(t->b, "  ");
+        og_sb_puts(t->b, "  ");
         sb_text(t->b, d->event.api ? d->event.api : "allocation", 60, 0);
-        sb_printf(t->b, " of %s%s%s", st(t, BOLD), human_bytes_u64(d->event.requested_bytes.v, h1), st(t, RESET));
+        og_sb_printf(t->b, " of %s%s%s", st(t, BOLD), human_bytes_u64(d->event.requested_bytes.v, h1), st(t, RESET));
         if (d->event.requested_bytes.v >= 1ull << 50) { /* past any device: the exact number says more */
             char g[32];
-            sb_printf(t->b, " (%s bytes)", group_digits_u64(d->event.requested_bytes.v, g));
+            og_sb_printf(t->b, " (%s bytes)", group_digits_u64(d->event.requested_bytes.v, g));
         }
         if (d->status == OG_ST_RECOVERED) {
-            sb_puts(t->b, " failed, then succeeded");
+            og_sb_puts(t->b, " failed, then succeeded");
             if (d->event.released_between_attempts_bytes > 0)
-                sb_printf(t->b, " after the framework released %s",
-                          human_bytes(d->event.released_between_attempts_bytes, h2));
+                og_sb_printf(t->b, " after the framework released %s",
+                             human_bytes(d->event.released_between_attempts_bytes, h2));
         } else {
-            sb_puts(t->b, d->status == OG_ST_OOM ? " failed" : " requested");
+            og_sb_puts(t->b, d->status == OG_ST_OOM ? " failed" : " requested");
             if (d->device.free_bytes >= 0) {
-                sb_printf(t->b, ": %s free", human_bytes(d->device.free_bytes, h2));
+                og_sb_printf(t->b, ": %s free", human_bytes(d->device.free_bytes, h2));
                 if (d->device.total_bytes > 0)
-                    sb_printf(t->b, " of %s", human_bytes(d->device.total_bytes, h3));
+                    og_sb_printf(t->b, " of %s", human_bytes(d->device.total_bytes, h3));
             }
             if (d->device.limit_bytes >= 0)
-                sb_printf(t->b, " (OOMGUARD_LIMIT %s)", human_bytes(d->device.limit_bytes, h3));
+                og_sb_printf(t->b, " (OOMGUARD_LIMIT %s)", human_bytes(d->device.limit_bytes, h3));
             struct og_bytes sf = og_shortfall(d);
             if (sf.known && !sf.neg && sf.v > 0)
-                sb_printf(t->b, " — %s%s %s%s", st(t, RED), human_bytes_u64(sf.v, h3),
-                          d->event.caused_by_limit == 1 ? "over the limit" : "short", st(t, RESET));
+                og_sb_printf(t->b, " — %s%s %s%s", st(t, RED), human_bytes_u64(sf.v, h3),
+                             d->event.caused_by_limit == 1 ? "over the limit" : "short", st(t, RESET));
             else if (sf.known && d->status == OG_ST_OOM)
-                sb_puts(t->b, " — enough in total, but not in one piece");
+                og_sb_puts(t->b, " — enough in total, but not in one piece");
         }
-        sb_putc(t->b, '\n');
+        og_sb_putc(t->b, '\n');
     } else if (d->status != OG_ST_EXIT && og_process_bytes(d) >= 0) {
-        sb_printf(t->b, "  this process holds %s%s%s", st(t, BOLD), human_bytes(og_process_bytes(d), h1), st(t, RESET));
+        og_sb_printf(t->b, "  this process holds %s%s%s", st(t, BOLD), human_bytes(og_process_bytes(d), h1),
+                     st(t, RESET));
         if (d->device.total_bytes > 0)
-            sb_printf(t->b, " of %s (%.0f%%)", human_bytes(d->device.total_bytes, h2),
-                      100.0 * (double)og_process_bytes(d) / (double)d->device.total_bytes);
+            og_sb_printf(t->b, " of %s (%.0f%%)", human_bytes(d->device.total_bytes, h2),
+                         100.0 * (double)og_process_bytes(d) / (double)d->device.total_bytes);
         if (d->device.free_bytes >= 0)
-            sb_printf(t->b, "; %s free", human_bytes(d->device.free_bytes, h3));
-        sb_putc(t->b, '\n');
+            og_sb_printf(t->b, "; %s free", human_bytes(d->device.free_bytes, h3));
+        og_sb_putc(t->b, '\n');
     } else if (d->status == OG_ST_EXIT) {
         for (int i = 0; i < d->ndevsum; i++)
             if (d->devsum[i].peak_bytes >= 0)
-                sb_printf(t->b, "  GPU %lld peaked at %s%s%s\n", (long long)d->devsum[i].index, st(t, BOLD),
-                          human_bytes(d->devsum[i].peak_bytes, h1), st(t, RESET));
+                og_sb_printf(t->b, "  GPU %lld peaked at %s%s%s\n", (long long)d->devsum[i].index, st(t, BOLD),
+                             human_bytes(d->devsum[i].peak_bytes, h1), st(t, RESET));
     }
     const struct og_cause *c = og_primary_cause(d);
     if (c) {
         const char *title = og_cause_title(c->id);
-        sb_printf(t->b, "  %sDiagnosis:%s ", st(t, BOLD), st(t, RESET));
+        og_sb_printf(t->b, "  %sDiagnosis:%s ", st(t, BOLD), st(t, RESET));
         if (title)
-            sb_puts(t->b, title);
+            og_sb_puts(t->b, title);
         else
             sb_text(t->b, c->id, 40, 0);
-        sb_printf(t->b, " %s(", st(t, DIM));
+        og_sb_printf(t->b, " %s(", st(t, DIM));
         sb_text(t->b, c->id ? c->id : "?", 40, 0);
         if (isfinite(c->confidence))
-            sb_printf(t->b, ", confidence %.0f%%", fmin(fmax(c->confidence, 0), 1) * 100);
-        sb_printf(t->b, ")%s", st(t, RESET));
-        sb_putc(t->b, '\n');
+            og_sb_printf(t->b, ", confidence %.0f%%", fmin(fmax(c->confidence, 0), 1) * 100);
+        og_sb_printf(t->b, ")%s", st(t, RESET));
+        og_sb_putc(t->b, '\n');
     }
 }
 
 static void facts(struct tx *t, const struct og_dump *d)
 {
     char h[32], tm[40];
-    sb_putc(t->b, '\n');
-    sb_puts(t->b, "  process    ");
+    og_sb_putc(t->b, '\n');
+    og_sb_puts(t->b, "  process    ");
     if (d->pid >= 0)
-        sb_printf(t->b, "pid %lld", (long long)d->pid);
+        og_sb_printf(t->b, "pid %lld", (long long)d->pid);
     if (d->host) {
-        sb_puts(t->b, " on ");
+        og_sb_puts(t->b, " on ");
         sb_text(t->b, d->host, 80, 0);
     }
     if (d->rank >= 0) {
-        sb_printf(t->b, ", rank %lld", (long long)d->rank);
+        og_sb_printf(t->b, ", rank %lld", (long long)d->rank);
         if (d->world_size >= 0)
-            sb_printf(t->b, " of %lld", (long long)d->world_size);
+            og_sb_printf(t->b, " of %lld", (long long)d->world_size);
     }
     if (d->job_id) {
-        sb_puts(t->b, ", job ");
+        og_sb_puts(t->b, ", job ");
         sb_text(t->b, d->job_id, 80, 0);
     }
-    sb_putc(t->b, '\n');
+    og_sb_putc(t->b, '\n');
     if (d->cmdline) {
-        sb_puts(t->b, "  command    ");
+        og_sb_puts(t->b, "  command    ");
         sb_text(t->b, d->cmdline, 160, 0);
-        sb_putc(t->b, '\n');
+        og_sb_putc(t->b, '\n');
     }
     if (d->framework_name) {
-        sb_printf(t->b, "  framework  %s", og_framework_title(d->framework_name));
+        og_sb_printf(t->b, "  framework  %s", og_framework_title(d->framework_name));
         if (!strcmp(og_framework_title(d->framework_name), "Framework")) {
-            sb_puts(t->b, " ");
+            og_sb_puts(t->b, " ");
             sb_text(t->b, d->framework_name, 40, 0);
         }
-        sb_putc(t->b, '\n');
+        og_sb_putc(t->b, '\n');
     }
     double when = d->event.present && isfinite(d->event.t) ? d->event.t : d->time;
     og_format_time(when, tm);
     if (tm[0] || isfinite(d->event.t_rel)) {
-        sb_puts(t->b, "  when       ");
-        sb_puts(t->b, tm);
+        og_sb_puts(t->b, "  when       ");
+        og_sb_puts(t->b, tm);
         if (isfinite(d->event.t_rel))
-            sb_printf(t->b, "%s%.1f s after the process started", tm[0] ? ", " : "", d->event.t_rel);
-        sb_putc(t->b, '\n');
+            og_sb_printf(t->b, "%s%.1f s after the process started", tm[0] ? ", " : "", d->event.t_rel);
+        og_sb_putc(t->b, '\n');
     }
     if (d->event.present) {
-        sb_puts(t->b, "  call       ");
+        og_sb_puts(t->b, "  call       ");
         sb_text(t->b, d->event.api ? d->event.api : "?", 60, 0);
         if (d->event.driver_api) {
-            sb_puts(t->b, " -> ");
+            og_sb_puts(t->b, " -> ");
             sb_text(t->b, d->event.driver_api, 60, 0);
         }
         if (d->event.library) {
-            sb_puts(t->b, og_event_python_only(d) ? " from Python code via " : " from ");
+            og_sb_puts(t->b, og_event_python_only(d) ? " from Python code via " : " from ");
             sb_text(t->b, d->event.library, 80, 0);
         }
         if (d->event.result >= 0) {
             const char *rn = og_result_name(d->event.result);
-            sb_printf(t->b, ", result %lld%s%s%s", (long long)d->event.result, rn ? " (" : "", rn ? rn : "",
-                      rn ? ")" : "");
+            og_sb_printf(t->b, ", result %lld%s%s%s", (long long)d->event.result, rn ? " (" : "", rn ? rn : "",
+                         rn ? ")" : "");
         }
         if (d->event.stream_ordered == 1)
-            sb_puts(t->b, ", stream-ordered");
-        sb_putc(t->b, '\n');
+            og_sb_puts(t->b, ", stream-ordered");
+        og_sb_putc(t->b, '\n');
         if (d->event.attempts > 1 || d->event.released_between_attempts_bytes > 0) {
-            sb_printf(t->b, "  attempts   %lld", (long long)(d->event.attempts >= 0 ? d->event.attempts : 1));
+            og_sb_printf(t->b, "  attempts   %lld", (long long)(d->event.attempts >= 0 ? d->event.attempts : 1));
             if (d->event.released_between_attempts_bytes >= 0)
-                sb_printf(t->b, ", %s released by the framework between them",
-                          human_bytes(d->event.released_between_attempts_bytes, h));
-            sb_putc(t->b, '\n');
+                og_sb_printf(t->b, ", %s released by the framework between them",
+                             human_bytes(d->event.released_between_attempts_bytes, h));
+            og_sb_putc(t->b, '\n');
         }
     }
 }
@@ -234,28 +235,28 @@ static void where(struct tx *t, const struct og_dump *d)
                             : parts[i].kind == P_OTHER_PROCS ? YELLOW
                             : parts[i].kind == P_UNACCOUNTED ? DIM
                                                              : CYAN;
-        sb_puts(t->b, "  ");
+        og_sb_puts(t->b, "  ");
         cell(t, parts[i].label, 60, 40);
-        sb_printf(t->b, "%12s", human_bytes(parts[i].bytes, h));
+        og_sb_printf(t->b, "%12s", human_bytes(parts[i].bytes, h));
         if (scale > 0)
-            sb_printf(t->b, "  %5.1f%%  ", 100.0 * (double)parts[i].bytes / (double)scale);
+            og_sb_printf(t->b, "  %5.1f%%  ", 100.0 * (double)parts[i].bytes / (double)scale);
         bar(t, scale > 0 ? (double)parts[i].bytes / (double)scale : 0, style);
-        sb_putc(t->b, '\n');
+        og_sb_putc(t->b, '\n');
     }
     if (d->event.present && d->event.requested_bytes.known) {
         double req = (double)d->event.requested_bytes.v;
-        sb_puts(t->b, "  ");
-        sb_repeat(t->b, "\u2500", 40 + 12);
-        sb_putc(t->b, '\n');
-        sb_puts(t->b, "  ");
+        og_sb_puts(t->b, "  ");
+        og_sb_repeat(t->b, "\u2500", 40 + 12);
+        og_sb_putc(t->b, '\n');
+        og_sb_puts(t->b, "  ");
         cell(t, d->status == OG_ST_RECOVERED ? "Requested (succeeded on retry)" : "Requested", 60, 40);
-        sb_printf(t->b, "%12s", human_bytes_u64(d->event.requested_bytes.v, h));
+        og_sb_printf(t->b, "%12s", human_bytes_u64(d->event.requested_bytes.v, h));
         if (scale > 0 && req / (double)scale < 1e3)
-            sb_printf(t->b, "  %5.1f%%  ", 100.0 * req / (double)scale);
+            og_sb_printf(t->b, "  %5.1f%%  ", 100.0 * req / (double)scale);
         else if (scale > 0) /* a request no device holds ("7e+10%"): the columns stay */
-            sb_printf(t->b, "  %5.0e%%  ", 100.0 * req / (double)scale);
+            og_sb_printf(t->b, "  %5.0e%%  ", 100.0 * req / (double)scale);
         bar(t, scale > 0 ? req / (double)scale : 0, RED);
-        sb_putc(t->b, '\n');
+        og_sb_putc(t->b, '\n');
     }
     /* The framework adapter's own numbers. */
     const cJSON *fw = d->mem.framework, *x;
@@ -267,17 +268,17 @@ static void where(struct tx *t, const struct og_dump *d)
             if (kl <= 6 || strcmp(x->string + kl - 6, "_bytes") || !cJSON_IsNumber(x))
                 continue;
             if (first)
-                sb_printf(t->b, "\n  %s allocator:", og_framework_title(d->framework_name));
-            sb_puts(t->b, first ? " " : ", ");
+                og_sb_printf(t->b, "\n  %s allocator:", og_framework_title(d->framework_name));
+            og_sb_puts(t->b, first ? " " : ", ");
             first = 0;
             char key[48];
             snprintf(key, sizeof key, "%.*s", (int)(kl - 6 > 40 ? 40 : kl - 6), x->string);
             sb_text(t->b, key, 40, 0); /* keys come from the dump too */
             struct og_bytes v;
-            sb_printf(t->b, " %s", og_json_bytes(x, &v) && !v.neg ? human_bytes_u64(v.v, h) : "?");
+            og_sb_printf(t->b, " %s", og_json_bytes(x, &v) && !v.neg ? human_bytes_u64(v.v, h) : "?");
         }
         if (!first)
-            sb_putc(t->b, '\n');
+            og_sb_putc(t->b, '\n');
         /* the modes in force at the failure, as the adapter saw them (null: not known, not shown) */
         static const struct {
             const char *key, *on, *off;
@@ -291,11 +292,11 @@ static void where(struct tx *t, const struct og_dump *d)
             const cJSON *mode = cJSON_GetObjectItemCaseSensitive(fw, modes[k].key);
             if (!cJSON_IsBool(mode))
                 continue;
-            sb_puts(t->b, nmodes++ ? ", " : "  at the failure: ");
-            sb_puts(t->b, cJSON_IsTrue(mode) ? modes[k].on : modes[k].off);
+            og_sb_puts(t->b, nmodes++ ? ", " : "  at the failure: ");
+            og_sb_puts(t->b, cJSON_IsTrue(mode) ? modes[k].on : modes[k].off);
         }
         if (nmodes)
-            sb_putc(t->b, '\n');
+            og_sb_putc(t->b, '\n');
         /* The two views side by side: what the framework says it reserved, and what the shim
          * counted at the driver from the framework's libraries. */
         const cJSON *res = cJSON_GetObjectItemCaseSensitive(fw, "reserved_bytes");
@@ -304,18 +305,19 @@ static void where(struct tx *t, const struct og_dump *d)
         if (og_json_bytes(res, &rv) && !rv.neg && rv.v <= INT64_MAX && d->mem.framework_bytes >= 0) {
             char a[32], b2[32], c[32];
             int64_t r = (int64_t)rv.v, diff = d->mem.framework_bytes - r;
-            sb_printf(t->b, "  two views: %s reserved %s; oomguard counted %s at the driver from its libraries",
-                      og_framework_title(d->framework_name), human_bytes(r, a),
-                      human_bytes(d->mem.framework_bytes, b2));
+            og_sb_printf(t->b, "  two views: %s reserved %s; oomguard counted %s at the driver from its libraries",
+                         og_framework_title(d->framework_name), human_bytes(r, a),
+                         human_bytes(d->mem.framework_bytes, b2));
             if (diff == 0)
-                sb_puts(t->b, " (they agree)\n");
+                og_sb_puts(t->b, " (they agree)\n");
             else
-                sb_printf(t->b, " (%s %s: %s)\n", human_bytes(diff < 0 ? -diff : diff, c), diff > 0 ? "more" : "less",
-                          diff > 0 ? "memory its libraries took outside its allocator, e.g. workspaces"
-                                   : "segments not attributed to its libraries, or released since");
+                og_sb_printf(t->b, " (%s %s: %s)\n", human_bytes(diff < 0 ? -diff : diff, c),
+                             diff > 0 ? "more" : "less",
+                             diff > 0 ? "memory its libraries took outside its allocator, e.g. workspaces"
+                                      : "segments not attributed to its libraries, or released since");
             if (og_json_bytes(alc, &av) && !av.neg && av.v <= INT64_MAX)
-                sb_printf(t->b, "  in tensors %s, cached but unused %s\n", human_bytes((int64_t)av.v, a),
-                          human_bytes(r - (int64_t)av.v, b2));
+                og_sb_printf(t->b, "  in tensors %s, cached but unused %s\n", human_bytes((int64_t)av.v, a),
+                             human_bytes(r - (int64_t)av.v, b2));
         }
     }
 }
@@ -326,16 +328,16 @@ static void others(struct tx *t, const struct og_dump *d)
         return;
     char h[32];
     heading(t, "Other processes on this GPU");
-    sb_printf(t->b, "  %s%-10s %-40s %12s%s\n", st(t, DIM), "pid", "name", "memory", st(t, RESET));
+    og_sb_printf(t->b, "  %s%-10s %-40s %12s%s\n", st(t, DIM), "pid", "name", "memory", st(t, RESET));
     int shown = d->mem.nprocs < 20 ? d->mem.nprocs : 20;
     for (int i = 0; i < shown; i++) {
         const struct og_proc *p = &d->mem.procs[i];
-        sb_printf(t->b, "  %-10lld ", (long long)p->pid);
+        og_sb_printf(t->b, "  %-10lld ", (long long)p->pid);
         cell(t, p->name, 38, 40);
-        sb_printf(t->b, " %12s\n", human_bytes(p->bytes, h));
+        og_sb_printf(t->b, " %12s\n", human_bytes(p->bytes, h));
     }
     if (d->mem.nprocs > shown)
-        sb_printf(t->b, "  ... and %d more\n", d->mem.nprocs - shown);
+        og_sb_printf(t->b, "  ... and %d more\n", d->mem.nprocs - shown);
 }
 
 static void causes(struct tx *t, const struct og_dump *d)
@@ -345,32 +347,32 @@ static void causes(struct tx *t, const struct og_dump *d)
     heading(t, "Diagnosis");
     for (int i = 0; i < d->diag.ncauses; i++) {
         const struct og_cause *c = &d->diag.causes[i];
-        sb_printf(t->b, "  %d. %s", i + 1, st(t, BOLD));
+        og_sb_printf(t->b, "  %d. %s", i + 1, st(t, BOLD));
         sb_text(t->b, c->id ? c->id : "?", 40, 0);
-        sb_puts(t->b, st(t, RESET));
+        og_sb_puts(t->b, st(t, RESET));
         if (isfinite(c->confidence))
-            sb_printf(t->b, "  %.0f%%", fmin(fmax(c->confidence, 0), 1) * 100);
+            og_sb_printf(t->b, "  %.0f%%", fmin(fmax(c->confidence, 0), 1) * 100);
         const char *title = og_cause_title(c->id);
         if (title)
-            sb_printf(t->b, "  %s%s%s", st(t, DIM), title, st(t, RESET));
-        sb_putc(t->b, '\n');
+            og_sb_printf(t->b, "  %s%s%s", st(t, DIM), title, st(t, RESET));
+        og_sb_putc(t->b, '\n');
         if (c->summary) {
-            sb_puts(t->b, "     ");
+            og_sb_puts(t->b, "     ");
             sb_text(t->b, c->summary, 600, 0);
-            sb_putc(t->b, '\n');
+            og_sb_putc(t->b, '\n');
         }
         int shown = c->nevidence < 12 ? c->nevidence : 12;
         for (int j = 0; j < shown; j++) {
-            sb_puts(t->b, "       ");
-            sb_puts(t->b, st(t, DIM));
+            og_sb_puts(t->b, "       ");
+            og_sb_puts(t->b, st(t, DIM));
             cell(t, c->evidence[j].name, 40, 32);
-            sb_puts(t->b, st(t, RESET));
-            sb_putc(t->b, ' ');
+            og_sb_puts(t->b, st(t, RESET));
+            og_sb_putc(t->b, ' ');
             og_evidence_value(t->b, &c->evidence[j], 0);
-            sb_putc(t->b, '\n');
+            og_sb_putc(t->b, '\n');
         }
         if (c->nevidence > shown)
-            sb_printf(t->b, "       ... and %d more\n", c->nevidence - shown);
+            og_sb_printf(t->b, "       ... and %d more\n", c->nevidence - shown);
     }
 }
 
@@ -382,42 +384,42 @@ static void remedies(struct tx *t, const struct og_dump *d)
     int shown = d->nremedies < 15 ? d->nremedies : 15;
     for (int i = 0; i < shown; i++) {
         const struct og_remedy *r = &d->remedies[i];
-        sb_printf(t->b, "  %lld. %s", (long long)(r->rank >= 0 ? r->rank : i + 1), st(t, BOLD));
+        og_sb_printf(t->b, "  %lld. %s", (long long)(r->rank >= 0 ? r->rank : i + 1), st(t, BOLD));
         sb_text(t->b, r->title ? r->title : r->id ? r->id : "?", 120, 0);
-        sb_puts(t->b, st(t, RESET));
+        og_sb_puts(t->b, st(t, RESET));
         if (r->id) {
-            sb_printf(t->b, " %s[", st(t, DIM));
+            og_sb_printf(t->b, " %s[", st(t, DIM));
             sb_text(t->b, r->id, 40, 0);
-            sb_printf(t->b, "]%s", st(t, RESET));
+            og_sb_printf(t->b, "]%s", st(t, RESET));
         }
-        sb_putc(t->b, '\n');
+        og_sb_putc(t->b, '\n');
         if (r->saving || r->cost) {
-            sb_puts(t->b, "     ");
+            og_sb_puts(t->b, "     ");
             if (r->saving) {
-                sb_printf(t->b, "%ssaves%s ", st(t, GREEN), st(t, RESET));
+                og_sb_printf(t->b, "%ssaves%s ", st(t, GREEN), st(t, RESET));
                 sb_text(t->b, r->saving, 80, 0);
             }
             if (r->cost) {
-                sb_puts(t->b, r->saving ? "; " : "");
-                sb_printf(t->b, "%scost%s ", st(t, YELLOW), st(t, RESET));
+                og_sb_puts(t->b, r->saving ? "; " : "");
+                og_sb_printf(t->b, "%scost%s ", st(t, YELLOW), st(t, RESET));
                 sb_text(t->b, r->cost, 120, 0);
             }
-            sb_putc(t->b, '\n');
+            og_sb_putc(t->b, '\n');
         }
         if (r->why) {
-            sb_puts(t->b, "     ");
+            og_sb_puts(t->b, "     ");
             sb_text(t->b, r->why, 400, 0);
-            sb_putc(t->b, '\n');
+            og_sb_putc(t->b, '\n');
         }
         int nh = r->nhow < 12 ? r->nhow : 12;
         for (int j = 0; j < nh; j++) {
-            sb_printf(t->b, "       %s|%s ", st(t, DIM), st(t, RESET));
+            og_sb_printf(t->b, "       %s|%s ", st(t, DIM), st(t, RESET));
             sb_text(t->b, r->how[j], 200, 0);
-            sb_putc(t->b, '\n');
+            og_sb_putc(t->b, '\n');
         }
     }
     if (d->nremedies > shown)
-        sb_printf(t->b, "  ... and %d more\n", d->nremedies - shown);
+        og_sb_printf(t->b, "  ... and %d more\n", d->nremedies - shown);
 }
 
 static const char *base_name(const char *p)
@@ -429,31 +431,31 @@ static const char *base_name(const char *p)
 /* One frame: name (demangled), file:line, library; "library+offset" when nothing names it. */
 static void frame_line(struct tx *t, const struct og_sym *y, int is_caller)
 {
-    sb_puts(t->b, is_caller ? "    => at " : "       at ");
+    og_sb_puts(t->b, is_caller ? "    => at " : "       at ");
     if (y->function) {
         sb_text(t->b, y->function, 110, 0);
         if (y->inlined) {
-            sb_printf(t->b, " %s(inlined%s", st(t, DIM), y->inlined_into ? " into " : "");
+            og_sb_printf(t->b, " %s(inlined%s", st(t, DIM), y->inlined_into ? " into " : "");
             if (y->inlined_into)
                 sb_text(t->b, y->inlined_into, 60, 0);
-            sb_printf(t->b, ")%s", st(t, RESET));
+            og_sb_printf(t->b, ")%s", st(t, RESET));
         }
         if (y->file && y->line > 0) {
-            sb_puts(t->b, "  ");
+            og_sb_puts(t->b, "  ");
             sb_text(t->b, base_name(y->file), 60, 0);
-            sb_printf(t->b, ":%lld", (long long)y->line);
+            og_sb_printf(t->b, ":%lld", (long long)y->line);
         }
         if (y->module) {
-            sb_printf(t->b, "  %s", st(t, DIM));
+            og_sb_printf(t->b, "  %s", st(t, DIM));
             sb_text(t->b, y->module, 60, 0);
-            sb_puts(t->b, st(t, RESET));
+            og_sb_puts(t->b, st(t, RESET));
         }
     } else {
         sb_text(t->b, y->where, 120, 0);
     }
     if (is_caller)
-        sb_printf(t->b, "  %s<- caller%s", st(t, DIM), st(t, RESET));
-    sb_putc(t->b, '\n');
+        og_sb_printf(t->b, "  %s<- caller%s", st(t, DIM), st(t, RESET));
+    og_sb_putc(t->b, '\n');
 }
 
 /* At most `max` lines: runs of interpreter frames fold into one, and the first frame
@@ -465,8 +467,8 @@ static void frames(struct tx *t, const struct og_frame *f, int n, int max)
         return;
     int caller = og_stack_symbolize(f, n, y);
     if (og_stack_python_only(y, n)) {
-        sb_printf(t->b, "       %s%s (%d native frame%s: the interpreter, the CUDA libraries)%s\n", st(t, DIM),
-                  OG_PYTHON_CODE_LINE, n, n == 1 ? "" : "s", st(t, RESET));
+        og_sb_printf(t->b, "       %s%s (%d native frame%s: the interpreter, the CUDA libraries)%s\n", st(t, DIM),
+                     OG_PYTHON_CODE_LINE, n, n == 1 ? "" : "s", st(t, RESET));
         free(y);
         return;
     }
@@ -474,11 +476,11 @@ static void frames(struct tx *t, const struct og_frame *f, int n, int max)
     while (i < n && lines < max) {
         int run = og_fold_run(y, n, i);
         if (run >= 2) {
-            sb_printf(t->b, "       %s... %d %s (", st(t, DIM), run, og_fold_label(&y[i]));
+            og_sb_printf(t->b, "       %s... %d %s (", st(t, DIM), run, og_fold_label(&y[i]));
             sb_text(t->b, y[i].function ? y[i].function : y[i].where, 50, 0);
-            sb_puts(t->b, " ... ");
+            og_sb_puts(t->b, " ... ");
             sb_text(t->b, y[i + run - 1].function ? y[i + run - 1].function : y[i + run - 1].where, 50, 0);
-            sb_printf(t->b, ")%s\n", st(t, RESET));
+            og_sb_printf(t->b, ")%s\n", st(t, RESET));
             i += run;
         } else {
             frame_line(t, &y[i], i == caller);
@@ -487,7 +489,7 @@ static void frames(struct tx *t, const struct og_frame *f, int n, int max)
         lines++;
     }
     if (n > i)
-        sb_printf(t->b, "       %s... %d more frames%s\n", st(t, DIM), n - i, st(t, RESET));
+        og_sb_printf(t->b, "       %s... %d more frames%s\n", st(t, DIM), n - i, st(t, RESET));
     free(y);
 }
 
@@ -512,16 +514,16 @@ static void sites(struct tx *t, const struct og_dump *d, int top)
     snprintf(title, sizeof title, "Top allocation sites (%d of %s, %s in all)", shown, group_digits(d->sites_total, g),
              human_bytes(d->sites_total_bytes, h));
     heading(t, title);
-    sb_printf(t->b, "  %s%3s %12s %8s  %-16s %s%s\n", st(t, DIM), "#", "memory", "blocks", "api", "library",
-              st(t, RESET));
+    og_sb_printf(t->b, "  %s%3s %12s %8s  %-16s %s%s\n", st(t, DIM), "#", "memory", "blocks", "api", "library",
+                 st(t, RESET));
     for (int i = 0; i < shown; i++) {
         const struct og_site *s = &d->sites[i];
-        sb_printf(t->b, "  %3d %12s %8s  ", i + 1, human_bytes(s->bytes, h),
-                  s->blocks >= 0 ? group_digits(s->blocks, g) : "-");
+        og_sb_printf(t->b, "  %3d %12s %8s  ", i + 1, human_bytes(s->bytes, h),
+                     s->blocks >= 0 ? group_digits(s->blocks, g) : "-");
         cell(t, s->api, 16, 16);
-        sb_putc(t->b, ' ');
+        og_sb_putc(t->b, ' ');
         sb_text(t->b, site_python_only(s) ? "Python code" : s->library ? s->library : "-", 80, 0);
-        sb_putc(t->b, '\n');
+        og_sb_putc(t->b, '\n');
         frames(t, s->frames, s->nframes, TEXT_FRAMES);
     }
 }
@@ -535,12 +537,12 @@ static void python_sites(struct tx *t, const struct og_dump *d, int top)
     heading(t, "Python lines holding the most live memory");
     for (int i = 0; i < d->npython_sites && i < top; i++) {
         const struct og_pyframe *p = &d->python_sites[i];
-        sb_printf(t->b, "  %3d %12s %8s  ", i + 1, p->bytes >= 0 ? human_bytes(p->bytes, h) : "-",
-                  p->blocks >= 0 ? group_digits(p->blocks, g) : "-");
+        og_sb_printf(t->b, "  %3d %12s %8s  ", i + 1, p->bytes >= 0 ? human_bytes(p->bytes, h) : "-",
+                     p->blocks >= 0 ? group_digits(p->blocks, g) : "-");
         sb_text(t->b, p->file ? p->file : "?", 120, 0);
-        sb_printf(t->b, ":%lld in ", (long long)p->line);
+        og_sb_printf(t->b, ":%lld in ", (long long)p->line);
         sb_text(t->b, p->function ? p->function : "?", 60, 0);
-        sb_putc(t->b, '\n');
+        og_sb_putc(t->b, '\n');
     }
 }
 
@@ -556,66 +558,66 @@ static void roles_table(struct tx *t, const struct og_dump *d)
     const struct og_roles_view *r = &d->mem.roles;
     char h[32];
     if (d->event.phase) {
-        sb_printf(t->b, "\n%sPhase:%s ", st(t, BOLD), st(t, RESET));
+        og_sb_printf(t->b, "\n%sPhase:%s ", st(t, BOLD), st(t, RESET));
         sb_text(t->b, d->event.phase, 40, 0);
         const struct og_pyframe *f = &d->event.phase_frame;
         if (f->file) {
-            sb_puts(t->b, " (");
+            og_sb_puts(t->b, " (");
             sb_text(t->b, base_name(f->file), 120, 0);
-            sb_printf(t->b, ":%lld in ", (long long)f->line);
+            og_sb_printf(t->b, ":%lld in ", (long long)f->line);
             sb_text(t->b, f->function ? f->function : "?", 60, 0);
-            sb_puts(t->b, ")");
+            og_sb_puts(t->b, ")");
         }
         if (d->event.phase_source) {
-            sb_puts(t->b, st(t, DIM));
-            sb_puts(t->b, " — from the ");
+            og_sb_puts(t->b, st(t, DIM));
+            og_sb_puts(t->b, " — from the ");
             sb_text(t->b, d->event.phase_source, 96, 0);
-            sb_puts(t->b, st(t, RESET));
+            og_sb_puts(t->b, st(t, RESET));
         }
-        sb_putc(t->b, '\n');
+        og_sb_putc(t->b, '\n');
     }
     if (!r->present)
         return;
-    sb_printf(t->b, "\n%sWhat the allocated memory is for%s", st(t, BOLD), st(t, RESET));
+    og_sb_printf(t->b, "\n%sWhat the allocated memory is for%s", st(t, BOLD), st(t, RESET));
     if (r->allocated_bytes >= 0)
-        sb_printf(t->b, " (%s allocated)", human_bytes(r->allocated_bytes, h));
-    sb_putc(t->b, '\n');
+        og_sb_printf(t->b, " (%s allocated)", human_bytes(r->allocated_bytes, h));
+    og_sb_putc(t->b, '\n');
     for (int i = 0; i < OG_NROLE_IX; i++) {
-        sb_puts(t->b, "  ");
+        og_sb_puts(t->b, "  ");
         cell(t, labels[i], 40, 30);
         if (r->bytes[i] < 0) {
-            sb_printf(t->b, "%12s\n", "unknown");
+            og_sb_printf(t->b, "%12s\n", "unknown");
             continue;
         }
-        sb_printf(t->b, "%12s  ", human_bytes(r->bytes[i], h));
+        og_sb_printf(t->b, "%12s  ", human_bytes(r->bytes[i], h));
         if (r->allocated_bytes > 0)
             bar(t, (double)r->bytes[i] / (double)r->allocated_bytes, CYAN);
-        sb_putc(t->b, '\n');
+        og_sb_putc(t->b, '\n');
         if (i == OG_RX_optimizer_state)
             for (int k = 0; k < r->noptimizers; k++) {
-                sb_puts(t->b, "    ");
+                og_sb_puts(t->b, "    ");
                 sb_text(t->b, r->optimizers[k].cls ? r->optimizers[k].cls : "?", 40, 0);
-                sb_printf(t->b, " %s\n", human_bytes(r->optimizers[k].bytes, h));
+                og_sb_printf(t->b, " %s\n", human_bytes(r->optimizers[k].bytes, h));
             }
         if (i == OG_RX_held_by_python)
             for (int k = 0; k < r->nholders; k++) {
                 const struct og_role_holder_view *x = &r->holders[k];
-                sb_printf(t->b, "    %10s  ", human_bytes(x->bytes, h));
+                og_sb_printf(t->b, "    %10s  ", human_bytes(x->bytes, h));
                 sb_text(t->b, x->label ? x->label : "?", 160, 0);
                 if (x->site.file) {
-                    sb_puts(t->b, st(t, DIM));
-                    sb_puts(t->b, ", made at ");
+                    og_sb_puts(t->b, st(t, DIM));
+                    og_sb_puts(t->b, ", made at ");
                     sb_text(t->b, base_name(x->site.file), 120, 0);
-                    sb_printf(t->b, ":%lld", (long long)x->site.line);
-                    sb_puts(t->b, st(t, RESET));
+                    og_sb_printf(t->b, ":%lld", (long long)x->site.line);
+                    og_sb_puts(t->b, st(t, RESET));
                 }
-                sb_putc(t->b, '\n');
+                og_sb_putc(t->b, '\n');
             }
     }
     if (r->why) {
-        sb_puts(t->b, "  (");
+        og_sb_puts(t->b, "  (");
         sb_text(t->b, r->why, 200, 0);
-        sb_puts(t->b, ")\n");
+        og_sb_puts(t->b, ")\n");
     }
 }
 
@@ -625,17 +627,17 @@ static void python_stack(struct tx *t, const struct og_dump *d, int max)
     const struct og_pyframe *mine = og_failing_python_line(d);
     for (int i = 0; i < d->event.npython_stack && i < max; i++) {
         const struct og_pyframe *p = &d->event.python_stack[i];
-        sb_puts(t->b, p == mine ? "    => at " : "       at ");
+        og_sb_puts(t->b, p == mine ? "    => at " : "       at ");
         sb_text(t->b, p->function ? p->function : "?", 80, 0);
-        sb_puts(t->b, "  ");
+        og_sb_puts(t->b, "  ");
         sb_text(t->b, p->file ? p->file : "?", 100, 0);
         if (p->line > 0)
-            sb_printf(t->b, ":%lld", (long long)p->line);
-        sb_printf(t->b, "  %s(Python)%s%s\n", st(t, DIM), st(t, RESET), p == mine ? "  <- the failing line" : "");
+            og_sb_printf(t->b, ":%lld", (long long)p->line);
+        og_sb_printf(t->b, "  %s(Python)%s%s\n", st(t, DIM), st(t, RESET), p == mine ? "  <- the failing line" : "");
     }
     if (d->event.npython_stack > max)
-        sb_printf(t->b, "       %s... %d more Python frames%s\n", st(t, DIM), d->event.npython_stack - max,
-                  st(t, RESET));
+        og_sb_printf(t->b, "       %s... %d more Python frames%s\n", st(t, DIM), d->event.npython_stack - max,
+                     st(t, RESET));
 }
 
 /* The first screen of a Python job: the failing Python line and the lines holding memory,
@@ -651,19 +653,19 @@ static void python_first(struct tx *t, const struct og_dump *d)
     if (d->npython_sites > 0) {
         python_sites(t, d, 5);
         if (d->npython_sites > 5)
-            sb_printf(t->b, "      %s... %d more below%s\n", st(t, DIM), d->npython_sites - 5, st(t, RESET));
+            og_sb_printf(t->b, "      %s... %d more below%s\n", st(t, DIM), d->npython_sites - 5, st(t, RESET));
     } else if (d->framework_name && !strcmp(d->framework_name, "pytorch")) {
         const char *v = og_env_value(d, "OOMGUARD_PYTHON_STACKS");
         if (v && !strcmp(v, "1"))
-            sb_printf(t->b,
-                      "\n%sPython lines holding memory: none reported although OOMGUARD_PYTHON_STACKS=1 "
-                      "(the adapter could not read PyTorch's allocation history).%s\n",
-                      st(t, DIM), st(t, RESET));
+            og_sb_printf(t->b,
+                         "\n%sPython lines holding memory: none reported although OOMGUARD_PYTHON_STACKS=1 "
+                         "(the adapter could not read PyTorch's allocation history).%s\n",
+                         st(t, DIM), st(t, RESET));
         else
-            sb_printf(t->b,
-                      "\n%sPython lines holding memory: not recorded; run with OOMGUARD_PYTHON_STACKS=1 "
-                      "to list them (costs per allocation).%s\n",
-                      st(t, DIM), st(t, RESET));
+            og_sb_printf(t->b,
+                         "\n%sPython lines holding memory: not recorded; run with OOMGUARD_PYTHON_STACKS=1 "
+                         "to list them (costs per allocation).%s\n",
+                         st(t, DIM), st(t, RESET));
     }
 }
 
@@ -677,9 +679,9 @@ static void failed_stack(struct tx *t, const struct og_dump *d)
     if (d->event.npython_stack > 8)
         python_stack(t, d, 16);
     else if (d->event.npython_stack > 0)
-        sb_printf(t->b, "       %s(the Python lines: at the top of this report)%s\n", st(t, DIM), st(t, RESET));
+        og_sb_printf(t->b, "       %s(the Python lines: at the top of this report)%s\n", st(t, DIM), st(t, RESET));
     if (d->event.npython_stack > 0)
-        sb_printf(t->b, "     %snative:%s\n", st(t, DIM), st(t, RESET));
+        og_sb_printf(t->b, "     %snative:%s\n", st(t, DIM), st(t, RESET));
     frames(t, d->event.stack, d->event.nstack, 16);
 }
 
@@ -713,10 +715,10 @@ static void sparkline(struct tx *t, const struct og_dump *d)
     }
     if (max <= 0)
         return;
-    sb_printf(t->b, "  usage      %s", st(t, CYAN));
+    og_sb_printf(t->b, "  usage      %s", st(t, CYAN));
     for (int k = 0; k < W; k++)
-        sb_puts(t->b, have[k] ? lv[(int)((double)bucket[k] / (double)max * 7.0 + 0.5)] : " ");
-    sb_printf(t->b, "%s\n", st(t, RESET));
+        og_sb_puts(t->b, have[k] ? lv[(int)((double)bucket[k] / (double)max * 7.0 + 0.5)] : " ");
+    og_sb_printf(t->b, "%s\n", st(t, RESET));
 }
 
 static void history(struct tx *t, const struct og_dump *d)
@@ -726,33 +728,33 @@ static void history(struct tx *t, const struct og_dump *d)
         return;
     heading(t, "History");
     if (d->hist.peak_bytes >= 0) {
-        sb_printf(t->b, "  peak       %s%s%s", st(t, BOLD), human_bytes(d->hist.peak_bytes, h), st(t, RESET));
+        og_sb_printf(t->b, "  peak       %s%s%s", st(t, BOLD), human_bytes(d->hist.peak_bytes, h), st(t, RESET));
         if (isfinite(d->hist.peak_t_rel))
-            sb_printf(t->b, " at %.1f s", d->hist.peak_t_rel);
+            og_sb_printf(t->b, " at %.1f s", d->hist.peak_t_rel);
         if (d->hist.peak_library) {
-            sb_puts(t->b, ", mostly ");
+            og_sb_puts(t->b, ", mostly ");
             sb_text(t->b, d->hist.peak_library, 60, 0);
         }
-        sb_putc(t->b, '\n');
+        og_sb_putc(t->b, '\n');
     }
     sparkline(t, d);
     if (d->hist.allocs >= 0 || d->hist.frees >= 0)
-        sb_printf(t->b, "  calls      %s allocations, %s frees, %s failures, %s unknown frees\n",
-                  d->hist.allocs >= 0 ? group_digits(d->hist.allocs, g[0]) : "?",
-                  d->hist.frees >= 0 ? group_digits(d->hist.frees, g[1]) : "?",
-                  d->hist.failures >= 0 ? group_digits(d->hist.failures, g[2]) : "?",
-                  d->hist.unknown_frees >= 0 ? group_digits(d->hist.unknown_frees, g[3]) : "?");
+        og_sb_printf(t->b, "  calls      %s allocations, %s frees, %s failures, %s unknown frees\n",
+                     d->hist.allocs >= 0 ? group_digits(d->hist.allocs, g[0]) : "?",
+                     d->hist.frees >= 0 ? group_digits(d->hist.frees, g[1]) : "?",
+                     d->hist.failures >= 0 ? group_digits(d->hist.failures, g[2]) : "?",
+                     d->hist.unknown_frees >= 0 ? group_digits(d->hist.unknown_frees, g[3]) : "?");
     for (int i = 0; i < d->ndevsum; i++) {
         const struct og_devsum *s = &d->devsum[i];
         if (!s->nfits)
             continue;
-        sb_printf(t->b, "  GPU %lld fits ", (long long)s->index);
+        og_sb_printf(t->b, "  GPU %lld fits ", (long long)s->index);
         for (int j = 0; j < s->nfits && j < 16; j++) {
             const char *mark = s->fits[j].fits == 1 ? "yes" : s->fits[j].fits == 0 ? "no" : "?";
-            sb_printf(t->b, "%s%g GB: %s%s%s", j ? ", " : "", s->fits[j].card_gb,
-                      st(t, s->fits[j].fits == 1 ? GREEN : RED), mark, st(t, RESET));
+            og_sb_printf(t->b, "%s%g GB: %s%s%s", j ? ", " : "", s->fits[j].card_gb,
+                         st(t, s->fits[j].fits == 1 ? GREEN : RED), mark, st(t, RESET));
         }
-        sb_putc(t->b, '\n');
+        og_sb_putc(t->b, '\n');
     }
 }
 
@@ -762,22 +764,22 @@ static void context(struct tx *t, const struct og_dump *d)
     if (d->mem.nunmeasured) {
         heading(t, "Not measured");
         for (int i = 0; i < d->mem.nunmeasured && i < 20; i++) {
-            sb_puts(t->b, "  - ");
+            og_sb_puts(t->b, "  - ");
             sb_text(t->b, d->mem.unmeasured[i], 200, 0);
-            sb_putc(t->b, '\n');
+            og_sb_putc(t->b, '\n');
         }
     }
     if (d->mem.host_pinned_bytes > 0)
-        sb_printf(t->b, "\n  Pinned host memory (not on the GPU): %s\n", human_bytes(d->mem.host_pinned_bytes, h));
+        og_sb_printf(t->b, "\n  Pinned host memory (not on the GPU): %s\n", human_bytes(d->mem.host_pinned_bytes, h));
 }
 
-int og_render_text(struct sbuf *out, const struct og_dump *d, const struct og_render_opts *o)
+int og_render_text(og_sb_t *out, const struct og_dump *d, const struct og_render_opts *o)
 {
     struct tx t = { out, o && o->color };
     int top = o && o->top > 0 ? o->top : TEXT_TOP_SITES;
-    sb_printf(out, "%soomguard report: ", st(&t, DIM));
+    og_sb_printf(out, "%soomguard report: ", st(&t, DIM));
     sb_text(out, d->file, 200, 0);
-    sb_printf(out, "%s\n", st(&t, RESET));
+    og_sb_printf(out, "%s\n", st(&t, RESET));
     headline(&t, d);
     python_first(&t, d);
     roles_table(&t, d);
@@ -792,5 +794,5 @@ int og_render_text(struct sbuf *out, const struct og_dump *d, const struct og_re
     failed_stack(&t, d);
     history(&t, d);
     context(&t, d);
-    return out->oom ? -1 : 0;
+    return out->failed ? -1 : 0;
 }

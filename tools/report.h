@@ -10,18 +10,18 @@ struct og_render_opts {
     int top;   /* top allocation sites to show (0: the format's default) */
 };
 
-int og_render_text(struct sbuf *out, const struct og_dump *d, const struct og_render_opts *o);
-int og_render_html(struct sbuf *out, const struct og_dump *d, const struct og_render_opts *o);
+int og_render_text(og_sb_t *out, const struct og_dump *d, const struct og_render_opts *o);
+int og_render_html(og_sb_t *out, const struct og_dump *d, const struct og_render_opts *o);
 /* The validated document, pretty-printed (needs a dump loaded with keep_all). */
-int og_render_json(struct sbuf *out, const struct og_dump *d);
+int og_render_json(og_sb_t *out, const struct og_dump *d);
 /* A pickle in the layout of torch.cuda.memory._snapshot() (needs keep_all for
  * memory.framework.snapshot; works without it otherwise). */
-int og_render_memviz(struct sbuf *out, const struct og_dump *d);
+int og_render_memviz(og_sb_t *out, const struct og_dump *d);
 
 /* Page frame shared by report and merge HTML: doctype, CSP, CSS, <body>; and the
  * closing script that marks the page as fully loaded. */
-void og_html_begin(struct sbuf *b, const char *title);
-void og_html_end(struct sbuf *b);
+void og_html_begin(og_sb_t *b, const char *title);
+void og_html_end(og_sb_t *b);
 
 /* ---- shared by the text and HTML renderers (report_common.c) ---- */
 
@@ -43,7 +43,7 @@ const struct og_cause *og_primary_cause(const struct og_dump *d);
 /* "2025-11-29 15:45:03 UTC", or "" when t is not a plausible epoch time. */
 const char *og_format_time(double t, char out[40]);
 /* Evidence value: sizes for *_bytes, exact integers, strings; escaped for HTML when html != 0. */
-void og_evidence_value(struct sbuf *b, const struct og_evidence *e, int html);
+void og_evidence_value(og_sb_t *b, const struct og_evidence *e, int html);
 /* Shortfall: diagnosis.shortfall_bytes, else requested - free (may be negative); unknown when neither. */
 struct og_bytes og_shortfall(const struct og_dump *d);
 /* The process's own usage: NVML's number, else what oomguard tracked; -1 if neither. */

@@ -149,7 +149,7 @@ int og_breakdown(const struct og_dump *d, struct og_part *parts, int64_t *scale)
     return n;
 }
 
-void og_evidence_value(struct sbuf *b, const struct og_evidence *e, int html)
+void og_evidence_value(og_sb_t *b, const struct og_evidence *e, int html)
 {
     const cJSON *v = e->value;
     /* "requested_bytes", "context_bytes_estimate": sizes, shown both ways. */
@@ -160,21 +160,21 @@ void og_evidence_value(struct sbuf *b, const struct og_evidence *e, int html)
         int integral = og_json_bytes(v, &n); /* exactly, up to 2^64-1 (a SIZE_MAX request) */
         if (integral && is_size) {
             char h[32], g[32];
-            sb_printf(b, "%s%s (%s%s bytes)", n.neg ? "-" : "", human_bytes_u64(n.v, h), n.neg ? "-" : "",
-                      group_digits_u64(n.v, g));
+            og_sb_printf(b, "%s%s (%s%s bytes)", n.neg ? "-" : "", human_bytes_u64(n.v, h), n.neg ? "-" : "",
+                         group_digits_u64(n.v, g));
         } else if (integral) {
-            sb_printf(b, "%s%" PRIu64, n.neg ? "-" : "", n.v);
+            og_sb_printf(b, "%s%" PRIu64, n.neg ? "-" : "", n.v);
         } else if (isfinite(x)) {
-            sb_printf(b, "%.6g", x);
+            og_sb_printf(b, "%.6g", x);
         } else {
-            sb_puts(b, "(invalid number)");
+            og_sb_puts(b, "(invalid number)");
         }
     } else if (cJSON_IsString(v)) {
         (html ? sb_html : sb_text)(b, v->valuestring, 300, 0);
     } else if (cJSON_IsBool(v)) {
-        sb_puts(b, cJSON_IsTrue(v) ? "true" : "false");
+        og_sb_puts(b, cJSON_IsTrue(v) ? "true" : "false");
     } else if (cJSON_IsNull(v)) {
-        sb_puts(b, "null");
+        og_sb_puts(b, "null");
     } else {
         char *s = cJSON_PrintUnformatted(v);
         (html ? sb_html : sb_text)(b, s ? s : "(too large)", 200, 0);

@@ -230,16 +230,16 @@ static int dump_is_ours(int dfd, const char *name, pid_t child)
     int fd = openat(dfd, name, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0)
         return 1;
-    struct sbuf b;
-    sb_init(&b);
+    og_sb_t b;
+    og_sb_init(&b);
     char chunk[65536];
     ssize_t r;
     while ((r = read(fd, chunk, sizeof chunk)) > 0 || (r < 0 && errno == EINTR))
         if (r > 0)
-            sb_put(&b, chunk, (size_t)r);
+            og_sb_put(&b, chunk, (size_t)r);
     close(fd);
     int ours = 1;
-    cJSON *root = b.oom ? NULL : cJSON_ParseWithLength(b.p ? b.p : "", b.len);
+    cJSON *root = b.failed ? NULL : cJSON_ParseWithLength(b.buf ? b.buf : "", b.len);
     const cJSON *pid = cJSON_GetObjectItemCaseSensitive(root, "pid");
     const cJSON *ppid = cJSON_GetObjectItemCaseSensitive(root, "ppid");
     const cJSON *host = cJSON_GetObjectItemCaseSensitive(root, "host");
@@ -250,7 +250,7 @@ static int dump_is_ours(int dfd, const char *name, pid_t child)
             ours = strcmp(host->valuestring, me) == 0;
     }
     cJSON_Delete(root);
-    sb_free(&b);
+    og_sb_free(&b);
     return ours;
 }
 

@@ -90,18 +90,18 @@ struct stats {
  * normalised form keeps JSON keys and Prometheus series unique after escaping. */
 static char *normalise(const char *s)
 {
-    struct sbuf b;
-    sb_init(&b);
+    og_sb_t b;
+    og_sb_init(&b);
     sb_utf8(&b, s);
-    if (b.oom || !b.p)
+    if (b.failed || !b.buf)
         return xstrdup("");
     if (b.len > MAX_VALUE_BYTES) {
         size_t cut = MAX_VALUE_BYTES;
-        while (cut > 0 && ((unsigned char)b.p[cut] & 0xC0) == 0x80)
+        while (cut > 0 && ((unsigned char)b.buf[cut] & 0xC0) == 0x80)
             cut--;
-        b.p[cut] = '\0';
+        b.buf[cut] = '\0';
     }
-    return b.p;
+    return b.buf;
 }
 
 static struct ent *intern(struct dim *d, const char *raw, const char *missing)
@@ -549,26 +549,26 @@ static double last_failure(const struct stats *st)
 /* ------------------------------------------------------------ text */
 
 struct tx {
-    struct sbuf *b;
+    og_sb_t *b;
     int color, top;
     const char *bold, *red, *green, *yellow, *dim, *rst;
 };
 
-static void pad_text(struct sbuf *b, const char *s, int width)
+static void pad_text(og_sb_t *b, const char *s, int width)
 {
     sb_text(b, s, (size_t)width, 0);
     for (int w = (int)text_width(s, (size_t)width); w < width; w++)
-        sb_putc(b, ' ');
+        og_sb_putc(b, ' ');
 }
 
-static void text_bar(struct sbuf *b, int64_t v, int64_t max, int width)
+static void text_bar(og_sb_t *b, int64_t v, int64_t max, int width)
 {
     int n = max > 0 ? (int)((double)v / (double)max * width + 0.5) : 0;
     if (v > 0 && n == 0)
         n = 1;
-    sb_repeat(b, "\u2588", n);
+    og_sb_repeat(b, "\u2588", n);
     for (int i = n; i < width; i++)
-        sb_putc(b, ' ');
+        og_sb_putc(b, ' ');
 }
 
 static void text_group(struct tx *x, const struct stats *st, int dim, const char *title, const char *extra)
@@ -577,27 +577,27 @@ static void text_group(struct tx *x, const struct stats *st, int dim, const char
     if (!d->n)
         return;
     struct ent **v = sorted(d);
-    sb_printf(x->b, "\n%s%s%s\n", x->bold, title, x->rst);
-    sb_printf(x->b, "  %s%-40s %7s %9s %7s %7s %7s%s%s\n", x->dim, "", "oom", "recovered", "warning", "exit", "dumps",
-              extra ? extra : "", x->rst);
+    og_sb_printf(x->b, "\n%s%s%s\n", x->bold, title, x->rst);
+    og_sb_printf(x->b, "  %s%-40s %7s %9s %7s %7s %7s%s%s\n", x->dim, "", "oom", "recovered", "warning", "exit",
+                 "dumps", extra ? extra : "", x->rst);
     int shown = 0;
     for (int i = 0; i < d->n && shown < x->top; i++, shown++) {
         const struct ent *e = v[i];
-        sb_puts(x->b, "  ");
+        og_sb_puts(x->b, "  ");
         pad_text(x->b, e->s, 40);
-        sb_printf(x->b, " %s%7lld%s %9lld %7lld %7lld %7lld", e->n[C_OOM] ? x->red : "", (long long)e->n[C_OOM],
-                  e->n[C_OOM] ? x->rst : "", (long long)e->n[C_RECOVERED], (long long)e->n[C_WARNING],
-                  (long long)e->n[C_EXIT], (long long)e->total);
+        og_sb_printf(x->b, " %s%7lld%s %9lld %7lld %7lld %7lld", e->n[C_OOM] ? x->red : "", (long long)e->n[C_OOM],
+                     e->n[C_OOM] ? x->rst : "", (long long)e->n[C_RECOVERED], (long long)e->n[C_WARNING],
+                     (long long)e->n[C_EXIT], (long long)e->total);
         if (extra)
-            sb_printf(x->b, " %7lld", (long long)e->distinct);
-        sb_putc(x->b, '\n');
+            og_sb_printf(x->b, " %7lld", (long long)e->distinct);
+        og_sb_putc(x->b, '\n');
     }
     if (d->n > shown)
-        sb_printf(x->b, "  %s… and %d more%s\n", x->dim, d->n - shown, x->rst);
+        og_sb_printf(x->b, "  %s… and %d more%s\n", x->dim, d->n - shown, x->rst);
     free(v);
 }
 
-static void render_text(struct sbuf *b, const struct stats *st, int color, int top)
+static void render_text(og_sb_t *b, const struct stats *st, int color, int top)
 {
     struct tx x = { b, color, top ? top : 10, "", "", "", "", "", "" };
     if (color) {
@@ -609,13 +609,14 @@ static void render_text(struct sbuf *b, const struct stats *st, int color, int t
         x.rst = "\033[0m";
     }
     int64_t oom = cls_total(st, C_OOM);
-    sb_printf(b, "%soomguard stats%s: %lld dump%s in ", x.bold, x.rst, (long long)st->nrecs, st->nrecs == 1 ? "" : "s");
+    og_sb_printf(b, "%soomguard stats%s: %lld dump%s in ", x.bold, x.rst, (long long)st->nrecs,
+                 st->nrecs == 1 ? "" : "s");
     for (int i = 0; i < st->ndirs; i++) {
-        sb_puts(b, i ? ", " : "");
+        og_sb_puts(b, i ? ", " : "");
         sb_text(b, st->dirs[i], 200, 0);
     }
-    sb_printf(b, "; %lld file%s skipped\n", (long long)st->skipped, st->skipped == 1 ? "" : "s");
-    sb_printf(
+    og_sb_printf(b, "; %lld file%s skipped\n", (long long)st->skipped, st->skipped == 1 ? "" : "s");
+    og_sb_printf(
         b,
         "  %s%lld out of memory%s (crashed), %s%lld recovered%s (the framework's retry succeeded), %s%lld warning%s%s, "
         "%lld exit summar%s",
@@ -623,52 +624,54 @@ static void render_text(struct sbuf *b, const struct stats *st, int color, int t
         (long long)cls_total(st, C_WARNING), cls_total(st, C_WARNING) == 1 ? "" : "s", x.rst,
         (long long)cls_total(st, C_EXIT), cls_total(st, C_EXIT) == 1 ? "y" : "ies");
     if (cls_total(st, C_OTHER))
-        sb_printf(b, ", %lld other", (long long)cls_total(st, C_OTHER));
-    sb_printf(b, "\n  %d job%s, %d host%s, %d GPU model%s\n", st->dim[D_JOB].n, st->dim[D_JOB].n == 1 ? "" : "s",
-              st->dim[D_HOST].n, st->dim[D_HOST].n == 1 ? "" : "s", st->dim[D_GPU].n, st->dim[D_GPU].n == 1 ? "" : "s");
+        og_sb_printf(b, ", %lld other", (long long)cls_total(st, C_OTHER));
+    og_sb_printf(b, "\n  %d job%s, %d host%s, %d GPU model%s\n", st->dim[D_JOB].n, st->dim[D_JOB].n == 1 ? "" : "s",
+                 st->dim[D_HOST].n, st->dim[D_HOST].n == 1 ? "" : "s", st->dim[D_GPU].n,
+                 st->dim[D_GPU].n == 1 ? "" : "s");
     char tm[40];
     double lf = last_failure(st);
     if (!isnan(lf))
-        sb_printf(b, "  last failure: %s\n", og_format_time(lf, tm));
+        og_sb_printf(b, "  last failure: %s\n", og_format_time(lf, tm));
 
     /* Causes of real crashes. */
     struct ent **v = sorted(&st->dim[D_CAUSE]);
     if (oom) {
-        sb_printf(b, "\n%sOut-of-memory failures by cause%s\n", x.bold, x.rst);
+        og_sb_printf(b, "\n%sOut-of-memory failures by cause%s\n", x.bold, x.rst);
         int64_t max = v[0]->n[C_OOM];
         for (int i = 0; i < st->dim[D_CAUSE].n && v[i]->n[C_OOM]; i++) {
-            sb_puts(b, "  ");
+            og_sb_puts(b, "  ");
             pad_text(b, v[i]->s, 16);
-            sb_printf(b, " %7lld %5.1f%%  ", (long long)v[i]->n[C_OOM], 100.0 * (double)v[i]->n[C_OOM] / (double)oom);
+            og_sb_printf(b, " %7lld %5.1f%%  ", (long long)v[i]->n[C_OOM],
+                         100.0 * (double)v[i]->n[C_OOM] / (double)oom);
             text_bar(b, v[i]->n[C_OOM], max, 24);
             const char *t = og_cause_title(v[i]->s);
             if (t)
-                sb_printf(b, "  %s%s%s", x.dim, t, x.rst);
-            sb_putc(b, '\n');
+                og_sb_printf(b, "  %s%s%s", x.dim, t, x.rst);
+            og_sb_putc(b, '\n');
         }
     }
     int64_t rec = cls_total(st, C_RECOVERED);
     if (rec) {
-        sb_printf(b, "\n%sRecovered failures by cause%s\n", x.bold, x.rst);
+        og_sb_printf(b, "\n%sRecovered failures by cause%s\n", x.bold, x.rst);
         for (int i = 0; i < st->dim[D_CAUSE].n; i++) {
             if (!v[i]->n[C_RECOVERED])
                 continue;
-            sb_puts(b, "  ");
+            og_sb_puts(b, "  ");
             pad_text(b, v[i]->s, 16);
-            sb_printf(b, " %7lld\n", (long long)v[i]->n[C_RECOVERED]);
+            og_sb_printf(b, " %7lld\n", (long long)v[i]->n[C_RECOVERED]);
         }
     }
     free(v);
 
     v = sorted(&st->dim[D_REMEDY]);
     if (st->dim[D_REMEDY].n && v[0]->n[C_OOM]) {
-        sb_printf(b, "\n%sMost frequent first remedies%s (the top-ranked remedy of each failure)\n", x.bold, x.rst);
+        og_sb_printf(b, "\n%sMost frequent first remedies%s (the top-ranked remedy of each failure)\n", x.bold, x.rst);
         for (int i = 0; i < st->dim[D_REMEDY].n && i < x.top && v[i]->n[C_OOM]; i++) {
-            sb_puts(b, "  ");
+            og_sb_puts(b, "  ");
             pad_text(b, v[i]->s, 26);
-            sb_printf(b, " %7lld  ", (long long)v[i]->n[C_OOM]);
+            og_sb_printf(b, " %7lld  ", (long long)v[i]->n[C_OOM]);
             sb_text(b, v[i]->title ? v[i]->title : "", 90, 0);
-            sb_putc(b, '\n');
+            og_sb_putc(b, '\n');
         }
     }
     free(v);
@@ -685,42 +688,43 @@ static void render_text(struct sbuf *b, const struct stats *st, int color, int t
             if (s > max)
                 max = s;
         }
-        sb_printf(b, "\n%sTrend%s (per %s, UTC; oom / recovered / warning)\n", x.bold, x.rst, st->bucket_name);
+        og_sb_printf(b, "\n%sTrend%s (per %s, UTC; oom / recovered / warning)\n", x.bold, x.rst, st->bucket_name);
         /* Only the last 60 buckets fit a terminal; JSON and HTML have them all. */
         int from = st->nbuckets > 60 ? st->nbuckets - 60 : 0;
         if (from)
-            sb_printf(b, "  %s(%d earlier %ss not shown)%s\n", x.dim, from, st->bucket_name, x.rst);
+            og_sb_printf(b, "  %s(%d earlier %ss not shown)%s\n", x.dim, from, st->bucket_name, x.rst);
         for (int k = from; k < st->nbuckets; k++) {
             char lb[40];
             const int64_t *c = st->buckets[k];
-            sb_printf(b, "  %-16s %6lld %6lld %6lld  %s", bucket_label(st, k, lb), (long long)c[C_OOM],
-                      (long long)c[C_RECOVERED], (long long)c[C_WARNING], x.red);
+            og_sb_printf(b, "  %-16s %6lld %6lld %6lld  %s", bucket_label(st, k, lb), (long long)c[C_OOM],
+                         (long long)c[C_RECOVERED], (long long)c[C_WARNING], x.red);
             int w = 30;
             int a = max ? (int)((double)c[C_OOM] / (double)max * w + 0.5) : 0,
                 r = max ? (int)((double)c[C_RECOVERED] / (double)max * w + 0.5) : 0,
                 g = max ? (int)((double)c[C_WARNING] / (double)max * w + 0.5) : 0;
-            sb_repeat(b, "\u2588", a);
-            sb_printf(b, "%s%s", x.rst, x.green);
-            sb_repeat(b, "\u2588", r);
-            sb_printf(b, "%s%s", x.rst, x.yellow);
-            sb_repeat(b, "\u2588", g);
-            sb_printf(b, "%s\n", x.rst);
+            og_sb_repeat(b, "\u2588", a);
+            og_sb_printf(b, "%s%s", x.rst, x.green);
+            og_sb_repeat(b, "\u2588", r);
+            og_sb_printf(b, "%s%s", x.rst, x.yellow);
+            og_sb_repeat(b, "\u2588", g);
+            og_sb_printf(b, "%s\n", x.rst);
         }
     }
     if (st->undated)
-        sb_printf(b, "  %s%lld dump%s without a plausible time%s\n", x.dim, (long long)st->undated,
-                  st->undated == 1 ? "" : "s", x.rst);
+        og_sb_printf(b, "  %s%lld dump%s without a plausible time%s\n", x.dim, (long long)st->undated,
+                     st->undated == 1 ? "" : "s", x.rst);
 
     if (st->skipped) {
-        sb_printf(b, "\n%sSkipped %lld file%s%s\n", x.bold, (long long)st->skipped, st->skipped == 1 ? "" : "s", x.rst);
+        og_sb_printf(b, "\n%sSkipped %lld file%s%s\n", x.bold, (long long)st->skipped, st->skipped == 1 ? "" : "s",
+                     x.rst);
         for (int i = 0; i < st->nskipped_msg && i < 20; i++) {
-            sb_puts(b, "  ");
+            og_sb_puts(b, "  ");
             sb_text(b, st->skipped_msg[i], 300, 0);
-            sb_putc(b, '\n');
+            og_sb_putc(b, '\n');
         }
         if (st->skipped > 20)
-            sb_printf(b, "  %s… and %lld more (all are listed by --format json, up to %d)%s\n", x.dim,
-                      (long long)st->skipped - 20, KEEP_SKIPPED, x.rst);
+            og_sb_printf(b, "  %s… and %lld more (all are listed by --format json, up to %d)%s\n", x.dim,
+                         (long long)st->skipped - 20, KEEP_SKIPPED, x.rst);
     }
 }
 
@@ -772,7 +776,7 @@ static cJSON *json_by_cls(const struct stats *st, int dim, int cls)
     return o;
 }
 
-static int render_json(struct sbuf *b, const struct stats *st)
+static int render_json(og_sb_t *b, const struct stats *st)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "schema", "oomguard.stats/1");
@@ -844,14 +848,14 @@ static int render_json(struct sbuf *b, const struct stats *st)
     cJSON_AddBoolToObject(o, "skipped_files_truncated", st->skipped > st->nskipped_msg);
     char *s = cJSON_Print(o);
     if (s) {
-        sb_puts(b, s);
-        sb_putc(b, '\n');
+        og_sb_puts(b, s);
+        og_sb_putc(b, '\n');
     } else {
-        b->oom = 1;
+        b->failed = 1;
     }
     cJSON_free(s);
     cJSON_Delete(o);
-    return b->oom ? -1 : 0;
+    return b->failed ? -1 : 0;
 }
 
 /* ------------------------------------------------------------ prometheus */
@@ -873,28 +877,28 @@ static struct ent **by_name(const struct dim *d)
 
 /* Label values: backslash, double quote and line feed are escaped; everything else
  * (valid UTF-8, as interned) passes as is. */
-static void prom_label(struct sbuf *b, const char *name, const char *v, int first)
+static void prom_label(og_sb_t *b, const char *name, const char *v, int first)
 {
-    sb_printf(b, "%s%s=\"", first ? "" : ",", name);
+    og_sb_printf(b, "%s%s=\"", first ? "" : ",", name);
     for (const char *p = v; *p; p++) {
         if (*p == '\\')
-            sb_puts(b, "\\\\");
+            og_sb_puts(b, "\\\\");
         else if (*p == '"')
-            sb_puts(b, "\\\"");
+            og_sb_puts(b, "\\\"");
         else if (*p == '\n')
-            sb_puts(b, "\\n");
+            og_sb_puts(b, "\\n");
         else
-            sb_putc(b, *p);
+            og_sb_putc(b, *p);
     }
-    sb_putc(b, '"');
+    og_sb_putc(b, '"');
 }
 
-static void prom_family(struct sbuf *b, const char *name, const char *type, const char *help)
+static void prom_family(og_sb_t *b, const char *name, const char *type, const char *help)
 {
-    sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    og_sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-static int render_prom(struct sbuf *b, struct stats *st)
+static int render_prom(og_sb_t *b, struct stats *st)
 {
     prom_family(b, "oomguard_dumps_total", "counter",
                 "Dumps written by oomguard, by status (oom = the program got the error), diagnosis.primary, host "
@@ -906,12 +910,12 @@ static int render_prom(struct sbuf *b, struct stats *st)
         while (k < st->nrecs && !rec_cmp_series(&st->recs[i], &st->recs[k], st->dim))
             k++;
         const struct rec *r = &st->recs[i];
-        sb_puts(b, "oomguard_dumps_total{");
+        og_sb_puts(b, "oomguard_dumps_total{");
         prom_label(b, "status", st->dim[D_STATUS].v[r->status]->s, 1);
         prom_label(b, "cause", st->dim[D_CAUSE].v[r->cause]->s, 0);
         prom_label(b, "host", st->dim[D_HOST].v[r->host]->s, 0);
         prom_label(b, "gpu_model", st->dim[D_GPU].v[r->gpu]->s, 0);
-        sb_printf(b, "} %zu\n", k - i);
+        og_sb_printf(b, "} %zu\n", k - i);
         i = k;
     }
     prom_family(b, "oomguard_last_failure_timestamp_seconds", "gauge",
@@ -921,9 +925,9 @@ static int render_prom(struct sbuf *b, struct stats *st)
         const struct ent *e = hv[i];
         if (isnan(e->last_fail))
             continue;
-        sb_puts(b, "oomguard_last_failure_timestamp_seconds{");
+        og_sb_puts(b, "oomguard_last_failure_timestamp_seconds{");
         prom_label(b, "host", e->s, 1);
-        sb_printf(b, "} %.3f\n", e->last_fail);
+        og_sb_printf(b, "} %.3f\n", e->last_fail);
     }
     /* one series per node at a time: the pod label does not multiply the counters above */
     prom_family(b, "oomguard_last_failure_pod_info", "gauge",
@@ -933,10 +937,10 @@ static int render_prom(struct sbuf *b, struct stats *st)
         const struct ent *e = hv[i];
         if (isnan(e->last_fail) || !e->last_fail_pod)
             continue;
-        sb_puts(b, "oomguard_last_failure_pod_info{");
+        og_sb_puts(b, "oomguard_last_failure_pod_info{");
         prom_label(b, "host", e->s, 1);
         prom_label(b, "pod", e->last_fail_pod, 0);
-        sb_puts(b, "} 1\n");
+        og_sb_puts(b, "} 1\n");
     }
     free(hv);
     prom_family(b, "oomguard_first_remedy_total", "counter",
@@ -945,34 +949,34 @@ static int render_prom(struct sbuf *b, struct stats *st)
         const struct ent *e = st->dim[D_REMEDY].v[i];
         if (!e->n[C_OOM])
             continue;
-        sb_puts(b, "oomguard_first_remedy_total{");
+        og_sb_puts(b, "oomguard_first_remedy_total{");
         prom_label(b, "remedy", e->s, 1);
-        sb_printf(b, "} %lld\n", (long long)e->n[C_OOM]);
+        og_sb_printf(b, "} %lld\n", (long long)e->n[C_OOM]);
     }
     prom_family(b, "oomguard_stats_dumps", "gauge", "Dump files read by the last oomguard stats run.");
-    sb_printf(b, "oomguard_stats_dumps %zu\n", st->nrecs);
+    og_sb_printf(b, "oomguard_stats_dumps %zu\n", st->nrecs);
     prom_family(b, "oomguard_stats_skipped_files", "gauge",
                 "Files named like dumps that the last oomguard stats run could not read.");
-    sb_printf(b, "oomguard_stats_skipped_files %lld\n", (long long)st->skipped);
-    return b->oom ? -1 : 0;
+    og_sb_printf(b, "oomguard_stats_skipped_files %lld\n", (long long)st->skipped);
+    return b->failed ? -1 : 0;
 }
 
 /* ------------------------------------------------------------ html */
 
 static const char *const CLS_COLOR[NCLS] = { "#d93636", "#1f9d55", "#c98a00", "#3366cc", "#b9c0ca" };
 
-static void html_kpi(struct sbuf *b, const char *cls, const char *k, int64_t v, const char *x)
+static void html_kpi(og_sb_t *b, const char *cls, const char *k, int64_t v, const char *x)
 {
     char g[32];
-    sb_printf(b, "<div class=\"kpi %s\"><div class=\"k\">%s</div><div class=\"v\">%s</div>", cls, k,
-              group_digits(v, g));
+    og_sb_printf(b, "<div class=\"kpi %s\"><div class=\"k\">%s</div><div class=\"v\">%s</div>", cls, k,
+                 group_digits(v, g));
     if (x)
-        sb_printf(b, "<div class=\"x\">%s</div>", x);
-    sb_puts(b, "</div>");
+        og_sb_printf(b, "<div class=\"x\">%s</div>", x);
+    og_sb_puts(b, "</div>");
 }
 
 /* Horizontal stacked bars (oom, recovered, warning, exit) for the top entries of a dimension. */
-static void html_bars(struct sbuf *b, const struct stats *st, int dim, const char *title, const char *id, int top,
+static void html_bars(og_sb_t *b, const struct stats *st, int dim, const char *title, const char *id, int top,
                       int oom_only)
 {
     const struct dim *d = &st->dim[dim];
@@ -993,18 +997,20 @@ static void html_bars(struct sbuf *b, const struct stats *st, int dim, const cha
     }
     /* Causes carry their title after the bar: a shorter bar leaves it room. */
     const int row = 26, lw = oom_only ? 170 : 300, bw = oom_only ? 330 : 560, W = 1000;
-    sb_printf(b, "<section class=\"card\"><h2>%s</h2><svg viewBox=\"0 0 %d %d\" role=\"img\" id=\"%s\" aria-label=\"",
-              title, W, n * row + 8, id);
+    og_sb_printf(b,
+                 "<section class=\"card\"><h2>%s</h2><svg viewBox=\"0 0 %d %d\" role=\"img\" id=\"%s\" aria-label=\"",
+                 title, W, n * row + 8, id);
     sb_html(b, title, 100, 0);
-    sb_puts(b, "\">");
+    og_sb_puts(b, "\">");
     for (int i = 0; i < n; i++) {
         const struct ent *e = v[i];
         int y = 4 + i * row;
-        sb_printf(b, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\" font-size=\"13\" fill=\"#1d2330\">", lw - 10, y + 17);
+        og_sb_printf(b, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\" font-size=\"13\" fill=\"#1d2330\">", lw - 10,
+                     y + 17);
         sb_html(b, e->s, 40, 0);
-        sb_puts(b, "<title>");
+        og_sb_puts(b, "<title>");
         sb_html(b, e->s, 300, 0);
-        sb_puts(b, "</title></text>");
+        og_sb_puts(b, "</title></text>");
         double x = lw;
         for (int c = 0; c < NCLS; c++) {
             if (oom_only && c != C_OOM)
@@ -1012,71 +1018,70 @@ static void html_bars(struct sbuf *b, const struct stats *st, int dim, const cha
             if (!e->n[c])
                 continue;
             double w = max ? (double)e->n[c] / (double)max * bw : 0;
-            sb_printf(b,
-                      "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"18\" rx=\"3\" fill=\"%s\"><title>%lld "
-                      "%s</title></rect>",
-                      x, y + 3, w < 1 ? 1 : w, CLS_COLOR[c], (long long)e->n[c], CLS_KEY[c]);
+            og_sb_printf(b,
+                         "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"18\" rx=\"3\" fill=\"%s\"><title>%lld "
+                         "%s</title></rect>",
+                         x, y + 3, w < 1 ? 1 : w, CLS_COLOR[c], (long long)e->n[c], CLS_KEY[c]);
             x += w;
         }
         char g[32];
-        sb_printf(b, "<text x=\"%.1f\" y=\"%d\" font-size=\"12\" fill=\"#5f6b7a\">%s", x + 8, y + 17,
-                  group_digits(oom_only ? e->n[C_OOM] : e->total, g));
+        og_sb_printf(b, "<text x=\"%.1f\" y=\"%d\" font-size=\"12\" fill=\"#5f6b7a\">%s", x + 8, y + 17,
+                     group_digits(oom_only ? e->n[C_OOM] : e->total, g));
         if (!oom_only)
-            sb_printf(b, " (%lld oom)", (long long)e->n[C_OOM]);
+            og_sb_printf(b, " (%lld oom)", (long long)e->n[C_OOM]);
         else if (dim == D_CAUSE && og_cause_title(e->s))
-            sb_printf(b, " \u2014 %s", og_cause_title(e->s));
-        sb_puts(b, "</text>");
+            og_sb_printf(b, " \u2014 %s", og_cause_title(e->s));
+        og_sb_puts(b, "</text>");
     }
-    sb_puts(b, "</svg>");
+    og_sb_puts(b, "</svg>");
     if (!oom_only) {
-        sb_puts(b, "<div class=\"legend\">");
+        og_sb_puts(b, "<div class=\"legend\">");
         for (int c = 0; c < C_OTHER; c++)
-            sb_printf(b, "<div><span class=\"sw\" style=\"background:%s\"></span>%s</div>", CLS_COLOR[c],
-                      c == C_OOM    ? "out of memory"
-                      : c == C_EXIT ? "exit summary"
-                                    : CLS_KEY[c]);
-        sb_puts(b, "</div>");
+            og_sb_printf(b, "<div><span class=\"sw\" style=\"background:%s\"></span>%s</div>", CLS_COLOR[c],
+                         c == C_OOM    ? "out of memory"
+                         : c == C_EXIT ? "exit summary"
+                                       : CLS_KEY[c]);
+        og_sb_puts(b, "</div>");
     }
     if (d->n > n && !oom_only)
-        sb_printf(b, "<p class=\"muted\">%d more not drawn (all are in --format json)</p>", d->n - n);
-    sb_puts(b, "</section>\n");
+        og_sb_printf(b, "<p class=\"muted\">%d more not drawn (all are in --format json)</p>", d->n - n);
+    og_sb_puts(b, "</section>\n");
     free(v);
 }
 
-static void html_table(struct sbuf *b, const struct stats *st, int dim, const char *title, const char *distinct,
-                       int top)
+static void html_table(og_sb_t *b, const struct stats *st, int dim, const char *title, const char *distinct, int top)
 {
     const struct dim *d = &st->dim[dim];
     if (!d->n)
         return;
     struct ent **v = sorted(d);
     char tm[40];
-    sb_printf(b,
-              "<section class=\"card\"><h2>%s</h2><table><thead><tr><th>name</th><th class=\"num\">oom</th>"
-              "<th class=\"num\">recovered</th><th class=\"num\">warning</th><th class=\"num\">exit</th>"
-              "<th class=\"num\">dumps</th>%s%s%s<th>last failure</th></tr></thead><tbody>",
-              title, distinct ? "<th class=\"num\">" : "", distinct ? distinct : "", distinct ? "</th>" : "");
+    og_sb_printf(b,
+                 "<section class=\"card\"><h2>%s</h2><table><thead><tr><th>name</th><th class=\"num\">oom</th>"
+                 "<th class=\"num\">recovered</th><th class=\"num\">warning</th><th class=\"num\">exit</th>"
+                 "<th class=\"num\">dumps</th>%s%s%s<th>last failure</th></tr></thead><tbody>",
+                 title, distinct ? "<th class=\"num\">" : "", distinct ? distinct : "", distinct ? "</th>" : "");
     for (int i = 0; i < d->n && i < top; i++) {
         const struct ent *e = v[i];
-        sb_puts(b, "<tr><td class=\"mono\">");
+        og_sb_puts(b, "<tr><td class=\"mono\">");
         sb_html(b, e->s, 120, 0);
-        sb_printf(b,
-                  "</td><td class=\"num\">%lld</td><td class=\"num\">%lld</td><td class=\"num\">%lld</td>"
-                  "<td class=\"num\">%lld</td><td class=\"num\">%lld</td>",
-                  (long long)e->n[C_OOM], (long long)e->n[C_RECOVERED], (long long)e->n[C_WARNING],
-                  (long long)e->n[C_EXIT], (long long)e->total);
+        og_sb_printf(b,
+                     "</td><td class=\"num\">%lld</td><td class=\"num\">%lld</td><td class=\"num\">%lld</td>"
+                     "<td class=\"num\">%lld</td><td class=\"num\">%lld</td>",
+                     (long long)e->n[C_OOM], (long long)e->n[C_RECOVERED], (long long)e->n[C_WARNING],
+                     (long long)e->n[C_EXIT], (long long)e->total);
         if (distinct)
-            sb_printf(b, "<td class=\"num\">%lld</td>", (long long)e->distinct);
-        sb_printf(b, "<td>%s</td></tr>", isnan(e->last_fail) ? "" : og_format_time(e->last_fail, tm));
+            og_sb_printf(b, "<td class=\"num\">%lld</td>", (long long)e->distinct);
+        og_sb_printf(b, "<td>%s</td></tr>", isnan(e->last_fail) ? "" : og_format_time(e->last_fail, tm));
     }
-    sb_puts(b, "</tbody></table>");
+    og_sb_puts(b, "</tbody></table>");
     if (d->n > top)
-        sb_printf(b, "<p class=\"muted\">%d more (all are in --format json)</p>", d->n - top);
-    sb_puts(b, "</section>\n");
+        og_sb_printf(b, "<p class=\"muted\">%d more (all are in --format json)</p>", d->n - top);
+    og_sb_puts(b, "</section>\n");
     free(v);
 }
 
-static void html_trend(struct sbuf *b, const struct stats *st)
+static void html_trend(og_sb_t *b, const struct stats *st)
 {
     if (!st->nbuckets)
         return;
@@ -1088,17 +1093,17 @@ static void html_trend(struct sbuf *b, const struct stats *st)
     }
     const double L = 60, R = 985, T = 12, H = 230;
     double bw = (R - L) / st->nbuckets;
-    sb_printf(b,
-              "<section class=\"card\"><h2>Trend <span class=\"muted\" style=\"font-weight:400\">per %s (UTC): "
-              "out of memory, recovered, warnings</span></h2>"
-              "<svg viewBox=\"0 0 1000 290\" role=\"img\" aria-label=\"failures over time\" id=\"trend\">",
-              st->bucket_name);
+    og_sb_printf(b,
+                 "<section class=\"card\"><h2>Trend <span class=\"muted\" style=\"font-weight:400\">per %s (UTC): "
+                 "out of memory, recovered, warnings</span></h2>"
+                 "<svg viewBox=\"0 0 1000 290\" role=\"img\" aria-label=\"failures over time\" id=\"trend\">",
+                 st->bucket_name);
     for (int g = 0; g <= 4; g++) {
         double y = T + H - H * g / 4.0;
-        sb_printf(b,
-                  "<line x1=\"%.0f\" x2=\"%.0f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#e3e7ee\"/>"
-                  "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\" font-size=\"11\" fill=\"#5f6b7a\">%.0f</text>",
-                  L, R, y, y, L - 6, y + 4, max * g / 4.0);
+        og_sb_printf(b,
+                     "<line x1=\"%.0f\" x2=\"%.0f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#e3e7ee\"/>"
+                     "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\" font-size=\"11\" fill=\"#5f6b7a\">%.0f</text>",
+                     L, R, y, y, L - 6, y + 4, max * g / 4.0);
     }
     static const int order[] = { C_OOM, C_RECOVERED, C_WARNING };
     for (int k = 0; k < st->nbuckets; k++) {
@@ -1110,52 +1115,53 @@ static void html_trend(struct sbuf *b, const struct stats *st)
                 continue;
             double h = max ? (double)c / (double)max * H : 0;
             y -= h;
-            sb_printf(b,
-                      "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\"><title>%s: %lld "
-                      "%s</title></rect>",
-                      L + k * bw + bw * 0.1, y, bw * 0.8 > 0.5 ? bw * 0.8 : 0.5, h, CLS_COLOR[order[j]],
-                      bucket_label(st, k, lb), (long long)c, CLS_KEY[order[j]]);
+            og_sb_printf(b,
+                         "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\"><title>%s: %lld "
+                         "%s</title></rect>",
+                         L + k * bw + bw * 0.1, y, bw * 0.8 > 0.5 ? bw * 0.8 : 0.5, h, CLS_COLOR[order[j]],
+                         bucket_label(st, k, lb), (long long)c, CLS_KEY[order[j]]);
         }
     }
     /* About eight date labels along the axis. */
     int step = st->nbuckets / 8 + 1;
     for (int k = 0; k < st->nbuckets; k += step) {
         char lb[40];
-        sb_printf(b, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\" font-size=\"11\" fill=\"#5f6b7a\">%s</text>",
-                  L + (k + 0.5) * bw, T + H + 18, bucket_label(st, k, lb));
+        og_sb_printf(b,
+                     "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\" font-size=\"11\" fill=\"#5f6b7a\">%s</text>",
+                     L + (k + 0.5) * bw, T + H + 18, bucket_label(st, k, lb));
     }
-    sb_puts(b, "</svg><div class=\"legend\">");
+    og_sb_puts(b, "</svg><div class=\"legend\">");
     for (int j = 0; j < 3; j++)
-        sb_printf(b, "<div><span class=\"sw\" style=\"background:%s\"></span>%s<span class=\"n\">%lld</span></div>",
-                  CLS_COLOR[order[j]],
-                  order[j] == C_OOM         ? "out of memory"
-                  : order[j] == C_RECOVERED ? "recovered"
-                                            : "warning",
-                  (long long)cls_total(st, order[j]));
-    sb_puts(b, "</div>");
+        og_sb_printf(b, "<div><span class=\"sw\" style=\"background:%s\"></span>%s<span class=\"n\">%lld</span></div>",
+                     CLS_COLOR[order[j]],
+                     order[j] == C_OOM         ? "out of memory"
+                     : order[j] == C_RECOVERED ? "recovered"
+                                               : "warning",
+                     (long long)cls_total(st, order[j]));
+    og_sb_puts(b, "</div>");
     if (st->undated)
-        sb_printf(b, "<p class=\"muted\">%lld dump%s without a plausible time are not drawn.</p>",
-                  (long long)st->undated, st->undated == 1 ? "" : "s");
-    sb_puts(b, "</section>\n");
+        og_sb_printf(b, "<p class=\"muted\">%lld dump%s without a plausible time are not drawn.</p>",
+                     (long long)st->undated, st->undated == 1 ? "" : "s");
+    og_sb_puts(b, "</section>\n");
 }
 
-static int render_html(struct sbuf *b, const struct stats *st, int top)
+static int render_html(og_sb_t *b, const struct stats *st, int top)
 {
     top = top ? top : 20;
     og_html_begin(b, "oomguard stats");
     int64_t oom = cls_total(st, C_OOM);
-    sb_printf(b, "<header class=\"top %s\"><span class=\"badge\">fleet statistics</span><h1>", oom ? "oom" : "exit");
+    og_sb_printf(b, "<header class=\"top %s\"><span class=\"badge\">fleet statistics</span><h1>", oom ? "oom" : "exit");
     char g[32], tm[40];
-    sb_printf(b, "%s out-of-memory failure%s in %s dump%s</h1><p class=\"sub\">", group_digits(oom, g),
-              oom == 1 ? "" : "s", group_digits((int64_t)st->nrecs, tm), st->nrecs == 1 ? "" : "s");
+    og_sb_printf(b, "%s out-of-memory failure%s in %s dump%s</h1><p class=\"sub\">", group_digits(oom, g),
+                 oom == 1 ? "" : "s", group_digits((int64_t)st->nrecs, tm), st->nrecs == 1 ? "" : "s");
     for (int i = 0; i < st->ndirs; i++) {
-        sb_puts(b, i ? " \u00b7 " : "");
+        og_sb_puts(b, i ? " \u00b7 " : "");
         sb_html(b, st->dirs[i], 200, 0);
     }
     double lf = last_failure(st);
     if (!isnan(lf))
-        sb_printf(b, " \u00b7 last failure %s", og_format_time(lf, tm));
-    sb_puts(b, "</p></header>\n<main>\n<div class=\"kpis\">");
+        og_sb_printf(b, " \u00b7 last failure %s", og_format_time(lf, tm));
+    og_sb_puts(b, "</p></header>\n<main>\n<div class=\"kpis\">");
     html_kpi(b, "bad", "Out of memory", oom, "the program got the error");
     html_kpi(b, "good", "Recovered", cls_total(st, C_RECOVERED), "the framework's retry succeeded");
     html_kpi(b, "", "Warnings", cls_total(st, C_WARNING), "OOMGUARD_WARN_AT crossed");
@@ -1163,22 +1169,22 @@ static int render_html(struct sbuf *b, const struct stats *st, int top)
     html_kpi(b, "", "Jobs", st->dim[D_JOB].n, NULL);
     html_kpi(b, "", "Hosts", st->dim[D_HOST].n, NULL);
     html_kpi(b, st->skipped ? "bad" : "", "Skipped files", st->skipped, "unreadable or not a dump");
-    sb_puts(b, "</div>\n");
+    og_sb_puts(b, "</div>\n");
     html_trend(b, st);
     html_bars(b, st, D_CAUSE, "Out-of-memory failures by cause", "causes", top, 1);
 
     struct ent **v = sorted(&st->dim[D_REMEDY]);
     if (st->dim[D_REMEDY].n && v[0]->n[C_OOM]) {
-        sb_puts(b, "<section class=\"card\"><h2>Most frequent first remedies</h2><table><thead><tr><th>remedy</th>"
-                   "<th></th><th class=\"num\">failures</th></tr></thead><tbody>");
+        og_sb_puts(b, "<section class=\"card\"><h2>Most frequent first remedies</h2><table><thead><tr><th>remedy</th>"
+                      "<th></th><th class=\"num\">failures</th></tr></thead><tbody>");
         for (int i = 0; i < st->dim[D_REMEDY].n && i < top && v[i]->n[C_OOM]; i++) {
-            sb_puts(b, "<tr><td class=\"mono\">");
+            og_sb_puts(b, "<tr><td class=\"mono\">");
             sb_html(b, v[i]->s, 60, 0);
-            sb_puts(b, "</td><td>");
+            og_sb_puts(b, "</td><td>");
             sb_html(b, v[i]->title ? v[i]->title : "", 160, 0);
-            sb_printf(b, "</td><td class=\"num\">%lld</td></tr>", (long long)v[i]->n[C_OOM]);
+            og_sb_printf(b, "</td><td class=\"num\">%lld</td></tr>", (long long)v[i]->n[C_OOM]);
         }
-        sb_puts(b, "</tbody></table></section>\n");
+        og_sb_puts(b, "</tbody></table></section>\n");
     }
     free(v);
     html_bars(b, st, D_HOST, "By host", "hosts", top, 0);
@@ -1187,18 +1193,18 @@ static int render_html(struct sbuf *b, const struct stats *st, int top)
     html_table(b, st, D_JOB, "By job", "hosts", top);
     html_table(b, st, D_HOST, "Hosts", "jobs", top);
     if (st->skipped) {
-        sb_printf(b, "<section class=\"card\"><h2>Skipped %lld file%s</h2><ul>", (long long)st->skipped,
-                  st->skipped == 1 ? "" : "s");
+        og_sb_printf(b, "<section class=\"card\"><h2>Skipped %lld file%s</h2><ul>", (long long)st->skipped,
+                     st->skipped == 1 ? "" : "s");
         for (int i = 0; i < st->nskipped_msg && i < 100; i++) {
-            sb_puts(b, "<li class=\"mono\">");
+            og_sb_puts(b, "<li class=\"mono\">");
             sb_html(b, st->skipped_msg[i], 400, 0);
-            sb_puts(b, "</li>");
+            og_sb_puts(b, "</li>");
         }
-        sb_puts(b, "</ul></section>\n");
+        og_sb_puts(b, "</ul></section>\n");
     }
-    sb_puts(b, "</main>\n");
+    og_sb_puts(b, "</main>\n");
     og_html_end(b);
-    return b->oom ? -1 : 0;
+    return b->failed ? -1 : 0;
 }
 
 /* ------------------------------------------------------------ command */
@@ -1228,7 +1234,7 @@ void og_usage_stats(FILE *f)
 }
 
 /* Temporary file in the same directory, then rename: a collector never reads half a file. */
-static int write_atomic(const struct sbuf *b, const char *path)
+static int write_atomic(const og_sb_t *b, const char *path)
 {
     if (!path)
         return write_all(STDOUT_FILENO, b, "standard output");
@@ -1388,21 +1394,21 @@ int og_cmd_stats(int argc, char **argv)
     free(path);
     if (rc == OG_EXIT_OK) {
         finish(&st);
-        struct sbuf out;
-        sb_init(&out);
+        og_sb_t out;
+        og_sb_init(&out);
         int color = color_when ? color_when > 0
                                : !output && isatty(STDOUT_FILENO) && !(getenv("NO_COLOR") && *getenv("NO_COLOR"));
         int r = format == FMT_JSON   ? render_json(&out, &st)
                 : format == FMT_HTML ? render_html(&out, &st, top)
                 : format == FMT_PROM ? render_prom(&out, &st)
-                                     : (render_text(&out, &st, color, top), out.oom ? -1 : 0);
-        if (r < 0 || out.oom) {
+                                     : (render_text(&out, &st, color, top), out.failed ? -1 : 0);
+        if (r < 0 || out.failed) {
             fprintf(stderr, "oomguard: out of memory while rendering\n");
             rc = OG_EXIT_OUTPUT;
         } else {
             rc = write_atomic(&out, output);
         }
-        sb_free(&out);
+        og_sb_free(&out);
     }
     stats_free(&st);
     return rc;

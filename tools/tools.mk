@@ -9,7 +9,7 @@ TOOLS_SRC  := $(filter-out tools/fuzz_dump.c,$(wildcard tools/*.c))
 TOOLS_HDR  := $(wildcard tools/*.h) $(wildcard include/oomguard.h) shim/live.h
 # common/ is what the command shares with the library: common/human.c formats sizes and names frameworks
 # (the report spells them as the dump does); the options, causes and roles lists.
-TOOLS_SHARED := common/human.c
+TOOLS_SHARED := common/human.c common/strbuf.c
 TOOLS_OBJ  := $(patsubst tools/%.c,$(B)/tools/%.o,$(TOOLS_SRC)) $(patsubst %.c,$(B)/%.o,$(TOOLS_SHARED))
 TOOLS_LIBS := -lcjson -lm -ldw -lelf -lstdc++ -ldl
 FUZZ_CC    ?= clang
@@ -18,7 +18,7 @@ FUZZ_SECONDS ?= 20
 .PHONY: test-cli fuzz-dump fuzz-smoke
 all: $(B)/oomguard
 
-$(B)/tools/%.o: tools/%.c $(TOOLS_HDR) common/human.h | $(B)
+$(B)/tools/%.o: tools/%.c $(TOOLS_HDR) common/human.h common/strbuf.h | $(B)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itools -iquote common -iquote shim -MMD -MP -c $< -o $@
 

@@ -515,24 +515,24 @@ static void ago(uint64_t now, uint64_t t, char out[24])
 }
 
 /* one line, cut to the width (sb_text keeps untrusted strings printable) */
-static void line_end(struct sbuf *b, size_t start, int width)
+static void line_end(og_sb_t *b, size_t start, int width)
 {
-    size_t w = text_width(b->p + start, SIZE_MAX);
+    size_t w = text_width(b->buf + start, SIZE_MAX);
     (void)w;
     /* the line was built from ASCII formats plus sb_text'ed strings: cut by characters */
     size_t chars = 0, i = start;
     while (i < b->len && chars < (size_t)width) {
-        unsigned char c = (unsigned char)b->p[i];
+        unsigned char c = (unsigned char)b->buf[i];
         size_t k = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
         i += k;
         chars++;
     }
     if (i < b->len)
         b->len = i;
-    sb_putc(b, '\n');
+    og_sb_putc(b, '\n');
 }
 
-static void render_text(const struct model *m, const struct view *v, struct sbuf *b, bool screen)
+static void render_text(const struct model *m, const struct view *v, og_sb_t *b, bool screen)
 {
     char t1[16], t2[16], t3[16], r[24], a[24];
     time_t now = (time_t)(m->now_ms / 1000);
@@ -541,22 +541,22 @@ static void render_text(const struct model *m, const struct view *v, struct sbuf
     char host[64] = "";
     gethostname(host, sizeof host - 1);
     size_t s0 = b->len;
-    sb_printf(b, "oomguard top  %.24s  %02d:%02d:%02d  sort %s", host, tm.tm_hour, tm.tm_min, tm.tm_sec,
-              sort_names[v->sort]);
+    og_sb_printf(b, "oomguard top  %.24s  %02d:%02d:%02d  sort %s", host, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                 sort_names[v->sort]);
     if (v->filter[0]) {
-        sb_puts(b, "  filter ");
+        og_sb_puts(b, "  filter ");
         sb_text(b, v->filter, 20, 0);
     }
     if (v->gpu >= 0)
-        sb_printf(b, "  gpu %d", v->gpu);
+        og_sb_printf(b, "  gpu %d", v->gpu);
     line_end(b, s0, v->width);
     if (screen) {
         s0 = b->len;
-        sb_puts(b, "q quit  s sort  / filter  g gpu  l libraries  * framework  ~ no oomguard");
+        og_sb_puts(b, "q quit  s sort  / filter  g gpu  l libraries  * framework  ~ no oomguard");
         line_end(b, s0, v->width);
     }
     if (!m->ngpus) {
-        sb_puts(b, "no GPU: no NVML and no process publishing under oomguard\n");
+        og_sb_puts(b, "no GPU: no NVML and no process publishing under oomguard\n");
         return;
     }
     for (int g = 0; g < m->ngpus; g++) {
@@ -564,16 +564,16 @@ static void render_text(const struct model *m, const struct view *v, struct sbuf
         if (v->gpu >= 0 && gp->index != v->gpu)
             continue;
         s0 = b->len;
-        sb_printf(b, "GPU %d ", gp->index);
+        og_sb_printf(b, "GPU %d ", gp->index);
         sb_text(b, gp->name[0] ? gp->name : "?", 28, 0);
         if (gp->nvml)
-            sb_printf(b, "  used %s of %s  free %s", sz(gp->used, t1), sz(gp->total, t2), sz(gp->free, t3));
+            og_sb_printf(b, "  used %s of %s  free %s", sz(gp->used, t1), sz(gp->total, t2), sz(gp->free, t3));
         else
-            sb_puts(b, "  (no NVML: totals unknown)");
+            og_sb_puts(b, "  (no NVML: totals unknown)");
         line_end(b, s0, v->width);
         s0 = b->len;
-        sb_printf(b, "  %7s %4s %-6s %7s %7s %9s %8s %3s %s", "PID", "RANK", "JOB", "USAGE", "PEAK", "TREND",
-                  "HEADROOM", "F/W", "COMMAND");
+        og_sb_printf(b, "  %7s %4s %-6s %7s %7s %9s %8s %3s %s", "PID", "RANK", "JOB", "USAGE", "PEAK", "TREND",
+                     "HEADROOM", "F/W", "COMMAND");
         line_end(b, s0, v->width);
         for (int i = 0; i < m->nprocs; i++) {
             const struct proc *p = &m->procs[i];
@@ -587,16 +587,16 @@ static void render_text(const struct model *m, const struct view *v, struct sbuf
                 snprintf(rank, sizeof rank, "%lld", (long long)p->b->rank);
                 snprintf(fw, sizeof fw, "%llu/%llu", (unsigned long long)(p->d->failures > 99 ? 99 : p->d->failures),
                          (unsigned long long)(p->d->warnings > 99 ? 99 : p->d->warnings));
-                sb_printf(b, "  %7d %4s ", p->pid, p->b->rank >= 0 ? rank : "-");
+                og_sb_printf(b, "  %7d %4s ", p->pid, p->b->rank >= 0 ? rank : "-");
                 size_t j0 = b->len;
                 sb_text(b, p->b->job[0] ? p->b->job : "-", 6, 0);
                 for (size_t w = b->len - j0; w < 6; w++)
-                    sb_putc(b, ' ');
-                sb_printf(b, " %7s %7s %9s %8s %3s ", sz(p->d->tracked, t1), sz(p->d->peak, t2),
-                          rate_str(p->d->rate, r), sz(headroom(m, p), t3), fw);
+                    og_sb_putc(b, ' ');
+                og_sb_printf(b, " %7s %7s %9s %8s %3s ", sz(p->d->tracked, t1), sz(p->d->peak, t2),
+                             rate_str(p->d->rate, r), sz(headroom(m, p), t3), fw);
             } else {
-                sb_printf(b, "~ %7d %4s %-6s %7s %7s %9s %8s %3s ", p->pid, "-", "-", sz(p->nvml_used, t1), "-", "-",
-                          sz(m->gpus[g].free, t3), "-");
+                og_sb_printf(b, "~ %7d %4s %-6s %7s %7s %9s %8s %3s ", p->pid, "-", "-", sz(p->nvml_used, t1), "-", "-",
+                             sz(m->gpus[g].free, t3), "-");
             }
             /* the program's name without its directory: the arguments say more in 80 columns */
             const char *shown = cmd;
@@ -612,34 +612,34 @@ static void render_text(const struct model *m, const struct view *v, struct sbuf
             if (!p->d || !v->libs)
                 continue;
             s0 = b->len;
-            sb_puts(b, "           ");
+            og_sb_puts(b, "           ");
             for (uint32_t l = 0; l < p->d->nlibs && l < OG_LIVE_LIBS; l++) {
                 sb_text(b, p->d->libs[l].name, 28, 0);
-                sb_printf(b, "%s %s  ", p->d->libs[l].framework ? "*" : "", sz(p->d->libs[l].bytes, t1));
+                og_sb_printf(b, "%s %s  ", p->d->libs[l].framework ? "*" : "", sz(p->d->libs[l].bytes, t1));
             }
             if (p->d->other_lib_bytes)
-                sb_printf(b, "other %s", sz(p->d->other_lib_bytes, t1));
+                og_sb_printf(b, "other %s", sz(p->d->other_lib_bytes, t1));
             if (!p->d->nlibs && !p->d->other_lib_bytes)
-                sb_puts(b, "(nothing held)");
+                og_sb_puts(b, "(nothing held)");
             line_end(b, s0, v->width);
             s0 = b->len;
             ago(m->now_ms, p->d->peak_unix_ms, a);
-            sb_printf(b, "           peak %s %s  allocs %llu frees %llu", sz(p->d->peak, t1), a,
-                      (unsigned long long)p->d->allocs, (unsigned long long)p->d->frees);
+            og_sb_printf(b, "           peak %s %s  allocs %llu frees %llu", sz(p->d->peak, t1), a,
+                         (unsigned long long)p->d->allocs, (unsigned long long)p->d->frees);
             if (p->d->limit != OG_LIVE_NONE)
-                sb_printf(b, "  limit %s", sz(p->d->limit, t1));
+                og_sb_printf(b, "  limit %s", sz(p->d->limit, t1));
             if (p->d->warn_at != OG_LIVE_NONE)
-                sb_printf(b, "  warn %s", sz(p->d->warn_at, t1));
+                og_sb_printf(b, "  warn %s", sz(p->d->warn_at, t1));
             if (p->nvml_used != OG_LIVE_NONE)
-                sb_printf(b, "  nvml %s", sz(p->nvml_used, t1));
+                og_sb_printf(b, "  nvml %s", sz(p->nvml_used, t1));
             line_end(b, s0, v->width);
             if (p->d->fw_unix_ms) {
                 s0 = b->len;
                 ago(m->now_ms, p->d->fw_unix_ms, a);
-                sb_puts(b, "           ");
+                og_sb_puts(b, "           ");
                 sb_text(b, p->d->fw_name[0] ? p->d->fw_name : "framework", 16, 0);
-                sb_printf(b, ": allocated %s reserved %s (%s)", sz(p->d->fw_allocated, t1), sz(p->d->fw_reserved, t2),
-                          a);
+                og_sb_printf(b, ": allocated %s reserved %s (%s)", sz(p->d->fw_allocated, t1),
+                             sz(p->d->fw_reserved, t2), a);
                 line_end(b, s0, v->width);
             }
         }
@@ -746,21 +746,21 @@ static char *render_json(const struct model *m, const struct view *v)
 
 /* ------------------------------------------------------------------ prometheus */
 
-static void prom_label(struct sbuf *b, const char *k, const char *v, bool first)
+static void prom_label(og_sb_t *b, const char *k, const char *v, bool first)
 {
-    sb_printf(b, "%s%s=\"", first ? "" : ",", k);
+    og_sb_printf(b, "%s%s=\"", first ? "" : ",", k);
     for (const unsigned char *p = (const unsigned char *)v; *p; p++) {
         if (*p == '\\' || *p == '"')
-            sb_printf(b, "\\%c", *p);
+            og_sb_printf(b, "\\%c", *p);
         else if (*p == '\n')
-            sb_puts(b, "\\n");
+            og_sb_puts(b, "\\n");
         else if (*p >= 0x20 && *p != 0x7f)
-            sb_putc(b, *p);
+            og_sb_putc(b, *p);
     }
-    sb_putc(b, '"');
+    og_sb_putc(b, '"');
 }
 
-static void prom_proc_labels(struct sbuf *b, const struct model *m, const struct proc *p)
+static void prom_proc_labels(og_sb_t *b, const struct model *m, const struct proc *p)
 {
     char n[32];
     snprintf(n, sizeof n, "%d", m->gpus[p->gpu].index);
@@ -784,7 +784,7 @@ static uint64_t pv_fail(const struct model *m, const struct proc *p) { return p-
 static uint64_t pv_warn(const struct model *m, const struct proc *p) { return p->d->warnings; }
 static uint64_t pv_nvml(const struct model *m, const struct proc *p) { return p->d ? OG_LIVE_NONE : p->nvml_used; }
 
-static void render_prom(const struct model *m, const struct view *v, struct sbuf *b)
+static void render_prom(const struct model *m, const struct view *v, og_sb_t *b)
 {
     static const struct {
         const char *name, *type, *help;
@@ -801,7 +801,8 @@ static void render_prom(const struct model *m, const struct view *v, struct sbuf
         { "oomguard_warnings_total", "counter", "OOMGUARD_WARN_AT crossings of the process", pv_warn },
     };
     /* per library: the top N of each process, the rest summed as "other" */
-    sb_puts(b, "# HELP oomguard_device_bytes Device memory a process holds, by the library that allocated it (top N, "
+    og_sb_puts(b,
+               "# HELP oomguard_device_bytes Device memory a process holds, by the library that allocated it (top N, "
                "the rest \"other\")\n"
                "# TYPE oomguard_device_bytes gauge\n");
     for (int i = 0; i < m->nprocs; i++) {
@@ -814,17 +815,17 @@ static void render_prom(const struct model *m, const struct view *v, struct sbuf
                 other += p->d->libs[l].bytes;
                 continue;
             }
-            sb_puts(b, "oomguard_device_bytes{");
+            og_sb_puts(b, "oomguard_device_bytes{");
             prom_proc_labels(b, m, p);
             prom_label(b, "library", p->d->libs[l].name, false);
             prom_label(b, "framework", p->d->libs[l].framework ? "1" : "0", false);
-            sb_printf(b, "} %llu\n", (unsigned long long)p->d->libs[l].bytes);
+            og_sb_printf(b, "} %llu\n", (unsigned long long)p->d->libs[l].bytes);
         }
-        sb_puts(b, "oomguard_device_bytes{");
+        og_sb_puts(b, "oomguard_device_bytes{");
         prom_proc_labels(b, m, p);
         prom_label(b, "library", "other", false);
         prom_label(b, "framework", "0", false);
-        sb_printf(b, "} %llu\n", (unsigned long long)other);
+        og_sb_printf(b, "} %llu\n", (unsigned long long)other);
     }
     for (size_t f = 0; f < sizeof fam / sizeof *fam; f++) {
         bool head = false;
@@ -836,12 +837,12 @@ static void render_prom(const struct model *m, const struct view *v, struct sbuf
             if (val == OG_LIVE_NONE)
                 continue;
             if (!head) {
-                sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", fam[f].name, fam[f].help, fam[f].name, fam[f].type);
+                og_sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", fam[f].name, fam[f].help, fam[f].name, fam[f].type);
                 head = true;
             }
-            sb_printf(b, "%s{", fam[f].name);
+            og_sb_printf(b, "%s{", fam[f].name);
             prom_proc_labels(b, m, p);
-            sb_printf(b, "} %llu\n", (unsigned long long)val);
+            og_sb_printf(b, "} %llu\n", (unsigned long long)val);
         }
     }
     bool head = false;
@@ -850,15 +851,15 @@ static void render_prom(const struct model *m, const struct view *v, struct sbuf
         if (p->d || pv_nvml(m, p) == OG_LIVE_NONE || (v->gpu >= 0 && m->gpus[p->gpu].index != v->gpu))
             continue;
         if (!head) {
-            sb_puts(
+            og_sb_puts(
                 b,
                 "# HELP oomguard_process_nvml_bytes Device memory of a process without oomguard, as NVML reports it\n"
                 "# TYPE oomguard_process_nvml_bytes gauge\n");
             head = true;
         }
-        sb_puts(b, "oomguard_process_nvml_bytes{");
+        og_sb_puts(b, "oomguard_process_nvml_bytes{");
         prom_proc_labels(b, m, p);
-        sb_printf(b, "} %llu\n", (unsigned long long)p->nvml_used);
+        og_sb_printf(b, "} %llu\n", (unsigned long long)p->nvml_used);
     }
     static const char *const gfam[3][2] = { { "oomguard_gpu_total_bytes", "GPU memory, as NVML reports it" },
                                             { "oomguard_gpu_used_bytes",
@@ -872,10 +873,10 @@ static void render_prom(const struct model *m, const struct view *v, struct sbuf
             if (!gp->nvml || val == OG_LIVE_NONE || (v->gpu >= 0 && gp->index != v->gpu))
                 continue;
             if (!head) {
-                sb_printf(b, "# HELP %s %s\n# TYPE %s gauge\n", gfam[f][0], gfam[f][1], gfam[f][0]);
+                og_sb_printf(b, "# HELP %s %s\n# TYPE %s gauge\n", gfam[f][0], gfam[f][1], gfam[f][0]);
                 head = true;
             }
-            sb_printf(b, "%s{gpu=\"%d\"} %llu\n", gfam[f][0], gp->index, (unsigned long long)val);
+            og_sb_printf(b, "%s{gpu=\"%d\"} %llu\n", gfam[f][0], gp->index, (unsigned long long)val);
         }
     }
 }
@@ -960,38 +961,38 @@ static int interactive(const char *dir, struct view *v, int interval_ms)
         v->width = term_width();
         model_load(m, dir);
         sort_procs(m, v);
-        struct sbuf b;
-        sb_init(&b);
+        og_sb_t b;
+        og_sb_init(&b);
         render_text(m, v, &b, true);
         if (editing) {
-            sb_puts(&b, "filter: ");
+            og_sb_puts(&b, "filter: ");
             sb_text(&b, edit, 60, 0);
-            sb_puts(&b, "_  (Enter apply, Esc cancel)\n");
+            og_sb_puts(&b, "_  (Enter apply, Esc cancel)\n");
         }
         /* draw: home, each line cleared to its end, the rest of the screen cleared; at most
          * the terminal's rows */
-        struct sbuf out;
-        sb_init(&out);
-        sb_puts(&out, "\033[H");
+        og_sb_t out;
+        og_sb_init(&out);
+        og_sb_puts(&out, "\033[H");
         int rows = term_rows(), row = 0;
         for (size_t i = 0; i < b.len && row < rows; row++) {
-            char *nl = memchr(b.p + i, '\n', b.len - i);
-            size_t l = nl ? (size_t)(nl - (b.p + i)) : b.len - i;
-            sb_put(&out, b.p + i, l);
-            sb_puts(&out, "\033[K");
+            char *nl = memchr(b.buf + i, '\n', b.len - i);
+            size_t l = nl ? (size_t)(nl - (b.buf + i)) : b.len - i;
+            og_sb_put(&out, b.buf + i, l);
+            og_sb_puts(&out, "\033[K");
             if (row + 1 < rows)
-                sb_puts(&out, "\r\n");
+                og_sb_puts(&out, "\r\n");
             i += l + 1;
         }
-        sb_puts(&out, "\033[J");
+        og_sb_puts(&out, "\033[J");
         if (write_all(STDOUT_FILENO, &out, "standard output") != OG_EXIT_OK) {
             rc = OG_EXIT_OUTPUT;
-            sb_free(&b);
-            sb_free(&out);
+            og_sb_free(&b);
+            og_sb_free(&out);
             break;
         }
-        sb_free(&b);
-        sb_free(&out);
+        og_sb_free(&b);
+        og_sb_free(&out);
         struct pollfd pfd = { STDIN_FILENO, POLLIN, 0 };
         uint64_t until = now_unix_ms() + (uint64_t)interval_ms;
         bool redraw = false;
@@ -1109,7 +1110,7 @@ void og_usage_top(FILE *f)
           f);
 }
 
-static int write_out(const char *path, const struct sbuf *b)
+static int write_out(const char *path, const og_sb_t *b)
 {
     if (!path || !strcmp(path, "-"))
         return write_all(STDOUT_FILENO, b, "standard output");
@@ -1223,13 +1224,13 @@ int og_cmd_top(int argc, char **argv)
         return OG_EXIT_OUTPUT;
     model_load(m, dir);
     sort_procs(m, &v);
-    struct sbuf b;
-    sb_init(&b);
+    og_sb_t b;
+    og_sb_init(&b);
     if (!strcmp(format, "json")) {
         char *s = render_json(m, &v);
         if (s) {
-            sb_puts(&b, s);
-            sb_putc(&b, '\n');
+            og_sb_puts(&b, s);
+            og_sb_putc(&b, '\n');
         }
         free(s);
     } else if (!strcmp(format, "prometheus")) {
@@ -1237,8 +1238,8 @@ int og_cmd_top(int argc, char **argv)
     } else {
         render_text(m, &v, &b, false);
     }
-    int rc = b.oom ? OG_EXIT_OUTPUT : write_out(output, &b);
-    sb_free(&b);
+    int rc = b.failed ? OG_EXIT_OUTPUT : write_out(output, &b);
+    og_sb_free(&b);
     pages_free(&m->pages);
     free(m);
     return rc;

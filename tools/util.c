@@ -10,81 +10,6 @@
 #include <string.h>
 #include <unistd.h>
 
-void sb_init(struct sbuf *b) { memset(b, 0, sizeof *b); }
-
-void sb_free(struct sbuf *b)
-{
-    free(b->p);
-    sb_init(b);
-}
-
-static int sb_reserve(struct sbuf *b, size_t extra)
-{
-    if (b->oom)
-        return 0;
-    if (extra < b->cap - b->len)
-        return 1;
-    size_t cap = b->cap ? b->cap : 4096;
-    while (cap - b->len <= extra) {
-        if (cap > SIZE_MAX / 2) {
-            b->oom = 1;
-            return 0;
-        }
-        cap *= 2;
-    }
-    char *p = realloc(b->p, cap);
-    if (!p) {
-        b->oom = 1;
-        return 0;
-    }
-    b->p = p;
-    b->cap = cap;
-    return 1;
-}
-
-void sb_put(struct sbuf *b, const void *s, size_t n)
-{
-    if (!n || !sb_reserve(b, n))
-        return;
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-void sb_puts(struct sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
-
-void sb_putc(struct sbuf *b, int c)
-{
-    char ch = (char)c;
-    sb_put(b, &ch, 1);
-}
-
-void sb_vprintf(struct sbuf *b, const char *fmt, va_list ap)
-{
-    va_list ap2;
-    va_copy(ap2, ap);
-    int n = vsnprintf(NULL, 0, fmt, ap2);
-    va_end(ap2);
-    if (n <= 0 || !sb_reserve(b, (size_t)n + 1))
-        return;
-    vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
-    b->len += (size_t)n;
-}
-
-void sb_printf(struct sbuf *b, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    sb_vprintf(b, fmt, ap);
-    va_end(ap);
-}
-
-void sb_repeat(struct sbuf *b, const char *s, int n)
-{
-    for (int i = 0; i < n; i++)
-        sb_puts(b, s);
-}
-
 /* Decodes one UTF-8 sequence at s.  Returns its length (>= 1) and stores the
  * code point, or -1 in *cp for an invalid or overlong sequence (length 1 then,
  * so that the caller resynchronises on the next byte). */
@@ -135,7 +60,7 @@ static const char ELLIPSIS[] = "\xe2\x80\xa6";    /* U+2026 */
 
 enum { MODE_TEXT, MODE_HTML, MODE_RAW };
 
-static void sb_safe(struct sbuf *b, const char *s, size_t max_chars, unsigned flags, int mode)
+static void sb_safe(og_sb_t *b, const char *s, size_t max_chars, unsigned flags, int mode)
 {
     if (!s)
         return;
@@ -143,55 +68,55 @@ static void sb_safe(struct sbuf *b, const char *s, size_t max_chars, unsigned fl
     size_t chars = 0;
     while (*p) {
         if (chars == max_chars) {
-            sb_puts(b, ELLIPSIS);
+            og_sb_puts(b, ELLIPSIS);
             return;
         }
         int32_t cp;
         size_t n = utf8_next(p, &cp);
         chars++;
         if (cp < 0 && mode == MODE_RAW) {
-            sb_puts(b, REPLACEMENT);
+            og_sb_puts(b, REPLACEMENT);
         } else if (cp < 0) {
-            sb_printf(b, "\\x%02x", *p); /* shown for what it is: a byte that is not UTF-8 */
+            og_sb_printf(b, "\\x%02x", *p); /* shown for what it is: a byte that is not UTF-8 */
         } else if (mode == MODE_RAW) {
-            sb_put(b, p, n);
+            og_sb_put(b, p, n);
         } else if (cp == '\n' && (flags & OG_TEXT_KEEP_NL)) {
-            sb_putc(b, '\n');
+            og_sb_putc(b, '\n');
         } else if (cp == '\n' || cp == '\t' || cp == '\r') {
-            sb_putc(b, ' ');
+            og_sb_putc(b, ' ');
         } else if (is_unsafe(cp)) {
             if (cp < 0x80)
-                sb_printf(b, "\\x%02x", (unsigned)cp); /* ESC is \x1b: visible, inert */
+                og_sb_printf(b, "\\x%02x", (unsigned)cp); /* ESC is \x1b: visible, inert */
             else
-                sb_printf(b, "\\u{%04x}", (unsigned)cp);
+                og_sb_printf(b, "\\u{%04x}", (unsigned)cp);
         } else if (mode == MODE_HTML && cp == '&') {
-            sb_puts(b, "&amp;");
+            og_sb_puts(b, "&amp;");
         } else if (mode == MODE_HTML && cp == '<') {
-            sb_puts(b, "&lt;");
+            og_sb_puts(b, "&lt;");
         } else if (mode == MODE_HTML && cp == '>') {
-            sb_puts(b, "&gt;");
+            og_sb_puts(b, "&gt;");
         } else if (mode == MODE_HTML && cp == '"') {
-            sb_puts(b, "&quot;");
+            og_sb_puts(b, "&quot;");
         } else if (mode == MODE_HTML && cp == '\'') {
-            sb_puts(b, "&#39;");
+            og_sb_puts(b, "&#39;");
         } else {
-            sb_put(b, p, n);
+            og_sb_put(b, p, n);
         }
         p += n;
     }
 }
 
-void sb_text(struct sbuf *b, const char *s, size_t max_chars, unsigned flags)
+void sb_text(og_sb_t *b, const char *s, size_t max_chars, unsigned flags)
 {
     sb_safe(b, s, max_chars, flags, MODE_TEXT);
 }
 
-void sb_html(struct sbuf *b, const char *s, size_t max_chars, unsigned flags)
+void sb_html(og_sb_t *b, const char *s, size_t max_chars, unsigned flags)
 {
     sb_safe(b, s, max_chars, flags, MODE_HTML);
 }
 
-void sb_utf8(struct sbuf *b, const char *s) { sb_safe(b, s, SIZE_MAX, 0, MODE_RAW); }
+void sb_utf8(og_sb_t *b, const char *s) { sb_safe(b, s, SIZE_MAX, 0, MODE_RAW); }
 
 int utf8_valid(const char *s)
 {
@@ -293,11 +218,11 @@ char *xstrdup(const char *s)
     return memcpy(xmalloc(n), s, n);
 }
 
-int write_all(int fd, const struct sbuf *b, const char *what)
+int write_all(int fd, const og_sb_t *b, const char *what)
 {
     size_t off = 0;
     while (off < b->len) {
-        ssize_t n = write(fd, b->p + off, b->len - off);
+        ssize_t n = write(fd, b->buf + off, b->len - off);
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0) {

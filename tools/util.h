@@ -4,6 +4,8 @@
 #define OG_UTIL_H
 
 #include <stdarg.h>
+
+#include "strbuf.h"
 #include <stddef.h>
 #include <stdint.h>
 
@@ -15,34 +17,20 @@ enum {
     OG_EXIT_OUTPUT = 3,
 };
 
-/* Growable byte buffer.  Renderers write into one so that the same code can
- * feed stdout, a file, or the fuzzer.  Allocation failure is sticky (`oom`)
- * instead of aborting, so callers check once at the end. */
-struct sbuf {
-    char *p;
-    size_t len, cap;
-    int oom;
-};
-
-void sb_init(struct sbuf *b);
-void sb_free(struct sbuf *b);
-void sb_put(struct sbuf *b, const void *s, size_t n);
-void sb_puts(struct sbuf *b, const char *s);
-void sb_putc(struct sbuf *b, int c);
-void sb_printf(struct sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void sb_vprintf(struct sbuf *b, const char *fmt, va_list ap);
-void sb_repeat(struct sbuf *b, const char *s, int n);
+/* Renderers write into the project's one string builder (common/strbuf.h), so that the same code
+ * can feed stdout, a file, or the fuzzer; allocation failure is sticky (`failed`), callers check
+ * once at the end. */
 
 /* Untrusted strings (everything read from a dump).  Both functions emit at most
  * `max_chars` characters (then "…"), replace invalid UTF-8 with U+FFFD, and never
  * pass control characters or bidi overrides through. */
 #define OG_TEXT_KEEP_NL 1u /* keep '\n' (for <pre> blocks); otherwise it becomes a space */
-void sb_text(struct sbuf *b, const char *s, size_t max_chars, unsigned flags);
-void sb_html(struct sbuf *b, const char *s, size_t max_chars, unsigned flags);
+void sb_text(og_sb_t *b, const char *s, size_t max_chars, unsigned flags);
+void sb_html(og_sb_t *b, const char *s, size_t max_chars, unsigned flags);
 /* Display width (in characters) of what sb_text would emit. */
 size_t text_width(const char *s, size_t max_chars);
 /* Valid UTF-8 copy of s (invalid sequences → U+FFFD), for the pickle writer. */
-void sb_utf8(struct sbuf *b, const char *s);
+void sb_utf8(og_sb_t *b, const char *s);
 int utf8_valid(const char *s);
 
 /* "1.30 GiB" (binary units, two decimals; plain "512 B" below 1 KiB). */
@@ -60,7 +48,7 @@ char *xstrdup(const char *s);
 
 /* Writes all of B to FD (retrying interrupted writes): OG_EXIT_OK, or OG_EXIT_OUTPUT after a message naming
  * WHAT (the file, or "standard output"). */
-int write_all(int fd, const struct sbuf *b, const char *what);
+int write_all(int fd, const og_sb_t *b, const char *what);
 
 /* getopt_long for a subcommand: argv holds the arguments after the command name (argv[-1]
  * is the name).  Returns the option's value as getopt_long does, -1 at the end (then *optind_out
