@@ -9,6 +9,7 @@
 
 #include "human.h" /* enum og_framework */
 #include "facts.h"
+#include "unmeasured.h" /* enum og_unmeasured */
 
 #define OG_UNKNOWN UINT64_MAX /* a byte count that could not be measured */
 
@@ -231,7 +232,8 @@ typedef struct og_record {
         int pool_owner_fw;    /* whose stream-ordered pools: 0 unknown/none, 1 the framework's, 2 the application's */
         char pool_owner[120]; /* library that took most blocks from the pools */
         int nunmeasured;
-        char unmeasured[8][160];
+        char unmeasured[8][160];     /* the sentence, with its numbers */
+        uint8_t unmeasured_what[8];  /* enum og_unmeasured of each, for rules and the dump's ids */
         char nvml_process_query[96]; /* NVML call (and entry size) that listed the processes; "" = none */
         uint64_t ipc_mapped_bytes;   /* other processes' memory opened here (cuIpcOpenMemHandle): not ours */
         og_framework_view_t fw;

@@ -9,6 +9,7 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <link.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -258,8 +259,8 @@ static void capture_device(og_record_t *rec, int device)
     if (mi && og_current_device() == device && mi(&free_b, &total) == CUDA_SUCCESS)
         rec->device.free_bytes = free_b;
     else
-        snprintf(rec->memory.unmeasured[rec->memory.nunmeasured++], 160,
-                 "free memory: device %d is not the calling thread's current device", device);
+        og_unmeasured(rec, OG_UM_FREE_MEMORY, "free memory: device %d is not the calling thread's current device",
+                      device);
     rec->device.limit_bytes = og_limit_bytes(device);
     /* the limit text must speak the check's own accounting (context included) */
     rec->device.limit_usage_bytes = rec->device.limit_bytes == OG_UNKNOWN ? OG_UNKNOWN : og_limit_usage(device);
@@ -624,22 +625,22 @@ static void derive(og_record_t *rec, const og_episode_t *ep)
     }
     /* unknown is not zero: say which part of the framework's memory was not measured, and why */
     if (rec->memory.framework_cached_bytes == OG_UNKNOWN &&
-        (rec->memory.framework_bytes > 0 || rec->framework != OG_FW_UNKNOWN) && rec->memory.nunmeasured < 8) {
+        (rec->memory.framework_bytes > 0 || rec->framework != OG_FW_UNKNOWN)) {
         const char *fwn = og_framework_display(rec->framework, "the framework");
         if (fw->unmeasured_why[0])
-            snprintf(rec->memory.unmeasured[rec->memory.nunmeasured++], 160,
-                     "framework cache: %s's reserved-but-unused memory (%.100s)", fwn, fw->unmeasured_why);
+            og_unmeasured(rec, OG_UM_FRAMEWORK_CACHE, "framework cache: %s's reserved-but-unused memory (%.100s)", fwn,
+                          fw->unmeasured_why);
         else if (ep && og_framework_of(rec->event.library, rec->event.library) == OG_FW_UNKNOWN &&
                  rec->event.library[0] && rec->memory.framework_bytes > 0)
-            snprintf(rec->memory.unmeasured[rec->memory.nunmeasured++], 160,
-                     "framework cache: %s's unused reserve (the failing call came from %.30s, outside its "
-                     "allocator: cache kept, no adapter numbers)",
-                     fwn, rec->event.library);
+            og_unmeasured(rec, OG_UM_FRAMEWORK_CACHE,
+                          "framework cache: %s's unused reserve (the failing call came from %.30s, outside its "
+                          "allocator: cache kept, no adapter numbers)",
+                          fwn, rec->event.library);
         else
-            snprintf(rec->memory.unmeasured[rec->memory.nunmeasured++], 160,
-                     "framework cache: %s's reserved-but-unused memory (no adapter numbers and no release "
-                     "between attempts to measure it)",
-                     fwn);
+            og_unmeasured(rec, OG_UM_FRAMEWORK_CACHE,
+                          "framework cache: %s's reserved-but-unused memory (no adapter numbers and no release "
+                          "between attempts to measure it)",
+                          fwn);
     }
     uint64_t used = rec->memory.process_used_bytes;
     rec->memory.non_framework_bytes = used == OG_UNKNOWN                   ? OG_UNKNOWN
@@ -707,13 +708,7 @@ static og_record_t *recovered_from_first(const og_record_t *now, const og_episod
         f->memory.framework_cached_bytes = ep->released;
         f->memory.framework_cached_source = OG_CACHE_RETRY_RELEASE;
         /* the cache is measured now: drop the line that said it was not */
-        for (int i = 0; i < f->memory.nunmeasured; i++)
-            if (strncmp(f->memory.unmeasured[i], "framework cache:", 16) == 0) {
-                memmove(f->memory.unmeasured[i], f->memory.unmeasured[i + 1],
-                        (size_t)(f->memory.nunmeasured - i - 1) * sizeof f->memory.unmeasured[0]);
-                f->memory.nunmeasured--;
-                break;
-            }
+        og_unmeasured_drop(f, OG_UM_FRAMEWORK_CACHE);
     }
     return f;
 }
@@ -752,6 +747,32 @@ static void fill_event(og_record_t *rec, const og_episode_t *ep, int device)
         rec->framework = ffw;
 }
 
+void og_unmeasured(og_record_t *rec, int what, const char *fmt, ...)
+{
+    int n = rec->memory.nunmeasured, cap = (int)(sizeof rec->memory.unmeasured / sizeof rec->memory.unmeasured[0]);
+    if (n >= cap || what < 0 || what >= OG_UM_COUNT)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(rec->memory.unmeasured[n], sizeof rec->memory.unmeasured[n], fmt, ap);
+    va_end(ap);
+    rec->memory.unmeasured_what[n] = (uint8_t)what;
+    rec->memory.nunmeasured = n + 1;
+}
+
+void og_unmeasured_drop(og_record_t *rec, int what)
+{
+    for (int i = 0; i < rec->memory.nunmeasured; i++)
+        if (rec->memory.unmeasured_what[i] == what) {
+            int rest = rec->memory.nunmeasured - i - 1;
+            memmove(rec->memory.unmeasured[i], rec->memory.unmeasured[i + 1],
+                    (size_t)rest * sizeof rec->memory.unmeasured[0]);
+            memmove(&rec->memory.unmeasured_what[i], &rec->memory.unmeasured_what[i + 1], (size_t)rest);
+            rec->memory.nunmeasured--;
+            return;
+        }
+}
+
 /* A Python process whose adapter never loaded has no framework view: the dump says so and why,
  * and stderr once (not for OOMGUARD_PYTHON_ADAPTER=0, which asked for it). */
 static void python_view_missing(og_record_t *rec)
@@ -761,8 +782,7 @@ static void python_view_missing(og_record_t *rec)
     bool loud = false;
     if (!og_python_adapter_missing(why, sizeof why, &loud))
         return;
-    if (rec->memory.nunmeasured < (int)(sizeof rec->memory.unmeasured / sizeof rec->memory.unmeasured[0]))
-        snprintf(rec->memory.unmeasured[rec->memory.nunmeasured++], sizeof rec->memory.unmeasured[0], "%s", why);
+    og_unmeasured(rec, OG_UM_PYTHON_VIEW, "%s", why);
     if (loud && !og_opt.quiet && !atomic_exchange(&said, 1))
         og_warn("%s (import oomguard_torch in the program to get it)", why);
 }
@@ -780,12 +800,11 @@ og_record_t *og_record_capture(const char *status, const og_episode_t *ep, int d
     capture_ledger(rec, device);
     og_nvml_measure(rec);
     rec->memory.ipc_mapped_bytes = og_ledger_ipc_mapped(device);
-    for (int k = 0; rec->memory.nunmeasured < (int)(sizeof rec->memory.unmeasured / sizeof rec->memory.unmeasured[0]) &&
-                    og_ledger_unmeasured(device, k, rec->memory.unmeasured[rec->memory.nunmeasured],
-                                         sizeof rec->memory.unmeasured[0]);
-         k++)
-        if (rec->memory.unmeasured[rec->memory.nunmeasured][0])
-            rec->memory.nunmeasured++;
+    char why[sizeof rec->memory.unmeasured[0]];
+    int what;
+    for (int k = 0; og_ledger_unmeasured(device, k, &what, why, sizeof why); k++)
+        if (why[0])
+            og_unmeasured(rec, what, "%s", why);
     capture_peers(rec);
     og_framework_view_get(&rec->memory.fw);
     python_view_missing(rec);
@@ -885,10 +904,10 @@ og_record_t *og_record_unmeasured(const char *status, const og_episode_t *ep)
     rec->memory.context_bytes_estimate = rec->memory.framework_cached_bytes = OG_UNKNOWN;
     rec->memory.other_processes_bytes = OG_UNKNOWN;
     rec->diagnosis.shortfall_bytes = OG_UNKNOWN;
-    snprintf(rec->memory.unmeasured[rec->memory.nunmeasured++], sizeof rec->memory.unmeasured[0],
-             "everything but the failing call: OOMGUARD_MAX_DUMPS (%lld) was spent when it failed; recorded "
-             "from the failure alone when it proved final",
-             og_opt.max_dumps);
+    og_unmeasured(rec, OG_UM_DUMP_BUDGET,
+                  "everything but the failing call: OOMGUARD_MAX_DUMPS (%lld) was spent when it failed; recorded "
+                  "from the failure alone when it proved final",
+                  og_opt.max_dumps);
     fill_event(rec, ep, ep->device);
     return rec;
 }

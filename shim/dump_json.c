@@ -427,6 +427,18 @@ static void w_memory(og_sb_t *sb, const og_record_t *r)
         og_sb_json_str(sb, r->memory.unmeasured[i]);
     }
     og_sb_puts(sb, "]");
+    K("unmeasured_ids");
+    og_sb_puts(sb, "[");
+    for (int i = 0; i < r->memory.nunmeasured; i++) {
+        static const char *const ids[OG_UM_COUNT] = {
+#define X(name, id, what) [OG_UM_##name] = id,
+#include "unmeasured.def"
+#undef X
+        };
+        og_sb_printf(sb, "%s\"%s\"", i ? "," : "",
+                     r->memory.unmeasured_what[i] < OG_UM_COUNT ? ids[r->memory.unmeasured_what[i]] : "unknown");
+    }
+    og_sb_puts(sb, "]");
     K("framework");
     if (r->memory.fw.has) {
         const og_framework_view_t *f = &r->memory.fw;

@@ -18,6 +18,7 @@
  * thread freeing activations).  Blocks come from per-shard slabs: a live block costs its
  * struct and a share of the bucket array, nothing from malloc. */
 #include "ledger_int.h"
+#include "unmeasured.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -629,29 +630,32 @@ size_t og_ledger_foreach(og_block_fn fn, void *arg)
  * each (the process's counts: the loss is not tied to a device). */
 static const struct {
     _Atomic uint64_t *count;
+    int what; /* enum og_unmeasured */
     const char *text;
 } lost_texts[] = {
-    { &og_ledger_lost[OG_LOST_BLOCKS],
+    { &og_ledger_lost[OG_LOST_BLOCKS], OG_UM_LEDGER_BLOCKS,
       "ledger: %llu block(s) not tracked (no host memory for the table): their bytes are missing "
       "from the totals and their frees count as unknown" },
-    { &og_ledger_lost[OG_LOST_VMM], "vmm: %llu handle(s) or mapping(s) not tracked (no host memory)" },
-    { &og_ledger_lost[OG_LOST_POOLS],
+    { &og_ledger_lost[OG_LOST_VMM], OG_UM_VMM, "vmm: %llu handle(s) or mapping(s) not tracked (no host memory)" },
+    { &og_ledger_lost[OG_LOST_POOLS], OG_UM_POOL_USES,
       "pools: %llu pool use(s) not registered (no host memory): their reservation is not counted" },
-    { &og_ledger_lost[OG_LOST_ARRAYS],
+    { &og_ledger_lost[OG_LOST_ARRAYS], OG_UM_ARRAYS,
       "arrays: %llu CUDA array(s) not noted with their context (no host memory): they stay in the "
       "ledger after it is gone" },
-    { &og_ledger_lost[OG_LOST_HISTORY],
+    { &og_ledger_lost[OG_LOST_HISTORY], OG_UM_HISTORY,
       "history: %llu event ring(s) got no memory; those threads' history holds only their newest "
       "event" },
-    { &og_ledger_lost[OG_LOST_SHARDS], "ledger: a shard stayed locked for a second (a thread that died inside "
-                                       "the ledger), %llu time(s): its blocks are missing from those totals" },
-    { &og_sites_lost,
+    { &og_ledger_lost[OG_LOST_SHARDS], OG_UM_LEDGER_BLOCKS,
+      "ledger: a shard stayed locked for a second (a thread that died inside "
+      "the ledger), %llu time(s): its blocks are missing from those totals" },
+    { &og_sites_lost, OG_UM_SITES,
       "sites: %llu allocation(s) left without a site (no host memory for it, or 2^20 sites): shown as unknown" },
 };
 
-bool og_ledger_unmeasured(int device, int k, char *why, size_t n)
+bool og_ledger_unmeasured(int device, int k, int *what, char *why, size_t n)
 {
     size_t nlost = sizeof lost_texts / sizeof *lost_texts;
+    *what = k == 0 ? OG_UM_POOLS : k == 1 ? OG_UM_HISTORY : OG_UM_COUNT;
     if (k == 0) {
         og_pool_unmeasured(device, why, n);
         return true;
@@ -668,6 +672,7 @@ bool og_ledger_unmeasured(int device, int k, char *why, size_t n)
     if (k < 1 || (size_t)k > nlost)
         return false;
     uint64_t count = atomic_load(lost_texts[k - 1].count);
+    *what = lost_texts[k - 1].what;
     why[0] = 0;
     if (count)
         snprintf(why, n, lost_texts[k - 1].text, (unsigned long long)count);

@@ -265,15 +265,6 @@ static void proc_name(int pid, char *out, size_t n)
         snprintf(out, n, "(not visible)"); /* another container or user */
 }
 
-__attribute__((format(printf, 2, 3))) static void unmeasured(og_record_t *rec, const char *fmt, ...)
-{
-    if (rec->memory.nunmeasured >= (int)(sizeof rec->memory.unmeasured / sizeof rec->memory.unmeasured[0]))
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(rec->memory.unmeasured[rec->memory.nunmeasured++], sizeof rec->memory.unmeasured[0], fmt, ap);
-    va_end(ap);
-}
 
 static int by_used_desc(const void *a, const void *b)
 {
@@ -294,9 +285,9 @@ void og_nvml_measure(og_record_t *rec)
     uint64_t total = rec->device.total_bytes == OG_UNKNOWN ? 0 : rec->device.total_bytes;
     if (!processes(rec->device.pci_bus_id, total, &pl, &why)) {
         if (pl.err > 0)
-            unmeasured(rec, "%s (%d)", why, pl.err);
+            og_unmeasured(rec, OG_UM_PROCESS_LIST, "%s (%d)", why, pl.err);
         else
-            unmeasured(rec, "%s", why);
+            og_unmeasured(rec, OG_UM_PROCESS_LIST, "%s", why);
         return;
     }
     snprintf(rec->memory.nvml_process_query, sizeof rec->memory.nvml_process_query, "%s", pl.how);
@@ -326,7 +317,8 @@ void og_nvml_measure(og_record_t *rec)
     if (!found_self && rec->memory.process_tracked_bytes > 0) {
         /* NVML lists host pids; inside a container our pid differs. */
         rec->memory.process_used_bytes = OG_UNKNOWN;
-        unmeasured(rec, "nvml: this process (pid %d) is not in NVML's list (other pid namespace?)", (int)self);
+        og_unmeasured(rec, OG_UM_PROCESS_LIST,
+                      "nvml: this process (pid %d) is not in NVML's list (other pid namespace?)", (int)self);
     }
 }
 

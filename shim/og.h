@@ -229,7 +229,13 @@ uint64_t og_ledger_pool_spare(int device);
 uint64_t og_ledger_ipc_mapped(int device); /* bytes of IPC mappings open on the device */
 uint64_t og_ledger_peak_t_ns(int device);
 /* The ledger's entries of memory.unmeasured, one by one (k = 0, 1, ...): false after the last. */
-bool og_ledger_unmeasured(int device, int k, char *why, size_t n);
+bool og_ledger_unmeasured(int device, int k, int *what, char *why, size_t n);
+/* Adds an entry to memory.unmeasured (its sentence) and memory.unmeasured_ids (its id); a full list
+ * keeps what it has.  capture.c. */
+struct og_record;
+void og_unmeasured(struct og_record *rec, int what, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Takes the entry with id `what` out again (it was measured after all); capture.c. */
+void og_unmeasured_drop(struct og_record *rec, int what);
 void og_ledger_stats(int device, oomguard_device_stats_t *out);
 struct og_block_view;
 /* The device's totals (as og_ledger_stats, plus pinned host memory) and every live block (fn,

@@ -3,6 +3,7 @@
 #  - every phony target of the makefiles is described in `make help` (its line carries a `## ` comment);
 #  - every mutant of tests/mutate/mutants.txt still finds its snippet;
 #  - the pure layers (analysis/, common/) include nothing of the shim and keep no writable state;
+#  - docs/dump-format.md names every id of memory.unmeasured_ids;
 #  - every C source is laid out as .clang-format says (`make format` fixes it);
 #  - code, makefiles, tests and docs name what a thing is ("the scenario corpus"), never a numbered work item
 #    that a newcomer cannot look up.
@@ -39,7 +40,17 @@ else
     skip=$((skip + 1)); echo "SKIP  every C source follows .clang-format (clang-format is not installed: make deps)"
 fi
 
-# 5. the analysis is pure: a record in, a diagnosis out. Nothing of the recorder's headers (CUDA, og.h) is
+# 5. the dump format documents every id of memory.unmeasured_ids (common/unmeasured.def)
+undoc=$(python3 - <<'PY'
+import re
+ids = re.findall(r'^X\(\w+, "(\w+)"', open("common/unmeasured.def").read(), re.M)
+row = [l for l in open("docs/dump-format.md") if l.startswith("| `unmeasured_ids` |")]
+print(" ".join(i for i in ids if not row or "`%s`" % i not in row[0]) if ids else "no ids read")
+PY
+)
+[ -z "$undoc" ]; result $? "docs/dump-format.md names every id of common/unmeasured.def" "missing: $undoc"
+
+# 6. the analysis is pure: a record in, a diagnosis out. Nothing of the recorder's headers (CUDA, og.h) is
 #    included, and its objects and common/'s have no writable data (.data/.bss): tables are const.
 deps=$(grep -nE '#include *"(\.\./)?(shim/)?(og|og_test|ledger_int|live|dump_render)\.h"|#include *<cuda' analysis/*.[ch] common/*.[ch] 2>/dev/null)
 [ -z "$deps" ]; result $? "analysis/ and common/ include nothing of the shim" "$deps"

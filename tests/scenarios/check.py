@@ -78,11 +78,21 @@ def generic_text_checks(d, txt):
             check(a <= b * 1.005 + 1, "%s: impossible statement %r" % (where, m.group(0)))
 
 
+UNMEASURED_IDS = re.findall(r'^X\(\w+, "(\w+)"',
+                            open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "common",
+                                              "unmeasured.def")).read(), re.M)
+
+
 def evidence_text_checks(d):
     """What the dump says it did not measure, its texts must not state as fact; framework-specific
     lines are labelled with their framework when the framework is unknown."""
-    um = " ".join(d.get("memory", {}).get("unmeasured") or [])
-    if "cache" in um:
+    mem = d.get("memory", {})
+    um = " ".join(mem.get("unmeasured") or [])
+    ids = mem.get("unmeasured_ids")
+    check(isinstance(ids, list) and len(ids) == len(mem.get("unmeasured") or []) and
+          all(i in UNMEASURED_IDS for i in ids),
+          "memory.unmeasured_ids %r: one known id per entry of memory.unmeasured" % (ids,))
+    if "framework_cache" in (ids or []):
         for where, s in texts_of(d):
             m = re.search(SIZE + r" (is |are )?(live|in live tensors|held by live tensors)\b", s)
             check(not m, "%s calls bytes live although the framework's cache was not measured: %r"
@@ -150,8 +160,8 @@ def truth_checks(d, mark, rec_mark, exp):
                                                               " (or unknown)" if unk else ""))
     if exp.get("nvml_absent"):
         # the case hides NVML: the dump must say it was not there (else the hiding failed)
-        check(any("nvml" in u.lower() for u in m.get("unmeasured") or []),
-              "memory.unmeasured names NVML as missing (%r)" % (m.get("unmeasured"),))
+        check("process_list" in (m.get("unmeasured_ids") or []),
+              "memory.unmeasured_ids names the process list as missing (%r)" % (m.get("unmeasured"),))
     if not exp.get("nvml_absent"):
         osum = sum(p.get("bytes", 0) for p in m.get("other_processes", []))
         check(osum == t["other_process_bytes"], "memory.other_processes[] sum %s == driver %s"
