@@ -811,7 +811,8 @@ static char *read_diagnosis_doc(void)
     return buf;
 }
 
-/* one id per remedy, one title per id: `oomguard stats` counts remedies by id */
+/* one id per remedy, one title per id: `oomguard stats` counts remedies by id; and each remedy says
+ * its own saving and cost (a row copied from another remedy's says what that one would cost) */
 static void one_id_per_remedy(void **state)
 {
     for (int i = 0; i < R_COUNT; i++) {
@@ -820,6 +821,8 @@ static void one_id_per_remedy(void **state)
         for (int j = 0; j < i; j++) {
             assert_string_not_equal(og_remedy_catalog[i].id, og_remedy_catalog[j].id);
             assert_string_not_equal(og_remedy_catalog[i].title, og_remedy_catalog[j].title);
+            assert_string_not_equal(og_remedy_catalog[i].saving, og_remedy_catalog[j].saving);
+            assert_string_not_equal(og_remedy_catalog[i].cost, og_remedy_catalog[j].cost);
         }
     }
 }
