@@ -558,6 +558,159 @@ static void non_framework(og_facts_t *d, const og_record_t *r)
     d->nonfw_holds = share >= d->nonfw_share && nf >= d->shortfall && nf >= NONFW_FLOOR;
 }
 
+/* ------------------------------------------------------------------ phase, roles, one batch's peak, NCCL */
+
+static const char *const job_phase_names[OG_JP_COUNT] = {
+#define OG_JOB_PHASE(name) #name,
+#include "phases.def"
+#undef OG_JOB_PHASE
+};
+
+const char *og_job_phase_name(enum og_job_phase p)
+{
+    return p > OG_JP_unknown && p < OG_JP_COUNT ? job_phase_names[p] : "unknown";
+}
+
+static void job_phase(og_facts_t *d, const og_record_t *r)
+{
+    char ph[sizeof r->memory.fw.phase];
+    og_cpy(ph, sizeof ph, r->memory.fw.phase, sizeof ph);
+    d->phase = OG_JP_unknown;
+    for (int p = OG_JP_unknown + 1; r->memory.fw.has && ph[0] && p < OG_JP_COUNT; p++)
+        if (strcmp(ph, job_phase_names[p]) == 0)
+            d->phase = (enum og_job_phase)p;
+    if (d->phase != OG_JP_loading)
+        return;
+    const og_framework_view_t *fw = &r->memory.fw;
+    int n = fw->npy_frames < 0 ? 0 : fw->npy_frames > 24 ? 24 : fw->npy_frames;
+    for (int i = -1; i < n && !d->load_via_torch_load; i++) {
+        const og_py_frame_t *f = i < 0 ? (fw->has_phase_frame ? &fw->phase_frame : NULL) : &fw->py_frames[i];
+        char file[sizeof f->file];
+        if (!f)
+            continue;
+        og_cpy(file, sizeof file, f->file, sizeof file);
+        d->load_via_torch_load = strstr(file, "torch/serialization.py") != NULL;
+    }
+}
+
+static uint64_t role_or0(const og_roles_t *ro, enum og_role k) { return known(ro->bytes[k]) ? ro->bytes[k] : 0; }
+
+/* a holder's kind that keeps entries by key: a dict, an LRU or other cache */
+static bool map_kind(const char *kind)
+{
+    static const char *const maps[] = { "dict", "Dict", "cache", "Cache", "Mapping", "Counter" };
+    for (size_t i = 0; i < sizeof maps / sizeof *maps; i++)
+        if (strstr(kind, maps[i]))
+            return true;
+    return false;
+}
+
+static void roles(og_facts_t *d, const og_record_t *r)
+{
+    const og_roles_t *ro = &r->memory.fw.roles;
+    og_role_facts_t *k = &d->roles;
+    k->keeper = -1;
+    if (!r->memory.fw.has || !ro->has)
+        return;
+    k->known = true;
+    k->params = role_or0(ro, OG_ROLE_parameters);
+    k->grads = role_or0(ro, OG_ROLE_gradients);
+    k->opt = role_or0(ro, OG_ROLE_optimizer_state);
+    k->pools = role_or0(ro, OG_ROLE_graph_pools);
+    k->held = role_or0(ro, OG_ROLE_held_by_python);
+    k->act_known = known(ro->bytes[OG_ROLE_activations]);
+    k->act = role_or0(ro, OG_ROLE_activations);
+    int nopt = ro->noptimizers < 0 ? 0 : ro->noptimizers > 6 ? 6 : ro->noptimizers;
+    uint64_t classed = 0;
+    for (int i = 0; i < nopt; i++) {
+        char cls[sizeof ro->optimizers[0].cls];
+        og_cpy(cls, sizeof cls, ro->optimizers[i].cls, sizeof cls);
+        classed = add_sat(classed, ro->optimizers[i].bytes);
+        if (strstr(cls, "8bit") || strstr(cls, "8Bit"))
+            continue; /* already 8-bit (bitsandbytes' Adam8bit, PagedAdamW8bit) */
+        k->opt_full = add_sat(k->opt_full, ro->optimizers[i].bytes);
+        k->opt_adam = k->opt_adam || strstr(cls, "Adam") != NULL;
+    }
+    k->opt_full = add_sat(k->opt_full, sub0(k->opt, classed)); /* state of no named class */
+    int nh = ro->nholders < 0 ? 0 : ro->nholders > 8 ? 8 : ro->nholders;
+    for (int i = 0; i < nh; i++) {
+        const og_role_holder_t *h = &ro->holders[i];
+        char where[sizeof h->where], kind[sizeof h->kind];
+        og_cpy(where, sizeof where, h->where, sizeof where);
+        og_cpy(kind, sizeof kind, h->kind, sizeof kind);
+        if (strncmp(where, "local in ", 9) == 0) {
+            k->local_held = add_sat(k->local_held, h->bytes);
+            continue;
+        }
+        if (k->keeper < 0 || h->bytes > k->keeper_bytes) {
+            k->keeper = i;
+            k->keeper_bytes = h->bytes;
+            k->keeper_map = map_kind(kind);
+        }
+    }
+    k->working = add_sat(k->act, k->local_held);
+}
+
+/* The failing request and the allocations of its size since the first of them (the framework's
+ * releases and failed attempts between them are the failure's own): a size at least 4x any earlier
+ * allocation, after earlier steps freed what they made (a run that had reached its plateau). */
+static void outlier(og_facts_t *d, const og_record_t *r)
+{
+    const struct og_hist_ev *e = r->history.events;
+    int ne = e ? r->history.nevents : 0, i0 = -1, run = 0, other = 0, before = 0;
+    uint64_t tol = 2ULL << 20, prev_max = 0;
+    bool freed = false;
+    if (!d->req)
+        return;
+    for (int i = 0; i < ne && i0 < 0; i++)
+        if (is_op(&e[i], OG_OP_ALLOC) && (e[i].bytes > d->req ? e[i].bytes - d->req : d->req - e[i].bytes) <= tol)
+            i0 = i;
+    for (int i = 0; i < ne; i++) {
+        if (!is_op(&e[i], OG_OP_ALLOC)) {
+            freed = freed || ((i0 < 0 || i < i0) && is_op(&e[i], OG_OP_FREE));
+            continue;
+        }
+        bool same = (e[i].bytes > d->req ? e[i].bytes - d->req : d->req - e[i].bytes) <= tol;
+        if (i0 >= 0 && i >= i0)
+            same ? run++ : other++;
+        else {
+            before++;
+            if (e[i].bytes > prev_max)
+                prev_max = e[i].bytes;
+        }
+    }
+    /* a warm cache hides the steps' frees from the driver: the framework's own count of freed bytes
+     * (at least what the process holds: several steps' worth) says they ran */
+    const og_framework_view_t *fw = &r->memory.fw;
+    freed = freed || (fw->has && fw->freed_known && fw->freed_bytes_total >= d->tracked && d->tracked);
+    og_outlier_facts_t *o = &d->outlier;
+    o->prev_max = prev_max;
+    o->run = run + 1;
+    o->run_bytes = (uint64_t)(run + 1) * d->req;
+    o->holds = before >= 8 && freed && prev_max && other <= run && (double)d->req >= 4.0 * (double)prev_max;
+}
+
+/* a collective-communication library's memory (NCCL, RCCL) */
+static void communication(og_facts_t *d, const og_record_t *r)
+{
+    d->comm_lib = -1;
+    int n = r->memory.nlibs < 0 ? 0 : r->memory.nlibs > 32 ? 32 : r->memory.nlibs;
+    for (int i = 0; i < n; i++) {
+        char l[sizeof r->memory.by_library[0].library];
+        og_cpy(l, sizeof l, r->memory.by_library[i].library, sizeof l);
+        const char *b = og_base_name(l);
+        if ((strncmp(b, "libnccl", 7) == 0 || strncmp(b, "librccl", 7) == 0) &&
+            (d->comm_lib < 0 || r->memory.by_library[i].bytes > d->comm_bytes)) {
+            d->comm_lib = i;
+            d->comm_bytes = r->memory.by_library[i].bytes;
+        }
+    }
+    char fl[sizeof r->event.library];
+    og_cpy(fl, sizeof fl, r->event.library, sizeof fl);
+    const char *fb = og_base_name(fl);
+    d->comm_failing = strncmp(fb, "libnccl", 7) == 0 || strncmp(fb, "librccl", 7) == 0;
+}
+
 /* ------------------------------------------------------------------ what the advice reads */
 
 static void advice(og_facts_t *f, const og_record_t *rec)
@@ -631,5 +784,9 @@ void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds
     load(f, rec);
     imbalance(f, rec);
     non_framework(f, rec);
+    job_phase(f, rec);
+    roles(f, rec);
+    outlier(f, rec);
+    communication(f, rec);
     advice(f, rec);
 }

@@ -32,6 +32,15 @@ enum og_step_marker { OG_MARK_FAILING_SIZE, OG_MARK_MODAL_SIZE, OG_MARK_EVERY_AL
 /* What the job was doing when it failed, read from the history by does_not_fit. */
 enum og_load_phase { OG_PHASE_NONE, OG_PHASE_LOADING, OG_PHASE_SECOND_LOAD };
 
+/* What the job was doing, from the adapter (event.phase; common/phases.def); OG_JP_unknown: not said. */
+enum og_job_phase {
+#define OG_JOB_PHASE(name) OG_JP_##name,
+#include "phases.def"
+#undef OG_JOB_PHASE
+    OG_JP_COUNT
+};
+const char *og_job_phase_name(enum og_job_phase p);
+
 #define OG_NFW              5 /* enum og_framework values */
 #define OG_GROWTH_MAX_STEPS 512
 
@@ -60,6 +69,31 @@ typedef struct og_load_facts {
     enum og_load_phase phase;
     int run, earlier; /* allocations of the run, and of an earlier run of the same size */
 } og_load_facts_t;
+
+/* What the framework's allocated bytes are for (memory.framework.roles), as the advice reads them.
+ * known = false: not measured (no adapter, a C program): every remedy keeps its unmeasured estimate. */
+typedef struct og_role_facts {
+    bool known;
+    bool act_known;                           /* the activations role was measured (the scan finished) */
+    uint64_t params, grads, opt, pools, held; /* roles; 0 when that role is unknown */
+    uint64_t act;                             /* activations and temporaries (0 when unknown) */
+    uint64_t opt_full;   /* optimizer state not already 8-bit (its class says 8bit): what 8 bits shrink */
+    bool opt_adam;       /* an Adam-family optimizer (two moments: 8 B per fp32 parameter) */
+    uint64_t local_held; /* held_by_python holders that are local variables of running functions */
+    uint64_t working;    /* act + local_held: the running computation's tensors */
+    int keeper;          /* index in roles.holders of the largest holder kept across calls, -1 none */
+    uint64_t keeper_bytes;
+    bool keeper_map; /* that holder is a dict or another mapping/cache */
+} og_role_facts_t;
+
+/* A peak from one batch: the failing request (and the equal allocations just before it) is a size the
+ * history never saw, at least 4x the largest allocation before it, after earlier steps freed memory. */
+typedef struct og_outlier_facts {
+    bool holds;
+    uint64_t prev_max;  /* the largest allocation before the failing run */
+    uint64_t run_bytes; /* the failing run of that new size, kept, the request included */
+    int run;
+} og_outlier_facts_t;
 
 /* One process driving several GPUs. */
 typedef struct og_imbalance_facts {
@@ -124,6 +158,17 @@ typedef struct og_facts {
     bool nonfw_holds;  /* memory outside the framework explains the shortfall */
     uint64_t nonfw;    /* non_framework_bytes, 0 when unknown */
     int nonfw_big_lib; /* index in by_library of the largest non-framework library, -1 none */
+
+    /* what the job was doing, what its memory is for (the Python adapter; unknown without it) */
+    enum og_job_phase phase;
+    bool load_via_torch_load; /* loading, with torch.load (torch/serialization.py) on the failing stack */
+    og_role_facts_t roles;
+    og_outlier_facts_t outlier;
+    /* a collective-communication library (NCCL): its index in by_library (-1 none), bytes, and
+     * whether the failing call was its own */
+    int comm_lib;
+    uint64_t comm_bytes;
+    bool comm_failing;
 
     /* what the advice reads (its definitions, kept apart where they differ from the causes') */
     struct og_advice_facts {

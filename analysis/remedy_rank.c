@@ -5,10 +5,11 @@
  *   bring     each cause that holds brings its remedies (rows of `bring`)
  *   narrow    what the failure or the settings rule out (rows of `narrow`)
  *   order     the checklist (remedies.def: cheapest first), moved by the rows of `reorder`
- *   estimate  what each remedy could save, in bytes (-1 unknown); tier 1: covers the shortfall (or
- *             nothing is missing), 2: unknown, 3: cannot cover it alone
+ *   estimate  what each remedy could save, in bytes (-1 unknown), from the roles and the phase where
+ *             the Python adapter measured them; tier 1: covers the shortfall (or nothing is missing),
+ *             2: unknown, 3: cannot cover it alone
  *   lead      the primary cause's own remedies (common/causes.def) go first when they can cover it;
- *             then the rows of `lead`
+ *             then the rows of `lead` (LEAD_COVERS: first unless it cannot cover the shortfall)
  *   sort      by (tier, order), stable in catalog order; inference mode never leads unless the job is
  *             known to be inference
  * A row is a condition on the facts, an effect on some remedies, the facts it reads and the corpus
@@ -39,13 +40,11 @@ static bool cache_maybe(const rctx_t *x)
 }
 static bool known_inference(const rctx_t *x) { return x->training == -1; }
 static bool pytorchish(const rctx_t *x) { return x->fw == OG_FW_PYTORCH || x->fw == OG_FW_UNKNOWN; }
-static const char *load_phase(const rctx_t *x)
+/* what the history says the failing request belongs to (a load), when does_not_fit holds and the
+ * request fits the device */
+static enum og_load_phase load_phase(const rctx_t *x)
 {
-    if (!HAS(DNF) || x->f->larger_than_device)
-        return NULL;
-    return x->f->load.phase == OG_PHASE_SECOND_LOAD ? "second_load"
-           : x->f->load.phase == OG_PHASE_LOADING   ? "loading"
-                                                    : NULL;
+    return !HAS(DNF) || x->f->larger_than_device ? OG_PHASE_NONE : x->f->load.phase;
 }
 
 static bool always(const rctx_t *x) { return x != NULL; }
@@ -128,21 +127,73 @@ static bool split_segments_lead(const rctx_t *x)
     return x->retried_zero && HAS(FRAG) && (PRIMARY(FRAG) || PRIMARY(DNF));
 }
 static bool split_segments_rest(const rctx_t *x) { return HAS(FRAG) && x->retried_zero; }
-static bool second_load(const rctx_t *x)
-{
-    const char *p = load_phase(x);
-    return PRIMARY(DNF) && p && strcmp(p, "second_load") == 0;
-}
-static bool loading(const rctx_t *x)
-{
-    const char *p = load_phase(x);
-    return PRIMARY(DNF) && p && strcmp(p, "loading") == 0;
-}
+static bool second_load(const rctx_t *x) { return PRIMARY(DNF) && load_phase(x) == OG_PHASE_SECOND_LOAD; }
+static bool loading(const rctx_t *x) { return PRIMARY(DNF) && load_phase(x) == OG_PHASE_LOADING; }
 static bool eval_with_autograd(const rctx_t *x) { return PRIMARY(GROWTH) && known_inference(x) && x->grad == 1; }
 static bool confident_growth(const rctx_t *x) { return PRIMARY(GROWTH) && x->primary_conf >= 0.7; }
 static bool limit_on_shared_gpu(const rctx_t *x) { return HAS(LIMIT) && x->rec->memory.nother > 0; }
 /* no other process to stop: the memory outside the framework is in this process */
 static bool no_other_process(const rctx_t *x) { return !x->other && x->rec->memory.nother <= 0; }
+
+/* by role and phase (the Python adapter's memory.framework.roles and event.phase; unknown without it) */
+#define PHASE(p) (x->f->phase == OG_JP_##p)
+static const og_role_facts_t *roles_of(const rctx_t *x) { return &x->f->roles; }
+static bool in_handler(const rctx_t *x) { return PHASE(oom_handler); }
+/* restoring a checkpoint: the adapter's phase is loading and its frame is torch.load's */
+static bool checkpoint_restore(const rctx_t *x) { return PHASE(loading) && x->f->load_via_torch_load; }
+static bool loading_weights_phase(const rctx_t *x) { return PHASE(loading); }
+static bool optimizer_state(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->opt_full > 0 || (PHASE(optimizer_step) && ro->params > 0 && ro->opt == 0);
+}
+static bool in_optimizer_step(const rctx_t *x) { return PHASE(optimizer_step); }
+/* the phases in which activations are being made or used: the optimizer state is not the lever */
+static bool activation_phase(const rctx_t *x)
+{
+    return PHASE(forward) || PHASE(backward) || PHASE(evaluation) || PHASE(generation);
+}
+/* autograd is off inside optimizer.step() and clip_grad_norm_ of a training job: not an evaluation; and
+ * a load builds no graph */
+static bool no_graph_to_drop(const rctx_t *x) { return PHASE(optimizer_step) || PHASE(backward) || PHASE(loading); }
+/* nothing for the activation remedies to shrink: the roles were measured, the running computation
+ * holds no tensors, and the job was loading or stepping its optimizer */
+static bool no_activations(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && ro->act_known && ro->working == 0 && (PHASE(loading) || PHASE(optimizer_step));
+}
+static uint64_t graph_pool_bytes(const rctx_t *x)
+{
+    uint64_t p = roles_of(x)->pools;
+    return p ? p : x->rec->memory.fw.has ? x->rec->memory.fw.private_pool_bytes : 0;
+}
+static bool graph_pools(const rctx_t *x) { return graph_pool_bytes(x) > 0; }
+static bool graph_pools_lead(const rctx_t *x)
+{
+    return graph_pools(x) && (PRIMARY(DNF) || PRIMARY(CACHE) || PRIMARY(FRAG) || PRIMARY(GROWTH));
+}
+/* the growth is kept by a dict (or another cache) that outlives the steps */
+static bool growth_in_a_cache(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return HAS(GROWTH) && ro->keeper >= 0 && ro->keeper_map && ro->keeper_bytes >= x->shortfall;
+}
+static bool growth_in_a_cache_primary(const rctx_t *x) { return PRIMARY(GROWTH) && growth_in_a_cache(x); }
+/* NCCL's own memory: it failed, or the job was in a collective, or it holds all of the growth */
+static bool comm_holds_growth(const rctx_t *x)
+{
+    return HAS(GROWTH) && x->f->comm_lib >= 0 && x->f->growth.rise && x->f->comm_bytes >= x->f->growth.rise;
+}
+static bool communication(const rctx_t *x)
+{
+    return x->f->comm_lib >= 0 && x->f->comm_bytes >= x->shortfall &&
+           (x->f->comm_failing || PHASE(collective) || comm_holds_growth(x));
+}
+/* a peak from one batch far larger than the earlier steps' (a long document), with autograd on */
+static bool one_batch_peak(const rctx_t *x) { return PRIMARY(DNF) && x->f->outlier.holds && x->grad != -1; }
+/* one inference input larger than the card: its length is the lever */
+static bool larger_inference(const rctx_t *x) { return x->larger_than_device && x->grad == -1 && pytorchish(x); }
 
 /* ------------------------------------------------------------------ rows */
 
@@ -153,13 +204,16 @@ enum effect {
     ORDER,        /* checklist position: value, value + step, ... */
     ORDER_COVERS, /* the same, for those whose estimate covers the shortfall (tier 1) */
     LEAD,         /* tier 0 at position value, value + step, ... */
+    LEAD_COVERS,  /* the same, unless its estimate cannot cover the shortfall (tier 3) */
     TIER,         /* tier value */
     TIER_CAP,     /* tier at most value */
     DEMOTE,       /* tier value for those not leading (tier > 0) */
     REPLACE,      /* the second takes the first's place (its tier and position) */
 };
-static const char *const effect_names[] = { "want", "drop", "only",         "order",  "order if it covers",
-                                            "lead", "tier", "tier at most", "demote", "replace" };
+static const char *const effect_names[] = {
+    "want", "drop",         "only",   "order",  "order if it covers", "lead", "lead unless short",
+    "tier", "tier at most", "demote", "replace"
+};
 
 #define REMS(...)           \
     {                       \
@@ -214,6 +268,26 @@ static const og_rank_row_t bring[] = {
       "cause does_not_fit, a retry that freed 0 B", "frag_varlen_noadapter" },
     { "does_not_fit_bucket", dnf_bucket, WANT, 0, 0, REMS(R_BUCKET),
       "cause does_not_fit, a retry that freed 0 B, distinct sizes >= 8", "frag_varlen_noadapter" },
+    { "in_oom_handler", in_handler, WANT, 0, 0, REMS(R_RETRY_OUTSIDE, R_RELEASE_REFS), "phase oom_handler",
+      "retry_in_except (blind); (unit tests: phase_oom_handler)" },
+    { "checkpoint_restore", checkpoint_restore, WANT, 0, 0, REMS(R_MAP_CPU), "phase loading, torch.load on the stack",
+      "(unit tests: phase_checkpoint_restore)" },
+    { "loading_phase", loading_weights_phase, WANT, 0, 0, REMS(R_LOAD_HALF, R_QUANT, R_OFFLOAD), "phase loading",
+      "(unit tests: phase_loading_weights)" },
+    { "optimizer_state", optimizer_state, WANT, 0, 0, REMS(R_OPT_8BIT, R_ZERO, R_OFFLOAD),
+      "roles: optimizer state not 8-bit > 0, or phase optimizer_step with parameters and no state yet",
+      "adamw_first_step, ema_lazy_shadow (blind)" },
+    { "graph_pools", graph_pools, WANT, 0, 0, REMS(R_GRAPH_SHAPES),
+      "roles: graph_pools > 0, or the adapter's private_pool_bytes", "cuda_graph_shapes (blind)" },
+    { "growth_in_a_cache", growth_in_a_cache, WANT, 0, 0, REMS(R_BOUNDED_CACHE),
+      "cause growth, roles: largest holder kept across calls is a dict/cache >= shortfall",
+      "dict_cache_embeddings (blind)" },
+    { "communication", communication, WANT, 0, 0, REMS(R_REUSE_PG, R_NCCL_BUF),
+      "NCCL's bytes >= shortfall, and NCCL failed, phase collective or NCCL holds the growth",
+      "(unit tests: nccl_growth)" },
+    { "one_batch_peak", one_batch_peak, WANT, 0, 0, REMS(R_SHORTER_SEQ),
+      "primary does_not_fit, request >= 4x any earlier allocation after freed steps, autograd not off",
+      "outlier_long_batch (blind)" },
     { "unknown_cache", unknown_cache, WANT, 0, 0, REMS(R_EMPTY_CACHE), "no cause, cache known > 0 or unmeasured",
       "(unit tests)" },
     { "unknown_others", unknown_others, WANT, 0, 0, REMS(R_FOREIGN), "no cause, other processes' bytes",
@@ -231,6 +305,8 @@ static const og_rank_row_t narrow[] = {
       "request > device, < the largest card (141 GB)", "logits_larger_than_card" },
     { "larger_than_limit_only", larger_than_limit_only, WANT, 0, 0, REMS(R_RAISE_LIMIT),
       "request > limit, < device total", "(unit tests)" },
+    { "larger_inference", larger_inference, WANT, 0, 0, REMS(R_SHORTER_SEQ, R_FLASH),
+      "request > device, adapter: grad_enabled off, PyTorch", "long_prompt_serving (blind)" },
     { "limit_by_context", limit_by_context, ONLY, 0, 0, REMS(R_RAISE_LIMIT), "limit, limit usage (context), request",
       "limit_context_alone" },
     { "own_fix_covers", own_fix_covers, DROP, 0, 0,
@@ -246,6 +322,15 @@ static const og_rank_row_t narrow[] = {
     { "no_tape", no_tape, DROP, 0, 0, REMS(R_INFERENCE), "failing framework JAX or CuPy", "(unit tests)" },
     { "autograd_known", autograd_known, DROP, 0, 0, REMS(R_INFERENCE), "adapter: grad_enabled off, or training seen",
       "loss_history_leak_adapter, validation_batch_too_big" },
+    { "no_graph_to_drop", no_graph_to_drop, DROP, 0, 0, REMS(R_INFERENCE), "phase optimizer_step, backward or loading",
+      "adamw_first_step (blind)" },
+    { "no_activations", no_activations, DROP, 0, 0,
+      REMS(R_INFERENCE, R_MIXED, R_SMALLER_BATCH, R_SHORTER_SEQ, R_CHECKPOINTING, R_FLASH),
+      "roles: activations + locals' tensors = 0, phase loading or optimizer_step", "adamw_first_step (blind)" },
+    { "growth_in_a_cache_no_graph", growth_in_a_cache, DROP, 0, 0, REMS(R_INFERENCE),
+      "the same as growth_in_a_cache (its remedy says no_grad for the entries)", "dict_cache_embeddings (blind)" },
+    { "communication_not_tensors", comm_holds_growth, DROP, 0, 0, REMS(R_INFERENCE, R_MIXED),
+      "cause growth, NCCL's bytes >= the growth's rise", "(unit tests: nccl_growth)" },
     { "autocast_on", autocast_on, DROP, 0, 0, REMS(R_MIXED), "adapter: autocast on at the failure",
       "train_bf16_batch_too_big" },
     { "cupy", cupy, DROP, 0, 0, REMS(R_CHECKPOINTING, R_SHORTER_SEQ, R_FLASH, R_QUANT, R_MULTI_GPU),
@@ -265,6 +350,8 @@ static const og_rank_row_t reorder[] = {
       "batch_3pct_over" },
     { "no_autograd_batch", autograd_off, ORDER, 65, 0, REMS(R_SMALLER_BATCH), "adapter: grad_enabled off",
       "validation_batch_too_big" },
+    { "optimizer_not_in_activation_phase", activation_phase, ORDER, 125, 0, REMS(R_OPT_8BIT),
+      "phase forward, backward, evaluation or generation", "(unit tests: phase_forward_optimizer_later)" },
     { "limit_on_purpose", always, ORDER, 900, 0, REMS(R_RAISE_LIMIT), "-", "limit_emulates_16gb" },
 };
 
@@ -290,6 +377,23 @@ static const og_rank_row_t lead[] = {
       "train_leak_eval_fails, generate_kv_cache" },
     { "limit_on_shared_gpu", limit_on_shared_gpu, LEAD, -20, 0, REMS(R_RAISE_LIMIT), "limit, other processes listed",
       "(unit tests)" },
+    { "larger_inference_lead", larger_inference, LEAD, -31, 0, REMS(R_SHORTER_SEQ),
+      "request > device, adapter: grad_enabled off, PyTorch", "long_prompt_serving (blind)" },
+    { "retry_outside_lead", in_handler, LEAD_COVERS, -25, 0, REMS(R_RETRY_OUTSIDE), "phase oom_handler",
+      "retry_in_except (blind)" },
+    { "checkpoint_restore_lead", checkpoint_restore, LEAD_COVERS, -24, 0, REMS(R_MAP_CPU),
+      "phase loading, torch.load on the stack", "(unit tests: phase_checkpoint_restore)" },
+    { "communication_lead", comm_holds_growth, LEAD_COVERS, -23, 1, REMS(R_REUSE_PG, R_NCCL_BUF),
+      "cause growth, NCCL's bytes >= the growth's rise", "(unit tests: nccl_growth)" },
+    { "optimizer_step_lead", in_optimizer_step, LEAD_COVERS, -22, 0, REMS(R_OPT_8BIT), "phase optimizer_step",
+      "adamw_first_step (blind)" },
+    { "bounded_cache_lead", growth_in_a_cache_primary, LEAD_COVERS, -22, 0, REMS(R_BOUNDED_CACHE),
+      "primary growth, the same as growth_in_a_cache", "dict_cache_embeddings (blind)" },
+    { "graph_pools_lead", graph_pools_lead, LEAD_COVERS, -21, 0, REMS(R_GRAPH_SHAPES),
+      "graph pools as in graph_pools, primary does_not_fit, cache_held, fragmentation or growth",
+      "cuda_graph_shapes (blind)" },
+    { "one_batch_peak_lead", one_batch_peak, LEAD_COVERS, -19, 0, REMS(R_SHORTER_SEQ), "as one_batch_peak",
+      "outlier_long_batch (blind)" },
     { "outside_the_framework", no_other_process, REPLACE, 0, 0, REMS(R_FOREIGN, R_NONFW_MEMORY),
       "other processes' bytes, none listed", "recovered_user_retry, dataloader_workers_cuda" },
 };
@@ -330,6 +434,10 @@ static void apply(rank_t *k, const rctx_t *x, const og_rank_row_t *rows, size_t 
             case LEAD:
                 k->tier[r] = 0;
                 k->order[r] = v;
+                break;
+            case LEAD_COVERS:
+                if (k->tier[r] != 3)
+                    k->tier[r] = 0, k->order[r] = v;
                 break;
             case TIER:
                 k->tier[r] = v;
@@ -388,6 +496,43 @@ static void estimate(rank_t *k, const rctx_t *x)
     cover[R_OTHER_FW] = (double)x->other_fw_bytes;
     cover[R_SET_DEVICE] = (double)x->peers_bytes;
     cover[R_FW_CAP] = big;
+    /* by role and phase: what each remedy shrinks, measured (the Python adapter); unknown without it */
+    const og_role_facts_t *ro = roles_of(x);
+    /* while loading or stepping the optimizer the activation remedies have nothing to shrink (the
+     * roles measured, the phase said: what the running code holds is weights or state); otherwise tensors held by Python objects may be activations a
+     * program keeps, so the activations role is a lower bound and the estimates above stand */
+    if (ro->known && (PHASE(loading) || PHASE(optimizer_step))) {
+        const int act[] = { R_INFERENCE, R_MIXED, R_CHECKPOINTING, R_SHORTER_SEQ, R_FLASH, R_SMALLER_BATCH };
+        for (size_t i = 0; i < sizeof act / sizeof *act; i++)
+            cover[act[i]] = 0;
+    }
+    /* the failed attempt's tensors, the checkpoint's copy: what the running code holds (a lower
+     * bound: unknown when it does not cover) */
+    if (ro->known && ro->act_known && ro->working >= x->shortfall)
+        cover[R_RETRY_OUTSIDE] = cover[R_MAP_CPU] = (double)ro->working;
+    if (ro->known && ro->params)
+        cover[R_LOAD_HALF] = 0.5 * (double)ro->params;
+    {
+        /* 8 bits keep 1 of every 4 bytes of state; Adam's state is about to be 2x the parameters at its
+         * first step */
+        double st = (double)ro->opt_full, first = 2.0 * (double)ro->params;
+        if (PHASE(optimizer_step) && (ro->opt_adam || !ro->opt) && first > st)
+            st = first;
+        cover[R_OPT_8BIT] = st > 0 ? 0.75 * st : -1;
+    }
+    cover[R_GRAPH_SHAPES] = graph_pools(x) ? 0.5 * (double)graph_pool_bytes(x) : -1;
+    cover[R_BOUNDED_CACHE] = ro->keeper >= 0 ? 0.9 * (double)ro->keeper_bytes : -1;
+    if (x->f->comm_lib >= 0) {
+        cover[R_REUSE_PG] = comm_holds_growth(x) ? (double)x->f->growth.rise : 0.5 * (double)x->f->comm_bytes;
+        cover[R_NCCL_BUF] = 0.5 * (double)x->f->comm_bytes;
+    }
+    if (one_batch_peak(x)) /* cap the length at what the earlier batches used */
+        cover[R_SHORTER_SEQ] =
+            (double)x->f->outlier.run_bytes * (1.0 - (double)x->f->outlier.prev_max / (double)x->req);
+    if (larger_inference(x)) { /* the input's length can shrink as far as needed */
+        cover[R_SHORTER_SEQ] = (double)x->req;
+        cover[R_FLASH] = 0.9 * (double)x->req;
+    }
     double imb = HAS(IMBALANCE) ? (double)x->f->imbalance.mine - (double)x->f->imbalance.avg : 0;
     cover[R_DDP] = imb > 0 ? imb : -1;
     if (x->retried_zero)

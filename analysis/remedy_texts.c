@@ -503,6 +503,17 @@ static bool b_restart_process(const rctx_t *x, og_remedy_t *r)
     return true;
 }
 
+/* the label of the largest holder kept across calls ("cache (dict, global in train.py)"), or NULL */
+static const char *keeper_label(const rctx_t *x, char *buf, size_t n)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    if (ro->keeper < 0)
+        return NULL;
+    const og_role_holder_t *h = &x->rec->memory.fw.roles.holders[ro->keeper];
+    og_cpy(buf, n, h->label[0] ? h->label : h->name, sizeof h->label);
+    return buf[0] ? buf : NULL;
+}
+
 static bool b_release_references(const rctx_t *x, og_remedy_t *r)
 {
     const og_growth_facts_t *g = &x->f->growth;
@@ -526,6 +537,15 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
             steps ? steps : "most steps", og_hb(first).s, og_hb(last).s, og_hb(step > 0 ? step : 0).s);
     else
         why(r, "Live memory grows over the run: something keeps tensors alive from one iteration to the next.");
+    char lb[160];
+    const char *holder = keeper_label(x, lb, sizeof lb);
+    if (holder) {
+        why(r, " The largest holder kept across calls: %s, %s.", holder, og_hb((double)x->f->roles.keeper_bytes).s);
+        char name[sizeof x->rec->memory.fw.roles.holders[0].name];
+        og_cpy(name, sizeof name, x->rec->memory.fw.roles.holders[x->f->roles.keeper].name, sizeof name);
+        how(r, "%s: keep numbers (.item()) or host copies (.detach().cpu()), or empty it each step",
+            name[0] ? name : "that holder");
+    }
     if (kept_on_purpose) {
         how(r,
             "%smodel.generate(inputs, max_new_tokens=N)   # the KV cache holds batch x (prompt + new tokens) "
@@ -751,6 +771,27 @@ static bool b_smaller_batch(const rctx_t *x, og_remedy_t *r)
 
 static bool b_shorter_sequences(const rctx_t *x, og_remedy_t *r)
 {
+    const og_outlier_facts_t *o = &x->f->outlier;
+    if (x->primary == OG_CAUSE_DNF && o->holds && o->prev_max && x->grad != -1) {
+        why(r,
+            "The failing request, %s, is %.0fx the largest allocation of the earlier steps (%s), which had "
+            "freed what they made: one batch far longer than the rest, not a leak. Cap the length (truncate or "
+            "split long samples) or batch by a token budget.",
+            og_hb((double)x->req).s, (double)x->req / (double)o->prev_max, og_hb((double)o->prev_max).s);
+        how(r, "tokenizer(texts, truncation=True, max_length=L)   # or split documents longer than L into pieces");
+        how(r, "Batch by a token budget: add samples while sum(lengths) <= N tokens (fixed memory per step).");
+        how(r, "Sort or bucket samples by length so one long sample does not pad a whole batch.");
+        return true;
+    }
+    if (x->larger_than_device && x->grad == -1) {
+        why(r,
+            "Autograd was off: one input (a prompt) needs %s, more than the card; attention without a fused "
+            "kernel grows with the square of its length. Cap the input length the server accepts.",
+            og_hb((double)x->req).s);
+        how(r, "Reject or truncate inputs above a maximum (e.g. max_input_length / max_model_len in the server).");
+        how(r, "tokenizer(prompt, truncation=True, max_length=L)");
+        return true;
+    }
     why(r, "Without a fused attention kernel attention memory grows with the square of the sequence length: "
            "2048 -> 1024 tokens cuts it by about 75%%.");
     if (x->shortfall)
@@ -1207,6 +1248,174 @@ static bool b_fw_cap(const rctx_t *x, og_remedy_t *r)
         break;
     }
     how(r, "Or keep the cap and shrink the job with the remedies below.");
+    return true;
+}
+
+/* ------------------------------------------------------------------ by role and phase */
+
+/* " (train.py:40 in step)": where the adapter saw the phase, "" when it did not say */
+typedef struct {
+    char s[160];
+} where_t;
+static where_t phase_at(const rctx_t *x)
+{
+    where_t o = { "" };
+    const og_framework_view_t *fw = &x->rec->memory.fw;
+    if (!fw->has_phase_frame)
+        return o;
+    char file[sizeof fw->phase_frame.file], fn[sizeof fw->phase_frame.function];
+    og_cpy(file, sizeof file, fw->phase_frame.file, sizeof file);
+    og_cpy(fn, sizeof fn, fw->phase_frame.function, sizeof fn);
+    og_fmt(o.s, sizeof o.s, " (%s:%d in %s)", og_base_name(file), fw->phase_frame.line, fn);
+    return o;
+}
+
+static bool b_retry_outside_except(const rctx_t *x, og_remedy_t *r)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    why(r,
+        "The failing allocation ran inside the except block of an earlier out-of-memory error%s: while the "
+        "handler runs, the exception's traceback keeps every frame of the failed attempt alive, and with them "
+        "its tensors",
+        phase_at(x).s);
+    if (ro->known && ro->working)
+        why(r, " (%s of activations and temporaries here)", og_hb((double)ro->working).s);
+    why(r, ". A smaller retry started in the handler runs beside them; leave the handler first.");
+    how(r, "%stry: out = step(batch) / except torch.cuda.OutOfMemoryError: oom = True   # only note it in the handler",
+        pt(x));
+    how(r,
+        "%sif oom: gc.collect(); torch.cuda.empty_cache(); out = step(smaller_batch)   # the failed attempt's "
+        "tensors are gone",
+        pt(x));
+    how(r, "Do not keep the exception (e = err; self.last_error = err): it holds the traceback and its frames.");
+    return true;
+}
+
+static bool b_map_location_cpu(const rctx_t *x, og_remedy_t *r)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    why(r,
+        "The failure came while restoring a checkpoint%s: torch.load puts every tensor back on the device it was "
+        "saved from, so the checkpoint's copy of the weights and optimizer state lands on the GPU beside the "
+        "model and optimizer it is loaded into",
+        phase_at(x).s);
+    if (ro->known && ro->working)
+        why(r, " (%s loaded so far)", og_hb((double)ro->working).s);
+    why(r, ".");
+    how(r, "%sckpt = torch.load(path, map_location=\"cpu\")   # then model.load_state_dict(ckpt[\"model\"])", pt(x));
+    how(r,
+        "%soptimizer.load_state_dict(ckpt[\"optimizer\"]); del ckpt   # load_state_dict copies to the "
+        "parameters' device",
+        pt(x));
+    how(r, "safetensors: load_file(path, device=\"cpu\")");
+    return true;
+}
+
+static bool b_load_in_bf16(const rctx_t *x, og_remedy_t *r)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    why(r,
+        "The failure came while loading the weights%s. A model built or loaded in float32 takes 4 bytes per "
+        "parameter: checkpoints are mostly bf16/fp16, and loading them in their own dtype halves the weights",
+        phase_at(x).s);
+    if (ro->known && ro->params)
+        why(r, " (%s of parameters now: %s if they are float32)", og_hb((double)ro->params).s,
+            og_hb((double)ro->params / 2).s);
+    why(r, ".");
+    how(r,
+        "%sAutoModel.from_pretrained(name, torch_dtype=torch.bfloat16, low_cpu_mem_usage=True)   # or "
+        "torch_dtype=\"auto\": the checkpoint's dtype",
+        pt(x));
+    how(r,
+        "%smodel = build_model().to(torch.bfloat16); model.load_state_dict(torch.load(path, "
+        "map_location=\"cpu\"))",
+        pt(x));
+    how(r, "%snext(model.parameters()).dtype   # float32 here doubles a bf16 checkpoint", pt(x));
+    return true;
+}
+
+static bool b_eight_bit_optimizer(const rctx_t *x, og_remedy_t *r)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    if (x->f->phase == OG_JP_optimizer_step)
+        why(r, "The failure came in the optimizer's step%s, which creates its state at the first step.", phase_at(x).s);
+    if (ro->opt)
+        why(r, "%sThe optimizer state holds %s%s", r->why[0] ? " " : "", og_hb((double)ro->opt).s,
+            ro->opt_adam ? " (Adam: two moments, 8 bytes per float32 parameter)" : "");
+    else if (ro->params)
+        why(r, "%sThe parameters hold %s; Adam's state is twice that", r->why[0] ? " " : "",
+            og_hb((double)ro->params).s);
+    why(r, ": 8-bit state keeps 1 byte per value, not 4 (AdamW: 6 bytes per parameter saved); a paged optimizer "
+           "moves it to CPU under pressure; LoRA keeps state only for what trains.");
+    how(r,
+        "%simport bitsandbytes as bnb; optimizer = bnb.optim.AdamW8bit(model.parameters(), lr=lr)   # or "
+        "bnb.optim.PagedAdamW8bit",
+        pt(x));
+    how(r, "Hugging Face Trainer: TrainingArguments(optim=\"adamw_bnb_8bit\")   # or \"paged_adamw_8bit\"");
+    how(r, "peft: model = get_peft_model(model, LoraConfig(r=16, target_modules=[...]))   # state for the adapters "
+           "only");
+    return true;
+}
+
+static bool b_bounded_cache(const rctx_t *x, og_remedy_t *r)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    char lb[160];
+    const char *label = keeper_label(x, lb, sizeof lb);
+    why(r, "%s keeps %s of tensors on the GPU from one step to the next", label ? label : "A cache",
+        og_hb((double)ro->keeper_bytes).s);
+    if (x->has[OG_CAUSE_GROWTH] && x->f->growth.per_step)
+        why(r, ", and memory grew by about %s per step", og_hb((double)x->f->growth.per_step).s);
+    why(r, ": a cache with no bound grows until the card is full. Bound it, keep its entries in host memory, or "
+           "store only what is needed (detached, smaller).");
+    how(r, "%scache[key] = value.detach().cpu()   # entries in host memory; .to(\"cuda\") when used", pt(x));
+    how(r, "if len(cache) >= N: cache.pop(next(iter(cache)))   # evict the oldest (or functools.lru_cache("
+           "maxsize=N))");
+    how(r, "%swith torch.no_grad(): value = encoder(x)   # an entry made with autograd on keeps its graph", pt(x));
+    return true;
+}
+
+static bool b_fewer_graph_shapes(const rctx_t *x, og_remedy_t *r)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    uint64_t pools = ro->pools ? ro->pools : x->rec->memory.fw.private_pool_bytes;
+    why(r,
+        "%s is in the private memory pools of live CUDA graphs: every captured graph keeps its own pool, which "
+        "empty_cache() does not return, so capturing a graph for every shape multiplies it.",
+        og_hb((double)pools).s);
+    how(r, "Capture a few sizes (e.g. batch 1, 2, 4, 8, 16, 32, 64) and pad each batch up to the next captured one.");
+    how(r,
+        "%swith torch.cuda.graph(g, pool=first_graph.pool()): ...   # captures that run one at a time can "
+        "share one pool",
+        pt(x));
+    how(r, "Serving engines: fewer capture sizes (vLLM: cuda_graph_sizes), or --enforce-eager to capture none.");
+    return true;
+}
+
+static bool b_reuse_process_groups(const rctx_t *x, og_remedy_t *r)
+{
+    const og_record_t *rec = x->rec;
+    char lib[sizeof rec->memory.by_library[0].library];
+    og_cpy(lib, sizeof lib, x->f->comm_lib >= 0 ? rec->memory.by_library[x->f->comm_lib].library : "NCCL", sizeof lib);
+    why(r, "%s (collective communication) holds %s on this GPU", og_base_name(lib), og_hb((double)x->f->comm_bytes).s);
+    if (x->has[OG_CAUSE_GROWTH] && x->f->comm_bytes >= x->f->growth.rise)
+        why(r, ", at least all of the growth (%s)", og_hb((double)x->f->growth.rise).s);
+    why(r, ": every communicator (each dist.new_group, each process group created anew) gets its own buffers, and "
+           "creating groups again and again (per evaluation, per step) piles them up.");
+    how(r, "%seval_group = dist.new_group(ranks)   # once, at start-up; reuse it in every evaluation", pt(x));
+    how(r, "%sdist.destroy_process_group(group)   # for a group no longer needed", pt(x));
+    how(r, "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT   # logs every communicator created");
+    return true;
+}
+
+static bool b_nccl_buffsize(const rctx_t *x, og_remedy_t *r)
+{
+    why(r,
+        "NCCL holds %s on this GPU; each communicator keeps buffers per channel and peer, sized by NCCL_BUFFSIZE "
+        "(4 MiB by default).",
+        og_hb((double)x->f->comm_bytes).s);
+    how(r, "export NCCL_BUFFSIZE=2097152   # 2 MiB buffers: less memory per communicator");
+    how(r, "export NCCL_MAX_NCHANNELS=4   # fewer channels, fewer buffers (slower collectives)");
     return true;
 }
 

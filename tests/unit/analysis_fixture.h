@@ -300,4 +300,59 @@ static void og_test_check_text(const char *t)
     }
 }
 
+/* ------------------------------------------------------------------ roles and phase (the Python adapter) */
+
+/* memory.framework.roles of a scan that finished: each role's bytes (0 a measured nothing), the adapter's
+ * allocated = reserved = their sum */
+static og_roles_t *fixture_roles(og_record_t *r, uint64_t params, uint64_t grads, uint64_t opt, uint64_t pools,
+                                 uint64_t held, uint64_t act)
+{
+    uint64_t sum = params + grads + opt + pools + held + act;
+    fixture_adapter(r, sum, sum, 0);
+    og_roles_t *ro = &r->memory.fw.roles;
+    memset(ro, 0, sizeof *ro);
+    ro->has = ro->complete = true;
+    ro->allocated_bytes = sum;
+    ro->bytes[OG_ROLE_parameters] = params;
+    ro->bytes[OG_ROLE_gradients] = grads;
+    ro->bytes[OG_ROLE_optimizer_state] = opt;
+    ro->bytes[OG_ROLE_graph_pools] = pools;
+    ro->bytes[OG_ROLE_held_by_python] = held;
+    ro->bytes[OG_ROLE_activations] = act;
+    return ro;
+}
+
+/* a holder of held_by_python: NAME of KIND, WHERE ("global in train.py", "local in step (train.py:40)") */
+static void fixture_holder(og_record_t *r, const char *name, const char *kind, const char *where, uint64_t bytes)
+{
+    og_roles_t *ro = &r->memory.fw.roles;
+    og_role_holder_t *h = &ro->holders[ro->nholders++];
+    snprintf(h->name, sizeof h->name, "%s", name);
+    snprintf(h->kind, sizeof h->kind, "%s", kind);
+    snprintf(h->where, sizeof h->where, "%s", where);
+    snprintf(h->label, sizeof h->label, "%s (%s, %s)", name, kind, where);
+    h->bytes = bytes;
+    h->tensors = 1;
+}
+
+static void fixture_optimizer(og_record_t *r, const char *cls, uint64_t bytes)
+{
+    og_roles_t *ro = &r->memory.fw.roles;
+    snprintf(ro->optimizers[ro->noptimizers].cls, sizeof ro->optimizers[0].cls, "%s", cls);
+    ro->optimizers[ro->noptimizers++].bytes = bytes;
+}
+
+/* event.phase and the frame that decided it (FILE NULL: no frame) */
+static void fixture_phase(og_record_t *r, const char *phase, const char *file, const char *function)
+{
+    r->memory.fw.has = true;
+    snprintf(r->memory.fw.phase, sizeof r->memory.fw.phase, "%s", phase);
+    r->memory.fw.has_phase_frame = file != NULL;
+    if (file) {
+        snprintf(r->memory.fw.phase_frame.file, sizeof r->memory.fw.phase_frame.file, "%s", file);
+        snprintf(r->memory.fw.phase_frame.function, sizeof r->memory.fw.phase_frame.function, "%s", function);
+        r->memory.fw.phase_frame.line = 42;
+    }
+}
+
 #endif

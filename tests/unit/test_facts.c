@@ -1,7 +1,8 @@
 /* og_facts_compute: the quantities every rule and remedy reads, each asserted on the facts
  * themselves (no sentence): free memory under a limit and estimated, the request against the
  * device, the growth's steps (bursts, the minimum, one pass, the every-allocation reading), a load
- * and a second copy, an imbalance, a framework cap, a rank on another GPU, a retry. */
+ * and a second copy, an imbalance, a framework cap, a rank on another GPU, a retry; the adapter's phase
+ * and roles as the advice reads them, one batch's peak, NCCL's memory. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -215,6 +216,100 @@ static void a_retry_needs_two_attempts(void **state)
     free(r);
 }
 
+/* event.phase read into the enum; unknown without the adapter; torch.load on the stack marks a restore */
+static void the_phase_as_the_adapter_said(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    assert_int_equal(facts(r)->phase, OG_JP_unknown);
+    fixture_phase(r, "optimizer_step", NULL, NULL);
+    assert_int_equal(facts(r)->phase, OG_JP_optimizer_step);
+    assert_string_equal(og_job_phase_name(F.phase), "optimizer_step");
+    fixture_phase(r, "sleeping", NULL, NULL);
+    assert_int_equal(facts(r)->phase, OG_JP_unknown);
+    fixture_phase(r, "loading", "/x/modeling_utils.py", "from_pretrained");
+    assert_int_equal(facts(r)->phase, OG_JP_loading);
+    assert_false(F.load_via_torch_load);
+    fixture_phase(r, "loading", "/usr/lib/python3/dist-packages/torch/serialization.py", "load");
+    assert_true(facts(r)->load_via_torch_load);
+    free(r);
+}
+
+/* the roles as the advice reads them: locals are the running code's, the largest other holder is the
+ * keeper, 8-bit optimizer state is not counted as shrinkable */
+static void roles_for_the_advice(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    assert_false(facts(r)->roles.known);
+    assert_int_equal(F.roles.keeper, -1);
+    fixture_roles(r, 4 * GiB, 0, 6 * GiB, 1 * GiB, 8 * GiB, 1 * GiB);
+    fixture_holder(r, "got", "list", "local in step (train.py:40)", 5 * GiB);
+    fixture_holder(r, "cache", "OrderedDict", "global in train.py", 2 * GiB);
+    fixture_holder(r, "hist", "list", "global in train.py", 1 * GiB);
+    fixture_optimizer(r, "AdamW", 4 * GiB);
+    fixture_optimizer(r, "Adam8bit", 2 * GiB);
+    const og_facts_t *f = facts(r);
+    assert_true(f->roles.known && f->roles.act_known);
+    assert_int_equal(f->roles.local_held, 5 * GiB);
+    assert_int_equal(f->roles.working, 6 * GiB);
+    assert_int_equal(f->roles.keeper, 1);
+    assert_true(f->roles.keeper_map);
+    assert_int_equal(f->roles.opt_full, 4 * GiB);
+    assert_true(f->roles.opt_adam);
+    assert_int_equal(f->roles.pools, 1 * GiB);
+    r->memory.fw.roles.bytes[OG_ROLE_activations] = OG_UNKNOWN;
+    assert_false(facts(r)->roles.act_known);
+    free(r);
+}
+
+/* one batch's peak: a new size >= 4x anything before, after steps that freed what they made */
+static void one_batch_peak_after_freed_steps(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    ev_reset(r);
+    for (int s = 0; s < 10; s++) {
+        ev_add(r, 0.1 * s, "alloc", 256 * MiB);
+        ev_add(r, 0.1 * s + 0.01, "free", 256 * MiB);
+    }
+    ev_add(r, 2.0, "alloc", 1 * GiB);
+    ev_add(r, 2.1, "fail", 1 * GiB);
+    r->event.requested_bytes = 1 * GiB;
+    const og_facts_t *f = facts(r);
+    assert_true(f->outlier.holds);
+    assert_int_equal(f->outlier.prev_max, 256 * MiB);
+    assert_int_equal(f->outlier.run_bytes, 2 * GiB);
+    r->event.requested_bytes = FIXTURE_EV[20].bytes = FIXTURE_EV[21].bytes = 1 * GiB - 1; /* 3.99x: no */
+    assert_false(facts(r)->outlier.holds);
+    /* nothing freed before (the driver saw no free and the framework's count is not known): no */
+    ev_reset(r);
+    for (int s = 0; s < 10; s++)
+        ev_add(r, 0.1 * s, "alloc", 256 * MiB);
+    ev_add(r, 2.0, "alloc", 2 * GiB);
+    r->event.requested_bytes = 2 * GiB;
+    assert_false(facts(r)->outlier.holds);
+    /* a warm cache hides the frees: the framework's own count says the steps freed */
+    fixture_adapter(r, 20 * GiB, 20 * GiB, 0);
+    r->memory.fw.freed_known = true;
+    r->memory.fw.freed_bytes_total = 100 * GiB;
+    assert_true(facts(r)->outlier.holds);
+    free(r);
+}
+
+/* NCCL's memory: which library, how much, whether it failed */
+static void nccl_is_communication(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    assert_int_equal(facts(r)->comm_lib, -1);
+    og_lib_usage_t *l = &r->memory.by_library[r->memory.nlibs++];
+    snprintf(l->library, sizeof l->library, "/opt/nccl/lib/libnccl.so.2");
+    l->bytes = 3 * GiB;
+    assert_int_equal(facts(r)->comm_lib, 0);
+    assert_int_equal(F.comm_bytes, 3 * GiB);
+    assert_false(F.comm_failing);
+    strcpy(r->event.library, "libnccl.so.2");
+    assert_true(facts(r)->comm_failing);
+    free(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -231,6 +326,10 @@ int main(void)
         cmocka_unit_test(a_cap_binds_when_the_framework_refused_or_the_device_had_room),
         cmocka_unit_test(local_rank_beyond_the_visible_gpus),
         cmocka_unit_test(a_retry_needs_two_attempts),
+        cmocka_unit_test(the_phase_as_the_adapter_said),
+        cmocka_unit_test(roles_for_the_advice),
+        cmocka_unit_test(one_batch_peak_after_freed_steps),
+        cmocka_unit_test(nccl_is_communication),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -41,6 +41,20 @@ static const char *const ALL_IDS[] = {
     "bucket_by_length",
     "raise_framework_cap",
     "non_framework_memory",
+    "retry_outside_except",
+    "map_location_cpu",
+    "load_in_bf16",
+    "reuse_process_groups",
+    "nccl_buffsize",
+    "fewer_graph_shapes",
+    "bounded_cache",
+    "eight_bit_optimizer",
+};
+
+/* the remedies chosen by role and phase: none without the Python adapter's roles and phase */
+static const char *const ROLE_PHASE_IDS[] = {
+    "retry_outside_except", "map_location_cpu",   "load_in_bf16",  "reuse_process_groups",
+    "nccl_buffsize",        "fewer_graph_shapes", "bounded_cache", "eight_bit_optimizer",
 };
 
 static og_record_t *base(void) { return fixture_pytorch_24g("libtorch_cuda.so,libc10_cuda.so"); }
@@ -797,6 +811,212 @@ static void autocast_on_drops_mixed_precision(void **state)
     free(r);
 }
 
+/* ------------------------------------------------------------------ by role and phase */
+
+/* 16 steps that each keep 1 GiB (a leak), the failing request one more step */
+static void leaking_steps(og_record_t *r)
+{
+    static struct og_hist_ev ev[64];
+    uint64_t live = 4 * GiB;
+    for (int s = 0; s < 16; s++) {
+        ev[3 * s] =
+            (struct og_hist_ev){ .t_rel = s * 0.1, .op = OG_OP_ALLOC, .bytes = 512 * MiB, .live = live += 512 * MiB };
+        ev[3 * s + 1] =
+            (struct og_hist_ev){ .t_rel = s * 0.1 + 0.01, .op = OG_OP_ALLOC, .bytes = GiB, .live = live += GiB };
+        ev[3 * s + 2] = (struct og_hist_ev){
+            .t_rel = s * 0.1 + 0.02, .op = OG_OP_FREE, .bytes = 512 * MiB, .live = live -= 512 * MiB
+        };
+    }
+    r->history.events = ev;
+    r->history.nevents = 48;
+    r->event.requested_bytes = 512 * MiB;
+}
+
+/* unknown is not zero: without roles and phase (a C program) the list is today's */
+static void no_roles_no_role_remedies(void **state)
+{
+    og_record_t *r = dnf();
+    run_primary(r, "does_not_fit");
+    for (size_t i = 0; i < sizeof ROLE_PHASE_IDS / sizeof *ROLE_PHASE_IDS; i++)
+        assert_int_equal(rank_of(r, ROLE_PHASE_IDS[i]), 0);
+    assert_true(rank_of(r, "smaller_batch") > 0);
+    free(r);
+}
+
+/* retrying inside the except block of an earlier OOM: leave the handler first */
+static void phase_oom_handler(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 8 * GiB, 0, 0, 0, 0, 12 * GiB);
+    fixture_phase(r, "oom_handler", "/srv/train.py", "step");
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "retry_outside_except");
+    assert_non_null(strstr(r->remedies[0].why, "train.py:42 in step"));
+    assert_true(rank_of(r, "release_references") > 0);
+    free(r);
+}
+
+/* restoring a checkpoint with torch.load: map_location="cpu" first, the activation remedies not offered */
+static void phase_checkpoint_restore(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 8 * GiB, 0, 0, 0, 12 * GiB, 0);
+    fixture_holder(r, "result", "dict", "local in load (serialization.py:1025)", 12 * GiB);
+    fixture_phase(r, "loading", "/usr/lib/python3/dist-packages/torch/serialization.py", "load");
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "map_location_cpu");
+    assert_true(rank_of(r, "load_in_bf16") > 1);
+    assert_true(rank_of(r, "smaller_batch") == 0 || rank_of(r, "smaller_batch") > 3);
+    assert_int_equal(rank_of(r, "inference_mode"), 0);
+    free(r);
+}
+
+/* loading weights (from_pretrained): in their checkpoint's dtype; no activation remedy, no map_location */
+static void phase_loading_weights(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 20 * GiB, 0, 0, 0, 0, 0);
+    fixture_phase(r, "loading", "/venv/transformers/modeling_utils.py", "from_pretrained");
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "load_in_bf16");
+    assert_int_equal(rank_of(r, "map_location_cpu"), 0);
+    assert_int_equal(rank_of(r, "smaller_batch"), 0);
+    assert_int_equal(rank_of(r, "gradient_checkpointing"), 0);
+    assert_int_equal(rank_of(r, "inference_mode"), 0);
+    free(r);
+}
+
+/* the first optimizer.step() makes AdamW's state: an 8-bit optimizer; autograd off there is not inference */
+static void phase_optimizer_step(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 8 * GiB, 8 * GiB, 4 * GiB, 0, 0, 0);
+    fixture_optimizer(r, "AdamW", 4 * GiB);
+    fixture_phase(r, "optimizer_step", "/usr/lib/python3/dist-packages/torch/optim/adamw.py", "_init_group");
+    r->memory.fw.grad_enabled = -1;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "eight_bit_optimizer");
+    assert_int_equal(rank_of(r, "inference_mode"), 0);
+    assert_int_equal(rank_of(r, "smaller_batch"), 0);
+    assert_int_equal(rank_of(r, "mixed_precision"), 0);
+    free(r);
+    /* already 8-bit: nothing to gain */
+    r = base();
+    fixture_roles(r, 8 * GiB, 8 * GiB, 4 * GiB, 0, 0, 0);
+    fixture_optimizer(r, "PagedAdamW8bit", 4 * GiB);
+    fixture_phase(r, "optimizer_step", "/venv/bitsandbytes/optim/optimizer.py", "step");
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "eight_bit_optimizer"), 0);
+    free(r);
+}
+
+/* in a forward pass the optimizer's state is not the lever: it comes after the activation remedies */
+static void phase_forward_optimizer_later(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 4 * GiB, 0, 8 * GiB, 0, 0, 8 * GiB);
+    fixture_optimizer(r, "AdamW", 8 * GiB);
+    fixture_phase(r, "forward", "/srv/model.py", "forward");
+    r->memory.fw.grad_enabled = 1;
+    run_primary(r, "does_not_fit");
+    assert_true(rank_of(r, "eight_bit_optimizer") > rank_of(r, "gradient_checkpointing"));
+    assert_true(rank_of(r, "gradient_checkpointing") > 0);
+    free(r);
+}
+
+/* CUDA graphs' private pools: capture fewer shapes, first */
+static void graph_pools_first(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 0, 0, 0, 8 * GiB, 12 * GiB, 0);
+    r->memory.fw.private_pool_bytes = 8 * GiB;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "fewer_graph_shapes");
+    free(r);
+}
+
+/* a leak into a dict kept across steps: bound the cache, name it; not inference_mode */
+static void growth_in_a_dict(void **state)
+{
+    og_record_t *r = base();
+    leaking_steps(r);
+    fixture_roles(r, 4 * GiB, 0, 0, 0, 16 * GiB, 0);
+    fixture_holder(r, "cache", "dict", "global in train.py", 15 * GiB);
+    r->memory.fw.grad_enabled = 1;
+    run_primary(r, "growth");
+    assert_string_equal(r->remedies[0].id, "bounded_cache");
+    assert_non_null(strstr(r->remedies[0].why, "cache (dict, global in train.py)"));
+    assert_int_equal(rank_of(r, "release_references"), 2);
+    assert_true(how_has(rem(r, "release_references"), "cache: keep numbers"));
+    assert_int_equal(rank_of(r, "inference_mode"), 0);
+    free(r);
+    /* a list: release_references names it, no cache to bound */
+    r = base();
+    leaking_steps(r);
+    fixture_roles(r, 4 * GiB, 0, 0, 0, 16 * GiB, 0);
+    fixture_holder(r, "losses", "list", "global in train.py", 15 * GiB);
+    run_primary(r, "growth");
+    assert_string_equal(r->remedies[0].id, "release_references");
+    assert_non_null(strstr(r->remedies[0].why, "losses (list, global in train.py)"));
+    assert_int_equal(rank_of(r, "bounded_cache"), 0);
+    free(r);
+}
+
+/* the growth is all NCCL's (communicators made again and again): reuse process groups, NCCL_BUFFSIZE */
+static void nccl_growth(void **state)
+{
+    og_record_t *r = base();
+    leaking_steps(r);
+    strcpy(r->event.library, "libnccl.so.2");
+    r->memory.nlibs = 0;
+    fixture_fw_lib(r, "libtorch_cuda.so", 4 * GiB, OG_FW_PYTORCH);
+    og_lib_usage_t *l = &r->memory.by_library[r->memory.nlibs++];
+    snprintf(l->library, sizeof l->library, "libnccl.so.2");
+    l->bytes = 16 * GiB;
+    run(r);
+    assert_string_equal(r->remedies[0].id, "reuse_process_groups");
+    assert_int_equal(rank_of(r, "nccl_buffsize"), 2);
+    assert_int_equal(rank_of(r, "inference_mode"), 0);
+    assert_int_equal(rank_of(r, "mixed_precision"), 0);
+    free(r);
+}
+
+/* one batch far longer than the flat run before it: cap the length, first */
+static void one_batch_peak_caps_the_length(void **state)
+{
+    og_record_t *r = base();
+    ev_reset(r);
+    double t = 0.01;
+    for (int i = 0; i < 10; i++) /* the weights, 10 GiB */
+        ev_add(r, 0.001 * i, "alloc", 1 * GiB);
+    for (int s = 0; s < 12; s++, t += 0.1) { /* steps that free what they make */
+        ev_add(r, t, "alloc", 256 * MiB);
+        ev_add(r, t + 0.01, "free", 256 * MiB);
+    }
+    for (int i = 0; i < 2; i++) /* one batch: 4 GiB tensors */
+        ev_add(r, t + 0.01 * i, "alloc", 4 * GiB);
+    ev_add(r, t + 0.1, "fail", 4 * GiB);
+    r->event.requested_bytes = 4 * GiB;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "shorter_sequences");
+    assert_non_null(strstr(r->remedies[0].why, "4x the largest allocation"));
+    free(r);
+}
+
+/* one inference input larger than the card: cap its length before splitting the operation */
+static void larger_inference_caps_the_input(void **state)
+{
+    og_record_t *r = base();
+    r->event.requested_bytes = 40 * GiB;
+    fixture_adapter(r, 20 * GiB, 20 * GiB, 0);
+    r->memory.fw.grad_enabled = -1;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "shorter_sequences");
+    assert_true(rank_of(r, "flash_attention") > 0);
+    assert_true(rank_of(r, "split_operation") > 0);
+    free(r);
+}
+
 /* ------------------------------------------------------------------ the docs say what the code does */
 
 /* docs/diagnosis.md (read from the repository root, where the suites run) */
@@ -915,6 +1135,17 @@ int main(void)
         cmocka_unit_test(limit_refused_by_context_alone),
         cmocka_unit_test(remedy_texts_over_edge_numbers),
         cmocka_unit_test(autocast_on_drops_mixed_precision),
+        cmocka_unit_test(no_roles_no_role_remedies),
+        cmocka_unit_test(phase_oom_handler),
+        cmocka_unit_test(phase_checkpoint_restore),
+        cmocka_unit_test(phase_loading_weights),
+        cmocka_unit_test(phase_optimizer_step),
+        cmocka_unit_test(phase_forward_optimizer_later),
+        cmocka_unit_test(graph_pools_first),
+        cmocka_unit_test(growth_in_a_dict),
+        cmocka_unit_test(nccl_growth),
+        cmocka_unit_test(one_batch_peak_caps_the_length),
+        cmocka_unit_test(larger_inference_caps_the_input),
         cmocka_unit_test(one_id_per_remedy),
         cmocka_unit_test(docs_list_the_ranking_rows),
         cmocka_unit_test(docs_list_the_causes),
