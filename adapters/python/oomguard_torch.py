@@ -220,18 +220,32 @@ def _cache_view(torch, device, alloc_size):
                 except Exception:
                     is_private = False
             into = live_private if is_private else live
+            # PyTorch 2.1 and later give each block its "address" and "frames"; before, blocks lie in
+            # order from the segment's "address" and the stack is in the block's last "history" entry
+            at = seg.get("address")
+            at = int(at) if at is not None else None
             for b in seg.get("blocks", ()) or ():
-                if isinstance(b, dict) and b.get("state") == "active_allocated":
-                    if b.get("address") is not None:
-                        into[int(b["address"])] = _u64(b.get("size", 0))
-                    fr = _user_frame(b.get("frames"), torch_dir) if b.get("frames") else None
+                if not isinstance(b, dict):
+                    continue
+                addr = b.get("address")
+                addr = int(addr) if addr is not None else at
+                if at is not None:
+                    at += _u64(b.get("size", 0))
+                if b.get("state") == "active_allocated":
+                    if addr is not None:
+                        into[addr] = _u64(b.get("size", 0))
+                    frames = b.get("frames")
+                    if not frames and b.get("history"):
+                        last = b["history"][-1]
+                        frames = last.get("frames") if isinstance(last, dict) else None
+                    fr = _user_frame(frames, torch_dir) if frames else None
                     if fr is not None:
                         key = (str(fr.get("filename")), int(fr.get("line") or 0), str(fr.get("name", "")))
                         v = sites.setdefault(key, [0, 0])
                         v[0] += _u64(b.get("size", 0))
                         v[1] += 1
-                        if b.get("address") is not None:
-                            made_at[int(b["address"])] = key
+                        if addr is not None:
+                            made_at[addr] = key
             if is_private:
                 private += _u64(seg.get("total_size", 0))
                 continue

@@ -779,6 +779,8 @@ t "phase backward: the engine thread has no frame of the program; the thread tha
 t "phase optimizer_step: AdamW making its state at the first step (a bare frozen parameter counted as a parameter)" t_roles step
 t "phase loading: torch.load restoring onto the GPU" t_roles load
 t "phase oom_handler: a retry inside the except block of an earlier OOM; phase_frame is the handler's line" t_roles handler
+t_roles_pre21() { FAKE_TORCH_SNAPSHOT=1.13 OOMGUARD_PYTHON_STACKS=1 t_roles roles --site "losses (list, global in job_roles.py)"; }
+t "roles and the holder's line from a PyTorch 1.13-2.0 snapshot (blocks without address or frames)" t_roles_pre21
 t_roles_off() { OOMGUARD_ROLES_BUDGET_MS=0 t_roles roles --no-roles; }
 t "roles off with OOMGUARD_ROLES_BUDGET_MS=0 (null), phase still there" t_roles_off
 t_roles_budget() { JOB_BALLAST=1500000 OOMGUARD_ROLES_BUDGET_MS=1 t_roles roles --incomplete; }

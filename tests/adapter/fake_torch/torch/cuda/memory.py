@@ -1,4 +1,10 @@
-"""torch.cuda.memory, as far as the adapter uses it."""
+"""torch.cuda.memory, as far as the adapter uses it.
+
+FAKE_TORCH_SNAPSHOT=1.13 gives _snapshot() in the layout of PyTorch before 2.1: blocks carry no
+"address", "requested_size" or "frames"; a block's address is its segment's plus the sizes of the
+blocks before it, and its allocation stack is in "history" (entries with "addr", "real_size",
+"frames"), as 1.13 to 2.0 report them."""
+import os
 import sys
 
 from torch import _alloc
@@ -32,6 +38,12 @@ def _snapshot(device=None):
     for d in sorted(cuda._allocators):
         segments.extend(cuda._allocators[d].snapshot_segments())
     traces = [list(getattr(cuda._allocators[d], "trace", [])) for d in sorted(cuda._allocators)]
+    if os.environ.get("FAKE_TORCH_SNAPSHOT") == "1.13":
+        for seg in segments:
+            for b in seg["blocks"]:
+                addr, req, frames = b.pop("address"), b.pop("requested_size"), b.pop("frames")
+                if frames:
+                    b["history"] = [{"addr": addr, "real_size": req, "frames": frames}]
     return {"segments": segments, "device_traces": traces}
 
 
