@@ -296,11 +296,34 @@ def _holder(scan, v, name, kind, where):
     return True
 
 
+_CO_OPTIMIZED = 0x1          # a function's frame: its locals live in fast slots, f_locals is a copy
+
+
 def _frame_locals(frame):
+    """The frame's local variables as (name, value) pairs, leaving nothing behind.
+
+    Up to Python 3.12, reading f_locals of a function's frame fills a dict that stays on the frame
+    until the function returns: every value in it stays alive even after the function deletes or
+    rebinds the variable (a failed batch's tensors kept until the next failure).  Unless someone
+    else holds that dict (the program's own locals(); a tracer, which copies it back into the
+    frame), it is emptied again once read; the next reader refills it from the frame.  From 3.13
+    f_locals is a view of the frame and keeps nothing."""
     try:
-        return frame.f_locals
+        d = frame.f_locals
     except Exception:
-        return {}
+        return []
+    items = list(d.items())
+    if (sys.version_info < (3, 13) and type(d) is dict and d is not frame.f_globals
+            and frame.f_code.co_flags & _CO_OPTIMIZED and frame.f_trace is None
+            and sys.gettrace() is None and _thread_tracer() is None
+            and sys.getrefcount(d) <= 3):        # the frame, `d` and getrefcount's argument
+        d.clear()
+    return items
+
+
+def _thread_tracer():
+    get = getattr(threading, "gettrace", None)   # 3.10 and later
+    return get() if get is not None else None
 
 
 def measure(torch, device, allocated, on_device=None, sizes=None, round_to=512, private=None, sites=None,
@@ -462,7 +485,7 @@ def _named_holders(scan, modules, frame_roots):
                 code = f.f_code
                 if is_user_file(code.co_filename, scan.exclude):
                     where = "local in %s (%s:%d)" % (code.co_name, os.path.basename(code.co_filename), f.f_lineno or 0)
-                    for k, v in list(_frame_locals(f).items()):
+                    for k, v in _frame_locals(f):
                         tp = type(v)
                         if tp in _LOCAL_HOLDERS:
                             _holder(scan, v, str(k), tp.__name__, where)

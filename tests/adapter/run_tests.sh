@@ -779,6 +779,18 @@ t "phase backward: the engine thread has no frame of the program; the thread tha
 t "phase optimizer_step: AdamW making its state at the first step (a bare frozen parameter counted as a parameter)" t_roles step
 t "phase loading: torch.load restoring onto the GPU" t_roles load
 t "phase oom_handler: a retry inside the except block of an earlier OOM; phase_frame is the handler's line" t_roles handler
+t_locals_drop() { # a local the roles scan read is freed when the function deletes it
+    shim adapter "$PYTHON" "$SC/job_locals.py" drop out.json || return 1
+    expect "$(ls dumps/oomguard-*.json | head -n 1)" 'd["memory"]["framework"]["roles"]["complete"]' True &&
+    expect out.json 'd["held"] - d["base"]' $((256 << 20)) &&
+    expect out.json 'd["after"] == d["base"]' True
+}
+t "roles: a local the scan read is not kept alive by it once the function deletes it (256 MiB freed)" t_locals_drop
+t_locals_own() { # the program's own locals() dict is left whole
+    shim adapter "$PYTHON" "$SC/job_locals.py" own out.json || return 1
+    expect out.json 'd["own_kept"]' True
+}
+t "roles: the program's own locals() dict is left as it was" t_locals_own
 t_roles_pre21() { FAKE_TORCH_SNAPSHOT=1.13 OOMGUARD_PYTHON_STACKS=1 t_roles roles --site "losses (list, global in job_roles.py)"; }
 t "roles and the holder's line from a PyTorch 1.13-2.0 snapshot (blocks without address or frames)" t_roles_pre21
 t_roles_off() { OOMGUARD_ROLES_BUDGET_MS=0 t_roles roles --no-roles; }
