@@ -732,7 +732,11 @@ static void fill_event(og_record_t *rec, const og_episode_t *ep, int device)
     rec->event.t_rel = (double)(ep->last_t_ns - og_start_ns()) / 1e9;
     rec->event.t = rec->time - (double)(og_now_ns() - ep->last_t_ns) / 1e9;
     rec->event.attempts = ep->attempts;
-    rec->event.released_between_attempts_bytes = ep->released_before_attempt;
+    /* A refusal inside the framework's allocator (its own cap, no driver call) comes after the
+     * allocator's own release-and-retry, which no failed call told the shim about: what it
+     * released then is unknown, not 0, until the shim saw a failed attempt of its own. */
+    rec->event.released_between_attempts_bytes =
+        in_fw && ep->attempts <= 1 && !ep->released_before_attempt ? OG_UNKNOWN : ep->released_before_attempt;
     rec->event.recovered = ep->recovered;
     rec->event.recovered_requested_bytes = ep->recovered_requested;
     rec->event.recovered_t = ep->recovered ? rec->time - (double)(og_now_ns() - ep->recovered_t_ns) / 1e9 : 0;

@@ -204,9 +204,10 @@ def truth_checks(d, mark, rec_mark, exp):
                   "memory.framework_cached_bytes %s == reserved - allocated %s" % (m.get("framework_cached_bytes"), cached))
     if d["status"] == "oom" and "released" in ex and mark["kind"] == "fail":
         # the framework's own release between its failed attempts (PyTorch frees its free segments)
+        # (unknown, never wrong, for a refusal inside the framework's allocator that no failed call announced)
         got = d["event"].get("released_between_attempts_bytes")
-        check(got == ex["released"], "event.released_between_attempts_bytes %s == the framework released %s"
-              % (got, ex["released"]))
+        check(got == ex["released"] or (got is None and d["event"].get("framework_internal") and d["event"].get("attempts", 0) <= 1),
+              "event.released_between_attempts_bytes %s == the framework released %s" % (got, ex["released"]))
     if d["status"] == "recovered" and rec_mark is not None:
         rel = rec_mark.get("extra", {}).get("released", 0)
         got = d["event"].get("released_between_attempts_bytes")
