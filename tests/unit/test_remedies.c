@@ -974,6 +974,16 @@ static void nccl_growth(void **state)
     snprintf(l->library, sizeof l->library, "libnccl.so.2");
     l->bytes = 16 * GiB;
     run(r);
+    const og_cause_t *g = NULL;
+    for (int i = 0; i < r->diagnosis.ncauses; i++)
+        if (strcmp(r->diagnosis.causes[i].id, "growth") == 0)
+            g = &r->diagnosis.causes[i];
+    assert_non_null(g);
+    bool named = false;
+    for (int i = 0; i < g->nevidence; i++)
+        named =
+            named || (strcmp(g->evidence[i].name, "library") == 0 && strcmp(g->evidence[i].text, "libnccl.so.2") == 0);
+    assert_true(named);
     assert_string_equal(r->remedies[0].id, "reuse_process_groups");
     assert_int_equal(rank_of(r, "nccl_buffsize"), 2);
     assert_int_equal(rank_of(r, "inference_mode"), 0);
