@@ -156,13 +156,9 @@ static bool activation_phase(const rctx_t *x)
 /* autograd is off inside optimizer.step() and clip_grad_norm_ of a training job: not an evaluation; and
  * a load builds no graph */
 static bool no_graph_to_drop(const rctx_t *x) { return PHASE(optimizer_step) || PHASE(backward) || PHASE(loading); }
-/* nothing for the activation remedies to shrink: the roles were measured, the running computation
- * holds no tensors, and the job was loading or stepping its optimizer */
-static bool no_activations(const rctx_t *x)
-{
-    const og_role_facts_t *ro = roles_of(x);
-    return ro->known && ro->act_known && ro->working == 0 && (PHASE(loading) || PHASE(optimizer_step));
-}
+/* nothing for the activation remedies to shrink: the roles were measured and the job was loading or
+ * stepping its optimizer (what the running code holds then is weights or state, not activations) */
+static bool no_activations(const rctx_t *x) { return roles_of(x)->known && (PHASE(loading) || PHASE(optimizer_step)); }
 static uint64_t graph_pool_bytes(const rctx_t *x)
 {
     uint64_t p = roles_of(x)->pools;
@@ -326,7 +322,7 @@ static const og_rank_row_t narrow[] = {
       "adamw_first_step (blind)" },
     { "no_activations", no_activations, DROP, 0, 0,
       REMS(R_INFERENCE, R_MIXED, R_SMALLER_BATCH, R_SHORTER_SEQ, R_CHECKPOINTING, R_FLASH),
-      "roles: activations + locals' tensors = 0, phase loading or optimizer_step", "adamw_first_step (blind)" },
+      "roles measured, phase loading or optimizer_step", "adamw_first_step (blind)" },
     { "growth_in_a_cache_no_graph", growth_in_a_cache, DROP, 0, 0, REMS(R_INFERENCE),
       "the same as growth_in_a_cache (its remedy says no_grad for the entries)", "dict_cache_embeddings (blind)" },
     { "communication_not_tensors", comm_holds_growth, DROP, 0, 0, REMS(R_INFERENCE, R_MIXED),

@@ -147,11 +147,27 @@ static void how(og_remedy_t *r, const char *f, ...)
 /* "PyTorch: " in front of PyTorch lines when the framework is not known */
 static const char *pt(const rctx_t *x) { return x->fw == OG_FW_UNKNOWN ? "PyTorch: " : ""; }
 
+/* What the roles say the activation remedies can shrink, or that nobody measured it: last, and only
+ * when the sentence fits whole. */
+static void activations_measured(const rctx_t *x, og_remedy_t *r)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    char s[160] = "";
+    if (!ro->known)
+        og_fmt(s, sizeof s, " What the memory is for was not measured (no roles from the Python adapter).");
+    else if (ro->act_known)
+        og_fmt(s, sizeof s, " Measured: %s of activations, %s held by locals of running code.",
+               og_hb((double)ro->act).s, og_hb((double)ro->local_held).s);
+    if (strnlen(r->why, sizeof r->why) + strlen(s) < sizeof r->why - 1)
+        why(r, "%s", s);
+}
+
 /* The sentence that sizes an activation-halving remedy against the shortfall. */
 static void activations_vs_shortfall(const rctx_t *x, og_remedy_t *r, double frees, const char *what)
 {
     if (!x->shortfall) {
         why(r, " It lowers the peak so the %s request fits more easily.", og_hb((double)x->req).s);
+        activations_measured(x, r);
         return;
     }
     double need = (double)x->shortfall / frees;
@@ -160,6 +176,7 @@ static void activations_vs_shortfall(const rctx_t *x, og_remedy_t *r, double fre
             " %s more is needed; %s covers it if the activations it shrinks are at least %s (how much of the "
             "%s held is in use was not measured).",
             og_hb((double)x->shortfall).s, what, og_hb(need).s, og_hb((double)x->tracked).s);
+        activations_measured(x, r);
         return;
     }
     if (need <= (double)x->live)
@@ -169,6 +186,7 @@ static void activations_vs_shortfall(const rctx_t *x, og_remedy_t *r, double fre
     else
         why(r, " %s more is needed but only %s is live: %s alone cannot cover it; combine it with others.",
             og_hb((double)x->shortfall).s, og_hb((double)x->live).s, what);
+    activations_measured(x, r);
 }
 
 /* ------------------------------------------------------------------ the remedies */

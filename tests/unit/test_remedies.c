@@ -840,6 +840,7 @@ static void no_roles_no_role_remedies(void **state)
     for (size_t i = 0; i < sizeof ROLE_PHASE_IDS / sizeof *ROLE_PHASE_IDS; i++)
         assert_int_equal(rank_of(r, ROLE_PHASE_IDS[i]), 0);
     assert_true(rank_of(r, "smaller_batch") > 0);
+    assert_non_null(strstr(rem(r, "gradient_checkpointing")->why, "not measured (no roles"));
     free(r);
 }
 
@@ -921,6 +922,7 @@ static void phase_forward_optimizer_later(void **state)
     run_primary(r, "does_not_fit");
     assert_true(rank_of(r, "eight_bit_optimizer") > rank_of(r, "gradient_checkpointing"));
     assert_true(rank_of(r, "gradient_checkpointing") > 0);
+    assert_non_null(strstr(rem(r, "gradient_checkpointing")->why, "Measured: 8.00 GiB of activations"));
     free(r);
 }
 
