@@ -4,17 +4,40 @@
  * unchanged, and records what happened.  Recording never changes what the caller sees. */
 #include "og.h"
 
-/* Every wrapper starts with og_begin: the call guard is entered (so that resolving the real
- * function, which may reach dlsym, passes through our own hooks), then the real function is
- * found.  NULL: the driver has none; the guard is already left and the wrapper answers
+/* Every wrapper starts with og_begin: the call guard is entered and the real function found.
+ * NULL: the driver has none; the guard is already left and the wrapper answers
  * CUDA_ERROR_NOT_INITIALIZED.  The caller's address is taken by the wrapper itself
- * (__builtin_return_address must run in the exported function's own frame). */
+ * (__builtin_return_address must run in the exported function's own frame).
+ *
+ * A hook's entry in og_begun is its real function once the library is initialised and that
+ * function found: from then on one load says both (the check of og_ready and the lookup of
+ * the real function cost a load and a branch each).  Until then og_begin_slow initialises,
+ * enters the guard first (resolving the real function may reach dlsym, which passes through
+ * our own hooks) and then resolves. */
+static _Atomic(void *) og_begun[OG_H_COUNT];
+
+static __attribute__((noinline)) void *og_begin_slow(og_call_t *c, int hook)
+{
+    og_enter(c, hook, c->caller);
+    void *real = atomic_load_explicit(&og_real_ptrs[hook], memory_order_acquire);
+    if (!real && !(real = og_resolve_real(hook))) {
+        og_leave(c);
+        return NULL;
+    }
+    if (atomic_load_explicit(&og_ready, memory_order_acquire))
+        atomic_store_explicit(&og_begun[hook], real, memory_order_release);
+    return real;
+}
+
 static inline __attribute__((always_inline)) void *og_begin(og_call_t *c, int hook, void *caller)
 {
-    og_enter(c, hook, caller);
-    void *real = atomic_load_explicit(&og_real_ptrs[hook], memory_order_acquire);
-    if (OG_UNLIKELY(!real) && !(real = og_resolve_real(hook)))
-        og_leave(c);
+    c->hook = hook;
+    c->device = -1;
+    c->caller = caller;
+    void *real = atomic_load_explicit(&og_begun[hook], memory_order_acquire);
+    if (OG_UNLIKELY(!real))
+        return og_begin_slow(c, hook);
+    og_guard_enter(c);
     return real;
 }
 
@@ -27,11 +50,14 @@ static inline __attribute__((always_inline)) CUresult og_end(og_call_t *c, CUres
 
 /* ------------------------------------------------------------------ plain allocations */
 
-static CUresult after_alloc(og_call_t *c, CUresult r, CUdeviceptr *dptr, uint64_t bytes, int kind)
+static inline __attribute__((always_inline)) CUresult after_alloc(og_call_t *c, CUresult r, CUdeviceptr *dptr,
+                                                                  uint64_t bytes, int kind)
 {
     if (!c->active)
         return r;
-    if (r == CUDA_SUCCESS && dptr)
+    if (r == CUDA_SUCCESS && dptr && (kind == OG_KIND_PLAIN || kind == OG_KIND_MANAGED))
+        og_track_plain(c, (uintptr_t)*dptr, bytes, kind);
+    else if (r == CUDA_SUCCESS && dptr)
         og_track_alloc(c, (uintptr_t)*dptr, bytes, kind);
     else if (r != CUDA_SUCCESS)
         og_track_failure(c, bytes, kind, r);

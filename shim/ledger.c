@@ -69,6 +69,22 @@ uint64_t og_ticks_to_ns(uint64_t ticks)
     return start_ns + (uint64_t)(rel > 0 ? rel : 0);
 }
 
+/* A lock taken by a reader that must not wait for good (the holder may have died holding it):
+ * false after `ns` nanoseconds without it. */
+static bool lock_within(og_spin_t *l, uint64_t ns)
+{
+    if (OG_LIKELY(!atomic_exchange_explicit(&l->v, 1, memory_order_acquire)))
+        return true;
+    uint64_t give_up = og_now_ns() + ns;
+    while (atomic_load_explicit(&l->v, memory_order_relaxed) ||
+           atomic_exchange_explicit(&l->v, 1, memory_order_acquire)) {
+        if (og_now_ns() > give_up)
+            return false;
+        sched_yield();
+    }
+    return true;
+}
+
 /* ------------------------------------------------------------------ history rings */
 
 /* Each shard keeps its own ring (written under the shard lock); VMM, pools and failures go
@@ -79,7 +95,7 @@ uint64_t og_ticks_to_ns(uint64_t ticks)
  * events, each min(OOMGUARD_HISTORY, half of what is left) and at least 16.  The first
  * allocating thread keeps OOMGUARD_HISTORY events (a single-threaded program sees all it
  * did before), the next ones half as many each; in all at most 2 x OOMGUARD_HISTORY + 16 x 65
- * events of 40 bytes.  The buffer is allocated with no lock held; without memory the ring
+ * events of 32 bytes.  The buffer is allocated with no lock held; without memory the ring
  * keeps only its newest event (counted in og_ledger_lost). */
 static ring_t slow_ring;
 static pthread_mutex_t slow_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -133,14 +149,13 @@ static inline __attribute__((always_inline)) void ring_add(ring_t *r, int op, in
     uint64_t i = atomic_load_explicit(&r->head, memory_order_relaxed);
     og_event_t *e = &rb->ev[r->pos];
     r->pos = r->pos + 1 == rb->size ? 0 : r->pos + 1;
-    atomic_store_explicit(&e->seq, 0, memory_order_relaxed);
-    atomic_thread_fence(memory_order_release);
+    atomic_thread_fence(memory_order_release); /* head = i (the last event's) before this one's fields */
     atomic_store_explicit(&e->t_ns, t, memory_order_relaxed);
     atomic_store_explicit(&e->bytes, bytes, memory_order_relaxed);
     atomic_store_explicit(&e->live, live, memory_order_relaxed);
-    atomic_store_explicit(&e->what, (uint32_t)(uint16_t)device << 16 | (uint32_t)(uint8_t)op << 8 | (uint8_t)hook,
-                          memory_order_relaxed);
-    atomic_store_explicit(&e->seq, i + 1, memory_order_release);
+    atomic_store_explicit(&e->device, (int16_t)device, memory_order_relaxed);
+    atomic_store_explicit(&e->op, (uint8_t)op, memory_order_relaxed);
+    atomic_store_explicit(&e->hook, (uint8_t)hook, memory_order_relaxed);
     atomic_store_explicit(&r->head, i + 1, memory_order_release);
 }
 
@@ -153,25 +168,34 @@ void og_history_add(int op, int hook, int device, uint64_t bytes, uint64_t live,
     pthread_mutex_unlock(&slow_lock);
 }
 
-static size_t ring_copy(ring_t *r, og_history_event_t *out, size_t n, size_t max)
+/* Copies the ring's events after `n` in out.  locked: no writer can be at work on it (its lock
+ * is held), every event is kept; otherwise the ones a write begun meanwhile may have reached
+ * are dropped: those with index + size <= head after the copy (the oldest). */
+static size_t ring_copy(ring_t *r, bool locked, og_history_event_t *out, size_t n, size_t max)
 {
     ring_buf_t *rb = atomic_load_explicit(&r->buf, memory_order_acquire);
     uint64_t head = atomic_load_explicit(&r->head, memory_order_acquire);
     uint64_t first = head > rb->size ? head - rb->size : 0;
+    size_t start = n;
     for (uint64_t i = first; i < head && n < max; i++) {
         og_event_t *e = &rb->ev[i % rb->size];
-        if (atomic_load_explicit(&e->seq, memory_order_acquire) != i + 1)
-            continue;
-        uint64_t t = atomic_load_explicit(&e->t_ns, memory_order_relaxed);
-        uint64_t bytes = atomic_load_explicit(&e->bytes, memory_order_relaxed);
-        uint64_t live = atomic_load_explicit(&e->live, memory_order_relaxed);
-        uint32_t what = atomic_load_explicit(&e->what, memory_order_relaxed);
-        atomic_thread_fence(memory_order_acquire);
-        if (atomic_load_explicit(&e->seq, memory_order_relaxed) != i + 1)
-            continue; /* rewritten while we read it */
-        out[n++] = (og_history_event_t){ og_ticks_to_ns(t),    bytes,        live, (int16_t)(what >> 16),
-                                         (uint8_t)(what >> 8), (uint8_t)what };
+        out[n++] = (og_history_event_t){ atomic_load_explicit(&e->t_ns, memory_order_relaxed),
+                                         atomic_load_explicit(&e->bytes, memory_order_relaxed),
+                                         atomic_load_explicit(&e->live, memory_order_relaxed),
+                                         atomic_load_explicit(&e->device, memory_order_relaxed),
+                                         atomic_load_explicit(&e->op, memory_order_relaxed),
+                                         atomic_load_explicit(&e->hook, memory_order_relaxed) };
     }
+    atomic_thread_fence(memory_order_acquire);
+    uint64_t now = atomic_load_explicit(&r->head, memory_order_relaxed);
+    uint64_t valid_from = now >= rb->size ? now - rb->size + 1 : 0;
+    if (!locked && valid_from > first) {
+        size_t drop = valid_from - first < n - start ? (size_t)(valid_from - first) : n - start;
+        memmove(out + start, out + start + drop, (n - start - drop) * sizeof *out);
+        n -= drop;
+    }
+    for (size_t i = start; i < n; i++) /* stamps to nanoseconds with no lock held */
+        out[i].t_ns = og_ticks_to_ns(out[i].t_ns);
     return n;
 }
 
@@ -188,9 +212,19 @@ static int cmp_event_t(const void *a, const void *b)
 size_t og_history_copy(og_history_event_t *out, size_t max)
 {
     size_t n = 0;
-    for (int i = 0; i < SHARDS; i++)
-        n = ring_copy(&og_shards[i].ring, out, n, max);
-    n = ring_copy(&slow_ring, out, n, max);
+    for (int i = 0; i < SHARDS; i++) {
+        shard_t *s = &og_shards[i];
+        bool locked = lock_within(&s->lock, 1000000000);
+        n = ring_copy(&s->ring, locked, out, n, max);
+        if (locked)
+            og_spin_unlock(&s->lock);
+    }
+    bool locked = false;
+    for (uint64_t give_up = og_now_ns() + 1000000000; !locked && og_now_ns() < give_up; sched_yield())
+        locked = pthread_mutex_trylock(&slow_lock) == 0;
+    n = ring_copy(&slow_ring, locked, out, n, max);
+    if (locked)
+        pthread_mutex_unlock(&slow_lock);
     qsort(out, n, sizeof *out, cmp_event_t);
     size_t keep = (size_t)og_opt.history < OG_DUMP_EVENTS ? (size_t)og_opt.history : OG_DUMP_EVENTS;
     if (n > keep) {
@@ -293,17 +327,27 @@ uint64_t og_tracked_add(og_ledger_dev_t *d, int64_t delta, uint64_t t)
 _Atomic uint64_t og_ledger_lost[OG_LOST_COUNT];
 
 static atomic_uint next_shard;
-static OG_TLS int my_shard_idx = -1;
+/* The thread's shard and its index (the owner hints name shards by index): NULL until the
+ * thread's first allocation. */
+static OG_TLS struct {
+    shard_t *s;
+    int idx;
+} mine;
+
+static __attribute__((noinline)) void my_shard_first(void)
+{
+    int k = (int)(atomic_fetch_add(&next_shard, 1) % SHARDS);
+    ring_provide(&og_shards[k].ring, &og_shards[k].lock, NULL); /* no lock of ours held here */
+    mine.idx = k;
+    mine.s = &og_shards[k];
+    og_exit_arm(); /* once per thread: the program is running, not starting */
+}
 
 static inline shard_t *my_shard(void)
 {
-    if (OG_UNLIKELY(my_shard_idx < 0)) {
-        int k = (int)(atomic_fetch_add(&next_shard, 1) % SHARDS);
-        ring_provide(&og_shards[k].ring, &og_shards[k].lock, NULL); /* no lock of ours held here */
-        my_shard_idx = k;
-        og_exit_arm(); /* once per thread: the program is running, not starting */
-    }
-    return &og_shards[my_shard_idx];
+    if (OG_UNLIKELY(!mine.s))
+        my_shard_first();
+    return mine.s;
 }
 
 /* Which shard holds a block, as a hint a free reads before it takes any lock: one byte per
@@ -447,52 +491,49 @@ uint64_t og_ledger_ipc_mapped(int device)
     return device >= 0 && device < OG_MAX_DEVICES ? atomic_load(&og_devs[device].ipc_mapped) : 0;
 }
 
-/* A block into the caller's shard (an allocation, or one put back), its event (by `hook`, at
- * `t`) in the ring.  Returns false when there was no room for it (counted); *flushed: the
- * device's total moved. */
-static inline __attribute__((always_inline)) bool block_insert(const og_block_t *nb, int op, int hook, uint64_t t,
-                                                               uint64_t *live, bool *flushed)
+/* A block into the caller's shard (an allocation, or one put back), its event (by `ev_hook`,
+ * at `t`) in the ring.  The block comes as its fields (from registers, straight into its slot).
+ * Returns false when there was no room for it (counted); *flushed: the device's total moved. */
+static inline __attribute__((always_inline)) bool block_insert(uint64_t addr, uint64_t size, uint64_t t_ns,
+                                                               uint32_t site, int device, int kind, int hook, int flags,
+                                                               int op, int ev_hook, uint64_t t, uint64_t *live,
+                                                               bool *flushed)
 {
     shard_t *s = my_shard();
-    uint64_t h = og_addr_mix(nb->addr);
+    uint64_t h = og_addr_mix(addr);
     og_spin_lock(&s->lock);
     if (OG_UNLIKELY(!og_table_ensure(s))) {
         og_spin_unlock(&s->lock);
         og_lost(OG_LOST_BLOCKS);
         return false;
     }
-    og_block_t *b = og_table_slot_new(s, nb->addr, h);
+    og_block_t *b = og_table_slot_new(s, addr, h);
     if (OG_UNLIKELY(b->addr))
         /* The driver handed out an address we still hold: its free went by a path we do not
          * see.  The old block is gone; count it out. */
         og_block_account(s, b, OG_BLOCK_OUT, t, flushed);
-    *b = *nb;
-    *live = og_block_account(s, nb, op, t, flushed);
-    if (OG_LIKELY(!(nb->flags & OG_BLOCK_F_RARE)) || /* a mapping is no event */
-        ((unsigned)nb->device < OG_MAX_DEVICES && nb->kind != OG_KIND_HOST && !(nb->flags & OG_KIND_F_IPC)))
-        ring_add(&s->ring, OG_EV_ALLOC, hook, nb->device, nb->size, *live, t);
+    *b = (og_block_t){ addr, size, t_ns, site, (int8_t)device, (uint8_t)kind, (uint8_t)hook, (uint8_t)flags };
+    *live = og_block_account_fields(s, b, size, device, kind, flags, op, t, flushed);
+    if (OG_LIKELY(!(flags & OG_BLOCK_F_RARE)) || /* a mapping is no event */
+        ((unsigned)device < OG_MAX_DEVICES && kind != OG_KIND_HOST && !(flags & OG_KIND_F_IPC)))
+        ring_add(&s->ring, OG_EV_ALLOC, ev_hook, device, size, *live, t);
     og_spin_unlock(&s->lock);
-    hint_set(h, my_shard_idx);
+    hint_set(h, mine.idx);
     return true;
 }
 
-void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind)
+/* An allocation's block with its site and device found: every kind (og_track_alloc), and the
+ * plain and managed blocks of a device out of the table's range (og_track_plain). */
+static __attribute__((noinline)) void track_block(og_call_t *c, uintptr_t addr, uint64_t size, int kind, int flags,
+                                                  uint32_t site, int device)
 {
-    int flags = kind & OG_KIND_F_MASK;
-    kind &= ~OG_KIND_F_MASK;
-    if (OG_UNLIKELY(!addr))
-        return;                                 /* nothing allocated (and the empty slot's key) */
-    uint32_t site = og_site_capture(c->caller); /* before any lock: it may unwind */
-    int device = kind == OG_KIND_HOST ? -1 : (c->device >= 0 ? c->device : og_current_device());
     bool rare =
         kind > OG_KIND_MANAGED || (flags & (OG_KIND_F_IPC | OG_KIND_F_COUNTED)) || (unsigned)device >= OG_MAX_DEVICES;
-    og_block_t nb = {
-        addr,           size,          og_ticks(),       site,
-        (int8_t)device, (uint8_t)kind, (uint8_t)c->hook, (uint8_t)(flags | (rare ? OG_BLOCK_F_RARE : 0))
-    };
-    uint64_t live;
+    uint64_t t = og_ticks(), live;
     bool flushed = false;
-    if (OG_UNLIKELY(!block_insert(&nb, OG_BLOCK_IN, c->hook, nb.t_ns, &live, &flushed)))
+    int hook = c->hook;
+    if (OG_UNLIKELY(!block_insert(addr, size, t, site, device, kind, hook, flags | (rare ? OG_BLOCK_F_RARE : 0),
+                                  OG_BLOCK_IN, hook, t, &live, &flushed)))
         return;
     if (OG_LIKELY(!rare) || ((unsigned)device < OG_MAX_DEVICES && kind != OG_KIND_HOST && counts_itself(kind, flags))) {
         /* The warning is looked at when the device's total moves (small allocations are
@@ -503,7 +544,41 @@ void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind)
             og_on_recovered(c, device, size);
     }
     if (OG_UNLIKELY(flags & OG_KIND_F_ARRAY))
-        og_array_note(addr, nb.t_ns);
+        og_array_note(addr, t);
+}
+
+void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind)
+{
+    int flags = kind & OG_KIND_F_MASK;
+    kind &= ~OG_KIND_F_MASK;
+    if (OG_UNLIKELY(!addr))
+        return;                                 /* nothing allocated (and the empty slot's key) */
+    uint32_t site = og_site_capture(c->caller); /* before any lock: it may unwind */
+    int device = kind == OG_KIND_HOST ? -1 : (c->device >= 0 ? c->device : og_current_device());
+    track_block(c, addr, size, kind, flags, site, device);
+}
+
+/* og_track_alloc for a plain or managed block (no flags): the allocation's fast path, the
+ * block's fields kept in registers from the call to its slot. */
+void og_track_plain(og_call_t *c, uintptr_t addr, uint64_t size, int kind)
+{
+    if (OG_UNLIKELY(!addr))
+        return;
+    uint32_t site = og_site_capture(c->caller); /* before any lock: it may unwind */
+    int device = c->device >= 0 ? c->device : og_current_device();
+    if (OG_UNLIKELY((unsigned)device >= OG_MAX_DEVICES)) {
+        track_block(c, addr, size, kind, 0, site, device);
+        return;
+    }
+    uint64_t t = og_ticks(), live;
+    bool flushed = false;
+    int hook = c->hook;
+    if (OG_UNLIKELY(!block_insert(addr, size, t, site, device, kind, hook, 0, OG_BLOCK_IN, hook, t, &live, &flushed)))
+        return;
+    if (OG_UNLIKELY(flushed))
+        og_warn_check(device, live);
+    if (OG_UNLIKELY(atomic_load_explicit(&og_episode_open[device], memory_order_relaxed)))
+        og_on_recovered(c, device, size);
 }
 
 /* A free takes the block out of the ledger *before* the real free: once the driver has
@@ -521,19 +596,27 @@ void og_free_begin(og_call_t *c, uintptr_t addr, og_taken_t *tk)
     shard_t *s = find_locked(addr, h, &b);
     if (!s) {
         tk->found = false;
+        tk->settle = true; /* an unknown free, counted after the call */
         tk->addr = addr;
         return;
     }
     uint64_t t = og_ticks();
+    /* the block's fields in registers before anything is stored (tk could be anywhere, as
+     * far as the compiler knows) */
+    uint64_t size = b->size;
+    int device = b->device, kind = b->kind, flags = b->flags, hook = c->hook;
+    bool flushed;
+    uint64_t live = og_block_account_fields(s, b, size, device, kind, flags, OG_BLOCK_OUT, t, &flushed);
     tk->found = true;
     memcpy(&tk->addr, b, sizeof *b);
-    bool flushed;
-    uint64_t live = og_block_account(s, b, OG_BLOCK_OUT, t, &flushed);
     og_table_remove(s, b);
-    if (OG_LIKELY(!(tk->flags & OG_BLOCK_F_RARE)) ||
-        ((unsigned)tk->device < OG_MAX_DEVICES && tk->kind != OG_KIND_HOST && !(tk->flags & OG_KIND_F_IPC)))
-        ring_add(&s->ring, OG_EV_FREE, c->hook, tk->device, tk->size, live, t);
+    bool device_block = OG_LIKELY(!(flags & OG_BLOCK_F_RARE)) ||
+                        ((unsigned)device < OG_MAX_DEVICES && kind != OG_KIND_HOST && !(flags & OG_KIND_F_IPC));
+    if (device_block)
+        ring_add(&s->ring, OG_EV_FREE, hook, device, size, live, t);
     og_spin_unlock(&s->lock);
+    /* a failure open on the device: what this free gives back is counted once it succeeded */
+    tk->settle = device_block && OG_UNLIKELY(atomic_load_explicit(&og_episode_open[device], memory_order_relaxed));
 }
 
 /* A free the ledger did not know, or one the driver refused (og_free_end: og.h). */
@@ -554,10 +637,10 @@ void og_free_end_slow(og_call_t *c, og_taken_t *tk, CUresult r)
     }
     /* the real free failed: the block is still allocated; put it back, unchanged (neither an
      * allocation nor a free happened; its event says it is back) */
-    og_block_t nb = { tk->addr, tk->size, tk->t_ns, tk->site, tk->device, tk->kind, tk->hook, tk->flags };
     uint64_t live;
     bool flushed;
-    block_insert(&nb, OG_BLOCK_BACK, c->hook, og_ticks(), &live, &flushed);
+    block_insert(tk->addr, tk->size, tk->t_ns, tk->site, tk->device, tk->kind, tk->hook, tk->flags, OG_BLOCK_BACK,
+                 c->hook, og_ticks(), &live, &flushed);
 }
 
 /* Only an out-of-memory result is a failure: CUDA_ERROR_INVALID_VALUE (size 0, a NULL
@@ -593,18 +676,10 @@ void og_track_limit_refusal(og_call_t *c, uint64_t size, int kind)
  * memory.unmeasured says so).  Writers hold a shard for a few dozen instructions. */
 static bool reader_lock(shard_t *s)
 {
-    if (OG_LIKELY(!atomic_exchange_explicit(&s->lock.v, 1, memory_order_acquire)))
+    if (OG_LIKELY(lock_within(&s->lock, 1000000000)))
         return true;
-    uint64_t give_up = og_now_ns() + 1000000000;
-    while (atomic_load_explicit(&s->lock.v, memory_order_relaxed) ||
-           atomic_exchange_explicit(&s->lock.v, 1, memory_order_acquire)) {
-        if (og_now_ns() > give_up) {
-            og_lost(OG_LOST_SHARDS);
-            return false;
-        }
-        sched_yield();
-    }
-    return true;
+    og_lost(OG_LOST_SHARDS);
+    return false;
 }
 
 size_t og_ledger_foreach(og_block_fn fn, void *arg)

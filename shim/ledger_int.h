@@ -71,15 +71,19 @@ typedef struct og_block {
  * the out-of-line og_block_account_rare (decided once, when the block enters). */
 #define OG_BLOCK_F_RARE 0x01
 
-/* One event of a ring.  A ring has one writer at a time (its shard's lock) and readers that
- * take no lock (a dump), so the slot is a seqlock made only of atomics: seq is cleared, the
- * fields are written, seq is set to index+1; a reader keeps a slot whose seq reads index+1
- * before and after it copied the fields (the fences order the relaxed accesses in C11). */
+/* One event of a ring.  A ring has one writer at a time (its shard's lock, or the slow ring's)
+ * and a reader (a dump) that takes that lock to copy it, but must not wait for good (the holder
+ * may have died): without the lock after a second, it copies anyway, and the ring's head is
+ * the only sequence number.  The writer fills event i's slot after a release fence (a reader
+ * that sees any of it then sees head >= i) and publishes head = i + 1; such a reader re-reads
+ * head after its copy (after an acquire fence) and keeps only the events no write begun since
+ * can have reached (index + size > head).  32 bytes, four stores. */
 typedef struct {
-    _Atomic uint64_t seq; /* index+1 once written; 0 while being written */
     _Atomic uint64_t t_ns, bytes, live;
-    _Atomic uint32_t what; /* device (16 bits) | op (8) | hook (8) */
+    _Atomic int16_t device;
+    _Atomic uint8_t op, hook;
 } og_event_t;
+_Static_assert(sizeof(og_event_t) == 32, "an event is 32 bytes");
 
 /* A ring's events with their count: a reader that loads the buffer gets its size with it. */
 typedef struct {
@@ -216,21 +220,30 @@ static inline void ipc_account(og_ledger_dev_t *d, int flags, uint64_t size, int
  * when the device's total moved. */
 enum og_block_op { OG_BLOCK_IN, OG_BLOCK_OUT, OG_BLOCK_BACK };
 uint64_t og_block_account_rare(shard_t *s, const og_block_t *b, int op, uint64_t t, bool *flushed);
-static inline __attribute__((always_inline)) uint64_t og_block_account(shard_t *s, const og_block_t *b, int op,
-                                                                       uint64_t t, bool *flushed)
+/* The same with the block's fields given (from registers: a store to the shard could be to
+ * the block as far as the compiler knows, which would read them again); b for the rare kinds. */
+static inline __attribute__((always_inline)) uint64_t og_block_account_fields(shard_t *s, const og_block_t *b,
+                                                                              uint64_t size, int device, int kind,
+                                                                              int flags, int op, uint64_t t,
+                                                                              bool *flushed)
 {
     int sign = op == OG_BLOCK_OUT ? -1 : 1;
     atomic_store_explicit(&s->nblocks, atomic_load_explicit(&s->nblocks, memory_order_relaxed) + (uint64_t)sign,
                           memory_order_relaxed);
     /* plain and managed blocks (and arrays) of a known device: the common case, inline */
-    if (OG_UNLIKELY(b->flags & OG_BLOCK_F_RARE))
+    if (OG_UNLIKELY(flags & OG_BLOCK_F_RARE))
         return og_block_account_rare(s, b, op, t, flushed);
-    shard_dev_t *sd = &s->dev[b->device];
-    OG_ASSERT(sign > 0 || (sd->blocks[b->kind] > 0 && sd->bytes[b->kind] >= b->size));
-    sd->bytes[b->kind] += (uint64_t)sign * b->size;
-    sd->blocks[b->kind] += (uint64_t)sign;
+    shard_dev_t *sd = &s->dev[device];
+    OG_ASSERT(sign > 0 || (sd->blocks[kind] > 0 && sd->bytes[kind] >= size));
+    sd->bytes[kind] += (uint64_t)sign * size;
+    sd->blocks[kind] += (uint64_t)sign;
     sd->allocs += op == OG_BLOCK_IN;
-    return shard_tracked_add(s, b->device, (int64_t)sign * (int64_t)b->size, t, flushed);
+    return shard_tracked_add(s, device, (int64_t)sign * (int64_t)size, t, flushed);
+}
+static inline __attribute__((always_inline)) uint64_t og_block_account(shard_t *s, const og_block_t *b, int op,
+                                                                       uint64_t t, bool *flushed)
+{
+    return og_block_account_fields(s, b, b->size, b->device, b->kind, b->flags, op, t, flushed);
 }
 
 /* The shard's table (ledger.c).  og_table_slot: addr's slot, or the empty slot where it

@@ -56,6 +56,12 @@ void og_exit_arm(void);       /* registers the exit summary (once; from a hook, 
 void og_on_alt_stack(void (*fn)(void *), void *arg);
 void og_init_slow(void);
 
+/* A hook reached from inside the shim (e.g. while writing a dump) passes through. */
+static inline void og_guard_enter(og_call_t *c)
+{
+    c->active = (og_in_shim == 0);
+    og_in_shim++;
+}
 static inline void og_enter(og_call_t *c, int hook, void *caller)
 {
     c->hook = hook;
@@ -63,9 +69,7 @@ static inline void og_enter(og_call_t *c, int hook, void *caller)
     c->caller = caller;
     if (OG_UNLIKELY(!atomic_load_explicit(&og_ready, memory_order_acquire)))
         og_init_slow();
-    /* A hook reached from inside the shim (e.g. while writing a dump) passes through. */
-    c->active = (og_in_shim == 0);
-    og_in_shim++;
+    og_guard_enter(c);
 }
 static inline void og_leave(og_call_t *c) { og_in_shim--; }
 
@@ -196,8 +200,10 @@ int og_current_device(void);
 int og_pointer_device(uintptr_t addr); /* device ordinal of a device pointer, -1 */
 CUmemoryPool og_device_current_pool(int device);
 void og_track_alloc(og_call_t *c, uintptr_t addr, uint64_t size, int kind);
+void og_track_plain(og_call_t *c, uintptr_t addr, uint64_t size, int kind); /* OG_KIND_PLAIN or _MANAGED, no flag */
 typedef struct og_taken {
     bool found;
+    bool settle;               /* a successful free still has something to do after the real call (og_free_end) */
     uint64_t addr, size, t_ns; /* from addr on: the ledger's block, as it was (one copy) */
     uint32_t site;
     int8_t device;
@@ -352,14 +358,12 @@ static inline void og_note_free(int device, uint64_t bytes, uint32_t site)
         OG_UNLIKELY(atomic_load_explicit(&og_episode_open[device], memory_order_relaxed)))
         og_on_free(device, bytes, site);
 }
-/* After the real free (ledger.c): inline for the common case, a block found and freed. */
+/* After the real free (ledger.c): inline for the common case, a block found and freed with
+ * nothing left to do (og_free_begin decided it: no failure open on its device). */
 static inline void og_free_end(og_call_t *c, og_taken_t *tk, CUresult r)
 {
-    if (OG_LIKELY(tk->found && r == CUDA_SUCCESS)) {
-        if (tk->kind != OG_KIND_HOST && !(tk->flags & OG_KIND_F_IPC))
-            og_note_free(tk->device, tk->size, tk->site);
+    if (OG_LIKELY(!tk->settle && r == CUDA_SUCCESS))
         return;
-    }
     og_free_end_slow(c, tk, r);
 }
 
