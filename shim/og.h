@@ -301,9 +301,12 @@ extern OG_TLS struct og_site_last {
     void *caller;
     uint32_t id;
 } og_site_last;
+uint32_t og_stack_capture(void *caller); /* OOMGUARD_STACK_DEPTH > 0: the thread's cached chains, else unwinds */
 static inline uint32_t og_site_capture(void *caller)
 {
-    if (og_opt.stack_depth == 0 && caller == og_site_last.caller && og_site_last.id)
+    if (og_opt.stack_depth != 0)
+        return og_stack_capture(caller);
+    if (caller == og_site_last.caller && og_site_last.id)
         return og_site_last.id;
     return og_site_capture_slow(caller);
 }

@@ -352,6 +352,7 @@ typedef struct {
 typedef struct {
     uintptr_t fp; /* capturing frame; 0 while empty or being written */
     void *caller;
+    void *ret; /* the capturing frame's return address: which function of the shim captured */
     uint32_t site;
     int nslots;
     slot_t slot[]; /* chain_slots entries */
@@ -415,19 +416,23 @@ OG_NO_SANITIZE static inline uintptr_t slot_diff(const slot_t *s)
 {
     return *(const volatile uintptr_t *)s->addr ^ s->val;
 }
-OG_NO_SANITIZE static inline bool chain_hit(const chain_t *e, uintptr_t fp, void *caller)
+OG_NO_SANITIZE static inline bool chain_hit(const chain_t *e, uintptr_t fp, void *caller, void *ret)
 {
-    if (e->fp != fp || e->caller != caller)
+    if (e->fp != fp || e->caller != caller || e->ret != ret)
         return false;
     /* Every word compared, without a branch per word (a hit reads them all anyway; a miss
      * costs a full unwind).  Reading past a changed word is safe: the words lie in this
      * thread's stack above fp, where the recorded unwind read them. */
     const slot_t *p = e->slot, *end = p + e->nslots;
     uintptr_t diff = 0;
-    for (; end - p >= 4; p += 4)
+    if (e->nslots & 1)
+        diff = slot_diff(p++);
+    if (e->nslots & 2) {
+        diff |= slot_diff(p) | slot_diff(p + 1);
+        p += 2;
+    }
+    for (; p < end; p += 4) /* the rest: a multiple of four */
         diff |= slot_diff(p) | slot_diff(p + 1) | slot_diff(p + 2) | slot_diff(p + 3);
-    for (; p < end; p++)
-        diff |= slot_diff(p);
     return diff == 0;
 }
 
@@ -540,8 +545,11 @@ static inline uint32_t site_of_frames(const uintptr_t *frames, int n, bool *repe
     return s->id;
 }
 
-/* Unwinds from its own frame (the chain cache keys on it): never inlined. */
-static __attribute__((noinline)) uint32_t site_capture_unwound(void *caller, int depth)
+/* A capture the thread's chains did not serve: unwinds, finds the site and, for a stack seen
+ * before, records a chain for the capturing frame `fp` (og_stack_capture's).  Its 1 KiB of
+ * frame buffers stay out of the capturing function. */
+static __attribute__((noinline)) uint32_t site_capture_unwound(void *caller, int depth, uintptr_t fp, void *ret,
+                                                               unsigned set)
 {
     uintptr_t buf[OG_MAX_FRAMES + 8];
     const uintptr_t *frames = buf;
@@ -549,18 +557,7 @@ static __attribute__((noinline)) uint32_t site_capture_unwound(void *caller, int
     /* The thread's chain cache exists once it captured a stack it had seen before (below): a
      * thread that allocates once never pays for one. */
     chain_cache_t *cc = og_stack_cache_enabled ? tls_chains : NULL;
-    uintptr_t fp = (uintptr_t)__builtin_frame_address(0);
-    unsigned set = chain_set(fp, caller);
     bool can_record = og_stack_cache_enabled;
-    if (cc) {
-        for (unsigned w = 0; w < CHAIN_WAYS; w++) {
-            const chain_t *e = chain_at(cc, set, w);
-            if (chain_hit(e, fp, caller)) {
-                og_stack_chain_hits++;
-                return e->site;
-            }
-        }
-    }
     /* the first frame is this function's own; a thread without a chain cache (it has not
      * repeated a stack yet) walks without libunwind's per-thread trace cache */
     n = cc ? unw_backtrace((void **)buf, depth + 8) : og_walk_backtrace((void **)buf, depth + 8);
@@ -595,12 +592,41 @@ static __attribute__((noinline)) uint32_t site_capture_unwound(void *caller, int
     rn = keep_frames(raw, rn, caller, depth, &rskip);
     /* kept only if the two unwinders agree on the frames */
     if (nslots >= 0 && rn == n && memcmp(raw + rskip, frames, (size_t)n * sizeof raw[0]) == 0) {
-        e->nslots = slot_end[rskip + n - 1]; /* only the words the kept frames depend on */
+        /* Only the words the kept frames depend on: those read up to the last kept frame's
+         * return address (slot_end[k]: up to frame k + 1's).  With fewer frames than the depth
+         * the words read after it count too: they ended the stack there. */
+        int last = rskip + n - 1 - (n == depth);
+        e->nslots = last >= 0 ? slot_end[last] : 0;
         e->caller = caller;
+        e->ret = ret;
         e->site = id;
         __atomic_signal_fence(__ATOMIC_SEQ_CST);
         e->fp = fp;
     }
+    return id;
+}
+
+/* OOMGUARD_STACK_DEPTH > 0 (og_site_capture, og.h): the capturing frame.  A stack the thread
+ * unwound before, from this frame address and the same caller, with every word its unwind
+ * read unchanged, is the same site; else site_capture_unwound.  Kept small: a hit is this
+ * function alone. */
+__attribute__((noinline)) uint32_t og_stack_capture(void *caller)
+{
+    uintptr_t fp = (uintptr_t)__builtin_frame_address(0);
+    void *ret = __builtin_return_address(0);
+    unsigned set = chain_set(fp, caller);
+    chain_cache_t *cc = tls_chains;
+    if (OG_LIKELY(cc) && OG_LIKELY(og_stack_cache_enabled)) {
+        for (unsigned w = 0; w < CHAIN_WAYS; w++) {
+            const chain_t *e = chain_at(cc, set, w);
+            if (chain_hit(e, fp, caller, ret)) {
+                og_stack_chain_hits++;
+                return e->site;
+            }
+        }
+    }
+    uint32_t id = site_capture_unwound(caller, (int)og_opt.stack_depth, fp, ret, set);
+    __asm__ volatile("" : : "r"(id)); /* not a tail call: the unwind starts below this frame */
     return id;
 }
 
@@ -610,9 +636,8 @@ OG_TLS struct og_site_last og_site_last;
 
 uint32_t og_site_capture_slow(void *caller)
 {
-    int depth = (int)og_opt.stack_depth;
-    if (depth > 0)
-        return site_capture_unwound(caller, depth);
+    if (og_opt.stack_depth > 0)
+        return og_stack_capture(caller);
     uintptr_t f = (uintptr_t)caller;
     bool repeated;
     uint32_t id = site_of_frames(&f, 1, &repeated);
