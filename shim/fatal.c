@@ -7,9 +7,10 @@
  * chains to what was installed before: a program handler still runs, an ignored signal
  * stays ignored, and a default one still kills with the same signal (exit status, core).
  * A program that installs its own handler later simply replaces ours.  Everything done in
- * a handler is async-signal-safe (write, unlinkat, sigaction, sigpending, raise).  A signal a
- * program handler deals with (a runtime that faults on purpose) is no end: only one that will
- * end the process marks it dying (ends_after_handler). */
+ * a handler is async-signal-safe (write, unlinkat, sigaction, raise).  A signal a program
+ * handler deals with (a runtime that faults on purpose, even one that then resets the signal to
+ * its default action) is no end: only a signal whose action is the end marks the process dying
+ * (after_handler). */
 #include "og.h"
 
 #include <errno.h>
@@ -28,32 +29,54 @@ static bool is_fault(int sig)
     return sig == SIGSEGV || sig == SIGBUS || sig == SIGFPE || sig == SIGILL || sig == SIGABRT;
 }
 
-/* After a program handler returned: will this signal still end the process?  Only when it is
- * left to its default action (the handler reset it, or it was one-shot) and it comes again:
- * re-raised (pending now), or a hardware fault, whose instruction runs again on return.  A
- * handler that fixed the fault and returned (a JVM's null check, a Julia safepoint, a wasm
- * bounds check), or one that left by siglongjmp (never returning here), leaves no mark: the
- * process is not dying, nothing is printed, later dumps go where they always go. */
-static bool ends_after_handler(int sig, const siginfo_t *si)
+static void on_fatal(int sig, siginfo_t *si, void *uc);
+static int install(int sig, struct sigaction *old)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_fatal;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    return sigaction(sig, &sa, old);
+}
+
+/* Does `a` end the process when the signal comes?  The default action does; so does an ignored
+ * hardware fault: its instruction runs again and the kernel, which cannot skip it, kills with the
+ * default action. */
+static bool ends(const struct sigaction *a, bool hw_fault)
+{
+    if (a->sa_flags & SA_SIGINFO)
+        return false;
+    return a->sa_handler == SIG_DFL || (hw_fault && a->sa_handler == SIG_IGN);
+}
+
+/* After a program handler returned, leaving the signal to its default action (it reset it, or it
+ * was one-shot) or ignored: whether the process ends is not known here.  A handler that fixed the
+ * fault (a JVM's null check, a Julia safepoint, a wasm bounds check) lets the instruction run
+ * again, fine now; one that did not, or that re-raised, is followed by the same signal at once.
+ * So nothing is marked now: this handler goes back in front of what the program chose, and
+ * prints only if the signal comes again and its action is the end.  A handler that left by
+ * siglongjmp never returns here; one that installed a handler of its own is left alone. */
+static void after_handler(int sig, bool hw_fault)
 {
     struct sigaction now;
-    if (sigaction(sig, NULL, &now) != 0 || (now.sa_flags & SA_SIGINFO) || now.sa_handler != SIG_DFL)
-        return false;
-    sigset_t pend;
-    if (sigpending(&pend) == 0 && sigismember(&pend, sig))
-        return true;
-    return si && si->si_code > 0 && is_fault(sig) && sig != SIGABRT;
+    if (sigaction(sig, NULL, &now) != 0 || !ends(&now, hw_fault))
+        return;
+    prev[sig] = now;
+    install(sig, NULL);
 }
 
 static void on_fatal(int sig, siginfo_t *si, void *uc)
 {
     int saved = errno;
     const struct sigaction *p = &prev[sig];
-    bool dfl = !(p->sa_flags & SA_SIGINFO) && p->sa_handler == SIG_DFL;
+    /* a hardware fault re-executes its instruction on return; a sent signal does not */
+    bool hw_fault = si && si->si_code > 0 && is_fault(sig) && sig != SIGABRT;
+    bool end = ends(p, hw_fault);
     /* the default action is the end; a program handler may carry on (handled faults, a TERM
      * handler that cleans up): then the end is decided once it returns, or by its exit(),
      * _exit() or abort(), which print themselves */
-    if (dfl) {
+    if (end) {
         og_dump_fatal();
         og_live_exit();
     }
@@ -67,32 +90,25 @@ static void on_fatal(int sig, siginfo_t *si, void *uc)
     if (p->sa_flags & SA_SIGINFO) {
         if (p->sa_sigaction)
             p->sa_sigaction(sig, si, uc);
-    } else if (p->sa_handler == SIG_DFL) {
+    } else if (end) {
         sigaction(sig, p, NULL);
         /* a sent signal (kill, raise, abort) is sent again and kills once we return; a
-         * hardware fault re-executes the instruction and faults again, now by default */
-        if (!si || si->si_code <= 0 || !is_fault(sig))
+         * hardware fault re-executes the instruction and faults again, now by its own action */
+        if (!hw_fault)
             raise(sig);
-    } else if (p->sa_handler != SIG_IGN) {
+    } else if (p->sa_handler != SIG_IGN && p->sa_handler != SIG_DFL) {
         p->sa_handler(sig);
     }
-    if (!dfl && ends_after_handler(sig, si)) {
-        og_dump_fatal();
-        og_live_exit();
-    }
+    if (!end)
+        after_handler(sig, hw_fault);
     errno = saved;
 }
 
 static void arm(void)
 {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_sigaction = on_fatal;
-    sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
-    sigemptyset(&sa.sa_mask);
     for (size_t i = 0; i < sizeof fatal_sigs / sizeof *fatal_sigs; i++) {
         int sig = fatal_sigs[i];
-        if (sigaction(sig, &sa, &prev[sig]) != 0)
+        if (install(sig, &prev[sig]) != 0)
             continue;
         /* ignored (nohup's SIGHUP): stays ignored */
         if (!(prev[sig].sa_flags & SA_SIGINFO) && prev[sig].sa_handler == SIG_IGN)

@@ -70,6 +70,8 @@ static void on_segv_once(int sig, siginfo_t *si, void *uc)
 static char *guard_page;
 static sigjmp_buf fault_jmp;
 static volatile int fault_by_jump;
+static volatile int fault_reset;             /* set: once fixed, the handler leaves the signal to fault_reset_to */
+static void (*volatile fault_reset_to)(int); /* SIG_DFL or SIG_IGN */
 static void on_planned_fault(int sig, siginfo_t *si, void *uc)
 {
     if ((char *)si->si_addr != guard_page)
@@ -77,6 +79,8 @@ static void on_planned_fault(int sig, siginfo_t *si, void *uc)
     if (fault_by_jump)
         siglongjmp(fault_jmp, 1);
     mprotect(guard_page, 4096, PROT_READ | PROT_WRITE); /* fixed: the write runs again, now fine */
+    if (fault_reset)
+        signal(sig, fault_reset_to); /* a handler for one fault: SIG_DFL or SIG_IGN from now on */
 }
 static void planned_faults_setup(void) /* at start-up, as a runtime does: before any failure */
 {
@@ -281,6 +285,24 @@ int main(int argc, char **argv)
         cudaSetDevice(0);
         if (cudaMalloc(&p, 48 * GiB) == cudaSuccess)
             return 90;
+        return 3;
+    } else if (!strcmp(mode, "fixreset")) {
+        /* a failure, then one fault the program's handler fixes before it resets SIGSEGV to its
+         * default action (argv[2] "dfl") or to ignored ("ign") and returns: the program goes on.
+         * A failure after it is dumped where dumps go; then a real crash ends the process. */
+        void *p;
+        planned_faults_setup();
+        fail(0);
+        fault_reset_to = !strcmp(argc > 2 ? argv[2] : "dfl", "ign") ? SIG_IGN : SIG_DFL;
+        fault_reset = 1;
+        planned_faults(1);
+        fprintf(stderr, "faults handled\n");
+        recover(1, fail_only(1));
+        cudaSetDevice(0);
+        if (cudaMalloc(&p, 48 * GiB) == cudaSuccess)
+            return 90;
+        volatile uintptr_t addr = 8;
+        *(volatile int *)addr = 1;
         return 3;
     } else if (!strcmp(mode, "snapshot")) {
         /* N failures on device 0 while 4 threads allocate and free there; each dump copied */

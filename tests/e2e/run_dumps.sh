@@ -180,6 +180,26 @@ for fs in tmpfile no_tmpfile; do
              [ -z "$(ls -A "$d/tmp")" ]; echo $?) \
         "[$fs] 1000 SIGSEGVs the program handles, then a failure: summary printed $n time(s), after them ($first > $mark), dump '$st' in OOMGUARD_DIR, $(ls -A "$d/tmp" | wc -l) in TMPDIR"
 done
+# the handler fixes the fault, resets SIGSEGV to SIG_DFL or SIG_IGN and returns: the program goes on,
+# so nothing is printed then and the next failure's dump goes where dumps go; a real crash after it
+# (by the default action, or by the kernel for an ignored fault) still prints the summary, once
+for reset in dfl ign; do
+    for fs in tmpfile no_tmpfile; do
+        d=$(fresh "fixreset-$reset-$fs"); mkdir -p "$d/tmp"
+        (cd "$d" && timeout 20 "$prog" fixreset $reset >/dev/null 2>&1); want=$?
+        pre=$PRELOAD; [ $fs = no_tmpfile ] && pre="$PRELOAD $root/$B/tests/libno_tmpfile.so"
+        (cd "$d" && env LD_PRELOAD="$pre" OOMGUARD_DIR="$d" TMPDIR="$d/tmp" timeout 20 "$prog" fixreset $reset \
+            >"$d/out" 2>&1); rc=$?
+        n=$(summaries "$d/out")
+        first=$(grep -n -m1 "^oomguard: .* failed: " "$d/out" | cut -d: -f1)
+        mark=$(grep -n -m1 "^faults handled" "$d/out" | cut -d: -f1)
+        st=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["status"], d["event"]["requested_bytes"] >> 30)' \
+             "$d"/oomguard-*.json 2>/dev/null)
+        result $([ $rc = $want ] && [ $want != 0 ] && [ "$n" = 1 ] && [ "${first:-0}" -gt "${mark:-0}" ] &&
+                 [ "$st" = "oom 48" ] && [ -z "$(ls -A "$d/tmp")" ]; echo $?) \
+            "[$fs] a fault fixed, SIGSEGV reset to $reset, then a failure and a crash: exit $rc as without oomguard ($want), summary printed $n time(s), after the fault ($first > $mark), dump '$st' in OOMGUARD_DIR, $(ls -A "$d/tmp" | wc -l) in TMPDIR"
+    done
+done
 d=$(fresh sum-twodev)
 shim env OOMGUARD_DIR="$d" "$prog" twodev >"$d/out" 2>&1
 n=$(summaries "$d/out"); dev=$(grep "^oomguard: .* failed: " "$d/out" | grep -o "on device [0-9]*")
