@@ -48,7 +48,8 @@ static _Atomic uint64_t warnings[OG_MAX_DEVICES];
 
 void og_live_kick(void)
 {
-    if (!atomic_load_explicit(&started, memory_order_relaxed))
+    /* acquire: wake_cond was made before `started` was set (og_live_ensure) */
+    if (!atomic_load_explicit(&started, memory_order_acquire))
         return;
     atomic_store(&kicked, 1);
     pthread_mutex_lock(&wake_lock);
@@ -489,10 +490,14 @@ static void cond_init(void)
 
 void og_live_ensure(void)
 {
-    if (atomic_load_explicit(&started, memory_order_relaxed) || !og_opt.live || atomic_exchange(&started, 1))
+    if (atomic_load_explicit(&started, memory_order_relaxed) || !og_opt.live)
         return;
+    /* the condition first, `started` after: a failure in another thread kicks (signals it) as
+     * soon as it sees `started` */
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, cond_init);
+    if (atomic_exchange(&started, 1))
+        return;
     page_pid = (int)getpid();
     sigset_t all, old;
     sigfillset(&all);

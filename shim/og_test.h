@@ -6,7 +6,7 @@
 #include "og.h"
 
 #pragma GCC visibility push(hidden)
-extern bool og_stack_cache_enabled;         /* false: every capture is a full unwind */
+extern OG_TLS bool og_stack_cache_enabled;  /* false: this thread's captures are full unwinds */
 extern int og_stack_record_cost;            /* captures between two chain recordings (tests: 0) */
 extern OG_TLS uint64_t og_stack_chain_hits; /* captures the chain cache served */
 #pragma GCC visibility pop

@@ -365,9 +365,9 @@ typedef struct {
 } chain_cache_t;
 
 static OG_TLS chain_cache_t *tls_chains;
-static OG_TLS bool tls_chains_dead;  /* the thread is exiting: its cache was freed */
-bool og_stack_cache_enabled = true;  /* tests compare against the full unwind */
-OG_TLS uint64_t og_stack_chain_hits; /* captures served from the cache (tests) */
+static OG_TLS bool tls_chains_dead;        /* the thread is exiting: its cache was freed */
+OG_TLS bool og_stack_cache_enabled = true; /* tests compare against the full unwind (per thread) */
+OG_TLS uint64_t og_stack_chain_hits;       /* captures served from the cache (tests) */
 
 static void chains_free(void *p)
 {

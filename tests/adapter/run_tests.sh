@@ -73,6 +73,10 @@ adapter() { PYTHONPATH="$AD:$FT" "$@"; }
 # without the adapter: the shim itself would put it on PYTHONPATH in a Python process
 noadapter() { OOMGUARD_PYTHON_ADAPTER=0 PYTHONPATH="$FT" "$@"; }
 noshim() { LD_PRELOAD="$NOSHIM_PRELOAD" "$@"; }
+# needs_no_tsan WHY: a test that cannot run in the TSan build (docs/testing.md) is skipped there
+needs_no_tsan() {
+    if [ "${SANITIZE:-}" = thread ]; then echo "not under TSan: $1"; exit 77; fi
+}
 fail_if() { if eval "$1"; then echo "failed: $2"; return 1; fi; }
 # field FILE EXPR: a value from a JSON file (EXPR indexes d)
 field() { "$PYTHON" -c "import json,sys; d=json.load(open(sys.argv[1])); print($2)" "$1"; }
@@ -208,6 +212,7 @@ t_idempotent() {
 t "sitecustomize + import twice + activate() + install(): one observer" t_idempotent
 
 t_noshim() {
+    needs_no_tsan "this Python crashes with the TSan runtime preloaded alone (python3 -c 'print(1)': SIGSEGV)"
     # no LD_PRELOAD: the adapter must not say or change anything, even with OOMGUARD_VERBOSE=1
     OOMGUARD_VERBOSE=1 noshim adapter "$PYTHON" "$JOB" oom-uncaught > a.out 2> a.err; local ra=$?
     OOMGUARD_VERBOSE=1 noshim noadapter "$PYTHON" "$JOB" oom-uncaught > b.out 2> b.err; local rb=$?
@@ -613,6 +618,7 @@ t_query_released() {
 t "query: the GIL released around cudaMalloc (ctypes.CDLL): not asked, and the dump says why" t_query_released
 
 t_standins_alone() {
+    needs_no_tsan "loads the TSan-built simulated GPU into a Python without the TSan runtime (static TLS block)"
     # each stand-in imports with only its own directory on sys.path, also through a relative,
     # unnormalised path (as tests/scenarios' cases give it), and reaches the simulated GPU through
     # the shared helpers (fake_common), which are no top-level module of their own
@@ -693,6 +699,7 @@ t_struct_sizes() {
 t "a struct of the size before autocast was added is accepted; autocast only read when it is covered" t_struct_sizes
 
 t_bench_stacks() {
+    needs_no_tsan "loads the TSan-built simulated GPU into a Python without the TSan runtime (static TLS block)"
     # the per-allocation cost of OOMGUARD_PYTHON_STACKS (docs/python-adapters.md): it runs, the
     # history records frames only when on, and it prints both figures
     PYTHONPATH="$FT" "$PYTHON" "$ROOT/tests/adapter/bench_python_stacks.py" 2000 20 > out || { cat out; return 1; }

@@ -102,13 +102,13 @@ static void planned_faults(int n)
 }
 
 /* Allocates and frees blocks of 1-64 MiB on device 0 until told to stop. */
-static volatile int churn_stop;
+static int churn_stop; /* atomic: read by the churners while main sets it */
 static void *churner(void *arg)
 {
     unsigned seed = (unsigned)(uintptr_t)arg;
     void *held[16] = { 0 };
     cudaSetDevice(0);
-    while (!churn_stop) {
+    while (!__atomic_load_n(&churn_stop, __ATOMIC_ACQUIRE)) {
         int k = (int)(rand_r(&seed) % 16);
         if (held[k]) {
             cudaFree(held[k]);
@@ -150,6 +150,18 @@ static void *alloc_in_thread(void *arg)
     if (r == cudaSuccess)
         cudaFree(p);
     return (void *)(intptr_t)r;
+}
+
+/* alloc_in_thread on a thread that first notes the stack it was given (a sanitizer may enlarge it) */
+static size_t small_stack_got;
+static void *alloc_in_small_thread(void *arg)
+{
+    pthread_attr_t at;
+    if (pthread_getattr_np(pthread_self(), &at) == 0) {
+        pthread_attr_getstacksize(&at, &small_stack_got);
+        pthread_attr_destroy(&at);
+    }
+    return alloc_in_thread(arg);
 }
 
 /* The most stack a thread running fn used: it runs on a stack of ours, filled with a pattern first. */
@@ -316,7 +328,7 @@ int main(int argc, char **argv)
             copy_dump(i);
             usleep(2000);
         }
-        churn_stop = 1;
+        __atomic_store_n(&churn_stop, 1, __ATOMIC_RELEASE);
         for (int i = 0; i < 4; i++)
             pthread_join(t[i], NULL);
         return 0;
@@ -327,10 +339,10 @@ int main(int argc, char **argv)
         void *r = NULL;
         pthread_attr_init(&at);
         if (pthread_attr_setstacksize(&at, (size_t)atol(argv[2])) != 0 ||
-            pthread_create(&t, &at, alloc_in_thread, "") != 0)
+            pthread_create(&t, &at, alloc_in_small_thread, "") != 0)
             return 5;
         pthread_join(t, &r);
-        printf("small stack: %d\n", (int)(intptr_t)r);
+        printf("small stack: %d, the thread's stack %zu bytes\n", (int)(intptr_t)r, small_stack_got);
         return (intptr_t)r == cudaErrorMemoryAllocation ? 3 : 4;
     } else if (!strcmp(mode, "stackuse")) {
         /* the stack a successful allocation uses, and a failing one (its dump included) */
