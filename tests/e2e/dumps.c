@@ -349,6 +349,36 @@ int main(int argc, char **argv)
         size_t ok = stack_used(alloc_in_thread, NULL), failed = stack_used(alloc_in_thread, "");
         printf("stack: allocation %zu failure %zu\n", ok, failed);
         return 0;
+    } else if (!strcmp(mode, "untouched")) {
+        /* allocations that succeed leave every signal's disposition as it was; the first failure
+         * arms the shim's handlers for those not ignored (printed: armed N of M) */
+        static const int sigs[] = { SIGABRT, SIGSEGV, SIGBUS,  SIGFPE,  SIGILL, SIGTERM,
+                                    SIGINT,  SIGHUP,  SIGQUIT, SIGPIPE, SIGXCPU };
+        enum { NS = sizeof sigs / sizeof *sigs };
+        struct sigaction was[NS], now;
+        void *p;
+        int changed = 0, armed = 0, armable = 0;
+        for (int i = 0; i < NS; i++) {
+            sigaction(sigs[i], NULL, &was[i]);
+            armable += (was[i].sa_flags & SA_SIGINFO) || was[i].sa_handler != SIG_IGN;
+        }
+        for (int d = 0; d < 2; d++) {
+            cudaSetDevice(d);
+            if (cudaMalloc(&p, 256ull << 20) != cudaSuccess)
+                return 4;
+            cudaFree(p);
+        }
+        for (int i = 0; i < NS; i++) {
+            sigaction(sigs[i], NULL, &now);
+            changed += now.sa_handler != was[i].sa_handler || now.sa_flags != was[i].sa_flags;
+        }
+        fail(0);
+        for (int i = 0; i < NS; i++) {
+            sigaction(sigs[i], NULL, &now);
+            armed += now.sa_handler != was[i].sa_handler;
+        }
+        printf("dispositions changed before a failure: %d, armed after it: %d of %d\n", changed, armed, armable);
+        return changed == 0 && armed == armable ? 0 : 4;
     } else if (!strcmp(mode, "plain")) {
         void *p;
         for (int d = 0; d < 2; d++) {

@@ -168,6 +168,11 @@ for m in abort term _exit segv handler oneshot; do
     result $([ "$n" = 1 ] && [ $rc = $want ] && [ "$h" -le 1 ]; echo $?) \
         "dies by $m: summary printed $n time(s), exit $rc as without oomguard ($want), program handler ran $h time(s)"
 done
+# a program that never fails keeps its signal dispositions: the handlers are installed at the first failure
+d=$(fresh untouched)
+out=$(shim env OOMGUARD_DIR="$d" OOMGUARD_QUIET=1 "$prog" untouched 2>&1); rc=$?
+result $([ $rc = 0 ]; echo $?) \
+    "successful allocations leave the fatal signals' dispositions untouched, the first failure arms those not ignored (${out##*: })"
 # a runtime that faults on purpose (its own SIGSEGV handler fixes the page or siglongjmps) is not dying:
 # 1000 handled faults print nothing, and the failure after them is dumped where dumps go (with and
 # without O_TMPFILE, where a process marked dying could only print its dump on stderr)
