@@ -335,9 +335,15 @@ mkdir -p "$T/shared"
 has "run lists its own dump in a shared directory" "$T/err" "oomguard: 1 dump written: $T/shared/oomguard-mine-"
 hasnt "run does not list another rank's dump" "$T/err" "oomguard-peer-999999.json"
 hasnt "run does not list another host's dump with the same pid" "$T/err" "oomguard-node2-"
-# signals sent to oomguard reach the command: it exits with the status its trap for that signal gives
+# signals sent to oomguard reach the command: it exits with the status its trap for that signal gives.
+# Not under TSan: its waitpid interceptor is not a blocking one, so a signal that arrives while
+# oomguard waits is deferred until the next intercepted call, which never comes (docs/testing.md)
 for sig_status in TERM:42 USR1:43; do
     sig=${sig_status%:*} status=${sig_status#*:}
+    if [ "${SANITIZE:-}" = thread ]; then
+        skip "run forwards SIG$sig to the command" "not under TSan: a signal during waitpid is deferred"
+        continue
+    fi
     "$OG" run sh -c "trap 'exit $status' $sig; echo ready; while :; do sleep 0.05; done" >"$T/out" 2>&1 &
     pid=$!
     for _ in $(seq 1 100); do grep -q ready "$T/out" 2>/dev/null && break; sleep 0.05; done

@@ -13,7 +13,7 @@
 
 static int passed, failed;
 static _Atomic int mismatches;
-static volatile int sink;
+static __thread volatile int sink; /* per thread: two threads unwind at once */
 
 static void check(bool ok, const char *what)
 {
