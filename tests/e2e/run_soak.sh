@@ -26,7 +26,7 @@ soak() {   # soak NAME BUILD RUNTIME_LIB [VAR=VALUE...]
     local rc=$?
     if [ $rc = 0 ] && ! grep -q "Sanitizer\|runtime error" "$work/$name.log"; then
         pass=$((pass + 1)); echo "PASS  $name: $THREADS threads x 2 devices x $OPS ops ($((SECONDS - start)) s)"
-        grep "^dev " "$work/$name.log" | sed 's/^/      /'
+        grep -E "^dev |^ledger consistency" "$work/$name.log" | sed 's/^/      /'
     else
         fail=$((fail + 1)); echo "FAIL  $name (exit $rc)"; tail -n 40 "$work/$name.log" | sed 's/^/      | /'
     fi
