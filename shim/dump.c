@@ -10,6 +10,7 @@
 #include "record.h"
 #include "strbuf.h"
 #include "dump_render.h"
+#include "symfill.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -62,6 +63,22 @@ static const char *field(esc_pool_t *pool, const char *s)
 }
 #define T(s) field(&pool, (s))
 
+/* "#N function  file:line  in lib+0xoff": names resolved in this process when known by now
+ * (symfill.c), else the dynamic symbol, else "?" */
+static void text_frame(og_sb_t *sb, esc_pool_t *pool, int n, const og_frame_t *f)
+{
+    const og_symfill_ent_t *e = og_symfill_get(f->ip);
+    const char *fn = e && e->function[0] ? e->function : f->symbol[0] ? f->symbol : "?";
+    og_sb_printf(sb, "      #%d %s", n, field(pool, fn));
+    if (e && e->inlined && e->inlined_into[0])
+        og_sb_printf(sb, " (inlined into %s)", field(pool, e->inlined_into));
+    if (e && e->file[0] && e->line > 0) {
+        const char *base = strrchr(e->file, '/');
+        og_sb_printf(sb, "  %s:%d", field(pool, base ? base + 1 : e->file), e->line);
+    }
+    og_sb_printf(sb, " in %s+0x%llx\n", field(pool, f->library), (unsigned long long)f->offset);
+}
+
 static void render_text(const og_record_t *r, og_sb_t *sb)
 {
     char hb[8][32];
@@ -100,6 +117,11 @@ static void render_text(const og_record_t *r, og_sb_t *sb)
             og_sb_printf(sb, "%s  %s:%d in %s\n", i ? "" : "Python stack (innermost first):\n",
                          T(r->memory.fw.py_frames[i].file), r->memory.fw.py_frames[i].line,
                          T(r->memory.fw.py_frames[i].function));
+        for (int i = 0; i < r->event.nframes && i < 12; i++) {
+            if (!i)
+                og_sb_puts(sb, "native stack (innermost first):\n");
+            text_frame(sb, &pool, i, &r->event.frames[i]);
+        }
     }
     og_sb_printf(sb, "device %d: %s (compute capability %d.%d), total %s, free %s", r->device.index, T(r->device.name),
                  r->device.cc_major, r->device.cc_minor, H(r->device.total_bytes), H(r->device.free_bytes));
@@ -183,8 +205,7 @@ static void render_text(const og_record_t *r, og_sb_t *sb)
             og_sb_printf(sb, "  %s in %llu block%s via %s from %s\n", H(t->bytes), (unsigned long long)t->blocks,
                          t->blocks == 1 ? "" : "s", t->api, T(t->library));
             for (int f = 0; f < t->nframes && f < 8; f++)
-                og_sb_printf(sb, "      #%d %s%s%s+0x%llx\n", f, t->frames[f].symbol[0] ? T(t->frames[f].symbol) : "?",
-                             " in ", T(t->frames[f].library), (unsigned long long)t->frames[f].offset);
+                text_frame(sb, &pool, f, &t->frames[f]);
         }
     }
     for (int i = 0; i < pool.n; i++)
@@ -621,6 +642,7 @@ static int severity(const char *status)
 }
 static pthread_mutex_t write_lock = PTHREAD_MUTEX_INITIALIZER;
 static atomic_int written_severity = -1; /* written under write_lock; read anywhere */
+static atomic_uint written_gen;          /* +1 per dump written (under write_lock): symfill.c's rewrite check */
 static atomic_int written_device = -1;
 
 static bool severity_allows(int sev, int device)
@@ -680,8 +702,20 @@ static void name_part(char *out, size_t n, const char *host)
         snprintf(out, n, "unknown");
 }
 
-/* Writes both files (budget already taken); `path` gets the JSON path, "" when all failed. */
-static void write_dump(const og_record_t *r, char *path, size_t pathlen)
+/* The file name of a record's dump, without directory and extension. */
+static void dump_base(const og_record_t *r, char *base, size_t n)
+{
+    char host[65];
+    name_part(host, sizeof host, r->host);
+    if (r->rank >= 0)
+        snprintf(base, n, "oomguard-%s-%d-rank%ld", host, r->pid, r->rank);
+    else
+        snprintf(base, n, "oomguard-%s-%d", host, r->pid);
+}
+
+/* Writes both files (budget already taken); `path` gets the JSON path, "" when all failed;
+ * *gen the generation written. */
+static void write_dump(const og_record_t *r, char *path, size_t pathlen, unsigned *gen)
 {
     path[0] = 0;
     og_fatal_arm();
@@ -692,12 +726,8 @@ static void write_dump(const og_record_t *r, char *path, size_t pathlen)
         og_warn("could not render the dump (out of host memory)");
         goto out;
     }
-    char base[512], host[65];
-    name_part(host, sizeof host, r->host);
-    if (r->rank >= 0)
-        snprintf(base, sizeof base, "oomguard-%s-%d-rank%ld", host, r->pid, r->rank);
-    else
-        snprintf(base, sizeof base, "oomguard-%s-%d", host, r->pid);
+    char base[512];
+    dump_base(r, base, sizeof base);
     /* a snapshot on request has a file of its own: it never replaces a failure's evidence,
      * and the next snapshot replaces it */
     bool snap = strcmp(r->status, "snapshot") == 0;
@@ -730,6 +760,8 @@ static void write_dump(const og_record_t *r, char *path, size_t pathlen)
                 atomic_store(&written_severity, severity(r->status));
                 atomic_store(&written_device, r->event.device);
             }
+            /* a snapshot is a file of its own: the failure's dump is still the newest one */
+            *gen = snap ? atomic_load(&written_gen) : atomic_fetch_add(&written_gen, 1) + 1;
             pthread_mutex_unlock(&write_lock);
             if (i > 0 && !atomic_exchange(&warned_dir, 1))
                 og_warn("could not write the dump in %s; wrote it in %s instead",
@@ -942,6 +974,40 @@ void og_dump_fatal(void)
         print_pending(d);
 }
 
+/* ------------------------------------------------------------------ symbolized rewrite */
+
+/* symfill.c, once names and lines are known: the same record rendered again (now with
+ * them) over the same files, only while they are still the newest dump of this process
+ * (generation `gen`) and still ours at `path`.  Never a new name. */
+void og_dump_rewrite(const og_record_t *r, const char *path, unsigned gen)
+{
+    og_sb_t json = { 0 }, text = { 0 };
+    og_dump_json(r, &json);
+    og_dump_text(r, &text);
+    const char *slash = strrchr(path, '/');
+    size_t plen = strlen(path);
+    if (json.failed || text.failed || !slash || plen < 6 || strcmp(path + plen - 5, ".json") != 0)
+        goto out;
+    char dir[4800], base[600];
+    snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    snprintf(base, sizeof base, "%.*s", (int)(plen - 5 - (size_t)(slash + 1 - path)), slash + 1);
+    pthread_mutex_lock(&write_lock);
+    struct stat ds, fs;
+    og_owned_t *o = stat(dir, &ds) == 0 ? owned_in(&ds) : NULL;
+    if (atomic_load(&written_gen) == gen && !dying() && o && strcmp(o->base, base) == 0 && lstat(path, &fs) == 0 &&
+        S_ISREG(fs.st_mode) && fs.st_dev == o->file_dev && fs.st_ino == o->file_ino) {
+        char written[4800];
+        bool named;
+        if (write_pair(dir, base, &json, &text, written, sizeof written, false, &named) ||
+            (named && write_pair(dir, base, &json, &text, written, sizeof written, true, &named)))
+            atomic_fetch_add(&written_gen, 1);
+    }
+    pthread_mutex_unlock(&write_lock);
+out:
+    og_sb_free(&json);
+    og_sb_free(&text);
+}
+
 /* ------------------------------------------------------------------ entry points */
 
 /* The one sequence every dump takes once admitted: capture, write, hand the record and the path written ("" when
@@ -954,9 +1020,10 @@ static void capture_write_free(const char *status, const og_episode_t *ep, int d
     if (!rec)
         return;
     char path[4800];
-    write_dump(rec, path, sizeof path);
+    unsigned gen = 0;
+    write_dump(rec, path, sizeof path, &gen);
     after(rec, ep, path);
-    og_record_free(rec);
+    og_symfill_schedule(rec, path, gen); /* names and lines, later; frees rec */
 }
 
 static void after_status(const og_record_t *rec, const og_episode_t *ep, const char *path)
@@ -981,7 +1048,8 @@ bool og_dump_snapshot(int device, char *path, size_t n)
     if (!rec)
         return false;
     char p[4800];
-    write_dump(rec, p, sizeof p);
+    unsigned gen; /* names are for failures' dumps: a snapshot is not named later */
+    write_dump(rec, p, sizeof p, &gen);
     og_record_free(rec);
     snprintf(path, n, "%s", p);
     return p[0] != 0;
@@ -1070,7 +1138,8 @@ static void write_owed(int device)
         if (!rec)
             continue;
         char path[4800];
-        write_dump(rec, path, sizeof path);
+        unsigned gen; /* a record of the failure alone: no frames to name later */
+        write_dump(rec, path, sizeof path, &gen);
         if (og_opt.verbose)
             og_log("device %d: a failure past the budget ended unrecovered; recorded from the failure alone: %s", d,
                    path[0] ? path : "(none)");

@@ -4,6 +4,7 @@
 #include "record.h"
 #include "strbuf.h"
 #include "dump_render.h"
+#include "symfill.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -44,6 +45,29 @@ static void j_more_u64_or_null(og_sb_t *sb, const char *k, uint64_t v)
     j_u64_or_null(sb, v);
 }
 
+/* Names and lines resolved in this process (symfill.c), when they are known by now. */
+static void j_frame_names(og_sb_t *sb, uintptr_t ip)
+{
+    const og_symfill_ent_t *e = og_symfill_get(ip);
+    if (!e || !e->function[0])
+        return;
+    bool first = false;
+    K("function");
+    og_sb_json_str(sb, e->function);
+    if (e->file[0] && e->line > 0) {
+        K("file");
+        og_sb_json_str(sb, e->file);
+        K("line");
+        og_sb_printf(sb, "%d", e->line);
+    }
+    K("inlined");
+    og_sb_puts(sb, e->inlined ? "true" : "false");
+    if (e->inlined && e->inlined_into[0]) {
+        K("inlined_into");
+        og_sb_json_str(sb, e->inlined_into);
+    }
+}
+
 static void j_frames(og_sb_t *sb, const og_frame_t *f, int n)
 {
     og_sb_puts(sb, "[");
@@ -68,6 +92,7 @@ static void j_frames(og_sb_t *sb, const og_frame_t *f, int n)
             og_sb_json_str(sb, f[i].build_id);
         else
             og_sb_puts(sb, "null");
+        j_frame_names(sb, f[i].ip);
         og_sb_puts(sb, "}");
     }
     og_sb_puts(sb, "]");

@@ -1,6 +1,7 @@
 /* Start-up, fork handling, the exit summary's handlers and oomguard_device_stats/oomguard_version
  * (include/oomguard.h; the framework adapters' entry points are framework.c's). */
 #include "og.h"
+#include "symfill.h"
 
 #include <dlfcn.h>
 #include <limits.h>
@@ -53,6 +54,7 @@ static void atfork_child(void)
     og_framework_atfork_child();
     og_dump_atfork_child();
     og_live_atfork_child();
+    og_symfill_atfork_child();
 }
 
 static void print_hooks(void)
@@ -300,6 +302,7 @@ static void og_exit_handler(void)
         return;
     og_in_shim++;
     og_live_exit();
+    og_symfill_close(); /* a dump's names being filled in: bounded by OOMGUARD_SYMBOLIZE_MS */
     og_dump_flush_pending(-1);
     og_exit_summary();
     og_in_shim--;
@@ -324,6 +327,7 @@ __attribute__((destructor)) static void og_destructor(void)
             return;
         og_in_shim++;
         og_live_exit();
+        og_symfill_close();
         og_dump_flush_pending(-1);
         og_exit_summary();
         og_in_shim--;

@@ -6,7 +6,8 @@
  * verified word by word: see "unwinding" below); else unwind, hash, look in a per-thread
  * cache; the shared table (sharded, one mutex per shard) is touched only on a miss.
  * Symbolisation waits until a dump needs it (dladdr takes the loader lock), and names and
- * lines wait for `oomguard report`: a dump records library path, build-id and offset. */
+ * lines wait until the dump is on disk (symfill.c, a helper thread) or for `oomguard report`:
+ * a dump records library path, build-id and offset. */
 #define UNW_LOCAL_ONLY
 #include <libunwind.h>
 

@@ -338,7 +338,8 @@ void og_symbolize(const struct og_frame *f, struct og_sym *out)
         out->inlined_into = c->sym.inlined_into;
         out->source = c->sym.source;
     } else if (f->function || (f->symbol && *f->symbol)) {
-        out->function = f->function ? f->function : dump_symbol(f->symbol);
+        /* a name the writing process resolved may still be mangled (it had no demangler) */
+        out->function = dump_symbol(f->function ? f->function : f->symbol);
         out->file = f->file;
         out->line = f->line > 0 ? f->line : 0;
         out->inlined = f->inlined == 1;

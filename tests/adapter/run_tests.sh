@@ -617,6 +617,33 @@ t_query_released() {
 }
 t "query: the GIL released around cudaMalloc (ctypes.CDLL): not asked, and the dump says why" t_query_released
 
+t_named_in_process() {
+    # a Python job's frames are named by the process itself, after the dump is on disk; the
+    # interpreter's libraries have no debug files here, and the search for them stays on this
+    # disk: libdw comes in, never the debuginfod client with its network and TLS libraries
+    cat >job_named.py <<'PY'
+import ctypes, glob, json, sys, time
+lib = ctypes.PyDLL("libcudart.so.13")
+lib.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+p = ctypes.c_void_p(0)
+assert lib.cudaMalloc(ctypes.byref(p), 64 << 30) == 2
+for _ in range(200):
+    d = json.load(open(glob.glob("dumps/oomguard-*.json")[0]))
+    if any("function" in f for f in d["event"]["stack"]):
+        break
+    time.sleep(0.05)
+f = d["event"]["stack"][0]
+assert f["function"] == "cudaMalloc" and f["file"].endswith("runtime.c") and f["line"] > 0, f
+maps = {l.split()[-1].rsplit("/", 1)[-1] for l in open("/proc/self/maps").read().splitlines()}
+assert any(m.startswith("libdw") for m in maps), sorted(maps)
+bad = sorted(m for m in maps if m.startswith(("libdebuginfod", "libcurl", "libssl", "libcrypto", "libgnutls")))
+assert not bad, bad
+PY
+    shim "$PYTHON" job_named.py || return 1
+    grep -q 'cudaMalloc  runtime.c:[0-9]* in libcudart' dumps/oomguard-*.txt || { echo "no name in the .txt twin"; return 1; }
+}
+t "named where written: a Python job's frames get function, file, line in the process; no debuginfod client loaded" t_named_in_process
+
 t_standins_alone() {
     needs_no_tsan "loads the TSan-built simulated GPU into a Python without the TSan runtime (static TLS block)"
     # each stand-in imports with only its own directory on sys.path, also through a relative,

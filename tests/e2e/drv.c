@@ -275,7 +275,9 @@ static int mode_dlmopen(void)
 
 /* dlopen as the shim sees it: this program exports its own (-Wl,--export-dynamic-symbol), so
  * the shim's calls land here; those made from liboomguard.so while `counting` are counted. */
-static int counting, shim_dlopens;
+static __thread int
+    counting; /* this thread's allocations only: a dump's symbolizing helper may dlopen libdw meanwhile */
+static int shim_dlopens;
 void *dlopen(const char *file, int mode)
 {
     static void *(*real)(const char *, int);

@@ -31,10 +31,12 @@ else
     no "test_unwind ran" "$out"
 fi
 
-# run PROG DIR: the failing program under the shim; its dump's JSON path on stdout
+# run PROG DIR [VAR=VALUE...]: the failing program under the shim; its dump's JSON path on stdout.
+# Names resolved in the process are off here (OOMGUARD_SYMBOLIZE_MS=0): these cases test what
+# `oomguard report` finds by itself; the in-process names have their own cases below.
 run() {
     mkdir -p "$2"
-    env LD_PRELOAD="$PRELOAD" OOMGUARD_DIR="$2" OOMGUARD_QUIET=1 "$1" >/dev/null 2>&1
+    env LD_PRELOAD="$PRELOAD" OOMGUARD_DIR="$2" OOMGUARD_QUIET=1 OOMGUARD_SYMBOLIZE_MS=0 "${@:3}" "$1" >/dev/null 2>&1
     ls "$2"/*.json 2>/dev/null | head -n 1
 }
 # report DUMP NAME: text and HTML reports, both must succeed
@@ -113,6 +115,60 @@ has "$T/moved-dbg.txt" "og_test::Pool<float>::grab(unsigned long)  symprog.cc:$L
 #    ... symbolized before it moved (report --format json adds function/file/line/inlined)
 report "$T/moved-symbolized.json" moved-symbolized
 has "$T/moved-symbolized.txt" "=> at inline_step (inlined into static_helper)  symprog.cc:$L_MALLOC" "symbolized JSON: names travel with the dump"
+
+#    ... named in the process that wrote it (the default): the binary deleted before the report,
+#    the dump and its .txt twin still name the function, the inlined one and their lines
+mkdir -p "$T/bin" && cp "$S/symprog-g" "$T/bin/prog"
+d=$(run "$T/bin/prog" "$T/inproc" OOMGUARD_SYMBOLIZE_MS=3000)
+rm -rf "$T/bin"
+report "$d" inproc
+has "$T/inproc.txt" "og_test::Pool<float>::grab(unsigned long)  symprog.cc:$L_GRAB" "binary gone, named in the process: function and file:line"
+has "$T/inproc.txt" "=> at inline_step (inlined into static_helper)  symprog.cc:$L_MALLOC" "binary gone, named in the process: inlined function, the caller"
+has "${d%.json}.txt" "og_test::Pool<float>::grab(unsigned long)  symprog.cc:$L_GRAB in prog+0x" "named in the process: the .txt twin too"
+python3 - "$d" "$L_GRAB" <<'PY' && ok "named in the process: JSON frames carry function, file, line, inlined" || no "named in the process: JSON frames"
+import json, sys
+d = json.load(open(sys.argv[1]))
+fr = {f["function"]: f for f in d["event"]["stack"] if "function" in f}
+g = fr["og_test::Pool<float>::grab(unsigned long)"]
+assert g["file"].endswith("symprog.cc") and g["line"] == int(sys.argv[2]) and g["inlined"] is False, g
+assert fr["inline_step"]["inlined"] is True and fr["inline_step"]["inlined_into"] == "static_helper", fr
+assert all("function" in f for s in d["top_sites"] for f in s["frames"] if f["library"] == "prog"), d["top_sites"]
+PY
+#    ... and off: OOMGUARD_SYMBOLIZE_MS=0 leaves the dump as the shim wrote it
+mkdir -p "$T/bin" && cp "$S/symprog-g" "$T/bin/prog"
+d=$(run "$T/bin/prog" "$T/inproc-off")
+lacks "$d" '"function"' "OOMGUARD_SYMBOLIZE_MS=0: no names in the dump"
+rm -rf "$T/bin"
+
+#    ... exit while the helper still works (OG_TEST_SYMFILL_STALL holds it in a phase): the program
+#    ends soon after the helper's bound with its own status, never waits for the stall, and the
+#    dump on disk is whole: as first written when the helper was resolving (it is stopped before
+#    it writes), named when it was writing (a write under way is finished); no hidden file left
+exit_case() { # exit_case NAME STALL: prints the JSON path, the exit status and the wall time (ms)
+    local dir="$T/$1" t0 t1 rc=0
+    mkdir -p "$dir"
+    t0=$(date +%s%N)
+    env LD_PRELOAD="$PRELOAD" OOMGUARD_DIR="$dir" OOMGUARD_QUIET=1 OOMGUARD_SYMBOLIZE_MS=300 \
+        OG_TEST_SYMFILL_STALL="$2" "$S/symprog-g" >/dev/null 2>&1 || rc=$?
+    t1=$(date +%s%N)
+    echo "$(ls "$dir"/*.json 2>/dev/null | head -n 1) $rc $(((t1 - t0) / 1000000))"
+}
+whole() { # whole JSON WANT_NAMES DESC
+    if python3 - "$1" "$2" <<'PY'; then ok "$3"; else no "$3"; fi
+import glob, json, os, sys
+d = json.load(open(sys.argv[1]))
+named = any("function" in f for f in d["event"]["stack"])
+assert named == (sys.argv[2] == "1"), ("named", named)
+left = [f for f in os.listdir(os.path.dirname(sys.argv[1])) if f.startswith(".")]
+assert not left, left
+PY
+}
+for phase in resolve write; do
+    read -r d rc ms <<<"$(exit_case "exit-$phase" "$phase:20000")"
+    if [ "$rc" = 0 ] && [ "$ms" -lt 6000 ]; then ok "exit meets the helper ${phase}ing: status 0, ended in $ms ms (bound 300 ms, stall 20 s)"
+    else no "exit meets the helper ${phase}ing: status $rc, $ms ms"; fi
+    whole "$d" "$([ $phase = write ] && echo 1 || echo 0)" "exit meets the helper ${phase}ing: the dump on disk is whole$([ $phase = write ] && echo ', named' || echo ', as first written')"
+done
 
 # 7. a different binary at the recorded path (rebuilt since): its build-id differs, not used
 mkdir -p "$T/bin" && cp "$S/symprog-g" "$T/bin/prog2"
