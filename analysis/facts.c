@@ -503,6 +503,10 @@ static void load(og_facts_t *d, const og_record_t *r)
     d->load.earlier = earlier;
     d->load.phase =
         run >= 4 && (built || earlier >= 4) ? (earlier >= 4 ? OG_PHASE_SECOND_LOAD : OG_PHASE_LOADING) : OG_PHASE_NONE;
+    /* the adapter read another phase from the stack (a forward pass of equal layers): block sizes do
+     * not overrule it */
+    if (d->phase != OG_JP_unknown && d->phase != OG_JP_loading)
+        d->load.phase = OG_PHASE_NONE;
 }
 
 /* ------------------------------------------------------------------ across devices, outside the framework */
@@ -780,11 +784,11 @@ void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds
     memset(f, 0, sizeof *f);
     measure(f, rec, th);
     framework_cap(f, rec);
+    job_phase(f, rec);
     growth(f, rec, s);
     load(f, rec);
     imbalance(f, rec);
     non_framework(f, rec);
-    job_phase(f, rec);
     roles(f, rec);
     outlier(f, rec);
     communication(f, rec);

@@ -143,6 +143,12 @@ static void loading_and_a_second_copy(void **state)
         ev_add(r, 5 + 0.001 * i, "alloc", 512 * MiB);
     assert_int_equal(facts(r)->load.phase, OG_PHASE_SECOND_LOAD);
     assert_int_equal(F.load.earlier, 8);
+    /* the adapter read a forward pass from the stack: equal blocks are its layers, not a load */
+    fixture_adapter(r, 8 * GiB, 8 * GiB, 0);
+    fixture_phase(r, "forward", "/srv/model.py", "forward");
+    assert_int_equal(facts(r)->load.phase, OG_PHASE_NONE);
+    fixture_phase(r, "loading", "/x/modeling_utils.py", "from_pretrained");
+    assert_int_equal(facts(r)->load.phase, OG_PHASE_SECOND_LOAD);
     free(r);
 }
 
