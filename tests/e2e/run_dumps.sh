@@ -235,8 +235,11 @@ echo "== OOMGUARD_MAX_DUMPS"
 d=$(fresh budget)
 out=$(shim env OOMGUARD_DIR="$d" OOMGUARD_QUIET=1 OOMGUARD_MAX_DUMPS=1 "$prog" budget 3000 2>&1)
 us=$(printf '%s\n' "$out" | grep -o 'budget: [0-9.]*' | grep -o '[0-9.]*$')
-result $(python3 -c "import sys; sys.exit(0 if float('${us:-1e9}') < 50 else 1)"; echo $?) \
-    "a failure past the budget costs ${us:-?} us (< 50: no capture)"
+# a capture costs milliseconds (30 ms under TSan); TSan's instrumentation on a loaded machine
+# makes the cheap path itself slower (25-134 us seen): its bound there is 1000 us
+lim=50; [ "${SANITIZE:-}" = thread ] && lim=1000
+result $(python3 -c "import sys; sys.exit(0 if float('${us:-1e9}') < $lim else 1)"; echo $?) \
+    "a failure past the budget costs ${us:-?} us (< $lim: no capture)"
 result $([ "$(ls "$d" | wc -l)" = 2 ]; echo $?) "MAX_DUMPS=1: one dump ($(ls "$d" | wc -l) files)"
 # the budget counts failures, not writes: recovered episodes (each a failure and its in-place rewrite)
 # do not use up the dump of the failure that ends the process
