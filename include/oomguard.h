@@ -114,6 +114,12 @@ int oomguard_framework_oom(const oomguard_framework_stats_t *stats);
  * When it is skipped the dump says why in memory.unmeasured.  Returns 0; fn NULL removes it. */
 typedef int (*oomguard_query_fn)(void *ctx, int device, oomguard_framework_stats_t *out);
 #define OOMGUARD_QUERY_NEEDS_GIL 1u
+/* Set in out->flags when the shim asks for the framework's numbers rather than the failing
+ * line (`oomguard snapshot`): such a call is made by the interpreter itself, as a pending call
+ * (Py_AddPendingCall) on its main thread between two bytecodes, GIL held, never inside an
+ * allocation, so the query may call the framework; it hands the numbers over with
+ * oomguard_framework_report() and returns 0 (-1: nothing reported). */
+#define OOMGUARD_QUERY_REFRESH 4u
 int oomguard_framework_set_query(oomguard_query_fn fn, void *ctx, unsigned flags);
 
 /* Library version string, e.g. "0.1.0". */

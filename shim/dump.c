@@ -1042,11 +1042,13 @@ static void dump_capture_write(const char *status, int device)
 
 /* `oomguard snapshot`: the process is asked for its picture now (shim/live.c).  Neither the
  * severity order nor OOMGUARD_MAX_DUMPS applies: the user asked, and the file is its own. */
-bool og_dump_snapshot(int device, char *path, size_t n)
+bool og_dump_snapshot(int device, const char *note, char *path, size_t n)
 {
     og_record_t *rec = og_record_capture("snapshot", NULL, device);
     if (!rec)
         return false;
+    if (note && note[0])
+        og_unmeasured(rec, OG_UM_FRAMEWORK_STALE, "%s", note);
     char p[4800];
     unsigned gen; /* names are for failures' dumps: a snapshot is not named later */
     write_dump(rec, p, sizeof p, &gen);

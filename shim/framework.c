@@ -397,12 +397,87 @@ void og_query_at_failure(int device)
         py.gc_enable();
 }
 
+/* ------------------------------------------------------------------ fresh numbers for a snapshot */
+
+/* `oomguard snapshot` is served by the live page's thread, which holds no GIL: the adapter's
+ * numbers it has are those of its last report.  A Python adapter's query can give fresh ones,
+ * but only on a thread holding the GIL at a point where calling the framework is safe.  So the
+ * shim asks the interpreter to run it as a pending call (Py_AddPendingCall, callable without
+ * the GIL: the main thread runs it between two bytecodes, GIL held), waits a bounded time for
+ * the adapter's report, and otherwise writes with the numbers it has and says how old they are
+ * and why.  Never a signal; the program is never stopped or waited on. */
+typedef int (*py_pending_fn)(int (*)(void *), void *);
+static atomic_bool refresh_queued; /* a pending call is in the interpreter's queue */
+static atomic_uint refresh_runs;   /* pending calls that ran */
+
+static int refresh_on_interpreter(void *arg)
+{
+    int device = (int)(intptr_t)arg;
+    oomguard_query_fn fn = atomic_load(&query_fn);
+    void *ctx = atomic_load(&query_ctx);
+    if (fn && !in_query) {
+        oomguard_framework_stats_t *s = calloc(1, sizeof *s);
+        if (s) {
+            s->struct_size = sizeof *s;
+            s->device = device;
+            s->flags = OOMGUARD_FW_NO_NUMBERS | OOMGUARD_QUERY_REFRESH;
+            in_query++;
+            fn(ctx, device, s); /* the adapter reports with oomguard_framework_report() */
+            in_query--;
+            free(s);
+        }
+    }
+    atomic_store(&refresh_queued, false);
+    atomic_fetch_add(&refresh_runs, 1);
+    return 0;
+}
+
+bool og_framework_refresh(int device, unsigned wait_ms, char *why, size_t n)
+{
+    why[0] = 0;
+    oomguard_query_fn fn = atomic_load(&query_fn);
+    if (!fn || !(atomic_load(&query_flags) & OOMGUARD_QUERY_NEEDS_GIL))
+        return false; /* no Python adapter: its numbers come as it reports them */
+    py_resolve();
+    py_pending_fn add = (py_pending_fn)og_dlsym_real(RTLD_DEFAULT, "Py_AddPendingCall");
+    if (!add || !py.is_initialized || !py.is_initialized())
+        return false;
+    uint64_t t0 = og_now_ns();
+    unsigned runs = atomic_load(&refresh_runs);
+    const char *cause = "the main thread did not come back to Python code (a long C call, a wait)";
+    if (!atomic_exchange(&refresh_queued, true) && add(refresh_on_interpreter, (void *)(intptr_t)device) != 0) {
+        atomic_store(&refresh_queued, false);
+        cause = "the interpreter's queue of pending calls was full";
+    } else {
+        for (uint64_t until = t0 + (uint64_t)wait_ms * 1000000ull; og_now_ns() < until;) {
+            if (atomic_load(&refresh_runs) != runs)
+                break;
+            struct timespec ts = { 0, 5 * 1000 * 1000 };
+            nanosleep(&ts, NULL);
+        }
+        if (atomic_load(&refresh_runs) != runs)
+            cause = "the adapter was asked but did not report";
+    }
+    pthread_mutex_lock(&fw_lock);
+    uint64_t at = fw_view.reported_t_ns;
+    pthread_mutex_unlock(&fw_lock);
+    if (at >= t0)
+        return true;
+    if (at)
+        snprintf(why, n, "framework numbers: the adapter's last report, %.1f s old: %s in %u ms",
+                 (double)(og_now_ns() - at) / 1e9, cause, wait_ms);
+    else
+        snprintf(why, n, "framework numbers: none reported yet: %s in %u ms", cause, wait_ms);
+    return false;
+}
+
 void og_framework_atfork_child(void)
 {
     pthread_mutex_init(&fw_lock, NULL);
     pthread_mutex_init(&build_lock, NULL);
     memset(&fw_view, 0, sizeof fw_view);
     in_query = 0;
+    atomic_store(&refresh_queued, false);
 }
 
 /* ------------------------------------------------------------------ is the Python view missing? */

@@ -417,6 +417,7 @@ static void publish(bool with_libs)
 /* ------------------------------------------------------------------ snapshots */
 
 static uint64_t snap_served;
+#define OG_SNAPSHOT_FRESH_MS 1000u /* how long a snapshot waits for the framework's fresh numbers */
 
 static void snapshot_serve(void)
 {
@@ -433,7 +434,12 @@ static void snapshot_serve(void)
         }
     char path[sizeof page->snap_path];
     path[0] = 0;
-    bool ok = dev >= 0 && !atomic_load(&og_exiting) && og_dump_snapshot(dev, path, sizeof path);
+    /* a Python job's framework numbers asked afresh on its interpreter (bounded; never a
+     * signal), else the last reported ones, with their age and why */
+    char why[160] = "";
+    if (dev >= 0 && !atomic_load(&og_exiting))
+        og_framework_refresh(dev, OG_SNAPSHOT_FRESH_MS, why, sizeof why);
+    bool ok = dev >= 0 && !atomic_load(&og_exiting) && og_dump_snapshot(dev, why, path, sizeof path);
     memcpy(page->snap_path, path, sizeof path);
     atomic_store(&page->snap_ok, ok ? 1 : 0);
     atomic_store_explicit(&page->snap_done, req, memory_order_release);

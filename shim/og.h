@@ -410,6 +410,10 @@ void og_nvml_measure(struct og_record *rec);
 struct og_framework_view;
 void og_framework_view_get(struct og_framework_view *out);
 void og_query_at_failure(int device); /* the adapter's query, where it is safe */
+/* Fresh framework numbers for a snapshot: a Python adapter's query, run by the interpreter as a
+ * pending call, waited for at most wait_ms.  False when none came; then `why` says how old the
+ * numbers are and why ("" when there is no Python adapter to ask). */
+bool og_framework_refresh(int device, unsigned wait_ms, char *why, size_t n);
 void og_framework_atfork_child(void);
 /* Did the Python adapter load?  The constructor says what it did for the interpreter; the adapter
  * (oomguard_core.py) turns OG_PY_MARKER from "0" to "1" when it is imported. */
@@ -441,8 +445,9 @@ void og_dump_capture_write(const char *status, int device); /* a "warning"/"exit
 void og_dump_flush_pending(int device);                     /* the device's unrecovered failure is final; -1: all */
 void og_dump_fatal(void);                                   /* dying: summaries out, temp names gone (signal-safe) */
 void og_dump_atfork_child(void);
-void og_dump_sweep_start(void);                          /* at start-up: orphaned temporaries in the dump directory */
-bool og_dump_snapshot(int device, char *path, size_t n); /* status "snapshot", on request */
+void og_dump_sweep_start(void); /* at start-up: orphaned temporaries in the dump directory */
+/* status "snapshot", on request; `note` ("" none) goes into memory.unmeasured */
+bool og_dump_snapshot(int device, const char *note, char *path, size_t n);
 
 /* ---------------------------------------------------------------- the live page (live.c, live.h) */
 

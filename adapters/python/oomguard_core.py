@@ -440,13 +440,36 @@ def attr_class(obj, *path):
 # ---------------------------------------------------------------------------- the shim's query
 
 _query = {"fn": None, "buf": None}
+QUERY_REFRESH = 4                            # include/oomguard.h: OOMGUARD_QUERY_REFRESH
+_refreshers = []                             # fn(device) -> None when nothing was reported
+
+
+def on_refresh(fn):
+    """An adapter's way to report fresh numbers when the shim asks (`oomguard snapshot`)."""
+    if fn not in _refreshers:
+        _refreshers.append(fn)
+
+
+def _refresh(device):
+    """The shim's ask for fresh numbers, run by the interpreter as a pending call (main thread,
+    between two bytecodes): each adapter reports its framework's numbers for `device`."""
+    reported = False
+    for fn in list(_refreshers):
+        try:
+            reported = fn(device) is not None or reported
+        except Exception as e:
+            err("python", "refreshing the numbers", e)
+    return 0 if reported else -1
 
 
 def _query_body(ctx, device, out):
     """Called by the shim at a failing driver allocation, only on a thread that already holds
     the GIL, with the garbage collector paused: hands over the Python stack, touches nothing
-    else (no framework call, no lock, no import)."""
+    else (no framework call, no lock, no import).  With QUERY_REFRESH in out.flags it is the
+    interpreter's pending call instead, asking for the framework's numbers (_refresh)."""
     try:
+        if out[0].flags & QUERY_REFRESH:
+            return _refresh(device)
         frames = python_stack(sys._getframe(1))
         b = encode_stack(frames).encode("utf-8", "replace")
         _query["buf"] = b                    # stays alive until the next query

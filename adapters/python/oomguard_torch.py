@@ -568,6 +568,17 @@ def _record_history(torch):
     _say("allocation history on (OOMGUARD_PYTHON_STACKS=1, %d entries)" % _HISTORY_ENTRIES)
 
 
+def _refresh(device):
+    """The shim asks for fresh numbers (`oomguard snapshot`), through the interpreter's pending
+    call: reported like report(), without the allocator snapshot (a snapshot must not hold the
+    program up); never the first CUDA call of the process."""
+    torch = _torch()
+    is_init = getattr(getattr(torch, "cuda", None), "is_initialized", None)
+    if torch is None or is_init is None or not is_init():
+        return None
+    return report(device=device, use_snapshot=False, modes=False)
+
+
 def install():
     """Attaches to the imported torch module (idempotent).  Deferred to CUDA initialisation; a
     no-op without the shim or without torch.  Returns True when attached or queued."""
@@ -581,6 +592,7 @@ def install():
             if torch is None or not hasattr(torch, "cuda"):
                 return False
             _state["installed"] = True
+            oomguard_core.on_refresh(_refresh)
             _watch_optimizers(torch)
             cuda = torch.cuda
             is_init = getattr(cuda, "is_initialized", None)

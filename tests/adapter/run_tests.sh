@@ -644,6 +644,47 @@ PY
 }
 t "named where written: a Python job's frames get function, file, line in the process; no debuginfod client loaded" t_named_in_process
 
+# snap_job MODE: the snapshot job in the background ($jp, its process $pid), its live page in
+# $W/live, OUT.json written
+snap_job() {
+    mkdir -p "$W/live"
+    OOMGUARD_LIVE_DIR="$W/live" shim adapter "$PYTHON" "$SC/job_snapshot.py" "$1" exp.json &
+    jp=$!
+    local i
+    for i in $(seq 300); do
+        pid=$(field exp.json 'd["pid"]' 2>/dev/null) && ls "$W"/live/*/"$pid"-*.page >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    echo "the job did not start"; kill "$jp" 2>/dev/null; return 1
+}
+t_snapshot_fresh() {
+    # numbers that changed after the adapter's last report: the snapshot asks the interpreter
+    # (a pending call, no signal) and carries the new ones
+    snap_job fresh || return 1
+    OOMGUARD_LIVE_DIR="$W/live" "$ROOT/$B/oomguard" snapshot "$pid" >snap.out 2>&1 || { cat snap.out; kill "$jp"; return 1; }
+    touch exp.json.stop; wait "$jp" || return 1
+    local dump; dump=$(ls dumps/*-snapshot.json) || return 1
+    expect "$dump" 'd["memory"]["framework"]["allocated_bytes"]' "$(field exp.json 'd["allocated"]')" || return 1
+    expect "$dump" '"framework_stale" in d["memory"]["unmeasured_ids"]' False
+}
+t "snapshot: the framework's numbers asked afresh on the interpreter, not the last report's" t_snapshot_fresh
+
+t_snapshot_blocked() {
+    # the main thread in one long C call: the snapshot is still written, soon, with the last
+    # report's numbers, and says how old they are and why
+    snap_job blocked || return 1
+    local t0=$SECONDS
+    OOMGUARD_LIVE_DIR="$W/live" "$ROOT/$B/oomguard" snapshot "$pid" >snap.out 2>&1 || { cat snap.out; kill "$jp"; return 1; }
+    local took=$((SECONDS - t0))
+    wait "$jp" || return 1
+    [ "$took" -le 4 ] || { echo "the snapshot took $took s"; return 1; }
+    local dump; dump=$(ls dumps/*-snapshot.json) || return 1
+    expect "$dump" 'd["memory"]["framework"]["allocated_bytes"]' "$(field exp.json 'd["reported"]')" || return 1
+    expect "$dump" 'd["memory"]["unmeasured_ids"].count("framework_stale")' 1 || return 1
+    expect "$dump" 'any(u.startswith("framework numbers: the adapter\x27s last report, ") and " s old: " in u for u in d["memory"]["unmeasured"])' True
+}
+t "snapshot: the main thread blocked in C: written anyway with the last report's numbers, their age and why" t_snapshot_blocked
+
 t_standins_alone() {
     needs_no_tsan "loads the TSan-built simulated GPU into a Python without the TSan runtime (static TLS block)"
     # each stand-in imports with only its own directory on sys.path, also through a relative,
