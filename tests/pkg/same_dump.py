@@ -3,7 +3,8 @@
 
 Everything is compared, exactly, except what differs between any two runs of one job: times,
 process ids, code addresses (ASLR; each frame's library and offset are compared), the command
-line and OOMGUARD_DIR (where the dump went), the snapshot's path, the time-bucketed
+line and OOMGUARD_DIR (where the dump went), the snapshot's path, native frames' names (filled in
+after the dump is written, within a time bound), the time-bucketed
 samples of the usage curve, and the role scan's time and heap size (the interpreter's own
 objects differ between a venv and the source tree).  So the cause, the remedies, every byte count, the framework's own
 numbers, the Python lines and the stacks must agree."""
@@ -12,13 +13,20 @@ import sys
 
 VOLATILE_KEYS = {"time", "pid", "ppid", "cmdline", "t", "t_rel", "peak_t_rel", "ip", "snapshot_file", "samples",
                  "recovered_t", "elapsed_ms", "objects_scanned"}
+# a native frame's names: filled in by the writing process after the dump is on disk, within a
+# time bound (a loaded machine may stop it before), so one run may have them and the other not
+FRAME_NAME_KEYS = {"function", "file", "line", "inlined", "inlined_into"}
+
+
+def is_frame(path):
+    return path == ".event.stack[]" or path.endswith(".frames[]")
 
 
 def norm(x, path=""):
     if isinstance(x, dict):
         out = {}
         for k, v in x.items():
-            if k in VOLATILE_KEYS or (path == ".env" and k == "OOMGUARD_DIR"):
+            if k in VOLATILE_KEYS or (path == ".env" and k == "OOMGUARD_DIR") or (is_frame(path) and k in FRAME_NAME_KEYS):
                 continue
             out[k] = norm(v, path + "." + k)
         return out
