@@ -62,9 +62,12 @@
  *                sizes, never freed) marks no steps and a one-off jump inside a step does not set the
  *                rate.  A load is not a leak: when each step adds >= 1/40 of the device and the
  *                process held less than two steps' worth before them, they are weights arriving
- *                (does_not_fit then says "loading").  Markers back to back (nothing between, < 0.25 ms apart) are one burst, one
- *                step: a load of many equal shards is not many steps.  Otherwise wall time is not
- *                used, so a 1 ms leak is a leak and a slow load of other sizes is a load.
+ *                (does_not_fit then says "loading").  Markers back to back (nothing between) are one
+ *                burst, one step (a load of many equal shards is not many steps), unless the run
+ *                pauses (>= 0.25 ms) after the same number of markers each time, as a loop does; a
+ *                pause of the host falls anywhere and splits nothing, so the answer does not depend
+ *                on how busy the machine was.  Otherwise wall time is not used, so a 1 ms leak is a
+ *                leak and a slow load of other sizes is a load.
  *                One pass is not a leak: when the framework reports what it freed over its life
  *                (PyTorch allocated_bytes.all.freed) and that is < 10% of the rise, the steps are
  *                one pass keeping what it makes (a forward pass keeping each layer's activations),

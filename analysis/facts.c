@@ -279,7 +279,9 @@ static void framework_cap(og_facts_t *d, const og_record_t *r)
 /* ------------------------------------------------------------------ growth: steps in the history */
 
 #define GROWTH_MIN_STEPS 6
-#define GROWTH_BURST_S   0.00025 /* markers closer than this with nothing between: one burst */
+/* back-to-back markers (nothing between) closer than this are one burst (a load of shards, a stack
+ * of buffers); a longer pause is a step only where the run pauses regularly (pauses_are_steps) */
+#define GROWTH_BURST_S 0.00025
 /* the framework freed under this share of the rise over its whole life: the rising steps are one
  * pass building up, not iterations (the leaks of the corpus free >= 23% of it: py_evaluate_no_grad) */
 #define GROWTH_MIN_FREED_SHARE 0.1
@@ -292,6 +294,51 @@ static int cmp_u64(const void *a, const void *b)
 }
 
 static bool is_op(const struct og_hist_ev *e, enum og_hist_op op) { return e->op == op; }
+
+/* Whether the event at I is a marker of size SIZE (MARKER says how; TOL: the rounding). */
+static bool is_marker(const struct og_hist_ev *e, uint64_t size, uint64_t tol, enum og_step_marker marker)
+{
+    return is_op(e, OG_OP_ALLOC) &&
+           (marker == OG_MARK_EVERY_ALLOCATION || (e->bytes > size ? e->bytes - size : size - e->bytes) <= tol);
+}
+
+/* The run of back-to-back markers that starts at I0 (failed attempts do not interrupt it): whether
+ * its pauses (gaps of GROWTH_BURST_S or more) are the program's steps.  A loop keeping the same
+ * blocks every iteration pauses after the same number of markers each time (give or take one, or a
+ * quarter); a pause of the host (another process scheduled, a page fault) falls anywhere, so the
+ * pieces it leaves differ.  The last piece (cut by the failure) is not compared.
+ * COUNTS: scratch of OG_GROWTH_MAX_STEPS. */
+static bool pauses_are_steps(const struct og_hist_ev *e, int ne, int i0, uint64_t size, uint64_t tol,
+                             enum og_step_marker marker, uint64_t *counts)
+{
+    int n = 0, last = i0;
+    uint64_t c = 1;
+    for (int i = i0 + 1; i < ne && n < OG_GROWTH_MAX_STEPS; i++) {
+        if (is_op(&e[i], OG_OP_NONE) || is_op(&e[i], OG_OP_FAIL))
+            continue;
+        if (!is_marker(&e[i], size, tol, marker))
+            break;
+        if (e[i].t_rel - e[last].t_rel >= GROWTH_BURST_S) {
+            counts[n++] = c;
+            c = 0;
+        }
+        c++;
+        last = i;
+    }
+    if (n <= 1)
+        return true; /* no pause, or one: at most one step more */
+    qsort(counts, (size_t)n, sizeof *counts, cmp_u64);
+    int best = 0; /* the most pieces within tolerance of one count */
+    for (int k = 0; k < n; k++) {
+        uint64_t m = counts[k], t = m / 4 > 1 ? m / 4 : 1;
+        int near = 0;
+        for (int j = 0; j < n; j++)
+            near += (counts[j] > m ? counts[j] - m : m - counts[j]) <= t;
+        if (near > best)
+            best = near;
+    }
+    return best * 10 >= n * 7;
+}
 
 /* One reading of the steps: marked by allocations of SIZE (MARKER says how), into g.  True when the
  * growth pattern holds; the load and one-pass findings are recorded in g either way. */
@@ -311,19 +358,20 @@ static bool growth_for(const og_facts_t *d, const og_record_t *r, og_growth_scra
     uint64_t *ring = s->ring, *lows = s->lows, *rises = s->rises;
     long seen = 0;
     uint64_t low = UINT64_MAX;
-    bool in_step = false, between = false;
+    bool in_step = false, between = true, steps_in_run = false;
     double last_marker_t = 0;
     for (int i = 0; i < ne; i++) {
         if (is_op(&e[i], OG_OP_NONE) || is_op(&e[i], OG_OP_FAIL))
             continue;
         bool alloc = is_op(&e[i], OG_OP_ALLOC);
         uint64_t floor_now = alloc ? sub0(e[i].live, e[i].bytes) : e[i].live;
-        bool mark = alloc && (marker == OG_MARK_EVERY_ALLOCATION ||
-                              (e[i].bytes > size ? e[i].bytes - size : size - e[i].bytes) <= tol);
-        if (mark) {
+        if (is_marker(&e[i], size, tol, marker)) {
             /* back-to-back markers with nothing between (a burst: loading weights, a stack of
-             * buffers) are one step, not many */
-            bool burst = in_step && !between && e[i].t_rel - last_marker_t < GROWTH_BURST_S;
+             * buffers) are one step, unless the run pauses as a loop does (decided once, at the
+             * run's first marker; lows[] is free scratch until the steps are read) */
+            if (between)
+                steps_in_run = pauses_are_steps(e, ne, i, size, tol, marker, lows);
+            bool burst = in_step && !between && !(steps_in_run && e[i].t_rel - last_marker_t >= GROWTH_BURST_S);
             last_marker_t = e[i].t_rel;
             between = false;
             if (burst)
@@ -458,20 +506,21 @@ static void load(og_facts_t *d, const og_record_t *r)
     int ne = e ? r->history.nevents : 0, run = 0, earlier = 0, i = ne - 1;
     uint64_t held_before = 0;
     uint64_t tol = 2ULL << 20; /* shards of one checkpoint are the same size */
-    double t_prev = -1, t_fail0 = -1;
-    for (int k = ne - 1; k >= 0 && k >= ne - 32; k--) /* when the failures at the end began */
+    int fail0 = -1, prev = -1;
+    for (int k = ne - 1; k >= 0 && k >= ne - 32; k--) /* where the failures at the end began */
         if (is_op(&e[k], OG_OP_FAIL))
-            t_fail0 = e[k].t_rel;
+            fail0 = k;
+    /* (the failure's own events are found by their order, not their time) */
     for (; i >= 0; i--) {
         /* failed attempts and the releases between them are the failure's own, not the load's */
         if (is_op(&e[i], OG_OP_NONE) || is_op(&e[i], OG_OP_FAIL) ||
-            (is_op(&e[i], OG_OP_FREE) && t_fail0 >= 0 && e[i].t_rel >= t_fail0))
+            (is_op(&e[i], OG_OP_FREE) && fail0 >= 0 && i >= fail0))
             continue;
         bool same =
             is_op(&e[i], OG_OP_ALLOC) && (e[i].bytes > d->req ? e[i].bytes - d->req : d->req - e[i].bytes) <= tol;
-        if (!same || (t_prev >= 0 && t_prev - e[i].t_rel > LOAD_GAP_S))
+        if (!same || (prev >= 0 && e[prev].t_rel - e[i].t_rel > LOAD_GAP_S))
             break;
-        t_prev = e[i].t_rel;
+        prev = i;
         run++;
         held_before = sub0(e[i].live, e[i].bytes);
     }

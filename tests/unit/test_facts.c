@@ -79,6 +79,52 @@ static void bursts_are_one_step(void **state)
     free(r);
 }
 
+/* one forward pass with a warm cache: 64 activations of one size back to back, ~60 us apart, with
+ * pauses of the host inside the run (0.3 ms to 12 ms: another process scheduled): the run is one
+ * burst, whatever the pauses, so no growth is read from it, and the same history without the
+ * pauses gives the same facts */
+static void pauses_of_the_host_do_not_split_a_burst(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    for (int paused = 0; paused < 2; paused++) {
+        ev_reset(r);
+        double t = 0.01;
+        for (int i = 0; i < 32; i++, t += 0.00005)
+            ev_add(r, t, "alloc", 192 * MiB);                            /* the weights */
+        static const int pause_at[] = { 3, 11, 12, 25, 31, 40, 47, 58 }; /* where the host paused */
+        for (int i = 0, p = 0; i < 64; i++) {
+            t += 0.00006;
+            if (paused && p < 8 && i == pause_at[p])
+                t += p++ % 2 ? 0.0003 : 0.012;
+            ev_add(r, t, "alloc", 176 * MiB);
+        }
+        ev_add(r, t + 6.7, "alloc", 1408 * MiB);
+        r->event.requested_bytes = 1408 * MiB;
+        const og_facts_t *f = facts(r);
+        assert_false(f->growth.holds);
+        assert_int_equal(f->load.phase, OG_PHASE_NONE);
+    }
+    free(r);
+}
+
+/* a leak whose steps reach the driver as one kept block each, 1 ms apart with nothing between (the
+ * temporaries come from the framework's warm cache): steps, not a burst */
+static void kept_blocks_a_step_apart_are_steps(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    ev_reset(r);
+    ev_add(r, 0.001, "alloc", 8 * GiB); /* the model */
+    for (int s = 0; s < 60; s++)
+        ev_add(r, 0.01 + 0.001 * s, "alloc", 24 * MiB);
+    r->event.requested_bytes = 24 * MiB;
+    const og_facts_t *f = facts(r);
+    assert_true(f->growth.holds);
+    assert_int_equal(f->growth.marker, OG_MARK_FAILING_SIZE);
+    assert_int_equal(f->growth.steps, 60);
+    assert_int_equal(f->growth.per_step, 24 * MiB);
+    free(r);
+}
+
 static void growth_needs_six_steps(void **state)
 {
     og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
@@ -323,6 +369,8 @@ int main(void)
         cmocka_unit_test(estimated_free_counts_the_others),
         cmocka_unit_test(a_request_of_the_device_size_is_not_larger),
         cmocka_unit_test(bursts_are_one_step),
+        cmocka_unit_test(pauses_of_the_host_do_not_split_a_burst),
+        cmocka_unit_test(kept_blocks_a_step_apart_are_steps),
         cmocka_unit_test(growth_needs_six_steps),
         cmocka_unit_test(one_pass_is_not_growth),
         cmocka_unit_test(every_allocation_needs_sixteen_steps),
