@@ -72,9 +72,13 @@ typedef struct og_cause {
     } evidence[12];
 } og_cause_t;
 
+/* Remedies shown in full (text, HTML, stderr); the rest are listed as "also possible", the JSON keeps all. */
+#define OG_REMEDIES_SHOWN 5
+
 typedef struct og_remedy {
     const char *id;
-    int rank; /* 1 = first */
+    int rank;   /* 1 = first */
+    bool shown; /* rank <= OG_REMEDIES_SHOWN (remedies[].shown) */
     const char *title;
     char why[384];
     int nhow;

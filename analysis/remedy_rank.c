@@ -15,7 +15,7 @@
  * A row is a condition on the facts, an effect on some remedies, the facts it reads and the corpus
  * cases (tests/scenarios/cases) that motivate it; rows of a pass apply in order, a later one
  * overriding an earlier.  docs/diagnosis.md lists every row (a test checks it does).
- * At most 20 remedies, ranked 1..n without gaps. */
+ * At most 20 remedies, ranked 1..n without gaps; the first OG_REMEDIES_SHOWN are shown in full. */
 #include <string.h>
 
 #include "remedies.h"
@@ -608,6 +608,7 @@ void og_select_remedies(og_record_t *rec)
             continue;
         }
         r->rank = ++rec->nremedies;
+        r->shown = r->rank <= OG_REMEDIES_SHOWN;
     }
 }
 

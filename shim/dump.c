@@ -183,11 +183,22 @@ static void render_text(const og_record_t *r, og_sb_t *sb)
         og_sb_puts(sb, "\nwhat to do, best first\n");
         for (int i = 0; i < r->nremedies; i++) {
             const og_remedy_t *m = &r->remedies[i];
+            if (!m->shown)
+                continue;
             og_sb_printf(sb, "  %d. %s [%s]\n     %s\n", m->rank, T(m->title ? m->title : m->id), m->id, T(m->why));
             for (int h = 0; h < m->nhow; h++)
                 og_sb_printf(sb, "       %s\n", T(m->how[h]));
             if (m->saving && *m->saving)
                 og_sb_printf(sb, "     saves: %s; costs: %s\n", m->saving, m->cost ? m->cost : "-");
+        }
+        int folded = 0;
+        for (int i = 0; i < r->nremedies; i++) { /* the rest: one line each */
+            const og_remedy_t *m = &r->remedies[i];
+            if (m->shown)
+                continue;
+            if (!folded++)
+                og_sb_puts(sb, "also possible\n");
+            og_sb_printf(sb, "  %d. %s [%s]\n", m->rank, T(m->title ? m->title : m->id), m->id);
         }
     }
     if (r->memory.fw.npy_sites) {
@@ -901,10 +912,17 @@ static void set_pending(const og_record_t *r, const char *path)
     if (r->diagnosis.ncauses)
         og_sb_printf(&sb, " — %s", r->diagnosis.causes[0].summary);
     og_sb_puts(&sb, "\n");
-    for (int i = 0; i < r->nremedies && i < 3; i++)
-        og_sb_printf(&sb, "oomguard:   %d. %s%s%s\n", r->remedies[i].rank,
-                     r->remedies[i].title ? r->remedies[i].title : r->remedies[i].id, r->remedies[i].nhow ? ": " : "",
-                     r->remedies[i].nhow ? r->remedies[i].how[0] : "");
+    int folded = 0;
+    for (int i = 0; i < r->nremedies; i++)
+        if (r->remedies[i].shown)
+            og_sb_printf(&sb, "oomguard:   %d. %s%s%s\n", r->remedies[i].rank,
+                         r->remedies[i].title ? r->remedies[i].title : r->remedies[i].id,
+                         r->remedies[i].nhow ? ": " : "", r->remedies[i].nhow ? r->remedies[i].how[0] : "");
+    for (int i = 0; i < r->nremedies; i++) /* the rest, by id on one line */
+        if (!r->remedies[i].shown)
+            og_sb_printf(&sb, "%s%s", folded++ ? ", " : "oomguard:   also possible: ", r->remedies[i].id);
+    if (folded)
+        og_sb_puts(&sb, "\n");
     if (path[0])
         og_sb_printf(&sb, "oomguard: full report: oomguard report %s\n", path);
     og_sb_t safe = { 0 }; /* a terminal reads it: nothing from the record may act on it */

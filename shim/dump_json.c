@@ -610,7 +610,7 @@ static void w_remedies(og_sb_t *sb, const og_record_t *r)
         const og_remedy_t *m = &r->remedies[i];
         og_sb_puts(sb, i ? ",{\"id\":" : "{\"id\":");
         og_sb_json_str(sb, m->id);
-        og_sb_printf(sb, ",\"rank\":%d,\"title\":", m->rank);
+        og_sb_printf(sb, ",\"rank\":%d,\"shown\":%s,\"title\":", m->rank, m->shown ? "true" : "false");
         og_sb_json_str(sb, m->title ? m->title : "");
         j_more_str(sb, "why", m->why);
         og_sb_puts(sb, ",\"how\":[");

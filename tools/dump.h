@@ -131,6 +131,7 @@ struct og_cause {
 struct og_remedy {
     const char *id, *title, *why, *saving, *cost;
     int64_t rank;
+    int shown; /* 1 shown in full, 0 "also possible", -1 the dump does not say (og_remedy_shown) */
     const char **how;
     int nhow;
 };
@@ -272,6 +273,9 @@ const char *og_op_name(int op);
 int og_json_bytes(const cJSON *v, struct og_bytes *out);
 /* Largest history value (samples, events, peak), or -1. */
 int64_t og_history_max(const struct og_dump *d);
+/* Whether remedy I is shown in full (remedies[].shown; a dump without it: the first five), else it is
+ * listed under "also possible". */
+int og_remedy_shown(const struct og_dump *d, int i);
 /* Events of the failing device (or all, when the dump does not say). */
 int og_event_on_device(const struct og_dump *d, const struct og_event *e);
 

@@ -1846,6 +1846,7 @@ static int v_remedies(struct loader *L, const cJSON *r)
             return field_err(L, &pe, NULL, "an object", x);
         TRY(get_str(L, x, &pe, "id", &m->id));
         TRY(get_int(L, x, &pe, "rank", &m->rank));
+        TRY(get_bool(L, x, &pe, "shown", &m->shown));
         TRY(get_str(L, x, &pe, "title", &m->title));
         TRY(get_str(L, x, &pe, "why", &m->why));
         TRY(get_str(L, x, &pe, "saving", &m->saving));
@@ -2112,6 +2113,13 @@ const char *og_op_name(int op)
     default:
         return "other";
     }
+}
+
+int og_remedy_shown(const struct og_dump *d, int i)
+{
+    if (i < 0 || i >= d->nremedies)
+        return 0;
+    return d->remedies[i].shown >= 0 ? d->remedies[i].shown : i < 5; /* dumps before `shown`: the first five */
 }
 
 int og_event_on_device(const struct og_dump *d, const struct og_event *e)

@@ -813,8 +813,13 @@ static void remedies(struct hx *h)
     if (!d->nremedies)
         return;
     og_sb_puts(h->b, "<section class=\"card\" id=\"remedies\"><h2>What to do</h2>");
+    int folded = 0;
     for (int i = 0; i < d->nremedies && i < 30; i++) {
         const struct og_remedy *r = &d->remedies[i];
+        if (!og_remedy_shown(d, i)) {
+            folded++;
+            continue;
+        }
         og_sb_printf(h->b, "<div class=\"remedy\"><div class=\"rank\">%lld</div><div><div class=\"t\">",
                      (long long)(r->rank >= 0 && r->rank < 1000 ? r->rank : i + 1));
         esc(h, r->title ? r->title : r->id ? r->id : "?", 300);
@@ -852,6 +857,24 @@ static void remedies(struct hx *h)
             og_sb_puts(h->b, "</pre>");
         }
         og_sb_puts(h->b, "</div></div>");
+    }
+    if (folded) { /* the rest, one line each, folded */
+        og_sb_printf(h->b, "<details id=\"also-possible\"><summary>Also possible (%d)</summary><ol class=\"also\">",
+                     folded);
+        for (int i = 0; i < d->nremedies && i < 30; i++) {
+            const struct og_remedy *r = &d->remedies[i];
+            if (og_remedy_shown(d, i))
+                continue;
+            og_sb_printf(h->b, "<li value=\"%lld\">", (long long)(r->rank >= 1 && r->rank < 1000 ? r->rank : i + 1));
+            esc(h, r->title ? r->title : r->id ? r->id : "?", 300);
+            if (r->id) {
+                og_sb_puts(h->b, " <code class=\"muted\">");
+                esc(h, r->id, 60);
+                og_sb_puts(h->b, "</code>");
+            }
+            og_sb_puts(h->b, "</li>");
+        }
+        og_sb_puts(h->b, "</ol></details>");
     }
     og_sb_puts(h->b, "</section>\n");
 }

@@ -381,9 +381,13 @@ static void remedies(struct tx *t, const struct og_dump *d)
     if (!d->nremedies)
         return;
     heading(t, "What to do (best first)");
-    int shown = d->nremedies < 15 ? d->nremedies : 15;
-    for (int i = 0; i < shown; i++) {
+    int folded = 0;
+    for (int i = 0; i < d->nremedies; i++) {
         const struct og_remedy *r = &d->remedies[i];
+        if (!og_remedy_shown(d, i)) {
+            folded++;
+            continue;
+        }
         og_sb_printf(t->b, "  %lld. %s", (long long)(r->rank >= 0 ? r->rank : i + 1), st(t, BOLD));
         sb_text(t->b, r->title ? r->title : r->id ? r->id : "?", 120, 0);
         og_sb_puts(t->b, st(t, RESET));
@@ -418,8 +422,23 @@ static void remedies(struct tx *t, const struct og_dump *d)
             og_sb_putc(t->b, '\n');
         }
     }
-    if (d->nremedies > shown)
-        og_sb_printf(t->b, "  ... and %d more\n", d->nremedies - shown);
+    if (!folded)
+        return;
+    og_sb_printf(t->b, "  %sAlso possible%s\n", st(t, DIM), st(t, RESET)); /* one line each */
+    for (int i = 0, n = 0; i < d->nremedies && n < 30; i++) {
+        const struct og_remedy *r = &d->remedies[i];
+        if (og_remedy_shown(d, i))
+            continue;
+        n++;
+        og_sb_printf(t->b, "  %lld. ", (long long)(r->rank >= 0 ? r->rank : i + 1));
+        sb_text(t->b, r->title ? r->title : r->id ? r->id : "?", 120, 0);
+        if (r->id) {
+            og_sb_printf(t->b, " %s[", st(t, DIM));
+            sb_text(t->b, r->id, 40, 0);
+            og_sb_printf(t->b, "]%s", st(t, RESET));
+        }
+        og_sb_putc(t->b, '\n');
+    }
 }
 
 static const char *base_name(const char *p)

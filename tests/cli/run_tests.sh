@@ -135,6 +135,20 @@ has "text: remedies with how lines" "$T/t" "| export PYTORCH_CUDA_ALLOC_CONF=exp
 has "text: top sites" "$T/t" "Top allocation sites (7 of 7"
 has "text: history peak" "$T/t" "peak       22.19 GiB"
 if grep -q $'\033' "$T/t"; then bad "text: no colour when not a terminal"; else ok "text: no colour when not a terminal"; fi
+# at most five remedies in full, the rest one line each under "also possible" (a dump without `shown`: the first five)
+has "text: five remedies in full" "$T/t" "Recompute activations in the backward pass"
+has "text: the rest under also possible" "$T/t" "Also possible"
+has "text: a folded remedy's line" "$T/t" "6. Run on a 32 GB or larger card [bigger_gpu]"
+hasnt "text: a folded remedy's why is not printed" "$T/t" "The peak plus the failed request is 24.2 GiB."
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))
+for r in d["remedies"]: r["shown"] = r["rank"] <= 2
+json.dump(d, open(sys.argv[2], "w"))' "$FIX/does_not_fit.json" "$T/shown2.json"
+"$OG" report "$T/shown2.json" >"$T/t2" 2>&1
+has "text: remedies[].shown decides what is folded" "$T/t2" "3. Halve the micro-batch and accumulate gradients [smaller_batch]"
+hasnt "text: a remedy shown false has no why" "$T/t2" "Activation memory scales with batch size"
+"$OG" report "$T/shown2.json" --format html -o "$T/shown2.html"
+has "html: the rest folded under also possible" "$T/shown2.html" '<details id="also-possible"><summary>Also possible (5)</summary>'
+hasnt "html: a folded remedy's why is not printed" "$T/shown2.html" "Activation memory scales with batch size"
 "$OG" report "$FIX/does_not_fit.json" --color always >"$T/t" 2>&1
 grep -q $'\033\[' "$T/t" && ok "text: --color always" || bad "text: --color always"
 if command -v script >/dev/null 2>&1; then

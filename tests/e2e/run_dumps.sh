@@ -209,6 +209,22 @@ for reset in dfl ign; do
             "[$fs] a fault fixed, SIGSEGV reset to $reset, then a failure and a crash: exit $rc as without oomguard ($want), summary printed $n time(s), after the fault ($first > $mark), dump '$st' in OOMGUARD_DIR, $(ls -A "$d/tmp" | wc -l) in TMPDIR"
     done
 done
+# the summary shows the remedies the dump marks shown (at most five) and names the rest on one line
+d=$(fresh sum-fold)
+(cd "$d" && shim env OOMGUARD_DIR="$d" timeout 20 "$prog" oneshot >"$d/out" 2>&1)
+fold=$(python3 - "$d/out" "$d"/oomguard-*.json <<'PY' 2>&1
+import json, re, sys
+out = open(sys.argv[1]).read()
+d = json.load(open(sys.argv[2]))
+shown = [r for r in d["remedies"] if r["shown"]]
+rest = [r["id"] for r in d["remedies"] if not r["shown"]]
+lines = re.findall(r"^oomguard:   (\d+)\. ", out, re.M)
+also = re.findall(r"^oomguard:   also possible: (.*)$", out, re.M)
+ok = len(shown) <= 5 and lines == [str(r["rank"]) for r in shown] and (also == [", ".join(rest)] if rest else not also)
+print("ok" if ok else "shown %s, printed %s, also %s, rest %s" % (len(shown), lines, also, rest))
+PY
+)
+result $([ "$fold" = ok ]; echo $?) "the summary prints the shown remedies (at most five) and the rest on one line: $fold"
 d=$(fresh sum-twodev)
 shim env OOMGUARD_DIR="$d" "$prog" twodev >"$d/out" 2>&1
 n=$(summaries "$d/out"); dev=$(grep "^oomguard: .* failed: " "$d/out" | grep -o "on device [0-9]*")

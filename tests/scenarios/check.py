@@ -331,6 +331,9 @@ def expectation_checks(d, txt, exp, subst):
     for c in d["diagnosis"].get("causes", []):
         check(0 <= (c.get("confidence") or 0) <= 1, "confidence of %s out of [0,1]" % c["id"])
     check([r["rank"] for r in d["remedies"]] == list(range(1, len(ids) + 1)), "remedy ranks are 1..n")
+    # at most five shown in full (the text dump and the stderr summary: run_scenarios.py checks them)
+    check([r.get("shown") for r in d["remedies"]] == [r["rank"] <= 5 for r in d["remedies"]],
+          "remedies[].shown is true for ranks 1-5 only")
 
 
 def main():

@@ -87,6 +87,7 @@ def expert_edit(d, exp):
     d["remedies"] = lead + [r for r in keep if r["id"] not in wanted]
     for i, r in enumerate(d["remedies"]):
         r["rank"] = i + 1
+        r["shown"] = i < 5
     return d
 
 

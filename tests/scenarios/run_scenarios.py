@@ -9,6 +9,7 @@ $B/liboomguard.so), SANITIZE=1, SCEN_STATUS=FILE (also write a status report for
 writers), SCEN_KEEP=DIR (keep every run's dumps and logs there)."""
 import glob
 import json
+import re
 import os
 import shutil
 import signal
@@ -149,6 +150,26 @@ def run_case(name, case, mode, work, cases_dir=None):
                                                         "Segmentation", "Aborted", "double free", "corrupted"))]
         detail.append("FAIL exit status %s, expected %s%s" % (rc, want, (": " + " / ".join(why[:3])) if why else ""))
         detail += ["  | " + l for l in lines[-15:]]
+    # the stderr summary: at most five remedies in full, the rest named on one "also possible" line
+    text = open(log, errors="replace").read()
+    if re.search(r"^oomguard:   ([6-9]|\d\d+)\. ", text, re.M):
+        ok = False
+        detail.append("FAIL the stderr summary prints more than five remedies in full")
+    longest = max([len(json.load(open(f)).get("remedies", [])) for f in glob.glob(os.path.join(dumps, "oomguard-*.json"))
+                   if json.load(open(f)).get("status") == "oom"] or [0])
+    if "oomguard: diagnosis:" in text and longest > 5 and "oomguard:   also possible: " not in text:
+        ok = False
+        detail.append("FAIL the stderr summary does not fold the remedies past five under 'also possible'")
+    # the text dump: the remedies past five one line each under "also possible", without their why
+    for f in glob.glob(os.path.join(dumps, "oomguard-*.json")):
+        d = json.load(open(f))
+        txt = open(f[:-5] + ".txt", errors="replace").read() if os.path.exists(f[:-5] + ".txt") else None
+        rems = d.get("remedies", [])
+        if txt is None or not rems:
+            continue
+        if ("\nalso possible\n" in txt) != (len(rems) > 5) or any(r["why"] and r["why"] in txt for r in rems[5:]):
+            ok = False
+            detail.append("FAIL the text dump %s does not fold the remedies past five" % os.path.basename(f))
     top3 = os.path.join(work, "top3")
     chk = subprocess.run([sys.executable, os.path.join(HERE, "check.py"), os.path.join(cases_dir or os.path.join(HERE, "cases"), name + ".json"),
                           mode, dumps, truth, "--top3-out", top3] + extra, stdout=subprocess.PIPE,

@@ -147,7 +147,8 @@ static void check_shape(const og_record_t *r)
     assert_true(r->nremedies >= 1 && r->nremedies <= 20);
     for (int i = 0; i < r->nremedies; i++) {
         const og_remedy_t *m = &r->remedies[i];
-        assert_int_equal(m->rank, i + 1); /* 1..n, no gaps */
+        assert_int_equal(m->rank, i + 1);  /* 1..n, no gaps */
+        assert_int_equal(m->shown, i < 5); /* five shown in full, the rest "also possible" */
         bool known_id = false;
         for (size_t k = 0; k < sizeof ALL_IDS / sizeof *ALL_IDS; k++)
             known_id = known_id || strcmp(m->id, ALL_IDS[k]) == 0;
