@@ -13,9 +13,13 @@
  *                counts what the check counts (context included); "refused by the context alone"
  *                when the context plus the request is over the limit whatever the job holds.
  * framework_cap  the adapter reports a framework-imposed cap (set_per_process_memory_fraction,
- *                XLA_PYTHON_CLIENT_MEM_FRACTION, CuPy set_limit) and allocated + request exceeds it: the
- *                framework refused the request itself (0.95), or the device had room (0.8).  Under the cap
- *                an internal failure is not the cap's (e.g. fragmentation inside an XLA arena).
+ *                XLA_PYTHON_CLIENT_MEM_FRACTION, TF memory_limit, CuPy set_limit) and what the cap counts
+ *                plus the request exceeds it, counted as that framework checks it: PyTorch's fraction and
+ *                CuPy's limit count the RESERVED bytes, JAX's and TF's arenas the bytes in use.  The
+ *                framework refused the request itself while the device had room (0.99: the cap said no,
+ *                whatever else is true), refused it without room (0.95), or the device had room (0.8).
+ *                Its summary starts with the cap and its setting.  Under the cap an internal failure is
+ *                not the cap's (e.g. fragmentation inside an XLA arena).
  * cache_held     failing library known and not a framework (cuDNN, NCCL, an extension), shortfall > 0:
  *                (a) measured: max(reclaim, app_slack) >= shortfall: 0.6 + 0.3*clamp((avail/short-1)/3);
  *                (b) the cache is unknown but frameworks reserve R >= shortfall: 0.5 + 0.1*clamp((R/short-1)/3)
@@ -39,6 +43,7 @@
  *                75% preallocation, TensorFlow's grab-all): 0.75 + 0.2*clamp(R2/total / 0.5).
  * peer_ranks     same-job peers hold P on this device, P >= shortfall (or this rank's LOCAL_RANK
  *                names another GPU): 0.7, +0.2 when each holds about one context (<= 1.5 GiB).
+ *                Peers: ranks, children, the parent and its other workers (a pre-fork server).
  * imbalance      one process (world_size <= 1) using >= 2 GPUs; the failing GPU holds >= 1.5x the
  *                most of any other, and evening it out would cover the shortfall:
  *                0.6 + 0.3*clamp((ratio - 1.5)/2).
@@ -223,20 +228,30 @@ static bool c_framework_cap(const og_facts_t *d, const og_record_t *r, og_cause_
     uint64_t req = d->cap.req, alloc = d->cap.alloc;
     bool room = d->cap.room;
     c->id = og_cause_ids[OG_CAUSE_FWCAP];
-    c->confidence = fw->internal_oom ? 0.95 : 0.8;
+    /* refused inside the framework while the device had room: the cap is what said no */
+    c->confidence = fw->internal_oom ? (room ? 0.99 : 0.95) : 0.8;
     char src[sizeof fw->cap_source];
     og_cpy(src, sizeof src, fw->cap_source, sizeof fw->cap_source);
     const char *who = fw_display(d->ffw);
-    if (src[0])
-        summary(c, "%s refused %s itself: %s caps it at %s and %s is in use%s.", who, og_hb((double)req).s, src,
-                og_hb((double)fw->cap_bytes).s, og_hb((double)alloc).s,
-                room ? "; the device itself had room for the request" : "");
+    /* the cap and its setting first: the line a user reads (the stderr summary quotes it) */
+    char counted[96];
+    if (d->cap.reserved)
+        og_fmt(counted, sizeof counted, "%s reserved (%s of it in tensors)", og_hb((double)d->cap.counted).s,
+               og_hb((double)alloc).s);
     else
-        summary(c, "%s refused %s itself: a framework-imposed cap of %s, with %s in use%s.", who, og_hb((double)req).s,
-                og_hb((double)fw->cap_bytes).s, og_hb((double)alloc).s,
-                room ? "; the device itself had room for the request" : "");
+        og_fmt(counted, sizeof counted, "%s in use", og_hb((double)alloc).s);
+    if (src[0])
+        summary(c, "%s's cap %s (%s) refused %s: %s%s; %s.", who, src, og_hb((double)fw->cap_bytes).s,
+                og_hb((double)req).s, counted, d->cap.reserved ? ", and the cap counts what is reserved" : "",
+                room ? "the device itself had room for the request" : "the device had no room either");
+    else
+        summary(c, "%s's own cap of %s refused %s: %s%s; %s.", who, og_hb((double)fw->cap_bytes).s,
+                og_hb((double)req).s, counted, d->cap.reserved ? ", and the cap counts what is reserved" : "",
+                room ? "the device itself had room for the request" : "the device had no room either");
     ev_bytes(c, "cap_bytes", fw->cap_bytes);
     ev_text(c, "cap_source", "%s", src[0] ? src : "unknown");
+    ev_text(c, "cap_counts", "%s", d->cap.reserved ? "reserved" : "allocated");
+    ev_bytes(c, "counted_bytes", d->cap.counted);
     ev_bytes(c, "allocated_bytes", alloc);
     ev_bytes(c, "requested_bytes", req);
     ev_bytes(c, "over_cap_bytes", d->cap.over);
@@ -495,6 +510,14 @@ static bool c_peer_ranks(const og_facts_t *d, const og_record_t *r, og_cause_t *
                 d->npeers, og_plural(d->npeers, "process", "processes"), og_plural(d->npeers, "holds", "hold"),
                 og_hb((double)d->peers_bytes).s, r->event.device,
                 d->peers_small ? ", about one CUDA context each" : "");
+    else if (d->npeers && d->nsiblings + d->nparents + d->nchildren == d->npeers)
+        summary(c,
+                "%d other %s of this job (%s) %s %s on GPU %d: each worker of a pre-fork server loads "
+                "its own copy of the model, so the GPU holds one per worker; they are this job, not other users.",
+                d->npeers, og_plural(d->npeers, "process", "processes"),
+                d->nparents ? "workers of the same parent process and its master"
+                            : "workers of the same parent process, same command",
+                og_plural(d->npeers, "holds", "hold"), og_hb((double)d->peers_bytes).s, r->event.device);
     else if (d->npeers)
         summary(c,
                 "%d other %s of this job (same command, launcher variables) %s %s on GPU %d%s: %s never "
@@ -510,6 +533,8 @@ static bool c_peer_ranks(const og_facts_t *d, const og_record_t *r, og_cause_t *
                 r->local_rank, r->event.device);
     ev_num(c, "peers", d->npeers);
     ev_num(c, "children", d->nchildren);
+    ev_num(c, "siblings", d->nsiblings);
+    ev_num(c, "parent", d->nparents);
     ev_bytes(c, "peers_bytes", d->peers_bytes);
     ev_bytes(c, "shortfall_bytes", d->shortfall);
     if (r->local_rank >= 0)

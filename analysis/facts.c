@@ -21,7 +21,8 @@
  *              numbers are those of the first attempt, before the release, so reclaim = cached
  *   app_slack  pool_reserved - pool_used when the pools belong to the application (not the framework)
  *   peers      other processes on the device of the same job (same command and launcher/rank
- *              variables, see capture.c); `others` excludes them
+ *              variables, children, the parent and its other workers: see capture.c); `others`
+ *              excludes them
  *
  * The history patterns (growth's steps, a load the request belongs to) and the cross-device
  * imbalance are facts too: the causes report them, does_not_fit and the remedies read them. */
@@ -151,6 +152,8 @@ static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t
         if (rec->memory.other[i].same_job) {
             d->npeers++;
             d->nchildren += rec->memory.other[i].child;
+            d->nsiblings += rec->memory.other[i].sibling;
+            d->nparents += rec->memory.other[i].parent;
             d->peers_bytes = add_sat(d->peers_bytes, rec->memory.other[i].bytes);
             if (rec->memory.other[i].bytes > 3 * (GIB / 2))
                 d->peers_small = false;
@@ -260,20 +263,35 @@ static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t
     d->distinct_sizes = og_distinct_alloc_sizes(rec);
 }
 
-/* A framework-imposed cap binds when what is allocated plus the request exceeds it; an internal
- * failure under the cap is something else (fragmentation inside the framework's arena). */
+/* A framework-imposed cap binds when what it counts plus the request exceeds it, counted the way that
+ * framework checks it: PyTorch's set_per_process_memory_fraction refuses a segment that would take its
+ * caching allocator's RESERVED bytes past fraction x total (cached blocks count), CuPy's pool limit
+ * bounds the pool's total bytes; JAX's XLA_PYTHON_CLIENT_MEM_FRACTION and TensorFlow's memory_limit
+ * size a BFC arena whose bytes in use (allocated) plus the request must fit.  An internal failure
+ * under the cap is something else (fragmentation inside the framework's arena). */
 static void framework_cap(og_facts_t *d, const og_record_t *r)
 {
     const og_framework_view_t *fw = &r->memory.fw;
     struct og_cap_facts *k = &d->cap;
     if (!fw->has || !fw->cap_bytes || fw->cap_bytes == OG_UNKNOWN)
         return;
+    char name[sizeof fw->framework];
+    og_cpy(name, sizeof name, fw->framework, sizeof fw->framework);
+    int kind = !name[0]                          ? d->ffw
+               : strcmp(name, "pytorch") == 0    ? OG_FW_PYTORCH
+               : strcmp(name, "cupy") == 0       ? OG_FW_CUPY
+               : strcmp(name, "jax") == 0        ? OG_FW_JAX
+               : strcmp(name, "tensorflow") == 0 ? OG_FW_TENSORFLOW
+                                                 : d->ffw;
     k->cap = fw->cap_bytes;
     k->req = d->req ? d->req : fw->requested_bytes;
     k->alloc = known(fw->allocated_bytes) ? fw->allocated_bytes : 0;
-    k->over = sub0(add_sat(k->alloc, k->req), k->cap);
+    k->reserved =
+        (kind == OG_FW_PYTORCH || kind == OG_FW_CUPY) && known(fw->reserved_bytes) && fw->reserved_bytes >= k->alloc;
+    k->counted = k->reserved ? fw->reserved_bytes : k->alloc;
+    k->over = sub0(add_sat(k->counted, k->req), k->cap);
     k->room = d->phys_free.known && d->phys_free.v >= k->req;
-    k->binds = add_sat(k->alloc, k->req) > k->cap && (fw->internal_oom || k->room);
+    k->binds = add_sat(k->counted, k->req) > k->cap && (fw->internal_oom || k->room);
 }
 
 /* ------------------------------------------------------------------ growth: steps in the history */
@@ -826,6 +844,52 @@ static void advice(og_facts_t *f, const og_record_t *rec)
                                                                     : rec->device.cc_minor);
 }
 
+/* ------------------------------------------------------------------ which cards fit */
+
+/* A phase in which the failing request is one of a build-up whose rest was never asked for (weights
+ * still arriving, a pass keeping activations, optimizer state being made, a cache growing, a retry
+ * inside a handler): what the job needs is not known from the failure.  A collective's buffers are
+ * set up at once; an unknown phase says nothing. */
+static bool unbounded_phase(enum og_job_phase p) { return p != OG_JP_unknown && p != OG_JP_collective; }
+
+/* What a card must hold for this job on the failing device.  A recovered failure fit (after the
+ * release): its peak.  An unrecovered one needed at least what it held plus the request (less a
+ * measured cache), never less than its peak plus the shortfall; that is the job's peak only when
+ * nothing says more was coming: no growth, no load or single pass still building up, no build-up
+ * phase, a request of known size.  A card of the failing device's size never fits a failure on it. */
+static void fit(og_facts_t *d, const og_record_t *r)
+{
+    og_fit_facts_t *f = &d->fit;
+    uint64_t peak = 0;
+    for (int i = 0; i < r->nsummary && i < 16; i++)
+        if (r->summary[i].index == r->event.device)
+            peak = r->summary[i].peak_bytes;
+    f->bounded = true;
+    if (d->recovered) {
+        f->need = peak; /* it did fit, after the release */
+        return;
+    }
+    f->card_floor = d->capacity;
+    uint64_t held = d->used_known && d->used > d->tracked ? d->used : d->tracked;
+    uint64_t job = sub0(add_sat(held, d->req), d->reclaim);
+    uint64_t ps = add_sat(peak, d->shortfall);
+    f->need = peak > job ? peak : job;
+    if (ps > f->need)
+        f->need = ps;
+    if (d->req == 0 || d->req == UINT64_MAX)
+        og_fmt(f->why, sizeof f->why, "the failing request's size was not seen");
+    else if (d->growth.holds)
+        og_fmt(f->why, sizeof f->why, "memory grew step by step until the failure: a leak fills any card");
+    else if (unbounded_phase(d->phase))
+        og_fmt(f->why, sizeof f->why, "it failed during %s: what the rest of it needs was never requested",
+               og_job_phase_name(d->phase));
+    else if (d->load.phase != OG_PHASE_NONE)
+        og_fmt(f->why, sizeof f->why, "it failed while loading: the rest of the load was never requested");
+    else if (d->growth.pass_built)
+        og_fmt(f->why, sizeof f->why, "it failed in one pass still building up: the rest was never requested");
+    f->bounded = !f->why[0];
+}
+
 /* ------------------------------------------------------------------ entry */
 
 void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds_t *th, og_growth_scratch_t *s)
@@ -838,6 +902,7 @@ void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds
     load(f, rec);
     imbalance(f, rec);
     non_framework(f, rec);
+    fit(f, rec);
     roles(f, rec);
     outlier(f, rec);
     communication(f, rec);

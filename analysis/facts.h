@@ -103,6 +103,15 @@ typedef struct og_imbalance_facts {
     double ratio; /* mine / the most of any other */
 } og_imbalance_facts_t;
 
+/* Which card sizes the job fits: what a card must hold on the failing device, and whether that is a
+ * bounded peak (known) or only a lower bound (the job grows, or failed before its need was seen). */
+typedef struct og_fit_facts {
+    bool bounded;        /* `need` is the job's peak: fits/does not fit can be said for any card */
+    uint64_t need;       /* the peak (bounded) or at least this (not bounded) */
+    uint64_t card_floor; /* a card of at most this size never fits (the failing device's size; 0 none) */
+    char why[128];       /* why the peak is not bounded ("" when it is) */
+} og_fit_facts_t;
+
 typedef struct og_facts {
     /* thresholds in force (validated; defaults for a missing or invalid value) */
     double frag_share, nonfw_share, growth_min_share, growth_rising_steps;
@@ -124,6 +133,7 @@ typedef struct og_facts {
     uint64_t used, footprint;
     uint64_t other_all, other, peers_bytes;
     int npeers, nothers, nchildren;
+    int nsiblings, nparents; /* peers that are workers of the same parent (a pre-fork server) or its master */
     bool peers_small, other_inferred;
     bool wrong_device; /* LOCAL_RANK names another visible GPU than the failing one */
 
@@ -146,12 +156,15 @@ typedef struct og_facts {
 
     /* a framework-imposed cap (memory fraction, set_limit) the adapter reported */
     struct og_cap_facts {
-        bool binds; /* allocated + request exceed it, and the framework refused or the device had room */
+        bool binds; /* counted + request exceed it, and the framework refused or the device had room */
         uint64_t cap, req, alloc, over;
-        bool room; /* the device itself had room for the request */
+        bool reserved;    /* the cap bounds what the framework reserves (PyTorch, CuPy), not what is in use */
+        uint64_t counted; /* what the cap counts: reserved bytes, or allocated (JAX, TensorFlow: in use) */
+        bool room;        /* the device itself had room for the request */
     } cap;
 
     /* patterns in the history and across devices */
+    og_fit_facts_t fit;
     og_growth_facts_t growth;
     og_load_facts_t load;
     og_imbalance_facts_t imbalance;

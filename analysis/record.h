@@ -29,6 +29,8 @@ typedef struct og_other_proc {
     bool same_job; /* same command and job (launcher/rank variables) as this process */
     long rank;     /* its RANK (or launcher equivalent), -1 when unknown */
     bool child;    /* a child of this process (DataLoader worker, subprocess) */
+    bool sibling;  /* another child of this process's parent, same command (a pre-fork server's worker) */
+    bool parent;   /* this process's parent (a pre-fork server's master) */
 } og_other_proc_t;
 
 typedef struct og_frame {

@@ -60,6 +60,12 @@ static bool growth_cache(const rctx_t *x) { return HAS(GROWTH) && cache_ok(x); }
 static bool growth_on_purpose(const rctx_t *x) { return PRIMARY(GROWTH) && og_growth_without_autograd(x); }
 static bool otherfw_holds(const rctx_t *x) { return HAS(OTHERFW); }
 static bool peers_hold(const rctx_t *x) { return HAS(PEERS); }
+/* every peer on the GPU is a worker of this process's parent or the parent (a pre-fork server) */
+static bool prefork_peers(const rctx_t *x)
+{
+    return HAS(PEERS) && x->npeers && x->f->nsiblings && x->f->nsiblings + x->f->nparents == x->npeers;
+}
+static bool prefork_primary(const rctx_t *x) { return PRIMARY(PEERS) && prefork_peers(x); }
 static bool fwcap_holds(const rctx_t *x) { return HAS(FWCAP); }
 static bool imbalance_holds(const rctx_t *x) { return HAS(IMBALANCE); }
 static bool dnf_cache(const rctx_t *x) { return HAS(DNF) && (cache_ok(x) || cache_maybe(x)); }
@@ -250,6 +256,8 @@ static const og_rank_row_t bring[] = {
     { "other_framework", otherfw_holds, WANT, 0, 0, REMS(R_OTHER_FW), "cause other_framework",
       "jax_prealloc_then_torch" },
     { "peer_ranks", peers_hold, WANT, 0, 0, REMS(R_SET_DEVICE), "cause peer_ranks", "ddp_8ranks_no_set_device" },
+    { "prefork_workers", prefork_peers, WANT, 0, 0, REMS(R_FEWER_WORKERS),
+      "cause peer_ranks, every peer a worker of this process's parent (or the parent)", "prefork_server_copies" },
     { "framework_cap", fwcap_holds, WANT, 0, 0, REMS(R_FW_CAP, R_MIXED, R_SMALLER_BATCH, R_CHECKPOINTING),
       "cause framework_cap", "(unit tests: framework_cap_cause)" },
     { "imbalance", imbalance_holds, WANT, 0, 0, REMS(R_DDP, R_SMALLER_BATCH, R_MIXED), "cause imbalance",
@@ -293,6 +301,9 @@ static const og_rank_row_t bring[] = {
 };
 
 static const og_rank_row_t narrow[] = {
+    { "prefork_not_ranks", prefork_peers, DROP, 0, 0, REMS(R_SET_DEVICE),
+      "cause peer_ranks, every peer a worker of this process's parent (or the parent): not ranks on a wrong GPU",
+      "prefork_server_copies" },
     { "released_nothing", released_nothing, DROP, 0, 0, REMS(R_EMPTY_CACHE),
       "fragmentation, a retry that freed 0 B, cache not known > 0", "frag_varlen_noadapter" },
     { "larger_than_device", larger, ONLY, 0, 0, REMS(R_CHUNK, R_MULTI_GPU, R_OFFLOAD),
@@ -371,6 +382,8 @@ static const og_rank_row_t lead[] = {
     { "growth_one_offs_last", confident_growth, DEMOTE, 3, 0,
       REMS(R_EMPTY_CACHE, R_EXPANDABLE, R_RESTART, R_BUCKET, R_POOL_TRIM), "primary growth >= 0.7",
       "train_leak_eval_fails, generate_kv_cache" },
+    { "prefork_workers_lead", prefork_primary, LEAD, -20, 0, REMS(R_FEWER_WORKERS),
+      "primary peer_ranks, every peer a worker of this process's parent (or the parent)", "prefork_server_copies" },
     { "limit_on_shared_gpu", limit_on_shared_gpu, LEAD, -20, 0, REMS(R_RAISE_LIMIT), "limit, other processes listed",
       "(unit tests)" },
     { "larger_inference_lead", larger_inference, LEAD, -31, 0, REMS(R_SHORTER_SEQ),
@@ -491,6 +504,7 @@ static void estimate(rank_t *k, const rctx_t *x)
     cover[R_MULTI_GPU] = cover[R_ZERO] = cover[R_OFFLOAD] = cover[R_BIGGER] = cover[R_CHUNK] = big;
     cover[R_OTHER_FW] = (double)x->other_fw_bytes;
     cover[R_SET_DEVICE] = (double)x->peers_bytes;
+    cover[R_FEWER_WORKERS] = (double)x->peers_bytes;
     cover[R_FW_CAP] = big;
     /* by role and phase: what each remedy shrinks, measured (the Python adapter); unknown without it */
     const og_role_facts_t *ro = roles_of(x);

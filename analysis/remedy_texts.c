@@ -1019,6 +1019,16 @@ static bool b_bigger_gpu(const rctx_t *x, og_remedy_t *r)
     };
     /* the process alone on a fresh card: what it holds now plus the request; 3% kept for the driver */
     uint64_t need = add_sat(x->footprint, x->req);
+    if (!x->f->fit.bounded) { /* only a lower bound: no card size can be promised */
+        why(r,
+            "The job needs at least %s (%s held + %s requested); this card has %s. Its full peak was not seen "
+            "(%s), so no card size can be promised to fit it.",
+            og_hb((double)need).s, og_hb((double)x->footprint).s, og_hb((double)x->req).s, og_hb((double)x->total).s,
+            x->f->fit.why);
+        how(r, "Measure the peak first: run once on a larger card with OOMGUARD_SUMMARY=1 (prints the peak per GPU).");
+        how(r, "Or a smaller model of the same family (e.g. 70B -> 13B).");
+        return true;
+    }
     int fit = -1;
     for (size_t i = 0; i < sizeof cards / sizeof *cards; i++)
         if ((double)need <= cards[i].gb * GIB * 0.97 && (double)cards[i].gb * GIB > (double)x->total * 1.01) {
@@ -1098,6 +1108,26 @@ static bool b_other_framework(const rctx_t *x, og_remedy_t *r)
         else if (k == OG_FW_PYTORCH)
             how(r, "torch.cuda.empty_cache(); torch.cuda.set_per_process_memory_fraction(0.5)   # PyTorch's share");
     }
+    return true;
+}
+
+/* the workers of a pre-fork server (gunicorn, uWSGI, multiprocessing): each loads its own copy */
+static bool b_fewer_workers(const rctx_t *x, og_remedy_t *r)
+{
+    const og_record_t *rec = x->rec;
+    int workers = x->f->nsiblings + 1; /* this one too */
+    why(r,
+        "%d other %s of this job (%s) %s %s on GPU %d: every worker of a pre-fork server creates its own CUDA "
+        "context and loads its own copy of the model, so the GPU holds one copy per worker (%d here). Do not "
+        "stop them: they are this job.",
+        x->npeers, og_plural(x->npeers, "process", "processes"),
+        x->f->nparents ? "the workers of this process's parent and the parent itself" : "workers of the same parent",
+        og_plural(x->npeers, "holds", "hold"), og_hb((double)x->peers_bytes).s, rec->event.device, workers);
+    how(r, "gunicorn --workers %d ...   # (or uvicorn --workers, uWSGI processes=): fewer model copies per GPU",
+        workers > 2 ? workers - 1 : 1);
+    how(r, "Or one process per GPU that owns the model and batches requests (threads or async handlers, a model "
+           "server such as Triton, TorchServe or vLLM)");
+    how(r, "Or give each worker its own GPU: CUDA_VISIBLE_DEVICES per worker (gunicorn post_fork hook)");
     return true;
 }
 

@@ -571,8 +571,11 @@ static void capture_peers(og_record_t *rec)
         if (rp && sscanf(rp + 1, " %*c %d", &ppid) == 1 && ppid == rec->pid)
             o->child = o->same_job = true;
         ssize_t n = read_proc(o->pid, "cmdline", buf, sizeof rec->cmdline);
-        if (n <= 0)
+        if (n <= 0) {
+            o->parent = o->pid == rec->ppid && rec->ppid > 1;
+            o->same_job = o->same_job || o->parent;
             continue;
+        }
         og_cmdline_join(buf, (size_t)n, cmd, sizeof rec->cmdline); /* redacted like ours */
         bool same_cmd = strcmp(cmd, rec->cmdline) == 0;
         ssize_t en = read_proc(o->pid, "environ", buf, 65536);
@@ -600,7 +603,14 @@ static void capture_peers(og_record_t *rec)
                     ranked = o->rank >= 0;
             }
         }
-        o->same_job = o->child || (same_cmd && !job_differs && (job_match || ranked));
+        /* a pre-fork server: its master (our parent) and the other workers it forked (our parent's
+         * children with our command, no rank: a launcher's ranks are ranks) are this job, without
+         * launcher variables (not under init or a container's first process, which parent
+         * unrelated programs) */
+        o->parent = o->pid == rec->ppid && rec->ppid > 1;
+        o->sibling = !o->child && !o->parent && ppid == rec->ppid && rec->ppid > 1 && same_cmd && !job_differs &&
+                     o->rank < 0 && rec->rank < 0;
+        o->same_job = o->child || o->parent || o->sibling || (same_cmd && !job_differs && (job_match || ranked));
     }
 out:
     free(buf);

@@ -149,6 +149,8 @@ static void render_text(const og_record_t *r, og_sb_t *sb)
         og_sb_printf(sb, "    %spid %-8d %-18s %12s%s\n", r->memory.other[i].visible ? "" : "host ",
                      r->memory.other[i].pid, T(r->memory.other[i].name), H(r->memory.other[i].bytes),
                      r->memory.other[i].child      ? "  (child of this process)"
+                     : r->memory.other[i].parent   ? "  (parent of this process: this job)"
+                     : r->memory.other[i].sibling  ? "  (worker of the same parent: this job)"
                      : r->memory.other[i].same_job ? "  (this job)"
                                                    : "");
     for (int i = 0; i < r->memory.nunmeasured; i++)

@@ -415,10 +415,13 @@ static void w_memory(og_sb_t *sb, const og_record_t *r)
     for (int i = 0; i < r->memory.nother; i++) {
         og_sb_printf(sb, "%s{\"pid\":%d,\"name\":", i ? "," : "", r->memory.other[i].pid);
         og_sb_json_str(sb, r->memory.other[i].name);
-        og_sb_printf(sb, ",\"bytes\":%llu,\"visible\":%s,\"same_job\":%s,\"child\":%s,\"rank\":%ld}",
+        og_sb_printf(sb,
+                     ",\"bytes\":%llu,\"visible\":%s,\"same_job\":%s,\"child\":%s,\"rank\":%ld,\"sibling\":%s,"
+                     "\"parent\":%s}",
                      (unsigned long long)r->memory.other[i].bytes, r->memory.other[i].visible ? "true" : "false",
                      r->memory.other[i].same_job ? "true" : "false", r->memory.other[i].child ? "true" : "false",
-                     r->memory.other[i].rank);
+                     r->memory.other[i].rank, r->memory.other[i].sibling ? "true" : "false",
+                     r->memory.other[i].parent ? "true" : "false");
     }
     og_sb_puts(sb, "]");
     K("other_processes_bytes");
@@ -635,32 +638,27 @@ static void w_summary(og_sb_t *sb, const og_record_t *r)
         og_sb_printf(sb, "%s{\"index\":%d,\"peak_bytes\":%llu,\"peak_t_rel\":%.6f,\"peak_library\":", i ? "," : "",
                      r->summary[i].index, (unsigned long long)r->summary[i].peak_bytes, r->summary[i].peak_t_rel);
         og_sb_json_str(sb, r->summary[i].peak_library);
+        /* on the device of a failure, what a card must hold and whether that is known: the analysis's
+         * fact (facts.c, fit); elsewhere, the peak so far */
+        bool failing = r->event.api && r->summary[i].index == r->event.device && strcmp(r->status, "exit") != 0 &&
+                       strcmp(r->status, "warning") != 0 && r->analysis.facts_valid;
+        const og_fit_facts_t *f = &r->analysis.facts.fit;
+        uint64_t need = failing ? f->need : r->summary[i].peak_bytes;
+        bool bounded = !failing || f->bounded;
+        og_sb_printf(sb, ",\"need_bytes\":%llu,\"need_bounded\":%s,\"unbounded_why\":", (unsigned long long)need,
+                     bounded ? "true" : "false");
+        if (bounded)
+            og_sb_puts(sb, "null");
+        else
+            og_sb_json_str(sb, f->why);
         og_sb_puts(sb, ",\"fits\":[");
-        /* on the failing device the job needed more than its peak: what it held plus the request
-         * (less a measured cache), never less than peak + shortfall */
-        uint64_t need = r->summary[i].peak_bytes;
-        if (r->event.api && r->summary[i].index == r->event.device && strcmp(r->status, "exit") != 0 &&
-            strcmp(r->status, "warning") != 0) {
-            uint64_t held = r->memory.process_tracked_bytes;
-            if (r->memory.process_used_bytes != OG_UNKNOWN && r->memory.process_used_bytes > held)
-                held = r->memory.process_used_bytes;
-            uint64_t cached =
-                r->memory.framework_cached_bytes != OG_UNKNOWN &&
-                        (r->memory.framework_cached_source != OG_CACHE_RETRY_RELEASE || r->event.recovered)
-                    ? r->memory.framework_cached_bytes
-                    : 0;
-            uint64_t job = held + r->event.requested_bytes > cached ? held + r->event.requested_bytes - cached : 0;
-            uint64_t ps = r->diagnosis.shortfall_bytes != OG_UNKNOWN ? need + r->diagnosis.shortfall_bytes : need;
-            if (r->event.recovered)
-                job = ps = need; /* it did fit, after the release */
-            if (job > need)
-                need = job;
-            if (ps > need)
-                need = ps;
+        for (size_t c = 0; c < sizeof cards / sizeof *cards; c++) {
+            uint64_t card = (uint64_t)cards[c] * 1000000000ull;
+            /* too small for what it held and asked, or no larger than the card it failed on: no; room
+             * for a bounded peak: yes; room only for a lower bound: unknown */
+            const char *v = need > card || (failing && card <= f->card_floor) ? "false" : bounded ? "true" : "null";
+            og_sb_printf(sb, "%s{\"card_gb\":%u,\"fits\":%s}", c ? "," : "", cards[c], v);
         }
-        for (size_t c = 0; c < sizeof cards / sizeof *cards; c++)
-            og_sb_printf(sb, "%s{\"card_gb\":%u,\"fits\":%s}", c ? "," : "", cards[c],
-                         need <= (uint64_t)cards[c] * 1000000000ull ? "true" : "false");
         og_sb_puts(sb, "]}");
     }
     og_sb_puts(sb, "]}");

@@ -336,7 +336,12 @@ void og_exit_summary(void)
             if (st.peak_tracked_bytes <= (uint64_t)cards[i] * 1000000000ull)
                 fit = cards[i];
         double t = og_ledger_peak_t_ns(d) ? (double)(og_ledger_peak_t_ns(d) - og_start_ns()) / 1e9 : 0;
-        if (fit)
+        if (st.failures) /* the peak leaves out what failed: the job's need was never seen */
+            og_log("summary: device %d peak %s at %.2f s; %llu allocation%s failed on it, so its full need was "
+                   "not seen: which cards fit is unknown",
+                   d, og_bytes_fmt(a, sizeof a, (double)st.peak_tracked_bytes, OG_BYTES_FIXED), t,
+                   (unsigned long long)st.failures, st.failures == 1 ? "" : "s");
+        else if (fit)
             og_log("summary: device %d peak %s at %.2f s: fits on %u GB cards and above", d,
                    og_bytes_fmt(a, sizeof a, (double)st.peak_tracked_bytes, OG_BYTES_FIXED), t, fit);
         else

@@ -145,8 +145,9 @@ struct og_devsum {
     int64_t index, peak_bytes;
     double peak_t_rel;
     const char *peak_library;
-    struct og_fit *fits;
+    struct og_fit *fits; /* fits: 1 yes, 0 no, -1 unknown (null: the peak was not bounded) */
     int nfits;
+    const char *unbounded_why; /* why which cards fit is unknown (NULL: known, or not said) */
 };
 
 struct og_kv {

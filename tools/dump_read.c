@@ -1883,6 +1883,7 @@ static int v_summary(struct loader *L, const cJSON *r)
         TRY(get_int(L, x, &pe, "peak_bytes", &v->peak_bytes));
         TRY(get_num(L, x, &pe, "peak_t_rel", &v->peak_t_rel));
         TRY(get_str(L, x, &pe, "peak_library", &v->peak_library));
+        TRY(get_str(L, x, &pe, "unbounded_why", &v->unbounded_why));
         TRY(get_arr(L, x, &pe, "fits", &fits));
         if (!fits)
             continue;

@@ -1121,6 +1121,11 @@ static void fits(struct hx *h)
                          v->fits[j].fits == 1   ? "\u2713"
                          : v->fits[j].fits == 0 ? "\u2717"
                                                 : "?");
+        if (v->unbounded_why) {
+            og_sb_puts(h->b, "<div class=\"muted\">? unknown: ");
+            esc(h, v->unbounded_why, 200);
+            og_sb_puts(h->b, "</div>");
+        }
         og_sb_puts(h->b, "</td></tr>");
     }
     og_sb_puts(h->b, "</tbody></table></section>\n");

@@ -774,6 +774,11 @@ static void history(struct tx *t, const struct og_dump *d)
                          st(t, s->fits[j].fits == 1 ? GREEN : RED), mark, st(t, RESET));
         }
         og_sb_putc(t->b, '\n');
+        if (s->unbounded_why) {
+            og_sb_puts(t->b, "             ? unknown: ");
+            sb_text(t->b, s->unbounded_why, 200, 0);
+            og_sb_putc(t->b, '\n');
+        }
     }
 }
 

@@ -231,6 +231,23 @@ def truth_checks(d, mark, rec_mark, exp):
                           "%.2f GB (held %.2f GB + requested %.2f GB - cached %.2f GB)"
                           % (f["card_gb"], need / 1e9, t["used_bytes"] / 1e9, mark["requested"] / 1e9,
                              (ex_c["reserved"] - ex_c["allocated"]) / 1e9))
+    # "fits" only from a bounded peak: on the device of an unrecovered failure, a card no larger than
+    # the device (or the limit) never fits, and nothing fits when the peak was not bounded (then: why)
+    if d["status"] == "oom":
+        floor = d["device"].get("limit_bytes") or d["device"].get("total_bytes") or 0
+        for dv in d.get("summary", {}).get("devices", []) or []:
+            if dv.get("index") != d["event"].get("device"):
+                continue
+            check(isinstance(dv.get("need_bounded"), bool), "summary.devices[].need_bounded is a bool")
+            check(dv.get("need_bounded") or bool(dv.get("unbounded_why")),
+                  "summary: an unbounded need says why (unbounded_why)")
+            for f in dv.get("fits", []) or []:
+                if f["card_gb"] * 1e9 <= floor:
+                    check(f.get("fits") is False, "summary says a %s GB card, no larger than the failing device, "
+                          "fits (or may)" % f["card_gb"])
+                if not dv.get("need_bounded"):
+                    check(f.get("fits") is not True, "summary says the job fits a %s GB card though its peak was "
+                          "not bounded (%s)" % (f["card_gb"], dv.get("unbounded_why")))
 
 
 def expectation_checks(d, txt, exp, subst):

@@ -773,6 +773,27 @@ static void peer_ranks_and_workers(void **state)
     free(r);
 }
 
+/* a pre-fork server: three other workers of this process's parent (same command, no launcher
+ * variables) each hold a copy of the model: this job's workers, counted as peers with evidence */
+static void prefork_workers_are_this_job(void **state)
+{
+    og_record_t *r = base();
+    r->event.requested_bytes = 4 * GiB;
+    r->device.free_bytes = 1 * GiB;
+    for (int i = 0; i < 3; i++) {
+        og_other_proc_t *o = fixture_other(r, 200 + i, "python3", 5 * GiB);
+        o->visible = o->same_job = o->sibling = true;
+    }
+    diag(r);
+    assert_string_equal(r->diagnosis.primary, "peer_ranks");
+    assert_false(has(r, "foreign_memory"));
+    const og_cause_t *c = find(r, "peer_ranks");
+    assert_int_equal((int)ev(c, "siblings"), 3);
+    assert_int_equal((int)ev(c, "parent"), 0);
+    assert_int_equal((uint64_t)ev(c, "peers_bytes"), 15 * GiB);
+    free(r);
+}
+
 static void dataparallel_imbalance(void **state)
 {
     og_record_t *r = base();
@@ -905,7 +926,8 @@ static void framework_cap_cause(void **state)
     diag(r);
     assert_string_equal(r->diagnosis.primary, "framework_cap");
     assert_non_null(strstr(find(r, "framework_cap")->summary, "set_per_process_memory_fraction(0.5)"));
-    /* a JAX arena under its cap but split: fragmentation, not the cap */
+    /* a JAX arena under its cap but split: fragmentation, not the cap (the arena counts bytes in use) */
+    strcpy(r->memory.fw.framework, "jax");
     r->memory.fw.allocated_bytes = 960 * MiB;
     r->memory.fw.reserved_bytes = 1920 * MiB;
     r->memory.fw.cap_bytes = 1920 * MiB;
@@ -914,6 +936,35 @@ static void framework_cap_cause(void **state)
     r->device.free_bytes = 0;
     diag(r);
     assert_string_equal(r->diagnosis.primary, "fragmentation");
+    assert_false(has(r, "framework_cap"));
+    free(r);
+}
+
+/* PyTorch's set_per_process_memory_fraction bounds the caching allocator's RESERVED bytes: 11.5 GiB
+ * reserved (8 GiB in tensors, the rest cached in split blocks) + a 2 GiB segment > the 12 GiB cap is
+ * a refusal by the cap, named with its setting first, though allocated + request is under it; JAX's
+ * arena counts the bytes in use, so the same numbers there are not the cap's */
+static void pytorch_fraction_counts_reserved(void **state)
+{
+    og_record_t *r = base();
+    fixture_adapter(r, 11 * GiB + 512 * MiB, 8 * GiB, 400 * MiB);
+    r->memory.fw.internal_oom = true;
+    r->memory.fw.cap_bytes = 12 * GiB;
+    strcpy(r->memory.fw.framework, "pytorch");
+    strcpy(r->memory.fw.cap_source, "torch.cuda.set_per_process_memory_fraction(0.5)");
+    r->event.requested_bytes = 2 * GiB;
+    r->device.free_bytes = 12 * GiB;
+    r->memory.other_processes_bytes = 0;
+    diag(r);
+    assert_string_equal(r->diagnosis.primary, "framework_cap");
+    const og_cause_t *c = find(r, "framework_cap");
+    assert_string_equal(evt(c, "cap_counts"), "reserved");
+    assert_int_equal((uint64_t)ev(c, "counted_bytes"), 11 * GiB + 512 * MiB);
+    assert_int_equal((uint64_t)ev(c, "over_cap_bytes"), 1536 * MiB);
+    assert_ptr_equal(strstr(c->summary, "PyTorch's cap torch.cuda.set_per_process_memory_fraction(0.5)"), c->summary);
+    assert_false(has(r, "foreign_memory"));
+    strcpy(r->memory.fw.framework, "jax");
+    diag(r);
     assert_false(has(r, "framework_cap"));
     free(r);
 }
@@ -1089,12 +1140,14 @@ int main(void)
         cmocka_unit_test(unknown_cache_keeps_cache_cause),
         cmocka_unit_test(second_framework_reservation),
         cmocka_unit_test(peer_ranks_and_workers),
+        cmocka_unit_test(prefork_workers_are_this_job),
         cmocka_unit_test(dataparallel_imbalance),
         cmocka_unit_test(pools_whose_cache),
         cmocka_unit_test(no_nvml_infers_other_processes),
         cmocka_unit_test(recovered_keeps_the_failure),
         cmocka_unit_test(limit_speaks_the_checks_accounting),
         cmocka_unit_test(framework_cap_cause),
+        cmocka_unit_test(pytorch_fraction_counts_reserved),
         cmocka_unit_test(texts_over_edge_numbers),
         cmocka_unit_test(does_not_fit_on_estimated_free),
         cmocka_unit_test(does_not_fit_yields_to_growth),

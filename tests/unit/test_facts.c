@@ -241,6 +241,51 @@ static void a_cap_binds_when_the_framework_refused_or_the_device_had_room(void *
     free(r);
 }
 
+/* which cards fit: a bounded peak only; a card of the failing size never fits */
+static void fits_only_from_a_bounded_peak(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    ev_reset(r);
+    r->nsummary = 1;
+    r->summary[0].index = 0;
+    r->summary[0].peak_bytes = 20 * GiB;
+    r->memory.process_tracked_bytes = 20 * GiB;
+    r->memory.process_used_bytes = 20 * GiB + 512 * MiB;
+    r->event.requested_bytes = 6 * GiB;
+    r->device.free_bytes = 3 * GiB;
+    const og_facts_t *f = facts(r);
+    assert_true(f->fit.bounded);
+    assert_int_equal(f->fit.need, 26 * GiB + 512 * MiB); /* held + request */
+    assert_int_equal(f->fit.card_floor, 24 * GiB);
+    assert_string_equal(f->fit.why, "");
+    /* in a build-up phase the rest was never requested */
+    fixture_adapter(r, 20 * GiB, 20 * GiB, 0);
+    strcpy(r->memory.fw.phase, "forward");
+    f = facts(r);
+    assert_false(f->fit.bounded);
+    assert_non_null(strstr(f->fit.why, "forward"));
+    r->memory.fw.phase[0] = 0;
+    r->memory.fw.has = false;
+    /* a request of unknown size */
+    r->event.requested_bytes = UINT64_MAX;
+    assert_false(facts(r)->fit.bounded);
+    /* growth: a leak fills any card */
+    ev_reset(r);
+    ev_add(r, 0.001, "alloc", 8 * GiB);
+    leak_loop(r, 12, 0.5, 512 * MiB, 1 * GiB);
+    f = facts(r);
+    assert_true(f->growth.holds);
+    assert_false(f->fit.bounded);
+    assert_non_null(strstr(f->fit.why, "grew"));
+    /* recovered: it fit after the release; its peak is the need */
+    r->event.recovered = true;
+    f = facts(r);
+    assert_true(f->fit.bounded);
+    assert_int_equal(f->fit.need, 20 * GiB);
+    assert_int_equal(f->fit.card_floor, 0);
+    free(r);
+}
+
 static void local_rank_beyond_the_visible_gpus(void **state)
 {
     og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
@@ -378,6 +423,7 @@ int main(void)
         cmocka_unit_test(a_run_after_training_is_not_a_load),
         cmocka_unit_test(imbalance_needs_one_and_a_half_times),
         cmocka_unit_test(a_cap_binds_when_the_framework_refused_or_the_device_had_room),
+        cmocka_unit_test(fits_only_from_a_bounded_peak),
         cmocka_unit_test(local_rank_beyond_the_visible_gpus),
         cmocka_unit_test(a_retry_needs_two_attempts),
         cmocka_unit_test(the_phase_as_the_adapter_said),

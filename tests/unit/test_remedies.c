@@ -40,6 +40,7 @@ static const char *const ALL_IDS[] = {
     "pool_trim",
     "bucket_by_length",
     "raise_framework_cap",
+    "fewer_workers",
     "non_framework_memory",
     "retry_outside_except",
     "map_location_cpu",
@@ -652,6 +653,25 @@ static void second_framework_knobs(void **state)
     free(r);
 }
 
+/* the workers of a pre-fork server: fewer workers first, never set_device (they are not ranks on a
+ * wrong GPU), never a line that stops them */
+static void prefork_workers_get_fewer_workers_never_kill(void **state)
+{
+    og_record_t *r = base();
+    r->event.requested_bytes = 4 * GiB;
+    r->device.free_bytes = 1 * GiB;
+    for (int i = 0; i < 3; i++) {
+        og_other_proc_t *o = fixture_other(r, 200 + i, "python3", 5 * GiB);
+        o->visible = o->same_job = o->sibling = true;
+    }
+    run(r);
+    assert_string_equal(r->remedies[0].id, "fewer_workers");
+    assert_int_equal(rank_of(r, "set_device"), 0);
+    assert_int_equal(rank_of(r, "foreign_processes"), 0);
+    assert_false(any_how_has(r, "kill "));
+    free(r);
+}
+
 static void peers_get_set_device_never_kill(void **state)
 {
     og_record_t *r = base();
@@ -1140,6 +1160,7 @@ int main(void)
         cmocka_unit_test(huge_request_fits_no_card),
         cmocka_unit_test(second_framework_knobs),
         cmocka_unit_test(peers_get_set_device_never_kill),
+        cmocka_unit_test(prefork_workers_get_fewer_workers_never_kill),
         cmocka_unit_test(imbalance_gets_ddp_before_smaller_batch),
         cmocka_unit_test(app_pool_gets_trim),
         cmocka_unit_test(released_nothing_expandable_leads),
