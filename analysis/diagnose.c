@@ -49,6 +49,7 @@
  *                0.6 + 0.3*clamp((ratio - 1.5)/2).
  * foreign_memory shortfall > 0 and others (not of this job) >= shortfall:
  *                0.45 + 0.25*clamp((others/short - 1)/3) + 0.3*clamp(others/total / 0.25).
+ *                Not when the framework refused under its own cap without asking the driver.
  * non_framework  as before: NVML known, a framework present, nonfw >= nonfw_share of the process,
  *                >= shortfall and >= 1 GiB: 0.35 + 0.3*clamp(..) + 0.2*clamp(..).  A framework's own
  *                stream-ordered pool counts as the framework (capture.c), so it never fires on it.
@@ -567,6 +568,10 @@ static bool c_imbalance(const og_facts_t *d, const og_record_t *r, og_cause_t *c
 static bool c_foreign(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
 {
     if (d->shortfall == 0 || d->other < d->shortfall)
+        return false;
+    /* the framework refused the request under its own cap without asking the driver: no other
+     * process had a say in that refusal */
+    if (d->cap.binds && r->memory.fw.internal_oom)
         return false;
     c->id = og_cause_ids[OG_CAUSE_FOREIGN];
     double share = d->total ? (double)d->other / (double)d->total : 0;

@@ -149,6 +149,16 @@ hasnt "text: a remedy shown false has no why" "$T/t2" "Activation memory scales 
 "$OG" report "$T/shown2.json" --format html -o "$T/shown2.html"
 has "html: the rest folded under also possible" "$T/shown2.html" '<details id="also-possible"><summary>Also possible (5)</summary>'
 hasnt "html: a folded remedy's why is not printed" "$T/shown2.html" "Activation memory scales with batch size"
+# "fits" only from a bounded peak: null is unknown ("?"), and the report says why
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); v=d["summary"]["devices"][0]
+v.update(need_bytes=v["peak_bytes"], need_bounded=False, unbounded_why="memory grew step by step")
+for f in v["fits"]: f["fits"] = None if f["card_gb"] > 24 else False
+json.dump(d, open(sys.argv[2], "w"))' "$FIX/does_not_fit.json" "$T/unbounded.json"
+"$OG" report "$T/unbounded.json" >"$T/t3" 2>&1
+has "text: an unknown fit is '?'" "$T/t3" "40 GB: ?"
+has "text: why which cards fit is unknown" "$T/t3" "? unknown: memory grew step by step"
+"$OG" report "$T/unbounded.json" --format html -o "$T/unbounded.html"
+has "html: why which cards fit is unknown" "$T/unbounded.html" "? unknown: memory grew step by step"
 "$OG" report "$FIX/does_not_fit.json" --color always >"$T/t" 2>&1
 grep -q $'\033\[' "$T/t" && ok "text: --color always" || bad "text: --color always"
 if command -v script >/dev/null 2>&1; then

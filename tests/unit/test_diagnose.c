@@ -963,6 +963,14 @@ static void pytorch_fraction_counts_reserved(void **state)
     assert_int_equal((uint64_t)ev(c, "over_cap_bytes"), 1536 * MiB);
     assert_ptr_equal(strstr(c->summary, "PyTorch's cap torch.cuda.set_per_process_memory_fraction(0.5)"), c->summary);
     assert_false(has(r, "foreign_memory"));
+    /* the device had no room either and others hold it: the refusal is still the cap's, never
+     * blamed on them (the framework never asked the driver) */
+    r->device.free_bytes = 1 * GiB;
+    fixture_other(r, 4242, "other_job", 10 * GiB);
+    diag(r);
+    assert_true(has(r, "framework_cap"));
+    assert_false(has(r, "foreign_memory"));
+    r->device.free_bytes = 12 * GiB;
     strcpy(r->memory.fw.framework, "jax");
     diag(r);
     assert_false(has(r, "framework_cap"));

@@ -198,6 +198,25 @@ static void loading_and_a_second_copy(void **state)
     free(r);
 }
 
+/* the framework's release between its failed attempts belongs to the failure, not to the load it
+ * interrupted: a load of eight shards, a failed ninth, a release, a failed retry is still a load */
+static void the_failures_own_release_does_not_end_a_load(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    r->memory.process_tracked_bytes = 4 * GiB;
+    ev_reset(r);
+    ev_add(r, 0.01, "alloc", 64 * MiB); /* cached before the load */
+    for (int i = 0; i < 8; i++)
+        ev_add(r, 0.02 + 0.001 * i, "alloc", 512 * MiB);
+    ev_add(r, 0.03, "fail", 512 * MiB);
+    ev_add(r, 0.031, "free", 64 * MiB); /* released before the retry */
+    ev_add(r, 0.032, "fail", 512 * MiB);
+    r->event.requested_bytes = 512 * MiB;
+    assert_int_equal(facts(r)->load.phase, OG_PHASE_LOADING);
+    assert_int_equal(F.load.run, 8);
+    free(r);
+}
+
 /* after optimizer steps, a run of equal kept blocks is a batch, not weights */
 static void a_run_after_training_is_not_a_load(void **state)
 {
@@ -421,6 +440,7 @@ int main(void)
         cmocka_unit_test(every_allocation_needs_sixteen_steps),
         cmocka_unit_test(loading_and_a_second_copy),
         cmocka_unit_test(a_run_after_training_is_not_a_load),
+        cmocka_unit_test(the_failures_own_release_does_not_end_a_load),
         cmocka_unit_test(imbalance_needs_one_and_a_half_times),
         cmocka_unit_test(a_cap_binds_when_the_framework_refused_or_the_device_had_room),
         cmocka_unit_test(fits_only_from_a_bounded_peak),
