@@ -303,7 +303,8 @@ static void framework_cap(og_facts_t *d, const og_record_t *r)
 /* the framework freed under this share of the rise over its whole life: the rising steps are one
  * pass building up, not iterations (the leaks of the corpus free >= 23% of it: py_evaluate_no_grad) */
 #define GROWTH_MIN_FREED_SHARE 0.1
-#define LOAD_GAP_S             0.1 /* a pause this long between equal allocations ends a load */
+#define LOAD_GAP_S             0.1 /* a pause this long between equal allocations may end a load ... */
+#define LOAD_PAUSE_RATIO       20  /* ... when it is this many times the load's typical spacing */
 
 static int cmp_u64(const void *a, const void *b)
 {
@@ -518,6 +519,30 @@ static void growth(og_facts_t *d, const og_record_t *r, og_growth_scratch_t *s)
 
 /* Failing inside a burst of equal allocations that are all kept: a load (weights), not a step; an
  * earlier burst of the same size still held: a second copy loaded beside the first. */
+/* The typical spacing (median, seconds) of the run of equal blocks at the end of the history, the
+ * failure's own events left out; -1 when it has no gap.  Its latest 256 gaps. */
+static double load_spacing(const struct og_hist_ev *e, int ne, int fail0, uint64_t req, uint64_t tol)
+{
+    uint64_t gaps[256];
+    int n = 0, prev = -1;
+    for (int i = ne - 1; i >= 0 && n < 256; i--) {
+        if (is_op(&e[i], OG_OP_NONE) || is_op(&e[i], OG_OP_FAIL) ||
+            (is_op(&e[i], OG_OP_FREE) && fail0 >= 0 && i >= fail0))
+            continue;
+        if (!is_op(&e[i], OG_OP_ALLOC) || (e[i].bytes > req ? e[i].bytes - req : req - e[i].bytes) > tol)
+            break;
+        if (prev >= 0) {
+            double g = e[prev].t_rel - e[i].t_rel;
+            gaps[n++] = g > 0 ? (uint64_t)(g * 1e9) : 0;
+        }
+        prev = i;
+    }
+    if (!n)
+        return -1;
+    qsort(gaps, (size_t)n, sizeof *gaps, cmp_u64);
+    return (double)gaps[n / 2] / 1e9;
+}
+
 static void load(og_facts_t *d, const og_record_t *r)
 {
     const struct og_hist_ev *e = r->history.events;
@@ -528,7 +553,11 @@ static void load(og_facts_t *d, const og_record_t *r)
     for (int k = ne - 1; k >= 0 && k >= ne - 32; k--) /* where the failures at the end began */
         if (is_op(&e[k], OG_OP_FAIL))
             fail0 = k;
-    /* (the failure's own events are found by their order, not their time) */
+    /* (the failure's own events are found by their order, not their time).  A pause ends the run
+     * (a second copy loaded later) only when it is LOAD_GAP_S or more AND LOAD_PAUSE_RATIO times the
+     * run's typical spacing: a slow load (a network file system, ~0.1 s a piece) whose pieces come a
+     * little later when the host is busy stays one load */
+    double spacing = load_spacing(e, ne, fail0, d->req, tol);
     for (; i >= 0; i--) {
         /* failed attempts and the releases between them are the failure's own, not the load's */
         if (is_op(&e[i], OG_OP_NONE) || is_op(&e[i], OG_OP_FAIL) ||
@@ -536,7 +565,8 @@ static void load(og_facts_t *d, const og_record_t *r)
             continue;
         bool same =
             is_op(&e[i], OG_OP_ALLOC) && (e[i].bytes > d->req ? e[i].bytes - d->req : d->req - e[i].bytes) <= tol;
-        if (!same || (prev >= 0 && e[prev].t_rel - e[i].t_rel > LOAD_GAP_S))
+        double gap = prev >= 0 ? e[prev].t_rel - e[i].t_rel : 0;
+        if (!same || (gap > LOAD_GAP_S && gap > LOAD_PAUSE_RATIO * spacing))
             break;
         prev = i;
         run++;

@@ -217,6 +217,24 @@ static void the_failures_own_release_does_not_end_a_load(void **state)
     free(r);
 }
 
+/* a slow load (a piece every 80 ms from a network file system) whose pieces come later when the host
+ * is busy (150 ms) stays one load; a pause of seconds after a fast load is a second copy */
+static void a_busy_host_does_not_split_a_slow_load(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    ev_reset(r);
+    double t = 0.1;
+    for (int i = 0; i < 22; i++, t += i % 5 == 3 ? 0.15 : 0.08)
+        ev_add(r, t, "alloc", GiB);
+    r->event.requested_bytes = GiB;
+    r->memory.process_tracked_bytes = 22 * GiB;
+    const og_facts_t *f = facts(r);
+    assert_int_equal(f->load.phase, OG_PHASE_LOADING);
+    assert_int_equal(f->load.run, 22);
+    assert_int_equal(f->load.earlier, 0);
+    free(r);
+}
+
 /* after optimizer steps, a run of equal kept blocks is a batch, not weights */
 static void a_run_after_training_is_not_a_load(void **state)
 {
@@ -440,6 +458,7 @@ int main(void)
         cmocka_unit_test(every_allocation_needs_sixteen_steps),
         cmocka_unit_test(loading_and_a_second_copy),
         cmocka_unit_test(a_run_after_training_is_not_a_load),
+        cmocka_unit_test(a_busy_host_does_not_split_a_slow_load),
         cmocka_unit_test(the_failures_own_release_does_not_end_a_load),
         cmocka_unit_test(imbalance_needs_one_and_a_half_times),
         cmocka_unit_test(a_cap_binds_when_the_framework_refused_or_the_device_had_room),
