@@ -15,6 +15,8 @@ PROG=$BD/tests/stats_rank_job
 SHIM=$BD/liboomguard.so
 PRELOAD=$SHIM
 [ "${SANITIZE:-}" = 1 ] && PRELOAD="$(${CC:-cc} -print-file-name=libasan.so) $SHIM"
+# TSan's runtime must be the first library too (docs/testing.md)
+[ "${SANITIZE:-}" = thread ] && PRELOAD="$(${CC:-cc} -print-file-name=libtsan.so) $SHIM"
 export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0
 work=$(mktemp -d "${TMPDIR:-/tmp}/oomguard-cluster.XXXXXX")
 trap 'rm -rf "$work"' EXIT
