@@ -24,28 +24,7 @@ import scen_truth
 
 MiB = 1 << 20
 GiB = 1 << 30
-_torch_empty = torch.empty
-
-
-def _empty_noted(nbytes, *args, **kw):
-    """torch.empty, noting each request and the allocator's reservation before it for the truth
-    mark (as scen_truth.torch_empty does); torch's own code (gradients, optimizer state) calls it too."""
-    scen_truth._last.update(n=nbytes, reserved=torch.cuda.memory_reserved())
-    return _torch_empty(nbytes, *args, **kw)
-
-
-torch.empty = _empty_noted
-
-
-def _backward(loss):
-    """loss.backward(), then what PyTorch does to the graph afterwards (retain_graph=False): the
-    saved activations are freed."""
-    loss.backward()
-    t = loss
-    while t is not None:
-        nxt = getattr(t, "_saved", None)
-        t._saved = None
-        t = nxt
+scen_truth.note_every_empty(torch)
 
 
 class Layer(torch.nn.Module):
@@ -91,7 +70,7 @@ def main():
         logits = model(input_ids, 16)
         loss = torch.empty(512, device="cuda")
         loss._params, loss._saved = model.parameters(), logits
-        _backward(loss)
+        scen_truth.backward(loss)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         del logits, loss

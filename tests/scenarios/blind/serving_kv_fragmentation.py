@@ -25,17 +25,7 @@ import scen_truth
 
 MiB = 1 << 20
 GiB = 1 << 30
-_torch_empty = torch.empty
-
-
-def _empty_noted(nbytes, *args, **kw):
-    """torch.empty, noting each request and the allocator's reservation before it for the truth
-    mark (as scen_truth.torch_empty does); torch's own code (gradients, optimizer state) calls it too."""
-    scen_truth._last.update(n=nbytes, reserved=torch.cuda.memory_reserved())
-    return _torch_empty(nbytes, *args, **kw)
-
-
-torch.empty = _empty_noted
+scen_truth.note_every_empty(torch)
 
 
 def load_weights():

@@ -68,6 +68,29 @@ def torch_empty(nbytes, device=None):
     return torch.empty(nbytes) if device is None else torch.empty(nbytes, device=device)
 
 
+def note_every_empty(torch):
+    """Makes every torch.empty (the program's and torch's own: gradients, optimizer state) note its
+    request and the allocator's reservation before it, as torch_empty does, for torch_oom_mark."""
+    plain = torch.empty
+
+    def noted(nbytes, *args, **kw):
+        _last.update(n=nbytes, reserved=torch.cuda.memory_reserved())
+        return plain(nbytes, *args, **kw)
+
+    torch.empty = noted
+
+
+def backward(loss):
+    """loss.backward(), then what PyTorch does to the graph afterwards (retain_graph=False): the
+    saved activations are freed; output tensors stay as long as they are referenced."""
+    loss.backward()
+    t = loss
+    while t is not None:
+        nxt = getattr(t, "_saved", None)
+        t._saved = None
+        t = nxt
+
+
 def torch_oom_mark(device=0):
     """The truth at a torch.OutOfMemoryError raised by the last torch_empty: the simulator's books
     plus what the allocator says it holds and released between its attempts."""
