@@ -134,20 +134,18 @@ static int parse_format(const char *s, int allow_memviz)
 static int parse_common(int argc, char **argv, const char *cmd, int allow_memviz, struct common *c, int *rc,
                         void (*help)(FILE *))
 {
-    enum { O_TOP = 256, O_COLOR, O_NO_COLOR };
-    static const struct option lo[] = {
-        { "format", required_argument, NULL, 'f' },
-        { "output", required_argument, NULL, 'o' },
-        { "top", required_argument, NULL, O_TOP },
-        { "color", required_argument, NULL, O_COLOR },
-        { "no-color", no_argument, NULL, O_NO_COLOR },
-        { "help", no_argument, NULL, 'h' },
-        { NULL, 0, NULL, 0 },
-    };
     memset(c, 0, sizeof *c);
     const char *val;
     int opt, first;
-    while ((opt = og_getopt(cmd, argc, argv, "f:o:h", lo, &val, &first)) != -1) {
+    while ((opt = og_getopt(cmd, argc, argv, "f:o:h", og_output_options, &val, &first)) != -1) {
+        int shared = og_output_option(cmd, opt, val, &c->top, &c->color_when);
+        if (shared) {
+            if (shared < 0) {
+                *rc = OG_EXIT_USAGE;
+                return -1;
+            }
+            continue;
+        }
         switch (opt) {
         case 'h':
             help(stdout);
@@ -164,33 +162,6 @@ static int parse_common(int argc, char **argv, const char *cmd, int allow_memviz
             break;
         case 'o':
             c->output = val;
-            break;
-        case O_TOP: {
-            char *end;
-            long v = strtol(val, &end, 10);
-            if (!*val || *end || v < 1 || v > 100000) {
-                fprintf(stderr, "oomguard %s: --top %s: expected a number from 1 to 100000\n", cmd, val);
-                *rc = OG_EXIT_USAGE;
-                return -1;
-            }
-            c->top = (int)v;
-            break;
-        }
-        case O_COLOR:
-            if (!strcmp(val, "auto"))
-                c->color_when = 0;
-            else if (!strcmp(val, "always"))
-                c->color_when = 1;
-            else if (!strcmp(val, "never"))
-                c->color_when = -1;
-            else {
-                fprintf(stderr, "oomguard %s: --color %s: use auto, always or never\n", cmd, val);
-                *rc = OG_EXIT_USAGE;
-                return -1;
-            }
-            break;
-        case O_NO_COLOR:
-            c->color_when = -1;
             break;
         default:
             *rc = OG_EXIT_USAGE;

@@ -539,19 +539,15 @@ int og_cmd_stats(int argc, char **argv)
     st.dirs = xmalloc((size_t)(argc ? argc : 1) * sizeof *st.dirs);
     const char *output = NULL;
     int format = FMT_TEXT, color_when = 0, top = 0, rc = OG_EXIT_OK, opt, first = 0;
-    enum { O_TOP = 256, O_COLOR, O_NO_COLOR };
-    static const struct option lo[] = {
-        { "format", required_argument, NULL, 'f' },
-        { "output", required_argument, NULL, 'o' },
-        { "top", required_argument, NULL, O_TOP },
-        { "color", required_argument, NULL, O_COLOR },
-        { "no-color", no_argument, NULL, O_NO_COLOR },
-        { "help", no_argument, NULL, 'h' },
-        { NULL, 0, NULL, 0 },
-    };
     const char *val;
-    while ((opt = og_getopt("stats", argc, argv, "f:o:h", lo, &val, &first)) != -1) {
-        int bad = 0;
+    while ((opt = og_getopt("stats", argc, argv, "f:o:h", og_output_options, &val, &first)) != -1) {
+        int shared = og_output_option("stats", opt, val, &top, &color_when), bad = 0;
+        if (shared < 0) {
+            free(st.dirs);
+            return OG_EXIT_USAGE;
+        }
+        if (shared)
+            continue;
         switch (opt) {
         case 'h':
             og_usage_stats(stdout);
@@ -570,26 +566,6 @@ int og_cmd_stats(int argc, char **argv)
             break;
         case 'o':
             output = val;
-            break;
-        case O_TOP: {
-            char *end;
-            long v = strtol(val, &end, 10);
-            if (!*val || *end || v < 1 || v > 100000) {
-                fprintf(stderr, "oomguard stats: --top %s: expected a number from 1 to 100000\n", val);
-                bad = 1;
-            }
-            top = (int)v;
-            break;
-        }
-        case O_COLOR:
-            color_when = !strcmp(val, "auto") ? 0 : !strcmp(val, "always") ? 1 : !strcmp(val, "never") ? -1 : 2;
-            if (color_when == 2) {
-                fprintf(stderr, "oomguard stats: --color %s: use auto, always or never\n", val);
-                bad = 1;
-            }
-            break;
-        case O_NO_COLOR:
-            color_when = -1;
             break;
         default:
             bad = 1;

@@ -261,3 +261,46 @@ int og_getopt(const char *cmd, int argc, char **argv, const char *shortopts, con
     }
     return c;
 }
+
+const struct option og_output_options[] = {
+    { "format", required_argument, NULL, 'f' },
+    { "output", required_argument, NULL, 'o' },
+    { "top", required_argument, NULL, OG_OPT_TOP },
+    { "color", required_argument, NULL, OG_OPT_COLOR },
+    { "no-color", no_argument, NULL, OG_OPT_NO_COLOR },
+    { "help", no_argument, NULL, 'h' },
+    { NULL, 0, NULL, 0 },
+};
+
+int og_output_option(const char *cmd, int opt, const char *val, int *top, int *color_when)
+{
+    switch (opt) {
+    case OG_OPT_TOP: {
+        char *end;
+        long v = strtol(val, &end, 10);
+        if (!*val || *end || v < 1 || v > 100000) {
+            fprintf(stderr, "oomguard %s: --top %s: expected a number from 1 to 100000\n", cmd, val);
+            return -1;
+        }
+        *top = (int)v;
+        return 1;
+    }
+    case OG_OPT_COLOR:
+        if (!strcmp(val, "auto"))
+            *color_when = 0;
+        else if (!strcmp(val, "always"))
+            *color_when = 1;
+        else if (!strcmp(val, "never"))
+            *color_when = -1;
+        else {
+            fprintf(stderr, "oomguard %s: --color %s: use auto, always or never\n", cmd, val);
+            return -1;
+        }
+        return 1;
+    case OG_OPT_NO_COLOR:
+        *color_when = -1;
+        return 1;
+    default:
+        return 0;
+    }
+}

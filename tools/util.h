@@ -55,7 +55,16 @@ int write_all(int fd, const og_sb_t *b, const char *what);
  * is the first operand), or '?' after printing "oomguard CMD: unknown option X" /
  * "X needs a value" on stderr.  `shortopts` without getopt's leading ':'; a leading '+' stops
  * at the first operand (for `run`, whose command follows). */
-struct option;
+#include <getopt.h>
+
+/* The options every output-writing subcommand (report, merge, stats) takes alike: their long
+ * names (-f/--format, -o/--output, --top, --color, --no-color, -h/--help; shortopts "f:o:h"),
+ * and the parser of the three whose meaning is shared.  og_output_option returns 1 when OPT was
+ * --top/--color/--no-color and is stored, 0 when it is not one of them, -1 after printing
+ * "oomguard CMD: ..." for a bad value. */
+enum { OG_OPT_TOP = 256, OG_OPT_COLOR, OG_OPT_NO_COLOR };
+extern const struct option og_output_options[];
+int og_output_option(const char *cmd, int opt, const char *val, int *top, int *color_when);
 int og_getopt(const char *cmd, int argc, char **argv, const char *shortopts, const struct option *lo, const char **arg,
               int *optind_out);
 
