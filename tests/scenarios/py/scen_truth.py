@@ -68,16 +68,21 @@ def torch_empty(nbytes, device=None):
     return torch.empty(nbytes) if device is None else torch.empty(nbytes, device=device)
 
 
+_NOTED = """
+def noted(nbytes, *args, **kw):
+    _last.update(n=nbytes, reserved=torch.cuda.memory_reserved())
+    return plain(nbytes, *args, **kw)
+"""
+
+
 def note_every_empty(torch):
     """Makes every torch.empty (the program's and torch's own: gradients, optimizer state) note its
-    request and the allocator's reservation before it, as torch_empty does, for torch_oom_mark."""
-    plain = torch.empty
-
-    def noted(nbytes, *args, **kw):
-        _last.update(n=nbytes, reserved=torch.cuda.memory_reserved())
-        return plain(nbytes, *args, **kw)
-
-    torch.empty = noted
+    request and the allocator's reservation before it, as torch_empty does, for torch_oom_mark.
+    The wrapper is compiled as part of torch's own file: the dump's failing Python line stays the
+    program's (the innermost frame outside the framework), not this test scaffolding."""
+    ns = {"_last": _last, "torch": torch, "plain": torch.empty}
+    exec(compile(_NOTED, torch.__file__, "exec"), ns)
+    torch.empty = ns["noted"]
 
 
 def backward(loss):
