@@ -13,7 +13,7 @@ With --attainable, each case's dump is also edited to say what the expert said (
 first remedy, the required top 3, none of the forbidden ones; every number left as measured) and
 check.py must accept the edited copy: the expectation can be met by a dump of this very run.
 
-usage: run_blind.py [--attainable] [NAME ...]    environment: as run_scenarios.py (B, PRELOAD, SCEN_KEEP)"""
+usage: run_blind.py [--attainable] [--set dev|validation] [NAME ...]    environment: as run_scenarios.py (B, PRELOAD, SCEN_KEEP)"""
 import glob
 import json
 import os
@@ -113,7 +113,17 @@ def attainable(name, work, exp):
 def main():
     want_attain = "--attainable" in sys.argv
     sys.argv = [a for a in sys.argv if a != "--attainable"]
+    only_set = None
+    if "--set" in sys.argv:
+        i = sys.argv.index("--set")
+        only_set = sys.argv[i + 1] if i + 1 < len(sys.argv) else ""
+        if only_set not in ("dev", "validation"):
+            sys.exit("run_blind.py: --set takes dev or validation")
+        del sys.argv[i:i + 2]
     names = sys.argv[1:] or sorted(os.path.basename(f)[:-5] for f in glob.glob(os.path.join(BLIND, "*.json")))
+    # --set dev lets a rule writer run the development cases without ever seeing a validation one
+    if only_set:
+        names = [n for n in names if json.load(open(os.path.join(BLIND, n + ".json"))).get("set", "dev") == only_set]
     keep = os.environ.get("SCEN_KEEP")
     tmp = keep or tempfile.mkdtemp(prefix="oomguard-blind.")
     sets = {}
