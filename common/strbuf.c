@@ -119,6 +119,26 @@ size_t og_utf8_cut(const char *s, size_t len)
     return len - lead < want ? lead : len;
 }
 
+/* The two-character escape of CP both formats write the same way (\n \r \t), and in JSON also the
+ * quote and the backslash; NULL when CP has none. */
+static const char *short_escape(uint32_t cp, bool json)
+{
+    switch (cp) {
+    case '\n':
+        return "\\n";
+    case '\r':
+        return "\\r";
+    case '\t':
+        return "\\t";
+    case '"':
+        return json ? "\\\"" : NULL;
+    case '\\':
+        return json ? "\\\\" : NULL;
+    default:
+        return NULL;
+    }
+}
+
 /* JSON string with quotes: valid UTF-8 as it is (café stays café), control characters escaped,
  * each byte that is not UTF-8 as U+FFFD, so any input (library paths, command lines, process
  * names) yields valid JSON that reads back as the text it was. */
@@ -137,20 +157,13 @@ void og_sb_json_str(og_sb_t *sb, const char *s)
             continue;
         }
         uint32_t cp;
+        const char *esc;
         size_t len = og_utf8_seq(p, n, &cp);
         if (!len) {
             og_sb_put(sb, "\\ufffd", 6);
             len = 1;
-        } else if (cp == '"') {
-            og_sb_put(sb, "\\\"", 2);
-        } else if (cp == '\\') {
-            og_sb_put(sb, "\\\\", 2);
-        } else if (cp == '\n') {
-            og_sb_put(sb, "\\n", 2);
-        } else if (cp == '\r') {
-            og_sb_put(sb, "\\r", 2);
-        } else if (cp == '\t') {
-            og_sb_put(sb, "\\t", 2);
+        } else if ((esc = short_escape(cp, true)) != NULL) {
+            og_sb_put(sb, esc, 2);
         } else if (cp < 0x20) {
             og_sb_printf(sb, "\\u%04x", (unsigned)cp);
         } else {
@@ -191,18 +204,15 @@ void og_sb_text_escaped(og_sb_t *sb, const char *s, size_t n, bool keep_nl)
     const unsigned char *p = (const unsigned char *)s;
     while (n) {
         uint32_t cp;
+        const char *esc;
         size_t len = og_utf8_seq(p, n, &cp);
         if (!len) {
             og_sb_printf(sb, "\\x%02x", p[0]);
             len = 1;
         } else if (!text_unsafe(cp) || (keep_nl && cp == '\n')) {
             og_sb_put(sb, (const char *)p, len);
-        } else if (cp == '\n') {
-            og_sb_put(sb, "\\n", 2);
-        } else if (cp == '\r') {
-            og_sb_put(sb, "\\r", 2);
-        } else if (cp == '\t') {
-            og_sb_put(sb, "\\t", 2);
+        } else if ((esc = short_escape(cp, false)) != NULL) {
+            og_sb_put(sb, esc, 2);
         } else if (cp < 0x80) {
             og_sb_printf(sb, "\\x%02x", (unsigned)cp);
         } else {

@@ -49,6 +49,7 @@ static void text_strings(void **state)
     text_is("\x1b[31mred\x1b[0m", false, "\\x1b[31mred\\x1b[0m");
     text_is("a\nb\tc\rd", false, "a\\nb\\tc\\rd");
     text_is("a\nb", true, "a\nb");
+    text_is("a\"b\\c", false, "a\"b\\c"); /* quotes and backslashes are JSON's to escape, not text's */
     text_is("\xe2\x80\xae"
             "evil",
             false, "\\u{202e}evil");               /* bidi override */
