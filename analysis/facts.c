@@ -432,8 +432,11 @@ static bool growth_for(const og_facts_t *d, const og_record_t *r, og_growth_scra
         return false;
     /* a load, not a leak: steps that each add at least 1/40 of the device, starting from (almost)
      * nothing held, are weights arriving (however slowly); a leak keeps tensors on top of an
-     * established working set (the weights came first) */
-    if ((double)per_step * 40 >= (double)d->total && lows[0] < 2 * per_step) {
+     * established working set (the weights came first).  When the adapter read another phase from
+     * the stack (a forward or backward pass: a step keeping a large hidden state), block sizes do not
+     * overrule it: the steps are iterations */
+    bool other_phase = d->phase != OG_JP_unknown && d->phase != OG_JP_loading;
+    if (!other_phase && (double)per_step * 40 >= (double)d->total && lows[0] < 2 * per_step) {
         g->load_steps = steps;
         g->load_step_bytes = per_step;
         return false;
@@ -451,6 +454,22 @@ static bool growth_for(const og_facts_t *d, const og_record_t *r, og_growth_scra
     if (fw->has && fw->freed_known && (double)fw->freed_bytes_total < GROWTH_MIN_FREED_SHARE * (double)rise) {
         g->pass_built = true;
         return false;
+    }
+    /* the job's own state arriving, not tensors kept: when the roles measured what a training job
+     * holds for good (parameters, buffers, gradients, optimizer state, graph pools), the low points
+     * rising up to that state are the model arriving and the first step's gradients and optimizer
+     * state (and the cache rebuilt after an empty_cache()).  What the steps keep is the rise beyond
+     * it, and that must be significant on its own, more than the cache's measured slack */
+    uint64_t state = d->roles.state_known ? d->roles.state : 0;
+    if (state) {
+        uint64_t kept = sub0(lows[steps - 1], lows[0] > state ? lows[0] : state);
+        bool kept_big = (double)kept / (double)d->total + 1e-12 >= gm ||
+                        (d->shortfall > 0 && kept >= d->shortfall && steps >= 16 && kept > d->cached);
+        if (!kept_big) {
+            g->state_built = true;
+            g->state = state;
+            return false;
+        }
     }
     g->marker = marker;
     g->size = size;
@@ -750,6 +769,14 @@ static void roles(og_facts_t *d, const og_record_t *r)
         }
     }
     k->working = add_sat(k->act, k->local_held);
+    /* what a training job holds for good: known when every one of those roles was measured */
+    static const enum og_role kept_roles[] = { OG_ROLE_parameters, OG_ROLE_buffers, OG_ROLE_gradients,
+                                               OG_ROLE_optimizer_state, OG_ROLE_graph_pools };
+    k->state_known = true;
+    for (size_t i = 0; i < sizeof kept_roles / sizeof *kept_roles; i++) {
+        k->state_known = k->state_known && known(ro->bytes[kept_roles[i]]);
+        k->state = add_sat(k->state, role_or0(ro, kept_roles[i]));
+    }
 }
 
 /* The failing request and the allocations of its size since the first of them (the framework's
@@ -928,12 +955,12 @@ void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds
     measure(f, rec, th);
     framework_cap(f, rec);
     job_phase(f, rec);
+    roles(f, rec);
     growth(f, rec, s);
     load(f, rec);
     imbalance(f, rec);
     non_framework(f, rec);
     fit(f, rec);
-    roles(f, rec);
     outlier(f, rec);
     communication(f, rec);
     advice(f, rec);

@@ -62,6 +62,8 @@ typedef struct og_growth_facts {
     int load_steps;           /* steps that were a load instead (0 none) */
     uint64_t load_step_bytes; /* what each of those steps added (the median) */
     bool pass_built;          /* rising steps over a working set with nothing freed: one pass */
+    bool state_built;         /* the low points rose to the job's measured state and no further */
+    uint64_t state;           /* that state (parameters, buffers, gradients, optimizer state, pools) */
 } og_growth_facts_t;
 
 /* The load that the failing request may be part of (a run of equal allocations kept). */
@@ -81,6 +83,8 @@ typedef struct og_role_facts {
     bool opt_adam;       /* an Adam-family optimizer (two moments: 8 B per fp32 parameter) */
     uint64_t local_held; /* held_by_python holders that are local variables of running functions */
     uint64_t working;    /* act + local_held: the running computation's tensors */
+    bool state_known;    /* every role a training job keeps for good was measured ... */
+    uint64_t state;      /* ... params + buffers + grads + opt + pools: the job's own state */
     int keeper;          /* index in roles.holders of the largest holder kept across calls, -1 none */
     uint64_t keeper_bytes;
     bool keeper_map; /* that holder is a dict or another mapping/cache */

@@ -157,6 +157,49 @@ static void one_pass_is_not_growth(void **state)
     free(r);
 }
 
+/* the low points rise to what the roles say the job keeps for good (the weights' gradients and the
+ * optimizer state made at the first step) and no further: a one-off build-up, not a leak; the same
+ * steps rising beyond that state are one */
+static void a_rise_to_the_jobs_own_state_is_not_growth(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    ev_reset(r);
+    ev_add(r, 0.001, "alloc", 2 * GiB);                                 /* the weights */
+    leak_loop(r, 12, 0.5, 512 * MiB, 256 * MiB);                        /* lows: 2 GiB rising to 4.75 GiB */
+    fixture_roles(r, 2 * GiB, 1536 * MiB, 1536 * MiB, 0, 0, 512 * MiB); /* 5 GiB: weights, grads, AdamW */
+    r->memory.fw.freed_known = true;
+    r->memory.fw.freed_bytes_total = 12 * 512 * MiB;
+    const og_facts_t *f = facts(r);
+    assert_false(f->growth.holds);
+    assert_true(f->growth.state_built);
+    assert_int_equal(f->growth.state, 5 * GiB);
+    fixture_roles(r, 2 * GiB, 0, 0, 0, 3 * GiB, 512 * MiB); /* the same bytes kept by Python: a leak */
+    assert_true(facts(r)->growth.holds);
+    fixture_roles(r, 2 * GiB, 1536 * MiB, 1536 * MiB, 0, 0, 512 * MiB);
+    r->memory.fw.roles.bytes[OG_ROLE_gradients] = OG_UNKNOWN; /* the state not measured: as before */
+    assert_true(facts(r)->growth.holds);
+    free(r);
+}
+
+/* steps of 1/40 of the device from almost nothing read as weights arriving, unless the adapter read
+ * another phase from the stack: then they are iterations keeping a large state (a hidden state not
+ * detached, 640 MiB a step) */
+static void large_steps_in_a_forward_pass_are_not_a_load(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    ev_reset(r);
+    ev_add(r, 0.001, "alloc", 128 * MiB); /* a small model */
+    leak_loop(r, 12, 0.5, 1 * GiB, 640 * MiB);
+    assert_false(facts(r)->growth.holds);
+    assert_true(F.growth.load_steps > 0);
+    fixture_phase(r, "forward", "/w/train.py", "forward");
+    assert_true(facts(r)->growth.holds);
+    assert_int_equal(F.growth.per_step, 640 * MiB);
+    fixture_phase(r, "loading", "/usr/lib/torch/nn/modules/module.py", "to");
+    assert_false(facts(r)->growth.holds);
+    free(r);
+}
+
 /* kept outputs of varying sizes, 10 steps all rising: the every-allocation reading needs 16 */
 static void every_allocation_needs_sixteen_steps(void **state)
 {
@@ -455,6 +498,8 @@ int main(void)
         cmocka_unit_test(kept_blocks_a_step_apart_are_steps),
         cmocka_unit_test(growth_needs_six_steps),
         cmocka_unit_test(one_pass_is_not_growth),
+        cmocka_unit_test(a_rise_to_the_jobs_own_state_is_not_growth),
+        cmocka_unit_test(large_steps_in_a_forward_pass_are_not_a_load),
         cmocka_unit_test(every_allocation_needs_sixteen_steps),
         cmocka_unit_test(loading_and_a_second_copy),
         cmocka_unit_test(a_run_after_training_is_not_a_load),
