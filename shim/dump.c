@@ -519,27 +519,30 @@ void og_dump_sweep_start(void)
 
 /* The names this process holds: its dump there is replaced in place, and no other file is
  * ever replaced.  Processes in different pid namespaces share a host name and a pid (1, in
- * containers), so the name alone does not say whose a file is: the inode does. */
+ * containers), so the name alone does not say whose a file is: the inode does.  A snapshot's
+ * file and a failure's are held apart: neither ever replaces the other. */
 typedef struct {
     dev_t dir_dev, file_dev;
     ino_t dir_ino, file_ino;
+    bool snap;
     char base[540];
 } og_owned_t;
-static og_owned_t owned[4]; /* guarded by write_lock */
+static og_owned_t owned[8]; /* guarded by write_lock */
 static int nowned;
+#define OG_NOWNED ((int)(sizeof owned / sizeof owned[0]))
 
-static og_owned_t *owned_in(const struct stat *dir)
+static og_owned_t *owned_in(const struct stat *dir, bool snap)
 {
     for (int i = 0; i < nowned; i++)
-        if (owned[i].dir_dev == dir->st_dev && owned[i].dir_ino == dir->st_ino)
+        if (owned[i].dir_dev == dir->st_dev && owned[i].dir_ino == dir->st_ino && owned[i].snap == snap)
             return &owned[i];
     return NULL;
 }
 
 /* Writes base.json and base.txt in dir, both or neither; `path` gets the JSON's path.
  * `named`: hidden temporary files instead of O_TMPFILE (file systems without it). */
-static bool write_pair(const char *dir, const char *base, const og_sb_t *json, const og_sb_t *text, char *path,
-                       size_t pathlen, bool named, bool *retry_named)
+static bool write_pair(const char *dir, const char *base, bool snap, const og_sb_t *json, const og_sb_t *text,
+                       char *path, size_t pathlen, bool named, bool *retry_named)
 {
     *retry_named = false;
     int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -556,7 +559,7 @@ static bool write_pair(const char *dir, const char *base, const og_sb_t *json, c
     if (!write_all(tj.fd, json->buf, json->len) || fsync(tj.fd) != 0 || !write_all(tt.fd, text->buf, text->len) ||
         fsync(tt.fd) != 0)
         goto out;
-    og_owned_t *o = owned_in(&ds);
+    og_owned_t *o = owned_in(&ds, snap);
     if (o) {
         snprintf(jname, sizeof jname, "%s.json", o->base);
         snprintf(tname, sizeof tname, "%s.txt", o->base);
@@ -583,9 +586,10 @@ static bool write_pair(const char *dir, const char *base, const og_sb_t *json, c
             if (tmp_link(dfd, &tj, jname) == 0) {
                 if (tmp_link(dfd, &tt, tname) == 0) {
                     if (!o) { /* the first dump of this process in this directory */
-                        o = nowned < 4 ? &owned[nowned++] : &owned[3];
+                        o = nowned < OG_NOWNED ? &owned[nowned++] : &owned[OG_NOWNED - 1];
                         sweep_orphans(dfd, LONG_MAX);
                     }
+                    o->snap = snap;
                     o->dir_dev = ds.st_dev;
                     o->dir_ino = ds.st_ino;
                     snprintf(o->base, sizeof o->base, "%s", b);
@@ -766,8 +770,8 @@ static void write_dump(const og_record_t *r, char *path, size_t pathlen, unsigne
     }
     for (int i = 0; i < nd; i++) {
         bool named;
-        bool ok = write_pair(dirs[i], base, &json, &text, path, pathlen, false, &named) ||
-                  (named && write_pair(dirs[i], base, &json, &text, path, pathlen, true, &named));
+        bool ok = write_pair(dirs[i], base, snap, &json, &text, path, pathlen, false, &named) ||
+                  (named && write_pair(dirs[i], base, snap, &json, &text, path, pathlen, true, &named));
         if (ok) {
             if (!snap) {
                 atomic_store(&written_severity, severity(r->status));
@@ -1013,13 +1017,13 @@ void og_dump_rewrite(const og_record_t *r, const char *path, unsigned gen)
     snprintf(base, sizeof base, "%.*s", (int)(plen - 5 - (size_t)(slash + 1 - path)), slash + 1);
     pthread_mutex_lock(&write_lock);
     struct stat ds, fs;
-    og_owned_t *o = stat(dir, &ds) == 0 ? owned_in(&ds) : NULL;
+    og_owned_t *o = stat(dir, &ds) == 0 ? owned_in(&ds, false) : NULL;
     if (atomic_load(&written_gen) == gen && !dying() && o && strcmp(o->base, base) == 0 && lstat(path, &fs) == 0 &&
         S_ISREG(fs.st_mode) && fs.st_dev == o->file_dev && fs.st_ino == o->file_ino) {
         char written[4800];
         bool named;
-        if (write_pair(dir, base, &json, &text, written, sizeof written, false, &named) ||
-            (named && write_pair(dir, base, &json, &text, written, sizeof written, true, &named)))
+        if (write_pair(dir, base, false, &json, &text, written, sizeof written, false, &named) ||
+            (named && write_pair(dir, base, false, &json, &text, written, sizeof written, true, &named)))
             atomic_fetch_add(&written_gen, 1);
     }
     pthread_mutex_unlock(&write_lock);

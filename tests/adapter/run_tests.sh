@@ -40,7 +40,7 @@ trap 'rm -rf "$TMP"' EXIT
 # A clean, reproducible environment for every job.
 unset PYTHONPATH PYTHONHOME PYTHONSTARTUP PYTHONVERBOSE OOMGUARD_VERBOSE OOMGUARD_PYTHON_ADAPTER OOMGUARD_PYTHON_STACKS \
       XLA_PYTHON_CLIENT_PREALLOCATE XLA_PYTHON_CLIENT_MEM_FRACTION XLA_PYTHON_CLIENT_ALLOCATOR CUPY_GPU_MEMORY_LIMIT \
-      PYTORCH_CUDA_ALLOC_CONF PYTORCH_ALLOC_CONF FAKE_TORCH_BROKEN FAKE_TORCH_VERSION \
+      PYTORCH_CUDA_ALLOC_CONF PYTORCH_ALLOC_CONF FAKE_TORCH_BROKEN FAKE_TORCH_VERSION FAKE_TF_VERSION \
       OOMGUARD_LIMIT OOMGUARD_WARN_AT OOMGUARD_SUMMARY LD_PRELOAD
 export LD_LIBRARY_PATH="$BDIR/sim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export SIMGPU_DEVICES=1 SIMGPU_MEM=2560MiB SIMGPU_CTX_OVERHEAD=512MiB
@@ -644,11 +644,14 @@ PY
 }
 t "named where written: a Python job's frames get function, file, line in the process; no debuginfod client loaded" t_named_in_process
 
-# snap_job MODE: the snapshot job in the background ($jp, its process $pid), its live page in
+# snap_job MODE STAND-INS: the snapshot job (scenarios/job_snapshot.py) with the stand-ins'
+# directories on PYTHONPATH, in the background ($jp, its process $pid), its live page in
 # $W/live, OUT.json written
+FTF=$ROOT/tests/adapter/fake_tf
 snap_job() {
     mkdir -p "$W/live"
-    OOMGUARD_LIVE_DIR="$W/live" shim adapter "$PYTHON" "$SC/job_snapshot.py" "$1" exp.json &
+    OOMGUARD_LIVE_DIR="$W/live" shim env PYTHONPATH="$AD:$2" OOMGUARD_FRAMEWORK=auto \
+        "$PYTHON" "$SC/job_snapshot.py" "$1" exp.json &
     jp=$!
     local i
     for i in $(seq 300); do
@@ -657,33 +660,56 @@ snap_job() {
     done
     echo "the job did not start"; kill "$jp" 2>/dev/null; return 1
 }
-t_snapshot_fresh() {
+snapshot() { OOMGUARD_LIVE_DIR="$W/live" "$ROOT/$B/oomguard" snapshot "$pid" >snap.out 2>&1 || { cat snap.out; kill "$jp"; return 1; }; }
+# snap_numbers DUMP WHEN FRAMEWORK: memory.framework of the dump is FRAMEWORK's, with exactly the
+# numbers the stand-in's own books gave at WHEN (exp.json: "now", or "reported": its last report)
+snap_numbers() {
+    "$PYTHON" - "$1" exp.json "$2" "$3" <<'PY'
+import json, sys
+fw = json.load(open(sys.argv[1]))["memory"]["framework"] or {}
+want = json.load(open(sys.argv[2]))[sys.argv[3]]
+keys = {"allocated": "allocated_bytes", "reserved": "reserved_bytes", "peak": "peak_bytes",
+        "largest_free": "largest_free_block_bytes"}
+got = {k: fw.get(keys[k]) for k in want}
+if fw.get("framework") != sys.argv[4] or got != want:
+    raise SystemExit("memory.framework: %s %s, want %s %s (%s)" % (fw.get("framework"), got, sys.argv[4], want, sys.argv[3]))
+PY
+}
+t_snapshot_fresh() { # MODE STAND-IN FRAMEWORK
     # numbers that changed after the adapter's last report: the snapshot asks the interpreter
     # (a pending call, no signal) and carries the new ones
-    snap_job fresh || return 1
-    OOMGUARD_LIVE_DIR="$W/live" "$ROOT/$B/oomguard" snapshot "$pid" >snap.out 2>&1 || { cat snap.out; kill "$jp"; return 1; }
+    snap_job "$1" "$2" || return 1
+    snapshot || return 1
     touch exp.json.stop; wait "$jp" || return 1
     local dump; dump=$(ls dumps/*-snapshot.json) || return 1
-    expect "$dump" 'd["memory"]["framework"]["allocated_bytes"]' "$(field exp.json 'd["allocated"]')" || return 1
+    expect exp.json 'd["now"] != d["reported"]' True || return 1
+    snap_numbers "$dump" now "$3" || return 1
     expect "$dump" '"framework_stale" in d["memory"]["unmeasured_ids"]' False
 }
-t "snapshot: the framework's numbers asked afresh on the interpreter, not the last report's" t_snapshot_fresh
+t "snapshot: PyTorch's numbers asked afresh on the interpreter, not the last report's" t_snapshot_fresh fresh "$FT" pytorch
 
-t_snapshot_blocked() {
+t_snapshot_blocked() { # MODE STAND-IN FRAMEWORK
     # the main thread in one long C call: the snapshot is still written, soon, with the last
     # report's numbers, and says how old they are and why
-    snap_job blocked || return 1
+    snap_job "$1" "$2" || return 1
     local t0=$SECONDS
-    OOMGUARD_LIVE_DIR="$W/live" "$ROOT/$B/oomguard" snapshot "$pid" >snap.out 2>&1 || { cat snap.out; kill "$jp"; return 1; }
+    snapshot || return 1
     local took=$((SECONDS - t0))
     wait "$jp" || return 1
     [ "$took" -le 4 ] || { echo "the snapshot took $took s"; return 1; }
     local dump; dump=$(ls dumps/*-snapshot.json) || return 1
-    expect "$dump" 'd["memory"]["framework"]["allocated_bytes"]' "$(field exp.json 'd["reported"]')" || return 1
+    snap_numbers "$dump" reported "$3" || return 1
     expect "$dump" 'd["memory"]["unmeasured_ids"].count("framework_stale")' 1 || return 1
-    expect "$dump" 'any(u.startswith("framework numbers: the adapter\x27s last report, ") and " s old: " in u for u in d["memory"]["unmeasured"])' True
+    expect "$dump" 'any(u.startswith("framework numbers: the adapter\x27s last report, ") and " s old: " in u for u in d["memory"]["unmeasured"])' True || return 1
+    [ "$3" = pytorch ] && return 0
+    # the failure that made the last report keeps its own dump, with its own numbers
+    local fail; fail=$(ls dumps/oomguard-*.json | grep -v -- -snapshot) || return 1
+    expect "$fail" 'd["status"]' oom && snap_numbers "$fail" reported "$3"
 }
-t "snapshot: the main thread blocked in C: written anyway with the last report's numbers, their age and why" t_snapshot_blocked
+t "snapshot: the main thread blocked in C: written anyway with the last report's numbers, their age and why" t_snapshot_blocked blocked "$FT" pytorch
+t "snapshot: JAX's job blocked in C: the last failure's numbers, their age and why" t_snapshot_blocked jax-blocked "$FJ" jax
+t "snapshot: CuPy's job blocked in C: the last failure's numbers, their age and why" t_snapshot_blocked cupy-blocked "$FC" cupy
+t "snapshot: TensorFlow's job blocked in C: the last failure's numbers, their age and why" t_snapshot_blocked tf-blocked "$FTF" tensorflow
 
 t_standins_alone() {
     needs_no_tsan "loads the TSan-built simulated GPU into a Python without the TSan runtime (static TLS block)"

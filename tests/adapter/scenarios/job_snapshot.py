@@ -1,12 +1,16 @@
 """A job that `oomguard snapshot` asks for a dump while it runs (tests/adapter/run_tests.sh).
 
-    python3 job_snapshot.py fresh|blocked OUT.json
+    python3 job_snapshot.py [FRAMEWORK-]fresh|blocked OUT.json     FRAMEWORK: jax, cupy, tf
 
-Both report PyTorch's numbers once (oomguard_torch.report()), then take 64 MiB more, so the
-adapter's last report is stale, and write OUT.json: the numbers of the last report and the
-current ones, and the pid.  fresh: then runs Python code (short sleeps) until the file
-OUT.json.stop appears, so the interpreter can be asked for fresh numbers.  blocked: then sits
-in one long C call (libc's sleep through ctypes, 6 s) where the interpreter cannot be asked."""
+The framework (PyTorch without a prefix) reports its numbers once -- PyTorch by hand
+(oomguard_torch.report()), JAX, CuPy and TensorFlow at a failure the job catches (a request far
+over the arena, the pool's limit, the logical device's limit) -- then the job takes 64 MiB more,
+so the adapter's last report is stale, and writes OUT.json: the pid, the framework's own numbers
+of the last report ("reported") and now ("now").  fresh: then
+runs Python code (short sleeps) until the file OUT.json.stop appears, so the interpreter can be
+asked for fresh numbers.  blocked: then sits in one long C call (libc's sleep through ctypes,
+6 s) where the interpreter cannot be asked.
+"""
 import ctypes
 import os
 import sys
@@ -15,18 +19,83 @@ import time
 sys.path.append(os.path.dirname(os.path.abspath(__file__)))
 from jobkit import MiB, mode, out, write  # noqa: E402
 
-import torch  # noqa: E402
-import oomguard_torch  # noqa: E402
+fw, _, how = mode.rpartition("-")
+keep = []
 
-keep = [torch.empty(32 * MiB)]
-assert oomguard_torch.report() is not None, "the adapter did not report"
-before = torch.cuda.memory_allocated(0)
-keep.append(torch.empty(64 * MiB))
-now = torch.cuda.memory_allocated(0)
-write({"pid": os.getpid(), "reported": before, "allocated": now})
-if mode == "fresh":
+
+def torch_job():
+    import torch
+    import oomguard_torch
+    keep.append(torch.empty(32 * MiB))
+    assert oomguard_torch.report() is not None, "the adapter did not report"
+    return (lambda: {"allocated": torch.cuda.memory_allocated(0), "reserved": torch.cuda.memory_reserved(0)},
+            lambda: keep.append(torch.empty(64 * MiB)))
+
+
+def jax_job():
+    import jax
+    import jax.numpy as jnp
+    dev = jax.devices()[0]
+
+    def books():
+        st = dev.memory_stats()
+        return {"allocated": st["bytes_in_use"], "reserved": st["pool_bytes"], "peak": st["peak_bytes_in_use"],
+                "largest_free": st["largest_free_block_bytes"]}
+    keep.append(jnp.zeros((32 * MiB // 4,), jnp.float32))
+    try:
+        jnp.zeros((8 << 30) // 4, jnp.float32)
+        raise SystemExit("no RESOURCE_EXHAUSTED")
+    except jax.errors.JaxRuntimeError:
+        pass
+    return books, lambda: keep.append(jnp.zeros((64 * MiB // 4,), jnp.float32))
+
+
+def cupy_job():
+    import cupy
+    import oomguard_cupy
+    pool = cupy.get_default_memory_pool()
+    pool.set_limit(size=256 * MiB)
+    keep.append(cupy.zeros((32 * MiB // 4,), cupy.float32))
+    try:
+        cupy.zeros((512 * MiB // 4,), cupy.float32)
+        raise SystemExit("no OutOfMemoryError")
+    except cupy.cuda.memory.OutOfMemoryError:
+        oomguard_cupy.flush()
+    return (lambda: {"allocated": pool.used_bytes(), "reserved": pool.total_bytes()},
+            lambda: keep.append(cupy.zeros((64 * MiB // 4,), cupy.float32)))
+
+
+def tf_job():
+    import tensorflow as tf
+    gpu = tf.config.list_physical_devices("GPU")[0]
+    tf.config.set_logical_device_configuration(gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=512)])
+
+    def books():
+        if not hasattr(tf.config.experimental, "get_memory_info"):       # TensorFlow 2.4
+            return {"allocated": tf.config.experimental.get_memory_usage("GPU:0")}
+        info = tf.config.experimental.get_memory_info("GPU:0")
+        return {"allocated": info["current"], "peak": info["peak"]}
+    keep.append(tf.zeros((8, MiB), tf.float32))
+    try:
+        tf.zeros((256, MiB), tf.float32)
+        raise SystemExit("no ResourceExhaustedError")
+    except tf.errors.ResourceExhaustedError:
+        pass
+    return books, lambda: keep.append(tf.zeros((16, MiB), tf.float32))
+
+
+def wait_for_stop():
     deadline = time.time() + 60
     while not os.path.exists(out + ".stop") and time.time() < deadline:
         time.sleep(0.01)
+
+
+books, grow = {"": torch_job, "jax": jax_job, "cupy": cupy_job, "tf": tf_job}[fw]()
+reported = books()
+grow()
+now = books()
+write({"pid": os.getpid(), "reported": reported, "now": now})
+if how == "fresh":
+    wait_for_stop()
 else:
     ctypes.CDLL(None).sleep(6)
