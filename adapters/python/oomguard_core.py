@@ -12,7 +12,9 @@
   * activation(who, module, install): an adapter's activate(); ExceptionAdapter: activate,
     install and is_attached of an adapter that learns of failures from exception classes;
   * the query the shim may call at a failing driver allocation (only if that thread already
-    holds the GIL; see include/oomguard.h): it hands over the Python stack, nothing else.
+    holds the GIL; see include/oomguard.h): it hands over the Python stack, nothing else;
+    asked by the interpreter for `oomguard snapshot`, it runs the adapters' refreshers
+    (on_refresh; refresher(): the guard and hand-over JAX, CuPy and TensorFlow share).
 
 Never raises into the program; one line on stderr per problem with OOMGUARD_VERBOSE=1.
 Python 3.9+, standard library only.
@@ -213,6 +215,8 @@ def send(kind, who, device, **kw):
         if kw.get("freed_bytes_total") is not None:
             s.flags |= FW_FREED_KNOWN        # None (not measured) stays unknown, never a 0 freed
         r = fn(ctypes.byref(s))
+        if kind == "oom":
+            _ooms[who] = _ooms.get(who, 0) + 1
         say(who, "%s for device %d handed over (allocated %d, reserved %d, request %d, cap %d)" %
             (kind, device, s.allocated_bytes, s.reserved_bytes, s.requested_bytes, s.cap_bytes))
         return r
@@ -396,11 +400,13 @@ _busy = threading.local()
 class ExceptionAdapter(object):
     """What the adapters that learn of a failure from the framework's exception (jax, cupy,
     tensorflow) share: install() wraps __init__ of the classes that classes(module) returns
-    (hook_exception, with on_init) once `module` is imported; activate() arranges it.  Both are
-    idempotent and never raise; is_attached() is None or "exception"."""
+    (hook_exception, with on_init) once `module` is imported, and registers the refresher
+    refresher(who, module, *refresh) when refresh = (ready, read) is given; activate() arranges
+    it.  Both are idempotent and never raise; is_attached() is None or "exception"."""
 
-    def __init__(self, who, module, classes, on_init, missing):
+    def __init__(self, who, module, classes, on_init, missing, refresh=None):
         self.who, self.module, self.classes, self.on_init, self.missing = who, module, classes, on_init, missing
+        self.refresh = refresh
         self.attached = None
         self._lock = threading.RLock()
         self.activate = activation(who, module, self.install)
@@ -419,6 +425,8 @@ class ExceptionAdapter(object):
                     say(self.who, "no %s to attach to" % self.missing)
                     return False
                 self.attached = "exception"
+                if self.refresh is not None:
+                    on_refresh(refresher(self.who, self.module, *self.refresh))
                 say(self.who, "attached to %s (%s %s)" % (", ".join(c.__name__ for c in hooked), self.module,
                                                          getattr(mod, "__version__", "?")))
                 return True
@@ -444,10 +452,39 @@ QUERY_REFRESH = 4                            # include/oomguard.h: OOMGUARD_QUER
 _refreshers = []                             # fn(device) -> None when nothing was reported
 
 
+_ooms = {}                                   # who -> the framework's failures reported ("oom")
+
+
 def on_refresh(fn):
     """An adapter's way to report fresh numbers when the shim asks (`oomguard snapshot`)."""
     if fn not in _refreshers:
         _refreshers.append(fn)
+
+
+def refresher(who, module, ready, read):
+    """A refresher for on_refresh: reports read(mod, device) -- the keyword arguments of send(),
+    the numbers the adapter gives at a failure -- as a plain report (never a failure), with the
+    failures the adapter saw so far as num_ooms.  It asks nothing of the framework until
+    ready(mod) says that its backend is up, so the refresher is never the framework's first
+    CUDA call; ready and read must not initialise anything, allocate device memory, or wait
+    without a bound.  Returns the shim's result, or None when nothing was reported; never
+    raises."""
+    def refresh(device):
+        try:
+            mod = sys.modules.get(module)
+            if mod is None or not shim_present() or not ready(mod):
+                return None
+            kw = read(mod, int(device))
+            if not kw:
+                return None
+            kw.setdefault("num_ooms", _ooms.get(who, 0))
+            return send("report", who, kw.pop("device", device), **kw)
+        except Exception as e:
+            err(who, "refreshing the numbers", e)
+            return None
+
+    refresh.__name__ = "refresh_" + module
+    return refresh
 
 
 def _refresh(device):

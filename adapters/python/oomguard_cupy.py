@@ -17,6 +17,8 @@ a lock that another thread holds while it waits for this one, so the failing thr
 what the error itself says (size, total, limit) and its Python stack, and a short-lived helper
 thread, which holds nothing, reads the pool once the lock is free and hands everything over.
 The helper is not a daemon: a program that dies of the error still gets its dump.
+`oomguard snapshot` gets the pool's numbers afresh the same way (a helper thread, waited for a
+bounded time), on a device whose pool the adapter read before.
 See docs/python-adapters.md.
 """
 import os
@@ -30,6 +32,8 @@ __all__ = ["activate", "install", "report", "is_attached"]
 WHO = "cupy"
 API = "cupy.cuda.MemoryPool"
 _helpers = []       # the report threads of the latest errors (flush() waits for them)
+_devices = set()    # the devices whose pool was read (CuPy has used them)
+_REFRESH_WAIT_S = 0.25
 
 
 def _cupy():
@@ -43,6 +47,32 @@ def _cap_source(limit):
     return "cupy.get_default_memory_pool().set_limit(size=%d)" % limit
 
 
+def _numbers(cupy, device, limit=None):
+    """send()'s keywords for the default pool of `device`: what a failure and a refresh report.
+    Asks the pool, so it must not run while this thread holds the pool's lock (see above)."""
+    pool = cupy.get_default_memory_pool()
+    prev = cupy.cuda.runtime.getDevice()
+    try:
+        if prev != device:
+            cupy.cuda.runtime.setDevice(device)     # the pool answers for the current device
+        used = pool.used_bytes()
+        reserved = pool.total_bytes()
+        free = pool.free_bytes()
+        nfree = pool.n_free_blocks()
+        if limit is None:
+            limit = pool.get_limit()
+    finally:
+        if prev != device:
+            cupy.cuda.runtime.setDevice(prev)
+    _devices.add(device)
+    # CuPy has no public "largest free block"; with one free block it is that block
+    largest = free if nfree == 1 else 0
+    return dict(allocated_bytes=used, reserved_bytes=max(reserved, used), active_bytes=used,
+                largest_free_block_bytes=largest, allocator_settings=_core.settings_from_env(("CUPY_",)),
+                source="cupy %s" % (getattr(cupy, "__version__", "?"),), framework="cupy", api=API,
+                cap_bytes=limit or 0, cap_source=_cap_source(limit) if limit else None)
+
+
 def report(device=None, request=0, total=None, limit=None, stack=None):
     """Reads the default pool (the current device's) and hands it to the shim as a failure of
     `request` bytes.  Must not run while the pool's lock is held by this thread (see above).
@@ -53,33 +83,39 @@ def report(device=None, request=0, total=None, limit=None, stack=None):
             return None
         if device is None:
             device = cupy.cuda.runtime.getDevice()
-        pool = cupy.get_default_memory_pool()
-        prev = cupy.cuda.runtime.getDevice()
-        try:
-            if prev != device:
-                cupy.cuda.runtime.setDevice(device)     # the pool answers for the current device
-            used = pool.used_bytes()
-            reserved = pool.total_bytes()
-            free = pool.free_bytes()
-            nfree = pool.n_free_blocks()
-            if limit is None:
-                limit = pool.get_limit()
-        finally:
-            if prev != device:
-                cupy.cuda.runtime.setDevice(prev)
-        # CuPy has no public "largest free block"; with one free block it is that block
-        largest = free if nfree == 1 else 0
-        return _core.send(
-            "oom", WHO, device,
-            allocated_bytes=used, reserved_bytes=max(reserved, used), active_bytes=used,
-            largest_free_block_bytes=largest, num_ooms=1,
-            allocator_settings=_core.settings_from_env(("CUPY_",)),
-            source="cupy %s" % (getattr(cupy, "__version__", "?"),), framework="cupy", api=API,
-            requested_bytes=request, cap_bytes=limit or 0,
-            cap_source=_cap_source(limit) if limit else None, python_stack=stack)
+        kw = _numbers(cupy, device, limit)
+        return _core.send("oom", WHO, device, num_ooms=1, requested_bytes=request, python_stack=stack, **kw)
     except Exception as e:
         _core.err(WHO, "report", e)
         return None
+
+
+def _used(cupy):
+    """CuPy tells no "CUDA initialised", and every question to its pool begins with a CUDA call
+    (the current device): the pool is asked afresh only on a device it was read on before."""
+    return bool(_devices)
+
+
+def _read(cupy, device):
+    """The refresh (`oomguard snapshot`), on the interpreter's main thread, which may be inside
+    the pool with its lock held: a helper thread reads the pool, waited for at most
+    _REFRESH_WAIT_S, else nothing is reported (the snapshot says its numbers are old)."""
+    if device not in _devices:
+        return None
+    got = {}
+
+    def read():
+        try:
+            cupy.cuda.runtime.setDevice(device)
+            got["kw"] = _numbers(cupy, device)
+        except Exception as e:
+            _core.err(WHO, "reading the pool", e)
+
+    t = threading.Thread(target=read, name="oomguard-cupy-refresh")
+    t.daemon = True
+    t.start()
+    t.join(_REFRESH_WAIT_S)
+    return got.get("kw")
 
 
 def _helper(device, **kw):
@@ -119,7 +155,7 @@ def flush(timeout=5.0):
 
 _adapter = _core.ExceptionAdapter(
     WHO, "cupy", lambda cupy: _core.attr_class(cupy, "cuda", "memory", "OutOfMemoryError"), _on_oom,
-    "cupy.cuda.memory.OutOfMemoryError")
+    "cupy.cuda.memory.OutOfMemoryError", refresh=(_used, _read))
 install, activate, is_attached = _adapter.install, _adapter.activate, _adapter.is_attached
 
 activate()

@@ -12,6 +12,7 @@ No hard dependency: it waits for `import jax`, then wraps the __init__ of JAX's 
 class (jax.errors.JaxRuntimeError / jaxlib's XlaRuntimeError), so it learns of the failure on
 the failing thread, at the failure, whether the program catches the error or not.  Nothing runs
 per allocation.  Without liboomguard preloaded it does nothing.  Never raises into the program.
+`oomguard snapshot` gets the same memory_stats() afresh, once JAX's backends are up.
 See docs/python-adapters.md.
 """
 import os
@@ -149,6 +150,19 @@ def _roles(jax, dev, allocated):
         return None
 
 
+def _numbers(jax, dev, st):
+    """send()'s keywords for device dev's memory_stats() st: what a failure and a refresh report."""
+    in_use = st.get("bytes_in_use", 0)
+    limit = st.get("bytes_limit", 0)
+    # what XLA holds from the driver: its pool (the preallocated arena), else what it reserved
+    reserved = st.get("pool_bytes") or st.get("bytes_reserved") or in_use
+    cap_source = _cap_source(st) if limit else None
+    return dict(device=_ordinal(dev), allocated_bytes=in_use, reserved_bytes=max(reserved, in_use), active_bytes=in_use,
+                largest_free_block_bytes=st.get("largest_free_block_bytes", 0), allocator_settings=_settings(),
+                source="jax %s" % (getattr(jax, "__version__", "?"),), framework="jax", api=API,
+                cap_bytes=limit if cap_source else 0, cap_source=cap_source, peak_bytes=st.get("peak_bytes_in_use", 0))
+
+
 def report(exc=None, request=None, stack=None):
     """Hands the shim JAX's numbers for a RESOURCE_EXHAUSTED failure (exc, or by hand).  Returns
     the shim's result or None.  Never raises."""
@@ -163,30 +177,41 @@ def report(exc=None, request=None, stack=None):
         if dev is None or not isinstance(st, dict):
             _core.say(WHO, "no GPU device with memory_stats(): nothing reported")
             return None
-        in_use = st.get("bytes_in_use", 0)
-        limit = st.get("bytes_limit", 0)
-        # what XLA holds from the driver: its pool (the preallocated arena), else what it reserved
-        reserved = st.get("pool_bytes") or st.get("bytes_reserved") or in_use
-        cap_source = _cap_source(st) if limit else None
-        roles = _roles(jax, dev, in_use)
+        kw = _numbers(jax, dev, st)
+        roles = _roles(jax, dev, kw["allocated_bytes"])
         try:
             pkg = os.path.dirname(os.path.abspath(jax.__file__)) + os.sep
         except Exception:
             pkg = None
         phase = oomguard_phase.encode(*oomguard_phase.detect(sys._getframe(1), 0, exc=exc, package_dir=pkg))
         return _core.send(
-            "oom", WHO, _ordinal(dev),
-            allocated_bytes=in_use, reserved_bytes=max(reserved, in_use), active_bytes=in_use,
-            largest_free_block_bytes=st.get("largest_free_block_bytes", 0),
-            num_ooms=1, allocator_settings=_settings(),
-            source="jax %s" % (getattr(jax, "__version__", "?"),), framework="jax", api=API,
-            requested_bytes=request or 0, cap_bytes=limit if cap_source else 0, cap_source=cap_source,
-            peak_bytes=st.get("peak_bytes_in_use", 0),
+            "oom", WHO, kw.pop("device"), num_ooms=1, requested_bytes=request or 0,
             python_stack=stack if stack is not None else _core.python_stack(),
-            roles=roles, phase=phase[0], phase_frame=phase[1], phase_source=phase[2])
+            roles=roles, phase=phase[0], phase_frame=phase[1], phase_source=phase[2], **kw)
     except Exception as e:
         _core.err(WHO, "report", e)
         return None
+
+
+def _backends_up(jax):
+    """Has JAX initialised its backends (the XLA clients, which take the arena)?  Read from
+    jax._src.xla_bridge without calling anything that would initialise them; False when this
+    JAX does not tell."""
+    xb = sys.modules.get("jax._src.xla_bridge")
+    up = getattr(xb, "backends_are_initialized", None)
+    if callable(up):
+        return bool(up())
+    return bool(getattr(xb, "_backends", None))
+
+
+def _read(jax, device):
+    """The refresh (`oomguard snapshot`): memory_stats() of the device the shim asks for, as a
+    failure reports them; no roles (a scan of the heap, which a snapshot must not wait for)."""
+    for dev in _gpu_devices(jax):
+        if _ordinal(dev) == device:
+            st = dev.memory_stats()
+            return _numbers(jax, dev, st) if isinstance(st, dict) else None
+    return None
 
 
 def _on_error(exc, args, kwargs):
@@ -197,7 +222,8 @@ def _on_error(exc, args, kwargs):
     report(exc, stack=_core.python_stack())
 
 
-_adapter = _core.ExceptionAdapter(WHO, "jax", _error_classes, _on_error, "JaxRuntimeError/XlaRuntimeError class")
+_adapter = _core.ExceptionAdapter(WHO, "jax", _error_classes, _on_error, "JaxRuntimeError/XlaRuntimeError class",
+                                  refresh=(_backends_up, _read))
 install, activate, is_attached = _adapter.install, _adapter.activate, _adapter.is_attached
 
 activate()

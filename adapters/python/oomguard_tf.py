@@ -13,7 +13,8 @@ Like the JAX adapter it waits for `import tensorflow` and wraps ResourceExhauste
 (TensorFlow creates it in Python, after the failed op returned: no allocator lock is held).
 TensorFlow publishes neither its arena's size nor its largest free block, so the cached and
 fragmented part of the arena is not measured: reserved = the limit when the arena was taken at
-start-up (no memory growth), else unknown.  Never raises into the program.
+start-up (no memory growth), else unknown.  Never raises into the program.  `oomguard
+snapshot` gets the same numbers afresh, once TensorFlow's eager context is initialised.
 See docs/python-adapters.md.
 """
 import os
@@ -56,6 +57,44 @@ def _growth(tf, gpu):
         return None
 
 
+def _memory_info(tf, device):
+    """{"current", "peak"} of GPU:device: get_memory_info() (TensorFlow 2.5+), else the current
+    bytes alone from get_memory_usage() (2.4, peak unknown: None), else None."""
+    exp = tf.config.experimental
+    name = "GPU:%d" % device
+    get = getattr(exp, "get_memory_info", None)
+    if get is not None:
+        info = get(name)
+        return {"current": int(info.get("current", 0)), "peak": int(info.get("peak", 0))}
+    usage = getattr(exp, "get_memory_usage", None)
+    return {"current": int(usage(name)), "peak": None} if usage is not None else None
+
+
+def _numbers(tf, device):
+    """send()'s keywords for GPU:device: what a failure and a refresh report; None when this
+    TensorFlow tells no memory numbers."""
+    info = _memory_info(tf, device)
+    if info is None:
+        return None
+    current = info["current"]
+    cap, cap_source, gpu = 0, None, None
+    try:
+        gpu = tf.config.list_physical_devices("GPU")[device]
+        logical = tf.config.get_logical_device_configuration(gpu)
+        if logical and getattr(logical[0], "memory_limit", None):
+            cap = int(logical[0].memory_limit) << 20
+            cap_source = "tf.config.set_logical_device_configuration(memory_limit=%d)" % logical[0].memory_limit
+    except Exception:
+        pass
+    growth = _growth(tf, gpu) if gpu is not None else None
+    # without memory growth TensorFlow took its whole limit at start-up
+    reserved = cap if (cap and growth is False) else current
+    return dict(allocated_bytes=current, reserved_bytes=max(reserved, current), active_bytes=current,
+                allocator_settings=_core.settings_from_env(("TF_GPU_", "TF_FORCE_GPU_"), ("XLA_FLAGS",)),
+                source="tensorflow %s" % (getattr(tf, "__version__", "?"),), framework="tensorflow", api=API,
+                cap_bytes=cap, cap_source=cap_source, peak_bytes=info["peak"])
+
+
 def report(exc=None, message=None, stack=None):
     """Hands the shim TensorFlow's numbers for a ResourceExhaustedError.  Never raises."""
     try:
@@ -65,30 +104,23 @@ def report(exc=None, message=None, stack=None):
         msg = message if message is not None else (str(exc) if exc is not None else "")
         m = _DEVICE.search(msg)
         device = int(m.group(1)) if m else 0
-        info = tf.config.experimental.get_memory_info("GPU:%d" % device)
-        current = int(info.get("current", 0))
-        cap, cap_source, gpu = 0, None, None
-        try:
-            gpu = tf.config.list_physical_devices("GPU")[device]
-            logical = tf.config.get_logical_device_configuration(gpu)
-            if logical and getattr(logical[0], "memory_limit", None):
-                cap = int(logical[0].memory_limit) << 20
-                cap_source = "tf.config.set_logical_device_configuration(memory_limit=%d)" % logical[0].memory_limit
-        except Exception:
-            pass
-        growth = _growth(tf, gpu) if gpu is not None else None
-        # without memory growth TensorFlow took its whole limit at start-up
-        reserved = cap if (cap and growth is False) else current
-        return _core.send(
-            "oom", WHO, device, allocated_bytes=current, reserved_bytes=max(reserved, current), active_bytes=current,
-            num_ooms=1, allocator_settings=_core.settings_from_env(("TF_GPU_", "TF_FORCE_GPU_"), ("XLA_FLAGS",)),
-            source="tensorflow %s" % (getattr(tf, "__version__", "?"),), framework="tensorflow", api=API,
-            requested_bytes=_request(msg), cap_bytes=cap, cap_source=cap_source,
-            peak_bytes=int(info.get("peak", 0)),
-            python_stack=stack if stack is not None else _core.python_stack())
+        kw = _numbers(tf, device)
+        if kw is None:
+            _core.say(WHO, "neither get_memory_info() nor get_memory_usage(): nothing reported")
+            return None
+        return _core.send("oom", WHO, device, num_ooms=1, requested_bytes=_request(msg),
+                          python_stack=stack if stack is not None else _core.python_stack(), **kw)
     except Exception as e:
         _core.err(WHO, "report", e)
         return None
+
+
+def _runtime_up(tf):
+    """Has TensorFlow initialised its runtime (the eager context, which creates the GPU devices
+    and their allocators)?  Read without initialising it: get_memory_info() itself would."""
+    ctx = getattr(sys.modules.get("tensorflow.python.eager.context"), "context_safe", None)
+    ctx = ctx() if callable(ctx) else None
+    return bool(getattr(ctx, "_initialized", False))
 
 
 def _on_error(exc, args, kwargs):
@@ -99,7 +131,7 @@ def _on_error(exc, args, kwargs):
 
 _adapter = _core.ExceptionAdapter(
     WHO, "tensorflow", lambda tf: _core.attr_class(tf, "errors", "ResourceExhaustedError"), _on_error,
-    "tf.errors.ResourceExhaustedError")
+    "tf.errors.ResourceExhaustedError", refresh=(_runtime_up, _numbers))
 install, activate, is_attached = _adapter.install, _adapter.activate, _adapter.is_attached
 
 activate()

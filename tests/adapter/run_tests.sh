@@ -687,6 +687,15 @@ t_snapshot_fresh() { # MODE STAND-IN FRAMEWORK
     expect "$dump" '"framework_stale" in d["memory"]["unmeasured_ids"]' False
 }
 t "snapshot: PyTorch's numbers asked afresh on the interpreter, not the last report's" t_snapshot_fresh fresh "$FT" pytorch
+t "snapshot: JAX's memory_stats() asked afresh, not the last failure's" t_snapshot_fresh jax-fresh "$FJ" jax
+t "snapshot: CuPy's pool asked afresh (from a helper thread), not the last failure's" t_snapshot_fresh cupy-fresh "$FC" cupy
+t "snapshot: TensorFlow's get_memory_info() asked afresh, not the last failure's" t_snapshot_fresh tf-fresh "$FTF" tensorflow
+t_snapshot_old_tf() {
+    FAKE_TF_VERSION=2.4.1 t_snapshot_fresh tf-fresh "$FTF" tensorflow || return 1
+    expect "$(ls dumps/*-snapshot.json)" 'd["memory"]["framework"]["source"], d["memory"]["framework"]["peak_bytes"]' \
+        "tensorflow 2.4.1 None"
+}
+t "snapshot: TensorFlow 2.4 (no get_memory_info): get_memory_usage() asked afresh" t_snapshot_old_tf
 
 t_snapshot_blocked() { # MODE STAND-IN FRAMEWORK
     # the main thread in one long C call: the snapshot is still written, soon, with the last
@@ -710,6 +719,18 @@ t "snapshot: the main thread blocked in C: written anyway with the last report's
 t "snapshot: JAX's job blocked in C: the last failure's numbers, their age and why" t_snapshot_blocked jax-blocked "$FJ" jax
 t "snapshot: CuPy's job blocked in C: the last failure's numbers, their age and why" t_snapshot_blocked cupy-blocked "$FC" cupy
 t "snapshot: TensorFlow's job blocked in C: the last failure's numbers, their age and why" t_snapshot_blocked tf-blocked "$FTF" tensorflow
+
+t_snapshot_unused() {
+    # JAX, CuPy and TensorFlow imported, never used: their refreshers are registered at the
+    # import (not before) and asked, and none brings its framework's backend up or reports
+    snap_job unused "$FJ:$FC:$FTF" || return 1
+    snapshot || return 1
+    touch exp.json.stop; wait "$jp" || return 1
+    expect exp.json 'd["refreshers"], d["asked"]' '[0, 3] [0]' || return 1
+    expect exp.json 'sorted(d["up"].items())' "[('cupy', False), ('jax', False), ('tensorflow', False)]" || return 1
+    expect "$(ls dumps/*-snapshot.json)" 'd["memory"]["framework"]' None
+}
+t "snapshot: JAX, CuPy, TensorFlow imported but unused: refreshers asked, no backend brought up, nothing reported" t_snapshot_unused
 
 t_standins_alone() {
     needs_no_tsan "loads the TSan-built simulated GPU into a Python without the TSan runtime (static TLS block)"

@@ -1,6 +1,7 @@
 """A job that `oomguard snapshot` asks for a dump while it runs (tests/adapter/run_tests.sh).
 
     python3 job_snapshot.py [FRAMEWORK-]fresh|blocked OUT.json     FRAMEWORK: jax, cupy, tf
+    python3 job_snapshot.py unused OUT.json
 
 The framework (PyTorch without a prefix) reports its numbers once -- PyTorch by hand
 (oomguard_torch.report()), JAX, CuPy and TensorFlow at a failure the job catches (a request far
@@ -10,7 +11,11 @@ of the last report ("reported") and now ("now").  fresh: then
 runs Python code (short sleeps) until the file OUT.json.stop appears, so the interpreter can be
 asked for fresh numbers.  blocked: then sits in one long C call (libc's sleep through ctypes,
 6 s) where the interpreter cannot be asked.
-"""
+
+unused: JAX, CuPy and TensorFlow imported and never used; the device memory is the job's own
+(cudaMalloc through ctypes).  At OUT.json.stop it adds to OUT.json whether the refreshers were
+asked ("asked") and whether any framework's backend came up ("up"); "refreshers" = how many were
+registered before and after the imports."""
 import ctypes
 import os
 import sys
@@ -89,6 +94,32 @@ def wait_for_stop():
     while not os.path.exists(out + ".stop") and time.time() < deadline:
         time.sleep(0.01)
 
+
+if how == "unused":
+    import oomguard_core
+    before = len(oomguard_core._refreshers)
+    import cupy  # noqa: F401
+    import jax  # noqa: F401
+    import tensorflow  # noqa: F401
+    after = len(oomguard_core._refreshers)
+    asked = []
+    oomguard_core.on_refresh(lambda device: asked.append(device))
+    rt = ctypes.CDLL("libcudart.so.13")
+    rt.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+    p = ctypes.c_void_p(0)
+    assert rt.cudaMalloc(ctypes.byref(p), 64 * MiB) == 0
+    doc = {"pid": os.getpid(), "refreshers": [before, after]}
+    write(doc)
+    wait_for_stop()
+    from jax._src import xla_bridge
+    from tensorflow.python.eager import context
+    ctx = context.context_safe()
+    doc["asked"] = asked
+    doc["up"] = {"jax": xla_bridge.backends_are_initialized(),
+                 "cupy": bool(cupy.get_default_memory_pool()._pools) or cupy._fake_cuda._rt is not None,
+                 "tensorflow": bool(ctx is not None and ctx._initialized)}
+    write(doc)
+    sys.exit(0)
 
 books, grow = {"": torch_job, "jax": jax_job, "cupy": cupy_job, "tf": tf_job}[fw]()
 reported = books()

@@ -3,7 +3,8 @@
 It has what adapters/python/oomguard_jax.py touches and a test job needs, under JAX's own names
 and signatures: jax.__version__, jax.devices(), jax.local_devices(), jax.device_put(),
 Device.{id, platform, device_kind, local_hardware_id, memory_stats()}, jax.numpy.{zeros, ones,
-empty} returning arrays with .nbytes/.delete()/.block_until_ready(), and jax.errors.JaxRuntimeError.
+empty} returning arrays with .nbytes/.delete()/.block_until_ready(), jax.errors.JaxRuntimeError
+and jax._src.xla_bridge.backends_are_initialized() (the backends are made at the first use).
 Device memory comes from a BFC allocator in miniature (jax/_src/bfc.py) that allocates for real
 through the CUDA runtime, honouring XLA_PYTHON_CLIENT_PREALLOCATE / _MEM_FRACTION / _ALLOCATOR.
 """
@@ -16,6 +17,7 @@ __version__ = _os.environ.get("FAKE_JAX_VERSION", "0.4.35+fake")
 
 from jax import errors  # noqa: E402
 from jax._src import bfc as _bfc  # noqa: E402
+from jax._src import xla_bridge as _xla_bridge  # noqa: E402
 
 
 class Device(object):
@@ -39,6 +41,7 @@ _devices = None
 
 def devices(backend=None):
     global _devices
+    _xla_bridge.backends()
     if _devices is None:
         _devices = [Device(i) for i in range(_bfc.device_count())]
     return list(_devices)

@@ -2,7 +2,8 @@
 machine): tf.__version__, tf.errors.ResourceExhaustedError, tf.config.{list_physical_devices,
 set_logical_device_configuration, LogicalDeviceConfiguration, experimental.get_memory_info,
 experimental.set_memory_growth}, tf.zeros/ones(shape, dtype) and tf.float32, under TensorFlow's
-names and signatures; device memory from a BFC arena in miniature (tensorflow/_bfc.py)."""
+names and signatures; device memory from a BFC arena in miniature (tensorflow/_bfc.py), made
+for every GPU when the eager context is initialised (tensorflow/python/eager/context.py)."""
 import os as _os
 
 # the stand-ins' shared CUDA runtime and chunk list (tests/adapter/fake_common) load as tensorflow._fake_cuda

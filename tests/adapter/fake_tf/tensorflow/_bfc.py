@@ -69,6 +69,8 @@ _arenas = {}
 
 
 def arena(device):
+    from tensorflow.python.eager import context
+    context.ensure_initialized()     # the first use of a device initialises the runtime
     with _lock:
         a = _arenas.get(device)
         if a is None:

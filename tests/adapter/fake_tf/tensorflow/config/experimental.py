@@ -1,4 +1,6 @@
-"""tf.config.experimental, as far as the adapter and the test jobs use it."""
+"""tf.config.experimental, as far as the adapter and the test jobs use it.  As in TensorFlow
+2.4 (FAKE_TF_VERSION), it has get_memory_usage() and no get_memory_info() before 2.5."""
+import tensorflow as _tf
 from tensorflow import _bfc
 
 
@@ -20,3 +22,15 @@ def set_memory_growth(device, enable):
 
 def get_memory_growth(device):
     return _bfc.growth.get(device._index, False)
+
+
+def get_memory_usage(device):
+    """TensorFlow 2.4's: the current bytes alone."""
+    a = _bfc.arena(_index(device))
+    return a.in_use
+
+
+if tuple(int(x) for x in _tf.__version__.split("+")[0].split(".")[:2]) < (2, 5):
+    del get_memory_info
+else:
+    del get_memory_usage

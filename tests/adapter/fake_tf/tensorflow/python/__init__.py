@@ -1,0 +1,1 @@
+"""tensorflow.python, as far as the adapter uses it (tensorflow.python.eager.context)."""
