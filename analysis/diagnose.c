@@ -105,7 +105,9 @@
 #include "advice_text.h"
 #include "facts.h"
 
-#define FRAG_C_FLOOR (256ULL << 20) /* fragmentation (c): at least 256 MiB idle */
+#define FRAG_C_FLOOR   (256ULL << 20) /* fragmentation (c): at least 256 MiB idle */
+#define PASS_FRAG_CONF 0.5            /* fragmentation when the pass still building outgrows the cache */
+#define PASS_DNF_CONF  0.8            /* does_not_fit then: measured, the rest of the pass not requested */
 
 
 /* ------------------------------------------------------------------ small helpers */
@@ -425,6 +427,10 @@ static bool c_fragmentation(const og_facts_t *d, const og_record_t *r, og_cause_
     if (conf < 0)
         return false;
 
+    /* a pass still building that holds many times the cache: the splinters would carry it a few
+     * allocations further, the pass itself does not fit (does_not_fit says so) */
+    if (d->pass_outgrows_cache && conf > PASS_FRAG_CONF)
+        conf = PASS_FRAG_CONF;
     c->id = og_cause_ids[OG_CAUSE_FRAG];
     c->confidence = clamp01(conf);
     if (d->largest_known)
@@ -726,11 +732,13 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
     if (d->recovered && !d->larger_than_device)
         return false; /* the retry succeeded: it did fit */
     uint64_t avail = add_sat(add_sat(d->free_eff, d->reclaim), d->app_slack);
-    if (d->req <= avail && !d->larger_than_device)
+    if (d->req <= avail && !d->larger_than_device && !(d->pass_outgrows_cache && d->shortfall > 0))
         return false;
     c->id = og_cause_ids[OG_CAUSE_DNF];
     uint64_t job = add_sat(sub0(d->footprint, d->reclaim), d->req);
     uint64_t missing = sub0(d->req, avail);
+    if (d->req <= avail)
+        missing = d->shortfall; /* the pass outgrows the cache: what is missing now, the cache aside */
     if (d->larger_than_device) {
         c->confidence = 1.0;
         summary(c,
@@ -758,6 +766,10 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
     }
     if (d->free_estimated)
         conf -= 0.15;
+    if (d->req <= avail) {
+        conf = PASS_DNF_CONF; /* the cache would serve this request, not the rest of the pass */
+        basis = "pass_outgrows_cache";
+    }
     /* a leak that grew by more than what is missing explains the shortfall better; so does an
      * imbalance whose evening-out would free it */
     if (d->growth.holds && d->growth.rise >= missing && conf > 0.6) {
@@ -785,7 +797,7 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
     else if (d->free_estimated)
         og_fmt(note, sizeof note, " (free memory estimated)");
     summary(c, "%s more is needed than is free%s%s; the request is %s and this process holds %s%s.",
-            og_hb((double)missing).s, d->reclaim ? " even after releasing the cache" : "", note,
+            og_hb((double)missing).s, d->reclaim && d->req > avail ? " even after releasing the cache" : "", note,
             og_hb((double)d->req).s, og_hb((double)d->footprint).s,
             alone_fits ? "; alone on the device the job would fit" : "");
     ev_bytes(c, "requested_bytes", d->req);
@@ -799,6 +811,14 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
     ev_bytes(c, "job_need_bytes", job);
     ev_bytes(c, d->limited ? "limit_bytes" : "capacity_bytes", d->capacity);
     ev_text(c, "basis", "%s", basis);
+    if (d->pass_outgrows_cache) {
+        ev_bytes(c, "pass_working_set_bytes", d->roles.working);
+        if (strlen(c->summary) + 160 < sizeof c->summary)
+            og_fmt(c->summary + strlen(c->summary) - 1, sizeof c->summary - strlen(c->summary) + 1,
+                   "; the %s pass still building holds %s, and the %s cached would carry it only a few allocations "
+                   "further.",
+                   og_job_phase_name(d->phase), og_hb((double)d->roles.working).s, og_hb((double)d->cached).s);
+    }
     /* failing inside a burst of equal allocations that are all kept: a load (weights), not a step */
     const og_load_facts_t *ld = &d->load;
     if (ld->phase != OG_PHASE_NONE) {

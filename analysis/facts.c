@@ -459,12 +459,14 @@ static bool growth_for(const og_facts_t *d, const og_record_t *r, og_growth_scra
      * holds for good (parameters, buffers, gradients, optimizer state, graph pools), the low points
      * rising up to that state are the model arriving and the first step's gradients and optimizer
      * state (and the cache rebuilt after an empty_cache()).  What the steps keep is the rise beyond
-     * it, and that must be significant on its own, more than the cache's measured slack */
+     * it, and that must be significant on its own: more than the cache's measured slack and at least two
+     * steps' worth (the optimizer's state made one tensor at a time ends a few MiB above its measure) */
     uint64_t state = d->roles.state_known ? d->roles.state : 0;
     if (state) {
         uint64_t kept = sub0(lows[steps - 1], lows[0] > state ? lows[0] : state);
-        bool kept_big = (double)kept / (double)d->total + 1e-12 >= gm ||
-                        (d->shortfall > 0 && kept >= d->shortfall && steps >= 16 && kept > d->cached);
+        bool kept_big =
+            (double)kept / (double)d->total + 1e-12 >= gm ||
+            (d->shortfall > 0 && kept >= d->shortfall && steps >= 16 && kept > d->cached && kept >= 2 * per_step);
         if (!kept_big) {
             g->state_built = true;
             g->state = state;
@@ -779,6 +781,22 @@ static void roles(og_facts_t *d, const og_record_t *r)
     }
 }
 
+/* A pass still building up (the adapter's phase: forward, backward, evaluation, generation) whose own
+ * tensors (the working set) are at least PASS_OVER_CACHE times the failing framework's measured cache,
+ * while that cache is under frag_share of its reservation: the cache could carry the pass a few
+ * allocations further, not through it (the rest of the pass was never requested). */
+#define PASS_OVER_CACHE 4
+static void pass_outgrows_cache(og_facts_t *d)
+{
+    const og_role_facts_t *k = &d->roles;
+    bool building = d->phase == OG_JP_forward || d->phase == OG_JP_backward || d->phase == OG_JP_evaluation ||
+                    d->phase == OG_JP_generation;
+    if (!building || !k->known || !k->act_known || !d->cached_known || d->recovered || !d->reservation)
+        return;
+    d->pass_outgrows_cache = k->working >= PASS_OVER_CACHE * (d->cached > d->req ? d->cached : d->req) &&
+                             (double)d->cached < d->frag_share * (double)d->reservation;
+}
+
 /* The failing request and the allocations of its size since the first of them (the framework's
  * releases and failed attempts between them are the failure's own): a size at least 4x any earlier
  * allocation, after earlier steps freed what they made (a run that had reached its plateau). */
@@ -961,6 +979,7 @@ void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds
     imbalance(f, rec);
     non_framework(f, rec);
     fit(f, rec);
+    pass_outgrows_cache(f);
     outlier(f, rec);
     communication(f, rec);
     advice(f, rec);

@@ -180,6 +180,9 @@ typedef struct og_facts {
     enum og_job_phase phase;
     bool load_via_torch_load; /* loading, with torch.load (torch/serialization.py) on the failing stack */
     og_role_facts_t roles;
+    /* a pass still building (forward, backward, evaluation, generation) holds at least 4x the cache
+     * (and the request), the cache under frag_share of the reservation: it cannot carry the pass */
+    bool pass_outgrows_cache;
     og_outlier_facts_t outlier;
     /* a collective-communication library (NCCL): its index in by_library (-1 none), bytes, and
      * whether the failing call was its own */

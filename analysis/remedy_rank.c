@@ -145,6 +145,7 @@ static bool no_other_process(const rctx_t *x) { return !x->other && x->rec->memo
 #define PHASE(p) (x->f->phase == OG_JP_##p)
 static const og_role_facts_t *roles_of(const rctx_t *x) { return &x->f->roles; }
 static bool in_handler(const rctx_t *x) { return PHASE(oom_handler); }
+static bool pass_outgrows(const rctx_t *x) { return x->f->pass_outgrows_cache; }
 /* restoring a checkpoint: the adapter's phase is loading and its frame is torch.load's */
 static bool checkpoint_restore(const rctx_t *x) { return PHASE(loading) && x->f->load_via_torch_load; }
 static bool loading_weights_phase(const rctx_t *x) { return PHASE(loading); }
@@ -368,6 +369,9 @@ static const og_rank_row_t lead[] = {
     { "larger_chunk", larger, LEAD, -30, 0, REMS(R_CHUNK), "request > device or limit", "logits_larger_than_card" },
     { "split_segments_rest", split_segments_rest, TIER_CAP, 1, 0, REMS(R_EXPANDABLE),
       "fragmentation, a retry that freed 0 B", "frag_varlen_noadapter" },
+    { "pass_outgrows_cache", pass_outgrows, TIER, 3, 0, REMS(R_EXPANDABLE, R_EMPTY_CACHE),
+      "a pass still building (phase forward, backward, evaluation, generation) holds >= 4x the cache",
+      "skip_batch_on_oom, asr_accum_summed_loss (blind)" },
     { "second_load", second_load, WANT, 0, 0, REMS(R_RELEASE_REFS, R_RESTART),
       "primary does_not_fit, phase second_load", "notebook_second_model" },
     { "second_load_lead", second_load, LEAD, -20, 1, REMS(R_RESTART, R_RELEASE_REFS),

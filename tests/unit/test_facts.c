@@ -181,6 +181,24 @@ static void a_rise_to_the_jobs_own_state_is_not_growth(void **state)
     free(r);
 }
 
+/* the optimizer's state made one tensor at a time ends a few MiB above what the roles measure: a few MiB
+ * beyond the state are not a leak even when they exceed a small shortfall (two steps' worth are needed) */
+static void a_few_mib_beyond_the_state_are_not_growth(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    ev_reset(r);
+    ev_add(r, 0.001, "alloc", 2 * GiB);
+    leak_loop(r, 20, 0.5, 512 * MiB, 256 * MiB);                        /* lows: 2 GiB rising to 6.75 GiB */
+    fixture_roles(r, 2 * GiB, 2304 * MiB, 2556 * MiB, 0, 0, 512 * MiB); /* 4 MiB under the last low */
+    r->memory.fw.freed_known = true;
+    r->memory.fw.freed_bytes_total = 20 * 512 * MiB;
+    r->device.free_bytes = 510 * MiB; /* 2 MiB missing */
+    const og_facts_t *f = facts(r);
+    assert_false(f->growth.holds);
+    assert_true(f->growth.state_built);
+    free(r);
+}
+
 /* steps of 1/40 of the device from almost nothing read as weights arriving, unless the adapter read
  * another phase from the stack: then they are iterations keeping a large state (a hidden state not
  * detached, 640 MiB a step) */
@@ -499,6 +517,7 @@ int main(void)
         cmocka_unit_test(growth_needs_six_steps),
         cmocka_unit_test(one_pass_is_not_growth),
         cmocka_unit_test(a_rise_to_the_jobs_own_state_is_not_growth),
+        cmocka_unit_test(a_few_mib_beyond_the_state_are_not_growth),
         cmocka_unit_test(large_steps_in_a_forward_pass_are_not_a_load),
         cmocka_unit_test(every_allocation_needs_sixteen_steps),
         cmocka_unit_test(loading_and_a_second_copy),
