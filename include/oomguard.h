@@ -118,7 +118,8 @@ typedef int (*oomguard_query_fn)(void *ctx, int device, oomguard_framework_stats
  * line (`oomguard snapshot`): such a call is made by the interpreter itself, as a pending call
  * (Py_AddPendingCall) on its main thread between two bytecodes, GIL held, never inside an
  * allocation, so the query may call the framework; it hands the numbers over with
- * oomguard_framework_report() and returns 0 (-1: nothing reported). */
+ * oomguard_framework_report() and returns 0 (-1: nothing reported).  Numbers reported there
+ * serve the snapshot: an open failure's dump is not rewritten with them. */
 #define OOMGUARD_QUERY_REFRESH 4u
 int oomguard_framework_set_query(oomguard_query_fn fn, void *ctx, unsigned flags);
 

@@ -243,11 +243,16 @@ static int store(const oomguard_framework_stats_t *s, bool internal_oom, int *de
     return r;
 }
 
+/* set while the interpreter runs the refresh for a snapshot (refresh_on_interpreter) */
+static OG_TLS int in_refresh;
+
 OG_EXPORT int oomguard_framework_report(const oomguard_framework_stats_t *s)
 {
     int device = 0;
     if (store(s, false, &device) != 0)
         return -1;
+    if (in_refresh)
+        return 0; /* numbers of now, for the snapshot: an open failure's dump keeps its own */
     og_init_slow();
     og_in_shim++; /* nothing done while rewriting the dump is recorded */
     og_oom_refresh(device);
@@ -422,7 +427,9 @@ static int refresh_on_interpreter(void *arg)
             s->device = device;
             s->flags = OOMGUARD_FW_NO_NUMBERS | OOMGUARD_QUERY_REFRESH;
             in_query++;
+            in_refresh++;
             fn(ctx, device, s); /* the adapter reports with oomguard_framework_report() */
+            in_refresh--;
             in_query--;
             free(s);
         }
@@ -477,6 +484,7 @@ void og_framework_atfork_child(void)
     pthread_mutex_init(&build_lock, NULL);
     memset(&fw_view, 0, sizeof fw_view);
     in_query = 0;
+    in_refresh = 0;
     atomic_store(&refresh_queued, false);
 }
 

@@ -675,6 +675,13 @@ if fw.get("framework") != sys.argv[4] or got != want:
     raise SystemExit("memory.framework: %s %s, want %s %s (%s)" % (fw.get("framework"), got, sys.argv[4], want, sys.argv[3]))
 PY
 }
+# failure_kept FRAMEWORK: the failure that made the last report (none for PyTorch's) keeps its
+# own dump, with its own numbers, whatever the snapshot asked since
+failure_kept() {
+    [ "$1" = pytorch ] && return 0
+    local fail; fail=$(ls dumps/oomguard-*.json | grep -v -- -snapshot) || return 1
+    expect "$fail" 'd["status"]' oom && snap_numbers "$fail" reported "$1"
+}
 t_snapshot_fresh() { # MODE STAND-IN FRAMEWORK
     # numbers that changed after the adapter's last report: the snapshot asks the interpreter
     # (a pending call, no signal) and carries the new ones
@@ -684,11 +691,13 @@ t_snapshot_fresh() { # MODE STAND-IN FRAMEWORK
     local dump; dump=$(ls dumps/*-snapshot.json) || return 1
     expect exp.json 'd["now"] != d["reported"]' True || return 1
     snap_numbers "$dump" now "$3" || return 1
-    expect "$dump" '"framework_stale" in d["memory"]["unmeasured_ids"]' False
+    expect "$dump" '"framework_stale" in d["memory"]["unmeasured_ids"]' False || return 1
+    failure_kept "$3"
 }
 t "snapshot: PyTorch's numbers asked afresh on the interpreter, not the last report's" t_snapshot_fresh fresh "$FT" pytorch
 t "snapshot: JAX's memory_stats() asked afresh, not the last failure's" t_snapshot_fresh jax-fresh "$FJ" jax
 t "snapshot: CuPy's pool asked afresh (from a helper thread), not the last failure's" t_snapshot_fresh cupy-fresh "$FC" cupy
+t "snapshot: CuPy after cudaMalloc failed (still open): asked afresh; the failure's dump keeps its numbers" t_snapshot_fresh cupydriver-fresh "$FC" cupy
 t "snapshot: TensorFlow's get_memory_info() asked afresh, not the last failure's" t_snapshot_fresh tf-fresh "$FTF" tensorflow
 t_snapshot_old_tf() {
     FAKE_TF_VERSION=2.4.1 t_snapshot_fresh tf-fresh "$FTF" tensorflow || return 1
@@ -710,10 +719,7 @@ t_snapshot_blocked() { # MODE STAND-IN FRAMEWORK
     snap_numbers "$dump" reported "$3" || return 1
     expect "$dump" 'd["memory"]["unmeasured_ids"].count("framework_stale")' 1 || return 1
     expect "$dump" 'any(u.startswith("framework numbers: the adapter\x27s last report, ") and " s old: " in u for u in d["memory"]["unmeasured"])' True || return 1
-    [ "$3" = pytorch ] && return 0
-    # the failure that made the last report keeps its own dump, with its own numbers
-    local fail; fail=$(ls dumps/oomguard-*.json | grep -v -- -snapshot) || return 1
-    expect "$fail" 'd["status"]' oom && snap_numbers "$fail" reported "$3"
+    failure_kept "$3"
 }
 t "snapshot: the main thread blocked in C: written anyway with the last report's numbers, their age and why" t_snapshot_blocked blocked "$FT" pytorch
 t "snapshot: JAX's job blocked in C: the last failure's numbers, their age and why" t_snapshot_blocked jax-blocked "$FJ" jax

@@ -1,11 +1,12 @@
 """A job that `oomguard snapshot` asks for a dump while it runs (tests/adapter/run_tests.sh).
 
-    python3 job_snapshot.py [FRAMEWORK-]fresh|blocked OUT.json     FRAMEWORK: jax, cupy, tf
+    python3 job_snapshot.py [FRAMEWORK-]fresh|blocked OUT.json     FRAMEWORK: jax, cupy, cupydriver, tf
     python3 job_snapshot.py unused OUT.json
 
 The framework (PyTorch without a prefix) reports its numbers once -- PyTorch by hand
 (oomguard_torch.report()), JAX, CuPy and TensorFlow at a failure the job catches (a request far
-over the arena, the pool's limit, the logical device's limit) -- then the job takes 64 MiB more,
+over the arena, the pool's limit, the logical device's limit; cupydriver: 8 GiB, which cudaMalloc
+refuses, so the driver's failure stays open: nothing as large succeeds) -- then the job takes 64 MiB more,
 so the adapter's last report is stale, and writes OUT.json: the pid, the framework's own numbers
 of the last report ("reported") and now ("now").  fresh: then
 runs Python code (short sleeps) until the file OUT.json.stop appears, so the interpreter can be
@@ -55,14 +56,14 @@ def jax_job():
     return books, lambda: keep.append(jnp.zeros((64 * MiB // 4,), jnp.float32))
 
 
-def cupy_job():
+def cupy_job(limit=256 * MiB, request=512 * MiB):
     import cupy
     import oomguard_cupy
     pool = cupy.get_default_memory_pool()
-    pool.set_limit(size=256 * MiB)
+    pool.set_limit(size=limit)
     keep.append(cupy.zeros((32 * MiB // 4,), cupy.float32))
     try:
-        cupy.zeros((512 * MiB // 4,), cupy.float32)
+        cupy.zeros((request // 4,), cupy.float32)
         raise SystemExit("no OutOfMemoryError")
     except cupy.cuda.memory.OutOfMemoryError:
         oomguard_cupy.flush()
@@ -121,7 +122,8 @@ if how == "unused":
     write(doc)
     sys.exit(0)
 
-books, grow = {"": torch_job, "jax": jax_job, "cupy": cupy_job, "tf": tf_job}[fw]()
+books, grow = {"": torch_job, "jax": jax_job, "cupy": cupy_job, "tf": tf_job,
+                "cupydriver": lambda: cupy_job(0, 8 << 30)}[fw]()
 reported = books()
 grow()
 now = books()
