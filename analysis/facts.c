@@ -713,6 +713,26 @@ static void job_phase(og_facts_t *d, const og_record_t *r)
         og_cpy(file, sizeof file, f->file, sizeof file);
         d->load_via_torch_load = strstr(file, "torch/serialization.py") != NULL;
     }
+    const og_roles_t *ro = &fw->roles;
+    if (!d->load_via_torch_load && ro->has && ro->has_statement) {
+        char p[sizeof ro->stmt_purpose];
+        og_cpy(p, sizeof p, ro->stmt_purpose, sizeof p);
+        d->load_via_torch_load = og_purpose_of(p) == OG_PURPOSE_checkpoint;
+    }
+}
+
+static const char *const purpose_names[OG_NPURPOSES] = {
+#define OG_PURPOSE(name) #name,
+#include "purposes.def"
+#undef OG_PURPOSE
+};
+
+enum og_purpose og_purpose_of(const char *name)
+{
+    for (int p = 0; name && name[0] && p < OG_NPURPOSES; p++)
+        if (strcmp(name, purpose_names[p]) == 0)
+            return (enum og_purpose)p;
+    return OG_PURPOSE_NONE;
 }
 
 static uint64_t role_or0(const og_roles_t *ro, enum og_role k) { return known(ro->bytes[k]) ? ro->bytes[k] : 0; }
@@ -732,8 +752,22 @@ static void roles(og_facts_t *d, const og_record_t *r)
     const og_roles_t *ro = &r->memory.fw.roles;
     og_role_facts_t *k = &d->roles;
     k->keeper = -1;
+    k->building = OG_PURPOSE_NONE;
     if (!r->memory.fw.has || !ro->has)
         return;
+    int nm = ro->nmodels < 0 ? 0 : ro->nmodels > 6 ? 6 : ro->nmodels;
+    for (int i = 0; i < nm; i++) {
+        uint64_t each = ro->models[i].bytes, n = ro->models[i].count > 0 ? (uint64_t)ro->models[i].count : 0;
+        if (n > 1)
+            k->model_copies = add_sat(k->model_copies, each * (n - 1));
+        if (ro->models[i].frozen)
+            k->frozen_models = add_sat(k->frozen_models, each * n);
+    }
+    if (ro->has_statement) {
+        char p[sizeof ro->stmt_purpose];
+        og_cpy(p, sizeof p, ro->stmt_purpose, sizeof p);
+        k->building = og_purpose_of(p);
+    }
     k->known = true;
     k->params = role_or0(ro, OG_ROLE_parameters);
     k->grads = role_or0(ro, OG_ROLE_gradients);
@@ -757,9 +791,15 @@ static void roles(og_facts_t *d, const og_record_t *r)
     int nh = ro->nholders < 0 ? 0 : ro->nholders > 8 ? 8 : ro->nholders;
     for (int i = 0; i < nh; i++) {
         const og_role_holder_t *h = &ro->holders[i];
-        char where[sizeof h->where], kind[sizeof h->kind];
+        char where[sizeof h->where], kind[sizeof h->kind], purpose[sizeof h->purpose];
         og_cpy(where, sizeof where, h->where, sizeof where);
         og_cpy(kind, sizeof kind, h->kind, sizeof kind);
+        og_cpy(purpose, sizeof purpose, h->purpose, sizeof purpose);
+        enum og_purpose pu = og_purpose_of(purpose);
+        if (pu != OG_PURPOSE_NONE)
+            k->purpose_bytes[pu] = add_sat(k->purpose_bytes[pu], h->bytes);
+        if (h->copy_of[0])
+            k->copies = add_sat(k->copies, h->bytes);
         if (strncmp(where, "local in ", 9) == 0) {
             k->local_held = add_sat(k->local_held, h->bytes);
             continue;
@@ -779,6 +819,9 @@ static void roles(og_facts_t *d, const og_record_t *r)
         k->state_known = k->state_known && known(ro->bytes[kept_roles[i]]);
         k->state = add_sat(k->state, role_or0(ro, kept_roles[i]));
     }
+    /* a copy of the parameters or the optimizer state held by Python (an EMA, a snapshot, one being
+     * made) is bounded like them: at most as many blocks of each size as the role has */
+    k->state = add_sat(k->state, k->copies);
 }
 
 /* A pass still building up (the adapter's phase: forward, backward, evaluation, generation) whose own

@@ -72,6 +72,16 @@ typedef struct og_load_facts {
     int run, earlier; /* allocations of the run, and of an earlier run of the same size */
 } og_load_facts_t;
 
+/* What a holder is kept for, as the program names it (common/purposes.def); OG_PURPOSE_NONE: nothing said. */
+enum og_purpose {
+#define OG_PURPOSE(name) OG_PURPOSE_##name,
+#include "purposes.def"
+#undef OG_PURPOSE
+    OG_NPURPOSES,
+    OG_PURPOSE_NONE = OG_NPURPOSES
+};
+enum og_purpose og_purpose_of(const char *name);
+
 /* What the framework's allocated bytes are for (memory.framework.roles), as the advice reads them.
  * known = false: not measured (no adapter, a C program): every remedy keeps its unmeasured estimate. */
 typedef struct og_role_facts {
@@ -83,9 +93,14 @@ typedef struct og_role_facts {
     bool opt_adam;       /* an Adam-family optimizer (two moments: 8 B per fp32 parameter) */
     uint64_t local_held; /* held_by_python holders that are local variables of running functions */
     uint64_t working;    /* act + local_held: the running computation's tensors */
-    bool state_known;    /* every role a training job keeps for good was measured ... */
-    uint64_t state;      /* ... params + buffers + grads + opt + pools: the job's own state */
-    int keeper;          /* index in roles.holders of the largest holder kept across calls, -1 none */
+    uint64_t purpose_bytes[OG_NPURPOSES]; /* held_by_python by what the holders' names say they keep */
+    enum og_purpose building;             /* what the failing statement builds (roles.statement) */
+    uint64_t copies;        /* held_by_python holders whose blocks copy the parameters or the optimizer state */
+    uint64_t model_copies;  /* roles.models: the parameters of every model beyond the first of its class and size */
+    uint64_t frozen_models; /* roles.models: parameters of models none of whose parameters requires grad */
+    bool state_known;       /* every role a training job keeps for good was measured ... */
+    uint64_t state;         /* ... params + buffers + grads + opt + pools: the job's own state */
+    int keeper;             /* index in roles.holders of the largest holder kept across calls, -1 none */
     uint64_t keeper_bytes;
     bool keeper_map; /* that holder is a dict or another mapping/cache */
 } og_role_facts_t;
@@ -178,7 +193,9 @@ typedef struct og_facts {
 
     /* what the job was doing, what its memory is for (the Python adapter; unknown without it) */
     enum og_job_phase phase;
-    bool load_via_torch_load; /* loading, with torch.load (torch/serialization.py) on the failing stack */
+    /* loading a checkpoint: torch.load (torch/serialization.py) on the failing stack, or the failing
+     * statement builds what the program calls a checkpoint (roles.statement.purpose) */
+    bool load_via_torch_load;
     og_role_facts_t roles;
     /* a pass still building (forward, backward, evaluation, generation) holds at least 4x the cache
      * (and the request), the cache under frag_share of the reservation: it cannot carry the pass */

@@ -110,6 +110,8 @@ typedef struct og_role_holder {
     uint64_t bytes, tensors;
     bool has_site; /* site: the line that created its largest tensor (allocation history) */
     og_py_frame_t site;
+    char purpose[16]; /* what its name or class says it keeps (kv_cache, ema, checkpoint, ...); "" none */
+    char copy_of[24]; /* the role its blocks are a copy of (parameters, optimizer_state); "" none */
 } og_role_holder_t;
 
 typedef struct og_roles {
@@ -128,6 +130,18 @@ typedef struct og_roles {
     uint64_t elapsed_us, objects;
     uint64_t sampled; /* large containers and classes read in part (their first elements held no tensor) */
     char why[160];    /* why something is unknown ("" none) */
+    int nmodels;      /* roles.models: the modules no other module holds, by class and size */
+    struct {
+        char cls[48];
+        uint64_t bytes, tensors; /* parameters on the failing device, of one of them */
+        int count;               /* how many such models */
+        bool frozen;             /* none of their parameters requires grad */
+    } models[6];
+    /* the failing statement (roles.statement): the program's line, the name its result goes to, what
+     * that name (or the names it reads) says it builds; has_statement false: none was found */
+    bool has_statement;
+    og_py_frame_t stmt;
+    char stmt_target[64], stmt_purpose[16], stmt_names[128];
 } og_roles_t;
 
 /* Framework adapter's own numbers (PyTorch memory_stats and friends); has = false if none. */

@@ -133,7 +133,15 @@ static bool split_segments_lead(const rctx_t *x)
     return x->retried_zero && HAS(FRAG) && (PRIMARY(FRAG) || PRIMARY(DNF));
 }
 static bool split_segments_rest(const rctx_t *x) { return HAS(FRAG) && x->retried_zero; }
+/* a second copy of a model alive (roles.models: two of one class and size) holding the missing bytes, outside
+ * an EMA update (whose copy is meant) */
+static bool model_copy(const rctx_t *x)
+{
+    return x->f->roles.model_copies && x->f->shortfall && x->f->roles.model_copies >= x->f->shortfall &&
+           x->f->phase != OG_JP_ema_update;
+}
 static bool second_load(const rctx_t *x) { return PRIMARY(DNF) && load_phase(x) == OG_PHASE_SECOND_LOAD; }
+static bool model_copy_primary(const rctx_t *x) { return PRIMARY(DNF) && model_copy(x); }
 static bool loading(const rctx_t *x) { return PRIMARY(DNF) && load_phase(x) == OG_PHASE_LOADING; }
 static bool eval_with_autograd(const rctx_t *x) { return PRIMARY(GROWTH) && known_inference(x) && x->grad == 1; }
 static bool confident_growth(const rctx_t *x) { return PRIMARY(GROWTH) && x->primary_conf >= 0.7; }
@@ -162,10 +170,16 @@ static bool activation_phase(const rctx_t *x)
 }
 /* autograd is off inside optimizer.step() and clip_grad_norm_ of a training job: not an evaluation; and
  * a load builds no graph */
-static bool no_graph_to_drop(const rctx_t *x) { return PHASE(optimizer_step) || PHASE(backward) || PHASE(loading); }
+static bool no_graph_to_drop(const rctx_t *x)
+{
+    return PHASE(optimizer_step) || PHASE(backward) || PHASE(loading) || PHASE(ema_update);
+}
 /* nothing for the activation remedies to shrink: the roles were measured and the job was loading or
  * stepping its optimizer (what the running code holds then is weights or state, not activations) */
-static bool no_activations(const rctx_t *x) { return roles_of(x)->known && (PHASE(loading) || PHASE(optimizer_step)); }
+static bool no_activations(const rctx_t *x)
+{
+    return roles_of(x)->known && (PHASE(loading) || PHASE(optimizer_step) || PHASE(ema_update));
+}
 static uint64_t graph_pool_bytes(const rctx_t *x)
 {
     uint64_t p = roles_of(x)->pools;
@@ -330,11 +344,11 @@ static const og_rank_row_t narrow[] = {
     { "no_tape", no_tape, DROP, 0, 0, REMS(R_INFERENCE), "failing framework JAX or CuPy", "(unit tests)" },
     { "autograd_known", autograd_known, DROP, 0, 0, REMS(R_INFERENCE), "adapter: grad_enabled off, or training seen",
       "loss_history_leak_adapter, validation_batch_too_big" },
-    { "no_graph_to_drop", no_graph_to_drop, DROP, 0, 0, REMS(R_INFERENCE), "phase optimizer_step, backward or loading",
-      "adamw_first_step (blind)" },
+    { "no_graph_to_drop", no_graph_to_drop, DROP, 0, 0, REMS(R_INFERENCE),
+      "phase optimizer_step, backward, loading or ema_update", "adamw_first_step, ema_lazy_shadow (blind)" },
     { "no_activations", no_activations, DROP, 0, 0,
       REMS(R_INFERENCE, R_MIXED, R_SMALLER_BATCH, R_SHORTER_SEQ, R_CHECKPOINTING, R_FLASH),
-      "roles measured, phase loading or optimizer_step", "adamw_first_step (blind)" },
+      "roles measured, phase loading, optimizer_step or ema_update", "adamw_first_step, ema_lazy_shadow (blind)" },
     { "growth_in_a_cache_no_graph", growth_in_a_cache, DROP, 0, 0, REMS(R_INFERENCE),
       "the same as growth_in_a_cache (its remedy says no_grad for the entries)", "dict_cache_embeddings (blind)" },
     { "communication_not_tensors", comm_holds_growth, DROP, 0, 0, REMS(R_INFERENCE, R_MIXED),
@@ -376,6 +390,12 @@ static const og_rank_row_t lead[] = {
       "primary does_not_fit, phase second_load", "notebook_second_model" },
     { "second_load_lead", second_load, LEAD, -20, 1, REMS(R_RESTART, R_RELEASE_REFS),
       "primary does_not_fit, phase second_load", "notebook_second_model" },
+    { "model_copy", model_copy_primary, WANT, 0, 0, REMS(R_RELEASE_REFS, R_RESTART),
+      "primary does_not_fit, roles.models: a second copy of a model >= shortfall, not ema_update",
+      "notebook_interrupted_unet_rerun (blind)" },
+    { "model_copy_lead", model_copy_primary, LEAD, -32, 1, REMS(R_RESTART, R_RELEASE_REFS),
+      "the same (the copy is the measured cause; splinters of the cache come after)",
+      "notebook_interrupted_unet_rerun (blind)" },
     { "loading_weights", loading, ORDER_COVERS, 20, 1, REMS(R_QUANT, R_OFFLOAD, R_MULTI_GPU, R_ZERO, R_BIGGER),
       "primary does_not_fit, phase loading", "load_13b_fp16, slow_load_13b" },
     { "loading_not_activations", loading, TIER, 3, 0,

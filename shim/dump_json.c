@@ -125,6 +125,14 @@ static void j_py_frames_one(og_sb_t *sb, const og_py_frame_t *f)
     og_sb_puts(sb, "}");
 }
 
+static void j_str_or_null(og_sb_t *sb, const char *s)
+{
+    if (s[0])
+        og_sb_json_str(sb, s);
+    else
+        og_sb_puts(sb, "null");
+}
+
 /* memory.framework.roles: the allocated bytes by role (common/roles.def), or null when not measured */
 static void j_roles(og_sb_t *sb, const og_roles_t *r)
 {
@@ -170,9 +178,49 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
             j_py_frames_one(sb, &h->site);
         else
             og_sb_puts(sb, "null");
+        og_sb_puts(sb, ",\"purpose\":");
+        j_str_or_null(sb, h->purpose);
+        og_sb_puts(sb, ",\"copy_of\":");
+        j_str_or_null(sb, h->copy_of);
         og_sb_puts(sb, "}");
     }
     og_sb_puts(sb, "]");
+    K("models");
+    og_sb_puts(sb, "[");
+    for (int i = 0; i < r->nmodels; i++) {
+        og_sb_puts(sb, i ? ",{\"class\":" : "{\"class\":");
+        og_sb_json_str(sb, r->models[i].cls);
+        og_sb_printf(sb, ",\"parameters_bytes\":%llu,\"tensors\":%llu,\"count\":%d,\"frozen\":%s}",
+                     (unsigned long long)r->models[i].bytes, (unsigned long long)r->models[i].tensors,
+                     r->models[i].count, r->models[i].frozen ? "true" : "false");
+    }
+    og_sb_puts(sb, "]");
+    K("statement");
+    if (r->has_statement) {
+        og_sb_puts(sb, "{\"file\":");
+        og_sb_json_str(sb, r->stmt.file);
+        og_sb_printf(sb, ",\"line\":%d,\"function\":", r->stmt.line);
+        og_sb_json_str(sb, r->stmt.function);
+        og_sb_puts(sb, ",\"target\":");
+        j_str_or_null(sb, r->stmt_target);
+        og_sb_puts(sb, ",\"purpose\":");
+        j_str_or_null(sb, r->stmt_purpose);
+        og_sb_puts(sb, ",\"names\":[");
+        char names[sizeof r->stmt_names];
+        snprintf(names, sizeof names, "%s", r->stmt_names);
+        int k = 0;
+        for (char *p = names, *e; p && *p; p = e ? e + 1 : NULL) {
+            e = strchr(p, ',');
+            if (e)
+                *e = 0;
+            if (!*p)
+                continue;
+            og_sb_puts(sb, k++ ? "," : "");
+            og_sb_json_str(sb, p);
+        }
+        og_sb_puts(sb, "]}");
+    } else
+        og_sb_puts(sb, "null");
     K("complete");
     og_sb_puts(sb, r->complete ? "true" : "false");
     K("why");

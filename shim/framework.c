@@ -97,7 +97,8 @@ static const char *const role_keys[OG_NROLES] = {
 };
 
 /* The adapter's roles (oomguard_framework_stats_t.roles): "role\tNAME\tBYTES\tTENSORS",
- * "optimizer\tCLASS\tBYTES\tTENSORS", "holder\tBYTES\tTENSORS\tLABEL\tNAME\tKIND\tWHERE\tFILE\tLINE\tFUNCTION",
+ * "optimizer\tCLASS\tBYTES\tTENSORS", "holder\tBYTES\tTENSORS\tLABEL\tNAME\tKIND\tWHERE\tFILE\tLINE\tFUNCTION[\tPURPOSE\tCOPY_OF]",
+ * "statement\tFILE\tLINE\tFUNCTION\tTARGET\tPURPOSE\tNAMES" ('-': none),
  * "meta\tKEY\tVALUE" lines; unknown lines and roles are skipped.  A role not given stays unknown. */
 static void parse_roles(const char *s, og_roles_t *r)
 {
@@ -109,10 +110,10 @@ static void parse_roles(const char *s, og_roles_t *r)
     while (s && *s) {
         const char *end = strchr(s, '\n');
         size_t len = end ? (size_t)(end - s) : strlen(s);
-        char line[1024], *f[10];
+        char line[1024], *f[12];
         snprintf(line, sizeof line, "%.*s", (int)(len < sizeof line - 1 ? len : sizeof line - 1), s);
         s = end ? end + 1 : s + len;
-        int n = split_tabs(line, f, 10);
+        int n = split_tabs(line, f, 12);
         if (!strcmp(f[0], "role") && n >= 4) {
             for (int i = 0; i < OG_NROLES; i++)
                 if (!strcmp(f[1], role_keys[i])) {
@@ -140,6 +141,28 @@ static void parse_roles(const char *s, og_roles_t *r)
                 h->site.line = atoi(f[8]);
                 copy_str(h->site.function, sizeof h->site.function, f[9]);
             }
+            if (n >= 11 && strcmp(f[10], "-") != 0)
+                copy_str(h->purpose, sizeof h->purpose, f[10]);
+            if (n >= 12 && strcmp(f[11], "-") != 0)
+                copy_str(h->copy_of, sizeof h->copy_of, f[11]);
+        } else if (!strcmp(f[0], "model") && n >= 6 && r->nmodels < (int)(sizeof r->models / sizeof r->models[0])) {
+            copy_str(r->models[r->nmodels].cls, sizeof r->models[0].cls, f[1]);
+            r->models[r->nmodels].bytes = strtoull(f[2], NULL, 10);
+            r->models[r->nmodels].tensors = strtoull(f[3], NULL, 10);
+            r->models[r->nmodels].count = atoi(f[4]);
+            r->models[r->nmodels].frozen = atoi(f[5]) != 0;
+            r->nmodels++;
+        } else if (!strcmp(f[0], "statement") && n >= 7 && !r->has_statement) {
+            r->has_statement = true;
+            copy_str(r->stmt.file, sizeof r->stmt.file, f[1]);
+            r->stmt.line = atoi(f[2]);
+            copy_str(r->stmt.function, sizeof r->stmt.function, f[3]);
+            if (strcmp(f[4], "-") != 0)
+                copy_str(r->stmt_target, sizeof r->stmt_target, f[4]);
+            if (strcmp(f[5], "-") != 0)
+                copy_str(r->stmt_purpose, sizeof r->stmt_purpose, f[5]);
+            if (strcmp(f[6], "-") != 0)
+                copy_str(r->stmt_names, sizeof r->stmt_names, f[6]);
         } else if (!strcmp(f[0], "meta") && n >= 3) {
             if (!strcmp(f[1], "allocated"))
                 r->allocated_bytes = role_u64(f[2]);

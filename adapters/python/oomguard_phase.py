@@ -10,7 +10,9 @@ the match of highest priority decides, the innermost among equals, and that fram
   * the failing thread has no frame of its own (PyTorch's autograd engine threads run backward
     with no Python frames): the thread that called backward() decides, found in
     sys._current_frames();
-after it, one flag: a forward pass with autograd off is an evaluation.
+after it, one flag: a forward pass with autograd off is an evaluation.  When no frame matches, the
+failing statement (statement(): the name it assigns to, the names it reads) may say what it builds:
+PURPOSE_PHASES maps the purpose of those names (a checkpoint, an average of the weights) to a phase.
 No Python stack at all: unknown (None).  Python 3.9+, standard library only; never raises.
 """
 import fnmatch
@@ -19,7 +21,7 @@ import sys
 import threading
 
 PHASES = ("loading", "forward", "backward", "optimizer_step", "evaluation", "generation", "collective",
-          "oom_handler")
+          "oom_handler", "ema_update")
 
 # (phase, priority, file pattern, function pattern): higher priority wins; data, not code
 PATTERNS = (
@@ -34,6 +36,10 @@ PATTERNS = (
     ("loading", 50, "*/torch/nn/modules/module.py", "_load_from_state_dict"),
     ("generation", 45, "*", "generate"),
     ("generation", 45, "*/transformers/generation/*", "*"),
+    ("ema_update", 42, "*/torch/optim/swa_utils.py", "update_parameters"),
+    ("ema_update", 42, "*/timm/utils/model_ema.py", "*"),
+    ("ema_update", 42, "*", "update_ema"),
+    ("ema_update", 42, "*", "ema_update"),
     ("optimizer_step", 40, "*/torch/optim/*", "*"),
     ("optimizer_step", 40, "*/bitsandbytes/optim/*", "*"),
     ("optimizer_step", 40, "*/apex/optimizers/*", "*"),
@@ -58,6 +64,12 @@ PATTERNS = (
     ("forward", 10, "*/torch/nn/modules/module.py", "_call_impl"),
     ("forward", 10, "*", "forward"),
 )
+
+# What the failing statement builds, when no frame of the table matched: the purpose of the name it
+# assigns to (or of the names it reads), as oomguard_roles.PURPOSES tells it -> the phase.  A statement
+# `ckpt = restore(path)` is a checkpoint arriving; `ema = copy.deepcopy(model)` an average of the
+# weights being made or updated.
+PURPOSE_PHASES = (("checkpoint", "loading"), ("ema", "ema_update"))
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _cache = {}
@@ -141,7 +153,7 @@ def _backward_caller():
     return None
 
 
-def detect(frame, grad_enabled=0, exc=None, package_dir=None):
+def detect(frame, grad_enabled=0, exc=None, package_dir=None, stmt=None):
     """(phase, (file, line, function) | None, source) for a failure on the thread whose innermost
     frame is `frame` (None: no Python frame).  grad_enabled: 1/-1/0 as the adapter's flag.  exc:
     the exception being raised, if the failure is known from one (its chain is looked at);
@@ -163,6 +175,12 @@ def detect(frame, grad_enabled=0, exc=None, package_dir=None):
             if not frames:
                 return None, None, "no Python stack"
         phase, at = from_frames(frames)
+        if phase is None and stmt and stmt[5]:
+            for purpose, ph in PURPOSE_PHASES:
+                if purpose == stmt[5]:
+                    what = ("assigns to %s" % stmt[3]) if stmt[3] and oomguard_roles_purpose(stmt[3]) == purpose \
+                        else "reads %s" % ", ".join(stmt[4][:3])
+                    return ph, (stmt[0], stmt[1], stmt[2]), "the failing statement %s (%s)" % (what, purpose)
         if phase is None:
             return None, None, "no frame of the stack matches a phase pattern"
         if phase == "forward" and grad_enabled < 0:
@@ -172,10 +190,102 @@ def detect(frame, grad_enabled=0, exc=None, package_dir=None):
         return None, None, "phase not read: %s" % type(e).__name__
 
 
+_STORES = frozenset(("STORE_FAST", "STORE_NAME", "STORE_GLOBAL", "STORE_DEREF", "STORE_ATTR"))
+_LOADS = frozenset(("LOAD_FAST", "LOAD_NAME", "LOAD_GLOBAL", "LOAD_DEREF", "LOAD_ATTR", "LOAD_METHOD",
+                    "LOAD_FAST_CHECK", "LOAD_CLASSDEREF", "LOAD_FROM_DICT_OR_DEREF", "LOAD_SUPER_ATTR"))
+_ENDS = frozenset(("POP_TOP", "RETURN_VALUE", "RETURN_CONST", "YIELD_VALUE", "GET_ITER", "FOR_ITER",
+                   "BEFORE_WITH", "SETUP_WITH", "END_FOR"))
+_code_cache = {}
+
+
+def _instructions(code):
+    """[(opname, argval name or None, line)] of a code object, cached (at most 512 code objects)."""
+    got = _code_cache.get(code)
+    if got is not None:
+        return got
+    import dis
+    out, line = [], None
+    for ins in dis.get_instructions(code):
+        ln = getattr(ins, "line_number", None)
+        if ln is None:
+            pos = getattr(ins, "positions", None)
+            ln = getattr(pos, "lineno", None) if pos is not None else None
+        if ln is None:
+            sl = ins.starts_line
+            ln = sl if isinstance(sl, int) and not isinstance(sl, bool) else line
+        line = ln if ln is not None else line
+        out.append((ins.offset, ins.opname, ins.argval if isinstance(ins.argval, str) else None, line))
+    if len(_code_cache) < 512:
+        _code_cache[code] = out
+    return out
+
+
+def _statement_of(f):
+    """(target, names) of the statement frame f is running: the name its result is stored into
+    (None when it is not stored: an expression statement, a return), and the names it reads."""
+    ins = _instructions(f.f_code)
+    lasti = f.f_lasti
+    i = 0
+    while i + 1 < len(ins) and ins[i + 1][0] <= lasti:
+        i += 1
+    line = ins[i][3] if ins else None
+    names = []
+    j = i
+    while j >= 0 and i - j < 64 and ins[j][3] == line:      # what the statement read before the call
+        if ins[j][1] in _LOADS and ins[j][2]:
+            names.append(ins[j][2])
+        j -= 1
+    names.reverse()
+    target = None
+    for k in range(i + 1, min(len(ins), i + 64)):           # where its result goes
+        op, name = ins[k][1], ins[k][2]
+        if op in _STORES:
+            target = name
+            break
+        if op in _ENDS or op.startswith(("JUMP", "POP_JUMP")):
+            break
+        if op == "STORE_SUBSCR":                            # d[key] = ...: the container is the target
+            break
+        if op in _LOADS and name:
+            names.append(name)
+    return target, names
+
+
+def statement(frame, package_dir=None, limit=8):
+    """What the failing statement builds: (file, line, function, target, names, purpose) of the
+    innermost frame of the program (not the framework's, the standard library's or an installed
+    package's) whose statement stores its result into a name or reads a name with a purpose
+    (oomguard_roles.PURPOSES); None when there is none.  Reads the frame's bytecode (dis), never
+    its source; never raises."""
+    try:
+        import oomguard_roles
+        exclude = (package_dir,) if package_dir else ()
+        seen = 0
+        for f in frames_of(frame, 64):
+            if not oomguard_roles.is_user_file(f.f_code.co_filename, exclude):
+                continue
+            seen += 1
+            if seen > limit:
+                break
+            target, names = _statement_of(f)
+            purpose = oomguard_roles.purpose_of((target,)) if target else None
+            purpose = purpose or oomguard_roles.purpose_of(names)
+            if target or purpose:
+                return (f.f_code.co_filename, int(f.f_lineno or 0), f.f_code.co_name, target, names[:8], purpose)
+    except Exception:
+        pass
+    return None
+
+
 def _where(f):
     if f is None:
         return None
     return (f.f_code.co_filename, int(f.f_lineno or 0), f.f_code.co_name)
+
+
+def oomguard_roles_purpose(name):
+    import oomguard_roles
+    return oomguard_roles.purpose_of((name,))
 
 
 def encode(phase, where, source):

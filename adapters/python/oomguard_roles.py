@@ -14,6 +14,10 @@ by role at an out-of-memory failure (memory.framework.roles in the dump; docs/du
                     saved, temporaries, locals of running functions.  Unknown (None) when the scan
                     ran out of time or a role above is unknown.
 
+Each holder also says what its name or class says it keeps (purpose, PURPOSES) and whether its blocks
+are a copy of the parameters or the optimizer state (copy_of); `models` groups the modules no other
+module holds by class and size (a second copy of a model, a frozen one).
+
 A storage is counted once, under the first role that reaches it in that order (views share their
 storage: counted by its data pointer).  Modules and optimizers are found with gc; the scan has a
 time budget (OOMGUARD_ROLES_BUDGET_MS), reads only Python attributes (no device memory is
@@ -37,6 +41,7 @@ import time
 
 ROLES = ("parameters", "buffers", "gradients", "optimizer_state", "graph_pools", "held_by_python", "activations")
 TOP_HOLDERS = 8
+TOP_MODELS = 6
 _DEPTH = 3                     # containers followed below a named holder: list of tuples of tensors
 _CHECK_EVERY = 2048            # objects between two looks at the clock
 _SAMPLE_OVER = 256             # a larger container is read whole only if one of its first
@@ -54,6 +59,93 @@ _MAPPINGS = (dict, collections.OrderedDict, collections.defaultdict)
 # deque it fills (a bare tensor local, an argument tuple are temporaries: activations)
 _LOCAL_HOLDERS = (list, dict, set, collections.deque, collections.OrderedDict, collections.defaultdict)
 _HERE = os.path.dirname(os.path.abspath(__file__))
+# the roles a holder can hold a second copy of (a snapshot, an EMA, a checkpoint loaded beside them)
+_COPIED = ("parameters", "optimizer_state")
+_COPY_MIN_TENSORS = 4
+_COPY_MIN_SHARE = 0.25
+
+
+def copy_of(sizes, sources):
+    """Which role (of `sources`: {role: {block size: count}}) a holder whose blocks have `sizes`
+    ({size: count}) copies, or None: at least _COPY_MIN_TENSORS blocks, every one of a size that
+    role has, no size more often than the role has it, together at least _COPY_MIN_SHARE of the
+    role's bytes (a copy still being made counts).  The role it covers the largest share of wins
+    (an EMA of the weights is all of the parameters' sizes and half of AdamW's state)."""
+    try:
+        n = sum(sizes.values())
+        if n < _COPY_MIN_TENSORS:
+            return None
+        mine = sum(s * k for s, k in sizes.items())
+        best = None
+        for role in _COPIED:
+            src = sources.get(role) or {}
+            total = sum(s * k for s, k in src.items())
+            if not total or any(src.get(s, 0) < k for s, k in sizes.items()):
+                continue
+            share = mine / float(total)
+            if share >= _COPY_MIN_SHARE and (best is None or share > best[1]):
+                best = (role, share)
+        return best[0] if best else None
+    except Exception:
+        return None
+
+# What the program calls a holder (its variable, attribute or class name) says what the memory is kept
+# for: (purpose, name tokens, class-name patterns).  A name is split into lower-case tokens at "_",
+# ".", digits and camelCase ("ema_params" -> ema, params; "KVCache" -> kv, cache); a holder has the
+# first purpose one of whose tokens it carries, or whose class matches.  Data, not code per name.
+PURPOSES = (
+    ("kv_cache", ("kv", "kvcache", "past_key_values", "key_cache", "value_cache", "key_states",
+                  "value_states", "kv_caches"), ("*KVCache*", "*KvCache*", "StaticCache", "DynamicCache",
+                                                 "HybridCache", "SlidingWindowCache", "OffloadedCache")),
+    ("ema", ("ema", "swa", "shadow", "averaged", "polyak"), ("*ModelEma*", "*EMA*", "*Ema", "AveragedModel",
+                                                            "ExponentialMovingAverage")),
+    ("checkpoint", ("ckpt", "checkpoint", "state_dict", "statedict", "checkpoints"), ()),
+    ("teacher", ("teacher",), ()),
+    ("cache", ("cache", "cached", "memo", "lru", "memoized"), ("*Cache*", "*cache*")),
+)
+
+
+def name_tokens(name):
+    """The lower-case words of an identifier, plus the joined pairs ("state_dict" -> state, dict,
+    state_dict): "self.ema_model" -> self, ema, model, ...; "pastKeyValues" -> past, key, values."""
+    out = []
+    word = ""
+    prev = ""
+    for ch in str(name or "")[:96]:
+        if ch.isalpha():
+            if word and ch.isupper() and not prev.isupper():
+                out.append(word)
+                word = ""
+            word += ch
+        else:
+            if word:
+                out.append(word)
+            word = ""
+        prev = ch
+    if word:
+        out.append(word)
+    low = [w.lower() for w in out]
+    joined = ["_".join(low[i:i + n]) for n in (2, 3) for i in range(len(low) - n + 1)]
+    return set(low) | set(joined)
+
+
+def purpose_of(names=(), kinds=()):
+    """The purpose (PURPOSES) of a holder named by `names` (variable, attribute) of classes `kinds`,
+    or None.  Never raises."""
+    try:
+        import fnmatch
+        toks = set()
+        for n in names:
+            toks |= name_tokens(n)
+        for purpose, words, classes in PURPOSES:
+            if toks.intersection(words):
+                return purpose
+            for k in kinds:
+                if any(fnmatch.fnmatchcase(str(k), c) for c in classes):
+                    return purpose
+    except Exception:
+        pass
+    return None
 
 
 def budget_s():
@@ -113,6 +205,7 @@ class _Scan(object):
         self.totals = dict((r, [0, 0]) for r in ROLES)
         self.optimizers = {}              # class name -> [bytes, tensors]
         self.holders = {}                 # (name, kind, where) -> [bytes, tensors, largest ptr, largest bytes]
+        self.sizes_of = {}                # role or holder key -> {block size: count} (copies, see copy_of)
         self.tensor_type = getattr(torch, "Tensor", None)
         st = None
         for name in ("untyped_storage", "_storage", "storage"):
@@ -126,6 +219,7 @@ class _Scan(object):
         self.sampled = 0                  # containers and classes read in part (see tensors_in)
         self.claimed = set()              # ids of the tensor objects already looked at
         self.stage = "the heap"           # what the scan reads now (said when the budget stops it)
+        self.models = []                  # see _models
         try:
             self.exclude = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,)
         except Exception:
@@ -197,6 +291,9 @@ class _Scan(object):
         tot = self.totals[role]
         tot[0] += size
         tot[1] += 1
+        if role in _COPIED:
+            c = self.sizes_of.setdefault(role, {})
+            c[size] = c.get(size, 0) + 1
         return size
 
     def kind(self, tp):
@@ -279,11 +376,14 @@ def _holder(scan, v, name, kind, where):
     got = 0
     n = 0
     big = (0, 0)
+    sizes = []
     for t in tensors:
         b = scan.claim(t, "held_by_python")
         if b:
             got += b
             n += 1
+            if len(sizes) < 4096:
+                sizes.append(b)
             if b > big[1]:
                 st = scan.storage(t)
                 big = (st[0] if st else 0, b)
@@ -293,6 +393,9 @@ def _holder(scan, v, name, kind, where):
         h[1] += n
         if big[1] > h[3]:
             h[2], h[3] = big
+        c = scan.sizes_of.setdefault((name, kind, where), {})
+        for sz in sizes:
+            c[sz] = c.get(sz, 0) + 1
     return True
 
 
@@ -430,6 +533,8 @@ def _walk(scan, frame_roots):
         o = scan.optimizers.setdefault(name, [0, 0])
         o[0] += got[0]
         o[1] += got[1]
+    scan.stage = "models"
+    scan.models = _models(scan, modules)
     # the graph pools' live blocks that no role above holds
     for ptr, size in scan.private.items():
         if ptr not in scan.seen:
@@ -437,6 +542,52 @@ def _walk(scan, frame_roots):
             scan.totals["graph_pools"][0] += size
             scan.totals["graph_pools"][1] += 1
     _named_holders(scan, modules, frame_roots)
+
+
+def _models(scan, modules):
+    """The models on the failing device: the modules no other module holds (roots), grouped by class
+    and parameter bytes: [(class, bytes, tensors, count, frozen)], largest first.  frozen: no
+    parameter of those roots requires grad (a teacher, an EMA copy).  Two roots of one class and size
+    are a second copy of a model (a notebook cell run again, a deepcopy)."""
+    children = set()
+    for m in modules:
+        scan.tick()
+        for c in (getattr(m, "__dict__", {}).get("_modules") or {}).values():
+            if c is not None:
+                children.add(id(c))
+    groups = {}
+    for root in modules:
+        if id(root) in children:
+            continue
+        seen, b, n, grad = set(), 0, 0, False
+        stack, visited = [root], set()
+        while stack:
+            m = stack.pop()
+            if id(m) in visited:
+                continue
+            visited.add(id(m))
+            d = getattr(m, "__dict__", {})
+            for p in (d.get("_parameters") or {}).values():
+                scan.tick()
+                st = scan.storage(p) if p is not None else None
+                if st is None or st[0] in seen:
+                    continue
+                seen.add(st[0])
+                b += st[1]
+                n += 1
+                try:
+                    grad = grad or bool(p.requires_grad)
+                except Exception:
+                    grad = True
+            stack.extend(c for c in (d.get("_modules") or {}).values() if c is not None)
+        if not n:
+            continue
+        g = groups.setdefault((type(root).__name__, b, n), [0, True])
+        g[0] += 1
+        g[1] = g[1] and not grad
+    out = [(cls, b, n, k, fr) for (cls, b, n), (k, fr) in groups.items()]
+    out.sort(key=lambda x: (-x[1] * x[3], x[0]))
+    return out[:TOP_MODELS]
 
 
 def _named_holders(scan, modules, frame_roots):
@@ -480,8 +631,14 @@ def _named_holders(scan, modules, frame_roots):
             else:
                 _holder(scan, v, str(k), type(v).__name__, where)
     if frame_roots:
-        for tid, f in list(sys._current_frames().items()):
-            while f is not None:
+        for tid, top in list(sys._current_frames().items()):
+            stack = []
+            while top is not None and len(stack) < 1024:
+                stack.append(top)
+                top = top.f_back
+            # outermost first: a list passed down is named as the caller keeps it (ema_params in
+            # train(), not the callee's argument `tensors`)
+            for f in reversed(stack):
                 code = f.f_code
                 if is_user_file(code.co_filename, scan.exclude):
                     where = "local in %s (%s:%d)" % (code.co_name, os.path.basename(code.co_filename), f.f_lineno or 0)
@@ -491,7 +648,6 @@ def _named_holders(scan, modules, frame_roots):
                             _holder(scan, v, str(k), tp.__name__, where)
                         elif tp not in _ATOMS and scan.kind(tp) == "user":
                             instance(v, 2)
-                f = f.f_back
 
 
 def _result(scan, allocated, complete, why, t0, unknown=()):
@@ -511,8 +667,12 @@ def _result(scan, allocated, complete, why, t0, unknown=()):
     for (name, kind, where), (b, n, ptr, _) in hs:
         sep = " " if where.startswith("on ") else ", "
         label = "%s (%s%s%s)" % (name, kind, sep, where)
-        holders.append((label, name, kind, where, b, n, scan.sites.get(ptr)))
+        owner = where[3:] if where.startswith("on ") else ""      # the class whose attribute it is
+        purpose = purpose_of((name,), (kind, owner))
+        copied = copy_of(scan.sizes_of.get((name, kind, where), {}), scan.sizes_of)
+        holders.append((label, name, kind, where, b, n, scan.sites.get(ptr), purpose, copied))
     return {"allocated": allocated, "roles": roles, "optimizers": scan.optimizers, "holders": holders,
+            "models": list(scan.models),
             "complete": complete, "why": why, "elapsed_ms": (_clock() - t0) * 1000.0,
             "objects": scan.objects, "sampled": scan.sampled}
 
@@ -576,7 +736,9 @@ def encode(r):
     """The measurement as the shim reads it (oomguard_framework_stats_t.roles): one record a line,
     fields separated by tabs; '-' is unknown.
       role  NAME BYTES TENSORS | optimizer CLASS BYTES TENSORS |
-      holder BYTES TENSORS LABEL NAME KIND WHERE FILE LINE FUNCTION | meta KEY VALUE"""
+      holder BYTES TENSORS LABEL NAME KIND WHERE FILE LINE FUNCTION PURPOSE COPY_OF |
+      model CLASS BYTES TENSORS COUNT FROZEN | statement FILE LINE FUNCTION TARGET PURPOSE NAMES |
+      meta KEY VALUE"""
     if not r or "roles" not in r:
         return None
     out = []
@@ -585,10 +747,22 @@ def encode(r):
         out.append("role\t%s\t%s\t%d" % (name, "-" if b is None else int(b), int(n)))
     for cls, (b, n) in sorted(r["optimizers"].items()):
         out.append("optimizer\t%s\t%d\t%d" % (_clean(cls), int(b), int(n)))
-    for label, name, kind, where, b, n, site in r["holders"]:
+    for h in r["holders"]:
+        label, name, kind, where, b, n, site = h[:7]
+        purpose = h[7] if len(h) > 7 else None
+        copied = h[8] if len(h) > 8 else None
         f, ln, fn = site if site else ("-", 0, "-")
-        out.append("holder\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s" % (
-            int(b), int(n), _clean(label), _clean(name), _clean(kind), _clean(where), _clean(f), int(ln), _clean(fn)))
+        out.append("holder\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s" % (
+            int(b), int(n), _clean(label), _clean(name), _clean(kind), _clean(where), _clean(f), int(ln), _clean(fn),
+            _clean(purpose or "-"), _clean(copied or "-")))
+    for cls, b, n, k, frozen in r.get("models") or ():
+        out.append("model\t%s\t%d\t%d\t%d\t%d" % (_clean(cls), int(b), int(n), int(k), 1 if frozen else 0))
+    st = r.get("statement")
+    if st:
+        f, ln, fn, target, names, purpose = st
+        out.append("statement\t%s\t%d\t%s\t%s\t%s\t%s" % (
+            _clean(f), int(ln), _clean(fn), _clean(target or "-"), _clean(purpose or "-"),
+            _clean(",".join(names[:8]) or "-")))
     out.append("meta\tallocated\t%s" % ("-" if r["allocated"] is None else int(r["allocated"])))
     out.append("meta\tcomplete\t%d" % (1 if r["complete"] else 0))
     out.append("meta\telapsed_us\t%d" % int(r["elapsed_ms"] * 1000))

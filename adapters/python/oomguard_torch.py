@@ -414,8 +414,13 @@ def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowe
         grad = _grad_mode(torch) if modes else 0
         roles = phase = None
         if failed or frame is not None:
-            roles = oomguard_roles.encode(measure_roles(torch, device, allocated, blocks))
-            phase = oomguard_phase.encode(*oomguard_phase.detect(frame, grad, exc=exc, package_dir=_torch_dir(torch)))
+            stmt = oomguard_phase.statement(frame, _torch_dir(torch)) if frame is not None else None
+            measured = measure_roles(torch, device, allocated, blocks)
+            if measured is not None and stmt:
+                measured["statement"] = stmt
+            roles = oomguard_roles.encode(measured)
+            phase = oomguard_phase.encode(*oomguard_phase.detect(frame, grad, exc=exc, package_dir=_torch_dir(torch),
+                                                                 stmt=stmt))
         phase = phase or (None, None, None)
         r = oomguard_core.send(
             "oom" if failed else "report", "pytorch", device,

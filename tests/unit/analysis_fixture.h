@@ -335,6 +335,37 @@ static void fixture_holder(og_record_t *r, const char *name, const char *kind, c
     h->tensors = 1;
 }
 
+/* the last holder's purpose (what its name says it keeps) and the role its blocks copy ("" none) */
+static void fixture_holder_says(og_record_t *r, const char *purpose, const char *copy_of)
+{
+    og_role_holder_t *h = &r->memory.fw.roles.holders[r->memory.fw.roles.nholders - 1];
+    snprintf(h->purpose, sizeof h->purpose, "%s", purpose);
+    snprintf(h->copy_of, sizeof h->copy_of, "%s", copy_of);
+}
+
+/* COUNT models of class CLS, BYTES of parameters each (roles.models) */
+static void fixture_model(og_record_t *r, const char *cls, uint64_t bytes, int count, bool frozen)
+{
+    og_roles_t *ro = &r->memory.fw.roles;
+    snprintf(ro->models[ro->nmodels].cls, sizeof ro->models[0].cls, "%s", cls);
+    ro->models[ro->nmodels].bytes = bytes;
+    ro->models[ro->nmodels].tensors = 10;
+    ro->models[ro->nmodels].count = count;
+    ro->models[ro->nmodels++].frozen = frozen;
+}
+
+/* the failing statement (roles.statement): TARGET ("" none) and what it builds (PURPOSE, "" none) */
+static void fixture_statement(og_record_t *r, const char *target, const char *purpose)
+{
+    og_roles_t *ro = &r->memory.fw.roles;
+    ro->has_statement = true;
+    snprintf(ro->stmt.file, sizeof ro->stmt.file, "/w/train.py");
+    snprintf(ro->stmt.function, sizeof ro->stmt.function, "main");
+    ro->stmt.line = 7;
+    snprintf(ro->stmt_target, sizeof ro->stmt_target, "%s", target);
+    snprintf(ro->stmt_purpose, sizeof ro->stmt_purpose, "%s", purpose);
+}
+
 static void fixture_optimizer(og_record_t *r, const char *cls, uint64_t bytes)
 {
     og_roles_t *ro = &r->memory.fw.roles;

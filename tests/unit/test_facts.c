@@ -456,6 +456,41 @@ static void roles_for_the_advice(void **state)
     free(r);
 }
 
+/* what the adapter says the holders keep (names, copies), the models and the failing statement */
+static void names_copies_models_and_the_statement(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    fixture_roles(r, 4 * GiB, 4 * GiB, 8 * GiB, 0, 7 * GiB, 0);
+    fixture_holder(r, "ema_params", "list", "local in main (train.py:70)", 4 * GiB);
+    fixture_holder_says(r, "ema", "parameters");
+    fixture_holder(r, "kv", "list", "global in serve.py", 2 * GiB);
+    fixture_holder_says(r, "kv_cache", "");
+    fixture_holder(r, "out", "list", "local in clone (train.py:50)", 1 * GiB);
+    fixture_holder_says(r, "", "optimizer_state");
+    fixture_model(r, "UNet", 2 * GiB, 2, false);
+    fixture_model(r, "Teacher", 1 * GiB, 1, true);
+    const og_facts_t *f = facts(r);
+    assert_int_equal(f->roles.purpose_bytes[OG_PURPOSE_ema], 4 * GiB);
+    assert_int_equal(f->roles.purpose_bytes[OG_PURPOSE_kv_cache], 2 * GiB);
+    assert_int_equal(f->roles.copies, 5 * GiB);
+    assert_int_equal(f->roles.model_copies, 2 * GiB);
+    assert_int_equal(f->roles.frozen_models, 1 * GiB);
+    assert_int_equal(f->roles.state, 4 * GiB + 4 * GiB + 8 * GiB + 5 * GiB); /* copies are bounded state */
+    assert_int_equal(f->roles.building, OG_PURPOSE_NONE);
+    assert_int_equal(og_purpose_of("checkpoint"), OG_PURPOSE_checkpoint);
+    assert_int_equal(og_purpose_of("nonsense"), OG_PURPOSE_NONE);
+    /* a statement building a checkpoint while loading: a checkpoint restore, as torch.load on the stack */
+    fixture_phase(r, "loading", NULL, NULL);
+    assert_false(facts(r)->load_via_torch_load);
+    fixture_statement(r, "ckpt_opt", "checkpoint");
+    assert_true(facts(r)->load_via_torch_load);
+    assert_int_equal(F.roles.building, OG_PURPOSE_checkpoint);
+    fixture_phase(r, "ema_update", NULL, NULL);
+    assert_int_equal(facts(r)->phase, OG_JP_ema_update);
+    assert_false(F.load_via_torch_load);
+    free(r);
+}
+
 /* one batch's peak: a new size >= 4x anything before, after steps that freed what they made */
 static void one_batch_peak_after_freed_steps(void **state)
 {
@@ -531,6 +566,7 @@ int main(void)
         cmocka_unit_test(a_retry_needs_two_attempts),
         cmocka_unit_test(the_phase_as_the_adapter_said),
         cmocka_unit_test(roles_for_the_advice),
+        cmocka_unit_test(names_copies_models_and_the_statement),
         cmocka_unit_test(one_batch_peak_after_freed_steps),
         cmocka_unit_test(nccl_is_communication),
     };

@@ -893,6 +893,53 @@ static void phase_checkpoint_restore(void **state)
     free(r);
 }
 
+/* the failing statement builds a checkpoint (ckpt_opt = ...) with no torch.load frame: map_location="cpu" */
+static void statement_checkpoint_restore(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 0, 0, 0, 0, 20 * GiB, 0);
+    fixture_holder(r, "got", "list", "local in alloc_n (resume.py:25)", 12 * GiB);
+    fixture_phase(r, "loading", "/w/resume.py", "<module>");
+    fixture_statement(r, "ckpt_opt", "checkpoint");
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "map_location_cpu");
+    free(r);
+}
+
+/* an EMA made or updated after the step (phase ema_update): the activations are gone, no activation
+ * remedy, no inference_mode */
+static void phase_ema_update(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 5 * GiB, 0, 10 * GiB, 0, 5 * GiB, 0);
+    fixture_optimizer(r, "AdamW", 10 * GiB);
+    r->memory.fw.grad_enabled = -1;
+    r->memory.fw.training = 1;
+    fixture_phase(r, "ema_update", "/w/train.py", "main");
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "smaller_batch"), 0);
+    assert_int_equal(rank_of(r, "mixed_precision"), 0);
+    assert_int_equal(rank_of(r, "gradient_checkpointing"), 0);
+    assert_int_equal(rank_of(r, "inference_mode"), 0);
+    free(r);
+}
+
+/* a second copy of the same model alive (a notebook cell run again): restart or release it first, before
+ * the splinters of the cache; an EMA's copy is meant */
+static void second_copy_of_a_model(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 6 * GiB, 3 * GiB, 6 * GiB, 0, 0, 7 * GiB);
+    fixture_model(r, "UNet2DConditionModel", 3 * GiB, 2, false);
+    fixture_phase(r, "forward", "/w/unet.py", "forward");
+    run_primary(r, "does_not_fit");
+    assert_true(rank_of(r, "restart_process") == 1 || rank_of(r, "release_references") == 1);
+    fixture_phase(r, "ema_update", "/w/train.py", "main");
+    run_primary(r, "does_not_fit");
+    assert_true(rank_of(r, "restart_process") != 1 && rank_of(r, "release_references") != 1);
+    free(r);
+}
+
 /* loading weights (from_pretrained): in their checkpoint's dtype; no activation remedy, no map_location */
 static void phase_loading_weights(void **state)
 {
@@ -1172,6 +1219,9 @@ int main(void)
         cmocka_unit_test(no_roles_no_role_remedies),
         cmocka_unit_test(phase_oom_handler),
         cmocka_unit_test(phase_checkpoint_restore),
+        cmocka_unit_test(statement_checkpoint_restore),
+        cmocka_unit_test(phase_ema_update),
+        cmocka_unit_test(second_copy_of_a_model),
         cmocka_unit_test(phase_loading_weights),
         cmocka_unit_test(phase_optimizer_step),
         cmocka_unit_test(phase_forward_optimizer_later),

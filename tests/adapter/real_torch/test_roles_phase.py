@@ -186,7 +186,111 @@ def t_never_raises():
     assert r is not None and r["roles"]["parameters"][0] == 0, r
 
 
+def t_purposes():
+    """What the holders' names and classes say they keep: a KV cache, an EMA, a checkpoint, a teacher;
+    an identifier that merely contains the letters (schema, temas) says nothing."""
+    P = oomguard_roles.purpose_of
+    assert P(("past_key_values",)) == "kv_cache" and P(("self.kv",)) == "kv_cache", P(("kv",))
+    assert P(("layer_cache",), ("StaticCache",)) == "kv_cache"
+    assert P(("ema_params",)) == "ema" and P(("model_ema",)) == "ema" and P(("x",), ("AveragedModel",)) == "ema"
+    assert P(("ckpt_model",)) == "checkpoint" and P(("state_dict",)) == "checkpoint"
+    assert P(("teacher",)) == "teacher" and P(("self.cache",)) == "cache"
+    assert P(("schema",)) is None and P(("temas",)) is None and P(("t_acts",)) is None and P(()) is None
+    build()
+    g = globals()
+    g["ema_params"] = [empty(4096), empty(1024), empty(256), empty(64)]
+    try:
+        r = measure(None)
+        h = [h for h in r["holders"] if h[1] == "ema_params"][0]
+        assert h[7] == "ema", h
+        enc = oomguard_roles.encode(r)
+        assert any(l.startswith("holder\t") and l.split("\t")[4] == "ema_params" and l.split("\t")[10] == "ema"
+                   for l in enc.splitlines()), enc
+    finally:
+        g.pop("ema_params", None)
+
+
+def t_copies():
+    """A holder whose blocks are the sizes of the parameters' (a snapshot, an EMA, a loaded state dict)
+    is a copy of them, also part way (a copy still being made); other tensors are not."""
+    truth, _ = build()
+    g = globals()
+    params = [model.a.weight, model.b.weight, model.head]
+    g["best"] = {"model": [empty(4096), empty(1024), empty(4096), empty(4096)]}  # a.weight's size 3 times
+    g["snap"] = [empty(4096), empty(1024), empty(256)] * 1 + [empty(64)]         # a size no parameter has
+    try:
+        r = measure(None)
+        by = dict((h[1], h) for h in r["holders"])
+        assert by["best"][8] is None, by["best"]          # more often than the model and AdamW have it
+        assert by["snap"][8] is None, by["snap"]
+        g["best"] = [empty(p.nbytes // 4 if STAND_IN else p.numel()) for p in params] + [empty(2048)]
+        g["snap"] = [empty(p.nbytes // 4 if STAND_IN else p.numel()) for p in params + params]
+        r = measure(None)
+        by = dict((h[1], h) for h in r["holders"])
+        assert by["snap"][8] in ("parameters", "optimizer_state"), by["snap"]   # AdamW's moments: the sizes twice
+        assert by["best"][8] is None, by["best"]          # 2048 floats: no parameter's size
+        assert oomguard_roles.copy_of({16: 3}, {"parameters": {16: 9}}) is None      # under 4 blocks
+        assert oomguard_roles.copy_of({16: 4}, {"parameters": {16: 4}}) == "parameters"
+        assert oomguard_roles.copy_of({16: 4}, {"parameters": {16: 40}}) is None     # under a quarter
+    finally:
+        g.pop("best", None)
+        g.pop("snap", None)
+
+
+def t_models():
+    """Models are the modules no other module holds, grouped by class and size: a second copy of the same
+    model (a notebook cell run again) is counted, a frozen one (a teacher) is said so."""
+    build()
+    g = globals()
+    g["old_model"] = Net()
+    g["teacher"] = Block(8192)
+    for p in (teacher.weight,):
+        p.requires_grad_(False) if hasattr(p, "requires_grad_") else None
+    try:
+        r = measure(None)
+        ms = dict((m[0], m) for m in r["models"])
+        net_bytes = sum(nbytes(p) for p in (model.a.weight, model.b.weight, model.head))
+        assert ms["Net"][1] == net_bytes and ms["Net"][3] == 2 and not ms["Net"][4], ms
+        assert ms["Block"][3] == 1 and ms["Block"][4] is True, ms     # Block(8192): frozen, not a child of a Net
+        enc = oomguard_roles.encode(r)
+        assert "model\tNet\t%d\t3\t2\t0" % net_bytes in enc, enc
+    finally:
+        g.pop("old_model", None)
+        g.pop("teacher", None)
+
+
+def t_statement():
+    """The failing statement: the name its result goes to and what that name says (an EMA made, a
+    checkpoint restored), read from the frames' bytecode; the phase from it when no frame matches."""
+    def helper(*args):
+        return oomguard_phase.statement(sys._getframe())
+    ema = helper()
+    assert ema[3] == "ema" and ema[5] == "ema" and ema[2] == "t_statement", ema
+
+    def update(ema_params):
+        scaled = helper(ema_params, 0.999)
+        return scaled
+    got = update([1])
+    assert got[3] == "scaled" and got[5] == "ema" and "ema_params" in got[4], got
+    plain = helper()
+    assert plain[3] == "plain" and plain[5] is None, plain
+
+    def phase():
+        return oomguard_phase.detect(sys._getframe(), 1, stmt=oomguard_phase.statement(sys._getframe()))
+    ckpt_opt = phase()
+    assert ckpt_opt[0] == "loading" and "ckpt_opt" in ckpt_opt[2], ckpt_opt
+    model_ema = phase()
+    assert model_ema[0] == "ema_update", model_ema
+    other = phase()
+    assert other[0] is None, other
+    assert oomguard_phase.statement(None) is None
+
+
 check("roles of a model, its gradients, AdamW state, a view, global lists and an object's dict", t_roles)
+check("what a holder's name or class says it keeps (kv_cache, ema, checkpoint, teacher, cache)", t_purposes)
+check("a holder whose blocks are the parameters' sizes is a copy of them (in part too)", t_copies)
+check("models: roots by class and size, a second copy counted, a frozen one said", t_models)
+check("the failing statement: its target, the names it reads, their purpose, the phase from it", t_statement)
 check("a list local of a running function is a named holder; unknown allocated leaves activations unknown",
       t_local_holder)
 check("modules and optimizers found through gc alone", t_gc_only)

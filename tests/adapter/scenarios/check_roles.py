@@ -1,13 +1,14 @@
 """Checks a dump's memory.framework.roles and event.phase against the truth job_roles.py wrote.
 
-  python3 check_roles.py DUMPDIR TRUTH.json [--no-roles] [--incomplete] [--site LABEL]
+  python3 check_roles.py DUMPDIR TRUTH.json [--no-roles] [--incomplete] [--site LABEL] [--evidence]
 
 Every role's bytes equal the truth to the byte (a role the truth does not name: 0); activations
 are allocated minus the other roles (and the truth's, when it has one); the named holders are
 exactly the truth's, with its bytes; phase, and the file/function/line of phase_frame, are the
 truth's.  --site LABEL: that holder names the line that created its tensors (truth losses_line).
 --incomplete: the scan stopped at its budget: complete false, activations null, why given.
---no-roles: memory.framework.roles is null (the phase is still checked)."""
+--no-roles: memory.framework.roles is null (the phase is still checked).
+--evidence: the holders' purposes and copies, roles.models (the Net, once) and roles.statement are there."""
 import glob
 import json
 import sys
@@ -51,6 +52,15 @@ def main():
     assert sum(o["bytes"] for o in r["optimizers"]) == r["optimizer_state_bytes"], r["optimizers"]
     got = dict((h["label"], h["bytes"]) for h in r["holders"])
     assert got == truth["holders"], (got, truth["holders"])
+    if "--evidence" in opts:
+        # what the names say (self.cache: a cache; losses: nothing), no copies, the one model, the statement
+        says = dict((h["label"], (h["purpose"], h["copy_of"])) for h in r["holders"])
+        assert says == {"losses (list, global in job_roles.py)": (None, None),
+                        "self.cache (dict on Trainer)": ("cache", None)}, says
+        net = sum(truth["roles"].get(k, 0) for k in ("parameters",))
+        assert r["models"] == [{"class": "Net", "parameters_bytes": net, "tensors": 2, "count": 1,
+                                "frozen": False}], (r["models"], net)
+        assert "statement" in r, r
     if "--site" in opts:
         label = opts[opts.index("--site") + 1]
         h = [h for h in r["holders"] if h["label"] == label][0]
