@@ -751,7 +751,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
 {
     const og_roles_t *ro = &r->memory.fw.roles;
     og_role_facts_t *k = &d->roles;
-    k->keeper = -1;
+    k->keeper = k->kv = -1;
     k->building = OG_PURPOSE_NONE;
     if (!r->memory.fw.has || !ro->has)
         return;
@@ -802,7 +802,13 @@ static void roles(og_facts_t *d, const og_record_t *r)
             k->copies = add_sat(k->copies, h->bytes);
         if (strncmp(where, "local in ", 9) == 0) {
             k->local_held = add_sat(k->local_held, h->bytes);
+            if (map_kind(kind))
+                k->local_map = add_sat(k->local_map, h->bytes);
             continue;
+        }
+        if (pu == OG_PURPOSE_kv_cache && (k->kv < 0 || h->bytes > k->kv_bytes)) {
+            k->kv = i;
+            k->kv_bytes = h->bytes;
         }
         if (k->keeper < 0 || h->bytes > k->keeper_bytes) {
             k->keeper = i;

@@ -103,6 +103,10 @@ typedef struct og_role_facts {
     int keeper;             /* index in roles.holders of the largest holder kept across calls, -1 none */
     uint64_t keeper_bytes;
     bool keeper_map; /* that holder is a dict or another mapping/cache */
+    int kv;          /* index in roles.holders of the largest holder kept across calls whose purpose is kv_cache
+                        (its type or name: StaticCache, past_key_values, kv), -1 none */
+    uint64_t kv_bytes;
+    uint64_t local_map; /* held by locals of running functions that are dicts (a state_dict being copied) */
 } og_role_facts_t;
 
 /* A peak from one batch: the failing request (and the equal allocations just before it) is a size the

@@ -10,8 +10,24 @@
 #include "advice_text.h"
 #include "facts.h"
 
+/* Where a remedy can help at all (the catalog's `applies`; the ranking's `fit` pass reads it):
+ *   AP_ANY           any job
+ *   AP_TRAINING      a job that trains: it shrinks gradients, optimizer state or what backward keeps;
+ *                    not for a job known to be inference only
+ *   AP_NOT_TRAINING  a job not known to train (weights quantized in place are frozen: QLoRA is `lora`)
+ *   AP_ACTIVATIONS   the failing code makes activations: not while loading weights, stepping the
+ *                    optimizer or updating weights outside it, when the roles were measured
+ *   AP_BACKWARD      autograd keeps something for backward: not with autograd off at the failure */
+enum og_applies {
+    AP_ANY = 0,
+    AP_TRAINING = 1 << 0,
+    AP_NOT_TRAINING = 1 << 1,
+    AP_ACTIVATIONS = 1 << 2,
+    AP_BACKWARD = 1 << 3,
+};
+
 enum og_rem {
-#define X(name, id, order, build, title, saving, cost) R_##name,
+#define X(name, id, order, build, applies, title, saving, cost) R_##name,
 #include "remedies.def"
 #undef X
     R_COUNT,
@@ -48,11 +64,14 @@ typedef struct rctx {
     int npeers;
     int grad, training; /* adapter evidence, 0 unknown */
     int autocast;       /* adapter evidence: 1 mixed precision on at the failure, -1 off, 0 unknown */
+    int trains;         /* the job trains: 1 (an optimizer step ran, gradients or optimizer state measured,
+                           phase backward or optimizer_step), -1 known inference only (training -1), 0 unknown */
 } rctx_t;
 
 typedef struct og_remedy_def {
     const char *id, *title, *saving, *cost;
-    int order; /* checklist position, x10 */
+    int order;   /* checklist position, x10 */
+    int applies; /* enum og_applies: where it can help at all */
     bool (*build)(const rctx_t *, og_remedy_t *);
 } og_remedy_def_t;
 

@@ -10,8 +10,10 @@
  *             2: unknown, 3: cannot cover it alone
  *   lead      the primary cause's own remedies (common/causes.def) go first when they can cover it;
  *             then the rows of `lead` (LEAD_COVERS: first unless it cannot cover the shortfall)
+ *   fit       every remedy: the catalog's `applies` read on the evidence, a measured nothing not listed,
+ *             one that cannot cover the shortfall never leading
  *   sort      by (tier, order), stable in catalog order; inference mode never leads unless the job is
- *             known to be inference
+ *             known to be inference or an evaluation ran with autograd on
  * A row is a condition on the facts, an effect on some remedies, the facts it reads and the corpus
  * cases (tests/scenarios/cases) that motivate it; rows of a pass apply in order, a later one
  * overriding an earlier.  docs/diagnosis.md lists every row (a test checks it does).
@@ -144,8 +146,24 @@ static bool second_load(const rctx_t *x) { return PRIMARY(DNF) && load_phase(x) 
 static bool model_copy_primary(const rctx_t *x) { return PRIMARY(DNF) && model_copy(x); }
 static bool loading(const rctx_t *x) { return PRIMARY(DNF) && load_phase(x) == OG_PHASE_LOADING; }
 static bool eval_with_autograd(const rctx_t *x) { return PRIMARY(GROWTH) && known_inference(x) && x->grad == 1; }
+/* the framework refused under its own cap, the cap bounds what it reserves (PyTorch, CuPy: the request
+ * is a new segment from the device) and the device itself had no room for the request: raising the cap
+ * cannot make it fit (facts: cap.reserved, cap.room).  An arena's cap (JAX, TensorFlow) is left alone:
+ * raising it means a restart that re-reserves the arena, so what was free now is not the measure */
+static bool cap_without_room(const rctx_t *x)
+{
+    return HAS(FWCAP) && x->f->cap.binds && x->f->cap.reserved && !x->f->cap.room;
+}
 static bool confident_growth(const rctx_t *x) { return PRIMARY(GROWTH) && x->primary_conf >= 0.7; }
 static bool limit_on_shared_gpu(const rctx_t *x) { return HAS(LIMIT) && x->rec->memory.nother > 0; }
+/* the memory is another user's (NVML listed the processes): restarting this process sheds only its own
+ * cache, which empty_cache() returns without a restart, when nothing else a restart clears holds
+ * (fragmentation, growth, memory outside the framework, a second load) and the cache was measured */
+static bool restart_sheds_nothing(const rctx_t *x)
+{
+    return PRIMARY(FOREIGN) && !x->other_inferred && x->cached_known && !HAS(FRAG) && !HAS(GROWTH) && !HAS(NONFW) &&
+           load_phase(x) != OG_PHASE_SECOND_LOAD;
+}
 /* no other process to stop: the memory outside the framework is in this process */
 static bool no_other_process(const rctx_t *x) { return !x->other && x->rec->memory.nother <= 0; }
 
@@ -154,6 +172,11 @@ static bool no_other_process(const rctx_t *x) { return !x->other && x->rec->memo
 static const og_role_facts_t *roles_of(const rctx_t *x) { return &x->f->roles; }
 static bool in_handler(const rctx_t *x) { return PHASE(oom_handler); }
 static bool pass_outgrows(const rctx_t *x) { return x->f->pass_outgrows_cache; }
+/* the adapter read an evaluation or generation from the stack and autograd was on: every activation is
+ * kept for a backward that never comes, in a training job too */
+static bool evaluation_autograd_on(const rctx_t *x) { return (PHASE(evaluation) || PHASE(generation)) && x->grad == 1; }
+/* a confident growth that did not fail in the optimizer's step (where the state is being made) */
+static bool growth_not_in_step(const rctx_t *x) { return confident_growth(x) && !PHASE(optimizer_step); }
 /* restoring a checkpoint: the adapter's phase is loading and its frame is torch.load's */
 static bool checkpoint_restore(const rctx_t *x) { return PHASE(loading) && x->f->load_via_torch_load; }
 static bool loading_weights_phase(const rctx_t *x) { return PHASE(loading); }
@@ -173,12 +196,6 @@ static bool activation_phase(const rctx_t *x)
 static bool no_graph_to_drop(const rctx_t *x)
 {
     return PHASE(optimizer_step) || PHASE(backward) || PHASE(loading) || PHASE(ema_update);
-}
-/* nothing for the activation remedies to shrink: the roles were measured and the job was loading or
- * stepping its optimizer (what the running code holds then is weights or state, not activations) */
-static bool no_activations(const rctx_t *x)
-{
-    return roles_of(x)->known && (PHASE(loading) || PHASE(optimizer_step) || PHASE(ema_update));
 }
 static uint64_t graph_pool_bytes(const rctx_t *x)
 {
@@ -209,8 +226,65 @@ static bool communication(const rctx_t *x)
 }
 /* a peak from one batch far larger than the earlier steps' (a long document), with autograd on */
 static bool one_batch_peak(const rctx_t *x) { return PRIMARY(DNF) && x->f->outlier.holds && x->grad != -1; }
-/* one inference input larger than the card: its length is the lever */
-static bool larger_inference(const rctx_t *x) { return x->larger_than_device && x->grad == -1 && pytorchish(x); }
+/* one inference input larger than the card: its length is the lever, when something says the request is a
+ * model's input (a forward, evaluation or generation frame on the stack, or a KV cache held); otherwise
+ * (a score or similarity matrix computed outside any model) splitting the operation is */
+static bool larger_inference(const rctx_t *x)
+{
+    return x->larger_than_device && x->grad == -1 && pytorchish(x) &&
+           (PHASE(forward) || PHASE(evaluation) || PHASE(generation) || roles_of(x)->kv >= 0);
+}
+/* a training job copying weight-sized tensors outside the optimizer (an EMA, weight averaging, a snapshot
+ * of the model): the job trains, no phase frame (not a forward, evaluation, load or optimizer step) or the
+ * adapter's ema_update, the roles measured with fewer activations than the shortfall and parameters to
+ * copy, the running code's locals holding tensors; weights_update: phase ema_update, or autograd off and
+ * not a snapshot (an EMA's update runs under no_grad) */
+static bool weights_copy(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && ro->act_known && x->trains == 1 && (PHASE(unknown) || PHASE(ema_update)) && ro->params &&
+           ro->local_held && ro->act < x->shortfall && !own_fix_covers(x) && !x->larger_than_device;
+}
+/* the same, a copy of the whole training state (model and optimizer state_dicts) kept as a snapshot:
+ * the running code holds at least one full copy of the parameters, with autograd on (an update of an
+ * EMA runs under no_grad) or a dict among its locals (a state_dict being copied) */
+static bool state_snapshot(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return weights_copy(x) && !PHASE(ema_update) && ro->working >= ro->params && (x->grad != -1 || ro->local_map);
+}
+static bool weights_update(const rctx_t *x)
+{
+    return weights_copy(x) && (PHASE(ema_update) || (x->grad == -1 && !state_snapshot(x)));
+}
+/* a KV cache reserved up front by a job that does not train: a holder kept across calls named or typed
+ * as a KV cache (facts: roles.kv) holds at least the shortfall and more than the running code, autograd
+ * off, and the memory did not grow step by step (a growing cache: bounded_cache) */
+static bool kv_cache_reserved(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && ro->kv >= 0 && ro->kv_bytes >= x->shortfall && ro->kv_bytes > ro->working && x->trains != 1 &&
+           x->grad == -1 && !PRIMARY(GROWTH) && !own_fix_covers(x) && !x->larger_than_device;
+}
+/* the KV cache leads when no larger reservation (CUDA graphs' pools) is the bigger lever */
+static bool kv_cache_lead(const rctx_t *x)
+{
+    return kv_cache_reserved(x) && roles_of(x)->kv_bytes >= graph_pool_bytes(x);
+}
+/* gradients and optimizer state measured (or about to be made at the first step) for the parameters of
+ * a training job: training fewer of them shrinks both */
+static bool trains_all_parameters(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && x->trains == 1 && ro->params && (ro->grads || ro->opt || PHASE(optimizer_step)) &&
+           !own_fix_covers(x) && !x->larger_than_device;
+}
+/* the evidence leaves nothing for the activation remedies to shrink: the roles measured, and the job was
+ * loading, stepping its optimizer, or updating weights outside it */
+static bool no_activations(const rctx_t *x)
+{
+    return roles_of(x)->known && (PHASE(loading) || PHASE(optimizer_step) || PHASE(ema_update) || weights_copy(x));
+}
 
 /* ------------------------------------------------------------------ rows */
 
@@ -296,6 +370,18 @@ static const og_rank_row_t bring[] = {
     { "optimizer_state", optimizer_state, WANT, 0, 0, REMS(R_OPT_8BIT, R_ZERO, R_OFFLOAD),
       "roles: optimizer state not 8-bit > 0, or phase optimizer_step with parameters and no state yet",
       "adamw_first_step, ema_lazy_shadow (blind)" },
+    { "train_fewer_parameters", trains_all_parameters, WANT, 0, 0, REMS(R_LORA),
+      "the job trains, roles: parameters and their gradients or optimizer state (or phase optimizer_step)",
+      "adamw_first_step, ema_lazy_shadow (blind)" },
+    { "weights_update", weights_update, WANT, 0, 0, REMS(R_IN_PLACE, R_EMA_CPU),
+      "the job trains, autograd off, phase unknown, roles: parameters, locals, activations < shortfall",
+      "ema_lazy_shadow, ema_foreach_temporaries (blind)" },
+    { "state_snapshot", state_snapshot, WANT, 0, 0, REMS(R_SNAPSHOT_CPU),
+      "as weights_update, locals >= parameters, autograd on or a dict among the locals",
+      "best_state_gpu_deepcopy (blind)" },
+    { "kv_cache_reserved", kv_cache_reserved, WANT, 0, 0, REMS(R_SMALLER_KV),
+      "not training, autograd off, not growth, roles: a kept holder is a KV cache >= shortfall and > the locals",
+      "static_kv_cache_prealloc (blind)" },
     { "graph_pools", graph_pools, WANT, 0, 0, REMS(R_GRAPH_SHAPES),
       "roles: graph_pools > 0, or the adapter's private_pool_bytes", "cuda_graph_shapes (blind)" },
     { "growth_in_a_cache", growth_in_a_cache, WANT, 0, 0, REMS(R_BOUNDED_CACHE),
@@ -328,7 +414,8 @@ static const og_rank_row_t narrow[] = {
     { "larger_than_limit_only", larger_than_limit_only, WANT, 0, 0, REMS(R_RAISE_LIMIT),
       "request > limit, < device total", "(unit tests)" },
     { "larger_inference", larger_inference, WANT, 0, 0, REMS(R_SHORTER_SEQ, R_FLASH),
-      "request > device, adapter: grad_enabled off, PyTorch", "long_prompt_serving (blind)" },
+      "request > device, adapter: grad_enabled off, PyTorch, phase forward/evaluation/generation or a KV cache held",
+      "long_prompt_serving, recsys_catalog_scores (blind)" },
     { "limit_by_context", limit_by_context, ONLY, 0, 0, REMS(R_RAISE_LIMIT), "limit, limit usage (context), request",
       "limit_context_alone" },
     { "own_fix_covers", own_fix_covers, DROP, 0, 0,
@@ -346,9 +433,6 @@ static const og_rank_row_t narrow[] = {
       "loss_history_leak_adapter, validation_batch_too_big" },
     { "no_graph_to_drop", no_graph_to_drop, DROP, 0, 0, REMS(R_INFERENCE),
       "phase optimizer_step, backward, loading or ema_update", "adamw_first_step, ema_lazy_shadow (blind)" },
-    { "no_activations", no_activations, DROP, 0, 0,
-      REMS(R_INFERENCE, R_MIXED, R_SMALLER_BATCH, R_SHORTER_SEQ, R_CHECKPOINTING, R_FLASH),
-      "roles measured, phase loading, optimizer_step or ema_update", "adamw_first_step, ema_lazy_shadow (blind)" },
     { "growth_in_a_cache_no_graph", growth_in_a_cache, DROP, 0, 0, REMS(R_INFERENCE),
       "the same as growth_in_a_cache (its remedy says no_grad for the entries)", "dict_cache_embeddings (blind)" },
     { "communication_not_tensors", comm_holds_growth, DROP, 0, 0, REMS(R_INFERENCE, R_MIXED),
@@ -406,12 +490,22 @@ static const og_rank_row_t lead[] = {
     { "growth_one_offs_last", confident_growth, DEMOTE, 3, 0,
       REMS(R_EMPTY_CACHE, R_EXPANDABLE, R_RESTART, R_BUCKET, R_POOL_TRIM), "primary growth >= 0.7",
       "train_leak_eval_fails, generate_kv_cache" },
+    { "growth_not_the_state", growth_not_in_step, DEMOTE, 3, 0, REMS(R_OPT_8BIT, R_LORA),
+      "primary growth >= 0.7, phase not optimizer_step", "skip_batch_on_oom, t5_bf16_adamw_state (blind)" },
+    { "evaluation_autograd_on", evaluation_autograd_on, WANT, 0, 0, REMS(R_INFERENCE),
+      "phase evaluation or generation, adapter: grad_enabled on", "segmentation_eval_autograd_on (blind)" },
+    { "evaluation_autograd_on_lead", evaluation_autograd_on, LEAD_COVERS, -21, 0, REMS(R_INFERENCE),
+      "phase evaluation or generation, adapter: grad_enabled on", "segmentation_eval_autograd_on (blind)" },
+    { "cap_without_room", cap_without_room, DROP, 0, 0, REMS(R_FW_CAP),
+      "framework_cap counting reserved bytes (PyTorch, CuPy), the device had no room for the request",
+      "reranker_capped_shared_card (blind)" },
     { "prefork_workers_lead", prefork_primary, LEAD, -20, 0, REMS(R_FEWER_WORKERS),
       "primary peer_ranks, every peer a worker of this process's parent (or the parent)", "prefork_server_copies" },
     { "limit_on_shared_gpu", limit_on_shared_gpu, LEAD, -20, 0, REMS(R_RAISE_LIMIT), "limit, other processes listed",
       "(unit tests)" },
     { "larger_inference_lead", larger_inference, LEAD, -31, 0, REMS(R_SHORTER_SEQ),
-      "request > device, adapter: grad_enabled off, PyTorch", "long_prompt_serving (blind)" },
+      "request > device, adapter: grad_enabled off, PyTorch, phase forward/evaluation/generation or a KV cache held",
+      "long_prompt_serving, recsys_catalog_scores (blind)" },
     { "retry_outside_lead", in_handler, LEAD_COVERS, -25, 0, REMS(R_RETRY_OUTSIDE), "phase oom_handler",
       "retry_in_except (blind)" },
     { "checkpoint_restore_lead", checkpoint_restore, LEAD_COVERS, -24, 0, REMS(R_MAP_CPU),
@@ -420,6 +514,12 @@ static const og_rank_row_t lead[] = {
       "cause growth, NCCL's bytes >= the growth's rise", "(unit tests: nccl_growth)" },
     { "optimizer_step_lead", in_optimizer_step, LEAD_COVERS, -22, 0, REMS(R_OPT_8BIT), "phase optimizer_step",
       "adamw_first_step (blind)" },
+    { "weights_update_lead", weights_update, LEAD_COVERS, -23, 1, REMS(R_IN_PLACE, R_EMA_CPU), "as weights_update",
+      "ema_lazy_shadow, ema_foreach_temporaries (blind)" },
+    { "state_snapshot_lead", state_snapshot, LEAD_COVERS, -23, 0, REMS(R_SNAPSHOT_CPU), "as state_snapshot",
+      "best_state_gpu_deepcopy (blind)" },
+    { "kv_cache_lead", kv_cache_lead, LEAD_COVERS, -22, 0, REMS(R_SMALLER_KV),
+      "as kv_cache_reserved, the cache >= the graph pools", "static_kv_cache_prealloc, cuda_graph_shapes (blind)" },
     { "bounded_cache_lead", growth_in_a_cache_primary, LEAD_COVERS, -22, 0, REMS(R_BOUNDED_CACHE),
       "primary growth, the same as growth_in_a_cache", "dict_cache_embeddings (blind)" },
     { "graph_pools_lead", graph_pools_lead, LEAD_COVERS, -21, 0, REMS(R_GRAPH_SHAPES),
@@ -532,14 +632,11 @@ static void estimate(rank_t *k, const rctx_t *x)
     cover[R_FW_CAP] = big;
     /* by role and phase: what each remedy shrinks, measured (the Python adapter); unknown without it */
     const og_role_facts_t *ro = roles_of(x);
-    /* while loading or stepping the optimizer the activation remedies have nothing to shrink (the
-     * roles measured, the phase said: what the running code holds is weights or state); otherwise tensors held by Python objects may be activations a
-     * program keeps, so the activations role is a lower bound and the estimates above stand */
-    if (ro->known && (PHASE(loading) || PHASE(optimizer_step))) {
-        const int act[] = { R_INFERENCE, R_MIXED, R_CHECKPOINTING, R_SHORTER_SEQ, R_FLASH, R_SMALLER_BATCH };
-        for (size_t i = 0; i < sizeof act / sizeof *act; i++)
-            cover[act[i]] = 0;
-    }
+    /* tensors held by Python objects may be activations a program keeps, so the activations role is a
+     * lower bound and the estimates above stand (where the evidence leaves no activations at all, the
+     * `fit` pass drops those remedies: AP_ACTIVATIONS) */
+    if (ro->known && ro->params) /* 4-bit weights keep about a quarter of 16-bit ones */
+        cover[R_QUANT] = 0.75 * (double)ro->params;
     /* the failed attempt's tensors, the checkpoint's copy: what the running code holds (a lower
      * bound: unknown when it does not cover) */
     if (ro->known && ro->act_known && ro->working >= x->shortfall)
@@ -554,6 +651,25 @@ static void estimate(rank_t *k, const rctx_t *x)
             st = first;
         cover[R_OPT_8BIT] = st > 0 ? 0.75 * st : -1;
     }
+    {
+        /* LoRA trains about 1% of the parameters: their gradients and optimizer state go (Adam's state at the
+         * first step is about to be 2x the parameters) */
+        double st = (double)ro->grads + (double)ro->opt;
+        if (PHASE(optimizer_step) && (ro->opt_adam || !ro->opt) && (double)ro->grads + 2.0 * (double)ro->params > st)
+            st = (double)ro->grads + 2.0 * (double)ro->params;
+        cover[R_LORA] = ro->known && x->trains == 1 ? 0.99 * st : -1;
+    }
+    if (weights_update(x)) { /* the copy of the weights, and what its update makes beyond one copy */
+        double copy = (double)ro->params, held = (double)ro->working;
+        cover[R_EMA_CPU] = held > copy ? held : copy;
+        cover[R_IN_PLACE] = held > copy ? held - copy : 0;
+    }
+    cover[R_SMALLER_KV] = kv_cache_reserved(x) ? 0.5 * (double)ro->kv_bytes : -1;
+    cover[R_SNAPSHOT_CPU] = state_snapshot(x) ? (double)ro->working : -1;   /* the copy made so far, at least */
+    if (evaluation_autograd_on(x) && ro->known && ro->act_known && ro->act) /* what is kept for backward */
+        cover[R_INFERENCE] = 0.9 * (double)ro->act;
+    if (restart_sheds_nothing(x))
+        cover[R_RESTART] = 0;
     cover[R_GRAPH_SHAPES] = graph_pools(x) ? 0.5 * (double)graph_pool_bytes(x) : -1;
     cover[R_BOUNDED_CACHE] = ro->keeper >= 0 ? 0.9 * (double)ro->keeper_bytes : -1;
     if (x->f->comm_lib >= 0) {
@@ -593,6 +709,31 @@ static void lead_own(rank_t *k, const rctx_t *x)
     }
 }
 
+/* ------------------------------------------------------------------ fit */
+
+/* where the catalog says a remedy can help at all (remedies.def, `applies`), read on the evidence */
+static bool applies(const rctx_t *x, int ap)
+{
+    return !((ap & AP_TRAINING) && x->trains == -1) && !((ap & AP_NOT_TRAINING) && x->trains == 1) &&
+           !((ap & AP_ACTIVATIONS) && no_activations(x)) && !((ap & AP_BACKWARD) && x->grad == -1);
+}
+
+/* every remedy, whatever brought it: one the evidence rules out (its `applies`), or whose own estimate
+ * is a measured nothing while bytes are missing (its text would say it cannot help), is not listed; one
+ * whose own estimate cannot cover the shortfall never leads (tier 3, after all that can or may) */
+static void fit(rank_t *k, const rctx_t *x)
+{
+    double need = (double)x->shortfall;
+    for (int i = 0; i < R_COUNT; i++) {
+        if (!k->want[i])
+            continue;
+        if (!applies(x, og_remedy_catalog[i].applies) || (need > 0 && k->cover[i] == 0))
+            k->want[i] = false;
+        else if (need > 0 && k->cover[i] >= 0 && k->cover[i] < need)
+            k->tier[i] = 3;
+    }
+}
+
 /* ------------------------------------------------------------------ entry */
 
 void og_select_remedies(og_record_t *rec)
@@ -614,6 +755,7 @@ void og_select_remedies(og_record_t *rec)
     estimate(&k, &x);
     lead_own(&k, &x);
     APPLY(&k, &x, lead);
+    fit(&k, &x);
 
     int list[R_COUNT], n = 0;
     for (int i = 0; i < R_COUNT; i++)
@@ -627,8 +769,8 @@ void og_select_remedies(og_record_t *rec)
         }
         list[j + 1] = v;
     }
-    /* never lead with inference mode unless the job is known to be inference */
-    if (n > 1 && list[0] == R_INFERENCE && !known_inference(&x)) {
+    /* never lead with inference mode unless the job is known to be inference or evaluated with autograd on */
+    if (n > 1 && list[0] == R_INFERENCE && !known_inference(&x) && !evaluation_autograd_on(&x)) {
         list[0] = list[1];
         list[1] = R_INFERENCE;
     }

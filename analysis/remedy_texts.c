@@ -110,6 +110,14 @@ void og_remedy_context(rctx_t *x, og_record_t *rec)
     x->grad = a->grad;
     x->training = a->training;
     x->autocast = a->autocast;
+    /* the job trains when an optimizer step ran, the roles hold gradients or optimizer state, or the
+     * failing stack was in backward or a step; known inference only from the adapter's word */
+    const og_role_facts_t *ro = &f->roles;
+    if (a->training == 1 || (ro->known && (ro->grads || ro->opt)) || f->phase == OG_JP_backward ||
+        f->phase == OG_JP_optimizer_step)
+        x->trains = 1;
+    else if (a->training == -1)
+        x->trains = -1;
     x->fw = a->fw;
     x->fwname = fw_display(x->fw);
     x->cc_known = a->cc_known;
@@ -1400,8 +1408,130 @@ static bool b_eight_bit_optimizer(const rctx_t *x, og_remedy_t *r)
         "bnb.optim.PagedAdamW8bit",
         pt(x));
     how(r, "Hugging Face Trainer: TrainingArguments(optim=\"adamw_bnb_8bit\")   # or \"paged_adamw_8bit\"");
-    how(r, "peft: model = get_peft_model(model, LoraConfig(r=16, target_modules=[...]))   # state for the adapters "
-           "only");
+    how(r,
+        "%soptimizer = torch.optim.Adafactor(model.parameters(), lr=lr)   # or SGD: less state than Adam's two "
+        "moments",
+        pt(x));
+    return true;
+}
+
+static bool b_lora(const rctx_t *x, og_remedy_t *r)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    why(r, "Every trained parameter (%s of them here) brings its gradient", og_hb((double)ro->params).s);
+    if (ro->grads || ro->opt)
+        why(r, " and its optimizer state (%s of gradients, %s of optimizer state measured)", og_hb((double)ro->grads).s,
+            og_hb((double)ro->opt).s);
+    else if (x->f->phase == OG_JP_optimizer_step)
+        why(r, " and its optimizer state, which the first step is creating now");
+    why(r, ". LoRA freezes the weights and trains small low-rank adapters (about 1%% of the parameters): the "
+           "gradients and the optimizer state nearly vanish; QLoRA also keeps the frozen weights in 4-bit.");
+    how(r, "peft: model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=[\"q_proj\", "
+           "\"v_proj\"]))");
+    how(r, "optimizer = torch.optim.AdamW((p for p in model.parameters() if p.requires_grad), lr=lr)   # the "
+           "adapters only");
+    how(r, "QLoRA: from_pretrained(name, quantization_config=BitsAndBytesConfig(load_in_4bit=True)), then "
+           "prepare_model_for_kbit_training(model) and the LoRA config above");
+    return true;
+}
+
+/* "(update_ema at ema.py:40)" from the holder the running code keeps, or "" */
+static void update_site(const rctx_t *x, char *buf, size_t n)
+{
+    const og_roles_t *ro = &x->rec->memory.fw.roles;
+    int nh = ro->nholders < 0 ? 0 : ro->nholders > 8 ? 8 : ro->nholders;
+    buf[0] = 0;
+    for (int i = 0; i < nh && !buf[0]; i++) {
+        char where[sizeof ro->holders[0].where];
+        og_cpy(where, sizeof where, ro->holders[i].where, sizeof where);
+        if (strncmp(where, "local in ", 9) == 0)
+            og_fmt(buf, n, " (%s)", where + 9);
+    }
+}
+
+static bool b_in_place_update(const rctx_t *x, og_remedy_t *r)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    char site[200];
+    update_site(x, site, sizeof site);
+    why(r,
+        "With autograd off after the optimizer's steps the running code%s holds %s, more than one copy of the "
+        "%s of weights: an update written out of place (ema = decay * ema + (1 - decay) * p, "
+        "torch._foreach_mul) makes a new tensor for every one it replaces. Updated in place, the copy it "
+        "updates is the only one.",
+        site, og_hb((double)ro->working).s, og_hb((double)ro->params).s);
+    how(r, "%storch._foreach_lerp_(ema_params, model_params, 1 - decay)   # in place, under torch.no_grad()", pt(x));
+    how(r, "%sfor e, p in zip(ema_params, model_params): e.mul_(decay).add_(p, alpha=1 - decay)", pt(x));
+    how(r,
+        "%storch.optim.swa_utils.AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay))   # in-place "
+        "EMA",
+        pt(x));
+    return true;
+}
+
+static bool b_ema_on_cpu(const rctx_t *x, og_remedy_t *r)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    char site[200];
+    update_site(x, site, sizeof site);
+    why(r,
+        "Autograd was off in a training job outside the optimizer's step, and the running code%s holds %s: a "
+        "copy of the %s of weights (an EMA, an averaged or best model) is being made or updated on the GPU "
+        "beside the weights, gradients and optimizer state. Kept in host memory it costs no GPU memory; "
+        "updating it every few steps spreads the copy.",
+        site, og_hb((double)ro->working).s, og_hb((double)ro->params).s);
+    how(r,
+        "%sema = {k: v.detach().to(\"cpu\", copy=True) for k, v in model.state_dict().items()}   # the "
+        "copy in host memory",
+        pt(x));
+    how(r,
+        "%sif step %% N == 0: [e.lerp_(p.detach().cpu(), 1 - decay ** N) for e, p in zip(ema.values(), "
+        "model.state_dict().values())]",
+        pt(x));
+    how(r, "timm: ModelEmaV3(model, decay=0.9999, device=\"cpu\")   # or Lightning's EMA with cpu_offload");
+    return true;
+}
+
+static bool b_snapshot_to_cpu(const rctx_t *x, og_remedy_t *r)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    char site[200];
+    update_site(x, site, sizeof site);
+    why(r,
+        "Outside the training step the running code%s holds %s, at least a copy of the %s of weights: a "
+        "snapshot of the model and optimizer state (the best model so far) made on the GPU beside what it "
+        "copies. A one-off copy, not a leak: in host memory or on disk it takes nothing on the card.",
+        site, og_hb((double)ro->working).s, og_hb((double)ro->params).s);
+    how(r, "%sbest = {k: v.detach().to(\"cpu\", copy=True) for k, v in model.state_dict().items()}", pt(x));
+    how(r,
+        "%storch.save({\"model\": model.state_dict(), \"optim\": optimizer.state_dict()}, \"best.pt\")   # "
+        "reload with map_location=\"cpu\" at the end",
+        pt(x));
+    how(r, "Do not deepcopy optimizer.state_dict() on the GPU: its moments are twice the weights (Adam).");
+    return true;
+}
+
+static bool b_smaller_kv_cache(const rctx_t *x, og_remedy_t *r)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    char lb[160] = "";
+    const char *label = NULL;
+    if (ro->kv >= 0) {
+        const og_role_holder_t *h = &x->rec->memory.fw.roles.holders[ro->kv];
+        og_cpy(lb, sizeof lb, h->label[0] ? h->label : h->name, sizeof h->label);
+        label = lb[0] ? lb : NULL;
+    }
+    why(r,
+        "%s holds %s, reserved up front and kept across calls, and the running code could not get %s beside "
+        "it: a KV cache preallocated for the largest batch and length the server allows takes the memory that "
+        "each request's own tensors need. Its size is a setting: half the maximum batch or length halves it.",
+        label ? label : "A KV cache", og_hb((double)ro->kv_bytes).s, og_hb((double)x->req).s);
+    how(r,
+        "%sStaticCache(config=model.config, max_batch_size=B / 2, max_cache_len=L)   # or a smaller "
+        "max_cache_len",
+        pt(x));
+    how(r, "vLLM: --gpu-memory-utilization 0.8 --max-num-seqs N --max-model-len L   # a smaller KV cache");
+    how(r, "Text Generation Inference: --max-batch-total-tokens N");
     return true;
 }
 
@@ -1470,7 +1600,8 @@ static bool b_nccl_buffsize(const rctx_t *x, og_remedy_t *r)
 /* ------------------------------------------------------------------ the catalog */
 
 const og_remedy_def_t og_remedy_catalog[R_COUNT] = {
-#define X(name, id, order, build, title, saving, cost) [R_##name] = { id, title, saving, cost, order, build },
+#define X(name, id, order, build, applies, title, saving, cost) \
+    [R_##name] = { id, title, saving, cost, order, applies, build },
 #include "remedies.def"
 #undef X
 };

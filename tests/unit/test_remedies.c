@@ -50,12 +50,19 @@ static const char *const ALL_IDS[] = {
     "fewer_graph_shapes",
     "bounded_cache",
     "eight_bit_optimizer",
+    "lora",
+    "in_place_update",
+    "ema_on_cpu",
+    "smaller_kv_cache",
+    "snapshot_to_cpu",
 };
 
 /* the remedies chosen by role and phase: none without the Python adapter's roles and phase */
 static const char *const ROLE_PHASE_IDS[] = {
-    "retry_outside_except", "map_location_cpu",   "load_in_bf16",  "reuse_process_groups",
-    "nccl_buffsize",        "fewer_graph_shapes", "bounded_cache", "eight_bit_optimizer",
+    "retry_outside_except", "map_location_cpu",    "load_in_bf16",
+    "reuse_process_groups", "nccl_buffsize",       "fewer_graph_shapes",
+    "bounded_cache",        "eight_bit_optimizer", "lora",
+    "in_place_update",      "ema_on_cpu",          "smaller_kv_cache",
 };
 
 static og_record_t *base(void) { return fixture_pytorch_24g("libtorch_cuda.so,libc10_cuda.so"); }
@@ -1090,10 +1097,248 @@ static void larger_inference_caps_the_input(void **state)
     r->event.requested_bytes = 40 * GiB;
     fixture_adapter(r, 20 * GiB, 20 * GiB, 0);
     r->memory.fw.grad_enabled = -1;
+    fixture_phase(r, "evaluation", "/srv/serve.py", "forward");
     run_primary(r, "does_not_fit");
     assert_string_equal(r->remedies[0].id, "shorter_sequences");
     assert_true(rank_of(r, "flash_attention") > 0);
     assert_true(rank_of(r, "split_operation") > 0);
+    free(r);
+    /* nothing says it is a model's input (no forward frame, no KV cache): a score matrix; split it */
+    r = base();
+    r->event.requested_bytes = 40 * GiB;
+    fixture_adapter(r, 20 * GiB, 20 * GiB, 0);
+    r->memory.fw.grad_enabled = -1;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "split_operation");
+    assert_true(rank_of(r, "shorter_sequences") == 0 || rank_of(r, "shorter_sequences") > 3);
+    free(r);
+}
+
+/* where a remedy can help at all is the catalog's (`applies`), read on the evidence, for every remedy: a
+ * full fine-tune whose optimizer state did not fit gets no weight quantization (inference or QLoRA only:
+ * that is `lora`); a job not known to train keeps it */
+static void applies_by_job(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 8 * GiB, 0, 6 * GiB, 0, 0, 0);
+    fixture_optimizer(r, "AdamW", 6 * GiB);
+    fixture_phase(r, "optimizer_step", "/usr/lib/python3/dist-packages/torch/optim/adamw.py", "_init_group");
+    r->memory.fw.grad_enabled = -1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "quantization"), 0);
+    assert_true(rank_of(r, "lora") > 0 && rank_of(r, "lora") <= 3);
+    assert_non_null(strstr(rem(r, "lora")->why, "6.00 GiB of optimizer state"));
+    free(r);
+    /* the same weights, nothing says the job trains: quantization stays, LoRA is not offered */
+    r = base();
+    fixture_roles(r, 20 * GiB, 0, 0, 0, 0, 0);
+    run_primary(r, "does_not_fit");
+    assert_true(rank_of(r, "quantization") > 0);
+    assert_int_equal(rank_of(r, "lora"), 0);
+    free(r);
+    /* known inference (the adapter's training -1) with autograd off: nothing kept for backward, no optimizer */
+    r = dnf();
+    fixture_adapter(r, 20 * GiB, 20 * GiB - 300 * MiB, 0);
+    r->memory.fw.training = -1;
+    r->memory.fw.grad_enabled = -1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "gradient_checkpointing"), 0);
+    assert_int_equal(rank_of(r, "eight_bit_optimizer"), 0);
+    assert_true(rank_of(r, "quantization") > 0);
+    free(r);
+}
+
+/* a remedy whose own estimate is a measured nothing is not listed (its text would say it cannot help):
+ * no cache to release when the adapter measured none */
+static void measured_nothing_not_listed(void **state)
+{
+    og_record_t *r = base();
+    r->event.requested_bytes = 8 * GiB;
+    fixture_adapter(r, 22 * GiB, 22 * GiB, 0);
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "empty_cache"), 0);
+    assert_true(rank_of(r, "smaller_batch") > 0);
+    free(r);
+}
+
+/* weights updated outside the optimizer with autograd off in a training job (an EMA): in place first when
+ * the running code holds more than one copy of the weights; the copy on the CPU; no activation remedy */
+static void weights_update_outside_the_step(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 4 * GiB, 4 * GiB, 8 * GiB, 0, 7 * GiB + 512 * MiB, 0);
+    fixture_optimizer(r, "AdamW", 8 * GiB);
+    fixture_holder(r, "tensors", "list", "local in _foreach_mul (ema.py:49)", 4 * GiB);
+    fixture_holder(r, "out", "list", "local in _foreach_mul (ema.py:49)", 3 * GiB + 512 * MiB);
+    r->memory.fw.grad_enabled = -1;
+    r->memory.fw.training = 1;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "in_place_update");
+    assert_non_null(strstr(r->remedies[0].why, "_foreach_mul (ema.py:49)"));
+    assert_int_equal(rank_of(r, "ema_on_cpu"), 2);
+    const char *none[] = { "smaller_batch",     "mixed_precision", "gradient_checkpointing",
+                           "shorter_sequences", "flash_attention", "inference_mode",
+                           "quantization" };
+    for (size_t i = 0; i < sizeof none / sizeof *none; i++)
+        assert_int_equal(rank_of(r, none[i]), 0);
+    free(r);
+    /* the copy being made (a lazy deepcopy): less than one copy held, nothing to update in place */
+    r = base();
+    fixture_roles(r, 5 * GiB, 0, 10 * GiB, 0, 8 * GiB, 0);
+    fixture_optimizer(r, "AdamW", 10 * GiB);
+    fixture_holder(r, "grads", "list", "global in train.py", 5 * GiB);
+    fixture_holder(r, "got", "list", "local in deepcopy (copy.py:172)", 3 * GiB);
+    r->memory.fw.grad_enabled = -1;
+    r->memory.fw.training = 1;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "ema_on_cpu");
+    assert_int_equal(rank_of(r, "in_place_update"), 0);
+    free(r);
+    /* the same memory in a validation pass (the adapter read evaluation from the stack): the batch */
+    r = base();
+    fixture_roles(r, 5 * GiB, 0, 10 * GiB, 0, 8 * GiB, 0);
+    fixture_holder(r, "got", "list", "local in evaluate (train.py:90)", 3 * GiB);
+    fixture_phase(r, "evaluation", "/srv/train.py", "evaluate");
+    r->memory.fw.grad_enabled = -1;
+    r->memory.fw.training = 1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "ema_on_cpu"), 0);
+    assert_true(rank_of(r, "smaller_batch") > 0);
+    free(r);
+}
+
+/* the holder's purpose as the adapter reads it from its name or class (common/purposes.def) */
+static void fixture_purpose(og_record_t *r, const char *purpose)
+{
+    og_roles_t *ro = &r->memory.fw.roles;
+    snprintf(ro->holders[ro->nholders - 1].purpose, sizeof ro->holders[0].purpose, "%s", purpose);
+}
+
+/* a KV cache reserved up front by a server (the adapter's purpose kv_cache): make it smaller, first; a
+ * global kept for another purpose (or none) is not a KV cache */
+static void kv_cache_reserved_first(void **state)
+{
+    const char *names[][3] = { { "kv", "list", "kv_cache" },
+                               { "self.past_key_values", "tuple", "kv_cache" },
+                               { "engine.cache", "StaticCache", "kv_cache" },
+                               { "embeddings", "list", "" },
+                               { "lookup", "dict", "cache" } };
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        og_record_t *r = base();
+        fixture_roles(r, 8 * GiB, 0, 0, 0, 15 * GiB + 512 * MiB, 0);
+        fixture_holder(r, names[i][0], names[i][1], "global in serve.py", 15 * GiB);
+        fixture_purpose(r, names[i][2]);
+        fixture_holder(r, "got", "list", "local in prefill (serve.py:25)", 512 * MiB);
+        r->memory.fw.grad_enabled = -1;
+        run_primary(r, "does_not_fit");
+        if (i < 3) {
+            assert_string_equal(r->remedies[0].id, "smaller_kv_cache");
+            assert_non_null(strstr(r->remedies[0].why, names[i][0]));
+        } else
+            assert_int_equal(rank_of(r, "smaller_kv_cache"), 0);
+        free(r);
+    }
+    /* CUDA graphs' pools larger than the cache: capturing fewer shapes is the bigger lever and leads */
+    og_record_t *r = base();
+    fixture_roles(r, 0, 0, 0, 9 * GiB, 14 * GiB + 512 * MiB, 0);
+    r->memory.fw.private_pool_bytes = 9 * GiB;
+    fixture_holder(r, "weights", "list", "global in serve.py", 8 * GiB);
+    fixture_holder(r, "kv", "list", "global in serve.py", 6 * GiB);
+    fixture_purpose(r, "kv_cache");
+    r->memory.fw.grad_enabled = -1;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "fewer_graph_shapes");
+    assert_true(rank_of(r, "smaller_kv_cache") > 1);
+    free(r);
+}
+
+/* a snapshot of the training state (deepcopy of state_dicts) made on the GPU with autograd on, outside
+ * any step: keep it on the CPU or on disk, first; no activation remedy */
+static void state_snapshot_first(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 4 * GiB, 4 * GiB, 8 * GiB, 0, 7 * GiB + 512 * MiB, 0);
+    fixture_optimizer(r, "AdamW", 8 * GiB);
+    fixture_holder(r, "best", "dict", "local in main (train.py:74)", 4 * GiB);
+    fixture_holder(r, "out", "list", "local in deepcopy_state (train.py:50)", 3 * GiB + 512 * MiB);
+    r->memory.fw.grad_enabled = 1;
+    r->memory.fw.training = 1;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "snapshot_to_cpu");
+    assert_int_equal(rank_of(r, "ema_on_cpu"), 0);
+    assert_int_equal(rank_of(r, "smaller_batch"), 0);
+    assert_int_equal(rank_of(r, "mixed_precision"), 0);
+    free(r);
+    /* less than one copy of the weights held by the running code: not a snapshot of the state */
+    r = base();
+    fixture_roles(r, 8 * GiB, 4 * GiB, 8 * GiB, 0, 3 * GiB, 0);
+    fixture_holder(r, "got", "list", "local in step (train.py:50)", 3 * GiB);
+    r->memory.fw.grad_enabled = 1;
+    r->memory.fw.training = 1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "snapshot_to_cpu"), 0);
+    free(r);
+}
+
+/* an evaluation with autograd on inside a training job: every activation kept for a backward that never
+ * comes; no_grad / inference_mode first, though the job trains */
+static void evaluation_with_autograd_on(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 1 * GiB, 1 * GiB, 2 * GiB, 0, 0, 18 * GiB);
+    fixture_optimizer(r, "AdamW", 2 * GiB);
+    fixture_phase(r, "evaluation", "/srv/train.py", "evaluate");
+    r->memory.fw.grad_enabled = 1;
+    r->memory.fw.training = 1;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "inference_mode");
+    free(r);
+    /* the same in a forward pass of training: not offered */
+    r = base();
+    fixture_roles(r, 1 * GiB, 1 * GiB, 2 * GiB, 0, 0, 18 * GiB);
+    fixture_phase(r, "forward", "/srv/model.py", "forward");
+    r->memory.fw.grad_enabled = 1;
+    r->memory.fw.training = 1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "inference_mode"), 0);
+    free(r);
+}
+
+/* a refusal by the framework's own cap where the device itself has no room for the request: raising the
+ * cap cannot make it fit, so it does not lead */
+static void cap_without_room_not_first(void **state)
+{
+    og_record_t *r = base();
+    fixture_adapter(r, 5 * GiB, 5 * GiB, OG_UNKNOWN);
+    r->memory.fw.internal_oom = true;
+    r->memory.fw.cap_bytes = 10 * GiB + 800 * MiB;
+    strcpy(r->memory.fw.framework, "pytorch");
+    strcpy(r->memory.fw.cap_source, "torch.cuda.set_per_process_memory_fraction(0.45)");
+    r->memory.fw.grad_enabled = -1;
+    r->event.requested_bytes = 8 * GiB;
+    r->device.free_bytes = 6 * GiB;
+    run_primary(r, "framework_cap");
+    assert_string_not_equal(r->remedies[0].id, "raise_framework_cap");
+    assert_true(rank_of(r, "raise_framework_cap") == 0 || rank_of(r, "raise_framework_cap") > 3);
+    /* room on the device: raising the cap is the first fix */
+    r->device.free_bytes = 12 * GiB;
+    run_primary(r, "framework_cap");
+    assert_string_equal(r->remedies[0].id, "raise_framework_cap");
+    free(r);
+}
+
+/* another user's process holds the memory (NVML listed it) and this process's cache was measured: a
+ * restart of this process sheds nothing the others hold, so it is not listed */
+static void foreign_no_restart_of_this_process(void **state)
+{
+    og_record_t *r = base();
+    r->memory.process_tracked_bytes = 6 * GiB;
+    r->memory.framework_bytes = 6 * GiB;
+    fixture_adapter(r, 6 * GiB, 6 * GiB - 2 * MiB, OG_UNKNOWN);
+    fixture_other(r, 48213, "python3", 17 * GiB);
+    run_primary(r, "foreign_memory");
+    assert_string_equal(r->remedies[0].id, "foreign_processes");
+    assert_int_equal(rank_of(r, "restart_process"), 0);
     free(r);
 }
 
@@ -1230,6 +1475,14 @@ int main(void)
         cmocka_unit_test(nccl_growth),
         cmocka_unit_test(one_batch_peak_caps_the_length),
         cmocka_unit_test(larger_inference_caps_the_input),
+        cmocka_unit_test(applies_by_job),
+        cmocka_unit_test(measured_nothing_not_listed),
+        cmocka_unit_test(weights_update_outside_the_step),
+        cmocka_unit_test(kv_cache_reserved_first),
+        cmocka_unit_test(state_snapshot_first),
+        cmocka_unit_test(evaluation_with_autograd_on),
+        cmocka_unit_test(cap_without_room_not_first),
+        cmocka_unit_test(foreign_no_restart_of_this_process),
         cmocka_unit_test(one_id_per_remedy),
         cmocka_unit_test(docs_list_the_ranking_rows),
         cmocka_unit_test(docs_list_the_causes),
