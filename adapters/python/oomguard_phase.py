@@ -10,7 +10,8 @@ the match of highest priority decides, the innermost among equals, and that fram
   * the failing thread has no frame of its own (PyTorch's autograd engine threads run backward
     with no Python frames): the thread that called backward() decides, found in
     sys._current_frames();
-after it, one flag: a forward pass with autograd off is an evaluation.  When no frame matches, the
+after it, two flags: a forward pass with autograd off is an evaluation, and so is one with autograd on
+whose every module on the stack is in eval mode (model.eval(): a validation pass that forgot no_grad).  When no frame matches, the
 failing statement (statement(): the name it assigns to, the names it reads) may say what it builds:
 PURPOSE_PHASES maps the purpose of those names (a checkpoint, an average of the weights) to a phase.
 No Python stack at all: unknown (None).  Python 3.9+, standard library only; never raises.
@@ -185,6 +186,8 @@ def detect(frame, grad_enabled=0, exc=None, package_dir=None, stmt=None):
             return None, None, "no frame of the stack matches a phase pattern"
         if phase == "forward" and grad_enabled < 0:
             return "evaluation", _where(at), "stack and autograd off"
+        if phase == "forward" and grad_enabled > 0 and _eval_mode(frames):
+            return "evaluation", _where(at), "stack and the model in eval mode"
         return phase, _where(at), "stack"
     except Exception as e:
         return None, None, "phase not read: %s" % type(e).__name__
@@ -281,6 +284,29 @@ def _where(f):
     if f is None:
         return None
     return (f.f_code.co_filename, int(f.f_lineno or 0), f.f_code.co_name)
+
+
+def _eval_mode(frames):
+    """Every module whose forward is on the stack (a frame named forward whose `self` has a bool
+    `training`) is in eval mode, and there is one: the outermost model decides too, so a frozen
+    submodule in eval mode inside a training model's forward is not an evaluation.  The frames' locals
+    are read without leaving them behind (oomguard_roles._frame_locals).  Never raises."""
+    try:
+        from oomguard_roles import _frame_locals
+        n = 0
+        for f in frames:
+            code = f.f_code
+            if code.co_name != "forward" or not code.co_argcount or code.co_varnames[0] != "self":
+                continue
+            t = getattr(dict(_frame_locals(f)).get("self"), "training", None)
+            if not isinstance(t, bool):
+                continue
+            if t:
+                return False
+            n += 1
+        return n > 0
+    except Exception:
+        return False
 
 
 def oomguard_roles_purpose(name):

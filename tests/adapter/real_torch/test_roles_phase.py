@@ -356,6 +356,33 @@ def t_phase_eval_flag():
     assert got[0][0] == "evaluation" and got[0][2] == "stack and autograd off", got
 
 
+def t_phase_eval_mode():
+    """model.eval() with autograd on: an evaluation that forgot no_grad; a frozen submodule in eval mode
+    inside a training model's forward is still a forward."""
+    got = []
+
+    class Inner(torch.nn.Module):
+        def forward(self, x):
+            got.append(oomguard_phase.detect(sys._getframe(), 1))
+            return x
+
+    class Outer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Inner()
+
+        def forward(self, x):
+            return self.inner(x)
+    m = Outer()
+    m.eval()
+    m(torch.zeros(1))
+    assert got[0][0] == "evaluation" and got[0][2] == "stack and the model in eval mode", got
+    m.train()
+    m.inner.eval()
+    m(torch.zeros(1))
+    assert got[1][0] == "forward" and got[1][2] == "stack", got
+
+
 def t_phase_backward():
     got, other = [], []
     x = torch.ones(3, requires_grad=True)
@@ -451,6 +478,8 @@ if not STAND_IN:
           t_real_step)
     check("phase forward: PyTorch's _call_impl (a pre-hook) and the module's forward", t_phase_forward)
     check("phase evaluation: a forward pass with autograd off", t_phase_eval_flag)
+    check("phase evaluation: model.eval() with autograd on; a frozen submodule in a training forward is not",
+          t_phase_eval_mode)
     check("phase backward: a hook inside PyTorch's backward; a frameless thread finds the caller", t_phase_backward)
     check("phase optimizer_step: inside AdamW.step (a closure)", t_phase_step)
     check("phase loading: torch.load (map_location), load_state_dict, Module.to", t_phase_loading)
