@@ -271,6 +271,15 @@ static bool kv_cache_lead(const rctx_t *x)
 {
     return kv_cache_reserved(x) && roles_of(x)->kv_bytes >= graph_pool_bytes(x);
 }
+/* a frozen model (a teacher) in a job that runs with autograd on: the adapter's purpose `teacher` for a
+ * holder, or a model none of whose parameters requires grad (roles.models), and autograd on at the
+ * failure: its forward keeps activations for a backward that never reaches its weights */
+static bool frozen_model_autograd_on(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && x->grad == 1 && (ro->purpose_bytes[OG_PURPOSE_teacher] || ro->frozen_models) &&
+           !own_fix_covers(x) && !x->larger_than_device;
+}
 /* gradients and optimizer state measured (or about to be made at the first step) for the parameters of
  * a training job: training fewer of them shrinks both */
 static bool trains_all_parameters(const rctx_t *x)
@@ -379,6 +388,9 @@ static const og_rank_row_t bring[] = {
     { "state_snapshot", state_snapshot, WANT, 0, 0, REMS(R_SNAPSHOT_CPU),
       "as weights_update, locals >= parameters, autograd on or a dict among the locals",
       "best_state_gpu_deepcopy (blind)" },
+    { "frozen_model_autograd_on", frozen_model_autograd_on, WANT, 0, 0, REMS(R_TEACHER_NO_GRAD),
+      "roles: a holder of purpose teacher or a frozen model, adapter: grad_enabled on",
+      "distill_teacher_grad (blind)" },
     { "kv_cache_reserved", kv_cache_reserved, WANT, 0, 0, REMS(R_SMALLER_KV),
       "not training, autograd off, not growth, roles: a kept holder is a KV cache >= shortfall and > the locals",
       "static_kv_cache_prealloc (blind)" },
@@ -518,6 +530,8 @@ static const og_rank_row_t lead[] = {
       "ema_lazy_shadow, ema_foreach_temporaries (blind)" },
     { "state_snapshot_lead", state_snapshot, LEAD_COVERS, -23, 0, REMS(R_SNAPSHOT_CPU), "as state_snapshot",
       "best_state_gpu_deepcopy (blind)" },
+    { "frozen_model_lead", frozen_model_autograd_on, LEAD_COVERS, -24, 0, REMS(R_TEACHER_NO_GRAD),
+      "as frozen_model_autograd_on", "distill_teacher_grad (blind)" },
     { "kv_cache_lead", kv_cache_lead, LEAD_COVERS, -22, 0, REMS(R_SMALLER_KV),
       "as kv_cache_reserved, the cache >= the graph pools", "static_kv_cache_prealloc, cuda_graph_shapes (blind)" },
     { "bounded_cache_lead", growth_in_a_cache_primary, LEAD_COVERS, -22, 0, REMS(R_BOUNDED_CACHE),

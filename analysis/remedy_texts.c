@@ -1492,6 +1492,21 @@ static bool b_ema_on_cpu(const rctx_t *x, og_remedy_t *r)
     return true;
 }
 
+static bool b_teacher_no_grad(const rctx_t *x, og_remedy_t *r)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    uint64_t frozen = ro->purpose_bytes[OG_PURPOSE_teacher] ? ro->purpose_bytes[OG_PURPOSE_teacher] : ro->frozen_models;
+    why(r,
+        "Autograd was on at the failure while a frozen model (a teacher, a reference model: %s) is part of the "
+        "job. Run with autograd on, its forward keeps every activation for a backward that never reaches its "
+        "weights; under torch.no_grad() each layer's activations are freed as the next one runs.",
+        og_hb((double)frozen).s);
+    how(r, "%swith torch.no_grad(): t_out = teacher(batch)   # or torch.inference_mode(); then the student", pt(x));
+    how(r, "%steacher.eval(); teacher.requires_grad_(False)   # frozen weights keep no gradients either", pt(x));
+    how(r, "A loss on the teacher's features needs no graph through the teacher: t_out.detach() is enough.");
+    return true;
+}
+
 static bool b_snapshot_to_cpu(const rctx_t *x, og_remedy_t *r)
 {
     const og_role_facts_t *ro = &x->f->roles;

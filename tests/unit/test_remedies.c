@@ -55,6 +55,7 @@ static const char *const ALL_IDS[] = {
     "ema_on_cpu",
     "smaller_kv_cache",
     "snapshot_to_cpu",
+    "teacher_no_grad",
 };
 
 /* the remedies chosen by role and phase: none without the Python adapter's roles and phase */
@@ -63,6 +64,7 @@ static const char *const ROLE_PHASE_IDS[] = {
     "reuse_process_groups", "nccl_buffsize",       "fewer_graph_shapes",
     "bounded_cache",        "eight_bit_optimizer", "lora",
     "in_place_update",      "ema_on_cpu",          "smaller_kv_cache",
+    "snapshot_to_cpu",      "teacher_no_grad",
 };
 
 static og_record_t *base(void) { return fixture_pytorch_24g("libtorch_cuda.so,libc10_cuda.so"); }
@@ -1304,6 +1306,25 @@ static void evaluation_with_autograd_on(void **state)
     free(r);
 }
 
+/* a frozen teacher in a training job with autograd on: run it under no_grad, first; autograd off: not offered */
+static void teacher_with_autograd_on(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 0, 0, 0, 0, 23 * GiB + 512 * MiB, 0);
+    fixture_holder(r, "student", "list", "global in distill.py", 8 * GiB);
+    fixture_holder(r, "teacher", "list", "global in distill.py", 6 * GiB);
+    fixture_purpose(r, "teacher");
+    fixture_holder(r, "t_acts", "list", "global in distill.py", 6 * GiB);
+    r->memory.fw.grad_enabled = 1;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "teacher_no_grad");
+    assert_non_null(strstr(r->remedies[0].why, "6.00 GiB"));
+    r->memory.fw.grad_enabled = -1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "teacher_no_grad"), 0);
+    free(r);
+}
+
 /* a refusal by the framework's own cap where the device itself has no room for the request: raising the
  * cap cannot make it fit, so it does not lead */
 static void cap_without_room_not_first(void **state)
@@ -1482,6 +1503,7 @@ int main(void)
         cmocka_unit_test(state_snapshot_first),
         cmocka_unit_test(evaluation_with_autograd_on),
         cmocka_unit_test(cap_without_room_not_first),
+        cmocka_unit_test(teacher_with_autograd_on),
         cmocka_unit_test(foreign_no_restart_of_this_process),
         cmocka_unit_test(one_id_per_remedy),
         cmocka_unit_test(docs_list_the_ranking_rows),
