@@ -977,18 +977,6 @@ static void caller_label(struct hx *h, const struct og_frame *f, int n)
     free(y);
 }
 
-/* A site whose native stack is Python code only (its "library" is the interpreter). */
-static int site_python_only(const struct og_site *s)
-{
-    struct og_sym *y = s->nframes > 0 ? calloc((size_t)s->nframes, sizeof *y) : NULL;
-    if (!y)
-        return 0;
-    og_stack_symbolize(s->frames, s->nframes, y);
-    int r = og_stack_python_only(y, s->nframes);
-    free(y);
-    return r;
-}
-
 static void sites(struct hx *h, int top)
 {
     const struct og_dump *d = h->d;
@@ -1017,7 +1005,7 @@ static void sites(struct hx *h, int top)
                      s->blocks >= 0 ? group_digits(s->blocks, g) : "-");
         esc(h, s->api ? s->api : "-", 40);
         og_sb_puts(h->b, "</td><td class=\"mono\">");
-        esc(h, site_python_only(s) ? "Python code" : s->library ? s->library : "-", 80);
+        esc(h, og_frames_python_only(s->frames, s->nframes) ? "Python code" : s->library ? s->library : "-", 80);
         og_sb_puts(h->b, "</td><td>");
         if (s->nframes) {
             /* Labelled with the caller: the runtime's and the allocator's own frames

@@ -512,18 +512,6 @@ static void frames(struct tx *t, const struct og_frame *f, int n, int max)
     free(y);
 }
 
-/* A site whose native stack is Python code only (its "library" is the interpreter). */
-static int site_python_only(const struct og_site *s)
-{
-    struct og_sym *y = s->nframes > 0 ? calloc((size_t)s->nframes, sizeof *y) : NULL;
-    if (!y)
-        return 0;
-    og_stack_symbolize(s->frames, s->nframes, y);
-    int r = og_stack_python_only(y, s->nframes);
-    free(y);
-    return r;
-}
-
 static void sites(struct tx *t, const struct og_dump *d, int top)
 {
     if (!d->nsites)
@@ -541,7 +529,11 @@ static void sites(struct tx *t, const struct og_dump *d, int top)
                      s->blocks >= 0 ? group_digits(s->blocks, g) : "-");
         cell(t, s->api, 16, 16);
         og_sb_putc(t->b, ' ');
-        sb_text(t->b, site_python_only(s) ? "Python code" : s->library ? s->library : "-", 80, 0);
+        sb_text(t->b,
+                og_frames_python_only(s->frames, s->nframes) ? "Python code"
+                : s->library                                 ? s->library
+                                                             : "-",
+                80, 0);
         og_sb_putc(t->b, '\n');
         frames(t, s->frames, s->nframes, TEXT_FRAMES);
     }

@@ -50,7 +50,10 @@ struct og_bytes og_shortfall(const struct og_dump *d);
 int64_t og_process_bytes(const struct og_dump *d);
 /* Counts for headlines. */
 const char *og_result_name(int64_t result);
-/* The failed call's native stack is Python code only (symbolize.h, og_stack_python_only). */
+/* A native stack of Python code only (symbolize.h, og_stack_python_only): its "library" is the
+ * interpreter.  0 when it cannot be told (no frames, no memory). */
+int og_frames_python_only(const struct og_frame *frames, int n);
+/* The failed call's native stack is Python code only. */
 int og_event_python_only(const struct og_dump *d);
 /* A Python job: a Python stack or python_sites, a framework adapter's report, or a native
  * stack of Python code only. */

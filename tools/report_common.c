@@ -182,16 +182,18 @@ void og_evidence_value(og_sb_t *b, const struct og_evidence *e, int html)
     }
 }
 
-int og_event_python_only(const struct og_dump *d)
+int og_frames_python_only(const struct og_frame *frames, int n)
 {
-    struct og_sym *y = d->event.nstack > 0 ? calloc((size_t)d->event.nstack, sizeof *y) : NULL;
+    struct og_sym *y = n > 0 ? calloc((size_t)n, sizeof *y) : NULL;
     if (!y)
         return 0;
-    og_stack_symbolize(d->event.stack, d->event.nstack, y);
-    int r = og_stack_python_only(y, d->event.nstack);
+    og_stack_symbolize(frames, n, y);
+    int r = og_stack_python_only(y, n);
     free(y);
     return r;
 }
+
+int og_event_python_only(const struct og_dump *d) { return og_frames_python_only(d->event.stack, d->event.nstack); }
 
 int og_python_job(const struct og_dump *d)
 {
