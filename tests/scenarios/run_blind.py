@@ -13,7 +13,8 @@ With --attainable, each case's dump is also edited to say what the expert said (
 first remedy, the required top 3, none of the forbidden ones; every number left as measured) and
 check.py must accept the edited copy: the expectation can be met by a dump of this very run.
 
-usage: run_blind.py [--attainable] [--set dev|validation] [NAME ...]    environment: as run_scenarios.py (B, PRELOAD, SCEN_KEEP)"""
+usage: run_blind.py [--attainable] [--set dev|validation] [--repeat N] [NAME ...]    environment: as run_scenarios.py (B, PRELOAD, SCEN_KEEP)"""
+import argparse
 import glob
 import json
 import os
@@ -111,47 +112,56 @@ def attainable(name, work, exp):
 
 
 def main():
-    want_attain = "--attainable" in sys.argv
-    sys.argv = [a for a in sys.argv if a != "--attainable"]
-    only_set = None
-    if "--set" in sys.argv:
-        i = sys.argv.index("--set")
-        only_set = sys.argv[i + 1] if i + 1 < len(sys.argv) else ""
-        if only_set not in ("dev", "validation"):
-            sys.exit("run_blind.py: --set takes dev or validation")
-        del sys.argv[i:i + 2]
-    names = sys.argv[1:] or sorted(os.path.basename(f)[:-5] for f in glob.glob(os.path.join(BLIND, "*.json")))
-    # --set dev lets a rule writer run the development cases without ever seeing a validation one
-    if only_set:
-        names = [n for n in names if json.load(open(os.path.join(BLIND, n + ".json"))).get("set", "dev") == only_set]
+    ap = argparse.ArgumentParser(description="Scores the diagnosis on the blind scenarios.")
+    ap.add_argument("--attainable", action="store_true", help="also check the expert's answer is attainable")
+    ap.add_argument("--set", choices=("dev", "validation"), dest="only_set",
+                    help="only this set (a rule writer runs --set dev and never sees a validation case)")
+    ap.add_argument("--repeat", type=int, default=1, metavar="N",
+                    help="run each case N times; the scores are the first run's, and a case whose primary or "
+                    "top 3 differs between runs is named (a rule that depends on timing)")
+    ap.add_argument("names", nargs="*")
+    a = ap.parse_args()
+    names = a.names or sorted(os.path.basename(f)[:-5] for f in glob.glob(os.path.join(BLIND, "*.json")))
+    if a.only_set:
+        names = [n for n in names if json.load(open(os.path.join(BLIND, n + ".json"))).get("set", "dev") == a.only_set]
     keep = os.environ.get("SCEN_KEEP")
     tmp = keep or tempfile.mkdtemp(prefix="oomguard-blind.")
     sets = {}
+    varies = []
     for name in names:
         case = json.load(open(os.path.join(BLIND, name + ".json")))
         exp = case.get("expect", {})
-        work = os.path.join(tmp, name)
-        shutil.rmtree(work, ignore_errors=True)
-        os.makedirs(work)
-        ok, detail, got = run_scenarios.run_case(name, case, "preload", work, cases_dir=BLIND)
-        d = final_dump(os.path.join(work, "dumps"), exp)
-        p_ok, f_ok, t_ok = score(d, exp)
-        s = case.get("set", "dev")
-        row = sets.setdefault(s, {"n": 0, "pass": 0, "primary": [0, 0], "first": [0, 0], "top3": [0, 0]})
-        row["n"] += 1
-        row["pass"] += ok
-        for k, v in (("primary", p_ok), ("first", f_ok), ("top3", t_ok)):
-            if v is not None:
-                row[k][0] += bool(v)
-                row[k][1] += 1
-        print("%s %s [%s] %s" % ("PASS" if ok else "FAIL", name, s, got or "no dump"))
-        for line in detail:
-            if line.startswith("FAIL"):
-                print("    " + line)
-        if want_attain:
-            a_ok, why = attainable(name, work, exp)
-            row["attain"] = row.get("attain", 0) + a_ok
-            print("    attainable: %s%s" % ("yes" if a_ok else "NO", "" if a_ok else " (" + why + ")"))
+        answers = []
+        for rep in range(max(1, a.repeat)):
+            work = os.path.join(tmp, name if rep == 0 else "%s.run%d" % (name, rep + 1))
+            shutil.rmtree(work, ignore_errors=True)
+            os.makedirs(work)
+            ok, detail, got = run_scenarios.run_case(name, case, "preload", work, cases_dir=BLIND)
+            d = final_dump(os.path.join(work, "dumps"), exp)
+            answers.append(None if d is None else (d["diagnosis"].get("primary"), [r["id"] for r in d["remedies"]][:3]))
+            if rep:
+                continue
+            p_ok, f_ok, t_ok = score(d, exp)
+            s = case.get("set", "dev")
+            row = sets.setdefault(s, {"n": 0, "pass": 0, "primary": [0, 0], "first": [0, 0], "top3": [0, 0]})
+            row["n"] += 1
+            row["pass"] += ok
+            for k, v in (("primary", p_ok), ("first", f_ok), ("top3", t_ok)):
+                if v is not None:
+                    row[k][0] += bool(v)
+                    row[k][1] += 1
+            print("%s %s [%s] %s" % ("PASS" if ok else "FAIL", name, s, got or "no dump"))
+            for line in detail:
+                if line.startswith("FAIL"):
+                    print("    " + line)
+            if a.attainable:
+                a_ok, why = attainable(name, work, exp)
+                row["attain"] = row.get("attain", 0) + a_ok
+                print("    attainable: %s%s" % ("yes" if a_ok else "NO", "" if a_ok else " (" + why + ")"))
+        if any(x != answers[0] for x in answers[1:]):
+            varies.append(name)
+            print("    VARIES over %d runs: %s" % (len(answers), "; ".join(
+                "no dump" if x is None else "%s %s" % (x[0], "/".join(x[1])) for x in answers)))
     print()
     parts = []
     for s in sorted(sets, key=lambda x: (x != "dev", x)):
@@ -159,8 +169,11 @@ def main():
         parts.append("%s: %d/%d primary right, %d/%d first remedy acceptable, %d/%d top-3 met (%d/%d cases pass)"
                      % (s, r["primary"][0], r["primary"][1], r["first"][0], r["first"][1], r["top3"][0], r["top3"][1],
                         r["pass"], r["n"]) + ("; %d/%d attainable" % (r.get("attain", 0), r["n"])
-                                              if want_attain else ""))
+                                              if a.attainable else ""))
     print("; ".join(parts))
+    if a.repeat > 1:
+        print("same answer in all %d runs: %d/%d cases%s" % (a.repeat, len(names) - len(varies), len(names),
+                                                          (" (varies: %s)" % ", ".join(varies)) if varies else ""))
     if not keep:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
