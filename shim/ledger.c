@@ -57,17 +57,35 @@ uint64_t og_now_ns(void)
 uint64_t og_start_ns(void) { return start_ns; }
 
 
-uint64_t og_ticks_to_ns(uint64_t ticks)
+/* Nanoseconds per tick, measured now over the process's life.  The tick counter and the clock
+ * are read as a pair, tick-clock-tick, and the pair with the least time between its two ticks of
+ * three is kept: a preemption between the reads would skew the rate, and with it every gap the
+ * history shows (the growth and load rules read those gaps).  One rate converts a whole copy, so
+ * events of different rings keep their order and their spacing. */
+double og_tick_rate(void)
+{
+    if (OG_TICKS_ARE_NS)
+        return 1.0;
+    uint64_t best = UINT64_MAX, now_t = 0, now_ns = 0;
+    for (int i = 0; i < 3; i++) {
+        uint64_t a = og_ticks(), ns = og_now_ns(), b = og_ticks();
+        if (b >= a && b - a < best)
+            best = b - a, now_t = a + (b - a) / 2, now_ns = ns;
+    }
+    return now_t > start_ticks + 1000000 && now_ns > start_ns
+               ? (double)(now_ns - start_ns) / (double)(now_t - start_ticks)
+               : 1.0 / 3.0; /* too early to tell: assume 3 GHz */
+}
+
+uint64_t og_ticks_to_ns_at(uint64_t ticks, double rate)
 {
     if (OG_TICKS_ARE_NS || !ticks)
         return ticks;
-    uint64_t now_t = og_ticks(), now_ns = og_now_ns();
-    double rate = now_t > start_ticks + 1000000 && now_ns > start_ns
-                      ? (double)(now_ns - start_ns) / (double)(now_t - start_ticks)
-                      : 1.0 / 3.0; /* too early to tell: assume 3 GHz */
     double rel = ((double)ticks - (double)start_ticks) * rate;
     return start_ns + (uint64_t)(rel > 0 ? rel : 0);
 }
+
+uint64_t og_ticks_to_ns(uint64_t ticks) { return og_ticks_to_ns_at(ticks, og_tick_rate()); }
 
 /* A lock taken by a reader that must not wait for good (the holder may have died holding it):
  * false after `ns` nanoseconds without it. */
@@ -194,9 +212,7 @@ static size_t ring_copy(ring_t *r, bool locked, og_history_event_t *out, size_t 
         memmove(out + start, out + start + drop, (n - start - drop) * sizeof *out);
         n -= drop;
     }
-    for (size_t i = start; i < n; i++) /* stamps to nanoseconds with no lock held */
-        out[i].t_ns = og_ticks_to_ns(out[i].t_ns);
-    return n;
+    return n; /* stamps still in ticks: og_history_copy converts them all with one rate */
 }
 
 static int cmp_event_t(const void *a, const void *b)
@@ -225,7 +241,10 @@ size_t og_history_copy(og_history_event_t *out, size_t max)
     n = ring_copy(&slow_ring, locked, out, n, max);
     if (locked)
         pthread_mutex_unlock(&slow_lock);
-    qsort(out, n, sizeof *out, cmp_event_t);
+    qsort(out, n, sizeof *out, cmp_event_t); /* by tick: the order they happened in */
+    double rate = og_tick_rate();            /* to nanoseconds with no lock held, all at one rate */
+    for (size_t i = 0; i < n; i++)
+        out[i].t_ns = og_ticks_to_ns_at(out[i].t_ns, rate);
     size_t keep = (size_t)og_opt.history < OG_DUMP_EVENTS ? (size_t)og_opt.history : OG_DUMP_EVENTS;
     if (n > keep) {
         memmove(out, out + (n - keep), keep * sizeof *out);
@@ -293,10 +312,11 @@ size_t og_samples_copy(int device, og_sample_raw_t *out, size_t max)
     og_ledger_dev_t *d = dev_of(device);
     if (!d)
         return 0;
+    double rate = og_tick_rate();
     pthread_mutex_lock(&d->sample_lock);
     size_t n = (size_t)d->nsamples < max ? (size_t)d->nsamples : max;
     for (size_t i = 0; i < n; i++) {
-        out[i].t_ns = og_ticks_to_ns(d->samples[i].t_ns);
+        out[i].t_ns = og_ticks_to_ns_at(d->samples[i].t_ns, rate);
         out[i].live = d->samples[i].live;
     }
     pthread_mutex_unlock(&d->sample_lock);
@@ -685,6 +705,7 @@ static bool reader_lock(shard_t *s)
 size_t og_ledger_foreach(og_block_fn fn, void *arg)
 {
     size_t n = 0;
+    double rate = og_tick_rate();
     for (int i = 0; i < SHARDS; i++) {
         shard_t *s = &og_shards[i];
         if (!reader_lock(s))
@@ -692,7 +713,8 @@ size_t og_ledger_foreach(og_block_fn fn, void *arg)
         for (og_block_t *b = s->slots; b <= s->slots + s->mask; b++) {
             if (!b->addr || (b->flags & OG_KIND_F_IPC))
                 continue; /* empty, or another process's allocation */
-            og_block_view_t v = { b->addr, b->size, og_ticks_to_ns(b->t_ns), b->site, b->device, b->kind, b->hook };
+            og_block_view_t v = { b->addr, b->size, og_ticks_to_ns_at(b->t_ns, rate), b->site, b->device,
+                                  b->kind, b->hook };
             fn(&v, arg);
             n++;
         }
@@ -850,6 +872,7 @@ void og_ledger_snapshot(int device, oomguard_device_stats_t *out, og_block_fn fn
         return;
     if (!atomic_load(&og_exiting))
         og_ledger_pools_refresh(device);
+    double rate = og_tick_rate(); /* before the locks: one clock read, not one per block */
     bool held[SHARDS];
     for (int i = 0; i < SHARDS; i++)
         held[i] = reader_lock(&og_shards[i]);
@@ -861,7 +884,8 @@ void og_ledger_snapshot(int device, oomguard_device_stats_t *out, og_block_fn fn
         for (og_block_t *b = s->slots; fn && b <= s->slots + s->mask; b++) {
             if (!b->addr || (b->flags & OG_KIND_F_IPC))
                 continue; /* empty, or another process's allocation */
-            og_block_view_t v = { b->addr, b->size, og_ticks_to_ns(b->t_ns), b->site, b->device, b->kind, b->hook };
+            og_block_view_t v = { b->addr, b->size, og_ticks_to_ns_at(b->t_ns, rate), b->site, b->device,
+                                  b->kind, b->hook };
             fn(&v, arg);
         }
     }

@@ -160,6 +160,9 @@ static inline uint64_t og_ticks(void) { return og_now_ns(); }
 #endif
 
 uint64_t og_ticks_to_ns(uint64_t ticks);
+/* The rate once (og_tick_rate), then many stamps at it: a copy of many stamps converts them alike. */
+double og_tick_rate(void);
+uint64_t og_ticks_to_ns_at(uint64_t ticks, double rate);
 /* tracked += delta; raise the peak when it is passed (ledger.c). */
 uint64_t og_tracked_add(og_ledger_dev_t *d, int64_t delta, uint64_t t);
 /* An event in the ring of the slow paths (VMM, pools, failures, teardown). */

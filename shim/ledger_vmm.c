@@ -196,10 +196,11 @@ void og_track_vmm_unmap(og_call_t *c, uintptr_t va, uint64_t size)
 size_t og_vmm_foreach(og_block_fn fn, void *arg)
 {
     size_t n = 0;
+    double rate = og_tick_rate();
     pthread_mutex_lock(&vmm_lock);
     for (vmm_handle_t *h = vmm_handles; h; h = h->hh.next) {
-        og_block_view_t v = { h->handle, h->size,     og_ticks_to_ns(h->t_ns), h->site,
-                              h->device, OG_KIND_VMM, OG_H_cuMemCreate };
+        og_block_view_t v = { h->handle,   h->size,         og_ticks_to_ns_at(h->t_ns, rate), h->site, h->device,
+                              OG_KIND_VMM, OG_H_cuMemCreate };
         fn(&v, arg);
         n++;
     }

@@ -5,6 +5,9 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "ledger_int.h"
@@ -59,10 +62,54 @@ static void copy_with_and_without_the_lock(void **state)
     free(out);
 }
 
+/* The clock as the shim reads it: the kernel's, counted, and 20 ms late on every other read while
+ * `jitter` is set (a busy machine preempting the reader between its tick and its clock reads). */
+static int clock_reads, jitter;
+int clock_gettime(clockid_t id, struct timespec *ts)
+{
+    int r = (int)syscall(SYS_clock_gettime, id, ts);
+    if (r == 0 && jitter && clock_reads % 2) {
+        ts->tv_nsec += 20000000;
+        ts->tv_sec += ts->tv_nsec / 1000000000;
+        ts->tv_nsec %= 1000000000;
+    }
+    clock_reads++;
+    return r;
+}
+
+/* Stamps are converted to nanoseconds once per copy, at one rate, after the rings are merged in
+ * the order their ticks say: a failure (the slow paths' ring) recorded after allocations (a
+ * shard's ring) stays after them however the clock jitters, and a copy reads the clock a few
+ * times, not once per event. */
+static void one_rate_per_copy(void **state)
+{
+    usleep(2000); /* past the first million ticks: the rate is measured, not assumed */
+    og_call_t c = { .hook = OG_H_cuMemAlloc_v2, .device = 0, .caller = (void *)fill, .active = true };
+    for (int i = 0; i < 50; i++)
+        og_track_plain(&c, 0x7e0000000000ull + (uint64_t)i * 4096, 4096, OG_KIND_PLAIN);
+    og_history_add(OG_EV_FAIL, OG_H_cuMemAlloc_v2, 0, 1ull << 40, 0, og_ticks());
+    og_history_event_t *out = calloc(og_history_capacity(), sizeof *out);
+    assert_non_null(out);
+    for (int round = 0; round < 20; round++) {
+        jitter = 1;
+        clock_reads = 0;
+        size_t got = og_history_copy(out, og_history_capacity());
+        int reads = clock_reads;
+        jitter = 0;
+        assert_true(got > 1);
+        assert_true(reads <= 8);
+        assert_int_equal(out[got - 1].op, OG_EV_FAIL);
+        for (size_t i = 1; i < got; i++)
+            assert_true(out[i].t_ns >= out[i - 1].t_ns);
+    }
+    free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(copy_with_and_without_the_lock),
+        cmocka_unit_test(one_rate_per_copy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
