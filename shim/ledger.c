@@ -323,19 +323,22 @@ size_t og_samples_copy(int device, og_sample_raw_t *out, size_t max)
     return n;
 }
 
+__attribute__((noinline)) void og_peak_raise(og_ledger_dev_t *d, uint64_t now, uint64_t t)
+{
+    uint64_t peak = atomic_load_explicit(&d->peak, memory_order_relaxed);
+    while (now > peak) {
+        if (atomic_compare_exchange_weak_explicit(&d->peak, &peak, now, memory_order_relaxed, memory_order_relaxed)) {
+            atomic_store_explicit(&d->peak_t_ns, t, memory_order_relaxed);
+            break;
+        }
+    }
+}
+
 uint64_t og_tracked_add(og_ledger_dev_t *d, int64_t delta, uint64_t t)
 {
     uint64_t now = atomic_fetch_add_explicit(&d->tracked, (uint64_t)delta, memory_order_relaxed) + (uint64_t)delta;
-    if (delta > 0) {
-        uint64_t peak = atomic_load_explicit(&d->peak, memory_order_relaxed);
-        while (now > peak) {
-            if (atomic_compare_exchange_weak_explicit(&d->peak, &peak, now, memory_order_relaxed,
-                                                      memory_order_relaxed)) {
-                atomic_store_explicit(&d->peak_t_ns, t, memory_order_relaxed);
-                break;
-            }
-        }
-    }
+    if (delta > 0 && now > atomic_load_explicit(&d->peak, memory_order_relaxed))
+        og_peak_raise(d, now, t);
     if (OG_UNLIKELY(t >= atomic_load_explicit(&d->next_sample, memory_order_relaxed)))
         sample(d, now, t);
     return now; /* callers that grew usage call og_warn_check once their locks are dropped */

@@ -164,6 +164,7 @@ uint64_t og_ticks_to_ns(uint64_t ticks);
 double og_tick_rate(void);
 uint64_t og_ticks_to_ns_at(uint64_t ticks, double rate);
 /* tracked += delta; raise the peak when it is passed (ledger.c). */
+void og_peak_raise(og_ledger_dev_t *d, uint64_t now, uint64_t t);
 uint64_t og_tracked_add(og_ledger_dev_t *d, int64_t delta, uint64_t t);
 /* An event in the ring of the slow paths (VMM, pools, failures, teardown). */
 void og_history_add(int op, int hook, int device, uint64_t bytes, uint64_t live, uint64_t t);
@@ -179,8 +180,9 @@ static inline og_ledger_dev_t *dev_of(int device)
  * threads that write costs more than everything else on the path together.  Small changes
  * are therefore summed per shard (per thread) and added in one step once they reach
  * OG_BATCH_BYTES; an allocation that size or larger goes straight through.  The exact
- * totals are the shards' sums (og_ledger_stats); peaks and warnings may trail by less than
- * OG_BATCH_BYTES per allocating thread.  With OOMGUARD_LIMIT set nothing is batched: the
+ * totals are the shards' sums (og_ledger_stats); warnings may trail by less than
+ * OG_BATCH_BYTES per allocating thread, and the peak, which adds the allocating thread's own
+ * batch, is exact for one thread and within OG_BATCH_BYTES per other allocating thread.  With OOMGUARD_LIMIT set nothing is batched: the
  * limit is exact. */
 #define OG_BATCH_BYTES (4ll << 20)
 
@@ -196,7 +198,13 @@ static inline uint64_t shard_tracked_add(shard_t *s, int device, int64_t delta, 
         return og_tracked_add(d, p, t);
     }
     s->pending[device] = p;
-    return atomic_load_explicit(&d->tracked, memory_order_relaxed) + (uint64_t)p;
+    /* the peak still sees this thread's batched bytes: exact for one allocating thread (the
+     * usual PyTorch job), within OG_BATCH_BYTES per other allocating thread otherwise; `peak`
+     * shares `tracked`'s cache line, so the test costs no miss */
+    uint64_t now = atomic_load_explicit(&d->tracked, memory_order_relaxed) + (uint64_t)p;
+    if (delta > 0 && OG_UNLIKELY(now > atomic_load_explicit(&d->peak, memory_order_relaxed)))
+        og_peak_raise(d, now, t);
+    return now;
 }
 
 /* How a block counts on its device: plain and managed blocks and counted pool blocks are
