@@ -70,8 +70,10 @@ file_safety() {   # file_safety LABEL: every case writes below $work/<case>-LABE
     local sig i left=0 leftk=0 startk=0
     for i in 1 2 3 4 5 6 7 8 9; do
         for sig in TERM HUP KILL; do
-            env OOMGUARD_DIR="$d" OOMGUARD_QUIET=1 OOMGUARD_MAX_DUMPS=1000000 LD_PRELOAD="$PRELOAD" "$prog" rewrite \
-                >/dev/null 2>&1 &
+            # default dispositions: under nohup (or a shell's background job) HUP (INT) arrive ignored,
+            # the program would outlive them and the KILL that follows would be counted here
+            env --default-signal=TERM,HUP,INT OOMGUARD_DIR="$d" OOMGUARD_QUIET=1 OOMGUARD_MAX_DUMPS=1000000 \
+                LD_PRELOAD="$PRELOAD" "$prog" rewrite >/dev/null 2>&1 &
             local p=$!
             sleep 0.0$((RANDOM % 9 + 1))
             # a handled signal gets time to run its handler even on a loaded machine (a SIGKILL
