@@ -226,7 +226,10 @@ assert procs[int(sys.argv[2])]["source"] == "nvml", procs[int(sys.argv[2])]
     mkdir -p "$live2/oomguard-live-0" && chown 65534:65534 "$live2/oomguard-live-0" && chmod 0777 "$live2"
     env LD_PRELOAD="$PRELOAD" OOMGUARD_LIVE_DIR="$live2" "$JOB" plain "$work/bare" >"$work/pre.log" 2>&1 &
     xpid=$!
-    wait_for 10 sh -c "OOMGUARD_LIVE_DIR='$live2' '$OG' top --once --format json | grep -q '\"pid\":[[:space:]]*$xpid'"
+    # found from its page, not only from NVML's list (which has it as soon as it holds memory)
+    wait_for 10 sh -c "OOMGUARD_LIVE_DIR='$live2' '$OG' top --once --format json | python3 -c '
+import json, sys
+sys.exit(not any(p[\"pid\"] == $xpid and p[\"source\"] == \"oomguard\" for g in json.load(sys.stdin)[\"gpus\"] for p in g[\"processes\"]))'"
     result $? "the per-user directory taken by another user: the job publishes in a private one, top finds it" \
         "$(ls -la "$live2")"
     ls -d "$live2"/oomguard-live-0.* >/dev/null 2>&1
