@@ -58,8 +58,10 @@ static void truncated(void **state)
 
 static void env_names(void **state)
 {
-    const char *secret[] = { "NCCL_AUTH_TOKEN", "CUDA_PASSPHRASE", "TF_API_KEY", "XLA_CREDS",       "PYTORCH_SECRET",
-                             "JAX_DB_PASSWORD", "CUDA_PWD",        "hf_token",   "OOMGUARD_KEYRING" };
+    const char *secret
+        [] = { "NCCL_AUTH_TOKEN",  "CUDA_PASSPHRASE", "TF_API_KEY", "XLA_CREDS",
+               "PYTORCH_SECRET",   "JAX_DB_PASSWORD", "CUDA_PWD",   "hf_token",
+               "OOMGUARD_KEYRING", "NCCL_SMTPPASS" /* PASS glued to another word: only the substring list sees it */ };
     const char *fine[] = { "CUDA_VISIBLE_DEVICES",
                            "PYTORCH_CUDA_ALLOC_CONF",
                            "NCCL_IB_PKEY",
