@@ -711,14 +711,17 @@ static bool c_growth(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
             g->marker == OG_MARK_EVERY_ALLOCATION ? "every_allocation"
             : g->marker == OG_MARK_FAILING_SIZE   ? "failing_size"
                                                   : "modal_size");
-    /* all of the rise fits in one collective-communication library's own memory: say whose it is */
-    if (d->comm_lib >= 0 && g->rise && d->comm_bytes >= g->rise) {
+    /* the rise (all of it, or its steady part, step by step) is one collective-communication library's
+     * own memory: say whose it is */
+    if (d->comm_holds_growth) {
         char lib[sizeof r->memory.by_library[0].library];
         og_cpy(lib, sizeof lib, r->memory.by_library[d->comm_lib].library, sizeof lib);
         size_t l = strnlen(c->summary, sizeof c->summary);
         og_fmt(c->summary + l, sizeof c->summary - l,
-               " All of it fits in what %s holds (%s): communication buffers, not tensors.", og_base_name(lib),
-               og_hb((double)d->comm_bytes).s);
+               d->comm_bytes >= g->rise ? " All of it fits in what %s holds (%s): communication buffers, not tensors."
+                                        : " Each step is %s's own allocations, and it holds their sum (%s): "
+                                          "communication buffers, not tensors.",
+               og_base_name(lib), og_hb((double)d->comm_bytes).s);
         ev_text(c, "library", "%s", og_base_name(lib));
         ev_bytes(c, "library_bytes", d->comm_bytes);
     }

@@ -735,6 +735,32 @@ enum og_purpose og_purpose_of(const char *name)
     return OG_PURPOSE_NONE;
 }
 
+/* What the failing statement's int operands say the request is (og_role_facts_t.request_shape). */
+#define REQ_DIM_MIN 128
+static enum og_request_shape request_shape(const og_roles_t *ro)
+{
+    char s[sizeof ro->stmt_ints];
+    og_cpy(s, sizeof s, ro->stmt_ints, sizeof s);
+    uint64_t v[8];
+    int n = 0;
+    for (char *p = s; *p && n < 8;) {
+        char *e;
+        unsigned long long x = strtoull(p, &e, 10);
+        if (e == p)
+            break;
+        if (x >= REQ_DIM_MIN)
+            v[n++] = x;
+        if (*e != ',')
+            break;
+        p = e + 1;
+    }
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (v[i] == v[j])
+                return OG_REQ_SQUARE;
+    return n >= 2 ? OG_REQ_PRODUCT : OG_REQ_UNKNOWN;
+}
+
 static uint64_t role_or0(const og_roles_t *ro, enum og_role k) { return known(ro->bytes[k]) ? ro->bytes[k] : 0; }
 
 /* a holder's kind that keeps entries by key: a dict, an LRU or other cache */
@@ -767,6 +793,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
         char p[sizeof ro->stmt_purpose];
         og_cpy(p, sizeof p, ro->stmt_purpose, sizeof p);
         k->building = og_purpose_of(p);
+        k->request_shape = request_shape(ro);
     }
     k->known = true;
     k->params = role_or0(ro, OG_ROLE_parameters);
@@ -904,6 +931,12 @@ static void communication(og_facts_t *d, const og_record_t *r)
     og_cpy(fl, sizeof fl, r->event.library, sizeof fl);
     const char *fb = og_base_name(fl);
     d->comm_failing = strncmp(fb, "libnccl", 7) == 0 || strncmp(fb, "librccl", 7) == 0;
+    const og_growth_facts_t *g = &d->growth;
+    if (d->comm_lib < 0 || !g->holds || !g->rise)
+        return;
+    double steady = (double)g->per_step * (double)g->transitions;
+    d->comm_holds_growth = d->comm_bytes >= g->rise || (d->comm_failing && g->marker == OG_MARK_FAILING_SIZE &&
+                                                        (double)d->comm_bytes >= 0.8 * steady);
 }
 
 /* ------------------------------------------------------------------ what the advice reads */

@@ -95,6 +95,10 @@ typedef struct og_role_facts {
     uint64_t working;    /* act + local_held: the running computation's tensors */
     uint64_t purpose_bytes[OG_NPURPOSES]; /* held_by_python by what the holders' names say they keep */
     enum og_purpose building;             /* what the failing statement builds (roles.statement) */
+    /* the sizes the failing statement read (roles.statement.ints, those >= 128): one of them twice
+     * (seq * seq: quadratic in a length, attention scores), or several, all different (users * items:
+     * a product of dimensions, a score matrix); unknown otherwise */
+    enum og_request_shape { OG_REQ_UNKNOWN, OG_REQ_SQUARE, OG_REQ_PRODUCT } request_shape;
     uint64_t copies;        /* held_by_python holders whose blocks copy the parameters or the optimizer state */
     uint64_t model_copies;  /* roles.models: the parameters of every model beyond the first of its class and size */
     uint64_t frozen_models; /* roles.models: parameters of models none of whose parameters requires grad */
@@ -210,6 +214,11 @@ typedef struct og_facts {
     int comm_lib;
     uint64_t comm_bytes;
     bool comm_failing;
+    /* growth holds and is that library's: it holds all of the rise, or the steps are its own
+     * allocations (the failing call is its, marked by the failing size) and it holds their steady
+     * part (the median rise per step over every step, give or take a fifth; one-off jumps such as the
+     * framework's cache warming are not its) */
+    bool comm_holds_growth;
 
     /* what the advice reads (its definitions, kept apart where they differ from the causes') */
     struct og_advice_facts {

@@ -142,6 +142,7 @@ typedef struct og_roles {
     bool has_statement;
     og_py_frame_t stmt;
     char stmt_target[64], stmt_purpose[16], stmt_names[128];
+    char stmt_ints[96]; /* the int values of the names it reads, comma-separated ("" none) */
 } og_roles_t;
 
 /* Framework adapter's own numbers (PyTorch memory_stats and friends); has = false if none. */

@@ -215,10 +215,7 @@ static bool growth_in_a_cache(const rctx_t *x)
 }
 static bool growth_in_a_cache_primary(const rctx_t *x) { return PRIMARY(GROWTH) && growth_in_a_cache(x); }
 /* NCCL's own memory: it failed, or the job was in a collective, or it holds all of the growth */
-static bool comm_holds_growth(const rctx_t *x)
-{
-    return HAS(GROWTH) && x->f->comm_lib >= 0 && x->f->growth.rise && x->f->comm_bytes >= x->f->growth.rise;
-}
+static bool comm_holds_growth(const rctx_t *x) { return HAS(GROWTH) && x->f->comm_holds_growth; }
 static bool communication(const rctx_t *x)
 {
     return x->f->comm_lib >= 0 && x->f->comm_bytes >= x->shortfall &&
@@ -227,12 +224,14 @@ static bool communication(const rctx_t *x)
 /* a peak from one batch far larger than the earlier steps' (a long document), with autograd on */
 static bool one_batch_peak(const rctx_t *x) { return PRIMARY(DNF) && x->f->outlier.holds && x->grad != -1; }
 /* one inference input larger than the card: its length is the lever, when something says the request is a
- * model's input (a forward, evaluation or generation frame on the stack, or a KV cache held); otherwise
- * (a score or similarity matrix computed outside any model) splitting the operation is */
+ * model's input (a forward, evaluation or generation frame on the stack, a KV cache held, or the failing
+ * statement's sizes: one length twice, seq x seq); otherwise (a score or similarity matrix computed outside
+ * any model; the statement multiplied different sizes, users x items) splitting the operation is */
 static bool larger_inference(const rctx_t *x)
 {
-    return x->larger_than_device && x->grad == -1 && pytorchish(x) &&
-           (PHASE(forward) || PHASE(evaluation) || PHASE(generation) || roles_of(x)->kv >= 0);
+    enum og_request_shape shape = roles_of(x)->request_shape;
+    return x->larger_than_device && x->grad == -1 && pytorchish(x) && shape != OG_REQ_PRODUCT &&
+           (PHASE(forward) || PHASE(evaluation) || PHASE(generation) || roles_of(x)->kv >= 0 || shape == OG_REQ_SQUARE);
 }
 /* a training job copying weight-sized tensors outside the optimizer (an EMA, weight averaging, a snapshot
  * of the model): the job trains, no phase frame (not a forward, evaluation, load or optimizer step) or the
@@ -426,7 +425,8 @@ static const og_rank_row_t narrow[] = {
     { "larger_than_limit_only", larger_than_limit_only, WANT, 0, 0, REMS(R_RAISE_LIMIT),
       "request > limit, < device total", "(unit tests)" },
     { "larger_inference", larger_inference, WANT, 0, 0, REMS(R_SHORTER_SEQ, R_FLASH),
-      "request > device, adapter: grad_enabled off, PyTorch, phase forward/evaluation/generation or a KV cache held",
+      "request > device, adapter: grad_enabled off, PyTorch, phase forward/evaluation/generation, a KV cache held or "
+      "the statement's sizes seq x seq; not users x items",
       "long_prompt_serving, recsys_catalog_scores (blind)" },
     { "limit_by_context", limit_by_context, ONLY, 0, 0, REMS(R_RAISE_LIMIT), "limit, limit usage (context), request",
       "limit_context_alone" },
@@ -448,7 +448,8 @@ static const og_rank_row_t narrow[] = {
     { "growth_in_a_cache_no_graph", growth_in_a_cache, DROP, 0, 0, REMS(R_INFERENCE),
       "the same as growth_in_a_cache (its remedy says no_grad for the entries)", "dict_cache_embeddings (blind)" },
     { "communication_not_tensors", comm_holds_growth, DROP, 0, 0, REMS(R_INFERENCE, R_MIXED),
-      "cause growth, NCCL's bytes >= the growth's rise", "(unit tests: nccl_growth)" },
+      "cause growth held by NCCL: its bytes >= the rise, or its own failing-size steps and >= their steady part",
+      "rlhf_weight_sync_new_comm (blind); (unit tests: nccl_growth)" },
     { "autocast_on", autocast_on, DROP, 0, 0, REMS(R_MIXED), "adapter: autocast on at the failure",
       "train_bf16_batch_too_big" },
     { "cupy", cupy, DROP, 0, 0, REMS(R_CHECKPOINTING, R_SHORTER_SEQ, R_FLASH, R_QUANT, R_MULTI_GPU),
@@ -516,14 +517,16 @@ static const og_rank_row_t lead[] = {
     { "limit_on_shared_gpu", limit_on_shared_gpu, LEAD, -20, 0, REMS(R_RAISE_LIMIT), "limit, other processes listed",
       "(unit tests)" },
     { "larger_inference_lead", larger_inference, LEAD, -31, 0, REMS(R_SHORTER_SEQ),
-      "request > device, adapter: grad_enabled off, PyTorch, phase forward/evaluation/generation or a KV cache held",
+      "request > device, adapter: grad_enabled off, PyTorch, phase forward/evaluation/generation, a KV cache held or "
+      "the statement's sizes seq x seq; not users x items",
       "long_prompt_serving, recsys_catalog_scores (blind)" },
     { "retry_outside_lead", in_handler, LEAD_COVERS, -25, 0, REMS(R_RETRY_OUTSIDE), "phase oom_handler",
       "retry_in_except (blind)" },
     { "checkpoint_restore_lead", checkpoint_restore, LEAD_COVERS, -24, 0, REMS(R_MAP_CPU),
       "phase loading, torch.load on the stack", "(unit tests: phase_checkpoint_restore)" },
     { "communication_lead", comm_holds_growth, LEAD_COVERS, -23, 1, REMS(R_REUSE_PG, R_NCCL_BUF),
-      "cause growth, NCCL's bytes >= the growth's rise", "(unit tests: nccl_growth)" },
+      "cause growth held by NCCL: its bytes >= the rise, or its own failing-size steps and >= their steady part",
+      "rlhf_weight_sync_new_comm (blind); (unit tests: nccl_growth)" },
     { "optimizer_step_lead", in_optimizer_step, LEAD_COVERS, -22, 0, REMS(R_OPT_8BIT), "phase optimizer_step",
       "adamw_first_step (blind)" },
     { "weights_update_lead", weights_update, LEAD_COVERS, -23, 1, REMS(R_IN_PLACE, R_EMA_CPU), "as weights_update",
@@ -687,7 +690,7 @@ static void estimate(rank_t *k, const rctx_t *x)
     cover[R_GRAPH_SHAPES] = graph_pools(x) ? 0.5 * (double)graph_pool_bytes(x) : -1;
     cover[R_BOUNDED_CACHE] = ro->keeper >= 0 ? 0.9 * (double)ro->keeper_bytes : -1;
     if (x->f->comm_lib >= 0) {
-        cover[R_REUSE_PG] = comm_holds_growth(x) ? (double)x->f->growth.rise : 0.5 * (double)x->f->comm_bytes;
+        cover[R_REUSE_PG] = comm_holds_growth(x) ? (double)x->f->comm_bytes : 0.5 * (double)x->f->comm_bytes;
         cover[R_NCCL_BUF] = 0.5 * (double)x->f->comm_bytes;
     }
     if (one_batch_peak(x)) /* cap the length at what the earlier batches used */

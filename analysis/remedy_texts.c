@@ -1591,8 +1591,13 @@ static bool b_reuse_process_groups(const rctx_t *x, og_remedy_t *r)
     char lib[sizeof rec->memory.by_library[0].library];
     og_cpy(lib, sizeof lib, x->f->comm_lib >= 0 ? rec->memory.by_library[x->f->comm_lib].library : "NCCL", sizeof lib);
     why(r, "%s (collective communication) holds %s on this GPU", og_base_name(lib), og_hb((double)x->f->comm_bytes).s);
-    if (x->has[OG_CAUSE_GROWTH] && x->f->comm_bytes >= x->f->growth.rise)
-        why(r, ", at least all of the growth (%s)", og_hb((double)x->f->growth.rise).s);
+    if (x->has[OG_CAUSE_GROWTH] && x->f->comm_holds_growth)
+        why(r,
+            x->f->comm_bytes >= x->f->growth.rise
+                ? ", at least all of the growth (%s)"
+                : ", the growth's step-by-step part (the steps were its own allocations, "
+                  "%s of rise in all)",
+            og_hb((double)x->f->growth.rise).s);
     why(r, ": every communicator (each dist.new_group, each process group created anew) gets its own buffers, and "
            "creating groups again and again (per evaluation, per step) piles them up.");
     how(r, "%seval_group = dist.new_group(ranks)   # once, at start-up; reuse it in every evaluation", pt(x));

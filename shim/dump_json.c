@@ -218,6 +218,18 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
             og_sb_puts(sb, k++ ? "," : "");
             og_sb_json_str(sb, p);
         }
+        og_sb_puts(sb, "],\"ints\":[");
+        k = 0;
+        for (const char *p = r->stmt_ints; *p;) { /* digits and commas only: anything else ends it */
+            char *e;
+            unsigned long long v = strtoull(p, &e, 10);
+            if (e == p)
+                break;
+            og_sb_printf(sb, "%s%llu", k++ ? "," : "", v);
+            p = *e == ',' ? e + 1 : e;
+            if (*e != ',')
+                break;
+        }
         og_sb_puts(sb, "]}");
     } else
         og_sb_puts(sb, "null");

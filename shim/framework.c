@@ -98,7 +98,7 @@ static const char *const role_keys[OG_NROLES] = {
 
 /* The adapter's roles (oomguard_framework_stats_t.roles): "role\tNAME\tBYTES\tTENSORS",
  * "optimizer\tCLASS\tBYTES\tTENSORS", "holder\tBYTES\tTENSORS\tLABEL\tNAME\tKIND\tWHERE\tFILE\tLINE\tFUNCTION[\tPURPOSE\tCOPY_OF]",
- * "statement\tFILE\tLINE\tFUNCTION\tTARGET\tPURPOSE\tNAMES" ('-': none),
+ * "statement\tFILE\tLINE\tFUNCTION\tTARGET\tPURPOSE\tNAMES[\tINTS]" ('-': none),
  * "meta\tKEY\tVALUE" lines; unknown lines and roles are skipped.  A role not given stays unknown. */
 static void parse_roles(const char *s, og_roles_t *r)
 {
@@ -113,7 +113,7 @@ static void parse_roles(const char *s, og_roles_t *r)
         char line[1024], *f[12];
         snprintf(line, sizeof line, "%.*s", (int)(len < sizeof line - 1 ? len : sizeof line - 1), s);
         s = end ? end + 1 : s + len;
-        int n = split_tabs(line, f, 12);
+        int n = split_tabs(line, f, 12); /* the longest record: holder */
         if (!strcmp(f[0], "role") && n >= 4) {
             for (int i = 0; i < OG_NROLES; i++)
                 if (!strcmp(f[1], role_keys[i])) {
@@ -163,6 +163,8 @@ static void parse_roles(const char *s, og_roles_t *r)
                 copy_str(r->stmt_purpose, sizeof r->stmt_purpose, f[5]);
             if (strcmp(f[6], "-") != 0)
                 copy_str(r->stmt_names, sizeof r->stmt_names, f[6]);
+            if (n >= 8 && strcmp(f[7], "-") != 0)
+                copy_str(r->stmt_ints, sizeof r->stmt_ints, f[7]);
         } else if (!strcmp(f[0], "meta") && n >= 3) {
             if (!strcmp(f[1], "allocated"))
                 r->allocated_bytes = role_u64(f[2]);

@@ -223,22 +223,50 @@ def _instructions(code):
     return out
 
 
+_LOCAL_LOADS = frozenset(("LOAD_FAST", "LOAD_DEREF", "LOAD_FAST_CHECK", "LOAD_CLASSDEREF"))
+
+
+def _int_values(f, names, reads):
+    """The int values of the names the statement read (in read order, a name read twice counted
+    twice): the sizes its request was computed from (batch * items, seq * seq).  Tensors' shapes are
+    not read: a product's inner dimension repeats in both operands."""
+    local = None
+    out = []
+    for name, op in zip(names, reads):
+        if op in _LOCAL_LOADS:
+            if local is None:
+                import oomguard_roles
+                local = dict(oomguard_roles._frame_locals(f))
+            v = local.get(name)
+        elif op in ("LOAD_GLOBAL", "LOAD_NAME"):
+            v = f.f_globals.get(name)
+        else:
+            continue
+        if type(v) is int and v > 1:
+            out.append(v)
+    return out[:8]
+
+
 def _statement_of(f):
-    """(target, names) of the statement frame f is running: the name its result is stored into
-    (None when it is not stored: an expression statement, a return), and the names it reads."""
+    """(target, names, ints) of the statement frame f is running: the name its result is stored into
+    (None when it is not stored: an expression statement, a return), the names it reads, and the
+    int values among them (see _int_values)."""
     ins = _instructions(f.f_code)
     lasti = f.f_lasti
     i = 0
     while i + 1 < len(ins) and ins[i + 1][0] <= lasti:
         i += 1
     line = ins[i][3] if ins else None
-    names = []
+    names, reads = [], []
     j = i
     while j >= 0 and i - j < 64 and ins[j][3] == line:      # what the statement read before the call
         if ins[j][1] in _LOADS and ins[j][2]:
             names.append(ins[j][2])
+            reads.append(ins[j][1])
         j -= 1
     names.reverse()
+    reads.reverse()
+    ints = _int_values(f, names, reads)
     target = None
     for k in range(i + 1, min(len(ins), i + 64)):           # where its result goes
         op, name = ins[k][1], ins[k][2]
@@ -251,11 +279,11 @@ def _statement_of(f):
             break
         if op in _LOADS and name:
             names.append(name)
-    return target, names
+    return target, names, ints
 
 
 def statement(frame, package_dir=None, limit=8):
-    """What the failing statement builds: (file, line, function, target, names, purpose) of the
+    """What the failing statement builds: (file, line, function, target, names, purpose, ints) of the
     innermost frame of the program (not the framework's, the standard library's or an installed
     package's) whose statement stores its result into a name or reads a name with a purpose
     (oomguard_roles.PURPOSES); None when there is none.  Reads the frame's bytecode (dis), never
@@ -270,11 +298,12 @@ def statement(frame, package_dir=None, limit=8):
             seen += 1
             if seen > limit:
                 break
-            target, names = _statement_of(f)
+            target, names, ints = _statement_of(f)
             purpose = oomguard_roles.purpose_of((target,)) if target else None
             purpose = purpose or oomguard_roles.purpose_of(names)
             if target or purpose:
-                return (f.f_code.co_filename, int(f.f_lineno or 0), f.f_code.co_name, target, names[:8], purpose)
+                return (f.f_code.co_filename, int(f.f_lineno or 0), f.f_code.co_name, target, names[:8], purpose,
+                        ints)
     except Exception:
         pass
     return None

@@ -737,7 +737,7 @@ def encode(r):
     fields separated by tabs; '-' is unknown.
       role  NAME BYTES TENSORS | optimizer CLASS BYTES TENSORS |
       holder BYTES TENSORS LABEL NAME KIND WHERE FILE LINE FUNCTION PURPOSE COPY_OF |
-      model CLASS BYTES TENSORS COUNT FROZEN | statement FILE LINE FUNCTION TARGET PURPOSE NAMES |
+      model CLASS BYTES TENSORS COUNT FROZEN | statement FILE LINE FUNCTION TARGET PURPOSE NAMES INTS |
       meta KEY VALUE"""
     if not r or "roles" not in r:
         return None
@@ -759,10 +759,11 @@ def encode(r):
         out.append("model\t%s\t%d\t%d\t%d\t%d" % (_clean(cls), int(b), int(n), int(k), 1 if frozen else 0))
     st = r.get("statement")
     if st:
-        f, ln, fn, target, names, purpose = st
-        out.append("statement\t%s\t%d\t%s\t%s\t%s\t%s" % (
+        f, ln, fn, target, names, purpose = st[:6]
+        ints = st[6] if len(st) > 6 else ()
+        out.append("statement\t%s\t%d\t%s\t%s\t%s\t%s\t%s" % (
             _clean(f), int(ln), _clean(fn), _clean(target or "-"), _clean(purpose or "-"),
-            _clean(",".join(names[:8]) or "-")))
+            _clean(",".join(names[:8]) or "-"), ",".join(str(int(v)) for v in ints[:8]) or "-"))
     out.append("meta\tallocated\t%s" % ("-" if r["allocated"] is None else int(r["allocated"])))
     out.append("meta\tcomplete\t%d" % (1 if r["complete"] else 0))
     out.append("meta\telapsed_us\t%d" % int(r["elapsed_ms"] * 1000))

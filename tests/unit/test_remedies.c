@@ -1363,6 +1363,26 @@ static void foreign_no_restart_of_this_process(void **state)
     free(r);
 }
 
+/* the same request larger than the card, but the failing statement multiplied different sizes (users x
+ * items: a score matrix): split the operation, no sequence to shorten; the same size twice (seq x seq:
+ * attention scores) keeps the maximum input length first */
+static void larger_product_is_split(void **state)
+{
+    og_record_t *r = base();
+    r->event.requested_bytes = 40 * GiB;
+    fixture_roles(r, 1 * GiB, 0, 0, 0, 1 * GiB, 18 * GiB);
+    r->memory.fw.grad_enabled = -1;
+    fixture_statement(r, "scores", "");
+    snprintf(r->memory.fw.roles.stmt_ints, sizeof r->memory.fw.roles.stmt_ints, "8192,2000000");
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "split_operation");
+    assert_int_equal(rank_of(r, "shorter_sequences"), 0);
+    snprintf(r->memory.fw.roles.stmt_ints, sizeof r->memory.fw.roles.stmt_ints, "8,16,65536,65536");
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "shorter_sequences");
+    free(r);
+}
+
 /* ------------------------------------------------------------------ the docs say what the code does */
 
 /* docs/diagnosis.md (read from the repository root, where the suites run) */
@@ -1505,6 +1525,7 @@ int main(void)
         cmocka_unit_test(cap_without_room_not_first),
         cmocka_unit_test(teacher_with_autograd_on),
         cmocka_unit_test(foreign_no_restart_of_this_process),
+        cmocka_unit_test(larger_product_is_split),
         cmocka_unit_test(one_id_per_remedy),
         cmocka_unit_test(docs_list_the_ranking_rows),
         cmocka_unit_test(docs_list_the_causes),

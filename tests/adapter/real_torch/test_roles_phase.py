@@ -284,6 +284,17 @@ def t_statement():
     other = phase()
     assert other[0] is None, other
     assert oomguard_phase.statement(None) is None
+    users, seq = 8192, 4096
+    scores = helper(users * N_ITEMS * 2)
+    assert scores[6] == [8192, 2000000], scores          # the sizes it multiplied: a product
+    att = helper(8 * seq * seq)
+    assert att[6] == [4096, 4096], att                   # one length twice: quadratic in it
+    enc = oomguard_roles.encode({"roles": {}, "optimizers": {}, "holders": [], "allocated": 0, "complete": True,
+                                 "elapsed_ms": 0, "objects": 0, "statement": att})
+    assert enc.splitlines()[-6].endswith("\t4096,4096") or any(l.endswith("\t4096,4096") for l in enc.splitlines()), enc
+
+
+N_ITEMS = 2000000
 
 
 check("roles of a model, its gradients, AdamW state, a view, global lists and an object's dict", t_roles)
