@@ -378,7 +378,7 @@ static bool growth_for(const og_facts_t *d, const og_record_t *r, og_growth_scra
     long seen = 0;
     uint64_t low = UINT64_MAX;
     bool in_step = false, between = true, steps_in_run = false;
-    double last_marker_t = 0;
+    double last_marker_t = 0, step_t = 0;
     for (int i = 0; i < ne; i++) {
         if (is_op(&e[i], OG_OP_NONE) || is_op(&e[i], OG_OP_FAIL))
             continue;
@@ -395,9 +395,12 @@ static bool growth_for(const og_facts_t *d, const og_record_t *r, og_growth_scra
             between = false;
             if (burst)
                 continue;
-            if (in_step)
-                ring[seen++ % OG_GROWTH_MAX_STEPS] = low; /* close the previous step */
+            if (in_step) { /* close the previous step */
+                s->tring[seen % OG_GROWTH_MAX_STEPS] = step_t;
+                ring[seen++ % OG_GROWTH_MAX_STEPS] = low;
+            }
             in_step = true;
+            step_t = e[i].t_rel;
             low = floor_now; /* the floor under this step: live before its marker */
             continue;
         }
@@ -405,8 +408,10 @@ static bool growth_for(const og_facts_t *d, const og_record_t *r, og_growth_scra
         if (in_step && floor_now < low)
             low = floor_now;
     }
-    if (in_step)
+    if (in_step) {
+        s->tring[seen % OG_GROWTH_MAX_STEPS] = step_t;
         ring[seen++ % OG_GROWTH_MAX_STEPS] = low;
+    }
     int steps = seen < OG_GROWTH_MAX_STEPS ? (int)seen : OG_GROWTH_MAX_STEPS;
     for (int k = 0; k < steps; k++)
         lows[k] = ring[(seen - steps + k) % OG_GROWTH_MAX_STEPS];
@@ -454,6 +459,22 @@ static bool growth_for(const og_facts_t *d, const og_record_t *r, og_growth_scra
     if (fw->has && fw->freed_known && (double)fw->freed_bytes_total < GROWTH_MIN_FREED_SHARE * (double)rise) {
         g->pass_built = true;
         return false;
+    }
+    /* the same, timed: the adapter says when the latest optimizer step ended; when the second half of
+     * the rise came after it, the rise is the iteration still running (a forward pass keeping each
+     * layer's activations, split into steps by its own pauses), not memory kept across iterations.
+     * No optimizer (inference), no adapter: unknown, the rule stays as it was */
+    const og_roles_t *ro = &fw->roles;
+    if (fw->has && ro->has && ro->last_step_age_us != OG_UNKNOWN && r->event.t_rel > 0) {
+        double last_step = r->event.t_rel - (double)ro->last_step_age_us / 1e6;
+        uint64_t half = lows[0] + rise / 2;
+        int k = 0;
+        while (k < steps - 1 && lows[k] < half)
+            k++;
+        if (last_step < s->tring[(seen - steps + k) % OG_GROWTH_MAX_STEPS]) {
+            g->since_step = g->pass_built = true;
+            return false;
+        }
     }
     /* the job's own state arriving, not tensors kept: when the roles measured what a training job
      * holds for good (parameters, buffers, gradients, optimizer state, graph pools), the low points

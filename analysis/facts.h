@@ -47,6 +47,7 @@ const char *og_job_phase_name(enum og_job_phase p);
 /* Scratch of the growth rule: the low points of up to OG_GROWTH_MAX_STEPS steps and their rises. */
 typedef struct og_growth_scratch {
     uint64_t ring[OG_GROWTH_MAX_STEPS], lows[OG_GROWTH_MAX_STEPS], rises[OG_GROWTH_MAX_STEPS];
+    double tring[OG_GROWTH_MAX_STEPS]; /* when each step began (t_rel of its marker) */
 } og_growth_scratch_t;
 
 /* Growth: the low points of the latest steps of the history (see diagnose.c, growth). */
@@ -63,6 +64,7 @@ typedef struct og_growth_facts {
     uint64_t load_step_bytes; /* what each of those steps added (the median) */
     bool pass_built;          /* rising steps over a working set with nothing freed: one pass */
     bool state_built;         /* the low points rose to the job's measured state and no further */
+    bool since_step;          /* the second half of the rise came after the latest optimizer step */
     uint64_t state;           /* that state (parameters, buffers, gradients, optimizer state, pools) */
 } og_growth_facts_t;
 

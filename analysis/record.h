@@ -128,9 +128,10 @@ typedef struct og_roles {
     int nholders;
     og_role_holder_t holders[8];
     uint64_t elapsed_us, objects;
-    uint64_t sampled; /* large containers and classes read in part (their first elements held no tensor) */
-    char why[160];    /* why something is unknown ("" none) */
-    int nmodels;      /* roles.models: the modules no other module holds, by class and size */
+    uint64_t last_step_age_us; /* the latest optimizer step ended this long before the report (OG_UNKNOWN) */
+    uint64_t sampled;          /* large containers and classes read in part (their first elements held no tensor) */
+    char why[160];             /* why something is unknown ("" none) */
+    int nmodels;               /* roles.models: the modules no other module holds, by class and size */
     struct {
         char cls[48];
         uint64_t bytes, tensors; /* parameters on the failing device, of one of them */

@@ -242,6 +242,11 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
         og_sb_puts(sb, "null");
     K("elapsed_ms");
     og_sb_printf(sb, "%.3f", (double)r->elapsed_us / 1000.0);
+    K("last_optimizer_step_ms_ago");
+    if (r->last_step_age_us == OG_UNKNOWN)
+        og_sb_puts(sb, "null");
+    else
+        og_sb_printf(sb, "%.3f", (double)r->last_step_age_us / 1000.0);
     K("objects_scanned");
     og_sb_printf(sb, "%llu", (unsigned long long)r->objects);
     K("read_in_part");

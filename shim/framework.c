@@ -106,6 +106,7 @@ static void parse_roles(const char *s, og_roles_t *r)
     for (int i = 0; i < OG_NROLES; i++)
         r->bytes[i] = OG_UNKNOWN;
     r->allocated_bytes = OG_UNKNOWN;
+    r->last_step_age_us = OG_UNKNOWN;
     r->has = true;
     while (s && *s) {
         const char *end = strchr(s, '\n');
@@ -172,6 +173,8 @@ static void parse_roles(const char *s, og_roles_t *r)
                 r->complete = atoi(f[2]) != 0;
             else if (!strcmp(f[1], "elapsed_us"))
                 r->elapsed_us = strtoull(f[2], NULL, 10);
+            else if (!strcmp(f[1], "last_step_age_us"))
+                r->last_step_age_us = role_u64(f[2]);
             else if (!strcmp(f[1], "objects"))
                 r->objects = strtoull(f[2], NULL, 10);
             else if (!strcmp(f[1], "sampled"))

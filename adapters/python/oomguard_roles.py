@@ -769,6 +769,8 @@ def encode(r):
     out.append("meta\telapsed_us\t%d" % int(r["elapsed_ms"] * 1000))
     out.append("meta\tobjects\t%d" % int(r["objects"]))
     out.append("meta\tsampled\t%d" % int(r.get("sampled", 0)))
+    if r.get("last_step_age") is not None:
+        out.append("meta\tlast_step_age_us\t%d" % int(r["last_step_age"] * 1e6))
     if r.get("why"):
         out.append("meta\twhy\t%s" % _clean(r["why"]))
     return "\n".join(out) + "\n"

@@ -23,7 +23,7 @@ What it does:
     thread, so such a refusal gets a full dump of its own;
   * with the numbers go the settings in force: autograd and autocast (mixed precision) on the
     failing thread, and whether the job trains (a global optimizer step hook, PyTorch 2.0+, that
-    only sets a flag), so the remedies leave out what is already done;
+    only sets a flag and notes the time), so the remedies leave out what is already done;
   * with OOMGUARD_PYTHON_STACKS=1 it turns on PyTorch's bounded allocation history at CUDA
     initialisation, and the dump lists the lines holding the most live memory (python_sites);
   * with PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync PyTorch has no observer: the adapter
@@ -40,6 +40,7 @@ OOMGUARD_VERBOSE=1).  Python 3.9+, standard library only.
 import os
 import sys
 import threading
+import time
 
 import oomguard_core
 import oomguard_phase
@@ -296,13 +297,15 @@ def _autocast_mode(torch):
 # training: set once any optimizer's step() has run (PyTorch's global step hook, 2.0+); it is
 # never cleared, and nothing here can tell that a job does not train (that stays unknown)
 _step_seen = False
+_last_step_t = None     # time.monotonic() at the end of the latest optimizer step
 
 
 def _on_optimizer_step(optimizer, args, kwargs):
     """torch.optim.optimizer.register_optimizer_step_post_hook callback: runs after every
-    optimizer step, so it only sets a flag."""
-    global _step_seen
+    optimizer step, so it only sets a flag and notes the time (one clock read)."""
+    global _step_seen, _last_step_t
     _step_seen = True
+    _last_step_t = time.monotonic()
 
 
 def _watch_optimizers(torch):
@@ -418,6 +421,10 @@ def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowe
             measured = measure_roles(torch, device, allocated, blocks)
             if measured is not None and stmt:
                 measured["statement"] = stmt
+            if measured is not None and _last_step_t is not None:
+                # how long before the failure the latest optimizer step ended: growth after it is
+                # one iteration building up, not memory kept across iterations
+                measured["last_step_age"] = max(0.0, time.monotonic() - _last_step_t)
             roles = oomguard_roles.encode(measured)
             phase = oomguard_phase.encode(*oomguard_phase.detect(frame, grad, exc=exc, package_dir=_torch_dir(torch),
                                                                  stmt=stmt))

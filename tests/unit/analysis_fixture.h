@@ -313,6 +313,7 @@ static og_roles_t *fixture_roles(og_record_t *r, uint64_t params, uint64_t grads
     memset(ro, 0, sizeof *ro);
     ro->has = ro->complete = true;
     ro->allocated_bytes = sum;
+    ro->last_step_age_us = OG_UNKNOWN;
     ro->bytes[OG_ROLE_parameters] = params;
     ro->bytes[OG_ROLE_gradients] = grads;
     ro->bytes[OG_ROLE_optimizer_state] = opt;

@@ -199,6 +199,26 @@ static void a_few_mib_beyond_the_state_are_not_growth(void **state)
     free(r);
 }
 
+/* the adapter timed the latest optimizer step: a rise whose second half came after it is the iteration
+ * still running (one pass), not memory kept across iterations; steps after the rise are iterations */
+static void a_rise_since_the_last_optimizer_step_is_one_pass(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    ev_reset(r);
+    ev_add(r, 0.001, "alloc", 8 * GiB);
+    leak_loop(r, 12, 0.5, 512 * MiB, 256 * MiB); /* steps at 0.01, 0.51, ..., 5.51 s */
+    fixture_roles(r, 1 * GiB, 0, 0, 0, 0, 10 * GiB);
+    r->event.t_rel = 6.0;
+    assert_true(facts(r)->growth.holds);           /* the step not timed: as before */
+    r->memory.fw.roles.last_step_age_us = 5500000; /* a step at 0.5 s: the rise came after it */
+    assert_false(facts(r)->growth.holds);
+    assert_true(F.growth.since_step && F.growth.pass_built);
+    r->memory.fw.roles.last_step_age_us = 200000; /* a step at 5.8 s: the steps spanned iterations */
+    assert_true(facts(r)->growth.holds);
+    assert_false(F.growth.since_step);
+    free(r);
+}
+
 /* steps of 1/40 of the device from almost nothing read as weights arriving, unless the adapter read
  * another phase from the stack: then they are iterations keeping a large state (a hidden state not
  * detached, 640 MiB a step) */
@@ -589,6 +609,7 @@ int main(void)
         cmocka_unit_test(one_pass_is_not_growth),
         cmocka_unit_test(a_rise_to_the_jobs_own_state_is_not_growth),
         cmocka_unit_test(a_few_mib_beyond_the_state_are_not_growth),
+        cmocka_unit_test(a_rise_since_the_last_optimizer_step_is_one_pass),
         cmocka_unit_test(large_steps_in_a_forward_pass_are_not_a_load),
         cmocka_unit_test(every_allocation_needs_sixteen_steps),
         cmocka_unit_test(loading_and_a_second_copy),

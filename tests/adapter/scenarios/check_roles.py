@@ -61,6 +61,8 @@ def main():
         assert r["models"] == [{"class": "Net", "parameters_bytes": net, "tensors": 2, "count": 1,
                                 "frozen": False}], (r["models"], net)
         assert "statement" in r, r
+        age = r["last_optimizer_step_ms_ago"]       # AdamW stepped once before the failing forward
+        assert isinstance(age, (int, float)) and 0 <= age < 60000, age
     if "--site" in opts:
         label = opts[opts.index("--site") + 1]
         h = [h for h in r["holders"] if h["label"] == label][0]
