@@ -279,6 +279,12 @@ static bool frozen_model_autograd_on(const rctx_t *x)
     return ro->known && x->grad == 1 && (ro->purpose_bytes[OG_PURPOSE_teacher] || ro->frozen_models) &&
            !own_fix_covers(x) && !x->larger_than_device;
 }
+/* the same, named a teacher by the program: a frozen model alone may be one the gradient flows through (a
+ * GAN's discriminator in the generator's step), where no_grad would be wrong, so only a teacher leads */
+static bool teacher_autograd_on(const rctx_t *x)
+{
+    return frozen_model_autograd_on(x) && roles_of(x)->purpose_bytes[OG_PURPOSE_teacher];
+}
 /* gradients and optimizer state measured (or about to be made at the first step) for the parameters of
  * a training job: training fewer of them shrinks both */
 static bool trains_all_parameters(const rctx_t *x)
@@ -533,8 +539,9 @@ static const og_rank_row_t lead[] = {
       "ema_lazy_shadow, ema_foreach_temporaries (blind)" },
     { "state_snapshot_lead", state_snapshot, LEAD_COVERS, -23, 0, REMS(R_SNAPSHOT_CPU), "as state_snapshot",
       "best_state_gpu_deepcopy (blind)" },
-    { "frozen_model_lead", frozen_model_autograd_on, LEAD_COVERS, -24, 0, REMS(R_TEACHER_NO_GRAD),
-      "as frozen_model_autograd_on", "distill_teacher_grad (blind)" },
+    { "frozen_model_lead", teacher_autograd_on, LEAD_COVERS, -24, 0, REMS(R_TEACHER_NO_GRAD),
+      "as frozen_model_autograd_on, a holder of purpose teacher (not a frozen model alone)",
+      "distill_teacher_grad (blind)" },
     { "kv_cache_lead", kv_cache_lead, LEAD_COVERS, -22, 0, REMS(R_SMALLER_KV),
       "as kv_cache_reserved, the cache >= the graph pools", "static_kv_cache_prealloc, cuda_graph_shapes (blind)" },
     { "bounded_cache_lead", growth_in_a_cache_primary, LEAD_COVERS, -22, 0, REMS(R_BOUNDED_CACHE),

@@ -1503,7 +1503,8 @@ static bool b_teacher_no_grad(const rctx_t *x, og_remedy_t *r)
         og_hb((double)frozen).s);
     how(r, "%swith torch.no_grad(): t_out = teacher(batch)   # or torch.inference_mode(); then the student", pt(x));
     how(r, "%steacher.eval(); teacher.requires_grad_(False)   # frozen weights keep no gradients either", pt(x));
-    how(r, "A loss on the teacher's features needs no graph through the teacher: t_out.detach() is enough.");
+    how(r, "A loss on the teacher's features needs no graph through the teacher: t_out.detach() is enough "
+           "(not so for a model the gradient must flow through, e.g. a GAN's discriminator).");
     return true;
 }
 

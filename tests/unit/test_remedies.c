@@ -1323,6 +1323,19 @@ static void teacher_with_autograd_on(void **state)
     run_primary(r, "does_not_fit");
     assert_int_equal(rank_of(r, "teacher_no_grad"), 0);
     free(r);
+    /* a frozen model alone (maybe a GAN's discriminator the gradient flows through): listed, not first */
+    r = base();
+    fixture_roles(r, 6 * GiB, 2 * GiB, 4 * GiB, 0, 0, 11 * GiB + 512 * MiB);
+    og_roles_t *ro = &r->memory.fw.roles;
+    snprintf(ro->models[0].cls, sizeof ro->models[0].cls, "Discriminator");
+    ro->models[0].bytes = 4 * GiB;
+    ro->models[0].count = 1;
+    ro->models[0].frozen = true;
+    ro->nmodels = 1;
+    r->memory.fw.grad_enabled = 1;
+    run_primary(r, "does_not_fit");
+    assert_true(rank_of(r, "teacher_no_grad") > 1);
+    free(r);
 }
 
 /* a refusal by the framework's own cap where the device itself has no room for the request: raising the
