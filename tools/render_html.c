@@ -833,12 +833,12 @@ static void remedies(struct hx *h)
             og_sb_puts(h->b, "<div class=\"chips\">");
             if (r->saving) {
                 og_sb_puts(h->b, "<span class=\"chip save\">saves ");
-                esc(h, r->saving, 80);
+                esc(h, r->saving, OG_REMEDY_FIELD_MAX);
                 og_sb_puts(h->b, "</span>");
             }
             if (r->cost) {
                 og_sb_puts(h->b, "<span class=\"chip cost\">cost: ");
-                esc(h, r->cost, 120);
+                esc(h, r->cost, OG_REMEDY_FIELD_MAX);
                 og_sb_puts(h->b, "</span>");
             }
             og_sb_puts(h->b, "</div>");

@@ -401,12 +401,12 @@ static void remedies(struct tx *t, const struct og_dump *d)
             og_sb_puts(t->b, "     ");
             if (r->saving) {
                 og_sb_printf(t->b, "%ssaves%s ", st(t, GREEN), st(t, RESET));
-                sb_text(t->b, r->saving, 80, 0);
+                sb_text(t->b, r->saving, OG_REMEDY_FIELD_MAX, 0);
             }
             if (r->cost) {
                 og_sb_puts(t->b, r->saving ? "; " : "");
                 og_sb_printf(t->b, "%scost%s ", st(t, YELLOW), st(t, RESET));
-                sb_text(t->b, r->cost, 120, 0);
+                sb_text(t->b, r->cost, OG_REMEDY_FIELD_MAX, 0);
             }
             og_sb_putc(t->b, '\n');
         }

@@ -5,6 +5,10 @@
 #include "dump.h"
 #include "util.h"
 
+/* How much of a remedy's saving and cost the text and HTML reports print: the catalog's own texts
+ * fit (tests/unit/test_remedies.c checks them against the same number). */
+#define OG_REMEDY_FIELD_MAX 160
+
 struct og_render_opts {
     int color; /* ANSI colour in text output */
     int top;   /* top allocation sites to show (0: the format's default) */

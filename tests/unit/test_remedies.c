@@ -1423,6 +1423,10 @@ static void one_id_per_remedy(void **state)
             assert_string_not_equal(og_remedy_catalog[i].saving, og_remedy_catalog[j].saving);
             assert_string_not_equal(og_remedy_catalog[i].cost, og_remedy_catalog[j].cost);
         }
+        /* the report prints a saving and a cost up to OG_REMEDY_FIELD_MAX (160) characters
+         * (tools/report.h): a catalog text longer than that would be cut mid-sentence */
+        assert_true(strlen(og_remedy_catalog[i].saving) <= 160);
+        assert_true(strlen(og_remedy_catalog[i].cost) <= 160);
     }
 }
 
