@@ -34,6 +34,13 @@ static void copy_str(char *dst, size_t n, const char *src)
     dst[i] = 0;
 }
 
+/* A field of the adapter's roles where "-" means none: left as it is then. */
+static void copy_field(char *dst, size_t n, const char *field)
+{
+    if (strcmp(field, "-") != 0)
+        copy_str(dst, n, field);
+}
+
 /* "file\tline\tfunction[\tbytes\tblocks]\n"... -> frames; malformed lines are skipped. */
 static int parse_lines(const char *s, og_py_frame_t *out, int max, bool sized)
 {
@@ -142,10 +149,10 @@ static void parse_roles(const char *s, og_roles_t *r)
                 h->site.line = atoi(f[8]);
                 copy_str(h->site.function, sizeof h->site.function, f[9]);
             }
-            if (n >= 11 && strcmp(f[10], "-") != 0)
-                copy_str(h->purpose, sizeof h->purpose, f[10]);
-            if (n >= 12 && strcmp(f[11], "-") != 0)
-                copy_str(h->copy_of, sizeof h->copy_of, f[11]);
+            if (n >= 11)
+                copy_field(h->purpose, sizeof h->purpose, f[10]);
+            if (n >= 12)
+                copy_field(h->copy_of, sizeof h->copy_of, f[11]);
         } else if (!strcmp(f[0], "model") && n >= 6 && r->nmodels < (int)(sizeof r->models / sizeof r->models[0])) {
             copy_str(r->models[r->nmodels].cls, sizeof r->models[0].cls, f[1]);
             r->models[r->nmodels].bytes = strtoull(f[2], NULL, 10);
@@ -158,14 +165,11 @@ static void parse_roles(const char *s, og_roles_t *r)
             copy_str(r->stmt.file, sizeof r->stmt.file, f[1]);
             r->stmt.line = atoi(f[2]);
             copy_str(r->stmt.function, sizeof r->stmt.function, f[3]);
-            if (strcmp(f[4], "-") != 0)
-                copy_str(r->stmt_target, sizeof r->stmt_target, f[4]);
-            if (strcmp(f[5], "-") != 0)
-                copy_str(r->stmt_purpose, sizeof r->stmt_purpose, f[5]);
-            if (strcmp(f[6], "-") != 0)
-                copy_str(r->stmt_names, sizeof r->stmt_names, f[6]);
-            if (n >= 8 && strcmp(f[7], "-") != 0)
-                copy_str(r->stmt_ints, sizeof r->stmt_ints, f[7]);
+            copy_field(r->stmt_target, sizeof r->stmt_target, f[4]);
+            copy_field(r->stmt_purpose, sizeof r->stmt_purpose, f[5]);
+            copy_field(r->stmt_names, sizeof r->stmt_names, f[6]);
+            if (n >= 8)
+                copy_field(r->stmt_ints, sizeof r->stmt_ints, f[7]);
         } else if (!strcmp(f[0], "meta") && n >= 3) {
             if (!strcmp(f[1], "allocated"))
                 r->allocated_bytes = role_u64(f[2]);
