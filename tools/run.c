@@ -212,8 +212,17 @@ static void set_python_adapter(const char *lib)
     }
 }
 
+/* One dump file as the directory showed it: a dump is "written during the run" when its name is
+ * new, or its inode, size or modification time changed (the library replaces a dump by rename,
+ * so a rewrite is a new inode).  Comparing pictures, not timestamps with a clock, holds on any
+ * file system: one whose clock is another machine's (a network or virtual file system) or whose
+ * timestamps are coarser than the process's clock once hid a dump written in the run's first
+ * milliseconds. */
 struct found {
     char *name;
+    ino_t ino;
+    off_t size;
+    struct timespec mtime;
 };
 
 static int found_cmp(const void *a, const void *b)
@@ -221,13 +230,63 @@ static int found_cmp(const void *a, const void *b)
     return strcmp(((const struct found *)a)->name, ((const struct found *)b)->name);
 }
 
+struct dump_picture {
+    struct found *v;
+    size_t n;
+};
+
+static void picture_free(struct dump_picture *p)
+{
+    for (size_t i = 0; i < p->n; i++)
+        free(p->v[i].name);
+    free(p->v);
+    p->v = NULL;
+    p->n = 0;
+}
+
+/* The dumps (oomguard-*.json, regular files) in dir, sorted by name; empty when dir is absent. */
+static struct dump_picture picture_of(const char *dir)
+{
+    struct dump_picture p = { 0 };
+    DIR *dp = opendir(dir);
+    if (!dp)
+        return p;
+    size_t cap = 0;
+    struct dirent *de;
+    while ((de = readdir(dp))) {
+        size_t l = strlen(de->d_name);
+        if (l < 15 || strncmp(de->d_name, "oomguard-", 9) || strcmp(de->d_name + l - 5, ".json"))
+            continue;
+        struct stat st;
+        if (fstatat(dirfd(dp), de->d_name, &st, 0) < 0 || !S_ISREG(st.st_mode))
+            continue;
+        if (p.n == cap)
+            p.v = xrealloc(p.v, (cap = cap ? cap * 2 : 8) * sizeof *p.v);
+        p.v[p.n++] = (struct found){ xstrdup(de->d_name), st.st_ino, st.st_size, st.st_mtim };
+    }
+    closedir(dp);
+    if (p.n)
+        qsort(p.v, p.n, sizeof *p.v, found_cmp);
+    return p;
+}
+
+static int unchanged_since(const struct dump_picture *before, const struct found *f)
+{
+    const struct found *o = before->n ? bsearch(f, before->v, before->n, sizeof *before->v, found_cmp) : NULL;
+    return o && o->ino == f->ino && o->size == f->size && o->mtime.tv_sec == f->mtime.tv_sec &&
+           o->mtime.tv_nsec == f->mtime.tv_nsec;
+}
+
 /* Whether a dump was written by the command or one of its direct children (torchrun's workers,
  * a shell script's python), on this host: when many ranks share one dump directory, each
  * `oomguard run` names its own dumps, not every rank's.  An unreadable dump is kept (listing
  * too much beats hiding one). */
-static int dump_is_ours(int dfd, const char *name, pid_t child)
+static int dump_is_ours(const char *dir, const char *name, pid_t child)
 {
-    int fd = openat(dfd, name, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    char path[PATH_MAX];
+    if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path)
+        return 1;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0)
         return 1;
     og_sb_t b;
@@ -254,35 +313,25 @@ static int dump_is_ours(int dfd, const char *name, pid_t child)
     return ours;
 }
 
-/* Dumps (oomguard-*.json) in dir modified since `start` by the command (see dump_is_ours). */
-static void list_dumps(const char *dir, const char *shown_dir, const struct timespec *start, pid_t child)
+/* Dumps in dir that are not in the picture taken before the command started and that the command
+ * wrote (see dump_is_ours), listed for the user. */
+static void list_dumps(const char *dir, const char *shown_dir, const struct dump_picture *before, pid_t child)
 {
-    DIR *dp = opendir(dir);
-    if (!dp)
-        return;
-    struct found *v = NULL;
-    size_t n = 0, cap = 0;
-    struct dirent *de;
-    while ((de = readdir(dp))) {
-        size_t l = strlen(de->d_name);
-        if (l < 15 || strncmp(de->d_name, "oomguard-", 9) || strcmp(de->d_name + l - 5, ".json"))
+    struct dump_picture now = picture_of(dir);
+    struct found *v = now.v;
+    size_t n = 0;
+    for (size_t i = 0; i < now.n; i++) {
+        if (unchanged_since(before, &v[i]) || !dump_is_ours(dir, v[i].name, child)) {
+            free(v[i].name);
             continue;
-        struct stat st;
-        if (fstatat(dirfd(dp), de->d_name, &st, 0) < 0 || !S_ISREG(st.st_mode))
-            continue;
-        if (st.st_mtim.tv_sec < start->tv_sec ||
-            (st.st_mtim.tv_sec == start->tv_sec && st.st_mtim.tv_nsec < start->tv_nsec))
-            continue;
-        if (!dump_is_ours(dirfd(dp), de->d_name, child))
-            continue;
-        if (n == cap)
-            v = xrealloc(v, (cap = cap ? cap * 2 : 8) * sizeof *v);
-        v[n++].name = xstrdup(de->d_name);
+        }
+        v[n++] = v[i];
     }
-    closedir(dp);
-    if (!n)
+    now.n = n;
+    if (!n) {
+        picture_free(&now);
         return;
-    qsort(v, n, sizeof *v, found_cmp);
+    }
     const char *sep = shown_dir[strlen(shown_dir) - 1] == '/' ? "" : "/";
     if (n == 1) {
         fprintf(stderr, "oomguard: 1 dump written: %s%s%s \u2014 read it with: oomguard report %s%s%s\n", shown_dir,
@@ -295,9 +344,7 @@ static void list_dumps(const char *dir, const char *shown_dir, const struct time
             fprintf(stderr, "  ... and %zu more\n", n - 50);
         fprintf(stderr, "read one with: oomguard report FILE; all ranks together: oomguard merge %s\n", shown_dir);
     }
-    for (size_t i = 0; i < n; i++)
-        free(v[i].name);
-    free(v);
+    picture_free(&now);
 }
 
 /* Dies of `sig` as the command did, so the caller's shell sees the same. */
@@ -420,8 +467,7 @@ int og_cmd_run(int argc, char **argv)
     if (verbose)
         fprintf(stderr, "oomguard: preloading %s; dumps go to %s\n", lib, absdir);
 
-    struct timespec start;
-    clock_gettime(CLOCK_REALTIME_COARSE, &start); /* the clock file timestamps come from */
+    struct dump_picture before = quiet ? (struct dump_picture){ 0 } : picture_of(absdir);
 
     /* Block the forwarded signals until the child's pid is known. */
     sigset_t block, old;
@@ -433,12 +479,14 @@ int og_cmd_run(int argc, char **argv)
     int pfd[2];
     if (pipe2(pfd, O_CLOEXEC) < 0) {
         fprintf(stderr, "oomguard run: pipe: %s\n", strerror(errno));
+        picture_free(&before);
         return OG_RUN_CANNOT_START;
     }
     fflush(NULL);
     pid_t pid = fork();
     if (pid < 0) {
         fprintf(stderr, "oomguard run: fork: %s\n", strerror(errno));
+        picture_free(&before);
         return OG_RUN_CANNOT_START;
     }
     if (pid == 0) {
@@ -476,16 +524,19 @@ int og_cmd_run(int argc, char **argv)
     while (waitpid(pid, &status, 0) < 0) {
         if (errno != EINTR) {
             fprintf(stderr, "oomguard run: waitpid: %s\n", strerror(errno));
+            picture_free(&before);
             return OG_RUN_CANNOT_START;
         }
     }
     g_child = 0;
     if (r == (ssize_t)sizeof exec_errno) {
         fprintf(stderr, "oomguard run: %s: %s\n", cmd[0], strerror(exec_errno));
+        picture_free(&before);
         return exec_errno == ENOENT ? OG_RUN_NOT_FOUND : OG_RUN_NOT_EXECUTABLE;
     }
     if (!quiet)
-        list_dumps(absdir, shown_dir, &start, pid);
+        list_dumps(absdir, shown_dir, &before, pid);
+    picture_free(&before);
     if (WIFSIGNALED(status))
         return die_like(WTERMSIG(status));
     return WIFEXITED(status) ? WEXITSTATUS(status) : OG_RUN_CANNOT_START;

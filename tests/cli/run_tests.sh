@@ -349,6 +349,16 @@ hasnt "run does not list older dumps" "$T/err" "oomguard-old-1.json"
 (cd "$T/dd" && "$OG" run sh -c 'echo "{}" > oomguard-a-1.json; echo "{}" > oomguard-b-2.json' >"$T/out" 2>"$T/err")
 has "run lists several dumps in the current directory" "$T/err" "oomguard: 2 dumps written in .:"
 has "run suggests merge for several dumps" "$T/err" "oomguard merge ."
+# a file system whose clock is not this process's (a network or virtual one) stamps a dump
+# written in the run with a time before the run began: it is still the run's dump; a dump left
+# from before, however recent its time, is not, and one replaced during the run (a new file) is
+mkdir -p "$T/skew" && echo '{}' >"$T/skew/oomguard-before-1.json" && echo '{}' >"$T/skew/oomguard-replaced-2.json"
+(cd "$T/skew" && "$OG" run sh -c 'echo "{}" > oomguard-early-3.json; touch -d "10 seconds ago" oomguard-early-3.json
+    echo "{\"x\": 1}" > oomguard-replaced-2.json.tmp; mv oomguard-replaced-2.json.tmp oomguard-replaced-2.json' \
+    >"$T/out" 2>"$T/err")
+has "run lists a dump stamped before the run began" "$T/err" "./oomguard-early-3.json"
+has "run lists a dump replaced during the run" "$T/err" "./oomguard-replaced-2.json"
+hasnt "run does not list a recent dump it did not write" "$T/err" "oomguard-before-1.json"
 # ranks sharing one directory: each `oomguard run` lists only its command's dumps (its own pid or
 # its children's, on this host), not those another rank wrote meanwhile
 mkdir -p "$T/shared"
