@@ -684,7 +684,16 @@ static bool c_growth(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
     c->id = og_cause_ids[OG_CAUSE_GROWTH];
     c->confidence = 0.5 + 0.25 * clamp01((double)(g->steps - GROWTH_MIN_STEPS) / 26) +
                     0.2 * clamp01(rs < 1 ? (g->rising_share - rs) / (1 - rs) : 1);
-    if (g->marker == OG_MARK_EVERY_ALLOCATION)
+    if (g->marker == OG_MARK_OPTIMIZER_STEP) /* measured by the framework itself: a few steps suffice */
+        c->confidence = 0.6 + 0.15 * clamp01((double)(g->steps - 4) / 12) +
+                        0.2 * clamp01(rs < 1 ? (g->rising_share - rs) / (1 - rs) : 1);
+    if (g->marker == OG_MARK_OPTIMIZER_STEP)
+        summary(c,
+                "Memory kept across iterations rises from step to step: right after %s%d optimizer steps the "
+                "framework's allocated memory rose in %d of %d, by about %s per step, from %s to %s.",
+                g->seen > g->steps ? "each of the last " : "", g->steps, g->rising, g->transitions,
+                og_hb((double)g->per_step).s, og_hb((double)g->first_low).s, og_hb((double)g->last_low).s);
+    else if (g->marker == OG_MARK_EVERY_ALLOCATION)
         summary(c,
                 "Memory left behind rises from step to step: over %s%d steps of varying sizes the low point rose "
                 "in %d of %d, by about %s per step, from %s to %s.",
@@ -710,7 +719,10 @@ static bool c_growth(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
     ev_text(c, "step_marker", "%s",
             g->marker == OG_MARK_EVERY_ALLOCATION ? "every_allocation"
             : g->marker == OG_MARK_FAILING_SIZE   ? "failing_size"
+            : g->marker == OG_MARK_OPTIMIZER_STEP ? "optimizer_step"
                                                   : "modal_size");
+    if (g->marker == OG_MARK_OPTIMIZER_STEP)
+        ev_num(c, "optimizer_steps", (double)g->seen);
     /* the rise (all of it, or its steady part, step by step) is one collective-communication library's
      * own memory: say whose it is */
     if (d->comm_holds_growth) {

@@ -537,12 +537,77 @@ static uint64_t modal_alloc_size(const og_record_t *r)
     return best >= 0 && count[best] >= 16 ? size[best] : 0;
 }
 
-/* Growth marked by the failing size first (a leak fails doing what every step did), else by the
- * size allocated most often (a leak of small tensors while something else failed), else by every
- * allocation (a leak of varying sizes), held to a stricter pattern: >= 16 steps, >= 90% rising. */
+#define STEPS_MIN      4 /* samples after optimizer steps for a rise read from them */
+#define STEPS_FLAT_MIN 8 /* ... and for a flat run */
+
+/* The steps of the optimizer (the adapter's allocated bytes right after each of its latest steps, facts
+ * in g): a rise kept across iterations shows there step after step, however small, and however few
+ * steps the driver saw (a warm cache serves the iterations; the driver sees a new segment now and then).
+ * True when it rose in >= growth_rising_steps of them by a significant amount: >= growth_min of the
+ * device over the steps read, or estimated over every step the optimizer made (the median rise times
+ * them), or at least what is missing now (and 0.5% of the device).  Flat (no rise in most, within 1% of the device over >= 8):
+ * g->steps_flat.  No series (no adapter, no optimizer, another framework): neither. */
+static bool growth_by_steps(const og_facts_t *d, const og_record_t *r, og_growth_scratch_t *s, og_growth_facts_t *g)
+{
+    const og_framework_view_t *fw = &r->memory.fw;
+    const og_roles_t *ro = &fw->roles;
+    int n = fw->has && ro->has ? ro->nsteps : 0;
+    if (n > OG_STEP_SERIES)
+        n = OG_STEP_SERIES;
+    if (n < STEPS_MIN || d->total == 0)
+        return false;
+    const uint64_t *a = ro->step_alloc;
+    int transitions = n - 1, rising = 0;
+    uint64_t lo = a[0], hi = a[0];
+    for (int i = 1; i < n; i++) {
+        s->rises[i - 1] = sub0(a[i], a[i - 1]);
+        rising += a[i] > a[i - 1];
+        lo = a[i] < lo ? a[i] : lo;
+        hi = a[i] > hi ? a[i] : hi;
+    }
+    double rising_share = (double)rising / transitions;
+    if (rising_share + 1e-9 < d->growth_rising_steps) {
+        g->steps_flat = n >= STEPS_FLAT_MIN && (double)(hi - lo) <= 0.01 * (double)d->total;
+        return false;
+    }
+    qsort(s->rises, (size_t)transitions, sizeof *s->rises, cmp_u64);
+    uint64_t per_step = s->rises[transitions / 2];
+    uint64_t rise = sub0(a[n - 1], a[0]);
+    uint64_t made = ro->steps_made > (uint64_t)n ? ro->steps_made : (uint64_t)n;
+    double gm = d->growth_min_share * (double)d->total;
+    bool big_enough = (double)rise + 1e-6 >= gm || (double)per_step * (double)(made - 1) >= gm ||
+                      (d->shortfall > 0 && rise >= d->shortfall && (double)rise >= 0.005 * (double)d->total);
+    if (per_step == 0 || !big_enough)
+        return false;
+    g->marker = OG_MARK_OPTIMIZER_STEP;
+    g->size = 0;
+    g->seen = (long)made;
+    g->steps = n;
+    g->rising = rising;
+    g->transitions = transitions;
+    g->per_step = per_step;
+    g->rise = rise;
+    g->first_low = a[0];
+    g->last_low = a[n - 1];
+    g->rising_share = rising_share;
+    return true;
+}
+
+/* Growth read from the optimizer's steps first, where the adapter measured them: the framework's own
+ * allocated bytes after each step rise (kept across iterations) or stay flat (nothing kept: what the
+ * driver saw rise was the cache or one pass, and the rule does not hold); else marked by the failing size
+ * (a leak fails doing what every step did), else by the size allocated most often (a leak of small
+ * tensors while something else failed), else by every allocation (a leak of varying sizes), held to a
+ * stricter pattern: >= 16 steps, >= 90% rising. */
 static void growth(og_facts_t *d, const og_record_t *r, og_growth_scratch_t *s)
 {
     og_growth_facts_t *g = &d->growth;
+    if (growth_by_steps(d, r, s, g)) {
+        g->holds = true;
+        return;
+    }
+    if (g->steps_flat)
+        return;
     if (growth_for(d, r, s, g, d->req, OG_MARK_FAILING_SIZE)) {
         g->holds = true;
         return;
@@ -1070,6 +1135,26 @@ static void fit(og_facts_t *d, const og_record_t *r)
 
 /* ------------------------------------------------------------------ entry */
 
+/* The holder of the growth: the largest holder, wherever it is kept (a global, an attribute, a list a running
+ * training loop fills), that holds at least half of the steady part of the rise (the median rise per step
+ * times the steps read): what to release, named as the program names it */
+static void grower(og_facts_t *d, const og_record_t *r)
+{
+    og_role_facts_t *k = &d->roles;
+    k->grower = -1;
+    const og_growth_facts_t *g = &d->growth;
+    if (!k->known || !g->holds || !g->per_step || !g->transitions)
+        return;
+    double steady = (double)g->per_step * (double)g->transitions;
+    const og_roles_t *ro = &r->memory.fw.roles;
+    int nh = ro->nholders < 0 ? 0 : ro->nholders > 8 ? 8 : ro->nholders;
+    for (int i = 0; i < nh; i++)
+        if ((double)ro->holders[i].bytes >= 0.5 * steady && (k->grower < 0 || ro->holders[i].bytes > k->grower_bytes)) {
+            k->grower = i;
+            k->grower_bytes = ro->holders[i].bytes;
+        }
+}
+
 void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds_t *th, og_growth_scratch_t *s)
 {
     memset(f, 0, sizeof *f);
@@ -1078,6 +1163,7 @@ void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds
     job_phase(f, rec);
     roles(f, rec);
     growth(f, rec, s);
+    grower(f, rec);
     load(f, rec);
     imbalance(f, rec);
     non_framework(f, rec);

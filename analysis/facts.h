@@ -27,7 +27,9 @@ enum og_cache_src {
 const char *og_cache_src_name(enum og_cache_src s);
 
 /* Which allocations mark the growth rule's steps. */
-enum og_step_marker { OG_MARK_FAILING_SIZE, OG_MARK_MODAL_SIZE, OG_MARK_EVERY_ALLOCATION };
+/* Which allocations mark the growth rule's steps; OG_MARK_OPTIMIZER_STEP: no allocation, the optimizer's own
+ * steps (the framework's allocated bytes right after each, roles.allocated_after_steps) */
+enum og_step_marker { OG_MARK_FAILING_SIZE, OG_MARK_MODAL_SIZE, OG_MARK_EVERY_ALLOCATION, OG_MARK_OPTIMIZER_STEP };
 
 /* What the job was doing when it failed, read from the history by does_not_fit. */
 enum og_load_phase { OG_PHASE_NONE, OG_PHASE_LOADING, OG_PHASE_SECOND_LOAD };
@@ -66,6 +68,10 @@ typedef struct og_growth_facts {
     bool state_built;         /* the low points rose to the job's measured state and no further */
     bool since_step;          /* the second half of the rise came after the latest optimizer step */
     uint64_t state;           /* that state (parameters, buffers, gradients, optimizer state, pools) */
+    /* what the framework had allocated right after each of the latest optimizer steps (the adapter):
+     * flat over >= 8 of them (no rise in most, within 1% of the device): nothing was kept across those
+     * iterations, whatever the driver saw (the cache warming, a one-off copy after them) */
+    bool steps_flat;
 } og_growth_facts_t;
 
 /* The load that the failing request may be part of (a run of equal allocations kept). */
@@ -113,6 +119,10 @@ typedef struct og_role_facts {
                         (its type or name: StaticCache, past_key_values, kv), -1 none */
     uint64_t kv_bytes;
     uint64_t local_map; /* held by locals of running functions that are dicts (a state_dict being copied) */
+    int grower;         /* index in roles.holders of the largest holder (kept across calls or a local of a running
+                           loop) holding at least half of what the growth's steps kept (the median rise per step
+                           times the steps), -1 none or no growth */
+    uint64_t grower_bytes;
 } og_role_facts_t;
 
 /* A peak from one batch: the failing request (and the equal allocations just before it) is a size the

@@ -11,7 +11,8 @@
 #include "facts.h"
 #include "unmeasured.h" /* enum og_unmeasured */
 
-#define OG_UNKNOWN UINT64_MAX /* a byte count that could not be measured */
+#define OG_UNKNOWN     UINT64_MAX /* a byte count that could not be measured */
+#define OG_STEP_SERIES 32         /* roles.allocated_after_steps: the latest optimizer steps kept */
 
 typedef struct og_lib_usage {
     char library[120];
@@ -144,6 +145,11 @@ typedef struct og_roles {
     og_py_frame_t stmt;
     char stmt_target[64], stmt_purpose[16], stmt_names[128];
     char stmt_ints[96]; /* the int values of the names it reads, comma-separated ("" none) */
+    /* what the framework had allocated right after each of the latest steps of the optimizer that stepped
+     * most on this device (roles.allocated_after_steps), oldest first; nsteps 0: none seen */
+    int nsteps;
+    uint64_t steps_made; /* the steps that optimizer made in all */
+    uint64_t step_alloc[OG_STEP_SERIES];
 } og_roles_t;
 
 /* Framework adapter's own numbers (PyTorch memory_stats and friends); has = false if none. */

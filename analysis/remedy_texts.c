@@ -530,12 +530,11 @@ static bool b_restart_process(const rctx_t *x, og_remedy_t *r)
 }
 
 /* the label of the largest holder kept across calls ("cache (dict, global in train.py)"), or NULL */
-static const char *keeper_label(const rctx_t *x, char *buf, size_t n)
+static const char *holder_label(const rctx_t *x, int i, char *buf, size_t n)
 {
-    const og_role_facts_t *ro = &x->f->roles;
-    if (ro->keeper < 0)
+    if (i < 0)
         return NULL;
-    const og_role_holder_t *h = &x->rec->memory.fw.roles.holders[ro->keeper];
+    const og_role_holder_t *h = &x->rec->memory.fw.roles.holders[i];
     og_cpy(buf, n, h->label[0] ? h->label : h->name, sizeof h->label);
     return buf[0] ? buf : NULL;
 }
@@ -556,6 +555,11 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
             "graph is kept, so most often this is a KV cache growing with every generated token (batch x tokens) "
             "or outputs collected on the GPU.",
             steps ? steps : "most steps", og_hb(first).s, og_hb(last).s, og_hb(step > 0 ? step : 0).s);
+    else if (first >= 0 && last >= 0 && g->marker == OG_MARK_OPTIMIZER_STEP)
+        why(r,
+            "Right after each optimizer step the framework's allocated memory rose (%s), from %s to %s, about %s "
+            "per step: something keeps tensors alive from one iteration to the next.",
+            steps ? steps : "most steps", og_hb(first).s, og_hb(last).s, og_hb(step > 0 ? step : 0).s);
     else if (first >= 0 && last >= 0)
         why(r,
             "The low point of this process's memory rose from step to step (%s), from %s to %s, about %s per "
@@ -564,11 +568,17 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
     else
         why(r, "Live memory grows over the run: something keeps tensors alive from one iteration to the next.");
     char lb[160];
-    const char *holder = keeper_label(x, lb, sizeof lb);
+    const og_role_facts_t *rf = &x->f->roles;
+    int hi = rf->grower >= 0 ? rf->grower : rf->keeper; /* the holder of the growth, else the largest kept */
+    const char *holder = holder_label(x, hi, lb, sizeof lb);
     if (holder) {
-        why(r, " The largest holder kept across calls: %s, %s.", holder, og_hb((double)x->f->roles.keeper_bytes).s);
+        if (hi == rf->grower)
+            why(r, " It is held by %s (%s): release what it keeps and the growth stops.", holder,
+                og_hb((double)rf->grower_bytes).s);
+        else
+            why(r, " The largest holder kept across calls: %s, %s.", holder, og_hb((double)rf->keeper_bytes).s);
         char name[sizeof x->rec->memory.fw.roles.holders[0].name];
-        og_cpy(name, sizeof name, x->rec->memory.fw.roles.holders[x->f->roles.keeper].name, sizeof name);
+        og_cpy(name, sizeof name, x->rec->memory.fw.roles.holders[hi].name, sizeof name);
         how(r, "%s: keep numbers (.item()) or host copies (.detach().cpu()), or empty it each step",
             name[0] ? name : "that holder");
     }
@@ -1555,7 +1565,7 @@ static bool b_bounded_cache(const rctx_t *x, og_remedy_t *r)
 {
     const og_role_facts_t *ro = &x->f->roles;
     char lb[160];
-    const char *label = keeper_label(x, lb, sizeof lb);
+    const char *label = holder_label(x, x->f->roles.keeper, lb, sizeof lb);
     why(r, "%s keeps %s of tensors on the GPU from one step to the next", label ? label : "A cache",
         og_hb((double)ro->keeper_bytes).s);
     if (x->has[OG_CAUSE_GROWTH] && x->f->growth.per_step)

@@ -247,6 +247,19 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
         og_sb_puts(sb, "null");
     else
         og_sb_printf(sb, "%.3f", (double)r->last_step_age_us / 1000.0);
+    K("allocated_after_steps");
+    if (r->nsteps > 0) {
+        og_sb_puts(sb, "[");
+        for (int i = 0; i < r->nsteps && i < OG_STEP_SERIES; i++)
+            og_sb_printf(sb, "%s%llu", i ? "," : "", (unsigned long long)r->step_alloc[i]);
+        og_sb_puts(sb, "]");
+    } else
+        og_sb_puts(sb, "null");
+    K("optimizer_steps");
+    if (r->nsteps > 0)
+        og_sb_printf(sb, "%llu", (unsigned long long)r->steps_made);
+    else
+        og_sb_puts(sb, "null");
     K("objects_scanned");
     og_sb_printf(sb, "%llu", (unsigned long long)r->objects);
     K("read_in_part");

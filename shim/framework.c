@@ -106,6 +106,7 @@ static const char *const role_keys[OG_NROLES] = {
 /* The adapter's roles (oomguard_framework_stats_t.roles): "role\tNAME\tBYTES\tTENSORS",
  * "optimizer\tCLASS\tBYTES\tTENSORS", "holder\tBYTES\tTENSORS\tLABEL\tNAME\tKIND\tWHERE\tFILE\tLINE\tFUNCTION[\tPURPOSE\tCOPY_OF]",
  * "statement\tFILE\tLINE\tFUNCTION\tTARGET\tPURPOSE\tNAMES[\tINTS]" ('-': none),
+ * "steps\tMADE\tALLOCATED,ALLOCATED,..." (after each of an optimizer's latest steps, oldest first),
  * "meta\tKEY\tVALUE" lines; unknown lines and roles are skipped.  A role not given stays unknown. */
 static void parse_roles(const char *s, og_roles_t *r)
 {
@@ -170,6 +171,16 @@ static void parse_roles(const char *s, og_roles_t *r)
             copy_field(r->stmt_names, sizeof r->stmt_names, f[6]);
             if (n >= 8)
                 copy_field(r->stmt_ints, sizeof r->stmt_ints, f[7]);
+        } else if (!strcmp(f[0], "steps") && n >= 3) {
+            r->steps_made = strtoull(f[1], NULL, 10);
+            r->nsteps = 0;
+            for (const char *p = f[2]; *p >= '0' && *p <= '9' && r->nsteps < OG_STEP_SERIES;) {
+                char *e;
+                r->step_alloc[r->nsteps++] = strtoull(p, &e, 10);
+                if (*e != ',')
+                    break;
+                p = e + 1;
+            }
         } else if (!strcmp(f[0], "meta") && n >= 3) {
             if (!strcmp(f[1], "allocated"))
                 r->allocated_bytes = role_u64(f[2]);

@@ -738,7 +738,7 @@ def encode(r):
       role  NAME BYTES TENSORS | optimizer CLASS BYTES TENSORS |
       holder BYTES TENSORS LABEL NAME KIND WHERE FILE LINE FUNCTION PURPOSE COPY_OF |
       model CLASS BYTES TENSORS COUNT FROZEN | statement FILE LINE FUNCTION TARGET PURPOSE NAMES INTS |
-      meta KEY VALUE"""
+      steps MADE ALLOCATED,... (after each of an optimizer's latest steps, oldest first) | meta KEY VALUE"""
     if not r or "roles" not in r:
         return None
     out = []
@@ -771,6 +771,9 @@ def encode(r):
     out.append("meta\tsampled\t%d" % int(r.get("sampled", 0)))
     if r.get("last_step_age") is not None:
         out.append("meta\tlast_step_age_us\t%d" % int(r["last_step_age"] * 1e6))
+    if r.get("steps"):
+        made, series = r["steps"]
+        out.append("steps\t%d\t%s" % (int(made), ",".join(str(int(v)) for v in series[-32:]) or "-"))
     if r.get("why"):
         out.append("meta\twhy\t%s" % _clean(r["why"]))
     return "\n".join(out) + "\n"

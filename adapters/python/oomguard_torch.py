@@ -37,6 +37,7 @@ See docs/pytorch-adapter.md.
 It never raises into the program: every failure is swallowed (one line on stderr with
 OOMGUARD_VERBOSE=1).  Python 3.9+, standard library only.
 """
+import collections
 import os
 import sys
 import threading
@@ -298,14 +299,59 @@ def _autocast_mode(torch):
 # never cleared, and nothing here can tell that a job does not train (that stays unknown)
 _step_seen = False
 _last_step_t = None     # time.monotonic() at the end of the latest optimizer step
+# what the framework had allocated right after each of an optimizer's latest steps: memory kept across
+# iterations rises there step after step, a flat job stays flat (the driver sees neither once the
+# cache is warm).  {id(optimizer): [device, steps made, deque of allocated bytes, time of the latest]},
+# at most _STEP_OPTIMIZERS optimizers (the least recently stepped goes)
+_STEP_SERIES = 32
+_STEP_OPTIMIZERS = 8
+_step_series = {}
+
+
+def _allocated_now(torch):
+    """(device, allocated bytes) of the current device, or None: never initialises CUDA.  The C
+    call's nested dict, not memory_stats()' flattened copy: this runs after every optimizer step."""
+    cuda = torch.cuda
+    if not cuda.is_initialized():
+        return None
+    dev = cuda.current_device()
+    stats = getattr(getattr(torch, "_C", None), "_cuda_memoryStats", None)
+    if stats is not None:
+        return dev, int(stats(dev)["allocated_bytes"]["all"]["current"])
+    return dev, int(cuda.memory_allocated(dev))
 
 
 def _on_optimizer_step(optimizer, args, kwargs):
     """torch.optim.optimizer.register_optimizer_step_post_hook callback: runs after every
-    optimizer step, so it only sets a flag and notes the time (one clock read)."""
+    optimizer step, so it only sets a flag, notes the time (one clock read) and what is allocated."""
     global _step_seen, _last_step_t
     _step_seen = True
     _last_step_t = time.monotonic()
+    try:
+        torch = sys.modules.get("torch")
+        now = _allocated_now(torch) if torch is not None else None
+        if now is None:
+            return
+        s = _step_series.get(id(optimizer))
+        if s is None or s[0] != now[0]:
+            if s is None and len(_step_series) >= _STEP_OPTIMIZERS:
+                del _step_series[min(_step_series, key=lambda k: _step_series[k][3])]
+            s = _step_series[id(optimizer)] = [now[0], 0, collections.deque(maxlen=_STEP_SERIES), 0.0]
+        s[1] += 1
+        s[2].append(now[1])
+        s[3] = _last_step_t
+    except Exception:
+        pass
+
+
+def _steps_of(device):
+    """(steps made, [allocated after each of the latest ones, oldest first]) of the optimizer on
+    `device` that stepped most (ties: the latest), or None."""
+    best = None
+    for s in list(_step_series.values()):
+        if s[0] == device and (best is None or (s[1], s[3]) > (best[1], best[3])):
+            best = s
+    return (best[1], list(best[2])) if best is not None else None
 
 
 def _watch_optimizers(torch):
@@ -425,6 +471,8 @@ def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowe
                 # how long before the failure the latest optimizer step ended: growth after it is
                 # one iteration building up, not memory kept across iterations
                 measured["last_step_age"] = max(0.0, time.monotonic() - _last_step_t)
+            if measured is not None:
+                measured["steps"] = _steps_of(device)
             roles = oomguard_roles.encode(measured)
             phase = oomguard_phase.encode(*oomguard_phase.detect(frame, grad, exc=exc, package_dir=_torch_dir(torch),
                                                                  stmt=stmt))

@@ -902,7 +902,7 @@ t_roles() { # t_roles MODE [check options]: the dump's roles and phase equal job
 }
 t "roles: parameters, buffers, gradients, AdamW state, graph pool, held by Python (named), activations = the stand-in's blocks, to the byte; phase forward" \
     t_roles roles
-t "roles: what the holders' names say (self.cache a cache), no copies, the model once, the statement key" \
+t "roles: what the holders' names say (self.cache a cache), no copies, the model once, the statement key, allocated after the optimizer step" \
     t_roles roles --evidence
 t_roles_site() { OOMGUARD_PYTHON_STACKS=1 t_roles roles --site "losses (list, global in job_roles.py)"; }
 t "roles: the holder names the line that created its tensors (OOMGUARD_PYTHON_STACKS=1)" t_roles_site

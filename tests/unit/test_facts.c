@@ -238,6 +238,66 @@ static void large_steps_in_a_forward_pass_are_not_a_load(void **state)
     free(r);
 }
 
+/* the adapter's allocated bytes right after each optimizer step (roles.allocated_after_steps) */
+static void fixture_steps(og_record_t *r, uint64_t made, int n, uint64_t first, uint64_t per_step)
+{
+    og_roles_t *ro = &r->memory.fw.roles;
+    ro->nsteps = n;
+    ro->steps_made = made;
+    for (int i = 0; i < n; i++)
+        ro->step_alloc[i] = first + per_step * (uint64_t)i;
+}
+
+/* a rise kept across iterations that the driver barely saw (a warm cache: one new segment now and then, fewer
+ * than six steps): the framework's allocated bytes after each optimizer step rise 48 MiB a step; four steps
+ * suffice, a small rise counts over every step made, and the series' numbers are the growth's */
+static void a_rise_after_each_optimizer_step_is_growth(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    ev_reset(r);
+    ev_add(r, 0.001, "alloc", 8 * GiB);
+    leak_loop(r, 4, 0.5, 1 * GiB, 256 * MiB); /* four steps at the driver: no reading of its own */
+    fixture_roles(r, 1 * GiB, 1 * GiB, 2 * GiB, 0, 0, 10 * GiB);
+    r->device.free_bytes = 0;
+    assert_false(facts(r)->growth.holds);
+    fixture_steps(r, 3, 3, 6 * GiB, 48 * MiB); /* three steps: too few */
+    assert_false(facts(r)->growth.holds);
+    fixture_steps(r, 25, 25, 6 * GiB, 48 * MiB); /* 1.1 GiB over 25 steps: under 5%, but at least what is missing */
+    const og_facts_t *f = facts(r);
+    assert_true(f->growth.holds);
+    assert_int_equal(f->growth.marker, OG_MARK_OPTIMIZER_STEP);
+    assert_int_equal(f->growth.per_step, 48 * MiB);
+    assert_int_equal(f->growth.rise, 24 * 48 * MiB);
+    assert_int_equal(f->growth.first_low, 6 * GiB);
+    assert_int_equal(f->growth.steps, 25);
+    r->device.free_bytes = 2 * GiB; /* nothing missing: 1.1 GiB over the last 32 of 400 steps made is 18 GiB */
+    fixture_steps(r, 400, 32, 6 * GiB, 36 * MiB);
+    assert_true(facts(r)->growth.holds);
+    fixture_steps(r, 32, 32, 6 * GiB, 36 * MiB); /* ... but not over 32 in all */
+    assert_false(facts(r)->growth.holds);
+    free(r);
+}
+
+/* the framework's allocated bytes after each of the latest optimizer steps stayed flat: what rose at the
+ * driver (the cache warming, one forward pass of a long batch) was not kept across iterations */
+static void flat_after_each_optimizer_step_is_not_growth(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    ev_reset(r);
+    ev_add(r, 0.001, "alloc", 8 * GiB);
+    leak_loop(r, 12, 0.5, 512 * MiB, 256 * MiB);
+    fixture_roles(r, 1 * GiB, 0, 0, 0, 0, 10 * GiB);
+    assert_true(facts(r)->growth.holds);  /* the driver's reading */
+    fixture_steps(r, 100, 7, 9 * GiB, 0); /* seven flat steps: too few to overrule it */
+    assert_true(facts(r)->growth.holds);
+    fixture_steps(r, 100, 32, 9 * GiB, 0);
+    for (int i = 0; i < 32; i += 2) /* variable batches: a few MiB up and down */
+        r->memory.fw.roles.step_alloc[i] += 3 * MiB;
+    assert_false(facts(r)->growth.holds);
+    assert_true(F.growth.steps_flat);
+    free(r);
+}
+
 /* kept outputs of varying sizes, 10 steps all rising: the every-allocation reading needs 16 */
 static void every_allocation_needs_sixteen_steps(void **state)
 {
@@ -611,6 +671,8 @@ int main(void)
         cmocka_unit_test(a_few_mib_beyond_the_state_are_not_growth),
         cmocka_unit_test(a_rise_since_the_last_optimizer_step_is_one_pass),
         cmocka_unit_test(large_steps_in_a_forward_pass_are_not_a_load),
+        cmocka_unit_test(a_rise_after_each_optimizer_step_is_growth),
+        cmocka_unit_test(flat_after_each_optimizer_step_is_not_growth),
         cmocka_unit_test(every_allocation_needs_sixteen_steps),
         cmocka_unit_test(loading_and_a_second_copy),
         cmocka_unit_test(a_run_after_training_is_not_a_load),

@@ -1041,6 +1041,44 @@ static void growth_in_a_dict(void **state)
     free(r);
 }
 
+/* the holder of the growth is named wherever it is kept: a list the running training loop fills (a local of
+ * main) holding at least half of what the steps kept; a small local (a batch's outputs) is not; and a rise
+ * read from the optimizer's steps (the driver saw no steps) leads with releasing it, not the state */
+static void growth_names_its_holder(void **state)
+{
+    og_record_t *r = base();
+    leaking_steps(r); /* 15 steps of 1 GiB */
+    fixture_roles(r, 4 * GiB, 0, 0, 0, 16 * GiB, 0);
+    fixture_holder(r, "previews", "list", "local in main (train.py:65)", 15 * GiB);
+    fixture_holder(r, "outs", "list", "local in step (train.py:40)", 1 * GiB);
+    run_primary(r, "growth");
+    assert_string_equal(r->remedies[0].id, "release_references");
+    assert_non_null(strstr(r->remedies[0].why, "previews (list, local in main (train.py:65))"));
+    assert_true(how_has(&r->remedies[0], "previews: keep numbers"));
+    free(r);
+    r = base();
+    leaking_steps(r);
+    fixture_roles(r, 4 * GiB, 0, 0, 0, 16 * GiB, 0);
+    fixture_holder(r, "outs", "list", "local in step (train.py:40)", 1 * GiB); /* a step's worth: not the holder */
+    run_primary(r, "growth");
+    assert_null(strstr(r->remedies[0].why, "outs (list"));
+    free(r);
+    r = base();
+    r->history.nevents = 0;
+    fixture_roles(r, 1 * GiB, 1 * GiB, 2 * GiB, 0, 0, 19 * GiB);
+    og_roles_t *ro = &r->memory.fw.roles;
+    ro->nsteps = 20;
+    ro->steps_made = 20;
+    for (int i = 0; i < 20; i++)
+        ro->step_alloc[i] = 4 * GiB + (uint64_t)i * 64 * MiB;
+    r->memory.fw.training = 1;
+    run_primary(r, "growth");
+    assert_string_equal(r->remedies[0].id, "release_references");
+    assert_non_null(strstr(r->remedies[0].why, "after each optimizer step"));
+    assert_true(rank_of(r, "eight_bit_optimizer") == 0 || rank_of(r, "eight_bit_optimizer") > 3);
+    free(r);
+}
+
 /* the growth is all NCCL's (communicators made again and again): reuse process groups, NCCL_BUFFSIZE */
 static void nccl_growth(void **state)
 {
@@ -1530,6 +1568,7 @@ int main(void)
         cmocka_unit_test(phase_forward_optimizer_later),
         cmocka_unit_test(graph_pools_first),
         cmocka_unit_test(growth_in_a_dict),
+        cmocka_unit_test(growth_names_its_holder),
         cmocka_unit_test(nccl_growth),
         cmocka_unit_test(one_batch_peak_caps_the_length),
         cmocka_unit_test(larger_inference_caps_the_input),

@@ -63,6 +63,9 @@ def main():
         assert "statement" in r, r
         age = r["last_optimizer_step_ms_ago"]       # AdamW stepped once before the failing forward
         assert isinstance(age, (int, float)) and 0 <= age < 60000, age
+        # what the framework had allocated right after that step, and the steps made
+        assert r["allocated_after_steps"] == truth["after_steps"], (r["allocated_after_steps"], truth["after_steps"])
+        assert r["optimizer_steps"] == 1, r["optimizer_steps"]
     if "--site" in opts:
         label = opts[opts.index("--site") + 1]
         h = [h for h in r["holders"] if h["label"] == label][0]
