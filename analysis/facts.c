@@ -114,6 +114,32 @@ static double th_or(double v, double def)
 }
 
 /* the largest framework reservation other than EXCEPT and its kind (-1 none) */
+/* The other frameworks of the process as their own adapters read them (memory.framework.other_frameworks):
+ * when both frameworks reach the driver through one library (ctypes, a shared runtime), by_library puts
+ * the other's reservation under the failing framework's name.  What the failing framework holds beyond
+ * its own adapter's reservation is the others' first; the others' bytes count at least as read. */
+static void other_framework_holdings(og_facts_t *d, const og_record_t *rec)
+{
+    const og_framework_view_t *fw = &rec->memory.fw;
+    if (!fw->has || d->ffw == OG_FW_UNKNOWN)
+        return;
+    int n = fw->nother_fw < 0 ? 0 : fw->nother_fw > 4 ? 4 : fw->nother_fw;
+    for (int i = 0; i < n; i++) {
+        char name[sizeof fw->other_fw[i].framework];
+        og_cpy(name, sizeof name, fw->other_fw[i].framework, sizeof name);
+        int k = og_framework_from_name(name);
+        uint64_t held = fw->other_fw[i].reserved_bytes;
+        if (k == OG_FW_UNKNOWN || k == d->ffw || held == OG_UNKNOWN || held <= d->resv[k])
+            continue;
+        uint64_t more = held - d->resv[k];
+        uint64_t beyond = known(fw->reserved_bytes) ? sub0(d->resv[d->ffw], fw->reserved_bytes) : 0;
+        uint64_t take = more < beyond ? more : beyond;
+        d->resv[d->ffw] -= take;
+        d->resv[k] = held;
+        d->fw_resv_all = add_sat(d->fw_resv_all, more - take);
+    }
+}
+
 static int biggest_fw(const og_facts_t *f, int except, uint64_t *bytes)
 {
     int best = -1;
@@ -189,6 +215,7 @@ static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t
     if (d->ffw == OG_FW_UNKNOWN)
         d->ffw = rec->framework;
     d->fwname = og_framework_display(d->ffw, "the framework");
+    other_framework_holdings(d, rec);
     d->other_fw = d->ffw == OG_FW_UNKNOWN ? -1 : biggest_fw(d, d->ffw, &d->other_fw_bytes);
 
     const og_framework_view_t *fw = &rec->memory.fw;

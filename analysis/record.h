@@ -153,6 +153,13 @@ typedef struct og_roles {
 } og_roles_t;
 
 /* Framework adapter's own numbers (PyTorch memory_stats and friends); has = false if none. */
+/* Another framework of this process and what it holds on the failing device, as its own adapter read it
+ * (memory.framework.other_frameworks); OG_UNKNOWN where not read. */
+typedef struct og_other_framework {
+    char framework[16]; /* "jax", "pytorch", ... */
+    uint64_t reserved_bytes, in_use_bytes, limit_bytes;
+} og_other_framework_t;
+
 typedef struct og_framework_view {
     bool has;
     int device;
@@ -187,6 +194,8 @@ typedef struct og_framework_view {
     char phase_source[96]; /* event.phase_source: how it was told, or why unknown ("" none given) */
     bool has_phase_frame;
     og_py_frame_t phase_frame; /* event.phase_frame */
+    int nother_fw;             /* memory.framework.other_frameworks */
+    og_other_framework_t other_fw[4];
 } og_framework_view_t;
 
 typedef struct og_record {

@@ -106,6 +106,9 @@ static bool own_fix_covers(const rctx_t *x)
     return cov >= 0 && x->primary_conf >= 0.7 && cov >= (double)x->shortfall && !x->larger_than_device;
 }
 static bool own_fix_covers_no_frag(const rctx_t *x) { return own_fix_covers(x) && !HAS(FRAG); }
+/* another framework of the process holds the missing bytes (a confident other_framework): its reservation
+ * is the lever whatever the failing code was doing (an optimizer step, a load) */
+static bool other_framework_covers(const rctx_t *x) { return PRIMARY(OTHERFW) && own_fix_covers(x); }
 static bool no_expandable(const rctx_t *x)
 {
     return !pytorchish(x) || x->rec->expandable_segments_set || x->async_backend;
@@ -329,7 +332,7 @@ typedef struct og_rank_row {
     bool (*when)(const rctx_t *);
     enum effect effect;
     int value, step;
-    int rem[12];
+    int rem[16];
     const char *reads; /* the facts the condition reads */
     const char *cases; /* corpus cases that motivate it */
 } og_rank_row_t;
@@ -438,7 +441,7 @@ static const og_rank_row_t narrow[] = {
       "limit_context_alone" },
     { "own_fix_covers", own_fix_covers, DROP, 0, 0,
       REMS(R_INFERENCE, R_MIXED, R_SMALLER_BATCH, R_SHORTER_SEQ, R_CHECKPOINTING, R_FLASH, R_QUANT, R_MULTI_GPU, R_ZERO,
-           R_OFFLOAD, R_BIGGER),
+           R_OFFLOAD, R_BIGGER, R_OPT_8BIT, R_LORA),
       "primary other_framework/peer_ranks/foreign_memory >= 0.7, its bytes >= shortfall; a snapshot",
       "jax_prealloc_then_torch, ddp_all_on_gpu0, stale_process_60pct" },
     { "own_fix_covers_no_frag", own_fix_covers_no_frag, DROP, 0, 0, REMS(R_EXPANDABLE, R_BUCKET),
@@ -551,6 +554,8 @@ static const og_rank_row_t lead[] = {
       "cuda_graph_shapes (blind)" },
     { "one_batch_peak_lead", one_batch_peak, LEAD_COVERS, -19, 0, REMS(R_SHORTER_SEQ), "as one_batch_peak",
       "outlier_long_batch (blind)" },
+    { "other_framework_first", other_framework_covers, LEAD_COVERS, -40, 0, REMS(R_OTHER_FW),
+      "primary other_framework >= 0.7, its bytes >= shortfall", "jax_arena_torch_policy" },
     { "outside_the_framework", no_other_process, REPLACE, 0, 0, REMS(R_FOREIGN, R_NONFW_MEMORY),
       "other processes' bytes, none listed", "recovered_user_retry, dataloader_workers_cuda" },
 };

@@ -76,6 +76,10 @@ typedef struct oomguard_framework_stats {
     const char *phase;        /* "loading" | "forward" | "backward" | "optimizer_step" | ... */
     const char *phase_frame;  /* "file\tline\tfunction\n": the frame that decided the phase */
     const char *phase_source; /* how the phase was told ("stack", ...), or why it is unknown */
+    /* added later (read only when struct_size covers it; NULL = not read): the other frameworks of this
+     * process and what each holds on the same device, as their own adapters read it (JAX's arena next to
+     * PyTorch): "framework\treserved_bytes\tin_use_bytes|-\tlimit_bytes|-\n" per framework */
+    const char *other_frameworks;
 } oomguard_framework_stats_t;
 
 /* flags: the byte counts above were not filled (only the Python lines, e.g. from a query):

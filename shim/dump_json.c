@@ -589,6 +589,20 @@ static void w_memory(og_sb_t *sb, const og_record_t *r)
             og_sb_printf(sb, ",\"fragmentation\":%.4f", 1.0 - (double)f->largest_free_block_bytes / (double)cached);
         else
             og_sb_puts(sb, ",\"fragmentation\":null");
+        og_sb_puts(sb, ",\"other_frameworks\":[");
+        for (int i = 0; i < f->nother_fw; i++) {
+            const og_other_framework_t *o = &f->other_fw[i];
+            og_sb_printf(sb, "%s{\"framework\":", i ? "," : "");
+            og_sb_json_str(sb, o->framework);
+            og_sb_puts(sb, ",\"reserved_bytes\":");
+            j_u64(sb, o->reserved_bytes);
+            og_sb_puts(sb, ",\"in_use_bytes\":");
+            j_u64(sb, o->in_use_bytes);
+            og_sb_puts(sb, ",\"limit_bytes\":");
+            j_u64(sb, o->limit_bytes);
+            og_sb_puts(sb, "}");
+        }
+        og_sb_puts(sb, "]");
         og_sb_puts(sb, ",\"roles\":");
         j_roles(sb, &f->roles);
         og_sb_puts(sb, "}");

@@ -200,6 +200,31 @@ static void parse_roles(const char *s, og_roles_t *r)
     }
 }
 
+/* The other frameworks' holdings (oomguard_framework_stats_t.other_frameworks):
+ * "framework\treserved\tin_use|-\tlimit|-" lines; a line without a name or a reservation is skipped. */
+static int parse_other_frameworks(const char *s, og_other_framework_t *out, int max)
+{
+    int n = 0;
+    while (s && *s && n < max) {
+        const char *end = strchr(s, '\n');
+        size_t len = end ? (size_t)(end - s) : strlen(s);
+        char line[256], *f[4];
+        snprintf(line, sizeof line, "%.*s", (int)(len < sizeof line - 1 ? len : sizeof line - 1), s);
+        s = end ? end + 1 : s + len;
+        if (split_tabs(line, f, 4) < 4 || !f[0][0])
+            continue;
+        og_other_framework_t *o = &out[n];
+        memset(o, 0, sizeof *o);
+        copy_str(o->framework, sizeof o->framework, f[0]);
+        o->reserved_bytes = role_u64(f[1]);
+        o->in_use_bytes = role_u64(f[2]);
+        o->limit_bytes = role_u64(f[3]);
+        if (o->reserved_bytes != OG_UNKNOWN)
+            n++;
+    }
+    return n;
+}
+
 /* What the struct says, merged into *v (the numbers only when the adapter filled them). */
 static int fill_view(og_framework_view_t *v, const oomguard_framework_stats_t *s)
 {
@@ -257,6 +282,9 @@ static int fill_view(og_framework_view_t *v, const oomguard_framework_stats_t *s
         copy_str(v->phase_source, sizeof v->phase_source, s->phase_source);
     if (HAS(s, phase_frame) && s->phase_frame)
         v->has_phase_frame = parse_lines(s->phase_frame, &v->phase_frame, 1, false) == 1;
+    if (HAS(s, other_frameworks) && s->other_frameworks)
+        v->nother_fw =
+            parse_other_frameworks(s->other_frameworks, v->other_fw, (int)(sizeof v->other_fw / sizeof v->other_fw[0]));
     if (HAS(s, unmeasured_why) && s->unmeasured_why)
         copy_str(v->unmeasured_why, sizeof v->unmeasured_why, s->unmeasured_why);
     v->reported_t_ns = og_now_ns();

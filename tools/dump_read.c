@@ -1747,12 +1747,31 @@ static int v_memory(struct loader *L, const cJSON *r)
         /* The adapter's own numbers: every *_bytes key must be a byte count. */
         struct path pf = { &p, "framework", 0 };
         const cJSON *x;
+        struct og_bytes ignored_bytes;
         cJSON_ArrayForEach(x, fw)
         {
             size_t n = x->string ? strlen(x->string) : 0;
             struct og_bytes ignored; /* the adapter's requested_bytes can be SIZE_MAX too */
             if (n > 6 && !strcmp(x->string + n - 6, "_bytes") && !cJSON_IsNull(x))
                 TRY(check_bytes(L, x, &pf, x->string, 0, &ignored));
+        }
+        /* the other frameworks' holdings: objects with a name and byte counts (or null) */
+        const cJSON *others;
+        TRY(get_arr(L, fw, &pf, "other_frameworks", &others));
+        if (others) {
+            struct path po = { &pf, "other_frameworks", 0 };
+            int i = 0;
+            const char *name;
+            cJSON_ArrayForEach(x, others)
+            {
+                struct path pe = { &po, NULL, i++ };
+                if (!cJSON_IsObject(x))
+                    return field_err(L, &pe, NULL, "an object", x);
+                TRY(get_str(L, x, &pe, "framework", &name));
+                static const char *const keys[] = { "reserved_bytes", "in_use_bytes", "limit_bytes" };
+                for (size_t j = 0; j < sizeof keys / sizeof *keys; j++)
+                    TRY(get_bytes(L, x, &pe, keys[j], 0, &ignored_bytes));
+            }
         }
         TRY(get_obj(L, fw, &pf, "snapshot", &d->mem.fw_snapshot));
         TRY(get_str(L, fw, &pf, "snapshot_file", &d->mem.fw_snapshot_file));

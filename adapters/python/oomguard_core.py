@@ -100,6 +100,7 @@ def stats_struct():
                 ("phase", ctypes.c_char_p),         # oomguard_phase.detect(): phase, frame, source
                 ("phase_frame", ctypes.c_char_p),
                 ("phase_source", ctypes.c_char_p),
+                ("other_frameworks", ctypes.c_char_p),  # holdings_of_others(): the process's other frameworks
             ]
         _struct = FrameworkStats
     return _struct
@@ -196,6 +197,11 @@ def send(kind, who, device, **kw):
         s.struct_size = ctypes.sizeof(s)
         s.device = int(device)
         keep = []
+        others = kw.pop("other_frameworks", None) if "other_frameworks" in kw else holdings_of_others(who, device)
+        if others:
+            b = _b(others)
+            keep.append(b)
+            s.other_frameworks = b
         for k, v in kw.items():
             if v is None:
                 continue
@@ -223,6 +229,36 @@ def send(kind, who, device, **kw):
     except Exception as e:
         err(who, "handing over the numbers", e)
         return None
+
+
+# ---------------------------------------------------------------------------- the other frameworks
+
+_holdings = {}                               # who -> fn(device): (reserved, in_use or None, limit or None) or None
+
+
+def on_holdings(who, fn):
+    """An adapter's way to say what its framework holds on a device when another framework of the
+    process fails (JAX's arena next to PyTorch).  fn(device) must not initialise the framework,
+    allocate device memory or wait; it returns (reserved_bytes, in_use_bytes, limit_bytes), None
+    where a number is not known, or None when the framework holds nothing there or is not up."""
+    _holdings[who] = fn
+
+
+def holdings_of_others(who, device):
+    """"framework\treserved\tin_use\tlimit\n" for every adapter but `who` whose framework holds memory
+    on `device` ('-': not known), or None.  Never raises."""
+    lines = []
+    for name, fn in sorted(_holdings.items()):
+        if name == who:
+            continue
+        try:
+            got = fn(int(device))
+            if not got or not got[0]:
+                continue
+            lines.append("%s\t%s\n" % (name, "\t".join("-" if v is None else "%d" % u64(v) for v in got[:3])))
+        except Exception as e:
+            err(name, "reading what it holds", e)
+    return "".join(lines) or None
 
 
 def settings_from_env(prefixes, names=()):

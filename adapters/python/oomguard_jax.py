@@ -214,6 +214,19 @@ def _read(jax, device):
     return None
 
 
+def _holdings(device):
+    """What XLA holds on `device` when another framework of the process fails: its pool (the
+    preallocated arena) or what it reserved, bytes in use and its limit; None before its backends
+    are up (asking then would take the arena)."""
+    jax = _jax()
+    if jax is None or not _backends_up(jax):
+        return None
+    kw = _read(jax, device)
+    if not kw:
+        return None
+    return kw["reserved_bytes"], kw["allocated_bytes"], kw["cap_bytes"] or None
+
+
 def _on_error(exc, args, kwargs):
     # XLA's runtime errors carry their status as text; only RESOURCE_EXHAUSTED is ours
     msg = str(args[0]) if args else str(exc)
@@ -225,5 +238,6 @@ def _on_error(exc, args, kwargs):
 _adapter = _core.ExceptionAdapter(WHO, "jax", _error_classes, _on_error, "JaxRuntimeError/XlaRuntimeError class",
                                   refresh=(_backends_up, _read))
 install, activate, is_attached = _adapter.install, _adapter.activate, _adapter.is_attached
+_core.on_holdings(WHO, _holdings)
 
 activate()

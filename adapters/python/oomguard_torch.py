@@ -639,6 +639,18 @@ def _refresh(device):
     return report(device=device, use_snapshot=False, modes=False)
 
 
+def _holdings(device):
+    """What PyTorch's caching allocator holds on `device` when another framework of the process
+    fails: reserved and allocated bytes; None before CUDA is initialised (never the first call)."""
+    torch = _torch()
+    is_init = getattr(getattr(torch, "cuda", None), "is_initialized", None)
+    if torch is None or is_init is None or not is_init():
+        return None
+    stats = torch.cuda.memory_stats(device)
+    reserved = stats.get("reserved_bytes.all.current") if isinstance(stats, dict) else None
+    return (reserved, stats.get("allocated_bytes.all.current"), None) if reserved else None
+
+
 def install():
     """Attaches to the imported torch module (idempotent).  Deferred to CUDA initialisation; a
     no-op without the shim or without torch.  Returns True when attached or queued."""
@@ -653,6 +665,7 @@ def install():
                 return False
             _state["installed"] = True
             oomguard_core.on_refresh(_refresh)
+            oomguard_core.on_holdings(WHO, _holdings)
             _watch_optimizers(torch)
             cuda = torch.cuda
             is_init = getattr(cuda, "is_initialized", None)

@@ -749,6 +749,33 @@ static void second_framework_reservation(void **state)
     free(r);
 }
 
+/* the same, both frameworks reaching the driver through one library (ctypes): by_library puts all 23 GiB under
+ * PyTorch; JAX's adapter read its 18 GiB arena and PyTorch's its 5 GiB reservation */
+static void second_framework_one_library(void **state)
+{
+    og_record_t *r = base();
+    fixture_second_framework(r);
+    r->memory.nlibs = 0;
+    fixture_fw_lib(r, "libffi.so.8", 23 * GiB, OG_FW_PYTORCH);
+    strcpy(r->event.library, "libffi.so.8");
+    fixture_adapter(r, 5 * GiB, 5 * GiB, 0);
+    diag(r);
+    assert_string_equal(r->diagnosis.primary, "does_not_fit"); /* not read: nothing says it is JAX's */
+    r->memory.fw.nother_fw = 1;
+    og_other_framework_t *o = &r->memory.fw.other_fw[0];
+    strcpy(o->framework, "jax");
+    o->reserved_bytes = 18 * GiB;
+    o->in_use_bytes = 1 * GiB;
+    o->limit_bytes = 18 * GiB;
+    diag(r);
+    assert_string_equal(r->diagnosis.primary, "other_framework");
+    const og_cause_t *c = find(r, "other_framework");
+    assert_string_equal(evt(c, "framework"), "jax");
+    assert_string_equal(evt(c, "failing_framework"), "pytorch");
+    assert_non_null(strstr(c->summary, "JAX holds 18.00 GiB"));
+    free(r);
+}
+
 static void peer_ranks_and_workers(void **state)
 {
     og_record_t *r = base();
@@ -1175,6 +1202,7 @@ int main(void)
         cmocka_unit_test(tie_break_priority),
         cmocka_unit_test(unknown_cache_keeps_cache_cause),
         cmocka_unit_test(second_framework_reservation),
+        cmocka_unit_test(second_framework_one_library),
         cmocka_unit_test(peer_ranks_and_workers),
         cmocka_unit_test(prefork_workers_are_this_job),
         cmocka_unit_test(dataparallel_imbalance),
