@@ -902,6 +902,36 @@ static void roles(og_facts_t *d, const og_record_t *r)
         if (ro->models[i].frozen)
             k->frozen_models = add_sat(k->frozen_models, each * n);
     }
+    /* a second copy still arriving beside the first (a notebook cell run again fails while it builds or
+     * loads the model: the new copy holds part of its parameters, a group of its own): while a model is being
+     * built (phase loading, or the failing statement runs in an __init__), trainable models of one class and
+     * different sizes are copies of each other, all but the smallest (the one arriving) releasable; a frozen
+     * one is another model (a teacher) */
+    char fn[sizeof ro->stmt.function];
+    og_cpy(fn, sizeof fn, ro->has_statement ? ro->stmt.function : "", sizeof fn);
+    bool building = d->phase == OG_JP_loading || strcmp(fn, "__init__") == 0;
+    for (int i = 0; building && i < nm; i++) {
+        if (ro->models[i].frozen || ro->models[i].count <= 0)
+            continue;
+        int first = i;
+        for (int j = 0; j < i; j++)
+            if (!ro->models[j].frozen && ro->models[j].count > 0 &&
+                strncmp(ro->models[j].cls, ro->models[i].cls, sizeof ro->models[i].cls) == 0)
+                first = j < first ? j : first;
+        if (first != i)
+            continue; /* the class was read at its first group */
+        uint64_t sum = ro->models[i].bytes, least = ro->models[i].bytes;
+        int groups = 1;
+        for (int j = i + 1; j < nm; j++)
+            if (!ro->models[j].frozen && ro->models[j].count > 0 &&
+                strncmp(ro->models[j].cls, ro->models[i].cls, sizeof ro->models[i].cls) == 0) {
+                sum = add_sat(sum, ro->models[j].bytes);
+                least = ro->models[j].bytes < least ? ro->models[j].bytes : least;
+                groups++;
+            }
+        if (groups > 1) /* within a group the copies are counted above */
+            k->model_copies = add_sat(k->model_copies, sum - least);
+    }
     if (ro->has_statement) {
         char p[sizeof ro->stmt_purpose];
         og_cpy(p, sizeof p, ro->stmt_purpose, sizeof p);

@@ -108,7 +108,8 @@ typedef struct og_role_facts {
      * a product of dimensions, a score matrix); unknown otherwise */
     enum og_request_shape { OG_REQ_UNKNOWN, OG_REQ_SQUARE, OG_REQ_PRODUCT } request_shape;
     uint64_t copies;        /* held_by_python holders whose blocks copy the parameters or the optimizer state */
-    uint64_t model_copies;  /* roles.models: the parameters of every model beyond the first of its class and size */
+    uint64_t model_copies;  /* roles.models: the parameters of every model beyond the first of its class and size;
+                               while a model is being built, of every trainable one of its class beyond the smallest */
     uint64_t frozen_models; /* roles.models: parameters of models none of whose parameters requires grad */
     bool state_known;       /* every role a training job keeps for good was measured ... */
     uint64_t state;         /* ... params + buffers + grads + opt + pools: the job's own state */

@@ -81,6 +81,9 @@ extern const og_remedy_def_t og_remedy_catalog[R_COUNT];
 void og_remedy_context(rctx_t *x, og_record_t *rec);
 /* the growth's steps ran without autograd (a KV cache, outputs kept on purpose) */
 bool og_growth_without_autograd(const rctx_t *x);
+/* a previous copy of the model is alive and does not fit beside the new one: a second load in the history, or
+ * roles.models (a notebook cell run again while the first run's model, optimizer and traceback live on) */
+bool og_previous_copy(const rctx_t *x);
 
 /* Row I of the ranking's tables (passes in order) as a line of docs/diagnosis.md's table; 0 past the last. */
 int og_rank_row_text(int i, char *buf, size_t n);

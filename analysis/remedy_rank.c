@@ -147,6 +147,8 @@ static bool model_copy(const rctx_t *x)
 }
 static bool second_load(const rctx_t *x) { return PRIMARY(DNF) && load_phase(x) == OG_PHASE_SECOND_LOAD; }
 static bool model_copy_primary(const rctx_t *x) { return PRIMARY(DNF) && model_copy(x); }
+/* a previous copy of the model is alive beside the one the job uses (a second load, a notebook cell run again) */
+bool og_previous_copy(const rctx_t *x) { return second_load(x) || model_copy_primary(x); }
 static bool loading(const rctx_t *x) { return PRIMARY(DNF) && load_phase(x) == OG_PHASE_LOADING; }
 static bool eval_with_autograd(const rctx_t *x) { return PRIMARY(GROWTH) && known_inference(x) && x->grad == 1; }
 /* the framework refused under its own cap, the cap bounds what it reserves (PyTorch, CuPy: the request

@@ -489,6 +489,21 @@ static bool b_non_framework_memory(const rctx_t *x, og_remedy_t *r)
     return true;
 }
 
+/* what is alive from an earlier copy of the model (og_previous_copy) */
+static void previous_copy_why(const rctx_t *x, og_remedy_t *r)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    if (ro->model_copies >= x->shortfall && ro->model_copies)
+        why(r,
+            "A previous copy of the model is still alive in this process (%s of parameters beyond the one in use, "
+            "with whatever gradients, optimizer state and tensors its run left): a notebook cell run again keeps "
+            "the first run's objects through its variables and the last traceback.",
+            og_hb((double)ro->model_copies).s);
+    else
+        why(r, "The model was loaded a second time while the first copy is still alive (a notebook cell run "
+               "again, a reload without del).");
+}
+
 static bool b_restart_process(const rctx_t *x, og_remedy_t *r)
 {
     const og_record_t *rec = x->rec;
@@ -510,6 +525,9 @@ static bool b_restart_process(const rctx_t *x, og_remedy_t *r)
         else
             how(r, "On the host: nvidia-smi --query-compute-apps=pid,used_memory --format=csv   # these pids are "
                    "not visible here");
+    } else if (og_previous_copy(x)) {
+        previous_copy_why(x, r);
+        why(r, " A restart frees all of it at once.");
     } else if (x->has[OG_CAUSE_FRAG]) {
         why(r,
             "A fresh process starts with an empty, unfragmented cache (%s is cached now); a restart between "
@@ -549,6 +567,15 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
     og_fmt(stepbuf, sizeof stepbuf, "%d of %d", g->rising, g->transitions);
     const char *steps = grew ? stepbuf : NULL;
     bool kept_on_purpose = og_growth_without_autograd(x) && (x->fw == OG_FW_PYTORCH || x->fw == OG_FW_UNKNOWN);
+    if (!grew && og_previous_copy(x)) {
+        previous_copy_why(x, r);
+        why(r, " Free it before building the new one.");
+        how(r, "%sdel model, optimizer   # the previous run's names (and any outputs, losses kept from it)", pt(x));
+        how(r, "sys.last_traceback = sys.last_value = None   # in Jupyter: %%reset -f, or %%xdel NAME; the traceback "
+               "of an interrupted cell keeps its frames alive");
+        how(r, "%simport gc; gc.collect(); torch.cuda.empty_cache()   # then run the cell again", pt(x));
+        return true;
+    }
     if (first >= 0 && last >= 0 && kept_on_purpose)
         why(r,
             "The low point rose from step to step (%s), from %s to %s, about %s per step, with autograd off: no "

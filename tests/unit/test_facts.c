@@ -556,6 +556,16 @@ static void names_copies_models_and_the_statement(void **state)
     assert_int_equal(f->roles.model_copies, 2 * GiB);
     assert_int_equal(f->roles.frozen_models, 1 * GiB);
     assert_int_equal(f->roles.state, 4 * GiB + 4 * GiB + 8 * GiB + 5 * GiB); /* copies are bounded state */
+    /* a second copy still arriving (a group of its own, smaller) counts while a model is being built: all but
+     * the smallest trainable one of the class; a frozen one of the class is another model */
+    fixture_model(r, "UNet", 1 * GiB + 512 * MiB, 1, false);
+    fixture_model(r, "UNet", 512 * MiB, 1, true);
+    assert_int_equal(facts(r)->roles.model_copies, 2 * GiB);
+    fixture_statement(r, "weight", "");
+    snprintf(r->memory.fw.roles.stmt.function, sizeof r->memory.fw.roles.stmt.function, "__init__");
+    assert_int_equal(facts(r)->roles.model_copies, 2 * GiB + 2 * GiB); /* 2 + 2 + 1.5 trainable, 1.5 arriving */
+    r->memory.fw.roles.has_statement = false;
+    r->memory.fw.roles.nmodels -= 2;
     assert_int_equal(f->roles.building, OG_PURPOSE_NONE);
     assert_int_equal(og_purpose_of("checkpoint"), OG_PURPOSE_checkpoint);
     assert_int_equal(og_purpose_of("nonsense"), OG_PURPOSE_NONE);

@@ -947,6 +947,24 @@ static void second_copy_of_a_model(void **state)
     run_primary(r, "does_not_fit");
     assert_true(rank_of(r, "restart_process") != 1 && rank_of(r, "release_references") != 1);
     free(r);
+    /* the cell run again fails while its new model is still being built (a group of its own, smaller): the
+     * first run's model is released or the kernel restarted, not the activations' advice; the texts say so */
+    r = base();
+    fixture_roles(r, 7 * GiB, 4 * GiB, 8 * GiB, 0, 0, 4 * GiB);
+    fixture_model(r, "LM", 4 * GiB, 1, false);
+    fixture_model(r, "LM", 3 * GiB, 1, false);
+    fixture_statement(r, "weight", "");
+    snprintf(r->memory.fw.roles.stmt.function, sizeof r->memory.fw.roles.stmt.function, "__init__");
+    run_primary(r, "does_not_fit");
+    assert_true(rank_of(r, "restart_process") == 1 || rank_of(r, "release_references") == 1);
+    assert_true(rank_of(r, "restart_process") <= 2 && rank_of(r, "release_references") <= 2);
+    assert_non_null(strstr(rem(r, "restart_process")->why, "previous copy of the model"));
+    assert_true(how_has(rem(r, "release_references"), "sys.last_traceback"));
+    /* the same models in a forward pass: two models of one class (a query and a document encoder), not a copy */
+    snprintf(r->memory.fw.roles.stmt.function, sizeof r->memory.fw.roles.stmt.function, "forward");
+    run_primary(r, "does_not_fit");
+    assert_true(rank_of(r, "restart_process") != 1 && rank_of(r, "release_references") != 1);
+    free(r);
 }
 
 /* loading weights (from_pretrained): in their checkpoint's dtype; no activation remedy, no map_location */
