@@ -958,6 +958,17 @@ static void roles(og_facts_t *d, const og_record_t *r)
         k->opt_adam = k->opt_adam || strstr(cls, "Adam") != NULL;
     }
     k->opt_full = add_sat(k->opt_full, sub0(k->opt, classed)); /* state of no named class */
+    for (int i = 0; i < nopt; i++)
+        if (known(ro->optimizers[i].param_bytes))
+            k->opt_params = add_sat(k->opt_params, ro->optimizers[i].param_bytes);
+    k->dtypes_known = ro->has_dtypes && known(ro->bytes[OG_ROLE_parameters]);
+    int nd = ro->ndtypes < 0 ? 0 : ro->ndtypes > 6 ? 6 : ro->ndtypes;
+    for (int i = 0; k->dtypes_known && i < nd; i++) {
+        char dt[sizeof ro->dtypes[0].dtype];
+        og_cpy(dt, sizeof dt, ro->dtypes[i].dtype, sizeof dt);
+        if (!strcmp(dt, "float32"))
+            k->params_fp32 = add_sat(k->params_fp32, ro->dtypes[i].bytes);
+    }
     int nh = ro->nholders < 0 ? 0 : ro->nholders > 8 ? 8 : ro->nholders;
     for (int i = 0; i < nh; i++) {
         const og_role_holder_t *h = &ro->holders[i];
@@ -998,6 +1009,26 @@ static void roles(og_facts_t *d, const og_record_t *r)
     /* a copy of the parameters or the optimizer state held by Python (an EMA, a snapshot, one being
      * made) is bounded like them: at most as many blocks of each size as the role has */
     k->state = add_sat(k->state, k->copies);
+}
+
+/* Whether the job trains, measured: an optimizer step ran (the adapter's `training`, PyTorch's step hook);
+ * the roles hold gradients (a backward ran) or optimizer state; an optimizer's param_groups hold parameters
+ * of the failing device (an optimizer made for this model: the job trains before its first step too); the
+ * failing stack is in backward or an optimizer step.  Known inference only from the adapter's word
+ * (training -1).  requires_grad alone says nothing: from_pretrained's weights require grad for inference
+ * too. */
+static void trains(og_facts_t *d, const og_record_t *r)
+{
+    const og_role_facts_t *k = &d->roles;
+    int training = r->memory.fw.has ? r->memory.fw.training : 0;
+    d->trains_why = training == 1                      ? "an optimizer step ran"
+                    : k->known && k->grads             ? "gradients are held"
+                    : k->known && k->opt               ? "optimizer state is held"
+                    : k->known && k->opt_params        ? "an optimizer holds the parameters"
+                    : d->phase == OG_JP_backward       ? "the failure is in backward"
+                    : d->phase == OG_JP_optimizer_step ? "the failure is in an optimizer step"
+                                                       : NULL;
+    d->trains = d->trains_why ? 1 : training == -1 ? -1 : 0;
 }
 
 /* A pass still building up (the adapter's phase: forward, backward, evaluation, generation) whose own
@@ -1219,6 +1250,7 @@ void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds
     framework_cap(f, rec);
     job_phase(f, rec);
     roles(f, rec);
+    trains(f, rec);
     growth(f, rec, s);
     grower(f, rec);
     load(f, rec);

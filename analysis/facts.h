@@ -97,10 +97,14 @@ typedef struct og_role_facts {
     bool act_known;                           /* the activations role was measured (the scan finished) */
     uint64_t params, grads, opt, pools, held; /* roles; 0 when that role is unknown */
     uint64_t act;                             /* activations and temporaries (0 when unknown) */
-    uint64_t opt_full;   /* optimizer state not already 8-bit (its class says 8bit): what 8 bits shrink */
-    bool opt_adam;       /* an Adam-family optimizer (two moments: 8 B per fp32 parameter) */
-    uint64_t local_held; /* held_by_python holders that are local variables of running functions */
-    uint64_t working;    /* act + local_held: the running computation's tensors */
+    uint64_t opt_full;    /* optimizer state not already 8-bit (its class says 8bit): what 8 bits shrink */
+    bool opt_adam;        /* an Adam-family optimizer (two moments: 8 B per fp32 parameter) */
+    uint64_t opt_params;  /* parameters on the failing device that optimizers' param_groups hold (0: none or
+                            unknown): an optimizer made for this model */
+    bool dtypes_known;    /* roles.parameters_by_dtype was measured ... */
+    uint64_t params_fp32; /* ... and this many bytes of the parameters are float32 (0 when unknown) */
+    uint64_t local_held;  /* held_by_python holders that are local variables of running functions */
+    uint64_t working;     /* act + local_held: the running computation's tensors */
     uint64_t purpose_bytes[OG_NPURPOSES]; /* held_by_python by what the holders' names say they keep */
     enum og_purpose building;             /* what the failing statement builds (roles.statement) */
     /* the sizes the failing statement read (roles.statement.ints, those >= 128): one of them twice
@@ -218,6 +222,11 @@ typedef struct og_facts {
      * statement builds what the program calls a checkpoint (roles.statement.purpose) */
     bool load_via_torch_load;
     og_role_facts_t roles;
+    /* the job trains: 1 (an optimizer step ran; the roles hold gradients or optimizer state; an optimizer
+     * holds parameters of the failing device; the failing stack was in backward or an optimizer step),
+     * -1 known inference only (the adapter's training -1), 0 unknown; trains_why: which evidence said so */
+    int trains;
+    const char *trains_why;
     /* a pass still building (forward, backward, evaluation, generation) holds at least 4x the cache
      * (and the request), the cache under frag_share of the reservation: it cannot carry the pass */
     bool pass_outgrows_cache;

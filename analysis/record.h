@@ -125,7 +125,15 @@ typedef struct og_roles {
     struct {
         char cls[48];
         uint64_t bytes, tensors;
+        uint64_t param_bytes; /* parameters on the failing device its param_groups hold (OG_UNKNOWN) */
     } optimizers[6];
+    /* roles.parameters_by_dtype: the parameters role by dtype, largest first; has_dtypes false: not measured */
+    bool has_dtypes;
+    int ndtypes;
+    struct {
+        char dtype[16]; /* "float32", "bfloat16", ... */
+        uint64_t bytes, tensors;
+    } dtypes[6];
     int nholders;
     og_role_holder_t holders[8];
     uint64_t elapsed_us, objects;

@@ -64,8 +64,9 @@ typedef struct rctx {
     int npeers;
     int grad, training; /* adapter evidence, 0 unknown */
     int autocast;       /* adapter evidence: 1 mixed precision on at the failure, -1 off, 0 unknown */
-    int trains;         /* the job trains: 1 (an optimizer step ran, gradients or optimizer state measured,
-                           phase backward or optimizer_step), -1 known inference only (training -1), 0 unknown */
+    int trains;         /* the job trains (facts: trains): 1 (an optimizer step ran, gradients or optimizer
+                           state measured, an optimizer holds the device's parameters, phase backward or
+                           optimizer_step), -1 known inference only (training -1), 0 unknown */
 } rctx_t;
 
 typedef struct og_remedy_def {

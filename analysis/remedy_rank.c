@@ -114,7 +114,7 @@ static bool no_expandable(const rctx_t *x)
     return !pytorchish(x) || x->rec->expandable_segments_set || x->async_backend;
 }
 static bool no_tape(const rctx_t *x) { return x->fw == OG_FW_JAX || x->fw == OG_FW_CUPY; }
-static bool autograd_known(const rctx_t *x) { return x->grad == -1 || x->training == 1; }
+static bool autograd_known(const rctx_t *x) { return x->grad == -1 || x->trains == 1; }
 static bool autocast_on(const rctx_t *x) { return x->autocast == 1; }
 static bool cupy(const rctx_t *x) { return x->fw == OG_FW_CUPY; }
 static bool no_zero(const rctx_t *x) { return x->fw == OG_FW_TENSORFLOW || x->fw == OG_FW_CUPY; }
@@ -298,6 +298,18 @@ static bool trains_all_parameters(const rctx_t *x)
     return ro->known && x->trains == 1 && ro->params && (ro->grads || ro->opt || PHASE(optimizer_step)) &&
            !own_fix_covers(x) && !x->larger_than_device;
 }
+/* the weights are float32 (roles.parameters_by_dtype: at least 3/4 of the parameters' bytes) and, with
+ * their gradients (which take their dtype), at least half of what the framework holds, outside an
+ * optimizer step (whose state is the lever there): loaded in their checkpoint's half precision, weights and
+ * gradients halve.  A bf16 checkpoint loaded without torch_dtype materialises in float32 */
+static bool fp32_weights(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    uint64_t alloc = x->rec->memory.fw.roles.allocated_bytes;
+    return ro->known && ro->dtypes_known && ro->params && (double)ro->params_fp32 >= 0.75 * (double)ro->params &&
+           known(alloc) && alloc && 2.0 * ((double)ro->params + (double)ro->grads) >= (double)alloc &&
+           !PHASE(optimizer_step) && !own_fix_covers(x) && !x->larger_than_device;
+}
 /* the evidence leaves nothing for the activation remedies to shrink: the roles measured, and the job was
  * loading, stepping its optimizer, or updating weights outside it */
 static bool no_activations(const rctx_t *x)
@@ -392,6 +404,10 @@ static const og_rank_row_t bring[] = {
     { "train_fewer_parameters", trains_all_parameters, WANT, 0, 0, REMS(R_LORA),
       "the job trains, roles: parameters and their gradients or optimizer state (or phase optimizer_step)",
       "adamw_first_step, ema_lazy_shadow (blind)" },
+    { "fp32_weights", fp32_weights, WANT, 0, 0, REMS(R_LOAD_HALF),
+      "roles: parameters >= 3/4 float32 (parameters_by_dtype), parameters + gradients >= half the allocated bytes; "
+      "not phase optimizer_step",
+      "fullft_fp32_default_dtype (blind)" },
     { "weights_update", weights_update, WANT, 0, 0, REMS(R_IN_PLACE, R_EMA_CPU),
       "the job trains, autograd off, phase unknown, roles: parameters, locals, activations < shortfall",
       "ema_lazy_shadow, ema_foreach_temporaries (blind)" },
@@ -452,7 +468,8 @@ static const og_rank_row_t narrow[] = {
       "failing framework not PyTorch, expandable_segments already set, backend:cudaMallocAsync",
       "torch_async_backend_nccl" },
     { "no_tape", no_tape, DROP, 0, 0, REMS(R_INFERENCE), "failing framework JAX or CuPy", "(unit tests)" },
-    { "autograd_known", autograd_known, DROP, 0, 0, REMS(R_INFERENCE), "adapter: grad_enabled off, or training seen",
+    { "autograd_known", autograd_known, DROP, 0, 0, REMS(R_INFERENCE),
+      "adapter: grad_enabled off, or the job trains (facts: trains)",
       "loss_history_leak_adapter, validation_batch_too_big" },
     { "no_graph_to_drop", no_graph_to_drop, DROP, 0, 0, REMS(R_INFERENCE),
       "phase optimizer_step, backward, loading or ema_update", "adamw_first_step, ema_lazy_shadow (blind)" },
@@ -554,6 +571,8 @@ static const og_rank_row_t lead[] = {
     { "graph_pools_lead", graph_pools_lead, LEAD_COVERS, -21, 0, REMS(R_GRAPH_SHAPES),
       "graph pools as in graph_pools, primary does_not_fit, cache_held, fragmentation or growth",
       "cuda_graph_shapes (blind)" },
+    { "fp32_weights_lead", fp32_weights, LEAD_COVERS, -20, 0, REMS(R_LOAD_HALF), "as fp32_weights",
+      "fullft_fp32_default_dtype (blind)" },
     { "one_batch_peak_lead", one_batch_peak, LEAD_COVERS, -19, 0, REMS(R_SHORTER_SEQ), "as one_batch_peak",
       "outlier_long_batch (blind)" },
     { "other_framework_first", other_framework_covers, LEAD_COVERS, -40, 0, REMS(R_OTHER_FW),
@@ -672,8 +691,12 @@ static void estimate(rank_t *k, const rctx_t *x)
      * bound: unknown when it does not cover) */
     if (ro->known && ro->act_known && ro->working >= x->shortfall)
         cover[R_RETRY_OUTSIDE] = cover[R_MAP_CPU] = (double)ro->working;
-    if (ro->known && ro->params)
-        cover[R_LOAD_HALF] = 0.5 * (double)ro->params;
+    if (ro->known && ro->params) {
+        /* half of the float32 weights, and of their gradients (a parameter's gradient has its dtype); the
+         * dtypes not measured: half of them all, if they load as float32 */
+        double fp32 = ro->dtypes_known ? (double)ro->params_fp32 : (double)ro->params;
+        cover[R_LOAD_HALF] = 0.5 * fp32 + (ro->dtypes_known ? 0.5 * (double)ro->grads * fp32 / (double)ro->params : 0);
+    }
     {
         /* 8 bits keep 1 of every 4 bytes of state; Adam's state is about to be 2x the parameters at its
          * first step */

@@ -17,7 +17,7 @@
 
 /* Autograd was off at the failure and nothing says the job trains: inference or generation, where
  * memory kept from step to step is kept on purpose (a KV cache, collected outputs), not a graph. */
-static bool no_autograd_job(const rctx_t *x) { return x->grad == -1 && x->training != 1; }
+static bool no_autograd_job(const rctx_t *x) { return x->grad == -1 && x->trains != 1; }
 
 static const char *fw_display(enum og_framework fw) { return og_framework_display(fw, "the framework"); }
 
@@ -110,14 +110,7 @@ void og_remedy_context(rctx_t *x, og_record_t *rec)
     x->grad = a->grad;
     x->training = a->training;
     x->autocast = a->autocast;
-    /* the job trains when an optimizer step ran, the roles hold gradients or optimizer state, or the
-     * failing stack was in backward or a step; known inference only from the adapter's word */
-    const og_role_facts_t *ro = &f->roles;
-    if (a->training == 1 || (ro->known && (ro->grads || ro->opt)) || f->phase == OG_JP_backward ||
-        f->phase == OG_JP_optimizer_step)
-        x->trains = 1;
-    else if (a->training == -1)
-        x->trains = -1;
+    x->trains = f->trains; /* measured in facts.c (trains) */
     x->fw = a->fw;
     x->fwname = fw_display(x->fw);
     x->cc_known = a->cc_known;
@@ -619,7 +612,7 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
             "%smodel.generate(inputs, cache_implementation=\"quantized\")   # Hugging Face: a 4-bit KV cache; "
             "or a paged cache server (vLLM)",
             pt(x));
-        if (x->training != -1) /* nobody said whether training steps ran before: their leak fits too */
+        if (x->trains != -1) /* nobody said whether training steps ran before: their leak fits too */
             how(r, "%slosses.append(loss.detach().item())   # if training steps ran before: keep numbers, not tensors",
                 pt(x));
         return true;
@@ -787,7 +780,7 @@ static bool b_smaller_batch(const rctx_t *x, og_remedy_t *r)
     /* autograd off at the failure: generation, inference or a validation pass, where the batch shrinks
      * without gradient accumulation */
     if (x->grad == -1 && (x->fw == OG_FW_PYTORCH || x->fw == OG_FW_UNKNOWN)) {
-        if (x->training == 1)
+        if (x->trains == 1)
             why(r, "Autograd was off at the failure inside a training job: a validation or evaluation pass. Its "
                    "batch can be smaller than training's, with nothing to accumulate; memory falls with it.");
         else
@@ -796,7 +789,7 @@ static bool b_smaller_batch(const rctx_t *x, og_remedy_t *r)
         activations_vs_shortfall(x, r, 0.5, "halving the batch");
         r->title = "Smaller batch (fewer samples at once)";
         r->cost = "More, smaller calls; nothing to accumulate without training";
-        if (x->training == 1) {
+        if (x->trains == 1) {
             how(r, "%sval_loader = DataLoader(val_set, batch_size=train_batch_size // 2)   # or smaller", pt(x));
             return true;
         }
@@ -1407,13 +1400,20 @@ static bool b_map_location_cpu(const rctx_t *x, og_remedy_t *r)
 static bool b_load_in_bf16(const rctx_t *x, og_remedy_t *r)
 {
     const og_role_facts_t *ro = &x->f->roles;
-    why(r,
-        "The failure came while loading the weights%s. A model built or loaded in float32 takes 4 bytes per "
-        "parameter: checkpoints are mostly bf16/fp16, and loading them in their own dtype halves the weights",
-        phase_at(x).s);
-    if (ro->known && ro->params)
+    if (x->f->phase == OG_JP_loading)
+        why(r, "The failure came while loading the weights%s. ", phase_at(x).s);
+    why(r, "A model built or loaded in float32 takes 4 bytes per parameter: checkpoints are mostly bf16/fp16, and "
+           "loading them in their own dtype halves the weights");
+    if (ro->known && ro->params && ro->dtypes_known) {
+        why(r, " (measured: %s of the %s of parameters are float32", og_hb((double)ro->params_fp32).s,
+            og_hb((double)ro->params).s);
+        if (ro->grads)
+            why(r, "; their gradients, %s, take the same dtype and halve with them", og_hb((double)ro->grads).s);
+        why(r, ")");
+    } else if (ro->known && ro->params) {
         why(r, " (%s of parameters now: %s if they are float32)", og_hb((double)ro->params).s,
             og_hb((double)ro->params / 2).s);
+    }
     why(r, ".");
     how(r,
         "%sAutoModel.from_pretrained(name, torch_dtype=torch.bfloat16, low_cpu_mem_usage=True)   # or "

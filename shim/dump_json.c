@@ -159,10 +159,25 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
     for (int i = 0; i < r->noptimizers; i++) {
         og_sb_puts(sb, i ? ",{\"class\":" : "{\"class\":");
         og_sb_json_str(sb, r->optimizers[i].cls);
-        og_sb_printf(sb, ",\"bytes\":%llu,\"tensors\":%llu}", (unsigned long long)r->optimizers[i].bytes,
-                     (unsigned long long)r->optimizers[i].tensors);
+        og_sb_printf(sb, ",\"bytes\":%llu,\"tensors\":%llu,\"parameters_bytes\":",
+                     (unsigned long long)r->optimizers[i].bytes, (unsigned long long)r->optimizers[i].tensors);
+        j_u64(sb, r->optimizers[i].param_bytes);
+        og_sb_puts(sb, "}");
     }
     og_sb_puts(sb, "]");
+    K("parameters_by_dtype");
+    if (r->has_dtypes) {
+        og_sb_puts(sb, "[");
+        for (int i = 0; i < r->ndtypes; i++) {
+            og_sb_puts(sb, i ? ",{\"dtype\":" : "{\"dtype\":");
+            og_sb_json_str(sb, r->dtypes[i].dtype);
+            og_sb_printf(sb, ",\"bytes\":%llu,\"tensors\":%llu}", (unsigned long long)r->dtypes[i].bytes,
+                         (unsigned long long)r->dtypes[i].tensors);
+        }
+        og_sb_puts(sb, "]");
+    } else {
+        og_sb_puts(sb, "null");
+    }
     K("holders");
     og_sb_puts(sb, "[");
     for (int i = 0; i < r->nholders; i++) {

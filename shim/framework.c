@@ -104,7 +104,7 @@ static const char *const role_keys[OG_NROLES] = {
 };
 
 /* The adapter's roles (oomguard_framework_stats_t.roles): "role\tNAME\tBYTES\tTENSORS",
- * "optimizer\tCLASS\tBYTES\tTENSORS", "holder\tBYTES\tTENSORS\tLABEL\tNAME\tKIND\tWHERE\tFILE\tLINE\tFUNCTION[\tPURPOSE\tCOPY_OF]",
+ * "optimizer\tCLASS\tBYTES\tTENSORS[\tPARAMETER_BYTES]", "dtype\tNAME\tBYTES\tTENSORS", "holder\tBYTES\tTENSORS\tLABEL\tNAME\tKIND\tWHERE\tFILE\tLINE\tFUNCTION[\tPURPOSE\tCOPY_OF]",
  * "statement\tFILE\tLINE\tFUNCTION\tTARGET\tPURPOSE\tNAMES[\tINTS]" ('-': none),
  * "steps\tMADE\tALLOCATED,ALLOCATED,..." (after each of an optimizer's latest steps, oldest first),
  * "meta\tKEY\tVALUE" lines; unknown lines and roles are skipped.  A role not given stays unknown. */
@@ -134,7 +134,13 @@ static void parse_roles(const char *s, og_roles_t *r)
             copy_str(r->optimizers[r->noptimizers].cls, sizeof r->optimizers[0].cls, f[1]);
             r->optimizers[r->noptimizers].bytes = strtoull(f[2], NULL, 10);
             r->optimizers[r->noptimizers].tensors = strtoull(f[3], NULL, 10);
+            r->optimizers[r->noptimizers].param_bytes = n >= 5 ? role_u64(f[4]) : OG_UNKNOWN;
             r->noptimizers++;
+        } else if (!strcmp(f[0], "dtype") && n >= 4 && r->ndtypes < (int)(sizeof r->dtypes / sizeof r->dtypes[0])) {
+            copy_str(r->dtypes[r->ndtypes].dtype, sizeof r->dtypes[0].dtype, f[1]);
+            r->dtypes[r->ndtypes].bytes = strtoull(f[2], NULL, 10);
+            r->dtypes[r->ndtypes].tensors = strtoull(f[3], NULL, 10);
+            r->ndtypes++;
         } else if (!strcmp(f[0], "holder") && n >= 10 &&
                    r->nholders < (int)(sizeof r->holders / sizeof r->holders[0])) {
             og_role_holder_t *h = &r->holders[r->nholders++];
@@ -194,6 +200,8 @@ static void parse_roles(const char *s, og_roles_t *r)
                 r->objects = strtoull(f[2], NULL, 10);
             else if (!strcmp(f[1], "sampled"))
                 r->sampled = strtoull(f[2], NULL, 10);
+            else if (!strcmp(f[1], "by_dtype"))
+                r->has_dtypes = atoi(f[2]) != 0;
             else if (!strcmp(f[1], "why"))
                 copy_str(r->why, sizeof r->why, f[2]);
         }

@@ -14,7 +14,10 @@ by role at an out-of-memory failure (memory.framework.roles in the dump; docs/du
                     saved, temporaries, locals of running functions.  Unknown (None) when the scan
                     ran out of time or a role above is unknown.
 
-Each holder also says what its name or class says it keeps (purpose, PURPOSES) and whether its blocks
+The parameters are also split by dtype (parameters_by_dtype: float32 weights of a half-precision
+checkpoint), and each optimizer says how many bytes of parameters on the failing device its
+param_groups hold (an optimizer made for this device's model: the job trains, before its first step
+too).  Each holder also says what its name or class says it keeps (purpose, PURPOSES) and whether its blocks
 are a copy of the parameters or the optimizer state (copy_of); `models` groups the modules no other
 module holds by class and size (a second copy of a model, a frozen one).
 
@@ -203,7 +206,8 @@ class _Scan(object):
         self.deadline = deadline
         self.seen = {}                    # data pointer -> role that has it
         self.totals = dict((r, [0, 0]) for r in ROLES)
-        self.optimizers = {}              # class name -> [bytes, tensors]
+        self.optimizers = {}              # class name -> [bytes, tensors, parameter bytes on the device]
+        self.dtypes = {}                  # dtype name -> [bytes, tensors] of the parameters role
         self.holders = {}                 # (name, kind, where) -> [bytes, tensors, largest ptr, largest bytes]
         self.sizes_of = {}                # role or holder key -> {block size: count} (copies, see copy_of)
         self.tensor_type = getattr(torch, "Tensor", None)
@@ -478,6 +482,16 @@ def _walk(scan, frame_roots):
     picked = list(itertools.compress(objs, map(wanted.__contains__, map(type, objs))))
     del objs
     modules, optimizers, loose = [], [], []
+    dtypes = scan.dtypes
+
+    def param(p):
+        """Counts p under the parameters role (and its dtype); True when it was counted now."""
+        b = scan.claim(p, "parameters")
+        if b:
+            d = dtypes.setdefault(dtype_name(p), [0, 0])
+            d[0] += b
+            d[1] += 1
+        return b
     by_kind = {"module": modules, "optimizer": optimizers, "parameter": loose}
     for o in picked:
         by_kind[wanted[type(o)]].append(o)
@@ -490,17 +504,23 @@ def _walk(scan, frame_roots):
         for p in (d.get("_parameters") or {}).values():
             if p is not None:
                 scan.tick()
-                scan.claim(p, "parameters")
+                param(p)
                 params.append(p)
     for opt in optimizers:
+        held = {}                         # the device's storages its param_groups hold
         for g in getattr(opt, "param_groups", ()) or ():
             for p in (g.get("params") or ()) if isinstance(g, dict) else ():
                 scan.tick()
-                scan.claim(p, "parameters")
+                param(p)
                 params.append(p)
+                st = scan.storage(p)
+                if st is not None:
+                    held[st[0]] = st[1]
+        o = scan.optimizers.setdefault(type(opt).__name__, [0, 0, 0])
+        o[2] += sum(held.values())
     for p in loose:                       # parameters of no module and no optimizer (frozen, bare)
         scan.tick()
-        if scan.claim(p, "parameters"):
+        if param(p):
             params.append(p)
     for m in modules:
         for b in (getattr(m, "__dict__", {}).get("_buffers") or {}).values():
@@ -530,7 +550,7 @@ def _walk(scan, frame_roots):
             if b:
                 got[0] += b
                 got[1] += 1
-        o = scan.optimizers.setdefault(name, [0, 0])
+        o = scan.optimizers.setdefault(name, [0, 0, 0])
         o[0] += got[0]
         o[1] += got[1]
     scan.stage = "models"
@@ -542,6 +562,15 @@ def _walk(scan, frame_roots):
             scan.totals["graph_pools"][0] += size
             scan.totals["graph_pools"][1] += 1
     _named_holders(scan, modules, frame_roots)
+
+
+def dtype_name(t):
+    """A tensor's dtype as a short name: "float32", "bfloat16" (torch.float32 -> float32); "unknown"."""
+    try:
+        s = str(getattr(t, "dtype", None) or "unknown")
+        return s[6:] if s.startswith("torch.") else s
+    except Exception:
+        return "unknown"
 
 
 def _models(scan, modules):
@@ -671,7 +700,9 @@ def _result(scan, allocated, complete, why, t0, unknown=()):
         purpose = purpose_of((name,), (kind, owner))
         copied = copy_of(scan.sizes_of.get((name, kind, where), {}), scan.sizes_of)
         holders.append((label, name, kind, where, b, n, scan.sites.get(ptr), purpose, copied))
+    dtypes = None if "parameters" in unknown else dict((k, list(v)) for k, v in scan.dtypes.items())
     return {"allocated": allocated, "roles": roles, "optimizers": scan.optimizers, "holders": holders,
+            "parameters_by_dtype": dtypes,
             "models": list(scan.models),
             "complete": complete, "why": why, "elapsed_ms": (_clock() - t0) * 1000.0,
             "objects": scan.objects, "sampled": scan.sampled}
@@ -735,7 +766,8 @@ def _clean(s):
 def encode(r):
     """The measurement as the shim reads it (oomguard_framework_stats_t.roles): one record a line,
     fields separated by tabs; '-' is unknown.
-      role  NAME BYTES TENSORS | optimizer CLASS BYTES TENSORS |
+      role  NAME BYTES TENSORS | optimizer CLASS BYTES TENSORS PARAMETER_BYTES |
+      dtype NAME BYTES TENSORS (the parameters by dtype; with `meta by_dtype 1`: measured) |
       holder BYTES TENSORS LABEL NAME KIND WHERE FILE LINE FUNCTION PURPOSE COPY_OF |
       model CLASS BYTES TENSORS COUNT FROZEN | statement FILE LINE FUNCTION TARGET PURPOSE NAMES INTS |
       steps MADE ALLOCATED,... (after each of an optimizer's latest steps, oldest first) | meta KEY VALUE"""
@@ -745,8 +777,14 @@ def encode(r):
     for name in ROLES:
         b, n = r["roles"].get(name, [None, 0])
         out.append("role\t%s\t%s\t%d" % (name, "-" if b is None else int(b), int(n)))
-    for cls, (b, n) in sorted(r["optimizers"].items()):
-        out.append("optimizer\t%s\t%d\t%d" % (_clean(cls), int(b), int(n)))
+    for cls, v in sorted(r["optimizers"].items()):
+        pb = v[2] if len(v) > 2 else None
+        out.append("optimizer\t%s\t%d\t%d\t%s" % (_clean(cls), int(v[0]), int(v[1]), "-" if pb is None else int(pb)))
+    dtypes = r.get("parameters_by_dtype")
+    if dtypes is not None:
+        for name, (b, n) in sorted(dtypes.items(), key=lambda kv: (-kv[1][0], kv[0])):
+            out.append("dtype\t%s\t%d\t%d" % (_clean(name), int(b), int(n)))
+        out.append("meta\tby_dtype\t1")
     for h in r["holders"]:
         label, name, kind, where, b, n, site = h[:7]
         purpose = h[7] if len(h) > 7 else None

@@ -374,6 +374,16 @@ static void fixture_optimizer(og_record_t *r, const char *cls, uint64_t bytes)
     ro->optimizers[ro->noptimizers++].bytes = bytes;
 }
 
+/* roles.parameters_by_dtype measured, with BYTES of the parameters of DTYPE ("float32", "bfloat16") */
+static void fixture_dtype(og_record_t *r, const char *dtype, uint64_t bytes)
+{
+    og_roles_t *ro = &r->memory.fw.roles;
+    ro->has_dtypes = true;
+    snprintf(ro->dtypes[ro->ndtypes].dtype, sizeof ro->dtypes[0].dtype, "%s", dtype);
+    ro->dtypes[ro->ndtypes].bytes = bytes;
+    ro->dtypes[ro->ndtypes++].tensors = 10;
+}
+
 /* event.phase and the frame that decided it (FILE NULL: no frame) */
 static void fixture_phase(og_record_t *r, const char *phase, const char *file, const char *function)
 {

@@ -1006,6 +1006,81 @@ static void phase_optimizer_step(void **state)
     free(r);
 }
 
+/* float32 weights (a bf16 checkpoint loaded without torch_dtype) that, with their gradients, are the bulk
+ * of a full fine-tune: load them in half precision first; quantizing is not for a job that trains */
+static void fp32_weights_load_in_half(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 10 * GiB, 9 * GiB, 0, 0, 0, 1 * GiB);
+    fixture_dtype(r, "float32", 10 * GiB);
+    fixture_phase(r, "backward", NULL, NULL);
+    r->memory.fw.grad_enabled = 1;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "load_in_bf16");
+    assert_int_equal(rank_of(r, "quantization"), 0);
+    free(r);
+    /* the weights already bfloat16: nothing to halve, not listed */
+    r = base();
+    fixture_roles(r, 10 * GiB, 9 * GiB, 0, 0, 0, 1 * GiB);
+    fixture_dtype(r, "bfloat16", 10 * GiB);
+    fixture_phase(r, "backward", NULL, NULL);
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "load_in_bf16"), 0);
+    free(r);
+    /* the dtypes not measured (an older adapter): not brought outside a load */
+    r = base();
+    fixture_roles(r, 10 * GiB, 9 * GiB, 0, 0, 0, 1 * GiB);
+    fixture_phase(r, "backward", NULL, NULL);
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "load_in_bf16"), 0);
+    free(r);
+    /* float32 weights a small part of what is held (activations are the bulk): not the lever */
+    r = base();
+    fixture_roles(r, 2 * GiB, 2 * GiB, 0, 0, 0, 16 * GiB);
+    fixture_dtype(r, "float32", 2 * GiB);
+    fixture_phase(r, "backward", NULL, NULL);
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "load_in_bf16"), 0);
+    free(r);
+    /* inference on float32 weights: loading in half precision comes before quantizing them */
+    r = base();
+    fixture_roles(r, 16 * GiB, 0, 0, 0, 0, 4 * GiB);
+    fixture_dtype(r, "float32", 16 * GiB);
+    fixture_phase(r, "forward", "/srv/model.py", "forward");
+    r->memory.fw.grad_enabled = -1;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "load_in_bf16");
+    assert_true(rank_of(r, "quantization") > 1);
+    free(r);
+}
+
+/* the first forward pass of a training job: no optimizer step ran and no gradient exists yet, but an
+ * optimizer holds the failing device's parameters: the job trains (no inference_mode, no quantization);
+ * parameters that require grad alone say nothing (a loaded model requires grad for inference too) */
+static void trains_before_the_first_step(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 3 * GiB, 0, 0, 0, 0, 17 * GiB);
+    fixture_optimizer(r, "AdamW", 0);
+    r->memory.fw.roles.optimizers[0].param_bytes = 3 * GiB;
+    fixture_phase(r, "forward", "/srv/model.py", "forward");
+    r->memory.fw.grad_enabled = 1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "inference_mode"), 0);
+    assert_int_equal(rank_of(r, "quantization"), 0);
+    free(r);
+    /* an optimizer that holds none of this device's parameters: not known to train */
+    r = base();
+    fixture_roles(r, 3 * GiB, 0, 0, 0, 0, 17 * GiB);
+    fixture_optimizer(r, "AdamW", 0);
+    fixture_phase(r, "forward", "/srv/model.py", "forward");
+    r->memory.fw.grad_enabled = 1;
+    run_primary(r, "does_not_fit");
+    assert_true(rank_of(r, "inference_mode") > 0);
+    assert_true(rank_of(r, "quantization") > 0);
+    free(r);
+}
+
 /* in a forward pass the optimizer's state is not the lever: it comes after the activation remedies */
 static void phase_forward_optimizer_later(void **state)
 {
@@ -1584,6 +1659,8 @@ int main(void)
         cmocka_unit_test(phase_loading_weights),
         cmocka_unit_test(phase_optimizer_step),
         cmocka_unit_test(phase_forward_optimizer_later),
+        cmocka_unit_test(fp32_weights_load_in_half),
+        cmocka_unit_test(trains_before_the_first_step),
         cmocka_unit_test(graph_pools_first),
         cmocka_unit_test(growth_in_a_dict),
         cmocka_unit_test(growth_names_its_holder),

@@ -145,6 +145,35 @@ def t_roles():
     assert named == holders, named
     enc = oomguard_roles.encode(r)
     assert "role\tparameters\t%d\t" % truth["parameters"] in enc and "holder\t" in enc, enc
+    # the parameters by dtype, and the device's parameters the optimizer holds (an optimizer for this model)
+    assert r["parameters_by_dtype"] == {"float32": [truth["parameters"], 3]}, r["parameters_by_dtype"]
+    assert r["optimizers"]["AdamW"][2] == truth["parameters"], r["optimizers"]
+    assert "dtype\tfloat32\t%d\t3" % truth["parameters"] in enc and "meta\tby_dtype\t1" in enc, enc
+    assert "optimizer\tAdamW\t%d\t" % truth["optimizer_state"] in enc, enc
+    assert enc.split("optimizer\tAdamW\t")[1].split("\n")[0].endswith("\t%d" % truth["parameters"]), enc
+
+
+def t_dtypes_optimizer_before_step():
+    """Parameters of two dtypes are told apart (float32 weights of a half-precision checkpoint); an optimizer
+    made for the model holds its parameters before any step ran (no state, no gradient: the job trains)."""
+    build()
+    g = globals()
+    half = torch.nn.Parameter(torch.empty(3000, dtype=torch.bfloat16, device=DEV) if DEV else
+                              torch.empty(3000, dtype=torch.bfloat16))
+    g["half_model"] = torch.nn.Module()
+    half_model.w = half
+    g["fresh_opt"] = torch.optim.AdamW([half], lr=1e-3)
+    try:
+        r = measure(None)
+        by = r["parameters_by_dtype"]
+        f32 = sum(nbytes(p) for p in (model.a.weight, model.b.weight, model.head))
+        assert by == {"float32": [f32, 3], "bfloat16": [nbytes(half), 1]}, by
+        assert r["optimizers"]["AdamW"][2] == f32 + nbytes(half), r["optimizers"]   # both optimizers, one class
+        assert r["roles"]["gradients"][0] == sum(nbytes(p.grad) for p in (model.a.weight, model.b.weight, model.head))
+        assert half.grad is None and not fresh_opt.state, fresh_opt.state
+    finally:
+        g.pop("half_model", None)
+        g.pop("fresh_opt", None)
 
 
 def t_local_holder():
@@ -301,6 +330,8 @@ check("roles of a model, its gradients, AdamW state, a view, global lists and an
 check("what a holder's name or class says it keeps (kv_cache, ema, checkpoint, teacher, cache)", t_purposes)
 check("a holder whose blocks are the parameters' sizes is a copy of them (in part too)", t_copies)
 check("models: roots by class and size, a second copy counted, a frozen one said", t_models)
+check("parameters by dtype; an optimizer holds the device's parameters before its first step",
+      t_dtypes_optimizer_before_step)
 check("the failing statement: its target, the names it reads, their purpose, the phase from it", t_statement)
 check("a list local of a running function is a named holder; unknown allocated leaves activations unknown",
       t_local_holder)

@@ -48,6 +48,7 @@ class Tensor(object):
     (torch/autograd: backward runs on an engine thread of its own, as PyTorch's does)."""
     is_cuda = True
     grad = None
+    _dtype = None           # set by empty(); views and parameters read their base's
     requires_grad = False
     _base = None
     _params = ()            # the parameters a forward pass's output depends on (torch/nn)
@@ -62,6 +63,11 @@ class Tensor(object):
         while t._base is not None:
             t = t._base
         return t
+
+    @property
+    def dtype(self):
+        """The dtype it was made with: empty()'s argument, else the default dtype then (float32)."""
+        return self._root()._dtype or "float32"
 
     def data_ptr(self):
         b = self._root()._block
@@ -100,24 +106,40 @@ class Tensor(object):
 
 uint8, int8, float16, bfloat16, float32 = "uint8", "int8", "float16", "bfloat16", "float32"
 _ITEMSIZE = {"uint8": 1, "int8": 1, "float16": 2, "bfloat16": 2, "float32": 4}
+_default_dtype = [float32]
+
+
+def get_default_dtype():
+    return _default_dtype[0]
+
+
+def set_default_dtype(d):
+    _default_dtype[0] = d
 
 
 def empty(nbytes, dtype=None, device=None, pool_id=(0, 0)):
     """A tensor of nbytes elements of dtype (default: bytes) on `device` (default: the current
     device; an int or "cuda[:N]" as in PyTorch).  torch.empty(n, dtype=torch.uint8, device=0)
-    means the same here and in PyTorch; pool_id is the stand-in's own (a CUDA-graph pool)."""
+    means the same here and in PyTorch; pool_id is the stand-in's own (a CUDA-graph pool).
+    Without a dtype the tensor's size is n bytes and its dtype PyTorch's default (get_default_dtype():
+    float32, as torch.empty(n) makes): the programs size memory in bytes, their weights are float32
+    unless they say otherwise."""
     cuda._lazy_init()
     if isinstance(device, str):
         device = int(device.split(":")[1]) if ":" in device else None
     d = cuda.current_device() if device is None else int(device)
     n = int(nbytes) * _ITEMSIZE[dtype or "uint8"]
     block = cuda._allocator(d).malloc(n, tuple(pool_id))
-    return Tensor(d, block, n)
+    t = Tensor(d, block, n)
+    t._dtype = dtype or _default_dtype[0]
+    return t
 
 
 def empty_like(t, dtype=None, device=None):
-    """A new tensor of t's size on t's device."""
-    return empty(t.nbytes, device=t.device if device is None else device)
+    """A new tensor of t's size (and dtype) on t's device."""
+    e = empty(t.nbytes, device=t.device if device is None else device)
+    e._dtype = dtype or t.dtype
+    return e
 
 
 # autograd modes, as far as the adapter asks (torch.is_grad_enabled, torch.no_grad, ...)
