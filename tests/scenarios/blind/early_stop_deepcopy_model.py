@@ -49,16 +49,24 @@ class Encoder(torch.nn.Module):
         loss._saved, loss._params = h, tuple(self.parameters())
         return loss
 
-    def __deepcopy__(self, memo):
-        """copy.deepcopy(model): every parameter copied on its device, with its .grad when it has one
-        (Tensor.__deepcopy__ copies the gradient as well)."""
-        params = []
-        for p in self.parameters():
-            q = torch.nn.Parameter(torch.empty_like(p))
-            if p.grad is not None:
-                q.grad = torch.empty_like(p.grad)
-            params.append(q)
-        return Encoder(params)
+
+# copy.deepcopy(model) as PyTorch runs it: nn.Module's and Tensor.__deepcopy__'s frames are the
+# framework's, so this stand-in is compiled as part of torch's own file (as scen_truth does): the
+# failing Python line stays the program's `copy.deepcopy(model)`.  Every parameter is copied on its
+# device, with its .grad when it has one (Tensor.__deepcopy__ copies the gradient as well).
+_DEEPCOPY = """
+def __deepcopy__(self, memo):
+    params = []
+    for p in self.parameters():
+        q = torch.nn.Parameter(torch.empty_like(p))
+        if p.grad is not None:
+            q.grad = torch.empty_like(p.grad)
+        params.append(q)
+    return type(self)(params)
+"""
+_ns = {"torch": torch}
+exec(compile(_DEEPCOPY, torch.__file__, "exec"), _ns)
+Encoder.__deepcopy__ = _ns["__deepcopy__"]
 
 
 def evaluate(model, step):
