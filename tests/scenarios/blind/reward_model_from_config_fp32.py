@@ -33,8 +33,6 @@ class CPUTensor(object):
     def __init__(self, numel, dtype):
         self.numel, self.dtype = numel, dtype
 
-    def cuda(self):
-        return torch.nn.Parameter(torch.empty(self.numel * ITEMSIZE[self.dtype], device="cuda"))
 
 
 class Module(torch.nn.Module):
@@ -47,19 +45,33 @@ class Module(torch.nn.Module):
     def param(self, name, numel):
         self._cpu[name] = CPUTensor(numel, DEFAULT_DTYPE)
 
-    def _apply(self, fn):
-        for m in self.modules():
-            for name, t in list(m.__dict__.get("_cpu", {}).items()):
-                setattr(m, name, fn(t))            # param_applied = fn(param), as nn.Module._apply
-                del m._cpu[name]
-        return self
-
-    def cuda(self, device=None):
-        return self._apply(lambda t: t.cuda())
-
     def load_state_dict(self, state_dict, strict=True):
         # copy_ into the existing fp32 parameters: the bf16 values are upcast, the dtype stays fp32
         return None
+
+
+# Tensor.cuda() and nn.Module.cuda()/_apply as PyTorch runs them: their frames are the framework's,
+# so these stand-ins are compiled as part of torch's own file (as scen_truth does): the failing
+# Python line stays the program's `model.cuda().eval()`.
+_MOVE = """
+def tensor_cuda(self):
+    return torch.nn.Parameter(torch.empty(self.numel * ITEMSIZE[self.dtype], device="cuda"))
+
+
+def _apply(self, fn):
+    for m in self.modules():
+        for name, t in list(m.__dict__.get("_cpu", {}).items()):
+            setattr(m, name, fn(t))            # param_applied = fn(param), as nn.Module._apply
+            del m._cpu[name]
+    return self
+
+
+def module_cuda(self, device=None):
+    return self._apply(lambda t: t.cuda())
+"""
+_ns = {"torch": torch, "ITEMSIZE": ITEMSIZE}
+exec(compile(_MOVE, torch.__file__, "exec"), _ns)
+CPUTensor.cuda, Module._apply, Module.cuda = _ns["tensor_cuda"], _ns["_apply"], _ns["module_cuda"]
 
 
 class DecoderLayer(Module):
