@@ -60,6 +60,7 @@ static bool others_hold(const rctx_t *x) { return HAS(FOREIGN) || HAS(NONFW); }
 static bool growth_holds(const rctx_t *x) { return HAS(GROWTH); }
 static bool growth_cache(const rctx_t *x) { return HAS(GROWTH) && cache_ok(x); }
 static bool growth_on_purpose(const rctx_t *x) { return PRIMARY(GROWTH) && og_growth_without_autograd(x); }
+static bool generation_growth(const rctx_t *x) { return og_generation_growth(x); }
 static bool otherfw_holds(const rctx_t *x) { return HAS(OTHERFW); }
 static bool peers_hold(const rctx_t *x) { return HAS(PEERS); }
 /* every peer on the GPU is a worker of this process's parent or the parent (a pre-fork server) */
@@ -373,6 +374,9 @@ static const og_rank_row_t bring[] = {
       "leak_async_backend" },
     { "growth_kept_on_purpose", growth_on_purpose, WANT, 0, 0, REMS(R_SMALLER_BATCH, R_SHORTER_SEQ),
       "primary growth marked by the failing size, autograd off, not training", "generate_kv_cache" },
+    { "generation_working_set", generation_growth, WANT, 0, 0, REMS(R_SMALLER_BATCH, R_SHORTER_SEQ, R_SMALLER_KV),
+      "cause growth, not training, autograd not on, phase generation or a KV cache holding >= half the rise",
+      "generate_kv_cache, generate_beams_kv_growth" },
     { "other_framework", otherfw_holds, WANT, 0, 0, REMS(R_OTHER_FW), "cause other_framework",
       "jax_prealloc_then_torch" },
     { "peer_ranks", peers_hold, WANT, 0, 0, REMS(R_SET_DEVICE), "cause peer_ranks", "ddp_8ranks_no_set_device" },
@@ -575,6 +579,9 @@ static const og_rank_row_t lead[] = {
       "fullft_fp32_default_dtype (blind)" },
     { "one_batch_peak_lead", one_batch_peak, LEAD_COVERS, -19, 0, REMS(R_SHORTER_SEQ), "as one_batch_peak",
       "outlier_long_batch (blind)" },
+    { "generation_working_set_lead", generation_growth, LEAD_COVERS, -26, 1, REMS(R_SMALLER_BATCH, R_SHORTER_SEQ),
+      "as generation_working_set (the KV cache grows per token: not a leak)",
+      "generate_kv_cache, generate_beams_kv_growth" },
     { "other_framework_first", other_framework_covers, LEAD_COVERS, -40, 0, REMS(R_OTHER_FW),
       "primary other_framework >= 0.7, its bytes >= shortfall", "jax_arena_torch_policy" },
     { "outside_the_framework", no_other_process, REPLACE, 0, 0, REMS(R_FOREIGN, R_NONFW_MEMORY),
@@ -719,6 +726,8 @@ static void estimate(rank_t *k, const rctx_t *x)
         cover[R_IN_PLACE] = held > copy ? held - copy : 0;
     }
     cover[R_SMALLER_KV] = kv_cache_reserved(x) ? 0.5 * (double)ro->kv_bytes : -1;
+    if (generation_growth(x) && ro->purpose_bytes[OG_PURPOSE_kv_cache]) /* a 4-bit cache: 3/4 of a 16-bit one */
+        cover[R_SMALLER_KV] = 0.75 * (double)ro->purpose_bytes[OG_PURPOSE_kv_cache];
     cover[R_SNAPSHOT_CPU] = state_snapshot(x) ? (double)ro->working : -1;   /* the copy made so far, at least */
     if (evaluation_autograd_on(x) && ro->known && ro->act_known && ro->act) /* what is kept for backward */
         cover[R_INFERENCE] = 0.9 * (double)ro->act;

@@ -47,6 +47,14 @@ bool og_growth_without_autograd(const rctx_t *x)
     return no_autograd_job(x) && x->has[OG_CAUSE_GROWTH] && x->f->growth.marker == OG_MARK_FAILING_SIZE;
 }
 
+bool og_generation_growth(const rctx_t *x)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    uint64_t kv = ro->purpose_bytes[OG_PURPOSE_kv_cache];
+    return x->has[OG_CAUSE_GROWTH] && x->trains != 1 && x->grad != 1 &&
+           (x->f->phase == OG_JP_generation || (ro->known && kv && kv >= x->f->growth.rise / 2));
+}
+
 /* The advice's view: the facts og_diagnose computed (og_diagnose's own when it ran on this record),
  * and which causes the diagnosis kept.  A cause's findings count only when the diagnosis kept it. */
 void og_remedy_context(rctx_t *x, og_record_t *rec)
@@ -559,7 +567,8 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
     char stepbuf[32];
     og_fmt(stepbuf, sizeof stepbuf, "%d of %d", g->rising, g->transitions);
     const char *steps = grew ? stepbuf : NULL;
-    bool kept_on_purpose = og_growth_without_autograd(x) && (x->fw == OG_FW_PYTORCH || x->fw == OG_FW_UNKNOWN);
+    bool kept_on_purpose = (og_growth_without_autograd(x) || og_generation_growth(x)) &&
+                           (x->fw == OG_FW_PYTORCH || x->fw == OG_FW_UNKNOWN);
     if (!grew && og_previous_copy(x)) {
         previous_copy_why(x, r);
         why(r, " Free it before building the new one.");
@@ -569,7 +578,12 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
         how(r, "%simport gc; gc.collect(); torch.cuda.empty_cache()   # then run the cell again", pt(x));
         return true;
     }
-    if (first >= 0 && last >= 0 && kept_on_purpose)
+    if (first >= 0 && last >= 0 && kept_on_purpose && og_generation_growth(x))
+        why(r,
+            "The low point rose (%s), from %s to %s, about %s per step, within a generation: its KV cache "
+            "grows by a position per new token for every sequence and beam, its working set, not a leak.",
+            steps ? steps : "most steps", og_hb(first).s, og_hb(last).s, og_hb(step > 0 ? step : 0).s);
+    else if (first >= 0 && last >= 0 && kept_on_purpose)
         why(r,
             "The low point rose from step to step (%s), from %s to %s, about %s per step, with autograd off: no "
             "graph is kept, so most often this is a KV cache growing with every generated token (batch x tokens) "
@@ -592,7 +606,9 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
     int hi = rf->grower >= 0 ? rf->grower : rf->keeper; /* the holder of the growth, else the largest kept */
     const char *holder = holder_label(x, hi, lb, sizeof lb);
     if (holder) {
-        if (hi == rf->grower)
+        if (hi == rf->grower && og_generation_growth(x))
+            why(r, " Held by %s (%s).", holder, og_hb((double)rf->grower_bytes).s);
+        else if (hi == rf->grower)
             why(r, " It is held by %s (%s): release what it keeps and the growth stops.", holder,
                 og_hb((double)rf->grower_bytes).s);
         else
@@ -837,6 +853,23 @@ static bool b_shorter_sequences(const rctx_t *x, og_remedy_t *r)
         how(r, "tokenizer(texts, truncation=True, max_length=L)   # or split documents longer than L into pieces");
         how(r, "Batch by a token budget: add samples while sum(lengths) <= N tokens (fixed memory per step).");
         how(r, "Sort or bucket samples by length so one long sample does not pad a whole batch.");
+        return true;
+    }
+    if (og_generation_growth(x) && !x->larger_than_device) {
+        const og_growth_facts_t *g = &x->f->growth;
+        r->title = "Fewer new tokens (max_new_tokens) or beams";
+        r->cost = "Shorter outputs, or a narrower beam search";
+        why(r,
+            "A generation's KV cache holds batch x beams x (prompt + new tokens) positions and grew by about %s "
+            "per step, from %s to %s: fewer new tokens or beams (or a shorter prompt) cut it in proportion.",
+            og_hb((double)g->per_step).s, og_hb((double)g->first_low).s, og_hb((double)g->last_low).s);
+        if (x->shortfall && g->per_step)
+            why(r, " %s more was needed: about %.0f tokens' worth.", og_hb((double)x->shortfall).s,
+                (double)x->shortfall / (double)g->per_step + 0.5);
+        how(r, "%smodel.generate(inputs, max_new_tokens=N // 2)   # the cache grows by one position per new token",
+            pt(x));
+        how(r, "%smodel.generate(inputs, num_beams=1)   # or fewer beams: each beam keeps its own cache", pt(x));
+        how(r, "tokenizer(prompts, truncation=True, max_length=L)   # a shorter prompt starts a smaller cache");
         return true;
     }
     if (x->larger_than_device && x->grad == -1) {
@@ -1567,6 +1600,23 @@ static bool b_snapshot_to_cpu(const rctx_t *x, og_remedy_t *r)
 static bool b_smaller_kv_cache(const rctx_t *x, og_remedy_t *r)
 {
     const og_role_facts_t *ro = &x->f->roles;
+    if (og_generation_growth(x) && ro->kv < 0) {
+        /* a cache growing within the generation: a fixed one sized for what is generated, or a smaller kind */
+        r->title = "A smaller KV cache: quantized, offloaded, or preallocated to the length you generate";
+        if (ro->purpose_bytes[OG_PURPOSE_kv_cache])
+            why(r, "The KV cache held %s at the failure and grows with every new token. ",
+                og_hb((double)ro->purpose_bytes[OG_PURPOSE_kv_cache]).s);
+        why(r, "A 4-bit or offloaded cache keeps a fraction of it on the GPU; a static cache preallocated for the "
+               "batch and length you generate fails at the start, not after many tokens, and does not fragment.");
+        how(r, "%smodel.generate(inputs, cache_implementation=\"quantized\")   # Hugging Face: a 4-bit KV cache",
+            pt(x));
+        how(r,
+            "%smodel.generate(inputs, cache_implementation=\"offloaded\")   # the cache in host memory, layer by "
+            "layer",
+            pt(x));
+        how(r, "%smodel.generate(inputs, cache_implementation=\"static\", max_new_tokens=N)   # sized up front", pt(x));
+        return true;
+    }
     char lb[160] = "";
     const char *label = NULL;
     if (ro->kv >= 0) {

@@ -1385,6 +1385,43 @@ static void kv_cache_reserved_first(void **state)
     free(r);
 }
 
+/* memory rising token by token within one generation (its KV cache, held by generate()'s own locals), autograd off:
+ * the generation's working set, not a leak: fewer sequences, fewer new tokens or beams lead, then the cache's kind */
+static void generation_kv_growth(void **state)
+{
+    for (int named_by_phase = 0; named_by_phase < 2; named_by_phase++) {
+        og_record_t *r = base();
+        leaking_steps(r);
+        fixture_roles(r, 4 * GiB, 0, 0, 0, 16 * GiB, 0);
+        fixture_holder(r, named_by_phase ? "out" : "past_key_values", "list", "local in generate (lm.py:40)", 15 * GiB);
+        if (named_by_phase)
+            fixture_phase(r, "generation", "lm.py", "generate");
+        else
+            fixture_purpose(r, "kv_cache");
+        r->memory.fw.grad_enabled = -1;
+        run_primary(r, "growth");
+        assert_string_equal(r->remedies[0].id, "smaller_batch");
+        assert_string_equal(r->remedies[1].id, "shorter_sequences");
+        assert_true(how_has(&r->remedies[1], "max_new_tokens"));
+        assert_true(how_has(&r->remedies[1], "num_beams"));
+        assert_true(rank_of(r, "release_references") > 2);
+        assert_true(rank_of(r, "smaller_kv_cache") > 0);
+        assert_int_equal(rank_of(r, "inference_mode"), 0);
+        free(r);
+    }
+    /* the same growth in a training job (an optimizer step ran): a leak, release_references leads */
+    og_record_t *r = base();
+    leaking_steps(r);
+    fixture_roles(r, 4 * GiB, 0, 0, 0, 16 * GiB, 0);
+    fixture_holder(r, "past_key_values", "list", "global in train.py", 15 * GiB);
+    fixture_purpose(r, "kv_cache");
+    r->memory.fw.training = 1;
+    run_primary(r, "growth");
+    assert_string_equal(r->remedies[0].id, "release_references");
+    assert_int_equal(rank_of(r, "smaller_kv_cache"), 0);
+    free(r);
+}
+
 /* a snapshot of the training state (deepcopy of state_dicts) made on the GPU with autograd on, outside
  * any step: keep it on the CPU or on disk, first; no activation remedy */
 static void state_snapshot_first(void **state)
@@ -1671,6 +1708,7 @@ int main(void)
         cmocka_unit_test(measured_nothing_not_listed),
         cmocka_unit_test(weights_update_outside_the_step),
         cmocka_unit_test(kv_cache_reserved_first),
+        cmocka_unit_test(generation_kv_growth),
         cmocka_unit_test(state_snapshot_first),
         cmocka_unit_test(evaluation_with_autograd_on),
         cmocka_unit_test(cap_without_room_not_first),
