@@ -32,8 +32,26 @@ TOKENS = MB * SEQ
 scen_truth.note_every_empty(torch)
 
 
+# bf16 tensors: the stand-in sizes tensors in bytes and types each one by the default dtype when it is
+# made, so bf16 ones are made with the default dtype set to bfloat16 (what from_pretrained(...,
+# torch_dtype=torch.bfloat16) does while it builds the model); compiled as part of torch's file (as
+# scen_truth's wrappers are) so that the failing Python line stays the program's.
+_BF16 = """
+def bf16_empty(nbytes):
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        return torch.empty(nbytes, device="cuda")
+    finally:
+        torch.set_default_dtype(prev)
+"""
+_ns = {"torch": torch}
+exec(compile(_BF16, torch.__file__, "exec"), _ns)
+bf16_empty = _ns["bf16_empty"]
+
+
 def frozen(numel):
-    return torch.nn.Parameter(torch.empty(numel * 2, device="cuda"), requires_grad=False)   # bf16
+    return torch.nn.Parameter(bf16_empty(numel * 2), requires_grad=False)
 
 
 def adapter(n_in, n_out):
@@ -54,7 +72,7 @@ class GemmaLayer(torch.nn.Module):
             setattr(self, name + "_lora_B", b)
 
     def forward(self, h):
-        out = torch.empty(TOKENS * HIDDEN * 2, device="cuda")      # checkpointed: only the input stays
+        out = bf16_empty(TOKENS * HIDDEN * 2)      # checkpointed: only the input stays
         out._saved = h
         return out
 
@@ -67,11 +85,11 @@ class GemmaForCausalLM(torch.nn.Module):
             setattr(self, "layers_%d" % i, GemmaLayer())
 
     def forward(self, input_ids, labels):
-        h = torch.empty(TOKENS * HIDDEN * 2, device="cuda")
+        h = bf16_empty(TOKENS * HIDDEN * 2)
         h._saved = input_ids
         for i in range(LAYERS):
             h = getattr(self, "layers_%d" % i)(h)
-        logits = torch.empty(TOKENS * VOCAB * 2, device="cuda")   # lm_head(h), bf16
+        logits = bf16_empty(TOKENS * VOCAB * 2)   # lm_head(h), bf16
         logits._saved = h
         logits = upcast(logits)
         loss = cross_entropy(logits, labels)
