@@ -26,8 +26,26 @@ HIDDEN, FFN, LAYERS, VOCAB = 4096, 11008, 32, 32000
 scen_truth.note_every_empty(torch)
 
 
+# bf16 tensors: the stand-in sizes tensors in bytes and types each one by the default dtype when it is
+# made, so bf16 ones are made with the default dtype set to bfloat16 (what from_pretrained(...,
+# torch_dtype=torch.bfloat16) does while it builds the model); compiled as part of torch's file (as
+# scen_truth's wrappers are) so that the failing Python line stays the program's.
+_BF16 = """
+def bf16_empty(nbytes):
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        return torch.empty(nbytes, device="cuda")
+    finally:
+        torch.set_default_dtype(prev)
+"""
+_ns = {"torch": torch}
+exec(compile(_BF16, torch.__file__, "exec"), _ns)
+bf16_empty = _ns["bf16_empty"]
+
+
 def weight(numel):
-    return torch.nn.Parameter(torch.empty(numel * 2, device="cuda"))        # bf16, loaded from the shard
+    return torch.nn.Parameter(bf16_empty(numel * 2))        # bf16, loaded from the shard
 
 
 class LlamaDecoderLayer(torch.nn.Module):
@@ -48,7 +66,7 @@ class LlamaForCausalLM(torch.nn.Module):
         self.lm_head = weight(VOCAB * HIDDEN)
 
     def generate(self, ids, max_new_tokens=512):
-        kv = [torch.empty(2 * 2048 * HIDDEN * 2, device="cuda") for _ in range(LAYERS)]
+        kv = [bf16_empty(2 * 2048 * HIDDEN * 2) for _ in range(LAYERS)]
         return ids
 
 
