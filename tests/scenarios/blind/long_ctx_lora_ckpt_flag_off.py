@@ -35,8 +35,26 @@ cfg = {"model": "llama-8b", "max_seq_len": SEQ, "micro_batch_size": 1, "grad_acc
 scen_truth.note_every_empty(torch)
 
 
+# bf16 tensors: the stand-in sizes tensors in bytes and types each one by the default dtype when it is
+# made, so bf16 ones are made with the default dtype set to bfloat16 (what from_pretrained(...,
+# torch_dtype=torch.bfloat16) does while it builds the model); compiled as part of torch's file (as
+# scen_truth's wrappers are) so that the failing Python line stays the program's.
+_BF16 = """
+def bf16_empty(nbytes):
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        return torch.empty(nbytes, device="cuda")
+    finally:
+        torch.set_default_dtype(prev)
+"""
+_ns = {"torch": torch}
+exec(compile(_BF16, torch.__file__, "exec"), _ns)
+bf16_empty = _ns["bf16_empty"]
+
+
 def frozen(numel):
-    return torch.nn.Parameter(torch.empty(numel * 2, device="cuda"), requires_grad=False)
+    return torch.nn.Parameter(bf16_empty(numel * 2), requires_grad=False)
 
 
 def lora(n_in, n_out):
@@ -64,7 +82,7 @@ class LlamaDecoderLayer(torch.nn.Module):
         else:       # norm, q, attn out, o, residual, norm; gate, up, act(gate), act(gate) * up
             saved = [SEQ * HIDDEN * 2] * 6 + [SEQ * FFN * 2] * 4
         for nbytes in saved:
-            a = torch.empty(nbytes, device="cuda")
+            a = bf16_empty(nbytes)
             a._saved = h
             h = a
         return h
@@ -83,7 +101,7 @@ class LlamaForCausalLM(torch.nn.Module):
             getattr(self, "layers_%d" % i).checkpointed = True
 
     def forward(self, input_ids):
-        h = torch.empty(SEQ * HIDDEN * 2, device="cuda")
+        h = bf16_empty(SEQ * HIDDEN * 2)
         h._saved = input_ids
         for i in range(LAYERS):
             h = getattr(self, "layers_%d" % i)(h)
