@@ -32,6 +32,24 @@ MB, SEQ, ACCUM = 2, 2048, 16
 scen_truth.note_every_empty(torch)
 
 
+# bf16 tensors: the stand-in sizes tensors in bytes and types each one by the default dtype when it is
+# made, so bf16 ones are made with the default dtype set to bfloat16 (what from_pretrained(...,
+# torch_dtype=torch.bfloat16) does while it builds the model); compiled as part of torch's file (as
+# scen_truth's wrappers are) so that the failing Python line stays the program's.
+_BF16 = """
+def bf16_empty(nbytes):
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        return torch.empty(nbytes, device="cuda")
+    finally:
+        torch.set_default_dtype(prev)
+"""
+_ns = {"torch": torch}
+exec(compile(_BF16, torch.__file__, "exec"), _ns)
+bf16_empty = _ns["bf16_empty"]
+
+
 def param(numel):
     return torch.nn.Parameter(torch.empty(numel * 4, device="cuda"))      # fp32 master weights
 
@@ -62,7 +80,7 @@ class LlamaForCausalLM(torch.nn.Module):
         h._saved = input_ids
         for i in range(LAYERS):
             h = getattr(self, "layers_%d" % i)(h)
-        logits = torch.empty(MB * SEQ * VOCAB * 2, device="cuda")          # bf16 under autocast
+        logits = bf16_empty(MB * SEQ * VOCAB * 2)          # bf16 under autocast
         logits._saved = h
         logits32 = torch.empty(MB * SEQ * VOCAB * 4, device="cuda")        # logits.float() for the loss
         logits32._saved = logits
