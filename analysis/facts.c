@@ -324,9 +324,16 @@ static void framework_cap(og_facts_t *d, const og_record_t *r)
 /* ------------------------------------------------------------------ growth: steps in the history */
 
 #define GROWTH_MIN_STEPS 6
-/* back-to-back markers (nothing between) closer than this are one burst (a load of shards, a stack
- * of buffers); a longer pause is a step only where the run pauses regularly (pauses_are_steps) */
-#define GROWTH_BURST_S 0.00025
+/* back-to-back markers (nothing between) are one burst (a load of shards, a pass keeping its
+ * activations) unless the program pauses them (run_is_steps): a pause is a gap this long at least
+ * (a loop of 1 ms an iteration pauses; Python making tensors back to back, even 3x slower, does not) */
+#define GROWTH_PAUSE_NS 800000ULL
+/* ... one pause alone is a step only when it is longer than the host's time slices, even on a busy
+ * machine; pauses that recur after the same number of markers are steps only when the markers between
+ * them came within this share of a pause (a loop's few allocations, then its work; the host lets a
+ * program run a whole time slice, and gives the core to fewer than this many others in turn) */
+#define GROWTH_LONE_PAUSE_NS   50000000ULL
+#define GROWTH_PIECE_PER_PAUSE 20
 /* the framework freed under this share of the rise over its whole life: the rising steps are one
  * pass building up, not iterations (the leaks of the corpus free >= 23% of it: py_evaluate_no_grad) */
 #define GROWTH_MIN_FREED_SHARE 0.1
@@ -348,42 +355,70 @@ static bool is_marker(const struct og_hist_ev *e, uint64_t size, uint64_t tol, e
            (marker == OG_MARK_EVERY_ALLOCATION || (e->bytes > size ? e->bytes - size : size - e->bytes) <= tol);
 }
 
-/* The run of back-to-back markers that starts at I0 (failed attempts do not interrupt it): whether
- * its pauses (gaps of GROWTH_BURST_S or more) are the program's steps.  A loop keeping the same
- * blocks every iteration pauses after the same number of markers each time (give or take one, or a
- * quarter); a pause of the host (another process scheduled, a page fault) falls anywhere, so the
- * pieces it leaves differ.  The last piece (cut by the failure) is not compared.
- * COUNTS: scratch of OG_GROWTH_MAX_STEPS. */
-static bool pauses_are_steps(const struct og_hist_ev *e, int ne, int i0, uint64_t size, uint64_t tol,
-                             enum og_step_marker marker, uint64_t *counts)
+/* whether a piece of C markers is one of a loop's pieces of M (give or take one, or a quarter) */
+static bool piece_near(uint64_t c, uint64_t m)
 {
-    int n = 0, last = i0;
-    uint64_t c = 1;
+    uint64_t t = m / 4 > 1 ? m / 4 : 1;
+    return (c > m ? c - m : m - c) <= t;
+}
+
+/* The run of back-to-back markers that starts at I0 (failed attempts do not interrupt it): whether
+ * its pauses (gaps of GROWTH_PAUSE_NS or more) are the program's steps (a loop keeping the same few
+ * blocks every iteration, the temporaries from a warm cache) or the run is one burst (weights
+ * arriving in shards, one pass keeping its activations).  A pause of the host only lengthens gaps:
+ * a page fault or a wake-up anywhere, and at the end of every time slice, which, when the markers
+ * come at a steady rate, is after the same number of them each time.  So the pauses are the
+ * program's only when the pieces between them hold the same number of markers (give or take one, or
+ * a quarter; the last piece, cut by the failure, is not compared) AND those markers came within
+ * 1/GROWTH_PIECE_PER_PAUSE of a pause (the medians): a loop's few allocations, not a time slice's
+ * worth.  A busy machine that stretches every gap by a fraction moves no gap of a burst past
+ * GROWTH_PAUSE_NS, and stretches a piece and a pause alike.
+ * One pause alone splits the run only when it is GROWTH_LONE_PAUSE_NS or more.  Returns 0 (one
+ * burst), the loop's count of markers a piece (a step ends at a pause after such a piece, not at a
+ * pause of the host inside it), or UINT64_MAX (the one pause is a step).
+ * COUNTS, SPANS: scratch of OG_GROWTH_MAX_STEPS. */
+static uint64_t run_steps(const struct og_hist_ev *e, int ne, int i0, uint64_t size, uint64_t tol,
+                          enum og_step_marker marker, uint64_t *counts, uint64_t *spans)
+{
+    int n = 0, last = i0, first = i0;
+    uint64_t c = 1, pause[OG_GROWTH_MAX_STEPS / 2]; /* the first pauses (a median of those) */
     for (int i = i0 + 1; i < ne && n < OG_GROWTH_MAX_STEPS; i++) {
         if (is_op(&e[i], OG_OP_NONE) || is_op(&e[i], OG_OP_FAIL))
             continue;
         if (!is_marker(&e[i], size, tol, marker))
             break;
-        if (e[i].t_rel - e[last].t_rel >= GROWTH_BURST_S) {
+        double gap = e[i].t_rel - e[last].t_rel, span = e[last].t_rel - e[first].t_rel;
+        if (gap >= GROWTH_PAUSE_NS / 1e9) {
+            if (n < OG_GROWTH_MAX_STEPS / 2)
+                pause[n] = (uint64_t)(gap * 1e9);
+            spans[n] = span > 0 ? (uint64_t)(span * 1e9) : 0;
             counts[n++] = c;
             c = 0;
+            first = i;
         }
         c++;
         last = i;
     }
     if (n <= 1)
-        return true; /* no pause, or one: at most one step more */
+        return n == 1 && pause[0] >= GROWTH_LONE_PAUSE_NS ? UINT64_MAX : 0;
+    int np = n < OG_GROWTH_MAX_STEPS / 2 ? n : OG_GROWTH_MAX_STEPS / 2;
+    qsort(pause, (size_t)np, sizeof *pause, cmp_u64);
+    qsort(spans, (size_t)n, sizeof *spans, cmp_u64);
+    if (spans[(n - 1) / 2] * GROWTH_PIECE_PER_PAUSE > pause[(np - 1) / 2])
+        return 0; /* time slices of a steady run, cut by the host */
     qsort(counts, (size_t)n, sizeof *counts, cmp_u64);
     int best = 0; /* the most pieces within tolerance of one count */
+    uint64_t count = 0;
     for (int k = 0; k < n; k++) {
-        uint64_t m = counts[k], t = m / 4 > 1 ? m / 4 : 1;
         int near = 0;
         for (int j = 0; j < n; j++)
-            near += (counts[j] > m ? counts[j] - m : m - counts[j]) <= t;
-        if (near > best)
+            near += piece_near(counts[j], counts[k]);
+        if (near > best) {
             best = near;
+            count = counts[k];
+        }
     }
-    return best * 10 >= n * 7;
+    return best * 10 >= n * 7 ? count : 0;
 }
 
 /* One reading of the steps: marked by allocations of SIZE (MARKER says how), into g.  True when the
@@ -404,7 +439,9 @@ static bool growth_for(const og_facts_t *d, const og_record_t *r, og_growth_scra
     uint64_t *ring = s->ring, *lows = s->lows, *rises = s->rises;
     long seen = 0;
     uint64_t low = UINT64_MAX;
-    bool in_step = false, between = true, steps_in_run = false;
+    bool in_step = false, between = true;
+    /* the run's count a piece (run_steps); markers since the run's last pause, since the step began */
+    uint64_t run_count = 0, piece = 0, in_this_step = 0;
     double last_marker_t = 0, step_t = 0;
     for (int i = 0; i < ne; i++) {
         if (is_op(&e[i], OG_OP_NONE) || is_op(&e[i], OG_OP_FAIL))
@@ -413,11 +450,22 @@ static bool growth_for(const og_facts_t *d, const og_record_t *r, og_growth_scra
         uint64_t floor_now = alloc ? sub0(e[i].live, e[i].bytes) : e[i].live;
         if (is_marker(&e[i], size, tol, marker)) {
             /* back-to-back markers with nothing between (a burst: loading weights, a stack of
-             * buffers) are one step, unless the run pauses as a loop does (decided once, at the
-             * run's first marker; lows[] is free scratch until the steps are read) */
-            if (between)
-                steps_in_run = pauses_are_steps(e, ne, i, size, tol, marker, lows);
-            bool burst = in_step && !between && !(steps_in_run && e[i].t_rel - last_marker_t >= GROWTH_BURST_S);
+             * buffers) are one step, unless the program spaces them as a loop does (decided once,
+             * at the run's first marker; lows[] and rises[] are free scratch until the steps are
+             * read) */
+            if (between) {
+                run_count = run_steps(e, ne, i, size, tol, marker, lows, rises);
+                piece = 0;
+            }
+            /* a step ends at a pause after a piece of the loop's count, counted from the last pause
+             * or from the step's start (a pause of the host inside a piece ends nothing) */
+            bool paused = !between && e[i].t_rel - last_marker_t >= GROWTH_PAUSE_NS / 1e9;
+            bool burst =
+                in_step && !between &&
+                !(paused && run_count &&
+                  (run_count == UINT64_MAX || piece_near(piece, run_count) || piece_near(in_this_step, run_count)));
+            piece = paused ? 1 : piece + 1;
+            in_this_step = burst ? in_this_step + 1 : 1;
             last_marker_t = e[i].t_rel;
             between = false;
             if (burst)

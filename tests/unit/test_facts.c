@@ -107,6 +107,100 @@ static void pauses_of_the_host_do_not_split_a_burst(void **state)
     free(r);
 }
 
+/* a training loop that skips the batches too long to fit: each failing batch builds its forward pass
+ * (one activation of one size per layer, back to back, 0.16 to 0.22 ms apart as the Python code makes
+ * them), fails, and is released whole.  How the host ran it: HOST 0 quiet, 1 every gap 1.6x longer
+ * (a busy machine: each gap then over the 0.25 ms an earlier rule took for a pause), 2 a 4 ms pause
+ * every 20 activations (another process scheduled at every time slice: the same count each time at a
+ * steady rate), 3 both, and every third gap 3 ms longer, 4 a 90 ms pause here and there (a machine
+ * short of memory). */
+static void skipped_batches(og_record_t *r, int host)
+{
+    ev_reset(r);
+    ev_add(r, 0.001, "alloc", 9 * GiB); /* weights, gradients, optimizer state */
+    double t = 0.5, slow = host == 1 || host == 3 ? 1.6 : 1;
+    static const int layers[] = { 61, 103, 60, 100, 75, 90, 80 };
+    int nb = (int)(sizeof layers / sizeof *layers);
+    for (int b = 0; b < nb; b++, t += 1.25) {
+        for (int i = 0; i < layers[b]; i++) {
+            double gap = (0.00016 + 0.00006 * i / layers[b]) * slow;
+            if ((host == 2 || host == 3) && i % 20 == 19)
+                gap += 0.004;
+            if (host == 3 && i % 3 == 2)
+                gap += 0.003;
+            static const int stall[] = { 3, 11, 12, 25, 31, 40, 47, 58, 71, 75, 90 };
+            for (size_t k = 0; host == 4 && k < sizeof stall / sizeof *stall; k++)
+                gap += stall[k] == i + b ? 0.09 : 0;
+            t += gap;
+            ev_add(r, t, "alloc", 92 * MiB);
+        }
+        ev_add(r, t + 0.0002, "fail", 92 * MiB);
+        if (b < nb - 1)
+            for (int i = 0; i < layers[b]; i++)
+                ev_add(r, t + 0.02, "free", 92 * MiB);
+    }
+    r->event.requested_bytes = 92 * MiB;
+    r->device.free_bytes = 40 * MiB;
+}
+
+/* the same program gets the same steps however busy the host: a busy machine stretches the gaps of a
+ * pass and pauses it at every time slice, which splits nothing; the passes never read as growth */
+static void a_busy_host_does_not_split_a_pass_into_steps(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    for (int host = 0; host < 5; host++) {
+        skipped_batches(r, host);
+        const og_facts_t *f = facts(r);
+        if (f->growth.holds)
+            fail_msg("host %d: %d steps read as growth", host, f->growth.steps);
+        assert_int_equal(f->load.phase, OG_PHASE_NONE);
+    }
+    free(r);
+}
+
+/* a leak of KEEP blocks of one size per iteration, back to back (0.05 ms apart), then the iteration's
+ * work (GAP); a temporary of another size between iterations when TEMP.  HOST 0 quiet, 1 busy: a
+ * 10 ms pause inside the blocks of one iteration in ten, and 8 ms into every fifth iteration's work */
+static void kept_blocks_loop(og_record_t *r, int iterations, int keep, double gap, bool temp, int host)
+{
+    ev_reset(r);
+    ev_add(r, 0.001, "alloc", 8 * GiB); /* the model */
+    double t = 0.01;
+    for (int s = 0; s < iterations; s++) {
+        if (temp)
+            ev_add(r, t, "alloc", 40 * MiB);
+        for (int k = 0; k < keep; k++) {
+            t += 0.00005 + (host && k == keep / 2 && s % 10 == 3 ? 0.01 : 0);
+            ev_add(r, t, "alloc", 128 * MiB);
+        }
+        if (temp)
+            ev_add(r, t + 0.0001, "free", 40 * MiB);
+        t += gap + (host && s % 5 == 4 ? 0.008 : 0);
+    }
+    r->event.requested_bytes = 128 * MiB;
+}
+
+/* the same leak gets the same steps (one an iteration) however busy the host: one block an iteration
+ * 2 ms apart; four blocks an iteration, 20 ms apart; two blocks an iteration between temporaries */
+static void a_busy_host_keeps_a_leak_s_steps(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    static const struct {
+        int iterations, keep;
+        double gap;
+        bool temp;
+    } loops[] = { { 40, 1, 0.002, false }, { 20, 4, 0.02, false }, { 12, 2, 0.02, true } };
+    for (size_t l = 0; l < sizeof loops / sizeof *loops; l++)
+        for (int host = 0; host < 2; host++) {
+            kept_blocks_loop(r, loops[l].iterations, loops[l].keep, loops[l].gap, loops[l].temp, host);
+            const og_facts_t *f = facts(r);
+            if (!f->growth.holds || f->growth.steps != loops[l].iterations)
+                fail_msg("loop %zu, host %d: growth %d, %d steps", l, host, f->growth.holds, f->growth.steps);
+            assert_int_equal(f->growth.per_step, (uint64_t)loops[l].keep * 128 * MiB);
+        }
+    free(r);
+}
+
 /* a leak whose steps reach the driver as one kept block each, 1 ms apart with nothing between (the
  * temporaries come from the framework's warm cache): steps, not a burst */
 static void kept_blocks_a_step_apart_are_steps(void **state)
@@ -674,6 +768,8 @@ int main(void)
         cmocka_unit_test(a_request_of_the_device_size_is_not_larger),
         cmocka_unit_test(bursts_are_one_step),
         cmocka_unit_test(pauses_of_the_host_do_not_split_a_burst),
+        cmocka_unit_test(a_busy_host_does_not_split_a_pass_into_steps),
+        cmocka_unit_test(a_busy_host_keeps_a_leak_s_steps),
         cmocka_unit_test(kept_blocks_a_step_apart_are_steps),
         cmocka_unit_test(growth_needs_six_steps),
         cmocka_unit_test(one_pass_is_not_growth),
