@@ -831,28 +831,30 @@ og_record_t *og_record_capture(const char *status, const og_episode_t *ep, int d
 
     fill_event(rec, ep, device);
     /* an adapter that reported a framework's numbers is evidence of that framework */
-    if (rec->memory.fw.has && rec->framework == OG_FW_UNKNOWN) {
+    enum og_framework afw = OG_FW_UNKNOWN;
+    if (rec->memory.fw.has) {
         const char *n = rec->memory.fw.framework[0] ? rec->memory.fw.framework : rec->memory.fw.source;
-        if (strstr(n, "torch"))
-            rec->framework = OG_FW_PYTORCH;
-        else if (strstr(n, "jax") || strstr(n, "xla"))
-            rec->framework = OG_FW_JAX;
-        else if (strstr(n, "tensorflow") || strstr(n, "tf"))
-            rec->framework = OG_FW_TENSORFLOW;
-        else if (strstr(n, "cupy"))
-            rec->framework = OG_FW_CUPY;
+        afw = strstr(n, "torch")                           ? OG_FW_PYTORCH
+              : strstr(n, "jax") || strstr(n, "xla")       ? OG_FW_JAX
+              : strstr(n, "tensorflow") || strstr(n, "tf") ? OG_FW_TENSORFLOW
+              : strstr(n, "cupy")                          ? OG_FW_CUPY
+                                                           : OG_FW_UNKNOWN;
+        if (rec->framework == OG_FW_UNKNOWN)
+            rec->framework = afw;
     }
     /* an adapter that reported a framework's numbers makes the failing call's library that
      * framework's allocator (a framework reaching cudaMalloc through ctypes/libffi, a custom
-     * allocator library): its blocks are the framework's, not "outside" it */
-    if (rec->memory.fw.has && rec->memory.fw.reserved_bytes > 0 && rec->framework != OG_FW_UNKNOWN &&
-        rec->event.library[0]) {
+     * allocator library): its blocks are the framework's, not "outside" it, and that framework's
+     * even when another one was seen first (PyTorch through ctypes next to JAX's xla_extension) */
+    if (afw == OG_FW_UNKNOWN)
+        afw = rec->framework;
+    if (rec->memory.fw.has && rec->memory.fw.reserved_bytes > 0 && afw != OG_FW_UNKNOWN && rec->event.library[0]) {
         for (int i = 0; i < rec->memory.nlibs; i++) {
             og_lib_usage_t *u = &rec->memory.by_library[i];
             if (u->framework || strcmp(u->library, rec->event.library) != 0)
                 continue;
             u->framework = true;
-            u->fw_kind = rec->framework;
+            u->fw_kind = afw;
             rec->memory.framework_bytes += u->bytes;
             size_t len = strlen(rec->framework_libs);
             if (len + strlen(u->library) + 2 < sizeof rec->framework_libs)
