@@ -551,6 +551,20 @@ static bool growth_for(const og_facts_t *d, const og_record_t *r, og_growth_scra
             return false;
         }
     }
+    /* one generation building up, not memory kept across requests: the adapter read a generation from the
+     * stack (generate(), beam search), the job is not known to train, autograd is not on, and what the
+     * running code holds (its locals: the call's own KV cache, and the activations) is at least half the
+     * rise.  A cache kept across calls (a global, an attribute) is not the running code's: a growth there
+     * stays one */
+    const og_role_facts_t *rf = &d->roles;
+    if (d->phase == OG_JP_generation && rf->known && rf->act_known && fw->has && fw->grad_enabled != 1 &&
+        fw->training != 1 && !rf->grads && !rf->opt && 2 * rf->working >= rise) {
+        g->gen_built = true;
+        g->gen_per_step = per_step;
+        g->gen_first = lows[0];
+        g->gen_last = lows[steps - 1];
+        return false;
+    }
     /* the job's own state arriving, not tensors kept: when the roles measured what a training job
      * holds for good (parameters, buffers, gradients, optimizer state, graph pools), the low points
      * rising up to that state are the model arriving and the first step's gradients and optimizer
@@ -687,11 +701,15 @@ static void growth(og_facts_t *d, const og_record_t *r, og_growth_scratch_t *s)
         g->holds = true;
         return;
     }
+    if (g->gen_built)
+        return; /* the failing size's steps were one generation building: no coarser reading overrides it */
     uint64_t m = modal_alloc_size(r);
     if (m && (m > d->req ? m - d->req : d->req - m) > d->req / 32 && growth_for(d, r, s, g, m, OG_MARK_MODAL_SIZE)) {
         g->holds = true;
         return;
     }
+    if (g->gen_built)
+        return;
     if (growth_for(d, r, s, g, 0, OG_MARK_EVERY_ALLOCATION) && g->steps >= 16 && g->transitions &&
         g->rising * 10 >= g->transitions * 9)
         g->holds = true;

@@ -67,7 +67,11 @@ typedef struct og_growth_facts {
     bool pass_built;          /* rising steps over a working set with nothing freed: one pass */
     bool state_built;         /* the low points rose to the job's measured state and no further */
     bool since_step;          /* the second half of the rise came after the latest optimizer step */
-    uint64_t state;           /* that state (parameters, buffers, gradients, optimizer state, pools) */
+    /* one generation building its KV cache: the adapter read a generation, what the running code holds is at
+     * least half the rise; its numbers (per step, first and last low point) for the advice */
+    bool gen_built;
+    uint64_t gen_per_step, gen_first, gen_last;
+    uint64_t state; /* that state (parameters, buffers, gradients, optimizer state, pools) */
     /* what the framework had allocated right after each of the latest optimizer steps (the adapter):
      * flat over >= 8 of them (no rise in most, within 1% of the device): nothing was kept across those
      * iterations, whatever the driver saw (the cache warming, a one-off copy after them) */

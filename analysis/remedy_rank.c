@@ -61,6 +61,8 @@ static bool growth_holds(const rctx_t *x) { return HAS(GROWTH); }
 static bool growth_cache(const rctx_t *x) { return HAS(GROWTH) && cache_ok(x); }
 static bool growth_on_purpose(const rctx_t *x) { return PRIMARY(GROWTH) && og_growth_without_autograd(x); }
 static bool generation_growth(const rctx_t *x) { return og_generation_growth(x); }
+/* the same, read as one generation building up (growth.gen_built: the growth rule does not hold) */
+static bool generation_built(const rctx_t *x) { return x->f->growth.gen_built; }
 static bool otherfw_holds(const rctx_t *x) { return HAS(OTHERFW); }
 static bool peers_hold(const rctx_t *x) { return HAS(PEERS); }
 /* every peer on the GPU is a worker of this process's parent or the parent (a pre-fork server) */
@@ -375,7 +377,8 @@ static const og_rank_row_t bring[] = {
     { "growth_kept_on_purpose", growth_on_purpose, WANT, 0, 0, REMS(R_SMALLER_BATCH, R_SHORTER_SEQ),
       "primary growth marked by the failing size, autograd off, not training", "generate_kv_cache" },
     { "generation_working_set", generation_growth, WANT, 0, 0, REMS(R_SMALLER_BATCH, R_SHORTER_SEQ, R_SMALLER_KV),
-      "cause growth, not training, autograd not on, phase generation or a KV cache holding >= half the rise",
+      "cause growth or growth.gen_built, not training, autograd not on, phase generation or a KV cache holding >= "
+      "half the rise",
       "generate_kv_cache, generate_beams_kv_growth" },
     { "other_framework", otherfw_holds, WANT, 0, 0, REMS(R_OTHER_FW), "cause other_framework",
       "jax_prealloc_then_torch" },
@@ -582,6 +585,10 @@ static const og_rank_row_t lead[] = {
     { "generation_working_set_lead", generation_growth, LEAD_COVERS, -26, 1, REMS(R_SMALLER_BATCH, R_SHORTER_SEQ),
       "as generation_working_set (the KV cache grows per token: not a leak)",
       "generate_kv_cache, generate_beams_kv_growth" },
+    { "generation_cache_lead", generation_built, LEAD_COVERS, -24, 0, REMS(R_SMALLER_KV),
+      "growth.gen_built: one generation building its KV cache (phase generation, the running code holds >= half "
+      "the rise)",
+      "translate_docs_beam_kv_growth, longform_eval_kv_growth (blind)" },
     { "other_framework_first", other_framework_covers, LEAD_COVERS, -40, 0, REMS(R_OTHER_FW),
       "primary other_framework >= 0.7, its bytes >= shortfall", "jax_arena_torch_policy" },
     { "outside_the_framework", no_other_process, REPLACE, 0, 0, REMS(R_FOREIGN, R_NONFW_MEMORY),

@@ -50,6 +50,8 @@ bool og_growth_without_autograd(const rctx_t *x)
 bool og_generation_growth(const rctx_t *x)
 {
     const og_role_facts_t *ro = &x->f->roles;
+    if (x->f->growth.gen_built)
+        return true;
     uint64_t kv = ro->purpose_bytes[OG_PURPOSE_kv_cache];
     return x->has[OG_CAUSE_GROWTH] && x->trains != 1 && x->grad != 1 &&
            (x->f->phase == OG_JP_generation || (ro->known && kv && kv >= x->f->growth.rise / 2));
@@ -857,15 +859,18 @@ static bool b_shorter_sequences(const rctx_t *x, og_remedy_t *r)
     }
     if (og_generation_growth(x) && !x->larger_than_device) {
         const og_growth_facts_t *g = &x->f->growth;
+        bool b = g->gen_built;
+        double per = (double)(b ? g->gen_per_step : g->per_step), lo = (double)(b ? g->gen_first : g->first_low),
+               hi = (double)(b ? g->gen_last : g->last_low);
         r->title = "Fewer new tokens (max_new_tokens) or beams";
         r->cost = "Shorter outputs, or a narrower beam search";
         why(r,
             "A generation's KV cache holds batch x beams x (prompt + new tokens) positions and grew by about %s "
             "per step, from %s to %s: fewer new tokens or beams (or a shorter prompt) cut it in proportion.",
-            og_hb((double)g->per_step).s, og_hb((double)g->first_low).s, og_hb((double)g->last_low).s);
-        if (x->shortfall && g->per_step)
+            og_hb(per).s, og_hb(lo).s, og_hb(hi).s);
+        if (x->shortfall && per > 0)
             why(r, " %s more was needed: about %.0f tokens' worth.", og_hb((double)x->shortfall).s,
-                (double)x->shortfall / (double)g->per_step + 0.5);
+                (double)x->shortfall / per + 0.5);
         how(r, "%smodel.generate(inputs, max_new_tokens=N // 2)   # the cache grows by one position per new token",
             pt(x));
         how(r, "%smodel.generate(inputs, num_beams=1)   # or fewer beams: each beam keeps its own cache", pt(x));
