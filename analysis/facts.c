@@ -967,6 +967,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
             k->model_copies = add_sat(k->model_copies, each * (n - 1));
         if (ro->models[i].frozen)
             k->frozen_models = add_sat(k->frozen_models, each * n);
+        k->model_params = add_sat(k->model_params, each * n);
     }
     /* a second copy still arriving beside the first (a notebook cell run again fails while it builds or
      * loads the model: the new copy holds part of its parameters, a group of its own): while a model is being
@@ -1064,6 +1065,9 @@ static void roles(og_facts_t *d, const og_record_t *r)
         }
     }
     k->working = add_sat(k->act, k->local_held);
+    if (k->model_params && nm < 6) /* every model was listed: what is beyond them is no model's */
+        k->copy_loose = add_sat(sub0(k->params, k->model_params), sub0(k->grads, k->model_params));
+    k->copying = add_sat(k->working, k->copy_loose);
     /* what a training job holds for good: known when every one of those roles was measured */
     static const enum og_role kept_roles[] = { OG_ROLE_parameters, OG_ROLE_buffers, OG_ROLE_gradients,
                                                OG_ROLE_optimizer_state, OG_ROLE_graph_pools };

@@ -127,8 +127,13 @@ typedef struct og_role_facts {
     int kv;          /* index in roles.holders of the largest holder kept across calls whose purpose is kv_cache
                         (its type or name: StaticCache, past_key_values, kv), -1 none */
     uint64_t kv_bytes;
-    uint64_t local_map; /* held by locals of running functions that are dicts (a state_dict being copied) */
-    int grower;         /* index in roles.holders of the largest holder (kept across calls or a local of a running
+    uint64_t local_map;    /* held by locals of running functions that are dicts (a state_dict being copied) */
+    uint64_t model_params; /* roles.models: the parameters of every model (each group's times its count); 0 none */
+    /* a copy of a model being made that no module holds yet (copy.deepcopy building its parameters one by one):
+     * parameters beyond every model's (when models were measured) and gradients beyond them too */
+    uint64_t copy_loose;
+    uint64_t copying; /* what the running code's copy holds so far: working + copy_loose */
+    int grower;       /* index in roles.holders of the largest holder (kept across calls or a local of a running
                            loop) holding at least half of what the growth's steps kept (the median rise per step
                            times the steps), -1 none or no growth */
     uint64_t grower_bytes;

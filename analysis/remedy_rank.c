@@ -250,7 +250,7 @@ static bool weights_copy(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
     return ro->known && ro->act_known && x->trains == 1 && (PHASE(unknown) || PHASE(ema_update)) && ro->params &&
-           ro->local_held && ro->act < x->shortfall && !own_fix_covers(x) && !x->larger_than_device;
+           (ro->local_held || ro->copy_loose) && ro->act < x->shortfall && !own_fix_covers(x) && !x->larger_than_device;
 }
 /* the same, a copy of the whole training state (model and optimizer state_dicts) kept as a snapshot:
  * the running code holds at least one full copy of the parameters, with autograd on (an update of an
@@ -258,7 +258,8 @@ static bool weights_copy(const rctx_t *x)
 static bool state_snapshot(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
-    return weights_copy(x) && !PHASE(ema_update) && ro->working >= ro->params && (x->grad != -1 || ro->local_map);
+    return weights_copy(x) && !PHASE(ema_update) && (ro->working >= ro->params || ro->copy_loose) &&
+           (x->grad != -1 || ro->local_map);
 }
 static bool weights_update(const rctx_t *x)
 {
@@ -728,14 +729,14 @@ static void estimate(rank_t *k, const rctx_t *x)
         cover[R_LORA] = ro->known && x->trains == 1 ? 0.99 * st : -1;
     }
     if (weights_update(x)) { /* the copy of the weights, and what its update makes beyond one copy */
-        double copy = (double)ro->params, held = (double)ro->working;
+        double copy = (double)ro->params, held = (double)ro->copying;
         cover[R_EMA_CPU] = held > copy ? held : copy;
         cover[R_IN_PLACE] = held > copy ? held - copy : 0;
     }
     cover[R_SMALLER_KV] = kv_cache_reserved(x) ? 0.5 * (double)ro->kv_bytes : -1;
     if (generation_growth(x) && ro->purpose_bytes[OG_PURPOSE_kv_cache]) /* a 4-bit cache: 3/4 of a 16-bit one */
         cover[R_SMALLER_KV] = 0.75 * (double)ro->purpose_bytes[OG_PURPOSE_kv_cache];
-    cover[R_SNAPSHOT_CPU] = state_snapshot(x) ? (double)ro->working : -1;   /* the copy made so far, at least */
+    cover[R_SNAPSHOT_CPU] = state_snapshot(x) ? (double)ro->copying : -1;   /* the copy made so far, at least */
     if (evaluation_autograd_on(x) && ro->known && ro->act_known && ro->act) /* what is kept for backward */
         cover[R_INFERENCE] = 0.9 * (double)ro->act;
     if (restart_sheds_nothing(x))

@@ -1524,6 +1524,12 @@ static void update_site(const rctx_t *x, char *buf, size_t n)
     }
 }
 
+/* the model's weights: its parameters (roles.models), without a copy being made beside them */
+static uint64_t model_weights(const og_role_facts_t *ro)
+{
+    return ro->model_params && ro->model_params < ro->params ? ro->model_params : ro->params;
+}
+
 static bool b_in_place_update(const rctx_t *x, og_remedy_t *r)
 {
     const og_role_facts_t *ro = &x->f->roles;
@@ -1534,7 +1540,7 @@ static bool b_in_place_update(const rctx_t *x, og_remedy_t *r)
         "%s of weights: an update written out of place (ema = decay * ema + (1 - decay) * p, "
         "torch._foreach_mul) makes a new tensor for every one it replaces. Updated in place, the copy it "
         "updates is the only one.",
-        site, og_hb((double)ro->working).s, og_hb((double)ro->params).s);
+        site, og_hb((double)ro->copying).s, og_hb((double)model_weights(ro)).s);
     how(r, "%storch._foreach_lerp_(ema_params, model_params, 1 - decay)   # in place, under torch.no_grad()", pt(x));
     how(r, "%sfor e, p in zip(ema_params, model_params): e.mul_(decay).add_(p, alpha=1 - decay)", pt(x));
     how(r,
@@ -1554,7 +1560,7 @@ static bool b_ema_on_cpu(const rctx_t *x, og_remedy_t *r)
         "copy of the %s of weights (an EMA, an averaged or best model) is being made or updated on the GPU "
         "beside the weights, gradients and optimizer state. Kept in host memory it costs no GPU memory; "
         "updating it every few steps spreads the copy.",
-        site, og_hb((double)ro->working).s, og_hb((double)ro->params).s);
+        site, og_hb((double)ro->copying).s, og_hb((double)model_weights(ro)).s);
     how(r,
         "%sema = {k: v.detach().to(\"cpu\", copy=True) for k, v in model.state_dict().items()}   # the "
         "copy in host memory",
@@ -1589,10 +1595,10 @@ static bool b_snapshot_to_cpu(const rctx_t *x, og_remedy_t *r)
     char site[200];
     update_site(x, site, sizeof site);
     why(r,
-        "Outside the training step the running code%s holds %s, at least a copy of the %s of weights: a "
-        "snapshot of the model and optimizer state (the best model so far) made on the GPU beside what it "
+        "Outside the training step the running code%s holds %s copied so far from the model's %s of weights "
+        "and their state: a snapshot of the model (the best model so far) made on the GPU beside what it "
         "copies. A one-off copy, not a leak: in host memory or on disk it takes nothing on the card.",
-        site, og_hb((double)ro->working).s, og_hb((double)ro->params).s);
+        site, og_hb((double)ro->copying).s, og_hb((double)model_weights(ro)).s);
     how(r, "%sbest = {k: v.detach().to(\"cpu\", copy=True) for k, v in model.state_dict().items()}", pt(x));
     how(r,
         "%storch.save({\"model\": model.state_dict(), \"optim\": optimizer.state_dict()}, \"best.pt\")   # "

@@ -1451,6 +1451,24 @@ static void state_snapshot_first(void **state)
     run_primary(r, "does_not_fit");
     assert_int_equal(rank_of(r, "snapshot_to_cpu"), 0);
     free(r);
+    /* copy.deepcopy(model) part way: its parameters and gradients are no module's yet (parameters and
+     * gradients beyond the one model's), no local holds them: a snapshot still, first, saving what it copied */
+    r = base();
+    fixture_roles(r, 6 * GiB + 768 * MiB, 6 * GiB + 768 * MiB, 10 * GiB, 0, 0, 0);
+    fixture_optimizer(r, "AdamW", 10 * GiB);
+    fixture_model(r, "Encoder", 5 * GiB, 1, false);
+    r->memory.fw.grad_enabled = 1;
+    r->memory.fw.training = 1;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "snapshot_to_cpu");
+    assert_int_equal(rank_of(r, "smaller_batch"), 0);
+    assert_int_equal(rank_of(r, "mixed_precision"), 0);
+    assert_non_null(strstr(r->remedies[0].why, "3.50 GiB copied so far from the model's 5.00 GiB"));
+    /* the same parameters all in the one model (none beyond it): no copy seen */
+    r->memory.fw.roles.models[0].bytes = 6 * GiB + 768 * MiB;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "snapshot_to_cpu"), 0);
+    free(r);
 }
 
 /* an evaluation with autograd on inside a training job: every activation kept for a backward that never
