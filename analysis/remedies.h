@@ -86,8 +86,9 @@ bool og_growth_without_autograd(const rctx_t *x);
  * roles.models (a notebook cell run again while the first run's model, optimizer and traceback live on) */
 bool og_previous_copy(const rctx_t *x);
 /* the growth is one generation's working set: a KV cache rising token by token within a request (the
- * adapter's phase generation, or a KV cache holding at least half the rise), in a job not known to train,
- * autograd not on: not memory kept across iterations */
+ * adapter's phase generation, or a KV cache holding at least half the rise; growth.gen_built; or, with no
+ * growth read, phase generation with a KV cache holding the missing bytes and a quarter of the framework's
+ * allocated bytes), in a job not known to train, autograd not on: not memory kept across iterations */
 bool og_generation_growth(const rctx_t *x);
 
 /* Row I of the ranking's tables (passes in order) as a line of docs/diagnosis.md's table; 0 past the last. */

@@ -62,7 +62,7 @@ static bool growth_cache(const rctx_t *x) { return HAS(GROWTH) && cache_ok(x); }
 static bool growth_on_purpose(const rctx_t *x) { return PRIMARY(GROWTH) && og_growth_without_autograd(x); }
 static bool generation_growth(const rctx_t *x) { return og_generation_growth(x); }
 /* the same, read as one generation building up (growth.gen_built: the growth rule does not hold) */
-static bool generation_built(const rctx_t *x) { return x->f->growth.gen_built; }
+static bool generation_built(const rctx_t *x) { return og_generation_growth(x) && !HAS(GROWTH); }
 static bool otherfw_holds(const rctx_t *x) { return HAS(OTHERFW); }
 static bool peers_hold(const rctx_t *x) { return HAS(PEERS); }
 /* every peer on the GPU is a worker of this process's parent or the parent (a pre-fork server) */
@@ -161,6 +161,13 @@ static bool eval_with_autograd(const rctx_t *x) { return PRIMARY(GROWTH) && know
 static bool cap_without_room(const rctx_t *x)
 {
     return HAS(FWCAP) && x->f->cap.binds && x->f->cap.reserved && !x->f->cap.room;
+}
+/* the framework refused under its own cap without asking the driver while the device had room: the cap is
+ * the cause (framework_cap at 0.99), whatever the history's steps or the cache's splinters say: what chases a
+ * leak, splinters or other processes comes after every way to raise the cap or shrink the job */
+static bool cap_refused_with_room(const rctx_t *x)
+{
+    return PRIMARY(FWCAP) && x->f->cap.binds && x->f->cap.room && x->rec->memory.fw.internal_oom;
 }
 static bool confident_growth(const rctx_t *x) { return PRIMARY(GROWTH) && x->primary_conf >= 0.7; }
 static bool limit_on_shared_gpu(const rctx_t *x) { return HAS(LIMIT) && x->rec->memory.nother > 0; }
@@ -379,7 +386,7 @@ static const og_rank_row_t bring[] = {
       "primary growth marked by the failing size, autograd off, not training", "generate_kv_cache" },
     { "generation_working_set", generation_growth, WANT, 0, 0, REMS(R_SMALLER_BATCH, R_SHORTER_SEQ, R_SMALLER_KV),
       "cause growth or growth.gen_built, not training, autograd not on, phase generation or a KV cache holding >= "
-      "half the rise",
+      "half the rise; or phase generation with a KV cache >= shortfall and >= 1/4 of the allocated bytes",
       "generate_kv_cache, generate_beams_kv_growth" },
     { "other_framework", otherfw_holds, WANT, 0, 0, REMS(R_OTHER_FW), "cause other_framework",
       "jax_prealloc_then_torch" },
@@ -548,6 +555,10 @@ static const og_rank_row_t lead[] = {
     { "cap_without_room", cap_without_room, DROP, 0, 0, REMS(R_FW_CAP),
       "framework_cap counting reserved bytes (PyTorch, CuPy), the device had no room for the request",
       "reranker_capped_shared_card (blind)" },
+    { "cap_is_the_cause", cap_refused_with_room, DEMOTE, 3, 0,
+      REMS(R_RELEASE_REFS, R_RESTART, R_EMPTY_CACHE, R_EXPANDABLE, R_BUCKET, R_FOREIGN, R_POOL_TRIM),
+      "primary framework_cap, refused inside the framework, the device had room for the request",
+      "config_fraction_cap_dedicated_card (blind)" },
     { "prefork_workers_lead", prefork_primary, LEAD, -20, 0, REMS(R_FEWER_WORKERS),
       "primary peer_ranks, every peer a worker of this process's parent (or the parent)", "prefork_server_copies" },
     { "limit_on_shared_gpu", limit_on_shared_gpu, LEAD, -20, 0, REMS(R_RAISE_LIMIT), "limit, other processes listed",
@@ -587,8 +598,8 @@ static const og_rank_row_t lead[] = {
       "as generation_working_set (the KV cache grows per token: not a leak)",
       "generate_kv_cache, generate_beams_kv_growth" },
     { "generation_cache_lead", generation_built, LEAD_COVERS, -24, 0, REMS(R_SMALLER_KV),
-      "growth.gen_built: one generation building its KV cache (phase generation, the running code holds >= half "
-      "the rise)",
+      "as generation_working_set, no growth cause (growth.gen_built, or phase generation with a KV cache >= "
+      "shortfall and >= 1/4 of the allocated bytes)",
       "translate_docs_beam_kv_growth, longform_eval_kv_growth (blind)" },
     { "other_framework_first", other_framework_covers, LEAD_COVERS, -40, 0, REMS(R_OTHER_FW),
       "primary other_framework >= 0.7, its bytes >= shortfall", "jax_arena_torch_policy" },

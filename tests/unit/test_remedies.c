@@ -1412,6 +1412,20 @@ static void generation_kv_growth(void **state)
         assert_int_equal(rank_of(r, "inference_mode"), 0);
         free(r);
     }
+    /* no steps read at all, the adapter read a generation and its KV cache holds the missing bytes: the same */
+    {
+        og_record_t *r = base();
+        fixture_roles(r, 4 * GiB, 0, 0, 0, 16 * GiB, 0);
+        fixture_holder(r, "past_key_values", "list", "local in generate (lm.py:40)", 15 * GiB);
+        fixture_purpose(r, "kv_cache");
+        fixture_phase(r, "generation", "lm.py", "generate");
+        r->memory.fw.grad_enabled = -1;
+        run_primary(r, "does_not_fit");
+        assert_string_equal(r->remedies[0].id, "smaller_batch");
+        assert_string_equal(r->remedies[1].id, "shorter_sequences");
+        assert_int_equal(rank_of(r, "smaller_kv_cache"), 3);
+        free(r);
+    }
     /* the same growth in a training job (an optimizer step ran): a leak, release_references leads */
     og_record_t *r = base();
     leaking_steps(r);
@@ -1547,6 +1561,30 @@ static void cap_without_room_not_first(void **state)
     r->device.free_bytes = 12 * GiB;
     run_primary(r, "framework_cap");
     assert_string_equal(r->remedies[0].id, "raise_framework_cap");
+    free(r);
+}
+
+/* the cap refused inside the framework with the device's room to spare while the history also reads as growth
+ * and the cache as splinters: the cap is the cause, what chases a leak, splinters or other processes comes after
+ * every way to raise the cap or shrink the job */
+static void cap_with_room_no_leak_hunt(void **state)
+{
+    og_record_t *r = base();
+    leaking_steps(r);
+    fixture_adapter(r, 9 * GiB + 500 * MiB, 9 * GiB, 100 * MiB);
+    r->memory.fw.internal_oom = true;
+    r->memory.fw.cap_bytes = 9 * GiB + 600 * MiB;
+    strcpy(r->memory.fw.framework, "pytorch");
+    strcpy(r->memory.fw.cap_source, "torch.cuda.set_per_process_memory_fraction(0.4)");
+    r->memory.fw.grad_enabled = 1;
+    r->memory.fw.training = 1;
+    r->device.free_bytes = 14 * GiB;
+    run_primary(r, "framework_cap");
+    assert_string_equal(r->remedies[0].id, "raise_framework_cap");
+    static const char *const chase[] = { "release_references", "restart_process", "empty_cache", "expandable_segments",
+                                         "foreign_processes" };
+    for (size_t i = 0; i < sizeof chase / sizeof *chase; i++)
+        assert_true(rank_of(r, chase[i]) == 0 || rank_of(r, chase[i]) > 3);
     free(r);
 }
 
@@ -1733,6 +1771,7 @@ int main(void)
         cmocka_unit_test(state_snapshot_first),
         cmocka_unit_test(evaluation_with_autograd_on),
         cmocka_unit_test(cap_without_room_not_first),
+        cmocka_unit_test(cap_with_room_no_leak_hunt),
         cmocka_unit_test(teacher_with_autograd_on),
         cmocka_unit_test(foreign_no_restart_of_this_process),
         cmocka_unit_test(larger_product_is_split),
