@@ -804,6 +804,10 @@ static void load(og_facts_t *d, const og_record_t *r)
      * not overrule it */
     if (d->phase != OG_JP_unknown && d->phase != OG_JP_loading)
         d->load.phase = OG_PHASE_NONE;
+    /* nor when the roles say a copy of the model is being made in a job whose optimizer stepped (a snapshot:
+     * its equal blocks beside the weights are the copy, not a second load) */
+    if (d->snapshot_stmt || (d->roles.copy_loose && r->memory.fw.has && r->memory.fw.training == 1))
+        d->load.phase = OG_PHASE_NONE;
 }
 
 /* ------------------------------------------------------------------ across devices, outside the framework */
@@ -894,9 +898,17 @@ static void job_phase(og_facts_t *d, const og_record_t *r)
     }
     const og_roles_t *ro = &fw->roles;
     if (!d->load_via_torch_load && ro->has && ro->has_statement) {
-        char p[sizeof ro->stmt_purpose];
+        char p[sizeof ro->stmt_purpose], src[sizeof fw->phase_source];
         og_cpy(p, sizeof p, ro->stmt_purpose, sizeof p);
-        d->load_via_torch_load = og_purpose_of(p) == OG_PURPOSE_checkpoint;
+        og_cpy(src, sizeof src, fw->phase_source, sizeof src);
+        bool checkpoint = og_purpose_of(p) == OG_PURPOSE_checkpoint;
+        /* the statement alone said loading, in a job whose optimizer has stepped: a snapshot being made */
+        if (checkpoint && fw->training == 1 && strncmp(src, "the failing statement", 21) == 0) {
+            d->snapshot_stmt = true;
+            d->phase = OG_JP_unknown;
+            return;
+        }
+        d->load_via_torch_load = checkpoint;
     }
 }
 

@@ -230,6 +230,12 @@ typedef struct og_facts {
     /* loading a checkpoint: torch.load (torch/serialization.py) on the failing stack, or the failing
      * statement builds what the program calls a checkpoint (roles.statement.purpose) */
     bool load_via_torch_load;
+    /* a checkpoint being made, not restored: the adapter's phase `loading` came from the failing statement
+     * alone (it builds what the program calls a checkpoint: snapshot = {k: v.clone() for k, v in
+     * model.state_dict().items()}), torch.load is not on the stack and the optimizer has stepped; the phase
+     * is then read as unknown, and the running code's tensors (a comprehension's are no holder's: activations) are
+     * the copy so far (roles.copying) */
+    bool snapshot_stmt;
     og_role_facts_t roles;
     /* the job trains: 1 (an optimizer step ran; the roles hold gradients or optimizer state; an optimizer
      * holds parameters of the failing device; the failing stack was in backward or an optimizer step),

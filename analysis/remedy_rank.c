@@ -256,8 +256,10 @@ static bool larger_inference(const rctx_t *x)
 static bool weights_copy(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
+    bool snap = x->f->snapshot_stmt; /* the statement builds a checkpoint: its tensors are no holder's yet */
     return ro->known && ro->act_known && x->trains == 1 && (PHASE(unknown) || PHASE(ema_update)) && ro->params &&
-           (ro->local_held || ro->copy_loose) && ro->act < x->shortfall && !own_fix_covers(x) && !x->larger_than_device;
+           (ro->local_held || ro->copy_loose || snap) && (ro->act < x->shortfall || snap) && !own_fix_covers(x) &&
+           !x->larger_than_device;
 }
 /* the same, a copy of the whole training state (model and optimizer state_dicts) kept as a snapshot:
  * the running code holds at least one full copy of the parameters, with autograd on (an update of an
@@ -265,8 +267,8 @@ static bool weights_copy(const rctx_t *x)
 static bool state_snapshot(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
-    return weights_copy(x) && !PHASE(ema_update) && (ro->working >= ro->params || ro->copy_loose) &&
-           (x->grad != -1 || ro->local_map);
+    return weights_copy(x) && !PHASE(ema_update) &&
+           (ro->working >= ro->params || ro->copy_loose || x->f->snapshot_stmt) && (x->grad != -1 || ro->local_map);
 }
 static bool weights_update(const rctx_t *x)
 {

@@ -1478,6 +1478,30 @@ static void state_snapshot_first(void **state)
     assert_int_equal(rank_of(r, "smaller_batch"), 0);
     assert_int_equal(rank_of(r, "mixed_precision"), 0);
     assert_non_null(strstr(r->remedies[0].why, "3.50 GiB copied so far from the model's 5.00 GiB"));
+    /* snapshot = {k: v.clone() for k, v in model.state_dict().items()} after optimizer steps: the adapter said
+     * loading from the statement alone (it builds a checkpoint), the comprehension's tensors are no holder's
+     * (activations): a snapshot made, not a checkpoint restored; not map_location, not a second load */
+    og_record_t *s = base();
+    fixture_roles(s, 5 * GiB, 5 * GiB, 10 * GiB, 0, 0, 2 * GiB + 512 * MiB);
+    fixture_optimizer(s, "AdamW", 10 * GiB);
+    fixture_model(s, "Net", 5 * GiB, 1, false);
+    fixture_phase(s, "loading", NULL, NULL);
+    snprintf(s->memory.fw.phase_source, sizeof s->memory.fw.phase_source,
+             "the failing statement reads model, state_dict, items (checkpoint)");
+    fixture_statement(s, "snapshot", "checkpoint");
+    s->memory.fw.grad_enabled = 1;
+    s->memory.fw.training = 1;
+    run_primary(s, "does_not_fit");
+    assert_string_equal(s->remedies[0].id, "snapshot_to_cpu");
+    assert_int_equal(rank_of(s, "map_location_cpu"), 0);
+    assert_int_equal(rank_of(s, "restart_process"), 0);
+    assert_int_equal(rank_of(s, "smaller_batch"), 0);
+    /* before any optimizer step the same statement restores a checkpoint */
+    s->memory.fw.training = 0;
+    run_primary(s, "does_not_fit");
+    assert_int_equal(rank_of(s, "snapshot_to_cpu"), 0);
+    assert_true(rank_of(s, "map_location_cpu") > 0);
+    free(s);
     /* the same parameters all in the one model (none beyond it): no copy seen */
     r->memory.fw.roles.models[0].bytes = 6 * GiB + 768 * MiB;
     run_primary(r, "does_not_fit");
