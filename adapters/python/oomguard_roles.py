@@ -659,7 +659,10 @@ def _named_holders(scan, modules, frame_roots):
                 instance(v, 2)
             else:
                 _holder(scan, v, str(k), type(v).__name__, where)
-    if frame_roots:
+    if not frame_roots:
+        return
+    stack = []
+    try:
         for tid, top in list(sys._current_frames().items()):
             stack = []
             while top is not None and len(stack) < 1024:
@@ -677,6 +680,12 @@ def _named_holders(scan, modules, frame_roots):
                             _holder(scan, v, str(k), tp.__name__, where)
                         elif tp not in _ATOMS and scan.kind(tp) == "user":
                             instance(v, 2)
+    finally:
+        # the current thread's stack holds this very frame: a list of it (or `f`, at the end of the loop)
+        # left in a local of it is a cycle that keeps the failing pass's frames, and their tensors, alive
+        # until the collector runs (into the program's next step)
+        del stack[:]
+        top = f = None
 
 
 def _result(scan, allocated, complete, why, t0, unknown=()):

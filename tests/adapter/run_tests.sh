@@ -918,6 +918,13 @@ t_locals_drop() { # a local the roles scan read is freed when the function delet
     expect out.json 'd["after"] == d["base"]' True
 }
 t "roles: a local the scan read is not kept alive by it once the function deletes it (256 MiB freed)" t_locals_drop
+t_pass_freed() { # the failed pass's frames (and tensors) go with the except block: no cycle left by the scan
+    shim adapter "$PYTHON" "$SC/job_locals.py" pass out.json || return 1
+    expect "$(ls dumps/oomguard-*.json | head -n 1)" 'd["memory"]["framework"]["roles"]["complete"]' True &&
+    expect out.json 'd["after"] == d["base"]' True
+}
+t "roles: a failed pass's tensors are freed when its except block ends, the collector off (no cycle through the frames)" \
+    t_pass_freed
 t_locals_own() { # the program's own locals() dict is left whole
     shim adapter "$PYTHON" "$SC/job_locals.py" own out.json || return 1
     expect out.json 'd["own_kept"]' True

@@ -5,6 +5,10 @@ tensor (here 256 MiB) allocated until the function returns.
 
   python3 job_locals.py drop OUT.json   the function deletes its local after the failure
   python3 job_locals.py own OUT.json    the function also holds its own locals() dict: it must stay whole
+  python3 job_locals.py pass OUT.json   the failed pass's frames are freed when the except block ends, with the
+                                        collector off: the scan leaves no cycle through them (the stack it
+                                        reads holds the scan's own frame), which would keep the pass's
+                                        tensors until a collection, into the program's next step
 
 OUT.json: allocated bytes before the local, with it, and after `del`; and whether the program's
 own locals() dict still has the variable."""
@@ -36,9 +40,29 @@ def step(out):
                own_kept=None if mine is None else "batch" in mine)
 
 
+def failing_pass():
+    act = torch.empty(256 * MiB, device="cuda")      # an activation of the pass  # noqa: F841
+    torch.empty(HUGE, device="cuda")
+
+
+def after_failure(out):
+    gc.collect()
+    gc.disable()
+    base = torch.cuda.memory_allocated()
+    try:
+        failing_pass()
+    except torch.OutOfMemoryError:
+        pass
+    out.update(base=base, after=torch.cuda.memory_allocated())
+    gc.enable()
+
+
 def main():
     out = {}
-    step(out)
+    if jobkit.mode == "pass":
+        after_failure(out)
+    else:
+        step(out)
     jobkit.write(out)
 
 
