@@ -1011,6 +1011,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
         if (groups > 1) /* within a group the copies are counted above */
             k->model_copies = add_sat(k->model_copies, sum - least);
     }
+    k->accumulating = ro->has_accum;
     if (ro->has_statement) {
         char p[sizeof ro->stmt_purpose];
         og_cpy(p, sizeof p, ro->stmt_purpose, sizeof p);

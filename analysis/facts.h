@@ -132,8 +132,9 @@ typedef struct og_role_facts {
     /* a copy of a model being made that no module holds yet (copy.deepcopy building its parameters one by one):
      * parameters beyond every model's (when models were measured) and gradients beyond them too */
     uint64_t copy_loose;
-    uint64_t copying; /* what the running code's copy holds so far: working + copy_loose */
-    int grower;       /* index in roles.holders of the largest holder (kept across calls or a local of a running
+    uint64_t copying;  /* what the running code's copy holds so far: working + copy_loose */
+    bool accumulating; /* roles.accumulating: the program sums several passes' losses with their graphs alive */
+    int grower;        /* index in roles.holders of the largest holder (kept across calls or a local of a running
                            loop) holding at least half of what the growth's steps kept (the median rise per step
                            times the steps), -1 none or no growth */
     uint64_t grower_bytes;

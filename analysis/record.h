@@ -153,6 +153,11 @@ typedef struct og_roles {
     og_py_frame_t stmt;
     char stmt_target[64], stmt_purpose[16], stmt_names[128];
     char stmt_ints[96]; /* the int values of the names it reads, comma-separated ("" none) */
+    /* roles.accumulating: a running function of the program sums several passes' outputs into `accum_target`
+     * (adding `accum_operand`) while their graphs are alive (backward once on the sum); has_accum false: none */
+    bool has_accum;
+    og_py_frame_t accum;
+    char accum_target[64], accum_operand[64];
     /* what the framework had allocated right after each of the latest steps of the optimizer that stepped
      * most on this device (roles.allocated_after_steps), oldest first; nsteps 0: none seen */
     int nsteps;

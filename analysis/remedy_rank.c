@@ -323,6 +323,15 @@ static bool fp32_weights(const rctx_t *x)
            known(alloc) && alloc && 2.0 * ((double)ro->params + (double)ro->grads) >= (double)alloc &&
            !PHASE(optimizer_step) && !own_fix_covers(x) && !x->larger_than_device;
 }
+/* the program sums several passes' losses into one tensor whose graph is still alive (roles.accumulating)
+ * while a forward pass (or the one backward on the sum) runs in a job that may train: every micro-batch's
+ * activations stay alive until that backward; a backward per micro-batch frees each graph as it goes */
+static bool summed_microbatches(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && ro->accumulating && ro->act_known && ro->act && x->trains != -1 && x->grad != -1 &&
+           (PHASE(forward) || PHASE(backward) || PHASE(unknown)) && !own_fix_covers(x) && !x->larger_than_device;
+}
 /* the evidence leaves nothing for the activation remedies to shrink: the roles measured, and the job was
  * loading, stepping its optimizer, or updating weights outside it */
 static bool no_activations(const rctx_t *x)
@@ -421,6 +430,10 @@ static const og_rank_row_t bring[] = {
     { "train_fewer_parameters", trains_all_parameters, WANT, 0, 0, REMS(R_LORA),
       "the job trains, roles: parameters and their gradients or optimizer state (or phase optimizer_step)",
       "adamw_first_step, ema_lazy_shadow (blind)" },
+    { "summed_microbatches", summed_microbatches, WANT, 0, 0, REMS(R_BACKWARD_PER_MB),
+      "roles.accumulating (losses summed with their graphs alive), activations measured, phase forward, backward "
+      "or unknown, autograd not off, not known inference",
+      "asr_accum_summed_loss (blind)" },
     { "fp32_weights", fp32_weights, WANT, 0, 0, REMS(R_LOAD_HALF),
       "roles: parameters >= 3/4 float32 (parameters_by_dtype), parameters + gradients >= half the allocated bytes; "
       "not phase optimizer_step",
@@ -592,6 +605,9 @@ static const og_rank_row_t lead[] = {
     { "graph_pools_lead", graph_pools_lead, LEAD_COVERS, -21, 0, REMS(R_GRAPH_SHAPES),
       "graph pools as in graph_pools, primary does_not_fit, cache_held, fragmentation or growth",
       "cuda_graph_shapes (blind)" },
+    { "summed_microbatches_lead", summed_microbatches, LEAD_COVERS, -32, 0, REMS(R_BACKWARD_PER_MB),
+      "as summed_microbatches (the measured cause; splinters of the cache come after)",
+      "asr_accum_summed_loss (blind)" },
     { "fp32_weights_lead", fp32_weights, LEAD_COVERS, -20, 0, REMS(R_LOAD_HALF), "as fp32_weights",
       "fullft_fp32_default_dtype (blind)" },
     { "one_batch_peak_lead", one_batch_peak, LEAD_COVERS, -19, 0, REMS(R_SHORTER_SEQ), "as one_batch_peak",
@@ -746,6 +762,8 @@ static void estimate(rank_t *k, const rctx_t *x)
         cover[R_EMA_CPU] = held > copy ? held : copy;
         cover[R_IN_PLACE] = held > copy ? held - copy : 0;
     }
+    /* with N micro-batches summed, N - 1 graphs go: at least half of the activations (N >= 2) */
+    cover[R_BACKWARD_PER_MB] = summed_microbatches(x) ? 0.5 * (double)ro->act : -1;
     cover[R_SMALLER_KV] = kv_cache_reserved(x) ? 0.5 * (double)ro->kv_bytes : -1;
     if (generation_growth(x) && ro->purpose_bytes[OG_PURPOSE_kv_cache]) /* a 4-bit cache: 3/4 of a 16-bit one */
         cover[R_SMALLER_KV] = 0.75 * (double)ro->purpose_bytes[OG_PURPOSE_kv_cache];

@@ -1579,6 +1579,36 @@ static bool b_ema_on_cpu(const rctx_t *x, og_remedy_t *r)
     return true;
 }
 
+static bool b_backward_per_microbatch(const rctx_t *x, og_remedy_t *r)
+{
+    const og_roles_t *ro = &x->rec->memory.fw.roles;
+    char target[sizeof ro->accum_target], operand[sizeof ro->accum_operand], file[sizeof ro->accum.file],
+        fn[sizeof ro->accum.function];
+    og_cpy(target, sizeof target, ro->accum_target, sizeof target);
+    og_cpy(operand, sizeof operand, ro->accum_operand, sizeof operand);
+    og_cpy(file, sizeof file, ro->accum.file, sizeof file);
+    og_cpy(fn, sizeof fn, ro->accum.function, sizeof fn);
+    if (ro->has_accum)
+        why(r,
+            "The program adds each micro-batch's %s into %s (%s:%d in %s) and calls backward once on the sum: "
+            "every micro-batch's graph, with the activations it saved, stays alive until then.",
+            operand[0] ? operand : "loss", target[0] ? target : "a total", og_base_name(file), ro->accum.line, fn);
+    else
+        why(r, "Losses summed over micro-batches keep every micro-batch's graph alive until the one backward.");
+    if (x->f->roles.act_known)
+        why(r,
+            " Measured: %s of activations; a backward per micro-batch keeps one micro-batch's alive (at least "
+            "half of them go).",
+            og_hb((double)x->f->roles.act).s);
+    how(r, "%sfor mb in micro_batches: (model(**mb).loss / len(micro_batches)).backward()   # frees this graph", pt(x));
+    how(r, "%soptimizer.step(); optimizer.zero_grad(set_to_none=True)   # once, after the last: the same gradients",
+        pt(x));
+    how(r, "%srunning_loss += loss.item()   # for logging keep a number, not the tensor and its graph", pt(x));
+    how(r, "%swith model.no_sync(): ...   # DistributedDataParallel: skip the all-reduce before the last micro-batch",
+        pt(x));
+    return true;
+}
+
 static bool b_teacher_no_grad(const rctx_t *x, og_remedy_t *r)
 {
     const og_role_facts_t *ro = &x->f->roles;

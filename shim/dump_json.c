@@ -248,6 +248,19 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
         og_sb_puts(sb, "]}");
     } else
         og_sb_puts(sb, "null");
+    K("accumulating");
+    if (r->has_accum) {
+        og_sb_puts(sb, "{\"file\":");
+        og_sb_json_str(sb, r->accum.file);
+        og_sb_printf(sb, ",\"line\":%d,\"function\":", r->accum.line);
+        og_sb_json_str(sb, r->accum.function);
+        og_sb_puts(sb, ",\"target\":");
+        j_str_or_null(sb, r->accum_target);
+        og_sb_puts(sb, ",\"operand\":");
+        j_str_or_null(sb, r->accum_operand);
+        og_sb_puts(sb, "}");
+    } else
+        og_sb_puts(sb, "null");
     K("complete");
     og_sb_puts(sb, r->complete ? "true" : "false");
     K("why");

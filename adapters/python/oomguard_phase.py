@@ -202,7 +202,8 @@ _code_cache = {}
 
 
 def _instructions(code):
-    """[(opname, argval name or None, line)] of a code object, cached (at most 512 code objects)."""
+    """[(offset, opname, argval name or None, line, argrepr)] of a code object, cached (at most 512 code
+    objects)."""
     got = _code_cache.get(code)
     if got is not None:
         return got
@@ -217,7 +218,8 @@ def _instructions(code):
             sl = ins.starts_line
             ln = sl if isinstance(sl, int) and not isinstance(sl, bool) else line
         line = ln if ln is not None else line
-        out.append((ins.offset, ins.opname, ins.argval if isinstance(ins.argval, str) else None, line))
+        out.append((ins.offset, ins.opname, ins.argval if isinstance(ins.argval, str) else None, line,
+                    ins.argrepr or ""))
     if len(_code_cache) < 512:
         _code_cache[code] = out
     return out
@@ -304,6 +306,121 @@ def statement(frame, package_dir=None, limit=8):
             if target or purpose:
                 return (f.f_code.co_filename, int(f.f_lineno or 0), f.f_code.co_name, target, names[:8], purpose,
                         ints)
+    except Exception:
+        pass
+    return None
+
+
+_NAME_STORES = frozenset(("STORE_FAST", "STORE_NAME", "STORE_GLOBAL", "STORE_DEREF"))
+_ADD_OPS = frozenset(("BINARY_ADD", "INPLACE_ADD"))                 # Python < 3.11
+_ADD_CALLS = frozenset(("add", "_add", "add_", "iadd"))              # torch.add(total, loss), a helper named so
+
+
+def graph_alive(t, limit=64):
+    """True when tensor t has an autograd graph that still holds what it saved for backward (a saved
+    tensor of a node reachable from t.grad_fn can be read), False when it has none or backward freed it
+    (reading raises RuntimeError), None when no node within `limit` saved a tensor.  Not read while
+    saved-tensor hooks are in force (their unpacking may copy or recompute on the device): None.  Never
+    raises."""
+    try:
+        fn = getattr(t, "grad_fn", None)
+        if fn is None:
+            return False
+        torch = sys.modules.get("torch")
+        top = getattr(getattr(getattr(torch, "_C", None), "_autograd", None), "_top_saved_tensors_default_hooks", None)
+        if top is not None and top() is not None:
+            return None
+        stack, seen = [fn], set()
+        while stack and len(seen) < limit:
+            node = stack.pop()
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            for a in dir(node):
+                if not a.startswith("_saved_"):
+                    continue
+                try:
+                    v = getattr(node, a)
+                except RuntimeError:
+                    return False
+                except Exception:
+                    continue
+                if v is not None and hasattr(v, "data_ptr"):
+                    return True
+            try:
+                stack.extend(f[0] for f in (node.next_functions or ()) if f)
+            except Exception:
+                pass
+    except Exception:
+        pass
+    return None
+
+
+def _in_module(f, local):
+    """A frame of a module's own code (forward, a helper method): its residual sums are one pass's."""
+    me = local.get("self")
+    try:
+        return f.f_code.co_name in ("forward", "__call__", "_call_impl") or (
+            me is not None and any(c.__name__ == "Module" for c in type(me).__mro__))
+    except Exception:
+        return False
+
+
+def accumulation(frame, package_dir=None, limit=8):
+    """A running function of the program that sums the outputs of several passes into one tensor whose
+    graph is still alive: a statement of its code stores into a name T that the same statement reads,
+    with an addition (T = T + x, T += x, T = torch.add(T, x)), and at the failure T and another name that
+    statement reads hold tensors whose graphs still hold their saved tensors (graph_alive), as summing
+    micro-batches' losses to call backward once on the sum does: every micro-batch's graph stays alive
+    until then.  Frames of a module's own code are not read (a residual x = x + f(x) is one pass).
+    (file, line, function, target, operand) of the innermost such frame of the program; None when none.
+    Reads the frames' bytecode and locals with the collector off, as the role scan does (a collection here
+    would free garbage a failed pass left, between the framework's numbers and the failure); never raises."""
+    import gc
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        return _accumulation(frame, package_dir, limit)
+    finally:
+        if gc_was:
+            gc.enable()
+
+
+def _accumulation(frame, package_dir, limit):
+    try:
+        import oomguard_roles
+        exclude = (package_dir,) if package_dir else ()
+        seen = 0
+        for f in frames_of(frame, 64):
+            if not oomguard_roles.is_user_file(f.f_code.co_filename, exclude):
+                continue
+            seen += 1
+            if seen > limit:
+                break
+            lines = {}
+            for ins in _instructions(f.f_code):
+                if ins[3] is not None:
+                    lines.setdefault(ins[3], []).append(ins)
+            local = None
+            for line in sorted(lines):
+                ops = lines[line]
+                stores = [i[2] for i in ops if i[1] in _NAME_STORES and i[2]]
+                reads = [i[2] for i in ops if i[1] in _LOADS and i[2]]
+                if not stores or not any(t in reads for t in stores):
+                    continue
+                if not any(i[1] in _ADD_OPS or (i[1] == "BINARY_OP" and i[4] in ("+", "+=")) or
+                           (i[1] in _LOADS and i[2] in _ADD_CALLS) for i in ops):
+                    continue
+                if local is None:
+                    local = dict(oomguard_roles._frame_locals(f))
+                    if _in_module(f, local):
+                        break
+                for t in stores:
+                    if t not in reads or graph_alive(local.get(t, f.f_globals.get(t))) is not True:
+                        continue
+                    for o in reads:
+                        if o != t and graph_alive(local.get(o, f.f_globals.get(o))) is True:
+                            return (f.f_code.co_filename, int(line), f.f_code.co_name, t, o)
     except Exception:
         pass
     return None

@@ -779,6 +779,7 @@ def encode(r):
       dtype NAME BYTES TENSORS (the parameters by dtype; with `meta by_dtype 1`: measured) |
       holder BYTES TENSORS LABEL NAME KIND WHERE FILE LINE FUNCTION PURPOSE COPY_OF |
       model CLASS BYTES TENSORS COUNT FROZEN | statement FILE LINE FUNCTION TARGET PURPOSE NAMES INTS |
+      accumulating FILE LINE FUNCTION TARGET OPERAND |
       steps MADE ALLOCATED,... (after each of an optimizer's latest steps, oldest first) | meta KEY VALUE"""
     if not r or "roles" not in r:
         return None
@@ -811,6 +812,11 @@ def encode(r):
         out.append("statement\t%s\t%d\t%s\t%s\t%s\t%s\t%s" % (
             _clean(f), int(ln), _clean(fn), _clean(target or "-"), _clean(purpose or "-"),
             _clean(",".join(names[:8]) or "-"), ",".join(str(int(v)) for v in ints[:8]) or "-"))
+    acc = r.get("accumulating")
+    if acc:
+        f, ln, fn, target, operand = acc[:5]
+        out.append("accumulating\t%s\t%d\t%s\t%s\t%s" % (_clean(f), int(ln), _clean(fn), _clean(target),
+                                                          _clean(operand)))
     out.append("meta\tallocated\t%s" % ("-" if r["allocated"] is None else int(r["allocated"])))
     out.append("meta\tcomplete\t%d" % (1 if r["complete"] else 0))
     out.append("meta\telapsed_us\t%d" % int(r["elapsed_ms"] * 1000))

@@ -467,6 +467,9 @@ def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowe
             measured = measure_roles(torch, device, allocated, blocks)
             if measured is not None and stmt:
                 measured["statement"] = stmt
+            if measured is not None and frame is not None:
+                # losses of several passes summed with their graphs alive (backward once on the sum)
+                measured["accumulating"] = oomguard_phase.accumulation(frame, _torch_dir(torch))
             if measured is not None and _last_step_t is not None:
                 # how long before the failure the latest optimizer step ended: growth after it is
                 # one iteration building up, not memory kept across iterations

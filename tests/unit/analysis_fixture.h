@@ -384,6 +384,18 @@ static void fixture_dtype(og_record_t *r, const char *dtype, uint64_t bytes)
     ro->dtypes[ro->ndtypes++].tensors = 10;
 }
 
+/* roles.accumulating: main (train.py:12) sums OPERAND into TARGET with their graphs alive */
+static void fixture_accumulating(og_record_t *r, const char *target, const char *operand)
+{
+    og_roles_t *ro = &r->memory.fw.roles;
+    ro->has_accum = true;
+    snprintf(ro->accum.file, sizeof ro->accum.file, "/w/train.py");
+    snprintf(ro->accum.function, sizeof ro->accum.function, "main");
+    ro->accum.line = 12;
+    snprintf(ro->accum_target, sizeof ro->accum_target, "%s", target);
+    snprintf(ro->accum_operand, sizeof ro->accum_operand, "%s", operand);
+}
+
 /* event.phase and the frame that decided it (FILE NULL: no frame) */
 static void fixture_phase(og_record_t *r, const char *phase, const char *file, const char *function)
 {

@@ -56,6 +56,7 @@ static const char *const ALL_IDS[] = {
     "smaller_kv_cache",
     "snapshot_to_cpu",
     "teacher_no_grad",
+    "backward_per_microbatch",
 };
 
 /* the remedies chosen by role and phase: none without the Python adapter's roles and phase */
@@ -64,7 +65,7 @@ static const char *const ROLE_PHASE_IDS[] = {
     "reuse_process_groups", "nccl_buffsize",       "fewer_graph_shapes",
     "bounded_cache",        "eight_bit_optimizer", "lora",
     "in_place_update",      "ema_on_cpu",          "smaller_kv_cache",
-    "snapshot_to_cpu",      "teacher_no_grad",
+    "snapshot_to_cpu",      "teacher_no_grad",     "backward_per_microbatch",
 };
 
 static og_record_t *base(void) { return fixture_pytorch_24g("libtorch_cuda.so,libc10_cuda.so"); }
@@ -1081,6 +1082,48 @@ static void trains_before_the_first_step(void **state)
     free(r);
 }
 
+/* the losses of several micro-batches summed with their graphs alive (roles.accumulating), failing in the next
+ * micro-batch's forward pass: a backward per micro-batch first; nothing of the kind without the measured sum */
+static void summed_microbatches_backward_each(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 3 * GiB, 0, 0, 0, 0, 17 * GiB);
+    fixture_accumulating(r, "total", "loss");
+    fixture_phase(r, "forward", "/srv/model.py", "forward");
+    r->memory.fw.grad_enabled = 1;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "backward_per_microbatch");
+    assert_non_null(strstr(r->remedies[0].why, "into total (train.py:12 in main)"));
+    assert_true(how_has(&r->remedies[0], ".backward()"));
+    free(r);
+    /* no sum measured: not listed */
+    r = base();
+    fixture_roles(r, 3 * GiB, 0, 0, 0, 0, 17 * GiB);
+    fixture_phase(r, "forward", "/srv/model.py", "forward");
+    r->memory.fw.grad_enabled = 1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "backward_per_microbatch"), 0);
+    free(r);
+    /* autograd off at the failure (no graph is built now) or a job known to be inference: not listed */
+    r = base();
+    fixture_roles(r, 3 * GiB, 0, 0, 0, 0, 17 * GiB);
+    fixture_accumulating(r, "total", "loss");
+    fixture_phase(r, "forward", "/srv/model.py", "forward");
+    r->memory.fw.grad_enabled = -1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "backward_per_microbatch"), 0);
+    free(r);
+    r = base();
+    fixture_roles(r, 3 * GiB, 0, 0, 0, 0, 17 * GiB);
+    fixture_accumulating(r, "total", "loss");
+    fixture_phase(r, "forward", "/srv/model.py", "forward");
+    r->memory.fw.grad_enabled = 1;
+    r->memory.fw.training = -1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "backward_per_microbatch"), 0);
+    free(r);
+}
+
 /* in a forward pass the optimizer's state is not the lever: it comes after the activation remedies */
 static void phase_forward_optimizer_later(void **state)
 {
@@ -1781,6 +1824,7 @@ int main(void)
         cmocka_unit_test(phase_forward_optimizer_later),
         cmocka_unit_test(fp32_weights_load_in_half),
         cmocka_unit_test(trains_before_the_first_step),
+        cmocka_unit_test(summed_microbatches_backward_each),
         cmocka_unit_test(graph_pools_first),
         cmocka_unit_test(growth_in_a_dict),
         cmocka_unit_test(growth_names_its_holder),

@@ -370,6 +370,71 @@ def t_real_step():
     assert r["roles"]["optimizer_state"][0] == sum(nbytes(t) for t in st) >= 2 * pb, r["roles"]
 
 
+def t_accumulation():
+    """Losses of several passes summed with their graphs alive (backward once on the sum) are found in the
+    running loop's frame; not after a backward per micro-batch (the graphs freed), not for a sum of numbers,
+    not for a residual inside a module's forward (one pass)."""
+    lin = torch.nn.Linear(8, 8)
+
+    def probe():
+        return oomguard_phase.accumulation(sys._getframe(), None)
+
+    def summed():
+        total = None
+        for i in range(3):
+            loss = lin(torch.randn(4, 8)).tanh().sum()
+            if i == 2:
+                return probe()
+            total = loss if total is None else total + loss
+    got = summed()
+    assert got is not None and got[2:] == ("summed", "total", "loss"), got
+
+    def summed_inplace():
+        acc = 0
+        for i in range(3):
+            out = lin(torch.randn(4, 8)).tanh().sum()
+            if i == 2:
+                return probe()
+            acc += out
+    got = summed_inplace()
+    assert got is not None and got[3:] == ("acc", "out"), got
+
+    def each():
+        total = None
+        for i in range(3):
+            loss = lin(torch.randn(4, 8)).tanh().sum()
+            if i == 2:
+                return probe()
+            loss.backward()                              # frees this micro-batch's graph
+            total = loss if total is None else total + loss
+    assert each() is None
+
+    def numbers():
+        running = 0.0
+        for i in range(3):
+            loss = lin(torch.randn(4, 8)).tanh().sum()
+            if i == 2:
+                return probe()
+            running = running + loss.item()
+    assert numbers() is None
+
+    class Residual(torch.nn.Module):
+        def __init__(self):
+            torch.nn.Module.__init__(self)
+            self.l = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            h = self.l(x).tanh()
+            r = self.l(h).tanh()
+            h = h + r
+            return probe()
+    assert Residual()(torch.randn(4, 8)) is None
+    assert oomguard_phase.graph_alive(torch.randn(3)) is False
+    enc = oomguard_roles.encode({"roles": {}, "optimizers": {}, "holders": [], "allocated": 0, "complete": True,
+                                 "elapsed_ms": 0, "objects": 0, "accumulating": ("/w/t.py", 7, "main", "total", "loss")})
+    assert "accumulating\t/w/t.py\t7\tmain\ttotal\tloss" in enc, enc
+
+
 def t_phase_forward():
     got = []
 
@@ -518,6 +583,7 @@ def t_phase_patterns_real_files():
 if not STAND_IN:
     check("a real Linear, backward and AdamW step: parameters, gradients, state as PyTorch made them",
           t_real_step)
+    check("losses summed with their graphs alive; not after a backward each, numbers or a residual", t_accumulation)
     check("phase forward: PyTorch's _call_impl (a pre-hook) and the module's forward", t_phase_forward)
     check("phase evaluation: a forward pass with autograd off", t_phase_eval_flag)
     check("phase evaluation: model.eval() with autograd on; a frozen submodule in a training forward is not",

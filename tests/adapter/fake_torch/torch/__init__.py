@@ -69,6 +69,12 @@ class Tensor(object):
         """The dtype it was made with: empty()'s argument, else the default dtype then (float32)."""
         return self._root()._dtype or "float32"
 
+    @property
+    def grad_fn(self):
+        """A forward pass's output (it depends on parameters: _params) has a node of the graph, as in
+        PyTorch; other tensors none."""
+        return _Node(self) if self._params else None
+
     def data_ptr(self):
         b = self._root()._block
         return b[0] if isinstance(b, tuple) else b.addr
@@ -102,6 +108,26 @@ class Tensor(object):
                 self._block = None
         except Exception:
             pass
+
+
+class _Node(object):
+    """A node of the stand-in's graph: what it saved for backward is the output's `_saved` (the programs
+    set it; scen_truth.backward sets it to None as PyTorch frees the saved tensors after backward).  As
+    in PyTorch, reading a saved tensor after that raises RuntimeError."""
+    next_functions = ()
+
+    def __init__(self, out):
+        self._out = out
+
+    @property
+    def _saved_self(self):
+        v = getattr(self._out, "_saved", self)
+        if v is self:
+            raise AttributeError("_saved_self")
+        if v is None:
+            raise RuntimeError("Trying to backward through the graph a second time (or directly access saved "
+                               "tensors after they have already been freed)")
+        return v
 
 
 uint8, int8, float16, bfloat16, float32 = "uint8", "int8", "float16", "bfloat16", "float32"
