@@ -123,12 +123,14 @@ static bool cupy(const rctx_t *x) { return x->fw == OG_FW_CUPY; }
 static bool no_zero(const rctx_t *x) { return x->fw == OG_FW_TENSORFLOW || x->fw == OG_FW_CUPY; }
 static bool not_pytorch(const rctx_t *x) { return !pytorchish(x); }
 static bool frag_other_framework(const rctx_t *x) { return HAS(FRAG) && !pytorchish(x); }
-/* the job alone would fit on this card (what it holds + the request, 3% kept for the driver); or a
- * leak, which any card fills */
+static bool state_exceeds_card(const rctx_t *x);
+/* the job alone would fit on this card (what it holds + the request, 3% kept for the driver), unless its
+ * state at its first optimizer step alone exceeds the card; or a leak, which any card fills */
 static bool fits_alone_or_leak(const rctx_t *x)
 {
     return !x->larger_than_device &&
-           ((x->total && (double)add_sat(x->footprint, x->req) <= (double)x->total * 0.97) || PRIMARY(GROWTH));
+           ((x->total && (double)add_sat(x->footprint, x->req) <= (double)x->total * 0.97 && !state_exceeds_card(x)) ||
+            PRIMARY(GROWTH));
 }
 
 static bool one_gpu(const rctx_t *x) { return x->visible <= 1; }
@@ -311,17 +313,45 @@ static bool trains_all_parameters(const rctx_t *x)
     return ro->known && x->trains == 1 && ro->params && (ro->grads || ro->opt || PHASE(optimizer_step)) &&
            !own_fix_covers(x) && !x->larger_than_device;
 }
+/* The state a training job keeps at its optimizer steps: the parameters, a gradient for each parameter an
+ * optimizer holds (roles.optimizers[].parameters_bytes), and the optimizer's state: measured once made, else
+ * an Adam-family optimizer's two moments to come (2x those parameters).  0 when no optimizer holds the
+ * failing device's parameters (the job is not known to train them). */
+static double state_at_step(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    if (!ro->known || !ro->opt_params)
+        return 0;
+    double trained = (double)ro->opt_params;
+    double st = ro->opt ? (double)ro->opt : ro->opt_adam ? 2.0 * trained : 0;
+    return (double)ro->params + trained + st;
+}
+/* that state alone is at least the card (or the limit): whatever the batch, the job fails at its first step;
+ * training fewer parameters, sharding or offloading the state are the levers */
+static bool state_exceeds_card(const rctx_t *x)
+{
+    return x->trains == 1 && x->capacity && state_at_step(x) >= (double)x->capacity && !own_fix_covers(x) &&
+           !x->larger_than_device;
+}
 /* the weights are float32 (roles.parameters_by_dtype: at least 3/4 of the parameters' bytes) and, with
- * their gradients (which take their dtype), at least half of what the framework holds, outside an
- * optimizer step (whose state is the lever there): loaded in their checkpoint's half precision, weights and
- * gradients halve.  A bf16 checkpoint loaded without torch_dtype materialises in float32 */
+ * their gradients (which take their dtype), at least half of what the framework holds, outside an optimizer
+ * step (whose state is the lever there): loaded in their checkpoint's half precision, weights and gradients
+ * halve.  A bf16 checkpoint loaded without torch_dtype materialises in float32.  In a job that trains, where
+ * float32 weights may be master weights kept on purpose, only in a load or a pass (the adapter's phase; not
+ * code copying weights) and when the state at its steps halved (the moments take the parameters' dtype) and
+ * this pass's activations fit the card: else halving moves the failure to the first step, and training
+ * fewer parameters or sharding is the lever */
 static bool fp32_weights(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
     uint64_t alloc = x->rec->memory.fw.roles.allocated_bytes;
+    bool pass = PHASE(loading) || PHASE(forward) || PHASE(backward) || PHASE(evaluation) || PHASE(generation) ||
+                (x->trains != 1 && !PHASE(optimizer_step));
+    double halved = state_at_step(x) * (1.0 - 0.5 * (double)ro->params_fp32 / (double)(ro->params ? ro->params : 1));
     return ro->known && ro->dtypes_known && ro->params && (double)ro->params_fp32 >= 0.75 * (double)ro->params &&
-           known(alloc) && alloc && 2.0 * ((double)ro->params + (double)ro->grads) >= (double)alloc &&
-           !PHASE(optimizer_step) && !own_fix_covers(x) && !x->larger_than_device;
+           known(alloc) && alloc && 2.0 * ((double)ro->params + (double)ro->grads) >= (double)alloc && pass &&
+           !(x->capacity && halved + (double)ro->act >= (double)x->capacity) && !own_fix_covers(x) &&
+           !x->larger_than_device;
 }
 /* the program sums several passes' losses into one tensor whose graph is still alive (roles.accumulating)
  * while a forward pass (or the one backward on the sum) runs in a job that may train: every micro-batch's
@@ -434,9 +464,14 @@ static const og_rank_row_t bring[] = {
       "roles.accumulating (losses summed with their graphs alive), activations measured, phase forward, backward "
       "or unknown, autograd not off, not known inference",
       "asr_accum_summed_loss (blind)" },
+    { "state_exceeds_card", state_exceeds_card, WANT, 0, 0, REMS(R_LORA, R_OFFLOAD, R_ZERO),
+      "the job trains, roles: parameters + the optimizer's parameters (gradients) + its state (Adam: 2x them to come) "
+      ">= the card",
+      "fullft_3b_first_backward_state (blind)" },
     { "fp32_weights", fp32_weights, WANT, 0, 0, REMS(R_LOAD_HALF),
       "roles: parameters >= 3/4 float32 (parameters_by_dtype), parameters + gradients >= half the allocated bytes; "
-      "not phase optimizer_step",
+      "not phase optimizer_step; training: phase loading, forward, backward, evaluation or generation, the state at "
+      "its steps halved + activations < the card",
       "fullft_fp32_default_dtype (blind)" },
     { "weights_update", weights_update, WANT, 0, 0, REMS(R_IN_PLACE, R_EMA_CPU),
       "the job trains, autograd off, phase unknown, roles: parameters, locals, activations < shortfall",
@@ -517,7 +552,8 @@ static const og_rank_row_t narrow[] = {
     { "fragmentation_knobs", frag_other_framework, WANT, 0, 0, REMS(R_EMPTY_CACHE),
       "fragmentation, failing framework JAX/TensorFlow/CuPy (their allocator knobs)", "(unit tests)" },
     { "fits_alone_or_leak", fits_alone_or_leak, DROP, 0, 0, REMS(R_BIGGER, R_MULTI_GPU, R_ZERO, R_OFFLOAD),
-      "footprint + request <= 97% of the device, or primary growth", "batch_3pct_over, loss_history_leak" },
+      "footprint + request <= 97% of the device (not state_exceeds_card), or primary growth",
+      "batch_3pct_over, loss_history_leak" },
 };
 
 static const og_rank_row_t reorder[] = {
@@ -610,6 +646,9 @@ static const og_rank_row_t lead[] = {
       "asr_accum_summed_loss (blind)" },
     { "fp32_weights_lead", fp32_weights, LEAD_COVERS, -20, 0, REMS(R_LOAD_HALF), "as fp32_weights",
       "fullft_fp32_default_dtype (blind)" },
+    { "state_exceeds_card_lead", state_exceeds_card, LEAD_COVERS, -19, 1, REMS(R_LORA, R_OFFLOAD, R_ZERO),
+      "as state_exceeds_card (after load_in_bf16 where halving makes it fit)",
+      "fullft_3b_first_backward_state (blind)" },
     { "one_batch_peak_lead", one_batch_peak, LEAD_COVERS, -19, 0, REMS(R_SHORTER_SEQ), "as one_batch_peak",
       "outlier_long_batch (blind)" },
     { "generation_working_set_lead", generation_growth, LEAD_COVERS, -26, 1, REMS(R_SMALLER_BATCH, R_SHORTER_SEQ),

@@ -1043,6 +1043,15 @@ static void fp32_weights_load_in_half(void **state)
     run_primary(r, "does_not_fit");
     assert_int_equal(rank_of(r, "load_in_bf16"), 0);
     free(r);
+    /* a job that trains, failing outside a load or a pass (code copying weights): float32 may be master weights
+     * kept on purpose, not the lever */
+    r = base();
+    fixture_roles(r, 10 * GiB, 9 * GiB, 0, 0, 0, 1 * GiB);
+    fixture_dtype(r, "float32", 10 * GiB);
+    r->memory.fw.training = 1;
+    run_primary(r, "does_not_fit");
+    assert_true(rank_of(r, "load_in_bf16") != 1);
+    free(r);
     /* inference on float32 weights: loading in half precision comes before quantizing them */
     r = base();
     fixture_roles(r, 16 * GiB, 0, 0, 0, 0, 4 * GiB);
@@ -1052,6 +1061,37 @@ static void fp32_weights_load_in_half(void **state)
     run_primary(r, "does_not_fit");
     assert_string_equal(r->remedies[0].id, "load_in_bf16");
     assert_true(rank_of(r, "quantization") > 1);
+    free(r);
+}
+
+/* a full fine-tune whose state at its first step (weights 12, gradients 12, AdamW's moments 24 GiB) exceeds
+ * the card even in half precision: train fewer parameters, offload or shard the state, not load in bf16; where
+ * halving makes the state and this pass fit (weights 10 GiB: 20 GiB halved), load_in_bf16 first, then those */
+static void state_exceeds_card_first(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 12 * GiB, 7 * GiB, 0, 0, 0, 4 * GiB);
+    fixture_dtype(r, "float32", 12 * GiB);
+    fixture_optimizer(r, "AdamW", 0);
+    r->memory.fw.roles.optimizers[0].param_bytes = 12 * GiB;
+    fixture_phase(r, "backward", NULL, NULL);
+    r->memory.fw.grad_enabled = 1;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "lora");
+    assert_int_equal(rank_of(r, "cpu_offload"), 2);
+    assert_int_equal(rank_of(r, "zero_fsdp"), 3);
+    assert_true(rank_of(r, "load_in_bf16") == 0 || rank_of(r, "load_in_bf16") > 3);
+    free(r);
+    r = base();
+    fixture_roles(r, 10 * GiB, 9 * GiB, 0, 0, 0, 1 * GiB);
+    fixture_dtype(r, "float32", 10 * GiB);
+    fixture_optimizer(r, "AdamW", 0);
+    r->memory.fw.roles.optimizers[0].param_bytes = 10 * GiB;
+    fixture_phase(r, "backward", NULL, NULL);
+    r->memory.fw.grad_enabled = 1;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "load_in_bf16");
+    assert_int_equal(rank_of(r, "lora"), 2);
     free(r);
 }
 
@@ -1824,6 +1864,7 @@ int main(void)
         cmocka_unit_test(phase_forward_optimizer_later),
         cmocka_unit_test(fp32_weights_load_in_half),
         cmocka_unit_test(trains_before_the_first_step),
+        cmocka_unit_test(state_exceeds_card_first),
         cmocka_unit_test(summed_microbatches_backward_each),
         cmocka_unit_test(graph_pools_first),
         cmocka_unit_test(growth_in_a_dict),
