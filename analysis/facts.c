@@ -806,7 +806,8 @@ static void load(og_facts_t *d, const og_record_t *r)
         d->load.phase = OG_PHASE_NONE;
     /* nor when the roles say a copy of the model is being made in a job whose optimizer stepped (a snapshot:
      * its equal blocks beside the weights are the copy, not a second load) */
-    if (d->snapshot_stmt || (d->roles.copy_loose && r->memory.fw.has && r->memory.fw.training == 1))
+    if (d->snapshot_stmt ||
+        ((d->roles.copy_loose || d->roles.act_copy) && r->memory.fw.has && r->memory.fw.training == 1))
         d->load.phase = OG_PHASE_NONE;
 }
 
@@ -1081,6 +1082,8 @@ static void roles(og_facts_t *d, const og_record_t *r)
     if (k->model_params && nm < 6) /* every model was listed: what is beyond them is no model's */
         k->copy_loose = add_sat(sub0(k->params, k->model_params), sub0(k->grads, k->model_params));
     k->copying = add_sat(k->working, k->copy_loose);
+    if (ro->act_copy_of[0])
+        k->act_copy = ro->act_copy_bytes < k->act ? ro->act_copy_bytes : k->act;
     /* what a training job holds for good: known when every one of those roles was measured */
     static const enum og_role kept_roles[] = { OG_ROLE_parameters, OG_ROLE_buffers, OG_ROLE_gradients,
                                                OG_ROLE_optimizer_state, OG_ROLE_graph_pools };

@@ -162,6 +162,10 @@ typedef struct og_roles {
      * most on this device (roles.allocated_after_steps), oldest first; nsteps 0: none seen */
     int nsteps;
     uint64_t steps_made; /* the steps that optimizer made in all */
+    /* among the blocks no role reached (activations), a copy of this role ("" none: roles.activations_copy_of)
+     * and its bytes: a copy being made that no named object holds yet */
+    char act_copy_of[24];
+    uint64_t act_copy_bytes;
     uint64_t step_alloc[OG_STEP_SERIES];
 } og_roles_t;
 

@@ -258,10 +258,12 @@ static bool larger_inference(const rctx_t *x)
 static bool weights_copy(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
-    bool snap = x->f->snapshot_stmt; /* the statement builds a checkpoint: its tensors are no holder's yet */
+    /* a copy no named object holds yet: the statement builds a checkpoint, or the activations' blocks copy the
+     * parameters or the optimizer state (what is left of them beyond the copy must be below the shortfall) */
+    bool snap = x->f->snapshot_stmt;
     return ro->known && ro->act_known && x->trains == 1 && (PHASE(unknown) || PHASE(ema_update)) && ro->params &&
-           (ro->local_held || ro->copy_loose || snap) && (ro->act < x->shortfall || snap) && !own_fix_covers(x) &&
-           !x->larger_than_device;
+           (ro->local_held || ro->copy_loose || snap || ro->act_copy) &&
+           (ro->act - ro->act_copy < x->shortfall || snap) && !own_fix_covers(x) && !x->larger_than_device;
 }
 /* the same, a copy of the whole training state (model and optimizer state_dicts) kept as a snapshot:
  * the running code holds at least one full copy of the parameters, with autograd on (an update of an
@@ -270,7 +272,8 @@ static bool state_snapshot(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
     return weights_copy(x) && !PHASE(ema_update) &&
-           (ro->working >= ro->params || ro->copy_loose || x->f->snapshot_stmt) && (x->grad != -1 || ro->local_map);
+           (ro->working >= ro->params || ro->copy_loose || x->f->snapshot_stmt || ro->act_copy) &&
+           (x->grad != -1 || ro->local_map);
 }
 static bool weights_update(const rctx_t *x)
 {

@@ -275,6 +275,13 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
         og_sb_puts(sb, "null");
     else
         og_sb_printf(sb, "%.3f", (double)r->last_step_age_us / 1000.0);
+    K("activations_copy_of");
+    if (r->act_copy_of[0]) {
+        og_sb_puts(sb, "{\"role\":");
+        og_sb_json_str(sb, r->act_copy_of);
+        og_sb_printf(sb, ",\"bytes\":%llu}", (unsigned long long)r->act_copy_bytes);
+    } else
+        og_sb_puts(sb, "null");
     K("allocated_after_steps");
     if (r->nsteps > 0) {
         og_sb_puts(sb, "[");

@@ -212,6 +212,10 @@ static void parse_roles(const char *s, og_roles_t *r)
                 r->has_dtypes = atoi(f[2]) != 0;
             else if (!strcmp(f[1], "why"))
                 copy_str(r->why, sizeof r->why, f[2]);
+            else if (!strcmp(f[1], "activations_copy_of") && n >= 4) {
+                copy_field(r->act_copy_of, sizeof r->act_copy_of, f[2]);
+                r->act_copy_bytes = r->act_copy_of[0] ? strtoull(f[3], NULL, 10) : 0;
+            }
         }
     }
 }

@@ -68,6 +68,25 @@ _COPY_MIN_TENSORS = 4
 _COPY_MIN_SHARE = 0.25
 
 
+def copy_among(sizes, sources):
+    """(role, bytes) when the blocks of `sizes` ({size: count}) that a role of `sources` has sizes of (at
+    most as many of each size as the role has) are a copy of it by copy_of's measure, or None: a copy being
+    made that no named object holds yet (a comprehension's dict, copy.deepcopy's state) among the rest of
+    the allocated blocks, whatever else is there (the last batch's loss, a logits tensor)."""
+    try:
+        best = None
+        for role in _COPIED:
+            src = sources.get(role) or {}
+            part = dict((sz, min(k, src[sz])) for sz, k in sizes.items() if sz in src)
+            if copy_of(part, {role: src}) == role:
+                b = sum(sz * k for sz, k in part.items())
+                if best is None or b > best[1]:
+                    best = (role, b)
+        return best
+    except Exception:
+        return None
+
+
 def copy_of(sizes, sources):
     """Which role (of `sources`: {role: {block size: count}}) a holder whose blocks have `sizes`
     ({size: count}) copies, or None: at least _COPY_MIN_TENSORS blocks, every one of a size that
@@ -700,6 +719,15 @@ def _result(scan, allocated, complete, why, t0, unknown=()):
         roles["activations"] = [max(0, int(allocated) - known), 0]
         if known > int(allocated):
             why = "the roles found exceed the allocated bytes by %d (read at different times)" % (known - int(allocated))
+    # the allocated blocks no role reached (activations and temporaries): a copy of the parameters or the
+    # optimizer state among them, by block sizes (only with the allocator's blocks, a finished scan)
+    rest_copy = None
+    if complete and scan.sizes is not None:
+        rest = {}
+        for ptr, size in scan.sizes.items():
+            if ptr not in scan.seen:
+                rest[size] = rest.get(size, 0) + 1
+        rest_copy = copy_among(rest, scan.sizes_of)
     hs = sorted(scan.holders.items(), key=lambda kv: (-kv[1][0], kv[0]))[:TOP_HOLDERS]
     holders = []
     for (name, kind, where), (b, n, ptr, _) in hs:
@@ -712,7 +740,7 @@ def _result(scan, allocated, complete, why, t0, unknown=()):
     dtypes = None if "parameters" in unknown else dict((k, list(v)) for k, v in scan.dtypes.items())
     return {"allocated": allocated, "roles": roles, "optimizers": scan.optimizers, "holders": holders,
             "parameters_by_dtype": dtypes,
-            "models": list(scan.models),
+            "models": list(scan.models), "activations_copy_of": rest_copy,
             "complete": complete, "why": why, "elapsed_ms": (_clock() - t0) * 1000.0,
             "objects": scan.objects, "sampled": scan.sampled}
 
@@ -824,6 +852,9 @@ def encode(r):
     out.append("meta\tsampled\t%d" % int(r.get("sampled", 0)))
     if r.get("last_step_age") is not None:
         out.append("meta\tlast_step_age_us\t%d" % int(r["last_step_age"] * 1e6))
+    if r.get("activations_copy_of"):
+        role, b = r["activations_copy_of"]
+        out.append("meta\tactivations_copy_of\t%s\t%d" % (_clean(role), int(b)))
     if r.get("steps"):
         made, series = r["steps"]
         out.append("steps\t%d\t%s" % (int(made), ",".join(str(int(v)) for v in series[-32:]) or "-"))

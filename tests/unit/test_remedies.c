@@ -1579,6 +1579,21 @@ static void state_snapshot_first(void **state)
     assert_int_equal(rank_of(s, "map_location_cpu"), 0);
     assert_int_equal(rank_of(s, "restart_process"), 0);
     assert_int_equal(rank_of(s, "smaller_batch"), 0);
+    /* weights_before = [p.clone() for p in model.parameters()]: no purpose in the names, the copy no holder's,
+     * but the activations' blocks copy the parameters (roles.activations_copy_of): a snapshot still */
+    s->memory.fw.phase[0] = 0;
+    s->memory.fw.roles.has_statement = false;
+    snprintf(s->memory.fw.roles.act_copy_of, sizeof s->memory.fw.roles.act_copy_of, "parameters");
+    s->memory.fw.roles.act_copy_bytes = 2 * GiB + 256 * MiB;
+    run_primary(s, "does_not_fit");
+    assert_string_equal(s->remedies[0].id, "snapshot_to_cpu");
+    assert_int_equal(rank_of(s, "smaller_batch"), 0);
+    s->memory.fw.roles.act_copy_of[0] = 0; /* plain activations: no copy seen */
+    run_primary(s, "does_not_fit");
+    assert_int_equal(rank_of(s, "snapshot_to_cpu"), 0);
+    fixture_phase(s, "loading", NULL, NULL);
+    fixture_statement(s, "snapshot", "checkpoint");
+    s->memory.fw.training = 1;
     /* before any optimizer step the same statement restores a checkpoint */
     s->memory.fw.training = 0;
     run_primary(s, "does_not_fit");
