@@ -1020,6 +1020,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
         k->request_shape = request_shape(ro);
     }
     k->known = true;
+    k->num_beams = ro->num_beams > 0 ? ro->num_beams : 0;
     k->params = role_or0(ro, OG_ROLE_parameters);
     k->grads = role_or0(ro, OG_ROLE_gradients);
     k->opt = role_or0(ro, OG_ROLE_optimizer_state);

@@ -128,6 +128,7 @@ typedef struct og_role_facts {
                         (its type or name: StaticCache, past_key_values, kv), -1 none */
     uint64_t kv_bytes;
     uint64_t local_map;    /* held by locals of running functions that are dicts (a state_dict being copied) */
+    int num_beams;         /* the beam width of the generation running at the failure (roles meta); 0 unknown */
     uint64_t model_params; /* roles.models: the parameters of every model (each group's times its count); 0 none */
     /* a copy of a model being made that no module holds yet (copy.deepcopy building its parameters one by one):
      * parameters beyond every model's (when models were measured) and gradients beyond them too */

@@ -61,6 +61,8 @@ static bool growth_holds(const rctx_t *x) { return HAS(GROWTH); }
 static bool growth_cache(const rctx_t *x) { return HAS(GROWTH) && cache_ok(x); }
 static bool growth_on_purpose(const rctx_t *x) { return PRIMARY(GROWTH) && og_growth_without_autograd(x); }
 static bool generation_growth(const rctx_t *x) { return og_generation_growth(x); }
+/* the same, in a beam search (roles meta num_beams > 1) */
+static bool generation_beams(const rctx_t *x) { return og_generation_growth(x) && x->f->roles.num_beams > 1; }
 /* the same, read as one generation building up (growth.gen_built: the growth rule does not hold) */
 static bool generation_built(const rctx_t *x) { return og_generation_growth(x) && !HAS(GROWTH); }
 static bool otherfw_holds(const rctx_t *x) { return HAS(OTHERFW); }
@@ -432,6 +434,9 @@ static const og_rank_row_t bring[] = {
       "cause growth or growth.gen_built, not training, autograd not on, phase generation or a KV cache holding >= "
       "half the rise; or phase generation with a KV cache >= shortfall and >= 1/4 of the allocated bytes",
       "generate_kv_cache, generate_beams_kv_growth" },
+    { "generation_beams", generation_beams, WANT, 0, 0, REMS(R_FEWER_BEAMS),
+      "as generation_working_set, roles: num_beams > 1 (the beam width read from the generation's frames)",
+      "translate_docs_beam_kv_growth (blind), generate_beams_kv_growth" },
     { "other_framework", otherfw_holds, WANT, 0, 0, REMS(R_OTHER_FW), "cause other_framework",
       "jax_prealloc_then_torch" },
     { "peer_ranks", peers_hold, WANT, 0, 0, REMS(R_SET_DEVICE), "cause peer_ranks", "ddp_8ranks_no_set_device" },
@@ -654,6 +659,9 @@ static const og_rank_row_t lead[] = {
       "fullft_3b_first_backward_state (blind)" },
     { "one_batch_peak_lead", one_batch_peak, LEAD_COVERS, -19, 0, REMS(R_SHORTER_SEQ), "as one_batch_peak",
       "outlier_long_batch (blind)" },
+    { "generation_beams_lead", generation_beams, LEAD_COVERS, -27, 0, REMS(R_FEWER_BEAMS),
+      "as generation_beams (a beam search: every beam keeps its own cache)",
+      "translate_docs_beam_kv_growth (blind), generate_beams_kv_growth" },
     { "generation_working_set_lead", generation_growth, LEAD_COVERS, -26, 1, REMS(R_SMALLER_BATCH, R_SHORTER_SEQ),
       "as generation_working_set (the KV cache grows per token: not a leak)",
       "generate_kv_cache, generate_beams_kv_growth" },
@@ -807,6 +815,8 @@ static void estimate(rank_t *k, const rctx_t *x)
     /* with N micro-batches summed, N - 1 graphs go: at least half of the activations (N >= 2) */
     cover[R_BACKWARD_PER_MB] = summed_microbatches(x) ? 0.5 * (double)ro->act : -1;
     cover[R_SMALLER_KV] = kv_cache_reserved(x) ? 0.5 * (double)ro->kv_bytes : -1;
+    if (generation_beams(x) && ro->purpose_bytes[OG_PURPOSE_kv_cache]) /* 1 beam of N keeps 1/N */
+        cover[R_FEWER_BEAMS] = (double)ro->purpose_bytes[OG_PURPOSE_kv_cache] * (1.0 - 1.0 / (double)ro->num_beams);
     if (generation_growth(x) && ro->purpose_bytes[OG_PURPOSE_kv_cache]) /* a 4-bit cache: 3/4 of a 16-bit one */
         cover[R_SMALLER_KV] = 0.75 * (double)ro->purpose_bytes[OG_PURPOSE_kv_cache];
     cover[R_SNAPSHOT_CPU] = state_snapshot(x) ? (double)ro->copying : -1;   /* the copy made so far, at least */

@@ -270,6 +270,11 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
         og_sb_puts(sb, "null");
     K("elapsed_ms");
     og_sb_printf(sb, "%.3f", (double)r->elapsed_us / 1000.0);
+    K("num_beams");
+    if (r->num_beams > 0)
+        og_sb_printf(sb, "%d", r->num_beams);
+    else
+        og_sb_puts(sb, "null");
     K("last_optimizer_step_ms_ago");
     if (r->last_step_age_us == OG_UNKNOWN)
         og_sb_puts(sb, "null");

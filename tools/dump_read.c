@@ -1049,6 +1049,8 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
     TRY(get_bool(L, o, &p, "complete", &r->complete));
     TRY(get_str(L, o, &p, "why", &r->why));
     TRY(get_num(L, o, &p, "elapsed_ms", &r->elapsed_ms));
+    int64_t beams;
+    TRY(get_int(L, o, &p, "num_beams", &beams)); /* validated; the report does not print it */
     return 1;
 }
 

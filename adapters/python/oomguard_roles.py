@@ -808,7 +808,8 @@ def encode(r):
       holder BYTES TENSORS LABEL NAME KIND WHERE FILE LINE FUNCTION PURPOSE COPY_OF |
       model CLASS BYTES TENSORS COUNT FROZEN | statement FILE LINE FUNCTION TARGET PURPOSE NAMES INTS |
       accumulating FILE LINE FUNCTION TARGET OPERAND |
-      steps MADE ALLOCATED,... (after each of an optimizer's latest steps, oldest first) | meta KEY VALUE"""
+      steps MADE ALLOCATED,... (after each of an optimizer's latest steps, oldest first) | meta KEY VALUE
+      (meta num_beams N: the beam width of the generation running at the failure)"""
     if not r or "roles" not in r:
         return None
     out = []
@@ -845,6 +846,8 @@ def encode(r):
         f, ln, fn, target, operand = acc[:5]
         out.append("accumulating\t%s\t%d\t%s\t%s\t%s" % (_clean(f), int(ln), _clean(fn), _clean(target),
                                                           _clean(operand)))
+    if r.get("num_beams"):
+        out.append("meta\tnum_beams\t%d" % int(r["num_beams"]))
     out.append("meta\tallocated\t%s" % ("-" if r["allocated"] is None else int(r["allocated"])))
     out.append("meta\tcomplete\t%d" % (1 if r["complete"] else 0))
     out.append("meta\telapsed_us\t%d" % int(r["elapsed_ms"] * 1000))

@@ -476,9 +476,11 @@ def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowe
                 measured["last_step_age"] = max(0.0, time.monotonic() - _last_step_t)
             if measured is not None:
                 measured["steps"] = _steps_of(device)
-            roles = oomguard_roles.encode(measured)
             phase = oomguard_phase.encode(*oomguard_phase.detect(frame, grad, exc=exc, package_dir=_torch_dir(torch),
                                                                  stmt=stmt))
+            if measured is not None and phase[0] == "generation" and frame is not None:
+                measured["num_beams"] = _num_beams(frame)
+            roles = oomguard_roles.encode(measured)
         phase = phase or (None, None, None)
         r = oomguard_core.send(
             "oom" if failed else "report", "pytorch", device,
@@ -505,6 +507,27 @@ def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowe
     except Exception as e:
         _err("report", e)
         return None
+
+
+def _num_beams(frame, limit=32):
+    """The beam width of the generation running at the failure: an int local `num_beams` (a generate() or
+    beam-search frame's argument or variable), or `generation_config.num_beams`, in the innermost frame that
+    has one; None when no frame says.  Reads names only: nothing is called."""
+    f, n = frame, 0
+    while f is not None and n < limit:
+        code = f.f_code
+        try:
+            if "num_beams" in code.co_varnames or "generation_config" in code.co_varnames:
+                loc = f.f_locals
+                v = loc.get("num_beams")
+                if v is None:
+                    v = getattr(loc.get("generation_config"), "num_beams", None)
+                if isinstance(v, int) and not isinstance(v, bool) and v >= 1:
+                    return v
+        except Exception:
+            return None
+        f, n = f.f_back, n + 1
+    return None
 
 
 def _observer(device, alloc, device_total, device_free):

@@ -57,6 +57,7 @@ static const char *const ALL_IDS[] = {
     "snapshot_to_cpu",
     "teacher_no_grad",
     "backward_per_microbatch",
+    "fewer_beams",
 };
 
 /* the remedies chosen by role and phase: none without the Python adapter's roles and phase */
@@ -66,6 +67,7 @@ static const char *const ROLE_PHASE_IDS[] = {
     "bounded_cache",        "eight_bit_optimizer", "lora",
     "in_place_update",      "ema_on_cpu",          "smaller_kv_cache",
     "snapshot_to_cpu",      "teacher_no_grad",     "backward_per_microbatch",
+    "fewer_beams",
 };
 
 static og_record_t *base(void) { return fixture_pytorch_24g("libtorch_cuda.so,libc10_cuda.so"); }
@@ -1493,6 +1495,26 @@ static void generation_kv_growth(void **state)
         assert_true(named_by_phase ? rank_of(r, "release_references") == 0 : rank_of(r, "release_references") > 2);
         assert_int_equal(rank_of(r, "smaller_kv_cache"), named_by_phase ? 3 : 4);
         assert_int_equal(rank_of(r, "inference_mode"), 0);
+        free(r);
+    }
+    /* a beam search (the adapter read num_beams from the generation's frames): fewer beams first */
+    {
+        og_record_t *r = base();
+        leaking_steps(r);
+        fixture_roles(r, 4 * GiB, 0, 0, 0, 16 * GiB, 0);
+        fixture_holder(r, "past_key_values", "list", "local in generate (lm.py:40)", 15 * GiB);
+        fixture_purpose(r, "kv_cache");
+        fixture_phase(r, "generation", "lm.py", "generate");
+        r->memory.fw.roles.num_beams = 12;
+        r->memory.fw.grad_enabled = -1;
+        r->device.free_bytes = 256 * MiB;
+        run_primary(r, "does_not_fit");
+        assert_string_equal(r->remedies[0].id, "fewer_beams");
+        assert_true(how_has(&r->remedies[0], "num_beams=4"));
+        assert_string_equal(r->remedies[1].id, "smaller_batch");
+        r->memory.fw.roles.num_beams = 1; /* greedy: no beams to drop */
+        run_primary(r, "does_not_fit");
+        assert_int_equal(rank_of(r, "fewer_beams"), 0);
         free(r);
     }
     /* no steps read at all, the adapter read a generation and its KV cache holds the missing bytes: the same */
