@@ -538,10 +538,13 @@ static bool growth_for(const og_facts_t *d, const og_record_t *r, og_growth_scra
     /* the same, timed: the adapter says when the latest optimizer step ended; when the second half of
      * the rise came after it, the rise is the iteration still running (a forward pass keeping each
      * layer's activations, split into steps by its own pauses), not memory kept across iterations.
-     * No optimizer (inference), no adapter: unknown, the rule stays as it was */
+     * The age is the adapter's at its report, so it counts back from when the report arrived, not
+     * from the failure: a report a busy host delayed (the roles scan, the interpreter's turn) moves
+     * nothing.  No optimizer (inference), no adapter: unknown, the rule stays as it was */
     const og_roles_t *ro = &fw->roles;
-    if (fw->has && ro->has && ro->last_step_age_us != OG_UNKNOWN && r->event.t_rel > 0) {
-        double last_step = r->event.t_rel - (double)ro->last_step_age_us / 1e6;
+    double reported = ro->reported_t_rel > 0 ? ro->reported_t_rel : r->event.t_rel;
+    if (fw->has && ro->has && ro->last_step_age_us != OG_UNKNOWN && reported > 0) {
+        double last_step = reported - (double)ro->last_step_age_us / 1e6;
         uint64_t half = lows[0] + rise / 2;
         int k = 0;
         while (k < steps - 1 && lows[k] < half)

@@ -821,6 +821,8 @@ og_record_t *og_record_capture(const char *status, const og_episode_t *ep, int d
             og_unmeasured(rec, what, "%s", why);
     capture_peers(rec);
     og_framework_view_get(&rec->memory.fw);
+    og_roles_t *ro = &rec->memory.fw.roles; /* the step's age counts back from its report */
+    ro->reported_t_rel = ro->reported_t_ns > og_start_ns() ? (double)(ro->reported_t_ns - og_start_ns()) / 1e9 : 0;
     python_view_missing(rec);
     if (rec->memory.fw.has && rec->memory.fw.device != device)
         rec->memory.fw.has = false; /* numbers for another device */

@@ -296,8 +296,10 @@ static int fill_view(og_framework_view_t *v, const oomguard_framework_stats_t *s
         v->npy_frames = parse_lines(s->python_stack, v->py_frames, 24, false);
     if (HAS(s, python_sites) && s->python_sites)
         v->npy_sites = parse_lines(s->python_sites, v->py_sites, 16, true);
-    if (HAS(s, roles) && s->roles)
+    if (HAS(s, roles) && s->roles) {
         parse_roles(s->roles, &v->roles);
+        v->roles.reported_t_ns = og_now_ns(); /* the step's age counts back from here */
+    }
     if (HAS(s, phase) && s->phase)
         copy_str(v->phase, sizeof v->phase, s->phase);
     if (HAS(s, phase_source) && s->phase_source)

@@ -313,6 +313,30 @@ static void a_rise_since_the_last_optimizer_step_is_one_pass(void **state)
     free(r);
 }
 
+/* the adapter's age of the latest optimizer step is measured at its report: a report that came 3 s after
+ * the failure (a busy host, a long roles scan) counts back from the report, and the step at 5.8 s stays
+ * after the rise's middle: the steps spanned iterations */
+static void a_late_report_does_not_move_the_last_step(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    ev_reset(r);
+    ev_add(r, 0.001, "alloc", 8 * GiB);
+    leak_loop(r, 12, 0.5, 512 * MiB, 256 * MiB); /* steps at 0.01, 0.51, ..., 5.51 s */
+    fixture_roles(r, 1 * GiB, 0, 0, 0, 0, 10 * GiB);
+    r->event.t_rel = 6.0;
+    for (int late = 0; late < 2; late++) {
+        r->memory.fw.roles.reported_t_rel = late ? 9.0 : 6.0;
+        r->memory.fw.roles.last_step_age_us = late ? 3200000 : 200000; /* a step at 5.8 s */
+        const og_facts_t *f = facts(r);
+        assert_true(f->growth.holds);
+        assert_false(f->growth.since_step);
+    }
+    r->memory.fw.roles.last_step_age_us = 8500000; /* a step at 0.5 s: the rise came after it */
+    assert_false(facts(r)->growth.holds);
+    assert_true(F.growth.since_step);
+    free(r);
+}
+
 /* steps of 1/40 of the device from almost nothing read as weights arriving, unless the adapter read
  * another phase from the stack: then they are iterations keeping a large state (a hidden state not
  * detached, 640 MiB a step) */
@@ -776,6 +800,7 @@ int main(void)
         cmocka_unit_test(a_rise_to_the_jobs_own_state_is_not_growth),
         cmocka_unit_test(a_few_mib_beyond_the_state_are_not_growth),
         cmocka_unit_test(a_rise_since_the_last_optimizer_step_is_one_pass),
+        cmocka_unit_test(a_late_report_does_not_move_the_last_step),
         cmocka_unit_test(large_steps_in_a_forward_pass_are_not_a_load),
         cmocka_unit_test(a_rise_after_each_optimizer_step_is_growth),
         cmocka_unit_test(flat_after_each_optimizer_step_is_not_growth),
