@@ -1,6 +1,7 @@
 /* The history rings: a dump's copy holds a full ring's newest events, all of them when it gets the
  * ring's lock, and leaves out the one slot a writer could be rewriting when it cannot (the
  * holder may have died holding it: the copy goes on after a second without the lock). */
+#include <limits.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -90,6 +91,7 @@ static void one_rate_per_copy(void **state)
     og_history_add(OG_EV_FAIL, OG_H_cuMemAlloc_v2, 0, 1ull << 40, 0, og_ticks());
     og_history_event_t *out = calloc(og_history_capacity(), sizeof *out);
     assert_non_null(out);
+    int fewest_reads = INT_MAX;
     for (int round = 0; round < 20; round++) {
         jitter = 1;
         clock_reads = 0;
@@ -97,11 +99,16 @@ static void one_rate_per_copy(void **state)
         int reads = clock_reads;
         jitter = 0;
         assert_true(got > 1);
-        assert_true(reads <= 8);
+        if (reads < fewest_reads)
+            fewest_reads = reads;
         assert_int_equal(out[got - 1].op, OG_EV_FAIL);
         for (size_t i = 1; i < got; i++)
             assert_true(out[i].t_ns >= out[i - 1].t_ns);
     }
+    /* A copy that waits for a lock another thread holds (the machine is busy) reads the clock
+     * while it waits; the fewest reads of 20 copies is the copy's own cost, and a rate read per
+     * event would make it 50 or more. */
+    assert_true(fewest_reads <= 8);
     free(out);
 }
 
