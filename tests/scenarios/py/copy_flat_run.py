@@ -1,19 +1,24 @@
-"""train.py -- fine-tuning (fp32, AdamW) that keeps the weights and the first moments as they were every
-100 steps "to compare later", cloned on the GPU in list comprehensions whose names say nothing of a
-checkpoint; run with plain `LD_PRELOAD=liboomguard.so`:
+"""train.py -- fine-tuning (fp32, AdamW) that keeps a copy of the weights and the optimizer's first
+moments every 100 steps, made on the GPU; run with plain `LD_PRELOAD=liboomguard.so`:
 
     for step, batch in enumerate(loader, 1):
         loss = model(batch).loss; loss.backward()
         optimizer.step(); optimizer.zero_grad(set_to_none=True)
         if step % 100 == 0:
+            # `dict`: a snapshot "to roll back if the loss spikes"
+            snapshot = {k: v.clone() for k, v in model.state_dict().items()}
+            opt_snapshot = {i: s["exp_avg"].clone() for i, s in enumerate(optimizer.state.values())}
+            # `list`: kept "to compare later", in names that say nothing of a checkpoint
             weights_before = [p.detach().clone() for p in model.parameters()]
             moments_before = [s["exp_avg"].clone() for s in optimizer.state.values()]
 
 Weights 5.25 GiB, AdamW moments 10.5 GiB, a step's activations and gradients come and go from the cache;
-a hundred steps run flat, then the copy is made beside the weights and fails part way; no named object
-holds it yet (the comprehension's list), only its blocks' sizes say it copies the weights.  A one-off
-copy, not a leak: an expert keeps it in host memory (p.detach().cpu()) or on disk; not a restart, not a
-second load, not a smaller batch.
+a hundred steps run flat, then the copy is made beside the weights and fails part way.  With `list` no
+named object holds it yet (the comprehension's list): only its blocks' sizes say it copies the weights.
+A one-off copy, not a leak, not a checkpoint being loaded: an expert keeps it in host memory
+(v.detach().cpu()) or on disk; not a restart, not map_location, not a second load, not a smaller batch.
+
+Argument: `dict` (the default) or `list`, the form of the copy.
 """
 import sys
 import time
@@ -23,6 +28,7 @@ import torch
 import scen_truth
 
 MiB = 1 << 20
+AS_LIST = sys.argv[1:] == ["list"]
 scen_truth.note_every_empty(torch)
 
 # Test scaffolding: the comprehension's partial dict is freed as the error leaves it, so the truth is
@@ -74,8 +80,12 @@ def main():
         del loss, x, h
         if step % 100 == 0:
             # v.clone() of each entry (the stand-in has no clone: the same allocation)
-            weights_before = [clone_of(p) for p in model.parameters()]
-            moments_before = [clone_of(s["exp_avg"]) for s in opt.state.values()]
+            if AS_LIST:
+                weights_before = [clone_of(p) for p in model.parameters()]
+                moments_before = [clone_of(s["exp_avg"]) for s in opt.state.values()]
+            else:
+                snapshot = {k: clone_of(v) for k, v in model.state_dict().items()}
+                opt_snapshot = {i: clone_of(s["exp_avg"]) for i, s in enumerate(opt.state.values())}
         time.sleep(0.002)
 
 
