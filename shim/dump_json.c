@@ -116,12 +116,18 @@ static void j_py_frames(og_sb_t *sb, const og_py_frame_t *f, int n, bool sized)
 }
 
 /* one Python line as an object: {file, line, function} */
-static void j_py_frames_one(og_sb_t *sb, const og_py_frame_t *f)
+/* A Python frame's object left open, for callers that add their own keys: {"file","line","function" */
+static void j_py_frame_open(og_sb_t *sb, const og_py_frame_t *f)
 {
     og_sb_puts(sb, "{\"file\":");
     og_sb_json_str(sb, f->file);
     og_sb_printf(sb, ",\"line\":%d,\"function\":", f->line);
     og_sb_json_str(sb, f->function);
+}
+
+static void j_py_frames_one(og_sb_t *sb, const og_py_frame_t *f)
+{
+    j_py_frame_open(sb, f);
     og_sb_puts(sb, "}");
 }
 
@@ -212,10 +218,7 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
     og_sb_puts(sb, "]");
     K("statement");
     if (r->has_statement) {
-        og_sb_puts(sb, "{\"file\":");
-        og_sb_json_str(sb, r->stmt.file);
-        og_sb_printf(sb, ",\"line\":%d,\"function\":", r->stmt.line);
-        og_sb_json_str(sb, r->stmt.function);
+        j_py_frame_open(sb, &r->stmt);
         og_sb_puts(sb, ",\"target\":");
         j_str_or_null(sb, r->stmt_target);
         og_sb_puts(sb, ",\"purpose\":");
@@ -250,10 +253,7 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
         og_sb_puts(sb, "null");
     K("accumulating");
     if (r->has_accum) {
-        og_sb_puts(sb, "{\"file\":");
-        og_sb_json_str(sb, r->accum.file);
-        og_sb_printf(sb, ",\"line\":%d,\"function\":", r->accum.line);
-        og_sb_json_str(sb, r->accum.function);
+        j_py_frame_open(sb, &r->accum);
         og_sb_puts(sb, ",\"target\":");
         j_str_or_null(sb, r->accum_target);
         og_sb_puts(sb, ",\"operand\":");
