@@ -164,6 +164,36 @@ static void how(og_remedy_t *r, const char *f, ...)
 /* "PyTorch: " in front of PyTorch lines when the framework is not known */
 static const char *pt(const rctx_t *x) { return x->fw == OG_FW_UNKNOWN ? "PyTorch: " : ""; }
 
+/* How lines that are the same for every failure, as rows: the frameworks a line is for (FW_*, or ANY) and its
+ * text (printed as it is, not a format).  A row of PyTorch code (PT) reads "PyTorch: " first when the framework
+ * is not known.  A builder lists its rows in the order they are shown: HOWS(x, r, { PT, "..." }, ...). */
+enum {
+    FW_UNKNOWN = 1 << OG_FW_UNKNOWN,
+    FW_PYTORCH = 1 << OG_FW_PYTORCH,
+    FW_JAX = 1 << OG_FW_JAX,
+    FW_TF = 1 << OG_FW_TENSORFLOW,
+    FW_CUPY = 1 << OG_FW_CUPY,
+    FW_TORCH = FW_PYTORCH | FW_UNKNOWN, /* PyTorch, or what is most likely PyTorch */
+    FW_ALL = FW_TORCH | FW_JAX | FW_TF | FW_CUPY,
+    ANY = 0,    /* no framework named: for every one */
+    PT = 1 << 8 /* PyTorch code */
+};
+typedef struct {
+    unsigned fw; /* FW_* of the frameworks it is for, | PT for PyTorch code */
+    const char *text;
+} how_row_t;
+static void how_rows(const rctx_t *x, og_remedy_t *r, const how_row_t *rows, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!(rows[i].fw & FW_ALL) || rows[i].fw & (1u << x->fw))
+            how(r, "%s%s", rows[i].fw & PT ? pt(x) : "", rows[i].text);
+}
+#define HOWS(x, r, ...)                                          \
+    do {                                                         \
+        static const how_row_t rows_[] = { __VA_ARGS__ };        \
+        how_rows((x), (r), rows_, sizeof rows_ / sizeof *rows_); \
+    } while (0)
+
 /* What the roles say the activation remedies can shrink, or that nobody measured it: last, and only
  * when the sentence fits whole. */
 static void activations_measured(const rctx_t *x, og_remedy_t *r)
@@ -239,8 +269,8 @@ static bool b_raise_limit(const rctx_t *x, og_remedy_t *r)
         how(r, "export CUDA_MODULE_LOADING=LAZY   # a smaller CUDA context: kernels load when first used");
     how(r, "OOMGUARD_LIMIT=%lluGiB   # or for this device only: OOMGUARD_LIMIT=%d:%lluGiB", (unsigned long long)sugg,
         rec->event.device, (unsigned long long)sugg);
-    how(r, "unset OOMGUARD_LIMIT   # no cap at all");
-    how(r, "Or keep the cap and shrink the job with the remedies below.");
+    HOWS(x, r, { ANY, "unset OOMGUARD_LIMIT   # no cap at all" },
+         { ANY, "Or keep the cap and shrink the job with the remedies below." });
     return true;
 }
 
@@ -372,20 +402,33 @@ static bool b_empty_cache(const rctx_t *x, og_remedy_t *r)
 
 static bool desktop_app(const char *name);
 
+/* how many other processes the record lists */
+static int nother(const og_record_t *rec)
+{
+    return rec->memory.nother < 0 ? 0 : rec->memory.nother > 32 ? 32 : rec->memory.nother;
+}
+
+/* the largest other process not USED yet (now marked used), or -1 */
+static int next_largest_other(const og_record_t *rec, bool used[32])
+{
+    int big = -1;
+    for (int i = 0; i < nother(rec); i++)
+        if (!used[i] && (big < 0 || rec->memory.other[i].bytes > rec->memory.other[big].bytes))
+            big = i;
+    if (big >= 0)
+        used[big] = true;
+    return big;
+}
+
 /* "kill PID" lines for the largest other processes, desktop programs excepted */
 static void list_other_processes(const rctx_t *x, og_remedy_t *r, int max_how)
 {
     const og_record_t *rec = x->rec;
-    int n = rec->memory.nother < 0 ? 0 : rec->memory.nother > 32 ? 32 : rec->memory.nother;
     bool used[32] = { false };
     for (int k = 0; k < max_how; k++) {
-        int big = -1;
-        for (int i = 0; i < n; i++)
-            if (!used[i] && (big < 0 || rec->memory.other[i].bytes > rec->memory.other[big].bytes))
-                big = i;
+        int big = next_largest_other(rec, used);
         if (big < 0)
             break;
-        used[big] = true;
         const og_other_proc_t *o = &rec->memory.other[big];
         char full[sizeof rec->memory.other[0].name], name[sizeof full];
         og_cpy(full, sizeof full, o->name, sizeof full);
@@ -416,7 +459,7 @@ static bool desktop_app(const char *name)
 static bool b_foreign_processes(const rctx_t *x, og_remedy_t *r)
 {
     const og_record_t *rec = x->rec;
-    int n = rec->memory.nother < 0 ? 0 : rec->memory.nother > 32 ? 32 : rec->memory.nother;
+    int n = nother(rec);
     if (x->other_inferred)
         why(r,
             "NVML could not list the GPU's processes here (a container without it?), but %s of this GPU "
@@ -428,13 +471,9 @@ static bool b_foreign_processes(const rctx_t *x, og_remedy_t *r)
     for (int i = 0; i < n; i++)
         used[i] = rec->memory.other[i].same_job;
     for (int k = 0; k < 3; k++) {
-        int big = -1;
-        for (int i = 0; i < n; i++)
-            if (!used[i] && (big < 0 || rec->memory.other[i].bytes > rec->memory.other[big].bytes))
-                big = i;
+        int big = next_largest_other(rec, used);
         if (big < 0)
             break;
-        used[big] = true;
         char full[sizeof rec->memory.other[0].name], name[32];
         og_cpy(full, sizeof full, rec->memory.other[big].name, sizeof full);
         og_cpy(name, sizeof name, og_base_name(full), strlen(og_base_name(full)) + 1);
@@ -516,7 +555,7 @@ static void previous_copy_why(const rctx_t *x, og_remedy_t *r)
 static bool b_restart_process(const rctx_t *x, og_remedy_t *r)
 {
     const og_record_t *rec = x->rec;
-    int n = rec->memory.nother < 0 ? 0 : rec->memory.nother > 32 ? 32 : rec->memory.nother;
+    int n = nother(rec);
     if (x->has[OG_CAUSE_FOREIGN] && n) {
         why(r,
             "A process killed or interrupted mid-run can leave its context behind until it fully exits; "
@@ -551,8 +590,8 @@ static bool b_restart_process(const rctx_t *x, og_remedy_t *r)
             "session (this process holds %s).",
             og_hb((double)x->footprint).s);
     }
-    how(r, "fuser -v /dev/nvidia*   # every process that still has the GPU open, leftovers included");
-    how(r, "Restart the job (in Jupyter: restart the kernel; its process keeps the memory until it exits).");
+    HOWS(x, r, { ANY, "fuser -v /dev/nvidia*   # every process that still has the GPU open, leftovers included" },
+         { ANY, "Restart the job (in Jupyter: restart the kernel; its process keeps the memory until it exits)." });
     return true;
 }
 
@@ -641,31 +680,19 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
                 pt(x));
         return true;
     }
-    switch (x->fw) {
-    case OG_FW_JAX:
-        how(r, "losses.append(float(loss))   # not the device array; or jax.device_get(loss)");
-        how(r, "big_array.delete()   # free a large jax.Array as soon as it is no longer needed");
-        how(r, "jax.clear_caches()   # if shapes change every step, compiled programs pile up");
-        break;
-    case OG_FW_TENSORFLOW:
-        how(r, "losses.append(float(loss))   # or loss.numpy(); a kept tensor keeps its memory");
-        how(r, "Build models and tf.function objects once, outside the loop; tf.keras.backend.clear_session() "
-               "between models.");
-        break;
-    case OG_FW_CUPY:
-        how(r, "results.append(float(x.sum()))   # or x.get(): keep host copies, not device arrays");
-        how(r, "del x; cupy.get_default_memory_pool().free_all_blocks()");
-        break;
-    default:
-        how(r, "%slosses.append(loss.detach().item())   # not losses.append(loss): that keeps every step's graph",
-            pt(x));
-        how(r, "%sdel outputs, loss   # before the next step; optimizer.zero_grad(set_to_none=True)", pt(x));
-        how(r,
-            "%storch.cuda.memory._record_memory_history(); ...; torch.cuda.memory._dump_snapshot(\"snap.pickle\")"
-            "   # who holds it",
-            pt(x));
-        break;
-    }
+    HOWS(x, r, { FW_JAX, "losses.append(float(loss))   # not the device array; or jax.device_get(loss)" },
+         { FW_JAX, "big_array.delete()   # free a large jax.Array as soon as it is no longer needed" },
+         { FW_JAX, "jax.clear_caches()   # if shapes change every step, compiled programs pile up" },
+         { FW_TF, "losses.append(float(loss))   # or loss.numpy(); a kept tensor keeps its memory" },
+         { FW_TF, "Build models and tf.function objects once, outside the loop; tf.keras.backend.clear_session() "
+                  "between models." },
+         { FW_CUPY, "results.append(float(x.sum()))   # or x.get(): keep host copies, not device arrays" },
+         { FW_CUPY, "del x; cupy.get_default_memory_pool().free_all_blocks()" },
+         { FW_TORCH | PT,
+           "losses.append(loss.detach().item())   # not losses.append(loss): that keeps every step's graph" },
+         { FW_TORCH | PT, "del outputs, loss   # before the next step; optimizer.zero_grad(set_to_none=True)" },
+         { FW_TORCH | PT, "torch.cuda.memory._record_memory_history(); ...; "
+                          "torch.cuda.memory._dump_snapshot(\"snap.pickle\")   # who holds it" });
     return true;
 }
 
@@ -813,39 +840,27 @@ static bool b_smaller_batch(const rctx_t *x, og_remedy_t *r)
         activations_vs_shortfall(x, r, 0.5, "halving the batch");
         r->title = "Smaller batch (fewer samples at once)";
         r->cost = "More, smaller calls; nothing to accumulate without training";
-        if (x->trains == 1) {
-            how(r, "%sval_loader = DataLoader(val_set, batch_size=train_batch_size // 2)   # or smaller", pt(x));
-            return true;
-        }
-        how(r,
-            "%sfor i in range(0, len(prompts), 16): model.generate(prompts[i:i + 16], ...)   # fewer "
-            "sequences per call",
-            pt(x));
-        how(r, "%sDataLoader(dataset, batch_size=batch_size // 2)   # evaluation: no gradient accumulation needed",
-            pt(x));
+        if (x->trains == 1)
+            HOWS(x, r, { PT, "val_loader = DataLoader(val_set, batch_size=train_batch_size // 2)   # or smaller" });
+        else
+            HOWS(x, r,
+                 { PT, "for i in range(0, len(prompts), 16): model.generate(prompts[i:i + 16], ...)   # fewer "
+                       "sequences per call" },
+                 { PT,
+                   "DataLoader(dataset, batch_size=batch_size // 2)   # evaluation: no gradient accumulation needed" });
         return true;
     }
     why(r, "Activation memory grows linearly with the batch size; gradient accumulation keeps the effective "
            "batch.");
     activations_vs_shortfall(x, r, 0.5, "halving the batch");
-    switch (x->fw) {
-    case OG_FW_JAX:
-        how(r, "batch_size //= 2");
-        how(r, "optimizer = optax.MultiSteps(optax.adamw(lr), every_k_schedule=2)   # same effective batch");
-        break;
-    case OG_FW_TENSORFLOW:
-        how(r, "model.fit(x, y, batch_size=batch_size // 2)");
-        how(r, "optimizer = tf.keras.optimizers.AdamW(lr, gradient_accumulation_steps=2)   # Keras 3");
-        break;
-    case OG_FW_CUPY:
-        how(r, "for chunk in cupy.array_split(x, 2): ...   # process the data in smaller pieces");
-        break;
-    default:
-        how(r, "%sbatch_size //= 2; accum_steps = 2   # effective batch = batch_size x accum_steps", pt(x));
-        how(r, "%sloss = model(batch).loss / accum_steps; loss.backward()", pt(x));
-        how(r, "%sif (step + 1) %% accum_steps == 0: optimizer.step(); optimizer.zero_grad()", pt(x));
-        break;
-    }
+    HOWS(x, r, { FW_JAX, "batch_size //= 2" },
+         { FW_JAX, "optimizer = optax.MultiSteps(optax.adamw(lr), every_k_schedule=2)   # same effective batch" },
+         { FW_TF, "model.fit(x, y, batch_size=batch_size // 2)" },
+         { FW_TF, "optimizer = tf.keras.optimizers.AdamW(lr, gradient_accumulation_steps=2)   # Keras 3" },
+         { FW_CUPY, "for chunk in cupy.array_split(x, 2): ...   # process the data in smaller pieces" },
+         { FW_TORCH | PT, "batch_size //= 2; accum_steps = 2   # effective batch = batch_size x accum_steps" },
+         { FW_TORCH | PT, "loss = model(batch).loss / accum_steps; loss.backward()" },
+         { FW_TORCH | PT, "if (step + 1) % accum_steps == 0: optimizer.step(); optimizer.zero_grad()" });
     return true;
 }
 
@@ -910,20 +925,12 @@ static bool b_gradient_checkpointing(const rctx_t *x, og_remedy_t *r)
     why(r, "Activations are recomputed during backward instead of stored: 50-70%% of them freed for about 30%% "
            "more step time; best for long-context transformers.");
     activations_vs_shortfall(x, r, 0.6, "freeing 60% of them");
-    switch (x->fw) {
-    case OG_FW_JAX:
-        how(r, "block_fn = jax.checkpoint(block_fn)   # a.k.a. jax.remat; Flax: nn.remat(Block)");
-        break;
-    case OG_FW_TENSORFLOW:
-        how(r, "y = tf.recompute_grad(block)(x)   # recompute this block's activations in backward");
-        break;
-    default:
-        how(r, "%smodel.gradient_checkpointing_enable()   # Hugging Face models", pt(x));
-        how(r, "%sfrom torch.utils.checkpoint import checkpoint; x = checkpoint(block, x, use_reentrant=False)", pt(x));
-        if (x->fw == OG_FW_UNKNOWN)
-            how(r, "JAX: jax.checkpoint(block_fn); TensorFlow: tf.recompute_grad(block)");
-        break;
-    }
+    HOWS(x, r, { FW_JAX, "block_fn = jax.checkpoint(block_fn)   # a.k.a. jax.remat; Flax: nn.remat(Block)" },
+         { FW_TF, "y = tf.recompute_grad(block)(x)   # recompute this block's activations in backward" },
+         { FW_TORCH | FW_CUPY | PT, "model.gradient_checkpointing_enable()   # Hugging Face models" },
+         { FW_TORCH | FW_CUPY | PT,
+           "from torch.utils.checkpoint import checkpoint; x = checkpoint(block, x, use_reentrant=False)" },
+         { FW_UNKNOWN, "JAX: jax.checkpoint(block_fn); TensorFlow: tf.recompute_grad(block)" });
     return true;
 }
 
@@ -1054,8 +1061,8 @@ static bool b_zero_fsdp(const rctx_t *x, og_remedy_t *r)
     }
     how(r, "%saccelerate config   # choose FSDP (FULL_SHARD) or DeepSpeed ZeRO stage 3", pt(x));
     how(r, "%saccelerate launch --num_processes %d train.py", pt(x), k);
-    how(r, "%smodel = FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD)   # torch.distributed.fsdp", pt(x));
-    how(r, "DeepSpeed config: \"zero_optimization\": {\"stage\": 3}");
+    HOWS(x, r, { PT, "model = FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD)   # torch.distributed.fsdp" },
+         { ANY, "DeepSpeed config: \"zero_optimization\": {\"stage\": 3}" });
     return true;
 }
 
@@ -1131,8 +1138,8 @@ static bool b_bigger_gpu(const rctx_t *x, og_remedy_t *r)
             og_hb((double)need).s, og_hb((double)x->footprint).s, og_hb((double)x->req).s);
         how(r, "Split across GPUs (tensor parallel or ZeRO-3/FSDP) or quantize, then pick the card count.");
     }
-    how(r, "Or a smaller model of the same family (e.g. 70B -> 13B).");
-    how(r, "Or, for inference, a managed API instead of self-hosting.");
+    HOWS(x, r, { ANY, "Or a smaller model of the same family (e.g. 70B -> 13B)." },
+         { ANY, "Or, for inference, a managed API instead of self-hosting." });
     return true;
 }
 
@@ -1207,9 +1214,10 @@ static bool b_fewer_workers(const rctx_t *x, og_remedy_t *r)
         og_plural(x->npeers, "holds", "hold"), og_hb((double)x->peers_bytes).s, rec->event.device, workers);
     how(r, "gunicorn --workers %d ...   # (or uvicorn --workers, uWSGI processes=): fewer model copies per GPU",
         workers > 2 ? workers - 1 : 1);
-    how(r, "Or one process per GPU that owns the model and batches requests (threads or async handlers, a model "
-           "server such as Triton, TorchServe or vLLM)");
-    how(r, "Or give each worker its own GPU: CUDA_VISIBLE_DEVICES per worker (gunicorn post_fork hook)");
+    HOWS(x, r,
+         { ANY, "Or one process per GPU that owns the model and batches requests (threads or async handlers, a "
+                "model server such as Triton, TorchServe or vLLM)" },
+         { ANY, "Or give each worker its own GPU: CUDA_VISIBLE_DEVICES per worker (gunicorn post_fork hook)" });
     return true;
 }
 
@@ -1244,13 +1252,12 @@ static bool b_set_device(const rctx_t *x, og_remedy_t *r)
         why(r, "This rank (LOCAL_RANK=%ld) runs on GPU %d: it did not select its own GPU first.", rec->local_rank,
             rec->event.device);
     why(r, " Do not stop those processes: they are this job's ranks.");
-    how(r,
-        "%slocal_rank = int(os.environ[\"LOCAL_RANK\"]); torch.cuda.set_device(local_rank)   # first thing, "
-        "before any CUDA call",
-        pt(x));
-    how(r, "%storch.load(path, map_location=f\"cuda:{local_rank}\")   # not the GPU it was saved from", pt(x));
-    how(r, "%sdist.init_process_group(\"nccl\", device_id=torch.device(\"cuda\", local_rank))", pt(x));
-    how(r, "Or give each rank one GPU: CUDA_VISIBLE_DEVICES=$LOCAL_RANK in the per-rank launch script.");
+    HOWS(x, r,
+         { PT, "local_rank = int(os.environ[\"LOCAL_RANK\"]); torch.cuda.set_device(local_rank)   # first "
+               "thing, before any CUDA call" },
+         { PT, "torch.load(path, map_location=f\"cuda:{local_rank}\")   # not the GPU it was saved from" },
+         { PT, "dist.init_process_group(\"nccl\", device_id=torch.device(\"cuda\", local_rank))" },
+         { ANY, "Or give each rank one GPU: CUDA_VISIBLE_DEVICES=$LOCAL_RANK in the per-rank launch script." });
     return true;
 }
 
@@ -1265,11 +1272,10 @@ static bool b_ddp(const rctx_t *x, og_remedy_t *r)
         rec->event.device, ratio > 0 ? ratio : 1.0, og_hb(avg > 0 ? avg : 0).s);
     int n = x->visible > 1 ? x->visible : 2;
     how(r, "%storchrun --nproc_per_node=%d train.py   # one process per GPU", pt(x), n);
-    how(r,
-        "%smodel = DistributedDataParallel(model.to(local_rank), device_ids=[local_rank])   # instead of "
-        "nn.DataParallel(model)",
-        pt(x));
-    how(r, "%sor FSDP(model) to also shard parameters, gradients and optimizer state", pt(x));
+    HOWS(x, r,
+         { PT, "model = DistributedDataParallel(model.to(local_rank), device_ids=[local_rank])   # instead of "
+               "nn.DataParallel(model)" },
+         { PT, "or FSDP(model) to also shard parameters, gradients and optimizer state" });
     return true;
 }
 
@@ -1319,10 +1325,11 @@ static bool b_pool_trim(const rctx_t *x, og_remedy_t *r)
         owner ? " (used by " : "", owner ? owner : "", og_hb(slack > 0 ? slack : 0).s);
     if (owner)
         why(r, ")");
-    how(r, "cudaStreamSynchronize(stream); cudaMemPoolTrimTo(pool, 0);   // before the large allocation");
-    how(r, "uint64_t keep = 0; cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);   // a lower "
-           "threshold: freed memory goes back at each synchronization");
-    how(r, "Or allocate the large buffer from the same pool (cudaMallocFromPoolAsync) so it reuses that memory.");
+    HOWS(
+        x, r, { ANY, "cudaStreamSynchronize(stream); cudaMemPoolTrimTo(pool, 0);   // before the large allocation" },
+        { ANY, "uint64_t keep = 0; cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);   // a "
+               "lower threshold: freed memory goes back at each synchronization" },
+        { ANY, "Or allocate the large buffer from the same pool (cudaMallocFromPoolAsync) so it reuses that memory." });
     return true;
 }
 
@@ -1331,8 +1338,9 @@ static bool b_bucketing(const rctx_t *x, og_remedy_t *r)
     (void)x;
     why(r, "Batches of many different lengths leave differently sized holes in the allocator's segments; batches "
            "of similar length (or padded to a few fixed lengths) reuse the same blocks.");
-    how(r, "Sort or bucket samples by length: e.g. a length-grouped sampler (Hugging Face group_by_length=True)");
-    how(r, "Pad to a few fixed lengths (e.g. multiples of 256 tokens) so the shapes repeat");
+    HOWS(x, r,
+         { ANY, "Sort or bucket samples by length: e.g. a length-grouped sampler (Hugging Face group_by_length=True)" },
+         { ANY, "Pad to a few fixed lengths (e.g. multiples of 256 tokens) so the shapes repeat" });
     return true;
 }
 
@@ -1400,44 +1408,43 @@ static where_t phase_at(const rctx_t *x)
     return o;
 }
 
-static bool b_retry_outside_except(const rctx_t *x, og_remedy_t *r)
+/* HEAD, where the adapter saw the phase, REST; then, when WORKING is given and the roles measured it, what the
+ * running code holds: " (<bytes>WORKING)" */
+static void why_in_phase(const rctx_t *x, og_remedy_t *r, const char *head, const char *rest, const char *working)
 {
     const og_role_facts_t *ro = &x->f->roles;
-    why(r,
-        "The failing allocation ran inside the except block of an earlier out-of-memory error%s: while the "
-        "handler runs, the exception's traceback keeps every frame of the failed attempt alive, and with them "
-        "its tensors",
-        phase_at(x).s);
-    if (ro->known && ro->working)
-        why(r, " (%s of activations and temporaries here)", og_hb((double)ro->working).s);
+    why(r, "%s%s%s", head, phase_at(x).s, rest);
+    if (working && ro->known && ro->working)
+        why(r, " (%s%s)", og_hb((double)ro->working).s, working);
+}
+
+static bool b_retry_outside_except(const rctx_t *x, og_remedy_t *r)
+{
+    why_in_phase(x, r, "The failing allocation ran inside the except block of an earlier out-of-memory error",
+                 ": while the handler runs, the exception's traceback keeps every frame of the failed attempt alive, "
+                 "and with them its tensors",
+                 " of activations and temporaries here");
     why(r, ". A smaller retry started in the handler runs beside them; leave the handler first.");
-    how(r, "%stry: out = step(batch) / except torch.cuda.OutOfMemoryError: oom = True   # only note it in the handler",
-        pt(x));
-    how(r,
-        "%sif oom: gc.collect(); torch.cuda.empty_cache(); out = step(smaller_batch)   # the failed attempt's "
-        "tensors are gone",
-        pt(x));
-    how(r, "Do not keep the exception (e = err; self.last_error = err): it holds the traceback and its frames.");
+    HOWS(x, r,
+         { PT,
+           "try: out = step(batch) / except torch.cuda.OutOfMemoryError: oom = True   # only note it in the handler" },
+         { PT, "if oom: gc.collect(); torch.cuda.empty_cache(); out = step(smaller_batch)   # the failed "
+               "attempt's tensors are gone" },
+         { ANY, "Do not keep the exception (e = err; self.last_error = err): it holds the traceback and its frames." });
     return true;
 }
 
 static bool b_map_location_cpu(const rctx_t *x, og_remedy_t *r)
 {
-    const og_role_facts_t *ro = &x->f->roles;
-    why(r,
-        "The failure came while restoring a checkpoint%s: torch.load puts every tensor back on the device it was "
-        "saved from, so the checkpoint's copy of the weights and optimizer state lands on the GPU beside the "
-        "model and optimizer it is loaded into",
-        phase_at(x).s);
-    if (ro->known && ro->working)
-        why(r, " (%s loaded so far)", og_hb((double)ro->working).s);
+    why_in_phase(x, r, "The failure came while restoring a checkpoint",
+                 ": torch.load puts every tensor back on the device it was saved from, so the checkpoint's copy of "
+                 "the weights and optimizer state lands on the GPU beside the model and optimizer it is loaded into",
+                 " loaded so far");
     why(r, ".");
-    how(r, "%sckpt = torch.load(path, map_location=\"cpu\")   # then model.load_state_dict(ckpt[\"model\"])", pt(x));
-    how(r,
-        "%soptimizer.load_state_dict(ckpt[\"optimizer\"]); del ckpt   # load_state_dict copies to the "
-        "parameters' device",
-        pt(x));
-    how(r, "safetensors: load_file(path, device=\"cpu\")");
+    HOWS(x, r, { PT, "ckpt = torch.load(path, map_location=\"cpu\")   # then model.load_state_dict(ckpt[\"model\"])" },
+         { PT, "optimizer.load_state_dict(ckpt[\"optimizer\"]); del ckpt   # load_state_dict copies to the "
+               "parameters' device" },
+         { ANY, "safetensors: load_file(path, device=\"cpu\")" });
     return true;
 }
 
@@ -1445,7 +1452,7 @@ static bool b_load_in_bf16(const rctx_t *x, og_remedy_t *r)
 {
     const og_role_facts_t *ro = &x->f->roles;
     if (x->f->phase == OG_JP_loading)
-        why(r, "The failure came while loading the weights%s. ", phase_at(x).s);
+        why_in_phase(x, r, "The failure came while loading the weights", ". ", NULL);
     why(r, "A model built or loaded in float32 takes 4 bytes per parameter: checkpoints are mostly bf16/fp16, and "
            "loading them in their own dtype halves the weights");
     if (ro->known && ro->params && ro->dtypes_known) {
@@ -1459,15 +1466,12 @@ static bool b_load_in_bf16(const rctx_t *x, og_remedy_t *r)
             og_hb((double)ro->params / 2).s);
     }
     why(r, ".");
-    how(r,
-        "%sAutoModel.from_pretrained(name, torch_dtype=torch.bfloat16, low_cpu_mem_usage=True)   # or "
-        "torch_dtype=\"auto\": the checkpoint's dtype",
-        pt(x));
-    how(r,
-        "%smodel = build_model().to(torch.bfloat16); model.load_state_dict(torch.load(path, "
-        "map_location=\"cpu\"))",
-        pt(x));
-    how(r, "%snext(model.parameters()).dtype   # float32 here doubles a bf16 checkpoint", pt(x));
+    HOWS(x, r,
+         { PT, "AutoModel.from_pretrained(name, torch_dtype=torch.bfloat16, low_cpu_mem_usage=True)   # or "
+               "torch_dtype=\"auto\": the checkpoint's dtype" },
+         { PT,
+           "model = build_model().to(torch.bfloat16); model.load_state_dict(torch.load(path, map_location=\"cpu\"))" },
+         { PT, "next(model.parameters()).dtype   # float32 here doubles a bf16 checkpoint" });
     return true;
 }
 
@@ -1475,7 +1479,8 @@ static bool b_eight_bit_optimizer(const rctx_t *x, og_remedy_t *r)
 {
     const og_role_facts_t *ro = &x->f->roles;
     if (x->f->phase == OG_JP_optimizer_step)
-        why(r, "The failure came in the optimizer's step%s, which creates its state at the first step.", phase_at(x).s);
+        why_in_phase(x, r, "The failure came in the optimizer's step", ", which creates its state at the first step.",
+                     NULL);
     if (ro->opt)
         why(r, "%sThe optimizer state holds %s%s", r->why[0] ? " " : "", og_hb((double)ro->opt).s,
             ro->opt_adam ? " (Adam: two moments, 8 bytes per float32 parameter)" : "");
@@ -1484,15 +1489,12 @@ static bool b_eight_bit_optimizer(const rctx_t *x, og_remedy_t *r)
             og_hb((double)ro->params).s);
     why(r, ": 8-bit state keeps 1 byte per value, not 4 (AdamW: 6 bytes per parameter saved); a paged optimizer "
            "moves it to CPU under pressure; LoRA keeps state only for what trains.");
-    how(r,
-        "%simport bitsandbytes as bnb; optimizer = bnb.optim.AdamW8bit(model.parameters(), lr=lr)   # or "
-        "bnb.optim.PagedAdamW8bit",
-        pt(x));
-    how(r, "Hugging Face Trainer: TrainingArguments(optim=\"adamw_bnb_8bit\")   # or \"paged_adamw_8bit\"");
-    how(r,
-        "%soptimizer = torch.optim.Adafactor(model.parameters(), lr=lr)   # or SGD: less state than Adam's two "
-        "moments",
-        pt(x));
+    HOWS(x, r,
+         { PT, "import bitsandbytes as bnb; optimizer = bnb.optim.AdamW8bit(model.parameters(), lr=lr)   # or "
+               "bnb.optim.PagedAdamW8bit" },
+         { ANY, "Hugging Face Trainer: TrainingArguments(optim=\"adamw_bnb_8bit\")   # or \"paged_adamw_8bit\"" },
+         { PT, "optimizer = torch.optim.Adafactor(model.parameters(), lr=lr)   # or SGD: less state than "
+               "Adam's two moments" });
     return true;
 }
 
@@ -1507,75 +1509,71 @@ static bool b_lora(const rctx_t *x, og_remedy_t *r)
         why(r, " and its optimizer state, which the first step is creating now");
     why(r, ". LoRA freezes the weights and trains small low-rank adapters (about 1%% of the parameters): the "
            "gradients and the optimizer state nearly vanish; QLoRA also keeps the frozen weights in 4-bit.");
-    how(r, "peft: model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=[\"q_proj\", "
-           "\"v_proj\"]))");
-    how(r, "optimizer = torch.optim.AdamW((p for p in model.parameters() if p.requires_grad), lr=lr)   # the "
-           "adapters only");
-    how(r, "QLoRA: from_pretrained(name, quantization_config=BitsAndBytesConfig(load_in_4bit=True)), then "
-           "prepare_model_for_kbit_training(model) and the LoRA config above");
+    HOWS(x, r,
+         { ANY, "peft: model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=[\"q_proj\", "
+                "\"v_proj\"]))" },
+         { ANY, "optimizer = torch.optim.AdamW((p for p in model.parameters() if p.requires_grad), lr=lr)   # the "
+                "adapters only" },
+         { ANY, "QLoRA: from_pretrained(name, quantization_config=BitsAndBytesConfig(load_in_4bit=True)), then "
+                "prepare_model_for_kbit_training(model) and the LoRA config above" });
     return true;
 }
 
-/* "(update_ema at ema.py:40)" from the holder the running code keeps, or "" */
-static void update_site(const rctx_t *x, char *buf, size_t n)
+/* What the copy remedies' sentences name: where the running code copies (" (update_ema at ema.py:40)", from
+ * the holder it keeps, or ""), what it holds, and the model's weights (its parameters, roles.models, without a
+ * copy being made beside them). */
+typedef struct {
+    char site[200];
+    og_hb_t held, weights;
+} copy_words_t;
+static copy_words_t copy_words(const rctx_t *x)
 {
     const og_roles_t *ro = &x->rec->memory.fw.roles;
+    const og_role_facts_t *rf = &x->f->roles;
+    copy_words_t c = { "", og_hb((double)rf->copying),
+                       og_hb((double)(rf->model_params && rf->model_params < rf->params ? rf->model_params
+                                                                                        : rf->params)) };
     int nh = ro->nholders < 0 ? 0 : ro->nholders > 8 ? 8 : ro->nholders;
-    buf[0] = 0;
-    for (int i = 0; i < nh && !buf[0]; i++) {
+    for (int i = 0; i < nh && !c.site[0]; i++) {
         char where[sizeof ro->holders[0].where];
         og_cpy(where, sizeof where, ro->holders[i].where, sizeof where);
         if (strncmp(where, "local in ", 9) == 0)
-            og_fmt(buf, n, " (%s)", where + 9);
+            og_fmt(c.site, sizeof c.site, " (%s)", where + 9);
     }
-}
-
-/* the model's weights: its parameters (roles.models), without a copy being made beside them */
-static uint64_t model_weights(const og_role_facts_t *ro)
-{
-    return ro->model_params && ro->model_params < ro->params ? ro->model_params : ro->params;
+    return c;
 }
 
 static bool b_in_place_update(const rctx_t *x, og_remedy_t *r)
 {
-    const og_role_facts_t *ro = &x->f->roles;
-    char site[200];
-    update_site(x, site, sizeof site);
+    copy_words_t c = copy_words(x);
     why(r,
         "With autograd off after the optimizer's steps the running code%s holds %s, more than one copy of the "
         "%s of weights: an update written out of place (ema = decay * ema + (1 - decay) * p, "
         "torch._foreach_mul) makes a new tensor for every one it replaces. Updated in place, the copy it "
         "updates is the only one.",
-        site, og_hb((double)ro->copying).s, og_hb((double)model_weights(ro)).s);
-    how(r, "%storch._foreach_lerp_(ema_params, model_params, 1 - decay)   # in place, under torch.no_grad()", pt(x));
-    how(r, "%sfor e, p in zip(ema_params, model_params): e.mul_(decay).add_(p, alpha=1 - decay)", pt(x));
-    how(r,
-        "%storch.optim.swa_utils.AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay))   # in-place "
-        "EMA",
-        pt(x));
+        c.site, c.held.s, c.weights.s);
+    HOWS(x, r, { PT, "torch._foreach_lerp_(ema_params, model_params, 1 - decay)   # in place, under torch.no_grad()" },
+         { PT, "for e, p in zip(ema_params, model_params): e.mul_(decay).add_(p, alpha=1 - decay)" },
+         { PT,
+           "torch.optim.swa_utils.AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay))   # in-place EMA" });
     return true;
 }
 
 static bool b_ema_on_cpu(const rctx_t *x, og_remedy_t *r)
 {
-    const og_role_facts_t *ro = &x->f->roles;
-    char site[200];
-    update_site(x, site, sizeof site);
+    copy_words_t c = copy_words(x);
     why(r,
         "Autograd was off in a training job outside the optimizer's step, and the running code%s holds %s: a "
         "copy of the %s of weights (an EMA, an averaged or best model) is being made or updated on the GPU "
         "beside the weights, gradients and optimizer state. Kept in host memory it costs no GPU memory; "
         "updating it every few steps spreads the copy.",
-        site, og_hb((double)ro->copying).s, og_hb((double)model_weights(ro)).s);
-    how(r,
-        "%sema = {k: v.detach().to(\"cpu\", copy=True) for k, v in model.state_dict().items()}   # the "
-        "copy in host memory",
-        pt(x));
-    how(r,
-        "%sif step %% N == 0: [e.lerp_(p.detach().cpu(), 1 - decay ** N) for e, p in zip(ema.values(), "
-        "model.state_dict().values())]",
-        pt(x));
-    how(r, "timm: ModelEmaV3(model, decay=0.9999, device=\"cpu\")   # or Lightning's EMA with cpu_offload");
+        c.site, c.held.s, c.weights.s);
+    HOWS(x, r,
+         { PT, "ema = {k: v.detach().to(\"cpu\", copy=True) for k, v in model.state_dict().items()}   # the "
+               "copy in host memory" },
+         { PT, "if step % N == 0: [e.lerp_(p.detach().cpu(), 1 - decay ** N) for e, p in zip(ema.values(), "
+               "model.state_dict().values())]" },
+         { ANY, "timm: ModelEmaV3(model, decay=0.9999, device=\"cpu\")   # or Lightning's EMA with cpu_offload" });
     return true;
 }
 
@@ -1600,12 +1598,12 @@ static bool b_backward_per_microbatch(const rctx_t *x, og_remedy_t *r)
             " Measured: %s of activations; a backward per micro-batch keeps one micro-batch's alive (at least "
             "half of them go).",
             og_hb((double)x->f->roles.act).s);
-    how(r, "%sfor mb in micro_batches: (model(**mb).loss / len(micro_batches)).backward()   # frees this graph", pt(x));
-    how(r, "%soptimizer.step(); optimizer.zero_grad(set_to_none=True)   # once, after the last: the same gradients",
-        pt(x));
-    how(r, "%srunning_loss += loss.item()   # for logging keep a number, not the tensor and its graph", pt(x));
-    how(r, "%swith model.no_sync(): ...   # DistributedDataParallel: skip the all-reduce before the last micro-batch",
-        pt(x));
+    HOWS(x, r,
+         { PT, "for mb in micro_batches: (model(**mb).loss / len(micro_batches)).backward()   # frees this graph" },
+         { PT, "optimizer.step(); optimizer.zero_grad(set_to_none=True)   # once, after the last: the same gradients" },
+         { PT, "running_loss += loss.item()   # for logging keep a number, not the tensor and its graph" },
+         { PT,
+           "with model.no_sync(): ...   # DistributedDataParallel: skip the all-reduce before the last micro-batch" });
     return true;
 }
 
@@ -1618,29 +1616,25 @@ static bool b_teacher_no_grad(const rctx_t *x, og_remedy_t *r)
         "job. Run with autograd on, its forward keeps every activation for a backward that never reaches its "
         "weights; under torch.no_grad() each layer's activations are freed as the next one runs.",
         og_hb((double)frozen).s);
-    how(r, "%swith torch.no_grad(): t_out = teacher(batch)   # or torch.inference_mode(); then the student", pt(x));
-    how(r, "%steacher.eval(); teacher.requires_grad_(False)   # frozen weights keep no gradients either", pt(x));
-    how(r, "A loss on the teacher's features needs no graph through the teacher: t_out.detach() is enough "
-           "(not so for a model the gradient must flow through, e.g. a GAN's discriminator).");
+    HOWS(x, r, { PT, "with torch.no_grad(): t_out = teacher(batch)   # or torch.inference_mode(); then the student" },
+         { PT, "teacher.eval(); teacher.requires_grad_(False)   # frozen weights keep no gradients either" },
+         { ANY, "A loss on the teacher's features needs no graph through the teacher: t_out.detach() is enough (not "
+                "so for a model the gradient must flow through, e.g. a GAN's discriminator)." });
     return true;
 }
 
 static bool b_snapshot_to_cpu(const rctx_t *x, og_remedy_t *r)
 {
-    const og_role_facts_t *ro = &x->f->roles;
-    char site[200];
-    update_site(x, site, sizeof site);
+    copy_words_t c = copy_words(x);
     why(r,
         "Outside the training step the running code%s holds %s copied so far from the model's %s of weights "
         "and their state: a snapshot of the model (the best model so far) made on the GPU beside what it "
         "copies. A one-off copy, not a leak: in host memory or on disk it takes nothing on the card.",
-        site, og_hb((double)ro->copying).s, og_hb((double)model_weights(ro)).s);
-    how(r, "%sbest = {k: v.detach().to(\"cpu\", copy=True) for k, v in model.state_dict().items()}", pt(x));
-    how(r,
-        "%storch.save({\"model\": model.state_dict(), \"optim\": optimizer.state_dict()}, \"best.pt\")   # "
-        "reload with map_location=\"cpu\" at the end",
-        pt(x));
-    how(r, "Do not deepcopy optimizer.state_dict() on the GPU: its moments are twice the weights (Adam).");
+        c.site, c.held.s, c.weights.s);
+    HOWS(x, r, { PT, "best = {k: v.detach().to(\"cpu\", copy=True) for k, v in model.state_dict().items()}" },
+         { PT, "torch.save({\"model\": model.state_dict(), \"optim\": optimizer.state_dict()}, \"best.pt\")   "
+               "# reload with map_location=\"cpu\" at the end" },
+         { ANY, "Do not deepcopy optimizer.state_dict() on the GPU: its moments are twice the weights (Adam)." });
     return true;
 }
 
@@ -1682,24 +1676,18 @@ static bool b_smaller_kv_cache(const rctx_t *x, og_remedy_t *r)
         how(r, "%smodel.generate(inputs, cache_implementation=\"static\", max_new_tokens=N)   # sized up front", pt(x));
         return true;
     }
-    char lb[160] = "";
-    const char *label = NULL;
-    if (ro->kv >= 0) {
-        const og_role_holder_t *h = &x->rec->memory.fw.roles.holders[ro->kv];
-        og_cpy(lb, sizeof lb, h->label[0] ? h->label : h->name, sizeof h->label);
-        label = lb[0] ? lb : NULL;
-    }
+    char lb[160];
+    const char *label = holder_label(x, ro->kv, lb, sizeof lb);
     why(r,
         "%s holds %s, reserved up front and kept across calls, and the running code could not get %s beside "
         "it: a KV cache preallocated for the largest batch and length the server allows takes the memory that "
         "each request's own tensors need. Its size is a setting: half the maximum batch or length halves it.",
         label ? label : "A KV cache", og_hb((double)ro->kv_bytes).s, og_hb((double)x->req).s);
-    how(r,
-        "%sStaticCache(config=model.config, max_batch_size=B / 2, max_cache_len=L)   # or a smaller "
-        "max_cache_len",
-        pt(x));
-    how(r, "vLLM: --gpu-memory-utilization 0.8 --max-num-seqs N --max-model-len L   # a smaller KV cache");
-    how(r, "Text Generation Inference: --max-batch-total-tokens N");
+    HOWS(x, r,
+         { PT,
+           "StaticCache(config=model.config, max_batch_size=B / 2, max_cache_len=L)   # or a smaller max_cache_len" },
+         { ANY, "vLLM: --gpu-memory-utilization 0.8 --max-num-seqs N --max-model-len L   # a smaller KV cache" },
+         { ANY, "Text Generation Inference: --max-batch-total-tokens N" });
     return true;
 }
 
@@ -1714,10 +1702,11 @@ static bool b_bounded_cache(const rctx_t *x, og_remedy_t *r)
         why(r, ", and memory grew by about %s per step", og_hb((double)x->f->growth.per_step).s);
     why(r, ": a cache with no bound grows until the card is full. Bound it, keep its entries in host memory, or "
            "store only what is needed (detached, smaller).");
-    how(r, "%scache[key] = value.detach().cpu()   # entries in host memory; .to(\"cuda\") when used", pt(x));
-    how(r, "if len(cache) >= N: cache.pop(next(iter(cache)))   # evict the oldest (or functools.lru_cache("
-           "maxsize=N))");
-    how(r, "%swith torch.no_grad(): value = encoder(x)   # an entry made with autograd on keeps its graph", pt(x));
+    HOWS(
+        x, r, { PT, "cache[key] = value.detach().cpu()   # entries in host memory; .to(\"cuda\") when used" },
+        { ANY,
+          "if len(cache) >= N: cache.pop(next(iter(cache)))   # evict the oldest (or functools.lru_cache(maxsize=N))" },
+        { PT, "with torch.no_grad(): value = encoder(x)   # an entry made with autograd on keeps its graph" });
     return true;
 }
 
@@ -1729,12 +1718,12 @@ static bool b_fewer_graph_shapes(const rctx_t *x, og_remedy_t *r)
         "%s is in the private memory pools of live CUDA graphs: every captured graph keeps its own pool, which "
         "empty_cache() does not return, so capturing a graph for every shape multiplies it.",
         og_hb((double)pools).s);
-    how(r, "Capture a few sizes (e.g. batch 1, 2, 4, 8, 16, 32, 64) and pad each batch up to the next captured one.");
-    how(r,
-        "%swith torch.cuda.graph(g, pool=first_graph.pool()): ...   # captures that run one at a time can "
-        "share one pool",
-        pt(x));
-    how(r, "Serving engines: fewer capture sizes (vLLM: cuda_graph_sizes), or --enforce-eager to capture none.");
+    HOWS(x, r,
+         { ANY,
+           "Capture a few sizes (e.g. batch 1, 2, 4, 8, 16, 32, 64) and pad each batch up to the next captured one." },
+         { PT, "with torch.cuda.graph(g, pool=first_graph.pool()): ...   # captures that run one at a time "
+               "can share one pool" },
+         { ANY, "Serving engines: fewer capture sizes (vLLM: cuda_graph_sizes), or --enforce-eager to capture none." });
     return true;
 }
 
@@ -1753,9 +1742,9 @@ static bool b_reuse_process_groups(const rctx_t *x, og_remedy_t *r)
             og_hb((double)x->f->growth.rise).s);
     why(r, ": every communicator (each dist.new_group, each process group created anew) gets its own buffers, and "
            "creating groups again and again (per evaluation, per step) piles them up.");
-    how(r, "%seval_group = dist.new_group(ranks)   # once, at start-up; reuse it in every evaluation", pt(x));
-    how(r, "%sdist.destroy_process_group(group)   # for a group no longer needed", pt(x));
-    how(r, "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT   # logs every communicator created");
+    HOWS(x, r, { PT, "eval_group = dist.new_group(ranks)   # once, at start-up; reuse it in every evaluation" },
+         { PT, "dist.destroy_process_group(group)   # for a group no longer needed" },
+         { ANY, "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT   # logs every communicator created" });
     return true;
 }
 
@@ -1765,8 +1754,8 @@ static bool b_nccl_buffsize(const rctx_t *x, og_remedy_t *r)
         "NCCL holds %s on this GPU; each communicator keeps buffers per channel and peer, sized by NCCL_BUFFSIZE "
         "(4 MiB by default).",
         og_hb((double)x->f->comm_bytes).s);
-    how(r, "export NCCL_BUFFSIZE=2097152   # 2 MiB buffers: less memory per communicator");
-    how(r, "export NCCL_MAX_NCHANNELS=4   # fewer channels, fewer buffers (slower collectives)");
+    HOWS(x, r, { ANY, "export NCCL_BUFFSIZE=2097152   # 2 MiB buffers: less memory per communicator" },
+         { ANY, "export NCCL_MAX_NCHANNELS=4   # fewer channels, fewer buffers (slower collectives)" });
     return true;
 }
 
