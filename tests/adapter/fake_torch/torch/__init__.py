@@ -93,6 +93,22 @@ class Tensor(object):
     def detach(self):
         return self.view()
 
+    def clone(self, memory_format=None):
+        """Tensor.clone(): a new tensor of the same size and dtype on the same device (the stand-in
+        copies no data; autograd aside)."""
+        return empty_like(self)
+
+    def __deepcopy__(self, memo):
+        """copy.deepcopy(t), as PyTorch's: a clone on the same device (a Parameter stays a
+        Parameter, with its requires_grad)."""
+        if id(self) in memo:
+            return memo[id(self)]
+        new = self.clone()
+        if type(self) is not Tensor:
+            new = type(self)(new, self.requires_grad)
+        memo[id(self)] = new
+        return new
+
     def requires_grad_(self, flag=True):
         self.requires_grad = bool(flag)
         return self

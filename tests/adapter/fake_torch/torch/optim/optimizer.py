@@ -50,6 +50,19 @@ class Optimizer(object):
     def zero_grad(self, set_to_none=True):
         pass
 
+    def state_dict(self):
+        """As PyTorch's: {"state": {index: that parameter's state}, "param_groups": [...]}, the
+        parameters named by their position; the state's tensors are the optimizer's own, not copies."""
+        params = [p for g in self.param_groups for p in g["params"]]
+        index = dict((id(p), i) for i, p in enumerate(params))
+        state = dict((index[id(p)], s) for p, s in self.state.items() if id(p) in index)
+        groups = []
+        for g in self.param_groups:
+            packed = dict((k, v) for k, v in g.items() if k != "params")
+            packed["params"] = [index[id(p)] for p in g["params"]]
+            groups.append(packed)
+        return {"state": state, "param_groups": groups}
+
     def _update(self):
         pass
 
