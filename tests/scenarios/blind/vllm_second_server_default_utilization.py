@@ -1,8 +1,8 @@
 """A team serves two models from one 80 GiB H100 with vLLM 0.5 (two `vllm serve` processes, started
 by hand in two tmux windows that were later detached):
 
-    vllm serve meta-llama/Meta-Llama-3-8B-Instruct --gpu-memory-utilization 0.55 --port 8000  # 44 GiB
-    vllm serve Qwen/Qwen2.5-1.5B-Instruct --port 8001          # the default: --gpu-memory-utilization 0.9
+    vllm serve /srv/models/llama3_8b_instruct --gpu-memory-utilization 0.55 --port 8000    # 44 GiB
+    vllm serve /srv/models/qwen25_1p5b_instruct --port 8001    # the default: --gpu-memory-utilization 0.9
 
 The first server was sized to leave the card's other 45% to the second.  The second one was started
 without the flag: vLLM loads its weights (bf16, 2.9 GiB), profiles a forward pass at its maximum batch,
@@ -29,7 +29,7 @@ def serve(model, gpu_memory_utilization):
     """vllm.entrypoints.openai.api_server, as far as memory goes (vLLM 0.5's GPU worker)."""
     scen_truth.note_every_empty(torch)
     torch.cuda.set_device(0)
-    weights = [torch.empty(100 * MiB, device="cuda") for _ in range(29)] if "Qwen" in model else \
+    weights = [torch.empty(100 * MiB, device="cuda") for _ in range(29)] if "qwen" in model else \
         [torch.empty(500 * MiB, device="cuda") for _ in range(30)]                # load_model()
     with torch.inference_mode():                                                   # profile_run()
         acts = [torch.empty(64 * MiB, device="cuda") for _ in range(24)]
@@ -60,7 +60,7 @@ def main():
 def start_first_server():
     """Test scaffolding for what the machine already runs: the first server, whose starting shell is
     gone (a child of init), on the same GPU."""
-    subprocess.Popen([sys.executable, os.path.abspath(__file__), "--model", "meta-llama/Meta-Llama-3-8B-Instruct",
+    subprocess.Popen([sys.executable, os.path.abspath(__file__), "--model", "/srv/models/llama3_8b_instruct",
                       "--gpu-memory-utilization", "0.55", "--port", "8000"], env=os.environ)
     while not os.path.exists(os.environ["SCEN_READY"] + ".server"):
         time.sleep(0.02)
