@@ -276,3 +276,20 @@ from torch import optim  # noqa: E402  (PyTorch imports torch.optim with torch)
 from torch import nn  # noqa: E402
 from torch import autograd  # noqa: E402
 from torch.serialization import load, save  # noqa: E402,F401
+
+
+def _tensor_deepcopy(self, memo):
+    """copy.deepcopy(t) as PyTorch's Tensor.__deepcopy__: new storage of the same size on the same
+    device (a clone), requires_grad and .grad copied too.  (Defined down here, after empty_like,
+    so that the lines of empty() that dumps quote stay where they are.)"""
+    if id(self) in memo:
+        return memo[id(self)]
+    new = empty_like(self)
+    new.requires_grad = self.requires_grad
+    if self.grad is not None:
+        new.grad = self.grad.__deepcopy__(memo)
+    memo[id(self)] = new
+    return new
+
+
+Tensor.__deepcopy__ = _tensor_deepcopy

@@ -11,3 +11,12 @@ class Parameter(torch.Tensor):
 
     def __init__(self, data=None, requires_grad=True):
         pass
+
+    def __deepcopy__(self, memo):
+        """As PyTorch's: a Parameter over a clone of its data (same device), requires_grad kept; unlike
+        Tensor.__deepcopy__ the .grad is not copied."""
+        if id(self) in memo:
+            return memo[id(self)]
+        result = type(self)(torch.empty_like(self), self.requires_grad)
+        memo[id(self)] = result
+        return result
