@@ -28,6 +28,23 @@ MiB = 1 << 20
 GiB = 1 << 30
 scen_truth.note_every_empty(torch)
 
+
+# optimizer.step() makes exp_avg and exp_avg_sq of a parameter in one expression: when the second
+# fails, the first is dropped as the exception unwinds, before the truth mark in the except block.
+# While a step runs, torch.empty (AdamW's) also keeps what it made in _made, so the mark sees the
+# memory as it was at the failure.  Compiled as part of torch's own file (as scen_truth does): the
+# dump's failing Python line stays the program's.
+_KEEP = """
+def kept(nbytes, *args, **kw):
+    t = noted(nbytes, *args, **kw)
+    made.append(t)
+    return t
+"""
+_made = []
+_ns = {"noted": torch.empty, "made": _made}
+exec(compile(_KEEP, torch.__file__, "exec"), _ns)
+_noted, _kept = torch.empty, _ns["kept"]
+
 CONFIG = {"model": "microsoft/phi-2", "optim": "adamw_torch", "lr": 1e-5, "per_device_train_batch_size": 4,
           "max_seq_length": 2048, "bf16": True, "gradient_checkpointing": True}
 
@@ -90,7 +107,10 @@ def main():
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(input_ids)
         scen_truth.backward(loss)
+        torch.empty = _kept
         optimizer.step()
+        torch.empty = _noted
+        del _made[:]
         optimizer.zero_grad(set_to_none=True)
         model.zero_grad(set_to_none=True)
         del loss, input_ids
