@@ -37,9 +37,11 @@ class DALIPipeline(object):
 
     def build(self):
         if self.lib.dali_pipeline_build(self.depth, self.buffer_bytes) != 0:
+            # PyTorch's books at the failure (for the truth); not "fw": ctypes released the GIL for
+            # DALI's call, as DALI's own bindings do, so the shim cannot ask the Python adapter then
             st = torch.cuda.memory_stats()
             scen_truth.mark("fail", 0, self.buffer_bytes, allocated=st["allocated_bytes.all.current"],
-                            reserved=st["reserved_bytes.all.current"], fw=1)
+                            reserved=st["reserved_bytes.all.current"])
             raise RuntimeError("[/opt/dali/dali/core/access_order.cc] CUDA allocation failed: out of memory")
 
 
