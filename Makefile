@@ -73,7 +73,7 @@ install: all  ## install into DESTDIR/PREFIX (default /usr/local)
 	install -m 0755 $(B)/liboomguard.so $(DESTDIR)$(PREFIX)/lib/oomguard/liboomguard.so
 	install -m 0644 include/oomguard.h $(DESTDIR)$(PREFIX)/include/oomguard.h
 	install -d $(DESTDIR)$(PREFIX)/lib/oomguard/python
-	install -m 0644 adapters/python/*.py $(DESTDIR)$(PREFIX)/lib/oomguard/python/
+	install -m 0644 adapters/python/*.py common/framework_code.def $(DESTDIR)$(PREFIX)/lib/oomguard/python/
 	install -m 0644 README.md LICENSE docs/*.md $(DESTDIR)$(PREFIX)/share/doc/oomguard/
 	install -d $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/bash-completion/completions
 	install -m 0644 docs/man/oomguard.1 $(DESTDIR)$(PREFIX)/share/man/man1/oomguard.1

@@ -214,7 +214,9 @@ typedef struct og_framework_view {
     char phase_source[96]; /* event.phase_source: how it was told, or why unknown ("" none given) */
     bool has_phase_frame;
     og_py_frame_t phase_frame; /* event.phase_frame */
-    int nother_fw;             /* memory.framework.other_frameworks */
+    bool has_phase_site;
+    og_py_frame_t phase_site; /* event.phase_site: the program's own line at or outside phase_frame */
+    int nother_fw;            /* memory.framework.other_frameworks */
     og_other_framework_t other_fw[4];
 } og_framework_view_t;
 

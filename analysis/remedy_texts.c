@@ -1391,7 +1391,8 @@ static bool b_fw_cap(const rctx_t *x, og_remedy_t *r)
 
 /* ------------------------------------------------------------------ by role and phase */
 
-/* " (train.py:40 in step)": where the adapter saw the phase, "" when it did not say */
+/* " (train.py:40 in step)": where the adapter saw the phase (the program's own line, event.phase_site, else
+ * the frame that decided), "" when it did not say */
 typedef struct {
     char s[160];
 } where_t;
@@ -1399,12 +1400,13 @@ static where_t phase_at(const rctx_t *x)
 {
     where_t o = { "" };
     const og_framework_view_t *fw = &x->rec->memory.fw;
-    if (!fw->has_phase_frame)
+    if (!fw->has_phase_frame && !fw->has_phase_site)
         return o;
-    char file[sizeof fw->phase_frame.file], fn[sizeof fw->phase_frame.function];
-    og_cpy(file, sizeof file, fw->phase_frame.file, sizeof file);
-    og_cpy(fn, sizeof fn, fw->phase_frame.function, sizeof fn);
-    og_fmt(o.s, sizeof o.s, " (%s:%d in %s)", og_base_name(file), fw->phase_frame.line, fn);
+    const og_py_frame_t *w = fw->has_phase_site ? &fw->phase_site : &fw->phase_frame; /* the program's line first */
+    char file[sizeof w->file], fn[sizeof w->function];
+    og_cpy(file, sizeof file, w->file, sizeof file);
+    og_cpy(fn, sizeof fn, w->function, sizeof fn);
+    og_fmt(o.s, sizeof o.s, " (%s:%d in %s)", og_base_name(file), w->line, fn);
     return o;
 }
 

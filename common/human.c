@@ -36,12 +36,11 @@ const char *og_bytes_fmt(char *buf, size_t n, double bytes, enum og_bytes_style 
 
 static const struct {
     const char *name, *display;
-    const char *packages; /* "/pkg/" directories of its Python code, '|'-separated */
 } frameworks[] = {
-    [OG_FW_PYTORCH] = { "pytorch", "PyTorch", "/torch/" },
-    [OG_FW_JAX] = { "jax", "JAX", "/jax/|/jaxlib/" },
-    [OG_FW_TENSORFLOW] = { "tensorflow", "TensorFlow", "/tensorflow/|/keras/" },
-    [OG_FW_CUPY] = { "cupy", "CuPy", "/cupy/" },
+    [OG_FW_PYTORCH] = { "pytorch", "PyTorch" },
+    [OG_FW_JAX] = { "jax", "JAX" },
+    [OG_FW_TENSORFLOW] = { "tensorflow", "TensorFlow" },
+    [OG_FW_CUPY] = { "cupy", "CuPy" },
 };
 #define OG_FW_END ((int)(sizeof frameworks / sizeof *frameworks))
 
@@ -63,17 +62,21 @@ const char *og_framework_display(enum og_framework fw, const char *unknown)
     return (int)fw > OG_FW_UNKNOWN && (int)fw < OG_FW_END ? frameworks[fw].display : unknown;
 }
 
+static const char *const framework_code[] = {
+#define OG_FRAMEWORK_CODE(package) package,
+#include "framework_code.def"
+#undef OG_FRAMEWORK_CODE
+};
+
 int og_python_file_in_framework(const char *file)
 {
     if (!file)
         return 0;
-    for (int fw = OG_FW_UNKNOWN + 1; fw < OG_FW_END; fw++)
-        for (const char *p = frameworks[fw].packages; p && *p;) {
-            size_t n = strcspn(p, "|");
-            for (const char *f = file; (f = strstr(f, "/")) != NULL; f++)
-                if (strncmp(f, p, n) == 0)
-                    return 1;
-            p += n + (p[n] == '|');
+    for (const char *f = file; (f = strchr(f, '/')) != NULL; f++) /* each directory: "/pkg/" */
+        for (size_t i = 0; i < sizeof framework_code / sizeof *framework_code; i++) {
+            size_t n = strlen(framework_code[i]);
+            if (strncmp(f + 1, framework_code[i], n) == 0 && f[1 + n] == '/')
+                return 1;
         }
     return 0;
 }

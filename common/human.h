@@ -26,7 +26,8 @@ enum og_framework og_framework_from_name(const char *name);
 /* The name people know: PyTorch, JAX, TensorFlow, CuPy; `unknown` for OG_FW_UNKNOWN. */
 const char *og_framework_display(enum og_framework fw, const char *unknown);
 
-/* A Python file of a framework's own package (".../site-packages/torch/nn/modules/module.py"):
+/* A Python file of a framework's own package (".../site-packages/torch/nn/modules/module.py",
+ * ".../transformers/trainer.py": a directory named as a package of common/framework_code.def):
  * the failing Python line is the innermost frame outside them, the program's. */
 int og_python_file_in_framework(const char *file);
 

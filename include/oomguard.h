@@ -74,7 +74,8 @@ typedef struct oomguard_framework_stats {
      * for and what the job was doing (memory.framework.roles, event.phase; docs/dump-format.md) */
     const char *roles;        /* "role\tNAME\tBYTES|-\tTENSORS\n", "optimizer\t...", "holder\t...", "meta\t..." */
     const char *phase;        /* "loading" | "forward" | "backward" | "optimizer_step" | ... */
-    const char *phase_frame;  /* "file\tline\tfunction\n": the frame that decided the phase */
+    const char *phase_frame;  /* "file\tline\tfunction\n": the frame that decided the phase; a second such
+                               * line (read by later shims): the program's own line at or outside it */
     const char *phase_source; /* how the phase was told ("stack", ...), or why it is unknown */
     /* added later (read only when struct_size covers it; NULL = not read): the other frameworks of this
      * process and what each holds on the same device, as their own adapters read it (JAX's arena next to

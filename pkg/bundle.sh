@@ -40,9 +40,9 @@ rm -rf "$OUT"
 mkdir -p "$OUT/bin" "$OUT/lib" "$OUT/python" "$OUT/include"
 cp "$LIB" "$OUT/liboomguard.so"
 cp "$CMD" "$OUT/bin/oomguard"
-cp "$ROOT"/adapters/python/*.py "$OUT/python/"
+cp "$ROOT"/adapters/python/*.py "$ROOT/common/framework_code.def" "$OUT/python/"   # the adapters read the table
 cp "$ROOT/include/oomguard.h" "$OUT/include/"
-chmod 0644 "$OUT"/python/*.py "$OUT/include/oomguard.h"
+chmod 0644 "$OUT"/python/*.py "$OUT/python/framework_code.def" "$OUT/include/oomguard.h"
 # debug info off (a fifth of the size; symbols stay): before patchelf, strip would undo its layout
 strip --strip-debug "$OUT/liboomguard.so" "$OUT/bin/oomguard"
 

@@ -24,7 +24,7 @@ $(PKG_DIR)/oomguard: $(TOOLS_OBJ)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(TOOLS_OBJ) $(filter-out -lstdc++,$(TOOLS_LIBS)) \
 	    -static-libgcc -Wl,-Bstatic -lstdc++ -Wl,-Bdynamic
 
-$(PKG_DIR)/bundle.stamp: $(SHIM_LIB) $(PKG_DIR)/oomguard pkg/bundle.sh $(wildcard adapters/python/*.py) include/oomguard.h
+$(PKG_DIR)/bundle.stamp: $(SHIM_LIB) $(PKG_DIR)/oomguard pkg/bundle.sh $(wildcard adapters/python/*.py) common/framework_code.def include/oomguard.h
 	bash pkg/bundle.sh $(SHIM_LIB) $(PKG_DIR)/oomguard $(B)/bundle
 	@touch $@
 

@@ -871,10 +871,10 @@ static void summary_roles(og_sb_t *sb, const og_record_t *r)
     char b[32];
     if (f->phase[0]) {
         og_sb_printf(sb, "oomguard: phase: %s", f->phase);
-        if (f->has_phase_frame) {
-            const char *slash = strrchr(f->phase_frame.file, '/');
-            og_sb_printf(sb, " (%s:%d in %s)", slash ? slash + 1 : f->phase_frame.file, f->phase_frame.line,
-                         f->phase_frame.function);
+        if (f->has_phase_site || f->has_phase_frame) { /* the program's own line, else the frame that decided */
+            const og_py_frame_t *w = f->has_phase_site ? &f->phase_site : &f->phase_frame;
+            const char *slash = strrchr(w->file, '/');
+            og_sb_printf(sb, " (%s:%d in %s)", slash ? slash + 1 : w->file, w->line, w->function);
         }
         og_sb_puts(sb, "\n");
     }
@@ -908,12 +908,16 @@ static void set_pending(const og_record_t *r, const char *path)
     og_sb_puts(&sb, "\n");
     summary_roles(&sb, r);
     /* the program's line, after what the memory is for: the innermost Python frame outside the framework's own code */
-    for (int i = 0; i < r->memory.fw.npy_frames; i++)
-        if (!og_python_file_in_framework(r->memory.fw.py_frames[i].file) || i == r->memory.fw.npy_frames - 1) {
-            const og_py_frame_t *p = &r->memory.fw.py_frames[i];
-            og_sb_printf(&sb, "oomguard: failing Python line: %s:%d in %s\n", p->file, p->line, p->function);
-            break;
-        }
+    const og_py_frame_t *line = NULL;
+    for (int i = 0; i < r->memory.fw.npy_frames && !line; i++)
+        if (!og_python_file_in_framework(r->memory.fw.py_frames[i].file))
+            line = &r->memory.fw.py_frames[i];
+    if (!line && r->memory.fw.has_phase_site) /* the failing thread ran only the framework's code: its caller's */
+        line = &r->memory.fw.phase_site;
+    if (!line && r->memory.fw.npy_frames > 0)
+        line = &r->memory.fw.py_frames[r->memory.fw.npy_frames - 1];
+    if (line)
+        og_sb_printf(&sb, "oomguard: failing Python line: %s:%d in %s\n", line->file, line->line, line->function);
     og_sb_printf(&sb, "oomguard: diagnosis: %s", r->diagnosis.primary ? r->diagnosis.primary : "unknown");
     if (r->diagnosis.ncauses)
         og_sb_printf(&sb, " — %s", r->diagnosis.causes[0].summary);

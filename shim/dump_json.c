@@ -435,6 +435,11 @@ static void w_event(og_sb_t *sb, const og_record_t *r)
         j_py_frames_one(sb, &r->memory.fw.phase_frame);
     else
         og_sb_puts(sb, "null");
+    K("phase_site");
+    if (r->memory.fw.phase[0] && r->memory.fw.has_phase_site)
+        j_py_frames_one(sb, &r->memory.fw.phase_site);
+    else
+        og_sb_puts(sb, "null");
     K("phase_source");
     if (r->memory.fw.phase_source[0])
         og_sb_json_str(sb, r->memory.fw.phase_source);

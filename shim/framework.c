@@ -304,8 +304,16 @@ static int fill_view(og_framework_view_t *v, const oomguard_framework_stats_t *s
         copy_str(v->phase, sizeof v->phase, s->phase);
     if (HAS(s, phase_source) && s->phase_source)
         copy_str(v->phase_source, sizeof v->phase_source, s->phase_source);
-    if (HAS(s, phase_frame) && s->phase_frame)
-        v->has_phase_frame = parse_lines(s->phase_frame, &v->phase_frame, 1, false) == 1;
+    if (HAS(s, phase_frame) && s->phase_frame) { /* the frame that decided, then the program's own line */
+        og_py_frame_t two[2];
+        int n = parse_lines(s->phase_frame, two, 2, false);
+        v->has_phase_frame = n >= 1;
+        v->has_phase_site = n == 2;
+        if (n >= 1)
+            v->phase_frame = two[0];
+        if (n == 2)
+            v->phase_site = two[1];
+    }
     if (HAS(s, other_frameworks) && s->other_frameworks)
         v->nother_fw =
             parse_other_frameworks(s->other_frameworks, v->other_fw, (int)(sizeof v->other_fw / sizeof v->other_fw[0]));

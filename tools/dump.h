@@ -181,6 +181,7 @@ struct og_dump {
         int npython_stack;
         const char *phase, *phase_source; /* event.phase (NULL: unknown) and how it was told */
         struct og_pyframe phase_frame;    /* file NULL: none */
+        struct og_pyframe phase_site;     /* the program's own line at or outside it; file NULL: none */
         int recovered;                    /* recovered_by is an object */
         struct og_bytes recovered_requested_bytes;
         double recovered_t;

@@ -1649,6 +1649,7 @@ static int v_event(struct loader *L, const cJSON *r)
     TRY(get_str(L, e, &p, "phase", &d->event.phase));
     TRY(get_str(L, e, &p, "phase_source", &d->event.phase_source));
     TRY(read_pyframe_obj(L, e, "phase_frame", &p, &d->event.phase_frame));
+    TRY(read_pyframe_obj(L, e, "phase_site", &p, &d->event.phase_site));
     TRY(get_obj(L, e, &p, "recovered_by", &rb));
     d->event.recovered = rb != NULL;
     struct path prb = { &p, "recovered_by", 0 };

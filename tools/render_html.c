@@ -704,14 +704,18 @@ static void roles_card(struct hx *h)
         og_sb_puts(h->b, "<h2>Phase: ");
         esc(h, d->event.phase, 40);
         og_sb_puts(h->b, "</h2>");
-        const struct og_pyframe *f = &d->event.phase_frame;
-        if (f->file || d->event.phase_source) {
+        /* the program's own line (event.phase_site), then the framework's frame that decided */
+        const struct og_pyframe *site = og_phase_line(d), *f = &d->event.phase_frame;
+        if (site || f->file || d->event.phase_source) {
             og_sb_puts(h->b, "<p class=\"muted\">");
-            if (f->file) {
-                og_sb_puts(h->b, "<code>");
-                esc(h, f->file, 200);
-                og_sb_printf(h->b, ":%lld</code> in <code>", (long long)f->line);
-                esc(h, f->function, 80);
+            for (int k = 0; k < 2; k++) {
+                const struct og_pyframe *w = k ? f : site;
+                if (!w || !w->file || (k && og_same_pyframe(w, site)))
+                    continue;
+                og_sb_puts(h->b, k && site ? "decided in <code>" : "<code>");
+                esc(h, w->file, 200);
+                og_sb_printf(h->b, ":%lld</code> in <code>", (long long)w->line);
+                esc(h, w->function, 80);
                 og_sb_puts(h->b, "</code> ");
             }
             if (d->event.phase_source) {
@@ -1031,8 +1035,9 @@ static void python_first(struct hx *h)
     if (!og_python_job(d))
         return;
     og_sb_puts(h->b, "<section class=\"card\" id=\"python\"><h2>Python lines</h2>");
-    if (d->event.npython_stack > 0) {
-        const struct og_pyframe *p = og_failing_python_line(d);
+    const struct og_pyframe *mine = og_failing_python_line(d);
+    if (mine) {
+        const struct og_pyframe *p = mine;
         og_sb_puts(
             h->b,
             "<div class=\"muted\">The failing line</div><div class=\"mono\" style=\"font-size:15px;font-weight:600\">");

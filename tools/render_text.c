@@ -571,14 +571,19 @@ static void roles_table(struct tx *t, const struct og_dump *d)
     if (d->event.phase) {
         og_sb_printf(t->b, "\n%sPhase:%s ", st(t, BOLD), st(t, RESET));
         sb_text(t->b, d->event.phase, 40, 0);
-        const struct og_pyframe *f = &d->event.phase_frame;
-        if (f->file) {
-            og_sb_puts(t->b, " (");
-            sb_text(t->b, base_name(f->file), 120, 0);
-            og_sb_printf(t->b, ":%lld in ", (long long)f->line);
-            sb_text(t->b, f->function ? f->function : "?", 60, 0);
-            og_sb_puts(t->b, ")");
+        /* the program's own line (event.phase_site), then the framework's frame that decided */
+        const struct og_pyframe *site = og_phase_line(d), *f = &d->event.phase_frame;
+        for (int k = 0; k < 2; k++) {
+            const struct og_pyframe *w = k ? f : site;
+            if (!w || !w->file || (k && og_same_pyframe(w, site)))
+                continue;
+            og_sb_puts(t->b, k ? (site ? "; decided in " : " (") : " (");
+            sb_text(t->b, base_name(w->file), 120, 0);
+            og_sb_printf(t->b, ":%lld in ", (long long)w->line);
+            sb_text(t->b, w->function ? w->function : "?", 60, 0);
         }
+        if (site || f->file)
+            og_sb_puts(t->b, ")");
         if (d->event.phase_source) {
             og_sb_puts(t->b, st(t, DIM));
             og_sb_puts(t->b, " — from the ");
@@ -649,6 +654,16 @@ static void python_stack(struct tx *t, const struct og_dump *d, int max)
     if (d->event.npython_stack > max)
         og_sb_printf(t->b, "       %s... %d more Python frames%s\n", st(t, DIM), d->event.npython_stack - max,
                      st(t, RESET));
+    if (mine && mine == &d->event.phase_site) { /* the failing thread ran only the framework's code */
+        og_sb_puts(t->b, "    => at ");
+        sb_text(t->b, mine->function ? mine->function : "?", 80, 0);
+        og_sb_puts(t->b, "  ");
+        sb_text(t->b, mine->file ? mine->file : "?", 100, 0);
+        if (mine->line > 0)
+            og_sb_printf(t->b, ":%lld", (long long)mine->line);
+        og_sb_printf(t->b, "  %s(Python, the thread that called the framework)%s  <- the failing line\n", st(t, DIM),
+                     st(t, RESET));
+    }
 }
 
 /* The first screen of a Python job: the failing Python line and the lines holding memory,
@@ -657,7 +672,7 @@ static void python_first(struct tx *t, const struct og_dump *d)
 {
     if (!og_python_job(d))
         return;
-    if (d->event.npython_stack > 0) {
+    if (d->event.npython_stack > 0 || og_failing_python_line(d)) {
         heading(t, "Python stack of the failed call (innermost first)");
         python_stack(t, d, 8);
     }

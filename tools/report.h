@@ -63,8 +63,15 @@ int og_event_python_only(const struct og_dump *d);
  * stack of Python code only. */
 int og_python_job(const struct og_dump *d);
 /* The failing Python line: the innermost frame of event.python_stack outside the frameworks'
- * own packages (else the innermost); NULL without a Python stack. */
+ * own packages (common/framework_code.def); when every frame is theirs (PyTorch's autograd engine
+ * thread, or no Python frame at all there), event.phase_site, the program's line that called into
+ * them; else the innermost; NULL when neither is known. */
 const struct og_pyframe *og_failing_python_line(const struct og_dump *d);
+/* The phase's line as the user reads it: event.phase_site (the program's own line), else
+ * event.phase_frame; NULL when neither. */
+const struct og_pyframe *og_phase_line(const struct og_dump *d);
+/* Two Python frames at the same file and line (NULL: none is the same as nothing). */
+int og_same_pyframe(const struct og_pyframe *a, const struct og_pyframe *b);
 /* The value of an environment variable the dump recorded, or NULL. */
 const char *og_env_value(const struct og_dump *d, const char *key);
 

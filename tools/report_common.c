@@ -212,10 +212,25 @@ const char *og_env_value(const struct og_dump *d, const char *key)
     return NULL;
 }
 
+int og_same_pyframe(const struct og_pyframe *a, const struct og_pyframe *b)
+{
+    return a == b || (a && b && a->file && b->file && !strcmp(a->file, b->file) && a->line == b->line);
+}
+
+const struct og_pyframe *og_phase_line(const struct og_dump *d)
+{
+    if (d->event.phase_site.file)
+        return &d->event.phase_site;
+    return d->event.phase_frame.file ? &d->event.phase_frame : NULL;
+}
+
 const struct og_pyframe *og_failing_python_line(const struct og_dump *d)
 {
     for (int i = 0; i < d->event.npython_stack; i++)
         if (!og_python_file_in_framework(d->event.python_stack[i].file))
             return &d->event.python_stack[i];
+    /* only the framework's frames (PyTorch's autograd engine thread): the program's line that called it */
+    if (d->event.phase_site.file)
+        return &d->event.phase_site;
     return d->event.npython_stack > 0 ? &d->event.python_stack[0] : NULL;
 }

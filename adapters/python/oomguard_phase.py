@@ -4,7 +4,9 @@ from the Python stack of the failing thread and the adapter's flags -- never fro
 PATTERNS is the one table: (phase, priority, file pattern, function pattern), fnmatch patterns on
 the frame's file ('/'-separated) and function name.  Every frame of the failing stack is matched;
 the match of highest priority decides, the innermost among equals, and that frame is reported
-(event.phase_frame).  Before the table:
+(event.phase_frame), with the program's own line at or outside it (event.phase_site: site(), the
+call into the framework, `loss.backward()`; a framework's frame is told by the one table of their
+packages, common/framework_code.def).  Before the table:
   * oom_handler: the failing thread is inside the `except` block of an earlier out-of-memory error
     (sys.exc_info(), or the chain of the exception being raised): the job retries in the handler;
   * the failing thread has no frame of its own (PyTorch's autograd engine threads run backward
@@ -74,6 +76,62 @@ PURPOSE_PHASES = (("checkpoint", "loading"), ("ema", "ema_update"))
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _cache = {}
+
+
+def _framework_packages():
+    """The frameworks' top-level packages: the rows of framework_code.def (installed next to the
+    adapters; common/ of the source tree), the table the library and the command read too."""
+    import re
+    for path in (os.path.join(_HERE, "framework_code.def"),
+                 os.path.join(_HERE, os.pardir, os.pardir, "common", "framework_code.def")):
+        try:
+            with open(path) as f:
+                got = re.findall(r'^OG_FRAMEWORK_CODE\("([A-Za-z0-9_.]+)"\)', f.read(), re.M)
+            if got:
+                return frozenset(got)
+        except (OSError, UnicodeDecodeError):
+            continue
+    return frozenset(("torch",))
+
+
+FRAMEWORK_PACKAGES = _framework_packages()
+_fw_files = {}
+
+
+def is_framework_frame(frame):
+    """A frame of a framework's own code (framework_code.def): by its module's top-level package
+    (`torch.autograd._engine` is torch's wherever the file lies: the tests' stand-in torch too),
+    else by a directory of the file named as such a package."""
+    name = frame.f_globals.get("__name__") if frame.f_globals is not None else None
+    if isinstance(name, str) and name.partition(".")[0] in FRAMEWORK_PACKAGES:
+        return True
+    fn = frame.f_code.co_filename
+    got = _fw_files.get(fn)
+    if got is None:
+        parts = fn.replace(os.sep, "/").split("/")[:-1]
+        got = any(p in FRAMEWORK_PACKAGES for p in parts)
+        if len(_fw_files) < 4096:
+            _fw_files[fn] = got
+    return got
+
+
+def site(frame, limit=256):
+    """The program's own frame at or outside `frame` (the frame that decided the phase): `frame`
+    itself when it is the program's code, else the innermost frame outwards that is (not a
+    framework's, the standard library's, an installed package's or the adapters'): the line of the
+    program that called into the framework (`loss.backward()`).  None when there is none."""
+    try:
+        import oomguard_roles
+        n = 0
+        while frame is not None and n < limit:
+            if not _ours(frame) and not is_framework_frame(frame) and \
+                    oomguard_roles.is_user_file(frame.f_code.co_filename):
+                return frame
+            frame = frame.f_back
+            n += 1
+    except Exception:
+        pass
+    return None
 
 
 def _match(filename, function):
@@ -155,12 +213,21 @@ def _backward_caller():
 
 
 def detect(frame, grad_enabled=0, exc=None, package_dir=None, stmt=None):
-    """(phase, (file, line, function) | None, source) for a failure on the thread whose innermost
-    frame is `frame` (None: no Python frame).  grad_enabled: 1/-1/0 as the adapter's flag.  exc:
+    """(phase, (file, line, function) | None, source, site) for a failure on the thread whose innermost
+    frame is `frame` (None: no Python frame); site: (file, line, function) of the program's own line
+    at or outside the frame that decided (site()), None when none.  grad_enabled: 1/-1/0 as the adapter's flag.  exc:
     the exception being raised, if the failure is known from one (its chain is looked at);
     package_dir: the framework's own directory ("…/torch/"), whose frames alone do not make a
     thread of its own.  source: "stack" | "exception being handled" | "thread that called
     backward()" | "stack and autograd off" | why it is unknown.  Never raises."""
+    phase, at, source = _detect(frame, grad_enabled, exc, package_dir, stmt)
+    if isinstance(at, _StmtFrame):
+        return phase, at.where, source, at.where
+    return phase, _where(at), source, _where(site(at)) if at is not None else None
+
+
+def _detect(frame, grad_enabled, exc, package_dir, stmt):
+    """(phase, the frame that decided or None, source) for detect()."""
     try:
         frames = frames_of(frame) if frame is not None else []
         handled = sys.exc_info()[1]
@@ -168,11 +235,11 @@ def detect(frame, grad_enabled=0, exc=None, package_dir=None, stmt=None):
                        (getattr(exc, "__context__", None), "exception being handled")):
             if e is not None and _is_oom(e):
                 hf = _handler_frame(e)
-                return "oom_handler", _where(hf), src
+                return "oom_handler", hf, src
         if not _own_frames(frames, package_dir):
             caller = _backward_caller()
             if caller is not None:
-                return "backward", _where(caller), "thread that called backward()"
+                return "backward", caller, "thread that called backward()"
             if not frames:
                 return None, None, "no Python stack"
         phase, at = from_frames(frames)
@@ -181,14 +248,14 @@ def detect(frame, grad_enabled=0, exc=None, package_dir=None, stmt=None):
                 if purpose == stmt[5]:
                     what = ("assigns to %s" % stmt[3]) if stmt[3] and oomguard_roles_purpose(stmt[3]) == purpose \
                         else "reads %s" % ", ".join(stmt[4][:3])
-                    return ph, (stmt[0], stmt[1], stmt[2]), "the failing statement %s (%s)" % (what, purpose)
+                    return ph, _StmtFrame(stmt), "the failing statement %s (%s)" % (what, purpose)
         if phase is None:
             return None, None, "no frame of the stack matches a phase pattern"
         if phase == "forward" and grad_enabled < 0:
-            return "evaluation", _where(at), "stack and autograd off"
+            return "evaluation", at, "stack and autograd off"
         if phase == "forward" and grad_enabled > 0 and _eval_mode(frames):
-            return "evaluation", _where(at), "stack and the model in eval mode"
-        return phase, _where(at), "stack"
+            return "evaluation", at, "stack and the model in eval mode"
+        return phase, at, "stack"
     except Exception as e:
         return None, None, "phase not read: %s" % type(e).__name__
 
@@ -429,7 +496,19 @@ def _accumulation(frame, package_dir, limit):
 def _where(f):
     if f is None:
         return None
+    if isinstance(f, _StmtFrame):
+        return f.where
     return (f.f_code.co_filename, int(f.f_lineno or 0), f.f_code.co_name)
+
+
+class _StmtFrame(object):
+    """The failing statement's frame as statement() tells it, when it decided the phase: the
+    program's own line, its own site."""
+    f_back = None
+    f_globals = {}
+
+    def __init__(self, stmt):
+        self.where = (stmt[0], stmt[1], stmt[2])
 
 
 def _eval_mode(frames):
@@ -460,10 +539,16 @@ def oomguard_roles_purpose(name):
     return oomguard_roles.purpose_of((name,))
 
 
-def encode(phase, where, source):
-    """(phase, phase_frame, phase_source) as the shim takes them: strings or None."""
+def _line(where):
+    return "%s\t%d\t%s\n" % (str(where[0]).replace("\t", " ").replace("\n", " "), int(where[1]),
+                             str(where[2]).replace("\t", " ").replace("\n", " "))
+
+
+def encode(phase, where, source, site_where=None):
+    """(phase, phase_frame, phase_source) as the shim takes them: strings or None.  phase_frame is
+    the frame that decided, then, on a second line, the program's own line (event.phase_site; a
+    shim that reads one line keeps the first)."""
     frame = None
     if where:
-        frame = "%s\t%d\t%s\n" % (str(where[0]).replace("\t", " ").replace("\n", " "), int(where[1]),
-                                  str(where[2]).replace("\t", " "))
+        frame = _line(where) + (_line(site_where) if site_where else "")
     return phase, frame, source

@@ -908,6 +908,26 @@ t_roles_site() { OOMGUARD_PYTHON_STACKS=1 t_roles roles --site "losses (list, gl
 t "roles: the holder names the line that created its tensors (OOMGUARD_PYTHON_STACKS=1)" t_roles_site
 t "phase forward: the innermost forward() frame decides" t_roles forward
 t "phase backward: the engine thread has no frame of the program; the thread that called backward() decides" t_roles backward
+t_backward_line() { # the failing thread ran only the stand-in torch's engine: the failing line is the program's backward() call
+    t_roles backward || return 1
+    local line; line=$(field truth.json 'd["truth"]["site_line"]')
+    "$BDIR/oomguard" report --color never dumps/oomguard-*.json > report.txt || return 1
+    grep -E "=> at main .*job_roles.py:$line .*<- the failing line" report.txt || { cat report.txt; return 1; }
+    grep -E "^Phase: backward \(job_roles.py:$line in main; decided in __init__.py:[0-9]+ in backward\)" report.txt ||
+        { grep Phase report.txt; return 1; }
+    "$BDIR/oomguard" report --format html dumps/oomguard-*.json > report.html || return 1
+    grep -q "job_roles.py:$line</code> in <code>main</code> decided in <code>" report.html
+}
+t "phase backward: the report's failing line and phase line are the program's backward() call, the framework's frame as evidence" \
+    t_backward_line
+t_backward_summary() { # the stderr summary says the same when the error ends the job
+    printf '%s\n' 'import torch' 'w = torch.nn.Parameter(torch.empty(1100 << 20))' 'out = torch.empty(1 << 20)' \
+        'out._params = (w,)' 'out.backward()' > bw.py
+    OOMGUARD_QUIET=0 shim adapter "$PYTHON" bw.py 2> err.txt && return 1
+    grep -E "^oomguard: failing Python line: .*/bw.py:5 in <module>$" err.txt &&
+        grep -E "^oomguard: phase: backward \(bw.py:5 in <module>\)$" err.txt || { cat err.txt; return 1; }
+}
+t "phase backward: the stderr summary's failing line and phase line are the program's backward() call" t_backward_summary
 t "phase optimizer_step: AdamW making its state at the first step (a bare frozen parameter counted as a parameter)" t_roles step
 t "phase loading: torch.load restoring onto the GPU" t_roles load
 t "phase oom_handler: a retry inside the except block of an earlier OOM; phase_frame is the handler's line" t_roles handler

@@ -40,8 +40,11 @@ def main():
     for f in shipped:
         assert z.read("oomguard/python/" + f) == open(os.path.join(adapters, f), "rb").read(), \
             "oomguard/python/%s differs from %s" % (f, adapters)
+    # the one table of the frameworks' packages the adapters read (common/framework_code.def) goes with them
+    table = os.path.join(adapters, os.pardir, os.pardir, "common", "framework_code.def")
+    assert z.read("oomguard/python/framework_code.def") == open(table, "rb").read(), "framework_code.def differs"
     extra = sorted(n[len("oomguard/python/"):] for n in names if n.startswith("oomguard/python/"))
-    assert extra == shipped, (extra, shipped)
+    assert extra == sorted(shipped + ["framework_code.def"]), (extra, shipped)
     ep = z.read("oomguard-%s.dist-info/entry_points.txt" % m.group(1)).decode()
     assert re.search(r"^oomguard = oomguard\.__main__:main$", ep, re.M), ep
     print("ok    contents: library, executable command, %d adapters, header, console script" % len(shipped))

@@ -326,6 +326,30 @@ def t_statement():
 N_ITEMS = 2000000
 
 
+def t_framework_frames():
+    """is_framework_frame reads the one table (common/framework_code.def): a module of a listed package
+    wherever its file lies, or a file under a directory so named; site() skips them to the program's."""
+    assert {"torch", "transformers", "accelerate", "jax", "diffusers"} <= oomguard_phase.FRAMEWORK_PACKAGES
+    def frame_of(name, filename):
+        g = {"__name__": name, "sys": sys}
+        exec(compile("def f(inner=None):\n    return inner() if inner else sys._getframe()\n", filename, "exec"), g)
+        return g["f"]
+    assert oomguard_phase.is_framework_frame(frame_of("torch.autograd._engine", "/srv/x/engine.py")())
+    assert oomguard_phase.is_framework_frame(frame_of("glue", "/opt/venv/lib/transformers/trainer.py")())
+    assert not oomguard_phase.is_framework_frame(frame_of("mylib.train", "/srv/x/train_torchlike.py")())
+    assert not oomguard_phase.is_framework_frame(sys._getframe())
+    torch_f = frame_of("torch._glue", "/srv/y/glue.py")
+
+    def callback():
+        return sys._getframe()
+    inner = torch_f(callback)                           # the framework calls back into the program: its own line
+    assert oomguard_phase.site(inner) is inner
+    f = torch_f()                                       # the framework's own frame: the line that called it
+    assert oomguard_phase.site(f).f_code.co_name == "t_framework_frames", oomguard_phase.site(f)
+    enc = oomguard_phase.encode("backward", ("/t/torch/a.py", 3, "backward"), "stack", ("/w/train.py", 9, "main"))
+    assert enc[1] == "/t/torch/a.py\t3\tbackward\n/w/train.py\t9\tmain\n", enc
+
+
 check("roles of a model, its gradients, AdamW state, a view, global lists and an object's dict", t_roles)
 check("what a holder's name or class says it keeps (kv_cache, ema, checkpoint, teacher, cache)", t_purposes)
 check("a holder whose blocks are the parameters' sizes is a copy of them (in part too)", t_copies)
@@ -333,6 +357,8 @@ check("models: roots by class and size, a second copy counted, a frozen one said
 check("parameters by dtype; an optimizer holds the device's parameters before its first step",
       t_dtypes_optimizer_before_step)
 check("the failing statement: its target, the names it reads, their purpose, the phase from it", t_statement)
+check("a framework's frame by its module's package (the stand-in torch too), else by a directory; the program's line",
+      t_framework_frames)
 check("a list local of a running function is a named holder; unknown allocated leaves activations unknown",
       t_local_holder)
 check("modules and optimizers found through gc alone", t_gc_only)
@@ -342,13 +368,19 @@ check("a device test that raises never raises out of the role code", t_never_rai
 
 # ------------------------------------------------------------------------------ the phase, real torch only
 
-def expect_phase(got, phase, file_part=None, function=None):
-    ph, where, source = got
+def expect_phase(got, phase, file_part=None, function=None, site=None):
+    """site: (line, function) of the program's own line (this file) at or outside the frame that
+    decided; None: that frame itself when it is this file's, else not checked."""
+    ph, where, source, at = got
     assert ph == phase, got
     if file_part is not None:
         assert where is not None and file_part in where[0].replace(os.sep, "/"), got
     if function is not None:
         assert where[2] == function, got
+    if site is not None:
+        assert at is not None and at[0] == os.path.abspath(__file__) and (at[1], at[2]) == site, (got, site)
+    elif where is not None and where[0] == os.path.abspath(__file__):
+        assert at == where, got
 
 
 def t_real_step():
@@ -508,10 +540,25 @@ def t_phase_backward():
         done.acquire()
         return g
     x.register_hook(hook)
+    line = sys._getframe().f_lineno + 1
     y.backward()
-    expect_phase(got[0], "backward", "torch/autograd/")
-    expect_phase(other[0], "backward", "torch/autograd/")
+    # the framework's frame decides; the program's line shown is the call to backward()
+    expect_phase(got[0], "backward", "torch/autograd/", site=(line, "t_phase_backward"))
+    expect_phase(other[0], "backward", "torch/autograd/", site=(line, "t_phase_backward"))
     assert other[0][2] == "thread that called backward()", other
+
+
+def t_phase_backward_through_a_library():
+    """loss.backward() called by a library of the framework table (accelerate's backward(loss), by its
+    module's name wherever its file lies): the program's line is the one that called the library."""
+    got = []
+    x = torch.ones(3, requires_grad=True)
+    x.register_hook(lambda g: got.append(oomguard_phase.detect(sys._getframe(), 1)) or g)
+    lib = {"__name__": "accelerate.accelerator"}
+    exec(compile("def backward(loss):\n    loss.backward()\n", "/srv/vendored/accel_backward.py", "exec"), lib)
+    line = sys._getframe().f_lineno + 1
+    lib["backward"]((x * 2).sum())
+    expect_phase(got[0], "backward", "torch/autograd/", site=(line, "t_phase_backward_through_a_library"))
 
 
 def t_phase_step():
@@ -524,8 +571,9 @@ def t_phase_step():
         loss = lin(torch.ones(1, 4)).sum()
         loss.backward()
         return loss
+    line = sys._getframe().f_lineno + 1
     o.step(closure)
-    expect_phase(got[0], "optimizer_step", "torch/optim/")
+    expect_phase(got[0], "optimizer_step", "torch/optim/", site=(line, "t_phase_step"))
 
 
 def t_phase_loading():
@@ -588,7 +636,10 @@ if not STAND_IN:
     check("phase evaluation: a forward pass with autograd off", t_phase_eval_flag)
     check("phase evaluation: model.eval() with autograd on; a frozen submodule in a training forward is not",
           t_phase_eval_mode)
-    check("phase backward: a hook inside PyTorch's backward; a frameless thread finds the caller", t_phase_backward)
+    check("phase backward: a hook inside PyTorch's backward; a frameless thread finds the caller; the program's line",
+          t_phase_backward)
+    check("phase backward through a library of the table (by module name): the program's line called it",
+          t_phase_backward_through_a_library)
     check("phase optimizer_step: inside AdamW.step (a closure)", t_phase_step)
     check("phase loading: torch.load (map_location), load_state_dict, Module.to", t_phase_loading)
     check("phase oom_handler: inside the except block of torch.cuda.OutOfMemoryError", t_phase_handler)

@@ -5,7 +5,7 @@
 Every role's bytes equal the truth to the byte (a role the truth does not name: 0); activations
 are allocated minus the other roles (and the truth's, when it has one); the named holders are
 exactly the truth's, with its bytes; phase, and the file/function/line of phase_frame, are the
-truth's.  --site LABEL: that holder names the line that created its tensors (truth losses_line).
+truth's, and so is phase_site, the program's own line at or outside phase_frame.  --site LABEL: that holder names the line that created its tensors (truth losses_line).
 --incomplete: the scan stopped at its budget: complete false, activations null, why given.
 --no-roles: memory.framework.roles is null (the phase is still checked).
 --evidence: the holders' purposes and copies, roles.models (the Net, once) and roles.statement are there."""
@@ -32,6 +32,10 @@ def main():
     assert pf["function"] == truth["phase_function"], (pf, truth["phase_function"])
     if truth["phase_line"] is not None:
         assert pf["line"] == truth["phase_line"], (pf, truth["phase_line"])
+    # the program's own line at or outside it: never the framework's (the stand-in torch counts as torch)
+    ps = e["phase_site"]
+    assert ps is not None and ps["file"].endswith("/job_roles.py"), (ps, pf)
+    assert (ps["line"], ps["function"]) == (truth["site_line"], truth["site_function"]), (ps, truth)
     r = fw["roles"]
     if "--no-roles" in opts:
         assert r is None, r

@@ -22,7 +22,7 @@ import torch  # noqa: E402
 mode = jobkit.mode
 _seen = set()
 truth = {"roles": {}, "holders": {}, "phase": None, "phase_file": None, "phase_line": None,
-         "phase_function": None}
+         "phase_function": None, "site_line": None, "site_function": None}
 HUGE = 64 << 30          # more than the simulated device has: fails at once
 
 
@@ -40,9 +40,12 @@ def add(role, *tensors):
         truth["roles"][role] = truth["roles"].get(role, 0) + block(t)
 
 
-def phase_at(phase, line, function, file=None):
+def phase_at(phase, line, function, file=None, site=None):
+    """The frame that decides the phase, and the program's own line (event.phase_site): this file's
+    `site` (line, function) when the deciding frame is the framework's, else that frame itself."""
     truth.update(phase=phase, phase_line=line, phase_function=function,
                  phase_file=file or os.path.abspath(__file__))
+    truth.update(site_line=site[0] if site else line, site_function=site[1] if site else function)
 
 
 class Net(torch.nn.Module):
@@ -122,7 +125,7 @@ def main():
         add("parameters", big)
         truth["activations"] = block(x) + model.act_size
         out._params = (big,) + tuple(model.parameters())
-        phase_at("backward", None, "backward", "torch/autograd/__init__.py")
+        phase_at("backward", None, "backward", "torch/autograd/__init__.py", site=(here() + 2, "main"))
         try:
             out.backward()
         except torch.OutOfMemoryError:
@@ -133,7 +136,7 @@ def main():
         add("parameters", big)
         add("gradients", big.grad)
         opt2 = torch.optim.AdamW([big])
-        phase_at("optimizer_step", None, "_update", "torch/optim/adamw.py")
+        phase_at("optimizer_step", None, "_update", "torch/optim/adamw.py", site=(here() + 2, "main"))
         try:
             opt2.step()                         # exp_avg + exp_avg_sq of 700 MiB each do not fit
         except torch.OutOfMemoryError:
@@ -142,7 +145,7 @@ def main():
         path = os.path.join(os.getcwd(), "ckpt.json")
         with open(path, "w") as f:
             f.write('{"w1": %d, "big": %d}' % (48 * MiB, HUGE))
-        phase_at("loading", None, "load", "torch/serialization.py")
+        phase_at("loading", None, "load", "torch/serialization.py", site=(here() + 2, "main"))
         try:
             torch.load(path)                    # restores onto the GPU: no map_location="cpu"
         except torch.OutOfMemoryError:
