@@ -9,14 +9,19 @@
  * Each writes CTL/MODE.truth ("step S pid P tracked T used U failed F") after every change
  * (written whole: a temp file renamed), then waits for CTL/stop, frees everything and exits
  * 0.  It installs a SIGUSR1/SIGUSR2 handler and says at exit how often it ran: a snapshot
- * must not use the program's signals. */
+ * must not use the program's signals.
+ * With LIVE_JOB_FRAMEWORK=NAME it also reports, after every step, a framework's own numbers
+ * (oomguard_framework_report(), as an adapter does: allocated half of what it holds, reserved
+ * all of it), adding "fw_allocated A fw_reserved R" to its truth. */
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "oomguard.h"
 #include "simgpu.h"
 
 #define MiB (1024ull * 1024)
@@ -29,14 +34,29 @@ static void truth(const char *ctl, const char *mode, int step)
     simgpu_truth_t t;
     if (simgpu_truth(0, &t) != 0)
         return;
+    unsigned long long held = t.alloc_requested_bytes + t.vmm_physical_bytes + t.pool_reserved_bytes;
+    const char *fw = getenv("LIVE_JOB_FRAMEWORK");
+    int (*report)(const oomguard_framework_stats_t *) = NULL;
+    if (fw && *fw)
+        report = (int (*)(const oomguard_framework_stats_t *))dlsym(RTLD_DEFAULT, "oomguard_framework_report");
+    oomguard_framework_stats_t st = { .struct_size = sizeof st, .device = 0 };
+    st.allocated_bytes = held / 2;
+    st.reserved_bytes = held;
+    st.framework = fw;
+    st.source = fw;
+    if (report && report(&st) != 0)
+        report = NULL;
     char tmp[512], path[512];
     snprintf(tmp, sizeof tmp, "%s/%s.truth.tmp", ctl, mode);
     snprintf(path, sizeof path, "%s/%s.truth", ctl, mode);
     FILE *f = fopen(tmp, "w");
     if (!f)
         return;
-    fprintf(f, "step %d pid %d tracked %llu used %llu failed %llu\n", step, (int)getpid(),
-            t.alloc_requested_bytes + t.vmm_physical_bytes + t.pool_reserved_bytes, t.used_bytes, t.failed_allocs);
+    fprintf(f, "step %d pid %d tracked %llu used %llu failed %llu", step, (int)getpid(), held, t.used_bytes,
+            t.failed_allocs);
+    if (report)
+        fprintf(f, " fw_allocated %llu fw_reserved %llu", held / 2, held);
+    fputc('\n', f);
     fclose(f);
     rename(tmp, path);
 }

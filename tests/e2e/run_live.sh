@@ -2,9 +2,10 @@
 # `oomguard top` and `oomguard snapshot` against three simulated jobs sharing one simulated GPU
 # (one growing, one near its OOMGUARD_LIMIT, one plain) and a process without oomguard: the
 # numbers are the simulator's truth within one refresh, in --once json/text/prometheus and in
-# the live view (tmux: send-keys, capture-pane); a snapshot writes a dump that matches the truth
-# and the job goes on unharmed; the pages' directory and files cannot be spoofed; a killed
-# job's page is removed.  Ends with "N passed, N failed".
+# the live view (tmux: send-keys, capture-pane), a framework's library marked and the numbers
+# its job reported shown; a snapshot writes a dump that matches the truth and the job goes on
+# unharmed; the pages are private (0700 directory, 0600 files, random names) and their directory
+# and files cannot be spoofed; a killed job's page is removed.  Ends with "N passed, N failed".
 set -u
 . "$(dirname "$0")/../lib/suite.sh"   # suite_init, result
 suite_init live
@@ -23,7 +24,9 @@ wait_for() {   # wait_for SECONDS CMD...: until CMD succeeds
 truth() { cat "$ctl/$1.truth" 2>/dev/null; }
 field() { truth "$1" | awk -v k="$2" '{for (i = 1; i < NF; i++) if ($i == k) print $(i + 1)}'; }
 
-env LD_PRELOAD="$PRELOAD" "$JOB" grow "$ctl" >"$work/grow.log" 2>&1 &
+# the growing job's own code stands for a framework's allocator (OOMGUARD_FRAMEWORK_LIBS), and it
+# reports that framework's numbers as an adapter does
+env LD_PRELOAD="$PRELOAD" OOMGUARD_FRAMEWORK_LIBS=e2e_live_job LIVE_JOB_FRAMEWORK=simfw "$JOB" grow "$ctl" >"$work/grow.log" 2>&1 &
 gpid=$!
 env LD_PRELOAD="$PRELOAD" OOMGUARD_LIMIT=3GiB OOMGUARD_WARN_AT=2GiB "$JOB" limit "$ctl" >"$work/limit.log" 2>&1 &
 lpid=$!
@@ -34,12 +37,34 @@ env -u LD_PRELOAD "$JOB" plain "$work/bare" >"$work/bare.log" 2>&1 &
 bpid=$!
 wait_for 20 test -s "$ctl/limit.truth" -a -s "$ctl/plain.truth" -a -s "$ctl/grow.truth" -a -s "$work/bare/plain.truth"
 result $? "four jobs up (grow, limit, plain; one without oomguard)"
+
 touch "$ctl/grow.go.1"
 wait_for 10 grep -q "step 1" "$ctl/grow.truth"
 sleep 0.6   # published at 256 MiB at least once: the next step is a rise
 touch "$ctl/grow.go.2"
 wait_for 10 grep -q "step 2" "$ctl/grow.truth"
 sleep 1.3   # one refresh of the pages (250 ms) and of top (1 s) at most
+
+# --- the pages: one per process (from its first tracked call), private, under a name no other user can guess
+udir="$live/oomguard-live-$(id -u)"
+pages_ok() {
+    [ "$(stat -c '%a %u %F' "$udir")" = "700 $(id -u) directory" ] || { echo "directory: $(stat -c '%a %u %F' "$udir")"; return 1; }
+    local p names=""
+    for p in $gpid $lpid $ppid_; do
+        set -- "$udir"/$p-*.page
+        [ $# = 1 ] && [ -f "$1" ] && [ ! -L "$1" ] || { echo "pid $p: pages $*"; return 1; }
+        [ "$(stat -c '%a %u' "$1")" = "600 $(id -u)" ] || { echo "$1: $(stat -c '%a %u' "$1")"; return 1; }
+        basename "$1" | grep -qE "^$p-[0-9a-f]{16}\.page\$" || { echo "name $1"; return 1; }
+        names="$names ${1##*/$p-}"
+    done
+    ! ls "$udir"/$bpid-*.page >/dev/null 2>&1 || { echo "a page for the job without oomguard"; return 1; }
+    # 64 random bits each: three alike would be a fixed name
+    [ "$(printf '%s\n' $names | sort -u | wc -l)" = 3 ] || { echo "names:$names"; return 1; }
+}
+wait_for 5 pages_ok >/dev/null
+pages_ok >"$work/pages.log" 2>&1
+result $? "pages: directory 0700 of the user, one regular file per job, mode 0600, <pid>-<64 random bits>.page" \
+    "$(cat "$work/pages.log"; ls -la "$udir")"
 
 # --- --once --format json: every number against the truth -----------------------------------
 "$OG" top --once --format json >"$work/top.json" 2>"$work/top.err"
@@ -68,6 +93,13 @@ for pid, mode, d in ((gpid, "grow", ctl), (lpid, "limit", ctl), (ppid, "plain", 
     assert p["failures"] == t["failed"] + (mode == "limit"), (mode, p["failures"], t)
 t = truth(ctl, "grow")
 assert t["step"] == 2 and t["tracked"] == 512 << 20, t
+# the framework's own numbers, as the job last reported them; its library marked a framework's
+fw = procs[gpid]["framework"]
+assert fw and fw["name"] == "simfw" and fw["reported"] > 0, fw
+assert fw["allocated_bytes"] == t["fw_allocated"] and fw["reserved_bytes"] == t["fw_reserved"], (fw, t)
+assert procs[gpid]["libraries"][0]["framework"] is True, procs[gpid]["libraries"]
+for pid in (lpid, ppid):
+    assert procs[pid]["framework"] is None and procs[pid]["libraries"][0]["framework"] is False, procs[pid]
 assert procs[gpid]["rate_bytes_per_s"] > 0, procs[gpid]        # rising
 lim = procs[lpid]
 assert lim["limit_bytes"] == 3 << 30 and lim["warn_at_bytes"] == 2 << 30, lim
@@ -80,7 +112,7 @@ assert "tracked_bytes" not in b, b
 assert g["used_bytes"] == sum(truth(d, m)["used"] for d, m in ((ctl, "grow"), (ctl, "limit"), (ctl, "plain"), (bare, "plain"))), g
 print("top json ok")
 PY
-result $? "json: tracked, by kind, by library, NVML used, limit, warning, failures, headroom equal the simulator's truth" "$(cat "$work/top.json")"
+result $? "json: tracked, by kind, by library (framework marked), NVML used, limit, warning, failures, headroom, the framework's own numbers equal the truth" "$(cat "$work/top.json")"
 
 # the growing job grows: one more step shows within one refresh
 touch "$ctl/grow.go.3"
@@ -92,8 +124,9 @@ import json, sys
 p = {p["pid"]: p for p in json.load(open(sys.argv[1]))["gpus"][0]["processes"]}[int(sys.argv[2])]
 assert p["tracked_bytes"] == 768 << 20 and p["peak_bytes"] == 768 << 20, p
 assert p["rate_bytes_per_s"] > 0
+assert p["framework"]["allocated_bytes"] == 384 << 20 and p["framework"]["reserved_bytes"] == 768 << 20, p
 ' "$work/top2.json" "$gpid"
-result $? "a step of the growing job shows within one refresh (768 MiB), rising"
+result $? "a step of the growing job shows within one refresh (768 MiB, its framework's numbers too), rising"
 
 # --- text, 80 columns ------------------------------------------------------------------------
 "$OG" top --once >"$work/top.txt"
@@ -102,6 +135,11 @@ result $? "text: no line over 80 columns" "$(cat "$work/top.txt")"
 grep -qE "^ +$gpid .* 768M " "$work/top.txt" && grep -qE "^~ +$bpid " "$work/top.txt" &&
     grep -qE "limit 3.00G +warn 2.00G" "$work/top.txt" && grep -q "e2e_live_job 1.19G" "$work/top.txt"
 result $? "text: the jobs' rows, the one without oomguard marked ~, limit and warning level, libraries" "$(cat "$work/top.txt")"
+grep -qE "^ +e2e_live_job\* 768M" "$work/top.txt" && grep -qE "^ +simfw: allocated 384M reserved 768M \(" "$work/top.txt"
+result $? "text: a framework's library marked *, the framework's own numbers and their age" "$(cat "$work/top.txt")"
+"$OG" top --once --format text >"$work/top_fmt.txt" && [ "$(wc -l <"$work/top_fmt.txt")" = "$(wc -l <"$work/top.txt")" ] &&
+    grep -qE "^ +$gpid .* 768M " "$work/top_fmt.txt"
+result $? "--format text: the same view as the default --once" "$(cat "$work/top_fmt.txt")"
 
 # --- prometheus ------------------------------------------------------------------------------
 "$OG" top --once --format prometheus --top-libs 1 -o "$work/top.prom"
@@ -117,6 +155,7 @@ gpid, lpid = sys.argv[3], sys.argv[4]
 series = re.findall(r'^oomguard_device_bytes\{([^}]*)\} (\d+)$', text, re.M)
 mine = [(l, int(v)) for l, v in series if f'pid="{gpid}"' in l]
 assert len(mine) == 2 and any('library="other"' in l for l, _ in mine), mine       # top 1 + other
+assert any('library="e2e_live_job"' in l and 'framework="1"' in l for l, _ in mine), mine
 assert sum(v for _, v in mine) == truth("grow")["tracked"], mine
 assert re.search(rf'^oomguard_device_tracked_bytes\{{[^}}]*pid="{lpid}"[^}}]*\}} {truth("limit")["tracked"]}$', text, re.M)
 assert re.search(rf'^oomguard_device_limit_bytes\{{[^}}]*pid="{lpid}"[^}}]*\}} {3 << 30}$', text, re.M)
@@ -194,6 +233,41 @@ result $? "snapshot of a process without oomguard: refused, exit 2" "$(cat "$wor
 "$OG" snapshot --all >"$work/snap_all.out" 2>&1
 [ $? = 0 ] && [ "$(wc -l <"$work/snap_all.out")" = 3 ]
 result $? "snapshot --all: one dump per job under oomguard" "$(cat "$work/snap_all.out")"
+python3 - "$work/snap_all.out" "$ctl" "$gpid" "$lpid" "$ppid_" <<'PY'
+import json, sys
+ctl = sys.argv[2]
+modes = dict(zip(map(int, sys.argv[3:6]), ("grow", "limit", "plain")))
+seen = set()
+for line in open(sys.argv[1]):
+    pid, path = line.split()
+    d = json.load(open(path))
+    mode = modes[int(pid)]
+    w = open(f"{ctl}/{mode}.truth").read().split()
+    t = {w[i]: int(w[i + 1]) for i in range(0, len(w) - 1, 2)}
+    assert d["status"] == "snapshot" and d["pid"] == int(pid), (mode, d["status"], d["pid"])
+    assert d["memory"]["process_tracked_bytes"] == t["tracked"], (mode, d["memory"]["process_tracked_bytes"], t)
+    if mode == "grow":   # the framework's view, as the job last reported it
+        fw = d["memory"]["framework"]
+        assert fw["allocated_bytes"] == t["fw_allocated"] and fw["reserved_bytes"] == t["fw_reserved"], (fw, t)
+    seen.add(mode)
+assert seen == {"grow", "limit", "plain"}, seen
+print("snapshot --all ok")
+PY
+result $? "snapshot --all: each dump is its job's, at the truth (the growing job's framework numbers too)" \
+    "$(cat "$work/snap_all.out")"
+# the jobs go on after their snapshots: the growing one takes one more step, seen at the truth
+touch "$ctl/grow.go.5"
+wait_for 10 grep -q "step 5" "$ctl/grow.truth"
+sleep 1.3
+"$OG" top --once --format json >"$work/top_after.json"
+python3 -c '
+import json, sys
+p = {p["pid"]: p for p in json.load(open(sys.argv[1]))["gpus"][0]["processes"]}[int(sys.argv[2])]
+w = open(sys.argv[3]).read().split()
+t = {w[i]: int(w[i + 1]) for i in range(0, len(w) - 1, 2)}
+assert t["tracked"] == 1280 << 20 and p["tracked_bytes"] == t["tracked"] and p["failures"] == 0, (p, t)
+' "$work/top_after.json" "$gpid" "$ctl/grow.truth"
+result $? "after the snapshots the growing job allocates on, counted at the truth (1.25 GiB)" "$(cat "$work/top_after.json")"
 
 nobody() { setpriv --reuid=65534 --regid=65534 --clear-groups "$@"; }
 if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null && nobody test -x "$OG" 2>/dev/null; then
