@@ -1297,7 +1297,7 @@ static void fit(og_facts_t *d, const og_record_t *r)
     f->need = peak > job ? peak : job;
     if (ps > f->need)
         f->need = ps;
-    if (d->req == 0 || d->req == UINT64_MAX)
+    if (d->req == 0) /* 0: not known (a framework's failure that did not say); SIZE_MAX is a real request */
         og_fmt(f->why, sizeof f->why, "the failing request's size was not seen");
     else if (d->growth.holds)
         og_fmt(f->why, sizeof f->why, "memory grew step by step until the failure: a leak fills any card");

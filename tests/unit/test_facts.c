@@ -562,9 +562,17 @@ static void fits_only_from_a_bounded_peak(void **state)
     assert_non_null(strstr(f->fit.why, "forward"));
     r->memory.fw.phase[0] = 0;
     r->memory.fw.has = false;
-    /* a request of unknown size */
+    /* a request of unknown size (a framework's failure that did not say it: 0) */
+    r->event.requested_bytes = 0;
+    f = facts(r);
+    assert_false(f->fit.bounded);
+    assert_non_null(strstr(f->fit.why, "not seen"));
+    /* a SIZE_MAX request was seen: no card holds it (not "unknown", which would say its size was not seen) */
     r->event.requested_bytes = UINT64_MAX;
-    assert_false(facts(r)->fit.bounded);
+    f = facts(r);
+    assert_true(f->fit.bounded);
+    assert_true(f->fit.need >= UINT64_MAX / 2); /* saturated (less a measured cache) */
+    assert_string_equal(f->fit.why, "");
     /* growth: a leak fills any card */
     ev_reset(r);
     ev_add(r, 0.001, "alloc", 8 * GiB);
