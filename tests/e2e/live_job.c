@@ -3,9 +3,13 @@
  * `oomguard snapshot` can be checked against it.
  *
  * usage: e2e_live_job MODE CTL
- *   grow   one more 256 MiB block each time CTL/grow.go.N appears (N = 1, 2, ...)
+ *   grow   one more 256 MiB block each time CTL/grow.go.N appears (N = 1, 2, ...); when
+ *          CTL/grow.shrink appears, its last two blocks freed (once)
  *   limit  under OOMGUARD_LIMIT=3GiB: 1 GiB twice, 768 MiB, then 512 MiB that the limit refuses
  *   plain  1 GiB and three 64 MiB blocks
+ *   kinds  one block of each kind: 64 MiB cudaMalloc, 32 MiB managed, 48 MiB from the default
+ *          stream-ordered pool (which also keeps 16 MiB freed into it), 16 MiB of VMM physical
+ *          memory (cuMemCreate)
  * Each writes CTL/MODE.truth ("step S pid P tracked T used U failed F") after every change
  * (written whole: a temp file renamed), then waits for CTL/stop, frees everything and exits
  * 0.  It installs a SIGUSR1/SIGUSR2 handler and says at exit how often it ran: a snapshot
@@ -13,6 +17,7 @@
  * With LIVE_JOB_FRAMEWORK=NAME it also reports, after every step, a framework's own numbers
  * (oomguard_framework_report(), as an adapter does: allocated half of what it holds, reserved
  * all of it), adding "fw_allocated A fw_reserved R" to its truth. */
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <signal.h>
@@ -56,6 +61,10 @@ static void truth(const char *ctl, const char *mode, int step)
             t.failed_allocs);
     if (report)
         fprintf(f, " fw_allocated %llu fw_reserved %llu", held / 2, held);
+    if (!strcmp(mode, "kinds"))
+        fprintf(f, " plain %llu managed %llu pool %llu pool_used %llu vmm %llu",
+                t.alloc_requested_bytes - t.managed_requested_bytes, t.managed_requested_bytes, t.pool_reserved_bytes,
+                t.pool_used_bytes, t.vmm_physical_bytes);
     fputc('\n', f);
     fclose(f);
     rename(tmp, path);
@@ -76,7 +85,7 @@ int main(int argc, char **argv)
     signal(SIGUSR1, on_usr);
     signal(SIGUSR2, on_usr);
     void *blocks[64];
-    int n = 0, step = 0;
+    int n = 0, step = 0, shrunk = 0;
     cudaSetDevice(0);
     if (!strcmp(mode, "grow")) {
         truth(ctl, mode, step);
@@ -87,9 +96,41 @@ int main(int argc, char **argv)
                 if (cudaMalloc(&blocks[n], 256 * MiB) == cudaSuccess)
                     n++;
                 truth(ctl, mode, ++step);
+            } else if (exists(ctl, "grow.shrink") && !shrunk && n >= 2) {
+                cudaFree(blocks[--n]);
+                cudaFree(blocks[--n]);
+                shrunk = 1;
+                truth(ctl, mode, ++step);
             }
             usleep(20000);
         }
+    } else if (!strcmp(mode, "kinds")) {
+        void *plain = NULL, *managed = NULL, *pooled = NULL;
+        CUmemGenericAllocationHandle h = 0;
+        CUmemAllocationProp prop;
+        memset(&prop, 0, sizeof prop);
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = 0;
+        int ok = cudaMalloc(&plain, 64 * MiB) == cudaSuccess &&
+                 cudaMallocManaged(&managed, 32 * MiB, cudaMemAttachGlobal) == cudaSuccess &&
+                 cudaMallocAsync(&pooled, 48 * MiB, 0) == cudaSuccess &&
+                 cuMemCreate(&h, 16 * MiB, &prop, 0) == CUDA_SUCCESS;
+        void *cached = NULL; /* freed into the pool, which keeps it until a synchronisation */
+        ok = ok && cudaMallocAsync(&cached, 16 * MiB, 0) == cudaSuccess && cudaFreeAsync(cached, 0) == cudaSuccess;
+        truth(ctl, mode, ++step);
+        while (!exists(ctl, "stop"))
+            usleep(20000);
+        cudaFree(plain);
+        cudaFree(managed);
+        cudaFreeAsync(pooled, 0);
+        cudaStreamSynchronize(0);
+        if (h)
+            cuMemRelease(h);
+        n = ok ? 4 : 0;
+        printf("%s: pid %d done, %d block(s), %d signal(s) of the program's own\n", mode, (int)getpid(), n,
+               (int)usr_signals);
+        return usr_signals ? 3 : ok ? 0 : 4;
     } else {
         static const unsigned long long limit_steps[] = { 1024 * MiB, 1024 * MiB, 768 * MiB, 512 * MiB };
         static const unsigned long long plain_steps[] = { 1024 * MiB, 64 * MiB, 64 * MiB, 64 * MiB };

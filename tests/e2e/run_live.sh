@@ -3,7 +3,7 @@
 # (one growing, one near its OOMGUARD_LIMIT, one plain) and a process without oomguard: the
 # numbers are the simulator's truth within one refresh, in --once json/text/prometheus and in
 # the live view (tmux: send-keys, capture-pane), a framework's library marked and the numbers
-# its job reported shown; a snapshot writes a dump that matches the truth and the job goes on
+# its job reported shown, every kind of memory apart, rising and falling; a snapshot writes a dump that matches the truth and the job goes on
 # unharmed; the pages are private (0700 directory, 0600 files, random names) and their directory
 # and files cannot be spoofed; a killed job's page is removed.  Ends with "N passed, N failed".
 set -u
@@ -25,8 +25,9 @@ truth() { cat "$ctl/$1.truth" 2>/dev/null; }
 field() { truth "$1" | awk -v k="$2" '{for (i = 1; i < NF; i++) if ($i == k) print $(i + 1)}'; }
 
 # the growing job's own code stands for a framework's allocator (OOMGUARD_FRAMEWORK_LIBS), and it
-# reports that framework's numbers as an adapter does
-env LD_PRELOAD="$PRELOAD" OOMGUARD_FRAMEWORK_LIBS=e2e_live_job LIVE_JOB_FRAMEWORK=simfw "$JOB" grow "$ctl" >"$work/grow.log" 2>&1 &
+# reports that framework's numbers as an adapter does; it is rank 1 of job42 (a launcher's variables)
+env LD_PRELOAD="$PRELOAD" OOMGUARD_FRAMEWORK_LIBS=e2e_live_job LIVE_JOB_FRAMEWORK=simfw \
+    RANK=1 LOCAL_RANK=1 WORLD_SIZE=2 TORCHELASTIC_RUN_ID=job42 "$JOB" grow "$ctl" >"$work/grow.log" 2>&1 &
 gpid=$!
 env LD_PRELOAD="$PRELOAD" OOMGUARD_LIMIT=3GiB OOMGUARD_WARN_AT=2GiB "$JOB" limit "$ctl" >"$work/limit.log" 2>&1 &
 lpid=$!
@@ -100,6 +101,10 @@ assert fw["allocated_bytes"] == t["fw_allocated"] and fw["reserved_bytes"] == t[
 assert procs[gpid]["libraries"][0]["framework"] is True, procs[gpid]["libraries"]
 for pid in (lpid, ppid):
     assert procs[pid]["framework"] is None and procs[pid]["libraries"][0]["framework"] is False, procs[pid]
+# who it is: rank and job from the launcher's variables, the command line
+g_ = procs[gpid]
+assert (g_["rank"], g_["job"]) == (1, "job42") and g_["command"].endswith("e2e_live_job grow " + ctl), g_
+assert procs[ppid]["rank"] is None and procs[ppid]["job"] == "" and procs[ppid]["command"].endswith(" plain " + ctl), procs[ppid]
 assert procs[gpid]["rate_bytes_per_s"] > 0, procs[gpid]        # rising
 lim = procs[lpid]
 assert lim["limit_bytes"] == 3 << 30 and lim["warn_at_bytes"] == 2 << 30, lim
@@ -112,7 +117,7 @@ assert "tracked_bytes" not in b, b
 assert g["used_bytes"] == sum(truth(d, m)["used"] for d, m in ((ctl, "grow"), (ctl, "limit"), (ctl, "plain"), (bare, "plain"))), g
 print("top json ok")
 PY
-result $? "json: tracked, by kind, by library (framework marked), NVML used, limit, warning, failures, headroom, the framework's own numbers equal the truth" "$(cat "$work/top.json")"
+result $? "json: tracked, by kind, by library (framework marked), NVML used, limit, warning, failures, headroom, the framework's own numbers equal the truth; rank, job, command" "$(cat "$work/top.json")"
 
 # the growing job grows: one more step shows within one refresh
 touch "$ctl/grow.go.3"
@@ -132,9 +137,9 @@ result $? "a step of the growing job shows within one refresh (768 MiB, its fram
 "$OG" top --once >"$work/top.txt"
 awk 'length($0) > 80 { bad = 1 } END { exit bad }' "$work/top.txt"
 result $? "text: no line over 80 columns" "$(cat "$work/top.txt")"
-grep -qE "^ +$gpid .* 768M " "$work/top.txt" && grep -qE "^~ +$bpid " "$work/top.txt" &&
+grep -qE "^ +$gpid +1 job42 +768M " "$work/top.txt" && grep -qE "^~ +$bpid " "$work/top.txt" &&
     grep -qE "limit 3.00G +warn 2.00G" "$work/top.txt" && grep -q "e2e_live_job 1.19G" "$work/top.txt"
-result $? "text: the jobs' rows, the one without oomguard marked ~, limit and warning level, libraries" "$(cat "$work/top.txt")"
+result $? "text: the jobs' rows (rank, job), the one without oomguard marked ~, limit and warning level, libraries" "$(cat "$work/top.txt")"
 grep -qE "^ +e2e_live_job\* 768M" "$work/top.txt" && grep -qE "^ +simfw: allocated 384M reserved 768M \(" "$work/top.txt"
 result $? "text: a framework's library marked *, the framework's own numbers and their age" "$(cat "$work/top.txt")"
 "$OG" top --once --format text >"$work/top_fmt.txt" && [ "$(wc -l <"$work/top_fmt.txt")" = "$(wc -l <"$work/top.txt")" ] &&
@@ -268,6 +273,21 @@ t = {w[i]: int(w[i + 1]) for i in range(0, len(w) - 1, 2)}
 assert t["tracked"] == 1280 << 20 and p["tracked_bytes"] == t["tracked"] and p["failures"] == 0, (p, t)
 ' "$work/top_after.json" "$gpid" "$ctl/grow.truth"
 result $? "after the snapshots the growing job allocates on, counted at the truth (1.25 GiB)" "$(cat "$work/top_after.json")"
+# ... and frees: falling, in json and text (the trend is measured over the last ~4 s)
+touch "$ctl/grow.shrink"
+wait_for 10 grep -q "step 6" "$ctl/grow.truth"
+sleep 1.3
+"$OG" top --once --format json >"$work/top_fall.json"
+"$OG" top --once >"$work/top_fall.txt"
+python3 -c '
+import json, sys
+p = {p["pid"]: p for p in json.load(open(sys.argv[1]))["gpus"][0]["processes"]}[int(sys.argv[2])]
+w = open(sys.argv[3]).read().split()
+t = {w[i]: int(w[i + 1]) for i in range(0, len(w) - 1, 2)}
+assert t["tracked"] == 768 << 20 and p["tracked_bytes"] == t["tracked"], (p, t)
+assert p["rate_bytes_per_s"] < 0 and p["peak_bytes"] == 1280 << 20, p
+' "$work/top_fall.json" "$gpid" "$ctl/grow.truth" && grep -qE "^ +$gpid .* 768M +1.25G +-[0-9.]+[MG]/s " "$work/top_fall.txt"
+result $? "a job that frees shows falling (negative trend), its peak kept" "$(cat "$work/top_fall.txt" "$work/top_fall.json")"
 
 nobody() { setpriv --reuid=65534 --regid=65534 --clear-groups "$@"; }
 if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null && nobody test -x "$OG" 2>/dev/null; then
@@ -322,11 +342,37 @@ kill -9 $kpid; wait $kpid 2>/dev/null
 ! ls "$live"/oomguard-live-0/$kpid-*.page >/dev/null 2>&1 && ! grep -q "\"pid\":[[:space:]]*$kpid," "$work/top3.json"
 result $? "after SIGKILL its page is stale: not shown, removed"
 
+# --- every kind: plain, managed, a stream-ordered pool (with what it keeps), VMM physical ---------
+mkdir -p "$work/kinds"
+env LD_PRELOAD="$PRELOAD" "$JOB" kinds "$work/kinds" >"$work/kinds.log" 2>&1 &
+kdpid=$!
+wait_for 10 test -s "$work/kinds/kinds.truth"
+sleep 1.3
+"$OG" top --once --format json >"$work/top_kinds.json"
+python3 - "$work/top_kinds.json" "$work/kinds/kinds.truth" "$kdpid" <<'PY'
+import json, sys
+p = {p["pid"]: p for p in json.load(open(sys.argv[1]))["gpus"][0]["processes"]}[int(sys.argv[3])]
+w = open(sys.argv[2]).read().split()
+t = {w[i]: int(w[i + 1]) for i in range(0, len(w) - 1, 2)}
+assert t["plain"] and t["managed"] and t["vmm"] and t["pool"] > t["pool_used"] > 0, t
+assert p["tracked_bytes"] == t["tracked"], (p["tracked_bytes"], t)
+k = p["by_kind"]
+assert (k["plain"], k["managed"], k["pool"], k["vmm"], k["graph"]) == (t["plain"], t["managed"], t["pool"], t["vmm"], 0), (k, t)
+assert p["pool_used_bytes"] == t["pool_used"], (p["pool_used_bytes"], t)
+libs = {l["library"]: l["bytes"] for l in p["libraries"]}
+assert libs["(pool cache)"] == t["pool"] - t["pool_used"], libs
+assert sum(libs.values()) + p["other_library_bytes"] == t["tracked"], (libs, p["other_library_bytes"])
+print("kinds ok")
+PY
+result $? "by kind: plain, managed, pool reserved and used, VMM physical equal the truth; the pool's cache listed" \
+    "$(cat "$work/top_kinds.json")"
+touch "$work/kinds/stop"
+
 # --- the jobs go on, unharmed, to completion -----------------------------------------------------
 touch "$ctl/stop" "$work/bare/stop"
 codes=""
-for p in $gpid $lpid $ppid_ $bpid ${xpid:-}; do wait "$p"; codes="$codes $?"; done
-result $([ "$codes" = " 0 0 0 0${xpid:+ 0}" ]; echo $?) "every job ran to completion, exit 0, no signal of its own received ($codes)" \
+for p in $gpid $lpid $ppid_ $bpid $kdpid ${xpid:-}; do wait "$p"; codes="$codes $?"; done
+result $([ "$codes" = " 0 0 0 0 0${xpid:+ 0}" ]; echo $?) "every job ran to completion, exit 0, no signal of its own received ($codes)" \
     "$(cat "$work"/*.log)"
 left=$(ls "$live"/oomguard-live-0/ 2>/dev/null | wc -l)
 result $([ "$left" = 0 ]; echo $?) "each page removed at exit ($left left)" "$(ls -la "$live"/oomguard-live-0/)"
