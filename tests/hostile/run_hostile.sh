@@ -37,10 +37,15 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 unm = d["memory"]["unmeasured"]
 assert d["status"] in ("oom", "exit"), d["status"]
-# every shim malloc failing: the first tables cannot grow, rings get no buffer
-need = ["ledger:", "history:"] if sys.argv[2] == "1" else []
+# every shim malloc failing: the first tables cannot grow, rings get no buffer, no site can be kept
+need = ["ledger:", "history:", "sites:"] if sys.argv[2] == "1" else []
 missing = [k for k in need if not any(u.startswith(k) for u in unm)]
 assert not missing, (missing, unm)
+# each sentence with its id, at the same index
+ids = d["memory"]["unmeasured_ids"]
+assert len(ids) == len(unm), (ids, unm)
+for k, i in (("ledger:", "ledger_blocks"), ("history:", "history"), ("sites:", "sites")):
+    assert all(ids[n] == i for n, u in enumerate(unm) if u.startswith(k)), (k, ids, unm)
 PY
             result $? "$name: dump written, memory.unmeasured names what is missing" "$(ls "$d")"
         done
