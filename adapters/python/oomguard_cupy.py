@@ -102,6 +102,29 @@ def _read(cupy, device):
     _REFRESH_WAIT_S, else nothing is reported (the snapshot says its numbers are old)."""
     if device not in _devices:
         return None
+    return _read_bounded(cupy, device)
+
+
+def _holdings(device):
+    """What CuPy's default pool holds on `device` when another framework of the process fails
+    (a RAPIDS step's freed blocks kept cached next to PyTorch): reserved, in use, its limit; None
+    when the pool holds nothing there.  Only a device the pool was read on, or the thread's
+    current one (asking another could create a context there); read by a helper thread, bounded,
+    as a refresh is."""
+    cupy = _cupy()
+    if cupy is None:
+        return None
+    if device not in _devices and cupy.cuda.runtime.getDevice() != device:
+        return None
+    kw = _read_bounded(cupy, device)
+    if not kw or not kw["reserved_bytes"]:
+        return None
+    return kw["reserved_bytes"], kw["allocated_bytes"], kw["cap_bytes"] or None
+
+
+def _read_bounded(cupy, device):
+    """_numbers(device) read by a helper thread (this thread may hold the pool's lock), waited for
+    at most _REFRESH_WAIT_S; None when it did not answer in time."""
     got = {}
 
     def read():
@@ -157,5 +180,6 @@ _adapter = _core.ExceptionAdapter(
     WHO, "cupy", lambda cupy: _core.attr_class(cupy, "cuda", "memory", "OutOfMemoryError"), _on_oom,
     "cupy.cuda.memory.OutOfMemoryError", refresh=(_used, _read))
 install, activate, is_attached = _adapter.install, _adapter.activate, _adapter.is_attached
+_core.on_holdings(WHO, _holdings)
 
 activate()

@@ -123,6 +123,19 @@ def _runtime_up(tf):
     return bool(getattr(ctx, "_initialized", False))
 
 
+def _holdings(device):
+    """What TensorFlow holds on GPU:device when another framework of the process fails: its BFC
+    arena (the whole limit without memory growth), bytes in use, its limit; None before its
+    runtime is up (asking then would start it) or when it holds nothing there."""
+    tf = _tf()
+    if tf is None or not _runtime_up(tf):
+        return None
+    kw = _numbers(tf, device)
+    if not kw or not kw["reserved_bytes"]:
+        return None
+    return kw["reserved_bytes"], kw["allocated_bytes"], kw["cap_bytes"] or None
+
+
 def _on_error(exc, args, kwargs):
     # ResourceExhaustedError(node_def, op, message, *args)
     msg = args[2] if len(args) > 2 else kwargs.get("message", "")
@@ -134,4 +147,5 @@ _adapter = _core.ExceptionAdapter(
     "tf.errors.ResourceExhaustedError", refresh=(_runtime_up, _numbers))
 install, activate, is_attached = _adapter.install, _adapter.activate, _adapter.is_attached
 
+_core.on_holdings(WHO, _holdings)
 activate()
