@@ -139,6 +139,8 @@ typedef struct og_roles {
     uint64_t elapsed_us, objects;
     uint64_t last_step_age_us; /* the latest optimizer step ended this long before the report (OG_UNKNOWN) */
     int num_beams;             /* the beam width of the generation running at the failure; 0 unknown */
+    int checkpointing;         /* activation checkpointing for the failing pass: 1 in force, -1 off, 0 unknown */
+    int batch_size;            /* the batch the program names for the failing pass (an int named so); 0 unknown */
     uint64_t reported_t_ns;    /* when that report arrived (og_now_ns; 0 unknown) */
     double reported_t_rel;     /* the same on the history's clock (seconds since start; 0 unknown) */
     uint64_t sampled;          /* large containers and classes read in part (their first elements held no tensor) */

@@ -275,6 +275,13 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
         og_sb_printf(sb, "%d", r->num_beams);
     else
         og_sb_puts(sb, "null");
+    K("gradient_checkpointing");
+    og_sb_puts(sb, r->checkpointing > 0 ? "true" : r->checkpointing < 0 ? "false" : "null");
+    K("batch_size");
+    if (r->batch_size > 0)
+        og_sb_printf(sb, "%d", r->batch_size);
+    else
+        og_sb_puts(sb, "null");
     K("last_optimizer_step_ms_ago");
     if (r->last_step_age_us == OG_UNKNOWN)
         og_sb_puts(sb, "null");

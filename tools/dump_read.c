@@ -1051,6 +1051,10 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
     TRY(get_num(L, o, &p, "elapsed_ms", &r->elapsed_ms));
     int64_t beams;
     TRY(get_int(L, o, &p, "num_beams", &beams)); /* validated; the report does not print it */
+    int ckpt;
+    TRY(get_bool(L, o, &p, "gradient_checkpointing", &ckpt)); /* validated, likewise */
+    int64_t batch;
+    TRY(get_int(L, o, &p, "batch_size", &batch));
     return 1;
 }
 

@@ -809,7 +809,8 @@ def encode(r):
       model CLASS BYTES TENSORS COUNT FROZEN | statement FILE LINE FUNCTION TARGET PURPOSE NAMES INTS |
       accumulating FILE LINE FUNCTION TARGET OPERAND |
       steps MADE ALLOCATED,... (after each of an optimizer's latest steps, oldest first) | meta KEY VALUE
-      (meta num_beams N: the beam width of the generation running at the failure)"""
+      (meta num_beams N: the beam width of the generation running at the failure; meta checkpointing 0|1: activation
+      checkpointing off or in force for the failing pass; meta batch_size N: the batch the program names)"""
     if not r or "roles" not in r:
         return None
     out = []
@@ -848,6 +849,10 @@ def encode(r):
                                                           _clean(operand)))
     if r.get("num_beams"):
         out.append("meta\tnum_beams\t%d" % int(r["num_beams"]))
+    if r.get("checkpointing") is not None:
+        out.append("meta\tcheckpointing\t%d" % (1 if r["checkpointing"] else 0))
+    if r.get("batch_size"):
+        out.append("meta\tbatch_size\t%d" % int(r["batch_size"]))
     out.append("meta\tallocated\t%s" % ("-" if r["allocated"] is None else int(r["allocated"])))
     out.append("meta\tcomplete\t%d" % (1 if r["complete"] else 0))
     out.append("meta\telapsed_us\t%d" % int(r["elapsed_ms"] * 1000))

@@ -39,7 +39,9 @@ OOMGUARD_VERBOSE=1).  Python 3.9+, standard library only.
 """
 import collections
 import os
+import re
 import sys
+import types
 import threading
 import time
 
@@ -480,6 +482,9 @@ def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowe
                                                                  stmt=stmt))
             if measured is not None and phase[0] == "generation" and frame is not None:
                 measured["num_beams"] = _num_beams(frame)
+            if measured is not None and frame is not None:
+                measured["checkpointing"] = _checkpointing(frame, phase[0], grad, _torch_dir(torch))
+                measured["batch_size"] = _batch_size(frame, _torch_dir(torch))
             roles = oomguard_roles.encode(measured)
         phase = phase or (None, None, None)
         r = oomguard_core.send(
@@ -527,6 +532,111 @@ def _num_beams(frame, limit=32):
         except Exception:
             return None
         f, n = f.f_back, n + 1
+    return None
+
+
+def _checkpointing(frame, phase, grad, torch_dir, limit=64):
+    """Whether activation (gradient) checkpointing is in force for the layer that failed: True when a frame of
+    torch.utils.checkpoint is on the stack (the failing layer runs under checkpoint()), or a module on the
+    stack carries Hugging Face's flag `gradient_checkpointing` set True; False when a forward pass with
+    autograd on fails inside a layer (a module whose forward runs inside another module's forward) with no
+    checkpoint() frame and no such flag set True: every activation of the running layer is kept for backward;
+    None otherwise (the model's own head or loss outside its layers, a backward pass, whose recomputation
+    runs on the engine's threads, autograd off, no stack).  Reads attributes stored on the objects and their
+    classes: no property or method is called."""
+    f, n, flag, modules = frame, 0, None, 0
+    ckpt = os.path.join("torch", "utils", "checkpoint.py")
+    try:
+        while f is not None and n < limit:
+            if f.f_code.co_filename.endswith(ckpt):
+                return True
+            obj = (dict(oomguard_roles._frame_locals(f)).get("self")
+                   if f.f_code.co_name == "forward" and "self" in f.f_code.co_varnames else None)
+            if obj is not None and f.f_code.co_name == "forward" and hasattr(obj, "parameters"):
+                modules += 1
+                d = getattr(obj, "__dict__", None)
+                v = d.get("gradient_checkpointing") if isinstance(d, dict) else None
+                if v is None:
+                    v = getattr(type(obj), "gradient_checkpointing", None)
+                if v is True:
+                    flag = True
+            f, n = f.f_back, n + 1
+    except Exception:
+        return None
+    if flag:
+        return True
+    if phase == "forward" and grad == 1 and modules >= 2:
+        return False
+    return None
+
+
+# the names a program gives the batch one pass runs (its micro-batch): BATCH, batch_size, micro_batch_size,
+# per_device_train_batch_size, train_micro_batch_size_per_gpu, PER_RANK_BATCH, ...; not a global, total,
+# effective, maximum or count of batches
+_BATCH_NAME = re.compile(r"^(?:[a-z0-9]+_)*?(?:micro_)?batch(?:_size)?(?:_per_(?:gpu|device|rank))?$")
+_NOT_BATCH = re.compile(r"global|total|effective|max|min|num|accum|eval|val|test")
+
+
+_CONFIG_NAMES = frozenset(("cfg", "config", "conf", "args", "hparams", "opt", "opts", "training_args", "params",
+                           "settings", "hp"))
+
+
+def _batch_value(name, v):
+    if not isinstance(name, str) or isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        return None
+    low = name.lower()
+    if low == "batch" and not name.isupper():
+        return None     # `batch` alone is the data or a loop's index (`for batch in range(n)`); BATCH a constant
+    return v if _BATCH_NAME.match(low) and not _NOT_BATCH.search(low) else None
+
+
+def _batch_in(ns):
+    """An int named as a batch size in a namespace (a frame's locals or its module's globals), or in a dict or
+    an object's attributes one level down (cfg["micro_batch_size"], args.per_device_train_batch_size)."""
+    for k, v in list(ns.items())[:512]:
+        b = _batch_value(k, v)
+        if b is not None:
+            return b
+    for k, v in list(ns.items())[:512]:
+        try:
+            inner = v if isinstance(v, dict) else getattr(v, "__dict__", None)
+            if (not isinstance(inner, dict) or isinstance(v, (types.ModuleType, type)) or
+                    str(getattr(type(v), "__module__", "") or "").startswith("torch")):
+                continue
+            for k2, v2 in list(inner.items())[:256]:
+                b = _batch_value(k2, v2)
+                if b is not None:
+                    return b
+        except Exception:
+            continue
+    return None
+
+
+def _batch_size(frame, torch_dir, limit=32):
+    """The batch the failing pass runs, as the program names it: an int named as a batch size (see _BATCH_NAME)
+    among the locals of the program's innermost frame that has one, or its module's globals, or one level
+    down in a dict or an object there (a config: a local is read when its name is a config's, _CONFIG_NAMES);
+    None when no name says.  Reads names only: nothing is
+    called.  Frames of torch and of this adapter are skipped."""
+    f, n, seen = frame, 0, set()
+    own = os.path.dirname(os.path.abspath(__file__))
+    try:
+        while f is not None and n < limit:
+            path = os.path.abspath(f.f_code.co_filename)
+            if not (torch_dir and path.startswith(torch_dir)) and not path.startswith(own + os.sep):
+                # a frame's locals are read (without leaving them on the frame) only where one of its variable
+                # names is a batch's or a config's
+                names = f.f_code.co_varnames
+                b = (_batch_in(dict(oomguard_roles._frame_locals(f)))
+                     if any(_batch_value(v, 1) or v in _CONFIG_NAMES for v in names) else None)
+                if b is None and id(f.f_globals) not in seen:
+                    seen.add(id(f.f_globals))
+                    b = _batch_in(f.f_globals)
+                if b is not None:
+                    return b
+            f, n = f.f_back, n + 1
+    except Exception:
+        return None
     return None
 
 

@@ -483,6 +483,89 @@ def t_phase_forward():
     assert got2[0] is None and got2[1] is None, got2   # outside the module: no frame of a phase
 
 
+def t_checkpointing():
+    """roles.gradient_checkpointing on real modules and torch.utils.checkpoint: off inside a layer run
+    plainly, on inside checkpoint(), on with Hugging Face's flag, unknown in the model's own head"""
+    import oomguard_torch
+    import torch.utils.checkpoint as ckpt
+    tdir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+    got = {}
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            torch.nn.Module.__init__(self)
+            self.lin = torch.nn.Linear(2, 2)
+
+        def forward(self, x):
+            got.setdefault("layer", []).append(oomguard_torch._checkpointing(sys._getframe(), "forward", 1, tdir))
+            return self.lin(x)
+
+    class Model(torch.nn.Module):
+        def __init__(self, use_ckpt):
+            torch.nn.Module.__init__(self)
+            self.layer = Layer()
+            self.use_ckpt = use_ckpt
+
+        def forward(self, x):
+            h = ckpt.checkpoint(self.layer, x) if self.use_ckpt else self.layer(x)
+            got["head"] = oomguard_torch._checkpointing(sys._getframe(), "forward", 1, tdir)
+            return h.sum()
+
+    x = torch.zeros(1, 2, requires_grad=True)
+    Model(False)(x)
+    assert got["layer"] == [False], got
+    assert got["head"] is None, got               # outside the layers: not told
+    got.clear()
+    Model(True)(x).backward()
+    assert got["layer"][0] is True, got           # under checkpoint() (its recomputation in backward too)
+    got.clear()
+    m = Model(False)
+    m.gradient_checkpointing = True               # Hugging Face's flag on the model
+    m(x)
+    assert got["layer"] == [True], got
+    got.clear()
+    with torch.no_grad():                         # autograd off: unknown
+        got["off"] = oomguard_torch._checkpointing(sys._getframe(), "forward", -1, tdir)
+    assert got["off"] is None, got
+
+
+def t_batch_size():
+    """roles.batch_size from the program's names: a local, a module constant, a config dict or object; not a
+    loop's `batch` index, a global or accumulation count"""
+    import types
+    import oomguard_torch
+    tdir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+
+    def probe():
+        return oomguard_torch._batch_size(sys._getframe(1), tdir)
+
+    def with_local():
+        per_device_train_batch_size = 4  # noqa: F841
+        return probe()
+
+    def with_cfg():
+        cfg = {"micro_batch_size": 1, "grad_accum": 16}  # noqa: F841
+        return probe()
+
+    def with_args():
+        args = types.SimpleNamespace(global_batch_size=512, per_device_train_batch_size=2)  # noqa: F841
+        return probe()
+
+    def with_index():
+        for batch in range(3):  # noqa: B007
+            pass
+        gradient_accumulation_steps, global_batch_size = 8, 512  # noqa: F841
+        return probe()
+
+    assert with_local() == 4
+    assert with_cfg() == 1
+    assert with_args() == 2
+    assert with_index() is None, with_index()
+    ns = {"BATCH": 8, "__name__": "prog", "probe": probe}
+    exec(compile("def f():\n    return probe()\n", "/tmp/prog.py", "exec"), ns)
+    assert ns["f"]() == 8
+
+
 def t_phase_eval_flag():
     got = []
 
@@ -644,6 +727,8 @@ if not STAND_IN:
     check("phase loading: torch.load (map_location), load_state_dict, Module.to", t_phase_loading)
     check("phase oom_handler: inside the except block of torch.cuda.OutOfMemoryError", t_phase_handler)
     check("the phase table's PyTorch files exist in this torch", t_phase_patterns_real_files)
+    check("gradient checkpointing: off in a plain layer, on under torch.utils.checkpoint or the flag", t_checkpointing)
+    check("the batch size from the program's names, not a loop index or a global count", t_batch_size)
 
 gc.collect()
 print("%d passed, %d failed" % (results["pass"], results["fail"]))
