@@ -700,6 +700,12 @@ static void growth(og_facts_t *d, const og_record_t *r, og_growth_scratch_t *s)
     }
     if (g->steps_flat)
         return;
+    const og_roles_t *ro = &r->memory.fw.roles;
+    if (r->memory.fw.has && ro->has && ro->nsteps > 0 && ro->steps_made >= 1 && ro->steps_made < STEPS_MIN &&
+        (d->phase == OG_JP_forward || d->phase == OG_JP_backward || d->phase == OG_JP_optimizer_step)) {
+        g->first_steps = true;
+        return;
+    }
     if (growth_for(d, r, s, g, d->req, OG_MARK_FAILING_SIZE)) {
         g->holds = true;
         return;
@@ -1024,6 +1030,10 @@ static void roles(og_facts_t *d, const og_record_t *r)
     }
     k->known = true;
     k->num_beams = ro->num_beams > 0 ? ro->num_beams : 0;
+    k->checkpointing = ro->checkpointing > 0 ? 1 : ro->checkpointing < 0 ? -1 : 0;
+    k->batch_size = ro->batch_size > 0 ? ro->batch_size : 0;
+    k->steps_known = ro->nsteps > 0;
+    k->steps_made = ro->nsteps > 0 ? ro->steps_made : 0;
     k->params = role_or0(ro, OG_ROLE_parameters);
     k->grads = role_or0(ro, OG_ROLE_gradients);
     k->opt = role_or0(ro, OG_ROLE_optimizer_state);

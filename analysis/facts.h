@@ -76,6 +76,11 @@ typedef struct og_growth_facts {
      * flat over >= 8 of them (no rise in most, within 1% of the device): nothing was kept across those
      * iterations, whatever the driver saw (the cache warming, a one-off copy after them) */
     bool steps_flat;
+    /* the optimizer made fewer steps than that series needs (1 to 3) and the failure is in its training pass
+     * (phase forward, backward or optimizer_step): what the driver saw rise is the model arriving, the first
+     * passes, the state made at the first step and the pass running now; no iteration repeated enough to keep
+     * anything across them */
+    bool first_steps;
 } og_growth_facts_t;
 
 /* The load that the failing request may be part of (a run of equal allocations kept). */
@@ -127,8 +132,13 @@ typedef struct og_role_facts {
     int kv;          /* index in roles.holders of the largest holder kept across calls whose purpose is kv_cache
                         (its type or name: StaticCache, past_key_values, kv), -1 none */
     uint64_t kv_bytes;
-    uint64_t local_map;    /* held by locals of running functions that are dicts (a state_dict being copied) */
-    int num_beams;         /* the beam width of the generation running at the failure (roles meta); 0 unknown */
+    uint64_t local_map;  /* held by locals of running functions that are dicts (a state_dict being copied) */
+    int num_beams;       /* the beam width of the generation running at the failure (roles meta); 0 unknown */
+    int checkpointing;   /* roles.gradient_checkpointing: 1 in force for the failing pass, -1 off, 0 unknown */
+    int batch_size;      /* roles.batch_size: the batch the program names for the failing pass; 0 unknown */
+    uint64_t steps_made; /* roles.optimizer_steps: the steps the optimizer made before the failure; 0 none or
+                              unknown (steps_known says which) */
+    bool steps_known;
     uint64_t model_params; /* roles.models: the parameters of every model (each group's times its count); 0 none */
     /* a copy of a model being made that no module holds yet (copy.deepcopy building its parameters one by one):
      * parameters beyond every model's (when models were measured) and gradients beyond them too */

@@ -367,6 +367,32 @@ static bool summed_microbatches(const rctx_t *x)
     return ro->known && ro->accumulating && ro->act_known && ro->act && x->trains != -1 && x->grad != -1 &&
            (PHASE(forward) || PHASE(backward) || PHASE(unknown)) && !own_fix_covers(x) && !x->larger_than_device;
 }
+/* a batch of this job fit before the failing one: the optimizer made at least two steps (so a pass ran with
+ * the state it keeps now: the first step makes an Adam-family optimizer's state, after its pass), or the
+ * failing request is an outlier (>= 4x any earlier allocation after steps that freed memory).  Bucketing by
+ * length evens out batches that fit; it cannot carry a pass that outgrows the cache when no such batch ran */
+static bool batch_fit_before(const rctx_t *x) { return roles_of(x)->steps_made >= 2 || x->f->outlier.holds; }
+static bool pass_outgrows_first(const rctx_t *x) { return pass_outgrows(x) && !batch_fit_before(x); }
+/* a training pass keeping every activation for backward: the job trains, autograd on, activation
+ * checkpointing measured off for the failing pass (roles.gradient_checkpointing false) and the activations at
+ * least half of what the framework holds: recomputing them in backward is the lever */
+static bool checkpointing_off(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    uint64_t alloc = x->rec->memory.fw.roles.allocated_bytes;
+    return ro->known && ro->act_known && ro->checkpointing == -1 && x->trains == 1 && x->grad == 1 && known(alloc) &&
+           alloc && 2 * ro->act >= alloc && !own_fix_covers(x) && !x->larger_than_device;
+}
+/* the optimizer's state is new since a pass of this batch fit: exactly one step made (it made the state after
+ * its pass), the failing pass the next one (forward or backward), and 8 bits of that state would cover the
+ * shortfall: the state tipped it, so shrinking it belongs next to shrinking the activations */
+static bool state_new_since_pass(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && ro->steps_known && ro->steps_made == 1 && ro->opt_full && (PHASE(forward) || PHASE(backward)) &&
+           0.75 * (double)ro->opt_full >= (double)x->shortfall && !own_fix_covers(x) && !x->larger_than_device;
+}
+
 /* the evidence leaves nothing for the activation remedies to shrink: the roles measured, and the job was
  * loading, stepping its optimizer, or updating weights outside it */
 static bool no_activations(const rctx_t *x)
@@ -501,6 +527,10 @@ static const og_rank_row_t bring[] = {
     { "communication", communication, WANT, 0, 0, REMS(R_REUSE_PG, R_NCCL_BUF),
       "NCCL's bytes >= shortfall, and NCCL failed, phase collective or NCCL holds the growth",
       "(unit tests: nccl_growth)" },
+    { "checkpointing_off", checkpointing_off, WANT, 0, 0, REMS(R_CHECKPOINTING),
+      "the job trains, adapter: grad_enabled on, roles: gradient_checkpointing false, activations >= half the "
+      "allocated bytes",
+      "sft_first_forward_activations, long_ctx_lora_ckpt_flag_off (blind)" },
     { "one_batch_peak", one_batch_peak, WANT, 0, 0, REMS(R_SHORTER_SEQ),
       "primary does_not_fit, request >= 4x any earlier allocation after freed steps, autograd not off",
       "outlier_long_batch (blind)" },
@@ -573,6 +603,10 @@ static const og_rank_row_t reorder[] = {
       "validation_batch_too_big" },
     { "optimizer_not_in_activation_phase", activation_phase, ORDER, 125, 0, REMS(R_OPT_8BIT),
       "phase forward, backward, evaluation or generation", "(unit tests: phase_forward_optimizer_later)" },
+    { "state_new_since_pass", state_new_since_pass, ORDER, 82, 0, REMS(R_OPT_8BIT),
+      "roles: optimizer_steps 1 (the step made the state after a pass of this batch fit), optimizer state not 8-bit "
+      "whose 3/4 covers the shortfall, phase forward or backward",
+      "vit_sgd_to_adamw_config (blind)" },
     { "limit_on_purpose", always, ORDER, 900, 0, REMS(R_RAISE_LIMIT), "-", "limit_emulates_16gb" },
 };
 
@@ -585,6 +619,10 @@ static const og_rank_row_t lead[] = {
     { "pass_outgrows_cache", pass_outgrows, TIER, 3, 0, REMS(R_EXPANDABLE, R_EMPTY_CACHE),
       "a pass still building (phase forward, backward, evaluation, generation) holds >= 4x the cache",
       "skip_batch_on_oom, asr_accum_summed_loss (blind)" },
+    { "no_batch_fit_yet", pass_outgrows_first, TIER, 3, 0, REMS(R_BUCKET),
+      "as pass_outgrows_cache, roles: optimizer_steps < 2 and the request no outlier (no batch of the job fit "
+      "with the state it keeps now)",
+      "sft_first_forward_activations, long_ctx_lora_ckpt_flag_off, whisper_fp32_pipeline_8gb (blind)" },
     { "second_load", second_load, WANT, 0, 0, REMS(R_RELEASE_REFS, R_RESTART),
       "primary does_not_fit, phase second_load", "notebook_second_model" },
     { "second_load_lead", second_load, LEAD, -20, 1, REMS(R_RESTART, R_RELEASE_REFS),
@@ -657,6 +695,8 @@ static const og_rank_row_t lead[] = {
     { "state_exceeds_card_lead", state_exceeds_card, LEAD_COVERS, -19, 1, REMS(R_LORA, R_OFFLOAD, R_ZERO),
       "as state_exceeds_card (after load_in_bf16 where halving makes it fit)",
       "fullft_3b_first_backward_state (blind)" },
+    { "checkpointing_off_lead", checkpointing_off, LEAD_COVERS, -18, 0, REMS(R_CHECKPOINTING), "as checkpointing_off",
+      "sft_first_forward_activations, long_ctx_lora_ckpt_flag_off (blind)" },
     { "one_batch_peak_lead", one_batch_peak, LEAD_COVERS, -19, 0, REMS(R_SHORTER_SEQ), "as one_batch_peak",
       "outlier_long_batch (blind)" },
     { "generation_beams_lead", generation_beams, LEAD_COVERS, -27, 0, REMS(R_FEWER_BEAMS),
@@ -830,6 +870,10 @@ static void estimate(rank_t *k, const rctx_t *x)
         cover[R_REUSE_PG] = comm_holds_growth(x) ? (double)x->f->comm_bytes : 0.5 * (double)x->f->comm_bytes;
         cover[R_NCCL_BUF] = 0.5 * (double)x->f->comm_bytes;
     }
+    if (checkpointing_off(x)) /* each layer keeps its input, recomputes the rest in backward: half at least */
+        cover[R_CHECKPOINTING] = 0.5 * (double)ro->act;
+    if (ro->known && ro->batch_size == 1) /* a batch of one cannot shrink: accumulation needs a smaller one */
+        cover[R_SMALLER_BATCH] = 0;
     if (one_batch_peak(x)) /* cap the length at what the earlier batches used */
         cover[R_SHORTER_SEQ] =
             (double)x->f->outlier.run_bytes * (1.0 - (double)x->f->outlier.prev_max / (double)x->req);

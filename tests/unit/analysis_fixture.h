@@ -396,6 +396,16 @@ static void fixture_accumulating(og_record_t *r, const char *target, const char 
     snprintf(ro->accum_operand, sizeof ro->accum_operand, "%s", operand);
 }
 
+/* the adapter's allocated bytes right after each optimizer step (roles.allocated_after_steps) */
+static void fixture_steps(og_record_t *r, uint64_t made, int n, uint64_t first, uint64_t per_step)
+{
+    og_roles_t *ro = &r->memory.fw.roles;
+    ro->nsteps = n;
+    ro->steps_made = made;
+    for (int i = 0; i < n; i++)
+        ro->step_alloc[i] = first + per_step * (uint64_t)i;
+}
+
 /* event.phase and the frame that decided it (FILE NULL: no frame) */
 static void fixture_phase(og_record_t *r, const char *phase, const char *file, const char *function)
 {

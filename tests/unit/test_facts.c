@@ -356,16 +356,6 @@ static void large_steps_in_a_forward_pass_are_not_a_load(void **state)
     free(r);
 }
 
-/* the adapter's allocated bytes right after each optimizer step (roles.allocated_after_steps) */
-static void fixture_steps(og_record_t *r, uint64_t made, int n, uint64_t first, uint64_t per_step)
-{
-    og_roles_t *ro = &r->memory.fw.roles;
-    ro->nsteps = n;
-    ro->steps_made = made;
-    for (int i = 0; i < n; i++)
-        ro->step_alloc[i] = first + per_step * (uint64_t)i;
-}
-
 /* a rise kept across iterations that the driver barely saw (a warm cache: one new segment now and then, fewer
  * than six steps): the framework's allocated bytes after each optimizer step rise 48 MiB a step; four steps
  * suffice, a small rise counts over every step made, and the series' numbers are the growth's */
@@ -413,6 +403,33 @@ static void flat_after_each_optimizer_step_is_not_growth(void **state)
         r->memory.fw.roles.step_alloc[i] += 3 * MiB;
     assert_false(facts(r)->growth.holds);
     assert_true(F.growth.steps_flat);
+    free(r);
+}
+
+/* the optimizer made one to three steps and the failure is in its training pass: what the driver saw rise is the
+ * model, the first passes, the state the first step made and the pass running now, not a leak
+ * (growth.first_steps); a failure outside the training pass (an evaluation) or four steps made keep the
+ * driver's reading */
+static void first_steps_are_not_growth(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    ev_reset(r);
+    ev_add(r, 0.001, "alloc", 8 * GiB);
+    leak_loop(r, 12, 0.5, 512 * MiB, 256 * MiB);
+    fixture_roles(r, 1 * GiB, 0, 2 * GiB, 0, 0, 10 * GiB);
+    fixture_phase(r, "forward", "/w/train.py", "forward");
+    assert_true(facts(r)->growth.holds); /* no step series: the driver's reading */
+    fixture_steps(r, 1, 1, 9 * GiB, 0);
+    assert_false(facts(r)->growth.holds);
+    assert_true(F.growth.first_steps);
+    fixture_steps(r, 3, 3, 9 * GiB, 0);
+    assert_false(facts(r)->growth.holds);
+    fixture_phase(r, "evaluation", "/w/train.py", "evaluate");
+    assert_true(facts(r)->growth.holds);
+    assert_false(F.growth.first_steps);
+    fixture_phase(r, "backward", "/w/train.py", "main");
+    fixture_steps(r, 4, 4, 9 * GiB, 0);
+    assert_true(facts(r)->growth.holds);
     free(r);
 }
 
@@ -812,6 +829,7 @@ int main(void)
         cmocka_unit_test(large_steps_in_a_forward_pass_are_not_a_load),
         cmocka_unit_test(a_rise_after_each_optimizer_step_is_growth),
         cmocka_unit_test(flat_after_each_optimizer_step_is_not_growth),
+        cmocka_unit_test(first_steps_are_not_growth),
         cmocka_unit_test(every_allocation_needs_sixteen_steps),
         cmocka_unit_test(loading_and_a_second_copy),
         cmocka_unit_test(a_run_after_training_is_not_a_load),

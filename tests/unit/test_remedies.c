@@ -1181,6 +1181,110 @@ static void phase_forward_optimizer_later(void **state)
     free(r);
 }
 
+/* a training job's forward pass failing inside a layer with activation checkpointing measured off
+ * (roles.gradient_checkpointing false) and the activations most of what is allocated: checkpointing leads;
+ * unknown or in force, it does not; a batch of one (roles.batch_size 1) gets no smaller batch */
+static og_record_t *first_forward(int checkpointing, int batch, uint64_t params, uint64_t act)
+{
+    og_record_t *r = base();
+    fixture_roles(r, params, 0, 0, 0, 0, act);
+    fixture_optimizer(r, "AdamW", 0);
+    r->memory.fw.roles.optimizers[0].param_bytes = params;
+    fixture_phase(r, "forward", "/srv/model.py", "forward");
+    r->memory.fw.grad_enabled = 1;
+    r->memory.fw.roles.checkpointing = checkpointing;
+    r->memory.fw.roles.batch_size = batch;
+    return r;
+}
+
+static void checkpointing_off_leads(void **state)
+{
+    og_record_t *r = first_forward(-1, 0, 3 * GiB, 17 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "gradient_checkpointing");
+    assert_true(rank_of(r, "smaller_batch") > 1);
+    free(r);
+    r = first_forward(0, 0, 3 * GiB, 17 * GiB); /* not measured: the checklist's order */
+    run_primary(r, "does_not_fit");
+    assert_string_not_equal(r->remedies[0].id, "gradient_checkpointing");
+    free(r);
+    r = first_forward(1, 0, 3 * GiB, 17 * GiB); /* in force already */
+    run_primary(r, "does_not_fit");
+    assert_string_not_equal(r->remedies[0].id, "gradient_checkpointing");
+    free(r);
+    r = first_forward(-1, 0, 3 * GiB, 17 * GiB); /* autograd off: nothing is kept for backward */
+    r->memory.fw.grad_enabled = -1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "gradient_checkpointing"), 0);
+    free(r);
+    r = first_forward(-1, 0, 12 * GiB, 8 * GiB); /* activations a small part of what is held: not the lever */
+    run_primary(r, "does_not_fit");
+    assert_string_not_equal(r->remedies[0].id, "gradient_checkpointing");
+    free(r);
+}
+
+static void batch_of_one_cannot_shrink(void **state)
+{
+    og_record_t *r = first_forward(-1, 1, 3 * GiB, 17 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "smaller_batch"), 0);
+    assert_string_equal(r->remedies[0].id, "gradient_checkpointing");
+    free(r);
+    r = first_forward(-1, 8, 3 * GiB, 17 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_true(rank_of(r, "smaller_batch") > 0);
+    free(r);
+}
+
+/* a pass that outgrows the splintered cache while the retry freed nothing: bucketing leads only where a batch
+ * of the job fit with the state it keeps now (two optimizer steps or more); a first pass too big for the card
+ * does not get it first */
+static void bucketing_needs_a_batch_that_fit(void **state)
+{
+    for (int made = 0; made <= 5; made += 5) {
+        og_record_t *r = base();
+        r->event.requested_bytes = 64 * MiB;
+        r->device.free_bytes = 0;
+        r->event.attempts = 2;
+        r->event.released_between_attempts_bytes = 0;
+        fixture_roles(r, 4 * GiB, 2 * GiB, 2 * GiB, 0, 0, 12 * GiB);
+        r->memory.fw.reserved_bytes += 256 * MiB;
+        r->memory.fw.largest_free_block_bytes = 32 * MiB;
+        fixture_phase(r, "forward", "/w/train.py", "forward");
+        if (made)
+            fixture_steps(r, (uint64_t)made, made, 10 * GiB, 0);
+        run_primary(r, "does_not_fit");
+        assert_true(has_cause(r, "fragmentation"));
+        if (made)
+            assert_string_equal(r->remedies[0].id, "bucket_by_length");
+        else
+            assert_true(rank_of(r, "bucket_by_length") == 0 || rank_of(r, "bucket_by_length") > 3);
+        free(r);
+    }
+}
+
+/* the optimizer's one step made its state after a pass of this batch fit, and the next pass fails: 8-bit
+ * state comes next to the activation remedies (in the top three); after more steps it comes after them */
+static void state_new_since_the_pass(void **state)
+{
+    for (int made = 1; made <= 5; made += 4) {
+        og_record_t *r = base();
+        fixture_roles(r, 4 * GiB, 4 * GiB, 8 * GiB, 0, 0, 8 * GiB);
+        fixture_optimizer(r, "AdamW", 8 * GiB);
+        r->memory.fw.roles.optimizers[0].param_bytes = 4 * GiB;
+        fixture_phase(r, "backward", "/srv/model.py", "main");
+        r->memory.fw.grad_enabled = 1;
+        fixture_steps(r, (uint64_t)made, made, 16 * GiB, 0);
+        run_primary(r, "does_not_fit");
+        int k = rank_of(r, "eight_bit_optimizer");
+        if (made == 1)
+            assert_true(k > 0 && k <= 3);
+        else
+            assert_true(k > 3);
+        free(r);
+    }
+}
+
 /* CUDA graphs' private pools: capture fewer shapes, first */
 static void graph_pools_first(void **state)
 {
@@ -1903,6 +2007,10 @@ int main(void)
         cmocka_unit_test(trains_before_the_first_step),
         cmocka_unit_test(state_exceeds_card_first),
         cmocka_unit_test(summed_microbatches_backward_each),
+        cmocka_unit_test(checkpointing_off_leads),
+        cmocka_unit_test(batch_of_one_cannot_shrink),
+        cmocka_unit_test(bucketing_needs_a_batch_that_fit),
+        cmocka_unit_test(state_new_since_the_pass),
         cmocka_unit_test(graph_pools_first),
         cmocka_unit_test(growth_in_a_dict),
         cmocka_unit_test(growth_names_its_holder),
