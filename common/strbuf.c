@@ -119,9 +119,53 @@ size_t og_utf8_cut(const char *s, size_t len)
     return len - lead < want ? lead : len;
 }
 
-/* The two-character escape of CP both formats write the same way (\n \r \t), and in JSON also the
- * quote and the backslash; NULL when CP has none. */
-static const char *short_escape(uint32_t cp, bool json)
+/* How a format escapes text, as data: which characters it escapes and how it writes each kind.  One
+ * walk (put_escaped) serves them all, so JSON and the text twin cannot drift apart in how they read
+ * UTF-8. */
+enum code_style {
+    CODE_UFFFD,  /* \ufffd: the replacement character, whatever the byte */
+    CODE_X2,     /* \xNN */
+    CODE_U4,     /* \uNNNN */
+    CODE_UBRACE, /* \u{NNNN} */
+};
+typedef struct escaping {
+    uint64_t ascii_lo, ascii_hi; /* bit c of lo (c < 64), of hi (c - 64): ASCII c is escaped */
+    bool wide;                   /* from U+0080: the characters wide_unsafe() names are escaped */
+    uint8_t bad_byte;            /* enum code_style of a byte that is not UTF-8 */
+    uint8_t ascii;               /* ... of an escaped ASCII character without a two-character escape */
+    uint8_t code_point;          /* ... of an escaped character from U+0080 */
+} escaping_t;
+
+#define BIT(c)   (1ULL << ((c) % 64))
+#define CONTROLS 0xffffffffULL /* U+0000..U+001F */
+
+/* JSON: control characters, the quote and the backslash; a byte that is not UTF-8 becomes U+FFFD */
+static const escaping_t json_escaping = { CONTROLS | BIT('"'), BIT('\\'), false, CODE_UFFFD, CODE_U4, CODE_U4 };
+/* A text file or a terminal: what a terminal or an editor acts on or shows misleadingly (C0 and C1
+ * controls, DEL, the bidi overrides and isolates, line/paragraph separators) and bytes that are not
+ * UTF-8, made visible; keeping newlines (the renderer's own lines) or not. */
+static const escaping_t text_escaping = { CONTROLS, BIT(0x7f), true, CODE_X2, CODE_X2, CODE_UBRACE };
+static const escaping_t text_nl_escaping = { CONTROLS & ~BIT('\n'), BIT(0x7f), true, CODE_X2, CODE_X2, CODE_UBRACE };
+
+/* from U+0080: C1 controls, the bidi marks, overrides and isolates, line/paragraph separators */
+static bool wide_unsafe(uint32_t cp)
+{
+    return cp <= 0x9f || (cp >= 0x202a && cp <= 0x202e) || (cp >= 0x2066 && cp <= 0x2069) || cp == 0x2028 ||
+           cp == 0x2029 || cp == 0x200e || cp == 0x200f;
+}
+
+static bool escaped(const escaping_t *e, uint32_t cp)
+{
+    if (cp < 64)
+        return (e->ascii_lo >> cp) & 1;
+    if (cp < 128)
+        return (e->ascii_hi >> (cp - 64)) & 1;
+    return e->wide && wide_unsafe(cp);
+}
+
+/* The two-character escapes (\n \r \t \" \\); NULL when CP has none.  Only characters the format
+ * escapes get here: the text twin never escapes a quote or a backslash. */
+static const char *short_escape(uint32_t cp)
 {
     switch (cp) {
     case '\n':
@@ -131,11 +175,60 @@ static const char *short_escape(uint32_t cp, bool json)
     case '\t':
         return "\\t";
     case '"':
-        return json ? "\\\"" : NULL;
+        return "\\\"";
     case '\\':
-        return json ? "\\\\" : NULL;
+        return "\\\\";
     default:
         return NULL;
+    }
+}
+
+static void put_code(og_sb_t *sb, enum code_style style, uint32_t v)
+{
+    switch (style) {
+    case CODE_UFFFD:
+        og_sb_put(sb, "\\ufffd", 6);
+        break;
+    case CODE_X2:
+        og_sb_printf(sb, "\\x%02x", (unsigned)v);
+        break;
+    case CODE_U4:
+        og_sb_printf(sb, "\\u%04x", (unsigned)v);
+        break;
+    case CODE_UBRACE:
+        og_sb_printf(sb, "\\u{%04x}", (unsigned)v);
+        break;
+    }
+}
+
+/* s[0..n) escaped as E says: valid UTF-8 that E does not escape as it is, runs of plain ASCII copied
+ * at once. */
+static void put_escaped(og_sb_t *sb, const char *s, size_t n, const escaping_t *e)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    while (n) {
+        size_t run = 0;
+        while (run < n && p[run] < 0x80 && !escaped(e, p[run]))
+            run++;
+        if (run) {
+            og_sb_put(sb, p, run);
+            p += run, n -= run;
+            continue;
+        }
+        uint32_t cp;
+        const char *esc;
+        size_t len = og_utf8_seq(p, n, &cp);
+        if (!len) {
+            put_code(sb, e->bad_byte, p[0]);
+            len = 1;
+        } else if (!escaped(e, cp)) {
+            og_sb_put(sb, p, len);
+        } else if ((esc = short_escape(cp)) != NULL) {
+            og_sb_put(sb, esc, 2);
+        } else {
+            put_code(sb, cp < 0x80 ? e->ascii : e->code_point, cp);
+        }
+        p += len, n -= len;
     }
 }
 
@@ -145,51 +238,19 @@ static const char *short_escape(uint32_t cp, bool json)
 void og_sb_json_str(og_sb_t *sb, const char *s)
 {
     og_sb_put(sb, "\"", 1);
-    const unsigned char *p = (const unsigned char *)(s ? s : "");
-    size_t n = strlen((const char *)p);
-    while (n) {
-        size_t run = 0; /* plain characters are copied in runs */
-        while (run < n && p[run] >= 0x20 && p[run] < 0x80 && p[run] != '"' && p[run] != '\\')
-            run++;
-        if (run) {
-            og_sb_put(sb, (const char *)p, run);
-            p += run, n -= run;
-            continue;
-        }
-        uint32_t cp;
-        const char *esc;
-        size_t len = og_utf8_seq(p, n, &cp);
-        if (!len) {
-            og_sb_put(sb, "\\ufffd", 6);
-            len = 1;
-        } else if ((esc = short_escape(cp, true)) != NULL) {
-            og_sb_put(sb, esc, 2);
-        } else if (cp < 0x20) {
-            og_sb_printf(sb, "\\u%04x", (unsigned)cp);
-        } else {
-            og_sb_put(sb, (const char *)p, len);
-        }
-        p += len, n -= len;
-    }
+    put_escaped(sb, s ? s : "", s ? strlen(s) : 0, &json_escaping);
     og_sb_put(sb, "\"", 1);
-}
-
-/* Characters a terminal or an editor acts on or shows misleadingly: C0 and C1 controls, DEL, the
- * bidi overrides and isolates (text that reads differently than it is), line/paragraph separators. */
-static bool text_unsafe(uint32_t cp)
-{
-    return cp < 0x20 || (cp >= 0x7f && cp <= 0x9f) || (cp >= 0x202a && cp <= 0x202e) ||
-           (cp >= 0x2066 && cp <= 0x2069) || cp == 0x2028 || cp == 0x2029 || cp == 0x200e || cp == 0x200f;
 }
 
 bool og_text_needs_escape(const char *s, bool keep_nl)
 {
+    const escaping_t *e = keep_nl ? &text_nl_escaping : &text_escaping;
     const unsigned char *p = (const unsigned char *)(s ? s : "");
     size_t n = strlen((const char *)p);
     while (n) {
         uint32_t cp;
         size_t len = og_utf8_seq(p, n, &cp);
-        if (!len || (text_unsafe(cp) && !(keep_nl && cp == '\n')))
+        if (!len || escaped(e, cp))
             return true;
         p += len, n -= len;
     }
@@ -197,29 +258,11 @@ bool og_text_needs_escape(const char *s, bool keep_nl)
 }
 
 /* s[0..n) for a text file or a terminal: valid UTF-8 as it is; control characters made visible
- * (\n \r \t \e, other bytes \xNN), bytes that are not UTF-8 as \xNN, other unsafe characters as
+ * (\n \r \t, other ASCII \xNN), bytes that are not UTF-8 as \xNN, other unsafe characters as
  * \u{XXXX}.  keep_nl: a newline stays one (the renderer's own lines). */
 void og_sb_text_escaped(og_sb_t *sb, const char *s, size_t n, bool keep_nl)
 {
-    const unsigned char *p = (const unsigned char *)s;
-    while (n) {
-        uint32_t cp;
-        const char *esc;
-        size_t len = og_utf8_seq(p, n, &cp);
-        if (!len) {
-            og_sb_printf(sb, "\\x%02x", p[0]);
-            len = 1;
-        } else if (!text_unsafe(cp) || (keep_nl && cp == '\n')) {
-            og_sb_put(sb, (const char *)p, len);
-        } else if ((esc = short_escape(cp, false)) != NULL) {
-            og_sb_put(sb, esc, 2);
-        } else if (cp < 0x80) {
-            og_sb_printf(sb, "\\x%02x", (unsigned)cp);
-        } else {
-            og_sb_printf(sb, "\\u{%04x}", (unsigned)cp);
-        }
-        p += len, n -= len;
-    }
+    put_escaped(sb, s, n, keep_nl ? &text_nl_escaping : &text_escaping);
 }
 
 void og_sb_free(og_sb_t *sb)

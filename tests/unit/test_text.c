@@ -4,6 +4,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
@@ -60,6 +61,44 @@ static void text_strings(void **state)
     text_is("\x7f", false, "\\x7f");
 }
 
+/* The two formats side by side on the same tricky inputs: what each escapes and how it writes it.  One
+ * walk serves both (common/strbuf.c), its policy as data: a row shows where they must agree (UTF-8 read
+ * the same way, the same two-character escapes) and where they must differ. */
+static void both_formats(void **state)
+{
+    static const struct {
+        const char *in, *json, *text, *text_nl; /* json without its quotes; text_nl: newlines kept */
+    } rows[] = {
+        { "plain ascii", "plain ascii", "plain ascii", "plain ascii" },
+        { "a\nb", "a\\nb", "a\\nb", "a\nb" },
+        { "\t\r", "\\t\\r", "\\t\\r", "\\t\\r" },
+        { "q\"b\\", "q\\\"b\\\\", "q\"b\\", "q\"b\\" },
+        { "\x01\x1b\x1f", "\\u0001\\u001b\\u001f", "\\x01\\x1b\\x1f", "\\x01\\x1b\\x1f" },
+        { "\x7f", "\x7f", "\\x7f", "\\x7f" },                 /* DEL: JSON's, not text's */
+        { "\xc2\x85", "\xc2\x85", "\\u{0085}", "\\u{0085}" }, /* C1 NEL */
+        { "\xc2\xa0", "\xc2\xa0", "\xc2\xa0", "\xc2\xa0" },   /* no-break space: safe */
+        { "\xe2\x80\x8e\xe2\x80\x8f", "\xe2\x80\x8e\xe2\x80\x8f", "\\u{200e}\\u{200f}", "\\u{200e}\\u{200f}" },
+        { "\xe2\x80\xa9", "\xe2\x80\xa9", "\\u{2029}", "\\u{2029}" },       /* paragraph separator */
+        { "\xe2\x81\xa9", "\xe2\x81\xa9", "\\u{2069}", "\\u{2069}" },       /* last bidi isolate */
+        { "\xe2\x81\xaa", "\xe2\x81\xaa", "\xe2\x81\xaa", "\xe2\x81\xaa" }, /* just past them */
+        { "\xf0\x9f\x98\x80", "\xf0\x9f\x98\x80", "\xf0\x9f\x98\x80", "\xf0\x9f\x98\x80" },
+        { "x\xff", "x\\ufffd", "x\\xff", "x\\xff" },                                       /* not UTF-8 */
+        { "\xc0\xaf", "\\ufffd\\ufffd", "\\xc0\\xaf", "\\xc0\\xaf" },                      /* overlong */
+        { "\xed\xa0\x80", "\\ufffd\\ufffd\\ufffd", "\\xed\\xa0\\x80", "\\xed\\xa0\\x80" }, /* surrogate */
+        { "\xe6\x97", "\\ufffd\\ufffd", "\\xe6\\x97", "\\xe6\\x97" },                      /* cut short */
+        { "\x80"
+          "a",
+          "\\ufffda", "\\x80a", "\\x80a" }, /* a stray continuation */
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+        char json[128];
+        snprintf(json, sizeof json, "\"%s\"", rows[i].json);
+        json_is(rows[i].in, json);
+        text_is(rows[i].in, false, rows[i].text);
+        text_is(rows[i].in, true, rows[i].text_nl);
+    }
+}
+
 static void cut(void **state)
 {
     assert_int_equal(og_utf8_cut("abc", 3), 3);
@@ -82,6 +121,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(json_strings),
         cmocka_unit_test(text_strings),
+        cmocka_unit_test(both_formats),
         cmocka_unit_test(cut),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
