@@ -925,24 +925,29 @@ static const struct {
 };
 #define NRULES (sizeof cause_table / sizeof *cause_table)
 
-/* Runs the rules in ORDER (indexes of cause_table) and ranks what holds into rec->diagnosis.  The
- * ranking depends on the table's bonuses, not on ORDER: the rules only read the facts. */
+/* A cause's score: its confidence plus its bonus, in thousandths, the precision the bonuses are written
+ * in, so that two readings the formulas put a rounding apart tie, and a tie is the list's to break. */
+static int score_of(const og_cause_t *c, double bonus) { return (int)((c->confidence + bonus) * 1000 + 0.5); }
+
+/* Runs the rules in ORDER (indexes of cause_table) and ranks what holds into rec->diagnosis: by score,
+ * highest first; equal scores in the list's order (causes.def).  The ranking depends on the table, not
+ * on ORDER: the rules only read the facts. */
 static void diagnose_in(og_record_t *rec, const og_facts_t *d, const int *order)
 {
     og_cause_t *found = rec->analysis.found;
-    double score[NRULES];
+    int score[NRULES];
     int idx[NRULES], n = 0;
     for (size_t k = 0; k < NRULES; k++) {
         size_t i = (size_t)order[k];
         og_cause_t *c = &found[i];
         memset(c, 0, sizeof *c);
         if (cause_table[i].fn && cause_table[i].fn(d, rec, c))
-            score[i] = c->confidence + cause_table[i].bonus;
+            score[i] = score_of(c, cause_table[i].bonus);
     }
-    for (size_t i = 0; i < NRULES; i++) /* in table order: the tie-break */
+    for (size_t i = 0; i < NRULES; i++) /* in the list's order: the tie-break */
         if (found[i].id)
             idx[n++] = (int)i;
-    /* stable insertion sort by score, highest first */
+    /* insertion sort by score, highest first, stable: a tie keeps the list's order */
     for (int i = 1; i < n; i++) {
         int v = idx[i], j = i - 1;
         while (j >= 0 && score[idx[j]] < score[v]) {

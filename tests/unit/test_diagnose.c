@@ -71,6 +71,9 @@ static double bonus(const char *id)
     return 0;
 }
 
+/* how a cause ranks: confidence + bonus, in thousandths (docs/diagnosis.md) */
+static int score(const og_cause_t *c) { return (int)((c->confidence + bonus(c->id)) * 1000 + 0.5); }
+
 /* invariants every diagnosis must keep */
 static void check_shape(const og_record_t *r)
 {
@@ -86,9 +89,8 @@ static void check_shape(const og_record_t *r)
         assert_true(c->nevidence >= 1 && c->nevidence <= 12);
         for (int e = 0; e < c->nevidence; e++)
             assert_non_null(c->evidence[e].name);
-        if (i) /* sorted by confidence + the documented tie-break bonus */
-            assert_true(r->diagnosis.causes[i - 1].confidence + bonus(r->diagnosis.causes[i - 1].id) + 1e-12 >=
-                        c->confidence + bonus(c->id));
+        if (i) /* sorted by confidence + the documented tie-break bonus, in thousandths */
+            assert_true(score(&r->diagnosis.causes[i - 1]) >= score(c));
     }
 }
 
@@ -776,6 +778,39 @@ static void second_framework_one_library(void **state)
     free(r);
 }
 
+/* Causes rank by confidence + bonus in thousandths; an exact tie keeps the list's order (common/causes.def).
+ * JAX holds 9.3 of the 24 GiB (other_framework: 0.75 + 0.2 x 0.3875 / 0.5 = 0.905, + 0.045) and every input
+ * is measured (does_not_fit: 0.95, + 0): both score 0.950, and other_framework, earlier in the list, leads.
+ * A little less or more JAX and the scores decide. */
+static void exact_tie_keeps_list_order(void **state)
+{
+    static const struct {
+        uint64_t jax;
+        const char *first, *second;
+    } rows[] = {
+        { 93 * GiB / 10, "other_framework", "does_not_fit" },   /* 950 = 950: the list's order */
+        { 925 * GiB / 100, "does_not_fit", "other_framework" }, /* 949 < 950 */
+        { 935 * GiB / 100, "other_framework", "does_not_fit" }, /* 951 > 950 */
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+        og_record_t *r = base();
+        fixture_second_framework(r);
+        r->memory.nlibs = 0;
+        fixture_fw_lib(r, "xla_extension.so", rows[i].jax, OG_FW_JAX);
+        fixture_fw_lib(r, "libc10_cuda.so", 23 * GiB - rows[i].jax, OG_FW_PYTORCH);
+        r->memory.framework_cached_bytes = 0; /* measured: nothing cached */
+        r->memory.framework_cached_source = OG_CACHE_POOL;
+        diag(r);
+        check_shape(r);
+        assert_int_equal(r->diagnosis.ncauses, 2);
+        assert_string_equal(r->diagnosis.causes[0].id, rows[i].first);
+        assert_string_equal(r->diagnosis.causes[1].id, rows[i].second);
+        if (i == 0) /* the tie itself (a formula changed? pick the bytes that tie again) */
+            assert_int_equal(score(&r->diagnosis.causes[0]), score(&r->diagnosis.causes[1]));
+        free(r);
+    }
+}
+
 static void peer_ranks_and_workers(void **state)
 {
     og_record_t *r = base();
@@ -1203,6 +1238,7 @@ int main(void)
         cmocka_unit_test(unknown_cache_keeps_cache_cause),
         cmocka_unit_test(second_framework_reservation),
         cmocka_unit_test(second_framework_one_library),
+        cmocka_unit_test(exact_tie_keeps_list_order),
         cmocka_unit_test(peer_ranks_and_workers),
         cmocka_unit_test(prefork_workers_are_this_job),
         cmocka_unit_test(dataparallel_imbalance),
