@@ -133,6 +133,18 @@ static void fixture_peer_ranks(og_record_t *r)
     }
 }
 
+/* a pre-fork server's worker asks for 4 GiB with 1 GiB free while three other workers of its parent (same
+ * command, no launcher variables; visible, same job) hold 5 GiB each: a copy of the model per worker */
+static void fixture_prefork_workers(og_record_t *r)
+{
+    r->event.requested_bytes = 4 * GiB;
+    r->device.free_bytes = 1 * GiB;
+    for (int i = 0; i < 3; i++) {
+        og_other_proc_t *o = fixture_other(r, 200 + i, "python3", 5 * GiB);
+        o->visible = o->same_job = o->sibling = true;
+    }
+}
+
 /* one process over 4 visible GPUs: 22 GiB on GPU 0, 7 GiB on each other, 2 GiB more wanted on GPU 0 */
 static void fixture_imbalance(og_record_t *r)
 {

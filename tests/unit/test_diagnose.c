@@ -736,16 +736,23 @@ static void unknown_cache_keeps_cache_cause(void **state)
     free(r);
 }
 
+/* other_framework leads, JAX's memory blamed for PyTorch's failure: the cause */
+static const og_cause_t *jax_over_pytorch(const og_record_t *r)
+{
+    assert_string_equal(r->diagnosis.primary, "other_framework");
+    const og_cause_t *c = find(r, "other_framework");
+    assert_string_equal(evt(c, "framework"), "jax");
+    assert_string_equal(evt(c, "failing_framework"), "pytorch");
+    return c;
+}
+
 /* JAX preallocated 75% and PyTorch fails in the same process */
 static void second_framework_reservation(void **state)
 {
     og_record_t *r = base();
     fixture_second_framework(r);
     diag(r);
-    assert_string_equal(r->diagnosis.primary, "other_framework");
-    const og_cause_t *c = find(r, "other_framework");
-    assert_string_equal(evt(c, "framework"), "jax");
-    assert_string_equal(evt(c, "failing_framework"), "pytorch");
+    const og_cause_t *c = jax_over_pytorch(r);
     assert_non_null(strstr(c->summary, "JAX holds 18.00 GiB"));
     assert_non_null(strstr(c->summary, "75%"));
     free(r);
@@ -770,10 +777,7 @@ static void second_framework_one_library(void **state)
     o->in_use_bytes = 1 * GiB;
     o->limit_bytes = 18 * GiB;
     diag(r);
-    assert_string_equal(r->diagnosis.primary, "other_framework");
-    const og_cause_t *c = find(r, "other_framework");
-    assert_string_equal(evt(c, "framework"), "jax");
-    assert_string_equal(evt(c, "failing_framework"), "pytorch");
+    const og_cause_t *c = jax_over_pytorch(r);
     assert_non_null(strstr(c->summary, "JAX holds 18.00 GiB"));
     free(r);
 }
@@ -840,12 +844,7 @@ static void peer_ranks_and_workers(void **state)
 static void prefork_workers_are_this_job(void **state)
 {
     og_record_t *r = base();
-    r->event.requested_bytes = 4 * GiB;
-    r->device.free_bytes = 1 * GiB;
-    for (int i = 0; i < 3; i++) {
-        og_other_proc_t *o = fixture_other(r, 200 + i, "python3", 5 * GiB);
-        o->visible = o->same_job = o->sibling = true;
-    }
+    fixture_prefork_workers(r);
     diag(r);
     assert_string_equal(r->diagnosis.primary, "peer_ranks");
     assert_false(has(r, "foreign_memory"));

@@ -670,12 +670,7 @@ static void second_framework_knobs(void **state)
 static void prefork_workers_get_fewer_workers_never_kill(void **state)
 {
     og_record_t *r = base();
-    r->event.requested_bytes = 4 * GiB;
-    r->device.free_bytes = 1 * GiB;
-    for (int i = 0; i < 3; i++) {
-        og_other_proc_t *o = fixture_other(r, 200 + i, "python3", 5 * GiB);
-        o->visible = o->same_job = o->sibling = true;
-    }
+    fixture_prefork_workers(r);
     run(r);
     assert_string_equal(r->remedies[0].id, "fewer_workers");
     assert_int_equal(rank_of(r, "set_device"), 0);
@@ -1013,57 +1008,52 @@ static void phase_optimizer_step(void **state)
  * of a full fine-tune: load them in half precision first; quantizing is not for a job that trains */
 static void fp32_weights_load_in_half(void **state)
 {
-    og_record_t *r = base();
-    fixture_roles(r, 10 * GiB, 9 * GiB, 0, 0, 0, 1 * GiB);
-    fixture_dtype(r, "float32", 10 * GiB);
-    fixture_phase(r, "backward", NULL, NULL);
-    r->memory.fw.grad_enabled = 1;
-    run_primary(r, "does_not_fit");
-    assert_string_equal(r->remedies[0].id, "load_in_bf16");
-    assert_int_equal(rank_of(r, "quantization"), 0);
-    free(r);
-    /* the weights already bfloat16: nothing to halve, not listed */
-    r = base();
-    fixture_roles(r, 10 * GiB, 9 * GiB, 0, 0, 0, 1 * GiB);
-    fixture_dtype(r, "bfloat16", 10 * GiB);
-    fixture_phase(r, "backward", NULL, NULL);
-    run_primary(r, "does_not_fit");
-    assert_int_equal(rank_of(r, "load_in_bf16"), 0);
-    free(r);
-    /* the dtypes not measured (an older adapter): not brought outside a load */
-    r = base();
-    fixture_roles(r, 10 * GiB, 9 * GiB, 0, 0, 0, 1 * GiB);
-    fixture_phase(r, "backward", NULL, NULL);
-    run_primary(r, "does_not_fit");
-    assert_int_equal(rank_of(r, "load_in_bf16"), 0);
-    free(r);
-    /* float32 weights a small part of what is held (activations are the bulk): not the lever */
-    r = base();
-    fixture_roles(r, 2 * GiB, 2 * GiB, 0, 0, 0, 16 * GiB);
-    fixture_dtype(r, "float32", 2 * GiB);
-    fixture_phase(r, "backward", NULL, NULL);
-    run_primary(r, "does_not_fit");
-    assert_int_equal(rank_of(r, "load_in_bf16"), 0);
-    free(r);
-    /* a job that trains, failing outside a load or a pass (code copying weights): float32 may be master weights
-     * kept on purpose, not the lever */
-    r = base();
-    fixture_roles(r, 10 * GiB, 9 * GiB, 0, 0, 0, 1 * GiB);
-    fixture_dtype(r, "float32", 10 * GiB);
-    r->memory.fw.training = 1;
-    run_primary(r, "does_not_fit");
-    assert_true(rank_of(r, "load_in_bf16") != 1);
-    free(r);
-    /* inference on float32 weights: loading in half precision comes before quantizing them */
-    r = base();
-    fixture_roles(r, 16 * GiB, 0, 0, 0, 0, 4 * GiB);
-    fixture_dtype(r, "float32", 16 * GiB);
-    fixture_phase(r, "forward", "/srv/model.py", "forward");
-    r->memory.fw.grad_enabled = -1;
-    run_primary(r, "does_not_fit");
-    assert_string_equal(r->remedies[0].id, "load_in_bf16");
-    assert_true(rank_of(r, "quantization") > 1);
-    free(r);
+    enum { FIRST, ABSENT, NOT_FIRST };
+    static const struct {
+        const char *what;
+        uint64_t params, grads, act; /* roles */
+        uint64_t fp32, bf16;         /* the parameters by dtype; both 0: not measured */
+        const char *phase;           /* NULL: none reported */
+        const char *file;            /* where the adapter saw it (in a function named as the phase), or NULL */
+        int grad_enabled, training;
+        int load;         /* where load_in_bf16 ranks */
+        int quantization; /* its rank: 0 not listed, 2 after the first, -1 not asserted */
+    } rows[] = {
+        { "a full fine-tune on float32 weights", 10 * GiB, 9 * GiB, 1 * GiB, 10 * GiB, 0, "backward", NULL, 1, 0, FIRST,
+          0 },
+        { "the weights already bfloat16: nothing to halve", 10 * GiB, 9 * GiB, 1 * GiB, 0, 10 * GiB, "backward", NULL,
+          0, 0, ABSENT, -1 },
+        { "half of them float32 (a mixed model): under the three quarters the rule asks", 10 * GiB, 9 * GiB, 1 * GiB,
+          5 * GiB, 5 * GiB, "backward", NULL, 0, 0, ABSENT, -1 },
+        { "the dtypes not measured (an older adapter): not brought outside a load", 10 * GiB, 9 * GiB, 1 * GiB, 0, 0,
+          "backward", NULL, 0, 0, ABSENT, -1 },
+        { "float32 weights a small part of what is held (activations are the bulk)", 2 * GiB, 2 * GiB, 16 * GiB,
+          2 * GiB, 0, "backward", NULL, 0, 0, ABSENT, -1 },
+        { "a job that trains, failing outside a load or a pass (code copying weights): float32 may be master weights",
+          10 * GiB, 9 * GiB, 1 * GiB, 10 * GiB, 0, NULL, NULL, 0, 1, NOT_FIRST, -1 },
+        { "inference on float32 weights: loading in half precision before quantizing them", 16 * GiB, 0, 4 * GiB,
+          16 * GiB, 0, "forward", "/srv/model.py", -1, 0, FIRST, 2 },
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+        og_record_t *r = base();
+        fixture_roles(r, rows[i].params, rows[i].grads, 0, 0, 0, rows[i].act);
+        if (rows[i].fp32)
+            fixture_dtype(r, "float32", rows[i].fp32);
+        if (rows[i].bf16)
+            fixture_dtype(r, "bfloat16", rows[i].bf16);
+        if (rows[i].phase)
+            fixture_phase(r, rows[i].phase, rows[i].file, rows[i].file ? rows[i].phase : NULL);
+        r->memory.fw.grad_enabled = rows[i].grad_enabled;
+        r->memory.fw.training = rows[i].training;
+        run_primary(r, "does_not_fit");
+        int load = rank_of(r, "load_in_bf16"), quant = rank_of(r, "quantization");
+        bool ok = rows[i].load == FIRST ? load == 1 : rows[i].load == ABSENT ? load == 0 : load != 1;
+        if (rows[i].quantization >= 0)
+            ok = ok && (rows[i].quantization ? quant >= rows[i].quantization : quant == 0);
+        if (!ok)
+            fail_msg("%s: load_in_bf16 ranked %d, quantization %d", rows[i].what, load, quant);
+        free(r);
+    }
 }
 
 /* a full fine-tune whose state at its first step (weights 12, gradients 12, AdamW's moments 24 GiB) exceeds
