@@ -1315,16 +1315,15 @@ static bool b_pool_trim(const rctx_t *x, og_remedy_t *r)
 {
     const og_record_t *rec = x->rec;
     double slack = x->app_pool ? (double)x->f->app_slack : -1;
-    char ownerbuf[64];
-    og_cpy(ownerbuf, sizeof ownerbuf, rec->memory.pool_owner[0] ? rec->memory.pool_owner : "the application",
+    char owner[64], used_by[80] = "";
+    og_cpy(owner, sizeof owner, rec->memory.pool_owner[0] ? rec->memory.pool_owner : "the application",
            sizeof rec->memory.pool_owner);
-    const char *owner = x->app_pool ? ownerbuf : NULL;
+    if (x->app_pool)
+        og_fmt(used_by, sizeof used_by, " (used by %s)", owner);
     why(r,
-        "The application's own stream-ordered pool%s%s keeps %s of freed memory reserved: a pool returns memory "
-        "to the device only when trimmed or when its release threshold allows it at a synchronization.",
-        owner ? " (used by " : "", owner ? owner : "", og_hb(slack > 0 ? slack : 0).s);
-    if (owner)
-        why(r, ")");
+        "The application's own stream-ordered pool%s keeps %s of freed memory reserved: a pool returns memory to "
+        "the device only when trimmed or when its release threshold allows it at a synchronization.",
+        used_by, og_hb(slack > 0 ? slack : 0).s);
     HOWS(
         x, r, { ANY, "cudaStreamSynchronize(stream); cudaMemPoolTrimTo(pool, 0);   // before the large allocation" },
         { ANY, "uint64_t keep = 0; cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);   // a "

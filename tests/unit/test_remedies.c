@@ -715,6 +715,8 @@ static void app_pool_gets_trim(void **state)
     fixture_app_pool(r);
     run(r);
     assert_string_equal(r->remedies[0].id, "pool_trim");
+    /* who uses the pool, in its parenthesis, before the sentence goes on */
+    assert_non_null(strstr(r->remedies[0].why, "pool (used by the application) keeps 12.00 GiB"));
     assert_true(how_has(&r->remedies[0], "cudaMemPoolTrimTo"));
     assert_true(how_has(&r->remedies[0], "cudaMemPoolAttrReleaseThreshold"));
     assert_int_equal(rank_of(r, "empty_cache"), 0);
