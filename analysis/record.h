@@ -151,7 +151,17 @@ typedef struct og_roles {
         uint64_t bytes, tensors; /* parameters on the failing device, of one of them */
         int count;               /* how many such models */
         bool frozen;             /* none of their parameters requires grad */
+        int named;               /* of them, held by a name of the running code (-1 unknown: an older adapter) */
+        int running;             /* of them, running: a method of theirs executes (-1 unknown) */
+        char names[64];          /* the names holding them, comma-separated ("" none) */
     } models[6];
+    /* roles.operation: what the failing operation is (common/operations.def; "" none matched) and its frame */
+    char operation[24];
+    og_py_frame_t op_frame;
+    /* roles.ddp: DistributedDataParallel wrappers whose gradients are not bucket views, and the reducer's bucket
+     * copy of their gradients on the failing device (ddp_wrappers 0: none) */
+    int ddp_wrappers;
+    uint64_t ddp_bucket_bytes;
     /* the failing statement (roles.statement): the program's line, the name its result goes to, what
      * that name (or the names it reads) says it builds; has_statement false: none was found */
     bool has_statement;

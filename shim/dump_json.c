@@ -131,6 +131,29 @@ static void j_py_frames_one(og_sb_t *sb, const og_py_frame_t *f)
     og_sb_puts(sb, "}");
 }
 
+/* a comma-separated list as a JSON array of strings; NULL: null */
+static void j_csv_strs(og_sb_t *sb, const char *csv)
+{
+    if (!csv) {
+        og_sb_puts(sb, "null");
+        return;
+    }
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", csv);
+    og_sb_puts(sb, "[");
+    int k = 0;
+    for (char *p = buf, *e; p && *p; p = e ? e + 1 : NULL) {
+        e = strchr(p, ',');
+        if (e)
+            *e = 0;
+        if (!*p)
+            continue;
+        og_sb_puts(sb, k++ ? "," : "");
+        og_sb_json_str(sb, p);
+    }
+    og_sb_puts(sb, "]");
+}
+
 static void j_str_or_null(og_sb_t *sb, const char *s)
 {
     if (s[0])
@@ -211,11 +234,34 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
     for (int i = 0; i < r->nmodels; i++) {
         og_sb_puts(sb, i ? ",{\"class\":" : "{\"class\":");
         og_sb_json_str(sb, r->models[i].cls);
-        og_sb_printf(sb, ",\"parameters_bytes\":%llu,\"tensors\":%llu,\"count\":%d,\"frozen\":%s}",
+        og_sb_printf(sb, ",\"parameters_bytes\":%llu,\"tensors\":%llu,\"count\":%d,\"frozen\":%s",
                      (unsigned long long)r->models[i].bytes, (unsigned long long)r->models[i].tensors,
                      r->models[i].count, r->models[i].frozen ? "true" : "false");
+        /* how many the running code holds by a name and runs, and those names (null: not measured) */
+        if (r->models[i].named >= 0)
+            og_sb_printf(sb, ",\"named\":%d,\"running\":%d,\"names\":", r->models[i].named,
+                         r->models[i].running >= 0 ? r->models[i].running : 0);
+        else
+            og_sb_puts(sb, ",\"named\":null,\"running\":null,\"names\":");
+        j_csv_strs(sb, r->models[i].named >= 0 ? r->models[i].names : NULL);
+        og_sb_puts(sb, "}");
     }
     og_sb_puts(sb, "]");
+    K("operation");
+    if (r->operation[0]) {
+        og_sb_puts(sb, "{\"name\":");
+        og_sb_json_str(sb, r->operation);
+        og_sb_puts(sb, ",\"frame\":");
+        j_py_frames_one(sb, &r->op_frame);
+        og_sb_puts(sb, "}");
+    } else
+        og_sb_puts(sb, "null");
+    K("ddp");
+    if (r->ddp_wrappers > 0)
+        og_sb_printf(sb, "{\"wrappers\":%d,\"gradient_as_bucket_view\":false,\"bucket_bytes\":%llu}", r->ddp_wrappers,
+                     (unsigned long long)r->ddp_bucket_bytes);
+    else
+        og_sb_puts(sb, "null");
     K("statement");
     if (r->has_statement) {
         j_py_frame_open(sb, &r->stmt);

@@ -167,7 +167,19 @@ static void parse_roles(const char *s, og_roles_t *r)
             r->models[r->nmodels].tensors = strtoull(f[3], NULL, 10);
             r->models[r->nmodels].count = atoi(f[4]);
             r->models[r->nmodels].frozen = atoi(f[5]) != 0;
+            r->models[r->nmodels].named = n >= 9 ? atoi(f[6]) : -1;
+            r->models[r->nmodels].running = n >= 9 ? atoi(f[7]) : -1;
+            if (n >= 9)
+                copy_field(r->models[r->nmodels].names, sizeof r->models[0].names, f[8]);
             r->nmodels++;
+        } else if (!strcmp(f[0], "operation") && n >= 5 && !r->operation[0]) {
+            copy_field(r->operation, sizeof r->operation, f[1]);
+            copy_str(r->op_frame.file, sizeof r->op_frame.file, f[2]);
+            r->op_frame.line = atoi(f[3]);
+            copy_str(r->op_frame.function, sizeof r->op_frame.function, f[4]);
+        } else if (!strcmp(f[0], "ddp") && n >= 3) {
+            r->ddp_wrappers = atoi(f[1]) > 0 ? atoi(f[1]) : 0;
+            r->ddp_bucket_bytes = r->ddp_wrappers ? strtoull(f[2], NULL, 10) : 0;
         } else if (!strcmp(f[0], "statement") && n >= 7 && !r->has_statement) {
             r->has_statement = true;
             copy_str(r->stmt.file, sizeof r->stmt.file, f[1]);

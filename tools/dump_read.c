@@ -1055,6 +1055,24 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
     TRY(get_bool(L, o, &p, "gradient_checkpointing", &ckpt)); /* validated, likewise */
     int64_t batch;
     TRY(get_int(L, o, &p, "batch_size", &batch));
+    const cJSON *q;
+    TRY(get_obj(L, o, &p, "operation", &q)); /* the failing operation: validated, not printed */
+    if (q) {
+        struct path pq = { &p, "operation", 0 };
+        const char *opname;
+        struct og_pyframe of;
+        TRY(get_str(L, q, &pq, "name", &opname));
+        TRY(read_pyframe_obj(L, q, "frame", &pq, &of));
+    }
+    TRY(get_obj(L, o, &p, "ddp", &q)); /* DDP's bucket copy of the gradients: validated, not printed */
+    if (q) {
+        struct path pq = { &p, "ddp", 0 };
+        int64_t v;
+        int as_view;
+        TRY(get_int(L, q, &pq, "wrappers", &v));
+        TRY(get_int(L, q, &pq, "bucket_bytes", &v));
+        TRY(get_bool(L, q, &pq, "gradient_as_bucket_view", &as_view));
+    }
     return 1;
 }
 

@@ -74,6 +74,29 @@ PATTERNS = (
 # weights being made or updated.
 PURPOSE_PHASES = (("checkpoint", "loading"), ("ema", "ema_update"))
 
+# What the failing operation is (roles.operation in the dump; common/operations.def): (operation, priority,
+# file pattern, function pattern, class pattern), fnmatch patterns on the frame's file, its function and the
+# class of its `self` ("*": any, a function too).  Every frame of the failing stack is matched, the framework's
+# and the libraries' too (torch/nn/functional.py's cross_entropy, diffusers' decoder); the match of highest
+# priority decides, the innermost among equals.  Data, not code: an operation a remedy can split or fuse.
+OPERATIONS = (
+    ("cross_entropy", 30, "*", "cross_entropy", "*"),
+    ("cross_entropy", 30, "*", "*cross_entropy_loss", "*"),
+    ("cross_entropy", 30, "*", "log_softmax", "*"),
+    ("cross_entropy", 30, "*/torch/nn/functional.py", "nll_loss", "*"),
+    ("image_decode", 20, "*/diffusers/models/autoencoders/*", "*", "*"),
+    ("image_decode", 20, "*/diffusers/models/upsampling.py", "*", "*"),
+    ("image_decode", 20, "*", "decode", "*Autoencoder*"),
+    ("image_decode", 20, "*", "decode", "*VAE*"),
+    ("image_decode", 20, "*", "decode", "*Vae*"),
+    ("image_decode", 20, "*", "decode", "VQ*"),
+    ("image_decode", 15, "*/torch/nn/functional.py", "interpolate", "*"),
+    ("image_decode", 15, "*/torch/nn/modules/upsampling.py", "*", "*"),
+    ("pairwise", 20, "*", "cdist", "*"),
+    ("pairwise", 20, "*/torch/nn/functional.py", "pairwise_distance", "*"),
+)
+OPERATION_NAMES = ("cross_entropy", "image_decode", "pairwise")        # common/operations.def: the same
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _cache = {}
 
@@ -172,6 +195,45 @@ def from_frames(frames):
         if m is not None and (best is None or m[1] > best[1]):
             best, at = m, f
     return (best[0], at) if best else (None, None)
+
+
+def _self_class(f):
+    """The class name of the frame's `self` (its first argument), or "" when it has none.  Reads the fast
+    local without materialising f_locals."""
+    code = f.f_code
+    if not code.co_argcount or code.co_varnames[0] != "self":
+        return ""
+    try:
+        from oomguard_roles import _frame_locals
+        for k, v in _frame_locals(f):
+            if k == "self":
+                return type(v).__name__
+    except Exception:
+        pass
+    return ""
+
+
+def operation(frame, limit=64):
+    """(operation, (file, line, function)) of the failing stack by OPERATIONS, or None.  Never raises."""
+    try:
+        best, at = None, None
+        for f in frames_of(frame, limit) if frame is not None else ():
+            fn = f.f_code.co_filename.replace(os.sep, "/")
+            name = f.f_code.co_name
+            cls = None
+            for op, prio, fpat, npat, cpat in OPERATIONS:
+                if best is not None and prio <= best[1]:
+                    continue
+                if not fnmatch.fnmatchcase(name, npat) or not fnmatch.fnmatchcase(fn, fpat):
+                    continue
+                if cpat != "*":
+                    cls = _self_class(f) if cls is None else cls
+                    if not fnmatch.fnmatchcase(cls, cpat):
+                        continue
+                best, at = (op, prio), f
+        return (best[0], _where(at)) if best else None
+    except Exception:
+        return None
 
 
 def _is_oom(exc):

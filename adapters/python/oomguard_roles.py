@@ -19,7 +19,10 @@ checkpoint), and each optimizer says how many bytes of parameters on the failing
 param_groups hold (an optimizer made for this device's model: the job trains, before its first step
 too).  Each holder also says what its name or class says it keeps (purpose, PURPOSES) and whether its blocks
 are a copy of the parameters or the optimizer state (copy_of); `models` groups the modules no other
-module holds by class and size (a second copy of a model, a frozen one).
+module holds by class and size (a second copy of a model, a frozen one), each group saying how many of its
+models the running code holds by a name (a local of a running function of the program, a global, an
+attribute of the program's object) and how many it is running (`self` of a running frame); `ddp` says what
+DistributedDataParallel's reducer keeps as a flat bucket copy of the gradients (gradient_as_bucket_view off).
 
 A storage is counted once, under the first role that reaches it in that order (views share their
 storage: counted by its data pointer).  Modules and optimizers are found with gc; the scan has a
@@ -243,6 +246,11 @@ class _Scan(object):
         self.claimed = set()              # ids of the tensor objects already looked at
         self.stage = "the heap"           # what the scan reads now (said when the budget stops it)
         self.models = []                  # see _models
+        self.model_roots = {}             # (class, bytes, tensors) -> the root modules of that group
+        self.parent = {}                  # id(module) -> the module that holds it
+        self.model_names = {}             # id(module) -> names of the running code holding it (see _name_module)
+        self.running = []                 # modules that are `self` of a running frame
+        self.ddp = None                   # see _ddp
         try:
             self.exclude = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,)
         except Exception:
@@ -574,6 +582,7 @@ def _walk(scan, frame_roots):
         o[1] += got[1]
     scan.stage = "models"
     scan.models = _models(scan, modules)
+    scan.ddp = _ddp(scan, modules)
     # the graph pools' live blocks that no role above holds
     for ptr, size in scan.private.items():
         if ptr not in scan.seen:
@@ -581,6 +590,102 @@ def _walk(scan, frame_roots):
             scan.totals["graph_pools"][0] += size
             scan.totals["graph_pools"][1] += 1
     _named_holders(scan, modules, frame_roots)
+    scan.stage = "the models the running code holds"
+    _running_modules(scan)
+    scan.models = _models_named(scan)
+
+
+def _name_module(scan, v, name):
+    """The running code holds module v under `name` (a local of a running function of the program, a global
+    of the program, an attribute of the program's object): recorded for the models (see _models_named)."""
+    names = scan.model_names.setdefault(id(v), [])
+    if name not in names and len(names) < 8:
+        names.append(name)
+
+
+def _running_modules(scan, limit=256):
+    """The modules that are `self` of a running frame (their forward, generate, __init__ is executing), of
+    any file: the model the job runs (or builds) now.  Reads only frames whose first argument is `self`."""
+    for tid, top in list(sys._current_frames().items()):
+        n = 0
+        while top is not None and n < limit:
+            code = top.f_code
+            if code.co_argcount and code.co_varnames[0] == "self" and not os.path.dirname(
+                    os.path.abspath(code.co_filename)) == _HERE:
+                for k, v in _frame_locals(top):
+                    if k == "self":
+                        if scan.kind(type(v)) == "module" and all(v is not m for m in scan.running):
+                            scan.running.append(v)
+                        break
+            top, n = top.f_back, n + 1
+        top = None
+
+
+def _root_of(scan, m):
+    seen = 0
+    while id(m) in scan.parent and seen < 64:
+        m, seen = scan.parent[id(m)], seen + 1
+    return m
+
+
+def _models_named(scan):
+    """scan.models with, for each group, how many of its roots the running code holds by a name (named),
+    how many it is running (a method of the root or of one of its submodules is executing: running), and
+    those names: [(class, bytes, tensors, count, frozen, named, running, names)].  A root no name of the
+    running code reaches is a leftover (a previous run's model kept by a traceback, a cycle)."""
+    running_roots = set(id(_root_of(scan, m)) for m in scan.running)
+    out = []
+    for cls, b, n, k, fr in scan.models:
+        roots = scan.model_roots.get((cls, b, n), ())
+        named = [r for r in roots if id(r) in scan.model_names]
+        names = []
+        for r in named:
+            for nm in scan.model_names[id(r)]:
+                if nm not in names and len(names) < 4:
+                    names.append(nm)
+        out.append((cls, b, n, k, fr, len(named), sum(1 for r in roots if id(r) in running_roots), names))
+    return out
+
+
+def _ddp(scan, modules):
+    """DistributedDataParallel wrappers (a class of that name in the module's MRO, real torch's and a
+    program's own alike) whose gradients are not views of the reducer's buckets (gradient_as_bucket_view
+    not True; False is DDP's default): the reducer keeps a flat bucket copy of every gradient of the
+    wrapped module's parameters that require grad.  (wrappers, bucket bytes on the failing device: those
+    parameters' bytes, each storage once), or None when there is no such wrapper."""
+    found, total, seen = 0, 0, set()
+    for m in modules:
+        try:
+            if not any(c.__name__ == "DistributedDataParallel" for c in type(m).__mro__):
+                continue
+            if getattr(m, "gradient_as_bucket_view", False) is True:
+                continue
+            inner = (getattr(m, "__dict__", {}).get("_modules") or {}).get("module") or getattr(m, "module", None)
+        except Exception:
+            continue
+        if inner is None:
+            continue
+        found += 1
+        stack, visited = [inner], set()
+        while stack:
+            x = stack.pop()
+            if id(x) in visited:
+                continue
+            visited.add(id(x))
+            d = getattr(x, "__dict__", {})
+            for p in (d.get("_parameters") or {}).values():
+                scan.tick()
+                try:
+                    if p is None or not p.requires_grad:
+                        continue
+                except Exception:
+                    continue
+                st = scan.storage(p)
+                if st is not None and st[0] not in seen:
+                    seen.add(st[0])
+                    total += st[1]
+            stack.extend(c for c in (d.get("_modules") or {}).values() if c is not None)
+    return (found, total) if found else None
 
 
 def dtype_name(t):
@@ -603,6 +708,7 @@ def _models(scan, modules):
         for c in (getattr(m, "__dict__", {}).get("_modules") or {}).values():
             if c is not None:
                 children.add(id(c))
+                scan.parent[id(c)] = m
     groups = {}
     for root in modules:
         if id(root) in children:
@@ -633,6 +739,7 @@ def _models(scan, modules):
         g = groups.setdefault((type(root).__name__, b, n), [0, True])
         g[0] += 1
         g[1] = g[1] and not grad
+        scan.model_roots.setdefault((type(root).__name__, b, n), []).append(root)
     out = [(cls, b, n, k, fr) for (cls, b, n), (k, fr) in groups.items()]
     out.sort(key=lambda x: (-x[1] * x[3], x[0]))
     return out[:TOP_MODELS]
@@ -660,7 +767,9 @@ def _named_holders(scan, modules, frame_roots):
         found = False
         for k, v in list(d.items()) if isinstance(d, dict) else ():
             if type(v) not in _ATOMS:
-                if scan.kind(type(v)) == "user":
+                if scan.kind(type(v)) == "module":
+                    _name_module(scan, v, "self." + str(k))
+                elif scan.kind(type(v)) == "user":
                     found = instance(v, depth - 1) or found
                 else:
                     found = _holder(scan, v, "self." + str(k), type(v).__name__, "on " + type(o).__name__) or found
@@ -676,6 +785,8 @@ def _named_holders(scan, modules, frame_roots):
                 continue
             if scan.kind(type(v)) == "user":
                 instance(v, 2)
+            elif scan.kind(type(v)) == "module":
+                _name_module(scan, v, str(k))
             else:
                 _holder(scan, v, str(k), type(v).__name__, where)
     if not frame_roots:
@@ -699,6 +810,8 @@ def _named_holders(scan, modules, frame_roots):
                             _holder(scan, v, str(k), tp.__name__, where)
                         elif tp not in _ATOMS and scan.kind(tp) == "user":
                             instance(v, 2)
+                        elif k != "self" and tp not in _ATOMS and scan.kind(tp) == "module":
+                            _name_module(scan, v, str(k))
     finally:
         # the current thread's stack holds this very frame: a list of it (or `f`, at the end of the loop)
         # left in a local of it is a cycle that keeps the failing pass's frames, and their tensors, alive
@@ -740,7 +853,7 @@ def _result(scan, allocated, complete, why, t0, unknown=()):
     dtypes = None if "parameters" in unknown else dict((k, list(v)) for k, v in scan.dtypes.items())
     return {"allocated": allocated, "roles": roles, "optimizers": scan.optimizers, "holders": holders,
             "parameters_by_dtype": dtypes,
-            "models": list(scan.models), "activations_copy_of": rest_copy,
+            "models": list(scan.models), "activations_copy_of": rest_copy, "ddp": scan.ddp,
             "complete": complete, "why": why, "elapsed_ms": (_clock() - t0) * 1000.0,
             "objects": scan.objects, "sampled": scan.sampled}
 
@@ -806,7 +919,11 @@ def encode(r):
       role  NAME BYTES TENSORS | optimizer CLASS BYTES TENSORS PARAMETER_BYTES |
       dtype NAME BYTES TENSORS (the parameters by dtype; with `meta by_dtype 1`: measured) |
       holder BYTES TENSORS LABEL NAME KIND WHERE FILE LINE FUNCTION PURPOSE COPY_OF |
-      model CLASS BYTES TENSORS COUNT FROZEN | statement FILE LINE FUNCTION TARGET PURPOSE NAMES INTS |
+      model CLASS BYTES TENSORS COUNT FROZEN NAMED RUNNING NAMES (NAMED: roots the running code holds by a
+      name, RUNNING: roots whose method runs, NAMES: those names, comma-separated) |
+      operation NAME FILE LINE FUNCTION (the failing operation, oomguard_phase.OPERATIONS) |
+      ddp WRAPPERS BUCKET_BYTES (DistributedDataParallel wrappers without gradient_as_bucket_view) |
+      statement FILE LINE FUNCTION TARGET PURPOSE NAMES INTS |
       accumulating FILE LINE FUNCTION TARGET OPERAND |
       steps MADE ALLOCATED,... (after each of an optimizer's latest steps, oldest first) | meta KEY VALUE
       (meta num_beams N: the beam width of the generation running at the failure; meta checkpointing 0|1: activation
@@ -833,8 +950,19 @@ def encode(r):
         out.append("holder\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s" % (
             int(b), int(n), _clean(label), _clean(name), _clean(kind), _clean(where), _clean(f), int(ln), _clean(fn),
             _clean(purpose or "-"), _clean(copied or "-")))
-    for cls, b, n, k, frozen in r.get("models") or ():
-        out.append("model\t%s\t%d\t%d\t%d\t%d" % (_clean(cls), int(b), int(n), int(k), 1 if frozen else 0))
+    for m in r.get("models") or ():
+        cls, b, n, k, frozen = m[:5]
+        line = "model\t%s\t%d\t%d\t%d\t%d" % (_clean(cls), int(b), int(n), int(k), 1 if frozen else 0)
+        if len(m) >= 8:
+            line += "\t%d\t%d\t%s" % (int(m[5]), int(m[6]), _clean(",".join(m[7][:4])) or "-")
+        out.append(line)
+    op = r.get("operation")
+    if op:
+        name, (f, ln, fn) = op
+        out.append("operation\t%s\t%s\t%d\t%s" % (_clean(name), _clean(f), int(ln), _clean(fn)))
+    if r.get("ddp"):
+        wrappers, buckets = r["ddp"]
+        out.append("ddp\t%d\t%d" % (int(wrappers), int(buckets)))
     st = r.get("statement")
     if st:
         f, ln, fn, target, names, purpose = st[:6]

@@ -480,6 +480,9 @@ def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowe
                 measured["steps"] = _steps_of(device)
             phase = oomguard_phase.encode(*oomguard_phase.detect(frame, grad, exc=exc, package_dir=_torch_dir(torch),
                                                                  stmt=stmt))
+            if measured is not None and frame is not None:
+                # what the failing operation is (a loss over the vocabulary, an image decode): one table
+                measured["operation"] = oomguard_phase.operation(frame)
             if measured is not None and phase[0] == "generation" and frame is not None:
                 measured["num_beams"] = _num_beams(frame)
             if measured is not None and frame is not None:

@@ -342,8 +342,11 @@ def expectation_checks(d, txt, exp, subst):
               "[%s, %s]" % (key, v, lo, hi))
     for path, want in exp.get("fields", {}).items():
         v = d
-        for p in path.split("."):
-            v = v.get(p) if isinstance(v, dict) else None
+        for p in path.split("."):               # a number indexes a list: roles.models.0.count
+            if isinstance(v, list) and p.isdigit():
+                v = v[int(p)] if int(p) < len(v) else None
+            else:
+                v = v.get(p) if isinstance(v, dict) else None
         check(v == want, "%s = %r, expected %r" % (path, v, want))
     for c in d["diagnosis"].get("causes", []):
         check(0 <= (c.get("confidence") or 0) <= 1, "confidence of %s out of [0,1]" % c["id"])

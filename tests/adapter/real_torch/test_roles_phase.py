@@ -283,9 +283,34 @@ def t_models():
         assert ms["Block"][3] == 1 and ms["Block"][4] is True, ms     # Block(8192): frozen, not a child of a Net
         enc = oomguard_roles.encode(r)
         assert "model\tNet\t%d\t3\t2\t0" % net_bytes in enc, enc
+        # both copies are globals of the program: held by a name, neither running
+        assert ms["Net"][5] == 2 and ms["Net"][6] == 0 and set(ms["Net"][7]) == {"model", "old_model"}, ms
     finally:
         g.pop("old_model", None)
         g.pop("teacher", None)
+
+
+def t_models_named():
+    """A model only a list holds (a previous run's, kept by something else) is not held by a name; a model whose
+    method runs (`self` of a running frame) is running."""
+    build()
+    g = globals()
+    g["kept"] = [Net()]
+
+    class Runner(torch.nn.Module):
+        def __init__(self):
+            torch.nn.Module.__init__(self)
+            self.w = torch.nn.Parameter(empty(8192))
+
+        def run(self):
+            return measure(None)
+    try:
+        r = Runner().run()
+        ms = dict((m[0], m) for m in r["models"])
+        assert ms["Net"][3] == 2 and ms["Net"][5] == 1 and ms["Net"][7] == ["model"], ms
+        assert ms["Runner"][6] == 1 and ms["Runner"][5] == 0, ms
+    finally:
+        g.pop("kept", None)
 
 
 def t_statement():
@@ -354,6 +379,8 @@ check("roles of a model, its gradients, AdamW state, a view, global lists and an
 check("what a holder's name or class says it keeps (kv_cache, ema, checkpoint, teacher, cache)", t_purposes)
 check("a holder whose blocks are the parameters' sizes is a copy of them (in part too)", t_copies)
 check("models: roots by class and size, a second copy counted, a frozen one said", t_models)
+check("models: held by a name of the running code, or only by a list; running when a method of theirs runs",
+      t_models_named)
 check("parameters by dtype; an optimizer holds the device's parameters before its first step",
       t_dtypes_optimizer_before_step)
 check("the failing statement: its target, the names it reads, their purpose, the phase from it", t_statement)
@@ -696,6 +723,54 @@ def t_phase_handler():
     assert oomguard_phase.detect(sys._getframe(), 1)[0] != "oom_handler"
 
 
+def t_operation_real_frames():
+    """The failing operation from PyTorch's own frames: F.cross_entropy and F.interpolate, each seen from inside
+    (a Tensor subclass's __torch_function__ runs in their frame)."""
+    seen = {}
+
+    class Probe(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            if func.__name__ not in seen:
+                seen[func.__name__] = oomguard_phase.operation(sys._getframe(1))
+            return super().__torch_function__(func, types, args, kwargs or {})
+    logits = torch.zeros(4, 10).as_subclass(Probe)
+    torch.nn.functional.cross_entropy(logits, torch.zeros(4, dtype=torch.long))
+    img = torch.zeros(1, 3, 8, 8).as_subclass(Probe)
+    torch.nn.functional.interpolate(img, scale_factor=2.0)
+    ce, up = seen.get("cross_entropy"), seen.get("interpolate")
+    assert ce and ce[0] == "cross_entropy" and ce[1][0].endswith("torch/nn/functional.py"), seen
+    assert up and up[0] == "image_decode" and up[1][2] == "interpolate", seen
+    assert oomguard_phase.operation(sys._getframe()) is None
+
+
+def t_ddp_buckets():
+    """DistributedDataParallel (gloo, one rank, CPU): without gradient_as_bucket_view its buckets copy the gradients
+    of the parameters that require grad; with it, nothing is reported."""
+    import tempfile
+    import torch.distributed as dist
+    path = tempfile.mktemp(prefix="oomguard-ddp-")
+    dist.init_process_group("gloo", init_method="file://" + path, rank=0, world_size=1)
+    g = globals()
+    try:
+        net = Net()
+        net.b.weight.requires_grad_(False)
+        g["ddp"] = torch.nn.parallel.DistributedDataParallel(net)
+        r = measure(None)
+        want = nbytes(net.a.weight) + nbytes(net.head)
+        assert r["ddp"] == (1, want), (r["ddp"], want)
+        assert "ddp\t1\t%d" % want in oomguard_roles.encode(r)
+        g["ddp"] = torch.nn.parallel.DistributedDataParallel(Net(), gradient_as_bucket_view=True)
+        gc.collect()
+        r = measure(None)
+        assert r["ddp"] is None, r["ddp"]
+    finally:
+        g.pop("ddp", None)
+        dist.destroy_process_group()
+        if os.path.exists(path):
+            os.unlink(path)
+
+
 def t_phase_patterns_real_files():
     """The table's PyTorch file patterns name files this torch has (the layout has not drifted)."""
     base = os.path.dirname(os.path.abspath(torch.__file__))
@@ -729,6 +804,8 @@ if not STAND_IN:
     check("the phase table's PyTorch files exist in this torch", t_phase_patterns_real_files)
     check("gradient checkpointing: off in a plain layer, on under torch.utils.checkpoint or the flag", t_checkpointing)
     check("the batch size from the program's names, not a loop index or a global count", t_batch_size)
+    check("the failing operation from PyTorch's own frames: cross_entropy, interpolate", t_operation_real_frames)
+    check("DistributedDataParallel's buckets copy the gradients unless gradient_as_bucket_view", t_ddp_buckets)
 
 gc.collect()
 print("%d passed, %d failed" % (results["pass"], results["fail"]))

@@ -62,8 +62,10 @@ def main():
         assert says == {"losses (list, global in job_roles.py)": (None, None),
                         "self.cache (dict on Trainer)": ("cache", None)}, says
         net = sum(truth["roles"].get(k, 0) for k in ("parameters",))
+        # held by the global `model`, running (the failure is in its forward)
         assert r["models"] == [{"class": "Net", "parameters_bytes": net, "tensors": 2, "count": 1,
-                                "frozen": False}], (r["models"], net)
+                                "frozen": False, "named": 1, "running": 1, "names": ["model"]}], (r["models"], net)
+        assert r["operation"] is None and r["ddp"] is None, (r["operation"], r["ddp"])
         assert "statement" in r, r
         age = r["last_optimizer_step_ms_ago"]       # AdamW stepped once before the failing forward
         assert isinstance(age, (int, float)) and 0 <= age < 60000, age

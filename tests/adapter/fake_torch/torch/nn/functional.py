@@ -1,0 +1,32 @@
+"""torch.nn.functional, as far as the scenario programs use it: the Python functions whose frames the failing
+stack shows in PyTorch (torch/nn/functional.py: cross_entropy, log_softmax, interpolate), each making the
+tensors PyTorch's would, sized in bytes as the stand-in's tensors are (no shapes).  Nothing is computed."""
+import torch
+
+
+def log_softmax(input, dim=-1, dtype=None):
+    """A new tensor of the input's size (its dtype, or float32 when asked: dtype=torch.float32 of half logits
+    doubles it)."""
+    n = input.nbytes * (2 if dtype == torch.float32 and input.dtype in (torch.bfloat16, torch.float16) else 1)
+    out = torch.empty(n, device=input.device)
+    out._saved = input
+    return out
+
+
+def nll_loss(input, target, reduction="mean"):
+    loss = torch.empty(512, device=input.device)
+    loss._saved = input
+    return loss
+
+
+def cross_entropy(input, target, reduction="mean"):
+    """log_softmax over the last dimension (a tensor of the logits' size), then nll_loss, as PyTorch's
+    decomposition keeps it for backward."""
+    return nll_loss(log_softmax(input, -1), target, reduction)
+
+
+def interpolate(input, scale_factor=2.0, mode="nearest"):
+    """The input upsampled by scale_factor in both spatial dimensions: scale_factor**2 times its bytes."""
+    out = torch.empty(int(input.nbytes * float(scale_factor) ** 2), device=input.device)
+    out._saved = input
+    return out
