@@ -962,6 +962,45 @@ static enum og_request_shape request_shape(const og_roles_t *ro)
     return n >= 2 ? OG_REQ_PRODUCT : OG_REQ_UNKNOWN;
 }
 
+static const char *const operation_names[OG_NOPERATIONS] = {
+#define OG_OPERATION(name) #name,
+#include "operations.def"
+#undef OG_OPERATION
+};
+
+enum og_operation og_operation_of(const char *name)
+{
+    char n[24];
+    og_cpy(n, sizeof n, name ? name : "", sizeof n);
+    for (int p = 0; n[0] && p < OG_NOPERATIONS; p++)
+        if (strcmp(n, operation_names[p]) == 0)
+            return (enum og_operation)p;
+    return OG_OPERATION_NONE;
+}
+
+const char *og_operation_name(enum og_operation op)
+{
+    return op >= 0 && op < OG_NOPERATIONS ? operation_names[op] : "unknown";
+}
+
+/* NAME is one of the names that hold model group I (roles.models[].names) */
+static bool model_named(const og_roles_t *ro, int i, const char *name)
+{
+    char names[sizeof ro->models[0].names];
+    og_cpy(names, sizeof names, ro->models[i].names, sizeof names);
+    size_t len = strlen(name);
+    for (const char *p = names; len && *p;) {
+        const char *e = strchr(p, ',');
+        size_t l = e ? (size_t)(e - p) : strlen(p);
+        if (l == len && strncmp(p, name, len) == 0)
+            return true;
+        if (!e)
+            break;
+        p = e + 1;
+    }
+    return false;
+}
+
 static uint64_t role_or0(const og_roles_t *ro, enum og_role k) { return known(ro->bytes[k]) ? ro->bytes[k] : 0; }
 
 /* a holder's kind that keeps entries by key: a dict, an LRU or other cache */
@@ -980,13 +1019,26 @@ static void roles(og_facts_t *d, const og_record_t *r)
     og_role_facts_t *k = &d->roles;
     k->keeper = k->kv = -1;
     k->building = OG_PURPOSE_NONE;
+    k->operation = OG_OPERATION_NONE;
     if (!r->memory.fw.has || !ro->has)
         return;
     int nm = ro->nmodels < 0 ? 0 : ro->nmodels > 6 ? 6 : ro->nmodels;
+    char target[sizeof ro->stmt_target];
+    og_cpy(target, sizeof target, ro->has_statement ? ro->stmt_target : "", sizeof target);
     for (int i = 0; i < nm; i++) {
         uint64_t each = ro->models[i].bytes, n = ro->models[i].count > 0 ? (uint64_t)ro->models[i].count : 0;
+        /* the copies beyond the first: those the running code holds by a name beyond one are the program's own
+         * (an evaluation copy, a second model compared), the rest leftovers (a previous run's, kept by a
+         * traceback); all of them leftovers when a name of theirs is the one the failing statement rebinds */
+        uint64_t kept = 0;
+        if (n > 1 && ro->models[i].named >= 2 && !model_named(ro, i, target))
+            kept = (uint64_t)(ro->models[i].named < (int)n ? ro->models[i].named : (int)n) - 1;
         if (n > 1)
-            k->model_copies = add_sat(k->model_copies, each * (n - 1));
+            k->model_copies = add_sat(k->model_copies, each * (n - 1 - kept));
+        if (kept) {
+            k->named_copies = add_sat(k->named_copies, each * kept);
+            k->named_frozen = ro->models[i].frozen;
+        }
         if (ro->models[i].frozen)
             k->frozen_models = add_sat(k->frozen_models, each * n);
         k->model_params = add_sat(k->model_params, each * n);
@@ -1009,19 +1061,31 @@ static void roles(og_facts_t *d, const og_record_t *r)
                 first = j < first ? j : first;
         if (first != i)
             continue; /* the class was read at its first group */
-        uint64_t sum = ro->models[i].bytes, least = ro->models[i].bytes;
+        uint64_t sum = ro->models[i].bytes, least = ro->models[i].bytes, kept = 0;
         int groups = 1;
-        for (int j = i + 1; j < nm; j++)
+        for (int j = i; j < nm; j++)
             if (!ro->models[j].frozen && ro->models[j].count > 0 &&
                 strncmp(ro->models[j].cls, ro->models[i].cls, sizeof ro->models[i].cls) == 0) {
-                sum = add_sat(sum, ro->models[j].bytes);
-                least = ro->models[j].bytes < least ? ro->models[j].bytes : least;
-                groups++;
+                if (j > i) {
+                    sum = add_sat(sum, ro->models[j].bytes);
+                    least = ro->models[j].bytes < least ? ro->models[j].bytes : least;
+                    groups++;
+                }
+                /* a model the running code holds by a name, not running, whose name the statement does not
+                 * rebind: a second model kept on purpose (two compared), not a previous copy */
+                if (ro->models[j].named > 0 && ro->models[j].running == 0 && !model_named(ro, j, target))
+                    kept = add_sat(kept, ro->models[j].bytes);
             }
-        if (groups > 1) /* within a group the copies are counted above */
-            k->model_copies = add_sat(k->model_copies, sum - least);
+        if (groups > 1) { /* within a group the copies are counted above */
+            uint64_t extra = sum - least;
+            kept = kept < extra ? kept : extra;
+            k->model_copies = add_sat(k->model_copies, extra - kept);
+            k->named_copies = add_sat(k->named_copies, kept);
+        }
     }
     k->accumulating = ro->has_accum;
+    k->operation = og_operation_of(ro->operation);
+    k->ddp_buckets = ro->ddp_wrappers > 0 ? ro->ddp_bucket_bytes : 0;
     if (ro->has_statement) {
         char p[sizeof ro->stmt_purpose];
         og_cpy(p, sizeof p, ro->stmt_purpose, sizeof p);

@@ -99,6 +99,17 @@ enum og_purpose {
 };
 enum og_purpose og_purpose_of(const char *name);
 
+/* What the failing operation is (roles.operation; common/operations.def); OG_OPERATION_NONE: not said. */
+enum og_operation {
+#define OG_OPERATION(name) OG_OP_##name,
+#include "operations.def"
+#undef OG_OPERATION
+    OG_NOPERATIONS,
+    OG_OPERATION_NONE = OG_NOPERATIONS
+};
+enum og_operation og_operation_of(const char *name);
+const char *og_operation_name(enum og_operation op);
+
 /* What the framework's allocated bytes are for (memory.framework.roles), as the advice reads them.
  * known = false: not measured (no adapter, a C program): every remedy keeps its unmeasured estimate. */
 typedef struct og_role_facts {
@@ -151,6 +162,14 @@ typedef struct og_role_facts {
                            loop) holding at least half of what the growth's steps kept (the median rise per step
                            times the steps), -1 none or no growth */
     uint64_t grower_bytes;
+    enum og_operation operation; /* what the failing operation is (roles.operation), OG_OPERATION_NONE unknown */
+    /* models the running code holds by a name beside another of their class (roles.models: named, running): the
+     * parameters of every such model but one per class, when the program holds them on purpose (a local, a
+     * global, an attribute), not a leftover; a model whose name the failing statement is about to rebind is a
+     * previous copy (a cell run again), not one of these.  0 none or not measured */
+    uint64_t named_copies;
+    bool named_frozen;    /* those models are frozen (a teacher, an EMA): kept beside the trained one on purpose */
+    uint64_t ddp_buckets; /* roles.ddp: DDP's flat bucket copy of the gradients (gradient_as_bucket_view off), 0 none */
 } og_role_facts_t;
 
 /* A peak from one batch: the failing request (and the equal allocations just before it) is a size the

@@ -152,7 +152,13 @@ static bool model_copy(const rctx_t *x)
     return x->f->roles.model_copies && x->f->shortfall && x->f->roles.model_copies >= x->f->shortfall &&
            x->f->phase != OG_JP_ema_update;
 }
-static bool second_load(const rctx_t *x) { return PRIMARY(DNF) && load_phase(x) == OG_PHASE_SECOND_LOAD; }
+static bool resident_models(const rctx_t *x);
+/* a second copy of the weights arriving beside the first (the history), unless the roles say the first is a
+ * model the running code holds on purpose (resident_models: two models compared, one at a time is the fix) */
+static bool second_load(const rctx_t *x)
+{
+    return PRIMARY(DNF) && load_phase(x) == OG_PHASE_SECOND_LOAD && !resident_models(x);
+}
 static bool model_copy_primary(const rctx_t *x) { return PRIMARY(DNF) && model_copy(x); }
 /* a previous copy of the model is alive beside the one the job uses (a second load, a notebook cell run again) */
 bool og_previous_copy(const rctx_t *x) { return second_load(x) || model_copy_primary(x); }
@@ -400,6 +406,52 @@ static bool no_activations(const rctx_t *x)
     return roles_of(x)->known && (PHASE(loading) || PHASE(optimizer_step) || PHASE(ema_update) || weights_copy(x));
 }
 
+/* the failing operation is a loss over logits (roles.operation cross_entropy: cross_entropy, log_softmax,
+ * nll_loss on the stack): its [tokens, vocabulary] tensors are the request; a fused or chunked loss never makes
+ * them whole */
+static bool cross_entropy_op(const rctx_t *x)
+{
+    return roles_of(x)->operation == OG_OP_cross_entropy && !own_fix_covers(x) && !x->larger_than_device;
+}
+/* one operation that can be split (an image decoder at full resolution, an all-pairs distance: roles.operation)
+ * makes a tensor at least as large as everything else the running pass holds (activations and locals): the
+ * operation, not the batch's activations, is the peak; splitting it into tiles or slices shrinks that tensor */
+static bool operation_dominates(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && ro->act_known && (ro->operation == OG_OP_image_decode || ro->operation == OG_OP_pairwise) &&
+           x->req >= ro->working && !own_fix_covers(x) && !x->larger_than_device;
+}
+/* both lead unless short, except after a confident growth (a leak fills any card whatever the operation) */
+static bool cross_entropy_lead(const rctx_t *x) { return cross_entropy_op(x) && !confident_growth(x); }
+static bool operation_dominates_lead(const rctx_t *x) { return operation_dominates(x) && !confident_growth(x); }
+/* the same in a job not known to train: one batch of the whole pipeline is the operation's slices (a sliced
+ * decode runs one image at a time), so a smaller batch is not the lever before splitting */
+static bool operation_dominates_inference(const rctx_t *x) { return operation_dominates(x) && x->trains != 1; }
+/* models the running code holds by a name beside another of their class, not a leftover (roles.models: named,
+ * running), holding the missing bytes, in a job not known to train: two models compared side by side */
+static bool resident_models(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && x->trains != 1 && x->shortfall && ro->named_copies >= x->shortfall &&
+           ro->model_copies < x->shortfall && !own_fix_covers(x) && !x->larger_than_device;
+}
+/* a training job holding a second copy of its model, by a name of the running code (copy.deepcopy(model) for
+ * evaluation), not frozen (an EMA, a teacher), failing while evaluating (the phase, or autograd off outside an
+ * optimizer step, an EMA update or a load): the copy is what evaluation added */
+static bool eval_copy(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    bool evaluating = x->f->phase == OG_JP_evaluation ||
+                      (x->grad == -1 && (x->f->phase == OG_JP_unknown || x->f->phase == OG_JP_forward));
+    return ro->known && x->trains == 1 && x->shortfall && ro->named_copies >= x->shortfall && !ro->named_frozen &&
+           ro->model_copies < x->shortfall && evaluating && !own_fix_covers(x) && !x->larger_than_device;
+}
+/* DistributedDataParallel keeps a flat bucket copy of every gradient (roles.ddp: gradient_as_bucket_view off) */
+static bool ddp_buckets(const rctx_t *x) { return roles_of(x)->ddp_buckets > 0 && x->trains != -1; }
+/* the same, leading unless short, except after a confident growth (a leak fills any card) */
+static bool ddp_buckets_lead(const rctx_t *x) { return ddp_buckets(x) && !confident_growth(x); }
+
 /* ------------------------------------------------------------------ rows */
 
 enum effect {
@@ -534,6 +586,23 @@ static const og_rank_row_t bring[] = {
     { "one_batch_peak", one_batch_peak, WANT, 0, 0, REMS(R_SHORTER_SEQ),
       "primary does_not_fit, request >= 4x any earlier allocation after freed steps, autograd not off",
       "outlier_long_batch (blind)" },
+    { "cross_entropy_op", cross_entropy_op, WANT, 0, 0, REMS(R_FUSED_CE),
+      "roles.operation cross_entropy (cross_entropy, log_softmax, nll_loss on the failing stack)",
+      "gemma_lora_fp32_logits_ce (blind), perplexity_log_softmax" },
+    { "operation_dominates", operation_dominates, WANT, 0, 0, REMS(R_CHUNK),
+      "roles.operation image_decode or pairwise, request >= the working set (activations + locals)",
+      "sdxl_vae_decode_2048px (blind), upscale_interpolate" },
+    { "resident_models", resident_models, WANT, 0, 0, REMS(R_ONE_MODEL),
+      "not training, roles.models: models held by a name of the running code beside one of their class (not "
+      "rebound by the failing statement) >= shortfall, leftover copies < shortfall",
+      "ab_compare_two_7b (blind), two_models_generate" },
+    { "eval_copy", eval_copy, WANT, 0, 0, REMS(R_EVAL_NO_COPY),
+      "the job trains, roles.models: a second copy held by a name of the running code >= shortfall, not frozen; "
+      "phase evaluation (or autograd off outside a step, an EMA update, a load)",
+      "eval_deepcopy_in_train_loop (blind), eval_copy_forward" },
+    { "ddp_buckets", ddp_buckets, WANT, 0, 0, REMS(R_BUCKET_VIEW),
+      "roles.ddp: DistributedDataParallel without gradient_as_bucket_view (its buckets copy the gradients)",
+      "ddp_bucket_views_big_batch (blind), ddp_bucket_copy" },
     { "unknown_cache", unknown_cache, WANT, 0, 0, REMS(R_EMPTY_CACHE), "no cause, cache known > 0 or unmeasured",
       "(unit tests)" },
     { "unknown_others", unknown_others, WANT, 0, 0, REMS(R_FOREIGN), "no cause, other processes' bytes",
@@ -709,6 +778,20 @@ static const og_rank_row_t lead[] = {
       "as generation_working_set, no growth cause (growth.gen_built, or phase generation with a KV cache >= "
       "shortfall and >= 1/4 of the allocated bytes)",
       "translate_docs_beam_kv_growth, longform_eval_kv_growth (blind)" },
+    { "cross_entropy_lead", cross_entropy_lead, LEAD_COVERS, -26, 0, REMS(R_FUSED_CE),
+      "as cross_entropy_op, primary not a confident growth",
+      "gemma_lora_fp32_logits_ce (blind), perplexity_log_softmax" },
+    { "operation_dominates_lead", operation_dominates_lead, LEAD_COVERS, -27, 0, REMS(R_CHUNK),
+      "as operation_dominates, primary not a confident growth", "sdxl_vae_decode_2048px (blind), upscale_interpolate" },
+    { "operation_slices_the_batch", operation_dominates_inference, DEMOTE, 3, 0, REMS(R_SMALLER_BATCH),
+      "as operation_dominates, not training (a sliced operation runs the batch piece by piece)",
+      "sdxl_vae_decode_2048px (blind), upscale_interpolate" },
+    { "resident_models_lead", resident_models, LEAD_COVERS, -33, 0, REMS(R_ONE_MODEL), "as resident_models",
+      "ab_compare_two_7b (blind), two_models_generate" },
+    { "eval_copy_lead", eval_copy, LEAD_COVERS, -33, 0, REMS(R_EVAL_NO_COPY), "as eval_copy",
+      "eval_deepcopy_in_train_loop (blind), eval_copy_forward" },
+    { "ddp_buckets_lead", ddp_buckets_lead, LEAD_COVERS, -18, 0, REMS(R_BUCKET_VIEW),
+      "as ddp_buckets, primary not a confident growth", "ddp_bucket_copy" },
     { "other_framework_first", other_framework_covers, LEAD_COVERS, -40, 0, REMS(R_OTHER_FW),
       "primary other_framework >= 0.7, its bytes >= shortfall", "jax_arena_torch_policy" },
     { "outside_the_framework", no_other_process, REPLACE, 0, 0, REMS(R_FOREIGN, R_NONFW_MEMORY),
@@ -881,6 +964,13 @@ static void estimate(rank_t *k, const rctx_t *x)
         cover[R_SHORTER_SEQ] = (double)x->req;
         cover[R_FLASH] = 0.9 * (double)x->req;
     }
+    if (cross_entropy_op(x)) /* a fused or chunked loss never makes the failing [tokens, vocabulary] tensor */
+        cover[R_FUSED_CE] = (double)x->req;
+    if (operation_dominates(x)) /* in eight tiles or slices: an eighth of the failing tensor at a time */
+        cover[R_CHUNK] = 0.875 * (double)x->req;
+    cover[R_ONE_MODEL] = resident_models(x) ? (double)ro->named_copies : -1;
+    cover[R_EVAL_NO_COPY] = eval_copy(x) ? (double)ro->named_copies : -1;
+    cover[R_BUCKET_VIEW] = ddp_buckets(x) ? (double)ro->ddp_buckets : -1;
     double imb = HAS(IMBALANCE) ? (double)x->f->imbalance.mine - (double)x->f->imbalance.avg : 0;
     cover[R_DDP] = imb > 0 ? imb : -1;
     if (x->retried_zero)

@@ -1279,8 +1279,38 @@ static bool b_ddp(const rctx_t *x, og_remedy_t *r)
     return true;
 }
 
+static void operation_site(const rctx_t *x, char *buf, size_t n);
+
+/* one operation that fits the device but makes a tensor at least as large as the rest of the pass (roles.operation:
+ * an image decoder at full resolution, an all-pairs distance): tiles or slices of it */
+static bool chunk_operation(const rctx_t *x, og_remedy_t *r)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    char site[200];
+    operation_site(x, site, sizeof site);
+    bool decode = ro->operation == OG_OP_image_decode;
+    why(r,
+        "The failing request, %s, is one %s%s, at least as large as everything else the running pass holds "
+        "(%s): that operation, not the batch, is the peak. Computed in tiles or slices it needs a fraction of "
+        "it at a time.",
+        og_hb((double)x->req).s, decode ? "image decode at full resolution" : "all-pairs computation", site,
+        og_hb((double)ro->working).s);
+    if (decode)
+        HOWS(x, r,
+             { PT, "pipe.enable_vae_tiling()   # decode in overlapping tiles; pipe.enable_vae_slicing() decodes one "
+                   "image of a batch at a time" },
+             { PT, "vae.tiled_decode(latents)   # or decode the latents in spatial tiles and stitch the images" });
+    else
+        HOWS(x, r,
+             { PT, "for rows in torch.split(a, 4096): out.append(torch.cdist(rows, b).topk(k, largest=False))   # "
+                   "keep only what each block needs" });
+    return true;
+}
+
 static bool b_chunk(const rctx_t *x, og_remedy_t *r)
 {
+    if (!x->larger_than_device && x->f->roles.operation != OG_OPERATION_NONE)
+        return chunk_operation(x, r);
     why(r,
         "The request alone, %s, is larger than the whole %s (%s): no setting of this process can fit it. Split "
         "the operation into pieces that fit, shard the tensor across GPUs, or keep it off the GPU.",
@@ -1757,6 +1787,103 @@ static bool b_nccl_buffsize(const rctx_t *x, og_remedy_t *r)
         og_hb((double)x->f->comm_bytes).s);
     HOWS(x, r, { ANY, "export NCCL_BUFFSIZE=2097152   # 2 MiB buffers: less memory per communicator" },
          { ANY, "export NCCL_MAX_NCHANNELS=4   # fewer channels, fewer buffers (slower collectives)" });
+    return true;
+}
+
+/* "cross_entropy at train.py:108" from roles.operation's frame, or "" */
+static void operation_site(const rctx_t *x, char *buf, size_t n)
+{
+    const og_roles_t *ro = &x->rec->memory.fw.roles;
+    char file[sizeof ro->op_frame.file], fn[sizeof ro->op_frame.function];
+    og_cpy(file, sizeof file, ro->op_frame.file, sizeof file);
+    og_cpy(fn, sizeof fn, ro->op_frame.function, sizeof fn);
+    const char *base = strrchr(file, '/');
+    buf[0] = 0;
+    if (fn[0] && file[0])
+        og_fmt(buf, n, " (%s at %s:%d)", fn, base ? base + 1 : file, ro->op_frame.line);
+}
+
+/* the names the running code holds models of group classes by ("base, tuned"), from roles.models */
+static void model_names(const rctx_t *x, char *buf, size_t n)
+{
+    const og_roles_t *ro = &x->rec->memory.fw.roles;
+    int nm = ro->nmodels < 0 ? 0 : ro->nmodels > 6 ? 6 : ro->nmodels;
+    size_t l = 0;
+    buf[0] = 0;
+    for (int i = 0; i < nm && l + 1 < n; i++) {
+        char names[sizeof ro->models[0].names];
+        og_cpy(names, sizeof names, ro->models[i].names, sizeof names);
+        if (ro->models[i].named <= 0 || !names[0])
+            continue;
+        og_fmt(buf + l, n - l, "%s%s", l ? ", " : "", names);
+        l = strlen(buf);
+    }
+}
+
+static bool b_fused_cross_entropy(const rctx_t *x, og_remedy_t *r)
+{
+    char site[200];
+    operation_site(x, site, sizeof site);
+    why(r,
+        "The failing request, %s, is made by the loss over the logits%s: cross-entropy over a large vocabulary "
+        "makes [tokens, vocabulary] tensors (float32 logits, their log-probabilities). A fused or chunked loss "
+        "never makes them whole: the same loss and gradients.",
+        og_hb((double)x->req).s, site);
+    HOWS(x, r,
+         { PT, "loss = chunked_ce(hidden, lm_head.weight, labels, chunk=1024)   # logits of 1024 tokens at a time, "
+               "each chunk under torch.utils.checkpoint so backward recomputes it" },
+         { ANY, "A fused linear cross-entropy (e.g. Liger Kernel's, or cut-cross-entropy) computes the loss from the "
+                "hidden states and the output layer without the logits" },
+         { ANY, "Do not upcast the whole logits to float32 for the loss: the fused kernels accumulate in float32 "
+                "themselves" });
+    return true;
+}
+
+static bool b_one_model_at_a_time(const rctx_t *x, og_remedy_t *r)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    char names[160];
+    model_names(x, names, sizeof names);
+    why(r,
+        "The running code holds %s of another model of the same class on the GPU (%s) beside the one it %s: "
+        "two models resident at once for a comparison or an ensemble. One at a time needs room for one.",
+        og_hb((double)ro->named_copies).s, names[0] ? names : "held by name",
+        x->f->phase == OG_JP_loading ? "is loading" : "runs");
+    HOWS(x, r,
+         { ANY, "Run the first model over the whole set and save its outputs (to host memory or disk), then free "
+                "it before the next one loads; compare the saved outputs" },
+         { PT, "del base; gc.collect(); torch.cuda.empty_cache()   # the first model, before the next is loaded" },
+         { ANY, "Or put each model on its own GPU (device_map, .to(\"cuda:1\")), or keep the idle one in host memory "
+                "and move it to the GPU only for its turn" });
+    return true;
+}
+
+static bool b_eval_without_copy(const rctx_t *x, og_remedy_t *r)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    char names[160];
+    model_names(x, names, sizeof names);
+    why(r,
+        "A training job holds a second copy of its model, %s, by a name of the running code (%s), while it "
+        "evaluates: a copy made for the evaluation (copy.deepcopy(model)) next to the weights, gradients and "
+        "optimizer state that training keeps. Evaluating the training model itself needs no copy.",
+        og_hb((double)ro->named_copies).s, names[0] ? names : "held by name");
+    HOWS(x, r, { PT, "model.eval(); with torch.no_grad(): score = validate(model, loader)   # then model.train()" },
+         { ANY, "If a frozen copy is really needed: keep it in host memory (copy.deepcopy(model).to(\"cpu\")) or "
+                "evaluate a saved checkpoint in another process" });
+    return true;
+}
+
+static bool b_gradient_as_bucket_view(const rctx_t *x, og_remedy_t *r)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    why(r,
+        "DistributedDataParallel runs without gradient_as_bucket_view: its reducer keeps a flat bucket copy "
+        "of every gradient for the all-reduce, %s on this GPU (the wrapped model's parameters that require "
+        "grad). With views, the gradients live in the buckets and the copy goes.",
+        og_hb((double)ro->ddp_buckets).s);
+    HOWS(x, r, { PT, "model = DDP(model, device_ids=[local_rank], gradient_as_bucket_view=True)" },
+         { ANY, "Keep optimizer.zero_grad() (set_to_none is fine); code must not assign a new tensor to p.grad" });
     return true;
 }
 

@@ -367,6 +367,25 @@ static void fixture_model(og_record_t *r, const char *cls, uint64_t bytes, int c
     ro->models[ro->nmodels++].frozen = frozen;
 }
 
+/* the last model group: NAMED of them held by a name of the running code (NAMES), RUNNING of them running */
+static void fixture_model_held(og_record_t *r, int named, int running, const char *names)
+{
+    og_roles_t *ro = &r->memory.fw.roles;
+    ro->models[ro->nmodels - 1].named = named;
+    ro->models[ro->nmodels - 1].running = running;
+    snprintf(ro->models[ro->nmodels - 1].names, sizeof ro->models[0].names, "%s", names);
+}
+
+/* roles.operation: the failing operation NAME (common/operations.def) decided at FUNCTION of /w/train.py */
+static void fixture_operation(og_record_t *r, const char *name, const char *function)
+{
+    og_roles_t *ro = &r->memory.fw.roles;
+    snprintf(ro->operation, sizeof ro->operation, "%s", name);
+    snprintf(ro->op_frame.file, sizeof ro->op_frame.file, "/w/train.py");
+    snprintf(ro->op_frame.function, sizeof ro->op_frame.function, "%s", function);
+    ro->op_frame.line = 108;
+}
+
 /* the failing statement (roles.statement): TARGET ("" none) and what it builds (PURPOSE, "" none) */
 static void fixture_statement(og_record_t *r, const char *target, const char *purpose)
 {

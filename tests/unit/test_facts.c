@@ -680,6 +680,51 @@ static void roles_for_the_advice(void **state)
 }
 
 /* what the adapter says the holders keep (names, copies), the models and the failing statement */
+/* models the running code holds by a name (roles.models[].named/running/names) are kept on purpose, not left
+ * over; one whose name the failing statement rebinds is a previous copy; the operation and DDP's buckets read */
+static void models_held_by_name_operation_ddp(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    fixture_roles(r, 8 * GiB, 0, 0, 0, 0, 1 * GiB);
+    fixture_model(r, "LM", 4 * GiB, 2, false);
+    fixture_model_held(r, 2, 1, "base,tuned");
+    assert_int_equal(facts(r)->roles.named_copies, 4 * GiB);
+    assert_int_equal(F.roles.model_copies, 0);
+    fixture_model_held(r, 1, 1, "tuned"); /* one copy no name reaches: a leftover */
+    assert_int_equal(facts(r)->roles.named_copies, 0);
+    assert_int_equal(F.roles.model_copies, 4 * GiB);
+    fixture_model_held(r, 2, 1, "base,tuned");
+    fixture_statement(r, "base", ""); /* `base = LM()` again: the old one is being replaced */
+    assert_int_equal(facts(r)->roles.named_copies, 0);
+    assert_int_equal(F.roles.model_copies, 4 * GiB);
+    free(r);
+    /* being built beside a model held by another name: the held one is kept on purpose, not a copy to release */
+    r = fixture_pytorch_24g("libtorch_cuda.so");
+    fixture_roles(r, 7 * GiB, 0, 0, 0, 0, 0);
+    fixture_model(r, "LM", 4 * GiB, 1, false);
+    fixture_model_held(r, 1, 0, "base");
+    fixture_model(r, "LM", 3 * GiB, 1, false);
+    fixture_model_held(r, 0, 1, "");
+    fixture_statement(r, "tuned", "");
+    fixture_phase(r, "loading", "/w/eval.py", "from_pretrained");
+    assert_int_equal(facts(r)->roles.named_copies, 4 * GiB);
+    assert_int_equal(F.roles.model_copies, 0);
+    r->memory.fw.roles.models[0].named = -1; /* an adapter that did not say: the old reading */
+    assert_int_equal(facts(r)->roles.model_copies, 4 * GiB);
+    assert_int_equal(F.roles.operation, OG_OPERATION_NONE);
+    fixture_operation(r, "cross_entropy", "cross_entropy");
+    assert_int_equal(facts(r)->roles.operation, OG_OP_cross_entropy);
+    fixture_operation(r, "nonsense", "f");
+    assert_int_equal(facts(r)->roles.operation, OG_OPERATION_NONE);
+    assert_string_equal(og_operation_name(OG_OP_image_decode), "image_decode");
+    r->memory.fw.roles.ddp_wrappers = 1;
+    r->memory.fw.roles.ddp_bucket_bytes = 3 * GiB;
+    assert_int_equal(facts(r)->roles.ddp_buckets, 3 * GiB);
+    r->memory.fw.roles.ddp_wrappers = 0;
+    assert_int_equal(facts(r)->roles.ddp_buckets, 0);
+    free(r);
+}
+
 static void names_copies_models_and_the_statement(void **state)
 {
     og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
@@ -843,6 +888,7 @@ int main(void)
         cmocka_unit_test(the_phase_as_the_adapter_said),
         cmocka_unit_test(roles_for_the_advice),
         cmocka_unit_test(names_copies_models_and_the_statement),
+        cmocka_unit_test(models_held_by_name_operation_ddp),
         cmocka_unit_test(one_batch_peak_after_freed_steps),
         cmocka_unit_test(nccl_is_communication),
         cmocka_unit_test(nccl_holds_the_steady_part_of_the_growth),

@@ -16,6 +16,10 @@
 #include "analysis_fixture.h"
 
 static const char *const ALL_IDS[] = {
+    "fused_cross_entropy",
+    "one_model_at_a_time",
+    "eval_without_copy",
+    "gradient_as_bucket_view",
     "empty_cache",
     "mixed_precision",
     "gradient_checkpointing",
@@ -964,6 +968,132 @@ static void second_copy_of_a_model(void **state)
     snprintf(r->memory.fw.roles.stmt.function, sizeof r->memory.fw.roles.stmt.function, "forward");
     run_primary(r, "does_not_fit");
     assert_true(rank_of(r, "restart_process") != 1 && rank_of(r, "release_references") != 1);
+    free(r);
+}
+
+/* the failing request is cross-entropy's over the logits (roles.operation): a fused or chunked loss leads, its
+ * text names the operation's frame; without the operation, nothing says so */
+static void cross_entropy_fused_first(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 5 * GiB, 0, 0, 0, 0, 12 * GiB);
+    fixture_optimizer(r, "AdamW", 0);
+    r->memory.fw.roles.optimizers[0].param_bytes = 80 * MiB;
+    fixture_phase(r, "forward", "/w/train.py", "forward");
+    r->memory.fw.grad_enabled = 1;
+    r->event.requested_bytes = 7 * GiB + 512 * MiB;
+    r->device.free_bytes = 6 * GiB;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "fused_cross_entropy"), 0);
+    fixture_operation(r, "cross_entropy", "cross_entropy");
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "fused_cross_entropy");
+    assert_non_null(strstr(r->remedies[0].why, "cross_entropy at train.py:108"));
+    assert_int_equal(rank_of(r, "restart_process"), 0);
+    free(r);
+}
+
+/* one operation that can be split (an image decode) makes a tensor at least the pass's working set: split it
+ * first; in inference a smaller batch is not in the top 3 (slicing runs the batch piece by piece); a working set
+ * larger than the request: the batch, not the operation, and split_operation is not brought */
+static void operation_dominates_split_first(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 6 * GiB, 0, 0, 0, 0, 2 * GiB);
+    fixture_operation(r, "image_decode", "decode");
+    r->memory.fw.grad_enabled = -1;
+    r->event.requested_bytes = 8 * GiB;
+    r->device.free_bytes = 7 * GiB;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "split_operation");
+    assert_true(how_has(&r->remedies[0], "enable_vae_tiling"));
+    assert_null(strstr(r->remedies[0].why, "larger than the whole"));
+    assert_true(rank_of(r, "smaller_batch") == 0 || rank_of(r, "smaller_batch") > 3);
+    fixture_operation(r, "pairwise", "cdist"); /* an all-pairs distance: split in blocks of rows */
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "split_operation");
+    assert_true(how_has(&r->remedies[0], "torch.cdist"));
+    fixture_roles(r, 6 * GiB, 0, 0, 0, 0, 9 * GiB);
+    fixture_operation(r, "image_decode", "decode");
+    r->memory.fw.grad_enabled = -1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "split_operation"), 0);
+    free(r);
+}
+
+/* two models of one class held by names of the running code (base, and tuned being loaded), in a job not known
+ * to train: one at a time leads, no restart in the top 3; the same first model held by the name the failing
+ * statement rebinds is a previous copy (a cell run again): restart or release it first */
+static void two_models_one_at_a_time(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 23 * GiB + 512 * MiB, 0, 0, 0, 0, 0);
+    fixture_model(r, "LM", 12 * GiB + 512 * MiB, 1, false);
+    fixture_model_held(r, 1, 0, "base");
+    fixture_model(r, "LM", 11 * GiB, 1, false);
+    fixture_model_held(r, 0, 1, "");
+    fixture_statement(r, "tuned", "");
+    fixture_phase(r, "loading", "/w/eval.py", "from_pretrained");
+    r->event.requested_bytes = 84 * MiB;
+    r->device.free_bytes = 26 * MiB;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.named_copies, 12 * GiB + 512 * MiB);
+    assert_int_equal(r->analysis.facts.roles.model_copies, 0);
+    assert_string_equal(r->remedies[0].id, "one_model_at_a_time");
+    assert_non_null(strstr(r->remedies[0].why, "base"));
+    assert_true(rank_of(r, "restart_process") == 0 || rank_of(r, "restart_process") > 3);
+    fixture_statement(r, "base", "");
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "one_model_at_a_time"), 0);
+    assert_true(rank_of(r, "restart_process") == 1 || rank_of(r, "release_references") == 1);
+    free(r);
+}
+
+/* a training job holding a second copy of its model by a name of the running code while it evaluates: evaluate
+ * without the copy, no restart; the same copy left over (no name holds it): the previous copy's advice */
+static void eval_copy_first(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 9 * GiB, 4 * GiB + 512 * MiB, 9 * GiB, 0, 0, 640 * MiB);
+    fixture_model(r, "Summarizer", 4 * GiB + 512 * MiB, 2, false);
+    fixture_model_held(r, 2, 0, "model,eval_model");
+    fixture_optimizer(r, "AdamW", 9 * GiB);
+    fixture_phase(r, "evaluation", "/w/train.py", "validate");
+    r->memory.fw.grad_enabled = -1;
+    r->memory.fw.training = 1;
+    r->event.requested_bytes = 640 * MiB;
+    r->device.free_bytes = 300 * MiB;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "eval_without_copy");
+    assert_non_null(strstr(r->remedies[0].why, "eval_model"));
+    assert_true(rank_of(r, "restart_process") == 0 || rank_of(r, "restart_process") > 3);
+    fixture_model_held(r, 1, 0, "model");
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "eval_without_copy"), 0);
+    assert_true(rank_of(r, "restart_process") == 1 || rank_of(r, "release_references") == 1);
+    free(r);
+}
+
+/* DistributedDataParallel without gradient_as_bucket_view (roles.ddp): its buckets copy the gradients; the
+ * remedy saves them and leads when they cover the shortfall, and is not there without a wrapper */
+static void ddp_buckets_as_views(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 3 * GiB, 0, 6 * GiB, 0, 3 * GiB, 10 * GiB + 512 * MiB);
+    fixture_optimizer(r, "AdamW", 6 * GiB);
+    fixture_phase(r, "forward", "/w/train.py", "forward");
+    r->memory.fw.grad_enabled = 1;
+    r->memory.fw.training = 1;
+    r->event.requested_bytes = 240 * MiB;
+    r->device.free_bytes = 100 * MiB;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "gradient_as_bucket_view"), 0);
+    r->memory.fw.roles.ddp_wrappers = 1;
+    r->memory.fw.roles.ddp_bucket_bytes = 3 * GiB;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "gradient_as_bucket_view");
+    assert_non_null(strstr(r->remedies[0].why, "3.00 GiB"));
+    assert_true(how_has(&r->remedies[0], "gradient_as_bucket_view=True"));
     free(r);
 }
 
@@ -2014,6 +2144,11 @@ int main(void)
         cmocka_unit_test(weights_update_outside_the_step),
         cmocka_unit_test(kv_cache_reserved_first),
         cmocka_unit_test(generation_kv_growth),
+        cmocka_unit_test(cross_entropy_fused_first),
+        cmocka_unit_test(operation_dominates_split_first),
+        cmocka_unit_test(two_models_one_at_a_time),
+        cmocka_unit_test(eval_copy_first),
+        cmocka_unit_test(ddp_buckets_as_views),
         cmocka_unit_test(state_snapshot_first),
         cmocka_unit_test(evaluation_with_autograd_on),
         cmocka_unit_test(cap_without_room_not_first),
