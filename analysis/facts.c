@@ -1046,8 +1046,9 @@ static void roles(og_facts_t *d, const og_record_t *r)
     /* a second copy still arriving beside the first (a notebook cell run again fails while it builds or
      * loads the model: the new copy holds part of its parameters, a group of its own): while a model is being
      * built (phase loading, or the failing statement runs in an __init__), trainable models of one class and
-     * different sizes are copies of each other, all but the smallest (the one arriving) releasable; a frozen
-     * one is another model (a teacher) */
+     * different sizes are copies of each other, all but the one arriving releasable: the one running (its
+     * __init__ or .to() executes; roles.models[].running), else the smallest; a frozen one is another model (a
+     * teacher) */
     char fn[sizeof ro->stmt.function];
     og_cpy(fn, sizeof fn, ro->has_statement ? ro->stmt.function : "", sizeof fn);
     bool building = d->phase == OG_JP_loading || strcmp(fn, "__init__") == 0;
@@ -1061,7 +1062,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
                 first = j < first ? j : first;
         if (first != i)
             continue; /* the class was read at its first group */
-        uint64_t sum = ro->models[i].bytes, least = ro->models[i].bytes, kept = 0;
+        uint64_t sum = ro->models[i].bytes, least = ro->models[i].bytes, kept = 0, arriving = 0;
         int groups = 1;
         for (int j = i; j < nm; j++)
             if (!ro->models[j].frozen && ro->models[j].count > 0 &&
@@ -1071,13 +1072,15 @@ static void roles(og_facts_t *d, const og_record_t *r)
                     least = ro->models[j].bytes < least ? ro->models[j].bytes : least;
                     groups++;
                 }
+                if (ro->models[j].running > 0)
+                    arriving = add_sat(arriving, ro->models[j].bytes);
                 /* a model the running code holds by a name, not running, whose name the statement does not
                  * rebind: a second model kept on purpose (two compared), not a previous copy */
                 if (ro->models[j].named > 0 && ro->models[j].running == 0 && !model_named(ro, j, target))
                     kept = add_sat(kept, ro->models[j].bytes);
             }
         if (groups > 1) { /* within a group the copies are counted above */
-            uint64_t extra = sum - least;
+            uint64_t extra = sum - (arriving && arriving < sum ? arriving : least);
             kept = kept < extra ? kept : extra;
             k->model_copies = add_sat(k->model_copies, extra - kept);
             k->named_copies = add_sat(k->named_copies, kept);
@@ -1127,6 +1130,8 @@ static void roles(og_facts_t *d, const og_record_t *r)
         og_cpy(dt, sizeof dt, ro->dtypes[i].dtype, sizeof dt);
         if (!strcmp(dt, "float32"))
             k->params_fp32 = add_sat(k->params_fp32, ro->dtypes[i].bytes);
+        if (!strcmp(dt, "bfloat16") || !strcmp(dt, "float16"))
+            k->params_half = add_sat(k->params_half, ro->dtypes[i].bytes);
     }
     int nh = ro->nholders < 0 ? 0 : ro->nholders > 8 ? 8 : ro->nholders;
     for (int i = 0; i < nh; i++) {

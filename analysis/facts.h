@@ -123,6 +123,7 @@ typedef struct og_role_facts {
                             unknown): an optimizer made for this model */
     bool dtypes_known;    /* roles.parameters_by_dtype was measured ... */
     uint64_t params_fp32; /* ... and this many bytes of the parameters are float32 (0 when unknown) */
+    uint64_t params_half; /* ... and this many are bfloat16 or float16 (0 when unknown) */
     uint64_t local_held;  /* held_by_python holders that are local variables of running functions */
     uint64_t working;     /* act + local_held: the running computation's tensors */
     uint64_t purpose_bytes[OG_NPURPOSES]; /* held_by_python by what the holders' names say they keep */

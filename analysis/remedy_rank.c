@@ -935,6 +935,10 @@ static void estimate(rank_t *k, const rctx_t *x)
         cover[R_EMA_CPU] = held > copy ? held : copy;
         cover[R_IN_PLACE] = held > copy ? held - copy : 0;
     }
+    /* the weights are already half precision (roles.parameters_by_dtype: at least 3/4 bfloat16/float16): what
+     * they compute is half precision too, and autocast has nothing left to halve */
+    if (ro->known && ro->dtypes_known && ro->params && (double)ro->params_half >= 0.75 * (double)ro->params)
+        cover[R_MIXED] = 0;
     /* with N micro-batches summed, N - 1 graphs go: at least half of the activations (N >= 2) */
     cover[R_BACKWARD_PER_MB] = summed_microbatches(x) ? 0.5 * (double)ro->act : -1;
     cover[R_SMALLER_KV] = kv_cache_reserved(x) ? 0.5 * (double)ro->kv_bytes : -1;

@@ -709,6 +709,19 @@ static void models_held_by_name_operation_ddp(void **state)
     fixture_phase(r, "loading", "/w/eval.py", "from_pretrained");
     assert_int_equal(facts(r)->roles.named_copies, 4 * GiB);
     assert_int_equal(F.roles.model_copies, 0);
+    /* the one arriving is the one running, not the smallest: a larger model loads beside one held by name */
+    fixture_model_held(r, 0, 0, ""); /* the last group (3 GiB) held by a name, not running; the first arriving */
+    snprintf(r->memory.fw.roles.models[1].names, sizeof r->memory.fw.roles.models[1].names, "gen");
+    r->memory.fw.roles.models[1].named = 1;
+    r->memory.fw.roles.models[0].named = 0;
+    r->memory.fw.roles.models[0].running = 1;
+    assert_int_equal(facts(r)->roles.named_copies, 3 * GiB);
+    assert_int_equal(F.roles.model_copies, 0);
+    r->memory.fw.roles.models[1].named = 0; /* no name holds it: a previous copy of the arriving one */
+    assert_int_equal(facts(r)->roles.model_copies, 3 * GiB);
+    r->memory.fw.roles.models[0].named = 1;
+    r->memory.fw.roles.models[0].running = 0;
+    r->memory.fw.roles.models[1].running = 1;
     r->memory.fw.roles.models[0].named = -1; /* an adapter that did not say: the old reading */
     assert_int_equal(facts(r)->roles.model_copies, 4 * GiB);
     assert_int_equal(F.roles.operation, OG_OPERATION_NONE);

@@ -990,6 +990,12 @@ static void cross_entropy_fused_first(void **state)
     assert_string_equal(r->remedies[0].id, "fused_cross_entropy");
     assert_non_null(strstr(r->remedies[0].why, "cross_entropy at train.py:108"));
     assert_int_equal(rank_of(r, "restart_process"), 0);
+    assert_true(rank_of(r, "mixed_precision") > 0);
+    /* the weights measured in bfloat16: what they compute is half precision already, autocast halves nothing */
+    fixture_dtype(r, "bfloat16", 5 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "fused_cross_entropy");
+    assert_int_equal(rank_of(r, "mixed_precision"), 0);
     free(r);
 }
 
