@@ -63,25 +63,75 @@ enum og_role_ix {
 };
 
 struct og_role_holder_view {
-    const char *label;
+    const char *label, *name, *kind, *where;
     int64_t bytes, tensors;
-    struct og_pyframe site; /* file NULL: no site */
+    struct og_pyframe site;        /* file NULL: no site */
+    const char *purpose, *copy_of; /* NULL: none */
 };
 
+/* memory.framework.roles: every key the writer documents (docs/dump-format.md), read once here for
+ * every renderer.  Counts -1, strings NULL, frames with file NULL: unknown or absent. */
 struct og_roles_view {
     int present;
     int64_t allocated_bytes;
     int64_t bytes[OG_NROLE_IX], tensors[OG_NROLE_IX];
     struct {
         const char *cls;
-        int64_t bytes, tensors;
+        int64_t bytes, tensors, parameters_bytes;
     } * optimizers;
     int noptimizers;
+    struct {
+        const char *dtype;
+        int64_t bytes, tensors;
+    } * dtypes; /* parameters_by_dtype */
+    int ndtypes, has_dtypes;
     struct og_role_holder_view *holders;
     int nholders;
-    int complete; /* -1 absent */
+    struct {
+        const char *cls;
+        int64_t parameters_bytes, tensors, count;
+        int frozen; /* -1 absent */
+    } * models;
+    int nmodels;
+    struct { /* statement: the failing statement (at.file NULL: none) */
+        struct og_pyframe at;
+        const char *target, *purpose;
+        const char **names;
+        int nnames;
+        int64_t *ints;
+        int nints;
+    } statement;
+    struct { /* accumulating (at.file NULL: none) */
+        struct og_pyframe at;
+        const char *target, *operand;
+    } accumulating;
+    struct { /* activations_copy_of (role NULL: none) */
+        const char *role;
+        int64_t bytes;
+    } activations_copy_of;
+    int64_t *after_steps; /* allocated_after_steps, oldest first */
+    int nafter_steps, has_after_steps;
+    int64_t optimizer_steps, num_beams, batch_size;
+    int gradient_checkpointing; /* -1 unknown (null) */
+    struct {                    /* operation (name NULL: none) */
+        const char *name;
+        struct og_pyframe frame;
+    } operation;
+    struct { /* ddp (present 0: null) */
+        int present, as_view;
+        int64_t wrappers, bucket_bytes;
+    } ddp;
+    double last_step_ms_ago; /* NAN: unknown */
+    int complete;            /* -1 absent */
     const char *why;
     double elapsed_ms;
+    int64_t objects_scanned, read_in_part;
+};
+
+/* memory.framework.other_frameworks: another framework's holdings on the device (-1: not read) */
+struct og_other_fw_view {
+    const char *framework;
+    int64_t reserved_bytes, in_use_bytes, limit_bytes;
 };
 
 struct og_site {
@@ -203,10 +253,12 @@ struct og_dump {
         int nprocs;
         const char **unmeasured;
         int nunmeasured;
-        const cJSON *framework;       /* adapter's view (object) or NULL */
-        const cJSON *fw_snapshot;     /* memory.framework.snapshot (object) or NULL */
-        const char *fw_snapshot_file; /* memory.framework.snapshot_file (the adapter's JSON) or NULL */
-        struct og_roles_view roles;   /* memory.framework.roles */
+        const cJSON *framework;            /* adapter's view (object) or NULL */
+        const cJSON *fw_snapshot;          /* memory.framework.snapshot (object) or NULL */
+        const char *fw_snapshot_file;      /* memory.framework.snapshot_file (the adapter's JSON) or NULL */
+        struct og_roles_view roles;        /* memory.framework.roles */
+        struct og_other_fw_view *other_fw; /* memory.framework.other_frameworks */
+        int nother_fw;
     } mem;
 
     struct {

@@ -983,7 +983,33 @@ static int read_pyframe_obj(struct loader *L, const cJSON *obj, const char *key,
     return 1;
 }
 
-/* memory.framework.roles: every role's bytes a byte count or null (common/roles.def names them). */
+static int read_strings(struct loader *L, const cJSON *arr, const struct path *at, const char ***out, int *nout);
+
+/* An array of the roles object: its elements counted, room for them in the arena, each an object. */
+#define ROLES_ARRAY(key, ptr, n, each)                                             \
+    do {                                                                           \
+        const cJSON *arr_, *x;                                                     \
+        TRY(get_arr(L, o, &p, key, &arr_));                                        \
+        int k_ = 0;                                                                \
+        cJSON_ArrayForEach(x, arr_) k_++;                                          \
+        (ptr) = k_ ? arena_alloc(&L->d->arena, (size_t)k_ * sizeof *(ptr)) : NULL; \
+        if (k_ && !(ptr))                                                          \
+            return err_too_complex(L), -1;                                         \
+        if (k_)                                                                    \
+            memset((ptr), 0, (size_t)k_ * sizeof *(ptr));                          \
+        cJSON_ArrayForEach(x, arr_)                                                \
+        {                                                                          \
+            struct path pe = { &p, key, (n) };                                     \
+            if (!cJSON_IsObject(x))                                                \
+                return field_err(L, &pe, NULL, "an object", x);                    \
+            each;                                                                  \
+            (n)++;                                                                 \
+        }                                                                          \
+    } while (0)
+
+/* memory.framework.roles: every key the writer documents (docs/dump-format.md), each validated and kept
+ * in the one view every renderer reads; every role's bytes a byte count or null (common/roles.def names
+ * them).  tests/cli/check_roles_read.py fails when a documented key leaves the report unchanged. */
 static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, struct og_roles_view *r)
 {
     static const char *const keys[OG_NROLE_IX] = {
@@ -991,10 +1017,14 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
 #include "../common/roles.def"
 #undef OG_ROLE
     };
-    const cJSON *o, *arr, *x;
+    const cJSON *o, *arr;
     memset(r, 0, sizeof *r);
     r->complete = -1;
-    r->elapsed_ms = NAN;
+    r->elapsed_ms = r->last_step_ms_ago = NAN;
+    r->optimizer_steps = r->num_beams = r->objects_scanned = r->read_in_part = r->activations_copy_of.bytes = -1;
+    r->batch_size = r->gradient_checkpointing = -1;
+    r->ddp.wrappers = r->ddp.bucket_bytes = -1;
+    r->ddp.as_view = -1;
     TRY(get_obj(L, fw, pf, "roles", &o));
     if (!o)
         return 0;
@@ -1008,73 +1038,123 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
         snprintf(key, sizeof key, "%s_tensors", keys[i]);
         TRY(get_int(L, o, &p, key, &r->tensors[i]));
     }
-    TRY(get_arr(L, o, &p, "optimizers", &arr));
-    int n = 0;
-    cJSON_ArrayForEach(x, arr) n++;
-    if (n) {
-        r->optimizers = arena_alloc(&L->d->arena, (size_t)n * sizeof *r->optimizers);
-        if (!r->optimizers)
+    ROLES_ARRAY("optimizers", r->optimizers, r->noptimizers, {
+        TRY(get_str(L, x, &pe, "class", &r->optimizers[r->noptimizers].cls));
+        TRY(get_int(L, x, &pe, "bytes", &r->optimizers[r->noptimizers].bytes));
+        TRY(get_int(L, x, &pe, "tensors", &r->optimizers[r->noptimizers].tensors));
+        TRY(get_int(L, x, &pe, "parameters_bytes", &r->optimizers[r->noptimizers].parameters_bytes));
+    });
+    TRY(get_arr(L, o, &p, "parameters_by_dtype", &arr));
+    r->has_dtypes = arr != NULL;
+    ROLES_ARRAY("parameters_by_dtype", r->dtypes, r->ndtypes, {
+        TRY(get_str(L, x, &pe, "dtype", &r->dtypes[r->ndtypes].dtype));
+        TRY(get_int(L, x, &pe, "bytes", &r->dtypes[r->ndtypes].bytes));
+        TRY(get_int(L, x, &pe, "tensors", &r->dtypes[r->ndtypes].tensors));
+    });
+    ROLES_ARRAY("holders", r->holders, r->nholders, {
+        struct og_role_holder_view *h = &r->holders[r->nholders];
+        TRY(get_str(L, x, &pe, "label", &h->label));
+        TRY(get_str(L, x, &pe, "name", &h->name));
+        TRY(get_str(L, x, &pe, "kind", &h->kind));
+        TRY(get_str(L, x, &pe, "where", &h->where));
+        TRY(get_int(L, x, &pe, "bytes", &h->bytes));
+        TRY(get_int(L, x, &pe, "tensors", &h->tensors));
+        TRY(read_pyframe_obj(L, x, "site", &pe, &h->site));
+        TRY(get_str(L, x, &pe, "purpose", &h->purpose));
+        TRY(get_str(L, x, &pe, "copy_of", &h->copy_of));
+    });
+    ROLES_ARRAY("models", r->models, r->nmodels, {
+        TRY(get_str(L, x, &pe, "class", &r->models[r->nmodels].cls));
+        TRY(get_int(L, x, &pe, "parameters_bytes", &r->models[r->nmodels].parameters_bytes));
+        TRY(get_int(L, x, &pe, "tensors", &r->models[r->nmodels].tensors));
+        TRY(get_int(L, x, &pe, "count", &r->models[r->nmodels].count));
+        TRY(get_bool(L, x, &pe, "frozen", &r->models[r->nmodels].frozen));
+    });
+    const cJSON *so;
+    if (read_pyframe_obj(L, o, "statement", &p, &r->statement.at) < 0)
+        return -1;
+    TRY(get_obj(L, o, &p, "statement", &so));
+    if (so) {
+        struct path ps = { &p, "statement", 0 };
+        TRY(get_str(L, so, &ps, "target", &r->statement.target));
+        TRY(get_str(L, so, &ps, "purpose", &r->statement.purpose));
+        TRY(get_arr(L, so, &ps, "names", &arr));
+        if (arr)
+            TRY(read_strings(L, arr, &(struct path){ &ps, "names", 0 }, &r->statement.names, &r->statement.nnames));
+        TRY(get_arr(L, so, &ps, "ints", &arr));
+        int n = 0;
+        const cJSON *x;
+        cJSON_ArrayForEach(x, arr) n++;
+        r->statement.ints = n ? arena_alloc(&L->d->arena, (size_t)n * sizeof *r->statement.ints) : NULL;
+        if (n && !r->statement.ints)
             return err_too_complex(L), -1;
         cJSON_ArrayForEach(x, arr)
         {
-            struct path pe = { &p, "optimizers", r->noptimizers };
-            if (!cJSON_IsObject(x))
-                return field_err(L, &pe, NULL, "an object", x);
-            TRY(get_str(L, x, &pe, "class", &r->optimizers[r->noptimizers].cls));
-            TRY(get_int(L, x, &pe, "bytes", &r->optimizers[r->noptimizers].bytes));
-            TRY(get_int(L, x, &pe, "tensors", &r->optimizers[r->noptimizers].tensors));
-            r->noptimizers++;
+            TRY(check_int(L, x, &(struct path){ &ps, "ints", r->statement.nints }, NULL, 0,
+                          &r->statement.ints[r->statement.nints]));
+            r->statement.nints++;
         }
     }
-    TRY(get_arr(L, o, &p, "holders", &arr));
-    n = 0;
-    cJSON_ArrayForEach(x, arr) n++;
-    if (n) {
-        r->holders = arena_alloc(&L->d->arena, (size_t)n * sizeof *r->holders);
-        if (!r->holders)
+    const cJSON *ao;
+    if (read_pyframe_obj(L, o, "accumulating", &p, &r->accumulating.at) < 0)
+        return -1;
+    TRY(get_obj(L, o, &p, "accumulating", &ao));
+    if (ao) {
+        struct path pa = { &p, "accumulating", 0 };
+        TRY(get_str(L, ao, &pa, "target", &r->accumulating.target));
+        TRY(get_str(L, ao, &pa, "operand", &r->accumulating.operand));
+    }
+    const cJSON *co;
+    TRY(get_obj(L, o, &p, "activations_copy_of", &co));
+    if (co) {
+        struct path pc = { &p, "activations_copy_of", 0 };
+        TRY(get_str(L, co, &pc, "role", &r->activations_copy_of.role));
+        TRY(get_int(L, co, &pc, "bytes", &r->activations_copy_of.bytes));
+    }
+    TRY(get_arr(L, o, &p, "allocated_after_steps", &arr));
+    r->has_after_steps = arr != NULL;
+    {
+        int n = 0;
+        const cJSON *x;
+        cJSON_ArrayForEach(x, arr) n++;
+        r->after_steps = n ? arena_alloc(&L->d->arena, (size_t)n * sizeof *r->after_steps) : NULL;
+        if (n && !r->after_steps)
             return err_too_complex(L), -1;
         cJSON_ArrayForEach(x, arr)
         {
-            struct og_role_holder_view *h = &r->holders[r->nholders];
-            struct path pe = { &p, "holders", r->nholders };
-            if (!cJSON_IsObject(x))
-                return field_err(L, &pe, NULL, "an object", x);
-            TRY(get_str(L, x, &pe, "label", &h->label));
-            TRY(get_int(L, x, &pe, "bytes", &h->bytes));
-            TRY(get_int(L, x, &pe, "tensors", &h->tensors));
-            TRY(read_pyframe_obj(L, x, "site", &pe, &h->site));
-            r->nholders++;
+            TRY(check_int(L, x, &(struct path){ &p, "allocated_after_steps", r->nafter_steps }, NULL, 0,
+                          &r->after_steps[r->nafter_steps]));
+            r->nafter_steps++;
         }
     }
+    TRY(get_int(L, o, &p, "optimizer_steps", &r->optimizer_steps));
+    TRY(get_int(L, o, &p, "num_beams", &r->num_beams));
+    TRY(get_num(L, o, &p, "last_optimizer_step_ms_ago", &r->last_step_ms_ago));
     TRY(get_bool(L, o, &p, "complete", &r->complete));
     TRY(get_str(L, o, &p, "why", &r->why));
     TRY(get_num(L, o, &p, "elapsed_ms", &r->elapsed_ms));
-    int64_t beams;
-    TRY(get_int(L, o, &p, "num_beams", &beams)); /* validated; the report does not print it */
-    int ckpt;
-    TRY(get_bool(L, o, &p, "gradient_checkpointing", &ckpt)); /* validated, likewise */
-    int64_t batch;
-    TRY(get_int(L, o, &p, "batch_size", &batch));
+    TRY(get_int(L, o, &p, "objects_scanned", &r->objects_scanned));
+    TRY(get_int(L, o, &p, "read_in_part", &r->read_in_part));
+    TRY(get_bool(L, o, &p, "gradient_checkpointing", &r->gradient_checkpointing));
+    TRY(get_int(L, o, &p, "batch_size", &r->batch_size));
     const cJSON *q;
-    TRY(get_obj(L, o, &p, "operation", &q)); /* the failing operation: validated, not printed */
+    TRY(get_obj(L, o, &p, "operation", &q)); /* the failing operation */
     if (q) {
         struct path pq = { &p, "operation", 0 };
-        const char *opname;
-        struct og_pyframe of;
-        TRY(get_str(L, q, &pq, "name", &opname));
-        TRY(read_pyframe_obj(L, q, "frame", &pq, &of));
+        TRY(get_str(L, q, &pq, "name", &r->operation.name));
+        TRY(read_pyframe_obj(L, q, "frame", &pq, &r->operation.frame));
     }
-    TRY(get_obj(L, o, &p, "ddp", &q)); /* DDP's bucket copy of the gradients: validated, not printed */
+    TRY(get_obj(L, o, &p, "ddp", &q)); /* DDP's bucket copy of the gradients */
     if (q) {
         struct path pq = { &p, "ddp", 0 };
-        int64_t v;
-        int as_view;
-        TRY(get_int(L, q, &pq, "wrappers", &v));
-        TRY(get_int(L, q, &pq, "bucket_bytes", &v));
-        TRY(get_bool(L, q, &pq, "gradient_as_bucket_view", &as_view));
+        r->ddp.present = 1;
+        TRY(get_int(L, q, &pq, "wrappers", &r->ddp.wrappers));
+        TRY(get_int(L, q, &pq, "bucket_bytes", &r->ddp.bucket_bytes));
+        TRY(get_bool(L, q, &pq, "gradient_as_bucket_view", &r->ddp.as_view));
     }
     return 1;
 }
+#undef ROLES_ARRAY
 
 static int read_site(struct loader *L, const cJSON *el, const struct path *at, struct og_site *s, int convert)
 {
@@ -1772,7 +1852,6 @@ static int v_memory(struct loader *L, const cJSON *r)
         /* The adapter's own numbers: every *_bytes key must be a byte count. */
         struct path pf = { &p, "framework", 0 };
         const cJSON *x;
-        struct og_bytes ignored_bytes;
         cJSON_ArrayForEach(x, fw)
         {
             size_t n = x->string ? strlen(x->string) : 0;
@@ -1785,18 +1864,20 @@ static int v_memory(struct loader *L, const cJSON *r)
         TRY(get_arr(L, fw, &pf, "other_frameworks", &others));
         if (others) {
             struct path po = { &pf, "other_frameworks", 0 };
-            int i = 0;
-            const char *name;
+            int i = 0, n = count_items(others);
+            ARENA_ARRAY(d->mem.other_fw, n);
             cJSON_ArrayForEach(x, others)
             {
-                struct path pe = { &po, NULL, i++ };
+                struct path pe = { &po, NULL, i };
+                struct og_other_fw_view *v = &d->mem.other_fw[i++];
                 if (!cJSON_IsObject(x))
                     return field_err(L, &pe, NULL, "an object", x);
-                TRY(get_str(L, x, &pe, "framework", &name));
-                static const char *const keys[] = { "reserved_bytes", "in_use_bytes", "limit_bytes" };
-                for (size_t j = 0; j < sizeof keys / sizeof *keys; j++)
-                    TRY(get_bytes(L, x, &pe, keys[j], 0, &ignored_bytes));
+                TRY(get_str(L, x, &pe, "framework", &v->framework));
+                TRY(get_int(L, x, &pe, "reserved_bytes", &v->reserved_bytes));
+                TRY(get_int(L, x, &pe, "in_use_bytes", &v->in_use_bytes));
+                TRY(get_int(L, x, &pe, "limit_bytes", &v->limit_bytes));
             }
+            d->mem.nother_fw = n;
         }
         TRY(get_obj(L, fw, &pf, "snapshot", &d->mem.fw_snapshot));
         TRY(get_str(L, fw, &pf, "snapshot_file", &d->mem.fw_snapshot_file));

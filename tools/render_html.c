@@ -44,6 +44,8 @@ static const char CSS[] =
     "section.card h2{margin:0 0 12px;font-size:16px;font-weight:650}"
     ".primary{border-left:5px solid var(--req)}.primary.recovered{border-left-color:var(--ok)}"
     ".primary .t{font-size:17px;font-weight:600}"
+    "dl.facts{display:grid;grid-template-columns:max-content 1fr;gap:4px 14px;margin:12px 0 0}"
+    "dl.facts dt{color:var(--muted)}dl.facts dd{margin:0}"
     ".muted{color:var(--muted)}.mono,pre,code{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}"
     "svg{display:block;width:100%;height:auto}"
     "svg text{font-family:system-ui,-apple-system,'Segoe UI',Roboto,Arial,sans-serif}"
@@ -685,6 +687,17 @@ static void breakdown(struct hx *h)
     og_sb_puts(h->b, "</section>\n");
 }
 
+/* One line of og_roles_facts: a term and its description */
+static void html_fact(void *ctx, const char *label, const char *text)
+{
+    struct hx *h = ctx;
+    og_sb_puts(h->b, "<dt>");
+    esc(h, label, 80);
+    og_sb_puts(h->b, "</dt><dd>");
+    esc(h, text, 600);
+    og_sb_puts(h->b, "</dd>");
+}
+
 /* What the allocated memory is for (memory.framework.roles) and what the job was doing
  * (event.phase): the first card when the adapter measured them. */
 static void roles_card(struct hx *h)
@@ -697,7 +710,7 @@ static void roles_card(struct hx *h)
     const struct og_dump *d = h->d;
     const struct og_roles_view *r = &d->mem.roles;
     char a[32];
-    if (!r->present && !d->event.phase)
+    if (!r->present && !d->event.phase && !d->mem.nother_fw)
         return;
     og_sb_puts(h->b, "<section class=\"card\" id=\"roles\">");
     if (d->event.phase) {
@@ -734,6 +747,9 @@ static void roles_card(struct hx *h)
         for (int i = 0; i < OG_NROLE_IX; i++) {
             og_sb_puts(h->b, "<tr><td>");
             esc(h, labels[i], 60);
+            if (r->tensors[i] > 0)
+                og_sb_printf(h->b, " <span class=\"muted\">%lld tensor%s</span>", (long long)r->tensors[i],
+                             r->tensors[i] == 1 ? "" : "s");
             if (r->bytes[i] < 0) {
                 og_sb_puts(h->b, "</td><td class=\"num\">unknown</td><td></td></tr>");
                 continue;
@@ -746,13 +762,38 @@ static void roles_card(struct hx *h)
             for (int k = 0; i == OG_RX_optimizer_state && k < r->noptimizers; k++) {
                 og_sb_puts(h->b, "<tr><td style=\"padding-left:22px\">");
                 esc(h, r->optimizers[k].cls, 48);
+                if (r->optimizers[k].tensors >= 0)
+                    og_sb_printf(h->b, " <span class=\"muted\">%lld tensors</span>",
+                                 (long long)r->optimizers[k].tensors);
+                if (r->optimizers[k].parameters_bytes >= 0)
+                    og_sb_printf(h->b, " <span class=\"muted\">for %s of parameters</span>",
+                                 hb(r->optimizers[k].parameters_bytes, a));
                 og_sb_printf(h->b, "</td><td class=\"num\">%s</td><td></td></tr>", hb(r->optimizers[k].bytes, a));
             }
             for (int k = 0; i == OG_RX_held_by_python && k < r->nholders; k++) {
                 const struct og_role_holder_view *x = &r->holders[k];
-                og_sb_puts(h->b, "<tr><td style=\"padding-left:22px\"><code>");
+                og_sb_puts(h->b, "<tr><td style=\"padding-left:22px\"><code title=\"");
+                const char *parts[][2] = { { "name", x->name }, { "kind", x->kind }, { "where", x->where } };
+                for (size_t q = 0; q < sizeof parts / sizeof *parts; q++)
+                    if (parts[q][1]) {
+                        og_sb_printf(h->b, "%s%s: ", q ? "; " : "", parts[q][0]);
+                        esc(h, parts[q][1], 120);
+                    }
+                og_sb_puts(h->b, "\">");
                 esc(h, x->label, 160);
                 og_sb_puts(h->b, "</code>");
+                if (x->tensors >= 0)
+                    og_sb_printf(h->b, " <span class=\"muted\">%lld tensors</span>", (long long)x->tensors);
+                if (x->purpose) {
+                    og_sb_puts(h->b, " <span class=\"muted\">kept as ");
+                    esc(h, x->purpose, 40);
+                    og_sb_puts(h->b, "</span>");
+                }
+                if (x->copy_of) {
+                    og_sb_puts(h->b, " <span class=\"muted\">a copy of the ");
+                    esc(h, x->copy_of, 40);
+                    og_sb_puts(h->b, "</span>");
+                }
                 if (x->site.file) {
                     og_sb_puts(h->b, " <span class=\"muted\">made at ");
                     esc(h, x->site.file, 200);
@@ -768,7 +809,9 @@ static void roles_card(struct hx *h)
             og_sb_puts(h->b, "</p>");
         }
     }
-    og_sb_puts(h->b, "</section>\n");
+    og_sb_puts(h->b, "<dl class=\"facts\">");
+    og_roles_facts(d, html_fact, h);
+    og_sb_puts(h->b, "</dl></section>\n");
 }
 
 static void causes(struct hx *h)

@@ -557,6 +557,15 @@ static void python_sites(struct tx *t, const struct og_dump *d, int top)
     }
 }
 
+/* One line of og_roles_facts: "  label: text" */
+static void text_fact(void *ctx, const char *label, const char *text)
+{
+    struct tx *t = ctx;
+    og_sb_printf(t->b, "  %s%s:%s ", st(t, DIM), label, st(t, RESET));
+    sb_text(t->b, text, 600, 0);
+    og_sb_putc(t->b, '\n');
+}
+
 /* What the allocated memory is for (memory.framework.roles) and what the job was doing
  * (event.phase): first in the report when the adapter measured them. */
 static void roles_table(struct tx *t, const struct og_dump *d)
@@ -592,8 +601,10 @@ static void roles_table(struct tx *t, const struct og_dump *d)
         }
         og_sb_putc(t->b, '\n');
     }
-    if (!r->present)
+    if (!r->present) {
+        og_roles_facts(d, text_fact, t);
         return;
+    }
     og_sb_printf(t->b, "\n%sWhat the allocated memory is for%s", st(t, BOLD), st(t, RESET));
     if (r->allocated_bytes >= 0)
         og_sb_printf(t->b, " (%s allocated)", human_bytes(r->allocated_bytes, h));
@@ -608,18 +619,37 @@ static void roles_table(struct tx *t, const struct og_dump *d)
         og_sb_printf(t->b, "%12s  ", human_bytes(r->bytes[i], h));
         if (r->allocated_bytes > 0)
             bar(t, (double)r->bytes[i] / (double)r->allocated_bytes, CYAN);
+        if (r->tensors[i] > 0)
+            og_sb_printf(t->b, "  %s%lld tensor%s%s", st(t, DIM), (long long)r->tensors[i],
+                         r->tensors[i] == 1 ? "" : "s", st(t, RESET));
         og_sb_putc(t->b, '\n');
         if (i == OG_RX_optimizer_state)
             for (int k = 0; k < r->noptimizers; k++) {
                 og_sb_puts(t->b, "    ");
                 sb_text(t->b, r->optimizers[k].cls ? r->optimizers[k].cls : "?", 40, 0);
-                og_sb_printf(t->b, " %s\n", human_bytes(r->optimizers[k].bytes, h));
+                og_sb_printf(t->b, " %s", human_bytes(r->optimizers[k].bytes, h));
+                if (r->optimizers[k].tensors >= 0)
+                    og_sb_printf(t->b, " in %lld tensor%s", (long long)r->optimizers[k].tensors,
+                                 r->optimizers[k].tensors == 1 ? "" : "s");
+                if (r->optimizers[k].parameters_bytes >= 0)
+                    og_sb_printf(t->b, ", for %s of parameters", human_bytes(r->optimizers[k].parameters_bytes, h));
+                og_sb_putc(t->b, '\n');
             }
         if (i == OG_RX_held_by_python)
             for (int k = 0; k < r->nholders; k++) {
                 const struct og_role_holder_view *x = &r->holders[k];
                 og_sb_printf(t->b, "    %10s  ", human_bytes(x->bytes, h));
                 sb_text(t->b, x->label ? x->label : "?", 160, 0);
+                if (x->tensors >= 0)
+                    og_sb_printf(t->b, ", %lld tensor%s", (long long)x->tensors, x->tensors == 1 ? "" : "s");
+                if (x->purpose) {
+                    og_sb_puts(t->b, ", kept as ");
+                    sb_text(t->b, x->purpose, 40, 0);
+                }
+                if (x->copy_of) {
+                    og_sb_puts(t->b, ", a copy of the ");
+                    sb_text(t->b, x->copy_of, 40, 0);
+                }
                 if (x->site.file) {
                     og_sb_puts(t->b, st(t, DIM));
                     og_sb_puts(t->b, ", made at ");
@@ -635,6 +665,7 @@ static void roles_table(struct tx *t, const struct og_dump *d)
         sb_text(t->b, r->why, 200, 0);
         og_sb_puts(t->b, ")\n");
     }
+    og_roles_facts(d, text_fact, t);
 }
 
 /* The Python stack of the failed call, innermost first (at most `max` lines). */

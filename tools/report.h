@@ -72,6 +72,13 @@ const struct og_pyframe *og_failing_python_line(const struct og_dump *d);
 const struct og_pyframe *og_phase_line(const struct og_dump *d);
 /* Two Python frames at the same file and line (NULL: none is the same as nothing). */
 int og_same_pyframe(const struct og_pyframe *a, const struct og_pyframe *b);
+/* What the roles scan says beyond the table of roles (memory.framework.roles: models, parameters by
+ * dtype, the failing statement, an accumulating sum, a copy among the activations, allocated after the
+ * steps, the beam width, the batch size, activation checkpointing, the scan itself; memory.framework.other_frameworks): one call of fn per line
+ * that has something, in one order, for the text and HTML reports alike.  text holds strings from the
+ * dump: the renderer escapes it. */
+typedef void (*og_fact_fn)(void *ctx, const char *label, const char *text);
+void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx);
 /* The value of an environment variable the dump recorded, or NULL. */
 const char *og_env_value(const struct og_dump *d, const char *key);
 

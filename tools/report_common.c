@@ -234,3 +234,159 @@ const struct og_pyframe *og_failing_python_line(const struct og_dump *d)
         return &d->event.phase_site;
     return d->event.npython_stack > 0 ? &d->event.python_stack[0] : NULL;
 }
+
+/* "file:line in function" of a Python frame (the file's base name) */
+static void pyframe_put(og_sb_t *b, const struct og_pyframe *f)
+{
+    const char *s = f->file ? strrchr(f->file, '/') : NULL;
+    og_sb_printf(b, "%s:%lld in %s",
+                 s         ? s + 1
+                 : f->file ? f->file
+                           : "?",
+                 (long long)f->line, f->function ? f->function : "?");
+}
+
+static const char *nz(const char *s, const char *dflt) { return s && *s ? s : dflt; }
+
+void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
+{
+    const struct og_roles_view *r = &d->mem.roles;
+    char a[32], c[32];
+    og_sb_t b;
+#define FACT(label)                \
+    do {                           \
+        if (b.len && !b.failed)    \
+            fn(ctx, label, b.buf); \
+        og_sb_free(&b);            \
+    } while (0)
+    if (r->present) {
+        og_sb_init(&b);
+        for (int i = 0; i < r->nmodels; i++) {
+            og_sb_printf(&b, "%s%s: %s of parameters", i ? "; " : "", nz(r->models[i].cls, "?"),
+                         r->models[i].parameters_bytes >= 0 ? human_bytes(r->models[i].parameters_bytes, a) : "?");
+            if (r->models[i].tensors >= 0)
+                og_sb_printf(&b, " in %s tensor%s", group_digits(r->models[i].tensors, c),
+                             r->models[i].tensors == 1 ? "" : "s");
+            if (r->models[i].count > 1)
+                og_sb_printf(&b, ", %lld copies", (long long)r->models[i].count);
+            if (r->models[i].frozen == 1)
+                og_sb_puts(&b, ", frozen");
+        }
+        FACT("models");
+        og_sb_init(&b);
+        for (int i = 0; i < r->ndtypes; i++) {
+            og_sb_printf(&b, "%s%s %s", i ? ", " : "", nz(r->dtypes[i].dtype, "?"),
+                         r->dtypes[i].bytes >= 0 ? human_bytes(r->dtypes[i].bytes, a) : "?");
+            if (r->dtypes[i].tensors >= 0)
+                og_sb_printf(&b, " (%s tensor%s)", group_digits(r->dtypes[i].tensors, c),
+                             r->dtypes[i].tensors == 1 ? "" : "s");
+        }
+        FACT("parameters by dtype");
+        og_sb_init(&b);
+        if (r->statement.at.file) {
+            pyframe_put(&b, &r->statement.at);
+            if (r->statement.target)
+                og_sb_printf(&b, ": %s = ...", r->statement.target);
+            for (int i = 0; i < r->statement.nnames; i++)
+                og_sb_printf(&b, "%s%s", i ? ", " : "; reads ", nz(r->statement.names[i], "?"));
+            for (int i = 0; i < r->statement.nints; i++)
+                og_sb_printf(&b, "%s%lld", i ? " x " : "; sizes ", (long long)r->statement.ints[i]);
+            if (r->statement.purpose)
+                og_sb_printf(&b, "; kept as %s", r->statement.purpose);
+        }
+        FACT("failing statement");
+        og_sb_init(&b);
+        if (r->accumulating.at.file) {
+            pyframe_put(&b, &r->accumulating.at);
+            og_sb_printf(&b, ": %s sums %s with its graph alive (each pass's graph stays until backward)",
+                         nz(r->accumulating.target, "?"), nz(r->accumulating.operand, "?"));
+        }
+        FACT("accumulating");
+        og_sb_init(&b);
+        if (r->activations_copy_of.role) {
+            og_sb_printf(&b, "a copy of the %s being made", r->activations_copy_of.role);
+            if (r->activations_copy_of.bytes >= 0)
+                og_sb_printf(&b, ", %s so far", human_bytes(r->activations_copy_of.bytes, a));
+        }
+        FACT("among the activations");
+        og_sb_init(&b);
+        if (r->has_after_steps && r->nafter_steps) {
+            int from = r->nafter_steps > 6 ? r->nafter_steps - 6 : 0;
+            og_sb_printf(&b, "after the last %d steps", r->nafter_steps);
+            if (r->optimizer_steps >= 0)
+                og_sb_printf(&b, " of %s", group_digits(r->optimizer_steps, c));
+            og_sb_puts(&b, ":");
+            if (from)
+                og_sb_puts(&b, " ...");
+            for (int i = from; i < r->nafter_steps; i++)
+                og_sb_printf(&b, "%s %s", i > from ? "," : "", human_bytes(r->after_steps[i], a));
+            int64_t rise = r->after_steps[r->nafter_steps - 1] - r->after_steps[0];
+            if (r->nafter_steps > 1)
+                og_sb_printf(&b, " (%s %s)", rise >= 0 ? "up" : "down", human_bytes(rise >= 0 ? rise : -rise, a));
+        } else if (r->optimizer_steps >= 0) {
+            og_sb_printf(&b, "%s optimizer steps", group_digits(r->optimizer_steps, c));
+        }
+        FACT("allocated");
+        og_sb_init(&b);
+        if (isfinite(r->last_step_ms_ago))
+            og_sb_printf(&b, "ended %.3f s before the report", r->last_step_ms_ago / 1000.0);
+        FACT("last optimizer step");
+        og_sb_init(&b);
+        if (r->num_beams > 0)
+            og_sb_printf(&b, "%lld", (long long)r->num_beams);
+        FACT("beam width");
+        og_sb_init(&b);
+        if (r->batch_size > 0)
+            og_sb_printf(&b, "%lld, as the program names it", (long long)r->batch_size);
+        FACT("batch size");
+        og_sb_init(&b);
+        if (r->gradient_checkpointing == 1)
+            og_sb_puts(&b, "on for the layer that failed");
+        else if (r->gradient_checkpointing == 0)
+            og_sb_puts(&b, "off: the layer that failed keeps every activation for backward");
+        FACT("activation checkpointing");
+        og_sb_init(&b);
+        if (r->operation.name) {
+            og_sb_puts(&b, r->operation.name);
+            if (r->operation.frame.file) {
+                og_sb_puts(&b, " at ");
+                pyframe_put(&b, &r->operation.frame);
+            }
+        }
+        FACT("failing operation");
+        og_sb_init(&b);
+        if (r->ddp.present) {
+            og_sb_printf(&b, "%lld wrapper%s", (long long)r->ddp.wrappers, r->ddp.wrappers == 1 ? "" : "s");
+            if (r->ddp.as_view == 0)
+                og_sb_puts(&b, " without gradient_as_bucket_view");
+            if (r->ddp.bucket_bytes >= 0)
+                og_sb_printf(&b, ": a %s bucket copy of the gradients", human_bytes(r->ddp.bucket_bytes, a));
+        }
+        FACT("DistributedDataParallel");
+        og_sb_init(&b);
+        if (r->objects_scanned >= 0)
+            og_sb_printf(&b, "%s Python objects", group_digits(r->objects_scanned, c));
+        if (isfinite(r->elapsed_ms))
+            og_sb_printf(&b, "%s%.1f ms", b.len ? " in " : "", r->elapsed_ms);
+        if (r->read_in_part > 0)
+            og_sb_printf(&b, "%s%s large containers read in part", b.len ? ", " : "", group_digits(r->read_in_part, c));
+        if (r->complete == 1)
+            og_sb_puts(&b, b.len ? ", complete" : "complete");
+        else if (r->complete == 0)
+            og_sb_puts(&b, b.len ? ", stopped at its budget (the later roles are lower bounds)"
+                                 : "stopped at its budget (the later roles are lower bounds)");
+        FACT("the scan");
+    }
+    og_sb_init(&b);
+    for (int i = 0; i < d->mem.nother_fw; i++) {
+        const struct og_other_fw_view *o = &d->mem.other_fw[i];
+        og_sb_printf(&b, "%s%s reserves %s", i ? "; " : "", nz(o->framework, "?"),
+                     o->reserved_bytes >= 0 ? human_bytes(o->reserved_bytes, a) : "?");
+        if (o->in_use_bytes >= 0)
+            og_sb_printf(&b, ", %s in use", human_bytes(o->in_use_bytes, a));
+        if (o->limit_bytes >= 0)
+            og_sb_printf(&b, ", limit %s", human_bytes(o->limit_bytes, a));
+    }
+    FACT("other frameworks on this device");
+#undef FACT
+}

@@ -149,6 +149,35 @@ hasnt "text: a remedy shown false has no why" "$T/t2" "Activation memory scales 
 "$OG" report "$T/shown2.json" --format html -o "$T/shown2.html"
 has "html: the rest folded under also possible" "$T/shown2.html" '<details id="also-possible"><summary>Also possible (5)</summary>'
 hasnt "html: a folded remedy's why is not printed" "$T/shown2.html" "Activation memory scales with batch size"
+# a Python job's roles and phase: every key the writer documents reaches the text and HTML reports
+R=$FIX/python_roles.json
+OOMGUARD_SYMBOLIZE=0 "$OG" report "$R" --color never >"$T/pr" 2>&1
+OOMGUARD_SYMBOLIZE=0 "$OG" report "$R" --format html -o "$T/pr.html" 2>&1
+has "roles: the failing line is the program's backward() call (the engine thread ran only torch)" "$T/pr" \
+    "=> at main  /home/ana/train.py:130  (Python, the thread that called the framework)  <- the failing line"
+has "roles: the phase line is the program's, the framework's frame after it" "$T/pr" \
+    "Phase: backward (train.py:130 in main; decided in __init__.py:20 in backward)"
+has "roles: an optimizer's parameters" "$T/pr" "AdamW 128.00 MiB in 4 tensors, for 64.00 MiB of parameters"
+has "roles: parameters by dtype" "$T/pr" "parameters by dtype: float32 1.07 GiB (2 tensors), bfloat16 64.00 MiB (1 tensor)"
+has "roles: models, a second copy, frozen" "$T/pr" "models: Net: 64.00 MiB of parameters in 2 tensors, 2 copies, frozen"
+has "roles: the failing statement" "$T/pr" "failing statement: train.py:131 in main: grads = ...; reads model, ema_params; sizes 4096 x 4096; kept as ema"
+has "roles: a sum of passes with their graphs alive" "$T/pr" "accumulating: train.py:118 in main: total sums loss"
+has "roles: a copy among the activations" "$T/pr" "among the activations: a copy of the optimizer_state being made, 3.00 MiB so far"
+has "roles: allocated after the steps" "$T/pr" "allocated: after the last 3 steps of 37: 1.02 GiB, 1.07 GiB, 1.12 GiB (up 95.37 MiB)"
+has "roles: the beam width" "$T/pr" "beam width: 4"
+has "roles: the batch size the program names" "$T/pr" "batch size: 16, as the program names it"
+has "roles: activation checkpointing off" "$T/pr" "activation checkpointing: off: the layer that failed keeps every activation for backward"
+has "roles: a holder's purpose and copy" "$T/pr" "snapshot (dict, global in train.py), 1 tensor, kept as checkpoint, a copy of the parameters"
+has "roles: the other frameworks on the device" "$T/pr" "other frameworks on this device: jax reserves 512.00 MiB, 128.00 MiB in use, limit 768.00 MiB"
+has "html: the failing line is the program's" "$T/pr.html" "/home/ana/train.py:130 in main</div>"
+has "html: the facts of the roles" "$T/pr.html" "<dt>parameters by dtype</dt><dd>float32 1.07 GiB (2 tensors), bfloat16 64.00 MiB (1 tensor)</dd>"
+if [ $have_python = 1 ]; then
+    msg=$(python3 tests/cli/check_roles_read.py "$OG" "$R" docs/dump-format.md 2>&1) &&
+        ok "every documented memory.framework.roles key (and other_frameworks) changes the report when removed" ||
+        bad "every documented memory.framework.roles key is read by the report" "$msg"
+else
+    skip "every documented memory.framework.roles key is read by the report" "python3 not found"
+fi
 # "fits" only from a bounded peak: null is unknown ("?"), and the report says why
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); v=d["summary"]["devices"][0]
 v.update(need_bytes=v["peak_bytes"], need_bounded=False, unbounded_why="memory grew step by step")
