@@ -102,5 +102,6 @@ bench: all $(TEST_B)/bench/bench $(TEST_B)/bench/null_bench  ## the shim's cost 
 
 # the scenario corpus
 include tests/scenarios/scenarios.mk
+include tests/adapter/adapter.mk
 # regression tests, `make mutate`, `make coverage`
 include tests/regress/regress.mk tests/mutate/mutate.mk tests/hostile/hostile.mk

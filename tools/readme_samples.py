@@ -45,7 +45,9 @@ def env_for(build, **extra):
            if not k.startswith(("OOMGUARD_", "SIMGPU_", "PYTORCH_")) and k not in ("LD_PRELOAD", "PYTHONPATH")}
     env.update(LD_LIBRARY_PATH=os.path.join(build, "sim"), SIMGPU_DEVICES="1", SIMGPU_MEM="2560MiB",
                SIMGPU_CTX_OVERHEAD="512MiB", PYTHONPATH=FAKE_TORCH, PYTHONDONTWRITEBYTECODE="1", NO_COLOR="1",
-               OOMGUARD_FRAMEWORK="pytorch")
+               OOMGUARD_FRAMEWORK="pytorch",
+               # the stand-in calls the runtime from its libc10_cuda.so, as PyTorch does (tests/adapter/adapter.mk)
+               FAKE_TORCH_LIBC10=os.path.join(build, "tests", "adapter", "libc10_cuda.so"))
     env.update(extra)
     return env
 

@@ -30,7 +30,9 @@ SC=$ROOT/tests/adapter/scenarios
 JOB=$SC/job.py
 CHECK=$SC/check_dump.py
 
-for f in $PRELOAD "$BDIR/sim/libcudart.so.13"; do
+# the stand-in torch calls the runtime from its libc10_cuda.so, as PyTorch does (tests/adapter/adapter.mk)
+export FAKE_TORCH_LIBC10=$BDIR/tests/adapter/libc10_cuda.so
+for f in $PRELOAD "$BDIR/sim/libcudart.so.13" "$FAKE_TORCH_LIBC10"; do
     if [ ! -e "$f" ]; then echo "missing $f: run 'make all' first"; echo "0 passed, 1 failed"; exit 1; fi
 done
 
@@ -86,8 +88,8 @@ expect() { # expect FILE EXPR VALUE
 }
 no_oomguard_lines() { grep -v '^oomguard' "$1" > "$1.clean" || true; echo "$1.clean"; }
 
-# Which library the shim names as the caller of cudaMalloc from Python (ctypes goes through libffi):
-# it becomes OOMGUARD_FRAMEWORK_LIBS, so the stand-in counts as the framework's allocator.
+# Which library the shim names as the caller of cudaMalloc from the stand-in (its libc10_cuda.so, as in a
+# real PyTorch process; through ctypes alone it would be libffi): it becomes OOMGUARD_FRAMEWORK_LIBS.
 probe_dir=$TMP/probe; mkdir -p "$probe_dir"
 env LD_PRELOAD="$PRELOAD" OOMGUARD_DIR="$probe_dir" OOMGUARD_PYTHON_ADAPTER=0 PYTHONPATH="$FT" "$PYTHON" "$JOB" oom-caught >/dev/null 2>&1
 FWLIB=$("$PYTHON" -c "
@@ -98,6 +100,16 @@ libs = d.get('memory', {}).get('by_library', [])
 print(d.get('event', {}).get('library') or (libs[0]['library'] if libs else ''))" "$probe_dir" 2>/dev/null)
 FWLIB=${FWLIB:-libffi.so.8}
 echo "== calls from the stand-in are attributed to $FWLIB"
+t_attributed_c10() { # every block of the stand-in's allocator is libc10_cuda.so's, PyTorch's by the library alone
+    env -u OOMGUARD_FRAMEWORK LD_PRELOAD="$PRELOAD" OOMGUARD_DIR="$W/dumps" OOMGUARD_PYTHON_ADAPTER=0 PYTHONPATH="$FT" \
+        "$PYTHON" "$JOB" oom-caught
+    local d; d=$(ls dumps/oomguard-*.json | head -n 1)
+    expect "$d" 'd["event"]["library"]' libc10_cuda.so &&
+        expect "$d" '[(l["library"], l["framework_name"]) for l in d["memory"]["by_library"]]' "[('libc10_cuda.so', 'pytorch')]" &&
+        expect "$d" 'd["framework"]["name"]' pytorch
+}
+t "the stand-in's blocks come from its libc10_cuda.so (framework pytorch by the library), as a real PyTorch process's" \
+    t_attributed_c10
 
 # ---------------------------------------------------------------------------------------------
 

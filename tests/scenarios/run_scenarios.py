@@ -55,6 +55,9 @@ def base_env():
     env["LD_LIBRARY_PATH"] = sim + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
     env["SIMGPU_DEVICES"] = "1"
     env["SIMGPU_MEM"] = "24GiB"
+    # the stand-in torch calls the runtime from its libc10_cuda.so, as PyTorch does (tests/adapter/adapter.mk);
+    # FAKE_TORCH_LIBC10= (empty) in the caller's environment measures it calling through ctypes (libffi)
+    env.setdefault("FAKE_TORCH_LIBC10", os.path.join(BDIR, "tests", "adapter", "libc10_cuda.so"))
     return env
 
 

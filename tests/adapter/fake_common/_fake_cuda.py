@@ -27,15 +27,44 @@ _ARGTYPES = (
 )
 
 
+_via = None
+
+
+def route_through(path):
+    """Makes this package's runtime calls go through the library at `path` (before the first of them):
+    the stand-in torch's libc10_cuda.so (tests/adapter/lib/c10_cuda.c), whose c10_<name> forwarders call
+    the runtime, as PyTorch's caching allocator calls it from libc10_cuda.so, so the ledger names that
+    library as the caller of every block, not libffi."""
+    global _via
+    _via = path
+
+
+class _Routed(object):
+    """The runtime's functions as the forwarders of a library reach them (c10_<name>); a function it
+    does not forward is the runtime's own."""
+
+    def __init__(self, lib, rt):
+        self._lib, self._rt = lib, rt
+
+    def __getattr__(self, name):
+        fn = getattr(self._lib, "c10_" + name, None)
+        if fn is None:
+            fn = getattr(self._rt, name)
+        else:
+            fn.argtypes = getattr(self._rt, name).argtypes
+        setattr(self, name, fn)
+        return fn
+
+
 def runtime():
-    """libcudart.so.13 through ctypes, loaded once."""
+    """libcudart.so.13 through ctypes, loaded once (through route_through()'s library when one is set)."""
     global _rt
     with _lock:
         if _rt is None:
             rt = ctypes.CDLL("libcudart.so.13")
             for name, argtypes in _ARGTYPES:
                 getattr(rt, name).argtypes = argtypes
-            _rt = rt
+            _rt = _Routed(ctypes.CDLL(_via), rt) if _via else rt
         return _rt
 
 

@@ -34,6 +34,7 @@ if [ "${SANITIZE:-}" = thread ]; then
     skip=$((skip + 1))
 else
     LD_LIBRARY_PATH="$BDIR/sim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" SIMGPU_DEVICES=1 SIMGPU_MEM=2560MiB \
+        FAKE_TORCH_LIBC10="$BDIR/tests/adapter/libc10_cuda.so" \
         PYTHONDONTWRITEBYTECODE=1 "${PYTHON:-python3}" "$T" --stand-in > "$log" 2>&1
     cat "$log"; count "$log"
 fi

@@ -9,12 +9,21 @@ and a caching allocator (torch/_alloc.py) that allocates for real through the CU
 tests exercise liboomguard's hooks.  torch.empty(nbytes) returns a Tensor holding nbytes of device
 memory until it is deleted.
 
-FAKE_TORCH_BROKEN=import makes `import torch` raise; FAKE_TORCH_VERSION sets __version__.
+FAKE_TORCH_BROKEN=import makes `import torch` raise; FAKE_TORCH_VERSION sets __version__;
+FAKE_TORCH_LIBC10=PATH routes its runtime calls through that libc10_cuda.so (see below).
 """
 import os as _os
 
 # the stand-ins' shared CUDA runtime and chunk list (tests/adapter/fake_common) load as torch._fake_cuda
 __path__.append(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), _os.pardir, _os.pardir, "fake_common"))
+
+# PyTorch's caching allocator calls the CUDA runtime from libc10_cuda.so: with FAKE_TORCH_LIBC10 (the test
+# runners name the one tests/adapter/adapter.mk builds) the stand-in's does too, so the ledger attributes
+# its blocks as in a real PyTorch process; without it, the calls come from ctypes (libffi)
+from torch import _fake_cuda as _fc  # noqa: E402
+
+if _os.environ.get("FAKE_TORCH_LIBC10"):
+    _fc.route_through(_os.environ["FAKE_TORCH_LIBC10"])
 
 from torch._alloc import OutOfMemoryError, broken as _broken  # noqa: E402
 

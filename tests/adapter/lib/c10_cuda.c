@@ -1,0 +1,33 @@
+/* libc10_cuda.so of the stand-in torch (tests/adapter/fake_torch): PyTorch's caching allocator
+ * calls the CUDA runtime from libc10_cuda.so, so the ledger names that library as the caller of
+ * every segment (memory.by_library, event.library, top_sites).  The stand-in's allocator is
+ * Python (torch/_alloc.py); it reaches the runtime through these forwarders, loaded with ctypes,
+ * so that its blocks are attributed as a real PyTorch process's are, not to libffi.
+ *
+ * Each forwarder calls the runtime function of the same name with the caller's arguments and
+ * returns its result.  Built with -fno-optimize-sibling-calls: a tail call would leave libffi's
+ * frame, not this library's, as the caller the shim sees.  Test code only. */
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+
+#define FWD(ret, name, params, args)                                                               \
+    __attribute__((visibility("default"), noinline)) ret c10_##name params;                        \
+    ret c10_##name params                                                                          \
+    {                                                                                              \
+        ret r = name args;                                                                         \
+        __asm__ volatile("" ::: "memory"); /* the call stays a call: this library is its caller */ \
+        return r;                                                                                  \
+    }
+
+FWD(cudaError_t, cudaMalloc, (void **p, size_t n), (p, n))
+FWD(cudaError_t, cudaFree, (void *p), (p))
+FWD(cudaError_t, cudaMallocAsync, (void **p, size_t n, cudaStream_t s), (p, n, s))
+FWD(cudaError_t, cudaFreeAsync, (void *p, cudaStream_t s), (p, s))
+FWD(cudaError_t, cudaSetDevice, (int d), (d))
+FWD(cudaError_t, cudaGetDevice, (int *d), (d))
+FWD(cudaError_t, cudaGetDeviceCount, (int *n), (n))
+FWD(cudaError_t, cudaGetLastError, (void), ())
+FWD(cudaError_t, cudaMemGetInfo, (size_t * f, size_t *t), (f, t))
+FWD(cudaError_t, cudaDeviceGetDefaultMemPool, (cudaMemPool_t * p, int d), (p, d))
+FWD(cudaError_t, cudaMemPoolGetAttribute, (cudaMemPool_t p, enum cudaMemPoolAttr a, void *v), (p, a, v))
+FWD(cudaError_t, cudaMemPoolTrimTo, (cudaMemPool_t p, size_t n), (p, n))
