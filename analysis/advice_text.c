@@ -90,7 +90,7 @@ const char *og_plural(long long n, const char *one, const char *many) { return n
 uint64_t og_other_inferred_bytes(const og_record_t *rec)
 {
     const og_record_t *r = rec;
-    if (r->memory.other_processes_bytes != OG_UNKNOWN || r->memory.process_used_bytes != OG_UNKNOWN ||
+    if (r->memory.other_processes_bytes != OG_UNKNOWN || og_known(r->memory.process_used_bytes) ||
         r->device.total_bytes == OG_UNKNOWN || r->device.free_bytes == OG_UNKNOWN ||
         r->memory.process_tracked_bytes == OG_UNKNOWN)
         return OG_UNKNOWN;

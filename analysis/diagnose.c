@@ -649,7 +649,7 @@ static bool c_non_framework(const og_facts_t *d, const og_record_t *r, og_cause_
         og_cpy(full, sizeof full, r->memory.by_library[big].library, sizeof full);
         og_cpy(lib, sizeof lib, og_base_name(full), sizeof full);
     }
-    uint64_t ctx = known(r->memory.context_bytes_estimate) ? r->memory.context_bytes_estimate : 0;
+    uint64_t ctx = og_or(r->memory.context_bytes_estimate, 0);
     char extra[112] = "";
     if (lib[0])
         og_fmt(extra, sizeof extra, "; largest: %s %s, CUDA context ~%s", lib,
@@ -663,8 +663,8 @@ static bool c_non_framework(const og_facts_t *d, const og_record_t *r, og_cause_
     ev_bytes(c, "process_used_bytes", d->used);
     ev_bytes(c, "framework_bytes", fwb);
     ev_num(c, "non_framework_share", share);
-    if (known(r->memory.context_bytes_estimate))
-        ev_bytes(c, "context_bytes_estimate", r->memory.context_bytes_estimate);
+    if (og_known(r->memory.context_bytes_estimate))
+        ev_bytes(c, "context_bytes_estimate", r->memory.context_bytes_estimate.v);
     ev_bytes(c, "shortfall_bytes", d->shortfall);
     if (lib[0]) {
         ev_text(c, "largest_library", "%s", lib);

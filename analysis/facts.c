@@ -128,8 +128,8 @@ static void other_framework_holdings(og_facts_t *d, const og_record_t *rec)
         char name[sizeof fw->other_fw[i].framework];
         og_cpy(name, sizeof name, fw->other_fw[i].framework, sizeof name);
         int k = og_framework_from_name(name);
-        uint64_t held = fw->other_fw[i].reserved_bytes;
-        if (k == OG_FW_UNKNOWN || k == d->ffw || held == OG_UNKNOWN || held <= d->resv[k])
+        uint64_t held = fw->other_fw[i].reserved_bytes.v;
+        if (k == OG_FW_UNKNOWN || k == d->ffw || !og_known(fw->other_fw[i].reserved_bytes) || held <= d->resv[k])
             continue;
         uint64_t more = held - d->resv[k];
         uint64_t beyond = known(fw->reserved_bytes) ? sub0(d->resv[d->ffw], fw->reserved_bytes) : 0;
@@ -164,8 +164,8 @@ static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t
     d->total = known(rec->device.total_bytes) ? rec->device.total_bytes : 0;
     d->tracked = known(rec->memory.process_tracked_bytes) ? rec->memory.process_tracked_bytes : 0;
     d->other_all = known(rec->memory.other_processes_bytes) ? rec->memory.other_processes_bytes : 0;
-    d->used_known = known(rec->memory.process_used_bytes);
-    d->used = d->used_known ? rec->memory.process_used_bytes : 0;
+    d->used_known = og_known(rec->memory.process_used_bytes);
+    d->used = og_or(rec->memory.process_used_bytes, 0);
     d->footprint = d->used_known ? d->used : d->tracked;
     d->recovered = rec->event.recovered;
     d->phys_free.known = known(rec->device.free_bytes);
@@ -226,9 +226,9 @@ static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t
         d->cached = sub0(fw->reserved_bytes, fw->allocated_bytes);
         d->cached_src = OG_CACHE_ADAPTER;
         d->reservation = fw->reserved_bytes;
-    } else if (known(rec->memory.framework_cached_bytes) && !(app_pool && rec_src == OG_CACHE_POOL)) {
+    } else if (og_known(rec->memory.framework_cached_bytes) && !(app_pool && rec_src == OG_CACHE_POOL)) {
         d->cached_known = true;
-        d->cached = rec->memory.framework_cached_bytes;
+        d->cached = rec->memory.framework_cached_bytes.v;
         d->cached_src = rec_src != OG_CACHE_NONE ? rec_src : OG_CACHE_MEASURED;
     }
     int kinds = 0;
@@ -259,11 +259,12 @@ static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t
     if (app_pool && known(rec->memory.pool_reserved) && known(rec->memory.pool_used))
         d->app_slack = sub0(rec->memory.pool_reserved, rec->memory.pool_used);
 
-    d->limited = known(rec->device.limit_bytes);
-    d->limit = d->limited ? rec->device.limit_bytes : 0;
-    d->usage_lim = d->limited && known(rec->device.limit_usage_bytes) && rec->device.limit_usage_bytes >= d->tracked
-                       ? rec->device.limit_usage_bytes
-                       : d->tracked;
+    d->limited = og_known(rec->device.limit_bytes);
+    d->limit = og_or(rec->device.limit_bytes, 0);
+    d->usage_lim =
+        d->limited && og_known(rec->device.limit_usage_bytes) && rec->device.limit_usage_bytes.v >= d->tracked
+            ? rec->device.limit_usage_bytes.v
+            : d->tracked;
     if (d->limited) {
         d->free_known = true;
         d->free_eff = sub0(d->limit, d->usage_lim);
@@ -543,8 +544,8 @@ static bool growth_for(const og_facts_t *d, const og_record_t *r, og_growth_scra
      * nothing.  No optimizer (inference), no adapter: unknown, the rule stays as it was */
     const og_roles_t *ro = &fw->roles;
     double reported = ro->reported_t_rel > 0 ? ro->reported_t_rel : r->event.t_rel;
-    if (fw->has && ro->has && ro->last_step_age_us != OG_UNKNOWN && reported > 0) {
-        double last_step = reported - (double)ro->last_step_age_us / 1e6;
+    if (fw->has && ro->has && og_known(ro->last_step_age_us) && reported > 0) {
+        double last_step = reported - (double)ro->last_step_age_us.v / 1e6;
         uint64_t half = lows[0] + rise / 2;
         int k = 0;
         while (k < steps - 1 && lows[k] < half)
@@ -854,7 +855,7 @@ static void imbalance(og_facts_t *d, const og_record_t *r)
 
 static void non_framework(og_facts_t *d, const og_record_t *r)
 {
-    d->nonfw = known(r->memory.non_framework_bytes) ? r->memory.non_framework_bytes : 0;
+    d->nonfw = og_or(r->memory.non_framework_bytes, 0);
     d->nonfw_big_lib = -1;
     int n = r->memory.nlibs < 0 ? 0 : r->memory.nlibs > 32 ? 32 : r->memory.nlibs;
     for (int i = 0; i < n; i++)
@@ -864,11 +865,11 @@ static void non_framework(og_facts_t *d, const og_record_t *r)
     if (d->nonfw_big_lib >= 0 && !r->memory.by_library[d->nonfw_big_lib].bytes)
         d->nonfw_big_lib = -1;
     uint64_t fwb = known(r->memory.framework_bytes) ? r->memory.framework_bytes : 0;
-    if (!d->used_known || d->used == 0 || !known(r->memory.non_framework_bytes) || d->shortfall == 0)
+    if (!d->used_known || d->used == 0 || !og_known(r->memory.non_framework_bytes) || d->shortfall == 0)
         return;
     if (r->framework == OG_FW_UNKNOWN && fwb == 0)
         return; /* no framework: "outside the framework" would be everything */
-    uint64_t nf = r->memory.non_framework_bytes;
+    uint64_t nf = r->memory.non_framework_bytes.v;
     double share = (double)nf / (double)d->used;
     d->nonfw_holds = share >= d->nonfw_share && nf >= d->shortfall && nf >= NONFW_FLOOR;
 }
@@ -1001,7 +1002,7 @@ static bool model_named(const og_roles_t *ro, int i, const char *name)
     return false;
 }
 
-static uint64_t role_or0(const og_roles_t *ro, enum og_role k) { return known(ro->bytes[k]) ? ro->bytes[k] : 0; }
+static uint64_t role_or0(const og_roles_t *ro, enum og_role k) { return og_or(ro->bytes[k], 0); }
 
 /* a holder's kind that keeps entries by key: a dict, an LRU or other cache */
 static bool map_kind(const char *kind)
@@ -1106,7 +1107,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
     k->opt = role_or0(ro, OG_ROLE_optimizer_state);
     k->pools = role_or0(ro, OG_ROLE_graph_pools);
     k->held = role_or0(ro, OG_ROLE_held_by_python);
-    k->act_known = known(ro->bytes[OG_ROLE_activations]);
+    k->act_known = og_known(ro->bytes[OG_ROLE_activations]);
     k->act = role_or0(ro, OG_ROLE_activations);
     int nopt = ro->noptimizers < 0 ? 0 : ro->noptimizers > 6 ? 6 : ro->noptimizers;
     uint64_t classed = 0;
@@ -1121,9 +1122,9 @@ static void roles(og_facts_t *d, const og_record_t *r)
     }
     k->opt_full = add_sat(k->opt_full, sub0(k->opt, classed)); /* state of no named class */
     for (int i = 0; i < nopt; i++)
-        if (known(ro->optimizers[i].param_bytes))
-            k->opt_params = add_sat(k->opt_params, ro->optimizers[i].param_bytes);
-    k->dtypes_known = ro->has_dtypes && known(ro->bytes[OG_ROLE_parameters]);
+        if (og_known(ro->optimizers[i].param_bytes))
+            k->opt_params = add_sat(k->opt_params, ro->optimizers[i].param_bytes.v);
+    k->dtypes_known = ro->has_dtypes && og_known(ro->bytes[OG_ROLE_parameters]);
     int nd = ro->ndtypes < 0 ? 0 : ro->ndtypes > 6 ? 6 : ro->ndtypes;
     for (int i = 0; k->dtypes_known && i < nd; i++) {
         char dt[sizeof ro->dtypes[0].dtype];
@@ -1172,7 +1173,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
                                                OG_ROLE_optimizer_state, OG_ROLE_graph_pools };
     k->state_known = true;
     for (size_t i = 0; i < sizeof kept_roles / sizeof *kept_roles; i++) {
-        k->state_known = k->state_known && known(ro->bytes[kept_roles[i]]);
+        k->state_known = k->state_known && og_known(ro->bytes[kept_roles[i]]);
         k->state = add_sat(k->state, role_or0(ro, kept_roles[i]));
     }
     /* a copy of the parameters or the optimizer state held by Python (an EMA, a snapshot, one being
@@ -1302,11 +1303,11 @@ static void advice(og_facts_t *f, const og_record_t *rec)
         x->cached_known = true;
         x->cached = sub0(fw->reserved_bytes, fw->allocated_bytes);
         src = OG_CACHE_ADAPTER;
-    } else if (known(rec->memory.framework_cached_bytes) &&
+    } else if (og_known(rec->memory.framework_cached_bytes) &&
                !(rec->memory.pool_owner_fw == 2 && rec->memory.framework_cached_source == OG_CACHE_POOL)) {
         /* (an application's own pool is not the framework's cache) */
         x->cached_known = true;
-        x->cached = rec->memory.framework_cached_bytes;
+        x->cached = rec->memory.framework_cached_bytes.v;
         src = rec->memory.framework_cached_source;
     }
     /* a recovered dump keeps the first attempt's numbers: its cache was still there then */

@@ -14,6 +14,19 @@
 #define OG_UNKNOWN     UINT64_MAX /* a byte count that could not be measured */
 #define OG_STEP_SERIES 32         /* roles.allocated_after_steps: the latest optimizer steps kept */
 
+/* A count that may not have been measured: known says whether v holds one (v is 0 when not).
+ * A zeroed record holds "not measured" in every one of these. */
+typedef struct og_opt_u64 {
+    uint64_t v;
+    bool known;
+} og_opt_u64_t;
+
+static inline bool og_known(og_opt_u64_t x) { return x.known; }
+static inline void og_set(og_opt_u64_t *x, uint64_t v) { *x = (og_opt_u64_t){ v, true }; }
+static inline void og_unset(og_opt_u64_t *x) { *x = (og_opt_u64_t){ 0, false }; }
+/* the value, or `otherwise` when not measured */
+static inline uint64_t og_or(og_opt_u64_t x, uint64_t otherwise) { return x.known ? x.v : otherwise; }
+
 typedef struct og_lib_usage {
     char library[120];
     uint64_t bytes, blocks;
@@ -117,15 +130,15 @@ typedef struct og_role_holder {
 
 typedef struct og_roles {
     bool has;
-    bool complete;               /* the scan finished within its time budget */
-    uint64_t allocated_bytes;    /* what the roles split (OG_UNKNOWN if unknown) */
-    uint64_t bytes[OG_NROLES];   /* OG_UNKNOWN: unknown */
+    bool complete;                /* the scan finished within its time budget */
+    og_opt_u64_t allocated_bytes; /* what the roles split */
+    og_opt_u64_t bytes[OG_NROLES];
     uint64_t tensors[OG_NROLES]; /* storages counted */
     int noptimizers;
     struct {
         char cls[48];
         uint64_t bytes, tensors;
-        uint64_t param_bytes; /* parameters on the failing device its param_groups hold (OG_UNKNOWN) */
+        og_opt_u64_t param_bytes; /* parameters on the failing device its param_groups hold */
     } optimizers[6];
     /* roles.parameters_by_dtype: the parameters role by dtype, largest first; has_dtypes false: not measured */
     bool has_dtypes;
@@ -137,15 +150,15 @@ typedef struct og_roles {
     int nholders;
     og_role_holder_t holders[8];
     uint64_t elapsed_us, objects;
-    uint64_t last_step_age_us; /* the latest optimizer step ended this long before the report (OG_UNKNOWN) */
-    int num_beams;             /* the beam width of the generation running at the failure; 0 unknown */
-    int checkpointing;         /* activation checkpointing for the failing pass: 1 in force, -1 off, 0 unknown */
-    int batch_size;            /* the batch the program names for the failing pass (an int named so); 0 unknown */
-    uint64_t reported_t_ns;    /* when that report arrived (og_now_ns; 0 unknown) */
-    double reported_t_rel;     /* the same on the history's clock (seconds since start; 0 unknown) */
-    uint64_t sampled;          /* large containers and classes read in part (their first elements held no tensor) */
-    char why[160];             /* why something is unknown ("" none) */
-    int nmodels;               /* roles.models: the modules no other module holds, by class and size */
+    og_opt_u64_t last_step_age_us; /* the latest optimizer step ended this long before the report */
+    int num_beams;                 /* the beam width of the generation running at the failure; 0 unknown */
+    int checkpointing;             /* activation checkpointing for the failing pass: 1 in force, -1 off, 0 unknown */
+    int batch_size;                /* the batch the program names for the failing pass (an int named so); 0 unknown */
+    uint64_t reported_t_ns;        /* when that report arrived (og_now_ns; 0 unknown) */
+    double reported_t_rel;         /* the same on the history's clock (seconds since start; 0 unknown) */
+    uint64_t sampled;              /* large containers and classes read in part (their first elements held no tensor) */
+    char why[160];                 /* why something is unknown ("" none) */
+    int nmodels;                   /* roles.models: the modules no other module holds, by class and size */
     struct {
         char cls[48];
         uint64_t bytes, tensors; /* parameters on the failing device, of one of them */
@@ -186,10 +199,10 @@ typedef struct og_roles {
 
 /* Framework adapter's own numbers (PyTorch memory_stats and friends); has = false if none. */
 /* Another framework of this process and what it holds on the failing device, as its own adapter read it
- * (memory.framework.other_frameworks); OG_UNKNOWN where not read. */
+ * (memory.framework.other_frameworks); unknown where not read. */
 typedef struct og_other_framework {
     char framework[16]; /* "jax", "pytorch", ... */
-    uint64_t reserved_bytes, in_use_bytes, limit_bytes;
+    og_opt_u64_t reserved_bytes, in_use_bytes, limit_bytes;
 } og_other_framework_t;
 
 typedef struct og_framework_view {
@@ -280,21 +293,21 @@ typedef struct og_record {
         char pci_bus_id[32];
         int cc_major, cc_minor;
         uint64_t total_bytes, free_bytes;
-        uint64_t limit_bytes;       /* OG_UNKNOWN when no limit */
-        uint64_t limit_usage_bytes; /* what the limit check counts (tracked + context); OG_UNKNOWN without limit */
+        og_opt_u64_t limit_bytes;       /* unknown when no limit */
+        og_opt_u64_t limit_usage_bytes; /* what the limit check counts (tracked + context); unknown without limit */
     } device;
 
     struct {
         uint64_t process_tracked_bytes;
-        uint64_t process_used_bytes; /* NVML; OG_UNKNOWN if not measured */
+        og_opt_u64_t process_used_bytes; /* NVML; unknown if not measured */
         uint64_t plain, managed, pool_reserved, pool_used, vmm_physical, vmm_mapped;
         int nlibs;
         og_lib_usage_t by_library[32];
         uint64_t framework_bytes;                  /* held by the framework's libraries */
-        uint64_t framework_cached_bytes;           /* held but unused: OG_UNKNOWN if not measured */
+        og_opt_u64_t framework_cached_bytes;       /* held but unused: unknown if not measured */
         enum og_cache_src framework_cached_source; /* OG_CACHE_NONE when not measured */
-        uint64_t non_framework_bytes;              /* process_used - framework_bytes; OG_UNKNOWN without NVML */
-        uint64_t context_bytes_estimate;           /* process_used - tracked; OG_UNKNOWN without NVML */
+        og_opt_u64_t non_framework_bytes;          /* process_used - framework_bytes; unknown without NVML */
+        og_opt_u64_t context_bytes_estimate;       /* process_used - tracked; unknown without NVML */
         int nother;
         og_other_proc_t other[32];      /* largest first */
         uint64_t other_processes_bytes; /* all of them, listed or not */

@@ -88,15 +88,15 @@ static bool larger(const rctx_t *x) { return x->larger_than_device; }
 static bool larger_card_exists(const rctx_t *x) { return x->larger_than_device && x->req < 141.0 * 1e9 * 0.97; }
 static bool larger_than_limit_only(const rctx_t *x)
 {
-    return x->larger_than_device && HAS(LIMIT) && known(x->rec->device.limit_bytes) && x->total && x->req < x->total;
+    return x->larger_than_device && HAS(LIMIT) && og_known(x->rec->device.limit_bytes) && x->total && x->req < x->total;
 }
 /* the limit refused the request because of the context it counts: nothing the job shrinks helps */
 static bool limit_by_context(const rctx_t *x)
 {
     const og_record_t *r = x->rec;
-    return HAS(LIMIT) && known(r->device.limit_bytes) && known(r->device.limit_usage_bytes) &&
-           r->device.limit_usage_bytes > x->tracked && x->req <= r->device.limit_bytes &&
-           add_sat(r->device.limit_usage_bytes - x->tracked, x->req) > r->device.limit_bytes;
+    return HAS(LIMIT) && og_known(r->device.limit_bytes) && og_known(r->device.limit_usage_bytes) &&
+           r->device.limit_usage_bytes.v > x->tracked && x->req <= r->device.limit_bytes.v &&
+           add_sat(r->device.limit_usage_bytes.v - x->tracked, x->req) > r->device.limit_bytes.v;
 }
 /* a confident primary cause whose own remedy covers the shortfall (another framework, peer ranks,
  * other processes): the generic ways to shrink the job would only hide the cause; nor are they the
@@ -355,12 +355,13 @@ static bool state_exceeds_card(const rctx_t *x)
 static bool fp32_weights(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
-    uint64_t alloc = x->rec->memory.fw.roles.allocated_bytes;
+    bool alloc_known = og_known(x->rec->memory.fw.roles.allocated_bytes);
+    uint64_t alloc = x->rec->memory.fw.roles.allocated_bytes.v;
     bool pass = PHASE(loading) || PHASE(forward) || PHASE(backward) || PHASE(evaluation) || PHASE(generation) ||
                 (x->trains != 1 && !PHASE(optimizer_step));
     double halved = state_at_step(x) * (1.0 - 0.5 * (double)ro->params_fp32 / (double)(ro->params ? ro->params : 1));
     return ro->known && ro->dtypes_known && ro->params && (double)ro->params_fp32 >= 0.75 * (double)ro->params &&
-           known(alloc) && alloc && 2.0 * ((double)ro->params + (double)ro->grads) >= (double)alloc && pass &&
+           alloc_known && alloc && 2.0 * ((double)ro->params + (double)ro->grads) >= (double)alloc && pass &&
            !(x->capacity && halved + (double)ro->act >= (double)x->capacity) && !own_fix_covers(x) &&
            !x->larger_than_device;
 }
@@ -385,8 +386,9 @@ static bool pass_outgrows_first(const rctx_t *x) { return pass_outgrows(x) && !b
 static bool checkpointing_off(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
-    uint64_t alloc = x->rec->memory.fw.roles.allocated_bytes;
-    return ro->known && ro->act_known && ro->checkpointing == -1 && x->trains == 1 && x->grad == 1 && known(alloc) &&
+    bool alloc_known = og_known(x->rec->memory.fw.roles.allocated_bytes);
+    uint64_t alloc = x->rec->memory.fw.roles.allocated_bytes.v;
+    return ro->known && ro->act_known && ro->checkpointing == -1 && x->trains == 1 && x->grad == 1 && alloc_known &&
            alloc && 2 * ro->act >= alloc && !own_fix_covers(x) && !x->larger_than_device;
 }
 /* the optimizer's state is new since a pass of this batch fit: exactly one step made (it made the state after

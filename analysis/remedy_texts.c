@@ -242,21 +242,21 @@ static bool b_raise_limit(const rctx_t *x, og_remedy_t *r)
 {
     const og_record_t *rec = x->rec;
     /* the check's own accounting: allocations plus the CUDA context */
-    uint64_t usage = known(rec->device.limit_usage_bytes) && rec->device.limit_usage_bytes > x->tracked
-                         ? rec->device.limit_usage_bytes
+    uint64_t usage = og_known(rec->device.limit_usage_bytes) && rec->device.limit_usage_bytes.v > x->tracked
+                         ? rec->device.limit_usage_bytes.v
                          : x->tracked;
     uint64_t need = add_sat(usage, x->req);
     /* 10% headroom, rounded up to whole GiB */
     uint64_t sugg = (uint64_t)((double)need * 1.10 / GIB) + 1;
-    if (known(rec->device.limit_bytes) && usage > x->tracked)
+    if (og_known(rec->device.limit_bytes) && usage > x->tracked)
         why(r,
             "OOMGUARD_LIMIT caps device %d at %s; the job needs at least %s (%s allocated + %s CUDA context + %s "
             "requested).",
-            rec->event.device, og_hb((double)rec->device.limit_bytes).s, og_hb((double)need).s,
+            rec->event.device, og_hb((double)rec->device.limit_bytes.v).s, og_hb((double)need).s,
             og_hb((double)x->tracked).s, og_hb((double)(usage - x->tracked)).s, og_hb((double)x->req).s);
-    else if (known(rec->device.limit_bytes))
+    else if (og_known(rec->device.limit_bytes))
         why(r, "OOMGUARD_LIMIT caps device %d at %s; the job needs at least %s (%s held + %s requested).",
-            rec->event.device, og_hb((double)rec->device.limit_bytes).s, og_hb((double)need).s,
+            rec->event.device, og_hb((double)rec->device.limit_bytes.v).s, og_hb((double)need).s,
             og_hb((double)x->tracked).s, og_hb((double)x->req).s);
     else
         why(r, "OOMGUARD_LIMIT refused the request; the job needs at least %s (%s held + %s requested).",
@@ -264,8 +264,8 @@ static bool b_raise_limit(const rctx_t *x, og_remedy_t *r)
     if (known(rec->device.free_bytes) && rec->device.free_bytes >= x->req)
         why(r, " The card itself had %s free, so the request would have succeeded.",
             og_hb((double)rec->device.free_bytes).s);
-    if (usage > x->tracked && x->req <= rec->device.limit_bytes &&
-        add_sat(usage - x->tracked, x->req) > rec->device.limit_bytes)
+    if (og_known(rec->device.limit_bytes) && usage > x->tracked && x->req <= rec->device.limit_bytes.v &&
+        add_sat(usage - x->tracked, x->req) > rec->device.limit_bytes.v)
         how(r, "export CUDA_MODULE_LOADING=LAZY   # a smaller CUDA context: kernels load when first used");
     how(r, "OOMGUARD_LIMIT=%lluGiB   # or for this device only: OOMGUARD_LIMIT=%d:%lluGiB", (unsigned long long)sugg,
         rec->event.device, (unsigned long long)sugg);
@@ -520,8 +520,8 @@ static bool b_non_framework_memory(const rctx_t *x, og_remedy_t *r)
         lib = libname;
         lb = (double)u->bytes;
     }
-    if (x->has[OG_CAUSE_NONFW] && known(rec->memory.context_bytes_estimate))
-        ctx = (double)rec->memory.context_bytes_estimate;
+    if (x->has[OG_CAUSE_NONFW] && og_known(rec->memory.context_bytes_estimate))
+        ctx = (double)rec->memory.context_bytes_estimate.v;
     if (lib && lb > 0)
         why(r, "; the largest holder is %s with %s", lib, og_hb(lb).s);
     if (ctx >= 0)
@@ -1314,7 +1314,7 @@ static bool b_chunk(const rctx_t *x, og_remedy_t *r)
     why(r,
         "The request alone, %s, is larger than the whole %s (%s): no setting of this process can fit it. Split "
         "the operation into pieces that fit, shard the tensor across GPUs, or keep it off the GPU.",
-        og_hb((double)x->req).s, known(x->rec->device.limit_bytes) && x->capacity < x->total ? "limit" : "device",
+        og_hb((double)x->req).s, og_known(x->rec->device.limit_bytes) && x->capacity < x->total ? "limit" : "device",
         og_hb((double)x->capacity).s);
     unsigned long long k = x->capacity ? (unsigned long long)(x->req / (x->capacity / 2 ? x->capacity / 2 : 1)) + 1 : 4;
     if (k < 2)

@@ -234,7 +234,7 @@ static void capture_framework(og_record_t *rec)
 static void capture_device(og_record_t *rec, int device)
 {
     rec->device.index = device;
-    rec->device.limit_bytes = OG_UNKNOWN;
+    og_unset(&rec->device.limit_bytes);
     rec->device.total_bytes = rec->device.free_bytes = OG_UNKNOWN;
     og_cfn_cuDeviceGetName name = OG_CALL(cuDeviceGetName);
     og_cfn_cuDeviceGetAttribute attr = OG_CALL(cuDeviceGetAttribute);
@@ -261,9 +261,13 @@ static void capture_device(og_record_t *rec, int device)
     else
         og_unmeasured(rec, OG_UM_FREE_MEMORY, "free memory: device %d is not the calling thread's current device",
                       device);
-    rec->device.limit_bytes = og_limit_bytes(device);
-    /* the limit text must speak the check's own accounting (context included) */
-    rec->device.limit_usage_bytes = rec->device.limit_bytes == OG_UNKNOWN ? OG_UNKNOWN : og_limit_usage(device);
+    uint64_t limit = og_limit_bytes(device);
+    og_unset(&rec->device.limit_usage_bytes);
+    if (limit != UINT64_MAX) {
+        og_set(&rec->device.limit_bytes, limit);
+        /* the limit text must speak the check's own accounting (context included) */
+        og_set(&rec->device.limit_usage_bytes, og_limit_usage(device));
+    }
 }
 
 /* ------------------------------------------------------------------ ledger: libraries and sites */
@@ -622,19 +626,19 @@ out:
 static void derive(og_record_t *rec, const og_episode_t *ep)
 {
     og_framework_view_t *fw = &rec->memory.fw;
-    rec->memory.framework_cached_bytes = OG_UNKNOWN;
+    og_unset(&rec->memory.framework_cached_bytes);
     if (fw->has && fw->reserved_bytes >= fw->allocated_bytes) {
-        rec->memory.framework_cached_bytes = fw->reserved_bytes - fw->allocated_bytes;
+        og_set(&rec->memory.framework_cached_bytes, fw->reserved_bytes - fw->allocated_bytes);
         rec->memory.framework_cached_source = OG_CACHE_ADAPTER;
     } else if (ep && ep->attempts >= 2 && ep->released_before_attempt > 0) {
-        rec->memory.framework_cached_bytes = ep->released_before_attempt;
+        og_set(&rec->memory.framework_cached_bytes, ep->released_before_attempt);
         rec->memory.framework_cached_source = OG_CACHE_RETRY_RELEASE;
     } else if (rec->memory.pool_reserved > rec->memory.pool_used) {
-        rec->memory.framework_cached_bytes = rec->memory.pool_reserved - rec->memory.pool_used;
+        og_set(&rec->memory.framework_cached_bytes, rec->memory.pool_reserved - rec->memory.pool_used);
         rec->memory.framework_cached_source = OG_CACHE_POOL;
     }
     /* unknown is not zero: say which part of the framework's memory was not measured, and why */
-    if (rec->memory.framework_cached_bytes == OG_UNKNOWN &&
+    if (!og_known(rec->memory.framework_cached_bytes) &&
         (rec->memory.framework_bytes > 0 || rec->framework != OG_FW_UNKNOWN)) {
         const char *fwn = og_framework_display(rec->framework, "the framework");
         if (fw->unmeasured_why[0])
@@ -652,14 +656,15 @@ static void derive(og_record_t *rec, const og_episode_t *ep)
                           "between attempts to measure it)",
                           fwn);
     }
-    uint64_t used = rec->memory.process_used_bytes;
-    rec->memory.non_framework_bytes = used == OG_UNKNOWN                   ? OG_UNKNOWN
-                                      : used > rec->memory.framework_bytes ? used - rec->memory.framework_bytes
-                                                                           : 0;
-    rec->memory.context_bytes_estimate = used == OG_UNKNOWN ? OG_UNKNOWN
-                                         : used > rec->memory.process_tracked_bytes
-                                             ? used - rec->memory.process_tracked_bytes
-                                             : 0;
+    og_unset(&rec->memory.non_framework_bytes);
+    og_unset(&rec->memory.context_bytes_estimate);
+    if (og_known(rec->memory.process_used_bytes)) {
+        uint64_t used = rec->memory.process_used_bytes.v;
+        og_set(&rec->memory.non_framework_bytes,
+               used > rec->memory.framework_bytes ? used - rec->memory.framework_bytes : 0);
+        og_set(&rec->memory.context_bytes_estimate,
+               used > rec->memory.process_tracked_bytes ? used - rec->memory.process_tracked_bytes : 0);
+    }
 }
 
 /* The record of an episode's first failed attempt, per device: a recovered dump keeps the
@@ -714,8 +719,8 @@ static og_record_t *recovered_from_first(const og_record_t *now, const og_episod
     f->event.recovered = true;
     f->event.recovered_requested_bytes = ep->recovered_requested;
     f->event.recovered_t = now->event.recovered_t;
-    if (f->memory.framework_cached_bytes == OG_UNKNOWN && ep->released > 0) {
-        f->memory.framework_cached_bytes = ep->released;
+    if (!og_known(f->memory.framework_cached_bytes) && ep->released > 0) {
+        og_set(&f->memory.framework_cached_bytes, ep->released);
         f->memory.framework_cached_source = OG_CACHE_RETRY_RELEASE;
         /* the cache is measured now: drop the line that said it was not */
         og_unmeasured_drop(f, OG_UM_FRAMEWORK_CACHE);
@@ -917,9 +922,8 @@ og_record_t *og_record_unmeasured(const char *status, const og_episode_t *ep)
     capture_framework(rec);
     rec->device.index = ep->device;
     rec->device.total_bytes = rec->device.free_bytes = OG_UNKNOWN;
-    rec->device.limit_bytes = rec->device.limit_usage_bytes = OG_UNKNOWN;
-    rec->memory.process_used_bytes = rec->memory.non_framework_bytes = OG_UNKNOWN;
-    rec->memory.context_bytes_estimate = rec->memory.framework_cached_bytes = OG_UNKNOWN;
+    /* limit_bytes, limit_usage_bytes, process_used_bytes, non_framework_bytes, context_bytes_estimate and
+     * framework_cached_bytes: not measured, as calloc left them */
     rec->memory.other_processes_bytes = OG_UNKNOWN;
     rec->diagnosis.shortfall_bytes = OG_UNKNOWN;
     og_unmeasured(rec, OG_UM_DUMP_BUDGET,

@@ -36,6 +36,8 @@ static const char *human_rot(char (*hb)[32], unsigned *i, uint64_t v)
     return v == OG_UNKNOWN ? "unknown" : og_bytes_fmt(b, sizeof hb[0], (double)v, OG_BYTES_FIXED);
 }
 #define H(v) human_rot(hb, &hbi, (v))
+/* the same for a count that may not have been measured */
+#define HO(v) human_rot(hb, &hbi, og_or((v), OG_UNKNOWN))
 /* a request is always known: SIZE_MAX is a size, not H's "unknown" */
 #define REQ(v) ((v) == OG_UNKNOWN ? OG_UNKNOWN - 1 : (v))
 
@@ -125,8 +127,8 @@ static void render_text(const og_record_t *r, og_sb_t *sb)
     }
     og_sb_printf(sb, "device %d: %s (compute capability %d.%d), total %s, free %s", r->device.index, T(r->device.name),
                  r->device.cc_major, r->device.cc_minor, H(r->device.total_bytes), H(r->device.free_bytes));
-    if (r->device.limit_bytes != OG_UNKNOWN)
-        og_sb_printf(sb, ", limit %s", H(r->device.limit_bytes));
+    if (og_known(r->device.limit_bytes))
+        og_sb_printf(sb, ", limit %s", HO(r->device.limit_bytes));
     og_sb_puts(sb, "\n\nwhere the memory is\n");
     og_sb_printf(sb, "  this process, tracked          %12s\n", H(r->memory.process_tracked_bytes));
     og_sb_printf(sb, "    plain allocations            %12s\n", H(r->memory.plain));
@@ -139,11 +141,11 @@ static void render_text(const og_record_t *r, og_sb_t *sb)
         og_sb_printf(sb, "    virtual memory (physical)    %12s\n", H(r->memory.vmm_physical));
     og_sb_printf(sb, "  framework (%s)%*s%12s", og_framework_name(r->framework),
                  (int)(19 - strlen(og_framework_name(r->framework))), "", H(r->memory.framework_bytes));
-    if (r->memory.framework_cached_bytes != OG_UNKNOWN)
-        og_sb_printf(sb, ", cached but unused %s (%s)", H(r->memory.framework_cached_bytes),
+    if (og_known(r->memory.framework_cached_bytes))
+        og_sb_printf(sb, ", cached but unused %s (%s)", HO(r->memory.framework_cached_bytes),
                      og_cache_src_name(r->memory.framework_cached_source));
-    og_sb_printf(sb, "\n  non-framework (context, libs)  %12s\n", H(r->memory.non_framework_bytes));
-    og_sb_printf(sb, "  process total (NVML)           %12s\n", H(r->memory.process_used_bytes));
+    og_sb_printf(sb, "\n  non-framework (context, libs)  %12s\n", HO(r->memory.non_framework_bytes));
+    og_sb_printf(sb, "  process total (NVML)           %12s\n", HO(r->memory.process_used_bytes));
     og_sb_printf(sb, "  other processes                %12s\n", H(r->memory.other_processes_bytes));
     for (int i = 0; i < r->memory.nother; i++)
         og_sb_printf(sb, "    %spid %-8d %-18s %12s%s\n", r->memory.other[i].visible ? "" : "host ",
@@ -883,11 +885,11 @@ static void summary_roles(og_sb_t *sb, const og_record_t *r)
     og_sb_puts(sb, "oomguard: memory by role:");
     int n = 0;
     for (int i = 0; i < OG_NROLES; i++) {
-        uint64_t v = f->roles.bytes[i];
-        if (v == 0 || (v == OG_UNKNOWN && i != OG_ROLE_activations))
+        og_opt_u64_t v = f->roles.bytes[i];
+        if (og_known(v) ? v.v == 0 : i != OG_ROLE_activations)
             continue;
         og_sb_printf(sb, "%s %s %s", n++ ? "," : "", labels[i],
-                     v == OG_UNKNOWN ? "unknown" : og_bytes_fmt(b, sizeof b, (double)v, OG_BYTES_FIXED));
+                     og_known(v) ? og_bytes_fmt(b, sizeof b, (double)v.v, OG_BYTES_FIXED) : "unknown");
         if (i == OG_ROLE_held_by_python && f->roles.nholders)
             og_sb_printf(sb, " (%s %s)", f->roles.holders[0].label,
                          og_bytes_fmt(b, sizeof b, (double)f->roles.holders[0].bytes, OG_BYTES_FIXED));
@@ -903,8 +905,8 @@ static void set_pending(const og_record_t *r, const char *path)
     og_sb_printf(&sb, "oomguard: %s of %s on device %d (%s) failed: %s free of %s", r->event.api,
                  H(REQ(r->event.requested_bytes)), r->device.index, r->device.name, H(r->device.free_bytes),
                  H(r->device.total_bytes));
-    if (r->device.limit_bytes != OG_UNKNOWN)
-        og_sb_printf(&sb, " (limit %s)", H(r->device.limit_bytes));
+    if (og_known(r->device.limit_bytes))
+        og_sb_printf(&sb, " (limit %s)", HO(r->device.limit_bytes));
     og_sb_puts(&sb, "\n");
     summary_roles(&sb, r);
     /* the program's line, after what the memory is for: the innermost Python frame outside the framework's own code */

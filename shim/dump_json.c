@@ -17,6 +17,9 @@ static void j_u64(og_sb_t *sb, uint64_t v)
         og_sb_printf(sb, "%llu", (unsigned long long)v);
 }
 
+/* A count that may not have been measured: null when not. */
+static void j_opt(og_sb_t *sb, og_opt_u64_t v) { j_u64(sb, og_or(v, OG_UNKNOWN)); }
+
 /* For adapter fields where 0 stands for "not reported". */
 static void j_u64_or_null(og_sb_t *sb, uint64_t v) { j_u64(sb, v ? v : OG_UNKNOWN); }
 
@@ -172,14 +175,14 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
     bool first = true;
     og_sb_puts(sb, "{");
     K("allocated_bytes");
-    j_u64(sb, r->allocated_bytes);
-#define OG_ROLE(k, label)                                                          \
-    K(#k "_bytes");                                                                \
-    j_u64(sb, r->bytes[OG_ROLE_##k]);                                              \
-    K(#k "_tensors");                                                              \
-    if (OG_ROLE_##k == OG_ROLE_activations || r->bytes[OG_ROLE_##k] == OG_UNKNOWN) \
-        og_sb_puts(sb, "null");                                                    \
-    else                                                                           \
+    j_opt(sb, r->allocated_bytes);
+#define OG_ROLE(k, label)                                                       \
+    K(#k "_bytes");                                                             \
+    j_opt(sb, r->bytes[OG_ROLE_##k]);                                           \
+    K(#k "_tensors");                                                           \
+    if (OG_ROLE_##k == OG_ROLE_activations || !og_known(r->bytes[OG_ROLE_##k])) \
+        og_sb_puts(sb, "null");                                                 \
+    else                                                                        \
         og_sb_printf(sb, "%llu", (unsigned long long)r->tensors[OG_ROLE_##k]);
 #include "roles.def"
 #undef OG_ROLE
@@ -190,7 +193,7 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
         og_sb_json_str(sb, r->optimizers[i].cls);
         og_sb_printf(sb, ",\"bytes\":%llu,\"tensors\":%llu,\"parameters_bytes\":",
                      (unsigned long long)r->optimizers[i].bytes, (unsigned long long)r->optimizers[i].tensors);
-        j_u64(sb, r->optimizers[i].param_bytes);
+        j_opt(sb, r->optimizers[i].param_bytes);
         og_sb_puts(sb, "}");
     }
     og_sb_puts(sb, "]");
@@ -329,10 +332,10 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
     else
         og_sb_puts(sb, "null");
     K("last_optimizer_step_ms_ago");
-    if (r->last_step_age_us == OG_UNKNOWN)
+    if (!og_known(r->last_step_age_us))
         og_sb_puts(sb, "null");
     else
-        og_sb_printf(sb, "%.3f", (double)r->last_step_age_us / 1000.0);
+        og_sb_printf(sb, "%.3f", (double)r->last_step_age_us.v / 1000.0);
     K("activations_copy_of");
     if (r->act_copy_of[0]) {
         og_sb_puts(sb, "{\"role\":");
@@ -535,9 +538,9 @@ static void w_device(og_sb_t *sb, const og_record_t *r)
     K("free_bytes");
     j_u64(sb, r->device.free_bytes);
     K("limit_bytes");
-    j_u64(sb, r->device.limit_bytes);
+    j_opt(sb, r->device.limit_bytes);
     K("limit_usage_bytes");
-    j_u64(sb, r->device.limit_usage_bytes);
+    j_opt(sb, r->device.limit_usage_bytes);
     og_sb_puts(sb, "}");
 }
 
@@ -548,7 +551,7 @@ static void w_memory(og_sb_t *sb, const og_record_t *r)
     K("process_tracked_bytes");
     j_u64(sb, r->memory.process_tracked_bytes);
     K("process_used_bytes");
-    j_u64(sb, r->memory.process_used_bytes);
+    j_opt(sb, r->memory.process_used_bytes);
     K("by_kind");
     og_sb_printf(sb,
                  "{\"plain\":%llu,\"managed\":%llu,\"pool_reserved\":%llu,\"pool_used\":%llu,"
@@ -576,16 +579,16 @@ static void w_memory(og_sb_t *sb, const og_record_t *r)
     K("framework_bytes");
     j_u64(sb, r->memory.framework_bytes);
     K("framework_cached_bytes");
-    j_u64(sb, r->memory.framework_cached_bytes);
+    j_opt(sb, r->memory.framework_cached_bytes);
     K("framework_cached_source");
     if (r->memory.framework_cached_source != OG_CACHE_NONE)
         og_sb_json_str(sb, og_cache_src_name(r->memory.framework_cached_source));
     else
         og_sb_puts(sb, "null");
     K("non_framework_bytes");
-    j_u64(sb, r->memory.non_framework_bytes);
+    j_opt(sb, r->memory.non_framework_bytes);
     K("context_bytes_estimate");
-    j_u64(sb, r->memory.context_bytes_estimate);
+    j_opt(sb, r->memory.context_bytes_estimate);
     K("other_processes");
     og_sb_puts(sb, "[");
     for (int i = 0; i < r->memory.nother; i++) {
@@ -693,11 +696,11 @@ static void w_memory(og_sb_t *sb, const og_record_t *r)
             og_sb_printf(sb, "%s{\"framework\":", i ? "," : "");
             og_sb_json_str(sb, o->framework);
             og_sb_puts(sb, ",\"reserved_bytes\":");
-            j_u64(sb, o->reserved_bytes);
+            j_opt(sb, o->reserved_bytes);
             og_sb_puts(sb, ",\"in_use_bytes\":");
-            j_u64(sb, o->in_use_bytes);
+            j_opt(sb, o->in_use_bytes);
             og_sb_puts(sb, ",\"limit_bytes\":");
-            j_u64(sb, o->limit_bytes);
+            j_opt(sb, o->limit_bytes);
             og_sb_puts(sb, "}");
         }
         og_sb_puts(sb, "]");

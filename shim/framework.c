@@ -88,13 +88,16 @@ static int split_tabs(char *line, char **f, int max)
 }
 
 /* a byte count of the roles' lines: "-" (or anything not a number) is unknown */
-static uint64_t role_u64(const char *s)
+static og_opt_u64_t role_u64(const char *s)
 {
+    og_opt_u64_t r = { 0, false };
     char *end = NULL;
     if (!s || *s < '0' || *s > '9')
-        return OG_UNKNOWN;
+        return r;
     unsigned long long v = strtoull(s, &end, 10);
-    return end && *end == 0 && v != OG_UNKNOWN ? (uint64_t)v : OG_UNKNOWN;
+    if (end && *end == 0 && v != UINT64_MAX) /* strtoull's overflow: not a count */
+        og_set(&r, v);
+    return r;
 }
 
 static const char *const role_keys[OG_NROLES] = {
@@ -111,11 +114,7 @@ static const char *const role_keys[OG_NROLES] = {
  * "meta\tKEY\tVALUE" lines; unknown lines and roles are skipped.  A role not given stays unknown. */
 static void parse_roles(const char *s, og_roles_t *r)
 {
-    memset(r, 0, sizeof *r);
-    for (int i = 0; i < OG_NROLES; i++)
-        r->bytes[i] = OG_UNKNOWN;
-    r->allocated_bytes = OG_UNKNOWN;
-    r->last_step_age_us = OG_UNKNOWN;
+    memset(r, 0, sizeof *r); /* every role's bytes, allocated_bytes, last_step_age_us: unknown */
     r->has = true;
     while (s && *s) {
         const char *end = strchr(s, '\n');
@@ -135,7 +134,10 @@ static void parse_roles(const char *s, og_roles_t *r)
             copy_str(r->optimizers[r->noptimizers].cls, sizeof r->optimizers[0].cls, f[1]);
             r->optimizers[r->noptimizers].bytes = strtoull(f[2], NULL, 10);
             r->optimizers[r->noptimizers].tensors = strtoull(f[3], NULL, 10);
-            r->optimizers[r->noptimizers].param_bytes = n >= 5 ? role_u64(f[4]) : OG_UNKNOWN;
+            if (n >= 5)
+                r->optimizers[r->noptimizers].param_bytes = role_u64(f[4]);
+            else
+                og_unset(&r->optimizers[r->noptimizers].param_bytes);
             r->noptimizers++;
         } else if (!strcmp(f[0], "dtype") && n >= 4 && r->ndtypes < (int)(sizeof r->dtypes / sizeof r->dtypes[0])) {
             copy_str(r->dtypes[r->ndtypes].dtype, sizeof r->dtypes[0].dtype, f[1]);
@@ -257,7 +259,7 @@ static int parse_other_frameworks(const char *s, og_other_framework_t *out, int 
         o->reserved_bytes = role_u64(f[1]);
         o->in_use_bytes = role_u64(f[2]);
         o->limit_bytes = role_u64(f[3]);
-        if (o->reserved_bytes != OG_UNKNOWN)
+        if (og_known(o->reserved_bytes))
             n++;
     }
     return n;

@@ -278,7 +278,7 @@ static int by_used_desc(const void *a, const void *b)
 void og_nvml_measure(og_record_t *rec)
 {
     /* Unknown is not zero: without a process list nobody knows what other processes hold. */
-    rec->memory.process_used_bytes = OG_UNKNOWN;
+    og_unset(&rec->memory.process_used_bytes);
     rec->memory.other_processes_bytes = OG_UNKNOWN;
     proc_list_t pl;
     const char *why;
@@ -292,7 +292,7 @@ void og_nvml_measure(og_record_t *rec)
     }
     snprintf(rec->memory.nvml_process_query, sizeof rec->memory.nvml_process_query, "%s", pl.how);
     unsigned self = (unsigned)getpid();
-    rec->memory.process_used_bytes = 0;
+    og_set(&rec->memory.process_used_bytes, 0);
     rec->memory.other_processes_bytes = 0;
     bool found_self = false;
     /* largest first before the list is cut: the 12 GiB holder is the one the advice needs */
@@ -301,7 +301,7 @@ void og_nvml_measure(og_record_t *rec)
     for (unsigned i = 0; i < pl.n; i++) {
         if (pl.p[i].pid == self) {
             found_self = true;
-            rec->memory.process_used_bytes += pl.p[i].used;
+            rec->memory.process_used_bytes.v += pl.p[i].used;
             continue;
         }
         rec->memory.other_processes_bytes += pl.p[i].used;
@@ -316,7 +316,7 @@ void og_nvml_measure(og_record_t *rec)
     free(pl.p);
     if (!found_self && rec->memory.process_tracked_bytes > 0) {
         /* NVML lists host pids; inside a container our pid differs. */
-        rec->memory.process_used_bytes = OG_UNKNOWN;
+        og_unset(&rec->memory.process_used_bytes);
         og_unmeasured(rec, OG_UM_PROCESS_LIST,
                       "nvml: this process (pid %d) is not in NVML's list (other pid namespace?)", (int)self);
     }

@@ -10,6 +10,15 @@
 
 #include "record.h"
 
+/* a count for the record: OG_UNKNOWN in a fixture's argument stands for "not measured" */
+static inline og_opt_u64_t fx_opt(uint64_t v)
+{
+    og_opt_u64_t o = { 0, false };
+    if (v != OG_UNKNOWN)
+        og_set(&o, v);
+    return o;
+}
+
 #define MiB (1ULL << 20)
 #define GiB (1ULL << 30)
 
@@ -35,15 +44,15 @@ static og_record_t *fixture_pytorch_24g(const char *fw_libs)
     strcpy(r->event.library, "libtorch_cuda.so");
     r->device.total_bytes = 24 * GiB;
     r->device.free_bytes = 1 * GiB;
-    r->device.limit_bytes = OG_UNKNOWN;
+    og_unset(&r->device.limit_bytes);
     r->device.cc_major = 8;
     r->device.cc_minor = 6;
     r->memory.process_tracked_bytes = 20 * GiB;
-    r->memory.process_used_bytes = OG_UNKNOWN;
+    og_unset(&r->memory.process_used_bytes);
     r->memory.framework_bytes = 20 * GiB;
-    r->memory.framework_cached_bytes = OG_UNKNOWN;
-    r->memory.non_framework_bytes = OG_UNKNOWN;
-    r->memory.context_bytes_estimate = OG_UNKNOWN;
+    og_unset(&r->memory.framework_cached_bytes);
+    og_unset(&r->memory.non_framework_bytes);
+    og_unset(&r->memory.context_bytes_estimate);
     return r;
 }
 
@@ -169,7 +178,7 @@ static void fixture_app_pool(og_record_t *r)
     r->memory.pool_reserved = 12 * GiB;
     r->memory.pool_used = 0;
     r->memory.pool_owner_fw = 2;
-    r->memory.framework_cached_bytes = 12 * GiB; /* capture's "pool" source: the app's, not a framework's */
+    og_set(&r->memory.framework_cached_bytes, 12 * GiB); /* capture's "pool" source: the app's, not a framework's */
     r->memory.framework_cached_source = OG_CACHE_POOL;
 }
 
@@ -179,8 +188,8 @@ static void fixture_limit_by_context(og_record_t *r)
     r->memory.process_tracked_bytes = 0;
     r->memory.framework_bytes = 0;
     r->memory.by_library[0].bytes = 0;
-    r->device.limit_bytes = 400 * MiB;
-    r->device.limit_usage_bytes = 512 * MiB;
+    og_set(&r->device.limit_bytes, 400 * MiB);
+    og_set(&r->device.limit_usage_bytes, 512 * MiB);
     r->device.free_bytes = 20 * GiB;
     r->event.requested_bytes = 20 * MiB;
     r->event.caused_by_limit = true;
@@ -245,7 +254,7 @@ static void fixture_edge_case(og_record_t *r, size_t i)
     i /= FIXTURE_N(FIXTURE_EDGE_CACHE);
     r->device.free_bytes = FIXTURE_EDGE_FREE[i % FIXTURE_N(FIXTURE_EDGE_FREE)];
     r->event.requested_bytes = FIXTURE_EDGE_REQ[i / FIXTURE_N(FIXTURE_EDGE_FREE)];
-    r->memory.framework_cached_bytes = cache;
+    r->memory.framework_cached_bytes = fx_opt(cache);
     r->memory.framework_cached_source = cache == OG_UNKNOWN ? OG_CACHE_NONE : OG_CACHE_POOL;
     if (variant == 1)
         strcpy(r->event.library, "libcudnn.so.9");
@@ -253,8 +262,8 @@ static void fixture_edge_case(og_record_t *r, size_t i)
         fixture_other(r, 5, NULL, 6 * GiB);
     if (variant == 3) {
         r->event.caused_by_limit = true;
-        r->device.limit_bytes = 16 * GiB;
-        r->device.limit_usage_bytes = 20 * GiB + 300 * MiB;
+        og_set(&r->device.limit_bytes, 16 * GiB);
+        og_set(&r->device.limit_usage_bytes, 20 * GiB + 300 * MiB);
     }
     if (variant == 4)
         fixture_no_framework(r, "app");
@@ -324,14 +333,15 @@ static og_roles_t *fixture_roles(og_record_t *r, uint64_t params, uint64_t grads
     og_roles_t *ro = &r->memory.fw.roles;
     memset(ro, 0, sizeof *ro);
     ro->has = ro->complete = true;
-    ro->allocated_bytes = sum;
-    ro->last_step_age_us = OG_UNKNOWN;
-    ro->bytes[OG_ROLE_parameters] = params;
-    ro->bytes[OG_ROLE_gradients] = grads;
-    ro->bytes[OG_ROLE_optimizer_state] = opt;
-    ro->bytes[OG_ROLE_graph_pools] = pools;
-    ro->bytes[OG_ROLE_held_by_python] = held;
-    ro->bytes[OG_ROLE_activations] = act;
+    ro->allocated_bytes = fx_opt(sum);
+    og_unset(&ro->last_step_age_us);
+    og_set(&ro->bytes[OG_ROLE_buffers], 0);
+    ro->bytes[OG_ROLE_parameters] = fx_opt(params);
+    ro->bytes[OG_ROLE_gradients] = fx_opt(grads);
+    ro->bytes[OG_ROLE_optimizer_state] = fx_opt(opt);
+    ro->bytes[OG_ROLE_graph_pools] = fx_opt(pools);
+    ro->bytes[OG_ROLE_held_by_python] = fx_opt(held);
+    ro->bytes[OG_ROLE_activations] = fx_opt(act);
     return ro;
 }
 

@@ -102,7 +102,7 @@ static void diag(og_record_t *r) { og_diagnose(r, &TH); }
 static void does_not_fit_threshold(void **state)
 {
     og_record_t *r = base();
-    r->memory.framework_cached_bytes = 512 * MiB;
+    og_set(&r->memory.framework_cached_bytes, 512 * MiB);
     r->memory.framework_cached_source = OG_CACHE_POOL;
     r->memory.framework_bytes = 20 * GiB;
     /* request exactly free + cache: it would fit */
@@ -160,7 +160,7 @@ static void retry_release_is_not_reclaimable(void **state)
     og_record_t *r = base();
     r->event.requested_bytes = 3 * GiB;
     r->event.attempts = 2;
-    r->memory.framework_cached_bytes = 4 * GiB;
+    og_set(&r->memory.framework_cached_bytes, 4 * GiB);
     r->memory.framework_cached_source = OG_CACHE_RETRY_RELEASE;
     diag(r);
     const og_cause_t *c = find(r, "does_not_fit");
@@ -179,12 +179,12 @@ static void fragmentation_cache_covers_request(void **state)
     r->device.free_bytes = 0;
     r->memory.framework_cached_source = OG_CACHE_POOL;
     r->memory.framework_bytes = 100 * GiB; /* share branch out of reach */
-    r->memory.framework_cached_bytes = 2 * GiB - 1;
+    og_set(&r->memory.framework_cached_bytes, 2 * GiB - 1);
     diag(r);
     assert_false(has(r, "fragmentation")); /* below: cache < request and < shortfall */
     assert_true(has(r, "does_not_fit"));
 
-    r->memory.framework_cached_bytes = 2 * GiB; /* at: cache == request */
+    og_set(&r->memory.framework_cached_bytes, 2 * GiB); /* at: cache == request */
     diag(r);
     const og_cause_t *c = find(r, "fragmentation");
     assert_non_null(c->id);
@@ -217,10 +217,10 @@ static void fragmentation_share_threshold(void **state)
     r->device.free_bytes = 0;
     r->memory.framework_cached_source = OG_CACHE_POOL;
     r->memory.framework_bytes = 16 * GiB;
-    r->memory.framework_cached_bytes = 4 * GiB - 1; /* just below 25% */
+    og_set(&r->memory.framework_cached_bytes, 4 * GiB - 1); /* just below 25% */
     diag(r);
     assert_false(has(r, "fragmentation"));
-    r->memory.framework_cached_bytes = 4 * GiB; /* exactly 25% */
+    og_set(&r->memory.framework_cached_bytes, 4 * GiB); /* exactly 25% */
     diag(r);
     const og_cause_t *c = find(r, "fragmentation");
     assert_non_null(c->id);
@@ -232,7 +232,7 @@ static void fragmentation_share_threshold(void **state)
 
     /* the share branch needs at least 256 MiB idle */
     r->memory.framework_bytes = 512 * MiB;
-    r->memory.framework_cached_bytes = 255 * MiB;
+    og_set(&r->memory.framework_cached_bytes, 255 * MiB);
     diag(r);
     assert_false(has(r, "fragmentation"));
     free(r);
@@ -302,7 +302,7 @@ static void fragmentation_and_foreign(void **state)
     r->device.free_bytes = 512 * MiB;
     r->memory.process_tracked_bytes = 14 * GiB;
     r->memory.framework_bytes = 14 * GiB;
-    r->memory.framework_cached_bytes = 3 * GiB;
+    og_set(&r->memory.framework_cached_bytes, 3 * GiB);
     r->memory.framework_cached_source = OG_CACHE_POOL;
     fixture_other(r, 100, "Xorg", 300 * MiB);
     fixture_other(r, 200, "trainer", 8 * GiB);
@@ -321,10 +321,10 @@ static og_record_t *nonfw_base(uint64_t nonfw)
 {
     og_record_t *r = base();
     r->event.requested_bytes = 2 * GiB; /* shortfall 1 GiB */
-    r->memory.process_used_bytes = 20 * GiB;
+    og_set(&r->memory.process_used_bytes, 20 * GiB);
     r->memory.framework_bytes = 20 * GiB - nonfw;
-    r->memory.non_framework_bytes = nonfw;
-    r->memory.context_bytes_estimate = 500 * MiB;
+    r->memory.non_framework_bytes = fx_opt(nonfw);
+    og_set(&r->memory.context_bytes_estimate, 500 * MiB);
     r->memory.nlibs = 2;
     r->memory.by_library[0].bytes = 20 * GiB - nonfw;
     strcpy(r->memory.by_library[1].library, "/opt/lib/libcustom_kernels.so");
@@ -350,12 +350,12 @@ static void non_framework_threshold(void **state)
 
     /* the 1 GiB floor: a large share of a small process does not count */
     r = nonfw_base(1 * GiB - 1);
-    r->memory.process_used_bytes = 2 * GiB;
+    og_set(&r->memory.process_used_bytes, 2 * GiB);
     r->memory.framework_bytes = 1 * GiB + 1;
     r->event.requested_bytes = 1 * GiB + 512 * MiB; /* shortfall 512 MiB */
     diag(r);
     assert_false(has(r, "non_framework"));
-    r->memory.non_framework_bytes = 1 * GiB;
+    og_set(&r->memory.non_framework_bytes, 1 * GiB);
     diag(r);
     assert_true(has(r, "non_framework"));
     free(r);
@@ -371,9 +371,9 @@ static void non_framework_threshold(void **state)
 static void non_framework_needs_nvml_and_framework(void **state)
 {
     og_record_t *r = nonfw_base(8 * GiB);
-    r->memory.process_used_bytes = OG_UNKNOWN;
-    r->memory.non_framework_bytes = OG_UNKNOWN;
-    r->memory.context_bytes_estimate = OG_UNKNOWN;
+    og_unset(&r->memory.process_used_bytes);
+    og_unset(&r->memory.non_framework_bytes);
+    og_unset(&r->memory.context_bytes_estimate);
     diag(r);
     assert_false(has(r, "non_framework"));
     free(r);
@@ -382,7 +382,7 @@ static void non_framework_needs_nvml_and_framework(void **state)
     r->framework = OG_FW_UNKNOWN;
     r->framework_libs[0] = 0;
     r->memory.framework_bytes = 0;
-    r->memory.non_framework_bytes = 20 * GiB;
+    og_set(&r->memory.non_framework_bytes, 20 * GiB);
     diag(r);
     assert_false(has(r, "non_framework"));
     free(r);
@@ -465,7 +465,7 @@ static void growth_excludes_loading(void **state)
     /* the rise is the framework's measured cache (a pool keeping what it handed out): no leak */
     ev_reset(r);
     leak_loop(r, 40, 0.1, 512 * MiB, 300 * MiB);
-    r->memory.framework_cached_bytes = 12 * GiB;
+    og_set(&r->memory.framework_cached_bytes, 12 * GiB);
     r->memory.framework_cached_source = OG_CACHE_POOL;
     diag(r);
     assert_false(has(r, "growth"));
@@ -539,12 +539,12 @@ static void cache_held_other_library(void **state)
     strcpy(r->event.library, "/usr/lib/libnccl.so.2");
     r->event.requested_bytes = 1 * GiB;
     r->device.free_bytes = 512 * MiB; /* shortfall 512 MiB */
-    r->memory.framework_cached_bytes = 512 * MiB - 1;
+    og_set(&r->memory.framework_cached_bytes, 512 * MiB - 1);
     r->memory.framework_cached_source = OG_CACHE_POOL;
     diag(r);
     assert_false(has(r, "cache_held"));
 
-    r->memory.framework_cached_bytes = 6 * GiB;
+    og_set(&r->memory.framework_cached_bytes, 6 * GiB);
     diag(r);
     const og_cause_t *c = find(r, "cache_held");
     assert_non_null(c->id);
@@ -573,7 +573,7 @@ static void limit_cause(void **state)
 {
     og_record_t *r = base();
     r->device.free_bytes = 10 * GiB;
-    r->device.limit_bytes = 21 * GiB;
+    og_set(&r->device.limit_bytes, 21 * GiB);
     r->event.requested_bytes = 2 * GiB;
     r->event.caused_by_limit = true;
     diag(r);
@@ -616,10 +616,14 @@ static void zero_record(void **state)
     assert_string_equal(r->diagnosis.primary, "unknown");
     /* all unknown */
     r->event.requested_bytes = OG_UNKNOWN;
-    r->device.total_bytes = r->device.free_bytes = r->device.limit_bytes = OG_UNKNOWN;
-    r->memory.process_tracked_bytes = r->memory.process_used_bytes = OG_UNKNOWN;
-    r->memory.framework_bytes = r->memory.framework_cached_bytes = OG_UNKNOWN;
-    r->memory.non_framework_bytes = r->memory.context_bytes_estimate = OG_UNKNOWN;
+    r->device.total_bytes = r->device.free_bytes = OG_UNKNOWN;
+    og_unset(&r->device.limit_bytes);
+    r->memory.process_tracked_bytes = OG_UNKNOWN;
+    og_unset(&r->memory.process_used_bytes);
+    r->memory.framework_bytes = OG_UNKNOWN;
+    og_unset(&r->memory.framework_cached_bytes);
+    og_unset(&r->memory.non_framework_bytes);
+    og_unset(&r->memory.context_bytes_estimate);
     r->memory.other_processes_bytes = r->memory.pool_reserved = r->memory.pool_used = OG_UNKNOWN;
     r->history.nsamples = 100; /* all zero samples at t = 0 */
     og_diagnose(r, NULL);
@@ -635,11 +639,11 @@ static void huge_values(void **state)
     r->event.requested_bytes = UINT64_MAX - 2;
     r->device.total_bytes = UINT64_MAX - 2;
     r->device.free_bytes = UINT64_MAX - 3;
-    r->memory.framework_cached_bytes = UINT64_MAX - 2;
+    og_set(&r->memory.framework_cached_bytes, UINT64_MAX - 2);
     r->memory.framework_cached_source = OG_CACHE_POOL;
     r->memory.other_processes_bytes = UINT64_MAX - 2;
-    r->memory.process_used_bytes = UINT64_MAX - 2;
-    r->memory.non_framework_bytes = UINT64_MAX - 2;
+    og_set(&r->memory.process_used_bytes, UINT64_MAX - 2);
+    og_set(&r->memory.non_framework_bytes, UINT64_MAX - 2);
     ev_reset(r);
     for (int i = 0; i < 64; i++)
         FIXTURE_EV[r->history.nevents++] =
@@ -648,7 +652,7 @@ static void huge_values(void **state)
     assert_int_equal(r->diagnosis.shortfall_bytes, 1);
 
     r->device.free_bytes = 0;
-    r->memory.framework_cached_bytes = 0;
+    og_set(&r->memory.framework_cached_bytes, 0);
     diag(r);
     assert_true(has(r, "does_not_fit"));
     free(r);
@@ -661,7 +665,7 @@ static void bad_thresholds_fall_back(void **state)
     r->device.free_bytes = 0;
     r->memory.framework_cached_source = OG_CACHE_POOL;
     r->memory.framework_bytes = 16 * GiB;
-    r->memory.framework_cached_bytes = 4 * GiB; /* 25%: holds with the default */
+    og_set(&r->memory.framework_cached_bytes, 4 * GiB); /* 25%: holds with the default */
     og_thresholds_t bad = {
         .frag_share = -1, .nonfw_share = 0, .growth_min_share = 2, .growth_rising_steps = 0.0 / 0.0
     };
@@ -679,14 +683,14 @@ static void tie_break_priority(void **state)
 {
     og_record_t *r = base();
     r->device.free_bytes = 0;
-    r->device.limit_bytes = 20 * GiB; /* == tracked: nothing free under the limit */
+    og_set(&r->device.limit_bytes, 20 * GiB); /* == tracked: nothing free under the limit */
     r->event.caused_by_limit = true;
     diag(r);
     assert_int_equal(r->diagnosis.ncauses, 2);
     assert_string_equal(r->diagnosis.causes[0].id, "limit");
     assert_string_equal(r->diagnosis.causes[1].id, "does_not_fit");
     /* with the cache measured both are certain: the priority decides */
-    r->memory.framework_cached_bytes = 0;
+    og_set(&r->memory.framework_cached_bytes, 0);
     r->memory.framework_cached_source = OG_CACHE_POOL;
     diag(r);
     assert_true(r->diagnosis.causes[0].confidence == 1.0 && r->diagnosis.causes[1].confidence >= 0.95);
@@ -695,9 +699,9 @@ static void tie_break_priority(void **state)
     /* non_framework (0.55) narrowly beats foreign_memory (0.50) despite priority: margins matter */
     og_record_t *q = base();
     q->event.requested_bytes = 2 * GiB;
-    q->memory.process_used_bytes = 20 * GiB;
+    og_set(&q->memory.process_used_bytes, 20 * GiB);
     q->memory.framework_bytes = 16 * GiB;
-    q->memory.non_framework_bytes = 4 * GiB;
+    og_set(&q->memory.non_framework_bytes, 4 * GiB);
     q->memory.other_processes_bytes = 1 * GiB;
     og_diagnose(q, &TH);
     check_shape(q);
@@ -773,9 +777,9 @@ static void second_framework_one_library(void **state)
     r->memory.fw.nother_fw = 1;
     og_other_framework_t *o = &r->memory.fw.other_fw[0];
     strcpy(o->framework, "jax");
-    o->reserved_bytes = 18 * GiB;
-    o->in_use_bytes = 1 * GiB;
-    o->limit_bytes = 18 * GiB;
+    og_set(&o->reserved_bytes, 18 * GiB);
+    og_set(&o->in_use_bytes, 1 * GiB);
+    og_set(&o->limit_bytes, 18 * GiB);
     diag(r);
     const og_cause_t *c = jax_over_pytorch(r);
     assert_non_null(strstr(c->summary, "JAX holds 18.00 GiB"));
@@ -802,7 +806,7 @@ static void exact_tie_keeps_list_order(void **state)
         r->memory.nlibs = 0;
         fixture_fw_lib(r, "xla_extension.so", rows[i].jax, OG_FW_JAX);
         fixture_fw_lib(r, "libc10_cuda.so", 23 * GiB - rows[i].jax, OG_FW_PYTORCH);
-        r->memory.framework_cached_bytes = 0; /* measured: nothing cached */
+        og_set(&r->memory.framework_cached_bytes, 0); /* measured: nothing cached */
         r->memory.framework_cached_source = OG_CACHE_POOL;
         diag(r);
         check_shape(r);
@@ -896,10 +900,10 @@ static void pools_whose_cache(void **state)
     r->memory.pool_reserved = 20 * GiB;
     r->memory.pool_used = 8 * GiB;
     r->memory.pool_owner_fw = 1;
-    r->memory.framework_cached_bytes = 12 * GiB;
+    og_set(&r->memory.framework_cached_bytes, 12 * GiB);
     r->memory.framework_cached_source = OG_CACHE_POOL;
-    r->memory.process_used_bytes = 20 * GiB + 512 * MiB;
-    r->memory.non_framework_bytes = 512 * MiB;
+    og_set(&r->memory.process_used_bytes, 20 * GiB + 512 * MiB);
+    og_set(&r->memory.non_framework_bytes, 512 * MiB);
     diag(r);
     assert_string_equal(r->diagnosis.primary, "cache_held");
     assert_false(has(r, "non_framework"));
@@ -930,7 +934,7 @@ static void no_nvml_infers_other_processes(void **state)
     r->device.free_bytes = 1 * GiB + 512 * MiB;
     r->event.requested_bytes = 4 * GiB;
     r->memory.other_processes_bytes = 0;
-    r->memory.process_used_bytes = 8 * GiB + 512 * MiB;
+    og_set(&r->memory.process_used_bytes, 8 * GiB + 512 * MiB);
     diag(r);
     assert_false(has(r, "foreign_memory"));
     free(r);
@@ -945,7 +949,7 @@ static void recovered_keeps_the_failure(void **state)
     r->event.requested_bytes = 4 * GiB;
     r->device.free_bytes = 1 * GiB; /* the numbers of the first attempt */
     r->event.released_between_attempts_bytes = 6 * GiB;
-    r->memory.framework_cached_bytes = 6 * GiB;
+    og_set(&r->memory.framework_cached_bytes, 6 * GiB);
     r->memory.framework_cached_source = OG_CACHE_RETRY_RELEASE;
     diag(r);
     assert_string_equal(r->diagnosis.primary, "fragmentation");
@@ -966,8 +970,8 @@ static void limit_speaks_the_checks_accounting(void **state)
     assert_int_equal((uint64_t)ev(c, "context_bytes"), 512 * MiB);
     /* 16 GiB emulated: allocations + context + request, over by what it is */
     r->memory.process_tracked_bytes = 15 * GiB;
-    r->device.limit_bytes = 16 * GiB;
-    r->device.limit_usage_bytes = 15 * GiB + 512 * MiB;
+    og_set(&r->device.limit_bytes, 16 * GiB);
+    og_set(&r->device.limit_usage_bytes, 15 * GiB + 512 * MiB);
     r->event.requested_bytes = 1 * GiB;
     diag(r);
     c = find(r, "limit");
@@ -1071,9 +1075,10 @@ static void does_not_fit_yields_to_growth(void **state)
     og_record_t *r = base();
     ev_reset(r);
     leak_loop(r, 24, 0.5, 512 * MiB, 256 * MiB);
-    r->memory.process_tracked_bytes = r->memory.process_used_bytes = 23 * GiB;
+    r->memory.process_tracked_bytes = 23 * GiB;
+    og_set(&r->memory.process_used_bytes, 23 * GiB);
     r->device.free_bytes = 100 * MiB;
-    r->memory.framework_cached_bytes = 0; /* measured: nothing cached */
+    og_set(&r->memory.framework_cached_bytes, 0); /* measured: nothing cached */
     r->memory.framework_cached_source = OG_CACHE_POOL;
     diag(r);
     assert_true(has(r, "growth"));
@@ -1144,7 +1149,8 @@ static void rules_run_in_any_order(void **state)
     r = base();
     ev_reset(r);
     leak_loop(r, 24, 0.5, 512 * MiB, 256 * MiB);
-    r->memory.process_tracked_bytes = r->memory.process_used_bytes = 23 * GiB;
+    r->memory.process_tracked_bytes = 23 * GiB;
+    og_set(&r->memory.process_used_bytes, 23 * GiB);
     r->device.free_bytes = 100 * MiB;
     assert_order_free(r);
     assert_true(has(r, "growth"));

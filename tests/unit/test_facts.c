@@ -26,8 +26,8 @@ static const og_facts_t *facts(og_record_t *r)
 static void free_under_a_limit_is_at_most_the_device_free(void **state)
 {
     og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
-    r->device.limit_bytes = 16 * GiB;
-    r->device.limit_usage_bytes = 4 * GiB;
+    og_set(&r->device.limit_bytes, 16 * GiB);
+    og_set(&r->device.limit_usage_bytes, 4 * GiB);
     r->memory.process_tracked_bytes = 4 * GiB;
     r->device.free_bytes = 1 * GiB; /* the limit leaves 12 GiB, the device has 1 */
     const og_facts_t *f = facts(r);
@@ -40,7 +40,7 @@ static void estimated_free_counts_the_others(void **state)
 {
     og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
     r->device.free_bytes = OG_UNKNOWN;
-    r->memory.process_used_bytes = 10 * GiB;
+    og_set(&r->memory.process_used_bytes, 10 * GiB);
     r->memory.other_processes_bytes = 6 * GiB;
     const og_facts_t *f = facts(r);
     assert_true(f->free_known && f->free_estimated);
@@ -270,7 +270,7 @@ static void a_rise_to_the_jobs_own_state_is_not_growth(void **state)
     fixture_roles(r, 2 * GiB, 0, 0, 0, 3 * GiB, 512 * MiB); /* the same bytes kept by Python: a leak */
     assert_true(facts(r)->growth.holds);
     fixture_roles(r, 2 * GiB, 1536 * MiB, 1536 * MiB, 0, 0, 512 * MiB);
-    r->memory.fw.roles.bytes[OG_ROLE_gradients] = OG_UNKNOWN; /* the state not measured: as before */
+    og_unset(&r->memory.fw.roles.bytes[OG_ROLE_gradients]); /* the state not measured: as before */
     assert_true(facts(r)->growth.holds);
     free(r);
 }
@@ -303,11 +303,11 @@ static void a_rise_since_the_last_optimizer_step_is_one_pass(void **state)
     leak_loop(r, 12, 0.5, 512 * MiB, 256 * MiB); /* steps at 0.01, 0.51, ..., 5.51 s */
     fixture_roles(r, 1 * GiB, 0, 0, 0, 0, 10 * GiB);
     r->event.t_rel = 6.0;
-    assert_true(facts(r)->growth.holds);           /* the step not timed: as before */
-    r->memory.fw.roles.last_step_age_us = 5500000; /* a step at 0.5 s: the rise came after it */
+    assert_true(facts(r)->growth.holds);                   /* the step not timed: as before */
+    og_set(&r->memory.fw.roles.last_step_age_us, 5500000); /* a step at 0.5 s: the rise came after it */
     assert_false(facts(r)->growth.holds);
     assert_true(F.growth.since_step && F.growth.pass_built);
-    r->memory.fw.roles.last_step_age_us = 200000; /* a step at 5.8 s: the steps spanned iterations */
+    og_set(&r->memory.fw.roles.last_step_age_us, 200000); /* a step at 5.8 s: the steps spanned iterations */
     assert_true(facts(r)->growth.holds);
     assert_false(F.growth.since_step);
     free(r);
@@ -326,12 +326,12 @@ static void a_late_report_does_not_move_the_last_step(void **state)
     r->event.t_rel = 6.0;
     for (int late = 0; late < 2; late++) {
         r->memory.fw.roles.reported_t_rel = late ? 9.0 : 6.0;
-        r->memory.fw.roles.last_step_age_us = late ? 3200000 : 200000; /* a step at 5.8 s */
+        og_set(&r->memory.fw.roles.last_step_age_us, late ? 3200000 : 200000); /* a step at 5.8 s */
         const og_facts_t *f = facts(r);
         assert_true(f->growth.holds);
         assert_false(f->growth.since_step);
     }
-    r->memory.fw.roles.last_step_age_us = 8500000; /* a step at 0.5 s: the rise came after it */
+    og_set(&r->memory.fw.roles.last_step_age_us, 8500000); /* a step at 0.5 s: the rise came after it */
     assert_false(facts(r)->growth.holds);
     assert_true(F.growth.since_step);
     free(r);
@@ -563,7 +563,7 @@ static void fits_only_from_a_bounded_peak(void **state)
     r->summary[0].index = 0;
     r->summary[0].peak_bytes = 20 * GiB;
     r->memory.process_tracked_bytes = 20 * GiB;
-    r->memory.process_used_bytes = 20 * GiB + 512 * MiB;
+    og_set(&r->memory.process_used_bytes, 20 * GiB + 512 * MiB);
     r->event.requested_bytes = 6 * GiB;
     r->device.free_bytes = 3 * GiB;
     const og_facts_t *f = facts(r);
@@ -674,7 +674,7 @@ static void roles_for_the_advice(void **state)
     assert_int_equal(f->roles.opt_full, 4 * GiB);
     assert_true(f->roles.opt_adam);
     assert_int_equal(f->roles.pools, 1 * GiB);
-    r->memory.fw.roles.bytes[OG_ROLE_activations] = OG_UNKNOWN;
+    og_unset(&r->memory.fw.roles.bytes[OG_ROLE_activations]);
     assert_false(facts(r)->roles.act_known);
     free(r);
 }

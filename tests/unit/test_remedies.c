@@ -89,7 +89,7 @@ static og_record_t *dnf(void)
 {
     og_record_t *r = base();
     r->event.requested_bytes = 8 * GiB;
-    r->memory.framework_cached_bytes = 300 * MiB;
+    og_set(&r->memory.framework_cached_bytes, 300 * MiB);
     r->memory.framework_cached_source = OG_CACHE_POOL;
     return r;
 }
@@ -104,7 +104,7 @@ static og_record_t *nccl_cache_held(void)
     strcpy(r->event.library, "libnccl.so.2");
     r->event.requested_bytes = 1 * GiB;
     r->device.free_bytes = 256 * MiB;
-    r->memory.framework_cached_bytes = 6 * GiB;
+    og_set(&r->memory.framework_cached_bytes, 6 * GiB);
     r->memory.framework_cached_source = OG_CACHE_POOL;
     return r;
 }
@@ -241,20 +241,20 @@ static void does_not_fit_selection(void **state)
 static void does_not_fit_never_leads_with_empty_cache(void **state)
 {
     og_record_t *r = dnf();
-    r->memory.framework_cached_bytes = 6 * GiB; /* lots cached, still not enough */
+    og_set(&r->memory.framework_cached_bytes, 6 * GiB); /* lots cached, still not enough */
     r->event.requested_bytes = 16 * GiB;
     run_primary(r, "does_not_fit");
     assert_string_not_equal(r->remedies[0].id, "empty_cache");
     assert_true(rank_of(r, "empty_cache") > 1);
 
     /* cache not measured: unknown is not zero, empty_cache stays in play, but not first */
-    r->memory.framework_cached_bytes = OG_UNKNOWN;
+    og_unset(&r->memory.framework_cached_bytes);
     run(r);
     assert_true(rank_of(r, "empty_cache") > 1);
     assert_non_null(strstr(rem(r, "empty_cache")->why, "not measured"));
 
     /* the framework already released its cache and retried: empty_cache would change nothing */
-    r->memory.framework_cached_bytes = 2 * GiB;
+    og_set(&r->memory.framework_cached_bytes, 2 * GiB);
     r->memory.framework_cached_source = OG_CACHE_RETRY_RELEASE;
     r->event.attempts = 2;
     run(r);
@@ -340,7 +340,7 @@ static void cache_held_selection(void **state)
 static void limit_selection(void **state)
 {
     og_record_t *r = base();
-    r->device.limit_bytes = 16 * GiB;
+    og_set(&r->device.limit_bytes, 16 * GiB);
     r->device.free_bytes = 9 * GiB;
     r->memory.process_tracked_bytes = 15 * GiB;
     r->event.caused_by_limit = true;
@@ -365,11 +365,11 @@ static void non_framework_selection(void **state)
     og_record_t *r = base();
     r->event.requested_bytes = 2 * GiB;
     r->device.free_bytes = 1843 * MiB; /* 205 MiB missing */
-    r->memory.process_used_bytes = 20 * GiB;
+    og_set(&r->memory.process_used_bytes, 20 * GiB);
     r->memory.process_tracked_bytes = 19 * GiB;
     r->memory.framework_bytes = 12 * GiB;
-    r->memory.non_framework_bytes = 8 * GiB;
-    r->memory.context_bytes_estimate = 1 * GiB;
+    og_set(&r->memory.non_framework_bytes, 8 * GiB);
+    og_set(&r->memory.context_bytes_estimate, 1 * GiB);
     r->memory.nlibs = 2;
     strcpy(r->memory.by_library[0].library, "libtorch_cuda.so");
     r->memory.by_library[0].framework = true;
@@ -520,7 +520,7 @@ static void tensorflow_knobs(void **state)
 {
     og_record_t *r = base();
     fixture_framework(r, OG_FW_TENSORFLOW, "libtensorflow_framework.so.2");
-    r->memory.framework_cached_bytes = 3 * GiB;
+    og_set(&r->memory.framework_cached_bytes, 3 * GiB);
     r->memory.framework_cached_source = OG_CACHE_POOL;
     run_primary(r, "fragmentation");
     assert_int_equal(rank_of(r, "expandable_segments"), 0);
@@ -759,7 +759,8 @@ static void shortfall_size_shapes_the_list(void **state)
     a->event.requested_bytes = 1030 * MiB; /* 3% over the 1 GiB free */
     b->event.requested_bytes = 12 * GiB;   /* 4x the 3 GiB free */
     b->device.free_bytes = 3 * GiB;
-    a->memory.framework_cached_bytes = b->memory.framework_cached_bytes = 0;
+    og_set(&a->memory.framework_cached_bytes, 0);
+    og_set(&b->memory.framework_cached_bytes, 0);
     a->memory.framework_cached_source = b->memory.framework_cached_source = OG_CACHE_POOL;
     run(a);
     run(b);
@@ -777,7 +778,7 @@ static void inference_mode_leads_only_when_known(void **state)
 {
     og_record_t *r = base();
     r->event.requested_bytes = 1100 * MiB;
-    r->memory.framework_cached_bytes = 0;
+    og_set(&r->memory.framework_cached_bytes, 0);
     r->memory.framework_cached_source = OG_CACHE_POOL;
     run(r);
     assert_string_not_equal(r->remedies[0].id, "inference_mode");
@@ -978,7 +979,7 @@ static void cross_entropy_fused_first(void **state)
     og_record_t *r = base();
     fixture_roles(r, 5 * GiB, 0, 0, 0, 0, 12 * GiB);
     fixture_optimizer(r, "AdamW", 0);
-    r->memory.fw.roles.optimizers[0].param_bytes = 80 * MiB;
+    og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 80 * MiB);
     fixture_phase(r, "forward", "/w/train.py", "forward");
     r->memory.fw.grad_enabled = 1;
     r->event.requested_bytes = 7 * GiB + 512 * MiB;
@@ -1203,7 +1204,7 @@ static void state_exceeds_card_first(void **state)
     fixture_roles(r, 12 * GiB, 7 * GiB, 0, 0, 0, 4 * GiB);
     fixture_dtype(r, "float32", 12 * GiB);
     fixture_optimizer(r, "AdamW", 0);
-    r->memory.fw.roles.optimizers[0].param_bytes = 12 * GiB;
+    og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 12 * GiB);
     fixture_phase(r, "backward", NULL, NULL);
     r->memory.fw.grad_enabled = 1;
     run_primary(r, "does_not_fit");
@@ -1216,7 +1217,7 @@ static void state_exceeds_card_first(void **state)
     fixture_roles(r, 10 * GiB, 9 * GiB, 0, 0, 0, 1 * GiB);
     fixture_dtype(r, "float32", 10 * GiB);
     fixture_optimizer(r, "AdamW", 0);
-    r->memory.fw.roles.optimizers[0].param_bytes = 10 * GiB;
+    og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 10 * GiB);
     fixture_phase(r, "backward", NULL, NULL);
     r->memory.fw.grad_enabled = 1;
     run_primary(r, "does_not_fit");
@@ -1233,7 +1234,7 @@ static void trains_before_the_first_step(void **state)
     og_record_t *r = base();
     fixture_roles(r, 3 * GiB, 0, 0, 0, 0, 17 * GiB);
     fixture_optimizer(r, "AdamW", 0);
-    r->memory.fw.roles.optimizers[0].param_bytes = 3 * GiB;
+    og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 3 * GiB);
     fixture_phase(r, "forward", "/srv/model.py", "forward");
     r->memory.fw.grad_enabled = 1;
     run_primary(r, "does_not_fit");
@@ -1317,7 +1318,7 @@ static og_record_t *first_forward(int checkpointing, int batch, uint64_t params,
     og_record_t *r = base();
     fixture_roles(r, params, 0, 0, 0, 0, act);
     fixture_optimizer(r, "AdamW", 0);
-    r->memory.fw.roles.optimizers[0].param_bytes = params;
+    r->memory.fw.roles.optimizers[0].param_bytes = fx_opt(params);
     fixture_phase(r, "forward", "/srv/model.py", "forward");
     r->memory.fw.grad_enabled = 1;
     r->memory.fw.roles.checkpointing = checkpointing;
@@ -1399,7 +1400,7 @@ static void state_new_since_the_pass(void **state)
         og_record_t *r = base();
         fixture_roles(r, 4 * GiB, 4 * GiB, 8 * GiB, 0, 0, 8 * GiB);
         fixture_optimizer(r, "AdamW", 8 * GiB);
-        r->memory.fw.roles.optimizers[0].param_bytes = 4 * GiB;
+        og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 4 * GiB);
         fixture_phase(r, "backward", "/srv/model.py", "main");
         r->memory.fw.grad_enabled = 1;
         fixture_steps(r, (uint64_t)made, made, 16 * GiB, 0);
