@@ -137,6 +137,7 @@ static void other_framework_holdings(og_facts_t *d, const og_record_t *rec)
         d->resv[d->ffw] -= take;
         d->resv[k] = held;
         d->fw_resv_all = add_sat(d->fw_resv_all, more - take);
+        d->other_fw_unlisted = add_sat(d->other_fw_unlisted, more - take);
     }
 }
 
@@ -855,7 +856,9 @@ static void imbalance(og_facts_t *d, const og_record_t *r)
 
 static void non_framework(og_facts_t *d, const og_record_t *r)
 {
-    d->nonfw = og_or(r->memory.non_framework_bytes, 0);
+    /* another framework's pool that reached the driver through a library no framework is known by
+     * (a ctypes call) is that framework's, as its adapter read it: counted once, not as non-framework */
+    d->nonfw = sub0(og_or(r->memory.non_framework_bytes, 0), d->other_fw_unlisted);
     d->nonfw_big_lib = -1;
     int n = r->memory.nlibs < 0 ? 0 : r->memory.nlibs > 32 ? 32 : r->memory.nlibs;
     for (int i = 0; i < n; i++)
@@ -869,7 +872,7 @@ static void non_framework(og_facts_t *d, const og_record_t *r)
         return;
     if (r->framework == OG_FW_UNKNOWN && fwb == 0)
         return; /* no framework: "outside the framework" would be everything */
-    uint64_t nf = r->memory.non_framework_bytes.v;
+    uint64_t nf = d->nonfw;
     double share = (double)nf / (double)d->used;
     d->nonfw_holds = share >= d->nonfw_share && nf >= d->shortfall && nf >= NONFW_FLOOR;
 }

@@ -229,7 +229,9 @@ typedef struct og_facts {
     int ffw;        /* enum og_framework of the failing call */
     const char *fwname;
     uint64_t resv[OG_NFW], fw_resv_all;
-    int other_fw; /* the largest reservation of another framework than ffw, -1 none */
+    uint64_t
+        other_fw_unlisted; /* others' bytes their adapters read beyond any framework library's (non_framework excludes them) */
+    int other_fw;          /* the largest reservation of another framework than ffw, -1 none */
     uint64_t other_fw_bytes;
 
     /* the failing framework's cache */
