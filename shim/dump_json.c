@@ -141,7 +141,8 @@ static void j_csv_strs(og_sb_t *sb, const char *csv)
         og_sb_puts(sb, "null");
         return;
     }
-    char buf[128];
+    char buf[128]; /* the longest list the record keeps (stmt_names) */
+    _Static_assert(sizeof buf >= sizeof((og_roles_t *)0)->stmt_names, "a list cut short");
     snprintf(buf, sizeof buf, "%s", csv);
     og_sb_puts(sb, "[");
     int k = 0;
@@ -272,21 +273,10 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
         j_str_or_null(sb, r->stmt_target);
         og_sb_puts(sb, ",\"purpose\":");
         j_str_or_null(sb, r->stmt_purpose);
-        og_sb_puts(sb, ",\"names\":[");
-        char names[sizeof r->stmt_names];
-        snprintf(names, sizeof names, "%s", r->stmt_names);
+        og_sb_puts(sb, ",\"names\":");
+        j_csv_strs(sb, r->stmt_names);
+        og_sb_puts(sb, ",\"ints\":[");
         int k = 0;
-        for (char *p = names, *e; p && *p; p = e ? e + 1 : NULL) {
-            e = strchr(p, ',');
-            if (e)
-                *e = 0;
-            if (!*p)
-                continue;
-            og_sb_puts(sb, k++ ? "," : "");
-            og_sb_json_str(sb, p);
-        }
-        og_sb_puts(sb, "],\"ints\":[");
-        k = 0;
         for (const char *p = r->stmt_ints; *p;) { /* digits and commas only: anything else ends it */
             char *e;
             unsigned long long v = strtoull(p, &e, 10);
