@@ -57,6 +57,7 @@ class ProcessGroupNCCL(object):
         nchannels = int(os.environ.get("NCCL_MIN_NCHANNELS", "2"))
         peers = 2                                                   # ring: send to next, receive from previous
         per_channel = peers * (buffsize + 4608 * 1024 + 256 * 1024)  # SIMPLE + LL128 + LL buffers
+        per_channel = -(-per_channel // (2 * MiB)) * (2 * MiB)       # NCCL 2.19+ rounds its cuMem buffers to the granularity
         rc = self._nccl.nccl_comm_init_rank(len(self.ranks), self.ranks.index(rank),
                                             ctypes.c_size_t(per_channel), nchannels)
         if rc != 0:
