@@ -59,6 +59,12 @@ def torch_segment_size(nbytes):
 _last = {}
 
 
+def request_bytes(torch, n, dtype=None):
+    """The bytes torch.empty(n, dtype=dtype) asks for: n elements of dtype (stand-in torch: bytes
+    without one), the size the truth mark compares with the failing request."""
+    return int(n) * torch._ITEMSIZE[dtype or "uint8"]
+
+
 def torch_empty(nbytes, device=None):
     """torch.empty(nbytes) (stand-in torch: bytes), remembering the request and what the allocator
     reserved just before it, for torch_oom_mark."""
@@ -69,18 +75,20 @@ def torch_empty(nbytes, device=None):
 
 
 _NOTED = """
-def noted(nbytes, *args, **kw):
-    _last.update(n=nbytes, reserved=torch.cuda.memory_reserved())
-    return plain(nbytes, *args, **kw)
+def noted(n, *args, **kw):
+    dtype = kw.get("dtype", args[0] if args else None)
+    _last.update(n=request_bytes(torch, n, dtype), reserved=torch.cuda.memory_reserved())
+    return plain(n, *args, **kw)
 """
 
 
 def note_every_empty(torch):
     """Makes every torch.empty (the program's and torch's own: gradients, optimizer state) note its
-    request and the allocator's reservation before it, as torch_empty does, for torch_oom_mark.
+    request in bytes (elements times the dtype's size) and the allocator's reservation before it, as
+    torch_empty does, for torch_oom_mark.
     The wrapper is compiled as part of torch's own file: the dump's failing Python line stays the
     program's (the innermost frame outside the framework), not this test scaffolding."""
-    ns = {"_last": _last, "torch": torch, "plain": torch.empty}
+    ns = {"_last": _last, "torch": torch, "plain": torch.empty, "request_bytes": request_bytes}
     exec(compile(_NOTED, torch.__file__, "exec"), ns)
     torch.empty = ns["noted"]
 
