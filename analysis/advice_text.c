@@ -87,16 +87,18 @@ int og_framework_of(const char *base, const char *path)
 
 const char *og_plural(long long n, const char *one, const char *many) { return n == 1 ? one : many; }
 
-uint64_t og_other_inferred_bytes(const og_record_t *rec)
+og_opt_u64_t og_other_inferred_bytes(const og_record_t *rec)
 {
     const og_record_t *r = rec;
-    if (r->memory.other_processes_bytes != OG_UNKNOWN || og_known(r->memory.process_used_bytes) ||
-        r->device.total_bytes == OG_UNKNOWN || r->device.free_bytes == OG_UNKNOWN ||
-        r->memory.process_tracked_bytes == OG_UNKNOWN)
-        return OG_UNKNOWN;
-    uint64_t held = r->device.total_bytes > r->device.free_bytes ? r->device.total_bytes - r->device.free_bytes : 0;
-    uint64_t mine = r->memory.process_tracked_bytes + OG_CONTEXT_ALLOWANCE;
-    return held > mine ? held - mine : 0;
+    og_opt_u64_t inferred = { 0, false };
+    if (og_known(r->memory.other_processes_bytes) || og_known(r->memory.process_used_bytes) ||
+        !og_known(r->device.total_bytes) || !og_known(r->device.free_bytes) ||
+        !og_known(r->memory.process_tracked_bytes))
+        return inferred;
+    uint64_t held = sub0(r->device.total_bytes.v, r->device.free_bytes.v);
+    uint64_t mine = r->memory.process_tracked_bytes.v + OG_CONTEXT_ALLOWANCE;
+    og_set(&inferred, sub0(held, mine));
+    return inferred;
 }
 
 int og_distinct_alloc_sizes(const og_record_t *rec)

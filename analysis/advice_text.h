@@ -17,8 +17,9 @@ enum og_cause_kind {
 };
 extern const char *const og_cause_ids[OG_CAUSE_COUNT];
 
-static inline int known(uint64_t v) { return v != OG_UNKNOWN; }
 static inline uint64_t sub0(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
+/* a + b, saturated one below 2^64-1: where that value once meant "not measured"; kept so that a
+ * saturated figure reads as it always has */
 static inline uint64_t add_sat(uint64_t a, uint64_t b) { return a >= UINT64_MAX - 1 - b ? UINT64_MAX - 1 : a + b; }
 
 void og_vfmt(char *dst, size_t n, const char *fmt, va_list ap) __attribute__((format(printf, 3, 0)));
@@ -46,10 +47,10 @@ const char *og_base_name(const char *path);
 int og_framework_of(const char *base, const char *path);
 /* When NVML could not list the GPU's processes: the device memory that neither this process's
  * tracked allocations nor one CUDA context (OG_CONTEXT_ALLOWANCE) explain, i.e. total - free -
- * tracked - allowance; OG_UNKNOWN when the process list was measured or total/free are unknown.
- * An inference, never a measurement: callers must say so. */
+ * tracked - allowance; unknown when the process list was measured or total, free or tracked are
+ * unknown.  An inference, never a measurement: callers must say so. */
 #define OG_CONTEXT_ALLOWANCE (512ULL << 20)
-uint64_t og_other_inferred_bytes(const og_record_t *rec);
+og_opt_u64_t og_other_inferred_bytes(const og_record_t *rec);
 
 /* distinct allocation sizes (to 1 MiB, at most 64 counted) among the history's allocations: variable-length
  * batches make many, a fixed-shape loop few */

@@ -178,7 +178,7 @@ static bool c_limit(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
     uint64_t ctx = sub0(d->usage_lim, d->tracked);
     uint64_t need = add_sat(d->usage_lim, d->req);
     if (d->limited) {
-        bool phys = known(r->device.free_bytes) && r->device.free_bytes >= d->req;
+        bool phys = og_known(r->device.free_bytes) && r->device.free_bytes.v >= d->req;
         uint64_t over = sub0(need, d->limit);
         char ctxs[80] = "";
         if (ctx)
@@ -218,8 +218,8 @@ static bool c_limit(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
     ev_bytes(c, "tracked_bytes", d->tracked);
     ev_bytes(c, "requested_bytes", d->req);
     ev_bytes(c, "job_need_bytes", need);
-    if (known(r->device.free_bytes))
-        ev_bytes(c, "physical_free_bytes", r->device.free_bytes);
+    if (og_known(r->device.free_bytes))
+        ev_bytes(c, "physical_free_bytes", r->device.free_bytes.v);
     return true;
 }
 
@@ -245,14 +245,14 @@ static bool c_framework_cap(const og_facts_t *d, const og_record_t *r, og_cause_
     else
         og_fmt(counted, sizeof counted, "%s in use", og_hb((double)alloc).s);
     if (src[0])
-        summary(c, "%s's cap %s (%s) refused %s: %s%s; %s.", who, src, og_hb((double)fw->cap_bytes).s,
+        summary(c, "%s's cap %s (%s) refused %s: %s%s; %s.", who, src, og_hb((double)d->cap.cap).s,
                 og_hb((double)req).s, counted, d->cap.reserved ? ", and the cap counts what is reserved" : "",
                 room ? "the device itself had room for the request" : "the device had no room either");
     else
-        summary(c, "%s's own cap of %s refused %s: %s%s; %s.", who, og_hb((double)fw->cap_bytes).s,
-                og_hb((double)req).s, counted, d->cap.reserved ? ", and the cap counts what is reserved" : "",
+        summary(c, "%s's own cap of %s refused %s: %s%s; %s.", who, og_hb((double)d->cap.cap).s, og_hb((double)req).s,
+                counted, d->cap.reserved ? ", and the cap counts what is reserved" : "",
                 room ? "the device itself had room for the request" : "the device had no room either");
-    ev_bytes(c, "cap_bytes", fw->cap_bytes);
+    ev_bytes(c, "cap_bytes", d->cap.cap);
     ev_text(c, "cap_source", "%s", src[0] ? src : "unknown");
     ev_text(c, "cap_counts", "%s", d->cap.reserved ? "reserved" : "allocated");
     ev_bytes(c, "counted_bytes", d->cap.counted);
@@ -260,8 +260,8 @@ static bool c_framework_cap(const og_facts_t *d, const og_record_t *r, og_cause_
     ev_bytes(c, "requested_bytes", req);
     ev_bytes(c, "over_cap_bytes", d->cap.over);
     ev_num(c, "internal_oom", fw->internal_oom ? 1 : 0);
-    if (known(r->device.free_bytes))
-        ev_bytes(c, "physical_free_bytes", r->device.free_bytes);
+    if (og_known(r->device.free_bytes))
+        ev_bytes(c, "physical_free_bytes", r->device.free_bytes.v);
     return true;
 }
 
@@ -635,7 +635,7 @@ static bool c_non_framework(const og_facts_t *d, const og_record_t *r, og_cause_
 {
     if (!d->nonfw_holds)
         return false;
-    uint64_t fwb = known(r->memory.framework_bytes) ? r->memory.framework_bytes : 0;
+    uint64_t fwb = r->memory.framework_bytes;
     uint64_t nf = d->nonfw;
     double share = (double)nf / (double)d->used;
     double ns = d->nonfw_share;
@@ -771,7 +771,7 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
     double conf = 0.95;
     const char *basis = "measured";
     uint64_t fw_held = d->fw_resv_all;
-    if (known(r->memory.framework_bytes) && r->memory.framework_bytes > fw_held)
+    if (r->memory.framework_bytes > fw_held)
         fw_held = r->memory.framework_bytes;
     if (!d->cached_known && fw_held > 0) {
         conf = 0.45; /* part of the reservation may be cache: not certain */
@@ -996,7 +996,7 @@ static void diagnose_order(og_record_t *rec, const og_thresholds_t *th, bool rev
     og_facts_t *d = &rec->analysis.facts;
     og_facts_compute(d, rec, th, &rec->analysis.growth);
     rec->analysis.facts_valid = true;
-    rec->diagnosis.shortfall_bytes = d->shortfall;
+    og_set(&rec->diagnosis.shortfall_bytes, d->shortfall);
     int order[NRULES];
     for (size_t i = 0; i < NRULES; i++)
         order[i] = reverse ? (int)(NRULES - 1 - i) : (int)i;

@@ -132,7 +132,7 @@ static void other_framework_holdings(og_facts_t *d, const og_record_t *rec)
         if (k == OG_FW_UNKNOWN || k == d->ffw || !og_known(fw->other_fw[i].reserved_bytes) || held <= d->resv[k])
             continue;
         uint64_t more = held - d->resv[k];
-        uint64_t beyond = known(fw->reserved_bytes) ? sub0(d->resv[d->ffw], fw->reserved_bytes) : 0;
+        uint64_t beyond = sub0(d->resv[d->ffw], fw->reserved_bytes);
         uint64_t take = more < beyond ? more : beyond;
         d->resv[d->ffw] -= take;
         d->resv[k] = held;
@@ -162,15 +162,15 @@ static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t
     d->growth_rising_steps = th_or(t.growth_rising_steps, th_default.growth_rising_steps);
 
     d->req = rec->event.requested_bytes;
-    d->total = known(rec->device.total_bytes) ? rec->device.total_bytes : 0;
-    d->tracked = known(rec->memory.process_tracked_bytes) ? rec->memory.process_tracked_bytes : 0;
-    d->other_all = known(rec->memory.other_processes_bytes) ? rec->memory.other_processes_bytes : 0;
+    d->total = og_or(rec->device.total_bytes, 0);
+    d->tracked = og_or(rec->memory.process_tracked_bytes, 0);
+    d->other_all = og_or(rec->memory.other_processes_bytes, 0);
     d->used_known = og_known(rec->memory.process_used_bytes);
     d->used = og_or(rec->memory.process_used_bytes, 0);
     d->footprint = d->used_known ? d->used : d->tracked;
     d->recovered = rec->event.recovered;
-    d->phys_free.known = known(rec->device.free_bytes);
-    d->phys_free.v = d->phys_free.known ? rec->device.free_bytes : 0;
+    d->phys_free.known = og_known(rec->device.free_bytes);
+    d->phys_free.v = og_or(rec->device.free_bytes, 0);
 
     /* peers of the same job are not "other users" of the GPU */
     int no = rec->memory.nother < 0 ? 0 : rec->memory.nother > 32 ? 32 : rec->memory.nother;
@@ -222,7 +222,7 @@ static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t
     const og_framework_view_t *fw = &rec->memory.fw;
     bool app_pool = rec->memory.pool_owner_fw == 2;
     enum og_cache_src rec_src = rec->memory.framework_cached_source;
-    if (fw->has && known(fw->reserved_bytes) && known(fw->allocated_bytes)) {
+    if (fw->has) {
         d->cached_known = true;
         d->cached = sub0(fw->reserved_bytes, fw->allocated_bytes);
         d->cached_src = OG_CACHE_ADAPTER;
@@ -237,10 +237,9 @@ static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t
         kinds += d->resv[k] > 0;
     /* several frameworks: the failing one's own reservation; one: everything the framework holds */
     if (!d->reservation)
-        d->reservation = kinds > 1 && d->ffw != OG_FW_UNKNOWN && d->resv[d->ffw] ? d->resv[d->ffw]
-                         : known(rec->memory.framework_bytes)                    ? rec->memory.framework_bytes
-                                                                                 : 0;
-    d->released = known(rec->event.released_between_attempts_bytes) ? rec->event.released_between_attempts_bytes : 0;
+        d->reservation =
+            kinds > 1 && d->ffw != OG_FW_UNKNOWN && d->resv[d->ffw] ? d->resv[d->ffw] : rec->memory.framework_bytes;
+    d->released = og_or(rec->event.released_between_attempts_bytes, 0);
     /* the framework released its cache and retried (PyTorch does before raising) and it still failed */
     d->retried = !d->recovered && rec->event.attempts >= 2 && d->failing_fw != 0 &&
                  (d->cached_src == OG_CACHE_NONE || d->cached_src == OG_CACHE_RETRY_RELEASE);
@@ -253,11 +252,11 @@ static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t
     /* a cache already handed back between retries is in `free` now: nothing left to reclaim
      * (a recovered dump keeps the first attempt's numbers, from before the release) */
     d->reclaim = d->cached_known && (d->recovered || d->cached_src != OG_CACHE_RETRY_RELEASE) ? d->cached : 0;
-    if (fw->has && known(fw->largest_free_block_bytes) && !(fw->largest_free_block_bytes == 0 && d->cached > 0)) {
+    if (fw->has && !(fw->largest_free_block_bytes == 0 && d->cached > 0)) {
         d->largest_known = true;
         d->largest = fw->largest_free_block_bytes;
     }
-    if (app_pool && known(rec->memory.pool_reserved) && known(rec->memory.pool_used))
+    if (app_pool)
         d->app_slack = sub0(rec->memory.pool_reserved, rec->memory.pool_used);
 
     d->limited = og_known(rec->device.limit_bytes);
@@ -269,19 +268,19 @@ static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t
     if (d->limited) {
         d->free_known = true;
         d->free_eff = sub0(d->limit, d->usage_lim);
-        if (known(rec->device.free_bytes))
-            d->free_eff = min64(d->free_eff, rec->device.free_bytes);
-    } else if (known(rec->device.free_bytes)) {
+        if (og_known(rec->device.free_bytes))
+            d->free_eff = min64(d->free_eff, rec->device.free_bytes.v);
+    } else if (og_known(rec->device.free_bytes)) {
         d->free_known = true;
-        d->free_eff = rec->device.free_bytes;
+        d->free_eff = rec->device.free_bytes.v;
     } else if (d->total) {
         d->free_known = d->free_estimated = true;
         d->free_eff = sub0(d->total, add_sat(d->footprint, d->other_all));
     }
-    if (!known(rec->memory.other_processes_bytes)) {
-        uint64_t inf = og_other_inferred_bytes(rec);
-        if (known(inf) && inf > 0) {
-            d->other = inf;
+    if (!og_known(rec->memory.other_processes_bytes)) {
+        og_opt_u64_t inf = og_other_inferred_bytes(rec);
+        if (og_known(inf) && inf.v > 0) {
+            d->other = inf.v;
             d->other_inferred = true;
         }
     }
@@ -302,7 +301,7 @@ static void framework_cap(og_facts_t *d, const og_record_t *r)
 {
     const og_framework_view_t *fw = &r->memory.fw;
     struct og_cap_facts *k = &d->cap;
-    if (!fw->has || !fw->cap_bytes || fw->cap_bytes == OG_UNKNOWN)
+    if (!fw->has || !og_known(fw->cap_bytes))
         return;
     char name[sizeof fw->framework];
     og_cpy(name, sizeof name, fw->framework, sizeof fw->framework);
@@ -312,11 +311,10 @@ static void framework_cap(og_facts_t *d, const og_record_t *r)
                : strcmp(name, "jax") == 0        ? OG_FW_JAX
                : strcmp(name, "tensorflow") == 0 ? OG_FW_TENSORFLOW
                                                  : d->ffw;
-    k->cap = fw->cap_bytes;
+    k->cap = fw->cap_bytes.v;
     k->req = d->req ? d->req : fw->requested_bytes;
-    k->alloc = known(fw->allocated_bytes) ? fw->allocated_bytes : 0;
-    k->reserved =
-        (kind == OG_FW_PYTORCH || kind == OG_FW_CUPY) && known(fw->reserved_bytes) && fw->reserved_bytes >= k->alloc;
+    k->alloc = fw->allocated_bytes;
+    k->reserved = (kind == OG_FW_PYTORCH || kind == OG_FW_CUPY) && fw->reserved_bytes >= k->alloc;
     k->counted = k->reserved ? fw->reserved_bytes : k->alloc;
     k->over = sub0(add_sat(k->counted, k->req), k->cap);
     k->room = d->phys_free.known && d->phys_free.v >= k->req;
@@ -867,7 +865,7 @@ static void non_framework(og_facts_t *d, const og_record_t *r)
             d->nonfw_big_lib = i;
     if (d->nonfw_big_lib >= 0 && !r->memory.by_library[d->nonfw_big_lib].bytes)
         d->nonfw_big_lib = -1;
-    uint64_t fwb = known(r->memory.framework_bytes) ? r->memory.framework_bytes : 0;
+    uint64_t fwb = r->memory.framework_bytes;
     if (!d->used_known || d->used == 0 || !og_known(r->memory.non_framework_bytes) || d->shortfall == 0)
         return;
     if (r->framework == OG_FW_UNKNOWN && fwb == 0)
@@ -1292,17 +1290,18 @@ static void advice(og_facts_t *f, const og_record_t *rec)
 {
     struct og_advice_facts *x = &f->adv;
     x->fw = rec->framework;
-    x->other = known(rec->memory.other_processes_bytes) ? rec->memory.other_processes_bytes : 0;
+    x->other = og_or(rec->memory.other_processes_bytes, 0);
     for (int i = 0; i < rec->memory.nother && i < 32; i++) /* ranks of this job are not "others" */
         if (rec->memory.other[i].same_job)
             x->other = sub0(x->other, rec->memory.other[i].bytes);
-    if (!known(rec->memory.other_processes_bytes) && known(og_other_inferred_bytes(rec))) {
-        x->other = og_other_inferred_bytes(rec); /* no NVML: inferred, and the texts say so */
+    og_opt_u64_t inferred = og_other_inferred_bytes(rec);
+    if (!og_known(rec->memory.other_processes_bytes) && og_known(inferred)) {
+        x->other = inferred.v; /* no NVML: inferred, and the texts say so */
         x->other_inferred = true;
     }
     const og_framework_view_t *fw = &rec->memory.fw;
     enum og_cache_src src = OG_CACHE_NONE;
-    if (fw->has && known(fw->reserved_bytes) && known(fw->allocated_bytes)) {
+    if (fw->has) {
         x->cached_known = true;
         x->cached = sub0(fw->reserved_bytes, fw->allocated_bytes);
         src = OG_CACHE_ADAPTER;
@@ -1320,8 +1319,8 @@ static void advice(og_facts_t *f, const og_record_t *rec)
     og_cpy(full, sizeof full, rec->event.library, sizeof full);
     og_cpy(x->fail_lib, sizeof x->fail_lib, og_base_name(full), strlen(og_base_name(full)) + 1);
     /* live = what tensors hold; unknown when the cache was not measured (never call cache "live") */
-    x->live_known = (fw->has && known(fw->allocated_bytes)) || x->cached_known;
-    x->live = fw->has && known(fw->allocated_bytes) ? fw->allocated_bytes : sub0(f->tracked, x->reclaim);
+    x->live_known = fw->has || x->cached_known;
+    x->live = fw->has ? fw->allocated_bytes : sub0(f->tracked, x->reclaim);
     /* the failing library is the framework's when its name says so or when the ledger counts it as
      * a framework library (an adapter's report makes it one, whatever its name) */
     bool fail_is_fw = og_framework_of(x->fail_lib, x->fail_lib) != OG_FW_UNKNOWN;
@@ -1331,9 +1330,8 @@ static void advice(og_facts_t *f, const og_record_t *rec)
         fail_is_fw = rec->memory.by_library[i].framework && strcmp(og_base_name(l), x->fail_lib) == 0;
     }
     /* the framework released what it could before failing again and got nothing back */
-    x->retried_zero =
-        rec->event.attempts >= 2 && !rec->event.recovered && fail_is_fw &&
-        (!known(rec->event.released_between_attempts_bytes) || rec->event.released_between_attempts_bytes == 0);
+    x->retried_zero = rec->event.attempts >= 2 && !rec->event.recovered && fail_is_fw &&
+                      og_or(rec->event.released_between_attempts_bytes, 0) == 0;
     x->async_backend = strstr(rec->pytorch_alloc_conf, "cudaMallocAsync") != NULL;
     x->grad = fw->has ? fw->grad_enabled : 0;
     x->training = fw->has ? fw->training : 0;

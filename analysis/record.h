@@ -11,11 +11,12 @@
 #include "facts.h"
 #include "unmeasured.h" /* enum og_unmeasured */
 
-#define OG_UNKNOWN     UINT64_MAX /* a byte count that could not be measured */
-#define OG_STEP_SERIES 32         /* roles.allocated_after_steps: the latest optimizer steps kept */
+#define OG_STEP_SERIES 32 /* roles.allocated_after_steps: the latest optimizer steps kept */
 
 /* A count that may not have been measured: known says whether v holds one (v is 0 when not).
- * A zeroed record holds "not measured" in every one of these. */
+ * A zeroed record holds "not measured" in every one of these.  No byte count of the record keeps
+ * "unknown" in its value: every uint64_t is a number (a request can be SIZE_MAX), and a count that
+ * can go unmeasured is one of these. */
 typedef struct og_opt_u64 {
     uint64_t v;
     bool known;
@@ -220,7 +221,7 @@ typedef struct og_framework_view {
     int autocast;               /* 1 mixed precision (autocast) on at the failure, -1 off */
     bool freed_known;           /* freed_bytes_total was measured (0 freed is an answer) */
     uint64_t freed_bytes_total; /* bytes the framework freed over the process's life */
-    uint64_t cap_bytes;         /* framework-imposed cap (memory fraction, set_limit); 0 none/unknown */
+    og_opt_u64_t cap_bytes;     /* framework-imposed cap (memory fraction, set_limit); unknown: none reported */
     char cap_source[64];        /* the setting that imposes it */
     char framework[16];         /* "pytorch" | "jax" | "tensorflow" | "cupy"; "" = from `source` */
     char unmeasured_why[120];   /* why the adapter could not answer at the failure ("" = it did or none) */
@@ -268,8 +269,8 @@ typedef struct og_record {
     char tf_gpu_allocator[64];
 
     struct {
-        uint64_t requested_bytes;
-        const char *api; /* API the program called (runtime name when via libcudart) */
+        uint64_t requested_bytes; /* the API's argument: always a size, SIZE_MAX included, never a mode */
+        const char *api;          /* API the program called (runtime name when via libcudart) */
         const char *driver_api;
         bool framework_internal; /* refused inside the framework's allocator: no driver call */
         int device;
@@ -281,7 +282,7 @@ typedef struct og_record {
         og_frame_t frames[32];
         double t, t_rel;
         int attempts;
-        uint64_t released_between_attempts_bytes;
+        og_opt_u64_t released_between_attempts_bytes; /* unknown: a framework's own retry, unseen */
         bool recovered;
         uint64_t recovered_requested_bytes;
         double recovered_t;
@@ -292,14 +293,14 @@ typedef struct og_record {
         char name[128];
         char pci_bus_id[32];
         int cc_major, cc_minor;
-        uint64_t total_bytes, free_bytes;
-        og_opt_u64_t limit_bytes;       /* unknown when no limit */
+        og_opt_u64_t total_bytes, free_bytes; /* unknown when the driver did not answer */
+        og_opt_u64_t limit_bytes;             /* unknown when no limit */
         og_opt_u64_t limit_usage_bytes; /* what the limit check counts (tracked + context); unknown without limit */
     } device;
 
     struct {
-        uint64_t process_tracked_bytes;
-        og_opt_u64_t process_used_bytes; /* NVML; unknown if not measured */
+        og_opt_u64_t process_tracked_bytes; /* the ledger's total on the device; unknown: not read */
+        og_opt_u64_t process_used_bytes;    /* NVML; unknown if not measured */
         uint64_t plain, managed, pool_reserved, pool_used, vmm_physical, vmm_mapped;
         int nlibs;
         og_lib_usage_t by_library[32];
@@ -309,9 +310,9 @@ typedef struct og_record {
         og_opt_u64_t non_framework_bytes;          /* process_used - framework_bytes; unknown without NVML */
         og_opt_u64_t context_bytes_estimate;       /* process_used - tracked; unknown without NVML */
         int nother;
-        og_other_proc_t other[32];      /* largest first */
-        uint64_t other_processes_bytes; /* all of them, listed or not */
-        int other_processes_count;      /* all of them: other[] keeps the 32 holding most */
+        og_other_proc_t other[32];          /* largest first */
+        og_opt_u64_t other_processes_bytes; /* all of them, listed or not; unknown without NVML's list */
+        int other_processes_count;          /* all of them: other[] keeps the 32 holding most */
         uint64_t host_pinned_bytes;
         int pool_owner_fw;    /* whose stream-ordered pools: 0 unknown/none, 1 the framework's, 2 the application's */
         char pool_owner[120]; /* library that took most blocks from the pools */
@@ -346,7 +347,7 @@ typedef struct og_record {
 
     struct {
         const char *primary;
-        uint64_t shortfall_bytes;
+        og_opt_u64_t shortfall_bytes; /* unknown: the record was not diagnosed from measurements */
         int ncauses;
         og_cause_t causes[8];
     } diagnosis;

@@ -38,7 +38,7 @@ static bool cache_ok(const rctx_t *x) { return x->cached_known && x->cached > 0 
 static bool cache_maybe(const rctx_t *x)
 {
     const og_record_t *r = x->rec;
-    return !x->cached_known && known(r->memory.framework_bytes) && r->memory.framework_bytes > 0 && !x->retried_zero;
+    return !x->cached_known && r->memory.framework_bytes > 0 && !x->retried_zero;
 }
 static bool known_inference(const rctx_t *x) { return x->training == -1; }
 static bool pytorchish(const rctx_t *x) { return x->fw == OG_FW_PYTORCH || x->fw == OG_FW_UNKNOWN; }

@@ -92,7 +92,7 @@ void og_remedy_context(rctx_t *x, og_record_t *rec)
     x->primary_conf = n > 0 ? rec->diagnosis.causes[0].confidence : 0;
 
     x->req = f->req;
-    x->shortfall = known(rec->diagnosis.shortfall_bytes) ? rec->diagnosis.shortfall_bytes : 0;
+    x->shortfall = og_or(rec->diagnosis.shortfall_bytes, 0);
     x->total = f->total;
     x->tracked = f->tracked;
     x->footprint = f->footprint;
@@ -261,9 +261,9 @@ static bool b_raise_limit(const rctx_t *x, og_remedy_t *r)
     else
         why(r, "OOMGUARD_LIMIT refused the request; the job needs at least %s (%s held + %s requested).",
             og_hb((double)need).s, og_hb((double)x->tracked).s, og_hb((double)x->req).s);
-    if (known(rec->device.free_bytes) && rec->device.free_bytes >= x->req)
+    if (og_known(rec->device.free_bytes) && rec->device.free_bytes.v >= x->req)
         why(r, " The card itself had %s free, so the request would have succeeded.",
-            og_hb((double)rec->device.free_bytes).s);
+            og_hb((double)rec->device.free_bytes.v).s);
     if (og_known(rec->device.limit_bytes) && usage > x->tracked && x->req <= rec->device.limit_bytes.v &&
         add_sat(usage - x->tracked, x->req) > rec->device.limit_bytes.v)
         how(r, "export CUDA_MODULE_LOADING=LAZY   # a smaller CUDA context: kernels load when first used");
@@ -329,8 +329,8 @@ static bool b_empty_cache(const rctx_t *x, og_remedy_t *r)
         else
             how(r, "export XLA_PYTHON_CLIENT_PREALLOCATE=false   # JAX reserves 75%% of the GPU at start by default");
         const og_framework_view_t *fw = &rec->memory.fw;
-        uint64_t resv = fw->has && known(fw->reserved_bytes) ? fw->reserved_bytes : rec->memory.framework_bytes;
-        if ((x->has[OG_CAUSE_CACHE] || x->has[OG_CAUSE_FOREIGN]) && x->total && known(resv) && resv > x->shortfall) {
+        uint64_t resv = fw->has ? fw->reserved_bytes : rec->memory.framework_bytes;
+        if ((x->has[OG_CAUSE_CACHE] || x->has[OG_CAUSE_FOREIGN]) && x->total && resv > x->shortfall) {
             int frac = (int)(100.0 * (double)(resv - x->shortfall) / (double)x->total);
             if (frac < 5)
                 frac = 5;
@@ -1387,8 +1387,8 @@ static bool b_fw_cap(const rctx_t *x, og_remedy_t *r)
         why(r, "; it needed %s more than the cap allows.", og_hb(over).s);
     else
         why(r, ".");
-    if (known(rec->device.free_bytes))
-        why(r, " The device had %s free.", og_hb((double)rec->device.free_bytes).s);
+    if (og_known(rec->device.free_bytes))
+        why(r, " The device had %s free.", og_hb((double)rec->device.free_bytes.v).s);
     double need = cap > 0 ? cap + (over > 0 ? over : 0) : 0;
     double frac = x->total && need > 0 ? need * 1.1 / (double)x->total : 0;
     switch (x->fw) {

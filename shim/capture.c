@@ -235,7 +235,8 @@ static void capture_device(og_record_t *rec, int device)
 {
     rec->device.index = device;
     og_unset(&rec->device.limit_bytes);
-    rec->device.total_bytes = rec->device.free_bytes = OG_UNKNOWN;
+    og_unset(&rec->device.total_bytes);
+    og_unset(&rec->device.free_bytes);
     og_cfn_cuDeviceGetName name = OG_CALL(cuDeviceGetName);
     og_cfn_cuDeviceGetAttribute attr = OG_CALL(cuDeviceGetAttribute);
     og_cfn_cuDeviceGetPCIBusId bus = OG_CALL(cuDeviceGetPCIBusId);
@@ -253,11 +254,11 @@ static void capture_device(og_record_t *rec, int device)
     size_t total = 0, free_b = 0;
     og_fn_cuDeviceTotalMem_v2 tm = OG_REAL(cuDeviceTotalMem_v2);
     if (tm && tm(&total, device) == CUDA_SUCCESS)
-        rec->device.total_bytes = total;
+        og_set(&rec->device.total_bytes, total);
     /* cuMemGetInfo answers for the current context's device: only ask when that is ours. */
     og_fn_cuMemGetInfo_v2 mi = OG_REAL(cuMemGetInfo_v2);
     if (mi && og_current_device() == device && mi(&free_b, &total) == CUDA_SUCCESS)
-        rec->device.free_bytes = free_b;
+        og_set(&rec->device.free_bytes, free_b);
     else
         og_unmeasured(rec, OG_UM_FREE_MEMORY, "free memory: device %d is not the calling thread's current device",
                       device);
@@ -320,7 +321,7 @@ static int cmp_site_desc(const void *x, const void *y, void *arg)
 static void ledger_totals(og_record_t *rec, int device, const oomguard_device_stats_t *s)
 {
     const oomguard_device_stats_t st = *s;
-    rec->memory.process_tracked_bytes = st.tracked_bytes;
+    og_set(&rec->memory.process_tracked_bytes, st.tracked_bytes);
     rec->memory.plain = st.plain_bytes;
     rec->memory.managed = st.managed_bytes;
     rec->memory.pool_reserved = st.pool_reserved_bytes;
@@ -662,8 +663,8 @@ static void derive(og_record_t *rec, const og_episode_t *ep)
         uint64_t used = rec->memory.process_used_bytes.v;
         og_set(&rec->memory.non_framework_bytes,
                used > rec->memory.framework_bytes ? used - rec->memory.framework_bytes : 0);
-        og_set(&rec->memory.context_bytes_estimate,
-               used > rec->memory.process_tracked_bytes ? used - rec->memory.process_tracked_bytes : 0);
+        uint64_t tracked = og_or(rec->memory.process_tracked_bytes, 0);
+        og_set(&rec->memory.context_bytes_estimate, used > tracked ? used - tracked : 0);
     }
 }
 
@@ -715,7 +716,7 @@ static og_record_t *recovered_from_first(const og_record_t *now, const og_episod
     }
     f->status = now->status;
     f->event.attempts = ep->attempts;
-    f->event.released_between_attempts_bytes = ep->released;
+    og_set(&f->event.released_between_attempts_bytes, ep->released);
     f->event.recovered = true;
     f->event.recovered_requested_bytes = ep->recovered_requested;
     f->event.recovered_t = now->event.recovered_t;
@@ -732,6 +733,7 @@ static og_record_t *recovered_from_first(const og_record_t *now, const og_episod
 static void fill_event(og_record_t *rec, const og_episode_t *ep, int device)
 {
     rec->event.device = device;
+    og_set(&rec->event.released_between_attempts_bytes, 0); /* no failure (a snapshot): no attempts */
     if (!ep)
         return;
     bool in_fw = ep->hook < 0 || ep->hook >= OG_H_COUNT; /* inside the framework's allocator */
@@ -750,8 +752,10 @@ static void fill_event(og_record_t *rec, const og_episode_t *ep, int device)
     /* A refusal inside the framework's allocator (its own cap, no driver call) comes after the
      * allocator's own release-and-retry, which no failed call told the shim about: what it
      * released then is unknown, not 0, until the shim saw a failed attempt of its own. */
-    rec->event.released_between_attempts_bytes =
-        in_fw && ep->attempts <= 1 && !ep->released_before_attempt ? OG_UNKNOWN : ep->released_before_attempt;
+    if (in_fw && ep->attempts <= 1 && !ep->released_before_attempt)
+        og_unset(&rec->event.released_between_attempts_bytes);
+    else
+        og_set(&rec->event.released_between_attempts_bytes, ep->released_before_attempt);
     rec->event.recovered = ep->recovered;
     rec->event.recovered_requested_bytes = ep->recovered_requested;
     rec->event.recovered_t = ep->recovered ? rec->time - (double)(og_now_ns() - ep->recovered_t_ns) / 1e9 : 0;
@@ -876,7 +880,7 @@ og_record_t *og_record_capture(const char *status, const og_episode_t *ep, int d
         oomguard_device_stats_t st;
         og_ledger_stats(d, &st);
         if (d == device) { /* the failing device as its snapshot read it, not a moment later */
-            st.tracked_bytes = rec->memory.process_tracked_bytes;
+            st.tracked_bytes = og_or(rec->memory.process_tracked_bytes, st.tracked_bytes);
             st.peak_tracked_bytes = rec->history.peak_bytes;
             st.allocs = rec->history.allocs;
         }
@@ -921,11 +925,11 @@ og_record_t *og_record_unmeasured(const char *status, const og_episode_t *ep)
     capture_env(rec);
     capture_framework(rec);
     rec->device.index = ep->device;
-    rec->device.total_bytes = rec->device.free_bytes = OG_UNKNOWN;
-    /* limit_bytes, limit_usage_bytes, process_used_bytes, non_framework_bytes, context_bytes_estimate and
-     * framework_cached_bytes: not measured, as calloc left them */
-    rec->memory.other_processes_bytes = OG_UNKNOWN;
-    rec->diagnosis.shortfall_bytes = OG_UNKNOWN;
+    /* total_bytes, free_bytes, limit_bytes, limit_usage_bytes, process_used_bytes, non_framework_bytes,
+     * context_bytes_estimate, framework_cached_bytes, other_processes_bytes and shortfall_bytes: not
+     * measured, as calloc left them.  The tracked total says 0, as this record always has (the dump's
+     * readers take it for a number); the ledger at that moment is gone, so it is no measurement. */
+    og_set(&rec->memory.process_tracked_bytes, 0);
     og_unmeasured(rec, OG_UM_DUMP_BUDGET,
                   "everything but the failing call: OOMGUARD_MAX_DUMPS (%lld) was spent when it failed; recorded "
                   "from the failure alone when it proved final",

@@ -30,16 +30,15 @@
 /* ------------------------------------------------------------------ text */
 
 /* Several sizes in one printf: each gets its own buffer, taken in turn (calls are sequenced). */
-static const char *human_rot(char (*hb)[32], unsigned *i, uint64_t v)
+static const char *human_rot(char (*hb)[32], unsigned *i, og_opt_u64_t v)
 {
     char *b = hb[(*i)++ % 8];
-    return v == OG_UNKNOWN ? "unknown" : og_bytes_fmt(b, sizeof hb[0], (double)v, OG_BYTES_FIXED);
+    return og_known(v) ? og_bytes_fmt(b, sizeof hb[0], (double)v.v, OG_BYTES_FIXED) : "unknown";
 }
-#define H(v) human_rot(hb, &hbi, (v))
-/* the same for a count that may not have been measured */
-#define HO(v) human_rot(hb, &hbi, og_or((v), OG_UNKNOWN))
-/* a request is always known: SIZE_MAX is a size, not H's "unknown" */
-#define REQ(v) ((v) == OG_UNKNOWN ? OG_UNKNOWN - 1 : (v))
+/* a count (every value a size: a request can be SIZE_MAX) */
+#define H(v) human_rot(hb, &hbi, (og_opt_u64_t){ (v), true })
+/* a count that may not have been measured: "unknown" when not */
+#define HO(v) human_rot(hb, &hbi, (v))
 
 /* Strings from outside (argv, host and library names, Python frames, what remedies quote) may hold
  * newlines that would forge report lines: such a string is rendered escaped, in a copy kept until
@@ -97,22 +96,22 @@ static void render_text(const og_record_t *r, og_sb_t *sb)
     og_sb_printf(sb, "\ncommand: %s\nframework: %s\n\n", T(r->cmdline), og_framework_name(r->framework));
 
     if (r->event.api) {
-        og_sb_printf(sb, "%s of %s (%llu bytes) on device %d failed", r->event.api, H(REQ(r->event.requested_bytes)),
+        og_sb_printf(sb, "%s of %s (%llu bytes) on device %d failed", r->event.api, H(r->event.requested_bytes),
                      (unsigned long long)r->event.requested_bytes, r->event.device);
         if (r->event.caused_by_limit)
             og_sb_puts(sb, " (refused by OOMGUARD_LIMIT)");
         og_sb_printf(sb, ", called from %s", T(r->event.library));
         if (r->event.attempts > 1)
             og_sb_printf(sb, "; %d attempts, %s released in between", r->event.attempts,
-                         H(r->event.released_between_attempts_bytes));
+                         HO(r->event.released_between_attempts_bytes));
         og_sb_puts(sb, ".\n");
         if (r->event.recovered)
             og_sb_printf(sb, "RECOVERED: a later request of %s succeeded; the program went on.\n",
                          H(r->event.recovered_requested_bytes));
         if (r->event.framework_internal)
             og_sb_printf(sb, "The framework's own allocator refused it (no driver call failed)%s%s%s%s.\n",
-                         r->memory.fw.cap_bytes ? ": cap " : "",
-                         r->memory.fw.cap_bytes ? H(r->memory.fw.cap_bytes) : "",
+                         og_known(r->memory.fw.cap_bytes) ? ": cap " : "",
+                         og_known(r->memory.fw.cap_bytes) ? HO(r->memory.fw.cap_bytes) : "",
                          r->memory.fw.cap_source[0] ? " set by " : "", r->memory.fw.cap_source);
         /* the Python lines first: what a Python user looks for (native frames are in the JSON) */
         for (int i = 0; i < r->memory.fw.npy_frames && i < 12; i++)
@@ -126,11 +125,11 @@ static void render_text(const og_record_t *r, og_sb_t *sb)
         }
     }
     og_sb_printf(sb, "device %d: %s (compute capability %d.%d), total %s, free %s", r->device.index, T(r->device.name),
-                 r->device.cc_major, r->device.cc_minor, H(r->device.total_bytes), H(r->device.free_bytes));
+                 r->device.cc_major, r->device.cc_minor, HO(r->device.total_bytes), HO(r->device.free_bytes));
     if (og_known(r->device.limit_bytes))
         og_sb_printf(sb, ", limit %s", HO(r->device.limit_bytes));
     og_sb_puts(sb, "\n\nwhere the memory is\n");
-    og_sb_printf(sb, "  this process, tracked          %12s\n", H(r->memory.process_tracked_bytes));
+    og_sb_printf(sb, "  this process, tracked          %12s\n", HO(r->memory.process_tracked_bytes));
     og_sb_printf(sb, "    plain allocations            %12s\n", H(r->memory.plain));
     if (r->memory.managed)
         og_sb_printf(sb, "    managed                      %12s\n", H(r->memory.managed));
@@ -146,7 +145,7 @@ static void render_text(const og_record_t *r, og_sb_t *sb)
                      og_cache_src_name(r->memory.framework_cached_source));
     og_sb_printf(sb, "\n  non-framework (context, libs)  %12s\n", HO(r->memory.non_framework_bytes));
     og_sb_printf(sb, "  process total (NVML)           %12s\n", HO(r->memory.process_used_bytes));
-    og_sb_printf(sb, "  other processes                %12s\n", H(r->memory.other_processes_bytes));
+    og_sb_printf(sb, "  other processes                %12s\n", HO(r->memory.other_processes_bytes));
     for (int i = 0; i < r->memory.nother; i++)
         og_sb_printf(sb, "    %spid %-8d %-18s %12s%s\n", r->memory.other[i].visible ? "" : "host ",
                      r->memory.other[i].pid, T(r->memory.other[i].name), H(r->memory.other[i].bytes),
@@ -176,8 +175,8 @@ static void render_text(const og_record_t *r, og_sb_t *sb)
                  (unsigned long long)r->history.failures, r->history.failures == 1 ? "" : "s");
 
     og_sb_printf(sb, "\ndiagnosis: %s", r->diagnosis.primary ? r->diagnosis.primary : "unknown");
-    if (r->diagnosis.shortfall_bytes && r->diagnosis.shortfall_bytes != OG_UNKNOWN)
-        og_sb_printf(sb, " (short by %s)", H(r->diagnosis.shortfall_bytes));
+    if (og_or(r->diagnosis.shortfall_bytes, 0))
+        og_sb_printf(sb, " (short by %s)", HO(r->diagnosis.shortfall_bytes));
     og_sb_puts(sb, "\n");
     for (int i = 0; i < r->diagnosis.ncauses; i++)
         og_sb_printf(sb, "  %-15s %3.0f%%  %s\n", r->diagnosis.causes[i].id, r->diagnosis.causes[i].confidence * 100,
@@ -903,8 +902,8 @@ static void set_pending(const og_record_t *r, const char *path)
     unsigned hbi = 0;
     og_sb_t sb = { 0 };
     og_sb_printf(&sb, "oomguard: %s of %s on device %d (%s) failed: %s free of %s", r->event.api,
-                 H(REQ(r->event.requested_bytes)), r->device.index, r->device.name, H(r->device.free_bytes),
-                 H(r->device.total_bytes));
+                 H(r->event.requested_bytes), r->device.index, r->device.name, HO(r->device.free_bytes),
+                 HO(r->device.total_bytes));
     if (og_known(r->device.limit_bytes))
         og_sb_printf(&sb, " (limit %s)", HO(r->device.limit_bytes));
     og_sb_puts(&sb, "\n");

@@ -9,19 +9,26 @@
 #include <stdio.h>
 #include <string.h>
 
-static void j_u64(og_sb_t *sb, uint64_t v)
-{
-    if (v == OG_UNKNOWN)
-        og_sb_puts(sb, "null");
-    else
-        og_sb_printf(sb, "%llu", (unsigned long long)v);
-}
+/* A count: every value is a number, 2^64-1 included (a request of SIZE_MAX). */
+static void j_u64(og_sb_t *sb, uint64_t v) { og_sb_printf(sb, "%llu", (unsigned long long)v); }
 
 /* A count that may not have been measured: null when not. */
-static void j_opt(og_sb_t *sb, og_opt_u64_t v) { j_u64(sb, og_or(v, OG_UNKNOWN)); }
+static void j_opt(og_sb_t *sb, og_opt_u64_t v)
+{
+    if (og_known(v))
+        j_u64(sb, v.v);
+    else
+        og_sb_puts(sb, "null");
+}
 
-/* For adapter fields where 0 stands for "not reported". */
-static void j_u64_or_null(og_sb_t *sb, uint64_t v) { j_u64(sb, v ? v : OG_UNKNOWN); }
+/* For adapter fields where the struct's 0 stands for "not reported" (oomguard.h). */
+static void j_u64_or_null(og_sb_t *sb, uint64_t v)
+{
+    if (v)
+        j_u64(sb, v);
+    else
+        og_sb_puts(sb, "null");
+}
 
 static void j_key(og_sb_t *sb, const char *k, bool *first)
 {
@@ -46,6 +53,13 @@ static void j_more_u64_or_null(og_sb_t *sb, const char *k, uint64_t v)
     bool first = false;
     K(k);
     j_u64_or_null(sb, v);
+}
+
+static void j_more_opt(og_sb_t *sb, const char *k, og_opt_u64_t v)
+{
+    bool first = false;
+    K(k);
+    j_opt(sb, v);
 }
 
 /* Names and lines resolved in this process (symfill.c), when they are known by now. */
@@ -447,7 +461,7 @@ static void w_event(og_sb_t *sb, const og_record_t *r)
 {
     bool first = true;
     og_sb_puts(sb, "{");
-    /* the API's argument, always known: SIZE_MAX is a request, not OG_UNKNOWN */
+    /* the API's argument, always known: SIZE_MAX is a request like any other */
     K("requested_bytes");
     og_sb_printf(sb, "%llu", (unsigned long long)r->event.requested_bytes);
     K("api");
@@ -500,7 +514,7 @@ static void w_event(og_sb_t *sb, const og_record_t *r)
     K("attempts");
     og_sb_printf(sb, "%d", r->event.attempts);
     K("released_between_attempts_bytes");
-    j_u64(sb, r->event.released_between_attempts_bytes);
+    j_opt(sb, r->event.released_between_attempts_bytes);
     K("recovered_by");
     if (r->event.recovered) {
         og_sb_printf(sb, "{\"requested_bytes\":%llu,\"t\":%.6f}",
@@ -524,9 +538,9 @@ static void w_device(og_sb_t *sb, const og_record_t *r)
     K("compute_capability");
     og_sb_printf(sb, "\"%d.%d\"", r->device.cc_major, r->device.cc_minor);
     K("total_bytes");
-    j_u64(sb, r->device.total_bytes);
+    j_opt(sb, r->device.total_bytes);
     K("free_bytes");
-    j_u64(sb, r->device.free_bytes);
+    j_opt(sb, r->device.free_bytes);
     K("limit_bytes");
     j_opt(sb, r->device.limit_bytes);
     K("limit_usage_bytes");
@@ -539,7 +553,7 @@ static void w_memory(og_sb_t *sb, const og_record_t *r)
     bool first = true;
     og_sb_puts(sb, "{");
     K("process_tracked_bytes");
-    j_u64(sb, r->memory.process_tracked_bytes);
+    j_opt(sb, r->memory.process_tracked_bytes);
     K("process_used_bytes");
     j_opt(sb, r->memory.process_used_bytes);
     K("by_kind");
@@ -594,9 +608,9 @@ static void w_memory(og_sb_t *sb, const og_record_t *r)
     }
     og_sb_puts(sb, "]");
     K("other_processes_bytes");
-    j_u64(sb, r->memory.other_processes_bytes);
+    j_opt(sb, r->memory.other_processes_bytes);
     K("other_processes_count");
-    if (r->memory.other_processes_bytes == OG_UNKNOWN)
+    if (!og_known(r->memory.other_processes_bytes))
         og_sb_puts(sb, "null");
     else
         og_sb_printf(sb, "%d", r->memory.other_processes_count);
@@ -657,7 +671,7 @@ static void w_memory(og_sb_t *sb, const og_record_t *r)
         /* 0 here means the adapter did not report it (no cap in force, no peak known): null, never
          * "0 B", which a reader would take for a measured cap or peak */
         j_more_u64_or_null(sb, "requested_bytes", f->requested_bytes);
-        j_more_u64_or_null(sb, "cap_bytes", f->cap_bytes);
+        j_more_opt(sb, "cap_bytes", f->cap_bytes);
         j_more_u64_or_null(sb, "peak_bytes", f->peak_bytes);
         j_more_str(sb, "cap_source", f->cap_source);
         og_sb_printf(sb, ",\"grad_enabled\":%s,\"training\":%s,\"autocast\":%s",
@@ -759,7 +773,7 @@ static void w_diagnosis(og_sb_t *sb, const og_record_t *r)
     K("primary");
     og_sb_json_str(sb, r->diagnosis.primary ? r->diagnosis.primary : "unknown");
     K("shortfall_bytes");
-    j_u64(sb, r->diagnosis.shortfall_bytes);
+    j_opt(sb, r->diagnosis.shortfall_bytes);
     K("causes");
     og_sb_puts(sb, "[");
     for (int i = 0; i < r->diagnosis.ncauses; i++) {

@@ -293,8 +293,8 @@ static int fill_view(og_framework_view_t *v, const oomguard_framework_stats_t *s
             copy_str(v->api, sizeof v->api, s->api);
         if (HAS(s, requested_bytes))
             v->requested_bytes = s->requested_bytes;
-        if (HAS(s, cap_bytes))
-            v->cap_bytes = s->cap_bytes;
+        if (HAS(s, cap_bytes) && s->cap_bytes) /* the struct's 0: no cap reported */
+            og_set(&v->cap_bytes, s->cap_bytes);
         if (HAS(s, cap_source))
             copy_str(v->cap_source, sizeof v->cap_source, s->cap_source);
         if (HAS(s, peak_bytes))

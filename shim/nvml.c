@@ -279,10 +279,10 @@ void og_nvml_measure(og_record_t *rec)
 {
     /* Unknown is not zero: without a process list nobody knows what other processes hold. */
     og_unset(&rec->memory.process_used_bytes);
-    rec->memory.other_processes_bytes = OG_UNKNOWN;
+    og_unset(&rec->memory.other_processes_bytes);
     proc_list_t pl;
     const char *why;
-    uint64_t total = rec->device.total_bytes == OG_UNKNOWN ? 0 : rec->device.total_bytes;
+    uint64_t total = og_or(rec->device.total_bytes, 0);
     if (!processes(rec->device.pci_bus_id, total, &pl, &why)) {
         if (pl.err > 0)
             og_unmeasured(rec, OG_UM_PROCESS_LIST, "%s (%d)", why, pl.err);
@@ -293,7 +293,7 @@ void og_nvml_measure(og_record_t *rec)
     snprintf(rec->memory.nvml_process_query, sizeof rec->memory.nvml_process_query, "%s", pl.how);
     unsigned self = (unsigned)getpid();
     og_set(&rec->memory.process_used_bytes, 0);
-    rec->memory.other_processes_bytes = 0;
+    og_set(&rec->memory.other_processes_bytes, 0);
     bool found_self = false;
     /* largest first before the list is cut: the 12 GiB holder is the one the advice needs */
     if (pl.n > 1)
@@ -304,7 +304,7 @@ void og_nvml_measure(og_record_t *rec)
             rec->memory.process_used_bytes.v += pl.p[i].used;
             continue;
         }
-        rec->memory.other_processes_bytes += pl.p[i].used;
+        rec->memory.other_processes_bytes.v += pl.p[i].used;
         rec->memory.other_processes_count++;
         if (rec->memory.nother < (int)(sizeof rec->memory.other / sizeof rec->memory.other[0])) {
             og_other_proc_t *o = &rec->memory.other[rec->memory.nother++];
@@ -314,7 +314,7 @@ void og_nvml_measure(og_record_t *rec)
         }
     }
     free(pl.p);
-    if (!found_self && rec->memory.process_tracked_bytes > 0) {
+    if (!found_self && og_or(rec->memory.process_tracked_bytes, 0) > 0) {
         /* NVML lists host pids; inside a container our pid differs. */
         og_unset(&rec->memory.process_used_bytes);
         og_unmeasured(rec, OG_UM_PROCESS_LIST,

@@ -139,7 +139,7 @@ def u64(v):
         return 0
     if v < 0:
         return 0
-    return min(v, (1 << 64) - 2)       # 2**64-1 is the shim's "unknown"
+    return min(v, (1 << 64) - 2)       # older shims read 2**64-1 as "unknown"
 
 
 def _b(s, maxlen=4000):

@@ -10,14 +10,21 @@
 
 #include "record.h"
 
-/* a count for the record: OG_UNKNOWN in a fixture's argument stands for "not measured" */
+/* A fixture's argument (a table's entry) that stands for "not measured": the record itself has no such
+ * value (its counts carry a known flag), fx_opt turns this one into an unknown count. */
+#define FX_UNMEASURED UINT64_MAX
+
+/* a count for the record: FX_UNMEASURED stands for "not measured" */
 static inline og_opt_u64_t fx_opt(uint64_t v)
 {
     og_opt_u64_t o = { 0, false };
-    if (v != OG_UNKNOWN)
+    if (v != FX_UNMEASURED)
         og_set(&o, v);
     return o;
 }
+
+/* a count the test expects measured, its value */
+#define fx_v(x) (assert_true(og_known(x)), (x).v)
 
 #define MiB (1ULL << 20)
 #define GiB (1ULL << 30)
@@ -42,12 +49,14 @@ static og_record_t *fixture_pytorch_24g(const char *fw_libs)
     r->rank = r->local_rank = r->world_size = -1;
     r->event.requested_bytes = 2 * GiB;
     strcpy(r->event.library, "libtorch_cuda.so");
-    r->device.total_bytes = 24 * GiB;
-    r->device.free_bytes = 1 * GiB;
+    og_set(&r->device.total_bytes, 24 * GiB);
+    og_set(&r->device.free_bytes, 1 * GiB);
     og_unset(&r->device.limit_bytes);
     r->device.cc_major = 8;
     r->device.cc_minor = 6;
-    r->memory.process_tracked_bytes = 20 * GiB;
+    og_set(&r->memory.process_tracked_bytes, 20 * GiB);
+    og_set(&r->memory.other_processes_bytes, 0); /* NVML listed no other process */
+    og_set(&r->event.released_between_attempts_bytes, 0);
     og_unset(&r->memory.process_used_bytes);
     r->memory.framework_bytes = 20 * GiB;
     og_unset(&r->memory.framework_cached_bytes);
@@ -83,7 +92,7 @@ static og_other_proc_t *fixture_other(og_record_t *r, int pid, const char *name,
     if (name)
         snprintf(o->name, sizeof o->name, "%s", name);
     o->bytes = bytes;
-    r->memory.other_processes_bytes += bytes;
+    og_set(&r->memory.other_processes_bytes, og_or(r->memory.other_processes_bytes, 0) + bytes);
     return o;
 }
 
@@ -97,7 +106,8 @@ static void fixture_fw_lib(og_record_t *r, const char *lib, uint64_t bytes, enum
     l->fw_kind = kind;
 }
 
-/* what the framework's allocator says: RESERVED held, ALLOCATED of it in use, the largest free block */
+/* what the framework's allocator says: RESERVED held, ALLOCATED of it in use, the largest free block (0: not
+ * reported, as an adapter says it) */
 static void fixture_adapter(og_record_t *r, uint64_t reserved, uint64_t allocated, uint64_t largest_free)
 {
     r->memory.fw.has = true;
@@ -110,7 +120,7 @@ static void fixture_adapter(og_record_t *r, uint64_t reserved, uint64_t allocate
 static void fixture_article_fragmentation(og_record_t *r, uint64_t largest_free)
 {
     r->event.requested_bytes = 2560 * MiB;
-    r->device.free_bytes = 1229 * MiB;
+    og_set(&r->device.free_bytes, 1229 * MiB);
     fixture_adapter(r, 22528 * MiB, (22528 - 1741) * MiB, largest_free);
 }
 
@@ -120,8 +130,8 @@ static void fixture_second_framework(og_record_t *r)
     r->framework = OG_FW_PYTORCH;
     strcpy(r->event.library, "libc10_cuda.so");
     r->event.requested_bytes = 2 * GiB;
-    r->device.free_bytes = 512 * MiB;
-    r->memory.process_tracked_bytes = 23 * GiB;
+    og_set(&r->device.free_bytes, 512 * MiB);
+    og_set(&r->memory.process_tracked_bytes, 23 * GiB);
     r->memory.framework_bytes = 23 * GiB;
     r->memory.nlibs = 0;
     fixture_fw_lib(r, "xla_extension.so", 18 * GiB, OG_FW_JAX);
@@ -132,7 +142,7 @@ static void fixture_second_framework(og_record_t *r)
 static void fixture_peer_ranks(og_record_t *r)
 {
     r->event.requested_bytes = 2 * GiB;
-    r->device.free_bytes = 0;
+    og_set(&r->device.free_bytes, 0);
     r->world_size = 8;
     r->rank = r->local_rank = 0;
     for (int i = 0; i < 7; i++) {
@@ -147,7 +157,7 @@ static void fixture_peer_ranks(og_record_t *r)
 static void fixture_prefork_workers(og_record_t *r)
 {
     r->event.requested_bytes = 4 * GiB;
-    r->device.free_bytes = 1 * GiB;
+    og_set(&r->device.free_bytes, 1 * GiB);
     for (int i = 0; i < 3; i++) {
         og_other_proc_t *o = fixture_other(r, 200 + i, "python3", 5 * GiB);
         o->visible = o->same_job = o->sibling = true;
@@ -158,7 +168,7 @@ static void fixture_prefork_workers(og_record_t *r)
 static void fixture_imbalance(og_record_t *r)
 {
     r->event.requested_bytes = 2 * GiB;
-    r->device.free_bytes = 512 * MiB;
+    og_set(&r->device.free_bytes, 512 * MiB);
     r->visible_devices = 4;
     r->nsummary = 4;
     for (int i = 0; i < 4; i++) {
@@ -174,7 +184,7 @@ static void fixture_app_pool(og_record_t *r)
     r->memory.nlibs = 0;
     r->memory.framework_bytes = 0;
     r->event.requested_bytes = 10 * GiB;
-    r->device.free_bytes = 5 * GiB;
+    og_set(&r->device.free_bytes, 5 * GiB);
     r->memory.pool_reserved = 12 * GiB;
     r->memory.pool_used = 0;
     r->memory.pool_owner_fw = 2;
@@ -185,12 +195,12 @@ static void fixture_app_pool(og_record_t *r)
 /* a 400 MiB OOMGUARD_LIMIT that a 512 MiB context alone exceeds: 20 MiB refused with 20 GiB free */
 static void fixture_limit_by_context(og_record_t *r)
 {
-    r->memory.process_tracked_bytes = 0;
+    og_set(&r->memory.process_tracked_bytes, 0);
     r->memory.framework_bytes = 0;
     r->memory.by_library[0].bytes = 0;
     og_set(&r->device.limit_bytes, 400 * MiB);
     og_set(&r->device.limit_usage_bytes, 512 * MiB);
-    r->device.free_bytes = 20 * GiB;
+    og_set(&r->device.free_bytes, 20 * GiB);
     r->event.requested_bytes = 20 * MiB;
     r->event.caused_by_limit = true;
 }
@@ -237,9 +247,9 @@ static void leak_loop(og_record_t *r, int steps, double dt, uint64_t act, uint64
 
 /* FIXTURE_EDGE_CASES records: every request x free x cache below, each in FIXTURE_EDGE_VARIANTS variants
  * (plain, a cuDNN call, another process, the limit, no framework) */
-static const uint64_t FIXTURE_EDGE_REQ[] = { 0, 1, 1024, 2 * GiB, 24 * GiB, 30 * GiB, OG_UNKNOWN };
-static const uint64_t FIXTURE_EDGE_FREE[] = { 0, 1, 1 * GiB, OG_UNKNOWN };
-static const uint64_t FIXTURE_EDGE_CACHE[] = { 0, 1, 4 * GiB, 40 * GiB, OG_UNKNOWN };
+static const uint64_t FIXTURE_EDGE_REQ[] = { 0, 1, 1024, 2 * GiB, 24 * GiB, 30 * GiB, UINT64_MAX /* SIZE_MAX */ };
+static const uint64_t FIXTURE_EDGE_FREE[] = { 0, 1, 1 * GiB, FX_UNMEASURED };
+static const uint64_t FIXTURE_EDGE_CACHE[] = { 0, 1, 4 * GiB, 40 * GiB, FX_UNMEASURED };
 #define FIXTURE_N(a)          (sizeof(a) / sizeof *(a))
 #define FIXTURE_EDGE_VARIANTS 5
 #define FIXTURE_EDGE_CASES \
@@ -252,10 +262,10 @@ static void fixture_edge_case(og_record_t *r, size_t i)
     i /= FIXTURE_EDGE_VARIANTS;
     uint64_t cache = FIXTURE_EDGE_CACHE[i % FIXTURE_N(FIXTURE_EDGE_CACHE)];
     i /= FIXTURE_N(FIXTURE_EDGE_CACHE);
-    r->device.free_bytes = FIXTURE_EDGE_FREE[i % FIXTURE_N(FIXTURE_EDGE_FREE)];
+    r->device.free_bytes = fx_opt(FIXTURE_EDGE_FREE[i % FIXTURE_N(FIXTURE_EDGE_FREE)]);
     r->event.requested_bytes = FIXTURE_EDGE_REQ[i / FIXTURE_N(FIXTURE_EDGE_FREE)];
     r->memory.framework_cached_bytes = fx_opt(cache);
-    r->memory.framework_cached_source = cache == OG_UNKNOWN ? OG_CACHE_NONE : OG_CACHE_POOL;
+    r->memory.framework_cached_source = cache == FX_UNMEASURED ? OG_CACHE_NONE : OG_CACHE_POOL;
     if (variant == 1)
         strcpy(r->event.library, "libcudnn.so.9");
     if (variant == 2)

@@ -28,8 +28,8 @@ static void free_under_a_limit_is_at_most_the_device_free(void **state)
     og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
     og_set(&r->device.limit_bytes, 16 * GiB);
     og_set(&r->device.limit_usage_bytes, 4 * GiB);
-    r->memory.process_tracked_bytes = 4 * GiB;
-    r->device.free_bytes = 1 * GiB; /* the limit leaves 12 GiB, the device has 1 */
+    og_set(&r->memory.process_tracked_bytes, 4 * GiB);
+    og_set(&r->device.free_bytes, 1 * GiB); /* the limit leaves 12 GiB, the device has 1 */
     const og_facts_t *f = facts(r);
     assert_true(f->free_known && f->limited);
     assert_int_equal(f->free_eff, 1 * GiB);
@@ -39,9 +39,9 @@ static void free_under_a_limit_is_at_most_the_device_free(void **state)
 static void estimated_free_counts_the_others(void **state)
 {
     og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
-    r->device.free_bytes = OG_UNKNOWN;
+    og_unset(&r->device.free_bytes);
     og_set(&r->memory.process_used_bytes, 10 * GiB);
-    r->memory.other_processes_bytes = 6 * GiB;
+    og_set(&r->memory.other_processes_bytes, 6 * GiB);
     const og_facts_t *f = facts(r);
     assert_true(f->free_known && f->free_estimated);
     assert_int_equal(f->free_eff, 8 * GiB);
@@ -140,7 +140,7 @@ static void skipped_batches(og_record_t *r, int host)
                 ev_add(r, t + 0.02, "free", 92 * MiB);
     }
     r->event.requested_bytes = 92 * MiB;
-    r->device.free_bytes = 40 * MiB;
+    og_set(&r->device.free_bytes, 40 * MiB);
 }
 
 /* the same program gets the same steps however busy the host: a busy machine stretches the gaps of a
@@ -286,7 +286,7 @@ static void a_few_mib_beyond_the_state_are_not_growth(void **state)
     fixture_roles(r, 2 * GiB, 2304 * MiB, 2556 * MiB, 0, 0, 512 * MiB); /* 4 MiB under the last low */
     r->memory.fw.freed_known = true;
     r->memory.fw.freed_bytes_total = 20 * 512 * MiB;
-    r->device.free_bytes = 510 * MiB; /* 2 MiB missing */
+    og_set(&r->device.free_bytes, 510 * MiB); /* 2 MiB missing */
     const og_facts_t *f = facts(r);
     assert_false(f->growth.holds);
     assert_true(f->growth.state_built);
@@ -366,7 +366,7 @@ static void a_rise_after_each_optimizer_step_is_growth(void **state)
     ev_add(r, 0.001, "alloc", 8 * GiB);
     leak_loop(r, 4, 0.5, 1 * GiB, 256 * MiB); /* four steps at the driver: no reading of its own */
     fixture_roles(r, 1 * GiB, 1 * GiB, 2 * GiB, 0, 0, 10 * GiB);
-    r->device.free_bytes = 0;
+    og_set(&r->device.free_bytes, 0);
     assert_false(facts(r)->growth.holds);
     fixture_steps(r, 3, 3, 6 * GiB, 48 * MiB); /* three steps: too few */
     assert_false(facts(r)->growth.holds);
@@ -378,7 +378,7 @@ static void a_rise_after_each_optimizer_step_is_growth(void **state)
     assert_int_equal(f->growth.rise, 24 * 48 * MiB);
     assert_int_equal(f->growth.first_low, 6 * GiB);
     assert_int_equal(f->growth.steps, 25);
-    r->device.free_bytes = 2 * GiB; /* nothing missing: 1.1 GiB over the last 32 of 400 steps made is 18 GiB */
+    og_set(&r->device.free_bytes, 2 * GiB); /* nothing missing: 1.1 GiB over the last 32 of 400 steps made is 18 GiB */
     fixture_steps(r, 400, 32, 6 * GiB, 36 * MiB);
     assert_true(facts(r)->growth.holds);
     fixture_steps(r, 32, 32, 6 * GiB, 36 * MiB); /* ... but not over 32 in all */
@@ -454,7 +454,7 @@ static void every_allocation_needs_sixteen_steps(void **state)
 static void loading_and_a_second_copy(void **state)
 {
     og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
-    r->memory.process_tracked_bytes = 4 * GiB;
+    og_set(&r->memory.process_tracked_bytes, 4 * GiB);
     ev_reset(r);
     for (int i = 0; i < 8; i++)
         ev_add(r, 0.01 + 0.001 * i, "alloc", 512 * MiB);
@@ -479,7 +479,7 @@ static void loading_and_a_second_copy(void **state)
 static void the_failures_own_release_does_not_end_a_load(void **state)
 {
     og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
-    r->memory.process_tracked_bytes = 4 * GiB;
+    og_set(&r->memory.process_tracked_bytes, 4 * GiB);
     ev_reset(r);
     ev_add(r, 0.01, "alloc", 64 * MiB); /* cached before the load */
     for (int i = 0; i < 8; i++)
@@ -503,7 +503,7 @@ static void a_busy_host_does_not_split_a_slow_load(void **state)
     for (int i = 0; i < 22; i++, t += i % 5 == 3 ? 0.15 : 0.08)
         ev_add(r, t, "alloc", GiB);
     r->event.requested_bytes = GiB;
-    r->memory.process_tracked_bytes = 22 * GiB;
+    og_set(&r->memory.process_tracked_bytes, 22 * GiB);
     const og_facts_t *f = facts(r);
     assert_int_equal(f->load.phase, OG_PHASE_LOADING);
     assert_int_equal(f->load.run, 22);
@@ -533,7 +533,7 @@ static void imbalance_needs_one_and_a_half_times(void **state)
     assert_true(facts(r)->imbalance.holds);
     for (int i = 1; i < 4; i++)
         r->summary[i].tracked_bytes = 16 * GiB; /* 22 / 16 = 1.4x */
-    r->device.free_bytes = 0;
+    og_set(&r->device.free_bytes, 0);
     assert_false(facts(r)->imbalance.holds);
     free(r);
 }
@@ -542,13 +542,13 @@ static void a_cap_binds_when_the_framework_refused_or_the_device_had_room(void *
 {
     og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
     fixture_adapter(r, 10 * GiB, 10 * GiB, 0);
-    r->memory.fw.cap_bytes = 11 * GiB;
-    r->device.free_bytes = 1 * GiB; /* no room for 2 GiB */
+    og_set(&r->memory.fw.cap_bytes, 11 * GiB);
+    og_set(&r->device.free_bytes, 1 * GiB); /* no room for 2 GiB */
     assert_false(facts(r)->cap.binds);
     r->memory.fw.internal_oom = true;
     assert_true(facts(r)->cap.binds);
     r->memory.fw.internal_oom = false;
-    r->device.free_bytes = 4 * GiB;
+    og_set(&r->device.free_bytes, 4 * GiB);
     assert_true(facts(r)->cap.binds);
     assert_int_equal(F.cap.over, 1 * GiB);
     free(r);
@@ -562,10 +562,10 @@ static void fits_only_from_a_bounded_peak(void **state)
     r->nsummary = 1;
     r->summary[0].index = 0;
     r->summary[0].peak_bytes = 20 * GiB;
-    r->memory.process_tracked_bytes = 20 * GiB;
+    og_set(&r->memory.process_tracked_bytes, 20 * GiB);
     og_set(&r->memory.process_used_bytes, 20 * GiB + 512 * MiB);
     r->event.requested_bytes = 6 * GiB;
-    r->device.free_bytes = 3 * GiB;
+    og_set(&r->device.free_bytes, 3 * GiB);
     const og_facts_t *f = facts(r);
     assert_true(f->fit.bounded);
     assert_int_equal(f->fit.need, 26 * GiB + 512 * MiB); /* held + request */

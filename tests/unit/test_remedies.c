@@ -103,7 +103,7 @@ static og_record_t *nccl_cache_held(void)
     og_record_t *r = base();
     strcpy(r->event.library, "libnccl.so.2");
     r->event.requested_bytes = 1 * GiB;
-    r->device.free_bytes = 256 * MiB;
+    og_set(&r->device.free_bytes, 256 * MiB);
     og_set(&r->memory.framework_cached_bytes, 6 * GiB);
     r->memory.framework_cached_source = OG_CACHE_POOL;
     return r;
@@ -265,7 +265,7 @@ static void does_not_fit_never_leads_with_empty_cache(void **state)
 static void foreign_names_the_pids(void **state)
 {
     og_record_t *r = base();
-    r->memory.process_tracked_bytes = 12 * GiB;
+    og_set(&r->memory.process_tracked_bytes, 12 * GiB);
     r->memory.framework_bytes = 12 * GiB;
     fixture_other(r, 77, "/usr/lib/xorg/Xorg", 200 * MiB);
     fixture_other(r, 4242, "python3", 9 * GiB);
@@ -341,8 +341,8 @@ static void limit_selection(void **state)
 {
     og_record_t *r = base();
     og_set(&r->device.limit_bytes, 16 * GiB);
-    r->device.free_bytes = 9 * GiB;
-    r->memory.process_tracked_bytes = 15 * GiB;
+    og_set(&r->device.free_bytes, 9 * GiB);
+    og_set(&r->memory.process_tracked_bytes, 15 * GiB);
     r->event.caused_by_limit = true;
     run_primary(r, "limit");
     /* alone on the GPU the limit emulates a smaller card: making the job fit comes first */
@@ -364,9 +364,9 @@ static void non_framework_selection(void **state)
 {
     og_record_t *r = base();
     r->event.requested_bytes = 2 * GiB;
-    r->device.free_bytes = 1843 * MiB; /* 205 MiB missing */
+    og_set(&r->device.free_bytes, 1843 * MiB); /* 205 MiB missing */
     og_set(&r->memory.process_used_bytes, 20 * GiB);
-    r->memory.process_tracked_bytes = 19 * GiB;
+    og_set(&r->memory.process_tracked_bytes, 19 * GiB);
     r->memory.framework_bytes = 12 * GiB;
     og_set(&r->memory.non_framework_bytes, 8 * GiB);
     og_set(&r->memory.context_bytes_estimate, 1 * GiB);
@@ -733,9 +733,9 @@ static void released_nothing_expandable_leads(void **state)
     og_record_t *r = base();
     strcpy(r->event.library, "libc10_cuda.so");
     r->event.requested_bytes = 992 * MiB;
-    r->device.free_bytes = 100 * MiB;
+    og_set(&r->device.free_bytes, 100 * MiB);
     r->event.attempts = 2;
-    r->event.released_between_attempts_bytes = 0;
+    og_set(&r->event.released_between_attempts_bytes, 0);
     static struct og_hist_ev ev[16];
     for (int i = 0; i < 16; i++)
         ev[i] = (struct og_hist_ev){ .t_rel = i * 0.1,
@@ -758,7 +758,7 @@ static void shortfall_size_shapes_the_list(void **state)
     og_record_t *a = base(), *b = base();
     a->event.requested_bytes = 1030 * MiB; /* 3% over the 1 GiB free */
     b->event.requested_bytes = 12 * GiB;   /* 4x the 3 GiB free */
-    b->device.free_bytes = 3 * GiB;
+    og_set(&b->device.free_bytes, 3 * GiB);
     og_set(&a->memory.framework_cached_bytes, 0);
     og_set(&b->memory.framework_cached_bytes, 0);
     a->memory.framework_cached_source = b->memory.framework_cached_source = OG_CACHE_POOL;
@@ -783,7 +783,7 @@ static void inference_mode_leads_only_when_known(void **state)
     run(r);
     assert_string_not_equal(r->remedies[0].id, "inference_mode");
     /* the adapter says: grad on, no optimizer, eval: inference without no_grad */
-    fixture_adapter(r, 20 * GiB, 20 * GiB, OG_UNKNOWN);
+    fixture_adapter(r, 20 * GiB, 20 * GiB, 0);
     r->memory.fw.grad_enabled = 1;
     r->memory.fw.training = -1;
     run(r);
@@ -983,7 +983,7 @@ static void cross_entropy_fused_first(void **state)
     fixture_phase(r, "forward", "/w/train.py", "forward");
     r->memory.fw.grad_enabled = 1;
     r->event.requested_bytes = 7 * GiB + 512 * MiB;
-    r->device.free_bytes = 6 * GiB;
+    og_set(&r->device.free_bytes, 6 * GiB);
     run_primary(r, "does_not_fit");
     assert_int_equal(rank_of(r, "fused_cross_entropy"), 0);
     fixture_operation(r, "cross_entropy", "cross_entropy");
@@ -1010,7 +1010,7 @@ static void operation_dominates_split_first(void **state)
     fixture_operation(r, "image_decode", "decode");
     r->memory.fw.grad_enabled = -1;
     r->event.requested_bytes = 8 * GiB;
-    r->device.free_bytes = 7 * GiB;
+    og_set(&r->device.free_bytes, 7 * GiB);
     run_primary(r, "does_not_fit");
     assert_string_equal(r->remedies[0].id, "split_operation");
     assert_true(how_has(&r->remedies[0], "enable_vae_tiling"));
@@ -1042,7 +1042,7 @@ static void two_models_one_at_a_time(void **state)
     fixture_statement(r, "tuned", "");
     fixture_phase(r, "loading", "/w/eval.py", "from_pretrained");
     r->event.requested_bytes = 84 * MiB;
-    r->device.free_bytes = 26 * MiB;
+    og_set(&r->device.free_bytes, 26 * MiB);
     run_primary(r, "does_not_fit");
     assert_int_equal(r->analysis.facts.roles.named_copies, 12 * GiB + 512 * MiB);
     assert_int_equal(r->analysis.facts.roles.model_copies, 0);
@@ -1069,7 +1069,7 @@ static void eval_copy_first(void **state)
     r->memory.fw.grad_enabled = -1;
     r->memory.fw.training = 1;
     r->event.requested_bytes = 640 * MiB;
-    r->device.free_bytes = 300 * MiB;
+    og_set(&r->device.free_bytes, 300 * MiB);
     run_primary(r, "does_not_fit");
     assert_string_equal(r->remedies[0].id, "eval_without_copy");
     assert_non_null(strstr(r->remedies[0].why, "eval_model"));
@@ -1092,7 +1092,7 @@ static void ddp_buckets_as_views(void **state)
     r->memory.fw.grad_enabled = 1;
     r->memory.fw.training = 1;
     r->event.requested_bytes = 240 * MiB;
-    r->device.free_bytes = 100 * MiB;
+    og_set(&r->device.free_bytes, 100 * MiB);
     run_primary(r, "does_not_fit");
     assert_int_equal(rank_of(r, "gradient_as_bucket_view"), 0);
     r->memory.fw.roles.ddp_wrappers = 1;
@@ -1373,9 +1373,9 @@ static void bucketing_needs_a_batch_that_fit(void **state)
     for (int made = 0; made <= 5; made += 5) {
         og_record_t *r = base();
         r->event.requested_bytes = 64 * MiB;
-        r->device.free_bytes = 0;
+        og_set(&r->device.free_bytes, 0);
         r->event.attempts = 2;
-        r->event.released_between_attempts_bytes = 0;
+        og_set(&r->event.released_between_attempts_bytes, 0);
         fixture_roles(r, 4 * GiB, 2 * GiB, 2 * GiB, 0, 0, 12 * GiB);
         r->memory.fw.reserved_bytes += 256 * MiB;
         r->memory.fw.largest_free_block_bytes = 32 * MiB;
@@ -1717,7 +1717,7 @@ static void generation_kv_growth(void **state)
         else
             fixture_purpose(r, "kv_cache");
         r->memory.fw.grad_enabled = -1;
-        r->device.free_bytes = 256 * MiB;
+        og_set(&r->device.free_bytes, 256 * MiB);
         /* read in a generate() frame, held by its locals: one generation building up, not a growth */
         run_primary(r, named_by_phase ? "does_not_fit" : "growth");
         assert_int_equal(r->analysis.facts.growth.gen_built, named_by_phase);
@@ -1740,7 +1740,7 @@ static void generation_kv_growth(void **state)
         fixture_phase(r, "generation", "lm.py", "generate");
         r->memory.fw.roles.num_beams = 12;
         r->memory.fw.grad_enabled = -1;
-        r->device.free_bytes = 256 * MiB;
+        og_set(&r->device.free_bytes, 256 * MiB);
         run_primary(r, "does_not_fit");
         assert_string_equal(r->remedies[0].id, "fewer_beams");
         assert_true(how_has(&r->remedies[0], "num_beams=4"));
@@ -1923,19 +1923,19 @@ static void teacher_with_autograd_on(void **state)
 static void cap_without_room_not_first(void **state)
 {
     og_record_t *r = base();
-    fixture_adapter(r, 5 * GiB, 5 * GiB, OG_UNKNOWN);
+    fixture_adapter(r, 5 * GiB, 5 * GiB, 0);
     r->memory.fw.internal_oom = true;
-    r->memory.fw.cap_bytes = 10 * GiB + 800 * MiB;
+    og_set(&r->memory.fw.cap_bytes, 10 * GiB + 800 * MiB);
     strcpy(r->memory.fw.framework, "pytorch");
     strcpy(r->memory.fw.cap_source, "torch.cuda.set_per_process_memory_fraction(0.45)");
     r->memory.fw.grad_enabled = -1;
     r->event.requested_bytes = 8 * GiB;
-    r->device.free_bytes = 6 * GiB;
+    og_set(&r->device.free_bytes, 6 * GiB);
     run_primary(r, "framework_cap");
     assert_string_not_equal(r->remedies[0].id, "raise_framework_cap");
     assert_true(rank_of(r, "raise_framework_cap") == 0 || rank_of(r, "raise_framework_cap") > 3);
     /* room on the device: raising the cap is the first fix */
-    r->device.free_bytes = 12 * GiB;
+    og_set(&r->device.free_bytes, 12 * GiB);
     run_primary(r, "framework_cap");
     assert_string_equal(r->remedies[0].id, "raise_framework_cap");
     free(r);
@@ -1950,12 +1950,12 @@ static void cap_with_room_no_leak_hunt(void **state)
     leaking_steps(r);
     fixture_adapter(r, 9 * GiB + 500 * MiB, 9 * GiB, 100 * MiB);
     r->memory.fw.internal_oom = true;
-    r->memory.fw.cap_bytes = 9 * GiB + 600 * MiB;
+    og_set(&r->memory.fw.cap_bytes, 9 * GiB + 600 * MiB);
     strcpy(r->memory.fw.framework, "pytorch");
     strcpy(r->memory.fw.cap_source, "torch.cuda.set_per_process_memory_fraction(0.4)");
     r->memory.fw.grad_enabled = 1;
     r->memory.fw.training = 1;
-    r->device.free_bytes = 14 * GiB;
+    og_set(&r->device.free_bytes, 14 * GiB);
     run_primary(r, "framework_cap");
     assert_string_equal(r->remedies[0].id, "raise_framework_cap");
     static const char *const chase[] = { "release_references", "restart_process", "empty_cache", "expandable_segments",
@@ -1970,9 +1970,9 @@ static void cap_with_room_no_leak_hunt(void **state)
 static void foreign_no_restart_of_this_process(void **state)
 {
     og_record_t *r = base();
-    r->memory.process_tracked_bytes = 6 * GiB;
+    og_set(&r->memory.process_tracked_bytes, 6 * GiB);
     r->memory.framework_bytes = 6 * GiB;
-    fixture_adapter(r, 6 * GiB, 6 * GiB - 2 * MiB, OG_UNKNOWN);
+    fixture_adapter(r, 6 * GiB, 6 * GiB - 2 * MiB, 0);
     fixture_other(r, 48213, "python3", 17 * GiB);
     run_primary(r, "foreign_memory");
     assert_string_equal(r->remedies[0].id, "foreign_processes");
