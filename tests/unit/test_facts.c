@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "record.h"
+#include "advice_text.h" /* og_other_inferred_bytes */
 #include "analysis_fixture.h"
 
 static og_facts_t F;
@@ -554,6 +555,81 @@ static void a_cap_binds_when_the_framework_refused_or_the_device_had_room(void *
     free(r);
 }
 
+/* A device whose free memory was not read: nothing is free, nothing is short, and no other process is
+ * inferred from it; read as 0, the same numbers are a measurement (the whole request is short) */
+static void device_free_unknown_is_not_zero(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    og_unset(&r->device.free_bytes);
+    og_unset(&r->device.total_bytes);
+    og_unset(&r->memory.other_processes_bytes);
+    const og_facts_t *f = facts(r);
+    assert_false(f->phys_free.known);
+    assert_false(f->free_known);
+    assert_int_equal(f->shortfall, 0);
+    assert_false(f->other_inferred);
+    assert_false(og_known(og_other_inferred_bytes(r)));
+    assert_int_equal(f->capacity, 0);
+    assert_false(f->larger_than_device);
+    og_set(&r->device.free_bytes, 0);
+    f = facts(r);
+    assert_true(f->phys_free.known && f->free_known && !f->free_estimated);
+    assert_int_equal(f->shortfall, 2 * GiB);
+    free(r);
+}
+
+/* No NVML list: what the device's numbers leave unexplained is inferred (total - free - tracked - one context),
+ * only when total, free and tracked were all read; a measured list of none infers nothing */
+static void other_processes_inferred_only_from_measured_numbers(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    og_unset(&r->memory.other_processes_bytes); /* 24 - 1 free - 20 tracked - 0.5 context: 2.5 GiB */
+    og_opt_u64_t inf = og_other_inferred_bytes(r);
+    assert_true(og_known(inf));
+    assert_int_equal(inf.v, 2 * GiB + 512 * MiB);
+    const og_facts_t *f = facts(r);
+    assert_true(f->other_inferred);
+    assert_int_equal(f->other, 2 * GiB + 512 * MiB);
+    assert_int_equal(f->other_all, 0); /* the measured total stays unknown (0 in sums), not the inference */
+    og_unset(&r->memory.process_tracked_bytes);
+    assert_false(og_known(og_other_inferred_bytes(r)));
+    og_set(&r->memory.process_tracked_bytes, 20 * GiB);
+    og_unset(&r->device.total_bytes);
+    assert_false(og_known(og_other_inferred_bytes(r)));
+    og_set(&r->device.total_bytes, 24 * GiB);
+    og_set(&r->memory.other_processes_bytes, 0);
+    assert_false(og_known(og_other_inferred_bytes(r)));
+    assert_false(facts(r)->other_inferred);
+    free(r);
+}
+
+/* A framework's cap is a fact only when the adapter reported one: unknown binds nothing, whatever the numbers */
+static void an_unknown_cap_binds_nothing(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    fixture_adapter(r, 10 * GiB, 10 * GiB, 0);
+    r->memory.fw.internal_oom = true;
+    og_unset(&r->memory.fw.cap_bytes);
+    const og_facts_t *f = facts(r);
+    assert_false(f->cap.binds);
+    assert_int_equal(f->cap.cap, 0);
+    og_set(&r->memory.fw.cap_bytes, 11 * GiB);
+    assert_true(facts(r)->cap.binds);
+    free(r);
+}
+
+/* what the framework released between its attempts: unknown (its own retry, unseen) is not a measured release */
+static void released_unknown_releases_nothing(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    r->event.attempts = 2;
+    og_unset(&r->event.released_between_attempts_bytes);
+    assert_int_equal(facts(r)->released, 0);
+    og_set(&r->event.released_between_attempts_bytes, 3 * GiB);
+    assert_int_equal(facts(r)->released, 3 * GiB);
+    free(r);
+}
+
 /* which cards fit: a bounded peak only; a card of the failing size never fits */
 static void fits_only_from_a_bounded_peak(void **state)
 {
@@ -896,6 +972,10 @@ int main(void)
         cmocka_unit_test(imbalance_needs_one_and_a_half_times),
         cmocka_unit_test(a_cap_binds_when_the_framework_refused_or_the_device_had_room),
         cmocka_unit_test(fits_only_from_a_bounded_peak),
+        cmocka_unit_test(device_free_unknown_is_not_zero),
+        cmocka_unit_test(other_processes_inferred_only_from_measured_numbers),
+        cmocka_unit_test(an_unknown_cap_binds_nothing),
+        cmocka_unit_test(released_unknown_releases_nothing),
         cmocka_unit_test(local_rank_beyond_the_visible_gpus),
         cmocka_unit_test(a_retry_needs_two_attempts),
         cmocka_unit_test(the_phase_as_the_adapter_said),

@@ -74,6 +74,23 @@ static void python_lines(void **state)
     assert_true(view.reported_t_ns > 0);
 }
 
+/* the struct's cap_bytes 0 is "no cap reported": the view's cap is unknown, not a cap of 0 bytes (which every
+ * request would cross); a report without it replaces one that had it */
+static void no_cap_is_unknown(void **state)
+{
+    oomguard_framework_stats_t s = base();
+    s.cap_bytes = 1 << 20;
+    assert_int_equal(oomguard_framework_report(&s), 0);
+    get();
+    assert_true(og_known(view.cap_bytes));
+    s.cap_bytes = 0;
+    assert_int_equal(oomguard_framework_report(&s), 0);
+    get();
+    assert_true(view.has);
+    assert_false(og_known(view.cap_bytes));
+    assert_int_equal(view.cap_bytes.v, 0);
+}
+
 static void stack_only_keeps_numbers(void **state)
 {
     oomguard_framework_stats_t s = base();
@@ -141,7 +158,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(struct_versions),          cmocka_unit_test(python_lines),
         cmocka_unit_test(stack_only_keeps_numbers), cmocka_unit_test(query_needs_gil),
-        cmocka_unit_test(query_called_once),
+        cmocka_unit_test(query_called_once),        cmocka_unit_test(no_cap_is_unknown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
