@@ -549,9 +549,9 @@ static const og_rank_row_t bring[] = {
       "the job trains, roles: parameters and their gradients or optimizer state (or phase optimizer_step)",
       "adamw_first_step, ema_lazy_shadow (blind)" },
     { "summed_microbatches", summed_microbatches, WANT, 0, 0, REMS(R_BACKWARD_PER_MB),
-      "roles.accumulating (losses summed with their graphs alive), activations measured, phase forward, backward "
-      "or unknown, autograd not off, not known inference",
-      "asr_accum_summed_loss (blind)" },
+      "roles.accumulating (losses summed, or kept in a list, with their graphs alive), activations measured, phase "
+      "forward, backward or unknown, autograd not off, not known inference",
+      "asr_accum_summed_loss, detr_accum_losses_list_single_backward (blind)" },
     { "state_exceeds_card", state_exceeds_card, WANT, 0, 0, REMS(R_LORA, R_OFFLOAD, R_ZERO),
       "the job trains, roles: parameters + the optimizer's parameters (gradients) + its state (Adam: 2x them to come) "
       ">= the card",
@@ -760,7 +760,7 @@ static const og_rank_row_t lead[] = {
       "cuda_graph_shapes (blind)" },
     { "summed_microbatches_lead", summed_microbatches, LEAD_COVERS, -32, 0, REMS(R_BACKWARD_PER_MB),
       "as summed_microbatches (the measured cause; splinters of the cache come after)",
-      "asr_accum_summed_loss (blind)" },
+      "asr_accum_summed_loss, detr_accum_losses_list_single_backward (blind)" },
     { "fp32_weights_lead", fp32_weights, LEAD_COVERS, -20, 0, REMS(R_LOAD_HALF), "as fp32_weights",
       "fullft_fp32_default_dtype (blind)" },
     { "state_exceeds_card_lead", state_exceeds_card, LEAD_COVERS, -19, 1, REMS(R_LORA, R_OFFLOAD, R_ZERO),

@@ -1617,7 +1617,12 @@ static bool b_backward_per_microbatch(const rctx_t *x, og_remedy_t *r)
     og_cpy(operand, sizeof operand, ro->accum_operand, sizeof operand);
     og_cpy(file, sizeof file, ro->accum.file, sizeof file);
     og_cpy(fn, sizeof fn, ro->accum.function, sizeof fn);
-    if (ro->has_accum)
+    if (ro->has_accum && !operand[0]) /* the list form: no operand, the statement appends to the list */
+        why(r,
+            "The program keeps each micro-batch's loss in the list %s (%s:%d in %s) and calls backward once on "
+            "them: every micro-batch's graph, with the activations it saved, stays alive until then.",
+            target[0] ? target : "of losses", og_base_name(file), ro->accum.line, fn);
+    else if (ro->has_accum)
         why(r,
             "The program adds each micro-batch's %s into %s (%s:%d in %s) and calls backward once on the sum: "
             "every micro-batch's graph, with the activations it saved, stays alive until then.",

@@ -501,7 +501,12 @@ def accumulation(frame, package_dir=None, limit=8):
     with an addition (T = T + x, T += x, T = torch.add(T, x)), and at the failure T and another name that
     statement reads hold tensors whose graphs still hold their saved tensors (graph_alive), as summing
     micro-batches' losses to call backward once on the sum does: every micro-batch's graph stays alive
-    until then.  Frames of a module's own code are not read (a residual x = x + f(x) is one pass).
+    until then.  Or keeps them in a list for that one backward: a statement of its code appends to a
+    list L (L.append(x), L.extend(...), L.insert(...)), the code calls backward itself (it loads
+    the name `backward`), and at the failure L holds at least two tensors whose graphs are alive
+    (losses = []; losses.append(loss); torch.stack(losses).mean().backward()); then the operand is None.
+    A list of outputs kept after each backward (for metrics) holds freed graphs: not this.
+    Frames of a module's own code are not read (a residual x = x + f(x) is one pass).
     (file, line, function, target, operand) of the innermost such frame of the program; None when none.
     Reads the frames' bytecode and locals with the collector off, as the role scan does (a collection here
     would free garbage a failed pass left, between the framework's numbers and the failure); never raises."""
@@ -550,9 +555,47 @@ def _accumulation(frame, package_dir, limit):
                     for o in reads:
                         if o != t and graph_alive(local.get(o, f.f_globals.get(o))) is True:
                             return (f.f_code.co_filename, int(line), f.f_code.co_name, t, o)
+            got = _kept_in_list(f, lines, local)
+            if got is not None:
+                return got
     except Exception:
         pass
     return None
+
+
+_LIST_ADDS = frozenset(("append", "extend", "insert"))
+
+
+def _kept_in_list(f, lines, local):
+    """(file, line, function, L, None) when frame f's code appends to a list L that, at the failure, holds
+    at least two tensors whose graphs are alive, and the code calls backward itself; else None."""
+    if not any(i[2] == "backward" and i[1] in _LOADS for ops in lines.values() for i in ops):
+        return None
+    for line in sorted(lines):
+        ops = lines[line]
+        for a, b in zip(ops, ops[1:]):
+            if not (a[1] in _LOCAL_LOADS and a[2] and b[1] in ("LOAD_ATTR", "LOAD_METHOD") and b[2] in _LIST_ADDS):
+                continue
+            name = a[2]
+            if local is None:
+                local = dict(oomguard_roles_frame_locals(f))
+            if _in_module(f, local):
+                return None
+            v = local.get(name)
+            if type(v) is not list:
+                continue
+            alive = 0
+            for t in v[-16:]:
+                if graph_alive(t) is True:
+                    alive += 1
+            if alive >= 2:
+                return (f.f_code.co_filename, int(line), f.f_code.co_name, name, None)
+    return None
+
+
+def oomguard_roles_frame_locals(f):
+    import oomguard_roles
+    return oomguard_roles._frame_locals(f)
 
 
 def _where(f):

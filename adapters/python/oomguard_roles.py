@@ -974,7 +974,7 @@ def encode(r):
     if acc:
         f, ln, fn, target, operand = acc[:5]
         out.append("accumulating\t%s\t%d\t%s\t%s\t%s" % (_clean(f), int(ln), _clean(fn), _clean(target),
-                                                          _clean(operand)))
+                                                          _clean(operand or "-")))
     if r.get("num_beams"):
         out.append("meta\tnum_beams\t%d" % int(r["num_beams"]))
     if r.get("checkpointing") is not None:

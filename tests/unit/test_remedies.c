@@ -1267,6 +1267,16 @@ static void summed_microbatches_backward_each(void **state)
     assert_non_null(strstr(r->remedies[0].why, "into total (train.py:12 in main)"));
     assert_true(how_has(&r->remedies[0], ".backward()"));
     free(r);
+    /* the losses kept in a list for one backward (roles.accumulating with no operand): the same lead, said so */
+    r = base();
+    fixture_roles(r, 3 * GiB, 0, 0, 0, 0, 17 * GiB);
+    fixture_accumulating(r, "losses", "");
+    fixture_phase(r, "forward", "/srv/model.py", "forward");
+    r->memory.fw.grad_enabled = 1;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "backward_per_microbatch");
+    assert_non_null(strstr(r->remedies[0].why, "in the list losses (train.py:12 in main)"));
+    free(r);
     /* no sum measured: not listed */
     r = base();
     fixture_roles(r, 3 * GiB, 0, 0, 0, 0, 17 * GiB);

@@ -488,10 +488,43 @@ def t_accumulation():
             h = h + r
             return probe()
     assert Residual()(torch.randn(4, 8)) is None
+
+    def listed():                                    # losses kept in a list for one backward on their mean
+        losses = []
+        for i in range(3):
+            loss = lin(torch.randn(4, 8)).tanh().sum()
+            if i == 2:
+                return probe()
+            losses.append(loss)
+        torch.stack(losses).mean().backward()
+    got = listed()
+    assert got is not None and got[2:] == ("listed", "losses", None), got
+
+    def listed_after_backward():                     # outputs kept after each backward (metrics): graphs freed
+        outs = []
+        for i in range(3):
+            out = lin(torch.randn(4, 8)).tanh().sum()
+            if i == 2:
+                return probe()
+            out.backward()
+            outs.append(out)
+    assert listed_after_backward() is None
+
+    def listed_no_backward():                        # outputs collected with autograd on, no backward here
+        outs = []
+        for i in range(3):
+            out = lin(torch.randn(4, 8)).tanh().sum()
+            if i == 2:
+                return probe()
+            outs.append(out)
+    assert listed_no_backward() is None
     assert oomguard_phase.graph_alive(torch.randn(3)) is False
     enc = oomguard_roles.encode({"roles": {}, "optimizers": {}, "holders": [], "allocated": 0, "complete": True,
                                  "elapsed_ms": 0, "objects": 0, "accumulating": ("/w/t.py", 7, "main", "total", "loss")})
     assert "accumulating\t/w/t.py\t7\tmain\ttotal\tloss" in enc, enc
+    enc = oomguard_roles.encode({"roles": {}, "optimizers": {}, "holders": [], "allocated": 0, "complete": True,
+                                 "elapsed_ms": 0, "objects": 0, "accumulating": ("/w/t.py", 7, "main", "losses", None)})
+    assert "accumulating\t/w/t.py\t7\tmain\tlosses\t-" in enc, enc
 
 
 def t_phase_forward():
