@@ -428,9 +428,9 @@ static bool c_fragmentation(const og_facts_t *d, const og_record_t *r, og_cause_
     if (conf < 0)
         return false;
 
-    /* a pass still building that holds many times the cache: the splinters would carry it a few
-     * allocations further, the pass itself does not fit (does_not_fit says so) */
-    if (d->pass_outgrows_cache && conf > PASS_FRAG_CONF)
+    /* a pass still building (or a copy under way) that holds many times the cache: the splinters would carry it a
+     * few allocations further, the pass itself does not fit (does_not_fit says so) */
+    if ((d->pass_outgrows_cache || d->copy_outgrows_cache) && conf > PASS_FRAG_CONF)
         conf = PASS_FRAG_CONF;
     c->id = og_cause_ids[OG_CAUSE_FRAG];
     c->confidence = clamp01(conf);
@@ -748,13 +748,14 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
     if (d->recovered && !d->larger_than_device)
         return false; /* the retry succeeded: it did fit */
     uint64_t avail = add_sat(add_sat(d->free_eff, d->reclaim), d->app_slack);
-    if (d->req <= avail && !d->larger_than_device && !(d->pass_outgrows_cache && d->shortfall > 0))
+    bool outgrows = d->pass_outgrows_cache || d->copy_outgrows_cache;
+    if (d->req <= avail && !d->larger_than_device && !(outgrows && d->shortfall > 0))
         return false;
     c->id = og_cause_ids[OG_CAUSE_DNF];
     uint64_t job = add_sat(sub0(d->footprint, d->reclaim), d->req);
     uint64_t missing = sub0(d->req, avail);
     if (d->req <= avail)
-        missing = d->shortfall; /* the pass outgrows the cache: what is missing now, the cache aside */
+        missing = d->shortfall; /* the pass (or copy) outgrows the cache: what is missing now, the cache aside */
     if (d->larger_than_device) {
         c->confidence = 1.0;
         summary(c,
@@ -784,7 +785,7 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
         conf -= 0.15;
     if (d->req <= avail) {
         conf = PASS_DNF_CONF; /* the cache would serve this request, not the rest of the pass */
-        basis = "pass_outgrows_cache";
+        basis = d->pass_outgrows_cache ? "pass_outgrows_cache" : "copy_outgrows_cache";
     }
     /* a leak that grew by more than what is missing explains the shortfall better; so does an
      * imbalance whose evening-out would free it */
@@ -834,6 +835,13 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
                    "; the %s pass still building holds %s, and the %s cached would carry it only a few allocations "
                    "further.",
                    og_job_phase_name(d->phase), og_hb((double)d->roles.working).s, og_hb((double)d->cached).s);
+    } else if (d->copy_outgrows_cache) {
+        ev_bytes(c, "copy_made_bytes", d->roles.copy_made);
+        if (strlen(c->summary) + 160 < sizeof c->summary)
+            og_fmt(c->summary + strlen(c->summary) - 1, sizeof c->summary - strlen(c->summary) + 1,
+                   "; the deep copy under way made %s so far, and the %s cached would carry it only a few tensors "
+                   "further.",
+                   og_hb((double)d->roles.copy_made).s, og_hb((double)d->cached).s);
     }
     /* failing inside a burst of equal allocations that are all kept: a load (weights), not a step */
     const og_load_facts_t *ld = &d->load;

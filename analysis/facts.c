@@ -1090,6 +1090,12 @@ static void roles(og_facts_t *d, const og_record_t *r)
     }
     k->accumulating = ro->has_accum;
     k->operation = og_operation_of(ro->operation);
+    k->copy_made_known = og_known(ro->copy_made);
+    k->copy_made = og_or(ro->copy_made, 0);
+    /* a copy under way whose result replaces a model a name holds now: the statement rebinds that name */
+    for (int i = 0; k->operation == OG_OP_copy && target[0] && i < nm; i++)
+        if (model_named(ro, i, target) && ro->models[i].bytes > k->copy_replaces)
+            k->copy_replaces = ro->models[i].bytes;
     k->ddp_buckets = ro->ddp_wrappers > 0 ? ro->ddp_bucket_bytes : 0;
     if (ro->has_statement) {
         char p[sizeof ro->stmt_purpose];
@@ -1215,6 +1221,20 @@ static void pass_outgrows_cache(og_facts_t *d)
     if (!building || !k->known || !k->act_known || !d->cached_known || d->recovered || !d->reservation)
         return;
     d->pass_outgrows_cache = k->working >= PASS_OVER_CACHE * (d->cached > d->req ? d->cached : d->req) &&
+                             (double)d->cached < d->frag_share * (double)d->reservation;
+}
+
+/* A deep copy under way (roles.operation copy) that made at least PASS_OVER_CACHE times the failing framework's
+ * measured cache so far (roles.copy_made_bytes), that cache under frag_share of its reservation: like a pass
+ * still building, the copy asks for the rest of its tensors next, which the splinters of the cache cannot
+ * carry (a model's or an optimizer state's copy made on the GPU beside the original). */
+static void copy_outgrows_cache(og_facts_t *d)
+{
+    const og_role_facts_t *k = &d->roles;
+    if (!k->known || k->operation != OG_OP_copy || !k->copy_made_known || !d->cached_known || d->recovered ||
+        !d->reservation)
+        return;
+    d->copy_outgrows_cache = k->copy_made >= PASS_OVER_CACHE * (d->cached > d->req ? d->cached : d->req) &&
                              (double)d->cached < d->frag_share * (double)d->reservation;
 }
 
@@ -1389,6 +1409,8 @@ static void fit(og_facts_t *d, const og_record_t *r)
         og_fmt(f->why, sizeof f->why, "it failed while loading: the rest of the load was never requested");
     else if (d->growth.pass_built)
         og_fmt(f->why, sizeof f->why, "it failed in one pass still building up: the rest was never requested");
+    else if (d->roles.operation == OG_OP_copy && d->roles.copy_made_known)
+        og_fmt(f->why, sizeof f->why, "it failed part way through a copy: the rest of it was never requested");
     f->bounded = !f->why[0];
 }
 
@@ -1429,6 +1451,7 @@ void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds
     non_framework(f, rec);
     fit(f, rec);
     pass_outgrows_cache(f);
+    copy_outgrows_cache(f);
     outlier(f, rec);
     communication(f, rec);
     advice(f, rec);

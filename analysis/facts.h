@@ -171,6 +171,14 @@ typedef struct og_role_facts {
     uint64_t named_copies;
     bool named_frozen;    /* those models are frozen (a teacher, an EMA): kept beside the trained one on purpose */
     uint64_t ddp_buckets; /* roles.ddp: DDP's flat bucket copy of the gradients (gradient_as_bucket_view off), 0 none */
+    /* a deep copy under way (roles.copy_made_bytes): what it made so far on the failing device; known false: no
+     * copy.deepcopy ran at the failure (or the adapter did not read it) */
+    bool copy_made_known;
+    uint64_t copy_made;
+    /* the failing operation is a copy (roles.operation copy) and the failing statement rebinds a name that holds a
+     * model now (roles.models[].names: ref = copy.deepcopy(policy) while the previous ref lives): that model's
+     * parameters, the copy the new one replaces; 0 none */
+    uint64_t copy_replaces;
 } og_role_facts_t;
 
 /* A peak from one batch: the failing request (and the equal allocations just before it) is a size the
@@ -281,6 +289,10 @@ typedef struct og_facts {
     /* a pass still building (forward, backward, evaluation, generation) holds at least 4x the cache
      * (and the request), the cache under frag_share of the reservation: it cannot carry the pass */
     bool pass_outgrows_cache;
+    /* the same for a deep copy under way (roles.operation copy): what it made so far (roles.copy_made_bytes) is at
+     * least 4x the cache (and the request), the cache under frag_share of the reservation: the cache would carry
+     * the copy a few tensors further, not through it */
+    bool copy_outgrows_cache;
     og_outlier_facts_t outlier;
     /* a collective-communication library (NCCL): its index in by_library (-1 none), bytes, and
      * whether the failing call was its own */

@@ -195,6 +195,9 @@ typedef struct og_roles {
      * and its bytes: a copy being made that no named object holds yet */
     char act_copy_of[24];
     uint64_t act_copy_bytes;
+    /* roles.copy_made_bytes: what a copy.deepcopy running at the failure made so far on the failing device (the
+     * tensors of its memo); unknown: no deepcopy ran (or it was not read) */
+    og_opt_u64_t copy_made;
     uint64_t step_alloc[OG_STEP_SERIES];
 } og_roles_t;
 

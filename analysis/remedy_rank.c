@@ -159,7 +159,9 @@ static bool second_load(const rctx_t *x)
 {
     return PRIMARY(DNF) && load_phase(x) == OG_PHASE_SECOND_LOAD && !resident_models(x);
 }
-static bool model_copy_primary(const rctx_t *x) { return PRIMARY(DNF) && model_copy(x); }
+/* (a copy replacing a model a name holds is the running job's own refresh, not a previous run's copy) */
+static bool copy_replaces_model(const rctx_t *x);
+static bool model_copy_primary(const rctx_t *x) { return PRIMARY(DNF) && model_copy(x) && !copy_replaces_model(x); }
 /* a previous copy of the model is alive beside the one the job uses (a second load, a notebook cell run again) */
 bool og_previous_copy(const rctx_t *x) { return second_load(x) || model_copy_primary(x); }
 static bool loading(const rctx_t *x) { return PRIMARY(DNF) && load_phase(x) == OG_PHASE_LOADING; }
@@ -197,6 +199,17 @@ static bool no_other_process(const rctx_t *x) { return !x->other && x->rec->memo
 static const og_role_facts_t *roles_of(const rctx_t *x) { return &x->f->roles; }
 static bool in_handler(const rctx_t *x) { return PHASE(oom_handler); }
 static bool pass_outgrows(const rctx_t *x) { return x->f->pass_outgrows_cache; }
+/* a deep copy under way made many times the cache so far (facts: copy_outgrows_cache) */
+static bool copy_outgrows(const rctx_t *x) { return x->f->copy_outgrows_cache; }
+/* a deep copy under way replaces a model that a name holds now, and that model holds the missing bytes
+ * (facts: roles.copy_replaces: ref = copy.deepcopy(policy) while the previous ref lives): both copies are alive
+ * at the peak; loading the new weights into the existing copy, or dropping it first, is the fix */
+static bool copy_replaces_model(const rctx_t *x)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    return ro->known && ro->copy_replaces && x->shortfall && ro->copy_replaces >= x->shortfall && !own_fix_covers(x) &&
+           !x->larger_than_device;
+}
 /* the adapter read an evaluation or generation from the stack and autograd was on: every activation is
  * kept for a backward that never comes, in a training job too */
 static bool evaluation_autograd_on(const rctx_t *x) { return (PHASE(evaluation) || PHASE(generation)) && x->grad == 1; }
@@ -281,7 +294,7 @@ static bool state_snapshot(const rctx_t *x)
     const og_role_facts_t *ro = roles_of(x);
     return weights_copy(x) && !PHASE(ema_update) &&
            (ro->working >= ro->params || ro->copy_loose || x->f->snapshot_stmt || ro->act_copy) &&
-           (x->grad != -1 || ro->local_map);
+           (x->grad != -1 || ro->local_map) && !copy_replaces_model(x);
 }
 static bool weights_update(const rctx_t *x)
 {
@@ -690,6 +703,9 @@ static const og_rank_row_t lead[] = {
     { "pass_outgrows_cache", pass_outgrows, TIER, 3, 0, REMS(R_EXPANDABLE, R_EMPTY_CACHE),
       "a pass still building (phase forward, backward, evaluation, generation) holds >= 4x the cache",
       "skip_batch_on_oom, asr_accum_summed_loss (blind)" },
+    { "copy_outgrows_cache", copy_outgrows, TIER, 3, 0, REMS(R_EXPANDABLE, R_EMPTY_CACHE, R_BUCKET),
+      "a deep copy under way (roles.operation copy) made >= 4x the cache so far (roles.copy_made_bytes)",
+      "lightning_spike_rollback_gpu_snapshot, trdpo_reference_refresh_deepcopy (blind)" },
     { "no_batch_fit_yet", pass_outgrows_first, TIER, 3, 0, REMS(R_BUCKET),
       "as pass_outgrows_cache, roles: optimizer_steps < 2 and the request no outlier (no batch of the job fit "
       "with the state it keeps now)",
@@ -704,6 +720,12 @@ static const og_rank_row_t lead[] = {
     { "model_copy_lead", model_copy_primary, LEAD, -32, 1, REMS(R_RESTART, R_RELEASE_REFS),
       "the same (the copy is the measured cause; splinters of the cache come after)",
       "notebook_interrupted_unet_rerun (blind)" },
+    { "copy_replaces_model", copy_replaces_model, WANT, 0, 0, REMS(R_IN_PLACE, R_RELEASE_REFS),
+      "roles.operation copy, the failing statement rebinds a name of roles.models whose model holds >= shortfall",
+      "trdpo_reference_refresh_deepcopy (blind)" },
+    { "copy_replaces_model_lead", copy_replaces_model, LEAD_COVERS, -34, 1, REMS(R_IN_PLACE, R_RELEASE_REFS),
+      "the same (both copies alive at the peak: update the existing one in place, or drop it first)",
+      "trdpo_reference_refresh_deepcopy (blind)" },
     { "loading_weights", loading, ORDER_COVERS, 20, 1, REMS(R_QUANT, R_OFFLOAD, R_MULTI_GPU, R_ZERO, R_BIGGER),
       "primary does_not_fit, phase loading", "load_13b_fp16, slow_load_13b" },
     { "loading_not_activations", loading, TIER, 3, 0,
@@ -948,7 +970,9 @@ static void estimate(rank_t *k, const rctx_t *x)
         cover[R_FEWER_BEAMS] = (double)ro->purpose_bytes[OG_PURPOSE_kv_cache] * (1.0 - 1.0 / (double)ro->num_beams);
     if (generation_growth(x) && ro->purpose_bytes[OG_PURPOSE_kv_cache]) /* a 4-bit cache: 3/4 of a 16-bit one */
         cover[R_SMALLER_KV] = 0.75 * (double)ro->purpose_bytes[OG_PURPOSE_kv_cache];
-    cover[R_SNAPSHOT_CPU] = state_snapshot(x) ? (double)ro->copying : -1;   /* the copy made so far, at least */
+    cover[R_SNAPSHOT_CPU] = state_snapshot(x) ? (double)ro->copying : -1; /* the copy made so far, at least */
+    if (copy_replaces_model(x)) /* in place: no second copy at all; dropped first: the previous one */
+        cover[R_IN_PLACE] = cover[R_RELEASE_REFS] = (double)ro->copy_replaces;
     if (evaluation_autograd_on(x) && ro->known && ro->act_known && ro->act) /* what is kept for backward */
         cover[R_INFERENCE] = 0.9 * (double)ro->act;
     if (restart_sheds_nothing(x))

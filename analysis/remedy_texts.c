@@ -538,6 +538,62 @@ static bool b_non_framework_memory(const rctx_t *x, og_remedy_t *r)
 }
 
 /* what is alive from an earlier copy of the model (og_previous_copy) */
+/* A deep copy under way that replaces a model a name holds (facts: roles.copy_replaces): the name the failing
+ * statement rebinds (the previous copy) and the model it copies (another name of the statement that holds a
+ * model), "" where none is read. */
+typedef struct copy_names {
+    char target[64], source[64], site[160];
+} copy_names_t;
+
+static bool names_has(const char *list, const char *name)
+{
+    size_t len = strlen(name);
+    for (const char *p = list; len && *p;) {
+        const char *e = strchr(p, ',');
+        size_t l = e ? (size_t)(e - p) : strlen(p);
+        if (l == len && strncmp(p, name, len) == 0)
+            return true;
+        if (!e)
+            break;
+        p = e + 1;
+    }
+    return false;
+}
+
+static copy_names_t copy_names(const rctx_t *x)
+{
+    const og_roles_t *ro = &x->rec->memory.fw.roles;
+    copy_names_t c;
+    memset(&c, 0, sizeof c);
+    if (!ro->has_statement)
+        return c;
+    og_cpy(c.target, sizeof c.target, ro->stmt_target, sizeof c.target);
+    char file[sizeof ro->stmt.file], fn[sizeof ro->stmt.function], names[sizeof ro->stmt_names];
+    og_cpy(file, sizeof file, ro->stmt.file, sizeof file);
+    og_cpy(fn, sizeof fn, ro->stmt.function, sizeof fn);
+    og_cpy(names, sizeof names, ro->stmt_names, sizeof names);
+    og_fmt(c.site, sizeof c.site, "%s:%d in %s", og_base_name(file), ro->stmt.line, fn);
+    int nm = ro->nmodels < 0 ? 0 : ro->nmodels > 6 ? 6 : ro->nmodels;
+    for (char *p = names; *p && !c.source[0];) {
+        char *e = strchr(p, ',');
+        size_t l = e ? (size_t)(e - p) : strlen(p);
+        char one[64];
+        og_fmt(one, sizeof one, "%.*s", (int)(l < sizeof one ? l : sizeof one - 1), p);
+        for (int i = 0; i < nm && strcmp(one, c.target) != 0; i++) {
+            char mn[sizeof ro->models[0].names];
+            og_cpy(mn, sizeof mn, ro->models[i].names, sizeof mn);
+            if (names_has(mn, one)) {
+                og_fmt(c.source, sizeof c.source, "%s", one);
+                break;
+            }
+        }
+        if (!e)
+            break;
+        p = e + 1;
+    }
+    return c;
+}
+
 static void previous_copy_why(const rctx_t *x, og_remedy_t *r)
 {
     const og_role_facts_t *ro = &x->f->roles;
@@ -616,6 +672,18 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
     const char *steps = grew ? stepbuf : NULL;
     bool kept_on_purpose = (og_growth_without_autograd(x) || og_generation_growth(x)) &&
                            (x->fw == OG_FW_PYTORCH || x->fw == OG_FW_UNKNOWN);
+    if (!grew && x->f->roles.copy_replaces && x->f->roles.copy_replaces >= x->shortfall) {
+        copy_names_t c = copy_names(x);
+        const char *t = c.target[0] ? c.target : "the copy";
+        why(r,
+            "The failing statement (%s) makes a new deep copy of %s to rebind %s while the copy %s holds now (%s "
+            "of parameters) is still alive: for the length of the copy both are on the GPU. Drop the old one "
+            "first and the new one takes its place.",
+            c.site, c.source[0] ? c.source : "the model", t, t, og_hb((double)x->f->roles.copy_replaces).s);
+        how(r, "del %s   # and any other name of the old copy, before making the new one", t);
+        how(r, "%s = copy.deepcopy(%s)   # now only one copy at a time", t, c.source[0] ? c.source : "model");
+        return true;
+    }
     if (!grew && og_previous_copy(x)) {
         previous_copy_why(x, r);
         why(r, " Free it before building the new one.");
@@ -1576,6 +1644,20 @@ static copy_words_t copy_words(const rctx_t *x)
 
 static bool b_in_place_update(const rctx_t *x, og_remedy_t *r)
 {
+    if (x->f->roles.copy_replaces && x->f->roles.copy_replaces >= x->shortfall) {
+        copy_names_t n = copy_names(x);
+        const char *t = n.target[0] ? n.target : "ref", *s = n.source[0] ? n.source : "model";
+        why(r,
+            "The failing statement (%s) refreshes %s with a new deep copy while the old copy (%s of parameters) "
+            "is alive: copied into the existing tensors instead, the refresh takes no new GPU memory.",
+            n.site, t, og_hb((double)x->f->roles.copy_replaces).s);
+        how(r, "%s.load_state_dict(%s.state_dict())   # copies into %s's own tensors, in place", t, s, t);
+        how(r,
+            "with torch.no_grad(): [r.lerp_(p, alpha) for r, p in zip(%s.parameters(), %s.parameters())]   # a soft "
+            "update in place (TRL's SyncRefModelCallback)",
+            t, s);
+        return true;
+    }
     copy_words_t c = copy_words(x);
     why(r,
         "With autograd off after the optimizer's steps the running code%s holds %s, more than one copy of the "

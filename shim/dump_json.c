@@ -347,6 +347,8 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
         og_sb_printf(sb, ",\"bytes\":%llu}", (unsigned long long)r->act_copy_bytes);
     } else
         og_sb_puts(sb, "null");
+    K("copy_made_bytes");
+    j_opt(sb, r->copy_made);
     K("allocated_after_steps");
     if (r->nsteps > 0) {
         og_sb_puts(sb, "[");

@@ -112,6 +112,7 @@ struct og_roles_view {
     int64_t *after_steps; /* allocated_after_steps, oldest first */
     int nafter_steps, has_after_steps;
     int64_t optimizer_steps, num_beams, batch_size;
+    int64_t copy_made_bytes;    /* -1 unknown (null): no deep copy under way */
     int gradient_checkpointing; /* -1 unknown (null) */
     struct {                    /* operation (name NULL: none) */
         const char *name;

@@ -1023,6 +1023,7 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
     r->elapsed_ms = r->last_step_ms_ago = NAN;
     r->optimizer_steps = r->num_beams = r->objects_scanned = r->read_in_part = r->activations_copy_of.bytes = -1;
     r->batch_size = r->gradient_checkpointing = -1;
+    r->copy_made_bytes = -1;
     r->ddp.wrappers = r->ddp.bucket_bytes = -1;
     r->ddp.as_view = -1;
     TRY(get_obj(L, fw, pf, "roles", &o));
@@ -1137,6 +1138,7 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
     TRY(get_int(L, o, &p, "read_in_part", &r->read_in_part));
     TRY(get_bool(L, o, &p, "gradient_checkpointing", &r->gradient_checkpointing));
     TRY(get_int(L, o, &p, "batch_size", &r->batch_size));
+    TRY(get_int(L, o, &p, "copy_made_bytes", &r->copy_made_bytes));
     const cJSON *q;
     TRY(get_obj(L, o, &p, "operation", &q)); /* the failing operation */
     if (q) {

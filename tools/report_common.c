@@ -355,6 +355,11 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
         }
         FACT("failing operation");
         og_sb_init(&b);
+        if (r->copy_made_bytes >= 0)
+            og_sb_printf(&b, "%s made so far by the copy.deepcopy running at the failure",
+                         human_bytes(r->copy_made_bytes, a));
+        FACT("copy under way");
+        og_sb_init(&b);
         if (r->ddp.present) {
             og_sb_printf(&b, "%lld wrapper%s", (long long)r->ddp.wrappers, r->ddp.wrappers == 1 ? "" : "s");
             if (r->ddp.as_view == 0)

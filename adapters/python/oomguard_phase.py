@@ -94,8 +94,12 @@ OPERATIONS = (
     ("image_decode", 15, "*/torch/nn/modules/upsampling.py", "*", "*"),
     ("pairwise", 20, "*", "cdist", "*"),
     ("pairwise", 20, "*/torch/nn/functional.py", "pairwise_distance", "*"),
+    # a deep copy being made (of a model, an optimizer's state_dict): the standard library's copy.deepcopy and
+    # the __deepcopy__ it calls (torch's Tensor and Parameter); lowest: an operation inside a copy decides
+    ("copy", 5, "*/copy.py", "deepcopy", "*"),
+    ("copy", 5, "*", "__deepcopy__", "*"),
 )
-OPERATION_NAMES = ("cross_entropy", "image_decode", "pairwise")        # common/operations.def: the same
+OPERATION_NAMES = ("cross_entropy", "image_decode", "pairwise", "copy")  # common/operations.def: the same
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _cache = {}

@@ -593,6 +593,39 @@ def _walk(scan, frame_roots):
     scan.stage = "the models the running code holds"
     _running_modules(scan)
     scan.models = _models_named(scan)
+    scan.stage = "a deep copy under way"
+    scan.copy_made = _copy_made(scan)
+
+
+def _copy_made(scan, limit=256):
+    """The bytes on the failing device that a copy.deepcopy running on this thread made so far: the tensors
+    among the values of the memo of its outermost copy.deepcopy frame (copy.deepcopy records every copy it
+    makes there, torch's Tensor.__deepcopy__ and Parameter.__deepcopy__ too), each storage once; not the
+    originals it keeps alive under memo[id(memo)].  None when no deepcopy runs (or its memo cannot be read)."""
+    memo = None
+    f, n = sys._getframe(), 0
+    while f is not None and n < limit:
+        code = f.f_code
+        if code.co_name == "deepcopy" and os.path.basename(code.co_filename) == "copy.py":
+            for k, v in _frame_locals(f):
+                if k == "memo" and type(v) is dict:
+                    memo = v                 # the outermost wins: the whole copy, not a nested part of it
+                    break
+        f, n = f.f_back, n + 1
+    f = None
+    if memo is None:
+        return None
+    keep = memo.get(id(memo))
+    total, seen = 0, set()
+    for v in list(memo.values()):
+        scan.tick()
+        if v is keep or not isinstance(v, scan.tensor_type):
+            continue
+        st = scan.storage(v)
+        if st is not None and st[0] not in seen:
+            seen.add(st[0])
+            total += st[1]
+    return total
 
 
 def _name_module(scan, v, name):
@@ -854,6 +887,7 @@ def _result(scan, allocated, complete, why, t0, unknown=()):
     return {"allocated": allocated, "roles": roles, "optimizers": scan.optimizers, "holders": holders,
             "parameters_by_dtype": dtypes,
             "models": list(scan.models), "activations_copy_of": rest_copy, "ddp": scan.ddp,
+            "copy_made": getattr(scan, "copy_made", None),
             "complete": complete, "why": why, "elapsed_ms": (_clock() - t0) * 1000.0,
             "objects": scan.objects, "sampled": scan.sampled}
 
@@ -927,7 +961,8 @@ def encode(r):
       accumulating FILE LINE FUNCTION TARGET OPERAND |
       steps MADE ALLOCATED,... (after each of an optimizer's latest steps, oldest first) | meta KEY VALUE
       (meta num_beams N: the beam width of the generation running at the failure; meta checkpointing 0|1: activation
-      checkpointing off or in force for the failing pass; meta batch_size N: the batch the program names)"""
+      checkpointing off or in force for the failing pass; meta batch_size N: the batch the program names;
+      meta copy_made N: the bytes a copy.deepcopy running at the failure made so far)"""
     if not r or "roles" not in r:
         return None
     out = []
@@ -988,6 +1023,8 @@ def encode(r):
     out.append("meta\tsampled\t%d" % int(r.get("sampled", 0)))
     if r.get("last_step_age") is not None:
         out.append("meta\tlast_step_age_us\t%d" % int(r["last_step_age"] * 1e6))
+    if r.get("copy_made") is not None:
+        out.append("meta\tcopy_made\t%d" % int(r["copy_made"]))
     if r.get("activations_copy_of"):
         role, b = r["activations_copy_of"]
         out.append("meta\tactivations_copy_of\t%s\t%d" % (_clean(role), int(b)))

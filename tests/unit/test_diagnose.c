@@ -1222,6 +1222,38 @@ static void a_pass_that_outgrows_the_cache_does_not_fit(void **state)
     free(r);
 }
 
+/* the same for a deep copy under way (roles.operation copy): copy.deepcopy of an optimizer's state made 7 GiB so
+ * far when a 44 MiB request fails with 486 MiB cached in splinters: does_not_fit (basis copy_outgrows_cache,
+ * evidence copy_made_bytes), fragmentation a side finding; a copy that made little so far, or no copy measured,
+ * leaves the textbook reading */
+static void a_copy_that_outgrows_the_cache_does_not_fit(void **state)
+{
+    og_record_t *r = base();
+    r->event.requested_bytes = 44 * MiB;
+    og_set(&r->device.free_bytes, 0);
+    fixture_roles(r, 4 * GiB, 0, 8 * GiB, 0, 4 * GiB, 7 * GiB);
+    r->memory.fw.reserved_bytes += 486 * MiB;
+    r->memory.fw.largest_free_block_bytes = 12 * MiB;
+    fixture_operation(r, "copy", "deepcopy");
+    diag(r);
+    assert_string_equal(r->diagnosis.primary, "fragmentation"); /* what the copy made is not measured */
+    og_set(&r->memory.fw.roles.copy_made, 7 * GiB);
+    diag(r);
+    assert_string_equal(r->diagnosis.primary, "does_not_fit");
+    assert_string_equal(evt(find(r, "does_not_fit"), "basis"), "copy_outgrows_cache");
+    assert_true(ev(find(r, "does_not_fit"), "copy_made_bytes") == 7.0 * GiB);
+    assert_true(has(r, "fragmentation") && find(r, "fragmentation")->confidence <= 0.5);
+    og_test_check_text(find(r, "does_not_fit")->summary);
+    og_set(&r->memory.fw.roles.copy_made, 1 * GiB); /* < 4x the cache: the splinters may carry it */
+    diag(r);
+    assert_string_equal(r->diagnosis.primary, "fragmentation");
+    og_set(&r->memory.fw.roles.copy_made, 7 * GiB);
+    r->memory.fw.roles.operation[0] = 0; /* no copy on the stack */
+    diag(r);
+    assert_string_equal(r->diagnosis.primary, "fragmentation");
+    free(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1266,6 +1298,7 @@ int main(void)
         cmocka_unit_test(rules_run_in_any_order),
         cmocka_unit_test(size_max_request_is_a_request),
         cmocka_unit_test(a_pass_that_outgrows_the_cache_does_not_fit),
+        cmocka_unit_test(a_copy_that_outgrows_the_cache_does_not_fit),
     };
     int total = (int)(sizeof tests / sizeof *tests);
     int failed = cmocka_run_group_tests(tests, NULL, NULL);

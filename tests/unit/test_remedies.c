@@ -1872,6 +1872,69 @@ static void state_snapshot_first(void **state)
     free(r);
 }
 
+/* a copy.deepcopy under way that made many times the cache (facts: copy_outgrows_cache): the splinters' remedies
+ * cannot carry it (tier 3: never in the lead); a snapshot of the optimizer's state being deep-copied leads with
+ * snapshot_to_cpu.  A copy that rebinds a name holding a model of its own (ref = copy.deepcopy(policy) while the
+ * previous ref lives: roles.copy_replaces) leads with an in-place update and dropping the old copy first; no
+ * restart, no snapshot */
+static void copy_under_way(void **state)
+{
+    og_record_t *r = base();
+    r->event.requested_bytes = 44 * MiB;
+    og_set(&r->device.free_bytes, 0);
+    fixture_roles(r, 4 * GiB, 0, 8 * GiB, 0, 4 * GiB, 7 * GiB);
+    r->memory.fw.reserved_bytes += 486 * MiB;
+    r->memory.fw.largest_free_block_bytes = 12 * MiB;
+    fixture_optimizer(r, "AdamW", 8 * GiB);
+    fixture_model(r, "Llama", 4 * GiB, 1, false);
+    fixture_model_held(r, 1, 0, "model");
+    fixture_holder(r, "weights", "list", "local in on_train_batch_end (train.py:77)", 4 * GiB);
+    snprintf(r->memory.fw.roles.act_copy_of, sizeof r->memory.fw.roles.act_copy_of, "optimizer_state");
+    r->memory.fw.roles.act_copy_bytes = 7 * GiB;
+    fixture_operation(r, "copy", "deepcopy");
+    og_set(&r->memory.fw.roles.copy_made, 7 * GiB);
+    fixture_statement(r, "optim_state", "");
+    r->memory.fw.grad_enabled = 1;
+    r->memory.fw.training = 1;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "snapshot_to_cpu");
+    for (int i = 0; i < 3 && i < r->nremedies; i++) {
+        assert_string_not_equal(r->remedies[i].id, "expandable_segments");
+        assert_string_not_equal(r->remedies[i].id, "empty_cache");
+        assert_string_not_equal(r->remedies[i].id, "bucket_by_length");
+    }
+    free(r);
+    r = base();
+    r->event.requested_bytes = 40 * MiB;
+    og_set(&r->device.free_bytes, 0);
+    fixture_roles(r, 12 * GiB, 4 * GiB, 8 * GiB, 0, 0, 0);
+    r->memory.fw.reserved_bytes += 196 * MiB;
+    r->memory.fw.largest_free_block_bytes = 16 * MiB;
+    fixture_optimizer(r, "AdamW", 8 * GiB);
+    fixture_model(r, "Llama", 4 * GiB, 2, false);
+    fixture_model_held(r, 2, 0, "policy,ref");
+    fixture_model(r, "Module", 176 * MiB, 17, false);
+    fixture_operation(r, "copy", "__deepcopy__");
+    og_set(&r->memory.fw.roles.copy_made, 3 * GiB);
+    fixture_statement(r, "ref", "");
+    snprintf(r->memory.fw.roles.stmt_names, sizeof r->memory.fw.roles.stmt_names, "copy,deepcopy,policy,eval");
+    r->memory.fw.grad_enabled = 1;
+    r->memory.fw.training = 1;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "in_place_update");
+    assert_string_equal(r->remedies[1].id, "release_references");
+    assert_true(how_has(&r->remedies[0], "ref.load_state_dict(policy.state_dict())"));
+    assert_true(how_has(&r->remedies[1], "del ref"));
+    assert_int_equal(rank_of(r, "restart_process") > 0 && rank_of(r, "restart_process") <= 3, 0);
+    assert_int_equal(rank_of(r, "snapshot_to_cpu"), 0);
+    assert_int_equal(rank_of(r, "smaller_batch"), 0);
+    /* the statement binds a new name (best = copy.deepcopy(model)): not a replacement; a snapshot again */
+    fixture_statement(r, "best", "");
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "in_place_update"), 0);
+    free(r);
+}
+
 /* an evaluation with autograd on inside a training job: every activation kept for a backward that never
  * comes; no_grad / inference_mode first, though the job trains */
 static void evaluation_with_autograd_on(void **state)
@@ -2167,6 +2230,7 @@ int main(void)
         cmocka_unit_test(eval_copy_first),
         cmocka_unit_test(ddp_buckets_as_views),
         cmocka_unit_test(state_snapshot_first),
+        cmocka_unit_test(copy_under_way),
         cmocka_unit_test(evaluation_with_autograd_on),
         cmocka_unit_test(cap_without_room_not_first),
         cmocka_unit_test(cap_with_room_no_leak_hunt),

@@ -375,6 +375,29 @@ def t_framework_frames():
     assert enc[1] == "/t/torch/a.py\t3\tbackward\n/w/train.py\t9\tmain\n", enc
 
 
+def t_copy_made():
+    """A copy.deepcopy under way: the operation `copy` from its frames, and what it made so far from the memo of its
+    outermost frame (the copies made before the probe, not the originals); nothing outside a deepcopy."""
+    import copy
+    got = {}
+
+    class Probe(object):
+        def __deepcopy__(self, memo):
+            got["op"] = oomguard_phase.operation(sys._getframe())
+            got["r"] = measure(None)
+            return Probe()
+    src = {"a": empty(4096), "inner": {"b": empty(1024)}, "z": Probe()}
+    dup = copy.deepcopy(src)
+    assert got["op"] and got["op"][0] == "copy", got["op"]
+    want = nbytes(src["a"]) + nbytes(src["inner"]["b"])
+    assert got["r"]["copy_made"] == want, (got["r"]["copy_made"], want)
+    assert "meta\tcopy_made\t%d" % want in oomguard_roles.encode(got["r"])
+    del dup
+    r = measure(None)
+    assert r["copy_made"] is None, r["copy_made"]
+    assert "meta\tcopy_made" not in oomguard_roles.encode(r)
+
+
 check("roles of a model, its gradients, AdamW state, a view, global lists and an object's dict", t_roles)
 check("what a holder's name or class says it keeps (kv_cache, ema, checkpoint, teacher, cache)", t_purposes)
 check("a holder whose blocks are the parameters' sizes is a copy of them (in part too)", t_copies)
@@ -390,6 +413,7 @@ check("a list local of a running function is a named holder; unknown allocated l
       t_local_holder)
 check("modules and optimizers found through gc alone", t_gc_only)
 check("the time budget stops the scan: incomplete, activations unknown", t_budget)
+check("a deep copy under way: the operation copy, and the bytes its memo holds so far", t_copy_made)
 check("a device test that raises never raises out of the role code", t_never_raises)
 
 
