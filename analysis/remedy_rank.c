@@ -73,6 +73,11 @@ static bool prefork_peers(const rctx_t *x)
     return HAS(PEERS) && x->npeers && x->f->nsiblings && x->f->nsiblings + x->f->nparents == x->npeers;
 }
 static bool prefork_primary(const rctx_t *x) { return PRIMARY(PEERS) && prefork_peers(x); }
+/* every peer on the GPU is a child of this process (DataLoader workers, subprocesses it started): each one that
+ * touches CUDA holds a context, a cache and its batches of its own; they are not ranks on a wrong GPU, and a
+ * restart of this process starts them again the same way */
+static bool worker_peers(const rctx_t *x) { return HAS(PEERS) && x->npeers && x->f->nchildren == x->npeers; }
+static bool worker_primary(const rctx_t *x) { return PRIMARY(PEERS) && worker_peers(x); }
 static bool fwcap_holds(const rctx_t *x) { return HAS(FWCAP); }
 static bool imbalance_holds(const rctx_t *x) { return HAS(IMBALANCE); }
 static bool dnf_cache(const rctx_t *x) { return HAS(DNF) && (cache_ok(x) || cache_maybe(x)); }
@@ -110,7 +115,13 @@ static bool own_fix_covers(const rctx_t *x)
                                      : -1;
     return cov >= 0 && x->primary_conf >= 0.7 && cov >= (double)x->shortfall && !x->larger_than_device;
 }
-static bool own_fix_covers_no_frag(const rctx_t *x) { return own_fix_covers(x) && !HAS(FRAG); }
+/* the same, with no fragmentation or fragmentation only as a side finding: a pass still building or a deep copy
+ * under way outgrows the cache (facts: pass_outgrows_cache, copy_outgrows_cache), which the splinters' remedies
+ * cannot carry */
+static bool own_fix_covers_no_frag(const rctx_t *x)
+{
+    return own_fix_covers(x) && (!HAS(FRAG) || x->f->pass_outgrows_cache || x->f->copy_outgrows_cache);
+}
 /* another framework of the process holds the missing bytes (a confident other_framework): its reservation
  * is the lever whatever the failing code was doing (an optimizer step, a load) */
 static bool other_framework_covers(const rctx_t *x) { return PRIMARY(OTHERFW) && own_fix_covers(x); }
@@ -535,6 +546,9 @@ static const og_rank_row_t bring[] = {
     { "peer_ranks", peers_hold, WANT, 0, 0, REMS(R_SET_DEVICE), "cause peer_ranks", "ddp_8ranks_no_set_device" },
     { "prefork_workers", prefork_peers, WANT, 0, 0, REMS(R_FEWER_WORKERS),
       "cause peer_ranks, every peer a worker of this process's parent (or the parent)", "prefork_server_copies" },
+    { "dataloader_workers", worker_peers, WANT, 0, 0, REMS(R_CUDA_OUT_OF_WORKERS, R_FEWER_WORKERS),
+      "cause peer_ranks, every peer a child of this process (DataLoader workers)",
+      "dataloader_workers_cuda, kornia_gpu_augment_in_spawned_workers (blind)" },
     { "framework_cap", fwcap_holds, WANT, 0, 0, REMS(R_FW_CAP, R_MIXED, R_SMALLER_BATCH, R_CHECKPOINTING),
       "cause framework_cap", "(unit tests: framework_cap_cause)" },
     { "imbalance", imbalance_holds, WANT, 0, 0, REMS(R_DDP, R_SMALLER_BATCH, R_MIXED), "cause imbalance",
@@ -630,6 +644,9 @@ static const og_rank_row_t narrow[] = {
     { "prefork_not_ranks", prefork_peers, DROP, 0, 0, REMS(R_SET_DEVICE),
       "cause peer_ranks, every peer a worker of this process's parent (or the parent): not ranks on a wrong GPU",
       "prefork_server_copies" },
+    { "workers_not_ranks", worker_peers, DROP, 0, 0, REMS(R_SET_DEVICE),
+      "cause peer_ranks, every peer a child of this process (DataLoader workers): not ranks on a wrong GPU",
+      "dataloader_workers_cuda, kornia_gpu_augment_in_spawned_workers (blind)" },
     { "released_nothing", released_nothing, DROP, 0, 0, REMS(R_EMPTY_CACHE),
       "fragmentation, a retry that freed 0 B, cache not known > 0", "frag_varlen_noadapter" },
     { "larger_than_device", larger, ONLY, 0, 0, REMS(R_CHUNK, R_MULTI_GPU, R_OFFLOAD),
@@ -650,7 +667,8 @@ static const og_rank_row_t narrow[] = {
       "primary other_framework/peer_ranks/foreign_memory >= 0.7, its bytes >= shortfall; a snapshot",
       "jax_prealloc_then_torch, ddp_all_on_gpu0, stale_process_60pct" },
     { "own_fix_covers_no_frag", own_fix_covers_no_frag, DROP, 0, 0, REMS(R_EXPANDABLE, R_BUCKET),
-      "the same, no fragmentation", "cupy_pool_then_torch" },
+      "the same, no fragmentation (or only beside a pass or copy that outgrows the cache)",
+      "cupy_pool_then_torch, kornia_gpu_augment_in_spawned_workers (blind)" },
     { "no_expandable", no_expandable, DROP, 0, 0, REMS(R_EXPANDABLE),
       "failing framework not PyTorch, expandable_segments already set, backend:cudaMallocAsync",
       "torch_async_backend_nccl" },
@@ -751,6 +769,12 @@ static const og_rank_row_t lead[] = {
       "config_fraction_cap_dedicated_card (blind)" },
     { "prefork_workers_lead", prefork_primary, LEAD, -20, 0, REMS(R_FEWER_WORKERS),
       "primary peer_ranks, every peer a worker of this process's parent (or the parent)", "prefork_server_copies" },
+    { "dataloader_workers_lead", worker_primary, LEAD, -20, 1, REMS(R_CUDA_OUT_OF_WORKERS, R_FEWER_WORKERS),
+      "primary peer_ranks, every peer a child of this process (DataLoader workers)",
+      "dataloader_workers_cuda, kornia_gpu_augment_in_spawned_workers (blind)" },
+    { "workers_restart_again", worker_primary, DROP, 0, 0, REMS(R_RESTART),
+      "the same (a restart starts the workers again, each taking CUDA as before)",
+      "kornia_gpu_augment_in_spawned_workers (blind)" },
     { "limit_on_shared_gpu", limit_on_shared_gpu, LEAD, -20, 0, REMS(R_RAISE_LIMIT), "limit, other processes listed",
       "(unit tests)" },
     { "larger_inference_lead", larger_inference, LEAD, -31, 0, REMS(R_SHORTER_SEQ),
@@ -920,6 +944,7 @@ static void estimate(rank_t *k, const rctx_t *x)
     cover[R_OTHER_FW] = (double)x->other_fw_bytes;
     cover[R_SET_DEVICE] = (double)x->peers_bytes;
     cover[R_FEWER_WORKERS] = (double)x->peers_bytes;
+    cover[R_CUDA_OUT_OF_WORKERS] = (double)x->peers_bytes;
     cover[R_FW_CAP] = big;
     /* by role and phase: what each remedy shrinks, measured (the Python adapter); unknown without it */
     const og_role_facts_t *ro = roles_of(x);

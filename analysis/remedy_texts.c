@@ -1272,6 +1272,25 @@ static bool b_other_framework(const rctx_t *x, og_remedy_t *r)
 static bool b_fewer_workers(const rctx_t *x, og_remedy_t *r)
 {
     const og_record_t *rec = x->rec;
+    if (x->npeers && x->f->nchildren == x->npeers) { /* this process's own children: DataLoader workers */
+        int n = x->npeers, keep = n / 2;
+        double each = (double)x->peers_bytes / (double)n;
+        r->title = "Fewer DataLoader workers";
+        r->saving = "Each worker's CUDA context, cache and prefetched batches";
+        why(r,
+            "%d child %s of this process (DataLoader workers) %s %s on GPU %d, about %s each: every worker that "
+            "touches CUDA keeps a context, a cache and the batches it prefetched of its own. Fewer workers, fewer "
+            "of those (%d instead of %d frees about %s); none at all once CUDA stays out of them. Do not stop "
+            "them by hand: they are this job's.",
+            n, og_plural(n, "process", "processes"), og_plural(n, "holds", "hold"), og_hb((double)x->peers_bytes).s,
+            rec->event.device, og_hb(each).s, keep, n, og_hb(each * (double)(n - keep)).s);
+        how(r,
+            "%sDataLoader(dataset, num_workers=%d, prefetch_factor=2)   # each worker using CUDA costs its context, "
+            "cache and batches",
+            pt(x), keep);
+        how(r, "%sprefetch_factor=1   # fewer batches waiting in each worker", pt(x));
+        return true;
+    }
     int workers = x->f->nsiblings + 1; /* this one too */
     why(r,
         "%d other %s of this job (%s) %s %s on GPU %d: every worker of a pre-fork server creates its own CUDA "
@@ -1289,27 +1308,31 @@ static bool b_fewer_workers(const rctx_t *x, og_remedy_t *r)
     return true;
 }
 
+/* the job's own children (DataLoader workers) hold the memory: each one that touches CUDA has its own context */
+static bool b_cuda_out_of_workers(const rctx_t *x, og_remedy_t *r)
+{
+    const og_record_t *rec = x->rec;
+    why(r,
+        "%d child %s of this process (DataLoader workers) %s %s on GPU %d: a worker that calls .cuda() or builds "
+        "CUDA tensors (in the Dataset, its transforms or collate_fn) gets a CUDA context, a cache and batches of its "
+        "own. Do not kill them: fix the pipeline, and the workers hold nothing on the GPU.",
+        x->npeers, og_plural(x->npeers, "process", "processes"), og_plural(x->npeers, "holds", "hold"),
+        og_hb((double)x->peers_bytes).s, rec->event.device);
+    how(r,
+        "%sreturn CPU tensors from Dataset/collate_fn; move the batch in the main process: "
+        "batch = batch.to(\"cuda\", non_blocking=True)",
+        pt(x));
+    how(r,
+        "%saugment on the GPU there, on the whole batch (kornia.augmentation, torchvision.transforms.v2 on a CUDA "
+        "batch), or on the CPU in the workers",
+        pt(x));
+    how(r, "%sDataLoader(..., pin_memory=True)   # fast host-to-GPU copies without CUDA in the workers", pt(x));
+    return true;
+}
+
 static bool b_set_device(const rctx_t *x, og_remedy_t *r)
 {
     const og_record_t *rec = x->rec;
-    double kids = x->has[OG_CAUSE_PEERS] ? x->f->nchildren : -1;
-    if (kids > 0 && (int)kids == x->npeers) {
-        r->title = "Keep CUDA out of the DataLoader workers";
-        why(r,
-            "%d child %s of this process (DataLoader workers) %s %s on GPU %d: a worker that calls .cuda() or "
-            "builds CUDA tensors (in the Dataset or collate_fn) gets a CUDA context of its own. Do not kill them: "
-            "fix the pipeline.",
-            x->npeers, og_plural(x->npeers, "process", "processes"), og_plural(x->npeers, "holds", "hold"),
-            og_hb((double)x->peers_bytes).s, rec->event.device);
-        how(r,
-            "%sreturn CPU tensors from Dataset/collate_fn; move the batch in the main process: "
-            "batch = batch.to(\"cuda\", non_blocking=True)",
-            pt(x));
-        how(r, "%sDataLoader(..., pin_memory=True)   # fast host-to-GPU copies without CUDA in the workers", pt(x));
-        how(r, "%sif workers must use CUDA: torch.multiprocessing.set_start_method(\"spawn\") and keep it minimal",
-            pt(x));
-        return true;
-    }
     if (x->npeers)
         why(r,
             "%d other %s of this job %s %s on GPU %d, about one CUDA context each: every rank creates its "

@@ -119,13 +119,18 @@ static const struct og_remedy *first_remedy(const struct og_dump *d)
 }
 
 /* A remedy's id.  Dumps written before "non_framework_memory" had an id of its own named it
- * "foreign_processes" (with its own title): they count as what they were. */
+ * "foreign_processes" (with its own title), and before "cuda_out_of_workers" had one they named it "set_device"
+ * (with its own title): they count as what they were. */
 static const char *remedy_id(const struct og_remedy *r)
 {
     static const char old_title[] = "Find the memory held outside the framework";
+    static const char old_workers[] = "Keep CUDA out of the DataLoader workers";
     if (r->id && strcmp(r->id, "foreign_processes") == 0 && r->title &&
         strncmp(r->title, old_title, sizeof old_title - 1) == 0)
         return "non_framework_memory";
+    if (r->id && strcmp(r->id, "set_device") == 0 && r->title &&
+        strncmp(r->title, old_workers, sizeof old_workers - 1) == 0)
+        return "cuda_out_of_workers";
     return r->id;
 }
 

@@ -94,15 +94,19 @@ py "several directories are added up" 'import json,sys; s=json.load(open(sys.arg
 
 # ---------------------------------------------------------------- one id per remedy, old dumps too
 # Dumps written before "non_framework_memory" had its own id named it "foreign_processes" (with its own
-# title); stats counts it as what it was, and "Stop other processes" stays foreign_processes.
+# title); stats counts it as what it was, and "Stop other processes" stays foreign_processes.  Likewise
+# "Keep CUDA out of the DataLoader workers", once "set_device" with its own title: cuda_out_of_workers.
 O=$T/oldid
 mkdir -p "$O"
 python3 - "$FIX/does_not_fit.json" "$O" <<'PYEOF'
 import json, sys
 d = json.load(open(sys.argv[1]))
-for n, title in ((1, "Find the memory held outside the framework"), (2, "Stop other processes that hold GPU memory")):
+for n, rid, title in ((1, "foreign_processes", "Find the memory held outside the framework"),
+                      (2, "foreign_processes", "Stop other processes that hold GPU memory"),
+                      (3, "set_device", "Keep CUDA out of the DataLoader workers"),
+                      (4, "set_device", "Select each rank's own GPU before touching CUDA (set_device)")):
     d["pid"] = 1000 + n
-    d["remedies"] = [{"id": "foreign_processes", "rank": 1, "title": title, "why": "", "how": [], "saving": "", "cost": ""}]
+    d["remedies"] = [{"id": rid, "rank": 1, "title": title, "why": "", "how": [], "saving": "", "cost": ""}]
     json.dump(d, open("%s/oomguard-old-%d.json" % (sys.argv[2], n), "w"))
 PYEOF
 expect "old remedy id: exit 0" 0 "$OG" stats "$O" --format json -o "$T/oldid.json"
@@ -110,7 +114,7 @@ py "old remedy id: counted as non_framework_memory" '
 import json, sys
 s = json.load(open(sys.argv[1]))
 fr = {r["id"]: r["failures"] for r in s["first_remedies"]}
-assert fr == {"non_framework_memory": 1, "foreign_processes": 1}, fr' "$T/oldid.json"
+assert fr == {"non_framework_memory": 1, "foreign_processes": 1, "cuda_out_of_workers": 1, "set_device": 1}, fr' "$T/oldid.json"
 
 # ---------------------------------------------------------------- exact counts: generated
 python3 tests/stats/gen_dumps.py "$T/gen" 400 7

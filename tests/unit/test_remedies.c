@@ -62,6 +62,7 @@ static const char *const ALL_IDS[] = {
     "teacher_no_grad",
     "backward_per_microbatch",
     "fewer_beams",
+    "cuda_out_of_workers",
 };
 
 /* the remedies chosen by role and phase: none without the Python adapter's roles and phase */
@@ -693,12 +694,37 @@ static void peers_get_set_device_never_kill(void **state)
     assert_true(how_has(&r->remedies[0], "map_location"));
     assert_false(any_how_has(r, "kill "));
     assert_int_equal(rank_of(r, "foreign_processes"), 0);
-    /* DataLoader workers (children): keep CUDA out of them */
+    /* DataLoader workers (children): keep CUDA out of them (its own id), then fewer workers; not set_device (they
+     * are not ranks on a wrong GPU), no restart in the top 3 (a restart starts them again), never a kill line */
     for (int i = 0; i < 7; i++)
         r->memory.other[i].child = true;
     run(r);
+    assert_string_equal(r->remedies[0].id, "cuda_out_of_workers");
     assert_true(how_has(&r->remedies[0], "collate_fn") || strstr(r->remedies[0].why, "collate_fn"));
+    assert_string_equal(r->remedies[1].id, "fewer_workers");
+    assert_true(how_has(&r->remedies[1], "num_workers=3"));
+    assert_int_equal(rank_of(r, "set_device"), 0);
+    assert_false(rank_of(r, "restart_process") > 0 && rank_of(r, "restart_process") <= 3);
     assert_false(any_how_has(r, "kill "));
+    /* the pass still building outgrows a splintered cache (fragmentation only a side finding): the splinters'
+     * remedies are not offered beside the workers' own fix */
+    fixture_roles(r, 1 * GiB, 0, 0, 0, 0, 12 * GiB);
+    r->memory.fw.reserved_bytes += 20 * MiB;
+    r->memory.fw.largest_free_block_bytes = 2 * MiB;
+    r->event.requested_bytes = 20 * MiB;
+    og_set(&r->device.free_bytes, 8 * MiB);
+    fixture_phase(r, "backward", "/w/train.py", "backward");
+    r->memory.fw.grad_enabled = 1;
+    run_primary(r, "peer_ranks");
+    assert_true(has_cause(r, "fragmentation"));
+    assert_string_equal(r->remedies[0].id, "cuda_out_of_workers");
+    assert_int_equal(rank_of(r, "expandable_segments"), 0);
+    assert_int_equal(rank_of(r, "restart_process"), 0);
+    /* one worker of eight not a child (a rank of the job): set_device stays, and no workers' rows */
+    r->memory.other[0].child = false;
+    run(r);
+    assert_true(rank_of(r, "set_device") > 0);
+    assert_int_equal(rank_of(r, "cuda_out_of_workers"), 0);
     free(r);
 }
 
