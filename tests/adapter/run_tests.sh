@@ -200,6 +200,44 @@ t_multidev() {
 }
 t "out of memory on device 1 of 2: the numbers are device 1's" t_multidev
 
+t_contexts_lazy() { # MODE: where the stand-in torch makes CUDA contexts, as PyTorch 2.x on CUDA 12+ does
+    SIMGPU_DEVICES=2 shim adapter "$PYTHON" - "$1" "$ROOT/tests/scenarios/py" <<'PY'
+import ctypes, sys
+sys.path.insert(0, sys.argv[2])
+import scen_truth
+import torch
+lib = ctypes.CDLL("libcuda.so.1")
+def ctx():
+    out = []
+    for d in range(2):
+        t = scen_truth._Truth()
+        assert lib.simgpu_truth(d, ctypes.byref(t)) == 0
+        out.append(t.contexts)
+    return out
+mode = sys.argv[1]
+if mode == "set_device":        # set_device(1), then tensors on the current device: device 1 only
+    torch.cuda.set_device(1)
+    assert ctx() == [0, 1], ctx()
+    x = torch.empty(1 << 20)
+    assert (x.device, torch.cuda.current_device(), ctx()) == (1, 1, [0, 1]), (x.device, ctx())
+elif mode == "tensor":          # a first tensor on cuda:1; queries make no context on device 0
+    x = torch.empty(1 << 20, device="cuda:1")
+    assert ctx() == [0, 1], ctx()
+    assert torch.cuda.current_device() == 0 and torch.cuda.get_device_properties(0).total_memory > 0
+    assert torch.cuda.is_initialized() and ctx() == [0, 1], ctx()
+    y = torch.empty(1 << 20)    # the current device is used: now it has its context
+    assert (y.device, ctx()) == (0, [1, 1]), (y.device, ctx())
+elif mode == "init":            # initialisation and set_device(0) in a fresh process make no context
+    torch.cuda.init()
+    torch.cuda.set_device(0)
+    assert torch.cuda.is_initialized() and ctx() == [0, 0], ctx()
+PY
+}
+t "contexts: set_device(1) makes device 1's context only, none on device 0" t_contexts_lazy set_device
+t "contexts: a first tensor on cuda:1 makes device 1's; current_device and get_device_properties make none" \
+    t_contexts_lazy tensor
+t "contexts: torch.cuda.init() and set_device(0) make no context until a device is used" t_contexts_lazy init
+
 t_state_before() {
     shim adapter "$PYTHON" "$JOB" state-before st.json || return 1
     # torch imported, CUDA not initialised: the observer waits in torch.cuda's queue

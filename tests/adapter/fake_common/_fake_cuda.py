@@ -24,7 +24,10 @@ _ARGTYPES = (
     ("cudaDeviceGetDefaultMemPool", [_P(ctypes.c_void_p), ctypes.c_int]),
     ("cudaMemPoolGetAttribute", [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]),
     ("cudaMemPoolTrimTo", [ctypes.c_void_p, ctypes.c_size_t]),
+    ("cudaGetDeviceProperties", [ctypes.c_void_p, ctypes.c_int]),
 )
+# struct cudaDeviceProp of CUDA 12/13 (cuda_runtime_api.h): 1008 bytes, totalGlobalMem (size_t) at 288
+_PROP_SIZE, _PROP_TOTAL = 1008, 288
 
 
 _via = None
@@ -85,6 +88,16 @@ def mem_get_info(device):
         rt.cudaGetLastError()
         return 0, 0
     return free.value, total.value
+
+
+def total_memory(device):
+    """The device's total bytes as cudaGetDeviceProperties says (0 when it cannot): a query, no
+    context is made (mem_get_info makes the device's)."""
+    buf = ctypes.create_string_buffer(_PROP_SIZE + 64)
+    if runtime().cudaGetDeviceProperties(buf, device) != 0:
+        runtime().cudaGetLastError()
+        return 0
+    return ctypes.c_size_t.from_buffer(buf, _PROP_TOTAL).value
 
 
 def malloc(device, size):

@@ -21,7 +21,7 @@ import ctypes
 import os
 import sys
 
-from torch._fake_cuda import Chunk, best_fit, cuda_free, cuda_malloc, device_count, mem_get_info, round_up, runtime
+from torch._fake_cuda import Chunk, best_fit, cuda_free, cuda_malloc, device_count, mem_get_info, round_up, runtime, total_memory
 
 KiB = 1024
 MiB = 1024 * KiB

@@ -1,7 +1,14 @@
 """torch.cuda, as far as the adapter uses it; lazy initialisation works like PyTorch's:
 _lazy_call() queues a callable until the first CUDA use (or runs it at once after it); the queued
 callables run after the C side is initialised (_cuda_init_done) but before is_initialized()
-turns true, and one that raises turns that first CUDA use into DeferredCudaCallError."""
+turns true, and one that raises turns that first CUDA use into DeferredCudaCallError.
+
+Contexts as in PyTorch 2.x on CUDA 12+: initialisation (torch._C._cuda_init) asks for the device
+count and makes no context; a device's primary context is made by its first use -- set_device(n)
+with n not the runtime's current device (c10::cuda::SetDevice calls cudaSetDevice, which makes the
+context since CUDA 12), a tensor on it, mem_get_info -- so a process that only ever uses cuda:N has
+no context on device 0.  current_device() and get_device_properties() make none."""
+import ctypes
 import threading
 import traceback
 
@@ -53,7 +60,8 @@ def _lazy_init():
             return
         if _alloc.device_count() <= 0:
             raise RuntimeError("fake torch: no CUDA device")
-        _alloc.runtime().cudaFree(None)          # creates the context, like torch._C._cuda_init()
+        # torch._C._cuda_init(): the device count (above) and the allocator's state; no context: the
+        # first use of a device makes its primary context (set_device, a tensor, mem_get_info)
         _cuda_init_done = True
         _tls.is_initializing = True
         try:
@@ -74,14 +82,39 @@ def init():
 
 
 def current_device():
+    """The thread's current device (0 until set_device): reading it makes no context, as
+    cudaGetDevice makes none."""
     _lazy_init()
     return getattr(_current, "device", 0)
 
 
+def _device_index(device):
+    """An int, "cuda", "cuda:N" or an object with .index (torch.device), as PyTorch's
+    _get_device_index takes them; "cuda" alone is the current device."""
+    if isinstance(device, str):
+        return int(device.split(":")[1]) if ":" in device else current_device()
+    if hasattr(device, "index"):
+        return current_device() if device.index is None else int(device.index)
+    return int(device)
+
+
 def set_device(device):
+    """As torch.cuda.set_device -> c10::cuda::SetDevice: CUDA initialised lazily, then cudaSetDevice
+    only when the runtime's current device (cudaGetDevice, which makes no context) is another one,
+    so set_device(0) in a fresh process makes no context and set_device(n) makes device n's only.
+    A negative index does nothing, as in PyTorch."""
+    d = _device_index(device)
+    if d < 0:
+        return
     _lazy_init()
-    _current.device = int(device)
-    _alloc.runtime().cudaSetDevice(int(device))
+    _current.device = d
+    rt = _alloc.runtime()
+    cur = ctypes.c_int(-1)
+    if rt.cudaGetDevice(ctypes.byref(cur)) != 0:
+        rt.cudaGetLastError()
+        cur.value = -1
+    if cur.value != d:
+        rt.cudaSetDevice(d)
 
 
 def _allocator(device):
@@ -114,8 +147,10 @@ class _DeviceProperties(object):
 
 
 def get_device_properties(device=None):
-    d = current_device() if device is None else int(device)
-    return _DeviceProperties("fake", _alloc.mem_get_info(d)[1])
+    """As PyTorch's (cudaGetDeviceProperties): no context is made on the device."""
+    _lazy_init()
+    d = current_device() if device is None else _device_index(device)
+    return _DeviceProperties("fake", _alloc.total_memory(d))
 
 
 def set_per_process_memory_fraction(fraction, device=None):
