@@ -238,6 +238,10 @@ t "contexts: a first tensor on cuda:1 makes device 1's; current_device and get_d
     t_contexts_lazy tensor
 t "contexts: torch.cuda.init() and set_device(0) make no context until a device is used" t_contexts_lazy init
 
+t_autograd_nested() { shim adapter "$PYTHON" "$SC/job_autograd.py"; }
+t "autograd: a nested model's backward gives every parameter used a gradient of its size and dtype; zero_grad drops them" \
+    t_autograd_nested
+
 t_state_before() {
     shim adapter "$PYTHON" "$JOB" state-before st.json || return 1
     # torch imported, CUDA not initialised: the observer waits in torch.cuda's queue

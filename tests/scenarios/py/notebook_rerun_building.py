@@ -60,7 +60,7 @@ def train(model, opt, n):
         loss._saved, loss._params = h, tuple(model.parameters())
         scen_truth.backward(loss)
         opt.step()
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=False)                 # zeroed in place: the gradients stay allocated
         del loss, h, x
 
 

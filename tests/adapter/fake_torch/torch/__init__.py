@@ -60,7 +60,7 @@ class Tensor(object):
     _dtype = None           # set by empty(); views and parameters read their base's
     requires_grad = False
     _base = None
-    _params = ()            # the parameters a forward pass's output depends on (torch/nn)
+    _params = ()            # the leaves (parameters) its graph depends on (torch/autograd/_graph.py)
 
     def __init__(self, device, block, nbytes):
         self.device = device
@@ -97,15 +97,15 @@ class Tensor(object):
     def view(self, *shape):
         v = Tensor.__new__(Tensor)
         v.device, v._block, v.nbytes, v._base = self.device, None, self.nbytes, self
-        return v
+        return _derive(v, self)
 
     def detach(self):
-        return self.view()
+        return _no_graph(self.view())
 
     def clone(self, memory_format=None):
         """Tensor.clone(): a new tensor of the same size and dtype on the same device (the stand-in
-        copies no data; autograd aside)."""
-        return empty_like(self)
+        copies no data), in the graph of the original (view too; detach leaves it)."""
+        return _derive(empty_like(self), self)
 
     def __deepcopy__(self, memo):
         """copy.deepcopy(t), as PyTorch's: a clone on the same device (a Parameter stays a
@@ -302,3 +302,15 @@ def _tensor_deepcopy(self, memo):
 
 
 Tensor.__deepcopy__ = _tensor_deepcopy
+
+
+def _derive(out, *inputs):
+    """out, made from inputs by an operation autograd records: in their graph (torch/autograd/_graph.py)."""
+    from torch.autograd import _graph
+    return _graph.derive(out, *inputs)
+
+
+def _no_graph(t):
+    """t without a graph, as Tensor.detach() returns it."""
+    t._params = ()
+    return t

@@ -1,5 +1,6 @@
-"""The stand-in's autograd engine thread: one gradient per parameter that requires one (made at
-the first backward, accumulated into afterwards, as PyTorch does)."""
+"""The stand-in's autograd engine thread: one gradient per leaf of the graph that requires one
+(torch/autograd/_graph.py), of its size, dtype and device, made at the first backward and
+accumulated into in place afterwards (no new memory), as PyTorch's AccumulateGrad does."""
 import torch
 
 

@@ -1,7 +1,9 @@
 """torch.nn.functional, as far as the scenario programs use it: the Python functions whose frames the failing
 stack shows in PyTorch (torch/nn/functional.py: cross_entropy, log_softmax, interpolate), each making the
-tensors PyTorch's would, sized in bytes as the stand-in's tensors are (no shapes).  Nothing is computed."""
+tensors PyTorch's would, sized in bytes as the stand-in's tensors are (no shapes).  Nothing is computed;
+each output is in its input's autograd graph (torch/autograd/_graph.py), as in PyTorch."""
 import torch
+from torch.autograd._graph import derive
 
 
 def log_softmax(input, dim=-1, dtype=None):
@@ -10,13 +12,13 @@ def log_softmax(input, dim=-1, dtype=None):
     n = input.nbytes * (2 if dtype == torch.float32 and input.dtype in (torch.bfloat16, torch.float16) else 1)
     out = torch.empty(n, device=input.device)
     out._saved = input
-    return out
+    return derive(out, input)
 
 
 def nll_loss(input, target, reduction="mean"):
     loss = torch.empty(512, device=input.device)
     loss._saved = input
-    return loss
+    return derive(loss, input)
 
 
 def cross_entropy(input, target, reduction="mean"):
@@ -29,4 +31,4 @@ def interpolate(input, scale_factor=2.0, mode="nearest"):
     """The input upsampled by scale_factor in both spatial dimensions: scale_factor**2 times its bytes."""
     out = torch.empty(int(input.nbytes * float(scale_factor) ** 2), device=input.device)
     out._saved = input
-    return out
+    return derive(out, input)

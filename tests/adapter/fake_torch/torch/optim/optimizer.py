@@ -48,7 +48,13 @@ class Optimizer(object):
         self.param_groups = [group]
 
     def zero_grad(self, set_to_none=True):
-        pass
+        """As PyTorch's: every parameter's gradient dropped (set_to_none, the default since 2.0: its
+        memory goes back to the cache) or zeroed in place (kept)."""
+        if set_to_none:
+            for g in self.param_groups:
+                for p in g["params"]:
+                    if getattr(p, "grad", None) is not None:
+                        p.grad = None
 
     def state_dict(self):
         """As PyTorch's: {"state": {index: that parameter's state}, "param_groups": [...]}, the

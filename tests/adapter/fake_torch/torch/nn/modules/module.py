@@ -1,10 +1,13 @@
 """torch.nn.Module as PyTorch lays it out: parameters in _parameters, buffers in _buffers,
 submodules in _modules (the role code reads these dicts, as it does PyTorch's); calling a module
 runs _call_impl, which runs forward (the phase table matches these frames).  The stand-in computes
-nothing: a forward pass's output records the parameters it depends on, for backward()."""
+nothing: a forward pass's output records every parameter it depends on -- this module's, its
+submodules' that ran, those read as attributes, its inputs' (torch/autograd/_graph.py) -- for
+backward()."""
 import collections
 
 import torch
+from torch.autograd import _graph
 from torch.nn.parameter import Parameter
 
 
@@ -30,6 +33,8 @@ class Module(object):
         for d in ("_parameters", "_buffers", "_modules"):
             dd = self.__dict__.get(d)
             if dd is not None and name in dd:
+                if d == "_parameters" and dd[name] is not None:
+                    _graph.note_parameter(dd[name])
                 return dd[name]
         raise AttributeError(name)
 
@@ -63,9 +68,12 @@ class Module(object):
         return self._call_impl(*args, **kwargs)
 
     def _call_impl(self, *args, **kwargs):
-        out = self.forward(*args, **kwargs)
-        if isinstance(out, torch.Tensor) and not out._params:
-            out._params = tuple(self.parameters())
+        _graph.begin_forward()
+        out = None
+        try:
+            out = self.forward(*args, **kwargs)
+        finally:
+            _graph.end_forward(self, args, kwargs, out)
         return out
 
     def forward(self, *args, **kwargs):
@@ -93,8 +101,11 @@ class Module(object):
         return self.train(False)
 
     def zero_grad(self, set_to_none=True):
-        for p in self.parameters():
-            p.grad = None
+        """As PyTorch's: the gradients are dropped (set_to_none, the default since 2.0) or zeroed in
+        place (kept: same memory)."""
+        if set_to_none:
+            for p in self.parameters():
+                p.grad = None
 
     def state_dict(self):
         return collections.OrderedDict(self.named_parameters())
