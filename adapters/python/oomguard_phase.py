@@ -559,9 +559,30 @@ def _accumulation(frame, package_dir, limit):
                     for o in reads:
                         if o != t and graph_alive(local.get(o, f.f_globals.get(o))) is True:
                             return (f.f_code.co_filename, int(line), f.f_code.co_name, t, o)
+                    # an attribute of a name the statement reads (total += out.loss / n): a model output's loss
+                    for a, b in zip(ops, ops[1:]):
+                        if a[1] in _LOCAL_LOADS and a[2] and a[2] != t and b[1] == "LOAD_ATTR" and b[2] and \
+                                graph_alive(_plain_attr(local.get(a[2]), b[2])) is True:
+                            return (f.f_code.co_filename, int(line), f.f_code.co_name, t, "%s.%s" % (a[2], b[2]))
             got = _kept_in_list(f, lines, local)
             if got is not None:
                 return got
+    except Exception:
+        pass
+    return None
+
+
+def _plain_attr(obj, name):
+    """obj's attribute `name` when it is stored on the object (its __dict__, or an item of a dict-like output such
+    as a Hugging Face ModelOutput), without calling a property or __getattr__; None otherwise.  Never raises."""
+    try:
+        if obj is None:
+            return None
+        d = getattr(obj, "__dict__", None)
+        if isinstance(d, dict) and name in d:
+            return d[name]
+        if isinstance(obj, dict):
+            return dict.get(obj, name)
     except Exception:
         pass
     return None

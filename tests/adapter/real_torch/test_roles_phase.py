@@ -482,6 +482,20 @@ def t_accumulation():
     got = summed_inplace()
     assert got is not None and got[3:] == ("acc", "out"), got
 
+    class Out(object):                               # a model's output: the loss an attribute (out.loss)
+        def __init__(self, loss):
+            self.loss = loss
+
+    def summed_attr():
+        accum_loss = 0.0
+        for i in range(3):
+            out = Out(lin(torch.randn(4, 8)).tanh().sum())
+            if i == 2:
+                return probe()
+            accum_loss += out.loss / 3
+    got = summed_attr()
+    assert got is not None and got[3:] == ("accum_loss", "out.loss"), got
+
     def each():
         total = None
         for i in range(3):
