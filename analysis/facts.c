@@ -1054,6 +1054,9 @@ static void roles(og_facts_t *d, const og_record_t *r)
     char fn[sizeof ro->stmt.function];
     og_cpy(fn, sizeof fn, ro->has_statement ? ro->stmt.function : "", sizeof fn);
     bool building = d->phase == OG_JP_loading || strcmp(fn, "__init__") == 0;
+    for (int i = 0; d->phase == OG_JP_loading && i < nm; i++)
+        if (ro->models[i].running > 0)
+            k->arriving = add_sat(k->arriving, ro->models[i].bytes * (uint64_t)ro->models[i].running);
     for (int i = 0; building && i < nm; i++) {
         if (ro->models[i].frozen || ro->models[i].count <= 0)
             continue;
@@ -1211,16 +1214,18 @@ static void trains(og_facts_t *d, const og_record_t *r)
 /* A pass still building up (the adapter's phase: forward, backward, evaluation, generation) whose own
  * tensors (the working set) are at least PASS_OVER_CACHE times the failing framework's measured cache,
  * while that cache is under frag_share of its reservation: the cache could carry the pass a few
- * allocations further, not through it (the rest of the pass was never requested). */
+ * allocations further, not through it (the rest of the pass was never requested).  Likewise a model being
+ * built (phase loading): what the models running now hold so far (roles.arriving) is its working set. */
 #define PASS_OVER_CACHE 4
 static void pass_outgrows_cache(og_facts_t *d)
 {
     const og_role_facts_t *k = &d->roles;
     bool building = d->phase == OG_JP_forward || d->phase == OG_JP_backward || d->phase == OG_JP_evaluation ||
-                    d->phase == OG_JP_generation;
+                    d->phase == OG_JP_generation || (d->phase == OG_JP_loading && k->arriving);
     if (!building || !k->known || !k->act_known || !d->cached_known || d->recovered || !d->reservation)
         return;
-    d->pass_outgrows_cache = k->working >= PASS_OVER_CACHE * (d->cached > d->req ? d->cached : d->req) &&
+    uint64_t set = add_sat(k->working, k->arriving);
+    d->pass_outgrows_cache = set >= PASS_OVER_CACHE * (d->cached > d->req ? d->cached : d->req) &&
                              (double)d->cached < d->frag_share * (double)d->reservation;
 }
 

@@ -179,6 +179,9 @@ typedef struct og_role_facts {
      * model now (roles.models[].names: ref = copy.deepcopy(policy) while the previous ref lives): that model's
      * parameters, the copy the new one replaces; 0 none */
     uint64_t copy_replaces;
+    /* while a model is being built (phase loading): the parameters the models running now hold (roles.models
+     * running: their __init__, from_pretrained or .to() executes), what the load made so far; 0 none */
+    uint64_t arriving;
 } og_role_facts_t;
 
 /* A peak from one batch: the failing request (and the equal allocations just before it) is a size the

@@ -250,6 +250,7 @@ class _Scan(object):
         self.parent = {}                  # id(module) -> the module that holds it
         self.model_names = {}             # id(module) -> names of the running code holding it (see _name_module)
         self.running = []                 # modules that are `self` of a running frame
+        self.rebound = {}                 # id(module) -> names a running statement is about to rebind
         self.ddp = None                   # see _ddp
         try:
             self.exclude = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,)
@@ -628,6 +629,35 @@ def _copy_made(scan, limit=256):
     return total
 
 
+_STORES = frozenset(("STORE_FAST", "STORE_NAME", "STORE_GLOBAL", "STORE_DEREF"))
+_STATEMENT_ENDS = frozenset(("POP_TOP", "RETURN_VALUE", "RETURN_CONST", "YIELD_VALUE", "GET_ITER", "FOR_ITER",
+                             "BEFORE_WITH", "SETUP_WITH", "END_FOR"))
+
+
+def _pending_stores(f):
+    """The names the statement frame f is running will store its result into once the call under way returns:
+    the STORE instructions after its current instruction, before the statement ends (model = from_pretrained(...)
+    running: `model`).  A model such a name holds now is being replaced (a notebook cell run again), not kept by
+    that name.  () when none; never raises."""
+    try:
+        from oomguard_phase import _instructions
+        lasti, out, stored = f.f_lasti, [], False
+        for off, op, name, _, _ in _instructions(f.f_code):
+            if off <= lasti:
+                continue
+            if op in _STORES and name:
+                out.append(name)
+                stored = True
+                continue
+            if stored and op not in ("COPY", "DUP_TOP", "STORE_ATTR", "STORE_SUBSCR"):
+                break
+            if op in _STATEMENT_ENDS or op.startswith("JUMP") or op.startswith("POP_JUMP"):
+                break
+        return tuple(out)
+    except Exception:
+        return ()
+
+
 def _name_module(scan, v, name):
     """The running code holds module v under `name` (a local of a running function of the program, a global
     of the program, an attribute of the program's object): recorded for the models (see _models_named)."""
@@ -665,15 +695,20 @@ def _models_named(scan):
     """scan.models with, for each group, how many of its roots the running code holds by a name (named),
     how many it is running (a method of the root or of one of its submodules is executing: running), and
     those names: [(class, bytes, tensors, count, frozen, named, running, names)].  A root no name of the
-    running code reaches is a leftover (a previous run's model kept by a traceback, a cycle)."""
+    running code reaches is a leftover (a previous run's model kept by a traceback, a cycle); so is one whose
+    names a running statement of the program is about to rebind (_pending_stores: a cell run again while its
+    previous model lives), though its names are listed."""
     running_roots = set(id(_root_of(scan, m)) for m in scan.running)
     out = []
     for cls, b, n, k, fr in scan.models:
         roots = scan.model_roots.get((cls, b, n), ())
-        named = [r for r in roots if id(r) in scan.model_names]
+        # a name a running statement is about to rebind (model = from_pretrained(...) while the previous model
+        # lives) does not keep that model: it is the previous copy (its names still say which)
+        named = [r for r in roots
+                 if any(nm not in scan.rebound.get(id(r), ()) for nm in scan.model_names.get(id(r), ()))]
         names = []
-        for r in named:
-            for nm in scan.model_names[id(r)]:
+        for r in roots:
+            for nm in scan.model_names.get(id(r), ()):
                 if nm not in names and len(names) < 4:
                     names.append(nm)
         out.append((cls, b, n, k, fr, len(named), sum(1 for r in roots if id(r) in running_roots), names))
@@ -837,6 +872,7 @@ def _named_holders(scan, modules, frame_roots):
                 code = f.f_code
                 if is_user_file(code.co_filename, scan.exclude):
                     where = "local in %s (%s:%d)" % (code.co_name, os.path.basename(code.co_filename), f.f_lineno or 0)
+                    pending = _pending_stores(f)
                     for k, v in _frame_locals(f):
                         tp = type(v)
                         if tp in _LOCAL_HOLDERS:
@@ -845,6 +881,12 @@ def _named_holders(scan, modules, frame_roots):
                             instance(v, 2)
                         elif k != "self" and tp not in _ATOMS and scan.kind(tp) == "module":
                             _name_module(scan, v, str(k))
+                            if k in pending:
+                                scan.rebound.setdefault(id(v), set()).add(str(k))
+                    for k in pending:                # a global the statement rebinds (STORE_GLOBAL in a function)
+                        v = f.f_globals.get(k)
+                        if v is not None and type(v) not in _ATOMS and scan.kind(type(v)) == "module":
+                            scan.rebound.setdefault(id(v), set()).add(str(k))
     finally:
         # the current thread's stack holds this very frame: a list of it (or `f`, at the end of the loop)
         # left in a local of it is a cycle that keeps the failing pass's frames, and their tensors, alive

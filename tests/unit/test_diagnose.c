@@ -1254,6 +1254,34 @@ static void a_copy_that_outgrows_the_cache_does_not_fit(void **state)
     free(r);
 }
 
+/* a model being loaded (phase loading) beside a previous copy: the copy arriving holds 10 GiB so far (its class
+ * running, roles.models) when a 112 MiB request fails with 226 MiB cached in splinters: the load outgrows the
+ * cache, does_not_fit leads (basis pass_outgrows_cache, the arriving parameters its working set); nothing
+ * arriving (no model running): the textbook reading stands */
+static void a_load_that_outgrows_the_cache_does_not_fit(void **state)
+{
+    og_record_t *r = base();
+    r->event.requested_bytes = 112 * MiB;
+    og_set(&r->device.free_bytes, 100 * MiB);
+    fixture_roles(r, 24 * GiB, 0, 0, 0, 0, 0);
+    r->memory.fw.reserved_bytes += 226 * MiB;
+    r->memory.fw.largest_free_block_bytes = 4 * MiB;
+    fixture_phase(r, "loading", "/w/nb.py", "from_pretrained");
+    fixture_model(r, "Mistral", 14 * GiB, 1, false);
+    fixture_model_held(r, 0, 0, "model");
+    fixture_model(r, "Mistral", 10 * GiB, 1, false);
+    diag(r);
+    assert_string_equal(r->diagnosis.primary, "fragmentation");
+    fixture_model_held(r, 0, 1, "");
+    diag(r);
+    assert_string_equal(r->diagnosis.primary, "does_not_fit");
+    assert_string_equal(evt(find(r, "does_not_fit"), "basis"), "pass_outgrows_cache");
+    assert_true(ev(find(r, "does_not_fit"), "pass_working_set_bytes") == 10.0 * GiB);
+    assert_true(find(r, "fragmentation")->confidence <= 0.5);
+    og_test_check_text(find(r, "does_not_fit")->summary);
+    free(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1299,6 +1327,7 @@ int main(void)
         cmocka_unit_test(size_max_request_is_a_request),
         cmocka_unit_test(a_pass_that_outgrows_the_cache_does_not_fit),
         cmocka_unit_test(a_copy_that_outgrows_the_cache_does_not_fit),
+        cmocka_unit_test(a_load_that_outgrows_the_cache_does_not_fit),
     };
     int total = (int)(sizeof tests / sizeof *tests);
     int failed = cmocka_run_group_tests(tests, NULL, NULL);

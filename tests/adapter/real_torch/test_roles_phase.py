@@ -312,6 +312,19 @@ def t_models_named():
     finally:
         g.pop("kept", None)
 
+    def rebuild():                                   # the new copy being built measures the old one's names
+        got.append(measure(None))
+        return Net()
+
+    def cell():                                      # a cell run again: `net` still holds the first copy
+        net = Net()
+        net = rebuild()
+        return net
+    got = []
+    cell()
+    ms = dict((m[0], m) for m in got[0]["models"])
+    assert ms["Net"][5] == 1 and "net" in ms["Net"][7], ms      # `model` names one; `net` is being rebound
+
 
 def t_statement():
     """The failing statement: the name its result goes to and what that name says (an EMA made, a
