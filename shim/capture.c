@@ -925,11 +925,10 @@ og_record_t *og_record_unmeasured(const char *status, const og_episode_t *ep)
     capture_env(rec);
     capture_framework(rec);
     rec->device.index = ep->device;
-    /* total_bytes, free_bytes, limit_bytes, limit_usage_bytes, process_used_bytes, non_framework_bytes,
-     * context_bytes_estimate, framework_cached_bytes, other_processes_bytes and shortfall_bytes: not
-     * measured, as calloc left them.  The tracked total says 0, as this record always has (the dump's
-     * readers take it for a number); the ledger at that moment is gone, so it is no measurement. */
-    og_set(&rec->memory.process_tracked_bytes, 0);
+    /* total_bytes, free_bytes, limit_bytes, limit_usage_bytes, process_tracked_bytes, process_used_bytes,
+     * non_framework_bytes, context_bytes_estimate, framework_cached_bytes, other_processes_bytes and
+     * shortfall_bytes: not measured, as calloc left them (the ledger at that moment is gone: its total
+     * now would be a confident wrong figure, and 0 one more). */
     og_unmeasured(rec, OG_UM_DUMP_BUDGET,
                   "everything but the failing call: OOMGUARD_MAX_DUMPS (%lld) was spent when it failed; recorded "
                   "from the failure alone when it proved final",

@@ -271,11 +271,17 @@ result $([ $rc = 3 ] && [ "$st" = "oom 0" ] && [ "$bys" = "1 0" ] && [ "$(ls "$d
 # past the budget the failure that proves final is still recorded, from the failure alone
 d=$(fresh recoveries-past)
 shim env OOMGUARD_DIR="$d" OOMGUARD_QUIET=1 OOMGUARD_MAX_DUMPS=10 "$prog" recoveries 30 >/dev/null 2>&1; rc=$?
-st=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); e=d["event"]
-print(d["status"], e["requested_bytes"] >> 30, any("OOMGUARD_MAX_DUMPS" in u for u in d["memory"]["unmeasured"]))' \
+st=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); e=d["event"]; m=d["memory"]
+print(d["status"], e["requested_bytes"] >> 30, any("OOMGUARD_MAX_DUMPS" in u for u in m["unmeasured"]),
+      m["process_tracked_bytes"], m["context_bytes_estimate"], d["diagnosis"]["shortfall_bytes"])' \
      "$d"/oomguard-*.json 2>/dev/null)
-result $([ $rc = 3 ] && [ "$st" = "oom 64 True" ]; echo $?) \
-    "MAX_DUMPS=10, 30 recovered failures, then a fatal one: the file says '$st' (status, GiB, not measured)"
+result $([ $rc = 3 ] && [ "$st" = "oom 64 True None None None" ]; echo $?) \
+    "MAX_DUMPS=10, 30 recovered failures, then a fatal one: the file says '$st' (status, GiB, not measured, tracked, context, shortfall unknown)"
+txt=$(cat "$d"/oomguard-*.txt 2>/dev/null)
+rep=$("$root/$B/oomguard" report "$d"/oomguard-*.json 2>&1); rrc=$?
+result $(echo "$txt" | grep -q "this process, tracked  *unknown" && ! echo "$txt" | grep -q "short by" &&
+         [ $rrc = 0 ] && ! echo "$rep" | grep -qE "(^| )0 B short|Short by"; echo $?) \
+    "the record from the failure alone: its text says the tracked total is unknown, and the report claims no figure (rc $rrc)"
 
 # ---------------------------------------------------------------- one moment per dump
 echo "== a dump taken while other threads allocate agrees with itself"
