@@ -670,6 +670,19 @@ static bool c_non_framework(const og_facts_t *d, const og_record_t *r, og_cause_
         ev_text(c, "largest_library", "%s", lib);
         ev_bytes(c, "largest_library_bytes", r->memory.by_library[big].bytes);
     }
+    /* that library is NCCL and the environment sizes its buffers beyond NCCL's defaults: the setting in force
+     * and the part of its bytes a larger buffer adds */
+    if (big >= 0 && big == d->comm_lib && (d->comm_setting_excess || d->comm_min_channels)) {
+        char set[96] = "";
+        if (d->comm_buffsize)
+            og_fmt(set, sizeof set, "NCCL_BUFFSIZE=%llu", (unsigned long long)d->comm_buffsize);
+        if (d->comm_min_channels) {
+            size_t l = strlen(set);
+            og_fmt(set + l, sizeof set - l, "%sNCCL_MIN_NCHANNELS=%d", l ? " " : "", d->comm_min_channels);
+        }
+        ev_text(c, "library_settings", "%s", set);
+        ev_bytes(c, "settings_excess_bytes", d->comm_setting_excess);
+    }
     return true;
 }
 #define GROWTH_MIN_STEPS 6

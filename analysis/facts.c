@@ -1282,6 +1282,31 @@ static void outlier(og_facts_t *d, const og_record_t *r)
     o->holds = before >= 8 && freed && prev_max && other <= run && (double)d->req >= 4.0 * (double)prev_max;
 }
 
+/* the value of NAME in the record's allow-listed environment, or NULL */
+static const char *env_of(const og_record_t *r, const char *name)
+{
+    size_t l = strlen(name);
+    int n = r->nenv < 0 ? 0 : r->nenv > 48 ? 48 : r->nenv;
+    for (int i = 0; i < n; i++)
+        if (strnlen(r->env[i], sizeof r->env[i]) < sizeof r->env[i] && strncmp(r->env[i], name, l) == 0 &&
+            r->env[i][l] == '=')
+            return r->env[i] + l + 1;
+    return NULL;
+}
+
+/* a positive integer setting as NCCL reads it (strtoll, base 0: decimal or 0x hex), 0 when unset or not one */
+static uint64_t env_count(const og_record_t *r, const char *name)
+{
+    const char *v = env_of(r, name);
+    if (!v || !*v)
+        return 0;
+    char *end;
+    unsigned long long x = strtoull(v, &end, 0);
+    return *end == 0 && v[0] != '-' ? (uint64_t)x : 0;
+}
+
+#define NCCL_DEFAULT_BUFFSIZE (4ull << 20) /* NCCL_BUFFSIZE's default: 4 MiB per buffer */
+
 /* a collective-communication library's memory (NCCL, RCCL) */
 static void communication(og_facts_t *d, const og_record_t *r)
 {
@@ -1301,6 +1326,16 @@ static void communication(og_facts_t *d, const og_record_t *r)
     og_cpy(fl, sizeof fl, r->event.library, sizeof fl);
     const char *fb = og_base_name(fl);
     d->comm_failing = strncmp(fb, "libnccl", 7) == 0 || strncmp(fb, "librccl", 7) == 0;
+    /* the settings that size its buffers: every channel of every communicator keeps NCCL_BUFFSIZE per peer and
+     * protocol, so its bytes scale with the buffer size; what a larger one adds is the part of its bytes beyond
+     * what the default would hold.  NCCL_MIN_NCHANNELS forces more channels than NCCL picks for the topology,
+     * which it decides itself (not counted here) */
+    d->comm_buffsize = env_count(r, "NCCL_BUFFSIZE");
+    uint64_t ch = env_count(r, "NCCL_MIN_NCHANNELS");
+    d->comm_min_channels = ch > 1024 ? 1024 : (int)ch;
+    if (d->comm_lib >= 0 && d->comm_buffsize > NCCL_DEFAULT_BUFFSIZE)
+        d->comm_setting_excess =
+            (uint64_t)((double)d->comm_bytes * (1.0 - (double)NCCL_DEFAULT_BUFFSIZE / (double)d->comm_buffsize));
     const og_growth_facts_t *g = &d->growth;
     if (d->comm_lib < 0 || !g->holds || !g->rise)
         return;

@@ -307,6 +307,12 @@ typedef struct og_facts {
      * part (the median rise per step over every step, give or take a fifth; one-off jumps such as the
      * framework's cache warming are not its) */
     bool comm_holds_growth;
+    /* NCCL's settings in force (the captured environment): NCCL_BUFFSIZE in bytes (0 unset or unreadable) and
+     * NCCL_MIN_NCHANNELS (0 unset); of comm_bytes, what a buffer size above NCCL's 4 MiB default adds:
+     * comm_bytes x (1 - 4 MiB / NCCL_BUFFSIZE) (0 none: unset, at or below the default, or no NCCL memory) */
+    uint64_t comm_buffsize;
+    int comm_min_channels;
+    uint64_t comm_setting_excess;
 
     /* what the advice reads (its definitions, kept apart where they differ from the causes') */
     struct og_advice_facts {

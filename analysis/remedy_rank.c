@@ -270,6 +270,18 @@ static bool communication(const rctx_t *x)
     return x->f->comm_lib >= 0 && x->f->comm_bytes >= x->shortfall &&
            (x->f->comm_failing || PHASE(collective) || comm_holds_growth(x));
 }
+/* NCCL's buffers hold the missing bytes outside any growth of theirs: NCCL is the largest library outside the
+ * framework (cause non_framework), or the environment sizes its buffers beyond NCCL's default (NCCL_BUFFSIZE)
+ * and what that adds covers the shortfall */
+static bool comm_settings_cover(const rctx_t *x)
+{
+    return x->f->comm_setting_excess && x->f->comm_setting_excess >= x->shortfall;
+}
+static bool comm_outside(const rctx_t *x)
+{
+    return x->f->comm_lib >= 0 && x->f->comm_bytes >= x->shortfall &&
+           ((HAS(NONFW) && x->f->nonfw_big_lib == x->f->comm_lib) || comm_settings_cover(x));
+}
 /* a peak from one batch far larger than the earlier steps' (a long document), with autograd on */
 static bool one_batch_peak(const rctx_t *x) { return PRIMARY(DNF) && x->f->outlier.holds && x->grad != -1; }
 /* one inference input larger than the card: its length is the lever, when something says the request is a
@@ -608,6 +620,10 @@ static const og_rank_row_t bring[] = {
     { "communication", communication, WANT, 0, 0, REMS(R_REUSE_PG, R_NCCL_BUF),
       "NCCL's bytes >= shortfall, and NCCL failed, phase collective or NCCL holds the growth",
       "(unit tests: nccl_growth)" },
+    { "communication_outside", comm_outside, WANT, 0, 0, REMS(R_NCCL_BUF),
+      "NCCL's bytes >= shortfall, and NCCL the largest library outside the framework (cause non_framework) or "
+      "NCCL_BUFFSIZE above its default adding >= the shortfall",
+      "megatron_nccl_buffsize_tuning_env (blind); (unit tests: nccl_settings)" },
     { "checkpointing_off", checkpointing_off, WANT, 0, 0, REMS(R_CHECKPOINTING),
       "the job trains, adapter: grad_enabled on, roles: gradient_checkpointing false, activations >= half the "
       "allocated bytes",
@@ -785,6 +801,9 @@ static const og_rank_row_t lead[] = {
       "retry_in_except (blind)" },
     { "checkpoint_restore_lead", checkpoint_restore, LEAD_COVERS, -24, 0, REMS(R_MAP_CPU),
       "phase loading, torch.load on the stack", "(unit tests: phase_checkpoint_restore)" },
+    { "communication_settings_lead", comm_settings_cover, LEAD_COVERS, -23, 0, REMS(R_NCCL_BUF),
+      "NCCL_BUFFSIZE above its 4 MiB default, NCCL's bytes beyond what the default would hold >= shortfall",
+      "megatron_nccl_buffsize_tuning_env (blind); (unit tests: nccl_settings)" },
     { "communication_lead", comm_holds_growth, LEAD_COVERS, -23, 1, REMS(R_REUSE_PG, R_NCCL_BUF),
       "cause growth held by NCCL: its bytes >= the rise, or its own failing-size steps and >= their steady part",
       "rlhf_weight_sync_new_comm (blind); (unit tests: nccl_growth)" },
@@ -1006,7 +1025,9 @@ static void estimate(rank_t *k, const rctx_t *x)
     cover[R_BOUNDED_CACHE] = ro->keeper >= 0 ? 0.9 * (double)ro->keeper_bytes : -1;
     if (x->f->comm_lib >= 0) {
         cover[R_REUSE_PG] = comm_holds_growth(x) ? (double)x->f->comm_bytes : 0.5 * (double)x->f->comm_bytes;
-        cover[R_NCCL_BUF] = 0.5 * (double)x->f->comm_bytes;
+        /* the buffers beyond the default's when the environment enlarged them; else half of them (2 MiB) */
+        cover[R_NCCL_BUF] =
+            x->f->comm_setting_excess ? (double)x->f->comm_setting_excess : 0.5 * (double)x->f->comm_bytes;
     }
     if (checkpointing_off(x)) /* each layer keeps its input, recomputes the rest in backward: half at least */
         cover[R_CHECKPOINTING] = 0.5 * (double)ro->act;

@@ -1891,12 +1891,29 @@ static bool b_reuse_process_groups(const rctx_t *x, og_remedy_t *r)
 
 static bool b_nccl_buffsize(const rctx_t *x, og_remedy_t *r)
 {
+    const og_facts_t *f = x->f;
     why(r,
         "NCCL holds %s on this GPU; each communicator keeps buffers per channel and peer, sized by NCCL_BUFFSIZE "
         "(4 MiB by default).",
-        og_hb((double)x->f->comm_bytes).s);
-    HOWS(x, r, { ANY, "export NCCL_BUFFSIZE=2097152   # 2 MiB buffers: less memory per communicator" },
-         { ANY, "export NCCL_MAX_NCHANNELS=4   # fewer channels, fewer buffers (slower collectives)" });
+        og_hb((double)f->comm_bytes).s);
+    if (f->comm_setting_excess) {
+        why(r,
+            " NCCL_BUFFSIZE=%llu (%s) is set in this job's environment: at the default NCCL would hold about %s, "
+            "%s less.",
+            (unsigned long long)f->comm_buffsize, og_hb((double)f->comm_buffsize).s,
+            og_hb((double)(f->comm_bytes - f->comm_setting_excess)).s, og_hb((double)f->comm_setting_excess).s);
+        how(r, "unset NCCL_BUFFSIZE   # back to NCCL's 4 MiB default (this job sets %llu)",
+            (unsigned long long)f->comm_buffsize);
+    }
+    if (f->comm_min_channels) {
+        why(r, " NCCL_MIN_NCHANNELS=%d forces at least %d channels on every communicator, each with its own buffers.",
+            f->comm_min_channels, f->comm_min_channels);
+        how(r, "unset NCCL_MIN_NCHANNELS   # let NCCL choose the channels for this topology");
+    }
+    if (!f->comm_setting_excess)
+        HOWS(x, r, { ANY, "export NCCL_BUFFSIZE=2097152   # 2 MiB buffers: less memory per communicator" });
+    if (!f->comm_min_channels)
+        HOWS(x, r, { ANY, "export NCCL_MAX_NCHANNELS=4   # fewer channels, fewer buffers (slower collectives)" });
     return true;
 }
 

@@ -390,6 +390,26 @@ static void non_framework_needs_nvml_and_framework(void **state)
     free(r);
 }
 
+/* NCCL the largest library outside the framework, its buffers enlarged by the environment: the cause names the
+ * settings in force and what a buffer above NCCL's 4 MiB default adds; without the settings, neither key */
+static void non_framework_names_nccl_settings(void **state)
+{
+    og_record_t *r = nonfw_base(8 * GiB + 500 * MiB);
+    strcpy(r->memory.by_library[1].library, "/usr/lib/libnccl.so.2"); /* 8 GiB */
+    diag(r);
+    const og_cause_t *c = find(r, "non_framework");
+    assert_non_null(c->id);
+    assert_null(evt(c, "library_settings"));
+    assert_true(ev(c, "settings_excess_bytes") < 0);
+    strcpy(r->env[r->nenv++], "NCCL_BUFFSIZE=0x4000000"); /* 64 MiB, as NCCL reads it (base 0) */
+    strcpy(r->env[r->nenv++], "NCCL_MIN_NCHANNELS=32");
+    diag(r);
+    c = find(r, "non_framework");
+    assert_string_equal(evt(c, "library_settings"), "NCCL_BUFFSIZE=67108864 NCCL_MIN_NCHANNELS=32");
+    assert_true(ev(c, "settings_excess_bytes") == (double)(8 * GiB - 512 * MiB)); /* 8 GiB x (1 - 4/64) */
+    free(r);
+}
+
 /* ------------------------------------------------------------------ growth */
 
 /* event history (ev_reset, ev_add, leak_loop): analysis_fixture.h */
@@ -1296,6 +1316,7 @@ int main(void)
         cmocka_unit_test(fragmentation_and_foreign),
         cmocka_unit_test(non_framework_threshold),
         cmocka_unit_test(non_framework_needs_nvml_and_framework),
+        cmocka_unit_test(non_framework_names_nccl_settings),
         cmocka_unit_test(growth_is_a_pattern_of_steps),
         cmocka_unit_test(growth_excludes_loading),
         cmocka_unit_test(growth_of_other_sizes),

@@ -914,6 +914,28 @@ static void nccl_is_communication(void **state)
     free(r);
 }
 
+/* NCCL's settings in force: NCCL_BUFFSIZE above its 4 MiB default adds the part of NCCL's bytes beyond what the
+ * default would hold; at or below the default, unreadable, or without NCCL memory, nothing */
+static void nccl_settings_in_force(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    strcpy(r->env[r->nenv++], "NCCL_BUFFSIZE=16777216");
+    strcpy(r->env[r->nenv++], "NCCL_MIN_NCHANNELS=16");
+    assert_int_equal(facts(r)->comm_buffsize, 16 * MiB);
+    assert_int_equal(F.comm_min_channels, 16);
+    assert_int_equal(F.comm_setting_excess, 0); /* no NCCL memory */
+    og_lib_usage_t *l = &r->memory.by_library[r->memory.nlibs++];
+    snprintf(l->library, sizeof l->library, "libnccl.so.2");
+    l->bytes = 4 * GiB;
+    assert_int_equal(facts(r)->comm_setting_excess, 3 * GiB); /* 4 GiB x (1 - 4/16) */
+    strcpy(r->env[0], "NCCL_BUFFSIZE=4194304");
+    assert_int_equal(facts(r)->comm_setting_excess, 0);
+    strcpy(r->env[0], "NCCL_BUFFSIZE=64MB");
+    assert_int_equal(facts(r)->comm_buffsize, 0);
+    assert_int_equal(F.comm_setting_excess, 0);
+    free(r);
+}
+
 /* a new communicator per evaluation: each step is NCCL's own 256 MiB, 20 steps, while the framework's cache
  * warmed up by 8 GiB once in the same window: NCCL holds the steady part (5 GiB), not the whole rise, and
  * the growth is its; a failing call of another library, or NCCL holding under 80% of the steps, is not */
@@ -985,6 +1007,7 @@ int main(void)
         cmocka_unit_test(one_batch_peak_after_freed_steps),
         cmocka_unit_test(nccl_is_communication),
         cmocka_unit_test(nccl_holds_the_steady_part_of_the_growth),
+        cmocka_unit_test(nccl_settings_in_force),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

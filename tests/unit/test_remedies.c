@@ -143,6 +143,18 @@ static bool has_cause(const og_record_t *r, const char *id)
     return false;
 }
 
+/* the text evidence NAME of cause ID, or NULL */
+static const char *evt_of(const og_record_t *r, const char *id, const char *name)
+{
+    for (int i = 0; i < r->diagnosis.ncauses; i++)
+        if (r->diagnosis.causes[i].id && strcmp(r->diagnosis.causes[i].id, id) == 0)
+            for (int e = 0; e < r->diagnosis.causes[i].nevidence; e++)
+                if (strcmp(r->diagnosis.causes[i].evidence[e].name, name) == 0 &&
+                    r->diagnosis.causes[i].evidence[e].is_text)
+                    return r->diagnosis.causes[i].evidence[e].text;
+    return NULL;
+}
+
 static bool how_has(const og_remedy_t *m, const char *s)
 {
     for (int h = 0; h < m->nhow; h++)
@@ -384,6 +396,40 @@ static void non_framework_selection(void **state)
     assert_non_null(strstr(f->why, "libnvinfer.so.10"));
     assert_true(how_has(f, "libnvinfer.so.10"));
     assert_true(rank_of(r, "restart_process") > 0);
+    free(r);
+}
+
+/* NCCL the largest library outside the framework: nccl_buffsize is offered after the cause's own remedy; with
+ * NCCL_BUFFSIZE above its default, what the setting adds covers the shortfall and it leads, its text naming the
+ * setting and NCCL's bytes at the default */
+static void nccl_settings(void **state)
+{
+    og_record_t *r = base();
+    r->event.requested_bytes = 2 * GiB;
+    og_set(&r->device.free_bytes, 1843 * MiB); /* 205 MiB missing */
+    og_set(&r->memory.process_used_bytes, 20 * GiB);
+    og_set(&r->memory.process_tracked_bytes, 19 * GiB);
+    r->memory.framework_bytes = 12 * GiB;
+    og_set(&r->memory.non_framework_bytes, 8 * GiB);
+    og_set(&r->memory.context_bytes_estimate, 1 * GiB);
+    r->memory.nlibs = 2;
+    strcpy(r->memory.by_library[0].library, "libtorch_cuda.so");
+    r->memory.by_library[0].framework = true;
+    r->memory.by_library[0].bytes = 12 * GiB;
+    strcpy(r->memory.by_library[1].library, "libnccl.so.2");
+    r->memory.by_library[1].bytes = 7 * GiB;
+    run_primary(r, "non_framework");
+    assert_string_equal(r->remedies[0].id, "non_framework_memory");
+    assert_int_equal(rank_of(r, "nccl_buffsize"), 2);
+    assert_false(how_has(rem(r, "nccl_buffsize"), "unset NCCL_BUFFSIZE"));
+    strcpy(r->env[r->nenv++], "NCCL_BUFFSIZE=33554432"); /* 32 MiB: 7/8 of NCCL's bytes beyond the default's */
+    run_primary(r, "non_framework");
+    const og_remedy_t *m = &r->remedies[0];
+    assert_string_equal(m->id, "nccl_buffsize");
+    assert_non_null(strstr(m->why, "NCCL_BUFFSIZE=33554432"));
+    assert_non_null(strstr(m->why, "6.12 GiB less"));
+    assert_true(how_has(m, "unset NCCL_BUFFSIZE"));
+    assert_string_equal(evt_of(r, "non_framework", "library_settings"), "NCCL_BUFFSIZE=33554432");
     free(r);
 }
 
@@ -2200,6 +2246,7 @@ int main(void)
         cmocka_unit_test(cache_held_selection),
         cmocka_unit_test(limit_selection),
         cmocka_unit_test(non_framework_selection),
+        cmocka_unit_test(nccl_settings),
         cmocka_unit_test(unknown_cause_selection),
         cmocka_unit_test(expandable_segments_already_set),
         cmocka_unit_test(bf16_or_fp16_by_cc),
