@@ -1110,6 +1110,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
     k->num_beams = ro->num_beams > 0 ? ro->num_beams : 0;
     k->checkpointing = ro->checkpointing > 0 ? 1 : ro->checkpointing < 0 ? -1 : 0;
     k->batch_size = ro->batch_size > 0 ? ro->batch_size : 0;
+    k->autocast_code = ro->autocast_in_code;
     k->steps_known = ro->nsteps > 0;
     k->steps_made = ro->nsteps > 0 ? ro->steps_made : 0;
     k->params = role_or0(ro, OG_ROLE_parameters);

@@ -155,6 +155,7 @@ typedef struct og_roles {
     int num_beams;                 /* the beam width of the generation running at the failure; 0 unknown */
     int checkpointing;             /* activation checkpointing for the failing pass: 1 in force, -1 off, 0 unknown */
     int batch_size;                /* the batch the program names for the failing pass (an int named so); 0 unknown */
+    bool autocast_in_code;         /* the program's code on the failing stack enters autocast (false: not said) */
     uint64_t reported_t_ns;        /* when that report arrived (og_now_ns; 0 unknown) */
     double reported_t_rel;         /* the same on the history's clock (seconds since start; 0 unknown) */
     uint64_t sampled;              /* large containers and classes read in part (their first elements held no tensor) */

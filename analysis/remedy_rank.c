@@ -444,6 +444,18 @@ static bool no_activations(const rctx_t *x)
     return roles_of(x)->known && (PHASE(loading) || PHASE(optimizer_step) || PHASE(ema_update) || weights_copy(x));
 }
 
+/* mixed precision is in force for the pass though autocast is off at the failing line: the program's running
+ * code enters autocast (roles.autocast_in_code) and the failure is where autocast does not reach or keeps float32
+ * anyway: a backward pass (its ops take the forward's dtypes), or the loss over logits (roles.operation
+ * cross_entropy: PyTorch's autocast runs cross_entropy, log_softmax and nll_loss in float32, and the logits are
+ * upcast for them); turning it on adds nothing */
+static bool autocast_in_force(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && ro->autocast_code && x->autocast != 1 &&
+           (PHASE(backward) || ro->operation == OG_OP_cross_entropy);
+}
+
 /* the failing operation is a loss over logits (roles.operation cross_entropy: cross_entropy, log_softmax,
  * nll_loss on the stack): its [tokens, vocabulary] tensors are the request; a fused or chunked loss never makes
  * them whole */
@@ -701,6 +713,10 @@ static const og_rank_row_t narrow[] = {
       "rlhf_weight_sync_new_comm (blind); (unit tests: nccl_growth)" },
     { "autocast_on", autocast_on, DROP, 0, 0, REMS(R_MIXED), "adapter: autocast on at the failure",
       "train_bf16_batch_too_big" },
+    { "autocast_in_code", autocast_in_force, DROP, 0, 0, REMS(R_MIXED),
+      "roles.autocast_in_code (the running code enters autocast), autocast not on at the failure, phase backward "
+      "or roles.operation cross_entropy (autocast keeps it float32)",
+      "qwen05b_sft_vocab_logits_fp32_ce (blind); (unit tests: autocast_in_code)" },
     { "cupy", cupy, DROP, 0, 0, REMS(R_CHECKPOINTING, R_SHORTER_SEQ, R_FLASH, R_QUANT, R_MULTI_GPU),
       "failing framework CuPy", "(unit tests)" },
     { "no_zero", no_zero, DROP, 0, 0, REMS(R_ZERO), "failing framework TensorFlow or CuPy", "(unit tests)" },

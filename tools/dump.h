@@ -114,6 +114,7 @@ struct og_roles_view {
     int64_t optimizer_steps, num_beams, batch_size;
     int64_t copy_made_bytes;    /* -1 unknown (null): no deep copy under way */
     int gradient_checkpointing; /* -1 unknown (null) */
+    int autocast_in_code;       /* 1 true, -1 unknown (null) */
     struct {                    /* operation (name NULL: none) */
         const char *name;
         struct og_pyframe frame;

@@ -346,6 +346,10 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
             og_sb_puts(&b, "off: the layer that failed keeps every activation for backward");
         FACT("activation checkpointing");
         og_sb_init(&b);
+        if (r->autocast_in_code == 1)
+            og_sb_puts(&b, "the running code enters torch.autocast");
+        FACT("mixed precision");
+        og_sb_init(&b);
         if (r->operation.name) {
             og_sb_puts(&b, r->operation.name);
             if (r->operation.frame.file) {

@@ -240,6 +240,29 @@ def operation(frame, limit=64):
         return None
 
 
+# the names a program's code uses when it enters mixed precision: torch.autocast, torch.cuda.amp.autocast,
+# accelerate's accelerator.autocast(), and the loss scaler of float16 training
+_AUTOCAST_NAMES = frozenset(("autocast", "GradScaler"))
+
+
+def autocast_in_code(frame, limit=64):
+    """True when a function of the program's own code on the failing stack (not a framework's, an installed
+    package's or the adapters') names autocast (or a GradScaler) among its code's names: the running loop enters
+    mixed precision around some of its work, though autocast may be off at the failing line (a loss computed
+    outside the autocast block, a backward pass); None when none does (a caller no longer running is not read).
+    Reads code objects only: nothing is called.  Never raises."""
+    try:
+        import oomguard_roles
+        for f in frames_of(frame, limit) if frame is not None else ():
+            if is_framework_frame(f) or not oomguard_roles.is_user_file(f.f_code.co_filename):
+                continue
+            if _AUTOCAST_NAMES.intersection(f.f_code.co_names):
+                return True
+    except Exception:
+        pass
+    return None
+
+
 def _is_oom(exc):
     seen = 0
     while exc is not None and seen < 16:

@@ -1004,7 +1004,8 @@ def encode(r):
       steps MADE ALLOCATED,... (after each of an optimizer's latest steps, oldest first) | meta KEY VALUE
       (meta num_beams N: the beam width of the generation running at the failure; meta checkpointing 0|1: activation
       checkpointing off or in force for the failing pass; meta batch_size N: the batch the program names;
-      meta copy_made N: the bytes a copy.deepcopy running at the failure made so far)"""
+      meta copy_made N: the bytes a copy.deepcopy running at the failure made so far; meta autocast_in_code 1: a
+      function of the program on the failing stack enters autocast)"""
     if not r or "roles" not in r:
         return None
     out = []
@@ -1058,6 +1059,8 @@ def encode(r):
         out.append("meta\tcheckpointing\t%d" % (1 if r["checkpointing"] else 0))
     if r.get("batch_size"):
         out.append("meta\tbatch_size\t%d" % int(r["batch_size"]))
+    if r.get("autocast_in_code"):
+        out.append("meta\tautocast_in_code\t1")
     out.append("meta\tallocated\t%s" % ("-" if r["allocated"] is None else int(r["allocated"])))
     out.append("meta\tcomplete\t%d" % (1 if r["complete"] else 0))
     out.append("meta\telapsed_us\t%d" % int(r["elapsed_ms"] * 1000))

@@ -488,6 +488,7 @@ def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowe
             if measured is not None and frame is not None:
                 measured["checkpointing"] = _checkpointing(frame, phase[0], grad, _torch_dir(torch))
                 measured["batch_size"] = _batch_size(frame, _torch_dir(torch))
+                measured["autocast_in_code"] = oomguard_phase.autocast_in_code(frame)
             roles = oomguard_roles.encode(measured)
         phase = phase or (None, None, None)
         r = oomguard_core.send(

@@ -1072,6 +1072,39 @@ static void cross_entropy_fused_first(void **state)
     free(r);
 }
 
+/* the running code enters autocast (roles.autocast_in_code) while the loss over the logits fails with autocast off
+ * (it keeps them float32 anyway), or a backward pass fails: mixed precision is in force and not listed; the same
+ * code failing in a forward pass outside autocast, or no such code, keeps it */
+static void autocast_in_code(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 2 * GiB, 0, 0, 0, 0, 14 * GiB);
+    fixture_optimizer(r, "AdamW", 0);
+    og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 2 * GiB);
+    fixture_dtype(r, "float32", 2 * GiB);
+    fixture_operation(r, "cross_entropy", "cross_entropy");
+    r->memory.fw.grad_enabled = 1;
+    r->memory.fw.autocast = -1;
+    r->event.requested_bytes = 9 * GiB;
+    og_set(&r->device.free_bytes, 6 * GiB + 512 * MiB);
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "fused_cross_entropy");
+    assert_true(rank_of(r, "mixed_precision") > 0);
+    r->memory.fw.roles.autocast_in_code = true;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "fused_cross_entropy");
+    assert_int_equal(rank_of(r, "mixed_precision"), 0);
+    /* a forward pass of the same code outside the autocast block: it could still halve */
+    r->memory.fw.roles.operation[0] = 0;
+    fixture_phase(r, "forward", "/w/train.py", "forward");
+    run_primary(r, "does_not_fit");
+    assert_true(rank_of(r, "mixed_precision") > 0);
+    fixture_phase(r, "backward", "/w/train.py", "backward");
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "mixed_precision"), 0);
+    free(r);
+}
+
 /* one operation that can be split (an image decode) makes a tensor at least the pass's working set: split it
  * first; in inference a smaller batch is not in the top 3 (slicing runs the batch piece by piece); a working set
  * larger than the request: the batch, not the operation, and split_operation is not brought */
@@ -2298,6 +2331,7 @@ int main(void)
         cmocka_unit_test(kv_cache_reserved_first),
         cmocka_unit_test(generation_kv_growth),
         cmocka_unit_test(cross_entropy_fused_first),
+        cmocka_unit_test(autocast_in_code),
         cmocka_unit_test(operation_dominates_split_first),
         cmocka_unit_test(two_models_one_at_a_time),
         cmocka_unit_test(eval_copy_first),

@@ -677,6 +677,22 @@ def t_batch_size():
     assert ns["f"]() == 8
 
 
+def t_autocast_in_code():
+    """roles.autocast_in_code: a function of the program on the stack that enters torch.autocast (its code names
+    it), though autocast is off at the probe; a function that does not: None"""
+    import oomguard_phase
+
+    def probe():
+        return oomguard_phase.autocast_in_code(sys._getframe(1))
+
+    ns = {"__name__": "prog", "torch": torch, "probe": probe}
+    # f: the autocast block, then the probe after it (where a loss computed after the block would fail)
+    exec(compile("def f():\n    with torch.autocast('cpu'):\n        pass\n    return probe()\n"
+                 "def g():\n    return probe()\n", "/tmp/prog_amp.py", "exec"), ns)
+    assert ns["f"]() is True
+    assert ns["g"]() is None, ns["g"]()
+
+
 def t_phase_eval_flag():
     got = []
 
@@ -888,6 +904,7 @@ if not STAND_IN:
     check("the phase table's PyTorch files exist in this torch", t_phase_patterns_real_files)
     check("gradient checkpointing: off in a plain layer, on under torch.utils.checkpoint or the flag", t_checkpointing)
     check("the batch size from the program's names, not a loop index or a global count", t_batch_size)
+    check("autocast in the running program's code, off at the failing line", t_autocast_in_code)
     check("the failing operation from PyTorch's own frames: cross_entropy, interpolate", t_operation_real_frames)
     check("DistributedDataParallel's buckets copy the gradients unless gradient_as_bucket_view", t_ddp_buckets)
 
