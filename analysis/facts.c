@@ -175,6 +175,7 @@ static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t
     /* peers of the same job are not "other users" of the GPU */
     int no = rec->memory.nother < 0 ? 0 : rec->memory.nother > 32 ? 32 : rec->memory.nother;
     d->peers_small = true;
+    d->same_program_big = -1;
     for (int i = 0; i < no; i++) {
         if (rec->memory.other[i].same_job) {
             d->npeers++;
@@ -184,8 +185,15 @@ static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t
             d->peers_bytes = add_sat(d->peers_bytes, rec->memory.other[i].bytes);
             if (rec->memory.other[i].bytes > 3 * (GIB / 2))
                 d->peers_small = false;
-        } else
+        } else {
             d->nothers++;
+            if (rec->memory.other[i].same_program) {
+                d->other_same_program = add_sat(d->other_same_program, rec->memory.other[i].bytes);
+                if (d->same_program_big < 0 ||
+                    rec->memory.other[i].bytes > rec->memory.other[d->same_program_big].bytes)
+                    d->same_program_big = i;
+            }
+        }
     }
     d->other = sub0(d->other_all, d->peers_bytes);
     d->wrong_device = rec->local_rank >= 0 && rec->visible_devices > 1 && rec->local_rank != rec->event.device &&

@@ -234,6 +234,10 @@ typedef struct og_facts {
     int npeers, nothers, nchildren;
     int nsiblings, nparents; /* peers that are workers of the same parent (a pre-fork server) or its master */
     bool peers_small, other_inferred;
+    /* of `other`, processes that run this program with another command line (memory.other_processes[].same_program):
+     * other instances of it set up otherwise (a second server), not strangers; their bytes and the largest's index */
+    uint64_t other_same_program;
+    int same_program_big;
     bool wrong_device; /* LOCAL_RANK names another visible GPU than the failing one */
 
     /* frameworks */

@@ -332,6 +332,33 @@ static bool kv_cache_reserved(const rctx_t *x)
     return ro->known && ro->kv >= 0 && ro->kv_bytes >= x->shortfall && ro->kv_bytes > ro->working && x->trains != 1 &&
            x->grad == -1 && !PRIMARY(GROWTH) && !own_fix_covers(x) && !x->larger_than_device;
 }
+/* this process is reserving its KV cache up front: the failing statement builds what the program calls a KV cache
+ * (roles.statement's purpose kv_cache: a serving engine allocating its cache layer by layer at start-up) in a job
+ * not known to train, outside a generation (whose cache grows token by token: generation_working_set) and a growth;
+ * what it holds so far (every holder of purpose kv_cache, the running code's too) and the request are the
+ * reservation, sized by the engine's settings (a share of the card, the maximum batch and length), and half of it
+ * covers the shortfall.  Autograd's mode says nothing here: allocating a cache builds no graph */
+static uint64_t kv_reservation(const rctx_t *x)
+{
+    return add_sat(roles_of(x)->purpose_bytes[OG_PURPOSE_kv_cache], x->req);
+}
+static bool kv_cache_reserving(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && ro->building == OG_PURPOSE_kv_cache && x->trains != 1 && !PHASE(generation) &&
+           !og_generation_growth(x) && !PRIMARY(GROWTH) && !x->larger_than_device && x->shortfall &&
+           0.5 * (double)kv_reservation(x) >= (double)x->shortfall;
+}
+/* processes that are not this program's other instances hold the missing bytes (a stranger's, a run left over with
+ * this same command line): stopping them comes first */
+static bool strangers_cover(const rctx_t *x)
+{
+    return PRIMARY(FOREIGN) && sub0(x->other, x->f->other_same_program) >= x->shortfall;
+}
+/* the reservation leads unless strangers hold the missing bytes; the other processes being this program's other
+ * instances (a second server started beside the first) is no reason to stop them */
+static bool kv_reserving_lead(const rctx_t *x) { return kv_cache_reserving(x) && !strangers_cover(x); }
+static bool kv_reserving_second(const rctx_t *x) { return kv_cache_reserving(x) && strangers_cover(x); }
 /* the KV cache leads when no larger reservation (CUDA graphs' pools) is the bigger lever */
 static bool kv_cache_lead(const rctx_t *x)
 {
@@ -624,6 +651,10 @@ static const og_rank_row_t bring[] = {
     { "kv_cache_reserved", kv_cache_reserved, WANT, 0, 0, REMS(R_SMALLER_KV),
       "not training, autograd off, not growth, roles: a kept holder is a KV cache >= shortfall and > the locals",
       "static_kv_cache_prealloc (blind)" },
+    { "kv_cache_reserving", kv_cache_reserving, WANT, 0, 0, REMS(R_SMALLER_KV),
+      "not training, not phase generation or growth, roles: the failing statement builds a KV cache, half of it so "
+      "far (every holder of purpose kv_cache) + the request >= shortfall",
+      "vllm_second_server_default_utilization (blind); (unit tests: kv_cache_reserving)" },
     { "graph_pools", graph_pools, WANT, 0, 0, REMS(R_GRAPH_SHAPES),
       "roles: graph_pools > 0, or the adapter's private_pool_bytes", "cuda_graph_shapes (blind)" },
     { "growth_in_a_cache", growth_in_a_cache, WANT, 0, 0, REMS(R_BOUNDED_CACHE),
@@ -834,6 +865,12 @@ static const og_rank_row_t lead[] = {
       "distill_teacher_grad (blind)" },
     { "kv_cache_lead", kv_cache_lead, LEAD_COVERS, -22, 0, REMS(R_SMALLER_KV),
       "as kv_cache_reserved, the cache >= the graph pools", "static_kv_cache_prealloc, cuda_graph_shapes (blind)" },
+    { "kv_cache_reserving_lead", kv_reserving_lead, LEAD_COVERS, -22, 0, REMS(R_SMALLER_KV),
+      "as kv_cache_reserving, the processes not of this program (other_processes[].same_program) < shortfall",
+      "vllm_second_server_default_utilization (blind); (unit tests: kv_cache_reserving)" },
+    { "kv_cache_reserving_second", kv_reserving_second, LEAD_COVERS, -19, 0, REMS(R_SMALLER_KV),
+      "as kv_cache_reserving, primary foreign_memory whose processes not of this program hold >= shortfall",
+      "(unit tests: kv_cache_reserving)" },
     { "bounded_cache_lead", growth_in_a_cache_primary, LEAD_COVERS, -22, 0, REMS(R_BOUNDED_CACHE),
       "primary growth, the same as growth_in_a_cache", "dict_cache_embeddings (blind)" },
     { "graph_pools_lead", graph_pools_lead, LEAD_COVERS, -21, 0, REMS(R_GRAPH_SHAPES),
@@ -1025,7 +1062,9 @@ static void estimate(rank_t *k, const rctx_t *x)
         cover[R_MIXED] = 0;
     /* with N micro-batches summed, N - 1 graphs go: at least half of the activations (N >= 2) */
     cover[R_BACKWARD_PER_MB] = summed_microbatches(x) ? 0.5 * (double)ro->act : -1;
-    cover[R_SMALLER_KV] = kv_cache_reserved(x) ? 0.5 * (double)ro->kv_bytes : -1;
+    cover[R_SMALLER_KV] = kv_cache_reserved(x)    ? 0.5 * (double)ro->kv_bytes
+                          : kv_cache_reserving(x) ? 0.5 * (double)kv_reservation(x) /* a half share */
+                                                  : -1;
     if (generation_beams(x) && ro->purpose_bytes[OG_PURPOSE_kv_cache]) /* 1 beam of N keeps 1/N */
         cover[R_FEWER_BEAMS] = (double)ro->purpose_bytes[OG_PURPOSE_kv_cache] * (1.0 - 1.0 / (double)ro->num_beams);
     if (generation_growth(x) && ro->purpose_bytes[OG_PURPOSE_kv_cache]) /* a 4-bit cache: 3/4 of a 16-bit one */

@@ -1817,6 +1817,36 @@ static bool b_smaller_kv_cache(const rctx_t *x, og_remedy_t *r)
         how(r, "%smodel.generate(inputs, cache_implementation=\"static\", max_new_tokens=N)   # sized up front", pt(x));
         return true;
     }
+    if (ro->kv < 0 && ro->building == OG_PURPOSE_kv_cache) {
+        /* the cache being reserved when it failed (a serving engine's start-up), sized as a share of the card */
+        const og_record_t *rec = x->rec;
+        why(r,
+            "This process was reserving its KV cache when it failed: %s so far, and the %s it asked for was the "
+            "next piece. A serving engine sizes that cache as a share of the whole card (vLLM: "
+            "--gpu-memory-utilization, 0.9 by default), not of what is free",
+            og_hb((double)ro->purpose_bytes[OG_PURPOSE_kv_cache]).s, og_hb((double)x->req).s);
+        int big = x->f->same_program_big;
+        if (big >= 0 && x->f->other_same_program) {
+            char name[sizeof rec->memory.other[0].name];
+            og_cpy(name, sizeof name, rec->memory.other[big].name, sizeof name);
+            why(r, "; another instance of this program (pid %d %s) holds %s on this GPU: give each its share.",
+                rec->memory.other[big].pid, name, og_hb((double)x->f->other_same_program).s);
+        } else if (x->other)
+            why(r, "; other processes hold %s on this GPU.", og_hb((double)x->other).s);
+        else
+            why(r, ".");
+        if (x->total && x->other && x->other < x->total) {
+            /* this process's share: what the others leave, less a twentieth for contexts and growth */
+            double share = (double)(x->total - x->other) / (double)x->total - 0.05;
+            if (share >= 0.05)
+                how(r, "vLLM: --gpu-memory-utilization %.2f   # this server's share of the card: the others hold %s",
+                    (double)(int)(share * 20) / 20, og_hb((double)x->other).s);
+        }
+        HOWS(x, r,
+             { ANY, "vLLM: --num-gpu-blocks-override N or a smaller --max-model-len   # a KV cache of a set size" },
+             { ANY, "SGLang: --mem-fraction-static; Text Generation Inference: --cuda-memory-fraction" });
+        return true;
+    }
     char lb[160];
     const char *label = holder_label(x, ro->kv, lb, sizeof lb);
     why(r,

@@ -548,6 +548,48 @@ static const char *env_in(const char *blk, ssize_t len, const char *name)
     return NULL;
 }
 
+/* The program a NUL-separated argv runs, for comparing two processes (never written to a dump): the executable's
+ * base name; for a Python interpreter (python, python3, python3.11: "python" whatever its version) what it runs:
+ * the script (its first argument that is not an option), `-m MODULE` or `-c`; "" for an empty argv. */
+void og_program_of(const char *raw, size_t n, char *out, size_t outsz)
+{
+    if (!outsz)
+        return;
+    out[0] = 0;
+    if (!raw || !n)
+        return;
+    size_t l0 = strnlen(raw, n);
+    const char *base = raw;
+    for (size_t i = 0; i < l0; i++)
+        if (raw[i] == '/')
+            base = raw + i + 1;
+    snprintf(out, outsz, "%.*s", (int)(raw + l0 - base), base);
+    if (strncmp(base, "python", 6) != 0)
+        return;
+    snprintf(out, outsz, "python"); /* python3 and python3.11 run the same script alike */
+    bool takes_value = false;
+    for (size_t i = l0 + 1; i < n;) {
+        const char *a = raw + i;
+        size_t len = strnlen(a, n - i);
+        i += len + 1;
+        if (takes_value) { /* -W arg, -X opt, -Q arg: the option's value */
+            takes_value = false;
+            continue;
+        }
+        if (!len)
+            continue;
+        if (a[0] != '-' || (len == 2 && (a[1] == 'm' || a[1] == 'c'))) {
+            size_t l = strlen(out);
+            if (a[0] == '-' && a[1] == 'm' && i < n) /* -m MODULE */
+                snprintf(out + l, outsz - l, " -m %.*s", (int)strnlen(raw + i, n - i), raw + i);
+            else
+                snprintf(out + l, outsz - l, " %.*s", (int)len, a);
+            return;
+        }
+        takes_value = len == 2 && (a[1] == 'W' || a[1] == 'X' || a[1] == 'Q');
+    }
+}
+
 /* Which other processes on the device are visible here and belong to this job: the same
  * command line and, where the launcher says so, the same job (run id, master port, job id)
  * or ranks of the same world.  Only rank/job variables are read from their environment. */
@@ -559,8 +601,11 @@ static void capture_peers(og_record_t *rec)
     static const char *const world_vars[] = { "WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", NULL };
     char *buf = malloc(65536);
     char *cmd = malloc(sizeof rec->cmdline);
+    char prog_ours[256] = "", prog_theirs[256];
     if (!buf || !cmd)
         goto out;
+    ssize_t on = read_proc(getpid(), "cmdline", buf, sizeof rec->cmdline);
+    og_program_of(buf, on > 0 ? (size_t)on : 0, prog_ours, sizeof prog_ours);
     for (int i = 0; i < rec->memory.nother && i < 32; i++) {
         og_other_proc_t *o = &rec->memory.other[i];
         o->rank = -1;
@@ -581,6 +626,7 @@ static void capture_peers(og_record_t *rec)
             o->same_job = o->same_job || o->parent;
             continue;
         }
+        og_program_of(buf, (size_t)n, prog_theirs, sizeof prog_theirs);
         og_cmdline_join(buf, (size_t)n, cmd, sizeof rec->cmdline); /* redacted like ours */
         bool same_cmd = strcmp(cmd, rec->cmdline) == 0;
         ssize_t en = read_proc(o->pid, "environ", buf, 65536);
@@ -616,6 +662,9 @@ static void capture_peers(og_record_t *rec)
         o->sibling = !o->child && !o->parent && ppid == rec->ppid && rec->ppid > 1 && same_cmd && !job_differs &&
                      o->rank < 0 && rec->rank < 0;
         o->same_job = o->child || o->parent || o->sibling || (same_cmd && !job_differs && (job_match || ranked));
+        /* another instance of this program set up otherwise (a second server with another model and port), not a
+         * run of this same command line left over */
+        o->same_program = !o->same_job && prog_ours[0] && strcmp(prog_ours, prog_theirs) == 0 && !same_cmd;
     }
 out:
     free(buf);

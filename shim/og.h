@@ -428,6 +428,8 @@ struct og_record *og_record_capture(const char *status, const og_episode_t *ep, 
 /* A failure the dump budget refused, recorded later from its episode alone (nothing measured) */
 struct og_record *og_record_unmeasured(const char *status, const og_episode_t *ep);
 void og_record_identity(struct og_record *rec); /* time, pid, host, rank, job, command line */
+/* the program a NUL-separated argv runs: the executable's base name, and a Python interpreter's script or -m module */
+void og_program_of(const char *raw, size_t n, char *out, size_t outsz);
 void og_record_free(struct og_record *rec);
 /* redact.c: what a dump may show of the command line and the environment */
 void og_cmdline_join(const char *raw, size_t n, char *out, size_t outsz); /* NUL-separated argv */

@@ -45,6 +45,33 @@ static void cmdline(void **state)
     joined("x|/data/key=1/file", "x /data/key=1/file");
 }
 
+/* the program an argv runs (capture.c: which other processes run this program with another command line) */
+static void program(const char *argv, const char *want)
+{
+    char raw[1024], out[256];
+    size_t n = strlen(argv) + 1;
+    memcpy(raw, argv, n);
+    for (size_t i = 0; i < n; i++)
+        if (raw[i] == '|')
+            raw[i] = 0;
+    og_program_of(raw, n, out, sizeof out);
+    assert_string_equal(out, want);
+}
+
+static void program_of_argv(void **state)
+{
+    program("/usr/bin/python3.11|-u|serve.py|--port|8001", "python serve.py");
+    program("python3|/srv/serve.py|--model|m", "python /srv/serve.py");
+    program("python|-W|ignore|-m|vllm.entrypoints.openai.api_server|--port|8000",
+            "python -m vllm.entrypoints.openai.api_server");
+    program("python3|-c|import x", "python -c");
+    program("/opt/venv/bin/vllm|serve|/srv/models/a", "vllm");
+    program("python3", "python");
+    char out[8] = "x";
+    og_program_of("", 0, out, sizeof out);
+    assert_string_equal(out, "");
+}
+
 static void truncated(void **state)
 {
     char out[16];
@@ -123,10 +150,8 @@ static void forms(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(cmdline),
-        cmocka_unit_test(truncated),
-        cmocka_unit_test(env_names),
-        cmocka_unit_test(forms),
+        cmocka_unit_test(cmdline),   cmocka_unit_test(program_of_argv), cmocka_unit_test(truncated),
+        cmocka_unit_test(env_names), cmocka_unit_test(forms),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1782,6 +1782,44 @@ static void fixture_purpose(og_record_t *r, const char *purpose)
 
 /* a KV cache reserved up front by a server (the adapter's purpose kv_cache): make it smaller, first; a
  * global kept for another purpose (or none) is not a KV cache */
+/* a server reserving its KV cache at start-up (the failing statement builds a KV cache, a local list so far) on an
+ * 80 GiB card where another process holds 43 GiB: when that process is another instance of this program (a second
+ * server set up otherwise), the reservation leads and its text names the share left; when it is a stranger (or a
+ * run of this command line left over), stopping it leads and the reservation follows; a job that trains, or a
+ * statement building something else, gets none of it */
+static void kv_cache_reserving(void **state)
+{
+    for (int stranger = 0; stranger <= 1; stranger++) {
+        og_record_t *r = base();
+        og_set(&r->device.total_bytes, 80 * GiB);
+        fixture_roles(r, 0, 0, 0, 0, 34 * GiB, 0);
+        fixture_holder(r, "kv_cache", "list", "local in serve (serve.py:44)", 31 * GiB);
+        fixture_holder_says(r, "kv_cache", "");
+        fixture_holder(r, "weights", "list", "local in serve (serve.py:44)", 3 * GiB);
+        fixture_statement(r, "", "kv_cache");
+        og_other_proc_t *o = fixture_other(r, 4242, "python3", 43 * GiB);
+        o->visible = true;
+        o->same_program = !stranger;
+        og_set(&r->memory.process_used_bytes, 34 * GiB + 512 * MiB);
+        r->event.requested_bytes = 2 * GiB + 512 * MiB;
+        og_set(&r->device.free_bytes, 2 * GiB + 256 * MiB); /* 256 MiB missing */
+        run_primary(r, "foreign_memory");
+        if (!stranger) {
+            assert_string_equal(r->remedies[0].id, "smaller_kv_cache");
+            assert_true(rank_of(r, "foreign_processes") > 1);
+            assert_non_null(strstr(r->remedies[0].why, "another instance of this program (pid 4242"));
+            assert_true(how_has(&r->remedies[0], "--gpu-memory-utilization 0.40"));
+        } else {
+            assert_string_equal(r->remedies[0].id, "foreign_processes");
+            assert_int_equal(rank_of(r, "smaller_kv_cache"), 2);
+        }
+        fixture_statement(r, "", "");
+        run_primary(r, "foreign_memory");
+        assert_int_equal(rank_of(r, "smaller_kv_cache"), 0);
+        free(r);
+    }
+}
+
 static void kv_cache_reserved_first(void **state)
 {
     const char *names[][3] = { { "kv", "list", "kv_cache" },
@@ -2329,6 +2367,7 @@ int main(void)
         cmocka_unit_test(measured_nothing_not_listed),
         cmocka_unit_test(weights_update_outside_the_step),
         cmocka_unit_test(kv_cache_reserved_first),
+        cmocka_unit_test(kv_cache_reserving),
         cmocka_unit_test(generation_kv_growth),
         cmocka_unit_test(cross_entropy_fused_first),
         cmocka_unit_test(autocast_in_code),
