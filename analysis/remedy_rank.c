@@ -192,6 +192,12 @@ static bool cap_refused_with_room(const rctx_t *x)
 {
     return PRIMARY(FWCAP) && x->f->cap.binds && x->f->cap.room && x->rec->memory.fw.internal_oom;
 }
+/* the cap binds on a card other users share: NVML listed processes not of this job holding memory on it (not
+ * inferred), so the cap is this job's share and raising it takes theirs: fitting under it comes first */
+static bool cap_on_shared_gpu(const rctx_t *x)
+{
+    return HAS(FWCAP) && x->f->cap.binds && x->other > 0 && !x->other_inferred;
+}
 static bool confident_growth(const rctx_t *x) { return PRIMARY(GROWTH) && x->primary_conf >= 0.7; }
 static bool limit_on_shared_gpu(const rctx_t *x) { return HAS(LIMIT) && x->rec->memory.nother > 0; }
 /* the memory is another user's (NVML listed the processes): restarting this process sheds only its own
@@ -830,6 +836,9 @@ static const og_rank_row_t lead[] = {
       REMS(R_RELEASE_REFS, R_RESTART, R_EMPTY_CACHE, R_EXPANDABLE, R_BUCKET, R_FOREIGN, R_POOL_TRIM),
       "primary framework_cap, refused inside the framework, the device had room for the request",
       "config_fraction_cap_dedicated_card (blind)" },
+    { "cap_on_shared_gpu", cap_on_shared_gpu, TIER, 3, 0, REMS(R_FW_CAP),
+      "framework_cap binds, NVML listed processes not of this job holding memory on the card",
+      "lab_quarter_card_cap_unet_finetune (blind); (unit tests: cap_on_shared_gpu)" },
     { "prefork_workers_lead", prefork_primary, LEAD, -20, 0, REMS(R_FEWER_WORKERS),
       "primary peer_ranks, every peer a worker of this process's parent (or the parent)", "prefork_server_copies" },
     { "dataloader_workers_lead", worker_primary, LEAD, -20, 1, REMS(R_CUDA_OUT_OF_WORKERS, R_FEWER_WORKERS),

@@ -1480,6 +1480,11 @@ static bool b_fw_cap(const rctx_t *x, og_remedy_t *r)
         why(r, ".");
     if (og_known(rec->device.free_bytes))
         why(r, " The device had %s free.", og_hb((double)rec->device.free_bytes.v).s);
+    if (capped && x->other > 0 && !x->other_inferred)
+        why(r,
+            " Other processes hold %s on this card: on a shared GPU the cap is this job's share, and raising it "
+            "takes theirs.",
+            og_hb((double)x->other).s);
     double need = cap > 0 ? cap + (over > 0 ? over : 0) : 0;
     double frac = x->total && need > 0 ? need * 1.1 / (double)x->total : 0;
     switch (x->fw) {

@@ -2181,6 +2181,34 @@ static void cap_with_room_no_leak_hunt(void **state)
     free(r);
 }
 
+/* the cap refused with room on the device, on a card where NVML lists other users' processes: the cap is this
+ * job's share, and raising it (listed, its text saying whose memory it takes) comes after every way to fit under
+ * it; the same card with no other process: raising it leads */
+static void cap_on_shared_gpu(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->device.total_bytes, 80 * GiB);
+    fixture_roles(r, 3 * GiB, 0, 0, 0, 0, 15 * GiB);
+    r->memory.fw.internal_oom = true;
+    og_set(&r->memory.fw.cap_bytes, 20 * GiB);
+    strcpy(r->memory.fw.framework, "pytorch");
+    strcpy(r->memory.fw.cap_source, "torch.cuda.set_per_process_memory_fraction(0.25)");
+    r->memory.fw.grad_enabled = 1;
+    r->memory.fw.training = 1;
+    r->event.requested_bytes = 2 * GiB + 512 * MiB;
+    og_set(&r->device.free_bytes, 22 * GiB);
+    run_primary(r, "framework_cap");
+    assert_string_equal(r->remedies[0].id, "raise_framework_cap");
+    fixture_other(r, 48213, "python3", 18 * GiB)->visible = true;
+    fixture_other(r, 51877, "python3", 21 * GiB)->visible = true;
+    run_primary(r, "framework_cap");
+    assert_string_not_equal(r->remedies[0].id, "raise_framework_cap");
+    assert_true(rank_of(r, "raise_framework_cap") > 3);
+    assert_non_null(strstr(rem(r, "raise_framework_cap")->why, "Other processes hold 39.00 GiB"));
+    assert_true(rank_of(r, "mixed_precision") <= 3 && rank_of(r, "smaller_batch") <= 4);
+    free(r);
+}
+
 /* another user's process holds the memory (NVML listed it) and this process's cache was measured: a
  * restart of this process sheds nothing the others hold, so it is not listed */
 static void foreign_no_restart_of_this_process(void **state)
@@ -2379,6 +2407,7 @@ int main(void)
         cmocka_unit_test(copy_under_way),
         cmocka_unit_test(evaluation_with_autograd_on),
         cmocka_unit_test(cap_without_room_not_first),
+        cmocka_unit_test(cap_on_shared_gpu),
         cmocka_unit_test(cap_with_room_no_leak_hunt),
         cmocka_unit_test(teacher_with_autograd_on),
         cmocka_unit_test(foreign_no_restart_of_this_process),
