@@ -70,11 +70,17 @@
  *                process held less than two steps' worth before them, they are weights arriving
  *                (does_not_fit then says "loading").  Markers back to back (nothing between) are one
  *                burst, one step (a load of many equal shards is not many steps), unless the run
- *                pauses (>= 0.8 ms) after the same number of markers each time, the markers between
- *                two pauses coming within a twentieth of a pause, as a loop does; a pause of the host
- *                falls anywhere, or after a time slice's worth of markers, or inside a loop's piece,
- *                and splits nothing, so the answer does not depend on how busy the machine was.  Otherwise wall time is not used, so a 1 ms leak is a
- *                leak and a slow load of other sizes is a load.
+ *                pauses as a loop does; the run is decided as a whole from its gaps, never gap by
+ *                gap: a run whose typical (median) gap is >= 0.8 ms is a loop of one block an
+ *                iteration (every marker a step); else its pauses are gaps >= 0.8 ms and >= 8x the
+ *                typical gap, after the same number of markers each time, the markers between two
+ *                pauses coming within a twentieth of a pause.  Gaps rising smoothly (a generation
+ *                slowing token by token) make no pause;
+ *                a pause of the host falls anywhere, or after a time slice's worth of markers, or
+ *                inside a loop's piece, and splits nothing; a host that halves or doubles any gap
+ *                moves no decision, so the answer does not depend on how busy the machine was.
+ *                Otherwise wall time is not used, so a 1 ms leak is a leak and a slow load of other
+ *                sizes is a load.
  *                One pass is not a leak: when the framework reports what it freed over its life
  *                (PyTorch allocated_bytes.all.freed) and that is < 10% of the rise, the steps are
  *                one pass keeping what it makes (a forward pass keeping each layer's activations),

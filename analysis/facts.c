@@ -342,6 +342,10 @@ static void framework_cap(og_facts_t *d, const og_record_t *r)
  * program run a whole time slice, and gives the core to fewer than this many others in turn) */
 #define GROWTH_LONE_PAUSE_NS   50000000ULL
 #define GROWTH_PIECE_PER_PAUSE 20
+/* ... and a pause is this many times the run's typical (median) gap at least: a host that lengthens or
+ * shortens any gap by a factor of two cannot make a pause of a gap in a run whose gaps rise smoothly
+ * (a typical gap moves little), nor hide a loop's pauses (32x and more its typical gap) */
+#define GROWTH_PAUSE_PER_GAP 8.0
 /* the framework freed under this share of the rise over its whole life: the rising steps are one
  * pass building up, not iterations (the leaks of the corpus free >= 23% of it: py_evaluate_no_grad) */
 #define GROWTH_MIN_FREED_SHARE 0.1
@@ -371,32 +375,78 @@ static bool piece_near(uint64_t c, uint64_t m)
 }
 
 /* The run of back-to-back markers that starts at I0 (failed attempts do not interrupt it): whether
- * its pauses (gaps of GROWTH_PAUSE_NS or more) are the program's steps (a loop keeping the same few
- * blocks every iteration, the temporaries from a warm cache) or the run is one burst (weights
- * arriving in shards, one pass keeping its activations).  A pause of the host only lengthens gaps:
- * a page fault or a wake-up anywhere, and at the end of every time slice, which, when the markers
- * come at a steady rate, is after the same number of them each time.  So the pauses are the
- * program's only when the pieces between them hold the same number of markers (give or take one, or
- * a quarter; the last piece, cut by the failure, is not compared) AND those markers came within
- * 1/GROWTH_PIECE_PER_PAUSE of a pause (the medians): a loop's few allocations, not a time slice's
- * worth.  A busy machine that stretches every gap by a fraction moves no gap of a burst past
- * GROWTH_PAUSE_NS, and stretches a piece and a pause alike.
- * One pause alone splits the run only when it is GROWTH_LONE_PAUSE_NS or more.  Returns 0 (one
- * burst), the loop's count of markers a piece (a step ends at a pause after such a piece, not at a
- * pause of the host inside it), or UINT64_MAX (the one pause is a step).
+ * its pauses are the program's steps (a loop keeping the same few blocks every iteration, the
+ * temporaries from a warm cache) or the run is one burst (weights arriving in shards, one pass keeping
+ * its activations).  The run is decided as a whole, from its gaps taken together, never gap by gap:
+ * the host's timing moves each gap, by a factor of two either way on a busy machine, and a decision
+ * that one gap could tip would give the same program different steps from run to run.
+ *  - Its typical gap (the median) of GROWTH_PAUSE_NS or more: a loop of one kept block an iteration,
+ *    every marker a step, whatever gap the host shortened.
+ *  - Else its pauses are the gaps of GROWTH_PAUSE_NS or more that are also GROWTH_PAUSE_PER_GAP times
+ *    its typical gap or more: a loop's work between its few allocations.  A run whose gaps rise
+ *    smoothly (a generation slowing token by token as its context grows, a pass whose layers take
+ *    longer) has none: gaps that cross GROWTH_PAUSE_NS there are no pauses.
+ *  - A pause of the host only lengthens gaps: a page fault or a wake-up anywhere, and at the end of
+ *    every time slice, which, when the markers come at a steady rate, is after the same number of
+ *    them each time.  So the pauses are the program's only when the pieces between them hold the same
+ *    number of markers (give or take one, or a quarter; the last piece, cut by the failure, is not
+ *    compared) AND those markers came within 1/GROWTH_PIECE_PER_PAUSE of a pause (the medians): a
+ *    loop's few allocations, not a time slice's worth.
+ *  - One pause alone (one gap of GROWTH_PAUSE_NS or more, or one pause) splits the run only when it
+ *    is GROWTH_LONE_PAUSE_NS or more.
+ * Returns 0 (one burst), the loop's count of markers a piece (a step ends at a pause after such a
+ * piece, not at a pause of the host inside it; 1 with *PAUSE_S 0 for every marker a step), or
+ * UINT64_MAX (the one pause is a step); *PAUSE_S: the shortest gap that is a pause of this run.
  * COUNTS, SPANS: scratch of OG_GROWTH_MAX_STEPS. */
 static uint64_t run_steps(const struct og_hist_ev *e, int ne, int i0, uint64_t size, uint64_t tol,
-                          enum og_step_marker marker, uint64_t *counts, uint64_t *spans)
+                          enum og_step_marker marker, uint64_t *counts, uint64_t *spans, double *pause_s)
 {
-    int n = 0, last = i0, first = i0;
-    uint64_t c = 1, pause[OG_GROWTH_MAX_STEPS / 2]; /* the first pauses (a median of those) */
+    /* the run's gaps, sorted (in SPANS until the pieces are counted) */
+    uint64_t *gaps = spans;
+    int ng = 0, over = 0, last = i0;
+    for (int i = i0 + 1; i < ne && ng < OG_GROWTH_MAX_STEPS; i++) {
+        if (is_op(&e[i], OG_OP_NONE) || is_op(&e[i], OG_OP_FAIL))
+            continue;
+        if (!is_marker(&e[i], size, tol, marker))
+            break;
+        double gap = e[i].t_rel - e[last].t_rel;
+        gaps[ng] = gap > 0 ? (uint64_t)(gap * 1e9) : 0;
+        over += gaps[ng++] >= GROWTH_PAUSE_NS;
+        last = i;
+    }
+    *pause_s = GROWTH_PAUSE_NS / 1e9;
+    if (over == 0)
+        return 0;
+    qsort(gaps, (size_t)ng, sizeof *gaps, cmp_u64);
+    if (over == 1)
+        return gaps[ng - 1] >= GROWTH_LONE_PAUSE_NS ? UINT64_MAX : 0;
+    uint64_t typical = gaps[(ng - 1) / 2];
+    if (typical >= GROWTH_PAUSE_NS) {
+        *pause_s = 0; /* a loop of one block an iteration: every marker a step */
+        return 1;
+    }
+    double least = (double)typical * GROWTH_PAUSE_PER_GAP; /* a pause, ns */
+    if (least < (double)GROWTH_PAUSE_NS)
+        least = (double)GROWTH_PAUSE_NS;
+    int np = ng; /* the pauses: gaps[np..] */
+    while (np > 0 && (double)gaps[np - 1] >= least)
+        np--;
+    if (np == ng)
+        return 0; /* no gap stands out of a run this steady: one burst */
+    if (np == ng - 1)
+        return gaps[np] >= GROWTH_LONE_PAUSE_NS ? UINT64_MAX : 0;
+    *pause_s = least / 1e9;
+    uint64_t pause[OG_GROWTH_MAX_STEPS / 2]; /* the first pauses (a median of those) */
+    int n = 0, first = i0;
+    uint64_t c = 1;
+    last = i0;
     for (int i = i0 + 1; i < ne && n < OG_GROWTH_MAX_STEPS; i++) {
         if (is_op(&e[i], OG_OP_NONE) || is_op(&e[i], OG_OP_FAIL))
             continue;
         if (!is_marker(&e[i], size, tol, marker))
             break;
         double gap = e[i].t_rel - e[last].t_rel, span = e[last].t_rel - e[first].t_rel;
-        if (gap >= GROWTH_PAUSE_NS / 1e9) {
+        if (gap >= *pause_s) {
             if (n < OG_GROWTH_MAX_STEPS / 2)
                 pause[n] = (uint64_t)(gap * 1e9);
             spans[n] = span > 0 ? (uint64_t)(span * 1e9) : 0;
@@ -407,9 +457,9 @@ static uint64_t run_steps(const struct og_hist_ev *e, int ne, int i0, uint64_t s
         c++;
         last = i;
     }
-    if (n <= 1)
-        return n == 1 && pause[0] >= GROWTH_LONE_PAUSE_NS ? UINT64_MAX : 0;
-    int np = n < OG_GROWTH_MAX_STEPS / 2 ? n : OG_GROWTH_MAX_STEPS / 2;
+    if (n < 2)
+        return 0; /* (two pauses or more were counted above: not reached) */
+    np = n < OG_GROWTH_MAX_STEPS / 2 ? n : OG_GROWTH_MAX_STEPS / 2;
     qsort(pause, (size_t)np, sizeof *pause, cmp_u64);
     qsort(spans, (size_t)n, sizeof *spans, cmp_u64);
     if (spans[(n - 1) / 2] * GROWTH_PIECE_PER_PAUSE > pause[(np - 1) / 2])
@@ -450,7 +500,7 @@ static bool growth_for(const og_facts_t *d, const og_record_t *r, og_growth_scra
     bool in_step = false, between = true;
     /* the run's count a piece (run_steps); markers since the run's last pause, since the step began */
     uint64_t run_count = 0, piece = 0, in_this_step = 0;
-    double last_marker_t = 0, step_t = 0;
+    double last_marker_t = 0, step_t = 0, run_pause = GROWTH_PAUSE_NS / 1e9;
     for (int i = 0; i < ne; i++) {
         if (is_op(&e[i], OG_OP_NONE) || is_op(&e[i], OG_OP_FAIL))
             continue;
@@ -462,12 +512,12 @@ static bool growth_for(const og_facts_t *d, const og_record_t *r, og_growth_scra
              * at the run's first marker; lows[] and rises[] are free scratch until the steps are
              * read) */
             if (between) {
-                run_count = run_steps(e, ne, i, size, tol, marker, lows, rises);
+                run_count = run_steps(e, ne, i, size, tol, marker, lows, rises, &run_pause);
                 piece = 0;
             }
             /* a step ends at a pause after a piece of the loop's count, counted from the last pause
              * or from the step's start (a pause of the host inside a piece ends nothing) */
-            bool paused = !between && e[i].t_rel - last_marker_t >= GROWTH_PAUSE_NS / 1e9;
+            bool paused = !between && e[i].t_rel - last_marker_t >= run_pause;
             bool burst =
                 in_step && !between &&
                 !(paused && run_count &&

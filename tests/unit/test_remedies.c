@@ -1,6 +1,7 @@
 /* og_select_remedies: selection per cause, settings already in force, compute capability,
  * framework knobs (PyTorch, JAX, TensorFlow, CuPy), naming other processes, multi-GPU advice,
- * does_not_fit never leading with empty_cache, and ranks 1..n without gaps. */
+ * does_not_fit never leading with empty_cache, and ranks 1..n without gaps; the same causes, growth facts and
+ * remedies however the host timed the same allocations. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -1930,6 +1931,184 @@ static void generation_kv_growth(void **state)
     free(r);
 }
 
+/* ------------------------------------------------------------------ the host's timing moves nothing */
+
+/* The shapes of history the jitter test replays: GENERATION a batched generate() after its weights (fp32, 15 GiB in
+ * 30 shards back to back), its prefill, then one 64 MiB block of KV cache kept a token, the tokens slowing from 0.3
+ * to 0.85 ms apart as the context grows (a run of gaps rising smoothly through the 0.8 ms a pause takes), failing for
+ * the next block; with the adapter (phase generation, the cache a local of generate(), autograd off) or without;
+ * GENERATION_PACED the same with the adapter, its tokens 3 to 8 ms apart (a model's decoding step);
+ * LOOP a training loop on a warm cache that keeps three 128 MiB blocks an iteration (back to back, 40 us apart), then
+ * 12 ms of work: only the kept blocks reach the driver, its pauses are its steps; LEAK a loop that allocates a 512
+ * MiB temporary, keeps 96 MiB and frees the temporary, 50 ms an iteration. */
+enum jitter_shape { JS_GENERATION, JS_GENERATION_NO_ADAPTER, JS_GENERATION_PACED, JS_LOOP, JS_LEAK, JS_COUNT };
+
+/* xorshift64*: the draws are the same on every libc */
+static uint64_t jitter_next(uint64_t *s)
+{
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
+    return *s * 2685821657736338717ULL;
+}
+
+/* 2^U for U in [-1, 1] (the series of e^(U ln 2): no libm in the analysis units) */
+static double jitter_factor(double u)
+{
+    double x = u * 0.6931471805599453, term = 1, sum = 1;
+    for (int k = 1; k < 20; k++)
+        sum += term *= x / k;
+    return sum;
+}
+
+/* the shape's history into R, each gap between events multiplied by a factor in [0.5, 2] (2^u, u uniform in
+ * [-1, 1]: as likely halved as doubled) drawn from SEED; SEED 0: as the program ran on a quiet host */
+static void jitter_history(og_record_t *r, enum jitter_shape shape, uint64_t seed)
+{
+    static struct og_hist_ev plan[512];
+    int n = 0;
+    uint64_t live = 0;
+    double t = 0.001;
+#define PLAN(dt, o, b)                                                                        \
+    do {                                                                                      \
+        t += (dt);                                                                            \
+        live = (o) == OG_OP_ALLOC ? live + (b) : (o) == OG_OP_FREE ? live - (b) : live;       \
+        plan[n++] = (struct og_hist_ev){ .t_rel = t, .op = (o), .bytes = (b), .live = live }; \
+    } while (0)
+    if (shape <= JS_GENERATION_PACED) {
+        double pace = shape == JS_GENERATION_PACED ? 10 : 1;
+        for (int i = 0; i < 30; i++)
+            PLAN(0.00002, OG_OP_ALLOC, 512 * MiB); /* the weights */
+        PLAN(0.0002, OG_OP_ALLOC, 2 * GiB);        /* the prompts' prefill */
+        PLAN(0.00003, OG_OP_ALLOC, 512 * MiB);
+        PLAN(0.004, OG_OP_ALLOC, 16 * MiB); /* the first token's logits */
+        for (int k = 0; live + 64 * MiB <= 23 * GiB + 448 * MiB; k++)
+            PLAN((0.0003 + 0.00055 * k / 92.0) * pace, OG_OP_ALLOC, 64 * MiB); /* one block of KV cache a token */
+        PLAN(0.00085, OG_OP_FAIL, 64 * MiB);
+    } else if (shape == JS_LOOP) {
+        PLAN(0, OG_OP_ALLOC, 8 * GiB); /* the model */
+        for (int s = 0; s < 25; s++)
+            for (int k = 0; k < 3; k++)
+                PLAN(k ? 0.00004 : 0.012, OG_OP_ALLOC, 128 * MiB);
+        PLAN(0.012, OG_OP_FAIL, 128 * MiB);
+    } else {
+        PLAN(0, OG_OP_ALLOC, 8 * GiB);
+        for (int s = 0; s < 30; s++) {
+            PLAN(0.03, OG_OP_ALLOC, 512 * MiB);
+            PLAN(0.01, OG_OP_ALLOC, 96 * MiB);
+            PLAN(0.01, OG_OP_FREE, 512 * MiB);
+        }
+        PLAN(0.03, OG_OP_FAIL, 512 * MiB);
+    }
+#undef PLAN
+    ev_reset(r);
+    uint64_t s = seed * 0x9E3779B97F4A7C15ULL + 1;
+    double at = 0;
+    for (int i = 0; i < n; i++) {
+        double gap = plan[i].t_rel - (i ? plan[i - 1].t_rel : 0);
+        if (seed)
+            gap *= jitter_factor((double)(jitter_next(&s) >> 11) / 9007199254740992.0 * 2 - 1);
+        at += gap;
+        FIXTURE_EV[r->history.nevents] = plan[i];
+        FIXTURE_EV[r->history.nevents++].t_rel = at;
+    }
+    r->event.t_rel = at;
+    r->event.requested_bytes = plan[n - 1].bytes;
+    og_set(&r->memory.process_tracked_bytes, live);
+    r->memory.framework_bytes = live;
+    og_set(&r->device.free_bytes, 40 * MiB);
+}
+
+/* the shape's record, diagnosed and ranked */
+static og_record_t *jitter_run(enum jitter_shape shape, uint64_t seed)
+{
+    og_record_t *r = base();
+    jitter_history(r, shape, seed);
+    if (shape == JS_GENERATION || shape == JS_GENERATION_PACED) {
+        uint64_t params = 15 * GiB, held = r->memory.framework_bytes - params;
+        og_roles_t *ro = fixture_roles(r, params, 0, 0, 0, held, 0);
+        ro->has_dtypes = true;
+        ro->ndtypes = 1;
+        snprintf(ro->dtypes[0].dtype, sizeof ro->dtypes[0].dtype, "float32");
+        ro->dtypes[0].bytes = params;
+        fixture_holder(r, "cache", "list", "local in generate (gen.py:50)", held);
+        fixture_phase(r, "generation", "gen.py", "generate");
+        r->memory.fw.grad_enabled = -1;
+        r->memory.fw.freed_known = true;
+        r->memory.fw.freed_bytes_total = 26 * GiB; /* each token's temporaries */
+    }
+    run(r);
+    return r;
+}
+
+/* what the analysis concluded: the causes, the growth's and the load's facts, the remedies in order */
+static void jitter_answer(const og_record_t *r, char *out, size_t cap)
+{
+    const og_facts_t *f = &r->analysis.facts;
+    const og_growth_facts_t *g = &f->growth;
+    size_t n = (size_t)snprintf(out, cap, "causes:");
+    for (int i = 0; i < r->diagnosis.ncauses && n < cap; i++)
+        n += (size_t)snprintf(out + n, cap - n, " %s", r->diagnosis.causes[i].id);
+    if (n < cap)
+        n += (size_t)snprintf(
+            out + n, cap - n,
+            "\ngrowth: holds %d marker %d size %llu seen %ld steps %d rising %d/%d per_step %llu rise %llu"
+            " low %llu..%llu load %d x %llu pass %d state %d since %d gen %d %llu %llu..%llu"
+            "\nload: %d run %d earlier %d\nremedies:",
+            g->holds, (int)g->marker, (unsigned long long)g->size, g->seen, g->steps, g->rising, g->transitions,
+            (unsigned long long)g->per_step, (unsigned long long)g->rise, (unsigned long long)g->first_low,
+            (unsigned long long)g->last_low, g->load_steps, (unsigned long long)g->load_step_bytes, g->pass_built,
+            g->state_built, g->since_step, g->gen_built, (unsigned long long)g->gen_per_step,
+            (unsigned long long)g->gen_first, (unsigned long long)g->gen_last, (int)f->load.phase, f->load.run,
+            f->load.earlier);
+    for (int i = 0; i < r->nremedies && n < cap; i++)
+        n += (size_t)snprintf(out + n, cap - n, " %s", r->remedies[i].id);
+}
+
+/* The same allocations give the same answer however the host timed them: each shape replayed 200 times with every
+ * gap drawn anew in [0.5, 2] times the program's own (seeded) must give the quiet host's causes, growth and load
+ * facts and remedies, in order.  What each shape is read as: the generation's blocks one burst (back to back at a
+ * typical gap under 0.8 ms, however many of the last gaps pass it): no step, no growth and no generation read from
+ * them, with the adapter or without; at a decoding step's pace, every token a step: one generation building
+ * (gen_built, not a growth); the loop's and the leak's steps (growth over 25 and 30 steps). */
+static void timing_moves_no_answer(void **state)
+{
+    static char want[2048], got[2048];
+    for (int shape = 0; shape < JS_COUNT; shape++) {
+        og_record_t *r = jitter_run(shape, 0);
+        const og_growth_facts_t *g = &r->analysis.facts.growth;
+        switch (shape) {
+        case JS_GENERATION:
+        case JS_GENERATION_NO_ADAPTER:
+            assert_false(g->holds || g->gen_built);
+            assert_string_equal(r->diagnosis.primary, "does_not_fit");
+            break;
+        case JS_GENERATION_PACED: /* a loop of one block a token: one generation building, not a growth */
+            assert_true(g->gen_built && !g->holds);
+            assert_int_equal(g->gen_per_step, 64 * MiB);
+            assert_string_equal(r->diagnosis.primary, "does_not_fit");
+            break;
+        case JS_LOOP:
+            assert_true(g->holds);
+            assert_int_equal(g->steps, 25);
+            assert_int_equal(g->per_step, 3 * 128 * MiB);
+            break;
+        default:
+            assert_true(g->holds);
+            assert_int_equal(g->steps, 30);
+        }
+        jitter_answer(r, want, sizeof want);
+        free(r);
+        for (uint64_t seed = 1; seed <= 200; seed++) {
+            r = jitter_run(shape, seed);
+            jitter_answer(r, got, sizeof got);
+            free(r);
+            if (strcmp(want, got) != 0)
+                fail_msg("shape %d, draw %llu:\n%s\nquiet host:\n%s", shape, (unsigned long long)seed, got, want);
+        }
+    }
+}
+
 /* a snapshot of the training state (deepcopy of state_dicts) made on the GPU with autograd on, outside
  * any step: keep it on the CPU or on disk, first; no activation remedy */
 static void state_snapshot_first(void **state)
@@ -2397,6 +2576,7 @@ int main(void)
         cmocka_unit_test(kv_cache_reserved_first),
         cmocka_unit_test(kv_cache_reserving),
         cmocka_unit_test(generation_kv_growth),
+        cmocka_unit_test(timing_moves_no_answer),
         cmocka_unit_test(cross_entropy_fused_first),
         cmocka_unit_test(autocast_in_code),
         cmocka_unit_test(operation_dominates_split_first),
