@@ -1157,6 +1157,20 @@ static void roles(og_facts_t *d, const og_record_t *r)
     for (int i = 0; k->operation == OG_OP_copy && target[0] && i < nm; i++)
         if (model_named(ro, i, target) && ro->models[i].bytes > k->copy_replaces)
             k->copy_replaces = ro->models[i].bytes;
+    /* and what it copies: a model named by another name the statement reads (copy.deepcopy(model)) */
+    char snames[sizeof ro->stmt_names];
+    og_cpy(snames, sizeof snames, k->operation == OG_OP_copy && ro->has_statement ? ro->stmt_names : "", sizeof snames);
+    for (char *p = snames; *p;) {
+        char *e = strchr(p, ',');
+        if (e)
+            *e = 0;
+        for (int i = 0; strcmp(p, target) != 0 && i < nm; i++)
+            if (model_named(ro, i, p) && ro->models[i].bytes > k->copy_source)
+                k->copy_source = ro->models[i].bytes;
+        if (!e)
+            break;
+        p = e + 1;
+    }
     k->ddp_buckets = ro->ddp_wrappers > 0 ? ro->ddp_bucket_bytes : 0;
     if (ro->has_statement) {
         char p[sizeof ro->stmt_purpose];
@@ -1288,18 +1302,22 @@ static void pass_outgrows_cache(og_facts_t *d)
                              (double)d->cached < d->frag_share * (double)d->reservation;
 }
 
-/* A deep copy under way (roles.operation copy) that made at least PASS_OVER_CACHE times the failing framework's
- * measured cache so far (roles.copy_made_bytes), that cache under frag_share of its reservation: like a pass
- * still building, the copy asks for the rest of its tensors next, which the splinters of the cache cannot
- * carry (a model's or an optimizer state's copy made on the GPU beside the original). */
+/* A deep copy under way (roles.operation copy), that cache under frag_share of its reservation, which the rest of
+ * the copy outgrows: when its source is known (roles.copy_source: copy.deepcopy(model)), what is left to copy
+ * (the source less what it made so far) exceeds the cache and the free memory together, so even a defragmented
+ * cache could not finish it; otherwise, like a pass still building, it made at least PASS_OVER_CACHE times the
+ * cache (and the request) so far (roles.copy_made_bytes) and asks for the rest of its tensors next (a model's or an
+ * optimizer state's copy made on the GPU beside the original). */
 static void copy_outgrows_cache(og_facts_t *d)
 {
     const og_role_facts_t *k = &d->roles;
     if (!k->known || k->operation != OG_OP_copy || !k->copy_made_known || !d->cached_known || d->recovered ||
-        !d->reservation)
+        !d->reservation || (double)d->cached >= d->frag_share * (double)d->reservation)
         return;
-    d->copy_outgrows_cache = k->copy_made >= PASS_OVER_CACHE * (d->cached > d->req ? d->cached : d->req) &&
-                             (double)d->cached < d->frag_share * (double)d->reservation;
+    if (k->copy_source > k->copy_made)
+        d->copy_outgrows_cache = k->copy_source - k->copy_made > add_sat(d->cached, d->free_eff);
+    else
+        d->copy_outgrows_cache = k->copy_made >= PASS_OVER_CACHE * (d->cached > d->req ? d->cached : d->req);
 }
 
 /* The failing request and the allocations of its size since the first of them (the framework's

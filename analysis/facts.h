@@ -180,6 +180,9 @@ typedef struct og_role_facts {
      * model now (roles.models[].names: ref = copy.deepcopy(policy) while the previous ref lives): that model's
      * parameters, the copy the new one replaces; 0 none */
     uint64_t copy_replaces;
+    /* the same copy's source, when the failing statement reads a name of a model (roles.models[].names, not the
+     * name it rebinds): that model's parameters, what the whole copy needs; 0 not known */
+    uint64_t copy_source;
     /* while a model is being built (phase loading): the parameters the models running now hold (roles.models
      * running: their __init__, from_pretrained or .to() executes), what the load made so far; 0 none */
     uint64_t arriving;

@@ -1267,6 +1267,20 @@ static void a_copy_that_outgrows_the_cache_does_not_fit(void **state)
     og_set(&r->memory.fw.roles.copy_made, 1 * GiB); /* < 4x the cache: the splinters may carry it */
     diag(r);
     assert_string_equal(r->diagnosis.primary, "fragmentation");
+    /* ... unless its source is known: copy.deepcopy(model) of a 4 GiB model has 3 GiB left to copy, more than the
+     * cache and the free memory: it outgrows them whatever it made so far */
+    fixture_model(r, "Net", 4 * GiB, 1, false);
+    fixture_model_held(r, 1, 0, "model");
+    fixture_statement(r, "swa_model", "ema");
+    snprintf(r->memory.fw.roles.stmt_names, sizeof r->memory.fw.roles.stmt_names, "copy,deepcopy,model");
+    diag(r);
+    assert_string_equal(r->diagnosis.primary, "does_not_fit");
+    assert_string_equal(evt(find(r, "does_not_fit"), "basis"), "copy_outgrows_cache");
+    og_set(&r->memory.fw.roles.copy_made, 3 * GiB + 900 * MiB); /* 124 MiB left: the cache would finish it */
+    diag(r);
+    assert_string_equal(r->diagnosis.primary, "fragmentation");
+    r->memory.fw.roles.nmodels = 0;
+    r->memory.fw.roles.has_statement = false;
     og_set(&r->memory.fw.roles.copy_made, 7 * GiB);
     r->memory.fw.roles.operation[0] = 0; /* no copy on the stack */
     diag(r);
