@@ -1077,7 +1077,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
 {
     const og_roles_t *ro = &r->memory.fw.roles;
     og_role_facts_t *k = &d->roles;
-    k->keeper = k->kv = -1;
+    k->keeper = k->kv = k->dataset_holder = -1;
     k->building = OG_PURPOSE_NONE;
     k->operation = OG_OPERATION_NONE;
     if (!r->memory.fw.has || !ro->has)
@@ -1234,6 +1234,11 @@ static void roles(og_facts_t *d, const og_record_t *r)
             if (map_kind(kind))
                 k->local_map = add_sat(k->local_map, h->bytes);
             continue;
+        }
+        if (pu == OG_PURPOSE_dataset) {
+            k->dataset_kept = add_sat(k->dataset_kept, h->bytes);
+            if (k->dataset_holder < 0 || h->bytes > ro->holders[k->dataset_holder].bytes)
+                k->dataset_holder = i;
         }
         if (pu == OG_PURPOSE_kv_cache && (k->kv < 0 || h->bytes > k->kv_bytes)) {
             k->kv = i;

@@ -127,7 +127,11 @@ typedef struct og_role_facts {
     uint64_t local_held;  /* held_by_python holders that are local variables of running functions */
     uint64_t working;     /* act + local_held: the running computation's tensors */
     uint64_t purpose_bytes[OG_NPURPOSES]; /* held_by_python by what the holders' names say they keep */
-    enum og_purpose building;             /* what the failing statement builds (roles.statement) */
+    /* of them, holders of purpose dataset kept across calls (a global, an attribute; not a local of a running
+     * function): a dataset kept whole on the device, and the largest such holder (index in roles.holders, -1 none) */
+    uint64_t dataset_kept;
+    int dataset_holder;
+    enum og_purpose building; /* what the failing statement builds (roles.statement) */
     /* the sizes the failing statement read (roles.statement.ints, those >= 128): one of them twice
      * (seq * seq: quadratic in a length, attention scores), or several, all different (users * items:
      * a product of dimensions, a score matrix); unknown otherwise */

@@ -530,6 +530,15 @@ static bool eval_copy(const rctx_t *x)
     return ro->known && x->trains == 1 && x->shortfall && ro->named_copies >= x->shortfall && !ro->named_frozen &&
            ro->model_copies < x->shortfall && evaluating && !own_fix_covers(x) && !x->larger_than_device;
 }
+/* a dataset kept whole on the device (holders of purpose dataset kept across calls: a global, an attribute; facts:
+ * roles.dataset_kept) holds the missing bytes, the memory did not grow (a dataset is loaded once): moved to host
+ * memory and copied a batch at a time, it costs the GPU one batch */
+static bool dataset_on_gpu(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && ro->dataset_kept && x->shortfall && ro->dataset_kept >= x->shortfall && !PRIMARY(GROWTH) &&
+           !own_fix_covers(x) && !x->larger_than_device;
+}
 /* DistributedDataParallel keeps a flat bucket copy of every gradient (roles.ddp: gradient_as_bucket_view off) */
 static bool ddp_buckets(const rctx_t *x) { return roles_of(x)->ddp_buckets > 0 && x->trains != -1; }
 /* the same, leading unless short, except after a confident growth (a leak fills any card) */
@@ -694,6 +703,9 @@ static const og_rank_row_t bring[] = {
       "the job trains, roles.models: a second copy held by a name of the running code >= shortfall, not frozen; "
       "phase evaluation (or autograd off outside a step, an EMA update, a load)",
       "eval_deepcopy_in_train_loop (blind), eval_copy_forward" },
+    { "dataset_on_gpu", dataset_on_gpu, WANT, 0, 0, REMS(R_DATASET_CPU),
+      "roles: holders of purpose dataset kept across calls (a global, an attribute) >= shortfall, primary not growth",
+      "resnet50_whole_dataset_on_gpu_speedrun (blind)" },
     { "ddp_buckets", ddp_buckets, WANT, 0, 0, REMS(R_BUCKET_VIEW),
       "roles.ddp: DistributedDataParallel without gradient_as_bucket_view (its buckets copy the gradients)",
       "ddp_bucket_views_big_batch (blind), ddp_bucket_copy" },
@@ -919,6 +931,8 @@ static const og_rank_row_t lead[] = {
       "ab_compare_two_7b (blind), two_models_generate" },
     { "eval_copy_lead", eval_copy, LEAD_COVERS, -33, 0, REMS(R_EVAL_NO_COPY), "as eval_copy",
       "eval_deepcopy_in_train_loop (blind), eval_copy_forward" },
+    { "dataset_on_gpu_lead", dataset_on_gpu, LEAD_COVERS, -30, 0, REMS(R_DATASET_CPU), "as dataset_on_gpu",
+      "resnet50_whole_dataset_on_gpu_speedrun (blind)" },
     { "ddp_buckets_lead", ddp_buckets_lead, LEAD_COVERS, -18, 0, REMS(R_BUCKET_VIEW),
       "as ddp_buckets, primary not a confident growth", "ddp_bucket_copy" },
     { "other_framework_first", other_framework_covers, LEAD_COVERS, -40, 0, REMS(R_OTHER_FW),
@@ -1111,6 +1125,7 @@ static void estimate(rank_t *k, const rctx_t *x)
     cover[R_ONE_MODEL] = resident_models(x) ? (double)ro->named_copies : -1;
     cover[R_EVAL_NO_COPY] = eval_copy(x) ? (double)ro->named_copies : -1;
     cover[R_BUCKET_VIEW] = ddp_buckets(x) ? (double)ro->ddp_buckets : -1;
+    cover[R_DATASET_CPU] = dataset_on_gpu(x) ? (double)ro->dataset_kept : -1;
     double imb = HAS(IMBALANCE) ? (double)x->f->imbalance.mine - (double)x->f->imbalance.avg : 0;
     cover[R_DDP] = imb > 0 ? imb : -1;
     if (x->retried_zero)

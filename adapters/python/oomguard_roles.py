@@ -127,6 +127,9 @@ PURPOSES = (
     ("checkpoint", ("ckpt", "checkpoint", "state_dict", "statedict", "checkpoints"), ()),
     ("teacher", ("teacher",), ()),
     ("cache", ("cache", "cached", "memo", "lru", "memoized"), ("*Cache*", "*cache*")),
+    # a dataset kept whole on the device (train_images = torch.from_numpy(...).cuda(); a Dataset's tensors)
+    ("dataset", ("dataset", "datasets", "images", "imgs", "samples", "x_train", "train_x", "x_val", "x_test"),
+     ("*Dataset*",)),
 )
 
 

@@ -64,6 +64,7 @@ static const char *const ALL_IDS[] = {
     "backward_per_microbatch",
     "fewer_beams",
     "cuda_out_of_workers",
+    "dataset_on_cpu",
 };
 
 /* the remedies chosen by role and phase: none without the Python adapter's roles and phase */
@@ -2257,6 +2258,37 @@ static void copy_under_way(void **state)
     free(r);
 }
 
+/* a dataset kept whole on the GPU (a global holder of purpose dataset) holds the missing bytes in a training
+ * pass: keep it in host memory first; as a local of the running loop (one batch) or short of the shortfall: no */
+static void dataset_kept_on_the_gpu(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 100 * MiB, 0, 0, 0, 12 * GiB, 8 * GiB);
+    fixture_optimizer(r, "SGD", 0);
+    og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 100 * MiB);
+    fixture_holder(r, "train_images", "Tensor", "global in train.py", 11 * GiB);
+    fixture_holder_says(r, "dataset", "");
+    fixture_holder(r, "val_images", "Tensor", "global in train.py", 1 * GiB);
+    fixture_holder_says(r, "dataset", "");
+    fixture_phase(r, "forward", "/w/train.py", "forward");
+    r->memory.fw.grad_enabled = 1;
+    r->memory.fw.autocast = 1;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "dataset_on_cpu");
+    assert_non_null(strstr(r->remedies[0].why, "train_images"));
+    assert_true(how_has(&r->remedies[0], "train_images[idx].cuda(non_blocking=True)"));
+    free(r);
+    r = base();
+    fixture_roles(r, 100 * MiB, 0, 0, 0, 12 * GiB, 8 * GiB);
+    fixture_holder(r, "images", "list", "local in train (train.py:40)", 12 * GiB);
+    fixture_holder_says(r, "dataset", "");
+    fixture_phase(r, "forward", "/w/train.py", "forward");
+    r->memory.fw.grad_enabled = 1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "dataset_on_cpu"), 0);
+    free(r);
+}
+
 /* an evaluation with autograd on inside a training job: every activation kept for a backward that never
  * comes; no_grad / inference_mode first, though the job trains */
 static void evaluation_with_autograd_on(void **state)
@@ -2585,6 +2617,7 @@ int main(void)
         cmocka_unit_test(ddp_buckets_as_views),
         cmocka_unit_test(state_snapshot_first),
         cmocka_unit_test(copy_under_way),
+        cmocka_unit_test(dataset_kept_on_the_gpu),
         cmocka_unit_test(evaluation_with_autograd_on),
         cmocka_unit_test(cap_without_room_not_first),
         cmocka_unit_test(cap_on_shared_gpu),

@@ -224,6 +224,8 @@ def t_purposes():
     assert P(("ema_params",)) == "ema" and P(("model_ema",)) == "ema" and P(("x",), ("AveragedModel",)) == "ema"
     assert P(("ckpt_model",)) == "checkpoint" and P(("state_dict",)) == "checkpoint"
     assert P(("teacher",)) == "teacher" and P(("self.cache",)) == "cache"
+    assert P(("train_images",)) == "dataset" and P(("self.x",), ("Tensor", "ShelfDataset")) == "dataset"
+    assert P(("data",)) is None and P(("image_size",)) is None
     assert P(("schema",)) is None and P(("temas",)) is None and P(("t_acts",)) is None and P(()) is None
     build()
     g = globals()
