@@ -855,6 +855,13 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
                    "; the model being loaded holds %s so far, and the %s cached would carry it only a few tensors "
                    "further.",
                    og_hb((double)set).s, og_hb((double)d->cached).s);
+    } else if (d->pass_outgrows_cache && d->state_to_come) {
+        ev_bytes(c, "state_to_come_bytes", d->state_to_come);
+        if (strlen(c->summary) + 160 < sizeof c->summary)
+            og_fmt(c->summary + strlen(c->summary) - 1, sizeof c->summary - strlen(c->summary) + 1,
+                   "; the optimizer step still has %s of its state to make, and the %s cached would carry it only a "
+                   "few allocations further.",
+                   og_hb((double)d->state_to_come).s, og_hb((double)d->cached).s);
     } else if (d->pass_outgrows_cache) {
         ev_bytes(c, "pass_working_set_bytes", d->roles.working);
         if (strlen(c->summary) + 160 < sizeof c->summary)

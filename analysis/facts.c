@@ -1300,6 +1300,18 @@ static void pass_outgrows_cache(og_facts_t *d)
     const og_role_facts_t *k = &d->roles;
     bool building = d->phase == OG_JP_forward || d->phase == OG_JP_backward || d->phase == OG_JP_evaluation ||
                     d->phase == OG_JP_generation || (d->phase == OG_JP_loading && k->arriving);
+    /* an optimizer step making an Adam-family state (two moments per parameter its optimizers hold): what it has
+     * yet to make is the step's own working set */
+    if (d->phase == OG_JP_optimizer_step && k->known && k->opt_adam && k->opt_params && d->cached_known &&
+        !d->recovered && d->reservation) {
+        uint64_t to_come = sub0(2 * k->opt_params, k->opt);
+        if (to_come >= PASS_OVER_CACHE * (d->cached > d->req ? d->cached : d->req) &&
+            (double)d->cached < d->frag_share * (double)d->reservation) {
+            d->state_to_come = to_come;
+            d->pass_outgrows_cache = true;
+        }
+        return;
+    }
     if (!building || !k->known || !k->act_known || !d->cached_known || d->recovered || !d->reservation)
         return;
     uint64_t set = add_sat(k->working, k->arriving);

@@ -304,6 +304,9 @@ typedef struct og_facts {
     /* a pass still building (forward, backward, evaluation, generation) holds at least 4x the cache
      * (and the request), the cache under frag_share of the reservation: it cannot carry the pass */
     bool pass_outgrows_cache;
+    /* the same for an optimizer step still making an Adam-family state: what it has yet to make (2x the parameters
+     * its optimizers hold, less the state made so far) is that many times the cache; 0 not so */
+    uint64_t state_to_come;
     /* the same for a deep copy under way (roles.operation copy): what it made so far (roles.copy_made_bytes) is at
      * least 4x the cache (and the request), the cache under frag_share of the reservation: the cache would carry
      * the copy a few tensors further, not through it */

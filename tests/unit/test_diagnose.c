@@ -1242,6 +1242,33 @@ static void a_pass_that_outgrows_the_cache_does_not_fit(void **state)
     free(r);
 }
 
+/* the same for an optimizer step making AdamW's state: 4 GiB of parameters its optimizer holds, 2 GiB of moments
+ * made so far, 6 GiB to come; a 64 MiB request fails with 256 MiB cached in splinters: does_not_fit leads with the
+ * state still to make as its evidence; with the state made (8 GiB), the textbook reading stands */
+static void an_optimizer_step_still_making_its_state_does_not_fit(void **state)
+{
+    og_record_t *r = base();
+    r->event.requested_bytes = 64 * MiB;
+    og_set(&r->device.free_bytes, 0);
+    fixture_roles(r, 4 * GiB, 4 * GiB, 2 * GiB, 0, 0, 0);
+    fixture_optimizer(r, "AdamW", 2 * GiB);
+    og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 4 * GiB);
+    r->memory.fw.reserved_bytes += 256 * MiB;
+    r->memory.fw.largest_free_block_bytes = 32 * MiB;
+    fixture_phase(r, "optimizer_step", "/w/train.py", "step");
+    diag(r);
+    assert_string_equal(r->diagnosis.primary, "does_not_fit");
+    assert_string_equal(evt(find(r, "does_not_fit"), "basis"), "pass_outgrows_cache");
+    assert_true(ev(find(r, "does_not_fit"), "state_to_come_bytes") == 6.0 * GiB);
+    assert_true(has(r, "fragmentation") && find(r, "fragmentation")->confidence <= 0.5);
+    og_test_check_text(find(r, "does_not_fit")->summary);
+    r->memory.fw.roles.optimizers[0].bytes = 8 * GiB;
+    og_set(&r->memory.fw.roles.bytes[OG_ROLE_optimizer_state], 8 * GiB);
+    diag(r);
+    assert_string_equal(r->diagnosis.primary, "fragmentation");
+    free(r);
+}
+
 /* the same for a deep copy under way (roles.operation copy): copy.deepcopy of an optimizer's state made 7 GiB so
  * far when a 44 MiB request fails with 486 MiB cached in splinters: does_not_fit (basis copy_outgrows_cache,
  * evidence copy_made_bytes), fragmentation a side finding; a copy that made little so far, or no copy measured,
@@ -1361,6 +1388,7 @@ int main(void)
         cmocka_unit_test(rules_run_in_any_order),
         cmocka_unit_test(size_max_request_is_a_request),
         cmocka_unit_test(a_pass_that_outgrows_the_cache_does_not_fit),
+        cmocka_unit_test(an_optimizer_step_still_making_its_state_does_not_fit),
         cmocka_unit_test(a_copy_that_outgrows_the_cache_does_not_fit),
         cmocka_unit_test(a_load_that_outgrows_the_cache_does_not_fit),
     };
