@@ -910,6 +910,39 @@ static void imbalance(og_facts_t *d, const og_record_t *r)
     b->ratio = (double)mine / (double)most;
 }
 
+/* Another GPU for this process's work (facts.h, og_spare_facts): one process (no world of ranks, no peer on
+ * the failing GPU), >= 2 visible GPUs, bytes missing. */
+#define CONTEXT_ALLOWANCE (512ull << 20)
+static void spare_device(og_facts_t *d, const og_record_t *r)
+{
+    og_spare_facts_t *s = &d->spare;
+    s->idle_device = s->device = -1;
+    int visible = r->visible_devices > 16 ? 16 : r->visible_devices;
+    if (d->shortfall == 0 || r->world_size > 1 || d->npeers || visible < 2)
+        return;
+    bool used[16] = { false };
+    for (int i = 0; i < r->nsummary && i < 16; i++) {
+        int ix = r->summary[i].index;
+        if (ix < 0 || ix >= 16 || (!r->summary[i].tracked_bytes && !r->summary[i].peak_bytes))
+            continue;
+        used[ix] = true;
+        if (ix != r->event.device && (s->device < 0 || r->summary[i].tracked_bytes < s->held)) {
+            s->device = ix;
+            s->held = r->summary[i].tracked_bytes;
+        }
+    }
+    /* the summary lists every GPU this process used, the failing one first of all: without it nothing is known */
+    int fd = r->event.device;
+    for (int ix = 0; ix < visible && s->idle_device < 0 && fd >= 0 && fd < 16 && used[fd]; ix++)
+        if (ix != fd && !used[ix])
+            s->idle_device = ix;
+    s->idle = s->idle_device >= 0;
+    if (s->device < 0 || !d->total)
+        return;
+    s->room = sub0(d->total, add_sat(s->held, CONTEXT_ALLOWANCE));
+    s->split = d->roles.known && d->roles.params && s->held < d->roles.params && s->room >= d->shortfall;
+}
+
 static void non_framework(og_facts_t *d, const og_record_t *r)
 {
     /* another framework's pool that reached the driver through a library no framework is known by
@@ -1586,6 +1619,7 @@ void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds
     fit(f, rec);
     pass_outgrows_cache(f);
     copy_outgrows_cache(f);
+    spare_device(f, rec);
     outlier(f, rec);
     communication(f, rec);
     advice(f, rec);

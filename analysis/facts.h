@@ -209,6 +209,20 @@ typedef struct og_imbalance_facts {
     double ratio; /* mine / the most of any other */
 } og_imbalance_facts_t;
 
+/* Another GPU this process could place work on (one process, not a distributed job, that sees >= 2 GPUs).
+ * idle: a visible GPU where this process holds nothing and never held anything (what other processes hold
+ * there is not measured).  split: a GPU it uses besides the failing one that holds less than the parameters on the
+ * failing one (a DataParallel replica holds them all: not a replica) and has room for the missing bytes: the
+ * failing card's size less what this process holds there and a context (the record measures the failing card's
+ * size only: the cards of one machine are taken to be alike). */
+typedef struct og_spare_facts {
+    bool idle;
+    int idle_device; /* the lowest such GPU's index, -1 none */
+    bool split;
+    int device;          /* the GPU it uses that holds the least, -1 none */
+    uint64_t held, room; /* what it holds there, the room left there */
+} og_spare_facts_t;
+
 /* Which card sizes the job fits: what a card must hold on the failing device, and whether that is a
  * bounded peak (known) or only a lower bound (the job grows, or failed before its need was seen). */
 typedef struct og_fit_facts {
@@ -280,6 +294,7 @@ typedef struct og_facts {
     og_growth_facts_t growth;
     og_load_facts_t load;
     og_imbalance_facts_t imbalance;
+    og_spare_facts_t spare;
     bool nonfw_holds;  /* memory outside the framework explains the shortfall */
     uint64_t nonfw;    /* non_framework_bytes, 0 when unknown */
     int nonfw_big_lib; /* index in by_library of the largest non-framework library, -1 none */

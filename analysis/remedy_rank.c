@@ -544,6 +544,25 @@ static bool ddp_buckets(const rctx_t *x) { return roles_of(x)->ddp_buckets > 0 &
 /* the same, leading unless short, except after a confident growth (a leak fills any card) */
 static bool ddp_buckets_lead(const rctx_t *x) { return ddp_buckets(x) && !confident_growth(x); }
 
+/* another GPU for the work (facts: spare): a GPU this process leaves idle, or a GPU of a split model (not a
+ * DataParallel replica) with room for the missing bytes; not for a request larger than any card, ranks of a job
+ * (set_device), a limit or a cap (their own levers) */
+static bool spare_ok(const rctx_t *x)
+{
+    return !x->larger_than_device && !HAS(PEERS) && !HAS(LIMIT) && !HAS(FWCAP) && !HAS(OTHERFW);
+}
+static bool idle_gpu(const rctx_t *x) { return x->f->spare.idle && spare_ok(x); }
+static bool uneven_split(const rctx_t *x) { return x->f->spare.split && spare_ok(x); }
+/* they lead unless short, except after a confident growth (a leak fills the other GPU too) */
+static bool idle_gpu_lead(const rctx_t *x) { return idle_gpu(x) && !confident_growth(x); }
+static bool uneven_split_lead(const rctx_t *x) { return uneven_split(x) && !confident_growth(x); }
+/* what can move to the idle GPU: the frozen models (a teacher: its forward needs no gradient) and the models held
+ * beside another of their class; 0 none measured */
+static uint64_t movable_models(const rctx_t *x)
+{
+    return add_sat(roles_of(x)->frozen_models, roles_of(x)->named_copies);
+}
+
 /* ------------------------------------------------------------------ rows */
 
 enum effect {
@@ -682,6 +701,14 @@ static const og_rank_row_t bring[] = {
       "NCCL's bytes >= shortfall, and NCCL the largest library outside the framework (cause non_framework) or "
       "NCCL_BUFFSIZE above its default adding >= the shortfall",
       "megatron_nccl_buffsize_tuning_env (blind); (unit tests: nccl_settings)" },
+    { "idle_gpu", idle_gpu, WANT, 0, 0, REMS(R_USE_IDLE_GPU),
+      "one process, >= 2 visible GPUs, one of them holding nothing of this process; not ranks, a limit, a cap, "
+      "another framework, a request larger than the card",
+      "pseudo_label_teacher_student_same_gpu (blind); (unit tests: spare_gpu)" },
+    { "uneven_split", uneven_split, WANT, 0, 0, REMS(R_BALANCE_MAP),
+      "one process, another GPU it uses holds less than the failing GPU's parameters and has room for the "
+      "shortfall (the failing card's size less what it holds there and a context)",
+      "gptneox20b_device_map_sequential_gpu0_full (blind); (unit tests: spare_gpu)" },
     { "checkpointing_off", checkpointing_off, WANT, 0, 0, REMS(R_CHECKPOINTING),
       "the job trains, adapter: grad_enabled on, roles: gradient_checkpointing false, activations >= half the "
       "allocated bytes",
@@ -935,6 +962,10 @@ static const og_rank_row_t lead[] = {
       "resnet50_whole_dataset_on_gpu_speedrun (blind)" },
     { "ddp_buckets_lead", ddp_buckets_lead, LEAD_COVERS, -18, 0, REMS(R_BUCKET_VIEW),
       "as ddp_buckets, primary not a confident growth", "ddp_bucket_copy" },
+    { "idle_gpu_lead", idle_gpu_lead, LEAD_COVERS, -28, 0, REMS(R_USE_IDLE_GPU),
+      "as idle_gpu, primary not a confident growth", "pseudo_label_teacher_student_same_gpu (blind)" },
+    { "uneven_split_lead", uneven_split_lead, LEAD_COVERS, -28, 0, REMS(R_BALANCE_MAP),
+      "as uneven_split, primary not a confident growth", "gptneox20b_device_map_sequential_gpu0_full (blind)" },
     { "other_framework_first", other_framework_covers, LEAD_COVERS, -40, 0, REMS(R_OTHER_FW),
       "primary other_framework >= 0.7, its bytes >= shortfall", "jax_arena_torch_policy" },
     { "outside_the_framework", no_other_process, REPLACE, 0, 0, REMS(R_FOREIGN, R_NONFW_MEMORY),
@@ -1126,6 +1157,9 @@ static void estimate(rank_t *k, const rctx_t *x)
     cover[R_EVAL_NO_COPY] = eval_copy(x) ? (double)ro->named_copies : -1;
     cover[R_BUCKET_VIEW] = ddp_buckets(x) ? (double)ro->ddp_buckets : -1;
     cover[R_DATASET_CPU] = dataset_on_gpu(x) ? (double)ro->dataset_kept : -1;
+    /* the models that can move to the idle GPU (unknown when none is measured); the room on the other GPU */
+    cover[R_USE_IDLE_GPU] = idle_gpu(x) && movable_models(x) ? (double)movable_models(x) : -1;
+    cover[R_BALANCE_MAP] = uneven_split(x) ? (double)x->f->spare.room : -1;
     double imb = HAS(IMBALANCE) ? (double)x->f->imbalance.mine - (double)x->f->imbalance.avg : 0;
     cover[R_DDP] = imb > 0 ? imb : -1;
     if (x->retried_zero)

@@ -1084,6 +1084,53 @@ static bool b_quantization(const rctx_t *x, og_remedy_t *r)
     return true;
 }
 
+static bool b_use_idle_gpu(const rctx_t *x, og_remedy_t *r)
+{
+    const og_spare_facts_t *s = &x->f->spare;
+    const og_role_facts_t *ro = &x->f->roles;
+    int idle = s->idle_device, dev = x->rec->event.device;
+    why(r,
+        "GPU %d is visible to this process and it holds nothing there, while GPU %d ran out (what other processes "
+        "hold on GPU %d was not measured).",
+        idle, dev, idle);
+    uint64_t movable = add_sat(ro->frozen_models, ro->named_copies);
+    if (movable)
+        why(r,
+            " %s of models here run beside the one being trained or used (%s): each can run on GPU %d, passing "
+            "only its small outputs across.",
+            og_hb((double)movable).s,
+            ro->frozen_models ? "a frozen one: its forward needs no gradient" : "held by name", idle);
+    else
+        why(r, " Put part of the work there: a second model, or half of this one's layers.");
+    how(r, "%s%s.to(\"cuda:%d\")   # the other model on GPU %d; outputs.to(\"cuda:%d\") before the next step", pt(x),
+        ro->frozen_models ? "teacher" : "other_model", idle, idle, dev);
+    how(r, "%sfrom_pretrained(name, device_map=\"balanced\")   # one model's layers over both GPUs", pt(x));
+    how(r, "CUDA_VISIBLE_DEVICES=%d python other_part.py   # or run that part as its own process on GPU %d", idle,
+        idle);
+    return true;
+}
+
+static bool b_balance_device_map(const rctx_t *x, og_remedy_t *r)
+{
+    const og_spare_facts_t *s = &x->f->spare;
+    const og_role_facts_t *ro = &x->f->roles;
+    int dev = x->rec->event.device;
+    why(r,
+        "GPU %d ran out holding %s of parameters, while this process holds %s on GPU %d, which keeps about %s "
+        "free (a card like this one): the model's layers are split unevenly. A balanced split leaves both GPUs "
+        "room for the activations and caches that come with the layers.",
+        dev, og_hb((double)ro->params).s, og_hb((double)s->held).s, s->device, og_hb((double)s->room).s);
+    /* about half of the room moves to the other GPU: what the failing GPU keeps of the weights, in whole GiB */
+    double keep = ((double)ro->params - (double)s->room / 2) / GIB;
+    how(r, "%sfrom_pretrained(name, device_map=\"balanced\")   # or \"balanced_low_0\": GPU 0 also holds the inputs",
+        pt(x));
+    if (keep >= 1)
+        how(r, "%smax_memory={%d: \"%dGiB\", %d: \"%dGiB\"}   # about: fewer layers on GPU %d, more on GPU %d", pt(x),
+            dev, (int)keep, s->device, (int)(((double)x->total - (double)(1ull << 30)) / GIB), dev, s->device);
+    HOWS(x, r, { PT, "infer_auto_device_map(model, max_memory=...)   # Accelerate: see the split before loading" });
+    return true;
+}
+
 static bool b_multi_gpu(const rctx_t *x, og_remedy_t *r)
 {
     int n = x->visible;

@@ -936,6 +936,38 @@ static void nccl_settings_in_force(void **state)
     free(r);
 }
 
+/* another GPU for the work: one process seeing 2 GPUs that holds nothing on GPU 1 (idle), or holds there less than
+ * the failing GPU's parameters with room for the shortfall (split); a replica holding them all, ranks of a job, or a
+ * summary without the failing GPU: neither */
+static void spare_gpu_idle_or_split(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    r->event.requested_bytes = 2 * GiB;
+    og_set(&r->device.free_bytes, 1 * GiB);
+    r->visible_devices = 2;
+    assert_false(facts(r)->spare.idle); /* no summary: nothing known */
+    r->nsummary = 1;
+    r->summary[0].index = 0;
+    r->summary[0].tracked_bytes = 22 * GiB;
+    assert_true(facts(r)->spare.idle);
+    assert_int_equal(F.spare.idle_device, 1);
+    assert_false(F.spare.split);
+    fixture_roles(r, 16 * GiB, 0, 0, 0, 0, 6 * GiB);
+    r->nsummary = 2;
+    r->summary[1].index = 1;
+    r->summary[1].tracked_bytes = 15 * GiB;
+    assert_false(facts(r)->spare.idle);
+    assert_true(F.spare.split);
+    assert_int_equal(F.spare.device, 1);
+    assert_int_equal(F.spare.room, 24 * GiB - 15 * GiB - 512 * MiB);
+    r->summary[1].tracked_bytes = 17 * GiB; /* more than the failing GPU's parameters: a replica */
+    assert_false(facts(r)->spare.split);
+    r->summary[1].tracked_bytes = 15 * GiB;
+    r->world_size = 2;
+    assert_false(facts(r)->spare.split);
+    free(r);
+}
+
 /* a new communicator per evaluation: each step is NCCL's own 256 MiB, 20 steps, while the framework's cache
  * warmed up by 8 GiB once in the same window: NCCL holds the steady part (5 GiB), not the whole rise, and
  * the growth is its; a failing call of another library, or NCCL holding under 80% of the steps, is not */
@@ -1008,6 +1040,7 @@ int main(void)
         cmocka_unit_test(nccl_is_communication),
         cmocka_unit_test(nccl_holds_the_steady_part_of_the_growth),
         cmocka_unit_test(nccl_settings_in_force),
+        cmocka_unit_test(spare_gpu_idle_or_split),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

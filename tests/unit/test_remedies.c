@@ -65,6 +65,8 @@ static const char *const ALL_IDS[] = {
     "fewer_beams",
     "cuda_out_of_workers",
     "dataset_on_cpu",
+    "use_idle_gpu",
+    "balance_device_map",
 };
 
 /* the remedies chosen by role and phase: none without the Python adapter's roles and phase */
@@ -635,6 +637,50 @@ static void cupy_and_unknown_framework(void **state)
 }
 
 /* ------------------------------------------------------------------ multi-GPU */
+
+/* a teacher and a student on GPU 0 of two, GPU 1 untouched: putting the frozen teacher on GPU 1 leads, its text
+ * naming the GPU; a model split over both GPUs unevenly (GPU 1 holds less than GPU 0's parameters): balancing the
+ * split leads; the other GPU a replica (DataParallel: it holds the parameters too): neither, imbalance's own fix */
+static void spare_gpu(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 17 * GiB, 4 * GiB, 2 * GiB, 0, 0, 0);
+    fixture_model(r, "Teacher", 13 * GiB, 1, true);
+    fixture_model(r, "Student", 4 * GiB, 1, false);
+    fixture_phase(r, "optimizer_step", "/w/train.py", "step");
+    r->memory.fw.training = 1;
+    r->event.requested_bytes = 2 * GiB;
+    og_set(&r->device.free_bytes, 1 * GiB);
+    r->visible_devices = 2;
+    r->nsummary = 1;
+    r->summary[0].tracked_bytes = 23 * GiB;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "use_idle_gpu");
+    assert_non_null(strstr(r->remedies[0].why, "GPU 1 is visible"));
+    assert_true(how_has(&r->remedies[0], "teacher.to(\"cuda:1\")"));
+    assert_int_equal(rank_of(r, "balance_device_map"), 0);
+    free(r);
+
+    r = base();
+    fixture_roles(r, 22 * GiB, 0, 0, 0, 0, 1 * GiB);
+    r->memory.fw.grad_enabled = -1;
+    r->event.requested_bytes = 1 * GiB + 512 * MiB;
+    og_set(&r->device.free_bytes, 512 * MiB);
+    r->visible_devices = 2;
+    r->nsummary = 2;
+    r->summary[0].tracked_bytes = 23 * GiB;
+    r->summary[1].index = 1;
+    r->summary[1].tracked_bytes = 16 * GiB;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "balance_device_map");
+    assert_non_null(strstr(r->remedies[0].why, "holds 16.00 GiB on GPU 1"));
+    assert_true(how_has(&r->remedies[0], "max_memory={0:"));
+    assert_int_equal(rank_of(r, "use_idle_gpu"), 0);
+    r->summary[1].tracked_bytes = 22 * GiB; /* a replica's worth: not a split */
+    run(r);
+    assert_int_equal(rank_of(r, "balance_device_map"), 0);
+    free(r);
+}
 
 static void multi_gpu_depends_on_visible_devices(void **state)
 {
@@ -2566,6 +2612,7 @@ int main(void)
         cmocka_unit_test(tensorflow_knobs),
         cmocka_unit_test(cupy_and_unknown_framework),
         cmocka_unit_test(multi_gpu_depends_on_visible_devices),
+        cmocka_unit_test(spare_gpu),
         cmocka_unit_test(empty_and_null_records),
         cmocka_unit_test(huge_request_fits_no_card),
         cmocka_unit_test(second_framework_knobs),
