@@ -58,6 +58,11 @@ def base_env():
     # the stand-in torch calls the runtime from its libc10_cuda.so, as PyTorch does (tests/adapter/adapter.mk);
     # FAKE_TORCH_LIBC10= (empty) in the caller's environment measures it calling through ctypes (libffi)
     env.setdefault("FAKE_TORCH_LIBC10", os.path.join(BDIR, "tests", "adapter", "libc10_cuda.so"))
+    # and so do the stand-in JAX, CuPy and TensorFlow from the libraries their real counterparts allocate from
+    env.setdefault("FAKE_JAX_XLA_EXTENSION", os.path.join(BDIR, "tests", "adapter", "jaxlib", "xla_extension.so"))
+    env.setdefault("FAKE_CUPY_MEMORY", os.path.join(BDIR, "tests", "adapter", "cupy", "cuda", "memory.so"))
+    env.setdefault("FAKE_TF_FRAMEWORK", os.path.join(BDIR, "tests", "adapter", "tensorflow",
+                                                     "libtensorflow_framework.so.2"))
     return env
 
 

@@ -31,26 +31,29 @@ _PROP_SIZE, _PROP_TOTAL = 1008, 288
 
 
 _via = None
+_prefix = "c10_"
 
 
-def route_through(path):
-    """Makes this package's runtime calls go through the library at `path` (before the first of them):
-    the stand-in torch's libc10_cuda.so (tests/adapter/lib/c10_cuda.c), whose c10_<name> forwarders call
-    the runtime, as PyTorch's caching allocator calls it from libc10_cuda.so, so the ledger names that
-    library as the caller of every block, not libffi."""
-    global _via
-    _via = path
+def route_through(path, prefix="c10_"):
+    """Makes this package's runtime calls go through the library at `path` (before the first of them),
+    whose <prefix><name> forwarders (tests/adapter/lib/c10_cuda.c) call the runtime: the stand-in torch's
+    libc10_cuda.so (c10_), as PyTorch's caching allocator calls it from libc10_cuda.so; the stand-in
+    JAX's jaxlib/xla_extension.so (xla_), CuPy's cupy/cuda/memory.so (cupy_), TensorFlow's
+    libtensorflow_framework.so.2 (tf_).  The ledger then names that library as the caller of every
+    block, as in production, not libffi."""
+    global _via, _prefix
+    _via, _prefix = path, prefix
 
 
 class _Routed(object):
-    """The runtime's functions as the forwarders of a library reach them (c10_<name>); a function it
-    does not forward is the runtime's own."""
+    """The runtime's functions as the forwarders of a library reach them (<prefix><name>); a function
+    it does not forward is the runtime's own."""
 
-    def __init__(self, lib, rt):
-        self._lib, self._rt = lib, rt
+    def __init__(self, lib, rt, prefix):
+        self._lib, self._rt, self._prefix = lib, rt, prefix
 
     def __getattr__(self, name):
-        fn = getattr(self._lib, "c10_" + name, None)
+        fn = getattr(self._lib, self._prefix + name, None)
         if fn is None:
             fn = getattr(self._rt, name)
         else:
@@ -67,7 +70,7 @@ def runtime():
             rt = ctypes.CDLL("libcudart.so.13")
             for name, argtypes in _ARGTYPES:
                 getattr(rt, name).argtypes = argtypes
-            _rt = _Routed(ctypes.CDLL(_via), rt) if _via else rt
+            _rt = _Routed(ctypes.CDLL(_via), rt, _prefix) if _via else rt
         return _rt
 
 

@@ -4,15 +4,27 @@
  * Python (torch/_alloc.py); it reaches the runtime through these forwarders, loaded with ctypes,
  * so that its blocks are attributed as a real PyTorch process's are, not to libffi.
  *
+ * The other stand-ins' allocators are Python too and reach the runtime through the same
+ * forwarders, built under the names of the libraries their real counterparts allocate from
+ * (tests/adapter/adapter.mk): jaxlib/xla_extension.so (JAX's XLA client), cupy/cuda/memory.so
+ * (CuPy's compiled memory pool module) and libtensorflow_framework.so.2 (TensorFlow's BFC
+ * allocator).  FWD_PREFIX names the forwarders: c10_ here, xla_, cupy_ and tf_ there.
+ *
  * Each forwarder calls the runtime function of the same name with the caller's arguments and
  * returns its result.  Built with -fno-optimize-sibling-calls: a tail call would leave libffi's
  * frame, not this library's, as the caller the shim sees.  Test code only. */
 #include <cuda_runtime_api.h>
 #include <stddef.h>
 
+#ifndef FWD_PREFIX
+#define FWD_PREFIX c10_
+#endif
+#define FWD_CAT2(a, b) a##b
+#define FWD_CAT(a, b)  FWD_CAT2(a, b)
+
 #define FWD(ret, name, params, args)                                                               \
-    __attribute__((visibility("default"), noinline)) ret c10_##name params;                        \
-    ret c10_##name params                                                                          \
+    __attribute__((visibility("default"), noinline)) ret FWD_CAT(FWD_PREFIX, name) params;         \
+    ret FWD_CAT(FWD_PREFIX, name) params                                                           \
     {                                                                                              \
         ret r = name args;                                                                         \
         __asm__ volatile("" ::: "memory"); /* the call stays a call: this library is its caller */ \

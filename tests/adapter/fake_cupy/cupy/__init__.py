@@ -12,6 +12,14 @@ import os as _os
 # the stand-ins' shared CUDA runtime and chunk list (tests/adapter/fake_common) load as cupy._fake_cuda
 __path__.append(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), _os.pardir, _os.pardir, "fake_common"))
 
+# CuPy's memory pool is its compiled cupy/cuda/memory module: with FAKE_CUPY_MEMORY (the test runners name
+# the one tests/adapter/adapter.mk builds) the stand-in's runtime calls come from a library of that name
+# too, so the ledger attributes its memory as in production; without it, from ctypes (libffi)
+from cupy import _fake_cuda as _fc  # noqa: E402
+
+if _os.environ.get("FAKE_CUPY_MEMORY"):
+    _fc.route_through(_os.environ["FAKE_CUPY_MEMORY"], "cupy_")
+
 __version__ = _os.environ.get("FAKE_CUPY_VERSION", "13.3.0+fake")
 
 from cupy import cuda  # noqa: E402

@@ -9,6 +9,14 @@ import os as _os
 # the stand-ins' shared CUDA runtime and chunk list (tests/adapter/fake_common) load as tensorflow._fake_cuda
 __path__.append(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), _os.pardir, _os.pardir, "fake_common"))
 
+# TensorFlow's BFC allocator is in libtensorflow_framework.so.2: with FAKE_TF_FRAMEWORK (the test runners
+# name the one tests/adapter/adapter.mk builds) the stand-in's runtime calls come from a library of that
+# name too, so the ledger attributes its memory as in production; without it, from ctypes (libffi)
+from tensorflow import _fake_cuda as _fc  # noqa: E402
+
+if _os.environ.get("FAKE_TF_FRAMEWORK"):
+    _fc.route_through(_os.environ["FAKE_TF_FRAMEWORK"], "tf_")
+
 __version__ = _os.environ.get("FAKE_TF_VERSION", "2.17.0+fake")
 
 from tensorflow import errors  # noqa: E402,F401
