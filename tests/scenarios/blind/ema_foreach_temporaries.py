@@ -3,7 +3,7 @@ and updated every 100 steps by a hand-written foreach update, on a 24 GiB card:
 
     ema_params = [p.detach().clone() for p in model.parameters()]        # 4 GiB, from the start
     for step, batch in enumerate(loader, 1):
-        loss = model(batch).loss; loss.backward(); optimizer.step(); optimizer.zero_grad()
+        loss = model(batch).loss; loss.backward(); optimizer.step(); optimizer.zero_grad(set_to_none=False)
         if step % 100 == 0:
             with torch.no_grad():
                 scaled = torch._foreach_mul(ema_params, decay)            # new tensors: 4 GiB
@@ -69,7 +69,7 @@ def main():
         loss = model(batch)
         scen_truth.backward(loss)
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=False)                      # the story's 4 GiB of grads stay
         del loss, batch
         if step % 100 == 0:
             with torch.no_grad():
