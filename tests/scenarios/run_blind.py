@@ -29,6 +29,40 @@ import run_scenarios
 BLIND = os.path.join(run_scenarios.HERE, "blind")
 
 
+# Remedy ids two writers, each blind to the catalog and to the other, gave one fix.  A writer names a
+# new id where the catalog lacks the fix; when another case's id for the same fix became the catalog's
+# row first, the later name is read as that row (the case file stays as written).  Only ids the
+# catalog does not have can be read this way: a name the catalog uses for something else is never
+# redirected (fraction_cap's raise_limit stays raise_limit).
+SAME_FIX = {
+    # nvjpeg_decode_in_spawned_loader_workers (seventh batch); kornia_gpu_augment_in_spawned_workers
+    # (sixth) named the same fix, CUDA kept out of the DataLoader workers, cuda_out_of_workers
+    "gpu_work_in_main_process": "cuda_out_of_workers",
+}
+
+
+def catalog_ids():
+    import re
+    src = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "analysis", "remedies.def")).read()
+    return set(re.findall(r'^X\(\w+, "(\w+)"', src, re.M))
+
+
+def as_catalog(exp, known=None):
+    """The expectation with SAME_FIX's names read as the catalog's ids (a copy; the file is untouched)."""
+    known = catalog_ids() if known is None else known
+    for alias, row in SAME_FIX.items():
+        assert alias not in known and row in known, (alias, row)
+
+    def tr(v):
+        if isinstance(v, str):
+            return SAME_FIX.get(v, v)
+        if isinstance(v, list):
+            return [tr(x) for x in v]
+        return v
+    return {k: (tr(v) if k in ("first", "top3_required", "first_forbidden", "top3_forbidden",
+                               "remedies_forbidden", "before") else v) for k, v in exp.items()}
+
+
 def final_dump(dumps, exp):
     """The dump the case is about: the last one of the expected status (as check.py selects them)."""
     want = exp.get("status", "oom")
@@ -92,7 +126,7 @@ def expert_edit(d, exp):
     return d
 
 
-def attainable(name, work, exp):
+def attainable(name, work, exp, cases_dir=BLIND):
     """check.py accepts this run's dumps edited to the expert's answer: every dump of the expected
     status is edited (a multi-rank case checks each rank's), the others are copied as they are."""
     if final_dump(os.path.join(work, "dumps"), exp) is None:
@@ -107,7 +141,7 @@ def attainable(name, work, exp):
         json.dump(d, open(os.path.join(edir, base), "w"))
         if os.path.exists(src[:-5] + ".txt"):
             shutil.copy(src[:-5] + ".txt", os.path.join(edir, base[:-5] + ".txt"))
-    chk = subprocess.run([sys.executable, os.path.join(run_scenarios.HERE, "check.py"), os.path.join(BLIND, name + ".json"),
+    chk = subprocess.run([sys.executable, os.path.join(run_scenarios.HERE, "check.py"), os.path.join(cases_dir, name + ".json"),
                           "preload", edir, os.path.join(work, "truth")], stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, universal_newlines=True)
     return chk.returncode == 0, "; ".join(l for l in chk.stdout.splitlines() if l.startswith("FAIL"))[:400]
@@ -132,13 +166,20 @@ def main():
     varies = []
     for name in names:
         case = json.load(open(os.path.join(BLIND, name + ".json")))
-        exp = case.get("expect", {})
+        exp = as_catalog(case.get("expect", {}))
+        cases_dir = BLIND
+        if exp != case.get("expect", {}):
+            # check.py reads the case from a file: the catalog's reading of it, beside the runs
+            case["expect"] = exp
+            cases_dir = os.path.join(tmp, "as-catalog")
+            os.makedirs(cases_dir, exist_ok=True)
+            json.dump(case, open(os.path.join(cases_dir, name + ".json"), "w"), indent=1)
         answers = []
         for rep in range(max(1, a.repeat)):
             work = os.path.join(tmp, name if rep == 0 else "%s.run%d" % (name, rep + 1))
             shutil.rmtree(work, ignore_errors=True)
             os.makedirs(work)
-            ok, detail, got = run_scenarios.run_case(name, case, "preload", work, cases_dir=BLIND)
+            ok, detail, got = run_scenarios.run_case(name, case, "preload", work, cases_dir=cases_dir)
             d = final_dump(os.path.join(work, "dumps"), exp)
             answers.append(None if d is None else (d["diagnosis"].get("primary"), [r["id"] for r in d["remedies"]][:3]))
             if rep:
@@ -157,7 +198,7 @@ def main():
                 if line.startswith("FAIL"):
                     print("    " + line)
             if a.attainable:
-                a_ok, why = attainable(name, work, exp)
+                a_ok, why = attainable(name, work, exp, cases_dir)
                 row["attain"] = row.get("attain", 0) + a_ok
                 print("    attainable: %s%s" % ("yes" if a_ok else "NO", "" if a_ok else " (" + why + ")"))
         if any(x != answers[0] for x in answers[1:]):
