@@ -159,6 +159,15 @@ static void ev_text(og_cause_t *c, const char *name, const char *f, ...)
     c->nevidence++;
 }
 
+/* the shortfall as evidence: its bytes, or "not measured" (the device's free memory was not read) */
+static void ev_shortfall(og_cause_t *c, const og_facts_t *d)
+{
+    if (d->shortfall_known)
+        ev_bytes(c, "shortfall_bytes", d->shortfall);
+    else
+        ev_text(c, "shortfall_bytes", "not measured");
+}
+
 static void summary(og_cause_t *c, const char *f, ...) __attribute__((format(printf, 2, 3)));
 static void summary(og_cause_t *c, const char *f, ...)
 {
@@ -292,7 +301,7 @@ static bool c_cache_held(const og_facts_t *d, const og_record_t *r, og_cause_t *
         ev_text(c, "holder", "application_pool");
         ev_text(c, "pool_owner", "%s", owner);
         ev_bytes(c, "pool_unused_bytes", d->app_slack);
-        ev_bytes(c, "shortfall_bytes", d->shortfall);
+        ev_shortfall(c, d);
         ev_bytes(c, "requested_bytes", d->req);
         return true;
     }
@@ -314,7 +323,7 @@ static bool c_cache_held(const og_facts_t *d, const og_record_t *r, og_cause_t *
                     og_hb((double)d->shortfall).s);
         ev_text(c, "failing_library", "%s", lib);
         ev_bytes(c, "requested_bytes", d->req);
-        ev_bytes(c, "shortfall_bytes", d->shortfall);
+        ev_shortfall(c, d);
         ev_bytes(c, "cached_bytes", d->cached);
         ev_text(c, "cached_source", "%s", og_cache_src_name(d->cached_src));
         return true;
@@ -338,7 +347,7 @@ static bool c_cache_held(const og_facts_t *d, const og_record_t *r, og_cause_t *
             lib, og_hb((double)d->req).s, who, og_hb((double)held).s, who, og_hb((double)d->shortfall).s);
     ev_text(c, "failing_library", "%s", lib);
     ev_bytes(c, "requested_bytes", d->req);
-    ev_bytes(c, "shortfall_bytes", d->shortfall);
+    ev_shortfall(c, d);
     ev_bytes(c, "framework_reserved_bytes", held);
     ev_text(c, "cached_bytes", "not measured");
     ev_text(c, "framework", "%s", og_framework_name(k));
@@ -384,8 +393,10 @@ static bool c_fragmentation(const og_facts_t *d, const og_record_t *r, og_cause_
         return false;
     if (d->recovered && retry_rel) {
         c->id = og_cause_ids[OG_CAUSE_FRAG];
-        c->confidence = d->cached >= d->shortfall ? 0.9 : 0.7;
-        if (d->cached >= d->shortfall)
+        /* 0.9 when the cache covers the shortfall; an unknown one it cannot be said to cover */
+        bool covers = d->shortfall_known && d->cached >= d->shortfall;
+        c->confidence = covers ? 0.9 : 0.7;
+        if (covers || !d->shortfall_known)
             summary(c,
                     "%s held %s cached but unused when %s failed; it released that cache between attempts and "
                     "the retry succeeded.",
@@ -397,7 +408,7 @@ static bool c_fragmentation(const og_facts_t *d, const og_record_t *r, og_cause_
                     d->fwname, og_hb(cached).s, og_hb(req).s, og_hb((double)d->shortfall).s);
         ev_bytes(c, "released_bytes", d->cached);
         ev_bytes(c, "requested_bytes", d->req);
-        ev_bytes(c, "shortfall_bytes", d->shortfall);
+        ev_shortfall(c, d);
         ev_text(c, "rule", "recovered_by_release");
         return true;
     }
@@ -452,9 +463,14 @@ static bool c_fragmentation(const og_facts_t *d, const og_record_t *r, og_cause_
                 "request needs it.",
                 d->fwname, og_hb(cached).s, og_pct(cached, (double)d->reservation).s, og_hb((double)d->reservation).s,
                 og_hb(req).s);
-    else
+    else if (d->free_known)
         summary(c, "%s holds %s cached but unused and %s is free, yet %s could not be found in one piece.", d->fwname,
                 og_hb(cached).s, og_hb((double)d->free_eff).s, og_hb(req).s);
+    else
+        summary(c,
+                "%s holds %s cached but unused (the device's free memory was not measured), yet %s could not be "
+                "found in one piece.",
+                d->fwname, og_hb(cached).s, og_hb(req).s);
     ev_bytes(c, "cached_bytes", d->cached);
     ev_bytes(c, "requested_bytes", d->req);
     ev_bytes(c, "reservation_bytes", d->reservation);
@@ -464,7 +480,7 @@ static bool c_fragmentation(const og_facts_t *d, const og_record_t *r, og_cause_
         ev_bytes(c, "largest_free_block_bytes", d->largest);
         ev_num(c, "fragmentation", clamp01(1 - (double)d->largest / cached));
     }
-    ev_bytes(c, "shortfall_bytes", d->shortfall);
+    ev_shortfall(c, d);
     ev_text(c, "rule", "%s", why);
     return true;
 }
@@ -504,7 +520,7 @@ static bool c_other_framework(const og_facts_t *d, const og_record_t *r, og_caus
     ev_bytes(c, "framework_reserved_bytes", r2);
     ev_num(c, "device_share", share);
     ev_text(c, "failing_framework", "%s", og_framework_name(d->ffw));
-    ev_bytes(c, "shortfall_bytes", d->shortfall);
+    ev_shortfall(c, d);
     return true;
 }
 
@@ -550,7 +566,7 @@ static bool c_peer_ranks(const og_facts_t *d, const og_record_t *r, og_cause_t *
     ev_num(c, "siblings", d->nsiblings);
     ev_num(c, "parent", d->nparents);
     ev_bytes(c, "peers_bytes", d->peers_bytes);
-    ev_bytes(c, "shortfall_bytes", d->shortfall);
+    ev_shortfall(c, d);
     if (r->local_rank >= 0)
         ev_num(c, "local_rank", (double)r->local_rank);
     ev_num(c, "device", r->event.device);
@@ -574,7 +590,7 @@ static bool c_imbalance(const og_facts_t *d, const og_record_t *r, og_cause_t *c
     ev_bytes(c, "other_devices_avg_bytes", b->avg);
     ev_num(c, "other_devices", b->nother);
     ev_num(c, "ratio", b->ratio);
-    ev_bytes(c, "shortfall_bytes", d->shortfall);
+    ev_shortfall(c, d);
     return true;
 }
 
@@ -600,7 +616,7 @@ static bool c_foreign(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
                 "most likely other processes.",
                 og_hb((double)d->other).s, og_hb((double)d->shortfall).s);
         ev_bytes(c, "other_inferred_bytes", d->other);
-        ev_bytes(c, "shortfall_bytes", d->shortfall);
+        ev_shortfall(c, d);
         ev_text(c, "basis", "%s", "total - free - tracked - context allowance; NVML unavailable");
         return true;
     }
@@ -624,7 +640,7 @@ static bool c_foreign(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
         summary(c, "Other processes hold %s on this device, more than the %s missing.", og_hb((double)d->other).s,
                 og_hb((double)d->shortfall).s);
     ev_bytes(c, "other_processes_bytes", d->other);
-    ev_bytes(c, "shortfall_bytes", d->shortfall);
+    ev_shortfall(c, d);
     if (d->total)
         ev_num(c, "other_share", share);
     ev_num(c, "processes", d->nothers);
@@ -671,7 +687,7 @@ static bool c_non_framework(const og_facts_t *d, const og_record_t *r, og_cause_
     ev_num(c, "non_framework_share", share);
     if (og_known(r->memory.context_bytes_estimate))
         ev_bytes(c, "context_bytes_estimate", r->memory.context_bytes_estimate.v);
-    ev_bytes(c, "shortfall_bytes", d->shortfall);
+    ev_shortfall(c, d);
     if (lib[0]) {
         ev_text(c, "largest_library", "%s", lib);
         ev_bytes(c, "largest_library_bytes", r->memory.by_library[big].bytes);
@@ -898,26 +914,37 @@ static void c_unknown(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
 {
     c->id = og_cause_ids[OG_CAUSE_UNKNOWN];
     c->confidence = 0;
-    char miss[96] = "";
+    /* what was measured is said with its figure; what was not is named, never said as 0 B */
+    const char *m[6];
     int nm = 0;
-    const char *m[4] = { "", "", "", "" };
     if (!d->cached_known)
         m[nm++] = "framework cache";
     if (!d->used_known)
         m[nm++] = "NVML usage";
     if (!d->free_known)
         m[nm++] = "free memory";
-    if (nm)
-        og_fmt(miss, sizeof miss, "; not measured: %s%s%s%s%s", m[0], nm > 1 ? ", " : "", nm > 1 ? m[1] : "",
-               nm > 2 ? ", " : "", nm > 2 ? m[2] : "");
-    if (d->free_known)
-        summary(c, "No rule matched: %s requested, %s free of %s, this process tracks %s, others hold %s%s.",
-                og_hb((double)d->req).s, og_hb((double)d->free_eff).s, og_hb((double)d->total).s,
-                og_hb((double)d->tracked).s, og_hb((double)d->other_all).s, miss);
-    else
-        summary(c, "No rule matched: %s requested on a device of %s, this process tracks %s, others hold %s%s.",
-                og_hb((double)d->req).s, og_hb((double)d->total).s, og_hb((double)d->tracked).s,
-                og_hb((double)d->other_all).s, miss);
+    if (!d->total)
+        m[nm++] = "total memory";
+    if (!og_known(r->memory.process_tracked_bytes))
+        m[nm++] = "tracked memory";
+    if (!og_known(r->memory.other_processes_bytes))
+        m[nm++] = "other processes";
+    char miss[128] = "", dev[64] = "", mine[48] = "", others[40] = "";
+    for (int i = 0; i < nm; i++) {
+        size_t l = strlen(miss);
+        og_fmt(miss + l, sizeof miss - l, "%s%s", i ? ", " : "; not measured: ", m[i]);
+    }
+    if (d->free_known && d->total)
+        og_fmt(dev, sizeof dev, ", %s free of %s", og_hb((double)d->free_eff).s, og_hb((double)d->total).s);
+    else if (d->free_known)
+        og_fmt(dev, sizeof dev, ", %s free", og_hb((double)d->free_eff).s);
+    else if (d->total)
+        og_fmt(dev, sizeof dev, " on a device of %s", og_hb((double)d->total).s);
+    if (og_known(r->memory.process_tracked_bytes))
+        og_fmt(mine, sizeof mine, ", this process tracks %s", og_hb((double)d->tracked).s);
+    if (og_known(r->memory.other_processes_bytes))
+        og_fmt(others, sizeof others, ", others hold %s", og_hb((double)d->other_all).s);
+    summary(c, "No rule matched: %s requested%s%s%s%s.", og_hb((double)d->req).s, dev, mine, others, miss);
     ev_bytes(c, "requested_bytes", d->req);
     if (d->free_known)
         ev_bytes(c, "free_bytes", d->free_eff);
@@ -1038,7 +1065,11 @@ static void diagnose_order(og_record_t *rec, const og_thresholds_t *th, bool rev
     og_facts_t *d = &rec->analysis.facts;
     og_facts_compute(d, rec, th, &rec->analysis.growth);
     rec->analysis.facts_valid = true;
-    og_set(&rec->diagnosis.shortfall_bytes, d->shortfall);
+    /* unknown is not zero: without the device's free memory (measured or estimated) nothing says what is short */
+    if (d->shortfall_known)
+        og_set(&rec->diagnosis.shortfall_bytes, d->shortfall);
+    else
+        og_unset(&rec->diagnosis.shortfall_bytes);
     int order[NRULES];
     for (size_t i = 0; i < NRULES; i++)
         order[i] = reverse ? (int)(NRULES - 1 - i) : (int)i;

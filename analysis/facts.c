@@ -8,7 +8,8 @@
  *              process_tracked_bytes when that was not recorded
  *   free       device.free_bytes; with a limit: min(limit - usage_lim, free); when the physical
  *              free is not known and there is no limit it is estimated (total - footprint - others)
- *   shortfall  max(0, req - free)                        -> diagnosis.shortfall_bytes
+ *   shortfall  max(0, req - free)                        -> diagnosis.shortfall_bytes (unknown: null
+ *              when free is neither measured nor estimated; 0 in the sums, never "covered")
  *   footprint  process_used_bytes (NVML) when known, else process_tracked_bytes
  *   ffw        the framework of the failing call: its library's framework, else the record's
  *   resv[fw]   bytes held by each framework's libraries (by_library, fw_kind), pool caches included
@@ -292,6 +293,7 @@ static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t
             d->other_inferred = true;
         }
     }
+    d->shortfall_known = d->free_known; /* unknown is not zero: nothing free measured, nothing short measured */
     d->shortfall = d->free_known ? sub0(d->req, d->free_eff) : 0;
     d->capacity = d->limited && (!d->total || d->limit < d->total) ? d->limit : d->total;
     d->larger_than_device = d->capacity && d->req > d->capacity;

@@ -244,6 +244,7 @@ typedef struct og_facts {
     uint64_t limit, usage_lim; /* OOMGUARD_LIMIT and what it counts */
     og_qty_t phys_free;        /* the device's own free bytes */
     bool free_known, free_estimated;
+    bool shortfall_known; /* free known (or estimated): else `shortfall` is 0 and no figure */
     uint64_t free_eff, shortfall, capacity;
     bool larger_than_device;
 

@@ -44,7 +44,9 @@ typedef struct rctx {
     int primary;
     double primary_conf; /* the primary cause's confidence */
     uint64_t req, shortfall, total, tracked, footprint, live, other, nonfw;
-    bool other_inferred; /* `other` inferred from total - free - tracked (no NVML) */
+    bool shortfall_known; /* false: the device's free memory was not read; `shortfall` is then 0, no figure, and
+                             nothing can be judged to cover it (og_covers) */
+    bool other_inferred;  /* `other` inferred from total - free - tracked (no NVML) */
     bool cached_known, cache_retried;
     uint64_t cached, reclaim, largest;
     bool largest_known;
@@ -68,6 +70,12 @@ typedef struct rctx {
                            state measured, an optimizer holds the device's parameters, phase backward or
                            optimizer_step), -1 known inference only (training -1), 0 unknown */
 } rctx_t;
+
+/* BYTES cover the shortfall: never when it is unknown (unknown is not zero) */
+static inline bool og_covers(const rctx_t *x, double bytes)
+{
+    return x->shortfall_known && bytes >= (double)x->shortfall;
+}
 
 typedef struct og_remedy_def {
     const char *id, *title, *saving, *cost;

@@ -7,7 +7,7 @@
  *   order     the checklist (remedies.def: cheapest first), moved by the rows of `reorder`
  *   estimate  what each remedy could save, in bytes (-1 unknown), from the roles and the phase where
  *             the Python adapter measured them; tier 1: covers the shortfall (or nothing is missing),
- *             2: unknown, 3: cannot cover it alone
+ *             2: unknown (the estimate, or the shortfall itself), 3: cannot cover it alone
  *   lead      the primary cause's own remedies (common/causes.def) go first when they can cover it;
  *             then the rows of `lead` (LEAD_COVERS: first unless it cannot cover the shortfall)
  *   fit       every remedy: the catalog's `applies` read on the evidence, a measured nothing not listed,
@@ -113,7 +113,7 @@ static bool own_fix_covers(const rctx_t *x)
                  : PRIMARY(FOREIGN)  ? (double)x->other
                  : PRIMARY(SNAPSHOT) ? 0
                                      : -1;
-    return cov >= 0 && x->primary_conf >= 0.7 && cov >= (double)x->shortfall && !x->larger_than_device;
+    return cov >= 0 && x->primary_conf >= 0.7 && og_covers(x, cov) && !x->larger_than_device;
 }
 /* the same, with no fragmentation or fragmentation only as a side finding: a pass still building or a deep copy
  * under way outgrows the cache (facts: pass_outgrows_cache, copy_outgrows_cache), which the splinters' remedies
@@ -266,14 +266,14 @@ static bool graph_pools_lead(const rctx_t *x)
 static bool growth_in_a_cache(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
-    return HAS(GROWTH) && ro->keeper >= 0 && ro->keeper_map && ro->keeper_bytes >= x->shortfall;
+    return HAS(GROWTH) && ro->keeper >= 0 && ro->keeper_map && og_covers(x, (double)ro->keeper_bytes);
 }
 static bool growth_in_a_cache_primary(const rctx_t *x) { return PRIMARY(GROWTH) && growth_in_a_cache(x); }
 /* NCCL's own memory: it failed, or the job was in a collective, or it holds all of the growth */
 static bool comm_holds_growth(const rctx_t *x) { return HAS(GROWTH) && x->f->comm_holds_growth; }
 static bool communication(const rctx_t *x)
 {
-    return x->f->comm_lib >= 0 && x->f->comm_bytes >= x->shortfall &&
+    return x->f->comm_lib >= 0 && og_covers(x, (double)x->f->comm_bytes) &&
            (x->f->comm_failing || PHASE(collective) || comm_holds_growth(x));
 }
 /* NCCL's buffers hold the missing bytes outside any growth of theirs: NCCL is the largest library outside the
@@ -281,11 +281,11 @@ static bool communication(const rctx_t *x)
  * and what that adds covers the shortfall */
 static bool comm_settings_cover(const rctx_t *x)
 {
-    return x->f->comm_setting_excess && x->f->comm_setting_excess >= x->shortfall;
+    return x->f->comm_setting_excess && og_covers(x, (double)x->f->comm_setting_excess);
 }
 static bool comm_outside(const rctx_t *x)
 {
-    return x->f->comm_lib >= 0 && x->f->comm_bytes >= x->shortfall &&
+    return x->f->comm_lib >= 0 && og_covers(x, (double)x->f->comm_bytes) &&
            ((HAS(NONFW) && x->f->nonfw_big_lib == x->f->comm_lib) || comm_settings_cover(x));
 }
 /* a peak from one batch far larger than the earlier steps' (a long document), with autograd on */
@@ -335,8 +335,8 @@ static bool weights_update(const rctx_t *x)
 static bool kv_cache_reserved(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
-    return ro->known && ro->kv >= 0 && ro->kv_bytes >= x->shortfall && ro->kv_bytes > ro->working && x->trains != 1 &&
-           x->grad == -1 && !PRIMARY(GROWTH) && !own_fix_covers(x) && !x->larger_than_device;
+    return ro->known && ro->kv >= 0 && og_covers(x, (double)ro->kv_bytes) && ro->kv_bytes > ro->working &&
+           x->trains != 1 && x->grad == -1 && !PRIMARY(GROWTH) && !own_fix_covers(x) && !x->larger_than_device;
 }
 /* this process is reserving its KV cache up front: the failing statement builds what the program calls a KV cache
  * (roles.statement's purpose kv_cache: a serving engine allocating its cache layer by layer at start-up) in a job
@@ -467,7 +467,7 @@ static bool state_new_since_pass(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
     return ro->known && ro->steps_known && ro->steps_made == 1 && ro->opt_full && (PHASE(forward) || PHASE(backward)) &&
-           0.75 * (double)ro->opt_full >= (double)x->shortfall && !own_fix_covers(x) && !x->larger_than_device;
+           og_covers(x, 0.75 * (double)ro->opt_full) && !own_fix_covers(x) && !x->larger_than_device;
 }
 
 /* the evidence leaves nothing for the activation remedies to shrink: the roles measured, and the job was
@@ -1081,7 +1081,7 @@ static void estimate(rank_t *k, const rctx_t *x)
         cover[R_QUANT] = 0.75 * (double)ro->params;
     /* the failed attempt's tensors, the checkpoint's copy: what the running code holds (a lower
      * bound: unknown when it does not cover) */
-    if (ro->known && ro->act_known && ro->working >= x->shortfall)
+    if (ro->known && ro->act_known && og_covers(x, (double)ro->working))
         cover[R_RETRY_OUTSIDE] = cover[R_MAP_CPU] = (double)ro->working;
     if (ro->known && ro->params) {
         /* half of the float32 weights, and of their gradients (a parameter's gradient has its dtype); the
@@ -1164,9 +1164,10 @@ static void estimate(rank_t *k, const rctx_t *x)
     cover[R_DDP] = imb > 0 ? imb : -1;
     if (x->retried_zero)
         cover[R_EMPTY_CACHE] = 0;
+    /* an unknown shortfall: nothing can be said to cover it, nor not to (tier 2) */
     double need = (double)x->shortfall;
     for (int i = 0; i < R_COUNT; i++)
-        k->tier[i] = need <= 0 || cover[i] >= need ? 1 : cover[i] < 0 ? 2 : 3;
+        k->tier[i] = !x->shortfall_known ? 2 : need <= 0 || cover[i] >= need ? 1 : cover[i] < 0 ? 2 : 3;
 }
 
 /* ------------------------------------------------------------------ the primary cause's own remedies */

@@ -92,6 +92,7 @@ void og_remedy_context(rctx_t *x, og_record_t *rec)
     x->primary_conf = n > 0 ? rec->diagnosis.causes[0].confidence : 0;
 
     x->req = f->req;
+    x->shortfall_known = og_known(rec->diagnosis.shortfall_bytes);
     x->shortfall = og_or(rec->diagnosis.shortfall_bytes, 0);
     x->total = f->total;
     x->tracked = f->tracked;
@@ -330,7 +331,8 @@ static bool b_empty_cache(const rctx_t *x, og_remedy_t *r)
             how(r, "export XLA_PYTHON_CLIENT_PREALLOCATE=false   # JAX reserves 75%% of the GPU at start by default");
         const og_framework_view_t *fw = &rec->memory.fw;
         uint64_t resv = fw->has ? fw->reserved_bytes : rec->memory.framework_bytes;
-        if ((x->has[OG_CAUSE_CACHE] || x->has[OG_CAUSE_FOREIGN]) && x->total && resv > x->shortfall) {
+        if ((x->has[OG_CAUSE_CACHE] || x->has[OG_CAUSE_FOREIGN]) && x->total && x->shortfall_known &&
+            resv > x->shortfall) {
             int frac = (int)(100.0 * (double)(resv - x->shortfall) / (double)x->total);
             if (frac < 5)
                 frac = 5;
@@ -692,7 +694,7 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
     const char *steps = grew ? stepbuf : NULL;
     bool kept_on_purpose = (og_growth_without_autograd(x) || og_generation_growth(x)) &&
                            (x->fw == OG_FW_PYTORCH || x->fw == OG_FW_UNKNOWN);
-    if (!grew && x->f->roles.copy_replaces && x->f->roles.copy_replaces >= x->shortfall) {
+    if (!grew && x->f->roles.copy_replaces && og_covers(x, (double)x->f->roles.copy_replaces)) {
         copy_names_t c = copy_names(x);
         const char *t = c.target[0] ? c.target : "the copy";
         why(r,
@@ -1739,7 +1741,7 @@ static copy_words_t copy_words(const rctx_t *x)
 
 static bool b_in_place_update(const rctx_t *x, og_remedy_t *r)
 {
-    if (x->f->roles.copy_replaces && x->f->roles.copy_replaces >= x->shortfall) {
+    if (x->f->roles.copy_replaces && og_covers(x, (double)x->f->roles.copy_replaces)) {
         copy_names_t n = copy_names(x);
         const char *t = n.target[0] ? n.target : "ref", *s = n.source[0] ? n.source : "model";
         why(r,

@@ -213,6 +213,10 @@ def truth_checks(d, mark, rec_mark, exp):
         got = d["event"].get("released_between_attempts_bytes")
         check(got == rel, "event.released_between_attempts_bytes %s == the framework released %s" % (got, rel))
     sf = d["diagnosis"].get("shortfall_bytes")
+    dev = d.get("device") or {}
+    if d.get("diagnosis") and all(dev.get(k) is None for k in ("free_bytes", "total_bytes", "limit_bytes")):
+        # unknown is not zero: nothing free measured or estimable, nothing short measured
+        check(sf is None, "diagnosis.shortfall_bytes %s is null: the device's free memory was not measured" % sf)
     if isinstance(sf, int) and not d["event"].get("caused_by_limit"):
         check(0 <= sf <= d["event"]["requested_bytes"],
               "diagnosis.shortfall_bytes %s within [0, requested %s]" % (sf, d["event"]["requested_bytes"]))

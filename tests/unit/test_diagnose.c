@@ -630,6 +630,91 @@ static void nothing_holds_is_unknown(void **state)
     free(r);
 }
 
+/* no word of the summaries says a byte count of nothing: "0 B missing", "short by 0 B", "0 B is free" */
+static void no_zero_figure(const char *s)
+{
+    static const char *bad[] = { " 0 B missing", " 0 B short",  "short by 0 B",
+                                 "the 0 B",      "0 B is free", "(0 B was missing)" };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        if (strstr(s, bad[i]))
+            fail_msg("'%s' in: %s", bad[i], s);
+}
+
+/* every cause: no shortfall evidence as a number, no zero figure in the summary */
+static void shortfall_nowhere(const og_record_t *r)
+{
+    assert_false(og_known(r->diagnosis.shortfall_bytes));
+    for (int i = 0; i < r->diagnosis.ncauses; i++) {
+        const og_cause_t *c = &r->diagnosis.causes[i];
+        double v = ev(c, "shortfall_bytes");
+        assert_true(v == -1 || v == -2); /* absent, or text ("not measured") */
+        no_zero_figure(c->summary);
+    }
+}
+
+/* the device's free memory not read and no total to estimate it from: the shortfall is unknown, not 0; no
+ * cause claims to cover it, none says a figure for it */
+static void free_unknown_shortfall_unknown(void **state)
+{
+    og_record_t *r = base();
+    og_unset(&r->device.free_bytes);
+    og_unset(&r->device.total_bytes);
+    diag(r);
+    check_shape(r);
+    shortfall_nowhere(r);
+    /* a measured cache with a small largest block: fragmentation, whose evidence does not say 0 is missing */
+    fixture_article_fragmentation(r, 256 * MiB);
+    fixture_adapter(r, 22528 * MiB, (22528 - 3072) * MiB, 256 * MiB); /* 3 GiB cached: more than the request */
+    og_unset(&r->device.free_bytes);
+    diag(r);
+    check_shape(r);
+    assert_true(has(r, "fragmentation"));
+    shortfall_nowhere(r);
+    assert_string_equal(evt(find(r, "fragmentation"), "shortfall_bytes"), "not measured");
+    free(r);
+
+    /* released between attempts, and the retry succeeded: not "0.9, it covers the shortfall", which is unknown */
+    r = base();
+    r->status = "recovered";
+    r->event.recovered = true;
+    og_unset(&r->device.free_bytes);
+    og_unset(&r->device.total_bytes);
+    og_set(&r->memory.framework_cached_bytes, 3 * GiB);
+    r->memory.framework_cached_source = OG_CACHE_RETRY_RELEASE;
+    og_set(&r->event.released_between_attempts_bytes, 3 * GiB);
+    r->event.attempts = 2;
+    diag(r);
+    check_shape(r);
+    shortfall_nowhere(r);
+    assert_string_equal(evt(find(r, "fragmentation"), "rule"), "recovered_by_release");
+    assert_true(find(r, "fragmentation")->confidence < 0.9);
+    /* measured: the same numbers with 1 GiB free say 1 GiB short, covered by the 3 GiB released */
+    og_set(&r->device.free_bytes, 1 * GiB);
+    diag(r);
+    assert_int_equal(fx_v(r->diagnosis.shortfall_bytes), 1 * GiB);
+    assert_true(ev(find(r, "fragmentation"), "shortfall_bytes") == (double)GiB); /* a figure, as measured */
+    free(r);
+}
+
+/* nothing holds and nothing of the device was measured: the summary names what is missing, and says no 0 B */
+static void unknown_names_what_was_not_measured(void **state)
+{
+    og_record_t *r = base();
+    og_unset(&r->device.free_bytes);
+    og_unset(&r->device.total_bytes);
+    og_unset(&r->memory.process_tracked_bytes);
+    og_unset(&r->memory.other_processes_bytes);
+    r->memory.framework_bytes = 0;
+    r->memory.nlibs = 0;
+    diag(r);
+    assert_string_equal(r->diagnosis.primary, "unknown");
+    const char *s = r->diagnosis.causes[0].summary;
+    assert_non_null(strstr(s, "2.00 GiB requested"));
+    assert_non_null(strstr(s, "free memory, total memory, tracked memory, other processes"));
+    assert_null(strstr(s, "0 B"));
+    free(r);
+}
+
 static void zero_record(void **state)
 {
     og_record_t *r = calloc(1, sizeof *r);
@@ -1365,6 +1450,8 @@ int main(void)
         cmocka_unit_test(cache_held_other_library),
         cmocka_unit_test(limit_cause),
         cmocka_unit_test(nothing_holds_is_unknown),
+        cmocka_unit_test(free_unknown_shortfall_unknown),
+        cmocka_unit_test(unknown_names_what_was_not_measured),
         cmocka_unit_test(zero_record),
         cmocka_unit_test(huge_values),
         cmocka_unit_test(bad_thresholds_fall_back),

@@ -1828,6 +1828,68 @@ static void fixture_purpose(og_record_t *r, const char *purpose)
     snprintf(ro->holders[ro->nholders - 1].purpose, sizeof ro->holders[0].purpose, "%s", purpose);
 }
 
+/* no remedy text says a figure for a shortfall nobody measured: "0 B missing", "0 B more", "short by 0 B" */
+static void no_zero_shortfall_text(const og_record_t *r)
+{
+    static const char *bad[] = { " 0 B missing", "0 B is missing", " 0 B more",       "short by 0 B",
+                                 "the 0 B",      "At least 0 B",   "0 B was missing", "so 0 B more" };
+    for (int i = 0; i < r->nremedies; i++) {
+        const og_remedy_t *m = &r->remedies[i];
+        for (size_t b = 0; b < sizeof bad / sizeof *bad; b++) {
+            if (strstr(m->why, bad[b]))
+                fail_msg("%s: '%s' in: %s", m->id, bad[b], m->why);
+            for (int h = 0; h < m->nhow; h++)
+                if (strstr(m->how[h], bad[b]))
+                    fail_msg("%s: '%s' in: %s", m->id, bad[b], m->how[h]);
+        }
+    }
+}
+
+/* the device's free memory not read, no total to estimate it from: the shortfall is unknown, and no remedy is
+ * judged to cover it (none leads for covering it, none says a figure for it) */
+static void unknown_shortfall_is_covered_by_nothing(void **state)
+{
+    og_record_t *(*make[])(void) = { base, frag, dnf, nccl_cache_held };
+    for (size_t i = 0; i < sizeof make / sizeof *make; i++) {
+        og_record_t *r = make[i]();
+        og_unset(&r->device.free_bytes);
+        og_unset(&r->device.total_bytes);
+        run(r);
+        assert_false(og_known(r->diagnosis.shortfall_bytes));
+        no_zero_shortfall_text(r);
+        free(r);
+    }
+    /* a 15 GiB KV cache: smaller_kv_cache leads when it covers the 1 GiB missing, not when nobody knows
+     * what is missing */
+    og_record_t *r = base();
+    fixture_roles(r, 8 * GiB, 0, 0, 0, 15 * GiB + 512 * MiB, 0);
+    fixture_holder(r, "kv", "list", "global in serve.py", 15 * GiB);
+    fixture_purpose(r, "kv_cache");
+    fixture_holder(r, "got", "list", "local in prefill (serve.py:25)", 512 * MiB);
+    r->memory.fw.grad_enabled = -1;
+    run(r);
+    assert_string_equal(r->remedies[0].id, "smaller_kv_cache");
+    og_unset(&r->device.free_bytes);
+    og_unset(&r->device.total_bytes);
+    run(r);
+    assert_false(og_known(r->diagnosis.shortfall_bytes));
+    assert_string_not_equal(r->remedies[0].id, "smaller_kv_cache");
+    no_zero_shortfall_text(r);
+    free(r);
+    /* growth into a dict: bounding the cache leads by its bytes against the shortfall only when known */
+    r = base();
+    leaking_steps(r);
+    fixture_roles(r, 4 * GiB, 0, 0, 0, 16 * GiB, 0);
+    fixture_holder(r, "cache", "dict", "global in train.py", 15 * GiB);
+    r->memory.fw.grad_enabled = 1;
+    og_unset(&r->device.free_bytes);
+    og_unset(&r->device.total_bytes);
+    run(r);
+    assert_false(og_known(r->diagnosis.shortfall_bytes));
+    no_zero_shortfall_text(r);
+    free(r);
+}
+
 /* a KV cache reserved up front by a server (the adapter's purpose kv_cache): make it smaller, first; a
  * global kept for another purpose (or none) is not a KV cache */
 /* a server reserving its KV cache at start-up (the failing statement builds a KV cache, a local list so far) on an
@@ -2654,6 +2716,7 @@ int main(void)
         cmocka_unit_test(weights_update_outside_the_step),
         cmocka_unit_test(kv_cache_reserved_first),
         cmocka_unit_test(kv_cache_reserving),
+        cmocka_unit_test(unknown_shortfall_is_covered_by_nothing),
         cmocka_unit_test(generation_kv_growth),
         cmocka_unit_test(timing_moves_no_answer),
         cmocka_unit_test(cross_entropy_fused_first),
