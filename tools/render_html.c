@@ -227,7 +227,8 @@ static void kpis(struct hx *h)
             kpi(h, "bad", "Short by", hbu(sf.v, a), "more than was free");
         else
             kpi(h, "bad", "Short by", "0 B", "enough free in total, not in one piece");
-    }
+    } else if (d->status == OG_ST_OOM && d->diag.present)
+        kpi(h, "bad", "Short by", "unknown", "free memory not measured");
     if (d->status == OG_ST_RECOVERED && d->event.released_between_attempts_bytes >= 0)
         kpi(h, "good", "Released to recover", hb(d->event.released_between_attempts_bytes, a),
             "by the framework between attempts");

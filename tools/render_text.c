@@ -110,6 +110,8 @@ static void headline(struct tx *t, const struct og_dump *d)
                              d->event.caused_by_limit == 1 ? "over the limit" : "short", st(t, RESET));
             else if (sf.known && d->status == OG_ST_OOM)
                 og_sb_puts(t->b, " — enough in total, but not in one piece");
+            else if (!sf.known && d->status == OG_ST_OOM && d->diag.present)
+                og_sb_puts(t->b, " — shortfall unknown (free memory not measured)");
         }
         og_sb_putc(t->b, '\n');
     } else if (d->status != OG_ST_EXIT && og_process_bytes(d) >= 0) {

@@ -188,6 +188,35 @@ has "text: an unknown fit is '?'" "$T/t3" "40 GB: ?"
 has "text: why which cards fit is unknown" "$T/t3" "? unknown: memory grew step by step"
 "$OG" report "$T/unbounded.json" --format html -o "$T/unbounded.html"
 has "html: why which cards fit is unknown" "$T/unbounded.html" "? unknown: memory grew step by step"
+# unknown is not zero: a dump whose free memory, shortfall and tracked total were not measured (null) is read,
+# every format runs, and none says a figure for them
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))
+d["device"]["free_bytes"] = d["device"]["total_bytes"] = None
+d["diagnosis"]["shortfall_bytes"] = None
+d["memory"].update(process_tracked_bytes=None, context_bytes_estimate=None, process_used_bytes=None,
+                   non_framework_bytes=None)
+json.dump(d, open(sys.argv[2], "w"))' "$FIX/does_not_fit.json" "$T/unmeasured.json"
+mkdir -p "$T/unm" && cp "$T/unmeasured.json" "$T/unm/oomguard-h-1.json"
+for form in text json html; do
+    if "$OG" report "$T/unmeasured.json" --format $form -o "$T/unm.$form" >"$T/err" 2>&1; then
+        ok "report $form of a dump with the shortfall and tracked total null"
+    else
+        bad "report $form of a dump with the shortfall and tracked total null" "$(cat "$T/err")"
+    fi
+done
+has "text: an unknown shortfall says so" "$T/unm.text" "shortfall unknown (free memory not measured)"
+grep -qE "0 B short|short by 0|Short by</div><div class=\"v\">0 B" "$T/unm.text" "$T/unm.html" &&
+    bad "no format says 0 B short for an unknown shortfall" "$(grep -hE "0 B short|Short by" "$T/unm.text" "$T/unm.html")" ||
+    ok "no format says 0 B short for an unknown shortfall"
+has "html: an unknown shortfall is unknown" "$T/unm.html" "Short by</div><div class=\"v\">unknown"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["diagnosis"]["shortfall_bytes"] is None
+assert d["memory"]["process_tracked_bytes"] is None' "$T/unm.json" 2>"$T/err" &&
+    ok "report json keeps the null shortfall and tracked total" ||
+    bad "report json keeps the null shortfall and tracked total" "$(cat "$T/err")"
+for c in "merge $T/unm" "stats $T/unm"; do
+    $OG $c >"$T/out" 2>&1 && ok "$c: a dump with null shortfall and tracked total is read" ||
+        bad "$c: a dump with null shortfall and tracked total is read" "$(tail -3 "$T/out")"
+done
 "$OG" report "$FIX/does_not_fit.json" --color always >"$T/t" 2>&1
 grep -q $'\033\[' "$T/t" && ok "text: --color always" || bad "text: --color always"
 if command -v script >/dev/null 2>&1; then
