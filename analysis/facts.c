@@ -165,6 +165,7 @@ static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t
     d->req = rec->event.requested_bytes;
     d->total = og_or(rec->device.total_bytes, 0);
     d->tracked = og_or(rec->memory.process_tracked_bytes, 0);
+    d->tracked_known = og_known(rec->memory.process_tracked_bytes);
     d->other_all = og_or(rec->memory.other_processes_bytes, 0);
     d->used_known = og_known(rec->memory.process_used_bytes);
     d->used = og_or(rec->memory.process_used_bytes, 0);
@@ -1569,6 +1570,8 @@ static void fit(og_facts_t *d, const og_record_t *r)
         f->need = ps;
     if (d->req == 0) /* 0: not known (a framework's failure that did not say); SIZE_MAX is a real request */
         og_fmt(f->why, sizeof f->why, "the failing request's size was not seen");
+    else if (!d->tracked_known && !d->used_known)
+        og_fmt(f->why, sizeof f->why, "what this process held was not measured: only the request is known");
     else if (d->growth.holds)
         og_fmt(f->why, sizeof f->why, "memory grew step by step until the failure: a leak fills any card");
     else if (unbounded_phase(d->phase))

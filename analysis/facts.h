@@ -250,6 +250,7 @@ typedef struct og_facts {
 
     /* this process and the others */
     uint64_t tracked;
+    bool tracked_known; /* the ledger's total was measured (a failure recorded alone has none) */
     bool used_known;
     uint64_t used, footprint;
     uint64_t other_all, other, peers_bytes;

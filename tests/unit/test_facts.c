@@ -662,6 +662,18 @@ static void fits_only_from_a_bounded_peak(void **state)
     f = facts(r);
     assert_false(f->fit.bounded);
     assert_non_null(strstr(f->fit.why, "not seen"));
+    /* what the process held not measured (a failure recorded alone, NVML absent): the request is a lower bound */
+    r->event.requested_bytes = 6 * GiB;
+    og_unset(&r->memory.process_tracked_bytes);
+    og_unset(&r->memory.process_used_bytes);
+    f = facts(r);
+    assert_false(f->fit.bounded);
+    assert_non_null(strstr(f->fit.why, "held was not measured"));
+    og_set(&r->memory.process_used_bytes, 20 * GiB + 512 * MiB); /* NVML's figure alone bounds it */
+    f = facts(r);
+    assert_true(f->fit.bounded);
+    assert_int_equal(f->fit.need, 26 * GiB + 512 * MiB);
+    og_set(&r->memory.process_tracked_bytes, 20 * GiB);
     /* a SIZE_MAX request was seen: no card holds it (not "unknown", which would say its size was not seen) */
     r->event.requested_bytes = UINT64_MAX;
     f = facts(r);
