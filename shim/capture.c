@@ -859,6 +859,29 @@ static void python_view_missing(og_record_t *rec)
         og_warn("%s (import oomguard_torch in the program to get it)", why);
 }
 
+/* A failure the framework's own allocator refused, which its adapter reported: the reporting call
+ * came through ctypes (libffi) or the interpreter, which hold nothing on the device.  The failing
+ * library is then the framework's own: the largest library the ledger attributes to that framework
+ * (by_library, largest first).  A reporting library that holds blocks (a framework allocating
+ * through ctypes itself) stays the failing one; with no library of that framework, nothing changes. */
+static void reported_failure_library(og_record_t *rec, const og_episode_t *ep, enum og_framework fw)
+{
+    if (!ep || !(ep->hook < 0 || ep->hook >= OG_H_COUNT) || fw == OG_FW_UNKNOWN)
+        return;
+    for (int i = 0; i < rec->memory.nlibs; i++)
+        if (rec->memory.by_library[i].bytes > 0 && strcmp(rec->memory.by_library[i].library, rec->event.library) == 0)
+            return; /* the reporting library holds memory: it is the framework's allocator */
+    for (int i = 0; i < rec->memory.nlibs; i++) {
+        const og_lib_usage_t *u = &rec->memory.by_library[i];
+        if (u->library[0] == '(' || u->bytes == 0 || u->fw_kind != (int)fw)
+            continue;
+        snprintf(rec->event.library, sizeof rec->event.library, "%s", u->library);
+        if (strcmp(og_opt.framework_s, "auto") == 0)
+            rec->framework = fw; /* advice follows the failing call's framework, as in fill_event */
+        return;
+    }
+}
+
 og_record_t *og_record_capture(const char *status, const og_episode_t *ep, int device)
 {
     og_record_t *rec = calloc(1, sizeof *rec);
@@ -908,6 +931,7 @@ og_record_t *og_record_capture(const char *status, const og_episode_t *ep, int d
      * even when another one was seen first (PyTorch through ctypes next to JAX's xla_extension) */
     if (afw == OG_FW_UNKNOWN)
         afw = rec->framework;
+    reported_failure_library(rec, ep, afw);
     if (rec->memory.fw.has && rec->memory.fw.reserved_bytes > 0 && afw != OG_FW_UNKNOWN && rec->event.library[0]) {
         for (int i = 0; i < rec->memory.nlibs; i++) {
             og_lib_usage_t *u = &rec->memory.by_library[i];

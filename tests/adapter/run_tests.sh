@@ -616,14 +616,13 @@ t_jax_roles() {
 t "jax: roles from jax.live_arrays(): held by Python = the live arrays, named; parameters and state unknown (null)" t_jax_roles
 
 t_jax_frag() {
-    # FAKE_JAX_XLA_EXTENSION= : the arena through ctypes (libffi), the library the adapter's report comes
-    # from.  With the arena in xla_extension.so, as in production, the failure reported by the adapter is
-    # the reporting call's (libffi), which holds nothing, and no rule matches (primary unknown): a defect
-    # of the attribution of adapter-reported failures, left to the rules' owners
-    shim env PYTHONPATH="$FJ" FAKE_JAX_XLA_EXTENSION= OOMGUARD_FRAMEWORK=auto timeout 120 "$PYTHON" "$SC/job_jax.py" frag \
+    # the arena in xla_extension.so, as in production: the failure the adapter reports through ctypes
+    # (libffi, which holds nothing) is xla_extension.so's, the library that holds JAX's blocks
+    shim env PYTHONPATH="$FJ" OOMGUARD_FRAMEWORK=auto timeout 120 "$PYTHON" "$SC/job_jax.py" frag \
         exp.json || return 1
     "$PYTHON" "$CHECKFW" dumps exp.json --framework jax --internal --request exp --numbers jax --line failing \
-        --primary fragmentation --remedy-mentions XLA_PYTHON_CLIENT_ALLOCATOR=platform
+        --primary fragmentation --remedy-mentions XLA_PYTHON_CLIENT_ALLOCATOR=platform || return 1
+    expect "$(ls dumps/oomguard-*.json)" 'd["event"]["library"]' xla_extension.so
 }
 t "jax: half the arena free in pieces smaller than the request: fragmentation from memory_stats" t_jax_frag
 
@@ -639,7 +638,9 @@ t_cupy_limit() {
     expect exp.json 'd["attached"]' exception || return 1
     "$PYTHON" "$CHECKFW" dumps exp.json --framework cupy --internal --api cupy.cuda.MemoryPool --request exp --cap exp \
         --cap-source 'set_limit(size=268435456)' --numbers cupy --line failing \
-        --primary framework_cap --remedy-mentions set_limit
+        --primary framework_cap --remedy-mentions set_limit || return 1
+    # reported through ctypes (libffi, which holds nothing): the failing library is CuPy's pool's own
+    expect "$(ls dumps/oomguard-*.json)" 'd["event"]["library"]' memory.so
 }
 t "cupy: pool limit (set_limit): dump with request and limit; the adapter never waits on the pool's lock" t_cupy_limit
 
@@ -664,7 +665,10 @@ t_tf_limit() {
         || return 1
     "$PYTHON" "$CHECKFW" dumps exp.json --framework tensorflow --internal --api tensorflow.bfc_allocator --request exp \
         --cap exp --cap-source 'memory_limit=512' --line failing --primary framework_cap --remedy-mentions memory_limit || return 1
-    expect "$(ls dumps/oomguard-*.json)" 'd["memory"]["framework"]["allocated_bytes"]' "$(field exp.json 'd["expected"]["current"]')"
+    expect "$(ls dumps/oomguard-*.json)" 'd["memory"]["framework"]["allocated_bytes"]' "$(field exp.json 'd["expected"]["current"]')" \
+        || return 1
+    # the adapter's report came through ctypes (libffi, which holds nothing): the failing library is TF's own
+    expect "$(ls dumps/oomguard-*.json)" 'd["event"]["library"]' libtensorflow_framework.so.2
 }
 t "tensorflow: ResourceExhaustedError under a logical device's memory_limit: dump with request and cap" t_tf_limit
 
