@@ -32,3 +32,23 @@ def interpolate(input, scale_factor=2.0, mode="nearest"):
     out = torch.empty(int(input.nbytes * float(scale_factor) ** 2), device=input.device)
     out._saved = input
     return derive(out, input)
+
+
+def _conv(input, weight, stride, dims, out_channels, in_channels):
+    """A convolution's output: the input's bytes times out/in channels, over stride per spatial dimension."""
+    n = input.nbytes * max(out_channels, 1) // max(in_channels, 1) // max(int(stride), 1) ** dims
+    out = torch.empty(max(n, 1), device=input.device)
+    out._saved = input
+    return derive(out, input)
+
+
+def conv1d(input, weight, bias=None, stride=1, out_channels=1, in_channels=1):
+    return _conv(input, weight, stride, 1, out_channels, in_channels)
+
+
+def conv2d(input, weight, bias=None, stride=1, out_channels=1, in_channels=1):
+    return _conv(input, weight, stride, 2, out_channels, in_channels)
+
+
+def conv3d(input, weight, bias=None, stride=1, out_channels=1, in_channels=1):
+    return _conv(input, weight, stride, 3, out_channels, in_channels)
