@@ -298,6 +298,7 @@ static bool larger_inference(const rctx_t *x)
 {
     enum og_request_shape shape = roles_of(x)->request_shape;
     return x->larger_than_device && x->grad == -1 && pytorchish(x) && shape != OG_REQ_PRODUCT &&
+           !(roles_of(x)->operation == OG_OP_conv && x->req >= roles_of(x)->working) && /* tiles: operation_dominates */
            (PHASE(forward) || PHASE(evaluation) || PHASE(generation) || roles_of(x)->kv >= 0 || shape == OG_REQ_SQUARE);
 }
 /* a training job copying weight-sized tensors outside the optimizer (an EMA, weight averaging, a snapshot
@@ -502,8 +503,13 @@ static bool cross_entropy_op(const rctx_t *x)
 static bool operation_dominates(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
-    return ro->known && ro->act_known && (ro->operation == OG_OP_image_decode || ro->operation == OG_OP_pairwise) &&
-           x->req >= ro->working && !own_fix_covers(x) && !x->larger_than_device;
+    /* a convolution, pooling or normalization over an image (roles.operation conv) with autograd off: an
+     * inference pass over one huge input, tiled with an overlap (sliding windows) whatever its size, the card's
+     * too; with autograd on the step keeps every layer's output for backward, the batch is the lever */
+    bool conv = ro->operation == OG_OP_conv && autograd_off(x);
+    return ro->known && ro->act_known &&
+           (ro->operation == OG_OP_image_decode || ro->operation == OG_OP_pairwise || conv) && x->req >= ro->working &&
+           !own_fix_covers(x) && (!x->larger_than_device || conv);
 }
 /* both lead unless short, except after a confident growth (a leak fills any card whatever the operation) */
 static bool cross_entropy_lead(const rctx_t *x) { return cross_entropy_op(x) && !confident_growth(x); }
@@ -720,8 +726,9 @@ static const og_rank_row_t bring[] = {
       "roles.operation cross_entropy (cross_entropy, log_softmax, nll_loss on the failing stack)",
       "gemma_lora_fp32_logits_ce (blind), perplexity_log_softmax" },
     { "operation_dominates", operation_dominates, WANT, 0, 0, REMS(R_CHUNK),
-      "roles.operation image_decode or pairwise, request >= the working set (activations + locals)",
-      "sdxl_vae_decode_2048px (blind), upscale_interpolate" },
+      "roles.operation image_decode or pairwise, or conv with autograd off (then also larger than the device), "
+      "request >= the working set (activations + locals)",
+      "sdxl_vae_decode_2048px (blind), upscale_interpolate, wsi_tumor_segmentation_whole_slide_forward (blind)" },
     { "resident_models", resident_models, WANT, 0, 0, REMS(R_ONE_MODEL),
       "not training, roles.models: models held by a name of the running code beside one of their class (not "
       "rebound by the failing statement) >= shortfall, leftover copies < shortfall",

@@ -1448,14 +1448,23 @@ static bool chunk_operation(const rctx_t *x, og_remedy_t *r)
     const og_role_facts_t *ro = &x->f->roles;
     char site[200];
     operation_site(x, site, sizeof site);
-    bool decode = ro->operation == OG_OP_image_decode;
+    bool decode = ro->operation == OG_OP_image_decode, conv = ro->operation == OG_OP_conv;
     why(r,
         "The failing request, %s, is one %s%s, at least as large as everything else the running pass holds "
-        "(%s): that operation, not the batch, is the peak. Computed in tiles or slices it needs a fraction of "
+        "(%s)%s: that operation, not the batch, is the peak. Computed in tiles or slices it needs a fraction of "
         "it at a time.",
-        og_hb((double)x->req).s, decode ? "image decode at full resolution" : "all-pairs computation", site,
-        og_hb((double)ro->working).s);
-    if (decode)
+        og_hb((double)x->req).s,
+        decode ? "image decode at full resolution"
+        : conv ? "convolution over the whole image"
+               : "all-pairs computation",
+        site, og_hb((double)ro->working).s, x->larger_than_device ? ", and larger than the whole device" : "");
+    if (conv)
+        HOWS(x, r,
+             { PT, "sliding_window_inference(x, roi_size=(1024, 1024), sw_batch_size=4, predictor=model, "
+                   "overlap=0.25)   # monai.inferers: overlapping tiles, stitched" },
+             { PT, "or loop over tiles of the input yourself (near the size the model was trained on) and stitch "
+                   "the outputs" });
+    else if (decode)
         HOWS(x, r,
              { PT, "pipe.enable_vae_tiling()   # decode in overlapping tiles; pipe.enable_vae_slicing() decodes one "
                    "image of a batch at a time" },
@@ -1469,7 +1478,9 @@ static bool chunk_operation(const rctx_t *x, og_remedy_t *r)
 
 static bool b_chunk(const rctx_t *x, og_remedy_t *r)
 {
-    if (!x->larger_than_device && x->f->roles.operation != OG_OPERATION_NONE)
+    /* a convolution larger than the card in an inference pass is tiled as any (remedy_rank.c: operation_dominates) */
+    bool conv_tiles = x->f->roles.operation == OG_OP_conv && x->grad == -1 && x->req >= x->f->roles.working;
+    if ((!x->larger_than_device || conv_tiles) && x->f->roles.operation != OG_OPERATION_NONE)
         return chunk_operation(x, r);
     why(r,
         "The request alone, %s, is larger than the whole %s (%s): no setting of this process can fit it. Split "

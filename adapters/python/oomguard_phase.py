@@ -94,12 +94,19 @@ OPERATIONS = (
     ("image_decode", 15, "*/torch/nn/modules/upsampling.py", "*", "*"),
     ("pairwise", 20, "*", "cdist", "*"),
     ("pairwise", 20, "*/torch/nn/functional.py", "pairwise_distance", "*"),
+    # a convolution, pooling or normalization over an image or volume: torch's modules (conv2d itself is a
+    # builtin, no frame), the functional pooling, and a network's own block classes named *Conv* (ConvBlock,
+    # DoubleConv, BasicConv2d) in their forward; below the decoders (a decoder's convolutions are its decode)
+    ("conv", 10, "*/torch/nn/modules/conv.py", "*", "*"),
+    ("conv", 10, "*/torch/nn/modules/pooling.py", "*", "*"),
+    ("conv", 10, "*/torch/nn/functional.py", "*pool[123]d*", "*"),
+    ("conv", 8, "*", "forward", "*Conv*"),
     # a deep copy being made (of a model, an optimizer's state_dict): the standard library's copy.deepcopy and
     # the __deepcopy__ it calls (torch's Tensor and Parameter); lowest: an operation inside a copy decides
     ("copy", 5, "*/copy.py", "deepcopy", "*"),
     ("copy", 5, "*", "__deepcopy__", "*"),
 )
-OPERATION_NAMES = ("cross_entropy", "image_decode", "pairwise", "copy")  # common/operations.def: the same
+OPERATION_NAMES = ("cross_entropy", "image_decode", "pairwise", "copy", "conv")  # common/operations.def: the same
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _cache = {}

@@ -1181,6 +1181,31 @@ static void operation_dominates_split_first(void **state)
     free(r);
 }
 
+/* a convolution over one huge image (roles.operation conv) with autograd off, its one output larger than the
+ * card: tile the input (split_operation) first, not a shorter sequence; the same convolution with autograd on
+ * (a training step keeps every layer's output): split_operation is not brought */
+static void conv_inference_tiles_first(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 5 * GiB, 0, 0, 0, 0, 0);
+    fixture_operation(r, "conv", "_conv_forward");
+    fixture_phase(r, "forward", "/w/segment.py", "forward");
+    r->memory.fw.grad_enabled = -1;
+    r->event.requested_bytes = 36 * GiB;
+    og_set(&r->device.free_bytes, 18 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.operation, OG_OP_conv);
+    assert_string_equal(r->remedies[0].id, "split_operation");
+    assert_true(strstr(r->remedies[0].why, "convolution") != NULL);
+    assert_true(rank_of(r, "shorter_sequences") != 1);
+    r->memory.fw.grad_enabled = 1;
+    r->event.requested_bytes = 8 * GiB;
+    og_set(&r->device.free_bytes, 7 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "split_operation"), 0);
+    free(r);
+}
+
 /* two models of one class held by names of the running code (base, and tuned being loaded), in a job not known
  * to train: one at a time leads, no restart in the top 3; the same first model held by the name the failing
  * statement rebinds is a previous copy (a cell run again): restart or release it first */
@@ -2722,6 +2747,7 @@ int main(void)
         cmocka_unit_test(cross_entropy_fused_first),
         cmocka_unit_test(autocast_in_code),
         cmocka_unit_test(operation_dominates_split_first),
+        cmocka_unit_test(conv_inference_tiles_first),
         cmocka_unit_test(two_models_one_at_a_time),
         cmocka_unit_test(eval_copy_first),
         cmocka_unit_test(ddp_buckets_as_views),

@@ -826,7 +826,7 @@ def t_phase_handler():
 
 
 def t_operation_real_frames():
-    """The failing operation from PyTorch's own frames: F.cross_entropy and F.interpolate, each seen from inside
+    """The failing operation from PyTorch's own frames: F.cross_entropy, F.interpolate and Conv2d, each seen from inside
     (a Tensor subclass's __torch_function__ runs in their frame)."""
     seen = {}
 
@@ -840,9 +840,11 @@ def t_operation_real_frames():
     torch.nn.functional.cross_entropy(logits, torch.zeros(4, dtype=torch.long))
     img = torch.zeros(1, 3, 8, 8).as_subclass(Probe)
     torch.nn.functional.interpolate(img, scale_factor=2.0)
-    ce, up = seen.get("cross_entropy"), seen.get("interpolate")
+    torch.nn.Conv2d(3, 4, 3)(img)  # conv2d is a builtin: its caller, Conv2d._conv_forward in nn/modules/conv.py
+    ce, up, cv = seen.get("cross_entropy"), seen.get("interpolate"), seen.get("conv2d")
     assert ce and ce[0] == "cross_entropy" and ce[1][0].endswith("torch/nn/functional.py"), seen
     assert up and up[0] == "image_decode" and up[1][2] == "interpolate", seen
+    assert cv and cv[0] == "conv" and cv[1][0].endswith("torch/nn/modules/conv.py"), seen
     assert oomguard_phase.operation(sys._getframe()) is None
 
 
