@@ -16,6 +16,21 @@ const char *og_hist_op_name(enum og_hist_op op)
     return (unsigned)op < sizeof names / sizeof *names ? names[op] : "?";
 }
 
+bool og_name_listed(const char *list, const char *name)
+{
+    size_t len = strlen(name);
+    for (const char *p = list; len && *p;) {
+        const char *e = strchr(p, ',');
+        size_t l = e ? (size_t)(e - p) : strlen(p);
+        if (l == len && strncmp(p, name, len) == 0)
+            return true;
+        if (!e)
+            break;
+        p = e + 1;
+    }
+    return false;
+}
+
 void og_cpy(char *dst, size_t n, const char *src, size_t srcn)
 {
     size_t l = strnlen(src, srcn);

@@ -3,6 +3,7 @@
 #define OG_ADVICE_TEXT_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -40,6 +41,8 @@ og_pc_t og_pct(double part, double whole);
 
 /* bounded copy of a fixed-size field (the field may lack its terminator) */
 void og_cpy(char *dst, size_t n, const char *src, size_t srcn);
+/* NAME is one of the comma-separated names of LIST ("model,ref"); an empty NAME is in none */
+bool og_name_listed(const char *list, const char *name);
 /* the file name after the last '/' */
 const char *og_base_name(const char *path);
 

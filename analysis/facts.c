@@ -1084,17 +1084,7 @@ static bool model_named(const og_roles_t *ro, int i, const char *name)
 {
     char names[sizeof ro->models[0].names];
     og_cpy(names, sizeof names, ro->models[i].names, sizeof names);
-    size_t len = strlen(name);
-    for (const char *p = names; len && *p;) {
-        const char *e = strchr(p, ',');
-        size_t l = e ? (size_t)(e - p) : strlen(p);
-        if (l == len && strncmp(p, name, len) == 0)
-            return true;
-        if (!e)
-            break;
-        p = e + 1;
-    }
-    return false;
+    return og_name_listed(names, name);
 }
 
 static uint64_t role_or0(const og_roles_t *ro, enum og_role k) { return og_or(ro->bytes[k], 0); }

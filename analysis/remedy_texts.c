@@ -547,21 +547,6 @@ typedef struct copy_names {
     char target[64], source[64], site[160];
 } copy_names_t;
 
-static bool names_has(const char *list, const char *name)
-{
-    size_t len = strlen(name);
-    for (const char *p = list; len && *p;) {
-        const char *e = strchr(p, ',');
-        size_t l = e ? (size_t)(e - p) : strlen(p);
-        if (l == len && strncmp(p, name, len) == 0)
-            return true;
-        if (!e)
-            break;
-        p = e + 1;
-    }
-    return false;
-}
-
 static copy_names_t copy_names(const rctx_t *x)
 {
     const og_roles_t *ro = &x->rec->memory.fw.roles;
@@ -584,7 +569,7 @@ static copy_names_t copy_names(const rctx_t *x)
         for (int i = 0; i < nm && strcmp(one, c.target) != 0; i++) {
             char mn[sizeof ro->models[0].names];
             og_cpy(mn, sizeof mn, ro->models[i].names, sizeof mn);
-            if (names_has(mn, one)) {
+            if (og_name_listed(mn, one)) {
                 og_fmt(c.source, sizeof c.source, "%s", one);
                 break;
             }
