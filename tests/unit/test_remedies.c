@@ -377,11 +377,12 @@ static void limit_selection(void **state)
     free(r);
 }
 
-static void non_framework_selection(void **state)
+/* 205 MiB missing on a 24 GiB card: PyTorch holds 12 GiB and LIB, outside the framework, 7 GiB */
+static og_record_t *beside_a_library(const char *lib)
 {
     og_record_t *r = base();
     r->event.requested_bytes = 2 * GiB;
-    og_set(&r->device.free_bytes, 1843 * MiB); /* 205 MiB missing */
+    og_set(&r->device.free_bytes, 1843 * MiB);
     og_set(&r->memory.process_used_bytes, 20 * GiB);
     og_set(&r->memory.process_tracked_bytes, 19 * GiB);
     r->memory.framework_bytes = 12 * GiB;
@@ -391,8 +392,14 @@ static void non_framework_selection(void **state)
     strcpy(r->memory.by_library[0].library, "libtorch_cuda.so");
     r->memory.by_library[0].framework = true;
     r->memory.by_library[0].bytes = 12 * GiB;
-    strcpy(r->memory.by_library[1].library, "/opt/trt/libnvinfer.so.10");
+    strcpy(r->memory.by_library[1].library, lib);
     r->memory.by_library[1].bytes = 7 * GiB;
+    return r;
+}
+
+static void non_framework_selection(void **state)
+{
+    og_record_t *r = beside_a_library("/opt/trt/libnvinfer.so.10");
     run_primary(r, "non_framework");
     const og_remedy_t *f = &r->remedies[0];
     assert_string_equal(f->id, "non_framework_memory"); /* its own id: not "stop other processes" */
@@ -408,20 +415,7 @@ static void non_framework_selection(void **state)
  * setting and NCCL's bytes at the default */
 static void nccl_settings(void **state)
 {
-    og_record_t *r = base();
-    r->event.requested_bytes = 2 * GiB;
-    og_set(&r->device.free_bytes, 1843 * MiB); /* 205 MiB missing */
-    og_set(&r->memory.process_used_bytes, 20 * GiB);
-    og_set(&r->memory.process_tracked_bytes, 19 * GiB);
-    r->memory.framework_bytes = 12 * GiB;
-    og_set(&r->memory.non_framework_bytes, 8 * GiB);
-    og_set(&r->memory.context_bytes_estimate, 1 * GiB);
-    r->memory.nlibs = 2;
-    strcpy(r->memory.by_library[0].library, "libtorch_cuda.so");
-    r->memory.by_library[0].framework = true;
-    r->memory.by_library[0].bytes = 12 * GiB;
-    strcpy(r->memory.by_library[1].library, "libnccl.so.2");
-    r->memory.by_library[1].bytes = 7 * GiB;
+    og_record_t *r = beside_a_library("libnccl.so.2");
     run_primary(r, "non_framework");
     assert_string_equal(r->remedies[0].id, "non_framework_memory");
     assert_int_equal(rank_of(r, "nccl_buffsize"), 2);
