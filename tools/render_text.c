@@ -597,7 +597,8 @@ static void roles_table(struct tx *t, const struct og_dump *d)
             og_sb_puts(t->b, ")");
         if (d->event.phase_source) {
             og_sb_puts(t->b, st(t, DIM));
-            og_sb_puts(t->b, " — from the ");
+            /* "stack", "thread that called backward()" take an article; "the failing statement ..." has its own */
+            og_sb_puts(t->b, strncmp(d->event.phase_source, "the ", 4) == 0 ? " — from " : " — from the ");
             sb_text(t->b, d->event.phase_source, 96, 0);
             og_sb_puts(t->b, st(t, RESET));
         }
