@@ -96,10 +96,9 @@ def box_iou(boxes1, boxes2, n, m):
 
 
 def assign(anchors, gt_boxes, num_gt):
-    with torch.no_grad():
-        iou = box_iou(anchors, gt_boxes, ANCHORS, num_gt)
-        matched = torch.empty(ANCHORS * 8, device="cuda")   # iou.max(dim=1)
-        del iou
+    iou = box_iou(anchors, gt_boxes, ANCHORS, num_gt)
+    matched = torch.empty(ANCHORS * 8, device="cuda")       # iou.max(dim=1)
+    del iou
     return matched
 
 
