@@ -167,18 +167,24 @@ class GatheredParameters(object):
 
     def __init__(self, params, modifier_rank=None):
         self.params = [p for p in params if hasattr(p, "ds_tensor")]
-        self.full = []
+        self.placeholders = []
 
     def __enter__(self):
         for p in self.params:
-            self.full.append(self._all_gather(p))
+            self._all_gather(p)
         return self
 
     def _all_gather(self, p):
-        return torch.empty(p.ds_numel, dtype=torch.bfloat16)
+        """param.data = the gathered full tensor (the placeholder's data replaced, as ZeRO-3 does;
+        in the stand-in a Parameter's data is its _base)"""
+        full = torch.empty(p.ds_numel, dtype=torch.bfloat16)
+        self.placeholders.append((p, p._base))
+        p._base, p.nbytes = full, full.nbytes
 
     def __exit__(self, *exc):
-        del self.full[:]
+        for p, placeholder in self.placeholders:        # partitioned again: the placeholder back
+            p._base, p.nbytes = placeholder, placeholder.nbytes
+        del self.placeholders[:]
         return False
 
 
