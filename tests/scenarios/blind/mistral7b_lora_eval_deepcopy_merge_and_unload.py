@@ -141,6 +141,8 @@ def evaluate(model, n_batches=50):
 
 def main():
     model = PeftModelForCausalLM(MistralForCausalLM())
+    # truth mark at the failure itself (test scaffolding): unwinding copy.deepcopy frees part of the copy
+    torch._C._cuda_attach_out_of_memory_observer(lambda dev, size, total, free: scen_truth.torch_oom_mark(dev))
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=2e-4, weight_decay=0.0)
@@ -169,6 +171,5 @@ def main():
 try:
     main()
 except torch.OutOfMemoryError:
-    scen_truth.torch_oom_mark()
-    raise
+    raise                                   # marked by the observer above
 sys.exit(0)
