@@ -62,11 +62,30 @@ const char *og_framework_display(enum og_framework fw, const char *unknown)
     return (int)fw > OG_FW_UNKNOWN && (int)fw < OG_FW_END ? frameworks[fw].display : unknown;
 }
 
-static const char *const framework_code[] = {
+/* the rows of common/framework_code.def, one array per kind */
 #define OG_FRAMEWORK_CODE(package) package,
+#define OG_STANDARD_LIBRARY(pattern)
+#define OG_INSTALLED_PACKAGES(dir)
+static const char *const framework_code[] = {
 #include "framework_code.def"
-#undef OG_FRAMEWORK_CODE
 };
+#undef OG_FRAMEWORK_CODE
+#undef OG_STANDARD_LIBRARY
+#define OG_FRAMEWORK_CODE(package)
+#define OG_STANDARD_LIBRARY(pattern) pattern,
+static const char *const standard_library[] = {
+#include "framework_code.def"
+};
+#undef OG_STANDARD_LIBRARY
+#undef OG_INSTALLED_PACKAGES
+#define OG_STANDARD_LIBRARY(pattern)
+#define OG_INSTALLED_PACKAGES(dir) dir,
+static const char *const installed_packages[] = {
+#include "framework_code.def"
+};
+#undef OG_FRAMEWORK_CODE
+#undef OG_STANDARD_LIBRARY
+#undef OG_INSTALLED_PACKAGES
 
 int og_python_file_in_framework(const char *file)
 {
@@ -79,4 +98,55 @@ int og_python_file_in_framework(const char *file)
                 return 1;
         }
     return 0;
+}
+
+/* The end of `pattern` matched at s ('#': one or more digits), or NULL. */
+static const char *pattern_at(const char *s, const char *pattern)
+{
+    for (const char *p = pattern; *p; p++) {
+        if (*p == '#') {
+            if (*s < '0' || *s > '9')
+                return NULL;
+            while (*s >= '0' && *s <= '9')
+                s++;
+        } else if (*s++ != *p)
+            return NULL;
+    }
+    return s;
+}
+
+/* A directory of `rest` (up to its last '/') is one of the installed-package directories. */
+static int below_installed_packages(const char *rest)
+{
+    for (const char *d = rest; *d; d++) {
+        if (d != rest && d[-1] != '/')
+            continue;
+        for (size_t i = 0; i < sizeof installed_packages / sizeof *installed_packages; i++) {
+            size_t n = strlen(installed_packages[i]);
+            if (strncmp(d, installed_packages[i], n) == 0 && d[n] == '/')
+                return 1;
+        }
+    }
+    return 0;
+}
+
+int og_python_file_in_standard_library(const char *file)
+{
+    if (!file)
+        return 0;
+    for (const char *f = file; f; f = strchr(f, '/')) {
+        if (*f == '/')
+            f++;
+        for (size_t i = 0; i < sizeof standard_library / sizeof *standard_library; i++) {
+            const char *rest = pattern_at(f, standard_library[i]);
+            if (rest)
+                return !below_installed_packages(rest);
+        }
+    }
+    return 0;
+}
+
+int og_python_file_not_program(const char *file)
+{
+    return og_python_file_in_framework(file) || og_python_file_in_standard_library(file);
 }

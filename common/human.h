@@ -28,7 +28,14 @@ const char *og_framework_display(enum og_framework fw, const char *unknown);
 
 /* A Python file of a framework's own package (".../site-packages/torch/nn/modules/module.py",
  * ".../transformers/trainer.py": a directory named as a package of common/framework_code.def):
- * the failing Python line is the innermost frame outside them, the program's. */
+ * the failing Python line is the innermost frame outside them and the standard library, the program's. */
 int og_python_file_in_framework(const char *file);
+/* A file of the interpreter's standard library by its path (the OG_STANDARD_LIBRARY rows of
+ * common/framework_code.def: "/usr/lib/python3.11/copy.py", "<frozen runpy>"; not a package installed
+ * below it, ".../lib/python3.11/site-packages/..."). */
+int og_python_file_in_standard_library(const char *file);
+/* Not the program's own line: a framework's file or the standard library's.  The failing Python
+ * line is the innermost frame of which this is false. */
+int og_python_file_not_program(const char *file);
 
 #endif

@@ -908,10 +908,11 @@ static void set_pending(const og_record_t *r, const char *path)
         og_sb_printf(&sb, " (limit %s)", HO(r->device.limit_bytes));
     og_sb_puts(&sb, "\n");
     summary_roles(&sb, r);
-    /* the program's line, after what the memory is for: the innermost Python frame outside the framework's own code */
+    /* the program's line, after what the memory is for: the innermost Python frame outside the frameworks' own
+     * code and the standard library */
     const og_py_frame_t *line = NULL;
     for (int i = 0; i < r->memory.fw.npy_frames && !line; i++)
-        if (!og_python_file_in_framework(r->memory.fw.py_frames[i].file))
+        if (!og_python_file_not_program(r->memory.fw.py_frames[i].file))
             line = &r->memory.fw.py_frames[i];
     if (!line && r->memory.fw.has_phase_site) /* the failing thread ran only the framework's code: its caller's */
         line = &r->memory.fw.phase_site;

@@ -63,7 +63,8 @@ int og_event_python_only(const struct og_dump *d);
  * stack of Python code only. */
 int og_python_job(const struct og_dump *d);
 /* The failing Python line: the innermost frame of event.python_stack outside the frameworks'
- * own packages (common/framework_code.def); when every frame is theirs (PyTorch's autograd engine
+ * own packages and the standard library (common/framework_code.def: og_python_file_not_program,
+ * `copy.deepcopy(model)` is the program's line, not copy.py's); when every frame is theirs (PyTorch's autograd engine
  * thread, or no Python frame at all there), event.phase_site, the program's line that called into
  * them; else the innermost; NULL when neither is known. */
 const struct og_pyframe *og_failing_python_line(const struct og_dump *d);

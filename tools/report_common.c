@@ -227,7 +227,7 @@ const struct og_pyframe *og_phase_line(const struct og_dump *d)
 const struct og_pyframe *og_failing_python_line(const struct og_dump *d)
 {
     for (int i = 0; i < d->event.npython_stack; i++)
-        if (!og_python_file_in_framework(d->event.python_stack[i].file))
+        if (!og_python_file_not_program(d->event.python_stack[i].file))
             return &d->event.python_stack[i];
     /* only the framework's frames (PyTorch's autograd engine thread): the program's line that called it */
     if (d->event.phase_site.file)

@@ -112,24 +112,68 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _cache = {}
 
 
-def _framework_packages():
-    """The frameworks' top-level packages: the rows of framework_code.def (installed next to the
-    adapters; common/ of the source tree), the table the library and the command read too."""
+def _table_rows():
+    """The rows of framework_code.def (installed next to the adapters; common/ of the source tree), the
+    table the library and the command read too: {kind: [argument, ...]} for OG_FRAMEWORK_CODE,
+    OG_STANDARD_LIBRARY and OG_INSTALLED_PACKAGES."""
     import re
     for path in (os.path.join(_HERE, "framework_code.def"),
                  os.path.join(_HERE, os.pardir, os.pardir, "common", "framework_code.def")):
         try:
             with open(path) as f:
-                got = re.findall(r'^OG_FRAMEWORK_CODE\("([A-Za-z0-9_.]+)"\)', f.read(), re.M)
-            if got:
-                return frozenset(got)
+                text = f.read()
         except (OSError, UnicodeDecodeError):
             continue
-    return frozenset(("torch",))
+        rows = {}
+        for kind, arg in re.findall(r'^OG_([A-Z_]+)\("([^"\\]*)"\)', text, re.M):
+            rows.setdefault(kind, []).append(arg)
+        if rows.get("FRAMEWORK_CODE"):
+            return rows
+    return {}
 
 
-FRAMEWORK_PACKAGES = _framework_packages()
+def _framework_packages(rows):
+    """The frameworks' top-level packages: the OG_FRAMEWORK_CODE rows."""
+    import re
+    got = [p for p in rows.get("FRAMEWORK_CODE", ()) if re.match(r"^[A-Za-z0-9_.]+$", p)]
+    return frozenset(got) if got else frozenset(("torch",))
+
+
+def _standard_library(rows):
+    """A regular expression for the OG_STANDARD_LIBRARY rows: a pattern at the start of the path or right
+    after a '/', '#' one or more digits; None when the table has none."""
+    import re
+    pats = ["(?:^|/)" + "[0-9]+".join(re.escape(part) for part in p.split("#"))
+            for p in rows.get("STANDARD_LIBRARY", ())]
+    return re.compile("|".join(pats)) if pats else None
+
+
+_ROWS = _table_rows()
+FRAMEWORK_PACKAGES = _framework_packages(_ROWS)
+INSTALLED_PACKAGES = frozenset(_ROWS.get("INSTALLED_PACKAGES", ("site-packages", "dist-packages")))
+_STDLIB = _standard_library(_ROWS)
 _fw_files = {}
+_std_files = {}
+
+
+def is_standard_library(filename):
+    """A file of the interpreter's standard library by its path, as the library and the command tell it
+    (the OG_STANDARD_LIBRARY rows of framework_code.def: ".../lib/python3.11/copy.py", "<frozen runpy>"),
+    not a package installed below it (OG_INSTALLED_PACKAGES: ".../lib/python3.11/site-packages/...").
+    By path only: a program's own copy.py is the program's.  Never raises."""
+    got = _std_files.get(filename)
+    if got is None:
+        got = False
+        try:
+            fn = filename.replace(os.sep, "/")
+            m = _STDLIB.search(fn) if _STDLIB is not None else None
+            if m is not None:
+                got = not any(p in INSTALLED_PACKAGES for p in fn[m.end():].split("/")[:-1])
+        except Exception:
+            got = False
+        if len(_std_files) < 4096:
+            _std_files[filename] = got
+    return got
 
 
 def is_framework_frame(frame):
@@ -159,6 +203,7 @@ def site(frame, limit=256):
         n = 0
         while frame is not None and n < limit:
             if not _ours(frame) and not is_framework_frame(frame) and \
+                    not is_standard_library(frame.f_code.co_filename) and \
                     oomguard_roles.is_user_file(frame.f_code.co_filename):
                 return frame
             frame = frame.f_back
@@ -261,7 +306,8 @@ def autocast_in_code(frame, limit=64):
     try:
         import oomguard_roles
         for f in frames_of(frame, limit) if frame is not None else ():
-            if is_framework_frame(f) or not oomguard_roles.is_user_file(f.f_code.co_filename):
+            if is_framework_frame(f) or is_standard_library(f.f_code.co_filename) or \
+                    not oomguard_roles.is_user_file(f.f_code.co_filename):
                 continue
             if _AUTOCAST_NAMES.intersection(f.f_code.co_names):
                 return True

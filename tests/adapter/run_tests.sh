@@ -581,6 +581,17 @@ PY
     "$OOMGUARD_BIN" report dumps -fhtml 2>/dev/null | grep -q '<table id="python-sites">' || { echo "no python-sites table"; return 1; }
 }
 t "Python first: failing line on stderr and on the first screen, interpreter stacks folded, the history hint" t_python_first
+t_deepcopy_line() { # a failure inside copy.deepcopy: the program's line is the deepcopy call, not copy.py's
+    OOMGUARD_QUIET=0 shim adapter "$PYTHON" "$JOB" deepcopy exp.json 2>err.txt || return 1
+    local fail d; fail=$(field exp.json 'd["lines"]["failing"]'); d=$(ls dumps/oomguard-*.json | head -n 1)
+    grep -q "^oomguard: failing Python line: .*job.py:$fail in <module>$" err.txt || { echo "stderr:"; cat err.txt; return 1; }
+    expect "$d" 'any(f["file"].endswith("/copy.py") for f in d["event"]["python_stack"])' True &&
+        expect "$d" 'd["memory"]["framework"]["roles"]["operation"]["name"]' copy || return 1
+    "$OOMGUARD_BIN" report --color never "$d" > report.txt 2>/dev/null || return 1
+    grep -q "=> at <module>  .*job.py:$fail  (Python)  <- the failing line" report.txt || { cat report.txt; return 1; }
+}
+t "a failure inside copy.deepcopy: the failing line on stderr and in the report is the program's deepcopy call" \
+    t_deepcopy_line
 
 t_jax_prealloc() {
     shim env PYTHONPATH="$FJ" OOMGUARD_FRAMEWORK=auto timeout 120 "$PYTHON" "$SC/job_jax.py" prealloc exp.json || return 1

@@ -390,6 +390,33 @@ def t_framework_frames():
     assert enc[1] == "/t/torch/a.py\t3\tbackward\n/w/train.py\t9\tmain\n", enc
 
 
+def t_standard_library_frames():
+    """The standard library is not the program's either, by the one table's rows (OG_STANDARD_LIBRARY,
+    OG_INSTALLED_PACKAGES): site() skips copy.deepcopy's frame to the line that called it, whatever
+    interpreter's lib directory holds it; a package installed below it and a program's own copy.py are
+    not the standard library; the operation table still reads the `copy` frame."""
+    std = oomguard_phase.is_standard_library
+    for f in ("/usr/lib/python3.11/copy.py", "/opt/conda/lib/python3.10/multiprocessing/pool.py",
+              "/usr/lib64/python3.9/copy.py", "/usr/local/lib/python3.13t/threading.py", "<frozen runpy>"):
+        assert std(f), f
+    for f in ("/usr/local/lib/python3.11/dist-packages/numpy/core/a.py",
+              "/w/.venv/lib/python3.11/site-packages/mylib/copy.py", "/usr/lib/python3/dist-packages/yaml/a.py",
+              "/w/copy.py", "/w/lib/pythonX.Y/train.py", "<stdin>", "", None):
+        assert not std(f), f
+
+    def frame_of(name, filename):
+        g = {"__name__": name, "sys": sys}
+        exec(compile("def deepcopy(inner=None):\n    return inner() if inner else sys._getframe()\n",
+                     filename, "exec"), g)
+        return g["deepcopy"]
+    # another interpreter's standard library (not under this one's prefix): still not the program's line
+    other = frame_of("copy", "/opt/python3.11/lib/python3.11/copy.py")()
+    assert oomguard_phase.site(other).f_code.co_name == "t_standard_library_frames", oomguard_phase.site(other)
+    assert oomguard_phase.operation(other)[0] == "copy", oomguard_phase.operation(other)
+    mine = frame_of("copy", "/srv/w/copy.py")()                 # the program's own copy.py is its own line
+    assert oomguard_phase.site(mine) is mine
+
+
 def t_copy_made():
     """A copy.deepcopy under way: the operation `copy` from its frames, and what it made so far from the memo of its
     outermost frame (the copies made before the probe, not the originals); nothing outside a deepcopy."""
@@ -428,6 +455,8 @@ check("a list local of a running function is a named holder; unknown allocated l
       t_local_holder)
 check("modules and optimizers found through gc alone", t_gc_only)
 check("the time budget stops the scan: incomplete, activations unknown", t_budget)
+check("the standard library's frames are not the program's line; the operation table still reads them",
+      t_standard_library_frames)
 check("a deep copy under way: the operation copy, and the bytes its memo holds so far", t_copy_made)
 check("a device test that raises never raises out of the role code", t_never_raises)
 

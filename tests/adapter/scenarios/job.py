@@ -29,6 +29,9 @@ Modes:
                 struct, struct_size that of the struct before autocast was added / the full size
                 (freed_bytes_total set, marked measured in struct-new only)
   struct-noflag the full size, freed_bytes_total set without OOMGUARD_FW_FREED_KNOWN
+  deepcopy      copy.deepcopy of a dict of 100 MiB tensors that does not fit twice: the failing
+                request is made inside the standard library's copy.py (OUT.json: "failing", the
+                line of the deepcopy call)
 """
 import os
 import sys
@@ -170,6 +173,19 @@ if mode in ("toobig", "idempotent", "multidev", "oom-caught", "oom-uncaught", "s
         print("OOM:", str(e).split(".")[0])
         write({"expected": expected(dev)})
         sys.exit(3 if mode == "oom-caught" else 0)
+    sys.exit(2)
+
+if mode == "deepcopy":
+    import copy
+    free, total = torch.cuda.mem_get_info(0)
+    src = {"weights": [torch.empty(100 * MiB) for _ in range(int(free * 0.6) // (100 * MiB))]}
+    try:
+        lines["failing"] = here() + 1
+        dup = copy.deepcopy(src)
+    except torch.OutOfMemoryError as e:
+        print("OOM:", str(e).split(".")[0])
+        write({"lines": lines, "file": os.path.abspath(__file__)})
+        sys.exit(0)
     sys.exit(2)
 
 if mode in ("train-before-step", "train-after-step"):
