@@ -1176,6 +1176,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
         }
     }
     k->accumulating = ro->has_accum;
+    k->pads_to_max = ro->has_padding;
     k->operation = og_operation_of(ro->operation);
     k->copy_made_known = og_known(ro->copy_made);
     k->copy_made = og_or(ro->copy_made, 0);

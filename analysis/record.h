@@ -189,6 +189,10 @@ typedef struct og_roles {
     bool has_accum;
     og_py_frame_t accum;
     char accum_target[64], accum_operand[64];
+    /* roles.padding_to_max_length: a line of the program's own source pads its inputs to a fixed maximum length
+     * (a tokenizer's padding="max_length") rather than to each batch's longest; has_padding false: none seen */
+    bool has_padding;
+    og_py_frame_t padding;
     /* what the framework had allocated right after each of the latest steps of the optimizer that stepped
      * most on this device (roles.allocated_after_steps), oldest first; nsteps 0: none seen */
     int nsteps;

@@ -444,6 +444,18 @@ static bool summed_microbatches(const rctx_t *x)
     return ro->known && ro->accumulating && ro->act_known && ro->act && x->trains != -1 && x->grad != -1 &&
            (PHASE(forward) || PHASE(backward) || PHASE(unknown)) && !own_fix_covers(x) && !x->larger_than_device;
 }
+/* the program pads its inputs to a fixed maximum length (roles.padding_to_max_length) and the failing pass runs
+ * over them (forward, backward, evaluation, generation or unknown), activations measured: padded to each batch's
+ * longest input, every activation shrinks by the padding's share (not measured: the cover stays unknown) */
+static bool padded_to_max(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && ro->pads_to_max && ro->act_known && ro->act &&
+           (PHASE(forward) || PHASE(backward) || PHASE(evaluation) || PHASE(generation) || PHASE(unknown)) &&
+           !own_fix_covers(x);
+}
+/* the same, leading, except after a confident growth (padding makes every batch the same size: it grows nothing) */
+static bool padded_to_max_lead(const rctx_t *x) { return padded_to_max(x) && !confident_growth(x); }
 /* a batch of this job fit before the failing one: the optimizer made at least two steps (so a pass ran with
  * the state it keeps now: the first step makes an Adam-family optimizer's state, after its pass), or the
  * failing request is an outlier (>= 4x any earlier allocation after steps that freed memory).  Bucketing by
@@ -663,6 +675,10 @@ static const og_rank_row_t bring[] = {
     { "optimizer_state", optimizer_state, WANT, 0, 0, REMS(R_OPT_8BIT, R_ZERO, R_OFFLOAD),
       "roles: optimizer state not 8-bit > 0, or phase optimizer_step with parameters and no state yet",
       "adamw_first_step, ema_lazy_shadow (blind)" },
+    { "padded_to_max", padded_to_max, WANT, 0, 0, REMS(R_DYN_PAD, R_BUCKET),
+      "roles.padding_to_max_length (the program pads its inputs to a fixed maximum), activations measured, phase "
+      "forward, backward, evaluation, generation or unknown",
+      "ticket_classifier_bge_m3_padded_to_8192 (blind); (unit tests: padding_to_max_length)" },
     { "train_fewer_parameters", trains_all_parameters, WANT, 0, 0, REMS(R_LORA),
       "the job trains, roles: parameters and their gradients or optimizer state (or phase optimizer_step)",
       "adamw_first_step, ema_lazy_shadow (blind)" },
@@ -939,6 +955,9 @@ static const og_rank_row_t lead[] = {
     { "state_exceeds_card_lead", state_exceeds_card, LEAD_COVERS, -19, 1, REMS(R_LORA, R_OFFLOAD, R_ZERO),
       "as state_exceeds_card (after load_in_bf16 where halving makes it fit)",
       "fullft_3b_first_backward_state (blind)" },
+    { "padded_to_max_lead", padded_to_max_lead, LEAD_COVERS, -29, 0, REMS(R_DYN_PAD),
+      "as padded_to_max, primary not a confident growth (the padding is in every activation of the pass)",
+      "ticket_classifier_bge_m3_padded_to_8192 (blind); (unit tests: padding_to_max_length)" },
     { "checkpointing_off_lead", checkpointing_off, LEAD_COVERS, -18, 0, REMS(R_CHECKPOINTING), "as checkpointing_off",
       "sft_first_forward_activations, long_ctx_lora_ckpt_flag_off (blind)" },
     { "one_batch_peak_lead", one_batch_peak, LEAD_COVERS, -19, 0, REMS(R_SHORTER_SEQ), "as one_batch_peak",

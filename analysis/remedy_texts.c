@@ -2114,6 +2114,29 @@ static bool b_gradient_as_bucket_view(const rctx_t *x, og_remedy_t *r)
     return true;
 }
 
+static bool b_dynamic_padding(const rctx_t *x, og_remedy_t *r)
+{
+    const og_roles_t *ro = &x->rec->memory.fw.roles;
+    char file[sizeof ro->padding.file], fn[sizeof ro->padding.function];
+    og_cpy(file, sizeof file, ro->padding.file, sizeof file);
+    og_cpy(fn, sizeof fn, ro->padding.function, sizeof fn);
+    if (ro->has_padding)
+        why(r,
+            "The program pads every input to a fixed maximum length (%s:%d in %s), not to each batch's longest: "
+            "every layer computes and keeps activations for the padding.",
+            og_base_name(file), ro->padding.line, fn);
+    else
+        why(r, "Inputs padded to a fixed maximum length make every layer compute and keep activations for the "
+               "padding.");
+    if (x->f->roles.act_known)
+        why(r, " Measured: %s of activations; they shrink by the padding's share (not measured).",
+            og_hb((double)x->f->roles.act).s);
+    HOWS(x, r, { PT, "enc = tokenizer(texts, padding=True, truncation=True, max_length=512)   # the batch's longest" },
+         { PT, "or tokenize without padding and batch with DataCollatorWithPadding(tokenizer)" },
+         { ANY, "Group inputs of similar length in a batch (group_by_length=True) so little padding is left" });
+    return true;
+}
+
 /* ------------------------------------------------------------------ the catalog */
 
 const og_remedy_def_t og_remedy_catalog[R_COUNT] = {

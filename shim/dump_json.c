@@ -314,6 +314,12 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
         og_sb_puts(sb, "}");
     } else
         og_sb_puts(sb, "null");
+    K("padding_to_max_length");
+    if (r->has_padding) {
+        j_py_frame_open(sb, &r->padding);
+        og_sb_puts(sb, "}");
+    } else
+        og_sb_puts(sb, "null");
     K("complete");
     og_sb_puts(sb, r->complete ? "true" : "false");
     K("why");

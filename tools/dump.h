@@ -105,6 +105,7 @@ struct og_roles_view {
         struct og_pyframe at;
         const char *target, *operand;
     } accumulating;
+    struct og_pyframe padding_to_max_length; /* file NULL: none */
     struct { /* activations_copy_of (role NULL: none) */
         const char *role;
         int64_t bytes;

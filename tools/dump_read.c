@@ -1105,6 +1105,8 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
         TRY(get_str(L, ao, &pa, "target", &r->accumulating.target));
         TRY(get_str(L, ao, &pa, "operand", &r->accumulating.operand));
     }
+    if (read_pyframe_obj(L, o, "padding_to_max_length", &p, &r->padding_to_max_length) < 0)
+        return -1;
     const cJSON *co;
     TRY(get_obj(L, o, &p, "activations_copy_of", &co));
     if (co) {

@@ -303,6 +303,12 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
         }
         FACT("accumulating");
         og_sb_init(&b);
+        if (r->padding_to_max_length.file) {
+            pyframe_put(&b, &r->padding_to_max_length);
+            og_sb_puts(&b, ": pads every input to a fixed maximum length, not to the batch's longest");
+        }
+        FACT("padding to maximum length");
+        og_sb_init(&b);
         if (r->activations_copy_of.role) {
             og_sb_printf(&b, "a copy of the %s being made", r->activations_copy_of.role);
             if (r->activations_copy_of.bytes >= 0)

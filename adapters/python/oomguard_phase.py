@@ -316,6 +316,82 @@ def autocast_in_code(frame, limit=64):
     return None
 
 
+# a tokenizer call that pads every sequence to a fixed maximum length, not to the batch's longest: Hugging Face's
+# padding="max_length" (a keyword or a dict entry) and its older pad_to_max_length=True; padding=True / "longest"
+# pads to the batch.  Read from the source's tokens: docstrings, other strings and comments never match
+_PAD_KEYS = (("padding", "max_length"), ("pad_to_max_length", True))
+_PAD_FILE_LINES = 20000  # a file longer than this is not read (the adapter's time at a failure is bounded)
+
+
+def _pads_to_max(lines):
+    """The 0-based index of the first line whose code pads to a fixed maximum length, or None."""
+    import ast
+    import io
+    import tokenize
+    prev = []  # the latest three significant tokens: (type, string, row)
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO("".join(lines)).readline):
+            if tok.type in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT):
+                continue
+            prev = (prev + [(tok.type, tok.string, tok.start[0])])[-3:]
+            if len(prev) < 3 or prev[1][1] not in ("=", ":"):
+                continue
+            (kt, key, row), (vt, val, _) = prev[0], prev[2]
+            if kt == tokenize.STRING and prev[1][1] == ":":
+                key = ast.literal_eval(key) if key[:1] in "'\"" else None
+            elif kt != tokenize.NAME or prev[1][1] != "=":
+                continue
+            value = ast.literal_eval(val) if vt == tokenize.STRING and val[:1] in "'\"" else \
+                (True if vt == tokenize.NAME and val == "True" else None)
+            if (key, value) in _PAD_KEYS:
+                return row - 1
+    except (tokenize.TokenError, SyntaxError, ValueError, IndentationError):
+        pass
+    return None
+
+
+def padding_to_max(frame, limit=64, max_files=8):
+    """(file, line, function) of a line of the program's own source that pads its inputs to a fixed maximum length
+    (padding="max_length"), or None.  Read from the source files of the program's functions on the failing stack
+    and of its __main__ module (the tokenizing function often ran before the failing pass: a dataset's map or a
+    collate function of the same files).  Never raises; reads at most max_files files of _PAD_FILE_LINES lines."""
+    try:
+        import linecache
+        import oomguard_roles
+        files = []
+        for f in frames_of(frame, limit) if frame is not None else ():
+            fn = f.f_code.co_filename
+            if not is_framework_frame(f) and oomguard_roles.is_user_file(fn) and fn not in files:
+                files.append(fn)
+        main = sys.modules.get("__main__")
+        mf = getattr(main, "__file__", None)
+        if mf and oomguard_roles.is_user_file(mf) and mf not in files:
+            files.append(mf)
+        for fn in files[:max_files]:
+            lines = linecache.getlines(fn)
+            if not lines or len(lines) > _PAD_FILE_LINES or not any("pad" in t for t in lines):
+                continue
+            i = _pads_to_max(lines)
+            if i is not None:
+                return (fn, i + 1, _enclosing_def(lines, i))
+    except Exception:
+        pass
+    return None
+
+
+def _enclosing_def(lines, i):
+    """The name of the function whose body holds line i (by indentation), or "<module>"."""
+    indent = len(lines[i]) - len(lines[i].lstrip())
+    for j in range(i - 1, -1, -1):
+        s = lines[j].lstrip()
+        ind = len(lines[j]) - len(s)
+        if s.startswith(("def ", "async def ")) and ind < indent:
+            return s.split("def ", 1)[1].split("(", 1)[0].strip() or "<module>"
+        if s and ind < indent and not s.startswith(("#", ")", "]", "}")):
+            indent = ind
+    return "<module>"
+
+
 def _is_oom(exc):
     seen = 0
     while exc is not None and seen < 16:

@@ -447,6 +447,16 @@ static void fixture_accumulating(og_record_t *r, const char *target, const char 
     snprintf(ro->accum_operand, sizeof ro->accum_operand, "%s", operand);
 }
 
+/* roles.padding_to_max_length: the program pads its inputs to a fixed maximum length at train.py:105 in tokenize */
+static void fixture_padding(og_record_t *r)
+{
+    og_roles_t *ro = &r->memory.fw.roles;
+    ro->has_padding = true;
+    snprintf(ro->padding.file, sizeof ro->padding.file, "/w/train.py");
+    snprintf(ro->padding.function, sizeof ro->padding.function, "tokenize");
+    ro->padding.line = 105;
+}
+
 /* the adapter's allocated bytes right after each optimizer step (roles.allocated_after_steps) */
 static void fixture_steps(og_record_t *r, uint64_t made, int n, uint64_t first, uint64_t per_step)
 {

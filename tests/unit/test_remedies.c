@@ -1101,6 +1101,36 @@ static void autocast_in_code(void **state)
     free(r);
 }
 
+/* the program pads its inputs to a fixed maximum length (roles.padding_to_max_length) and a forward pass over them
+ * fails with the activations holding the card: dynamic padding leads, named with the line; without the padding
+ * fact it is not offered; a failure where no activations are made (loading, the optimizer's step) does not list it */
+static void padding_to_max_length(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 2 * GiB, 0, 0, 0, 0, 20 * GiB);
+    fixture_optimizer(r, "AdamW", 0);
+    og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 2 * GiB);
+    r->memory.fw.grad_enabled = 1;
+    r->memory.fw.roles.checkpointing = -1;
+    r->event.requested_bytes = 256 * MiB;
+    og_set(&r->device.free_bytes, 138 * MiB);
+    fixture_phase(r, "forward", "/w/train.py", "forward");
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "dynamic_padding"), 0);
+    fixture_padding(r);
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "dynamic_padding");
+    assert_non_null(strstr(r->remedies[0].why, "train.py:105 in tokenize"));
+    assert_true(rank_of(r, "bucket_by_length") > 0);
+    fixture_phase(r, "optimizer_step", "/w/train.py", "step");
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "dynamic_padding"), 0);
+    fixture_phase(r, "loading", "/w/train.py", "load");
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "dynamic_padding"), 0);
+    free(r);
+}
+
 /* one operation that can be split (an image decode) makes a tensor at least the pass's working set: split it
  * first; in inference a smaller batch is not in the top 3 (slicing runs the batch piece by piece); a working set
  * larger than the request: the batch, not the operation, and split_operation is not brought */
@@ -2694,6 +2724,7 @@ int main(void)
         cmocka_unit_test(timing_moves_no_answer),
         cmocka_unit_test(cross_entropy_fused_first),
         cmocka_unit_test(autocast_in_code),
+        cmocka_unit_test(padding_to_max_length),
         cmocka_unit_test(operation_dominates_split_first),
         cmocka_unit_test(conv_inference_tiles_first),
         cmocka_unit_test(two_models_one_at_a_time),

@@ -724,6 +724,42 @@ def t_autocast_in_code():
     assert ns["g"]() is None, ns["g"]()
 
 
+def t_padding_to_max():
+    """roles.padding_to_max_length: a line of the program's own source (a file of a function on the failing stack)
+    whose code pads to a fixed maximum length, found though the tokenizing function is not running; the same words
+    in a docstring or a comment, or padding=True, are not it"""
+    import tempfile
+    import oomguard_phase
+    import oomguard_roles
+
+    def probe():
+        return oomguard_phase.padding_to_max(sys._getframe(1))
+
+    def run(src):
+        d = tempfile.mkdtemp(prefix="oomguard-pad-")
+        path = os.path.join(d, "train_cls.py")
+        with open(path, "w") as f:
+            f.write(src)
+        ns = {"__name__": "prog", "probe": probe}
+        exec(compile(src, path, "exec"), ns)
+        return path, ns["train"]()
+
+    tokenize_fn = ("def tokenize(tok, texts):\n"
+                   "    return tok(texts, truncation=True,\n"
+                   "               padding='max_length', max_length=512)\n")
+    path, got = run('"""Pads with padding="max_length" (a docstring)."""\n' + tokenize_fn +
+                    "def train():\n    return probe()\n")
+    assert got == (path, 4, "tokenize"), got
+    _, got = run('"""padding="max_length" in a docstring"""\n# padding="max_length"\n'
+                 "def train():\n    enc = dict(padding=True)\n    return probe()\n")
+    assert got is None, got
+    _, got = run("CFG = {'padding': 'max_length'}\ndef train():\n    return probe()\n")
+    assert got[1:] == (1, "<module>"), got
+    enc = oomguard_roles.encode({"roles": {}, "optimizers": {}, "holders": [], "allocated": 0, "complete": True,
+                                 "elapsed_ms": 0, "objects": 0, "padding_to_max": ("/w/t.py", 4, "tokenize")})
+    assert "padding\t/w/t.py\t4\ttokenize" in enc, enc
+
+
 def t_phase_eval_flag():
     got = []
 
@@ -938,6 +974,7 @@ if not STAND_IN:
     check("gradient checkpointing: off in a plain layer, on under torch.utils.checkpoint or the flag", t_checkpointing)
     check("the batch size from the program's names, not a loop index or a global count", t_batch_size)
     check("autocast in the running program's code, off at the failing line", t_autocast_in_code)
+    check("inputs padded to a fixed maximum length by the program's own code", t_padding_to_max)
     check("the failing operation from PyTorch's own frames: cross_entropy, interpolate", t_operation_real_frames)
     check("DistributedDataParallel's buckets copy the gradients unless gradient_as_bucket_view", t_ddp_buckets)
 
