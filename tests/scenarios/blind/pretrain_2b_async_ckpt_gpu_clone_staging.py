@@ -115,6 +115,9 @@ def async_checkpoint(model, optimizer, step):
 def main():
     micro_batch_size, seq_len, save_every = 4, 2048, 200
     model = DecoderLM()
+    # truth mark at the failure itself (test scaffolding): leaving the deepcopy frees part of its copies
+    # before an except block could mark
+    torch._C._cuda_attach_out_of_memory_observer(lambda dev, size, total, free: scen_truth.torch_oom_mark(dev))
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
     for step in range(1, 100001):
@@ -133,6 +136,5 @@ def main():
 try:
     main()
 except torch.OutOfMemoryError:
-    scen_truth.torch_oom_mark()
-    raise
+    raise                                   # marked by the observer above
 sys.exit(0)
