@@ -168,6 +168,25 @@ static void ev_shortfall(og_cause_t *c, const og_facts_t *d)
         ev_text(c, "shortfall_bytes", "not measured");
 }
 
+/* the request as evidence: its bytes, or "not measured" (an adapter reported the failure without its size) */
+static void ev_req(og_cause_t *c, bool known, uint64_t req)
+{
+    if (known)
+        ev_bytes(c, "requested_bytes", req);
+    else
+        ev_text(c, "requested_bytes", "not measured");
+}
+
+/* the request in a sentence: its size, or that none was given (never "0 B") */
+static og_hb_t req_hb(bool known, uint64_t req)
+{
+    og_hb_t t;
+    if (known)
+        return og_hb((double)req);
+    og_fmt(t.s, sizeof t.s, "(size not given)");
+    return t;
+}
+
 static void summary(og_cause_t *c, const char *f, ...) __attribute__((format(printf, 2, 3)));
 static void summary(og_cause_t *c, const char *f, ...)
 {
@@ -200,38 +219,39 @@ static bool c_limit(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
             og_fmt(ctxs, sizeof ctxs, " + %s CUDA context and untracked", og_hb((double)ctx).s);
         if (d->req > d->limit)
             summary(c, "OOMGUARD_LIMIT (%s) refused %s: the request alone is larger than the limit%s.",
-                    og_hb((double)d->limit).s, og_hb((double)d->req).s,
+                    og_hb((double)d->limit).s, req_hb(d->req_known, d->req).s,
                     phys ? "; the device itself had room for it" : "");
         else if (ctx && add_sat(ctx, d->req) > d->limit)
             summary(c,
                     "OOMGUARD_LIMIT (%s) refused %s because of the CUDA context alone: the limit also counts %s of "
                     "context and untracked memory, and that plus the request is over it whatever the job holds (%s "
                     "allocated)%s.",
-                    og_hb((double)d->limit).s, og_hb((double)d->req).s, og_hb((double)ctx).s,
+                    og_hb((double)d->limit).s, req_hb(d->req_known, d->req).s, og_hb((double)ctx).s,
                     og_hb((double)d->tracked).s, phys ? "; the device itself had room for it" : "");
         else if (over)
             summary(c,
                     "OOMGUARD_LIMIT (%s) refused %s: the job would hold %s (%s allocated%s + %s requested), %s over "
                     "the limit%s.",
-                    og_hb((double)d->limit).s, og_hb((double)d->req).s, og_hb((double)need).s,
-                    og_hb((double)d->tracked).s, ctxs, og_hb((double)d->req).s, og_hb((double)over).s,
+                    og_hb((double)d->limit).s, req_hb(d->req_known, d->req).s, og_hb((double)need).s,
+                    og_hb((double)d->tracked).s, ctxs, req_hb(d->req_known, d->req).s, og_hb((double)over).s,
                     phys ? "; the device itself had room for it" : "");
         else
             summary(c,
                     "OOMGUARD_LIMIT (%s) refused %s: with %s already counted (%s allocated%s) the limit was "
                     "reached.",
-                    og_hb((double)d->limit).s, og_hb((double)d->req).s, og_hb((double)d->usage_lim).s,
+                    og_hb((double)d->limit).s, req_hb(d->req_known, d->req).s, og_hb((double)d->usage_lim).s,
                     og_hb((double)d->tracked).s, ctxs);
         ev_bytes(c, "limit_bytes", d->limit);
         ev_bytes(c, "over_limit_bytes", over);
         ev_bytes(c, "context_bytes", ctx);
     } else {
         summary(c, "OOMGUARD_LIMIT refused %s; the job would hold at least %s (%s allocated + %s).",
-                og_hb((double)d->req).s, og_hb((double)need).s, og_hb((double)d->tracked).s, og_hb((double)d->req).s);
+                req_hb(d->req_known, d->req).s, og_hb((double)need).s, og_hb((double)d->tracked).s,
+                req_hb(d->req_known, d->req).s);
         ev_text(c, "limit_bytes", "unknown");
     }
     ev_bytes(c, "tracked_bytes", d->tracked);
-    ev_bytes(c, "requested_bytes", d->req);
+    ev_req(c, d->req_known, d->req);
     ev_bytes(c, "job_need_bytes", need);
     if (og_known(r->device.free_bytes))
         ev_bytes(c, "physical_free_bytes", r->device.free_bytes.v);
@@ -253,6 +273,9 @@ static bool c_framework_cap(const og_facts_t *d, const og_record_t *r, og_cause_
     og_cpy(src, sizeof src, fw->cap_source, sizeof fw->cap_source);
     const char *who = fw_display(d->ffw);
     /* the cap and its setting first: the line a user reads (the stderr summary quotes it) */
+    const char *roomtxt = !d->cap.req_known ? "whether the device had room for it is not known"
+                          : room            ? "the device itself had room for the request"
+                                            : "the device had no room either";
     char counted[96];
     if (d->cap.reserved)
         og_fmt(counted, sizeof counted, "%s reserved (%s of it in tensors)", og_hb((double)d->cap.counted).s,
@@ -261,19 +284,22 @@ static bool c_framework_cap(const og_facts_t *d, const og_record_t *r, og_cause_
         og_fmt(counted, sizeof counted, "%s in use", og_hb((double)alloc).s);
     if (src[0])
         summary(c, "%s's cap %s (%s) refused %s: %s%s; %s.", who, src, og_hb((double)d->cap.cap).s,
-                og_hb((double)req).s, counted, d->cap.reserved ? ", and the cap counts what is reserved" : "",
-                room ? "the device itself had room for the request" : "the device had no room either");
+                req_hb(d->cap.req_known, req).s, counted,
+                d->cap.reserved ? ", and the cap counts what is reserved" : "", roomtxt);
     else
-        summary(c, "%s's own cap of %s refused %s: %s%s; %s.", who, og_hb((double)d->cap.cap).s, og_hb((double)req).s,
-                counted, d->cap.reserved ? ", and the cap counts what is reserved" : "",
-                room ? "the device itself had room for the request" : "the device had no room either");
+        summary(c, "%s's own cap of %s refused %s: %s%s; %s.", who, og_hb((double)d->cap.cap).s,
+                req_hb(d->cap.req_known, req).s, counted,
+                d->cap.reserved ? ", and the cap counts what is reserved" : "", roomtxt);
     ev_bytes(c, "cap_bytes", d->cap.cap);
     ev_text(c, "cap_source", "%s", src[0] ? src : "unknown");
     ev_text(c, "cap_counts", "%s", d->cap.reserved ? "reserved" : "allocated");
     ev_bytes(c, "counted_bytes", d->cap.counted);
     ev_bytes(c, "allocated_bytes", alloc);
-    ev_bytes(c, "requested_bytes", req);
-    ev_bytes(c, "over_cap_bytes", d->cap.over);
+    ev_req(c, d->cap.req_known, req);
+    if (d->cap.req_known)
+        ev_bytes(c, "over_cap_bytes", d->cap.over);
+    else
+        ev_text(c, "over_cap_bytes", "not measured");
     ev_num(c, "internal_oom", fw->internal_oom ? 1 : 0);
     if (og_known(r->device.free_bytes))
         ev_bytes(c, "physical_free_bytes", r->device.free_bytes.v);
@@ -302,7 +328,7 @@ static bool c_cache_held(const og_facts_t *d, const og_record_t *r, og_cause_t *
         ev_text(c, "pool_owner", "%s", owner);
         ev_bytes(c, "pool_unused_bytes", d->app_slack);
         ev_shortfall(c, d);
-        ev_bytes(c, "requested_bytes", d->req);
+        ev_req(c, d->req_known, d->req);
         return true;
     }
     if (d->failing_fw != 0)
@@ -315,14 +341,14 @@ static bool c_cache_held(const og_facts_t *d, const og_record_t *r, og_cause_t *
             summary(c,
                     "%s failed to get %s while %s held %s cached but unused; %s released it between attempts "
                     "and the retry succeeded.",
-                    lib, og_hb((double)d->req).s, fw_display(r->framework), og_hb((double)d->cached).s,
+                    lib, req_hb(d->req_known, d->req).s, fw_display(r->framework), og_hb((double)d->cached).s,
                     fw_display(r->framework));
         } else
             summary(c, "%s failed to get %s while %s holds %s cached but unused, more than the %s missing.", lib,
-                    og_hb((double)d->req).s, fw_display(r->framework), og_hb((double)d->reclaim).s,
+                    req_hb(d->req_known, d->req).s, fw_display(r->framework), og_hb((double)d->reclaim).s,
                     og_hb((double)d->shortfall).s);
         ev_text(c, "failing_library", "%s", lib);
-        ev_bytes(c, "requested_bytes", d->req);
+        ev_req(c, d->req_known, d->req);
         ev_shortfall(c, d);
         ev_bytes(c, "cached_bytes", d->cached);
         ev_text(c, "cached_source", "%s", og_cache_src_name(d->cached_src));
@@ -344,9 +370,9 @@ static bool c_cache_held(const og_facts_t *d, const og_record_t *r, og_cause_t *
             "%s failed to get %s while %s holds %s; how much of it is cached but unused was not measured (the "
             "failure came from outside %s's allocator, which therefore kept its cache). If at least the %s missing "
             "is cache, releasing it before that call makes room.",
-            lib, og_hb((double)d->req).s, who, og_hb((double)held).s, who, og_hb((double)d->shortfall).s);
+            lib, req_hb(d->req_known, d->req).s, who, og_hb((double)held).s, who, og_hb((double)d->shortfall).s);
     ev_text(c, "failing_library", "%s", lib);
-    ev_bytes(c, "requested_bytes", d->req);
+    ev_req(c, d->req_known, d->req);
     ev_shortfall(c, d);
     ev_bytes(c, "framework_reserved_bytes", held);
     ev_text(c, "cached_bytes", "not measured");
@@ -375,10 +401,11 @@ static bool c_fragmentation(const og_facts_t *d, const og_record_t *r, og_cause_
                     "%s released %s of free segments and retried, and %s still did not fit; it keeps %s reserved "
                     "in segments partly in use, and the run allocated %d different sizes (variable-length batches "
                     "split segments). How much of the reservation is unused was not measured.",
-                    d->fwname, og_hb((double)d->released).s, og_hb(req).s, og_hb((double)d->reservation).s, ds);
+                    d->fwname, og_hb((double)d->released).s, req_hb(d->req_known, d->req).s,
+                    og_hb((double)d->reservation).s, ds);
             ev_bytes(c, "released_bytes", d->released);
             ev_bytes(c, "reservation_bytes", d->reservation);
-            ev_bytes(c, "requested_bytes", d->req);
+            ev_req(c, d->req_known, d->req);
             ev_num(c, "distinct_sizes", ds);
             ev_text(c, "cached_bytes", "not measured");
             ev_text(c, "rule", "retry_split");
@@ -400,20 +427,20 @@ static bool c_fragmentation(const og_facts_t *d, const og_record_t *r, og_cause_
             summary(c,
                     "%s held %s cached but unused when %s failed; it released that cache between attempts and "
                     "the retry succeeded.",
-                    d->fwname, og_hb(cached).s, og_hb(req).s);
+                    d->fwname, og_hb(cached).s, req_hb(d->req_known, d->req).s);
         else
             summary(c,
                     "%s held %s cached but unused when %s failed (%s was missing); it released that cache "
                     "between attempts, the rest was freed otherwise, and the retry succeeded.",
-                    d->fwname, og_hb(cached).s, og_hb(req).s, og_hb((double)d->shortfall).s);
+                    d->fwname, og_hb(cached).s, req_hb(d->req_known, d->req).s, og_hb((double)d->shortfall).s);
         ev_bytes(c, "released_bytes", d->cached);
-        ev_bytes(c, "requested_bytes", d->req);
+        ev_req(c, d->req_known, d->req);
         ev_shortfall(c, d);
         ev_text(c, "rule", "recovered_by_release");
         return true;
     }
 
-    if (d->req && d->cached >= d->req) { /* (a) */
+    if (d->req_known && d->req && d->cached >= d->req) { /* (a): never "covers" a request of unknown size */
         double a;
         if (d->largest_known && d->largest < d->req) {
             a = 0.85 + 0.15 * clamp01(1 - (double)d->largest / cached);
@@ -451,28 +478,28 @@ static bool c_fragmentation(const og_facts_t *d, const og_record_t *r, og_cause_
         conf = PASS_FRAG_CONF;
     c->id = og_cause_ids[OG_CAUSE_FRAG];
     c->confidence = clamp01(conf);
-    if (d->largest_known)
+    if (d->largest_known && d->req_known) /* "smaller than the request": only of a request of known size */
         summary(c,
                 "%s holds %s cached but unused (%s of its %s reserved), yet its largest free block is %s, "
                 "smaller than the %s requested.",
                 d->fwname, og_hb(cached).s, og_pct(cached, (double)d->reservation).s, og_hb((double)d->reservation).s,
-                og_hb((double)d->largest).s, og_hb(req).s);
+                og_hb((double)d->largest).s, req_hb(d->req_known, d->req).s);
     else if (strcmp(why, "idle_share") == 0)
         summary(c,
                 "%s holds %s cached but unused, %s of its %s reserved; that idle memory is not where the %s "
                 "request needs it.",
                 d->fwname, og_hb(cached).s, og_pct(cached, (double)d->reservation).s, og_hb((double)d->reservation).s,
-                og_hb(req).s);
+                req_hb(d->req_known, d->req).s);
     else if (d->free_known)
         summary(c, "%s holds %s cached but unused and %s is free, yet %s could not be found in one piece.", d->fwname,
-                og_hb(cached).s, og_hb((double)d->free_eff).s, og_hb(req).s);
+                og_hb(cached).s, og_hb((double)d->free_eff).s, req_hb(d->req_known, d->req).s);
     else
         summary(c,
                 "%s holds %s cached but unused (the device's free memory was not measured), yet %s could not be "
                 "found in one piece.",
-                d->fwname, og_hb(cached).s, og_hb(req).s);
+                d->fwname, og_hb(cached).s, req_hb(d->req_known, d->req).s);
     ev_bytes(c, "cached_bytes", d->cached);
-    ev_bytes(c, "requested_bytes", d->req);
+    ev_req(c, d->req_known, d->req);
     ev_bytes(c, "reservation_bytes", d->reservation);
     if (d->reservation)
         ev_num(c, "cached_share", share);
@@ -778,7 +805,7 @@ static bool c_growth(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
 
 static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
 {
-    if (!d->free_known || d->req == 0)
+    if (!d->free_known || !d->req_known || d->req == 0) /* a request of unknown size: nothing said not to fit */
         return false;
     if (d->recovered && !d->larger_than_device)
         return false; /* the retry succeeded: it did fit */
@@ -796,9 +823,9 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
         summary(c,
                 "The request alone, %s, is larger than the whole %s (%s): no rearranging of this process can fit "
                 "it.",
-                og_hb((double)d->req).s, d->limited && d->capacity == d->limit ? "limit" : "device",
+                req_hb(d->req_known, d->req).s, d->limited && d->capacity == d->limit ? "limit" : "device",
                 og_hb((double)d->capacity).s);
-        ev_bytes(c, "requested_bytes", d->req);
+        ev_req(c, d->req_known, d->req);
         ev_bytes(c, d->limited && d->capacity == d->limit ? "limit_bytes" : "capacity_bytes", d->capacity);
         ev_num(c, "larger_than_device", 1);
         ev_bytes(c, "missing_bytes", missing);
@@ -850,9 +877,9 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
         og_fmt(note, sizeof note, " (free memory estimated)");
     summary(c, "%s more is needed than is free%s%s; the request is %s and this process holds %s%s.",
             og_hb((double)missing).s, d->reclaim && d->req > avail ? " even after releasing the cache" : "", note,
-            og_hb((double)d->req).s, og_hb((double)d->footprint).s,
+            req_hb(d->req_known, d->req).s, og_hb((double)d->footprint).s,
             alone_fits ? "; alone on the device the job would fit" : "");
-    ev_bytes(c, "requested_bytes", d->req);
+    ev_req(c, d->req_known, d->req);
     ev_bytes(c, d->limited ? "free_under_limit_bytes" : "free_bytes", d->free_eff);
     if (d->cached_known)
         ev_bytes(c, "reclaimable_bytes", d->reclaim);
@@ -905,7 +932,7 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
             og_fmt(
                 c->summary + strlen(c->summary) - 1, sizeof c->summary - strlen(c->summary) + 1,
                 ": it failed loading %d more blocks of %s while %d of the same size, loaded earlier, are still held.",
-                ld->run, og_hb((double)d->req).s, ld->earlier);
+                ld->run, req_hb(d->req_known, d->req).s, ld->earlier);
     }
     return true;
 }
@@ -944,8 +971,11 @@ static void c_unknown(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
         og_fmt(mine, sizeof mine, ", this process tracks %s", og_hb((double)d->tracked).s);
     if (og_known(r->memory.other_processes_bytes))
         og_fmt(others, sizeof others, ", others hold %s", og_hb((double)d->other_all).s);
-    summary(c, "No rule matched: %s requested%s%s%s%s.", og_hb((double)d->req).s, dev, mine, others, miss);
-    ev_bytes(c, "requested_bytes", d->req);
+    if (d->req_known)
+        summary(c, "No rule matched: %s requested%s%s%s%s.", og_hb((double)d->req).s, dev, mine, others, miss);
+    else
+        summary(c, "No rule matched: a request of a size not given%s%s%s%s.", dev, mine, others, miss);
+    ev_req(c, d->req_known, d->req);
     if (d->free_known)
         ev_bytes(c, "free_bytes", d->free_eff);
     else

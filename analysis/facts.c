@@ -2,7 +2,8 @@
  * (facts.h says what each is).  Pure: no I/O, no globals, no allocation; large scratch (the growth
  * rule's steps) lives in the record.  The meanings, in the notation of docs/diagnosis.md:
  *
- *   req        event.requested_bytes
+ *   req        event.requested_bytes; unknown when an adapter reported the failure without its size: then
+ *              the shortfall is unknown and nothing is said to cover or fit it
  *   total      device.total_bytes
  *   usage_lim  what OOMGUARD_LIMIT counts: device.limit_usage_bytes (tracked + CUDA context),
  *              process_tracked_bytes when that was not recorded
@@ -162,7 +163,8 @@ static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t
     d->growth_min_share = th_or(t.growth_min_share, th_default.growth_min_share);
     d->growth_rising_steps = th_or(t.growth_rising_steps, th_default.growth_rising_steps);
 
-    d->req = rec->event.requested_bytes;
+    d->req_known = og_known(rec->event.requested_bytes);
+    d->req = og_or(rec->event.requested_bytes, 0);
     d->total = og_or(rec->device.total_bytes, 0);
     d->tracked = og_or(rec->memory.process_tracked_bytes, 0);
     d->tracked_known = og_known(rec->memory.process_tracked_bytes);
@@ -294,10 +296,11 @@ static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t
             d->other_inferred = true;
         }
     }
-    d->shortfall_known = d->free_known; /* unknown is not zero: nothing free measured, nothing short measured */
-    d->shortfall = d->free_known ? sub0(d->req, d->free_eff) : 0;
+    /* unknown is not zero: nothing free measured, or no size requested that is known: nothing short measured */
+    d->shortfall_known = d->free_known && d->req_known;
+    d->shortfall = d->shortfall_known ? sub0(d->req, d->free_eff) : 0;
     d->capacity = d->limited && (!d->total || d->limit < d->total) ? d->limit : d->total;
-    d->larger_than_device = d->capacity && d->req > d->capacity;
+    d->larger_than_device = d->req_known && d->capacity && d->req > d->capacity;
     d->app_pool_covers = d->shortfall > 0 && d->app_slack >= d->shortfall;
     d->distinct_sizes = og_distinct_alloc_sizes(rec);
 }
@@ -323,13 +326,21 @@ static void framework_cap(og_facts_t *d, const og_record_t *r)
                : strcmp(name, "tensorflow") == 0 ? OG_FW_TENSORFLOW
                                                  : d->ffw;
     k->cap = fw->cap_bytes.v;
-    k->req = d->req ? d->req : fw->requested_bytes;
+    og_opt_u64_t req = d->req_known ? (og_opt_u64_t){ d->req, true } : fw->requested_bytes;
+    k->req_known = og_known(req);
+    k->req = og_or(req, 0);
     k->alloc = fw->allocated_bytes;
     k->reserved = (kind == OG_FW_PYTORCH || kind == OG_FW_CUPY) && fw->reserved_bytes >= k->alloc;
     k->counted = k->reserved ? fw->reserved_bytes : k->alloc;
-    k->over = sub0(add_sat(k->counted, k->req), k->cap);
-    k->room = d->phys_free.known && d->phys_free.v >= k->req;
-    k->binds = add_sat(k->counted, k->req) > k->cap && (fw->internal_oom || k->room);
+    if (k->req_known) {
+        k->over = sub0(add_sat(k->counted, k->req), k->cap);
+        k->room = d->phys_free.known && d->phys_free.v >= k->req;
+        k->binds = add_sat(k->counted, k->req) > k->cap && (fw->internal_oom || k->room);
+    } else {
+        /* a request of unknown size: the cap binds only if what it counts is already at it and the framework
+         * itself refused; how far over, and whether the device had room, are not known */
+        k->binds = fw->internal_oom && k->counted >= k->cap;
+    }
 }
 
 /* ------------------------------------------------------------------ growth: steps in the history */
@@ -767,14 +778,15 @@ static void growth(og_facts_t *d, const og_record_t *r, og_growth_scratch_t *s)
         g->first_steps = true;
         return;
     }
-    if (growth_for(d, r, s, g, d->req, OG_MARK_FAILING_SIZE)) {
+    if (d->req_known && growth_for(d, r, s, g, d->req, OG_MARK_FAILING_SIZE)) {
         g->holds = true;
         return;
     }
     if (g->gen_built)
         return; /* the failing size's steps were one generation building: no coarser reading overrides it */
     uint64_t m = modal_alloc_size(r);
-    if (m && (m > d->req ? m - d->req : d->req - m) > d->req / 32 && growth_for(d, r, s, g, m, OG_MARK_MODAL_SIZE)) {
+    if (m && (!d->req_known || (m > d->req ? m - d->req : d->req - m) > d->req / 32) &&
+        growth_for(d, r, s, g, m, OG_MARK_MODAL_SIZE)) {
         g->holds = true;
         return;
     }
@@ -820,6 +832,8 @@ static void load(og_facts_t *d, const og_record_t *r)
     uint64_t held_before = 0;
     uint64_t tol = 2ULL << 20; /* shards of one checkpoint are the same size */
     int fail0 = -1, prev = -1;
+    if (!d->req_known) /* a burst of the request's size: no size known, no burst to find */
+        return;
     for (int k = ne - 1; k >= 0 && k >= ne - 32; k--) /* where the failures at the end began */
         if (is_op(&e[k], OG_OP_FAIL))
             fail0 = k;
@@ -1373,7 +1387,7 @@ static void outlier(og_facts_t *d, const og_record_t *r)
     int ne = e ? r->history.nevents : 0, i0 = -1, run = 0, other = 0, before = 0;
     uint64_t tol = 2ULL << 20, prev_max = 0;
     bool freed = false;
-    if (!d->req)
+    if (!d->req_known || !d->req) /* a run of the request's size: no size known, no run */
         return;
     for (int i = 0; i < ne && i0 < 0; i++)
         if (is_op(&e[i], OG_OP_ALLOC) && (e[i].bytes > d->req ? e[i].bytes - d->req : d->req - e[i].bytes) <= tol)
@@ -1559,7 +1573,7 @@ static void fit(og_facts_t *d, const og_record_t *r)
     f->need = peak > job ? peak : job;
     if (ps > f->need)
         f->need = ps;
-    if (d->req == 0) /* 0: not known (a framework's failure that did not say); SIZE_MAX is a real request */
+    if (!d->req_known) /* a framework's failure that did not say; SIZE_MAX and 0 are real requests */
         og_fmt(f->why, sizeof f->why, "the failing request's size was not seen");
     else if (!d->tracked_known && !d->used_known)
         og_fmt(f->why, sizeof f->why, "what this process held was not measured: only the request is known");

@@ -238,7 +238,8 @@ typedef struct og_facts {
     double frag_share, nonfw_share, growth_min_share, growth_rising_steps;
 
     /* the request and the device */
-    uint64_t req; /* the API's argument: SIZE_MAX is a request like any other */
+    uint64_t req;   /* the API's argument: SIZE_MAX and 0 are requests like any other; 0 when not known */
+    bool req_known; /* a failure an adapter reported without its size: no shortfall, no "covers", no "fits" */
     bool recovered;
     uint64_t total; /* 0 when unknown */
     bool limited;
@@ -286,7 +287,8 @@ typedef struct og_facts {
     /* a framework-imposed cap (memory fraction, set_limit) the adapter reported */
     struct og_cap_facts {
         bool binds; /* counted + request exceed it, and the framework refused or the device had room */
-        uint64_t cap, req, alloc, over;
+        uint64_t cap, req, alloc, over; /* req, over: 0 when the request's size is not known */
+        bool req_known;
         bool reserved;    /* the cap bounds what the framework reserves (PyTorch, CuPy), not what is in use */
         uint64_t counted; /* what the cap counts: reserved bytes, or allocated (JAX, TensorFlow: in use) */
         bool room;        /* the device itself had room for the request */

@@ -235,12 +235,12 @@ typedef struct og_framework_view {
     char framework[16];         /* "pytorch" | "jax" | "tensorflow" | "cupy"; "" = from `source` */
     char unmeasured_why[120];   /* why the adapter could not answer at the failure ("" = it did or none) */
     /* failures inside the framework's allocator and the Python lines (framework.c) */
-    bool internal_oom;        /* the framework refused the request itself; no driver call failed */
-    char api[48];             /* the framework's allocator, event.api of an internal failure */
-    uint64_t requested_bytes; /* the framework's own request; 0 unknown */
-    uint64_t peak_bytes;      /* the framework's peak (jax peak_bytes_in_use); 0 unknown */
-    uint64_t reported_t_ns;   /* when the adapter handed these in (og_now_ns) */
-    int npy_frames;           /* event.python_stack, innermost first */
+    bool internal_oom;            /* the framework refused the request itself; no driver call failed */
+    char api[48];                 /* the framework's allocator, event.api of an internal failure */
+    og_opt_u64_t requested_bytes; /* the framework's own request; unknown: the adapter did not give it */
+    og_opt_u64_t peak_bytes;      /* the framework's peak (jax peak_bytes_in_use); unknown: not reported */
+    uint64_t reported_t_ns;       /* when the adapter handed these in (og_now_ns) */
+    int npy_frames;               /* event.python_stack, innermost first */
     og_py_frame_t py_frames[24];
     int npy_sites; /* python_sites: lines holding the most live memory, largest first */
     og_py_frame_t py_sites[16];
@@ -278,8 +278,11 @@ typedef struct og_record {
     char tf_gpu_allocator[64];
 
     struct {
-        uint64_t requested_bytes; /* the API's argument: always a size, SIZE_MAX included, never a mode */
-        const char *api;          /* API the program called (runtime name when via libcudart) */
+        /* the API's argument for a driver or runtime call: always known, SIZE_MAX and 0 included; a failure
+         * an adapter reported (framework_internal) knows it only when the adapter gave it; no failure (a
+         * warning, a snapshot, the exit summary): unknown */
+        og_opt_u64_t requested_bytes;
+        const char *api; /* API the program called (runtime name when via libcudart) */
         const char *driver_api;
         bool framework_internal; /* refused inside the framework's allocator: no driver call */
         int device;
@@ -293,7 +296,7 @@ typedef struct og_record {
         int attempts;
         og_opt_u64_t released_between_attempts_bytes; /* unknown: a framework's own retry, unseen */
         bool recovered;
-        uint64_t recovered_requested_bytes;
+        uint64_t recovered_requested_bytes; /* the allocation that succeeded: a driver call's argument, known */
         double recovered_t;
     } event;
 

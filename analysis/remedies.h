@@ -44,6 +44,7 @@ typedef struct rctx {
     int primary;
     double primary_conf; /* the primary cause's confidence */
     uint64_t req, shortfall, total, tracked, footprint, live, other, nonfw;
+    bool req_known;       /* false: an adapter reported the failure without its size; `req` is then 0, no figure */
     bool shortfall_known; /* false: the device's free memory was not read; `shortfall` is then 0, no figure, and
                              nothing can be judged to cover it (og_covers) */
     bool other_inferred;  /* `other` inferred from total - free - tracked (no NVML) */

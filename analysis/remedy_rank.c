@@ -142,7 +142,8 @@ static bool state_exceeds_card(const rctx_t *x);
 static bool fits_alone_or_leak(const rctx_t *x)
 {
     return !x->larger_than_device &&
-           ((x->total && (double)add_sat(x->footprint, x->req) <= (double)x->total * 0.97 && !state_exceeds_card(x)) ||
+           ((x->total && x->req_known && (double)add_sat(x->footprint, x->req) <= (double)x->total * 0.97 &&
+             !state_exceeds_card(x)) ||
             PRIMARY(GROWTH));
 }
 
@@ -520,8 +521,8 @@ static bool operation_dominates(const rctx_t *x)
      * too; with autograd on the step keeps every layer's output for backward, the batch is the lever */
     bool conv = ro->operation == OG_OP_conv && autograd_off(x);
     return ro->known && ro->act_known &&
-           (ro->operation == OG_OP_image_decode || ro->operation == OG_OP_pairwise || conv) && x->req >= ro->working &&
-           !own_fix_covers(x) && (!x->larger_than_device || conv);
+           (ro->operation == OG_OP_image_decode || ro->operation == OG_OP_pairwise || conv) && x->req_known &&
+           x->req >= ro->working && !own_fix_covers(x) && (!x->larger_than_device || conv);
 }
 /* both lead unless short, except after a confident growth (a leak fills any card whatever the operation) */
 static bool cross_entropy_lead(const rctx_t *x) { return cross_entropy_op(x) && !confident_growth(x); }

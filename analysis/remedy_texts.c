@@ -92,6 +92,7 @@ void og_remedy_context(rctx_t *x, og_record_t *rec)
     x->primary_conf = n > 0 ? rec->diagnosis.causes[0].confidence : 0;
 
     x->req = f->req;
+    x->req_known = f->req_known;
     x->shortfall_known = og_known(rec->diagnosis.shortfall_bytes);
     x->shortfall = og_or(rec->diagnosis.shortfall_bytes, 0);
     x->total = f->total;
@@ -210,11 +211,21 @@ static void activations_measured(const rctx_t *x, og_remedy_t *r)
         why(r, "%s", s);
 }
 
+/* The failing request in a sentence: its size, or that none was given (never "0 B"). */
+static og_hb_t req_hb(const rctx_t *x)
+{
+    og_hb_t t;
+    if (x->req_known)
+        return og_hb((double)x->req);
+    og_fmt(t.s, sizeof t.s, "(size not given)");
+    return t;
+}
+
 /* The sentence that sizes an activation-halving remedy against the shortfall. */
 static void activations_vs_shortfall(const rctx_t *x, og_remedy_t *r, double frees, const char *what)
 {
     if (!x->shortfall) {
-        why(r, " It lowers the peak so the %s request fits more easily.", og_hb((double)x->req).s);
+        why(r, " It lowers the peak so the %s request fits more easily.", req_hb(x).s);
         activations_measured(x, r);
         return;
     }
@@ -254,14 +265,14 @@ static bool b_raise_limit(const rctx_t *x, og_remedy_t *r)
             "OOMGUARD_LIMIT caps device %d at %s; the job needs at least %s (%s allocated + %s CUDA context + %s "
             "requested).",
             rec->event.device, og_hb((double)rec->device.limit_bytes.v).s, og_hb((double)need).s,
-            og_hb((double)x->tracked).s, og_hb((double)(usage - x->tracked)).s, og_hb((double)x->req).s);
+            og_hb((double)x->tracked).s, og_hb((double)(usage - x->tracked)).s, req_hb(x).s);
     else if (og_known(rec->device.limit_bytes))
         why(r, "OOMGUARD_LIMIT caps device %d at %s; the job needs at least %s (%s held + %s requested).",
             rec->event.device, og_hb((double)rec->device.limit_bytes.v).s, og_hb((double)need).s,
-            og_hb((double)x->tracked).s, og_hb((double)x->req).s);
+            og_hb((double)x->tracked).s, req_hb(x).s);
     else
         why(r, "OOMGUARD_LIMIT refused the request; the job needs at least %s (%s held + %s requested).",
-            og_hb((double)need).s, og_hb((double)x->tracked).s, og_hb((double)x->req).s);
+            og_hb((double)need).s, og_hb((double)x->tracked).s, req_hb(x).s);
     if (og_known(rec->device.free_bytes) && rec->device.free_bytes.v >= x->req)
         why(r, " The card itself had %s free, so the request would have succeeded.",
             og_hb((double)rec->device.free_bytes.v).s);
@@ -291,15 +302,15 @@ static bool b_empty_cache(const rctx_t *x, og_remedy_t *r)
             "%s holds memory of which an unmeasured part is cached but unused, and %s (outside %s's allocator) "
             "could not get %s: hand the cache back before that library allocates; memory_summary() shows how much "
             "it is.",
-            fw_display(rec->framework), x->fail_lib, fw_display(rec->framework), og_hb((double)x->req).s);
+            fw_display(rec->framework), x->fail_lib, fw_display(rec->framework), req_hb(x).s);
     else if (x->has[OG_CAUSE_CACHE] && x->fail_lib[0])
         why(r, "%s keeps %s cached while %s could not get %s: hand the cache back before that library allocates.",
-            fw_display(rec->framework), cached, x->fail_lib, og_hb((double)x->req).s);
+            fw_display(rec->framework), cached, x->fail_lib, req_hb(x).s);
     else if (x->has[OG_CAUSE_FRAG]) {
         why(r, "%s is cached but unused", cached);
         if (x->largest_known)
             why(r, " and the largest free block is %s, below the %s requested", og_hb((double)x->largest).s,
-                og_hb((double)x->req).s);
+                req_hb(x).s);
         why(r, ": releasing the cache lets the allocator start again from fresh segments.");
     } else if (x->has[OG_CAUSE_LIMIT])
         why(r, "The limit counts cached memory too: %s of the %s held is cached but unused.", cached,
@@ -781,7 +792,7 @@ static bool b_expandable_segments(const rctx_t *x, og_remedy_t *r)
         why(r,
             ": with expandable segments the allocator grows its segments in place instead of needing a new "
             "contiguous %s.",
-            og_hb((double)x->req).s);
+            req_hb(x).s);
     } else
         why(r, "Reduces fragmentation, the usual reason for a failure while memory is cached but unused.");
     if (rec->max_split_set)
@@ -947,7 +958,7 @@ static bool b_shorter_sequences(const rctx_t *x, og_remedy_t *r)
             "The failing request, %s, is %.0fx the largest allocation of the earlier steps (%s), which had "
             "freed what they made: one batch far longer than the rest, not a leak. Cap the length (truncate or "
             "split long samples) or batch by a token budget.",
-            og_hb((double)x->req).s, (double)x->req / (double)o->prev_max, og_hb((double)o->prev_max).s);
+            req_hb(x).s, (double)x->req / (double)o->prev_max, og_hb((double)o->prev_max).s);
         how(r, "tokenizer(texts, truncation=True, max_length=L)   # or split documents longer than L into pieces");
         how(r, "Batch by a token budget: add samples while sum(lengths) <= N tokens (fixed memory per step).");
         how(r, "Sort or bucket samples by length so one long sample does not pad a whole batch.");
@@ -977,7 +988,7 @@ static bool b_shorter_sequences(const rctx_t *x, og_remedy_t *r)
         why(r,
             "Autograd was off: one input (a prompt) needs %s, more than the card; attention without a fused "
             "kernel grows with the square of its length. Cap the input length the server accepts.",
-            og_hb((double)x->req).s);
+            req_hb(x).s);
         how(r, "Reject or truncate inputs above a maximum (e.g. max_input_length / max_model_len in the server).");
         how(r, "tokenizer(prompt, truncation=True, max_length=L)");
         return true;
@@ -1230,11 +1241,20 @@ static bool b_bigger_gpu(const rctx_t *x, og_remedy_t *r)
     };
     /* the process alone on a fresh card: what it holds now plus the request; 3% kept for the driver */
     uint64_t need = add_sat(x->footprint, x->req);
+    if (!x->f->fit.bounded && !x->req_known) { /* what it held, and a request of a size not given */
+        why(r,
+            "The job needs more than the %s it held (the failing request's size was not given); this card has %s. "
+            "Its full peak was not seen, so no card size can be promised to fit it.",
+            og_hb((double)x->footprint).s, og_hb((double)x->total).s);
+        how(r, "Measure the peak first: run once on a larger card with OOMGUARD_SUMMARY=1 (prints the peak per GPU).");
+        how(r, "Or a smaller model of the same family (e.g. 70B -> 13B).");
+        return true;
+    }
     if (!x->f->fit.bounded) { /* only a lower bound: no card size can be promised */
         why(r,
             "The job needs at least %s (%s held + %s requested); this card has %s. Its full peak was not seen "
             "(%s), so no card size can be promised to fit it.",
-            og_hb((double)need).s, og_hb((double)x->footprint).s, og_hb((double)x->req).s, og_hb((double)x->total).s,
+            og_hb((double)need).s, og_hb((double)x->footprint).s, req_hb(x).s, og_hb((double)x->total).s,
             x->f->fit.why);
         how(r, "Measure the peak first: run once on a larger card with OOMGUARD_SUMMARY=1 (prints the peak per GPU).");
         how(r, "Or a smaller model of the same family (e.g. 70B -> 13B).");
@@ -1250,14 +1270,14 @@ static bool b_bigger_gpu(const rctx_t *x, og_remedy_t *r)
         why(r,
             "The job needs about %s (%s held + %s requested); this card has %s. The smallest common card that "
             "fits is %d GB (%s).",
-            og_hb((double)need).s, og_hb((double)x->footprint).s, og_hb((double)x->req).s, og_hb((double)x->total).s,
-            cards[fit].gb, cards[fit].cards);
+            og_hb((double)need).s, og_hb((double)x->footprint).s, req_hb(x).s, og_hb((double)x->total).s, cards[fit].gb,
+            cards[fit].cards);
         how(r, "Run on a %d GB card (%s), e.g. rented for the run.", cards[fit].gb, cards[fit].cards);
     } else {
         why(r,
             "The job needs about %s (%s held + %s requested): no single common card (up to 141 GB) fits it with "
             "room to spare; shrink the model or split it across GPUs.",
-            og_hb((double)need).s, og_hb((double)x->footprint).s, og_hb((double)x->req).s);
+            og_hb((double)need).s, og_hb((double)x->footprint).s, req_hb(x).s);
         how(r, "Split across GPUs (tensor parallel or ZeRO-3/FSDP) or quantize, then pick the card count.");
     }
     HOWS(x, r, { ANY, "Or a smaller model of the same family (e.g. 70B -> 13B)." },
@@ -1438,7 +1458,7 @@ static bool chunk_operation(const rctx_t *x, og_remedy_t *r)
         "The failing request, %s, is one %s%s, at least as large as everything else the running pass holds "
         "(%s)%s: that operation, not the batch, is the peak. Computed in tiles or slices it needs a fraction of "
         "it at a time.",
-        og_hb((double)x->req).s,
+        req_hb(x).s,
         decode ? "image decode at full resolution"
         : conv ? "convolution over the whole image"
                : "all-pairs computation",
@@ -1464,13 +1484,14 @@ static bool chunk_operation(const rctx_t *x, og_remedy_t *r)
 static bool b_chunk(const rctx_t *x, og_remedy_t *r)
 {
     /* a convolution larger than the card in an inference pass is tiled as any (remedy_rank.c: operation_dominates) */
-    bool conv_tiles = x->f->roles.operation == OG_OP_conv && x->grad == -1 && x->req >= x->f->roles.working;
+    bool conv_tiles =
+        x->f->roles.operation == OG_OP_conv && x->grad == -1 && x->req_known && x->req >= x->f->roles.working;
     if ((!x->larger_than_device || conv_tiles) && x->f->roles.operation != OG_OPERATION_NONE)
         return chunk_operation(x, r);
     why(r,
         "The request alone, %s, is larger than the whole %s (%s): no setting of this process can fit it. Split "
         "the operation into pieces that fit, shard the tensor across GPUs, or keep it off the GPU.",
-        og_hb((double)x->req).s, og_known(x->rec->device.limit_bytes) && x->capacity < x->total ? "limit" : "device",
+        req_hb(x).s, og_known(x->rec->device.limit_bytes) && x->capacity < x->total ? "limit" : "device",
         og_hb((double)x->capacity).s);
     unsigned long long k = x->capacity ? (unsigned long long)(x->req / (x->capacity / 2 ? x->capacity / 2 : 1)) + 1 : 4;
     if (k < 2)
@@ -1894,7 +1915,7 @@ static bool b_smaller_kv_cache(const rctx_t *x, og_remedy_t *r)
             "This process was reserving its KV cache when it failed: %s so far, and the %s it asked for was the "
             "next piece. A serving engine sizes that cache as a share of the whole card (vLLM: "
             "--gpu-memory-utilization, 0.9 by default), not of what is free",
-            og_hb((double)ro->purpose_bytes[OG_PURPOSE_kv_cache]).s, og_hb((double)x->req).s);
+            og_hb((double)ro->purpose_bytes[OG_PURPOSE_kv_cache]).s, req_hb(x).s);
         int big = x->f->same_program_big;
         if (big >= 0 && x->f->other_same_program) {
             char name[sizeof rec->memory.other[0].name];
@@ -1923,7 +1944,7 @@ static bool b_smaller_kv_cache(const rctx_t *x, og_remedy_t *r)
         "%s holds %s, reserved up front and kept across calls, and the running code could not get %s beside "
         "it: a KV cache preallocated for the largest batch and length the server allows takes the memory that "
         "each request's own tensors need. Its size is a setting: half the maximum batch or length halves it.",
-        label ? label : "A KV cache", og_hb((double)ro->kv_bytes).s, og_hb((double)x->req).s);
+        label ? label : "A KV cache", og_hb((double)ro->kv_bytes).s, req_hb(x).s);
     HOWS(x, r,
          { PT,
            "StaticCache(config=model.config, max_batch_size=B / 2, max_cache_len=L)   # or a smaller max_cache_len" },
@@ -2055,7 +2076,7 @@ static bool b_fused_cross_entropy(const rctx_t *x, og_remedy_t *r)
         "The failing request, %s, is made by the loss over the logits%s: cross-entropy over a large vocabulary "
         "makes [tokens, vocabulary] tensors (float32 logits, their log-probabilities). A fused or chunked loss "
         "never makes them whole: the same loss and gradients.",
-        og_hb((double)x->req).s, site);
+        req_hb(x).s, site);
     HOWS(x, r,
          { PT, "loss = chunked_ce(hidden, lm_head.weight, labels, chunk=1024)   # logits of 1024 tokens at a time, "
                "each chunk under torch.utils.checkpoint so backward recomputes it" },

@@ -55,10 +55,10 @@ typedef struct oomguard_framework_stats {
     /* added with the JAX/CuPy adapters (read only when struct_size covers them; NULL/0 = unknown) */
     const char *framework;    /* "pytorch" | "jax" | "tensorflow" | "cupy" */
     const char *api;          /* the framework's allocator: "torch.cuda.caching_allocator", ... */
-    uint64_t requested_bytes; /* the request the framework failed */
+    uint64_t requested_bytes; /* the request the framework failed (0 without OOMGUARD_FW_REQUEST_KNOWN: not given) */
     uint64_t cap_bytes;       /* a cap the framework imposes on itself (memory fraction, set_limit) */
     const char *cap_source;   /* the setting behind it: "torch.cuda.set_per_process_memory_fraction(0.5)" */
-    uint64_t peak_bytes;      /* the framework's peak (jax peak_bytes_in_use) */
+    uint64_t peak_bytes;      /* the framework's peak, jax peak_bytes_in_use (0 without OOMGUARD_FW_PEAK_KNOWN: none) */
     int32_t grad_enabled;     /* 1 autograd on at the failure, -1 off, 0 unknown */
     int32_t training;         /* 1 training seen (PyTorch: an optimizer step ran), -1 inference/eval only, 0 unknown */
     const char *python_stack; /* "file\tline\tfunction\n" per frame, innermost first */
@@ -88,6 +88,10 @@ typedef struct oomguard_framework_stats {
 #define OOMGUARD_FW_NO_NUMBERS 1u
 /* freed_bytes_total was measured (PyTorch: memory_stats()["allocated_bytes.all.freed"]) */
 #define OOMGUARD_FW_FREED_KNOWN 2u
+/* requested_bytes / peak_bytes were given, 0 included (a zero-size request is a size).  Without the
+ * flag a 0 there means "not given", as it did before these flags: older adapters keep working. */
+#define OOMGUARD_FW_REQUEST_KNOWN 4u
+#define OOMGUARD_FW_PEAK_KNOWN    8u
 
 /* Returns 0, or -1 for a NULL struct or one older than the first release of this struct. Safe from any thread, at any time.
  * Called while a failure on that device is still open (an adapter's out-of-memory hook),

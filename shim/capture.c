@@ -786,7 +786,10 @@ static void fill_event(og_record_t *rec, const og_episode_t *ep, int device)
     if (!ep)
         return;
     bool in_fw = ep->hook < 0 || ep->hook >= OG_H_COUNT; /* inside the framework's allocator */
-    rec->event.requested_bytes = ep->requested;
+    if (ep->requested_known)
+        og_set(&rec->event.requested_bytes, ep->requested);
+    else
+        og_unset(&rec->event.requested_bytes); /* an adapter's failure without a size: not 0 bytes */
     rec->event.driver_api = in_fw ? "" : og_hooks[ep->hook].name;
     rec->event.api = !in_fw                  ? api_name(ep->hook, (uintptr_t)ep->caller)
                      : rec->memory.fw.api[0] ? rec->memory.fw.api

@@ -96,8 +96,11 @@ static void render_text(const og_record_t *r, og_sb_t *sb)
     og_sb_printf(sb, "\ncommand: %s\nframework: %s\n\n", T(r->cmdline), og_framework_name(r->framework));
 
     if (r->event.api) {
-        og_sb_printf(sb, "%s of %s (%llu bytes) on device %d failed", r->event.api, H(r->event.requested_bytes),
-                     (unsigned long long)r->event.requested_bytes, r->event.device);
+        if (og_known(r->event.requested_bytes))
+            og_sb_printf(sb, "%s of %s (%llu bytes) on device %d failed", r->event.api, HO(r->event.requested_bytes),
+                         (unsigned long long)r->event.requested_bytes.v, r->event.device);
+        else /* an adapter reported the failure without its size: said so, never "0 B" */
+            og_sb_printf(sb, "%s of a size not given on device %d failed", r->event.api, r->event.device);
         if (r->event.caused_by_limit)
             og_sb_puts(sb, " (refused by OOMGUARD_LIMIT)");
         og_sb_printf(sb, ", called from %s", T(r->event.library));
@@ -902,8 +905,8 @@ static void set_pending(const og_record_t *r, const char *path)
     unsigned hbi = 0;
     og_sb_t sb = { 0 };
     og_sb_printf(&sb, "oomguard: %s of %s on device %d (%s) failed: %s free of %s", r->event.api,
-                 H(r->event.requested_bytes), r->device.index, r->device.name, HO(r->device.free_bytes),
-                 HO(r->device.total_bytes));
+                 og_known(r->event.requested_bytes) ? HO(r->event.requested_bytes) : "a size not given",
+                 r->device.index, r->device.name, HO(r->device.free_bytes), HO(r->device.total_bytes));
     if (og_known(r->device.limit_bytes))
         og_sb_printf(&sb, " (limit %s)", HO(r->device.limit_bytes));
     og_sb_puts(&sb, "\n");
@@ -949,10 +952,11 @@ static void set_pending(const og_record_t *r, const char *path)
 static void set_pending_brief(const og_episode_t *ep)
 {
     char msg[512], hb[32];
-    snprintf(msg, sizeof msg,
-             "oomguard: %s of %s on device %d failed (not measured: OOMGUARD_MAX_DUMPS=%lld reached)\n",
-             ep->hook >= 0 && ep->hook < OG_H_COUNT ? og_hooks[ep->hook].name : "allocation",
-             og_bytes_fmt(hb, sizeof hb, (double)ep->requested, OG_BYTES_FIXED), ep->device, og_opt.max_dumps);
+    snprintf(
+        msg, sizeof msg, "oomguard: %s of %s on device %d failed (not measured: OOMGUARD_MAX_DUMPS=%lld reached)\n",
+        ep->hook >= 0 && ep->hook < OG_H_COUNT ? og_hooks[ep->hook].name : "allocation",
+        ep->requested_known ? og_bytes_fmt(hb, sizeof hb, (double)ep->requested, OG_BYTES_FIXED) : "a size not given",
+        ep->device, og_opt.max_dumps);
     store_pending(ep->device, msg);
 }
 

@@ -21,15 +21,6 @@ static void j_opt(og_sb_t *sb, og_opt_u64_t v)
         og_sb_puts(sb, "null");
 }
 
-/* For adapter fields where the struct's 0 stands for "not reported" (oomguard.h). */
-static void j_u64_or_null(og_sb_t *sb, uint64_t v)
-{
-    if (v)
-        j_u64(sb, v);
-    else
-        og_sb_puts(sb, "null");
-}
-
 static void j_key(og_sb_t *sb, const char *k, bool *first)
 {
     if (!*first)
@@ -46,13 +37,6 @@ static void j_more_str(og_sb_t *sb, const char *k, const char *v)
     bool first = false;
     K(k);
     og_sb_json_str(sb, v);
-}
-
-static void j_more_u64_or_null(og_sb_t *sb, const char *k, uint64_t v)
-{
-    bool first = false;
-    K(k);
-    j_u64_or_null(sb, v);
 }
 
 static void j_more_opt(og_sb_t *sb, const char *k, og_opt_u64_t v)
@@ -471,9 +455,10 @@ static void w_event(og_sb_t *sb, const og_record_t *r)
 {
     bool first = true;
     og_sb_puts(sb, "{");
-    /* the API's argument, always known: SIZE_MAX is a request like any other */
+    /* the API's argument, known for every driver or runtime call (SIZE_MAX and 0 are requests like any other);
+     * null: an adapter reported the failure without its size */
     K("requested_bytes");
-    og_sb_printf(sb, "%llu", (unsigned long long)r->event.requested_bytes);
+    j_opt(sb, r->event.requested_bytes);
     K("api");
     og_sb_json_str(sb, r->event.api ? r->event.api : "");
     K("driver_api");
@@ -678,11 +663,11 @@ static void w_memory(og_sb_t *sb, const og_record_t *r)
             j_more_str(sb, "snapshot_file", f->snapshot_file);
         j_more_str(sb, "framework", f->framework);
         j_more_str(sb, "api", f->api);
-        /* 0 here means the adapter did not report it (no cap in force, no peak known): null, never
-         * "0 B", which a reader would take for a measured cap or peak */
-        j_more_u64_or_null(sb, "requested_bytes", f->requested_bytes);
+        /* what the adapter did not report (no request given, no cap in force, no peak known): null, never
+         * "0 B", which a reader would take for a measured request, cap or peak */
+        j_more_opt(sb, "requested_bytes", f->requested_bytes);
         j_more_opt(sb, "cap_bytes", f->cap_bytes);
-        j_more_u64_or_null(sb, "peak_bytes", f->peak_bytes);
+        j_more_opt(sb, "peak_bytes", f->peak_bytes);
         j_more_str(sb, "cap_source", f->cap_source);
         og_sb_printf(sb, ",\"grad_enabled\":%s,\"training\":%s,\"autocast\":%s",
                      f->grad_enabled > 0   ? "true"

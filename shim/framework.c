@@ -274,6 +274,17 @@ static int parse_other_frameworks(const char *s, og_other_framework_t *out, int 
     return n;
 }
 
+/* The request the adapter gave: a 0 counts only with OOMGUARD_FW_REQUEST_KNOWN (before that flag, and in an
+ * adapter that does not set it, the struct's 0 said "not given"); unknown otherwise, never 0 bytes. */
+static og_opt_u64_t given_request(const oomguard_framework_stats_t *s)
+{
+    uint64_t flags = HAS(s, flags) ? s->flags : 0;
+    og_opt_u64_t r = { 0, false };
+    if (HAS(s, requested_bytes) && (s->requested_bytes || (flags & OOMGUARD_FW_REQUEST_KNOWN)))
+        og_set(&r, s->requested_bytes);
+    return r;
+}
+
 /* What the struct says, merged into *v (the numbers only when the adapter filled them). */
 static int fill_view(og_framework_view_t *v, const oomguard_framework_stats_t *s)
 {
@@ -300,14 +311,13 @@ static int fill_view(og_framework_view_t *v, const oomguard_framework_stats_t *s
             copy_str(v->framework, sizeof v->framework, s->framework);
         if (HAS(s, api))
             copy_str(v->api, sizeof v->api, s->api);
-        if (HAS(s, requested_bytes))
-            v->requested_bytes = s->requested_bytes;
+        v->requested_bytes = given_request(s);
         if (HAS(s, cap_bytes) && s->cap_bytes) /* the struct's 0: no cap reported */
             og_set(&v->cap_bytes, s->cap_bytes);
         if (HAS(s, cap_source))
             copy_str(v->cap_source, sizeof v->cap_source, s->cap_source);
-        if (HAS(s, peak_bytes))
-            v->peak_bytes = s->peak_bytes;
+        if (HAS(s, peak_bytes) && (s->peak_bytes || (flags & OOMGUARD_FW_PEAK_KNOWN)))
+            og_set(&v->peak_bytes, s->peak_bytes);
         if (HAS(s, grad_enabled))
             v->grad_enabled = s->grad_enabled;
         if (HAS(s, training))
@@ -415,7 +425,10 @@ OG_EXPORT int oomguard_framework_oom(const oomguard_framework_stats_t *s)
         ep.caller = __builtin_return_address(0);
         ep.site = og_site_capture(ep.caller);
         ep.first_t_ns = ep.last_t_ns = t0;
-        ep.first_requested = ep.requested = HAS(s, requested_bytes) ? s->requested_bytes : 0;
+        /* the adapter's request, when it gave one: unknown stays unknown (a 0 given with the flag is a size) */
+        og_opt_u64_t req = given_request(s);
+        ep.requested_known = og_known(req);
+        ep.first_requested = ep.requested = og_or(req, 0);
         ep.result = CUDA_ERROR_OUT_OF_MEMORY;
         og_call_t c = { .hook = -1, .device = device, .caller = ep.caller, .active = true };
         og_report_failure(&ep, &c);

@@ -391,7 +391,7 @@ static void counters(og_live_body_t *b, uint64_t now_ms)
             d->fw_unix_ms = now_ms - (mono - fw->reported_t_ns) / 1000000;
             d->fw_allocated = fw->allocated_bytes;
             d->fw_reserved = fw->reserved_bytes;
-            d->fw_peak = fw->peak_bytes;
+            d->fw_peak = og_or(fw->peak_bytes, OG_LIVE_NONE); /* not reported: the page's "not known" */
             snprintf(d->fw_name, sizeof d->fw_name, "%.23s", fw->framework[0] ? fw->framework : fw->source);
         }
         free(fw);

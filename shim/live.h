@@ -71,7 +71,7 @@ typedef struct og_live_dev {
     uint64_t other_lib_bytes;         /* tracked bytes beyond the libraries listed */
     og_live_lib_t libs[OG_LIVE_LIBS]; /* largest first */
     /* the framework's own numbers as an adapter last reported them (fw_unix_ms 0: never) */
-    uint64_t fw_unix_ms, fw_allocated, fw_reserved, fw_peak;
+    uint64_t fw_unix_ms, fw_allocated, fw_reserved, fw_peak; /* fw_peak OG_LIVE_NONE: not reported */
     char fw_name[24];
 } og_live_dev_t;
 

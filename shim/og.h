@@ -336,7 +336,8 @@ typedef struct og_episode {
     void *caller;
     uint32_t site;
     uint64_t first_t_ns, last_t_ns, first_requested, requested;
-    uint64_t released;                /* bytes freed on the device since the first failure */
+    bool requested_known; /* a driver call's size always is; a failure an adapter reported, if it gave one */
+    uint64_t released;    /* bytes freed on the device since the first failure */
     uint64_t released_before_attempt; /* ... up to the latest failed attempt */
     int result;                       /* CUresult the caller got */
     bool by_limit;                    /* refused by OOMGUARD_LIMIT, the driver never saw it */

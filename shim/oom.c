@@ -50,6 +50,7 @@ void og_on_oom(og_call_t *c, uint64_t size, int kind, CUresult r, bool by_limit)
     ep->attempts++;
     ep->last_t_ns = og_now_ns();
     ep->requested = size;
+    ep->requested_known = true; /* the API's argument */
     ep->result = (int)r;
     ep->by_limit = by_limit;
     ep->released_before_attempt = ep->released;

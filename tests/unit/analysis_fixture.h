@@ -47,7 +47,7 @@ static og_record_t *fixture_pytorch_24g(const char *fw_libs)
     snprintf(r->framework_libs, sizeof r->framework_libs, "%s", fw_libs);
     r->visible_devices = 1;
     r->rank = r->local_rank = r->world_size = -1;
-    r->event.requested_bytes = 2 * GiB;
+    og_set(&r->event.requested_bytes, 2 * GiB);
     strcpy(r->event.library, "libtorch_cuda.so");
     og_set(&r->device.total_bytes, 24 * GiB);
     og_set(&r->device.free_bytes, 1 * GiB);
@@ -119,7 +119,7 @@ static void fixture_adapter(og_record_t *r, uint64_t reserved, uint64_t allocate
 /* the article's fragmentation example: 2.50 GiB requested, 1.20 GiB free, 1.70 GiB reserved but unallocated */
 static void fixture_article_fragmentation(og_record_t *r, uint64_t largest_free)
 {
-    r->event.requested_bytes = 2560 * MiB;
+    og_set(&r->event.requested_bytes, 2560 * MiB);
     og_set(&r->device.free_bytes, 1229 * MiB);
     fixture_adapter(r, 22528 * MiB, (22528 - 1741) * MiB, largest_free);
 }
@@ -129,7 +129,7 @@ static void fixture_second_framework(og_record_t *r)
 {
     r->framework = OG_FW_PYTORCH;
     strcpy(r->event.library, "libc10_cuda.so");
-    r->event.requested_bytes = 2 * GiB;
+    og_set(&r->event.requested_bytes, 2 * GiB);
     og_set(&r->device.free_bytes, 512 * MiB);
     og_set(&r->memory.process_tracked_bytes, 23 * GiB);
     r->memory.framework_bytes = 23 * GiB;
@@ -141,7 +141,7 @@ static void fixture_second_framework(og_record_t *r)
 /* rank 0 of 8 asks for 2 GiB on a full GPU 0 where the 7 other ranks (visible, same job) hold 512 MiB each */
 static void fixture_peer_ranks(og_record_t *r)
 {
-    r->event.requested_bytes = 2 * GiB;
+    og_set(&r->event.requested_bytes, 2 * GiB);
     og_set(&r->device.free_bytes, 0);
     r->world_size = 8;
     r->rank = r->local_rank = 0;
@@ -156,7 +156,7 @@ static void fixture_peer_ranks(og_record_t *r)
  * command, no launcher variables; visible, same job) hold 5 GiB each: a copy of the model per worker */
 static void fixture_prefork_workers(og_record_t *r)
 {
-    r->event.requested_bytes = 4 * GiB;
+    og_set(&r->event.requested_bytes, 4 * GiB);
     og_set(&r->device.free_bytes, 1 * GiB);
     for (int i = 0; i < 3; i++) {
         og_other_proc_t *o = fixture_other(r, 200 + i, "python3", 5 * GiB);
@@ -167,7 +167,7 @@ static void fixture_prefork_workers(og_record_t *r)
 /* one process over 4 visible GPUs: 22 GiB on GPU 0, 7 GiB on each other, 2 GiB more wanted on GPU 0 */
 static void fixture_imbalance(og_record_t *r)
 {
-    r->event.requested_bytes = 2 * GiB;
+    og_set(&r->event.requested_bytes, 2 * GiB);
     og_set(&r->device.free_bytes, 512 * MiB);
     r->visible_devices = 4;
     r->nsummary = 4;
@@ -183,7 +183,7 @@ static void fixture_app_pool(og_record_t *r)
     fixture_no_framework(r, "solver");
     r->memory.nlibs = 0;
     r->memory.framework_bytes = 0;
-    r->event.requested_bytes = 10 * GiB;
+    og_set(&r->event.requested_bytes, 10 * GiB);
     og_set(&r->device.free_bytes, 5 * GiB);
     r->memory.pool_reserved = 12 * GiB;
     r->memory.pool_used = 0;
@@ -201,7 +201,7 @@ static void fixture_limit_by_context(og_record_t *r)
     og_set(&r->device.limit_bytes, 400 * MiB);
     og_set(&r->device.limit_usage_bytes, 512 * MiB);
     og_set(&r->device.free_bytes, 20 * GiB);
-    r->event.requested_bytes = 20 * MiB;
+    og_set(&r->event.requested_bytes, 20 * MiB);
     r->event.caused_by_limit = true;
 }
 
@@ -240,20 +240,22 @@ static void leak_loop(og_record_t *r, int steps, double dt, uint64_t act, uint64
             ev_add(r, t + dt / 4, "alloc", keep);
         ev_add(r, t + dt / 2, "free", act);
     }
-    r->event.requested_bytes = act;
+    og_set(&r->event.requested_bytes, act);
 }
 
 /* ------------------------------------------------------------------ texts over edge numbers */
 
 /* FIXTURE_EDGE_CASES records: every request x free x cache below, each in FIXTURE_EDGE_VARIANTS variants
  * (plain, a cuDNN call, another process, the limit, no framework) */
+/* the requests, and one more case past them: a request not given (an adapter's failure without its size) */
 static const uint64_t FIXTURE_EDGE_REQ[] = { 0, 1, 1024, 2 * GiB, 24 * GiB, 30 * GiB, UINT64_MAX /* SIZE_MAX */ };
 static const uint64_t FIXTURE_EDGE_FREE[] = { 0, 1, 1 * GiB, FX_UNMEASURED };
 static const uint64_t FIXTURE_EDGE_CACHE[] = { 0, 1, 4 * GiB, 40 * GiB, FX_UNMEASURED };
 #define FIXTURE_N(a)          (sizeof(a) / sizeof *(a))
 #define FIXTURE_EDGE_VARIANTS 5
-#define FIXTURE_EDGE_CASES \
-    (FIXTURE_N(FIXTURE_EDGE_REQ) * FIXTURE_N(FIXTURE_EDGE_FREE) * FIXTURE_N(FIXTURE_EDGE_CACHE) * FIXTURE_EDGE_VARIANTS)
+#define FIXTURE_EDGE_CASES                                                                              \
+    ((FIXTURE_N(FIXTURE_EDGE_REQ) + 1) * FIXTURE_N(FIXTURE_EDGE_FREE) * FIXTURE_N(FIXTURE_EDGE_CACHE) * \
+     FIXTURE_EDGE_VARIANTS)
 
 /* edge case I (0 <= I < FIXTURE_EDGE_CASES) applied to R; its variant is I % FIXTURE_EDGE_VARIANTS */
 static void fixture_edge_case(og_record_t *r, size_t i)
@@ -263,7 +265,11 @@ static void fixture_edge_case(og_record_t *r, size_t i)
     uint64_t cache = FIXTURE_EDGE_CACHE[i % FIXTURE_N(FIXTURE_EDGE_CACHE)];
     i /= FIXTURE_N(FIXTURE_EDGE_CACHE);
     r->device.free_bytes = fx_opt(FIXTURE_EDGE_FREE[i % FIXTURE_N(FIXTURE_EDGE_FREE)]);
-    r->event.requested_bytes = FIXTURE_EDGE_REQ[i / FIXTURE_N(FIXTURE_EDGE_FREE)];
+    size_t req = i / FIXTURE_N(FIXTURE_EDGE_FREE);
+    if (req < FIXTURE_N(FIXTURE_EDGE_REQ))
+        og_set(&r->event.requested_bytes, FIXTURE_EDGE_REQ[req]);
+    else
+        og_unset(&r->event.requested_bytes);
     r->memory.framework_cached_bytes = fx_opt(cache);
     r->memory.framework_cached_source = cache == FX_UNMEASURED ? OG_CACHE_NONE : OG_CACHE_POOL;
     if (variant == 1)

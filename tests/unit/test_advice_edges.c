@@ -15,7 +15,7 @@
 static og_record_t *record(int major, int minor)
 {
     og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so,libc10_cuda.so");
-    r->event.requested_bytes = 8 * GiB;
+    og_set(&r->event.requested_bytes, 8 * GiB);
     r->device.cc_major = major;
     r->device.cc_minor = minor;
     og_diagnose(r, &TH);

@@ -106,13 +106,13 @@ static void does_not_fit_threshold(void **state)
     r->memory.framework_cached_source = OG_CACHE_POOL;
     r->memory.framework_bytes = 20 * GiB;
     /* request exactly free + cache: it would fit */
-    r->event.requested_bytes = 1 * GiB + 512 * MiB;
+    og_set(&r->event.requested_bytes, 1 * GiB + 512 * MiB);
     diag(r);
     assert_false(has(r, "does_not_fit"));
     assert_int_equal(fx_v(r->diagnosis.shortfall_bytes), 512 * MiB);
 
     /* one byte more: it does not */
-    r->event.requested_bytes = 1 * GiB + 512 * MiB + 1;
+    og_set(&r->event.requested_bytes, 1 * GiB + 512 * MiB + 1);
     diag(r);
     const og_cause_t *c = find(r, "does_not_fit");
     assert_non_null(c->id);
@@ -122,7 +122,7 @@ static void does_not_fit_threshold(void **state)
     assert_string_equal(evt(c, "basis"), "measured");
 
     /* a request far beyond free: summary in GiB */
-    r->event.requested_bytes = 20 * GiB;
+    og_set(&r->event.requested_bytes, 20 * GiB);
     diag(r);
     c = find(r, "does_not_fit");
     assert_true(c->confidence > 0.9);
@@ -130,7 +130,7 @@ static void does_not_fit_threshold(void **state)
     assert_non_null(strstr(c->summary, "18.50 GiB more is needed"));
 
     /* larger than the whole device: named as such */
-    r->event.requested_bytes = 30 * GiB;
+    og_set(&r->event.requested_bytes, 30 * GiB);
     diag(r);
     c = find(r, "does_not_fit");
     assert_true(c->confidence == 1.0);
@@ -143,7 +143,7 @@ static void does_not_fit_threshold(void **state)
 static void does_not_fit_cache_not_measured(void **state)
 {
     og_record_t *r = base();
-    r->event.requested_bytes = 3 * GiB;
+    og_set(&r->event.requested_bytes, 3 * GiB);
     diag(r);
     const og_cause_t *c = find(r, "does_not_fit");
     assert_non_null(c->id);
@@ -158,7 +158,7 @@ static void does_not_fit_cache_not_measured(void **state)
 static void retry_release_is_not_reclaimable(void **state)
 {
     og_record_t *r = base();
-    r->event.requested_bytes = 3 * GiB;
+    og_set(&r->event.requested_bytes, 3 * GiB);
     r->event.attempts = 2;
     og_set(&r->memory.framework_cached_bytes, 4 * GiB);
     r->memory.framework_cached_source = OG_CACHE_RETRY_RELEASE;
@@ -213,7 +213,7 @@ static void fragmentation_free_plus_cache(void **state)
 static void fragmentation_share_threshold(void **state)
 {
     og_record_t *r = base();
-    r->event.requested_bytes = 8 * GiB;
+    og_set(&r->event.requested_bytes, 8 * GiB);
     og_set(&r->device.free_bytes, 0);
     r->memory.framework_cached_source = OG_CACHE_POOL;
     r->memory.framework_bytes = 16 * GiB;
@@ -241,7 +241,7 @@ static void fragmentation_share_threshold(void **state)
 static void fragmentation_textbook_with_adapter(void **state)
 {
     og_record_t *r = base();
-    r->event.requested_bytes = 2 * GiB;
+    og_set(&r->event.requested_bytes, 2 * GiB);
     og_set(&r->device.free_bytes, 256 * MiB);
     fixture_adapter(r, 20 * GiB, 14 * GiB, 600 * MiB); /* 6 GiB cached */
     diag(r);
@@ -269,7 +269,7 @@ static void fragmentation_textbook_with_adapter(void **state)
 static void foreign_threshold(void **state)
 {
     og_record_t *r = base();
-    r->event.requested_bytes = 2 * GiB; /* shortfall 1 GiB */
+    og_set(&r->event.requested_bytes, 2 * GiB); /* shortfall 1 GiB */
     og_set(&r->memory.process_tracked_bytes, 12 * GiB);
     r->memory.framework_bytes = 12 * GiB;
     fixture_other(r, 4242, "python3", 1 * GiB - 1);
@@ -300,7 +300,7 @@ static void foreign_threshold(void **state)
 static void fragmentation_and_foreign(void **state)
 {
     og_record_t *r = base();
-    r->event.requested_bytes = 2 * GiB;
+    og_set(&r->event.requested_bytes, 2 * GiB);
     og_set(&r->device.free_bytes, 512 * MiB);
     og_set(&r->memory.process_tracked_bytes, 14 * GiB);
     r->memory.framework_bytes = 14 * GiB;
@@ -322,7 +322,7 @@ static void fragmentation_and_foreign(void **state)
 static og_record_t *nonfw_base(uint64_t nonfw)
 {
     og_record_t *r = base();
-    r->event.requested_bytes = 2 * GiB; /* shortfall 1 GiB */
+    og_set(&r->event.requested_bytes, 2 * GiB); /* shortfall 1 GiB */
     og_set(&r->memory.process_used_bytes, 20 * GiB);
     r->memory.framework_bytes = 20 * GiB - nonfw;
     r->memory.non_framework_bytes = fx_opt(nonfw);
@@ -354,7 +354,7 @@ static void non_framework_threshold(void **state)
     r = nonfw_base(1 * GiB - 1);
     og_set(&r->memory.process_used_bytes, 2 * GiB);
     r->memory.framework_bytes = 1 * GiB + 1;
-    r->event.requested_bytes = 1 * GiB + 512 * MiB; /* shortfall 512 MiB */
+    og_set(&r->event.requested_bytes, 1 * GiB + 512 * MiB); /* shortfall 512 MiB */
     diag(r);
     assert_false(has(r, "non_framework"));
     og_set(&r->memory.non_framework_bytes, 1 * GiB);
@@ -364,7 +364,7 @@ static void non_framework_threshold(void **state)
 
     /* not above the shortfall: no */
     r = nonfw_base(5 * GiB);
-    r->event.requested_bytes = 7 * GiB; /* shortfall 6 GiB */
+    og_set(&r->event.requested_bytes, 7 * GiB); /* shortfall 6 GiB */
     diag(r);
     assert_false(has(r, "non_framework"));
     free(r);
@@ -456,7 +456,7 @@ static void growth_excludes_loading(void **state)
     ev_reset(r);
     for (int i = 0; i < 20; i++)
         ev_add(r, 0.1 * (i + 1), "alloc", GiB);
-    r->event.requested_bytes = 2 * GiB;
+    og_set(&r->event.requested_bytes, 2 * GiB);
     og_set(&r->device.free_bytes, 1 * GiB);
     diag(r);
     assert_false(has(r, "growth"));
@@ -466,7 +466,7 @@ static void growth_excludes_loading(void **state)
     ev_reset(r);
     for (int i = 0; i < 24; i++)
         ev_add(r, 0.001, "alloc", GiB);
-    r->event.requested_bytes = GiB;
+    og_set(&r->event.requested_bytes, GiB);
     og_set(&r->device.free_bytes, 512 * MiB);
     diag(r);
     assert_false(has(r, "growth"));
@@ -480,7 +480,7 @@ static void growth_excludes_loading(void **state)
     ev_add(r, 0.02, "alloc", 12 * GiB);
     for (int s = 1; s < 12; s++)
         ev_add(r, 0.1 * s, "alloc", 300 * MiB);
-    r->event.requested_bytes = 300 * MiB;
+    og_set(&r->event.requested_bytes, 300 * MiB);
     diag(r);
     assert_int_equal((uint64_t)ev(find(r, "growth"), "rise_per_step_bytes"), 300 * MiB);
 
@@ -503,7 +503,7 @@ static void growth_of_other_sizes(void **state)
     ev_add(r, 0, "alloc", 20 * GiB);
     for (int s = 0; s < 400; s++)
         ev_add(r, 0.01 + 0.004 * s, "alloc", 2 * MiB); /* one small segment every few requests */
-    r->event.requested_bytes = 512 * MiB;
+    og_set(&r->event.requested_bytes, 512 * MiB);
     og_set(&r->device.free_bytes, 256 * MiB);
     diag(r);
     const og_cause_t *c = find(r, "growth");
@@ -518,7 +518,7 @@ static void growth_of_other_sizes(void **state)
         seed = seed * 1103515245u + 12345u;
         ev_add(r, 0.03 * (s + 1), "alloc", (40 + (seed >> 8) % 261) * MiB);
     }
-    r->event.requested_bytes = 512 * MiB;
+    og_set(&r->event.requested_bytes, 512 * MiB);
     diag(r);
     c = find(r, "growth");
     assert_non_null(c->id);
@@ -547,7 +547,7 @@ static void growth_thresholds(void **state)
             ev_add(r, 0.1 * s + 0.01, "alloc", 200 * MiB);
         ev_add(r, 0.1 * s + 0.02, "free", 256 * MiB);
     }
-    r->event.requested_bytes = 256 * MiB;
+    og_set(&r->event.requested_bytes, 256 * MiB);
     diag(r);
     assert_false(has(r, "growth"));
     free(r);
@@ -559,7 +559,7 @@ static void cache_held_other_library(void **state)
 {
     og_record_t *r = base();
     strcpy(r->event.library, "/usr/lib/libnccl.so.2");
-    r->event.requested_bytes = 1 * GiB;
+    og_set(&r->event.requested_bytes, 1 * GiB);
     og_set(&r->device.free_bytes, 512 * MiB); /* shortfall 512 MiB */
     og_set(&r->memory.framework_cached_bytes, 512 * MiB - 1);
     r->memory.framework_cached_source = OG_CACHE_POOL;
@@ -596,7 +596,7 @@ static void limit_cause(void **state)
     og_record_t *r = base();
     og_set(&r->device.free_bytes, 10 * GiB);
     og_set(&r->device.limit_bytes, 21 * GiB);
-    r->event.requested_bytes = 2 * GiB;
+    og_set(&r->event.requested_bytes, 2 * GiB);
     r->event.caused_by_limit = true;
     diag(r);
     assert_string_equal(r->diagnosis.primary, "limit");
@@ -620,7 +620,7 @@ static void limit_cause(void **state)
 static void nothing_holds_is_unknown(void **state)
 {
     og_record_t *r = base();
-    r->event.requested_bytes = 512 * MiB; /* fits in the 1 GiB free */
+    og_set(&r->event.requested_bytes, 512 * MiB); /* fits in the 1 GiB free */
     diag(r);
     assert_int_equal(r->diagnosis.ncauses, 1);
     assert_string_equal(r->diagnosis.primary, "unknown");
@@ -723,7 +723,7 @@ static void zero_record(void **state)
     assert_string_equal(r->diagnosis.primary, "unknown");
     /* every count that can go unmeasured unknown, every plain count (a request, the ledger's sums) at its
      * largest: a SIZE_MAX request of a process whose device was never read */
-    r->event.requested_bytes = UINT64_MAX;
+    og_set(&r->event.requested_bytes, UINT64_MAX);
     og_unset(&r->device.total_bytes);
     og_unset(&r->device.free_bytes);
     og_unset(&r->device.limit_bytes);
@@ -746,7 +746,7 @@ static void zero_record(void **state)
 static void huge_values(void **state)
 {
     og_record_t *r = base();
-    r->event.requested_bytes = UINT64_MAX - 2;
+    og_set(&r->event.requested_bytes, UINT64_MAX - 2);
     og_set(&r->device.total_bytes, UINT64_MAX - 2);
     og_set(&r->device.free_bytes, UINT64_MAX - 3);
     og_set(&r->memory.framework_cached_bytes, UINT64_MAX - 2);
@@ -771,7 +771,7 @@ static void huge_values(void **state)
 static void bad_thresholds_fall_back(void **state)
 {
     og_record_t *r = base();
-    r->event.requested_bytes = 8 * GiB;
+    og_set(&r->event.requested_bytes, 8 * GiB);
     og_set(&r->device.free_bytes, 0);
     r->memory.framework_cached_source = OG_CACHE_POOL;
     r->memory.framework_bytes = 16 * GiB;
@@ -808,7 +808,7 @@ static void tie_break_priority(void **state)
 
     /* non_framework (0.55) narrowly beats foreign_memory (0.50) despite priority: margins matter */
     og_record_t *q = base();
-    q->event.requested_bytes = 2 * GiB;
+    og_set(&q->event.requested_bytes, 2 * GiB);
     og_set(&q->memory.process_used_bytes, 20 * GiB);
     q->memory.framework_bytes = 16 * GiB;
     og_set(&q->memory.non_framework_bytes, 4 * GiB);
@@ -829,7 +829,7 @@ static void unknown_cache_keeps_cache_cause(void **state)
 {
     og_record_t *r = base();
     strcpy(r->event.library, "libcudnn.so.9");
-    r->event.requested_bytes = 2 * GiB;
+    og_set(&r->event.requested_bytes, 2 * GiB);
     og_set(&r->device.free_bytes, 512 * MiB);
     r->memory.framework_bytes = 16 * GiB;
     r->memory.by_library[0].bytes = 16 * GiB;
@@ -1005,7 +1005,7 @@ static void pools_whose_cache(void **state)
     /* PyTorch's cudaMallocAsync pool (the framework's own) and NCCL failing: the framework's cache */
     r = base();
     strcpy(r->event.library, "libnccl.so.2");
-    r->event.requested_bytes = 1 * GiB;
+    og_set(&r->event.requested_bytes, 1 * GiB);
     og_set(&r->device.free_bytes, 512 * MiB);
     r->memory.pool_reserved = 20 * GiB;
     r->memory.pool_used = 8 * GiB;
@@ -1029,7 +1029,7 @@ static void no_nvml_infers_other_processes(void **state)
     og_set(&r->memory.process_tracked_bytes, 8 * GiB);
     r->memory.framework_bytes = r->memory.by_library[0].bytes = 8 * GiB;
     og_set(&r->device.free_bytes, 1 * GiB + 512 * MiB); /* 24 - 8 - 0.5 context - 14 others */
-    r->event.requested_bytes = 4 * GiB;
+    og_set(&r->event.requested_bytes, 4 * GiB);
     og_unset(&r->memory.other_processes_bytes);
     diag(r);
     assert_string_equal(r->diagnosis.primary, "foreign_memory");
@@ -1044,7 +1044,7 @@ static void no_nvml_infers_other_processes(void **state)
     og_set(&r->memory.process_tracked_bytes, 8 * GiB);
     r->memory.framework_bytes = r->memory.by_library[0].bytes = 8 * GiB;
     og_set(&r->device.free_bytes, 1 * GiB + 512 * MiB);
-    r->event.requested_bytes = 4 * GiB;
+    og_set(&r->event.requested_bytes, 4 * GiB);
     og_set(&r->memory.other_processes_bytes, 0);
     og_set(&r->memory.process_used_bytes, 8 * GiB + 512 * MiB);
     diag(r);
@@ -1058,7 +1058,7 @@ static void recovered_keeps_the_failure(void **state)
     r->status = "recovered";
     r->event.recovered = true;
     r->event.attempts = 2;
-    r->event.requested_bytes = 4 * GiB;
+    og_set(&r->event.requested_bytes, 4 * GiB);
     og_set(&r->device.free_bytes, 1 * GiB); /* the numbers of the first attempt */
     og_set(&r->event.released_between_attempts_bytes, 6 * GiB);
     og_set(&r->memory.framework_cached_bytes, 6 * GiB);
@@ -1084,7 +1084,7 @@ static void limit_speaks_the_checks_accounting(void **state)
     og_set(&r->memory.process_tracked_bytes, 15 * GiB);
     og_set(&r->device.limit_bytes, 16 * GiB);
     og_set(&r->device.limit_usage_bytes, 15 * GiB + 512 * MiB);
-    r->event.requested_bytes = 1 * GiB;
+    og_set(&r->event.requested_bytes, 1 * GiB);
     diag(r);
     c = find(r, "limit");
     assert_non_null(strstr(c->summary, "512 MiB CUDA context"));
@@ -1109,7 +1109,7 @@ static void framework_cap_cause(void **state)
     r->memory.fw.reserved_bytes = 1920 * MiB;
     og_set(&r->memory.fw.cap_bytes, 1920 * MiB);
     r->memory.fw.largest_free_block_bytes = 16 * MiB;
-    r->event.requested_bytes = 24 * MiB;
+    og_set(&r->event.requested_bytes, 24 * MiB);
     og_set(&r->device.free_bytes, 0);
     diag(r);
     assert_string_equal(r->diagnosis.primary, "fragmentation");
@@ -1129,7 +1129,7 @@ static void pytorch_fraction_counts_reserved(void **state)
     og_set(&r->memory.fw.cap_bytes, 12 * GiB);
     strcpy(r->memory.fw.framework, "pytorch");
     strcpy(r->memory.fw.cap_source, "torch.cuda.set_per_process_memory_fraction(0.5)");
-    r->event.requested_bytes = 2 * GiB;
+    og_set(&r->event.requested_bytes, 2 * GiB);
     og_set(&r->device.free_bytes, 12 * GiB);
     og_set(&r->memory.other_processes_bytes, 0);
     diag(r);
@@ -1154,6 +1154,86 @@ static void pytorch_fraction_counts_reserved(void **state)
     free(r);
 }
 
+/* a failure an adapter reported without its size (framework_internal, no requested_bytes): the request is unknown,
+ * never 0 bytes, so nothing is short by a figure, nothing "covers" it and nothing says it does not fit; the
+ * evidence names it unmeasured.  A request of 0 bytes given as such is a size. */
+static void request_not_given_is_unknown(void **state)
+{
+    og_record_t *r = base();
+    fixture_adapter(r, 20 * GiB, 14 * GiB, 0); /* 6 GiB cached: would "cover" any small request */
+    r->event.framework_internal = true;
+    r->memory.fw.internal_oom = true;
+    og_unset(&r->event.requested_bytes);
+    diag(r);
+    check_shape(r);
+    const og_facts_t *f = &r->analysis.facts;
+    assert_true(r->analysis.facts_valid);
+    assert_false(f->req_known);
+    assert_false(f->shortfall_known);
+    assert_false(f->larger_than_device);
+    assert_false(f->fit.bounded);
+    assert_false(og_known(r->diagnosis.shortfall_bytes));
+    assert_false(has(r, "does_not_fit"));
+    assert_false(has(r, "cache_held"));
+    for (int i = 0; i < r->diagnosis.ncauses; i++) {
+        const og_cause_t *c = &r->diagnosis.causes[i];
+        double v = ev(c, "requested_bytes");
+        assert_true(v == -1 || v == -2); /* absent, or a text */
+        if (v == -2)
+            assert_string_equal(evt(c, "requested_bytes"), "not measured");
+        assert_null(strstr(c->summary, "0 B request"));
+        assert_null(strstr(c->summary, " 0 B requested"));
+    }
+    const og_cause_t *fr = find(r, "fragmentation"); /* the idle share alone, never "the cache covers the request" */
+    assert_non_null(fr->id);
+    assert_string_equal(evt(fr, "rule"), "idle_share");
+    /* a request of 0 bytes, given: a size, a shortfall of 0 measured */
+    og_set(&r->event.requested_bytes, 0);
+    diag(r);
+    check_shape(r);
+    assert_true(r->analysis.facts.req_known);
+    assert_true(og_known(r->diagnosis.shortfall_bytes));
+    assert_int_equal(r->diagnosis.shortfall_bytes.v, 0);
+    assert_true(ev(find(r, "fragmentation"), "requested_bytes") == 0);
+    free(r);
+}
+
+/* a framework's cap and a request of unknown size: the cap binds only when what it counts is already at it and
+ * the framework refused; how far over, and whether the device had room, are not said */
+static void framework_cap_with_request_not_given(void **state)
+{
+    og_record_t *r = base();
+    fixture_adapter(r, 12 * GiB, 11 * GiB, 0);
+    r->memory.fw.internal_oom = true;
+    r->event.framework_internal = true;
+    strcpy(r->memory.fw.framework, "pytorch");
+    og_set(&r->memory.fw.cap_bytes, 12 * GiB);
+    og_set(&r->device.free_bytes, 10 * GiB);
+    og_unset(&r->event.requested_bytes);
+    diag(r);
+    const og_cause_t *c = find(r, "framework_cap");
+    assert_non_null(c->id);
+    assert_false(r->analysis.facts.cap.req_known);
+    assert_string_equal(evt(c, "requested_bytes"), "not measured");
+    assert_string_equal(evt(c, "over_cap_bytes"), "not measured");
+    assert_null(strstr(c->summary, "0 B"));
+    assert_null(strstr(c->summary, "had room for the request"));
+    /* the framework view's own request, when the event lacks it, is the cap's */
+    og_set(&r->memory.fw.requested_bytes, 2 * GiB);
+    diag(r);
+    c = find(r, "framework_cap");
+    assert_true(r->analysis.facts.cap.req_known);
+    assert_int_equal((uint64_t)ev(c, "requested_bytes"), 2 * GiB);
+    assert_int_equal((uint64_t)ev(c, "over_cap_bytes"), 2 * GiB);
+    /* under the cap with a request of unknown size: nothing says the cap was crossed */
+    og_unset(&r->memory.fw.requested_bytes);
+    r->memory.fw.reserved_bytes = 11 * GiB;
+    r->memory.fw.allocated_bytes = 10 * GiB;
+    diag(r);
+    assert_false(has(r, "framework_cap"));
+    free(r);
+}
+
 /* every summary over edge numbers: no impossible or ungrammatical statement (og_test_check_text: the fixture) */
 static void texts_over_edge_numbers(void **state)
 {
@@ -1163,6 +1243,10 @@ static void texts_over_edge_numbers(void **state)
         diag(r);
         for (int c = 0; c < r->diagnosis.ncauses; c++)
             og_test_check_text(r->diagnosis.causes[c].summary);
+        if (!og_known(r->event.requested_bytes)) { /* a request not given: no shortfall, nothing does not fit */
+            assert_false(og_known(r->diagnosis.shortfall_bytes));
+            assert_false(has(r, "does_not_fit"));
+        }
         free(r);
     }
 }
@@ -1172,7 +1256,7 @@ static void does_not_fit_on_estimated_free(void **state)
 {
     og_record_t *r = base();
     og_unset(&r->device.free_bytes); /* 24 - 20 held: 4 GiB, estimated */
-    r->event.requested_bytes = 6 * GiB;
+    og_set(&r->event.requested_bytes, 6 * GiB);
     diag(r);
     const og_cause_t *c = find(r, "does_not_fit");
     assert_non_null(c->id);
@@ -1208,7 +1292,8 @@ static void assert_same_diagnosis(const og_record_t *a, const og_record_t *b)
 {
     assert_int_equal(a->diagnosis.ncauses, b->diagnosis.ncauses);
     assert_ptr_equal(a->diagnosis.primary, b->diagnosis.primary);
-    assert_int_equal(fx_v(a->diagnosis.shortfall_bytes), fx_v(b->diagnosis.shortfall_bytes));
+    assert_int_equal(og_known(a->diagnosis.shortfall_bytes), og_known(b->diagnosis.shortfall_bytes));
+    assert_int_equal(a->diagnosis.shortfall_bytes.v, b->diagnosis.shortfall_bytes.v);
     for (int i = 0; i < a->diagnosis.ncauses; i++) {
         const og_cause_t *x = &a->diagnosis.causes[i], *y = &b->diagnosis.causes[i];
         assert_ptr_equal(x->id, y->id);
@@ -1286,7 +1371,7 @@ static void size_max_request_is_a_request(void **state)
             ev_add(r[k], t + 0.1, "alloc", 600 * MiB);
             ev_add(r[k], t + 0.2, "free", (400 + 37 * (uint64_t)s) * MiB);
         }
-        r[k]->event.requested_bytes = reqs[k];
+        og_set(&r[k]->event.requested_bytes, reqs[k]);
         og_set(&r[k]->device.total_bytes, 80 * GiB);
         og_set(&r[k]->device.free_bytes, 1 * GiB);
         diag(r[k]);
@@ -1306,7 +1391,7 @@ static void size_max_request_is_a_request(void **state)
 static void a_pass_that_outgrows_the_cache_does_not_fit(void **state)
 {
     og_record_t *r = base();
-    r->event.requested_bytes = 64 * MiB;
+    og_set(&r->event.requested_bytes, 64 * MiB);
     og_set(&r->device.free_bytes, 0);
     fixture_roles(r, 4 * GiB, 2 * GiB, 2 * GiB, 0, 0, 12 * GiB);
     r->memory.fw.reserved_bytes += 256 * MiB; /* the cache: reserved - allocated */
@@ -1333,7 +1418,7 @@ static void a_pass_that_outgrows_the_cache_does_not_fit(void **state)
 static void an_optimizer_step_still_making_its_state_does_not_fit(void **state)
 {
     og_record_t *r = base();
-    r->event.requested_bytes = 64 * MiB;
+    og_set(&r->event.requested_bytes, 64 * MiB);
     og_set(&r->device.free_bytes, 0);
     fixture_roles(r, 4 * GiB, 4 * GiB, 2 * GiB, 0, 0, 0);
     fixture_optimizer(r, "AdamW", 2 * GiB);
@@ -1361,7 +1446,7 @@ static void an_optimizer_step_still_making_its_state_does_not_fit(void **state)
 static void a_copy_that_outgrows_the_cache_does_not_fit(void **state)
 {
     og_record_t *r = base();
-    r->event.requested_bytes = 44 * MiB;
+    og_set(&r->event.requested_bytes, 44 * MiB);
     og_set(&r->device.free_bytes, 0);
     fixture_roles(r, 4 * GiB, 0, 8 * GiB, 0, 4 * GiB, 7 * GiB);
     r->memory.fw.reserved_bytes += 486 * MiB;
@@ -1407,7 +1492,7 @@ static void a_copy_that_outgrows_the_cache_does_not_fit(void **state)
 static void a_load_that_outgrows_the_cache_does_not_fit(void **state)
 {
     og_record_t *r = base();
-    r->event.requested_bytes = 112 * MiB;
+    og_set(&r->event.requested_bytes, 112 * MiB);
     og_set(&r->device.free_bytes, 100 * MiB);
     fixture_roles(r, 24 * GiB, 0, 0, 0, 0, 0);
     r->memory.fw.reserved_bytes += 226 * MiB;
@@ -1468,6 +1553,8 @@ int main(void)
         cmocka_unit_test(recovered_keeps_the_failure),
         cmocka_unit_test(limit_speaks_the_checks_accounting),
         cmocka_unit_test(framework_cap_cause),
+        cmocka_unit_test(request_not_given_is_unknown),
+        cmocka_unit_test(framework_cap_with_request_not_given),
         cmocka_unit_test(pytorch_fraction_counts_reserved),
         cmocka_unit_test(texts_over_edge_numbers),
         cmocka_unit_test(does_not_fit_on_estimated_free),

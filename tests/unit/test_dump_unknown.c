@@ -27,7 +27,7 @@ static og_record_t *unmeasured(void)
     r->rank = r->local_rank = r->world_size = -1;
     r->event.api = "cudaMalloc";
     r->event.driver_api = "cuMemAlloc_v2";
-    r->event.requested_bytes = 2 * GiB;
+    og_set(&r->event.requested_bytes, 2 * GiB);
     r->event.attempts = 2;
     r->memory.fw.has = true; /* the framework view is written, its cap not reported */
     r->event.framework_internal = true;
@@ -142,7 +142,7 @@ static void known_counts_are_numbers(void **state)
 static void a_size_max_request_is_a_size(void **state)
 {
     og_record_t *r = unmeasured();
-    r->event.requested_bytes = UINT64_MAX;
+    og_set(&r->event.requested_bytes, UINT64_MAX);
     char *j = json(r);
     has(j, "\"requested_bytes\":18446744073709551615");
     char *t = text(r);
@@ -152,13 +152,54 @@ static void a_size_max_request_is_a_size(void **state)
     free(r);
 }
 
+/* a failure an adapter reported without its size: the request is null in JSON (the event's and the framework
+ * view's, and the view's peak not reported), "a size not given" in the text, never 0 B */
+static void a_request_not_given_is_null(void **state)
+{
+    og_record_t *r = unmeasured();
+    r->event.api = "torch.cuda.caching_allocator";
+    r->event.driver_api = "";
+    og_unset(&r->event.requested_bytes);
+    char *j = json(r);
+    has(j, "{\"requested_bytes\":null,");
+    has(j, "\"framework\":{\"allocated_bytes\"");
+    has(j, ",\"requested_bytes\":null,\"cap_bytes\":null,\"peak_bytes\":null,");
+    char *t = text(r);
+    has(t, "torch.cuda.caching_allocator of a size not given on device 0 failed");
+    lacks(t, "of 0 B");
+    lacks(t, "(0 bytes)");
+    free(t);
+    free(j);
+    /* the framework's own request and peak, when given, are numbers: 0 included */
+    og_set(&r->memory.fw.requested_bytes, 0);
+    og_set(&r->memory.fw.peak_bytes, 5 * GiB);
+    j = json(r);
+    has(j, ",\"requested_bytes\":0,\"cap_bytes\":null,\"peak_bytes\":5368709120,");
+    free(j);
+    free(r);
+}
+
+/* a request of 0 bytes (cudaMalloc(0), a framework's zero-size request) is a size: 0, not unknown */
+static void a_zero_request_is_a_size(void **state)
+{
+    og_record_t *r = unmeasured();
+    og_set(&r->event.requested_bytes, 0);
+    char *j = json(r);
+    has(j, "{\"requested_bytes\":0,");
+    char *t = text(r);
+    has(t, "cudaMalloc of 0 B (0 bytes) on device 0 failed");
+    lacks(t, "not given");
+    free(t);
+    free(j);
+    free(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(unknown_is_null_in_json),
-        cmocka_unit_test(unknown_is_unknown_in_text),
-        cmocka_unit_test(known_counts_are_numbers),
-        cmocka_unit_test(a_size_max_request_is_a_size),
+        cmocka_unit_test(unknown_is_null_in_json),  cmocka_unit_test(unknown_is_unknown_in_text),
+        cmocka_unit_test(known_counts_are_numbers), cmocka_unit_test(a_request_not_given_is_null),
+        cmocka_unit_test(a_zero_request_is_a_size), cmocka_unit_test(a_size_max_request_is_a_size),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -52,9 +52,9 @@ static void estimated_free_counts_the_others(void **state)
 static void a_request_of_the_device_size_is_not_larger(void **state)
 {
     og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
-    r->event.requested_bytes = 24 * GiB;
+    og_set(&r->event.requested_bytes, 24 * GiB);
     assert_false(facts(r)->larger_than_device);
-    r->event.requested_bytes = 24 * GiB + 1;
+    og_set(&r->event.requested_bytes, 24 * GiB + 1);
     assert_true(facts(r)->larger_than_device);
     free(r);
 }
@@ -72,7 +72,7 @@ static void bursts_are_one_step(void **state)
         ev_add(r, t + 0.2, "free", 512 * MiB);
         ev_add(r, t + 0.2, "free", 512 * MiB);
     }
-    r->event.requested_bytes = 512 * MiB;
+    og_set(&r->event.requested_bytes, 512 * MiB);
     const og_facts_t *f = facts(r);
     assert_true(f->growth.holds);
     assert_int_equal(f->growth.marker, OG_MARK_FAILING_SIZE);
@@ -100,7 +100,7 @@ static void pauses_of_the_host_do_not_split_a_burst(void **state)
             ev_add(r, t, "alloc", 176 * MiB);
         }
         ev_add(r, t + 6.7, "alloc", 1408 * MiB);
-        r->event.requested_bytes = 1408 * MiB;
+        og_set(&r->event.requested_bytes, 1408 * MiB);
         const og_facts_t *f = facts(r);
         assert_false(f->growth.holds);
         assert_int_equal(f->load.phase, OG_PHASE_NONE);
@@ -140,7 +140,7 @@ static void skipped_batches(og_record_t *r, int host)
             for (int i = 0; i < layers[b]; i++)
                 ev_add(r, t + 0.02, "free", 92 * MiB);
     }
-    r->event.requested_bytes = 92 * MiB;
+    og_set(&r->event.requested_bytes, 92 * MiB);
     og_set(&r->device.free_bytes, 40 * MiB);
 }
 
@@ -178,7 +178,7 @@ static void kept_blocks_loop(og_record_t *r, int iterations, int keep, double ga
             ev_add(r, t + 0.0001, "free", 40 * MiB);
         t += gap + (host && s % 5 == 4 ? 0.008 : 0);
     }
-    r->event.requested_bytes = 128 * MiB;
+    og_set(&r->event.requested_bytes, 128 * MiB);
 }
 
 /* the same leak gets the same steps (one an iteration) however busy the host: one block an iteration
@@ -211,7 +211,7 @@ static void kept_blocks_a_step_apart_are_steps(void **state)
     ev_add(r, 0.001, "alloc", 8 * GiB); /* the model */
     for (int s = 0; s < 60; s++)
         ev_add(r, 0.01 + 0.001 * s, "alloc", 24 * MiB);
-    r->event.requested_bytes = 24 * MiB;
+    og_set(&r->event.requested_bytes, 24 * MiB);
     const og_facts_t *f = facts(r);
     assert_true(f->growth.holds);
     assert_int_equal(f->growth.marker, OG_MARK_FAILING_SIZE);
@@ -442,7 +442,7 @@ static void every_allocation_needs_sixteen_steps(void **state)
         ev_reset(r);
         for (int s = 0; s < steps; s++)
             ev_add(r, 0.01 + 0.5 * s, "alloc", (100 + 17 * (uint64_t)s) * MiB);
-        r->event.requested_bytes = 3 * GiB;
+        og_set(&r->event.requested_bytes, 3 * GiB);
         const og_facts_t *f = facts(r);
         assert_int_equal(f->growth.holds, steps >= 16);
         if (f->growth.holds)
@@ -459,7 +459,7 @@ static void loading_and_a_second_copy(void **state)
     ev_reset(r);
     for (int i = 0; i < 8; i++)
         ev_add(r, 0.01 + 0.001 * i, "alloc", 512 * MiB);
-    r->event.requested_bytes = 512 * MiB;
+    og_set(&r->event.requested_bytes, 512 * MiB);
     assert_int_equal(facts(r)->load.phase, OG_PHASE_LOADING);
     assert_int_equal(F.load.run, 8);
     for (int i = 0; i < 8; i++)
@@ -488,7 +488,7 @@ static void the_failures_own_release_does_not_end_a_load(void **state)
     ev_add(r, 0.03, "fail", 512 * MiB);
     ev_add(r, 0.031, "free", 64 * MiB); /* released before the retry */
     ev_add(r, 0.032, "fail", 512 * MiB);
-    r->event.requested_bytes = 512 * MiB;
+    og_set(&r->event.requested_bytes, 512 * MiB);
     assert_int_equal(facts(r)->load.phase, OG_PHASE_LOADING);
     assert_int_equal(F.load.run, 8);
     free(r);
@@ -503,7 +503,7 @@ static void a_busy_host_does_not_split_a_slow_load(void **state)
     double t = 0.1;
     for (int i = 0; i < 22; i++, t += i % 5 == 3 ? 0.15 : 0.08)
         ev_add(r, t, "alloc", GiB);
-    r->event.requested_bytes = GiB;
+    og_set(&r->event.requested_bytes, GiB);
     og_set(&r->memory.process_tracked_bytes, 22 * GiB);
     const og_facts_t *f = facts(r);
     assert_int_equal(f->load.phase, OG_PHASE_LOADING);
@@ -519,7 +519,7 @@ static void a_run_after_training_is_not_a_load(void **state)
     ev_reset(r);
     for (int i = 0; i < 8; i++)
         ev_add(r, 0.01 + 0.001 * i, "alloc", 512 * MiB);
-    r->event.requested_bytes = 512 * MiB;
+    og_set(&r->event.requested_bytes, 512 * MiB);
     fixture_adapter(r, 20 * GiB, 20 * GiB, 0);
     assert_int_equal(facts(r)->load.phase, OG_PHASE_LOADING);
     r->memory.fw.training = 1;
@@ -642,7 +642,7 @@ static void fits_only_from_a_bounded_peak(void **state)
     r->summary[0].peak_bytes = 20 * GiB;
     og_set(&r->memory.process_tracked_bytes, 20 * GiB);
     og_set(&r->memory.process_used_bytes, 20 * GiB + 512 * MiB);
-    r->event.requested_bytes = 6 * GiB;
+    og_set(&r->event.requested_bytes, 6 * GiB);
     og_set(&r->device.free_bytes, 3 * GiB);
     const og_facts_t *f = facts(r);
     assert_true(f->fit.bounded);
@@ -657,13 +657,18 @@ static void fits_only_from_a_bounded_peak(void **state)
     assert_non_null(strstr(f->fit.why, "forward"));
     r->memory.fw.phase[0] = 0;
     r->memory.fw.has = false;
-    /* a request of unknown size (a framework's failure that did not say it: 0) */
-    r->event.requested_bytes = 0;
+    /* a request of unknown size (a framework's failure that did not say it) */
+    og_unset(&r->event.requested_bytes);
     f = facts(r);
     assert_false(f->fit.bounded);
     assert_non_null(strstr(f->fit.why, "not seen"));
+    /* a request of 0 bytes is a size that was seen: the peak is bounded by what was held */
+    og_set(&r->event.requested_bytes, 0);
+    f = facts(r);
+    assert_true(f->fit.bounded);
+    assert_string_equal(f->fit.why, "");
     /* what the process held not measured (a failure recorded alone, NVML absent): the request is a lower bound */
-    r->event.requested_bytes = 6 * GiB;
+    og_set(&r->event.requested_bytes, 6 * GiB);
     og_unset(&r->memory.process_tracked_bytes);
     og_unset(&r->memory.process_used_bytes);
     f = facts(r);
@@ -675,7 +680,7 @@ static void fits_only_from_a_bounded_peak(void **state)
     assert_int_equal(f->fit.need, 26 * GiB + 512 * MiB);
     og_set(&r->memory.process_tracked_bytes, 20 * GiB);
     /* a SIZE_MAX request was seen: no card holds it (not "unknown", which would say its size was not seen) */
-    r->event.requested_bytes = UINT64_MAX;
+    og_set(&r->event.requested_bytes, UINT64_MAX);
     f = facts(r);
     assert_true(f->fit.bounded);
     assert_true(f->fit.need >= UINT64_MAX / 2); /* saturated (less a measured cache) */
@@ -890,19 +895,20 @@ static void one_batch_peak_after_freed_steps(void **state)
     }
     ev_add(r, 2.0, "alloc", 1 * GiB);
     ev_add(r, 2.1, "fail", 1 * GiB);
-    r->event.requested_bytes = 1 * GiB;
+    og_set(&r->event.requested_bytes, 1 * GiB);
     const og_facts_t *f = facts(r);
     assert_true(f->outlier.holds);
     assert_int_equal(f->outlier.prev_max, 256 * MiB);
     assert_int_equal(f->outlier.run_bytes, 2 * GiB);
-    r->event.requested_bytes = FIXTURE_EV[20].bytes = FIXTURE_EV[21].bytes = 1 * GiB - 1; /* 3.99x: no */
+    og_set(&r->event.requested_bytes, 1 * GiB - 1); /* 3.99x: no */
+    FIXTURE_EV[20].bytes = FIXTURE_EV[21].bytes = 1 * GiB - 1;
     assert_false(facts(r)->outlier.holds);
     /* nothing freed before (the driver saw no free and the framework's count is not known): no */
     ev_reset(r);
     for (int s = 0; s < 10; s++)
         ev_add(r, 0.1 * s, "alloc", 256 * MiB);
     ev_add(r, 2.0, "alloc", 2 * GiB);
-    r->event.requested_bytes = 2 * GiB;
+    og_set(&r->event.requested_bytes, 2 * GiB);
     assert_false(facts(r)->outlier.holds);
     /* a warm cache hides the frees: the framework's own count says the steps freed */
     fixture_adapter(r, 20 * GiB, 20 * GiB, 0);
@@ -956,7 +962,7 @@ static void nccl_settings_in_force(void **state)
 static void spare_gpu_idle_or_split(void **state)
 {
     og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
-    r->event.requested_bytes = 2 * GiB;
+    og_set(&r->event.requested_bytes, 2 * GiB);
     og_set(&r->device.free_bytes, 1 * GiB);
     r->visible_devices = 2;
     assert_false(facts(r)->spare.idle); /* no summary: nothing known */
@@ -994,7 +1000,7 @@ static void nccl_holds_the_steady_part_of_the_growth(void **state)
     ev_add(r, 0.02, "alloc", 8 * GiB); /* the cache warming, once */
     for (int s = 1; s < 20; s++)
         ev_add(r, 0.02 + 0.5 * s, "alloc", 256 * MiB);
-    r->event.requested_bytes = 256 * MiB;
+    og_set(&r->event.requested_bytes, 256 * MiB);
     og_lib_usage_t *l = &r->memory.by_library[r->memory.nlibs++];
     snprintf(l->library, sizeof l->library, "libnccl.so.2");
     l->bytes = 5 * GiB;

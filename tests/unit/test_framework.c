@@ -91,6 +91,39 @@ static void no_cap_is_unknown(void **state)
     assert_int_equal(view.cap_bytes.v, 0);
 }
 
+/* the struct's requested_bytes and peak_bytes: 0 without OOMGUARD_FW_REQUEST_KNOWN / _PEAK_KNOWN is "not given"
+ * (adapters older than the flags); with the flag 0 is a size; any other value is one with or without it */
+static void request_and_peak_known_only_when_given(void **state)
+{
+    oomguard_framework_stats_t s = base();
+    assert_int_equal(oomguard_framework_report(&s), 0);
+    get();
+    assert_false(og_known(view.requested_bytes));
+    assert_false(og_known(view.peak_bytes));
+    s.flags = OOMGUARD_FW_REQUEST_KNOWN | OOMGUARD_FW_PEAK_KNOWN;
+    assert_int_equal(oomguard_framework_report(&s), 0);
+    get();
+    assert_true(og_known(view.requested_bytes));
+    assert_int_equal(view.requested_bytes.v, 0);
+    assert_true(og_known(view.peak_bytes));
+    assert_int_equal(view.peak_bytes.v, 0);
+    s.flags = 0;
+    s.requested_bytes = 4096;
+    s.peak_bytes = 1 << 20;
+    assert_int_equal(oomguard_framework_report(&s), 0);
+    get();
+    assert_true(og_known(view.requested_bytes));
+    assert_int_equal(view.requested_bytes.v, 4096);
+    assert_true(og_known(view.peak_bytes));
+    assert_int_equal(view.peak_bytes.v, 1 << 20);
+    /* a struct too old to hold the field: not given */
+    s.struct_size = offsetof(oomguard_framework_stats_t, requested_bytes);
+    assert_int_equal(oomguard_framework_report(&s), 0);
+    get();
+    assert_false(og_known(view.requested_bytes));
+    assert_false(og_known(view.peak_bytes));
+}
+
 static void stack_only_keeps_numbers(void **state)
 {
     oomguard_framework_stats_t s = base();
@@ -156,9 +189,13 @@ int main(void)
 {
     og_init_slow();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(struct_versions),          cmocka_unit_test(python_lines),
-        cmocka_unit_test(stack_only_keeps_numbers), cmocka_unit_test(query_needs_gil),
-        cmocka_unit_test(query_called_once),        cmocka_unit_test(no_cap_is_unknown),
+        cmocka_unit_test(struct_versions),
+        cmocka_unit_test(python_lines),
+        cmocka_unit_test(stack_only_keeps_numbers),
+        cmocka_unit_test(query_needs_gil),
+        cmocka_unit_test(query_called_once),
+        cmocka_unit_test(no_cap_is_unknown),
+        cmocka_unit_test(request_and_peak_known_only_when_given),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -47,7 +47,7 @@ static og_record_t *frag(void)
 static og_record_t *dnf(void)
 {
     og_record_t *r = base();
-    r->event.requested_bytes = 8 * GiB;
+    og_set(&r->event.requested_bytes, 8 * GiB);
     og_set(&r->memory.framework_cached_bytes, 300 * MiB);
     r->memory.framework_cached_source = OG_CACHE_POOL;
     return r;
@@ -61,7 +61,7 @@ static og_record_t *nccl_cache_held(void)
 {
     og_record_t *r = base();
     strcpy(r->event.library, "libnccl.so.2");
-    r->event.requested_bytes = 1 * GiB;
+    og_set(&r->event.requested_bytes, 1 * GiB);
     og_set(&r->device.free_bytes, 256 * MiB);
     og_set(&r->memory.framework_cached_bytes, 6 * GiB);
     r->memory.framework_cached_source = OG_CACHE_POOL;
@@ -213,7 +213,7 @@ static void does_not_fit_never_leads_with_empty_cache(void **state)
 {
     og_record_t *r = dnf();
     og_set(&r->memory.framework_cached_bytes, 6 * GiB); /* lots cached, still not enough */
-    r->event.requested_bytes = 16 * GiB;
+    og_set(&r->event.requested_bytes, 16 * GiB);
     run_primary(r, "does_not_fit");
     assert_string_not_equal(r->remedies[0].id, "empty_cache");
     assert_true(rank_of(r, "empty_cache") > 1);
@@ -282,7 +282,7 @@ static void growth_selection(void **state)
     }
     r->history.events = ev;
     r->history.nevents = 48;
-    r->event.requested_bytes = 512 * MiB;
+    og_set(&r->event.requested_bytes, 512 * MiB);
     run_primary(r, "growth");
     assert_string_equal(r->remedies[0].id, "release_references");
     assert_true(how_has(&r->remedies[0], "loss.detach().item()"));
@@ -335,7 +335,7 @@ static void limit_selection(void **state)
 static og_record_t *beside_a_library(const char *lib)
 {
     og_record_t *r = base();
-    r->event.requested_bytes = 2 * GiB;
+    og_set(&r->event.requested_bytes, 2 * GiB);
     og_set(&r->device.free_bytes, 1843 * MiB);
     og_set(&r->memory.process_used_bytes, 20 * GiB);
     og_set(&r->memory.process_tracked_bytes, 19 * GiB);
@@ -388,7 +388,7 @@ static void nccl_settings(void **state)
 static void unknown_cause_selection(void **state)
 {
     og_record_t *r = base();
-    r->event.requested_bytes = 512 * MiB;
+    og_set(&r->event.requested_bytes, 512 * MiB);
     run_primary(r, "unknown");
     assert_true(rank_of(r, "restart_process") > 0);
     assert_true(rank_of(r, "smaller_batch") > 0);
@@ -597,7 +597,7 @@ static void spare_gpu(void **state)
     fixture_model(r, "Student", 4 * GiB, 1, false);
     fixture_phase(r, "optimizer_step", "/w/train.py", "step");
     r->memory.fw.training = 1;
-    r->event.requested_bytes = 2 * GiB;
+    og_set(&r->event.requested_bytes, 2 * GiB);
     og_set(&r->device.free_bytes, 1 * GiB);
     r->visible_devices = 2;
     r->nsummary = 1;
@@ -612,7 +612,7 @@ static void spare_gpu(void **state)
     r = base();
     fixture_roles(r, 22 * GiB, 0, 0, 0, 0, 1 * GiB);
     r->memory.fw.grad_enabled = -1;
-    r->event.requested_bytes = 1 * GiB + 512 * MiB;
+    og_set(&r->event.requested_bytes, 1 * GiB + 512 * MiB);
     og_set(&r->device.free_bytes, 512 * MiB);
     r->visible_devices = 2;
     r->nsummary = 2;
@@ -676,7 +676,7 @@ static void empty_and_null_records(void **state)
 static void huge_request_fits_no_card(void **state)
 {
     og_record_t *r = dnf();
-    r->event.requested_bytes = 200 * GiB;
+    og_set(&r->event.requested_bytes, 200 * GiB);
     run(r);
     /* larger than the device: split it first; nothing that rearranges this process */
     assert_string_equal(r->remedies[0].id, "split_operation");
@@ -753,7 +753,7 @@ static void peers_get_set_device_never_kill(void **state)
     fixture_roles(r, 1 * GiB, 0, 0, 0, 0, 12 * GiB);
     r->memory.fw.reserved_bytes += 20 * MiB;
     r->memory.fw.largest_free_block_bytes = 2 * MiB;
-    r->event.requested_bytes = 20 * MiB;
+    og_set(&r->event.requested_bytes, 20 * MiB);
     og_set(&r->device.free_bytes, 8 * MiB);
     fixture_phase(r, "backward", "/w/train.py", "backward");
     r->memory.fw.grad_enabled = 1;
@@ -800,7 +800,7 @@ static void released_nothing_expandable_leads(void **state)
 {
     og_record_t *r = base();
     strcpy(r->event.library, "libc10_cuda.so");
-    r->event.requested_bytes = 992 * MiB;
+    og_set(&r->event.requested_bytes, 992 * MiB);
     og_set(&r->device.free_bytes, 100 * MiB);
     r->event.attempts = 2;
     og_set(&r->event.released_between_attempts_bytes, 0);
@@ -824,8 +824,8 @@ static void released_nothing_expandable_leads(void **state)
 static void shortfall_size_shapes_the_list(void **state)
 {
     og_record_t *a = base(), *b = base();
-    a->event.requested_bytes = 1030 * MiB; /* 3% over the 1 GiB free */
-    b->event.requested_bytes = 12 * GiB;   /* 4x the 3 GiB free */
+    og_set(&a->event.requested_bytes, 1030 * MiB); /* 3% over the 1 GiB free */
+    og_set(&b->event.requested_bytes, 12 * GiB);   /* 4x the 3 GiB free */
     og_set(&b->device.free_bytes, 3 * GiB);
     og_set(&a->memory.framework_cached_bytes, 0);
     og_set(&b->memory.framework_cached_bytes, 0);
@@ -845,7 +845,7 @@ static void shortfall_size_shapes_the_list(void **state)
 static void inference_mode_leads_only_when_known(void **state)
 {
     og_record_t *r = base();
-    r->event.requested_bytes = 1100 * MiB;
+    og_set(&r->event.requested_bytes, 1100 * MiB);
     og_set(&r->memory.framework_cached_bytes, 0);
     r->memory.framework_cached_source = OG_CACHE_POOL;
     run(r);
@@ -900,6 +900,28 @@ static void remedy_texts_over_edge_numbers(void **state)
     }
 }
 
+/* a failure an adapter reported without its size: no remedy sizes itself against a request of "0 B", none
+ * covers a shortfall that was not measured, and a bigger card is not promised from it */
+static void request_not_given_sizes_nothing(void **state)
+{
+    og_record_t *r = base();
+    fixture_adapter(r, 20 * GiB, 20 * GiB, 0);
+    r->event.framework_internal = true;
+    r->memory.fw.internal_oom = true;
+    og_unset(&r->event.requested_bytes);
+    run(r);
+    assert_false(og_known(r->diagnosis.shortfall_bytes));
+    assert_true(r->nremedies > 0);
+    for (int k = 0; k < r->nremedies; k++) {
+        const og_remedy_t *m = &r->remedies[k];
+        assert_null(strstr(m->why, "0 B request"));
+        assert_null(strstr(m->why, "+ 0 B"));
+        assert_null(strstr(m->why, "get 0 B"));
+        assert_null(strstr(m->why, "smallest common card that fits"));
+    }
+    free(r);
+}
+
 /* autocast already on at the failure: mixed precision is in force, it is not offered again */
 static void autocast_on_drops_mixed_precision(void **state)
 {
@@ -932,7 +954,7 @@ static void leaking_steps(og_record_t *r)
     }
     r->history.events = ev;
     r->history.nevents = 48;
-    r->event.requested_bytes = 512 * MiB;
+    og_set(&r->event.requested_bytes, 512 * MiB);
 }
 
 /* unknown is not zero: without roles and phase (a C program) the list is today's */
@@ -1050,7 +1072,7 @@ static void cross_entropy_fused_first(void **state)
     og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 80 * MiB);
     fixture_phase(r, "forward", "/w/train.py", "forward");
     r->memory.fw.grad_enabled = 1;
-    r->event.requested_bytes = 7 * GiB + 512 * MiB;
+    og_set(&r->event.requested_bytes, 7 * GiB + 512 * MiB);
     og_set(&r->device.free_bytes, 6 * GiB);
     run_primary(r, "does_not_fit");
     assert_int_equal(rank_of(r, "fused_cross_entropy"), 0);
@@ -1081,7 +1103,7 @@ static void autocast_in_code(void **state)
     fixture_operation(r, "cross_entropy", "cross_entropy");
     r->memory.fw.grad_enabled = 1;
     r->memory.fw.autocast = -1;
-    r->event.requested_bytes = 9 * GiB;
+    og_set(&r->event.requested_bytes, 9 * GiB);
     og_set(&r->device.free_bytes, 6 * GiB + 512 * MiB);
     run_primary(r, "does_not_fit");
     assert_string_equal(r->remedies[0].id, "fused_cross_entropy");
@@ -1112,7 +1134,7 @@ static void padding_to_max_length(void **state)
     og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 2 * GiB);
     r->memory.fw.grad_enabled = 1;
     r->memory.fw.roles.checkpointing = -1;
-    r->event.requested_bytes = 256 * MiB;
+    og_set(&r->event.requested_bytes, 256 * MiB);
     og_set(&r->device.free_bytes, 138 * MiB);
     fixture_phase(r, "forward", "/w/train.py", "forward");
     run_primary(r, "does_not_fit");
@@ -1140,7 +1162,7 @@ static void operation_dominates_split_first(void **state)
     fixture_roles(r, 6 * GiB, 0, 0, 0, 0, 2 * GiB);
     fixture_operation(r, "image_decode", "decode");
     r->memory.fw.grad_enabled = -1;
-    r->event.requested_bytes = 8 * GiB;
+    og_set(&r->event.requested_bytes, 8 * GiB);
     og_set(&r->device.free_bytes, 7 * GiB);
     run_primary(r, "does_not_fit");
     assert_string_equal(r->remedies[0].id, "split_operation");
@@ -1169,7 +1191,7 @@ static void conv_inference_tiles_first(void **state)
     fixture_operation(r, "conv", "_conv_forward");
     fixture_phase(r, "forward", "/w/segment.py", "forward");
     r->memory.fw.grad_enabled = -1;
-    r->event.requested_bytes = 36 * GiB;
+    og_set(&r->event.requested_bytes, 36 * GiB);
     og_set(&r->device.free_bytes, 18 * GiB);
     run_primary(r, "does_not_fit");
     assert_int_equal(r->analysis.facts.roles.operation, OG_OP_conv);
@@ -1177,7 +1199,7 @@ static void conv_inference_tiles_first(void **state)
     assert_true(strstr(r->remedies[0].why, "convolution") != NULL);
     assert_true(rank_of(r, "shorter_sequences") != 1);
     r->memory.fw.grad_enabled = 1;
-    r->event.requested_bytes = 8 * GiB;
+    og_set(&r->event.requested_bytes, 8 * GiB);
     og_set(&r->device.free_bytes, 7 * GiB);
     run_primary(r, "does_not_fit");
     assert_int_equal(rank_of(r, "split_operation"), 0);
@@ -1197,7 +1219,7 @@ static void two_models_one_at_a_time(void **state)
     fixture_model_held(r, 0, 1, "");
     fixture_statement(r, "tuned", "");
     fixture_phase(r, "loading", "/w/eval.py", "from_pretrained");
-    r->event.requested_bytes = 84 * MiB;
+    og_set(&r->event.requested_bytes, 84 * MiB);
     og_set(&r->device.free_bytes, 26 * MiB);
     run_primary(r, "does_not_fit");
     assert_int_equal(r->analysis.facts.roles.named_copies, 12 * GiB + 512 * MiB);
@@ -1224,7 +1246,7 @@ static void eval_copy_first(void **state)
     fixture_phase(r, "evaluation", "/w/train.py", "validate");
     r->memory.fw.grad_enabled = -1;
     r->memory.fw.training = 1;
-    r->event.requested_bytes = 640 * MiB;
+    og_set(&r->event.requested_bytes, 640 * MiB);
     og_set(&r->device.free_bytes, 300 * MiB);
     run_primary(r, "does_not_fit");
     assert_string_equal(r->remedies[0].id, "eval_without_copy");
@@ -1247,7 +1269,7 @@ static void ddp_buckets_as_views(void **state)
     fixture_phase(r, "forward", "/w/train.py", "forward");
     r->memory.fw.grad_enabled = 1;
     r->memory.fw.training = 1;
-    r->event.requested_bytes = 240 * MiB;
+    og_set(&r->event.requested_bytes, 240 * MiB);
     og_set(&r->device.free_bytes, 100 * MiB);
     run_primary(r, "does_not_fit");
     assert_int_equal(rank_of(r, "gradient_as_bucket_view"), 0);
@@ -1538,7 +1560,7 @@ static void bucketing_needs_a_batch_that_fit(void **state)
 {
     for (int made = 0; made <= 5; made += 5) {
         og_record_t *r = base();
-        r->event.requested_bytes = 64 * MiB;
+        og_set(&r->event.requested_bytes, 64 * MiB);
         og_set(&r->device.free_bytes, 0);
         r->event.attempts = 2;
         og_set(&r->event.released_between_attempts_bytes, 0);
@@ -1700,7 +1722,7 @@ static void one_batch_peak_caps_the_length(void **state)
     for (int i = 0; i < 2; i++) /* one batch: 4 GiB tensors */
         ev_add(r, t + 0.01 * i, "alloc", 4 * GiB);
     ev_add(r, t + 0.1, "fail", 4 * GiB);
-    r->event.requested_bytes = 4 * GiB;
+    og_set(&r->event.requested_bytes, 4 * GiB);
     run_primary(r, "does_not_fit");
     assert_string_equal(r->remedies[0].id, "shorter_sequences");
     assert_non_null(strstr(r->remedies[0].why, "4x the largest allocation"));
@@ -1711,7 +1733,7 @@ static void one_batch_peak_caps_the_length(void **state)
 static void larger_inference_caps_the_input(void **state)
 {
     og_record_t *r = base();
-    r->event.requested_bytes = 40 * GiB;
+    og_set(&r->event.requested_bytes, 40 * GiB);
     fixture_adapter(r, 20 * GiB, 20 * GiB, 0);
     r->memory.fw.grad_enabled = -1;
     fixture_phase(r, "evaluation", "/srv/serve.py", "forward");
@@ -1722,7 +1744,7 @@ static void larger_inference_caps_the_input(void **state)
     free(r);
     /* nothing says it is a model's input (no forward frame, no KV cache): a score matrix; split it */
     r = base();
-    r->event.requested_bytes = 40 * GiB;
+    og_set(&r->event.requested_bytes, 40 * GiB);
     fixture_adapter(r, 20 * GiB, 20 * GiB, 0);
     r->memory.fw.grad_enabled = -1;
     run_primary(r, "does_not_fit");
@@ -1770,7 +1792,7 @@ static void applies_by_job(void **state)
 static void measured_nothing_not_listed(void **state)
 {
     og_record_t *r = base();
-    r->event.requested_bytes = 8 * GiB;
+    og_set(&r->event.requested_bytes, 8 * GiB);
     fixture_adapter(r, 22 * GiB, 22 * GiB, 0);
     run_primary(r, "does_not_fit");
     assert_int_equal(rank_of(r, "empty_cache"), 0);
@@ -1914,7 +1936,7 @@ static void kv_cache_reserving(void **state)
         o->visible = true;
         o->same_program = !stranger;
         og_set(&r->memory.process_used_bytes, 34 * GiB + 512 * MiB);
-        r->event.requested_bytes = 2 * GiB + 512 * MiB;
+        og_set(&r->event.requested_bytes, 2 * GiB + 512 * MiB);
         og_set(&r->device.free_bytes, 2 * GiB + 256 * MiB); /* 256 MiB missing */
         run_primary(r, "foreign_memory");
         if (!stranger) {
@@ -2125,7 +2147,7 @@ static void jitter_history(og_record_t *r, enum jitter_shape shape, uint64_t see
         FIXTURE_EV[r->history.nevents++].t_rel = at;
     }
     r->event.t_rel = at;
-    r->event.requested_bytes = plan[n - 1].bytes;
+    og_set(&r->event.requested_bytes, plan[n - 1].bytes);
     og_set(&r->memory.process_tracked_bytes, live);
     r->memory.framework_bytes = live;
     og_set(&r->device.free_bytes, 40 * MiB);
@@ -2314,7 +2336,7 @@ static void state_snapshot_first(void **state)
 static void copy_under_way(void **state)
 {
     og_record_t *r = base();
-    r->event.requested_bytes = 44 * MiB;
+    og_set(&r->event.requested_bytes, 44 * MiB);
     og_set(&r->device.free_bytes, 0);
     fixture_roles(r, 4 * GiB, 0, 8 * GiB, 0, 4 * GiB, 7 * GiB);
     r->memory.fw.reserved_bytes += 486 * MiB;
@@ -2339,7 +2361,7 @@ static void copy_under_way(void **state)
     }
     free(r);
     r = base();
-    r->event.requested_bytes = 40 * MiB;
+    og_set(&r->event.requested_bytes, 40 * MiB);
     og_set(&r->device.free_bytes, 0);
     fixture_roles(r, 12 * GiB, 4 * GiB, 8 * GiB, 0, 0, 0);
     r->memory.fw.reserved_bytes += 196 * MiB;
@@ -2467,7 +2489,7 @@ static void cap_without_room_not_first(void **state)
     strcpy(r->memory.fw.framework, "pytorch");
     strcpy(r->memory.fw.cap_source, "torch.cuda.set_per_process_memory_fraction(0.45)");
     r->memory.fw.grad_enabled = -1;
-    r->event.requested_bytes = 8 * GiB;
+    og_set(&r->event.requested_bytes, 8 * GiB);
     og_set(&r->device.free_bytes, 6 * GiB);
     run_primary(r, "framework_cap");
     assert_string_not_equal(r->remedies[0].id, "raise_framework_cap");
@@ -2517,7 +2539,7 @@ static void cap_on_shared_gpu(void **state)
     strcpy(r->memory.fw.cap_source, "torch.cuda.set_per_process_memory_fraction(0.25)");
     r->memory.fw.grad_enabled = 1;
     r->memory.fw.training = 1;
-    r->event.requested_bytes = 2 * GiB + 512 * MiB;
+    og_set(&r->event.requested_bytes, 2 * GiB + 512 * MiB);
     og_set(&r->device.free_bytes, 22 * GiB);
     run_primary(r, "framework_cap");
     assert_string_equal(r->remedies[0].id, "raise_framework_cap");
@@ -2552,7 +2574,7 @@ static void foreign_no_restart_of_this_process(void **state)
 static void larger_product_is_split(void **state)
 {
     og_record_t *r = base();
-    r->event.requested_bytes = 40 * GiB;
+    og_set(&r->event.requested_bytes, 40 * GiB);
     fixture_roles(r, 1 * GiB, 0, 0, 0, 1 * GiB, 18 * GiB);
     r->memory.fw.grad_enabled = -1;
     fixture_statement(r, "scores", "");
@@ -2690,6 +2712,7 @@ int main(void)
         cmocka_unit_test(inference_mode_leads_only_when_known),
         cmocka_unit_test(limit_refused_by_context_alone),
         cmocka_unit_test(remedy_texts_over_edge_numbers),
+        cmocka_unit_test(request_not_given_sizes_nothing),
         cmocka_unit_test(autocast_on_drops_mixed_precision),
         cmocka_unit_test(no_roles_no_role_remedies),
         cmocka_unit_test(phase_oom_handler),
