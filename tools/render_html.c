@@ -161,9 +161,11 @@ static void header(struct hx *h)
     static const char *const badge[] = { "oomguard dump", "Out of memory", "Recovered", "Warning", "Exit summary" };
     og_sb_printf(h->b, "<header class=\"top %s\"><span class=\"badge\">%s</span><h1>", status_class(d),
                  d->status == OG_ST_OOM && d->event.caused_by_limit == 1 ? "Limit reached" : badge[d->status]);
-    if (d->event.present && d->event.requested_bytes.known) {
+    if (d->event.present &&
+        (d->event.requested_bytes.known || d->status == OG_ST_OOM || d->status == OG_ST_RECOVERED)) {
         esc(h, d->event.api ? d->event.api : "allocation", 60);
-        og_sb_printf(h->b, " of %s %s", hbu(d->event.requested_bytes.v, a),
+        og_sb_printf(h->b, " of %s %s",
+                     d->event.requested_bytes.known ? hbu(d->event.requested_bytes.v, a) : "a size not given",
                      d->status == OG_ST_RECOVERED ? "failed, then succeeded"
                      : d->status == OG_ST_OOM     ? "failed"
                                                   : "requested");
@@ -214,6 +216,8 @@ static void kpis(struct hx *h)
     og_sb_puts(h->b, "<div class=\"kpis\">");
     if (d->event.present && d->event.requested_bytes.known)
         kpi(h, "", "Requested", hbu(d->event.requested_bytes.v, a), NULL);
+    else if (d->event.present && (d->status == OG_ST_OOM || d->status == OG_ST_RECOVERED))
+        kpi(h, "", "Requested", "unknown", "size not given");
     if (d->device.free_bytes >= 0) {
         if (d->device.total_bytes > 0)
             snprintf(x, sizeof x, "of %s on the device", hb(d->device.total_bytes, b));
@@ -1197,6 +1201,9 @@ static void failed_call(struct hx *h)
         KV("requested");
         og_sb_printf(h->b, "%s (%s bytes)</div>", hbu(d->event.requested_bytes.v, a),
                      group_digits_u64(d->event.requested_bytes.v, g));
+    } else if (d->status == OG_ST_OOM || d->status == OG_ST_RECOVERED) {
+        KV("requested");
+        og_sb_puts(h->b, "size not given</div>");
     }
     if (d->event.result >= 0) {
         const char *rn = og_result_name(d->event.result);

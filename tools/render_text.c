@@ -82,11 +82,18 @@ static void headline(struct tx *t, const struct og_dump *d)
     }
     og_sb_putc(t->b, '\n');
 
-    if (d->event.present && d->event.requested_bytes.known) {
+    /* a failure whose size an adapter did not give (null) is still a failure: said "of a size not given" */
+    bool failed = d->status == OG_ST_OOM || d->status == OG_ST_RECOVERED;
+    if (d->event.present && (d->event.requested_bytes.known || failed)) {
         og_sb_puts(t->b, "  ");
         sb_text(t->b, d->event.api ? d->event.api : "allocation", 60, 0);
-        og_sb_printf(t->b, " of %s%s%s", st(t, BOLD), human_bytes_u64(d->event.requested_bytes.v, h1), st(t, RESET));
-        if (d->event.requested_bytes.v >= 1ull << 50) { /* past any device: the exact number says more */
+        if (d->event.requested_bytes.known)
+            og_sb_printf(t->b, " of %s%s%s", st(t, BOLD), human_bytes_u64(d->event.requested_bytes.v, h1),
+                         st(t, RESET));
+        else
+            og_sb_puts(t->b, " of a size not given");
+        if (d->event.requested_bytes.known &&
+            d->event.requested_bytes.v >= 1ull << 50) { /* past any device: the exact number says more */
             char g[32];
             og_sb_printf(t->b, " (%s bytes)", group_digits_u64(d->event.requested_bytes.v, g));
         }
@@ -111,7 +118,8 @@ static void headline(struct tx *t, const struct og_dump *d)
             else if (sf.known && d->status == OG_ST_OOM)
                 og_sb_puts(t->b, " — enough in total, but not in one piece");
             else if (!sf.known && d->status == OG_ST_OOM && d->diag.present)
-                og_sb_puts(t->b, " — shortfall unknown (free memory not measured)");
+                og_sb_puts(t->b, d->event.requested_bytes.known ? " — shortfall unknown (free memory not measured)"
+                                                                : " — shortfall unknown (request size not given)");
         }
         og_sb_putc(t->b, '\n');
     } else if (d->status != OG_ST_EXIT && og_process_bytes(d) >= 0) {

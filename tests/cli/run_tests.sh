@@ -218,6 +218,35 @@ for c in "merge $T/unm" "stats $T/unm"; do
     $OG $c >"$T/out" 2>&1 && ok "$c: a dump with null shortfall and tracked total is read" ||
         bad "$c: a dump with null shortfall and tracked total is read" "$(tail -3 "$T/out")"
 done
+# a failure an adapter reported without its size: the request (the event's and the framework's) and the peak are
+# null; every format and merge/stats read it, the reports say the size was not given, none says "0 B" for it
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))
+d["event"].update(requested_bytes=None, framework_internal=True, api="torch.cuda.caching_allocator", driver_api="")
+d["memory"]["framework"].update(requested_bytes=None, peak_bytes=None)
+d["diagnosis"]["shortfall_bytes"] = None
+json.dump(d, open(sys.argv[2], "w"))' "$FIX/does_not_fit.json" "$T/noreq.json"
+mkdir -p "$T/noreq" && cp "$T/noreq.json" "$T/noreq/oomguard-h-2.json"
+for form in text json html; do
+    if "$OG" report "$T/noreq.json" --format $form -o "$T/noreq.$form" >"$T/err" 2>&1; then
+        ok "report $form of a dump whose request size is null"
+    else
+        bad "report $form of a dump whose request size is null" "$(cat "$T/err")"
+    fi
+done
+has "text: a request not given says so" "$T/noreq.text" "torch.cuda.caching_allocator of a size not given failed"
+has "text: its shortfall is unknown for that reason" "$T/noreq.text" "shortfall unknown (request size not given)"
+has "html: a request not given says so" "$T/noreq.html" "of a size not given failed"
+grep -qE "of 0 B|Requested</div><div class=\"v\">0 B" "$T/noreq.text" "$T/noreq.html" &&
+    bad "no format says 0 B for a request not given" "$(grep -hE "of 0 B|Requested" "$T/noreq.text" "$T/noreq.html")" ||
+    ok "no format says 0 B for a request not given"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["event"]["requested_bytes"] is None
+assert d["memory"]["framework"]["requested_bytes"] is None and d["memory"]["framework"]["peak_bytes"] is None' \
+    "$T/noreq.json" 2>"$T/err" && ok "report json keeps the null request and peak" ||
+    bad "report json keeps the null request and peak" "$(cat "$T/err")"
+for c in "merge $T/noreq" "stats $T/noreq"; do
+    $OG $c >"$T/out" 2>&1 && ok "$c: a dump whose request size is null is read" ||
+        bad "$c: a dump whose request size is null is read" "$(tail -3 "$T/out")"
+done
 "$OG" report "$FIX/does_not_fit.json" --color always >"$T/t" 2>&1
 grep -q $'\033\[' "$T/t" && ok "text: --color always" || bad "text: --color always"
 if command -v script >/dev/null 2>&1; then
