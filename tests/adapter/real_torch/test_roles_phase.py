@@ -417,6 +417,46 @@ def t_standard_library_frames():
     assert oomguard_phase.site(mine) is mine
 
 
+def t_backward_without_graph():
+    """backward() on a tensor with no graph (it does not require grad, no grad_fn) raises PyTorch's RuntimeError
+    and message, and makes no gradient: a plain tensor, a module's output under torch.no_grad or
+    inference_mode, a detached output, the output of frozen parameters; the index of the offending element
+    of a list, refused before any other element's gradient is made.  With a graph it runs."""
+    class Lin(torch.nn.Module):
+        def __init__(self, requires_grad=True):
+            torch.nn.Module.__init__(self)
+            self.weight = torch.nn.Parameter(empty(1), requires_grad=requires_grad)
+
+        def forward(self):
+            return self.weight.view(-1)
+
+    def refused(fn, i=0):
+        try:
+            fn()
+        except RuntimeError as e:
+            want = "element %d of tensors does not require grad and does not have a grad_fn" % i
+            assert str(e) == want, str(e)
+            return
+        raise AssertionError("backward() did not raise")
+    m = Lin()
+    refused(lambda: empty(1).backward())
+    with torch.no_grad():
+        out = m()
+    refused(out.backward)
+    with torch.inference_mode():
+        out = m()
+    refused(lambda: out.backward())
+    refused(lambda: m().detach().backward())
+    refused(lambda: Lin(False)().backward())
+    refused(lambda: torch.autograd.backward([m(), empty(1)]), 1)
+    assert m.weight.grad is None
+    m().backward()                                       # a graph: the gradient is made
+    assert m.weight.grad is not None
+    out = m()
+    with torch.no_grad():                                # backward itself under no_grad: the graph was made before
+        out.backward()
+
+
 def t_copy_made():
     """A copy.deepcopy under way: the operation `copy` from its frames, and what it made so far from the memo of its
     outermost frame (the copies made before the probe, not the originals); nothing outside a deepcopy."""
@@ -457,6 +497,7 @@ check("modules and optimizers found through gc alone", t_gc_only)
 check("the time budget stops the scan: incomplete, activations unknown", t_budget)
 check("the standard library's frames are not the program's line; the operation table still reads them",
       t_standard_library_frames)
+check("backward() on a tensor with no graph raises PyTorch's RuntimeError, no gradient made", t_backward_without_graph)
 check("a deep copy under way: the operation copy, and the bytes its memo holds so far", t_copy_made)
 check("a device test that raises never raises out of the role code", t_never_raises)
 
