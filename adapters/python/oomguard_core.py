@@ -27,6 +27,8 @@ _lock = threading.RLock()
 _fns = {}
 _struct = None
 FW_FREED_KNOWN = 2       # include/oomguard.h OOMGUARD_FW_FREED_KNOWN: freed_bytes_total was measured
+FW_REQUEST_KNOWN = 4     # OOMGUARD_FW_REQUEST_KNOWN: requested_bytes was given (0 is a request of 0 bytes)
+FW_PEAK_KNOWN = 8        # OOMGUARD_FW_PEAK_KNOWN: peak_bytes was read (0 is a peak of 0 bytes)
 _ADAPTER_FILES = ("oomguard_core.py", "oomguard_torch.py", "oomguard_jax.py", "oomguard_cupy.py", "oomguard_tf.py",
                   "oomguard_roles.py", "oomguard_phase.py", "sitecustomize.py")
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -220,6 +222,11 @@ def send(kind, who, device, **kw):
                 setattr(s, k, u64(v))
         if kw.get("freed_bytes_total") is not None:
             s.flags |= FW_FREED_KNOWN        # None (not measured) stays unknown, never a 0 freed
+        # a request or a peak passed as None (not known) stays unknown in the dump, never a 0 B one
+        if kw.get("requested_bytes") is not None:
+            s.flags |= FW_REQUEST_KNOWN
+        if kw.get("peak_bytes") is not None:
+            s.flags |= FW_PEAK_KNOWN
         r = fn(ctypes.byref(s))
         if kind == "oom":
             _ooms[who] = _ooms.get(who, 0) + 1

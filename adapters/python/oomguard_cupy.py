@@ -73,9 +73,9 @@ def _numbers(cupy, device, limit=None):
                 cap_bytes=limit or 0, cap_source=_cap_source(limit) if limit else None)
 
 
-def report(device=None, request=0, total=None, limit=None, stack=None):
+def report(device=None, request=None, total=None, limit=None, stack=None):
     """Reads the default pool (the current device's) and hands it to the shim as a failure of
-    `request` bytes.  Must not run while the pool's lock is held by this thread (see above).
+    `request` bytes (None: not known).  Must not run while the pool's lock is held by this thread (see above).
     Returns the shim's result or None.  Never raises."""
     try:
         cupy = _cupy()
@@ -161,7 +161,7 @@ def _on_oom(exc, args, kwargs):
         device = 0
     stack = _core.python_stack()
     t = threading.Thread(target=_helper, name="oomguard-cupy-report",
-                         kwargs={"device": device, "request": int(vals.get("size") or 0),
+                         kwargs={"device": device, "request": None if vals.get("size") is None else int(vals["size"]),
                                  "limit": int(vals.get("limit") or 0) or None, "stack": stack})
     t.daemon = False
     _helpers.append(t)

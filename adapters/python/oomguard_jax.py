@@ -160,7 +160,7 @@ def _numbers(jax, dev, st):
     return dict(device=_ordinal(dev), allocated_bytes=in_use, reserved_bytes=max(reserved, in_use), active_bytes=in_use,
                 largest_free_block_bytes=st.get("largest_free_block_bytes", 0), allocator_settings=_settings(),
                 source="jax %s" % (getattr(jax, "__version__", "?"),), framework="jax", api=API,
-                cap_bytes=limit if cap_source else 0, cap_source=cap_source, peak_bytes=st.get("peak_bytes_in_use", 0))
+                cap_bytes=limit if cap_source else 0, cap_source=cap_source, peak_bytes=st.get("peak_bytes_in_use"))
 
 
 def report(exc=None, request=None, stack=None):
@@ -172,7 +172,7 @@ def report(exc=None, request=None, stack=None):
             return None
         if request is None and exc is not None:
             m = _REQ.search(str(exc))
-            request = int(m.group(1).replace(",", "")) if m else 0
+            request = int(m.group(1).replace(",", "")) if m else None   # not in the message: unknown
         dev, st = _pick(_gpu_devices(jax), request or 0)
         if dev is None or not isinstance(st, dict):
             _core.say(WHO, "no GPU device with memory_stats(): nothing reported")
@@ -185,7 +185,7 @@ def report(exc=None, request=None, stack=None):
             pkg = None
         phase = oomguard_phase.encode(*oomguard_phase.detect(sys._getframe(1), 0, exc=exc, package_dir=pkg))
         return _core.send(
-            "oom", WHO, kw.pop("device"), num_ooms=1, requested_bytes=request or 0,
+            "oom", WHO, kw.pop("device"), num_ooms=1, requested_bytes=request,
             python_stack=stack if stack is not None else _core.python_stack(),
             roles=roles, phase=phase[0], phase_frame=phase[1], phase_source=phase[2], **kw)
     except Exception as e:

@@ -39,13 +39,13 @@ def _tf():
 
 def _request(msg):
     m = _SHAPE.search(msg)
-    if not m:
-        return 0
+    if not m or m.group(2) not in _SIZES:
+        return None                      # the message does not say: unknown, not a request of 0 bytes
     n = 1
     for part in m.group(1).split(","):
         if part.strip():
             n *= int(part)
-    return n * _SIZES.get(m.group(2), 0)
+    return n * _SIZES[m.group(2)]
 
 
 def _growth(tf, gpu):

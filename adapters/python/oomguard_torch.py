@@ -504,8 +504,8 @@ def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowe
             allocator_settings=_allocator_settings(torch),
             source="torch %s" % (getattr(torch, "__version__", "?"),),
             snapshot_path=snapshot_path, framework="pytorch", api="torch.cuda.caching_allocator",
-            requested_bytes=alloc_size or 0, cap_bytes=cap, cap_source=cap_source,
-            peak_bytes=stats.get("allocated_bytes.all.peak", 0),
+            requested_bytes=alloc_size, cap_bytes=cap, cap_source=cap_source,   # None: not given, unknown
+            peak_bytes=stats.get("allocated_bytes.all.peak"),
             grad_enabled=grad, training=1 if _step_seen else 0,
             autocast=_autocast_mode(torch) if modes else 0, python_stack=stack, python_sites=sites,
             # all the caching allocator ever freed: a loop frees its temporaries every iteration,

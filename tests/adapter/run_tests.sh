@@ -917,6 +917,20 @@ t_struct_sizes() {
 }
 t "a struct of the size before autocast was added is accepted; autocast only read when it is covered" t_struct_sizes
 
+t_struct_request() {
+    # a failure the framework's allocator refused, handed in without its size: the request is null (the
+    # event's and the framework view's), no shortfall; the same 0 marked given is a request of 0 bytes
+    shim adapter env ADAPTER_DIR="$AD" "$PYTHON" "$JOB" struct-norequest nr.json || return 1
+    local D
+    D=$(ls dumps/oomguard-*.json)
+    expect "$D" '[d["event"]["framework_internal"], d["event"]["requested_bytes"], d["memory"]["framework"]["requested_bytes"], d["diagnosis"]["shortfall_bytes"]]' '[True, None, None, None]' || return 1
+    rm -f dumps/*
+    shim adapter env ADAPTER_DIR="$AD" "$PYTHON" "$JOB" struct-zero-request zr.json || return 1
+    D=$(ls dumps/oomguard-*.json)
+    expect "$D" '[d["event"]["requested_bytes"], d["memory"]["framework"]["requested_bytes"], d["diagnosis"]["shortfall_bytes"]]' '[0, 0, 0]'
+}
+t "an adapter's failure without its size has a null request; a 0 marked given is a request of 0 bytes" t_struct_request
+
 t_bench_stacks() {
     needs_no_tsan "loads the TSan-built simulated GPU into a Python without the TSan runtime (static TLS block)"
     # the per-allocation cost of OOMGUARD_PYTHON_STACKS (docs/python-adapters.md): it runs, the

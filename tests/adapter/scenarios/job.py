@@ -211,7 +211,7 @@ if mode in ("train-before-step", "train-after-step"):
         sys.exit(0)
     sys.exit(2)
 
-if mode in ("struct-old", "struct-new", "struct-noflag"):
+if mode in ("struct-old", "struct-new", "struct-noflag", "struct-norequest", "struct-zero-request"):
     # an adapter built before autocast was added passes a shorter struct: the shim must not read
     # past it (here the field is set, so reading it would show)
     import ctypes
@@ -233,6 +233,11 @@ if mode in ("struct-old", "struct-new", "struct-noflag"):
         s.flags = oomguard_core.FW_FREED_KNOWN
     if mode == "struct-noflag":
         s.struct_size = ctypes.sizeof(S)
+    # the request: 0 without FW_REQUEST_KNOWN is "not given" (unknown); with it, a request of 0 bytes
+    if mode in ("struct-norequest", "struct-zero-request"):
+        s.struct_size = ctypes.sizeof(S)
+        s.requested_bytes = 0
+        s.flags = oomguard_core.FW_REQUEST_KNOWN if mode == "struct-zero-request" else 0
     fn = ctypes.CDLL(None).oomguard_framework_oom
     fn.argtypes = [ctypes.POINTER(S)]
     r = fn(ctypes.byref(s))
