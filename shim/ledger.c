@@ -351,18 +351,74 @@ _Atomic uint64_t og_ledger_lost[OG_LOST_COUNT];
 
 static atomic_uint next_shard;
 /* The thread's shard and its index (the owner hints name shards by index): NULL until the
- * thread's first allocation. */
+ * thread's first allocation; `owner`: the thread counts in its shard's `owners` (its exit
+ * flushes the shard). */
 static OG_TLS struct {
     shard_t *s;
     int idx;
+    bool owner;
 } mine;
+
+/* A thread's exit adds what its shard holds batched to the devices' totals (ledger_int.h):
+ * without it every thread that ends (a worker pool, a backward pass on a thread of its own)
+ * leaves up to OG_BATCH_BYTES per device out of `tracked` and the peak, for good.  The key's
+ * value is set once, at the thread's first allocation: a thread that never allocates costs
+ * nothing, and the allocation path gains nothing.  The whole of `pending` is added, whoever of
+ * the threads sharing the shard made it: it is the shard's, and the totals only ever need
+ * every shard's sum.  A flush when a new thread is given the shard instead would need no key,
+ * but would leave the batches of the last SHARDS threads out until then, and those of a shard
+ * never handed out again for good.  (A thread whose first allocation comes from another
+ * library's destructor at its very end, past glibc's rounds of destructors, keeps its batch:
+ * one thread's, as before.) */
+static pthread_key_t exit_key;
+static bool exit_key_ok;
+
+/* Clears a shard's batches into the devices' totals; its lock held.  Not the warnings: the
+ * next change that moves a total looks at them. */
+static void shard_flush(shard_t *s, uint64_t t)
+{
+    for (int dv = 0; dv < OG_MAX_DEVICES; dv++)
+        if (s->pending[dv]) {
+            og_tracked_add(&og_devs[dv], s->pending[dv], t);
+            s->pending[dv] = 0;
+        }
+}
+
+/* The exit key's destructor: the thread is ending (never the main thread's exit()). */
+static void shard_release(void *arg)
+{
+    shard_t *s = arg;
+    og_in_shim++; /* a signal handler's CUDA call passes through meanwhile: its shard is locked */
+    og_spin_lock(&s->lock);
+    shard_flush(s, og_ticks());
+    if (s->owners && --s->owners == 0)
+        shard_batch_set(s, false); /* the frees left to come from other threads go straight through */
+    og_spin_unlock(&s->lock);
+    og_in_shim--;
+    if (mine.s == s) {
+        /* an allocation from a later destructor registers the thread again (and glibc then
+         * calls this once more) */
+        mine.s = NULL;
+        mine.owner = false;
+    }
+}
 
 static __attribute__((noinline)) void my_shard_first(void)
 {
     int k = (int)(atomic_fetch_add(&next_shard, 1) % SHARDS);
-    ring_provide(&og_shards[k].ring, &og_shards[k].lock, NULL); /* no lock of ours held here */
+    shard_t *s = &og_shards[k];
+    ring_provide(&s->ring, &s->lock, NULL); /* no lock of ours held here */
+    /* without the key (or memory for its value) the thread batches nothing in a shard of its own */
+    bool owner = exit_key_ok && pthread_setspecific(exit_key, s) == 0;
+    if (owner) {
+        og_spin_lock(&s->lock);
+        s->owners++;
+        shard_batch_set(s, true);
+        og_spin_unlock(&s->lock);
+    }
     mine.idx = k;
-    mine.s = &og_shards[k];
+    mine.owner = owner;
+    mine.s = s;
     og_exit_arm(); /* once per thread: the program is running, not starting */
 }
 
@@ -560,7 +616,7 @@ static __attribute__((noinline)) void track_block(og_call_t *c, uintptr_t addr, 
         return;
     if (OG_LIKELY(!rare) || ((unsigned)device < OG_MAX_DEVICES && kind != OG_KIND_HOST && counts_itself(kind, flags))) {
         /* The warning is looked at when the device's total moves (small allocations are
-         * batched: it trails by less than OG_BATCH_BYTES per thread, as the peak does). */
+         * batched: it trails by less than OG_BATCH_BYTES per live thread, as the peak does). */
         if (OG_UNLIKELY(flushed))
             og_warn_check(device, live);
         if (OG_UNLIKELY(atomic_load_explicit(&og_episode_open[device], memory_order_relaxed)))
@@ -926,7 +982,8 @@ uint64_t og_ledger_peak_t_ns(int device)
 #ifdef OG_DEBUG
 /* `make OG_DEBUG=1` (the soak builds): the ledger's books checked against each other, with
  * every lock of the ledger held (the fork order), at a moment the caller makes quiet (the
- * soak's program, once its threads are joined, finds this with dlsym).  For each device:
+ * soak's program, once its threads are joined, finds this with dlsym).  A shard no live thread
+ * owns holds nothing batched.  For each device:
  * the device's total plus what the shards still batch equals the shards' plain and managed
  * bytes plus pools, VMM and graph memory; the shards' pool bytes equal pool_used; in every
  * shard, the table holds nblocks blocks, each found from its home slot.  Returns the number
@@ -955,6 +1012,13 @@ OG_EXPORT int oomguard_debug_ledger_check(void)
                     (unsigned long long)n, (unsigned long long)atomic_load(&s->nblocks));
             bad++;
         }
+        for (int dv = 0; dv < OG_MAX_DEVICES && !s->owners; dv++)
+            if (s->pending[dv]) { /* its last thread's exit flushed it, and it batches nothing since */
+                fprintf(stderr,
+                        "oomguard debug: shard %d: no live thread owns it, yet %lld bytes of device %d wait in it\n", i,
+                        (long long)s->pending[dv], dv);
+                bad++;
+            }
     }
     for (int dv = 0; dv < OG_MAX_DEVICES; dv++) {
         og_ledger_dev_t *d = &og_devs[dv];
@@ -1001,7 +1065,9 @@ void og_ledger_init(void)
         s->slots = s->first;
         s->mask = TABLE_FIRST - 1;
         s->shift = 64 - __builtin_ctz(TABLE_FIRST);
+        shard_batch_set(s, false); /* until a thread owns it */
     }
+    exit_key_ok = pthread_key_create(&exit_key, shard_release) == 0;
     for (int i = 0; i < OG_MAX_DEVICES; i++) {
         pthread_mutex_init(&og_devs[i].sample_lock, NULL);
         og_devs[i].sample_interval = 3000000; /* ticks: about 1 ms to start with */
@@ -1052,10 +1118,16 @@ void og_ledger_atfork_child(void)
         sh->host_bytes = sh->host_blocks = 0;
         memset(sh->dev, 0, sizeof sh->dev);
         memset(sh->pending, 0, sizeof sh->pending);
+        sh->owners = 0; /* the parent's other threads are not here: only this one owns its shard */
+        shard_batch_set(sh, false);
         ring_buf_t *rb = atomic_load(&sh->ring.buf); /* the child keeps its parent's buffers, emptied */
         memset(rb->ev, 0, rb->size * sizeof(og_event_t));
         atomic_store(&sh->ring.head, 0);
         sh->ring.pos = 0;
+    }
+    if (mine.owner) {
+        mine.s->owners = 1;
+        shard_batch_set(mine.s, true);
     }
     pthread_mutex_init(&slow_lock, NULL);
     ring_buf_t *rb = atomic_load(&slow_ring.buf);

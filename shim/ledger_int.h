@@ -118,6 +118,8 @@ typedef struct {
     ring_t ring;       /* this shard's recent events */
     uint64_t host_bytes, host_blocks;
     _Atomic uint64_t nblocks;        /* blocks in the table; lets a cross-thread free skip empty shards unlocked */
+    uint64_t batch_lo, batch_span;   /* pending p is held while |p| < the batch: p + lo <= span (shard_batch_set) */
+    uint32_t owners;                 /* live threads whose exit flushes `pending` (see below) */
     int64_t pending[OG_MAX_DEVICES]; /* small changes not yet added to og_devs[].tracked (see below) */
     shard_dev_t dev[OG_MAX_DEVICES];
     og_block_t first[TABLE_FIRST];
@@ -178,13 +180,27 @@ static inline og_ledger_dev_t *dev_of(int device)
 
 /* The device-wide `tracked` counter is the one line every allocating thread writes; with two
  * threads that write costs more than everything else on the path together.  Small changes
- * are therefore summed per shard (per thread) and added in one step once they reach
- * OG_BATCH_BYTES; an allocation that size or larger goes straight through.  The exact
- * totals are the shards' sums (og_ledger_stats); warnings may trail by less than
- * OG_BATCH_BYTES per allocating thread, and the peak, which adds the allocating thread's own
- * batch, is exact for one thread and within OG_BATCH_BYTES per other allocating thread.  With OOMGUARD_LIMIT set nothing is batched: the
- * limit is exact. */
+ * are therefore summed per shard and added in one step once they reach the shard's `batch`;
+ * an allocation that size or larger goes straight through.  A shard batches (OG_BATCH_BYTES)
+ * only while a live thread owns it: the thread's first allocation registers it (my_shard_first),
+ * and its exit adds what the shard holds to the totals; a shard no live thread owns (its
+ * threads exited, or none could register) batches nothing, so the frees other threads make
+ * of its blocks go straight through.  The exact totals are the shards' sums (og_ledger_stats);
+ * `tracked`, the warnings and the history's `live` trail by less than OG_BATCH_BYTES per live
+ * allocating thread (threads sharing a shard count once: at most SHARDS), whatever number of
+ * threads came and went; the peak, which adds the allocating thread's own batch, is exact for
+ * one live allocating thread and within OG_BATCH_BYTES per other live allocating thread.  With
+ * OOMGUARD_LIMIT set nothing is batched (every batch is 1): the limit is exact. */
 #define OG_BATCH_BYTES (4ll << 20)
+
+/* A shard's batch: OG_BATCH_BYTES while a live thread owns it (and no limit is set), else 1:
+ * every change goes straight through.  Shard lock held (or no other thread running). */
+static inline void shard_batch_set(shard_t *s, bool owned)
+{
+    uint64_t b = owned && !og_limit_active() ? (uint64_t)OG_BATCH_BYTES : 1;
+    s->batch_lo = b - 1;
+    s->batch_span = 2 * (b - 1);
+}
 
 /* *flushed is set when the device's total moved (the warning is checked then, by the caller
  * once its lock is dropped: it trails like the peaks). */
@@ -192,14 +208,14 @@ static inline uint64_t shard_tracked_add(shard_t *s, int device, int64_t delta, 
 {
     og_ledger_dev_t *d = &og_devs[device];
     int64_t p = s->pending[device] + delta;
-    if (og_limit_active() || p >= OG_BATCH_BYTES || p <= -OG_BATCH_BYTES) {
+    if ((uint64_t)p + s->batch_lo > s->batch_span) { /* |p| >= the shard's batch, in one comparison */
         s->pending[device] = 0;
         *flushed = true;
         return og_tracked_add(d, p, t);
     }
     s->pending[device] = p;
     /* the peak still sees this thread's batched bytes: exact for one allocating thread (the
-     * usual PyTorch job), within OG_BATCH_BYTES per other allocating thread otherwise; `peak`
+     * usual PyTorch job), within OG_BATCH_BYTES per other live allocating thread otherwise; `peak`
      * shares `tracked`'s cache line, so the test costs no miss */
     uint64_t now = atomic_load_explicit(&d->tracked, memory_order_relaxed) + (uint64_t)p;
     if (delta > 0 && OG_UNLIKELY(now > atomic_load_explicit(&d->peak, memory_order_relaxed)))
