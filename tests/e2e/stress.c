@@ -1,7 +1,12 @@
 /* 2 devices x 8 threads x 100k random allocations and frees, with the simulated driver
  * failing a seeded share of them (SIMGPU_FAIL_PROB).  The ledger must still match the
  * driver to the byte, and every failure the driver reported must be counted.
- * STRESS_THREADS and STRESS_OPS (per thread) size it: `make soak` runs 16 x 1M. */
+ * STRESS_THREADS and STRESS_OPS (per thread) size it: `make soak` runs 16 x 1M.
+ * Meanwhile short-lived threads come and go (one per 1,000 operations of a worker): each
+ * allocates a few small blocks, frees half and leaves the rest to the thread that made it,
+ * which frees them once it has ended; their shards are the workers' too, so a thread's end
+ * (which adds its shard's batched bytes to the device's total) meets the workers' own
+ * allocations and frees on the same shard. */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <pthread.h>
@@ -50,6 +55,57 @@ static void *worker(void *arg)
     return NULL;
 }
 
+/* One short-lived thread: 4 small blocks, the last 2 left to its maker. */
+typedef struct {
+    int dev;
+    unsigned seed;
+    void *left[2];
+} churn_t;
+
+static void *churn_one(void *arg)
+{
+    churn_t *c = arg;
+    if (cudaSetDevice(c->dev) != cudaSuccess)
+        return (void *)1;
+    void *p[4] = { 0 };
+    for (int i = 0; i < 4; i++) {
+        if (cudaMalloc(&p[i], 1 + rand_r(&c->seed) % (1u << 20)) == cudaSuccess)
+            did_alloc[c->dev]++;
+        else
+            p[i] = NULL, (void)cudaGetLastError();
+    }
+    for (int i = 0; i < 2; i++)
+        if (p[i]) {
+            if (cudaFree(p[i]) != cudaSuccess)
+                return (void *)2;
+            did_free[c->dev]++;
+        }
+    c->left[0] = p[2];
+    c->left[1] = p[3];
+    return NULL;
+}
+
+static void *churn(void *arg)
+{
+    int rounds = ops / 1000 > 0 ? ops / 1000 : 1;
+    for (int k = 0; k < rounds; k++) {
+        churn_t c = { k % 2, (unsigned)k * 2246822519u + 7, { 0 } };
+        pthread_t t;
+        void *rv;
+        if (pthread_create(&t, NULL, churn_one, &c) != 0 || pthread_join(t, &rv) != 0 || rv)
+            return (void *)3;
+        if (cudaSetDevice(c.dev) != cudaSuccess)
+            return (void *)4;
+        for (int i = 0; i < 2; i++)
+            if (c.left[i]) { /* a block of a thread that has ended */
+                if (cudaFree(c.left[i]) != cudaSuccess)
+                    return (void *)5;
+                did_free[c.dev]++;
+            }
+    }
+    return NULL;
+}
+
 int main(int argc, char **argv)
 {
     if (getenv("STRESS_OPS"))
@@ -61,14 +117,18 @@ int main(int argc, char **argv)
     int have_shim = check_setup();
     if (have_shim < 0)
         return 1;
-    pthread_t t[MAX_THREADS];
+    pthread_t t[MAX_THREADS], ct;
     for (int i = 0; i < threads; i++)
         pthread_create(&t[i], NULL, worker, (void *)(uintptr_t)i);
+    pthread_create(&ct, NULL, churn, NULL);
     for (int i = 0; i < threads; i++) {
         void *rv;
         pthread_join(t[i], &rv);
         CHECK(rv == NULL, "worker %d failed (%p)", i, rv);
     }
+    void *crv;
+    pthread_join(ct, &crv);
+    CHECK(crv == NULL, "the short-lived threads failed (%p)", crv);
     cudaSetDevice(0);
     cudaDeviceSynchronize();
     /* an OG_DEBUG build of the shim (make soak) checks its books against each other */
