@@ -352,6 +352,7 @@ typedef struct og_record {
         int nsamples;
         og_sample_t samples[512];
         uint64_t allocs, frees, failures, unknown_frees;
+        uint64_t recovered_episodes, recovered_not_written; /* failure episodes on the device, up to this record */
     } history;
 
     int nsites;

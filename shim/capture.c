@@ -722,7 +722,7 @@ static void derive(og_record_t *rec, const og_episode_t *ep)
  * atomics: no lock to inherit across fork, no lock on the failure path. */
 static _Atomic(og_record_t *) first_fail[OG_MAX_DEVICES];
 
-static og_record_t *record_copy(const og_record_t *src)
+og_record_t *og_record_copy(const og_record_t *src)
 {
     og_record_t *c = malloc(sizeof *c);
     if (!c)
@@ -743,7 +743,7 @@ static void keep_first_failure(const og_record_t *rec, const og_episode_t *ep, i
 {
     if (!ep || ep->attempts != 1 || device < 0 || device >= OG_MAX_DEVICES || strcmp(rec->status, "oom") != 0)
         return;
-    og_record_t *c = record_copy(rec);
+    og_record_t *c = og_record_copy(rec);
     if (!c)
         return;
     c->event.recovered_t = (double)ep->first_t_ns; /* the episode's key until it is used */
@@ -983,6 +983,7 @@ og_record_t *og_record_capture(const char *status, const og_episode_t *ep, int d
         og_record_free(rec);
         rec = first;
     }
+    og_dump_episode_counts(device, &rec->history.recovered_episodes, &rec->history.recovered_not_written);
     og_diagnose(rec, &th);
     og_select_remedies(rec);
     keep_first_failure(rec, ep, device);
@@ -1010,6 +1011,7 @@ og_record_t *og_record_unmeasured(const char *status, const og_episode_t *ep)
                   "from the failure alone when it proved final",
                   og_opt.max_dumps);
     fill_event(rec, ep, ep->device);
+    og_dump_episode_counts(ep->device, &rec->history.recovered_episodes, &rec->history.recovered_not_written);
     return rec;
 }
 

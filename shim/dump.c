@@ -176,6 +176,10 @@ static void render_text(const og_record_t *r, og_sb_t *sb)
                  r->history.peak_t_rel, (unsigned long long)r->history.allocs, r->history.allocs == 1 ? "" : "s",
                  (unsigned long long)r->history.frees, r->history.frees == 1 ? "" : "s",
                  (unsigned long long)r->history.failures, r->history.failures == 1 ? "" : "s");
+    if (r->history.recovered_episodes) /* the framework's flush-and-retry, counted even when not written */
+        og_sb_printf(sb, "%llu failure episode%s recovered up to this record, %llu without a record of its own\n",
+                     (unsigned long long)r->history.recovered_episodes, r->history.recovered_episodes == 1 ? "" : "s",
+                     (unsigned long long)r->history.recovered_not_written);
 
     og_sb_printf(sb, "\ndiagnosis: %s", r->diagnosis.primary ? r->diagnosis.primary : "unknown");
     if (og_or(r->diagnosis.shortfall_bytes, 0))
@@ -633,11 +637,54 @@ static atomic_int warned_budget;
 static atomic_llong briefs_written;
 
 /* Per device, the failure episode whose record was last admitted (its first attempt's time; 0
- * none) and how many of its failed attempts were counted: its later rewrites are free. */
+ * none), how many of its failed attempts were counted (its later rewrites are free) and how many
+ * budget units they took (given back if it recovers). */
 static struct {
     _Atomic uint64_t key;
     atomic_int attempts;
+    atomic_llong units;
 } on_disk[OG_MAX_DEVICES];
+
+/* Episodes that recover (PyTorch's flush-and-retry: a failed cudaMalloc, the cache released, the
+ * retry succeeds) are not what OOMGUARD_MAX_DUMPS is for: a generation loop can make hundreds of
+ * them before its one real failure, and that failure must still be measured.  So:
+ *  - a recovered episode gives its budget units back: the budget counts unrecovered failures
+ *    (and warnings, exit summaries);
+ *  - recovered episodes have their own allowance, OG_RECOVERED_FULL records (at most
+ *    OOMGUARD_MAX_DUMPS): each costs a capture and two writes (the failure, then its recovery);
+ *  - past it, on a device where recovered episodes needed up to `depth` failed attempts, a failed
+ *    attempt within that depth is captured but not written: the record is held in memory and
+ *    written only if its episode proves final (a newer failure on the device, the framework's own
+ *    report of the failure, a success long after, exit); a recovery drops it.  A later attempt
+ *    than any recovered episode needed is captured and written at once, as before.
+ * Counted per device for the dump (history.counters): episodes recovered, and how many of them
+ * have no record of their own in the file. */
+#define OG_RECOVERED_FULL 4
+static atomic_llong recovered_written; /* recovered records written in full */
+static struct {
+    atomic_llong recovered, not_written;
+    atomic_int depth; /* the most failed attempts a recovered episode needed */
+} episodes[OG_MAX_DEVICES];
+
+/* The failed attempt captured but not written yet, per device (swapped with atomics). */
+typedef struct {
+    og_record_t *rec;
+    og_episode_t ep;
+} og_held_t;
+static _Atomic(og_held_t *) held[OG_MAX_DEVICES];
+
+/* A copy of the recovered record last written: at exit the file's recovered record is given the
+ * counts of then (the recoveries after it were counted, not written). */
+static _Atomic(og_record_t *) last_recovered;
+
+void og_dump_episode_counts(int device, uint64_t *recovered, uint64_t *not_written)
+{
+    *recovered = *not_written = 0;
+    if (device < 0 || device >= OG_MAX_DEVICES)
+        return;
+    *recovered = (uint64_t)atomic_load(&episodes[device].recovered);
+    *not_written = (uint64_t)atomic_load(&episodes[device].not_written);
+}
 
 /* The latest failure the budget refused, per device, while its episode is open: if it ends
  * unrecovered and the file holds no unrecovered failure (only a recovery, a warning, an exit
@@ -675,7 +722,8 @@ static bool severity_allows(int sev, int device)
 /* The budget (OOMGUARD_MAX_DUMPS) counts what happened, not how often a file was rewritten: each
  * failed call dumped, each warning, each exit summary is one unit.  A failure's own record is
  * rewritten in place within the unit it already has: when its episode recovers (PyTorch's
- * flush-and-retry makes one by itself), and when the framework's numbers arrive for it. */
+ * flush-and-retry makes one by itself; the unit is then given back, see `episodes`), and when the
+ * framework's numbers arrive for it. */
 static bool budget_take(void)
 {
     if (atomic_load_explicit(&dumps_written, memory_order_relaxed) >= og_opt.max_dumps ||
@@ -976,15 +1024,28 @@ void og_dump_atfork_child(void)
     atomic_store(&written_device, -1);
     atomic_store(&dumps_written, 0);
     atomic_store(&briefs_written, 0);
+    atomic_store(&recovered_written, 0);
+    atomic_store(&last_recovered, NULL); /* the parent's */
     for (int d = 0; d < OG_MAX_DEVICES; d++) {
         atomic_store(&on_disk[d].key, 0);
+        atomic_store(&on_disk[d].units, 0);
         owed[d].set = false;
+        /* the parent's held record is the parent's to write (left to it, not freed here) */
+        atomic_store(&held[d], NULL);
+        atomic_store(&episodes[d].recovered, 0);
+        atomic_store(&episodes[d].not_written, 0);
+        atomic_store(&episodes[d].depth, 0);
     }
 }
 
 static void write_owed(int device);
+static void write_held(int device);
+static void refresh_recovered(void);
 static void dump_flush_pending(int device)
 {
+    write_held(device);
+    if (device < 0) /* exit */
+        refresh_recovered();
     flush_pending(device);
     write_owed(device);
 }
@@ -1109,15 +1170,60 @@ static void owe(int d, const og_episode_t *ep)
     pthread_mutex_unlock(&pending_lock);
 }
 
+/* The held attempt of this episode, taken out; NULL if the device holds none of it. */
+static og_held_t *held_take(int d, uint64_t key)
+{
+    og_held_t *h = atomic_load(&held[d]);
+    if (!h || h->ep.first_t_ns != key || !atomic_compare_exchange_strong(&held[d], &h, NULL))
+        return NULL;
+    return h;
+}
+
+static void held_free(og_held_t *h)
+{
+    if (h) {
+        og_record_free(h->rec);
+        free(h);
+    }
+}
+
+/* Past the recovered allowance, an attempt no deeper than recovered episodes needed on this device
+ * is likely to be followed by a successful retry: captured now, written only if it proves final. */
+static bool defer_write(int d, const og_episode_t *ep, const og_call_t *c)
+{
+    long long allowance = og_opt.max_dumps < OG_RECOVERED_FULL ? og_opt.max_dumps : OG_RECOVERED_FULL;
+    return c->active && atomic_load(&recovered_written) >= allowance && ep->attempts <= atomic_load(&episodes[d].depth);
+}
+
 static void report_failure(const og_episode_t *ep, og_call_t *c)
 {
     int d = ep->device;
     bool fresh = ep->attempts == 1 && c->active;
-    if (fresh) /* a new failure on this device: its older unrecovered one is final */
+    bool dev = d >= 0 && d < OG_MAX_DEVICES;
+    if (fresh) { /* a new failure on this device: its older unrecovered one is final */
+        write_held(d);
         flush_pending(d);
-    bool same = d >= 0 && d < OG_MAX_DEVICES && atomic_load(&on_disk[d].key) == ep->first_t_ns;
+    }
+    /* this episode's held attempt: superseded by a newer attempt, or, when the framework reports on
+     * the failure (its numbers, its own out-of-memory error), final enough to be written now: both
+     * capture afresh below */
+    if (dev)
+        held_free(held_take(d, ep->first_t_ns));
+    bool same = dev && atomic_load(&on_disk[d].key) == ep->first_t_ns;
     /* the framework's numbers for an attempt already counted: a rewrite within its unit */
     bool refresh = same && ep->attempts <= atomic_load(&on_disk[d].attempts);
+    if (dev && !refresh && defer_write(d, ep, c)) {
+        og_held_t *h = malloc(sizeof *h);
+        og_record_t *rec = h ? og_record_capture("oom", ep, d) : NULL;
+        if (rec) {
+            h->rec = rec;
+            h->ep = *ep;
+            set_pending(rec, "");                    /* a fatal signal still prints what failed */
+            held_free(atomic_exchange(&held[d], h)); /* none: an older one was written when this began */
+            return;
+        }
+        free(h); /* no host memory: written the ordinary way */
+    }
     if (!dump_admit("oom", d, refresh)) {
         if (!same) /* the file holds an older episode: this one is owed */
             owe(d, ep);
@@ -1125,12 +1231,47 @@ static void report_failure(const og_episode_t *ep, og_call_t *c)
             set_pending_brief(ep);
         return;
     }
-    if (d >= 0 && d < OG_MAX_DEVICES) {
+    if (dev) {
+        if (!same)
+            atomic_store(&on_disk[d].units, 0);
+        if (!refresh)
+            atomic_fetch_add(&on_disk[d].units, 1);
         atomic_store(&on_disk[d].key, ep->first_t_ns);
         atomic_store(&on_disk[d].attempts, ep->attempts);
         owe(d, NULL);
     }
     capture_write_free("oom", ep, d, after_failure);
+}
+
+/* Held attempts whose episodes ended unrecovered: written now, each with a unit of the budget
+ * (normal context only, like write_owed); refused, the failure is owed as if never captured. */
+static void write_held(int device)
+{
+    for (int d = 0; d < OG_MAX_DEVICES; d++) {
+        if (device >= 0 && d != device)
+            continue;
+        og_held_t *h = atomic_exchange(&held[d], NULL);
+        if (!h)
+            continue;
+        if (!dump_admit("oom", d, false)) {
+            owe(d, &h->ep);
+            held_free(h);
+            continue;
+        }
+        atomic_store(&on_disk[d].units, 1);
+        atomic_store(&on_disk[d].key, h->ep.first_t_ns);
+        atomic_store(&on_disk[d].attempts, h->ep.attempts);
+        owe(d, NULL);
+        char path[4800];
+        unsigned gen = 0;
+        write_dump(h->rec, path, sizeof path, &gen);
+        set_pending(h->rec, path);
+        if (og_opt.verbose)
+            og_log("device %d: a failure held past the recovered allowance ended unrecovered; dump written: %s", d,
+                   path[0] ? path : "(stderr)");
+        og_symfill_schedule(h->rec, path, gen); /* frees the record */
+        free(h);
+    }
 }
 
 static void after_recovered(const og_record_t *rec, const og_episode_t *ep, const char *path)
@@ -1146,11 +1287,60 @@ static void report_recovered(const og_episode_t *ep, og_call_t *c)
     if (d < 0 || d >= OG_MAX_DEVICES)
         return;
     owe(d, NULL);
-    /* only the episode whose record is on disk is rewritten, in place and within its unit; one
-     * the budget refused was never written and owes nothing now */
-    if (atomic_load(&on_disk[d].key) != ep->first_t_ns || !dump_admit("recovered", d, true))
+    atomic_fetch_add(&episodes[d].recovered, 1);
+    for (int depth = atomic_load(&episodes[d].depth);
+         depth < ep->attempts && !atomic_compare_exchange_weak(&episodes[d].depth, &depth, ep->attempts);)
+        ;
+    og_held_t *h = held_take(d, ep->first_t_ns);
+    if (h) { /* captured, never written: dropped */
+        held_free(h);
+        atomic_fetch_add(&episodes[d].not_written, 1);
         return;
-    capture_write_free("recovered", ep, d, after_recovered);
+    }
+    /* only the episode whose record is on disk is rewritten, in place and within its unit (then
+     * given back); one the budget refused was never written and owes nothing now */
+    if (atomic_load(&on_disk[d].key) != ep->first_t_ns) {
+        atomic_fetch_add(&episodes[d].not_written, 1);
+        return;
+    }
+    atomic_fetch_sub(&dumps_written, atomic_exchange(&on_disk[d].units, 0));
+    if (!dump_admit("recovered", d, true)) {
+        atomic_fetch_add(&episodes[d].not_written, 1);
+        return;
+    }
+    atomic_fetch_add(&recovered_written, 1);
+    og_record_t *rec = og_record_capture("recovered", ep, d);
+    if (!rec)
+        return;
+    char path[4800];
+    unsigned gen = 0;
+    write_dump(rec, path, sizeof path, &gen);
+    after_recovered(rec, ep, path);
+    og_record_free(atomic_exchange(&last_recovered, path[0] ? og_record_copy(rec) : NULL));
+    og_symfill_schedule(rec, path, gen); /* names and lines, later; frees rec */
+}
+
+/* At exit: the file still holds a recovered record, and recoveries came after it: its counts of now. */
+static void refresh_recovered(void)
+{
+    og_record_t *r = atomic_exchange(&last_recovered, NULL);
+    if (!r)
+        return;
+    int d = r->event.device;
+    uint64_t n, nw;
+    og_dump_episode_counts(d, &n, &nw);
+    if (atomic_load(&written_severity) == severity("recovered") && atomic_load(&written_device) == d &&
+        (n != r->history.recovered_episodes || nw != r->history.recovered_not_written)) {
+        r->history.recovered_episodes = n;
+        r->history.recovered_not_written = nw;
+        char path[4800];
+        unsigned gen;
+        write_dump(r, path, sizeof path, &gen);
+        if (og_opt.verbose)
+            og_log("device %d: %llu recovered episodes by exit; dump updated: %s", d, (unsigned long long)n,
+                   path[0] ? path : "(none)");
+    }
+    og_record_free(r);
 }
 
 /* Owed failures that ended unrecovered, written from their episodes alone (normal context only:
@@ -1181,6 +1371,7 @@ static void write_owed(int device)
                    path[0] ? path : "(none)");
         atomic_store(&on_disk[d].key, ep.first_t_ns);
         atomic_store(&on_disk[d].attempts, ep.attempts);
+        atomic_store(&on_disk[d].units, 0); /* drawn from its own count (briefs_written) */
         og_record_free(rec);
     }
 }

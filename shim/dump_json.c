@@ -739,9 +739,13 @@ static void w_history(og_sb_t *sb, const og_record_t *r)
                      (unsigned long long)r->history.samples[i].live);
     og_sb_puts(sb, "]");
     K("counters");
-    og_sb_printf(sb, "{\"allocs\":%llu,\"frees\":%llu,\"failures\":%llu,\"unknown_frees\":%llu}",
+    og_sb_printf(sb,
+                 "{\"allocs\":%llu,\"frees\":%llu,\"failures\":%llu,\"unknown_frees\":%llu,"
+                 "\"recovered_episodes\":%llu,\"recovered_not_written\":%llu}",
                  (unsigned long long)r->history.allocs, (unsigned long long)r->history.frees,
-                 (unsigned long long)r->history.failures, (unsigned long long)r->history.unknown_frees);
+                 (unsigned long long)r->history.failures, (unsigned long long)r->history.unknown_frees,
+                 (unsigned long long)r->history.recovered_episodes,
+                 (unsigned long long)r->history.recovered_not_written);
     og_sb_puts(sb, "}");
 }
 

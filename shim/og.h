@@ -428,7 +428,8 @@ bool og_python_adapter_missing(char *why, size_t n, bool *loud); /* at a dump; l
 struct og_record *og_record_capture(const char *status, const og_episode_t *ep, int device);
 /* A failure the dump budget refused, recorded later from its episode alone (nothing measured) */
 struct og_record *og_record_unmeasured(const char *status, const og_episode_t *ep);
-void og_record_identity(struct og_record *rec); /* time, pid, host, rank, job, command line */
+struct og_record *og_record_copy(const struct og_record *src); /* a copy of its own (history events too) */
+void og_record_identity(struct og_record *rec);                /* time, pid, host, rank, job, command line */
 /* the program a NUL-separated argv runs: the executable's base name, and a Python interpreter's script or -m module */
 void og_program_of(const char *raw, size_t n, char *out, size_t outsz);
 void og_record_free(struct og_record *rec);
@@ -445,8 +446,9 @@ bool og_env_entry(const char *kv, char *out, size_t outsz);   /* capture.c: "NAM
 void og_report_failure(const og_episode_t *ep, og_call_t *c);
 void og_report_recovered(const og_episode_t *ep, og_call_t *c);
 void og_dump_capture_write(const char *status, int device); /* a "warning"/"exit" dump, if admitted */
-void og_dump_flush_pending(int device);                     /* the device's unrecovered failure is final; -1: all */
-void og_dump_fatal(void);                                   /* dying: summaries out, temp names gone (signal-safe) */
+void og_dump_episode_counts(int device, uint64_t *recovered, uint64_t *not_written); /* history.counters */
+void og_dump_flush_pending(int device); /* the device's unrecovered failure is final; -1: all */
+void og_dump_fatal(void);               /* dying: summaries out, temp names gone (signal-safe) */
 void og_dump_atfork_child(void);
 void og_dump_sweep_start(void); /* at start-up: orphaned temporaries in the dump directory */
 /* status "snapshot", on request; `note` ("" none) goes into memory.unmeasured */

@@ -106,7 +106,7 @@ struct og_roles_view {
         const char *target, *operand;
     } accumulating;
     struct og_pyframe padding_to_max_length; /* file NULL: none */
-    struct { /* activations_copy_of (role NULL: none) */
+    struct {                                 /* activations_copy_of (role NULL: none) */
         const char *role;
         int64_t bytes;
     } activations_copy_of;
@@ -274,6 +274,7 @@ struct og_dump {
         struct og_sample *samples;
         size_t nsamples, samples_cap;
         int64_t allocs, frees, failures, unknown_frees;
+        int64_t recovered_episodes, recovered_not_written; /* -1: an older dump without them */
     } hist;
 
     struct og_site *sites; /* the largest `keep_sites`, largest first */

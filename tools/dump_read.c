@@ -1910,6 +1910,8 @@ static int v_history(struct loader *L, const cJSON *r)
     TRY(get_int(L, c, &pc, "frees", &d->hist.frees));
     TRY(get_int(L, c, &pc, "failures", &d->hist.failures));
     TRY(get_int(L, c, &pc, "unknown_frees", &d->hist.unknown_frees));
+    TRY(get_int(L, c, &pc, "recovered_episodes", &d->hist.recovered_episodes));
+    TRY(get_int(L, c, &pc, "recovered_not_written", &d->hist.recovered_not_written));
     return 0;
 }
 

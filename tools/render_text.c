@@ -812,6 +812,11 @@ static void history(struct tx *t, const struct og_dump *d)
                      d->hist.frees >= 0 ? group_digits(d->hist.frees, g[1]) : "?",
                      d->hist.failures >= 0 ? group_digits(d->hist.failures, g[2]) : "?",
                      d->hist.unknown_frees >= 0 ? group_digits(d->hist.unknown_frees, g[3]) : "?");
+    if (d->hist.recovered_episodes > 0) /* the framework's flush-and-retry: failures it recovered from */
+        og_sb_printf(t->b,
+                     "  recovered  %s failure episode%s up to this record, %s of them without a record of its own\n",
+                     group_digits(d->hist.recovered_episodes, g[0]), d->hist.recovered_episodes == 1 ? "" : "s",
+                     d->hist.recovered_not_written >= 0 ? group_digits(d->hist.recovered_not_written, g[1]) : "?");
     for (int i = 0; i < d->ndevsum; i++) {
         const struct og_devsum *s = &d->devsum[i];
         if (!s->nfits)

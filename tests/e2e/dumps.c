@@ -279,11 +279,13 @@ int main(int argc, char **argv)
         printf("failure past the budget: %.2f us\n", (now_us() - t0) / n);
         return 0;
     } else if (!strcmp(mode, "recoveries")) {
-        /* N failures the framework recovers from (PyTorch's flush-and-retry), then one it does not */
-        int n = argc > 2 ? atoi(argv[2]) : 150;
+        /* N failures the framework recovers from (PyTorch's flush-and-retry), then one it does not,
+         * in argv[3] failed attempts (default 1; 2: its retry fails too, as PyTorch's final one) */
+        int n = argc > 2 ? atoi(argv[2]) : 150, attempts = argc > 3 ? atoi(argv[3]) : 1;
         for (int i = 0; i < n; i++)
             recover(0, fail_only(0));
-        fail(0);
+        for (int i = 0; i < attempts; i++)
+            fail(0);
         return 3;
     } else if (!strcmp(mode, "faults")) {
         /* a failure nothing recovers from yet, 1000 faults the program's own handler deals with,

@@ -268,15 +268,42 @@ bys=$("$root/$B/oomguard" stats "$d" --format json 2>/dev/null |
       python3 -c 'import json,sys; b=json.load(sys.stdin)["by_status"]; print(b["oom"], b["recovered"])')
 result $([ $rc = 3 ] && [ "$st" = "oom 0" ] && [ "$bys" = "1 0" ] && [ "$(ls "$d" | wc -l)" = 2 ]; echo $?) \
     "150 recovered failures, then a fatal one (default budget): the file says '$st', stats counts oom/recovered '$bys'"
-# past the budget the failure that proves final is still recorded, from the failure alone
+# recovered episodes do not starve the failure that ends the process: with a budget of 3, 30 recovered
+# episodes (the first ones recorded in full, the rest captured and dropped when they recover), then the
+# final failure, in one attempt (held, written at exit) or two (its retry fails: written at once), is
+# measured in full, and the counters say how many episodes recovered and how many have no record
+measured='import json,sys; d=json.load(open(sys.argv[1])); e=d["event"]; m=d["memory"]; c=d["history"]["counters"]
+print(d["status"], e["requested_bytes"] >> 30, e["attempts"], d["device"]["free_bytes"] is not None,
+      m["process_tracked_bytes"] is not None, "dump_budget" in m["unmeasured_ids"], bool(d["diagnosis"]["causes"]),
+      bool(d["remedies"]), c["recovered_episodes"], c["recovered_not_written"])'
+for a in 1 2; do
+    d=$(fresh "recoveries-past-$a")
+    out=$(shim env OOMGUARD_DIR="$d" OOMGUARD_MAX_DUMPS=3 "$prog" recoveries 30 $a 2>&1); rc=$?
+    st=$(python3 -c "$measured" "$d"/oomguard-*.json 2>/dev/null)
+    result $([ $rc = 3 ] && [ "$st" = "oom 64 $a True True False True True 30 27" ] && [ "$(ls "$d" | wc -l)" = 2 ] &&
+             [ "$(printf '%s\n' "$out" | grep -c '^oomguard: .* failed: ')" = 1 ] &&
+             printf '%s\n' "$out" | grep -q "full report: oomguard report $d/"; echo $?) \
+        "MAX_DUMPS=3, 30 recovered episodes, then a final failure in $a attempt(s): measured in full, one summary: '$st'"
+done
+# the counters are exact without a final failure too: at exit the file's recovered record gets them
+d=$(fresh recoveries-only)
+shim env OOMGUARD_DIR="$d" OOMGUARD_QUIET=1 OOMGUARD_MAX_DUMPS=3 "$prog" recoveries 30 0 >/dev/null 2>&1
+st=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); c=d["history"]["counters"]
+print(d["status"], c["recovered_episodes"], c["recovered_not_written"])' "$d"/oomguard-*.json 2>/dev/null)
+result $([ "$st" = "recovered 30 27" ] && [ "$(ls "$d" | wc -l)" = 2 ]; echo $?) \
+    "MAX_DUMPS=3, 30 recovered episodes and nothing else: the file says '$st' (status, recovered, not written)"
+# past the budget the failure that proves final is still recorded, from the failure alone: a warning
+# dump spends the only unit, then 30 recovered episodes and the final failure
 d=$(fresh recoveries-past)
-shim env OOMGUARD_DIR="$d" OOMGUARD_QUIET=1 OOMGUARD_MAX_DUMPS=10 "$prog" recoveries 30 >/dev/null 2>&1; rc=$?
+shim env OOMGUARD_DIR="$d" OOMGUARD_QUIET=1 OOMGUARD_MAX_DUMPS=1 OOMGUARD_WARN_AT=30% OOMGUARD_WARN_DUMP=1 \
+    "$prog" recoveries 30 >/dev/null 2>&1; rc=$?
 st=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); e=d["event"]; m=d["memory"]
 print(d["status"], e["requested_bytes"] >> 30, any("OOMGUARD_MAX_DUMPS" in u for u in m["unmeasured"]),
-      m["process_tracked_bytes"], m["context_bytes_estimate"], d["diagnosis"]["shortfall_bytes"])' \
+      m["process_tracked_bytes"], m["context_bytes_estimate"], d["diagnosis"]["shortfall_bytes"],
+      d["history"]["counters"]["recovered_episodes"], d["history"]["counters"]["recovered_not_written"])' \
      "$d"/oomguard-*.json 2>/dev/null)
-result $([ $rc = 3 ] && [ "$st" = "oom 64 True None None None" ]; echo $?) \
-    "MAX_DUMPS=10, 30 recovered failures, then a fatal one: the file says '$st' (status, GiB, not measured, tracked, context, shortfall unknown)"
+result $([ $rc = 3 ] && [ "$st" = "oom 64 True None None None 30 30" ]; echo $?) \
+    "MAX_DUMPS=1 spent by a warning, 30 recovered failures, then a fatal one: the file says '$st' (status, GiB, not measured, tracked, context, shortfall unknown, recovered, not written)"
 txt=$(cat "$d"/oomguard-*.txt 2>/dev/null)
 rep=$("$root/$B/oomguard" report "$d"/oomguard-*.json 2>&1); rrc=$?
 result $(echo "$txt" | grep -q "this process, tracked  *unknown" && ! echo "$txt" | grep -q "short by" &&
