@@ -14,19 +14,20 @@ FAKE_CUPY_MEMORY       := $(TEST_B)/adapter/cupy/cuda/memory.so
 FAKE_TF_FRAMEWORK      := $(TEST_B)/adapter/tensorflow/libtensorflow_framework.so.2
 FAKE_FW_LIBS := $(FAKE_TORCH_LIBC10) $(FAKE_JAX_XLA_EXTENSION) $(FAKE_CUPY_MEMORY) $(FAKE_TF_FRAMEWORK)
 
-# fwd_lib SONAME PREFIX: the forwarders of tests/adapter/lib/c10_cuda.c as that library
+# fwd_lib SONAME PREFIX [EXTRA]: the forwarders of tests/adapter/lib/c10_cuda.c as that library; EXTRA
+# "-DFWD_DRIVER -lcuda" for XLA's and TensorFlow's, which allocate with the driver API as the real ones do
 fwd_lib = @mkdir -p $(dir $@) && \
 	$(CC) $(ALL_CFLAGS) -fPIC -shared -fno-optimize-sibling-calls -DFWD_PREFIX=$(2) -Wl,-soname,$(1) $< -o $@ \
-	    -L$(SIM_LIBDIR) -Wl,-rpath-link,$(SIM_LIBDIR) -lcudart
+	    -L$(SIM_LIBDIR) -Wl,-rpath-link,$(SIM_LIBDIR) -lcudart $(3)
 
 $(FAKE_TORCH_LIBC10): tests/adapter/lib/c10_cuda.c $(SIM_LIBS)
 	$(call fwd_lib,libc10_cuda.so,c10_)
 $(FAKE_JAX_XLA_EXTENSION): tests/adapter/lib/c10_cuda.c $(SIM_LIBS)
-	$(call fwd_lib,xla_extension.so,xla_)
+	$(call fwd_lib,xla_extension.so,xla_,-DFWD_DRIVER -lcuda)
 $(FAKE_CUPY_MEMORY): tests/adapter/lib/c10_cuda.c $(SIM_LIBS)
 	$(call fwd_lib,memory.so,cupy_)
 $(FAKE_TF_FRAMEWORK): tests/adapter/lib/c10_cuda.c $(SIM_LIBS)
-	$(call fwd_lib,libtensorflow_framework.so.2,tf_)
+	$(call fwd_lib,libtensorflow_framework.so.2,tf_,-DFWD_DRIVER -lcuda)
 
 test-build: $(FAKE_FW_LIBS)
 scenario-progs: $(FAKE_FW_LIBS)

@@ -683,7 +683,8 @@ t_tf_limit() {
 }
 t "tensorflow: ResourceExhaustedError under a logical device's memory_limit: dump with request and cap" t_tf_limit
 
-t_attributed_standins() { # the stand-in JAX, CuPy, TensorFlow allocate from their real counterparts' libraries
+t_attributed_standins() { # the stand-in JAX, CuPy, TensorFlow allocate from their real counterparts' libraries,
+    # by the entry points those call: XLA and TensorFlow the driver API (cuMemAlloc_v2), CuPy the runtime
     local d=$W/dumps; mkdir -p "$d/jax" "$d/cupy" "$d/tf"
     env -u OOMGUARD_FRAMEWORK LD_PRELOAD="$PRELOAD" OOMGUARD_DIR="$d/jax" OOMGUARD_PYTHON_ADAPTER=0 PYTHONPATH="$FJ" \
         XLA_PYTHON_CLIENT_ALLOCATOR=platform timeout 120 "$PYTHON" "$SC/job_jax.py" platform j.json || return 1
@@ -697,7 +698,11 @@ t_attributed_standins() { # the stand-in JAX, CuPy, TensorFlow allocate from the
         expect "$(ls "$d"/jax/oomguard-*.json)" "$libs" "[('xla_extension.so', 'jax')]" &&
         expect "$(ls "$d"/cupy/oomguard-*.json)" '[d["event"]["library"], d["framework"]["name"]]' "['memory.so', 'cupy']" &&
         expect "$(ls "$d"/cupy/oomguard-*.json)" "$libs" "[('memory.so', 'cupy')]" &&
-        expect "$(ls "$d"/tf/oomguard-*.json)" "$libs" "[('libtensorflow_framework.so.2', 'tensorflow')]"
+        expect "$(ls "$d"/tf/oomguard-*.json)" "$libs" "[('libtensorflow_framework.so.2', 'tensorflow')]" || return 1
+    local apis='[d["event"]["api"], sorted(set(s["api"] for s in d["top_sites"]))]'
+    expect "$(ls "$d"/jax/oomguard-*.json)" "$apis" "['cuMemAlloc_v2', ['cuMemAlloc_v2']]" &&
+        expect "$(ls "$d"/cupy/oomguard-*.json)" "$apis" "['cudaMalloc', ['cudaMalloc']]" &&
+        expect "$(ls "$d"/tf/oomguard-*.json)" "$apis" "['tensorflow.bfc_allocator', ['cuMemAlloc_v2']]"
 }
 t "the stand-in JAX, CuPy, TensorFlow allocate from xla_extension.so, cupy/cuda/memory.so, libtensorflow_framework.so.2" \
     t_attributed_standins

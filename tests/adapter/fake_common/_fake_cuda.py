@@ -3,6 +3,11 @@ reached through ctypes -- the simulated GPU in the tests, so every region goes t
 liboomguard's hooks -- and the chunk list their allocators carve regions into (best fit, split,
 merged with free neighbours when released), as the real allocators do.
 
+PyTorch's and CuPy's allocators call the runtime (cudaMalloc); real XLA (jaxlib) and TensorFlow
+call the driver API through StreamExecutor (cuMemAlloc_v2 in the device's primary context):
+the stand-in JAX and TensorFlow say so with use_driver_api(), and malloc(), cuda_free() and
+mem_get_info() then go to the driver as theirs do.
+
 Test code only.  Each stand-in package appends this directory to its own __path__ and imports
 this file as <package>._fake_cuda: it is found wherever the stand-in is on sys.path, and nothing
 else can import it (it is on no sys.path entry, and the real frameworks know nothing of it)."""
@@ -26,12 +31,34 @@ _ARGTYPES = (
     ("cudaMemPoolTrimTo", [ctypes.c_void_p, ctypes.c_size_t]),
     ("cudaGetDeviceProperties", [ctypes.c_void_p, ctypes.c_int]),
 )
+# the driver API, for the stand-ins whose real counterparts allocate with it (use_driver_api())
+_DRIVER_ARGTYPES = (
+    ("cuInit", [ctypes.c_uint]),
+    ("cuDeviceGet", [_P(ctypes.c_int), ctypes.c_int]),
+    ("cuDevicePrimaryCtxRetain", [_P(ctypes.c_void_p), ctypes.c_int]),
+    ("cuCtxSetCurrent", [ctypes.c_void_p]),
+    ("cuMemAlloc_v2", [_P(ctypes.c_uint64), ctypes.c_size_t]),
+    ("cuMemFree_v2", [ctypes.c_uint64]),
+    ("cuMemGetInfo_v2", [_P(ctypes.c_size_t), _P(ctypes.c_size_t)]),
+)
 # struct cudaDeviceProp of CUDA 12/13 (cuda_runtime_api.h): 1008 bytes, totalGlobalMem (size_t) at 288
 _PROP_SIZE, _PROP_TOTAL = 1008, 288
 
 
 _via = None
 _prefix = "c10_"
+_drv = None
+_driver_api = False
+_contexts = {}      # device -> its primary context (retained once, as XLA's and TensorFlow's clients do)
+
+
+def use_driver_api():
+    """This package allocates as real XLA (jaxlib) and TensorFlow do, through StreamExecutor: cuMemAlloc_v2,
+    cuMemFree_v2 and cuMemGetInfo_v2 in the device's primary context, made current on the calling thread
+    (cuInit, cuDeviceGet, cuDevicePrimaryCtxRetain, cuCtxSetCurrent), never cudaMalloc.  Through
+    route_through()'s library when one is set (its driver forwarders, tests/adapter/lib/c10_cuda.c)."""
+    global _driver_api
+    _driver_api = True
 
 
 def route_through(path, prefix="c10_"):
@@ -74,6 +101,32 @@ def runtime():
         return _rt
 
 
+def driver():
+    """libcuda.so.1 through ctypes, loaded once (through route_through()'s library when one is set)."""
+    global _drv
+    with _lock:
+        if _drv is None:
+            d = ctypes.CDLL("libcuda.so.1")
+            for name, argtypes in _DRIVER_ARGTYPES:
+                getattr(d, name).argtypes = argtypes
+            _drv = _Routed(ctypes.CDLL(_via), d, _prefix) if _via else d
+        return _drv
+
+
+def _bind(device):
+    """The device's primary context made current on this thread; False when the driver refuses."""
+    drv = driver()
+    with _lock:
+        ctx = _contexts.get(device)
+        if ctx is None:
+            dev, c = ctypes.c_int(0), ctypes.c_void_p(0)
+            if drv.cuInit(0) != 0 or drv.cuDeviceGet(ctypes.byref(dev), device) != 0 or \
+                    drv.cuDevicePrimaryCtxRetain(ctypes.byref(c), dev.value) != 0:
+                return False
+            ctx = _contexts[device] = c.value
+    return drv.cuCtxSetCurrent(ctx) == 0
+
+
 def device_count():
     n = ctypes.c_int(0)
     if runtime().cudaGetDeviceCount(ctypes.byref(n)) != 0:
@@ -83,10 +136,14 @@ def device_count():
 
 
 def mem_get_info(device):
-    """(free, total) bytes of `device`, (0, 0) when the runtime cannot say."""
+    """(free, total) bytes of `device`, (0, 0) when the runtime (the driver: use_driver_api()) cannot say."""
+    free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    if _driver_api:
+        if not _bind(device) or driver().cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)) != 0:
+            return 0, 0
+        return free.value, total.value
     rt = runtime()
     rt.cudaSetDevice(device)
-    free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
     if rt.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total)) != 0:
         rt.cudaGetLastError()
         return 0, 0
@@ -104,8 +161,14 @@ def total_memory(device):
 
 
 def malloc(device, size):
-    """(status, address) of cudaMalloc on `device`; address None on a failure, whose error is
-    cleared as the real allocators do before they retry or raise."""
+    """(status, address) of cudaMalloc on `device` (cuMemAlloc_v2 in its primary context: use_driver_api());
+    address None on a failure, whose error is cleared as the real allocators do before they retry or raise."""
+    if _driver_api:
+        if not _bind(device):
+            return 201, None                 # CUDA_ERROR_INVALID_CONTEXT
+        p = ctypes.c_uint64(0)
+        st = driver().cuMemAlloc_v2(ctypes.byref(p), size)
+        return (st, None) if st != 0 else (0, p.value)
     rt = runtime()
     rt.cudaSetDevice(device)
     p = ctypes.c_void_p(0)
@@ -117,11 +180,15 @@ def malloc(device, size):
 
 
 def cuda_malloc(device, size):
-    """The address, or None when cudaMalloc failed."""
+    """The address, or None when cudaMalloc (cuMemAlloc_v2: use_driver_api()) failed."""
     return malloc(device, size)[1]
 
 
 def cuda_free(device, addr):
+    if _driver_api:
+        if _bind(device):
+            driver().cuMemFree_v2(addr)
+        return
     runtime().cudaSetDevice(device)
     runtime().cudaFree(addr)
 

@@ -10,9 +10,18 @@
  * (CuPy's compiled memory pool module) and libtensorflow_framework.so.2 (TensorFlow's BFC
  * allocator).  FWD_PREFIX names the forwarders: c10_ here, xla_, cupy_ and tf_ there.
  *
- * Each forwarder calls the runtime function of the same name with the caller's arguments and
- * returns its result.  Built with -fno-optimize-sibling-calls: a tail call would leave libffi's
+ * Real XLA (jaxlib) and TensorFlow allocate device memory with the driver API, through
+ * StreamExecutor: cuMemAlloc_v2 in the device's primary context, made current (cuMemFree_v2,
+ * cuMemGetInfo_v2), not cudaMalloc.  Built with FWD_DRIVER (xla_extension.so and
+ * libtensorflow_framework.so.2), these forwarders carry those driver functions too, so that the
+ * stand-ins' blocks reach the driver from the library and by the entry point the real ones use.
+ *
+ * Each forwarder calls the runtime (or driver) function of the same name with the caller's
+ * arguments and returns its result.  Built with -fno-optimize-sibling-calls: a tail call would leave libffi's
  * frame, not this library's, as the caller the shim sees.  Test code only. */
+#ifdef FWD_DRIVER
+#include <cuda.h>
+#endif
 #include <cuda_runtime_api.h>
 #include <stddef.h>
 
@@ -43,3 +52,14 @@ FWD(cudaError_t, cudaMemGetInfo, (size_t * f, size_t *t), (f, t))
 FWD(cudaError_t, cudaDeviceGetDefaultMemPool, (cudaMemPool_t * p, int d), (p, d))
 FWD(cudaError_t, cudaMemPoolGetAttribute, (cudaMemPool_t p, enum cudaMemPoolAttr a, void *v), (p, a, v))
 FWD(cudaError_t, cudaMemPoolTrimTo, (cudaMemPool_t p, size_t n), (p, n))
+
+#ifdef FWD_DRIVER
+/* cuda.h maps cuMemAlloc & co. to their _v2 ABI names: the forwarders are named as the ABI */
+FWD(CUresult, cuInit, (unsigned int flags), (flags))
+FWD(CUresult, cuDeviceGet, (CUdevice * d, int ordinal), (d, ordinal))
+FWD(CUresult, cuDevicePrimaryCtxRetain, (CUcontext * c, CUdevice d), (c, d))
+FWD(CUresult, cuCtxSetCurrent, (CUcontext c), (c))
+FWD(CUresult, cuMemAlloc_v2, (CUdeviceptr * p, size_t n), (p, n))
+FWD(CUresult, cuMemFree_v2, (CUdeviceptr p), (p))
+FWD(CUresult, cuMemGetInfo_v2, (size_t * f, size_t *t), (f, t))
+#endif

@@ -10,7 +10,7 @@ the lines of this file the test looks for.  Modes:
   uncaught   the same, not caught (exit status 1, Python's traceback)
   frag       the arena filled with 16 MiB arrays, every second one deleted, then 24 MiB: half the
              arena is free, in 16 MiB pieces (caught)
-  platform   XLA_PYTHON_CLIENT_ALLOCATOR=platform (set by the caller): arrays until cudaMalloc
+  platform   XLA_PYTHON_CLIENT_ALLOCATOR=platform (set by the caller): arrays until cuMemAlloc_v2
              fails; XLA turns that into RESOURCE_EXHAUSTED (caught)
 """
 import os

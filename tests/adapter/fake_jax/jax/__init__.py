@@ -13,10 +13,13 @@ import os as _os
 # the stand-ins' shared CUDA runtime and chunk list (tests/adapter/fake_common) load as jax._fake_cuda
 __path__.append(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), _os.pardir, _os.pardir, "fake_common"))
 
-# JAX's XLA client allocates from jaxlib/xla_extension.so: with FAKE_JAX_XLA_EXTENSION (the test runners
-# name the one tests/adapter/adapter.mk builds) the stand-in's runtime calls come from a library of that
-# name too, so the ledger attributes its memory as in production; without it, from ctypes (libffi)
+# JAX's XLA client allocates from jaxlib/xla_extension.so, with the driver API (StreamExecutor: cuMemAlloc_v2
+# in the primary context), as the stand-in does: with FAKE_JAX_XLA_EXTENSION (the test runners name the one
+# tests/adapter/adapter.mk builds) the stand-in's calls come from a library of that name too, so the ledger
+# attributes its memory as in production; without it, from ctypes (libffi)
 from jax import _fake_cuda as _fc  # noqa: E402
+
+_fc.use_driver_api()
 
 if _os.environ.get("FAKE_JAX_XLA_EXTENSION"):
     _fc.route_through(_os.environ["FAKE_JAX_XLA_EXTENSION"], "xla_")

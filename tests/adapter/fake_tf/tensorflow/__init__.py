@@ -9,10 +9,13 @@ import os as _os
 # the stand-ins' shared CUDA runtime and chunk list (tests/adapter/fake_common) load as tensorflow._fake_cuda
 __path__.append(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), _os.pardir, _os.pardir, "fake_common"))
 
-# TensorFlow's BFC allocator is in libtensorflow_framework.so.2: with FAKE_TF_FRAMEWORK (the test runners
-# name the one tests/adapter/adapter.mk builds) the stand-in's runtime calls come from a library of that
+# TensorFlow's BFC allocator is in libtensorflow_framework.so.2 and allocates with the driver API
+# (StreamExecutor: cuMemAlloc_v2 in the primary context), as the stand-in does: with FAKE_TF_FRAMEWORK (the
+# test runners name the one tests/adapter/adapter.mk builds) the stand-in's calls come from a library of that
 # name too, so the ledger attributes its memory as in production; without it, from ctypes (libffi)
 from tensorflow import _fake_cuda as _fc  # noqa: E402
+
+_fc.use_driver_api()
 
 if _os.environ.get("FAKE_TF_FRAMEWORK"):
     _fc.route_through(_os.environ["FAKE_TF_FRAMEWORK"], "tf_")

@@ -1,5 +1,6 @@
-"""The stand-in's GPU memory: TensorFlow's GPU_N_bfc allocator in miniature, on the CUDA runtime
-through ctypes (the simulated GPU in the tests).  Without memory growth the first use takes the
+"""The stand-in's GPU memory: TensorFlow's GPU_N_bfc allocator in miniature, on the CUDA driver API
+through ctypes as TensorFlow's StreamExecutor calls it (cuMemAlloc_v2 in the primary context:
+tensorflow/__init__.py's use_driver_api(); the simulated GPU in the tests).  Without memory growth the first use takes the
 whole limit at once (TensorFlow maps nearly all free memory; here: the logical device's
 memory_limit, else 90% of the free memory); with TF_FORCE_GPU_ALLOW_GROWTH=true or
 tf.config.experimental.set_memory_growth it takes regions on demand up to the same limit.  A

@@ -1,5 +1,6 @@
-"""The stand-in's GPU memory: XLA's BFC allocator in miniature, on the CUDA runtime reached through
-ctypes (the simulated GPU in the tests, so every region goes through liboomguard's hooks).
+"""The stand-in's GPU memory: XLA's BFC allocator in miniature, on the CUDA driver API reached through
+ctypes as XLA's StreamExecutor calls it (cuMemAlloc_v2 in the primary context: jax/__init__.py's
+use_driver_api(); the simulated GPU in the tests, so every region goes through liboomguard's hooks).
 
 What it copies from XLA's GPU client, because oomguard's diagnosis depends on it:
   * XLA_PYTHON_CLIENT_PREALLOCATE (default true): at the first use the client takes
@@ -7,7 +8,7 @@ What it copies from XLA's GPU client, because oomguard's diagnosis depends on it
     and every array is carved out of it; the arena never grows;
   * XLA_PYTHON_CLIENT_PREALLOCATE=false: regions are taken on demand (doubling, from 2 MiB), but
     never beyond the same fraction (bytes_limit);
-  * XLA_PYTHON_CLIENT_ALLOCATOR=platform: cudaMalloc/cudaFree per array, no arena, no limit;
+  * XLA_PYTHON_CLIENT_ALLOCATOR=platform: cuMemAlloc_v2/cuMemFree_v2 per array, no arena, no limit;
   * sizes rounded up to 256 bytes; best fit among free chunks, split, merged on free;
   * a request the arena cannot serve raises JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory
     while trying to allocate N bytes.") -- with no failing driver call when the limit refused it;
