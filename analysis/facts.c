@@ -1190,7 +1190,8 @@ static void roles(og_facts_t *d, const og_record_t *r)
         }
     }
     k->accumulating = ro->has_accum;
-    k->pads_to_max = ro->has_padding;
+    k->pads_to_max = ro->settings[OG_SETTING_padding_to_max_length].has;
+    k->extra_outputs = ro->settings[OG_SETTING_extra_outputs].has;
     k->operation = og_operation_of(ro->operation);
     k->copy_made_known = og_known(ro->copy_made);
     k->copy_made = og_or(ro->copy_made, 0);
@@ -1331,11 +1332,11 @@ static void trains(og_facts_t *d, const og_record_t *r)
 }
 
 /* A pass still building up (the adapter's phase: forward, backward, evaluation, generation) whose own
- * tensors (the working set) are at least PASS_OVER_CACHE times the failing framework's measured cache,
+ * tensors (the working set; in generation with the KV cache it builds) are at least PASS_OVER_CACHE times the failing framework's measured cache,
  * while that cache is under frag_share of its reservation: the cache could carry the pass a few
  * allocations further, not through it (the rest of the pass was never requested).  Likewise a model being
  * built (phase loading): what the models running now hold so far (roles.arriving) is its working set. */
-#define PASS_OVER_CACHE 4
+#define PASS_OVER_CACHE 3
 static void pass_outgrows_cache(og_facts_t *d)
 {
     const og_role_facts_t *k = &d->roles;
@@ -1356,6 +1357,9 @@ static void pass_outgrows_cache(og_facts_t *d)
     if (!building || !k->known || !k->act_known || !d->cached_known || d->recovered || !d->reservation)
         return;
     uint64_t set = add_sat(k->working, k->arriving);
+    /* a generation's working set is its activations and the KV cache it builds token by token */
+    if (d->phase == OG_JP_generation)
+        set = add_sat(set, k->purpose_bytes[OG_PURPOSE_kv_cache]);
     d->pass_outgrows_cache = set >= PASS_OVER_CACHE * (d->cached > d->req ? d->cached : d->req) &&
                              (double)d->cached < d->frag_share * (double)d->reservation;
 }

@@ -112,6 +112,38 @@ typedef struct og_py_frame {
     uint64_t bytes, blocks;
 } og_py_frame_t;
 
+/* a setting of the program's own code (common/code_settings.def) and the line that sets it */
+enum og_code_setting_id {
+#define OG_CODE_SETTING(key, text) OG_SETTING_##key,
+#include "code_settings.def"
+#undef OG_CODE_SETTING
+    OG_NCODE_SETTINGS
+};
+/* its JSON key (and the adapter's name for it); what the report says of it */
+static inline const char *og_code_setting_name(int i)
+{
+    static const char *const names[] = {
+#define OG_CODE_SETTING(key, text) #key,
+#include "code_settings.def"
+#undef OG_CODE_SETTING
+    };
+    return i >= 0 && i < OG_NCODE_SETTINGS ? names[i] : "";
+}
+static inline const char *og_code_setting_text(int i)
+{
+    static const char *const texts[] = {
+#define OG_CODE_SETTING(key, text) text,
+#include "code_settings.def"
+#undef OG_CODE_SETTING
+    };
+    return i >= 0 && i < OG_NCODE_SETTINGS ? texts[i] : "";
+}
+typedef struct og_code_setting {
+    bool has;
+    og_py_frame_t at;
+    char key[32]; /* the keyword that set it (padding, output_hidden_states) */
+} og_code_setting_t;
+
 /* The framework's allocated bytes by role (memory.framework.roles), from the adapter; has = false if none. */
 enum og_role {
 #define OG_ROLE(key, label) OG_ROLE_##key,
@@ -189,10 +221,9 @@ typedef struct og_roles {
     bool has_accum;
     og_py_frame_t accum;
     char accum_target[64], accum_operand[64];
-    /* roles.padding_to_max_length: a line of the program's own source pads its inputs to a fixed maximum length
-     * (a tokenizer's padding="max_length") rather than to each batch's longest; has_padding false: none seen */
-    bool has_padding;
-    og_py_frame_t padding;
+    /* settings of the program's own code (common/code_settings.def: roles.padding_to_max_length, ...): the line
+     * that sets each and the keyword it used; has false: none seen */
+    og_code_setting_t settings[OG_NCODE_SETTINGS];
     /* what the framework had allocated right after each of the latest steps of the optimizer that stepped
      * most on this device (roles.allocated_after_steps), oldest first; nsteps 0: none seen */
     int nsteps;

@@ -457,6 +457,35 @@ static bool padded_to_max(const rctx_t *x)
 }
 /* the same, leading, except after a confident growth (padding makes every batch the same size: it grows nothing) */
 static bool padded_to_max_lead(const rctx_t *x) { return padded_to_max(x) && !confident_growth(x); }
+/* the program asks a model for per-layer or per-token outputs (roles.extra_outputs: output_hidden_states,
+ * output_attentions, a generation's output_scores / output_logits) and the failing pass is one that keeps them
+ * (forward, evaluation, generation or unknown; not a backward or a step), activations measured: asked only for
+ * what the job uses, the pass keeps one layer's or the chosen tokens' (the share is not measured) */
+static bool extra_outputs(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && ro->extra_outputs && ro->act_known && (ro->act || ro->working) &&
+           (PHASE(forward) || PHASE(evaluation) || PHASE(generation) || PHASE(unknown)) && !own_fix_covers(x);
+}
+/* a rank of a multi-rank job (WORLD_SIZE > 1) fails while loading the weights: every rank loading the whole model
+ * onto its GPU before a sharder (FSDP, ZeRO-3) splits it; loaded on the CPU or the meta device, each rank holds its
+ * shard only (the saving: all but 1/WORLD_SIZE of what the load put here so far) */
+static bool rank_loads_whole_model(const rctx_t *x)
+{
+    return PHASE(loading) && x->rec->world_size > 1 && !own_fix_covers(x) && !x->larger_than_device;
+}
+/* a dataset the job keeps on the device grows (a replay buffer filling, episodes appended): the largest holder of
+ * the growth (facts: roles.grower) is the largest dataset holder kept across calls: kept in host memory and
+ * sampled a batch at a time, it stops growing on the GPU */
+static bool growing_dataset(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && PRIMARY(GROWTH) && ro->dataset_kept && ro->grower >= 0 && ro->grower == ro->dataset_holder &&
+           !own_fix_covers(x);
+}
+/* activation checkpointing is in force for the layer that failed (roles.gradient_checkpointing true): turning it
+ * on changes nothing */
+static bool checkpointing_in_force(const rctx_t *x) { return roles_of(x)->known && roles_of(x)->checkpointing == 1; }
 /* a batch of this job fit before the failing one: the optimizer made at least two steps (so a pass ran with
  * the state it keeps now: the first step makes an Adam-family optimizer's state, after its pass), or the
  * failing request is an outlier (>= 4x any earlier allocation after steps that freed memory).  Bucketing by
@@ -520,9 +549,13 @@ static bool operation_dominates(const rctx_t *x)
      * inference pass over one huge input, tiled with an overlap (sliding windows) whatever its size, the card's
      * too; with autograd on the step keeps every layer's output for backward, the batch is the lever */
     bool conv = ro->operation == OG_OP_conv && autograd_off(x);
+    /* an all-pairs operation makes several tensors of its pairs' size, alive together (box IoU: both corners of
+     * the overlap, its sides, the intersection; a distance: the cross term and both squared norms): it dominates
+     * when three of the failing size reach the pass's working set */
+    uint64_t op_bytes = ro->operation == OG_OP_pairwise ? add_sat(x->req, add_sat(x->req, x->req)) : x->req;
     return ro->known && ro->act_known &&
            (ro->operation == OG_OP_image_decode || ro->operation == OG_OP_pairwise || conv) && x->req_known &&
-           x->req >= ro->working && !own_fix_covers(x) && (!x->larger_than_device || conv);
+           op_bytes >= ro->working && !own_fix_covers(x) && (!x->larger_than_device || conv);
 }
 /* both lead unless short, except after a confident growth (a leak fills any card whatever the operation) */
 static bool cross_entropy_lead(const rctx_t *x) { return cross_entropy_op(x) && !confident_growth(x); }
@@ -680,6 +713,19 @@ static const og_rank_row_t bring[] = {
       "roles.padding_to_max_length (the program pads its inputs to a fixed maximum), activations measured, phase "
       "forward, backward, evaluation, generation or unknown",
       "ticket_classifier_bge_m3_padded_to_8192 (blind); (unit tests: padding_to_max_length)" },
+    { "extra_outputs", extra_outputs, WANT, 0, 0, REMS(R_FEWER_OUTPUTS),
+      "roles.extra_outputs (the program asks a model for hidden states, attentions, scores or logits of every "
+      "layer or token), activations measured, phase forward, evaluation, generation or unknown",
+      "e5_mistral_embed_output_hidden_states_all_layers, qwen7b_calibration_generate_scores_and_logits (blind)" },
+    { "rank_loads_whole_model", rank_loads_whole_model, WANT, 0, 0, REMS(R_SHARD_LOAD),
+      "phase loading, WORLD_SIZE > 1 (a rank of a multi-rank job)",
+      "fsdp_lora_llama2_13b_g5_12xlarge_device_map_local_rank (blind); (unit tests: rank_loads_whole_model)" },
+    { "growing_dataset", growing_dataset, WANT, 0, 0, REMS(R_DATASET_CPU, R_BOUNDED_CACHE),
+      "primary growth, roles: the growth's largest holder (grower) is the largest dataset holder kept across calls",
+      "drqv2_replay_buffer_episodes_on_gpu, dreamer_replay_buffer_float32_chunks_on_gpu (blind)" },
+    { "checkpointing_in_force", checkpointing_in_force, DROP, 0, 0, REMS(R_CHECKPOINTING),
+      "roles.gradient_checkpointing true (in force for the layer that failed)",
+      "mistral7b_contracts_32k_lora_eager_attention (blind)" },
     { "train_fewer_parameters", trains_all_parameters, WANT, 0, 0, REMS(R_LORA),
       "the job trains, roles: parameters and their gradients or optimizer state (or phase optimizer_step)",
       "adamw_first_step, ema_lazy_shadow (blind)" },
@@ -851,10 +897,10 @@ static const og_rank_row_t lead[] = {
     { "split_segments_rest", split_segments_rest, TIER_CAP, 1, 0, REMS(R_EXPANDABLE),
       "fragmentation, a retry that freed 0 B", "frag_varlen_noadapter" },
     { "pass_outgrows_cache", pass_outgrows, TIER, 3, 0, REMS(R_EXPANDABLE, R_EMPTY_CACHE),
-      "a pass still building (phase forward, backward, evaluation, generation) holds >= 4x the cache",
+      "a pass still building (phase forward, backward, evaluation, generation) holds >= 3x the cache (in generation with its KV cache)",
       "skip_batch_on_oom, asr_accum_summed_loss (blind)" },
     { "copy_outgrows_cache", copy_outgrows, TIER, 3, 0, REMS(R_EXPANDABLE, R_EMPTY_CACHE, R_BUCKET),
-      "a deep copy under way (roles.operation copy) made >= 4x the cache so far (roles.copy_made_bytes)",
+      "a deep copy under way (roles.operation copy) made >= 3x the cache so far (roles.copy_made_bytes)",
       "lightning_spike_rollback_gpu_snapshot, trdpo_reference_refresh_deepcopy (blind)" },
     { "no_batch_fit_yet", pass_outgrows_first, TIER, 3, 0, REMS(R_BUCKET),
       "as pass_outgrows_cache, roles: optimizer_steps < 2 and the request no outlier (no batch of the job fit "
@@ -959,6 +1005,14 @@ static const og_rank_row_t lead[] = {
     { "padded_to_max_lead", padded_to_max_lead, LEAD_COVERS, -29, 0, REMS(R_DYN_PAD),
       "as padded_to_max, primary not a confident growth (the padding is in every activation of the pass)",
       "ticket_classifier_bge_m3_padded_to_8192 (blind); (unit tests: padding_to_max_length)" },
+    { "extra_outputs_lead", extra_outputs, LEAD_COVERS, -31, 0, REMS(R_FEWER_OUTPUTS),
+      "as extra_outputs, whatever the growth (outputs kept per layer or per token are a rise within the call)",
+      "e5_mistral_embed_output_hidden_states_all_layers (blind)" },
+    { "rank_loads_whole_model_lead", rank_loads_whole_model, LEAD_COVERS, -30, 0, REMS(R_SHARD_LOAD),
+      "as rank_loads_whole_model", "fsdp_lora_llama2_13b_g5_12xlarge_device_map_local_rank (blind)" },
+    { "growing_dataset_lead", growing_dataset, LEAD_COVERS, -34, 0, REMS(R_DATASET_CPU),
+      "as growing_dataset (a dataset filling the GPU is the growth: releasing it breaks the job)",
+      "drqv2_replay_buffer_episodes_on_gpu, dreamer_replay_buffer_float32_chunks_on_gpu (blind)" },
     { "checkpointing_off_lead", checkpointing_off, LEAD_COVERS, -18, 0, REMS(R_CHECKPOINTING), "as checkpointing_off",
       "sft_first_forward_activations, long_ctx_lora_ckpt_flag_off (blind)" },
     { "one_batch_peak_lead", one_batch_peak, LEAD_COVERS, -19, 0, REMS(R_SHORTER_SEQ), "as one_batch_peak",
@@ -1183,7 +1237,9 @@ static void estimate(rank_t *k, const rctx_t *x)
     cover[R_ONE_MODEL] = resident_models(x) ? (double)ro->named_copies : -1;
     cover[R_EVAL_NO_COPY] = eval_copy(x) ? (double)ro->named_copies : -1;
     cover[R_BUCKET_VIEW] = ddp_buckets(x) ? (double)ro->ddp_buckets : -1;
-    cover[R_DATASET_CPU] = dataset_on_gpu(x) ? (double)ro->dataset_kept : -1;
+    cover[R_DATASET_CPU] = dataset_on_gpu(x) || growing_dataset(x) ? (double)ro->dataset_kept : -1;
+    if (rank_loads_whole_model(x) && ro->known && ro->params) /* all but this rank's share of what arrived */
+        cover[R_SHARD_LOAD] = (double)ro->params * (1.0 - 1.0 / (double)x->rec->world_size);
     /* the models that can move to the idle GPU (unknown when none is measured); the room on the other GPU */
     cover[R_USE_IDLE_GPU] = idle_gpu(x) && movable_models(x) ? (double)movable_models(x) : -1;
     cover[R_BALANCE_MAP] = uneven_split(x) ? (double)x->f->spare.room : -1;

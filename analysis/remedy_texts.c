@@ -2137,15 +2137,15 @@ static bool b_gradient_as_bucket_view(const rctx_t *x, og_remedy_t *r)
 
 static bool b_dynamic_padding(const rctx_t *x, og_remedy_t *r)
 {
-    const og_roles_t *ro = &x->rec->memory.fw.roles;
-    char file[sizeof ro->padding.file], fn[sizeof ro->padding.function];
-    og_cpy(file, sizeof file, ro->padding.file, sizeof file);
-    og_cpy(fn, sizeof fn, ro->padding.function, sizeof fn);
-    if (ro->has_padding)
+    const og_code_setting_t *cs = &x->rec->memory.fw.roles.settings[OG_SETTING_padding_to_max_length];
+    char file[sizeof cs->at.file], fn[sizeof cs->at.function];
+    og_cpy(file, sizeof file, cs->at.file, sizeof file);
+    og_cpy(fn, sizeof fn, cs->at.function, sizeof fn);
+    if (cs->has)
         why(r,
             "The program pads every input to a fixed maximum length (%s:%d in %s), not to each batch's longest: "
             "every layer computes and keeps activations for the padding.",
-            og_base_name(file), ro->padding.line, fn);
+            og_base_name(file), cs->at.line, fn);
     else
         why(r, "Inputs padded to a fixed maximum length make every layer compute and keep activations for the "
                "padding.");
@@ -2155,6 +2155,49 @@ static bool b_dynamic_padding(const rctx_t *x, og_remedy_t *r)
     HOWS(x, r, { PT, "enc = tokenizer(texts, padding=True, truncation=True, max_length=512)   # the batch's longest" },
          { PT, "or tokenize without padding and batch with DataCollatorWithPadding(tokenizer)" },
          { ANY, "Group inputs of similar length in a batch (group_by_length=True) so little padding is left" });
+    return true;
+}
+
+static bool b_only_needed_outputs(const rctx_t *x, og_remedy_t *r)
+{
+    const og_code_setting_t *cs = &x->rec->memory.fw.roles.settings[OG_SETTING_extra_outputs];
+    char file[sizeof cs->at.file], fn[sizeof cs->at.function], key[sizeof cs->key];
+    og_cpy(file, sizeof file, cs->at.file, sizeof file);
+    og_cpy(fn, sizeof fn, cs->at.function, sizeof fn);
+    og_cpy(key, sizeof key, cs->key, sizeof key);
+    if (cs->has)
+        why(r,
+            "The program asks the model for %s=True (%s:%d in %s): it keeps one tensor per layer or per generated "
+            "token until the call returns, beside what the job needs.",
+            key[0] ? key : "extra outputs", og_base_name(file), cs->at.line, fn);
+    else
+        why(r, "Outputs kept for every layer or every generated token stay until the call returns.");
+    if (x->f->roles.act_known)
+        why(r, " Measured: %s of activations and temporaries; their share of it was not measured.",
+            og_hb((double)x->f->roles.act).s);
+    HOWS(x, r, { PT, "out = model(**batch)   # last_hidden_state only: no output_hidden_states / output_attentions" },
+         { PT, "h = {}; model.layers[k].register_forward_hook(lambda m, i, o: h.update(k=o))   # the one layer needed" },
+         { PT, "generate(..., return_dict_in_generate=False)   # or keep only the chosen tokens' log-probabilities" });
+    return true;
+}
+
+static bool b_shard_before_load(const rctx_t *x, og_remedy_t *r)
+{
+    const og_record_t *rec = x->rec;
+    const og_role_facts_t *ro = &x->f->roles;
+    why_in_phase(x, r, "The failure came while loading the weights", NULL, " loaded so far");
+    why(r, ": each of the job's %ld ranks loads the whole model onto its own GPU before it is sharded", rec->world_size);
+    if (ro->known && ro->params)
+        why(r, " (%s of parameters here so far; a shard would be about %s)", og_hb((double)ro->params).s,
+            og_hb((double)ro->params / (double)rec->world_size).s);
+    why(r, ". Loaded on the CPU or the meta device, each rank only ever holds its own shard on the GPU.");
+    HOWS(x, r,
+         { PT, "model = AutoModelForCausalLM.from_pretrained(name, torch_dtype=torch.bfloat16, low_cpu_mem_usage=True)"
+               "   # no device_map: on the CPU" },
+         { PT, "model = FSDP(model, device_id=local_rank, sync_module_states=True)   # rank 0 loads, the others "
+               "build on the meta device (param_init_fn)" },
+         { ANY, "DeepSpeed ZeRO-3: build the model inside deepspeed.zero.Init() (or Hugging Face's "
+                "is_deepspeed_zero3_enabled path) so each rank materializes its partition only" });
     return true;
 }
 

@@ -298,12 +298,17 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
         og_sb_puts(sb, "}");
     } else
         og_sb_puts(sb, "null");
-    K("padding_to_max_length");
-    if (r->has_padding) {
-        j_py_frame_open(sb, &r->padding);
-        og_sb_puts(sb, "}");
-    } else
-        og_sb_puts(sb, "null");
+    for (int i = 0; i < OG_NCODE_SETTINGS; i++) { /* common/code_settings.def */
+        const og_code_setting_t *cs = &r->settings[i];
+        K(og_code_setting_name(i));
+        if (cs->has) {
+            j_py_frame_open(sb, &cs->at);
+            og_sb_puts(sb, ",\"key\":");
+            j_str_or_null(sb, cs->key);
+            og_sb_puts(sb, "}");
+        } else
+            og_sb_puts(sb, "null");
+    }
     K("complete");
     og_sb_puts(sb, r->complete ? "true" : "false");
     K("why");

@@ -109,7 +109,8 @@ static const char *const role_keys[OG_NROLES] = {
 /* The adapter's roles (oomguard_framework_stats_t.roles): "role\tNAME\tBYTES\tTENSORS",
  * "optimizer\tCLASS\tBYTES\tTENSORS[\tPARAMETER_BYTES]", "dtype\tNAME\tBYTES\tTENSORS", "holder\tBYTES\tTENSORS\tLABEL\tNAME\tKIND\tWHERE\tFILE\tLINE\tFUNCTION[\tPURPOSE\tCOPY_OF]",
  * "statement\tFILE\tLINE\tFUNCTION\tTARGET\tPURPOSE\tNAMES[\tINTS]" ('-': none),
- * "accumulating\tFILE\tLINE\tFUNCTION\tTARGET\tOPERAND", "padding\tFILE\tLINE\tFUNCTION",
+ * "accumulating\tFILE\tLINE\tFUNCTION\tTARGET\tOPERAND", "setting\tFACT\tFILE\tLINE\tFUNCTION\tKEY"
+ * (FACT a name of common/code_settings.def),
  * "steps\tMADE\tALLOCATED,ALLOCATED,..." (after each of an optimizer's latest steps, oldest first),
  * "meta\tKEY\tVALUE" lines; unknown lines and roles are skipped.  A role not given stays unknown. */
 static void parse_roles(const char *s, og_roles_t *r)
@@ -209,11 +210,17 @@ static void parse_roles(const char *s, og_roles_t *r)
             copy_str(r->accum.function, sizeof r->accum.function, f[3]);
             copy_field(r->accum_target, sizeof r->accum_target, f[4]);
             copy_field(r->accum_operand, sizeof r->accum_operand, f[5]);
-        } else if (!strcmp(f[0], "padding") && n >= 4 && !r->has_padding) {
-            r->has_padding = true;
-            copy_str(r->padding.file, sizeof r->padding.file, f[1]);
-            r->padding.line = atoi(f[2]);
-            copy_str(r->padding.function, sizeof r->padding.function, f[3]);
+        } else if (!strcmp(f[0], "setting") && n >= 6) {
+            for (int i = 0; i < OG_NCODE_SETTINGS; i++) {
+                og_code_setting_t *cs = &r->settings[i];
+                if (strcmp(f[1], og_code_setting_name(i)) != 0 || cs->has)
+                    continue;
+                cs->has = true;
+                copy_str(cs->at.file, sizeof cs->at.file, f[2]);
+                cs->at.line = atoi(f[3]);
+                copy_str(cs->at.function, sizeof cs->at.function, f[4]);
+                copy_field(cs->key, sizeof cs->key, f[5]);
+            }
         } else if (!strcmp(f[0], "meta") && n >= 3) {
             if (!strcmp(f[1], "allocated"))
                 r->allocated_bytes = role_u64(f[2]);

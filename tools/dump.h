@@ -62,6 +62,14 @@ enum og_role_ix {
     OG_NROLE_IX
 };
 
+/* the settings of the program's code under memory.framework.roles (common/code_settings.def) */
+enum og_setting_ix {
+#define OG_CODE_SETTING(key, text) OG_SX_##key,
+#include "../common/code_settings.def"
+#undef OG_CODE_SETTING
+    OG_DUMP_NSETTINGS
+};
+
 struct og_role_holder_view {
     const char *label, *name, *kind, *where;
     int64_t bytes, tensors;
@@ -105,8 +113,11 @@ struct og_roles_view {
         struct og_pyframe at;
         const char *target, *operand;
     } accumulating;
-    struct og_pyframe padding_to_max_length; /* file NULL: none */
-    struct {                                 /* activations_copy_of (role NULL: none) */
+    struct { /* the settings of the program's code, in common/code_settings.def's order (at.file NULL: none) */
+        struct og_pyframe at;
+        const char *key;
+    } settings[OG_DUMP_NSETTINGS];
+    struct { /* activations_copy_of (role NULL: none) */
         const char *role;
         int64_t bytes;
     } activations_copy_of;

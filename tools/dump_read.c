@@ -1105,8 +1105,21 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
         TRY(get_str(L, ao, &pa, "target", &r->accumulating.target));
         TRY(get_str(L, ao, &pa, "operand", &r->accumulating.operand));
     }
-    if (read_pyframe_obj(L, o, "padding_to_max_length", &p, &r->padding_to_max_length) < 0)
-        return -1;
+    static const char *const setting_keys[] = {
+#define OG_CODE_SETTING(key, text) #key,
+#include "../common/code_settings.def"
+#undef OG_CODE_SETTING
+    };
+    for (int i = 0; i < OG_DUMP_NSETTINGS; i++) {
+        const cJSON *sto;
+        if (read_pyframe_obj(L, o, setting_keys[i], &p, &r->settings[i].at) < 0)
+            return -1;
+        TRY(get_obj(L, o, &p, setting_keys[i], &sto));
+        if (sto) {
+            struct path ps = { &p, setting_keys[i], 0 };
+            TRY(get_str(L, sto, &ps, "key", &r->settings[i].key));
+        }
+    }
     const cJSON *co;
     TRY(get_obj(L, o, &p, "activations_copy_of", &co));
     if (co) {

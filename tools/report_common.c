@@ -302,12 +302,20 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
                          nz(r->accumulating.target, "?"), nz(r->accumulating.operand, "?"));
         }
         FACT("accumulating");
-        og_sb_init(&b);
-        if (r->padding_to_max_length.file) {
-            pyframe_put(&b, &r->padding_to_max_length);
-            og_sb_puts(&b, ": pads every input to a fixed maximum length, not to the batch's longest");
+        static const char *const setting_text[] = {
+#define OG_CODE_SETTING(key, text) text,
+#include "../common/code_settings.def"
+#undef OG_CODE_SETTING
+        };
+        for (int i = 0; i < OG_DUMP_NSETTINGS; i++) {
+            og_sb_init(&b);
+            if (r->settings[i].at.file) {
+                pyframe_put(&b, &r->settings[i].at);
+                og_sb_printf(&b, ": %s%s%s%s", setting_text[i], r->settings[i].key ? " (" : "",
+                             r->settings[i].key ? r->settings[i].key : "", r->settings[i].key ? ")" : "");
+            }
+            FACT("code setting");
         }
-        FACT("padding to maximum length");
         og_sb_init(&b);
         if (r->activations_copy_of.role) {
             og_sb_printf(&b, "a copy of the %s being made", r->activations_copy_of.role);

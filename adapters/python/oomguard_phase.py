@@ -94,6 +94,10 @@ OPERATIONS = (
     ("image_decode", 15, "*/torch/nn/modules/upsampling.py", "*", "*"),
     ("pairwise", 20, "*", "cdist", "*"),
     ("pairwise", 20, "*/torch/nn/functional.py", "pairwise_distance", "*"),
+    # every box against every box (anchors x ground truth, detections x detections): torchvision's box ops and
+    # the programs' own box_iou / generalized_box_iou
+    ("pairwise", 20, "*/torchvision/ops/boxes.py", "*", "*"),
+    ("pairwise", 20, "*", "*box_iou", "*"),
     # a convolution, pooling or normalization over an image or volume: torch's modules (conv2d itself is a
     # builtin, no frame), the functional pooling, and a network's own block classes named *Conv* (ConvBlock,
     # DoubleConv, BasicConv2d) in their forward; below the decoders (a decoder's convolutions are its decode)
@@ -316,18 +320,32 @@ def autocast_in_code(frame, limit=64):
     return None
 
 
-# a tokenizer call that pads every sequence to a fixed maximum length, not to the batch's longest: Hugging Face's
-# padding="max_length" (a keyword or a dict entry) and its older pad_to_max_length=True; padding=True / "longest"
-# pads to the batch.  Read from the source's tokens: docstrings, other strings and comments never match
-_PAD_KEYS = (("padding", "max_length"), ("pad_to_max_length", True))
-_PAD_FILE_LINES = 20000  # a file longer than this is not read (the adapter's time at a failure is bounded)
+# Settings the program's own code passes (a keyword argument or a dict entry) that decide what the failing pass
+# keeps: (fact, key, value).  One table, read from the source's tokens (docstrings, other strings and comments
+# never match):
+#   padding_to_max_length  a tokenizer padding every input to a fixed maximum length, not to the batch's longest
+#                          (Hugging Face's padding="max_length", the older pad_to_max_length=True)
+#   extra_outputs          a model asked for outputs beyond the one the job uses, kept for every layer or every
+#                          generated token: hidden states, attentions, a generation's scores and logits
+CODE_SETTINGS = (
+    ("padding_to_max_length", "padding", "max_length"),
+    ("padding_to_max_length", "pad_to_max_length", True),
+    ("extra_outputs", "output_hidden_states", True),
+    ("extra_outputs", "output_attentions", True),
+    ("extra_outputs", "output_scores", True),
+    ("extra_outputs", "output_logits", True),
+)
+_SETTING_OF = dict(((key, value), fact) for fact, key, value in CODE_SETTINGS)
+_SETTING_WORDS = tuple(set(key for _, key, _ in CODE_SETTINGS))
+_CODE_FILE_LINES = 20000  # a file longer than this is not read (the adapter's time at a failure is bounded)
 
 
-def _pads_to_max(lines):
-    """The 0-based index of the first line whose code pads to a fixed maximum length, or None."""
+def _settings_in(lines):
+    """{fact: (0-based line, key)} of the first line setting each CODE_SETTINGS fact in this source."""
     import ast
     import io
     import tokenize
+    found = {}
     prev = []  # the latest three significant tokens: (type, string, row)
     try:
         for tok in tokenize.generate_tokens(io.StringIO("".join(lines)).readline):
@@ -343,18 +361,21 @@ def _pads_to_max(lines):
                 continue
             value = ast.literal_eval(val) if vt == tokenize.STRING and val[:1] in "'\"" else \
                 (True if vt == tokenize.NAME and val == "True" else None)
-            if (key, value) in _PAD_KEYS:
-                return row - 1
+            fact = _SETTING_OF.get((key, value))
+            if fact and fact not in found:
+                found[fact] = (row - 1, key)
     except (tokenize.TokenError, SyntaxError, ValueError, IndentationError):
         pass
-    return None
+    return found
 
 
-def padding_to_max(frame, limit=64, max_files=8):
-    """(file, line, function) of a line of the program's own source that pads its inputs to a fixed maximum length
-    (padding="max_length"), or None.  Read from the source files of the program's functions on the failing stack
-    and of its __main__ module (the tokenizing function often ran before the failing pass: a dataset's map or a
-    collate function of the same files).  Never raises; reads at most max_files files of _PAD_FILE_LINES lines."""
+def code_settings(frame, limit=64, max_files=8):
+    """{fact: (file, line, function, key)}: for each fact of CODE_SETTINGS, the first line of the program's own
+    source that sets it.  Read from the source files of the program's functions on the failing stack and of its
+    __main__ module (the tokenizing or generating code often ran before the failing line: a dataset's map, a
+    collate function, a helper of the same files).  Never raises; reads at most max_files files of
+    _CODE_FILE_LINES lines."""
+    out = {}
     try:
         import linecache
         import oomguard_roles
@@ -369,14 +390,14 @@ def padding_to_max(frame, limit=64, max_files=8):
             files.append(mf)
         for fn in files[:max_files]:
             lines = linecache.getlines(fn)
-            if not lines or len(lines) > _PAD_FILE_LINES or not any("pad" in t for t in lines):
+            if not lines or len(lines) > _CODE_FILE_LINES or not any(w in t for t in lines for w in _SETTING_WORDS):
                 continue
-            i = _pads_to_max(lines)
-            if i is not None:
-                return (fn, i + 1, _enclosing_def(lines, i))
+            for fact, (i, key) in _settings_in(lines).items():
+                if fact not in out:
+                    out[fact] = (fn, i + 1, _enclosing_def(lines, i), key)
     except Exception:
         pass
-    return None
+    return out
 
 
 def _enclosing_def(lines, i):

@@ -128,8 +128,10 @@ PURPOSES = (
     ("teacher", ("teacher",), ()),
     ("cache", ("cache", "cached", "memo", "lru", "memoized"), ("*Cache*", "*cache*")),
     # a dataset kept whole on the device (train_images = torch.from_numpy(...).cuda(); a Dataset's tensors)
-    ("dataset", ("dataset", "datasets", "images", "imgs", "samples", "x_train", "train_x", "x_val", "x_test"),
-     ("*Dataset*",)),
+    # (a reinforcement learner's replay buffer is its dataset: episodes or transitions it samples batches from)
+    ("dataset", ("dataset", "datasets", "images", "imgs", "samples", "x_train", "train_x", "x_val", "x_test",
+                 "replay", "replay_buffer", "episodes", "transitions"),
+     ("*Dataset*", "*ReplayBuffer*", "*Replay*", "*RolloutBuffer*")),
 )
 
 
@@ -1003,8 +1005,8 @@ def encode(r):
       operation NAME FILE LINE FUNCTION (the failing operation, oomguard_phase.OPERATIONS) |
       ddp WRAPPERS BUCKET_BYTES (DistributedDataParallel wrappers without gradient_as_bucket_view) |
       statement FILE LINE FUNCTION TARGET PURPOSE NAMES INTS |
-      accumulating FILE LINE FUNCTION TARGET OPERAND | padding FILE LINE FUNCTION (the program's line that pads
-      its inputs to a fixed maximum length) |
+      accumulating FILE LINE FUNCTION TARGET OPERAND | setting FACT FILE LINE FUNCTION KEY (the program's line that
+      sets a fact of oomguard_phase.CODE_SETTINGS, by the keyword KEY) |
       steps MADE ALLOCATED,... (after each of an optimizer's latest steps, oldest first) | meta KEY VALUE
       (meta num_beams N: the beam width of the generation running at the failure; meta checkpointing 0|1: activation
       checkpointing off or in force for the failing pass; meta batch_size N: the batch the program names;
@@ -1057,10 +1059,9 @@ def encode(r):
         f, ln, fn, target, operand = acc[:5]
         out.append("accumulating\t%s\t%d\t%s\t%s\t%s" % (_clean(f), int(ln), _clean(fn), _clean(target),
                                                           _clean(operand or "-")))
-    pad = r.get("padding_to_max")
-    if pad:
-        f, ln, fn = pad[:3]
-        out.append("padding\t%s\t%d\t%s" % (_clean(f), int(ln), _clean(fn)))
+    for fact, at in sorted((r.get("code_settings") or {}).items()):
+        f, ln, fn, key = at[:4]
+        out.append("setting\t%s\t%s\t%d\t%s\t%s" % (_clean(fact), _clean(f), int(ln), _clean(fn), _clean(key)))
     if r.get("num_beams"):
         out.append("meta\tnum_beams\t%d" % int(r["num_beams"]))
     if r.get("checkpointing") is not None:

@@ -489,8 +489,8 @@ def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowe
                 measured["checkpointing"] = _checkpointing(frame, phase[0], grad, _torch_dir(torch))
                 measured["batch_size"] = _batch_size(frame, _torch_dir(torch))
                 measured["autocast_in_code"] = oomguard_phase.autocast_in_code(frame)
-                # inputs padded to a fixed maximum length (padding="max_length") by the program's own code
-                measured["padding_to_max"] = oomguard_phase.padding_to_max(frame)
+                # settings of the program's own code that decide what the pass keeps (padding="max_length")
+                measured["code_settings"] = oomguard_phase.code_settings(frame)
             roles = oomguard_roles.encode(measured)
         phase = phase or (None, None, None)
         r = oomguard_core.send(

@@ -162,7 +162,7 @@ has "roles: parameters by dtype" "$T/pr" "parameters by dtype: float32 1.07 GiB 
 has "roles: models, a second copy, frozen" "$T/pr" "models: Net: 64.00 MiB of parameters in 2 tensors, 2 copies, frozen"
 has "roles: the failing statement" "$T/pr" "failing statement: train.py:131 in main: grads = ...; reads model, ema_params; sizes 4096 x 4096; kept as ema"
 has "roles: a sum of passes with their graphs alive" "$T/pr" "accumulating: train.py:118 in main: total sums loss"
-has "roles: inputs padded to a fixed maximum length" "$T/pr" "padding to maximum length: train.py:61 in tokenize: pads every input"
+has "roles: inputs padded to a fixed maximum length" "$T/pr" "code setting: train.py:61 in tokenize: pads every input to a fixed maximum length, not to the batch's longest (padding)"
 has "roles: a copy among the activations" "$T/pr" "among the activations: a copy of the optimizer_state being made, 3.00 MiB so far"
 has "roles: allocated after the steps" "$T/pr" "allocated: after the last 3 steps of 37: 1.02 GiB, 1.07 GiB, 1.12 GiB (up 95.37 MiB)"
 has "roles: the beam width" "$T/pr" "beam width: 4"

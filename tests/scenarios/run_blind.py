@@ -38,6 +38,14 @@ SAME_FIX = {
     # nvjpeg_decode_in_spawned_loader_workers (seventh batch); kornia_gpu_augment_in_spawned_workers
     # (sixth) named the same fix, CUDA kept out of the DataLoader workers, cuda_out_of_workers
     "gpu_work_in_main_process": "cuda_out_of_workers",
+    # qwen7b_calibration_generate_scores_and_logits (eighth batch) and invoice_extraction_generate_output_scores
+    # (seventh) named the fix of e5_mistral_embed_output_hidden_states_all_layers (eighth), only_needed_outputs:
+    # ask the model only for the outputs the job uses (no per-step scores, logits or hidden states kept)
+    "drop_per_step_outputs": "only_needed_outputs",
+    "drop_output_scores": "only_needed_outputs",
+    # deepspeed_zero3_from_pretrained_before_init (seventh batch) and fsdp_qlora_70b_full_load_per_rank (sixth)
+    # named the fix of fsdp_lora_llama2_13b_g5_12xlarge_device_map_local_rank (eighth), shard_before_load
+    "shard_at_load": "shard_before_load",
 }
 
 

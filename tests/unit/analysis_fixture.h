@@ -453,14 +453,15 @@ static void fixture_accumulating(og_record_t *r, const char *target, const char 
     snprintf(ro->accum_operand, sizeof ro->accum_operand, "%s", operand);
 }
 
-/* roles.padding_to_max_length: the program pads its inputs to a fixed maximum length at train.py:105 in tokenize */
-static void fixture_padding(og_record_t *r)
+/* a setting of the program's code (roles.padding_to_max_length, roles.extra_outputs) at train.py:105 in FUNCTION */
+static void fixture_setting(og_record_t *r, int which, const char *function, const char *key)
 {
-    og_roles_t *ro = &r->memory.fw.roles;
-    ro->has_padding = true;
-    snprintf(ro->padding.file, sizeof ro->padding.file, "/w/train.py");
-    snprintf(ro->padding.function, sizeof ro->padding.function, "tokenize");
-    ro->padding.line = 105;
+    og_code_setting_t *cs = &r->memory.fw.roles.settings[which];
+    cs->has = true;
+    snprintf(cs->at.file, sizeof cs->at.file, "/w/train.py");
+    snprintf(cs->at.function, sizeof cs->at.function, "%s", function);
+    cs->at.line = 105;
+    snprintf(cs->key, sizeof cs->key, "%s", key);
 }
 
 /* the adapter's allocated bytes right after each optimizer step (roles.allocated_after_steps) */

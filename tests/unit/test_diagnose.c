@@ -1412,6 +1412,30 @@ static void a_pass_that_outgrows_the_cache_does_not_fit(void **state)
     free(r);
 }
 
+/* a generation's working set is its activations and the KV cache it builds: 1 GiB of activations and a 2 GiB
+ * cache (a holder of purpose kv_cache) against 896 MiB cached in splinters: the pass outgrows the cache
+ * (3 GiB >= 3 x 896 MiB); the same cache in a forward pass that is not a generation does not count, and the
+ * textbook reading stands */
+static void a_generation_outgrows_the_cache_with_its_kv_cache(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->event.requested_bytes, 880 * MiB);
+    og_set(&r->device.free_bytes, 600 * MiB);
+    fixture_roles(r, 16 * GiB, 0, 0, 0, 2 * GiB, 1 * GiB);
+    fixture_holder(r, "self.key_cache", "list", "on DynamicCache", 2 * GiB);
+    fixture_holder_says(r, "kv_cache", "");
+    r->memory.fw.reserved_bytes += 896 * MiB;
+    r->memory.fw.largest_free_block_bytes = 640 * MiB;
+    fixture_phase(r, "generation", "/w/serve.py", "generate");
+    diag(r);
+    assert_string_equal(r->diagnosis.primary, "does_not_fit");
+    assert_string_equal(evt(find(r, "does_not_fit"), "basis"), "pass_outgrows_cache");
+    fixture_phase(r, "forward", "/w/serve.py", "forward");
+    diag(r);
+    assert_string_equal(r->diagnosis.primary, "fragmentation");
+    free(r);
+}
+
 /* the same for an optimizer step making AdamW's state: 4 GiB of parameters its optimizer holds, 2 GiB of moments
  * made so far, 6 GiB to come; a 64 MiB request fails with 256 MiB cached in splinters: does_not_fit leads with the
  * state still to make as its evidence; with the state made (8 GiB), the textbook reading stands */
@@ -1562,6 +1586,7 @@ int main(void)
         cmocka_unit_test(rules_run_in_any_order),
         cmocka_unit_test(size_max_request_is_a_request),
         cmocka_unit_test(a_pass_that_outgrows_the_cache_does_not_fit),
+        cmocka_unit_test(a_generation_outgrows_the_cache_with_its_kv_cache),
         cmocka_unit_test(an_optimizer_step_still_making_its_state_does_not_fit),
         cmocka_unit_test(a_copy_that_outgrows_the_cache_does_not_fit),
         cmocka_unit_test(a_load_that_outgrows_the_cache_does_not_fit),

@@ -765,19 +765,20 @@ def t_autocast_in_code():
     assert ns["g"]() is None, ns["g"]()
 
 
-def t_padding_to_max():
-    """roles.padding_to_max_length: a line of the program's own source (a file of a function on the failing stack)
-    whose code pads to a fixed maximum length, found though the tokenizing function is not running; the same words
-    in a docstring or a comment, or padding=True, are not it"""
+def t_code_settings():
+    """roles.padding_to_max_length and roles.extra_outputs: a line of the program's own source (a file of a function
+    on the failing stack) whose code sets one, found though the function that sets it is not running; the same
+    words in a docstring or a comment, or padding=True, are not it; the facts are common/code_settings.def's"""
+    import re
     import tempfile
     import oomguard_phase
     import oomguard_roles
 
     def probe():
-        return oomguard_phase.padding_to_max(sys._getframe(1))
+        return oomguard_phase.code_settings(sys._getframe(1))
 
     def run(src):
-        d = tempfile.mkdtemp(prefix="oomguard-pad-")
+        d = tempfile.mkdtemp(prefix="oomguard-settings-")
         path = os.path.join(d, "train_cls.py")
         with open(path, "w") as f:
             f.write(src)
@@ -789,16 +790,23 @@ def t_padding_to_max():
                    "    return tok(texts, truncation=True,\n"
                    "               padding='max_length', max_length=512)\n")
     path, got = run('"""Pads with padding="max_length" (a docstring)."""\n' + tokenize_fn +
+                    "def embed(model, b):\n    return model(**b, output_hidden_states=True)\n"
                     "def train():\n    return probe()\n")
-    assert got == (path, 4, "tokenize"), got
+    assert got == {"padding_to_max_length": (path, 4, "tokenize", "padding"),
+                   "extra_outputs": (path, 6, "embed", "output_hidden_states")}, got
     _, got = run('"""padding="max_length" in a docstring"""\n# padding="max_length"\n'
-                 "def train():\n    enc = dict(padding=True)\n    return probe()\n")
-    assert got is None, got
+                 "def train():\n    enc = dict(padding=True, output_scores=False)\n    return probe()\n")
+    assert got == {}, got
     _, got = run("CFG = {'padding': 'max_length'}\ndef train():\n    return probe()\n")
-    assert got[1:] == (1, "<module>"), got
+    assert got["padding_to_max_length"][1:] == (1, "<module>", "padding"), got
     enc = oomguard_roles.encode({"roles": {}, "optimizers": {}, "holders": [], "allocated": 0, "complete": True,
-                                 "elapsed_ms": 0, "objects": 0, "padding_to_max": ("/w/t.py", 4, "tokenize")})
-    assert "padding\t/w/t.py\t4\ttokenize" in enc, enc
+                                 "elapsed_ms": 0, "objects": 0,
+                                 "code_settings": {"padding_to_max_length": ("/w/t.py", 4, "tokenize", "padding")}})
+    assert "setting\tpadding_to_max_length\t/w/t.py\t4\ttokenize\tpadding" in enc, enc
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, os.pardir, os.pardir, os.pardir, "common", "code_settings.def")) as f:
+        listed = re.findall(r"^OG_CODE_SETTING\((\w+),", f.read(), re.M)
+    assert sorted(listed) == sorted(set(fact for fact, _, _ in oomguard_phase.CODE_SETTINGS)), listed
 
 
 def t_phase_eval_flag():
@@ -1015,7 +1023,7 @@ if not STAND_IN:
     check("gradient checkpointing: off in a plain layer, on under torch.utils.checkpoint or the flag", t_checkpointing)
     check("the batch size from the program's names, not a loop index or a global count", t_batch_size)
     check("autocast in the running program's code, off at the failing line", t_autocast_in_code)
-    check("inputs padded to a fixed maximum length by the program's own code", t_padding_to_max)
+    check("settings of the program's own code: padding to the maximum, extra outputs", t_code_settings)
     check("the failing operation from PyTorch's own frames: cross_entropy, interpolate", t_operation_real_frames)
     check("DistributedDataParallel's buckets copy the gradients unless gradient_as_bucket_view", t_ddp_buckets)
 
