@@ -640,6 +640,15 @@ static bool growth_for(const og_facts_t *d, const og_record_t *r, og_growth_scra
         g->gen_last = lows[steps - 1];
         return false;
     }
+    /* one inference call building up (a forward or evaluation pass keeping each layer's output: hidden states
+     * asked for, a U-Net's skips), not memory kept across batches: autograd off, the job not known to train,
+     * and the activations of the running call (not what Python objects hold: outputs a loop keeps in a list are
+     * a holder, and a leak) are at least half the rise */
+    if ((d->phase == OG_JP_forward || d->phase == OG_JP_evaluation) && rf->known && rf->act_known && fw->has &&
+        fw->grad_enabled == -1 && fw->training != 1 && !rf->grads && !rf->opt && 2 * rf->act >= rise) {
+        g->pass_built = true;
+        return false;
+    }
     /* the job's own state arriving, not tensors kept: when the roles measured what a training job
      * holds for good (parameters, buffers, gradients, optimizer state, graph pools), the low points
      * rising up to that state are the model arriving and the first step's gradients and optimizer

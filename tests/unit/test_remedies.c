@@ -2026,6 +2026,28 @@ static void kv_cache_reserved_first(void **state)
     free(r);
 }
 
+/* memory rising step by step within one inference call (an evaluation pass keeping every layer's output), autograd
+ * off, the rise in the call's activations: one pass building up, not a leak; the same rise held by a list the
+ * loop keeps (outputs appended without .cpu()) stays a growth, and so does one with autograd on */
+static void inference_call_building(void **state)
+{
+    og_record_t *r = base();
+    leaking_steps(r);
+    fixture_roles(r, 4 * GiB, 0, 0, 0, 0, 16 * GiB);
+    fixture_phase(r, "evaluation", "embed.py", "encode");
+    r->memory.fw.grad_enabled = -1;
+    og_set(&r->device.free_bytes, 256 * MiB);
+    run_primary(r, "does_not_fit");
+    assert_true(r->analysis.facts.growth.pass_built && !r->analysis.facts.growth.holds);
+    fixture_roles(r, 4 * GiB, 0, 0, 0, 16 * GiB, 0);
+    fixture_holder(r, "preds", "list", "local in main (embed.py:40)", 15 * GiB);
+    run_primary(r, "growth");
+    fixture_roles(r, 4 * GiB, 0, 0, 0, 0, 16 * GiB);
+    r->memory.fw.grad_enabled = 1;
+    run_primary(r, "growth");
+    free(r);
+}
+
 /* memory rising token by token within one generation (its KV cache, held by generate()'s own locals), autograd off:
  * the generation's working set, not a leak: fewer sequences, fewer new tokens or beams lead, then the cache's kind */
 static void generation_kv_growth(void **state)
@@ -2784,6 +2806,7 @@ int main(void)
         cmocka_unit_test(autocast_in_code),
         cmocka_unit_test(padding_to_max_length),
         cmocka_unit_test(extra_outputs_first),
+        cmocka_unit_test(inference_call_building),
         cmocka_unit_test(operation_dominates_split_first),
         cmocka_unit_test(conv_inference_tiles_first),
         cmocka_unit_test(two_models_one_at_a_time),
