@@ -542,6 +542,17 @@ static bool cross_entropy_op(const rctx_t *x)
 /* one operation that can be split (an image decoder at full resolution, an all-pairs distance: roles.operation)
  * makes a tensor at least as large as everything else the running pass holds (activations and locals): the
  * operation, not the batch's activations, is the peak; splitting it into tiles or slices shrinks that tensor */
+/* what the failing operation's own full-size tensors take, alive together: an all-pairs operation makes several
+ * of its pairs' size (box IoU: both corners of the overlap, its sides, the intersection; a distance: the cross term
+ * and both squared norms): three of the failing size; a convolution's input and output maps at full resolution:
+ * two; a decoder's output: one */
+static uint64_t op_tensor_bytes(const rctx_t *x)
+{
+    enum og_operation op = roles_of(x)->operation;
+    return op == OG_OP_pairwise ? add_sat(x->req, add_sat(x->req, x->req))
+           : op == OG_OP_conv   ? add_sat(x->req, x->req)
+                                : x->req;
+}
 static bool operation_dominates(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
@@ -549,10 +560,7 @@ static bool operation_dominates(const rctx_t *x)
      * inference pass over one huge input, tiled with an overlap (sliding windows) whatever its size, the card's
      * too; with autograd on the step keeps every layer's output for backward, the batch is the lever */
     bool conv = ro->operation == OG_OP_conv && autograd_off(x);
-    /* an all-pairs operation makes several tensors of its pairs' size, alive together (box IoU: both corners of
-     * the overlap, its sides, the intersection; a distance: the cross term and both squared norms): it dominates
-     * when three of the failing size reach the pass's working set */
-    uint64_t op_bytes = ro->operation == OG_OP_pairwise ? add_sat(x->req, add_sat(x->req, x->req)) : x->req;
+    uint64_t op_bytes = op_tensor_bytes(x);
     return ro->known && ro->act_known &&
            (ro->operation == OG_OP_image_decode || ro->operation == OG_OP_pairwise || conv) && x->req_known &&
            op_bytes >= ro->working && !own_fix_covers(x) && (!x->larger_than_device || conv);
@@ -790,7 +798,7 @@ static const og_rank_row_t bring[] = {
       "gemma_lora_fp32_logits_ce (blind), perplexity_log_softmax" },
     { "operation_dominates", operation_dominates, WANT, 0, 0, REMS(R_CHUNK),
       "roles.operation image_decode or pairwise, or conv with autograd off (then also larger than the device), "
-      "request >= the working set (activations + locals)",
+      "the operation's tensors (request; 2x for conv, 3x for pairwise) >= the working set (activations + locals)",
       "sdxl_vae_decode_2048px (blind), upscale_interpolate, wsi_tumor_segmentation_whole_slide_forward (blind)" },
     { "resident_models", resident_models, WANT, 0, 0, REMS(R_ONE_MODEL),
       "not training, roles.models: models held by a name of the running code beside one of their class (not "
@@ -1232,8 +1240,8 @@ static void estimate(rank_t *k, const rctx_t *x)
     }
     if (cross_entropy_op(x)) /* a fused or chunked loss never makes the failing [tokens, vocabulary] tensor */
         cover[R_FUSED_CE] = (double)x->req;
-    if (operation_dominates(x)) /* in eight tiles or slices: an eighth of the failing tensor at a time */
-        cover[R_CHUNK] = 0.875 * (double)x->req;
+    if (operation_dominates(x)) /* in eight tiles or slices: an eighth of the operation's tensors at a time */
+        cover[R_CHUNK] = 0.875 * (double)op_tensor_bytes(x);
     cover[R_ONE_MODEL] = resident_models(x) ? (double)ro->named_copies : -1;
     cover[R_EVAL_NO_COPY] = eval_copy(x) ? (double)ro->named_copies : -1;
     cover[R_BUCKET_VIEW] = ddp_buckets(x) ? (double)ro->ddp_buckets : -1;

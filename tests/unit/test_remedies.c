@@ -1233,6 +1233,18 @@ static void conv_inference_tiles_first(void **state)
     assert_string_equal(r->remedies[0].id, "split_operation");
     assert_true(strstr(r->remedies[0].why, "convolution") != NULL);
     assert_true(rank_of(r, "shorter_sequences") != 1);
+    /* within the card: a 20 GiB output beside its 22 GiB input map (a layer's input and output alive together)
+     * still tiles first; an 8 GiB output beside them is not the peak */
+    fixture_roles(r, 16 * MiB, 0, 0, 0, 0, 22 * GiB);
+    fixture_operation(r, "conv", "_conv_forward");
+    og_set(&r->event.requested_bytes, 20 * GiB);
+    og_set(&r->device.free_bytes, 1 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "split_operation");
+    og_set(&r->event.requested_bytes, 8 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "split_operation"), 0);
+    fixture_roles(r, 5 * GiB, 0, 0, 0, 0, 0);
     r->memory.fw.grad_enabled = 1;
     og_set(&r->event.requested_bytes, 8 * GiB);
     og_set(&r->device.free_bytes, 7 * GiB);
