@@ -486,6 +486,13 @@ static bool growing_dataset(const rctx_t *x)
 /* activation checkpointing is in force for the layer that failed (roles.gradient_checkpointing true): turning it
  * on changes nothing */
 static bool checkpointing_in_force(const rctx_t *x) { return roles_of(x)->known && roles_of(x)->checkpointing == 1; }
+/* attention computed eagerly (roles.operation attention: its score matrices made whole) fails: a fused kernel
+ * (SDPA, FlashAttention) never makes them, whatever the batch or the checkpointing */
+static bool eager_attention(const rctx_t *x)
+{
+    return roles_of(x)->known && roles_of(x)->operation == OG_OP_attention && x->req_known && !own_fix_covers(x);
+}
+static bool eager_attention_lead(const rctx_t *x) { return eager_attention(x) && !confident_growth(x); }
 /* a batch of this job fit before the failing one: the optimizer made at least two steps (so a pass ran with
  * the state it keeps now: the first step makes an Adam-family optimizer's state, after its pass), or the
  * failing request is an outlier (>= 4x any earlier allocation after steps that freed memory).  Bucketing by
@@ -734,6 +741,9 @@ static const og_rank_row_t bring[] = {
     { "checkpointing_in_force", checkpointing_in_force, DROP, 0, 0, REMS(R_CHECKPOINTING),
       "roles.gradient_checkpointing true (in force for the layer that failed)",
       "mistral7b_contracts_32k_lora_eager_attention (blind)" },
+    { "eager_attention", eager_attention, WANT, 0, 0, REMS(R_FLASH),
+      "roles.operation attention (eager_attention_forward, an attention class's _attn on the stack)",
+      "mistral7b_contracts_32k_lora_eager_attention (blind); (unit tests: eager_attention_fused_first)" },
     { "train_fewer_parameters", trains_all_parameters, WANT, 0, 0, REMS(R_LORA),
       "the job trains, roles: parameters and their gradients or optimizer state (or phase optimizer_step)",
       "adamw_first_step, ema_lazy_shadow (blind)" },
@@ -1021,6 +1031,9 @@ static const og_rank_row_t lead[] = {
     { "growing_dataset_lead", growing_dataset, LEAD_COVERS, -34, 0, REMS(R_DATASET_CPU),
       "as growing_dataset (a dataset filling the GPU is the growth: releasing it breaks the job)",
       "drqv2_replay_buffer_episodes_on_gpu, dreamer_replay_buffer_float32_chunks_on_gpu (blind)" },
+    { "eager_attention_lead", eager_attention_lead, LEAD_COVERS, -33, 0, REMS(R_FLASH),
+      "as eager_attention, primary not a confident growth",
+      "mistral7b_contracts_32k_lora_eager_attention (blind); (unit tests: eager_attention_fused_first)" },
     { "checkpointing_off_lead", checkpointing_off, LEAD_COVERS, -18, 0, REMS(R_CHECKPOINTING), "as checkpointing_off",
       "sft_first_forward_activations, long_ctx_lora_ckpt_flag_off (blind)" },
     { "one_batch_peak_lead", one_batch_peak, LEAD_COVERS, -19, 0, REMS(R_SHORTER_SEQ), "as one_batch_peak",
@@ -1238,6 +1251,8 @@ static void estimate(rank_t *k, const rctx_t *x)
         cover[R_SHORTER_SEQ] = (double)x->req;
         cover[R_FLASH] = 0.9 * (double)x->req;
     }
+    if (eager_attention(x)) /* a fused kernel never makes the failing score matrix */
+        cover[R_FLASH] = (double)x->req;
     if (cross_entropy_op(x)) /* a fused or chunked loss never makes the failing [tokens, vocabulary] tensor */
         cover[R_FUSED_CE] = (double)x->req;
     if (operation_dominates(x)) /* in eight tiles or slices: an eighth of the operation's tensors at a time */

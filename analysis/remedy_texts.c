@@ -1023,6 +1023,15 @@ static bool b_gradient_checkpointing(const rctx_t *x, og_remedy_t *r)
 static bool b_flash_attention(const rctx_t *x, og_remedy_t *r)
 {
     bool old = x->cc_known && x->cc < 80;
+    const og_roles_t *ro = &x->rec->memory.fw.roles;
+    if (x->f->roles.operation == OG_OP_attention) {
+        char fn[sizeof ro->op_frame.function], file[sizeof ro->op_frame.file];
+        og_cpy(fn, sizeof fn, ro->op_frame.function, sizeof fn);
+        og_cpy(file, sizeof file, ro->op_frame.file, sizeof file);
+        why(r, "The failing %s is an attention score matrix computed eagerly (%s, %s:%d): a fused kernel never "
+               "makes it. ",
+            og_hb((double)x->req).s, fn, og_base_name(file), ro->op_frame.line);
+    }
     if (old)
         why(r,
             "FlashAttention-2 needs compute capability 8.0+ (this GPU: %d.%d); a memory-efficient SDPA kernel "

@@ -105,12 +105,16 @@ OPERATIONS = (
     ("conv", 10, "*/torch/nn/modules/pooling.py", "*", "*"),
     ("conv", 10, "*/torch/nn/functional.py", "*pool[123]d*", "*"),
     ("conv", 8, "*", "forward", "*Conv*"),
+    # attention computed eagerly: Hugging Face's eager_attention_forward (the "eager" attn_implementation; sdpa
+    # and flash run other functions) and the _attn method of older models' attention classes
+    ("attention", 25, "*", "eager_attention_forward", "*"),
+    ("attention", 25, "*", "_attn", "*Attention*"),
     # a deep copy being made (of a model, an optimizer's state_dict): the standard library's copy.deepcopy and
     # the __deepcopy__ it calls (torch's Tensor and Parameter); lowest: an operation inside a copy decides
     ("copy", 5, "*/copy.py", "deepcopy", "*"),
     ("copy", 5, "*", "__deepcopy__", "*"),
 )
-OPERATION_NAMES = ("cross_entropy", "image_decode", "pairwise", "copy", "conv")  # common/operations.def: the same
+OPERATION_NAMES = ("cross_entropy", "image_decode", "pairwise", "copy", "conv", "attention")  # common/operations.def: the same
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _cache = {}

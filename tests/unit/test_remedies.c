@@ -1177,6 +1177,31 @@ static void extra_outputs_first(void **state)
     free(r);
 }
 
+/* attention computed eagerly (roles.operation attention) fails making a 64 GiB score matrix in a training step with
+ * checkpointing on at batch 1: fused attention leads (it never makes the matrix), named with the function; no
+ * operation measured: it does not lead */
+static void eager_attention_fused_first(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->device.total_bytes, 80 * GiB);
+    fixture_roles(r, 14 * GiB, 0, 0, 0, 0, 2 * GiB);
+    fixture_operation(r, "attention", "eager_attention_forward");
+    r->memory.fw.roles.checkpointing = 1;
+    r->memory.fw.roles.batch_size = 1;
+    r->memory.fw.grad_enabled = 1;
+    fixture_phase(r, "forward", "/w/train.py", "forward");
+    og_set(&r->event.requested_bytes, 64 * GiB);
+    og_set(&r->device.free_bytes, 62 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "flash_attention");
+    assert_non_null(strstr(r->remedies[0].why, "eager_attention_forward"));
+    assert_int_equal(rank_of(r, "gradient_checkpointing"), 0); /* in force already */
+    r->memory.fw.roles.operation[0] = 0;
+    run_primary(r, "does_not_fit");
+    assert_true(rank_of(r, "flash_attention") != 1);
+    free(r);
+}
+
 /* one operation that can be split (an image decode) makes a tensor at least the pass's working set: split it
  * first; in inference a smaller batch is not in the top 3 (slicing runs the batch piece by piece); a working set
  * larger than the request: the batch, not the operation, and split_operation is not brought */
@@ -2818,6 +2843,7 @@ int main(void)
         cmocka_unit_test(autocast_in_code),
         cmocka_unit_test(padding_to_max_length),
         cmocka_unit_test(extra_outputs_first),
+        cmocka_unit_test(eager_attention_fused_first),
         cmocka_unit_test(inference_call_building),
         cmocka_unit_test(operation_dominates_split_first),
         cmocka_unit_test(conv_inference_tiles_first),

@@ -960,6 +960,17 @@ def t_operation_real_frames():
     assert up and up[0] == "image_decode" and up[1][2] == "interpolate", seen
     assert cv and cv[0] == "conv" and cv[1][0].endswith("torch/nn/modules/conv.py"), seen
     assert oomguard_phase.operation(sys._getframe()) is None
+    # attention computed eagerly, as a model file of transformers defines it (a function of that name), with the
+    # score matrix a matmul makes inside it; sdpa's function is not it
+    ns = {"torch": torch, "probe": lambda: oomguard_phase.operation(sys._getframe(1))}
+    exec(compile("def eager_attention_forward(q, k):\n    w = torch.matmul(q, k.transpose(2, 3))\n"
+                 "    return probe()\n"
+                 "def sdpa_attention_forward(q, k):\n    return probe()\n",
+                 "/srv/site-packages/transformers/models/mistral/modeling_mistral.py", "exec"), ns)
+    q = torch.zeros(1, 2, 4, 8)
+    got = ns["eager_attention_forward"](q, q)
+    assert got and got[0] == "attention" and got[1][2] == "eager_attention_forward", got
+    assert ns["sdpa_attention_forward"](q, q) is None
 
 
 def t_ddp_buckets():
