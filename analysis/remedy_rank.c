@@ -475,13 +475,17 @@ static bool rank_loads_whole_model(const rctx_t *x)
     return PHASE(loading) && x->rec->world_size > 1 && !own_fix_covers(x) && !x->larger_than_device;
 }
 /* a dataset the job keeps on the device grows (a replay buffer filling, episodes appended): the largest holder of
- * the growth (facts: roles.grower) is the largest dataset holder kept across calls: kept in host memory and
- * sampled a batch at a time, it stops growing on the GPU */
+ * the growth (facts: roles.grower) has the purpose dataset, kept across calls or by the running loop (a replay
+ * buffer is a local of main as often as an attribute): kept in host memory and sampled a batch at a time, it
+ * stops growing on the GPU */
 static bool growing_dataset(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
-    return ro->known && PRIMARY(GROWTH) && ro->dataset_kept && ro->grower >= 0 && ro->grower == ro->dataset_holder &&
-           !own_fix_covers(x);
+    if (!ro->known || !PRIMARY(GROWTH) || ro->grower < 0 || ro->grower >= x->rec->memory.fw.roles.nholders)
+        return false;
+    char purpose[sizeof x->rec->memory.fw.roles.holders[0].purpose];
+    og_cpy(purpose, sizeof purpose, x->rec->memory.fw.roles.holders[ro->grower].purpose, sizeof purpose);
+    return og_purpose_of(purpose) == OG_PURPOSE_dataset && !own_fix_covers(x);
 }
 /* activation checkpointing is in force for the layer that failed (roles.gradient_checkpointing true): turning it
  * on changes nothing */
@@ -736,7 +740,7 @@ static const og_rank_row_t bring[] = {
       "phase loading, WORLD_SIZE > 1 (a rank of a multi-rank job)",
       "fsdp_lora_llama2_13b_g5_12xlarge_device_map_local_rank (blind); (unit tests: rank_loads_whole_model)" },
     { "growing_dataset", growing_dataset, WANT, 0, 0, REMS(R_DATASET_CPU, R_BOUNDED_CACHE),
-      "primary growth, roles: the growth's largest holder (grower) is the largest dataset holder kept across calls",
+      "primary growth, roles: the growth's largest holder (grower) has the purpose dataset",
       "drqv2_replay_buffer_episodes_on_gpu, dreamer_replay_buffer_float32_chunks_on_gpu (blind)" },
     { "checkpointing_in_force", checkpointing_in_force, DROP, 0, 0, REMS(R_CHECKPOINTING),
       "roles.gradient_checkpointing true (in force for the layer that failed)",
@@ -1260,7 +1264,7 @@ static void estimate(rank_t *k, const rctx_t *x)
     cover[R_ONE_MODEL] = resident_models(x) ? (double)ro->named_copies : -1;
     cover[R_EVAL_NO_COPY] = eval_copy(x) ? (double)ro->named_copies : -1;
     cover[R_BUCKET_VIEW] = ddp_buckets(x) ? (double)ro->ddp_buckets : -1;
-    cover[R_DATASET_CPU] = dataset_on_gpu(x) || growing_dataset(x) ? (double)ro->dataset_kept : -1;
+    cover[R_DATASET_CPU] = dataset_on_gpu(x) ? (double)ro->dataset_kept : growing_dataset(x) ? (double)ro->grower_bytes : -1;
     if (rank_loads_whole_model(x) && ro->known && ro->params) /* all but this rank's share of what arrived */
         cover[R_SHARD_LOAD] = (double)ro->params * (1.0 - 1.0 / (double)x->rec->world_size);
     /* the models that can move to the idle GPU (unknown when none is measured); the room on the other GPU */

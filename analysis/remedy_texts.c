@@ -664,14 +664,18 @@ static bool b_dataset_on_cpu(const rctx_t *x, og_remedy_t *r)
 {
     const og_role_facts_t *ro = &x->f->roles;
     char lb[160], name[sizeof x->rec->memory.fw.roles.holders[0].name] = "";
-    const char *holder = holder_label(x, ro->dataset_holder, lb, sizeof lb);
-    if (ro->dataset_holder >= 0)
-        og_cpy(name, sizeof name, x->rec->memory.fw.roles.holders[ro->dataset_holder].name, sizeof name);
+    /* a dataset kept across calls, or the growth's own holder when the dataset is what grows (a replay buffer) */
+    bool growing = !ro->dataset_kept && ro->grower >= 0;
+    int which = growing ? ro->grower : ro->dataset_holder;
+    const char *holder = holder_label(x, which, lb, sizeof lb);
+    if (which >= 0)
+        og_cpy(name, sizeof name, x->rec->memory.fw.roles.holders[which].name, sizeof name);
     why(r,
-        "The running code keeps %s of a dataset on the GPU%s%s%s: it is read a batch at a time, yet all of it takes "
-        "the card beside the model, its state and the pass's activations. Kept in host memory (pinned) and copied "
-        "one batch per step, it costs the GPU one batch.",
-        og_hb((double)ro->dataset_kept).s, holder ? " (the largest: " : "", holder ? holder : "", holder ? ")" : "");
+        "The running code keeps %s of a dataset on the GPU%s%s%s%s: it is read a batch at a time, yet all of it "
+        "takes the card beside the model, its state and the pass's activations. Kept in host memory (pinned) and "
+        "copied one batch per step, it costs the GPU one batch.",
+        og_hb((double)(growing ? ro->grower_bytes : ro->dataset_kept)).s, growing ? ", growing as it fills" : "",
+        holder ? " (the largest: " : "", holder ? holder : "", holder ? ")" : "");
     const char *n = name[0] && !strchr(name, '.') ? name : "images";
     how(r, "%s%s = torch.from_numpy(array).pin_memory()   # in host memory, not .cuda()", pt(x), n);
     how(r, "%sx = %s[idx].cuda(non_blocking=True)   # one batch at a time (idx on the CPU)", pt(x), n);

@@ -2085,6 +2085,25 @@ static void inference_call_building(void **state)
     free(r);
 }
 
+/* a replay buffer (a holder of purpose dataset, local in main) grows until the card is full: keeping it in host
+ * memory leads, its bytes the growth's holder's; the same holder without the purpose is a leak to release */
+static void growing_dataset_to_host(void **state)
+{
+    og_record_t *r = base();
+    leaking_steps(r);
+    fixture_roles(r, 1 * GiB, 0, 0, 0, 19 * GiB, 0);
+    fixture_holder(r, "replay", "deque", "local in main (rl.py:40)", 19 * GiB);
+    og_set(&r->device.free_bytes, 256 * MiB);
+    r->memory.fw.grad_enabled = 1;
+    run_primary(r, "growth");
+    assert_int_equal(rank_of(r, "dataset_on_cpu"), 0);
+    fixture_holder_says(r, "dataset", "");
+    run_primary(r, "growth");
+    assert_string_equal(r->remedies[0].id, "dataset_on_cpu");
+    assert_non_null(strstr(r->remedies[0].why, "growing as it fills"));
+    free(r);
+}
+
 /* memory rising token by token within one generation (its KV cache, held by generate()'s own locals), autograd off:
  * the generation's working set, not a leak: fewer sequences, fewer new tokens or beams lead, then the cache's kind */
 static void generation_kv_growth(void **state)
@@ -2845,6 +2864,7 @@ int main(void)
         cmocka_unit_test(extra_outputs_first),
         cmocka_unit_test(eager_attention_fused_first),
         cmocka_unit_test(inference_call_building),
+        cmocka_unit_test(growing_dataset_to_host),
         cmocka_unit_test(operation_dominates_split_first),
         cmocka_unit_test(conv_inference_tiles_first),
         cmocka_unit_test(two_models_one_at_a_time),
