@@ -160,13 +160,13 @@ typedef struct og_role_facts {
     /* a copy of a model being made that no module holds yet (copy.deepcopy building its parameters one by one):
      * parameters beyond every model's (when models were measured) and gradients beyond them too */
     uint64_t copy_loose;
-    uint64_t copying;  /* what the running code's copy holds so far: working + copy_loose */
-    bool accumulating; /* roles.accumulating: the program sums several passes' losses with their graphs alive */
+    uint64_t copying;   /* what the running code's copy holds so far: working + copy_loose */
+    bool accumulating;  /* roles.accumulating: the program sums several passes' losses with their graphs alive */
     bool pads_to_max;   /* roles.padding_to_max_length: the program pads its inputs to a fixed maximum length */
     bool extra_outputs; /* roles.extra_outputs: the program asks a model for per-layer or per-token outputs */
-    uint64_t act_copy; /* of the activations, blocks that copy the parameters or the optimizer state (the adapter's
+    uint64_t act_copy;  /* of the activations, blocks that copy the parameters or the optimizer state (the adapter's
                           roles.activations_copy_of: a copy no named object holds yet), 0 none */
-    int grower;        /* index in roles.holders of the largest holder (kept across calls or a local of a running
+    int grower;         /* index in roles.holders of the largest holder (kept across calls or a local of a running
                            loop) holding at least half of what the growth's steps kept (the median rise per step
                            times the steps), -1 none or no growth */
     uint64_t grower_bytes;

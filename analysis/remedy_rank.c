@@ -919,7 +919,8 @@ static const og_rank_row_t lead[] = {
     { "split_segments_rest", split_segments_rest, TIER_CAP, 1, 0, REMS(R_EXPANDABLE),
       "fragmentation, a retry that freed 0 B", "frag_varlen_noadapter" },
     { "pass_outgrows_cache", pass_outgrows, TIER, 3, 0, REMS(R_EXPANDABLE, R_EMPTY_CACHE),
-      "a pass still building (phase forward, backward, evaluation, generation) holds >= 3x the cache (in generation with its KV cache)",
+      "a pass still building (phase forward, backward, evaluation, generation) holds >= 3x the cache (in generation "
+      "with its KV cache)",
       "skip_batch_on_oom, asr_accum_summed_loss (blind)" },
     { "copy_outgrows_cache", copy_outgrows, TIER, 3, 0, REMS(R_EXPANDABLE, R_EMPTY_CACHE, R_BUCKET),
       "a deep copy under way (roles.operation copy) made >= 3x the cache so far (roles.copy_made_bytes)",
@@ -1264,7 +1265,9 @@ static void estimate(rank_t *k, const rctx_t *x)
     cover[R_ONE_MODEL] = resident_models(x) ? (double)ro->named_copies : -1;
     cover[R_EVAL_NO_COPY] = eval_copy(x) ? (double)ro->named_copies : -1;
     cover[R_BUCKET_VIEW] = ddp_buckets(x) ? (double)ro->ddp_buckets : -1;
-    cover[R_DATASET_CPU] = dataset_on_gpu(x) ? (double)ro->dataset_kept : growing_dataset(x) ? (double)ro->grower_bytes : -1;
+    cover[R_DATASET_CPU] = dataset_on_gpu(x)    ? (double)ro->dataset_kept
+                           : growing_dataset(x) ? (double)ro->grower_bytes
+                                                : -1;
     if (rank_loads_whole_model(x) && ro->known && ro->params) /* all but this rank's share of what arrived */
         cover[R_SHARD_LOAD] = (double)ro->params * (1.0 - 1.0 / (double)x->rec->world_size);
     /* the models that can move to the idle GPU (unknown when none is measured); the room on the other GPU */

@@ -1032,8 +1032,9 @@ static bool b_flash_attention(const rctx_t *x, og_remedy_t *r)
         char fn[sizeof ro->op_frame.function], file[sizeof ro->op_frame.file];
         og_cpy(fn, sizeof fn, ro->op_frame.function, sizeof fn);
         og_cpy(file, sizeof file, ro->op_frame.file, sizeof file);
-        why(r, "The failing %s is an attention score matrix computed eagerly (%s, %s:%d): a fused kernel never "
-               "makes it. ",
+        why(r,
+            "The failing %s is an attention score matrix computed eagerly (%s, %s:%d): a fused kernel never "
+            "makes it. ",
             og_hb((double)x->req).s, fn, og_base_name(file), ro->op_frame.line);
     }
     if (old)
@@ -2188,9 +2189,10 @@ static bool b_only_needed_outputs(const rctx_t *x, og_remedy_t *r)
     if (x->f->roles.act_known)
         why(r, " Measured: %s of activations and temporaries; their share of it was not measured.",
             og_hb((double)x->f->roles.act).s);
-    HOWS(x, r, { PT, "out = model(**batch)   # last_hidden_state only: no output_hidden_states / output_attentions" },
-         { PT, "h = {}; model.layers[k].register_forward_hook(lambda m, i, o: h.update(k=o))   # the one layer needed" },
-         { PT, "generate(..., return_dict_in_generate=False)   # or keep only the chosen tokens' log-probabilities" });
+    HOWS(
+        x, r, { PT, "out = model(**batch)   # last_hidden_state only: no output_hidden_states / output_attentions" },
+        { PT, "h = {}; model.layers[k].register_forward_hook(lambda m, i, o: h.update(k=o))   # the one layer needed" },
+        { PT, "generate(..., return_dict_in_generate=False)   # or keep only the chosen tokens' log-probabilities" });
     return true;
 }
 
@@ -2199,7 +2201,8 @@ static bool b_shard_before_load(const rctx_t *x, og_remedy_t *r)
     const og_record_t *rec = x->rec;
     const og_role_facts_t *ro = &x->f->roles;
     why_in_phase(x, r, "The failure came while loading the weights", NULL, " loaded so far");
-    why(r, ": each of the job's %ld ranks loads the whole model onto its own GPU before it is sharded", rec->world_size);
+    why(r, ": each of the job's %ld ranks loads the whole model onto its own GPU before it is sharded",
+        rec->world_size);
     if (ro->known && ro->params)
         why(r, " (%s of parameters here so far; a shard would be about %s)", og_hb((double)ro->params).s,
             og_hb((double)ro->params / (double)rec->world_size).s);
