@@ -313,6 +313,10 @@ static bool weights_copy(const rctx_t *x)
     /* a copy no named object holds yet: the statement builds a checkpoint, or the activations' blocks copy the
      * parameters or the optimizer state (what is left of them beyond the copy must be below the shortfall) */
     bool snap = x->f->snapshot_stmt;
+    /* a snapshot or an average copies the training state about once: locals holding many times it (every
+     * example's gradient kept, outputs collected) are something else the running code keeps */
+    if (ro->state_known && ro->local_held > 2 * ro->state && !snap)
+        return false;
     return ro->known && ro->act_known && x->trains == 1 && (PHASE(unknown) || PHASE(ema_update)) && ro->params &&
            (ro->local_held || ro->copy_loose || snap || ro->act_copy) &&
            (ro->act - ro->act_copy < x->shortfall || snap) && !own_fix_covers(x) && !x->larger_than_device;
@@ -765,7 +769,8 @@ static const og_rank_row_t bring[] = {
       "its steps halved + activations < the card",
       "fullft_fp32_default_dtype (blind)" },
     { "weights_update", weights_update, WANT, 0, 0, REMS(R_IN_PLACE, R_EMA_CPU),
-      "the job trains, autograd off, phase unknown, roles: parameters, locals, activations < shortfall",
+      "the job trains, autograd off, phase unknown, roles: parameters, locals (at most 2x the state), activations < "
+      "shortfall",
       "ema_lazy_shadow, ema_foreach_temporaries (blind)" },
     { "state_snapshot", state_snapshot, WANT, 0, 0, REMS(R_SNAPSHOT_CPU),
       "as weights_update, locals >= parameters, autograd on or a dict among the locals",

@@ -2373,6 +2373,16 @@ static void state_snapshot_first(void **state)
     assert_int_equal(rank_of(r, "smaller_batch"), 0);
     assert_int_equal(rank_of(r, "mixed_precision"), 0);
     free(r);
+    /* many times the whole state held by the running code's list (every example's gradient kept): not a
+     * snapshot, and releasing what the list keeps comes first */
+    r = base();
+    fixture_roles(r, 512 * MiB, 512 * MiB, 0, 0, 22 * GiB, 0);
+    fixture_holder(r, "per_example_grads", "list", "local in dp_step (train.py:90)", 22 * GiB);
+    r->memory.fw.grad_enabled = 1;
+    r->memory.fw.training = 1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "snapshot_to_cpu"), 0);
+    free(r);
     /* less than one copy of the weights held by the running code: not a snapshot of the state */
     r = base();
     fixture_roles(r, 8 * GiB, 4 * GiB, 8 * GiB, 0, 3 * GiB, 0);
