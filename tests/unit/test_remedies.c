@@ -1202,6 +1202,28 @@ static void eager_attention_fused_first(void **state)
     free(r);
 }
 
+/* a rank of a 4-rank job fails while loading 20 GiB of weights onto its GPU: loading on the CPU or the meta
+ * device and letting the sharder place each rank's part leads, its saving three quarters of what arrived; the
+ * same load in a single process does not offer it */
+static void rank_loads_whole_model(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 20 * GiB, 0, 0, 0, 0, 0);
+    fixture_phase(r, "loading", "/w/train.py", "from_pretrained");
+    r->world_size = 4;
+    r->rank = r->local_rank = 1;
+    og_set(&r->event.requested_bytes, 1 * GiB);
+    og_set(&r->device.free_bytes, 512 * MiB);
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "shard_before_load");
+    assert_non_null(strstr(r->remedies[0].why, "each of the job's 4 ranks"));
+    r->world_size = 1;
+    r->rank = r->local_rank = -1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "shard_before_load"), 0);
+    free(r);
+}
+
 /* one operation that can be split (an image decode) makes a tensor at least the pass's working set: split it
  * first; in inference a smaller batch is not in the top 3 (slicing runs the batch piece by piece); a working set
  * larger than the request: the batch, not the operation, and split_operation is not brought */
@@ -2872,6 +2894,7 @@ int main(void)
         cmocka_unit_test(autocast_in_code),
         cmocka_unit_test(padding_to_max_length),
         cmocka_unit_test(extra_outputs_first),
+        cmocka_unit_test(rank_loads_whole_model),
         cmocka_unit_test(eager_attention_fused_first),
         cmocka_unit_test(inference_call_building),
         cmocka_unit_test(growing_dataset_to_host),
