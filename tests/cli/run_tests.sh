@@ -530,13 +530,27 @@ expect "merge of a missing directory: exit 2" 2 "$OG" merge "$T/nope"
 # ---------------------------------------------------------------- performance
 if [ $have_python = 1 ]; then
     python3 tests/cli/gen_large.py sites 1000000 "$T/sites.json"
+    python3 tests/cli/gen_large.py sites 250000 "$T/sites4.json"
     python3 tests/cli/gen_large.py events 100000 "$T/events.json"
     # Limits: 2 s and 200 MiB.  This guards against pathological (quadratic,
     # unbounded-memory) readers, not a benchmark: an idle machine reads the 90 MB
-    # file in about 0.85 s of CPU, and a loaded 2-core machine has been seen at
-    # 1.3 s.  Time is judged on CPU time (user+sys), best of three, so that other
-    # work on a shared machine does not fail the test; wall time is shown and must
-    # pass too unless it is only the machine's load.
+    # file in about 0.85 s of CPU, a loaded 2-core machine has been seen at 1.3 s,
+    # and a slower idle one at 2.0 s.  Time is judged on CPU time (user+sys), best
+    # of three, so that other work on a shared machine does not fail the test; wall
+    # time is shown and must pass too unless it is only the machine's load.  On a
+    # machine slower than that, the limit grows with it: six times this machine's
+    # CPU time for a quarter of the sites (a linear reader takes four times it, a
+    # quadratic one sixteen), so the test still tells a pathological reader from a
+    # slow host.
+    q=999
+    for _ in 1 2 3; do
+        echo "wall_s=999 cpu_s=999 maxrss_kb=0 status=measure-failed" >"$T/m"
+        "$MEASURE" "$T/m" "$OG" report "$T/sites4.json" --format text -o "$T/perf.out"
+        read -r _ c _ _ <"$T/m"
+        c=${c#cpu_s=}
+        awk "BEGIN{exit !($c < $q)}" && q=$c
+    done
+    lim=$(awk "BEGIN{l = 6 * $q + 0.2; print (l > 2.0 && l < 10.0) ? l : (l >= 10.0 ? 10.0 : 2.0)}")
     for input in sites events; do
         for fmt in text html; do
             best_w=999 best_c=999 best_kb=0 s=0
@@ -549,21 +563,21 @@ if [ $have_python = 1 ]; then
                 awk "BEGIN{exit !($w < $best_w)}" && best_w=$w
                 awk "BEGIN{exit !($c < $best_c)}" && best_c=$c
                 [ "$k" -gt "$best_kb" ] && best_kb=$k
-                awk "BEGIN{exit !($w < 2.0)}" && break
+                awk "BEGIN{exit !($w < $lim)}" && break
             done
             what="perf: report $input ($([ $input = sites ] && echo "1M top_sites" || echo "100k events")) --format $fmt"
             load=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo 0)
             if [ "$s" != 0 ]; then bad "$what" "exit $s"
             elif [ -n "${SANITIZE:-}" ]; then ok "$what ran (wall ${best_w}s, cpu ${best_c}s, ${best_kb} KiB; limits not checked under sanitizers)"
             elif [ "$best_kb" -ge 204800 ]; then bad "$what" "peak RSS ${best_kb} KiB (limit 200 MiB)"
-            elif ! awk "BEGIN{exit !($best_c < 2.0)}"; then bad "$what" "cpu ${best_c}s (limit 2 s)"
-            elif awk "BEGIN{exit !($best_w < 2.0)}"; then ok "$what: ${best_w}s, $((best_kb / 1024)) MiB"
+            elif ! awk "BEGIN{exit !($best_c < $lim)}"; then bad "$what" "cpu ${best_c}s (limit ${lim} s; a quarter of the sites: ${q}s)"
+            elif awk "BEGIN{exit !($best_w < $lim)}"; then ok "$what: ${best_w}s, $((best_kb / 1024)) MiB (limit ${lim} s)"
             elif awk "BEGIN{exit !($load > $(nproc))}"; then ok "$what: cpu ${best_c}s, $((best_kb / 1024)) MiB (wall ${best_w}s: load $load)"
-            else bad "$what" "wall ${best_w}s on an idle machine (limit 2 s)"; fi
+            else bad "$what" "wall ${best_w}s on an idle machine (limit ${lim} s)"; fi
         done
     done
     grep -qF "1,000,000" <("$OG" report "$T/sites.json") && ok "perf: text shows the top sites of 1,000,000" || bad "perf: site count"
-    rm -f "$T/sites.json" "$T/events.json"
+    rm -f "$T/sites.json" "$T/sites4.json" "$T/events.json"
 else
     skip "performance" "python3 not found"
 fi
