@@ -119,7 +119,7 @@ enum og_code_setting_id {
 #undef OG_CODE_SETTING
     OG_NCODE_SETTINGS
 };
-/* its JSON key (and the adapter's name for it); what the report says of it */
+/* its JSON key (and the adapter's name for it) */
 static inline const char *og_code_setting_name(int i)
 {
     static const char *const names[] = {
@@ -128,15 +128,6 @@ static inline const char *og_code_setting_name(int i)
 #undef OG_CODE_SETTING
     };
     return i >= 0 && i < OG_NCODE_SETTINGS ? names[i] : "";
-}
-static inline const char *og_code_setting_text(int i)
-{
-    static const char *const texts[] = {
-#define OG_CODE_SETTING(key, text) text,
-#include "code_settings.def"
-#undef OG_CODE_SETTING
-    };
-    return i >= 0 && i < OG_NCODE_SETTINGS ? texts[i] : "";
 }
 typedef struct og_code_setting {
     bool has;
