@@ -114,7 +114,6 @@ OPERATIONS = (
     ("copy", 5, "*/copy.py", "deepcopy", "*"),
     ("copy", 5, "*", "__deepcopy__", "*"),
 )
-OPERATION_NAMES = ("cross_entropy", "image_decode", "pairwise", "copy", "conv", "attention")  # common/operations.def: the same
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _cache = {}

@@ -971,6 +971,12 @@ def t_operation_real_frames():
     got = ns["eager_attention_forward"](q, q)
     assert got and got[0] == "attention" and got[1][2] == "eager_attention_forward", got
     assert ns["sdpa_attention_forward"](q, q) is None
+    # the table's operations are the analysis's list, no more and no fewer (common/operations.def)
+    import re
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, os.pardir, os.pardir, os.pardir, "common", "operations.def")) as f:
+        listed = re.findall(r"^OG_OPERATION\((\w+)\)", f.read(), re.M)
+    assert listed and sorted(listed) == sorted(set(row[0] for row in oomguard_phase.OPERATIONS)), listed
 
 
 def t_ddp_buckets():
@@ -1035,7 +1041,8 @@ if not STAND_IN:
     check("the batch size from the program's names, not a loop index or a global count", t_batch_size)
     check("autocast in the running program's code, off at the failing line", t_autocast_in_code)
     check("settings of the program's own code: padding to the maximum, extra outputs", t_code_settings)
-    check("the failing operation from PyTorch's own frames: cross_entropy, interpolate", t_operation_real_frames)
+    check("the failing operation from PyTorch's own frames; the table names common/operations.def's list",
+          t_operation_real_frames)
     check("DistributedDataParallel's buckets copy the gradients unless gradient_as_bucket_view", t_ddp_buckets)
 
 gc.collect()
