@@ -47,8 +47,13 @@ class LlamaDecoderLayer(torch.nn.Module):
     def __init__(self, cfg):
         torch.nn.Module.__init__(self)
         h, kv, ff = cfg["hidden_size"], cfg["kv_dim"], cfg["intermediate_size"]
-        self.q_proj, self.k_proj, self.v_proj, self.o_proj = Linear(h, h), Linear(h, kv), Linear(h, kv), Linear(h, h)
-        self.gate_proj, self.up_proj, self.down_proj = Linear(h, ff), Linear(h, ff), Linear(ff, h)
+        self.q_proj = Linear(h, h)
+        self.k_proj = Linear(h, kv)
+        self.v_proj = Linear(h, kv)
+        self.o_proj = Linear(h, h)
+        self.gate_proj = Linear(h, ff)
+        self.up_proj = Linear(h, ff)
+        self.down_proj = Linear(ff, h)
 
 
 class LlamaForCausalLM(torch.nn.Module):
