@@ -37,10 +37,10 @@ class ViTBlock(torch.nn.Module):
         self.weight = torch.nn.Parameter(torch.empty(64 * MiB, device="cuda"))       # 16M fp32 params
 
     def forward(self, x):
-        # attention and MLP activations saved for backward: six tensors of 64 MiB
+        # attention and MLP activations saved for backward: three tensors of 128 MiB
         h = x
-        for _ in range(6):
-            nxt = torch.empty(64 * MiB, device="cuda")
+        for _ in range(3):
+            nxt = torch.empty(128 * MiB, device="cuda")
             nxt._saved = h
             h = nxt
         return h
