@@ -1,4 +1,4 @@
-"""finetune_summarizer.py -- fine-tuning flan-t5-large (783M parameters, fp32: 2.9 GiB) to summarise
+"""finetune_summarizer.py -- fine-tuning flan-t5-large (783M parameters, fp32: about 3 GiB) to summarise
 customer-support chats, on one 24 GB card.  The chats are short (about 200 tokens on average, the
 longest under 700; the summaries about 40), but the preprocessing was copied from a tutorial:
 
