@@ -1081,6 +1081,28 @@ static enum og_request_shape request_shape(const og_roles_t *ro)
     return n >= 2 ? OG_REQ_PRODUCT : OG_REQ_UNKNOWN;
 }
 
+/* The failing statement's int operands hold a dimension (>= REQ_DIM_MIN) and none of them is the batch size
+ * (og_role_facts_t.batchless_sizes); false when either is unknown. */
+static bool batchless_sizes(const og_roles_t *ro, int batch)
+{
+    char s[sizeof ro->stmt_ints];
+    og_cpy(s, sizeof s, ro->stmt_ints, sizeof s);
+    bool dim = false;
+    for (char *p = s; batch > 1 && *p;) {
+        char *e;
+        unsigned long long x = strtoull(p, &e, 10);
+        if (e == p)
+            return false;
+        if (x == (unsigned long long)batch)
+            return false;
+        dim = dim || x >= REQ_DIM_MIN;
+        if (*e != ',')
+            break;
+        p = e + 1;
+    }
+    return dim;
+}
+
 static const char *const operation_names[OG_NOPERATIONS] = {
 #define OG_OPERATION(name) #name,
 #include "operations.def"
@@ -1233,6 +1255,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
     k->num_beams = ro->num_beams > 0 ? ro->num_beams : 0;
     k->checkpointing = ro->checkpointing > 0 ? 1 : ro->checkpointing < 0 ? -1 : 0;
     k->batch_size = ro->batch_size > 0 ? ro->batch_size : 0;
+    k->batchless_sizes = ro->has_statement && batchless_sizes(ro, k->batch_size);
     k->autocast_code = ro->autocast_in_code;
     k->steps_known = ro->nsteps > 0;
     k->steps_made = ro->nsteps > 0 ? ro->steps_made : 0;

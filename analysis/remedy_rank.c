@@ -1267,6 +1267,11 @@ static void estimate(rank_t *k, const rctx_t *x)
         cover[R_FUSED_CE] = (double)x->req;
     if (operation_dominates(x)) /* in eight tiles or slices: an eighth of the operation's tensors at a time */
         cover[R_CHUNK] = 0.875 * (double)op_tensor_bytes(x);
+    /* the operation's tensors are one sample's (its sizes do not carry the batch) and with the state they take the
+     * whole card: no batch fits, a batch of one included */
+    if (operation_dominates(x) && ro->batchless_sizes &&
+        (double)op_tensor_bytes(x) + (double)ro->params + (double)ro->grads + (double)ro->opt >= (double)x->capacity)
+        cover[R_SMALLER_BATCH] = 0;
     cover[R_ONE_MODEL] = resident_models(x) ? (double)ro->named_copies : -1;
     cover[R_EVAL_NO_COPY] = eval_copy(x) ? (double)ro->named_copies : -1;
     cover[R_BUCKET_VIEW] = ddp_buckets(x) ? (double)ro->ddp_buckets : -1;

@@ -2713,6 +2713,36 @@ static void foreign_no_restart_of_this_process(void **state)
     free(r);
 }
 
+/* a training step's all-pairs operation over one sample (box IoU of 196,416 anchors x 6,000 boxes, batch 4):
+ * its three tensors of the failing size take the card with the weights, so no batch fits, one image included:
+ * smaller_batch is not in the top three; the same sizes with the batch among them (4 x ...) shrink with it; a
+ * card the operation leaves room on keeps it */
+static void batchless_operation_takes_the_card(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->device.total_bytes, 24 * GiB);
+    og_set(&r->device.free_bytes, 5 * GiB + 512 * MiB);
+    og_set(&r->event.requested_bytes, 8 * GiB + 800 * MiB);
+    fixture_roles(r, 132 * MiB, 0, 0, 0, 1 * GiB, 16 * GiB);
+    fixture_operation(r, "pairwise", "box_iou");
+    fixture_statement(r, "rb", "");
+    r->memory.fw.grad_enabled = 1;
+    r->memory.fw.training = 1;
+    r->memory.fw.roles.batch_size = 4;
+    snprintf(r->memory.fw.roles.stmt_ints, sizeof r->memory.fw.roles.stmt_ints, "196416,6000");
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "split_operation");
+    assert_true(rank_of(r, "smaller_batch") == 0 || rank_of(r, "smaller_batch") > 3);
+    snprintf(r->memory.fw.roles.stmt_ints, sizeof r->memory.fw.roles.stmt_ints, "4,196416,6000");
+    run_primary(r, "does_not_fit");
+    assert_true(rank_of(r, "smaller_batch") > 0 && rank_of(r, "smaller_batch") <= 3);
+    snprintf(r->memory.fw.roles.stmt_ints, sizeof r->memory.fw.roles.stmt_ints, "196416,6000");
+    og_set(&r->device.total_bytes, 80 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_true(rank_of(r, "smaller_batch") > 0 && rank_of(r, "smaller_batch") <= 3);
+    free(r);
+}
+
 /* the same request larger than the card, but the failing statement multiplied different sizes (users x
  * items: a score matrix): split the operation, no sequence to shorten; the same size twice (seq x seq:
  * attention scores) keeps the maximum input length first */
@@ -2899,6 +2929,7 @@ int main(void)
         cmocka_unit_test(inference_call_building),
         cmocka_unit_test(growing_dataset_to_host),
         cmocka_unit_test(operation_dominates_split_first),
+        cmocka_unit_test(batchless_operation_takes_the_card),
         cmocka_unit_test(conv_inference_tiles_first),
         cmocka_unit_test(two_models_one_at_a_time),
         cmocka_unit_test(eval_copy_first),
