@@ -148,15 +148,15 @@ typedef struct og_role_facts {
     int kv;          /* index in roles.holders of the largest holder kept across calls whose purpose is kv_cache
                         (its type or name: StaticCache, past_key_values, kv), -1 none */
     uint64_t kv_bytes;
-    uint64_t local_map;  /* held by locals of running functions that are dicts (a state_dict being copied) */
-    int num_beams;       /* the beam width of the generation running at the failure (roles meta); 0 unknown */
-    int checkpointing;   /* roles.gradient_checkpointing: 1 in force for the failing pass, -1 off, 0 unknown */
-    int batch_size;      /* roles.batch_size: the batch the program names for the failing pass; 0 unknown */
+    uint64_t local_map;   /* held by locals of running functions that are dicts (a state_dict being copied) */
+    int num_beams;        /* the beam width of the generation running at the failure (roles meta); 0 unknown */
+    int checkpointing;    /* roles.gradient_checkpointing: 1 in force for the failing pass, -1 off, 0 unknown */
+    int batch_size;       /* roles.batch_size: the batch the program names for the failing pass; 0 unknown */
     bool batchless_sizes; /* the failing statement's int operands are known, one at least a dimension (>= 128),
                                and none is the batch size (> 1): the failing tensor is one sample's, it does not
                                shrink with the batch (box IoU of one image's anchors x boxes) */
-    bool autocast_code;  /* roles.autocast_in_code: the program's running code enters autocast (false: not said) */
-    uint64_t steps_made; /* roles.optimizer_steps: the steps the optimizer made before the failure; 0 none or
+    bool autocast_code;   /* roles.autocast_in_code: the program's running code enters autocast (false: not said) */
+    uint64_t steps_made;  /* roles.optimizer_steps: the steps the optimizer made before the failure; 0 none or
                               unknown (steps_known says which) */
     bool steps_known;
     uint64_t model_params; /* roles.models: the parameters of every model (each group's times its count); 0 none */
