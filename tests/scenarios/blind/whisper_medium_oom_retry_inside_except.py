@@ -116,7 +116,8 @@ def main():
         except torch.OutOfMemoryError:
             print("step %d: OOM, retrying as two half batches" % step, flush=True)
             torch.cuda.empty_cache()
-            for half in split_batch(batch):
+            halves = split_batch(batch)
+            for half in halves:
                 train_step(half)
         del batch
 
