@@ -5,7 +5,7 @@ blocks, fp32 weights 4.9 GiB) with AdamW on one 24 GiB card, latents precomputed
     for step, (latents, text_emb) in enumerate(loader):
         optimizer.zero_grad(set_to_none=True)
         loss = diffusion_loss(dit, latents, text_emb)
-        loss.backward()
+        scen_truth.backward(loss)       # loss.backward(): the saved activations are freed afterwards
         optimizer.step()
         if step == cfg.ema_start:                     # EMA after warm-up, as the config says
             ema = copy.deepcopy(dit).requires_grad_(False)      # <- OOM at step 200
@@ -53,7 +53,7 @@ class DiTBlock(nn.Module):
 
     def forward(self, x, c):
         out = torch.empty(ACT_PER_BLOCK, device="cuda")
-        out._saved = (x, c)
+        out._saved = x                  # (and the caption embedding c, which the loop keeps anyway)
         return out
 
 
@@ -64,7 +64,7 @@ class Embedders(nn.Module):
 
     def forward(self, latents, t, text_emb):
         x = torch.empty(ACT_PER_BLOCK, device="cuda")
-        x._saved = (latents, t, text_emb)
+        x._saved = latents
         return x
 
 
@@ -118,7 +118,7 @@ def main():
         text_emb = torch.empty(batch_size * 120 * 4096 * 4, device="cuda")
         optimizer.zero_grad(set_to_none=True)
         loss = diffusion_loss(dit, latents, text_emb)
-        loss.backward()
+        scen_truth.backward(loss)       # loss.backward(): the saved activations are freed afterwards
         optimizer.step()
         if step == cfg.ema_start:
             ema = copy.deepcopy(dit).requires_grad_(False)
