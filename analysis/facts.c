@@ -1132,6 +1132,27 @@ static bool model_named(const og_roles_t *ro, int i, const char *name)
     return og_name_listed(names, name);
 }
 
+/* the group is a registry of models (og_role_facts_t.registry_models): >= 2 of them named, every name a map's
+ * entry (NAME[key]) */
+static bool registry_group(const og_roles_t *ro, int i)
+{
+    char names[sizeof ro->models[0].names];
+    og_cpy(names, sizeof names, ro->models[i].names, sizeof names);
+    if (ro->models[i].named < 2 || !names[0])
+        return false;
+    static const char key[] = "[key]";
+    for (char *p = names; *p;) {
+        char *e = strchr(p, ',');
+        size_t l = e ? (size_t)(e - p) : strlen(p);
+        if (l <= sizeof key - 1 || strncmp(p + l - (sizeof key - 1), key, sizeof key - 1) != 0)
+            return false;
+        if (!e)
+            break;
+        p = e + 1;
+    }
+    return true;
+}
+
 static uint64_t role_or0(const og_roles_t *ro, enum og_role k) { return og_or(ro->bytes[k], 0); }
 
 /* a holder's kind that keeps entries by key: a dict, an LRU or other cache */
@@ -1148,7 +1169,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
 {
     const og_roles_t *ro = &r->memory.fw.roles;
     og_role_facts_t *k = &d->roles;
-    k->keeper = k->kv = k->dataset_holder = -1;
+    k->keeper = k->kv = k->dataset_holder = k->registry_group = -1;
     k->building = OG_PURPOSE_NONE;
     k->operation = OG_OPERATION_NONE;
     if (!r->memory.fw.has || !ro->has)
@@ -1158,6 +1179,16 @@ static void roles(og_facts_t *d, const og_record_t *r)
     og_cpy(target, sizeof target, ro->has_statement ? ro->stmt_target : "", sizeof target);
     for (int i = 0; i < nm; i++) {
         uint64_t each = ro->models[i].bytes, n = ro->models[i].count > 0 ? (uint64_t)ro->models[i].count : 0;
+        if (ro->models[i].frozen)
+            k->frozen_models = add_sat(k->frozen_models, each * n);
+        k->model_params = add_sat(k->model_params, each * n);
+        if (registry_group(ro, i)) { /* kept by key on purpose: neither leftovers nor models compared */
+            uint64_t kept = (uint64_t)ro->models[i].named < n ? (uint64_t)ro->models[i].named : n;
+            k->registry_models = add_sat(k->registry_models, each * kept);
+            if (k->registry_group < 0)
+                k->registry_group = i;
+            continue;
+        }
         /* the copies beyond the first: those the running code holds by a name beyond one are the program's own
          * (an evaluation copy, a second model compared), the rest leftovers (a previous run's, kept by a
          * traceback); all of them leftovers when a name of theirs is the one the failing statement rebinds */
@@ -1170,9 +1201,6 @@ static void roles(og_facts_t *d, const og_record_t *r)
             k->named_copies = add_sat(k->named_copies, each * kept);
             k->named_frozen = ro->models[i].frozen;
         }
-        if (ro->models[i].frozen)
-            k->frozen_models = add_sat(k->frozen_models, each * n);
-        k->model_params = add_sat(k->model_params, each * n);
     }
     /* a second copy still arriving beside the first (a notebook cell run again fails while it builds or
      * loads the model: the new copy holds part of its parameters, a group of its own): while a model is being
@@ -1187,11 +1215,11 @@ static void roles(og_facts_t *d, const og_record_t *r)
         if (ro->models[i].running > 0)
             k->arriving = add_sat(k->arriving, ro->models[i].bytes * (uint64_t)ro->models[i].running);
     for (int i = 0; building && i < nm; i++) {
-        if (ro->models[i].frozen || ro->models[i].count <= 0)
+        if (ro->models[i].frozen || ro->models[i].count <= 0 || registry_group(ro, i))
             continue;
         int first = i;
         for (int j = 0; j < i; j++)
-            if (!ro->models[j].frozen && ro->models[j].count > 0 &&
+            if (!ro->models[j].frozen && ro->models[j].count > 0 && !registry_group(ro, j) &&
                 strncmp(ro->models[j].cls, ro->models[i].cls, sizeof ro->models[i].cls) == 0)
                 first = j < first ? j : first;
         if (first != i)
@@ -1199,7 +1227,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
         uint64_t sum = ro->models[i].bytes, least = ro->models[i].bytes, kept = 0, arriving = 0;
         int groups = 1;
         for (int j = i; j < nm; j++)
-            if (!ro->models[j].frozen && ro->models[j].count > 0 &&
+            if (!ro->models[j].frozen && ro->models[j].count > 0 && !registry_group(ro, j) &&
                 strncmp(ro->models[j].cls, ro->models[i].cls, sizeof ro->models[i].cls) == 0) {
                 if (j > i) {
                     sum = add_sat(sum, ro->models[j].bytes);

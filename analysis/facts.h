@@ -179,6 +179,12 @@ typedef struct og_role_facts {
      * global, an attribute), not a leftover; a model whose name the failing statement is about to rebind is a
      * previous copy (a cell run again), not one of these.  0 none or not measured */
     uint64_t named_copies;
+    /* roles.models: a registry of whole models, one group of >= 2 models of a class that the running code
+     * holds only through a map, by key (every name NAME[key]: a dict of models per tenant, an LRU of them);
+     * its parameters, counted in neither model_copies nor named_copies; 0 none.  registry_group: its index
+     * in roles.models, -1 none */
+    uint64_t registry_models;
+    int registry_group;
     bool named_frozen;    /* those models are frozen (a teacher, an EMA): kept beside the trained one on purpose */
     uint64_t ddp_buckets; /* roles.ddp: DDP's flat bucket copy of the gradients (gradient_as_bucket_view off), 0 none */
     /* a deep copy under way (roles.copy_made_bytes): what it made so far on the failing device; known false: no

@@ -270,6 +270,13 @@ static bool growth_in_a_cache(const rctx_t *x)
     return HAS(GROWTH) && ro->keeper >= 0 && ro->keeper_map && og_covers(x, (double)ro->keeper_bytes);
 }
 static bool growth_in_a_cache_primary(const rctx_t *x) { return PRIMARY(GROWTH) && growth_in_a_cache(x); }
+/* a registry of whole models by key (roles.models: every name a map's entry) holds the missing bytes: bounded
+ * by a count or not at all, not by the memory its models take */
+static bool model_registry(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && ro->registry_models && og_covers(x, (double)ro->registry_models);
+}
 /* NCCL's own memory: it failed, or the job was in a collective, or it holds all of the growth */
 static bool comm_holds_growth(const rctx_t *x) { return HAS(GROWTH) && x->f->comm_holds_growth; }
 static bool communication(const rctx_t *x)
@@ -790,6 +797,9 @@ static const og_rank_row_t bring[] = {
     { "growth_in_a_cache", growth_in_a_cache, WANT, 0, 0, REMS(R_BOUNDED_CACHE),
       "cause growth, roles: largest holder kept across calls is a dict/cache >= shortfall",
       "dict_cache_embeddings (blind)" },
+    { "model_registry", model_registry, WANT, 0, 0, REMS(R_BOUNDED_CACHE),
+      "roles.models: >= 2 models of a class held only as a map's entries (NAME[key]) >= shortfall",
+      "tenant_finetunes_full_copies_resident_a100_40gb (blind)" },
     { "communication", communication, WANT, 0, 0, REMS(R_REUSE_PG, R_NCCL_BUF),
       "NCCL's bytes >= shortfall, and NCCL failed, phase collective or NCCL holds the growth",
       "(unit tests: nccl_growth)" },
@@ -1017,6 +1027,8 @@ static const og_rank_row_t lead[] = {
     { "kv_cache_reserving_second", kv_reserving_second, LEAD_COVERS, -19, 0, REMS(R_SMALLER_KV),
       "as kv_cache_reserving, primary foreign_memory whose processes not of this program hold >= shortfall",
       "(unit tests: kv_cache_reserving)" },
+    { "model_registry_lead", model_registry, LEAD_COVERS, -34, 0, REMS(R_BOUNDED_CACHE), "as model_registry",
+      "tenant_finetunes_full_copies_resident_a100_40gb (blind)" },
     { "bounded_cache_lead", growth_in_a_cache_primary, LEAD_COVERS, -22, 0, REMS(R_BOUNDED_CACHE),
       "primary growth, the same as growth_in_a_cache", "dict_cache_embeddings (blind)" },
     { "graph_pools_lead", graph_pools_lead, LEAD_COVERS, -21, 0, REMS(R_GRAPH_SHAPES),
@@ -1244,6 +1256,8 @@ static void estimate(rank_t *k, const rctx_t *x)
         cover[R_RESTART] = 0;
     cover[R_GRAPH_SHAPES] = graph_pools(x) ? 0.5 * (double)graph_pool_bytes(x) : -1;
     cover[R_BOUNDED_CACHE] = ro->keeper >= 0 ? 0.9 * (double)ro->keeper_bytes : -1;
+    if (model_registry(x) && (double)ro->registry_models > cover[R_BOUNDED_CACHE]) /* every entry can be evicted */
+        cover[R_BOUNDED_CACHE] = (double)ro->registry_models;
     if (x->f->comm_lib >= 0) {
         cover[R_REUSE_PG] = comm_holds_growth(x) ? (double)x->f->comm_bytes : 0.5 * (double)x->f->comm_bytes;
         /* the buffers beyond the default's when the environment enlarged them; else half of them (2 MiB) */

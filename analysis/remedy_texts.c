@@ -1967,9 +1967,48 @@ static bool b_smaller_kv_cache(const rctx_t *x, og_remedy_t *r)
     return true;
 }
 
+/* a registry of whole models by key (roles.models, og_role_facts_t.registry_models): name it, say how many of its
+ * models fit beside the rest of the job, and how to bound it by memory */
+static bool registry_text(const rctx_t *x, og_remedy_t *r)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    const og_roles_t *rr = &x->rec->memory.fw.roles;
+    int g = ro->registry_group;
+    char names[sizeof rr->models[0].names], cls[sizeof rr->models[0].cls];
+    og_cpy(names, sizeof names, rr->models[g].names, sizeof names);
+    og_cpy(cls, sizeof cls, rr->models[g].cls, sizeof cls);
+    char *cut = strchr(names, ',');
+    if (cut)
+        *cut = 0;
+    if ((cut = strstr(names, "[key]")) != NULL) /* the map itself */
+        *cut = 0;
+    uint64_t each = rr->models[g].bytes, rest = x->footprint, held = ro->registry_models + ro->arriving;
+    rest = rest > held ? rest - held : 0;
+    uint64_t budget = x->total > rest ? x->total - rest : 0;
+    why(r,
+        "%s keeps %d %s models resident on the GPU by key (%s of parameters each, %s in all): a registry "
+        "bounded by a count, or not at all, fills the card before it evicts.",
+        names, rr->models[g].named, cls[0] ? cls : "", og_hb((double)each).s, og_hb((double)ro->registry_models).s);
+    if (each && budget)
+        why(r,
+            " The rest of the job leaves %s of the %s card: at most %llu of them fit; evict before loading "
+            "when the resident ones and the next would pass that.",
+            og_hb((double)budget).s, og_hb((double)x->total).s, (unsigned long long)(budget / each));
+    HOWS(x, r,
+         { ANY, "while resident_bytes + next_bytes > budget: registry.popitem(last=False)   # evict by memory, "
+                "least recently used first" },
+         { PT, "evicted.to(\"cpu\")   # keep evicted models in host RAM: back on the GPU in seconds, not a load "
+               "from disk" },
+         { ANY, "Fine-tunes of one base: serve them as LoRA adapters over one shared base model (vLLM "
+                "--enable-lora, S-LoRA)" });
+    return true;
+}
+
 static bool b_bounded_cache(const rctx_t *x, og_remedy_t *r)
 {
     const og_role_facts_t *ro = &x->f->roles;
+    if (ro->registry_group >= 0 && (ro->keeper < 0 || ro->registry_models >= ro->keeper_bytes))
+        return registry_text(x, r);
     char lb[160];
     const char *label = holder_label(x, x->f->roles.keeper, lb, sizeof lb);
     why(r, "%s keeps %s of tensors on the GPU from one step to the next", label ? label : "A cache",

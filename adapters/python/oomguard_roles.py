@@ -404,9 +404,30 @@ def _module_label(mod):
     return os.path.basename(f) if f else getattr(mod, "__name__", "?")
 
 
+_CONTAINED_MODULES = 256      # values of a map read for the models it keeps
+_HISTORY_MAPS = ("Out", "_oh")  # IPython's output history in __main__: it keeps a cell's result, not on purpose
+
+
+def _name_contained_modules(scan, v, name):
+    """The modules a dict held by `name` keeps as values (a registry or an LRU of models by key): the running
+    code holds them as NAME[key], recorded for the models (see _models_named).  A list holding a model is not
+    a name for it (a previous run's model kept by something else), nor is IPython's output history or a module's
+    namespace held in a variable (globals(): its models are named as globals).  Reads at
+    most _CONTAINED_MODULES values; never raises."""
+    try:
+        if not isinstance(v, dict) or name in _HISTORY_MAPS or "__builtins__" in v or "__spec__" in v:
+            return                                   # a module's namespace (globals()): its names are read as such
+        for m in list(itertools.islice(v.values(), _CONTAINED_MODULES)):
+            if type(m) not in _ATOMS and scan.kind(type(m)) == "module":
+                _name_module(scan, m, name + "[key]")
+    except Exception:
+        pass
+
+
 def _holder(scan, v, name, kind, where):
     """Counts the unclaimed tensors v holds under the holder (name, kind, where); True when v
-    holds a tensor at all."""
+    holds a tensor at all.  The models v keeps as values are named after it (_name_contained_modules)."""
+    _name_contained_modules(scan, v, name)
     tensors = scan.tensors_in(v)
     if not tensors:
         return False

@@ -1328,6 +1328,41 @@ static void two_models_one_at_a_time(void **state)
     free(r);
 }
 
+/* a server keeps six fine-tunes of one model resident in a dict by key (self.resident[key]) and the seventh fails
+ * while loading: bound the registry by memory first (its text names the map and how many fit), neither a
+ * previous copy's restart nor one model at a time; the same six held by six names of their own are not a
+ * registry */
+static void model_registry_bounded(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->device.total_bytes, 40 * GiB);
+    og_set(&r->device.free_bytes, 6 * MiB);
+    og_set(&r->event.requested_bytes, 20 * MiB);
+    fixture_roles(r, 39 * GiB, 0, 0, 0, 0, 0);
+    fixture_model(r, "LM", 6 * GiB, 6, true);
+    fixture_model_held(r, 6, 0, "self.resident[key]");
+    fixture_model(r, "LM", 3 * GiB, 1, true);
+    fixture_model_held(r, 0, 1, "");
+    fixture_phase(r, "loading", "/w/serve.py", "from_pretrained");
+    r->memory.fw.grad_enabled = -1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.registry_models, 36 * GiB);
+    assert_int_equal(r->analysis.facts.roles.named_copies, 0);
+    assert_string_equal(r->remedies[0].id, "bounded_cache");
+    assert_non_null(strstr(r->remedies[0].why, "self.resident keeps 6 LM models"));
+    assert_non_null(strstr(r->remedies[0].why, "at most 6 of them fit"));
+    assert_true(rank_of(r, "restart_process") == 0 || rank_of(r, "restart_process") > 3);
+    fixture_model_held(r, 0, 1, "");
+    r->memory.fw.roles.nmodels = 1;
+    fixture_model_held(r, 6, 0, "a,b,c,d");
+    fixture_model(r, "LM", 3 * GiB, 1, true);
+    fixture_model_held(r, 0, 1, "");
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.registry_models, 0);
+    assert_int_equal(rank_of(r, "bounded_cache"), 0);
+    free(r);
+}
+
 /* a training job holding a second copy of its model by a name of the running code while it evaluates: evaluate
  * without the copy, no restart; the same copy left over (no name holds it): the previous copy's advice */
 static void eval_copy_first(void **state)
@@ -2932,6 +2967,7 @@ int main(void)
         cmocka_unit_test(batchless_operation_takes_the_card),
         cmocka_unit_test(conv_inference_tiles_first),
         cmocka_unit_test(two_models_one_at_a_time),
+        cmocka_unit_test(model_registry_bounded),
         cmocka_unit_test(eval_copy_first),
         cmocka_unit_test(ddp_buckets_as_views),
         cmocka_unit_test(state_snapshot_first),

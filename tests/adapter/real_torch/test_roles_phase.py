@@ -328,6 +328,23 @@ def t_models_named():
     assert ms["Net"][5] == 1 and "net" in ms["Net"][7], ms      # `model` names one; `net` is being rebound
 
 
+def t_models_in_a_map():
+    """Models a dict of the program keeps by key (a registry of fine-tunes) are held by the running code, named
+    NAME[key]; IPython's output history (Out) is not a name for a model."""
+    build()
+    g = globals()
+    g["registry"] = {"tenant-a": Net(), "tenant-b": Net()}
+    g["Out"] = {3: Net()}
+    try:
+        r = measure(None)
+        ms = dict((m[0], m) for m in r["models"])
+        assert ms["Net"][3] == 4 and ms["Net"][5] == 3, ms             # `model` and the two entries, not Out's
+        assert "registry[key]" in ms["Net"][7] and "Out[key]" not in ms["Net"][7], ms
+    finally:
+        g.pop("registry", None)
+        g.pop("Out", None)
+
+
 def t_statement():
     """The failing statement: the name its result goes to and what that name says (an EMA made, a
     checkpoint restored), read from the frames' bytecode; the phase from it when no frame matches."""
@@ -486,6 +503,7 @@ check("a holder whose blocks are the parameters' sizes is a copy of them (in par
 check("models: roots by class and size, a second copy counted, a frozen one said", t_models)
 check("models: held by a name of the running code, or only by a list; running when a method of theirs runs",
       t_models_named)
+check("models a dict keeps by key are named after it; IPython's output history is not", t_models_in_a_map)
 check("parameters by dtype; an optimizer holds the device's parameters before its first step",
       t_dtypes_optimizer_before_step)
 check("the failing statement: its target, the names it reads, their purpose, the phase from it", t_statement)
