@@ -1074,11 +1074,14 @@ static enum og_request_shape request_shape(const og_roles_t *ro)
             break;
         p = e + 1;
     }
-    for (int i = 0; i < n; i++)
-        for (int j = i + 1; j < n; j++)
-            if (v[i] == v[j])
-                return OG_REQ_SQUARE;
-    return n >= 2 ? OG_REQ_PRODUCT : OG_REQ_UNKNOWN;
+    int most = 1; /* how many times the most repeated size was read */
+    for (int i = 0; i < n; i++) {
+        int same = 0;
+        for (int j = 0; j < n; j++)
+            same += v[i] == v[j];
+        most = same > most ? same : most;
+    }
+    return most >= 3 ? OG_REQ_CUBE : most == 2 ? OG_REQ_SQUARE : n >= 2 ? OG_REQ_PRODUCT : OG_REQ_UNKNOWN;
 }
 
 /* The failing statement's int operands hold a dimension (>= REQ_DIM_MIN) and none of them is the batch size

@@ -133,9 +133,11 @@ typedef struct og_role_facts {
     int dataset_holder;
     enum og_purpose building; /* what the failing statement builds (roles.statement) */
     /* the sizes the failing statement read (roles.statement.ints, those >= 128): one of them twice
-     * (seq * seq: quadratic in a length, attention scores), or several, all different (users * items:
-     * a product of dimensions, a score matrix); unknown otherwise */
-    enum og_request_shape { OG_REQ_UNKNOWN, OG_REQ_SQUARE, OG_REQ_PRODUCT } request_shape;
+     * (seq * seq: quadratic in a length, attention scores), one of them three times or more (L * L * L:
+     * cubic in a length, an operation over every triple of positions, as triangle attention's scores for
+     * every row at once), or several, all different (users * items: a product of dimensions, a score matrix);
+     * unknown otherwise */
+    enum og_request_shape { OG_REQ_UNKNOWN, OG_REQ_SQUARE, OG_REQ_CUBE, OG_REQ_PRODUCT } request_shape;
     uint64_t copies;        /* held_by_python holders whose blocks copy the parameters or the optimizer state */
     uint64_t model_copies;  /* roles.models: the parameters of every model beyond the first of its class and size;
                                while a model is being built, of every trainable one of its class beyond the smallest */

@@ -300,14 +300,23 @@ static bool comm_outside(const rctx_t *x)
 static bool one_batch_peak(const rctx_t *x) { return PRIMARY(DNF) && x->f->outlier.holds && x->grad != -1; }
 /* one inference input larger than the card: its length is the lever, when something says the request is a
  * model's input (a forward, evaluation or generation frame on the stack, a KV cache held, or the failing
- * statement's sizes: one length twice, seq x seq); otherwise (a score or similarity matrix computed outside
+ * statement's sizes: one length twice or more, seq x seq); otherwise (a score or similarity matrix computed outside
  * any model; the statement multiplied different sizes, users x items) splitting the operation is */
 static bool larger_inference(const rctx_t *x)
 {
     enum og_request_shape shape = roles_of(x)->request_shape;
     return x->larger_than_device && x->grad == -1 && pytorchish(x) && shape != OG_REQ_PRODUCT &&
            !(roles_of(x)->operation == OG_OP_conv && x->req >= roles_of(x)->working) && /* tiles: operation_dominates */
-           (PHASE(forward) || PHASE(evaluation) || PHASE(generation) || roles_of(x)->kv >= 0 || shape == OG_REQ_SQUARE);
+           (PHASE(forward) || PHASE(evaluation) || PHASE(generation) || roles_of(x)->kv >= 0 ||
+            shape == OG_REQ_SQUARE || shape == OG_REQ_CUBE);
+}
+/* its lead, unless the request is cubic in that length (request_shape cube: the statement read one size three times,
+ * an operation over every triple of positions, triangle attention's scores for every row at once): no model keeps
+ * such a tensor (its own are at most pairs, L x L), the operation makes it and runs exactly over slices of its outer
+ * axis (a chunk size), so splitting the operation leads and the input, the user's data, stays whole */
+static bool larger_inference_lead(const rctx_t *x)
+{
+    return larger_inference(x) && roles_of(x)->request_shape != OG_REQ_CUBE;
 }
 /* a training job copying weight-sized tensors outside the optimizer (an EMA, weight averaging, a snapshot
  * of the model): the job trains, no phase frame (not a forward, evaluation, load or optimizer step) or the
@@ -996,10 +1005,10 @@ static const og_rank_row_t lead[] = {
       "kornia_gpu_augment_in_spawned_workers (blind)" },
     { "limit_on_shared_gpu", limit_on_shared_gpu, LEAD, -20, 0, REMS(R_RAISE_LIMIT), "limit, other processes listed",
       "(unit tests)" },
-    { "larger_inference_lead", larger_inference, LEAD, -31, 0, REMS(R_SHORTER_SEQ),
-      "request > device, adapter: grad_enabled off, PyTorch, phase forward/evaluation/generation, a KV cache held or "
-      "the statement's sizes seq x seq; not users x items",
-      "long_prompt_serving, recsys_catalog_scores (blind)" },
+    { "larger_inference_lead", larger_inference_lead, LEAD, -31, 0, REMS(R_SHORTER_SEQ),
+      "as larger_inference, the statement's sizes not L x L x L (one size three times: an operation over every "
+      "triple, split it)",
+      "long_prompt_serving, recsys_catalog_scores, esmfold_2000_residue_complex_no_chunk_size (blind)" },
     { "retry_outside_lead", in_handler, LEAD_COVERS, -25, 0, REMS(R_RETRY_OUTSIDE), "phase oom_handler",
       "retry_in_except (blind)" },
     { "checkpoint_restore_lead", checkpoint_restore, LEAD_COVERS, -24, 0, REMS(R_MAP_CPU),

@@ -989,10 +989,17 @@ static bool b_shorter_sequences(const rctx_t *x, og_remedy_t *r)
         return true;
     }
     if (x->larger_than_device && x->grad == -1) {
-        why(r,
-            "Autograd was off: one input (a prompt) needs %s, more than the card; attention without a fused "
-            "kernel grows with the square of its length. Cap the input length the server accepts.",
-            req_hb(x).s);
+        if (x->f->roles.request_shape == OG_REQ_CUBE)
+            why(r,
+                "Autograd was off: one input needs %s in one operation over every triple of its positions, more "
+                "than the card; that grows with the cube of its length. A shorter input (a cropped sequence) "
+                "shrinks it, if the data allows.",
+                req_hb(x).s);
+        else
+            why(r,
+                "Autograd was off: one input (a prompt) needs %s, more than the card; attention without a fused "
+                "kernel grows with the square of its length. Cap the input length the server accepts.",
+                req_hb(x).s);
         how(r, "Reject or truncate inputs above a maximum (e.g. max_input_length / max_model_len in the server).");
         how(r, "tokenizer(prompt, truncation=True, max_length=L)");
         return true;

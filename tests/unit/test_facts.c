@@ -874,6 +874,8 @@ static void names_copies_models_and_the_statement(void **state)
     assert_int_equal(F.roles.request_shape, OG_REQ_UNKNOWN);
     snprintf(r->memory.fw.roles.stmt_ints, sizeof r->memory.fw.roles.stmt_ints, "16,4096,2,4096");
     assert_int_equal(facts(r)->roles.request_shape, OG_REQ_SQUARE);
+    snprintf(r->memory.fw.roles.stmt_ints, sizeof r->memory.fw.roles.stmt_ints, "2000,4,2000,2000");
+    assert_int_equal(facts(r)->roles.request_shape, OG_REQ_CUBE); /* one length three times: every triple */
     snprintf(r->memory.fw.roles.stmt_ints, sizeof r->memory.fw.roles.stmt_ints, "8192,2000000,4");
     assert_int_equal(facts(r)->roles.request_shape, OG_REQ_PRODUCT);
     snprintf(r->memory.fw.roles.stmt_ints, sizeof r->memory.fw.roles.stmt_ints, "16,8192");

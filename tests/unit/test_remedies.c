@@ -2795,6 +2795,12 @@ static void larger_product_is_split(void **state)
     snprintf(r->memory.fw.roles.stmt_ints, sizeof r->memory.fw.roles.stmt_ints, "8,16,65536,65536");
     run_primary(r, "does_not_fit");
     assert_string_equal(r->remedies[0].id, "shorter_sequences");
+    /* one length three times (L x heads x L x L: triangle attention's scores for every row at once): an operation
+     * over every triple, which runs over slices of its outer axis; the input stays whole, a shorter one second */
+    snprintf(r->memory.fw.roles.stmt_ints, sizeof r->memory.fw.roles.stmt_ints, "2000,4,2000,2000");
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "split_operation");
+    assert_int_equal(rank_of(r, "shorter_sequences"), 2);
     free(r);
 }
 
