@@ -318,6 +318,10 @@ static bool larger_inference_lead(const rctx_t *x)
 {
     return larger_inference(x) && roles_of(x)->request_shape != OG_REQ_CUBE;
 }
+/* a one-batch peak (one_batch_peak: a request far larger than any of the earlier steps, which fit) larger than the
+ * card: the batches before it fit, and autograd keeps every layer's output of this one for backward, so tiling the
+ * failing operation leaves the rest of its pass as large; capping the input's length brings it back to what fit */
+static bool larger_outlier_batch(const rctx_t *x) { return one_batch_peak(x) && x->larger_than_device; }
 /* a training job copying weight-sized tensors outside the optimizer (an EMA, weight averaging, a snapshot
  * of the model): the job trains, no phase frame (not a forward, evaluation, load or optimizer step) or the
  * adapter's ema_update, the roles measured with fewer activations than the shortfall and parameters to
@@ -871,6 +875,9 @@ static const og_rank_row_t narrow[] = {
       "fragmentation, a retry that freed 0 B, cache not known > 0", "frag_varlen_noadapter" },
     { "larger_than_device", larger, ONLY, 0, 0, REMS(R_CHUNK, R_MULTI_GPU, R_OFFLOAD),
       "request > device or limit (does_not_fit)", "logits_larger_than_card" },
+    { "larger_outlier_batch", larger_outlier_batch, WANT, 0, 0, REMS(R_SHORTER_SEQ),
+      "as one_batch_peak, request > device (the earlier batches fit: the input's length is the lever)",
+      "callcenter_wav2vec2_ctc_hour_long_recording (blind)" },
     { "larger_bigger_card", larger_card_exists, WANT, 0, 0, REMS(R_BIGGER),
       "request > device, < the largest card (141 GB)", "logits_larger_than_card" },
     { "larger_than_limit_only", larger_than_limit_only, WANT, 0, 0, REMS(R_RAISE_LIMIT),
@@ -1069,6 +1076,9 @@ static const og_rank_row_t lead[] = {
       "sft_first_forward_activations, long_ctx_lora_ckpt_flag_off (blind)" },
     { "one_batch_peak_lead", one_batch_peak, LEAD_COVERS, -19, 0, REMS(R_SHORTER_SEQ), "as one_batch_peak",
       "outlier_long_batch (blind)" },
+    { "larger_outlier_batch_lead", larger_outlier_batch, LEAD, -31, 0, REMS(R_SHORTER_SEQ),
+      "as larger_outlier_batch (ahead of larger_chunk's split_operation)",
+      "callcenter_wav2vec2_ctc_hour_long_recording (blind)" },
     { "generation_beams_lead", generation_beams, LEAD_COVERS, -27, 0, REMS(R_FEWER_BEAMS),
       "as generation_beams (a beam search: every beam keeps its own cache)",
       "translate_docs_beam_kv_growth (blind), generate_beams_kv_growth" },

@@ -1858,6 +1858,34 @@ static void one_batch_peak_caps_the_length(void **state)
     free(r);
 }
 
+/* the same peak, larger than the card, in a job whose autograd is on: the batches before it fit and the pass keeps
+ * every layer's output of this one, so its length leads, ahead of splitting the failing operation */
+static void larger_outlier_batch_caps_the_length(void **state)
+{
+    og_record_t *r = base();
+    ev_reset(r);
+    double t = 0.01;
+    for (int i = 0; i < 4; i++) /* the weights and the optimizer state, 4 GiB */
+        ev_add(r, 0.001 * i, "alloc", 1 * GiB);
+    for (int s = 0; s < 12; s++, t += 0.1) { /* steps that free what they make */
+        ev_add(r, t, "alloc", 256 * MiB);
+        ev_add(r, t + 0.01, "free", 256 * MiB);
+    }
+    ev_add(r, t + 0.1, "fail", 80 * GiB);
+    og_set(&r->event.requested_bytes, 80 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "shorter_sequences");
+    assert_int_equal(rank_of(r, "split_operation"), 2);
+    assert_int_equal(rank_of(r, "smaller_batch"), 0);
+    /* with autograd off the peak is one inference's operation: no outlier batch, split it */
+    r->memory.fw.has = true;
+    r->memory.fw.grad_enabled = -1;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "split_operation");
+    assert_int_equal(rank_of(r, "shorter_sequences"), 0);
+    free(r);
+}
+
 /* one inference input larger than the card: cap its length before splitting the operation */
 static void larger_inference_caps_the_input(void **state)
 {
@@ -2952,6 +2980,7 @@ int main(void)
         cmocka_unit_test(growth_names_its_holder),
         cmocka_unit_test(nccl_growth),
         cmocka_unit_test(one_batch_peak_caps_the_length),
+        cmocka_unit_test(larger_outlier_batch_caps_the_length),
         cmocka_unit_test(larger_inference_caps_the_input),
         cmocka_unit_test(applies_by_job),
         cmocka_unit_test(measured_nothing_not_listed),
