@@ -12,10 +12,11 @@ moves the NEXT sampled subgraph to the GPU while the current one is still being 
 
 Every sampled subgraph has a different size (1.0-2.4 GiB of features, activations to match), so PyTorch's
 caching allocator carves its segments into blocks of odd sizes; the prefetched batch, allocated while the
-activations live, stays when they are freed and splits the cached segments further.  At step 98 the
-forward pass asks for 2.35 GiB (the first layer's output for this subgraph) while the allocator holds 3.7
-GiB reserved but unallocated in blocks too small for it and the driver has 1.06 GiB free; the step would
-need ~13 GiB of the card's 15.5 usable, as the largest steps before it did.
+activations live, stays when they are freed and splits the cached segments further.  At step 98,
+right after the forward pass (its activations, 8 GiB, still live), the prefetch of the next subgraph asks
+for 2.35 GiB for its features (4.9M nodes) while the allocator holds 3.7 GiB reserved but unallocated in
+blocks too small for it (the largest 2.1 GiB) and the driver has 1.06 GiB free; the step would need ~13 GiB
+of the card's 15.5 usable, as the largest steps before it did.
 
 An expert: fragmentation of the caching allocator by many odd-sized, overlapping allocations.  Set
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (or max_split_size_mb) before start; the memory is there.
