@@ -1178,6 +1178,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
     if (!r->memory.fw.has || !ro->has)
         return;
     int nm = ro->nmodels < 0 ? 0 : ro->nmodels > 6 ? 6 : ro->nmodels;
+    uint64_t unnamed = 0; /* of model_copies, the copies in groups no name of the running code reaches */
     char target[sizeof ro->stmt_target];
     og_cpy(target, sizeof target, ro->has_statement ? ro->stmt_target : "", sizeof target);
     for (int i = 0; i < nm; i++) {
@@ -1200,6 +1201,8 @@ static void roles(og_facts_t *d, const og_record_t *r)
             kept = (uint64_t)(ro->models[i].named < (int)n ? ro->models[i].named : (int)n) - 1;
         if (n > 1)
             k->model_copies = add_sat(k->model_copies, each * (n - 1 - kept));
+        if (n > 1 && ro->models[i].named == 0)
+            unnamed = add_sat(unnamed, each * (n - 1));
         if (kept) {
             k->named_copies = add_sat(k->named_copies, each * kept);
             k->named_frozen = ro->models[i].frozen;
@@ -1257,6 +1260,12 @@ static void roles(og_facts_t *d, const og_record_t *r)
     k->operation = og_operation_of(ro->operation);
     k->copy_made_known = og_known(ro->copy_made);
     k->copy_made = og_or(ro->copy_made, 0);
+    /* copy.deepcopy makes a model's submodules before the model holds them: while it runs, models no name reaches
+     * are the pieces it made so far (up to roles.copy_made_bytes), the copy under way, not a previous copy */
+    if (k->operation == OG_OP_copy && k->copy_made_known) {
+        k->copy_pieces = unnamed < k->copy_made ? unnamed : k->copy_made;
+        k->model_copies -= k->copy_pieces < k->model_copies ? k->copy_pieces : k->model_copies;
+    }
     /* a copy under way whose result replaces a model a name holds now: the statement rebinds that name */
     for (int i = 0; k->operation == OG_OP_copy && target[0] && i < nm; i++)
         if (model_named(ro, i, target) && ro->models[i].bytes > k->copy_replaces)

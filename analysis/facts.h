@@ -193,6 +193,10 @@ typedef struct og_role_facts {
      * copy.deepcopy ran at the failure (or the adapter did not read it) */
     bool copy_made_known;
     uint64_t copy_made;
+    /* the same copy's pieces: copy.deepcopy makes a model's submodules before the model holds them, so while it runs
+     * the copies in groups of roles.models no name reaches (named 0), up to copy_made, are that copy, not a previous
+     * one; removed from model_copies.  0 none, or no copy under way */
+    uint64_t copy_pieces;
     /* the failing operation is a copy (roles.operation copy) and the failing statement rebinds a name that holds a
      * model now (roles.models[].names: ref = copy.deepcopy(policy) while the previous ref lives): that model's
      * parameters, the copy the new one replaces; 0 none */

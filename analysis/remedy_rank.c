@@ -228,9 +228,15 @@ static bool copy_replaces_model(const rctx_t *x)
     return ro->known && ro->copy_replaces && x->shortfall && ro->copy_replaces >= x->shortfall && !own_fix_covers(x) &&
            !x->larger_than_device;
 }
+/* the failing operation is a deep copy (roles.operation copy): copy.deepcopy copies leaf tensors and records no
+ * graph, so autograd's mode changes nothing it makes */
+static bool copy_builds_no_graph(const rctx_t *x) { return roles_of(x)->operation == OG_OP_copy; }
 /* the adapter read an evaluation or generation from the stack and autograd was on: every activation is
- * kept for a backward that never comes, in a training job too */
-static bool evaluation_autograd_on(const rctx_t *x) { return (PHASE(evaluation) || PHASE(generation)) && x->grad == 1; }
+ * kept for a backward that never comes, in a training job too; not while a deep copy runs (it builds no graph) */
+static bool evaluation_autograd_on(const rctx_t *x)
+{
+    return (PHASE(evaluation) || PHASE(generation)) && x->grad == 1 && !copy_builds_no_graph(x);
+}
 /* a confident growth that did not fail in the optimizer's step (where the state is being made) */
 static bool growth_not_in_step(const rctx_t *x) { return confident_growth(x) && !PHASE(optimizer_step); }
 /* restoring a checkpoint: the adapter's phase is loading and its frame is torch.load's */
@@ -251,7 +257,7 @@ static bool activation_phase(const rctx_t *x)
  * a load builds no graph */
 static bool no_graph_to_drop(const rctx_t *x)
 {
-    return PHASE(optimizer_step) || PHASE(backward) || PHASE(loading) || PHASE(ema_update);
+    return PHASE(optimizer_step) || PHASE(backward) || PHASE(loading) || PHASE(ema_update) || copy_builds_no_graph(x);
 }
 static uint64_t graph_pool_bytes(const rctx_t *x)
 {
@@ -614,15 +620,27 @@ static bool resident_models(const rctx_t *x)
     return ro->known && x->trains != 1 && x->shortfall && ro->named_copies >= x->shortfall &&
            ro->model_copies < x->shortfall && !own_fix_covers(x) && !x->larger_than_device;
 }
-/* a training job holding a second copy of its model, by a name of the running code (copy.deepcopy(model) for
- * evaluation), not frozen (an EMA, a teacher), failing while evaluating (the phase, or autograd off outside an
- * optimizer step, an EMA update or a load): the copy is what evaluation added */
+/* the second copy of a model a training job's evaluation holds: one held by a name of the running code, not frozen
+ * (an EMA, a teacher are kept on purpose); or a deep copy under way that rebinds no model's name (eval_model =
+ * copy.deepcopy(model), not yet named): all of what it copies (facts: roles.copy_source), at least what it made */
+static uint64_t eval_copy_bytes(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    uint64_t named = ro->named_frozen ? 0 : ro->named_copies;
+    uint64_t making = 0;
+    if (ro->operation == OG_OP_copy && ro->copy_made_known && !ro->copy_replaces)
+        making = ro->copy_source > ro->copy_made ? ro->copy_source : ro->copy_made;
+    return named > making ? named : making;
+}
+/* a training job holding a second copy of its model (copy.deepcopy(model) for evaluation), failing while
+ * evaluating (the phase, or autograd off outside an optimizer step, an EMA update or a load): the copy is what
+ * evaluation added */
 static bool eval_copy(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
     bool evaluating = x->f->phase == OG_JP_evaluation ||
                       (x->grad == -1 && (x->f->phase == OG_JP_unknown || x->f->phase == OG_JP_forward));
-    return ro->known && x->trains == 1 && x->shortfall && ro->named_copies >= x->shortfall && !ro->named_frozen &&
+    return ro->known && x->trains == 1 && x->shortfall && eval_copy_bytes(x) >= x->shortfall &&
            ro->model_copies < x->shortfall && evaluating && !own_fix_covers(x) && !x->larger_than_device;
 }
 /* a dataset kept whole on the device (holders of purpose dataset kept across calls: a global, an attribute; facts:
@@ -847,9 +865,10 @@ static const og_rank_row_t bring[] = {
       "rebound by the failing statement) >= shortfall, leftover copies < shortfall",
       "ab_compare_two_7b (blind), two_models_generate" },
     { "eval_copy", eval_copy, WANT, 0, 0, REMS(R_EVAL_NO_COPY),
-      "the job trains, roles.models: a second copy held by a name of the running code >= shortfall, not frozen; "
-      "phase evaluation (or autograd off outside a step, an EMA update, a load)",
-      "eval_deepcopy_in_train_loop (blind), eval_copy_forward" },
+      "the job trains, roles.models: a second copy held by a name of the running code >= shortfall, not frozen, or a "
+      "deep copy under way rebinding no model's name (roles.copy_source, copy_made_bytes) >= shortfall; phase "
+      "evaluation (or autograd off outside a step, an EMA update, a load)",
+      "eval_deepcopy_in_train_loop, eval_on_deepcopy_with_grads_kept (blind), eval_copy_forward" },
     { "dataset_on_gpu", dataset_on_gpu, WANT, 0, 0, REMS(R_DATASET_CPU),
       "roles: holders of purpose dataset kept across calls (a global, an attribute) >= shortfall, primary not growth",
       "resnet50_whole_dataset_on_gpu_speedrun (blind)" },
@@ -904,7 +923,8 @@ static const og_rank_row_t narrow[] = {
       "adapter: grad_enabled off, or the job trains (facts: trains)",
       "loss_history_leak_adapter, validation_batch_too_big" },
     { "no_graph_to_drop", no_graph_to_drop, DROP, 0, 0, REMS(R_INFERENCE),
-      "phase optimizer_step, backward, loading or ema_update", "adamw_first_step, ema_lazy_shadow (blind)" },
+      "phase optimizer_step, backward, loading or ema_update; roles.operation copy (a deep copy records no graph)",
+      "adamw_first_step, ema_lazy_shadow, eval_on_deepcopy_with_grads_kept (blind)" },
     { "growth_in_a_cache_no_graph", growth_in_a_cache, DROP, 0, 0, REMS(R_INFERENCE),
       "the same as growth_in_a_cache (its remedy says no_grad for the entries)", "dict_cache_embeddings (blind)" },
     { "communication_not_tensors", comm_holds_growth, DROP, 0, 0, REMS(R_INFERENCE, R_MIXED),
@@ -1100,7 +1120,7 @@ static const og_rank_row_t lead[] = {
     { "resident_models_lead", resident_models, LEAD_COVERS, -33, 0, REMS(R_ONE_MODEL), "as resident_models",
       "ab_compare_two_7b (blind), two_models_generate" },
     { "eval_copy_lead", eval_copy, LEAD_COVERS, -33, 0, REMS(R_EVAL_NO_COPY), "as eval_copy",
-      "eval_deepcopy_in_train_loop (blind), eval_copy_forward" },
+      "eval_deepcopy_in_train_loop, eval_on_deepcopy_with_grads_kept (blind), eval_copy_forward" },
     { "dataset_on_gpu_lead", dataset_on_gpu, LEAD_COVERS, -30, 0, REMS(R_DATASET_CPU), "as dataset_on_gpu",
       "resnet50_whole_dataset_on_gpu_speedrun (blind)" },
     { "ddp_buckets_lead", ddp_buckets_lead, LEAD_COVERS, -18, 0, REMS(R_BUCKET_VIEW),
@@ -1306,7 +1326,7 @@ static void estimate(rank_t *k, const rctx_t *x)
         (double)op_tensor_bytes(x) + (double)ro->params + (double)ro->grads + (double)ro->opt >= (double)x->capacity)
         cover[R_SMALLER_BATCH] = 0;
     cover[R_ONE_MODEL] = resident_models(x) ? (double)ro->named_copies : -1;
-    cover[R_EVAL_NO_COPY] = eval_copy(x) ? (double)ro->named_copies : -1;
+    cover[R_EVAL_NO_COPY] = eval_copy(x) ? (double)eval_copy_bytes(x) : -1;
     cover[R_BUCKET_VIEW] = ddp_buckets(x) ? (double)ro->ddp_buckets : -1;
     cover[R_DATASET_CPU] = dataset_on_gpu(x)    ? (double)ro->dataset_kept
                            : growing_dataset(x) ? (double)ro->grower_bytes

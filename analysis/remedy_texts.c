@@ -2171,11 +2171,22 @@ static bool b_eval_without_copy(const rctx_t *x, og_remedy_t *r)
     const og_role_facts_t *ro = &x->f->roles;
     char names[160];
     model_names(x, names, sizeof names);
-    why(r,
-        "A training job holds a second copy of its model, %s, by a name of the running code (%s), while it "
-        "evaluates: a copy made for the evaluation (copy.deepcopy(model)) next to the weights, gradients and "
-        "optimizer state that training keeps. Evaluating the training model itself needs no copy.",
-        og_hb((double)ro->named_copies).s, names[0] ? names : "held by name");
+    bool named = !ro->named_frozen && ro->named_copies && og_covers(x, (double)ro->named_copies);
+    if (!named && ro->operation == OG_OP_copy && ro->copy_made_known) {
+        copy_names_t c = copy_names(x);
+        why(r,
+            "The failing statement (%s) makes a deep copy of %s (%s of parameters; %s made so far) to evaluate it, "
+            "next to the weights, gradients and optimizer state that training keeps: the copy is what the "
+            "evaluation added. Evaluating the training model itself needs no copy.",
+            c.site[0] ? c.site : "a copy.deepcopy", c.source[0] ? c.source : "the model",
+            og_hb((double)(ro->copy_source > ro->copy_made ? ro->copy_source : ro->copy_made)).s,
+            og_hb((double)ro->copy_made).s);
+    } else
+        why(r,
+            "A training job holds a second copy of its model, %s, by a name of the running code (%s), while it "
+            "evaluates: a copy made for the evaluation (copy.deepcopy(model)) next to the weights, gradients and "
+            "optimizer state that training keeps. Evaluating the training model itself needs no copy.",
+            og_hb((double)ro->named_copies).s, names[0] ? names : "held by name");
     HOWS(x, r, { PT, "model.eval(); with torch.no_grad(): score = validate(model, loader)   # then model.train()" },
          { ANY, "If a frozen copy is really needed: keep it in host memory (copy.deepcopy(model).to(\"cpu\")) or "
                 "evaluate a saved checkpoint in another process" });

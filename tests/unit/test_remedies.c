@@ -1388,6 +1388,45 @@ static void eval_copy_first(void **state)
     free(r);
 }
 
+/* the evaluation's copy still being made (eval_model = copy.deepcopy(model), no name holds it yet): the submodules
+ * it made so far are its pieces, not a previous copy (facts: copy_pieces), so no restart; evaluate without the copy
+ * leads, its saving the whole source's parameters; a deep copy records no graph, so no inference_mode either, though
+ * autograd is on in the evaluation phase.  The same copy rebinding a name that holds a model is a replacement */
+static void eval_copy_under_way_first(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 5 * GiB + 27 * 128 * MiB, 5 * GiB, 10 * GiB, 0, 8 * MiB, 0);
+    fixture_model(r, "Decoder", 5 * GiB, 1, false);
+    fixture_model_held(r, 1, 0, "model");
+    fixture_model(r, "DecoderLayer", 128 * MiB, 27, false);
+    fixture_model_held(r, 0, 0, "");
+    fixture_optimizer(r, "AdamW", 10 * GiB);
+    fixture_operation(r, "copy", "__deepcopy__");
+    og_set(&r->memory.fw.roles.copy_made, 27 * 128 * MiB);
+    fixture_statement(r, "eval_model", "");
+    snprintf(r->memory.fw.roles.stmt_names, sizeof r->memory.fw.roles.stmt_names, "copy,deepcopy,model");
+    fixture_phase(r, "evaluation", "/w/finetune.py", "evaluate");
+    r->memory.fw.grad_enabled = 1;
+    r->memory.fw.training = 1;
+    og_set(&r->event.requested_bytes, 128 * MiB);
+    og_set(&r->device.free_bytes, 108 * MiB);
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.copy_pieces, 26 * 128 * MiB);
+    assert_int_equal(r->analysis.facts.roles.model_copies, 0);
+    assert_string_equal(r->remedies[0].id, "eval_without_copy");
+    assert_non_null(strstr(r->remedies[0].why, "5.00 GiB of parameters"));
+    assert_non_null(strstr(r->remedies[0].why, "deep copy of model"));
+    assert_true(rank_of(r, "restart_process") == 0 || rank_of(r, "restart_process") > 3);
+    assert_true(rank_of(r, "inference_mode") == 0 || rank_of(r, "inference_mode") > 3);
+    /* ref = copy.deepcopy(policy) while the previous ref lives: the replacement's advice, not the evaluation's */
+    fixture_model_held(r, 1, 0, "model,eval_model");
+    r->memory.fw.roles.models[0].count = 2;
+    r->memory.fw.roles.models[0].named = 2;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "in_place_update");
+    free(r);
+}
+
 /* DistributedDataParallel without gradient_as_bucket_view (roles.ddp): its buckets copy the gradients; the
  * remedy saves them and leads when they cover the shortfall, and is not there without a wrapper */
 static void ddp_buckets_as_views(void **state)
@@ -3004,6 +3043,7 @@ int main(void)
         cmocka_unit_test(two_models_one_at_a_time),
         cmocka_unit_test(model_registry_bounded),
         cmocka_unit_test(eval_copy_first),
+        cmocka_unit_test(eval_copy_under_way_first),
         cmocka_unit_test(ddp_buckets_as_views),
         cmocka_unit_test(state_snapshot_first),
         cmocka_unit_test(copy_under_way),
