@@ -1172,7 +1172,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
 {
     const og_roles_t *ro = &r->memory.fw.roles;
     og_role_facts_t *k = &d->roles;
-    k->keeper = k->kv = k->dataset_holder = k->registry_group = -1;
+    k->keeper = k->kv = k->dataset_holder = k->registry_group = k->graph_holder = -1;
     k->building = OG_PURPOSE_NONE;
     k->operation = OG_OPERATION_NONE;
     if (!r->memory.fw.has || !ro->has)
@@ -1381,6 +1381,36 @@ static void roles(og_facts_t *d, const og_record_t *r)
     /* a copy of the parameters or the optimizer state held by Python (an EMA, a snapshot, one being
      * made) is bounded like them: at most as many blocks of each size as the role has */
     k->state = add_sat(k->state, k->copies);
+}
+
+/* Graphs kept by outputs of earlier batches (facts.h: kept_graphs): with autograd on, every output of a forward
+ * is the root of the graph that made it, and in an evaluation or a generation no backward comes to free it; a
+ * holder kept across calls that keeps such outputs (self.history["val_loss"].append(loss)) keeps every activation
+ * of their batches alive, though its own bytes are a few scalars.  Kept across calls: a running loop's local list
+ * is read by the growth, and a holder of a purpose (a dataset, a cache, an EMA) or a copy of a role holds state,
+ * not outputs. */
+static void kept_graphs(og_facts_t *d, const og_record_t *r)
+{
+    og_role_facts_t *k = &d->roles;
+    const og_roles_t *ro = &r->memory.fw.roles;
+    if (!k->known || !k->act_known || !k->act || r->memory.fw.grad_enabled != 1 ||
+        (d->phase != OG_JP_evaluation && d->phase != OG_JP_generation))
+        return;
+    int nh = ro->nholders < 0 ? 0 : ro->nholders > 8 ? 8 : ro->nholders;
+    for (int i = 0; i < nh; i++) {
+        const og_role_holder_t *h = &ro->holders[i];
+        char where[sizeof h->where], purpose[sizeof h->purpose];
+        og_cpy(where, sizeof where, h->where, sizeof where);
+        og_cpy(purpose, sizeof purpose, h->purpose, sizeof purpose);
+        if (strncmp(where, "local in ", 9) == 0 || purpose[0] || h->copy_of[0] || h->tensors < 2 || h->bytes >= k->act)
+            continue;
+        if (k->graph_holder < 0 || h->tensors > ro->holders[k->graph_holder].tensors)
+            k->graph_holder = i;
+    }
+    if (k->graph_holder >= 0) {
+        double n = (double)ro->holders[k->graph_holder].tensors;
+        k->kept_graphs = (uint64_t)((double)k->act * n / (n + 1.0));
+    }
 }
 
 /* Whether the job trains, measured: an optimizer step ran (the adapter's `training`, PyTorch's step hook);
@@ -1696,6 +1726,7 @@ void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds
     framework_cap(f, rec);
     job_phase(f, rec);
     roles(f, rec);
+    kept_graphs(f, rec);
     trains(f, rec);
     growth(f, rec, s);
     grower(f, rec);

@@ -197,6 +197,15 @@ typedef struct og_role_facts {
      * the copies in groups of roles.models no name reaches (named 0), up to copy_made, are that copy, not a previous
      * one; removed from model_copies.  0 none, or no copy under way */
     uint64_t copy_pieces;
+    /* graphs kept by outputs of earlier batches: autograd on in an evaluation or a generation (no backward comes to
+     * free a graph), the activations measured, and a holder kept across calls (a global, an attribute: not a local
+     * of the running code) with no purpose of its own (not a dataset, a cache, an EMA: roles.holders[].purpose) and
+     * no copy of a role holds >= 2 tensors, its own bytes below the activations: each of its tensors (a loss, the
+     * logits of a batch appended to a history) is the root of its batch's graph, every activation of that batch
+     * alive through it.  graph_holder: that holder (index in roles.holders, the one with the most tensors; -1
+     * none); kept_graphs: the activations but the running batch's share, act x n / (n + 1) for n kept tensors */
+    int graph_holder;
+    uint64_t kept_graphs;
     /* the failing operation is a copy (roles.operation copy) and the failing statement rebinds a name that holds a
      * model now (roles.models[].names: ref = copy.deepcopy(policy) while the previous ref lives): that model's
      * parameters, the copy the new one replaces; 0 none */

@@ -237,6 +237,9 @@ static bool evaluation_autograd_on(const rctx_t *x)
 {
     return (PHASE(evaluation) || PHASE(generation)) && x->grad == 1 && !copy_builds_no_graph(x);
 }
+/* outputs of earlier batches kept across calls with their graphs, in an evaluation with autograd on (facts:
+ * roles.kept_graphs): the holder is the cause, autograd off for the evaluation the second fix */
+static bool kept_graphs(const rctx_t *x) { return roles_of(x)->kept_graphs > 0 && !own_fix_covers(x); }
 /* a confident growth that did not fail in the optimizer's step (where the state is being made) */
 static bool growth_not_in_step(const rctx_t *x) { return confident_growth(x) && !PHASE(optimizer_step); }
 /* restoring a checkpoint: the adapter's phase is loading and its frame is torch.load's */
@@ -864,6 +867,10 @@ static const og_rank_row_t bring[] = {
       "not training, roles.models: models held by a name of the running code beside one of their class (not "
       "rebound by the failing statement) >= shortfall, leftover copies < shortfall",
       "ab_compare_two_7b (blind), two_models_generate" },
+    { "kept_graphs", kept_graphs, WANT, 0, 0, REMS(R_RELEASE_REFS, R_INFERENCE),
+      "autograd on in phase evaluation or generation, roles: a holder kept across calls, no purpose, no copy, >= 2 "
+      "tensors, fewer bytes than the activations (facts: roles.kept_graphs)",
+      "val_losses_logged_without_no_grad (blind)" },
     { "eval_copy", eval_copy, WANT, 0, 0, REMS(R_EVAL_NO_COPY),
       "the job trains, roles.models: a second copy held by a name of the running code >= shortfall, not frozen, or a "
       "deep copy under way rebinding no model's name (roles.copy_source, copy_made_bytes) >= shortfall; phase "
@@ -1012,6 +1019,10 @@ static const og_rank_row_t lead[] = {
       "phase evaluation or generation, adapter: grad_enabled on", "segmentation_eval_autograd_on (blind)" },
     { "evaluation_autograd_on_lead", evaluation_autograd_on, LEAD_COVERS, -21, 0, REMS(R_INFERENCE),
       "phase evaluation or generation, adapter: grad_enabled on", "segmentation_eval_autograd_on (blind)" },
+    { "kept_graphs_lead", kept_graphs, LEAD_COVERS, -22, 0, REMS(R_RELEASE_REFS),
+      "as kept_graphs (the holder keeps every earlier batch's graph: named first, autograd off for the evaluation "
+      "next)",
+      "val_losses_logged_without_no_grad (blind)" },
     { "cap_without_room", cap_without_room, DROP, 0, 0, REMS(R_FW_CAP),
       "framework_cap counting reserved bytes (PyTorch, CuPy), the device had no room for the request",
       "reranker_capped_shared_card (blind)" },
@@ -1211,6 +1222,8 @@ static void estimate(rank_t *k, const rctx_t *x)
     cover[R_POOL_TRIM] = x->app_pool ? (double)x->f->app_slack : -1;
     cover[R_FOREIGN] = (double)x->other + (HAS(NONFW) ? (double)x->nonfw : 0);
     cover[R_RELEASE_REFS] = x->growth_rise ? (double)x->growth_rise : -1;
+    if (kept_graphs(x) && (double)roles_of(x)->kept_graphs > cover[R_RELEASE_REFS]) /* the earlier batches' graphs */
+        cover[R_RELEASE_REFS] = (double)roles_of(x)->kept_graphs;
     cover[R_EXPANDABLE] = HAS(FRAG) && x->cached_known && x->cached ? (double)x->cached : -1;
     if (live >= 0) {
         cover[R_INFERENCE] = 0.3 * live;

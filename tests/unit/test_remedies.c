@@ -1427,6 +1427,54 @@ static void eval_copy_under_way_first(void **state)
     free(r);
 }
 
+/* a training job's evaluation with autograd on appends each loss to a history kept across calls (an attribute):
+ * every loss roots its batch's graph (facts: roles.kept_graphs, act x n / (n + 1)), so the holder is named first and
+ * autograd off for the evaluation comes second; a local of the running code, a holder of a purpose (a dataset), one
+ * tensor, or autograd off: no such graphs */
+static void kept_graphs_holder_first(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 108 * MiB, 0, 219 * MiB, 0, 4096, 23 * GiB);
+    fixture_optimizer(r, "AdamW", 219 * MiB);
+    fixture_holder(r, "self.history", "defaultdict", "attribute on Trainer", 4096);
+    r->memory.fw.roles.holders[0].tensors = 7;
+    fixture_phase(r, "evaluation", "/w/train_seg.py", "validate");
+    r->memory.fw.grad_enabled = 1;
+    r->memory.fw.training = 1;
+    og_set(&r->event.requested_bytes, 512 * MiB);
+    og_set(&r->device.free_bytes, 122 * MiB);
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.graph_holder, 0);
+    assert_int_equal(r->analysis.facts.roles.kept_graphs, 23 * GiB / 8 * 7);
+    assert_string_equal(r->remedies[0].id, "release_references");
+    assert_string_equal(r->remedies[1].id, "inference_mode");
+    assert_non_null(strstr(r->remedies[0].why, "self.history"));
+    assert_true(how_has(&r->remedies[0], "loss.item()"));
+    snprintf(r->memory.fw.roles.holders[0].where, sizeof r->memory.fw.roles.holders[0].where,
+             "local in validate (train_seg.py:88)");
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.kept_graphs, 0);
+    assert_string_equal(r->remedies[0].id, "inference_mode");
+    snprintf(r->memory.fw.roles.holders[0].where, sizeof r->memory.fw.roles.holders[0].where, "attribute on Trainer");
+    fixture_holder_says(r, "dataset", "");
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.kept_graphs, 0);
+    fixture_holder_says(r, "", "");
+    r->memory.fw.roles.holders[0].tensors = 1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.kept_graphs, 0);
+    r->memory.fw.roles.holders[0].tensors = 7;
+    r->memory.fw.grad_enabled = -1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.kept_graphs, 0);
+    assert_true(rank_of(r, "release_references") != 1);
+    r->memory.fw.grad_enabled = 1;
+    fixture_phase(r, "forward", "/w/train_seg.py", "forward"); /* a training pass: its backward frees the graphs */
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.kept_graphs, 0);
+    free(r);
+}
+
 /* DistributedDataParallel without gradient_as_bucket_view (roles.ddp): its buckets copy the gradients; the
  * remedy saves them and leads when they cover the shortfall, and is not there without a wrapper */
 static void ddp_buckets_as_views(void **state)
@@ -3044,6 +3092,7 @@ int main(void)
         cmocka_unit_test(model_registry_bounded),
         cmocka_unit_test(eval_copy_first),
         cmocka_unit_test(eval_copy_under_way_first),
+        cmocka_unit_test(kept_graphs_holder_first),
         cmocka_unit_test(ddp_buckets_as_views),
         cmocka_unit_test(state_snapshot_first),
         cmocka_unit_test(copy_under_way),
