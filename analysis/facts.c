@@ -939,6 +939,7 @@ static void imbalance(og_facts_t *d, const og_record_t *r)
 /* Another GPU for this process's work (facts.h, og_spare_facts): one process (no world of ranks, no peer on
  * the failing GPU), >= 2 visible GPUs, bytes missing. */
 #define CONTEXT_ALLOWANCE (512ull << 20)
+#define NEARLY_IDLE_SHARE 8 /* a GPU holding at most 1/8 of the failing one's bytes is nearly idle */
 static void spare_device(og_facts_t *d, const og_record_t *r)
 {
     og_spare_facts_t *s = &d->spare;
@@ -962,11 +963,28 @@ static void spare_device(og_facts_t *d, const og_record_t *r)
     for (int ix = 0; ix < visible && s->idle_device < 0 && fd >= 0 && fd < 16 && used[fd]; ix++)
         if (ix != fd && !used[ix])
             s->idle_device = ix;
+    s->idle_room = sub0(d->total, CONTEXT_ALLOWANCE);
+    if (s->device >= 0 && d->total)
+        s->room = sub0(d->total, add_sat(s->held, CONTEXT_ALLOWANCE));
+    /* no GPU untouched: the one holding the least is nearly idle when it holds a small fraction of the failing
+     * GPU's bytes and has room for the missing bytes and for the models that can move there: frozen models or
+     * copies held beside another model that stays (one model alone, split over the cards by a device_map that
+     * filled the first, moves nothing whole: its split is what to even out) */
+    uint64_t mine = 0, movable = add_sat(d->roles.frozen_models, d->roles.named_copies);
+    for (int i = 0; i < r->nsummary && i < 16; i++)
+        if (r->summary[i].index == fd)
+            mine = r->summary[i].tracked_bytes;
+    bool nearly = s->device >= 0 && d->total && (double)s->held * NEARLY_IDLE_SHARE <= (double)mine &&
+                  s->room >= d->shortfall && movable && movable < d->roles.model_params && s->room >= movable;
+    if (s->idle_device < 0 && nearly) {
+        s->idle_device = s->device;
+        s->idle_held = s->held;
+        s->idle_room = s->room;
+    }
     s->idle = s->idle_device >= 0;
     if (s->device < 0 || !d->total)
         return;
-    s->room = sub0(d->total, add_sat(s->held, CONTEXT_ALLOWANCE));
-    s->split = d->roles.known && d->roles.params && s->held < d->roles.params && s->room >= d->shortfall;
+    s->split = d->roles.known && d->roles.params && s->held < d->roles.params && s->room >= d->shortfall && !nearly;
 }
 
 static void non_framework(og_facts_t *d, const og_record_t *r)

@@ -237,13 +237,18 @@ typedef struct og_imbalance_facts {
 
 /* Another GPU this process could place work on (one process, not a distributed job, that sees >= 2 GPUs).
  * idle: a visible GPU where this process holds nothing and never held anything (what other processes hold
- * there is not measured).  split: a GPU it uses besides the failing one that holds less than the parameters on the
- * failing one (a DataParallel replica holds them all: not a replica) and has room for the missing bytes: the
- * failing card's size less what this process holds there and a context (the record measures the failing card's
- * size only: the cards of one machine are taken to be alike). */
+ * there is not measured); failing that, the GPU it uses that holds the least when that is a small fraction of the
+ * failing GPU's bytes (at most 1/8: a feature bank, a metric's buffers), and models can move there (the frozen ones
+ * and those held beside another of their class, not every model: another one stays) and its room holds them and
+ * the missing bytes: nearly idle, a GPU to move a model onto (one model alone split by a device_map is not).  split: a GPU it uses
+ * besides the failing one that holds less than the parameters on the failing one (a DataParallel replica holds
+ * them all: not a replica), more than that small fraction (not nearly idle), and has room for the missing bytes:
+ * the failing card's size less what this process holds there and a context (the record measures the failing
+ * card's size only: the cards of one machine are taken to be alike). */
 typedef struct og_spare_facts {
     bool idle;
-    int idle_device; /* the lowest such GPU's index, -1 none */
+    int idle_device;               /* the lowest untouched GPU's index, else the nearly idle one; -1 none */
+    uint64_t idle_held, idle_room; /* what this process holds there (0: untouched), the room left there */
     bool split;
     int device;          /* the GPU it uses that holds the least, -1 none */
     uint64_t held, room; /* what it holds there, the room left there */

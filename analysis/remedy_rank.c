@@ -842,12 +842,15 @@ static const og_rank_row_t bring[] = {
       "NCCL_BUFFSIZE above its default adding >= the shortfall",
       "megatron_nccl_buffsize_tuning_env (blind); (unit tests: nccl_settings)" },
     { "idle_gpu", idle_gpu, WANT, 0, 0, REMS(R_USE_IDLE_GPU),
-      "one process, >= 2 visible GPUs, one of them holding nothing of this process; not ranks, a limit, a cap, "
-      "another framework, a request larger than the card",
-      "pseudo_label_teacher_student_same_gpu (blind); (unit tests: spare_gpu)" },
+      "one process, >= 2 visible GPUs, one of them holding nothing of this process, or at most 1/8 of the failing "
+      "GPU's bytes, with models to move beside one that stays (frozen, copies) and room for them and the shortfall; "
+      "not ranks, a limit, a cap, another framework, a request larger than the card",
+      "pseudo_label_teacher_student_same_gpu, distill_teacher_and_student_on_cuda0_second_card_idle (blind); (unit "
+      "tests: spare_gpu)" },
     { "uneven_split", uneven_split, WANT, 0, 0, REMS(R_BALANCE_MAP),
-      "one process, another GPU it uses holds less than the failing GPU's parameters and has room for the "
-      "shortfall (the failing card's size less what it holds there and a context)",
+      "one process, another GPU it uses holds less than the failing GPU's parameters, more than 1/8 of its bytes "
+      "(not nearly idle), and has room for the shortfall (the failing card's size less what it holds there and a "
+      "context)",
       "gptneox20b_device_map_sequential_gpu0_full (blind); (unit tests: spare_gpu)" },
     { "checkpointing_off", checkpointing_off, WANT, 0, 0, REMS(R_CHECKPOINTING),
       "the job trains, adapter: grad_enabled on, roles: gradient_checkpointing false, activations >= half the "
@@ -1346,8 +1349,10 @@ static void estimate(rank_t *k, const rctx_t *x)
                                                 : -1;
     if (rank_loads_whole_model(x) && ro->known && ro->params) /* all but this rank's share of what arrived */
         cover[R_SHARD_LOAD] = (double)ro->params * (1.0 - 1.0 / (double)x->rec->world_size);
-    /* the models that can move to the idle GPU (unknown when none is measured); the room on the other GPU */
-    cover[R_USE_IDLE_GPU] = idle_gpu(x) && movable_models(x) ? (double)movable_models(x) : -1;
+    /* the models that can move to the idle GPU, as far as its room holds them (unknown when none is measured); the
+     * room on the other GPU */
+    uint64_t moves = movable_models(x) < x->f->spare.idle_room ? movable_models(x) : x->f->spare.idle_room;
+    cover[R_USE_IDLE_GPU] = idle_gpu(x) && moves ? (double)moves : -1;
     cover[R_BALANCE_MAP] = uneven_split(x) ? (double)x->f->spare.room : -1;
     double imb = HAS(IMBALANCE) ? (double)x->f->imbalance.mine - (double)x->f->imbalance.avg : 0;
     cover[R_DDP] = imb > 0 ? imb : -1;

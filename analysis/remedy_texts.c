@@ -1125,10 +1125,16 @@ static bool b_use_idle_gpu(const rctx_t *x, og_remedy_t *r)
     const og_spare_facts_t *s = &x->f->spare;
     const og_role_facts_t *ro = &x->f->roles;
     int idle = s->idle_device, dev = x->rec->event.device;
-    why(r,
-        "GPU %d is visible to this process and it holds nothing there, while GPU %d ran out (what other processes "
-        "hold on GPU %d was not measured).",
-        idle, dev, idle);
+    if (s->idle_held)
+        why(r,
+            "GPU %d is visible to this process and it holds only %s there, about %s left free (a card like this "
+            "one), while GPU %d ran out (what other processes hold on GPU %d was not measured).",
+            idle, og_hb((double)s->idle_held).s, og_hb((double)s->idle_room).s, dev, idle);
+    else
+        why(r,
+            "GPU %d is visible to this process and it holds nothing there, while GPU %d ran out (what other "
+            "processes hold on GPU %d was not measured).",
+            idle, dev, idle);
     uint64_t movable = add_sat(ro->frozen_models, ro->named_copies);
     if (movable)
         why(r,

@@ -984,6 +984,25 @@ static void spare_gpu_idle_or_split(void **state)
     assert_int_equal(F.spare.room, 24 * GiB - 15 * GiB - 512 * MiB);
     r->summary[1].tracked_bytes = 17 * GiB; /* more than the failing GPU's parameters: a replica */
     assert_false(facts(r)->spare.split);
+    /* a small fraction of the failing GPU's 22 GiB (at most 1/8), one model alone (a device_map filled GPU 0 first):
+     * its split, nothing to move whole */
+    r->summary[1].tracked_bytes = 2 * GiB;
+    fixture_model(r, "Teacher", 6 * GiB, 1, true);
+    assert_false(facts(r)->spare.idle);
+    assert_true(F.spare.split);
+    /* a frozen teacher beside the student: nearly idle, the teacher moves there; not a split */
+    fixture_model(r, "Student", 10 * GiB, 1, false);
+    assert_true(facts(r)->spare.idle);
+    assert_false(F.spare.split);
+    assert_int_equal(F.spare.idle_device, 1);
+    assert_int_equal(F.spare.idle_held, 2 * GiB);
+    assert_int_equal(F.spare.idle_room, 24 * GiB - 2 * GiB - 512 * MiB);
+    r->summary[1].tracked_bytes = 3 * GiB; /* more than 1/8: a share of a split model's layers */
+    assert_false(facts(r)->spare.idle);
+    assert_true(F.spare.split);
+    r->summary[1].tracked_bytes = 2 * GiB;
+    r->memory.fw.roles.models[0].bytes = 22 * GiB; /* no room there for the frozen model */
+    assert_false(facts(r)->spare.idle);
     r->summary[1].tracked_bytes = 15 * GiB;
     r->world_size = 2;
     assert_false(facts(r)->spare.split);

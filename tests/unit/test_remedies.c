@@ -607,6 +607,15 @@ static void spare_gpu(void **state)
     assert_non_null(strstr(r->remedies[0].why, "GPU 1 is visible"));
     assert_true(how_has(&r->remedies[0], "teacher.to(\"cuda:1\")"));
     assert_int_equal(rank_of(r, "balance_device_map"), 0);
+    /* GPU 1 holds a small buffer (a kNN bank), a small fraction of GPU 0's: nearly idle, the teacher moves there;
+     * no model's layers are split over the two */
+    r->nsummary = 2;
+    r->summary[1].index = 1;
+    r->summary[1].tracked_bytes = 625 * MiB;
+    run(r);
+    assert_string_equal(r->remedies[0].id, "use_idle_gpu");
+    assert_non_null(strstr(r->remedies[0].why, "holds only 625"));
+    assert_int_equal(rank_of(r, "balance_device_map"), 0);
     free(r);
 
     r = base();
