@@ -1386,6 +1386,14 @@ static void roles(og_facts_t *d, const og_record_t *r)
     if (k->model_params && nm < 6) /* every model was listed: what is beyond them is no model's */
         k->copy_loose = add_sat(sub0(k->params, k->model_params), sub0(k->grads, k->model_params));
     k->copying = add_sat(k->working, k->copy_loose);
+    /* nothing computed yet beside a running model's weights: each of these roles measured, and none (unknown is not
+     * zero) */
+    static const enum og_role computed_roles[] = { OG_ROLE_activations, OG_ROLE_held_by_python, OG_ROLE_gradients,
+                                                   OG_ROLE_optimizer_state, OG_ROLE_graph_pools };
+    for (int i = 0; i < nm; i++)
+        k->weights_only = k->weights_only || ro->models[i].running > 0;
+    for (size_t i = 0; i < sizeof computed_roles / sizeof *computed_roles; i++)
+        k->weights_only = k->weights_only && og_known(ro->bytes[computed_roles[i]]) && !ro->bytes[computed_roles[i]].v;
     if (ro->act_copy_of[0])
         k->act_copy = ro->act_copy_bytes < k->act ? ro->act_copy_bytes : k->act;
     /* what a training job holds for good: known when every one of those roles was measured */

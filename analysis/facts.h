@@ -165,7 +165,12 @@ typedef struct og_role_facts {
     /* a copy of a model being made that no module holds yet (copy.deepcopy building its parameters one by one):
      * parameters beyond every model's (when models were measured) and gradients beyond them too */
     uint64_t copy_loose;
-    uint64_t copying;   /* what the running code's copy holds so far: working + copy_loose */
+    uint64_t copying; /* what the running code's copy holds so far: working + copy_loose */
+    /* nothing computed yet: a model of roles.models is running (its .to() or __init__ executes) while all the
+     * framework holds on the device is weights: the activations measured and none, no tensors held by Python
+     * objects (locals included), no gradients, optimizer state or graph pools: its weights arriving, a load or a
+     * move that no phase frame names */
+    bool weights_only;
     bool accumulating;  /* roles.accumulating: the program sums several passes' losses with their graphs alive */
     bool pads_to_max;   /* roles.padding_to_max_length: the program pads its inputs to a fixed maximum length */
     bool extra_outputs; /* roles.extra_outputs: the program asks a model for per-layer or per-token outputs */

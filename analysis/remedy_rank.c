@@ -558,10 +558,12 @@ static bool state_new_since_pass(const rctx_t *x)
 }
 
 /* the evidence leaves nothing for the activation remedies to shrink: the roles measured, and the job was
- * loading, stepping its optimizer, or updating weights outside it */
+ * loading, stepping its optimizer, or updating weights outside it, or a running model's weights are all the device
+ * holds (roles.weights_only: a load or a move no phase frame names) */
 static bool no_activations(const rctx_t *x)
 {
-    return roles_of(x)->known && (PHASE(loading) || PHASE(optimizer_step) || PHASE(ema_update) || weights_copy(x));
+    return roles_of(x)->known && (PHASE(loading) || PHASE(optimizer_step) || PHASE(ema_update) || weights_copy(x) ||
+                                  roles_of(x)->weights_only);
 }
 
 /* mixed precision is in force for the pass though autocast is off at the failing line: the program's running

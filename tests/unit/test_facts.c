@@ -1009,6 +1009,29 @@ static void spare_gpu_idle_or_split(void **state)
     free(r);
 }
 
+/* roles.weights_only: a running model's weights are all the device holds, each other role measured and none (a
+ * load or a move no phase frame names); a local's batch, a gradient, an unmeasured role, or no model running: not */
+static void weights_only_needs_a_running_model_and_nothing_else(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    og_set(&r->event.requested_bytes, 2 * GiB);
+    og_set(&r->device.free_bytes, 1 * GiB);
+    fixture_roles(r, 20 * GiB, 0, 0, 0, 0, 0);
+    fixture_model(r, "Net", 20 * GiB, 1, false);
+    assert_false(facts(r)->roles.weights_only); /* no model running: a tensor moved, a batch */
+    fixture_model_held(r, 1, 1, "model");
+    assert_true(facts(r)->roles.weights_only);
+    og_set(&r->memory.fw.roles.bytes[OG_ROLE_held_by_python], 1 * GiB);
+    assert_false(facts(r)->roles.weights_only);
+    og_set(&r->memory.fw.roles.bytes[OG_ROLE_held_by_python], 0);
+    og_set(&r->memory.fw.roles.bytes[OG_ROLE_gradients], 1 * GiB);
+    assert_false(facts(r)->roles.weights_only);
+    og_set(&r->memory.fw.roles.bytes[OG_ROLE_gradients], 0);
+    og_unset(&r->memory.fw.roles.bytes[OG_ROLE_activations]); /* unknown is not none */
+    assert_false(facts(r)->roles.weights_only);
+    free(r);
+}
+
 /* a new communicator per evaluation: each step is NCCL's own 256 MiB, 20 steps, while the framework's cache
  * warmed up by 8 GiB once in the same window: NCCL holds the steady part (5 GiB), not the whole rise, and
  * the growth is its; a failing call of another library, or NCCL holding under 80% of the steps, is not */
@@ -1082,6 +1105,7 @@ int main(void)
         cmocka_unit_test(nccl_holds_the_steady_part_of_the_growth),
         cmocka_unit_test(nccl_settings_in_force),
         cmocka_unit_test(spare_gpu_idle_or_split),
+        cmocka_unit_test(weights_only_needs_a_running_model_and_nothing_else),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1522,6 +1522,36 @@ static void phase_loading_weights(void **state)
     free(r);
 }
 
+/* a model's .to("cuda") fails part way, no phase frame naming it (the model's own .to()): the device holds its
+ * weights and nothing computed from them (roles.weights_only), so no activation remedy is listed; the input batch
+ * held by a local beside a running model is no such load: a smaller batch stays */
+static void weights_only_no_activation_remedies(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 20 * GiB, 0, 0, 0, 0, 0);
+    fixture_model(r, "Qwen2ForCausalLM", 20 * GiB, 1, false);
+    fixture_model_held(r, 1, 1, "model");
+    og_set(&r->event.requested_bytes, 2 * GiB);
+    og_set(&r->device.free_bytes, 1 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "smaller_batch"), 0);
+    assert_int_equal(rank_of(r, "shorter_sequences"), 0);
+    assert_int_equal(rank_of(r, "gradient_checkpointing"), 0);
+    assert_int_equal(rank_of(r, "mixed_precision"), 0);
+    free(r);
+
+    r = base();
+    fixture_roles(r, 20 * GiB, 0, 0, 0, 1 * GiB, 0);
+    fixture_holder(r, "batch", "Tensor", "local in main (serve.py:40)", 1 * GiB);
+    fixture_model(r, "Qwen2ForCausalLM", 20 * GiB, 1, false);
+    fixture_model_held(r, 1, 1, "model");
+    og_set(&r->event.requested_bytes, 2 * GiB);
+    og_set(&r->device.free_bytes, 1 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_true(rank_of(r, "smaller_batch") > 0);
+    free(r);
+}
+
 /* the first optimizer.step() makes AdamW's state: an 8-bit optimizer; autograd off there is not inference */
 static void phase_optimizer_step(void **state)
 {
@@ -3040,6 +3070,7 @@ int main(void)
         cmocka_unit_test(cupy_and_unknown_framework),
         cmocka_unit_test(multi_gpu_depends_on_visible_devices),
         cmocka_unit_test(spare_gpu),
+        cmocka_unit_test(weights_only_no_activation_remedies),
         cmocka_unit_test(empty_and_null_records),
         cmocka_unit_test(huge_request_fits_no_card),
         cmocka_unit_test(second_framework_knobs),
