@@ -257,10 +257,12 @@ static bool activation_phase(const rctx_t *x)
     return PHASE(forward) || PHASE(backward) || PHASE(evaluation) || PHASE(generation);
 }
 /* autograd is off inside optimizer.step() and clip_grad_norm_ of a training job: not an evaluation; and
- * a load builds no graph */
+ * a load builds no graph, nor does a model's weights arriving with no phase frame naming it (roles.weights_only:
+ * a model's own .to(), nothing computed yet) */
 static bool no_graph_to_drop(const rctx_t *x)
 {
-    return PHASE(optimizer_step) || PHASE(backward) || PHASE(loading) || PHASE(ema_update) || copy_builds_no_graph(x);
+    return PHASE(optimizer_step) || PHASE(backward) || PHASE(loading) || PHASE(ema_update) || copy_builds_no_graph(x) ||
+           roles_of(x)->weights_only;
 }
 static uint64_t graph_pool_bytes(const rctx_t *x)
 {
@@ -935,8 +937,10 @@ static const og_rank_row_t narrow[] = {
       "adapter: grad_enabled off, or the job trains (facts: trains)",
       "loss_history_leak_adapter, validation_batch_too_big" },
     { "no_graph_to_drop", no_graph_to_drop, DROP, 0, 0, REMS(R_INFERENCE),
-      "phase optimizer_step, backward, loading or ema_update; roles.operation copy (a deep copy records no graph)",
-      "adamw_first_step, ema_lazy_shadow, eval_on_deepcopy_with_grads_kept (blind)" },
+      "phase optimizer_step, backward, loading or ema_update; roles.operation copy (a deep copy records no graph); "
+      "roles: weights_only (a running model's weights all the device holds)",
+      "adamw_first_step, ema_lazy_shadow, eval_on_deepcopy_with_grads_kept, qwen32b_bf16_to_cuda_one_a6000_second_idle "
+      "(blind)" },
     { "growth_in_a_cache_no_graph", growth_in_a_cache, DROP, 0, 0, REMS(R_INFERENCE),
       "the same as growth_in_a_cache (its remedy says no_grad for the entries)", "dict_cache_embeddings (blind)" },
     { "communication_not_tensors", comm_holds_growth, DROP, 0, 0, REMS(R_INFERENCE, R_MIXED),
