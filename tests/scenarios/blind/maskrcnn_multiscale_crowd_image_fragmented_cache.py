@@ -44,13 +44,11 @@ class Stage(torch.nn.Module):
         self.layers = layers
 
     def forward(self, x, scale):
-        outs = []
         for _ in range(self.layers):
-            h = torch.empty(act_bytes(scale), device="cuda")     # conv + BN + ReLU output, saved
+            h = torch.empty(act_bytes(scale), device="cuda")     # conv + BN + ReLU output, saved for backward
             h._saved = x
-            outs.append(h)
             x = h
-        return x, outs
+        return x
 
 
 class MaskHead(torch.nn.Module):
@@ -60,13 +58,11 @@ class MaskHead(torch.nn.Module):
 
     def forward(self, feats, n_pos):
         h = feats
-        kept = []
         for _ in range(4):                                        # 4 convs on 14 x 14 RoI features
             h2 = torch.empty(n_pos * 256 * 14 * 14 * 4 // MiB * MiB, device="cuda")
             h2._saved = h
-            kept.append(h2)
             h = h2
-        return h, kept
+        return h
 
 
 class MaskRCNN(torch.nn.Module):
@@ -79,13 +75,10 @@ class MaskRCNN(torch.nn.Module):
         self.rpn = torch.nn.Parameter(torch.empty(34 * MiB, device="cuda"))
 
     def forward(self, images, scale, n_pos):
-        x, saved = images, []
+        x = images
         for s in self.stages:
-            x, outs = s(x, scale)
-            saved.extend(outs)
-        masks, kept = self.roi_heads(x, n_pos)
-        masks._keep = (saved, kept)
-        return masks
+            x = s(x, scale)
+        return self.roi_heads(x, n_pos)
 
 
 def batches():
@@ -106,7 +99,6 @@ def main():
         loss._saved = losses
         loss._params = tuple(model.parameters())
         scen_truth.backward(loss)
-        losses._keep = None
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         del loss, losses, images
