@@ -14,8 +14,9 @@ Training itself needs about 16 GiB (weights, AdamW state, ~12 GiB of saved spect
 and stays flat.  Each logged step keeps its prediction (48 MiB) and its target batch (48 MiB) on
 the GPU -- detached, so no graph, but the tensors themselves never leave the card.  The frames are
 carved out of the blocks the step's activations free, so they end up scattered through the cache:
-after about 470 steps they hold ~22 GiB and a forward pass fails for a 128 MiB block with ~9 GiB
-cached in holes between frames.  The holes are a symptom: the frames are what fills the card.
+after about 470 steps they hold ~27 GiB and a backward pass fails to allocate a spectral layer's
+128 MiB gradient with ~9 GiB cached in holes between frames.  The holes are a symptom: the frames
+are what fills the card.
 
 An expert: the list of frames holds the memory; move each frame to the CPU (`.cpu()`), keep one
 sample at reduced resolution, write it to disk, or keep only the last N.  Not a smaller batch,
