@@ -1153,13 +1153,12 @@ static bool model_named(const og_roles_t *ro, int i, const char *name)
     return og_name_listed(names, name);
 }
 
-/* the group is a registry of models (og_role_facts_t.registry_models): >= 2 of them named, every name a map's
- * entry (NAME[key]) */
-static bool registry_group(const og_roles_t *ro, int i)
+/* the group's models are held only as a map's entries: named, every name NAME[key] */
+static bool keyed_group(const og_roles_t *ro, int i)
 {
     char names[sizeof ro->models[0].names];
     og_cpy(names, sizeof names, ro->models[i].names, sizeof names);
-    if (ro->models[i].named < 2 || !names[0])
+    if (ro->models[i].named < 1 || !names[0])
         return false;
     static const char key[] = "[key]";
     for (char *p = names; *p;) {
@@ -1173,6 +1172,10 @@ static bool registry_group(const og_roles_t *ro, int i)
     }
     return true;
 }
+
+/* the group is a registry of models (og_role_facts_t.registry_models): >= 2 of them named, every name a map's
+ * entry (NAME[key]) */
+static bool registry_group(const og_roles_t *ro, int i) { return ro->models[i].named >= 2 && keyed_group(ro, i); }
 
 static uint64_t role_or0(const og_roles_t *ro, enum og_role k) { return og_or(ro->bytes[k], 0); }
 
@@ -1190,7 +1193,8 @@ static void roles(og_facts_t *d, const og_record_t *r)
 {
     const og_roles_t *ro = &r->memory.fw.roles;
     og_role_facts_t *k = &d->roles;
-    k->keeper = k->kv = k->dataset_holder = k->registry_group = k->graph_holder = -1;
+    k->keeper = k->kv = k->dataset_holder = k->registry_group = k->graph_holder = k->keyed_group = -1;
+    k->ckpt_holder = -1;
     k->building = OG_PURPOSE_NONE;
     k->operation = OG_OPERATION_NONE;
     if (!r->memory.fw.has || !ro->has)
@@ -1204,6 +1208,15 @@ static void roles(og_facts_t *d, const og_record_t *r)
         if (ro->models[i].frozen)
             k->frozen_models = add_sat(k->frozen_models, each * n);
         k->model_params = add_sat(k->model_params, each * n);
+        /* models of several groups held one by key each, none running: a map of different models kept resident
+         * (counted in keyed_models when there are >= 2 of them) */
+        if (!registry_group(ro, i) && keyed_group(ro, i) && ro->models[i].running == 0) {
+            uint64_t held = (uint64_t)ro->models[i].named < n ? (uint64_t)ro->models[i].named : n;
+            k->keyed_models = add_sat(k->keyed_models, each * held);
+            k->keyed_count += (int)held;
+            if (k->keyed_group < 0 || each > ro->models[k->keyed_group].bytes)
+                k->keyed_group = i;
+        }
         if (registry_group(ro, i)) { /* kept by key on purpose: neither leftovers nor models compared */
             uint64_t kept = (uint64_t)ro->models[i].named < n ? (uint64_t)ro->models[i].named : n;
             k->registry_models = add_sat(k->registry_models, each * kept);
@@ -1272,6 +1285,8 @@ static void roles(og_facts_t *d, const og_record_t *r)
             k->named_copies = add_sat(k->named_copies, kept);
         }
     }
+    if (k->keyed_count < 2) /* one model by key is a name, not a map of models */
+        k->keyed_models = 0, k->keyed_count = 0, k->keyed_group = -1;
     k->accumulating = ro->has_accum;
     k->pads_to_max = ro->settings[OG_SETTING_padding_to_max_length].has;
     k->extra_outputs = ro->settings[OG_SETTING_extra_outputs].has;
@@ -1361,6 +1376,11 @@ static void roles(og_facts_t *d, const og_record_t *r)
             k->purpose_bytes[pu] = add_sat(k->purpose_bytes[pu], h->bytes);
         if (h->copy_of[0])
             k->copies = add_sat(k->copies, h->bytes);
+        if (pu == OG_PURPOSE_checkpoint && h->copy_of[0]) { /* wherever it is kept: a local of main() too */
+            k->ckpt_copy = add_sat(k->ckpt_copy, h->bytes);
+            if (k->ckpt_holder < 0 || h->bytes > ro->holders[k->ckpt_holder].bytes)
+                k->ckpt_holder = i;
+        }
         if (strncmp(where, "local in ", 9) == 0) {
             k->local_held = add_sat(k->local_held, h->bytes);
             if (map_kind(kind))

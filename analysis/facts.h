@@ -192,6 +192,20 @@ typedef struct og_role_facts {
      * in roles.models, -1 none */
     uint64_t registry_models;
     int registry_group;
+    /* roles.models: different models held by key in one process, idle: groups whose every name is a map's entry
+     * (NAME[key]: MODELS["asr"], MODELS["llm"]) and none of whose models runs at the failure (no __init__,
+     * from_pretrained or .to() of theirs executes), not a registry group above; their parameters when there are
+     * >= 2 such models (one model by key is a name, not a map of models), else 0.  keyed_count: how many;
+     * keyed_group: the largest one's index in roles.models, -1 none */
+    uint64_t keyed_models;
+    int keyed_count;
+    int keyed_group;
+    /* a checkpoint held beside the state it was loaded into: holders (wherever kept, a local of main() too) whose
+     * name or class says checkpoint (roles.holders[].purpose: ckpt, checkpoint, state_dict) and whose blocks copy
+     * the parameters or the optimizer state (copy_of): their bytes, 0 none; ckpt_holder: the largest one's index
+     * in roles.holders, -1 none */
+    uint64_t ckpt_copy;
+    int ckpt_holder;
     bool named_frozen;    /* those models are frozen (a teacher, an EMA): kept beside the trained one on purpose */
     uint64_t ddp_buckets; /* roles.ddp: DDP's flat bucket copy of the gradients (gradient_as_bucket_view off), 0 none */
     /* a deep copy under way (roles.copy_made_bytes): what it made so far on the failing device; known false: no

@@ -99,6 +99,12 @@ bool og_previous_copy(const rctx_t *x);
  * growth read, phase generation with a KV cache holding the missing bytes and a quarter of the framework's
  * allocated bytes), in a job not known to train, autograd not on: not memory kept across iterations */
 bool og_generation_growth(const rctx_t *x);
+/* the models a registry by key keeps resident on the GPU (roles.registry_models, else roles.keyed_models in a job
+ * not known to train), 0 none */
+uint64_t og_registry_bytes(const rctx_t *x);
+/* a restored checkpoint kept on the GPU after its load (roles.ckpt_copy covers the shortfall, past the load, before
+ * any optimizer step) */
+bool og_checkpoint_kept(const rctx_t *x);
 
 /* Row I of the ranking's tables (passes in order) as a line of docs/diagnosis.md's table; 0 past the last. */
 int og_rank_row_text(int i, char *buf, size_t n);

@@ -215,6 +215,18 @@ static bool no_other_process(const rctx_t *x) { return !x->other && x->rec->memo
 /* by role and phase (the Python adapter's memory.framework.roles and event.phase; unknown without it) */
 #define PHASE(p) (x->f->phase == OG_JP_##p)
 static const og_role_facts_t *roles_of(const rctx_t *x) { return &x->f->roles; }
+/* the holder of the growth (facts: roles.grower), one with no purpose of its own (not a dataset, a KV cache, a cache:
+ * their rows' levers) and no copy of a role, outside a generation (its KV cache grows per token): released, all it
+ * keeps is freed, more than the rise the history saw (a list of every step's predictions kept since the first
+ * step); its bytes, 0 none */
+static uint64_t kept_grower(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    if (!HAS(GROWTH) || !ro->known || ro->grower < 0 || og_generation_growth(x))
+        return 0;
+    const og_role_holder_t *h = &x->rec->memory.fw.roles.holders[ro->grower];
+    return h->purpose[0] || h->copy_of[0] ? 0 : ro->grower_bytes;
+}
 static bool in_handler(const rctx_t *x) { return PHASE(oom_handler); }
 static bool pass_outgrows(const rctx_t *x) { return x->f->pass_outgrows_cache; }
 /* a deep copy under way made many times the cache so far (facts: copy_outgrows_cache) */
@@ -244,6 +256,19 @@ static bool kept_graphs(const rctx_t *x) { return roles_of(x)->kept_graphs > 0 &
 static bool growth_not_in_step(const rctx_t *x) { return confident_growth(x) && !PHASE(optimizer_step); }
 /* restoring a checkpoint: the adapter's phase is loading and its frame is torch.load's */
 static bool checkpoint_restore(const rctx_t *x) { return PHASE(loading) && x->f->load_via_torch_load; }
+/* a restored checkpoint kept after the load (facts: roles.ckpt_copy: holders whose name says checkpoint and whose
+ * blocks copy the parameters or the optimizer state) holds the missing bytes, past the load (not phase loading:
+ * checkpoint_restore's) and before any optimizer step of this process (a copy made after steps is a snapshot,
+ * state_snapshot's): the copy torch.load put on the GPU, dead once load_state_dict copied it */
+bool og_checkpoint_kept(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    bool stepped =
+        (ro->steps_known && ro->steps_made > 0) || (x->rec->memory.fw.has && x->rec->memory.fw.training == 1);
+    return ro->known && ro->ckpt_copy && og_covers(x, (double)ro->ckpt_copy) && !PHASE(loading) && !stepped &&
+           !x->f->snapshot_stmt && !x->larger_than_device;
+}
+static bool checkpoint_kept(const rctx_t *x) { return og_checkpoint_kept(x); }
 static bool loading_weights_phase(const rctx_t *x) { return PHASE(loading); }
 static bool optimizer_state(const rctx_t *x)
 {
@@ -281,12 +306,22 @@ static bool growth_in_a_cache(const rctx_t *x)
     return HAS(GROWTH) && ro->keeper >= 0 && ro->keeper_map && og_covers(x, (double)ro->keeper_bytes);
 }
 static bool growth_in_a_cache_primary(const rctx_t *x) { return PRIMARY(GROWTH) && growth_in_a_cache(x); }
+/* the models a registry by key keeps resident: a registry of one class (roles.registry_models), else different
+ * models held by key and idle (roles.keyed_models) in a job not known to train (models a training step uses
+ * together, a GAN's generator and discriminator, are no cache to evict from); 0 none */
+uint64_t og_registry_bytes(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    if (!ro->known)
+        return 0;
+    return ro->registry_models ? ro->registry_models : x->trains != 1 ? ro->keyed_models : 0;
+}
 /* a registry of whole models by key (roles.models: every name a map's entry) holds the missing bytes: bounded
  * by a count or not at all, not by the memory its models take */
 static bool model_registry(const rctx_t *x)
 {
-    const og_role_facts_t *ro = roles_of(x);
-    return ro->known && ro->registry_models && og_covers(x, (double)ro->registry_models);
+    uint64_t reg = og_registry_bytes(x);
+    return reg && og_covers(x, (double)reg);
 }
 /* NCCL's own memory: it failed, or the job was in a collective, or it holds all of the growth */
 static bool comm_holds_growth(const rctx_t *x) { return HAS(GROWTH) && x->f->comm_holds_growth; }
@@ -772,6 +807,10 @@ static const og_rank_row_t bring[] = {
       "retry_in_except (blind); (unit tests: phase_oom_handler)" },
     { "checkpoint_restore", checkpoint_restore, WANT, 0, 0, REMS(R_MAP_CPU), "phase loading, torch.load on the stack",
       "(unit tests: phase_checkpoint_restore)" },
+    { "checkpoint_kept", checkpoint_kept, WANT, 0, 0, REMS(R_MAP_CPU, R_RELEASE_REFS),
+      "roles: holders of purpose checkpoint copying parameters or optimizer state (roles.ckpt_copy) >= shortfall, "
+      "not phase loading, no optimizer step made, no snapshot statement",
+      "tinyllama_resume_ckpt_left_on_gpu (blind); (unit tests: checkpoint_kept_after_load)" },
     { "loading_phase", loading_weights_phase, WANT, 0, 0, REMS(R_LOAD_HALF, R_QUANT, R_OFFLOAD), "phase loading",
       "(unit tests: phase_loading_weights)" },
     { "optimizer_state", optimizer_state, WANT, 0, 0, REMS(R_OPT_8BIT, R_ZERO, R_OFFLOAD),
@@ -836,8 +875,9 @@ static const og_rank_row_t bring[] = {
       "cause growth, roles: largest holder kept across calls is a dict/cache >= shortfall",
       "dict_cache_embeddings (blind)" },
     { "model_registry", model_registry, WANT, 0, 0, REMS(R_BOUNDED_CACHE),
-      "roles.models: >= 2 models of a class held only as a map's entries (NAME[key]) >= shortfall",
-      "tenant_finetunes_full_copies_resident_a100_40gb (blind)" },
+      "roles.models: >= 2 models of a class held only as a map's entries (NAME[key]) >= shortfall; or, not "
+      "training, >= 2 models of any classes each held only by key, none running (roles.keyed_models)",
+      "tenant_finetunes_full_copies_resident_a100_40gb, voice_gateway_four_models_lazy_loaded_l4 (blind)" },
     { "communication", communication, WANT, 0, 0, REMS(R_REUSE_PG, R_NCCL_BUF),
       "NCCL's bytes >= shortfall, and NCCL failed, phase collective or NCCL holds the growth",
       "(unit tests: nccl_growth)" },
@@ -1060,6 +1100,9 @@ static const og_rank_row_t lead[] = {
       "retry_in_except (blind)" },
     { "checkpoint_restore_lead", checkpoint_restore, LEAD_COVERS, -24, 0, REMS(R_MAP_CPU),
       "phase loading, torch.load on the stack", "(unit tests: phase_checkpoint_restore)" },
+    { "checkpoint_kept_lead", checkpoint_kept, LEAD_COVERS, -35, 1, REMS(R_MAP_CPU, R_RELEASE_REFS),
+      "as checkpoint_kept (load it to host memory, or drop it once loaded)",
+      "tinyllama_resume_ckpt_left_on_gpu (blind); (unit tests: checkpoint_kept_after_load)" },
     { "communication_settings_lead", comm_settings_cover, LEAD_COVERS, -23, 0, REMS(R_NCCL_BUF),
       "NCCL_BUFFSIZE above its 4 MiB default, NCCL's bytes beyond what the default would hold >= shortfall",
       "megatron_nccl_buffsize_tuning_env (blind); (unit tests: nccl_settings)" },
@@ -1233,6 +1276,8 @@ static void estimate(rank_t *k, const rctx_t *x)
     cover[R_RELEASE_REFS] = x->growth_rise ? (double)x->growth_rise : -1;
     if (kept_graphs(x) && (double)roles_of(x)->kept_graphs > cover[R_RELEASE_REFS]) /* the earlier batches' graphs */
         cover[R_RELEASE_REFS] = (double)roles_of(x)->kept_graphs;
+    if (kept_grower(x) && (double)kept_grower(x) > cover[R_RELEASE_REFS]) /* all that the growth's holder keeps */
+        cover[R_RELEASE_REFS] = (double)kept_grower(x);
     cover[R_EXPANDABLE] = HAS(FRAG) && x->cached_known && x->cached ? (double)x->cached : -1;
     if (live >= 0) {
         cover[R_INFERENCE] = 0.3 * live;
@@ -1268,6 +1313,8 @@ static void estimate(rank_t *k, const rctx_t *x)
      * bound: unknown when it does not cover) */
     if (ro->known && ro->act_known && og_covers(x, (double)ro->working))
         cover[R_RETRY_OUTSIDE] = cover[R_MAP_CPU] = (double)ro->working;
+    if (checkpoint_kept(x)) /* the checkpoint's copy kept after the load */
+        cover[R_MAP_CPU] = cover[R_RELEASE_REFS] = (double)ro->ckpt_copy;
     if (ro->known && ro->params) {
         /* half of the float32 weights, and of their gradients (a parameter's gradient has its dtype); the
          * dtypes not measured: half of them all, if they load as float32 */
@@ -1317,8 +1364,8 @@ static void estimate(rank_t *k, const rctx_t *x)
         cover[R_RESTART] = 0;
     cover[R_GRAPH_SHAPES] = graph_pools(x) ? 0.5 * (double)graph_pool_bytes(x) : -1;
     cover[R_BOUNDED_CACHE] = ro->keeper >= 0 ? 0.9 * (double)ro->keeper_bytes : -1;
-    if (model_registry(x) && (double)ro->registry_models > cover[R_BOUNDED_CACHE]) /* every entry can be evicted */
-        cover[R_BOUNDED_CACHE] = (double)ro->registry_models;
+    if (model_registry(x) && (double)og_registry_bytes(x) > cover[R_BOUNDED_CACHE]) /* every entry can be evicted */
+        cover[R_BOUNDED_CACHE] = (double)og_registry_bytes(x);
     if (x->f->comm_lib >= 0) {
         cover[R_REUSE_PG] = comm_holds_growth(x) ? (double)x->f->comm_bytes : 0.5 * (double)x->f->comm_bytes;
         /* the buffers beyond the default's when the environment enlarged them; else half of them (2 MiB) */

@@ -683,6 +683,21 @@ static bool b_dataset_on_cpu(const rctx_t *x, og_remedy_t *r)
     return true;
 }
 
+/* the checkpoint kept after its load (og_checkpoint_kept): name its holder, what it copies and its bytes */
+static void checkpoint_kept_why(const rctx_t *x, og_remedy_t *r)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    const og_role_holder_t *h = &x->rec->memory.fw.roles.holders[ro->ckpt_holder];
+    char lb[160], copy[sizeof h->copy_of];
+    const char *label = holder_label(x, ro->ckpt_holder, lb, sizeof lb);
+    og_cpy(copy, sizeof copy, h->copy_of, sizeof copy);
+    why(r,
+        "%s holds %s on the GPU, a copy of the %s: a checkpoint torch.load put back on the device it was saved "
+        "from. load_state_dict copied it into the model, yet the copy stays while the name refers to it.",
+        label ? label : "A checkpoint", og_hb((double)ro->ckpt_copy).s,
+        strcmp(copy, "optimizer_state") == 0 ? "optimizer state" : "parameters");
+}
+
 static bool b_release_references(const rctx_t *x, og_remedy_t *r)
 {
     const og_growth_facts_t *g = &x->f->growth;
@@ -721,6 +736,16 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
         how(r, "%s: keep loss.item() (a number), or output.detach().cpu(), not the tensor: its graph goes",
             name[0] ? name : "the holder");
         how(r, "%swith torch.no_grad():   # and model.eval(): the evaluation builds no graph at all", pt(x));
+        return true;
+    }
+    if (!grew && og_checkpoint_kept(x)) {
+        checkpoint_kept_why(x, r);
+        char name[sizeof x->rec->memory.fw.roles.holders[0].name];
+        og_cpy(name, sizeof name, x->rec->memory.fw.roles.holders[x->f->roles.ckpt_holder].name, sizeof name);
+        why(r, " Drop it once loaded.");
+        how(r, "%sdel %s   # right after model.load_state_dict(...) and optimizer.load_state_dict(...)", pt(x),
+            name[0] ? name : "ckpt");
+        how(r, "%sgc.collect(); torch.cuda.empty_cache()   # if a reference cycle still holds it", pt(x));
         return true;
     }
     if (!grew && og_previous_copy(x)) {
@@ -1693,6 +1718,16 @@ static bool b_retry_outside_except(const rctx_t *x, og_remedy_t *r)
 
 static bool b_map_location_cpu(const rctx_t *x, og_remedy_t *r)
 {
+    if (og_checkpoint_kept(x)) {
+        checkpoint_kept_why(x, r);
+        why(r, " Loaded to host memory, it costs the GPU nothing.");
+        HOWS(x, r,
+             { PT, "ckpt = torch.load(path, map_location=\"cpu\")   # then model.load_state_dict(ckpt[\"model\"])" },
+             { PT, "optimizer.load_state_dict(ckpt[\"optimizer\"]); del ckpt   # the optimizer moves its state to "
+                   "its parameters' device" },
+             { ANY, "safetensors: load_file(path, device=\"cpu\")" });
+        return true;
+    }
     why_in_phase(x, r, "The failure came while restoring a checkpoint",
                  ": torch.load puts every tensor back on the device it was saved from, so the checkpoint's copy of "
                  "the weights and optimizer state lands on the GPU beside the model and optimizer it is loaded into",
@@ -2034,11 +2069,54 @@ static bool registry_text(const rctx_t *x, og_remedy_t *r)
     return true;
 }
 
+/* different models held by key, none running (og_role_facts_t.keyed_models): name the map and each idle model,
+ * say what the one arriving needs, and how to keep only the models in use on the GPU */
+static bool keyed_models_text(const rctx_t *x, og_remedy_t *r)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    const og_roles_t *rr = &x->rec->memory.fw.roles;
+    char names[sizeof rr->models[0].names];
+    og_cpy(names, sizeof names, rr->models[ro->keyed_group].names, sizeof names);
+    char *cut = strchr(names, ',');
+    if (cut)
+        *cut = 0;
+    if ((cut = strstr(names, "[key]")) != NULL) /* the map itself */
+        *cut = 0;
+    why(r, "%s keeps %d idle models on the GPU by key:", names, ro->keyed_count);
+    int nm = rr->nmodels < 0 ? 0 : rr->nmodels > 6 ? 6 : rr->nmodels, listed = 0;
+    for (int i = 0; i < nm; i++) {
+        char cls[sizeof rr->models[0].cls], ni[sizeof rr->models[0].names];
+        og_cpy(ni, sizeof ni, rr->models[i].names, sizeof ni);
+        og_cpy(cls, sizeof cls, rr->models[i].cls, sizeof cls);
+        if (rr->models[i].running || rr->models[i].named < 1 || !strstr(ni, "[key]"))
+            continue;
+        if (listed == 3) {
+            why(r, ", ...");
+            break;
+        }
+        why(r, "%s %s (%s)", listed++ ? "," : "", cls[0] ? cls : "a model", og_hb((double)rr->models[i].bytes).s);
+    }
+    why(r, "; %s in all", og_hb((double)ro->keyed_models).s);
+    if (ro->arriving)
+        why(r, ", and the model being loaded holds %s so far", og_hb((double)ro->arriving).s);
+    why(r, ". Keep only the models in use on the GPU: evict an idle one before loading the next.");
+    HOWS(x, r,
+         { PT, "old = MODELS.pop(key); old.to(\"cpu\"); del old; torch.cuda.empty_cache()   # evict an idle model "
+               "before loading another (host RAM: back on the GPU in seconds)" },
+         { ANY, "while resident_bytes + next_bytes > budget: evict the least recently used model   # an LRU "
+                "bounded by memory, not by a count" },
+         { ANY, "Or serve the models from separate processes or GPUs, each sized for its own model" });
+    return true;
+}
+
 static bool b_bounded_cache(const rctx_t *x, og_remedy_t *r)
 {
     const og_role_facts_t *ro = &x->f->roles;
     if (ro->registry_group >= 0 && (ro->keeper < 0 || ro->registry_models >= ro->keeper_bytes))
         return registry_text(x, r);
+    if (!ro->registry_models && ro->keyed_group >= 0 && og_registry_bytes(x) &&
+        (ro->keeper < 0 || ro->keyed_models >= ro->keeper_bytes))
+        return keyed_models_text(x, r);
     char lb[160];
     const char *label = holder_label(x, x->f->roles.keeper, lb, sizeof lb);
     why(r, "%s keeps %s of tensors on the GPU from one step to the next", label ? label : "A cache",

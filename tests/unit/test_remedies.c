@@ -1372,6 +1372,87 @@ static void model_registry_bounded(void **state)
     free(r);
 }
 
+/* a serving process keeps different models by key (MODELS["asr"], MODELS["llm"]), none running, and the next one
+ * fails while loading: evict the idle ones first (bounded_cache, its text naming the map and each model); one model
+ * by key is a name, not a map of models; in a training job models by key are used together (a GAN): not a cache */
+static void keyed_models_evicted(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->device.free_bytes, 128 * MiB);
+    og_set(&r->event.requested_bytes, 416 * MiB);
+    fixture_roles(r, 23 * GiB + 512 * MiB, 0, 0, 0, 0, 0);
+    fixture_model(r, "LlamaForCausalLM", 15 * GiB, 1, true);
+    fixture_model_held(r, 1, 0, "MODELS[key]");
+    fixture_model(r, "LlamaForCausalLM", 4 * GiB + 512 * MiB, 1, true);
+    fixture_model_held(r, 0, 1, "");
+    fixture_model(r, "Whisper", 3 * GiB, 1, true);
+    fixture_model_held(r, 1, 0, "MODELS[key]");
+    fixture_model(r, "Embedder", 1 * GiB, 1, true);
+    fixture_model_held(r, 1, 0, "MODELS[key]");
+    fixture_phase(r, "loading", "/w/gateway.py", "from_pretrained");
+    r->memory.fw.grad_enabled = -1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.keyed_models, 19 * GiB);
+    assert_int_equal(r->analysis.facts.roles.keyed_count, 3);
+    assert_int_equal(r->analysis.facts.roles.registry_models, 0);
+    assert_string_equal(r->remedies[0].id, "bounded_cache");
+    assert_non_null(strstr(r->remedies[0].why, "MODELS keeps 3 idle models"));
+    assert_non_null(strstr(r->remedies[0].why, "Whisper (3.00 GiB)"));
+    assert_true(how_has(&r->remedies[0], "MODELS.pop(key)"));
+    /* the same models in a training job: no cache to evict from */
+    r->memory.fw.training = 1;
+    run_primary(r, "does_not_fit");
+    assert_int_not_equal(rank_of(r, "bounded_cache"), 1);
+    /* one model by key beside the one loading: no map of models */
+    r->memory.fw.training = 0;
+    r->memory.fw.roles.nmodels = 2;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.keyed_models, 0);
+    assert_int_equal(r->analysis.facts.roles.keyed_group, -1);
+    assert_int_not_equal(rank_of(r, "bounded_cache"), 1);
+    free(r);
+}
+
+/* a checkpoint restored onto the GPU and still referenced (ckpt, a local of main) after load_state_dict copied it,
+ * failing in the first backward: load it to host memory or drop it, first, named; after an optimizer step (a
+ * snapshot, not a restore), without a copy of a role, or while loading: not this rule */
+static void checkpoint_kept_after_load(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->device.free_bytes, 150 * MiB);
+    og_set(&r->event.requested_bytes, 168 * MiB);
+    fixture_roles(r, 4 * GiB, 1 * GiB + 512 * MiB, 8 * GiB, 0, 4 * GiB, 5 * GiB + 768 * MiB);
+    fixture_optimizer(r, "AdamW", 8 * GiB);
+    fixture_holder(r, "ckpt", "dict", "local in main (train.py:131)", 4 * GiB);
+    fixture_holder_says(r, "checkpoint", "parameters");
+    fixture_phase(r, "backward", "/w/train.py", "main");
+    r->memory.fw.grad_enabled = 1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.ckpt_copy, 4 * GiB);
+    assert_int_equal(r->analysis.facts.roles.ckpt_holder, 0);
+    assert_string_equal(r->remedies[0].id, "map_location_cpu");
+    assert_string_equal(r->remedies[1].id, "release_references");
+    assert_non_null(strstr(r->remedies[0].why, "ckpt (dict, local in main (train.py:131)) holds 4.00 GiB"));
+    assert_true(how_has(&r->remedies[0], "map_location=\"cpu\""));
+    assert_true(how_has(&r->remedies[1], "del ckpt"));
+    /* an optimizer step ran: a copy made while training is a snapshot, not a restore */
+    r->memory.fw.training = 1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "map_location_cpu"), 0);
+    r->memory.fw.training = 0;
+    /* the load itself (phase loading) is checkpoint_restore's */
+    fixture_phase(r, "loading", "/w/train.py", "main");
+    run_primary(r, "does_not_fit");
+    assert_int_not_equal(rank_of(r, "release_references"), 2);
+    fixture_phase(r, "backward", "/w/train.py", "main");
+    /* a dict named ckpt whose blocks copy no role: not the checkpoint's copy */
+    fixture_holder_says(r, "checkpoint", "");
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.ckpt_copy, 0);
+    assert_int_equal(rank_of(r, "map_location_cpu"), 0);
+    free(r);
+}
+
 /* a training job holding a second copy of its model by a name of the running code while it evaluates: evaluate
  * without the copy, no restart; the same copy left over (no name holds it): the previous copy's advice */
 static void eval_copy_first(void **state)
@@ -1931,6 +2012,37 @@ static void growth_names_its_holder(void **state)
     assert_string_equal(r->remedies[0].id, "release_references");
     assert_non_null(strstr(r->remedies[0].why, "after each optimizer step"));
     assert_true(rank_of(r, "eight_bit_optimizer") == 0 || rank_of(r, "eight_bit_optimizer") > 3);
+    free(r);
+}
+
+/* a metric keeps every step's predictions on the GPU (self.preds, a list on the metric): the window of steps the
+ * optimizer reports rose less than the shortfall, but releasing the holder frees all it keeps since the first step,
+ * so release_references leads, named, before the activation remedies; a holder whose name says it is a cache (its
+ * own lever) is not counted */
+static void growth_holder_kept_covers(void **state)
+{
+    og_record_t *r = base();
+    r->history.nevents = 0;
+    og_set(&r->device.free_bytes, 40 * MiB);
+    og_set(&r->event.requested_bytes, 640 * MiB);
+    fixture_roles(r, 4 * GiB, 4 * GiB, 512 * MiB, 0, 10 * GiB, 3 * GiB + 512 * MiB);
+    fixture_optimizer(r, "Adagrad", 512 * MiB);
+    fixture_steps(r, 996, 32, 18 * GiB, 10 * MiB);
+    fixture_holder(r, "self.preds", "list", "on MultitaskAUROC", 5 * GiB);
+    fixture_holder(r, "self.target", "list", "on MultitaskAUROC", 5 * GiB);
+    fixture_phase(r, "forward", "/w/train.py", "forward");
+    r->memory.fw.grad_enabled = 1;
+    r->memory.fw.training = 1;
+    run_primary(r, "growth");
+    assert_int_equal(r->analysis.facts.roles.grower, 0);
+    assert_string_equal(r->remedies[0].id, "release_references");
+    assert_non_null(strstr(r->remedies[0].why, "It is held by self.preds (list, on MultitaskAUROC) (5.00 GiB)"));
+    assert_true(how_has(&r->remedies[0], "self.preds: keep numbers (.item()) or host copies (.detach().cpu())"));
+    /* named as a cache (a list: no map to bound): the window's rise alone, short of the shortfall */
+    snprintf(r->memory.fw.roles.holders[0].purpose, sizeof r->memory.fw.roles.holders[0].purpose, "cache");
+    snprintf(r->memory.fw.roles.holders[1].purpose, sizeof r->memory.fw.roles.holders[1].purpose, "cache");
+    run_primary(r, "growth");
+    assert_int_not_equal(rank_of(r, "release_references"), 1);
     free(r);
 }
 
@@ -3131,6 +3243,9 @@ int main(void)
         cmocka_unit_test(conv_inference_tiles_first),
         cmocka_unit_test(two_models_one_at_a_time),
         cmocka_unit_test(model_registry_bounded),
+        cmocka_unit_test(keyed_models_evicted),
+        cmocka_unit_test(checkpoint_kept_after_load),
+        cmocka_unit_test(growth_holder_kept_covers),
         cmocka_unit_test(eval_copy_first),
         cmocka_unit_test(eval_copy_under_way_first),
         cmocka_unit_test(kept_graphs_holder_first),
