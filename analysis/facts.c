@@ -1194,7 +1194,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
     const og_roles_t *ro = &r->memory.fw.roles;
     og_role_facts_t *k = &d->roles;
     k->keeper = k->kv = k->dataset_holder = k->registry_group = k->graph_holder = k->keyed_group = -1;
-    k->ckpt_holder = -1;
+    k->ckpt_holder = k->index_holder = -1;
     k->building = OG_PURPOSE_NONE;
     k->operation = OG_OPERATION_NONE;
     if (!r->memory.fw.has || !ro->has)
@@ -1386,6 +1386,11 @@ static void roles(og_facts_t *d, const og_record_t *r)
             if (map_kind(kind))
                 k->local_map = add_sat(k->local_map, h->bytes);
             continue;
+        }
+        if (pu == OG_PURPOSE_index) { /* kept across calls (the locals of running code went on above) */
+            k->index_kept = add_sat(k->index_kept, h->bytes);
+            if (k->index_holder < 0 || h->bytes > ro->holders[k->index_holder].bytes)
+                k->index_holder = i;
         }
         if (pu == OG_PURPOSE_dataset) {
             k->dataset_kept = add_sat(k->dataset_kept, h->bytes);

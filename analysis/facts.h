@@ -131,6 +131,10 @@ typedef struct og_role_facts {
      * function): a dataset kept whole on the device, and the largest such holder (index in roles.holders, -1 none) */
     uint64_t dataset_kept;
     int dataset_holder;
+    /* the same for holders of purpose index (a retriever's vectors, a flat or FAISS index kept on the device): their
+     * bytes and the largest one (index in roles.holders, -1 none) */
+    uint64_t index_kept;
+    int index_holder;
     enum og_purpose building; /* what the failing statement builds (roles.statement) */
     /* the sizes the failing statement read (roles.statement.ints, those >= 128): one of them twice
      * (seq * seq: quadratic in a length, attention scores), one of them three times or more (L * L * L:

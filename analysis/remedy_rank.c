@@ -694,6 +694,15 @@ static bool dataset_on_gpu(const rctx_t *x)
     return ro->known && ro->dataset_kept && x->shortfall && ro->dataset_kept >= x->shortfall && !PRIMARY(GROWTH) &&
            !own_fix_covers(x) && !x->larger_than_device;
 }
+/* a search index kept whole on the device (holders of purpose index kept across calls: a retriever's vectors, a flat
+ * index's matrix; facts: roles.index_kept) holds the missing bytes, the memory did not grow: searched from host
+ * memory or stored compressed, it leaves the model its working memory */
+static bool index_on_gpu(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && ro->index_kept && og_covers(x, (double)ro->index_kept) && !PRIMARY(GROWTH) &&
+           !own_fix_covers(x) && !x->larger_than_device;
+}
 /* DistributedDataParallel keeps a flat bucket copy of every gradient (roles.ddp: gradient_as_bucket_view off) */
 static bool ddp_buckets(const rctx_t *x) { return roles_of(x)->ddp_buckets > 0 && x->trains != -1; }
 /* the same, leading unless short, except after a confident growth (a leak fills any card) */
@@ -926,6 +935,9 @@ static const og_rank_row_t bring[] = {
     { "dataset_on_gpu", dataset_on_gpu, WANT, 0, 0, REMS(R_DATASET_CPU),
       "roles: holders of purpose dataset kept across calls (a global, an attribute) >= shortfall, primary not growth",
       "resnet50_whole_dataset_on_gpu_speedrun (blind)" },
+    { "index_on_gpu", index_on_gpu, WANT, 0, 0, REMS(R_INDEX_OFF_GPU),
+      "roles: holders of purpose index kept across calls (a global, an attribute) >= shortfall, primary not growth",
+      "support_rag_flat_fp32_index_beside_llama8b (blind); (unit tests: index_kept_on_the_gpu)" },
     { "ddp_buckets", ddp_buckets, WANT, 0, 0, REMS(R_BUCKET_VIEW),
       "roles.ddp: DistributedDataParallel without gradient_as_bucket_view (its buckets copy the gradients)",
       "ddp_bucket_views_big_batch (blind), ddp_bucket_copy" },
@@ -1186,6 +1198,8 @@ static const og_rank_row_t lead[] = {
       "eval_deepcopy_in_train_loop, eval_on_deepcopy_with_grads_kept (blind), eval_copy_forward" },
     { "dataset_on_gpu_lead", dataset_on_gpu, LEAD_COVERS, -30, 0, REMS(R_DATASET_CPU), "as dataset_on_gpu",
       "resnet50_whole_dataset_on_gpu_speedrun (blind)" },
+    { "index_on_gpu_lead", index_on_gpu, LEAD_COVERS, -30, 0, REMS(R_INDEX_OFF_GPU), "as index_on_gpu",
+      "support_rag_flat_fp32_index_beside_llama8b (blind); (unit tests: index_kept_on_the_gpu)" },
     { "ddp_buckets_lead", ddp_buckets_lead, LEAD_COVERS, -18, 0, REMS(R_BUCKET_VIEW),
       "as ddp_buckets, primary not a confident growth", "ddp_bucket_copy" },
     { "idle_gpu_lead", idle_gpu_lead, LEAD_COVERS, -28, 0, REMS(R_USE_IDLE_GPU),
@@ -1397,6 +1411,7 @@ static void estimate(rank_t *k, const rctx_t *x)
     cover[R_ONE_MODEL] = resident_models(x) ? (double)ro->named_copies : -1;
     cover[R_EVAL_NO_COPY] = eval_copy(x) ? (double)eval_copy_bytes(x) : -1;
     cover[R_BUCKET_VIEW] = ddp_buckets(x) ? (double)ro->ddp_buckets : -1;
+    cover[R_INDEX_OFF_GPU] = index_on_gpu(x) ? (double)ro->index_kept : -1;
     cover[R_DATASET_CPU] = dataset_on_gpu(x)    ? (double)ro->dataset_kept
                            : growing_dataset(x) ? (double)ro->grower_bytes
                                                 : -1;

@@ -683,6 +683,33 @@ static bool b_dataset_on_cpu(const rctx_t *x, og_remedy_t *r)
     return true;
 }
 
+/* a search index kept on the device (facts: roles.index_kept, index_holder): name it, its share of what the process
+ * holds, and what float32 vectors cost against float16 or a compressed index */
+static bool b_index_off_gpu(const rctx_t *x, og_remedy_t *r)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    char lb[160], name[sizeof x->rec->memory.fw.roles.holders[0].name] = "";
+    const char *holder = holder_label(x, ro->index_holder, lb, sizeof lb);
+    if (ro->index_holder >= 0)
+        og_cpy(name, sizeof name, x->rec->memory.fw.roles.holders[ro->index_holder].name, sizeof name);
+    uint64_t held = x->rec->memory.fw.allocated_bytes;
+    why(r, "%s keeps %s of a search index on the GPU", holder ? holder : "The running code",
+        og_hb((double)ro->index_kept).s);
+    if (held >= ro->index_kept && held)
+        why(r, ", %.0f%% of the %s this process holds", 100.0 * (double)ro->index_kept / (double)held,
+            og_hb((double)held).s);
+    if (ro->params)
+        why(r, " beside %s of model weights", og_hb((double)ro->params).s);
+    why(r, ": every request's own memory must fit in what it leaves. Searched from host memory, or stored as "
+           "float16 or a compressed index, it gives most of that back.");
+    const char *n = name[0] ? name : "vectors";
+    how(r, "%s%s = %s.half()   # float16 vectors: half of float32, scores nearly the same", pt(x), n, n);
+    how(r, "index = faiss.IndexFlatIP(dim); index.add(vectors_cpu)   # exact search on the CPU; GPU memory for "
+           "the model");
+    how(r, "faiss.IndexIVFPQ(quantizer, dim, nlist, m, 8)   # a compressed index: bytes per vector m, not 4 x dim");
+    return true;
+}
+
 /* the checkpoint kept after its load (og_checkpoint_kept): name its holder, what it copies and its bytes */
 static void checkpoint_kept_why(const rctx_t *x, og_remedy_t *r)
 {

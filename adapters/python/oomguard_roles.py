@@ -132,6 +132,11 @@ PURPOSES = (
     ("dataset", ("dataset", "datasets", "images", "imgs", "samples", "x_train", "train_x", "x_val", "x_test",
                  "replay", "replay_buffer", "episodes", "transitions"),
      ("*Dataset*", "*ReplayBuffer*", "*Replay*", "*RolloutBuffer*")),
+    # a search index kept on the device: the vectors a retriever searches (a flat index's matrix, FAISS's GPU
+    # index, a vector store), named so or held by an index's class
+    ("index", ("index", "faiss", "vector_index", "flat_index", "ann_index", "search_index", "vector_store",
+               "vectorstore", "corpus_embeddings", "doc_embeddings", "passage_embeddings"),
+     ("*Index*", "*VectorStore*", "*Faiss*", "*Retriever*")),
 )
 
 

@@ -2869,6 +2869,43 @@ static void dataset_kept_on_the_gpu(void **state)
     free(r);
 }
 
+/* a search index kept on the GPU (an attribute of purpose index: a retriever's flat float32 vectors) beside a model
+ * whose generation fails: move or compress the index first, named, its share of the process said; the same bytes
+ * of no purpose, or a local of the running code: not this remedy */
+static void index_kept_on_the_gpu(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->device.free_bytes, 100 * MiB);
+    og_set(&r->event.requested_bytes, 600 * MiB);
+    fixture_roles(r, 8 * GiB, 0, 0, 0, 12 * GiB, 3 * GiB);
+    fixture_holder(r, "self.vectors", "Tensor", "on GpuFlatIndex", 12 * GiB);
+    fixture_holder_says(r, "index", "");
+    fixture_phase(r, "generation", "/w/rag.py", "generate");
+    r->memory.fw.grad_enabled = -1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.index_kept, 12 * GiB);
+    assert_string_equal(r->remedies[0].id, "index_off_gpu");
+    assert_non_null(strstr(r->remedies[0].why, "self.vectors (Tensor, on GpuFlatIndex) keeps 12.00 GiB"));
+    assert_non_null(strstr(r->remedies[0].why, "beside 8.00 GiB of model weights"));
+    assert_true(how_has(&r->remedies[0], "self.vectors = self.vectors.half()"));
+    fixture_holder_says(r, "", "");
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.index_kept, 0);
+    assert_int_equal(rank_of(r, "index_off_gpu"), 0);
+    free(r);
+    r = base();
+    og_set(&r->device.free_bytes, 100 * MiB);
+    og_set(&r->event.requested_bytes, 600 * MiB);
+    fixture_roles(r, 8 * GiB, 0, 0, 0, 12 * GiB, 3 * GiB);
+    fixture_holder(r, "index", "Tensor", "local in search (rag.py:40)", 12 * GiB);
+    fixture_holder_says(r, "index", "");
+    fixture_phase(r, "generation", "/w/rag.py", "generate");
+    r->memory.fw.grad_enabled = -1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "index_off_gpu"), 0);
+    free(r);
+}
+
 /* an evaluation with autograd on inside a training job: every activation kept for a backward that never
  * comes; no_grad / inference_mode first, though the job trains */
 static void evaluation_with_autograd_on(void **state)
@@ -3246,6 +3283,7 @@ int main(void)
         cmocka_unit_test(keyed_models_evicted),
         cmocka_unit_test(checkpoint_kept_after_load),
         cmocka_unit_test(growth_holder_kept_covers),
+        cmocka_unit_test(index_kept_on_the_gpu),
         cmocka_unit_test(eval_copy_first),
         cmocka_unit_test(eval_copy_under_way_first),
         cmocka_unit_test(kept_graphs_holder_first),

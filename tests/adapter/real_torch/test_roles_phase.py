@@ -225,6 +225,7 @@ def t_purposes():
     assert P(("ckpt_model",)) == "checkpoint" and P(("state_dict",)) == "checkpoint"
     assert P(("teacher",)) == "teacher" and P(("self.cache",)) == "cache"
     assert P(("train_images",)) == "dataset" and P(("self.x",), ("Tensor", "ShelfDataset")) == "dataset"
+    assert P(("self.vectors",), ("Tensor", "GpuFlatIndex")) == "index" and P(("faiss_index",)) == "index"
     assert P(("data",)) is None and P(("image_size",)) is None
     assert P(("schema",)) is None and P(("temas",)) is None and P(("t_acts",)) is None and P(()) is None
     build()
