@@ -16,10 +16,10 @@ epochs 2 and 3 the trainer keeps what it returned, per example, in a dict:
             logits = self.policy(batch["input_ids"]).logits
             loss = dpo_loss(logps(logits), ref_logps(ref)); loss.backward(); opt.step(); opt.zero_grad()
 
-Policy (3 GiB) + its gradients (3 GiB) + AdamW state (6 GiB) + the frozen reference (3 GiB) fit easily;
+Policy (3.4 GiB) + its gradients (3.4 GiB) + AdamW state (6.9 GiB) + the frozen reference (3.4 GiB) fit easily;
 one step's policy logits and log-softmax (4.6 GiB each) come and go.  But every batch's reference
-logits (16 x 1024 x 151,936 bf16 = 4.6 GiB) stay in self.ref_logits_cache: about 12 steps into the
-first epoch the policy's forward runs out.  Nothing is wrong with the batch or the model size; memory
+logits (16 x 1024 x 151,936 bf16 = 4.6 GiB) stay in self.ref_logits_cache: on the 12th step of the
+first epoch the log-softmax over the policy's logits runs out.  Nothing is wrong with the batch or the model size; memory
 grew by one batch of cached logits per step.
 
 An expert: the cache holds full-vocabulary logits on the GPU, while DPO needs only one number per
@@ -49,7 +49,8 @@ class DecoderLayer(torch.nn.Module):
 
     def forward(self, hidden):
         out = torch.empty(SEQS * SEQ * HIDDEN * 2, device="cuda")
-        out._saved = hidden
+        if torch.is_grad_enabled():
+            out._saved = hidden             # kept for backward (nothing is saved under no_grad)
         return out
 
 
@@ -68,11 +69,13 @@ class Qwen2ForCausalLM(torch.nn.Module):
 
     def forward(self, input_ids):
         h = torch.empty(SEQS * SEQ * HIDDEN * 2, device="cuda")
-        h._saved = input_ids
+        if torch.is_grad_enabled():
+            h._saved = input_ids
         for layer in self.layers:
             h = layer(h)
         logits = torch.empty(SEQS * SEQ * VOCAB * 2, device="cuda")     # tied head, bf16
-        logits._saved = h
+        if torch.is_grad_enabled():
+            logits._saved = h
         return CausalLMOutput(logits)
 
     @classmethod
