@@ -18,7 +18,7 @@ to max_tokens (or to its longest row, if longer):
             loss = model(**batch).loss
         loss.backward(); optimizer.step(); optimizer.zero_grad()
 
-Weights, gradients and AdamW state (fp32) take 17.4 GiB; a batch of two 8k rows peaks around 31 GiB
+Weights, gradients and AdamW state (fp32) take 18.8 GiB; a batch of two 8k rows peaks around 32 GiB
 (11 GiB of activations with SDPA attention, the logits, the gradients), and 36 steps run.  Then the packer reaches a
 vendored, minified JavaScript bundle of 139,264 tokens: it becomes one row, and the batch (that row
 and an 8k row, padded) is 2 x 139,264 tokens, 17 times the usual.  The forward pass runs out in the
