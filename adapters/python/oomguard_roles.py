@@ -8,6 +8,8 @@ by role at an out-of-memory failure (memory.framework.roles in the dump; docs/du
   graph_pools       live blocks in CUDA-graph private pools (from the allocator snapshot)
   held_by_python    other tensors reachable from a named Python object: an attribute of an object
                     (self.cache), a module global (losses), a list/dict local of a running function;
+                    through its containers and the attributes of the objects it keeps, _DEPTH levels
+                    down (a dict of DynamicCache objects of lists of tensors is the dict's);
                     the largest holders are named, with the line that created their largest tensor
                     when the allocation history is on
   activations       the rest: allocated minus all the above (never negative); tensors autograd
@@ -44,11 +46,13 @@ import os
 import sys
 import threading
 import time
+import types
 
 ROLES = ("parameters", "buffers", "gradients", "optimizer_state", "graph_pools", "held_by_python", "activations")
 TOP_HOLDERS = 8
 TOP_MODELS = 6
-_DEPTH = 3                     # containers followed below a named holder: list of tuples of tensors
+_DEPTH = 4                     # containers and objects followed below a named holder: a dict of objects
+                               # of lists of tensors (tenant -> DynamicCache -> key_cache -> tensor), one more
 _CHECK_EVERY = 2048            # objects between two looks at the clock
 _SAMPLE_OVER = 256             # a larger container is read whole only if one of its first
 _SAMPLE = 32                   # _SAMPLE elements holds a tensor; the same for a class's instances
@@ -344,13 +348,19 @@ class _Scan(object):
             k = self.kinds[tp] = _classify(self.torch, tp, self.exclude)
         return k
 
-    def tensors_in(self, v, depth=_DEPTH):
-        """The tensors in v and in the lists/tuples/dicts/sets it holds, `depth` levels down.  A
-        container of more than _SAMPLE_OVER elements is read whole only when one of its first
-        _SAMPLE elements holds a tensor (a dataset of a million records is not walked)."""
+    def tensors_in(self, v, depth=_DEPTH, seen=None):
+        """The tensors in v and in what it holds, `depth` levels down: the elements of lists, tuples,
+        sets and deques, the values of dicts, and the attributes (instance __dict__) of objects that are
+        neither tensors, modules nor optimizers (a DynamicCache kept as a dict's value: dict -> object ->
+        list -> tensor).  A container of more than _SAMPLE_OVER elements is read whole only when one of
+        its first _SAMPLE elements holds a tensor (a dataset of a million records is not walked); a
+        container or object below the depth is not read; both count in `sampled` (read in part).  Each
+        container and object is read once per call, at its shallowest (`seen`: shared references, cycles)."""
         out = []
         stack = [(v, depth)]
         kinds = self.kinds
+        if seen is None:
+            seen = {}                     # id -> the most levels left when it was read
         while stack:
             x, d = stack.pop()
             self.ticks += 1
@@ -359,15 +369,26 @@ class _Scan(object):
             tp = type(x)
             if tp in _ATOMS:
                 continue
-            if tp in _CONTAINERS or tp in _MAPPINGS or isinstance(x, (list, tuple, dict)):
-                if d <= 0:
+            # by the type: isinstance would read x.__class__ through the class's own __getattribute__
+            if tp in _CONTAINERS or tp in _MAPPINGS or issubclass(tp, (list, tuple, dict)):
+                if not len(x):
                     continue
-                items = x.values() if isinstance(x, dict) else x
+                if d <= 0:
+                    self.sampled += 1
+                    continue
+                if seen.get(id(x), -1) >= d:
+                    continue
+                seen[id(x)] = d
+                items = x.values() if issubclass(tp, dict) else x
                 if len(x) > _SAMPLE_OVER:
-                    head = list(itertools.islice(items, _SAMPLE))
-                    if not any(self.tensors_in(y, d - 1) for y in head):
+                    got = []
+                    for y in list(itertools.islice(items, _SAMPLE)):
+                        got.extend(self.tensors_in(y, d - 1, seen))
+                    if not got:
                         self.sampled += 1
                         continue
+                    out.extend(got)
+                    items = itertools.islice(items, _SAMPLE, None)
                 stack.extend((y, d - 1) for y in items)
                 continue
             k = kinds.get(tp)
@@ -375,7 +396,32 @@ class _Scan(object):
                 k = self.kind(tp)
             if k == "tensor" or k == "parameter":
                 out.append(x)
+            elif k == "user" or (k == "" and tp.__module__ != "builtins"):
+                attrs = self.attributes(x)
+                if not attrs:
+                    continue
+                if d <= 0:
+                    self.sampled += 1
+                    continue
+                if seen.get(id(x), -1) >= d:
+                    continue
+                seen[id(x)] = d
+                stack.extend((y, d - 1) for y in attrs)
         return out
+
+    def attributes(self, x):
+        """The values of an object's instance dictionary (its own attributes; no property, __getattr__
+        or __getattribute__ of its class is run), those that are not plain values; () for an object
+        without one (a function, a C object) or whose dictionary is not a dict."""
+        try:
+            if issubclass(type(x), (type, types.ModuleType)):   # a class, a (lazy) module: not a holder's content
+                return ()
+            d = object.__getattribute__(x, "__dict__")
+            if type(d) is not dict or not d:
+                return ()
+            return [y for y in list(d.values()) if type(y) not in _ATOMS]
+        except Exception:
+            return ()
 
 
 def _classify(torch, tp, exclude):

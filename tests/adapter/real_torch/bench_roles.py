@@ -1,11 +1,12 @@
 """The cost of splitting allocated bytes by role (adapters/python/oomguard_roles.py) on a large
 heap, with the real torch (CPU tensors stand in for the failing device):
 
-    python3 bench_roles.py [OBJECTS [TENSORS]]      default 1000000 Python objects, 100000 tensors
+    python3 bench_roles.py [OBJECTS [TENSORS [nested]]]   default 1000000 Python objects, 100000 tensors
 
 The tensors: a fifth parameters (in modules of 10), their gradients, AdamW's two state tensors
-each after a real step, and the rest in a global list; the objects: a dataset of small user
-objects in a global list.  Prints the scan's time with no budget and whether the default budget
+each after a real step, and the rest in a global list (with `nested`: in a global dict of objects
+each keeping a list of 8 of them, a cache of past_key_values by key); the objects: a dataset of
+small user objects in a global list.  Prints the scan's time with no budget and whether the default budget
 (OOMGUARD_ROLES_BUDGET_MS, 200 ms) finishes it; docs/pytorch-adapter.md quotes the figures."""
 import os
 import sys
@@ -18,6 +19,7 @@ import oomguard_roles  # noqa: E402
 
 OBJECTS = int(sys.argv[1]) if len(sys.argv) > 1 else 1000000
 TENSORS = int(sys.argv[2]) if len(sys.argv) > 2 else 100000
+NESTED = len(sys.argv) > 3 and sys.argv[3] == "nested"
 
 
 class Item(object):
@@ -39,6 +41,13 @@ opt = torch.optim.AdamW(blocks.parameters(), foreach=False) if "foreach" in torc
     else torch.optim.AdamW(blocks.parameters())
 opt.step()
 cache = [torch.zeros(16) for _ in range(TENSORS - 4 * nparams)]
+if NESTED:
+    entries = {}
+    for i in range(0, len(cache), 8):
+        e = Item(i)
+        e.key_cache = cache[i:i + 8]
+        entries["key-%d" % i] = e
+    cache = entries
 dataset = [Item(i) for i in range(OBJECTS)]
 
 

@@ -153,6 +153,112 @@ def t_roles():
     assert enc.split("optimizer\tAdamW\t")[1].split("\n")[0].endswith("\t%d" % truth["parameters"]), enc
 
 
+class PrefixCache(object):
+    """transformers' DynamicCache: a key and a value tensor per layer, in two lists."""
+
+    def __init__(self, n, owner=None):
+        self.key_cache = [empty(n) for _ in range(3)]
+        self.value_cache = [empty(n) for _ in range(3)]
+        self.owner = owner                               # a reference back to the service: a cycle
+
+
+class Layer(object):
+    def __init__(self, n):
+        self.keys, self.values = empty(n), empty(n)
+
+
+class LayeredCache(object):
+    """The newer transformers cache: a list of layer objects, each with its tensors (four levels down)."""
+
+    def __init__(self, n):
+        self.layers = [Layer(n), Layer(n)]
+
+
+class Guarded(object):
+    """An object whose attribute access runs code that raises: its own dictionary is read all the same."""
+
+    def __init__(self, n):
+        self.t = empty(n)
+
+    def __getattribute__(self, k):
+        raise RuntimeError("attribute access is not for the role scan")
+
+
+class ChatService(object):
+    def __init__(self):
+        self.prefix_cache = {}
+
+
+NESTED = ("service", "pairs", "by_user", "layered", "guarded", "too_deep", "kv_views")
+
+
+def t_nested_holders():
+    """Tensors two and more levels inside a holder (a dict of objects of lists, a list of tuples, a dict of
+    dicts, a dict of objects of lists of objects) are the outermost named holder's, each storage once; a
+    tensor both in the dict and in the object the running code holds now is the dict's; a holder deeper than
+    the walk goes is not counted and says it was read in part."""
+    truth, holders = build()
+    g = globals()
+    try:
+        g["service"] = ChatService()
+        for i, n in enumerate((100, 200, 300)):
+            service.prefix_cache["tenant-%d" % i] = PrefixCache(n, service)
+        g["pairs"] = [(empty(10), empty(20)), (empty(30), empty(40))]
+        g["by_user"] = {"a": {"x": empty(50)}, "b": {"y": empty(60), "z": [empty(70)]}}
+        g["layered"] = {"t": LayeredCache(80)}
+        g["guarded"] = {"g": Guarded(90)}
+        g["too_deep"] = {"a": {"b": {"c": {"d": {"e": empty(1000)}}}}}
+        g["kv_views"] = [service.prefix_cache["tenant-0"].key_cache[0].view(-1)]    # the dict's storage: once
+        current = PrefixCache(1)                          # the cache in use now: one tensor of the dict's, one new
+        current.key_cache = [service.prefix_cache["tenant-1"].key_cache[0], empty(5)]
+        current.value_cache = []
+        r = measure(None)
+        want = dict(holders)
+        want.update({
+            "self.prefix_cache (dict on ChatService)": 6 * (100 + 200 + 300) * 4,
+            "pairs (list, global in test_roles_phase.py)": (10 + 20 + 30 + 40) * 4,
+            "by_user (dict, global in test_roles_phase.py)": (50 + 60 + 70) * 4,
+            "layered (dict, global in test_roles_phase.py)": 4 * 80 * 4,
+            "guarded (dict, global in test_roles_phase.py)": 90 * 4,
+            "self.key_cache (list on PrefixCache)": 5 * 4,
+        })
+        named = dict((h[0], h[4]) for h in r["holders"])
+        assert named == want, named
+        assert r["roles"]["held_by_python"][0] == truth["held_by_python"] + sum(want.values()) - sum(
+            holders.values()), (r["roles"]["held_by_python"], want)
+        assert r["complete"] is True and r["sampled"] >= 1, r          # too_deep: read in part, not counted
+        assert [h[7] for h in r["holders"] if h[0].startswith("self.key_cache")] == ["kv_cache"], r["holders"]
+        del current
+    finally:
+        for k in NESTED:
+            g.pop(k, None)
+
+
+def t_nested_bounded():
+    """A dict of 100,000 objects none of which holds a tensor (a dataset of records) is read in part; one of
+    20,000 objects each with a list of a tensor is read whole; a budget too small stops the walk and says so."""
+    build()
+    g = globals()
+    try:
+        g["records"] = dict((i, Layer.__new__(Layer)) for i in range(100000))
+        for i, o in g["records"].items():
+            o.keys = [i, str(i)]
+        g["service"] = ChatService()
+        for i in range(20000):
+            c = PrefixCache.__new__(PrefixCache)
+            c.key_cache, c.value_cache = [empty(1)], []
+            service.prefix_cache[i] = c
+        r = measure(None)
+        named = dict((h[0], h[4]) for h in r["holders"])
+        assert named["self.prefix_cache (dict on ChatService)"] == 20000 * 4, named
+        assert r["complete"] is True and r["sampled"] >= 1 and r["elapsed_ms"] < 5000, r["elapsed_ms"]
+        r = oomguard_roles.measure(torch, 0, 10 ** 9, on_device=on_device, round_to=1, budget=0.002)
+        assert r["complete"] is True or (r["roles"]["activations"][0] is None and "budget" in r["why"]), r
+    finally:
+        for k in NESTED + ("records",):
+            g.pop(k, None)
+
+
 def t_dtypes_optimizer_before_step():
     """Parameters of two dtypes are told apart (float32 weights of a half-precision checkpoint); an optimizer
     made for the model holds its parameters before any step ran (no state, no gradient: the job trains)."""
@@ -519,6 +625,9 @@ check("the standard library's frames are not the program's line; the operation t
 check("backward() on a tensor with no graph raises PyTorch's RuntimeError, no gradient made", t_backward_without_graph)
 check("a deep copy under way: the operation copy, and the bytes its memo holds so far", t_copy_made)
 check("a device test that raises never raises out of the role code", t_never_raises)
+check("tensors inside a holder's objects and nested containers: the outermost named holder's, once", t_nested_holders)
+check("nested holders within bounds: 100,000 records read in part, 20,000 cached objects whole, the budget said",
+      t_nested_bounded)
 
 
 # ------------------------------------------------------------------------------ the phase, real torch only
