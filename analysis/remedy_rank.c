@@ -306,6 +306,22 @@ static bool growth_in_a_cache(const rctx_t *x)
     return HAS(GROWTH) && ro->keeper >= 0 && ro->keeper_map && og_covers(x, (double)ro->keeper_bytes);
 }
 static bool growth_in_a_cache_primary(const rctx_t *x) { return PRIMARY(GROWTH) && growth_in_a_cache(x); }
+/* a map kept across calls (facts: roles.keeper, a dict or another cache; its name says cache or nothing, no copy of
+ * a role) holding the missing bytes, more than the running code's tensors and more than any rise the steps read (a
+ * prefill building its KV cache is a rise within one call): entries kept from earlier calls, never evicted, take
+ * the room each call needs */
+static bool cache_kept(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    if (!ro->known || ro->keeper < 0 || !ro->keeper_map || !og_covers(x, (double)ro->keeper_bytes))
+        return false;
+    const og_role_holder_t *h = &x->rec->memory.fw.roles.holders[ro->keeper];
+    char purpose[sizeof h->purpose];
+    og_cpy(purpose, sizeof purpose, h->purpose, sizeof purpose);
+    enum og_purpose pu = og_purpose_of(purpose);
+    return (pu == OG_PURPOSE_NONE || pu == OG_PURPOSE_cache) && !h->copy_of[0] && ro->keeper_bytes > ro->working &&
+           (!HAS(GROWTH) || ro->keeper_bytes > x->f->growth.rise) && !own_fix_covers(x) && !x->larger_than_device;
+}
 /* the models a registry by key keeps resident: a registry of one class (roles.registry_models), else different
  * models held by key and idle (roles.keyed_models) in a job not known to train (models a training step uses
  * together, a GAN's generator and discriminator, are no cache to evict from); 0 none */
@@ -883,6 +899,10 @@ static const og_rank_row_t bring[] = {
     { "growth_in_a_cache", growth_in_a_cache, WANT, 0, 0, REMS(R_BOUNDED_CACHE),
       "cause growth, roles: largest holder kept across calls is a dict/cache >= shortfall",
       "dict_cache_embeddings (blind)" },
+    { "cache_kept", cache_kept, WANT, 0, 0, REMS(R_BOUNDED_CACHE),
+      "roles: the largest holder kept across calls is a dict/cache >= shortfall, named cache or nothing, no copy of a "
+      "role, > the running code's tensors and > any growth's rise",
+      "tenant_prefix_kv_cache_dict_never_evicted (blind); (unit tests: cache_kept_across_calls)" },
     { "model_registry", model_registry, WANT, 0, 0, REMS(R_BOUNDED_CACHE),
       "roles.models: >= 2 models of a class held only as a map's entries (NAME[key]) >= shortfall; or, not "
       "training, >= 2 models of any classes each held only by key, none running (roles.keyed_models)",
@@ -1142,6 +1162,9 @@ static const og_rank_row_t lead[] = {
       "tenant_finetunes_full_copies_resident_a100_40gb (blind)" },
     { "bounded_cache_lead", growth_in_a_cache_primary, LEAD_COVERS, -22, 0, REMS(R_BOUNDED_CACHE),
       "primary growth, the same as growth_in_a_cache", "dict_cache_embeddings (blind)" },
+    { "cache_kept_lead", cache_kept, LEAD_COVERS, -28, 0, REMS(R_BOUNDED_CACHE),
+      "as cache_kept (ahead of a generation's working set: the entries kept from earlier calls take its room)",
+      "tenant_prefix_kv_cache_dict_never_evicted (blind); (unit tests: cache_kept_across_calls)" },
     { "graph_pools_lead", graph_pools_lead, LEAD_COVERS, -21, 0, REMS(R_GRAPH_SHAPES),
       "graph pools as in graph_pools, primary does_not_fit, cache_held, fragmentation or growth",
       "cuda_graph_shapes (blind)" },

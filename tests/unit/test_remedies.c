@@ -2869,6 +2869,37 @@ static void dataset_kept_on_the_gpu(void **state)
     free(r);
 }
 
+/* a dict kept across requests (self.prefix_cache on a service) holds earlier requests' KV prefixes, never evicted,
+ * and the next prefill fails: the prefill's own growth reads as a generation's working set, yet the map holds far
+ * more than that rise, so bounding it leads; the same map no larger than the rise, or named as a dataset: not */
+static void cache_kept_across_calls(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->device.free_bytes, 20 * MiB);
+    og_set(&r->event.requested_bytes, 24 * MiB);
+    fixture_roles(r, 8 * GiB, 0, 0, 0, 14 * GiB + 512 * MiB, 0);
+    fixture_holder(r, "self.prefix_cache", "dict", "on ChatService", 13 * GiB);
+    fixture_holder_says(r, "cache", "");
+    fixture_holder(r, "self.key_cache", "list", "on DynamicCache", 768 * MiB);
+    fixture_holder_says(r, "kv_cache", "");
+    fixture_holder(r, "self.value_cache", "list", "on DynamicCache", 768 * MiB);
+    fixture_holder_says(r, "kv_cache", "");
+    fixture_phase(r, "generation", "/w/chat.py", "generate");
+    r->memory.fw.grad_enabled = -1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.keeper, 0);
+    assert_string_equal(r->remedies[0].id, "bounded_cache");
+    assert_non_null(strstr(r->remedies[0].why, "self.prefix_cache (dict, on ChatService) keeps 13.00 GiB"));
+    /* the same map of a dataset's tensors: not a cache to bound */
+    fixture_holder_says(r, "", "");
+    snprintf(r->memory.fw.roles.holders[0].purpose, sizeof r->memory.fw.roles.holders[0].purpose, "dataset");
+    snprintf(r->memory.fw.roles.holders[1].purpose, sizeof r->memory.fw.roles.holders[1].purpose, "kv_cache");
+    snprintf(r->memory.fw.roles.holders[2].purpose, sizeof r->memory.fw.roles.holders[2].purpose, "kv_cache");
+    run_primary(r, "does_not_fit");
+    assert_int_not_equal(rank_of(r, "bounded_cache"), 1);
+    free(r);
+}
+
 /* a search index kept on the GPU (an attribute of purpose index: a retriever's flat float32 vectors) beside a model
  * whose generation fails: move or compress the index first, named, its share of the process said; the same bytes
  * of no purpose, or a local of the running code: not this remedy */
@@ -3284,6 +3315,7 @@ int main(void)
         cmocka_unit_test(checkpoint_kept_after_load),
         cmocka_unit_test(growth_holder_kept_covers),
         cmocka_unit_test(index_kept_on_the_gpu),
+        cmocka_unit_test(cache_kept_across_calls),
         cmocka_unit_test(eval_copy_first),
         cmocka_unit_test(eval_copy_under_way_first),
         cmocka_unit_test(kept_graphs_holder_first),
