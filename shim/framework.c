@@ -421,6 +421,7 @@ OG_EXPORT int oomguard_framework_oom(const oomguard_framework_stats_t *s)
     og_in_shim++;
     if (driver_failed) {
         og_oom_refresh(device); /* the driver's failure is the event; these are its numbers */
+        og_oom_final(device);   /* and the framework gave up on it: no later success recovers it */
     } else if (device >= 0 && device < OG_MAX_DEVICES) {
         /* No call reached the driver: the framework's allocator refused the request itself. */
         og_episode_t ep;

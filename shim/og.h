@@ -342,6 +342,7 @@ typedef struct og_episode {
     int result;                       /* CUresult the caller got */
     bool by_limit;                    /* refused by OOMGUARD_LIMIT, the driver never saw it */
     bool recovered;
+    bool allocated_since_attempt; /* a smaller allocation succeeded on the device after the latest attempt */
     uint64_t recovered_requested, recovered_t_ns;
 } og_episode_t;
 
@@ -351,6 +352,7 @@ void og_on_oom(og_call_t *c, uint64_t size, int kind, CUresult r, bool by_limit)
 void og_on_recovered(og_call_t *c, int device, uint64_t size);
 void og_oom_refresh(int device);                         /* new framework numbers: rewrite an open failure's dump */
 bool og_oom_open_recent(int device, uint64_t window_ns); /* unrecovered failure this recent? */
+void og_oom_final(int device); /* the framework raised its error: the open failure will not recover */
 /* site: the freed block's allocation site (OG_SITE_POOL: a pool giving memory back), for
  * counting only what the failing caller's framework released */
 #define OG_SITE_POOL UINT32_MAX

@@ -36,6 +36,12 @@ void og_on_oom(og_call_t *c, uint64_t size, int kind, CUresult r, bool by_limit)
     episode_slot_t *s = &slots[d];
     pthread_mutex_lock(&s->lock);
     og_episode_t *ep = &s->ep;
+    /* A failure of another size after the program allocated on the device again is a new one:
+     * a framework's retry asks for the same size (PyTorch) or backs off without succeeding in
+     * between (XLA); a program that caught the error and tried something else starts over.  The
+     * episode before it ended unrecovered, which the dump layer reads from the new key. */
+    if (atomic_load(&og_episode_open[d]) && ep->allocated_since_attempt && size != ep->requested)
+        atomic_store(&og_episode_open[d], 0);
     if (!atomic_load(&og_episode_open[d])) {
         memset(ep, 0, sizeof *ep);
         ep->device = d;
@@ -48,6 +54,7 @@ void og_on_oom(og_call_t *c, uint64_t size, int kind, CUresult r, bool by_limit)
         atomic_store(&og_episode_open[d], 1);
     }
     ep->attempts++;
+    ep->allocated_since_attempt = false;
     ep->last_t_ns = og_now_ns();
     ep->requested = size;
     ep->requested_known = true; /* the API's argument */
@@ -118,6 +125,7 @@ void og_on_recovered(og_call_t *c, int device, uint64_t size)
     bool in_window = now - s->ep.last_t_ns <= (uint64_t)og_opt.retry_window_ms * 1000000ull;
     if (in_window && size < s->ep.requested / 2) {
         /* a small allocation meanwhile (another thread, a workspace): not the retry */
+        s->ep.allocated_since_attempt = true;
         pthread_mutex_unlock(&s->lock);
         return;
     }
@@ -134,6 +142,22 @@ void og_on_recovered(og_call_t *c, int device, uint64_t size)
     snapshot.recovered_t_ns = og_now_ns();
     pthread_mutex_unlock(&s->lock);
     og_report_recovered(&snapshot, c);
+}
+
+/* The framework's adapter reported the error it raises to the program (PyTorch calls its
+ * out-of-memory observers after its last retry): its release-and-retry is over, so nothing the
+ * program allocates later is that failure's recovery.  A program that catches the error and goes
+ * on (a smaller batch, a skipped step) was still refused: the failure is final now. */
+void og_oom_final(int device)
+{
+    if (device < 0 || device >= OG_MAX_DEVICES)
+        return;
+    episode_slot_t *s = &slots[device];
+    pthread_mutex_lock(&s->lock);
+    bool was = atomic_exchange(&og_episode_open[device], 0);
+    pthread_mutex_unlock(&s->lock);
+    if (was)
+        og_dump_flush_pending(device);
 }
 
 void og_oom_atfork_child(void)

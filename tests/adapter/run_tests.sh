@@ -199,6 +199,14 @@ t_toobig() {
 }
 t "a request larger than the device: memory.framework filled, primary does_not_fit" t_toobig
 
+t_goes_on() { # PyTorch raised: a larger allocation right after, once caught, is no recovery of that failure
+    shim adapter env OOMGUARD_QUIET=0 "$PYTHON" "$JOB" oom-goes-on > a.out 2> a.err || { cat a.err; return 1; }
+    local dump; dump=$(ls dumps/oomguard-*.json)
+    expect "$dump" 'd["status"], d["event"]["requested_bytes"] == 3 << 30' "oom True" &&
+    [ "$(grep -c '^oomguard: .* failed: ' a.err)" = 1 ] || { echo "stderr summaries:"; cat a.err; return 1; }
+}
+t "a caught OOM, then a larger success at once: the dump and stderr keep the failure (not recovered)" t_goes_on
+
 t_multidev() {
     SIMGPU_DEVICES=2 shim adapter "$PYTHON" "$JOB" multidev exp.json || return 1
     "$PYTHON" "$CHECK" dumps exp.json --primary does_not_fit && expect exp.json 'd["expected"]["device"]' 1

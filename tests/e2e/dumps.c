@@ -287,6 +287,16 @@ int main(int argc, char **argv)
         for (int i = 0; i < attempts; i++)
             fail(0);
         return 3;
+    } else if (!strcmp(mode, "caughtretry")) {
+        /* a failure whose caller frees 10 GiB, allocates something smaller and fails on another size:
+         * the program caught the error and tried again, a new failure, not the first one's retry */
+        void *small;
+        void *a = fail_only(0);
+        cudaFree(a);
+        if (cudaMalloc(&small, 1 * GiB) != cudaSuccess)
+            return 94;
+        fail(0);
+        return 3;
     } else if (!strcmp(mode, "faults")) {
         /* a failure nothing recovers from yet, 1000 faults the program's own handler deals with,
          * a recovery on device 1, then the failure again, bigger: it is the last word */

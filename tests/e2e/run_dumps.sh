@@ -238,6 +238,16 @@ shim env OOMGUARD_DIR="$d" "$prog" bothrecover >"$d/out" 2>&1
 n=$(summaries "$d/out")
 result $([ "$n" = 0 ]; echo $?) "device 1 fails while device 0's failure is open, both recover: nothing printed ($n)"
 
+# a caught failure, the program's own release and a smaller success, then a failure of another size:
+# that is a new failure (one attempt, nothing released before it), not the first one's retry
+d=$(fresh caughtretry)
+shim env OOMGUARD_DIR="$d" OOMGUARD_QUIET=1 "$prog" caughtretry >/dev/null 2>&1
+ev=$(python3 -c 'import json,sys; e=json.load(open(sys.argv[1]))["event"]
+print(json.load(open(sys.argv[1]))["status"], e["attempts"], e["released_between_attempts_bytes"], e["requested_bytes"] >> 30)' \
+     "$d"/oomguard-*.json 2>/dev/null)
+result $([ "$ev" = "oom 1 0 64" ]; echo $?) \
+    "a caught failure, 10 GiB freed, a smaller success, then another size fails: a new failure ('$ev': status, attempts, released, GiB)"
+
 # ---------------------------------------------------------------- severity under threads
 echo "== a warning never replaces a failure"
 bad=0

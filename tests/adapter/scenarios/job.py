@@ -15,6 +15,8 @@ Modes:
   async         backend:cudaMallocAsync (set by the caller); dies of an uncaught OOM
   oom-caught    toobig, catches the error and exits 3
   oom-uncaught  toobig, does not catch it (exit status 1, Python's traceback)
+  oom-goes-on   a request of 3 GiB that fails, caught; then the program allocates 1.6 GiB (more than
+                half of it, at once) and ends normally: a failure the program saw, not a recovery
   import-torch  just `import torch` (uncaught if it fails)
   manual-before / manual-after / manual-afterinit
                 `import oomguard_torch` (from $ADAPTER_DIR) before torch, after torch, after CUDA
@@ -174,6 +176,16 @@ if mode in ("toobig", "idempotent", "multidev", "oom-caught", "oom-uncaught", "s
         write({"expected": expected(dev)})
         sys.exit(3 if mode == "oom-caught" else 0)
     sys.exit(2)
+
+if mode == "oom-goes-on":
+    keep.append(torch.empty(120 * MiB, device=0))
+    try:
+        torch.empty(3 << 30, device=0)
+        sys.exit(2)
+    except torch.OutOfMemoryError as e:
+        print("OOM:", str(e).split(".")[0])
+    smaller = torch.empty(1600 * MiB, device=0)
+    sys.exit(0)
 
 if mode == "deepcopy":
     import copy
