@@ -106,6 +106,14 @@ uint64_t og_registry_bytes(const rctx_t *x);
  * any optimizer step) */
 bool og_checkpoint_kept(const rctx_t *x);
 
+/* the cap that refused the request, not the card: the cap is at most the job's state at its optimizer steps and
+ * that state, this pass's activations, the context and the request fit the device without the cap (its free
+ * bytes + what the process holds); U (may be NULL) gets the cap, the state, that need and that room */
+typedef struct og_uncapped {
+    uint64_t cap, state, need, room;
+} og_uncapped_t;
+bool og_cap_not_the_card(const rctx_t *x, og_uncapped_t *u);
+
 /* Row I of the ranking's tables (passes in order) as a line of docs/diagnosis.md's table; 0 past the last. */
 int og_rank_row_text(int i, char *buf, size_t n);
 

@@ -501,6 +501,36 @@ static bool state_exceeds_card(const rctx_t *x)
     return x->trains == 1 && x->capacity && state_at_step(x) >= (double)x->capacity && !own_fix_covers(x) &&
            !x->larger_than_device;
 }
+/* The cap that refused the request, not the card: the cap (OOMGUARD_LIMIT under cause limit, or the framework's
+ * own under framework_cap binding) is at most the job's state at its optimizer steps (state_at_step: no batch of
+ * this job ever fits under it), and that state with this pass's activations, what the process holds outside the
+ * framework (its CUDA context) and the request fits 97% of what the device gives this process without the cap:
+ * its measured free bytes (device.free_bytes: other processes' memory already taken out) plus what the process
+ * holds.  Raising the cap is then the whole fix; shrinking the job is for a cap it could fit under */
+bool og_cap_not_the_card(const rctx_t *x, og_uncapped_t *u)
+{
+    const og_record_t *r = x->rec;
+    og_uncapped_t v = { 0, 0, 0, 0 };
+    if (HAS(LIMIT) && og_known(r->device.limit_bytes))
+        v.cap = r->device.limit_bytes.v;
+    else if (HAS(FWCAP) && x->f->cap.binds)
+        v.cap = x->f->cap.cap;
+    double state = x->trains == 1 ? state_at_step(x) : 0;
+    if (u)
+        *u = v;
+    if (!v.cap || state <= 0 || state < (double)v.cap || !og_known(r->device.free_bytes) || !x->req_known ||
+        !roles_of(x)->act_known)
+        return false;
+    v.state = (uint64_t)state;
+    uint64_t outside = x->footprint > x->tracked ? x->footprint - x->tracked : 0;
+    v.need = add_sat(add_sat(v.state, roles_of(x)->act), add_sat(outside, x->req));
+    v.room = add_sat(r->device.free_bytes.v, x->footprint);
+    if (u)
+        *u = v;
+    return (double)v.need <= 0.97 * (double)v.room;
+}
+static bool limit_not_the_card(const rctx_t *x) { return HAS(LIMIT) && og_cap_not_the_card(x, NULL); }
+static bool fw_cap_not_the_card(const rctx_t *x) { return !HAS(LIMIT) && HAS(FWCAP) && og_cap_not_the_card(x, NULL); }
 /* the weights are float32 (roles.parameters_by_dtype: at least 3/4 of the parameters' bytes) and, with
  * their gradients (which take their dtype), at least half of what the framework holds, outside an optimizer
  * step (whose state is the lever there): loaded in their checkpoint's half precision, weights and gradients
@@ -1229,6 +1259,13 @@ static const og_rank_row_t lead[] = {
       "as idle_gpu, primary not a confident growth", "pseudo_label_teacher_student_same_gpu (blind)" },
     { "uneven_split_lead", uneven_split_lead, LEAD_COVERS, -28, 0, REMS(R_BALANCE_MAP),
       "as uneven_split, primary not a confident growth", "gptneox20b_device_map_sequential_gpu0_full (blind)" },
+    { "limit_not_the_card", limit_not_the_card, LEAD, -45, 0, REMS(R_RAISE_LIMIT),
+      "cause limit, the job trains, roles: the state at its optimizer steps (as state_exceeds_card) >= the limit, "
+      "that state + activations + context + request <= 97% of the device's free bytes + what the process holds",
+      "whisper_ft_h100_image_stale_oomguard_limit (blind); (unit tests: cap_not_the_card)" },
+    { "framework_cap_not_the_card", fw_cap_not_the_card, LEAD, -45, 0, REMS(R_FW_CAP),
+      "as limit_not_the_card, for cause framework_cap binding (no limit): its cap <= the state at the steps",
+      "(unit tests: cap_not_the_card)" },
     { "other_framework_first", other_framework_covers, LEAD_COVERS, -40, 0, REMS(R_OTHER_FW),
       "primary other_framework >= 0.7, its bytes >= shortfall", "jax_arena_torch_policy" },
     { "outside_the_framework", no_other_process, REPLACE, 0, 0, REMS(R_FOREIGN, R_NONFW_MEMORY),

@@ -250,6 +250,26 @@ static void activations_vs_shortfall(const rctx_t *x, og_remedy_t *r, double fre
 
 /* ------------------------------------------------------------------ the remedies */
 
+/* the cap refused a job that fits the card without it (og_cap_not_the_card): the why says the state the cap cannot
+ * hold and the room the card leaves, the cost what the cap may protect (the other processes measured on the card) */
+static void cap_not_the_card_text(const rctx_t *x, og_remedy_t *r)
+{
+    og_uncapped_t u;
+    if (!og_cap_not_the_card(x, &u))
+        return;
+    const og_record_t *rec = x->rec;
+    why(r,
+        " Its optimizer-step state (%s) exceeds the cap: no batch fits; with this pass it needs ~%s of the %s the "
+        "card leaves it.",
+        og_hb((double)u.state).s, og_hb((double)u.need).s, og_hb((double)u.room).s);
+    if (!og_known(rec->memory.other_processes_bytes))
+        r->cost = "Unknown: the card's processes were not listed; on a shared GPU the cap keeps other jobs' room";
+    else if (rec->memory.other_processes_bytes.v == 0)
+        r->cost = "None measured: no other process holds memory on this card";
+    else
+        r->cost = "The room the cap kept for the other processes measured on this card";
+}
+
 static bool b_raise_limit(const rctx_t *x, og_remedy_t *r)
 {
     const og_record_t *rec = x->rec;
@@ -258,8 +278,6 @@ static bool b_raise_limit(const rctx_t *x, og_remedy_t *r)
                          ? rec->device.limit_usage_bytes.v
                          : x->tracked;
     uint64_t need = add_sat(usage, x->req);
-    /* 10% headroom, rounded up to whole GiB */
-    uint64_t sugg = (uint64_t)((double)need * 1.10 / GIB) + 1;
     if (og_known(rec->device.limit_bytes) && usage > x->tracked)
         why(r,
             "OOMGUARD_LIMIT caps device %d at %s; the job needs at least %s (%s allocated + %s CUDA context + %s "
@@ -279,6 +297,12 @@ static bool b_raise_limit(const rctx_t *x, og_remedy_t *r)
     if (og_known(rec->device.limit_bytes) && usage > x->tracked && x->req <= rec->device.limit_bytes.v &&
         add_sat(usage - x->tracked, x->req) > rec->device.limit_bytes.v)
         how(r, "export CUDA_MODULE_LOADING=LAZY   # a smaller CUDA context: kernels load when first used");
+    cap_not_the_card_text(x, r);
+    og_uncapped_t u; /* a job no batch of which fits under the cap: the cap it needs is its state and this pass */
+    if (og_cap_not_the_card(x, &u) && u.need > need)
+        need = u.need;
+    /* 10% headroom, rounded up to whole GiB */
+    uint64_t sugg = (uint64_t)((double)need * 1.10 / GIB) + 1;
     how(r, "OOMGUARD_LIMIT=%lluGiB   # or for this device only: OOMGUARD_LIMIT=%d:%lluGiB", (unsigned long long)sugg,
         rec->event.device, (unsigned long long)sugg);
     HOWS(x, r, { ANY, "unset OOMGUARD_LIMIT   # no cap at all" },
@@ -1660,14 +1684,21 @@ static bool b_fw_cap(const rctx_t *x, og_remedy_t *r)
         why(r, "; it needed %s more than the cap allows.", og_hb(over).s);
     else
         why(r, ".");
-    if (og_known(rec->device.free_bytes))
+    bool uncapped = og_cap_not_the_card(x, NULL); /* its own sentence says the room the card leaves */
+    if (og_known(rec->device.free_bytes) && !uncapped)
         why(r, " The device had %s free.", og_hb((double)rec->device.free_bytes.v).s);
-    if (capped && x->other > 0 && !x->other_inferred)
+    if (capped && x->other > 0 && !x->other_inferred && uncapped)
+        why(r, " Other processes hold %s on this card.", og_hb((double)x->other).s);
+    else if (capped && x->other > 0 && !x->other_inferred)
         why(r,
             " Other processes hold %s on this card: on a shared GPU the cap is this job's share, and raising it "
             "takes theirs.",
             og_hb((double)x->other).s);
+    cap_not_the_card_text(x, r);
     double need = cap > 0 ? cap + (over > 0 ? over : 0) : 0;
+    og_uncapped_t u;
+    if (og_cap_not_the_card(x, &u) && (double)u.need > need)
+        need = (double)u.need;
     double frac = x->total && need > 0 ? need * 1.1 / (double)x->total : 0;
     switch (x->fw) {
     case OG_FW_JAX:

@@ -3068,6 +3068,69 @@ static void cap_on_shared_gpu(void **state)
     free(r);
 }
 
+/* a cap the job's state at its optimizer steps alone exceeds (weights 6, gradients 6, AdamW's moments 12 GiB to come:
+ * 24 GiB under a 20 GiB OOMGUARD_LIMIT) on an 80 GiB card that holds that state and the pass (~36 GiB): no batch fits
+ * under the cap and the card holds the job, so raising the cap leads, asking for the whole need, its cost saying no
+ * other process holds memory on the card; the same job on a 32 GiB card that cannot hold it either: the job's own
+ * remedies first; the state under the cap (weights 2 GiB): fitting under it first; the framework's own cap (a
+ * memory fraction) read the same way, its cost naming the other processes' room */
+static og_record_t *capped_job(uint64_t params, uint64_t total, uint64_t free)
+{
+    og_record_t *r = base();
+    og_set(&r->device.total_bytes, total);
+    fixture_roles(r, params, params / 2, 0, 0, 0, 10 * GiB);
+    fixture_optimizer(r, "AdamW", 0);
+    og_set(&r->memory.fw.roles.optimizers[0].param_bytes, params);
+    fixture_phase(r, "backward", NULL, NULL);
+    r->memory.fw.grad_enabled = 1;
+    og_set(&r->event.requested_bytes, 1 * GiB);
+    og_set(&r->device.free_bytes, free);
+    return r;
+}
+static void cap_not_the_card(void **state)
+{
+    uint64_t held = 6 * GiB + 3 * GiB + 10 * GiB;
+    og_record_t *r = capped_job(6 * GiB, 80 * GiB, 60 * GiB);
+    og_set(&r->device.limit_bytes, 20 * GiB);
+    og_set(&r->device.limit_usage_bytes, held);
+    r->event.caused_by_limit = true;
+    run_primary(r, "limit");
+    assert_string_equal(r->remedies[0].id, "raise_limit");
+    assert_non_null(strstr(r->remedies[0].cost, "None measured"));
+    assert_true(how_has(&r->remedies[0], "OOMGUARD_LIMIT=39GiB")); /* (24 + 10 + 1 GiB) + 10% */
+    assert_non_null(strstr(r->remedies[0].why, "exceeds the cap"));
+    free(r);
+    r = capped_job(6 * GiB, 32 * GiB, 12 * GiB);
+    og_set(&r->device.limit_bytes, 20 * GiB);
+    og_set(&r->device.limit_usage_bytes, held);
+    r->event.caused_by_limit = true;
+    run_primary(r, "limit");
+    assert_string_not_equal(r->remedies[0].id, "raise_limit");
+    assert_null(strstr(rem(r, "raise_limit")->why, "exceeds the cap"));
+    free(r);
+    r = capped_job(2 * GiB, 80 * GiB, 60 * GiB);
+    og_set(&r->device.limit_bytes, 20 * GiB);
+    og_set(&r->device.limit_usage_bytes, 2 * GiB + 1 * GiB + 10 * GiB + 6 * GiB);
+    og_set(&r->memory.process_tracked_bytes, 19 * GiB);
+    r->event.caused_by_limit = true;
+    run_primary(r, "limit");
+    assert_string_not_equal(r->remedies[0].id, "raise_limit");
+    free(r);
+    /* the framework's cap on a card where another process holds 8 GiB and the rest has room for the job */
+    r = capped_job(6 * GiB, 80 * GiB, 40 * GiB);
+    r->memory.fw.internal_oom = true;
+    og_set(&r->event.requested_bytes, 2 * GiB);
+    og_set(&r->memory.fw.cap_bytes, 20 * GiB);
+    strcpy(r->memory.fw.framework, "pytorch");
+    strcpy(r->memory.fw.cap_source, "torch.cuda.set_per_process_memory_fraction(0.25)");
+    fixture_other(r, 48213, "python3", 8 * GiB)->visible = true;
+    run_primary(r, "framework_cap");
+    assert_string_equal(r->remedies[0].id, "raise_framework_cap");
+    assert_non_null(strstr(r->remedies[0].cost, "other processes measured"));
+    assert_non_null(strstr(r->remedies[0].why, "exceeds the cap"));
+    free(r);
+}
+
 /* another user's process holds the memory (NVML listed it) and this process's cache was measured: a
  * restart of this process sheds nothing the others hold, so it is not listed */
 static void foreign_no_restart_of_this_process(void **state)
@@ -3326,6 +3389,7 @@ int main(void)
         cmocka_unit_test(evaluation_with_autograd_on),
         cmocka_unit_test(cap_without_room_not_first),
         cmocka_unit_test(cap_on_shared_gpu),
+        cmocka_unit_test(cap_not_the_card),
         cmocka_unit_test(cap_with_room_no_leak_hunt),
         cmocka_unit_test(teacher_with_autograd_on),
         cmocka_unit_test(foreign_no_restart_of_this_process),
