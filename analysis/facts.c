@@ -1597,6 +1597,21 @@ static uint64_t env_count(const og_record_t *r, const char *name)
     return *end == 0 && v[0] != '-' ? (uint64_t)x : 0;
 }
 
+/* the ranks of this job on this machine and whether they outnumber its GPUs (facts: node_ranks, ranks_outnumber_gpus) */
+static void node_ranks(og_facts_t *d, const og_record_t *r)
+{
+    if (r->rank < 0 && r->world_size <= 1)
+        return;
+    int no = r->memory.nother < 0 ? 0 : r->memory.nother > 32 ? 32 : r->memory.nother, here = 0;
+    for (int i = 0; i < no; i++) {
+        const og_other_proc_t *o = &r->memory.other[i];
+        here += o->same_job && o->rank >= 0 && !o->child && !o->sibling && !o->parent;
+    }
+    uint64_t local = env_count(r, "LOCAL_WORLD_SIZE");
+    d->node_ranks = local > 0 && local < 100000 ? (int)local : 1 + here;
+    d->ranks_outnumber_gpus = here > 0 && r->visible_devices >= 1 && d->node_ranks > r->visible_devices;
+}
+
 #define NCCL_DEFAULT_BUFFSIZE (4ull << 20) /* NCCL_BUFFSIZE's default: 4 MiB per buffer */
 
 /* a collective-communication library's memory (NCCL, RCCL) */
@@ -1790,5 +1805,6 @@ void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds
     spare_device(f, rec);
     outlier(f, rec);
     communication(f, rec);
+    node_ranks(f, rec);
     advice(f, rec);
 }

@@ -317,6 +317,13 @@ typedef struct og_facts {
     uint64_t other_same_program;
     int same_program_big;
     bool wrong_device; /* LOCAL_RANK names another visible GPU than the failing one */
+    /* ranks of this job on this machine: LOCAL_WORLD_SIZE (torchrun's), else this rank and the peers of its job on the
+     * failing GPU that carry a rank (not its children, its parent or a pre-fork server's workers); 0 when this process
+     * is no rank (no RANK, WORLD_SIZE <= 1) */
+    int node_ranks;
+    /* node_ranks > the visible GPUs (>= 1) and another rank of this job on the failing GPU: the launcher started more
+     * ranks than the machine has GPUs, so some share one (local_rank % device_count()), whatever set_device selects */
+    bool ranks_outnumber_gpus;
 
     /* frameworks */
     int failing_fw; /* 1 the failing library is a framework's, 0 not, -1 cannot tell */

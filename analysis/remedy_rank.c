@@ -78,6 +78,8 @@ static bool prefork_primary(const rctx_t *x) { return PRIMARY(PEERS) && prefork_
  * restart of this process starts them again the same way */
 static bool worker_peers(const rctx_t *x) { return HAS(PEERS) && x->npeers && x->f->nchildren == x->npeers; }
 static bool worker_primary(const rctx_t *x) { return PRIMARY(PEERS) && worker_peers(x); }
+/* the job's ranks outnumber the machine's GPUs (facts: ranks_outnumber_gpus) and some of them hold memory here */
+static bool ranks_outnumber_gpus(const rctx_t *x) { return HAS(PEERS) && x->f->ranks_outnumber_gpus; }
 static bool fwcap_holds(const rctx_t *x) { return HAS(FWCAP); }
 static bool imbalance_holds(const rctx_t *x) { return HAS(IMBALANCE); }
 static bool dnf_cache(const rctx_t *x) { return HAS(DNF) && (cache_ok(x) || cache_maybe(x)); }
@@ -844,6 +846,10 @@ static const og_rank_row_t bring[] = {
     { "dataloader_workers", worker_peers, WANT, 0, 0, REMS(R_CUDA_OUT_OF_WORKERS, R_FEWER_WORKERS),
       "cause peer_ranks, every peer a child of this process (DataLoader workers)",
       "dataloader_workers_cuda, kornia_gpu_augment_in_spawned_workers (blind)" },
+    { "ranks_outnumber_gpus", ranks_outnumber_gpus, WANT, 0, 0, REMS(R_ONE_RANK),
+      "cause peer_ranks, ranks of this job on the machine (LOCAL_WORLD_SIZE, else this rank + the ranks of its job "
+      "on the GPU) > the visible GPUs (facts: node_ranks, ranks_outnumber_gpus)",
+      "torchrun_two_ranks_one_gpu_workstation_modulo_device (blind); (unit tests: ranks_outnumber_gpus)" },
     { "framework_cap", fwcap_holds, WANT, 0, 0, REMS(R_FW_CAP, R_MIXED, R_SMALLER_BATCH, R_CHECKPOINTING),
       "cause framework_cap", "(unit tests: framework_cap_cause)" },
     { "imbalance", imbalance_holds, WANT, 0, 0, REMS(R_DDP, R_SMALLER_BATCH, R_MIXED), "cause imbalance",
@@ -1006,6 +1012,8 @@ static const og_rank_row_t narrow[] = {
     { "workers_not_ranks", worker_peers, DROP, 0, 0, REMS(R_SET_DEVICE),
       "cause peer_ranks, every peer a child of this process (DataLoader workers): not ranks on a wrong GPU",
       "dataloader_workers_cuda, kornia_gpu_augment_in_spawned_workers (blind)" },
+    { "ranks_share_gpus", ranks_outnumber_gpus, DROP, 0, 0, REMS(R_SET_DEVICE),
+      "as ranks_outnumber_gpus: no GPU is left for set_device to select", "(unit tests: ranks_outnumber_gpus)" },
     { "released_nothing", released_nothing, DROP, 0, 0, REMS(R_EMPTY_CACHE),
       "fragmentation, a retry that freed 0 B, cache not known > 0", "frag_varlen_noadapter" },
     { "larger_than_device", larger, ONLY, 0, 0, REMS(R_CHUNK, R_MULTI_GPU, R_OFFLOAD),
@@ -1374,6 +1382,7 @@ static void estimate(rank_t *k, const rctx_t *x)
     cover[R_OTHER_FW] = (double)x->other_fw_bytes;
     cover[R_SET_DEVICE] = (double)x->peers_bytes;
     cover[R_FEWER_WORKERS] = (double)x->peers_bytes;
+    cover[R_ONE_RANK] = (double)x->peers_bytes;
     cover[R_CUDA_OUT_OF_WORKERS] = (double)x->peers_bytes;
     cover[R_FW_CAP] = big;
     /* by role and phase: what each remedy shrinks, measured (the Python adapter); unknown without it */

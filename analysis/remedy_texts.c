@@ -2433,6 +2433,24 @@ static bool b_shard_before_load(const rctx_t *x, og_remedy_t *r)
     return true;
 }
 
+static bool b_one_rank_per_gpu(const rctx_t *x, og_remedy_t *r)
+{
+    const og_record_t *rec = x->rec;
+    int n = x->f->node_ranks, v = rec->visible_devices;
+    why(r,
+        "%d ranks of this job run on this machine, which has %d visible %s: %d other %s of the job %s %s on GPU %d, "
+        "each with its own context and tensors. No set_device can part them: some ranks must share a GPU "
+        "(local_rank %% device_count()).",
+        n, v, og_plural(v, "GPU", "GPUs"), x->npeers, og_plural(x->npeers, "rank", "ranks"),
+        og_plural(x->npeers, "holds", "hold"), og_hb((double)x->peers_bytes).s, rec->event.device);
+    how(r, "torchrun --nproc-per-node=%d ...   # one rank per GPU (or --nproc-per-node=gpu)", v);
+    HOWS(x, r,
+         { PT, "assert int(os.environ[\"LOCAL_WORLD_SIZE\"]) <= torch.cuda.device_count()   # fail at start, "
+               "not local_rank % device_count()" },
+         { ANY, "Keep the global batch with gradient accumulation across the fewer ranks, or run on more GPUs." });
+    return true;
+}
+
 /* ------------------------------------------------------------------ the catalog */
 
 const og_remedy_def_t og_remedy_catalog[R_COUNT] = {

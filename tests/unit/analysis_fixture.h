@@ -145,6 +145,7 @@ static void fixture_peer_ranks(og_record_t *r)
     og_set(&r->device.free_bytes, 0);
     r->world_size = 8;
     r->rank = r->local_rank = 0;
+    r->visible_devices = 8; /* a GPU for each rank: they land on GPU 0 for want of set_device */
     for (int i = 0; i < 7; i++) {
         og_other_proc_t *o = fixture_other(r, 100 + i, NULL, 512 * MiB);
         o->same_job = o->visible = true;

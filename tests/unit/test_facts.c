@@ -714,6 +714,34 @@ static void local_rank_beyond_the_visible_gpus(void **state)
     free(r);
 }
 
+/* the ranks of this job on this machine: LOCAL_WORLD_SIZE when set, else this rank and the ranks of its job on the
+ * failing GPU (not its children); more of them than visible GPUs, with a rank of the job here: they outnumber them */
+static void ranks_on_the_machine(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    r->visible_devices = 1;
+    assert_int_equal(facts(r)->node_ranks, 0); /* no rank */
+    r->rank = r->local_rank = 1;
+    r->world_size = 4;
+    assert_int_equal(facts(r)->node_ranks, 1);
+    assert_false(facts(r)->ranks_outnumber_gpus);
+    og_other_proc_t *w = &r->memory.other[r->memory.nother++];
+    w->same_job = w->child = true; /* a DataLoader worker: no rank */
+    w->rank = -1;
+    og_other_proc_t *o = &r->memory.other[r->memory.nother++];
+    o->same_job = true;
+    o->rank = 0;
+    assert_int_equal(facts(r)->node_ranks, 2);
+    assert_true(facts(r)->ranks_outnumber_gpus);
+    strcpy(r->env[r->nenv++], "LOCAL_WORLD_SIZE=4"); /* the launcher's count, ranks on other GPUs too */
+    r->visible_devices = 2;
+    assert_int_equal(facts(r)->node_ranks, 4);
+    assert_true(facts(r)->ranks_outnumber_gpus);
+    r->visible_devices = 4;
+    assert_false(facts(r)->ranks_outnumber_gpus);
+    free(r);
+}
+
 static void a_retry_needs_two_attempts(void **state)
 {
     og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
@@ -1065,6 +1093,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(free_under_a_limit_is_at_most_the_device_free),
+        cmocka_unit_test(ranks_on_the_machine),
         cmocka_unit_test(estimated_free_counts_the_others),
         cmocka_unit_test(a_request_of_the_device_size_is_not_larger),
         cmocka_unit_test(bursts_are_one_step),

@@ -3131,6 +3131,37 @@ static void cap_not_the_card(void **state)
     free(r);
 }
 
+/* two ranks of a torchrun job on a machine with one GPU (local_rank % device_count() puts both on GPU 0), rank 0
+ * holding 16 GiB there: one rank per GPU leads and set_device (no GPU left to select) is not listed; without
+ * LOCAL_WORLD_SIZE the ranks are counted on the GPU; the same two ranks on a machine with two GPUs: the missing
+ * set_device, as before */
+static void ranks_outnumber_gpus(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->memory.process_tracked_bytes, 7 * GiB);
+    r->memory.framework_bytes = 7 * GiB;
+    r->rank = r->local_rank = 1;
+    r->world_size = 2;
+    og_other_proc_t *o = fixture_other(r, 4242, "python3", 16 * GiB);
+    o->visible = o->same_job = true;
+    o->rank = 0;
+    strcpy(r->env[r->nenv++], "LOCAL_WORLD_SIZE=2");
+    run_primary(r, "peer_ranks");
+    assert_string_equal(r->remedies[0].id, "one_rank_per_gpu");
+    assert_int_equal(rank_of(r, "set_device"), 0);
+    assert_true(how_has(&r->remedies[0], "--nproc-per-node=1"));
+    assert_non_null(strstr(r->remedies[0].why, "2 ranks of this job"));
+    r->nenv = 0;
+    run_primary(r, "peer_ranks");
+    assert_string_equal(r->remedies[0].id, "one_rank_per_gpu");
+    strcpy(r->env[r->nenv++], "LOCAL_WORLD_SIZE=2");
+    r->visible_devices = 2;
+    run_primary(r, "peer_ranks");
+    assert_string_equal(r->remedies[0].id, "set_device");
+    assert_int_equal(rank_of(r, "one_rank_per_gpu"), 0);
+    free(r);
+}
+
 /* another user's process holds the memory (NVML listed it) and this process's cache was measured: a
  * restart of this process sheds nothing the others hold, so it is not listed */
 static void foreign_no_restart_of_this_process(void **state)
@@ -3390,6 +3421,7 @@ int main(void)
         cmocka_unit_test(cap_without_room_not_first),
         cmocka_unit_test(cap_on_shared_gpu),
         cmocka_unit_test(cap_not_the_card),
+        cmocka_unit_test(ranks_outnumber_gpus),
         cmocka_unit_test(cap_with_room_no_leak_hunt),
         cmocka_unit_test(teacher_with_autograd_on),
         cmocka_unit_test(foreign_no_restart_of_this_process),

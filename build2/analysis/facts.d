@@ -1,0 +1,17 @@
+build2/analysis/facts.o: analysis/facts.c analysis/record.h \
+ common/human.h analysis/facts.h common/phases.def common/purposes.def \
+ common/operations.def common/unmeasured.h common/unmeasured.def \
+ common/code_settings.def common/roles.def analysis/advice_text.h \
+ common/causes.def
+analysis/record.h:
+common/human.h:
+analysis/facts.h:
+common/phases.def:
+common/purposes.def:
+common/operations.def:
+common/unmeasured.h:
+common/unmeasured.def:
+common/code_settings.def:
+common/roles.def:
+analysis/advice_text.h:
+common/causes.def:

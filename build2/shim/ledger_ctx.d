@@ -1,0 +1,10 @@
+build2/shim/ledger_ctx.o: shim/ledger_ctx.c shim/ledger_int.h shim/og.h \
+ /usr/local/cuda/include/cuda.h include/oomguard.h shim/hooks.def \
+ shim/calls.def common/options.def
+shim/ledger_int.h:
+shim/og.h:
+/usr/local/cuda/include/cuda.h:
+include/oomguard.h:
+shim/hooks.def:
+shim/calls.def:
+common/options.def:

@@ -1,0 +1,24 @@
+build2/shim/oom.o: shim/oom.c shim/og.h /usr/local/cuda/include/cuda.h \
+ include/oomguard.h shim/hooks.def shim/calls.def common/options.def \
+ analysis/advice_text.h analysis/record.h common/human.h analysis/facts.h \
+ common/phases.def common/purposes.def common/operations.def \
+ common/unmeasured.h common/unmeasured.def common/code_settings.def \
+ common/roles.def common/causes.def
+shim/og.h:
+/usr/local/cuda/include/cuda.h:
+include/oomguard.h:
+shim/hooks.def:
+shim/calls.def:
+common/options.def:
+analysis/advice_text.h:
+analysis/record.h:
+common/human.h:
+analysis/facts.h:
+common/phases.def:
+common/purposes.def:
+common/operations.def:
+common/unmeasured.h:
+common/unmeasured.def:
+common/code_settings.def:
+common/roles.def:
+common/causes.def:

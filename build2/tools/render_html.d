@@ -1,0 +1,13 @@
+build2/tools/render_html.o: tools/render_html.c tools/report.h \
+ tools/dump.h tools/../common/roles.def tools/../common/code_settings.def \
+ tools/util.h common/strbuf.h tools/symbolize.h tools/version.h \
+ include/oomguard.h
+tools/report.h:
+tools/dump.h:
+tools/../common/roles.def:
+tools/../common/code_settings.def:
+tools/util.h:
+common/strbuf.h:
+tools/symbolize.h:
+tools/version.h:
+include/oomguard.h:
