@@ -575,6 +575,13 @@ static bool c_peer_ranks(const og_facts_t *d, const og_record_t *r, og_cause_t *
                 d->nparents ? "workers of the same parent process and its master"
                             : "workers of the same parent process, same command",
                 og_plural(d->npeers, "holds", "hold"), og_hb((double)d->peers_bytes).s, r->event.device);
+    else if (d->npeers && d->ranks_outnumber_gpus)
+        summary(c,
+                "%d other %s of this job (same command, launcher variables) %s %s on GPU %d: the job runs %d ranks on "
+                "this machine, which has %d visible %s, so ranks share a GPU whatever each selects.",
+                d->npeers, og_plural(d->npeers, "rank", "ranks"), og_plural(d->npeers, "holds", "hold"),
+                og_hb((double)d->peers_bytes).s, r->event.device, d->node_ranks, r->visible_devices,
+                og_plural(r->visible_devices, "GPU", "GPUs"));
     else if (d->npeers)
         summary(c,
                 "%d other %s of this job (same command, launcher variables) %s %s on GPU %d%s: %s never "
@@ -593,6 +600,8 @@ static bool c_peer_ranks(const og_facts_t *d, const og_record_t *r, og_cause_t *
     ev_num(c, "siblings", d->nsiblings);
     ev_num(c, "parent", d->nparents);
     ev_bytes(c, "peers_bytes", d->peers_bytes);
+    if (d->ranks_outnumber_gpus)
+        ev_num(c, "node_ranks", d->node_ranks);
     ev_shortfall(c, d);
     if (r->local_rank >= 0)
         ev_num(c, "local_rank", (double)r->local_rank);

@@ -940,6 +940,15 @@ static void peer_ranks_and_workers(void **state)
     assert_true(c->confidence >= 0.85);
     assert_non_null(strstr(c->summary, "7 other ranks of this job"));
     assert_non_null(strstr(c->summary, "hold 3.50 GiB on GPU 0, about one CUDA context each"));
+    assert_true(ev(c, "node_ranks") < 0); /* 8 ranks, 8 GPUs: not the key of ranks sharing a GPU */
+    /* the same 8 ranks on a machine with 4 GPUs: ranks share a GPU, the summary says so (no "never select") */
+    r->visible_devices = 4;
+    diag(r);
+    c = find(r, "peer_ranks");
+    assert_int_equal((int)ev(c, "node_ranks"), 8);
+    assert_non_null(strstr(c->summary, "which has 4 visible GPUs"));
+    assert_null(strstr(c->summary, "never select"));
+    r->visible_devices = 8;
     /* one worker process, a child of this one: singular, and named as a worker */
     r->memory.nother = 1;
     r->memory.other[0].child = true;
