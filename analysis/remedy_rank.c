@@ -230,6 +230,15 @@ static uint64_t kept_grower(const rctx_t *x)
     return h->purpose[0] || h->copy_of[0] ? 0 : ro->grower_bytes;
 }
 static bool in_handler(const rctx_t *x) { return PHASE(oom_handler); }
+/* inside the handler of an earlier OOM, the activations alive at the failure beyond the failing request (the
+ * running fallback's own need, at least) cover the shortfall: what the failed attempt still holds is the
+ * missing memory, whatever the operation that failed; leaving the handler comes before the operation's fixes */
+static bool handler_keeps_attempt(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return in_handler(x) && ro->known && ro->act_known && x->req_known && ro->act > x->req &&
+           og_covers(x, (double)(ro->act - x->req));
+}
 static bool pass_outgrows(const rctx_t *x) { return x->f->pass_outgrows_cache; }
 /* a deep copy under way made many times the cache so far (facts: copy_outgrows_cache) */
 static bool copy_outgrows(const rctx_t *x) { return x->f->copy_outgrows_cache; }
@@ -1168,6 +1177,9 @@ static const og_rank_row_t lead[] = {
       "long_prompt_serving, recsys_catalog_scores, esmfold_2000_residue_complex_no_chunk_size (blind)" },
     { "retry_outside_lead", in_handler, LEAD_COVERS, -25, 0, REMS(R_RETRY_OUTSIDE), "phase oom_handler",
       "retry_in_except (blind)" },
+    { "retry_outside_first", handler_keeps_attempt, LEAD_COVERS, -45, 0, REMS(R_RETRY_OUTSIDE),
+      "phase oom_handler, roles: activations - the failing request >= shortfall (ahead of the operation's leads)",
+      "videomae_long_video_chunk_fallback_inside_except (blind); (unit tests: handler_keeps_failed_attempt)" },
     { "checkpoint_restore_lead", checkpoint_restore, LEAD_COVERS, -24, 0, REMS(R_MAP_CPU),
       "phase loading, torch.load on the stack", "(unit tests: phase_checkpoint_restore)" },
     { "checkpoint_kept_lead", checkpoint_kept, LEAD_COVERS, -35, 1, REMS(R_MAP_CPU, R_RELEASE_REFS),

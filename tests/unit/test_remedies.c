@@ -991,6 +991,30 @@ static void phase_oom_handler(void **state)
     free(r);
 }
 
+/* a fallback inside the handler fails in attention while the failed attempt's activations are alive: they
+ * cover the shortfall beyond the failing request, so leaving the handler leads over the fused kernel; with
+ * activations that do not (the fallback's own need), the operation's remedy leads */
+static void handler_keeps_failed_attempt(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 1 * GiB, 0, 0, 0, 0, 14 * GiB);
+    fixture_operation(r, "attention", "_attn");
+    fixture_phase(r, "oom_handler", "/srv/extract.py", "main");
+    og_set(&r->event.requested_bytes, 3 * GiB);
+    og_set(&r->device.free_bytes, 1 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "retry_outside_except");
+    assert_true(rank_of(r, "flash_attention") > 1);
+    fixture_roles(r, 11 * GiB, 0, 0, 0, 0, 4 * GiB); /* 4 GiB - 3 GiB requested < 2 GiB short */
+    fixture_operation(r, "attention", "_attn");
+    fixture_phase(r, "oom_handler", "/srv/extract.py", "main");
+    og_set(&r->event.requested_bytes, 3 * GiB);
+    og_set(&r->device.free_bytes, 1 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "flash_attention");
+    free(r);
+}
+
 /* restoring a checkpoint with torch.load: map_location="cpu" first, the activation remedies not offered */
 static void phase_checkpoint_restore(void **state)
 {
@@ -3362,6 +3386,7 @@ int main(void)
         cmocka_unit_test(autocast_on_drops_mixed_precision),
         cmocka_unit_test(no_roles_no_role_remedies),
         cmocka_unit_test(phase_oom_handler),
+        cmocka_unit_test(handler_keeps_failed_attempt),
         cmocka_unit_test(phase_checkpoint_restore),
         cmocka_unit_test(statement_checkpoint_restore),
         cmocka_unit_test(phase_ema_update),
