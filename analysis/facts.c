@@ -1572,6 +1572,39 @@ static void outlier(og_facts_t *d, const og_record_t *r)
     o->run = run + 1;
     o->run_bytes = (uint64_t)(run + 1) * d->req;
     o->holds = before >= 8 && freed && prev_max && other <= run && (double)d->req >= 4.0 * (double)prev_max;
+    if (o->holds || i0 < 0)
+        return;
+    /* the failing batch's own sizes: the allocations just before the failing run whose sizes the history had
+     * never seen (a longer batch makes every activation of a new size), none of them larger than the request.
+     * The earlier steps are what came before them: their largest allocation, their frees (what the driver saw
+     * before the batch, or the framework's count) */
+    int s = i0;
+    for (int i = i0 - 1; i >= 0; i--) {
+        if (!is_op(&e[i], OG_OP_ALLOC))
+            continue;
+        bool seen = false;
+        for (int j = 0; j < i && !seen; j++)
+            seen = is_op(&e[j], OG_OP_ALLOC) &&
+                   (e[j].bytes > e[i].bytes ? e[j].bytes - e[i].bytes : e[i].bytes - e[j].bytes) <= tol;
+        if (seen || e[i].bytes > d->req)
+            break;
+        s = i;
+    }
+    uint64_t steps_max = 0;
+    int steps = 0;
+    bool steps_freed = fw->has && fw->freed_known && fw->freed_bytes_total >= d->tracked && d->tracked;
+    for (int i = 0; i < s; i++) {
+        steps_freed = steps_freed || is_op(&e[i], OG_OP_FREE);
+        if (is_op(&e[i], OG_OP_ALLOC)) {
+            steps++;
+            if (e[i].bytes > steps_max)
+                steps_max = e[i].bytes;
+        }
+    }
+    if (s < i0 && steps >= 8 && steps_freed && steps_max && (double)d->req >= 4.0 * (double)steps_max) {
+        o->holds = o->batch_sizes = true;
+        o->prev_max = steps_max;
+    }
 }
 
 /* the value of NAME in the record's allow-listed environment, or NULL */

@@ -242,12 +242,16 @@ typedef struct og_role_facts {
 } og_role_facts_t;
 
 /* A peak from one batch: the failing request (and the equal allocations just before it) is a size the
- * history never saw, at least 4x the largest allocation before it, after earlier steps freed memory. */
+ * history never saw, at least 4x the largest allocation before it, after earlier steps freed memory; or, where
+ * the batch made other new sizes before the request, at least 4x the largest allocation before those. */
 typedef struct og_outlier_facts {
     bool holds;
     uint64_t prev_max;  /* the largest allocation before the failing run */
     uint64_t run_bytes; /* the failing run of that new size, kept, the request included */
     int run;
+    /* read through the failing batch's own new sizes (the allocations just before the run, of sizes the history
+     * never saw, none larger than the request): prev_max is the largest allocation of the earlier steps */
+    bool batch_sizes;
 } og_outlier_facts_t;
 
 /* One process driving several GPUs. */

@@ -395,6 +395,14 @@ static bool larger_inference_lead(const rctx_t *x)
  * card: the batches before it fit, and autograd keeps every layer's output of this one for backward, so tiling the
  * failing operation leaves the rest of its pass as large; capping the input's length brings it back to what fit */
 static bool larger_outlier_batch(const rctx_t *x) { return one_batch_peak(x) && x->larger_than_device; }
+/* the same, where one sample's share of the failing request (roles.batch_size) is at least the earlier steps'
+ * largest allocation (a whole earlier batch's): no smaller batch brings it back to what fit */
+static bool one_sample_peak(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return one_batch_peak(x) && ro->known && ro->batch_size >= 1 &&
+           (double)x->req / (double)ro->batch_size >= (double)x->f->outlier.prev_max;
+}
 /* a training job copying weight-sized tensors outside the optimizer (an EMA, weight averaging, a snapshot
  * of the model): the job trains, no phase frame (not a forward, evaluation, load or optimizer step) or the
  * adapter's ema_update, the roles measured with fewer activations than the shortfall and parameters to
@@ -1115,6 +1123,12 @@ static const og_rank_row_t lead[] = {
       "as pass_outgrows_cache, roles: optimizer_steps < 2 and the request no outlier (no batch of the job fit "
       "with the state it keeps now)",
       "sft_first_forward_activations, long_ctx_lora_ckpt_flag_off, whisper_fp32_pipeline_8gb (blind)" },
+    { "one_batch_not_bucket", one_batch_peak, TIER, 3, 0, REMS(R_BUCKET),
+      "as one_batch_peak (one batch far beyond every earlier one: evening the batches' lengths does not shrink it)",
+      "code_lm_packing_minified_bundle_row_unsplit (blind); (unit tests: one_batch_peak_not_bucketing)" },
+    { "one_sample_peak", one_sample_peak, TIER, 3, 0, REMS(R_SMALLER_BATCH),
+      "as one_batch_peak, roles: the request / batch_size >= the earlier steps' largest allocation",
+      "code_lm_packing_minified_bundle_row_unsplit (blind); (unit tests: one_batch_peak_not_bucketing)" },
     { "second_load", second_load, WANT, 0, 0, REMS(R_RELEASE_REFS, R_RESTART),
       "primary does_not_fit, phase second_load", "notebook_second_model" },
     { "second_load_lead", second_load, LEAD, -20, 1, REMS(R_RESTART, R_RELEASE_REFS),

@@ -948,6 +948,32 @@ static void one_batch_peak_after_freed_steps(void **state)
     free(r);
 }
 
+/* one batch's peak read through the batch's own new sizes: a longer batch makes every activation of a size never
+ * seen (512 and 768 MiB before the failing 1 GiB); the earlier steps' largest allocation is what it is 4x of */
+static void one_batch_peak_through_new_sizes(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    ev_reset(r);
+    for (int s = 0; s < 10; s++) {
+        ev_add(r, 0.1 * s, "alloc", 256 * MiB);
+        ev_add(r, 0.1 * s + 0.01, "free", 256 * MiB);
+    }
+    ev_add(r, 2.0, "alloc", 512 * MiB);
+    ev_add(r, 2.01, "alloc", 768 * MiB);
+    ev_add(r, 2.02, "alloc", 1 * GiB);
+    ev_add(r, 2.1, "fail", 1 * GiB);
+    og_set(&r->event.requested_bytes, 1 * GiB);
+    const og_facts_t *f = facts(r);
+    assert_true(f->outlier.holds);
+    assert_true(f->outlier.batch_sizes);
+    assert_int_equal(f->outlier.prev_max, 256 * MiB);
+    /* the earlier steps' largest a little more than a quarter of the request: no */
+    for (int s = 0; s < 10; s++)
+        FIXTURE_EV[2 * s].bytes = FIXTURE_EV[2 * s + 1].bytes = 257 * MiB;
+    assert_false(facts(r)->outlier.holds);
+    free(r);
+}
+
 /* NCCL's memory: which library, how much, whether it failed */
 static void nccl_is_communication(void **state)
 {
@@ -1130,6 +1156,7 @@ int main(void)
         cmocka_unit_test(names_copies_models_and_the_statement),
         cmocka_unit_test(models_held_by_name_operation_ddp),
         cmocka_unit_test(one_batch_peak_after_freed_steps),
+        cmocka_unit_test(one_batch_peak_through_new_sizes),
         cmocka_unit_test(nccl_is_communication),
         cmocka_unit_test(nccl_holds_the_steady_part_of_the_growth),
         cmocka_unit_test(nccl_settings_in_force),

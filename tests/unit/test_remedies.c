@@ -2149,6 +2149,38 @@ static void larger_outlier_batch_caps_the_length(void **state)
     free(r);
 }
 
+/* one batch far beyond the earlier steps (its new sizes 1 and 2 GiB, then 3 GiB failing; the steps' largest
+ * 256 MiB), with the cache splintered: capping the length leads, not bucketing by length; with two
+ * samples a batch, one sample's share is still beyond a whole earlier batch: no smaller batch either */
+static void one_batch_peak_not_bucketing(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 2 * GiB, 2 * GiB, 4 * GiB, 0, 0, 12 * GiB);
+    fixture_adapter(r, 21 * GiB, 20 * GiB, 64 * MiB);
+    r->memory.fw.grad_enabled = 1;
+    r->memory.fw.training = 1;
+    r->memory.fw.roles.batch_size = 2;
+    fixture_phase(r, "forward", "/w/train.py", "forward");
+    ev_reset(r);
+    double t = 0.01;
+    for (int s = 0; s < 12; s++, t += 0.1) { /* steps that free what they make */
+        ev_add(r, t, "alloc", 256 * MiB);
+        ev_add(r, t + 0.01, "free", 256 * MiB);
+    }
+    ev_add(r, t, "alloc", 1 * GiB);
+    ev_add(r, t + 0.01, "alloc", 2 * GiB);
+    ev_add(r, t + 0.02, "alloc", 3 * GiB);
+    ev_add(r, t + 0.03, "fail", 3 * GiB);
+    og_set(&r->event.requested_bytes, 3 * GiB);
+    og_set(&r->device.free_bytes, 2560 * MiB);
+    r->event.attempts = 2;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "shorter_sequences");
+    assert_true(rank_of(r, "bucket_by_length") == 0 || rank_of(r, "bucket_by_length") > 3);
+    assert_true(rank_of(r, "smaller_batch") == 0 || rank_of(r, "smaller_batch") > 3);
+    free(r);
+}
+
 /* one inference input larger than the card: cap its length before splitting the operation */
 static void larger_inference_caps_the_input(void **state)
 {
@@ -3408,6 +3440,7 @@ int main(void)
         cmocka_unit_test(nccl_growth),
         cmocka_unit_test(one_batch_peak_caps_the_length),
         cmocka_unit_test(larger_outlier_batch_caps_the_length),
+        cmocka_unit_test(one_batch_peak_not_bucketing),
         cmocka_unit_test(larger_inference_caps_the_input),
         cmocka_unit_test(applies_by_job),
         cmocka_unit_test(measured_nothing_not_listed),
