@@ -331,6 +331,23 @@ static bool c_cache_held(const og_facts_t *d, const og_record_t *r, og_cause_t *
         ev_req(c, d->req_known, d->req);
         return true;
     }
+    /* CUDA-graph private pools keep idle at least the missing bytes: reserved for their graphs' replays as long as
+     * the graphs live (one pool per captured shape), not splinters any other request could use */
+    if (d->pool_idle >= d->shortfall) {
+        c->id = og_cause_ids[OG_CAUSE_CACHE];
+        c->confidence = 0.75 + 0.2 * clamp01(((double)d->pool_idle / (double)d->shortfall - 1) / 3);
+        summary(c,
+                "%s's CUDA-graph private pools keep %s reserved that no block of theirs uses, more than the %s "
+                "missing: each captured graph keeps its pool for its replays as long as it lives, and no "
+                "empty_cache releases it.",
+                d->fwname, og_hb((double)d->pool_idle).s, og_hb((double)d->shortfall).s);
+        ev_text(c, "holder", "graph_pools");
+        ev_bytes(c, "pool_unused_bytes", d->pool_idle);
+        ev_bytes(c, "private_pool_bytes", r->memory.fw.private_pool_bytes);
+        ev_shortfall(c, d);
+        ev_req(c, d->req_known, d->req);
+        return true;
+    }
     if (d->failing_fw != 0)
         return false;
     if (d->cached_known && d->reclaim >= d->shortfall) {
@@ -818,7 +835,7 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
         return false;
     if (d->recovered && !d->larger_than_device)
         return false; /* the retry succeeded: it did fit */
-    uint64_t avail = add_sat(add_sat(d->free_eff, d->reclaim), d->app_slack);
+    uint64_t avail = add_sat(add_sat(add_sat(d->free_eff, d->reclaim), d->app_slack), d->pool_idle);
     bool outgrows = d->pass_outgrows_cache || d->copy_outgrows_cache;
     if (d->req <= avail && !d->larger_than_device && !(outgrows && d->shortfall > 0))
         return false;
@@ -907,6 +924,13 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
                    "; the model being loaded holds %s so far, and the %s cached would carry it only a few tensors "
                    "further.",
                    og_hb((double)set).s, og_hb((double)d->cached).s);
+    } else if (d->pass_outgrows_cache && d->state_to_come && d->phase != OG_JP_optimizer_step) {
+        ev_bytes(c, "state_to_come_bytes", d->state_to_come);
+        if (strlen(c->summary) + 200 < sizeof c->summary)
+            og_fmt(c->summary + strlen(c->summary) - 1, sizeof c->summary - strlen(c->summary) + 1,
+                   "; the optimizer has yet to make %s of its state, more than the free memory, the %s cached and "
+                   "the running code's tensors together: the training state does not fit.",
+                   og_hb((double)d->state_to_come).s, og_hb((double)d->cached).s);
     } else if (d->pass_outgrows_cache && d->state_to_come) {
         ev_bytes(c, "state_to_come_bytes", d->state_to_come);
         if (strlen(c->summary) + 160 < sizeof c->summary)

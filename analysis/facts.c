@@ -155,6 +155,23 @@ static int biggest_fw(const og_facts_t *f, int except, uint64_t *bytes)
 
 /* ------------------------------------------------------------------ measured quantities */
 
+/* What CUDA-graph private pools (the adapter's private_pool_bytes: their segments) reserve and no block of theirs
+ * holds stays reserved for the graphs' replays as long as the graphs live: it serves no request outside the pool
+ * and no empty_cache releases it.  At least this much of the framework's reserved-but-unallocated bytes is idle in
+ * them: the pools' reservation less every allocated byte that could lie in a pool, all but the parameters and
+ * buffers (made before any capture; an unmeasured role counts as 0, so the bound only shrinks); never more than
+ * the whole cache.  0 without private pools. */
+static uint64_t pool_idle(const og_framework_view_t *fw)
+{
+    if (!fw->has || !fw->private_pool_bytes)
+        return 0;
+    uint64_t outside =
+        add_sat(og_or(fw->roles.bytes[OG_ROLE_parameters], 0), og_or(fw->roles.bytes[OG_ROLE_buffers], 0));
+    uint64_t idle = sub0(fw->private_pool_bytes, sub0(fw->allocated_bytes, outside));
+    uint64_t cached = sub0(fw->reserved_bytes, fw->allocated_bytes);
+    return idle < cached ? idle : cached;
+}
+
 static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t *th)
 {
     og_thresholds_t t = th ? *th : th_default;
@@ -236,7 +253,9 @@ static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t
     enum og_cache_src rec_src = rec->memory.framework_cached_source;
     if (fw->has) {
         d->cached_known = true;
-        d->cached = sub0(fw->reserved_bytes, fw->allocated_bytes);
+        /* the cache is what a request outside the graphs' pools could use or empty_cache release */
+        d->pool_idle = pool_idle(fw);
+        d->cached = sub0(sub0(fw->reserved_bytes, fw->allocated_bytes), d->pool_idle);
         d->cached_src = OG_CACHE_ADAPTER;
         d->reservation = fw->reserved_bytes;
     } else if (og_known(rec->memory.framework_cached_bytes) && !(app_pool && rec_src == OG_CACHE_POOL)) {
@@ -1408,8 +1427,14 @@ static void roles(og_facts_t *d, const og_record_t *r)
         }
     }
     k->working = add_sat(k->act, k->local_held);
-    if (k->model_params && nm < 6) /* every model was listed: what is beyond them is no model's */
-        k->copy_loose = add_sat(sub0(k->params, k->model_params), sub0(k->grads, k->model_params));
+    if (k->model_params && nm < 6) { /* every model was listed: what is beyond them is no model's */
+        /* optimizers holding more parameters than every model has train parameters of their own (the fp32 master
+         * weights of a hand-written mixed-precision recipe): that many parameters beyond the models, and their
+         * gradients, are the optimizer's (k->master), not a copy under way */
+        k->master = k->opt_params > k->model_params ? k->opt_params : 0;
+        k->copy_loose = add_sat(sub0(sub0(k->params, k->model_params), k->master),
+                                sub0(sub0(k->grads, k->model_params), k->master));
+    }
     k->copying = add_sat(k->working, k->copy_loose);
     /* nothing computed yet beside a running model's weights: each of these roles measured, and none (unknown is not
      * zero) */
@@ -1506,6 +1531,20 @@ static void pass_outgrows_cache(og_facts_t *d)
             d->pass_outgrows_cache = true;
         }
         return;
+    }
+    /* outside the step, an Adam-family optimizer that has yet to make its state: when what it has to make is that
+     * many times the cache and more than everything the job could hand back before its step (the free memory, the
+     * whole cache, the running code's tensors), the training state itself does not fit, whatever the splinters */
+    if (k->known && k->act_known && k->opt_adam && k->opt_params && d->cached_known && d->free_known && !d->recovered &&
+        d->reservation) {
+        uint64_t to_come = sub0(2 * k->opt_params, k->opt);
+        uint64_t room = add_sat(add_sat(d->free_eff, d->cached), k->working);
+        if (to_come >= PASS_OVER_CACHE * (d->cached > d->req ? d->cached : d->req) && to_come > room &&
+            (double)d->cached < d->frag_share * (double)d->reservation) {
+            d->state_to_come = to_come;
+            d->pass_outgrows_cache = true;
+            return;
+        }
     }
     if (!building || !k->known || !k->act_known || !d->cached_known || d->recovered || !d->reservation)
         return;
@@ -1703,7 +1742,7 @@ static void advice(og_facts_t *f, const og_record_t *rec)
     enum og_cache_src src = OG_CACHE_NONE;
     if (fw->has) {
         x->cached_known = true;
-        x->cached = sub0(fw->reserved_bytes, fw->allocated_bytes);
+        x->cached = sub0(sub0(fw->reserved_bytes, fw->allocated_bytes), pool_idle(fw));
         src = OG_CACHE_ADAPTER;
     } else if (og_known(rec->memory.framework_cached_bytes) &&
                !(rec->memory.pool_owner_fw == 2 && rec->memory.framework_cached_source == OG_CACHE_POOL)) {

@@ -169,6 +169,10 @@ typedef struct og_role_facts {
     /* a copy of a model being made that no module holds yet (copy.deepcopy building its parameters one by one):
      * parameters beyond every model's (when models were measured) and gradients beyond them too */
     uint64_t copy_loose;
+    /* optimizers' param_groups hold more parameters than every model has (opt_params > model_params): the optimizers
+     * train parameters of their own beside the models (fp32 master weights), and opt_params of the parameters (and
+     * of the gradients) beyond the models' are theirs, not a copy; 0 otherwise */
+    uint64_t master;
     uint64_t copying; /* what the running code's copy holds so far: working + copy_loose */
     /* nothing computed yet: a model of roles.models is running (its .to() or __init__ executes) while all the
      * framework holds on the device is weights: the activations measured and none, no tensors held by Python
@@ -343,6 +347,10 @@ typedef struct og_facts {
     bool cached_known, retried;
     enum og_cache_src cached_src;
     uint64_t cached, reclaim, reservation, released;
+    /* of the framework's reserved-but-unallocated bytes, what is idle in CUDA-graph private pools at least (their
+     * reservation less every allocated byte but the parameters and buffers): reserved for the graphs' replays, so
+     * not in `cached` (no other request can use it, no empty_cache releases it); 0 without private pools */
+    uint64_t pool_idle;
     bool largest_known;
     uint64_t largest, app_slack;
     bool app_pool_covers; /* the application's own pool keeps at least the shortfall */

@@ -1379,6 +1379,10 @@ static void estimate(rank_t *k, const rctx_t *x)
         cover[i] = -1;
     cover[R_RAISE_LIMIT] = big;
     cover[R_EMPTY_CACHE] = cache_ok(x) ? (double)x->reclaim : cache_maybe(x) ? -1 : 0;
+    /* empty_cache hands back whole free segments only: PyTorch's inactive_split_bytes, the cached blocks of segments
+     * partly in use, stay (0, also when not reported, leaves the whole cache) */
+    if (cover[R_EMPTY_CACHE] > 0 && x->rec->memory.fw.has)
+        cover[R_EMPTY_CACHE] = (double)sub0(x->reclaim, x->rec->memory.fw.inactive_split_bytes);
     cover[R_POOL_TRIM] = x->app_pool ? (double)x->f->app_slack : -1;
     cover[R_FOREIGN] = (double)x->other + (HAS(NONFW) ? (double)x->nonfw : 0);
     cover[R_RELEASE_REFS] = x->growth_rise ? (double)x->growth_rise : -1;

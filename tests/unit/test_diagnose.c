@@ -1472,6 +1472,69 @@ static void an_optimizer_step_still_making_its_state_does_not_fit(void **state)
     free(r);
 }
 
+/* outside the step (no phase read), AdamW has yet to make its state: 8 GiB of fp32 master weights its optimizer holds
+ * beside a 4 GiB model, 16 GiB of moments to come, more than the free memory, the 256 MiB cached in splinters and
+ * the running code's tensors together: does_not_fit leads (the training state does not fit), fragmentation a side
+ * finding; a smaller state that the pass's own 10 GiB of activations would make room for leaves the textbook
+ * reading */
+static void an_optimizer_yet_to_make_its_state_does_not_fit(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->event.requested_bytes, 64 * MiB);
+    og_set(&r->device.free_bytes, 0);
+    fixture_roles(r, 12 * GiB, 6 * GiB, 0, 0, 0, 0);
+    fixture_model(r, "PhiForCausalLM", 4 * GiB, 1, false);
+    fixture_optimizer(r, "AdamW", 0);
+    og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 8 * GiB);
+    r->memory.fw.reserved_bytes += 256 * MiB;
+    r->memory.fw.largest_free_block_bytes = 32 * MiB;
+    diag(r);
+    assert_string_equal(r->diagnosis.primary, "does_not_fit");
+    assert_string_equal(evt(find(r, "does_not_fit"), "basis"), "pass_outgrows_cache");
+    assert_true(ev(find(r, "does_not_fit"), "state_to_come_bytes") == 16.0 * GiB);
+    assert_true(has(r, "fragmentation") && find(r, "fragmentation")->confidence <= 0.5);
+    og_test_check_text(find(r, "does_not_fit")->summary);
+    free(r);
+    r = base();
+    og_set(&r->event.requested_bytes, 64 * MiB);
+    og_set(&r->device.free_bytes, 0);
+    fixture_roles(r, 6 * GiB, 2 * GiB, 0, 0, 0, 10 * GiB);
+    fixture_model(r, "PhiForCausalLM", 2 * GiB, 1, false);
+    fixture_optimizer(r, "AdamW", 0);
+    og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 4 * GiB);
+    r->memory.fw.reserved_bytes += 256 * MiB;
+    r->memory.fw.largest_free_block_bytes = 32 * MiB;
+    diag(r);
+    assert_string_equal(r->diagnosis.primary, "fragmentation");
+    free(r);
+}
+
+/* CUDA graphs captured per shape: their private pools reserve 21 GiB of which their blocks use 1 GiB, the 20 GiB
+ * left idle is reserved for the graphs' replays (no other request can use it, no empty_cache releases it): not a
+ * fragmented cache; cache_held names the pools (evidence holder graph_pools, pool_unused_bytes) and does_not_fit
+ * does not hold (releasing the pools covers it); without private pools the same idle bytes are a fragmented
+ * cache */
+static void idle_graph_pools_are_held_not_fragmented(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->event.requested_bytes, 512 * MiB);
+    og_set(&r->device.free_bytes, 128 * MiB);
+    fixture_roles(r, 2 * GiB, 0, 0, 1 * GiB, 0, 0);
+    r->memory.fw.reserved_bytes += 20 * GiB;
+    r->memory.fw.private_pool_bytes = 21 * GiB;
+    diag(r);
+    assert_string_equal(r->diagnosis.primary, "cache_held");
+    assert_string_equal(evt(find(r, "cache_held"), "holder"), "graph_pools");
+    assert_true(ev(find(r, "cache_held"), "pool_unused_bytes") == 20.0 * GiB);
+    assert_false(has(r, "fragmentation"));
+    assert_false(has(r, "does_not_fit"));
+    og_test_check_text(find(r, "cache_held")->summary);
+    r->memory.fw.private_pool_bytes = 0;
+    diag(r);
+    assert_string_equal(r->diagnosis.primary, "fragmentation");
+    free(r);
+}
+
 /* the same for a deep copy under way (roles.operation copy): copy.deepcopy of an optimizer's state made 7 GiB so
  * far when a 44 MiB request fails with 486 MiB cached in splinters: does_not_fit (basis copy_outgrows_cache,
  * evidence copy_made_bytes), fragmentation a side finding; a copy that made little so far, or no copy measured,
@@ -1597,6 +1660,8 @@ int main(void)
         cmocka_unit_test(a_pass_that_outgrows_the_cache_does_not_fit),
         cmocka_unit_test(a_generation_outgrows_the_cache_with_its_kv_cache),
         cmocka_unit_test(an_optimizer_step_still_making_its_state_does_not_fit),
+        cmocka_unit_test(an_optimizer_yet_to_make_its_state_does_not_fit),
+        cmocka_unit_test(idle_graph_pools_are_held_not_fragmented),
         cmocka_unit_test(a_copy_that_outgrows_the_cache_does_not_fit),
         cmocka_unit_test(a_load_that_outgrows_the_cache_does_not_fit),
     };

@@ -182,6 +182,36 @@ static void fragmentation_selection(void **state)
     free(r);
 }
 
+/* the same cache, all of it in segments partly in use (PyTorch's inactive_split_bytes): empty_cache hands back whole
+ * free segments only, so it releases nothing and cannot lead; expandable_segments does */
+static void empty_cache_releases_no_split_segment(void **state)
+{
+    og_record_t *r = frag();
+    r->memory.fw.inactive_split_bytes = 1741 * MiB;
+    run_primary(r, "fragmentation");
+    assert_string_equal(r->remedies[0].id, "expandable_segments");
+    assert_true(rank_of(r, "empty_cache") != 1);
+    free(r);
+}
+
+/* fp32 master weights an optimizer trains beside a bf16 model (hand-written mixed precision: the optimizer holds
+ * more parameters than the model has): those parameters and their gradients are the optimizer's, not a snapshot of
+ * the model copied so far; snapshot_to_cpu is not offered */
+static void master_weights_are_no_snapshot(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->event.requested_bytes, 320 * MiB);
+    og_set(&r->device.free_bytes, 256 * MiB);
+    fixture_roles(r, 12 * GiB, 6 * GiB, 0, 0, 0, 0);
+    fixture_model(r, "PhiForCausalLM", 4 * GiB, 1, false);
+    fixture_optimizer(r, "AdamW", 0);
+    og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 8 * GiB);
+    r->memory.fw.grad_enabled = 1;
+    run(r);
+    assert_int_equal(rank_of(r, "snapshot_to_cpu"), 0);
+    free(r);
+}
+
 static void does_not_fit_selection(void **state)
 {
     og_record_t *r = dnf();
@@ -3383,6 +3413,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(fragmentation_selection),
+        cmocka_unit_test(empty_cache_releases_no_split_segment),
+        cmocka_unit_test(master_weights_are_no_snapshot),
         cmocka_unit_test(does_not_fit_selection),
         cmocka_unit_test(does_not_fit_never_leads_with_empty_cache),
         cmocka_unit_test(foreign_names_the_pids),
