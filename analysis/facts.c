@@ -645,14 +645,15 @@ static bool growth_for(const og_facts_t *d, const og_record_t *r, og_growth_scra
             return false;
         }
     }
-    /* one generation building up, not memory kept across requests: the adapter read a generation from the
-     * stack (generate(), beam search), the job is not known to train, autograd is not on, and what the
+    /* one generation building up, not memory kept across requests: the job is decoding (facts.decoding: the
+     * adapter read a generation from the stack, generate() or a beam search, or the running code keeps a KV cache
+     * in a local), the job is not known to train, autograd is not on, and what the
      * running code holds (its locals: the call's own KV cache, and the activations) is at least half the
      * rise.  A cache kept across calls (a global, an attribute) is not the running code's: a growth there
      * stays one */
     const og_role_facts_t *rf = &d->roles;
-    if (d->phase == OG_JP_generation && rf->known && rf->act_known && fw->has && fw->grad_enabled != 1 &&
-        fw->training != 1 && !rf->grads && !rf->opt && 2 * rf->working >= rise) {
+    if (d->decoding && rf->known && rf->act_known && fw->has && fw->grad_enabled != 1 && fw->training != 1 &&
+        !rf->grads && !rf->opt && 2 * rf->working >= rise) {
         g->gen_built = true;
         g->gen_per_step = per_step;
         g->gen_first = lows[0];
@@ -1404,6 +1405,8 @@ static void roles(og_facts_t *d, const og_record_t *r)
             k->local_held = add_sat(k->local_held, h->bytes);
             if (map_kind(kind))
                 k->local_map = add_sat(k->local_map, h->bytes);
+            if (pu == OG_PURPOSE_kv_cache)
+                k->local_kv = add_sat(k->local_kv, h->bytes);
             continue;
         }
         if (pu == OG_PURPOSE_index) { /* kept across calls (the locals of running code went on above) */
@@ -1864,6 +1867,10 @@ void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds
     framework_cap(f, rec);
     job_phase(f, rec);
     roles(f, rec);
+    /* a hand-written decoding loop is a generation too: the stack shows only a forward or an evaluation, but a
+     * local of the running code keeps a KV cache (the loop's own past_key_values, extended block by block) */
+    f->decoding = f->phase == OG_JP_generation ||
+                  ((f->phase == OG_JP_forward || f->phase == OG_JP_evaluation) && f->roles.known && f->roles.local_kv);
     kept_graphs(f, rec);
     trains(f, rec);
     growth(f, rec, s);

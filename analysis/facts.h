@@ -154,10 +154,11 @@ typedef struct og_role_facts {
     int kv;          /* index in roles.holders of the largest holder kept across calls whose purpose is kv_cache
                         (its type or name: StaticCache, past_key_values, kv), -1 none */
     uint64_t kv_bytes;
-    uint64_t local_map;   /* held by locals of running functions that are dicts (a state_dict being copied) */
-    int num_beams;        /* the beam width of the generation running at the failure (roles meta); 0 unknown */
-    int checkpointing;    /* roles.gradient_checkpointing: 1 in force for the failing pass, -1 off, 0 unknown */
-    int batch_size;       /* roles.batch_size: the batch the program names for the failing pass; 0 unknown */
+    uint64_t local_map; /* held by locals of running functions that are dicts (a state_dict being copied) */
+    uint64_t local_kv;  /* held by locals of running functions whose purpose is kv_cache: a decoding loop's own cache */
+    int num_beams;      /* the beam width of the generation running at the failure (roles meta); 0 unknown */
+    int checkpointing;  /* roles.gradient_checkpointing: 1 in force for the failing pass, -1 off, 0 unknown */
+    int batch_size;     /* roles.batch_size: the batch the program names for the failing pass; 0 unknown */
     bool batchless_sizes; /* the failing statement's int operands are known, one at least a dimension (>= 128),
                                and none is the batch size (> 1): the failing tensor is one sample's, it does not
                                shrink with the batch (box IoU of one image's anchors x boxes) */
@@ -378,6 +379,9 @@ typedef struct og_facts {
 
     /* what the job was doing, what its memory is for (the Python adapter; unknown without it) */
     enum og_job_phase phase;
+    /* a generation running: the phase generation, or a forward or evaluation whose running code keeps a KV cache
+     * in a local (a hand-written decoding loop: roles.local_kv) */
+    bool decoding;
     /* loading a checkpoint: torch.load (torch/serialization.py) on the failing stack, or the failing
      * statement builds what the program calls a checkpoint (roles.statement.purpose) */
     bool load_via_torch_load;

@@ -95,8 +95,8 @@ bool og_growth_without_autograd(const rctx_t *x);
  * roles.models (a notebook cell run again while the first run's model, optimizer and traceback live on) */
 bool og_previous_copy(const rctx_t *x);
 /* the growth is one generation's working set: a KV cache rising token by token within a request (the
- * adapter's phase generation, or a KV cache holding at least half the rise; growth.gen_built; or, with no
- * growth read, phase generation with a KV cache holding the missing bytes and a quarter of the framework's
+ * job decoding (facts.decoding), or a KV cache holding at least half the rise; growth.gen_built; or, with no
+ * growth read, decoding with a KV cache holding the missing bytes and a quarter of the framework's
  * allocated bytes), in a job not known to train, autograd not on: not memory kept across iterations */
 bool og_generation_growth(const rctx_t *x);
 /* the models a registry by key keeps resident on the GPU (roles.registry_models, else roles.keyed_models in a job

@@ -849,8 +849,9 @@ static const og_rank_row_t bring[] = {
     { "growth_kept_on_purpose", growth_on_purpose, WANT, 0, 0, REMS(R_SMALLER_BATCH, R_SHORTER_SEQ),
       "primary growth marked by the failing size, autograd off, not training", "generate_kv_cache" },
     { "generation_working_set", generation_growth, WANT, 0, 0, REMS(R_SMALLER_BATCH, R_SHORTER_SEQ, R_SMALLER_KV),
-      "cause growth or growth.gen_built, not training, autograd not on, phase generation or a KV cache holding >= "
-      "half the rise; or phase generation with a KV cache >= shortfall and >= 1/4 of the allocated bytes",
+      "cause growth or growth.gen_built, not training, autograd not on, decoding (phase generation, or locals of "
+      "running code keeping a KV cache) or a KV cache holding >= half the rise; or decoding with a KV cache >= "
+      "shortfall and >= 1/4 of the allocated bytes",
       "generate_kv_cache, generate_beams_kv_growth" },
     { "generation_beams", generation_beams, WANT, 0, 0, REMS(R_FEWER_BEAMS),
       "as generation_working_set, roles: num_beams > 1 (the beam width read from the generation's frames)",
@@ -1268,7 +1269,7 @@ static const og_rank_row_t lead[] = {
       "as generation_working_set (the KV cache grows per token: not a leak)",
       "generate_kv_cache, generate_beams_kv_growth" },
     { "generation_cache_lead", generation_built, LEAD_COVERS, -24, 0, REMS(R_SMALLER_KV),
-      "as generation_working_set, no growth cause (growth.gen_built, or phase generation with a KV cache >= "
+      "as generation_working_set, no growth cause (growth.gen_built, or decoding with a KV cache >= "
       "shortfall and >= 1/4 of the allocated bytes)",
       "translate_docs_beam_kv_growth, longform_eval_kv_growth (blind)" },
     { "cross_entropy_lead", cross_entropy_lead, LEAD_COVERS, -26, 0, REMS(R_FUSED_CE),

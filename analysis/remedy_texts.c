@@ -54,13 +54,13 @@ bool og_generation_growth(const rctx_t *x)
         return true;
     /* no growth read (too few steps, or the steps split otherwise), but the adapter read a generation and a KV
      * cache holds the missing bytes and a quarter of what the framework holds: the same working set */
-    if (x->f->phase == OG_JP_generation && ro->known && x->trains != 1 && x->grad != 1 && x->shortfall &&
+    if (x->f->decoding && ro->known && x->trains != 1 && x->grad != 1 && x->shortfall &&
         ro->purpose_bytes[OG_PURPOSE_kv_cache] >= x->shortfall &&
         4 * ro->purpose_bytes[OG_PURPOSE_kv_cache] >= x->rec->memory.fw.allocated_bytes)
         return true;
     uint64_t kv = ro->purpose_bytes[OG_PURPOSE_kv_cache];
     return x->has[OG_CAUSE_GROWTH] && x->trains != 1 && x->grad != 1 &&
-           (x->f->phase == OG_JP_generation || (ro->known && kv && kv >= x->f->growth.rise / 2));
+           (x->f->decoding || (ro->known && kv && kv >= x->f->growth.rise / 2));
 }
 
 /* The advice's view: the facts og_diagnose computed (og_diagnose's own when it ran on this record),

@@ -2495,6 +2495,35 @@ static void inference_call_building(void **state)
     free(r);
 }
 
+/* a hand-written decoding loop (the stack shows a forward or an evaluation, no generate()) whose own local keeps the
+ * KV cache it extends block by block, autograd off: decoding too, the generation's working set, not a growth; the
+ * same cache kept across calls on an attribute (a prefix cache by tenant) stays a growth */
+static void decoding_loop_kv_growth(void **state)
+{
+    static const char *const phases[] = { "evaluation", "forward" };
+    for (int i = 0; i < 2; i++) {
+        og_record_t *r = base();
+        leaking_steps(r);
+        fixture_roles(r, 4 * GiB, 0, 0, 0, 16 * GiB, 0);
+        fixture_holder(r, "past_key_values", "list", "local in sample (gen.py:81)", 15 * GiB);
+        fixture_purpose(r, "kv_cache");
+        fixture_phase(r, phases[i], "gen.py", "forward");
+        r->memory.fw.grad_enabled = -1;
+        og_set(&r->device.free_bytes, 256 * MiB);
+        run_primary(r, "does_not_fit");
+        assert_true(r->analysis.facts.decoding);
+        assert_true(r->analysis.facts.growth.gen_built && !r->analysis.facts.growth.holds);
+        assert_int_equal(rank_of(r, "release_references"), 0);
+        assert_true(rank_of(r, "smaller_kv_cache") >= 1 && rank_of(r, "smaller_kv_cache") <= 3);
+        r->memory.fw.roles.nholders = 0;
+        fixture_holder(r, "self.prefix_cache", "dict", "on ChatService", 15 * GiB);
+        fixture_purpose(r, "kv_cache");
+        run_primary(r, "growth");
+        assert_false(r->analysis.facts.decoding);
+        free(r);
+    }
+}
+
 /* a replay buffer (a holder of purpose dataset, local in main) grows until the card is full: keeping it in host
  * memory leads, its bytes the growth's holder's; the same holder without the purpose is a leak to release */
 static void growing_dataset_to_host(void **state)
@@ -3481,6 +3510,7 @@ int main(void)
         cmocka_unit_test(kv_cache_reserving),
         cmocka_unit_test(unknown_shortfall_is_covered_by_nothing),
         cmocka_unit_test(generation_kv_growth),
+        cmocka_unit_test(decoding_loop_kv_growth),
         cmocka_unit_test(timing_moves_no_answer),
         cmocka_unit_test(cross_entropy_fused_first),
         cmocka_unit_test(autocast_in_code),
