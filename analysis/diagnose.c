@@ -921,7 +921,7 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
         ev_bytes(c, "pass_working_set_bytes", set);
         if (strlen(c->summary) + 160 < sizeof c->summary)
             og_fmt(c->summary + strlen(c->summary) - 1, sizeof c->summary - strlen(c->summary) + 1,
-                   "; the model being loaded holds %s so far, and the %s cached would carry it only a few tensors "
+                   "; the load in progress holds %s so far, and the %s cached would carry it only a few tensors "
                    "further.",
                    og_hb((double)set).s, og_hb((double)d->cached).s);
     } else if (d->pass_outgrows_cache && d->state_to_come && d->phase != OG_JP_optimizer_step) {

@@ -1516,13 +1516,14 @@ static void trains(og_facts_t *d, const og_record_t *r)
  * tensors (the working set; in generation with the KV cache it builds) are at least PASS_OVER_CACHE times the failing framework's measured cache,
  * while that cache is under frag_share of its reservation: the cache could carry the pass a few
  * allocations further, not through it (the rest of the pass was never requested).  Likewise a model being
- * built (phase loading): what the models running now hold so far (roles.arriving) is its working set. */
+ * built (phase loading): what the models running now hold so far (roles.arriving) and the tensors its running code
+ * holds in locals (a checkpoint's shard being placed) are its working set. */
 #define PASS_OVER_CACHE 3
 static void pass_outgrows_cache(og_facts_t *d)
 {
     const og_role_facts_t *k = &d->roles;
     bool building = d->phase == OG_JP_forward || d->phase == OG_JP_backward || d->phase == OG_JP_evaluation ||
-                    d->phase == OG_JP_generation || (d->phase == OG_JP_loading && k->arriving);
+                    d->phase == OG_JP_generation || (d->phase == OG_JP_loading && (k->arriving || k->local_held));
     /* an optimizer step making an Adam-family state (two moments per parameter its optimizers hold): what it has
      * yet to make is the step's own working set */
     if (d->phase == OG_JP_optimizer_step && k->known && k->opt_adam && k->opt_params && d->cached_known &&

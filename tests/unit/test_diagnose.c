@@ -1609,6 +1609,33 @@ static void a_load_that_outgrows_the_cache_does_not_fit(void **state)
     free(r);
 }
 
+/* a load placing a checkpoint's shards into a model (from_pretrained; no model's own frame runs): the shard being
+ * read is held by a local of the running code (4 GiB) when a 112 MiB request fails with 226 MiB cached in
+ * splinters: the load's working set outgrows the cache, does_not_fit leads with it; the shard kept across calls
+ * (a global: no running code's) leaves the textbook reading */
+static void a_shard_being_placed_outgrows_the_cache(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->event.requested_bytes, 112 * MiB);
+    og_set(&r->device.free_bytes, 100 * MiB);
+    fixture_roles(r, 24 * GiB, 0, 0, 0, 4 * GiB, 0);
+    r->memory.fw.reserved_bytes += 226 * MiB;
+    r->memory.fw.largest_free_block_bytes = 4 * MiB;
+    fixture_phase(r, "loading", "/w/load.py", "from_pretrained");
+    fixture_holder(r, "result", "dict", "global in load.py", 4 * GiB);
+    diag(r);
+    assert_string_equal(r->diagnosis.primary, "fragmentation");
+    r->memory.fw.roles.nholders = 0;
+    fixture_holder(r, "result", "dict", "local in load_file (load.py:57)", 4 * GiB);
+    diag(r);
+    assert_string_equal(r->diagnosis.primary, "does_not_fit");
+    assert_string_equal(evt(find(r, "does_not_fit"), "basis"), "pass_outgrows_cache");
+    assert_true(ev(find(r, "does_not_fit"), "pass_working_set_bytes") == 4.0 * GiB);
+    assert_true(find(r, "fragmentation")->confidence <= 0.5);
+    og_test_check_text(find(r, "does_not_fit")->summary);
+    free(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1664,6 +1691,7 @@ int main(void)
         cmocka_unit_test(idle_graph_pools_are_held_not_fragmented),
         cmocka_unit_test(a_copy_that_outgrows_the_cache_does_not_fit),
         cmocka_unit_test(a_load_that_outgrows_the_cache_does_not_fit),
+        cmocka_unit_test(a_shard_being_placed_outgrows_the_cache),
     };
     int total = (int)(sizeof tests / sizeof *tests);
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
