@@ -441,7 +441,11 @@ def _own_frames(frames, package_dir):
     return [f for f in frames if not os.path.abspath(f.f_code.co_filename).startswith(package_dir)]
 
 
-def _backward_caller():
+# detect()'s source when the phase was told by the thread that called backward()
+BACKWARD_CALLER = "thread that called backward()"
+
+
+def backward_caller():
     """The frame of another thread that is inside backward(), or None."""
     me = threading.get_ident()
     for tid, f in list(sys._current_frames().items()):
@@ -479,9 +483,9 @@ def _detect(frame, grad_enabled, exc, package_dir, stmt):
                 hf = _handler_frame(e)
                 return "oom_handler", hf, src
         if not _own_frames(frames, package_dir):
-            caller = _backward_caller()
+            caller = backward_caller()
             if caller is not None:
-                return "backward", caller, "thread that called backward()"
+                return "backward", caller, BACKWARD_CALLER
             if not frames:
                 return None, None, "no Python stack"
         phase, at = from_frames(frames)

@@ -485,12 +485,18 @@ def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowe
                 measured["operation"] = oomguard_phase.operation(frame)
             if measured is not None and phase[0] == "generation" and frame is not None:
                 measured["num_beams"] = _num_beams(frame)
+            # what the program's own code says (its batch, autocast around its work, its settings) is read on the
+            # failing thread's stack; an autograd engine thread has no frame of the program, so the thread that
+            # called backward() (the one that told the phase) is read instead
+            code = oomguard_phase.backward_caller() if phase[2] == oomguard_phase.BACKWARD_CALLER else None
+            code = code if code is not None else frame
             if measured is not None and frame is not None:
                 measured["checkpointing"] = _checkpointing(frame, phase[0], grad, _torch_dir(torch))
-                measured["batch_size"] = _batch_size(frame, _torch_dir(torch))
-                measured["autocast_in_code"] = oomguard_phase.autocast_in_code(frame)
+            if measured is not None and code is not None:
+                measured["batch_size"] = _batch_size(code, _torch_dir(torch))
+                measured["autocast_in_code"] = oomguard_phase.autocast_in_code(code)
                 # settings of the program's own code that decide what the pass keeps (padding="max_length")
-                measured["code_settings"] = oomguard_phase.code_settings(frame)
+                measured["code_settings"] = oomguard_phase.code_settings(code)
             roles = oomguard_roles.encode(measured)
         phase = phase or (None, None, None)
         r = oomguard_core.send(

@@ -1053,6 +1053,19 @@ t_backward_summary() { # the stderr summary says the same when the error ends th
         grep -E "^oomguard: phase: backward \(bw.py:5 in <module>\)$" err.txt || { cat err.txt; return 1; }
 }
 t "phase backward: the stderr summary's failing line and phase line are the program's backward() call" t_backward_summary
+t_backward_code() { # what the program's code says is read on the thread that called backward(), not the engine's
+    printf '%s\n' 'import torch' 'w = torch.nn.Parameter(torch.empty(1100 << 20))' 'def step(batch_size):' \
+        '    with torch.autocast("cuda", dtype=torch.float16):' '        out = torch.empty(1 << 20)' \
+        '    out._params = (w,)' '    out.backward()' 'step(6)' > bwc.py
+    shim adapter "$PYTHON" bwc.py 2> err.txt && return 1
+    local d; d=$(ls dumps/oomguard-*.json | head -1)
+    expect "$d" 'd["event"]["phase"]' backward &&
+        expect "$d" 'd["memory"]["framework"]["roles"]["autocast_in_code"]' True &&
+        expect "$d" 'd["memory"]["framework"]["roles"]["batch_size"]' 6 &&
+        expect "$d" 'd["memory"]["framework"]["autocast"]' False
+}
+t "phase backward: autocast around the program's forward and its batch are read on the thread that called backward()" \
+    t_backward_code
 t "phase optimizer_step: AdamW making its state at the first step (a bare frozen parameter counted as a parameter)" t_roles step
 t "phase loading: torch.load restoring onto the GPU" t_roles load
 t "phase oom_handler: a retry inside the except block of an earlier OOM; phase_frame is the handler's line" t_roles handler
