@@ -1519,6 +1519,14 @@ static void trains(og_facts_t *d, const og_record_t *r)
  * built (phase loading): what the models running now hold so far (roles.arriving) and the tensors its running code
  * holds in locals (a checkpoint's shard being placed) are its working set. */
 #define PASS_OVER_CACHE 3
+/* BYTES still to come are PASS_OVER_CACHE times the measured cache and the request, and that cache is under
+ * frag_share of its reservation: the splinters carry the work a few allocations further, not through it */
+static bool outgrows(const og_facts_t *d, uint64_t bytes)
+{
+    return bytes >= PASS_OVER_CACHE * (d->cached > d->req ? d->cached : d->req) &&
+           (double)d->cached < d->frag_share * (double)d->reservation;
+}
+
 static void pass_outgrows_cache(og_facts_t *d)
 {
     const og_role_facts_t *k = &d->roles;
@@ -1529,8 +1537,7 @@ static void pass_outgrows_cache(og_facts_t *d)
     if (d->phase == OG_JP_optimizer_step && k->known && k->opt_adam && k->opt_params && d->cached_known &&
         !d->recovered && d->reservation) {
         uint64_t to_come = sub0(2 * k->opt_params, k->opt);
-        if (to_come >= PASS_OVER_CACHE * (d->cached > d->req ? d->cached : d->req) &&
-            (double)d->cached < d->frag_share * (double)d->reservation) {
+        if (outgrows(d, to_come)) {
             d->state_to_come = to_come;
             d->pass_outgrows_cache = true;
         }
@@ -1543,8 +1550,7 @@ static void pass_outgrows_cache(og_facts_t *d)
         d->reservation) {
         uint64_t to_come = sub0(2 * k->opt_params, k->opt);
         uint64_t room = add_sat(add_sat(d->free_eff, d->cached), k->working);
-        if (to_come >= PASS_OVER_CACHE * (d->cached > d->req ? d->cached : d->req) && to_come > room &&
-            (double)d->cached < d->frag_share * (double)d->reservation) {
+        if (outgrows(d, to_come) && to_come > room) {
             d->state_to_come = to_come;
             d->pass_outgrows_cache = true;
             return;
@@ -1556,8 +1562,7 @@ static void pass_outgrows_cache(og_facts_t *d)
     /* a generation's working set is its activations and the KV cache it builds token by token */
     if (d->phase == OG_JP_generation)
         set = add_sat(set, k->purpose_bytes[OG_PURPOSE_kv_cache]);
-    d->pass_outgrows_cache = set >= PASS_OVER_CACHE * (d->cached > d->req ? d->cached : d->req) &&
-                             (double)d->cached < d->frag_share * (double)d->reservation;
+    d->pass_outgrows_cache = outgrows(d, set);
 }
 
 /* A deep copy under way (roles.operation copy), that cache under frag_share of its reservation, which the rest of
@@ -1575,7 +1580,7 @@ static void copy_outgrows_cache(og_facts_t *d)
     if (k->copy_source > k->copy_made)
         d->copy_outgrows_cache = k->copy_source - k->copy_made > add_sat(d->cached, d->free_eff);
     else
-        d->copy_outgrows_cache = k->copy_made >= PASS_OVER_CACHE * (d->cached > d->req ? d->cached : d->req);
+        d->copy_outgrows_cache = outgrows(d, k->copy_made);
 }
 
 /* The failing request and the allocations of its size since the first of them (the framework's
@@ -1746,7 +1751,7 @@ static void advice(og_facts_t *f, const og_record_t *rec)
     enum og_cache_src src = OG_CACHE_NONE;
     if (fw->has) {
         x->cached_known = true;
-        x->cached = sub0(sub0(fw->reserved_bytes, fw->allocated_bytes), pool_idle(fw));
+        x->cached = sub0(sub0(fw->reserved_bytes, fw->allocated_bytes), f->pool_idle); /* measure()'s */
         src = OG_CACHE_ADAPTER;
     } else if (og_known(rec->memory.framework_cached_bytes) &&
                !(rec->memory.pool_owner_fw == 2 && rec->memory.framework_cached_source == OG_CACHE_POOL)) {
