@@ -70,10 +70,9 @@ class FullyShardedDataParallel(Module):
 
     def forward(self, *args, **kwargs):
         gathered = empty(self._unshard_bytes, device=None) if self._full_bytes else None    # all-gather
-        try:
-            return self._fsdp_wrapped_module(*args, **kwargs)
-        finally:
-            del gathered                                                                    # reshard
+        out = self._fsdp_wrapped_module(*args, **kwargs)
+        del gathered                                    # reshard (post-forward: not reached when it raises)
+        return out
 '''
 _fsdp_ns = {"empty": torch.empty}
 exec(compile(_FSDP_SRC, os.path.join(os.path.dirname(torch.__file__), "distributed", "fsdp",
