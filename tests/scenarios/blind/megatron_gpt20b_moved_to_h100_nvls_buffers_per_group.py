@@ -88,13 +88,14 @@ class ParallelTransformerLayer(torch.nn.Module):
 
     def __init__(self):
         torch.nn.Module.__init__(self)
-        self.self_attention = torch.nn.Parameter(torch.empty(4 * HIDDEN * HIDDEN // TP * 2, device="cuda"))
-        self.mlp = torch.nn.Parameter(torch.empty(8 * HIDDEN * HIDDEN // TP * 2, device="cuda"))
+        self.self_attention = torch.nn.Parameter(torch.empty(4 * HIDDEN * HIDDEN // TP, dtype=torch.bfloat16,
+                                                             device="cuda"))
+        self.mlp = torch.nn.Parameter(torch.empty(8 * HIDDEN * HIDDEN // TP, dtype=torch.bfloat16, device="cuda"))
 
     def forward(self, hidden):
         # selective recompute with sequence parallelism: what the layer keeps for backward (34 s b h / t)
         kept = torch.empty(34 * SEQ * HIDDEN // TP, device="cuda")
-        out = torch.empty(hidden.nbytes, device="cuda")
+        out = torch.empty(hidden.nbytes // 2, dtype=torch.bfloat16, device="cuda")
         out._saved = [hidden, kept]
         return out
 
@@ -102,12 +103,12 @@ class ParallelTransformerLayer(torch.nn.Module):
 class GPTModel(torch.nn.Module):
     def __init__(self):
         torch.nn.Module.__init__(self)
-        self.embedding = torch.nn.Parameter(torch.empty(VOCAB // TP * HIDDEN * 2, device="cuda"))
+        self.embedding = torch.nn.Parameter(torch.empty(VOCAB // TP * HIDDEN, dtype=torch.bfloat16, device="cuda"))
         for i in range(LAYERS):
             setattr(self, "layer%d" % i, ParallelTransformerLayer())
 
     def forward(self, tokens):
-        h = torch.empty(SEQ // TP * HIDDEN * 2, device="cuda")
+        h = torch.empty(SEQ // TP * HIDDEN, dtype=torch.bfloat16, device="cuda")
         for i in range(LAYERS):
             h = getattr(self, "layer%d" % i)(h)
         logits = torch.empty(SEQ * VOCAB // TP * 4, device="cuda")
