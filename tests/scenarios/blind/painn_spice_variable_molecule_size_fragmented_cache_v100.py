@@ -19,7 +19,7 @@ Step 257 (1.33M edges, 23 GiB of edge activations, the buffer full) went through
 caching allocator splits its cached segments to serve the next ones, and the prefetched and replayed
 batches' tensors, which live for many steps, land inside those segments and pin them.  At step 504 a
 batch of 861k edges -- about half the biggest one so far -- asks for a 1.2 GiB edge tensor: PyTorch has
-about 10.7 GiB reserved but unallocated, in pieces none of which is large enough, and releasing the
+about 10.5 GiB reserved but unallocated, in pieces none of which is large enough, and releasing the
 entirely free segments frees nothing.
 
 An expert: fragmentation of the caching allocator by sizes that change every step -- set
@@ -153,6 +153,9 @@ def forces_and_loss(model, batch, energy):
 def main():
     batch_size = 24
     model = PaiNN()
+    # truth mark at the failure itself (test scaffolding): unwinding the loop closes the prefetcher's
+    # generator and frees the next batch before the except block runs
+    torch._C._cuda_attach_out_of_memory_observer(lambda dev, size, total, free: scen_truth.torch_oom_mark(dev))
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=5e-4)
     hard = collections.deque(maxlen=48)     # hard-example replay (re-trained every 10th step in the real code)
@@ -173,6 +176,5 @@ def main():
 try:
     main()
 except torch.OutOfMemoryError:
-    scen_truth.torch_oom_mark()
-    raise
+    raise                                   # marked by the observer above
 sys.exit(0)
