@@ -17,8 +17,9 @@ memoised every sample on the GPU in the Dataset:
         loss = F.mse_loss(model(x), y); loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
 
 The model, AdamW and a step's activations (about 12 GiB, freed after each step) fit easily; but every
-new sample adds 160 MiB that stays, 320 MiB a step.  About 115 steps into the first epoch (of 21,900)
-the collate of the next batch cannot get its 160 MiB: the dataset's dict holds about 36 GiB by then.
+new sample adds 160 MiB that stays, 320 MiB a step.  About 75 steps into the first epoch (of 21,900)
+the forward pass cannot get its 160 MiB output (the prediction, at the end of the network): the
+dataset's dict holds about 24 GiB by then.
 
 An expert: the dict on the Dataset holds the memory, growing every step -- keep the cache in host
 memory (pinned, or a local NVMe copy of the zarr store) and move one batch at a time to the GPU, or
