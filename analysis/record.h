@@ -193,6 +193,8 @@ typedef struct og_roles {
         int named;               /* of them, held by a name of the running code (-1 unknown: an older adapter) */
         int running;             /* of them, running: a method of theirs executes (-1 unknown) */
         char names[64];          /* the names holding them, comma-separated ("" none) */
+        char purpose[16];        /* what those names or the class say they are kept for (common/purposes.def: an
+                                    EMA, a teacher, a reference policy; "" none said) */
     } models[6];
     /* roles.operation: what the failing operation is (common/operations.def; "" none matched) and its frame */
     char operation[24];

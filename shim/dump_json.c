@@ -246,6 +246,8 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
         else
             og_sb_puts(sb, ",\"named\":null,\"running\":null,\"names\":");
         j_csv_strs(sb, r->models[i].named >= 0 ? r->models[i].names : NULL);
+        og_sb_puts(sb, ",\"purpose\":");
+        j_str_or_null(sb, r->models[i].purpose);
         og_sb_puts(sb, "}");
     }
     og_sb_puts(sb, "]");

@@ -174,6 +174,8 @@ static void parse_roles(const char *s, og_roles_t *r)
             r->models[r->nmodels].running = n >= 9 ? atoi(f[7]) : -1;
             if (n >= 9)
                 copy_field(r->models[r->nmodels].names, sizeof r->models[0].names, f[8]);
+            if (n >= 10)
+                copy_field(r->models[r->nmodels].purpose, sizeof r->models[0].purpose, f[9]);
             r->nmodels++;
         } else if (!strcmp(f[0], "operation") && n >= 5 && !r->operation[0]) {
             copy_field(r->operation, sizeof r->operation, f[1]);

@@ -141,6 +141,9 @@ PURPOSES = (
     ("index", ("index", "faiss", "vector_index", "flat_index", "ann_index", "search_index", "vector_store",
                "vectorstore", "corpus_embeddings", "doc_embeddings", "passage_embeddings"),
      ("*Index*", "*VectorStore*", "*Faiss*", "*Retriever*")),
+    # a frozen model kept beside the trained one to compare against it: a preference-tuning (DPO, PPO, KTO)
+    # reference policy, named so (ref_model, reference_model, ref_policy)
+    ("reference", ("ref", "reference", "ref_model", "reference_model", "ref_policy", "reference_policy"), ()),
 )
 
 
@@ -771,7 +774,8 @@ def _root_of(scan, m):
 def _models_named(scan):
     """scan.models with, for each group, how many of its roots the running code holds by a name (named),
     how many it is running (a method of the root or of one of its submodules is executing: running), and
-    those names: [(class, bytes, tensors, count, frozen, named, running, names)].  A root no name of the
+    those names, and the purpose those names or the class say (PURPOSES: an EMA, a teacher, a reference):
+    [(class, bytes, tensors, count, frozen, named, running, names, purpose)].  A root no name of the
     running code reaches is a leftover (a previous run's model kept by a traceback, a cycle); so is one whose
     names a running statement of the program is about to rebind (_pending_stores: a cell run again while its
     previous model lives), though its names are listed."""
@@ -788,7 +792,8 @@ def _models_named(scan):
             for nm in scan.model_names.get(id(r), ()):
                 if nm not in names and len(names) < 4:
                     names.append(nm)
-        out.append((cls, b, n, k, fr, len(named), sum(1 for r in roots if id(r) in running_roots), names))
+        out.append((cls, b, n, k, fr, len(named), sum(1 for r in roots if id(r) in running_roots), names,
+                    purpose_of(names, [cls])))
     return out
 
 
@@ -1111,6 +1116,8 @@ def encode(r):
         line = "model\t%s\t%d\t%d\t%d\t%d" % (_clean(cls), int(b), int(n), int(k), 1 if frozen else 0)
         if len(m) >= 8:
             line += "\t%d\t%d\t%s" % (int(m[5]), int(m[6]), _clean(",".join(m[7][:4])) or "-")
+        if len(m) >= 9:
+            line += "\t%s" % _clean(m[8] or "-")
         out.append(line)
     op = r.get("operation")
     if op:

@@ -390,6 +390,7 @@ def t_models():
         net_bytes = sum(nbytes(p) for p in (model.a.weight, model.b.weight, model.head))
         assert ms["Net"][1] == net_bytes and ms["Net"][3] == 2 and not ms["Net"][4], ms
         assert ms["Block"][3] == 1 and ms["Block"][4] is True, ms     # Block(8192): frozen, not a child of a Net
+        assert ms["Block"][8] == "teacher" and ms["Net"][8] is None, ms  # what the name `teacher` says
         enc = oomguard_roles.encode(r)
         assert "model\tNet\t%d\t3\t2\t0" % net_bytes in enc, enc
         # both copies are globals of the program: held by a name, neither running
