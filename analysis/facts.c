@@ -1492,6 +1492,121 @@ static void kept_graphs(og_facts_t *d, const og_record_t *r)
     }
 }
 
+/* The model group's purpose (roles.models[].purpose: what its names or class say) */
+static enum og_purpose model_purpose(const og_roles_t *ro, int i)
+{
+    char p[sizeof ro->models[0].purpose];
+    og_cpy(p, sizeof p, ro->models[i].purpose, sizeof p);
+    return og_purpose_of(p);
+}
+
+/* the group's every model is held by one attribute name of as many objects (names "self.unet", named = count) */
+static bool one_attribute_each(const og_roles_t *ro, int i)
+{
+    char names[sizeof ro->models[0].names];
+    og_cpy(names, sizeof names, ro->models[i].names, sizeof names);
+    return ro->models[i].count >= 2 && ro->models[i].named == ro->models[i].count && !strchr(names, ',') &&
+           strncmp(names, "self.", 5) == 0 && !keyed_group(ro, i);
+}
+
+/* A second copy of weights the program keeps on the device (facts.h: ema_kept, reference_copy,
+ * repeated_components): what the copy is tells the fix.  An EMA kept between its updates belongs in host memory;
+ * a preference-tuning reference beside a policy that trains adapters on the same base is that policy with its
+ * adapters disabled; pipelines that each loaded the same components can share one set.  Read from the adapter's
+ * measurement only (names, purposes, frozen flags, the optimizers' parameters), never from block sizes. */
+static void weights_copies(og_facts_t *d, const og_record_t *r)
+{
+    og_role_facts_t *k = &d->roles;
+    const og_roles_t *ro = &r->memory.fw.roles;
+    k->ema_holder = k->ema_model = k->reference_group = k->repeated_group = k->trained_group = -1;
+    if (!k->known)
+        return;
+    int nh = ro->nholders < 0 ? 0 : ro->nholders > 8 ? 8 : ro->nholders;
+    for (int i = 0; i < nh; i++) {
+        const og_role_holder_t *h = &ro->holders[i];
+        char where[sizeof h->where], purpose[sizeof h->purpose];
+        og_cpy(where, sizeof where, h->where, sizeof where);
+        og_cpy(purpose, sizeof purpose, h->purpose, sizeof purpose);
+        if (og_purpose_of(purpose) != OG_PURPOSE_ema || strncmp(where, "local in ", 9) == 0)
+            continue; /* a local of the running code is an update under way (weights_update), not a kept copy */
+        k->ema_kept = add_sat(k->ema_kept, h->bytes);
+        if (k->ema_holder < 0 || h->bytes > ro->holders[k->ema_holder].bytes)
+            k->ema_holder = i;
+    }
+    int nm = ro->nmodels < 0 ? 0 : ro->nmodels > 6 ? 6 : ro->nmodels;
+    for (int i = 0; i < nm; i++) {
+        uint64_t all = ro->models[i].bytes * (uint64_t)(ro->models[i].count > 0 ? ro->models[i].count : 0);
+        if (model_purpose(ro, i) == OG_PURPOSE_ema && ro->models[i].running <= 0) {
+            k->ema_kept = add_sat(k->ema_kept, all);
+            if (k->ema_model < 0 || all > ro->models[k->ema_model].bytes)
+                k->ema_model = i;
+        }
+    }
+    /* the trained model: the largest group not frozen; the parameters its optimizers train (opt_params) */
+    int trained = -1;
+    for (int i = 0; i < nm; i++)
+        if (!ro->models[i].frozen && ro->models[i].count > 0 &&
+            (trained < 0 || ro->models[i].bytes > ro->models[trained].bytes))
+            trained = i;
+    bool adapters = trained >= 0 && k->opt_params && (double)k->opt_params <= 0.1 * (double)ro->models[trained].bytes;
+    double base = adapters ? (double)sub0(ro->models[trained].bytes, k->opt_params) : 0;
+    for (int i = 0; i < nm; i++) {
+        if (i == trained || ro->models[i].count <= 0)
+            continue;
+        enum og_purpose pu = model_purpose(ro, i);
+        double off = (double)ro->models[i].bytes - base;
+        bool same_base = ro->models[i].frozen && base > 0 && (off < 0 ? -off : off) <= 0.1 * base;
+        if (pu != OG_PURPOSE_reference && !(same_base && pu == OG_PURPOSE_NONE))
+            continue;
+        uint64_t all = ro->models[i].bytes * (uint64_t)ro->models[i].count;
+        if (k->reference_group < 0 || all > k->reference_copy) {
+            k->reference_copy = all;
+            k->reference_group = i;
+            k->reference_base = same_base;
+        }
+    }
+    /* a model arriving while the trained one and its optimizer state are still referenced (state exists: a step
+     * was made) */
+    for (int i = 0; d->phase == OG_JP_loading && k->opt && i < nm; i++) {
+        if (ro->models[i].frozen || ro->models[i].running != 0 || ro->models[i].named <= 0)
+            continue;
+        bool arriving = false, other = false;
+        for (int j = 0; j < nm; j++)
+            if (ro->models[j].running > 0) {
+                arriving = true;
+                other = other || strncmp(ro->models[j].cls, ro->models[i].cls, sizeof ro->models[i].cls) == 0;
+            }
+        if (!arriving || other)
+            continue; /* nothing loads, or a copy of its own class arrives (model_copies, named_copies) */
+        uint64_t held = ro->models[i].bytes * (uint64_t)ro->models[i].named;
+        if (k->trained_group < 0 ||
+            held > ro->models[k->trained_group].bytes * (uint64_t)ro->models[k->trained_group].named) {
+            k->trained_group = i;
+            k->trained_kept = add_sat(add_sat(held, k->grads), k->opt);
+        }
+    }
+    /* pipelines built one by one from the same checkpoint: the same frozen components, each N times, each held by
+     * one attribute of N objects; two such groups of one count at least (a whole set repeated, not one model) */
+    for (int i = 0; i < nm; i++) {
+        if (!ro->models[i].frozen || !one_attribute_each(ro, i))
+            continue;
+        uint64_t extra = 0;
+        int groups = 0, largest = -1;
+        for (int j = 0; j < nm; j++)
+            if (ro->models[j].frozen && one_attribute_each(ro, j) && ro->models[j].count == ro->models[i].count) {
+                extra = add_sat(extra, ro->models[j].bytes * (uint64_t)(ro->models[j].count - 1));
+                groups++;
+                if (largest < 0 || ro->models[j].bytes > ro->models[largest].bytes)
+                    largest = j;
+            }
+        if (groups >= 2 && extra > k->repeated_components) {
+            k->repeated_components = extra;
+            k->repeated_count = ro->models[i].count;
+            k->repeated_group = largest;
+        }
+    }
+}
+
 /* Whether the job trains, measured: an optimizer step ran (the adapter's `training`, PyTorch's step hook);
  * the roles hold gradients (a backward ran) or optimizer state; an optimizer's param_groups hold parameters
  * of the failing device (an optimizer made for this model: the job trains before its first step too); the
@@ -1878,6 +1993,7 @@ void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds
     f->decoding = f->phase == OG_JP_generation ||
                   ((f->phase == OG_JP_forward || f->phase == OG_JP_evaluation) && f->roles.known && f->roles.local_kv);
     kept_graphs(f, rec);
+    weights_copies(f, rec);
     trains(f, rec);
     growth(f, rec, s);
     grower(f, rec);

@@ -135,6 +135,31 @@ typedef struct og_role_facts {
      * bytes and the largest one (index in roles.holders, -1 none) */
     uint64_t index_kept;
     int index_holder;
+    /* a second copy of weights the program keeps on the device for good (facts.c: weights_copies).  ema_kept: an
+     * EMA or averaged copy (holders of purpose ema kept across calls, and models whose names or class say ema, none
+     * running); its largest holder (ema_holder, index in roles.holders) and model group (ema_model, index in
+     * roles.models), -1 none */
+    uint64_t ema_kept;
+    int ema_holder, ema_model;
+    /* a reference policy kept beside the trained model (preference tuning: models none running whose names say
+     * reference, or a frozen model of the size of the trained model's frozen part while that model trains at most a
+     * tenth of its parameters): its bytes, its group (reference_group, -1 none); reference_base: the trained model
+     * trains at most a tenth of its parameters (adapters) and its frozen part is the reference's size (within a
+     * tenth): the policy with its adapters disabled is that reference */
+    uint64_t reference_copy;
+    int reference_group;
+    bool reference_base;
+    /* whole sets of components loaded again: >= 2 frozen model groups each of the same count N >= 2, every model of
+     * each held by one attribute name of N objects (self.unet on three pipelines): the copies beyond the first
+     * (repeated_count - 1 of each), 0 none; repeated_group: the largest group's index in roles.models */
+    uint64_t repeated_components;
+    int repeated_count, repeated_group;
+    /* a trained model kept while another loads (phase loading): a group held by a name, not frozen, not running, of
+     * a class no arriving group has, after training made optimizer state: its parameters, gradients and that
+     * state (training is over: a merge, an export, an evaluation of another model); trained_group its index in
+     * roles.models, -1 none */
+    uint64_t trained_kept;
+    int trained_group;
     enum og_purpose building; /* what the failing statement builds (roles.statement) */
     /* the sizes the failing statement read (roles.statement.ints, those >= 128): one of them twice
      * (seq * seq: quadratic in a length, attention scores), one of them three times or more (L * L * L:

@@ -768,6 +768,36 @@ static bool index_on_gpu(const rctx_t *x)
     return ro->known && ro->index_kept && og_covers(x, (double)ro->index_kept) && !PRIMARY(GROWTH) &&
            !own_fix_covers(x) && !x->larger_than_device;
 }
+/* A second copy of weights the program keeps for good (facts: ema_kept, reference_copy, repeated_components) holds
+ * the missing bytes, the memory did not grow and no other process's or rank's bytes are the measured cause: what the
+ * copy is says the fix.  An EMA kept on the device between its updates, in a job not known inference */
+static bool ema_kept(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && ro->ema_kept && og_covers(x, (double)ro->ema_kept) && x->trains != -1 && !PRIMARY(GROWTH) &&
+           !own_fix_covers(x) && !x->larger_than_device;
+}
+/* a preference-tuning reference beside a policy that trains adapters on a base of the reference's size */
+static bool reference_on_base(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && ro->reference_copy && ro->reference_base && og_covers(x, (double)ro->reference_copy) &&
+           x->trains == 1 && !PRIMARY(GROWTH) && !own_fix_covers(x) && !x->larger_than_device;
+}
+/* the same frozen components loaded again for each pipeline (self.unet on three pipelines) */
+static bool repeated_components(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && ro->repeated_components && og_covers(x, (double)ro->repeated_components) && !PRIMARY(GROWTH) &&
+           !own_fix_covers(x) && !x->larger_than_device;
+}
+/* the trained model, its gradients and optimizer state still referenced while another model loads */
+static bool trained_model_kept(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && ro->trained_kept && og_covers(x, (double)ro->trained_kept) && !PRIMARY(GROWTH) &&
+           !own_fix_covers(x) && !x->larger_than_device;
+}
 /* DistributedDataParallel keeps a flat bucket copy of every gradient (roles.ddp: gradient_as_bucket_view off) */
 static bool ddp_buckets(const rctx_t *x) { return roles_of(x)->ddp_buckets > 0 && x->trains != -1; }
 /* the same, leading unless short, except after a confident growth (a leak fills any card) */
@@ -1012,6 +1042,24 @@ static const og_rank_row_t bring[] = {
     { "index_on_gpu", index_on_gpu, WANT, 0, 0, REMS(R_INDEX_OFF_GPU),
       "roles: holders of purpose index kept across calls (a global, an attribute) >= shortfall, primary not growth",
       "support_rag_flat_fp32_index_beside_llama8b (blind); (unit tests: index_kept_on_the_gpu)" },
+    { "ema_kept", ema_kept, WANT, 0, 0, REMS(R_EMA_CPU),
+      "not known inference, roles: holders of purpose ema kept across calls and models whose names or class say ema, "
+      "none running (facts: ema_kept) >= shortfall, primary not growth",
+      "sd15_finetune_use_ema_shadow_unet_4090 (blind); (unit tests: weights_copies_kept)" },
+    { "reference_on_base", reference_on_base, WANT, 0, 0, REMS(R_ADAPTER_REF),
+      "the job trains, roles.models: a reference (names say ref/reference, or frozen of the size of the trained "
+      "model's frozen part) >= shortfall, the trained model training <= 1/10 of its parameters (adapters) on a base of "
+      "the reference's size (facts: reference_copy, reference_base), primary not growth",
+      "dpo_mistral7b_lora_second_bf16_reference_a100_40gb (blind); (unit tests: weights_copies_kept)" },
+    { "repeated_components", repeated_components, WANT, 0, 0, REMS(R_SHARE_COMPONENTS),
+      "roles.models: >= 2 frozen groups of one count N >= 2, each model held by one attribute of N objects "
+      "(facts: repeated_components, all but one set) >= shortfall, primary not growth",
+      "sdxl_api_three_pipelines_each_load_same_weights_l4 (blind); (unit tests: weights_copies_kept)" },
+    { "trained_model_kept", trained_model_kept, WANT, 0, 0, REMS(R_ONE_MODEL),
+      "phase loading, roles.models: a model held by a name, not frozen, not running, of a class no arriving model has, "
+      "optimizer state made (facts: trained_kept: its parameters, gradients and that state) >= shortfall, primary "
+      "not growth",
+      "gemma2_9b_qlora_merge_bf16_base_beside_trainer_4090 (blind); (unit tests: weights_copies_kept)" },
     { "ddp_buckets", ddp_buckets, WANT, 0, 0, REMS(R_BUCKET_VIEW),
       "roles.ddp: DistributedDataParallel without gradient_as_bucket_view (its buckets copy the gradients)",
       "ddp_bucket_views_big_batch (blind), ddp_bucket_copy" },
@@ -1288,6 +1336,17 @@ static const og_rank_row_t lead[] = {
       "resnet50_whole_dataset_on_gpu_speedrun (blind)" },
     { "index_on_gpu_lead", index_on_gpu, LEAD_COVERS, -30, 0, REMS(R_INDEX_OFF_GPU), "as index_on_gpu",
       "support_rag_flat_fp32_index_beside_llama8b (blind); (unit tests: index_kept_on_the_gpu)" },
+    { "ema_kept_lead", ema_kept, LEAD_COVERS, -30, 0, REMS(R_EMA_CPU), "as ema_kept",
+      "sd15_finetune_use_ema_shadow_unet_4090 (blind); (unit tests: weights_copies_kept)" },
+    { "reference_on_base_lead", reference_on_base, LEAD_COVERS, -34, 0, REMS(R_ADAPTER_REF),
+      "as reference_on_base (ahead of the loss's and the batch's remedies: the copy is the measured cause)",
+      "dpo_mistral7b_lora_second_bf16_reference_a100_40gb (blind); (unit tests: weights_copies_kept)" },
+    { "repeated_components_lead", repeated_components, LEAD_COVERS, -36, 0, REMS(R_SHARE_COMPONENTS),
+      "as repeated_components (ahead of one_model_at_a_time: the copies are of the same weights)",
+      "sdxl_api_three_pipelines_each_load_same_weights_l4 (blind); (unit tests: weights_copies_kept)" },
+    { "trained_model_kept_lead", trained_model_kept, LEAD_COVERS, -35, 0, REMS(R_ONE_MODEL),
+      "as trained_model_kept (ahead of the load's dtype and the optimizer's remedies: training is over)",
+      "gemma2_9b_qlora_merge_bf16_base_beside_trainer_4090 (blind); (unit tests: weights_copies_kept)" },
     { "ddp_buckets_lead", ddp_buckets_lead, LEAD_COVERS, -18, 0, REMS(R_BUCKET_VIEW),
       "as ddp_buckets, primary not a confident growth", "ddp_bucket_copy" },
     { "idle_gpu_lead", idle_gpu_lead, LEAD_COVERS, -28, 0, REMS(R_USE_IDLE_GPU),
@@ -1508,10 +1567,16 @@ static void estimate(rank_t *k, const rctx_t *x)
     if (operation_dominates(x) && ro->batchless_sizes &&
         (double)op_tensor_bytes(x) + (double)ro->params + (double)ro->grads + (double)ro->opt >= (double)x->capacity)
         cover[R_SMALLER_BATCH] = 0;
-    cover[R_ONE_MODEL] = resident_models(x) ? (double)ro->named_copies : -1;
+    cover[R_ONE_MODEL] = resident_models(x)      ? (double)ro->named_copies
+                         : trained_model_kept(x) ? (double)ro->trained_kept
+                                                 : -1;
     cover[R_EVAL_NO_COPY] = eval_copy(x) ? (double)eval_copy_bytes(x) : -1;
     cover[R_BUCKET_VIEW] = ddp_buckets(x) ? (double)ro->ddp_buckets : -1;
     cover[R_INDEX_OFF_GPU] = index_on_gpu(x) ? (double)ro->index_kept : -1;
+    if (ema_kept(x) && (double)ro->ema_kept > cover[R_EMA_CPU]) /* the whole kept copy */
+        cover[R_EMA_CPU] = (double)ro->ema_kept;
+    cover[R_ADAPTER_REF] = reference_on_base(x) ? (double)ro->reference_copy : -1;
+    cover[R_SHARE_COMPONENTS] = repeated_components(x) ? (double)ro->repeated_components : -1;
     cover[R_DATASET_CPU] = dataset_on_gpu(x)    ? (double)ro->dataset_kept
                            : growing_dataset(x) ? (double)ro->grower_bytes
                                                 : -1;

@@ -1923,9 +1923,47 @@ static bool b_in_place_update(const rctx_t *x, og_remedy_t *r)
     return true;
 }
 
+/* the names of model group I ("ema_model"), or "" */
+static void group_names(const rctx_t *x, int i, char *buf, size_t n)
+{
+    const og_roles_t *ro = &x->rec->memory.fw.roles;
+    buf[0] = 0;
+    if (i >= 0 && i < ro->nmodels && ro->models[i].named > 0)
+        og_cpy(buf, n, ro->models[i].names, sizeof ro->models[i].names);
+}
+
+/* an EMA kept on the device between its updates (facts: roles.ema_kept): name its holder or model and its bytes
+ * against the trained weights */
+static void ema_kept_why(const rctx_t *x, og_remedy_t *r)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    char lb[160], names[80];
+    const char *holder = holder_label(x, ro->ema_holder, lb, sizeof lb);
+    group_names(x, ro->ema_model, names, sizeof names);
+    if (!holder && names[0])
+        holder = names;
+    why(r,
+        "%s keeps %s on the GPU: an EMA (averaged) copy of the weights, kept there between its updates beside the "
+        "%s of weights, gradients and optimizer state that training needs. It is read only when the average is "
+        "updated or evaluated: kept in host memory, updated every few steps, it gives those bytes back.",
+        holder ? holder : "The program", og_hb((double)ro->ema_kept).s,
+        og_hb((double)(ro->params + ro->grads + ro->opt)).s);
+}
+
 static bool b_ema_on_cpu(const rctx_t *x, og_remedy_t *r)
 {
     copy_words_t c = copy_words(x);
+    if (x->f->roles.ema_kept && og_covers(x, (double)x->f->roles.ema_kept)) {
+        ema_kept_why(x, r);
+        HOWS(x, r,
+             { ANY, "diffusers: ema_unet = EMAModel(unet.parameters(), ...); ema_unet.to(\"cpu\")   # keep the "
+                    "shadow in host memory; ema_unet.step(unet.parameters()) every N steps" },
+             { ANY, "timm: ModelEmaV3(model, decay=0.9999, device=\"cpu\")   # or Lightning's EMA with "
+                    "cpu_offload" },
+             { PT, "if step % N == 0: torch._foreach_lerp_(ema_cpu, [p.detach().cpu() for p in "
+                   "model.parameters()], 1 - decay ** N)" });
+        return true;
+    }
     why(r,
         "Autograd was off in a training job outside the optimizer's step, and the running code%s holds %s: a "
         "copy of the %s of weights (an EMA, an averaged or best model) is being made or updated on the GPU "
@@ -2306,10 +2344,73 @@ static bool b_fused_cross_entropy(const rctx_t *x, og_remedy_t *r)
     return true;
 }
 
+/* a preference-tuning reference kept beside the policy (facts: roles.reference_copy, reference_group,
+ * reference_base) */
+static bool b_adapter_disabled_reference(const rctx_t *x, og_remedy_t *r)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    char names[80];
+    group_names(x, ro->reference_group, names, sizeof names);
+    why(r,
+        "%s%s%s holds %s of frozen weights beside the model being trained, which trains adapters on a base of the "
+        "same size (its optimizer trains %s of its parameters): the reference is a second copy of that base. The "
+        "policy with its adapters switched off computes exactly the reference's outputs, from the one copy.",
+        names[0] ? "The reference model (" : "A frozen reference model", names, names[0] ? ")" : "",
+        og_hb((double)ro->reference_copy).s, og_hb((double)ro->opt_params).s);
+    HOWS(x, r,
+         { ANY, "TRL: DPOTrainer(model=peft_model, ref_model=None, ...)   # the adapters are disabled for the "
+                "reference pass" },
+         { ANY, "with model.disable_adapter(): ref_logits = model(**batch).logits   # peft, under torch.no_grad()" },
+         { ANY, "Or precompute the reference log-probabilities once (TRL: precompute_ref_log_probs=True), then free "
+                "the reference" });
+    return true;
+}
+
+/* pipelines that each loaded the same components (facts: roles.repeated_components, repeated_count) */
+static bool b_share_pipeline_components(const rctx_t *x, og_remedy_t *r)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    const og_roles_t *rr = &x->rec->memory.fw.roles;
+    char names[80], cls[sizeof rr->models[0].cls] = "";
+    group_names(x, ro->repeated_group, names, sizeof names);
+    if (ro->repeated_group >= 0)
+        og_cpy(cls, sizeof cls, rr->models[ro->repeated_group].cls, sizeof cls);
+    why(r,
+        "Every component is on the GPU %d times: %d objects each hold their own %s%s%s%s and the other "
+        "components, frozen models of the same classes and sizes, %s beyond one set. Built from the first "
+        "pipeline's components, the others share its weights.",
+        ro->repeated_count, ro->repeated_count, cls[0] ? cls : "model", names[0] ? " (" : "", names,
+        names[0] ? ")" : "", og_hb((double)ro->repeated_components).s);
+    HOWS(x, r,
+         { ANY, "diffusers: img2img = StableDiffusionXLImg2ImgPipeline(**txt2img.components)   # or "
+                "AutoPipelineForImage2Image.from_pipe(txt2img)" },
+         { ANY, "Load each model once and pass the same object to every wrapper that needs it" });
+    return true;
+}
+
 static bool b_one_model_at_a_time(const rctx_t *x, og_remedy_t *r)
 {
     const og_role_facts_t *ro = &x->f->roles;
     char names[160];
+    if (ro->trained_kept && og_covers(x, (double)ro->trained_kept) && ro->named_copies < x->shortfall) {
+        const og_roles_t *rr = &x->rec->memory.fw.roles;
+        char cls[sizeof rr->models[0].cls] = "";
+        group_names(x, ro->trained_group, names, sizeof names);
+        if (ro->trained_group >= 0)
+            og_cpy(cls, sizeof cls, rr->models[ro->trained_group].cls, sizeof cls);
+        why(r,
+            "Another model is loading while the trained %s%s%s%s and its optimizer state are still referenced: %s "
+            "(%s of optimizer state) that the load needs room beside. Training is over: freed first (or saved and "
+            "freed), they leave the card to the model being loaded.",
+            cls[0] ? cls : "model", names[0] ? " (" : "", names, names[0] ? ")" : "", og_hb((double)ro->trained_kept).s,
+            og_hb((double)ro->opt).s);
+        HOWS(x, r,
+             { PT, "model.save_pretrained(out_dir); del trainer, model, optimizer; gc.collect(); "
+                   "torch.cuda.empty_cache()   # before the next from_pretrained" },
+             { ANY, "Or run the next step (merge, export, evaluation) in a process of its own, which starts with "
+                    "an empty card" });
+        return true;
+    }
     model_names(x, names, sizeof names);
     why(r,
         "The running code holds %s of another model of the same class on the GPU (%s) beside the one it %s: "

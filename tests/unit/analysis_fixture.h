@@ -403,6 +403,13 @@ static void fixture_model_held(og_record_t *r, int named, int running, const cha
     snprintf(ro->models[ro->nmodels - 1].names, sizeof ro->models[0].names, "%s", names);
 }
 
+/* the last model group's purpose, what its names or class say (roles.models[].purpose; "" none) */
+static void fixture_model_says(og_record_t *r, const char *purpose)
+{
+    og_roles_t *ro = &r->memory.fw.roles;
+    snprintf(ro->models[ro->nmodels - 1].purpose, sizeof ro->models[0].purpose, "%s", purpose);
+}
+
 /* roles.operation: the failing operation NAME (common/operations.def) decided at FUNCTION of /w/train.py */
 static void fixture_operation(og_record_t *r, const char *name, const char *function)
 {

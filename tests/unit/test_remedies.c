@@ -3052,6 +3052,114 @@ static void index_kept_on_the_gpu(void **state)
     free(r);
 }
 
+/* A second copy of weights the program keeps (facts: ema_kept, reference_copy, repeated_components, trained_kept):
+ * what the copy is names the fix that leads; the same bytes without that evidence (a local being updated, a full
+ * fine-tune's reference, one model group repeated, no optimizer state yet) do not bring it */
+static void weights_copies_kept(void **state)
+{
+    /* an EMA shadow kept on its object between updates, in a backward pass 20 MiB short */
+    og_record_t *r = base();
+    fixture_roles(r, 3 * GiB + 512 * MiB, 1536 * MiB, 6 * GiB, 0, 3 * GiB, 8 * GiB);
+    fixture_holder(r, "self.shadow_params", "list", "on EMAModel", 3 * GiB);
+    fixture_holder_says(r, "ema", "parameters");
+    fixture_model(r, "UNet2DConditionModel", 3 * GiB, 1, false);
+    fixture_model_held(r, 1, 0, "unet");
+    fixture_optimizer(r, "AdamW", 6 * GiB);
+    fixture_phase(r, "backward", "/w/train.py", "main");
+    r->memory.fw.training = 1;
+    og_set(&r->event.requested_bytes, 204 * MiB);
+    og_set(&r->device.free_bytes, 184 * MiB);
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.ema_kept, 3 * GiB);
+    assert_string_equal(r->remedies[0].id, "ema_on_cpu");
+    assert_non_null(strstr(r->remedies[0].why, "self.shadow_params (list, on EMAModel) keeps 3.00 GiB"));
+    /* the same list as a local of the running update: an update under way, not a copy kept */
+    snprintf(r->memory.fw.roles.holders[0].where, sizeof r->memory.fw.roles.holders[0].where,
+             "local in update (train.py:80)");
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.ema_kept, 0);
+    assert_string_not_equal(r->remedies[0].id, "ema_on_cpu");
+    /* an EMA model (its names say ema), not running */
+    fixture_model(r, "UNet2DConditionModel", 3 * GiB, 1, true);
+    fixture_model_held(r, 1, 0, "ema_unet");
+    fixture_model_says(r, "ema");
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.ema_kept, 3 * GiB);
+    assert_string_equal(r->remedies[0].id, "ema_on_cpu");
+    assert_non_null(strstr(r->remedies[0].why, "ema_unet keeps 3.00 GiB"));
+    free(r);
+
+    /* a DPO reference beside a policy training adapters on a base of its size; the loss fails 2.2 GiB short */
+    r = base();
+    fixture_roles(r, 27 * GiB + 256 * MiB, 0, 0, 0, 0, 10 * GiB);
+    fixture_model(r, "PeftModel", 13 * GiB + 768 * MiB, 1, false);
+    fixture_model_held(r, 1, 0, "policy,model");
+    fixture_model(r, "MistralForCausalLM", 13 * GiB + 512 * MiB, 1, true);
+    fixture_model_held(r, 1, 0, "frozen");
+    fixture_optimizer(r, "AdamW", 0);
+    og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 256 * MiB);
+    fixture_operation(r, "cross_entropy", "log_softmax");
+    r->memory.fw.training = 1;
+    og_set(&r->event.requested_bytes, 4 * GiB);
+    og_set(&r->device.free_bytes, 1800 * MiB);
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.reference_copy, 13 * GiB + 512 * MiB);
+    assert_true(r->analysis.facts.roles.reference_base);
+    assert_string_equal(r->remedies[0].id, "adapter_disabled_reference");
+    assert_non_null(strstr(r->remedies[0].why, "(frozen) holds 13.50 GiB"));
+    /* a full fine-tune: the policy's optimizer trains all of it; the reference is a model of its own */
+    og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 13 * GiB + 768 * MiB);
+    run_primary(r, "does_not_fit");
+    assert_false(r->analysis.facts.roles.reference_base);
+    assert_int_equal(rank_of(r, "adapter_disabled_reference"), 0);
+    free(r);
+
+    /* three pipelines each loaded the same components (self.unet, self.text_encoder on three objects) */
+    r = base();
+    fixture_roles(r, 3 * (5 * GiB + GiB), 0, 0, 0, 0, 200 * MiB);
+    fixture_model(r, "UNet2DConditionModel", 5 * GiB, 3, true);
+    fixture_model_held(r, 3, 1, "self.unet");
+    fixture_model(r, "CLIPTextModel", GiB, 3, true);
+    fixture_model_held(r, 3, 0, "self.text_encoder");
+    fixture_phase(r, "evaluation", "/w/app.py", "forward");
+    r->memory.fw.grad_enabled = -1;
+    og_set(&r->event.requested_bytes, 2560 * MiB);
+    og_set(&r->device.free_bytes, 2400 * MiB);
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.repeated_components, 2 * (5 * GiB + GiB));
+    assert_int_equal(r->analysis.facts.roles.repeated_count, 3);
+    assert_string_equal(r->remedies[0].id, "share_pipeline_components");
+    assert_non_null(strstr(r->remedies[0].why, "UNet2DConditionModel (self.unet)"));
+    /* one model repeated alone (two wrappers of a class each holding a model: perhaps different weights) */
+    r->memory.fw.roles.nmodels = 1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.repeated_components, 0);
+    assert_int_equal(rank_of(r, "share_pipeline_components"), 0);
+    free(r);
+
+    /* a base model loading for a merge while the trained adapter model and its optimizer state live on */
+    r = base();
+    fixture_roles(r, 22 * GiB, 0, 1600 * MiB, 0, 0, 0);
+    fixture_model(r, "Gemma2ForCausalLM", 15 * GiB, 1, false);
+    fixture_model_held(r, 0, 1, "");
+    fixture_model(r, "PeftModel", 7 * GiB, 1, false);
+    fixture_model_held(r, 1, 0, "model,self.model");
+    fixture_optimizer(r, "AdamW", 1600 * MiB);
+    fixture_phase(r, "loading", "/w/merge.py", "from_pretrained");
+    og_set(&r->event.requested_bytes, 378 * MiB);
+    og_set(&r->device.free_bytes, 360 * MiB);
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.trained_kept, 7 * GiB + 1600 * MiB);
+    assert_string_equal(r->remedies[0].id, "one_model_at_a_time");
+    assert_non_null(strstr(r->remedies[0].why, "trained PeftModel (model,self.model)"));
+    /* before any optimizer state: the second model is part of the job's setup (a teacher, a reward model) */
+    r->memory.fw.roles.bytes[OG_ROLE_optimizer_state] = fx_opt(0);
+    r->memory.fw.roles.optimizers[0].bytes = 0;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.trained_kept, 0);
+    free(r);
+}
+
 /* an evaluation with autograd on inside a training job: every activation kept for a backward that never
  * comes; no_grad / inference_mode first, though the job trains */
 static void evaluation_with_autograd_on(void **state)
@@ -3529,6 +3637,7 @@ int main(void)
         cmocka_unit_test(checkpoint_kept_after_load),
         cmocka_unit_test(growth_holder_kept_covers),
         cmocka_unit_test(index_kept_on_the_gpu),
+        cmocka_unit_test(weights_copies_kept),
         cmocka_unit_test(cache_kept_across_calls),
         cmocka_unit_test(eval_copy_first),
         cmocka_unit_test(eval_copy_under_way_first),
