@@ -264,6 +264,7 @@ class _Scan(object):
         self.stage = "the heap"           # what the scan reads now (said when the budget stops it)
         self.models = []                  # see _models
         self.model_roots = {}             # (class, bytes, tensors) -> the root modules of that group
+        self.root_frozen = {}             # id(root module) -> no parameter of it requires grad
         self.parent = {}                  # id(module) -> the module that holds it
         self.model_names = {}             # id(module) -> names of the running code holding it (see _name_module)
         self.running = []                 # modules that are `self` of a running frame
@@ -783,18 +784,26 @@ def _models_named(scan):
     out = []
     for cls, b, n, k, fr in scan.models:
         roots = scan.model_roots.get((cls, b, n), ())
-        # a name a running statement is about to rebind (model = from_pretrained(...) while the previous model
-        # lives) does not keep that model: it is the previous copy (its names still say which)
-        named = [r for r in roots
-                 if any(nm not in scan.rebound.get(id(r), ()) for nm in scan.model_names.get(id(r), ()))]
-        names = []
+        # a trained model and a frozen copy of it (a reference policy, an EMA, a teacher of the same
+        # architecture) are different things though their class and size agree: the roots are told apart by
+        # their own frozen flag and what their own names say, each part a group of its own
+        parts = {}
         for r in roots:
-            for nm in scan.model_names.get(id(r), ()):
-                if nm not in names and len(names) < 4:
-                    names.append(nm)
-        out.append((cls, b, n, k, fr, len(named), sum(1 for r in roots if id(r) in running_roots), names,
-                    purpose_of(names, [cls])))
-    return out
+            key = (scan.root_frozen.get(id(r), fr), purpose_of(scan.model_names.get(id(r), ()), [cls]))
+            parts.setdefault(key, []).append(r)
+        for (frozen, purpose), rs in parts.items() if roots else [((fr, purpose_of((), [cls])), ())]:
+            # a name a running statement is about to rebind (model = from_pretrained(...) while the previous
+            # model lives) does not keep that model: it is the previous copy (its names still say which)
+            named = [r for r in rs
+                     if any(nm not in scan.rebound.get(id(r), ()) for nm in scan.model_names.get(id(r), ()))]
+            names = []
+            for r in rs:
+                for nm in scan.model_names.get(id(r), ()):
+                    if nm not in names and len(names) < 4:
+                        names.append(nm)
+            out.append((cls, b, n, len(rs) if roots else k, frozen, len(named),
+                        sum(1 for r in rs if id(r) in running_roots), names, purpose))
+    return out[:TOP_MODELS]
 
 
 def _ddp(scan, modules):
@@ -889,6 +898,7 @@ def _models(scan, modules):
         g = groups.setdefault((type(root).__name__, b, n), [0, True])
         g[0] += 1
         g[1] = g[1] and not grad
+        scan.root_frozen[id(root)] = not grad
         scan.model_roots.setdefault((type(root).__name__, b, n), []).append(root)
     out = [(cls, b, n, k, fr) for (cls, b, n), (k, fr) in groups.items()]
     out.sort(key=lambda x: (-x[1] * x[3], x[0]))

@@ -436,6 +436,29 @@ def t_models_named():
     assert ms["Net"][5] == 1 and "net" in ms["Net"][7], ms      # `model` names one; `net` is being rebound
 
 
+def t_models_frozen_copy_apart():
+    """A trained model and a frozen copy of it (a preference-tuning reference, an EMA) are separate groups, each with
+    its own names and what they say; a second trainable copy stays in the trained model's group."""
+    build()
+    g = globals()
+    g["ref_model"] = Net()
+    for p in ref_model.parameters():
+        p.requires_grad_(False)
+    g["eval_model"] = Net()
+    try:
+        r = measure(None)
+        nets = [m for m in r["models"] if m[0] == "Net"]
+        assert len(nets) == 2, r["models"]
+        trained = [m for m in nets if not m[4]][0]
+        ref = [m for m in nets if m[4]][0]
+        assert trained[3] == 2 and set(trained[7]) == {"model", "eval_model"} and trained[8] is None, nets
+        assert ref[3] == 1 and ref[7] == ["ref_model"] and ref[8] == "reference", nets
+        assert "\tref_model\treference" in oomguard_roles.encode(r), oomguard_roles.encode(r)
+    finally:
+        g.pop("ref_model", None)
+        g.pop("eval_model", None)
+
+
 def t_models_in_a_map():
     """Models a dict of the program keeps by key (a registry of fine-tunes) are held by the running code, named
     NAME[key]; IPython's output history (Out) is not a name for a model."""
@@ -611,6 +634,8 @@ check("a holder whose blocks are the parameters' sizes is a copy of them (in par
 check("models: roots by class and size, a second copy counted, a frozen one said", t_models)
 check("models: held by a name of the running code, or only by a list; running when a method of theirs runs",
       t_models_named)
+check("models: a frozen copy (a reference) apart from the trained model, a trainable copy with it",
+      t_models_frozen_copy_apart)
 check("models a dict keeps by key are named after it; IPython's output history is not", t_models_in_a_map)
 check("parameters by dtype; an optimizer holds the device's parameters before its first step",
       t_dtypes_optimizer_before_step)
