@@ -40,6 +40,7 @@ CPU tensors standing in for the failing device (tests/adapter/test_roles_real_to
 Python 3.9+, standard library only.
 """
 import collections
+import functools
 import gc
 import itertools
 import os
@@ -68,6 +69,10 @@ _MAPPINGS = (dict, collections.OrderedDict, collections.defaultdict)
 # a running function's local that holds tensors for longer than a statement: a list, dict, set or
 # deque it fills (a bare tensor local, an argument tuple are temporaries: activations)
 _LOCAL_HOLDERS = (list, dict, set, collections.deque, collections.OrderedDict, collections.defaultdict)
+# functools.lru_cache's wrapper (the C one): it keeps every result it returned in a cache of its own that no
+# attribute reaches; the garbage collector's referents of the wrapper are that cache (its dict, or its entries'
+# keys and results when bounded)
+_LRU_WRAPPER = getattr(functools, "_lru_cache_wrapper", None)
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # the roles a holder can hold a second copy of (a snapshot, an EMA, a checkpoint loaded beside them)
 _COPIED = ("parameters", "optimizer_state")
@@ -394,6 +399,18 @@ class _Scan(object):
                     out.extend(got)
                     items = itertools.islice(items, _SAMPLE, None)
                 stack.extend((y, d - 1) for y in items)
+                continue
+            if tp is _LRU_WRAPPER and _LRU_WRAPPER is not None:
+                if d <= 0:
+                    self.sampled += 1
+                    continue
+                if seen.get(id(x), -1) >= d:
+                    continue
+                seen[id(x)] = d
+                try:
+                    stack.extend((y, d - 1) for y in gc.get_referents(x))
+                except Exception:
+                    pass
                 continue
             k = kinds.get(tp)
             if k is None:
@@ -948,7 +965,7 @@ def _named_holders(scan, modules, frame_roots):
             elif scan.kind(type(v)) == "module":
                 _name_module(scan, v, str(k))
             else:
-                _holder(scan, v, str(k), type(v).__name__, where)
+                _holder(scan, v, str(k), "lru_cache" if type(v) is _LRU_WRAPPER else type(v).__name__, where)
     if not frame_roots:
         return
     stack = []

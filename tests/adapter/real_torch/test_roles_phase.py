@@ -459,6 +459,28 @@ def t_models_frozen_copy_apart():
         g.pop("eval_model", None)
 
 
+def t_lru_cache_results():
+    """A module-level function under functools.lru_cache keeps every result it returned in the C wrapper's own
+    cache, which no attribute reaches: the wrapper is a holder (kind lru_cache, purpose cache) of those results,
+    all of them when unbounded, the last maxsize when bounded."""
+    import functools
+    build()
+    g = globals()
+    g["encode_doc"] = functools.lru_cache(maxsize=None)(lambda i: empty(1000 + i))
+    g["embed_query"] = functools.lru_cache(maxsize=2)(lambda i: [empty(500)])
+    try:
+        for i in range(3):
+            encode_doc(i)
+            embed_query(i)
+        r = measure(None)
+        got = dict((h[0], (h[4], h[7])) for h in r["holders"])
+        assert got["encode_doc (lru_cache, global in test_roles_phase.py)"] == ((1000 + 1001 + 1002) * 4, "cache"), got
+        assert got["embed_query (lru_cache, global in test_roles_phase.py)"] == (2 * 500 * 4, "cache"), got
+    finally:
+        g.pop("encode_doc", None)
+        g.pop("embed_query", None)
+
+
 def t_models_in_a_map():
     """Models a dict of the program keeps by key (a registry of fine-tunes) are held by the running code, named
     NAME[key]; IPython's output history (Out) is not a name for a model."""
@@ -637,6 +659,8 @@ check("models: held by a name of the running code, or only by a list; running wh
 check("models: a frozen copy (a reference) apart from the trained model, a trainable copy with it",
       t_models_frozen_copy_apart)
 check("models a dict keeps by key are named after it; IPython's output history is not", t_models_in_a_map)
+check("a function's lru_cache is a holder of the results it keeps (unbounded: all; bounded: the last maxsize)",
+      t_lru_cache_results)
 check("parameters by dtype; an optimizer holds the device's parameters before its first step",
       t_dtypes_optimizer_before_step)
 check("the failing statement: its target, the names it reads, their purpose, the phase from it", t_statement)
