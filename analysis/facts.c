@@ -802,7 +802,12 @@ static void growth(og_facts_t *d, const og_record_t *r, og_growth_scratch_t *s)
     if (g->steps_flat)
         return;
     const og_roles_t *ro = &r->memory.fw.roles;
-    if (r->memory.fw.has && ro->has && ro->nsteps > 0 && ro->steps_made >= 1 && ro->steps_made < STEPS_MIN &&
+    /* before the first step: an Adam-like optimizer holds the device's parameters and has no state yet (it makes
+     * its moments at its first step), so no iteration has ended */
+    bool before_first = d->roles.known && d->roles.opt_adam && d->roles.opt_params &&
+                        og_known(ro->bytes[OG_ROLE_optimizer_state]) && d->roles.opt == 0;
+    if (r->memory.fw.has && ro->has &&
+        ((ro->nsteps > 0 && ro->steps_made >= 1 && ro->steps_made < STEPS_MIN) || before_first) &&
         (d->phase == OG_JP_forward || d->phase == OG_JP_backward || d->phase == OG_JP_optimizer_step)) {
         g->first_steps = true;
         return;

@@ -76,7 +76,8 @@ typedef struct og_growth_facts {
      * flat over >= 8 of them (no rise in most, within 1% of the device): nothing was kept across those
      * iterations, whatever the driver saw (the cache warming, a one-off copy after them) */
     bool steps_flat;
-    /* the optimizer made fewer steps than that series needs (1 to 3) and the failure is in its training pass
+    /* the optimizer made fewer steps than that series needs (1 to 3), or none yet (an Adam-like optimizer holds the
+     * device's parameters and no state: its moments come at its first step), and the failure is in its training pass
      * (phase forward, backward or optimizer_step): what the driver saw rise is the model arriving, the first
      * passes, the state made at the first step and the pass running now; no iteration repeated enough to keep
      * anything across them */

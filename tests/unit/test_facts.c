@@ -434,6 +434,30 @@ static void first_steps_are_not_growth(void **state)
     free(r);
 }
 
+/* no step yet: an AdamW holding the device's parameters and no state (its moments come at the first step), the
+ * failure in the first forward: the rise is the model and the pass, not a leak; an SGD without momentum keeps no
+ * state whatever it made, so it says nothing, nor does an Adam whose state exists */
+static void before_the_first_step_is_not_growth(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    ev_reset(r);
+    ev_add(r, 0.001, "alloc", 8 * GiB);
+    leak_loop(r, 12, 0.5, 512 * MiB, 256 * MiB);
+    fixture_roles(r, 1 * GiB, 0, 0, 0, 0, 12 * GiB);
+    fixture_phase(r, "forward", "/w/train.py", "forward");
+    fixture_optimizer(r, "AdamW", 0);
+    og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 1 * GiB);
+    assert_false(facts(r)->growth.holds);
+    assert_true(F.growth.first_steps);
+    snprintf(r->memory.fw.roles.optimizers[0].cls, sizeof r->memory.fw.roles.optimizers[0].cls, "SGD");
+    assert_true(facts(r)->growth.holds);
+    snprintf(r->memory.fw.roles.optimizers[0].cls, sizeof r->memory.fw.roles.optimizers[0].cls, "AdamW");
+    r->memory.fw.roles.optimizers[0].bytes = 2 * GiB;
+    r->memory.fw.roles.bytes[OG_ROLE_optimizer_state] = fx_opt(2 * GiB);
+    assert_true(facts(r)->growth.holds);
+    free(r);
+}
+
 /* kept outputs of varying sizes, 10 steps all rising: the every-allocation reading needs 16 */
 static void every_allocation_needs_sixteen_steps(void **state)
 {
@@ -1137,6 +1161,7 @@ int main(void)
         cmocka_unit_test(a_rise_after_each_optimizer_step_is_growth),
         cmocka_unit_test(flat_after_each_optimizer_step_is_not_growth),
         cmocka_unit_test(first_steps_are_not_growth),
+        cmocka_unit_test(before_the_first_step_is_not_growth),
         cmocka_unit_test(every_allocation_needs_sixteen_steps),
         cmocka_unit_test(loading_and_a_second_copy),
         cmocka_unit_test(a_run_after_training_is_not_a_load),
