@@ -777,13 +777,21 @@ static bool ema_kept(const rctx_t *x)
     return ro->known && ro->ema_kept && og_covers(x, (double)ro->ema_kept) && x->trains != -1 && !PRIMARY(GROWTH) &&
            !own_fix_covers(x) && !x->larger_than_device;
 }
-/* a preference-tuning reference beside a policy that trains adapters on a base of the reference's size */
-static bool reference_on_base(const rctx_t *x)
+/* a preference-tuning reference kept beside the trained policy, holding the missing bytes and more than any holder
+ * kept across calls (a buffer that fills every iteration is the cause then, not the reference) */
+static bool reference_kept(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
-    return ro->known && ro->reference_copy && ro->reference_base && og_covers(x, (double)ro->reference_copy) &&
-           x->trains == 1 && !PRIMARY(GROWTH) && !own_fix_covers(x) && !x->larger_than_device;
+    return ro->known && ro->reference_copy && og_covers(x, (double)ro->reference_copy) &&
+           ro->keeper_bytes <= ro->reference_copy && x->trains == 1 && !PRIMARY(GROWTH) && !own_fix_covers(x) &&
+           !x->larger_than_device;
 }
+/* ... beside a policy that trains adapters on a base of the reference's size: the policy without them is the
+ * reference */
+static bool reference_on_base(const rctx_t *x) { return reference_kept(x) && roles_of(x)->reference_base; }
+/* ... beside a policy that trains all its weights: the reference's outputs computed first, then the reference freed
+ * (one model at a time), or adapters, whose base is the reference */
+static bool reference_full(const rctx_t *x) { return reference_kept(x) && !roles_of(x)->reference_base; }
 /* the same frozen components loaded again for each pipeline (self.unet on three pipelines) */
 static bool repeated_components(const rctx_t *x)
 {
@@ -1048,9 +1056,13 @@ static const og_rank_row_t bring[] = {
       "sd15_finetune_use_ema_shadow_unet_4090 (blind); (unit tests: weights_copies_kept)" },
     { "reference_on_base", reference_on_base, WANT, 0, 0, REMS(R_ADAPTER_REF),
       "the job trains, roles.models: a reference (names say ref/reference, or frozen of the size of the trained "
-      "model's frozen part) >= shortfall, the trained model training <= 1/10 of its parameters (adapters) on a base of "
-      "the reference's size (facts: reference_copy, reference_base), primary not growth",
+      "model's frozen part) >= shortfall and >= the largest holder kept across calls, the trained model training <= "
+      "1/10 of its parameters (adapters) on a base of the reference's size (facts: reference_copy, reference_base), "
+      "primary not growth",
       "dpo_mistral7b_lora_second_bf16_reference_a100_40gb (blind); (unit tests: weights_copies_kept)" },
+    { "reference_full", reference_full, WANT, 0, 0, REMS(R_ONE_MODEL, R_LORA),
+      "as reference_on_base, the trained model training more than 1/10 of its parameters (a full fine-tune)",
+      "dpo_gemma2_2b_fullft_ref_model_resident_4090 (blind); (unit tests: weights_copies_kept)" },
     { "repeated_components", repeated_components, WANT, 0, 0, REMS(R_SHARE_COMPONENTS),
       "roles.models: >= 2 frozen groups of one count N >= 2, each model held by one attribute of N objects "
       "(facts: repeated_components, all but one set) >= shortfall, primary not growth",
@@ -1341,6 +1353,9 @@ static const og_rank_row_t lead[] = {
     { "reference_on_base_lead", reference_on_base, LEAD_COVERS, -34, 0, REMS(R_ADAPTER_REF),
       "as reference_on_base (ahead of the loss's and the batch's remedies: the copy is the measured cause)",
       "dpo_mistral7b_lora_second_bf16_reference_a100_40gb (blind); (unit tests: weights_copies_kept)" },
+    { "reference_full_lead", reference_full, LEAD_COVERS, -34, 1, REMS(R_ONE_MODEL, R_LORA),
+      "as reference_full (the reference's log-probabilities first, then adapters)",
+      "dpo_gemma2_2b_fullft_ref_model_resident_4090 (blind); (unit tests: weights_copies_kept)" },
     { "repeated_components_lead", repeated_components, LEAD_COVERS, -36, 0, REMS(R_SHARE_COMPONENTS),
       "as repeated_components (ahead of one_model_at_a_time: the copies are of the same weights)",
       "sdxl_api_three_pipelines_each_load_same_weights_l4 (blind); (unit tests: weights_copies_kept)" },
@@ -1569,6 +1584,7 @@ static void estimate(rank_t *k, const rctx_t *x)
         cover[R_SMALLER_BATCH] = 0;
     cover[R_ONE_MODEL] = resident_models(x)      ? (double)ro->named_copies
                          : trained_model_kept(x) ? (double)ro->trained_kept
+                         : reference_full(x)     ? (double)ro->reference_copy
                                                  : -1;
     cover[R_EVAL_NO_COPY] = eval_copy(x) ? (double)eval_copy_bytes(x) : -1;
     cover[R_BUCKET_VIEW] = ddp_buckets(x) ? (double)ro->ddp_buckets : -1;

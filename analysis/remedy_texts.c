@@ -2411,6 +2411,24 @@ static bool b_one_model_at_a_time(const rctx_t *x, og_remedy_t *r)
                     "an empty card" });
         return true;
     }
+    if (ro->reference_copy && !ro->reference_base && og_covers(x, (double)ro->reference_copy) &&
+        ro->named_copies < x->shortfall && !(ro->trained_kept && og_covers(x, (double)ro->trained_kept))) {
+        group_names(x, ro->reference_group, names, sizeof names);
+        why(r,
+            "The reference model%s%s%s holds %s on the GPU beside the policy being trained, its gradients and "
+            "optimizer state, for one thing: the reference log-probabilities of each batch. Computed once over the "
+            "dataset before training (one model at a time), they need the reference only then; freed after, it "
+            "leaves the card to training.",
+            names[0] ? " (" : "", names, names[0] ? ")" : "", og_hb((double)ro->reference_copy).s);
+        HOWS(x, r,
+             { ANY, "TRL: DPOConfig(precompute_ref_log_probs=True)   # one pass of the reference before training, "
+                    "then it is not needed" },
+             { PT, "ref_logps = [reference_logps(ref_model, b) for b in loader]; del ref_model; gc.collect(); "
+                   "torch.cuda.empty_cache()" },
+             { ANY, "Or train LoRA adapters: the policy with its adapters disabled is then the reference, one "
+                    "copy of the base" });
+        return true;
+    }
     model_names(x, names, sizeof names);
     why(r,
         "The running code holds %s of another model of the same class on the GPU (%s) beside the one it %s: "

@@ -3112,6 +3112,16 @@ static void weights_copies_kept(void **state)
     run_primary(r, "does_not_fit");
     assert_false(r->analysis.facts.roles.reference_base);
     assert_int_equal(rank_of(r, "adapter_disabled_reference"), 0);
+    /* ... whose names say reference: its log-probabilities first, then freed (one model at a time), or adapters */
+    fixture_model_says(r, "reference");
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.reference_copy, 13 * GiB + 512 * MiB);
+    assert_string_equal(r->remedies[0].id, "one_model_at_a_time");
+    assert_non_null(strstr(r->remedies[0].why, "The reference model (frozen) holds 13.50 GiB"));
+    /* a buffer kept across calls larger than the reference (rollouts never trimmed) is the cause, not it */
+    fixture_holder(r, "self.rollouts", "list", "on PPOTrainer", 16 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_string_not_equal(r->remedies[0].id, "one_model_at_a_time");
     free(r);
 
     /* three pipelines each loaded the same components (self.unet, self.text_encoder on three objects) */
