@@ -493,7 +493,7 @@ def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowe
             if measured is not None and frame is not None:
                 measured["checkpointing"] = _checkpointing(frame, phase[0], grad, _torch_dir(torch))
             if measured is not None and code is not None:
-                measured["batch_size"] = _batch_size(code, _torch_dir(torch))
+                measured["batch_size"] = _batch_size(code, _torch_dir(torch), phase=phase[0])
                 measured["autocast_in_code"] = oomguard_phase.autocast_in_code(code)
                 # settings of the program's own code that decide what the pass keeps (padding="max_length")
                 measured["code_settings"] = oomguard_phase.code_settings(code)
@@ -584,29 +584,36 @@ def _checkpointing(frame, phase, grad, torch_dir, limit=64):
 
 # the names a program gives the batch one pass runs (its micro-batch): BATCH, batch_size, micro_batch_size,
 # per_device_train_batch_size, train_micro_batch_size_per_gpu, PER_RANK_BATCH, ...; not a global, total,
-# effective, maximum or count of batches
+# effective, maximum or count of batches.  Which pass's batch: a training pass's is not one named for
+# evaluation (eval_batch_size, val_batch, test_bs); an evaluation's or a generation's is not one named for
+# training (train_batch), so an evaluation's own batch is read where the program names both
 _BATCH_NAME = re.compile(r"^(?:[a-z0-9]+_)*?(?:micro_)?batch(?:_size)?(?:_per_(?:gpu|device|rank))?$")
-_NOT_BATCH = re.compile(r"global|total|effective|max|min|num|accum|eval|val|test")
+_NOT_BATCH = re.compile(r"global|total|effective|max|min|num|accum")
+_EVAL_BATCH = re.compile(r"eval|val|test|infer|pred")
+_TRAIN_BATCH = re.compile(r"train")
+_EVALUATING = frozenset(("evaluation", "generation"))
 
 
 _CONFIG_NAMES = frozenset(("cfg", "config", "conf", "args", "hparams", "opt", "opts", "training_args", "params",
                            "settings", "hp"))
 
 
-def _batch_value(name, v):
+def _batch_value(name, v, evaluating=False):
     if not isinstance(name, str) or isinstance(v, bool) or not isinstance(v, int) or v < 1:
         return None
     low = name.lower()
     if low == "batch" and not name.isupper():
         return None     # `batch` alone is the data or a loop's index (`for batch in range(n)`); BATCH a constant
-    return v if _BATCH_NAME.match(low) and not _NOT_BATCH.search(low) else None
+    if not _BATCH_NAME.match(low) or _NOT_BATCH.search(low):
+        return None
+    return None if (_TRAIN_BATCH if evaluating else _EVAL_BATCH).search(low) else v
 
 
-def _batch_in(ns):
+def _batch_in(ns, evaluating=False):
     """An int named as a batch size in a namespace (a frame's locals or its module's globals), or in a dict or
     an object's attributes one level down (cfg["micro_batch_size"], args.per_device_train_batch_size)."""
     for k, v in list(ns.items())[:512]:
-        b = _batch_value(k, v)
+        b = _batch_value(k, v, evaluating)
         if b is not None:
             return b
     for k, v in list(ns.items())[:512]:
@@ -616,7 +623,7 @@ def _batch_in(ns):
                     str(getattr(type(v), "__module__", "") or "").startswith("torch")):
                 continue
             for k2, v2 in list(inner.items())[:256]:
-                b = _batch_value(k2, v2)
+                b = _batch_value(k2, v2, evaluating)
                 if b is not None:
                     return b
         except Exception:
@@ -624,12 +631,14 @@ def _batch_in(ns):
     return None
 
 
-def _batch_size(frame, torch_dir, limit=32):
+def _batch_size(frame, torch_dir, limit=32, phase=None):
     """The batch the failing pass runs, as the program names it: an int named as a batch size (see _BATCH_NAME)
     among the locals of the program's innermost frame that has one, or its module's globals, or one level
     down in a dict or an object there (a config: a local is read when its name is a config's, _CONFIG_NAMES);
-    None when no name says.  Reads names only: nothing is
+    in an evaluation or a generation (PHASE) a name for training's batch is not that pass's, in another phase a
+    name for evaluation's is not; None when no name says.  Reads names only: nothing is
     called.  Frames of torch and of this adapter are skipped."""
+    evaluating = phase in _EVALUATING
     f, n, seen = frame, 0, set()
     own = os.path.dirname(os.path.abspath(__file__))
     try:
@@ -639,11 +648,11 @@ def _batch_size(frame, torch_dir, limit=32):
                 # a frame's locals are read (without leaving them on the frame) only where one of its variable
                 # names is a batch's or a config's
                 names = f.f_code.co_varnames
-                b = (_batch_in(dict(oomguard_roles._frame_locals(f)))
-                     if any(_batch_value(v, 1) or v in _CONFIG_NAMES for v in names) else None)
+                b = (_batch_in(dict(oomguard_roles._frame_locals(f)), evaluating)
+                     if any(_batch_value(v, 1, evaluating) or v in _CONFIG_NAMES for v in names) else None)
                 if b is None and id(f.f_globals) not in seen:
                     seen.add(id(f.f_globals))
-                    b = _batch_in(f.f_globals)
+                    b = _batch_in(f.f_globals, evaluating)
                 if b is not None:
                     return b
             f, n = f.f_back, n + 1

@@ -925,6 +925,13 @@ def t_batch_size():
     ns = {"BATCH": 8, "__name__": "prog", "probe": probe}
     exec(compile("def f():\n    return probe()\n", "/tmp/prog.py", "exec"), ns)
     assert ns["f"]() == 8
+    # a notebook's globals name both passes' batches: each pass reads its own
+    ns = {"train_batch": 8, "eval_batch_size": 64, "__name__": "prog", "tdir": tdir, "sys": sys,
+          "oomguard_torch": oomguard_torch}
+    exec(compile("def f(phase):\n    return oomguard_torch._batch_size(sys._getframe(0), tdir, phase=phase)\n",
+                 "/tmp/notebook.py", "exec"), ns)
+    assert ns["f"]("forward") == 8 and ns["f"]("backward") == 8, (ns["f"]("forward"), ns["f"]("backward"))
+    assert ns["f"]("evaluation") == 64 and ns["f"]("generation") == 64, ns["f"]("evaluation")
 
 
 def t_autocast_in_code():
