@@ -889,7 +889,11 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
         conf = 0.6;
         basis = "non_framework_explains";
     }
-    bool alone_fits = d->capacity && job <= d->capacity && d->other_all >= missing;
+    /* "alone the job would fit" reads the job as what it holds plus this request; in a pass still building (a load,
+     * a forward, a backward, an evaluation, a generation, an optimizer step) more requests follow, so the claim is
+     * not known when the others are a sliver of the device (a desktop session, a monitoring agent): their bytes
+     * cover this one request, not the rest of the pass */
+    bool alone_fits = d->capacity && job <= d->capacity && d->other_all >= missing && !d->others_sliver;
     if (alone_fits && conf > 0.45)
         conf = 0.45;
     c->confidence = clamp01(conf);

@@ -1647,6 +1647,14 @@ static bool outgrows(const og_facts_t *d, uint64_t bytes)
            (double)d->cached < d->frag_share * (double)d->reservation;
 }
 
+/* the others a sliver of the device beside a pass still building (facts.h: others_sliver) */
+static void others_sliver(og_facts_t *d)
+{
+    bool building = d->phase == OG_JP_loading || d->phase == OG_JP_forward || d->phase == OG_JP_backward ||
+                    d->phase == OG_JP_evaluation || d->phase == OG_JP_generation || d->phase == OG_JP_optimizer_step;
+    d->others_sliver = building && d->capacity && d->other_all && d->other_all * 16 < d->capacity;
+}
+
 static void pass_outgrows_cache(og_facts_t *d)
 {
     const og_role_facts_t *k = &d->roles;
@@ -2007,6 +2015,7 @@ void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds
     non_framework(f, rec);
     fit(f, rec);
     pass_outgrows_cache(f);
+    others_sliver(f);
     copy_outgrows_cache(f);
     spare_device(f, rec);
     outlier(f, rec);

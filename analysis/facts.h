@@ -426,6 +426,11 @@ typedef struct og_facts {
     /* a pass still building (forward, backward, evaluation, generation) holds at least 4x the cache
      * (and the request), the cache under frag_share of the reservation: it cannot carry the pass */
     bool pass_outgrows_cache;
+    /* the failure is inside a pass still building (phase loading, forward, backward, evaluation, generation or
+     * optimizer_step: more requests follow) and the other processes hold under 1/16 of the device (a desktop
+     * session, a monitoring agent): their bytes may cover this one request, not the rest of the pass, so the job
+     * alone is not known to fit and stopping them is not the fix */
+    bool others_sliver;
     /* the same for an optimizer step still making an Adam-family state: what it has yet to make (2x the parameters
      * its optimizers hold, less the state made so far) is that many times the cache; 0 not so */
     uint64_t state_to_come;

@@ -240,6 +240,7 @@ static bool handler_keeps_attempt(const rctx_t *x)
            og_covers(x, (double)(ro->act - x->req));
 }
 static bool pass_outgrows(const rctx_t *x) { return x->f->pass_outgrows_cache; }
+static bool others_sliver(const rctx_t *x) { return x->f->others_sliver; }
 /* a deep copy under way made many times the cache so far (facts: copy_outgrows_cache) */
 static bool copy_outgrows(const rctx_t *x) { return x->f->copy_outgrows_cache; }
 /* a deep copy under way replaces a model that a name holds now, and that model holds the missing bytes
@@ -1229,6 +1230,10 @@ static const og_rank_row_t lead[] = {
     { "cap_without_room", cap_without_room, DROP, 0, 0, REMS(R_FW_CAP),
       "framework_cap counting reserved bytes (PyTorch, CuPy), the device had no room for the request",
       "reranker_capped_shared_card (blind)" },
+    { "others_a_sliver", others_sliver, DEMOTE, 3, 0, REMS(R_FOREIGN),
+      "other processes under 1/16 of the device, the failure inside a pass still building (facts: others_sliver)",
+      "qwen14b_qlora_bnb_config_not_passed_3090, contract_clause_highlighter_output_attentions_all_layers_4090 "
+      "(blind); (unit tests: others_a_sliver_of_the_device)" },
     { "cap_is_the_cause", cap_refused_with_room, DEMOTE, 3, 0,
       REMS(R_RELEASE_REFS, R_RESTART, R_EMPTY_CACHE, R_EXPANDABLE, R_BUCKET, R_FOREIGN, R_POOL_TRIM),
       "primary framework_cap, refused inside the framework, the device had room for the request",

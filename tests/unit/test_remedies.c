@@ -1240,6 +1240,38 @@ static void extra_outputs_first(void **state)
     free(r);
 }
 
+/* A desktop session's few hundred MiB beside a pass still building (facts: others_sliver): they cover this one
+ * request, not the rest of the pass, so the job does not fit and stopping them is not the advice; the same bytes
+ * with no phase (a C program) or others holding a real share of the card keep foreign_memory */
+static void others_a_sliver_of_the_device(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 23 * GiB, 0, 0, 0, 0, 0);
+    fixture_other(r, 1201, "Xorg", 412 * MiB);
+    fixture_other(r, 1377, "gnome-shell", 186 * MiB);
+    og_set(&r->event.requested_bytes, 136 * MiB);
+    og_set(&r->device.free_bytes, 74 * MiB);
+    fixture_phase(r, "loading", "/w/train.py", "from_pretrained");
+    run_primary(r, "does_not_fit");
+    assert_true(r->analysis.facts.others_sliver);
+    assert_true(rank_of(r, "foreign_processes") == 0 || rank_of(r, "foreign_processes") > 3);
+    fixture_phase(r, "", NULL, NULL);
+    run_primary(r, "foreign_memory"); /* no phase: this request may be the last; alone the job would fit */
+    assert_false(r->analysis.facts.others_sliver);
+    free(r);
+
+    r = base();
+    fixture_roles(r, 18 * GiB, 0, 0, 0, 0, 0);
+    fixture_other(r, 2210, "python3", 5 * GiB);
+    og_set(&r->event.requested_bytes, 136 * MiB);
+    og_set(&r->device.free_bytes, 74 * MiB);
+    fixture_phase(r, "loading", "/w/train.py", "from_pretrained");
+    run_primary(r, "foreign_memory"); /* a colleague's job: a fifth of the card */
+    assert_false(r->analysis.facts.others_sliver);
+    free(r);
+}
+
+
 /* attention computed eagerly (roles.operation attention) fails making a 64 GiB score matrix in a training step with
  * checkpointing on at batch 1: fused attention leads (it never makes the matrix), named with the function; no
  * operation measured: it does not lead */
@@ -3648,6 +3680,7 @@ int main(void)
         cmocka_unit_test(growth_holder_kept_covers),
         cmocka_unit_test(index_kept_on_the_gpu),
         cmocka_unit_test(weights_copies_kept),
+        cmocka_unit_test(others_a_sliver_of_the_device),
         cmocka_unit_test(cache_kept_across_calls),
         cmocka_unit_test(eval_copy_first),
         cmocka_unit_test(eval_copy_under_way_first),
