@@ -633,6 +633,13 @@ static bool eager_attention(const rctx_t *x)
     return roles_of(x)->known && roles_of(x)->operation == OG_OP_attention && x->req_known && !own_fix_covers(x);
 }
 static bool eager_attention_lead(const rctx_t *x) { return eager_attention(x) && !confident_growth(x); }
+/* the extra outputs asked for are the attention weights (output_attentions=True): a fused attention kernel returns
+ * none, so the model runs its eager attention for them, and the outputs' remedy comes before the kernel's */
+static bool attentions_asked(const rctx_t *x)
+{
+    const og_code_setting_t *cs = &x->rec->memory.fw.roles.settings[OG_SETTING_extra_outputs];
+    return extra_outputs(x) && cs->has && strncmp(cs->key, "output_attentions", sizeof cs->key) == 0;
+}
 /* a batch of this job fit before the failing one: the optimizer made at least two steps (so a pass ran with
  * the state it keeps now: the first step makes an Adam-family optimizer's state, after its pass), or the
  * failing request is an outlier (>= 4x any earlier allocation after steps that freed memory).  Bucketing by
@@ -1312,6 +1319,11 @@ static const og_rank_row_t lead[] = {
     { "extra_outputs_lead", extra_outputs, LEAD_COVERS, -31, 0, REMS(R_FEWER_OUTPUTS),
       "as extra_outputs, whatever the growth (outputs kept per layer or per token are a rise within the call)",
       "e5_mistral_embed_output_hidden_states_all_layers (blind)" },
+    { "attentions_asked_lead", attentions_asked, LEAD_COVERS, -35, 0, REMS(R_FEWER_OUTPUTS),
+      "as extra_outputs, the key output_attentions (a fused attention kernel returns no weights: ahead of "
+      "flash_attention; after extra_outputs_lead, whose order it overrides)",
+      "contract_clause_highlighter_output_attentions_all_layers_4090 (blind); (unit tests: others_a_sliver_of_the_"
+      "device)" },
     { "rank_loads_whole_model_lead", rank_loads_whole_model, LEAD_COVERS, -30, 0, REMS(R_SHARD_LOAD),
       "as rank_loads_whole_model", "fsdp_lora_llama2_13b_g5_12xlarge_device_map_local_rank (blind)" },
     { "growing_dataset_lead", growing_dataset, LEAD_COVERS, -34, 0, REMS(R_DATASET_CPU),

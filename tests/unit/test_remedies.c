@@ -1242,7 +1242,8 @@ static void extra_outputs_first(void **state)
 
 /* A desktop session's few hundred MiB beside a pass still building (facts: others_sliver): they cover this one
  * request, not the rest of the pass, so the job does not fit and stopping them is not the advice; the same bytes
- * with no phase (a C program) or others holding a real share of the card keep foreign_memory */
+ * with no phase (a C program) or others holding a real share of the card keep foreign_memory.  Attention weights
+ * asked for (output_attentions=True) come before a fused kernel, which returns none */
 static void others_a_sliver_of_the_device(void **state)
 {
     og_record_t *r = base();
@@ -1269,8 +1270,23 @@ static void others_a_sliver_of_the_device(void **state)
     run_primary(r, "foreign_memory"); /* a colleague's job: a fifth of the card */
     assert_false(r->analysis.facts.others_sliver);
     free(r);
-}
 
+    r = base();
+    fixture_roles(r, 752 * MiB, 0, 0, 0, 0, 20 * GiB);
+    fixture_operation(r, "attention", "eager_attention_forward");
+    fixture_setting(r, OG_SETTING_extra_outputs, "review", "output_attentions");
+    r->memory.fw.grad_enabled = -1;
+    fixture_phase(r, "evaluation", "/w/review.py", "review");
+    og_set(&r->event.requested_bytes, 2 * GiB);
+    og_set(&r->device.free_bytes, 1 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "only_needed_outputs");
+    assert_string_equal(r->remedies[1].id, "flash_attention");
+    fixture_setting(r, OG_SETTING_extra_outputs, "review", "output_hidden_states");
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "flash_attention");
+    free(r);
+}
 
 /* attention computed eagerly (roles.operation attention) fails making a 64 GiB score matrix in a training step with
  * checkpointing on at batch 1: fused attention leads (it never makes the matrix), named with the function; no
