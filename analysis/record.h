@@ -229,6 +229,11 @@ typedef struct og_roles {
      * tensors of its memo); unknown: no deepcopy ran (or it was not read) */
     og_opt_u64_t copy_made;
     uint64_t step_alloc[OG_STEP_SERIES];
+    /* roles.allocated_over_run: the same optimizer's allocated bytes after every step_run_every-th step of the
+     * whole run (at most OG_STEP_SERIES, oldest first; the stride doubles as the run grows); nstep_run 0: none */
+    int nstep_run;
+    uint64_t step_run_every;
+    uint64_t step_run[OG_STEP_SERIES];
 } og_roles_t;
 
 /* Framework adapter's own numbers (PyTorch memory_stats and friends); has = false if none. */

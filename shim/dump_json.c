@@ -361,6 +361,14 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
         og_sb_printf(sb, "%llu", (unsigned long long)r->steps_made);
     else
         og_sb_puts(sb, "null");
+    K("allocated_over_run");
+    if (r->nsteps > 0 && r->nstep_run > 0) {
+        og_sb_printf(sb, "{\"every\":%llu,\"bytes\":[", (unsigned long long)r->step_run_every);
+        for (int i = 0; i < r->nstep_run && i < OG_STEP_SERIES; i++)
+            og_sb_printf(sb, "%s%llu", i ? "," : "", (unsigned long long)r->step_run[i]);
+        og_sb_puts(sb, "]}");
+    } else
+        og_sb_puts(sb, "null");
     K("objects_scanned");
     og_sb_printf(sb, "%llu", (unsigned long long)r->objects);
     K("read_in_part");

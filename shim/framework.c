@@ -205,6 +205,18 @@ static void parse_roles(const char *s, og_roles_t *r)
                     break;
                 p = e + 1;
             }
+        } else if (!strcmp(f[0], "steps_run") && n >= 3) {
+            r->step_run_every = strtoull(f[1], NULL, 10);
+            r->nstep_run = 0;
+            for (const char *p = f[2]; *p >= '0' && *p <= '9' && r->nstep_run < OG_STEP_SERIES;) {
+                char *e;
+                r->step_run[r->nstep_run++] = strtoull(p, &e, 10);
+                if (*e != ',')
+                    break;
+                p = e + 1;
+            }
+            if (!r->step_run_every)
+                r->nstep_run = 0;
         } else if (!strcmp(f[0], "accumulating") && n >= 6 && !r->has_accum) {
             r->has_accum = true;
             copy_str(r->accum.file, sizeof r->accum.file, f[1]);

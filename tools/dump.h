@@ -123,6 +123,9 @@ struct og_roles_view {
     } activations_copy_of;
     int64_t *after_steps; /* allocated_after_steps, oldest first */
     int nafter_steps, has_after_steps;
+    int64_t *over_run; /* allocated_over_run.bytes, oldest first */
+    int nover_run;
+    int64_t over_run_every; /* allocated_over_run.every, -1 absent */
     int64_t optimizer_steps, num_beams, batch_size;
     int64_t copy_made_bytes;    /* -1 unknown (null): no deep copy under way */
     int gradient_checkpointing; /* -1 unknown (null) */

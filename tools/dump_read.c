@@ -1144,6 +1144,25 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
         }
     }
     TRY(get_int(L, o, &p, "optimizer_steps", &r->optimizer_steps));
+    const cJSON *run;
+    r->over_run_every = -1;
+    TRY(get_obj(L, o, &p, "allocated_over_run", &run));
+    if (run) {
+        struct path pr = { &p, "allocated_over_run", 0 };
+        TRY(get_int(L, run, &pr, "every", &r->over_run_every));
+        TRY(get_arr(L, run, &pr, "bytes", &arr));
+        int n = 0;
+        const cJSON *x;
+        cJSON_ArrayForEach(x, arr) n++;
+        r->over_run = n ? arena_alloc(&L->d->arena, (size_t)n * sizeof *r->over_run) : NULL;
+        if (n && !r->over_run)
+            return err_too_complex(L), -1;
+        cJSON_ArrayForEach(x, arr)
+        {
+            TRY(check_int(L, x, &(struct path){ &pr, "bytes", r->nover_run }, NULL, 0, &r->over_run[r->nover_run]));
+            r->nover_run++;
+        }
+    }
     TRY(get_int(L, o, &p, "num_beams", &r->num_beams));
     TRY(get_num(L, o, &p, "last_optimizer_step_ms_ago", &r->last_step_ms_ago));
     TRY(get_bool(L, o, &p, "complete", &r->complete));

@@ -342,6 +342,20 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
         }
         FACT("allocated");
         og_sb_init(&b);
+        if (r->nover_run > 1 && r->over_run_every > 0) {
+            /* the run's series: its first and last points and its lowest and highest */
+            int64_t lo = r->over_run[0], hi = r->over_run[0];
+            for (int i = 1; i < r->nover_run; i++) {
+                lo = r->over_run[i] < lo ? r->over_run[i] : lo;
+                hi = r->over_run[i] > hi ? r->over_run[i] : hi;
+            }
+            char first[32], last[32], low[32], high[32];
+            og_sb_printf(&b, "every %s steps: %s first, %s last (lowest %s, highest %s)",
+                         group_digits(r->over_run_every, c), human_bytes(r->over_run[0], first),
+                         human_bytes(r->over_run[r->nover_run - 1], last), human_bytes(lo, low), human_bytes(hi, high));
+        }
+        FACT("allocated over the run");
+        og_sb_init(&b);
         if (isfinite(r->last_step_ms_ago))
             og_sb_printf(&b, "ended %.3f s before the report", r->last_step_ms_ago / 1000.0);
         FACT("last optimizer step");

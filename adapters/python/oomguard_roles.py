@@ -1189,8 +1189,11 @@ def encode(r):
         role, b = r["activations_copy_of"]
         out.append("meta\tactivations_copy_of\t%s\t%d" % (_clean(role), int(b)))
     if r.get("steps"):
-        made, series = r["steps"]
+        made, series = r["steps"][:2]
         out.append("steps\t%d\t%s" % (int(made), ",".join(str(int(v)) for v in series[-32:]) or "-"))
+        if len(r["steps"]) >= 4 and r["steps"][3]:
+            every, run = r["steps"][2:4]
+            out.append("steps_run\t%d\t%s" % (int(every), ",".join(str(int(v)) for v in run[-32:])))
     if r.get("why"):
         out.append("meta\twhy\t%s" % _clean(r["why"]))
     return "\n".join(out) + "\n"

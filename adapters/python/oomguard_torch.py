@@ -303,8 +303,11 @@ _step_seen = False
 _last_step_t = None     # time.monotonic() at the end of the latest optimizer step
 # what the framework had allocated right after each of an optimizer's latest steps: memory kept across
 # iterations rises there step after step, a flat job stays flat (the driver sees neither once the
-# cache is warm).  {id(optimizer): [device, steps made, deque of allocated bytes, time of the latest]},
-# at most _STEP_OPTIMIZERS optimizers (the least recently stepped goes)
+# cache is warm).  {id(optimizer): [device, steps made, deque of allocated bytes, time of the latest, the run's
+# series, its stride]}, at most _STEP_OPTIMIZERS optimizers (the least recently stepped goes).  The run's series
+# spans every step made: the allocated bytes after every stride-th step, at most _STEP_SERIES of them (when full,
+# every other one goes and the stride doubles), so an iteration of many optimizer steps (a PPO epoch over its
+# mini-batches, a GAN's two optimizers) still shows what each iteration kept
 _STEP_SERIES = 32
 _STEP_OPTIMIZERS = 8
 _step_series = {}
@@ -338,22 +341,27 @@ def _on_optimizer_step(optimizer, args, kwargs):
         if s is None or s[0] != now[0]:
             if s is None and len(_step_series) >= _STEP_OPTIMIZERS:
                 del _step_series[min(_step_series, key=lambda k: _step_series[k][3])]
-            s = _step_series[id(optimizer)] = [now[0], 0, collections.deque(maxlen=_STEP_SERIES), 0.0]
+            s = _step_series[id(optimizer)] = [now[0], 0, collections.deque(maxlen=_STEP_SERIES), 0.0, [], 1]
         s[1] += 1
         s[2].append(now[1])
         s[3] = _last_step_t
+        if s[1] % s[5] == 0:
+            s[4].append(now[1])
+            if len(s[4]) > _STEP_SERIES:
+                s[4] = s[4][1::2]
+                s[5] *= 2
     except Exception:
         pass
 
 
 def _steps_of(device):
-    """(steps made, [allocated after each of the latest ones, oldest first]) of the optimizer on
-    `device` that stepped most (ties: the latest), or None."""
+    """(steps made, [allocated after each of the latest ones, oldest first], stride, [allocated after every
+    stride-th step of the run]) of the optimizer on `device` that stepped most (ties: the latest), or None."""
     best = None
     for s in list(_step_series.values()):
         if s[0] == device and (best is None or (s[1], s[3]) > (best[1], best[3])):
             best = s
-    return (best[1], list(best[2])) if best is not None else None
+    return (best[1], list(best[2]), best[5], list(best[4])) if best is not None else None
 
 
 def _watch_optimizers(torch):

@@ -934,6 +934,29 @@ def t_batch_size():
     assert ns["f"]("evaluation") == 64 and ns["f"]("generation") == 64, ns["f"]("evaluation")
 
 
+def t_steps_over_the_run():
+    """The step hook keeps the latest 32 steps and a series over the whole run: after 96 steps, every 4th
+    step's allocated bytes (24 points, oldest first), so an iteration of 16 steps that keeps memory is a
+    staircase there while the latest steps show one rise."""
+    import oomguard_torch
+    saved = (oomguard_torch._allocated_now, dict(oomguard_torch._step_series))
+    oomguard_torch._step_series.clear()
+    step = [0]
+    oomguard_torch._allocated_now = lambda torch: (0, 1000 + step[0] // 16)
+    try:
+        opt = object()
+        for step[0] in range(96):
+            oomguard_torch._on_optimizer_step(opt, (), {})
+        made, latest, every, run = oomguard_torch._steps_of(0)
+        assert made == 96 and len(latest) == 32 and latest[0] == 1004 and latest[-1] == 1005, (made, latest)
+        assert every == 4 and len(run) == 24, (every, run)
+        assert run == [1000 + (4 * (i + 1) - 1) // 16 for i in range(24)], run
+    finally:
+        oomguard_torch._allocated_now = saved[0]
+        oomguard_torch._step_series.clear()
+        oomguard_torch._step_series.update(saved[1])
+
+
 def t_autocast_in_code():
     """roles.autocast_in_code: a function of the program on the stack that enters torch.autocast (its code names
     it), though autocast is off at the probe; a function that does not: None"""
@@ -1224,6 +1247,7 @@ if not STAND_IN:
     check("the phase table's PyTorch files exist in this torch", t_phase_patterns_real_files)
     check("gradient checkpointing: off in a plain layer, on under torch.utils.checkpoint or the flag", t_checkpointing)
     check("the batch size from the program's names, not a loop index or a global count", t_batch_size)
+    check("the optimizer steps: the latest 32 and a series over the whole run", t_steps_over_the_run)
     check("autocast in the running program's code, off at the failing line", t_autocast_in_code)
     check("settings of the program's own code: padding to the maximum, extra outputs", t_code_settings)
     check("the failing operation from PyTorch's own frames; the table names common/operations.def's list",

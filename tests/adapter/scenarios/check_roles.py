@@ -73,6 +73,7 @@ def main():
         # what the framework had allocated right after that step, and the steps made
         assert r["allocated_after_steps"] == truth["after_steps"], (r["allocated_after_steps"], truth["after_steps"])
         assert r["optimizer_steps"] == 1, r["optimizer_steps"]
+        assert r["allocated_over_run"] == {"every": 1, "bytes": truth["after_steps"]}, r["allocated_over_run"]
     if "--site" in opts:
         label = opts[opts.index("--site") + 1]
         h = [h for h in r["holders"] if h["label"] == label][0]
