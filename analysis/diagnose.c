@@ -776,7 +776,16 @@ static bool c_growth(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
     if (g->marker == OG_MARK_OPTIMIZER_STEP) /* measured by the framework itself: a few steps suffice */
         c->confidence = 0.6 + 0.15 * clamp01((double)(g->steps - 4) / 12) +
                         0.2 * clamp01(rs < 1 ? (g->rising_share - rs) / (1 - rs) : 1);
-    if (g->marker == OG_MARK_OPTIMIZER_STEP)
+    if (g->over_run) /* a staircase that never fell: its separate rises, not their share of the points, count */
+        c->confidence = 0.6 + 0.15 * clamp01((double)(g->rising - 2) / 4) + 0.2;
+    if (g->over_run)
+        summary(c,
+                "Memory kept across iterations rises in steps: over the run's %ld optimizer steps (read every %llu) "
+                "the framework's allocated memory right after a step never fell and rose %d times, from %s to %s, "
+                "about %s per step: each iteration keeps something.",
+                g->seen, (unsigned long long)g->every, g->rising, og_hb((double)g->first_low).s,
+                og_hb((double)g->last_low).s, og_hb((double)g->per_step).s);
+    else if (g->marker == OG_MARK_OPTIMIZER_STEP)
         summary(c,
                 "Memory kept across iterations rises from step to step: right after %s%d optimizer steps the "
                 "framework's allocated memory rose in %d of %d, by about %s per step, from %s to %s.",
@@ -812,6 +821,8 @@ static bool c_growth(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
                                                   : "modal_size");
     if (g->marker == OG_MARK_OPTIMIZER_STEP)
         ev_num(c, "optimizer_steps", (double)g->seen);
+    if (g->over_run) /* read from the run's series, one point every this many optimizer steps */
+        ev_num(c, "run_series_every", (double)g->every);
     /* the rise (all of it, or its steady part, step by step) is one collective-communication library's
      * own memory: say whose it is */
     if (d->comm_holds_growth) {

@@ -786,6 +786,49 @@ static bool growth_by_steps(const og_facts_t *d, const og_record_t *r, og_growth
     return true;
 }
 
+/* The run's series (roles.allocated_over_run: the allocated bytes after every N-th optimizer step of the whole run):
+ * an iteration of many optimizer steps (a PPO epoch over its mini-batches) that keeps memory makes a staircase, flat
+ * within the iteration and up between them, which the latest steps' series sees as one rise at most.  Held: the
+ * series spans more steps than the latest one, never falls by more than 1% of the device between points, rises by at
+ * least 0.5% of the device at >= 3 separate points (a buffer made once is one rise), over >= 4 points, and the whole
+ * rise reaches the growth's minimum share of the device or the missing bytes (and 0.5% of the device). */
+static bool growth_over_run(const og_facts_t *d, const og_record_t *r, og_growth_facts_t *g)
+{
+    const og_roles_t *ro = &r->memory.fw.roles;
+    int n = r->memory.fw.has && ro->has ? ro->nstep_run : 0;
+    n = n > OG_STEP_SERIES ? OG_STEP_SERIES : n;
+    if (n < STEPS_MIN || !d->total || !ro->step_run_every ||
+        (uint64_t)n * ro->step_run_every <= (uint64_t)(ro->nsteps > 0 ? ro->nsteps : 0))
+        return false;
+    const uint64_t *a = ro->step_run;
+    double tol = 0.01 * (double)d->total, jump = 0.005 * (double)d->total;
+    int rises = 0;
+    for (int i = 1; i < n; i++) {
+        if ((double)a[i] + tol < (double)a[i - 1])
+            return false;
+        rises += (double)a[i] >= (double)a[i - 1] + jump;
+    }
+    uint64_t rise = sub0(a[n - 1], a[0]);
+    double gm = d->growth_min_share * (double)d->total;
+    if (rises < 3 || !((double)rise >= gm || (d->shortfall && rise >= d->shortfall && (double)rise >= jump)))
+        return false;
+    uint64_t spanned = (uint64_t)(n - 1) * ro->step_run_every;
+    g->marker = OG_MARK_OPTIMIZER_STEP;
+    g->size = 0;
+    g->over_run = true;
+    g->every = ro->step_run_every;
+    g->seen = (long)(ro->steps_made > spanned ? ro->steps_made : spanned);
+    g->steps = n;
+    g->rising = rises;
+    g->transitions = n - 1;
+    g->per_step = spanned ? rise / spanned : 0;
+    g->rise = rise;
+    g->first_low = a[0];
+    g->last_low = a[n - 1];
+    g->rising_share = (double)rises / (double)(n - 1);
+    return true;
+}
+
 /* Growth read from the optimizer's steps first, where the adapter measured them: the framework's own
  * allocated bytes after each step rise (kept across iterations) or stay flat (nothing kept: what the
  * driver saw rise was the cache or one pass, and the rule does not hold); else marked by the failing size
@@ -801,6 +844,10 @@ static void growth(og_facts_t *d, const og_record_t *r, og_growth_scratch_t *s)
     }
     if (g->steps_flat)
         return;
+    if (growth_over_run(d, r, g)) {
+        g->holds = true;
+        return;
+    }
     const og_roles_t *ro = &r->memory.fw.roles;
     /* before the first step: an Adam-like optimizer holds the device's parameters and has no state yet (it makes
      * its moments at its first step), so no iteration has ended */

@@ -82,6 +82,11 @@ typedef struct og_growth_facts {
      * passes, the state made at the first step and the pass running now; no iteration repeated enough to keep
      * anything across them */
     bool first_steps;
+    /* read from the run's series (roles.allocated_over_run, every `every`-th optimizer step of the whole run): a
+     * staircase, flat within an iteration of many optimizer steps and up between them, never down; steps, rising and
+     * transitions then count the series' points and its rises */
+    bool over_run;
+    uint64_t every;
 } og_growth_facts_t;
 
 /* The load that the failing request may be part of (a run of equal allocations kept). */

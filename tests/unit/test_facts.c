@@ -458,6 +458,43 @@ static void before_the_first_step_is_not_growth(void **state)
     free(r);
 }
 
+/* an iteration of 16 optimizer steps (a PPO epoch over its mini-batches) keeps 1 GiB: the latest 32 steps see one
+ * rise, the run's series (every 4th step of 96) a staircase of five that never fell: growth; one jump (a buffer made
+ * once), a series that fell back, or a latest series flat over its steps: not */
+static void run_series_staircase_is_growth(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    ev_reset(r);
+    ev_add(r, 0.001, "alloc", 20 * GiB);
+    fixture_roles(r, 4 * GiB, 2 * GiB, 4 * GiB, 0, 7 * GiB, 6 * GiB);
+    fixture_phase(r, "backward", "/w/ppo.py", "train");
+    og_set(&r->event.requested_bytes, 88 * MiB);
+    og_set(&r->device.free_bytes, 48 * MiB);
+    og_roles_t *ro = &r->memory.fw.roles;
+    fixture_steps(r, 96, 32, 16 * GiB, 0);
+    for (int i = 16; i < 32; i++)
+        ro->step_alloc[i] = 17 * GiB;
+    ro->step_run_every = 4;
+    ro->nstep_run = 24;
+    for (int i = 0; i < 24; i++)
+        ro->step_run[i] = 12 * GiB + (uint64_t)(i / 4) * GiB;
+    assert_true(facts(r)->growth.holds);
+    assert_true(F.growth.over_run);
+    assert_int_equal(F.growth.rising, 5);
+    assert_int_equal(F.growth.rise, 5 * GiB);
+    for (int i = 0; i < 24; i++) /* one jump: a buffer made once */
+        ro->step_run[i] = i < 12 ? 12 * GiB : 14 * GiB;
+    assert_false(facts(r)->growth.over_run);
+    for (int i = 0; i < 24; i++) /* up and down again */
+        ro->step_run[i] = 12 * GiB + (uint64_t)(i % 8 / 2) * GiB;
+    assert_false(facts(r)->growth.over_run);
+    for (int i = 0; i < 24; i++)
+        ro->step_run[i] = 12 * GiB + (uint64_t)(i / 4) * GiB;
+    fixture_steps(r, 96, 32, 17 * GiB, 0); /* the latest 32 steps flat: nothing kept lately */
+    assert_false(facts(r)->growth.holds);
+    free(r);
+}
+
 /* kept outputs of varying sizes, 10 steps all rising: the every-allocation reading needs 16 */
 static void every_allocation_needs_sixteen_steps(void **state)
 {
@@ -1162,6 +1199,7 @@ int main(void)
         cmocka_unit_test(flat_after_each_optimizer_step_is_not_growth),
         cmocka_unit_test(first_steps_are_not_growth),
         cmocka_unit_test(before_the_first_step_is_not_growth),
+        cmocka_unit_test(run_series_staircase_is_growth),
         cmocka_unit_test(every_allocation_needs_sixteen_steps),
         cmocka_unit_test(loading_and_a_second_copy),
         cmocka_unit_test(a_run_after_training_is_not_a_load),
