@@ -1266,7 +1266,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
     const og_roles_t *ro = &r->memory.fw.roles;
     og_role_facts_t *k = &d->roles;
     k->keeper = k->kv = k->dataset_holder = k->registry_group = k->graph_holder = k->keyed_group = -1;
-    k->ckpt_holder = k->index_holder = -1;
+    k->ckpt_holder = k->index_holder = k->ema_holder = -1;
     k->building = OG_PURPOSE_NONE;
     k->operation = OG_OPERATION_NONE;
     if (!r->memory.fw.has || !ro->has)
@@ -1461,6 +1461,11 @@ static void roles(og_facts_t *d, const og_record_t *r)
                 k->local_kv = add_sat(k->local_kv, h->bytes);
             continue;
         }
+        if (pu == OG_PURPOSE_ema) { /* an EMA kept between its updates (a local is an update under way) */
+            k->ema_kept = add_sat(k->ema_kept, h->bytes);
+            if (k->ema_holder < 0 || h->bytes > ro->holders[k->ema_holder].bytes)
+                k->ema_holder = i;
+        }
         if (pu == OG_PURPOSE_index) { /* kept across calls (the locals of running code went on above) */
             k->index_kept = add_sat(k->index_kept, h->bytes);
             if (k->index_holder < 0 || h->bytes > ro->holders[k->index_holder].bytes)
@@ -1570,28 +1575,19 @@ static void weights_copies(og_facts_t *d, const og_record_t *r)
 {
     og_role_facts_t *k = &d->roles;
     const og_roles_t *ro = &r->memory.fw.roles;
-    k->ema_holder = k->ema_model = k->reference_group = k->repeated_group = k->trained_group = -1;
+    /* holders of purpose ema kept across calls were counted with the other holders (roles: ema_kept, ema_holder);
+     * models whose names say ema, none running, join them here */
+    k->ema_model = k->reference_group = k->repeated_group = k->trained_group = -1;
     if (!k->known)
         return;
-    int nh = ro->nholders < 0 ? 0 : ro->nholders > 8 ? 8 : ro->nholders;
-    for (int i = 0; i < nh; i++) {
-        const og_role_holder_t *h = &ro->holders[i];
-        char where[sizeof h->where], purpose[sizeof h->purpose];
-        og_cpy(where, sizeof where, h->where, sizeof where);
-        og_cpy(purpose, sizeof purpose, h->purpose, sizeof purpose);
-        if (og_purpose_of(purpose) != OG_PURPOSE_ema || strncmp(where, "local in ", 9) == 0)
-            continue; /* a local of the running code is an update under way (weights_update), not a kept copy */
-        k->ema_kept = add_sat(k->ema_kept, h->bytes);
-        if (k->ema_holder < 0 || h->bytes > ro->holders[k->ema_holder].bytes)
-            k->ema_holder = i;
-    }
     int nm = ro->nmodels < 0 ? 0 : ro->nmodels > 6 ? 6 : ro->nmodels;
+    uint64_t ema_largest = 0;
     for (int i = 0; i < nm; i++) {
         uint64_t all = ro->models[i].bytes * (uint64_t)(ro->models[i].count > 0 ? ro->models[i].count : 0);
         if (model_purpose(ro, i) == OG_PURPOSE_ema && ro->models[i].running <= 0) {
             k->ema_kept = add_sat(k->ema_kept, all);
-            if (k->ema_model < 0 || all > ro->models[k->ema_model].bytes)
-                k->ema_model = i;
+            if (k->ema_model < 0 || all > ema_largest)
+                k->ema_model = i, ema_largest = all;
         }
     }
     /* the trained model: the largest group not frozen; the parameters its optimizers train (opt_params) */

@@ -141,7 +141,8 @@ typedef struct og_role_facts {
      * bytes and the largest one (index in roles.holders, -1 none) */
     uint64_t index_kept;
     int index_holder;
-    /* a second copy of weights the program keeps on the device for good (facts.c: weights_copies).  ema_kept: an
+    /* a second copy of weights the program keeps on the device for good (facts.c: roles for holders, weights_copies
+     * for models).  ema_kept: an
      * EMA or averaged copy (holders of purpose ema kept across calls, and models whose names or class say ema, none
      * running); its largest holder (ema_holder, index in roles.holders) and model group (ema_model, index in
      * roles.models), -1 none */
