@@ -20,8 +20,8 @@ have next to the frozen models and a step's 4.4 GiB of activations.  The first e
 ~1,000 clips in the transformer's forward, the cache at ~6 GiB and growing every step.  An expert: the
 memoised latents/embeddings are what grows -- keep them in host memory (or precompute them to disk,
 as the CogVideoX fine-tuning scripts do) and move each sample to the GPU, or bound the cache; not a
-smaller batch (it is 1), not checkpointing (already on), not an 8-bit optimizer (the LoRA's state is
-0.2 GiB).
+smaller batch (it is 1), not checkpointing (already on), not an 8-bit optimizer (the LoRA's AdamW state is
+30 MiB).
 """
 import sys
 
