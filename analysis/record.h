@@ -234,6 +234,9 @@ typedef struct og_roles {
     int nstep_run;
     uint64_t step_run_every;
     uint64_t step_run[OG_STEP_SERIES];
+    /* roles.attention_modules: the layers the walk of the models took for attention by their names; unknown: the
+     * walk did not finish or met no model */
+    og_opt_u64_t attention_modules;
 } og_roles_t;
 
 /* Framework adapter's own numbers (PyTorch memory_stats and friends); has = false if none. */

@@ -320,6 +320,11 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
         og_sb_puts(sb, "null");
     K("elapsed_ms");
     og_sb_printf(sb, "%.3f", (double)r->elapsed_us / 1000.0);
+    K("attention_modules");
+    if (r->attention_modules.known)
+        og_sb_printf(sb, "%llu", (unsigned long long)r->attention_modules.v);
+    else
+        og_sb_puts(sb, "null");
     K("num_beams");
     if (r->num_beams > 0)
         og_sb_printf(sb, "%d", r->num_beams);

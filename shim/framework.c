@@ -250,6 +250,8 @@ static void parse_roles(const char *s, og_roles_t *r)
                 r->sampled = strtoull(f[2], NULL, 10);
             else if (!strcmp(f[1], "by_dtype"))
                 r->has_dtypes = atoi(f[2]) != 0;
+            else if (!strcmp(f[1], "attention_modules"))
+                r->attention_modules = role_u64(f[2]);
             else if (!strcmp(f[1], "num_beams"))
                 r->num_beams = atoi(f[2]) > 0 ? atoi(f[2]) : 0;
             else if (!strcmp(f[1], "checkpointing"))

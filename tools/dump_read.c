@@ -1021,7 +1021,8 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
     memset(r, 0, sizeof *r);
     r->complete = -1;
     r->elapsed_ms = r->last_step_ms_ago = NAN;
-    r->optimizer_steps = r->num_beams = r->objects_scanned = r->read_in_part = r->activations_copy_of.bytes = -1;
+    r->optimizer_steps = r->num_beams = r->attention_modules = r->objects_scanned = r->read_in_part =
+        r->activations_copy_of.bytes = -1;
     r->batch_size = r->gradient_checkpointing = r->autocast_in_code = -1;
     r->copy_made_bytes = -1;
     r->ddp.wrappers = r->ddp.bucket_bytes = -1;
@@ -1164,6 +1165,7 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
         }
     }
     TRY(get_int(L, o, &p, "num_beams", &r->num_beams));
+    TRY(get_int(L, o, &p, "attention_modules", &r->attention_modules));
     TRY(get_num(L, o, &p, "last_optimizer_step_ms_ago", &r->last_step_ms_ago));
     TRY(get_bool(L, o, &p, "complete", &r->complete));
     TRY(get_str(L, o, &p, "why", &r->why));

@@ -364,6 +364,12 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
             og_sb_printf(&b, "%lld", (long long)r->num_beams);
         FACT("beam width");
         og_sb_init(&b);
+        if (r->attention_modules > 0)
+            og_sb_printf(&b, "%lld layers in the models", (long long)r->attention_modules);
+        else if (r->attention_modules == 0)
+            og_sb_puts(&b, "none in the models (no layer named or built as attention)");
+        FACT("attention");
+        og_sb_init(&b);
         if (r->batch_size > 0)
             og_sb_printf(&b, "%lld, as the program names it", (long long)r->batch_size);
         FACT("batch size");

@@ -275,6 +275,7 @@ class _Scan(object):
         self.running = []                 # modules that are `self` of a running frame
         self.rebound = {}                 # id(module) -> names a running statement is about to rebind
         self.ddp = None                   # see _ddp
+        self.attention = None             # attention modules in the models (see is_attention); None: not read
         try:
             self.exclude = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,)
         except Exception:
@@ -873,6 +874,33 @@ def dtype_name(t):
         return "unknown"
 
 
+# An attention module, by what the model's code calls it: its class says so (MultiheadAttention,
+# LlamaAttention, CausalSelfAttention, AttnBlock), its parent holds it under such a name (self.attn,
+# self_attn, c_attn, to_qkv), or it holds the projections of one (q/k/v, q_proj/k_proj/v_proj, query/key/
+# value, qkv) or a parameter named so (self.attn = Parameter(...): a layer's weights in one tensor; an
+# attention bias).  Names, not behaviour: a layer that calls scaled_dot_product_attention under another name with
+# none of these is missed, so only a whole walk that met none says "no attention" (and the op seen on the
+# stack, roles.operation, still says attention).
+_ATTENTION_TOKENS = frozenset(("attention", "attn", "qkv", "mha", "multihead", "self_attn", "c_attn", "to_qkv"))
+_PROJECTION_NAMES = (frozenset(("q", "k", "v")), frozenset(("q_proj", "k_proj", "v_proj")),
+                     frozenset(("query", "key", "value")), frozenset(("wq", "wk", "wv")),
+                     frozenset(("to_q", "to_k", "to_v")))
+
+
+def is_attention(module, key=None):
+    """Whether `module` (held by its parent as `key`) is an attention layer by its names.  Never raises."""
+    try:
+        if name_tokens(type(module).__name__) & _ATTENTION_TOKENS or name_tokens(key) & _ATTENTION_TOKENS:
+            return True
+        d = getattr(module, "__dict__", {})
+        params = set(d.get("_parameters") or ())
+        keys = set(d.get("_modules") or ()) | params
+        return ("in_proj_weight" in keys or any(len(keys & p) >= 2 for p in _PROJECTION_NAMES) or
+                any(name_tokens(k) & _ATTENTION_TOKENS for k in params))
+    except Exception:
+        return False
+
+
 def _models(scan, modules):
     """The models on the failing device: the modules no other module holds (roots), grouped by class
     and parameter bytes: [(class, bytes, tensors, count, frozen)], largest first.  frozen: no
@@ -886,16 +914,19 @@ def _models(scan, modules):
                 children.add(id(c))
                 scan.parent[id(c)] = m
     groups = {}
+    attention = set()
     for root in modules:
         if id(root) in children:
             continue
         seen, b, n, grad = set(), 0, 0, False
-        stack, visited = [root], set()
+        stack, visited, attn = [(root, None)], set(), set()
         while stack:
-            m = stack.pop()
+            m, key = stack.pop()
             if id(m) in visited:
                 continue
             visited.add(id(m))
+            if is_attention(m, key):
+                attn.add(id(m))
             d = getattr(m, "__dict__", {})
             for p in (d.get("_parameters") or {}).values():
                 scan.tick()
@@ -909,14 +940,17 @@ def _models(scan, modules):
                     grad = grad or bool(p.requires_grad)
                 except Exception:
                     grad = True
-            stack.extend(c for c in (d.get("_modules") or {}).values() if c is not None)
+            stack.extend((c, k) for k, c in (d.get("_modules") or {}).items() if c is not None)
         if not n:
             continue
+        attention |= attn
         g = groups.setdefault((type(root).__name__, b, n), [0, True])
         g[0] += 1
         g[1] = g[1] and not grad
         scan.root_frozen[id(root)] = not grad
         scan.model_roots.setdefault((type(root).__name__, b, n), []).append(root)
+    # the walk met every module of the models: a count, 0 included; no model at all says nothing
+    scan.attention = len(attention) if groups else None
     out = [(cls, b, n, k, fr) for (cls, b, n), (k, fr) in groups.items()]
     out.sort(key=lambda x: (-x[1] * x[3], x[0]))
     return out[:TOP_MODELS]
@@ -1038,6 +1072,7 @@ def _result(scan, allocated, complete, why, t0, unknown=()):
     return {"allocated": allocated, "roles": roles, "optimizers": scan.optimizers, "holders": holders,
             "parameters_by_dtype": dtypes,
             "models": list(scan.models), "activations_copy_of": rest_copy, "ddp": scan.ddp,
+            "attention_modules": scan.attention,
             "copy_made": getattr(scan, "copy_made", None),
             "complete": complete, "why": why, "elapsed_ms": (_clock() - t0) * 1000.0,
             "objects": scan.objects, "sampled": scan.sampled}
@@ -1168,6 +1203,8 @@ def encode(r):
     for fact, at in sorted((r.get("code_settings") or {}).items()):
         f, ln, fn, key = at[:4]
         out.append("setting\t%s\t%s\t%d\t%s\t%s" % (_clean(fact), _clean(f), int(ln), _clean(fn), _clean(key)))
+    if r.get("attention_modules") is not None:
+        out.append("meta\tattention_modules\t%d" % int(r["attention_modules"]))
     if r.get("num_beams"):
         out.append("meta\tnum_beams\t%d" % int(r["num_beams"]))
     if r.get("checkpointing") is not None:

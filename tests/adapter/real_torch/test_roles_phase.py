@@ -400,6 +400,71 @@ def t_models():
         g.pop("teacher", None)
 
 
+class CausalSelfAttention(torch.nn.Module):
+    def __init__(self):
+        torch.nn.Module.__init__(self)
+        self.proj = Block(256)
+
+
+class Projections(torch.nn.Module):                   # named for nothing; holds the q/k/v projections
+    def __init__(self):
+        torch.nn.Module.__init__(self)
+        self.q_proj, self.k_proj, self.v_proj = Block(64), Block(64), Block(64)
+
+
+class DecoderLayer(torch.nn.Module):
+    def __init__(self):
+        torch.nn.Module.__init__(self)
+        self.attn = Block(128)                         # held under an attention name
+        self.mlp = Block(128)
+
+
+class Decoder(torch.nn.Module):
+    def __init__(self):
+        torch.nn.Module.__init__(self)
+        self.a, self.b, self.c = CausalSelfAttention(), Projections(), DecoderLayer()
+
+
+def t_attention_modules():
+    """roles.attention_modules: the layers the walk of the models takes for attention by their names (class,
+    the parent's name for them, the q/k/v projections they hold); 0 when it met none (a graph network, an MLP)."""
+    build()
+    r = measure(None)
+    assert r["attention_modules"] == 0, r["attention_modules"]         # Net: Blocks and a head, no attention
+    assert "meta\tattention_modules\t0" in oomguard_roles.encode(r)
+    g = globals()
+    g["gpt"] = Decoder()
+    try:
+        r = measure(None)
+        assert r["attention_modules"] == 3, r["attention_modules"]     # by class, by projections, self.attn
+        assert oomguard_roles.is_attention(Block(4), "self_attn") and not oomguard_roles.is_attention(Block(4), "mlp")
+        fused = Block(4)
+        fused.self_attn = torch.nn.Parameter(empty(16))                 # one tensor for a whole attention layer
+        assert oomguard_roles.is_attention(fused)
+        del fused
+        assert not oomguard_roles.is_attention(object())               # never raises on what is not a module
+    finally:
+        g.pop("gpt", None)
+    for k in ("model", "opt", "views", "losses", "trainer"):
+        g.pop(k, None)
+    gc.collect()
+    r = measure(None)
+    assert r["models"] == [] and r["attention_modules"] is None, r            # no model: nothing said
+
+
+def t_attention_real_mha():
+    """torch.nn.MultiheadAttention (its class and its in_proj_weight) inside a real transformer layer."""
+    build()
+    g = globals()
+    g["enc"] = torch.nn.TransformerEncoderLayer(d_model=16, nhead=2, dim_feedforward=32)
+    try:
+        r = measure(None)
+        assert r["attention_modules"] >= 1, r["attention_modules"]
+        assert oomguard_roles.is_attention(enc.self_attn)
+    finally:
+        g.pop("enc", None)
+
+
 def t_models_named():
     """A model only a list holds (a previous run's, kept by something else) is not held by a name; a model whose
     method runs (`self` of a running frame) is running."""
@@ -659,6 +724,7 @@ check("models: held by a name of the running code, or only by a list; running wh
 check("models: a frozen copy (a reference) apart from the trained model, a trainable copy with it",
       t_models_frozen_copy_apart)
 check("models a dict keeps by key are named after it; IPython's output history is not", t_models_in_a_map)
+check("attention layers of the models by their names; none in a model without them", t_attention_modules)
 check("a function's lru_cache is a holder of the results it keeps (unbounded: all; bounded: the last maxsize)",
       t_lru_cache_results)
 check("parameters by dtype; an optimizer holds the device's parameters before its first step",
@@ -1253,6 +1319,7 @@ if not STAND_IN:
     check("the failing operation from PyTorch's own frames; the table names common/operations.def's list",
           t_operation_real_frames)
     check("DistributedDataParallel's buckets copy the gradients unless gradient_as_bucket_view", t_ddp_buckets)
+    check("attention: nn.MultiheadAttention inside a real TransformerEncoderLayer", t_attention_real_mha)
 
 gc.collect()
 print("%d passed, %d failed" % (results["pass"], results["fail"]))
