@@ -1398,6 +1398,10 @@ static void roles(og_facts_t *d, const og_record_t *r)
     }
     k->known = true;
     k->num_beams = ro->num_beams > 0 ? ro->num_beams : 0;
+    k->attention = k->operation == OG_OP_attention ? 1
+                   : !ro->attention_modules.known  ? 0
+                   : ro->attention_modules.v > 0   ? 1
+                                                   : -1;
     k->checkpointing = ro->checkpointing > 0 ? 1 : ro->checkpointing < 0 ? -1 : 0;
     k->batch_size = ro->batch_size > 0 ? ro->batch_size : 0;
     k->batchless_sizes = ro->has_statement && batchless_sizes(ro, k->batch_size);
@@ -2048,6 +2052,9 @@ void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds
      * local of the running code keeps a KV cache (the loop's own past_key_values, extended block by block) */
     f->decoding = f->phase == OG_JP_generation ||
                   ((f->phase == OG_JP_forward || f->phase == OG_JP_evaluation) && f->roles.known && f->roles.local_kv);
+    /* a KV cache is attention's keys and values: a model decoding with one attends, whatever its layers are named */
+    if (f->roles.attention == -1 && (f->decoding || f->roles.kv >= 0 || f->roles.num_beams > 0))
+        f->roles.attention = 1;
     kept_graphs(f, rec);
     weights_copies(f, rec);
     trains(f, rec);

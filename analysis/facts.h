@@ -189,6 +189,9 @@ typedef struct og_role_facts {
     uint64_t local_map; /* held by locals of running functions that are dicts (a state_dict being copied) */
     uint64_t local_kv;  /* held by locals of running functions whose purpose is kv_cache: a decoding loop's own cache */
     int num_beams;      /* the beam width of the generation running at the failure (roles meta); 0 unknown */
+    int attention;      /* the models compute attention: 1 (roles.attention_modules > 0, the failing operation is
+                           attention, or a generation or a KV cache: decoding), -1 the walk of their layers met none,
+                           0 unknown */
     int checkpointing;  /* roles.gradient_checkpointing: 1 in force for the failing pass, -1 off, 0 unknown */
     int batch_size;     /* roles.batch_size: the batch the program names for the failing pass; 0 unknown */
     bool batchless_sizes; /* the failing statement's int operands are known, one at least a dimension (>= 128),

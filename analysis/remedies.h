@@ -17,13 +17,16 @@
  *   AP_NOT_TRAINING  a job not known to train (weights quantized in place are frozen: QLoRA is `lora`)
  *   AP_ACTIVATIONS   the failing code makes activations: not while loading weights, stepping the
  *                    optimizer or updating weights outside it, when the roles were measured
- *   AP_BACKWARD      autograd keeps something for backward: not with autograd off at the failure */
+ *   AP_BACKWARD      autograd keeps something for backward: not with autograd off at the failure
+ *   AP_ATTENTION     the models compute attention: not where the walk of their layers met none (roles
+ *                    attention_modules 0) and the failing operation is not attention */
 enum og_applies {
     AP_ANY = 0,
     AP_TRAINING = 1 << 0,
     AP_NOT_TRAINING = 1 << 1,
     AP_ACTIVATIONS = 1 << 2,
     AP_BACKWARD = 1 << 3,
+    AP_ATTENTION = 1 << 4,
 };
 
 enum og_rem {

@@ -211,6 +211,9 @@ static bool restart_sheds_nothing(const rctx_t *x)
     return PRIMARY(FOREIGN) && !x->other_inferred && x->cached_known && !HAS(FRAG) && !HAS(GROWTH) && !HAS(NONFW) &&
            load_phase(x) != OG_PHASE_SECOND_LOAD;
 }
+/* the models' layers were walked and none is attention (roles.attention_modules 0, the failing operation not
+ * attention): their input is a graph, a point cloud or an image, not a token sequence */
+static bool no_attention_layers(const rctx_t *x) { return x->f->roles.attention == -1; }
 /* no other process to stop: the memory outside the framework is in this process */
 static bool no_other_process(const rctx_t *x) { return !x->other && x->rec->memory.nother <= 0; }
 
@@ -1396,6 +1399,10 @@ static const og_rank_row_t lead[] = {
       "primary other_framework >= 0.7, its bytes >= shortfall", "jax_arena_torch_policy" },
     { "outside_the_framework", no_other_process, REPLACE, 0, 0, REMS(R_FOREIGN, R_NONFW_MEMORY),
       "other processes' bytes, none listed", "recovered_user_retry, dataloader_workers_cuda" },
+    { "input_not_a_sequence", no_attention_layers, REPLACE, 0, 0, REMS(R_SHORTER_SEQ, R_CAP_INPUT),
+      "roles: attention_modules 0 and the failing operation not attention (a graph network, a point-cloud or image "
+      "CNN: the input's size, not a token length)",
+      "kpconv_facade_scan_one_dense_sphere_batch1_l4, meshgraphnet_drivaer_outlier_fine_mesh_batch1_a6000 (blind)" },
 };
 
 static void apply(rank_t *k, const rctx_t *x, const og_rank_row_t *rows, size_t n)
@@ -1653,7 +1660,8 @@ static void lead_own(rank_t *k, const rctx_t *x)
 static bool applies(const rctx_t *x, int ap)
 {
     return !((ap & AP_TRAINING) && x->trains == -1) && !((ap & AP_NOT_TRAINING) && x->trains == 1) &&
-           !((ap & AP_ACTIVATIONS) && no_activations(x)) && !((ap & AP_BACKWARD) && x->grad == -1);
+           !((ap & AP_ACTIVATIONS) && no_activations(x)) && !((ap & AP_BACKWARD) && x->grad == -1) &&
+           !((ap & AP_ATTENTION) && roles_of(x)->attention == -1);
 }
 
 /* every remedy, whatever brought it: one the evidence rules out (its `applies`), or whose own estimate

@@ -1110,6 +1110,27 @@ static bool b_shorter_sequences(const rctx_t *x, og_remedy_t *r)
     return true;
 }
 
+/* the models have no attention layer (roles.attention_modules 0): the input is a graph, a mesh, a point cloud or
+ * an image, whose size (not a token length) the activations follow; cutting it means partitioning or tiling */
+static bool b_cap_input_size(const rctx_t *x, og_remedy_t *r)
+{
+    const og_outlier_facts_t *o = &x->f->outlier;
+    if (x->primary == OG_CAUSE_DNF && o->holds && o->prev_max && x->grad != -1)
+        why(r,
+            "The failing request, %s, is %.0fx the largest allocation of the earlier steps (%s), which had "
+            "freed what they made: one input far larger than the rest, not a leak. ",
+            req_hb(x).s, (double)x->req / (double)o->prev_max, og_hb((double)o->prev_max).s);
+    why(r, "The models have no attention layer: activations follow the input's size (nodes, points, pixels); "
+           "partition, subsample or tile inputs above what fit.");
+    if (x->shortfall)
+        why(r, " %s more is needed.", og_hb((double)x->shortfall).s);
+    how(r, "Skip or split samples above a size budget in the Dataset (count nodes/edges, points or pixels).");
+    how(r, "Partition a large graph or mesh into subgraphs (with halo nodes) and run them one at a time.");
+    how(r, "Subsample a dense point cloud (grid or voxel subsampling, a max points per input) or crop it.");
+    how(r, "Tile or downscale an oversized image or volume (overlapping tiles, stitched afterwards).");
+    return true;
+}
+
 static bool b_gradient_checkpointing(const rctx_t *x, og_remedy_t *r)
 {
     why(r, "Activations are recomputed during backward instead of stored: 50-70%% of them freed for about 30%% "

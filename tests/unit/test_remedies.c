@@ -1313,6 +1313,64 @@ static void eager_attention_fused_first(void **state)
     free(r);
 }
 
+/* the models' layers walked and no attention layer met (a graph network): fused attention is not listed and
+ * capping the input's size (cap_input_size) takes the place of a shorter sequence length; attention layers there, or an attention operation failing
+ * in a layer not named so, or the walk unknown: fused attention stays and the length is the input's */
+static void no_attention_layers_no_fused_attention(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 2 * GiB, 2 * GiB, 4 * GiB, 0, 0, 12 * GiB);
+    fixture_adapter(r, 21 * GiB, 20 * GiB, 64 * MiB);
+    r->memory.fw.grad_enabled = 1;
+    r->memory.fw.training = 1;
+    r->memory.fw.roles.batch_size = 1;
+    fixture_phase(r, "forward", "/w/train.py", "forward");
+    ev_reset(r);
+    double t = 0.01;
+    for (int s = 0; s < 12; s++, t += 0.1) { /* steps that free what they make */
+        ev_add(r, t, "alloc", 256 * MiB);
+        ev_add(r, t + 0.01, "free", 256 * MiB);
+    }
+    ev_add(r, t, "alloc", 1 * GiB); /* one mesh's layers, then the failing one */
+    ev_add(r, t + 0.01, "alloc", 2 * GiB);
+    ev_add(r, t + 0.02, "alloc", 3 * GiB);
+    ev_add(r, t + 0.03, "fail", 3 * GiB);
+    og_set(&r->event.requested_bytes, 3 * GiB);
+    og_set(&r->device.free_bytes, 2560 * MiB);
+    r->event.attempts = 2;
+    og_set(&r->memory.fw.roles.attention_modules, 0);
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.attention, -1);
+    assert_string_equal(r->remedies[0].id, "cap_input_size");
+    assert_non_null(strstr(r->remedies[0].why, "one input far larger than the rest"));
+    assert_false(any_how_has(r, "truncation=True"));
+    assert_int_equal(rank_of(r, "shorter_sequences"), 0);
+    assert_int_equal(rank_of(r, "flash_attention"), 0);
+    og_set(&r->memory.fw.roles.attention_modules, 24); /* a transformer's layers */
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.attention, 1);
+    assert_string_equal(r->remedies[0].id, "shorter_sequences");
+    assert_int_equal(rank_of(r, "cap_input_size"), 0);
+    assert_true(rank_of(r, "flash_attention") > 0);
+    og_unset(&r->memory.fw.roles.attention_modules); /* not walked: unknown rules nothing out */
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.attention, 0);
+    assert_true(rank_of(r, "flash_attention") > 0);
+    og_set(&r->memory.fw.roles.attention_modules, 0); /* none by name, but the failing operation is attention */
+    fixture_operation(r, "attention", "forward");
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.attention, 1);
+    assert_true(rank_of(r, "flash_attention") > 0);
+    r->memory.fw.roles.operation[0] = 0; /* none by name, but decoding with a KV cache: attention's keys and values */
+    fixture_holder(r, "past_key_values", "list", "local in generate (lm.py:40)", 1 * GiB);
+    fixture_holder_says(r, "kv_cache", "");
+    fixture_phase(r, "generation", "lm.py", "generate");
+    run(r);
+    assert_int_equal(r->analysis.facts.roles.attention, 1);
+    assert_int_equal(rank_of(r, "cap_input_size"), 0);
+    free(r);
+}
+
 /* a rank of a 4-rank job fails while loading 20 GiB of weights onto its GPU: loading on the CPU or the meta
  * device and letting the sharder place each rank's part leads, its saving three quarters of what arrived; the
  * same load in a single process does not offer it */
@@ -3684,6 +3742,7 @@ int main(void)
         cmocka_unit_test(extra_outputs_first),
         cmocka_unit_test(rank_loads_whole_model),
         cmocka_unit_test(eager_attention_fused_first),
+        cmocka_unit_test(no_attention_layers_no_fused_attention),
         cmocka_unit_test(inference_call_building),
         cmocka_unit_test(growing_dataset_to_host),
         cmocka_unit_test(operation_dominates_split_first),
