@@ -852,7 +852,8 @@ static void growth(og_facts_t *d, const og_record_t *r, og_growth_scratch_t *s)
     /* before the first step: an Adam-like optimizer holds the device's parameters and has no state yet (it makes
      * its moments at its first step), so no iteration has ended */
     bool before_first = d->roles.known && d->roles.opt_adam && d->roles.opt_params &&
-                        og_known(ro->bytes[OG_ROLE_optimizer_state]) && d->roles.opt == 0;
+                        og_known(ro->bytes[OG_ROLE_optimizer_state]) && d->roles.opt == 0 &&
+                        !d->roles.graphs_measured; /* a loop's iterations ended, each leaving its graph */
     if (r->memory.fw.has && ro->has &&
         ((ro->nsteps > 0 && ro->steps_made >= 1 && ro->steps_made < STEPS_MIN) || before_first) &&
         (d->phase == OG_JP_forward || d->phase == OG_JP_backward || d->phase == OG_JP_optimizer_step)) {
@@ -1533,11 +1534,21 @@ static void kept_graphs(og_facts_t *d, const og_record_t *r)
 {
     og_role_facts_t *k = &d->roles;
     const og_roles_t *ro = &r->memory.fw.roles;
-    if (!k->known || !k->act_known || !k->act || r->memory.fw.grad_enabled != 1 ||
-        (d->phase != OG_JP_evaluation && d->phase != OG_JP_generation))
+    if (!k->known || !k->act_known || !k->act || r->memory.fw.grad_enabled != 1)
         return;
     int nh = ro->nholders < 0 ? 0 : ro->nholders > 8 ? 8 : ro->nholders;
-    for (int i = 0; i < nh; i++) {
+    /* measured: the holder's own tensors keep their graphs (wherever it is kept, a running loop's list too) */
+    for (int i = 0; i < nh && !k->accumulating && d->phase != OG_JP_backward; i++) {
+        const og_role_holder_t *h = &ro->holders[i];
+        if (h->graphs < 2 || h->purpose[0] || h->copy_of[0] || h->bytes >= k->act)
+            continue;
+        if (k->graph_holder < 0 || h->tensors > ro->holders[k->graph_holder].tensors)
+            k->graph_holder = i;
+    }
+    k->graphs_measured = k->graph_holder >= 0;
+    if (!k->graphs_measured && d->phase != OG_JP_evaluation && d->phase != OG_JP_generation)
+        return;
+    for (int i = 0; i < nh && !k->graphs_measured; i++) {
         const og_role_holder_t *h = &ro->holders[i];
         char where[sizeof h->where], purpose[sizeof h->purpose];
         og_cpy(where, sizeof where, h->where, sizeof where);

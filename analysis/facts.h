@@ -266,9 +266,14 @@ typedef struct og_role_facts {
      * no copy of a role holds >= 2 tensors, its own bytes below the activations: each of its tensors (a loss, the
      * logits of a batch appended to a history) is the root of its batch's graph, every activation of that batch
      * alive through it.  graph_holder: that holder (index in roles.holders, the one with the most tensors; -1
-     * none); kept_graphs: the activations but the running batch's share, act x n / (n + 1) for n kept tensors */
+     * none); kept_graphs: the activations but the running batch's share, act x n / (n + 1) for n kept tensors.
+     * Or, measured, in any phase but backward: a holder (a running loop's local list too) at least 2 of whose
+     * tensors read have their graphs alive (roles.holders[].graphs; never a module's own locals), the program not
+     * summing losses for one backward (roles.accumulating): a rollout collected with autograd on, a hidden state
+     * carried without detach.  graphs_measured: the holder was found so */
     int graph_holder;
     uint64_t kept_graphs;
+    bool graphs_measured;
     /* the failing operation is a copy (roles.operation copy) and the failing statement rebinds a name that holds a
      * model now (roles.models[].names: ref = copy.deepcopy(policy) while the previous ref lives): that model's
      * parameters, the copy the new one replaces; 0 none */

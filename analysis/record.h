@@ -151,6 +151,8 @@ typedef struct og_role_holder {
     og_py_frame_t site;
     char purpose[16]; /* what its name or class says it keeps (kv_cache, ema, checkpoint, ...); "" none */
     char copy_of[24]; /* the role its blocks are a copy of (parameters, optimizer_state); "" none */
+    int graphs;       /* of its first tensors with a grad_fn (at most 4 read), those whose autograd graph still holds
+                         what it saved for backward; -1 not read (an older adapter) */
 } og_role_holder_t;
 
 typedef struct og_roles {

@@ -228,6 +228,11 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
         j_str_or_null(sb, h->purpose);
         og_sb_puts(sb, ",\"copy_of\":");
         j_str_or_null(sb, h->copy_of);
+        og_sb_puts(sb, ",\"graphs\":");
+        if (h->graphs >= 0)
+            og_sb_printf(sb, "%d", h->graphs);
+        else
+            og_sb_puts(sb, "null");
         og_sb_puts(sb, "}");
     }
     og_sb_puts(sb, "]");

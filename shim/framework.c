@@ -120,10 +120,10 @@ static void parse_roles(const char *s, og_roles_t *r)
     while (s && *s) {
         const char *end = strchr(s, '\n');
         size_t len = end ? (size_t)(end - s) : strlen(s);
-        char line[1024], *f[12];
+        char line[1024], *f[13];
         snprintf(line, sizeof line, "%.*s", (int)(len < sizeof line - 1 ? len : sizeof line - 1), s);
         s = end ? end + 1 : s + len;
-        int n = split_tabs(line, f, 12); /* the longest record: holder */
+        int n = split_tabs(line, f, 13); /* the longest record: holder */
         if (!strcmp(f[0], "role") && n >= 4) {
             for (int i = 0; i < OG_NROLES; i++)
                 if (!strcmp(f[1], role_keys[i])) {
@@ -164,6 +164,7 @@ static void parse_roles(const char *s, og_roles_t *r)
                 copy_field(h->purpose, sizeof h->purpose, f[10]);
             if (n >= 12)
                 copy_field(h->copy_of, sizeof h->copy_of, f[11]);
+            h->graphs = n >= 13 ? atoi(f[12]) : -1;
         } else if (!strcmp(f[0], "model") && n >= 6 && r->nmodels < (int)(sizeof r->models / sizeof r->models[0])) {
             copy_str(r->models[r->nmodels].cls, sizeof r->models[0].cls, f[1]);
             r->models[r->nmodels].bytes = strtoull(f[2], NULL, 10);

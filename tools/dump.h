@@ -75,6 +75,7 @@ struct og_role_holder_view {
     int64_t bytes, tensors;
     struct og_pyframe site;        /* file NULL: no site */
     const char *purpose, *copy_of; /* NULL: none */
+    int64_t graphs;                /* tensors read whose autograd graph is alive; -1 unknown (null) */
 };
 
 /* memory.framework.roles: every key the writer documents (docs/dump-format.md), read once here for

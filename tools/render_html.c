@@ -799,6 +799,8 @@ static void roles_card(struct hx *h)
                     esc(h, x->copy_of, 40);
                     og_sb_puts(h->b, "</span>");
                 }
+                if (x->graphs > 0)
+                    og_sb_puts(h->b, " <span class=\"muted\">keeping their autograd graphs</span>");
                 if (x->site.file) {
                     og_sb_puts(h->b, " <span class=\"muted\">made at ");
                     esc(h, x->site.file, 200);

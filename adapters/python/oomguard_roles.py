@@ -252,7 +252,7 @@ class _Scan(object):
         self.totals = dict((r, [0, 0]) for r in ROLES)
         self.optimizers = {}              # class name -> [bytes, tensors, parameter bytes on the device]
         self.dtypes = {}                  # dtype name -> [bytes, tensors] of the parameters role
-        self.holders = {}                 # (name, kind, where) -> [bytes, tensors, largest ptr, largest bytes]
+        self.holders = {}                 # (name, kind, where) -> [bytes, tensors, largest ptr, largest bytes, graphs]
         self.sizes_of = {}                # role or holder key -> {block size: count} (copies, see copy_of)
         self.tensor_type = getattr(torch, "Tensor", None)
         st = None
@@ -497,9 +497,36 @@ def _name_contained_modules(scan, v, name):
         pass
 
 
-def _holder(scan, v, name, kind, where):
+_GRAPHS_READ = 4         # a holder's tensors with a graph whose saved tensors are read (graphs_alive)
+_GRAPHS_LOOK = 64        # of its first tensors
+
+
+def _graphs_alive(tensors):
+    """How many of the first _GRAPHS_READ tensors with a grad_fn (among the first _GRAPHS_LOOK) have an autograd
+    graph that still holds what it saved for backward (oomguard_phase.graph_alive): outputs of a forward kept
+    with their graphs (losses.append(loss), a rollout's log-probabilities), which keep every activation of their
+    pass alive.  0 when none; never raises."""
+    try:
+        from oomguard_phase import graph_alive
+        alive = read = 0
+        for t in itertools.islice(tensors, _GRAPHS_LOOK):
+            if getattr(t, "grad_fn", None) is None:
+                continue
+            read += 1
+            if graph_alive(t) is True:
+                alive += 1
+            if read >= _GRAPHS_READ:
+                break
+        return alive
+    except Exception:
+        return 0
+
+
+def _holder(scan, v, name, kind, where, graphs=True):
     """Counts the unclaimed tensors v holds under the holder (name, kind, where); True when v
-    holds a tensor at all.  The models v keeps as values are named after it (_name_contained_modules)."""
+    holds a tensor at all.  The models v keeps as values are named after it (_name_contained_modules).
+    graphs: read whether its tensors keep their autograd graphs (_graphs_alive); not for the locals of a
+    module's own code (a forward's list of skip connections is its pass's, backward frees it)."""
     _name_contained_modules(scan, v, name)
     tensors = scan.tensors_in(v)
     if not tensors:
@@ -519,11 +546,13 @@ def _holder(scan, v, name, kind, where):
                 st = scan.storage(t)
                 big = (st[0] if st else 0, b)
     if got:
-        h = scan.holders.setdefault((name, kind, where), [0, 0, 0, 0])
+        h = scan.holders.setdefault((name, kind, where), [0, 0, 0, 0, 0])
         h[0] += got
         h[1] += n
         if big[1] > h[3]:
             h[2], h[3] = big
+        if graphs and h[4] < _GRAPHS_READ:
+            h[4] = min(_GRAPHS_READ, h[4] + _graphs_alive(tensors))
         c = scan.sizes_of.setdefault((name, kind, where), {})
         for sz in sizes:
             c[sz] = c.get(sz, 0) + 1
@@ -1016,10 +1045,14 @@ def _named_holders(scan, modules, frame_roots):
                 if is_user_file(code.co_filename, scan.exclude):
                     where = "local in %s (%s:%d)" % (code.co_name, os.path.basename(code.co_filename), f.f_lineno or 0)
                     pending = _pending_stores(f)
-                    for k, v in _frame_locals(f):
+                    local = list(_frame_locals(f))
+                    me = dict(local).get("self")
+                    own_code = code.co_name in ("forward", "__call__", "_call_impl") or (
+                        me is not None and scan.kind(type(me)) == "module")
+                    for k, v in local:
                         tp = type(v)
                         if tp in _LOCAL_HOLDERS:
-                            _holder(scan, v, str(k), tp.__name__, where)
+                            _holder(scan, v, str(k), tp.__name__, where, graphs=not own_code)
                         elif tp not in _ATOMS and scan.kind(tp) == "user":
                             instance(v, 2)
                         elif k != "self" and tp not in _ATOMS and scan.kind(tp) == "module":
@@ -1061,13 +1094,13 @@ def _result(scan, allocated, complete, why, t0, unknown=()):
         rest_copy = copy_among(rest, scan.sizes_of)
     hs = sorted(scan.holders.items(), key=lambda kv: (-kv[1][0], kv[0]))[:TOP_HOLDERS]
     holders = []
-    for (name, kind, where), (b, n, ptr, _) in hs:
+    for (name, kind, where), (b, n, ptr, _, graphs) in hs:
         sep = " " if where.startswith("on ") else ", "
         label = "%s (%s%s%s)" % (name, kind, sep, where)
         owner = where[3:] if where.startswith("on ") else ""      # the class whose attribute it is
         purpose = purpose_of((name,), (kind, owner))
         copied = copy_of(scan.sizes_of.get((name, kind, where), {}), scan.sizes_of)
-        holders.append((label, name, kind, where, b, n, scan.sites.get(ptr), purpose, copied))
+        holders.append((label, name, kind, where, b, n, scan.sites.get(ptr), purpose, copied, graphs))
     dtypes = None if "parameters" in unknown else dict((k, list(v)) for k, v in scan.dtypes.items())
     return {"allocated": allocated, "roles": roles, "optimizers": scan.optimizers, "holders": holders,
             "parameters_by_dtype": dtypes,
@@ -1169,10 +1202,11 @@ def encode(r):
         label, name, kind, where, b, n, site = h[:7]
         purpose = h[7] if len(h) > 7 else None
         copied = h[8] if len(h) > 8 else None
+        graphs = h[9] if len(h) > 9 else 0
         f, ln, fn = site if site else ("-", 0, "-")
-        out.append("holder\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s" % (
+        out.append("holder\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%d" % (
             int(b), int(n), _clean(label), _clean(name), _clean(kind), _clean(where), _clean(f), int(ln), _clean(fn),
-            _clean(purpose or "-"), _clean(copied or "-")))
+            _clean(purpose or "-"), _clean(copied or "-"), int(graphs)))
     for m in r.get("models") or ():
         cls, b, n, k, frozen = m[:5]
         line = "model\t%s\t%d\t%d\t%d\t%d" % (_clean(cls), int(b), int(n), int(k), 1 if frozen else 0)

@@ -1677,6 +1677,44 @@ static void eval_copy_under_way_first(void **state)
     free(r);
 }
 
+/* a rollout collected with autograd on before the optimizer's first step: a running loop's local lists keep outputs
+ * whose graphs the adapter read alive (roles.holders[].graphs): the holder is the cause, named first, and the
+ * optimizer not having stepped yet does not make the rise one pass's; no graph read alive, or losses kept for one
+ * backward (roles.accumulating), or the failure in backward: not this */
+static void kept_graphs_measured_in_a_loop(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 10 * MiB, 0, 0, 0, 7 * MiB, 78 * GiB);
+    fixture_optimizer(r, "AdamW", 0);
+    r->memory.fw.roles.optimizers[0].param_bytes = r->memory.fw.roles.bytes[OG_ROLE_parameters];
+    fixture_holder(r, "logprobs", "list", "local in main (train_ppo.py:82)", 7 * MiB);
+    r->memory.fw.roles.holders[0].tensors = 414;
+    r->memory.fw.roles.holders[0].graphs = 4;
+    fixture_phase(r, "forward", "/w/train_ppo.py", "forward");
+    r->memory.fw.grad_enabled = 1;
+    og_set(&r->event.requested_bytes, 16 * MiB);
+    og_set(&r->device.free_bytes, 14 * MiB);
+    run(r);
+    assert_int_equal(r->analysis.facts.roles.graph_holder, 0);
+    assert_true(r->analysis.facts.roles.graphs_measured);
+    assert_false(r->analysis.facts.growth.first_steps);
+    assert_string_equal(r->remedies[0].id, "release_references");
+    assert_non_null(strstr(r->remedies[0].why, "logprobs"));
+    r->memory.fw.roles.holders[0].graphs = 1; /* one graph read alive: the running pass's own output */
+    run(r);
+    assert_int_equal(r->analysis.facts.roles.graph_holder, -1);
+    assert_true(r->analysis.facts.growth.first_steps);
+    r->memory.fw.roles.holders[0].graphs = 4;
+    r->memory.fw.roles.has_accum = true; /* losses kept for one backward: backward_per_microbatch's case */
+    run(r);
+    assert_int_equal(r->analysis.facts.roles.graph_holder, -1);
+    r->memory.fw.roles.has_accum = false;
+    fixture_phase(r, "backward", "/w/train_ppo.py", "update");
+    run(r);
+    assert_int_equal(r->analysis.facts.roles.graph_holder, -1);
+    free(r);
+}
+
 /* a training job's evaluation with autograd on appends each loss to a history kept across calls (an attribute):
  * every loss roots its batch's graph (facts: roles.kept_graphs, act x n / (n + 1)), so the holder is named first and
  * autograd off for the evaluation comes second; a local of the running code, a holder of a purpose (a dataset), one
@@ -3760,6 +3798,7 @@ int main(void)
         cmocka_unit_test(eval_copy_first),
         cmocka_unit_test(eval_copy_under_way_first),
         cmocka_unit_test(kept_graphs_holder_first),
+        cmocka_unit_test(kept_graphs_measured_in_a_loop),
         cmocka_unit_test(ddp_buckets_as_views),
         cmocka_unit_test(state_snapshot_first),
         cmocka_unit_test(copy_under_way),

@@ -1253,6 +1253,30 @@ def t_operation_real_frames():
     assert listed and sorted(listed) == sorted(set(row[0] for row in oomguard_phase.OPERATIONS)), listed
 
 
+def t_holder_graphs():
+    """roles.holders[].graphs: outputs of a real forward kept in a list with autograd on keep their graphs (their
+    saved tensors readable); detached, or after a backward freed them, none."""
+    build()
+    g = globals()
+    lin = torch.nn.Linear(16, 16)
+    x = torch.randn(4, 16)
+    try:
+        g["kept"] = [lin(x).sum() for _ in range(3)]
+        r = measure(None)
+        h = dict((v[1], v) for v in r["holders"])
+        assert h["kept"][9] == 3, h["kept"]
+        g["kept"] = [lin(x).sum().detach() for _ in range(3)]
+        r = measure(None)
+        assert dict((v[1], v) for v in r["holders"])["kept"][9] == 0
+        g["kept"] = [lin(x).sum() for _ in range(3)]
+        for t in kept:
+            t.backward()                                 # frees each graph's saved tensors
+        r = measure(None)
+        assert dict((v[1], v) for v in r["holders"])["kept"][9] == 0
+    finally:
+        g.pop("kept", None)
+
+
 def t_ddp_buckets():
     """DistributedDataParallel (gloo, one rank, CPU): without gradient_as_bucket_view its buckets copy the gradients
     of the parameters that require grad; with it, nothing is reported."""
@@ -1320,6 +1344,7 @@ if not STAND_IN:
           t_operation_real_frames)
     check("DistributedDataParallel's buckets copy the gradients unless gradient_as_bucket_view", t_ddp_buckets)
     check("attention: nn.MultiheadAttention inside a real TransformerEncoderLayer", t_attention_real_mha)
+    check("a holder's outputs keep their graphs with autograd on; detached or after backward, not", t_holder_graphs)
 
 gc.collect()
 print("%d passed, %d failed" % (results["pass"], results["fail"]))
