@@ -43,7 +43,9 @@ class LlamaForCausalLM(nn.Module):
     def generate(self, prompt_len, past_key_values=None, max_new_tokens=256, return_dict_in_generate=True):
         total = prompt_len + max_new_tokens
         hidden = torch.empty(prompt_len * 4096 * 2 * 4)                          # prefill activations
-        layers = [torch.empty(total * KV_PER_TOKEN // 32) for _ in range(32)]    # the new KV cache, per layer
+        layers = []                                                             # the new KV cache, per layer
+        for _ in range(32):
+            layers.append(torch.empty(total * KV_PER_TOKEN // 32))
         logits = torch.empty(128256 * 4)
         del hidden
         return {"sequences": None, "past_key_values": layers}
