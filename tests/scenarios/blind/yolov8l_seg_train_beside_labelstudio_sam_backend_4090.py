@@ -13,7 +13,8 @@ is labelling or not.
 
 The training needs about 14 GiB (weights, gradients and AdamW state 0.7 GiB, activations 13.3 GiB);
 alone on the card it would fit with room to spare.  With the SAM backend's 9.5 GiB and this process's
-context, 14.0 GiB is free and the first batch's forward pass runs out near the end.  nvidia-smi shows
+context, 14.0 GiB is free: the first batch's forward pass goes through and the loss right after it
+(cross_entropy's log_softmax over the predictions, 1 GiB) runs out.  nvidia-smi shows
 the other process; torch.cuda.memory_reserved() shows only this job's 13.6 GiB.
 
 An expert: the memory is another process's -- stop the annotation backend while training (or move it
