@@ -32,6 +32,16 @@ import scen_truth
 MiB = 1 << 20
 scen_truth.note_every_empty(torch)
 
+
+def _state_dict_as_pytorch(self, keep_vars=False):
+    """Test scaffolding: PyTorch's Module.state_dict() (keep_vars=False) returns detached tensors, not
+    the Parameters the stand-in's returns, so deepcopy of it clones plain tensors, not Parameters."""
+    import collections
+    return collections.OrderedDict((k, p if keep_vars else p.detach()) for k, p in self.named_parameters())
+
+
+torch.nn.Module.state_dict = _state_dict_as_pytorch
+
 # rows of the 26 Criteo-style tables (64-dim fp32 rows: 256 bytes each)
 TABLE_ROWS = [40000000, 36000000, 22000000, 14000000, 12000000, 9000000, 8000000, 6000000, 4000000,
               3500000, 3000000, 2500000, 2000000, 1600000, 1400000, 1200000, 1000000, 800000,
