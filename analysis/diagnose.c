@@ -778,7 +778,18 @@ static bool c_growth(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
                         0.2 * clamp01(rs < 1 ? (g->rising_share - rs) / (1 - rs) : 1);
     if (g->over_run) /* a staircase that never fell: its separate rises, not their share of the points, count */
         c->confidence = 0.6 + 0.15 * clamp01((double)(g->rising - 2) / 4) + 0.2;
-    if (g->over_run)
+    if (g->marker == OG_MARK_KEPT_GRAPHS) /* measured by the adapter: the outputs' graphs are alive */
+        c->confidence = 0.75 + 0.15 * clamp01((double)(g->steps - 8) / 56);
+    if (g->marker == OG_MARK_KEPT_GRAPHS) {
+        const og_role_holder_t *h = &r->memory.fw.roles.holders[d->roles.graph_holder];
+        char label[sizeof h->label];
+        og_cpy(label, sizeof label, h->label, sizeof label);
+        summary(c,
+                "A loop keeps its outputs with their autograd graphs: %s holds %ld tensors whose graphs are alive, "
+                "each keeping its iteration's activations: about %s in all, %s per iteration.",
+                label, g->seen, og_hb((double)g->rise).s, og_hb((double)g->per_step).s);
+        ev_text(c, "graph_holder", "%s", label);
+    } else if (g->over_run)
         summary(c,
                 "Memory kept across iterations rises in steps: over the run's %ld optimizer steps (read every %llu) "
                 "the framework's allocated memory right after a step never fell and rose %d times, from %s to %s, "
@@ -818,6 +829,7 @@ static bool c_growth(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
             g->marker == OG_MARK_EVERY_ALLOCATION ? "every_allocation"
             : g->marker == OG_MARK_FAILING_SIZE   ? "failing_size"
             : g->marker == OG_MARK_OPTIMIZER_STEP ? "optimizer_step"
+            : g->marker == OG_MARK_KEPT_GRAPHS    ? "kept_graphs"
                                                   : "modal_size");
     if (g->marker == OG_MARK_OPTIMIZER_STEP)
         ev_num(c, "optimizer_steps", (double)g->seen);

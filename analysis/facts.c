@@ -28,6 +28,7 @@
  *
  * The history patterns (growth's steps, a load the request belongs to) and the cross-device
  * imbalance are facts too: the causes report them, does_not_fit and the remedies read them. */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -835,6 +836,37 @@ static bool growth_over_run(const og_facts_t *d, const og_record_t *r, og_growth
  * (a leak fails doing what every step did), else by the size allocated most often (a leak of small
  * tensors while something else failed), else by every allocation (a leak of varying sizes), held to a
  * stricter pattern: >= 16 steps, >= 90% rising. */
+/* Measured, not read from the driver: a holder keeps outputs whose autograd graphs are alive (roles.graphs_measured:
+ * a rollout's log-probabilities collected with autograd on, a hidden state carried without detach), one per
+ * iteration of the loop that fills it: each iteration left its pass's activations behind, and nothing was ever freed
+ * for the driver's low points to show it.  Held when the holder has >= GRAPH_STEPS_MIN tensors and what their graphs
+ * keep (roles.kept_graphs) reaches the growth's minimum share of the device or the missing bytes; steps count its
+ * tensors, each a rise of kept_graphs / n. */
+#define GRAPH_STEPS_MIN 8
+static bool growth_by_graphs(const og_facts_t *d, const og_record_t *r, og_growth_facts_t *g)
+{
+    const og_role_facts_t *k = &d->roles;
+    const og_roles_t *ro = &r->memory.fw.roles;
+    if (!k->graphs_measured || k->graph_holder < 0 || k->graph_holder >= ro->nholders || !k->kept_graphs || !d->total)
+        return false;
+    uint64_t n = ro->holders[k->graph_holder].tensors;
+    double gm = d->growth_min_share * (double)d->total;
+    if (n < GRAPH_STEPS_MIN || !((double)k->kept_graphs >= gm || (d->shortfall && k->kept_graphs >= d->shortfall)))
+        return false;
+    g->marker = OG_MARK_KEPT_GRAPHS;
+    g->size = 0;
+    g->seen = n > (uint64_t)LONG_MAX ? LONG_MAX : (long)n;
+    g->steps = n > OG_GROWTH_MAX_STEPS ? OG_GROWTH_MAX_STEPS : (int)n;
+    g->rising = g->transitions = g->steps - 1;
+    g->rising_share = 1.0;
+    g->rise = k->kept_graphs;
+    g->per_step = k->kept_graphs / n;
+    g->last_low = og_known(ro->allocated_bytes) && ro->allocated_bytes.v >= k->kept_graphs ? ro->allocated_bytes.v
+                                                                                           : k->kept_graphs;
+    g->first_low = g->last_low - k->kept_graphs;
+    return true;
+}
+
 static void growth(og_facts_t *d, const og_record_t *r, og_growth_scratch_t *s)
 {
     og_growth_facts_t *g = &d->growth;
@@ -845,6 +877,10 @@ static void growth(og_facts_t *d, const og_record_t *r, og_growth_scratch_t *s)
     if (g->steps_flat)
         return;
     if (growth_over_run(d, r, g)) {
+        g->holds = true;
+        return;
+    }
+    if (growth_by_graphs(d, r, g)) {
         g->holds = true;
         return;
     }

@@ -28,8 +28,15 @@ const char *og_cache_src_name(enum og_cache_src s);
 
 /* Which allocations mark the growth rule's steps. */
 /* Which allocations mark the growth rule's steps; OG_MARK_OPTIMIZER_STEP: no allocation, the optimizer's own
- * steps (the framework's allocated bytes right after each, roles.allocated_after_steps) */
-enum og_step_marker { OG_MARK_FAILING_SIZE, OG_MARK_MODAL_SIZE, OG_MARK_EVERY_ALLOCATION, OG_MARK_OPTIMIZER_STEP };
+ * steps (the framework's allocated bytes right after each, roles.allocated_after_steps); OG_MARK_KEPT_GRAPHS: none
+ * either, the outputs a holder keeps with their graphs alive (roles.holders[].graphs), one per iteration */
+enum og_step_marker {
+    OG_MARK_FAILING_SIZE,
+    OG_MARK_MODAL_SIZE,
+    OG_MARK_EVERY_ALLOCATION,
+    OG_MARK_OPTIMIZER_STEP,
+    OG_MARK_KEPT_GRAPHS
+};
 
 /* What the job was doing when it failed, read from the history by does_not_fit. */
 enum og_load_phase { OG_PHASE_NONE, OG_PHASE_LOADING, OG_PHASE_SECOND_LOAD };

@@ -267,6 +267,10 @@ static bool evaluation_autograd_on(const rctx_t *x)
 /* outputs of earlier batches kept across calls with their graphs, in an evaluation with autograd on (facts:
  * roles.kept_graphs): the holder is the cause, autograd off for the evaluation the second fix */
 static bool kept_graphs(const rctx_t *x) { return roles_of(x)->kept_graphs > 0 && !own_fix_covers(x); }
+/* the same, read by the adapter (roles.holders[].graphs: the outputs' graphs are alive), in any phase but backward:
+ * storing them detached or building no graph for them are the two fixes; checkpointing only shrinks what each kept
+ * graph saves, the graphs stay */
+static bool kept_graphs_measured(const rctx_t *x) { return kept_graphs(x) && roles_of(x)->graphs_measured; }
 /* a confident growth that did not fail in the optimizer's step (where the state is being made) */
 static bool growth_not_in_step(const rctx_t *x) { return confident_growth(x) && !PHASE(optimizer_step); }
 /* restoring a checkpoint: the adapter's phase is loading and its frame is torch.load's */
@@ -1237,6 +1241,12 @@ static const og_rank_row_t lead[] = {
       "as kept_graphs (the holder keeps every earlier batch's graph: named first, autograd off for the evaluation "
       "next)",
       "val_losses_logged_without_no_grad (blind)" },
+    { "kept_graphs_measured", kept_graphs_measured, WANT, 0, 0, REMS(R_INFERENCE),
+      "as kept_graphs, the graphs read alive by the adapter (roles.graphs_measured): no graph built for what is kept",
+      "ppo_isaac_humanoid_rollout_collected_with_autograd_h100 (blind)" },
+    { "kept_graphs_measured_lead", kept_graphs_measured, LEAD_COVERS, -21, 0, REMS(R_INFERENCE),
+      "as kept_graphs_measured (after the holder's own fix)",
+      "ppo_isaac_humanoid_rollout_collected_with_autograd_h100 (blind)" },
     { "cap_without_room", cap_without_room, DROP, 0, 0, REMS(R_FW_CAP),
       "framework_cap counting reserved bytes (PyTorch, CuPy), the device had no room for the request",
       "reranker_capped_shared_card (blind)" },
@@ -1399,6 +1409,9 @@ static const og_rank_row_t lead[] = {
       "primary other_framework >= 0.7, its bytes >= shortfall", "jax_arena_torch_policy" },
     { "outside_the_framework", no_other_process, REPLACE, 0, 0, REMS(R_FOREIGN, R_NONFW_MEMORY),
       "other processes' bytes, none listed", "recovered_user_retry, dataloader_workers_cuda" },
+    { "kept_graphs_not_checkpointing", kept_graphs_measured, TIER, 2, 0, REMS(R_CHECKPOINTING),
+      "as kept_graphs_measured (checkpointing shrinks what each kept graph saves; the graphs stay)",
+      "ppo_isaac_humanoid_rollout_collected_with_autograd_h100 (blind)" },
     { "input_not_a_sequence", no_attention_layers, REPLACE, 0, 0, REMS(R_SHORTER_SEQ, R_CAP_INPUT),
       "roles: attention_modules 0 and the failing operation not attention (a graph network, a point-cloud or image "
       "CNN: the input's size, not a token length)",

@@ -772,6 +772,25 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
         how(r, "%s = copy.deepcopy(%s)   # now only one copy at a time", t, c.source[0] ? c.source : "model");
         return true;
     }
+    bool by_graphs = grew && g->marker == OG_MARK_KEPT_GRAPHS;
+    if ((!grew || by_graphs) && x->f->roles.kept_graphs && x->f->roles.graphs_measured &&
+        og_covers(x, (double)x->f->roles.kept_graphs)) {
+        const og_role_facts_t *kf = &x->f->roles;
+        const og_role_holder_t *h = &x->rec->memory.fw.roles.holders[kf->graph_holder];
+        char lb[160], name[sizeof h->name];
+        const char *holder = holder_label(x, kf->graph_holder, lb, sizeof lb);
+        og_cpy(name, sizeof name, h->name, sizeof name);
+        why(r,
+            "%s holds %llu outputs whose autograd graphs are alive (read by the adapter): each keeps the "
+            "activations of the pass that made it, about %s of the %s in all. Store them detached, or build no "
+            "graph for them.",
+            holder ? holder : "A holder", (unsigned long long)h->tensors, og_hb((double)kf->kept_graphs).s,
+            og_hb((double)kf->act).s);
+        how(r, "%s.append(out.detach())   # the value without its graph (.item() for a number)",
+            name[0] ? name : "kept");
+        how(r, "%swith torch.no_grad():   # around the pass whose outputs are only stored (a rollout, metrics)", pt(x));
+        return true;
+    }
     if (!grew && x->f->roles.kept_graphs && og_covers(x, (double)x->f->roles.kept_graphs)) {
         const og_role_facts_t *kf = &x->f->roles;
         const og_role_holder_t *h = &x->rec->memory.fw.roles.holders[kf->graph_holder];

@@ -1694,12 +1694,21 @@ static void kept_graphs_measured_in_a_loop(void **state)
     r->memory.fw.grad_enabled = 1;
     og_set(&r->event.requested_bytes, 16 * MiB);
     og_set(&r->device.free_bytes, 14 * MiB);
-    run(r);
+    run_primary(r, "growth"); /* measured: each iteration left its graph; nothing was freed for the driver to see */
     assert_int_equal(r->analysis.facts.roles.graph_holder, 0);
     assert_true(r->analysis.facts.roles.graphs_measured);
     assert_false(r->analysis.facts.growth.first_steps);
+    assert_int_equal(r->analysis.facts.growth.marker, OG_MARK_KEPT_GRAPHS);
+    assert_int_equal(r->analysis.facts.growth.seen, 414);
     assert_string_equal(r->remedies[0].id, "release_references");
     assert_non_null(strstr(r->remedies[0].why, "logprobs"));
+    assert_true(how_has(&r->remedies[0], "logprobs.append(out.detach())"));
+    assert_string_equal(r->remedies[1].id, "inference_mode"); /* build no graph for what is only stored */
+    assert_true(rank_of(r, "gradient_checkpointing") == 0 || rank_of(r, "gradient_checkpointing") > 3);
+    r->memory.fw.roles.holders[0].tensors = 4; /* too few outputs to be a loop's iterations: no growth read */
+    run(r);
+    assert_false(r->analysis.facts.growth.holds && r->analysis.facts.growth.marker == OG_MARK_KEPT_GRAPHS);
+    r->memory.fw.roles.holders[0].tensors = 414;
     r->memory.fw.roles.holders[0].graphs = 1; /* one graph read alive: the running pass's own output */
     run(r);
     assert_int_equal(r->analysis.facts.roles.graph_holder, -1);
