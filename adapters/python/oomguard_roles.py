@@ -501,20 +501,43 @@ _GRAPHS_READ = 4         # a holder's tensors with a graph whose saved tensors a
 _GRAPHS_LOOK = 64        # of its first tensors
 
 
+def _graph_nodes(fn, keep, limit=64):
+    """The ids of the nodes of the graph under fn (at most `limit`), the parameters' own nodes (AccumulateGrad,
+    which every pass over the same weights shares) left out; the nodes are kept in `keep` so no id is reused."""
+    out, stack = set(), [fn]
+    while stack and len(out) < limit:
+        node = stack.pop()
+        if node is None or id(node) in out:
+            continue
+        keep.append(node)
+        if type(node).__name__ != "AccumulateGrad":
+            out.add(id(node))
+        try:
+            stack.extend(f[0] for f in (node.next_functions or ()) if f)
+        except Exception:
+            pass
+    return out
+
+
 def _graphs_alive(tensors):
-    """How many of the first _GRAPHS_READ tensors with a grad_fn (among the first _GRAPHS_LOOK) have an autograd
-    graph that still holds what it saved for backward (oomguard_phase.graph_alive): outputs of a forward kept
-    with their graphs (losses.append(loss), a rollout's log-probabilities), which keep every activation of their
-    pass alive.  0 when none; never raises."""
+    """How many distinct graphs that still hold what they saved for backward (oomguard_phase.graph_alive) the
+    first _GRAPHS_READ tensors with a grad_fn (among the first _GRAPHS_LOOK) root: outputs of separate passes kept
+    with their graphs (losses.append(loss), a rollout's log-probabilities), each keeping every activation of its
+    pass alive.  Tensors whose graphs share a node (outputs of one pass, a chain of steps each built on the last)
+    count once.  0 when none; never raises."""
     try:
         from oomguard_phase import graph_alive
         alive = read = 0
+        seen, keep = set(), []
         for t in itertools.islice(tensors, _GRAPHS_LOOK):
-            if getattr(t, "grad_fn", None) is None:
+            fn = getattr(t, "grad_fn", None)
+            if fn is None:
                 continue
             read += 1
             if graph_alive(t) is True:
-                alive += 1
+                nodes = _graph_nodes(fn, keep)
+                alive += 0 if nodes & seen else 1
+                seen |= nodes
             if read >= _GRAPHS_READ:
                 break
         return alive

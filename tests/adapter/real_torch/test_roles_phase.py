@@ -1254,8 +1254,8 @@ def t_operation_real_frames():
 
 
 def t_holder_graphs():
-    """roles.holders[].graphs: outputs of a real forward kept in a list with autograd on keep their graphs (their
-    saved tensors readable); detached, or after a backward freed them, none."""
+    """roles.holders[].graphs: outputs of separate real forwards kept in a list with autograd on keep their graphs
+    (their saved tensors readable); outputs of one pass count once; detached, or after a backward freed them, none."""
     build()
     g = globals()
     lin = torch.nn.Linear(16, 16)
@@ -1268,6 +1268,10 @@ def t_holder_graphs():
         g["kept"] = [lin(x).sum().detach() for _ in range(3)]
         r = measure(None)
         assert dict((v[1], v) for v in r["holders"])["kept"][9] == 0
+        out = lin(x)
+        g["kept"] = [out[0], out[1], out[2]]             # three views of one pass's output: one graph
+        r = measure(None)
+        assert dict((v[1], v) for v in r["holders"])["kept"][9] == 1
         g["kept"] = [lin(x).sum() for _ in range(3)]
         for t in kept:
             t.backward()                                 # frees each graph's saved tensors
