@@ -1316,6 +1316,9 @@ static void roles(og_facts_t *d, const og_record_t *r)
         uint64_t each = ro->models[i].bytes, n = ro->models[i].count > 0 ? (uint64_t)ro->models[i].count : 0;
         if (ro->models[i].frozen)
             k->frozen_models = add_sat(k->frozen_models, each * n);
+        /* trainable, trained by no optimizer, running now: its forward records a graph nothing trains */
+        else if (ro->models[i].trained == 0 && ro->models[i].running > 0)
+            k->untrained_running = add_sat(k->untrained_running, each * (uint64_t)ro->models[i].running);
         k->model_params = add_sat(k->model_params, each * n);
         /* models of several groups held one by key each, none running: a map of different models kept resident
          * (counted in keyed_models when there are >= 2 of them) */

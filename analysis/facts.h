@@ -185,9 +185,12 @@ typedef struct og_role_facts {
     uint64_t model_copies;  /* roles.models: the parameters of every model beyond the first of its class and size;
                                while a model is being built, of every trainable one of its class beyond the smallest */
     uint64_t frozen_models; /* roles.models: parameters of models none of whose parameters requires grad */
-    bool state_known;       /* every role a training job keeps for good was measured ... */
-    uint64_t state;         /* ... params + buffers + grads + opt + pools: the job's own state */
-    int keeper;             /* index in roles.holders of the largest holder kept across calls, -1 none */
+    /* roles.models: parameters of the running models (running > 0) whose parameters require grad but that no
+     * optimizer trains (trained 0: a teacher deep-copied from the student, a target network) */
+    uint64_t untrained_running;
+    bool state_known; /* every role a training job keeps for good was measured ... */
+    uint64_t state;   /* ... params + buffers + grads + opt + pools: the job's own state */
+    int keeper;       /* index in roles.holders of the largest holder kept across calls, -1 none */
     uint64_t keeper_bytes;
     bool keeper_map; /* that holder is a dict or another mapping/cache */
     int kv;          /* index in roles.holders of the largest holder kept across calls whose purpose is kv_cache

@@ -197,6 +197,9 @@ typedef struct og_roles {
         char names[64];          /* the names holding them, comma-separated ("" none) */
         char purpose[16];        /* what those names or the class say they are kept for (common/purposes.def: an
                                     EMA, a teacher, a reference policy; "" none said) */
+        int trained;             /* of them, how many an optimizer trains (its param_groups hold a parameter of
+                                    theirs); -1 unknown (no optimizer holds a parameter of the device, an older
+                                    adapter) */
     } models[6];
     /* roles.operation: what the failing operation is (common/operations.def; "" none matched) and its frame */
     char operation[24];

@@ -486,19 +486,23 @@ static bool kv_cache_lead(const rctx_t *x)
     return kv_cache_reserved(x) && roles_of(x)->kv_bytes >= graph_pool_bytes(x);
 }
 /* a frozen model (a teacher) in a job that runs with autograd on: the adapter's purpose `teacher` for a
- * holder, or a model none of whose parameters requires grad (roles.models), and autograd on at the
- * failure: its forward keeps activations for a backward that never reaches its weights */
+ * holder, or a model none of whose parameters requires grad (roles.models), or a running one whose parameters
+ * require grad but that no optimizer trains (roles.models[].trained 0), and autograd on at the failure: its
+ * forward keeps activations for a backward that never reaches its weights */
 static bool frozen_model_autograd_on(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
-    return ro->known && x->grad == 1 && (ro->purpose_bytes[OG_PURPOSE_teacher] || ro->frozen_models) &&
+    return ro->known && x->grad == 1 &&
+           (ro->purpose_bytes[OG_PURPOSE_teacher] || ro->frozen_models || ro->untrained_running) &&
            !own_fix_covers(x) && !x->larger_than_device;
 }
-/* the same, named a teacher by the program: a frozen model alone may be one the gradient flows through (a
- * GAN's discriminator in the generator's step), where no_grad would be wrong, so only a teacher leads */
+/* the same, named a teacher by the program, or measured as trained by no optimizer: a frozen model alone may be
+ * one the gradient flows through (a GAN's discriminator in the generator's step, trained by its own optimizer),
+ * where no_grad would be wrong, so only a teacher or an untrained model leads */
 static bool teacher_autograd_on(const rctx_t *x)
 {
-    return frozen_model_autograd_on(x) && roles_of(x)->purpose_bytes[OG_PURPOSE_teacher];
+    return frozen_model_autograd_on(x) &&
+           (roles_of(x)->purpose_bytes[OG_PURPOSE_teacher] || roles_of(x)->untrained_running);
 }
 /* gradients and optimizer state measured (or about to be made at the first step) for the parameters of
  * a training job: training fewer of them shrinks both */
@@ -992,8 +996,9 @@ static const og_rank_row_t bring[] = {
       "as weights_update, locals >= parameters, autograd on or a dict among the locals",
       "best_state_gpu_deepcopy (blind)" },
     { "frozen_model_autograd_on", frozen_model_autograd_on, WANT, 0, 0, REMS(R_TEACHER_NO_GRAD),
-      "roles: a holder of purpose teacher or a frozen model, adapter: grad_enabled on",
-      "distill_teacher_grad (blind)" },
+      "roles: a holder of purpose teacher, a frozen model, or a running model no optimizer trains (models[].trained "
+      "0), adapter: grad_enabled on",
+      "distill_teacher_grad, ibot_vitl_teacher_deepcopy_still_requires_grad_l40s (blind)" },
     { "kv_cache_reserved", kv_cache_reserved, WANT, 0, 0, REMS(R_SMALLER_KV),
       "not training, autograd off, not growth, roles: a kept holder is a KV cache >= shortfall and > the locals",
       "static_kv_cache_prealloc (blind)" },
@@ -1298,8 +1303,9 @@ static const og_rank_row_t lead[] = {
     { "state_snapshot_lead", state_snapshot, LEAD_COVERS, -23, 0, REMS(R_SNAPSHOT_CPU), "as state_snapshot",
       "best_state_gpu_deepcopy (blind)" },
     { "frozen_model_lead", teacher_autograd_on, LEAD_COVERS, -24, 0, REMS(R_TEACHER_NO_GRAD),
-      "as frozen_model_autograd_on, a holder of purpose teacher (not a frozen model alone)",
-      "distill_teacher_grad (blind)" },
+      "as frozen_model_autograd_on, a holder of purpose teacher or a running model no optimizer trains (not a frozen "
+      "model alone)",
+      "distill_teacher_grad, ibot_vitl_teacher_deepcopy_still_requires_grad_l40s (blind)" },
     { "kv_cache_lead", kv_cache_lead, LEAD_COVERS, -22, 0, REMS(R_SMALLER_KV),
       "as kv_cache_reserved, the cache >= the graph pools", "static_kv_cache_prealloc, cuda_graph_shapes (blind)" },
     { "kv_cache_reserving_lead", kv_reserving_lead, LEAD_COVERS, -22, 0, REMS(R_SMALLER_KV),

@@ -2058,6 +2058,18 @@ static bool b_teacher_no_grad(const rctx_t *x, og_remedy_t *r)
 {
     const og_role_facts_t *ro = &x->f->roles;
     uint64_t frozen = ro->purpose_bytes[OG_PURPOSE_teacher] ? ro->purpose_bytes[OG_PURPOSE_teacher] : ro->frozen_models;
+    if (!frozen && ro->untrained_running) {
+        why(r,
+            "A model running at the failure (%s of parameters) requires grad, but no optimizer trains it (a "
+            "teacher deep-copied from the student, a target network): with autograd on its forward keeps every "
+            "activation, and backward fills its .grad, for weights nothing updates. Freeze it and run it under "
+            "torch.no_grad().",
+            og_hb((double)ro->untrained_running).s);
+        HOWS(x, r,
+             { PT, "teacher.requires_grad_(False)   # right after copy.deepcopy(student): a copy keeps requires_grad" },
+             { PT, "with torch.no_grad(): t_out = teacher(batch)   # its EMA update needs no graph either" });
+        return true;
+    }
     why(r,
         "Autograd was on at the failure while a frozen model (a teacher, a reference model: %s) is part of the "
         "job. Run with autograd on, its forward keeps every activation for a backward that never reaches its "

@@ -253,6 +253,11 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
         j_csv_strs(sb, r->models[i].named >= 0 ? r->models[i].names : NULL);
         og_sb_puts(sb, ",\"purpose\":");
         j_str_or_null(sb, r->models[i].purpose);
+        og_sb_puts(sb, ",\"trained\":");
+        if (r->models[i].trained >= 0)
+            og_sb_printf(sb, "%d", r->models[i].trained);
+        else
+            og_sb_puts(sb, "null");
         og_sb_puts(sb, "}");
     }
     og_sb_puts(sb, "]");

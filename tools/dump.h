@@ -99,7 +99,8 @@ struct og_roles_view {
     struct {
         const char *cls;
         int64_t parameters_bytes, tensors, count;
-        int frozen; /* -1 absent */
+        int64_t trained; /* -1 absent (null) */
+        int frozen;      /* -1 absent */
     } * models;
     int nmodels;
     struct { /* statement: the failing statement (at.file NULL: none) */

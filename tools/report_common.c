@@ -271,6 +271,8 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
                 og_sb_printf(&b, ", %lld copies", (long long)r->models[i].count);
             if (r->models[i].frozen == 1)
                 og_sb_puts(&b, ", frozen");
+            else if (r->models[i].trained == 0)
+                og_sb_puts(&b, ", requires grad but no optimizer trains it");
         }
         FACT("models");
         og_sb_init(&b);

@@ -270,6 +270,8 @@ class _Scan(object):
         self.models = []                  # see _models
         self.model_roots = {}             # (class, bytes, tensors) -> the root modules of that group
         self.root_frozen = {}             # id(root module) -> no parameter of it requires grad
+        self.root_trained = {}            # id(root module) -> an optimizer's param_groups hold a parameter of it
+        self.optimized = set()            # the storages of the failing device the optimizers' param_groups hold
         self.parent = {}                  # id(module) -> the module that holds it
         self.model_names = {}             # id(module) -> names of the running code holding it (see _name_module)
         self.running = []                 # modules that are `self` of a running frame
@@ -697,6 +699,7 @@ def _walk(scan, frame_roots):
                     held[st[0]] = st[1]
         o = scan.optimizers.setdefault(type(opt).__name__, [0, 0, 0])
         o[2] += sum(held.values())
+        scan.optimized.update(held)
     for p in loose:                       # parameters of no module and no optimizer (frozen, bare)
         scan.tick()
         if param(p):
@@ -845,8 +848,10 @@ def _root_of(scan, m):
 def _models_named(scan):
     """scan.models with, for each group, how many of its roots the running code holds by a name (named),
     how many it is running (a method of the root or of one of its submodules is executing: running), and
-    those names, and the purpose those names or the class say (PURPOSES: an EMA, a teacher, a reference):
-    [(class, bytes, tensors, count, frozen, named, running, names, purpose)].  A root no name of the
+    those names, the purpose those names or the class say (PURPOSES: an EMA, a teacher, a reference), and how
+    many of them an optimizer trains (its param_groups hold a parameter of theirs; None when no optimizer holds
+    any parameter of the device): [(class, bytes, tensors, count, frozen, named, running, names, purpose,
+    trained)].  A root no name of the
     running code reaches is a leftover (a previous run's model kept by a traceback, a cycle); so is one whose
     names a running statement of the program is about to rebind (_pending_stores: a cell run again while its
     previous model lives), though its names are listed."""
@@ -871,8 +876,9 @@ def _models_named(scan):
                 for nm in scan.model_names.get(id(r), ()):
                     if nm not in names and len(names) < 4:
                         names.append(nm)
+            trained = sum(1 for r in rs if scan.root_trained.get(id(r))) if roots and scan.optimized else None
             out.append((cls, b, n, len(rs) if roots else k, frozen, len(named),
-                        sum(1 for r in rs if id(r) in running_roots), names, purpose))
+                        sum(1 for r in rs if id(r) in running_roots), names, purpose, trained))
     return out[:TOP_MODELS]
 
 
@@ -970,7 +976,7 @@ def _models(scan, modules):
     for root in modules:
         if id(root) in children:
             continue
-        seen, b, n, grad = set(), 0, 0, False
+        seen, b, n, grad, trained = set(), 0, 0, False, False
         stack, visited, attn = [(root, None)], set(), set()
         while stack:
             m, key = stack.pop()
@@ -988,6 +994,7 @@ def _models(scan, modules):
                 seen.add(st[0])
                 b += st[1]
                 n += 1
+                trained = trained or st[0] in scan.optimized
                 try:
                     grad = grad or bool(p.requires_grad)
                 except Exception:
@@ -1000,6 +1007,7 @@ def _models(scan, modules):
         g[0] += 1
         g[1] = g[1] and not grad
         scan.root_frozen[id(root)] = not grad
+        scan.root_trained[id(root)] = trained
         scan.model_roots.setdefault((type(root).__name__, b, n), []).append(root)
     # the walk met every module of the models: a count, 0 included; no model at all says nothing
     scan.attention = len(attention) if groups else None
@@ -1237,6 +1245,8 @@ def encode(r):
             line += "\t%d\t%d\t%s" % (int(m[5]), int(m[6]), _clean(",".join(m[7][:4])) or "-")
         if len(m) >= 9:
             line += "\t%s" % _clean(m[8] or "-")
+        if len(m) >= 10:
+            line += "\t%s" % ("-" if m[9] is None else int(m[9]))
         out.append(line)
     op = r.get("operation")
     if op:

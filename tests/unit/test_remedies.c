@@ -3377,6 +3377,37 @@ static void teacher_with_autograd_on(void **state)
     run_primary(r, "does_not_fit");
     assert_true(rank_of(r, "teacher_no_grad") > 1);
     free(r);
+    /* a running copy of the student that still requires grad, which no optimizer trains (measured: trained 0, the
+     * student's group trained 1): its graph is for nothing, freeze it first; trained by its own optimizer (a GAN's
+     * discriminator), or not known: not first */
+    r = base();
+    fixture_roles(r, 2 * GiB, 1 * GiB, 2 * GiB, 0, 0, 18 * GiB);
+    fixture_optimizer(r, "AdamW", 2 * GiB);
+    fixture_model(r, "ViTLarge", 1 * GiB, 1, false);
+    fixture_model_held(r, 1, 0, "student");
+    r->memory.fw.roles.models[0].trained = 1;
+    fixture_model(r, "ViTLarge", 1 * GiB, 1, false);
+    fixture_model_held(r, 1, 1, "teacher_net");
+    r->memory.fw.roles.models[1].trained = 0;
+    fixture_phase(r, "forward", "/w/ibot.py", "forward");
+    r->memory.fw.grad_enabled = 1;
+    r->memory.fw.training = 1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.untrained_running, 1 * GiB);
+    assert_string_equal(r->remedies[0].id, "teacher_no_grad");
+    assert_true(how_has(&r->remedies[0], "requires_grad_(False)"));
+    r->memory.fw.roles.models[1].trained = 1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.untrained_running, 0);
+    assert_true(rank_of(r, "teacher_no_grad") != 1);
+    r->memory.fw.roles.models[1].trained = -1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.untrained_running, 0);
+    r->memory.fw.roles.models[1].trained = 0;
+    r->memory.fw.roles.models[1].running = 0; /* kept, not running now: its forward is not what fails */
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.untrained_running, 0);
+    free(r);
 }
 
 /* a refusal by the framework's own cap where the device itself has no room for the request: raising the

@@ -519,9 +519,22 @@ def t_models_frozen_copy_apart():
         assert trained[3] == 2 and set(trained[7]) == {"model", "eval_model"} and trained[8] is None, nets
         assert ref[3] == 1 and ref[7] == ["ref_model"] and ref[8] == "reference", nets
         assert "\tref_model\treference" in oomguard_roles.encode(r), oomguard_roles.encode(r)
+        # trained: of the two trainable copies the optimizer of build() holds one's parameters; none of the frozen
+        assert trained[9] == 1 and ref[9] == 0, nets
+        g.pop("eval_model")
+        g["teacher"] = Net()                     # a copy that still requires grad, which no optimizer trains
+        r = measure(None)
+        nets = dict((m[8], m) for m in r["models"] if m[0] == "Net")
+        assert nets["teacher"][9] == 0 and not nets["teacher"][4] and nets[None][9] == 1, nets
+        assert oomguard_roles.encode(r).count("\tteacher\t0") == 1, oomguard_roles.encode(r)
+        g.pop("opt")                             # no optimizer holds a parameter: not known
+        gc.collect()
+        r = measure(None)
+        assert all(m[9] is None for m in r["models"]), r["models"]
     finally:
         g.pop("ref_model", None)
         g.pop("eval_model", None)
+        g.pop("teacher", None)
 
 
 def t_lru_cache_results():

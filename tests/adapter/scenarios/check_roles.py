@@ -65,7 +65,7 @@ def main():
         # held by the global `model`, running (the failure is in its forward)
         assert r["models"] == [{"class": "Net", "parameters_bytes": net, "tensors": 2, "count": 1,
                                 "frozen": False, "named": 1, "running": 1, "names": ["model"],
-                                "purpose": None}], (r["models"], net)
+                                "purpose": None, "trained": 1}], (r["models"], net)   # AdamW trains it
         assert r["operation"] is None and r["ddp"] is None, (r["operation"], r["ddp"])
         assert "statement" in r, r
         age = r["last_optimizer_step_ms_ago"]       # AdamW stepped once before the failing forward
