@@ -1540,6 +1540,10 @@ static void estimate(rank_t *k, const rctx_t *x)
      * `fit` pass drops those remedies: AP_ACTIVATIONS) */
     if (ro->known && ro->params) /* 4-bit weights keep about a quarter of 16-bit ones */
         cover[R_QUANT] = 0.75 * (double)ro->params;
+    /* offloading the model or sharding its state moves at most the model's state (parameters, their gradients,
+     * the optimizer's state) off this GPU: a small model beside a huge activation moves nothing that matters */
+    if (ro->known && ro->params && ro->act_known)
+        cover[R_OFFLOAD] = cover[R_ZERO] = (double)ro->params + (double)ro->grads + (double)ro->opt;
     /* the failed attempt's tensors, the checkpoint's copy: what the running code holds (a lower
      * bound: unknown when it does not cover) */
     if (ro->known && ro->act_known && og_covers(x, (double)ro->working))

@@ -3347,6 +3347,26 @@ static void evaluation_with_autograd_on(void **state)
     free(r);
 }
 
+/* a small model (33 MiB of weights) upscaling one huge image under no_grad: offloading the model or sharding its
+ * state moves at most what the model holds, far less than the 3.5 GiB missing: both come after what can cover (a
+ * bigger card); a 12 GiB model beside the same activations: offloading it covers the missing bytes */
+static void offload_moves_only_the_model(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 33 * MiB, 0, 0, 0, 0, 9 * GiB);
+    fixture_phase(r, "evaluation", "/w/upscale.py", "forward");
+    r->memory.fw.grad_enabled = -1;
+    og_set(&r->event.requested_bytes, 8 * GiB + 600 * MiB);
+    og_set(&r->device.free_bytes, 5 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_true(rank_of(r, "cpu_offload") == 0 || rank_of(r, "cpu_offload") > rank_of(r, "bigger_gpu"));
+    assert_true(rank_of(r, "zero_fsdp") == 0 || rank_of(r, "zero_fsdp") > rank_of(r, "bigger_gpu"));
+    fixture_roles(r, 12 * GiB, 0, 0, 0, 0, 9 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_true(rank_of(r, "cpu_offload") > 0 && rank_of(r, "cpu_offload") < rank_of(r, "bigger_gpu"));
+    free(r);
+}
+
 /* a frozen teacher in a training job with autograd on: run it under no_grad, first; autograd off: not offered */
 static void teacher_with_autograd_on(void **state)
 {
@@ -3839,6 +3859,7 @@ int main(void)
         cmocka_unit_test(eval_copy_under_way_first),
         cmocka_unit_test(kept_graphs_holder_first),
         cmocka_unit_test(kept_graphs_measured_in_a_loop),
+        cmocka_unit_test(offload_moves_only_the_model),
         cmocka_unit_test(ddp_buckets_as_views),
         cmocka_unit_test(state_snapshot_first),
         cmocka_unit_test(copy_under_way),
