@@ -1158,8 +1158,14 @@ static void job_phase(og_facts_t *d, const og_record_t *r)
         og_cpy(p, sizeof p, ro->stmt_purpose, sizeof p);
         og_cpy(src, sizeof src, fw->phase_source, sizeof src);
         bool checkpoint = og_purpose_of(p) == OG_PURPOSE_checkpoint;
-        /* the statement alone said loading, in a job whose optimizer has stepped: a snapshot being made */
-        if (checkpoint && fw->training == 1 && strncmp(src, "the failing statement", 21) == 0) {
+        /* a deep copy is running and has made part of its copy on the device (roles.copy_made_bytes): it copies
+         * what the device holds, it reads nothing from disk */
+        char op[sizeof ro->operation];
+        og_cpy(op, sizeof op, ro->operation, sizeof op);
+        bool copying = og_operation_of(op) == OG_OP_copy && og_known(ro->copy_made) && ro->copy_made.v > 0;
+        /* the statement alone said loading, in a job whose optimizer has stepped or while a deep copy runs: a
+         * snapshot being made */
+        if (checkpoint && (fw->training == 1 || copying) && strncmp(src, "the failing statement", 21) == 0) {
             d->snapshot_stmt = true;
             d->phase = OG_JP_unknown;
             return;

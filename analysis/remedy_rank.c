@@ -303,10 +303,11 @@ static bool activation_phase(const rctx_t *x)
 /* autograd is off inside optimizer.step() and clip_grad_norm_ of a training job: not an evaluation; and
  * a load builds no graph, nor does a model's weights arriving with no phase frame naming it (roles.weights_only:
  * a model's own .to(), nothing computed yet) */
+static bool kept_state_only(const rctx_t *x);
 static bool no_graph_to_drop(const rctx_t *x)
 {
     return PHASE(optimizer_step) || PHASE(backward) || PHASE(loading) || PHASE(ema_update) || copy_builds_no_graph(x) ||
-           roles_of(x)->weights_only;
+           roles_of(x)->weights_only || kept_state_only(x);
 }
 static uint64_t graph_pool_bytes(const rctx_t *x)
 {
@@ -412,7 +413,7 @@ static bool one_sample_peak(const rctx_t *x)
            (double)x->req / (double)ro->batch_size >= (double)x->f->outlier.prev_max;
 }
 /* a training job copying weight-sized tensors outside the optimizer (an EMA, weight averaging, a snapshot
- * of the model): the job trains, no phase frame (not a forward, evaluation, load or optimizer step) or the
+ * of the model): the job trains (or the statement makes a snapshot: snapshot_stmt), no phase frame (not a forward, evaluation, load or optimizer step) or the
  * adapter's ema_update, the roles measured with fewer activations than the shortfall and parameters to
  * copy, the running code's locals holding tensors; weights_update: phase ema_update, or autograd off and
  * not a snapshot (an EMA's update runs under no_grad) */
@@ -426,8 +427,8 @@ static bool weights_copy(const rctx_t *x)
      * example's gradient kept, outputs collected) are something else the running code keeps */
     if (ro->state_known && ro->local_held > 2 * ro->state && !snap)
         return false;
-    return ro->known && ro->act_known && x->trains == 1 && (PHASE(unknown) || PHASE(ema_update)) && ro->params &&
-           (ro->local_held || ro->copy_loose || snap || ro->act_copy) &&
+    return ro->known && ro->act_known && (x->trains == 1 || snap) && (PHASE(unknown) || PHASE(ema_update)) &&
+           ro->params && (ro->local_held || ro->copy_loose || snap || ro->act_copy) &&
            (ro->act - ro->act_copy < x->shortfall || snap) && !own_fix_covers(x) && !x->larger_than_device;
 }
 /* the same, a copy of the whole training state (model and optimizer state_dicts) kept as a snapshot:
@@ -444,14 +445,27 @@ static bool weights_update(const rctx_t *x)
 {
     return weights_copy(x) && (PHASE(ema_update) || (x->grad == -1 && !state_snapshot(x)));
 }
+/* no pass is running: the activations were measured at nothing and what Python objects hold is kept for a purpose
+ * its name says (a KV cache, a dataset, an index: roles.holders[].purpose), not outputs; autograd's mode says
+ * nothing then (allocating or loading builds no graph) and no activation remedy has anything to shrink */
+static bool kept_state_only(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    uint64_t said = 0;
+    for (int i = 0; i < OG_NPURPOSES; i++)
+        said = add_sat(said, ro->purpose_bytes[i]);
+    return ro->known && ro->act_known && ro->act == 0 && ro->held && said >= ro->held;
+}
 /* a KV cache reserved up front by a job that does not train: a holder kept across calls named or typed
  * as a KV cache (facts: roles.kv) holds at least the shortfall and more than the running code, autograd
- * off, and the memory did not grow step by step (a growing cache: bounded_cache) */
+ * off (or no pass running: kept_state_only), and the memory did not grow step by step (a growing cache:
+ * bounded_cache) */
 static bool kv_cache_reserved(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
     return ro->known && ro->kv >= 0 && og_covers(x, (double)ro->kv_bytes) && ro->kv_bytes > ro->working &&
-           x->trains != 1 && x->grad == -1 && !PRIMARY(GROWTH) && !own_fix_covers(x) && !x->larger_than_device;
+           x->trains != 1 && (x->grad == -1 || kept_state_only(x)) && !PRIMARY(GROWTH) && !own_fix_covers(x) &&
+           !x->larger_than_device;
 }
 /* this process is reserving its KV cache up front: the failing statement builds what the program calls a KV cache
  * (roles.statement's purpose kv_cache: a serving engine allocating its cache layer by layer at start-up) in a job
@@ -684,7 +698,7 @@ static bool state_new_since_pass(const rctx_t *x)
 static bool no_activations(const rctx_t *x)
 {
     return roles_of(x)->known && (PHASE(loading) || PHASE(optimizer_step) || PHASE(ema_update) || weights_copy(x) ||
-                                  roles_of(x)->weights_only);
+                                  roles_of(x)->weights_only || kept_state_only(x));
 }
 
 /* mixed precision is in force for the pass though autocast is off at the failing line: the program's running
@@ -1146,9 +1160,11 @@ static const og_rank_row_t narrow[] = {
       "loss_history_leak_adapter, validation_batch_too_big" },
     { "no_graph_to_drop", no_graph_to_drop, DROP, 0, 0, REMS(R_INFERENCE),
       "phase optimizer_step, backward, loading or ema_update; roles.operation copy (a deep copy records no graph); "
-      "roles: weights_only (a running model's weights all the device holds)",
-      "adamw_first_step, ema_lazy_shadow, eval_on_deepcopy_with_grads_kept, qwen32b_bf16_to_cuda_one_a6000_second_idle "
-      "(blind)" },
+      "roles: weights_only (a running model's weights all the device holds), or no pass running (activations 0, what "
+      "Python holds all kept for a purpose: kept_state_only)",
+      "adamw_first_step, ema_lazy_shadow, eval_on_deepcopy_with_grads_kept, "
+      "qwen32b_bf16_to_cuda_one_a6000_second_idle, "
+      "awq_engine_kv_prealloc_then_embedder_in_process_l40s (blind)" },
     { "growth_in_a_cache_no_graph", growth_in_a_cache, DROP, 0, 0, REMS(R_INFERENCE),
       "the same as growth_in_a_cache (its remedy says no_grad for the entries)", "dict_cache_embeddings (blind)" },
     { "communication_not_tensors", comm_holds_growth, DROP, 0, 0, REMS(R_INFERENCE, R_MIXED),

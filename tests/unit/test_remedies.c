@@ -2536,6 +2536,24 @@ static void unknown_shortfall_is_covered_by_nothing(void **state)
     assert_string_not_equal(r->remedies[0].id, "smaller_kv_cache");
     no_zero_shortfall_text(r);
     free(r);
+    /* the same cache reserved by an engine while another model loads beside it, autograd on (loading builds no
+     * graph): no activations, what Python holds all a KV cache (kept_state_only): the cache leads, and nothing that
+     * shrinks a pass or its graph is offered */
+    r = base();
+    fixture_roles(r, 8 * GiB, 0, 0, 0, 15 * GiB, 0);
+    fixture_holder(r, "self.kv_cache", "list", "attribute on LLM", 15 * GiB);
+    fixture_purpose(r, "kv_cache");
+    r->memory.fw.grad_enabled = 1;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "smaller_kv_cache");
+    assert_int_equal(rank_of(r, "inference_mode"), 0);
+    assert_int_equal(rank_of(r, "mixed_precision"), 0);
+    assert_int_equal(rank_of(r, "smaller_batch"), 0);
+    fixture_holder(r, "outs", "list", "global in serve.py", 1 * GiB); /* outputs kept, no purpose: not only state */
+    r->memory.fw.roles.bytes[OG_ROLE_held_by_python].v += 1 * GiB;
+    run_primary(r, "does_not_fit");
+    assert_string_not_equal(r->remedies[0].id, "smaller_kv_cache");
+    free(r);
     /* growth into a dict: bounding the cache leads by its bytes against the shortfall only when known */
     r = base();
     leaking_steps(r);
@@ -3035,6 +3053,17 @@ static void state_snapshot_first(void **state)
     run_primary(s, "does_not_fit");
     assert_int_equal(rank_of(s, "snapshot_to_cpu"), 0);
     assert_true(rank_of(s, "map_location_cpu") > 0);
+    /* ... unless a deep copy is running that has made part of its copy on the device (best_state =
+     * copy.deepcopy(model.state_dict()) with an optimizer no step hook reads): it copies, it loads nothing */
+    fixture_operation(s, "copy", "deepcopy");
+    og_set(&s->memory.fw.roles.copy_made, 2 * GiB);
+    run_primary(s, "does_not_fit");
+    assert_true(s->analysis.facts.snapshot_stmt);
+    assert_string_equal(s->remedies[0].id, "snapshot_to_cpu");
+    assert_int_equal(rank_of(s, "map_location_cpu"), 0);
+    og_set(&s->memory.fw.roles.copy_made, 0); /* nothing copied yet: the statement's word stands */
+    run_primary(s, "does_not_fit");
+    assert_false(s->analysis.facts.snapshot_stmt);
     free(s);
     /* the same parameters all in the one model (none beyond it): no copy seen */
     r->memory.fw.roles.models[0].bytes = 6 * GiB + 768 * MiB;
