@@ -772,40 +772,37 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
         how(r, "%s = copy.deepcopy(%s)   # now only one copy at a time", t, c.source[0] ? c.source : "model");
         return true;
     }
+    /* outputs kept with their graphs alive: read by the adapter (then also as a growth, one per iteration), or
+     * inferred in an evaluation from a holder kept across calls */
     bool by_graphs = grew && g->marker == OG_MARK_KEPT_GRAPHS;
-    if ((!grew || by_graphs) && x->f->roles.kept_graphs && x->f->roles.graphs_measured &&
-        og_covers(x, (double)x->f->roles.kept_graphs)) {
+    if ((!grew || by_graphs) && x->f->roles.kept_graphs && og_covers(x, (double)x->f->roles.kept_graphs)) {
         const og_role_facts_t *kf = &x->f->roles;
         const og_role_holder_t *h = &x->rec->memory.fw.roles.holders[kf->graph_holder];
         char lb[160], name[sizeof h->name];
         const char *holder = holder_label(x, kf->graph_holder, lb, sizeof lb);
         og_cpy(name, sizeof name, h->name, sizeof name);
-        why(r,
-            "%s holds %llu outputs whose autograd graphs are alive (read by the adapter): each keeps the "
-            "activations of the pass that made it, about %s of the %s in all. Store them detached, or build no "
-            "graph for them.",
-            holder ? holder : "A holder", (unsigned long long)h->tensors, og_hb((double)kf->kept_graphs).s,
-            og_hb((double)kf->act).s);
-        how(r, "%s.append(out.detach())   # the value without its graph (.item() for a number)",
-            name[0] ? name : "kept");
-        how(r, "%swith torch.no_grad():   # around the pass whose outputs are only stored (a rollout, metrics)", pt(x));
-        return true;
-    }
-    if (!grew && x->f->roles.kept_graphs && og_covers(x, (double)x->f->roles.kept_graphs)) {
-        const og_role_facts_t *kf = &x->f->roles;
-        const og_role_holder_t *h = &x->rec->memory.fw.roles.holders[kf->graph_holder];
-        char lb[160], name[sizeof h->name];
-        const char *holder = holder_label(x, kf->graph_holder, lb, sizeof lb);
-        og_cpy(name, sizeof name, h->name, sizeof name);
-        why(r,
-            "Autograd is on in this evaluation, and %s, kept across calls, holds %llu tensors of earlier batches: "
-            "each (a loss, an output) is the root of its batch's graph, so those batches' activations stay alive, "
-            "about %s of the %s.",
-            holder ? holder : "a holder", (unsigned long long)h->tensors, og_hb((double)kf->kept_graphs).s,
-            og_hb((double)kf->act).s);
-        how(r, "%s: keep loss.item() (a number), or output.detach().cpu(), not the tensor: its graph goes",
-            name[0] ? name : "the holder");
-        how(r, "%swith torch.no_grad():   # and model.eval(): the evaluation builds no graph at all", pt(x));
+        if (kf->graphs_measured) {
+            why(r,
+                "%s holds %llu outputs whose autograd graphs are alive (read by the adapter): each keeps the "
+                "activations of the pass that made it, about %s of the %s in all. Store them detached, or build no "
+                "graph for them.",
+                holder ? holder : "A holder", (unsigned long long)h->tensors, og_hb((double)kf->kept_graphs).s,
+                og_hb((double)kf->act).s);
+            how(r, "%s.append(out.detach())   # the value without its graph (.item() for a number)",
+                name[0] ? name : "kept");
+            how(r, "%swith torch.no_grad():   # around the pass whose outputs are only stored (a rollout, metrics)",
+                pt(x));
+        } else {
+            why(r,
+                "Autograd is on in this evaluation, and %s, kept across calls, holds %llu tensors of earlier batches: "
+                "each (a loss, an output) is the root of its batch's graph, so those batches' activations stay alive, "
+                "about %s of the %s.",
+                holder ? holder : "a holder", (unsigned long long)h->tensors, og_hb((double)kf->kept_graphs).s,
+                og_hb((double)kf->act).s);
+            how(r, "%s: keep loss.item() (a number), or output.detach().cpu(), not the tensor: its graph goes",
+                name[0] ? name : "the holder");
+            how(r, "%swith torch.no_grad():   # and model.eval(): the evaluation builds no graph at all", pt(x));
+        }
         return true;
     }
     if (!grew && og_checkpoint_kept(x)) {

@@ -1313,17 +1313,17 @@ static void eager_attention_fused_first(void **state)
     free(r);
 }
 
-/* the models' layers walked and no attention layer met (a graph network): fused attention is not listed and
- * capping the input's size (cap_input_size) takes the place of a shorter sequence length; attention layers there, or an attention operation failing
- * in a layer not named so, or the walk unknown: fused attention stays and the length is the input's */
-static void no_attention_layers_no_fused_attention(void **state)
+/* a training forward whose batch of BATCH samples goes far beyond the earlier steps: twelve steps that free what they
+ * make (256 MiB at most), then new sizes of 1 and 2 GiB and 3 GiB failing, the cache splintered (a retry freed
+ * nothing) */
+static og_record_t *outlier_pass(int batch)
 {
     og_record_t *r = base();
     fixture_roles(r, 2 * GiB, 2 * GiB, 4 * GiB, 0, 0, 12 * GiB);
     fixture_adapter(r, 21 * GiB, 20 * GiB, 64 * MiB);
     r->memory.fw.grad_enabled = 1;
     r->memory.fw.training = 1;
-    r->memory.fw.roles.batch_size = 1;
+    r->memory.fw.roles.batch_size = batch;
     fixture_phase(r, "forward", "/w/train.py", "forward");
     ev_reset(r);
     double t = 0.01;
@@ -1331,13 +1331,23 @@ static void no_attention_layers_no_fused_attention(void **state)
         ev_add(r, t, "alloc", 256 * MiB);
         ev_add(r, t + 0.01, "free", 256 * MiB);
     }
-    ev_add(r, t, "alloc", 1 * GiB); /* one mesh's layers, then the failing one */
+    ev_add(r, t, "alloc", 1 * GiB);
     ev_add(r, t + 0.01, "alloc", 2 * GiB);
     ev_add(r, t + 0.02, "alloc", 3 * GiB);
     ev_add(r, t + 0.03, "fail", 3 * GiB);
     og_set(&r->event.requested_bytes, 3 * GiB);
     og_set(&r->device.free_bytes, 2560 * MiB);
     r->event.attempts = 2;
+    return r;
+}
+
+/* the models' layers walked and no attention layer met (a graph network): fused attention is not listed and
+ * capping the input's size (cap_input_size) takes the place of a shorter sequence length; attention layers there,
+ * an attention operation failing in a layer not named so, the walk unknown, or a decoding model: fused attention
+ * stays and the length is the input's */
+static void no_attention_layers_no_fused_attention(void **state)
+{
+    og_record_t *r = outlier_pass(1); /* one mesh, far beyond the earlier ones */
     og_set(&r->memory.fw.roles.attention_modules, 0);
     run_primary(r, "does_not_fit");
     assert_int_equal(r->analysis.facts.roles.attention, -1);
@@ -2337,26 +2347,7 @@ static void larger_outlier_batch_caps_the_length(void **state)
  * samples a batch, one sample's share is still beyond a whole earlier batch: no smaller batch either */
 static void one_batch_peak_not_bucketing(void **state)
 {
-    og_record_t *r = base();
-    fixture_roles(r, 2 * GiB, 2 * GiB, 4 * GiB, 0, 0, 12 * GiB);
-    fixture_adapter(r, 21 * GiB, 20 * GiB, 64 * MiB);
-    r->memory.fw.grad_enabled = 1;
-    r->memory.fw.training = 1;
-    r->memory.fw.roles.batch_size = 2;
-    fixture_phase(r, "forward", "/w/train.py", "forward");
-    ev_reset(r);
-    double t = 0.01;
-    for (int s = 0; s < 12; s++, t += 0.1) { /* steps that free what they make */
-        ev_add(r, t, "alloc", 256 * MiB);
-        ev_add(r, t + 0.01, "free", 256 * MiB);
-    }
-    ev_add(r, t, "alloc", 1 * GiB);
-    ev_add(r, t + 0.01, "alloc", 2 * GiB);
-    ev_add(r, t + 0.02, "alloc", 3 * GiB);
-    ev_add(r, t + 0.03, "fail", 3 * GiB);
-    og_set(&r->event.requested_bytes, 3 * GiB);
-    og_set(&r->device.free_bytes, 2560 * MiB);
-    r->event.attempts = 2;
+    og_record_t *r = outlier_pass(2);
     run_primary(r, "does_not_fit");
     assert_string_equal(r->remedies[0].id, "shorter_sequences");
     assert_true(rank_of(r, "bucket_by_length") == 0 || rank_of(r, "bucket_by_length") > 3);
