@@ -769,7 +769,13 @@ static bool growth_by_steps(const og_facts_t *d, const og_record_t *r, og_growth
     uint64_t rise = sub0(a[n - 1], a[0]);
     uint64_t made = ro->steps_made > (uint64_t)n ? ro->steps_made : (uint64_t)n;
     double gm = d->growth_min_share * (double)d->total;
-    bool big_enough = (double)rise + 1e-6 >= gm || (double)per_step * (double)(made - 1) >= gm ||
+    /* the latest steps' rise carried over the whole run is an inference; the run's own series
+     * (roles.allocated_over_run), spanning more steps than the latest ones, measures it: ended within 1% of the
+     * device of where it began, the run kept nothing, whatever the latest steps did */
+    int nr = ro->nstep_run > OG_STEP_SERIES ? OG_STEP_SERIES : ro->nstep_run;
+    bool run_flat = nr >= STEPS_MIN && ro->step_run_every && (uint64_t)nr * ro->step_run_every > (uint64_t)n &&
+                    (double)sub0(ro->step_run[nr - 1], ro->step_run[0]) <= 0.01 * (double)d->total;
+    bool big_enough = (double)rise + 1e-6 >= gm || (!run_flat && (double)per_step * (double)(made - 1) >= gm) ||
                       (d->shortfall > 0 && rise >= d->shortfall && (double)rise >= 0.005 * (double)d->total);
     if (per_step == 0 || !big_enough)
         return false;

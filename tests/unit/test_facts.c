@@ -407,6 +407,31 @@ static void flat_after_each_optimizer_step_is_not_growth(void **state)
     free(r);
 }
 
+/* the latest 32 optimizer steps each rose a little (23 MiB, 16 MiB in all: batches of varying size) and 310 were
+ * made: carried over the run that would be 7 GiB, but the run's own series (every 16th step) ended where it
+ * began: the run kept nothing, no growth; a series that did climb keeps the reading */
+static void run_series_overrules_the_latest_steps(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    ev_reset(r);
+    fixture_roles(r, 16 * MiB, 0, 32 * MiB, 0, 0, 0);
+    fixture_steps(r, 310, 32, 1300 * MiB, 0);
+    for (int i = 1; i < 32; i++) /* up 23 MiB in most steps, down in a few: 16 MiB net */
+        r->memory.fw.roles.step_alloc[i] =
+            r->memory.fw.roles.step_alloc[i - 1] + (i % 8 ? 23 * MiB : 0) - (i % 8 ? 0 : 142 * MiB);
+    assert_true(facts(r)->growth.holds); /* the latest steps alone: carried over 310 steps */
+    og_roles_t *ro = &r->memory.fw.roles;
+    ro->nstep_run = 19;
+    ro->step_run_every = 16;
+    for (int i = 0; i < 19; i++)
+        ro->step_run[i] = 1180 * MiB + (i % 3) * 60 * MiB; /* up and down, 1.18 GiB first and last */
+    assert_false(facts(r)->growth.holds);
+    for (int i = 0; i < 19; i++) /* the run climbing by 400 MiB every point: the reading stands */
+        ro->step_run[i] = 1180 * MiB + (uint64_t)i * 400 * MiB;
+    assert_true(facts(r)->growth.holds);
+    free(r);
+}
+
 /* the optimizer made one to three steps and the failure is in its training pass: what the driver saw rise is the
  * model, the first passes, the state the first step made and the pass running now, not a leak
  * (growth.first_steps); a failure outside the training pass (an evaluation) or four steps made keep the
@@ -1197,6 +1222,7 @@ int main(void)
         cmocka_unit_test(large_steps_in_a_forward_pass_are_not_a_load),
         cmocka_unit_test(a_rise_after_each_optimizer_step_is_growth),
         cmocka_unit_test(flat_after_each_optimizer_step_is_not_growth),
+        cmocka_unit_test(run_series_overrules_the_latest_steps),
         cmocka_unit_test(first_steps_are_not_growth),
         cmocka_unit_test(before_the_first_step_is_not_growth),
         cmocka_unit_test(run_series_staircase_is_growth),
