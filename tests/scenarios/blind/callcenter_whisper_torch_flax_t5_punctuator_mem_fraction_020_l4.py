@@ -96,7 +96,8 @@ def main():
             punctuate(punct_params, min(text_windows, 64)).block_until_ready()
         except jax.errors.JaxRuntimeError as e:
             n = int(str(e).rsplit(" ", 2)[-2])
-            scen_truth.mark("fail", 0, n, fw=1)         # truth at the refusal (test scaffolding)
+            st = jax.devices()[0].memory_stats()        # truth at the refusal (test scaffolding)
+            scen_truth.mark("fail", 0, n, allocated=st["bytes_in_use"], reserved=st["pool_bytes"], released=0, fw=1)
             raise
 
 
