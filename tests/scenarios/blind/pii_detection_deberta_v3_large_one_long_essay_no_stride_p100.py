@@ -12,9 +12,10 @@ truncation off and feeds each essay whole, one essay per batch, shortest first:
 The validation essays (at most ~4k tokens) ran fine.  The hidden test set has one pasted-together
 essay of 12,800 tokens.  DeBERTa's disentangled attention is computed eagerly (no fused kernel exists
 for it, and the P100 could not run FlashAttention anyway): each layer makes the content-to-content
-scores, the content-to-position and position-to-content terms, and the softmax, each
-16 heads x 12,800 x 12,800 in fp16 = 4.9 GiB.  The third of them does not fit: a single input, under
-no_grad, on 0.8 GiB of weights.
+scores, the content-to-position and position-to-content terms (each gathered to N x N, then scaled
+into a running score), their sum and the softmax, each 16 heads x 12,800 x 12,800 in fp16 = 4.9 GiB,
+up to five of them alive at once (~25 GiB).  The third of them already does not fit: a single input,
+under no_grad, on 0.8 GiB of weights.
 
 An expert: split long essays into overlapping windows (max_length=1024 or 2048 with a stride of 128-
 256, return_overflowing_tokens=True) and stitch the token predictions back together -- the usual
@@ -50,19 +51,23 @@ class DisentangledSelfAttention(torch.nn.Module):
         self.value_proj = Linear(HIDDEN, HIDDEN)
 
     def disentangled_attention_bias(self, query_layer, key_layer, seq_len):
+        """As Hugging Face's: each relative-position term gathered to N x N, then scaled into `score`."""
         c2p_att = torch.empty(HEADS * seq_len * seq_len, dtype=fp16, device="cuda")   # gathered to N x N
-        p2c_att = torch.empty(HEADS * seq_len * seq_len, dtype=fp16, device="cuda")
-        return c2p_att, p2c_att
+        score = torch.empty(HEADS * seq_len * seq_len, dtype=fp16, device="cuda")     # score += c2p_att / scale
+        p2c_att = torch.empty(HEADS * seq_len * seq_len, dtype=fp16, device="cuda")   # gathered, transposed
+        scaled = torch.empty(HEADS * seq_len * seq_len, dtype=fp16, device="cuda")    # p2c_att / scale
+        del c2p_att, p2c_att, scaled                                                  # (added into score)
+        return score
 
     def forward(self, hidden_states, seq_len):
         query_layer = self.query_proj(hidden_states, seq_len)
         key_layer = self.key_proj(hidden_states, seq_len)
         value_layer = self.value_proj(hidden_states, seq_len)
-        attention_scores = torch.empty(HEADS * seq_len * seq_len, dtype=fp16, device="cuda")   # q @ k^T
-        c2p_att, p2c_att = self.disentangled_attention_bias(query_layer, key_layer, seq_len)
-        attention_scores = attention_scores       # += c2p_att / scale; += p2c_att / scale (in place)
-        del c2p_att, p2c_att
-        attention_probs = torch.empty(HEADS * seq_len * seq_len, dtype=fp16, device="cuda")   # XSoftmax
+        attention_scores = torch.empty(HEADS * seq_len * seq_len, dtype=fp16, device="cuda")   # q @ k^T / scale
+        rel_att = self.disentangled_attention_bias(query_layer, key_layer, seq_len)
+        attention_scores = torch.empty(HEADS * seq_len * seq_len, dtype=fp16, device="cuda")   # + rel_att
+        del rel_att
+        attention_probs = torch.empty(HEADS * seq_len * seq_len, dtype=fp16, device="cuda")    # XSoftmax
         del attention_scores
         context_layer = torch.empty(seq_len * HIDDEN, dtype=fp16, device="cuda")
         return context_layer
