@@ -17,7 +17,7 @@ everything "runs on the GPU, it is faster":
 
 Three copies of the weights sit on the GPU beside the model that is evaluated: theta_0, theta_1 and
 the interpolated theta (4 x 3.7 GiB = 14.7 GiB with the model itself).  The first evaluation (alpha
-0.0) runs out at its first activations: under no_grad it needs well under 2 GiB at batch 256.
+0.0) runs out at its first activations: under no_grad it needs ~2.5 GiB at batch 256.
 
 An expert: the endpoints do not belong on the GPU -- keep theta_0 and theta_1 in CPU memory (clone
 them from CPU copies, or torch.load(..., map_location="cpu")) and write each alpha's interpolation
