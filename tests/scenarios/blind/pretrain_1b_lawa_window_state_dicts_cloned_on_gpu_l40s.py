@@ -9,16 +9,14 @@ run during pretraining):
     self.lawa_interval = 100
     ...
     if step % self.lawa_interval == 0:
-        self.lawa_buffer.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+        self.lawa_buffer.append([p.detach().clone() for p in model.parameters()])   # a state-dict copy
     if step % 2000 == 0:
         evaluate(averaged(self.lawa_buffer))
 
 Each entry is a full fp32 copy of the weights on the GPU (5.6 GiB).  Weights, gradients and AdamW
 moments take 22.2 GiB, a step's activations and logits 12 GiB more; the first 200 steps run.  After
-the second snapshot (step 200) the forward pass of step 201 runs out at the logits: two copies, 11.1
-GiB, and the window was meant to hold six.  The allocator's cache holds 1.5 GiB in pieces of split
-segments (the copies were carved from freed activations); with it the 2 GiB logits would fit, their
-log-softmax and the third copy at step 300 would not.
+the second snapshot (step 200) step 201 runs out in the loss, at the log-softmax of the logits: two
+copies, 11.1 GiB, and the window was meant to hold six.
 
 An expert: the averaging window is the second (and third) copy of the weights, and the job needs none
 of it on the GPU between evaluations: keep the snapshots in CPU memory (pinned, copied with
@@ -122,7 +120,7 @@ class Trainer(object):
         self.optimizer.zero_grad(set_to_none=False)
 
     def lawa_snapshot(self):
-        self.lawa_buffer.append({k: v.detach().clone() for k, v in self.model.state_dict().items()})
+        self.lawa_buffer.append([p.detach().clone() for p in self.model.parameters()])
 
     def fit(self, max_steps):
         for step in range(1, max_steps + 1):
