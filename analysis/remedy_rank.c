@@ -1560,6 +1560,11 @@ static void estimate(rank_t *k, const rctx_t *x)
      * the optimizer's state) off this GPU: a small model beside a huge activation moves nothing that matters */
     if (ro->known && ro->params && ro->act_known)
         cover[R_OFFLOAD] = cover[R_ZERO] = (double)ro->params + (double)ro->grads + (double)ro->opt;
+    /* more GPUs split the model's state (tensor or pipeline parallelism), a batch's activations (data parallelism)
+     * and an attention layer's heads (tensor parallelism): a batch of one through a model with no attention layer
+     * has only its state to split */
+    if (ro->known && ro->params && ro->act_known && ro->batch_size == 1 && no_attention_layers(x))
+        cover[R_MULTI_GPU] = (double)ro->params + (double)ro->grads + (double)ro->opt;
     /* the failed attempt's tensors, the checkpoint's copy: what the running code holds (a lower
      * bound: unknown when it does not cover) */
     if (ro->known && ro->act_known && og_covers(x, (double)ro->working))

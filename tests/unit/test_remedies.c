@@ -3387,6 +3387,31 @@ static void offload_moves_only_the_model(void **state)
     free(r);
 }
 
+/* the same upscaler, one image (batch 1) through a network with no attention layer: more GPUs split only the model's
+ * 33 MiB, so splitting the model is not in the top three; a batch of 8 (data parallelism splits it), or a model with
+ * attention layers (tensor parallelism splits their heads), keeps it among what can cover */
+static void multi_gpu_splits_only_the_state_of_one_sample(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 33 * MiB, 0, 0, 0, 0, 9 * GiB);
+    fixture_phase(r, "evaluation", "/w/upscale.py", "forward");
+    r->memory.fw.grad_enabled = -1;
+    r->memory.fw.roles.batch_size = 1;
+    og_set(&r->memory.fw.roles.attention_modules, 0);
+    og_set(&r->event.requested_bytes, 8 * GiB + 600 * MiB);
+    og_set(&r->device.free_bytes, 5 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_true(rank_of(r, "multi_gpu_parallelism") == 0 || rank_of(r, "multi_gpu_parallelism") > 3);
+    r->memory.fw.roles.batch_size = 8;
+    run_primary(r, "does_not_fit");
+    assert_in_range(rank_of(r, "multi_gpu_parallelism"), 1, 3);
+    r->memory.fw.roles.batch_size = 1;
+    og_set(&r->memory.fw.roles.attention_modules, 24);
+    run_primary(r, "does_not_fit");
+    assert_in_range(rank_of(r, "multi_gpu_parallelism"), 1, 3);
+    free(r);
+}
+
 /* a frozen teacher in a training job with autograd on: run it under no_grad, first; autograd off: not offered */
 static void teacher_with_autograd_on(void **state)
 {
@@ -3880,6 +3905,7 @@ int main(void)
         cmocka_unit_test(kept_graphs_holder_first),
         cmocka_unit_test(kept_graphs_measured_in_a_loop),
         cmocka_unit_test(offload_moves_only_the_model),
+        cmocka_unit_test(multi_gpu_splits_only_the_state_of_one_sample),
         cmocka_unit_test(ddp_buckets_as_views),
         cmocka_unit_test(state_snapshot_first),
         cmocka_unit_test(copy_under_way),
