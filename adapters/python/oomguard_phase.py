@@ -74,9 +74,44 @@ PATTERNS = (
 # weights being made or updated.
 PURPOSE_PHASES = (("checkpoint", "loading"), ("ema", "ema_update"))
 
+# The modules of torch that hold a convolutional network's weights: the convolutions (transposed ones too) and the
+# normalizations beside them (activations, pooling and dropout hold none).  A block is read as far as
+# _CONV_BLOCK_MODULES modules: a block is small, a whole network is not one.
+_CONV_MODULES = ("torch.nn.modules.conv",)
+_NORM_MODULES = ("torch.nn.modules.batchnorm", "torch.nn.modules.instancenorm", "torch.nn.modules.normalization")
+_CONV_BLOCK_MODULES = 64
+
+
+def conv_block(module):
+    """Whether `module` is a convolutional block: among it and its submodules (at most _CONV_BLOCK_MODULES), every
+    one that holds a parameter is one of torch's convolutions or normalizations, and one at least is a
+    convolution.  Reads the modules' dicts only: nothing is called.  Never raises."""
+    try:
+        todo, seen, conv = [module], set(), False
+        while todo:
+            m = todo.pop()
+            if id(m) in seen:
+                continue
+            seen.add(id(m))
+            if len(seen) > _CONV_BLOCK_MODULES:
+                return False
+            d = getattr(m, "__dict__", None) or {}
+            if any(p is not None for p in (d.get("_parameters") or {}).values()):
+                kind = type(m).__module__
+                if kind in _CONV_MODULES:
+                    conv = True
+                elif kind not in _NORM_MODULES:
+                    return False
+            todo.extend(c for c in (d.get("_modules") or {}).values() if c is not None)
+        return conv
+    except Exception:
+        return False
+
+
 # What the failing operation is (roles.operation in the dump; common/operations.def): (operation, priority,
 # file pattern, function pattern, class pattern), fnmatch patterns on the frame's file, its function and the
-# class of its `self` ("*": any, a function too).  Every frame of the failing stack is matched, the framework's
+# class of its `self` ("*": any, a function too), or in place of the class pattern a test of the `self` object
+# itself (conv_block: what its layers are, whatever the class is called).  Every frame of the failing stack is matched, the framework's
 # and the libraries' too (torch/nn/functional.py's cross_entropy, diffusers' decoder); the match of highest
 # priority decides, the innermost among equals.  Data, not code: an operation a remedy can split or fuse.
 OPERATIONS = (
@@ -105,6 +140,10 @@ OPERATIONS = (
     ("conv", 10, "*/torch/nn/modules/pooling.py", "*", "*"),
     ("conv", 10, "*/torch/nn/functional.py", "*pool[123]d*", "*"),
     ("conv", 8, "*", "forward", "*Conv*"),
+    # ... and a block of any name whose layers with weights are all convolutions and their normalizations
+    # (ResNet's BasicBlock, a U-Net's Down, ESRGAN's ResidualDenseBlock): what fails in its forward (a torch.cat of
+    # feature maps, a residual sum) is made of feature maps, at full resolution as the convolutions' are
+    ("conv", 7, "*", "forward", conv_block),
     # attention computed eagerly: Hugging Face's eager_attention_forward (the "eager" attn_implementation; sdpa
     # and flash run other functions) and the _attn method of older models' attention classes
     ("attention", 25, "*", "eager_attention_forward", "*"),
@@ -260,20 +299,23 @@ def from_frames(frames):
     return (best[0], at) if best else (None, None)
 
 
-def _self_class(f):
-    """The class name of the frame's `self` (its first argument), or "" when it has none.  Reads the fast
-    local without materialising f_locals."""
+_NO_SELF = object()
+
+
+def _self(f):
+    """The frame's `self` (its first argument), or _NO_SELF when it has none.  Reads the fast local without
+    materialising f_locals."""
     code = f.f_code
     if not code.co_argcount or code.co_varnames[0] != "self":
-        return ""
+        return _NO_SELF
     try:
         from oomguard_roles import _frame_locals
         for k, v in _frame_locals(f):
             if k == "self":
-                return type(v).__name__
+                return v
     except Exception:
         pass
-    return ""
+    return _NO_SELF
 
 
 def operation(frame, limit=64):
@@ -283,15 +325,18 @@ def operation(frame, limit=64):
         for f in frames_of(frame, limit) if frame is not None else ():
             fn = f.f_code.co_filename.replace(os.sep, "/")
             name = f.f_code.co_name
-            cls = None
+            me = None
             for op, prio, fpat, npat, cpat in OPERATIONS:
                 if best is not None and prio <= best[1]:
                     continue
                 if not fnmatch.fnmatchcase(name, npat) or not fnmatch.fnmatchcase(fn, fpat):
                     continue
                 if cpat != "*":
-                    cls = _self_class(f) if cls is None else cls
-                    if not fnmatch.fnmatchcase(cls, cpat):
+                    me = _self(f) if me is None else me
+                    if callable(cpat):
+                        if me is _NO_SELF or not cpat(me):
+                            continue
+                    elif not fnmatch.fnmatchcase("" if me is _NO_SELF else type(me).__name__, cpat):
                         continue
                 best, at = (op, prio), f
         return (best[0], _where(at)) if best else None

@@ -1266,6 +1266,60 @@ def t_operation_real_frames():
     assert listed and sorted(listed) == sorted(set(row[0] for row in oomguard_phase.OPERATIONS)), listed
 
 
+def t_operation_conv_block():
+    """A block of any name whose layers with weights are all real convolutions and normalizations (ResNet's
+    BasicBlock, ESRGAN's dense block): what fails in its forward, a torch.cat of feature maps, is the operation conv;
+    a block with a Linear layer is not one, nor a network of more modules than a block has."""
+    seen = {}
+
+    def probe(key):
+        seen[key] = oomguard_phase.operation(sys._getframe(1))
+
+    class DenseBlock(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = torch.nn.Conv2d(4, 4, 3, padding=1)
+            self.norm = torch.nn.BatchNorm2d(4)
+            self.act = torch.nn.ReLU()
+            self.conv2 = torch.nn.Conv2d(8, 4, 3, padding=1)
+
+        def forward(self, x):
+            x1 = self.act(self.norm(self.conv1(x)))
+            probe("dense")
+            return self.conv2(torch.cat((x, x1), 1))
+
+    class MixedBlock(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(4, 4, 1)
+            self.proj = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            probe("mixed")
+            return self.conv(x)
+
+    class Network(torch.nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList(torch.nn.Conv2d(4, 4, 1) for _ in range(n))
+
+        def forward(self, x):
+            probe("network")
+            return x
+
+    img = torch.zeros(1, 4, 8, 8)
+    DenseBlock()(img)
+    MixedBlock()(img)
+    Network(8)(img)
+    Network(80)(img)
+    assert seen["dense"] and seen["dense"][0] == "conv" and seen["dense"][1][2] == "forward", seen
+    assert seen["mixed"] is None, seen
+    assert seen["network"] is None, seen          # the 80-layer one, read last
+    assert oomguard_phase.conv_block(Network(8)) and not oomguard_phase.conv_block(Network(80))
+    assert not oomguard_phase.conv_block(torch.nn.Sequential(torch.nn.BatchNorm2d(4), torch.nn.ReLU()))
+    assert not oomguard_phase.conv_block(object())
+
+
 def t_holder_graphs():
     """roles.holders[].graphs: outputs of separate real forwards kept in a list with autograd on keep their graphs
     (their saved tensors readable); outputs of one pass count once; detached, or after a backward freed them, none."""
@@ -1359,6 +1413,8 @@ if not STAND_IN:
     check("settings of the program's own code: padding to the maximum, extra outputs", t_code_settings)
     check("the failing operation from PyTorch's own frames; the table names common/operations.def's list",
           t_operation_real_frames)
+    check("the forward of a block whose layers with weights are convolutions and norms is the operation conv",
+          t_operation_conv_block)
     check("DistributedDataParallel's buckets copy the gradients unless gradient_as_bucket_view", t_ddp_buckets)
     check("attention: nn.MultiheadAttention inside a real TransformerEncoderLayer", t_attention_real_mha)
     check("a holder's outputs keep their graphs with autograd on; detached or after backward, not", t_holder_graphs)
