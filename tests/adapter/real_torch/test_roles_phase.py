@@ -78,6 +78,37 @@ def measure(allocated, **kw):
 
 # ------------------------------------------------------------------------------ the shared objects
 
+def scaled(x, w):
+    """x * w: an output of the parameter w that saves x for backward (PyTorch's mul saves both operands; the
+    stand-in's programs set what an operation saves and derive its output from its inputs)."""
+    if not STAND_IN:
+        return x * w
+    out = empty(x.nbytes // 4)
+    out._saved = x
+    return torch.autograd._graph.derive(out, x, w)
+
+
+def t_graph_chain():
+    """roles.holders[].graphs on the graph's structure: outputs of a sampler's steps, each made from the last (a
+    denoising loop with autograd on), share their nodes and count once; outputs of separate passes over the same
+    weights share only the weights' and count each."""
+    g = globals()
+    w = torch.nn.Parameter(empty(4096))
+    try:
+        h, chain = empty(4096), []
+        for _ in range(3):
+            h = scaled(h, w)
+            chain.append(h)
+        g["chain"] = chain
+        g["passes"] = [scaled(empty(4096), w) for _ in range(3)]
+        r = measure(None)
+        h = dict((v[1], v) for v in r["holders"])
+        assert h["chain"][9] == 1 and h["passes"][9] == 3, (h["chain"], h["passes"])
+    finally:
+        g.pop("chain", None)
+        g.pop("passes", None)
+
+
 class Block(torch.nn.Module):
     def __init__(self, n):
         torch.nn.Module.__init__(self)
@@ -754,6 +785,8 @@ check("the standard library's frames are not the program's line; the operation t
 check("backward() on a tensor with no graph raises PyTorch's RuntimeError, no gradient made", t_backward_without_graph)
 check("a deep copy under way: the operation copy, and the bytes its memo holds so far", t_copy_made)
 check("a device test that raises never raises out of the role code", t_never_raises)
+check("graphs a holder's outputs keep: a chain of steps each made from the last is one, separate passes each one",
+      t_graph_chain)
 check("tensors inside a holder's objects and nested containers: the outermost named holder's, once", t_nested_holders)
 check("nested holders within bounds: 100,000 records read in part, 20,000 cached objects whole, the budget said",
       t_nested_bounded)

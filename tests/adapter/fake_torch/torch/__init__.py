@@ -13,6 +13,7 @@ FAKE_TORCH_BROKEN=import makes `import torch` raise; FAKE_TORCH_VERSION sets __v
 FAKE_TORCH_LIBC10=PATH routes its runtime calls through that libc10_cuda.so (see below).
 """
 import os as _os
+import weakref
 
 # the stand-ins' shared CUDA runtime and chunk list (tests/adapter/fake_common) load as torch._fake_cuda
 __path__.append(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), _os.pardir, _os.pardir, "fake_common"))
@@ -81,8 +82,13 @@ class Tensor(object):
     @property
     def grad_fn(self):
         """A forward pass's output (it depends on parameters: _params) has a node of the graph, as in
-        PyTorch; other tensors none."""
-        return _Node(self) if self._params else None
+        PyTorch; other tensors none.  One node per tensor, as PyTorch's grad_fn is one object."""
+        if not self._params:
+            return None
+        node = self.__dict__.get("_node")
+        if node is None:
+            node = self._node = _Node(self)
+        return node
 
     def data_ptr(self):
         b = self._root()._block
@@ -138,11 +144,27 @@ class Tensor(object):
 class _Node(object):
     """A node of the stand-in's graph: what it saved for backward is the output's `_saved` (the programs
     set it; scen_truth.backward sets it to None as PyTorch frees the saved tensors after backward).  As
-    in PyTorch, reading a saved tensor after that raises RuntimeError."""
-    next_functions = ()
+    in PyTorch, reading a saved tensor after that raises RuntimeError.  Its next functions are the nodes
+    of the saved tensors that have one (the stand-in's inputs of an operation are what it saves): the
+    outputs of one pass, or a chain of steps each made from the last, share nodes as PyTorch's do.  The
+    node holds its output weakly (the output holds the node): no cycle keeps a tensor's memory."""
 
     def __init__(self, out):
-        self._out = out
+        self._ref = weakref.ref(out)
+
+    @property
+    def _out(self):
+        out = self._ref()
+        if out is None:
+            raise RuntimeError("the stand-in's node outlived its output")
+        return out
+
+    @property
+    def next_functions(self):
+        out = self._ref()
+        v = getattr(out, "_saved", None) if out is not None else None
+        saved = v if isinstance(v, (tuple, list)) else (v,)
+        return tuple((t.grad_fn, 0) for t in saved if isinstance(t, Tensor) and t.grad_fn is not None)
 
     @property
     def _saved_self(self):
