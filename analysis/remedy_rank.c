@@ -666,10 +666,15 @@ static bool attentions_asked(const rctx_t *x)
     return extra_outputs(x) && cs->has && strncmp(cs->key, "output_attentions", sizeof cs->key) == 0;
 }
 /* a batch of this job fit before the failing one: the optimizer made at least two steps (so a pass ran with
- * the state it keeps now: the first step makes an Adam-family optimizer's state, after its pass), or the
- * failing request is an outlier (>= 4x any earlier allocation after steps that freed memory).  Bucketing by
- * length evens out batches that fit; it cannot carry a pass that outgrows the cache when no such batch ran */
-static bool batch_fit_before(const rctx_t *x) { return roles_of(x)->steps_made >= 2 || x->f->outlier.holds; }
+ * the state it keeps now: the first step makes an Adam-family optimizer's state, after its pass) and the failing
+ * pass is one of those training passes (an evaluation or a generation is another pass: that training batches fit
+ * says nothing of it), or the failing request is an outlier (>= 4x any earlier allocation after steps that freed
+ * memory).  Bucketing by length evens out batches that fit; it cannot carry a pass that outgrows the cache when
+ * no such batch ran */
+static bool batch_fit_before(const rctx_t *x)
+{
+    return (roles_of(x)->steps_made >= 2 && !PHASE(evaluation) && !PHASE(generation)) || x->f->outlier.holds;
+}
 static bool pass_outgrows_first(const rctx_t *x) { return pass_outgrows(x) && !batch_fit_before(x); }
 /* a training pass keeping every activation for backward: the job trains, autograd on, activation
  * checkpointing measured off for the failing pass (roles.gradient_checkpointing false) and the activations at
@@ -1217,9 +1222,10 @@ static const og_rank_row_t lead[] = {
       "a deep copy under way (roles.operation copy) made >= 3x the cache so far (roles.copy_made_bytes)",
       "lightning_spike_rollback_gpu_snapshot, trdpo_reference_refresh_deepcopy (blind)" },
     { "no_batch_fit_yet", pass_outgrows_first, TIER, 3, 0, REMS(R_BUCKET),
-      "as pass_outgrows_cache, roles: optimizer_steps < 2 and the request no outlier (no batch of the job fit "
-      "with the state it keeps now)",
-      "sft_first_forward_activations, long_ctx_lora_ckpt_flag_off, whisper_fp32_pipeline_8gb (blind)" },
+      "as pass_outgrows_cache, roles: optimizer_steps < 2 or phase evaluation or generation, and the request no "
+      "outlier (no batch of the failing kind fit with the state the job keeps now)",
+      "sft_first_forward_activations, long_ctx_lora_ckpt_flag_off, whisper_fp32_pipeline_8gb, controlnet_train_"
+      "custom_validation_sampler_keeps_graph_a10g (blind)" },
     { "one_batch_not_bucket", one_batch_peak, TIER, 3, 0, REMS(R_BUCKET),
       "as one_batch_peak (one batch far beyond every earlier one: evening the batches' lengths does not shrink it)",
       "code_lm_packing_minified_bundle_row_unsplit (blind); (unit tests: one_batch_peak_not_bucketing)" },

@@ -2130,6 +2130,10 @@ static void bucketing_needs_a_batch_that_fit(void **state)
             assert_string_equal(r->remedies[0].id, "bucket_by_length");
         else
             assert_true(rank_of(r, "bucket_by_length") == 0 || rank_of(r, "bucket_by_length") > 3);
+        /* an evaluation pass of a job whose training batches fit: not one of those batches */
+        fixture_phase(r, "evaluation", "/w/train.py", "forward");
+        run_primary(r, "does_not_fit");
+        assert_true(rank_of(r, "bucket_by_length") == 0 || rank_of(r, "bucket_by_length") > 3);
         free(r);
     }
 }
