@@ -1680,18 +1680,26 @@ static void weights_copies(og_facts_t *d, const og_record_t *r)
         }
     }
     /* a model arriving while the trained one and its optimizer state are still referenced (state exists: a step
-     * was made) */
-    for (int i = 0; d->phase == OG_JP_loading && k->opt && i < nm; i++) {
+     * was made); or a new training's first forward beside a finished one (facts.h) */
+    bool loading = d->phase == OG_JP_loading && k->opt, first_pass = d->phase == OG_JP_forward && k->opt;
+    for (int j = 0; first_pass && j < nm; j++)
+        if (ro->models[j].running > 0 && (ro->models[j].trained <= 0 || ro->models[j].stepped != 0))
+            first_pass = false; /* a running model no optimizer trains, one it has stepped on, or not measured */
+    for (int i = 0; (loading || first_pass) && i < nm; i++) {
         if (ro->models[i].frozen || ro->models[i].running != 0 || ro->models[i].named <= 0)
+            continue;
+        if (!loading && ro->models[i].stepped <= 0)
             continue;
         bool arriving = false, other = false;
         for (int j = 0; j < nm; j++)
             if (ro->models[j].running > 0) {
                 arriving = true;
-                other = other || strncmp(ro->models[j].cls, ro->models[i].cls, sizeof ro->models[i].cls) == 0;
+                /* loading: the arriving copy's size is partial, its class tells a copy; a running one is whole */
+                other = other || (strncmp(ro->models[j].cls, ro->models[i].cls, sizeof ro->models[i].cls) == 0 &&
+                                  (loading || ro->models[j].bytes == ro->models[i].bytes));
             }
         if (!arriving || other)
-            continue; /* nothing loads, or a copy of its own class arrives (model_copies, named_copies) */
+            continue; /* nothing loads or runs, or a copy of its own arrives or runs (model_copies, named_copies) */
         uint64_t held = ro->models[i].bytes * (uint64_t)ro->models[i].named;
         if (k->trained_group < 0 ||
             held > ro->models[k->trained_group].bytes * (uint64_t)ro->models[k->trained_group].named) {

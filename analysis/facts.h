@@ -170,7 +170,11 @@ typedef struct og_role_facts {
     int repeated_count, repeated_group;
     /* a trained model kept while another loads (phase loading): a group held by a name, not frozen, not running, of
      * a class no arriving group has, after training made optimizer state: its parameters, gradients and that
-     * state (training is over: a merge, an export, an evaluation of another model); trained_group its index in
+     * state (training is over: a merge, an export, an evaluation of another model).  Or while another trains, in
+     * its first forward: a group held by a name, not frozen, not running, that an optimizer has stepped on
+     * (roles.models[].stepped), while every running model is trained by optimizers that have not stepped on it
+     * yet and none is a copy of it (class and size): a notebook's second experiment beside the first's model and
+     * optimizer (a GAN's two models have both stepped after its first iteration).  trained_group its index in
      * roles.models, -1 none */
     uint64_t trained_kept;
     int trained_group;

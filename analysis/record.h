@@ -200,6 +200,8 @@ typedef struct og_roles {
         int trained;             /* of them, how many an optimizer trains (its param_groups hold a parameter of
                                     theirs); -1 unknown (no optimizer holds a parameter of the device, an older
                                     adapter) */
+        int stepped;             /* of those, how many an optimizer has stepped on (its state holds an entry for a
+                                    parameter of theirs); -1 unknown, as trained */
     } models[6];
     /* roles.operation: what the failing operation is (common/operations.def; "" none matched) and its frame */
     char operation[24];

@@ -1107,10 +1107,11 @@ static const og_rank_row_t bring[] = {
       "(facts: repeated_components, all but one set) >= shortfall, primary not growth",
       "sdxl_api_three_pipelines_each_load_same_weights_l4 (blind); (unit tests: weights_copies_kept)" },
     { "trained_model_kept", trained_model_kept, WANT, 0, 0, REMS(R_ONE_MODEL),
-      "phase loading, roles.models: a model held by a name, not frozen, not running, of a class no arriving model has, "
-      "optimizer state made (facts: trained_kept: its parameters, gradients and that state) >= shortfall, primary "
-      "not growth",
-      "gemma2_9b_qlora_merge_bf16_base_beside_trainer_4090 (blind); (unit tests: weights_copies_kept)" },
+      "roles.models: a model held by a name, not frozen, not running; phase loading: of a class no arriving model has, "
+      "optimizer state made; phase forward: stepped on, beside running models whose optimizers have not stepped, none "
+      "a copy of it (facts: trained_kept: its parameters, gradients and that state) >= shortfall, primary not growth",
+      "gemma2_9b_qlora_merge_bf16_base_beside_trainer_4090, course_notebook_part2_convnext_beside_part1_vitl_adamw_"
+      "globals_3060 (blind); (unit tests: weights_copies_kept, finished_training_beside_the_next)" },
     { "ddp_buckets", ddp_buckets, WANT, 0, 0, REMS(R_BUCKET_VIEW),
       "roles.ddp: DistributedDataParallel without gradient_as_bucket_view (its buckets copy the gradients)",
       "ddp_bucket_views_big_batch (blind), ddp_bucket_copy" },

@@ -2447,17 +2447,26 @@ static bool b_one_model_at_a_time(const rctx_t *x, og_remedy_t *r)
         group_names(x, ro->trained_group, names, sizeof names);
         if (ro->trained_group >= 0)
             og_cpy(cls, sizeof cls, rr->models[ro->trained_group].cls, sizeof cls);
+        bool loads = x->f->phase == OG_JP_loading; /* else a new training's first pass (facts.h: trained_kept) */
         why(r,
-            "Another model is loading while the trained %s%s%s%s and its optimizer state are still referenced: %s "
-            "(%s of optimizer state) that the load needs room beside. Training is over: freed first (or saved and "
-            "freed), they leave the card to the model being loaded.",
-            cls[0] ? cls : "model", names[0] ? " (" : "", names, names[0] ? ")" : "", og_hb((double)ro->trained_kept).s,
-            og_hb((double)ro->opt).s);
-        HOWS(x, r,
-             { PT, "model.save_pretrained(out_dir); del trainer, model, optimizer; gc.collect(); "
-                   "torch.cuda.empty_cache()   # before the next from_pretrained" },
-             { ANY, "Or run the next step (merge, export, evaluation) in a process of its own, which starts with "
-                    "an empty card" });
+            "Another model is %s while the trained %s%s%s%s and its optimizer state are still referenced: %s "
+            "(%s of optimizer state) that %s needs room beside. That training is over: freed first (or saved and "
+            "freed), they leave the card to the model %s.",
+            loads ? "loading" : "starting to train", cls[0] ? cls : "model", names[0] ? " (" : "", names,
+            names[0] ? ")" : "", og_hb((double)ro->trained_kept).s, og_hb((double)ro->opt).s,
+            loads ? "the load" : "its first pass", loads ? "being loaded" : "training now");
+        if (loads)
+            HOWS(x, r,
+                 { PT, "model.save_pretrained(out_dir); del trainer, model, optimizer; gc.collect(); "
+                       "torch.cuda.empty_cache()   # before the next from_pretrained" },
+                 { ANY, "Or run the next step (merge, export, evaluation) in a process of its own, which starts "
+                        "with an empty card" });
+        else
+            HOWS(x, r,
+                 { PT, "torch.save(model.state_dict(), path); del model, optimizer; gc.collect(); "
+                       "torch.cuda.empty_cache()   # before the next experiment" },
+                 { ANY, "Or run each experiment in a process of its own (a notebook: restart the kernel), which "
+                        "starts with an empty card" });
         return true;
     }
     if (ro->reference_copy && !ro->reference_base && og_covers(x, (double)ro->reference_copy) &&

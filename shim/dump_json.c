@@ -258,6 +258,11 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
             og_sb_printf(sb, "%d", r->models[i].trained);
         else
             og_sb_puts(sb, "null");
+        og_sb_puts(sb, ",\"stepped\":");
+        if (r->models[i].stepped >= 0)
+            og_sb_printf(sb, "%d", r->models[i].stepped);
+        else
+            og_sb_puts(sb, "null");
         og_sb_puts(sb, "}");
     }
     og_sb_puts(sb, "]");

@@ -100,6 +100,7 @@ struct og_roles_view {
         const char *cls;
         int64_t parameters_bytes, tensors, count;
         int64_t trained; /* -1 absent (null) */
+        int64_t stepped; /* -1 absent (null) */
         int frozen;      /* -1 absent */
     } * models;
     int nmodels;

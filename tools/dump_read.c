@@ -1074,6 +1074,7 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
         TRY(get_int(L, x, &pe, "count", &r->models[r->nmodels].count));
         TRY(get_bool(L, x, &pe, "frozen", &r->models[r->nmodels].frozen));
         TRY(get_int(L, x, &pe, "trained", &r->models[r->nmodels].trained));
+        TRY(get_int(L, x, &pe, "stepped", &r->models[r->nmodels].stepped));
     });
     const cJSON *so;
     if (read_pyframe_obj(L, o, "statement", &p, &r->statement.at) < 0)

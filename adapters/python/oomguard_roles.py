@@ -272,6 +272,8 @@ class _Scan(object):
         self.root_frozen = {}             # id(root module) -> no parameter of it requires grad
         self.root_trained = {}            # id(root module) -> an optimizer's param_groups hold a parameter of it
         self.optimized = set()            # the storages of the failing device the optimizers' param_groups hold
+        self.root_stepped = {}            # id(root module) -> an optimizer has state for a parameter of it
+        self.stepped = set()              # the storages of the parameters an optimizer has state for (it stepped)
         self.parent = {}                  # id(module) -> the module that holds it
         self.model_names = {}             # id(module) -> names of the running code holding it (see _name_module)
         self.running = []                 # modules that are `self` of a running frame
@@ -724,9 +726,19 @@ def _walk(scan, frame_roots):
         got = [0, 0]
         state = getattr(opt, "state", None) or {}
         try:
-            values = list(state.values())
+            items = list(state.items())
         except Exception:
-            values = []
+            items = []
+        values = [v for _, v in items]
+        for p, v in items:                # the parameters it has made state for: it has stepped on them
+            if isinstance(v, dict) and not v:
+                continue
+            try:
+                st = scan.storage(p)
+            except Exception:
+                st = None
+            if st is not None:
+                scan.stepped.add(st[0])
         for t in scan.tensors_in(values, 3):
             b = scan.claim(t, "optimizer_state")
             if b:
@@ -848,10 +860,11 @@ def _root_of(scan, m):
 def _models_named(scan):
     """scan.models with, for each group, how many of its roots the running code holds by a name (named),
     how many it is running (a method of the root or of one of its submodules is executing: running), and
-    those names, the purpose those names or the class say (PURPOSES: an EMA, a teacher, a reference), and how
+    those names, the purpose those names or the class say (PURPOSES: an EMA, a teacher, a reference), how
     many of them an optimizer trains (its param_groups hold a parameter of theirs; None when no optimizer holds
-    any parameter of the device): [(class, bytes, tensors, count, frozen, named, running, names, purpose,
-    trained)].  A root no name of the
+    any parameter of the device), and how many of those it has stepped on (its state holds an entry for a
+    parameter of theirs: a training that made its first step; None as trained): [(class, bytes, tensors, count,
+    frozen, named, running, names, purpose, trained, stepped)].  A root no name of the
     running code reaches is a leftover (a previous run's model kept by a traceback, a cycle); so is one whose
     names a running statement of the program is about to rebind (_pending_stores: a cell run again while its
     previous model lives), though its names are listed."""
@@ -877,8 +890,9 @@ def _models_named(scan):
                     if nm not in names and len(names) < 4:
                         names.append(nm)
             trained = sum(1 for r in rs if scan.root_trained.get(id(r))) if roots and scan.optimized else None
+            stepped = sum(1 for r in rs if scan.root_stepped.get(id(r))) if trained is not None else None
             out.append((cls, b, n, len(rs) if roots else k, frozen, len(named),
-                        sum(1 for r in rs if id(r) in running_roots), names, purpose, trained))
+                        sum(1 for r in rs if id(r) in running_roots), names, purpose, trained, stepped))
     return out[:TOP_MODELS]
 
 
@@ -976,7 +990,7 @@ def _models(scan, modules):
     for root in modules:
         if id(root) in children:
             continue
-        seen, b, n, grad, trained = set(), 0, 0, False, False
+        seen, b, n, grad, trained, stepped = set(), 0, 0, False, False, False
         stack, visited, attn = [(root, None)], set(), set()
         while stack:
             m, key = stack.pop()
@@ -995,6 +1009,7 @@ def _models(scan, modules):
                 b += st[1]
                 n += 1
                 trained = trained or st[0] in scan.optimized
+                stepped = stepped or st[0] in scan.stepped
                 try:
                     grad = grad or bool(p.requires_grad)
                 except Exception:
@@ -1008,6 +1023,7 @@ def _models(scan, modules):
         g[1] = g[1] and not grad
         scan.root_frozen[id(root)] = not grad
         scan.root_trained[id(root)] = trained
+        scan.root_stepped[id(root)] = stepped
         scan.model_roots.setdefault((type(root).__name__, b, n), []).append(root)
     # the walk met every module of the models: a count, 0 included; no model at all says nothing
     scan.attention = len(attention) if groups else None
@@ -1247,6 +1263,8 @@ def encode(r):
             line += "\t%s" % _clean(m[8] or "-")
         if len(m) >= 10:
             line += "\t%s" % ("-" if m[9] is None else int(m[9]))
+        if len(m) >= 11:
+            line += "\t%s" % ("-" if m[10] is None else int(m[10]))
         out.append(line)
     op = r.get("operation")
     if op:

@@ -3416,6 +3416,52 @@ static void multi_gpu_splits_only_the_state_of_one_sample(void **state)
     free(r);
 }
 
+/* a notebook's second experiment in its first forward while the first's model (named, not running) and the AdamW
+ * state its optimizer made live on: one model at a time, first; negative controls: the running model's optimizer has
+ * stepped too (a GAN after its first iteration), the kept model's has not stepped, the kept one is a copy of the
+ * running one (class and size), or not measured (an older adapter) */
+static void finished_training_beside_the_next(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 2 * GiB + 1200 * MiB + 2400 * MiB, 1200 * MiB, 2400 * MiB, 0, 0, 5 * GiB);
+    fixture_model(r, "VisionTransformer", 1200 * MiB, 1, false);
+    fixture_model_held(r, 1, 0, "vit");
+    fixture_model(r, "ConvNeXt", 800 * MiB, 1, false);
+    fixture_model_held(r, 1, 1, "convnext,model");
+    r->memory.fw.roles.models[0].trained = r->memory.fw.roles.models[1].trained = 1;
+    r->memory.fw.roles.models[0].stepped = 1;
+    r->memory.fw.roles.models[1].stepped = 0;
+    fixture_optimizer(r, "AdamW", 2400 * MiB);
+    fixture_phase(r, "forward", "/w/hw3.py", "forward");
+    og_set(&r->event.requested_bytes, 600 * MiB);
+    og_set(&r->device.free_bytes, 100 * MiB);
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.trained_kept, 1200 * MiB + 1200 * MiB + 2400 * MiB);
+    assert_string_equal(r->remedies[0].id, "one_model_at_a_time");
+    assert_non_null(strstr(r->remedies[0].why, "trained VisionTransformer (vit)"));
+    r->memory.fw.roles.models[1].stepped = 1; /* both have stepped: a GAN's two models */
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.trained_kept, 0);
+    r->memory.fw.roles.models[1].stepped = 0;
+    r->memory.fw.roles.models[0].stepped = 0; /* the kept one's optimizer made no state */
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.trained_kept, 0);
+    r->memory.fw.roles.models[0].stepped = 1;
+    r->memory.fw.roles.models[1].stepped = -1; /* not measured */
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.trained_kept, 0);
+    r->memory.fw.roles.models[1].stepped = 0;
+    og_cpy(r->memory.fw.roles.models[1].cls, sizeof r->memory.fw.roles.models[1].cls, "VisionTransformer",
+           sizeof "VisionTransformer");
+    r->memory.fw.roles.models[1].bytes = 1200 * MiB; /* a copy of the kept one running */
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.trained_kept, 0);
+    r->memory.fw.roles.models[1].bytes = 800 * MiB; /* the same class, another size: not a copy */
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.trained_kept, 1200 * MiB + 1200 * MiB + 2400 * MiB);
+    free(r);
+}
+
 /* a frozen teacher in a training job with autograd on: run it under no_grad, first; autograd off: not offered */
 static void teacher_with_autograd_on(void **state)
 {
@@ -3902,6 +3948,7 @@ int main(void)
         cmocka_unit_test(growth_holder_kept_covers),
         cmocka_unit_test(index_kept_on_the_gpu),
         cmocka_unit_test(weights_copies_kept),
+        cmocka_unit_test(finished_training_beside_the_next),
         cmocka_unit_test(others_a_sliver_of_the_device),
         cmocka_unit_test(cache_kept_across_calls),
         cmocka_unit_test(eval_copy_first),

@@ -552,6 +552,12 @@ def t_models_frozen_copy_apart():
         assert "\tref_model\treference" in oomguard_roles.encode(r), oomguard_roles.encode(r)
         # trained: of the two trainable copies the optimizer of build() holds one's parameters; none of the frozen
         assert trained[9] == 1 and ref[9] == 0, nets
+        # stepped: build()'s optimizer has stepped (its state holds the model's parameters); none of the frozen's
+        assert trained[10] == 1 and ref[10] == 0, nets
+        g["opt2"] = torch.optim.AdamW(eval_model.parameters(), lr=1e-3)   # made, not stepped: no state yet
+        nets = [m for m in measure(None)["models"] if m[0] == "Net" and not m[4]]
+        assert nets[0][9] == 2 and nets[0][10] == 1, nets
+        g.pop("opt2")
         g.pop("eval_model")
         g["teacher"] = Net()                     # a copy that still requires grad, which no optimizer trains
         r = measure(None)

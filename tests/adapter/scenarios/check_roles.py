@@ -62,10 +62,10 @@ def main():
         assert says == {"losses (list, global in job_roles.py)": (None, None),
                         "self.cache (dict on Trainer)": ("cache", None)}, says
         net = sum(truth["roles"].get(k, 0) for k in ("parameters",))
-        # held by the global `model`, running (the failure is in its forward)
+        # held by the global `model`, running (the failure is in its forward); AdamW trains it and has stepped
         assert r["models"] == [{"class": "Net", "parameters_bytes": net, "tensors": 2, "count": 1,
                                 "frozen": False, "named": 1, "running": 1, "names": ["model"],
-                                "purpose": None, "trained": 1}], (r["models"], net)   # AdamW trains it
+                                "purpose": None, "trained": 1, "stepped": 1}], (r["models"], net)
         assert r["operation"] is None and r["ddp"] is None, (r["operation"], r["ddp"])
         assert "statement" in r, r
         age = r["last_optimizer_step_ms_ago"]       # AdamW stepped once before the failing forward
