@@ -517,6 +517,25 @@ def detect(frame, grad_enabled=0, exc=None, package_dir=None, stmt=None):
     return phase, _where(at), source, _where(site(at)) if at is not None else None
 
 
+def _is_module(obj):
+    """Whether obj is a torch.nn.Module (by its classes' module and name: no import of torch)."""
+    try:
+        return any(c.__name__ == "Module" and c.__module__ == "torch.nn.modules.module" for c in type(obj).__mro__)
+    except Exception:
+        return False
+
+
+def _model_being_built(frames):
+    """The outermost frame of an `__init__` whose self is a torch.nn.Module: a model constructed on the device
+    (device="cuda", a default device) makes its weights there as it is built, with no loader's frame on the stack.
+    None when no such frame runs."""
+    built = None
+    for f in frames:
+        if f.f_code.co_name == "__init__" and _is_module(_self(f)):
+            built = f
+    return built
+
+
 def _detect(frame, grad_enabled, exc, package_dir, stmt):
     """(phase, the frame that decided or None, source) for detect()."""
     try:
@@ -541,6 +560,9 @@ def _detect(frame, grad_enabled, exc, package_dir, stmt):
                         else "reads %s" % ", ".join(stmt[4][:3])
                     return ph, _StmtFrame(stmt), "the failing statement %s (%s)" % (what, purpose)
         if phase is None:
+            built = _model_being_built(frames)
+            if built is not None:
+                return "loading", built, "a model's __init__ making its weights on the device"
             return None, None, "no frame of the stack matches a phase pattern"
         if phase == "forward" and grad_enabled < 0:
             return "evaluation", at, "stack and autograd off"

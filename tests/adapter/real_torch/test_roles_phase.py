@@ -88,6 +88,34 @@ def scaled(x, w):
     return torch.autograd._graph.derive(out, x, w)
 
 
+def t_phase_model_built():
+    """A model built on the device: no loader's frame on the stack, its __init__ making its weights is phase loading
+    (the outermost such __init__, the model's own, not a layer's); a plain class's __init__ says nothing."""
+    got = {}
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            torch.nn.Module.__init__(self)
+            self.w = torch.nn.Parameter(empty(64))
+            got["model"] = oomguard_phase.detect(sys._getframe(), 0)
+
+    class Tower(torch.nn.Module):
+        def __init__(self):
+            torch.nn.Module.__init__(self)
+            self.layer = Layer()
+
+    class Table(object):
+        def __init__(self):
+            self.rows = empty(64)
+            got["plain"] = oomguard_phase.detect(sys._getframe(), 0)
+
+    Tower()
+    Table()
+    assert got["model"][0] == "loading" and got["model"][1][2] == "__init__", got
+    assert got["model"][1][1] == Tower.__init__.__code__.co_firstlineno + 2, got   # self.layer = Layer()
+    assert got["plain"][0] is None, got
+
+
 def t_graph_chain():
     """roles.holders[].graphs on the graph's structure: outputs of a sampler's steps, each made from the last (a
     denoising loop with autograd on), share their nodes and count once; outputs of separate passes over the same
@@ -793,6 +821,8 @@ check("a deep copy under way: the operation copy, and the bytes its memo holds s
 check("a device test that raises never raises out of the role code", t_never_raises)
 check("graphs a holder's outputs keep: a chain of steps each made from the last is one, separate passes each one",
       t_graph_chain)
+check("phase loading: a model's __init__ making its weights, no loader on the stack; a plain class's, none",
+      t_phase_model_built)
 check("tensors inside a holder's objects and nested containers: the outermost named holder's, once", t_nested_holders)
 check("nested holders within bounds: 100,000 records read in part, 20,000 cached objects whole, the budget said",
       t_nested_bounded)
