@@ -243,6 +243,8 @@ static bool handler_keeps_attempt(const rctx_t *x)
            og_covers(x, (double)(ro->act - x->req));
 }
 static bool pass_outgrows(const rctx_t *x) { return x->f->pass_outgrows_cache; }
+/* the same, where a restart would shed only the cache: nothing grew, nothing outside the framework in the process */
+static bool pass_outgrows_restart(const rctx_t *x) { return pass_outgrows(x) && !HAS(GROWTH) && !HAS(NONFW); }
 static bool others_sliver(const rctx_t *x) { return x->f->others_sliver; }
 /* a deep copy under way made many times the cache so far (facts: copy_outgrows_cache) */
 static bool copy_outgrows(const rctx_t *x) { return x->f->copy_outgrows_cache; }
@@ -1157,6 +1159,10 @@ static const og_rank_row_t narrow[] = {
     { "own_fix_covers_no_frag", own_fix_covers_no_frag, DROP, 0, 0, REMS(R_EXPANDABLE, R_BUCKET),
       "the same, no fragmentation (or only beside a pass or copy that outgrows the cache)",
       "cupy_pool_then_torch, kornia_gpu_augment_in_spawned_workers (blind)" },
+    { "pass_outgrows_restart", pass_outgrows_restart, DROP, 0, 0, REMS(R_RESTART),
+      "a pass still building holds >= 3x the cache (facts: pass_outgrows_cache), no growth and nothing outside the "
+      "framework in the process (a fresh process sheds only the cache, which cannot carry the pass)",
+      "celery_embed_workers_default_concurrency_each_load_e5_large_v100_32gb (blind)" },
     { "no_expandable", no_expandable, DROP, 0, 0, REMS(R_EXPANDABLE),
       "failing framework not PyTorch, expandable_segments already set, backend:cudaMallocAsync",
       "torch_async_backend_nccl" },

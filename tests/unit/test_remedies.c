@@ -765,6 +765,33 @@ static void prefork_workers_get_fewer_workers_never_kill(void **state)
     free(r);
 }
 
+/* the ninth worker of a pre-fork server dies building its model on the device (760 MiB made so far) over 26 MiB of
+ * splintered cache, the eight siblings holding 31 GiB: fewer workers first; a restart, which sheds only the cache,
+ * not listed; nothing arriving (no model being built): the splinters' reading, a restart listed */
+static void prefork_worker_building_its_model_no_restart(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->event.requested_bytes, 16 * MiB);
+    og_set(&r->device.free_bytes, 14 * MiB);
+    for (int i = 0; i < 8; i++) {
+        og_other_proc_t *o = fixture_other(r, 200 + i, "python3", 3 * GiB + 864 * MiB);
+        o->visible = o->same_job = o->sibling = true;
+    }
+    fixture_roles(r, 760 * MiB, 0, 0, 0, 0, 0);
+    r->memory.fw.reserved_bytes += 26 * MiB;
+    r->memory.fw.largest_free_block_bytes = 4 * MiB;
+    fixture_phase(r, "loading", "/w/tasks.py", "__init__");
+    fixture_model(r, "XLMRobertaModel", 760 * MiB, 1, false);
+    fixture_model_held(r, 0, 1, "");
+    run_primary(r, "peer_ranks");
+    assert_string_equal(r->remedies[0].id, "fewer_workers");
+    assert_int_equal(rank_of(r, "restart_process"), 0);
+    r->memory.fw.roles.models[0].running = 0; /* nothing being built: the splinters are the cause, a restart listed */
+    run_primary(r, "fragmentation");
+    assert_true(rank_of(r, "restart_process") > 0);
+    free(r);
+}
+
 static void peers_get_set_device_never_kill(void **state)
 {
     og_record_t *r = base();
@@ -3885,6 +3912,7 @@ int main(void)
         cmocka_unit_test(second_framework_knobs),
         cmocka_unit_test(peers_get_set_device_never_kill),
         cmocka_unit_test(prefork_workers_get_fewer_workers_never_kill),
+        cmocka_unit_test(prefork_worker_building_its_model_no_restart),
         cmocka_unit_test(imbalance_gets_ddp_before_smaller_batch),
         cmocka_unit_test(app_pool_gets_trim),
         cmocka_unit_test(released_nothing_expandable_leads),
