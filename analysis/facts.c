@@ -1315,7 +1315,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
     const og_roles_t *ro = &r->memory.fw.roles;
     og_role_facts_t *k = &d->roles;
     k->keeper = k->kv = k->dataset_holder = k->registry_group = k->graph_holder = k->keyed_group = -1;
-    k->ckpt_holder = k->index_holder = k->ema_holder = -1;
+    k->ckpt_holder = k->index_holder = k->ema_holder = k->copy_holder = -1;
     k->building = OG_PURPOSE_NONE;
     k->operation = OG_OPERATION_NONE;
     if (!r->memory.fw.has || !ro->has)
@@ -1493,6 +1493,8 @@ static void roles(og_facts_t *d, const og_record_t *r)
             k->params_half = add_sat(k->params_half, ro->dtypes[i].bytes);
     }
     int nh = ro->nholders < 0 ? 0 : ro->nholders > 8 ? 8 : ro->nholders;
+    bool pass_runs = d->phase == OG_JP_forward || d->phase == OG_JP_backward || d->phase == OG_JP_evaluation ||
+                     d->phase == OG_JP_generation;
     for (int i = 0; i < nh; i++) {
         const og_role_holder_t *h = &ro->holders[i];
         char where[sizeof h->where], kind[sizeof h->kind], purpose[sizeof h->purpose];
@@ -1509,7 +1511,16 @@ static void roles(og_facts_t *d, const og_record_t *r)
             if (k->ckpt_holder < 0 || h->bytes > ro->holders[k->ckpt_holder].bytes)
                 k->ckpt_holder = i;
         }
-        if (strncmp(where, "local in ", 9) == 0) {
+        /* a copy kept across calls unless an average is being updated or a model loaded (those copies are theirs),
+         * or a caller's local while a pass runs (no copy is being made then) */
+        bool local = strncmp(where, "local in ", 9) == 0;
+        if (pu == OG_PURPOSE_NONE && h->copy_of[0] &&
+            (local ? pass_runs : d->phase != OG_JP_ema_update && d->phase != OG_JP_loading)) {
+            k->copy_kept = add_sat(k->copy_kept, h->bytes);
+            if (k->copy_holder < 0 || h->bytes > ro->holders[k->copy_holder].bytes)
+                k->copy_holder = i;
+        }
+        if (local) {
             k->local_held = add_sat(k->local_held, h->bytes);
             if (map_kind(kind))
                 k->local_map = add_sat(k->local_map, h->bytes);

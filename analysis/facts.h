@@ -155,6 +155,12 @@ typedef struct og_role_facts {
      * roles.models), -1 none */
     uint64_t ema_kept;
     int ema_holder, ema_model;
+    /* copies of the parameters or the optimizer state kept across calls for no purpose their names say (holders
+     * with copy_of, not locals of the running code, purpose none): weight snapshots for averaging (LAWA, SWA
+     * windows), a best model, a rollback point, in a list or dict of the program's; copy_holder the largest (index
+     * in roles.holders), -1 none */
+    uint64_t copy_kept;
+    int copy_holder;
     /* a reference policy kept beside the trained model (preference tuning: models none running whose names say
      * reference, or a frozen model of the size of the trained model's frozen part while that model trains at most a
      * tenth of its parameters): its bytes, its group (reference_group, -1 none); reference_base: the trained model

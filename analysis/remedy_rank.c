@@ -817,6 +817,14 @@ static bool ema_kept(const rctx_t *x)
     return ro->known && ro->ema_kept && og_covers(x, (double)ro->ema_kept) && x->trains != -1 && !PRIMARY(GROWTH) &&
            !own_fix_covers(x) && !x->larger_than_device;
 }
+/* copies of the weights or their state kept across steps for no purpose their names say (facts: copy_kept: weight
+ * snapshots for averaging, a best model, a rollback point) holding the missing bytes, in a job not known inference */
+static bool copy_kept(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && ro->copy_kept && og_covers(x, (double)ro->copy_kept) && x->trains != -1 && !PRIMARY(GROWTH) &&
+           !own_fix_covers(x) && !x->larger_than_device;
+}
 /* a preference-tuning reference kept beside the trained policy, holding the missing bytes and more than any holder
  * kept across calls (a buffer that fills every iteration is the cause then, not the reference) */
 static bool reference_kept(const rctx_t *x)
@@ -1091,6 +1099,10 @@ static const og_rank_row_t bring[] = {
     { "index_on_gpu", index_on_gpu, WANT, 0, 0, REMS(R_INDEX_OFF_GPU),
       "roles: holders of purpose index kept across calls (a global, an attribute) >= shortfall, primary not growth",
       "support_rag_flat_fp32_index_beside_llama8b (blind); (unit tests: index_kept_on_the_gpu)" },
+    { "copy_kept", copy_kept, WANT, 0, 0, REMS(R_SNAPSHOT_CPU),
+      "a job not known inference, roles.holders: copies of the parameters or the optimizer state kept across calls "
+      "(a local's while a pass runs), no purpose (facts: copy_kept) >= shortfall, primary not growth",
+      "pretrain_1b_lawa_window_state_dicts_cloned_on_gpu_l40s (blind); (unit tests: copies_kept_across_steps)" },
     { "ema_kept", ema_kept, WANT, 0, 0, REMS(R_EMA_CPU),
       "not known inference, roles: holders of purpose ema kept across calls and models whose names or class say ema, "
       "none running (facts: ema_kept) >= shortfall, primary not growth",
@@ -1413,6 +1425,8 @@ static const og_rank_row_t lead[] = {
       "resnet50_whole_dataset_on_gpu_speedrun (blind)" },
     { "index_on_gpu_lead", index_on_gpu, LEAD_COVERS, -30, 0, REMS(R_INDEX_OFF_GPU), "as index_on_gpu",
       "support_rag_flat_fp32_index_beside_llama8b (blind); (unit tests: index_kept_on_the_gpu)" },
+    { "copy_kept_lead", copy_kept, LEAD_COVERS, -30, 0, REMS(R_SNAPSHOT_CPU), "as copy_kept",
+      "pretrain_1b_lawa_window_state_dicts_cloned_on_gpu_l40s (blind); (unit tests: copies_kept_across_steps)" },
     { "ema_kept_lead", ema_kept, LEAD_COVERS, -30, 0, REMS(R_EMA_CPU), "as ema_kept",
       "sd15_finetune_use_ema_shadow_unet_4090 (blind); (unit tests: weights_copies_kept)" },
     { "reference_on_base_lead", reference_on_base, LEAD_COVERS, -34, 0, REMS(R_ADAPTER_REF),
@@ -1625,6 +1639,8 @@ static void estimate(rank_t *k, const rctx_t *x)
     if (generation_growth(x) && ro->purpose_bytes[OG_PURPOSE_kv_cache]) /* a 4-bit cache: 3/4 of a 16-bit one */
         cover[R_SMALLER_KV] = 0.75 * (double)ro->purpose_bytes[OG_PURPOSE_kv_cache];
     cover[R_SNAPSHOT_CPU] = state_snapshot(x) ? (double)ro->copying : -1; /* the copy made so far, at least */
+    if (copy_kept(x) && (double)ro->copy_kept > cover[R_SNAPSHOT_CPU])    /* the copies kept */
+        cover[R_SNAPSHOT_CPU] = (double)ro->copy_kept;
     if (copy_replaces_model(x)) /* in place: no second copy at all; dropped first: the previous one */
         cover[R_IN_PLACE] = cover[R_RELEASE_REFS] = (double)ro->copy_replaces;
     if (evaluation_autograd_on(x) && ro->known && ro->act_known && ro->act) /* what is kept for backward */

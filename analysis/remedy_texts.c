@@ -2082,6 +2082,34 @@ static bool b_teacher_no_grad(const rctx_t *x, og_remedy_t *r)
 static bool b_snapshot_to_cpu(const rctx_t *x, og_remedy_t *r)
 {
     copy_words_t c = copy_words(x);
+    const og_role_facts_t *ro = &x->f->roles;
+    if (ro->copy_kept && og_covers(x, (double)ro->copy_kept)) { /* copies kept across steps (facts: copy_kept) */
+        const og_roles_t *rr = &x->rec->memory.fw.roles;
+        char lb[160], role[sizeof rr->holders[0].copy_of] = "";
+        const char *holder = holder_label(x, ro->copy_holder, lb, sizeof lb);
+        uint64_t mine = ro->copy_kept;
+        if (ro->copy_holder >= 0) {
+            og_cpy(role, sizeof role, rr->holders[ro->copy_holder].copy_of, sizeof role);
+            mine = rr->holders[ro->copy_holder].bytes;
+        }
+        why(r,
+            "%s keeps %s on the GPU: copies of the %s kept beside the model (weight snapshots for averaging or "
+            "interpolating, a best model, a rollback point), %s of them in all. They are read only when averaged, "
+            "interpolated or restored: in host memory or on disk they take nothing on the card.",
+            holder ? holder : "The program", og_hb((double)mine).s,
+            strcmp(role, "optimizer_state") == 0 ? "optimizer state, or of the weights twice (two copies of the "
+                                                   "weights have the sizes of Adam's two moments)"
+                                                 : "weights",
+            og_hb((double)ro->copy_kept).s);
+        HOWS(x, r,
+             { PT, "snap = [p.detach().to(\"cpu\", copy=True) for p in model.parameters()]   # a snapshot in host "
+                   "memory (.pin_memory() for fast copies back)" },
+             { PT, "torch.save(model.state_dict(), f\"snap_{step}.pt\")   # or on disk; average them on the CPU "
+                   "at the end" },
+             { ANY, "Keep a running average on the CPU instead of a window of copies: one copy, updated every N "
+                    "steps" });
+        return true;
+    }
     why(r,
         "Outside the training step the running code%s holds %s copied so far from the model's %s of weights "
         "and their state: a snapshot of the model (the best model so far) made on the GPU beside what it "

@@ -3489,6 +3489,52 @@ static void finished_training_beside_the_next(void **state)
     free(r);
 }
 
+/* weight snapshots for averaging kept across steps in a list on the trainer (a copy of the parameters by their sizes,
+ * no purpose in their name) while the next step's forward fails: snapshots to the CPU, first; a caller's local holding
+ * them while the pass runs too; negative controls: a local while no pass runs (the copy being made), a holder named an
+ * EMA (its own remedy), a job known to be inference */
+static void copies_kept_across_steps(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 5 * GiB + 600 * MiB, 5 * GiB + 600 * MiB, 11 * GiB + 128 * MiB, 0, 11 * GiB + 128 * MiB,
+                  10 * GiB + 600 * MiB);
+    fixture_optimizer(r, "AdamW", 11 * GiB + 128 * MiB);
+    fixture_holder(r, "self.lawa_buffer", "deque", "on Trainer", 11 * GiB + 128 * MiB);
+    fixture_holder_says(r, "", "parameters");
+    fixture_phase(r, "forward", "/w/pretrain.py", "forward");
+    r->memory.fw.grad_enabled = 1;
+    og_set(&r->event.requested_bytes, 1 * GiB);
+    og_set(&r->device.free_bytes, 300 * MiB);
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.copy_kept, 11 * GiB + 128 * MiB);
+    assert_string_equal(r->remedies[0].id, "snapshot_to_cpu");
+    assert_non_null(strstr(r->remedies[0].why, "self.lawa_buffer"));
+    snprintf(r->memory.fw.roles.holders[0].where, sizeof r->memory.fw.roles.holders[0].where, "local in main");
+    run_primary(r, "does_not_fit"); /* a caller's local while a pass runs: kept beside it */
+    assert_int_equal(r->analysis.facts.roles.copy_kept, 11 * GiB + 128 * MiB);
+    fixture_phase(r, "", NULL, NULL); /* no pass runs: the running code is making the copy */
+    run(r);
+    assert_int_equal(r->analysis.facts.roles.copy_kept, 0);
+    fixture_phase(r, "forward", "/w/pretrain.py", "forward");
+    snprintf(r->memory.fw.roles.holders[0].where, sizeof r->memory.fw.roles.holders[0].where, "global in train.py");
+    fixture_phase(r, "ema_update", "/w/pretrain.py", "update_ema"); /* an average being updated: its own rows */
+    run(r);
+    assert_int_equal(r->analysis.facts.roles.copy_kept, 0);
+    fixture_phase(r, "forward", "/w/pretrain.py", "forward");
+    snprintf(r->memory.fw.roles.holders[0].where, sizeof r->memory.fw.roles.holders[0].where, "on Trainer");
+    fixture_holder_says(r, "ema", "parameters");
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.copy_kept, 0);
+    assert_string_equal(r->remedies[0].id, "ema_on_cpu");
+    fixture_holder_says(r, "", "parameters");
+    fixture_roles(r, 5 * GiB + 600 * MiB, 0, 0, 0, 11 * GiB + 128 * MiB, 10 * GiB + 600 * MiB);
+    r->memory.fw.roles.noptimizers = 0;
+    r->memory.fw.training = -1; /* inference only */
+    run_primary(r, "does_not_fit");
+    assert_true(rank_of(r, "snapshot_to_cpu") != 1);
+    free(r);
+}
+
 /* a frozen teacher in a training job with autograd on: run it under no_grad, first; autograd off: not offered */
 static void teacher_with_autograd_on(void **state)
 {
@@ -3976,6 +4022,7 @@ int main(void)
         cmocka_unit_test(growth_holder_kept_covers),
         cmocka_unit_test(index_kept_on_the_gpu),
         cmocka_unit_test(weights_copies_kept),
+        cmocka_unit_test(copies_kept_across_steps),
         cmocka_unit_test(finished_training_beside_the_next),
         cmocka_unit_test(others_a_sliver_of_the_device),
         cmocka_unit_test(cache_kept_across_calls),
