@@ -1078,6 +1078,9 @@ def _named_holders(scan, modules, frame_roots):
                 _holder(scan, v, str(k), "lru_cache" if type(v) is _LRU_WRAPPER else type(v).__name__, where)
     if not frame_roots:
         return
+    # the running threads' stacks, innermost first; and a stack that stopped (frame_roots a list of frames,
+    # outermost first: a traceback's, which keeps the failing stack's locals alive after it unwound)
+    stacks = [] if frame_roots is True else [list(reversed(frame_roots))]
     stack = []
     try:
         for tid, top in list(sys._current_frames().items()):
@@ -1085,6 +1088,8 @@ def _named_holders(scan, modules, frame_roots):
             while top is not None and len(stack) < 1024:
                 stack.append(top)
                 top = top.f_back
+            stacks.append(stack)
+        for stack in stacks:
             # outermost first: a list passed down is named as the caller keeps it (ema_params in
             # train(), not the callee's argument `tensors`)
             for f in reversed(stack):
@@ -1114,6 +1119,8 @@ def _named_holders(scan, modules, frame_roots):
         # the current thread's stack holds this very frame: a list of it (or `f`, at the end of the loop)
         # left in a local of it is a cycle that keeps the failing pass's frames, and their tensors, alive
         # until the collector runs (into the program's next step)
+        for s in stacks:
+            del s[:]
         del stack[:]
         top = f = None
 

@@ -412,7 +412,7 @@ def _torch_dir(torch):
         return None
 
 
-def measure_roles(torch, device, allocated, blocks=None, on_device=None, budget=None):
+def measure_roles(torch, device, allocated, blocks=None, on_device=None, budget=None, frame_roots=True):
     """The failing device's allocated bytes by role (oomguard_roles.measure) on PyTorch's objects:
     the storages' sizes are the allocator's blocks when the snapshot was read (blocks, from
     _cache_view), else their bytes rounded up to PyTorch's 512.  None when not measured."""
@@ -421,7 +421,7 @@ def measure_roles(torch, device, allocated, blocks=None, on_device=None, budget=
         if blocks is not None:
             sizes, private, made_at = blocks
         r = oomguard_roles.measure(torch, device, allocated, on_device=on_device, sizes=sizes, round_to=512,
-                                   private=private, sites=made_at, budget=budget)
+                                   private=private, sites=made_at, budget=budget, frame_roots=frame_roots)
         if r is not None and "error" in r:
             _say("roles not measured: %s" % r["error"])
             return None
@@ -435,7 +435,7 @@ def measure_roles(torch, device, allocated, blocks=None, on_device=None, budget=
 
 
 def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowed=None, frame=None, modes=True,
-           exc=None):
+           exc=None, unwound=None):
     """Reads PyTorch's numbers for `device` and hands them to the shim.  Returns the shim's
     result (0), or None when nothing was reported (no shim, no torch, stats unreadable).
     Never raises.  Called by the out-of-memory observer (failed=True: PyTorch failed a request
@@ -474,7 +474,7 @@ def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowe
         roles = phase = None
         if failed or frame is not None:
             stmt = oomguard_phase.statement(frame, _torch_dir(torch)) if frame is not None else None
-            measured = measure_roles(torch, device, allocated, blocks)
+            measured = measure_roles(torch, device, allocated, blocks, frame_roots=unwound or True)
             if measured is not None and stmt:
                 measured["statement"] = stmt
             if measured is not None and frame is not None:
@@ -705,11 +705,13 @@ def _excepthook(etype, value, tb):
     try:
         torch = _torch()
         if torch is not None and _is_oom(torch, value):
-            frame = None
-            while tb is not None:              # the innermost frame: where the error was raised
-                frame, tb = tb.tb_frame, tb.tb_next
+            frame, frames, t = None, [], tb
+            while t is not None:               # the innermost frame: where the error was raised
+                frame, t = t.tb_frame, t.tb_next
+                frames.append(frame)           # outermost first: the unwound stack, its locals alive
             # "report": the failure is the driver's, already dumped (an observer-less backend)
-            report(None, None, use_snapshot=False, frame=frame, modes=False, exc=value)
+            report(None, None, use_snapshot=False, frame=frame, modes=False, exc=value, unwound=frames)
+            del frames[:]
     except Exception:
         pass
     prev = _state.get("prev_excepthook") or sys.__excepthook__

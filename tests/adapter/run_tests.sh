@@ -423,13 +423,21 @@ t_async() {
     shim noadapter "$PYTHON" "$JOB" async > b.out 2> b.err; local rb=$?
     [ $ra = 1 ] && [ $rb = 1 ] || { echo "exit $ra / $rb"; cat a.err; return 1; }
     [ "$(tail -n 1 a.err)" = "$(tail -n 1 b.err)" ] || { tail -n 1 a.err b.err; return 1; }
+    # the program's own hook gets the traceback whole, as without the adapter
+    [ "$(sed -n '/^Traceback/,$p' a.err | grep -v '^oomguard')" = \
+      "$(sed -n '/^Traceback/,$p' b.err | grep -v '^oomguard')" ] && grep -q "in sweep" a.err ||
+        { echo "traceback differs"; cat a.err; return 1; }
     rm -f dumps/*; mv a.json dumps/oomguard-with-adapter.json
     "$PYTHON" "$CHECK" dumps exp.json --settings backend:cudaMallocAsync &&
     expect exp.json 'd["state"]["attached"]' excepthook && expect exp.json 'd["state"]["observers"]' 0 &&
     expect exp.json 'd["expected"]["reserved"] > d["expected"]["allocated"]' True &&
     # reported after the error left every `with` block: the thread's modes are not the failure's
     expect dumps/oomguard-with-adapter.json \
-        '[d["memory"]["framework"][k] for k in ("grad_enabled", "autocast")]' '[None, None]'
+        '[d["memory"]["framework"][k] for k in ("grad_enabled", "autocast")]' '[None, None]' &&
+    # the unwound stack's locals, alive in the traceback, are read as the running stack's would be
+    expect dumps/oomguard-with-adapter.json \
+        '[(h["name"], h["where"].split(" (")[0], h["bytes"]) for h in d["memory"]["framework"]["roles"]["holders"]
+          if h["name"] == "endpoints"]' "[('endpoints', 'local in sweep', $((20 << 20)))]"
 }
 t "backend:cudaMallocAsync: no observer; an uncaught OOM reports memory_stats from sys.excepthook" t_async
 

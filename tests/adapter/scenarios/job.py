@@ -266,7 +266,12 @@ if mode == "async":
     for i in range(12):
         keep.append(torch.empty(10 * MiB))     # 3 per 32 MiB pool chunk
     del keep[::2]                              # holes in every chunk: the pool keeps them reserved
-    torch.empty(64 << 30)                      # uncaught
+
+    def sweep():
+        endpoints = {"theta_0": torch.empty(10 * MiB), "theta_1": torch.empty(10 * MiB)}   # a local of the stack
+        torch.empty(64 << 30)                  # uncaught: the stack unwinds, the traceback keeps its locals
+        return endpoints
+    sweep()
 
 print("unknown mode", mode)
 sys.exit(2)
