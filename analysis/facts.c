@@ -1310,6 +1310,12 @@ static bool map_kind(const char *kind)
     return false;
 }
 
+/* a pass of the model is running (its forward, its backward, an evaluation, a generation) */
+static bool pass_phase(enum og_job_phase p)
+{
+    return p == OG_JP_forward || p == OG_JP_backward || p == OG_JP_evaluation || p == OG_JP_generation;
+}
+
 static void roles(og_facts_t *d, const og_record_t *r)
 {
     const og_roles_t *ro = &r->memory.fw.roles;
@@ -1493,8 +1499,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
             k->params_half = add_sat(k->params_half, ro->dtypes[i].bytes);
     }
     int nh = ro->nholders < 0 ? 0 : ro->nholders > 8 ? 8 : ro->nholders;
-    bool pass_runs = d->phase == OG_JP_forward || d->phase == OG_JP_backward || d->phase == OG_JP_evaluation ||
-                     d->phase == OG_JP_generation;
+    bool pass_runs = pass_phase(d->phase);
     for (int i = 0; i < nh; i++) {
         const og_role_holder_t *h = &ro->holders[i];
         char where[sizeof h->where], kind[sizeof h->kind], purpose[sizeof h->purpose];
@@ -1778,16 +1783,14 @@ static bool outgrows(const og_facts_t *d, uint64_t bytes)
 /* the others a sliver of the device beside a pass still building (facts.h: others_sliver) */
 static void others_sliver(og_facts_t *d)
 {
-    bool building = d->phase == OG_JP_loading || d->phase == OG_JP_forward || d->phase == OG_JP_backward ||
-                    d->phase == OG_JP_evaluation || d->phase == OG_JP_generation || d->phase == OG_JP_optimizer_step;
+    bool building = pass_phase(d->phase) || d->phase == OG_JP_loading || d->phase == OG_JP_optimizer_step;
     d->others_sliver = building && d->capacity && d->other_all && d->other_all * 16 < d->capacity;
 }
 
 static void pass_outgrows_cache(og_facts_t *d)
 {
     const og_role_facts_t *k = &d->roles;
-    bool building = d->phase == OG_JP_forward || d->phase == OG_JP_backward || d->phase == OG_JP_evaluation ||
-                    d->phase == OG_JP_generation || (d->phase == OG_JP_loading && (k->arriving || k->local_held));
+    bool building = pass_phase(d->phase) || (d->phase == OG_JP_loading && (k->arriving || k->local_held));
     /* an optimizer step making an Adam-family state (two moments per parameter its optimizers hold): what it has
      * yet to make is the step's own working set */
     if (d->phase == OG_JP_optimizer_step && k->known && k->opt_adam && k->opt_params && d->cached_known &&
