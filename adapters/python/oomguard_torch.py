@@ -675,7 +675,11 @@ def _observer(device, alloc, device_total, device_free):
         return
     _in_observer.busy = True
     try:
-        report(device, alloc, failed=True, allowed=device_total, frame=sys._getframe(1))
+        try:
+            frame = sys._getframe(1)
+        except ValueError:      # called from C++ on a thread that runs no Python (PyTorch's autograd engine)
+            frame = None
+        report(device, alloc, failed=True, allowed=device_total, frame=frame)
     except Exception:
         pass
     finally:

@@ -17,7 +17,10 @@ Environment knobs for the tests:
   PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync  no caching here; cudaMallocAsync per tensor
   FAKE_TORCH_BROKEN=stats|snapshot|attach|all       that API raises RuntimeError
 """
+import _thread
+import collections
 import ctypes
+import itertools
 import os
 import sys
 
@@ -36,6 +39,25 @@ cudaSuccess = 0
 cudaMemPoolAttrReservedMemCurrent = 0x5
 cudaMemPoolAttrUsedMemCurrent = 0x7
 
+
+
+def _on_engine_thread():
+    eng = sys.modules.get("torch.autograd._engine")
+    return eng is not None and eng.on_engine_thread()
+
+
+def _call_from_cxx(device, fn, args):
+    """fn(*args) as PyTorch's C++ calls a Python callback on its autograd engine threads, which run
+    no Python: fn's frame is the only one of its thread (sys._getframe(1) raises ValueError
+    there).  A raw thread runs it through C-level iterators alone (cudaSetDevice, as an engine
+    thread has its device current; fn; the release of the lock this thread waits on); a
+    callback that raises or hangs leaves this thread after 30 s."""
+    done = _thread.allocate_lock()
+    done.acquire()
+    calls = itertools.chain(itertools.starmap(runtime().cudaSetDevice, [(device,)]), itertools.starmap(fn, [args]),
+                            itertools.starmap(done.release, [()]))
+    _thread.start_new_thread(collections.deque, (calls, 0))
+    done.acquire(timeout=30)
 
 def broken(what):
     b = os.environ.get("FAKE_TORCH_BROKEN", "")
@@ -176,7 +198,11 @@ class DeviceAllocator(object):
                 allowed = self._allowed(total)
                 for obs in list(self.observers):
                     # PyTorch hands the observer the allowed maximum when a fraction is set
-                    obs(self.device, seg_size, allowed if allowed is not None else total, free)
+                    args = (self.device, seg_size, allowed if allowed is not None else total, free)
+                    if _on_engine_thread():
+                        _call_from_cxx(self.device, obs, args)
+                    else:
+                        obs(*args)
                 st = self.stats()
                 raise OutOfMemoryError(
                     "CUDA out of memory. Tried to allocate %s. GPU %d has a total capacity of %s of which %s is "
