@@ -12,8 +12,14 @@
 #   OOM: a dump, exact request, NVML's process list read (and which call/entry size);
 #   a second process on the GPU: listed by NVML in the first one's dump;
 #   OOMGUARD_LIMIT=4GiB: cudaMemGetInfo shows it, a request past it fails, the dump says so;
-#   PyTorch (when importable): the ledger sees its segments, expandable segments, OOM, limit.
-# Every step has a timeout; the whole run takes a few minutes.  Ends with
+#   PyTorch (when importable): the ledger sees its segments, expandable segments, OOM, limit;
+#   real frameworks (tests/gpu/frameworks_check.py): PyTorch's roles to the byte and the phase of
+#     a failure in forward, backward, the first optimizer step, torch.load and an except block,
+#     its memory fraction, a whole card full; JAX's arena and CuPy's pool limit (when importable);
+#   figures: cudaMalloc+cudaFree with and without the shim, the cost of OOMGUARD_PYTHON_STACKS.
+# OOMGUARD_BUNDLE=DIR uses a bundle built elsewhere (make bundle: DIR/liboomguard.so, DIR/bin/oomguard)
+# where this machine cannot build (no libunwind, libdw, cJSON); GPU_CHECKS_OUT=DIR keeps the dumps,
+# logs and reports there.  Every step has a timeout; the whole run takes a few minutes.  Ends with
 # "N passed, N failed, N skipped".
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -34,13 +40,16 @@ else
     if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
         echo "no GPU here: skipped"; skip=1; finish
     fi
-    make -C "$root" -s B="$B" "$B/liboomguard.so" "$B/oomguard" >/dev/null || { res 1 "build"; finish; }
+    if [ -z "${OOMGUARD_BUNDLE:-}" ]; then
+        make -C "$root" -s B="$B" "$B/liboomguard.so" "$B/oomguard" >/dev/null || { res 1 "build"; finish; }
+    fi
     RT_DIR="$CUDA_HOME/lib64"
     # link against the driver stub; at run time the loader finds the real libcuda.so.1
     DRV_DIR="$CUDA_HOME/lib64/stubs"
     RUN_PATH="$CUDA_HOME/lib64"
 fi
-shim="$root/$B/liboomguard.so"
+shim="$root/$B/liboomguard.so" cli="$root/$B/oomguard"
+if [ -n "${OOMGUARD_BUNDLE:-}" ]; then shim="$OOMGUARD_BUNDLE/liboomguard.so" cli="$OOMGUARD_BUNDLE/bin/oomguard"; fi
 out=$(mktemp -d "${TMPDIR:-/tmp}/oomguard-gpu.XXXXXX")
 trap 'rm -rf "$out" ${SIMGPU_STATE_DIR:-}' EXIT
 export LD_LIBRARY_PATH="$RUN_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" OOMGUARD_QUIET=1
@@ -53,6 +62,7 @@ cat >"$out/common.h" <<'C'
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 typedef struct { unsigned long long v[18]; } stats_t;   /* oomguard_device_stats_t, by position */
 enum { PLAIN, PLAIN_N, MANAGED, MANAGED_N, POOL_USED, POOL_N, POOL_RES, VMM, VMM_N, VMM_MAPPED, TRACKED };
@@ -81,6 +91,15 @@ int main(int argc, char **argv)
         printf("holding\n"); fflush(stdout);
         sleep(atoi(argc > 2 ? argv[2] : "30"));
         return fails != 0;
+    }
+    if (!strcmp(mode, "bench")) {                      /* a 1 MiB block taken and given back */
+        int n = atoi(argc > 2 ? argv[2] : "20000");
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        for (int i = 0; i < n; i++) { cudaMalloc(&p[0], MiB); cudaFree(p[0]); }
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        printf("%.0f\n", ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / n);
+        return 0;
     }
     if (!strcmp(mode, "limit")) {                      /* OOMGUARD_LIMIT=4GiB */
         cudaMemGetInfo(&f0, &t);
@@ -202,6 +221,16 @@ assert others[$holder] >= 1 << 30, others[$holder]"
     res $? "OOMGUARD_LIMIT: the dump says limit"
 fi
 
+if [ -x "$out/runtime_dyn" ] && [ "${GPU_CHECKS_ON_SIM:-0}" != 1 ]; then
+    # the same loop three times each way, interleaved; the median of each
+    for i in 1 2 3; do
+        T "$out/runtime_dyn" bench 20000 >>"$out/bench_plain"
+        OOMGUARD_DIR="$out" LD_PRELOAD="$shim" T "$out/runtime_dyn" bench 20000 >>"$out/bench_shim"
+    done
+    plain=$(sort -n "$out/bench_plain" | sed -n 2p) shimmed=$(sort -n "$out/bench_shim" | sed -n 2p)
+    echo "FIGURE  cudaMalloc+cudaFree of 1 MiB: ${plain} ns plain, ${shimmed} ns under the shim (median of 3 x 20000)"
+fi
+
 # ---- PyTorch, when it is there ----------------------------------------------------------
 if [ "${GPU_CHECKS_ON_SIM:-0}" = 1 ] || ! python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
     skipped "PyTorch with CUDA not available: its checks"
@@ -251,4 +280,17 @@ PY
 d="$out/torch_limit"; mkdir -p "$d"
 OOMGUARD_LIMIT=8GiB OOMGUARD_DIR="$d" LD_PRELOAD="$shim" T python3 "$out/limit.py"
 res $? "PyTorch: OOMGUARD_LIMIT=8GiB, torch sees 8 GiB and raises OutOfMemoryError"
+
+# ---- the frameworks' own failures, read against what the program measured ------------------
+fw_out=${GPU_CHECKS_OUT:-$out/frameworks}
+mkdir -p "$fw_out"
+STEP_TIMEOUT=900 T python3 "$root/tests/gpu/frameworks_check.py" "$shim" "$cli" "$fw_out" >"$out/fw.log" 2>&1
+cat "$out/fw.log"
+pass=$((pass + $(grep -c '^PASS' "$out/fw.log"))) fail=$((fail + $(grep -c '^FAIL' "$out/fw.log")))
+skip=$((skip + $(grep -c '^SKIP' "$out/fw.log")))
+grep -q ' passed, ' "$out/fw.log" || res 1 "frameworks_check.py ran to its end"
+
+# ---- figure: what the allocation history costs on real PyTorch ------------------------------
+PYTHONPATH="$root/adapters/python" T python3 "$root/tests/adapter/bench_python_stacks.py" 20000 30 2>&1 \
+    | sed 's/^/FIGURE  /'
 finish
