@@ -38,6 +38,7 @@ PATTERNS = (
     ("loading", 50, "*/torch/nn/modules/module.py", "_apply"),
     ("loading", 50, "*/torch/nn/modules/module.py", "_load_from_state_dict"),
     ("generation", 45, "*", "generate"),
+    ("generation", 45, "*", "generate_*"),
     ("generation", 45, "*/transformers/generation/*", "*"),
     ("ema_update", 42, "*/torch/optim/swa_utils.py", "update_parameters"),
     ("ema_update", 42, "*/timm/utils/model_ema.py", "*"),
@@ -67,6 +68,10 @@ PATTERNS = (
     ("forward", 10, "*/torch/nn/modules/module.py", "_call_impl"),
     ("forward", 10, "*", "forward"),
 )
+
+# Frames that decide no phase though a pattern above names them: torch's helpers whose names only sound
+# like a phase (a causal mask made by `generate_square_subsequent_mask` in a training forward)
+NOT_PHASES = (("*/torch/nn/modules/transformer.py", "generate_square_subsequent_mask"),)
 
 # What the failing statement builds, when no frame of the table matched: the purpose of the name it
 # assigns to (or of the names it reads), as oomguard_roles.PURPOSES tells it -> the phase.  A statement
@@ -267,9 +272,11 @@ def _match(filename, function):
         return r
     fn = filename.replace(os.sep, "/")
     best = None
-    for phase, prio, fpat, npat in PATTERNS:
-        if (best is None or prio > best[1]) and fnmatch.fnmatchcase(function, npat) and fnmatch.fnmatchcase(fn, fpat):
-            best = (phase, prio)
+    if not any(fnmatch.fnmatchcase(function, npat) and fnmatch.fnmatchcase(fn, fpat) for fpat, npat in NOT_PHASES):
+        for phase, prio, fpat, npat in PATTERNS:
+            if (best is None or prio > best[1]) and fnmatch.fnmatchcase(function, npat) and \
+                    fnmatch.fnmatchcase(fn, fpat):
+                best = (phase, prio)
     if len(_cache) < 4096:
         _cache[key] = best
     return best

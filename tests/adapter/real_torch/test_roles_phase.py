@@ -992,6 +992,30 @@ def t_phase_forward():
     assert got2[0] is None and got2[1] is None, got2   # outside the module: no frame of a phase
 
 
+def t_phase_generation_names():
+    """A program's own generation loop (`generate_with_logprobs`) is generation; the causal mask torch's
+    Transformer makes in `generate_square_subsequent_mask` during a training forward is not"""
+    def generate_with_logprobs():
+        return oomguard_phase.detect(sys._getframe(), 1)
+    expect_phase(generate_with_logprobs(), "generation", "test_roles_phase.py", "generate_with_logprobs")
+    got = []
+
+    def profile(frame, event, arg):          # a C call made by the mask's own frame (torch.triu, torch.full)
+        if event == "c_call" and frame.f_code.co_name == "generate_square_subsequent_mask" and not got:
+            got.append(oomguard_phase.detect(frame, 1))
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            sys.setprofile(profile)
+            try:
+                return torch.nn.Transformer.generate_square_subsequent_mask(4)
+            finally:
+                sys.setprofile(None)
+    M()(torch.zeros(1))
+    assert got, "the mask's frame was not seen"
+    expect_phase(got[0], "forward", "test_roles_phase.py", "forward")
+
+
 def t_checkpointing():
     """roles.gradient_checkpointing on real modules and torch.utils.checkpoint: off inside a layer run
     plainly, on inside checkpoint(), on with Hugging Face's flag, unknown in the model's own head"""
@@ -1464,6 +1488,8 @@ if not STAND_IN:
           t_real_step)
     check("losses summed with their graphs alive; not after a backward each, numbers or a residual", t_accumulation)
     check("phase forward: PyTorch's _call_impl (a pre-hook) and the module's forward", t_phase_forward)
+    check("phase generation: a program's generate_* loop; not torch's generate_square_subsequent_mask",
+          t_phase_generation_names)
     check("phase evaluation: a forward pass with autograd off", t_phase_eval_flag)
     check("phase evaluation: model.eval() with autograd on; a frozen submodule in a training forward is not",
           t_phase_eval_mode)
