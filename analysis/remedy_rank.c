@@ -266,6 +266,14 @@ static bool evaluation_autograd_on(const rctx_t *x)
 {
     return (PHASE(evaluation) || PHASE(generation)) && x->grad == 1 && !copy_builds_no_graph(x);
 }
+/* an evaluation or generation pass while the training's gradients or optimizer state live on the failing device
+ * (roles gradients, optimizer_state): the pass reads neither; the gradients wait for the next zero_grad, the
+ * state for a step that may never come (an evaluation cell after fit in a notebook) */
+static bool training_state_idle(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return (PHASE(evaluation) || PHASE(generation)) && ro->known && (ro->grads || ro->opt);
+}
 /* outputs of earlier batches kept across calls with their graphs, in an evaluation with autograd on (facts:
  * roles.kept_graphs): the holder is the cause, autograd off for the evaluation the second fix */
 static bool kept_graphs(const rctx_t *x) { return roles_of(x)->kept_graphs > 0 && !own_fix_covers(x); }
@@ -1283,6 +1291,12 @@ static const og_rank_row_t lead[] = {
       "phase evaluation or generation, adapter: grad_enabled on", "segmentation_eval_autograd_on (blind)" },
     { "evaluation_autograd_on_lead", evaluation_autograd_on, LEAD_COVERS, -21, 0, REMS(R_INFERENCE),
       "phase evaluation or generation, adapter: grad_enabled on", "segmentation_eval_autograd_on (blind)" },
+    { "training_state_idle", training_state_idle, WANT, 0, 0, REMS(R_FREE_TRAINING),
+      "phase evaluation or generation, roles gradients or optimizer_state > 0",
+      "sagemaker_notebook_vitg_eval_cell_after_fit_adamw_state_live (blind)" },
+    { "training_state_idle_lead", training_state_idle, LEAD_COVERS, -20, 0, REMS(R_FREE_TRAINING),
+      "as training_state_idle (the pass reads neither)",
+      "sagemaker_notebook_vitg_eval_cell_after_fit_adamw_state_live (blind)" },
     { "kept_graphs_lead", kept_graphs, LEAD_COVERS, -22, 0, REMS(R_RELEASE_REFS),
       "as kept_graphs (the holder keeps every earlier batch's graph: named first, autograd off for the evaluation "
       "next)",
@@ -1620,6 +1634,8 @@ static void estimate(rank_t *k, const rctx_t *x)
             st = (double)ro->grads + 2.0 * (double)ro->params;
         cover[R_LORA] = ro->known && x->trains == 1 ? 0.99 * st : -1;
     }
+    if (training_state_idle(x)) /* the gradients, and the optimizer's state when no step follows */
+        cover[R_FREE_TRAINING] = (double)ro->grads + (double)ro->opt;
     if (weights_update(x)) { /* the copy of the weights, and what its update makes beyond one copy */
         double copy = (double)ro->params, held = (double)ro->copying;
         cover[R_EMA_CPU] = held > copy ? held : copy;

@@ -2557,6 +2557,22 @@ static bool b_eval_without_copy(const rctx_t *x, og_remedy_t *r)
     return true;
 }
 
+static bool b_free_training_state(const rctx_t *x, og_remedy_t *r)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    why(r,
+        "The failing pass is %s, which reads neither the gradients nor the optimizer's state, yet both are still on "
+        "the GPU: %s of gradients and %s of optimizer state (%s together). The gradients of the last backward live "
+        "until the next zero_grad; the optimizer's state as long as the optimizer object does.",
+        x->f->phase == OG_JP_generation ? "a generation" : "an evaluation", og_hb((double)ro->grads).s,
+        og_hb((double)ro->opt).s, og_hb((double)ro->grads + (double)ro->opt).s);
+    HOWS(x, r, { PT, "optimizer.zero_grad(set_to_none=True)   # before the evaluation: the gradients go" },
+         { PT, "del optimizer; torch.cuda.empty_cache()   # when training is over (a notebook's evaluation cell)" },
+         { ANY, "Evaluating between steps: keep the optimizer, free the gradients only (the next backward makes them "
+                "again)" });
+    return true;
+}
+
 static bool b_gradient_as_bucket_view(const rctx_t *x, og_remedy_t *r)
 {
     const og_role_facts_t *ro = &x->f->roles;

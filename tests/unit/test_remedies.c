@@ -3398,6 +3398,38 @@ static void evaluation_with_autograd_on(void **state)
     free(r);
 }
 
+/* an evaluation after training with its gradients and AdamW's state alive (a notebook's evaluation cell after fit):
+ * freeing them leads; a forward pass of training uses them: not offered; an evaluation of a job that made no
+ * gradients or optimizer state: not offered either */
+static void evaluation_frees_training_state(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 4 * GiB, 4 * GiB, 8 * GiB, 0, 0, 5 * GiB);
+    fixture_optimizer(r, "AdamW", 8 * GiB);
+    fixture_phase(r, "evaluation", "/tmp/ipykernel_2817/1203466271.py", "forward");
+    r->memory.fw.grad_enabled = -1;
+    r->memory.fw.training = 1;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "free_training_state");
+    free(r);
+    r = base();
+    fixture_roles(r, 4 * GiB, 4 * GiB, 8 * GiB, 0, 0, 5 * GiB);
+    fixture_optimizer(r, "AdamW", 8 * GiB);
+    fixture_phase(r, "forward", "/srv/model.py", "forward");
+    r->memory.fw.grad_enabled = 1;
+    r->memory.fw.training = 1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "free_training_state"), 0);
+    free(r);
+    r = base();
+    fixture_roles(r, 4 * GiB, 0, 0, 0, 0, 13 * GiB);
+    fixture_phase(r, "evaluation", "/srv/eval.py", "forward");
+    r->memory.fw.grad_enabled = -1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "free_training_state"), 0);
+    free(r);
+}
+
 /* a small model (33 MiB of weights) upscaling one huge image under no_grad: offloading the model or sharding its
  * state moves at most what the model holds, far less than the 3.5 GiB missing: both come after what can cover (a
  * bigger card); a 12 GiB model beside the same activations: offloading it covers the missing bytes */
@@ -4037,6 +4069,7 @@ int main(void)
         cmocka_unit_test(copy_under_way),
         cmocka_unit_test(dataset_kept_on_the_gpu),
         cmocka_unit_test(evaluation_with_autograd_on),
+        cmocka_unit_test(evaluation_frees_training_state),
         cmocka_unit_test(cap_without_room_not_first),
         cmocka_unit_test(cap_on_shared_gpu),
         cmocka_unit_test(cap_not_the_card),
