@@ -490,8 +490,9 @@ static bool c_fragmentation(const og_facts_t *d, const og_record_t *r, og_cause_
         return false;
 
     /* a pass still building (or a copy under way) that holds many times the cache: the splinters would carry it a
-     * few allocations further, the pass itself does not fit (does_not_fit says so) */
-    if ((d->pass_outgrows_cache || d->copy_outgrows_cache) && conf > PASS_FRAG_CONF)
+     * few allocations further, the pass itself does not fit (does_not_fit says so); memory rising step after step
+     * by many times the cache: they would carry the rise a step or two further (growth says what rises) */
+    if ((d->pass_outgrows_cache || d->copy_outgrows_cache || d->growth_outgrows_cache) && conf > PASS_FRAG_CONF)
         conf = PASS_FRAG_CONF;
     c->id = og_cause_ids[OG_CAUSE_FRAG];
     c->confidence = clamp01(conf);

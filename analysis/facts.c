@@ -1780,6 +1780,15 @@ static bool outgrows(const og_facts_t *d, uint64_t bytes)
            (double)d->cached < d->frag_share * (double)d->reservation;
 }
 
+/* memory that rose step after step (the growth rule's pattern) by PASS_OVER_CACHE times the cache and the request,
+ * that cache under frag_share of its reservation: defragmented, the splinters would carry the rise a step or two
+ * further, not stop it (facts.h: growth_outgrows_cache) */
+static void growth_outgrows_cache(og_facts_t *d)
+{
+    d->growth_outgrows_cache =
+        d->growth.holds && d->cached_known && !d->recovered && d->reservation && outgrows(d, d->growth.rise);
+}
+
 /* the others a sliver of the device beside a pass still building (facts.h: others_sliver) */
 static void others_sliver(og_facts_t *d)
 {
@@ -1790,7 +1799,9 @@ static void others_sliver(og_facts_t *d)
 static void pass_outgrows_cache(og_facts_t *d)
 {
     const og_role_facts_t *k = &d->roles;
-    bool building = pass_phase(d->phase) || (d->phase == OG_JP_loading && (k->arriving || k->local_held));
+    /* a load computes nothing: what it holds beyond the roles (a torch.load's storages arriving) is what it restored
+     * so far, like the models it builds and the shards its code holds */
+    bool building = pass_phase(d->phase) || (d->phase == OG_JP_loading && (k->arriving || k->local_held || k->act));
     /* an optimizer step making an Adam-family state (two moments per parameter its optimizers hold): what it has
      * yet to make is the step's own working set */
     if (d->phase == OG_JP_optimizer_step && k->known && k->opt_adam && k->opt_params && d->cached_known &&
@@ -2149,6 +2160,7 @@ void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds
     non_framework(f, rec);
     fit(f, rec);
     pass_outgrows_cache(f);
+    growth_outgrows_cache(f);
     others_sliver(f);
     copy_outgrows_cache(f);
     spare_device(f, rec);

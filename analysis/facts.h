@@ -472,6 +472,10 @@ typedef struct og_facts {
      * least 4x the cache (and the request), the cache under frag_share of the reservation: the cache would carry
      * the copy a few tensors further, not through it */
     bool copy_outgrows_cache;
+    /* the same for memory that rose step after step (growth.holds): the rise is at least PASS_OVER_CACHE times the
+     * cache (and the request), the cache under frag_share of the reservation: defragmented, the splinters would carry
+     * the rise a step or two further; what keeps rising is the cause */
+    bool growth_outgrows_cache;
     og_outlier_facts_t outlier;
     /* a collective-communication library (NCCL): its index in by_library (-1 none), bytes, and
      * whether the failing call was its own */
