@@ -166,8 +166,12 @@ def truth_checks(d, mark, rec_mark, exp):
         osum = sum(p.get("bytes", 0) for p in m.get("other_processes", []))
         check(osum == t["other_process_bytes"], "memory.other_processes[] sum %s == driver %s"
               % (osum, t["other_process_bytes"]))
-    check(m["context_bytes_estimate"] in (t["context_bytes"],) + unk,
-          "memory.context_bytes_estimate %s == driver context %s" % (m["context_bytes_estimate"], t["context_bytes"]))
+    # the estimate is process used - tracked: the contexts plus what the driver added rounding plain requests up to
+    # its granule (docs/dump-format.md), which no API reports apart: the simulator's charged - requested
+    slack = t["alloc_charged_bytes"] - t["alloc_requested_bytes"]
+    check(m["context_bytes_estimate"] in (t["context_bytes"] + slack,) + unk,
+          "memory.context_bytes_estimate %s == driver context %s + rounding %s"
+          % (m["context_bytes_estimate"], t["context_bytes"], slack))
     k = m["by_kind"]
     plain = t["alloc_requested_bytes"] - t["managed_requested_bytes"]
     for key, want in (("plain", plain), ("managed", t["managed_requested_bytes"]),
@@ -177,10 +181,12 @@ def truth_checks(d, mark, rec_mark, exp):
     libsum = sum(x["bytes"] for x in m["by_library"])
     check(libsum == tracked, "memory.by_library sums to %s, driver tracked %s" % (libsum, tracked))
     if exp.get("truth_peak", True):
-        # every request in the corpus is a multiple of the 2 MiB granule, so requested == charged
+        # the history counts requested bytes, the driver's peak charged ones: less the rounding of the requests
+        # not a multiple of the granule (every request of the corpus is one; some users' programs' are not)
         want = t["peak_used_bytes"] - t["context_bytes"]
-        check(d["history"]["peak_bytes"] == want, "history.peak_bytes %s == driver peak - contexts %s"
-              % (d["history"]["peak_bytes"], want))
+        check(d["history"]["peak_bytes"] in (want, want - slack),
+              "history.peak_bytes %s == driver peak - contexts %s (less rounding %s)"
+              % (d["history"]["peak_bytes"], want, slack))
     ex = mark.get("extra", {})
     fw = m.get("framework")
     if ex.get("query") or ex.get("fw"):
