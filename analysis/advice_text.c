@@ -82,24 +82,6 @@ og_pc_t og_pct(double part, double whole)
     return p;
 }
 
-int og_framework_of(const char *base, const char *path)
-{
-    if (!base)
-        return OG_FW_UNKNOWN;
-    if (!path)
-        path = base;
-    if (strncmp(base, "libtorch", 8) == 0 || strncmp(base, "libc10_cuda", 11) == 0 || strncmp(base, "libc10.", 7) == 0)
-        return OG_FW_PYTORCH;
-    if (strncmp(base, "xla_extension", 13) == 0 || strstr(path, "/jaxlib/") || strncmp(base, "libjax", 6) == 0 ||
-        strncmp(base, "libxla", 6) == 0 || strncmp(base, "_xla", 4) == 0)
-        return OG_FW_JAX;
-    if (strncmp(base, "libtensorflow", 13) == 0 || strncmp(base, "_pywrap_tensorflow", 18) == 0)
-        return OG_FW_TENSORFLOW;
-    if (strstr(path, "/cupy/") || strstr(path, "/cupy_backends/") || strncmp(base, "libcupy", 7) == 0)
-        return OG_FW_CUPY;
-    return OG_FW_UNKNOWN;
-}
-
 const char *og_plural(long long n, const char *one, const char *many) { return n == 1 ? one : many; }
 
 og_opt_u64_t og_other_inferred_bytes(const og_record_t *rec)

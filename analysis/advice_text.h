@@ -46,8 +46,6 @@ bool og_name_listed(const char *list, const char *name);
 /* the file name after the last '/' */
 const char *og_base_name(const char *path);
 
-/* enum og_framework of a library from its file name and path (OG_FW_UNKNOWN when none) */
-int og_framework_of(const char *base, const char *path);
 /* When NVML could not list the GPU's processes: the device memory that neither this process's
  * tracked allocations nor one CUDA context (OG_CONTEXT_ALLOWANCE) explain, i.e. total - free -
  * tracked - allowance; unknown when the process list was measured or total, free or tracked are

@@ -150,3 +150,26 @@ int og_python_file_not_program(const char *file)
 {
     return og_python_file_in_framework(file) || og_python_file_in_standard_library(file);
 }
+
+int og_framework_of(const char *base, const char *path)
+{
+    enum { OG_LIB_BASE, OG_LIB_PATH };
+    static const struct {
+        int match;
+        const char *pattern;
+        enum og_framework fw;
+    } libs[] = {
+#define OG_FRAMEWORK_LIB(match, pattern, framework) { OG_LIB_##match, pattern, OG_FW_##framework },
+#include "framework_libs.def"
+#undef OG_FRAMEWORK_LIB
+    };
+    if (!base)
+        return OG_FW_UNKNOWN;
+    if (!path)
+        path = base;
+    for (size_t i = 0; i < sizeof libs / sizeof *libs; i++)
+        if (libs[i].match == OG_LIB_PATH ? strstr(path, libs[i].pattern) != NULL
+                                         : strncmp(base, libs[i].pattern, strlen(libs[i].pattern)) == 0)
+            return libs[i].fw;
+    return OG_FW_UNKNOWN;
+}

@@ -25,6 +25,9 @@ const char *og_framework_name(enum og_framework fw);
 enum og_framework og_framework_from_name(const char *name);
 /* The name people know: PyTorch, JAX, TensorFlow, CuPy; `unknown` for OG_FW_UNKNOWN. */
 const char *og_framework_display(enum og_framework fw, const char *unknown);
+/* enum og_framework of a loaded library from its base name and path (path NULL: the base name), by the one
+ * table of the frameworks' native libraries (common/framework_libs.def); OG_FW_UNKNOWN when none */
+int og_framework_of(const char *base, const char *path);
 
 /* A Python file of a framework's own package (".../site-packages/torch/nn/modules/module.py",
  * ".../transformers/trainer.py": a directory named as a package of common/framework_code.def):

@@ -118,11 +118,8 @@ static int classify(const char *path, const char *base)
     for (size_t i = 0; i < sizeof cuda / sizeof *cuda; i++)
         if (strncmp(base, cuda[i], strlen(cuda[i])) == 0)
             return OG_LIBCLASS_CUDA;
-    static const char *const fw[] = { "libc10_cuda", "libc10.",       "libtorch",           "xla_extension", "libxla",
-                                      "_xla",        "libtensorflow", "_pywrap_tensorflow", "libjax" };
-    for (size_t i = 0; i < sizeof fw / sizeof *fw; i++)
-        if (strncmp(base, fw[i], strlen(fw[i])) == 0)
-            return OG_LIBCLASS_FRAMEWORK;
+    if (og_framework_of(base, path) != OG_FW_UNKNOWN) /* common/framework_libs.def */
+        return OG_LIBCLASS_FRAMEWORK;
     if (og_opt.framework_libs_s[0]) { /* OOMGUARD_FRAMEWORK_LIBS: a custom allocator's library */
         size_t n = strlen(base);
         for (const char *p = og_opt.framework_libs_s; *p;) {
@@ -132,8 +129,6 @@ static int classify(const char *path, const char *base)
             p += len + (p[len] == ',');
         }
     }
-    if (strstr(path, "/cupy/") || strstr(path, "/cupy_backends/") || strstr(path, "/jaxlib/"))
-        return OG_LIBCLASS_FRAMEWORK;
     return OG_LIBCLASS_OTHER;
 }
 

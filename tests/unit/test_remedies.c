@@ -614,6 +614,27 @@ static void cupy_and_unknown_framework(void **state)
     assert_string_equal(og_framework_name((enum og_framework)99), "unknown");
 }
 
+/* the frameworks' native libraries (common/framework_libs.def), by base name or by a directory of the path */
+static void framework_libraries(void **state)
+{
+    static const struct {
+        const char *base, *path;
+        enum og_framework fw;
+    } cases[] = {
+        { "libc10_cuda.so", NULL, OG_FW_PYTORCH },
+        { "libtorch_cuda.so", "/venv/lib/python3.11/site-packages/torch/lib/libtorch_cuda.so", OG_FW_PYTORCH },
+        { "xla_extension.so", NULL, OG_FW_JAX },
+        { "libfoo.so", "/venv/site-packages/jaxlib/libfoo.so", OG_FW_JAX },
+        { "libtensorflow_framework.so.2", NULL, OG_FW_TENSORFLOW },
+        { "memory.cpython-311-x86_64-linux-gnu.so", "/venv/site-packages/cupy/cuda/memory.cpython-311.so", OG_FW_CUPY },
+        { "libnccl.so.2", "/usr/lib/libnccl.so.2", OG_FW_UNKNOWN },
+        { "libcudnn.so.9", NULL, OG_FW_UNKNOWN },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        assert_int_equal(og_framework_of(cases[i].base, cases[i].path), cases[i].fw);
+    assert_int_equal(og_framework_of(NULL, NULL), OG_FW_UNKNOWN);
+}
+
 /* ------------------------------------------------------------------ multi-GPU */
 
 /* a teacher and a student on GPU 0 of two, GPU 1 untouched: putting the frozen teacher on GPU 1 leads, its text
@@ -4070,6 +4091,7 @@ int main(void)
         cmocka_unit_test(dataset_kept_on_the_gpu),
         cmocka_unit_test(evaluation_with_autograd_on),
         cmocka_unit_test(evaluation_frees_training_state),
+        cmocka_unit_test(framework_libraries),
         cmocka_unit_test(cap_without_room_not_first),
         cmocka_unit_test(cap_on_shared_gpu),
         cmocka_unit_test(cap_not_the_card),
