@@ -625,6 +625,8 @@ static void framework_libraries(void **state)
         { "libtorch_cuda.so", "/venv/lib/python3.11/site-packages/torch/lib/libtorch_cuda.so", OG_FW_PYTORCH },
         { "xla_extension.so", NULL, OG_FW_JAX },
         { "libfoo.so", "/venv/site-packages/jaxlib/libfoo.so", OG_FW_JAX },
+        { "xla_cuda_plugin.so", "/venv/site-packages/jax_plugins/xla_cuda13/xla_cuda_plugin.so", OG_FW_JAX },
+        { "xla_cuda_plugin.so", NULL, OG_FW_JAX },
         { "libtensorflow_framework.so.2", NULL, OG_FW_TENSORFLOW },
         { "memory.cpython-311-x86_64-linux-gnu.so", "/venv/site-packages/cupy/cuda/memory.cpython-311.so", OG_FW_CUPY },
         { "libnccl.so.2", "/usr/lib/libnccl.so.2", OG_FW_UNKNOWN },
