@@ -27,7 +27,26 @@ __all__ = ["activate", "install", "report", "is_attached"]
 
 WHO = "jax"
 API = "xla.bfc_allocator"
-_REQ = re.compile(r"allocate\s+([0-9][0-9,]*)\s*bytes")
+# the request in XLA's RESOURCE_EXHAUSTED texts, in bytes: "... while trying to allocate N bytes" (older jaxlibs),
+# "... allocating N bytes", the BFC allocator's "(rounded to N)", PJRT's "request for 256.00MiB (NB)"
+_REQ = (re.compile(r"allocat(?:e|ing)\s+([0-9][0-9,]*)\s*bytes"), re.compile(r"rounded to ([0-9][0-9,]*)\)"),
+        re.compile(r"\(([0-9][0-9,]*)B\)"))
+# or in XLA's units alone (jax 0.5+, read on jax 0.11: "Out of memory while trying to allocate 256.00MiB with
+# allocator GPU_0_bfc"): the size at the two decimals printed, within 0.5% of the request
+_REQ_UNITS = re.compile(r"allocat(?:e|ing)\s+([0-9]+(?:\.[0-9]+)?)\s*(B|KiB|MiB|GiB|TiB|PiB|EiB)\b")
+_UNITS = {"B": 0, "KiB": 1, "MiB": 2, "GiB": 3, "TiB": 4, "PiB": 5, "EiB": 6}
+
+
+def request_of(text):
+    """The request's bytes in an out-of-memory text of XLA's, or None when it says none."""
+    for pat in _REQ:
+        m = pat.search(text)
+        if m:
+            return int(m.group(1).replace(",", ""))
+    m = _REQ_UNITS.search(text)
+    if m:
+        return int(round(float(m.group(1)) * 1024 ** _UNITS[m.group(2)]))
+    return None
 
 
 def _jax():
@@ -171,8 +190,7 @@ def report(exc=None, request=None, stack=None):
         if jax is None or not _core.shim_present():
             return None
         if request is None and exc is not None:
-            m = _REQ.search(str(exc))
-            request = int(m.group(1).replace(",", "")) if m else None   # not in the message: unknown
+            request = request_of(str(exc))   # not in the message: unknown
         dev, st = _pick(_gpu_devices(jax), request or 0)
         if dev is None or not isinstance(st, dict):
             _core.say(WHO, "no GPU device with memory_stats(): nothing reported")

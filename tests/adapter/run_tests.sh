@@ -618,6 +618,18 @@ t_jax_prealloc() {
 }
 t "jax: RESOURCE_EXHAUSTED inside the preallocated arena: dump with request, bytes_limit, memory_stats" t_jax_prealloc
 
+t_jax_units() {
+    # jax 0.5 and later say the request in XLA's units (read on jax 0.11: "allocate 256.00MiB with allocator
+    # GPU_0_bfc"): the dump carries that size, within the half percent its two decimals allow, and the cap is named
+    shim env PYTHONPATH="$FJ" OOMGUARD_FRAMEWORK=auto FAKE_JAX_VERSION=0.11.2 timeout 120 "$PYTHON" "$SC/job_jax.py" \
+        prealloc exp.json > job.out 2>&1 || { cat job.out; return 1; }
+    local dump want; dump=$(ls dumps/oomguard-*.json); want=$(field exp.json 'd["expected"]["request"]')
+    grep -q "allocate [0-9.]*[KMG]iB with allocator" job.out || { echo "not the units text"; cat job.out; return 1; }
+    expect "$dump" 'abs(d["event"]["requested_bytes"] - '"$want"') <= 0.005 * '"$want" True &&
+    expect "$dump" 'd["diagnosis"]["primary"]' framework_cap
+}
+t "jax 0.11's text: the request from XLA's units (256.00MiB), the cap named" t_jax_units
+
 t_jax_uncaught() {
     shim env PYTHONPATH="$FJ" OOMGUARD_FRAMEWORK=auto timeout 120 "$PYTHON" "$SC/job_jax.py" uncaught > a.out 2> a.err; local ra=$?
     shim env OOMGUARD_PYTHON_ADAPTER=0 PYTHONPATH="$FJ" OOMGUARD_FRAMEWORK=auto OOMGUARD_DIR="$W/b" timeout 120 "$PYTHON" "$SC/job_jax.py" uncaught > b.out 2> b.err; local rb=$?

@@ -358,6 +358,11 @@ def check_jax(ds, t):
     fw = d["memory"]["framework"]
     assert fw["framework"] == "jax", fw["framework"]
     assert "XLA_PYTHON_CLIENT_MEM_FRACTION" in fw["cap_source"], fw["cap_source"]
+    # the request read from XLA's text (jax 0.11 says it in units: 256.00MiB), the arena's library JAX's
+    assert d["event"]["requested_bytes"] == 256 * MiB, d["event"]["requested_bytes"]
+    assert d["diagnosis"]["primary"] == "framework_cap", ids(d)
+    libs = [(x["library"], x["framework_name"]) for x in d["memory"]["by_library"] if x["bytes"] >= fw["cap_bytes"] // 2]
+    assert libs and all(name == "jax" for _, name in libs), libs
     r = fw.get("roles") or {}
     h = dict((x["name"], x["bytes"]) for x in r.get("holders", []))
     assert h.get("kept_arrays") == t["kept"], (h, t["kept"])

@@ -35,7 +35,31 @@ def _env_bool(name, default):
     return v.strip().lower() not in ("0", "false", "no", "off")
 
 
-def _oom(n):
+def _human(n):
+    """XLA's human-readable size (tsl's HumanReadableNumBytes): 512B, 1.50KiB, 256.00MiB, 2.25GiB."""
+    if n < 1024:
+        return "%dB" % n
+    v, unit = float(n), "B"
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        v /= 1024.0
+        if v < 1024.0:
+            break
+    return "%.2f%s" % (v, unit)
+
+
+def _oom(n, device=0):
+    """Older jaxlibs say the request in bytes; jax 0.5 and later (0.11 was read on an H200) say it in XLA's units,
+    name the allocator and the program: "Out of memory while trying to allocate 256.00MiB with allocator GPU_0_bfc
+    on device 0. [executable_name='jit_broadcast_in_dim'] ..."."""
+    from jax import __version__ as version
+    try:
+        newer = tuple(int(x) for x in version.split("+")[0].split(".")[:2]) >= (0, 5)
+    except ValueError:
+        newer = False
+    if newer:
+        return JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate %s with allocator GPU_%d_bfc "
+                               "on device %d. [executable_name='jit_broadcast_in_dim'] "
+                               "[tf-allocator-allocation-error='']" % (_human(n), device, device))
     return JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate %d bytes." % n)
 
 
@@ -84,7 +108,7 @@ class BFCAllocator(object):
                     self.next_region = max(self.next_region * 2, 2 * MiB)
                     c = self._best_fit(size)
             if c is None:
-                raise _oom(size)
+                raise _oom(size, self.device)
             if c.size - size >= ROUND:
                 c.split(size)
             c.used = True
@@ -119,7 +143,7 @@ class PlatformAllocator(object):
     def allocate(self, nbytes):
         addr = cuda_malloc(self.device, max(1, int(nbytes)))
         if addr is None:
-            raise _oom(int(nbytes))
+            raise _oom(int(nbytes), self.device)
         self.in_use += int(nbytes)
         self.num_allocs += 1
         self.peak_in_use = max(self.peak_in_use, self.in_use)
