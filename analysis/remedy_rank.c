@@ -944,9 +944,9 @@ static const og_rank_row_t bring[] = {
       "primary growth marked by the failing size, autograd off, not training", "generate_kv_cache" },
     { "generation_working_set", generation_growth, WANT, 0, 0, REMS(R_SMALLER_BATCH, R_SHORTER_SEQ, R_SMALLER_KV),
       "cause growth or growth.gen_built, not training, autograd not on, decoding (phase generation, or locals of "
-      "running code keeping a KV cache) or a KV cache holding >= half the rise; or decoding with a KV cache >= "
-      "shortfall and >= 1/4 of the allocated bytes",
-      "generate_kv_cache, generate_beams_kv_growth" },
+      "running code keeping a KV cache; not when the roles were measured and hold no KV cache) or a KV cache "
+      "holding >= half the rise; or decoding with a KV cache >= shortfall and >= 1/4 of the allocated bytes",
+      "generate_kv_cache, generate_beams_kv_growth, sdxl_turbo_gradio_demo_history_keeps_gpu_images (blind)" },
     { "generation_beams", generation_beams, WANT, 0, 0, REMS(R_FEWER_BEAMS),
       "as generation_working_set, roles: num_beams > 1 (the beam width read from the generation's frames)",
       "translate_docs_beam_kv_growth (blind), generate_beams_kv_growth" },

@@ -58,9 +58,11 @@ bool og_generation_growth(const rctx_t *x)
         ro->purpose_bytes[OG_PURPOSE_kv_cache] >= x->shortfall &&
         4 * ro->purpose_bytes[OG_PURPOSE_kv_cache] >= x->rec->memory.fw.allocated_bytes)
         return true;
+    /* a generation's growth is its KV cache's, unless the roles were measured and hold no KV cache at all (a
+     * diffusion pipeline's outputs kept in a list across requests: what grows is that list) */
     uint64_t kv = ro->purpose_bytes[OG_PURPOSE_kv_cache];
     return x->has[OG_CAUSE_GROWTH] && x->trains != 1 && x->grad != 1 &&
-           (x->f->decoding || (ro->known && kv && kv >= x->f->growth.rise / 2));
+           ((x->f->decoding && !(ro->known && !kv)) || (ro->known && kv && kv >= x->f->growth.rise / 2));
 }
 
 /* The advice's view: the facts og_diagnose computed (og_diagnose's own when it ran on this record),

@@ -1431,6 +1431,28 @@ static void no_attention_layers_no_fused_attention(void **state)
     free(r);
 }
 
+/* a diffusion demo keeps every generated image in a global list: memory rises request after request in phase
+ * generation, the roles measured and no KV cache among them: what grows is the list, so releasing it leads, not the
+ * generation's own working set (a smaller batch); the same list said to be a KV cache is that working set */
+static void generation_growth_without_kv_cache(void **state)
+{
+    og_record_t *r = base();
+    ev_reset(r);
+    leak_loop(r, 40, 0.1, 512 * MiB, 256 * MiB);
+    og_set(&r->event.requested_bytes, 1 * GiB);
+    og_set(&r->device.free_bytes, 600 * MiB);
+    fixture_roles(r, 6 * GiB, 0, 0, 0, 10 * GiB, 1 * GiB);
+    fixture_holder(r, "history", "list", "global in app.py", 10 * GiB);
+    fixture_phase(r, "generation", "/srv/app.py", "generate");
+    r->memory.fw.grad_enabled = -1;
+    run_primary(r, "growth");
+    assert_string_equal(r->remedies[0].id, "release_references");
+    fixture_holder_says(r, "kv_cache", "");
+    run(r);
+    assert_string_not_equal(r->remedies[0].id, "release_references");
+    free(r);
+}
+
 /* a rank of a 4-rank job fails while loading 20 GiB of weights onto its GPU: loading on the CPU or the meta
  * device and letting the sharder place each rank's part leads, its saving three quarters of what arrived; the
  * same load in a single process does not offer it */
@@ -4094,6 +4116,7 @@ int main(void)
         cmocka_unit_test(evaluation_with_autograd_on),
         cmocka_unit_test(evaluation_frees_training_state),
         cmocka_unit_test(framework_libraries),
+        cmocka_unit_test(generation_growth_without_kv_cache),
         cmocka_unit_test(cap_without_room_not_first),
         cmocka_unit_test(cap_on_shared_gpu),
         cmocka_unit_test(cap_not_the_card),
