@@ -92,6 +92,8 @@ typedef struct og_cause {
 
 /* Remedies shown in full (text, HTML, stderr); the rest are listed as "also possible", the JSON keeps all. */
 #define OG_REMEDIES_SHOWN 5
+/* ranking rows kept per remedy (remedies[].ranking.rows): the first ones that touched it */
+#define OG_RANK_ROWS_KEPT 8
 
 typedef struct og_remedy {
     const char *id;
@@ -102,6 +104,15 @@ typedef struct og_remedy {
     int nhow;
     char how[6][200];
     const char *saving, *cost;
+    /* how the ranking placed it (remedies[].ranking): its tier (0 leads, 1 covers the shortfall, 2 unknown,
+     * 3 cannot cover it alone), its order within the tier, the bytes the ranking estimated it could save
+     * (-1: unknown), and the ranking rows that brought, moved or led it, in the order they applied */
+    struct {
+        int tier, order;
+        double estimate;
+        int nrows;
+        const char *rows[OG_RANK_ROWS_KEPT];
+    } ranking;
 } og_remedy_t;
 
 /* A Python source line (event.python_stack, python_sites: bytes/blocks only there). */

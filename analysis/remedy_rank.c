@@ -26,7 +26,18 @@ typedef struct rank {
     bool want[R_COUNT];
     int tier[R_COUNT], order[R_COUNT];
     double cover[R_COUNT];
+    const char *rows[R_COUNT][OG_RANK_ROWS_KEPT]; /* the rows that touched each remedy (remedies[].ranking) */
+    int nrows[R_COUNT];
 } rank_t;
+
+/* the trace: `name` touched remedy r (a row of a pass, or a step of the ranking itself) */
+static void touched(rank_t *k, int r, const char *name)
+{
+    if (k->nrows[r] && k->rows[r][k->nrows[r] - 1] == name)
+        return;
+    if (k->nrows[r] < OG_RANK_ROWS_KEPT)
+        k->rows[r][k->nrows[r]++] = name;
+}
 
 /* ------------------------------------------------------------------ conditions */
 
@@ -1494,11 +1505,13 @@ static void apply(rank_t *k, const rctx_t *x, const og_rank_row_t *rows, size_t 
             if (k->want[a]) {
                 k->want[a] = false, k->want[b] = true;
                 k->tier[b] = k->tier[a], k->order[b] = k->order[a], k->cover[b] = k->cover[a];
+                touched(k, b, w->name);
             }
             continue;
         }
         for (int j = 0; w->rem[j] != R_NONE; j++) {
             int r = w->rem[j], v = w->value + j * w->step;
+            touched(k, r, w->name);
             switch (w->effect) {
             case WANT:
             case ONLY:
@@ -1722,8 +1735,11 @@ static void estimate(rank_t *k, const rctx_t *x)
         cover[R_EMPTY_CACHE] = 0;
     /* an unknown shortfall: nothing can be said to cover it, nor not to (tier 2) */
     double need = (double)x->shortfall;
-    for (int i = 0; i < R_COUNT; i++)
+    for (int i = 0; i < R_COUNT; i++) {
         k->tier[i] = !x->shortfall_known ? 2 : need <= 0 || cover[i] >= need ? 1 : cover[i] < 0 ? 2 : 3;
+        if (k->tier[i] == 3 && k->want[i])
+            touched(k, i, "cannot_cover");
+    }
 }
 
 /* ------------------------------------------------------------------ the primary cause's own remedies */
@@ -1738,8 +1754,10 @@ static void lead_own(rank_t *k, const rctx_t *x)
 {
     for (int j = 0; j < 2; j++) {
         int r = own_remedies[x->primary][j];
-        if (r != R_NONE && k->tier[r] != 3)
+        if (r != R_NONE && k->tier[r] != 3) {
             k->tier[r] = 0, k->order[r] = -20 + j;
+            touched(k, r, "primary_cause_own");
+        }
     }
 }
 
@@ -1764,8 +1782,10 @@ static void fit(rank_t *k, const rctx_t *x)
             continue;
         if (!applies(x, og_remedy_catalog[i].applies) || (need > 0 && k->cover[i] == 0))
             k->want[i] = false;
-        else if (need > 0 && k->cover[i] >= 0 && k->cover[i] < need)
+        else if (need > 0 && k->cover[i] >= 0 && k->cover[i] < need) {
             k->tier[i] = 3;
+            touched(k, i, "cannot_cover");
+        }
     }
 }
 
@@ -1808,6 +1828,7 @@ void og_select_remedies(og_record_t *rec)
     if (n > 1 && list[0] == R_INFERENCE && !known_inference(&x) && !evaluation_autograd_on(&x)) {
         list[0] = list[1];
         list[1] = R_INFERENCE;
+        touched(&k, R_INFERENCE, "inference_not_first");
     }
 
     for (int i = 0; i < n && rec->nremedies < 20; i++) {
@@ -1824,6 +1845,11 @@ void og_select_remedies(og_record_t *rec)
         }
         r->rank = ++rec->nremedies;
         r->shown = r->rank <= OG_REMEDIES_SHOWN;
+        r->ranking.tier = k.tier[list[i]];
+        r->ranking.order = k.order[list[i]];
+        r->ranking.estimate = k.cover[list[i]] >= 1e29 ? -2 : k.cover[list[i]];
+        r->ranking.nrows = k.nrows[list[i]];
+        memcpy(r->ranking.rows, k.rows[list[i]], sizeof r->ranking.rows);
     }
 }
 

@@ -837,6 +837,28 @@ static void w_diagnosis(og_sb_t *sb, const og_record_t *r)
     og_sb_puts(sb, "]}");
 }
 
+/* how the ranking placed one remedy: evidence for "why is this first", read by the scenario harness */
+static void w_ranking(og_sb_t *sb, const og_remedy_t *m)
+{
+    double e = m->ranking.estimate;
+    og_sb_printf(sb, ",\"ranking\":{\"tier\":%d,\"order\":%d,\"estimate\":\"%s\",\"estimate_bytes\":", m->ranking.tier,
+                 m->ranking.order,
+                 e == -2 ? "unbounded"
+                 : e < 0 ? "unknown"
+                         : "bytes");
+    if (e >= 0)
+        og_sb_printf(sb, "%.0f", e);
+    else
+        og_sb_puts(sb, "null");
+    og_sb_puts(sb, ",\"rows\":[");
+    for (int i = 0; i < m->ranking.nrows && i < OG_RANK_ROWS_KEPT; i++) {
+        if (i)
+            og_sb_puts(sb, ",");
+        og_sb_json_str(sb, m->ranking.rows[i] ? m->ranking.rows[i] : "");
+    }
+    og_sb_puts(sb, "]}");
+}
+
 static void w_remedies(og_sb_t *sb, const og_record_t *r)
 {
     og_sb_puts(sb, "[");
@@ -856,6 +878,7 @@ static void w_remedies(og_sb_t *sb, const og_record_t *r)
         og_sb_puts(sb, "],\"saving\":");
         og_sb_json_str(sb, m->saving ? m->saving : "");
         j_more_str(sb, "cost", m->cost ? m->cost : "");
+        w_ranking(sb, m);
         og_sb_puts(sb, "}");
     }
     og_sb_puts(sb, "]");

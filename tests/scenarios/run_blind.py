@@ -13,7 +13,11 @@ With --attainable, each case's dump is also edited to say what the expert said (
 first remedy, the required top 3, none of the forbidden ones; every number left as measured) and
 check.py must accept the edited copy: the expectation can be met by a dump of this very run.
 
-usage: run_blind.py [--attainable] [--set dev|validation] [--repeat N] [NAME ...]    environment: as run_scenarios.py (B, PRELOAD, SCEN_KEEP)"""
+With --trace, a failing dev case also prints how the ranking placed its first remedies and the expected
+ones (remedies[].ranking: tier, order, estimate and the rows that touched each): which rows to read when
+working on the rules.  Never for a validation case: no rule is tuned to those, so their dumps stay unread.
+
+usage: run_blind.py [--attainable] [--trace] [--set dev|validation] [--repeat N] [NAME ...]    environment: as run_scenarios.py (B, PRELOAD, SCEN_KEEP)"""
 import argparse
 import glob
 import json
@@ -101,6 +105,31 @@ def score(d, exp):
     return p_ok, f_ok, t_ok
 
 
+def ranking_trace(d, exp):
+    """Lines: the first five remedies and each expected one (first, top3_required) with how the ranking
+    placed it (the dump's remedies[].ranking); an expected id the ranking did not list says so."""
+    rems = d["remedies"] if d else []
+    by_id = {r["id"]: r for r in rems}
+
+    def line(r):
+        k = r.get("ranking", {})
+        est = k.get("estimate_bytes")
+        est = "%.2f GB" % (est / 1e9) if est is not None else k.get("estimate", "?")
+        return "%2d %-26s tier %s order %5s est %-10s rows %s" % (r["rank"], r["id"], k.get("tier", "?"),
+                                                               k.get("order", "?"), est, ",".join(k.get("rows", [])))
+    out = [line(r) for r in rems[:5]]
+    wanted = list(check.alts(exp["first"])) if "first" in exp else []
+    for e in exp.get("top3_required", []):
+        wanted += [a for a in check.alts(e) if a not in wanted]
+    for w in wanted:
+        r = by_id.get(w)
+        if r is None:
+            out.append("   %-26s not listed" % w)
+        elif r["rank"] > 5:
+            out.append(line(r))
+    return out
+
+
 def expert_edit(d, exp):
     """The dump d, edited to say what the expectation says (ids only; numbers untouched)."""
     d = json.loads(json.dumps(d))
@@ -160,6 +189,8 @@ def main():
     ap.add_argument("--attainable", action="store_true", help="also check the expert's answer is attainable")
     ap.add_argument("--set", choices=("dev", "validation"), dest="only_set",
                     help="only this set (a rule writer runs --set dev and never sees a validation case)")
+    ap.add_argument("--trace", action="store_true",
+                    help="a failing dev case prints how the ranking placed its remedies (never a validation case)")
     ap.add_argument("--repeat", type=int, default=1, metavar="N",
                     help="run each case N times; the scores are the first run's, and a case whose primary or "
                     "top 3 differs between runs is named (a rule that depends on timing)")
@@ -205,6 +236,9 @@ def main():
             for line in detail:
                 if line.startswith("FAIL"):
                     print("    " + line)
+            if a.trace and not ok and s == "dev":
+                for line in ranking_trace(d, exp):
+                    print("      " + line)
             if a.attainable:
                 a_ok, why = attainable(name, work, exp, cases_dir)
                 row["attain"] = row.get("attain", 0) + a_ok

@@ -129,6 +129,33 @@ static bool any_how_has(const og_record_t *r, const char *s)
     return false;
 }
 
+static bool ranked_by(const og_remedy_t *m, const char *row)
+{
+    for (int i = 0; i < m->ranking.nrows; i++)
+        if (strcmp(m->ranking.rows[i], row) == 0)
+            return true;
+    return false;
+}
+
+/* the trace of the ranking (remedies[].ranking) says how remedy i was placed: a row brought it, the list
+ * is sorted by (tier, order) but for inference mode moved off the lead */
+static void check_ranking(const og_record_t *r, int i)
+{
+    const og_remedy_t *m = &r->remedies[i];
+    assert_true(m->ranking.nrows >= 1 && m->ranking.nrows <= OG_RANK_ROWS_KEPT);
+    for (int j = 0; j < m->ranking.nrows; j++)
+        assert_non_null(m->ranking.rows[j]);
+    assert_true(m->ranking.tier >= 0 && m->ranking.tier <= 3);
+    assert_true(m->ranking.estimate >= 0 || m->ranking.estimate == -1 || m->ranking.estimate == -2);
+    if (i == 0)
+        return;
+    const og_remedy_t *p = &r->remedies[i - 1];
+    if (ranked_by(p, "inference_not_first") || ranked_by(m, "inference_not_first"))
+        return;
+    assert_true(p->ranking.tier < m->ranking.tier ||
+                (p->ranking.tier == m->ranking.tier && p->ranking.order <= m->ranking.order));
+}
+
 /* invariants of every remedy list */
 static void check_shape(const og_record_t *r)
 {
@@ -150,6 +177,7 @@ static void check_shape(const og_record_t *r)
         assert_true(m->nhow >= 1 && m->nhow <= 6);
         for (int h = 0; h < m->nhow; h++)
             assert_true(strlen(m->how[h]) > 5 && strlen(m->how[h]) < sizeof m->how[0] - 1);
+        check_ranking(r, i);
     }
 }
 
@@ -168,6 +196,8 @@ static void fragmentation_selection(void **state)
     og_record_t *r = frag();
     run_primary(r, "fragmentation");
     assert_string_equal(r->remedies[0].id, "empty_cache");
+    assert_true(ranked_by(&r->remedies[0], "fragmentation")); /* the row that brought it */
+    assert_string_equal(r->remedies[0].ranking.rows[0], "fragmentation");
     assert_true(how_has(&r->remedies[0], "torch.cuda.empty_cache()"));
     assert_non_null(strstr(r->remedies[0].why, "1.70 GiB"));
     assert_non_null(strstr(r->remedies[0].why, "300 MiB"));
@@ -226,6 +256,13 @@ static void does_not_fit_selection(void **state)
         assert_true(rank_of(r, order[i - 1]) < rank_of(r, order[i]));
     }
     assert_true(rank_of(r, "inference_mode") > 1); /* not known to be inference: never first */
+    /* the trace says why mixed precision is behind: its estimate cannot cover the 7 GiB */
+    const og_remedy_t *mp = rem(r, "mixed_precision");
+    assert_int_equal(mp->ranking.tier, 3);
+    assert_true(ranked_by(mp, "cannot_cover"));
+    assert_true(mp->ranking.estimate >= 0 && mp->ranking.estimate < 7.0 * GiB);
+    assert_int_equal(rem(r, "bigger_gpu")->ranking.estimate, -2); /* unbounded */
+    assert_int_equal(rem(r, "smaller_batch")->ranking.tier, 1);
     /* empty_cache is there (300 MiB cached) but never first: after smaller_batch */
     assert_true(rank_of(r, "empty_cache") > rank_of(r, "smaller_batch"));
     assert_non_null(strstr(rem(r, "empty_cache")->why, "300 MiB"));
