@@ -492,7 +492,8 @@ static bool c_fragmentation(const og_facts_t *d, const og_record_t *r, og_cause_
     /* a pass still building (or a copy under way) that holds many times the cache: the splinters would carry it a
      * few allocations further, the pass itself does not fit (does_not_fit says so); memory rising step after step
      * by many times the cache: they would carry the rise a step or two further (growth says what rises) */
-    if ((d->pass_outgrows_cache || d->copy_outgrows_cache || d->growth_outgrows_cache) && conf > PASS_FRAG_CONF)
+    if ((d->pass_outgrows_cache || d->copy_outgrows_cache || d->growth_outgrows_cache || d->kept_outgrows_cache) &&
+        conf > PASS_FRAG_CONF)
         conf = PASS_FRAG_CONF;
     c->id = og_cause_ids[OG_CAUSE_FRAG];
     c->confidence = clamp01(conf);
@@ -860,7 +861,7 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
     if (d->recovered && !d->larger_than_device)
         return false; /* the retry succeeded: it did fit */
     uint64_t avail = add_sat(add_sat(add_sat(d->free_eff, d->reclaim), d->app_slack), d->pool_idle);
-    bool outgrows = d->pass_outgrows_cache || d->copy_outgrows_cache;
+    bool outgrows = d->pass_outgrows_cache || d->copy_outgrows_cache || d->kept_outgrows_cache;
     if (d->req <= avail && !d->larger_than_device && !(outgrows && d->shortfall > 0))
         return false;
     c->id = og_cause_ids[OG_CAUSE_DNF];
@@ -897,7 +898,9 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
         conf -= 0.15;
     if (d->req <= avail) {
         conf = PASS_DNF_CONF; /* the cache would serve this request, not the rest of the pass */
-        basis = d->pass_outgrows_cache ? "pass_outgrows_cache" : "copy_outgrows_cache";
+        basis = d->pass_outgrows_cache   ? "pass_outgrows_cache"
+                : d->copy_outgrows_cache ? "copy_outgrows_cache"
+                                         : "kept_outgrows_cache";
     }
     /* a leak that grew by more than what is missing explains the shortfall better; so does an
      * imbalance whose evening-out would free it */
@@ -980,6 +983,14 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
                    "; the deep copy under way made %s so far, and the %s cached would carry it only a few tensors "
                    "further.",
                    og_hb((double)d->roles.copy_made).s, og_hb((double)d->cached).s);
+    } else if (d->kept_outgrows_cache) {
+        uint64_t kept = d->roles.kept_held;
+        ev_bytes(c, "kept_by_python_bytes", kept);
+        if (strlen(c->summary) + 160 < sizeof c->summary)
+            og_fmt(c->summary + strlen(c->summary) - 1, sizeof c->summary - strlen(c->summary) + 1,
+                   "; Python objects keep %s on the device across calls, and the %s cached would give the job only "
+                   "a few allocations more beside them.",
+                   og_hb((double)kept).s, og_hb((double)d->cached).s);
     }
     /* failing inside a burst of equal allocations that are all kept: a load (weights), not a step */
     const og_load_facts_t *ld = &d->load;

@@ -1533,6 +1533,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
                 k->local_kv = add_sat(k->local_kv, h->bytes);
             continue;
         }
+        k->kept_held = add_sat(k->kept_held, h->bytes);
         if (pu == OG_PURPOSE_ema) { /* an EMA kept between its updates (a local is an update under way) */
             k->ema_kept = add_sat(k->ema_kept, h->bytes);
             if (k->ema_holder < 0 || h->bytes > ro->holders[k->ema_holder].bytes)
@@ -1787,6 +1788,14 @@ static void growth_outgrows_cache(og_facts_t *d)
 {
     d->growth_outgrows_cache =
         d->growth.holds && d->cached_known && !d->recovered && d->reservation && outgrows(d, d->growth.rise);
+}
+
+/* what Python objects keep across calls outgrows the splinters (facts.h: kept_outgrows_cache) */
+static void kept_outgrows_cache(og_facts_t *d)
+{
+    const og_role_facts_t *k = &d->roles;
+    d->kept_outgrows_cache = k->known && k->act_known && d->cached_known && !d->recovered && d->reservation &&
+                             d->phase != OG_JP_loading && outgrows(d, k->kept_held);
 }
 
 /* the others a sliver of the device beside a pass still building (facts.h: others_sliver) */
@@ -2161,6 +2170,7 @@ void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds
     fit(f, rec);
     pass_outgrows_cache(f);
     growth_outgrows_cache(f);
+    kept_outgrows_cache(f);
     others_sliver(f);
     copy_outgrows_cache(f);
     spare_device(f, rec);

@@ -138,6 +138,7 @@ typedef struct og_role_facts {
     uint64_t params_fp32; /* ... and this many bytes of the parameters are float32 (0 when unknown) */
     uint64_t params_half; /* ... and this many are bfloat16 or float16 (0 when unknown) */
     uint64_t local_held;  /* held_by_python holders that are local variables of running functions */
+    uint64_t kept_held;   /* held_by_python holders kept across calls (every listed holder not a local) */
     uint64_t working;     /* act + local_held: the running computation's tensors */
     uint64_t purpose_bytes[OG_NPURPOSES]; /* held_by_python by what the holders' names say they keep */
     /* of them, holders of purpose dataset kept across calls (a global, an attribute; not a local of a running
@@ -476,6 +477,12 @@ typedef struct og_facts {
      * cache (and the request), the cache under frag_share of the reservation: defragmented, the splinters would carry
      * the rise a step or two further; what keeps rising is the cause */
     bool growth_outgrows_cache;
+    /* the same for tensors Python objects keep across calls (roles.kept_held: a metric's lists, a dataset or cache
+     * kept on the device), outside a load (a load's own reading: pass_outgrows_cache): they are at least
+     * PASS_OVER_CACHE times the cache (and the request), the cache under frag_share of the reservation:
+     * defragmented, the splinters would give the job a few more allocations beside what is kept, and what is kept
+     * is what took the room */
+    bool kept_outgrows_cache;
     og_outlier_facts_t outlier;
     /* a collective-communication library (NCCL): its index in by_library (-1 none), bytes, and
      * whether the failing call was its own */

@@ -108,6 +108,9 @@ uint64_t og_registry_bytes(const rctx_t *x);
 /* a restored checkpoint kept on the GPU after its load (roles.ckpt_copy covers the shortfall, past the load, before
  * any optimizer step) */
 bool og_checkpoint_kept(const rctx_t *x);
+/* a holder of no purpose kept across calls covers the shortfall while what Python keeps outgrows the splinters
+ * (facts.kept_outgrows_cache; roles.keeper), the memory did not grow */
+bool og_kept_holder(const rctx_t *x);
 
 /* the cap that refused the request, not the card: the cap is at most the job's state at its optimizer steps and
  * that state, this pass's activations, the context and the request fit the device without the cap (its free

@@ -254,6 +254,26 @@ static bool handler_keeps_attempt(const rctx_t *x)
            og_covers(x, (double)(ro->act - x->req));
 }
 static bool pass_outgrows(const rctx_t *x) { return x->f->pass_outgrows_cache; }
+/* what Python objects keep across calls outgrows the splinters (facts: kept_outgrows_cache) */
+static bool kept_outgrows(const rctx_t *x) { return x->f->kept_outgrows_cache; }
+/* ... where the splinters were found (cause fragmentation), and the largest such holder has no purpose its name says (a dataset, an index, a cache, an EMA: their own rows)
+ * and is no copy of a role, the memory did not grow (growth names its own holder), and it alone covers the
+ * shortfall: a program's list or attribute keeping tensors it has no need to keep on the device (a metric's
+ * per-image masks, outputs kept for a later report) */
+bool og_kept_holder(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    if (!kept_outgrows(x) || !HAS(FRAG) || ro->keeper < 0 || PRIMARY(GROWTH) || !og_covers(x, (double)ro->keeper_bytes))
+        return false;
+    const og_role_holder_t *h = &x->rec->memory.fw.roles.holders[ro->keeper];
+    char where[sizeof h->where];
+    og_cpy(where, sizeof where, h->where, sizeof where);
+    /* DistributedDataParallel's reducer keeps its gradient buckets (roles.ddp, their own remedy): DDP's, not the
+     * program's to release */
+    bool ddp_reducer = ro->ddp_buckets && strstr(where, "DistributedDataParallel");
+    return !h->purpose[0] && !h->copy_of[0] && !ddp_reducer;
+}
+static bool kept_holder(const rctx_t *x) { return og_kept_holder(x); }
 /* the same, where a restart would shed only the cache: nothing grew, nothing outside the framework in the process */
 static bool pass_outgrows_restart(const rctx_t *x) { return pass_outgrows(x) && !HAS(GROWTH) && !HAS(NONFW); }
 static bool others_sliver(const rctx_t *x) { return x->f->others_sliver; }
@@ -1115,6 +1135,11 @@ static const og_rank_row_t bring[] = {
     { "dataset_on_gpu", dataset_on_gpu, WANT, 0, 0, REMS(R_DATASET_CPU),
       "roles: holders of purpose dataset kept across calls (a global, an attribute) >= shortfall, primary not growth",
       "resnet50_whole_dataset_on_gpu_speedrun (blind)" },
+    { "kept_holder", kept_holder, WANT, 0, 0, REMS(R_RELEASE_REFS),
+      "roles: holders kept across calls (not locals of running code) hold >= 3x the cache, not loading "
+      "(kept_outgrows_cache), cause fragmentation; the largest has no purpose, copies no role and is no DDP "
+      "reducer's buckets (roles.ddp), >= shortfall; primary not growth",
+      "maskrcnn_val_torchmetrics_segm_map_masks_kept_on_gpu_v100_16gb (blind)" },
     { "index_on_gpu", index_on_gpu, WANT, 0, 0, REMS(R_INDEX_OFF_GPU),
       "roles: holders of purpose index kept across calls (a global, an attribute) >= shortfall, primary not growth",
       "support_rag_flat_fp32_index_beside_llama8b (blind); (unit tests: index_kept_on_the_gpu)" },
@@ -1259,6 +1284,9 @@ static const og_rank_row_t lead[] = {
     { "copy_outgrows_cache", copy_outgrows, TIER, 3, 0, REMS(R_EXPANDABLE, R_EMPTY_CACHE, R_BUCKET),
       "a deep copy under way (roles.operation copy) made >= 3x the cache so far (roles.copy_made_bytes)",
       "lightning_spike_rollback_gpu_snapshot, trdpo_reference_refresh_deepcopy (blind)" },
+    { "kept_outgrows_cache", kept_outgrows, TIER, 3, 0, REMS(R_EXPANDABLE, R_EMPTY_CACHE, R_BUCKET),
+      "holders kept across calls hold >= 3x the cache, not loading (facts: kept_outgrows_cache)",
+      "maskrcnn_val_torchmetrics_segm_map_masks_kept_on_gpu_v100_16gb (blind)" },
     { "no_batch_fit_yet", pass_outgrows_first, TIER, 3, 0, REMS(R_BUCKET),
       "as pass_outgrows_cache, roles: optimizer_steps < 2 or phase evaluation or generation, and the request no "
       "outlier (no batch of the failing kind fit with the state the job keeps now)",
@@ -1448,6 +1476,8 @@ static const og_rank_row_t lead[] = {
       "eval_deepcopy_in_train_loop, eval_on_deepcopy_with_grads_kept (blind), eval_copy_forward" },
     { "dataset_on_gpu_lead", dataset_on_gpu, LEAD_COVERS, -30, 0, REMS(R_DATASET_CPU), "as dataset_on_gpu",
       "resnet50_whole_dataset_on_gpu_speedrun (blind)" },
+    { "kept_holder_lead", kept_holder, LEAD_COVERS, -30, 0, REMS(R_RELEASE_REFS), "as kept_holder",
+      "maskrcnn_val_torchmetrics_segm_map_masks_kept_on_gpu_v100_16gb (blind)" },
     { "index_on_gpu_lead", index_on_gpu, LEAD_COVERS, -30, 0, REMS(R_INDEX_OFF_GPU), "as index_on_gpu",
       "support_rag_flat_fp32_index_beside_llama8b (blind); (unit tests: index_kept_on_the_gpu)" },
     { "copy_kept_lead", copy_kept, LEAD_COVERS, -30, 0, REMS(R_SNAPSHOT_CPU), "as copy_kept",
@@ -1578,6 +1608,8 @@ static void estimate(rank_t *k, const rctx_t *x)
         cover[R_RELEASE_REFS] = (double)roles_of(x)->kept_graphs;
     if (kept_grower(x) && (double)kept_grower(x) > cover[R_RELEASE_REFS]) /* all that the growth's holder keeps */
         cover[R_RELEASE_REFS] = (double)kept_grower(x);
+    if (kept_holder(x) && (double)roles_of(x)->keeper_bytes > cover[R_RELEASE_REFS]) /* all the kept holder keeps */
+        cover[R_RELEASE_REFS] = (double)roles_of(x)->keeper_bytes;
     cover[R_EXPANDABLE] = HAS(FRAG) && x->cached_known && x->cached ? (double)x->cached : -1;
     if (live >= 0) {
         cover[R_INFERENCE] = 0.3 * live;

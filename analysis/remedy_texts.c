@@ -817,6 +817,31 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
         how(r, "%sgc.collect(); torch.cuda.empty_cache()   # if a reference cycle still holds it", pt(x));
         return true;
     }
+    if (!grew && og_kept_holder(x)) {
+        const og_role_facts_t *kf = &x->f->roles;
+        const og_role_holder_t *h = &x->rec->memory.fw.roles.holders[kf->keeper];
+        char lb[160], name[sizeof h->name], kind[sizeof h->kind];
+        const char *holder = holder_label(x, kf->keeper, lb, sizeof lb);
+        og_cpy(name, sizeof name, h->name, sizeof name);
+        og_cpy(kind, sizeof kind, h->kind, sizeof kind);
+        bool one = h->tensors == 1 || strcmp(kind, "Tensor") == 0;
+        why(r,
+            "%s keeps %s on the GPU across calls%s%llu tensor%s): more than is missing, and many times the %s of "
+            "cached splinters, which defragmented would give the job a few allocations more beside it. Keep on "
+            "the GPU only what the next step computes with.",
+            holder ? holder : "A holder", og_hb((double)kf->keeper_bytes).s, " (", (unsigned long long)h->tensors,
+            h->tensors == 1 ? "" : "s", og_hb((double)x->cached).s);
+        const char *n = name[0] ? name : "kept";
+        if (one) { /* one tensor kept whole: read a slice at a time */
+            how(r, "%s%s = %s.cpu().pin_memory()   # kept in host memory", pt(x), n, n);
+            how(r, "%sx = %s[i:i + batch].cuda(non_blocking=True)   # a batch at a time on the GPU", pt(x), n);
+        } else {
+            how(r, "%s.append(t.detach().cpu())   # what is kept for later (a metric, a report) in host memory", n);
+            how(r, "%s.append(t.item())   # a number, not a tensor, where a number is all that is read", n);
+            how(r, "%s.clear()   # (or del) once read: nothing on the device outlives its use", n);
+        }
+        return true;
+    }
     if (!grew && og_previous_copy(x)) {
         previous_copy_why(x, r);
         why(r, " Free it before building the new one.");

@@ -3301,6 +3301,62 @@ static void cache_kept_across_calls(void **state)
     free(r);
 }
 
+
+/* a metric's list kept on an object holds many times the cached splinters (kept_outgrows_cache) when a 112 MiB request
+ * fails in an evaluation: releasing what it keeps leads, named, with its own lines (a list: .cpu(), .item(),
+ * clear()); expandable segments and empty_cache cannot carry it (tier 3).  One tensor kept whole is read a slice at
+ * a time from host memory; a holder whose name says a dataset gets its own remedy, not this one; with no splinters
+ * found (nothing cached) the holder is no reading of this row */
+static void kept_holder_outgrows_the_splinters(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->event.requested_bytes, 112 * MiB);
+    og_set(&r->device.free_bytes, 100 * MiB);
+    fixture_roles(r, 2 * GiB, 0, 0, 0, 4 * GiB, 0);
+    r->memory.fw.reserved_bytes += 226 * MiB;
+    r->memory.fw.largest_free_block_bytes = 4 * MiB;
+    fixture_phase(r, "evaluation", "/w/eval.py", "evaluate");
+    r->memory.fw.grad_enabled = -1;
+    fixture_holder(r, "self.detection_mask", "list", "on MeanAveragePrecision", 4 * GiB);
+    r->memory.fw.roles.holders[0].tensors = 104;
+    run_primary(r, "does_not_fit");
+    assert_true(r->analysis.facts.kept_outgrows_cache);
+    assert_string_equal(r->remedies[0].id, "release_references");
+    assert_true(ranked_by(&r->remedies[0], "kept_holder_lead"));
+    assert_non_null(strstr(r->remedies[0].why, "self.detection_mask (list, on MeanAveragePrecision) keeps 4.00 GiB"));
+    assert_non_null(strstr(r->remedies[0].why, "104 tensors"));
+    assert_true(how_has(&r->remedies[0], "self.detection_mask.append(t.detach().cpu())"));
+    assert_true(rank_of(r, "expandable_segments") == 0 || rem(r, "expandable_segments")->ranking.tier == 3);
+    snprintf(r->memory.fw.roles.holders[0].kind, sizeof r->memory.fw.roles.holders[0].kind, "Tensor");
+    r->memory.fw.roles.holders[0].tensors = 1;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "release_references");
+    assert_true(how_has(&r->remedies[0], "self.detection_mask[i:i + batch].cuda(non_blocking=True)"));
+    fixture_holder_says(r, "dataset", "");
+    run_primary(r, "does_not_fit");
+    assert_false(ranked_by(rem(r, "release_references"), "kept_holder"));
+    assert_string_equal(r->remedies[0].id, "dataset_on_cpu");
+    /* DistributedDataParallel's reducer keeping its gradient buckets (roles.ddp): DDP's own, with its own remedy */
+    fixture_holder_says(r, "", "");
+    snprintf(r->memory.fw.roles.holders[0].where, sizeof r->memory.fw.roles.holders[0].where,
+             "on DistributedDataParallel");
+    r->memory.fw.roles.ddp_wrappers = 1;
+    r->memory.fw.roles.ddp_bucket_bytes = 4 * GiB;
+    run(r);
+    assert_false(ranked_by(rem(r, "release_references"), "kept_holder"));
+    r->memory.fw.roles.ddp_wrappers = 0;
+    r->memory.fw.roles.ddp_bucket_bytes = 0;
+    run(r);
+    assert_true(ranked_by(rem(r, "release_references"), "kept_holder"));
+    fixture_holder_says(r, "", "");
+    r->memory.fw.reserved_bytes -= 226 * MiB; /* nothing cached: no splinters to outgrow */
+    r->memory.fw.largest_free_block_bytes = 0;
+    run(r);
+    assert_false(r->analysis.facts.kept_outgrows_cache && ranked_by(rem(r, "release_references"), "kept_holder"));
+    assert_false(ranked_by(rem(r, "release_references"), "kept_holder"));
+    free(r);
+}
+
 /* a search index kept on the GPU (an attribute of purpose index: a retriever's flat float32 vectors) beside a model
  * whose generation fails: move or compress the index first, named, its share of the process said; the same bytes
  * of no purpose, or a local of the running code: not this remedy */
@@ -4135,6 +4191,7 @@ int main(void)
         cmocka_unit_test(checkpoint_kept_after_load),
         cmocka_unit_test(growth_holder_kept_covers),
         cmocka_unit_test(index_kept_on_the_gpu),
+        cmocka_unit_test(kept_holder_outgrows_the_splinters),
         cmocka_unit_test(weights_copies_kept),
         cmocka_unit_test(copies_kept_across_steps),
         cmocka_unit_test(finished_training_beside_the_next),
