@@ -579,7 +579,14 @@ static bool c_peer_ranks(const og_facts_t *d, const og_record_t *r, og_cause_t *
         return false;
     c->id = og_cause_ids[OG_CAUSE_PEERS];
     c->confidence = 0.7 + (d->npeers && d->peers_small ? 0.2 : 0) + (wrong_device ? 0.05 : 0);
-    if (d->npeers && d->nchildren == d->npeers)
+    if (d->npeers && d->nchildren == d->npeers && d->nchild_programs == d->npeers)
+        summary(c,
+                "%d %s this process started, running another program, %s %s on GPU %d: each has a CUDA context "
+                "of its own and whatever it loaded; started without waiting for the previous one, they add up. They "
+                "are this job's, not other users'.",
+                d->npeers, og_plural(d->npeers, "process", "processes"), og_plural(d->npeers, "holds", "hold"),
+                og_hb((double)d->peers_bytes).s, r->event.device);
+    else if (d->npeers && d->nchildren == d->npeers)
         summary(c,
                 "%d child %s of this process (DataLoader workers or subprocesses) %s %s on GPU %d%s: a worker "
                 "that touches CUDA creates its own context; the data pipeline should stay on the CPU.",
@@ -616,6 +623,8 @@ static bool c_peer_ranks(const og_facts_t *d, const og_record_t *r, og_cause_t *
                 r->local_rank, r->event.device);
     ev_num(c, "peers", d->npeers);
     ev_num(c, "children", d->nchildren);
+    if (d->nchild_programs)
+        ev_num(c, "child_programs", d->nchild_programs);
     ev_num(c, "siblings", d->nsiblings);
     ev_num(c, "parent", d->nparents);
     ev_bytes(c, "peers_bytes", d->peers_bytes);

@@ -202,6 +202,7 @@ static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t
         if (rec->memory.other[i].same_job) {
             d->npeers++;
             d->nchildren += rec->memory.other[i].child;
+            d->nchild_programs += rec->memory.other[i].child && rec->memory.other[i].other_program;
             d->nsiblings += rec->memory.other[i].sibling;
             d->nparents += rec->memory.other[i].parent;
             d->peers_bytes = add_sat(d->peers_bytes, rec->memory.other[i].bytes);

@@ -40,13 +40,15 @@ typedef struct og_other_proc {
     int pid;
     char name[64];
     uint64_t bytes;
-    bool visible;      /* the pid exists in this pid namespace (/proc/PID) */
-    bool same_job;     /* same command and job (launcher/rank variables) as this process */
-    long rank;         /* its RANK (or launcher equivalent), -1 when unknown */
-    bool child;        /* a child of this process (DataLoader worker, subprocess) */
-    bool sibling;      /* another child of this process's parent, same command (a pre-fork server's worker) */
-    bool parent;       /* this process's parent (a pre-fork server's master) */
-    bool same_program; /* not of this job: this program run with another command line (a second server) */
+    bool visible;       /* the pid exists in this pid namespace (/proc/PID) */
+    bool same_job;      /* same command and job (launcher/rank variables) as this process */
+    long rank;          /* its RANK (or launcher equivalent), -1 when unknown */
+    bool child;         /* a child of this process (DataLoader worker, subprocess) */
+    bool sibling;       /* another child of this process's parent, same command (a pre-fork server's worker) */
+    bool parent;        /* this process's parent (a pre-fork server's master) */
+    bool same_program;  /* not of this job: this program run with another command line (a second server) */
+    bool other_program; /* a child running another program: not a fork of this one (same command line) nor a
+                           multiprocessing worker (spawn/forkserver); an evaluation script this process started */
 } og_other_proc_t;
 
 typedef struct og_frame {

@@ -84,11 +84,18 @@ static bool prefork_peers(const rctx_t *x)
     return HAS(PEERS) && x->npeers && x->f->nsiblings && x->f->nsiblings + x->f->nparents == x->npeers;
 }
 static bool prefork_primary(const rctx_t *x) { return PRIMARY(PEERS) && prefork_peers(x); }
-/* every peer on the GPU is a child of this process (DataLoader workers, subprocesses it started): each one that
- * touches CUDA holds a context, a cache and its batches of its own; they are not ranks on a wrong GPU, and a
- * restart of this process starts them again the same way */
-static bool worker_peers(const rctx_t *x) { return HAS(PEERS) && x->npeers && x->f->nchildren == x->npeers; }
+/* every peer on the GPU is a child of this process (DataLoader workers, subprocesses it started): they are not ranks
+ * on a wrong GPU, and a restart of this process starts them again the same way */
+static bool child_peers(const rctx_t *x) { return HAS(PEERS) && x->npeers && x->f->nchildren == x->npeers; }
+/* ... workers of this program (forks, multiprocessing's spawn; not all programs of their own): each one that touches CUDA holds a context, a cache
+ * and its batches of its own */
+static bool child_programs(const rctx_t *x);
+static bool worker_peers(const rctx_t *x) { return child_peers(x) && !child_programs(x); }
 static bool worker_primary(const rctx_t *x) { return PRIMARY(PEERS) && worker_peers(x); }
+/* ... every one a program of its own it started (an evaluation script per epoch, not waited for): each holds its
+ * context and what it loaded; fewer at once (one, waited for) or the work done in this process */
+static bool child_programs(const rctx_t *x) { return child_peers(x) && x->f->nchild_programs == x->npeers; }
+static bool child_programs_primary(const rctx_t *x) { return PRIMARY(PEERS) && child_programs(x); }
 /* the job's ranks outnumber the machine's GPUs (facts: ranks_outnumber_gpus) and some of them hold memory here */
 static bool ranks_outnumber_gpus(const rctx_t *x) { return HAS(PEERS) && x->f->ranks_outnumber_gpus; }
 static bool fwcap_holds(const rctx_t *x) { return HAS(FWCAP); }
@@ -989,6 +996,10 @@ static const og_rank_row_t bring[] = {
     { "dataloader_workers", worker_peers, WANT, 0, 0, REMS(R_CUDA_OUT_OF_WORKERS, R_FEWER_WORKERS),
       "cause peer_ranks, every peer a child of this process (DataLoader workers)",
       "dataloader_workers_cuda, kornia_gpu_augment_in_spawned_workers (blind)" },
+    { "child_programs", child_programs, WANT, 0, 0, REMS(R_FEWER_WORKERS),
+      "cause peer_ranks, every peer a child of this process running another program (other_program: not a fork, "
+      "not a multiprocessing worker)",
+      "conformer_ctc_epoch_end_eval_subprocesses_pile_up_same_gpu_a100_40gb (blind)" },
     { "ranks_outnumber_gpus", ranks_outnumber_gpus, WANT, 0, 0, REMS(R_ONE_RANK),
       "cause peer_ranks, ranks of this job on the machine (LOCAL_WORLD_SIZE, else this rank + the ranks of its job "
       "on the GPU) > the visible GPUs (facts: node_ranks, ranks_outnumber_gpus)",
@@ -1185,8 +1196,9 @@ static const og_rank_row_t narrow[] = {
     { "prefork_not_ranks", prefork_peers, DROP, 0, 0, REMS(R_SET_DEVICE),
       "cause peer_ranks, every peer a worker of this process's parent (or the parent): not ranks on a wrong GPU",
       "prefork_server_copies" },
-    { "workers_not_ranks", worker_peers, DROP, 0, 0, REMS(R_SET_DEVICE),
-      "cause peer_ranks, every peer a child of this process (DataLoader workers): not ranks on a wrong GPU",
+    { "workers_not_ranks", child_peers, DROP, 0, 0, REMS(R_SET_DEVICE),
+      "cause peer_ranks, every peer a child of this process (DataLoader workers, programs it started): not ranks on "
+      "a wrong GPU",
       "dataloader_workers_cuda, kornia_gpu_augment_in_spawned_workers (blind)" },
     { "ranks_share_gpus", ranks_outnumber_gpus, DROP, 0, 0, REMS(R_SET_DEVICE),
       "as ranks_outnumber_gpus: no GPU is left for set_device to select", "(unit tests: ranks_outnumber_gpus)" },
@@ -1365,6 +1377,9 @@ static const og_rank_row_t lead[] = {
     { "dataloader_workers_lead", worker_primary, LEAD, -20, 1, REMS(R_CUDA_OUT_OF_WORKERS, R_FEWER_WORKERS),
       "primary peer_ranks, every peer a child of this process (DataLoader workers)",
       "dataloader_workers_cuda, kornia_gpu_augment_in_spawned_workers (blind)" },
+    { "child_programs_lead", child_programs_primary, LEAD, -20, 0, REMS(R_FEWER_WORKERS),
+      "primary peer_ranks, as child_programs",
+      "conformer_ctc_epoch_end_eval_subprocesses_pile_up_same_gpu_a100_40gb (blind)" },
     { "workers_restart_again", worker_primary, DROP, 0, 0, REMS(R_RESTART),
       "the same (a restart starts the workers again, each taking CUDA as before)",
       "kornia_gpu_augment_in_spawned_workers (blind)" },

@@ -1530,6 +1530,26 @@ static bool b_other_framework(const rctx_t *x, og_remedy_t *r)
 static bool b_fewer_workers(const rctx_t *x, og_remedy_t *r)
 {
     const og_record_t *rec = x->rec;
+    if (x->npeers && x->f->nchildren == x->npeers && x->f->nchild_programs == x->npeers) {
+        /* programs this process started (an evaluation script each epoch) */
+        int n = x->npeers;
+        r->title = "Fewer processes at once: wait for each one this process starts, or do its work here";
+        r->saving = "All but one of their CUDA contexts and what each loaded";
+        why(r,
+            "%d %s this process started, each running another program, %s %s on GPU %d, about %s each: a CUDA "
+            "context and a copy of what it works on (a model to evaluate) each. Started without waiting, they pile "
+            "up; one at a time, in this process or on another GPU they do not. Do not stop them: they are this "
+            "job's.",
+            n, og_plural(n, "process", "processes"), og_plural(n, "holds", "hold"), og_hb((double)x->peers_bytes).s,
+            rec->event.device, og_hb((double)x->peers_bytes / (double)n).s);
+        how(r, "%sif proc is not None: proc.wait()   # before starting the next one (subprocess.Popen)", pt(x));
+        how(r,
+            "%swith torch.no_grad(): evaluate(model, loader)   # in this process: no second context, no second "
+            "copy of the model",
+            pt(x));
+        how(r, "CUDA_VISIBLE_DEVICES=1 python evaluate.py ...   # or on a GPU the training does not use");
+        return true;
+    }
     if (x->npeers && x->f->nchildren == x->npeers) { /* this process's own children: DataLoader workers */
         int n = x->npeers, keep = n / 2;
         double each = (double)x->peers_bytes / (double)n;

@@ -665,6 +665,9 @@ static void capture_peers(og_record_t *rec)
         /* another instance of this program set up otherwise (a second server with another model and port), not a
          * run of this same command line left over */
         o->same_program = !o->same_job && prog_ours[0] && strcmp(prog_ours, prog_theirs) == 0 && !same_cmd;
+        /* a child that is no worker of ours: a DataLoader or pool worker is a fork (our command line) or started by
+         * multiprocessing's spawn or forkserver (python -c "from multiprocessing.spawn import spawn_main ...") */
+        o->other_program = o->child && !same_cmd && !strstr(cmd, "multiprocessing");
     }
 out:
     free(buf);

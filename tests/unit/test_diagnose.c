@@ -959,6 +959,14 @@ static void peer_ranks_and_workers(void **state)
     assert_non_null(c->id);
     assert_non_null(strstr(c->summary, "1 child process of this process"));
     assert_non_null(strstr(c->summary, "holds 3.00 GiB"));
+    assert_true(ev(c, "child_programs") < 0);
+    /* the child runs another program (an evaluation script it started): named as such, and counted */
+    r->memory.other[0].other_program = true;
+    diag(r);
+    c = find(r, "peer_ranks");
+    assert_non_null(strstr(c->summary, "1 process this process started, running another program"));
+    assert_null(strstr(c->summary, "DataLoader"));
+    assert_int_equal((int)ev(c, "child_programs"), 1);
     free(r);
 }
 

@@ -888,6 +888,25 @@ static void peers_get_set_device_never_kill(void **state)
     assert_string_equal(r->remedies[0].id, "cuda_out_of_workers");
     assert_int_equal(rank_of(r, "expandable_segments"), 0);
     assert_int_equal(rank_of(r, "restart_process"), 0);
+    /* the children run another program (an evaluation script each epoch, not waited for; not forks, not
+     * multiprocessing workers): fewer at once leads, told as programs started, not DataLoader workers; CUDA kept out
+     * of workers is no fix for them.  One of them a worker after all: the workers' reading stands */
+    for (int i = 0; i < 7; i++)
+        r->memory.other[i].other_program = true;
+    run_primary(r, "peer_ranks");
+    assert_string_equal(r->remedies[0].id, "fewer_workers");
+    assert_true(ranked_by(&r->remedies[0], "child_programs_lead"));
+    assert_non_null(strstr(r->remedies[0].why, "7 processes this process started, each running another program"));
+    assert_null(strstr(r->remedies[0].why, "DataLoader"));
+    assert_true(how_has(&r->remedies[0], "proc.wait()"));
+    assert_int_equal(rank_of(r, "cuda_out_of_workers"), 0);
+    assert_int_equal(rank_of(r, "set_device"), 0);
+    assert_false(any_how_has(r, "kill "));
+    r->memory.other[3].other_program = false;
+    run_primary(r, "peer_ranks");
+    assert_string_equal(r->remedies[0].id, "cuda_out_of_workers");
+    for (int i = 0; i < 7; i++)
+        r->memory.other[i].other_program = false;
     /* one worker of eight not a child (a rank of the job): set_device stays, and no workers' rows */
     r->memory.other[0].child = false;
     run(r);
