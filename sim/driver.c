@@ -169,8 +169,10 @@ bool sim_charge_locked(int dev, uint64_t bytes)
     bool ok = bytes <= sim_free_bytes_locked(dev);
     if (ok) {
         d->used += bytes;
-        if (d->used > d->peak_used)
+        if (d->used > d->peak_used) {
             d->peak_used = d->used;
+            d->peak_rounding = d->alloc_charged - d->alloc_requested; /* a plain block books its own next */
+        }
         sim_publish_locked(dev);
     }
     sim_shared_unlock(dev);
@@ -248,6 +250,7 @@ static void truth_locked(int dev, simgpu_truth_t *t)
     t->other_process_bytes = sim_other_bytes_locked(dev);
     t->used_bytes = d->used;
     t->peak_used_bytes = d->peak_used;
+    t->peak_rounding_bytes = d->peak_rounding;
     if (dev == 0) {
         t->host_pinned_bytes = g_sim.host_pinned_bytes;
         t->host_pinned_blocks = g_sim.host_pinned_blocks;
@@ -319,12 +322,12 @@ static void write_truth_file_locked(void)
                 "\"pool_reserved_bytes\":%llu,\"pool_used_bytes\":%llu,\"pool_blocks\":%llu,"
                 "\"other_process_bytes\":%llu,\"used_bytes\":%llu,\"peak_used_bytes\":%llu,"
                 "\"host_pinned_bytes\":%llu,\"host_pinned_blocks\":%llu,\"failed_allocs\":%llu,"
-                "\"injected_failures\":%llu,\"contexts\":%llu}\n",
+                "\"injected_failures\":%llu,\"contexts\":%llu,\"peak_rounding_bytes\":%llu}\n",
                 dev, (int)getpid(), t.total_bytes, t.free_bytes, t.context_bytes, t.alloc_requested_bytes,
                 t.alloc_charged_bytes, t.alloc_blocks, t.managed_requested_bytes, t.vmm_physical_bytes, t.vmm_handles,
                 t.pool_reserved_bytes, t.pool_used_bytes, t.pool_blocks, t.other_process_bytes, t.used_bytes,
                 t.peak_used_bytes, t.host_pinned_bytes, t.host_pinned_blocks, t.failed_allocs, t.injected_failures,
-                t.contexts);
+                t.contexts, t.peak_rounding_bytes);
     }
     fclose(f);
 }

@@ -236,6 +236,8 @@ static CUresult plain_alloc_locked(CUdeviceptr *dptr, uint64_t bytes, const char
     d->alloc_requested += bytes;
     d->alloc_charged += charged;
     d->alloc_blocks++;
+    if (d->used == d->peak_used) /* this block made the peak: its rounding is part of it */
+        d->peak_rounding = d->alloc_charged - d->alloc_requested;
     if (managed)
         d->managed_requested += bytes;
     *dptr = a->va.r.base;

@@ -38,6 +38,9 @@ typedef struct simgpu_truth {
     unsigned long long contexts;                       /* live contexts on the device (primary counts once) */
     unsigned long long ipc_mapped_bytes, ipc_mappings; /* other processes' memory opened with cuIpcOpenMemHandle */
     unsigned long long graph_reserved_bytes;           /* the device's graph memory (SIMGPU_GRAPH_MEM), charged */
+    unsigned long long peak_rounding_bytes; /* at peak_used_bytes: what plain allocations were charged beyond their
+                                               requests (rounding to the granule); the peak in requested bytes is
+                                               peak_used_bytes - context_bytes at that time - this */
 } simgpu_truth_t;
 
 /* Fill *out with the current truth of `device`.  Returns 0, or -1 when the

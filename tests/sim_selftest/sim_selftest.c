@@ -387,6 +387,7 @@ static void sec_driver(void *unused)
     CHECK_EQ(t.alloc_blocks, 2);
     CHECK_EQ(t.used_bytes, 256 * MiB + 6 * MiB);
     CHECK_EQ(t.peak_used_bytes, 256 * MiB + 6 * MiB);
+    CHECK_EQ(t.peak_rounding_bytes, 6 * MiB - (1 + 3 * MiB)); /* the rounding of the blocks that made the peak */
     CHECK_CU(cuMemGetInfo(&fr, &to), OK);
     CHECK_EQ(fr, t.free_bytes);
     CHECK_EQ(fr, 8 * GiB - 1 * GiB - 256 * MiB - 6 * MiB);
@@ -419,6 +420,8 @@ static void sec_driver(void *unused)
     CHECK_CU(cuMemFree(0x1234), CUDA_ERROR_INVALID_VALUE);
     CHECK_CU(cuMemFree(a2), OK);
     CHECK_CU(cuMemFree(a2), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(T(0).peak_rounding_bytes, 6 * MiB - (1 + 3 * MiB)); /* the peak's, not what is live now */
+    CHECK_EQ(T(0).alloc_charged_bytes - T(0).alloc_requested_bytes, 2 * MiB - 1);
     t = T(0);
     CHECK_EQ(t.alloc_blocks, 1);
     CHECK_EQ(t.alloc_charged_bytes, 2 * MiB);
