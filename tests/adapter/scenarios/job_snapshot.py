@@ -34,7 +34,8 @@ def torch_job():
     import oomguard_torch
     keep.append(torch.empty(32 * MiB))
     assert oomguard_torch.report() is not None, "the adapter did not report"
-    return (lambda: {"allocated": torch.cuda.memory_allocated(0), "reserved": torch.cuda.memory_reserved(0)},
+    return (lambda: {"allocated": torch.cuda.memory_allocated(0), "reserved": torch.cuda.memory_reserved(0),
+                     "peak": torch.cuda.max_memory_allocated(0)},
             lambda: keep.append(torch.empty(64 * MiB)))
 
 

@@ -146,6 +146,9 @@ class DeviceAllocator(object):
         self.num_ooms = 0
         self.allocated_total = 0         # allocated_bytes.all.allocated / .freed: cumulative block bytes
         self.freed_total = 0
+        self.allocated_now = 0           # allocated_bytes.all.current, kept as blocks come and go ...
+        self.allocated_peak = 0          # ... and its high-water mark (.peak; reset_peak_memory_stats)
+        self.reserved_peak = 0           # reserved_bytes.all.peak
         self.fraction = None             # set_per_process_memory_fraction
         self.history = None              # _record_memory_history: max trace entries, or None
         self.trace = []
@@ -219,6 +222,9 @@ class DeviceAllocator(object):
         block.used = True
         block.requested = nbytes
         self.allocated_total += block.size
+        self.allocated_now += block.size
+        self.allocated_peak = max(self.allocated_peak, self.allocated_now)
+        self.reserved_peak = max(self.reserved_peak, self._reserved())
         if self.history is not None:
             block.frames = _python_frames()
             self.trace.append({"action": "alloc", "addr": block.addr, "size": block.size, "frames": block.frames})
@@ -228,6 +234,7 @@ class DeviceAllocator(object):
 
     def free(self, block):
         self.freed_total += block.size       # a tensor back to the cache (not the driver): freed
+        self.allocated_now -= block.size
         block.requested = 0
         block.frames = []
         if self.history is not None:
@@ -238,6 +245,10 @@ class DeviceAllocator(object):
 
     def empty_cache(self):
         self._release_free_segments()
+
+    def reset_peak_memory_stats(self):
+        self.allocated_peak = self.stats()["allocated"]
+        self.reserved_peak = self._reserved()
 
     # -- what PyTorch reports
     def stats(self, small=None):
@@ -278,6 +289,8 @@ class DeviceAllocator(object):
             d["segment.%s.current" % pool] = st["segments"]
         d["allocated_bytes.all.allocated"] = self.allocated_total
         d["allocated_bytes.all.freed"] = self.freed_total
+        d["allocated_bytes.all.peak"] = self.allocated_peak
+        d["reserved_bytes.all.peak"] = self.reserved_peak
         d["num_alloc_retries"] = self.num_alloc_retries
         d["num_ooms"] = self.num_ooms
         return d

@@ -130,6 +130,20 @@ def memory_allocated(device=None):
     return memory_stats(device).get("allocated_bytes.all.current", 0)
 
 
+def max_memory_allocated(device=None):
+    return memory_stats(device).get("allocated_bytes.all.peak", 0)
+
+
+def max_memory_reserved(device=None):
+    return memory_stats(device).get("reserved_bytes.all.peak", 0)
+
+
+def reset_peak_memory_stats(device=None):
+    a = _allocator(memory._device_index(device))
+    if hasattr(a, "reset_peak_memory_stats"):
+        a.reset_peak_memory_stats()
+
+
 def memory_reserved(device=None):
     return memory_stats(device).get("reserved_bytes.all.current", 0)
 
