@@ -2064,8 +2064,15 @@ static void advice(og_facts_t *f, const og_record_t *rec)
     x->grad = fw->has ? fw->grad_enabled : 0;
     x->training = fw->has ? fw->training : 0;
     x->autocast = fw->has ? fw->autocast : 0;
-    /* advice follows the failing call's framework */
+    /* advice follows the failing call's framework: by its name, else as the ledger classed that library (by the path
+     * it was loaded from: CuPy's cupy/cuda/memory.*.so) */
     int ffw = og_framework_of(x->fail_lib, x->fail_lib);
+    for (int i = 0; ffw == OG_FW_UNKNOWN && i < rec->memory.nlibs && i < 32; i++) {
+        char l[sizeof rec->memory.by_library[0].library];
+        og_cpy(l, sizeof l, rec->memory.by_library[i].library, sizeof l);
+        if (rec->memory.by_library[i].framework && strcmp(og_base_name(l), x->fail_lib) == 0)
+            ffw = rec->memory.by_library[i].fw_kind;
+    }
     if (ffw != OG_FW_UNKNOWN)
         x->fw = ffw;
     x->cc_known = rec->device.cc_major > 0;

@@ -819,8 +819,11 @@ static void fill_event(og_record_t *rec, const og_episode_t *ep, int device)
              site ? og_lib_name(og_site_lib(site)) : og_lib_name(og_lib_of((uintptr_t)ep->caller)));
     for (int f = 0; site && f < site->depth && f < 32; f++)
         symbolize(site->frames[f], &rec->event.frames[rec->event.nframes++], true);
-    /* advice follows the framework of the failing call (several can share a process) */
+    /* advice follows the framework of the failing call (several can share a process): by its name, else by the path
+     * it was loaded from (CuPy's allocator is cupy/cuda/memory.*.so: "memory.so" says nothing by itself) */
     int ffw = og_framework_of(rec->event.library, rec->event.library);
+    if (ffw == OG_FW_UNKNOWN && rec->event.library[0] && rec->event.library[0] != '(')
+        ffw = framework_of_loaded(rec->event.library);
     if (ffw != OG_FW_UNKNOWN && strcmp(og_opt.framework_s, "auto") == 0)
         rec->framework = ffw;
 }

@@ -431,6 +431,25 @@ static void non_framework_selection(void **state)
     free(r);
 }
 
+/* the failing call's framework, by the ledger's class of its library when its name says nothing: CuPy's allocator is
+ * cupy/cuda/memory.*.so ("memory.so"), in a process that loaded PyTorch first; the advice is CuPy's (an array
+ * library: an outlier's lever is the input's size, not a token length) */
+static void failing_framework_by_the_ledger(void **state)
+{
+    og_record_t *r = beside_a_library("libcudnn.so.9");
+    r->framework = OG_FW_PYTORCH;
+    strcpy(r->event.library, "memory.so");
+    strcpy(r->memory.by_library[1].library, "memory.so");
+    r->memory.by_library[1].framework = true;
+    r->memory.by_library[1].fw_kind = OG_FW_CUPY;
+    run(r);
+    assert_int_equal(r->analysis.facts.adv.fw, OG_FW_CUPY);
+    r->memory.by_library[1].framework = false; /* not a framework's library: the process's framework stands */
+    run(r);
+    assert_int_equal(r->analysis.facts.adv.fw, OG_FW_PYTORCH);
+    free(r);
+}
+
 /* NCCL the largest library outside the framework: nccl_buffsize is offered after the cause's own remedy; with
  * NCCL_BUFFSIZE above its default, what the setting adds covers the shortfall and it leads, its text naming the
  * setting and NCCL's bytes at the default */
@@ -4130,6 +4149,7 @@ int main(void)
         cmocka_unit_test(cache_held_selection),
         cmocka_unit_test(limit_selection),
         cmocka_unit_test(non_framework_selection),
+        cmocka_unit_test(failing_framework_by_the_ledger),
         cmocka_unit_test(nccl_settings),
         cmocka_unit_test(unknown_cause_selection),
         cmocka_unit_test(expandable_segments_already_set),
