@@ -232,6 +232,9 @@ static bool restart_sheds_nothing(const rctx_t *x)
 /* the models' layers were walked and none is attention (roles.attention_modules 0, the failing operation not
  * attention): their input is a graph, a point cloud or an image, not a token sequence */
 static bool no_attention_layers(const rctx_t *x) { return x->f->roles.attention == -1; }
+/* no sequence model to shorten an input of: the models have no attention layer, or the failing framework is an array
+ * library (CuPy: a matrix over the items of one input, not a token length) */
+static bool input_not_a_sequence(const rctx_t *x) { return no_attention_layers(x) || x->fw == OG_FW_CUPY; }
 /* no other process to stop: the memory outside the framework is in this process */
 static bool no_other_process(const rctx_t *x) { return !x->other && x->rec->memory.nother <= 0; }
 
@@ -428,6 +431,13 @@ static bool comm_outside(const rctx_t *x)
 }
 /* a peak from one batch far larger than the earlier steps' (a long document), with autograd on */
 static bool one_batch_peak(const rctx_t *x) { return PRIMARY(DNF) && x->f->outlier.holds && x->grad != -1; }
+/* the same outlier (facts: outlier) in a generation (phase generation, autograd off): one prompt far longer than the
+ * others, padded across its batch, not the working set a generation builds token by token; its length is the lever
+ * (an evaluation whose batch is larger than the training's is its batch's size: no phase generation) */
+static bool one_input_peak(const rctx_t *x)
+{
+    return PRIMARY(DNF) && x->f->outlier.holds && x->grad == -1 && PHASE(generation);
+}
 /* one inference input larger than the card: its length is the lever, when something says the request is a
  * model's input (a forward, evaluation or generation frame on the stack, a KV cache held, or the failing
  * statement's sizes: one length twice or more, seq x seq); otherwise (a score or similarity matrix computed outside
@@ -1120,6 +1130,10 @@ static const og_rank_row_t bring[] = {
       "the job trains, adapter: grad_enabled on, roles: gradient_checkpointing false, activations >= half the "
       "allocated bytes",
       "sft_first_forward_activations, long_ctx_lora_ckpt_flag_off (blind)" },
+    { "one_input_peak", one_input_peak, WANT, 0, 0, REMS(R_SHORTER_SEQ),
+      "primary does_not_fit, the outlier (as one_batch_peak), autograd off, phase generation: one prompt far longer "
+      "than the others",
+      "batch_summarize_llama31_8b_one_exhibit_pads_batch_to_31k_a100_40gb (blind)" },
     { "one_batch_peak", one_batch_peak, WANT, 0, 0, REMS(R_SHORTER_SEQ),
       "primary does_not_fit, request >= 4x any earlier allocation after freed steps, autograd not off",
       "outlier_long_batch (blind)" },
@@ -1477,6 +1491,9 @@ static const og_rank_row_t lead[] = {
       "as generation_working_set, no growth cause (growth.gen_built, or decoding with a KV cache >= "
       "shortfall and >= 1/4 of the allocated bytes)",
       "translate_docs_beam_kv_growth, longform_eval_kv_growth (blind)" },
+    { "one_input_peak_lead", one_input_peak, LEAD_COVERS, -28, 0, REMS(R_SHORTER_SEQ),
+      "as one_input_peak (ahead of a generation's batch and cache: one prompt, not the working set)",
+      "batch_summarize_llama31_8b_one_exhibit_pads_batch_to_31k_a100_40gb (blind)" },
     { "cross_entropy_lead", cross_entropy_lead, LEAD_COVERS, -26, 0, REMS(R_FUSED_CE),
       "as cross_entropy_op, primary not a confident growth",
       "gemma_lora_fp32_logits_ce (blind), perplexity_log_softmax" },
@@ -1531,9 +1548,9 @@ static const og_rank_row_t lead[] = {
     { "kept_graphs_not_checkpointing", kept_graphs_measured, TIER, 2, 0, REMS(R_CHECKPOINTING),
       "as kept_graphs_measured (checkpointing shrinks what each kept graph saves; the graphs stay)",
       "ppo_isaac_humanoid_rollout_collected_with_autograd_h100 (blind)" },
-    { "input_not_a_sequence", no_attention_layers, REPLACE, 0, 0, REMS(R_SHORTER_SEQ, R_CAP_INPUT),
+    { "input_not_a_sequence", input_not_a_sequence, REPLACE, 0, 0, REMS(R_SHORTER_SEQ, R_CAP_INPUT),
       "roles: attention_modules 0 and the failing operation not attention (a graph network, a point-cloud or image "
-      "CNN: the input's size, not a token length)",
+      "CNN: the input's size, not a token length); or the failing framework CuPy (an array library)",
       "kpconv_facade_scan_one_dense_sphere_batch1_l4, meshgraphnet_drivaer_outlier_fine_mesh_batch1_a6000 (blind)" },
 };
 
@@ -1737,7 +1754,7 @@ static void estimate(rank_t *k, const rctx_t *x)
         cover[R_CHECKPOINTING] = 0.5 * (double)ro->act;
     if (ro->known && ro->batch_size == 1) /* a batch of one cannot shrink: accumulation needs a smaller one */
         cover[R_SMALLER_BATCH] = 0;
-    if (one_batch_peak(x)) /* cap the length at what the earlier batches used */
+    if (one_batch_peak(x) || one_input_peak(x)) /* cap the length at what the earlier batches used */
         cover[R_SHORTER_SEQ] =
             (double)x->f->outlier.run_bytes * (1.0 - (double)x->f->outlier.prev_max / (double)x->req);
     if (larger_inference(x)) { /* the input's length can shrink as far as needed */

@@ -2493,6 +2493,28 @@ static void larger_outlier_batch_caps_the_length(void **state)
     free(r);
 }
 
+/* the same outlier in a generation (autograd off, phase generation: a prompt far longer than the others, padded across
+ * its batch of 16): capping the input's length leads, ahead of a smaller batch for the whole job and of the KV
+ * cache; an evaluation's outlier (its batch larger than the training's) is no prompt: not this row */
+static void one_prompt_peak_in_generation(void **state)
+{
+    og_record_t *r = outlier_pass(16);
+    r->memory.fw.grad_enabled = -1;
+    r->memory.fw.training = -1;
+    fixture_roles(r, 2 * GiB, 0, 0, 0, 0, 18 * GiB);
+    r->memory.fw.roles.batch_size = 16;
+    fixture_phase(r, "generation", "/w/summarize.py", "generate");
+    r->event.attempts = 1;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "shorter_sequences");
+    assert_true(ranked_by(&r->remedies[0], "one_input_peak_lead"));
+    assert_true(rank_of(r, "smaller_batch") != 1);
+    fixture_phase(r, "evaluation", "/w/train.py", "validate");
+    run_primary(r, "does_not_fit");
+    assert_false(ranked_by(rem(r, "shorter_sequences"), "one_input_peak"));
+    free(r);
+}
+
 /* one batch far beyond the earlier steps (its new sizes 1 and 2 GiB, then 3 GiB failing; the steps' largest
  * 256 MiB), with the cache splintered: capping the length leads, not bucketing by length; with two
  * samples a batch, one sample's share is still beyond a whole earlier batch: no smaller batch either */
@@ -4202,6 +4224,7 @@ int main(void)
         cmocka_unit_test(one_batch_peak_caps_the_length),
         cmocka_unit_test(larger_outlier_batch_caps_the_length),
         cmocka_unit_test(one_batch_peak_not_bucketing),
+        cmocka_unit_test(one_prompt_peak_in_generation),
         cmocka_unit_test(larger_inference_caps_the_input),
         cmocka_unit_test(applies_by_job),
         cmocka_unit_test(measured_nothing_not_listed),
