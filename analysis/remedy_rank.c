@@ -232,9 +232,6 @@ static bool restart_sheds_nothing(const rctx_t *x)
 /* the models' layers were walked and none is attention (roles.attention_modules 0, the failing operation not
  * attention): their input is a graph, a point cloud or an image, not a token sequence */
 static bool no_attention_layers(const rctx_t *x) { return x->f->roles.attention == -1; }
-/* no sequence model to shorten an input of: the models have no attention layer, or the failing framework is an array
- * library (CuPy: a matrix over the items of one input, not a token length) */
-static bool input_not_a_sequence(const rctx_t *x) { return no_attention_layers(x) || x->fw == OG_FW_CUPY; }
 /* no other process to stop: the memory outside the framework is in this process */
 static bool no_other_process(const rctx_t *x) { return !x->other && x->rec->memory.nother <= 0; }
 
@@ -1548,9 +1545,9 @@ static const og_rank_row_t lead[] = {
     { "kept_graphs_not_checkpointing", kept_graphs_measured, TIER, 2, 0, REMS(R_CHECKPOINTING),
       "as kept_graphs_measured (checkpointing shrinks what each kept graph saves; the graphs stay)",
       "ppo_isaac_humanoid_rollout_collected_with_autograd_h100 (blind)" },
-    { "input_not_a_sequence", input_not_a_sequence, REPLACE, 0, 0, REMS(R_SHORTER_SEQ, R_CAP_INPUT),
+    { "input_not_a_sequence", no_attention_layers, REPLACE, 0, 0, REMS(R_SHORTER_SEQ, R_CAP_INPUT),
       "roles: attention_modules 0 and the failing operation not attention (a graph network, a point-cloud or image "
-      "CNN: the input's size, not a token length); or the failing framework CuPy (an array library)",
+      "CNN: the input's size, not a token length)",
       "kpconv_facade_scan_one_dense_sphere_batch1_l4, meshgraphnet_drivaer_outlier_fine_mesh_batch1_a6000 (blind)" },
 };
 
