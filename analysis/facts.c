@@ -1322,6 +1322,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
     const og_roles_t *ro = &r->memory.fw.roles;
     og_role_facts_t *k = &d->roles;
     k->keeper = k->kv = k->dataset_holder = k->registry_group = k->graph_holder = k->keyed_group = -1;
+    k->stmt_copies = -1;
     k->ckpt_holder = k->index_holder = k->ema_holder = k->copy_holder = -1;
     k->building = OG_PURPOSE_NONE;
     k->operation = OG_OPERATION_NONE;
@@ -1791,6 +1792,45 @@ static void growth_outgrows_cache(og_facts_t *d)
         d->growth.holds && d->cached_known && !d->recovered && d->reservation && outgrows(d, d->growth.rise);
 }
 
+/* whether NAME is one of the comma-separated names of LIST */
+static bool in_names(const char *list, const char *name)
+{
+    size_t l = strlen(name);
+    for (const char *p = list; l && *p;) {
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        if (n == l && strncmp(p, name, l) == 0)
+            return true;
+        if (!e)
+            break;
+        p = e + 1;
+    }
+    return false;
+}
+
+/* the failing statement copies a holder whole (facts.h: roles.stmt_copies) */
+static void stmt_copies_holder(og_facts_t *d, const og_record_t *r)
+{
+    const og_roles_t *ro = &r->memory.fw.roles;
+    og_role_facts_t *k = &d->roles;
+    if (!k->known || !ro->has_statement || !d->req_known || d->req < (256ULL << 20) || d->phase == OG_JP_loading)
+        return;
+    char names[sizeof ro->stmt_names];
+    og_cpy(names, sizeof names, ro->stmt_names, sizeof names);
+    int nh = ro->nholders < 0 ? 0 : ro->nholders > 8 ? 8 : ro->nholders;
+    for (int i = 0; i < nh; i++) {
+        const og_role_holder_t *h = &ro->holders[i];
+        char name[sizeof h->name];
+        og_cpy(name, sizeof name, h->name, sizeof name);
+        const char *last = strrchr(name, '.') ? strrchr(name, '.') + 1 : name;
+        if (h->purpose[0] || h->copy_of[0] || !(in_names(names, name) || in_names(names, last)))
+            continue;
+        if ((double)d->req >= 0.9 * (double)h->bytes && (double)d->req <= 1.1 * (double)h->bytes &&
+            (k->stmt_copies < 0 || h->bytes > ro->holders[k->stmt_copies].bytes))
+            k->stmt_copies = i;
+    }
+}
+
 /* what Python objects keep across calls outgrows the splinters (facts.h: kept_outgrows_cache) */
 static void kept_outgrows_cache(og_facts_t *d)
 {
@@ -2179,6 +2219,7 @@ void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds
     pass_outgrows_cache(f);
     growth_outgrows_cache(f);
     kept_outgrows_cache(f);
+    stmt_copies_holder(f, rec);
     others_sliver(f);
     copy_outgrows_cache(f);
     spare_device(f, rec);

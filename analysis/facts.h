@@ -201,7 +201,12 @@ typedef struct og_role_facts {
     uint64_t untrained_running;
     bool state_known; /* every role a training job keeps for good was measured ... */
     uint64_t state;   /* ... params + buffers + grads + opt + pools: the job's own state */
-    int keeper;       /* index in roles.holders of the largest holder kept across calls, -1 none */
+    /* the failing statement copies a holder whole: it reads a name that holds tensors (the holder's name, or its
+     * last attribute: self.bank_chunks -> bank_chunks) and the request is that holder's bytes within a tenth
+     * (torch.cat(chunks), torch.stack(preds), chunks.clone()): both are on the device for its length; the holder's
+     * index in roles.holders, -1 none (a holder of no purpose, no copy of a role, >= 256 MiB, outside a load) */
+    int stmt_copies;
+    int keeper; /* index in roles.holders of the largest holder kept across calls, -1 none */
     uint64_t keeper_bytes;
     bool keeper_map; /* that holder is a dict or another mapping/cache */
     int kv;          /* index in roles.holders of the largest holder kept across calls whose purpose is kv_cache

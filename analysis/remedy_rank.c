@@ -281,6 +281,10 @@ bool og_kept_holder(const rctx_t *x)
     return !h->purpose[0] && !h->copy_of[0] && !ddp_reducer;
 }
 static bool kept_holder(const rctx_t *x) { return og_kept_holder(x); }
+/* the failing statement copies a holder whole (facts: roles.stmt_copies: torch.cat of a list of chunks, a stack of
+ * kept predictions): for its length the holder is on the device twice; kept elsewhere (host memory), or built in
+ * place, it is there once. Not in a growth (its holder's own row) */
+static bool stmt_copies_holder(const rctx_t *x) { return roles_of(x)->stmt_copies >= 0 && !PRIMARY(GROWTH); }
 /* the same, where a restart would shed only the cache: nothing grew, nothing outside the framework in the process */
 static bool pass_outgrows_restart(const rctx_t *x) { return pass_outgrows(x) && !HAS(GROWTH) && !HAS(NONFW); }
 static bool others_sliver(const rctx_t *x) { return x->f->others_sliver; }
@@ -1157,6 +1161,10 @@ static const og_rank_row_t bring[] = {
     { "dataset_on_gpu", dataset_on_gpu, WANT, 0, 0, REMS(R_DATASET_CPU),
       "roles: holders of purpose dataset kept across calls (a global, an attribute) >= shortfall, primary not growth",
       "resnet50_whole_dataset_on_gpu_speedrun (blind)" },
+    { "statement_copies_holder", stmt_copies_holder, WANT, 0, 0, REMS(R_RELEASE_REFS),
+      "roles: the failing statement reads a holder (no purpose, no copy of a role) and asks for its bytes within a "
+      "tenth (roles.stmt_copies: torch.cat of its chunks), >= 256 MiB, not loading; primary not growth",
+      "dino_vitl_knn_monitor_rank0_bank_chunks_cat_a10g (blind)" },
     { "kept_holder", kept_holder, WANT, 0, 0, REMS(R_RELEASE_REFS),
       "roles: holders kept across calls (not locals of running code) hold >= 3x the cache, not loading "
       "(kept_outgrows_cache), cause fragmentation; the largest has no purpose, copies no role and is no DDP "
@@ -1505,6 +1513,8 @@ static const og_rank_row_t lead[] = {
       "eval_deepcopy_in_train_loop, eval_on_deepcopy_with_grads_kept (blind), eval_copy_forward" },
     { "dataset_on_gpu_lead", dataset_on_gpu, LEAD_COVERS, -30, 0, REMS(R_DATASET_CPU), "as dataset_on_gpu",
       "resnet50_whole_dataset_on_gpu_speedrun (blind)" },
+    { "statement_copies_holder_lead", stmt_copies_holder, LEAD_COVERS, -30, 0, REMS(R_RELEASE_REFS),
+      "as statement_copies_holder", "dino_vitl_knn_monitor_rank0_bank_chunks_cat_a10g (blind)" },
     { "kept_holder_lead", kept_holder, LEAD_COVERS, -30, 0, REMS(R_RELEASE_REFS), "as kept_holder",
       "maskrcnn_val_torchmetrics_segm_map_masks_kept_on_gpu_v100_16gb (blind)" },
     { "index_on_gpu_lead", index_on_gpu, LEAD_COVERS, -30, 0, REMS(R_INDEX_OFF_GPU), "as index_on_gpu",
@@ -1639,6 +1649,8 @@ static void estimate(rank_t *k, const rctx_t *x)
         cover[R_RELEASE_REFS] = (double)kept_grower(x);
     if (kept_holder(x) && (double)roles_of(x)->keeper_bytes > cover[R_RELEASE_REFS]) /* all the kept holder keeps */
         cover[R_RELEASE_REFS] = (double)roles_of(x)->keeper_bytes;
+    if (stmt_copies_holder(x)) /* the copy's source, off the device (or the copy built in place) */
+        cover[R_RELEASE_REFS] = (double)x->rec->memory.fw.roles.holders[roles_of(x)->stmt_copies].bytes;
     cover[R_EXPANDABLE] = HAS(FRAG) && x->cached_known && x->cached ? (double)x->cached : -1;
     if (live >= 0) {
         cover[R_INFERENCE] = 0.3 * live;

@@ -817,6 +817,27 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
         how(r, "%sgc.collect(); torch.cuda.empty_cache()   # if a reference cycle still holds it", pt(x));
         return true;
     }
+    if (!grew && x->f->roles.stmt_copies >= 0) { /* the failing statement copies a holder whole */
+        const og_roles_t *ro = &x->rec->memory.fw.roles;
+        const og_role_holder_t *h = &ro->holders[x->f->roles.stmt_copies];
+        char lb[160], name[sizeof h->name], file[sizeof ro->stmt.file];
+        const char *holder = holder_label(x, x->f->roles.stmt_copies, lb, sizeof lb);
+        og_cpy(name, sizeof name, h->name, sizeof name);
+        og_cpy(file, sizeof file, ro->stmt.file, sizeof file);
+        why(r,
+            "The failing statement (%s:%d) asks for %s, a copy of what %s holds (%llu tensor%s): for its length both "
+            "are on the GPU. Gather it in host memory, or fill one preallocated tensor and drop each piece as it is "
+            "copied in.",
+            og_base_name(file), ro->stmt.line, og_hb((double)x->req).s, holder ? holder : "a holder",
+            (unsigned long long)h->tensors, h->tensors == 1 ? "" : "s");
+        r->saving = "One of the two copies: what the holder keeps, for the length of the statement";
+        const char *n = name[0] ? name : "chunks";
+        how(r, "%s.append(t.cpu())   # pieces in host memory; torch.cat(%s) there, one copy on the GPU if needed", n,
+            n);
+        how(r, "%sout = torch.empty(total, dim, device=\"cuda\"); out[i:j] = piece; del piece   # built in place",
+            pt(x));
+        return true;
+    }
     if (!grew && og_kept_holder(x)) {
         const og_role_facts_t *kf = &x->f->roles;
         const og_role_holder_t *h = &x->rec->memory.fw.roles.holders[kf->keeper];
@@ -825,6 +846,7 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
         og_cpy(name, sizeof name, h->name, sizeof name);
         og_cpy(kind, sizeof kind, h->kind, sizeof kind);
         bool one = h->tensors == 1 || strcmp(kind, "Tensor") == 0;
+        r->saving = "All that the holder keeps on the GPU";
         why(r,
             "%s keeps %s on the GPU across calls%s%llu tensor%s): more than is missing, and many times the %s of "
             "cached splinters, which defragmented would give the job a few allocations more beside it. Keep on "

@@ -3362,6 +3362,45 @@ static void cache_kept_across_calls(void **state)
 }
 
 
+/* the failing statement copies a holder whole (torch.cat(self.bank_chunks): the request is what the list holds):
+ * releasing, or gathering in host memory, leads, named with the statement's line; a request that is not the holder's
+ * size, a holder whose name says a dataset, or a load, is no such copy */
+static void statement_copies_a_holder(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->event.requested_bytes, 10 * GiB);
+    og_set(&r->device.free_bytes, 5 * GiB);
+    fixture_roles(r, 3 * GiB, 1 * GiB, 3 * GiB, 0, 10 * GiB, 150 * MiB);
+    fixture_holder(r, "self.bank_chunks", "list", "on KNNMonitor", 10 * GiB);
+    r->memory.fw.roles.holders[0].tensors = 1220;
+    og_roles_t *ro = &r->memory.fw.roles;
+    ro->has_statement = true;
+    snprintf(ro->stmt.file, sizeof ro->stmt.file, "/w/knn.py");
+    snprintf(ro->stmt.function, sizeof ro->stmt.function, "build_bank");
+    ro->stmt.line = 154;
+    snprintf(ro->stmt_target, sizeof ro->stmt_target, "bank");
+    snprintf(ro->stmt_names, sizeof ro->stmt_names, "torch,cat,self,bank_chunks");
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.stmt_copies, 0);
+    assert_string_equal(r->remedies[0].id, "release_references");
+    assert_true(ranked_by(&r->remedies[0], "statement_copies_holder_lead"));
+    assert_non_null(strstr(r->remedies[0].why, "knn.py:154"));
+    assert_non_null(strstr(r->remedies[0].why, "a copy of what self.bank_chunks (list, on KNNMonitor) holds (1220"));
+    assert_true(how_has(&r->remedies[0], "self.bank_chunks.append(t.cpu())"));
+    og_set(&r->event.requested_bytes, 8 * GiB); /* not the holder's size: another tensor */
+    run(r);
+    assert_int_equal(r->analysis.facts.roles.stmt_copies, -1);
+    og_set(&r->event.requested_bytes, 10 * GiB);
+    fixture_holder_says(r, "dataset", "");
+    run(r);
+    assert_int_equal(r->analysis.facts.roles.stmt_copies, -1);
+    fixture_holder_says(r, "", "");
+    fixture_phase(r, "loading", "/w/load.py", "load_state_dict");
+    run(r);
+    assert_int_equal(r->analysis.facts.roles.stmt_copies, -1);
+    free(r);
+}
+
 /* a metric's list kept on an object holds many times the cached splinters (kept_outgrows_cache) when a 112 MiB request
  * fails in an evaluation: releasing what it keeps leads, named, with its own lines (a list: .cpu(), .item(),
  * clear()); expandable segments and empty_cache cannot carry it (tier 3).  One tensor kept whole is read a slice at
@@ -4254,6 +4293,7 @@ int main(void)
         cmocka_unit_test(growth_holder_kept_covers),
         cmocka_unit_test(index_kept_on_the_gpu),
         cmocka_unit_test(kept_holder_outgrows_the_splinters),
+        cmocka_unit_test(statement_copies_a_holder),
         cmocka_unit_test(weights_copies_kept),
         cmocka_unit_test(copies_kept_across_steps),
         cmocka_unit_test(finished_training_beside_the_next),
