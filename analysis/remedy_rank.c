@@ -363,10 +363,18 @@ static bool no_graph_to_drop(const rctx_t *x)
 }
 static uint64_t graph_pool_bytes(const rctx_t *x)
 {
-    uint64_t p = roles_of(x)->pools;
-    return p ? p : x->rec->memory.fw.has ? x->rec->memory.fw.private_pool_bytes : 0;
+    /* what the graphs' pools reserve (PyTorch's private pools), not only the tensors alive in them (roles.pools): a
+     * graph keeps its pool, used or not, while it lives */
+    uint64_t p = roles_of(x)->pools, priv = x->rec->memory.fw.has ? x->rec->memory.fw.private_pool_bytes : 0;
+    return p > priv ? p : priv;
 }
 static bool graph_pools(const rctx_t *x) { return graph_pool_bytes(x) > 0; }
+/* the primary cause is the cache the graphs' private pools hold unused (facts: pool_idle >= shortfall): fewer captured
+ * shapes is that cause's own fix (no empty_cache releases a live graph's pool), ahead of any row of the request */
+static bool graph_pools_hold_the_cache(const rctx_t *x)
+{
+    return PRIMARY(CACHE) && graph_pools(x) && x->f->pool_idle && x->f->pool_idle >= x->shortfall;
+}
 static bool graph_pools_lead(const rctx_t *x)
 {
     return graph_pools(x) && (PRIMARY(DNF) || PRIMARY(CACHE) || PRIMARY(FRAG) || PRIMARY(GROWTH));
@@ -1452,6 +1460,9 @@ static const og_rank_row_t lead[] = {
     { "graph_pools_lead", graph_pools_lead, LEAD_COVERS, -21, 0, REMS(R_GRAPH_SHAPES),
       "graph pools as in graph_pools, primary does_not_fit, cache_held, fragmentation or growth",
       "cuda_graph_shapes (blind)" },
+    { "graph_pools_hold_the_cache", graph_pools_hold_the_cache, LEAD_COVERS, -36, 0, REMS(R_GRAPH_SHAPES),
+      "primary cache_held, held by the graphs' private pools unused (pool_idle >= shortfall)",
+      "sdxl_turbo_gradio_compile_reduce_overhead_graph_per_aspect_and_count_4090 (blind)" },
     { "summed_microbatches_lead", summed_microbatches, LEAD_COVERS, -32, 0, REMS(R_BACKWARD_PER_MB),
       "as summed_microbatches (the measured cause; splinters of the cache come after)",
       "asr_accum_summed_loss, detr_accum_losses_list_single_backward (blind)" },
