@@ -171,9 +171,12 @@ class DeviceAllocator(object):
         return cuda_malloc(self.device, size)
 
     def _release_free_segments(self):
+        """What PyTorch's release_cached_blocks does (empty_cache, and the retry after a failed cudaMalloc): the
+        default pool's unsplit free segments go back to the driver.  A private pool (a CUDA graph's) stays while
+        its graph lives, free segments and all; the stand-in has no graph to destroy, so its pools live on."""
         keep = []
         for s in self.segments:
-            if not s.head.used and s.head.next is None:
+            if not s.head.used and s.head.next is None and s.pool_id == (0, 0):
                 cuda_free(self.device, s.addr)
             else:
                 keep.append(s)
