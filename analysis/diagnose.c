@@ -579,7 +579,7 @@ static bool c_peer_ranks(const og_facts_t *d, const og_record_t *r, og_cause_t *
         return false;
     c->id = og_cause_ids[OG_CAUSE_PEERS];
     c->confidence = 0.7 + (d->npeers && d->peers_small ? 0.2 : 0) + (wrong_device ? 0.05 : 0);
-    if (d->npeers && d->nchildren == d->npeers && d->nchild_programs == d->npeers)
+    if (d->child_programs)
         summary(c,
                 "%d %s this process started, running another program, %s %s on GPU %d: each has a CUDA context "
                 "of its own and whatever it loaded; started without waiting for the previous one, they add up. They "

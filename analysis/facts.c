@@ -218,6 +218,7 @@ static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t
             }
         }
     }
+    d->child_programs = d->npeers && d->nchildren == d->npeers && d->nchild_programs == d->npeers;
     d->other = sub0(d->other_all, d->peers_bytes);
     d->wrong_device = rec->local_rank >= 0 && rec->visible_devices > 1 && rec->local_rank != rec->event.device &&
                       rec->local_rank < rec->visible_devices;
@@ -2091,11 +2092,14 @@ static void advice(og_facts_t *f, const og_record_t *rec)
     x->live = fw->has ? fw->allocated_bytes : sub0(f->tracked, x->reclaim);
     /* the failing library is the framework's when its name says so or when the ledger counts it as
      * a framework library (an adapter's report makes it one, whatever its name) */
-    bool fail_is_fw = og_framework_of(x->fail_lib, x->fail_lib) != OG_FW_UNKNOWN;
+    int by_name = og_framework_of(x->fail_lib, x->fail_lib), by_ledger = OG_FW_UNKNOWN;
+    bool fail_is_fw = by_name != OG_FW_UNKNOWN;
     for (int i = 0; !fail_is_fw && i < rec->memory.nlibs && i < 32; i++) {
         char l[sizeof rec->memory.by_library[0].library];
         og_cpy(l, sizeof l, rec->memory.by_library[i].library, sizeof l);
         fail_is_fw = rec->memory.by_library[i].framework && strcmp(og_base_name(l), x->fail_lib) == 0;
+        if (fail_is_fw) /* as the ledger classed it, by the path it was loaded from (CuPy's cupy/cuda/memory.*.so) */
+            by_ledger = rec->memory.by_library[i].fw_kind;
     }
     /* the framework released what it could before failing again and got nothing back */
     x->retried_zero = rec->event.attempts >= 2 && !rec->event.recovered && fail_is_fw &&
@@ -2104,15 +2108,8 @@ static void advice(og_facts_t *f, const og_record_t *rec)
     x->grad = fw->has ? fw->grad_enabled : 0;
     x->training = fw->has ? fw->training : 0;
     x->autocast = fw->has ? fw->autocast : 0;
-    /* advice follows the failing call's framework: by its name, else as the ledger classed that library (by the path
-     * it was loaded from: CuPy's cupy/cuda/memory.*.so) */
-    int ffw = og_framework_of(x->fail_lib, x->fail_lib);
-    for (int i = 0; ffw == OG_FW_UNKNOWN && i < rec->memory.nlibs && i < 32; i++) {
-        char l[sizeof rec->memory.by_library[0].library];
-        og_cpy(l, sizeof l, rec->memory.by_library[i].library, sizeof l);
-        if (rec->memory.by_library[i].framework && strcmp(og_base_name(l), x->fail_lib) == 0)
-            ffw = rec->memory.by_library[i].fw_kind;
-    }
+    /* advice follows the failing call's framework: by its name, else as the ledger classed that library */
+    int ffw = by_name != OG_FW_UNKNOWN ? by_name : by_ledger;
     if (ffw != OG_FW_UNKNOWN)
         x->fw = ffw;
     x->cc_known = rec->device.cc_major > 0;

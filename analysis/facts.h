@@ -386,6 +386,7 @@ typedef struct og_facts {
     uint64_t other_all, other, peers_bytes;
     int npeers, nothers, nchildren;
     int nchild_programs; /* of the children, those running another program (memory.other_processes[].other_program) */
+    bool child_programs; /* every peer is such a child: programs this process started (an evaluation per epoch) */
     int nsiblings, nparents; /* peers that are workers of the same parent (a pre-fork server) or its master */
     bool peers_small, other_inferred;
     /* of `other`, processes that run this program with another command line (memory.other_processes[].same_program):

@@ -96,6 +96,8 @@ typedef struct og_cause {
 #define OG_REMEDIES_SHOWN 5
 /* ranking rows kept per remedy (remedies[].ranking.rows): the first ones that touched it */
 #define OG_RANK_ROWS_KEPT 8
+/* remedies[].ranking.estimate: -1 unknown; this, no bound (a bigger card, a cap raised: "unbounded") */
+#define OG_RANK_UNBOUNDED (-2.0)
 
 typedef struct og_remedy {
     const char *id;

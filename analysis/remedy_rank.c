@@ -94,7 +94,7 @@ static bool worker_peers(const rctx_t *x) { return child_peers(x) && !child_prog
 static bool worker_primary(const rctx_t *x) { return PRIMARY(PEERS) && worker_peers(x); }
 /* ... every one a program of its own it started (an evaluation script per epoch, not waited for): each holds its
  * context and what it loaded; fewer at once (one, waited for) or the work done in this process */
-static bool child_programs(const rctx_t *x) { return child_peers(x) && x->f->nchild_programs == x->npeers; }
+static bool child_programs(const rctx_t *x) { return HAS(PEERS) && x->f->child_programs; }
 static bool child_programs_primary(const rctx_t *x) { return PRIMARY(PEERS) && child_programs(x); }
 /* the job's ranks outnumber the machine's GPUs (facts: ranks_outnumber_gpus) and some of them hold memory here */
 static bool ranks_outnumber_gpus(const rctx_t *x) { return HAS(PEERS) && x->f->ranks_outnumber_gpus; }
@@ -1931,7 +1931,7 @@ void og_select_remedies(og_record_t *rec)
         r->shown = r->rank <= OG_REMEDIES_SHOWN;
         r->ranking.tier = k.tier[list[i]];
         r->ranking.order = k.order[list[i]];
-        r->ranking.estimate = k.cover[list[i]] >= 1e29 ? -2 : k.cover[list[i]];
+        r->ranking.estimate = k.cover[list[i]] >= 1e29 ? OG_RANK_UNBOUNDED : k.cover[list[i]];
         r->ranking.nrows = k.nrows[list[i]];
         memcpy(r->ranking.rows, k.rows[list[i]], sizeof r->ranking.rows);
     }

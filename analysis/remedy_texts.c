@@ -1552,7 +1552,7 @@ static bool b_other_framework(const rctx_t *x, og_remedy_t *r)
 static bool b_fewer_workers(const rctx_t *x, og_remedy_t *r)
 {
     const og_record_t *rec = x->rec;
-    if (x->npeers && x->f->nchildren == x->npeers && x->f->nchild_programs == x->npeers) {
+    if (x->f->child_programs) {
         /* programs this process started (an evaluation script each epoch) */
         int n = x->npeers;
         r->title = "Fewer processes at once: wait for each one this process starts, or do its work here";

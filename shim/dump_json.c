@@ -844,9 +844,9 @@ static void w_ranking(og_sb_t *sb, const og_remedy_t *m)
     double e = m->ranking.estimate;
     og_sb_printf(sb, ",\"ranking\":{\"tier\":%d,\"order\":%d,\"estimate\":\"%s\",\"estimate_bytes\":", m->ranking.tier,
                  m->ranking.order,
-                 e == -2 ? "unbounded"
-                 : e < 0 ? "unknown"
-                         : "bytes");
+                 e == OG_RANK_UNBOUNDED ? "unbounded"
+                 : e < 0                ? "unknown"
+                                        : "bytes");
     if (e >= 0)
         og_sb_printf(sb, "%.0f", e);
     else

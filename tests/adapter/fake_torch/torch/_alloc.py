@@ -218,6 +218,7 @@ class DeviceAllocator(object):
                                       _fmt(st["allocated"]), _fmt(st["reserved"] - st["allocated"])))
             seg = Segment(self.device, addr, seg_size, small, pool_id)
             self.segments.append(seg)
+            self.reserved_peak = max(self.reserved_peak, self._reserved())  # only a new segment raises it
             block = seg.head
         rest = block.size - size
         if (small and rest >= MIN_BLOCK) or (not small and rest > SMALL_SIZE):
@@ -227,7 +228,6 @@ class DeviceAllocator(object):
         self.allocated_total += block.size
         self.allocated_now += block.size
         self.allocated_peak = max(self.allocated_peak, self.allocated_now)
-        self.reserved_peak = max(self.reserved_peak, self._reserved())
         if self.history is not None:
             block.frames = _python_frames()
             self.trace.append({"action": "alloc", "addr": block.addr, "size": block.size, "frames": block.frames})
