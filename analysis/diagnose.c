@@ -993,7 +993,7 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
                    "further.",
                    og_hb((double)d->roles.copy_made).s, og_hb((double)d->cached).s);
     } else if (d->kept_outgrows_cache) {
-        uint64_t kept = d->roles.kept_held;
+        uint64_t kept = d->roles.kept_across;
         ev_bytes(c, "kept_by_python_bytes", kept);
         if (strlen(c->summary) + 160 < sizeof c->summary)
             og_fmt(c->summary + strlen(c->summary) - 1, sizeof c->summary - strlen(c->summary) + 1,

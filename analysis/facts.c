@@ -1835,9 +1835,10 @@ static void stmt_copies_holder(og_facts_t *d, const og_record_t *r)
 /* what Python objects keep across calls outgrows the splinters (facts.h: kept_outgrows_cache) */
 static void kept_outgrows_cache(og_facts_t *d)
 {
-    const og_role_facts_t *k = &d->roles;
+    og_role_facts_t *k = &d->roles;
+    k->kept_across = add_sat(k->kept_held, k->registry_models);
     d->kept_outgrows_cache = k->known && k->act_known && d->cached_known && !d->recovered && d->reservation &&
-                             d->phase != OG_JP_loading && outgrows(d, k->kept_held);
+                             d->phase != OG_JP_loading && outgrows(d, k->kept_across);
 }
 
 /* the others a sliver of the device beside a pass still building (facts.h: others_sliver) */

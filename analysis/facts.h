@@ -139,6 +139,7 @@ typedef struct og_role_facts {
     uint64_t params_half; /* ... and this many are bfloat16 or float16 (0 when unknown) */
     uint64_t local_held;  /* held_by_python holders that are local variables of running functions */
     uint64_t kept_held;   /* held_by_python holders kept across calls (every listed holder not a local) */
+    uint64_t kept_across; /* kept_held and the registry's models (registry_models): what Python keeps across calls */
     uint64_t working;     /* act + local_held: the running computation's tensors */
     uint64_t purpose_bytes[OG_NPURPOSES]; /* held_by_python by what the holders' names say they keep */
     /* of them, holders of purpose dataset kept across calls (a global, an attribute; not a local of a running
@@ -484,8 +485,8 @@ typedef struct og_facts {
      * cache (and the request), the cache under frag_share of the reservation: defragmented, the splinters would carry
      * the rise a step or two further; what keeps rising is the cause */
     bool growth_outgrows_cache;
-    /* the same for tensors Python objects keep across calls (roles.kept_held: a metric's lists, a dataset or cache
-     * kept on the device), outside a load (a load's own reading: pass_outgrows_cache): they are at least
+    /* the same for tensors Python objects keep across calls (roles.kept_across: a metric's lists, a dataset or cache
+     * kept on the device, the models a registry or an lru_cache keeps by key), outside a load (a load's own reading: pass_outgrows_cache): they are at least
      * PASS_OVER_CACHE times the cache (and the request), the cache under frag_share of the reservation:
      * defragmented, the splinters would give the job a few more allocations beside what is kept, and what is kept
      * is what took the room */

@@ -492,9 +492,21 @@ def _name_contained_modules(scan, v, name):
     namespace held in a variable (globals(): its models are named as globals).  Reads at
     most _CONTAINED_MODULES values; never raises."""
     try:
-        if not isinstance(v, dict) or name in _HISTORY_MAPS or "__builtins__" in v or "__spec__" in v:
+        if _LRU_WRAPPER is not None and type(v) is _LRU_WRAPPER:
+            # functools.lru_cache keeps its results in a dict (maxsize=None) or in links the collector sees
+            # (gc.get_referents): the cached models are that function's entries by key
+            own = getattr(v, "__dict__", None)
+            values = []
+            for x in gc.get_referents(v):
+                if isinstance(x, dict) and x is not own:
+                    values.extend(itertools.islice(x.values(), _CONTAINED_MODULES))
+                elif type(x) not in _ATOMS:
+                    values.append(x)
+        elif not isinstance(v, dict) or name in _HISTORY_MAPS or "__builtins__" in v or "__spec__" in v:
             return                                   # a module's namespace (globals()): its names are read as such
-        for m in list(itertools.islice(v.values(), _CONTAINED_MODULES)):
+        else:
+            values = v.values()
+        for m in list(itertools.islice(values, _CONTAINED_MODULES)):
             if type(m) not in _ATOMS and scan.kind(type(m)) == "module":
                 _name_module(scan, m, name + "[key]")
     except Exception:
@@ -877,9 +889,13 @@ def _models_named(scan):
         # their own frozen flag and what their own names say, each part a group of its own
         parts = {}
         for r in roots:
-            key = (scan.root_frozen.get(id(r), fr), purpose_of(scan.model_names.get(id(r), ()), [cls]))
+            # and a model only a map's entry holds (a registry, an lru_cache of loaded models) from one the
+            # running code also holds by a name (the entry it took out to run): idle entries are a group
+            nms = scan.model_names.get(id(r), ())
+            keyed = bool(nms) and all(nm.endswith("[key]") for nm in nms)
+            key = (scan.root_frozen.get(id(r), fr), purpose_of(nms, [cls]), keyed)
             parts.setdefault(key, []).append(r)
-        for (frozen, purpose), rs in parts.items() if roots else [((fr, purpose_of((), [cls])), ())]:
+        for (frozen, purpose, _), rs in parts.items() if roots else [((fr, purpose_of((), [cls]), False), ())]:
             # a name a running statement is about to rebind (model = from_pretrained(...) while the previous
             # model lives) does not keep that model: it is the previous copy (its names still say which)
             named = [r for r in rs

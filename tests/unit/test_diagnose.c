@@ -1725,6 +1725,40 @@ static void kept_tensors_outgrow_the_cache(void **state)
     free(r);
 }
 
+/* an embedding service whose functools.lru_cache of models keeps every version it loaded: nine idle models held only
+ * as the cache's entries (a registry, get_model[key]) beside the one running, 18 GiB against 1 GiB of cached
+ * splinters when a 128 MiB request finds no block: what is kept took the room, does_not_fit leads (basis
+ * kept_outgrows_cache, the registry's bytes in kept_by_python_bytes).  The same models held by names of their own
+ * are no registry: the splinters stay the reading */
+static void registry_models_outgrow_the_cache(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->event.requested_bytes, 128 * MiB);
+    og_set(&r->device.free_bytes, 124 * MiB);
+    fixture_roles(r, 20 * GiB, 0, 0, 0, 0, 0);
+    r->memory.fw.reserved_bytes += 1 * GiB;
+    r->memory.fw.largest_free_block_bytes = 32 * MiB;
+    fixture_phase(r, "evaluation", "/w/embed_api.py", "forward");
+    fixture_model(r, "E5Model", 2 * GiB, 9, true);
+    fixture_model_held(r, 9, 0, "get_model[key]");
+    fixture_model(r, "E5Model", 2 * GiB, 1, true);
+    fixture_model_held(r, 1, 1, "get_model[key],model");
+    diag(r);
+    assert_int_equal(r->analysis.facts.roles.registry_models, 18 * GiB);
+    assert_int_equal(r->analysis.facts.roles.kept_across, 18 * GiB);
+    assert_string_equal(r->diagnosis.primary, "does_not_fit");
+    assert_string_equal(evt(find(r, "does_not_fit"), "basis"), "kept_outgrows_cache");
+    assert_true(ev(find(r, "does_not_fit"), "kept_by_python_bytes") == 18.0 * GiB);
+    assert_true(find(r, "fragmentation")->confidence <= 0.5);
+    fixture_model_held(r, 1, 1, "model");
+    r->memory.fw.roles.models[0].named = 9;
+    snprintf(r->memory.fw.roles.models[0].names, sizeof r->memory.fw.roles.models[0].names, "a,b,c,d");
+    diag(r);
+    assert_int_equal(r->analysis.facts.roles.registry_models, 0);
+    assert_string_equal(r->diagnosis.primary, "fragmentation");
+    free(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1784,6 +1818,7 @@ int main(void)
         cmocka_unit_test(a_load_that_outgrows_the_cache_does_not_fit),
         cmocka_unit_test(a_shard_being_placed_outgrows_the_cache),
         cmocka_unit_test(kept_tensors_outgrow_the_cache),
+        cmocka_unit_test(registry_models_outgrow_the_cache),
     };
     int total = (int)(sizeof tests / sizeof *tests);
     int failed = cmocka_run_group_tests(tests, NULL, NULL);

@@ -11,6 +11,7 @@ in for the failing CUDA device (the device test is an argument of the role code)
 The shared checks build the same objects through the API both have; the real torch adds what only
 it can run (a real backward and AdamW step, torch.load, hooks inside PyTorch's own frames).
 Ends with "N passed, N failed[, N skipped]"."""
+import functools
 import gc
 import io
 import os
@@ -633,12 +634,39 @@ def t_models_in_a_map():
     g["Out"] = {3: Net()}
     try:
         r = measure(None)
-        ms = dict((m[0], m) for m in r["models"])
-        assert ms["Net"][3] == 4 and ms["Net"][5] == 3, ms             # `model` and the two entries, not Out's
-        assert "registry[key]" in ms["Net"][7] and "Out[key]" not in ms["Net"][7], ms
+        nets = [m for m in r["models"] if m[0] == "Net"]
+        keyed = [m for m in nets if m[7] == ["registry[key]"]]
+        other = [m for m in nets if m[7] != ["registry[key]"]]
+        # the entries only the map holds are a group of their own; `model` and Out's (no name) another
+        assert len(keyed) == 1 and keyed[0][3] == 2 and keyed[0][5] == 2, nets
+        assert len(other) == 1 and other[0][3] == 2 and other[0][5] == 1 and other[0][7] == ["model"], nets
     finally:
         g.pop("registry", None)
         g.pop("Out", None)
+
+
+def t_models_in_an_lru_cache():
+    """Models a functools.lru_cache function of the program returned and keeps are its entries by key, named
+    after the function (get_net[key]), bounded or not; the one the running code also holds by a name (the entry
+    it took out to run) is a group apart from the idle ones."""
+    build()
+    g = globals()
+    for size in (None, 8):
+        g["get_net"] = functools.lru_cache(maxsize=size)(lambda version: Net())
+        try:
+            for v in ("v1", "v2", "v3"):
+                get_net(v)
+            running = get_net("v3")                                        # noqa: F841 (held by a name)
+            r = measure(None)
+            nets = [m for m in r["models"] if m[0] == "Net"]
+            idle = [m for m in nets if m[7] == ["get_net[key]"]]
+            taken = [m for m in nets if "running" in m[7]]
+            assert len(idle) == 1 and idle[0][3] == 2 and idle[0][5] == 2, (size, nets)
+            # with the built `model`: both held by names of the running code
+            assert len(taken) == 1 and taken[0][3] == 2 and "get_net[key]" in taken[0][7], (size, nets)
+            running = None
+        finally:
+            g.pop("get_net", None)
 
 
 def t_statement():
@@ -802,6 +830,7 @@ check("models: held by a name of the running code, or only by a list; running wh
 check("models: a frozen copy (a reference) apart from the trained model, a trainable copy with it",
       t_models_frozen_copy_apart)
 check("models a dict keeps by key are named after it; IPython's output history is not", t_models_in_a_map)
+check("models an lru_cache function keeps are its entries by key, the idle ones a group apart", t_models_in_an_lru_cache)
 check("attention layers of the models by their names; none in a model without them", t_attention_modules)
 check("a function's lru_cache is a holder of the results it keeps (unbounded: all; bounded: the last maxsize)",
       t_lru_cache_results)
