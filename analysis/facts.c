@@ -875,6 +875,18 @@ static bool growth_by_graphs(const og_facts_t *d, const og_record_t *r, og_growt
     return true;
 }
 
+/* a staircase the driver saw (one of its readings below held) that is what torch.load restored onto the GPU and
+ * Python objects hold (roles.restored_held, at least 9/10 of the rise): shards, a dataset or a checkpoint arriving,
+ * a load and not a leak; the optimizer's own series, read before, is not overruled (growth.restored_load) */
+static bool driver_growth_holds(og_facts_t *d, og_growth_facts_t *g)
+{
+    if (d->roles.known && d->roles.restored_held && (double)d->roles.restored_held >= 0.9 * (double)g->rise) {
+        g->restored_load = true;
+        return false;
+    }
+    return true;
+}
+
 static void growth(og_facts_t *d, const og_record_t *r, og_growth_scratch_t *s)
 {
     og_growth_facts_t *g = &d->growth;
@@ -905,7 +917,7 @@ static void growth(og_facts_t *d, const og_record_t *r, og_growth_scratch_t *s)
         return;
     }
     if (d->req_known && growth_for(d, r, s, g, d->req, OG_MARK_FAILING_SIZE)) {
-        g->holds = true;
+        g->holds = driver_growth_holds(d, g);
         return;
     }
     if (g->gen_built)
@@ -913,14 +925,14 @@ static void growth(og_facts_t *d, const og_record_t *r, og_growth_scratch_t *s)
     uint64_t m = modal_alloc_size(r);
     if (m && (!d->req_known || (m > d->req ? m - d->req : d->req - m) > d->req / 32) &&
         growth_for(d, r, s, g, m, OG_MARK_MODAL_SIZE)) {
-        g->holds = true;
+        g->holds = driver_growth_holds(d, g);
         return;
     }
     if (g->gen_built)
         return;
     if (growth_for(d, r, s, g, 0, OG_MARK_EVERY_ALLOCATION) && g->steps >= 16 && g->transitions &&
         g->rising * 10 >= g->transitions * 9)
-        g->holds = true;
+        g->holds = driver_growth_holds(d, g);
 }
 
 /* ------------------------------------------------------------------ a load the request belongs to */
@@ -1323,7 +1335,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
     const og_roles_t *ro = &r->memory.fw.roles;
     og_role_facts_t *k = &d->roles;
     k->keeper = k->kv = k->dataset_holder = k->registry_group = k->graph_holder = k->keyed_group = -1;
-    k->stmt_copies = -1;
+    k->stmt_copies = k->restored_holder = -1;
     k->ckpt_holder = k->index_holder = k->ema_holder = k->copy_holder = -1;
     k->building = OG_PURPOSE_NONE;
     k->operation = OG_OPERATION_NONE;
@@ -1514,6 +1526,11 @@ static void roles(og_facts_t *d, const og_record_t *r)
             k->purpose_bytes[pu] = add_sat(k->purpose_bytes[pu], h->bytes);
         if (h->copy_of[0])
             k->copies = add_sat(k->copies, h->bytes);
+        if (og_or(h->restored, 0)) {
+            k->restored_held = add_sat(k->restored_held, h->restored.v);
+            if (k->restored_holder < 0 || h->restored.v > ro->holders[k->restored_holder].restored.v)
+                k->restored_holder = i;
+        }
         if (pu == OG_PURPOSE_checkpoint && h->copy_of[0]) { /* wherever it is kept: a local of main() too */
             k->ckpt_copy = add_sat(k->ckpt_copy, h->bytes);
             if (k->ckpt_holder < 0 || h->bytes > ro->holders[k->ckpt_holder].bytes)

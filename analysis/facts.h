@@ -89,6 +89,9 @@ typedef struct og_growth_facts {
      * passes, the state made at the first step and the pass running now; no iteration repeated enough to keep
      * anything across them */
     bool first_steps;
+    /* a reading of the driver's held, and what rose is what torch.load restored onto the GPU and Python holds
+     * (roles.restored_held >= 9/10 of the rise): a load arriving, not a leak; holds false */
+    bool restored_load;
     /* read from the run's series (roles.allocated_over_run, every `every`-th optimizer step of the whole run): a
      * staircase, flat within an iteration of many optimizer steps and up between them, never down; steps, rising and
      * transitions then count the series' points and its rises */
@@ -207,6 +210,10 @@ typedef struct og_role_facts {
      * (torch.cat(chunks), torch.stack(preds), chunks.clone()): both are on the device for its length; the holder's
      * index in roles.holders, -1 none (a holder of no purpose, no copy of a role, >= 256 MiB, outside a load) */
     int stmt_copies;
+    /* roles.holders[].restored_bytes: what torch.load restored onto the GPU (map_location not the CPU) of the
+     * tensors Python objects hold, kept or local, and the holder with the most of it (index, -1 none) */
+    uint64_t restored_held;
+    int restored_holder;
     int keeper; /* index in roles.holders of the largest holder kept across calls, -1 none */
     uint64_t keeper_bytes;
     bool keeper_map; /* that holder is a dict or another mapping/cache */

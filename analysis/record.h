@@ -168,6 +168,11 @@ typedef struct og_role_holder {
     char copy_of[24]; /* the role its blocks are a copy of (parameters, optimizer_state); "" none */
     int graphs;       /* of its first tensors with a grad_fn (at most 4 read), those whose autograd graph still holds
                          what it saved for backward; -1 not read (an older adapter) */
+    /* of its bytes, those in storages torch.load restored onto a GPU (unset: not watched, an older adapter), and
+     * the program's line of the torch.load call that restored most of them (has_restored_site false: none) */
+    og_opt_u64_t restored;
+    bool has_restored_site;
+    og_py_frame_t restored_site;
 } og_role_holder_t;
 
 typedef struct og_roles {

@@ -340,6 +340,15 @@ bool og_checkpoint_kept(const rctx_t *x)
            !x->f->snapshot_stmt && !x->larger_than_device;
 }
 static bool checkpoint_kept(const rctx_t *x) { return og_checkpoint_kept(x); }
+/* tensors torch.load restored onto the GPU that Python objects hold (facts: roles.restored_held, measured by the
+ * adapter's restore hook: a checkpoint, a file's features or embeddings) hold the missing bytes, outside a growth
+ * (its own rows): where they came from is the fix, restored to host memory they cost the GPU nothing */
+bool og_restored_held(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && ro->restored_holder >= 0 && og_covers(x, (double)ro->restored_held) && !PRIMARY(GROWTH);
+}
+static bool restored_held(const rctx_t *x) { return og_restored_held(x); }
 static bool loading_weights_phase(const rctx_t *x) { return PHASE(loading); }
 static bool optimizer_state(const rctx_t *x)
 {
@@ -1041,6 +1050,10 @@ static const og_rank_row_t bring[] = {
       "retry_in_except (blind); (unit tests: phase_oom_handler)" },
     { "checkpoint_restore", checkpoint_restore, WANT, 0, 0, REMS(R_MAP_CPU), "phase loading, torch.load on the stack",
       "(unit tests: phase_checkpoint_restore)" },
+    { "restored_held", restored_held, WANT, 0, 0, REMS(R_MAP_CPU),
+      "roles: tensors Python objects hold that torch.load restored onto the GPU (holders[].restored_bytes) >= "
+      "shortfall; primary not growth",
+      "dinov2_linear_probe_feature_shards_torch_load_onto_gpu_l40s (blind); (unit tests: restored_by_torch_load)" },
     { "checkpoint_kept", checkpoint_kept, WANT, 0, 0, REMS(R_MAP_CPU, R_RELEASE_REFS),
       "roles: holders of purpose checkpoint copying parameters or optimizer state (roles.ckpt_copy) >= shortfall, "
       "not phase loading, no optimizer step made, no snapshot statement",
@@ -1423,6 +1436,9 @@ static const og_rank_row_t lead[] = {
       "videomae_long_video_chunk_fallback_inside_except (blind); (unit tests: handler_keeps_failed_attempt)" },
     { "checkpoint_restore_lead", checkpoint_restore, LEAD_COVERS, -24, 0, REMS(R_MAP_CPU),
       "phase loading, torch.load on the stack", "(unit tests: phase_checkpoint_restore)" },
+    { "restored_held_lead", restored_held, LEAD_COVERS, -36, 0, REMS(R_MAP_CPU),
+      "as restored_held (ahead of the statement that copies them and of a dataset's row: the load put them there)",
+      "dinov2_linear_probe_feature_shards_torch_load_onto_gpu_l40s (blind); (unit tests: restored_by_torch_load)" },
     { "checkpoint_kept_lead", checkpoint_kept, LEAD_COVERS, -35, 1, REMS(R_MAP_CPU, R_RELEASE_REFS),
       "as checkpoint_kept (load it to host memory, or drop it once loaded)",
       "tinyllama_resume_ckpt_left_on_gpu (blind); (unit tests: checkpoint_kept_after_load)" },
@@ -1709,6 +1725,8 @@ static void estimate(rank_t *k, const rctx_t *x)
         cover[R_RETRY_OUTSIDE] = cover[R_MAP_CPU] = (double)ro->working;
     if (checkpoint_kept(x)) /* the checkpoint's copy kept after the load */
         cover[R_MAP_CPU] = cover[R_RELEASE_REFS] = (double)ro->ckpt_copy;
+    if (restored_held(x) && (double)ro->restored_held > cover[R_MAP_CPU]) /* what torch.load restored and is held */
+        cover[R_MAP_CPU] = (double)ro->restored_held;
     if (ro->known && ro->params) {
         /* half of the float32 weights, and of their gradients (a parameter's gradient has its dtype); the
          * dtypes not measured: half of them all, if they load as float32 */

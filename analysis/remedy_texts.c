@@ -1880,8 +1880,40 @@ static bool b_retry_outside_except(const rctx_t *x, og_remedy_t *r)
     return true;
 }
 
+/* tensors torch.load restored onto the GPU, held by a Python object (og_restored_held): name the holder, the bytes
+ * restored and the line that loaded them */
+static void restored_held_why(const rctx_t *x, og_remedy_t *r)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    if (ro->restored_holder < 0)
+        return;
+    const og_role_holder_t *h = &x->rec->memory.fw.roles.holders[ro->restored_holder];
+    char lb[160], file[sizeof h->restored_site.file];
+    const char *label = holder_label(x, ro->restored_holder, lb, sizeof lb);
+    why(r, "%s holds %s that torch.load restored onto the GPU", label ? label : "A Python object",
+        og_hb((double)h->restored.v).s);
+    if (h->has_restored_site) {
+        og_cpy(file, sizeof file, h->restored_site.file, sizeof file);
+        why(r, " (%s:%d)", og_base_name(file), h->restored_site.line);
+    }
+    why(r, ": without map_location it puts every tensor back on the device it was saved from.");
+    if (ro->stmt_copies == ro->restored_holder)
+        why(r, " The failing statement copies them whole, so for its length they are on the GPU twice.");
+}
+
 static bool b_map_location_cpu(const rctx_t *x, og_remedy_t *r)
 {
+    if (og_restored_held(x) && !og_checkpoint_kept(x)) {
+        restored_held_why(x, r);
+        why(r, " Loaded to host memory they cost the GPU nothing; move one batch (or one part) at a time.");
+        HOWS(
+            x, r,
+            { PT, "data = torch.load(path, map_location=\"cpu\")   # host memory, not the GPU it was saved from" },
+            { PT,
+              "x = torch.cat(parts).pin_memory()   # on the host; per step: xb = x[i:i + bs].cuda(non_blocking=True)" },
+            { ANY, "safetensors: load_file(path, device=\"cpu\")" });
+        return true;
+    }
     if (og_checkpoint_kept(x)) {
         checkpoint_kept_why(x, r);
         why(r, " Loaded to host memory, it costs the GPU nothing.");

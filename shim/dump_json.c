@@ -233,6 +233,16 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
             og_sb_printf(sb, "%d", h->graphs);
         else
             og_sb_puts(sb, "null");
+        og_sb_puts(sb, ",\"restored_bytes\":");
+        if (og_known(h->restored))
+            og_sb_printf(sb, "%llu", (unsigned long long)h->restored.v);
+        else
+            og_sb_puts(sb, "null");
+        og_sb_puts(sb, ",\"restored_site\":");
+        if (h->has_restored_site)
+            j_py_frames_one(sb, &h->restored_site);
+        else
+            og_sb_puts(sb, "null");
         og_sb_puts(sb, "}");
     }
     og_sb_puts(sb, "]");

@@ -801,6 +801,16 @@ static void roles_card(struct hx *h)
                 }
                 if (x->graphs > 0)
                     og_sb_puts(h->b, " <span class=\"muted\">keeping their autograd graphs</span>");
+                if (x->restored_bytes > 0) {
+                    og_sb_printf(h->b, " <span class=\"muted\">%s restored onto the GPU by torch.load",
+                                 hb(x->restored_bytes, a));
+                    if (x->restored_site.file) {
+                        og_sb_puts(h->b, " at ");
+                        esc(h, x->restored_site.file, 200);
+                        og_sb_printf(h->b, ":%lld", (long long)x->restored_site.line);
+                    }
+                    og_sb_puts(h->b, "</span>");
+                }
                 if (x->site.file) {
                     og_sb_puts(h->b, " <span class=\"muted\">made at ");
                     esc(h, x->site.file, 200);

@@ -663,6 +663,14 @@ static void roles_table(struct tx *t, const struct og_dump *d)
                 }
                 if (x->graphs > 0)
                     og_sb_puts(t->b, ", keeping their autograd graphs");
+                if (x->restored_bytes > 0) {
+                    og_sb_printf(t->b, ", %s restored onto the GPU by torch.load", human_bytes(x->restored_bytes, h));
+                    if (x->restored_site.file) {
+                        og_sb_puts(t->b, " at ");
+                        sb_text(t->b, base_name(x->restored_site.file), 120, 0);
+                        og_sb_printf(t->b, ":%lld", (long long)x->restored_site.line);
+                    }
+                }
                 if (x->site.file) {
                     og_sb_puts(t->b, st(t, DIM));
                     og_sb_puts(t->b, ", made at ");

@@ -240,8 +240,11 @@ def is_user_file(path, exclude=(), _libs=[]):
 class _Scan(object):
     """One measurement: the state shared by its steps."""
 
-    def __init__(self, torch, on_device, sizes, round_to, private, sites, deadline):
+    def __init__(self, torch, on_device, sizes, round_to, private, sites, deadline, restored=None):
         self.torch = torch
+        # restored(data pointer, bytes) -> the program's (file, line, function) of the torch.load that restored that
+        # storage onto a GPU, or None (oomguard_torch.restored_storage); None: not watched
+        self.restored = restored
         self.on_device = on_device
         self.sizes = sizes
         self.round_to = max(1, int(round_to or 1))
@@ -574,18 +577,24 @@ def _holder(scan, v, name, kind, where, graphs=True):
     n = 0
     big = (0, 0)
     sizes = []
+    restored = {}                        # the torch.load line -> bytes of v's tensors it restored onto a GPU
     for t in tensors:
         b = scan.claim(t, "held_by_python")
         if b:
             got += b
             n += 1
+            at = _restored_at(scan, t)
+            if at is not None:
+                restored[at] = restored.get(at, 0) + b
             if len(sizes) < 4096:
                 sizes.append(b)
             if b > big[1]:
                 st = scan.storage(t)
                 big = (st[0] if st else 0, b)
     if got:
-        h = scan.holders.setdefault((name, kind, where), [0, 0, 0, 0, 0])
+        h = scan.holders.setdefault((name, kind, where), [0, 0, 0, 0, 0, {}])
+        for at, rb in restored.items():
+            h[5][at] = h[5].get(at, 0) + rb
         h[0] += got
         h[1] += n
         if big[1] > h[3]:
@@ -596,6 +605,17 @@ def _holder(scan, v, name, kind, where, graphs=True):
         for sz in sizes:
             c[sz] = c.get(sz, 0) + 1
     return True
+
+
+def _restored_at(scan, t):
+    """The program's line of the torch.load that restored tensor t's storage onto a GPU, or None."""
+    if scan.restored is None:
+        return None
+    try:
+        st = scan.storage_of(t)
+        return scan.restored(int(st.data_ptr()), int(st.nbytes()))
+    except Exception:
+        return None
 
 
 _CO_OPTIMIZED = 0x1          # a function's frame: its locals live in fast slots, f_locals is a copy
@@ -629,10 +649,13 @@ def _thread_tracer():
 
 
 def measure(torch, device, allocated, on_device=None, sizes=None, round_to=512, private=None, sites=None,
-            budget=None, frame_roots=True):
+            budget=None, frame_roots=True, restored=None):
     """The failing device's allocated bytes by role (see the module's docstring), as a dict:
     {"allocated", "roles": {role: [bytes|None, tensors]}, "optimizers": {class: [bytes, tensors]},
-     "holders": [(label, name, kind, where, bytes, tensors, (file, line, function)|None)],
+     "holders": [(label, name, kind, where, bytes, tensors, (file, line, function)|None, purpose, copy_of, graphs,
+                  restored bytes|None, the restoring torch.load's (file, line, function)|None)],
+    restored(data pointer, bytes): the torch.load line that restored that storage onto a GPU, or None (see
+    oomguard_torch.restored_storage); None: not watched, the holders' restored bytes unknown.
      "complete", "why", "elapsed_ms", "objects"}.  None when nothing could be measured."""
     t0 = _clock()
     budget = budget_s() if budget is None else float(budget)
@@ -644,7 +667,7 @@ def measure(torch, device, allocated, on_device=None, sizes=None, round_to=512, 
 
             def on_device(t):
                 return t.is_cuda and t.get_device() == dev
-        scan = _Scan(torch, on_device, sizes, round_to, private, sites, t0 + budget)
+        scan = _Scan(torch, on_device, sizes, round_to, private, sites, t0 + budget, restored)
         if scan.tensor_type is None or scan.storage_of is None:
             return None
         complete, why = True, ""
@@ -1164,13 +1187,16 @@ def _result(scan, allocated, complete, why, t0, unknown=()):
         rest_copy = copy_among(rest, scan.sizes_of)
     hs = sorted(scan.holders.items(), key=lambda kv: (-kv[1][0], kv[0]))[:TOP_HOLDERS]
     holders = []
-    for (name, kind, where), (b, n, ptr, _, graphs) in hs:
+    for (name, kind, where), (b, n, ptr, _, graphs, restored) in hs:
         sep = " " if where.startswith("on ") else ", "
         label = "%s (%s%s%s)" % (name, kind, sep, where)
         owner = where[3:] if where.startswith("on ") else ""      # the class whose attribute it is
         purpose = purpose_of((name,), (kind, owner))
         copied = copy_of(scan.sizes_of.get((name, kind, where), {}), scan.sizes_of)
-        holders.append((label, name, kind, where, b, n, scan.sites.get(ptr), purpose, copied, graphs))
+        # what torch.load restored onto the GPU of its tensors (None: not watched), and the line that restored most
+        rb = sum(restored.values()) if scan.restored is not None else None
+        rsite = max(restored.items(), key=lambda kv: (kv[1], kv[0]))[0] if restored else None
+        holders.append((label, name, kind, where, b, n, scan.sites.get(ptr), purpose, copied, graphs, rb, rsite))
     dtypes = None if "parameters" in unknown else dict((k, list(v)) for k, v in scan.dtypes.items())
     return {"allocated": allocated, "roles": roles, "optimizers": scan.optimizers, "holders": holders,
             "parameters_by_dtype": dtypes,
@@ -1241,7 +1267,8 @@ def encode(r):
     fields separated by tabs; '-' is unknown.
       role  NAME BYTES TENSORS | optimizer CLASS BYTES TENSORS PARAMETER_BYTES |
       dtype NAME BYTES TENSORS (the parameters by dtype; with `meta by_dtype 1`: measured) |
-      holder BYTES TENSORS LABEL NAME KIND WHERE FILE LINE FUNCTION PURPOSE COPY_OF |
+      holder BYTES TENSORS LABEL NAME KIND WHERE FILE LINE FUNCTION PURPOSE COPY_OF GRAPHS RESTORED_BYTES RESTORED_FILE
+      RESTORED_LINE RESTORED_FUNCTION (what torch.load restored onto the GPU of its tensors, and where) |
       model CLASS BYTES TENSORS COUNT FROZEN NAMED RUNNING NAMES (NAMED: roots the running code holds by a
       name, RUNNING: roots whose method runs, NAMES: those names, comma-separated) |
       operation NAME FILE LINE FUNCTION (the failing operation, oomguard_phase.OPERATIONS) |
@@ -1273,10 +1300,13 @@ def encode(r):
         purpose = h[7] if len(h) > 7 else None
         copied = h[8] if len(h) > 8 else None
         graphs = h[9] if len(h) > 9 else 0
+        rb = h[10] if len(h) > 10 else None
+        rf, rln, rfn = (h[11] if len(h) > 11 else None) or ("-", 0, "-")
         f, ln, fn = site if site else ("-", 0, "-")
-        out.append("holder\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%d" % (
+        out.append("holder\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%s" % (
             int(b), int(n), _clean(label), _clean(name), _clean(kind), _clean(where), _clean(f), int(ln), _clean(fn),
-            _clean(purpose or "-"), _clean(copied or "-"), int(graphs)))
+            _clean(purpose or "-"), _clean(copied or "-"), int(graphs), "-" if rb is None else int(rb), _clean(rf),
+            int(rln), _clean(rfn)))
     for m in r.get("models") or ():
         cls, b, n, k, frozen = m[:5]
         line = "model\t%s\t%d\t%d\t%d\t%d" % (_clean(cls), int(b), int(n), int(k), 1 if frozen else 0)

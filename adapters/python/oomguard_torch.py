@@ -59,6 +59,7 @@ _state = {
     "attached": None,     # None, "observer" or "excepthook"
     "prev_excepthook": None,
     "step_hook": None,    # the handle of the optimizer step hook (training)
+    "load_hook": False,   # _on_restore is in torch.serialization's registry
 }
 _in_observer = threading.local()
 
@@ -381,6 +382,94 @@ def _watch_optimizers(torch):
         _err("registering the optimizer step hook", e)
 
 
+# torch.load restores every storage through torch.serialization's registry of (priority, tagger, deserializer)
+# entries (register_package), which default_restore_location walks in priority order until one restores it.  The
+# adapter's entry comes first: a storage bound for a GPU it restores with the other entries, in the registry's order
+# (the same calls PyTorch would make, their exceptions left to the program), and notes what came back (its address
+# and size) and the program's line that called torch.load.  At a failure the roles scan can then say which bytes a
+# Python object holds are a checkpoint or a file's tensors restored onto the GPU (map_location not the CPU).  At most
+# _RESTORED storages are remembered (the oldest go first) and _RESTORE_SITES lines; a storage freed since and
+# whose address and size a later tensor took again would be read as restored: a bound, not a proof
+_RESTORED = 65536
+_RESTORE_SITES = 16
+_restored = collections.OrderedDict()       # data pointer -> (bytes, index in _restore_sites)
+_restore_sites = []                          # (file, line, function) of the program's torch.load calls
+
+
+def _restore_tag(obj):
+    """The adapter's registry entry tags nothing: torch.save asks the other entries."""
+    return None
+
+
+def _on_restore(obj, location):
+    """The adapter's deserializer (see _restored): None for a location that is not a GPU."""
+    if not isinstance(location, str) or not location.startswith("cuda"):
+        return None
+    registry = getattr(sys.modules.get("torch.serialization"), "_package_registry", None)
+    if not isinstance(registry, list):
+        return None
+    for entry in list(registry):
+        fn = entry[2] if isinstance(entry, tuple) and len(entry) == 3 else None
+        if fn is None or fn is _on_restore:
+            continue
+        res = fn(obj, location)
+        if res is not None:
+            _note_restored(res)
+            return res
+    return None
+
+
+def _note_restored(storage):
+    try:
+        ptr, n = int(storage.data_ptr()), int(storage.nbytes())
+        if not ptr:
+            return
+        f = oomguard_phase.site(sys._getframe(2), limit=64)
+        at = (f.f_code.co_filename, f.f_lineno or 0, f.f_code.co_name) if f is not None else ("-", 0, "-")
+        f = None
+        if at in _restore_sites:
+            i = _restore_sites.index(at)
+        elif len(_restore_sites) < _RESTORE_SITES:
+            _restore_sites.append(at)
+            i = len(_restore_sites) - 1
+        else:
+            i = -1
+        _restored.pop(ptr, None)
+        _restored[ptr] = (n, i)
+        while len(_restored) > _RESTORED:
+            _restored.popitem(last=False)
+    except Exception:
+        pass
+
+
+def restored_storage(ptr, nbytes):
+    """(file, line, function) of the torch.load call that restored the storage at ptr of nbytes onto a GPU,
+    ("-", 0, "-") when that line is not known, None when torch.load did not (as far as the adapter saw)."""
+    got = _restored.get(ptr)
+    if got is None or got[0] != nbytes:
+        return None
+    return _restore_sites[got[1]] if 0 <= got[1] < len(_restore_sites) else ("-", 0, "-")
+
+
+def _watch_loads(torch):
+    """Puts _on_restore first in torch.serialization's registry, once (a priority below every entry's).  Without
+    the registry (an older or a different torch) what torch.load restored stays unknown."""
+    if _state.get("load_hook"):
+        return
+    try:
+        ser = sys.modules.get("torch.serialization") or getattr(torch, "serialization", None)
+        register = getattr(ser, "register_package", None)
+        registry = getattr(ser, "_package_registry", None)
+        if register is None or not isinstance(registry, list) or \
+                not all(isinstance(e, tuple) and len(e) == 3 and type(e[0]) is int for e in registry):
+            _say("no torch.serialization registry: what torch.load restored onto the GPU stays unknown")
+            return
+        register(min([e[0] for e in registry] + [0]) - 1, _restore_tag, _on_restore)
+        _state["load_hook"] = True
+    except Exception as e:
+        _err("registering the checkpoint restore hook", e)
+
+
 def _device_total(torch, device):
     try:
         return int(torch.cuda.get_device_properties(device).total_memory)
@@ -421,7 +510,8 @@ def measure_roles(torch, device, allocated, blocks=None, on_device=None, budget=
         if blocks is not None:
             sizes, private, made_at = blocks
         r = oomguard_roles.measure(torch, device, allocated, on_device=on_device, sizes=sizes, round_to=512,
-                                   private=private, sites=made_at, budget=budget, frame_roots=frame_roots)
+                                   private=private, sites=made_at, budget=budget, frame_roots=frame_roots,
+                                   restored=restored_storage if _state.get("load_hook") else None)
         if r is not None and "error" in r:
             _say("roles not measured: %s" % r["error"])
             return None
@@ -838,6 +928,7 @@ def install():
             oomguard_core.on_refresh(_refresh)
             oomguard_core.on_holdings(WHO, _holdings)
             _watch_optimizers(torch)
+            _watch_loads(torch)
             cuda = torch.cuda
             is_init = getattr(cuda, "is_initialized", None)
             if is_init is not None and is_init():

@@ -1052,6 +1052,8 @@ t "roles: what the holders' names say (self.cache a cache), no copies, the model
 t_roles_site() { OOMGUARD_PYTHON_STACKS=1 t_roles roles --site "losses (list, global in job_roles.py)"; }
 t "roles: the holder names the line that created its tensors (OOMGUARD_PYTHON_STACKS=1)" t_roles_site
 t "phase forward: the innermost forward() frame decides" t_roles forward
+t "roles: what torch.load restored onto the GPU of a holder (no map_location), from its line; a load to the host adds nothing" \
+    t_roles restored --restored
 t "phase backward: the engine thread has no frame of the program; the thread that called backward() decides" t_roles backward
 t_backward_line() { # the failing thread ran only the stand-in torch's engine: the failing line is the program's backward() call
     t_roles backward || return 1

@@ -449,6 +449,27 @@ static void growth_is_a_pattern_of_steps(void **state)
     free(r);
 }
 
+/* the same staircase where what rose is tensors torch.load restored onto the GPU and a Python object holds
+ * (roles.holders[].restored_bytes): shards arriving, a load and not a leak (growth.restored_load); a holder whose
+ * restored bytes fall short of the rise leaves the growth */
+static void growth_restored_by_torch_load(void **state)
+{
+    og_record_t *r = base();
+    ev_reset(r);
+    leak_loop(r, 40, 0.1, 512 * MiB, 300 * MiB);
+    fixture_roles(r, 0, 0, 0, 0, 40 * 300 * MiB, 512 * MiB);
+    fixture_holder(r, "self.shards", "list", "on TopKDataset", 40 * 300 * MiB);
+    og_set(&r->memory.fw.roles.holders[0].restored, 40 * 300 * MiB);
+    diag(r);
+    assert_false(has(r, "growth"));
+    assert_true(r->analysis.facts.growth.restored_load);
+    og_set(&r->memory.fw.roles.holders[0].restored, 20 * 300 * MiB);
+    diag(r);
+    assert_true(has(r, "growth"));
+    assert_false(r->analysis.facts.growth.restored_load);
+    free(r);
+}
+
 static void growth_excludes_loading(void **state)
 {
     og_record_t *r = base();
@@ -1775,6 +1796,7 @@ int main(void)
         cmocka_unit_test(non_framework_needs_nvml_and_framework),
         cmocka_unit_test(non_framework_names_nccl_settings),
         cmocka_unit_test(growth_is_a_pattern_of_steps),
+        cmocka_unit_test(growth_restored_by_torch_load),
         cmocka_unit_test(growth_excludes_loading),
         cmocka_unit_test(growth_of_other_sizes),
         cmocka_unit_test(growth_thresholds),

@@ -3417,6 +3417,49 @@ static void statement_copies_a_holder(void **state)
     free(r);
 }
 
+/* feature shards torch.load restored onto the GPU (no map_location: back where they were saved from) held in a list
+ * that the failing statement concatenates: loading them to host memory leads (restored_held_lead), named with the
+ * holder, the bytes restored and the loading line; restored bytes not measured, or none, leave the statement's own
+ * row (release_references) first */
+static void restored_by_torch_load(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->device.total_bytes, 45 * GiB);
+    og_set(&r->event.requested_bytes, 36 * GiB);
+    og_set(&r->device.free_bytes, 8 * GiB);
+    fixture_roles(r, 20 * MiB, 0, 0, 0, 36 * GiB, 0);
+    fixture_holder(r, "shards", "list", "local in main (probe.py:79)", 36 * GiB);
+    og_roles_t *ro = &r->memory.fw.roles;
+    ro->has_statement = true;
+    snprintf(ro->stmt.file, sizeof ro->stmt.file, "/w/probe.py");
+    snprintf(ro->stmt.function, sizeof ro->stmt.function, "main");
+    ro->stmt.line = 79;
+    snprintf(ro->stmt_target, sizeof ro->stmt_target, "X");
+    snprintf(ro->stmt_names, sizeof ro->stmt_names, "cat,shards");
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.restored_holder, -1);
+    assert_string_equal(r->remedies[0].id, "release_references");
+    og_role_holder_t *h = &ro->holders[0];
+    og_set(&h->restored, 36 * GiB);
+    h->has_restored_site = true;
+    snprintf(h->restored_site.file, sizeof h->restored_site.file, "/w/probe.py");
+    snprintf(h->restored_site.function, sizeof h->restored_site.function, "<listcomp>");
+    h->restored_site.line = 77;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.restored_holder, 0);
+    assert_int_equal(r->analysis.facts.roles.restored_held, 36 * GiB);
+    assert_string_equal(r->remedies[0].id, "map_location_cpu");
+    assert_true(ranked_by(&r->remedies[0], "restored_held_lead"));
+    assert_non_null(strstr(r->remedies[0].why, "that torch.load restored onto the GPU (probe.py:77)"));
+    assert_non_null(strstr(r->remedies[0].why, "copies them whole"));
+    assert_true(how_has(&r->remedies[0], "map_location=\"cpu\""));
+    og_set(&h->restored, 0); /* watched, nothing restored: the statement's row */
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.restored_holder, -1);
+    assert_string_equal(r->remedies[0].id, "release_references");
+    free(r);
+}
+
 /* a metric's list kept on an object holds many times the cached splinters (kept_outgrows_cache) when a 112 MiB request
  * fails in an evaluation: releasing what it keeps leads, named, with its own lines (a list: .cpu(), .item(),
  * clear()); expandable segments and empty_cache cannot carry it (tier 3).  One tensor kept whole is read a slice at
@@ -4310,6 +4353,7 @@ int main(void)
         cmocka_unit_test(index_kept_on_the_gpu),
         cmocka_unit_test(kept_holder_outgrows_the_splinters),
         cmocka_unit_test(statement_copies_a_holder),
+        cmocka_unit_test(restored_by_torch_load),
         cmocka_unit_test(weights_copies_kept),
         cmocka_unit_test(copies_kept_across_steps),
         cmocka_unit_test(finished_training_beside_the_next),

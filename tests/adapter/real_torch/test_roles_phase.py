@@ -645,6 +645,54 @@ def t_models_in_a_map():
         g.pop("Out", None)
 
 
+def t_restored_by_torch_load():
+    """The adapter's restore hook, first in torch.serialization's registry: a storage torch.load restores onto a GPU
+    is restored by the other entries, in the registry's order, and noted with the program's line; one restored to the
+    host passes untouched; the roles give a holder of such tensors its restored bytes and that line.  (The real torch
+    here has no GPU: an entry of the test restores a made-up "cuda:7" in host memory, as PyTorch's does on a GPU.)"""
+    import tempfile
+    import oomguard_torch
+    build()
+    oomguard_torch._watch_loads(torch)
+    ser = sys.modules["torch.serialization"]
+    assert ser._package_registry[0][2] is oomguard_torch._on_restore, ser._package_registry
+    oomguard_torch._watch_loads(torch)                                     # once
+    assert sum(1 for e in ser._package_registry if e[2] is oomguard_torch._on_restore) == 1
+
+    def gpu7(obj, location):
+        return obj if location == "cuda:7" else None
+    entry = (15, lambda obj: None, gpu7)
+    if not STAND_IN:
+        ser._package_registry.append(entry)
+        ser._package_registry.sort(key=lambda e: e[0])
+    path = tempfile.mktemp(prefix="oomguard-restore-")
+    g = globals()
+    try:
+        torch.save({"feats": empty(5000), "labels": empty(100)}, path)
+        host = torch.load(path, map_location="cpu" if STAND_IN else None)  # to the host: nothing noted
+        for t in host.values():
+            if not STAND_IN:
+                st = getattr(t, "untyped_storage", None) or getattr(t, "_storage")
+                st = st()
+                assert oomguard_torch.restored_storage(int(st.data_ptr()), int(st.nbytes())) is None
+        line = sys._getframe().f_lineno + 1
+        shard = torch.load(path, map_location=None if STAND_IN else {"cpu": "cuda:7"})
+        g["shards"] = [shard]
+        r = measure(None, restored=oomguard_torch.restored_storage)
+        h = [h for h in r["holders"] if h[1] == "shards"]
+        assert len(h) == 1 and h[0][10] == h[0][4] == nbytes(shard["feats"]) + nbytes(shard["labels"]), h
+        assert h[0][11][1] == line and h[0][11][0].endswith("test_roles_phase.py"), h
+        others = [x for x in r["holders"] if x[1] != "shards"]
+        assert others and all(x[10] == 0 and x[11] is None for x in others), others
+        assert all(len(x) == 12 and x[10] is None for x in measure(None)["holders"])   # not watched: unknown
+    finally:
+        g.pop("shards", None)
+        if entry in ser._package_registry:
+            ser._package_registry.remove(entry)
+        if os.path.exists(path):
+            os.unlink(path)
+
+
 def t_models_in_an_lru_cache():
     """Models a functools.lru_cache function of the program returned and keeps are its entries by key, named
     after the function (get_net[key]), bounded or not; the one the running code also holds by a name (the entry
@@ -831,6 +879,8 @@ check("models: a frozen copy (a reference) apart from the trained model, a train
       t_models_frozen_copy_apart)
 check("models a dict keeps by key are named after it; IPython's output history is not", t_models_in_a_map)
 check("models an lru_cache function keeps are its entries by key, the idle ones a group apart", t_models_in_an_lru_cache)
+check("torch.load's restore hook: what it restored onto a GPU, from which line, in a holder's bytes; the host untouched",
+      t_restored_by_torch_load)
 check("attention layers of the models by their names; none in a model without them", t_attention_modules)
 check("a function's lru_cache is a holder of the results it keeps (unbounded: all; bounded: the last maxsize)",
       t_lru_cache_results)

@@ -8,7 +8,9 @@ exactly the truth's, with its bytes; phase, and the file/function/line of phase_
 truth's, and so is phase_site, the program's own line at or outside phase_frame.  --site LABEL: that holder names the line that created its tensors (truth losses_line).
 --incomplete: the scan stopped at its budget: complete false, activations null, why given.
 --no-roles: memory.framework.roles is null (the phase is still checked).
---evidence: the holders' purposes and copies, roles.models (the Net, once) and roles.statement are there."""
+--evidence: the holders' purposes and copies, roles.models (the Net, once) and roles.statement are there.
+--restored: every holder's bytes are what torch.load restored onto the GPU, from the truth's restored_line (without
+it: none restored, where the dump says)."""
 import glob
 import json
 import sys
@@ -27,6 +29,14 @@ def main():
     assert fw is not None, "no memory.framework"
     e = d["event"]
     assert e["phase"] == truth["phase"], (e["phase"], truth["phase"], e["phase_source"])
+    if truth["phase"] is None:
+        assert e["phase_frame"] is None, e["phase_frame"]
+    else:
+        check_phase_frames(e, truth)
+    roles(fw, truth, opts)
+
+
+def check_phase_frames(e, truth):
     pf = e["phase_frame"]
     assert pf is not None and pf["file"].endswith(truth["phase_file"]), (pf, truth["phase_file"])
     assert pf["function"] == truth["phase_function"], (pf, truth["phase_function"])
@@ -36,6 +46,9 @@ def main():
     ps = e["phase_site"]
     assert ps is not None and ps["file"].endswith("/job_roles.py"), (ps, pf)
     assert (ps["line"], ps["function"]) == (truth["site_line"], truth["site_function"]), (ps, truth)
+
+
+def roles(fw, truth, opts):
     r = fw["roles"]
     if "--no-roles" in opts:
         assert r is None, r
@@ -74,6 +87,13 @@ def main():
         assert r["allocated_after_steps"] == truth["after_steps"], (r["allocated_after_steps"], truth["after_steps"])
         assert r["optimizer_steps"] == 1, r["optimizer_steps"]
         assert r["allocated_over_run"] == {"every": 1, "bytes": truth["after_steps"]}, r["allocated_over_run"]
+    if "--restored" in opts:
+        # every holder says what torch.load restored onto the GPU of it: all of the shards, from their line
+        for h in r["holders"]:
+            assert h["restored_bytes"] == h["bytes"], h
+            assert h["restored_site"] is not None and h["restored_site"]["line"] == truth["restored_line"], h
+    elif "restored_bytes" in (r["holders"] or [{}])[0]:
+        assert all(h["restored_bytes"] == 0 and h["restored_site"] is None for h in r["holders"]), r["holders"]
     if "--site" in opts:
         label = opts[opts.index("--site") + 1]
         h = [h for h in r["holders"] if h["label"] == label][0]

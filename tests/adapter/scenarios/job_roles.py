@@ -9,6 +9,8 @@ named holders, and the phase with the line that decides it.
             private pool), then a forward pass whose activation is alive when a request fails
   roles-uncaught   the same, the error not caught (the stderr summary is printed)
   forward | backward | step | load | handler: the failure in that phase
+  restored  shards torch.load restored onto the GPU (no map_location) held in a list, one more loaded to the host,
+            then a request larger than the device
 """
 import os
 import sys
@@ -145,9 +147,27 @@ def main():
         path = os.path.join(os.getcwd(), "ckpt.json")
         with open(path, "w") as f:
             f.write('{"w1": %d, "big": %d}' % (48 * MiB, HUGE))
-        phase_at("loading", None, "load", "torch/serialization.py", site=(here() + 2, "main"))
+        # the innermost frame of torch/serialization.py is the deserializer restoring the storage, as in PyTorch
+        phase_at("loading", None, "_cuda_deserialize", "torch/serialization.py", site=(here() + 2, "main"))
         try:
             torch.load(path)                    # restores onto the GPU: no map_location="cpu"
+        except torch.OutOfMemoryError:
+            pass
+    elif mode == "restored":
+        paths = []
+        for i in range(2):
+            paths.append(os.path.join(os.getcwd(), "shard%d.json" % i))
+            with open(paths[-1], "w") as f:
+                f.write('{"feats": %d, "labels": %d}' % (96 * MiB, MiB))
+        truth["restored_line"] = here() + 1
+        shards = [torch.load(p) for p in paths]     # no map_location: back onto the GPU they were saved from
+        host = torch.load(paths[0], map_location="cpu")                                 # noqa: F841
+        add("held_by_python", *[t for s in shards for t in s.values()])
+        phase_at(None, None, None, site=(here() + 4, "main"))     # no frame says a phase
+        truth["holders"]["shards (list, local in main (job_roles.py:%d))" % truth["site_line"]] = \
+            sum(block(t) for s in shards for t in s.values())
+        try:
+            torch.empty(HUGE)                        # a bank of all of them: more than the device
         except torch.OutOfMemoryError:
             pass
     elif mode == "handler":
