@@ -1674,16 +1674,65 @@ static bool one_attribute_each(const og_roles_t *ro, int i)
  * a preference-tuning reference beside a policy that trains adapters on the same base is that policy with its
  * adapters disabled; pipelines that each loaded the same components can share one set.  Read from the adapter's
  * measurement only (names, purposes, frozen flags, the optimizers' parameters), never from block sizes. */
+/* group I is frozen, held by attribute names (self.X), and the program holds its class by another name too: the
+ * bytes of its attribute-held copies (facts.h: twin_components); 0 not such a group */
+static uint64_t twin_of_program(const og_roles_t *ro, int i, int nm)
+{
+    char names[sizeof ro->models[0].names];
+    og_cpy(names, sizeof names, ro->models[i].names, sizeof names);
+    int attrs = 0, others = 0;
+    for (char *p = names; *p;) {
+        char *e = strchr(p, ',');
+        if (strncmp(p, "self.", 5) == 0)
+            attrs++;
+        else
+            others++;
+        if (!e)
+            break;
+        p = e + 1;
+    }
+    uint64_t each = ro->models[i].bytes;
+    int count = ro->models[i].count;
+    if (!ro->models[i].frozen || count <= 0 || attrs == 0 || keyed_group(ro, i))
+        return 0;
+    if (others > 0) /* copies held by the program's names in the same group: those beyond them are the set's */
+        return count > others ? each * (uint64_t)(count - others) : 0;
+    for (int j = 0; j < nm; j++) {
+        double off = (double)ro->models[j].bytes - (double)each;
+        if (j != i && ro->models[j].count > 0 &&
+            strncmp(ro->models[j].cls, ro->models[i].cls, sizeof ro->models[0].cls) == 0 &&
+            (off < 0 ? -off : off) <= 0.1 * (double)each && ro->models[j].names[0] &&
+            strncmp(ro->models[j].names, "self.", 5) != 0)
+            return each * (uint64_t)count;
+    }
+    return 0;
+}
+
 static void weights_copies(og_facts_t *d, const og_record_t *r)
 {
     og_role_facts_t *k = &d->roles;
     const og_roles_t *ro = &r->memory.fw.roles;
     /* holders of purpose ema kept across calls were counted with the other holders (roles: ema_kept, ema_holder);
      * models whose names say ema, none running, join them here */
-    k->ema_model = k->reference_group = k->repeated_group = k->trained_group = -1;
+    k->ema_model = k->reference_group = k->repeated_group = k->trained_group = k->twin_group = -1;
     if (!k->known)
         return;
     int nm = ro->nmodels < 0 ? 0 : ro->nmodels > 6 ? 6 : ro->nmodels;
+    uint64_t twin[6] = { 0 }, twins = 0;
+    int ntwins = 0, largest_twin = -1;
+    for (int i = 0; i < nm; i++)
+        if ((twin[i] = twin_of_program(ro, i, nm)) != 0) {
+            twins = add_sat(twins, twin[i]);
+            ntwins++;
+            if (largest_twin < 0 || ro->models[i].bytes > ro->models[largest_twin].bytes)
+                largest_twin = i;
+        }
+    if (ntwins >= 2) { /* a set of components, not one model */
+        k->twin_components = twins;
+        k->twin_groups = ntwins;
+        k->twin_group = largest_twin;
+    } else
+        memset(twin, 0, sizeof twin);
     uint64_t ema_largest = 0;
     for (int i = 0; i < nm; i++) {
         uint64_t all = ro->models[i].bytes * (uint64_t)(ro->models[i].count > 0 ? ro->models[i].count : 0);
@@ -1707,7 +1756,7 @@ static void weights_copies(og_facts_t *d, const og_record_t *r)
         enum og_purpose pu = model_purpose(ro, i);
         double off = (double)ro->models[i].bytes - base;
         bool same_base = ro->models[i].frozen && base > 0 && (off < 0 ? -off : off) <= 0.1 * base;
-        if (pu != OG_PURPOSE_reference && !(same_base && pu == OG_PURPOSE_NONE))
+        if (pu != OG_PURPOSE_reference && !(same_base && pu == OG_PURPOSE_NONE && !twin[i]))
             continue;
         uint64_t all = ro->models[i].bytes * (uint64_t)ro->models[i].count;
         if (k->reference_group < 0 || all > k->reference_copy) {

@@ -179,6 +179,14 @@ typedef struct og_role_facts {
      * (repeated_count - 1 of each), 0 none; repeated_group: the largest group's index in roles.models */
     uint64_t repeated_components;
     int repeated_count, repeated_group;
+    /* a second set of components beside the program's own models: >= 2 frozen groups held by attribute names
+     * (self.unet, self.text_encoder_2: a pipeline kept after it made its images) each of a class the program also
+     * holds by another name (a group of the class within a tenth of its size, trained or not, or more copies in
+     * the group than attribute names): the attribute-held copies' bytes (twin_components), those groups
+     * (twin_groups) and the largest (twin_group, -1 none).  Such a group is no preference-tuning reference though
+     * its size is the trained model's base */
+    uint64_t twin_components;
+    int twin_groups, twin_group;
     /* a trained model kept while another loads (phase loading): a group held by a name, not frozen, not running, of
      * a class no arriving group has, after training made optimizer state: its parameters, gradients and that
      * state (training is over: a merge, an export, an evaluation of another model).  Or while another trains, in

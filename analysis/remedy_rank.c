@@ -921,6 +921,14 @@ static bool repeated_components(const rctx_t *x)
     return ro->known && ro->repeated_components && og_covers(x, (double)ro->repeated_components) && !PRIMARY(GROWTH) &&
            !own_fix_covers(x) && !x->larger_than_device;
 }
+/* a second set of components beside the program's own models (facts: twin_components: a pipeline kept after it made
+ * its images, its self.unet a frozen twin of the unet being trained) */
+static bool pipeline_twins(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && ro->twin_components && og_covers(x, (double)ro->twin_components) && !PRIMARY(GROWTH) &&
+           !own_fix_covers(x) && !x->larger_than_device;
+}
 /* the trained model, its gradients and optimizer state still referenced while another model loads */
 static bool trained_model_kept(const rctx_t *x)
 {
@@ -1215,6 +1223,11 @@ static const og_rank_row_t bring[] = {
       "roles.models: >= 2 frozen groups of one count N >= 2, each model held by one attribute of N objects "
       "(facts: repeated_components, all but one set) >= shortfall, primary not growth",
       "sdxl_api_three_pipelines_each_load_same_weights_l4 (blind); (unit tests: weights_copies_kept)" },
+    { "pipeline_twins", pipeline_twins, WANT, 0, 0, REMS(R_SHARE_COMPONENTS),
+      "roles.models: >= 2 frozen groups held by attribute names (self.X) each of a class the program also holds by "
+      "another name (facts: twin_components, the attribute-held copies) >= shortfall, primary not growth",
+      "dreambooth_sdxl_lora_prior_preservation_class_image_pipe_still_loaded_a10g (blind); (unit tests: "
+      "pipeline_kept_beside_training)" },
     { "trained_model_kept", trained_model_kept, WANT, 0, 0, REMS(R_ONE_MODEL),
       "roles.models: a model held by a name, not frozen, not running; phase loading: of a class no arriving model has, "
       "optimizer state made; phase forward: stepped on, beside running models whose optimizers have not stepped, none "
@@ -1559,6 +1572,10 @@ static const og_rank_row_t lead[] = {
     { "repeated_components_lead", repeated_components, LEAD_COVERS, -36, 0, REMS(R_SHARE_COMPONENTS),
       "as repeated_components (ahead of one_model_at_a_time: the copies are of the same weights)",
       "sdxl_api_three_pipelines_each_load_same_weights_l4 (blind); (unit tests: weights_copies_kept)" },
+    { "pipeline_twins_lead", pipeline_twins, LEAD_COVERS, -36, 0, REMS(R_SHARE_COMPONENTS),
+      "as pipeline_twins (build the pipeline from the program's models, or free it once its work is done)",
+      "dreambooth_sdxl_lora_prior_preservation_class_image_pipe_still_loaded_a10g (blind); (unit tests: "
+      "pipeline_kept_beside_training)" },
     { "trained_model_kept_lead", trained_model_kept, LEAD_COVERS, -35, 0, REMS(R_ONE_MODEL),
       "as trained_model_kept (ahead of the load's dtype and the optimizer's remedies: training is over)",
       "gemma2_9b_qlora_merge_bf16_base_beside_trainer_4090 (blind); (unit tests: weights_copies_kept)" },
@@ -1821,6 +1838,8 @@ static void estimate(rank_t *k, const rctx_t *x)
         cover[R_EMA_CPU] = (double)ro->ema_kept;
     cover[R_ADAPTER_REF] = reference_on_base(x) ? (double)ro->reference_copy : -1;
     cover[R_SHARE_COMPONENTS] = repeated_components(x) ? (double)ro->repeated_components : -1;
+    if (pipeline_twins(x) && (double)ro->twin_components > cover[R_SHARE_COMPONENTS]) /* the pipeline's own set */
+        cover[R_SHARE_COMPONENTS] = (double)ro->twin_components;
     cover[R_DATASET_CPU] = dataset_on_gpu(x)    ? (double)ro->dataset_kept
                            : growing_dataset(x) ? (double)ro->grower_bytes
                                                 : -1;

@@ -2550,6 +2550,23 @@ static bool b_share_pipeline_components(const rctx_t *x, og_remedy_t *r)
     const og_role_facts_t *ro = &x->f->roles;
     const og_roles_t *rr = &x->rec->memory.fw.roles;
     char names[80], cls[sizeof rr->models[0].cls] = "";
+    if (!ro->repeated_components || !og_covers(x, (double)ro->repeated_components)) { /* a second set (twins) */
+        group_names(x, ro->twin_group, names, sizeof names);
+        if (ro->twin_group >= 0)
+            og_cpy(cls, sizeof cls, rr->models[ro->twin_group].cls, sizeof cls);
+        why(r,
+            "A second set of the components is on the GPU: %d frozen models held as attributes of an object (the "
+            "largest %s%s%s%s) are copies of models this program holds by other names, %s in all: a pipeline kept "
+            "after its work, beside the models being trained or run. Built from the program's own models it adds no "
+            "weights; or free it once its work is done.",
+            ro->twin_groups, cls[0] ? cls : "model", names[0] ? " (" : "", names, names[0] ? ")" : "",
+            og_hb((double)ro->twin_components).s);
+        HOWS(x, r,
+             { ANY, "diffusers: pipe = StableDiffusionXLPipeline.from_pretrained(base, unet=unet, "
+                    "text_encoder=text_encoder_one, text_encoder_2=text_encoder_two, vae=vae)" },
+             { PT, "del pipe; gc.collect(); torch.cuda.empty_cache()   # once its images are made, before training" });
+        return true;
+    }
     group_names(x, ro->repeated_group, names, sizeof names);
     if (ro->repeated_group >= 0)
         og_cpy(cls, sizeof cls, rr->models[ro->repeated_group].cls, sizeof cls);

@@ -3460,6 +3460,50 @@ static void restored_by_torch_load(void **state)
     free(r);
 }
 
+/* DreamBooth with prior preservation: the SDXL pipeline that made the class images is still held while the same
+ * weights train (a LoRA on the unet, the text encoders and VAE loaded again by the program's own names): its frozen
+ * self.unet is a twin of the trained unet, not a preference-tuning reference; sharing the components (or freeing the
+ * pipeline) leads.  One frozen twin alone (a DPO trainer's self.ref_model beside self.model) is no set: the
+ * reference reading stays */
+static void pipeline_kept_beside_training(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->device.total_bytes, 24 * GiB);
+    og_set(&r->event.requested_bytes, 2560 * MiB);
+    og_set(&r->device.free_bytes, 850 * MiB);
+    fixture_roles(r, 14 * GiB, 24 * MiB, 48 * MiB, 0, 0, 6 * GiB);
+    fixture_model(r, "UNet2DConditionModel", 5 * GiB + 24 * MiB, 1, false);
+    fixture_model_held(r, 1, 1, "unet");
+    fixture_model(r, "UNet2DConditionModel", 5 * GiB, 1, true);
+    fixture_model_held(r, 1, 0, "self.unet");
+    fixture_model(r, "CLIPTextModelWithProjection", 1300 * MiB, 1, true);
+    fixture_model_held(r, 1, 0, "self.text_encoder_2");
+    fixture_model(r, "CLIPTextModelWithProjection", 1300 * MiB, 1, true);
+    fixture_model_held(r, 1, 0, "text_encoder_two");
+    fixture_model(r, "CLIPTextModel", 240 * MiB, 2, true);
+    fixture_model_held(r, 2, 0, "text_encoder_one,self.text_encoder");
+    fixture_optimizer(r, "AdamW", 48 * MiB);
+    og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 24 * MiB);
+    fixture_phase(r, "forward", "/w/train_dreambooth.py", "forward");
+    r->memory.fw.training = 1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.twin_groups, 3);
+    assert_int_equal(r->analysis.facts.roles.twin_components, 5 * GiB + 1300 * MiB + 240 * MiB);
+    assert_int_equal(r->analysis.facts.roles.reference_copy, 0);
+    assert_string_equal(r->remedies[0].id, "share_pipeline_components");
+    assert_true(ranked_by(&r->remedies[0], "pipeline_twins_lead"));
+    assert_non_null(strstr(r->remedies[0].why, "3 frozen models held as attributes"));
+    assert_int_equal(rank_of(r, "adapter_disabled_reference"), 0);
+    /* the trainer's attribute twin alone: a reference on the base */
+    r->memory.fw.roles.nmodels = 2;
+    fixture_model_held(r, 1, 0, "self.ref_model");
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.twin_components, 0);
+    assert_int_equal(r->analysis.facts.roles.reference_copy, 5 * GiB);
+    assert_string_equal(r->remedies[0].id, "adapter_disabled_reference");
+    free(r);
+}
+
 /* a metric's list kept on an object holds many times the cached splinters (kept_outgrows_cache) when a 112 MiB request
  * fails in an evaluation: releasing what it keeps leads, named, with its own lines (a list: .cpu(), .item(),
  * clear()); expandable segments and empty_cache cannot carry it (tier 3).  One tensor kept whole is read a slice at
@@ -4354,6 +4398,7 @@ int main(void)
         cmocka_unit_test(kept_holder_outgrows_the_splinters),
         cmocka_unit_test(statement_copies_a_holder),
         cmocka_unit_test(restored_by_torch_load),
+        cmocka_unit_test(pipeline_kept_beside_training),
         cmocka_unit_test(weights_copies_kept),
         cmocka_unit_test(copies_kept_across_steps),
         cmocka_unit_test(finished_training_beside_the_next),
