@@ -1352,6 +1352,12 @@ static void roles(og_facts_t *d, const og_record_t *r)
         /* trainable, trained by no optimizer, running now: its forward records a graph nothing trains */
         else if (ro->models[i].trained == 0 && ro->models[i].running > 0)
             k->untrained_running = add_sat(k->untrained_running, each * (uint64_t)ro->models[i].running);
+        if (!ro->models[i].frozen && ro->models[i].trained == 0) {
+            char pu[sizeof ro->models[0].purpose];
+            og_cpy(pu, sizeof pu, ro->models[i].purpose, sizeof pu);
+            if (og_purpose_of(pu) == OG_PURPOSE_reference || og_purpose_of(pu) == OG_PURPOSE_teacher)
+                k->untrained_ref = add_sat(k->untrained_ref, each * n);
+        }
         k->model_params = add_sat(k->model_params, each * n);
         /* models of several groups held one by key each, none running: a map of different models kept resident
          * (counted in keyed_models when there are >= 2 of them) */

@@ -211,6 +211,10 @@ typedef struct og_role_facts {
     /* roles.models: parameters of the running models (running > 0) whose parameters require grad but that no
      * optimizer trains (trained 0: a teacher deep-copied from the student, a target network) */
     uint64_t untrained_running;
+    /* roles.models: parameters of the models whose names say reference or teacher (models[].purpose), whose
+     * parameters require grad and that no optimizer trains (trained 0): each forward of theirs with autograd on
+     * records a graph for nothing (ref_model.eval() turns off dropout, not autograd), running now or not */
+    uint64_t untrained_ref;
     bool state_known; /* every role a training job keeps for good was measured ... */
     uint64_t state;   /* ... params + buffers + grads + opt + pools: the job's own state */
     /* the failing statement copies a holder whole: it reads a name that holds tensors (the holder's name, or its

@@ -583,7 +583,7 @@ static bool frozen_model_autograd_on(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
     return ro->known && x->grad == 1 &&
-           (ro->purpose_bytes[OG_PURPOSE_teacher] || ro->frozen_models || ro->untrained_running) &&
+           (ro->purpose_bytes[OG_PURPOSE_teacher] || ro->frozen_models || ro->untrained_running || ro->untrained_ref) &&
            !own_fix_covers(x) && !x->larger_than_device;
 }
 /* the same, named a teacher by the program, or measured as trained by no optimizer: a frozen model alone may be
@@ -591,8 +591,8 @@ static bool frozen_model_autograd_on(const rctx_t *x)
  * where no_grad would be wrong, so only a teacher or an untrained model leads */
 static bool teacher_autograd_on(const rctx_t *x)
 {
-    return frozen_model_autograd_on(x) &&
-           (roles_of(x)->purpose_bytes[OG_PURPOSE_teacher] || roles_of(x)->untrained_running);
+    return frozen_model_autograd_on(x) && (roles_of(x)->purpose_bytes[OG_PURPOSE_teacher] ||
+                                           roles_of(x)->untrained_running || roles_of(x)->untrained_ref);
 }
 /* gradients and optimizer state measured (or about to be made at the first step) for the parameters of
  * a training job: training fewer of them shrinks both */
@@ -1115,8 +1115,9 @@ static const og_rank_row_t bring[] = {
       "as weights_update, locals >= parameters, autograd on or a dict among the locals",
       "best_state_gpu_deepcopy (blind)" },
     { "frozen_model_autograd_on", frozen_model_autograd_on, WANT, 0, 0, REMS(R_TEACHER_NO_GRAD),
-      "roles: a holder of purpose teacher, a frozen model, or a running model no optimizer trains (models[].trained "
-      "0), adapter: grad_enabled on",
+      "roles: a holder of purpose teacher, a frozen model, a running model no optimizer trains (models[].trained "
+      "0), or a reference or teacher model whose parameters require grad that no optimizer trains (untrained_ref), "
+      "adapter: grad_enabled on",
       "distill_teacher_grad, ibot_vitl_teacher_deepcopy_still_requires_grad_l40s (blind)" },
     { "kv_cache_reserved", kv_cache_reserved, WANT, 0, 0, REMS(R_SMALLER_KV),
       "not training, autograd off, not growth, roles: a kept holder is a KV cache >= shortfall and > the locals",

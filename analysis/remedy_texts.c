@@ -2168,6 +2168,17 @@ static bool b_teacher_no_grad(const rctx_t *x, og_remedy_t *r)
              { PT, "with torch.no_grad(): t_out = teacher(batch)   # its EMA update needs no graph either" });
         return true;
     }
+    if (!frozen && ro->untrained_ref) {
+        why(r,
+            "A reference or teacher model (%s of parameters) requires grad, but no optimizer trains it: .eval() turns "
+            "off dropout, not autograd, so each forward of it with autograd on keeps every activation until a backward "
+            "that updates nothing. Freeze it and compute its outputs under torch.no_grad().",
+            og_hb((double)ro->untrained_ref).s);
+        HOWS(x, r, { PT, "ref_model.requires_grad_(False)   # once, after loading it" },
+             { PT,
+               "with torch.no_grad(): ref_logps = logps(ref_model, batch)   # or precompute them once, then free it" });
+        return true;
+    }
     why(r,
         "Autograd was on at the failure while a frozen model (a teacher, a reference model: %s) is part of the "
         "job. Run with autograd on, its forward keeps every activation for a backward that never reaches its "

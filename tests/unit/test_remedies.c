@@ -3460,6 +3460,39 @@ static void restored_by_torch_load(void **state)
     free(r);
 }
 
+/* a hand-written DPO loop: ref_model.eval() but its parameters still require grad and no optimizer trains it; the
+ * policy's forward fails with autograd on: running the reference under no_grad is in the top three, said of the
+ * reference (untrained_ref); a reference an optimizer's reach was not measured for (trained unknown) is not */
+static void reference_records_a_graph(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->device.total_bytes, 48 * GiB);
+    og_set(&r->event.requested_bytes, 1800 * MiB);
+    og_set(&r->device.free_bytes, 900 * MiB);
+    fixture_roles(r, 12 * GiB, 0, 0, 0, 0, 34 * GiB);
+    fixture_model(r, "Qwen2ForCausalLM", 6 * GiB, 1, false);
+    fixture_model_held(r, 1, 1, "policy,model");
+    r->memory.fw.roles.models[0].trained = 1;
+    fixture_model(r, "Qwen2ForCausalLM", 6 * GiB, 1, false);
+    fixture_model_held(r, 1, 0, "ref_model");
+    fixture_model_says(r, "reference");
+    r->memory.fw.roles.models[1].trained = 0;
+    fixture_optimizer(r, "AdamW", 0);
+    og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 6 * GiB);
+    fixture_phase(r, "forward", "/w/dpo.py", "forward");
+    r->memory.fw.grad_enabled = 1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.untrained_ref, 6 * GiB);
+    int at = rank_of(r, "teacher_no_grad");
+    assert_true(at >= 1 && at <= 3);
+    assert_non_null(strstr(r->remedies[at - 1].why, "A reference or teacher model (6.00 GiB of parameters)"));
+    r->memory.fw.roles.models[1].trained = -1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.untrained_ref, 0);
+    assert_int_equal(rank_of(r, "teacher_no_grad"), 0);
+    free(r);
+}
+
 /* DreamBooth with prior preservation: the SDXL pipeline that made the class images is still held while the same
  * weights train (a LoRA on the unet, the text encoders and VAE loaded again by the program's own names): its frozen
  * self.unet is a twin of the trained unet, not a preference-tuning reference; sharing the components (or freeing the
@@ -4399,6 +4432,7 @@ int main(void)
         cmocka_unit_test(statement_copies_a_holder),
         cmocka_unit_test(restored_by_torch_load),
         cmocka_unit_test(pipeline_kept_beside_training),
+        cmocka_unit_test(reference_records_a_graph),
         cmocka_unit_test(weights_copies_kept),
         cmocka_unit_test(copies_kept_across_steps),
         cmocka_unit_test(finished_training_beside_the_next),
