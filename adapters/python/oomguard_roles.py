@@ -52,8 +52,10 @@ import types
 ROLES = ("parameters", "buffers", "gradients", "optimizer_state", "graph_pools", "held_by_python", "activations")
 TOP_HOLDERS = 8
 TOP_MODELS = 6
-_DEPTH = 4                     # containers and objects followed below a named holder: a dict of objects
-                               # of lists of tensors (tenant -> DynamicCache -> key_cache -> tensor), one more
+_DEPTH = 6                     # containers and objects followed below a named holder: a dict of objects
+                               # of lists of tensors (tenant -> DynamicCache -> key_cache -> tensor), one more;
+                               # a logging handler's buffered records (handler -> buffer -> LogRecord -> args ->
+                               # a dict of the batch -> tensor)
 _CHECK_EVERY = 2048            # objects between two looks at the clock
 _SAMPLE_OVER = 256             # a larger container is read whole only if one of its first
 _SAMPLE = 32                   # _SAMPLE elements holds a tensor; the same for a class's instances

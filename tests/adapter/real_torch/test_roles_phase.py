@@ -267,7 +267,7 @@ def t_nested_holders():
         g["by_user"] = {"a": {"x": empty(50)}, "b": {"y": empty(60), "z": [empty(70)]}}
         g["layered"] = {"t": LayeredCache(80)}
         g["guarded"] = {"g": Guarded(90)}
-        g["too_deep"] = {"a": {"b": {"c": {"d": {"e": empty(1000)}}}}}
+        g["too_deep"] = {"a": {"b": {"c": {"d": {"e": {"f": {"g": empty(1000)}}}}}}}   # beyond _DEPTH
         g["kv_views"] = [service.prefix_cache["tenant-0"].key_cache[0].view(-1)]    # the dict's storage: once
         current = PrefixCache(1)                          # the cache in use now: one tensor of the dict's, one new
         current.key_cache = [service.prefix_cache["tenant-1"].key_cache[0], empty(5)]
@@ -693,6 +693,33 @@ def t_restored_by_torch_load():
             os.unlink(path)
 
 
+def t_logging_handler_records():
+    """A logging.handlers.MemoryHandler keeps its records until it flushes: the tensors a record's arguments hold
+    (a batch dict passed to log.debug) are the handler's, five levels below it (buffer, LogRecord, args, dict)."""
+    import logging
+    import logging.handlers
+    build()
+    g = globals()
+    log = logging.getLogger("oomguard-test-records")
+    log.propagate = False
+    log.setLevel(logging.DEBUG)
+    g["recorder"] = logging.handlers.MemoryHandler(capacity=100, flushLevel=logging.CRITICAL)
+    log.addHandler(recorder)
+    try:
+        batches = [{"video": empty(3000), "label": 1} for _ in range(3)]
+        for b in batches:
+            log.debug("batch %s", b)
+        want = sum(nbytes(b["video"]) for b in batches)
+        del batches, b
+        r = measure(None)
+        got = dict((h[0], h[4]) for h in r["holders"])
+        assert got.get("recorder (MemoryHandler, global in test_roles_phase.py)") == want, got
+    finally:
+        log.removeHandler(recorder)
+        recorder.buffer.clear()
+        g.pop("recorder", None)
+
+
 def t_models_in_an_lru_cache():
     """Models a functools.lru_cache function of the program returned and keeps are its entries by key, named
     after the function (get_net[key]), bounded or not; the one the running code also holds by a name (the entry
@@ -881,6 +908,8 @@ check("models a dict keeps by key are named after it; IPython's output history i
 check("models an lru_cache function keeps are its entries by key, the idle ones a group apart", t_models_in_an_lru_cache)
 check("torch.load's restore hook: what it restored onto a GPU, from which line, in a holder's bytes; the host untouched",
       t_restored_by_torch_load)
+check("a logging MemoryHandler's buffered records: the tensors their arguments hold are the handler's",
+      t_logging_handler_records)
 check("attention layers of the models by their names; none in a model without them", t_attention_modules)
 check("a function's lru_cache is a holder of the results it keeps (unbounded: all; bounded: the last maxsize)",
       t_lru_cache_results)
