@@ -1324,6 +1324,33 @@ static bool map_kind(const char *kind)
     return false;
 }
 
+/* the largest role of the framework's bytes other than held_by_python (measured ones; activations unknown: 0) */
+static uint64_t largest_role(const og_roles_t *ro)
+{
+    uint64_t m = 0;
+    for (int i = 0; i < OG_NROLES; i++)
+        if (i != OG_ROLE_held_by_python && og_or(ro->bytes[i], 0) > m)
+            m = ro->bytes[i].v;
+    return m;
+}
+
+/* WHERE is a local of the running pass's own code (a module's forward, its __call__, or the function whose frame
+ * decided the phase: generate() building its cache): that pass's working set */
+static bool pass_own_local(const char *where, const og_record_t *r)
+{
+    static const char *const own[] = { "forward", "__call__", "_call_impl" };
+    if (strncmp(where, "local in ", 9) != 0)
+        return false;
+    const char *fn = where + 9, *sp = strchr(fn, ' ');
+    size_t n = sp ? (size_t)(sp - fn) : strlen(fn);
+    for (size_t i = 0; i < sizeof own / sizeof *own; i++)
+        if (n == strlen(own[i]) && strncmp(fn, own[i], n) == 0)
+            return true;
+    const og_framework_view_t *fw = &r->memory.fw;
+    return fw->has_phase_frame && n == strnlen(fw->phase_frame.function, sizeof fw->phase_frame.function) &&
+           strncmp(fn, fw->phase_frame.function, n) == 0;
+}
+
 /* a pass of the model is running (its forward, its backward, an evaluation, a generation) */
 static bool pass_phase(enum og_job_phase p)
 {
@@ -1335,7 +1362,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
     const og_roles_t *ro = &r->memory.fw.roles;
     og_role_facts_t *k = &d->roles;
     k->keeper = k->kv = k->dataset_holder = k->registry_group = k->graph_holder = k->keyed_group = -1;
-    k->stmt_copies = k->restored_holder = -1;
+    k->stmt_copies = k->restored_holder = k->dominant = -1;
     k->ckpt_holder = k->index_holder = k->ema_holder = k->copy_holder = -1;
     k->building = OG_PURPOSE_NONE;
     k->operation = OG_OPERATION_NONE;
@@ -1551,6 +1578,10 @@ static void roles(og_facts_t *d, const og_record_t *r)
             if (k->copy_holder < 0 || h->bytes > ro->holders[k->copy_holder].bytes)
                 k->copy_holder = i;
         }
+        if (pu == OG_PURPOSE_NONE && !h->copy_of[0] && pass_runs && local && !pass_own_local(where, r) &&
+            og_known(ro->bytes[OG_ROLE_activations]) && h->bytes > largest_role(ro) &&
+            (k->dominant < 0 || h->bytes > ro->holders[k->dominant].bytes))
+            k->dominant = i;
         if (local) {
             k->local_held = add_sat(k->local_held, h->bytes);
             if (map_kind(kind))

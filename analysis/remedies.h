@@ -113,6 +113,8 @@ bool og_restored_held(const rctx_t *x);
 /* a holder of no purpose kept across calls covers the shortfall while what Python keeps outgrows the splinters
  * (facts.kept_outgrows_cache; roles.keeper), the memory did not grow */
 bool og_kept_holder(const rctx_t *x);
+/* a holder of no purpose holds more than any role of the framework and the shortfall (roles.dominant) */
+bool og_dominant_holder(const rctx_t *x);
 
 /* the cap that refused the request, not the card: the cap is at most the job's state at its optimizer steps and
  * that state, this pass's activations, the context and the request fit the device without the cap (its free

@@ -267,6 +267,15 @@ static bool kept_outgrows(const rctx_t *x) { return x->f->kept_outgrows_cache; }
  * and is no copy of a role, the memory did not grow (growth names its own holder), and it alone covers the
  * shortfall: a program's list or attribute keeping tensors it has no need to keep on the device (a metric's
  * per-image masks, outputs kept for a later report) */
+/* a holder of no purpose and no copy holds more than any role of the framework (facts: roles.dominant) and the
+ * missing bytes, outside a growth (its holder's own rows): the largest thing on the device is what the program keeps */
+bool og_dominant_holder(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && ro->dominant >= 0 && !PRIMARY(GROWTH) &&
+           og_covers(x, (double)x->rec->memory.fw.roles.holders[ro->dominant].bytes);
+}
+static bool dominant_holder(const rctx_t *x) { return og_dominant_holder(x); }
 bool og_kept_holder(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
@@ -1191,6 +1200,10 @@ static const og_rank_row_t bring[] = {
     { "dataset_on_gpu", dataset_on_gpu, WANT, 0, 0, REMS(R_DATASET_CPU),
       "roles: holders of purpose dataset kept across calls (a global, an attribute) >= shortfall, primary not growth",
       "resnet50_whole_dataset_on_gpu_speedrun (blind)" },
+    { "dominant_holder", dominant_holder, WANT, 0, 0, REMS(R_RELEASE_REFS),
+      "roles: while a pass runs, a holder of no purpose and no copy of a role, a local outside the pass's own code, "
+      "holds more than any role of the framework (facts: roles.dominant) >= shortfall; primary not growth",
+      "pythia1b_noise_scale_step_keeps_every_microbatch_grad_h100 (blind); (unit tests: dominant_holder_first)" },
     { "statement_copies_holder", stmt_copies_holder, WANT, 0, 0, REMS(R_RELEASE_REFS),
       "roles: the failing statement reads a holder (no purpose, no copy of a role) and asks for its bytes within a "
       "tenth (roles.stmt_copies: torch.cat of its chunks), >= 256 MiB, not loading; primary not growth",
@@ -1554,6 +1567,9 @@ static const og_rank_row_t lead[] = {
       "eval_deepcopy_in_train_loop, eval_on_deepcopy_with_grads_kept (blind), eval_copy_forward" },
     { "dataset_on_gpu_lead", dataset_on_gpu, LEAD_COVERS, -30, 0, REMS(R_DATASET_CPU), "as dataset_on_gpu",
       "resnet50_whole_dataset_on_gpu_speedrun (blind)" },
+    { "dominant_holder_lead", dominant_holder, LEAD_COVERS, -20, 0, REMS(R_RELEASE_REFS),
+      "as dominant_holder (after the rows that say what the holder is for)",
+      "pythia1b_noise_scale_step_keeps_every_microbatch_grad_h100 (blind); (unit tests: dominant_holder_first)" },
     { "statement_copies_holder_lead", stmt_copies_holder, LEAD_COVERS, -30, 0, REMS(R_RELEASE_REFS),
       "as statement_copies_holder", "dino_vitl_knn_monitor_rank0_bank_chunks_cat_a10g (blind)" },
     { "kept_holder_lead", kept_holder, LEAD_COVERS, -30, 0, REMS(R_RELEASE_REFS), "as kept_holder",
@@ -1694,6 +1710,9 @@ static void estimate(rank_t *k, const rctx_t *x)
         cover[R_RELEASE_REFS] = (double)kept_grower(x);
     if (kept_holder(x) && (double)roles_of(x)->keeper_bytes > cover[R_RELEASE_REFS]) /* all the kept holder keeps */
         cover[R_RELEASE_REFS] = (double)roles_of(x)->keeper_bytes;
+    if (dominant_holder(x) && /* all that the largest holder keeps */
+        (double)x->rec->memory.fw.roles.holders[roles_of(x)->dominant].bytes > cover[R_RELEASE_REFS])
+        cover[R_RELEASE_REFS] = (double)x->rec->memory.fw.roles.holders[roles_of(x)->dominant].bytes;
     if (stmt_copies_holder(x)) /* the copy's source, off the device (or the copy built in place) */
         cover[R_RELEASE_REFS] = (double)x->rec->memory.fw.roles.holders[roles_of(x)->stmt_copies].bytes;
     cover[R_EXPANDABLE] = HAS(FRAG) && x->cached_known && x->cached ? (double)x->cached : -1;

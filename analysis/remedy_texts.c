@@ -864,6 +864,24 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
         }
         return true;
     }
+    if (!grew && og_dominant_holder(x)) {
+        const og_role_facts_t *kf = &x->f->roles;
+        const og_role_holder_t *h = &x->rec->memory.fw.roles.holders[kf->dominant];
+        char lb[160], name[sizeof h->name];
+        const char *holder = holder_label(x, kf->dominant, lb, sizeof lb);
+        og_cpy(name, sizeof name, h->name, sizeof name);
+        r->saving = "All that the holder keeps on the GPU";
+        why(r,
+            "%s holds %s on the GPU in %llu tensor%s: more than the parameters, the gradients, the optimizer state or "
+            "the running pass, the largest thing on the device. Keep there only what the next step computes with.",
+            holder ? holder : "A holder", og_hb((double)h->bytes).s, (unsigned long long)h->tensors,
+            h->tensors == 1 ? "" : "s");
+        const char *n = name[0] ? name : "kept";
+        how(r, "%s.append(t.detach().cpu())   # what is kept for later in host memory", n);
+        how(r, "%s.append(t.item())   # or a number, or a running sum, where that is all that is read", n);
+        how(r, "%s.clear()   # (or del) once read: nothing on the device outlives its use", n);
+        return true;
+    }
     if (!grew && og_previous_copy(x)) {
         previous_copy_why(x, r);
         why(r, " Free it before building the new one.");

@@ -3460,6 +3460,40 @@ static void restored_by_torch_load(void **state)
     free(r);
 }
 
+/* a gradient-noise-scale measurement keeps every micro-batch's gradient in a list of the training loop (a local of
+ * main() while backward runs): 40 GiB, more than the parameters, the optimizer state or the pass's activations:
+ * releasing what it keeps leads, named; the same list as a local of the module's own forward (the pass's working
+ * set), or with the activations unmeasured, is no such holder */
+static void dominant_holder_first(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->device.total_bytes, 80 * GiB);
+    og_set(&r->event.requested_bytes, 512 * MiB);
+    og_set(&r->device.free_bytes, 256 * MiB);
+    fixture_roles(r, 4 * GiB, 0, 8 * GiB, 0, 40 * GiB, 26 * GiB);
+    fixture_holder(r, "micro_grads", "list", "local in main (noise_scale.py:264)", 40 * GiB);
+    r->memory.fw.roles.holders[0].tensors = 1960;
+    fixture_phase(r, "backward", "/usr/lib/torch/autograd/__init__.py", "backward");
+    r->memory.fw.training = 1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.dominant, 0);
+    assert_string_equal(r->remedies[0].id, "release_references");
+    assert_true(ranked_by(&r->remedies[0], "dominant_holder_lead"));
+    assert_non_null(
+        strstr(r->remedies[0].why, "micro_grads (list, local in main (noise_scale.py:264)) holds 40.00 GiB"));
+    assert_true(how_has(&r->remedies[0], "micro_grads.append(t.detach().cpu())"));
+    snprintf(r->memory.fw.roles.holders[0].where, sizeof r->memory.fw.roles.holders[0].where,
+             "local in forward (model.py:80)");
+    run(r);
+    assert_int_equal(r->analysis.facts.roles.dominant, -1);
+    snprintf(r->memory.fw.roles.holders[0].where, sizeof r->memory.fw.roles.holders[0].where,
+             "local in main (noise_scale.py:264)");
+    og_unset(&r->memory.fw.roles.bytes[OG_ROLE_activations]);
+    run(r);
+    assert_int_equal(r->analysis.facts.roles.dominant, -1);
+    free(r);
+}
+
 /* a hand-written DPO loop: ref_model.eval() but its parameters still require grad and no optimizer trains it; the
  * policy's forward fails with autograd on: running the reference under no_grad is in the top three, said of the
  * reference (untrained_ref); a reference an optimizer's reach was not measured for (trained unknown) is not */
@@ -4433,6 +4467,7 @@ int main(void)
         cmocka_unit_test(restored_by_torch_load),
         cmocka_unit_test(pipeline_kept_beside_training),
         cmocka_unit_test(reference_records_a_graph),
+        cmocka_unit_test(dominant_holder_first),
         cmocka_unit_test(weights_copies_kept),
         cmocka_unit_test(copies_kept_across_steps),
         cmocka_unit_test(finished_training_beside_the_next),
