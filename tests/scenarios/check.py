@@ -33,6 +33,13 @@ def alts(entry):
     return entry if isinstance(entry, list) else [entry]
 
 
+def inference_mode_may_lead(exp):
+    """The article's checklist splits inference from training: inference_mode leads only where the job is known to
+    be inference / to run without autograd, or where the expert named it an acceptable first remedy (an
+    evaluation pass of a training job that should run without autograd)."""
+    return bool(exp.get("inference_job")) or "inference_mode" in alts(exp.get("first", []))
+
+
 UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
          "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "TB": 10 ** 12}
 SIZE = r"(\d+(?:\.\d+)?) ?(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)\b"
@@ -292,10 +299,7 @@ def expectation_checks(d, txt, exp, subst):
         check(any(a in top3 for a in alts(e)), "top 3 lacks %s (%s)" % (" or ".join(alts(e)), desc))
     for e in exp.get("top3_forbidden", []):
         check(e not in top3, "%s must not be in the top 3 (%s)" % (e, desc))
-    # the article's checklist splits inference from training: inference_mode leads only where
-    # the job is known to be inference / to run without autograd, or where the expert named it an acceptable
-    # first remedy (an evaluation pass of a training job that should run without autograd)
-    if not exp.get("inference_job") and "inference_mode" not in alts(exp.get("first", [])):
+    if not inference_mode_may_lead(exp):
         check(not ids or ids[0] != "inference_mode", "inference_mode leads, but nothing says this job runs "
               "without autograd (%s)" % desc)
     for e in exp.get("first_forbidden", []):

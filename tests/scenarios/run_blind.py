@@ -99,7 +99,7 @@ def score(d, exp):
         f_ok = f_ok and first in check.alts(exp["first"])
     bad_first = set(exp.get("first_forbidden", [])) | set(exp.get("top3_forbidden", [])) | set(
         exp.get("remedies_forbidden", []))
-    if not exp.get("inference_job"):
+    if not check.inference_mode_may_lead(exp):
         bad_first.add("inference_mode")
     f_ok = f_ok and first not in bad_first
     t_ok = all(any(a in top3 for a in check.alts(e)) for e in exp.get("top3_required", [])) and not any(
