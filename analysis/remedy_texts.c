@@ -751,6 +751,14 @@ static void checkpoint_kept_why(const rctx_t *x, og_remedy_t *r)
         strcmp(copy, "optimizer_state") == 0 ? "optimizer state" : "parameters");
 }
 
+/* how a list holder N keeps less on the device: host copies, numbers, cleared once read */
+static void keep_less_how(og_remedy_t *r, const char *n)
+{
+    how(r, "%s.append(t.detach().cpu())   # what is kept for later (a metric, a report) in host memory", n);
+    how(r, "%s.append(t.item())   # a number, not a tensor, where a number is all that is read", n);
+    how(r, "%s.clear()   # (or del) once read: nothing on the device outlives its use", n);
+}
+
 static bool b_release_references(const rctx_t *x, og_remedy_t *r)
 {
     const og_growth_facts_t *g = &x->f->growth;
@@ -858,9 +866,7 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
             how(r, "%s%s = %s.cpu().pin_memory()   # kept in host memory", pt(x), n, n);
             how(r, "%sx = %s[i:i + batch].cuda(non_blocking=True)   # a batch at a time on the GPU", pt(x), n);
         } else {
-            how(r, "%s.append(t.detach().cpu())   # what is kept for later (a metric, a report) in host memory", n);
-            how(r, "%s.append(t.item())   # a number, not a tensor, where a number is all that is read", n);
-            how(r, "%s.clear()   # (or del) once read: nothing on the device outlives its use", n);
+            keep_less_how(r, n);
         }
         return true;
     }
@@ -877,9 +883,7 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
             holder ? holder : "A holder", og_hb((double)h->bytes).s, (unsigned long long)h->tensors,
             h->tensors == 1 ? "" : "s");
         const char *n = name[0] ? name : "kept";
-        how(r, "%s.append(t.detach().cpu())   # what is kept for later in host memory", n);
-        how(r, "%s.append(t.item())   # or a number, or a running sum, where that is all that is read", n);
-        how(r, "%s.clear()   # (or del) once read: nothing on the device outlives its use", n);
+        keep_less_how(r, n);
         return true;
     }
     if (!grew && og_previous_copy(x)) {
