@@ -394,6 +394,8 @@ _RESTORED = 65536
 _RESTORE_SITES = 16
 _restored = collections.OrderedDict()       # data pointer -> (bytes, index in _restore_sites)
 _restore_sites = []                          # (file, line, function) of the program's torch.load calls
+# loads in several threads note in turn; a signal handler's own torch.load re-enters in the same thread
+_restore_lock = threading.RLock()
 
 
 def _restore_tag(obj):
@@ -427,17 +429,18 @@ def _note_restored(storage):
         f = oomguard_phase.site(sys._getframe(2), limit=64)
         at = (f.f_code.co_filename, f.f_lineno or 0, f.f_code.co_name) if f is not None else ("-", 0, "-")
         f = None
-        if at in _restore_sites:
-            i = _restore_sites.index(at)
-        elif len(_restore_sites) < _RESTORE_SITES:
-            _restore_sites.append(at)
-            i = len(_restore_sites) - 1
-        else:
-            i = -1
-        _restored.pop(ptr, None)
-        _restored[ptr] = (n, i)
-        while len(_restored) > _RESTORED:
-            _restored.popitem(last=False)
+        with _restore_lock:
+            if at in _restore_sites:
+                i = _restore_sites.index(at)
+            elif len(_restore_sites) < _RESTORE_SITES:
+                _restore_sites.append(at)
+                i = len(_restore_sites) - 1
+            else:
+                i = -1
+            _restored.pop(ptr, None)
+            _restored[ptr] = (n, i)
+            while len(_restored) > _RESTORED:
+                _restored.popitem(last=False)
     except Exception:
         pass
 
