@@ -1896,22 +1896,6 @@ static void growth_outgrows_cache(og_facts_t *d)
         d->growth.holds && d->cached_known && !d->recovered && d->reservation && outgrows(d, d->growth.rise);
 }
 
-/* whether NAME is one of the comma-separated names of LIST */
-static bool in_names(const char *list, const char *name)
-{
-    size_t l = strlen(name);
-    for (const char *p = list; l && *p;) {
-        const char *e = strchr(p, ',');
-        size_t n = e ? (size_t)(e - p) : strlen(p);
-        if (n == l && strncmp(p, name, l) == 0)
-            return true;
-        if (!e)
-            break;
-        p = e + 1;
-    }
-    return false;
-}
-
 /* the failing statement copies a holder whole (facts.h: roles.stmt_copies) */
 static void stmt_copies_holder(og_facts_t *d, const og_record_t *r)
 {
@@ -1927,7 +1911,7 @@ static void stmt_copies_holder(og_facts_t *d, const og_record_t *r)
         char name[sizeof h->name];
         og_cpy(name, sizeof name, h->name, sizeof name);
         const char *last = strrchr(name, '.') ? strrchr(name, '.') + 1 : name;
-        if (h->purpose[0] || h->copy_of[0] || !(in_names(names, name) || in_names(names, last)))
+        if (h->purpose[0] || h->copy_of[0] || !(og_name_listed(names, name) || og_name_listed(names, last)))
             continue;
         if ((double)d->req >= 0.9 * (double)h->bytes && (double)d->req <= 1.1 * (double)h->bytes &&
             (k->stmt_copies < 0 || h->bytes > ro->holders[k->stmt_copies].bytes))
