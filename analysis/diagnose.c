@@ -978,6 +978,13 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
                    "; the optimizer step still has %s of its state to make, and the %s cached would carry it only a "
                    "few allocations further.",
                    og_hb((double)d->state_to_come).s, og_hb((double)d->cached).s);
+    } else if (d->pass_outgrows_cache && d->first_step_state) {
+        ev_bytes(c, "state_made_bytes", d->first_step_state);
+        if (strlen(c->summary) + 200 < sizeof c->summary)
+            og_fmt(c->summary + strlen(c->summary) - 1, sizeof c->summary - strlen(c->summary) + 1,
+                   "; the optimizer's first step (no step had ended) made %s of its state so far and is still making "
+                   "it, and the %s cached would carry it only a few allocations further.",
+                   og_hb((double)d->first_step_state).s, og_hb((double)d->cached).s);
     } else if (d->pass_outgrows_cache) {
         ev_bytes(c, "pass_working_set_bytes", d->roles.working);
         if (strlen(c->summary) + 160 < sizeof c->summary)

@@ -905,11 +905,12 @@ static void growth(og_facts_t *d, const og_record_t *r, og_growth_scratch_t *s)
         return;
     }
     const og_roles_t *ro = &r->memory.fw.roles;
-    /* before the first step: an Adam-like optimizer holds the device's parameters and has no state yet (it makes
-     * its moments at its first step), so no iteration has ended */
-    bool before_first = d->roles.known && d->roles.opt_adam && d->roles.opt_params &&
-                        og_known(ro->bytes[OG_ROLE_optimizer_state]) && d->roles.opt == 0 &&
-                        !d->roles.graphs_measured; /* a loop's iterations ended, each leaving its graph */
+    /* before the first step ends, so no iteration has: an optimizer holds the device's parameters and the adapter
+     * saw it make no step (a measured zero), or an Adam-like one has no state yet (it makes its moments at its
+     * first step); not when a loop's iterations ended, each leaving its graph */
+    bool before_first = d->roles.known && d->roles.opt_params && !d->roles.graphs_measured &&
+                        ((ro->steps_known && ro->steps_made == 0) ||
+                         (d->roles.opt_adam && og_known(ro->bytes[OG_ROLE_optimizer_state]) && d->roles.opt == 0));
     if (r->memory.fw.has && ro->has &&
         ((ro->nsteps > 0 && ro->steps_made >= 1 && ro->steps_made < STEPS_MIN) || before_first) &&
         (d->phase == OG_JP_forward || d->phase == OG_JP_backward || d->phase == OG_JP_optimizer_step)) {
@@ -1512,8 +1513,8 @@ static void roles(og_facts_t *d, const og_record_t *r)
     k->batch_size = ro->batch_size > 0 ? ro->batch_size : 0;
     k->batchless_sizes = ro->has_statement && batchless_sizes(ro, k->batch_size);
     k->autocast_code = ro->autocast_in_code;
-    k->steps_known = ro->nsteps > 0;
-    k->steps_made = ro->nsteps > 0 ? ro->steps_made : 0;
+    k->steps_known = ro->steps_known;
+    k->steps_made = ro->steps_known ? ro->steps_made : 0;
     k->params = role_or0(ro, OG_ROLE_parameters);
     k->grads = role_or0(ro, OG_ROLE_gradients);
     k->opt = role_or0(ro, OG_ROLE_optimizer_state);
@@ -1948,6 +1949,16 @@ static void pass_outgrows_cache(og_facts_t *d)
         uint64_t to_come = sub0(2 * k->opt_params, k->opt);
         if (outgrows(d, to_come)) {
             d->state_to_come = to_come;
+            d->pass_outgrows_cache = true;
+        }
+        return;
+    }
+    /* the first step of another optimizer (the adapter saw none end: a measured zero): every byte of its state was
+     * made by this step, which is still making it (how much more is to come is not known) */
+    if (d->phase == OG_JP_optimizer_step && k->known && k->opt_params && k->steps_known && k->steps_made == 0 &&
+        d->cached_known && !d->recovered && d->reservation) {
+        if (outgrows(d, k->opt)) {
+            d->first_step_state = k->opt;
             d->pass_outgrows_cache = true;
         }
         return;

@@ -491,7 +491,8 @@ typedef struct og_facts {
      * -1 known inference only (the adapter's training -1), 0 unknown; trains_why: which evidence said so */
     int trains;
     const char *trains_why;
-    /* a pass still building (forward, backward, evaluation, generation) holds at least 4x the cache
+    /* a pass still building (forward, backward, evaluation, generation; an optimizer's first step: the state it
+     * made so far) holds at least 4x the cache
      * (and the request), the cache under frag_share of the reservation: it cannot carry the pass */
     bool pass_outgrows_cache;
     /* the failure is inside a pass still building (phase loading, forward, backward, evaluation, generation or
@@ -502,6 +503,9 @@ typedef struct og_facts {
     /* the same for an optimizer step still making an Adam-family state: what it has yet to make (2x the parameters
      * its optimizers hold, less the state made so far) is that many times the cache; 0 not so */
     uint64_t state_to_come;
+    /* the same for the first step of an optimizer that is not Adam-like (the adapter saw it make no step): the state
+     * it made so far, all of it by this step (how much more is to come is not known); 0 not so */
+    uint64_t first_step_state;
     /* the same for a deep copy under way (roles.operation copy): what it made so far (roles.copy_made_bytes) is at
      * least 4x the cache (and the request), the cache under frag_share of the reservation: the cache would carry
      * the copy a few tensors further, not through it */

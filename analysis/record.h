@@ -247,7 +247,10 @@ typedef struct og_roles {
     /* what the framework had allocated right after each of the latest steps of the optimizer that stepped
      * most on this device (roles.allocated_after_steps), oldest first; nsteps 0: none seen */
     int nsteps;
-    uint64_t steps_made; /* the steps that optimizer made in all */
+    uint64_t steps_made; /* the steps that optimizer made in all (roles.optimizer_steps) */
+    /* steps_made was measured: true with nsteps 0 and steps_made 0 when the adapter watched every optimizer step
+     * from the framework's import and none was made on this device (a measured zero, not an unknown) */
+    bool steps_known;
     /* among the blocks no role reached (activations), a copy of this role ("" none: roles.activations_copy_of)
      * and its bytes: a copy being made that no named object holds yet */
     char act_copy_of[24];

@@ -387,7 +387,7 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
     } else
         og_sb_puts(sb, "null");
     K("optimizer_steps");
-    if (r->nsteps > 0)
+    if (r->steps_known)
         og_sb_printf(sb, "%llu", (unsigned long long)r->steps_made);
     else
         og_sb_puts(sb, "null");

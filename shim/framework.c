@@ -209,6 +209,7 @@ static void parse_roles(const char *s, og_roles_t *r)
                 copy_field(r->stmt_ints, sizeof r->stmt_ints, f[7]);
         } else if (!strcmp(f[0], "steps") && n >= 3) {
             r->steps_made = strtoull(f[1], NULL, 10);
+            r->steps_known = true;
             r->nsteps = 0;
             for (const char *p = f[2]; *p >= '0' && *p <= '9' && r->nsteps < OG_STEP_SERIES;) {
                 char *e;

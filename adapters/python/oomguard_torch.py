@@ -59,6 +59,10 @@ _state = {
     "attached": None,     # None, "observer" or "excepthook"
     "prev_excepthook": None,
     "step_hook": None,    # the handle of the optimizer step hook (training)
+    # the step hook was registered as torch's import finished, before the program could make an optimizer: a
+    # device no step was seen on made none (a measured zero); registered later (this module imported after
+    # torch), steps before it were missed and a device without any stays unknown
+    "steps_from_start": False,
     "load_hook": False,   # _on_restore is in torch.serialization's registry
 }
 _in_observer = threading.local()
@@ -312,6 +316,7 @@ _last_step_t = None     # time.monotonic() at the end of the latest optimizer st
 _STEP_SERIES = 32
 _STEP_OPTIMIZERS = 8
 _step_series = {}
+_stepped_devices = set()    # every device an optimizer stepped on (an optimizer dropped from _step_series too)
 
 
 def _allocated_now(torch):
@@ -343,6 +348,7 @@ def _on_optimizer_step(optimizer, args, kwargs):
             if s is None and len(_step_series) >= _STEP_OPTIMIZERS:
                 del _step_series[min(_step_series, key=lambda k: _step_series[k][3])]
             s = _step_series[id(optimizer)] = [now[0], 0, collections.deque(maxlen=_STEP_SERIES), 0.0, [], 1]
+            _stepped_devices.add(now[0])
         s[1] += 1
         s[2].append(now[1])
         s[3] = _last_step_t
@@ -357,12 +363,17 @@ def _on_optimizer_step(optimizer, args, kwargs):
 
 def _steps_of(device):
     """(steps made, [allocated after each of the latest ones, oldest first], stride, [allocated after every
-    stride-th step of the run]) of the optimizer on `device` that stepped most (ties: the latest), or None."""
+    stride-th step of the run]) of the optimizer on `device` that stepped most (ties: the latest); (0, [], 1, [])
+    when every step was watched and none was made on `device`; None when that is not known."""
     best = None
     for s in list(_step_series.values()):
         if s[0] == device and (best is None or (s[1], s[3]) > (best[1], best[3])):
             best = s
-    return (best[1], list(best[2]), best[5], list(best[4])) if best is not None else None
+    if best is not None:
+        return (best[1], list(best[2]), best[5], list(best[4]))
+    if _state["steps_from_start"] and _state["step_hook"] is not None and device not in _stepped_devices:
+        return (0, [], 1, [])
+    return None
 
 
 def _watch_optimizers(torch):
@@ -378,6 +389,7 @@ def _watch_optimizers(torch):
             _say("no torch.optim.optimizer.register_optimizer_step_post_hook: training stays unknown")
             return
         _state["step_hook"] = register(_on_optimizer_step)
+        _state["steps_from_start"] = not _TORCH_BEFORE_ADAPTER
     except Exception as e:
         _err("registering the optimizer step hook", e)
 
@@ -954,6 +966,9 @@ def is_attached():
     """None, "observer" or "excepthook"."""
     return _state["attached"]
 
+
+# torch was imported before this module (the adapter imported by hand, late): optimizers may have stepped already
+_TORCH_BEFORE_ADAPTER = "torch" in sys.modules
 
 # install() once torch is imported (oomguard_core.after_import: a sys.meta_path finder that notices
 # `import torch` finishing), at once if it already is; nothing without the shim

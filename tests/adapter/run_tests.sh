@@ -263,13 +263,15 @@ t_state_before() {
 }
 t "before the first CUDA use nothing is attached (queued with torch.cuda._lazy_call)" t_state_before
 
-t_manual() { # t_manual MODE: PYTHONPATH without the adapter; the job imports oomguard_torch itself
+t_manual() { # t_manual MODE STEPS: PYTHONPATH without the adapter; the job imports oomguard_torch itself
     shim env OOMGUARD_PYTHON_ADAPTER=0 PYTHONPATH="$FT" ADAPTER_DIR="$AD" "$PYTHON" "$JOB" "$1" exp.json || return 1
-    "$PYTHON" "$CHECK" dumps exp.json --primary fragmentation
+    "$PYTHON" "$CHECK" dumps exp.json --primary fragmentation || return 1
+    # optimizer steps: a measured 0 when the adapter watched from torch's import, unknown when it came later
+    expect "$(ls dumps/*.json | head -1)" 'd["memory"]["framework"]["roles"]["optimizer_steps"]' "$2"
 }
-t "manual enable: import oomguard_torch before torch" t_manual manual-before
-t "manual enable: import oomguard_torch after torch" t_manual manual-after
-t "manual enable: import oomguard_torch after CUDA initialisation" t_manual manual-afterinit
+t "manual enable: import oomguard_torch before torch (no optimizer step: a measured 0)" t_manual manual-before 0
+t "manual enable: import oomguard_torch after torch (steps before it unknown)" t_manual manual-after None
+t "manual enable: import oomguard_torch after CUDA initialisation" t_manual manual-afterinit None
 
 t_idempotent() {
     shim adapter env ADAPTER_DIR="$AD" "$PYTHON" "$JOB" idempotent exp.json || return 1
@@ -1051,7 +1053,7 @@ t "roles: what the holders' names say (self.cache a cache), no copies, the model
     t_roles roles --evidence
 t_roles_site() { OOMGUARD_PYTHON_STACKS=1 t_roles roles --site "losses (list, global in job_roles.py)"; }
 t "roles: the holder names the line that created its tensors (OOMGUARD_PYTHON_STACKS=1)" t_roles_site
-t "phase forward: the innermost forward() frame decides" t_roles forward
+t "phase forward: the innermost forward() frame decides; no optimizer step made yet is a measured 0" t_roles forward --steps 0
 t "roles: what torch.load restored onto the GPU of a holder (no map_location), from its line; a load to the host adds nothing" \
     t_roles restored --restored
 t "phase backward: the engine thread has no frame of the program; the thread that called backward() decides" t_roles backward
@@ -1088,7 +1090,8 @@ t_backward_code() { # what the program's code says is read on the thread that ca
 }
 t "phase backward: autocast around the program's forward and its batch are read on the thread that called backward()" \
     t_backward_code
-t "phase optimizer_step: AdamW making its state at the first step (a bare frozen parameter counted as a parameter)" t_roles step
+t "phase optimizer_step: AdamW making its state at the first step (a bare frozen parameter counted as a parameter); steps 0" \
+    t_roles step --steps 0
 t "phase loading: torch.load restoring onto the GPU" t_roles load
 t "phase oom_handler: a retry inside the except block of an earlier OOM; phase_frame is the handler's line" t_roles handler
 t_locals_drop() { # a local the roles scan read is freed when the function deletes it

@@ -480,6 +480,7 @@ static void fixture_steps(og_record_t *r, uint64_t made, int n, uint64_t first, 
     og_roles_t *ro = &r->memory.fw.roles;
     ro->nsteps = n;
     ro->steps_made = made;
+    ro->steps_known = true;
     for (int i = 0; i < n; i++)
         ro->step_alloc[i] = first + per_step * (uint64_t)i;
 }

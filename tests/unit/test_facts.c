@@ -480,6 +480,15 @@ static void before_the_first_step_is_not_growth(void **state)
     r->memory.fw.roles.optimizers[0].bytes = 2 * GiB;
     r->memory.fw.roles.bytes[OG_ROLE_optimizer_state] = fx_opt(2 * GiB);
     assert_true(facts(r)->growth.holds);
+    /* whatever its state, an optimizer the adapter saw make no step (a measured 0) has ended no iteration; unknown
+     * steps are not that */
+    fixture_steps(r, 0, 0, 0, 0);
+    assert_false(facts(r)->growth.holds);
+    assert_true(F.growth.first_steps);
+    snprintf(r->memory.fw.roles.optimizers[0].cls, sizeof r->memory.fw.roles.optimizers[0].cls, "SOAP");
+    assert_false(facts(r)->growth.holds);
+    r->memory.fw.roles.steps_known = false;
+    assert_true(facts(r)->growth.holds);
     free(r);
 }
 

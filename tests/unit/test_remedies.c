@@ -1865,6 +1865,8 @@ static void kept_graphs_measured_in_a_loop(void **state)
     r->memory.fw.roles.holders[0].tensors = 4; /* too few outputs to be a loop's iterations: no growth read */
     run(r);
     assert_false(r->analysis.facts.growth.holds && r->analysis.facts.growth.marker == OG_MARK_KEPT_GRAPHS);
+    assert_true(r->analysis.facts.roles.graphs_measured); /* yet graphs alive say iterations ended: no first step */
+    assert_false(r->analysis.facts.growth.first_steps);
     r->memory.fw.roles.holders[0].tensors = 414;
     r->memory.fw.roles.holders[0].graphs = 1; /* one graph read alive: the running pass's own output */
     run(r);

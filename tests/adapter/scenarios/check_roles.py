@@ -94,6 +94,11 @@ def roles(fw, truth, opts):
             assert h["restored_site"] is not None and h["restored_site"]["line"] == truth["restored_line"], h
     elif "restored_bytes" in (r["holders"] or [{}])[0]:
         assert all(h["restored_bytes"] == 0 and h["restored_site"] is None for h in r["holders"]), r["holders"]
+    if "--steps" in opts:
+        # the optimizer steps made on the failing device: 0 is measured (every step watched since torch's import)
+        want = int(opts[opts.index("--steps") + 1])
+        assert r["optimizer_steps"] == want and r["allocated_after_steps"] is None, \
+            (r["optimizer_steps"], r["allocated_after_steps"])
     if "--site" in opts:
         label = opts[opts.index("--site") + 1]
         h = [h for h in r["holders"] if h["label"] == label][0]
