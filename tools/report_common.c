@@ -341,8 +341,10 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
             int64_t rise = r->after_steps[r->nafter_steps - 1] - r->after_steps[0];
             if (r->nafter_steps > 1)
                 og_sb_printf(&b, " (%s %s)", rise >= 0 ? "up" : "down", human_bytes(rise >= 0 ? rise : -rise, a));
-        } else if (r->optimizer_steps >= 0) {
+        } else if (r->optimizer_steps > 0) {
             og_sb_printf(&b, "%s optimizer steps", group_digits(r->optimizer_steps, c));
+        } else if (r->optimizer_steps == 0 && r->noptimizers > 0) {
+            og_sb_puts(&b, "before the first optimizer step (none made yet)"); /* a measured zero */
         }
         FACT("allocated");
         og_sb_init(&b);

@@ -166,6 +166,12 @@ has "roles: inputs padded to a fixed maximum length" "$T/pr" "code setting: trai
 has "roles: a copy among the activations" "$T/pr" "among the activations: a copy of the optimizer_state being made, 3.00 MiB so far"
 has "roles: allocated after the steps" "$T/pr" "allocated: after the last 3 steps of 37: 1.02 GiB, 1.07 GiB, 1.12 GiB (up 95.37 MiB)"
 has "roles: the beam width" "$T/pr" "beam width: 4"
+# no step made yet (a measured 0) beside an optimizer: said; unknown (null): nothing
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); ro=d["memory"]["framework"]["roles"]
+ro.update(allocated_after_steps=None, allocated_over_run=None, optimizer_steps=int(sys.argv[3]))
+json.dump(d, open(sys.argv[2], "w"))' "$R" "$T/steps0.json" 0
+OOMGUARD_SYMBOLIZE=0 "$OG" report "$T/steps0.json" --color never >"$T/s0" 2>&1
+has "roles: no optimizer step made yet" "$T/s0" "allocated: before the first optimizer step (none made yet)"
 has "roles: the batch size the program names" "$T/pr" "batch size: 16, as the program names it"
 has "roles: activation checkpointing off" "$T/pr" "activation checkpointing: off: the layer that failed keeps every activation for backward"
 has "roles: a holder's purpose and copy" "$T/pr" "snapshot (dict, global in train.py), 1 tensor, kept as checkpoint, a copy of the parameters"
