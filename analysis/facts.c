@@ -1534,9 +1534,12 @@ static void roles(og_facts_t *d, const og_record_t *r)
         k->opt_adam = k->opt_adam || strstr(cls, "Adam") != NULL;
     }
     k->opt_full = add_sat(k->opt_full, sub0(k->opt, classed)); /* state of no named class */
-    for (int i = 0; i < nopt; i++)
+    for (int i = 0; i < nopt; i++) {
         if (og_known(ro->optimizers[i].param_bytes))
             k->opt_params = add_sat(k->opt_params, ro->optimizers[i].param_bytes.v);
+        if (og_known(ro->optimizers[i].shaped_bytes))
+            k->opt_shaped = add_sat(k->opt_shaped, ro->optimizers[i].shaped_bytes.v);
+    }
     k->dtypes_known = ro->has_dtypes && og_known(ro->bytes[OG_ROLE_parameters]);
     int nd = ro->ndtypes < 0 ? 0 : ro->ndtypes > 6 ? 6 : ro->ndtypes;
     for (int i = 0; k->dtypes_known && i < nd; i++) {

@@ -133,8 +133,11 @@ typedef struct og_role_facts {
     bool act_known;                           /* the activations role was measured (the scan finished) */
     uint64_t params, grads, opt, pools, held; /* roles; 0 when that role is unknown */
     uint64_t act;                             /* activations and temporaries (0 when unknown) */
-    uint64_t opt_full;    /* optimizer state not already 8-bit (its class says 8bit): what 8 bits shrink */
-    bool opt_adam;        /* an Adam-family optimizer (two moments: 8 B per fp32 parameter) */
+    uint64_t opt_full; /* optimizer state not already 8-bit (its class says 8bit): what 8 bits shrink */
+    bool opt_adam;     /* an Adam-family optimizer (two moments: 8 B per fp32 parameter) */
+    /* optimizers' state not one value per element of its parameter (roles.optimizers[].not_elementwise_bytes:
+     * preconditioner matrices of Shampoo or SOAP, projections); 0 none or not measured */
+    uint64_t opt_shaped;
     uint64_t opt_params;  /* parameters on the failing device that optimizers' param_groups hold (0: none or
                             unknown): an optimizer made for this model */
     bool dtypes_known;    /* roles.parameters_by_dtype was measured ... */

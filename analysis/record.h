@@ -186,6 +186,9 @@ typedef struct og_roles {
         char cls[48];
         uint64_t bytes, tensors;
         og_opt_u64_t param_bytes; /* parameters on the failing device its param_groups hold */
+        /* of bytes: state tensors not shaped like their parameter (more than one value: a preconditioner matrix,
+         * a projection; Adam's moments are shaped like it), roles.optimizers[].not_elementwise_bytes */
+        og_opt_u64_t shaped_bytes;
     } optimizers[6];
     /* roles.parameters_by_dtype: the parameters role by dtype, largest first; has_dtypes false: not measured */
     bool has_dtypes;

@@ -359,6 +359,12 @@ bool og_restored_held(const rctx_t *x)
 }
 static bool restored_held(const rctx_t *x) { return og_restored_held(x); }
 static bool loading_weights_phase(const rctx_t *x) { return PHASE(loading); }
+/* the optimizer keeps state not one value per parameter element (preconditioner matrices) that covers the shortfall */
+static bool preconditioned_state(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && ro->opt_shaped && og_covers(x, (double)ro->opt_shaped);
+}
 static bool optimizer_state(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
@@ -1077,6 +1083,11 @@ static const og_rank_row_t bring[] = {
       "tinyllama_resume_ckpt_left_on_gpu (blind); (unit tests: checkpoint_kept_after_load)" },
     { "loading_phase", loading_weights_phase, WANT, 0, 0, REMS(R_LOAD_HALF, R_QUANT, R_OFFLOAD), "phase loading",
       "(unit tests: phase_loading_weights)" },
+    { "preconditioned_state", preconditioned_state, WANT, 0, 0, REMS(R_PRECOND_CAP),
+      "roles: optimizer state not one value per parameter element (optimizers[].not_elementwise_bytes: "
+      "preconditioner matrices) >= shortfall",
+      "qwen25_15b_continued_pretrain_soap_first_step_preconditioners_a6000 (blind); (unit tests: "
+      "preconditioners_hold_the_state)" },
     { "optimizer_state", optimizer_state, WANT, 0, 0, REMS(R_OPT_8BIT, R_ZERO, R_OFFLOAD),
       "roles: optimizer state not 8-bit > 0, or phase optimizer_step with parameters and no state yet",
       "adamw_first_step, ema_lazy_shadow (blind)" },
@@ -1477,6 +1488,10 @@ static const og_rank_row_t lead[] = {
       "rlhf_weight_sync_new_comm (blind); (unit tests: nccl_growth)" },
     { "optimizer_step_lead", in_optimizer_step, LEAD_COVERS, -22, 0, REMS(R_OPT_8BIT), "phase optimizer_step",
       "adamw_first_step (blind)" },
+    { "preconditioned_state_lead", preconditioned_state, LEAD_COVERS, -23, 0, REMS(R_PRECOND_CAP),
+      "as preconditioned_state (ahead of an 8-bit optimizer: the matrices, not the moments, hold it)",
+      "qwen25_15b_continued_pretrain_soap_first_step_preconditioners_a6000 (blind); (unit tests: "
+      "preconditioners_hold_the_state)" },
     { "weights_update_lead", weights_update, LEAD_COVERS, -23, 1, REMS(R_IN_PLACE, R_EMA_CPU), "as weights_update",
       "ema_lazy_shadow, ema_foreach_temporaries (blind)" },
     { "state_snapshot_lead", state_snapshot, LEAD_COVERS, -23, 0, REMS(R_SNAPSHOT_CPU), "as state_snapshot",
@@ -1778,6 +1793,8 @@ static void estimate(rank_t *k, const rctx_t *x)
             st = first;
         cover[R_OPT_8BIT] = st > 0 ? 0.75 * st : -1;
     }
+    /* bounded or replaced by AdamW's moments, the matrices go (what the first step still makes: not known) */
+    cover[R_PRECOND_CAP] = ro->known && ro->opt_shaped ? (double)ro->opt_shaped : -1;
     {
         /* LoRA trains about 1% of the parameters: their gradients and optimizer state go (Adam's state at the
          * first step is about to be 2x the parameters) */

@@ -2008,6 +2008,36 @@ static bool b_eight_bit_optimizer(const rctx_t *x, og_remedy_t *r)
     return true;
 }
 
+static bool b_preconditioner_dim_cap(const rctx_t *x, og_remedy_t *r)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    const og_roles_t *rr = &x->rec->memory.fw.roles;
+    /* the class whose matrices are largest names the optimizer */
+    int best = -1;
+    for (int i = 0; i < rr->noptimizers && i < (int)(sizeof rr->optimizers / sizeof rr->optimizers[0]); i++)
+        if (og_known(rr->optimizers[i].shaped_bytes) &&
+            (best < 0 || rr->optimizers[i].shaped_bytes.v > rr->optimizers[best].shaped_bytes.v))
+            best = i;
+    char cls[sizeof rr->optimizers[0].cls] = "the optimizer";
+    if (best >= 0 && rr->optimizers[best].cls[0])
+        og_cpy(cls, sizeof cls, rr->optimizers[best].cls, sizeof cls);
+    why(r,
+        "%s keeps %s of its %s of state in tensors not shaped like their parameters: preconditioners, d x d for "
+        "each dimension it preconditions, where Adam keeps two values per weight.",
+        cls, og_hb((double)ro->opt_shaped).s, og_hb((double)ro->opt).s);
+    if (x->f->phase == OG_JP_optimizer_step && ro->steps_known && ro->steps_made == 0)
+        why(r, " Its first step is making them now: more is to come.");
+    why(r, " A bound on the dimensions it preconditions removes the widest; AdamW for the widest layers, theirs.");
+    HOWS(x, r,
+         { PT, "optimizer = SOAP(model.parameters(), lr=lr, max_precond_dim=2048)   # wider dimensions stay "
+               "unpreconditioned" },
+         { PT, "Distributed Shampoo: DistributedShampoo(model.parameters(), lr=lr, max_preconditioner_dim=2048)   # "
+               "blocks of at most 2048" },
+         { PT, "or two parameter groups: the embedding and the MLP's wide weights under torch.optim.AdamW, the rest "
+               "preconditioned" });
+    return true;
+}
+
 static bool b_lora(const rctx_t *x, og_remedy_t *r)
 {
     const og_role_facts_t *ro = &x->f->roles;

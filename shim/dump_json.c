@@ -193,6 +193,8 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
         og_sb_printf(sb, ",\"bytes\":%llu,\"tensors\":%llu,\"parameters_bytes\":",
                      (unsigned long long)r->optimizers[i].bytes, (unsigned long long)r->optimizers[i].tensors);
         j_opt(sb, r->optimizers[i].param_bytes);
+        og_sb_puts(sb, ",\"not_elementwise_bytes\":");
+        j_opt(sb, r->optimizers[i].shaped_bytes);
         og_sb_puts(sb, "}");
     }
     og_sb_puts(sb, "]");

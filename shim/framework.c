@@ -139,6 +139,10 @@ static void parse_roles(const char *s, og_roles_t *r)
                 r->optimizers[r->noptimizers].param_bytes = role_u64(f[4]);
             else
                 og_unset(&r->optimizers[r->noptimizers].param_bytes);
+            if (n >= 6)
+                r->optimizers[r->noptimizers].shaped_bytes = role_u64(f[5]);
+            else
+                og_unset(&r->optimizers[r->noptimizers].shaped_bytes);
             r->noptimizers++;
         } else if (!strcmp(f[0], "dtype") && n >= 4 && r->ndtypes < (int)(sizeof r->dtypes / sizeof r->dtypes[0])) {
             copy_str(r->dtypes[r->ndtypes].dtype, sizeof r->dtypes[0].dtype, f[1]);

@@ -89,6 +89,7 @@ struct og_roles_view {
     struct {
         const char *cls;
         int64_t bytes, tensors, parameters_bytes;
+        int64_t not_elementwise_bytes; /* of bytes: not shaped like their parameters (preconditioners); -1 unknown */
     } * optimizers;
     int noptimizers;
     struct {

@@ -1045,6 +1045,7 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
         TRY(get_int(L, x, &pe, "bytes", &r->optimizers[r->noptimizers].bytes));
         TRY(get_int(L, x, &pe, "tensors", &r->optimizers[r->noptimizers].tensors));
         TRY(get_int(L, x, &pe, "parameters_bytes", &r->optimizers[r->noptimizers].parameters_bytes));
+        TRY(get_int(L, x, &pe, "not_elementwise_bytes", &r->optimizers[r->noptimizers].not_elementwise_bytes));
     });
     TRY(get_arr(L, o, &p, "parameters_by_dtype", &arr));
     r->has_dtypes = arr != NULL;

@@ -773,6 +773,9 @@ static void roles_card(struct hx *h)
                 if (r->optimizers[k].parameters_bytes >= 0)
                     og_sb_printf(h->b, " <span class=\"muted\">for %s of parameters</span>",
                                  hb(r->optimizers[k].parameters_bytes, a));
+                if (r->optimizers[k].not_elementwise_bytes > 0)
+                    og_sb_printf(h->b, " <span class=\"muted\">%s of it matrices (not one value per weight)</span>",
+                                 hb(r->optimizers[k].not_elementwise_bytes, a));
                 og_sb_printf(h->b, "</td><td class=\"num\">%s</td><td></td></tr>", hb(r->optimizers[k].bytes, a));
             }
             for (int k = 0; i == OG_RX_held_by_python && k < r->nholders; k++) {

@@ -644,6 +644,9 @@ static void roles_table(struct tx *t, const struct og_dump *d)
                                  r->optimizers[k].tensors == 1 ? "" : "s");
                 if (r->optimizers[k].parameters_bytes >= 0)
                     og_sb_printf(t->b, ", for %s of parameters", human_bytes(r->optimizers[k].parameters_bytes, h));
+                if (r->optimizers[k].not_elementwise_bytes > 0)
+                    og_sb_printf(t->b, "; %s of it matrices (not one value per weight)",
+                                 human_bytes(r->optimizers[k].not_elementwise_bytes, h));
                 og_sb_putc(t->b, '\n');
             }
         if (i == OG_RX_held_by_python)

@@ -255,7 +255,8 @@ class _Scan(object):
         self.deadline = deadline
         self.seen = {}                    # data pointer -> role that has it
         self.totals = dict((r, [0, 0]) for r in ROLES)
-        self.optimizers = {}              # class name -> [bytes, tensors, parameter bytes on the device]
+        self.optimizers = {}              # class name -> [bytes, tensors, parameter bytes on the device, bytes of
+                                          # state not shaped like its parameter]
         self.dtypes = {}                  # dtype name -> [bytes, tensors] of the parameters role
         self.holders = {}                 # (name, kind, where) -> [bytes, tensors, largest ptr, largest bytes, graphs]
         self.sizes_of = {}                # role or holder key -> {block size: count} (copies, see copy_of)
@@ -650,10 +651,26 @@ def _thread_tracer():
     return get() if get is not None else None
 
 
+def _shape(t):
+    """t's shape as a tuple of ints, or None (not a tensor, or unreadable)."""
+    try:
+        return tuple(int(n) for n in t.shape)
+    except Exception:
+        return None
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
 def measure(torch, device, allocated, on_device=None, sizes=None, round_to=512, private=None, sites=None,
             budget=None, frame_roots=True, restored=None):
     """The failing device's allocated bytes by role (see the module's docstring), as a dict:
-    {"allocated", "roles": {role: [bytes|None, tensors]}, "optimizers": {class: [bytes, tensors]},
+    {"allocated", "roles": {role: [bytes|None, tensors]},
+     "optimizers": {class: [bytes, tensors, parameter bytes, bytes of state not shaped like its parameter]},
      "holders": [(label, name, kind, where, bytes, tensors, (file, line, function)|None, purpose, copy_of, graphs,
                   restored bytes|None, the restoring torch.load's (file, line, function)|None)],
     restored(data pointer, bytes): the torch.load line that restored that storage onto a GPU, or None (see
@@ -736,7 +753,7 @@ def _walk(scan, frame_roots):
                 st = scan.storage(p)
                 if st is not None:
                     held[st[0]] = st[1]
-        o = scan.optimizers.setdefault(type(opt).__name__, [0, 0, 0])
+        o = scan.optimizers.setdefault(type(opt).__name__, [0, 0, 0, 0])
         o[2] += sum(held.values())
         scan.optimized.update(held)
     for p in loose:                       # parameters of no module and no optimizer (frozen, bare)
@@ -760,13 +777,12 @@ def _walk(scan, frame_roots):
     scan.stage = "optimizer state"
     for opt in optimizers:
         name = type(opt).__name__
-        got = [0, 0]
+        got = [0, 0, 0]
         state = getattr(opt, "state", None) or {}
         try:
             items = list(state.items())
         except Exception:
             items = []
-        values = [v for _, v in items]
         for p, v in items:                # the parameters it has made state for: it has stepped on them
             if isinstance(v, dict) and not v:
                 continue
@@ -776,14 +792,23 @@ def _walk(scan, frame_roots):
                 st = None
             if st is not None:
                 scan.stepped.add(st[0])
-        for t in scan.tensors_in(values, 3):
-            b = scan.claim(t, "optimizer_state")
-            if b:
-                got[0] += b
-                got[1] += 1
-        o = scan.optimizers.setdefault(name, [0, 0, 0])
+        seen = {}
+        for p, v in items:
+            shape = _shape(p)
+            for t in scan.tensors_in(v, 2, seen):
+                b = scan.claim(t, "optimizer_state")
+                if b:
+                    got[0] += b
+                    got[1] += 1
+                    # not one value per element of its parameter (Adam's moments are shaped like it): a
+                    # preconditioner matrix (Shampoo, SOAP), a projection, factored statistics
+                    ts = _shape(t)
+                    if shape is not None and ts is not None and ts != shape and _numel(ts) > 1:
+                        got[2] += b
+        o = scan.optimizers.setdefault(name, [0, 0, 0, 0])
         o[0] += got[0]
         o[1] += got[1]
+        o[3] += got[2]
     scan.stage = "models"
     scan.models = _models(scan, modules)
     scan.ddp = _ddp(scan, modules)
@@ -1267,7 +1292,7 @@ def _clean(s):
 def encode(r):
     """The measurement as the shim reads it (oomguard_framework_stats_t.roles): one record a line,
     fields separated by tabs; '-' is unknown.
-      role  NAME BYTES TENSORS | optimizer CLASS BYTES TENSORS PARAMETER_BYTES |
+      role  NAME BYTES TENSORS | optimizer CLASS BYTES TENSORS PARAMETER_BYTES NOT_ELEMENTWISE_BYTES |
       dtype NAME BYTES TENSORS (the parameters by dtype; with `meta by_dtype 1`: measured) |
       holder BYTES TENSORS LABEL NAME KIND WHERE FILE LINE FUNCTION PURPOSE COPY_OF GRAPHS RESTORED_BYTES RESTORED_FILE
       RESTORED_LINE RESTORED_FUNCTION (what torch.load restored onto the GPU of its tensors, and where) |
@@ -1291,7 +1316,9 @@ def encode(r):
         out.append("role\t%s\t%s\t%d" % (name, "-" if b is None else int(b), int(n)))
     for cls, v in sorted(r["optimizers"].items()):
         pb = v[2] if len(v) > 2 else None
-        out.append("optimizer\t%s\t%d\t%d\t%s" % (_clean(cls), int(v[0]), int(v[1]), "-" if pb is None else int(pb)))
+        shaped = v[3] if len(v) > 3 else None
+        out.append("optimizer\t%s\t%d\t%d\t%s\t%s" % (_clean(cls), int(v[0]), int(v[1]), "-" if pb is None else int(pb),
+                                                    "-" if shaped is None else int(shaped)))
     dtypes = r.get("parameters_by_dtype")
     if dtypes is not None:
         for name, (b, n) in sorted(dtypes.items(), key=lambda kv: (-kv[1][0], kv[0])):

@@ -157,7 +157,9 @@ has "roles: the failing line is the program's backward() call (the engine thread
     "=> at main  /home/ana/train.py:130  (Python, the thread that called the framework)  <- the failing line"
 has "roles: the phase line is the program's, the framework's frame after it" "$T/pr" \
     "Phase: backward (train.py:130 in main; decided in __init__.py:20 in backward)"
-has "roles: an optimizer's parameters" "$T/pr" "AdamW 128.00 MiB in 4 tensors, for 64.00 MiB of parameters"
+has "roles: an optimizer's parameters and its matrices" "$T/pr" \
+    "SOAP 128.00 MiB in 4 tensors, for 64.00 MiB of parameters; 96.00 MiB of it matrices (not one value per weight)"
+has "html: an optimizer's matrices" "$T/pr.html" "96.00 MiB of it matrices (not one value per weight)"
 has "roles: parameters by dtype" "$T/pr" "parameters by dtype: float32 1.07 GiB (2 tensors), bfloat16 64.00 MiB (1 tensor)"
 has "roles: models, a second copy, frozen" "$T/pr" "models: Net: 64.00 MiB of parameters in 2 tensors, 2 copies, frozen"
 has "roles: the failing statement" "$T/pr" "failing statement: train.py:131 in main: grads = ...; reads model, ema_params; sizes 4096 x 4096; kept as ema"

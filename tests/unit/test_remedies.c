@@ -2024,6 +2024,35 @@ static void phase_optimizer_step(void **state)
     free(r);
 }
 
+/* SOAP's first step: of its 12 GiB of state, 9 GiB are preconditioner matrices (not shaped like their parameters):
+ * bounding them leads, ahead of an 8-bit optimizer, and its text names the class, the matrices and the first step;
+ * matrices that cannot cover the shortfall, or none measured, leave the 8-bit optimizer first */
+static void preconditioners_hold_the_state(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 4 * GiB, 4 * GiB, 12 * GiB, 0, 0, 0);
+    fixture_optimizer(r, "SOAP", 12 * GiB);
+    og_set(&r->memory.fw.roles.optimizers[0].shaped_bytes, 9 * GiB);
+    og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 4 * GiB);
+    fixture_steps(r, 0, 0, 0, 0);
+    fixture_phase(r, "optimizer_step", "/w/soap.py", "update_preconditioner");
+    og_set(&r->event.requested_bytes, 2 * GiB);
+    og_set(&r->device.free_bytes, 1 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "preconditioner_dim_cap");
+    assert_true(r->analysis.facts.roles.opt_shaped == 9 * GiB);
+    assert_non_null(strstr(r->remedies[0].why, "SOAP"));
+    assert_non_null(strstr(r->remedies[0].why, "first step"));
+    assert_true(rank_of(r, "eight_bit_optimizer") > 1);
+    og_set(&r->memory.fw.roles.optimizers[0].shaped_bytes, 512 * MiB); /* short of the 1 GiB missing */
+    run(r);
+    assert_string_equal(r->remedies[0].id, "eight_bit_optimizer");
+    og_unset(&r->memory.fw.roles.optimizers[0].shaped_bytes);
+    run(r);
+    assert_int_equal(rank_of(r, "preconditioner_dim_cap"), 0);
+    free(r);
+}
+
 /* float32 weights (a bf16 checkpoint loaded without torch_dtype) that, with their gradients, are the bulk
  * of a full fine-tune: load them in half precision first; quantizing is not for a job that trains */
 static void fp32_weights_load_in_half(void **state)
@@ -4419,6 +4448,7 @@ int main(void)
         cmocka_unit_test(second_copy_of_a_model),
         cmocka_unit_test(phase_loading_weights),
         cmocka_unit_test(phase_optimizer_step),
+        cmocka_unit_test(preconditioners_hold_the_state),
         cmocka_unit_test(phase_forward_optimizer_later),
         cmocka_unit_test(fp32_weights_load_in_half),
         cmocka_unit_test(trains_before_the_first_step),

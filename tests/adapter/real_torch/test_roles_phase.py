@@ -210,7 +210,61 @@ def t_roles():
     assert r["optimizers"]["AdamW"][2] == truth["parameters"], r["optimizers"]
     assert "dtype\tfloat32\t%d\t3" % truth["parameters"] in enc and "meta\tby_dtype\t1" in enc, enc
     assert "optimizer\tAdamW\t%d\t" % truth["optimizer_state"] in enc, enc
-    assert enc.split("optimizer\tAdamW\t")[1].split("\n")[0].endswith("\t%d" % truth["parameters"]), enc
+    # AdamW's moments are shaped like their parameters (its step count one value): none of its state is otherwise
+    assert r["optimizers"]["AdamW"][3] == 0, r["optimizers"]
+    assert enc.split("optimizer\tAdamW\t")[1].split("\n")[0].endswith("\t%d\t0" % truth["parameters"]), enc
+
+
+def shaped(*dims, **kw):
+    """A float32 tensor of that shape on the device of the run (requires_grad=True: a Parameter).  The stand-in's
+    tensors are sized in bytes and have no shape of their own: it is set on them, as the programs that need one do."""
+    if not STAND_IN:
+        t = torch.zeros(*dims, dtype=F32)
+        return torch.nn.Parameter(t) if kw.get("requires_grad") else t
+    n = 1
+    for d in dims:
+        n *= d
+    t = empty(n)
+    if kw.get("requires_grad"):
+        t = torch.nn.Parameter(t)
+    t.shape = tuple(dims)
+    return t
+
+
+class Preconditioned(torch.optim.Optimizer):
+    """Keeps what Shampoo and SOAP keep: a moment shaped like each parameter and a d x d matrix for each of its
+    dimensions (a list of them, as SOAP's state["GG"]), and a step count."""
+
+    def __init__(self, params):
+        torch.optim.Optimizer.__init__(self, params, {"lr": 1e-3})
+
+    def first_step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                dims = [int(n) for n in p.shape]
+                self.state[p] = {"exp_avg": shaped(*dims), "step": 1, "GG": [shaped(n, n) for n in dims]}
+
+
+def t_optimizer_matrices():
+    """Of an optimizer's state, the bytes not shaped like their parameter (matrices, not one value per weight)."""
+    g = globals()
+    for k in ("model", "opt", "views", "losses", "trainer"):
+        g.pop(k, None)
+    gc.collect()
+    w, b = shaped(96, 32, requires_grad=True), shaped(96, requires_grad=True)
+    g["pre"] = Preconditioned([w, b])
+    try:
+        pre.first_step()
+        moments = nbytes(pre.state[w]["exp_avg"]) + nbytes(pre.state[b]["exp_avg"])
+        matrices = sum(nbytes(m) for st in pre.state.values() for m in st["GG"])
+        assert matrices == (96 * 96 + 32 * 32 + 96 * 96) * 4, matrices
+        r = measure(None)
+        assert r["optimizers"]["Preconditioned"] == [moments + matrices, 5, nbytes(w) + nbytes(b), matrices], \
+            r["optimizers"]
+        assert "optimizer\tPreconditioned\t%d\t5\t%d\t%d\n" % (moments + matrices, nbytes(w) + nbytes(b), matrices) \
+            in oomguard_roles.encode(r)
+    finally:
+        g.pop("pre", None)
 
 
 class PrefixCache(object):
@@ -897,6 +951,7 @@ def t_copy_made():
 
 
 check("roles of a model, its gradients, AdamW state, a view, global lists and an object's dict", t_roles)
+check("an optimizer's state not shaped like its parameters (preconditioner matrices) is counted apart", t_optimizer_matrices)
 check("what a holder's name or class says it keeps (kv_cache, ema, checkpoint, teacher, cache)", t_purposes)
 check("a holder whose blocks are the parameters' sizes is a copy of them (in part too)", t_copies)
 check("models: roots by class and size, a second copy counted, a frozen one said", t_models)
