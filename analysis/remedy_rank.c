@@ -1585,6 +1585,11 @@ static const og_rank_row_t lead[] = {
     { "dominant_holder_lead", dominant_holder, LEAD_COVERS, -20, 0, REMS(R_RELEASE_REFS),
       "as dominant_holder (after the rows that say what the holder is for)",
       "pythia1b_noise_scale_step_keeps_every_microbatch_grad_h100 (blind); (unit tests: dominant_holder_first)" },
+    { "dominant_not_the_pass", dominant_holder, DEMOTE, 3, 0,
+      REMS(R_SMALLER_BATCH, R_SHORTER_SEQ, R_CHECKPOINTING, R_FLASH, R_MIXED),
+      "as dominant_holder (what the program keeps, more than the pass's activations, is the waste; shrinking the "
+      "pass only makes room beside it)",
+      "pythia1b_noise_scale_step_keeps_every_microbatch_grad_h100 (blind); (unit tests: dominant_holder_first)" },
     { "statement_copies_holder_lead", stmt_copies_holder, LEAD_COVERS, -30, 0, REMS(R_RELEASE_REFS),
       "as statement_copies_holder", "dino_vitl_knn_monitor_rank0_bank_chunks_cat_a10g (blind)" },
     { "kept_holder_lead", kept_holder, LEAD_COVERS, -30, 0, REMS(R_RELEASE_REFS), "as kept_holder",

@@ -3513,6 +3513,11 @@ static void dominant_holder_first(void **state)
     assert_non_null(
         strstr(r->remedies[0].why, "micro_grads (list, local in main (noise_scale.py:264)) holds 40.00 GiB"));
     assert_true(how_has(&r->remedies[0], "micro_grads.append(t.detach().cpu())"));
+    /* the pass's remedies only make room beside what the list keeps: none of them in the top three */
+    for (int i = 0; i < 3 && i < r->nremedies; i++)
+        assert_true(strcmp(r->remedies[i].id, "smaller_batch") && strcmp(r->remedies[i].id, "shorter_sequences") &&
+                    strcmp(r->remedies[i].id, "gradient_checkpointing"));
+    assert_true(rank_of(r, "smaller_batch") > 3);
     snprintf(r->memory.fw.roles.holders[0].where, sizeof r->memory.fw.roles.holders[0].where,
              "local in forward (model.py:80)");
     run(r);
