@@ -1513,6 +1513,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
     k->batch_size = ro->batch_size > 0 ? ro->batch_size : 0;
     k->batchless_sizes = ro->has_statement && batchless_sizes(ro, k->batch_size);
     k->autocast_code = ro->autocast_in_code;
+    k->scaler_only = ro->scaler_no_autocast;
     k->steps_known = ro->steps_known;
     k->steps_made = ro->steps_known ? ro->steps_made : 0;
     k->params = role_or0(ro, OG_ROLE_parameters);

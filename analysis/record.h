@@ -205,11 +205,14 @@ typedef struct og_roles {
     int checkpointing;             /* activation checkpointing for the failing pass: 1 in force, -1 off, 0 unknown */
     int batch_size;                /* the batch the program names for the failing pass (an int named so); 0 unknown */
     bool autocast_in_code;         /* the program's code on the failing stack enters autocast (false: not said) */
-    uint64_t reported_t_ns;        /* when that report arrived (og_now_ns; 0 unknown) */
-    double reported_t_rel;         /* the same on the history's clock (seconds since start; 0 unknown) */
-    uint64_t sampled;              /* large containers and classes read in part (their first elements held no tensor) */
-    char why[160];                 /* why something is unknown ("" none) */
-    int nmodels;                   /* roles.models: the modules no other module holds, by class and size */
+    /* roles.scaler_without_autocast: that code names a GradScaler and none of the program's files names autocast
+     * (float16 loss scaling around a float32 forward; false: not said) */
+    bool scaler_no_autocast;
+    uint64_t reported_t_ns; /* when that report arrived (og_now_ns; 0 unknown) */
+    double reported_t_rel;  /* the same on the history's clock (seconds since start; 0 unknown) */
+    uint64_t sampled;       /* large containers and classes read in part (their first elements held no tensor) */
+    char why[160];          /* why something is unknown ("" none) */
+    int nmodels;            /* roles.models: the modules no other module holds, by class and size */
     struct {
         char cls[48];
         uint64_t bytes, tensors; /* parameters on the failing device, of one of them */

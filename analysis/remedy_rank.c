@@ -802,6 +802,13 @@ static bool no_activations(const rctx_t *x)
  * anyway: a backward pass (its ops take the forward's dtypes), or the loss over logits (roles.operation
  * cross_entropy: PyTorch's autocast runs cross_entropy, log_softmax and nll_loss in float32, and the logits are
  * upcast for them); turning it on adds nothing */
+/* mixed precision half applied: the program scales its float16 loss (a GradScaler) and never enters autocast, so the
+ * pass that failed (forward or backward, autocast off) runs in float32 */
+static bool scaler_without_autocast(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && ro->scaler_only && x->autocast != 1 && (PHASE(forward) || PHASE(backward));
+}
 static bool autocast_in_force(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
@@ -1330,6 +1337,11 @@ static const og_rank_row_t narrow[] = {
       "rlhf_weight_sync_new_comm (blind); (unit tests: nccl_growth)" },
     { "autocast_on", autocast_on, DROP, 0, 0, REMS(R_MIXED), "adapter: autocast on at the failure",
       "train_bf16_batch_too_big" },
+    { "scaler_without_autocast", scaler_without_autocast, WANT, 0, 0, REMS(R_MIXED),
+      "roles.scaler_without_autocast (a GradScaler, autocast named nowhere in the program), autocast off at the "
+      "failure, phase forward or backward",
+      "unet_road_damage_seg_gradscaler_without_autocast_fp32_activations_3090 (blind); (unit tests: "
+      "scaler_without_autocast)" },
     { "autocast_in_code", autocast_in_force, DROP, 0, 0, REMS(R_MIXED),
       "roles.autocast_in_code (the running code enters autocast), autocast not on at the failure, phase backward "
       "or roles.operation cross_entropy (autocast keeps it float32)",
@@ -1582,6 +1594,10 @@ static const og_rank_row_t lead[] = {
       "eval_deepcopy_in_train_loop, eval_on_deepcopy_with_grads_kept (blind), eval_copy_forward" },
     { "dataset_on_gpu_lead", dataset_on_gpu, LEAD_COVERS, -30, 0, REMS(R_DATASET_CPU), "as dataset_on_gpu",
       "resnet50_whole_dataset_on_gpu_speedrun (blind)" },
+    { "scaler_without_autocast_lead", scaler_without_autocast, LEAD_COVERS, -19, 0, REMS(R_MIXED),
+      "as scaler_without_autocast (ahead of checkpointing: the half the program meant to use is not in force)",
+      "unet_road_damage_seg_gradscaler_without_autocast_fp32_activations_3090 (blind); (unit tests: "
+      "scaler_without_autocast)" },
     { "dominant_holder_lead", dominant_holder, LEAD_COVERS, -20, 0, REMS(R_RELEASE_REFS),
       "as dominant_holder (after the rows that say what the holder is for)",
       "pythia1b_noise_scale_step_keeps_every_microbatch_grad_h100 (blind); (unit tests: dominant_holder_first)" },

@@ -1038,6 +1038,9 @@ static bool b_inference_mode(const rctx_t *x, og_remedy_t *r)
 static bool b_mixed_precision(const rctx_t *x, og_remedy_t *r)
 {
     bool bf16 = x->cc_known && x->cc >= 80, fp16 = x->cc_known && x->cc < 80, old = x->cc_known && x->cc < 70;
+    if (x->f->roles.scaler_only && x->autocast != 1)
+        why(r, "The program scales its loss with a GradScaler but never enters autocast: the scaler is there, the "
+               "half precision is not, and every activation is float32. ");
     if (old)
         why(r,
             "Compute capability %d.%d is older than Volta: no tensor cores, so half precision brings little "

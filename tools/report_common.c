@@ -388,6 +388,9 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
         og_sb_init(&b);
         if (r->autocast_in_code == 1)
             og_sb_puts(&b, "the running code enters torch.autocast");
+        if (r->scaler_without_autocast == 1) /* the adapter says one or the other; a dump is read as it is */
+            og_sb_printf(&b, "%sa GradScaler, but the program never enters autocast: its passes run in float32",
+                         r->autocast_in_code == 1 ? "; " : "");
         FACT("mixed precision");
         og_sb_init(&b);
         if (r->operation.name) {

@@ -375,6 +375,68 @@ def autocast_in_code(frame, limit=64):
     return None
 
 
+def scaler_without_autocast(frame, limit=64, max_files=8):
+    """True when a function of the program's own code on the failing stack names a GradScaler (the loss scaler of
+    float16 training) and none of the program's files (those of its functions on the stack and its __main__) names
+    autocast anywhere, comments and strings aside: mixed precision half applied, the scaler scales a float32
+    forward.  None otherwise (autocast in a helper not running now still counts as entered).  Never raises; reads
+    at most max_files files of _CODE_FILE_LINES lines."""
+    try:
+        import linecache
+        import oomguard_roles
+        scaler = False
+        for f in frames_of(frame, limit) if frame is not None else ():
+            if is_framework_frame(f) or not oomguard_roles.is_user_file(f.f_code.co_filename):
+                continue
+            names = f.f_code.co_names
+            if "autocast" in names:
+                return None
+            scaler = scaler or "GradScaler" in names
+        if not scaler:
+            return None
+        files = _program_files(frame, limit)
+        if not files or len(files) > max_files:
+            return None                        # not all of the program read: unknown
+        for fn in files:
+            lines = linecache.getlines(fn)
+            if not lines or len(lines) > _CODE_FILE_LINES:
+                return None
+            if any("autocast" in t for t in lines) and "autocast" in _source_names(lines):
+                return None
+        return True
+    except Exception:
+        return None
+
+
+def _source_names(lines):
+    """The names (NAME tokens) of a source: what comments and strings say is not read."""
+    import io
+    import tokenize
+    out = set()
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO("".join(lines)).readline):
+            if tok.type == tokenize.NAME:
+                out.add(tok.string)
+    except (tokenize.TokenError, SyntaxError, ValueError, IndentationError):
+        pass
+    return out
+
+
+def _program_files(frame, limit):
+    """The source files of the program's own functions on the stack, then its __main__ module's."""
+    import oomguard_roles
+    files = []
+    for f in frames_of(frame, limit) if frame is not None else ():
+        fn = f.f_code.co_filename
+        if not is_framework_frame(f) and oomguard_roles.is_user_file(fn) and fn not in files:
+            files.append(fn)
+    main = sys.modules.get("__main__")
+    mf = getattr(main, "__file__", None)
+    if mf and oomguard_roles.is_user_file(mf) and mf not in files:
+        files.append(mf)
+    return files
+
+
 # Settings the program's own code passes (a keyword argument or a dict entry) that decide what the failing pass
 # keeps: (fact, key, value).  One table, read from the source's tokens (docstrings, other strings and comments
 # never match):
@@ -433,17 +495,7 @@ def code_settings(frame, limit=64, max_files=8):
     out = {}
     try:
         import linecache
-        import oomguard_roles
-        files = []
-        for f in frames_of(frame, limit) if frame is not None else ():
-            fn = f.f_code.co_filename
-            if not is_framework_frame(f) and oomguard_roles.is_user_file(fn) and fn not in files:
-                files.append(fn)
-        main = sys.modules.get("__main__")
-        mf = getattr(main, "__file__", None)
-        if mf and oomguard_roles.is_user_file(mf) and mf not in files:
-            files.append(mf)
-        for fn in files[:max_files]:
+        for fn in _program_files(frame, limit)[:max_files]:
             lines = linecache.getlines(fn)
             if not lines or len(lines) > _CODE_FILE_LINES or not any(w in t for t in lines for w in _SETTING_WORDS):
                 continue

@@ -1307,7 +1307,8 @@ def encode(r):
       (meta num_beams N: the beam width of the generation running at the failure; meta checkpointing 0|1: activation
       checkpointing off or in force for the failing pass; meta batch_size N: the batch the program names;
       meta copy_made N: the bytes a copy.deepcopy running at the failure made so far; meta autocast_in_code 1: a
-      function of the program on the failing stack enters autocast)"""
+      function of the program on the failing stack enters autocast; meta scaler_without_autocast 1: one names a
+      GradScaler and none of the program's files names autocast)"""
     if not r or "roles" not in r:
         return None
     out = []
@@ -1380,6 +1381,8 @@ def encode(r):
         out.append("meta\tbatch_size\t%d" % int(r["batch_size"]))
     if r.get("autocast_in_code"):
         out.append("meta\tautocast_in_code\t1")
+    if r.get("scaler_without_autocast"):
+        out.append("meta\tscaler_without_autocast\t1")
     out.append("meta\tallocated\t%s" % ("-" if r["allocated"] is None else int(r["allocated"])))
     out.append("meta\tcomplete\t%d" % (1 if r["complete"] else 0))
     out.append("meta\telapsed_us\t%d" % int(r["elapsed_ms"] * 1000))

@@ -608,6 +608,9 @@ def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowe
             if measured is not None and code is not None:
                 measured["batch_size"] = _batch_size(code, _torch_dir(torch), phase=phase[0])
                 measured["autocast_in_code"] = oomguard_phase.autocast_in_code(code)
+                if measured["autocast_in_code"] and oomguard_phase.scaler_without_autocast(code):
+                    # a GradScaler named, autocast nowhere in the program: not mixed precision entered
+                    measured["autocast_in_code"], measured["scaler_without_autocast"] = None, True
                 # settings of the program's own code that decide what the pass keeps (padding="max_length")
                 measured["code_settings"] = oomguard_phase.code_settings(code)
             roles = oomguard_roles.encode(measured)

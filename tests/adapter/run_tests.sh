@@ -1090,6 +1090,17 @@ t_backward_code() { # what the program's code says is read on the thread that ca
 }
 t "phase backward: autocast around the program's forward and its batch are read on the thread that called backward()" \
     t_backward_code
+t_scaler_code() { # a GradScaler and no autocast anywhere in the program: not mixed precision entered
+    printf '%s\n' 'import torch' 'w = torch.nn.Parameter(torch.empty(1100 << 20))' 'def step():' \
+        '    scaler = torch.cuda.amp.GradScaler()' '    out = torch.empty(1 << 20)' \
+        '    out._params = (w,)' '    scaler.scale(out).backward()' 'step()' > sc.py
+    shim adapter "$PYTHON" sc.py 2> err.txt && return 1
+    local d; d=$(ls dumps/oomguard-*.json | head -1)
+    expect "$d" 'd["memory"]["framework"]["roles"]["scaler_without_autocast"]' True &&
+        expect "$d" 'd["memory"]["framework"]["roles"]["autocast_in_code"]' None
+}
+t "mixed precision half applied: a GradScaler, autocast named nowhere in the program (roles.scaler_without_autocast)" \
+    t_scaler_code
 t "phase optimizer_step: AdamW making its state at the first step (a bare frozen parameter counted as a parameter); steps 0" \
     t_roles step --steps 0
 t "phase loading: torch.load restoring onto the GPU" t_roles load

@@ -1311,6 +1311,35 @@ static void autocast_in_code(void **state)
     free(r);
 }
 
+/* a GradScaler and autocast named nowhere in the program (roles.scaler_without_autocast): the forward runs in float32
+ * though the program meant half precision; mixed precision leads, ahead of checkpointing, its text says why; autocast
+ * on at the failure, or the optimizer's step, not this */
+static void scaler_without_autocast(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 1 * GiB, 0, 0, 0, 0, 20 * GiB);
+    fixture_dtype(r, "float32", 1 * GiB);
+    r->memory.fw.grad_enabled = 1;
+    r->memory.fw.autocast = -1;
+    r->memory.fw.roles.checkpointing = -1;
+    fixture_phase(r, "forward", "/w/train_seg.py", "forward");
+    og_set(&r->event.requested_bytes, 2 * GiB);
+    og_set(&r->device.free_bytes, 1 * GiB);
+    r->memory.fw.roles.scaler_no_autocast = true;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "mixed_precision");
+    assert_true(ranked_by(&r->remedies[0], "scaler_without_autocast_lead"));
+    assert_non_null(strstr(r->remedies[0].why, "GradScaler but never enters autocast"));
+    r->memory.fw.autocast = 1;
+    run(r);
+    assert_false(ranked_by(&r->remedies[0], "scaler_without_autocast_lead"));
+    r->memory.fw.autocast = -1;
+    fixture_phase(r, "optimizer_step", "/w/train_seg.py", "step");
+    run(r);
+    assert_string_not_equal(r->remedies[0].id, "mixed_precision");
+    free(r);
+}
+
 /* the program pads its inputs to a fixed maximum length (roles.padding_to_max_length) and a forward pass over them
  * fails with the activations holding the card: dynamic padding leads, named with the line; without the padding
  * fact it is not offered; a failure where no activations are made (loading, the optimizer's step) does not list it */
@@ -4483,6 +4512,7 @@ int main(void)
         cmocka_unit_test(timing_moves_no_answer),
         cmocka_unit_test(cross_entropy_fused_first),
         cmocka_unit_test(autocast_in_code),
+        cmocka_unit_test(scaler_without_autocast),
         cmocka_unit_test(padding_to_max_length),
         cmocka_unit_test(extra_outputs_first),
         cmocka_unit_test(rank_loads_whole_model),

@@ -1308,6 +1308,32 @@ def t_autocast_in_code():
     assert ns["g"]() is None, ns["g"]()
 
 
+def t_scaler_without_autocast():
+    """roles.scaler_without_autocast: the running loop names a GradScaler and the program's file names autocast
+    nowhere (a comment or a string saying it does not count); autocast in a helper of the same file that is not
+    running: None (the program does enter it)"""
+    import tempfile
+    import oomguard_phase
+
+    def probe():
+        return oomguard_phase.scaler_without_autocast(sys._getframe(1))
+
+    def run(src):
+        path = os.path.join(tempfile.mkdtemp(prefix="oomguard-scaler-"), "train_seg.py")
+        with open(path, "w") as f:
+            f.write(src)
+        ns = {"__name__": "prog", "probe": probe, "torch": torch}
+        exec(compile(src, path, "exec"), ns)
+        return ns["train"]()
+
+    loop = ("def train():\n    scaler = torch.cuda.amp.GradScaler()   # fp16 with autocast, said a comment\n"
+            "    return probe()\n")
+    assert run(loop) is True
+    assert run(loop + "s = 'autocast'\n") is True
+    assert run(loop + "def fwd(m, x):\n    with torch.autocast('cuda'):\n        return m(x)\n") is None
+    assert run("def train():\n    return probe()\n") is None
+
+
 def t_code_settings():
     """roles.padding_to_max_length and roles.extra_outputs: a line of the program's own source (a file of a function
     on the failing stack) whose code sets one, found though the function that sets it is not running; the same
@@ -1668,6 +1694,7 @@ if not STAND_IN:
     check("the batch size from the program's names, not a loop index or a global count", t_batch_size)
     check("the optimizer steps: the latest 32 and a series over the whole run", t_steps_over_the_run)
     check("autocast in the running program's code, off at the failing line", t_autocast_in_code)
+    check("a GradScaler in the running loop, autocast nowhere in the program's file", t_scaler_without_autocast)
     check("settings of the program's own code: padding to the maximum, extra outputs", t_code_settings)
     check("the failing operation from PyTorch's own frames; the table names common/operations.def's list",
           t_operation_real_frames)

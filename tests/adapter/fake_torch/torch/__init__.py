@@ -336,3 +336,7 @@ def _no_graph(t):
     """t without a graph, as Tensor.detach() returns it."""
     t._params = ()
     return t
+
+# torch.amp and torch.cuda.amp (GradScaler, the CUDA-only autocast), imported last: they build on autocast above
+from torch import amp  # noqa: E402,F401
+import torch.cuda.amp  # noqa: E402,F401
