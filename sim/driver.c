@@ -251,6 +251,7 @@ static void truth_locked(int dev, simgpu_truth_t *t)
     t->used_bytes = d->used;
     t->peak_used_bytes = d->peak_used;
     t->peak_rounding_bytes = d->peak_rounding;
+    t->alloc_threads = d->alloc_threads;
     if (dev == 0) {
         t->host_pinned_bytes = g_sim.host_pinned_bytes;
         t->host_pinned_blocks = g_sim.host_pinned_blocks;
@@ -322,12 +323,12 @@ static void write_truth_file_locked(void)
                 "\"pool_reserved_bytes\":%llu,\"pool_used_bytes\":%llu,\"pool_blocks\":%llu,"
                 "\"other_process_bytes\":%llu,\"used_bytes\":%llu,\"peak_used_bytes\":%llu,"
                 "\"host_pinned_bytes\":%llu,\"host_pinned_blocks\":%llu,\"failed_allocs\":%llu,"
-                "\"injected_failures\":%llu,\"contexts\":%llu,\"peak_rounding_bytes\":%llu}\n",
+                "\"injected_failures\":%llu,\"contexts\":%llu,\"peak_rounding_bytes\":%llu,\"alloc_threads\":%llu}\n",
                 dev, (int)getpid(), t.total_bytes, t.free_bytes, t.context_bytes, t.alloc_requested_bytes,
                 t.alloc_charged_bytes, t.alloc_blocks, t.managed_requested_bytes, t.vmm_physical_bytes, t.vmm_handles,
                 t.pool_reserved_bytes, t.pool_used_bytes, t.pool_blocks, t.other_process_bytes, t.used_bytes,
                 t.peak_used_bytes, t.host_pinned_bytes, t.host_pinned_blocks, t.failed_allocs, t.injected_failures,
-                t.contexts, t.peak_rounding_bytes);
+                t.contexts, t.peak_rounding_bytes, t.alloc_threads);
     }
     fclose(f);
 }

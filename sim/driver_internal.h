@@ -179,6 +179,7 @@ typedef struct sim_dev {
     uint64_t pool_reserved, pool_used, pool_blocks;
     uint64_t used, peak_used;
     uint64_t peak_rounding; /* alloc_charged - alloc_requested when used reached peak_used */
+    uint64_t alloc_threads; /* threads that made a plain allocation here, over the run */
     uint64_t failed_allocs, injected;
     uint64_t ipc_mapped, ipc_mappings;            /* another process's memory opened here (not charged) */
     uint64_t graph_reserved, graph_reserved_high; /* the device's graph memory pool */

@@ -52,6 +52,9 @@ static void *tree_find(void *const *root, uint64_t addr, uint64_t len)
 
 /* Memory handed back to a fork child's program must stay valid, and must stay
  * reachable so leak checkers do not flag the simulator: parked here. */
+/* the devices this thread made a plain allocation on (bit per device: sim_dev_t.alloc_threads) */
+static __thread uint64_t t_alloc_devs;
+
 static void **g_orphans;
 static size_t g_n_orphans, g_cap_orphans;
 
@@ -236,6 +239,10 @@ static CUresult plain_alloc_locked(CUdeviceptr *dptr, uint64_t bytes, const char
     d->alloc_requested += bytes;
     d->alloc_charged += charged;
     d->alloc_blocks++;
+    if (dev < 64 && !(t_alloc_devs & (1ull << dev))) { /* this thread's first plain allocation here */
+        t_alloc_devs |= 1ull << dev;
+        d->alloc_threads++;
+    }
     if (d->used == d->peak_used) /* this block made the peak: its rounding is part of it */
         d->peak_rounding = d->alloc_charged - d->alloc_requested;
     if (managed)

@@ -41,6 +41,9 @@ typedef struct simgpu_truth {
     unsigned long long peak_rounding_bytes; /* at peak_used_bytes: what plain allocations were charged beyond their
                                                requests (rounding to the granule); the peak in requested bytes is
                                                peak_used_bytes - context_bytes at that time - this */
+    unsigned long long alloc_threads;       /* threads that made a plain allocation on the device, over the run (an
+                                         interposer batching small ones per thread sees the peak within its batch
+                                         per other thread) */
 } simgpu_truth_t;
 
 /* Fill *out with the current truth of `device`.  Returns 0, or -1 when the

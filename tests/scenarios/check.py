@@ -193,7 +193,11 @@ def truth_checks(d, mark, rec_mark, exp):
         # (the simulator's rounding at its peak, when it says: the blocks live then, not those live at the end)
         want = t["peak_used_bytes"] - t["context_bytes"]
         at_peak = t.get("peak_rounding_bytes", slack)
-        check(d["history"]["peak_bytes"] in (want, want - slack, want - at_peak),
+        # several threads allocating at once: the peak is within 4 MiB per other thread (docs/dump-format.md), the
+        # small allocations a thread batches before they reach the device's counter
+        batched = 4 * 1024 * 1024 * max(0, t.get("alloc_threads", 1) - 1)
+        got = d["history"]["peak_bytes"]
+        check(got in (want, want - slack, want - at_peak) or (batched and want - batched < got <= want),
               "history.peak_bytes %s == driver peak - contexts %s (less rounding %s, at the peak %s)"
               % (d["history"]["peak_bytes"], want, slack, at_peak))
     ex = mark.get("extra", {})

@@ -1580,11 +1580,13 @@ static void sec_runtime(void *unused)
     CHECK_EQ(T(1).alloc_charged_bytes, 4 * MiB);
     pthread_t th;
     void *tp = NULL, *ret = NULL;
-    uint64_t before = T(0).alloc_charged_bytes;
+    uint64_t before = T(0).alloc_charged_bytes, threads = T(0).alloc_threads;
+    CHECK_EQ(T(1).alloc_threads, 1); /* this thread's first allocation on device 1 */
     pthread_create(&th, NULL, thread_malloc, &tp);
     pthread_join(th, &ret);
     CHECK_EQ((intptr_t)ret, cudaSuccess);
     CHECK_EQ(T(0).alloc_charged_bytes, before + 6 * MiB); /* new thread: device 0 */
+    CHECK_EQ(T(0).alloc_threads, threads + 1);            /* a thread more allocated there */
     CHECK_RT(cudaFree(tp), cudaSuccess);
     CHECK_RT(cudaFree(p1), cudaSuccess);
     CHECK_RT(cudaMemcpy(p1, hb, 16, cudaMemcpyHostToDevice), cudaErrorInvalidValue);

@@ -52,11 +52,12 @@ static inline void scen_mark(const char *kind, const char *lib, int device, unsi
                 "\"alloc_requested_bytes\":%llu,\"alloc_charged_bytes\":%llu,\"alloc_blocks\":%llu,"
                 "\"managed_requested_bytes\":%llu,\"vmm_physical_bytes\":%llu,\"pool_reserved_bytes\":%llu,"
                 "\"pool_used_bytes\":%llu,\"other_process_bytes\":%llu,\"used_bytes\":%llu,"
-                "\"peak_used_bytes\":%llu,\"failed_allocs\":%llu,\"contexts\":%llu,\"peak_rounding_bytes\":%llu}",
+                "\"peak_used_bytes\":%llu,\"failed_allocs\":%llu,\"contexts\":%llu,\"peak_rounding_bytes\":%llu,"
+                "\"alloc_threads\":%llu}",
                 d ? "," : "", d, t.total_bytes, t.free_bytes, t.context_bytes, t.alloc_requested_bytes,
                 t.alloc_charged_bytes, t.alloc_blocks, t.managed_requested_bytes, t.vmm_physical_bytes,
                 t.pool_reserved_bytes, t.pool_used_bytes, t.other_process_bytes, t.used_bytes, t.peak_used_bytes,
-                t.failed_allocs, t.contexts, t.peak_rounding_bytes);
+                t.failed_allocs, t.contexts, t.peak_rounding_bytes, t.alloc_threads);
     }
     fprintf(f, "]}\n");
     fclose(f);

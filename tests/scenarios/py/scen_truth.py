@@ -10,7 +10,7 @@ _FIELDS = ("total_bytes", "free_bytes", "context_bytes", "alloc_requested_bytes"
            "pool_reserved_bytes", "pool_used_bytes", "pool_blocks", "other_process_bytes", "used_bytes",
            "peak_used_bytes", "host_pinned_bytes", "host_pinned_blocks", "failed_allocs",
            "injected_failures", "contexts", "ipc_mapped_bytes", "ipc_mappings", "graph_reserved_bytes",
-           "peak_rounding_bytes")
+           "peak_rounding_bytes", "alloc_threads")
 # every field of sim/simgpu.h's simgpu_truth_t, in order: the simulator writes the whole struct, so a
 # shorter one here is a heap overflow (it once corrupted Python's heap and crashed its exit GC)
 
