@@ -328,6 +328,10 @@ static bool training_state_idle(const rctx_t *x)
 /* outputs of earlier batches kept across calls with their graphs, in an evaluation with autograd on (facts:
  * roles.kept_graphs): the holder is the cause, autograd off for the evaluation the second fix */
 static bool kept_graphs(const rctx_t *x) { return roles_of(x)->kept_graphs > 0 && !own_fix_covers(x); }
+/* ... in a job not known to train (no optimizer step, gradients or optimizer state: a server, an evaluation
+ * script): the graphs themselves are the waste, what holds them (a KV cache, outputs) is the job's own; autograd off
+ * drops every graph at once */
+static bool graphs_without_training(const rctx_t *x) { return kept_graphs(x) && x->trains != 1 && x->grad == 1; }
 /* the same, read by the adapter (roles.holders[].graphs: the outputs' graphs are alive), in any phase but backward:
  * storing them detached or building no graph for them are the two fixes; checkpointing only shrinks what each kept
  * graph saves, the graphs stay */
@@ -1438,6 +1442,11 @@ static const og_rank_row_t lead[] = {
     { "training_state_idle_lead", training_state_idle, LEAD_COVERS, -20, 0, REMS(R_FREE_TRAINING),
       "as training_state_idle (the pass reads neither)",
       "sagemaker_notebook_vitg_eval_cell_after_fit_adamw_state_live (blind)" },
+    { "graphs_without_training_lead", graphs_without_training, LEAD_COVERS, -23, 0, REMS(R_INFERENCE),
+      "as kept_graphs, the job not known to train, adapter: grad_enabled on (build no graph: what holds them is the "
+      "job's own)",
+      "support_chat_sse_stream_generator_outlives_no_grad_block_mistral7b_l4 (blind); (unit tests: "
+      "kept_graphs_without_training)" },
     { "kept_graphs_lead", kept_graphs, LEAD_COVERS, -22, 0, REMS(R_RELEASE_REFS),
       "as kept_graphs (the holder keeps every earlier batch's graph: named first, autograd off for the evaluation "
       "next)",

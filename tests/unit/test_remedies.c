@@ -1912,6 +1912,29 @@ static void kept_graphs_measured_in_a_loop(void **state)
     free(r);
 }
 
+/* kept_graphs_holder_first's holder in a job not known to train (no optimizer, no gradients: a server's generation loop): the graphs
+ * are the waste, not what holds them; autograd off (inference_mode) leads, the holder second */
+static void kept_graphs_without_training(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 14 * GiB, 0, 0, 0, 4096, 6 * GiB);
+    fixture_holder(r, "self.history", "defaultdict", "attribute on Server", 4096);
+    r->memory.fw.roles.holders[0].tensors = 7;
+    fixture_phase(r, "evaluation", "/w/serve.py", "stream");
+    r->memory.fw.grad_enabled = 1;
+    og_set(&r->event.requested_bytes, 512 * MiB);
+    og_set(&r->device.free_bytes, 122 * MiB);
+    run_primary(r, "does_not_fit");
+    assert_true(r->analysis.facts.roles.kept_graphs > 0);
+    assert_string_equal(r->remedies[0].id, "inference_mode");
+    assert_true(ranked_by(&r->remedies[0], "graphs_without_training_lead"));
+    assert_string_equal(r->remedies[1].id, "release_references");
+    r->memory.fw.grad_enabled = -1; /* autograd already off: not this row */
+    run(r);
+    assert_false(ranked_by(&r->remedies[0], "graphs_without_training_lead"));
+    free(r);
+}
+
 /* a training job's evaluation with autograd on appends each loss to a history kept across calls (an attribute):
  * every loss roots its batch's graph (facts: roles.kept_graphs, act x n / (n + 1)), so the holder is named first and
  * autograd off for the evaluation comes second; a local of the running code, a holder of a purpose (a dataset), one
@@ -4543,6 +4566,7 @@ int main(void)
         cmocka_unit_test(eval_copy_first),
         cmocka_unit_test(eval_copy_under_way_first),
         cmocka_unit_test(kept_graphs_holder_first),
+        cmocka_unit_test(kept_graphs_without_training),
         cmocka_unit_test(kept_graphs_measured_in_a_loop),
         cmocka_unit_test(offload_moves_only_the_model),
         cmocka_unit_test(multi_gpu_splits_only_the_state_of_one_sample),
