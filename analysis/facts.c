@@ -664,11 +664,13 @@ static bool growth_for(const og_facts_t *d, const og_record_t *r, og_growth_scra
         return false;
     }
     /* one inference call building up (a forward or evaluation pass keeping each layer's output: hidden states
-     * asked for, a U-Net's skips), not memory kept across batches: autograd off, the job not known to train,
+     * asked for, a U-Net's skips; a retry inside the handler of the earlier OOM, beside the failed attempt's
+     * tensors its traceback keeps), not memory kept across batches: autograd off, the job not known to train,
      * and the activations of the running call (not what Python objects hold: outputs a loop keeps in a list are
      * a holder, and a leak) are at least half the rise */
-    if ((d->phase == OG_JP_forward || d->phase == OG_JP_evaluation) && rf->known && rf->act_known && fw->has &&
-        fw->grad_enabled == -1 && fw->training != 1 && !rf->grads && !rf->opt && 2 * rf->act >= rise) {
+    if ((d->phase == OG_JP_forward || d->phase == OG_JP_evaluation || d->phase == OG_JP_oom_handler) && rf->known &&
+        rf->act_known && fw->has && fw->grad_enabled == -1 && fw->training != 1 && !rf->grads && !rf->opt &&
+        2 * rf->act >= rise) {
         g->pass_built = true;
         return false;
     }
@@ -1945,7 +1947,10 @@ static void pass_outgrows_cache(og_facts_t *d)
     const og_role_facts_t *k = &d->roles;
     /* a load computes nothing: what it holds beyond the roles (a torch.load's storages arriving) is what it restored
      * so far, like the models it builds and the shards its code holds */
-    bool building = pass_phase(d->phase) || (d->phase == OG_JP_loading && (k->arriving || k->local_held || k->act));
+    /* a retry inside the handler of an earlier OOM runs its pass again: a pass building, the failed attempt's tensors
+     * (its traceback keeps them) with it */
+    bool building = pass_phase(d->phase) || d->phase == OG_JP_oom_handler ||
+                    (d->phase == OG_JP_loading && (k->arriving || k->local_held || k->act));
     /* an optimizer step making an Adam-family state (two moments per parameter its optimizers hold): what it has
      * yet to make is the step's own working set */
     if (d->phase == OG_JP_optimizer_step && k->known && k->opt_adam && k->opt_params && d->cached_known &&

@@ -1444,6 +1444,9 @@ static void a_pass_that_outgrows_the_cache_does_not_fit(void **state)
     assert_true(has(r, "fragmentation") && find(r, "fragmentation")->confidence <= 0.5);
     og_test_check_text(find(r, "does_not_fit")->summary);
     assert_null(strstr(find(r, "does_not_fit")->summary, "even after releasing"));
+    fixture_phase(r, "oom_handler", "/w/serve.py", "forecast"); /* a retry inside the handler: a pass too */
+    diag(r);
+    assert_string_equal(evt(find(r, "does_not_fit"), "basis"), "pass_outgrows_cache");
     r->memory.fw.reserved_bytes += 4 * GiB; /* a cache that could carry the pass: fragmentation again */
     diag(r);
     assert_string_equal(r->diagnosis.primary, "fragmentation");

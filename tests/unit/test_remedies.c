@@ -2926,6 +2926,12 @@ static void inference_call_building(void **state)
     fixture_roles(r, 4 * GiB, 0, 0, 0, 0, 16 * GiB);
     r->memory.fw.grad_enabled = 1;
     run_primary(r, "growth");
+    /* a retry inside the handler of the earlier OOM, autograd off: the retry's pass building beside the failed
+     * attempt's tensors, not a leak either */
+    r->memory.fw.grad_enabled = -1;
+    fixture_phase(r, "oom_handler", "embed.py", "encode");
+    run_primary(r, "does_not_fit");
+    assert_true(r->analysis.facts.growth.pass_built);
     free(r);
 }
 
