@@ -896,8 +896,18 @@ static void growth(og_facts_t *d, const og_record_t *r, og_growth_scratch_t *s)
         g->holds = true;
         return;
     }
-    if (g->steps_flat)
+    if (g->steps_flat) {
+        /* flat lately, yet the run's series rose and what Python objects keep across calls is that rise: a cache
+         * that grows with each new key (rarer as the run goes on: a bias per padded length), not a working set */
+        uint64_t kept = add_sat(d->roles.kept_held, d->roles.registry_models);
+        og_growth_facts_t flat = *g;
+        if (d->roles.known && kept && growth_over_run(d, r, g) && (double)kept >= 0.9 * (double)g->rise) {
+            g->kept_paused = g->holds = true;
+            return;
+        }
+        *g = flat; /* the flat reading stands */
         return;
+    }
     if (growth_over_run(d, r, g)) {
         g->holds = true;
         return;

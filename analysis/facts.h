@@ -89,6 +89,9 @@ typedef struct og_growth_facts {
      * passes, the state made at the first step and the pass running now; no iteration repeated enough to keep
      * anything across them */
     bool first_steps;
+    /* the latest steps flat, the run's series a staircase (over_run) that what Python objects keep across calls
+     * (roles: holders kept across calls, registry models) accounts for, at least 9/10 of its rise: held */
+    bool kept_paused;
     /* a reading of the driver's held, and what rose is what torch.load restored onto the GPU and Python holds
      * (roles.restored_held >= 9/10 of the rise): a load arriving, not a leak; holds false */
     bool restored_load;

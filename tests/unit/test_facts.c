@@ -526,6 +526,13 @@ static void run_series_staircase_is_growth(void **state)
         ro->step_run[i] = 12 * GiB + (uint64_t)(i / 4) * GiB;
     fixture_steps(r, 96, 32, 17 * GiB, 0); /* the latest 32 steps flat: nothing kept lately */
     assert_false(facts(r)->growth.holds);
+    /* ... unless what Python keeps across calls is the run's rise: a cache that grows with each new key, paused */
+    fixture_holder(r, "self._alibi", "dict", "attribute on AlibiEncoder", 5 * GiB);
+    assert_true(facts(r)->growth.holds);
+    assert_true(F.growth.kept_paused && F.growth.over_run);
+    r->memory.fw.roles.holders[0].bytes = 4 * GiB; /* short of 9/10 of the 5 GiB rise: the flat reading stands */
+    assert_false(facts(r)->growth.holds);
+    assert_false(F.growth.over_run);
     free(r);
 }
 
