@@ -197,6 +197,19 @@ static void summary(og_cause_t *c, const char *f, ...)
 }
 
 
+/* continues the summary: its last character (the full stop) becomes what f formats, when room bytes are left */
+static void summary_more(og_cause_t *c, size_t room, const char *f, ...) __attribute__((format(printf, 3, 4)));
+static void summary_more(og_cause_t *c, size_t room, const char *f, ...)
+{
+    size_t n = strlen(c->summary);
+    if (!n || n + room >= sizeof c->summary)
+        return;
+    va_list ap;
+    va_start(ap, f);
+    og_vfmt(c->summary + n - 1, sizeof c->summary - n + 1, f, ap);
+    va_end(ap);
+}
+
 static const char *fw_display(int fw) { return og_framework_display(fw, "the framework"); }
 
 /* ------------------------------------------------------------------ causes */
@@ -959,54 +972,47 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
     if (d->pass_outgrows_cache && d->phase == OG_JP_loading) {
         uint64_t set = d->roles.working + d->roles.arriving;
         ev_bytes(c, "pass_working_set_bytes", set);
-        if (strlen(c->summary) + 160 < sizeof c->summary)
-            og_fmt(c->summary + strlen(c->summary) - 1, sizeof c->summary - strlen(c->summary) + 1,
-                   "; the load in progress holds %s so far, and the %s cached would carry it only a few tensors "
-                   "further.",
-                   og_hb((double)set).s, og_hb((double)d->cached).s);
+        summary_more(c, 160,
+                     "; the load in progress holds %s so far, and the %s cached would carry it only a few tensors "
+                     "further.",
+                     og_hb((double)set).s, og_hb((double)d->cached).s);
     } else if (d->pass_outgrows_cache && d->state_to_come && d->phase != OG_JP_optimizer_step) {
         ev_bytes(c, "state_to_come_bytes", d->state_to_come);
-        if (strlen(c->summary) + 200 < sizeof c->summary)
-            og_fmt(c->summary + strlen(c->summary) - 1, sizeof c->summary - strlen(c->summary) + 1,
-                   "; the optimizer has yet to make %s of its state, more than the free memory, the %s cached and "
-                   "the running code's tensors together: the training state does not fit.",
-                   og_hb((double)d->state_to_come).s, og_hb((double)d->cached).s);
+        summary_more(c, 200,
+                     "; the optimizer has yet to make %s of its state, more than the free memory, the %s cached and "
+                     "the running code's tensors together: the training state does not fit.",
+                     og_hb((double)d->state_to_come).s, og_hb((double)d->cached).s);
     } else if (d->pass_outgrows_cache && d->state_to_come) {
         ev_bytes(c, "state_to_come_bytes", d->state_to_come);
-        if (strlen(c->summary) + 160 < sizeof c->summary)
-            og_fmt(c->summary + strlen(c->summary) - 1, sizeof c->summary - strlen(c->summary) + 1,
-                   "; the optimizer step still has %s of its state to make, and the %s cached would carry it only a "
-                   "few allocations further.",
-                   og_hb((double)d->state_to_come).s, og_hb((double)d->cached).s);
+        summary_more(c, 160,
+                     "; the optimizer step still has %s of its state to make, and the %s cached would carry it only a "
+                     "few allocations further.",
+                     og_hb((double)d->state_to_come).s, og_hb((double)d->cached).s);
     } else if (d->pass_outgrows_cache && d->first_step_state) {
         ev_bytes(c, "state_made_bytes", d->first_step_state);
-        if (strlen(c->summary) + 200 < sizeof c->summary)
-            og_fmt(c->summary + strlen(c->summary) - 1, sizeof c->summary - strlen(c->summary) + 1,
-                   "; the optimizer's first step (no step had ended) made %s of its state so far and is still making "
-                   "it, and the %s cached would carry it only a few allocations further.",
-                   og_hb((double)d->first_step_state).s, og_hb((double)d->cached).s);
+        summary_more(c, 200,
+                     "; the optimizer's first step (no step had ended) made %s of its state so far and is still making "
+                     "it, and the %s cached would carry it only a few allocations further.",
+                     og_hb((double)d->first_step_state).s, og_hb((double)d->cached).s);
     } else if (d->pass_outgrows_cache) {
         ev_bytes(c, "pass_working_set_bytes", d->roles.working);
-        if (strlen(c->summary) + 160 < sizeof c->summary)
-            og_fmt(c->summary + strlen(c->summary) - 1, sizeof c->summary - strlen(c->summary) + 1,
-                   "; the %s pass still building holds %s, and the %s cached would carry it only a few allocations "
-                   "further.",
-                   og_job_phase_name(d->phase), og_hb((double)d->roles.working).s, og_hb((double)d->cached).s);
+        summary_more(c, 160,
+                     "; the %s pass still building holds %s, and the %s cached would carry it only a few allocations "
+                     "further.",
+                     og_job_phase_name(d->phase), og_hb((double)d->roles.working).s, og_hb((double)d->cached).s);
     } else if (d->copy_outgrows_cache) {
         ev_bytes(c, "copy_made_bytes", d->roles.copy_made);
-        if (strlen(c->summary) + 160 < sizeof c->summary)
-            og_fmt(c->summary + strlen(c->summary) - 1, sizeof c->summary - strlen(c->summary) + 1,
-                   "; the deep copy under way made %s so far, and the %s cached would carry it only a few tensors "
-                   "further.",
-                   og_hb((double)d->roles.copy_made).s, og_hb((double)d->cached).s);
+        summary_more(c, 160,
+                     "; the deep copy under way made %s so far, and the %s cached would carry it only a few tensors "
+                     "further.",
+                     og_hb((double)d->roles.copy_made).s, og_hb((double)d->cached).s);
     } else if (d->kept_outgrows_cache) {
         uint64_t kept = d->roles.kept_across;
         ev_bytes(c, "kept_by_python_bytes", kept);
-        if (strlen(c->summary) + 160 < sizeof c->summary)
-            og_fmt(c->summary + strlen(c->summary) - 1, sizeof c->summary - strlen(c->summary) + 1,
-                   "; Python objects keep %s on the device across calls, and the %s cached would give the job only "
-                   "a few allocations more beside them.",
-                   og_hb((double)kept).s, og_hb((double)d->cached).s);
+        summary_more(c, 160,
+                     "; Python objects keep %s on the device across calls, and the %s cached would give the job only "
+                     "a few allocations more beside them.",
+                     og_hb((double)kept).s, og_hb((double)d->cached).s);
     }
     /* failing inside a burst of equal allocations that are all kept: a load (weights), not a step */
     const og_load_facts_t *ld = &d->load;
@@ -1016,9 +1022,9 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
         ev_num(c, "load_allocations", ld->run);
         if (second)
             ev_num(c, "earlier_load_allocations", ld->earlier);
-        if (second && strlen(c->summary) + 120 < sizeof c->summary)
-            og_fmt(
-                c->summary + strlen(c->summary) - 1, sizeof c->summary - strlen(c->summary) + 1,
+        if (second)
+            summary_more(
+                c, 120,
                 ": it failed loading %d more blocks of %s while %d of the same size, loaded earlier, are still held.",
                 ld->run, req_hb(d->req_known, d->req).s, ld->earlier);
     }
