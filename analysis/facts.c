@@ -1530,6 +1530,8 @@ static void roles(og_facts_t *d, const og_record_t *r)
     k->steps_made = ro->steps_known ? ro->steps_made : 0;
     k->params = role_or0(ro, OG_ROLE_parameters);
     k->grads = role_or0(ro, OG_ROLE_gradients);
+    k->per_sample = role_or0(ro, OG_ROLE_per_sample_gradients);
+    k->per_sample_n = ro->per_sample_count;
     k->opt = role_or0(ro, OG_ROLE_optimizer_state);
     k->pools = role_or0(ro, OG_ROLE_graph_pools);
     k->held = role_or0(ro, OG_ROLE_held_by_python);

@@ -141,6 +141,10 @@ typedef struct og_role_facts {
     /* optimizers' state not one value per element of its parameter (roles.optimizers[].not_elementwise_bytes:
      * preconditioner matrices of Shampoo or SOAP, projections); 0 none or not measured */
     uint64_t opt_shaped;
+    /* gradients kept one per example (roles.per_sample_gradients_bytes: DP-SGD's grad_sample) and the examples
+     * they hold (roles.per_sample_count, the physical batch); 0 none or not measured */
+    uint64_t per_sample;
+    int per_sample_n;
     uint64_t opt_params;  /* parameters on the failing device that optimizers' param_groups hold (0: none or
                             unknown): an optimizer made for this model */
     bool dtypes_known;    /* roles.parameters_by_dtype was measured ... */

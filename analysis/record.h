@@ -152,7 +152,7 @@ typedef struct og_code_setting {
 
 /* The framework's allocated bytes by role (memory.framework.roles), from the adapter; has = false if none. */
 enum og_role {
-#define OG_ROLE(key, label) OG_ROLE_##key,
+#define OG_ROLE(key, label, quiet) OG_ROLE_##key,
 #include "roles.def"
 #undef OG_ROLE
     OG_NROLES
@@ -204,6 +204,7 @@ typedef struct og_roles {
     int num_beams;                 /* the beam width of the generation running at the failure; 0 unknown */
     int checkpointing;             /* activation checkpointing for the failing pass: 1 in force, -1 off, 0 unknown */
     int batch_size;                /* the batch the program names for the failing pass (an int named so); 0 unknown */
+    int per_sample_count;          /* roles.per_sample_count: the most examples a per-sample gradient holds; 0 none */
     bool autocast_in_code;         /* the program's code on the failing stack enters autocast (false: not said) */
     /* roles.scaler_without_autocast: that code names a GradScaler and none of the program's files names autocast
      * (float16 loss scaling around a float32 forward; false: not said) */

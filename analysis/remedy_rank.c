@@ -369,6 +369,12 @@ static bool preconditioned_state(const rctx_t *x)
     const og_role_facts_t *ro = roles_of(x);
     return ro->known && ro->opt_shaped && og_covers(x, (double)ro->opt_shaped);
 }
+/* gradients kept one per example (DP-SGD) cover the shortfall: they grow with the physical batch, not the length */
+static bool per_sample_gradients(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && ro->per_sample && og_covers(x, (double)ro->per_sample);
+}
 static bool optimizer_state(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
@@ -1099,6 +1105,9 @@ static const og_rank_row_t bring[] = {
       "preconditioner matrices) >= shortfall",
       "qwen25_15b_continued_pretrain_soap_first_step_preconditioners_a6000 (blind); (unit tests: "
       "preconditioners_hold_the_state)" },
+    { "per_sample_gradients", per_sample_gradients, WANT, 0, 0, REMS(R_SMALLER_BATCH, R_GHOST_CLIP),
+      "roles: gradients kept one per example (per_sample_gradients_bytes) >= shortfall",
+      "opacus_dp_sgd_bert_base_per_sample_grads_batch64_t4 (blind); (unit tests: per_sample_gradients)" },
     { "optimizer_state", optimizer_state, WANT, 0, 0, REMS(R_OPT_8BIT, R_ZERO, R_OFFLOAD),
       "roles: optimizer state not 8-bit > 0, or phase optimizer_step with parameters and no state yet",
       "adamw_first_step, ema_lazy_shadow (blind)" },
@@ -1509,6 +1518,10 @@ static const og_rank_row_t lead[] = {
       "rlhf_weight_sync_new_comm (blind); (unit tests: nccl_growth)" },
     { "optimizer_step_lead", in_optimizer_step, LEAD_COVERS, -22, 0, REMS(R_OPT_8BIT), "phase optimizer_step",
       "adamw_first_step (blind)" },
+    { "per_sample_gradients_lead", per_sample_gradients, LEAD_COVERS, -23, 1, REMS(R_SMALLER_BATCH, R_GHOST_CLIP),
+      "as per_sample_gradients (ahead of the activations' remedies: a smaller physical batch, or no per-example "
+      "copies at all)",
+      "opacus_dp_sgd_bert_base_per_sample_grads_batch64_t4 (blind); (unit tests: per_sample_gradients)" },
     { "preconditioned_state_lead", preconditioned_state, LEAD_COVERS, -23, 0, REMS(R_PRECOND_CAP),
       "as preconditioned_state (ahead of an 8-bit optimizer: the matrices, not the moments, hold it)",
       "qwen25_15b_continued_pretrain_soap_first_step_preconditioners_a6000 (blind); (unit tests: "
@@ -1823,12 +1836,20 @@ static void estimate(rank_t *k, const rctx_t *x)
             st = first;
         cover[R_OPT_8BIT] = st > 0 ? 0.75 * st : -1;
     }
+    /* gradients kept one per example: ghost clipping keeps none of them; a physical batch of one keeps 1/n */
+    if (ro->known && ro->per_sample) {
+        cover[R_GHOST_CLIP] = (double)ro->per_sample;
+        double n = ro->per_sample_n > 1 ? (double)ro->per_sample_n : 2.0;
+        if ((double)ro->per_sample * (1.0 - 1.0 / n) > cover[R_SMALLER_BATCH])
+            cover[R_SMALLER_BATCH] = (double)ro->per_sample * (1.0 - 1.0 / n);
+    }
     /* bounded or replaced by AdamW's moments, the matrices go (what the first step still makes: not known) */
     cover[R_PRECOND_CAP] = ro->known && ro->opt_shaped ? (double)ro->opt_shaped : -1;
     {
         /* LoRA trains about 1% of the parameters: their gradients and optimizer state go (Adam's state at the
          * first step is about to be 2x the parameters) */
-        double st = (double)ro->grads + (double)ro->opt;
+        double st = (double)ro->grads + (double)ro->opt + (double)ro->per_sample; /* a frozen weight has no per-example
+                                                                                   gradient either */
         if (PHASE(optimizer_step) && (ro->opt_adam || !ro->opt) && (double)ro->grads + 2.0 * (double)ro->params > st)
             st = (double)ro->grads + 2.0 * (double)ro->params;
         cover[R_LORA] = ro->known && x->trains == 1 ? 0.99 * st : -1;

@@ -1123,6 +1123,21 @@ static bool b_smaller_batch(const rctx_t *x, og_remedy_t *r)
                    "DataLoader(dataset, batch_size=batch_size // 2)   # evaluation: no gradient accumulation needed" });
         return true;
     }
+    if (x->f->roles.per_sample) {
+        /* DP-SGD: the per-example gradients are the physical batch times the trained parameters */
+        const og_role_facts_t *ro = &x->f->roles;
+        why(r, "%s of gradients are kept one per example", og_hb((double)ro->per_sample).s);
+        if (ro->per_sample_n > 1)
+            why(r, " (%d examples, %s each)", ro->per_sample_n, og_hb((double)ro->per_sample / ro->per_sample_n).s);
+        why(r, ": they grow with the physical batch, not with the length of an input. Keep the logical batch (the "
+               "privacy accounting's) and bound the physical one; the per-example gradients and the activations "
+               "fall with it.");
+        HOWS(x, r, { PT, "from opacus.utils.batch_memory_manager import BatchMemoryManager" },
+             { PT, "with BatchMemoryManager(data_loader=train_loader, max_physical_batch_size=16, "
+                   "optimizer=optimizer) as loader:" },
+             { PT, "    for batch in loader: ...   # the optimizer steps once per logical batch" });
+        return true;
+    }
     why(r, "Activation memory grows linearly with the batch size; gradient accumulation keeps the effective "
            "batch.");
     activations_vs_shortfall(x, r, 0.5, "halving the batch");
@@ -2038,6 +2053,24 @@ static bool b_preconditioner_dim_cap(const rctx_t *x, og_remedy_t *r)
                "blocks of at most 2048" },
          { PT, "or two parameter groups: the embedding and the MLP's wide weights under torch.optim.AdamW, the rest "
                "preconditioned" });
+    return true;
+}
+
+static bool b_ghost_clipping(const rctx_t *x, og_remedy_t *r)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    if (!ro->per_sample)
+        return false; /* only where gradients kept one per example were measured */
+    why(r, "%s of gradients are kept one per example", og_hb((double)ro->per_sample).s);
+    if (ro->per_sample_n > 1)
+        why(r, " (%d examples)", ro->per_sample_n);
+    why(r, " to clip each example's gradient. Ghost clipping computes each example's gradient norm without "
+           "storing the gradient, then clips in a second backward pass: none of them is kept.");
+    HOWS(x, r,
+         { PT, "model, optimizer, criterion, train_loader = privacy_engine.make_private(module=model, "
+               "optimizer=optimizer, criterion=criterion, data_loader=train_loader, ..." },
+         { PT, "    noise_multiplier=sigma, max_grad_norm=C, grad_sample_mode=\"ghost\")   # Opacus 1.5+" },
+         { PT, "loss = criterion(model(x), y); loss.backward()   # the wrapped criterion runs both passes" });
     return true;
 }
 

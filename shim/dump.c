@@ -915,7 +915,7 @@ static void clear_pending(int d)
 static void summary_roles(og_sb_t *sb, const og_record_t *r)
 {
     static const char *const labels[OG_NROLES] = {
-#define OG_ROLE(key, label) label,
+#define OG_ROLE(key, label, quiet) label,
 #include "roles.def"
 #undef OG_ROLE
     };

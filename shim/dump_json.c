@@ -175,7 +175,7 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
     og_sb_puts(sb, "{");
     K("allocated_bytes");
     j_opt(sb, r->allocated_bytes);
-#define OG_ROLE(k, label)                                                       \
+#define OG_ROLE(k, label, quiet)                                                \
     K(#k "_bytes");                                                             \
     j_opt(sb, r->bytes[OG_ROLE_##k]);                                           \
     K(#k "_tensors");                                                           \
@@ -382,6 +382,11 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
         og_sb_puts(sb, "null");
     K("copy_made_bytes");
     j_opt(sb, r->copy_made);
+    K("per_sample_count");
+    if (r->per_sample_count > 0)
+        og_sb_printf(sb, "%d", r->per_sample_count);
+    else
+        og_sb_puts(sb, "null");
     K("allocated_after_steps");
     if (r->nsteps > 0) {
         og_sb_puts(sb, "[");

@@ -101,7 +101,7 @@ static og_opt_u64_t role_u64(const char *s)
 }
 
 static const char *const role_keys[OG_NROLES] = {
-#define OG_ROLE(key, label) #key,
+#define OG_ROLE(key, label, quiet) #key,
 #include "roles.def"
 #undef OG_ROLE
 };
@@ -283,6 +283,8 @@ static void parse_roles(const char *s, og_roles_t *r)
                 copy_str(r->why, sizeof r->why, f[2]);
             else if (!strcmp(f[1], "copy_made"))
                 r->copy_made = role_u64(f[2]);
+            else if (!strcmp(f[1], "per_sample_count"))
+                r->per_sample_count = atoi(f[2]) > 0 ? atoi(f[2]) : 0;
             else if (!strcmp(f[1], "activations_copy_of") && n >= 4) {
                 copy_field(r->act_copy_of, sizeof r->act_copy_of, f[2]);
                 r->act_copy_bytes = r->act_copy_of[0] ? strtoull(f[3], NULL, 10) : 0;

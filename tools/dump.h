@@ -56,7 +56,7 @@ struct og_pyframe {
 
 /* memory.framework.roles (common/roles.def gives the roles): -1 is unknown (null) or absent. */
 enum og_role_ix {
-#define OG_ROLE(key, label) OG_RX_##key,
+#define OG_ROLE(key, label, quiet) OG_RX_##key,
 #include "../common/roles.def"
 #undef OG_ROLE
     OG_NROLE_IX
@@ -135,6 +135,7 @@ struct og_roles_view {
     int64_t optimizer_steps, num_beams, batch_size;
     int64_t attention_modules;   /* -1 unknown (null) */
     int64_t copy_made_bytes;     /* -1 unknown (null): no deep copy under way */
+    int64_t per_sample_count;    /* -1 null: no per-sample gradient */
     int gradient_checkpointing;  /* -1 unknown (null) */
     int autocast_in_code;        /* 1 true, -1 unknown (null) */
     int scaler_without_autocast; /* 1 true, -1 not said (null) */

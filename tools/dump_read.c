@@ -1013,7 +1013,7 @@ static int read_strings(struct loader *L, const cJSON *arr, const struct path *a
 static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, struct og_roles_view *r)
 {
     static const char *const keys[OG_NROLE_IX] = {
-#define OG_ROLE(key, label) #key,
+#define OG_ROLE(key, label, quiet) #key,
 #include "../common/roles.def"
 #undef OG_ROLE
     };
@@ -1024,7 +1024,7 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
     r->optimizer_steps = r->num_beams = r->attention_modules = r->objects_scanned = r->read_in_part =
         r->activations_copy_of.bytes = -1;
     r->batch_size = r->gradient_checkpointing = r->autocast_in_code = r->scaler_without_autocast = -1;
-    r->copy_made_bytes = -1;
+    r->copy_made_bytes = r->per_sample_count = -1;
     r->ddp.wrappers = r->ddp.bucket_bytes = -1;
     r->ddp.as_view = -1;
     TRY(get_obj(L, fw, pf, "roles", &o));
@@ -1182,6 +1182,7 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
     TRY(get_bool(L, o, &p, "gradient_checkpointing", &r->gradient_checkpointing));
     TRY(get_int(L, o, &p, "batch_size", &r->batch_size));
     TRY(get_int(L, o, &p, "copy_made_bytes", &r->copy_made_bytes));
+    TRY(get_int(L, o, &p, "per_sample_count", &r->per_sample_count));
     TRY(get_bool(L, o, &p, "autocast_in_code", &r->autocast_in_code));
     TRY(get_bool(L, o, &p, "scaler_without_autocast", &r->scaler_without_autocast));
     const cJSON *q;

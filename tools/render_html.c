@@ -708,7 +708,12 @@ static void html_fact(void *ctx, const char *label, const char *text)
 static void roles_card(struct hx *h)
 {
     static const char *const labels[OG_NROLE_IX] = {
-#define OG_ROLE(key, label) label,
+#define OG_ROLE(key, label, quiet) label,
+#include "../common/roles.def"
+#undef OG_ROLE
+    };
+    static const bool quiet[OG_NROLE_IX] = {
+#define OG_ROLE(key, label, q) q,
 #include "../common/roles.def"
 #undef OG_ROLE
     };
@@ -750,11 +755,16 @@ static void roles_card(struct hx *h)
             og_sb_printf(h->b, " <span class=\"muted\">(%s allocated)</span>", hb(r->allocated_bytes, a));
         og_sb_puts(h->b, "</h2><table class=\"roles\"><tbody>");
         for (int i = 0; i < OG_NROLE_IX; i++) {
+            if (quiet[i] && r->bytes[i] <= 0)
+                continue;
             og_sb_puts(h->b, "<tr><td>");
             esc(h, labels[i], 60);
             if (r->tensors[i] > 0)
                 og_sb_printf(h->b, " <span class=\"muted\">%lld tensor%s</span>", (long long)r->tensors[i],
                              r->tensors[i] == 1 ? "" : "s");
+            if (i == OG_RX_per_sample_gradients && r->per_sample_count > 0)
+                og_sb_printf(h->b, " <span class=\"muted\">one gradient per example, %lld examples</span>",
+                             (long long)r->per_sample_count);
             if (r->bytes[i] < 0) {
                 og_sb_puts(h->b, "</td><td class=\"num\">unknown</td><td></td></tr>");
                 continue;

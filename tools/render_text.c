@@ -581,7 +581,12 @@ static void text_fact(void *ctx, const char *label, const char *text)
 static void roles_table(struct tx *t, const struct og_dump *d)
 {
     static const char *const labels[OG_NROLE_IX] = {
-#define OG_ROLE(key, label) label,
+#define OG_ROLE(key, label, quiet) label,
+#include "../common/roles.def"
+#undef OG_ROLE
+    };
+    static const bool quiet[OG_NROLE_IX] = {
+#define OG_ROLE(key, label, q) q,
 #include "../common/roles.def"
 #undef OG_ROLE
     };
@@ -621,6 +626,8 @@ static void roles_table(struct tx *t, const struct og_dump *d)
         og_sb_printf(t->b, " (%s allocated)", human_bytes(r->allocated_bytes, h));
     og_sb_putc(t->b, '\n');
     for (int i = 0; i < OG_NROLE_IX; i++) {
+        if (quiet[i] && r->bytes[i] <= 0)
+            continue;
         og_sb_puts(t->b, "  ");
         cell(t, labels[i], 40, 30);
         if (r->bytes[i] < 0) {
@@ -633,6 +640,9 @@ static void roles_table(struct tx *t, const struct og_dump *d)
         if (r->tensors[i] > 0)
             og_sb_printf(t->b, "  %s%lld tensor%s%s", st(t, DIM), (long long)r->tensors[i],
                          r->tensors[i] == 1 ? "" : "s", st(t, RESET));
+        if (i == OG_RX_per_sample_gradients && r->per_sample_count > 0)
+            og_sb_printf(t->b, "%s, one gradient per example, %lld examples%s", st(t, DIM),
+                         (long long)r->per_sample_count, st(t, RESET));
         og_sb_putc(t->b, '\n');
         if (i == OG_RX_optimizer_state)
             for (int k = 0; k < r->noptimizers; k++) {

@@ -4,6 +4,9 @@ by role at an out-of-memory failure (memory.framework.roles in the dump; docs/du
   parameters        tensors of nn.Module._parameters and of the optimizers' param_groups
   buffers           nn.Module._buffers (running statistics, masks registered as buffers)
   gradients         .grad of those parameters
+  per_sample_gradients  tensors those parameters carry as attributes shaped as one gradient per example:
+                    (n, *parameter.shape), or n times a flat parameter's elements (Opacus' grad_sample,
+                    BackPACK's grad_batch); per_sample_count is the largest n (the physical batch)
   optimizer_state   torch.optim.Optimizer.state, also by optimizer class
   graph_pools       live blocks in CUDA-graph private pools (from the allocator snapshot)
   held_by_python    other tensors reachable from a named Python object: an attribute of an object
@@ -49,7 +52,8 @@ import threading
 import time
 import types
 
-ROLES = ("parameters", "buffers", "gradients", "optimizer_state", "graph_pools", "held_by_python", "activations")
+ROLES = ("parameters", "buffers", "gradients", "per_sample_gradients", "optimizer_state", "graph_pools",
+         "held_by_python", "activations")
 TOP_HOLDERS = 8
 TOP_MODELS = 6
 _DEPTH = 6                     # containers and objects followed below a named holder: a dict of objects
@@ -277,6 +281,7 @@ class _Scan(object):
         self.model_roots = {}             # (class, bytes, tensors) -> the root modules of that group
         self.root_frozen = {}             # id(root module) -> no parameter of it requires grad
         self.root_trained = {}            # id(root module) -> an optimizer's param_groups hold a parameter of it
+        self.per_sample = 0               # the most examples a per-sample gradient holds (see _per_sample)
         self.optimized = set()            # the storages of the failing device the optimizers' param_groups hold
         self.root_stepped = {}            # id(root module) -> an optimizer has state for a parameter of it
         self.stepped = set()              # the storages of the parameters an optimizer has state for (it stepped)
@@ -774,6 +779,7 @@ def _walk(scan, frame_roots):
             g = None
         if g is not None:
             scan.claim(g, "gradients")
+        _per_sample(scan, p)
     scan.stage = "optimizer state"
     for opt in optimizers:
         name = type(opt).__name__
@@ -824,6 +830,46 @@ def _walk(scan, frame_roots):
     scan.models = _models_named(scan)
     scan.stage = "a deep copy under way"
     scan.copy_made = _copy_made(scan)
+
+
+def _per_sample(scan, p):
+    """Claims the tensors parameter p carries as attributes (its instance dictionary, and the containers kept
+    there) that hold one gradient per example: shaped (n, *p.shape), of any dtype (Opacus' grad_sample, in
+    autocast's dtype under mixed precision; BackPACK's grad_batch: a bias's too is two-dimensional); where a
+    shape is not known (the stand-in torch's tensors),
+    of p's dtype and n times its bytes (n >= 2).  A tensor shaped like p (Megatron's main_grad), a flat one
+    of a flat p (FSDP's unsharded _full_param_padded), one of another dtype, is not one."""
+    try:
+        d = object.__getattribute__(p, "__dict__")
+    except Exception:
+        return
+    if type(d) is not dict or not d:
+        return
+    shape, size = _shape(p), _nbytes(p)
+    for v in list(d.values()):
+        if type(v) in _ATOMS:
+            continue
+        for t in scan.tensors_in(v, 1):
+            ts = _shape(t)
+            n = 0
+            if shape and ts and len(ts) == len(shape) + 1 and ts[1:] == shape:
+                n = ts[0]
+            elif (shape is None or ts is None) and size and dtype_name(t) == dtype_name(p):
+                tb = _nbytes(t)
+                n = tb // size if tb and tb % size == 0 and tb // size >= 2 else 0
+            if n and scan.claim(t, "per_sample_gradients") and n > scan.per_sample:
+                scan.per_sample = n
+
+
+def _nbytes(t):
+    """t's bytes (its elements times their size), or None."""
+    try:
+        n = getattr(t, "nbytes", None)
+        if n is None:
+            n = t.numel() * t.element_size()
+        return int(n)
+    except Exception:
+        return None
 
 
 def _copy_made(scan, limit=256):
@@ -1230,6 +1276,7 @@ def _result(scan, allocated, complete, why, t0, unknown=()):
             "models": list(scan.models), "activations_copy_of": rest_copy, "ddp": scan.ddp,
             "attention_modules": scan.attention,
             "copy_made": getattr(scan, "copy_made", None),
+            "per_sample_count": (scan.per_sample or None) if "per_sample_gradients" not in unknown else None,
             "complete": complete, "why": why, "elapsed_ms": (_clock() - t0) * 1000.0,
             "objects": scan.objects, "sampled": scan.sampled}
 
@@ -1275,7 +1322,8 @@ def measure_arrays(framework, array_type, arrays, allocated, storage, budget=Non
             if gc_was:
                 gc.enable()
         r = _result(scan, allocated, complete, why, t0,
-                    unknown=("parameters", "buffers", "gradients", "optimizer_state", "graph_pools"))
+                    unknown=("parameters", "buffers", "gradients", "per_sample_gradients", "optimizer_state",
+                             "graph_pools"))
         if not complete:
             r["roles"]["held_by_python"] = [None, 0]
         r["why"] = r["why"] or ("parameters, gradients and optimizer state are arrays like the others here: "
@@ -1306,7 +1354,8 @@ def encode(r):
       steps MADE ALLOCATED,... (after each of an optimizer's latest steps, oldest first) | meta KEY VALUE
       (meta num_beams N: the beam width of the generation running at the failure; meta checkpointing 0|1: activation
       checkpointing off or in force for the failing pass; meta batch_size N: the batch the program names;
-      meta copy_made N: the bytes a copy.deepcopy running at the failure made so far; meta autocast_in_code 1: a
+      meta copy_made N: the bytes a copy.deepcopy running at the failure made so far; meta per_sample_count N: the
+      most examples a per-sample gradient holds; meta autocast_in_code 1: a
       function of the program on the failing stack enters autocast; meta scaler_without_autocast 1: one names a
       GradScaler and none of the program's files names autocast)"""
     if not r or "roles" not in r:
@@ -1392,6 +1441,8 @@ def encode(r):
         out.append("meta\tlast_step_age_us\t%d" % int(r["last_step_age"] * 1e6))
     if r.get("copy_made") is not None:
         out.append("meta\tcopy_made\t%d" % int(r["copy_made"]))
+    if r.get("per_sample_count"):
+        out.append("meta\tper_sample_count\t%d" % int(r["per_sample_count"]))
     if r.get("activations_copy_of"):
         role, b = r["activations_copy_of"]
         out.append("meta\tactivations_copy_of\t%s\t%d" % (_clean(role), int(b)))

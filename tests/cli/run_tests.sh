@@ -157,6 +157,10 @@ has "roles: the failing line is the program's backward() call (the engine thread
     "=> at main  /home/ana/train.py:130  (Python, the thread that called the framework)  <- the failing line"
 has "roles: the phase line is the program's, the framework's frame after it" "$T/pr" \
     "Phase: backward (train.py:130 in main; decided in __init__.py:20 in backward)"
+has "roles: gradients kept one per example, and how many" "$T/pr" \
+    "per-sample gradients             48.00 MiB"
+has "roles: the examples a per-sample gradient holds" "$T/pr" "2 tensors, one gradient per example, 16 examples"
+has "html: the examples a per-sample gradient holds" "$T/pr.html" "one gradient per example, 16 examples"
 has "roles: an optimizer's parameters and its matrices" "$T/pr" \
     "SOAP 128.00 MiB in 4 tensors, for 64.00 MiB of parameters; 96.00 MiB of it matrices (not one value per weight)"
 has "html: an optimizer's matrices" "$T/pr.html" "96.00 MiB of it matrices (not one value per weight)"

@@ -2105,6 +2105,40 @@ static void preconditioners_hold_the_state(void **state)
     free(r);
 }
 
+/* DP-SGD's backward: 7.5 GiB of gradients kept one per example (64 of them) beside 6 GiB of activations: a smaller
+ * physical batch leads (its text names the examples and Opacus' BatchMemoryManager), ghost clipping second, the
+ * activations' remedies after them; per-example gradients short of the shortfall lead nothing, and without them
+ * measured ghost clipping is not listed */
+static void per_sample_gradients(void **state)
+{
+    og_record_t *r = base();
+    og_roles_t *ro = fixture_roles(r, 420 * MiB, 120 * MiB, 0, 0, 0, 6 * GiB + 7680 * MiB);
+    og_set(&ro->bytes[OG_ROLE_activations], 6 * GiB);
+    og_set(&ro->bytes[OG_ROLE_per_sample_gradients], 7680 * MiB);
+    ro->per_sample_count = 64;
+    fixture_optimizer(r, "AdamW", 0);
+    og_set(&ro->optimizers[0].param_bytes, 330 * MiB);
+    fixture_phase(r, "backward", "/w/dp_finetune.py", "main");
+    og_set(&r->event.requested_bytes, 576 * MiB);
+    og_set(&r->device.free_bytes, 492 * MiB);
+    run_primary(r, "does_not_fit");
+    assert_true(r->analysis.facts.roles.per_sample == 7680 * MiB && r->analysis.facts.roles.per_sample_n == 64);
+    assert_string_equal(r->remedies[0].id, "smaller_batch");
+    assert_non_null(strstr(r->remedies[0].why, "64 examples"));
+    assert_true(how_has(&r->remedies[0], "BatchMemoryManager"));
+    assert_int_equal(rank_of(r, "ghost_clipping"), 2);
+    assert_true(rank_of(r, "mixed_precision") > 2 && rank_of(r, "gradient_checkpointing") > 2);
+    og_set(&ro->bytes[OG_ROLE_per_sample_gradients], 16 * MiB); /* short of the 84 MiB missing */
+    run(r);
+    assert_int_not_equal(rank_of(r, "ghost_clipping"), 1);
+    assert_null(strstr(r->remedies[0].why, "per example"));
+    og_unset(&ro->bytes[OG_ROLE_per_sample_gradients]);
+    ro->per_sample_count = 0;
+    run(r);
+    assert_int_equal(rank_of(r, "ghost_clipping"), 0);
+    free(r);
+}
+
 /* float32 weights (a bf16 checkpoint loaded without torch_dtype) that, with their gradients, are the bulk
  * of a full fine-tune: load them in half precision first; quantizing is not for a job that trains */
 static void fp32_weights_load_in_half(void **state)
@@ -4512,6 +4546,7 @@ int main(void)
         cmocka_unit_test(phase_loading_weights),
         cmocka_unit_test(phase_optimizer_step),
         cmocka_unit_test(preconditioners_hold_the_state),
+        cmocka_unit_test(per_sample_gradients),
         cmocka_unit_test(phase_forward_optimizer_later),
         cmocka_unit_test(fp32_weights_load_in_half),
         cmocka_unit_test(trains_before_the_first_step),

@@ -267,6 +267,61 @@ def t_optimizer_matrices():
         g.pop("pre", None)
 
 
+class DPLinear(torch.nn.Module):
+    """A layer whose parameters Opacus' hooks gave one gradient per example (grad_sample, (n, *p.shape))."""
+
+    def __init__(self):
+        torch.nn.Module.__init__(self)
+        self.weight = shaped(64, 32, requires_grad=True)
+        self.bias = shaped(64, requires_grad=True)
+
+
+def t_per_sample():
+    """Gradients a parameter carries one per example are per_sample_gradients, with their count; a tensor shaped like
+    the parameter (Megatron's main_grad), a flat one of a flat parameter (FSDP's unsharded buffer) and one of another
+    dtype are not."""
+    g = globals()
+    for k in ("model", "opt", "views", "losses", "trainer", "pre"):
+        g.pop(k, None)
+    gc.collect()
+    g["dp"] = m = DPLinear()
+    try:
+        m.weight.grad_sample = shaped(16, 64, 32)
+        m.bias.grad_sample = shaped(16, 64)
+        m.weight.main_grad = shaped(64, 32)
+        m.bias._full_param_padded = shaped(64 * 4)
+        want = nbytes(m.weight.grad_sample) + nbytes(m.bias.grad_sample)
+        r = measure(None)
+        assert r["roles"]["per_sample_gradients"] == [want, 2], r["roles"]
+        assert r["per_sample_count"] == 16, r["per_sample_count"]
+        enc = oomguard_roles.encode(r)
+        assert "role\tper_sample_gradients\t%d\t2\n" % want in enc and "meta\tper_sample_count\t16\n" in enc, enc
+        m.weight.grad_sample = [shaped(8, 64, 32)]        # a list kept on the parameter: its tensors are read
+        m.bias.grad_sample = None
+        r = measure(None)
+        assert r["roles"]["per_sample_gradients"] == [nbytes(m.weight.grad_sample[0]), 1], r["roles"]
+        assert r["per_sample_count"] == 8, r["per_sample_count"]
+        if not STAND_IN:
+            # shaped one per example, in autocast's dtype (per-example gradients computed under float16): one too
+            m.bias.grad_sample = torch.zeros(8, 64, dtype=torch.float16)
+            r = measure(None)
+            assert r["roles"]["per_sample_gradients"] == [nbytes(m.weight.grad_sample[0]) + 8 * 64 * 2, 2], r["roles"]
+        if STAND_IN:
+            # the stand-in's tensors have no shape of their own: of the parameter's dtype and n times its bytes
+            del m.weight.main_grad
+            m.weight.grad_sample = empty(4 * 64 * 32)
+            m.bias.grad_sample = empty(64)                 # the parameter's own size: not one per example
+            r = measure(None)
+            assert r["roles"]["per_sample_gradients"] == [4 * 64 * 32 * 4, 1], r["roles"]
+            assert r["per_sample_count"] == 4, r["per_sample_count"]
+        m.weight.grad_sample = m.bias.grad_sample = None
+        r = measure(None)
+        assert r["roles"]["per_sample_gradients"] == [0, 0] and r["per_sample_count"] is None, r
+        assert "per_sample_count" not in oomguard_roles.encode(r)
+    finally:
+        g.pop("dp", None)
+
+
 class PrefixCache(object):
     """transformers' DynamicCache: a key and a value tensor per layer, in two lists."""
 
@@ -952,6 +1007,7 @@ def t_copy_made():
 
 check("roles of a model, its gradients, AdamW state, a view, global lists and an object's dict", t_roles)
 check("an optimizer's state not shaped like its parameters (preconditioner matrices) is counted apart", t_optimizer_matrices)
+check("gradients kept one per example (grad_sample) are counted apart, with the examples they hold", t_per_sample)
 check("what a holder's name or class says it keeps (kv_cache, ema, checkpoint, teacher, cache)", t_purposes)
 check("a holder whose blocks are the parameters' sizes is a copy of them (in part too)", t_copies)
 check("models: roots by class and size, a second copy counted, a frozen one said", t_models)

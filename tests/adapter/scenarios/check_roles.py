@@ -15,7 +15,8 @@ import glob
 import json
 import sys
 
-ROLES = ("parameters", "buffers", "gradients", "optimizer_state", "graph_pools", "held_by_python", "activations")
+ROLES = ("parameters", "buffers", "gradients", "per_sample_gradients", "optimizer_state", "graph_pools", "held_by_python",
+         "activations")
 
 
 def main():
