@@ -78,8 +78,12 @@ def torch_empty(nbytes, device=None):
 _NOTED = """
 def noted(n, *args, **kw):
     dtype = kw.get("dtype", args[0] if args else None)
-    _last.update(n=request_bytes(torch, n, dtype), reserved=torch.cuda.memory_reserved())
-    return plain(n, *args, **kw)
+    _last.update(n=request_bytes(torch, n, dtype), reserved=torch.cuda.memory_reserved(), allocated_at_failure=None)
+    try:
+        return plain(n, *args, **kw)
+    except torch.OutOfMemoryError:
+        _last["allocated_at_failure"] = torch.cuda.memory_allocated()
+        raise
 """
 
 
@@ -107,9 +111,14 @@ def backward(loss):
 
 def torch_oom_mark(device=0):
     """The truth at a torch.OutOfMemoryError raised by the last torch_empty: the simulator's books
-    plus what the allocator says it holds and released between its attempts."""
+    plus what the allocator says it holds and released between its attempts.  The allocated bytes are
+    those when the failing torch.empty raised (note_every_empty notes them): unwinding to this handler
+    drops what the frames in between kept on their stacks (a comprehension's dict being built)."""
     import torch
     st = torch.cuda.memory_stats()
-    mark("fail", device, torch_segment_size(_last["n"]), allocated=st["allocated_bytes.all.current"],
+    allocated = _last.get("allocated_at_failure")
+    if allocated is None:
+        allocated = st["allocated_bytes.all.current"]
+    mark("fail", device, torch_segment_size(_last["n"]), allocated=allocated,
          reserved=st["reserved_bytes.all.current"], released=_last["reserved"] - st["reserved_bytes.all.current"],
          fw=1)
