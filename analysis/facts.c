@@ -1564,6 +1564,8 @@ static void roles(og_facts_t *d, const og_record_t *r)
             k->params_fp32 = add_sat(k->params_fp32, ro->dtypes[i].bytes);
         if (!strcmp(dt, "bfloat16") || !strcmp(dt, "float16"))
             k->params_half = add_sat(k->params_half, ro->dtypes[i].bytes);
+        if (!strcmp(dt, "float64"))
+            k->params_fp64 = add_sat(k->params_fp64, ro->dtypes[i].bytes);
     }
     int nh = ro->nholders < 0 ? 0 : ro->nholders > 8 ? 8 : ro->nholders;
     bool pass_runs = pass_phase(d->phase);

@@ -150,6 +150,7 @@ typedef struct og_role_facts {
     bool dtypes_known;    /* roles.parameters_by_dtype was measured ... */
     uint64_t params_fp32; /* ... and this many bytes of the parameters are float32 (0 when unknown) */
     uint64_t params_half; /* ... and this many are bfloat16 or float16 (0 when unknown) */
+    uint64_t params_fp64; /* ... and this many are float64 (0 when unknown) */
     uint64_t local_held;  /* held_by_python holders that are local variables of running functions */
     uint64_t kept_held;   /* held_by_python holders kept across calls (every listed holder not a local) */
     uint64_t kept_across; /* kept_held and the registry's models (registry_models): what Python keeps across calls */

@@ -685,6 +685,13 @@ static bool fw_cap_not_the_card(const rctx_t *x) { return !HAS(LIMIT) && HAS(FWC
  * code copying weights) and when the state at its steps halved (the moments take the parameters' dtype) and
  * this pass's activations fit the card: else halving moves the failure to the first step, and training
  * fewer parameters or sharding is the lever */
+/* the weights are float64 (roles.parameters_by_dtype: at least 3/4 of them): everything computed from them is
+ * float64 too, 8 bytes a value; autocast leaves float64 operations as they are */
+static bool fp64_weights(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && ro->dtypes_known && ro->params && (double)ro->params_fp64 >= 0.75 * (double)ro->params;
+}
 static bool fp32_weights(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
@@ -1142,6 +1149,10 @@ static const og_rank_row_t bring[] = {
       "the job trains, roles: parameters + the optimizer's parameters (gradients) + its state (Adam: 2x them to come) "
       ">= the card",
       "fullft_3b_first_backward_state (blind)" },
+    { "fp64_weights", fp64_weights, WANT, 0, 0, REMS(R_FP32_NOT_FP64),
+      "roles: parameters >= 3/4 float64 (parameters_by_dtype)",
+      "mace_mp_li3ps4_melt_quench_md_float64_from_relax_notebook_11k_atoms_l40s (blind); (unit tests: "
+      "float64_weights)" },
     { "fp32_weights", fp32_weights, WANT, 0, 0, REMS(R_LOAD_HALF),
       "roles: parameters >= 3/4 float32 (parameters_by_dtype), parameters + gradients >= half the allocated bytes; "
       "not phase optimizer_step; training: phase loading, forward, backward, evaluation or generation, the state at "
@@ -1558,6 +1569,10 @@ static const og_rank_row_t lead[] = {
     { "summed_microbatches_lead", summed_microbatches, LEAD_COVERS, -32, 0, REMS(R_BACKWARD_PER_MB),
       "as summed_microbatches (the measured cause; splinters of the cache come after)",
       "asr_accum_summed_loss, detr_accum_losses_list_single_backward (blind)" },
+    { "fp64_weights_lead", fp64_weights, LEAD_COVERS, -26, 0, REMS(R_FP32_NOT_FP64),
+      "as fp64_weights (ahead of the activations' remedies: half of everything the model computes)",
+      "mace_mp_li3ps4_melt_quench_md_float64_from_relax_notebook_11k_atoms_l40s (blind); (unit tests: "
+      "float64_weights)" },
     { "fp32_weights_lead", fp32_weights, LEAD_COVERS, -20, 0, REMS(R_LOAD_HALF), "as fp32_weights",
       "fullft_fp32_default_dtype (blind)" },
     { "state_exceeds_card_lead", state_exceeds_card, LEAD_COVERS, -19, 1, REMS(R_LORA, R_OFFLOAD, R_ZERO),
@@ -1865,6 +1880,14 @@ static void estimate(rank_t *k, const rctx_t *x)
      * they compute is half precision too, and autocast has nothing left to halve */
     if (ro->known && ro->dtypes_known && ro->params && (double)ro->params_half >= 0.75 * (double)ro->params)
         cover[R_MIXED] = 0;
+    /* float64 weights: autocast casts float32 operations only, a float64 one runs in float64; float32 halves the
+     * weights, their gradients and the activations computed from them (the live rest of the pass) */
+    if (fp64_weights(x)) {
+        double frac = (double)ro->params_fp64 / (double)ro->params;
+        cover[R_MIXED] = 0;
+        cover[R_FP32_NOT_FP64] =
+            0.5 * ((double)ro->params_fp64 + frac * (double)ro->grads + (ro->act_known ? frac * (double)ro->act : 0));
+    }
     /* with N micro-batches summed, N - 1 graphs go: at least half of the activations (N >= 2) */
     cover[R_BACKWARD_PER_MB] = summed_microbatches(x) ? 0.5 * (double)ro->act : -1;
     cover[R_SMALLER_KV] = kv_cache_reserved(x)    ? 0.5 * (double)ro->kv_bytes

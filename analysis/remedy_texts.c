@@ -1976,6 +1976,25 @@ static bool b_map_location_cpu(const rctx_t *x, og_remedy_t *r)
     return true;
 }
 
+static bool b_float32_instead_of_float64(const rctx_t *x, og_remedy_t *r)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    if (!ro->params_fp64)
+        return false; /* only where float64 weights were measured */
+    why(r, "%s of the %s of parameters are float64 (measured): what the model computes from them is float64 too, 8 "
+           "bytes a value",
+        og_hb((double)ro->params_fp64).s, og_hb((double)ro->params).s);
+    if (ro->act_known && ro->act)
+        why(r, " (%s of activations and temporaries now)", og_hb((double)ro->act).s);
+    why(r, ". Autocast leaves float64 operations in float64; float32 weights and inputs halve them all.");
+    HOWS(x, r,
+         { PT, "model = model.float(); x = x.float()   # the inputs too: a float64 input promotes the result" },
+         { PT, "torch.set_default_dtype(torch.float32)   # where the program set float64 (new tensors, ASE/MD "
+               "calculators' default_dtype)" },
+         { PT, "with torch.autocast(...) does not do this: float64 operations are not eligible" });
+    return true;
+}
+
 static bool b_load_in_bf16(const rctx_t *x, og_remedy_t *r)
 {
     const og_role_facts_t *ro = &x->f->roles;

@@ -2141,6 +2141,33 @@ static void per_sample_gradients(void **state)
 
 /* float32 weights (a bf16 checkpoint loaded without torch_dtype) that, with their gradients, are the bulk
  * of a full fine-tune: load them in half precision first; quantizing is not for a job that trains */
+/* an MD force call on a float64 model: 40 MiB of weights, 21 GiB of float64 activations (forces need autograd): float32
+ * leads (its text names the measured float64 weights), mixed precision is not offered first (autocast leaves float64
+ * operations as they are); float32 weights, or the dtypes not measured: not listed */
+static void float64_weights(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 40 * MiB, 0, 0, 0, 0, 21 * GiB);
+    fixture_dtype(r, "float64", 40 * MiB);
+    fixture_phase(r, "forward", "/w/md.py", "forward");
+    og_set(&r->event.requested_bytes, 3 * GiB);
+    og_set(&r->device.free_bytes, 1 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_true(r->analysis.facts.roles.params_fp64 == 40 * MiB);
+    assert_string_equal(r->remedies[0].id, "float32_instead_of_float64");
+    assert_non_null(strstr(r->remedies[0].why, "float64"));
+    assert_true(rank_of(r, "mixed_precision") == 0 || rank_of(r, "mixed_precision") > 3);
+    r->memory.fw.roles.ndtypes = 0;
+    fixture_dtype(r, "float32", 40 * MiB);
+    run(r);
+    assert_int_equal(rank_of(r, "float32_instead_of_float64"), 0);
+    r->memory.fw.roles.ndtypes = 0;
+    r->memory.fw.roles.has_dtypes = false;
+    run(r);
+    assert_int_equal(rank_of(r, "float32_instead_of_float64"), 0);
+    free(r);
+}
+
 static void fp32_weights_load_in_half(void **state)
 {
     enum { FIRST, ABSENT, NOT_FIRST };
@@ -4548,6 +4575,7 @@ int main(void)
         cmocka_unit_test(preconditioners_hold_the_state),
         cmocka_unit_test(per_sample_gradients),
         cmocka_unit_test(phase_forward_optimizer_later),
+        cmocka_unit_test(float64_weights),
         cmocka_unit_test(fp32_weights_load_in_half),
         cmocka_unit_test(trains_before_the_first_step),
         cmocka_unit_test(state_exceeds_card_first),
