@@ -71,6 +71,8 @@ _MODULE_INTERNALS = frozenset(("_parameters", "_buffers", "_modules", "_non_pers
                                "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs",
                                "_forward_hooks_always_called", "_is_full_backward_hook"))
 _CONTAINERS = (list, tuple, set, frozenset, collections.deque)
+# what a kept exception keeps alive (see _Scan.kept_by_error): the exception, its traceback, the traceback's frames
+_ERROR_TYPES = (types.TracebackType, types.FrameType)
 _MAPPINGS = (dict, collections.OrderedDict, collections.defaultdict)
 # a running function's local that holds tensors for longer than a statement: a list, dict, set or
 # deque it fills (a bare tensor local, an argument tuple are temporaries: activations)
@@ -281,6 +283,7 @@ class _Scan(object):
         self.model_roots = {}             # (class, bytes, tensors) -> the root modules of that group
         self.root_frozen = {}             # id(root module) -> no parameter of it requires grad
         self.root_trained = {}            # id(root module) -> an optimizer's param_groups hold a parameter of it
+        self.running_ids = None           # ids of the running threads' frames (running_frames)
         self.per_sample = 0               # the most examples a per-sample gradient holds (see _per_sample)
         self.optimized = set()            # the storages of the failing device the optimizers' param_groups hold
         self.root_stepped = {}            # id(root module) -> an optimizer has state for a parameter of it
@@ -428,6 +431,15 @@ class _Scan(object):
                 except Exception:
                     pass
                 continue
+            if tp in _ERROR_TYPES or issubclass(tp, BaseException):
+                if d <= 0:
+                    self.sampled += 1
+                    continue
+                if seen.get(id(x), -1) >= d:
+                    continue
+                seen[id(x)] = d
+                stack.extend((y, d - 1) for y in self.kept_by_error(x))
+                continue
             k = kinds.get(tp)
             if k is None:
                 k = self.kind(tp)
@@ -445,6 +457,40 @@ class _Scan(object):
                 seen[id(x)] = d
                 stack.extend((y, d - 1) for y in attrs)
         return out
+
+    def kept_by_error(self, x):
+        """What a kept exception keeps alive: its attributes and arguments, its traceback and the exceptions
+        chained to it; a traceback, the frames of its chain; a frame that is not running, its local variables
+        (a traceback keeps them after the function ended: `errors.append(e)` keeps every tensor the failed
+        call's frames held).  A running frame's locals are its own code's (read as the running functions')."""
+        out = []
+        try:
+            if isinstance(x, BaseException):
+                out.extend(self.attributes(x))
+                out.extend(a for a in x.args if type(a) not in _ATOMS)
+                out.extend(v for v in (x.__traceback__, x.__context__, x.__cause__) if v is not None)
+            elif type(x) is types.TracebackType:
+                tb, n = x, 0
+                while tb is not None and n < 64:
+                    out.append(tb.tb_frame)
+                    tb, n = tb.tb_next, n + 1
+            elif type(x) is types.FrameType and id(x) not in self.running_frames():
+                out.extend(v for _, v in _frame_locals(x) if type(v) not in _ATOMS)
+        except Exception:
+            pass
+        return out
+
+    def running_frames(self):
+        """The ids of the frames on the running threads' stacks (read once a scan)."""
+        if self.running_ids is None:
+            self.running_ids = set()
+            for top in list(sys._current_frames().values()):
+                n = 0
+                while top is not None and n < 1024:
+                    self.running_ids.add(id(top))
+                    top, n = top.f_back, n + 1
+            top = None
+        return self.running_ids
 
     def attributes(self, x):
         """The values of an object's instance dictionary (its own attributes; no property, __getattr__

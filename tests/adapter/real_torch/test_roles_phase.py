@@ -517,6 +517,41 @@ def t_purposes():
         g.pop("ema_params", None)
 
 
+class LowConfidence(Exception):
+    pass
+
+
+def _fold(n):
+    """Makes an output on the device and raises: the frame that held it ends, its traceback keeps it."""
+    output = {"positions": empty(n), "pair": empty(2 * n)}
+    if output:
+        raise LowConfidence("plddt below the cut")
+
+
+def t_kept_exceptions():
+    """Exceptions kept in a list keep their tracebacks' frames and every tensor those frames held: the list is
+    their holder; a running frame's locals (this function's own) stay the running code's."""
+    g = globals()
+    g["failed"] = []
+    mine = [empty(512)]                          # a list local of this running function: its own holder
+    try:
+        for n in (1024, 2048):
+            try:
+                _fold(n)
+            except LowConfidence as err:
+                failed.append(err)
+        r = measure(None)
+        got = dict((h[1], h[4]) for h in r["holders"])
+        assert got.get("failed") == (1024 + 2048 + 2048 + 4096) * 4, got
+        assert got.get("mine") == 512 * 4, got
+        failed[:] = [err.__traceback__ for err in failed]  # tracebacks kept without their exceptions: the same
+        r = measure(None)
+        assert dict((h[1], h[4]) for h in r["holders"]).get("failed") == (1024 + 2048 + 2048 + 4096) * 4, r["holders"]
+    finally:
+        g.pop("failed", None)
+        del mine
+
+
 def t_copies():
     """A holder whose blocks are the sizes of the parameters' (a snapshot, an EMA, a loaded state dict)
     is a copy of them, also part way (a copy still being made); other tensors are not."""
@@ -1009,6 +1044,7 @@ check("roles of a model, its gradients, AdamW state, a view, global lists and an
 check("an optimizer's state not shaped like its parameters (preconditioner matrices) is counted apart", t_optimizer_matrices)
 check("gradients kept one per example (grad_sample) are counted apart, with the examples they hold", t_per_sample)
 check("what a holder's name or class says it keeps (kv_cache, ema, checkpoint, teacher, cache)", t_purposes)
+check("exceptions kept in a list hold what their tracebacks' frames held", t_kept_exceptions)
 check("a holder whose blocks are the parameters' sizes is a copy of them (in part too)", t_copies)
 check("models: roots by class and size, a second copy counted, a frozen one said", t_models)
 check("models: held by a name of the running code, or only by a list; running when a method of theirs runs",
