@@ -369,6 +369,17 @@ static bool preconditioned_state(const rctx_t *x)
     const og_role_facts_t *ro = roles_of(x);
     return ro->known && ro->opt_shaped && og_covers(x, (double)ro->opt_shaped);
 }
+/* a LoRA model whose optimizers train far more than its adapters (the base weights were never frozen: loralib's
+ * mark_only_lora_as_trainable skipped, requires_grad set back on), and the gradients and optimizer state of those
+ * base weights (their share of the measured ones) cover the shortfall */
+static bool lora_base_trains(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    if (!ro->known || !ro->lora_params || !ro->opt_params || ro->lora_base_trained < 4 * ro->lora_params)
+        return false;
+    double share = (double)ro->lora_base_trained / (double)ro->opt_params;
+    return og_covers(x, share * ((double)ro->grads + (double)ro->opt));
+}
 /* gradients kept one per example (DP-SGD) cover the shortfall: they grow with the physical batch, not the length */
 static bool per_sample_gradients(const rctx_t *x)
 {
@@ -1112,6 +1123,11 @@ static const og_rank_row_t bring[] = {
       "preconditioner matrices) >= shortfall",
       "qwen25_15b_continued_pretrain_soap_first_step_preconditioners_a6000 (blind); (unit tests: "
       "preconditioners_hold_the_state)" },
+    { "lora_base_trains", lora_base_trains, WANT, 0, 0, REMS(R_LORA),
+      "roles: LoRA adapters (lora_parameters_bytes) and the optimizers' parameters >= 5x them; the base weights' "
+      "share of gradients + optimizer state >= shortfall",
+      "esm2_3b_antibody_loralib_head_unfrozen_by_skipping_mark_only_lora_a100_40gb (blind); (unit tests: "
+      "lora_base_weights_train)" },
     { "per_sample_gradients", per_sample_gradients, WANT, 0, 0, REMS(R_SMALLER_BATCH, R_GHOST_CLIP),
       "roles: gradients kept one per example (per_sample_gradients_bytes) >= shortfall",
       "opacus_dp_sgd_bert_base_per_sample_grads_batch64_t4 (blind); (unit tests: per_sample_gradients)" },
@@ -1529,6 +1545,11 @@ static const og_rank_row_t lead[] = {
       "rlhf_weight_sync_new_comm (blind); (unit tests: nccl_growth)" },
     { "optimizer_step_lead", in_optimizer_step, LEAD_COVERS, -22, 0, REMS(R_OPT_8BIT), "phase optimizer_step",
       "adamw_first_step (blind)" },
+    { "lora_base_trains_lead", lora_base_trains, LEAD_COVERS, -27, 0, REMS(R_LORA),
+      "as lora_base_trains (ahead of the activations' and the optimizer's remedies: the adapters are there, the base "
+      "was not frozen)",
+      "esm2_3b_antibody_loralib_head_unfrozen_by_skipping_mark_only_lora_a100_40gb (blind); (unit tests: "
+      "lora_base_weights_train)" },
     { "per_sample_gradients_lead", per_sample_gradients, LEAD_COVERS, -23, 1, REMS(R_SMALLER_BATCH, R_GHOST_CLIP),
       "as per_sample_gradients (ahead of the activations' remedies: a smaller physical batch, or no per-example "
       "copies at all)",
@@ -1868,6 +1889,9 @@ static void estimate(rank_t *k, const rctx_t *x)
         if (PHASE(optimizer_step) && (ro->opt_adam || !ro->opt) && (double)ro->grads + 2.0 * (double)ro->params > st)
             st = (double)ro->grads + 2.0 * (double)ro->params;
         cover[R_LORA] = ro->known && x->trains == 1 ? 0.99 * st : -1;
+        if (lora_base_trains(x)) /* the base weights' share: the adapters' own state stays */
+            cover[R_LORA] =
+                (double)ro->lora_base_trained / (double)ro->opt_params * ((double)ro->grads + (double)ro->opt);
     }
     if (training_state_idle(x)) /* the gradients, and the optimizer's state when no step follows */
         cover[R_FREE_TRAINING] = (double)ro->grads + (double)ro->opt;

@@ -1981,14 +1981,14 @@ static bool b_float32_instead_of_float64(const rctx_t *x, og_remedy_t *r)
     const og_role_facts_t *ro = &x->f->roles;
     if (!ro->params_fp64)
         return false; /* only where float64 weights were measured */
-    why(r, "%s of the %s of parameters are float64 (measured): what the model computes from them is float64 too, 8 "
-           "bytes a value",
+    why(r,
+        "%s of the %s of parameters are float64 (measured): what the model computes from them is float64 too, 8 "
+        "bytes a value",
         og_hb((double)ro->params_fp64).s, og_hb((double)ro->params).s);
     if (ro->act_known && ro->act)
         why(r, " (%s of activations and temporaries now)", og_hb((double)ro->act).s);
     why(r, ". Autocast leaves float64 operations in float64; float32 weights and inputs halve them all.");
-    HOWS(x, r,
-         { PT, "model = model.float(); x = x.float()   # the inputs too: a float64 input promotes the result" },
+    HOWS(x, r, { PT, "model = model.float(); x = x.float()   # the inputs too: a float64 input promotes the result" },
          { PT, "torch.set_default_dtype(torch.float32)   # where the program set float64 (new tensors, ASE/MD "
                "calculators' default_dtype)" },
          { PT, "with torch.autocast(...) does not do this: float64 operations are not eligible" });
@@ -2096,6 +2096,24 @@ static bool b_ghost_clipping(const rctx_t *x, og_remedy_t *r)
 static bool b_lora(const rctx_t *x, og_remedy_t *r)
 {
     const og_role_facts_t *ro = &x->f->roles;
+    if (ro->lora_params && ro->lora_base_trained >= 4 * ro->lora_params) {
+        /* the adapters are there and the base trains beside them */
+        r->title = "Train only the LoRA adapters: freeze the base weights";
+        why(r,
+            "The model has LoRA adapters (%s of parameters), yet its optimizers train %s of parameters: %s beyond "
+            "the adapters, the base weights, each with its gradient and optimizer state (%s of gradients and %s of "
+            "optimizer state measured in all). Freezing them leaves the adapters' (and a head's) state only.",
+            og_hb((double)ro->lora_params).s, og_hb((double)ro->opt_params).s, og_hb((double)ro->lora_base_trained).s,
+            og_hb((double)ro->grads).s, og_hb((double)ro->opt).s);
+        HOWS(x, r,
+             { ANY, "loralib: lora.mark_only_lora_as_trainable(model, bias=\"lora_only\"); then unfreeze a head by "
+                    "name: model.classifier.requires_grad_(True)" },
+             { ANY, "peft: LoraConfig(..., modules_to_save=[\"classifier\"]); model.print_trainable_parameters()   "
+                    "# a few percent, not all" },
+             { ANY, "optimizer = torch.optim.AdamW((p for p in model.parameters() if p.requires_grad), lr=lr)   # "
+                    "built after freezing" });
+        return true;
+    }
     why(r, "Every trained parameter (%s of them here) brings its gradient", og_hb((double)ro->params).s);
     if (ro->grads || ro->opt)
         why(r, " and its optimizer state (%s of gradients, %s of optimizer state measured)", og_hb((double)ro->grads).s,

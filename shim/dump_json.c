@@ -382,6 +382,8 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
         og_sb_puts(sb, "null");
     K("copy_made_bytes");
     j_opt(sb, r->copy_made);
+    K("lora_parameters_bytes");
+    j_opt(sb, r->lora_bytes);
     K("per_sample_count");
     if (r->per_sample_count > 0)
         og_sb_printf(sb, "%d", r->per_sample_count);

@@ -287,6 +287,17 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
         }
         FACT("parameters by dtype");
         og_sb_init(&b);
+        if (r->lora_parameters_bytes >= 0) {
+            int64_t trained = 0; /* the parameters the optimizers' param_groups hold */
+            for (int i = 0; i < r->noptimizers; i++)
+                trained += r->optimizers[i].parameters_bytes > 0 ? r->optimizers[i].parameters_bytes : 0;
+            og_sb_printf(&b, "%s of adapter parameters", human_bytes(r->lora_parameters_bytes, a));
+            if (trained > r->lora_parameters_bytes)
+                og_sb_printf(&b, "; the optimizers train %s of parameters (%s beyond the adapters)",
+                             human_bytes(trained, c), human_bytes(trained - r->lora_parameters_bytes, a));
+        }
+        FACT("LoRA");
+        og_sb_init(&b);
         if (r->statement.at.file) {
             pyframe_put(&b, &r->statement.at);
             if (r->statement.target)

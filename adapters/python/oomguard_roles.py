@@ -284,6 +284,7 @@ class _Scan(object):
         self.root_frozen = {}             # id(root module) -> no parameter of it requires grad
         self.root_trained = {}            # id(root module) -> an optimizer's param_groups hold a parameter of it
         self.running_ids = None           # ids of the running threads' frames (running_frames)
+        self.lora = None                  # bytes of LoRA adapters' parameters (_lora_bytes); None: no adapter
         self.per_sample = 0               # the most examples a per-sample gradient holds (see _per_sample)
         self.optimized = set()            # the storages of the failing device the optimizers' param_groups hold
         self.root_stepped = {}            # id(root module) -> an optimizer has state for a parameter of it
@@ -862,6 +863,7 @@ def _walk(scan, frame_roots):
         o[1] += got[1]
         o[3] += got[2]
     scan.stage = "models"
+    scan.lora = _lora_bytes(scan, modules)
     scan.models = _models(scan, modules)
     scan.ddp = _ddp(scan, modules)
     # the graph pools' live blocks that no role above holds
@@ -876,6 +878,39 @@ def _walk(scan, frame_roots):
     scan.models = _models_named(scan)
     scan.stage = "a deep copy under way"
     scan.copy_made = _copy_made(scan)
+
+
+def _lora_bytes(scan, modules, limit=4096):
+    """The bytes on the failing device of LoRA adapters' parameters: a parameter named lora_* (loralib's lora_A,
+    lora_B) or a parameter of a submodule named so and of the submodules below it (PEFT's lora_A.default.weight);
+    each storage once.  None when no module has one (no adapter: not 0, which would say an adapter is empty)."""
+    seen, total, found = set(), 0, False
+
+    def add(p):
+        st = scan.storage(p)
+        if st is not None and st[0] not in seen:
+            seen.add(st[0])
+            return st[1]
+        return 0
+    for m in modules:
+        scan.tick()
+        d = getattr(m, "__dict__", None) or {}
+        for k, p in list((d.get("_parameters") or {}).items()):
+            if p is not None and "lora" in str(k).lower():
+                found = True
+                total += add(p)
+        for k, c in list((d.get("_modules") or {}).items()):
+            if c is None or "lora" not in str(k).lower():
+                continue
+            found = True
+            stack, n = [c], 0
+            while stack and n < limit:
+                x = stack.pop()
+                n += 1
+                xd = getattr(x, "__dict__", None) or {}
+                total += sum(add(p) for p in list((xd.get("_parameters") or {}).values()) if p is not None)
+                stack.extend(y for y in list((xd.get("_modules") or {}).values()) if y is not None)
+    return total if found else None
 
 
 def _per_sample(scan, p):
@@ -1323,6 +1358,7 @@ def _result(scan, allocated, complete, why, t0, unknown=()):
             "attention_modules": scan.attention,
             "copy_made": getattr(scan, "copy_made", None),
             "per_sample_count": (scan.per_sample or None) if "per_sample_gradients" not in unknown else None,
+            "lora_bytes": scan.lora,
             "complete": complete, "why": why, "elapsed_ms": (_clock() - t0) * 1000.0,
             "objects": scan.objects, "sampled": scan.sampled}
 
@@ -1401,7 +1437,7 @@ def encode(r):
       (meta num_beams N: the beam width of the generation running at the failure; meta checkpointing 0|1: activation
       checkpointing off or in force for the failing pass; meta batch_size N: the batch the program names;
       meta copy_made N: the bytes a copy.deepcopy running at the failure made so far; meta per_sample_count N: the
-      most examples a per-sample gradient holds; meta autocast_in_code 1: a
+      most examples a per-sample gradient holds; meta lora_bytes N: the parameters of LoRA adapters; meta autocast_in_code 1: a
       function of the program on the failing stack enters autocast; meta scaler_without_autocast 1: one names a
       GradScaler and none of the program's files names autocast)"""
     if not r or "roles" not in r:
@@ -1489,6 +1525,8 @@ def encode(r):
         out.append("meta\tcopy_made\t%d" % int(r["copy_made"]))
     if r.get("per_sample_count"):
         out.append("meta\tper_sample_count\t%d" % int(r["per_sample_count"]))
+    if r.get("lora_bytes") is not None:
+        out.append("meta\tlora_bytes\t%d" % int(r["lora_bytes"]))
     if r.get("activations_copy_of"):
         role, b = r["activations_copy_of"]
         out.append("meta\tactivations_copy_of\t%s\t%d" % (_clean(role), int(b)))

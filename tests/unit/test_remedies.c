@@ -2105,6 +2105,44 @@ static void preconditioners_hold_the_state(void **state)
     free(r);
 }
 
+/* loralib adapters on ESM-2 3B, but mark_only_lora_as_trainable skipped: the optimizer trains 8.9 GiB of parameters
+ * beside 60 MiB of adapters, 17.8 GiB of AdamW state: LoRA leads as "freeze the base" (its text names the adapters and
+ * what trains beyond them); the optimizer holding only the adapters (PEFT done right), or no adapter measured: the
+ * row does not hold and LoRA keeps its catalog title */
+static void lora_base_weights_train(void **state)
+{
+    og_record_t *r = base();
+    og_roles_t *ro = fixture_roles(r, 10 * GiB, 0, 17 * GiB + 820 * MiB, 0, 0, 10 * GiB + 540 * MiB);
+    fixture_optimizer(r, "AdamW", 17 * GiB + 820 * MiB);
+    og_set(&ro->optimizers[0].param_bytes, 8 * GiB + 920 * MiB);
+    og_set(&ro->lora_bytes, 60 * MiB);
+    fixture_steps(r, 1, 0, 0, 0);
+    fixture_phase(r, "forward", "/w/finetune.py", "forward");
+    og_set(&r->event.requested_bytes, 1 * GiB);
+    og_set(&r->device.free_bytes, 512 * MiB);
+    run_primary(r, "does_not_fit");
+    assert_true(r->analysis.facts.roles.lora_params == 60 * MiB &&
+                r->analysis.facts.roles.lora_base_trained == 8 * GiB + 860 * MiB);
+    assert_string_equal(r->remedies[0].id, "lora");
+    bool led = false; /* by this row */
+    for (int k = 0; k < r->remedies[0].ranking.nrows; k++)
+        led = led || strcmp(r->remedies[0].ranking.rows[k], "lora_base_trains_lead") == 0;
+    assert_true(led);
+    assert_non_null(strstr(r->remedies[0].title, "freeze the base"));
+    assert_non_null(strstr(r->remedies[0].why, "LoRA adapters"));
+    assert_true(how_has(&r->remedies[0], "mark_only_lora_as_trainable"));
+    og_set(&ro->optimizers[0].param_bytes, 64 * MiB); /* the optimizer holds the adapters (and a head) only */
+    run(r);
+    for (int k = 0; k < rem(r, "lora")->ranking.nrows; k++)
+        assert_null(strstr(rem(r, "lora")->ranking.rows[k], "lora_base_trains"));
+    assert_null(strstr(rem(r, "lora")->title, "freeze the base"));
+    og_set(&ro->optimizers[0].param_bytes, 8 * GiB + 920 * MiB);
+    og_unset(&ro->lora_bytes);
+    run(r);
+    assert_null(strstr(rem(r, "lora")->title, "freeze the base"));
+    free(r);
+}
+
 /* DP-SGD's backward: 7.5 GiB of gradients kept one per example (64 of them) beside 6 GiB of activations: a smaller
  * physical batch leads (its text names the examples and Opacus' BatchMemoryManager), ghost clipping second, the
  * activations' remedies after them; per-example gradients short of the shortfall lead nothing, and without them
@@ -4574,6 +4612,7 @@ int main(void)
         cmocka_unit_test(phase_optimizer_step),
         cmocka_unit_test(preconditioners_hold_the_state),
         cmocka_unit_test(per_sample_gradients),
+        cmocka_unit_test(lora_base_weights_train),
         cmocka_unit_test(phase_forward_optimizer_later),
         cmocka_unit_test(float64_weights),
         cmocka_unit_test(fp32_weights_load_in_half),

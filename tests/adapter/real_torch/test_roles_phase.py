@@ -267,6 +267,48 @@ def t_optimizer_matrices():
         g.pop("pre", None)
 
 
+class LoRALinear(torch.nn.Module):
+    """loralib's Linear: the base weight and two adapter matrices named lora_A and lora_B."""
+
+    def __init__(self):
+        torch.nn.Module.__init__(self)
+        self.weight = shaped(64, 32, requires_grad=True)
+        self.lora_A = shaped(4, 32, requires_grad=True)
+        self.lora_B = shaped(64, 4, requires_grad=True)
+
+
+class PeftWrapped(torch.nn.Module):
+    """PEFT's layout: the adapters are submodules named lora_A / lora_B holding a Linear-like module per adapter."""
+
+    def __init__(self):
+        torch.nn.Module.__init__(self)
+        self.base_layer = LoRALinear()
+        self.lora_A = torch.nn.Module()
+        self.lora_A.default = torch.nn.Module()
+        self.lora_A.default.weight = shaped(8, 32, requires_grad=True)
+
+
+def t_lora():
+    """LoRA adapters' parameters: named lora_* (loralib) or under a submodule named so (PEFT); none: None, not 0."""
+    g = globals()
+    for k in ("model", "opt", "views", "losses", "trainer", "pre", "dp"):
+        g.pop(k, None)
+    gc.collect()
+    g["lm"] = m = PeftWrapped()
+    try:
+        r = measure(None)
+        want = nbytes(m.base_layer.lora_A) + nbytes(m.base_layer.lora_B) + nbytes(m.lora_A.default.weight)
+        assert r["lora_bytes"] == want, (r["lora_bytes"], want)
+        assert "meta\tlora_bytes\t%d\n" % want in oomguard_roles.encode(r)
+        m = None
+        g["lm"] = DPLinear()
+        gc.collect()
+        r = measure(None)
+        assert r["lora_bytes"] is None and "lora_bytes" not in oomguard_roles.encode(r), r["lora_bytes"]
+    finally:
+        g.pop("lm", None)
+
+
 class DPLinear(torch.nn.Module):
     """A layer whose parameters Opacus' hooks gave one gradient per example (grad_sample, (n, *p.shape))."""
 
@@ -1043,6 +1085,7 @@ def t_copy_made():
 check("roles of a model, its gradients, AdamW state, a view, global lists and an object's dict", t_roles)
 check("an optimizer's state not shaped like its parameters (preconditioner matrices) is counted apart", t_optimizer_matrices)
 check("gradients kept one per example (grad_sample) are counted apart, with the examples they hold", t_per_sample)
+check("LoRA adapters' parameters, loralib's and PEFT's layouts", t_lora)
 check("what a holder's name or class says it keeps (kv_cache, ema, checkpoint, teacher, cache)", t_purposes)
 check("exceptions kept in a list hold what their tracebacks' frames held", t_kept_exceptions)
 check("a holder whose blocks are the parameters' sizes is a copy of them (in part too)", t_copies)
