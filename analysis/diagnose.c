@@ -1000,6 +1000,14 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
                      "; the %s pass still building holds %s, and the %s cached would carry it only a few allocations "
                      "further.",
                      og_job_phase_name(d->phase), og_hb((double)d->roles.working).s, og_hb((double)d->cached).s);
+    } else if (d->copy_outgrows_cache && d->phase == OG_JP_ema_update) {
+        /* an out-of-place EMA update: a new copy of the weights, what this phase holds so far (facts.c) */
+        ev_bytes(c, "copy_made_bytes", d->roles.act);
+        ev_bytes(c, "copy_source_bytes", d->update_copy);
+        summary_more(c, 160,
+                     "; the EMA update is making a new copy of the %s of weights (%s so far), and the %s cached would "
+                     "carry it only a few tensors further.",
+                     og_hb((double)d->update_copy).s, og_hb((double)d->roles.act).s, og_hb((double)d->cached).s);
     } else if (d->copy_outgrows_cache) {
         ev_bytes(c, "copy_made_bytes", d->roles.copy_made);
         summary_more(c, 160,

@@ -925,7 +925,8 @@ static void growth(og_facts_t *d, const og_record_t *r, og_growth_scratch_t *s)
                          (d->roles.opt_adam && og_known(ro->bytes[OG_ROLE_optimizer_state]) && d->roles.opt == 0));
     if (r->memory.fw.has && ro->has &&
         ((ro->nsteps > 0 && ro->steps_made >= 1 && ro->steps_made < STEPS_MIN) || before_first) &&
-        (d->phase == OG_JP_forward || d->phase == OG_JP_backward || d->phase == OG_JP_optimizer_step)) {
+        (d->phase == OG_JP_forward || d->phase == OG_JP_backward || d->phase == OG_JP_optimizer_step ||
+         d->phase == OG_JP_ema_update)) {
         g->first_steps = true;
         return;
     }
@@ -2020,6 +2021,18 @@ static void pass_outgrows_cache(og_facts_t *d)
 static void copy_outgrows_cache(og_facts_t *d)
 {
     const og_role_facts_t *k = &d->roles;
+    /* an EMA (or weight-average) update after the optimizer's step: its out-of-place form (a dict comprehension, a
+     * foreach without the trailing underscore) makes a whole new copy of the model's weights, and the pass's graph is
+     * gone, so what this phase holds beyond the state is that copy so far; the rest of it (the trained weights,
+     * update_copy, less that) exceeding the cache and the free memory together is a copy no defragmented cache
+     * finishes */
+    if (d->phase == OG_JP_ema_update && k->known)
+        d->update_copy = k->opt_params ? k->opt_params : k->model_params;
+    if (d->phase == OG_JP_ema_update && k->act_known && d->update_copy > k->act && d->cached_known && !d->recovered &&
+        d->reservation && (double)d->cached < d->frag_share * (double)d->reservation) {
+        d->copy_outgrows_cache = d->update_copy - k->act > add_sat(d->cached, d->free_eff);
+        return;
+    }
     if (!k->known || k->operation != OG_OP_copy || !k->copy_made_known || !d->cached_known || d->recovered ||
         !d->reservation || (double)d->cached >= d->frag_share * (double)d->reservation)
         return;

@@ -525,6 +525,9 @@ typedef struct og_facts {
      * least 4x the cache (and the request), the cache under frag_share of the reservation: the cache would carry
      * the copy a few tensors further, not through it */
     bool copy_outgrows_cache;
+    /* phase ema_update: the new copy an out-of-place update makes, the trained weights (the optimizers' parameters;
+     * without an optimizer, every model's); 0 when the phase is another */
+    uint64_t update_copy;
     /* the same for memory that rose step after step (growth.holds): the rise is at least PASS_OVER_CACHE times the
      * cache (and the request), the cache under frag_share of the reservation: defragmented, the splinters would carry
      * the rise a step or two further; what keeps rising is the cause */

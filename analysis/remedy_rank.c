@@ -540,8 +540,9 @@ static bool weights_copy(const rctx_t *x)
     if (ro->state_known && ro->local_held > 2 * ro->state && !snap)
         return false;
     return ro->known && ro->act_known && (x->trains == 1 || snap) && (PHASE(unknown) || PHASE(ema_update)) &&
-           ro->params && (ro->local_held || ro->copy_loose || snap || ro->act_copy) &&
-           (ro->act - ro->act_copy < x->shortfall || snap) && !own_fix_covers(x) && !x->larger_than_device;
+           ro->params && (ro->local_held || ro->copy_loose || snap || ro->act_copy || PHASE(ema_update)) &&
+           (ro->act - ro->act_copy < x->shortfall || snap || PHASE(ema_update)) && !own_fix_covers(x) &&
+           !x->larger_than_device;
 }
 /* the same, a copy of the whole training state (model and optimizer state_dicts) kept as a snapshot:
  * the running code holds at least one full copy of the parameters, with autograd on (an update of an
@@ -553,6 +554,10 @@ static bool state_snapshot(const rctx_t *x)
            (ro->working >= ro->params || ro->copy_loose || x->f->snapshot_stmt || ro->act_copy) &&
            (x->grad != -1 || ro->local_map) && !copy_replaces_model(x);
 }
+/* an EMA update making a whole new copy of the weights beside the old (out of place: a dict comprehension, foreach
+ * without the underscore) that the cache cannot finish (facts: copy_outgrows_cache in phase ema_update): in place, the
+ * update makes no copy at all */
+static bool ema_out_of_place(const rctx_t *x) { return PHASE(ema_update) && x->f->copy_outgrows_cache; }
 static bool weights_update(const rctx_t *x)
 {
     return weights_copy(x) && (PHASE(ema_update) || (x->grad == -1 && !state_snapshot(x)));
@@ -1672,6 +1677,11 @@ static const og_rank_row_t lead[] = {
       "support_rag_flat_fp32_index_beside_llama8b (blind); (unit tests: index_kept_on_the_gpu)" },
     { "copy_kept_lead", copy_kept, LEAD_COVERS, -30, 0, REMS(R_SNAPSHOT_CPU), "as copy_kept",
       "pretrain_1b_lawa_window_state_dicts_cloned_on_gpu_l40s (blind); (unit tests: copies_kept_across_steps)" },
+    { "ema_out_of_place_lead", ema_out_of_place, LEAD_COVERS, -31, 0, REMS(R_IN_PLACE),
+      "phase ema_update, the rest of a new copy of the model's weights outgrows the cache and the free memory "
+      "(copy_outgrows_cache; ahead of moving the kept EMA: the update's second copy is what fails)",
+      "aloha_dit_policy_1b_ema_state_dict_comprehension_first_update_4090 (blind); (unit tests: "
+      "ema_update_out_of_place)" },
     { "ema_kept_lead", ema_kept, LEAD_COVERS, -30, 0, REMS(R_EMA_CPU), "as ema_kept",
       "sd15_finetune_use_ema_shadow_unet_4090 (blind); (unit tests: weights_copies_kept)" },
     { "reference_on_base_lead", reference_on_base, LEAD_COVERS, -34, 0, REMS(R_ADAPTER_REF),
@@ -1900,6 +1910,8 @@ static void estimate(rank_t *k, const rctx_t *x)
         cover[R_EMA_CPU] = held > copy ? held : copy;
         cover[R_IN_PLACE] = held > copy ? held - copy : 0;
     }
+    if (ema_out_of_place(x) && (double)x->f->update_copy > cover[R_IN_PLACE]) /* the new copy, all of it */
+        cover[R_IN_PLACE] = (double)x->f->update_copy;
     /* the weights are already half precision (roles.parameters_by_dtype: at least 3/4 bfloat16/float16): what
      * they compute is half precision too, and autocast has nothing left to halve */
     if (ro->known && ro->dtypes_known && ro->params && (double)ro->params_half >= 0.75 * (double)ro->params)

@@ -2172,6 +2172,20 @@ static bool b_in_place_update(const rctx_t *x, og_remedy_t *r)
             t, s);
         return true;
     }
+    if (x->f->phase == OG_JP_ema_update && x->f->copy_outgrows_cache) {
+        const og_role_facts_t *ro = &x->f->roles;
+        why(r,
+            "The EMA update builds a new copy of the %s of weights beside the one it replaces (%s of it so far; the "
+            "rest needs more than the cache and the free memory): written out of place ({k: decay * ema[k] + ...}, "
+            "torch._foreach_mul). Updated in place, it makes no copy at all.",
+            og_hb((double)x->f->update_copy).s, og_hb((double)ro->act).s);
+        HOWS(x, r,
+             { PT, "torch._foreach_lerp_(ema_params, model_params, 1 - decay)   # in place, under torch.no_grad()" },
+             { PT, "for e, p in zip(ema.parameters(), model.parameters()): e.lerp_(p, 1 - decay)" },
+             { PT, "torch.optim.swa_utils.AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay))   # in-place "
+                   "EMA" });
+        return true;
+    }
     copy_words_t c = copy_words(x);
     why(r,
         "With autograd off after the optimizer's steps the running code%s holds %s, more than one copy of the "

@@ -432,8 +432,9 @@ static void run_series_overrules_the_latest_steps(void **state)
     free(r);
 }
 
-/* the optimizer made one to three steps and the failure is in its training pass: what the driver saw rise is the
- * model, the first passes, the state the first step made and the pass running now, not a leak
+/* the optimizer made one to three steps and the failure is in its training pass (or the EMA update after its step):
+ * what the driver saw rise is the model, the first passes, the state the first step made and the pass running now,
+ * not a leak
  * (growth.first_steps); a failure outside the training pass (an evaluation) or four steps made keep the
  * driver's reading */
 static void first_steps_are_not_growth(void **state)
@@ -450,6 +451,9 @@ static void first_steps_are_not_growth(void **state)
     assert_true(F.growth.first_steps);
     fixture_steps(r, 3, 3, 9 * GiB, 0);
     assert_false(facts(r)->growth.holds);
+    fixture_phase(r, "ema_update", "/w/train.py", "update_ema"); /* the EMA update ends the same iteration */
+    assert_false(facts(r)->growth.holds);
+    assert_true(F.growth.first_steps);
     fixture_phase(r, "evaluation", "/w/train.py", "evaluate");
     assert_true(facts(r)->growth.holds);
     assert_false(F.growth.first_steps);

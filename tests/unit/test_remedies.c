@@ -113,6 +113,18 @@ static const char *evt_of(const og_record_t *r, const char *id, const char *name
     return NULL;
 }
 
+/* the byte evidence NAME of cause ID, or -1 */
+static int64_t evb_of(const og_record_t *r, const char *id, const char *name)
+{
+    for (int i = 0; i < r->diagnosis.ncauses; i++)
+        if (r->diagnosis.causes[i].id && strcmp(r->diagnosis.causes[i].id, id) == 0)
+            for (int e = 0; e < r->diagnosis.causes[i].nevidence; e++)
+                if (strcmp(r->diagnosis.causes[i].evidence[e].name, name) == 0 &&
+                    r->diagnosis.causes[i].evidence[e].is_bytes)
+                    return (int64_t)r->diagnosis.causes[i].evidence[e].bytes;
+    return -1;
+}
+
 static bool how_has(const og_remedy_t *m, const char *s)
 {
     for (int h = 0; h < m->nhow; h++)
@@ -2102,6 +2114,38 @@ static void preconditioners_hold_the_state(void **state)
     og_unset(&r->memory.fw.roles.optimizers[0].shaped_bytes);
     run(r);
     assert_int_equal(rank_of(r, "preconditioner_dim_cap"), 0);
+    free(r);
+}
+
+/* a 1.1B policy's first EMA update written as a dict comprehension, after its first AdamW step: 1.41 GiB of the new
+ * 4.29 GiB copy made, 608 MiB cached in splinters: the rest of the copy outgrows the cache (does_not_fit, not
+ * fragmentation, and not growth: the driver's staircase of equal blocks is the first iteration's build-up), and
+ * updating in place leads, its text naming the copy; with the copy nearly made (the rest fits the cache) the row
+ * does not hold */
+static void ema_update_out_of_place(void **state)
+{
+    og_record_t *r = base();
+    og_roles_t *ro = fixture_roles(r, 8788 * MiB, 4394 * MiB, 8746 * MiB, 0, 0, 1444 * MiB);
+    r->memory.fw.reserved_bytes += 608 * MiB;
+    r->memory.fw.largest_free_block_bytes = 27 * MiB;
+    fixture_optimizer(r, "AdamW", 8746 * MiB);
+    og_set(&ro->optimizers[0].param_bytes, 4394 * MiB);
+    fixture_model(r, "DiffusionTransformerPolicy", 4394 * MiB, 1, false);
+    fixture_model(r, "DiffusionTransformerPolicy", 4394 * MiB, 1, true);
+    fixture_steps(r, 1, 0, 0, 0);
+    fixture_phase(r, "ema_update", "/w/train.py", "update_ema");
+    og_set(&r->event.requested_bytes, 36 * MiB);
+    og_set(&r->device.free_bytes, 32 * MiB);
+    run_primary(r, "does_not_fit");
+    assert_true(r->analysis.facts.copy_outgrows_cache && r->analysis.facts.update_copy == 4394 * MiB);
+    assert_false(has_cause(r, "growth"));
+    assert_string_equal(r->remedies[0].id, "in_place_update");
+    assert_non_null(strstr(r->remedies[0].why, "EMA update builds a new copy"));
+    assert_int_equal(evb_of(r, "does_not_fit", "copy_source_bytes"), 4394 * MiB);
+    og_set(&ro->bytes[OG_ROLE_activations], 4100 * MiB); /* nearly made: the rest fits the cache */
+    run(r);
+    assert_false(r->analysis.facts.copy_outgrows_cache);
+    assert_null(strstr(rem(r, "in_place_update")->why, "EMA update builds a new copy"));
     free(r);
 }
 
@@ -4613,6 +4657,7 @@ int main(void)
         cmocka_unit_test(preconditioners_hold_the_state),
         cmocka_unit_test(per_sample_gradients),
         cmocka_unit_test(lora_base_weights_train),
+        cmocka_unit_test(ema_update_out_of_place),
         cmocka_unit_test(phase_forward_optimizer_later),
         cmocka_unit_test(float64_weights),
         cmocka_unit_test(fp32_weights_load_in_half),
