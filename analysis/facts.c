@@ -1534,6 +1534,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
     k->per_sample = role_or0(ro, OG_ROLE_per_sample_gradients);
     k->per_sample_n = ro->per_sample_count;
     k->lora_params = og_or(ro->lora_bytes, 0);
+    k->lora_base_trained = k->lora_params ? og_or(ro->lora_base, 0) : 0;
     k->opt = role_or0(ro, OG_ROLE_optimizer_state);
     k->pools = role_or0(ro, OG_ROLE_graph_pools);
     k->held = role_or0(ro, OG_ROLE_held_by_python);
@@ -1557,8 +1558,6 @@ static void roles(og_facts_t *d, const og_record_t *r)
         if (og_known(ro->optimizers[i].shaped_bytes))
             k->opt_shaped = add_sat(k->opt_shaped, ro->optimizers[i].shaped_bytes.v);
     }
-    if (k->lora_params)
-        k->lora_base_trained = sub0(k->opt_params, k->lora_params);
     k->dtypes_known = ro->has_dtypes && og_known(ro->bytes[OG_ROLE_parameters]);
     int nd = ro->ndtypes < 0 ? 0 : ro->ndtypes > 6 ? 6 : ro->ndtypes;
     for (int i = 0; k->dtypes_known && i < nd; i++) {

@@ -145,8 +145,8 @@ typedef struct og_role_facts {
      * they hold (roles.per_sample_count, the physical batch); 0 none or not measured */
     uint64_t per_sample;
     int per_sample_n;
-    /* LoRA adapters' parameters (roles.lora_parameters_bytes; 0: no adapter or not measured) and the parameters the
-     * optimizers train beyond them (opt_params - lora_params): a LoRA model whose base weights train too */
+    /* LoRA adapters' parameters (roles.lora_parameters_bytes; 0: no adapter or not measured) and the other weights
+     * that require grad (roles.lora_base_trainable_bytes): a LoRA model whose base was never frozen */
     uint64_t lora_params, lora_base_trained;
     uint64_t opt_params;  /* parameters on the failing device that optimizers' param_groups hold (0: none or
                             unknown): an optimizer made for this model */

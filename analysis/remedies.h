@@ -108,6 +108,9 @@ uint64_t og_registry_bytes(const rctx_t *x);
 /* a restored checkpoint kept on the GPU after its load (roles.ckpt_copy covers the shortfall, past the load, before
  * any optimizer step) */
 bool og_checkpoint_kept(const rctx_t *x);
+/* an EMA update out of place making a new copy beside a whole old one, past what the cache can give (facts:
+ * copy_outgrows_cache, update_copy, roles.ema_kept) */
+bool og_ema_out_of_place(const rctx_t *x);
 /* Python objects hold tensors torch.load restored onto the GPU, >= the shortfall (roles.restored_held) */
 bool og_restored_held(const rctx_t *x);
 /* a holder of no purpose kept across calls covers the shortfall while what Python keeps outgrows the splinters

@@ -369,16 +369,20 @@ static bool preconditioned_state(const rctx_t *x)
     const og_role_facts_t *ro = roles_of(x);
     return ro->known && ro->opt_shaped && og_covers(x, (double)ro->opt_shaped);
 }
-/* a LoRA model whose optimizers train far more than its adapters (the base weights were never frozen: loralib's
- * mark_only_lora_as_trainable skipped, requires_grad set back on), and the gradients and optimizer state of those
- * base weights (their share of the measured ones) cover the shortfall */
+/* a LoRA model whose other weights require grad too (roles.lora_base_trainable_bytes: loralib's
+ * mark_only_lora_as_trainable skipped, requires_grad set back on), at least 4x the adapters, and the gradients and
+ * optimizer state of those weights (their share of the trained parameters' measured ones) cover the shortfall */
+static double lora_base_state(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    double trained = ro->opt_params > ro->lora_base_trained ? (double)ro->opt_params : (double)ro->lora_base_trained;
+    return trained > 0 ? (double)ro->lora_base_trained / trained * ((double)ro->grads + (double)ro->opt) : 0;
+}
 static bool lora_base_trains(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
-    if (!ro->known || !ro->lora_params || !ro->opt_params || ro->lora_base_trained < 4 * ro->lora_params)
-        return false;
-    double share = (double)ro->lora_base_trained / (double)ro->opt_params;
-    return og_covers(x, share * ((double)ro->grads + (double)ro->opt));
+    return ro->known && ro->lora_params && ro->lora_base_trained >= 4 * ro->lora_params &&
+           og_covers(x, lora_base_state(x));
 }
 /* gradients kept one per example (DP-SGD) cover the shortfall: they grow with the physical batch, not the length */
 static bool per_sample_gradients(const rctx_t *x)
@@ -555,9 +559,16 @@ static bool state_snapshot(const rctx_t *x)
            (x->grad != -1 || ro->local_map) && !copy_replaces_model(x);
 }
 /* an EMA update making a whole new copy of the weights beside the old (out of place: a dict comprehension, foreach
- * without the underscore) that the cache cannot finish (facts: copy_outgrows_cache in phase ema_update): in place, the
- * update makes no copy at all */
-static bool ema_out_of_place(const rctx_t *x) { return PHASE(ema_update) && x->f->copy_outgrows_cache; }
+ * without the underscore) that the cache cannot finish (facts: copy_outgrows_cache in phase ema_update), the old copy
+ * whole (ema_kept at least 9/10 of the new one: not the first copy being made, a lazy shadow or SWA's start, which
+ * has nothing to update in place): in place, the update makes no copy at all */
+bool og_ema_out_of_place(const rctx_t *x)
+{
+    const og_facts_t *f = x->f;
+    return PHASE(ema_update) && f->copy_outgrows_cache && f->update_copy &&
+           (double)f->roles.ema_kept >= 0.9 * (double)f->update_copy;
+}
+static bool ema_out_of_place(const rctx_t *x) { return og_ema_out_of_place(x); }
 static bool weights_update(const rctx_t *x)
 {
     return weights_copy(x) && (PHASE(ema_update) || (x->grad == -1 && !state_snapshot(x)));
@@ -1129,8 +1140,8 @@ static const og_rank_row_t bring[] = {
       "qwen25_15b_continued_pretrain_soap_first_step_preconditioners_a6000 (blind); (unit tests: "
       "preconditioners_hold_the_state)" },
     { "lora_base_trains", lora_base_trains, WANT, 0, 0, REMS(R_LORA),
-      "roles: LoRA adapters (lora_parameters_bytes) and the optimizers' parameters >= 5x them; the base weights' "
-      "share of gradients + optimizer state >= shortfall",
+      "roles: LoRA adapters (lora_parameters_bytes), other weights requiring grad (lora_base_trainable_bytes) >= 4x "
+      "them, those weights' share of gradients + optimizer state >= shortfall",
       "esm2_3b_antibody_loralib_head_unfrozen_by_skipping_mark_only_lora_a100_40gb (blind); (unit tests: "
       "lora_base_weights_train)" },
     { "per_sample_gradients", per_sample_gradients, WANT, 0, 0, REMS(R_SMALLER_BATCH, R_GHOST_CLIP),
@@ -1679,7 +1690,8 @@ static const og_rank_row_t lead[] = {
       "pretrain_1b_lawa_window_state_dicts_cloned_on_gpu_l40s (blind); (unit tests: copies_kept_across_steps)" },
     { "ema_out_of_place_lead", ema_out_of_place, LEAD_COVERS, -31, 0, REMS(R_IN_PLACE),
       "phase ema_update, the rest of a new copy of the model's weights outgrows the cache and the free memory "
-      "(copy_outgrows_cache; ahead of moving the kept EMA: the update's second copy is what fails)",
+      "(copy_outgrows_cache), the old copy whole (ema_kept >= 9/10 of it); ahead of moving the kept EMA: the "
+      "update's second copy is what fails",
       "aloha_dit_policy_1b_ema_state_dict_comprehension_first_update_4090 (blind); (unit tests: "
       "ema_update_out_of_place)" },
     { "ema_kept_lead", ema_kept, LEAD_COVERS, -30, 0, REMS(R_EMA_CPU), "as ema_kept",
@@ -1900,8 +1912,7 @@ static void estimate(rank_t *k, const rctx_t *x)
             st = (double)ro->grads + 2.0 * (double)ro->params;
         cover[R_LORA] = ro->known && x->trains == 1 ? 0.99 * st : -1;
         if (lora_base_trains(x)) /* the base weights' share: the adapters' own state stays */
-            cover[R_LORA] =
-                (double)ro->lora_base_trained / (double)ro->opt_params * ((double)ro->grads + (double)ro->opt);
+            cover[R_LORA] = lora_base_state(x);
     }
     if (training_state_idle(x)) /* the gradients, and the optimizer's state when no step follows */
         cover[R_FREE_TRAINING] = (double)ro->grads + (double)ro->opt;

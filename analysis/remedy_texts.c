@@ -2100,11 +2100,11 @@ static bool b_lora(const rctx_t *x, og_remedy_t *r)
         /* the adapters are there and the base trains beside them */
         r->title = "Train only the LoRA adapters: freeze the base weights";
         why(r,
-            "The model has LoRA adapters (%s of parameters), yet its optimizers train %s of parameters: %s beyond "
-            "the adapters, the base weights, each with its gradient and optimizer state (%s of gradients and %s of "
-            "optimizer state measured in all). Freezing them leaves the adapters' (and a head's) state only.",
-            og_hb((double)ro->lora_params).s, og_hb((double)ro->opt_params).s, og_hb((double)ro->lora_base_trained).s,
-            og_hb((double)ro->grads).s, og_hb((double)ro->opt).s);
+            "The model has LoRA adapters (%s of parameters), yet %s of its other weights require grad too, each "
+            "with its gradient and optimizer state (%s of gradients and %s of optimizer state "
+            "measured in all). Freezing them leaves the adapters' (and a head's) state only.",
+            og_hb((double)ro->lora_params).s, og_hb((double)ro->lora_base_trained).s, og_hb((double)ro->grads).s,
+            og_hb((double)ro->opt).s);
         HOWS(x, r,
              { ANY, "loralib: lora.mark_only_lora_as_trainable(model, bias=\"lora_only\"); then unfreeze a head by "
                     "name: model.classifier.requires_grad_(True)" },
@@ -2172,7 +2172,7 @@ static bool b_in_place_update(const rctx_t *x, og_remedy_t *r)
             t, s);
         return true;
     }
-    if (x->f->phase == OG_JP_ema_update && x->f->copy_outgrows_cache) {
+    if (og_ema_out_of_place(x)) {
         const og_role_facts_t *ro = &x->f->roles;
         why(r,
             "The EMA update builds a new copy of the %s of weights beside the one it replaces (%s of it so far; the "

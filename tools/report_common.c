@@ -288,13 +288,12 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
         FACT("parameters by dtype");
         og_sb_init(&b);
         if (r->lora_parameters_bytes >= 0) {
-            int64_t trained = 0; /* the parameters the optimizers' param_groups hold */
-            for (int i = 0; i < r->noptimizers; i++)
-                trained += r->optimizers[i].parameters_bytes > 0 ? r->optimizers[i].parameters_bytes : 0;
             og_sb_printf(&b, "%s of adapter parameters", human_bytes(r->lora_parameters_bytes, a));
-            if (trained > r->lora_parameters_bytes)
-                og_sb_printf(&b, "; the optimizers train %s of parameters (%s beyond the adapters)",
-                             human_bytes(trained, c), human_bytes(trained - r->lora_parameters_bytes, a));
+            if (r->lora_base_trainable_bytes > 0)
+                og_sb_printf(&b, "; other weights require grad too: %s (the base not frozen)",
+                             human_bytes(r->lora_base_trainable_bytes, c));
+            else if (r->lora_base_trainable_bytes == 0)
+                og_sb_puts(&b, "; the other weights frozen");
         }
         FACT("LoRA");
         og_sb_init(&b);

@@ -285,6 +285,7 @@ class _Scan(object):
         self.root_trained = {}            # id(root module) -> an optimizer's param_groups hold a parameter of it
         self.running_ids = None           # ids of the running threads' frames (running_frames)
         self.lora = None                  # bytes of LoRA adapters' parameters (_lora_bytes); None: no adapter
+        self.lora_base = None             # ... and of the other parameters that require grad (_lora_bytes)
         self.per_sample = 0               # the most examples a per-sample gradient holds (see _per_sample)
         self.optimized = set()            # the storages of the failing device the optimizers' param_groups hold
         self.root_stepped = {}            # id(root module) -> an optimizer has state for a parameter of it
@@ -863,7 +864,7 @@ def _walk(scan, frame_roots):
         o[1] += got[1]
         o[3] += got[2]
     scan.stage = "models"
-    scan.lora = _lora_bytes(scan, modules)
+    scan.lora, scan.lora_base = _lora_bytes(scan, modules)
     scan.models = _models(scan, modules)
     scan.ddp = _ddp(scan, modules)
     # the graph pools' live blocks that no role above holds
@@ -881,36 +882,59 @@ def _walk(scan, frame_roots):
 
 
 def _lora_bytes(scan, modules, limit=4096):
-    """The bytes on the failing device of LoRA adapters' parameters: a parameter named lora_* (loralib's lora_A,
-    lora_B) or a parameter of a submodule named so and of the submodules below it (PEFT's lora_A.default.weight);
-    each storage once.  None when no module has one (no adapter: not 0, which would say an adapter is empty)."""
-    seen, total, found = set(), 0, False
+    """LoRA adapters on the failing device: (adapter bytes, other bytes that train), or (None, None) when no module
+    has an adapter (not 0, which would say an adapter is empty).  An adapter's parameters: a parameter named lora_*
+    (loralib's lora_A, lora_B) or a parameter of a submodule named so and of the submodules below it (PEFT's
+    lora_A.default.weight).  The others that train: every other parameter that requires grad, except those under a
+    submodule named modules_to_save (PEFT's trained copies of a head or an embedding, asked for by name): LoRA
+    means the rest is frozen.  Each storage once."""
+    seen, found = set(), False
+    total = [0, 0]
 
-    def add(p):
+    def add(p, i):
         st = scan.storage(p)
         if st is not None and st[0] not in seen:
             seen.add(st[0])
-            return st[1]
-        return 0
-    for m in modules:
+            total[i] += st[1]
+
+    def below(c):
+        """c and the modules under it"""
+        stack, n = [c], 0
+        while stack and n < limit:
+            x = stack.pop()
+            n += 1
+            yield x
+            stack.extend(y for y in list(((getattr(x, "__dict__", None) or {}).get("_modules") or {}).values())
+                         if y is not None)
+    saved = set()                         # ids of the modules under a modules_to_save
+    for m in modules:                     # the adapters first
         scan.tick()
         d = getattr(m, "__dict__", None) or {}
         for k, p in list((d.get("_parameters") or {}).items()):
             if p is not None and "lora" in str(k).lower():
                 found = True
-                total += add(p)
+                add(p, 0)
         for k, c in list((d.get("_modules") or {}).items()):
-            if c is None or "lora" not in str(k).lower():
+            if c is None:
                 continue
-            found = True
-            stack, n = [c], 0
-            while stack and n < limit:
-                x = stack.pop()
-                n += 1
-                xd = getattr(x, "__dict__", None) or {}
-                total += sum(add(p) for p in list((xd.get("_parameters") or {}).values()) if p is not None)
-                stack.extend(y for y in list((xd.get("_modules") or {}).values()) if y is not None)
-    return total if found else None
+            if "lora" in str(k).lower():
+                found = True
+                for x in below(c):
+                    for p in list(((getattr(x, "__dict__", None) or {}).get("_parameters") or {}).values()):
+                        if p is not None:
+                            add(p, 0)
+            elif str(k) == "modules_to_save":
+                saved.update(id(x) for x in below(c))
+    if not found:
+        return None, None
+    for m in modules:                     # then what else trains, the adapters' storages seen already
+        scan.tick()
+        if id(m) in saved:
+            continue
+        for p in list(((getattr(m, "__dict__", None) or {}).get("_parameters") or {}).values()):
+            if p is not None and getattr(p, "requires_grad", False) is True:
+                add(p, 1)
+    return total[0], total[1]
 
 
 def _per_sample(scan, p):
@@ -1359,6 +1383,7 @@ def _result(scan, allocated, complete, why, t0, unknown=()):
             "copy_made": getattr(scan, "copy_made", None),
             "per_sample_count": (scan.per_sample or None) if "per_sample_gradients" not in unknown else None,
             "lora_bytes": scan.lora,
+            "lora_base_bytes": getattr(scan, "lora_base", None),
             "complete": complete, "why": why, "elapsed_ms": (_clock() - t0) * 1000.0,
             "objects": scan.objects, "sampled": scan.sampled}
 
@@ -1437,7 +1462,8 @@ def encode(r):
       (meta num_beams N: the beam width of the generation running at the failure; meta checkpointing 0|1: activation
       checkpointing off or in force for the failing pass; meta batch_size N: the batch the program names;
       meta copy_made N: the bytes a copy.deepcopy running at the failure made so far; meta per_sample_count N: the
-      most examples a per-sample gradient holds; meta lora_bytes N: the parameters of LoRA adapters; meta autocast_in_code 1: a
+      most examples a per-sample gradient holds; meta lora_bytes N: the parameters of LoRA adapters;
+      meta lora_base_bytes N: the other parameters that require grad (PEFT's modules_to_save aside); meta autocast_in_code 1: a
       function of the program on the failing stack enters autocast; meta scaler_without_autocast 1: one names a
       GradScaler and none of the program's files names autocast)"""
     if not r or "roles" not in r:
@@ -1527,6 +1553,8 @@ def encode(r):
         out.append("meta\tper_sample_count\t%d" % int(r["per_sample_count"]))
     if r.get("lora_bytes") is not None:
         out.append("meta\tlora_bytes\t%d" % int(r["lora_bytes"]))
+    if r.get("lora_base_bytes") is not None:
+        out.append("meta\tlora_base_bytes\t%d" % int(r["lora_base_bytes"]))
     if r.get("activations_copy_of"):
         role, b = r["activations_copy_of"]
         out.append("meta\tactivations_copy_of\t%s\t%d" % (_clean(role), int(b)))

@@ -161,9 +161,9 @@ has "roles: gradients kept one per example, and how many" "$T/pr" \
     "per-sample gradients             48.00 MiB"
 has "roles: the examples a per-sample gradient holds" "$T/pr" "2 tensors, one gradient per example, 16 examples"
 has "html: the examples a per-sample gradient holds" "$T/pr.html" "one gradient per example, 16 examples"
-has "roles: LoRA adapters and what the optimizers train beyond them" "$T/pr" \
-    "LoRA: 8.00 MiB of adapter parameters; the optimizers train 64.00 MiB of parameters (56.00 MiB beyond the adapters)"
-has "html: LoRA adapters" "$T/pr.html" "8.00 MiB of adapter parameters; the optimizers train 64.00 MiB"
+has "roles: LoRA adapters and the other weights that require grad" "$T/pr" \
+    "LoRA: 8.00 MiB of adapter parameters; other weights require grad too: 56.00 MiB (the base not frozen)"
+has "html: LoRA adapters" "$T/pr.html" "8.00 MiB of adapter parameters; other weights require grad too"
 has "roles: an optimizer's parameters and its matrices" "$T/pr" \
     "SOAP 128.00 MiB in 4 tensors, for 64.00 MiB of parameters; 96.00 MiB of it matrices (not one value per weight)"
 has "html: an optimizer's matrices" "$T/pr.html" "96.00 MiB of it matrices (not one value per weight)"

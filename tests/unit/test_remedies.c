@@ -2120,8 +2120,8 @@ static void preconditioners_hold_the_state(void **state)
 /* a 1.1B policy's first EMA update written as a dict comprehension, after its first AdamW step: 1.41 GiB of the new
  * 4.29 GiB copy made, 608 MiB cached in splinters: the rest of the copy outgrows the cache (does_not_fit, not
  * fragmentation, and not growth: the driver's staircase of equal blocks is the first iteration's build-up), and
- * updating in place leads, its text naming the copy; with the copy nearly made (the rest fits the cache) the row
- * does not hold */
+ * updating in place leads, its text naming the copy; without an old EMA copy (the first one being made) or with the
+ * copy nearly made (the rest fits the cache) the row does not hold */
 static void ema_update_out_of_place(void **state)
 {
     og_record_t *r = base();
@@ -2132,6 +2132,8 @@ static void ema_update_out_of_place(void **state)
     og_set(&ro->optimizers[0].param_bytes, 4394 * MiB);
     fixture_model(r, "DiffusionTransformerPolicy", 4394 * MiB, 1, false);
     fixture_model(r, "DiffusionTransformerPolicy", 4394 * MiB, 1, true);
+    fixture_model_held(r, 1, 0, "ema_model");
+    fixture_model_says(r, "ema");
     fixture_steps(r, 1, 0, 0, 0);
     fixture_phase(r, "ema_update", "/w/train.py", "update_ema");
     og_set(&r->event.requested_bytes, 36 * MiB);
@@ -2142,6 +2144,11 @@ static void ema_update_out_of_place(void **state)
     assert_string_equal(r->remedies[0].id, "in_place_update");
     assert_non_null(strstr(r->remedies[0].why, "EMA update builds a new copy"));
     assert_int_equal(evb_of(r, "does_not_fit", "copy_source_bytes"), 4394 * MiB);
+    r->memory.fw.roles.nmodels = 1; /* no old copy: the first one being made (a lazy shadow), nothing to update */
+    run(r);
+    assert_true(r->analysis.facts.copy_outgrows_cache);
+    assert_null(strstr(rem(r, "in_place_update")->why, "EMA update builds a new copy"));
+    r->memory.fw.roles.nmodels = 2;
     og_set(&ro->bytes[OG_ROLE_activations], 4100 * MiB); /* nearly made: the rest fits the cache */
     run(r);
     assert_false(r->analysis.facts.copy_outgrows_cache);
@@ -2149,10 +2156,10 @@ static void ema_update_out_of_place(void **state)
     free(r);
 }
 
-/* loralib adapters on ESM-2 3B, but mark_only_lora_as_trainable skipped: the optimizer trains 8.9 GiB of parameters
- * beside 60 MiB of adapters, 17.8 GiB of AdamW state: LoRA leads as "freeze the base" (its text names the adapters and
- * what trains beyond them); the optimizer holding only the adapters (PEFT done right), or no adapter measured: the
- * row does not hold and LoRA keeps its catalog title */
+/* loralib adapters on ESM-2 3B, but mark_only_lora_as_trainable skipped: the adapters' layers' base weights require
+ * grad (8.8 GiB beside 60 MiB of adapters), 17.8 GiB of AdamW state: LoRA leads as "freeze the base" (its text names
+ * the adapters and those weights); the base frozen (a head trained beside, PEFT's modules_to_save), or no adapter
+ * measured: the row does not hold and LoRA keeps its catalog title */
 static void lora_base_weights_train(void **state)
 {
     og_record_t *r = base();
@@ -2160,6 +2167,7 @@ static void lora_base_weights_train(void **state)
     fixture_optimizer(r, "AdamW", 17 * GiB + 820 * MiB);
     og_set(&ro->optimizers[0].param_bytes, 8 * GiB + 920 * MiB);
     og_set(&ro->lora_bytes, 60 * MiB);
+    og_set(&ro->lora_base, 8 * GiB + 860 * MiB);
     fixture_steps(r, 1, 0, 0, 0);
     fixture_phase(r, "forward", "/w/finetune.py", "forward");
     og_set(&r->event.requested_bytes, 1 * GiB);
@@ -2175,12 +2183,12 @@ static void lora_base_weights_train(void **state)
     assert_non_null(strstr(r->remedies[0].title, "freeze the base"));
     assert_non_null(strstr(r->remedies[0].why, "LoRA adapters"));
     assert_true(how_has(&r->remedies[0], "mark_only_lora_as_trainable"));
-    og_set(&ro->optimizers[0].param_bytes, 64 * MiB); /* the optimizer holds the adapters (and a head) only */
+    og_set(&ro->lora_base, 0); /* the base frozen: what trains beyond the adapters is a head (modules_to_save) */
     run(r);
     for (int k = 0; k < rem(r, "lora")->ranking.nrows; k++)
         assert_null(strstr(rem(r, "lora")->ranking.rows[k], "lora_base_trains"));
     assert_null(strstr(rem(r, "lora")->title, "freeze the base"));
-    og_set(&ro->optimizers[0].param_bytes, 8 * GiB + 920 * MiB);
+    og_set(&ro->lora_base, 8 * GiB + 860 * MiB);
     og_unset(&ro->lora_bytes);
     run(r);
     assert_null(strstr(rem(r, "lora")->title, "freeze the base"));

@@ -299,12 +299,21 @@ def t_lora():
         r = measure(None)
         want = nbytes(m.base_layer.lora_A) + nbytes(m.base_layer.lora_B) + nbytes(m.lora_A.default.weight)
         assert r["lora_bytes"] == want, (r["lora_bytes"], want)
-        assert "meta\tlora_bytes\t%d\n" % want in oomguard_roles.encode(r)
+        # the base weight requires grad (LoRA's base not frozen); a head under modules_to_save is PEFT's, asked for
+        m.modules_to_save = torch.nn.Module()
+        m.modules_to_save.weight = shaped(64, 64, requires_grad=True)
+        r = measure(None)
+        assert r["lora_base_bytes"] == nbytes(m.base_layer.weight), r["lora_base_bytes"]
+        enc = oomguard_roles.encode(r)
+        assert "meta\tlora_bytes\t%d\n" % want in enc and "meta\tlora_base_bytes\t%d\n" % nbytes(m.base_layer.weight) \
+            in enc, enc
+        m.base_layer.weight.requires_grad = False      # mark_only_lora_as_trainable: the base frozen
+        assert measure(None)["lora_base_bytes"] == 0
         m = None
         g["lm"] = DPLinear()
         gc.collect()
         r = measure(None)
-        assert r["lora_bytes"] is None and "lora_bytes" not in oomguard_roles.encode(r), r["lora_bytes"]
+        assert r["lora_bytes"] is None and r["lora_base_bytes"] is None and "lora_" not in oomguard_roles.encode(r), r
     finally:
         g.pop("lm", None)
 
