@@ -421,7 +421,14 @@ class _Scan(object):
                     items = itertools.islice(items, _SAMPLE, None)
                 stack.extend((y, d - 1) for y in items)
                 continue
+            # what no attribute reaches: an lru_cache's results (the collector's referents of its wrapper); a kept
+            # exception's traceback and the locals of its frames (kept_by_error)
+            follow = None
             if tp is _LRU_WRAPPER and _LRU_WRAPPER is not None:
+                follow = gc.get_referents
+            elif tp in _ERROR_TYPES or issubclass(tp, BaseException):
+                follow = self.kept_by_error
+            if follow is not None:
                 if d <= 0:
                     self.sampled += 1
                     continue
@@ -429,18 +436,9 @@ class _Scan(object):
                     continue
                 seen[id(x)] = d
                 try:
-                    stack.extend((y, d - 1) for y in gc.get_referents(x))
+                    stack.extend((y, d - 1) for y in follow(x))
                 except Exception:
                     pass
-                continue
-            if tp in _ERROR_TYPES or issubclass(tp, BaseException):
-                if d <= 0:
-                    self.sampled += 1
-                    continue
-                if seen.get(id(x), -1) >= d:
-                    continue
-                seen[id(x)] = d
-                stack.extend((y, d - 1) for y in self.kept_by_error(x))
                 continue
             k = kinds.get(tp)
             if k is None:
