@@ -1298,16 +1298,33 @@ static bool b_flash_attention(const rctx_t *x, og_remedy_t *r)
 
 static bool b_quantization(const rctx_t *x, og_remedy_t *r)
 {
-    why(r, "For inference the weights dominate: 8-bit halves and 4-bit quarters them (a 70B model: 140 GB in "
-           "fp16, ~70 GB in int8, ~35-40 GB in 4-bit).");
-    if (x->shortfall && 2.0 * (double)x->shortfall <= (double)x->footprint)
-        why(r, " 8-bit covers the %s missing if at least %s of the %s held are fp16 weights.",
-            og_hb((double)x->shortfall).s, og_hb(2.0 * (double)x->shortfall).s, og_hb((double)x->footprint).s);
-    else if (x->shortfall)
-        why(r,
-            " 8-bit alone cannot cover the %s missing: even if all %s held were fp16 weights it would free half "
-            "of that; 4-bit frees about three quarters.",
-            og_hb((double)x->shortfall).s, og_hb((double)x->footprint).s);
+    const og_role_facts_t *ro = &x->f->roles;
+    if (ro->known && ro->params) {
+        /* the weights measured: 4-bit keeps an eighth of float32 weights and a quarter of 16-bit ones */
+        double fp32 = ro->dtypes_known ? (double)ro->params_fp32 : 0, other = (double)ro->params - fp32;
+        double freed = 0.875 * fp32 + 0.75 * (other > 0 ? other : 0);
+        why(r, "The model's weights are %s of the %s held (measured", og_hb((double)ro->params).s,
+            og_hb((double)x->footprint).s);
+        if (fp32 > 0)
+            why(r, "; %s of them float32", og_hb(fp32).s);
+        why(r, "): 4-bit frees at most about %s of them", og_hb(freed).s);
+        if (x->shortfall)
+            why(r, ", %s the %s missing.", freed >= (double)x->shortfall ? "enough for" : "short of",
+                og_hb((double)x->shortfall).s);
+        else
+            why(r, ".");
+    } else {
+        why(r, "For inference the weights dominate: 8-bit halves and 4-bit quarters them (a 70B model: 140 GB in "
+               "fp16, ~70 GB in int8, ~35-40 GB in 4-bit).");
+        if (x->shortfall && 2.0 * (double)x->shortfall <= (double)x->footprint)
+            why(r, " 8-bit covers the %s missing if at least %s of the %s held are fp16 weights.",
+                og_hb((double)x->shortfall).s, og_hb(2.0 * (double)x->shortfall).s, og_hb((double)x->footprint).s);
+        else if (x->shortfall)
+            why(r,
+                " 8-bit alone cannot cover the %s missing: even if all %s held were fp16 weights it would free half "
+                "of that; 4-bit frees about three quarters.",
+                og_hb((double)x->shortfall).s, og_hb((double)x->footprint).s);
+    }
     const char *cdt = x->cc_known && x->cc < 80 ? "float16" : "bfloat16";
     if (x->fw == OG_FW_JAX || x->fw == OG_FW_TENSORFLOW)
         how(r, "Load pre-quantized int8/4-bit weights (AWQ, GPTQ) in a runtime that serves them, e.g. vLLM; the "

@@ -2258,6 +2258,37 @@ static void float64_weights(void **state)
     free(r);
 }
 
+/* quantization's text reads the weights measured: 16 GiB of bfloat16 weights of an inference job, 4-bit frees about
+ * 12 GiB, enough for the 1 GiB missing; 2 GiB of float32 weights beside 60 GiB of activations, short of 4 GiB
+ * missing (an eighth kept: 1.75 GiB freed); without roles the text says what it would need */
+static void quantization_reads_the_weights(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 16 * GiB, 0, 0, 0, 0, 6 * GiB);
+    fixture_dtype(r, "bfloat16", 16 * GiB);
+    fixture_phase(r, "generation", "/srv/app.py", "generate");
+    r->memory.fw.grad_enabled = -1;
+    og_set(&r->event.requested_bytes, 2 * GiB);
+    og_set(&r->device.free_bytes, 1 * GiB);
+    run(r);
+    assert_non_null(strstr(rem(r, "quantization")->why, "weights are 16.00 GiB"));
+    assert_non_null(strstr(rem(r, "quantization")->why, "4-bit frees at most about 12.00 GiB"));
+    assert_non_null(strstr(rem(r, "quantization")->why, "enough for the 1.00 GiB missing"));
+    r->memory.fw.roles.ndtypes = 0;
+    fixture_roles(r, 2 * GiB, 0, 0, 0, 0, 60 * GiB);
+    fixture_dtype(r, "float32", 2 * GiB);
+    og_set(&r->event.requested_bytes, 5 * GiB);
+    run(r);
+    assert_true(rank_of(r, "quantization") > 0);
+    assert_non_null(strstr(rem(r, "quantization")->why, "2.00 GiB of them float32"));
+    assert_non_null(strstr(rem(r, "quantization")->why, "short of"));
+    r->memory.fw.roles.has = false;
+    og_set(&r->event.requested_bytes, 2 * GiB);
+    run(r);
+    assert_null(strstr(rem(r, "quantization")->why, "measured"));
+    free(r);
+}
+
 static void fp32_weights_load_in_half(void **state)
 {
     enum { FIRST, ABSENT, NOT_FIRST };
@@ -4668,6 +4699,7 @@ int main(void)
         cmocka_unit_test(ema_update_out_of_place),
         cmocka_unit_test(phase_forward_optimizer_later),
         cmocka_unit_test(float64_weights),
+        cmocka_unit_test(quantization_reads_the_weights),
         cmocka_unit_test(fp32_weights_load_in_half),
         cmocka_unit_test(trains_before_the_first_step),
         cmocka_unit_test(state_exceeds_card_first),
