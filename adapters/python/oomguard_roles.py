@@ -942,14 +942,11 @@ def _per_sample(scan, p):
     shape is not known (the stand-in torch's tensors),
     of p's dtype and n times its bytes (n >= 2).  A tensor shaped like p (Megatron's main_grad), a flat one
     of a flat p (FSDP's unsharded _full_param_padded), one of another dtype, is not one."""
-    try:
-        d = object.__getattribute__(p, "__dict__")
-    except Exception:
-        return
-    if type(d) is not dict or not d:
+    values = _own_values(p)
+    if not values:
         return
     shape, size = _shape(p), _nbytes(p)
-    for v in list(d.values()):
+    for v in values:
         if type(v) in _ATOMS:
             continue
         for t in scan.tensors_in(v, 1):
@@ -962,6 +959,23 @@ def _per_sample(scan, p):
                 n = tb // size if tb and tb % size == 0 and tb // size >= 2 else 0
             if n and scan.claim(t, "per_sample_gradients") and n > scan.per_sample:
                 scan.per_sample = n
+
+
+def _own_values(x):
+    """The values of x's own attributes, without making it a dictionary: reading __dict__ of a torch tensor or
+    Parameter creates an empty one and leaves it there (one per parameter of the program), so the collector's
+    referents are read instead: the dictionary when it exists, else (3.11+, a Python class's attributes kept in the
+    object) the values themselves; classes aside.  [] when none; never raises."""
+    out = []
+    try:
+        for r in gc.get_referents(x):
+            if type(r) is dict:
+                out.extend(r.values())
+            elif not isinstance(r, type):
+                out.append(r)
+    except Exception:
+        pass
+    return out
 
 
 def _nbytes(t):

@@ -2229,8 +2229,6 @@ static void per_sample_gradients(void **state)
     free(r);
 }
 
-/* float32 weights (a bf16 checkpoint loaded without torch_dtype) that, with their gradients, are the bulk
- * of a full fine-tune: load them in half precision first; quantizing is not for a job that trains */
 /* an MD force call on a float64 model: 40 MiB of weights, 21 GiB of float64 activations (forces need autograd): float32
  * leads (its text names the measured float64 weights), mixed precision is not offered first (autocast leaves float64
  * operations as they are); float32 weights, or the dtypes not measured: not listed */
@@ -2289,6 +2287,8 @@ static void quantization_reads_the_weights(void **state)
     free(r);
 }
 
+/* float32 weights (a bf16 checkpoint loaded without torch_dtype) that, with their gradients, are the bulk
+ * of a full fine-tune: load them in half precision first; quantizing is not for a job that trains */
 static void fp32_weights_load_in_half(void **state)
 {
     enum { FIRST, ABSENT, NOT_FIRST };

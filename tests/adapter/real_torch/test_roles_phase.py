@@ -342,7 +342,11 @@ def t_per_sample():
         m.weight.main_grad = shaped(64, 32)
         m.bias._full_param_padded = shaped(64 * 4)
         want = nbytes(m.weight.grad_sample) + nbytes(m.bias.grad_sample)
+        bare = shaped(8, 8, requires_grad=True)      # no attribute of its own: the scan makes it no dictionary
+        g["bare"] = bare
+        before = [type(x) for x in gc.get_referents(bare)]
         r = measure(None)
+        assert [type(x) for x in gc.get_referents(bare)] == before, (before, gc.get_referents(bare))
         assert r["roles"]["per_sample_gradients"] == [want, 2], r["roles"]
         assert r["per_sample_count"] == 16, r["per_sample_count"]
         enc = oomguard_roles.encode(r)
@@ -371,6 +375,7 @@ def t_per_sample():
         assert "per_sample_count" not in oomguard_roles.encode(r)
     finally:
         g.pop("dp", None)
+        g.pop("bare", None)
 
 
 class PrefixCache(object):
