@@ -480,9 +480,16 @@ echo "== one list of options"
 "$root/$B/oomguard" run --stack-depth 64 -- true >/dev/null 2>&1; r2=$?
 result $([ $r1 != 0 ] && [ $r2 = 0 ]; echo $?) "oomguard run --stack-depth: 64 taken, 65 refused (the library's range)"
 lib=$(shim env OOMGUARD_VERBOSE=1 "$prog" plain 2>&1 | sed -n 's/^oomguard\[[0-9]*\]:   \(OOMGUARD_[A-Z_]*\) *=.*/\1/p' | sort -u)
-doc=$(grep -o '^| `OOMGUARD_[A-Z_]*`' "$root/README.md" | grep -o 'OOMGUARD_[A-Z_]*' | sort -u)
+# the first table of "## Options" (the library's); the command's own variables follow in a table of their own
+doc=$(awk '/^## Options/ { o = 1 } o && /^\| `OOMGUARD_/ { t = 1; print; next } t && !/^\|/ { exit }' "$root/README.md" |
+    grep -o '^| `OOMGUARD_[A-Z_]*`' | grep -o 'OOMGUARD_[A-Z_]*' | sort -u)
 result $([ -n "$lib" ] && [ "$lib" = "$doc" ]; echo $?) \
     "README's options table lists exactly the library's options ($(echo "$lib" | wc -l))$(diff <(echo "$lib") <(echo "$doc") | grep '^[<>]' | tr '\n' ' ')"
+cmdvars=$(grep -ho 'getenv("OOMGUARD_[A-Z_]*")' "$root"/tools/*.c | grep -o 'OOMGUARD_[A-Z_]*' | sort -u)
+rows=$(grep -o '^| `OOMGUARD_[A-Z_]*`' "$root/README.md" | grep -o 'OOMGUARD_[A-Z_]*' | sort -u)
+missing=$(comm -23 <(echo "$cmdvars") <(echo "$rows") | tr '\n' ' ')
+result $([ -n "$cmdvars" ] && [ -z "$missing" ]; echo $?) \
+    "README's options list every variable the oomguard command reads (missing: ${missing:-none})"
 runopts=$("$root/$B/oomguard" run --help 2>&1 | grep -o 'OOMGUARD_[A-Z_]*' | sort -u | grep -vxE 'OOMGUARD_(LIB|PYTHON_ADAPTER)')
 unknown=$(comm -23 <(echo "$runopts") <(echo "$lib") | tr '\n' ' ')
 result $([ -z "$unknown" ]; echo $?) "oomguard run sets only options the library has (unknown: ${unknown:-none})"
