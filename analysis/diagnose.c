@@ -994,6 +994,24 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
                      "; the optimizer's first step (no step had ended) made %s of its state so far and is still making "
                      "it, and the %s cached would carry it only a few allocations further.",
                      og_hb((double)d->first_step_state).s, og_hb((double)d->cached).s);
+    } else if (d->pass_outgrows_cache && d->roles.dominant >= 0) {
+        /* the running code's working set is mostly one holder of a caller (a loop's list in main), not the pass's own
+         * tensors: say whose it is */
+        const og_role_holder_t *h = &r->memory.fw.roles.holders[d->roles.dominant];
+        char name[sizeof h->name], kind[sizeof h->kind], where[sizeof h->where];
+        og_cpy(name, sizeof name, h->name, sizeof name);
+        og_cpy(kind, sizeof kind, h->kind, sizeof kind);
+        og_cpy(where, sizeof where, h->where, sizeof where);
+        char *paren = strstr(where, " (");
+        if (paren)
+            *paren = '\0'; /* "local in main", its file and line aside */
+        ev_bytes(c, "pass_working_set_bytes", d->roles.working);
+        ev_text(c, "working_set_holder", "%s", name);
+        summary_more(c, 200,
+                     "; the %s pass and the code running it hold %s (%s of it in %s, a %s %s), and the %s cached "
+                     "would carry them only a few allocations further.",
+                     og_job_phase_name(d->phase), og_hb((double)d->roles.working).s, og_hb((double)h->bytes).s, name,
+                     kind, where, og_hb((double)d->cached).s);
     } else if (d->pass_outgrows_cache) {
         ev_bytes(c, "pass_working_set_bytes", d->roles.working);
         summary_more(c, 160,

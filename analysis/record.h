@@ -104,7 +104,7 @@ typedef struct og_remedy {
     int rank;   /* 1 = first */
     bool shown; /* rank <= OG_REMEDIES_SHOWN (remedies[].shown) */
     const char *title;
-    char why[384];
+    char why[512]; /* the reasoning, then the figures measured; tools/report.h prints it whole (OG_REMEDY_WHY_MAX) */
     int nhow;
     char how[6][200];
     const char *saving, *cost;

@@ -247,6 +247,11 @@ static void activations_vs_shortfall(const rctx_t *x, og_remedy_t *r, double fre
     else
         why(r, " %s more is needed but only %s is live: %s alone cannot cover it; combine it with others.",
             og_hb((double)x->shortfall).s, og_hb((double)x->live).s, what);
+    /* the memory rises step after step (a generation's KV cache aside: that is the pass itself growing) */
+    const og_growth_facts_t *g = &x->f->growth;
+    if (x->primary == OG_CAUSE_GROWTH && g->holds && g->per_step && !og_generation_growth(x))
+        why(r, " The memory rose by about %s per step: this delays the failure, it does not stop the rise.",
+            og_hb((double)g->per_step).s);
     activations_measured(x, r);
 }
 
@@ -1107,18 +1112,25 @@ static bool b_smaller_batch(const rctx_t *x, og_remedy_t *r)
         if (x->trains == 1)
             why(r, "Autograd was off at the failure inside a training job: a validation or evaluation pass. Its "
                    "batch can be smaller than training's, with nothing to accumulate; memory falls with it.");
+        else if (x->f->phase == OG_JP_generation)
+            why(r, "Without autograd what grows with the batch is the activations and the KV cache of every "
+                   "sequence being generated: half the sequences at once, half of it; no accumulation is needed.");
         else
-            why(r, "Without autograd what grows with the batch is the activations and, when generating, the KV "
-                   "cache of every sequence: half the sequences at once, half of it; no accumulation is needed.");
+            why(r, "Without autograd what grows with the batch is the activations: half the samples at once, half "
+                   "of them; no accumulation is needed.");
         activations_vs_shortfall(x, r, 0.5, "halving the batch");
         r->title = "Smaller batch (fewer samples at once)";
         r->cost = "More, smaller calls; nothing to accumulate without training";
         if (x->trains == 1)
             HOWS(x, r, { PT, "val_loader = DataLoader(val_set, batch_size=train_batch_size // 2)   # or smaller" });
-        else
+        else if (x->f->phase == OG_JP_generation)
             HOWS(x, r,
                  { PT, "for i in range(0, len(prompts), 16): model.generate(prompts[i:i + 16], ...)   # fewer "
-                       "sequences per call" },
+                       "sequences per call" });
+        else
+            HOWS(x, r,
+                 { PT, "outputs = [model(chunk) for chunk in inputs.split(n)]   # fewer samples per call (a dict of "
+                       "inputs: split each tensor alike)" },
                  { PT,
                    "DataLoader(dataset, batch_size=batch_size // 2)   # evaluation: no gradient accumulation needed" });
         return true;

@@ -922,7 +922,7 @@ static void remedies(struct hx *h)
         }
         if (r->why) {
             og_sb_puts(h->b, "<div>");
-            esc(h, r->why, 1000);
+            esc(h, r->why, OG_REMEDY_WHY_MAX);
             og_sb_puts(h->b, "</div>");
         }
         if (r->nhow) {

@@ -422,7 +422,7 @@ static void remedies(struct tx *t, const struct og_dump *d)
         }
         if (r->why) {
             og_sb_puts(t->b, "     ");
-            sb_text(t->b, r->why, 400, 0);
+            sb_text(t->b, r->why, OG_REMEDY_WHY_MAX, 0);
             og_sb_putc(t->b, '\n');
         }
         int nh = r->nhow < 12 ? r->nhow : 12;

@@ -8,6 +8,9 @@
 /* How much of a remedy's saving and cost the text and HTML reports print: the catalog's own texts
  * fit (tests/unit/test_remedies.c checks them against the same number). */
 #define OG_REMEDY_FIELD_MAX 160
+/* How much of a remedy's why they print: all the shim writes (og_remedy_t.why in analysis/record.h, 512 bytes with
+ * its terminator); longer (a hand-made dump) is cut there. */
+#define OG_REMEDY_WHY_MAX 511
 
 struct og_render_opts {
     int color; /* ANSI colour in text output */

@@ -1453,6 +1453,33 @@ static void a_pass_that_outgrows_the_cache_does_not_fit(void **state)
     free(r);
 }
 
+/* the running code's tensors are mostly a list its caller keeps (a screen's results, a local of main, 10 of the
+ * 12 GiB): does_not_fit names that holder beside the pass (working_set_holder); a local of the model's own forward is
+ * the pass's */
+static void a_working_set_mostly_a_callers_holder_is_named(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->event.requested_bytes, 64 * MiB);
+    og_set(&r->device.free_bytes, 0);
+    fixture_roles(r, 1 * GiB, 0, 0, 0, 10 * GiB, 2 * GiB);
+    fixture_holder(r, "results", "list", "local in main (/w/screen.py:205)", 10 * GiB);
+    r->memory.fw.reserved_bytes += 256 * MiB;
+    r->memory.fw.largest_free_block_bytes = 32 * MiB;
+    r->memory.fw.grad_enabled = -1;
+    fixture_phase(r, "evaluation", "/w/screen.py", "forward");
+    diag(r);
+    assert_string_equal(evt(find(r, "does_not_fit"), "basis"), "pass_outgrows_cache");
+    assert_true(ev(find(r, "does_not_fit"), "pass_working_set_bytes") == 12.0 * GiB);
+    assert_string_equal(evt(find(r, "does_not_fit"), "working_set_holder"), "results");
+    og_test_check_text(find(r, "does_not_fit")->summary);
+    snprintf(r->memory.fw.roles.holders[0].where, sizeof r->memory.fw.roles.holders[0].where,
+             "local in forward (/w/model.py:40)");
+    diag(r);
+    assert_string_equal(evt(find(r, "does_not_fit"), "basis"), "pass_outgrows_cache");
+    assert_null(evt(find(r, "does_not_fit"), "working_set_holder"));
+    free(r);
+}
+
 /* torch.load restoring a 24 GiB state dict onto the GPU beside a 14 GiB model: the storages it restored so far are
  * no role's (a load computes nothing), 272 MiB cached in splinters against a 254 MiB request: the load outgrows the
  * cache, does_not_fit leads; the same bytes with no phase read (a C program) keep the textbook reading */
@@ -1864,6 +1891,7 @@ int main(void)
         cmocka_unit_test(rules_run_in_any_order),
         cmocka_unit_test(size_max_request_is_a_request),
         cmocka_unit_test(a_pass_that_outgrows_the_cache_does_not_fit),
+        cmocka_unit_test(a_working_set_mostly_a_callers_holder_is_named),
         cmocka_unit_test(a_restore_that_outgrows_the_cache_does_not_fit),
         cmocka_unit_test(a_growth_that_outgrows_the_cache),
         cmocka_unit_test(a_generation_outgrows_the_cache_with_its_kv_cache),

@@ -2809,6 +2809,28 @@ static void one_batch_peak_not_bucketing(void **state)
     free(r);
 }
 
+/* a smaller batch without autograd: an evaluation splits its inputs, a generation its prompts (generate's code only
+ * where the phase is a generation) */
+static void an_inference_batch_splits_as_its_phase_runs(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 2 * GiB, 0, 0, 0, 0, 10 * GiB);
+    r->memory.fw.grad_enabled = -1;
+    r->memory.fw.training = -1;
+    og_set(&r->event.requested_bytes, 2 * GiB);
+    og_set(&r->device.free_bytes, 512 * MiB);
+    fixture_phase(r, "evaluation", "/w/screen.py", "forward");
+    run_primary(r, "does_not_fit");
+    assert_true(rank_of(r, "smaller_batch") > 0);
+    assert_true(how_has(rem(r, "smaller_batch"), ".split("));
+    assert_false(how_has(rem(r, "smaller_batch"), "generate("));
+    fixture_phase(r, "generation", "/w/summarize.py", "generate");
+    run_primary(r, "does_not_fit");
+    assert_true(rank_of(r, "smaller_batch") > 0);
+    assert_true(how_has(rem(r, "smaller_batch"), "generate("));
+    free(r);
+}
+
 /* one inference input larger than the card: cap its length before splitting the operation */
 static void larger_inference_caps_the_input(void **state)
 {
@@ -2832,6 +2854,7 @@ static void larger_inference_caps_the_input(void **state)
     assert_true(rank_of(r, "shorter_sequences") == 0 || rank_of(r, "shorter_sequences") > 3);
     free(r);
 }
+
 
 /* where a remedy can help at all is the catalog's (`applies`), read on the evidence, for every remedy: a
  * full fine-tune whose optimizer state did not fit gets no weight quantization (inference or QLoRA only:
@@ -4717,6 +4740,7 @@ int main(void)
         cmocka_unit_test(one_batch_peak_not_bucketing),
         cmocka_unit_test(one_prompt_peak_in_generation),
         cmocka_unit_test(larger_inference_caps_the_input),
+        cmocka_unit_test(an_inference_batch_splits_as_its_phase_runs),
         cmocka_unit_test(applies_by_job),
         cmocka_unit_test(measured_nothing_not_listed),
         cmocka_unit_test(weights_update_outside_the_step),
