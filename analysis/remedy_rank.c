@@ -512,9 +512,15 @@ static bool larger_inference(const rctx_t *x)
  * an operation over every triple of positions, triangle attention's scores for every row at once): no model keeps
  * such a tensor (its own are at most pairs, L x L), the operation makes it and runs exactly over slices of its outer
  * axis (a chunk size), so splitting the operation leads and the input, the user's data, stays whole */
+/* ... or every pair of the program's own items (a square request made outside any pass of a model: the adapter
+ * read a Python stack and found no forward, evaluation or generation in it, no KV cache; a similarity or affinity
+ * matrix over a whole validation set or a recording's windows): the items are the user's data, every one needed, and
+ * the operation runs exactly over blocks of rows, so splitting it leads too */
 static bool larger_inference_lead(const rctx_t *x)
 {
-    return larger_inference(x) && roles_of(x)->request_shape != OG_REQ_CUBE;
+    bool pairs_outside_a_pass = PHASE(unknown) && x->rec->memory.fw.npy_frames > 0 && roles_of(x)->kv < 0 &&
+                                roles_of(x)->request_shape == OG_REQ_SQUARE;
+    return larger_inference(x) && roles_of(x)->request_shape != OG_REQ_CUBE && !pairs_outside_a_pass;
 }
 /* a one-batch peak (one_batch_peak: a request far larger than any of the earlier steps, which fit) larger than the
  * card: the batches before it fit, and autograd keeps every layer's output of this one for backward, so tiling the
@@ -1538,7 +1544,8 @@ static const og_rank_row_t lead[] = {
       "(unit tests)" },
     { "larger_inference_lead", larger_inference_lead, LEAD, -31, 0, REMS(R_SHORTER_SEQ),
       "as larger_inference, the statement's sizes not L x L x L (one size three times: an operation over every "
-      "triple, split it)",
+      "triple, split it), nor L x L made outside any pass of a model (phase unknown with a Python stack read, no KV "
+      "cache: every pair of the program's items, split it)",
       "long_prompt_serving, recsys_catalog_scores, esmfold_2000_residue_complex_no_chunk_size (blind)" },
     { "retry_outside_lead", in_handler, LEAD_COVERS, -25, 0, REMS(R_RETRY_OUTSIDE), "phase oom_handler",
       "retry_in_except (blind)" },

@@ -2831,7 +2831,8 @@ static void an_inference_batch_splits_as_its_phase_runs(void **state)
     free(r);
 }
 
-/* one inference input larger than the card: cap its length before splitting the operation */
+/* one inference input larger than the card: cap its length before splitting the operation (not every pair of the
+ * program's own items) */
 static void larger_inference_caps_the_input(void **state)
 {
     og_record_t *r = base();
@@ -2853,8 +2854,29 @@ static void larger_inference_caps_the_input(void **state)
     assert_string_equal(r->remedies[0].id, "split_operation");
     assert_true(rank_of(r, "shorter_sequences") == 0 || rank_of(r, "shorter_sequences") > 3);
     free(r);
+    /* one length twice (every pair of a validation set's embeddings), read from a Python stack on which no pass of a
+     * model runs: the items are the program's data, the operation splits by rows; the same square inside an
+     * evaluation's forward is the model's input (attention's L x L): shorter inputs lead */
+    r = base();
+    og_set(&r->event.requested_bytes, 40 * GiB);
+    fixture_roles(r, 2 * GiB, 0, 0, 0, 16 * GiB, 2 * GiB);
+    r->memory.fw.grad_enabled = -1;
+    fixture_statement(r, "sims", "");
+    snprintf(r->memory.fw.roles.stmt_ints, sizeof r->memory.fw.roles.stmt_ints, "103000,103000");
+    r->memory.fw.npy_frames = 2;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "split_operation");
+    assert_false(ranked_by(rem(r, "shorter_sequences"), "larger_inference_lead"));
+    r->memory.fw.npy_frames = 0; /* no stack read: nothing says no pass runs (no attention layer measured: the
+                                      input's size, cap_input_size, stands for its length) */
+    run_primary(r, "does_not_fit");
+    assert_true(ranked_by(&r->remedies[0], "larger_inference_lead"));
+    r->memory.fw.npy_frames = 2;
+    fixture_phase(r, "evaluation", "/w/eval.py", "forward");
+    run_primary(r, "does_not_fit");
+    assert_true(ranked_by(&r->remedies[0], "larger_inference_lead"));
+    free(r);
 }
-
 
 /* where a remedy can help at all is the catalog's (`applies`), read on the evidence, for every remedy: a
  * full fine-tune whose optimizer state did not fit gets no weight quantization (inference or QLoRA only:
