@@ -1959,6 +1959,20 @@ static void others_sliver(og_facts_t *d)
     d->others_sliver = building && d->capacity && d->other_all && d->other_all * 16 < d->capacity;
 }
 
+/* a request of at least PASS_BIG_REQ_DIV-th of the device, in a pass whose activations already hold as much (its
+ * tensors are this size: a layer's output over one whole input), that a defragmented cache with the free memory
+ * would serve leaving less than the request itself: the splinters carry the pass this one tensor further, and its
+ * next one of that size has no room whatever the cache's layout */
+#define PASS_BIG_REQ_DIV 8
+static bool next_tensor_has_no_room(const og_facts_t *d, const og_role_facts_t *k)
+{
+    if (!pass_phase(d->phase) || !d->req_known || !d->capacity || d->req * PASS_BIG_REQ_DIV < d->capacity ||
+        (double)k->act < 0.9 * (double)d->req)
+        return false;
+    uint64_t room = add_sat(d->free_eff, d->cached);
+    return room >= d->req && room - d->req < d->req;
+}
+
 static void pass_outgrows_cache(og_facts_t *d)
 {
     const og_role_facts_t *k = &d->roles;
@@ -2008,7 +2022,7 @@ static void pass_outgrows_cache(og_facts_t *d)
     /* a generation's working set is its activations and the KV cache it builds token by token */
     if (d->phase == OG_JP_generation)
         set = add_sat(set, k->purpose_bytes[OG_PURPOSE_kv_cache]);
-    d->pass_outgrows_cache = outgrows(d, set);
+    d->pass_outgrows_cache = outgrows(d, set) || next_tensor_has_no_room(d, k);
 }
 
 /* A deep copy under way (roles.operation copy), that cache under frag_share of its reservation, which the rest of

@@ -507,8 +507,10 @@ typedef struct og_facts {
     int trains;
     const char *trains_why;
     /* a pass still building (forward, backward, evaluation, generation; an optimizer's first step: the state it
-     * made so far) holds at least 4x the cache
-     * (and the request), the cache under frag_share of the reservation: it cannot carry the pass */
+     * made so far) holds at least 3x the cache (and the request), the cache under frag_share of the reservation:
+     * it cannot carry the pass; or a pass asks for at least an eighth of the device, its activations already hold
+     * about as much, and the free memory with a defragmented cache would leave less than the request after it: the
+     * next tensor of that size has no room */
     bool pass_outgrows_cache;
     /* the failure is inside a pass still building (phase loading, forward, backward, evaluation, generation or
      * optimizer_step: more requests follow) and the other processes hold under 1/16 of the device (a desktop

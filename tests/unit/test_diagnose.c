@@ -1453,6 +1453,36 @@ static void a_pass_that_outgrows_the_cache_does_not_fit(void **state)
     free(r);
 }
 
+/* a validation pass over one whole recording asks for 8 GiB on a 24 GiB card while its activations hold another 8 GiB
+ * of the same pass, with 7 GiB free and 3.8 GiB cached in splinters (a quarter of the reservation: textbook
+ * fragmentation for this request): defragmented, the cache serves this tensor and leaves 2.8 GiB, less than the next
+ * one of its size: does_not_fit leads (pass_outgrows_cache); activations far below the request (the pass has not
+ * made one such tensor), or a request under an eighth of the card: the textbook reading stands */
+static void a_pass_whose_next_tensor_has_no_room_does_not_fit(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->event.requested_bytes, 8 * GiB);
+    og_set(&r->device.free_bytes, 7 * GiB);
+    fixture_roles(r, 512 * MiB, 0, 0, 0, 0, 8 * GiB);
+    r->memory.fw.reserved_bytes += 3 * GiB + 800 * MiB;
+    r->memory.fw.largest_free_block_bytes = 1800 * MiB;
+    r->memory.fw.grad_enabled = -1;
+    diag(r);
+    assert_string_equal(r->diagnosis.primary, "fragmentation"); /* no phase read: a C program */
+    fixture_phase(r, "evaluation", "/w/train.py", "validate");
+    diag(r);
+    assert_string_equal(r->diagnosis.primary, "does_not_fit");
+    assert_string_equal(evt(find(r, "does_not_fit"), "basis"), "pass_outgrows_cache");
+    og_set(&r->memory.fw.roles.bytes[OG_ROLE_activations], 2 * GiB);
+    diag(r);
+    assert_string_equal(r->diagnosis.primary, "fragmentation");
+    og_set(&r->memory.fw.roles.bytes[OG_ROLE_activations], 8 * GiB);
+    og_set(&r->device.total_bytes, 80 * GiB); /* 8 GiB is a tenth of this card */
+    diag(r);
+    assert_string_equal(r->diagnosis.primary, "fragmentation");
+    free(r);
+}
+
 /* the running code's tensors are mostly a list its caller keeps (a screen's results, a local of main, 10 of the
  * 12 GiB): does_not_fit names that holder beside the pass (working_set_holder); a local of the model's own forward is
  * the pass's */
@@ -1892,6 +1922,7 @@ int main(void)
         cmocka_unit_test(size_max_request_is_a_request),
         cmocka_unit_test(a_pass_that_outgrows_the_cache_does_not_fit),
         cmocka_unit_test(a_working_set_mostly_a_callers_holder_is_named),
+        cmocka_unit_test(a_pass_whose_next_tensor_has_no_room_does_not_fit),
         cmocka_unit_test(a_restore_that_outgrows_the_cache_does_not_fit),
         cmocka_unit_test(a_growth_that_outgrows_the_cache),
         cmocka_unit_test(a_generation_outgrows_the_cache_with_its_kv_cache),
