@@ -2245,6 +2245,15 @@ static void float64_weights(void **state)
     assert_string_equal(r->remedies[0].id, "float32_instead_of_float64");
     assert_non_null(strstr(r->remedies[0].why, "float64"));
     assert_true(rank_of(r, "mixed_precision") == 0 || rank_of(r, "mixed_precision") > 3);
+    /* a handful of float64 scalars (a Gaussian process's hyperparameters, 4 KiB): the method's precision; float32
+     * stays listed, not first */
+    r->memory.fw.roles.ndtypes = 0;
+    fixture_roles(r, 4096, 0, 0, 0, 0, 21 * GiB);
+    fixture_dtype(r, "float64", 4096);
+    run_primary(r, "does_not_fit");
+    assert_true(rank_of(r, "float32_instead_of_float64") > 1);
+    assert_false(ranked_by(rem(r, "float32_instead_of_float64"), "fp64_weights_lead"));
+    fixture_roles(r, 40 * MiB, 0, 0, 0, 0, 21 * GiB);
     r->memory.fw.roles.ndtypes = 0;
     fixture_dtype(r, "float32", 40 * MiB);
     run(r);
