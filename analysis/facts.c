@@ -201,8 +201,10 @@ static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t
     for (int i = 0; i < no; i++) {
         if (rec->memory.other[i].same_job) {
             d->npeers++;
-            d->nchildren += rec->memory.other[i].child;
-            d->nchild_programs += rec->memory.other[i].child && rec->memory.other[i].other_program;
+            /* a child with a rank of its own is a rank this process launched (Lightning's launcher), not a worker */
+            d->nchildren += rec->memory.other[i].child && rec->memory.other[i].rank < 0;
+            d->nchild_programs +=
+                rec->memory.other[i].child && rec->memory.other[i].rank < 0 && rec->memory.other[i].other_program;
             d->nsiblings += rec->memory.other[i].sibling;
             d->nparents += rec->memory.other[i].parent;
             d->peers_bytes = add_sat(d->peers_bytes, rec->memory.other[i].bytes);
@@ -2155,14 +2157,25 @@ static void node_ranks(og_facts_t *d, const og_record_t *r)
 {
     if (r->rank < 0 && r->world_size <= 1)
         return;
-    int no = r->memory.nother < 0 ? 0 : r->memory.nother > 32 ? 32 : r->memory.nother, here = 0;
+    int no = r->memory.nother < 0 ? 0 : r->memory.nother > 32 ? 32 : r->memory.nother, here = 0, launchers = 1;
     for (int i = 0; i < no; i++) {
         const og_other_proc_t *o = &r->memory.other[i];
         here += o->same_job && o->rank >= 0 && !o->child && !o->sibling && !o->parent;
+        launchers += o->same_allocation; /* one more launcher's world with a rank on this GPU */
     }
-    uint64_t local = env_count(r, "LOCAL_WORLD_SIZE");
-    d->node_ranks = local > 0 && local < 100000 ? (int)local : 1 + here;
-    d->ranks_outnumber_gpus = here > 0 && r->visible_devices >= 1 && d->node_ranks > r->visible_devices;
+    uint64_t local = env_count(r, "LOCAL_WORLD_SIZE"); /* one launcher's ranks on this machine */
+    /* torchrun's world inside one of several tasks srun started on this node (its environment says both: srun around
+     * torchrun), each task a launcher of its own; its RANK is its own world's, not its task's */
+    uint64_t tasks = env_count(r, "SLURM_NTASKS_PER_NODE"), nodes = env_count(r, "SLURM_NNODES");
+    if (!tasks && nodes) /* sbatch --ntasks without --ntasks-per-node: spread evenly */
+        tasks = env_count(r, "SLURM_NTASKS") / nodes;
+    if (local > 1 && env_of(r, "TORCHELASTIC_RUN_ID") && env_of(r, "SLURM_PROCID") && tasks > 1 && tasks < 100000) {
+        d->nested_launchers = (int)tasks;
+        launchers = launchers > (int)tasks ? launchers : (int)tasks;
+    }
+    d->node_ranks = local > 0 && local < 100000 ? (int)local * launchers : 1 + here;
+    d->ranks_outnumber_gpus = (here > 0 || (d->nested_launchers && d->other_all)) && r->visible_devices >= 1 &&
+                              d->node_ranks > r->visible_devices;
 }
 
 #define NCCL_DEFAULT_BUFFSIZE (4ull << 20) /* NCCL_BUFFSIZE's default: 4 MiB per buffer */

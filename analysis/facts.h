@@ -425,7 +425,7 @@ typedef struct og_facts {
     bool used_known;
     uint64_t used, footprint;
     uint64_t other_all, other, peers_bytes;
-    int npeers, nothers, nchildren;
+    int npeers, nothers, nchildren; /* nchildren: children of this process without a rank of their own (workers) */
     int nchild_programs; /* of the children, those running another program (memory.other_processes[].other_program) */
     bool child_programs; /* every peer is such a child: programs this process started (an evaluation per epoch) */
     int nsiblings, nparents; /* peers that are workers of the same parent (a pre-fork server) or its master */
@@ -435,11 +435,17 @@ typedef struct og_facts {
     uint64_t other_same_program;
     int same_program_big;
     bool wrong_device; /* LOCAL_RANK names another visible GPU than the failing one */
-    /* ranks of this job on this machine: LOCAL_WORLD_SIZE (torchrun's), else this rank and the peers of its job on the
-     * failing GPU that carry a rank (not its children, its parent or a pre-fork server's workers); 0 when this process
-     * is no rank (no RANK, WORLD_SIZE <= 1) */
+    /* ranks of this job on this machine: LOCAL_WORLD_SIZE (torchrun's) times the launchers of its allocation with a
+     * rank on the failing GPU (this one and other_processes[].same_allocation: srun around torchrun starts one per
+     * task), else this rank and the peers of its job on the failing GPU that carry a rank (not its children, its
+     * parent or a pre-fork server's workers); 0 when this process is no rank (no RANK, WORLD_SIZE <= 1) */
     int node_ranks;
-    /* node_ranks > the visible GPUs (>= 1) and another rank of this job on the failing GPU: the launcher started more
+    /* this rank is torchrun's (LOCAL_WORLD_SIZE > 1, TORCHELASTIC_RUN_ID) inside one of SLURM_NTASKS_PER_NODE > 1
+     * tasks srun started on this node (SLURM_PROCID): srun around torchrun, one world per task; that many launchers,
+     * 0 none */
+    int nested_launchers;
+    /* node_ranks > the visible GPUs (>= 1) and another rank of this job on the failing GPU (or, with nested launchers,
+     * other processes on it whose identity could not be read): the launcher started more
      * ranks than the machine has GPUs, so some share one (local_rank % device_count()), whatever set_device selects */
     bool ranks_outnumber_gpus;
 

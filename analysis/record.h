@@ -40,15 +40,17 @@ typedef struct og_other_proc {
     int pid;
     char name[64];
     uint64_t bytes;
-    bool visible;       /* the pid exists in this pid namespace (/proc/PID) */
-    bool same_job;      /* same command and job (launcher/rank variables) as this process */
-    long rank;          /* its RANK (or launcher equivalent), -1 when unknown */
-    bool child;         /* a child of this process (DataLoader worker, subprocess) */
-    bool sibling;       /* another child of this process's parent, same command (a pre-fork server's worker) */
-    bool parent;        /* this process's parent (a pre-fork server's master) */
-    bool same_program;  /* not of this job: this program run with another command line (a second server) */
-    bool other_program; /* a child running another program: not a fork of this one (same command line) nor a
+    bool visible;         /* the pid exists in this pid namespace (/proc/PID) */
+    bool same_job;        /* same command and job (launcher/rank variables) as this process */
+    long rank;            /* its RANK (or launcher equivalent), -1 when unknown */
+    bool child;           /* a child of this process (DataLoader worker, subprocess) */
+    bool sibling;         /* another child of this process's parent, same command (a pre-fork server's worker) */
+    bool parent;          /* this process's parent (a pre-fork server's master) */
+    bool same_program;    /* not of this job: this program run with another command line (a second server) */
+    bool other_program;   /* a child running another program: not a fork of this one (same command line) nor a
                            multiprocessing worker (spawn/forkserver); an evaluation script this process started */
+    bool same_allocation; /* a rank of the same batch allocation (SLURM_JOB_ID, ...) with this command line in a world
+                             of its own (another MASTER_PORT or TORCHELASTIC_RUN_ID): one launcher of several */
 } og_other_proc_t;
 
 typedef struct og_frame {

@@ -98,6 +98,13 @@ static bool child_programs(const rctx_t *x) { return HAS(PEERS) && x->f->child_p
 static bool child_programs_primary(const rctx_t *x) { return PRIMARY(PEERS) && child_programs(x); }
 /* the job's ranks outnumber the machine's GPUs (facts: ranks_outnumber_gpus) and some of them hold memory here */
 static bool ranks_outnumber_gpus(const rctx_t *x) { return HAS(PEERS) && x->f->ranks_outnumber_gpus; }
+/* ... or, whoever the other processes on the GPU are (their identity not readable: another pid namespace), this
+ * rank's own environment says srun started a torchrun per task (facts: nested_launchers), and the other processes
+ * hold the missing bytes: the job's own worlds stacked on every GPU */
+static bool nested_launch(const rctx_t *x)
+{
+    return x->f->nested_launchers && x->f->ranks_outnumber_gpus && og_covers(x, (double)x->f->other_all);
+}
 static bool fwcap_holds(const rctx_t *x) { return HAS(FWCAP); }
 static bool imbalance_holds(const rctx_t *x) { return HAS(IMBALANCE); }
 static bool dnf_cache(const rctx_t *x) { return HAS(DNF) && (cache_ok(x) || cache_maybe(x)); }
@@ -1115,6 +1122,11 @@ static const og_rank_row_t bring[] = {
       "cause peer_ranks, every peer a child of this process running another program (other_program: not a fork, "
       "not a multiprocessing worker)",
       "conformer_ctc_epoch_end_eval_subprocesses_pile_up_same_gpu_a100_40gb (blind)" },
+    { "nested_launch", nested_launch, WANT, 0, 0, REMS(R_ONE_RANK),
+      "facts: nested_launchers (torchrun's world inside one of SLURM_NTASKS_PER_NODE > 1 srun tasks), the ranks on "
+      "the node > the visible GPUs, other processes on the GPU >= shortfall",
+      "slurm_srun_launches_torchrun_per_task_eight_jobs_share_each_gpu_vitl_landcover_a100_40gb (blind); (unit "
+      "tests: ranks_outnumber_gpus)" },
     { "ranks_outnumber_gpus", ranks_outnumber_gpus, WANT, 0, 0, REMS(R_ONE_RANK),
       "cause peer_ranks, ranks of this job on the machine (LOCAL_WORLD_SIZE, else this rank + the ranks of its job "
       "on the GPU) > the visible GPUs (facts: node_ranks, ranks_outnumber_gpus)",
@@ -1687,6 +1699,10 @@ static const og_rank_row_t lead[] = {
       "as scaler_without_autocast (ahead of checkpointing: the half the program meant to use is not in force)",
       "unet_road_damage_seg_gradscaler_without_autocast_fp32_activations_3090 (blind); (unit tests: "
       "scaler_without_autocast)" },
+    { "nested_launch_lead", nested_launch, LEAD_COVERS, -34, 0, REMS(R_ONE_RANK),
+      "as nested_launch (ahead of what this rank keeps: the other worlds' ranks hold the missing bytes)",
+      "slurm_srun_launches_torchrun_per_task_eight_jobs_share_each_gpu_vitl_landcover_a100_40gb (blind); (unit "
+      "tests: ranks_outnumber_gpus)" },
     { "dominant_holder_lead", dominant_holder, LEAD_COVERS, -20, 0, REMS(R_RELEASE_REFS),
       "as dominant_holder (after the rows that say what the holder is for)",
       "pythia1b_noise_scale_step_keeps_every_microbatch_grad_h100 (blind); (unit tests: dominant_holder_first)" },
@@ -1868,7 +1884,8 @@ static void estimate(rank_t *k, const rctx_t *x)
     cover[R_OTHER_FW] = (double)x->other_fw_bytes;
     cover[R_SET_DEVICE] = (double)x->peers_bytes;
     cover[R_FEWER_WORKERS] = (double)x->peers_bytes;
-    cover[R_ONE_RANK] = (double)x->peers_bytes;
+    /* the ranks of this job on the GPU; with nested launchers, the other processes there (the other worlds') */
+    cover[R_ONE_RANK] = x->f->nested_launchers ? (double)x->f->other_all : (double)x->peers_bytes;
     cover[R_CUDA_OUT_OF_WORKERS] = (double)x->peers_bytes;
     cover[R_FW_CAP] = big;
     /* by role and phase: what each remedy shrinks, measured (the Python adapter); unknown without it */

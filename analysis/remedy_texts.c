@@ -2955,6 +2955,22 @@ static bool b_one_rank_per_gpu(const rctx_t *x, og_remedy_t *r)
 {
     const og_record_t *rec = x->rec;
     int n = x->f->node_ranks, v = rec->visible_devices;
+    if (x->f->nested_launchers) { /* srun around torchrun: a world per task */
+        int t = x->f->nested_launchers;
+        why(r,
+            "This rank's environment says srun started %d tasks on this node (SLURM_NTASKS_PER_NODE) and torchrun "
+            "started %d ranks in each (LOCAL_WORLD_SIZE): %d worlds of the same training, %d ranks on %d visible %s. "
+            "Other processes hold %s on GPU %d: the other worlds' ranks with this local rank. Start one launcher per "
+            "node, or let srun start the ranks without torchrun.",
+            t, t ? n / t : 0, t, n, v, og_plural(v, "GPU", "GPUs"), og_hb((double)x->f->other_all).s,
+            rec->event.device);
+        how(r, "#SBATCH --ntasks-per-node=1   # then: srun torchrun --nnodes=$SLURM_NNODES --nproc-per-node=%d ...", v);
+        how(r,
+            "or #SBATCH --ntasks-per-node=%d --gpus-per-task=1; srun python train.py   # RANK from SLURM_PROCID, "
+            "LOCAL_RANK from SLURM_LOCALID",
+            v);
+        return true;
+    }
     why(r,
         "%d ranks of this job run on this machine, which has %d visible %s: %d other %s of the job %s %s on GPU %d, "
         "each with its own context and tensors. No set_device can part them: some ranks must share a GPU "

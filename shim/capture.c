@@ -98,6 +98,8 @@ static bool env_allowed(const char *kv)
                                          "SLURM_PROCID",
                                          "SLURM_LOCALID",
                                          "SLURM_NTASKS",
+                                         "SLURM_NTASKS_PER_NODE",
+                                         "SLURM_NNODES",
                                          "SLURM_JOB_ID",
                                          "OMPI_COMM_WORLD_RANK",
                                          "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -590,6 +592,16 @@ void og_program_of(const char *raw, size_t n, char *out, size_t outsz)
     }
 }
 
+/* Two NUL-separated argvs with the same arguments after the program (argv[1:]): the same command run by another path
+ * to its executable (sys.executable's /usr/bin/python3 for python3). */
+bool og_same_arguments(const char *a, size_t an, const char *b, size_t bn)
+{
+    size_t a0 = strnlen(a, an), b0 = strnlen(b, bn); /* argv[0]; its NUL is at a0 when there is one */
+    if (a0 >= an || b0 >= bn)
+        return a0 >= an && b0 >= bn; /* no arguments on either side */
+    return an - a0 == bn - b0 && memcmp(a + a0, b + b0, an - a0) == 0;
+}
+
 /* Which other processes on the device are visible here and belong to this job: the same
  * command line and, where the launcher says so, the same job (run id, master port, job id)
  * or ranks of the same world.  Only rank/job variables are read from their environment. */
@@ -597,15 +609,23 @@ static void capture_peers(og_record_t *rec)
 {
     static const char *const job_vars[] = { "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "MASTER_PORT", "PBS_JOBID",
                                             "LSB_JOBID",           "JOB_ID",       NULL };
-    static const char *const rank_vars[] = { "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", NULL };
+    /* of them, a batch system's allocation and a launcher's own world */
+    static const char *const alloc_vars[] = { "SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "JOB_ID", NULL };
+    static const char *const world_ids[] = { "TORCHELASTIC_RUN_ID", "MASTER_PORT", NULL };
+    /* LOCAL_RANK last: a launcher that sets only the local rank (Lightning's subprocess launcher runs the same script
+     * again with LOCAL_RANK, NODE_RANK and WORLD_SIZE) */
+    static const char *const rank_vars[] = { "RANK",     "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
+                                             "PMI_RANK", "LOCAL_RANK",   NULL };
     static const char *const world_vars[] = { "WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", NULL };
     char *buf = malloc(65536);
     char *cmd = malloc(sizeof rec->cmdline);
+    char *raw_ours = malloc(sizeof rec->cmdline);
     char prog_ours[256] = "", prog_theirs[256];
-    if (!buf || !cmd)
+    if (!buf || !cmd || !raw_ours)
         goto out;
-    ssize_t on = read_proc(getpid(), "cmdline", buf, sizeof rec->cmdline);
-    og_program_of(buf, on > 0 ? (size_t)on : 0, prog_ours, sizeof prog_ours);
+    ssize_t on = read_proc(getpid(), "cmdline", raw_ours, sizeof rec->cmdline);
+    size_t ours_n = on > 0 ? (size_t)on : 0;
+    og_program_of(raw_ours, ours_n, prog_ours, sizeof prog_ours);
     for (int i = 0; i < rec->memory.nother && i < 32; i++) {
         og_other_proc_t *o = &rec->memory.other[i];
         o->rank = -1;
@@ -627,11 +647,23 @@ static void capture_peers(og_record_t *rec)
             continue;
         }
         og_program_of(buf, (size_t)n, prog_theirs, sizeof prog_theirs);
+        /* our program and arguments run by another path to the executable (Lightning's launcher runs
+         * [sys.executable] + sys.argv again) */
+        bool same_run = ours_n && prog_ours[0] && strcmp(prog_ours, prog_theirs) == 0 &&
+                        og_same_arguments(raw_ours, ours_n, buf, (size_t)n);
         og_cmdline_join(buf, (size_t)n, cmd, sizeof rec->cmdline); /* redacted like ours */
         bool same_cmd = strcmp(cmd, rec->cmdline) == 0;
         ssize_t en = read_proc(o->pid, "environ", buf, 65536);
-        bool job_match = false, job_differs = false, ranked = false;
+        bool job_match = false, job_differs = false, ranked = false, alloc_match = false, world_differs = false;
         if (en > 0) {
+            for (const char *const *v = alloc_vars; *v; v++) {
+                const char *theirs = env_in(buf, en, *v), *ours = getenv(*v);
+                alloc_match = alloc_match || (theirs && ours && *ours && strcmp(theirs, ours) == 0);
+            }
+            for (const char *const *v = world_ids; *v; v++) {
+                const char *theirs = env_in(buf, en, *v), *ours = getenv(*v);
+                world_differs = world_differs || (theirs && ours && *ours && strcmp(theirs, ours) != 0);
+            }
             for (const char *const *v = job_vars; *v; v++) {
                 const char *theirs = env_in(buf, en, *v), *ours = getenv(*v);
                 if (theirs && ours && *ours) {
@@ -661,17 +693,23 @@ static void capture_peers(og_record_t *rec)
         o->parent = o->pid == rec->ppid && rec->ppid > 1;
         o->sibling = !o->child && !o->parent && ppid == rec->ppid && rec->ppid > 1 && same_cmd && !job_differs &&
                      o->rank < 0 && rec->rank < 0;
-        o->same_job = o->child || o->parent || o->sibling || (same_cmd && !job_differs && (job_match || ranked));
+        /* the same batch allocation (SLURM_JOB_ID) running this command again in a world of its own (another
+         * MASTER_PORT or run id): the job script launched the launcher more than once (srun around torchrun) */
+        o->same_allocation = same_cmd && alloc_match && world_differs && o->rank >= 0 && rec->rank >= 0;
+        o->same_job = o->child || o->parent || o->sibling || o->same_allocation ||
+                      (same_cmd && !job_differs && (job_match || ranked));
         /* another instance of this program set up otherwise (a second server with another model and port), not a
          * run of this same command line left over */
         o->same_program = !o->same_job && prog_ours[0] && strcmp(prog_ours, prog_theirs) == 0 && !same_cmd;
         /* a child that is no worker of ours: a DataLoader or pool worker is a fork (our command line) or started by
-         * multiprocessing's spawn or forkserver (python -c "from multiprocessing.spawn import spawn_main ...") */
-        o->other_program = o->child && !same_cmd && !strstr(cmd, "multiprocessing");
+         * multiprocessing's spawn or forkserver (python -c "from multiprocessing.spawn import spawn_main ..."); our
+         * script run again by another path to the interpreter (sys.executable: /usr/bin/python3 for python3) is ours */
+        o->other_program = o->child && !same_cmd && !same_run && !strstr(cmd, "multiprocessing");
     }
 out:
     free(buf);
     free(cmd);
+    free(raw_ours);
 }
 
 /* ------------------------------------------------------------------ the whole record */

@@ -653,12 +653,13 @@ static void w_memory(og_sb_t *sb, const og_record_t *r)
         og_sb_json_str(sb, r->memory.other[i].name);
         og_sb_printf(sb,
                      ",\"bytes\":%llu,\"visible\":%s,\"same_job\":%s,\"child\":%s,\"rank\":%ld,\"sibling\":%s,"
-                     "\"parent\":%s,\"same_program\":%s,\"other_program\":%s}",
+                     "\"parent\":%s,\"same_program\":%s,\"other_program\":%s,\"same_allocation\":%s}",
                      (unsigned long long)r->memory.other[i].bytes, r->memory.other[i].visible ? "true" : "false",
                      r->memory.other[i].same_job ? "true" : "false", r->memory.other[i].child ? "true" : "false",
                      r->memory.other[i].rank, r->memory.other[i].sibling ? "true" : "false",
                      r->memory.other[i].parent ? "true" : "false", r->memory.other[i].same_program ? "true" : "false",
-                     r->memory.other[i].other_program ? "true" : "false");
+                     r->memory.other[i].other_program ? "true" : "false",
+                     r->memory.other[i].same_allocation ? "true" : "false");
     }
     og_sb_puts(sb, "]");
     K("other_processes_bytes");

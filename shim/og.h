@@ -434,6 +434,9 @@ struct og_record *og_record_copy(const struct og_record *src); /* a copy of its 
 void og_record_identity(struct og_record *rec);                /* time, pid, host, rank, job, command line */
 /* the program a NUL-separated argv runs: the executable's base name, and a Python interpreter's script or -m module */
 void og_program_of(const char *raw, size_t n, char *out, size_t outsz);
+/* Two NUL-separated argvs of N bytes with the same arguments after argv[0]: the same command run by another path to
+ * its executable (capture.c: a child that runs [sys.executable] + sys.argv again is this program). */
+bool og_same_arguments(const char *a, size_t an, const char *b, size_t bn);
 void og_record_free(struct og_record *rec);
 /* redact.c: what a dump may show of the command line and the environment */
 void og_cmdline_join(const char *raw, size_t n, char *out, size_t outsz); /* NUL-separated argv */

@@ -970,14 +970,22 @@ static void peer_ranks_and_workers(void **state)
     assert_non_null(strstr(c->summary, "which has 4 visible GPUs"));
     assert_null(strstr(c->summary, "never select"));
     r->visible_devices = 8;
-    /* one worker process, a child of this one: singular, and named as a worker */
+    /* one child of this one with a rank of its own (Lightning's launcher runs the script again with LOCAL_RANK): a
+     * rank this process launched, not a worker */
     r->memory.nother = 1;
     r->memory.other[0].child = true;
     r->memory.other[0].bytes = 3 * GiB;
     og_set(&r->memory.other_processes_bytes, 3 * GiB);
     diag(r);
     c = find(r, "peer_ranks");
+    assert_int_equal((int)ev(c, "children"), 0);
+    assert_int_equal((int)ev(c, "peers"), 1);
+    /* one worker process, a child of this one with no rank: singular, and named as a worker */
+    r->memory.other[0].rank = -1;
+    diag(r);
+    c = find(r, "peer_ranks");
     assert_non_null(c->id);
+    assert_int_equal((int)ev(c, "children"), 1);
     assert_non_null(strstr(c->summary, "1 child process of this process"));
     assert_non_null(strstr(c->summary, "holds 3.00 GiB"));
     assert_true(ev(c, "child_programs") < 0);

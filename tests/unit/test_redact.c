@@ -70,6 +70,13 @@ static void program_of_argv(void **state)
     char out[8] = "x";
     og_program_of("", 0, out, sizeof out);
     assert_string_equal(out, "");
+    /* the same script and arguments through another path to the interpreter (sys.executable) */
+    static const char a[] = "python3\0/w/train.py\0--devices=4", b[] = "/usr/bin/python3\0/w/train.py\0--devices=4",
+                      c[] = "/usr/bin/python3\0/w/train.py\0--devices=2", d[] = "python3";
+    assert_true(og_same_arguments(a, sizeof a, b, sizeof b));
+    assert_false(og_same_arguments(a, sizeof a, c, sizeof c));
+    assert_false(og_same_arguments(a, sizeof a, d, sizeof d));
+    assert_true(og_same_arguments(d, sizeof d - 1, d, sizeof d - 1));
 }
 
 static void truncated(void **state)

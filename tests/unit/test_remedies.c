@@ -896,7 +896,11 @@ static void peers_get_set_device_never_kill(void **state)
     /* DataLoader workers (children): keep CUDA out of them (its own id), then fewer workers; not set_device (they
      * are not ranks on a wrong GPU), no restart in the top 3 (a restart starts them again), never a kill line */
     for (int i = 0; i < 7; i++)
-        r->memory.other[i].child = true;
+        r->memory.other[i].child = true; /* still ranks (LOCAL_RANK each): ranks this process launched */
+    run(r);
+    assert_string_equal(r->remedies[0].id, "set_device");
+    for (int i = 0; i < 7; i++)
+        r->memory.other[i].rank = -1;
     run(r);
     assert_string_equal(r->remedies[0].id, "cuda_out_of_workers");
     assert_true(how_has(&r->remedies[0], "collate_fn") || strstr(r->remedies[0].why, "collate_fn"));
@@ -4532,6 +4536,37 @@ static void ranks_outnumber_gpus(void **state)
     r->visible_devices = 2;
     run_primary(r, "peer_ranks");
     assert_string_equal(r->remedies[0].id, "set_device");
+    assert_int_equal(rank_of(r, "one_rank_per_gpu"), 0);
+    /* the other process is a rank of another launcher of the same allocation (srun around torchrun): two worlds of 2
+     * ranks on 2 GPUs */
+    o->same_allocation = true;
+    run_primary(r, "peer_ranks");
+    assert_int_equal(r->analysis.facts.node_ranks, 4);
+    assert_string_equal(r->remedies[0].id, "one_rank_per_gpu");
+    free(r);
+    /* torchrun's rank 0 of 8 inside Slurm task 5 of 8 on an 8-GPU node (srun around torchrun), the other processes on
+     * its GPU unreadable (another pid namespace: not known to be this job's) holding the missing bytes: its own
+     * environment says 8 worlds of 8 ranks share the node; without the Slurm tasks it says nothing */
+    r = base();
+    og_set(&r->memory.process_tracked_bytes, 7 * GiB);
+    r->memory.framework_bytes = 7 * GiB;
+    r->rank = r->local_rank = 0;
+    r->world_size = 8;
+    r->visible_devices = 8;
+    o = fixture_other(r, 4242, "python", 16 * GiB);
+    o->visible = false;
+    static const char *const env[] = { "LOCAL_WORLD_SIZE=8", "TORCHELASTIC_RUN_ID=9c2e", "SLURM_PROCID=5",
+                                       "SLURM_NTASKS_PER_NODE=8" };
+    for (size_t i = 0; i < sizeof env / sizeof *env; i++)
+        strcpy(r->env[r->nenv++], env[i]);
+    run(r);
+    assert_int_equal(r->analysis.facts.nested_launchers, 8);
+    assert_int_equal(r->analysis.facts.node_ranks, 64);
+    assert_string_equal(r->remedies[0].id, "one_rank_per_gpu");
+    assert_true(how_has(&r->remedies[0], "--ntasks-per-node=1"));
+    r->nenv = 3; /* no SLURM_NTASKS_PER_NODE */
+    run(r);
+    assert_int_equal(r->analysis.facts.nested_launchers, 0);
     assert_int_equal(rank_of(r, "one_rank_per_gpu"), 0);
     free(r);
 }

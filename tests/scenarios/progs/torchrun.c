@@ -1,7 +1,9 @@
 /* A stand-in for `torchrun --nproc-per-node=N -- PROGRAM ARGS...`: starts N local ranks with the
  * variables torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
  * MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID), waits for all of them and exits with the first
- * failing rank's status, as torchrun reports a ChildFailedError.
+ * failing rank's status, as torchrun reports a ChildFailedError.  --standalone gives the world a
+ * rendezvous of its own (a free port and a run id of its own, as torchrun's does), so two
+ * standalone launchers on one machine are two worlds.
  * --launcher=slurm sets what `srun` sets instead (SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS,
  * SLURM_JOB_ID, ...), --launcher=mpi what Open MPI's mpirun sets (OMPI_COMM_WORLD_RANK, ...). */
 #include <stdio.h>
@@ -12,11 +14,13 @@
 
 int main(int argc, char **argv)
 {
-    int n = 1, i = 1;
+    int n = 1, i = 1, standalone = 0;
     const char *launcher = "torchrun";
     for (; i < argc; i++) {
         if (!strncmp(argv[i], "--nproc-per-node=", 17))
             n = atoi(argv[i] + 17);
+        else if (!strcmp(argv[i], "--standalone"))
+            standalone = 1;
         else if (!strncmp(argv[i], "--launcher=", 11))
             launcher = argv[i] + 11;
         else if (!strcmp(argv[i], "--")) {
@@ -50,6 +54,13 @@ int main(int argc, char **argv)
         setenv("MASTER_ADDR", "127.0.0.1", 1);
         setenv("MASTER_PORT", "29500", 1);
         setenv("TORCHELASTIC_RUN_ID", "none", 1);
+        if (standalone) {
+            char id[32];
+            snprintf(id, sizeof id, "%d", 30000 + (int)(getpid() % 20000));
+            setenv("MASTER_PORT", id, 1);
+            snprintf(id, sizeof id, "standalone-%d", (int)getpid());
+            setenv("TORCHELASTIC_RUN_ID", id, 1);
+        }
     }
     for (int r = 0; r < n; r++) {
         pids[r] = fork();
