@@ -1560,6 +1560,15 @@ static void roles(og_facts_t *d, const og_record_t *r)
         if (og_known(ro->optimizers[i].shaped_bytes))
             k->opt_shaped = add_sat(k->opt_shaped, ro->optimizers[i].shaped_bytes.v);
     }
+    /* optimizers training more parameters than the models they train hold (ZeRO's flat fp32 partition, master weights
+     * copied out of the model): which model those train is not measured, so a model "trained by no optimizer" is
+     * not known to be untrained (unknown is not zero) */
+    uint64_t trained_bytes = 0;
+    for (int i = 0; i < nm; i++)
+        if (ro->models[i].trained > 0)
+            trained_bytes = add_sat(trained_bytes, ro->models[i].bytes * (uint64_t)ro->models[i].trained);
+    if (k->opt_params > trained_bytes)
+        k->untrained_running = k->untrained_ref = 0;
     k->dtypes_known = ro->has_dtypes && og_known(ro->bytes[OG_ROLE_parameters]);
     int nd = ro->ndtypes < 0 ? 0 : ro->ndtypes > 6 ? 6 : ro->ndtypes;
     for (int i = 0; k->dtypes_known && i < nd; i++) {

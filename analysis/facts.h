@@ -223,7 +223,8 @@ typedef struct og_role_facts {
                                while a model is being built, of every trainable one of its class beyond the smallest */
     uint64_t frozen_models; /* roles.models: parameters of models none of whose parameters requires grad */
     /* roles.models: parameters of the running models (running > 0) whose parameters require grad but that no
-     * optimizer trains (trained 0: a teacher deep-copied from the student, a target network) */
+     * optimizer trains (trained 0: a teacher deep-copied from the student, a target network); 0 (not known) when
+     * the optimizers train more parameters than the models they train hold (a ZeRO partition, master weights) */
     uint64_t untrained_running;
     /* roles.models: parameters of the models whose names say reference or teacher (models[].purpose), whose
      * parameters require grad and that no optimizer trains (trained 0): each forward of theirs with autograd on

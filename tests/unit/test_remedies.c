@@ -4368,6 +4368,18 @@ static void teacher_with_autograd_on(void **state)
     r->memory.fw.roles.models[1].running = 0; /* kept, not running now: its forward is not what fails */
     run_primary(r, "does_not_fit");
     assert_int_equal(r->analysis.facts.roles.untrained_running, 0);
+    /* running again, the optimizer's parameters measured: the student's 1 GiB, what the student holds: the teacher
+     * is untrained; a flat partition no model holds (ZeRO's fp32 shard: 512 MiB, every model trained 0): which model
+     * it trains is not measured, none is known untrained */
+    r->memory.fw.roles.models[1].running = 1;
+    og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 1 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.untrained_running, 1 * GiB);
+    r->memory.fw.roles.models[0].trained = 0;
+    og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 512 * MiB);
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.untrained_running, 0);
+    assert_true(rank_of(r, "teacher_no_grad") != 1);
     free(r);
 }
 
