@@ -1261,6 +1261,17 @@ def _models(scan, modules):
     return out[:TOP_MODELS]
 
 
+def _class_holders(scan, cls, where):
+    """The containers a class of the program keeps in its own body (`cache = {}` under `class Session:`): one object
+    every instance shares, alive as long as the class, whatever happens to the instances.  Named Class.attribute.
+    Methods, properties and other descriptors hold nothing of their own."""
+    for k, v in list(vars(cls).items()):
+        if k.startswith("__") or type(v) in _ATOMS or callable(v) or isinstance(v, (staticmethod, classmethod,
+                                                                                   property, type(sys))):
+            continue
+        _holder(scan, v, "%s.%s" % (cls.__name__, k), type(v).__name__, where)
+
+
 def _named_holders(scan, modules, frame_roots):
     # named holders: attributes of modules, module globals of the program, the containers that its
     # running functions hold in local variables; the program's own objects met there (a global
@@ -1297,6 +1308,8 @@ def _named_holders(scan, modules, frame_roots):
             continue
         where = "global in " + _module_label(mod)
         for k, v in list(getattr(mod, "__dict__", {}).items()):
+            if isinstance(v, type) and getattr(v, "__module__", None) == mname:
+                _class_holders(scan, v, "class attribute in " + _module_label(mod))
             if k.startswith("__") or type(v) in _ATOMS or isinstance(v, (type(sys), type)):
                 continue
             if scan.kind(type(v)) == "user":

@@ -459,6 +459,37 @@ def t_nested_holders():
             g.pop(k, None)
 
 
+class ChatSession(object):
+    """A cache declared in the class body: one dict every session shares, kept while the class lives."""
+    image_features = {}
+    greeting = "hello"
+
+    def features(self, key):
+        return self.image_features.get(key)
+
+    @property
+    def latest(self):
+        return empty(7)                                   # made when read: a property holds nothing
+
+
+def t_class_attribute_holders():
+    """A container in a class body of the program (ChatSession.image_features) is a holder of its own, named
+    Class.attribute, kept across calls; its methods and properties are not read (a property is not called)."""
+    truth, holders = build()
+    try:
+        for i in range(3):
+            ChatSession.image_features["shot-%d" % i] = empty(40)
+        s = ChatSession()                                 # an instance adds nothing: the dict is the class's
+        r = measure(None)
+        named = dict((h[0], h[4]) for h in r["holders"])
+        want = dict(holders)
+        want["ChatSession.image_features (dict, class attribute in test_roles_phase.py)"] = 3 * 40 * 4
+        assert named == want, named
+        assert s.features("shot-1") is not None
+    finally:
+        ChatSession.image_features.clear()
+
+
 def t_nested_bounded():
     """A dict of 100,000 objects none of which holds a tensor (a dataset of records) is read in part; one of
     20,000 objects each with a list of a tensor is read whole; a budget too small stops the walk and says so."""
@@ -1852,6 +1883,7 @@ if not STAND_IN:
     check("DistributedDataParallel's buckets copy the gradients unless gradient_as_bucket_view", t_ddp_buckets)
     check("attention: nn.MultiheadAttention inside a real TransformerEncoderLayer", t_attention_real_mha)
     check("a holder's outputs keep their graphs with autograd on; detached or after backward, not", t_holder_graphs)
+    check("a container in a class body of the program is a holder of its own (Class.attribute)", t_class_attribute_holders)
 
 gc.collect()
 print("%d passed, %d failed" % (results["pass"], results["fail"]))
