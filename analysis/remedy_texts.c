@@ -59,8 +59,16 @@ bool og_generation_growth(const rctx_t *x)
         4 * ro->purpose_bytes[OG_PURPOSE_kv_cache] >= x->rec->memory.fw.allocated_bytes)
         return true;
     /* a generation's growth is its KV cache's, unless the roles were measured and hold no KV cache at all (a
-     * diffusion pipeline's outputs kept in a list across requests: what grows is that list) */
+     * diffusion pipeline's outputs kept in a list across requests: what grows is that list), or the growth's own
+     * holder (roles.grower) is no KV cache and holds more than the KV caches do (a server's dict of image features
+     * kept across requests: what grows is that dict) */
     uint64_t kv = ro->purpose_bytes[OG_PURPOSE_kv_cache];
+    if (ro->known && ro->grower >= 0 && ro->grower < x->rec->memory.fw.roles.nholders && ro->grower_bytes > kv) {
+        char pu[sizeof x->rec->memory.fw.roles.holders[0].purpose];
+        og_cpy(pu, sizeof pu, x->rec->memory.fw.roles.holders[ro->grower].purpose, sizeof pu);
+        if (og_purpose_of(pu) != OG_PURPOSE_kv_cache)
+            return false;
+    }
     return x->has[OG_CAUSE_GROWTH] && x->trains != 1 && x->grad != 1 &&
            ((x->f->decoding && !(ro->known && !kv)) || (ro->known && kv && kv >= x->f->growth.rise / 2));
 }

@@ -1553,7 +1553,8 @@ static void no_attention_layers_no_fused_attention(void **state)
 
 /* a diffusion demo keeps every generated image in a global list: memory rises request after request in phase
  * generation, the roles measured and no KV cache among them: what grows is the list, so releasing it leads, not the
- * generation's own working set (a smaller batch); the same list said to be a KV cache is that working set */
+ * generation's own working set (a smaller batch); the same list said to be a KV cache is that working set; beside a
+ * smaller KV cache of the running generate(), the list is still what grows */
 static void generation_growth_without_kv_cache(void **state)
 {
     og_record_t *r = base();
@@ -1570,6 +1571,14 @@ static void generation_growth_without_kv_cache(void **state)
     fixture_holder_says(r, "kv_cache", "");
     run(r);
     assert_string_not_equal(r->remedies[0].id, "release_references");
+    /* the list again beside generate()'s own KV cache (1 GiB, a local): the growth's holder (roles.grower) is the
+     * list, far larger than the cache: what grows is the list, releasing it leads */
+    fixture_holder_says(r, "", "");
+    fixture_holder(r, "past_key_values", "tuple", "local in generate (app.py:40)", 1 * GiB);
+    fixture_holder_says(r, "kv_cache", "");
+    run(r);
+    assert_int_equal(r->analysis.facts.roles.grower, 0);
+    assert_string_equal(r->remedies[0].id, "release_references");
     free(r);
 }
 
