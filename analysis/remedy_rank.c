@@ -289,11 +289,12 @@ bool og_kept_holder(const rctx_t *x)
     if (!kept_outgrows(x) || !HAS(FRAG) || ro->keeper < 0 || PRIMARY(GROWTH) || !og_covers(x, (double)ro->keeper_bytes))
         return false;
     const og_role_holder_t *h = &x->rec->memory.fw.roles.holders[ro->keeper];
-    char where[sizeof h->where];
+    char where[sizeof h->where], kind[sizeof h->kind];
     og_cpy(where, sizeof where, h->where, sizeof where);
+    og_cpy(kind, sizeof kind, h->kind, sizeof kind);
     /* DistributedDataParallel's reducer keeps its gradient buckets (roles.ddp, their own remedy): DDP's, not the
-     * program's to release */
-    bool ddp_reducer = ro->ddp_buckets && strstr(where, "DistributedDataParallel");
+     * program's to release, on DDP or on a subclass of it (the reducer's own class says so) */
+    bool ddp_reducer = ro->ddp_buckets && (strstr(where, "DistributedDataParallel") || strcmp(kind, "Reducer") == 0);
     return !h->purpose[0] && !h->copy_of[0] && !ddp_reducer;
 }
 static bool kept_holder(const rctx_t *x) { return og_kept_holder(x); }

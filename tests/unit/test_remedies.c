@@ -3956,6 +3956,13 @@ static void kept_holder_outgrows_the_splinters(void **state)
     r->memory.fw.roles.ddp_bucket_bytes = 4 * GiB;
     run(r);
     assert_false(ranked_by(rem(r, "release_references"), "kept_holder"));
+    /* on the program's own subclass of it (class DDP(DistributedDataParallel)): the reducer's class says whose */
+    snprintf(r->memory.fw.roles.holders[0].where, sizeof r->memory.fw.roles.holders[0].where, "on DDP");
+    run(r);
+    assert_true(ranked_by(rem(r, "release_references"), "kept_holder"));
+    snprintf(r->memory.fw.roles.holders[0].kind, sizeof r->memory.fw.roles.holders[0].kind, "Reducer");
+    run(r);
+    assert_false(ranked_by(rem(r, "release_references"), "kept_holder"));
     r->memory.fw.roles.ddp_wrappers = 0;
     r->memory.fw.roles.ddp_bucket_bytes = 0;
     run(r);
