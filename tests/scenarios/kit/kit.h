@@ -83,6 +83,33 @@ static inline int torch_alloc_n(int n, size_t each, const char *where)
             return torch_oom(where, each);
     return 0;
 }
+/* A helper process of a scenario (a worker, a rank, an evaluation it started), its memory in place: create
+ * SYNC/ready.ID for the process that waits on it (scen_wait_ready), then stay until SYNC/done appears (30 s at
+ * most).  SYNC is $SCEN_SYNC, /tmp without it. */
+static inline void scen_ready_until_done(const char *sync, const char *id)
+{
+    char ready[4096], done[4096];
+    snprintf(ready, sizeof ready, "%s/ready.%s", sync ? sync : "/tmp", id);
+    snprintf(done, sizeof done, "%s/done", sync ? sync : "/tmp");
+    close(open(ready, O_CREAT | O_WRONLY, 0644));
+    for (int t = 0; t < 3000 && access(done, F_OK) != 0; t++)
+        msleep(10);
+}
+/* wait (30 s at most) until the helper ID is ready */
+static inline void scen_wait_ready(const char *sync, const char *id)
+{
+    char ready[4096];
+    snprintf(ready, sizeof ready, "%s/ready.%s", sync ? sync : "/tmp", id);
+    for (int t = 0; t < 3000 && access(ready, F_OK) != 0; t++)
+        msleep(10);
+}
+/* let the helpers go: SYNC/done */
+static inline void scen_done(const char *sync)
+{
+    char done[4096];
+    snprintf(done, sizeof done, "%s/done", sync ? sync : "/tmp");
+    close(open(done, O_CREAT | O_WRONLY, 0644));
+}
 /* a process in the background of a scenario, its memory in place: tell the runner ($SCEN_READY names a
  * file to create), then idle until the runner kills it (10 minutes at most) */
 static inline int hold_until_killed(void)

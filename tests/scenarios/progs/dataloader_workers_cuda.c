@@ -18,32 +18,28 @@
 int main(void)
 {
     const char *sync = getenv("SCEN_SYNC");
-    char ready[4096], done[4096];
-    snprintf(done, sizeof done, "%s/done", sync ? sync : "/tmp");
+    char id[16];
     pid_t w[6];
     for (int i = 0; i < 6; i++) {
+        snprintf(id, sizeof id, "%d", i);
         w[i] = fork();
         if (w[i] == 0) { /* a worker: collate_fn -> .cuda() */
             c10_init();
             void *b = c10_empty(4 * MiB);
             (void)b;
-            snprintf(ready, sizeof ready, "%s/ready.%d", sync ? sync : "/tmp", i);
-            close(open(ready, O_CREAT | O_WRONLY, 0644));
-            for (int t = 0; t < 3000 && access(done, F_OK) != 0; t++)
-                msleep(10);
+            scen_ready_until_done(sync, id);
             _exit(0);
         }
     }
     for (int i = 0; i < 6; i++) { /* the first batches arrive */
-        snprintf(ready, sizeof ready, "%s/ready.%d", sync ? sync : "/tmp", i);
-        for (int t = 0; t < 3000 && access(ready, F_OK) != 0; t++)
-            msleep(10);
+        snprintf(id, sizeof id, "%d", i);
+        scen_wait_ready(sync, id);
     }
     c10_init();
     int rc = torch_alloc_n(36, 512 * MiB, "model.cuda()");
     if (!rc)
         rc = torch_alloc_n(6, 512 * MiB, "forward");
-    close(open(done, O_CREAT | O_WRONLY, 0644));
+    scen_done(sync);
     for (int i = 0; i < 6; i++)
         waitpid(w[i], NULL, 0);
     return rc;

@@ -17,15 +17,10 @@
 
 static int evaluate(const char *sync, const char *id)
 {
-    char ready[4096], done[4096];
-    snprintf(done, sizeof done, "%s/done", sync);
     c10_init();
     if (torch_alloc_n(16, 512 * MiB, "evaluate.py: model.cuda()"))
         return 1;
-    snprintf(ready, sizeof ready, "%s/ready.%s", sync, id);
-    close(open(ready, O_CREAT | O_WRONLY, 0644));
-    for (int t = 0; t < 3000 && access(done, F_OK) != 0; t++)
-        msleep(10);
+    scen_ready_until_done(sync, id);
     return 0;
 }
 
@@ -36,8 +31,6 @@ int main(int argc, char **argv)
         sync = "/tmp";
     if (argc == 3 && strcmp(argv[1], "--evaluate") == 0)
         return evaluate(sync, argv[2]);
-    char ready[4096], done[4096];
-    snprintf(done, sizeof done, "%s/done", sync);
     c10_init();
     int rc = torch_alloc_n(36, 512 * MiB, "model and optimizer");
     pid_t ev[2] = { -1, -1 };
@@ -55,13 +48,11 @@ int main(int argc, char **argv)
             execv(argv[0], args);
             _exit(127);
         }
-        snprintf(ready, sizeof ready, "%s/ready.%s", sync, id);
-        for (int t = 0; t < 3000 && access(ready, F_OK) != 0; t++)
-            msleep(10);
+        scen_wait_ready(sync, id);
     }
     if (!rc)
         rc = torch_alloc_n(12, 512 * MiB, "forward (epoch 3)");
-    close(open(done, O_CREAT | O_WRONLY, 0644));
+    scen_done(sync);
     for (int i = 0; i < 2; i++)
         if (ev[i] > 0)
             waitpid(ev[i], NULL, 0);

@@ -16,16 +16,11 @@
 
 static int decoder_rank(const char *sync, const char *rank)
 {
-    char ready[4096], done[4096];
-    snprintf(done, sizeof done, "%s/done", sync);
     c10_set_device(0); /* the decoder's device, whatever the rank */
     c10_init();
     if (torch_alloc_n(8, 512 * MiB, "StreamReader(hw_accel=\"cuda:0\") frames"))
         return 1;
-    snprintf(ready, sizeof ready, "%s/ready.%s", sync, rank);
-    close(open(ready, O_CREAT | O_WRONLY, 0644));
-    for (int t = 0; t < 3000 && access(done, F_OK) != 0; t++)
-        msleep(10);
+    scen_ready_until_done(sync, rank);
     return 0;
 }
 
@@ -36,7 +31,7 @@ int main(int argc, char **argv)
         sync = "/tmp";
     if (getenv("LOCAL_RANK"))
         return decoder_rank(sync, getenv("LOCAL_RANK"));
-    char link[8192], ready[4096], done[4096], self[4096];
+    char link[8192], self[4096];
     ssize_t sn = readlink("/proc/self/exe", self, sizeof self - 1);
     if (sn <= 0)
         return 2;
@@ -46,7 +41,6 @@ int main(int argc, char **argv)
     unlink(link);
     if (symlink(self, link) != 0)
         return 2;
-    snprintf(done, sizeof done, "%s/done", sync);
     pid_t kids[3];
     for (int r = 1; r <= 3; r++) {
         kids[r - 1] = fork();
@@ -60,14 +54,14 @@ int main(int argc, char **argv)
             execv(link, argv);
             _exit(127);
         }
-        snprintf(ready, sizeof ready, "%s/ready.%d", sync, r);
-        for (int t = 0; t < 3000 && access(ready, F_OK) != 0; t++)
-            msleep(10);
+        char id[8];
+        snprintf(id, sizeof id, "%d", r);
+        scen_wait_ready(sync, id);
     }
     c10_set_device(0);
     c10_init();
     int rc = torch_alloc_n(20, 512 * MiB, "model.cuda()");
-    close(open(done, O_CREAT | O_WRONLY, 0644));
+    scen_done(sync);
     for (int i = 0; i < 3; i++)
         waitpid(kids[i], NULL, 0);
     return rc;
