@@ -592,7 +592,14 @@ static bool c_peer_ranks(const og_facts_t *d, const og_record_t *r, og_cause_t *
         return false;
     c->id = og_cause_ids[OG_CAUSE_PEERS];
     c->confidence = 0.7 + (d->npeers && d->peers_small ? 0.2 : 0) + (wrong_device ? 0.05 : 0);
-    if (d->child_programs)
+    if (d->npeers && d->nworld_peers == d->npeers)
+        summary(c,
+                "%d other %s %s %s on GPU %d. Their identity cannot be read here, but this rank's environment says "
+                "srun started %d tasks on this node and torchrun a world in each: one rank of every other world uses "
+                "this GPU, as this one does. They are this job's, not other users'.",
+                d->npeers, og_plural(d->npeers, "process", "processes"), og_plural(d->npeers, "holds", "hold"),
+                og_hb((double)d->peers_bytes).s, r->event.device, d->nested_launchers);
+    else if (d->child_programs)
         summary(c,
                 "%d %s this process started, running another program, %s %s on GPU %d: each has a CUDA context "
                 "of its own and whatever it loaded; started without waiting for the previous one, they add up. They "
@@ -638,6 +645,8 @@ static bool c_peer_ranks(const og_facts_t *d, const og_record_t *r, og_cause_t *
     ev_num(c, "children", d->nchildren);
     if (d->nchild_programs)
         ev_num(c, "child_programs", d->nchild_programs);
+    if (d->nworld_peers)
+        ev_num(c, "other_worlds", d->nworld_peers);
     ev_num(c, "siblings", d->nsiblings);
     ev_num(c, "parent", d->nparents);
     ev_bytes(c, "peers_bytes", d->peers_bytes);

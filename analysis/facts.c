@@ -173,6 +173,8 @@ static uint64_t pool_idle(const og_framework_view_t *fw)
     return idle < cached ? idle : cached;
 }
 
+static int nested_launch_tasks(const og_record_t *r);
+
 static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t *th)
 {
     og_thresholds_t t = th ? *th : th_default;
@@ -195,12 +197,20 @@ static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t
     d->phys_free.v = og_or(rec->device.free_bytes, 0);
 
     /* peers of the same job are not "other users" of the GPU */
-    int no = rec->memory.nother < 0 ? 0 : rec->memory.nother > 32 ? 32 : rec->memory.nother;
+    int no = rec->memory.nother < 0 ? 0 : rec->memory.nother > 32 ? 32 : rec->memory.nother, unreadable = 0;
     d->peers_small = true;
     d->same_program_big = -1;
+    /* srun around torchrun (nested_launch_tasks): when every other process on this GPU is unreadable here (another pid
+     * namespace) and there is exactly one per other task, they are the other worlds' ranks with this local rank, the
+     * job's own (an exact count, never a guess from sizes); any other count leaves them others */
+    d->nested_launchers = nested_launch_tasks(rec);
+    for (int i = 0; i < no; i++)
+        unreadable += !rec->memory.other[i].visible;
+    bool worlds = d->nested_launchers > 1 && no == d->nested_launchers - 1 && unreadable == no;
     for (int i = 0; i < no; i++) {
-        if (rec->memory.other[i].same_job) {
+        if (rec->memory.other[i].same_job || worlds) {
             d->npeers++;
+            d->nworld_peers += worlds;
             /* a child with a rank of its own is a rank this process launched (Lightning's launcher), not a worker */
             d->nchildren += rec->memory.other[i].child && rec->memory.other[i].rank < 0;
             d->nchild_programs +=
@@ -2161,6 +2171,20 @@ static uint64_t env_count(const og_record_t *r, const char *name)
     return *end == 0 && v[0] != '-' ? (uint64_t)x : 0;
 }
 
+/* torchrun's world (LOCAL_WORLD_SIZE > 1, TORCHELASTIC_RUN_ID) inside one of several tasks srun started on this node
+ * (SLURM_PROCID; SLURM_NTASKS_PER_NODE, else SLURM_NTASKS / SLURM_NNODES): srun around torchrun, each task a launcher
+ * of its own whose RANK is its own world's; the tasks on the node, 0 when this rank's environment does not say so */
+static int nested_launch_tasks(const og_record_t *r)
+{
+    uint64_t local = env_count(r, "LOCAL_WORLD_SIZE");
+    uint64_t tasks = env_count(r, "SLURM_NTASKS_PER_NODE"), nodes = env_count(r, "SLURM_NNODES");
+    if (!tasks && nodes) /* sbatch --ntasks without --ntasks-per-node: spread evenly */
+        tasks = env_count(r, "SLURM_NTASKS") / nodes;
+    return local > 1 && env_of(r, "TORCHELASTIC_RUN_ID") && env_of(r, "SLURM_PROCID") && tasks > 1 && tasks < 100000
+               ? (int)tasks
+               : 0;
+}
+
 /* the ranks of this job on this machine and whether they outnumber its GPUs (facts: node_ranks, ranks_outnumber_gpus) */
 static void node_ranks(og_facts_t *d, const og_record_t *r)
 {
@@ -2173,15 +2197,8 @@ static void node_ranks(og_facts_t *d, const og_record_t *r)
         launchers += o->same_allocation; /* one more launcher's world with a rank on this GPU */
     }
     uint64_t local = env_count(r, "LOCAL_WORLD_SIZE"); /* one launcher's ranks on this machine */
-    /* torchrun's world inside one of several tasks srun started on this node (its environment says both: srun around
-     * torchrun), each task a launcher of its own; its RANK is its own world's, not its task's */
-    uint64_t tasks = env_count(r, "SLURM_NTASKS_PER_NODE"), nodes = env_count(r, "SLURM_NNODES");
-    if (!tasks && nodes) /* sbatch --ntasks without --ntasks-per-node: spread evenly */
-        tasks = env_count(r, "SLURM_NTASKS") / nodes;
-    if (local > 1 && env_of(r, "TORCHELASTIC_RUN_ID") && env_of(r, "SLURM_PROCID") && tasks > 1 && tasks < 100000) {
-        d->nested_launchers = (int)tasks;
-        launchers = launchers > (int)tasks ? launchers : (int)tasks;
-    }
+    if (d->nested_launchers)                           /* measure(): srun around torchrun, a world per task */
+        launchers = launchers > d->nested_launchers ? launchers : d->nested_launchers;
     d->node_ranks = local > 0 && local < 100000 ? (int)local * launchers : 1 + here;
     d->ranks_outnumber_gpus = (here > 0 || (d->nested_launchers && d->other_all)) && r->visible_devices >= 1 &&
                               d->node_ranks > r->visible_devices;

@@ -427,6 +427,9 @@ typedef struct og_facts {
     uint64_t used, footprint;
     uint64_t other_all, other, peers_bytes;
     int npeers, nothers, nchildren; /* nchildren: children of this process without a rank of their own (workers) */
+    /* of npeers, the other worlds' ranks of a nested launch (nested_launchers): unreadable processes, one per other
+     * srun task on the node */
+    int nworld_peers;
     int nchild_programs; /* of the children, those running another program (memory.other_processes[].other_program) */
     bool child_programs; /* every peer is such a child: programs this process started (an evaluation per epoch) */
     int nsiblings, nparents; /* peers that are workers of the same parent (a pre-fork server) or its master */

@@ -4592,6 +4592,15 @@ static void ranks_outnumber_gpus(void **state)
     assert_int_equal(r->analysis.facts.node_ranks, 64);
     assert_string_equal(r->remedies[0].id, "one_rank_per_gpu");
     assert_true(how_has(&r->remedies[0], "--ntasks-per-node=1"));
+    assert_int_equal(r->analysis.facts.nworld_peers, 0); /* 1 other process where 7 other worlds' would be */
+    assert_true(rank_of(r, "foreign_processes") > 0);
+    /* two tasks on the node: the one other process is the other world's rank with this local rank, this job's */
+    strcpy(r->env[3], "SLURM_NTASKS_PER_NODE=2");
+    run_primary(r, "peer_ranks");
+    assert_int_equal(r->analysis.facts.nworld_peers, 1);
+    assert_string_equal(r->remedies[0].id, "one_rank_per_gpu");
+    assert_int_equal(rank_of(r, "foreign_processes"), 0);
+    assert_false(any_how_has(r, "kill "));
     r->nenv = 3; /* no SLURM_NTASKS_PER_NODE */
     run(r);
     assert_int_equal(r->analysis.facts.nested_launchers, 0);
