@@ -273,6 +273,8 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
                 og_sb_puts(&b, ", frozen");
             else if (r->models[i].trained == 0)
                 og_sb_puts(&b, ", requires grad but no optimizer trains it");
+            else if (r->models[i].trained > 0 && r->models[i].stepped == 0 && r->optimizer_steps > 0)
+                og_sb_puts(&b, ", its optimizer keeps no state for it"); /* steps ended: a stateless SGD */
             else if (r->models[i].trained > 0 && r->models[i].stepped == 0)
                 og_sb_puts(&b, ", its optimizer has not stepped yet");
         }

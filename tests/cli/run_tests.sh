@@ -181,6 +181,15 @@ ro.update(allocated_after_steps=None, allocated_over_run=None, optimizer_steps=i
 json.dump(d, open(sys.argv[2], "w"))' "$R" "$T/steps0.json" 0
 OOMGUARD_SYMBOLIZE=0 "$OG" report "$T/steps0.json" --color never >"$T/s0" 2>&1
 has "roles: no optimizer step made yet" "$T/s0" "allocated: before the first optimizer step (none made yet)"
+# a model an optimizer trains with no state entry for it: "not stepped yet" only where no step ended (a measured 0);
+# after steps, a stateless optimizer (SGD without momentum)
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); ro=d["memory"]["framework"]["roles"]
+ro["models"] = [dict(ro["models"][0], count=1, frozen=False, trained=1, stepped=0)]
+ro.update(allocated_after_steps=None, allocated_over_run=None, optimizer_steps=int(sys.argv[3]))
+json.dump(d, open(sys.argv[2], "w"))' "$R" "$T/stateless.json" 5
+OOMGUARD_SYMBOLIZE=0 "$OG" report "$T/stateless.json" --color never >"$T/sl" 2>&1
+has "roles: a trained model with no optimizer state after steps" "$T/sl" "its optimizer keeps no state for it"
+hasnt "roles: steps ended: not \"not stepped yet\"" "$T/sl" "has not stepped yet"
 has "roles: the batch size the program names" "$T/pr" "batch size: 16, as the program names it"
 has "roles: activation checkpointing off" "$T/pr" "activation checkpointing: off: the layer that failed keeps every activation for backward"
 has "roles: a holder's purpose and copy" "$T/pr" "snapshot (dict, global in train.py), 1 tensor, kept as checkpoint, a copy of the parameters"
