@@ -2586,11 +2586,14 @@ static bool b_bounded_cache(const rctx_t *x, og_remedy_t *r)
         why(r, ", and memory grew by about %s per step", og_hb((double)x->f->growth.per_step).s);
     why(r, ": a cache with no bound grows until the card is full. Bound it, keep its entries in host memory, or "
            "store only what is needed (detached, smaller).");
-    HOWS(
-        x, r, { PT, "cache[key] = value.detach().cpu()   # entries in host memory; .to(\"cuda\") when used" },
-        { ANY,
-          "if len(cache) >= N: cache.pop(next(iter(cache)))   # evict the oldest (or functools.lru_cache(maxsize=N))" },
-        { PT, "with torch.no_grad(): value = encoder(x)   # an entry made with autograd on keeps its graph" });
+    /* the lines name the holder where it is a mapping the program keeps by a name (self.bank, ChatSession.cache) */
+    char name[sizeof x->rec->memory.fw.roles.holders[0].name] = "cache";
+    if (ro->keeper >= 0 && ro->keeper_map && x->rec->memory.fw.roles.holders[ro->keeper].name[0])
+        og_cpy(name, sizeof name, x->rec->memory.fw.roles.holders[ro->keeper].name, sizeof name);
+    how(r, "%s%s[key] = value.detach().cpu()   # entries in host memory; .to(\"cuda\") when used", pt(x), name);
+    how(r, "if len(%s) >= N: %s.pop(next(iter(%s)))   # evict the oldest (or functools.lru_cache(maxsize=N))", name,
+        name, name);
+    how(r, "%swith torch.no_grad(): value = encoder(x)   # an entry made with autograd on keeps its graph", pt(x));
     return true;
 }
 

@@ -2621,19 +2621,21 @@ static void graph_pools_first(void **state)
     free(r);
 }
 
-/* a leak into a dict kept across steps: bound the cache, name it; not inference_mode */
+/* a leak into a dict kept across steps: bound the cache, name it (in its lines too); not inference_mode */
 static void growth_in_a_dict(void **state)
 {
     og_record_t *r = base();
     leaking_steps(r);
     fixture_roles(r, 4 * GiB, 0, 0, 0, 16 * GiB, 0);
-    fixture_holder(r, "cache", "dict", "global in train.py", 15 * GiB);
+    fixture_holder(r, "self.bank", "dict", "on Paster", 15 * GiB);
     r->memory.fw.grad_enabled = 1;
     run_primary(r, "growth");
     assert_string_equal(r->remedies[0].id, "bounded_cache");
-    assert_non_null(strstr(r->remedies[0].why, "cache (dict, global in train.py)"));
+    assert_non_null(strstr(r->remedies[0].why, "self.bank (dict, on Paster)"));
+    assert_true(how_has(&r->remedies[0], "self.bank[key] = value.detach().cpu()")); /* its lines name the map */
+    assert_true(how_has(&r->remedies[0], "if len(self.bank) >= N"));
     assert_int_equal(rank_of(r, "release_references"), 2);
-    assert_true(how_has(rem(r, "release_references"), "cache: keep numbers"));
+    assert_true(how_has(rem(r, "release_references"), "self.bank: keep numbers"));
     assert_int_equal(rank_of(r, "inference_mode"), 0);
     free(r);
     /* a list: release_references names it, no cache to bound */
