@@ -607,11 +607,13 @@ bool og_same_arguments(const char *a, size_t an, const char *b, size_t bn)
  * or ranks of the same world.  Only rank/job variables are read from their environment. */
 static void capture_peers(og_record_t *rec)
 {
-    static const char *const job_vars[] = { "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "MASTER_PORT", "PBS_JOBID",
-                                            "LSB_JOBID",           "JOB_ID",       NULL };
-    /* of them, a batch system's allocation and a launcher's own world */
-    static const char *const alloc_vars[] = { "SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "JOB_ID", NULL };
-    static const char *const world_ids[] = { "TORCHELASTIC_RUN_ID", "MASTER_PORT", NULL };
+    /* the variables that name a job: a launcher's own world (its rendezvous) or a batch system's allocation */
+    enum { WORLD, ALLOCATION };
+    static const struct {
+        const char *name;
+        int kind;
+    } job_vars[] = { { "TORCHELASTIC_RUN_ID", WORLD }, { "MASTER_PORT", WORLD },    { "SLURM_JOB_ID", ALLOCATION },
+                     { "PBS_JOBID", ALLOCATION },      { "LSB_JOBID", ALLOCATION }, { "JOB_ID", ALLOCATION } };
     /* LOCAL_RANK last: a launcher that sets only the local rank (Lightning's subprocess launcher runs the same script
      * again with LOCAL_RANK, NODE_RANK and WORLD_SIZE) */
     static const char *const rank_vars[] = { "RANK",     "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
@@ -656,22 +658,15 @@ static void capture_peers(og_record_t *rec)
         ssize_t en = read_proc(o->pid, "environ", buf, 65536);
         bool job_match = false, job_differs = false, ranked = false, alloc_match = false, world_differs = false;
         if (en > 0) {
-            for (const char *const *v = alloc_vars; *v; v++) {
-                const char *theirs = env_in(buf, en, *v), *ours = getenv(*v);
-                alloc_match = alloc_match || (theirs && ours && *ours && strcmp(theirs, ours) == 0);
-            }
-            for (const char *const *v = world_ids; *v; v++) {
-                const char *theirs = env_in(buf, en, *v), *ours = getenv(*v);
-                world_differs = world_differs || (theirs && ours && *ours && strcmp(theirs, ours) != 0);
-            }
-            for (const char *const *v = job_vars; *v; v++) {
-                const char *theirs = env_in(buf, en, *v), *ours = getenv(*v);
-                if (theirs && ours && *ours) {
-                    if (strcmp(theirs, ours) == 0)
-                        job_match = true;
-                    else
-                        job_differs = true;
-                }
+            for (size_t v = 0; v < sizeof job_vars / sizeof *job_vars; v++) {
+                const char *theirs = env_in(buf, en, job_vars[v].name), *ours = getenv(job_vars[v].name);
+                if (!theirs || !ours || !*ours)
+                    continue;
+                bool same = strcmp(theirs, ours) == 0;
+                job_match = job_match || same;
+                job_differs = job_differs || !same;
+                alloc_match = alloc_match || (same && job_vars[v].kind == ALLOCATION);
+                world_differs = world_differs || (!same && job_vars[v].kind == WORLD);
             }
             for (const char *const *v = rank_vars; *v && o->rank < 0; v++) {
                 const char *r = env_in(buf, en, *v);
