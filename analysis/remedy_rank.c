@@ -1783,6 +1783,8 @@ static void apply(rank_t *k, const rctx_t *x, const og_rank_row_t *rows, size_t 
             if (k->want[a]) {
                 k->want[a] = false, k->want[b] = true;
                 k->tier[b] = k->tier[a], k->order[b] = k->order[a], k->cover[b] = k->cover[a];
+                for (int j = 0; j < k->nrows[a]; j++) /* the rows that placed it place its replacement */
+                    touched(k, b, k->rows[a][j]);
                 touched(k, b, w->name);
             }
             continue;
