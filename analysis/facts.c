@@ -1980,14 +1980,13 @@ static void others_sliver(og_facts_t *d)
     d->others_sliver = building && d->capacity && d->other_all && d->other_all * 16 < d->capacity;
 }
 
-/* a request of at least PASS_BIG_REQ_DIV-th of the device, in a pass whose activations already hold as much (its
+/* a request of at least an OG_BIG_REQ_DIV-th of the device, in a pass whose activations already hold as much (its
  * tensors are this size: a layer's output over one whole input), that a defragmented cache with the free memory
  * would serve leaving less than the request itself: the splinters carry the pass this one tensor further, and its
  * next one of that size has no room whatever the cache's layout */
-#define PASS_BIG_REQ_DIV 8
 static bool next_tensor_has_no_room(const og_facts_t *d, const og_role_facts_t *k)
 {
-    if (!pass_phase(d->phase) || !d->req_known || !d->capacity || d->req * PASS_BIG_REQ_DIV < d->capacity ||
+    if (!pass_phase(d->phase) || !d->req_known || !d->capacity || d->req * OG_BIG_REQ_DIV < d->capacity ||
         (double)k->act < 0.9 * (double)d->req)
         return false;
     uint64_t room = add_sat(d->free_eff, d->cached);

@@ -52,6 +52,9 @@ const char *og_job_phase_name(enum og_job_phase p);
 
 #define OG_NFW              5 /* enum og_framework values */
 #define OG_GROWTH_MAX_STEPS 512
+/* a big request: at least an OG_BIG_REQ_DIV-th of the device, one tensor the size of a layer's output over a
+ * whole input (a recording, a volume, a long document), not one of a pass's many small temporaries */
+#define OG_BIG_REQ_DIV 8
 
 /* Scratch of the growth rule: the low points of up to OG_GROWTH_MAX_STEPS steps and their rises. */
 typedef struct og_growth_scratch {

@@ -530,6 +530,17 @@ static bool larger_inference_lead(const rctx_t *x)
                                 roles_of(x)->request_shape == OG_REQ_SQUARE;
     return larger_inference(x) && roles_of(x)->request_shape != OG_REQ_CUBE && !pairs_outside_a_pass;
 }
+/* one input at a time (roles.batch_size 1: the program's name, or the model's input read) through a model with
+ * autograd off, in an evaluation or a forward outside training's steps, its failing tensor at least an
+ * OG_BIG_REQ_DIV-th of the card and no KV cache building: there is no batch to shrink, and the input's size (a whole
+ * recording, a full-resolution volume, a long document) is what the pass grows with; split into overlapping pieces,
+ * or capped, it fits as far as needed, and the next larger input does not fail again */
+static bool one_input_inference(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return PRIMARY(DNF) && x->grad == -1 && (PHASE(evaluation) || PHASE(forward)) && ro->known && ro->batch_size == 1 &&
+           ro->kv < 0 && x->capacity && x->req * OG_BIG_REQ_DIV >= x->capacity;
+}
 /* a one-batch peak (one_batch_peak: a request far larger than any of the earlier steps, which fit) larger than the
  * card: the batches before it fit, and autograd keeps every layer's output of this one for backward, so tiling the
  * failing operation leaves the rest of its pass as large; capping the input's length brings it back to what fit */
@@ -1567,6 +1578,10 @@ static const og_rank_row_t lead[] = {
       "triple, split it), nor L x L made outside any pass of a model (phase unknown with a Python stack read, no KV "
       "cache: every pair of the program's items, split it)",
       "long_prompt_serving, recsys_catalog_scores, esmfold_2000_residue_complex_no_chunk_size (blind)" },
+    { "one_input_inference_lead", one_input_inference, LEAD_COVERS, -31, 0, REMS(R_SHORTER_SEQ),
+      "primary does_not_fit, autograd off, phase evaluation or forward, roles: batch_size 1, no KV cache, "
+      "request >= capacity / 8",
+      "hdemucs_label_stems_finetune_val_whole_live_recording_unsplit_l4 (blind)" },
     { "retry_outside_lead", in_handler, LEAD_COVERS, -25, 0, REMS(R_RETRY_OUTSIDE), "phase oom_handler",
       "retry_in_except (blind)" },
     { "retry_outside_first", handler_keeps_attempt, LEAD_COVERS, -45, 0, REMS(R_RETRY_OUTSIDE),
@@ -2005,7 +2020,7 @@ static void estimate(rank_t *k, const rctx_t *x)
     if (one_batch_peak(x) || one_input_peak(x)) /* cap the length at what the earlier batches used */
         cover[R_SHORTER_SEQ] =
             (double)x->f->outlier.run_bytes * (1.0 - (double)x->f->outlier.prev_max / (double)x->req);
-    if (larger_inference(x)) { /* the input's length can shrink as far as needed */
+    if (larger_inference(x) || one_input_inference(x)) { /* the input's length can shrink as far as needed */
         cover[R_SHORTER_SEQ] = (double)x->req;
         cover[R_FLASH] = 0.9 * (double)x->req;
     }

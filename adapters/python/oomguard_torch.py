@@ -38,6 +38,7 @@ It never raises into the program: every failure is swallowed (one line on stderr
 OOMGUARD_VERBOSE=1).  Python 3.9+, standard library only.
 """
 import collections
+import dis
 import os
 import re
 import sys
@@ -606,7 +607,8 @@ def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowe
             if measured is not None and frame is not None:
                 measured["checkpointing"] = _checkpointing(frame, phase[0], grad, _torch_dir(torch))
             if measured is not None and code is not None:
-                measured["batch_size"] = _batch_size(code, _torch_dir(torch), phase=phase[0])
+                measured["batch_size"] = (_batch_size(code, _torch_dir(torch), phase=phase[0]) or
+                                          _input_batch(code, torch))
                 measured["autocast_in_code"] = oomguard_phase.autocast_in_code(code)
                 if measured["autocast_in_code"] and oomguard_phase.scaler_without_autocast(code):
                     # a GradScaler named, autocast nowhere in the program: not mixed precision entered
@@ -725,14 +727,17 @@ def _batch_value(name, v, evaluating=False):
     return None if (_TRAIN_BATCH if evaluating else _EVAL_BATCH).search(low) else v
 
 
-def _batch_in(ns, evaluating=False):
+def _batch_in(ns, evaluating=False, read=None):
     """An int named as a batch size in a namespace (a frame's locals or its module's globals), or in a dict or
-    an object's attributes one level down (cfg["micro_batch_size"], args.per_device_train_batch_size)."""
+    an object's attributes one level down (cfg["micro_batch_size"], args.per_device_train_batch_size).  READ,
+    when given, is the names of NS the running code reads: no other name counts."""
     for k, v in list(ns.items())[:512]:
-        b = _batch_value(k, v, evaluating)
+        b = _batch_value(k, v, evaluating) if read is None or k in read else None
         if b is not None:
             return b
     for k, v in list(ns.items())[:512]:
+        if read is not None and k not in read:
+            continue
         try:
             inner = v if isinstance(v, dict) else getattr(v, "__dict__", None)
             if (not isinstance(inner, dict) or isinstance(v, (types.ModuleType, type)) or
@@ -747,31 +752,85 @@ def _batch_in(ns, evaluating=False):
     return None
 
 
-def _batch_size(frame, torch_dir, limit=32, phase=None):
+_GLOBAL_READS = frozenset(("LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS"))
+_reads_of = {}          # code object -> the global names it reads (bounded: _READS_KEPT codes)
+_READS_KEPT = 256
+
+
+def _global_reads(code):
+    """The global names CODE reads (LOAD_GLOBAL, LOAD_NAME: not the ones it only stores, as a script's module
+    code stores its constants), from its bytecode; cached per code object."""
+    got = _reads_of.get(code)
+    if got is None:
+        got = frozenset(i.argval for i in dis.get_instructions(code) if i.opname in _GLOBAL_READS)
+        if len(_reads_of) >= _READS_KEPT:
+            _reads_of.clear()
+        _reads_of[code] = got
+    return got
+
+
+def _batch_size(frame, torch_dir, limit=64, phase=None):
     """The batch the failing pass runs, as the program names it: an int named as a batch size (see _BATCH_NAME)
     among the locals of the program's innermost frame that has one, or its module's globals, or one level
     down in a dict or an object there (a config: a local is read when its name is a config's, _CONFIG_NAMES);
     in an evaluation or a generation (PHASE) a name for training's batch is not that pass's, in another phase a
-    name for evaluation's is not; None when no name says.  Reads names only: nothing is
-    called.  Frames of torch and of this adapter are skipped."""
+    name for evaluation's is not; None when no name says.  A module's global counts only where a running frame
+    of that module reads it: a script's BATCH_SIZE = 8 is its training loop's, not that of a validation pass
+    whose code never reads it.  Reads names and bytecode only: nothing is called.  Frames of torch and of this
+    adapter are skipped."""
     evaluating = phase in _EVALUATING
-    f, n, seen = frame, 0, set()
+    f, n, mine = frame, 0, []
     own = os.path.dirname(os.path.abspath(__file__))
     try:
         while f is not None and n < limit:
             path = os.path.abspath(f.f_code.co_filename)
             if not (torch_dir and path.startswith(torch_dir)) and not path.startswith(own + os.sep):
-                # a frame's locals are read (without leaving them on the frame) only where one of its variable
-                # names is a batch's or a config's
-                names = f.f_code.co_varnames
-                b = (_batch_in(dict(oomguard_roles._frame_locals(f)), evaluating)
-                     if any(_batch_value(v, 1, evaluating) or v in _CONFIG_NAMES for v in names) else None)
-                if b is None and id(f.f_globals) not in seen:
-                    seen.add(id(f.f_globals))
-                    b = _batch_in(f.f_globals, evaluating)
-                if b is not None:
-                    return b
+                mine.append(f)
             f, n = f.f_back, n + 1
+        read = {}       # a module's globals -> the names its running frames read
+        for f in mine:
+            read.setdefault(id(f.f_globals), set()).update(_global_reads(f.f_code))
+        seen = set()
+        for f in mine:
+            # a frame's locals are read (without leaving them on the frame) only where one of its variable
+            # names is a batch's or a config's
+            names = f.f_code.co_varnames
+            b = (_batch_in(dict(oomguard_roles._frame_locals(f)), evaluating)
+                 if any(_batch_value(v, 1, evaluating) or v in _CONFIG_NAMES for v in names) else None)
+            if b is None and id(f.f_globals) not in seen:
+                seen.add(id(f.f_globals))
+                b = _batch_in(f.f_globals, evaluating, read[id(f.f_globals)])
+            if b is not None:
+                return b
+    except Exception:
+        return None
+    return None
+
+
+def _input_batch(frame, torch, limit=64):
+    """A batch of one read from the input itself, where no name says the batch: the first tensor argument of the
+    outermost module's forward on the stack (the model the program called) with two or more dimensions and a
+    leading one of 1 (a single track, image, document or graph).  1 or None: a larger leading dimension may be a
+    sequence's length (a time-major layout), so only a batch of one is read this way.  Reads the frame's argument
+    values and their shapes: nothing is called."""
+    f, n, outer = frame, 0, None
+    try:
+        while f is not None and n < limit:
+            code = f.f_code
+            if code.co_name == "forward" and code.co_argcount >= 2 and code.co_varnames[0] == "self":
+                outer = f
+            f, n = f.f_back, n + 1
+        if outer is None:
+            return None
+        loc = dict(oomguard_roles._frame_locals(outer))
+        if not hasattr(loc.get("self"), "parameters"):
+            return None
+        code = outer.f_code
+        for name in code.co_varnames[1:code.co_argcount + code.co_kwonlyargcount]:
+            v = loc.get(name)
+            if isinstance(v, torch.Tensor):
+                shape = tuple(v.shape)
+                return 1 if len(shape) >= 2 and shape[0] == 1 else None
     except Exception:
         return None
     return None

@@ -2820,6 +2820,39 @@ static void one_prompt_peak_in_generation(void **state)
     free(r);
 }
 
+/* one whole recording evaluated at a batch of one, autograd off, through a model with no attention layer (its failing
+ * tensor 4 GiB of the 24 GiB card, an eighth or more): no batch to shrink, the input's size is the lever, so capping
+ * it (overlapping pieces, tiles) leads and a smaller batch is not offered; the same request at a batch of 8, or with
+ * autograd on (a training step), or under an eighth of the card, is not this row */
+static void one_input_evaluation_caps_the_input(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 1 * GiB, 1 * GiB, 2 * GiB, 0, 0, 14 * GiB);
+    og_set(&r->event.requested_bytes, 4 * GiB);
+    og_set(&r->memory.fw.roles.attention_modules, 0);
+    r->memory.fw.grad_enabled = -1;
+    r->memory.fw.training = 1;
+    r->memory.fw.roles.batch_size = 1;
+    fixture_phase(r, "evaluation", "/w/separate.py", "validate");
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "cap_input_size");
+    assert_true(ranked_by(&r->remedies[0], "one_input_inference_lead"));
+    assert_int_equal(rank_of(r, "smaller_batch"), 0);
+    r->memory.fw.roles.batch_size = 8;
+    run_primary(r, "does_not_fit");
+    assert_false(ranked_by(rem(r, "cap_input_size"), "one_input_inference_lead"));
+    r->memory.fw.roles.batch_size = 1;
+    og_set(&r->event.requested_bytes, 2 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_false(ranked_by(rem(r, "cap_input_size"), "one_input_inference_lead"));
+    og_set(&r->event.requested_bytes, 4 * GiB);
+    r->memory.fw.grad_enabled = 1;
+    fixture_phase(r, "forward", "/w/separate.py", "forward");
+    run_primary(r, "does_not_fit");
+    assert_false(ranked_by(rem(r, "cap_input_size"), "one_input_inference_lead"));
+    free(r);
+}
+
 /* one batch far beyond the earlier steps (its new sizes 1 and 2 GiB, then 3 GiB failing; the steps' largest
  * 256 MiB), with the cache splintered: capping the length leads, not bucketing by length; with two
  * samples a batch, one sample's share is still beyond a whole earlier batch: no smaller batch either */
@@ -4842,6 +4875,7 @@ int main(void)
         cmocka_unit_test(nccl_growth),
         cmocka_unit_test(one_batch_peak_caps_the_length),
         cmocka_unit_test(larger_outlier_batch_caps_the_length),
+        cmocka_unit_test(one_input_evaluation_caps_the_input),
         cmocka_unit_test(one_batch_peak_not_bucketing),
         cmocka_unit_test(one_prompt_peak_in_generation),
         cmocka_unit_test(larger_inference_caps_the_input),

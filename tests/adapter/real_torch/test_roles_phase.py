@@ -1437,16 +1437,58 @@ def t_batch_size():
     assert with_cfg() == 1
     assert with_args() == 2
     assert with_index() is None, with_index()
+    # a module's constant counts where the running code reads it; one the script only stores (its training
+    # loop's, while a validation pass runs) does not
     ns = {"BATCH": 8, "__name__": "prog", "probe": probe}
-    exec(compile("def f():\n    return probe()\n", "/tmp/prog.py", "exec"), ns)
-    assert ns["f"]() == 8
+    exec(compile("def f():\n    n = BATCH\n    return probe()\ndef g():\n    return probe()\n",
+                 "/tmp/prog.py", "exec"), ns)
+    assert ns["f"]() == 8 and ns["g"]() is None, (ns["f"](), ns["g"]())
+    ns = {"__name__": "prog", "probe": probe}
+    exec(compile("BATCH_SIZE = 8\ndef validate():\n    return probe()\ngot = validate()\n", "/tmp/prog.py", "exec"),
+         ns)
+    assert ns["got"] is None, ns["got"]
+    exec(compile("BATCH_SIZE = 8\ndef train():\n    return [probe() for _ in range(BATCH_SIZE)][0]\n"
+                 "got = train()\n", "/tmp/prog.py", "exec"), ns)
+    assert ns["got"] == 8, ns["got"]
     # a notebook's globals name both passes' batches: each pass reads its own
     ns = {"train_batch": 8, "eval_batch_size": 64, "__name__": "prog", "tdir": tdir, "sys": sys,
           "oomguard_torch": oomguard_torch}
-    exec(compile("def f(phase):\n    return oomguard_torch._batch_size(sys._getframe(0), tdir, phase=phase)\n",
+    exec(compile("def f(phase):\n    sizes = (train_batch, eval_batch_size)\n"
+                 "    return oomguard_torch._batch_size(sys._getframe(0), tdir, phase=phase)\n",
                  "/tmp/notebook.py", "exec"), ns)
     assert ns["f"]("forward") == 8 and ns["f"]("backward") == 8, (ns["f"]("forward"), ns["f"]("backward"))
     assert ns["f"]("evaluation") == 64 and ns["f"]("generation") == 64, ns["f"]("evaluation")
+
+
+def t_input_batch():
+    """a batch of one read from the model's input where no name says: the outermost module's first tensor argument
+    with a leading 1; a leading 8 (maybe a time-major length) or no module on the stack says nothing"""
+    import oomguard_torch
+    got = []
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            got.append(oomguard_torch._input_batch(sys._getframe(), torch))
+            return x
+
+    class Separator(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = Layer()
+
+        def forward(self, mix, lengths=None):
+            return self.layer(mix.reshape(8, -1))      # the layer's own input: 8 rows of one track
+
+    sep = Separator()
+    sep(torch.zeros(1, 2, 16))
+    sep(torch.zeros(8, 2, 2))
+    sep.layer(torch.zeros(1, 4))
+    assert got == [1, None, 1], got
+    assert oomguard_torch._input_batch(sys._getframe(), torch) is None
 
 
 def t_steps_over_the_run():
@@ -1872,6 +1914,7 @@ if not STAND_IN:
     check("the phase table's PyTorch files exist in this torch", t_phase_patterns_real_files)
     check("gradient checkpointing: off in a plain layer, on under torch.utils.checkpoint or the flag", t_checkpointing)
     check("the batch size from the program's names, not a loop index or a global count", t_batch_size)
+    check("a batch of one from the outermost module's input, where no name says the batch", t_input_batch)
     check("the optimizer steps: the latest 32 and a series over the whole run", t_steps_over_the_run)
     check("autocast in the running program's code, off at the failing line", t_autocast_in_code)
     check("a GradScaler in the running loop, autocast nowhere in the program's file", t_scaler_without_autocast)
