@@ -899,19 +899,21 @@ static bool cross_entropy_op(const rctx_t *x)
 {
     return roles_of(x)->operation == OG_OP_cross_entropy && !own_fix_covers(x) && !x->larger_than_device;
 }
-/* one operation that can be split (an image decoder at full resolution, an all-pairs distance: roles.operation)
+/* one operation that can be split (an image decoder at full resolution, an all-pairs distance, a kernel matrix:
+ * roles.operation)
  * makes a tensor at least as large as everything else the running pass holds (activations and locals): the
  * operation, not the batch's activations, is the peak; splitting it into tiles or slices shrinks that tensor */
 /* what the failing operation's own full-size tensors take, alive together: an all-pairs operation makes several
  * of its pairs' size (box IoU: both corners of the overlap, its sides, the intersection; a distance: the cross term
- * and both squared norms): three of the failing size; a convolution's input and output maps at full resolution:
- * two; a decoder's output: one */
+ * and both squared norms): three of the failing size; a convolution's input and output maps at full resolution, a
+ * kernel matrix and the copy its next step makes (scaled, the noise added to its diagonal): two; a decoder's
+ * output: one */
 static uint64_t op_tensor_bytes(const rctx_t *x)
 {
     enum og_operation op = roles_of(x)->operation;
-    return op == OG_OP_pairwise ? add_sat(x->req, add_sat(x->req, x->req))
-           : op == OG_OP_conv   ? add_sat(x->req, x->req)
-                                : x->req;
+    return op == OG_OP_pairwise                            ? add_sat(x->req, add_sat(x->req, x->req))
+           : op == OG_OP_conv || op == OG_OP_kernel_matrix ? add_sat(x->req, x->req)
+                                                           : x->req;
 }
 static bool operation_dominates(const rctx_t *x)
 {
@@ -922,8 +924,9 @@ static bool operation_dominates(const rctx_t *x)
     bool conv = ro->operation == OG_OP_conv && autograd_off(x);
     uint64_t op_bytes = op_tensor_bytes(x);
     return ro->known && ro->act_known &&
-           (ro->operation == OG_OP_image_decode || ro->operation == OG_OP_pairwise || conv) && x->req_known &&
-           op_bytes >= ro->working && !own_fix_covers(x) && (!x->larger_than_device || conv);
+           (ro->operation == OG_OP_image_decode || ro->operation == OG_OP_pairwise ||
+            ro->operation == OG_OP_kernel_matrix || conv) &&
+           x->req_known && op_bytes >= ro->working && !own_fix_covers(x) && (!x->larger_than_device || conv);
 }
 /* both lead unless short, except after a confident growth (a leak fills any card whatever the operation) */
 static bool cross_entropy_lead(const rctx_t *x) { return cross_entropy_op(x) && !confident_growth(x); }
@@ -1292,9 +1295,11 @@ static const og_rank_row_t bring[] = {
       "roles.operation cross_entropy (cross_entropy, log_softmax, nll_loss on the failing stack)",
       "gemma_lora_fp32_logits_ce (blind), perplexity_log_softmax" },
     { "operation_dominates", operation_dominates, WANT, 0, 0, REMS(R_CHUNK),
-      "roles.operation image_decode or pairwise, or conv with autograd off (then also larger than the device), "
-      "the operation's tensors (request; 2x for conv, 3x for pairwise) >= the working set (activations + locals)",
-      "sdxl_vae_decode_2048px (blind), upscale_interpolate, wsi_tumor_segmentation_whole_slide_forward (blind)" },
+      "roles.operation image_decode, pairwise or kernel_matrix, or conv with autograd off (then also larger than the "
+      "device), the operation's tensors (request; 2x for conv and kernel_matrix, 3x for pairwise) >= the working set "
+      "(activations + locals)",
+      "sdxl_vae_decode_2048px (blind), upscale_interpolate, wsi_tumor_segmentation_whole_slide_forward, "
+      "botorch_electrolyte_bo_merged_60k_points_exact_gp_float64_a6000 (blind)" },
     { "resident_models", resident_models, WANT, 0, 0, REMS(R_ONE_MODEL),
       "not training, roles.models: models held by a name of the running code beside one of their class (not "
       "rebound by the failing statement) >= shortfall, leftover copies < shortfall",

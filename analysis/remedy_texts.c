@@ -1756,15 +1756,17 @@ static bool chunk_operation(const rctx_t *x, og_remedy_t *r)
     const og_role_facts_t *ro = &x->f->roles;
     char site[200];
     operation_site(x, site, sizeof site);
-    bool decode = ro->operation == OG_OP_image_decode, conv = ro->operation == OG_OP_conv;
+    bool decode = ro->operation == OG_OP_image_decode, conv = ro->operation == OG_OP_conv,
+         kernel = ro->operation == OG_OP_kernel_matrix;
     why(r,
         "The failing request, %s, is one %s%s, at least as large as everything else the running pass holds "
         "(%s)%s: that operation, not the batch, is the peak. Computed in tiles or slices it needs a fraction of "
         "it at a time.",
         req_hb(x).s,
-        decode ? "image decode at full resolution"
-        : conv ? "convolution over the whole image"
-               : "all-pairs computation",
+        decode   ? "image decode at full resolution"
+        : conv   ? "convolution over the whole image"
+        : kernel ? "kernel matrix over every pair of the points"
+                 : "all-pairs computation",
         site, og_hb((double)ro->working).s, x->larger_than_device ? ", and larger than the whole device" : "");
     if (conv)
         HOWS(x, r,
@@ -1772,6 +1774,12 @@ static bool chunk_operation(const rctx_t *x, og_remedy_t *r)
                    "overlap=0.25)   # monai.inferers: overlapping tiles, stitched" },
              { PT, "or loop over tiles of the input yourself (near the size the model was trained on) and stitch "
                    "the outputs" });
+    else if (kernel)
+        HOWS(x, r,
+             { PT, "ScaleKernel(gpytorch.kernels.keops.RBFKernel(ard_num_dims=d))   # KeOps: K(X, X) in tiles, "
+                   "never stored whole (MaternKernel too)" },
+             { PT, "or fewer points: inducing points (botorch's SingleTaskVariationalGP, gpytorch's ApproximateGP), "
+                   "or fit on a subset near the region of interest" });
     else if (decode)
         HOWS(x, r,
              { PT, "pipe.enable_vae_tiling()   # decode in overlapping tiles; pipe.enable_vae_slicing() decodes one "

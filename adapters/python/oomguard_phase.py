@@ -138,6 +138,12 @@ OPERATIONS = (
     # the programs' own box_iou / generalized_box_iou
     ("pairwise", 20, "*/torchvision/ops/boxes.py", "*", "*"),
     ("pairwise", 20, "*", "*box_iou", "*"),
+    # a Gaussian process's kernel matrix, K(X, X): every training point against every other (GPyTorch's kernels,
+    # their covar_dist and the lazy kernel tensor's evaluate_kernel, a program's own kernel classes)
+    ("kernel_matrix", 20, "*/gpytorch/kernels/*", "*", "*"),
+    ("kernel_matrix", 20, "*", "covar_dist", "*"),
+    ("kernel_matrix", 20, "*", "evaluate_kernel", "*"),
+    ("kernel_matrix", 18, "*", "forward", "*Kernel"),
     # a convolution, pooling or normalization over an image or volume: torch's modules (conv2d itself is a
     # builtin, no frame), the functional pooling, and a network's own block classes named *Conv* (ConvBlock,
     # DoubleConv, BasicConv2d) in their forward; below the decoders (a decoder's convolutions are its decode)

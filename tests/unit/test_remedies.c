@@ -1624,6 +1624,10 @@ static void operation_dominates_split_first(void **state)
     run_primary(r, "does_not_fit");
     assert_string_equal(r->remedies[0].id, "split_operation");
     assert_true(how_has(&r->remedies[0], "torch.cdist"));
+    fixture_operation(r, "kernel_matrix", "evaluate_kernel"); /* a GP's K(X, X): tiles (KeOps) or fewer points */
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "split_operation");
+    assert_true(how_has(&r->remedies[0], "keops"));
     fixture_roles(r, 6 * GiB, 0, 0, 0, 0, 9 * GiB);
     fixture_operation(r, "image_decode", "decode");
     r->memory.fw.grad_enabled = -1;
