@@ -1538,6 +1538,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
     k->batch_size = ro->batch_size > 0 ? ro->batch_size : 0;
     k->batchless_sizes = ro->has_statement && batchless_sizes(ro, k->batch_size);
     k->autocast_code = ro->autocast_in_code;
+    k->backward_code = ro->backward_in_code;
     k->scaler_only = ro->scaler_no_autocast;
     k->steps_known = ro->steps_known;
     k->steps_made = ro->steps_known ? ro->steps_made : 0;
@@ -1900,7 +1901,8 @@ static void weights_copies(og_facts_t *d, const og_record_t *r)
 /* Whether the job trains, measured: an optimizer step ran (the adapter's `training`, PyTorch's step hook);
  * the roles hold gradients (a backward ran) or optimizer state; an optimizer's param_groups hold parameters
  * of the failing device (an optimizer made for this model: the job trains before its first step too); the
- * failing stack is in backward or an optimizer step.  Known inference only from the adapter's word
+ * failing stack is in backward or an optimizer step; a function of the program running at the failure calls
+ * backward (roles.backward_in_code: a first step, or a closure an optimizer outside torch calls, scipy's L-BFGS).  Known inference only from the adapter's word
  * (training -1).  requires_grad alone says nothing: from_pretrained's weights require grad for inference
  * too. */
 static void trains(og_facts_t *d, const og_record_t *r)
@@ -1913,6 +1915,7 @@ static void trains(og_facts_t *d, const og_record_t *r)
                     : k->known && k->opt_params        ? "an optimizer holds the parameters"
                     : d->phase == OG_JP_backward       ? "the failure is in backward"
                     : d->phase == OG_JP_optimizer_step ? "the failure is in an optimizer step"
+                    : k->known && k->backward_code     ? "the running code calls backward()"
                                                        : NULL;
     d->trains = d->trains_why ? 1 : training == -1 ? -1 : 0;
 }

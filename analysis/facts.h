@@ -268,6 +268,7 @@ typedef struct og_role_facts {
                                and none is the batch size (> 1): the failing tensor is one sample's, it does not
                                shrink with the batch (box IoU of one image's anchors x boxes) */
     bool autocast_code;   /* roles.autocast_in_code: the program's running code enters autocast (false: not said) */
+    bool backward_code;   /* roles.backward_in_code: the program's running code calls backward (false: not said) */
     bool scaler_only;     /* roles.scaler_without_autocast: a GradScaler, autocast named nowhere in the program */
     uint64_t steps_made;  /* roles.optimizer_steps: the steps the optimizer made before the failure; 0 none or
                               unknown (steps_known says which) */

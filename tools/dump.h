@@ -141,6 +141,7 @@ struct og_roles_view {
     int gradient_checkpointing;        /* -1 unknown (null) */
     int autocast_in_code;              /* 1 true, -1 unknown (null) */
     int scaler_without_autocast;       /* 1 true, -1 not said (null) */
+    int backward_in_code;              /* 1 true, -1 not said (null) */
     struct {                           /* operation (name NULL: none) */
         const char *name;
         struct og_pyframe frame;

@@ -1023,7 +1023,8 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
     r->elapsed_ms = r->last_step_ms_ago = NAN;
     r->optimizer_steps = r->num_beams = r->attention_modules = r->objects_scanned = r->read_in_part =
         r->activations_copy_of.bytes = -1;
-    r->batch_size = r->gradient_checkpointing = r->autocast_in_code = r->scaler_without_autocast = -1;
+    r->batch_size = r->gradient_checkpointing = r->autocast_in_code = r->scaler_without_autocast = r->backward_in_code =
+        -1;
     r->copy_made_bytes = r->per_sample_count = r->lora_parameters_bytes = r->lora_base_trainable_bytes = -1;
     r->ddp.wrappers = r->ddp.bucket_bytes = -1;
     r->ddp.as_view = -1;
@@ -1187,6 +1188,7 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
     TRY(get_int(L, o, &p, "lora_base_trainable_bytes", &r->lora_base_trainable_bytes));
     TRY(get_bool(L, o, &p, "autocast_in_code", &r->autocast_in_code));
     TRY(get_bool(L, o, &p, "scaler_without_autocast", &r->scaler_without_autocast));
+    TRY(get_bool(L, o, &p, "backward_in_code", &r->backward_in_code));
     const cJSON *q;
     TRY(get_obj(L, o, &p, "operation", &q)); /* the failing operation */
     if (q) {

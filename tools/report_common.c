@@ -405,6 +405,10 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
                          r->autocast_in_code == 1 ? "; " : "");
         FACT("mixed precision");
         og_sb_init(&b);
+        if (r->backward_in_code == 1) /* a training step though no optimizer of torch's has stepped yet */
+            og_sb_puts(&b, "the running code calls backward(): a training step");
+        FACT("backward");
+        og_sb_init(&b);
         if (r->operation.name) {
             og_sb_puts(&b, r->operation.name);
             if (r->operation.frame.file) {

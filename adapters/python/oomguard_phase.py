@@ -381,6 +381,29 @@ def autocast_in_code(frame, limit=64):
     return None
 
 
+# the names a program's code calls backward through: loss.backward(), accelerate's accelerator.backward(loss),
+# Lightning's self.manual_backward(loss)
+_BACKWARD_NAMES = frozenset(("backward", "manual_backward"))
+
+
+def backward_in_code(frame, limit=64):
+    """True when a function of the program's own code on the failing stack (as autocast_in_code reads it) calls
+    backward among its code's names: the pass that runs is one whose loss the running code backpropagates, a
+    training step though no optimizer of torch's has stepped or holds the parameters (a closure handed to
+    scipy's L-BFGS, a first step); None when none does.  Reads code objects only: nothing is called."""
+    try:
+        import oomguard_roles
+        for f in frames_of(frame, limit) if frame is not None else ():
+            if is_framework_frame(f) or is_standard_library(f.f_code.co_filename) or \
+                    not oomguard_roles.is_user_file(f.f_code.co_filename):
+                continue
+            if _BACKWARD_NAMES.intersection(f.f_code.co_names):
+                return True
+    except Exception:
+        pass
+    return None
+
+
 def scaler_without_autocast(frame, limit=64, max_files=8):
     """True when a function of the program's own code on the failing stack names a GradScaler (the loss scaler of
     float16 training) and none of the program's files (those of its functions on the stack and its __main__) names

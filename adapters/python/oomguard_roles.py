@@ -1490,7 +1490,8 @@ def encode(r):
       most examples a per-sample gradient holds; meta lora_bytes N: the parameters of LoRA adapters;
       meta lora_base_bytes N: the other parameters that require grad (PEFT's modules_to_save aside); meta autocast_in_code 1: a
       function of the program on the failing stack enters autocast; meta scaler_without_autocast 1: one names a
-      GradScaler and none of the program's files names autocast)"""
+      GradScaler and none of the program's files names autocast; meta backward_in_code 1: a function of the program
+      on the failing stack calls backward)"""
     if not r or "roles" not in r:
         return None
     out = []
@@ -1565,6 +1566,8 @@ def encode(r):
         out.append("meta\tautocast_in_code\t1")
     if r.get("scaler_without_autocast"):
         out.append("meta\tscaler_without_autocast\t1")
+    if r.get("backward_in_code"):
+        out.append("meta\tbackward_in_code\t1")
     out.append("meta\tallocated\t%s" % ("-" if r["allocated"] is None else int(r["allocated"])))
     out.append("meta\tcomplete\t%d" % (1 if r["complete"] else 0))
     out.append("meta\telapsed_us\t%d" % int(r["elapsed_ms"] * 1000))

@@ -610,6 +610,7 @@ def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowe
                 measured["batch_size"] = (_batch_size(code, _torch_dir(torch), phase=phase[0]) or
                                           _input_batch(code, torch))
                 measured["autocast_in_code"] = oomguard_phase.autocast_in_code(code)
+                measured["backward_in_code"] = oomguard_phase.backward_in_code(code)
                 if measured["autocast_in_code"] and oomguard_phase.scaler_without_autocast(code):
                     # a GradScaler named, autocast nowhere in the program: not mixed precision entered
                     measured["autocast_in_code"], measured["scaler_without_autocast"] = None, True

@@ -1294,6 +1294,24 @@ static void cross_entropy_fused_first(void **state)
     free(r);
 }
 
+/* a first forward pass with autograd on, no optimizer of torch's, no gradient yet: whether the job trains is unknown
+ * and inference mode stays listed; the running code calling backward (roles.backward_in_code: a closure scipy's
+ * L-BFGS calls) says the pass is a training step, and inference mode goes */
+static void backward_in_code_trains(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 1 * GiB, 0, 0, 0, 0, 14 * GiB);
+    r->memory.fw.grad_enabled = 1;
+    fixture_phase(r, "forward", "/w/fit.py", "forward");
+    og_set(&r->event.requested_bytes, 6 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_true(rank_of(r, "inference_mode") > 0);
+    r->memory.fw.roles.backward_in_code = true;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "inference_mode"), 0);
+    free(r);
+}
+
 /* the running code enters autocast (roles.autocast_in_code) while the loss over the logits fails with autocast off
  * (it keeps them float32 anyway), or a backward pass fails: mixed precision is in force and not listed; the same
  * code failing in a forward pass outside autocast, or no such code, keeps it */
@@ -4894,6 +4912,7 @@ int main(void)
         cmocka_unit_test(decoding_loop_kv_growth),
         cmocka_unit_test(timing_moves_no_answer),
         cmocka_unit_test(cross_entropy_fused_first),
+        cmocka_unit_test(backward_in_code_trains),
         cmocka_unit_test(autocast_in_code),
         cmocka_unit_test(scaler_without_autocast),
         cmocka_unit_test(padding_to_max_length),

@@ -1530,6 +1530,32 @@ def t_autocast_in_code():
     assert ns["g"]() is None, ns["g"]()
 
 
+def t_backward_in_code():
+    """roles.backward_in_code: a running function of the program that calls backward (a closure an optimizer outside
+    torch calls, Lightning's manual_backward); one that only runs the model: None"""
+    import oomguard_phase
+    got = []
+
+    class Loss(object):
+        def backward(self):
+            pass
+
+    def probe():
+        got.append(oomguard_phase.backward_in_code(sys._getframe(1)))
+        return Loss()
+
+    class Module(object):
+        def manual_backward(self, loss):
+            pass
+
+    ns = {"__name__": "prog", "probe": probe}
+    exec(compile("def closure():\n    loss = probe()\n    loss.backward()\n    return loss\n"
+                 "def step(self):\n    out = probe()\n    self.manual_backward(out)\n    return out\n"
+                 "def evaluate():\n    return probe()\n", "/tmp/prog_fit.py", "exec"), ns)
+    ns["closure"](), ns["step"](Module()), ns["evaluate"]()
+    assert got == [True, True, None], got
+
+
 def t_scaler_without_autocast():
     """roles.scaler_without_autocast: the running loop names a GradScaler and the program's file names autocast
     nowhere (a comment or a string saying it does not count); autocast in a helper of the same file that is not
@@ -1918,6 +1944,8 @@ if not STAND_IN:
     check("the optimizer steps: the latest 32 and a series over the whole run", t_steps_over_the_run)
     check("autocast in the running program's code, off at the failing line", t_autocast_in_code)
     check("a GradScaler in the running loop, autocast nowhere in the program's file", t_scaler_without_autocast)
+    check("backward called by the running program's code: a training step before any optimizer of torch's",
+          t_backward_in_code)
     check("settings of the program's own code: padding to the maximum, extra outputs", t_code_settings)
     check("the failing operation from PyTorch's own frames; the table names common/operations.def's list",
           t_operation_real_frames)
