@@ -1412,6 +1412,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
                 k->untrained_ref = add_sat(k->untrained_ref, each * n);
         }
         k->model_params = add_sat(k->model_params, each * n);
+        k->model_away = add_sat(k->model_away, ro->models[i].away * n);
         /* models of several groups held one by key each, none running: a map of different models kept resident
          * (counted in keyed_models when there are >= 2 of them) */
         if (!registry_group(ro, i) && keyed_group(ro, i) && ro->models[i].running == 0) {

@@ -274,6 +274,7 @@ typedef struct og_role_facts {
                               unknown (steps_known says which) */
     bool steps_known;
     uint64_t model_params; /* roles.models: the parameters of every model (each group's times its count); 0 none */
+    uint64_t model_away;   /* roles.models: their parameters not on the failing device (parameters_elsewhere_bytes) */
     /* a copy of a model being made that no module holds yet (copy.deepcopy building its parameters one by one):
      * parameters beyond every model's (when models were measured) and gradients beyond them too */
     uint64_t copy_loose;

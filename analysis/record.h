@@ -234,6 +234,9 @@ typedef struct og_roles {
                                     adapter) */
         int stepped;             /* of those, how many an optimizer has stepped on (its state holds an entry for a
                                     parameter of theirs); -1 unknown, as trained */
+        uint64_t away;           /* parameters of one of them not on the failing device (the host, the meta
+                                    device, another GPU: the rest of a model a load is moving here); 0 none or
+                                    not measured */
     } models[6];
     /* roles.operation: what the failing operation is (common/operations.def; "" none matched) and its frame */
     char operation[24];

@@ -164,13 +164,15 @@ static bool no_zero(const rctx_t *x) { return x->fw == OG_FW_TENSORFLOW || x->fw
 static bool not_pytorch(const rctx_t *x) { return !pytorchish(x); }
 static bool frag_other_framework(const rctx_t *x) { return HAS(FRAG) && !pytorchish(x); }
 static bool state_exceeds_card(const rctx_t *x);
+static bool model_exceeds_card(const rctx_t *x);
 /* the job alone would fit on this card (what it holds + the request, 3% kept for the driver), unless its
- * state at its first optimizer step alone exceeds the card; or a leak, which any card fills */
+ * state at its first optimizer step alone exceeds the card, or the model a load is moving here does; or a leak,
+ * which any card fills */
 static bool fits_alone_or_leak(const rctx_t *x)
 {
     return !x->larger_than_device &&
            ((x->total && x->req_known && (double)add_sat(x->footprint, x->req) <= (double)x->total * 0.97 &&
-             !state_exceeds_card(x)) ||
+             !state_exceeds_card(x) && !model_exceeds_card(x)) ||
             PRIMARY(GROWTH));
 }
 
@@ -802,6 +804,17 @@ static bool rank_loads_whole_model(const rctx_t *x)
 {
     return PHASE(loading) && x->rec->world_size > 1 && !own_fix_covers(x) && !x->larger_than_device;
 }
+/* a load moving a model larger than the card itself onto it: its parameters here and the rest still elsewhere
+ * (roles.models' parameters_elsewhere_bytes: the host, the meta device) together reach the card's capacity */
+static bool model_exceeds_card(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return PHASE(loading) && ro->known && ro->model_away && x->capacity &&
+           add_sat(ro->model_params, ro->model_away) >= x->capacity;
+}
+/* ... on a rank of a multi-rank job that loads the whole model onto each rank (DeepSpeed's stages 0-2, DDP): no
+ * order of loading fits it, the weights themselves must be split across the ranks (ZeRO-3, FSDP) */
+static bool rank_model_exceeds_card(const rctx_t *x) { return rank_loads_whole_model(x) && model_exceeds_card(x); }
 /* a dataset the job keeps on the device grows (a replay buffer filling, episodes appended): the largest holder of
  * the growth (facts: roles.grower) has the purpose dataset, kept across calls or by the running loop (a replay
  * buffer is a local of main as often as an attribute): kept in host memory and sampled a batch at a time, it
@@ -1201,6 +1214,10 @@ static const og_rank_row_t bring[] = {
     { "rank_loads_whole_model", rank_loads_whole_model, WANT, 0, 0, REMS(R_SHARD_LOAD),
       "phase loading, WORLD_SIZE > 1 (a rank of a multi-rank job)",
       "fsdp_lora_llama2_13b_g5_12xlarge_device_map_local_rank (blind); (unit tests: rank_loads_whole_model)" },
+    { "rank_model_exceeds_card", rank_model_exceeds_card, WANT, 0, 0, REMS(R_ZERO),
+      "as rank_loads_whole_model, roles: the models' parameters here + elsewhere (parameters_elsewhere_bytes) >= "
+      "capacity",
+      "(unit tests: rank_model_larger_than_card)" },
     { "growing_dataset", growing_dataset, WANT, 0, 0, REMS(R_DATASET_CPU, R_BOUNDED_CACHE),
       "primary growth, roles: the growth's largest holder (grower) has the purpose dataset",
       "drqv2_replay_buffer_episodes_on_gpu, dreamer_replay_buffer_float32_chunks_on_gpu (blind)" },
@@ -1451,7 +1468,8 @@ static const og_rank_row_t narrow[] = {
     { "fragmentation_knobs", frag_other_framework, WANT, 0, 0, REMS(R_EMPTY_CACHE),
       "fragmentation, failing framework JAX/TensorFlow/CuPy (their allocator knobs)", "(unit tests)" },
     { "fits_alone_or_leak", fits_alone_or_leak, DROP, 0, 0, REMS(R_BIGGER, R_MULTI_GPU, R_ZERO, R_OFFLOAD),
-      "footprint + request <= 97% of the device (not state_exceeds_card), or primary growth",
+      "footprint + request <= 97% of the device (not state_exceeds_card, nor a load of a model larger than the "
+      "card: roles' parameters here + elsewhere >= capacity), or primary growth",
       "batch_3pct_over, loss_history_leak" },
 };
 
@@ -1587,6 +1605,9 @@ static const og_rank_row_t lead[] = {
       "primary does_not_fit, autograd off, phase evaluation or forward, roles: batch_size 1, no KV cache, "
       "request >= capacity / 8",
       "hdemucs_label_stems_finetune_val_whole_live_recording_unsplit_l4 (blind)" },
+    { "rank_model_exceeds_card_lead", rank_model_exceeds_card, LEAD, -32, 0, REMS(R_ZERO),
+      "as rank_model_exceeds_card (ahead of loading it sharded: no rank can hold it whole)",
+      "(unit tests: rank_model_larger_than_card)" },
     { "retry_outside_lead", in_handler, LEAD_COVERS, -25, 0, REMS(R_RETRY_OUTSIDE), "phase oom_handler",
       "retry_in_except (blind)" },
     { "retry_outside_first", handler_keeps_attempt, LEAD_COVERS, -45, 0, REMS(R_RETRY_OUTSIDE),

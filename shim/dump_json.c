@@ -275,6 +275,7 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
             og_sb_printf(sb, "%d", r->models[i].stepped);
         else
             og_sb_puts(sb, "null");
+        og_sb_printf(sb, ",\"parameters_elsewhere_bytes\":%llu", (unsigned long long)r->models[i].away);
         og_sb_puts(sb, "}");
     }
     og_sb_puts(sb, "]");

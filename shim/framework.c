@@ -192,6 +192,7 @@ static void parse_roles(const char *s, og_roles_t *r)
                 copy_field(r->models[r->nmodels].purpose, sizeof r->models[0].purpose, f[9]);
             r->models[r->nmodels].trained = n >= 11 && f[10][0] >= '0' && f[10][0] <= '9' ? atoi(f[10]) : -1;
             r->models[r->nmodels].stepped = n >= 12 && f[11][0] >= '0' && f[11][0] <= '9' ? atoi(f[11]) : -1;
+            r->models[r->nmodels].away = n >= 13 ? strtoull(f[12], NULL, 10) : 0;
             r->nmodels++;
         } else if (!strcmp(f[0], "operation") && n >= 5 && !r->operation[0]) {
             copy_field(r->operation, sizeof r->operation, f[1]);

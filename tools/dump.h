@@ -102,9 +102,10 @@ struct og_roles_view {
     struct {
         const char *cls;
         int64_t parameters_bytes, tensors, count;
-        int64_t trained; /* -1 absent (null) */
-        int64_t stepped; /* -1 absent (null) */
-        int frozen;      /* -1 absent */
+        int64_t trained;         /* -1 absent (null) */
+        int64_t stepped;         /* -1 absent (null) */
+        int64_t elsewhere_bytes; /* parameters_elsewhere_bytes: of one, not on the failing device; 0 absent */
+        int frozen;              /* -1 absent */
     } * models;
     int nmodels;
     struct { /* statement: the failing statement (at.file NULL: none) */

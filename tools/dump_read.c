@@ -1079,6 +1079,7 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
         TRY(get_bool(L, x, &pe, "frozen", &r->models[r->nmodels].frozen));
         TRY(get_int(L, x, &pe, "trained", &r->models[r->nmodels].trained));
         TRY(get_int(L, x, &pe, "stepped", &r->models[r->nmodels].stepped));
+        TRY(get_int(L, x, &pe, "parameters_elsewhere_bytes", &r->models[r->nmodels].elsewhere_bytes));
     });
     const cJSON *so;
     if (read_pyframe_obj(L, o, "statement", &p, &r->statement.at) < 0)

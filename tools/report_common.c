@@ -267,6 +267,8 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
             if (r->models[i].tensors >= 0)
                 og_sb_printf(&b, " in %s tensor%s", group_digits(r->models[i].tensors, c),
                              r->models[i].tensors == 1 ? "" : "s");
+            if (r->models[i].elsewhere_bytes > 0) /* the rest of a model a load is moving here */
+                og_sb_printf(&b, " (%s more off this GPU)", human_bytes(r->models[i].elsewhere_bytes, a));
             if (r->models[i].count > 1)
                 og_sb_printf(&b, ", %lld copies", (long long)r->models[i].count);
             if (r->models[i].frozen == 1)

@@ -289,6 +289,7 @@ class _Scan(object):
         self.per_sample = 0               # the most examples a per-sample gradient holds (see _per_sample)
         self.optimized = set()            # the storages of the failing device the optimizers' param_groups hold
         self.root_stepped = {}            # id(root module) -> an optimizer has state for a parameter of it
+        self.root_away = {}               # id(root module) -> bytes of its parameters not on the failing device
         self.stepped = set()              # the storages of the parameters an optimizer has state for (it stepped)
         self.parent = {}                  # id(module) -> the module that holds it
         self.model_names = {}             # id(module) -> names of the running code holding it (see _name_module)
@@ -1088,8 +1089,10 @@ def _models_named(scan):
     those names, the purpose those names or the class say (PURPOSES: an EMA, a teacher, a reference), how
     many of them an optimizer trains (its param_groups hold a parameter of theirs; None when no optimizer holds
     any parameter of the device), and how many of those it has stepped on (its state holds an entry for a
-    parameter of theirs: a training that made its first step; None as trained): [(class, bytes, tensors, count,
-    frozen, named, running, names, purpose, trained, stepped)].  A root no name of the
+    parameter of theirs: a training that made its first step; None as trained), and the bytes of one root's
+    parameters not on the failing device (on the host, the meta device, another GPU: the rest of a model a load
+    is moving here): [(class, bytes, tensors, count, frozen, named, running, names, purpose, trained, stepped,
+    away)].  A root no name of the
     running code reaches is a leftover (a previous run's model kept by a traceback, a cycle); so is one whose
     names a running statement of the program is about to rebind (_pending_stores: a cell run again while its
     previous model lives), though its names are listed."""
@@ -1120,8 +1123,9 @@ def _models_named(scan):
                         names.append(nm)
             trained = sum(1 for r in rs if scan.root_trained.get(id(r))) if roots and scan.optimized else None
             stepped = sum(1 for r in rs if scan.root_stepped.get(id(r))) if trained is not None else None
+            away = max([scan.root_away.get(id(r), 0) for r in rs] or [0])
             out.append((cls, b, n, len(rs) if roots else k, frozen, len(named),
-                        sum(1 for r in rs if id(r) in running_roots), names, purpose, trained, stepped))
+                        sum(1 for r in rs if id(r) in running_roots), names, purpose, trained, stepped, away))
     return out[:TOP_MODELS]
 
 
@@ -1202,6 +1206,13 @@ def is_attention(module, key=None):
         return False
 
 
+def _tensor_bytes(t):
+    """A tensor's bytes from its shape and dtype (Tensor.nbytes, or numel x element_size before torch 1.11's
+    nbytes): a meta tensor's too, which has no storage."""
+    n = getattr(t, "nbytes", None)
+    return int(n) if isinstance(n, int) else int(t.numel()) * int(t.element_size())
+
+
 def _models(scan, modules):
     """The models on the failing device: the modules no other module holds (roots), grouped by class
     and parameter bytes: [(class, bytes, tensors, count, frozen)], largest first.  frozen: no
@@ -1220,6 +1231,7 @@ def _models(scan, modules):
         if id(root) in children:
             continue
         seen, b, n, grad, trained, stepped = set(), 0, 0, False, False, False
+        away, away_seen = 0, set()
         stack, visited, attn = [(root, None)], set(), set()
         while stack:
             m, key = stack.pop()
@@ -1232,6 +1244,12 @@ def _models(scan, modules):
             for p in (d.get("_parameters") or {}).values():
                 scan.tick()
                 st = scan.storage(p) if p is not None else None
+                if st is None and p is not None and id(p) not in away_seen:
+                    away_seen.add(id(p))         # on the host, the meta device or another GPU: to come in a load
+                    try:
+                        away += 0 if scan.on_device(p) else _tensor_bytes(p)
+                    except Exception:
+                        pass
                 if st is None or st[0] in seen:
                     continue
                 seen.add(st[0])
@@ -1253,6 +1271,7 @@ def _models(scan, modules):
         scan.root_frozen[id(root)] = not grad
         scan.root_trained[id(root)] = trained
         scan.root_stepped[id(root)] = stepped
+        scan.root_away[id(root)] = away
         scan.model_roots.setdefault((type(root).__name__, b, n), []).append(root)
     # the walk met every module of the models: a count, 0 included; no model at all says nothing
     scan.attention = len(attention) if groups else None
@@ -1476,8 +1495,9 @@ def encode(r):
       dtype NAME BYTES TENSORS (the parameters by dtype; with `meta by_dtype 1`: measured) |
       holder BYTES TENSORS LABEL NAME KIND WHERE FILE LINE FUNCTION PURPOSE COPY_OF GRAPHS RESTORED_BYTES RESTORED_FILE
       RESTORED_LINE RESTORED_FUNCTION (what torch.load restored onto the GPU of its tensors, and where) |
-      model CLASS BYTES TENSORS COUNT FROZEN NAMED RUNNING NAMES (NAMED: roots the running code holds by a
-      name, RUNNING: roots whose method runs, NAMES: those names, comma-separated) |
+      model CLASS BYTES TENSORS COUNT FROZEN NAMED RUNNING NAMES PURPOSE TRAINED STEPPED AWAY (NAMED: roots the
+      running code holds by a name, RUNNING: roots whose method runs, NAMES: those names, comma-separated, AWAY:
+      bytes of one root's parameters not on the failing device) |
       operation NAME FILE LINE FUNCTION (the failing operation, oomguard_phase.OPERATIONS) |
       ddp WRAPPERS BUCKET_BYTES (DistributedDataParallel wrappers without gradient_as_bucket_view) |
       statement FILE LINE FUNCTION TARGET PURPOSE NAMES INTS |
@@ -1531,6 +1551,8 @@ def encode(r):
             line += "\t%s" % ("-" if m[9] is None else int(m[9]))
         if len(m) >= 11:
             line += "\t%s" % ("-" if m[10] is None else int(m[10]))
+        if len(m) >= 12:
+            line += "\t%d" % int(m[11] or 0)
         out.append(line)
     op = r.get("operation")
     if op:

@@ -190,6 +190,12 @@ json.dump(d, open(sys.argv[2], "w"))' "$R" "$T/stateless.json" 5
 OOMGUARD_SYMBOLIZE=0 "$OG" report "$T/stateless.json" --color never >"$T/sl" 2>&1
 has "roles: a trained model with no optimizer state after steps" "$T/sl" "its optimizer keeps no state for it"
 hasnt "roles: steps ended: not \"not stepped yet\"" "$T/sl" "has not stepped yet"
+# a model halfway through a load: the rest of its parameters still off this GPU
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); ro=d["memory"]["framework"]["roles"]
+ro["models"] = [dict(ro["models"][0], parameters_elsewhere_bytes=8 << 30)]
+json.dump(d, open(sys.argv[2], "w"))' "$R" "$T/halfway.json"
+OOMGUARD_SYMBOLIZE=0 "$OG" report "$T/halfway.json" --color never >"$T/hw" 2>&1
+has "roles: a model's parameters still off this GPU" "$T/hw" "Net: 64.00 MiB of parameters in 2 tensors (8.00 GiB more off this GPU)"
 has "roles: the batch size the program names" "$T/pr" "batch size: 16, as the program names it"
 has "roles: activation checkpointing off" "$T/pr" "activation checkpointing: off: the layer that failed keeps every activation for backward"
 has "roles: a holder's purpose and copy" "$T/pr" "snapshot (dict, global in train.py), 1 tensor, kept as checkpoint, a copy of the parameters"

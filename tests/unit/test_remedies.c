@@ -1622,6 +1622,30 @@ static void rank_loads_whole_model(void **state)
     free(r);
 }
 
+/* the same rank, where the model being moved here is larger than the card (20 GiB here, 8 GiB still on the host:
+ * 28 GiB for a 24 GiB card): no rank can ever hold it whole, so partitioning the weights (ZeRO-3, FSDP) leads and
+ * loading it sharded follows; with the rest of it small enough to fit, loading sharded leads as before */
+static void rank_model_larger_than_card(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 20 * GiB, 0, 0, 0, 0, 0);
+    fixture_model(r, "Qwen2ForCausalLM", 20 * GiB, 1, false);
+    r->memory.fw.roles.models[0].away = 8 * GiB;
+    fixture_phase(r, "loading", "/w/train.py", "to");
+    r->world_size = 4;
+    r->rank = r->local_rank = 1;
+    og_set(&r->event.requested_bytes, 1 * GiB);
+    og_set(&r->device.free_bytes, 512 * MiB);
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "zero_fsdp");
+    assert_true(ranked_by(&r->remedies[0], "rank_model_exceeds_card_lead"));
+    assert_int_equal(rank_of(r, "shard_before_load"), 2);
+    r->memory.fw.roles.models[0].away = 1 * GiB;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "shard_before_load");
+    free(r);
+}
+
 /* one operation that can be split (an image decode) makes a tensor at least the pass's working set: split it
  * first; in inference a smaller batch is not in the top 3 (slicing runs the batch piece by piece); a working set
  * larger than the request: the batch, not the operation, and split_operation is not brought */
@@ -4918,6 +4942,7 @@ int main(void)
         cmocka_unit_test(padding_to_max_length),
         cmocka_unit_test(extra_outputs_first),
         cmocka_unit_test(rank_loads_whole_model),
+        cmocka_unit_test(rank_model_larger_than_card),
         cmocka_unit_test(eager_attention_fused_first),
         cmocka_unit_test(no_attention_layers_no_fused_attention),
         cmocka_unit_test(inference_call_building),

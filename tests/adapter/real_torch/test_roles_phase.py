@@ -691,6 +691,35 @@ def t_models():
         g.pop("teacher", None)
 
 
+class Halfway(torch.nn.Module):
+    """A model halfway through a move: one layer on the failing device, the other (held twice) still elsewhere."""
+
+    def __init__(self):
+        torch.nn.Module.__init__(self)
+        self.here = torch.nn.Linear(64, 64)
+        self.rest = torch.nn.Linear(128, 128, device="meta")
+        self.rest_again = self.rest
+
+
+def t_models_elsewhere():
+    """models[].parameters_elsewhere_bytes: the parameters of a model not on the failing device (the rest of a
+    model a load is moving, here on the meta device), each once; 0 for a model all on the device"""
+    if STAND_IN:
+        return
+    build()
+    g = globals()
+    g["halfway"] = Halfway()
+    try:
+        r = measure(None)
+        ms = dict((m[0], m) for m in r["models"])
+        assert ms["Halfway"][1] == 64 * 64 * 4 + 64 * 4, ms["Halfway"]
+        assert ms["Halfway"][11] == 128 * 128 * 4 + 128 * 4, ms["Halfway"]
+        assert ms["Net"][11] == 0, ms["Net"]
+        assert "\t%d\n" % (128 * 128 * 4 + 128 * 4) in oomguard_roles.encode(r) + "\n"
+    finally:
+        g.pop("halfway", None)
+
+
 class CausalSelfAttention(torch.nn.Module):
     def __init__(self):
         torch.nn.Module.__init__(self)
@@ -1939,6 +1968,7 @@ if not STAND_IN:
     check("phase oom_handler: inside the except block of torch.cuda.OutOfMemoryError", t_phase_handler)
     check("the phase table's PyTorch files exist in this torch", t_phase_patterns_real_files)
     check("gradient checkpointing: off in a plain layer, on under torch.utils.checkpoint or the flag", t_checkpointing)
+    check("a model halfway through a move: its parameters off the failing device, once", t_models_elsewhere)
     check("the batch size from the program's names, not a loop index or a global count", t_batch_size)
     check("a batch of one from the outermost module's input, where no name says the batch", t_input_batch)
     check("the optimizer steps: the latest 32 and a series over the whole run", t_steps_over_the_run)

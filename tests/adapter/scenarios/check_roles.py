@@ -76,10 +76,12 @@ def roles(fw, truth, opts):
         assert says == {"losses (list, global in job_roles.py)": (None, None),
                         "self.cache (dict on Trainer)": ("cache", None)}, says
         net = sum(truth["roles"].get(k, 0) for k in ("parameters",))
-        # held by the global `model`, running (the failure is in its forward); AdamW trains it and has stepped
+        # held by the global `model`, running (the failure is in its forward); AdamW trains it and has stepped;
+        # all of it on the device
         assert r["models"] == [{"class": "Net", "parameters_bytes": net, "tensors": 2, "count": 1,
                                 "frozen": False, "named": 1, "running": 1, "names": ["model"],
-                                "purpose": None, "trained": 1, "stepped": 1}], (r["models"], net)
+                                "purpose": None, "trained": 1, "stepped": 1, "parameters_elsewhere_bytes": 0}], \
+            (r["models"], net)
         assert r["operation"] is None and r["ddp"] is None, (r["operation"], r["ddp"])
         assert "statement" in r, r
         age = r["last_optimizer_step_ms_ago"]       # AdamW stepped once before the failing forward
