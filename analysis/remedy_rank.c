@@ -350,6 +350,18 @@ static bool kept_graphs_measured(const rctx_t *x) { return kept_graphs(x) && rol
 static bool growth_not_in_step(const rctx_t *x) { return confident_growth(x) && !PHASE(optimizer_step); }
 /* restoring a checkpoint: the adapter's phase is loading and its frame is torch.load's */
 static bool checkpoint_restore(const rctx_t *x) { return PHASE(loading) && x->f->load_via_torch_load; }
+/* a load whose one model's parameters on the device (roles.models: a single model, one copy) already fill nine
+ * tenths of the card: the loaded tensors became the weights (a from_pretrained that assigns each shard's tensors
+ * as the parameters), so loading on the CPU would leave them as large and the rest is still to come; the weights
+ * themselves must get smaller (fewer bits) or be split over more devices */
+static bool weights_fill_card(const rctx_t *x)
+{
+    const og_roles_t *r = &x->rec->memory.fw.roles;
+    return PHASE(loading) && roles_of(x)->known && x->capacity && r->nmodels == 1 && r->models[0].count == 1 &&
+           (double)r->models[0].bytes >= 0.9 * (double)x->capacity;
+}
+/* ... a checkpoint's restore first, unless those weights fill the card */
+static bool checkpoint_restore_first(const rctx_t *x) { return checkpoint_restore(x) && !weights_fill_card(x); }
 /* a restored checkpoint kept after the load (facts: roles.ckpt_copy: holders whose name says checkpoint and whose
  * blocks copy the parameters or the optimizer state) holds the missing bytes, past the load (not phase loading:
  * checkpoint_restore's) and before any optimizer step of this process (a copy made after steps is a snapshot,
@@ -1613,8 +1625,12 @@ static const og_rank_row_t lead[] = {
     { "retry_outside_first", handler_keeps_attempt, LEAD_COVERS, -45, 0, REMS(R_RETRY_OUTSIDE),
       "phase oom_handler, roles: activations - the failing request >= shortfall (ahead of the operation's leads)",
       "videomae_long_video_chunk_fallback_inside_except (blind); (unit tests: handler_keeps_failed_attempt)" },
-    { "checkpoint_restore_lead", checkpoint_restore, LEAD_COVERS, -24, 0, REMS(R_MAP_CPU),
-      "phase loading, torch.load on the stack", "(unit tests: phase_checkpoint_restore)" },
+    { "checkpoint_restore_lead", checkpoint_restore_first, LEAD_COVERS, -24, 0, REMS(R_MAP_CPU),
+      "phase loading, torch.load on the stack, not weights_fill_card",
+      "(unit tests: phase_checkpoint_restore), mixtral_8x7b_bf16_one_h100_load (blind)" },
+    { "weights_fill_card_lead", weights_fill_card, LEAD, -24, 1, REMS(R_QUANT, R_MULTI_GPU, R_OFFLOAD),
+      "phase loading, roles: one model (one copy) whose parameters on the device >= 90% of the card",
+      "mixtral_8x7b_bf16_one_h100_load (blind); (unit tests: weights_fill_the_card)" },
     { "restored_held_lead", restored_held, LEAD_COVERS, -36, 0, REMS(R_MAP_CPU),
       "as restored_held (ahead of the statement that copies them and of a dataset's row: the load put them there)",
       "dinov2_linear_probe_feature_shards_torch_load_onto_gpu_l40s (blind); (unit tests: restored_by_torch_load)" },

@@ -1201,6 +1201,31 @@ static void phase_checkpoint_restore(void **state)
     free(r);
 }
 
+/* a from_pretrained that assigns each shard's tensors as the parameters: the one model's 22 GiB of weights already on
+ * the 24 GiB card, 1 GiB of the current shard in the loader's dict: the weights themselves do not fit, so fewer bits
+ * lead (and more devices), not loading the shard on the CPU; the same load with 12 GiB of weights here restores
+ * on the CPU first as before */
+static void weights_fill_the_card(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 22 * GiB, 0, 0, 0, 1 * GiB, 0);
+    fixture_model(r, "MixtralForCausalLM", 22 * GiB, 1, true);
+    fixture_holder(r, "result", "dict", "local in load_file (load.py:57)", 1 * GiB);
+    fixture_phase(r, "loading", "/usr/lib/python3/dist-packages/torch/serialization.py", "load");
+    og_set(&r->event.requested_bytes, 1 * GiB);
+    og_set(&r->device.free_bytes, 512 * MiB);
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "quantization");
+    assert_true(ranked_by(&r->remedies[0], "weights_fill_card_lead"));
+    assert_true(rank_of(r, "map_location_cpu") != 1);
+    fixture_roles(r, 12 * GiB, 0, 0, 0, 1 * GiB, 0);
+    r->memory.fw.roles.nmodels = 0;
+    fixture_model(r, "MixtralForCausalLM", 12 * GiB, 1, true);
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "map_location_cpu");
+    free(r);
+}
+
 /* the failing statement builds a checkpoint (ckpt_opt = ...) with no torch.load frame: map_location="cpu" */
 static void statement_checkpoint_restore(void **state)
 {
@@ -4895,6 +4920,7 @@ int main(void)
         cmocka_unit_test(phase_oom_handler),
         cmocka_unit_test(handler_keeps_failed_attempt),
         cmocka_unit_test(phase_checkpoint_restore),
+        cmocka_unit_test(weights_fill_the_card),
         cmocka_unit_test(statement_checkpoint_restore),
         cmocka_unit_test(phase_ema_update),
         cmocka_unit_test(second_copy_of_a_model),
