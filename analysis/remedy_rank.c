@@ -694,16 +694,19 @@ static bool trains_all_parameters(const rctx_t *x)
            !own_fix_covers(x) && !x->larger_than_device;
 }
 /* The state a training job keeps at its optimizer steps: the parameters, a gradient for each parameter an
- * optimizer holds (roles.optimizers[].parameters_bytes), and the optimizer's state: measured once made, else
- * an Adam-family optimizer's two moments to come (2x those parameters).  0 when no optimizer holds the
- * failing device's parameters (the job is not known to train them). */
+ * optimizer holds (roles.optimizers[].parameters_bytes), and the optimizer's state: measured, and for an
+ * Adam-family optimizer at least its two moments (2x those parameters: at a first step that is still making them,
+ * what it made so far is part of it).  0 when no optimizer holds the failing device's parameters (the job is not
+ * known to train them). */
 static double state_at_step(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
     if (!ro->known || !ro->opt_params)
         return 0;
     double trained = (double)ro->opt_params;
-    double st = ro->opt ? (double)ro->opt : ro->opt_adam ? 2.0 * trained : 0;
+    double st = (double)ro->opt;
+    if (ro->opt_adam && 2.0 * trained > st)
+        st = 2.0 * trained;
     return (double)ro->params + trained + st;
 }
 /* that state alone is at least the card (or the limit): whatever the batch, the job fails at its first step;
@@ -1078,6 +1081,9 @@ static bool idle_gpu(const rctx_t *x) { return x->f->spare.idle && spare_ok(x); 
 static bool uneven_split(const rctx_t *x) { return x->f->spare.split && spare_ok(x); }
 /* they lead unless short, except after a confident growth (a leak fills the other GPU too) */
 static bool idle_gpu_lead(const rctx_t *x) { return idle_gpu(x) && !confident_growth(x); }
+/* a training state larger than this card (state_exceeds_card) while cards like it sit idle: no one card holds it,
+ * so the state is sharded over them (one process per GPU, FSDP or ZeRO-3), not a part of the work moved */
+static bool state_exceeds_card_gpus(const rctx_t *x) { return state_exceeds_card(x) && idle_gpu(x); }
 static bool uneven_split_lead(const rctx_t *x) { return uneven_split(x) && !confident_growth(x); }
 /* what can move to the idle GPU: the frozen models (a teacher: its forward needs no gradient) and the models held
  * beside another of their class; 0 none measured */
@@ -1803,6 +1809,9 @@ static const og_rank_row_t lead[] = {
       "gemma2_9b_qlora_merge_bf16_base_beside_trainer_4090 (blind); (unit tests: weights_copies_kept)" },
     { "ddp_buckets_lead", ddp_buckets_lead, LEAD_COVERS, -18, 0, REMS(R_BUCKET_VIEW),
       "as ddp_buckets, primary not a confident growth", "ddp_bucket_copy" },
+    { "state_exceeds_card_gpus_lead", state_exceeds_card_gpus, LEAD, -29, 0, REMS(R_ZERO),
+      "as state_exceeds_card, idle_gpu (ahead of putting part of the work there: sharded over the GPUs)",
+      "llama2_13b_full_ft_one_process_four_gpus (blind); (unit tests: state_over_card_idle_gpus)" },
     { "idle_gpu_lead", idle_gpu_lead, LEAD_COVERS, -28, 0, REMS(R_USE_IDLE_GPU),
       "as idle_gpu, primary not a confident growth", "pseudo_label_teacher_student_same_gpu (blind)" },
     { "uneven_split_lead", uneven_split_lead, LEAD_COVERS, -28, 0, REMS(R_BALANCE_MAP),

@@ -707,6 +707,36 @@ static void framework_libraries(void **state)
 
 /* ------------------------------------------------------------------ multi-GPU */
 
+/* a full fine-tune in one process on GPU 0 of two, at its first AdamW step: 6 GiB of parameters, their gradients and
+ * 8 GiB of moments made so far, 4 GiB to come (2 x 6 GiB in all): 24 GiB of state at the step is the whole 24 GiB card,
+ * so no card like it holds the state and moving part of the work to GPU 1 does not either: sharding the state over the
+ * GPUs leads; with half the parameters the state fits one card and the idle GPU leads as before */
+static void state_over_card_idle_gpus(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 6 * GiB, 6 * GiB, 8 * GiB, 0, 0, 0);
+    fixture_optimizer(r, "AdamW", 8 * GiB);
+    og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 6 * GiB);
+    fixture_model(r, "LlamaForCausalLM", 6 * GiB, 1, false);
+    fixture_phase(r, "optimizer_step", "/w/train.py", "step");
+    og_set(&r->event.requested_bytes, 2 * GiB);
+    og_set(&r->device.free_bytes, 1 * GiB);
+    r->visible_devices = 2;
+    r->nsummary = 1;
+    r->summary[0].tracked_bytes = 20 * GiB;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "zero_fsdp");
+    assert_true(ranked_by(&r->remedies[0], "state_exceeds_card_gpus_lead"));
+    assert_true(rank_of(r, "use_idle_gpu") > 1);
+    fixture_roles(r, 3 * GiB, 3 * GiB, 4 * GiB, 0, 0, 0);
+    og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 3 * GiB);
+    r->summary[0].tracked_bytes = 10 * GiB;
+    og_set(&r->device.free_bytes, 1 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_false(ranked_by(&r->remedies[0], "state_exceeds_card_gpus_lead"));
+    free(r);
+}
+
 /* a teacher and a student on GPU 0 of two, GPU 1 untouched: putting the frozen teacher on GPU 1 leads, its text
  * naming the GPU; a model split over both GPUs unevenly (GPU 1 holds less than GPU 0's parameters): balancing the
  * split leads; the other GPU a replica (DataParallel: it holds the parameters too): neither, imbalance's own fix */
@@ -4899,6 +4929,7 @@ int main(void)
         cmocka_unit_test(tensorflow_knobs),
         cmocka_unit_test(cupy_and_unknown_framework),
         cmocka_unit_test(multi_gpu_depends_on_visible_devices),
+        cmocka_unit_test(state_over_card_idle_gpus),
         cmocka_unit_test(spare_gpu),
         cmocka_unit_test(weights_only_no_activation_remedies),
         cmocka_unit_test(empty_and_null_records),
