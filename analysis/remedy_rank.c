@@ -1355,7 +1355,7 @@ static const og_rank_row_t bring[] = {
       "roles: while a pass runs, a holder of no purpose and no copy of a role, a local outside the pass's own code, "
       "holds more than any role of the framework (facts: roles.dominant) >= shortfall; primary not growth",
       "pythia1b_noise_scale_step_keeps_every_microbatch_grad_h100 (blind); (unit tests: dominant_holder_first)" },
-    { "statement_copies_holder", stmt_copies_holder, WANT, 0, 0, REMS(R_RELEASE_REFS),
+    { "statement_copies_holder", stmt_copies_holder, WANT, 0, 0, REMS(R_DATASET_CPU),
       "roles: the failing statement reads a holder (no purpose, no copy of a role) and asks for its bytes within a "
       "tenth (roles.stmt_copies: torch.cat of its chunks), >= 256 MiB, not loading; primary not growth",
       "dino_vitl_knn_monitor_rank0_bank_chunks_cat_a10g (blind)" },
@@ -1775,8 +1775,10 @@ static const og_rank_row_t lead[] = {
       "as dominant_holder (what the program keeps, more than the pass's activations, is the waste; shrinking the "
       "pass only makes room beside it)",
       "pythia1b_noise_scale_step_keeps_every_microbatch_grad_h100 (blind); (unit tests: dominant_holder_first)" },
-    { "statement_copies_holder_lead", stmt_copies_holder, LEAD_COVERS, -30, 0, REMS(R_RELEASE_REFS),
-      "as statement_copies_holder", "dino_vitl_knn_monitor_rank0_bank_chunks_cat_a10g (blind)" },
+    { "statement_copies_holder_lead", stmt_copies_holder, LEAD_COVERS, -30, 0, REMS(R_DATASET_CPU),
+      "as statement_copies_holder (the pieces gathered in host memory, or the result built in place)",
+      "dino_vitl_knn_monitor_rank0_bank_chunks_cat_a10g, scvi_lung_atlas_hvg_chunks_densified_onto_gpu_then_cat_l4 "
+      "(blind)" },
     { "kept_holder_lead", kept_holder, LEAD_COVERS, -30, 0, REMS(R_RELEASE_REFS), "as kept_holder",
       "maskrcnn_val_torchmetrics_segm_map_masks_kept_on_gpu_v100_16gb (blind)" },
     { "index_on_gpu_lead", index_on_gpu, LEAD_COVERS, -30, 0, REMS(R_INDEX_OFF_GPU), "as index_on_gpu",
@@ -1929,8 +1931,6 @@ static void estimate(rank_t *k, const rctx_t *x)
     if (dominant_holder(x) && /* all that the largest holder keeps */
         (double)x->rec->memory.fw.roles.holders[roles_of(x)->dominant].bytes > cover[R_RELEASE_REFS])
         cover[R_RELEASE_REFS] = (double)x->rec->memory.fw.roles.holders[roles_of(x)->dominant].bytes;
-    if (stmt_copies_holder(x)) /* the copy's source, off the device (or the copy built in place) */
-        cover[R_RELEASE_REFS] = (double)x->rec->memory.fw.roles.holders[roles_of(x)->stmt_copies].bytes;
     cover[R_EXPANDABLE] = HAS(FRAG) && x->cached_known && x->cached ? (double)x->cached : -1;
     if (live >= 0) {
         cover[R_INFERENCE] = 0.3 * live;
@@ -2101,7 +2101,9 @@ static void estimate(rank_t *k, const rctx_t *x)
         cover[R_SHARE_COMPONENTS] = (double)ro->twin_components;
     cover[R_DATASET_CPU] = dataset_on_gpu(x)    ? (double)ro->dataset_kept
                            : growing_dataset(x) ? (double)ro->grower_bytes
-                                                : -1;
+                           : stmt_copies_holder(x)
+                               ? (double)x->rec->memory.fw.roles.holders[ro->stmt_copies].bytes /* the source */
+                               : -1;
     if (rank_loads_whole_model(x) && ro->known && ro->params) /* all but this rank's share of what arrived */
         cover[R_SHARD_LOAD] = (double)ro->params * (1.0 - 1.0 / (double)x->rec->world_size);
     /* the models that can move to the idle GPU, as far as its room holds them (unknown when none is measured); the

@@ -702,6 +702,28 @@ static const char *holder_label(const rctx_t *x, int i, char *buf, size_t n)
 static bool b_dataset_on_cpu(const rctx_t *x, og_remedy_t *r)
 {
     const og_role_facts_t *ro = &x->f->roles;
+    if (!ro->dataset_kept && ro->grower < 0 && ro->stmt_copies >= 0) { /* the failing statement copies a holder whole */
+        const og_roles_t *rr = &x->rec->memory.fw.roles;
+        const og_role_holder_t *h = &rr->holders[ro->stmt_copies];
+        char lb[160], name[sizeof h->name], file[sizeof rr->stmt.file];
+        const char *holder = holder_label(x, ro->stmt_copies, lb, sizeof lb);
+        og_cpy(name, sizeof name, h->name, sizeof name);
+        og_cpy(file, sizeof file, rr->stmt.file, sizeof file);
+        r->title = "Gather the pieces in host memory, or build the result in place";
+        why(r,
+            "The failing statement (%s:%d) asks for %s, a copy of what %s holds (%llu tensor%s): for its length both "
+            "are on the GPU. Gather it in host memory, or fill one preallocated tensor and drop each piece as it is "
+            "copied in.",
+            og_base_name(file), rr->stmt.line, og_hb((double)x->req).s, holder ? holder : "a holder",
+            (unsigned long long)h->tensors, h->tensors == 1 ? "" : "s");
+        r->saving = "One of the two copies: what the holder keeps, for the length of the statement";
+        const char *n = name[0] ? name : "chunks";
+        how(r, "%s.append(t.cpu())   # pieces in host memory; torch.cat(%s) there, one copy on the GPU if needed", n,
+            n);
+        how(r, "%sout = torch.empty(total, dim, device=\"cuda\"); out[i:j] = piece; del piece   # built in place",
+            pt(x));
+        return true;
+    }
     char lb[160], name[sizeof x->rec->memory.fw.roles.holders[0].name] = "";
     /* a dataset kept across calls, or the growth's own holder when the dataset is what grows (a replay buffer) */
     bool growing = !ro->dataset_kept && ro->grower >= 0;
@@ -836,27 +858,6 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
         how(r, "%sdel %s   # right after model.load_state_dict(...) and optimizer.load_state_dict(...)", pt(x),
             name[0] ? name : "ckpt");
         how(r, "%sgc.collect(); torch.cuda.empty_cache()   # if a reference cycle still holds it", pt(x));
-        return true;
-    }
-    if (!grew && x->f->roles.stmt_copies >= 0) { /* the failing statement copies a holder whole */
-        const og_roles_t *ro = &x->rec->memory.fw.roles;
-        const og_role_holder_t *h = &ro->holders[x->f->roles.stmt_copies];
-        char lb[160], name[sizeof h->name], file[sizeof ro->stmt.file];
-        const char *holder = holder_label(x, x->f->roles.stmt_copies, lb, sizeof lb);
-        og_cpy(name, sizeof name, h->name, sizeof name);
-        og_cpy(file, sizeof file, ro->stmt.file, sizeof file);
-        why(r,
-            "The failing statement (%s:%d) asks for %s, a copy of what %s holds (%llu tensor%s): for its length both "
-            "are on the GPU. Gather it in host memory, or fill one preallocated tensor and drop each piece as it is "
-            "copied in.",
-            og_base_name(file), ro->stmt.line, og_hb((double)x->req).s, holder ? holder : "a holder",
-            (unsigned long long)h->tensors, h->tensors == 1 ? "" : "s");
-        r->saving = "One of the two copies: what the holder keeps, for the length of the statement";
-        const char *n = name[0] ? name : "chunks";
-        how(r, "%s.append(t.cpu())   # pieces in host memory; torch.cat(%s) there, one copy on the GPU if needed", n,
-            n);
-        how(r, "%sout = torch.empty(total, dim, device=\"cuda\"); out[i:j] = piece; del piece   # built in place",
-            pt(x));
         return true;
     }
     if (!grew && og_kept_holder(x)) {

@@ -3853,7 +3853,7 @@ static void cache_kept_across_calls(void **state)
 
 
 /* the failing statement copies a holder whole (torch.cat(self.bank_chunks): the request is what the list holds):
- * releasing, or gathering in host memory, leads, named with the statement's line; a request that is not the holder's
+ * gathering the pieces in host memory, or building the result in place, leads, named with the statement's line; a request that is not the holder's
  * size, a holder whose name says a dataset, or a load, is no such copy */
 static void statement_copies_a_holder(void **state)
 {
@@ -3872,7 +3872,8 @@ static void statement_copies_a_holder(void **state)
     snprintf(ro->stmt_names, sizeof ro->stmt_names, "torch,cat,self,bank_chunks");
     run_primary(r, "does_not_fit");
     assert_int_equal(r->analysis.facts.roles.stmt_copies, 0);
-    assert_string_equal(r->remedies[0].id, "release_references");
+    assert_string_equal(r->remedies[0].id, "dataset_on_cpu");
+    assert_string_equal(r->remedies[0].title, "Gather the pieces in host memory, or build the result in place");
     assert_true(ranked_by(&r->remedies[0], "statement_copies_holder_lead"));
     assert_non_null(strstr(r->remedies[0].why, "knn.py:154"));
     assert_non_null(strstr(r->remedies[0].why, "a copy of what self.bank_chunks (list, on KNNMonitor) holds (1220"));
@@ -3894,7 +3895,7 @@ static void statement_copies_a_holder(void **state)
 /* feature shards torch.load restored onto the GPU (no map_location: back where they were saved from) held in a list
  * that the failing statement concatenates: loading them to host memory leads (restored_held_lead), named with the
  * holder, the bytes restored and the loading line; restored bytes not measured, or none, leave the statement's own
- * row (release_references) first */
+ * row (dataset_on_cpu: gather the pieces in host memory) first */
 static void restored_by_torch_load(void **state)
 {
     og_record_t *r = base();
@@ -3912,7 +3913,7 @@ static void restored_by_torch_load(void **state)
     snprintf(ro->stmt_names, sizeof ro->stmt_names, "cat,shards");
     run_primary(r, "does_not_fit");
     assert_int_equal(r->analysis.facts.roles.restored_holder, -1);
-    assert_string_equal(r->remedies[0].id, "release_references");
+    assert_string_equal(r->remedies[0].id, "dataset_on_cpu");
     og_role_holder_t *h = &ro->holders[0];
     og_set(&h->restored, 36 * GiB);
     h->has_restored_site = true;
@@ -3930,7 +3931,7 @@ static void restored_by_torch_load(void **state)
     og_set(&h->restored, 0); /* watched, nothing restored: the statement's row */
     run_primary(r, "does_not_fit");
     assert_int_equal(r->analysis.facts.roles.restored_holder, -1);
-    assert_string_equal(r->remedies[0].id, "release_references");
+    assert_string_equal(r->remedies[0].id, "dataset_on_cpu");
     free(r);
 }
 
