@@ -728,16 +728,16 @@ def _batch_value(name, v, evaluating=False):
     return None if (_TRAIN_BATCH if evaluating else _EVAL_BATCH).search(low) else v
 
 
-def _batch_in(ns, evaluating=False, read=None):
+def _batch_in(ns, evaluating=False, skip=()):
     """An int named as a batch size in a namespace (a frame's locals or its module's globals), or in a dict or
-    an object's attributes one level down (cfg["micro_batch_size"], args.per_device_train_batch_size).  READ,
-    when given, is the names of NS the running code reads: no other name counts."""
+    an object's attributes one level down (cfg["micro_batch_size"], args.per_device_train_batch_size).  No name
+    in SKIP counts."""
     for k, v in list(ns.items())[:512]:
-        b = _batch_value(k, v, evaluating) if read is None or k in read else None
+        b = _batch_value(k, v, evaluating) if k not in skip else None
         if b is not None:
             return b
     for k, v in list(ns.items())[:512]:
-        if read is not None and k not in read:
+        if k in skip:
             continue
         try:
             inner = v if isinstance(v, dict) else getattr(v, "__dict__", None)
@@ -754,20 +754,40 @@ def _batch_in(ns, evaluating=False, read=None):
 
 
 _GLOBAL_READS = frozenset(("LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS"))
-_reads_of = {}          # code object -> the global names it reads (bounded: _READS_KEPT codes)
+_reads_of = {}          # (code object, depth) -> the global names it reads (bounded: _READS_KEPT entries)
 _READS_KEPT = 256
 
 
-def _global_reads(code):
+def _global_reads(code, depth=3):
     """The global names CODE reads (LOAD_GLOBAL, LOAD_NAME: not the ones it only stores, as a script's module
-    code stores its constants), from its bytecode; cached per code object."""
-    got = _reads_of.get(code)
+    code stores its constants), from its bytecode and, DEPTH levels down, that of the functions, lambdas and
+    comprehensions defined in it; cached per code object and depth."""
+    got = _reads_of.get((code, depth))
     if got is None:
-        got = frozenset(i.argval for i in dis.get_instructions(code) if i.opname in _GLOBAL_READS)
+        names = set(i.argval for i in dis.get_instructions(code) if i.opname in _GLOBAL_READS)
+        for c in code.co_consts if depth > 0 else ():
+            if isinstance(c, types.CodeType):
+                names |= _global_reads(c, depth - 1)
+        got = frozenset(names)
         if len(_reads_of) >= _READS_KEPT:
             _reads_of.clear()
-        _reads_of[code] = got
+        _reads_of[(code, depth)] = got
     return got
+
+
+def _module_reads(ns, limit=1024):
+    """The global names the functions of the module whose namespace is NS read (its functions and the methods of
+    its classes; not its module-level code, which defines the constants)."""
+    names = set()
+    for v in list(ns.values())[:limit]:
+        fns = (v,) if isinstance(v, types.FunctionType) else \
+            tuple(vars(v).values()) if isinstance(v, type) and getattr(v, "__module__", None) == ns.get("__name__") \
+            else ()
+        for f in fns[:256]:
+            f = getattr(f, "__func__", f)          # a staticmethod's or classmethod's function
+            if isinstance(f, types.FunctionType) and f.__globals__ is ns:
+                names |= _global_reads(f.__code__)
+    return names
 
 
 def _batch_size(frame, torch_dir, limit=64, phase=None):
@@ -775,10 +795,11 @@ def _batch_size(frame, torch_dir, limit=64, phase=None):
     among the locals of the program's innermost frame that has one, or its module's globals, or one level
     down in a dict or an object there (a config: a local is read when its name is a config's, _CONFIG_NAMES);
     in an evaluation or a generation (PHASE) a name for training's batch is not that pass's, in another phase a
-    name for evaluation's is not; None when no name says.  A module's global counts only where a running frame
-    of that module reads it: a script's BATCH_SIZE = 8 is its training loop's, not that of a validation pass
-    whose code never reads it.  Reads names and bytecode only: nothing is called.  Frames of torch and of this
-    adapter are skipped."""
+    name for evaluation's is not; None when no name says.  A module's global read only by functions of the module
+    that are not running, and by none that is, is theirs: a script's BATCH_SIZE = 8 read by its training loop is not
+    the batch of a validation pass whose code never reads it (a constant no function reads is the program's
+    word, and counts).  Reads names and bytecode only: nothing is called.  Frames of torch and of this adapter
+    are skipped."""
     evaluating = phase in _EVALUATING
     f, n, mine = frame, 0, []
     own = os.path.dirname(os.path.abspath(__file__))
@@ -788,9 +809,10 @@ def _batch_size(frame, torch_dir, limit=64, phase=None):
             if not (torch_dir and path.startswith(torch_dir)) and not path.startswith(own + os.sep):
                 mine.append(f)
             f, n = f.f_back, n + 1
-        read = {}       # a module's globals -> the names its running frames read
-        for f in mine:
-            read.setdefault(id(f.f_globals), set()).update(_global_reads(f.f_code))
+        read = {}       # a module's globals -> the names its running frames read (a module's own code: only its
+        for f in mine:  # statements, not the functions it defines, which run or not on their own)
+            deep = 0 if f.f_code.co_name == "<module>" else 3
+            read.setdefault(id(f.f_globals), set()).update(_global_reads(f.f_code, deep))
         seen = set()
         for f in mine:
             # a frame's locals are read (without leaving them on the frame) only where one of its variable
@@ -800,7 +822,7 @@ def _batch_size(frame, torch_dir, limit=64, phase=None):
                  if any(_batch_value(v, 1, evaluating) or v in _CONFIG_NAMES for v in names) else None)
             if b is None and id(f.f_globals) not in seen:
                 seen.add(id(f.f_globals))
-                b = _batch_in(f.f_globals, evaluating, read[id(f.f_globals)])
+                b = _batch_in(f.f_globals, evaluating, _module_reads(f.f_globals) - read[id(f.f_globals)])
             if b is not None:
                 return b
     except Exception:

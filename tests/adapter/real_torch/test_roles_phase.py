@@ -1466,16 +1466,22 @@ def t_batch_size():
     assert with_cfg() == 1
     assert with_args() == 2
     assert with_index() is None, with_index()
-    # a module's constant counts where the running code reads it; one the script only stores (its training
-    # loop's, while a validation pass runs) does not
+    # a module's constant counts where the running code reads it; one read only by a function not running (the
+    # training loop's, while a validation pass runs) does not
     ns = {"BATCH": 8, "__name__": "prog", "probe": probe}
     exec(compile("def f():\n    n = BATCH\n    return probe()\ndef g():\n    return probe()\n",
                  "/tmp/prog.py", "exec"), ns)
     assert ns["f"]() == 8 and ns["g"]() is None, (ns["f"](), ns["g"]())
     ns = {"__name__": "prog", "probe": probe}
-    exec(compile("BATCH_SIZE = 8\ndef validate():\n    return probe()\ngot = validate()\n", "/tmp/prog.py", "exec"),
-         ns)
+    exec(compile("BATCH_SIZE = 8\ndef train():\n    return [BATCH_SIZE]\ndef validate():\n    return probe()\n"
+                 "got = validate()\n", "/tmp/prog.py", "exec"), ns)
     assert ns["got"] is None, ns["got"]
+    # a constant no function of the program reads is the program's word for its batch
+    ns = {"__name__": "prog", "probe": probe}
+    exec(compile("batch_size = 1\ndef generate():\n    return probe()\ngot = generate()\n", "/tmp/prog.py", "exec"),
+         ns)
+    assert ns["got"] == 1, ns["got"]
+    ns = {"__name__": "prog", "probe": probe}
     exec(compile("BATCH_SIZE = 8\ndef train():\n    return [probe() for _ in range(BATCH_SIZE)][0]\n"
                  "got = train()\n", "/tmp/prog.py", "exec"), ns)
     assert ns["got"] == 8, ns["got"]
