@@ -548,12 +548,15 @@ static bool larger_inference_lead(const rctx_t *x)
  * autograd off, in an evaluation or a forward outside training's steps, its failing tensor at least an
  * OG_BIG_REQ_DIV-th of the card and no KV cache building: there is no batch to shrink, and the input's size (a whole
  * recording, a full-resolution volume, a long document) is what the pass grows with; split into overlapping pieces,
- * or capped, it fits as far as needed, and the next larger input does not fail again */
+ * or capped, it fits as far as needed, and the next larger input does not fail again; where one operation over it
+ * dominates (operation_dominates: a convolution over the whole input, tiled with an overlap), splitting that
+ * operation is the same lever and leads instead */
+static bool operation_dominates(const rctx_t *x);
 static bool one_input_inference(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
     return PRIMARY(DNF) && x->grad == -1 && (PHASE(evaluation) || PHASE(forward)) && ro->known && ro->batch_size == 1 &&
-           ro->kv < 0 && x->capacity && x->req * OG_BIG_REQ_DIV >= x->capacity;
+           ro->kv < 0 && x->capacity && x->req * OG_BIG_REQ_DIV >= x->capacity && !operation_dominates(x);
 }
 /* a one-batch peak (one_batch_peak: a request far larger than any of the earlier steps, which fit) larger than the
  * card: the batches before it fit, and autograd keeps every layer's output of this one for backward, so tiling the
@@ -1621,7 +1624,7 @@ static const og_rank_row_t lead[] = {
       "long_prompt_serving, recsys_catalog_scores, esmfold_2000_residue_complex_no_chunk_size (blind)" },
     { "one_input_inference_lead", one_input_inference, LEAD_COVERS, -31, 0, REMS(R_SHORTER_SEQ),
       "primary does_not_fit, autograd off, phase evaluation or forward, roles: batch_size 1, no KV cache, "
-      "request >= capacity / 8",
+      "request >= capacity / 8, not operation_dominates (then splitting the operation leads)",
       "hdemucs_label_stems_finetune_val_whole_live_recording_unsplit_l4 (blind)" },
     { "rank_model_exceeds_card_lead", rank_model_exceeds_card, LEAD, -32, 0, REMS(R_ZERO),
       "as rank_model_exceeds_card (ahead of loading it sharded: no rank can hold it whole)",

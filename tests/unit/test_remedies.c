@@ -2924,7 +2924,8 @@ static void one_prompt_peak_in_generation(void **state)
 /* one whole recording evaluated at a batch of one, autograd off, through a model with no attention layer (its failing
  * tensor 4 GiB of the 24 GiB card, an eighth or more): no batch to shrink, the input's size is the lever, so capping
  * it (overlapping pieces, tiles) leads and a smaller batch is not offered; the same request at a batch of 8, or with
- * autograd on (a training step), or under an eighth of the card, is not this row */
+ * autograd on (a training step), or under an eighth of the card, is not this row; one convolution over the whole
+ * input that dominates the pass is split instead (operation_dominates leads) */
 static void one_input_evaluation_caps_the_input(void **state)
 {
     og_record_t *r = base();
@@ -2939,6 +2940,18 @@ static void one_input_evaluation_caps_the_input(void **state)
     assert_string_equal(r->remedies[0].id, "cap_input_size");
     assert_true(ranked_by(&r->remedies[0], "one_input_inference_lead"));
     assert_int_equal(rank_of(r, "smaller_batch"), 0);
+    fixture_roles(r, 1 * GiB, 1 * GiB, 2 * GiB, 0, 0, 6 * GiB);
+    fixture_operation(r, "conv", "forward");
+    r->memory.fw.grad_enabled = -1;
+    r->memory.fw.roles.batch_size = 1;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "split_operation");
+    assert_false(ranked_by(rem(r, "cap_input_size"), "one_input_inference_lead"));
+    fixture_roles(r, 1 * GiB, 1 * GiB, 2 * GiB, 0, 0, 14 * GiB);
+    og_set(&r->memory.fw.roles.attention_modules, 0);
+    r->memory.fw.roles.operation[0] = 0;
+    r->memory.fw.grad_enabled = -1;
+    r->memory.fw.roles.batch_size = 1;
     r->memory.fw.roles.batch_size = 8;
     run_primary(r, "does_not_fit");
     assert_false(ranked_by(rem(r, "cap_input_size"), "one_input_inference_lead"));
