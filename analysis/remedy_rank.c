@@ -815,6 +815,19 @@ static bool extra_outputs(const rctx_t *x)
     return ro->known && ro->extra_outputs && ro->act_known && (ro->act || ro->working) &&
            (PHASE(forward) || PHASE(evaluation) || PHASE(generation) || PHASE(unknown)) && !own_fix_covers(x);
 }
+/* ... first, unless the growth is held across calls by a holder of its own (kept_grower: an object's list filled
+ * step after step, not a local of the running call) that covers the shortfall: that holder, not the call's
+ * outputs, filled the card */
+static bool extra_outputs_first(const rctx_t *x)
+{
+    uint64_t g = kept_grower(x);
+    if (!extra_outputs(x) || !g || !og_covers(x, (double)g))
+        return extra_outputs(x);
+    const og_role_holder_t *h = &x->rec->memory.fw.roles.holders[roles_of(x)->grower];
+    char where[sizeof h->where];
+    og_cpy(where, sizeof where, h->where, sizeof where);
+    return strncmp(where, "local in ", 9) == 0;
+}
 /* a rank of a multi-rank job (WORLD_SIZE > 1) fails while loading the weights: every rank loading the whole model
  * onto its GPU before a sharder (FSDP, ZeRO-3) splits it; loaded on the CPU or the meta device, each rank holds its
  * shard only (the saving: all but 1/WORLD_SIZE of what the load put here so far) */
@@ -1712,8 +1725,9 @@ static const og_rank_row_t lead[] = {
     { "padded_to_max_lead", padded_to_max_lead, LEAD_COVERS, -29, 0, REMS(R_DYN_PAD),
       "as padded_to_max, primary not a confident growth (the padding is in every activation of the pass)",
       "ticket_classifier_bge_m3_padded_to_8192 (blind); (unit tests: padding_to_max_length)" },
-    { "extra_outputs_lead", extra_outputs, LEAD_COVERS, -31, 0, REMS(R_FEWER_OUTPUTS),
-      "as extra_outputs, whatever the growth (outputs kept per layer or per token are a rise within the call)",
+    { "extra_outputs_lead", extra_outputs_first, LEAD_COVERS, -31, 0, REMS(R_FEWER_OUTPUTS),
+      "as extra_outputs, whatever the growth (outputs kept per layer or per token are a rise within the call), "
+      "unless the growth's holder is kept across calls (not a local of the running code) and covers the shortfall",
       "e5_mistral_embed_output_hidden_states_all_layers (blind)" },
     { "attentions_asked_lead", attentions_asked, LEAD_COVERS, -35, 0, REMS(R_FEWER_OUTPUTS),
       "as extra_outputs, the key output_attentions (a fused attention kernel returns no weights: ahead of "

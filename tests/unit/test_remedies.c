@@ -2817,6 +2817,18 @@ static void growth_holder_kept_covers(void **state)
     snprintf(r->memory.fw.roles.holders[1].purpose, sizeof r->memory.fw.roles.holders[1].purpose, "cache");
     run_primary(r, "growth");
     assert_int_not_equal(rank_of(r, "release_references"), 1);
+    /* the same kept lists beside a model asked for every layer's hidden states: the holder kept across calls filled
+     * the card, so releasing it still leads and the asked-for outputs follow; a local of the running call growing
+     * instead is the outputs' own rise, and they lead */
+    r->memory.fw.roles.holders[0].purpose[0] = r->memory.fw.roles.holders[1].purpose[0] = 0;
+    fixture_setting(r, OG_SETTING_extra_outputs, "forward", "output_hidden_states");
+    run_primary(r, "growth");
+    assert_string_equal(r->remedies[0].id, "release_references");
+    assert_true(rank_of(r, "only_needed_outputs") > 1);
+    snprintf(r->memory.fw.roles.holders[0].where, sizeof r->memory.fw.roles.holders[0].where,
+             "local in forward (m.py:9)");
+    run_primary(r, "growth");
+    assert_string_equal(r->remedies[0].id, "only_needed_outputs");
     free(r);
 }
 
