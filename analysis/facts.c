@@ -1968,6 +1968,17 @@ static void stmt_copies_holder(og_facts_t *d, const og_record_t *r)
     }
 }
 
+/* one big temporary of a computation outside any model (facts.h: roles.loose_operation) */
+static void loose_operation(og_facts_t *d, const og_record_t *r)
+{
+    og_role_facts_t *k = &d->roles;
+    k->loose_operation = k->known && k->act_known && !k->params && d->phase == OG_JP_unknown &&
+                         r->memory.fw.npy_frames > 0 && d->req_known && d->capacity &&
+                         d->req * OG_BIG_REQ_DIV >= d->capacity &&
+                         (k->request_shape == OG_REQ_PRODUCT || k->request_shape == OG_REQ_SQUARE) &&
+                         (double)k->act >= 0.9 * (double)d->req;
+}
+
 /* what Python objects keep across calls outgrows the splinters (facts.h: kept_outgrows_cache) */
 static void kept_outgrows_cache(og_facts_t *d)
 {
@@ -2410,6 +2421,7 @@ void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds
     growth_outgrows_cache(f);
     kept_outgrows_cache(f);
     stmt_copies_holder(f, rec);
+    loose_operation(f, rec);
     others_sliver(f);
     copy_outgrows_cache(f);
     spare_device(f, rec);

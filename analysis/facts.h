@@ -240,6 +240,12 @@ typedef struct og_role_facts {
      * (torch.cat(chunks), torch.stack(preds), chunks.clone()): both are on the device for its length; the holder's
      * index in roles.holders, -1 none (a holder of no purpose, no copy of a role, >= 256 MiB, outside a load) */
     int stmt_copies;
+    /* the failing request is one big temporary of a computation outside any model: no parameters on the device,
+     * no pass running (phase unknown, a Python stack read), the request at least an OG_BIG_REQ_DIV-th of the card,
+     * the failing statement's sizes a product of two or the same size twice (rows x columns: a similarity, a
+     * distance over a library), and the activations already holding 9/10 of it (the operation's earlier
+     * temporaries): the operation's size, not a batch, is the peak (a chunk of rows x every column) */
+    bool loose_operation;
     /* roles.holders[].restored_bytes: what torch.load restored onto the GPU (map_location not the CPU) of the
      * tensors Python objects hold, kept or local, and the holder with the most of it (index, -1 none) */
     uint64_t restored_held;

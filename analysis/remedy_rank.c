@@ -975,6 +975,13 @@ static bool operation_dominates(const rctx_t *x)
 /* both lead unless short, except after a confident growth (a leak fills any card whatever the operation) */
 static bool cross_entropy_lead(const rctx_t *x) { return cross_entropy_op(x) && !confident_growth(x); }
 static bool operation_dominates_lead(const rctx_t *x) { return operation_dominates(x) && !confident_growth(x); }
+/* one big temporary of a computation outside any model (facts: roles.loose_operation: no parameters, no pass, the
+ * statement's sizes rows x columns, the earlier temporaries of the same operation alive): a block of fewer rows,
+ * reduced before the next, is the lever; there is no batch, no model to shrink */
+static bool loose_operation(const rctx_t *x)
+{
+    return roles_of(x)->loose_operation && PRIMARY(DNF) && !own_fix_covers(x) && !x->larger_than_device;
+}
 /* the same in a job not known to train: one batch of the whole pipeline is the operation's slices (a sliced
  * decode runs one image at a time), so a smaller batch is not the lever before splitting */
 static bool operation_dominates_inference(const rctx_t *x) { return operation_dominates(x) && x->trains != 1; }
@@ -1351,6 +1358,11 @@ static const og_rank_row_t bring[] = {
       "(activations + locals)",
       "sdxl_vae_decode_2048px (blind), upscale_interpolate, wsi_tumor_segmentation_whole_slide_forward, "
       "botorch_electrolyte_bo_merged_60k_points_exact_gp_float64_a6000 (blind)" },
+    { "loose_operation", loose_operation, WANT, 0, 0, REMS(R_CHUNK),
+      "primary does_not_fit, roles: no parameters, phase unknown with a Python stack, request >= capacity / 8, the "
+      "statement's sizes a product or a square, activations >= 0.9 x request (facts: roles.loose_operation)",
+      "butina_tanimoto_chunk_tuned_on_inhouse_250k_run_on_1_6m_vendor_library_a100_80gb (blind); (unit tests: "
+      "loose_operation_in_blocks)" },
     { "resident_models", resident_models, WANT, 0, 0, REMS(R_ONE_MODEL),
       "not training, roles.models: models held by a name of the running code beside one of their class (not "
       "rebound by the failing statement) >= shortfall, leftover copies < shortfall",
@@ -1765,6 +1777,8 @@ static const og_rank_row_t lead[] = {
     { "cross_entropy_lead", cross_entropy_lead, LEAD_COVERS, -26, 0, REMS(R_FUSED_CE),
       "as cross_entropy_op, primary not a confident growth",
       "gemma_lora_fp32_logits_ce (blind), perplexity_log_softmax" },
+    { "loose_operation_lead", loose_operation, LEAD_COVERS, -27, 0, REMS(R_CHUNK), "as loose_operation",
+      "butina_tanimoto_chunk_tuned_on_inhouse_250k_run_on_1_6m_vendor_library_a100_80gb (blind)" },
     { "operation_dominates_lead", operation_dominates_lead, LEAD_COVERS, -27, 0, REMS(R_CHUNK),
       "as operation_dominates, primary not a confident growth", "sdxl_vae_decode_2048px (blind), upscale_interpolate" },
     { "operation_slices_the_batch", operation_dominates_inference, DEMOTE, 3, 0, REMS(R_SMALLER_BATCH),
@@ -2098,6 +2112,8 @@ static void estimate(rank_t *k, const rctx_t *x)
         cover[R_FUSED_CE] = (double)x->req;
     if (operation_dominates(x)) /* in eight tiles or slices: an eighth of the operation's tensors at a time */
         cover[R_CHUNK] = 0.875 * (double)op_tensor_bytes(x);
+    if (loose_operation(x)) /* in eight blocks of rows: an eighth of its temporaries, the request's and earlier ones */
+        cover[R_CHUNK] = 0.875 * ((double)ro->act + (double)x->req);
     /* the operation's tensors are one sample's (its sizes do not carry the batch) and with the state they take the
      * whole card: no batch fits, a batch of one included */
     if (operation_dominates(x) && ro->batchless_sizes &&

@@ -1,9 +1,10 @@
 /* Remedy texts: what each remedy says for this failure (why it applies, how to do it), tailored to
  * what the dump measured.  Which remedies are offered and in what order is the ranking's
  * (remedy_rank.c); the catalog's ids, titles and defaults are data (remedies.def).
- * Pure: no I/O, no globals, no allocation.  (<stdio.h> for vsnprintf only.) */
+ * Pure: no I/O, no globals, no allocation.  (<stdio.h> for vsnprintf only, <stdlib.h> for strtoull.) */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
@@ -1793,6 +1794,45 @@ static bool chunk_operation(const rctx_t *x, og_remedy_t *r)
     return true;
 }
 
+/* one big temporary of a computation outside any model (facts: roles.loose_operation): blocks of fewer rows, each
+ * reduced before the next; the block that keeps each temporary near a quarter of what is free, from the statement's
+ * first size (its rows) */
+static bool chunk_loose_operation(const rctx_t *x, og_remedy_t *r)
+{
+    const og_roles_t *ro = &x->rec->memory.fw.roles;
+    char file[sizeof ro->stmt.file], ints[sizeof ro->stmt_ints];
+    og_cpy(file, sizeof file, ro->stmt.file, sizeof file);
+    og_cpy(ints, sizeof ints, ro->stmt_ints, sizeof ints);
+    char sizes[3 * sizeof ints];
+    size_t o = 0;
+    for (const char *p = ints; *p && o + 4 < sizeof sizes; p++) /* 8192,1600000 -> 8192 x 1600000 */
+        o += (size_t)snprintf(sizes + o, sizeof sizes - o, *p == ',' ? " x " : "%c", *p);
+    sizes[o] = 0;
+    why(r,
+        "The failing request, %s, is one temporary of a computation outside any model (%s:%d, sizes %s), and the "
+        "running code already holds %s of temporaries beside it: the operation's size, not a batch, is the peak. "
+        "Computed over fewer rows at a time, each block reduced (top-k, a count, a threshold) before the next, it "
+        "needs a fraction of that.",
+        req_hb(x).s, og_base_name(file), ro->stmt.line, sizes[0] ? sizes : "not read",
+        og_hb((double)x->f->roles.act).s);
+    unsigned long long rows = strtoull(ints, NULL, 10), block = 0;
+    if (rows > 1 && x->req && x->f->free_eff) {
+        double fit = (double)rows * (double)x->f->free_eff / (4.0 * (double)x->req);
+        for (block = 1; (double)(block * 2) <= fit && block * 2 < rows;)
+            block *= 2;
+    }
+    if (block)
+        how(r,
+            "%sfor i in range(0, n, %llu): sim = f(x[i:i + %llu], library); keep(sim.topk(k)); del sim   # %llu rows "
+            "of %llu at a time: each temporary about %s",
+            pt(x), block, block, block, rows, og_hb((double)x->req * (double)block / (double)rows).s);
+    else
+        how(r, "%sfor i in range(0, n, block): sim = f(x[i:i + block], library); keep(sim.topk(k)); del sim", pt(x));
+    how(r, "Size the block by rows x columns (what each temporary holds), not by rows alone: it must shrink as the "
+           "library grows.");
+    return true;
+}
+
 static bool b_chunk(const rctx_t *x, og_remedy_t *r)
 {
     /* a convolution larger than the card in an inference pass is tiled as any (remedy_rank.c: operation_dominates) */
@@ -1800,6 +1840,8 @@ static bool b_chunk(const rctx_t *x, og_remedy_t *r)
         x->f->roles.operation == OG_OP_conv && x->grad == -1 && x->req_known && x->req >= x->f->roles.working;
     if ((!x->larger_than_device || conv_tiles) && x->f->roles.operation != OG_OPERATION_NONE)
         return chunk_operation(x, r);
+    if (!x->larger_than_device && x->f->roles.loose_operation)
+        return chunk_loose_operation(x, r);
     why(r,
         "The request alone, %s, is larger than the whole %s (%s): no setting of this process can fit it. Split "
         "the operation into pieces that fit, shard the tensor across GPUs, or keep it off the GPU.",

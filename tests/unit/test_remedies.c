@@ -3877,6 +3877,38 @@ static void cache_kept_across_calls(void **state)
 }
 
 
+/* a similarity over a compound library, outside any model: no parameters, no pass (a Python stack, phase unknown),
+ * the statement's sizes rows x library (8192 x 1600000), 48 GiB asked beside 48 GiB of the operation's earlier
+ * temporaries on an 80 GiB card: blocks of fewer rows lead, the block sized from the free memory (512 rows); with
+ * parameters on the device (a model's pass) it is not this row */
+static void loose_operation_in_blocks(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->device.total_bytes, 80 * GiB);
+    og_set(&r->device.free_bytes, 15 * GiB);
+    og_set(&r->event.requested_bytes, 48 * GiB);
+    fixture_roles(r, 0, 0, 0, 0, 12 * GiB, 48 * GiB);
+    r->memory.fw.npy_frames = 2;
+    og_roles_t *ro = &r->memory.fw.roles;
+    ro->has_statement = true;
+    snprintf(ro->stmt.file, sizeof ro->stmt.file, "/w/butina.py");
+    snprintf(ro->stmt.function, sizeof ro->stmt.function, "neighbours");
+    ro->stmt.line = 57;
+    snprintf(ro->stmt_target, sizeof ro->stmt_target, "union");
+    snprintf(ro->stmt_names, sizeof ro->stmt_names, "torch,empty,rows,n");
+    snprintf(ro->stmt_ints, sizeof ro->stmt_ints, "8192,1600000");
+    run_primary(r, "does_not_fit");
+    assert_true(r->analysis.facts.roles.loose_operation);
+    assert_string_equal(r->remedies[0].id, "split_operation");
+    assert_true(ranked_by(&r->remedies[0], "loose_operation_lead"));
+    assert_non_null(strstr(r->remedies[0].why, "sizes 8192 x 1600000"));
+    assert_true(how_has(&r->remedies[0], "range(0, n, 512)"));
+    og_set(&ro->bytes[OG_ROLE_parameters], 2 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_false(r->analysis.facts.roles.loose_operation);
+    free(r);
+}
+
 /* the failing statement copies a holder whole (torch.cat(self.bank_chunks): the request is what the list holds):
  * gathering the pieces in host memory, or building the result in place, leads, named with the statement's line; a request that is not the holder's
  * size, a holder whose name says a dataset, or a load, is no such copy */
@@ -5040,6 +5072,7 @@ int main(void)
         cmocka_unit_test(growth_holder_kept_covers),
         cmocka_unit_test(index_kept_on_the_gpu),
         cmocka_unit_test(kept_holder_outgrows_the_splinters),
+        cmocka_unit_test(loose_operation_in_blocks),
         cmocka_unit_test(statement_copies_a_holder),
         cmocka_unit_test(restored_by_torch_load),
         cmocka_unit_test(pipeline_kept_beside_training),
