@@ -1868,8 +1868,11 @@ static void weights_copies(og_facts_t *d, const og_record_t *r)
                 other = other || (strncmp(ro->models[j].cls, ro->models[i].cls, sizeof ro->models[i].cls) == 0 &&
                                   (loading || ro->models[j].bytes == ro->models[i].bytes));
             }
-        if (!arriving || other)
-            continue; /* nothing loads or runs, or a copy of its own arrives or runs (model_copies, named_copies) */
+        /* nothing loads or runs, or a copy of its own arrives or runs (model_copies, named_copies): unless a load
+         * arrives beside one an optimizer stepped on, a training that made steps (a QLoRA model kept while its bf16
+         * base loads again to merge the adapters is not a second copy of the same thing) */
+        if (!arriving || (other && !(loading && ro->models[i].stepped > 0)))
+            continue;
         uint64_t held = ro->models[i].bytes * (uint64_t)ro->models[i].named;
         if (k->trained_group < 0 ||
             held > ro->models[k->trained_group].bytes * (uint64_t)ro->models[k->trained_group].named) {

@@ -1422,8 +1422,9 @@ static const og_rank_row_t bring[] = {
       "dreambooth_sdxl_lora_prior_preservation_class_image_pipe_still_loaded_a10g (blind); (unit tests: "
       "pipeline_kept_beside_training)" },
     { "trained_model_kept", trained_model_kept, WANT, 0, 0, REMS(R_ONE_MODEL),
-      "roles.models: a model held by a name, not frozen, not running; phase loading: of a class no arriving model has, "
-      "optimizer state made; phase forward: stepped on, beside running models whose optimizers have not stepped, none "
+      "roles.models: a model held by a name, not frozen, not running; phase loading: of a class no arriving model has "
+      "(or one an optimizer stepped on), optimizer state made; phase forward: stepped on, beside running models whose "
+      "optimizers have not stepped, none "
       "a copy of it (facts: trained_kept: its parameters, gradients and that state) >= shortfall, primary not growth",
       "gemma2_9b_qlora_merge_bf16_base_beside_trainer_4090, course_notebook_part2_convnext_beside_part1_vitl_adamw_"
       "globals_3060 (blind); (unit tests: weights_copies_kept, finished_training_beside_the_next)" },

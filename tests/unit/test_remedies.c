@@ -4317,6 +4317,18 @@ static void weights_copies_kept(void **state)
     assert_int_equal(r->analysis.facts.roles.trained_kept, 7 * GiB + 1600 * MiB);
     assert_string_equal(r->remedies[0].id, "one_model_at_a_time");
     assert_non_null(strstr(r->remedies[0].why, "trained PeftModel (model,self.model)"));
+    /* the trained model of the base's own class (a QLoRA LlamaForCausalLM, its adapters inside): a load of that class
+     * beside one an optimizer stepped on is still the finished training kept, not a second copy; one no optimizer
+     * stepped on yet is a copy arriving (model_copies' own) */
+    og_cpy(r->memory.fw.roles.models[1].cls, sizeof r->memory.fw.roles.models[1].cls, "Gemma2ForCausalLM",
+           sizeof "Gemma2ForCausalLM");
+    r->memory.fw.roles.models[1].trained = r->memory.fw.roles.models[1].stepped = 1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.trained_kept, 7 * GiB + 1600 * MiB);
+    r->memory.fw.roles.models[1].stepped = 0;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.trained_kept, 0);
+    r->memory.fw.roles.models[1].stepped = -1;
     /* before any optimizer state: the second model is part of the job's setup (a teacher, a reward model) */
     r->memory.fw.roles.bytes[OG_ROLE_optimizer_state] = fx_opt(0);
     r->memory.fw.roles.optimizers[0].bytes = 0;
