@@ -209,6 +209,8 @@ typedef struct og_roles {
     int per_sample_count;          /* roles.per_sample_count: the most examples a per-sample gradient holds; 0 none */
     og_opt_u64_t lora_bytes;       /* roles.lora_parameters_bytes: LoRA adapters' parameters; unknown: no adapter */
     og_opt_u64_t lora_base;        /* roles.lora_base_trainable_bytes: the other weights requiring grad */
+    og_opt_u64_t embedding_bytes;  /* roles.embedding_parameters_bytes: the models' embedding tables; unknown: no
+                                      model walked */
     bool autocast_in_code;         /* the program's code on the failing stack enters autocast (false: not said) */
     /* roles.scaler_without_autocast: that code names a GradScaler and none of the program's files names autocast
      * (float16 loss scaling around a float32 forward; false: not said) */

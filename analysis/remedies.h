@@ -113,6 +113,9 @@ bool og_checkpoint_kept(const rctx_t *x);
 bool og_ema_out_of_place(const rctx_t *x);
 /* Python objects hold tensors torch.load restored onto the GPU, >= the shortfall (roles.restored_held) */
 bool og_restored_held(const rctx_t *x);
+/* the models' parameters are mostly embedding tables (roles.embedding_parameters_bytes at least half of the
+ * parameters): a recommender's or a sparse-feature model's tables, read a few rows a batch */
+bool og_embedding_tables(const rctx_t *x);
 /* a holder of no purpose kept across calls covers the shortfall while what Python keeps outgrows the splinters
  * (facts.kept_outgrows_cache; roles.keeper), the memory did not grow */
 bool og_kept_holder(const rctx_t *x);

@@ -1511,6 +1511,11 @@ static const og_rank_row_t narrow[] = {
     { "cupy", cupy, DROP, 0, 0, REMS(R_CHECKPOINTING, R_SHORTER_SEQ, R_FLASH, R_QUANT, R_MULTI_GPU),
       "failing framework CuPy", "(unit tests)" },
     { "no_zero", no_zero, DROP, 0, 0, REMS(R_ZERO), "failing framework TensorFlow or CuPy", "(unit tests)" },
+    { "embedding_tables", og_embedding_tables, DROP, 0, 0, REMS(R_LORA, R_QUANT),
+      "roles: embedding tables >= half the parameters (LoRA and weight quantization are for the linear layers' "
+      "weights; a table's rows are read a few at a time: cpu_offload says how to keep them off the GPU)",
+      "deepfm_ad_clicks_hashed_cross_features_dense_embedding_grads_first_backward_a10g (blind); (unit tests: "
+      "embedding_tables_off_the_gpu)" },
     { "ddp_pytorch", not_pytorch, DROP, 0, 0, REMS(R_DDP), "failing framework not PyTorch", "(unit tests)" },
     { "fragmentation_knobs", frag_other_framework, WANT, 0, 0, REMS(R_EMPTY_CACHE),
       "fragmentation, failing framework JAX/TensorFlow/CuPy (their allocator knobs)", "(unit tests)" },

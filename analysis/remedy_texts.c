@@ -48,6 +48,12 @@ bool og_growth_without_autograd(const rctx_t *x)
     return no_autograd_job(x) && x->has[OG_CAUSE_GROWTH] && x->f->growth.marker == OG_MARK_FAILING_SIZE;
 }
 
+bool og_embedding_tables(const rctx_t *x)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    return ro->known && ro->params && ro->embedding && 2 * ro->embedding >= ro->params;
+}
+
 bool og_generation_growth(const rctx_t *x)
 {
     const og_role_facts_t *ro = &x->f->roles;
@@ -1486,6 +1492,25 @@ static bool b_zero_fsdp(const rctx_t *x, og_remedy_t *r)
 
 static bool b_cpu_offload(const rctx_t *x, og_remedy_t *r)
 {
+    const og_role_facts_t *ro = &x->f->roles;
+    if (og_embedding_tables(x)) { /* the tables are most of the model: their rows, not the network, are the lever */
+        r->title = "Keep the embedding tables off the GPU, or update only the rows a batch touches";
+        why(r,
+            "%s of the %s of parameters are embedding tables. A dense gradient is the whole table's size whatever the "
+            "batch, and Adam keeps two more of it; a batch reads only a few of its rows. Kept in host memory (or "
+            "updated sparsely, row by row) the tables stop taking the card.",
+            og_hb((double)ro->embedding).s, og_hb((double)ro->params).s);
+        how(r,
+            "%snn.Embedding(rows, dim, sparse=True); torch.optim.SparseAdam(emb.parameters())   # gradients and "
+            "state for the rows a batch touches; a dense optimizer for the rest",
+            pt(x));
+        how(r,
+            "%sTorchRec's EmbeddingBagCollection with FBGEMM (UVM caching: the table in host memory, hot rows on "
+            "the GPU)",
+            pt(x));
+        how(r, "%sor fewer rows: a smaller hash space, or the hashing trick on the crossed features", pt(x));
+        return true;
+    }
     why(r, "Keep part of the model in host RAM and bring it over when needed: it fits, but steps get 3-10x "
            "slower (offload to disk is slower still).");
     if (x->shortfall)

@@ -134,16 +134,17 @@ struct og_roles_view {
     int nover_run;
     int64_t over_run_every; /* allocated_over_run.every, -1 absent */
     int64_t optimizer_steps, num_beams, batch_size;
-    int64_t attention_modules;         /* -1 unknown (null) */
-    int64_t copy_made_bytes;           /* -1 unknown (null): no deep copy under way */
-    int64_t per_sample_count;          /* -1 null: no per-sample gradient */
-    int64_t lora_parameters_bytes;     /* -1 null: no LoRA adapter */
-    int64_t lora_base_trainable_bytes; /* -1 null: no LoRA adapter */
-    int gradient_checkpointing;        /* -1 unknown (null) */
-    int autocast_in_code;              /* 1 true, -1 unknown (null) */
-    int scaler_without_autocast;       /* 1 true, -1 not said (null) */
-    int backward_in_code;              /* 1 true, -1 not said (null) */
-    struct {                           /* operation (name NULL: none) */
+    int64_t attention_modules;          /* -1 unknown (null) */
+    int64_t copy_made_bytes;            /* -1 unknown (null): no deep copy under way */
+    int64_t per_sample_count;           /* -1 null: no per-sample gradient */
+    int64_t lora_parameters_bytes;      /* -1 null: no LoRA adapter */
+    int64_t lora_base_trainable_bytes;  /* -1 null: no LoRA adapter */
+    int64_t embedding_parameters_bytes; /* -1 null: no model walked */
+    int gradient_checkpointing;         /* -1 unknown (null) */
+    int autocast_in_code;               /* 1 true, -1 unknown (null) */
+    int scaler_without_autocast;        /* 1 true, -1 not said (null) */
+    int backward_in_code;               /* 1 true, -1 not said (null) */
+    struct {                            /* operation (name NULL: none) */
         const char *name;
         struct og_pyframe frame;
     } operation;

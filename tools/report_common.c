@@ -301,6 +301,11 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
         }
         FACT("LoRA");
         og_sb_init(&b);
+        if (r->embedding_parameters_bytes > 0) /* a recommender's tables: their rows, not the network, are the model */
+            og_sb_printf(&b, "%s of the parameters are embedding tables",
+                         human_bytes(r->embedding_parameters_bytes, a));
+        FACT("embeddings");
+        og_sb_init(&b);
         if (r->statement.at.file) {
             pyframe_put(&b, &r->statement.at);
             if (r->statement.target)

@@ -290,6 +290,8 @@ class _Scan(object):
         self.optimized = set()            # the storages of the failing device the optimizers' param_groups hold
         self.root_stepped = {}            # id(root module) -> an optimizer has state for a parameter of it
         self.root_away = {}               # id(root module) -> bytes of its parameters not on the failing device
+        self.embedding = 0                # bytes of embedding tables' parameters (modules of an *Embedding* class)
+        self.embedding_seen = set()
         self.stepped = set()              # the storages of the parameters an optimizer has state for (it stepped)
         self.parent = {}                  # id(module) -> the module that holds it
         self.model_names = {}             # id(module) -> names of the running code holding it (see _name_module)
@@ -1206,6 +1208,15 @@ def is_attention(module, key=None):
         return False
 
 
+def _is_embedding(module):
+    """Whether a module is an embedding table: a class named *Embedding* in its MRO (torch's Embedding and
+    EmbeddingBag, TorchRec's collections, a program's own).  Never raises."""
+    try:
+        return any("Embedding" in c.__name__ for c in type(module).__mro__[:8])
+    except Exception:
+        return False
+
+
 def _tensor_bytes(t):
     """A tensor's bytes from its shape and dtype (Tensor.nbytes, or numel x element_size before torch 1.11's
     nbytes): a meta tensor's too, which has no storage."""
@@ -1241,9 +1252,13 @@ def _models(scan, modules):
             if is_attention(m, key):
                 attn.add(id(m))
             d = getattr(m, "__dict__", {})
+            table = _is_embedding(m)
             for p in (d.get("_parameters") or {}).values():
                 scan.tick()
                 st = scan.storage(p) if p is not None else None
+                if table and st is not None and st[0] not in scan.embedding_seen:
+                    scan.embedding_seen.add(st[0])
+                    scan.embedding += st[1]
                 if st is None and p is not None and id(p) not in away_seen:
                     away_seen.add(id(p))         # on the host, the meta device or another GPU: to come in a load
                     try:
@@ -1428,6 +1443,7 @@ def _result(scan, allocated, complete, why, t0, unknown=()):
             "per_sample_count": (scan.per_sample or None) if "per_sample_gradients" not in unknown else None,
             "lora_bytes": scan.lora,
             "lora_base_bytes": getattr(scan, "lora_base", None),
+            "embedding_bytes": scan.embedding if scan.models else None,
             "complete": complete, "why": why, "elapsed_ms": (_clock() - t0) * 1000.0,
             "objects": scan.objects, "sampled": scan.sampled}
 
@@ -1508,7 +1524,8 @@ def encode(r):
       checkpointing off or in force for the failing pass; meta batch_size N: the batch the program names;
       meta copy_made N: the bytes a copy.deepcopy running at the failure made so far; meta per_sample_count N: the
       most examples a per-sample gradient holds; meta lora_bytes N: the parameters of LoRA adapters;
-      meta lora_base_bytes N: the other parameters that require grad (PEFT's modules_to_save aside); meta autocast_in_code 1: a
+      meta lora_base_bytes N: the other parameters that require grad (PEFT's modules_to_save aside); meta
+      embedding_bytes N: the models' embedding tables' parameters; meta autocast_in_code 1: a
       function of the program on the failing stack enters autocast; meta scaler_without_autocast 1: one names a
       GradScaler and none of the program's files names autocast; meta backward_in_code 1: a function of the program
       on the failing stack calls backward)"""
@@ -1605,6 +1622,8 @@ def encode(r):
         out.append("meta\tlora_bytes\t%d" % int(r["lora_bytes"]))
     if r.get("lora_base_bytes") is not None:
         out.append("meta\tlora_base_bytes\t%d" % int(r["lora_base_bytes"]))
+    if r.get("embedding_bytes") is not None:
+        out.append("meta\tembedding_bytes\t%d" % int(r["embedding_bytes"]))
     if r.get("activations_copy_of"):
         role, b = r["activations_copy_of"]
         out.append("meta\tactivations_copy_of\t%s\t%d" % (_clean(role), int(b)))

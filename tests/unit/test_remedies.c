@@ -707,6 +707,35 @@ static void framework_libraries(void **state)
 
 /* ------------------------------------------------------------------ multi-GPU */
 
+/* a click-through model whose parameters are mostly hashed embedding tables (5 of 6 GiB) fails in its first backward,
+ * its AdamW state to come: the state exceeds the card, and LoRA or weight quantization are for linear layers'
+ * weights: keeping the tables off the GPU (or sparse row updates) leads, titled so; a model whose embedding is a
+ * small share of it (a language model's vocabulary) keeps LoRA first */
+static void embedding_tables_off_the_gpu(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 6 * GiB, 4 * GiB, 0, 0, 0, 2 * GiB);
+    fixture_optimizer(r, "AdamW", 0);
+    og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 6 * GiB);
+    fixture_model(r, "DeepFM", 6 * GiB, 1, false);
+    og_set(&r->memory.fw.roles.embedding_bytes, 5 * GiB);
+    fixture_phase(r, "backward", "/w/ctr.py", "backward");
+    r->memory.fw.grad_enabled = 1;
+    og_set(&r->event.requested_bytes, 4 * GiB);
+    og_set(&r->device.free_bytes, 1 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "cpu_offload");
+    assert_string_equal(r->remedies[0].title,
+                        "Keep the embedding tables off the GPU, or update only the rows a batch touches");
+    assert_true(how_has(&r->remedies[0], "SparseAdam"));
+    assert_int_equal(rank_of(r, "lora"), 0);
+    assert_int_equal(rank_of(r, "quantization"), 0);
+    og_set(&r->memory.fw.roles.embedding_bytes, 1 * GiB); /* a language model's vocabulary: a small share */
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "lora");
+    free(r);
+}
+
 /* a full fine-tune in one process on GPU 0 of two, at its first AdamW step: 6 GiB of parameters, their gradients and
  * 8 GiB of moments made so far, 4 GiB to come (2 x 6 GiB in all): 24 GiB of state at the step is the whole 24 GiB card,
  * so no card like it holds the state and moving part of the work to GPU 1 does not either: sharding the state over the
@@ -4999,6 +5028,7 @@ int main(void)
         cmocka_unit_test(tensorflow_knobs),
         cmocka_unit_test(cupy_and_unknown_framework),
         cmocka_unit_test(multi_gpu_depends_on_visible_devices),
+        cmocka_unit_test(embedding_tables_off_the_gpu),
         cmocka_unit_test(state_over_card_idle_gpus),
         cmocka_unit_test(spare_gpu),
         cmocka_unit_test(weights_only_no_activation_remedies),

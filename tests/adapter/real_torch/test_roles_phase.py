@@ -720,6 +720,33 @@ def t_models_elsewhere():
         g.pop("halfway", None)
 
 
+class Recommender(torch.nn.Module):
+    """Two embedding tables (one shared by two names) and a small tower."""
+
+    def __init__(self):
+        torch.nn.Module.__init__(self)
+        self.users = torch.nn.Embedding(1000, 16)
+        self.items = torch.nn.EmbeddingBag(500, 16)
+        self.items_again = self.items
+        self.tower = torch.nn.Linear(32, 1)
+
+
+def t_embedding_tables():
+    """roles.embedding_bytes: the models' embedding tables (Embedding, EmbeddingBag), each storage once; the tower's
+    weights are not counted"""
+    if STAND_IN:
+        return
+    build()
+    g = globals()
+    g["recommender"] = Recommender()
+    try:
+        r = measure(None)
+        assert r["embedding_bytes"] == (1000 + 500) * 16 * 4, r["embedding_bytes"]
+        assert "meta\tembedding_bytes\t%d" % ((1000 + 500) * 16 * 4) in oomguard_roles.encode(r)
+    finally:
+        g.pop("recommender", None)
+
+
 class CausalSelfAttention(torch.nn.Module):
     def __init__(self):
         torch.nn.Module.__init__(self)
@@ -1975,6 +2002,7 @@ if not STAND_IN:
     check("the phase table's PyTorch files exist in this torch", t_phase_patterns_real_files)
     check("gradient checkpointing: off in a plain layer, on under torch.utils.checkpoint or the flag", t_checkpointing)
     check("a model halfway through a move: its parameters off the failing device, once", t_models_elsewhere)
+    check("embedding tables among the models' parameters, each once", t_embedding_tables)
     check("the batch size from the program's names, not a loop index or a global count", t_batch_size)
     check("a batch of one from the outermost module's input, where no name says the batch", t_input_batch)
     check("the optimizer steps: the latest 32 and a series over the whole run", t_steps_over_the_run)
