@@ -1104,15 +1104,19 @@ static bool idle_gpu(const rctx_t *x) { return x->f->spare.idle && spare_ok(x); 
 static bool uneven_split(const rctx_t *x) { return x->f->spare.split && spare_ok(x); }
 /* they lead unless short, except after a confident growth (a leak fills the other GPU too) */
 static bool idle_gpu_lead(const rctx_t *x) { return idle_gpu(x) && !confident_growth(x); }
-/* a training state larger than this card (state_exceeds_card) while cards like it sit idle: no one card holds it,
- * so the state is sharded over them (one process per GPU, FSDP or ZeRO-3), not a part of the work moved */
-static bool state_exceeds_card_gpus(const rctx_t *x) { return state_exceeds_card(x) && idle_gpu(x); }
 static bool uneven_split_lead(const rctx_t *x) { return uneven_split(x) && !confident_growth(x); }
 /* what can move to the idle GPU: the frozen models (a teacher: its forward needs no gradient) and the models held
  * beside another of their class; 0 none measured */
 static uint64_t movable_models(const rctx_t *x)
 {
     return add_sat(roles_of(x)->frozen_models, roles_of(x)->named_copies);
+}
+/* a training state larger than this card (state_exceeds_card) while cards like it sit idle, still larger without
+ * the models that could move to one of them (a frozen teacher): no one card holds it, so the state is sharded over
+ * them (one process per GPU, FSDP or ZeRO-3), not a part of the work moved */
+static bool state_exceeds_card_gpus(const rctx_t *x)
+{
+    return state_exceeds_card(x) && idle_gpu(x) && state_at_step(x) - (double)movable_models(x) >= (double)x->capacity;
 }
 
 /* ------------------------------------------------------------------ rows */
@@ -1849,7 +1853,8 @@ static const og_rank_row_t lead[] = {
     { "ddp_buckets_lead", ddp_buckets_lead, LEAD_COVERS, -18, 0, REMS(R_BUCKET_VIEW),
       "as ddp_buckets, primary not a confident growth", "ddp_bucket_copy" },
     { "state_exceeds_card_gpus_lead", state_exceeds_card_gpus, LEAD, -29, 0, REMS(R_ZERO),
-      "as state_exceeds_card, idle_gpu (ahead of putting part of the work there: sharded over the GPUs)",
+      "as state_exceeds_card, idle_gpu, that state less the models that can move (frozen, named copies) still >= the "
+      "card (ahead of putting part of the work there: sharded over the GPUs)",
       "llama2_13b_full_ft_one_process_four_gpus (blind); (unit tests: state_over_card_idle_gpus)" },
     { "idle_gpu_lead", idle_gpu_lead, LEAD_COVERS, -28, 0, REMS(R_USE_IDLE_GPU),
       "as idle_gpu, primary not a confident growth", "pseudo_label_teacher_student_same_gpu (blind)" },

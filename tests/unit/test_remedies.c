@@ -758,11 +758,25 @@ static void state_over_card_idle_gpus(void **state)
     assert_true(ranked_by(&r->remedies[0], "state_exceeds_card_gpus_lead"));
     assert_true(rank_of(r, "use_idle_gpu") > 1);
     fixture_roles(r, 3 * GiB, 3 * GiB, 4 * GiB, 0, 0, 0);
+    fixture_optimizer(r, "AdamW", 4 * GiB);
     og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 3 * GiB);
     r->summary[0].tracked_bytes = 10 * GiB;
     og_set(&r->device.free_bytes, 1 * GiB);
     run_primary(r, "does_not_fit");
     assert_false(ranked_by(&r->remedies[0], "state_exceeds_card_gpus_lead"));
+    /* a frozen 10 GiB teacher beside a 4 GiB student: 26 GiB of state at the step, but 16 GiB without the teacher,
+     * which can move to GPU 1: the idle GPU leads */
+    fixture_roles(r, 14 * GiB, 4 * GiB, 4 * GiB, 0, 0, 0);
+    fixture_optimizer(r, "AdamW", 4 * GiB);
+    og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 4 * GiB);
+    r->memory.fw.roles.nmodels = 0;
+    fixture_model(r, "Teacher", 10 * GiB, 1, true);
+    fixture_model(r, "Student", 4 * GiB, 1, false);
+    r->summary[0].tracked_bytes = 22 * GiB;
+    run_primary(r, "does_not_fit");
+    assert_true(r->analysis.facts.roles.opt_params == 4 * GiB);
+    assert_string_equal(r->remedies[0].id, "use_idle_gpu");
+    assert_true(ranked_by(rem(r, "zero_fsdp"), "state_exceeds_card_lead"));
     free(r);
 }
 
