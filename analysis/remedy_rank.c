@@ -353,11 +353,15 @@ static bool checkpoint_restore(const rctx_t *x) { return PHASE(loading) && x->f-
 /* a load whose one model's parameters on the device (roles.models: a single model, one copy) already fill nine
  * tenths of the card: the loaded tensors became the weights (a from_pretrained that assigns each shard's tensors
  * as the parameters), so loading on the CPU would leave them as large and the rest is still to come; the weights
- * themselves must get smaller (fewer bits) or be split over more devices */
+ * themselves must get smaller (fewer bits) or be split over more devices; not float32 weights, which bfloat16
+ * halves first (fp32_weights' lead) */
 static bool weights_fill_card(const rctx_t *x)
 {
     const og_roles_t *r = &x->rec->memory.fw.roles;
-    return PHASE(loading) && roles_of(x)->known && x->capacity && r->nmodels == 1 && r->models[0].count == 1 &&
+    const og_role_facts_t *ro = roles_of(x);
+    /* float32 weights (roles.parameters_by_dtype: at least half of them) halve first in bf16 (fp32_weights) */
+    bool fp32 = ro->dtypes_known && ro->params && 2 * ro->params_fp32 >= ro->params;
+    return PHASE(loading) && ro->known && x->capacity && r->nmodels == 1 && r->models[0].count == 1 && !fp32 &&
            (double)r->models[0].bytes >= 0.9 * (double)x->capacity;
 }
 /* ... a checkpoint's restore first, unless those weights fill the card */
@@ -1673,7 +1677,8 @@ static const og_rank_row_t lead[] = {
       "phase loading, torch.load on the stack, not weights_fill_card",
       "(unit tests: phase_checkpoint_restore), mixtral_8x7b_bf16_one_h100_load (blind)" },
     { "weights_fill_card_lead", weights_fill_card, LEAD, -24, 1, REMS(R_QUANT, R_MULTI_GPU, R_OFFLOAD),
-      "phase loading, roles: one model (one copy) whose parameters on the device >= 90% of the card",
+      "phase loading, roles: one model (one copy) whose parameters on the device >= 90% of the card, not mostly "
+      "float32 (parameters_by_dtype)",
       "mixtral_8x7b_bf16_one_h100_load (blind); (unit tests: weights_fill_the_card)" },
     { "restored_held_lead", restored_held, LEAD_COVERS, -36, 0, REMS(R_MAP_CPU),
       "as restored_held (ahead of the statement that copies them and of a dataset's row: the load put them there)",

@@ -1291,6 +1291,11 @@ static void weights_fill_the_card(void **state)
     assert_string_equal(r->remedies[0].id, "quantization");
     assert_true(ranked_by(&r->remedies[0], "weights_fill_card_lead"));
     assert_true(rank_of(r, "map_location_cpu") != 1);
+    fixture_dtype(r, "float32", 22 * GiB); /* float32 weights: bfloat16 halves them first */
+    run_primary(r, "does_not_fit");
+    assert_false(ranked_by(rem(r, "quantization"), "weights_fill_card_lead"));
+    r->memory.fw.roles.ndtypes = 0;
+    r->memory.fw.roles.has_dtypes = false;
     fixture_roles(r, 12 * GiB, 0, 0, 0, 1 * GiB, 0);
     r->memory.fw.roles.nmodels = 0;
     fixture_model(r, "MixtralForCausalLM", 12 * GiB, 1, true);
