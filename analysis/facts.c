@@ -1626,7 +1626,11 @@ static void roles(og_facts_t *d, const og_record_t *r)
             if (k->copy_holder < 0 || h->bytes > ro->holders[k->copy_holder].bytes)
                 k->copy_holder = i;
         }
-        if (pu == OG_PURPOSE_NONE && !h->copy_of[0] && pass_runs && local && !pass_own_local(where, r) &&
+        /* of no purpose, or named a cache or a dataset: those rows read holders kept across calls, and a caller's
+         * local that outlives every step (a training loop's `cache` of every batch, filled before epoch 1) is
+         * what the program keeps all the same */
+        bool keepsake = pu == OG_PURPOSE_NONE || pu == OG_PURPOSE_cache || pu == OG_PURPOSE_dataset;
+        if (keepsake && !h->copy_of[0] && pass_runs && local && !pass_own_local(where, r) &&
             og_known(ro->bytes[OG_ROLE_activations]) && h->bytes > largest_role(ro) &&
             (k->dominant < 0 || h->bytes > ro->holders[k->dominant].bytes))
             k->dominant = i;

@@ -252,7 +252,8 @@ typedef struct og_role_facts {
      * tensors Python objects hold, kept or local, and the holder with the most of it (index, -1 none) */
     uint64_t restored_held;
     int restored_holder;
-    /* a holder of no purpose and no copy of a role that holds more than any role of the framework (parameters,
+    /* a holder of no purpose (or named a cache or a dataset) and no copy of a role that holds more than any role of the
+     * framework (parameters,
      * gradients, optimizer state, graph pools, activations) and any other holder while a pass runs (phase forward,
      * backward, evaluation, generation), a local of code outside the running pass (a training loop's list in
      * main(); holders kept across calls have their own rows: kept_outgrows_cache); its index in

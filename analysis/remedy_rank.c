@@ -1388,7 +1388,8 @@ static const og_rank_row_t bring[] = {
       "roles: holders of purpose dataset kept across calls (a global, an attribute) >= shortfall, primary not growth",
       "resnet50_whole_dataset_on_gpu_speedrun (blind)" },
     { "dominant_holder", dominant_holder, WANT, 0, 0, REMS(R_RELEASE_REFS),
-      "roles: while a pass runs, a holder of no purpose and no copy of a role, a local outside the pass's own code, "
+      "roles: while a pass runs, a holder of no purpose (or named a cache or a dataset) and no copy of a role, a local "
+      "outside the pass's own code, "
       "holds more than any role of the framework (facts: roles.dominant) >= shortfall; primary not growth",
       "pythia1b_noise_scale_step_keeps_every_microbatch_grad_h100 (blind); (unit tests: dominant_holder_first)" },
     { "statement_copies_holder", stmt_copies_holder, WANT, 0, 0, REMS(R_DATASET_CPU),

@@ -4076,6 +4076,16 @@ static void dominant_holder_first(void **state)
     og_unset(&r->memory.fw.roles.bytes[OG_ROLE_activations]);
     run(r);
     assert_int_equal(r->analysis.facts.roles.dominant, -1);
+    /* a training loop's `cache` of every batch, filled before epoch 1 (its name says cache): a caller's local that
+     * outlives the steps is what the program keeps, whatever it is called; one named a KV cache is the pass's */
+    og_set(&r->memory.fw.roles.bytes[OG_ROLE_activations], 26 * GiB);
+    snprintf(r->memory.fw.roles.holders[0].purpose, sizeof r->memory.fw.roles.holders[0].purpose, "cache");
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.dominant, 0);
+    assert_string_equal(r->remedies[0].id, "release_references");
+    snprintf(r->memory.fw.roles.holders[0].purpose, sizeof r->memory.fw.roles.holders[0].purpose, "kv_cache");
+    run(r);
+    assert_int_equal(r->analysis.facts.roles.dominant, -1);
     free(r);
 }
 
