@@ -824,13 +824,15 @@ static bool extra_outputs(const rctx_t *x)
  * outputs, filled the card */
 static bool extra_outputs_first(const rctx_t *x)
 {
+    if (!extra_outputs(x))
+        return false;
     uint64_t g = kept_grower(x);
-    if (!extra_outputs(x) || !g || !og_covers(x, (double)g))
-        return extra_outputs(x);
+    if (!g || !og_covers(x, (double)g))
+        return true;
     const og_role_holder_t *h = &x->rec->memory.fw.roles.holders[roles_of(x)->grower];
     char where[sizeof h->where];
     og_cpy(where, sizeof where, h->where, sizeof where);
-    return strncmp(where, "local in ", 9) == 0;
+    return strncmp(where, "local in ", 9) == 0; /* the running call's own rise */
 }
 /* a rank of a multi-rank job (WORLD_SIZE > 1) fails while loading the weights: every rank loading the whole model
  * onto its GPU before a sharder (FSDP, ZeRO-3) splits it; loaded on the CPU or the meta device, each rank holds its
