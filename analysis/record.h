@@ -175,6 +175,10 @@ typedef struct og_role_holder {
     og_opt_u64_t restored;
     bool has_restored_site;
     og_py_frame_t restored_site;
+    /* it is a collection of this many like records (a list, tuple, deque or dict whose first elements each hold
+     * tensors of the device, of one type and as many tensors: a scene's photos, an epoch's batches); 0 not one,
+     * -1 not read (an older adapter) */
+    int64_t records;
 } og_role_holder_t;
 
 typedef struct og_roles {

@@ -245,6 +245,11 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
             j_py_frames_one(sb, &h->restored_site);
         else
             og_sb_puts(sb, "null");
+        og_sb_puts(sb, ",\"records\":");
+        if (h->records >= 0)
+            og_sb_printf(sb, "%lld", (long long)h->records);
+        else
+            og_sb_puts(sb, "null");
         og_sb_puts(sb, "}");
     }
     og_sb_puts(sb, "]");

@@ -107,7 +107,7 @@ static const char *const role_keys[OG_NROLES] = {
 };
 
 /* The adapter's roles (oomguard_framework_stats_t.roles): "role\tNAME\tBYTES\tTENSORS",
- * "optimizer\tCLASS\tBYTES\tTENSORS[\tPARAMETER_BYTES]", "dtype\tNAME\tBYTES\tTENSORS", "holder\tBYTES\tTENSORS\tLABEL\tNAME\tKIND\tWHERE\tFILE\tLINE\tFUNCTION[\tPURPOSE\tCOPY_OF[\tGRAPHS[\tRESTORED_BYTES\tRESTORED_FILE\tRESTORED_LINE\tRESTORED_FUNCTION]]]",
+ * "optimizer\tCLASS\tBYTES\tTENSORS[\tPARAMETER_BYTES]", "dtype\tNAME\tBYTES\tTENSORS", "holder\tBYTES\tTENSORS\tLABEL\tNAME\tKIND\tWHERE\tFILE\tLINE\tFUNCTION[\tPURPOSE\tCOPY_OF[\tGRAPHS[\tRESTORED_BYTES\tRESTORED_FILE\tRESTORED_LINE\tRESTORED_FUNCTION[\tRECORDS]]]]",
  * "statement\tFILE\tLINE\tFUNCTION\tTARGET\tPURPOSE\tNAMES[\tINTS]" ('-': none),
  * "accumulating\tFILE\tLINE\tFUNCTION\tTARGET\tOPERAND", "setting\tFACT\tFILE\tLINE\tFUNCTION\tKEY"
  * (FACT a name of common/code_settings.def),
@@ -120,10 +120,10 @@ static void parse_roles(const char *s, og_roles_t *r)
     while (s && *s) {
         const char *end = strchr(s, '\n');
         size_t len = end ? (size_t)(end - s) : strlen(s);
-        char line[2048], *f[17];
+        char line[2048], *f[18];
         snprintf(line, sizeof line, "%.*s", (int)(len < sizeof line - 1 ? len : sizeof line - 1), s);
         s = end ? end + 1 : s + len;
-        int n = split_tabs(line, f, 17); /* the longest record: holder */
+        int n = split_tabs(line, f, 18); /* the longest record: holder */
         if (!strcmp(f[0], "role") && n >= 4) {
             for (int i = 0; i < OG_NROLES; i++)
                 if (!strcmp(f[1], role_keys[i])) {
@@ -178,6 +178,7 @@ static void parse_roles(const char *s, og_roles_t *r)
                 h->restored_site.line = atoi(f[15]);
                 copy_str(h->restored_site.function, sizeof h->restored_site.function, f[16]);
             }
+            h->records = n >= 18 ? strtoll(f[17], NULL, 10) : -1;
         } else if (!strcmp(f[0], "model") && n >= 6 && r->nmodels < (int)(sizeof r->models / sizeof r->models[0])) {
             copy_str(r->models[r->nmodels].cls, sizeof r->models[0].cls, f[1]);
             r->models[r->nmodels].bytes = strtoull(f[2], NULL, 10);

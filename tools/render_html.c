@@ -812,6 +812,8 @@ static void roles_card(struct hx *h)
                     esc(h, x->copy_of, 40);
                     og_sb_puts(h->b, "</span>");
                 }
+                if (x->records > 0)
+                    og_sb_printf(h->b, " <span class=\"muted\">%lld like records</span>", (long long)x->records);
                 if (x->graphs > 0)
                     og_sb_puts(h->b, " <span class=\"muted\">keeping their autograd graphs</span>");
                 if (x->restored_bytes > 0) {

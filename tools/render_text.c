@@ -674,6 +674,8 @@ static void roles_table(struct tx *t, const struct og_dump *d)
                     og_sb_puts(t->b, ", a copy of the ");
                     sb_text(t->b, x->copy_of, 40, 0);
                 }
+                if (x->records > 0)
+                    og_sb_printf(t->b, ", %lld like records", (long long)x->records);
                 if (x->graphs > 0)
                     og_sb_puts(t->b, ", keeping their autograd graphs");
                 if (x->restored_bytes > 0) {

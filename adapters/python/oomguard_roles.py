@@ -86,6 +86,9 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _COPIED = ("parameters", "optimizer_state")
 _COPY_MIN_TENSORS = 4
 _COPY_MIN_SHARE = 0.25
+# a holder that is a collection of like records (the photos of a scene, the batches of an epoch): its elements
+# read to tell (the first _RECORDS_READ), each holding tensors of the device, all of one type and as many tensors
+_RECORDS_READ = 64
 
 
 def copy_among(sizes, sources):
@@ -649,7 +652,7 @@ def _holder(scan, v, name, kind, where, graphs=True):
                 st = scan.storage(t)
                 big = (st[0] if st else 0, b)
     if got:
-        h = scan.holders.setdefault((name, kind, where), [0, 0, 0, 0, 0, {}])
+        h = scan.holders.setdefault((name, kind, where), [0, 0, 0, 0, 0, {}, 0])
         for at, rb in restored.items():
             h[5][at] = h[5].get(at, 0) + rb
         h[0] += got
@@ -658,10 +661,31 @@ def _holder(scan, v, name, kind, where, graphs=True):
             h[2], h[3] = big
         if graphs and h[4] < _GRAPHS_READ:
             h[4] = min(_GRAPHS_READ, h[4] + _graphs_alive(tensors))
+        h[6] = max(h[6], _records(scan, v))
         c = scan.sizes_of.setdefault((name, kind, where), {})
         for sz in sizes:
             c[sz] = c.get(sz, 0) + 1
     return True
+
+
+def _records(scan, v):
+    """How many like records v is a collection of: for a list, tuple, deque or dict (its values) of at least two
+    elements whose first _RECORDS_READ each hold tensors of the failing device, all of one type and as many
+    tensors, its length; 0 otherwise.  Measured, not named: a scene's photos, an epoch's batches kept whole."""
+    try:
+        tp = type(v)
+        if not (tp in _CONTAINERS or tp in _MAPPINGS) or tp in (set, frozenset) or len(v) < 2:
+            return 0
+        items = v.values() if issubclass(tp, dict) else v
+        shape = None
+        for y in itertools.islice(items, _RECORDS_READ):
+            n = sum(1 for t in scan.tensors_in(y, _DEPTH - 1) if scan.storage(t))
+            if not n or (shape is not None and shape != (type(y), n)):
+                return 0
+            shape = (type(y), n)
+        return len(v)
+    except Exception:
+        return 0
 
 
 def _restored_at(scan, t):
@@ -1424,7 +1448,7 @@ def _result(scan, allocated, complete, why, t0, unknown=()):
         rest_copy = copy_among(rest, scan.sizes_of)
     hs = sorted(scan.holders.items(), key=lambda kv: (-kv[1][0], kv[0]))[:TOP_HOLDERS]
     holders = []
-    for (name, kind, where), (b, n, ptr, _, graphs, restored) in hs:
+    for (name, kind, where), (b, n, ptr, _, graphs, restored, records) in hs:
         sep = " " if where.startswith("on ") else ", "
         label = "%s (%s%s%s)" % (name, kind, sep, where)
         owner = where[3:] if where.startswith("on ") else ""      # the class whose attribute it is
@@ -1433,7 +1457,8 @@ def _result(scan, allocated, complete, why, t0, unknown=()):
         # what torch.load restored onto the GPU of its tensors (None: not watched), and the line that restored most
         rb = sum(restored.values()) if scan.restored is not None else None
         rsite = max(restored.items(), key=lambda kv: (kv[1], kv[0]))[0] if restored else None
-        holders.append((label, name, kind, where, b, n, scan.sites.get(ptr), purpose, copied, graphs, rb, rsite))
+        holders.append((label, name, kind, where, b, n, scan.sites.get(ptr), purpose, copied, graphs, rb, rsite,
+                        records))
     dtypes = None if "parameters" in unknown else dict((k, list(v)) for k, v in scan.dtypes.items())
     return {"allocated": allocated, "roles": roles, "optimizers": scan.optimizers, "holders": holders,
             "parameters_by_dtype": dtypes,
@@ -1510,7 +1535,8 @@ def encode(r):
       role  NAME BYTES TENSORS | optimizer CLASS BYTES TENSORS PARAMETER_BYTES NOT_ELEMENTWISE_BYTES |
       dtype NAME BYTES TENSORS (the parameters by dtype; with `meta by_dtype 1`: measured) |
       holder BYTES TENSORS LABEL NAME KIND WHERE FILE LINE FUNCTION PURPOSE COPY_OF GRAPHS RESTORED_BYTES RESTORED_FILE
-      RESTORED_LINE RESTORED_FUNCTION (what torch.load restored onto the GPU of its tensors, and where) |
+      RESTORED_LINE RESTORED_FUNCTION RECORDS (what torch.load restored onto the GPU of its tensors, and where;
+      RECORDS: the like records it is a collection of, _records) |
       model CLASS BYTES TENSORS COUNT FROZEN NAMED RUNNING NAMES PURPOSE TRAINED STEPPED AWAY (NAMED: roots the
       running code holds by a name, RUNNING: roots whose method runs, NAMES: those names, comma-separated, AWAY:
       bytes of one root's parameters not on the failing device) |
@@ -1552,11 +1578,12 @@ def encode(r):
         graphs = h[9] if len(h) > 9 else 0
         rb = h[10] if len(h) > 10 else None
         rf, rln, rfn = (h[11] if len(h) > 11 else None) or ("-", 0, "-")
+        records = h[12] if len(h) > 12 else 0
         f, ln, fn = site if site else ("-", 0, "-")
-        out.append("holder\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%s" % (
+        out.append("holder\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%s\t%d" % (
             int(b), int(n), _clean(label), _clean(name), _clean(kind), _clean(where), _clean(f), int(ln), _clean(fn),
             _clean(purpose or "-"), _clean(copied or "-"), int(graphs), "-" if rb is None else int(rb), _clean(rf),
-            int(rln), _clean(rfn)))
+            int(rln), _clean(rfn), int(records or 0)))
     for m in r.get("models") or ():
         cls, b, n, k, frozen = m[:5]
         line = "model\t%s\t%d\t%d\t%d\t%d" % (_clean(cls), int(b), int(n), int(k), 1 if frozen else 0)

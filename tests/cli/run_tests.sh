@@ -201,6 +201,9 @@ has "roles: activation checkpointing off" "$T/pr" "activation checkpointing: off
 has "roles: a holder's purpose and copy" "$T/pr" "snapshot (dict, global in train.py), 1 tensor, kept as checkpoint, a copy of the parameters"
 has "roles: what torch.load restored onto the GPU of a holder, and its line" "$T/pr" \
     "a copy of the parameters, keeping their autograd graphs, 2.00 MiB restored onto the GPU by torch.load at train.py:12"
+has "roles: a holder that is a collection of like records" "$T/pr" \
+    "past (list, local in generate_step (train.py:51)), 48 tensors, kept as kv_cache, 24 like records"
+has "html: a collection of like records" "$T/pr.html" "24 like records"
 has "html: what torch.load restored onto the GPU of a holder" "$T/pr.html" "2.00 MiB restored onto the GPU by torch.load at /home/ana/train.py:12"
 has "roles: the other frameworks on the device" "$T/pr" "other frameworks on this device: jax reserves 512.00 MiB, 128.00 MiB in use, limit 768.00 MiB"
 has "html: the failing line is the program's" "$T/pr.html" "/home/ana/train.py:130 in main</div>"

@@ -459,6 +459,37 @@ def t_nested_holders():
             g.pop(k, None)
 
 
+class Camera(object):
+    """A scene's view: its photo as a tensor, and numbers."""
+    def __init__(self, n):
+        self.original_image = empty(n)
+        self.fov = 0.8
+
+
+def t_holder_records():
+    """roles.holders[].records: a list of like objects each holding as many tensors (a scene's cameras), a dict of
+    batches (tuples of two tensors) is a collection of that many records; mixed elements, an element without a
+    tensor, a single element or a set are not one."""
+    build()
+    g = globals()
+    names = ("cameras", "batches", "mixed", "holey", "single")
+    try:
+        g["cameras"] = [Camera(40) for _ in range(130)]
+        g["batches"] = dict((i, (empty(8), empty(8 + i))) for i in range(5))
+        g["mixed"] = [Camera(4), Camera(4), (empty(4), empty(4))]
+        g["holey"] = [empty(4), "label", empty(4)]
+        g["single"] = [empty(4)]
+        r = measure(None)
+        rec = dict((h[1], h[12]) for h in r["holders"])
+        assert rec.get("cameras") == 130 and rec.get("batches") == 5, rec
+        assert rec.get("mixed") == 0 and rec.get("holey") == 0 and rec.get("single") == 0, rec
+        line = [l for l in oomguard_roles.encode(r).splitlines() if l.startswith("holder\t") and "\tcameras\t" in l]
+        assert line and line[0].split("\t")[17] == "130", line
+    finally:
+        for k in names:
+            g.pop(k, None)
+
+
 class ChatSession(object):
     """A cache declared in the class body: one dict every session shares, kept while the class lives."""
     image_features = {}
@@ -971,7 +1002,7 @@ def t_restored_by_torch_load():
         assert h[0][11][1] == line and h[0][11][0].endswith("test_roles_phase.py"), h
         others = [x for x in r["holders"] if x[1] != "shards"]
         assert others and all(x[10] == 0 and x[11] is None for x in others), others
-        assert all(len(x) == 12 and x[10] is None for x in measure(None)["holders"])   # not watched: unknown
+        assert all(len(x) == 13 and x[10] is None for x in measure(None)["holders"])   # not watched: unknown
     finally:
         g.pop("shards", None)
         if entry in ser._package_registry:
@@ -1209,6 +1240,8 @@ check("parameters by dtype; an optimizer holds the device's parameters before it
 check("the failing statement: its target, the names it reads, their purpose, the phase from it", t_statement)
 check("a framework's frame by its module's package (the stand-in torch too), else by a directory; the program's line",
       t_framework_frames)
+check("a holder that is a collection of like records says how many (a scene's cameras, a dict of batches)",
+      t_holder_records)
 check("a list local of a running function is a named holder; unknown allocated leaves activations unknown",
       t_local_holder)
 check("modules and optimizers found through gc alone", t_gc_only)
