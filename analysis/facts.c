@@ -2382,6 +2382,47 @@ static void fit(og_facts_t *d, const og_record_t *r)
 
 /* ------------------------------------------------------------------ entry */
 
+/* A data set by its records: a holder kept across calls (an attribute, a global) that no name gives a purpose and
+ * no role's copy is, whose like records (roles.holders[].records: a scene's photos, an epoch's batches) number
+ * OG_RECORDS_MIN or more and keep no autograd graph (graphs measured 0), holds the data set as much as one named so
+ * when it was there before the steps: the run's series (roles.allocated_over_run) held its bytes already at its
+ * first point and rose by less than half of them since.  Records appended as the run goes (each batch's predictions,
+ * a rollout's frames) are not: the series rises by them, and without a series when they came is unknown.  The same facts as a named one (dataset_kept,
+ * dataset_holder, purpose_bytes), and records_dataset says which. */
+static void record_datasets(og_facts_t *d, const og_record_t *r)
+{
+    og_role_facts_t *k = &d->roles;
+    const og_roles_t *ro = &r->memory.fw.roles;
+    if (!k->known || ro->nstep_run <= 0)
+        return;
+    int nh = ro->nholders < 0 ? 0 : ro->nholders > 8 ? 8 : ro->nholders;
+    int n = ro->nstep_run > OG_STEP_SERIES ? OG_STEP_SERIES : ro->nstep_run;
+    uint64_t rose = sub0(ro->step_run[n - 1], ro->step_run[0]);
+    for (int i = 0; i < nh; i++) {
+        const og_role_holder_t *h = &ro->holders[i];
+        if (h->records < OG_RECORDS_MIN || h->graphs != 0 || h->purpose[0] || h->copy_of[0] ||
+            strncmp(h->where, "local in ", 9) == 0 || h->bytes > ro->step_run[0] || rose >= h->bytes / 2)
+            continue;
+        k->records_dataset |= 1u << i;
+        k->dataset_kept = add_sat(k->dataset_kept, h->bytes);
+        k->purpose_bytes[OG_PURPOSE_dataset] = add_sat(k->purpose_bytes[OG_PURPOSE_dataset], h->bytes);
+        if (k->dataset_holder < 0 || h->bytes > ro->holders[k->dataset_holder].bytes)
+            k->dataset_holder = i;
+    }
+}
+
+/* what holder i keeps, by its name (roles.holders[].purpose) or, for a data set, by its records */
+enum og_purpose og_holder_purpose(const og_facts_t *d, const og_record_t *r, int i)
+{
+    if (i < 0 || i >= r->memory.fw.roles.nholders)
+        return OG_PURPOSE_NONE;
+    if (i < 8 && (d->roles.records_dataset >> i & 1u))
+        return OG_PURPOSE_dataset;
+    char p[sizeof r->memory.fw.roles.holders[0].purpose];
+    og_cpy(p, sizeof p, r->memory.fw.roles.holders[i].purpose, sizeof p);
+    return og_purpose_of(p);
+}
+
 /* The holder of the growth: the largest holder, wherever it is kept (a global, an attribute, a list a running
  * training loop fills), that holds at least half of the steady part of the rise (the median rise per step
  * times the steps read): what to release, named as the program names it */
@@ -2421,6 +2462,7 @@ void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds
     trains(f, rec);
     growth(f, rec, s);
     grower(f, rec);
+    record_datasets(f, rec);
     load(f, rec);
     imbalance(f, rec);
     non_framework(f, rec);

@@ -55,6 +55,9 @@ const char *og_job_phase_name(enum og_job_phase p);
 /* a big request: at least an OG_BIG_REQ_DIV-th of the device, one tensor the size of a layer's output over a
  * whole input (a recording, a volume, a long document), not one of a pass's many small temporaries */
 #define OG_BIG_REQ_DIV 8
+/* a holder that is a collection of at least this many like records (roles.holders[].records), kept across calls,
+ * holds the data set whatever its name: more than any model has layers, fewer than a real data set has samples */
+#define OG_RECORDS_MIN 128
 
 /* Scratch of the growth rule: the low points of up to OG_GROWTH_MAX_STEPS steps and their rises. */
 typedef struct og_growth_scratch {
@@ -168,6 +171,8 @@ typedef struct og_role_facts {
      * function): a dataset kept whole on the device, and the largest such holder (index in roles.holders, -1 none) */
     uint64_t dataset_kept;
     int dataset_holder;
+    /* of them, bit i: holder i is a data set by its records, not by its name (record_datasets) */
+    unsigned records_dataset;
     /* the same for holders of purpose index (a retriever's vectors, a flat or FAISS index kept on the device): their
      * bytes and the largest one (index in roles.holders, -1 none) */
     uint64_t index_kept;

@@ -481,6 +481,8 @@ typedef struct og_thresholds {
 
 /* facts.c: the facts of REC (thresholds TH, NULL for the defaults); S is scratch for the growth rule. */
 void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds_t *th, og_growth_scratch_t *s);
+/* facts.c: what holder i of roles.holders keeps: by its name, or a data set by its records (facts: records_dataset) */
+enum og_purpose og_holder_purpose(const og_facts_t *d, const og_record_t *r, int i);
 /* diagnose.c: fills rec->diagnosis from the measured fields.  Pure: no I/O, no globals. */
 void og_diagnose(og_record_t *rec, const og_thresholds_t *th);
 /* the same, running the rules last to first (tests: no rule depends on another) */

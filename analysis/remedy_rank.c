@@ -859,11 +859,9 @@ static bool rank_model_exceeds_card(const rctx_t *x) { return rank_loads_whole_m
 static bool growing_dataset(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
-    if (!ro->known || !PRIMARY(GROWTH) || ro->grower < 0 || ro->grower >= x->rec->memory.fw.roles.nholders)
+    if (!ro->known || !PRIMARY(GROWTH) || ro->grower < 0)
         return false;
-    char purpose[sizeof x->rec->memory.fw.roles.holders[0].purpose];
-    og_cpy(purpose, sizeof purpose, x->rec->memory.fw.roles.holders[ro->grower].purpose, sizeof purpose);
-    return og_purpose_of(purpose) == OG_PURPOSE_dataset && !own_fix_covers(x);
+    return og_holder_purpose(x->f, x->rec, ro->grower) == OG_PURPOSE_dataset && !own_fix_covers(x);
 }
 /* activation checkpointing is in force for the layer that failed (roles.gradient_checkpointing true): turning it
  * on changes nothing */

@@ -738,12 +738,25 @@ static bool b_dataset_on_cpu(const rctx_t *x, og_remedy_t *r)
     const char *holder = holder_label(x, which, lb, sizeof lb);
     if (which >= 0)
         og_cpy(name, sizeof name, x->rec->memory.fw.roles.holders[which].name, sizeof name);
+    /* a data set by its records, not its name: how many like records, read one (or one batch) at a time */
+    long long records = which >= 0 && og_holder_purpose(x->f, x->rec, which) == OG_PURPOSE_dataset &&
+                                !x->rec->memory.fw.roles.holders[which].purpose[0]
+                            ? (long long)x->rec->memory.fw.roles.holders[which].records
+                            : 0;
+    char many[64] = "";
+    if (records > 0)
+        snprintf(many, sizeof many, ", %lld like records", records);
     why(r,
-        "The running code keeps %s of a dataset on the GPU%s%s%s%s: it is read a batch at a time, yet all of it "
+        "The running code keeps %s of a dataset on the GPU%s%s%s%s%s: it is read a batch at a time, yet all of it "
         "takes the card beside the model, its state and the pass's activations. Kept in host memory (pinned) and "
         "copied one batch per step, it costs the GPU one batch.",
         og_hb((double)(growing ? ro->grower_bytes : ro->dataset_kept)).s, growing ? ", growing as it fills" : "",
-        holder ? " (the largest: " : "", holder ? holder : "", holder ? ")" : "");
+        holder ? " (the largest: " : "", holder ? holder : "", many, holder ? ")" : "");
+    if (records > 0 && name[0])
+        how(r,
+            "%s%s: build each record in host memory (.pin_memory(), not .cuda()); .cuda(non_blocking=True) only "
+            "the one a step reads",
+            pt(x), name);
     const char *n = name[0] && !strchr(name, '.') ? name : "images";
     how(r, "%s%s = torch.from_numpy(array).pin_memory()   # in host memory, not .cuda()", pt(x), n);
     how(r, "%sx = %s[idx].cuda(non_blocking=True)   # one batch at a time (idx on the CPU)", pt(x), n);

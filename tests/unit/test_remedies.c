@@ -3422,6 +3422,100 @@ static void decoding_loop_kv_growth(void **state)
     }
 }
 
+/* the run's series (roles.allocated_over_run): from FIRST, rising by RISE over four points */
+static void fixture_run_series(og_record_t *r, uint64_t first, uint64_t rise)
+{
+    og_roles_t *ro = &r->memory.fw.roles;
+    ro->nstep_run = 4;
+    ro->step_run_every = 64;
+    for (int i = 0; i < 4; i++)
+        ro->step_run[i] = first + rise * (uint64_t)i / 3;
+}
+
+/* a holder no name gives a purpose, kept across calls, that is a collection of OG_RECORDS_MIN or more like records
+ * (a scene's photos on the GPU, roles.holders[].records) there since the run's first step holds the data set: keeping
+ * it in host memory leads, saying how many records; fewer records, records keeping their graphs (outputs), a running
+ * function's local, no run series (when they came unknown), or records the series rose by (each batch's predictions
+ * appended): not a data set */
+static og_record_t *records_on_the_gpu(int64_t records, int graphs, const char *where)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 100 * MiB, 0, 0, 0, 12 * GiB, 8 * GiB);
+    fixture_run_series(r, 12 * GiB + 200 * MiB, 100 * MiB);
+    fixture_optimizer(r, "SGD", 0);
+    og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 100 * MiB);
+    fixture_holder(r, "self.frames", "list", where, 12 * GiB);
+    r->memory.fw.roles.holders[0].records = records;
+    r->memory.fw.roles.holders[0].graphs = graphs;
+    fixture_phase(r, "forward", "/w/train.py", "forward");
+    r->memory.fw.grad_enabled = 1;
+    r->memory.fw.autocast = 1;
+    return r;
+}
+
+static void records_kept_as_a_dataset(void **state)
+{
+    og_record_t *r = records_on_the_gpu(720, 0, "on Scene");
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "dataset_on_cpu");
+    assert_true(r->analysis.facts.roles.records_dataset == 1u);
+    assert_int_equal(r->analysis.facts.roles.dataset_kept, 12 * GiB);
+    assert_non_null(strstr(r->remedies[0].why, "self.frames (list, on Scene), 720 like records"));
+    assert_true(how_has(&r->remedies[0], "self.frames: build each record in host memory"));
+    free(r);
+    static const struct {
+        int64_t records;
+        int graphs;
+        const char *where;
+    } not_data[] = { { OG_RECORDS_MIN - 1, 0, "on Scene" },
+                     { 720, 1, "on Scene" },
+                     { -1, 0, "on Scene" },
+                     { 720, 0, "local in train (train.py:40)" } };
+    for (size_t i = 0; i < sizeof not_data / sizeof *not_data + 3; i++) {
+        size_t j = i < sizeof not_data / sizeof *not_data ? i : 0;
+        r = records_on_the_gpu(i == j ? not_data[j].records : 720, not_data[j].graphs, not_data[j].where);
+        if (i == j + sizeof not_data / sizeof *not_data)
+            r->memory.fw.roles.nstep_run = 0; /* no series: when they came unknown */
+        else if (i > sizeof not_data / sizeof *not_data)
+            fixture_run_series(r, i % 2 ? 6 * GiB : 13 * GiB, i % 2 ? 0 : 6 * GiB); /* after the first point; rose by */
+        run(r);
+        assert_int_equal(r->analysis.facts.roles.records_dataset, 0);
+        assert_int_equal(rank_of(r, "dataset_on_cpu"), 0);
+        free(r);
+    }
+    /* with a growth (128 MiB kept per step, from 12 GiB): the photos there before the first step are the data set;
+     * records the run's series rose by are not (each batch's outputs appended) */
+    static struct og_hist_ev ev[48];
+    uint64_t live = 12 * GiB;
+    for (int k = 0; k < 16; k++) {
+        ev[3 * k] =
+            (struct og_hist_ev){ .t_rel = k * 0.1, .op = OG_OP_ALLOC, .bytes = 512 * MiB, .live = live += 512 * MiB };
+        ev[3 * k + 1] = (struct og_hist_ev){
+            .t_rel = k * 0.1 + 0.01, .op = OG_OP_ALLOC, .bytes = 128 * MiB, .live = live += 128 * MiB
+        };
+        ev[3 * k + 2] = (struct og_hist_ev){
+            .t_rel = k * 0.1 + 0.02, .op = OG_OP_FREE, .bytes = 512 * MiB, .live = live -= 512 * MiB
+        };
+    }
+    uint64_t sizes[] = { 12 * GiB, 2 * GiB };
+    for (int i = 0; i < 2; i++) {
+        r = base();
+        r->history.events = ev;
+        r->history.nevents = 48;
+        og_set(&r->event.requested_bytes, 512 * MiB);
+        fixture_roles(r, 1 * GiB, 0, 0, 0, sizes[i], 0);
+        fixture_run_series(r, 12 * GiB + 512 * MiB, 15 * 128 * MiB);
+        fixture_holder(r, "self.frames", "list", "on Scene", sizes[i]);
+        r->memory.fw.roles.holders[0].records = 720;
+        og_set(&r->device.free_bytes, 256 * MiB);
+        r->memory.fw.grad_enabled = 1;
+        run_primary(r, "growth");
+        assert_int_equal(r->analysis.facts.roles.records_dataset, i == 0 ? 1u : 0u);
+        assert_int_equal(rank_of(r, "dataset_on_cpu") == 1, i == 0);
+        free(r);
+    }
+}
+
 /* a replay buffer (a holder of purpose dataset, local in main) grows until the card is full: keeping it in host
  * memory leads, its bytes the growth's holder's; the same holder without the purpose is a leak to release */
 static void growing_dataset_to_host(void **state)
@@ -5133,6 +5227,7 @@ int main(void)
         cmocka_unit_test(no_attention_layers_no_fused_attention),
         cmocka_unit_test(inference_call_building),
         cmocka_unit_test(growing_dataset_to_host),
+        cmocka_unit_test(records_kept_as_a_dataset),
         cmocka_unit_test(operation_dominates_split_first),
         cmocka_unit_test(batchless_operation_takes_the_card),
         cmocka_unit_test(conv_inference_tiles_first),
