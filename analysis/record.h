@@ -219,7 +219,10 @@ typedef struct og_roles {
     /* roles.scaler_without_autocast: that code names a GradScaler and none of the program's files names autocast
      * (float16 loss scaling around a float32 forward; false: not said) */
     bool scaler_no_autocast;
-    bool backward_in_code;  /* roles.backward_in_code: that code calls backward (false: not said) */
+    bool backward_in_code; /* roles.backward_in_code: that code calls backward (false: not said) */
+    /* roles.backward_on_stack: a frame of the failing stack, the program's or a framework's, loads backward (or
+     * autograd's grad) to call it: 1 one does, -1 none does (read), 0 not read */
+    int backward_on_stack;
     uint64_t reported_t_ns; /* when that report arrived (og_now_ns; 0 unknown) */
     double reported_t_rel;  /* the same on the history's clock (seconds since start; 0 unknown) */
     uint64_t sampled;       /* large containers and classes read in part (their first elements held no tensor) */

@@ -376,6 +376,8 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
     og_sb_puts(sb, r->scaler_no_autocast ? "true" : "null");
     K("backward_in_code");
     og_sb_puts(sb, r->backward_in_code ? "true" : "null");
+    K("backward_on_stack");
+    og_sb_puts(sb, r->backward_on_stack > 0 ? "true" : r->backward_on_stack < 0 ? "false" : "null");
     K("last_optimizer_step_ms_ago");
     if (!og_known(r->last_step_age_us))
         og_sb_puts(sb, "null");

@@ -283,6 +283,8 @@ static void parse_roles(const char *s, og_roles_t *r)
                 r->scaler_no_autocast = !strcmp(f[2], "1");
             else if (!strcmp(f[1], "backward_in_code"))
                 r->backward_in_code = !strcmp(f[2], "1");
+            else if (!strcmp(f[1], "backward_on_stack"))
+                r->backward_on_stack = !strcmp(f[2], "1") ? 1 : !strcmp(f[2], "0") ? -1 : 0;
             else if (!strcmp(f[1], "why"))
                 copy_str(r->why, sizeof r->why, f[2]);
             else if (!strcmp(f[1], "copy_made"))

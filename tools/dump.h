@@ -145,6 +145,7 @@ struct og_roles_view {
     int autocast_in_code;               /* 1 true, -1 unknown (null) */
     int scaler_without_autocast;        /* 1 true, -1 not said (null) */
     int backward_in_code;               /* 1 true, -1 not said (null) */
+    int backward_on_stack;              /* 1 true, 0 false (none on the stack), -1 not read (null) */
     struct {                            /* operation (name NULL: none) */
         const char *name;
         struct og_pyframe frame;

@@ -1024,7 +1024,7 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
     r->optimizer_steps = r->num_beams = r->attention_modules = r->objects_scanned = r->read_in_part =
         r->activations_copy_of.bytes = -1;
     r->batch_size = r->gradient_checkpointing = r->autocast_in_code = r->scaler_without_autocast = r->backward_in_code =
-        -1;
+        r->backward_on_stack = -1;
     r->copy_made_bytes = r->per_sample_count = r->lora_parameters_bytes = r->lora_base_trainable_bytes =
         r->embedding_parameters_bytes = -1;
     r->ddp.wrappers = r->ddp.bucket_bytes = -1;
@@ -1193,6 +1193,7 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
     TRY(get_bool(L, o, &p, "autocast_in_code", &r->autocast_in_code));
     TRY(get_bool(L, o, &p, "scaler_without_autocast", &r->scaler_without_autocast));
     TRY(get_bool(L, o, &p, "backward_in_code", &r->backward_in_code));
+    TRY(get_bool(L, o, &p, "backward_on_stack", &r->backward_on_stack));
     const cJSON *q;
     TRY(get_obj(L, o, &p, "operation", &q)); /* the failing operation */
     if (q) {

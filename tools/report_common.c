@@ -414,6 +414,9 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
         og_sb_init(&b);
         if (r->backward_in_code == 1) /* a training step though no optimizer of torch's has stepped yet */
             og_sb_puts(&b, "the running code calls backward(): a training step");
+        if (r->backward_on_stack == 0) /* read, and no frame calls it: this pass feeds no backward */
+            og_sb_printf(&b, "%sno frame of the failing stack calls backward (nor autograd.grad): this pass feeds none",
+                         r->backward_in_code == 1 ? "; " : "");
         FACT("backward");
         og_sb_init(&b);
         if (r->operation.name) {

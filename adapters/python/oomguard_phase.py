@@ -364,7 +364,7 @@ _AUTOCAST_NAMES = frozenset(("autocast", "GradScaler"))
 
 def autocast_in_code(frame, limit=64):
     """True when a function of the program's own code on the failing stack (not a framework's, an installed
-    package's or the adapters') names autocast (or a GradScaler) among its code's names: the running loop enters
+    package's or the adapters') loads autocast (or a GradScaler) to use it (_loads_any; an import alone is not): the running loop enters
     mixed precision around some of its work, though autocast may be off at the failing line (a loss computed
     outside the autocast block, a backward pass); None when none does (a caller no longer running is not read).
     Reads code objects only: nothing is called.  Never raises."""
@@ -374,11 +374,20 @@ def autocast_in_code(frame, limit=64):
             if is_framework_frame(f) or is_standard_library(f.f_code.co_filename) or \
                     not oomguard_roles.is_user_file(f.f_code.co_filename):
                 continue
-            if _AUTOCAST_NAMES.intersection(f.f_code.co_names):
+            if _loads_any(f.f_code, _AUTOCAST_NAMES):
                 return True
     except Exception:
         pass
     return None
+
+
+def _loads_any(code, names):
+    """True when CODE loads one of NAMES (a global, a name, an attribute or a method: what a call or a `with`
+    uses), not only stores it: a script's module code that defines `def backward(loss): ...` or imports autocast
+    calls neither.  Its own bytecode, not that of the functions it defines."""
+    if not names.intersection(code.co_names):
+        return False
+    return any(op in _LOADS and op != "LOAD_FAST" and name in names for _, op, name, _, _ in _instructions(code))
 
 
 # the names a program's code calls backward through: loss.backward(), accelerate's accelerator.backward(loss),
@@ -387,8 +396,8 @@ _BACKWARD_NAMES = frozenset(("backward", "manual_backward"))
 
 
 def backward_in_code(frame, limit=64):
-    """True when a function of the program's own code on the failing stack (as autocast_in_code reads it) calls
-    backward among its code's names: the pass that runs is one whose loss the running code backpropagates, a
+    """True when a function of the program's own code on the failing stack (as autocast_in_code reads it) loads
+    backward, to call it (_loads_any: a definition named backward is no call): the pass that runs is one whose loss the running code backpropagates, a
     training step though no optimizer of torch's has stepped or holds the parameters (a closure handed to
     scipy's L-BFGS, a first step); None when none does.  Reads code objects only: nothing is called."""
     try:
@@ -397,11 +406,36 @@ def backward_in_code(frame, limit=64):
             if is_framework_frame(f) or is_standard_library(f.f_code.co_filename) or \
                     not oomguard_roles.is_user_file(f.f_code.co_filename):
                 continue
-            if _BACKWARD_NAMES.intersection(f.f_code.co_names):
+            if _loads_any(f.f_code, _BACKWARD_NAMES):
                 return True
     except Exception:
         pass
     return None
+
+
+# what calls backward, a framework's frames included: loss.backward(), accelerate's and DeepSpeed's backward(loss),
+# Lightning's manual_backward and its closure's _backward_fn, torch.autograd.grad (exact names: torch's own
+# _call_impl reads _backward_hooks, which call nothing)
+_BACKWARD_CALLS = frozenset(("backward", "manual_backward", "_backward_fn", "backward_fn", "grad"))
+
+
+def backward_on_stack(frame, limit=256):
+    """Whether a frame of the failing stack, the program's or a framework's (a trainer's training_step, Lightning's
+    closure), loads a name it calls backward through (_BACKWARD_CALLS): True when one does, False when the stack was
+    read and none does (the pass feeds no backward the running code would call), None when there is no frame.  The
+    standard library's frames and the adapters' are not read.  Reads code objects only.  Never raises."""
+    try:
+        if frame is None:
+            return None
+        for f in frames_of(frame, limit):
+            path = f.f_code.co_filename
+            if is_standard_library(path) or os.path.dirname(os.path.abspath(path)) == _HERE:
+                continue
+            if _loads_any(f.f_code, _BACKWARD_CALLS):
+                return True
+        return False
+    except Exception:
+        return None
 
 
 def scaler_without_autocast(frame, limit=64, max_files=8):

@@ -1554,7 +1554,8 @@ def encode(r):
       embedding_bytes N: the models' embedding tables' parameters; meta autocast_in_code 1: a
       function of the program on the failing stack enters autocast; meta scaler_without_autocast 1: one names a
       GradScaler and none of the program's files names autocast; meta backward_in_code 1: a function of the program
-      on the failing stack calls backward)"""
+      on the failing stack calls backward; meta backward_on_stack 1|0: a frame of the failing stack, a framework's
+      too, calls backward or autograd.grad, or none does)"""
     if not r or "roles" not in r:
         return None
     out = []
@@ -1634,6 +1635,8 @@ def encode(r):
         out.append("meta\tscaler_without_autocast\t1")
     if r.get("backward_in_code"):
         out.append("meta\tbackward_in_code\t1")
+    if r.get("backward_on_stack") is not None:
+        out.append("meta\tbackward_on_stack\t%d" % (1 if r["backward_on_stack"] else 0))
     out.append("meta\tallocated\t%s" % ("-" if r["allocated"] is None else int(r["allocated"])))
     out.append("meta\tcomplete\t%d" % (1 if r["complete"] else 0))
     out.append("meta\telapsed_us\t%d" % int(r["elapsed_ms"] * 1000))

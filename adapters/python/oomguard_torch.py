@@ -611,6 +611,7 @@ def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowe
                                           _input_batch(code, torch))
                 measured["autocast_in_code"] = oomguard_phase.autocast_in_code(code)
                 measured["backward_in_code"] = oomguard_phase.backward_in_code(code)
+                measured["backward_on_stack"] = oomguard_phase.backward_on_stack(code)
                 if measured["autocast_in_code"] and oomguard_phase.scaler_without_autocast(code):
                     # a GradScaler named, autocast nowhere in the program: not mixed precision entered
                     measured["autocast_in_code"], measured["scaler_without_autocast"] = None, True

@@ -1651,6 +1651,45 @@ def t_backward_in_code():
     assert got == [True, True, None], got
 
 
+def t_backward_on_stack():
+    """roles.backward_on_stack: a frame that calls backward (loss.backward(), manual_backward, Lightning's closure's
+    _backward_fn, autograd.grad) says True; a frame that only runs the model says False; a script's module code
+    that defines a function named backward and calls the model calls nothing: False"""
+    import oomguard_phase
+    got = []
+
+    class Loss(object):
+        def backward(self):
+            pass
+
+    def probe():
+        got.append(oomguard_phase.backward_on_stack(sys._getframe(1), limit=1))
+        return Loss()
+
+    class Module(object):
+        def manual_backward(self, loss):
+            pass
+
+        def _backward_fn(self, loss):
+            pass
+
+    ns = {"__name__": "prog", "probe": probe, "torch": torch}
+    exec(compile("def closure():\n    loss = probe()\n    loss.backward()\n    return loss\n"
+                 "def step(self):\n    out = probe()\n    self.manual_backward(out)\n    return out\n"
+                 "def lightning(self):\n    self._backward_fn(probe())\n"
+                 "def penalty(x):\n    return torch.autograd.grad(probe(), x)\n"
+                 "def evaluate():\n    return probe()\n", "/tmp/prog_fit.py", "exec"), ns)
+    ns["closure"](), ns["step"](Module()), ns["lightning"](Module()), ns["evaluate"]()
+    try:
+        ns["penalty"](None)
+    except Exception:
+        pass
+    exec(compile("def backward(loss):\n    pass\nresult = probe()\n", "/tmp/prog_script.py", "exec"),
+         {"__name__": "__main__", "probe": probe})
+    assert got == [True, True, True, False, True, False], got
+    assert oomguard_phase.backward_on_stack(None) is None
+
+
 def t_scaler_without_autocast():
     """roles.scaler_without_autocast: the running loop names a GradScaler and the program's file names autocast
     nowhere (a comment or a string saying it does not count); autocast in a helper of the same file that is not
@@ -2043,6 +2082,8 @@ if not STAND_IN:
     check("a GradScaler in the running loop, autocast nowhere in the program's file", t_scaler_without_autocast)
     check("backward called by the running program's code: a training step before any optimizer of torch's",
           t_backward_in_code)
+    check("backward on the failing stack: called by a frame, or by none (a scoring pass with autograd on)",
+          t_backward_on_stack)
     check("settings of the program's own code: padding to the maximum, extra outputs", t_code_settings)
     check("the failing operation from PyTorch's own frames; the table names common/operations.def's list",
           t_operation_real_frames)
