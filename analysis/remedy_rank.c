@@ -976,8 +976,16 @@ static bool operation_dominates(const rctx_t *x)
             ro->operation == OG_OP_kernel_matrix || conv) &&
            x->req_known && op_bytes >= ro->working && !own_fix_covers(x) && (!x->larger_than_device || conv);
 }
-/* both lead unless short, except after a confident growth (a leak fills any card whatever the operation) */
+/* the failing operation is a transducer's loss or joint network (roles.operation transducer_loss): its [batch,
+ * frames, target tokens, vocabulary] tensors are the request, and a smaller batch shrinks them no faster than it
+ * shrinks everything else; the joint and the loss in sub-batches (a fused batch) or pruned never make them whole */
+static bool transducer_op(const rctx_t *x)
+{
+    return roles_of(x)->operation == OG_OP_transducer_loss && !own_fix_covers(x) && !x->larger_than_device;
+}
+/* these lead unless short, except after a confident growth (a leak fills any card whatever the operation) */
 static bool cross_entropy_lead(const rctx_t *x) { return cross_entropy_op(x) && !confident_growth(x); }
+static bool transducer_lead(const rctx_t *x) { return transducer_op(x) && !confident_growth(x); }
 static bool operation_dominates_lead(const rctx_t *x) { return operation_dominates(x) && !confident_growth(x); }
 /* one big temporary of a computation outside any model (facts: roles.loose_operation: no parameters, no pass, the
  * statement's sizes rows x columns, the earlier temporaries of the same operation alive): a block of fewer rows,
@@ -1360,6 +1368,9 @@ static const og_rank_row_t bring[] = {
     { "cross_entropy_op", cross_entropy_op, WANT, 0, 0, REMS(R_FUSED_CE),
       "roles.operation cross_entropy (cross_entropy, log_softmax, nll_loss on the failing stack)",
       "gemma_lora_fp32_logits_ce (blind), perplexity_log_softmax" },
+    { "transducer_op", transducer_op, WANT, 0, 0, REMS(R_CHUNK),
+      "roles.operation transducer_loss (an rnnt_loss, an RNNTLoss, a joint network on the failing stack)",
+      "torchaudio_conformer_rnnt_vietnamese_bpe4096_long_batch_a10g (blind)" },
     { "operation_dominates", operation_dominates, WANT, 0, 0, REMS(R_CHUNK),
       "roles.operation image_decode, pairwise or kernel_matrix, or conv with autograd off (then also larger than the "
       "device), the operation's tensors (request; 2x for conv and kernel_matrix, 3x for pairwise) >= the working set "
@@ -1793,6 +1804,9 @@ static const og_rank_row_t lead[] = {
     { "cross_entropy_lead", cross_entropy_lead, LEAD_COVERS, -26, 0, REMS(R_FUSED_CE),
       "as cross_entropy_op, primary not a confident growth",
       "gemma_lora_fp32_logits_ce (blind), perplexity_log_softmax" },
+    { "transducer_lead", transducer_lead, LEAD_COVERS, -26, 0, REMS(R_CHUNK),
+      "as transducer_op, primary not a confident growth",
+      "torchaudio_conformer_rnnt_vietnamese_bpe4096_long_batch_a10g (blind)" },
     { "loose_operation_lead", loose_operation, LEAD_COVERS, -27, 0, REMS(R_CHUNK), "as loose_operation",
       "butina_tanimoto_chunk_tuned_on_inhouse_250k_run_on_1_6m_vendor_library_a100_80gb (blind)" },
     { "operation_dominates_lead", operation_dominates_lead, LEAD_COVERS, -27, 0, REMS(R_CHUNK),
@@ -2129,6 +2143,8 @@ static void estimate(rank_t *k, const rctx_t *x)
         cover[R_FUSED_CE] = (double)x->req;
     if (operation_dominates(x)) /* in eight tiles or slices: an eighth of the operation's tensors at a time */
         cover[R_CHUNK] = 0.875 * (double)op_tensor_bytes(x);
+    if (transducer_op(x)) /* in eight sub-batches: an eighth of the joint's tensors at a time */
+        cover[R_CHUNK] = 0.875 * (double)x->req;
     if (loose_operation(x)) /* in eight blocks of rows: an eighth of its temporaries, the request's and earlier ones */
         cover[R_CHUNK] = 0.875 * ((double)ro->act + (double)x->req);
     /* the operation's tensors are one sample's (its sizes do not carry the batch) and with the state they take the

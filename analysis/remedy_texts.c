@@ -1798,6 +1798,20 @@ static bool chunk_operation(const rctx_t *x, og_remedy_t *r)
     operation_site(x, site, sizeof site);
     bool decode = ro->operation == OG_OP_image_decode, conv = ro->operation == OG_OP_conv,
          kernel = ro->operation == OG_OP_kernel_matrix;
+    if (ro->operation == OG_OP_transducer_loss) {
+        why(r,
+            "The failing request, %s, is made by the transducer's loss or joint network%s: it holds every frame "
+            "against every target token over the whole vocabulary, for the whole batch at once. Computed for a few "
+            "utterances at a time (the encoder still runs on the whole batch), or pruned to the tokens near each "
+            "frame's alignment, it is never whole.",
+            req_hb(x).s, site);
+        HOWS(x, r,
+             { PT, "for i in range(0, B, 4): loss_i = rnnt_loss(joiner(enc[i:i + 4], pred[i:i + 4]), ...); "
+                   "loss_i.backward(retain_graph=True)   # the joint and its loss by sub-batch" },
+             { PT, "NeMo: model.joint.fuse_loss_wer = True; joint.fused_batch_size = 4   # the same, built in" },
+             { PT, "k2.rnnt_loss_pruned(...)   # pruned RNN-T: only the tokens near each frame's alignment" });
+        return true;
+    }
     why(r,
         "The failing request, %s, is one %s%s, at least as large as everything else the running pass holds "
         "(%s)%s: that operation, not the batch, is the peak. Computed in tiles or slices it needs a fraction of "

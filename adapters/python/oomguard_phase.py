@@ -120,6 +120,13 @@ def conv_block(module):
 # and the libraries' too (torch/nn/functional.py's cross_entropy, diffusers' decoder); the match of highest
 # priority decides, the innermost among equals.  Data, not code: an operation a remedy can split or fuse.
 OPERATIONS = (
+    # a transducer's loss over its joint network's [batch, frames, target tokens, vocabulary] output (torchaudio's
+    # rnnt_loss and RNNTLoss, k2's rnnt_loss*, warp-rnnt; NeMo's RNNTLoss) and the joint network making it (NeMo's
+    # RNNTJoint, torchaudio's _Joiner): above cross_entropy, whose log_softmax a joint network may call
+    ("transducer_loss", 32, "*", "*rnnt_loss*", "*"),
+    ("transducer_loss", 32, "*", "forward", "*RNNTLoss*"),
+    ("transducer_loss", 31, "*", "*", "*RNNTJoint*"),
+    ("transducer_loss", 31, "*", "forward", "*Joiner*"),
     ("cross_entropy", 30, "*", "cross_entropy", "*"),
     ("cross_entropy", 30, "*", "*cross_entropy_loss", "*"),
     ("cross_entropy", 30, "*", "log_softmax", "*"),

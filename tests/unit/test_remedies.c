@@ -1397,6 +1397,29 @@ static void cross_entropy_fused_first(void **state)
     free(r);
 }
 
+/* the failing request is a transducer's joint over [batch, frames, tokens, vocabulary] (roles.operation
+ * transducer_loss): the joint and loss in sub-batches lead, said as such; a confident growth keeps its own lead */
+static void transducer_loss_split_first(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 128 * MiB, 0, 0, 256 * MiB, 0, 14 * GiB);
+    fixture_optimizer(r, "AdamW", 256 * MiB);
+    og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 128 * MiB);
+    fixture_phase(r, "forward", "/w/train.py", "forward");
+    r->memory.fw.grad_enabled = 1;
+    og_set(&r->event.requested_bytes, 8 * GiB);
+    og_set(&r->device.free_bytes, 6 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "split_operation"), 0);
+    fixture_operation(r, "transducer_loss", "rnnt_loss");
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "split_operation");
+    assert_non_null(strstr(r->remedies[0].why, "transducer"));
+    assert_true(how_has(&r->remedies[0], "fused_batch_size"));
+    assert_int_equal(rank_of(r, "fused_cross_entropy"), 0);
+    free(r);
+}
+
 /* a first forward pass with autograd on, no optimizer of torch's, no gradient yet: whether the job trains is unknown
  * and inference mode stays listed; the running code calling backward (roles.backward_in_code: a closure scipy's
  * L-BFGS calls) says the pass is a training step, and inference mode goes */
@@ -5192,6 +5215,7 @@ int main(void)
         cmocka_unit_test(state_exceeds_card_first),
         cmocka_unit_test(summed_microbatches_backward_each),
         cmocka_unit_test(checkpointing_off_leads),
+        cmocka_unit_test(transducer_loss_split_first),
         cmocka_unit_test(batch_of_one_cannot_shrink),
         cmocka_unit_test(bucketing_needs_a_batch_that_fit),
         cmocka_unit_test(state_new_since_the_pass),
