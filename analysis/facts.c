@@ -1490,6 +1490,25 @@ static void roles(og_facts_t *d, const og_record_t *r)
             k->named_copies = add_sat(k->named_copies, kept);
         }
     }
+    /* a model of the class the running code uses, in a group of its own (another size: its head, a copy part
+     * way), that no name of the running code reaches and none of whose methods runs, beside a trainable one a name
+     * holds or that runs: a previous run's (the last fold's, kept by a reference cycle until the collector runs;
+     * an earlier trial's), all of it a leftover; a frozen one is another model (a teacher) */
+    for (int i = 0; !building && i < nm; i++) {
+        if (ro->models[i].frozen || ro->models[i].count <= 0 || ro->models[i].named > 0 || ro->models[i].running > 0 ||
+            registry_group(ro, i))
+            continue;
+        bool beside = false;
+        for (int j = 0; j < nm && !beside; j++)
+            beside = j != i && !ro->models[j].frozen && (ro->models[j].named > 0 || ro->models[j].running > 0) &&
+                     strncmp(ro->models[j].cls, ro->models[i].cls, sizeof ro->models[i].cls) == 0;
+        if (!beside)
+            continue;
+        /* the group's first model was not counted as a copy above (only those beyond it) */
+        k->model_copies = add_sat(k->model_copies, ro->models[i].bytes);
+        k->unreached_copies = add_sat(k->unreached_copies, ro->models[i].bytes);
+        unnamed = add_sat(unnamed, ro->models[i].bytes);
+    }
     if (k->keyed_count < 2) /* one model by key is a name, not a map of models */
         k->keyed_models = 0, k->keyed_count = 0, k->keyed_group = -1;
     k->accumulating = ro->has_accum;

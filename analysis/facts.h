@@ -317,6 +317,10 @@ typedef struct og_role_facts {
      * global, an attribute), not a leftover; a model whose name the failing statement is about to rebind is a
      * previous copy (a cell run again), not one of these.  0 none or not measured */
     uint64_t named_copies;
+    /* of model_copies, the models of a group apart (another size) that no name of the running code reaches and
+     * that do not run, beside one of their class that a name holds or that runs: a previous fold's or trial's, kept
+     * by a reference cycle or a callback, not a cell run again; 0 none */
+    uint64_t unreached_copies;
     /* roles.models: a registry of whole models, one group of >= 2 models of a class that the running code
      * holds only through a map, by key (every name NAME[key]: a dict of models per tenant, an LRU of them);
      * its parameters, counted in neither model_copies nor named_copies; 0 none.  registry_group: its index

@@ -203,6 +203,9 @@ static bool second_load(const rctx_t *x)
 /* (a copy replacing a model a name holds is the running job's own refresh, not a previous run's copy) */
 static bool copy_replaces_model(const rctx_t *x);
 static bool model_copy_primary(const rctx_t *x) { return PRIMARY(DNF) && model_copy(x) && !copy_replaces_model(x); }
+/* ... a previous run's model of another size that no name reaches (facts: roles.unreached_copies): a loop's earlier
+ * fold or trial, freed by dropping what keeps it (the collector, a callback) without losing the loop */
+static bool unreached_copy(const rctx_t *x) { return model_copy_primary(x) && x->f->roles.unreached_copies; }
 /* a previous copy of the model is alive beside the one the job uses (a second load, a notebook cell run again) */
 bool og_previous_copy(const rctx_t *x) { return second_load(x) || model_copy_primary(x); }
 static bool loading(const rctx_t *x) { return PRIMARY(DNF) && load_phase(x) == OG_PHASE_LOADING; }
@@ -1598,6 +1601,10 @@ static const og_rank_row_t lead[] = {
     { "model_copy_lead", model_copy_primary, LEAD, -32, 1, REMS(R_RESTART, R_RELEASE_REFS),
       "the same (the copy is the measured cause; splinters of the cache come after)",
       "notebook_interrupted_unet_rerun (blind)" },
+    { "unreached_copy_lead", unreached_copy, LEAD, -33, 0, REMS(R_RELEASE_REFS),
+      "as model_copy, the copies include a model of another size no name reaches (roles.unreached_copies): released "
+      "ahead of a restart, which would lose the loop",
+      "fungi_eva02_kfold_callback_trainer_cycle_folds_freed_only_by_gc_a10g (blind)" },
     { "copy_replaces_model", copy_replaces_model, WANT, 0, 0, REMS(R_IN_PLACE, R_RELEASE_REFS),
       "roles.operation copy, the failing statement rebinds a name of roles.models whose model holds >= shortfall",
       "trdpo_reference_refresh_deepcopy (blind)" },

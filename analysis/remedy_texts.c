@@ -920,6 +920,23 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
         keep_less_how(r, n);
         return true;
     }
+    if (!grew && og_previous_copy(x) && x->f->roles.unreached_copies) {
+        why(r,
+            "%s of parameters belong to a model of the running one's class that no name of the running code reaches "
+            "and that does not run, with whatever gradients and optimizer state it kept: a previous fold's or "
+            "trial's. `del` and empty_cache() free nothing while something still refers to it: a reference cycle "
+            "(a callback pointing back at its trainer) waits for the garbage collector, a hook or a closure keeps it.",
+            og_hb((double)x->f->roles.unreached_copies).s);
+        how(r,
+            "%sdel model, optimizer, trainer; import gc; gc.collect(); torch.cuda.empty_cache()   # after each fold "
+            "or trial, before the next is built",
+            pt(x));
+        how(r,
+            "%sbreak the cycle: trainer.callbacks.clear() at the end of fit, or callbacks keep a "
+            "weakref.proxy(trainer)",
+            pt(x));
+        return true;
+    }
     if (!grew && og_previous_copy(x)) {
         previous_copy_why(x, r);
         why(r, " Free it before building the new one.");

@@ -1397,6 +1397,43 @@ static void cross_entropy_fused_first(void **state)
     free(r);
 }
 
+/* a model of the running one's class and another size that no name reaches and that does not run (a previous
+ * fold's, kept by a reference cycle) holds the missing bytes: releasing it (gc.collect) leads, ahead of a restart
+ * that would lose the loop; a frozen one (a teacher) or one a name holds is no leftover */
+static og_record_t *fold_beside_leftover(bool frozen, int named)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 2 * GiB + 300 * MiB, 0, GiB, 4 * GiB + 500 * MiB, 0, 12 * GiB);
+    fixture_optimizer(r, "AdamW", 4 * GiB + 500 * MiB);
+    fixture_model(r, "Eva", GiB + 150 * MiB, 1, frozen);
+    fixture_model_held(r, named, 0, named ? "previous" : "");
+    fixture_model(r, "Eva", GiB + 140 * MiB, 1, false);
+    fixture_model_held(r, 1, 1, "model");
+    fixture_phase(r, "forward", "/w/train.py", "forward");
+    r->memory.fw.grad_enabled = 1;
+    og_set(&r->event.requested_bytes, 192 * MiB);
+    og_set(&r->device.free_bytes, 128 * MiB);
+    return r;
+}
+
+static void unreached_leftover_released_first(void **state)
+{
+    og_record_t *r = fold_beside_leftover(false, 0);
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.unreached_copies, GiB + 150 * MiB);
+    assert_string_equal(r->remedies[0].id, "release_references");
+    assert_non_null(strstr(r->remedies[0].why, "no name of the running code reaches"));
+    assert_true(how_has(&r->remedies[0], "gc.collect()"));
+    assert_true(rank_of(r, "restart_process") > 1);
+    free(r);
+    for (int i = 0; i < 2; i++) {
+        r = fold_beside_leftover(i == 0, i == 0 ? 0 : 1);
+        run_primary(r, "does_not_fit");
+        assert_int_equal(r->analysis.facts.roles.unreached_copies, 0);
+        free(r);
+    }
+}
+
 /* the failing request is a transducer's joint over [batch, frames, tokens, vocabulary] (roles.operation
  * transducer_loss): the joint and loss in sub-batches lead, said as such; a confident growth keeps its own lead */
 static void transducer_loss_split_first(void **state)
@@ -5216,6 +5253,7 @@ int main(void)
         cmocka_unit_test(summed_microbatches_backward_each),
         cmocka_unit_test(checkpointing_off_leads),
         cmocka_unit_test(transducer_loss_split_first),
+        cmocka_unit_test(unreached_leftover_released_first),
         cmocka_unit_test(batch_of_one_cannot_shrink),
         cmocka_unit_test(bucketing_needs_a_batch_that_fit),
         cmocka_unit_test(state_new_since_the_pass),
