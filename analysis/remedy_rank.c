@@ -905,6 +905,13 @@ static bool checkpointing_off(const rctx_t *x)
     return ro->known && ro->act_known && ro->checkpointing == -1 && x->trains == 1 && x->grad == 1 && alloc_known &&
            alloc && 2 * ro->act >= alloc && !own_fix_covers(x) && !x->larger_than_device;
 }
+/* ... and may lead, unless the failing request alone is a quarter of the card or more in a forward pass: one
+ * layer's own tensor (an attention's scores over a batch folded from many series) that checkpointing keeps, and
+ * makes again with its gradient in the recomputation; what sizes it (the batch) is the lever */
+static bool checkpointing_off_leads(const rctx_t *x)
+{
+    return checkpointing_off(x) && !(PHASE(forward) && x->capacity && x->req * 4 >= x->capacity);
+}
 /* the optimizer's state is new since a pass of this batch fit: exactly one step made (it made the state after
  * its pass), the failing pass the next one (forward or backward), and 8 bits of that state would cover the
  * shortfall: the state tipped it, so shrinking it belongs next to shrinking the activations */
@@ -1788,7 +1795,8 @@ static const og_rank_row_t lead[] = {
     { "eager_attention_lead", eager_attention_lead, LEAD_COVERS, -33, 0, REMS(R_FLASH),
       "as eager_attention, primary not a confident growth",
       "mistral7b_contracts_32k_lora_eager_attention (blind); (unit tests: eager_attention_fused_first)" },
-    { "checkpointing_off_lead", checkpointing_off, LEAD_COVERS, -18, 0, REMS(R_CHECKPOINTING), "as checkpointing_off",
+    { "checkpointing_off_lead", checkpointing_off_leads, LEAD_COVERS, -18, 0, REMS(R_CHECKPOINTING),
+      "as checkpointing_off, unless a forward's failing request alone is a quarter of the card or more",
       "sft_first_forward_activations, long_ctx_lora_ckpt_flag_off (blind)" },
     { "one_batch_peak_lead", one_batch_peak, LEAD_COVERS, -19, 0, REMS(R_SHORTER_SEQ), "as one_batch_peak",
       "outlier_long_batch (blind)" },
@@ -2135,6 +2143,14 @@ static void estimate(rank_t *k, const rctx_t *x)
     }
     if (checkpointing_off(x)) /* each layer keeps its input, recomputes the rest in backward: half at least */
         cover[R_CHECKPOINTING] = 0.5 * (double)ro->act;
+    /* a batch the program names, the activations measured: a batch an eighth as large (or of one) keeps that share
+     * of the pass's activations and of the failing tensor, which scale with it */
+    if (ro->known && ro->act_known && ro->batch_size >= 2) {
+        double keep = ro->batch_size >= 8 ? 0.125 : 1.0 / (double)ro->batch_size;
+        double by_batch = (1.0 - keep) * ((double)x->req + (double)ro->act);
+        if (by_batch > cover[R_SMALLER_BATCH])
+            cover[R_SMALLER_BATCH] = by_batch;
+    }
     if (ro->known && ro->batch_size == 1) /* a batch of one cannot shrink: accumulation needs a smaller one */
         cover[R_SMALLER_BATCH] = 0;
     if (one_batch_peak(x) || one_input_peak(x)) /* cap the length at what the earlier batches used */

@@ -2735,6 +2735,21 @@ static void checkpointing_off_leads(void **state)
     run_primary(r, "does_not_fit");
     assert_string_not_equal(r->remedies[0].id, "gradient_checkpointing");
     free(r);
+    /* the failing request alone a quarter of the card (one layer's scores over a batch of 128): the batch that sizes
+     * it leads, its eighth covering the shortfall (7/8 of the request and the activations); checkpointing is listed */
+    r = first_forward(-1, 128, 1 * GiB, 15 * GiB);
+    og_set(&r->event.requested_bytes, 7 * GiB);
+    og_set(&r->device.free_bytes, 1 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "smaller_batch");
+    assert_true(rank_of(r, "gradient_checkpointing") > 1);
+    free(r);
+    r = first_forward(-1, 128, 1 * GiB, 15 * GiB); /* a request of a twelfth of the card: checkpointing leads */
+    og_set(&r->event.requested_bytes, 2 * GiB);
+    og_set(&r->device.free_bytes, 1 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "gradient_checkpointing");
+    free(r);
 }
 
 static void batch_of_one_cannot_shrink(void **state)
