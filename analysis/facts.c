@@ -1559,6 +1559,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
     k->batchless_sizes = ro->has_statement && batchless_sizes(ro, k->batch_size);
     k->autocast_code = ro->autocast_in_code;
     k->backward_code = ro->backward_in_code;
+    k->no_backward = ro->backward_on_stack < 0 && !ro->backward_in_code;
     k->scaler_only = ro->scaler_no_autocast;
     k->steps_known = ro->steps_known;
     k->steps_made = ro->steps_known ? ro->steps_made : 0;

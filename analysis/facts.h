@@ -283,8 +283,11 @@ typedef struct og_role_facts {
                                shrink with the batch (box IoU of one image's anchors x boxes) */
     bool autocast_code;   /* roles.autocast_in_code: the program's running code enters autocast (false: not said) */
     bool backward_code;   /* roles.backward_in_code: the program's running code calls backward (false: not said) */
-    bool scaler_only;     /* roles.scaler_without_autocast: a GradScaler, autocast named nowhere in the program */
-    uint64_t steps_made;  /* roles.optimizer_steps: the steps the optimizer made before the failure; 0 none or
+    /* roles.backward_on_stack false: the failing stack was read and no frame on it, the program's or a framework's,
+     * calls backward or autograd's grad: the pass feeds no backward (false: it does, or not read) */
+    bool no_backward;
+    bool scaler_only;    /* roles.scaler_without_autocast: a GradScaler, autocast named nowhere in the program */
+    uint64_t steps_made; /* roles.optimizer_steps: the steps the optimizer made before the failure; 0 none or
                               unknown (steps_known says which) */
     bool steps_known;
     uint64_t model_params; /* roles.models: the parameters of every model (each group's times its count); 0 none */

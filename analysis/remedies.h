@@ -97,6 +97,8 @@ bool og_growth_without_autograd(const rctx_t *x);
 /* a previous copy of the model is alive and does not fit beside the new one: a second load in the history, or
  * roles.models (a notebook cell run again while the first run's model, optimizer and traceback live on) */
 bool og_previous_copy(const rctx_t *x);
+/* a forward pass with autograd on that no frame of the failing stack backpropagates (facts: roles.no_backward) */
+bool og_feeds_no_backward(const rctx_t *x);
 /* the growth is one generation's working set: a KV cache rising token by token within a request (the
  * job decoding (facts.decoding), or a KV cache holding at least half the rise; growth.gen_built; or, with no
  * growth read, decoding with a KV cache holding the missing bytes and a quarter of the framework's

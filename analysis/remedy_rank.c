@@ -157,7 +157,7 @@ static bool no_expandable(const rctx_t *x)
     return !pytorchish(x) || x->rec->expandable_segments_set || x->async_backend;
 }
 static bool no_tape(const rctx_t *x) { return x->fw == OG_FW_JAX || x->fw == OG_FW_CUPY; }
-static bool autograd_known(const rctx_t *x) { return x->grad == -1 || x->trains == 1; }
+static bool autograd_known(const rctx_t *x) { return x->grad == -1 || (x->trains == 1 && !og_feeds_no_backward(x)); }
 static bool autocast_on(const rctx_t *x) { return x->autocast == 1; }
 static bool cupy(const rctx_t *x) { return x->fw == OG_FW_CUPY; }
 static bool no_zero(const rctx_t *x) { return x->fw == OG_FW_TENSORFLOW || x->fw == OG_FW_CUPY; }
@@ -326,6 +326,16 @@ static bool copy_replaces_model(const rctx_t *x)
 static bool copy_builds_no_graph(const rctx_t *x) { return roles_of(x)->operation == OG_OP_copy; }
 /* the adapter read an evaluation or generation from the stack and autograd was on: every activation is
  * kept for a backward that never comes, in a training job too; not while a deep copy runs (it builds no graph) */
+/* a forward pass with autograd on that no frame of the failing stack backpropagates (facts: roles.no_backward: no
+ * backward, manual_backward or autograd.grad loaded by the program's or a framework's running code), in a job that
+ * trains elsewhere or not: an acquisition, scoring or sampling pass (MC dropout in train mode) records a graph no
+ * backward frees, its outputs keep it; the activations measured (that graph is what inference mode saves) */
+bool og_feeds_no_backward(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return PHASE(forward) && x->grad == 1 && ro->known && ro->no_backward && ro->act_known && ro->act &&
+           !own_fix_covers(x);
+}
 static bool evaluation_autograd_on(const rctx_t *x)
 {
     return (PHASE(evaluation) || PHASE(generation)) && x->grad == 1 && !copy_builds_no_graph(x);
@@ -903,7 +913,7 @@ static bool checkpointing_off(const rctx_t *x)
     bool alloc_known = og_known(x->rec->memory.fw.roles.allocated_bytes);
     uint64_t alloc = x->rec->memory.fw.roles.allocated_bytes.v;
     return ro->known && ro->act_known && ro->checkpointing == -1 && x->trains == 1 && x->grad == 1 && alloc_known &&
-           alloc && 2 * ro->act >= alloc && !own_fix_covers(x) && !x->larger_than_device;
+           alloc && 2 * ro->act >= alloc && !own_fix_covers(x) && !x->larger_than_device && !og_feeds_no_backward(x);
 }
 /* ... and may lead, unless the failing request alone is a quarter of the card or more in a forward pass: one
  * layer's own tensor (an attention's scores over a batch folded from many series) that checkpointing keeps, and
@@ -1640,6 +1650,13 @@ static const og_rank_row_t lead[] = {
     { "training_state_idle_lead", training_state_idle, LEAD_COVERS, -20, 0, REMS(R_FREE_TRAINING),
       "as training_state_idle (the pass reads neither)",
       "sagemaker_notebook_vitg_eval_cell_after_fit_adamw_state_live (blind)" },
+    { "feeds_no_backward", og_feeds_no_backward, WANT, 0, 0, REMS(R_INFERENCE),
+      "phase forward, autograd on, roles.backward_on_stack false (no frame of the failing stack calls backward or "
+      "autograd.grad), activations measured",
+      "histopath_active_learning_bald_mc_dropout_acquisition_with_autograd_t4 (blind)" },
+    { "feeds_no_backward_lead", og_feeds_no_backward, LEAD_COVERS, -21, 0, REMS(R_INFERENCE),
+      "as feeds_no_backward (the graph it records is what the pass holds; checkpointing would only shrink it)",
+      "histopath_active_learning_bald_mc_dropout_acquisition_with_autograd_t4 (blind)" },
     { "graphs_without_training_lead", graphs_without_training, LEAD_COVERS, -23, 0, REMS(R_INFERENCE),
       "as kept_graphs, the job not known to train, adapter: grad_enabled on (build no graph: what holds them is the "
       "job's own)",
@@ -2127,8 +2144,8 @@ static void estimate(rank_t *k, const rctx_t *x)
         cover[R_SNAPSHOT_CPU] = (double)ro->copy_kept;
     if (copy_replaces_model(x)) /* in place: no second copy at all; dropped first: the previous one */
         cover[R_IN_PLACE] = cover[R_RELEASE_REFS] = (double)ro->copy_replaces;
-    if (evaluation_autograd_on(x) && ro->known && ro->act_known && ro->act) /* what is kept for backward */
-        cover[R_INFERENCE] = 0.9 * (double)ro->act;
+    if ((evaluation_autograd_on(x) || og_feeds_no_backward(x)) && ro->known && ro->act_known && ro->act)
+        cover[R_INFERENCE] = 0.9 * (double)ro->act; /* what is kept for backward */
     if (restart_sheds_nothing(x))
         cover[R_RESTART] = 0;
     cover[R_GRAPH_SHAPES] = graph_pools(x) ? 0.5 * (double)graph_pool_bytes(x) : -1;
@@ -2295,8 +2312,10 @@ void og_select_remedies(og_record_t *rec)
         }
         list[j + 1] = v;
     }
-    /* never lead with inference mode unless the job is known to be inference or evaluated with autograd on */
-    if (n > 1 && list[0] == R_INFERENCE && !known_inference(&x) && !evaluation_autograd_on(&x)) {
+    /* never lead with inference mode unless the job is known to be inference, evaluated with autograd on, or the pass
+     * feeds no backward */
+    if (n > 1 && list[0] == R_INFERENCE && !known_inference(&x) && !evaluation_autograd_on(&x) &&
+        !og_feeds_no_backward(&x)) {
         list[0] = list[1];
         list[1] = R_INFERENCE;
         touched(&k, R_INFERENCE, "inference_not_first");

@@ -1050,6 +1050,17 @@ static bool b_expandable_segments(const rctx_t *x, og_remedy_t *r)
 
 static bool b_inference_mode(const rctx_t *x, og_remedy_t *r)
 {
+    if (og_feeds_no_backward(x)) { /* measured: nothing on the failing stack backpropagates this pass */
+        why(r,
+            "The failing forward pass runs with autograd on, yet no frame of the failing stack calls backward (nor "
+            "autograd.grad): the graph it records, %s of activations now, waits for a backward that never comes, "
+            "and outputs kept from it keep theirs. Run it under torch.inference_mode() and it keeps none; dropout "
+            "still samples in train mode (it follows module.train(), not autograd).",
+            og_hb((double)x->f->roles.act).s);
+        how(r, "%swith torch.inference_mode():   # or torch.no_grad(): scoring, acquisition, sampling passes", pt(x));
+        how(r, "%s    outputs = model(inputs)   # leave the model in train() if its dropout must sample", pt(x));
+        return true;
+    }
     if (x->has[OG_CAUSE_GROWTH] && !x->has[OG_CAUSE_DNF])
         why(r, "An evaluation loop run with autograd on keeps every graph it builds; without it nothing is kept "
                "for backward.");

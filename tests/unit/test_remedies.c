@@ -1434,6 +1434,37 @@ static void unreached_leftover_released_first(void **state)
     }
 }
 
+/* a training job's forward pass with autograd on that no frame of the failing stack backpropagates
+ * (roles.backward_on_stack false: an acquisition pass with MC dropout after a round of training): inference mode
+ * leads, though the job trains, and checkpointing is not brought; a frame that calls backward, or a stack not read,
+ * keeps the training's rules (inference mode dropped) */
+static void forward_feeding_no_backward(void **state)
+{
+    for (int on_stack = -1; on_stack <= 1; on_stack++) {
+        og_record_t *r = base();
+        fixture_roles(r, 30 * MiB, 0, 30 * MiB, 60 * MiB, 0, 12 * GiB);
+        fixture_optimizer(r, "AdamW", 60 * MiB);
+        og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 30 * MiB);
+        fixture_phase(r, "forward", "/w/al_loop.py", "forward");
+        r->memory.fw.grad_enabled = 1;
+        r->memory.fw.training = 1;
+        r->memory.fw.roles.checkpointing = -1;
+        r->memory.fw.roles.backward_on_stack = on_stack;
+        og_set(&r->event.requested_bytes, 726 * MiB);
+        og_set(&r->device.free_bytes, 258 * MiB);
+        run_primary(r, "does_not_fit");
+        if (on_stack == -1) {
+            assert_string_equal(r->remedies[0].id, "inference_mode");
+            assert_non_null(strstr(r->remedies[0].why, "no frame of the failing stack calls backward"));
+            assert_int_equal(r->analysis.facts.roles.no_backward, 1);
+        } else {
+            assert_int_equal(rank_of(r, "inference_mode"), 0);
+            assert_string_equal(r->remedies[0].id, "gradient_checkpointing");
+        }
+        free(r);
+    }
+}
+
 /* the failing request is a transducer's joint over [batch, frames, tokens, vocabulary] (roles.operation
  * transducer_loss): the joint and loss in sub-batches lead, said as such; a confident growth keeps its own lead */
 static void transducer_loss_split_first(void **state)
@@ -5268,6 +5299,7 @@ int main(void)
         cmocka_unit_test(summed_microbatches_backward_each),
         cmocka_unit_test(checkpointing_off_leads),
         cmocka_unit_test(transducer_loss_split_first),
+        cmocka_unit_test(forward_feeding_no_backward),
         cmocka_unit_test(unreached_leftover_released_first),
         cmocka_unit_test(batch_of_one_cannot_shrink),
         cmocka_unit_test(bucketing_needs_a_batch_that_fit),
