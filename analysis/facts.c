@@ -2407,8 +2407,8 @@ static void fit(og_facts_t *d, const og_record_t *r)
  * OG_RECORDS_MIN or more and keep no autograd graph (graphs measured 0), holds the data set as much as one named so
  * when it was there before the steps: the run's series (roles.allocated_over_run) held its bytes already at its
  * first point and rose by less than half of them since.  Records appended as the run goes (each batch's predictions,
- * a rollout's frames) are not: the series rises by them, and without a series when they came is unknown.  The same facts as a named one (dataset_kept,
- * dataset_holder, purpose_bytes), and records_dataset says which. */
+ * a rollout's frames) are not: the series rises by them, and without a series when they came is unknown.  The same
+ * facts as a named one (dataset_kept, dataset_holder, purpose_bytes), and records_dataset says which. */
 static void record_datasets(og_facts_t *d, const og_record_t *r)
 {
     og_role_facts_t *k = &d->roles;

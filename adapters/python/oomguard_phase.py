@@ -371,9 +371,10 @@ _AUTOCAST_NAMES = frozenset(("autocast", "GradScaler"))
 
 def autocast_in_code(frame, limit=64):
     """True when a function of the program's own code on the failing stack (not a framework's, an installed
-    package's or the adapters') loads autocast (or a GradScaler) to use it (_loads_any; an import alone is not): the running loop enters
-    mixed precision around some of its work, though autocast may be off at the failing line (a loss computed
-    outside the autocast block, a backward pass); None when none does (a caller no longer running is not read).
+    package's or the adapters') loads autocast (or a GradScaler) to use it (_loads_any; an import alone is not):
+    the running loop enters mixed precision around some of its work, though autocast may be off at the failing
+    line (a loss computed outside the autocast block, a backward pass); None when none does (a caller no longer
+    running is not read).
     Reads code objects only: nothing is called.  Never raises."""
     try:
         import oomguard_roles
@@ -404,9 +405,9 @@ _BACKWARD_NAMES = frozenset(("backward", "manual_backward"))
 
 def backward_in_code(frame, limit=64):
     """True when a function of the program's own code on the failing stack (as autocast_in_code reads it) loads
-    backward, to call it (_loads_any: a definition named backward is no call): the pass that runs is one whose loss the running code backpropagates, a
-    training step though no optimizer of torch's has stepped or holds the parameters (a closure handed to
-    scipy's L-BFGS, a first step); None when none does.  Reads code objects only: nothing is called."""
+    backward, to call it (_loads_any: a definition named backward is no call): the pass that runs is one whose
+    loss the running code backpropagates, a training step though no optimizer of torch's has stepped or holds the
+    parameters (a closure handed to scipy's L-BFGS, a first step); None when none does.  Reads code objects only: nothing is called."""
     try:
         import oomguard_roles
         for f in frames_of(frame, limit) if frame is not None else ():

@@ -684,6 +684,8 @@ def _records(scan, v):
                 return 0
             shape = (type(y), n)
         return len(v)
+    except _OutOfTime:
+        raise                            # the scan's time budget, spent while reading the records
     except Exception:
         return 0
 
