@@ -157,7 +157,7 @@ static bool no_expandable(const rctx_t *x)
     return !pytorchish(x) || x->rec->expandable_segments_set || x->async_backend;
 }
 static bool no_tape(const rctx_t *x) { return x->fw == OG_FW_JAX || x->fw == OG_FW_CUPY; }
-static bool autograd_known(const rctx_t *x) { return x->grad == -1 || (x->trains == 1 && !og_feeds_no_backward(x)); }
+static bool autograd_known(const rctx_t *x) { return x->grad == -1 || x->trains == 1; }
 static bool autocast_on(const rctx_t *x) { return x->autocast == 1; }
 static bool cupy(const rctx_t *x) { return x->fw == OG_FW_CUPY; }
 static bool no_zero(const rctx_t *x) { return x->fw == OG_FW_TENSORFLOW || x->fw == OG_FW_CUPY; }
