@@ -1737,7 +1737,7 @@ static void kept_graphs(og_facts_t *d, const og_record_t *r)
     /* measured: the holder's own tensors keep their graphs (wherever it is kept, a running loop's list too) */
     for (int i = 0; i < nh && !k->accumulating && d->phase != OG_JP_backward; i++) {
         const og_role_holder_t *h = &ro->holders[i];
-        if (h->graphs < 2 || h->purpose[0] || h->copy_of[0] || h->bytes >= k->act)
+        if (h->graphs < 2 || og_holder_purpose(d, r, i) != OG_PURPOSE_NONE || h->copy_of[0] || h->bytes >= k->act)
             continue;
         if (k->graph_holder < 0 || h->tensors > ro->holders[k->graph_holder].tensors)
             k->graph_holder = i;
@@ -1747,10 +1747,10 @@ static void kept_graphs(og_facts_t *d, const og_record_t *r)
         return;
     for (int i = 0; i < nh && !k->graphs_measured; i++) {
         const og_role_holder_t *h = &ro->holders[i];
-        char where[sizeof h->where], purpose[sizeof h->purpose];
+        char where[sizeof h->where];
         og_cpy(where, sizeof where, h->where, sizeof where);
-        og_cpy(purpose, sizeof purpose, h->purpose, sizeof purpose);
-        if (strncmp(where, "local in ", 9) == 0 || purpose[0] || h->copy_of[0] || h->tensors < 2 || h->bytes >= k->act)
+        if (strncmp(where, "local in ", 9) == 0 || og_holder_purpose(d, r, i) != OG_PURPOSE_NONE || h->copy_of[0] ||
+            h->tensors < 2 || h->bytes >= k->act)
             continue;
         if (k->graph_holder < 0 || h->tensors > ro->holders[k->graph_holder].tensors)
             k->graph_holder = i;
@@ -1988,7 +1988,8 @@ static void stmt_copies_holder(og_facts_t *d, const og_record_t *r)
         char name[sizeof h->name];
         og_cpy(name, sizeof name, h->name, sizeof name);
         const char *last = strrchr(name, '.') ? strrchr(name, '.') + 1 : name;
-        if (h->purpose[0] || h->copy_of[0] || !(og_name_listed(names, name) || og_name_listed(names, last)))
+        if (og_holder_purpose(d, r, i) != OG_PURPOSE_NONE || h->copy_of[0] ||
+            !(og_name_listed(names, name) || og_name_listed(names, last)))
             continue;
         if ((double)d->req >= 0.9 * (double)h->bytes && (double)d->req <= 1.1 * (double)h->bytes &&
             (k->stmt_copies < 0 || h->bytes > ro->holders[k->stmt_copies].bytes))
@@ -2477,12 +2478,12 @@ void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds
     /* a KV cache is attention's keys and values: a model decoding with one attends, whatever its layers are named */
     if (f->roles.attention == -1 && (f->decoding || f->roles.kv >= 0 || f->roles.num_beams > 0))
         f->roles.attention = 1;
+    record_datasets(f, rec);
     kept_graphs(f, rec);
     weights_copies(f, rec);
     trains(f, rec);
     growth(f, rec, s);
     grower(f, rec);
-    record_datasets(f, rec);
     load(f, rec);
     imbalance(f, rec);
     non_framework(f, rec);

@@ -260,7 +260,7 @@ static uint64_t kept_grower(const rctx_t *x)
     if (!HAS(GROWTH) || !ro->known || ro->grower < 0 || og_generation_growth(x))
         return 0;
     const og_role_holder_t *h = &x->rec->memory.fw.roles.holders[ro->grower];
-    return h->purpose[0] || h->copy_of[0] ? 0 : ro->grower_bytes;
+    return og_holder_purpose(x->f, x->rec, ro->grower) != OG_PURPOSE_NONE || h->copy_of[0] ? 0 : ro->grower_bytes;
 }
 static bool in_handler(const rctx_t *x) { return PHASE(oom_handler); }
 /* inside the handler of an earlier OOM, the activations alive at the failure beyond the failing request (the
@@ -275,10 +275,11 @@ static bool handler_keeps_attempt(const rctx_t *x)
 static bool pass_outgrows(const rctx_t *x) { return x->f->pass_outgrows_cache; }
 /* what Python objects keep across calls outgrows the splinters (facts: kept_outgrows_cache) */
 static bool kept_outgrows(const rctx_t *x) { return x->f->kept_outgrows_cache; }
-/* ... where the splinters were found (cause fragmentation), and the largest such holder has no purpose its name says (a dataset, an index, a cache, an EMA: their own rows)
- * and is no copy of a role, the memory did not grow (growth names its own holder), and it alone covers the
- * shortfall: a program's list or attribute keeping tensors it has no need to keep on the device (a metric's
- * per-image masks, outputs kept for a later report) */
+/* ... where the splinters were found (cause fragmentation), and the largest such holder has no purpose (its name's:
+ * a dataset, an index, a cache, an EMA; or a data set by its records: og_holder_purpose; their own rows) and is no
+ * copy of a role, the memory did not grow (growth names its own holder), and it alone covers the shortfall: a
+ * program's list or attribute keeping tensors it has no need to keep on the device (a metric's per-image masks,
+ * outputs kept for a later report) */
 /* a holder of no purpose and no copy holds more than any role of the framework (facts: roles.dominant) and the
  * missing bytes, outside a growth (its holder's own rows): the largest thing on the device is what the program keeps */
 bool og_dominant_holder(const rctx_t *x)
@@ -300,7 +301,7 @@ bool og_kept_holder(const rctx_t *x)
     /* DistributedDataParallel's reducer keeps its gradient buckets (roles.ddp, their own remedy): DDP's, not the
      * program's to release, on DDP or on a subclass of it (the reducer's own class says so) */
     bool ddp_reducer = ro->ddp_buckets && (strstr(where, "DistributedDataParallel") || strcmp(kind, "Reducer") == 0);
-    return !h->purpose[0] && !h->copy_of[0] && !ddp_reducer;
+    return og_holder_purpose(x->f, x->rec, ro->keeper) == OG_PURPOSE_NONE && !h->copy_of[0] && !ddp_reducer;
 }
 static bool kept_holder(const rctx_t *x) { return og_kept_holder(x); }
 /* the failing statement copies a holder whole (facts: roles.stmt_copies: torch.cat of a list of chunks, a stack of
@@ -484,9 +485,7 @@ static bool cache_kept(const rctx_t *x)
     if (!ro->known || ro->keeper < 0 || !ro->keeper_map || !og_covers(x, (double)ro->keeper_bytes))
         return false;
     const og_role_holder_t *h = &x->rec->memory.fw.roles.holders[ro->keeper];
-    char purpose[sizeof h->purpose];
-    og_cpy(purpose, sizeof purpose, h->purpose, sizeof purpose);
-    enum og_purpose pu = og_purpose_of(purpose);
+    enum og_purpose pu = og_holder_purpose(x->f, x->rec, ro->keeper);
     return (pu == OG_PURPOSE_NONE || pu == OG_PURPOSE_cache) && !h->copy_of[0] && ro->keeper_bytes > ro->working &&
            (!HAS(GROWTH) || ro->keeper_bytes > x->f->growth.rise) && !own_fix_covers(x) && !x->larger_than_device;
 }

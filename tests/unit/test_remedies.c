@@ -3620,6 +3620,15 @@ static void records_kept_as_a_dataset(void **state)
         assert_int_equal(rank_of(r, "dataset_on_cpu") == 1, i == 0);
         free(r);
     }
+    /* the records in a dict kept across calls: a data set by its records is no cache of earlier calls' entries, as a
+     * named one is not (og_holder_purpose: every reader of a holder's purpose) */
+    r = records_on_the_gpu(720, 0, "on Scene");
+    og_cpy(r->memory.fw.roles.holders[0].kind, sizeof r->memory.fw.roles.holders[0].kind, "dict", 5);
+    run(r);
+    assert_true(r->analysis.facts.roles.keeper_map);
+    assert_string_equal(r->remedies[0].id, "dataset_on_cpu");
+    assert_int_equal(rank_of(r, "bounded_cache"), 0);
+    free(r);
 }
 
 /* a replay buffer (a holder of purpose dataset, local in main) grows until the card is full: keeping it in host
