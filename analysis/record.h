@@ -247,9 +247,11 @@ typedef struct og_roles {
                                     device, another GPU: the rest of a model a load is moving here); 0 none or
                                     not measured */
     } models[6];
-    /* roles.operation: what the failing operation is (common/operations.def; "" none matched) and its frame */
+    /* roles.operation: what the failing operation is (common/operations.def; "" none matched), its frame and the
+     * argument of that frame its row read ("need_weights=True"; "" none read) */
     char operation[24];
     og_py_frame_t op_frame;
+    char op_argument[40];
     /* roles.ddp: DistributedDataParallel wrappers whose gradients are not bucket views, and the reducer's bucket
      * copy of their gradients on the failing device (ddp_wrappers 0: none) */
     int ddp_wrappers;

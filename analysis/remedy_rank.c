@@ -1301,7 +1301,8 @@ static const og_rank_row_t bring[] = {
       "roles.gradient_checkpointing true (in force for the layer that failed)",
       "mistral7b_contracts_32k_lora_eager_attention (blind)" },
     { "eager_attention", eager_attention, WANT, 0, 0, REMS(R_FLASH),
-      "roles.operation attention (eager_attention_forward, an attention class's _attn on the stack)",
+      "roles.operation attention (eager_attention_forward, an attention class's _attn on the stack, "
+      "nn.MultiheadAttention called with need_weights=True)",
       "mistral7b_contracts_32k_lora_eager_attention (blind); (unit tests: eager_attention_fused_first)" },
     { "train_fewer_parameters", trains_all_parameters, WANT, 0, 0, REMS(R_LORA),
       "the job trains, roles: parameters and their gradients or optimizer state (or phase optimizer_step)",

@@ -1332,6 +1332,14 @@ static bool b_flash_attention(const rctx_t *x, og_remedy_t *r)
             "makes it. ",
             og_hb((double)x->req).s, fn, og_base_name(file), ro->op_frame.line);
     }
+    /* nn.MultiheadAttention asked for its weights (the row read need_weights=True): PyTorch 2 runs its fused
+     * kernel when they are not asked for, whatever the card */
+    char arg[sizeof ro->op_argument];
+    og_cpy(arg, sizeof arg, ro->op_argument, sizeof arg);
+    bool mha_weights = x->f->roles.operation == OG_OP_attention && !strcmp(arg, "need_weights=True");
+    if (mha_weights)
+        why(r, "It was called with need_weights=True (MultiheadAttention's default), which makes every head's "
+               "softmax whole; without weights PyTorch 2 runs the fused kernel. ");
     if (old)
         why(r,
             "FlashAttention-2 needs compute capability 8.0+ (this GPU: %d.%d); a memory-efficient SDPA kernel "
@@ -1349,6 +1357,11 @@ static bool b_flash_attention(const rctx_t *x, og_remedy_t *r)
                "sequences.");
         break;
     default:
+        if (mha_weights) {
+            how(r, "out, _ = mha(query, key, value, need_weights=False)   # PyTorch 2.0+: the fused kernel, no "
+                   "L x L weights");
+            break;
+        }
         if (old) {
             how(r, "%sAutoModelForCausalLM.from_pretrained(name, attn_implementation=\"sdpa\")", pt(x));
             how(r, "%storch.nn.functional.scaled_dot_product_attention(q, k, v)   # picks a memory-efficient kernel",

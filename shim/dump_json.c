@@ -290,6 +290,8 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
         og_sb_json_str(sb, r->operation);
         og_sb_puts(sb, ",\"frame\":");
         j_py_frames_one(sb, &r->op_frame);
+        og_sb_puts(sb, ",\"argument\":");
+        j_str_or_null(sb, r->op_argument);
         og_sb_puts(sb, "}");
     } else
         og_sb_puts(sb, "null");

@@ -200,6 +200,8 @@ static void parse_roles(const char *s, og_roles_t *r)
             copy_str(r->op_frame.file, sizeof r->op_frame.file, f[2]);
             r->op_frame.line = atoi(f[3]);
             copy_str(r->op_frame.function, sizeof r->op_frame.function, f[4]);
+            if (n >= 6)
+                copy_field(r->op_argument, sizeof r->op_argument, f[5]);
         } else if (!strcmp(f[0], "ddp") && n >= 3) {
             r->ddp_wrappers = atoi(f[1]) > 0 ? atoi(f[1]) : 0;
             r->ddp_bucket_bytes = r->ddp_wrappers ? strtoull(f[2], NULL, 10) : 0;

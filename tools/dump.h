@@ -149,6 +149,7 @@ struct og_roles_view {
     struct {                            /* operation (name NULL: none) */
         const char *name;
         struct og_pyframe frame;
+        const char *argument; /* the frame's argument its row read (NULL: none) */
     } operation;
     struct { /* ddp (present 0: null) */
         int present, as_view;

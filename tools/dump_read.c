@@ -1200,6 +1200,7 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
         struct path pq = { &p, "operation", 0 };
         TRY(get_str(L, q, &pq, "name", &r->operation.name));
         TRY(read_pyframe_obj(L, q, "frame", &pq, &r->operation.frame));
+        TRY(get_str(L, q, &pq, "argument", &r->operation.argument));
     }
     TRY(get_obj(L, o, &p, "ddp", &q)); /* DDP's bucket copy of the gradients */
     if (q) {

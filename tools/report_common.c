@@ -425,6 +425,8 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
                 og_sb_puts(&b, " at ");
                 pyframe_put(&b, &r->operation.frame);
             }
+            if (r->operation.argument)
+                og_sb_printf(&b, ", called with %s", r->operation.argument);
         }
         FACT("failing operation");
         og_sb_init(&b);

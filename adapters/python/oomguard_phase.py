@@ -113,11 +113,39 @@ def conv_block(module):
         return False
 
 
+class Argument:
+    """In place of a class pattern in OPERATIONS: the frame's own argument `name` has the value `value`
+    (nn.MultiheadAttention called with need_weights=True), in a method of a class `kind` matches ("*": any, a
+    function too).  str() is what the dump records as the operation's argument."""
+
+    def __init__(self, name, value, kind="*"):
+        self.name, self.value, self.kind = name, value, kind
+
+    def __str__(self):
+        return "%s=%r" % (self.name, self.value)
+
+    def holds(self, f):
+        """Whether frame `f` has the argument with this value (an argument, not a later local: the frame's code
+        lists it among its arguments).  Never raises."""
+        try:
+            code = f.f_code
+            if self.name not in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]:
+                return False
+            if self.kind != "*":
+                me = _self(f)
+                if me is _NO_SELF or not fnmatch.fnmatchcase(type(me).__name__, self.kind):
+                    return False
+            from oomguard_roles import _frame_locals
+            return any(k == self.name and v is self.value for k, v in _frame_locals(f))
+        except Exception:
+            return False
+
+
 # What the failing operation is (roles.operation in the dump; common/operations.def): (operation, priority,
 # file pattern, function pattern, class pattern), fnmatch patterns on the frame's file, its function and the
 # class of its `self` ("*": any, a function too), or in place of the class pattern a test of the `self` object
-# itself (conv_block: what its layers are, whatever the class is called).  Every frame of the failing stack is matched, the framework's
-# and the libraries' too (torch/nn/functional.py's cross_entropy, diffusers' decoder); the match of highest
+# itself (conv_block: what its layers are, whatever the class is called) or of an argument of the frame (Argument:
+# the dump records which).  Every frame of the failing stack is matched, the framework's and the libraries' too (torch/nn/functional.py's cross_entropy, diffusers' decoder); the match of highest
 # priority decides, the innermost among equals.  Data, not code: an operation a remedy can split or fuse.
 OPERATIONS = (
     # a transducer's loss over its joint network's [batch, frames, target tokens, vocabulary] output (torchaudio's
@@ -166,6 +194,11 @@ OPERATIONS = (
     # and flash run other functions) and the _attn method of older models' attention classes
     ("attention", 25, "*", "eager_attention_forward", "*"),
     ("attention", 25, "*", "_attn", "*Attention*"),
+    # ... and nn.MultiheadAttention asked for its weights (need_weights=True, its default): PyTorch 2 runs the fused
+    # kernel only without them, so the softmax of every head, batch x heads x L x L, is made whole; torch's own
+    # functional frame, or the forward of any class of that name (a copy of torch's module)
+    ("attention", 25, "*/torch/nn/functional.py", "multi_head_attention_forward", Argument("need_weights", True)),
+    ("attention", 25, "*", "forward", Argument("need_weights", True, "MultiheadAttention")),
     # a deep copy being made (of a model, an optimizer's state_dict): the standard library's copy.deepcopy and
     # the __deepcopy__ it calls (torch's Tensor and Parameter); lowest: an operation inside a copy decides
     ("copy", 5, "*/copy.py", "deepcopy", "*"),
@@ -339,9 +372,10 @@ def _self(f):
 
 
 def operation(frame, limit=64):
-    """(operation, (file, line, function)) of the failing stack by OPERATIONS, or None.  Never raises."""
+    """(operation, (file, line, function), argument) of the failing stack by OPERATIONS, argument the row's
+    Argument as str() or None; or None.  Never raises."""
     try:
-        best, at = None, None
+        best, at, arg = None, None, None
         for f in frames_of(frame, limit) if frame is not None else ():
             fn = f.f_code.co_filename.replace(os.sep, "/")
             name = f.f_code.co_name
@@ -351,15 +385,18 @@ def operation(frame, limit=64):
                     continue
                 if not fnmatch.fnmatchcase(name, npat) or not fnmatch.fnmatchcase(fn, fpat):
                     continue
-                if cpat != "*":
+                if isinstance(cpat, Argument):
+                    if not cpat.holds(f):
+                        continue
+                elif cpat != "*":
                     me = _self(f) if me is None else me
                     if callable(cpat):
                         if me is _NO_SELF or not cpat(me):
                             continue
                     elif not fnmatch.fnmatchcase("" if me is _NO_SELF else type(me).__name__, cpat):
                         continue
-                best, at = (op, prio), f
-        return (best[0], _where(at)) if best else None
+                best, at, arg = (op, prio), f, str(cpat) if isinstance(cpat, Argument) else None
+        return (best[0], _where(at), arg) if best else None
     except Exception:
         return None
 

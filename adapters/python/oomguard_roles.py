@@ -1542,7 +1542,8 @@ def encode(r):
       model CLASS BYTES TENSORS COUNT FROZEN NAMED RUNNING NAMES PURPOSE TRAINED STEPPED AWAY (NAMED: roots the
       running code holds by a name, RUNNING: roots whose method runs, NAMES: those names, comma-separated, AWAY:
       bytes of one root's parameters not on the failing device) |
-      operation NAME FILE LINE FUNCTION (the failing operation, oomguard_phase.OPERATIONS) |
+      operation NAME FILE LINE FUNCTION ARGUMENT (the failing operation, oomguard_phase.OPERATIONS; ARGUMENT
+      the argument its row read, need_weights=True, or -) |
       ddp WRAPPERS BUCKET_BYTES (DistributedDataParallel wrappers without gradient_as_bucket_view) |
       statement FILE LINE FUNCTION TARGET PURPOSE NAMES INTS |
       accumulating FILE LINE FUNCTION TARGET OPERAND | setting FACT FILE LINE FUNCTION KEY (the program's line that
@@ -1603,8 +1604,8 @@ def encode(r):
         out.append(line)
     op = r.get("operation")
     if op:
-        name, (f, ln, fn) = op
-        out.append("operation\t%s\t%s\t%d\t%s" % (_clean(name), _clean(f), int(ln), _clean(fn)))
+        name, (f, ln, fn), arg = op
+        out.append("operation\t%s\t%s\t%d\t%s\t%s" % (_clean(name), _clean(f), int(ln), _clean(fn), _clean(arg or "-")))
     if r.get("ddp"):
         wrappers, buckets = r["ddp"]
         out.append("ddp\t%d\t%d" % (int(wrappers), int(buckets)))

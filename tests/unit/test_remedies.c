@@ -1689,6 +1689,13 @@ static void eager_attention_fused_first(void **state)
     assert_string_equal(r->remedies[0].id, "flash_attention");
     assert_non_null(strstr(r->remedies[0].why, "eager_attention_forward"));
     assert_int_equal(rank_of(r, "gradient_checkpointing"), 0); /* in force already */
+    assert_false(how_has(&r->remedies[0], "need_weights=False"));
+    /* nn.MultiheadAttention called with need_weights=True (the argument its row read): call it without weights */
+    fixture_operation(r, "attention", "multi_head_attention_forward");
+    snprintf(r->memory.fw.roles.op_argument, sizeof r->memory.fw.roles.op_argument, "need_weights=True");
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "flash_attention");
+    assert_true(how_has(&r->remedies[0], "need_weights=False"));
     r->memory.fw.roles.operation[0] = 0;
     run_primary(r, "does_not_fit");
     assert_true(rank_of(r, "flash_attention") != 1);

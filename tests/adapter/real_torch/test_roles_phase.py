@@ -2039,6 +2039,33 @@ def t_ddp_buckets():
             os.unlink(path)
 
 
+def t_operation_mha_weights():
+    """nn.MultiheadAttention asked for its weights (need_weights=True, its default) makes its score matrices in
+    torch's multi_head_attention_forward: the operation attention, the argument its row read need_weights=True;
+    asked for none, no eager attention is read (PyTorch 2 runs its fused kernel then)."""
+    seen, real = [], torch.bmm
+
+    def probe(*a, **k):
+        seen.append(oomguard_phase.operation(sys._getframe(1)))
+        return real(*a, **k)
+    mha = torch.nn.MultiheadAttention(8, 2)
+    x = torch.zeros(4, 1, 8)
+    torch.bmm = probe
+    try:
+        mha(x, x, x)
+        weights = list(seen)
+        del seen[:]
+        mha(x, x, x, need_weights=False)
+    finally:
+        torch.bmm = real
+    assert weights and weights[0][0] == "attention", weights
+    assert weights[0][1][2] == "multi_head_attention_forward" and weights[0][2] == "need_weights=True", weights
+    r = measure(None)
+    r["operation"] = weights[0]
+    assert "\tmulti_head_attention_forward\tneed_weights=True" in oomguard_roles.encode(r)
+    assert seen and all(s is None for s in seen), seen
+
+
 def t_phase_patterns_real_files():
     """The table's PyTorch file patterns name files this torch has (the layout has not drifted)."""
     base = os.path.dirname(os.path.abspath(torch.__file__))
@@ -2072,6 +2099,8 @@ if not STAND_IN:
     check("phase loading: torch.load (map_location), load_state_dict, Module.to", t_phase_loading)
     check("phase oom_handler: inside the except block of torch.cuda.OutOfMemoryError", t_phase_handler)
     check("the phase table's PyTorch files exist in this torch", t_phase_patterns_real_files)
+    check("nn.MultiheadAttention asked for its weights is the operation attention, its argument read",
+          t_operation_mha_weights)
     check("gradient checkpointing: off in a plain layer, on under torch.utils.checkpoint or the flag", t_checkpointing)
     check("a model halfway through a move: its parameters off the failing device, once", t_models_elsewhere)
     check("embedding tables among the models' parameters, each once", t_embedding_tables)
