@@ -898,6 +898,12 @@ static bool driver_growth_holds(og_facts_t *d, og_growth_facts_t *g)
         g->restored_load = true;
         return false;
     }
+    /* ... or several copies of one model run at once (growth.concurrent_loops): the driver sees their loops
+     * interleaved, and what rises is loops starting beside each other, not what one loop keeps */
+    if (d->roles.known && d->roles.concurrent_copies) {
+        g->concurrent_loops = true;
+        return false;
+    }
     return true;
 }
 
@@ -1389,7 +1395,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
     og_role_facts_t *k = &d->roles;
     k->keeper = k->kv = k->dataset_holder = k->registry_group = k->graph_holder = k->keyed_group = -1;
     k->stmt_copies = k->restored_holder = k->dominant = -1;
-    k->ckpt_holder = k->index_holder = k->ema_holder = k->copy_holder = -1;
+    k->ckpt_holder = k->index_holder = k->ema_holder = k->copy_holder = k->concurrent_group = -1;
     k->building = OG_PURPOSE_NONE;
     k->operation = OG_OPERATION_NONE;
     if (!r->memory.fw.has || !ro->has)
@@ -1427,6 +1433,16 @@ static void roles(og_facts_t *d, const og_record_t *r)
             k->registry_models = add_sat(k->registry_models, each * kept);
             if (k->registry_group < 0)
                 k->registry_group = i;
+            continue;
+        }
+        /* trainable copies of which two or more run at once: the job's concurrent loops (threads), not leftovers */
+        if (!ro->models[i].frozen && n >= 2 && ro->models[i].running >= 2) {
+            k->concurrent_copies = add_sat(k->concurrent_copies, each * (n - 1));
+            if (k->concurrent_group < 0 || ro->models[i].running > k->concurrent_runs) {
+                k->concurrent_group = i;
+                k->concurrent_runs = ro->models[i].running;
+                k->concurrent_count = (int)n;
+            }
             continue;
         }
         /* the copies beyond the first: those the running code holds by a name beyond one are the program's own

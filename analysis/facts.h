@@ -101,6 +101,10 @@ typedef struct og_growth_facts {
     /* a reading of the driver's held, and what rose is what torch.load restored onto the GPU and Python holds
      * (roles.restored_held >= 9/10 of the rise): a load arriving, not a leak; holds false */
     bool restored_load;
+    /* a reading of the driver's held, and copies of one model run at once in this process (roles.concurrent_copies):
+     * each loop's low point is no low point of the others, so the loops starting one after another read as a rise;
+     * holds false */
+    bool concurrent_loops;
     /* read from the run's series (roles.allocated_over_run, every `every`-th optimizer step of the whole run): a
      * staircase, flat within an iteration of many optimizer steps and up between them, never down; steps, rising and
      * transitions then count the series' points and its rises */
@@ -324,6 +328,13 @@ typedef struct og_role_facts {
      * that do not run, beside one of their class that a name holds or that runs: a previous fold's or trial's, kept
      * by a reference cycle or a callback, not a cell run again; 0 none */
     uint64_t unreached_copies;
+    /* models of one class (a group of roles.models) of which two or more copies run at once (models[].running >= 2:
+     * each `self` of a running frame, threads of one process each running its own loop: Optuna's n_jobs trials, a
+     * thread per request): the copies beyond the first, a model's parameters each; they are the job's concurrent
+     * loops, not leftovers (counted in no model_copies).  concurrent_runs: how many run at once (the largest such
+     * group's running), concurrent_count: its copies, concurrent_group: its index in roles.models, -1 none */
+    uint64_t concurrent_copies;
+    int concurrent_runs, concurrent_count, concurrent_group;
     /* roles.models: a registry of whole models, one group of >= 2 models of a class that the running code
      * holds only through a map, by key (every name NAME[key]: a dict of models per tenant, an LRU of them);
      * its parameters, counted in neither model_copies nor named_copies; 0 none.  registry_group: its index

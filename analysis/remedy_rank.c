@@ -206,6 +206,14 @@ static bool model_copy_primary(const rctx_t *x) { return PRIMARY(DNF) && model_c
 /* ... a previous run's model of another size that no name reaches (facts: roles.unreached_copies): a loop's earlier
  * fold or trial, freed by dropping what keeps it (the collector, a callback) without losing the loop */
 static bool unreached_copy(const rctx_t *x) { return model_copy_primary(x) && x->f->roles.unreached_copies; }
+/* copies of one model run at once in this process (facts: roles.concurrent_copies: threads each running its own
+ * loop, Optuna's n_jobs trials), the request not alone beyond the card: one loop at a time, or one per GPU or process,
+ * holds one copy's memory where they hold it several times over */
+static bool concurrent_loops(const rctx_t *x)
+{
+    return x->f->roles.known && x->f->roles.concurrent_copies && x->shortfall && !x->larger_than_device &&
+           !PRIMARY(PEERS);
+}
 /* a previous copy of the model is alive beside the one the job uses (a second load, a notebook cell run again) */
 bool og_previous_copy(const rctx_t *x) { return second_load(x) || model_copy_primary(x); }
 static bool loading(const rctx_t *x) { return PRIMARY(DNF) && load_phase(x) == OG_PHASE_LOADING; }
@@ -1622,6 +1630,12 @@ static const og_rank_row_t lead[] = {
       "as model_copy, the copies include a model of another size no name reaches (roles.unreached_copies): released "
       "ahead of a restart, which would lose the loop",
       "fungi_eva02_kfold_callback_trainer_cycle_folds_freed_only_by_gc_a10g (blind)" },
+    { "concurrent_loops", concurrent_loops, WANT, 0, 0, REMS(R_FEWER_WORKERS),
+      "roles.models: two or more copies of one model running at once (roles.concurrent_copies), not beyond the card",
+      "clause_classifier_optuna_n_jobs3_deberta_v3_trials_share_one_l4 (blind); (unit tests: concurrent_loops)" },
+    { "concurrent_loops_lead", concurrent_loops, LEAD_COVERS, -30, 0, REMS(R_FEWER_WORKERS),
+      "the same (each copy's loop holds its own model, state and activations: fewer at once, not a smaller pass)",
+      "clause_classifier_optuna_n_jobs3_deberta_v3_trials_share_one_l4 (blind); (unit tests: concurrent_loops)" },
     { "copy_replaces_model", copy_replaces_model, WANT, 0, 0, REMS(R_IN_PLACE, R_RELEASE_REFS),
       "roles.operation copy, the failing statement rebinds a name of roles.models whose model holds >= shortfall",
       "trdpo_reference_refresh_deepcopy (blind)" },
@@ -2047,6 +2061,13 @@ static void estimate(rank_t *k, const rctx_t *x)
     cover[R_OTHER_FW] = (double)x->other_fw_bytes;
     cover[R_SET_DEVICE] = (double)x->peers_bytes;
     cover[R_FEWER_WORKERS] = (double)x->peers_bytes;
+    /* copies of one model running at once: every loop holds about as much as another, one at a time holds one */
+    if (concurrent_loops(x) && og_known(x->rec->memory.fw.roles.allocated_bytes)) {
+        const og_role_facts_t *c = roles_of(x);
+        double each = (double)x->rec->memory.fw.roles.allocated_bytes.v / (double)c->concurrent_count;
+        if (each * (double)(c->concurrent_count - 1) > cover[R_FEWER_WORKERS])
+            cover[R_FEWER_WORKERS] = each * (double)(c->concurrent_count - 1);
+    }
     /* the ranks of this job on the GPU; with nested launchers, the other processes there (the other worlds') */
     cover[R_ONE_RANK] = x->f->nested_launchers ? (double)x->f->other_all : (double)x->peers_bytes;
     cover[R_CUDA_OUT_OF_WORKERS] = (double)x->peers_bytes;

@@ -1710,6 +1710,32 @@ static bool b_other_framework(const rctx_t *x, og_remedy_t *r)
 static bool b_fewer_workers(const rctx_t *x, og_remedy_t *r)
 {
     const og_record_t *rec = x->rec;
+    const og_role_facts_t *ro = &x->f->roles;
+    if (ro->concurrent_copies && ro->concurrent_group >= 0 && !x->npeers) {
+        /* copies of one model running at once in this process (threads, each its own loop) */
+        const og_roles_t *mr = &rec->memory.fw.roles;
+        char cls[sizeof mr->models[0].cls];
+        og_cpy(cls, sizeof cls, mr->models[ro->concurrent_group].cls, sizeof cls);
+        int n = ro->concurrent_count;
+        double each = og_known(mr->allocated_bytes) ? (double)mr->allocated_bytes.v / (double)n : 0;
+        r->title = "Fewer copies at once: run the model's loops one after another";
+        r->saving = "All but one copy's parameters, gradients, optimizer state and activations";
+        r->cost = "Loops run one after another (or on more GPUs): the sweep takes longer on one card";
+        why(r,
+            "%d copies of %s are on GPU %d and %d of them were running at the failure: threads of this process, each "
+            "running its own loop (Optuna's n_jobs, a thread pool). Each copy holds its own parameters, gradients, "
+            "optimizer state and activations",
+            n, cls, rec->event.device, ro->concurrent_runs);
+        if (each > 0)
+            why(r, ", about %s each of the %s allocated; one at a time holds one copy's", og_hb(each).s,
+                og_hb((double)mr->allocated_bytes.v).s);
+        why(r, ". Their loops starting one after another is what rose, not a leak.");
+        how(r, "%sstudy.optimize(objective, n_trials=n_trials, n_jobs=1)   # Optuna: one trial at a time on this GPU",
+            pt(x));
+        how(r, "%sThreadPoolExecutor(max_workers=1)   # or as many as the card holds the largest of at once", pt(x));
+        how(r, "CUDA_VISIBLE_DEVICES=1 python tune.py ...   # or one process per GPU, each running one loop");
+        return true;
+    }
     if (x->f->child_programs) {
         /* programs this process started (an evaluation script each epoch) */
         int n = x->npeers;

@@ -3638,6 +3638,61 @@ static void records_kept_as_a_dataset(void **state)
     free(r);
 }
 
+/* three copies of one model, two of them running at once (threads of one process, each its own trial's loop:
+ * Optuna's n_jobs=3): the driver's low points rise as the loops start beside each other (a staircase of 512 MiB
+ * passes keeping 128 MiB each), which is no growth; the copies are the job's, not leftovers, and running them one at
+ * a time leads (about two thirds of what is allocated).  One copy running: the others are leftovers, not loops, and
+ * the staircase is a growth again */
+static void concurrent_loops(void **state)
+{
+    (void)state;
+    static struct og_hist_ev ev[48];
+    uint64_t live = 4 * GiB;
+    for (int k = 0; k < 16; k++) {
+        ev[3 * k] =
+            (struct og_hist_ev){ .t_rel = k * 0.1, .op = OG_OP_ALLOC, .bytes = 512 * MiB, .live = live += 512 * MiB };
+        ev[3 * k + 1] = (struct og_hist_ev){
+            .t_rel = k * 0.1 + 0.01, .op = OG_OP_ALLOC, .bytes = 128 * MiB, .live = live += 128 * MiB
+        };
+        ev[3 * k + 2] = (struct og_hist_ev){
+            .t_rel = k * 0.1 + 0.02, .op = OG_OP_FREE, .bytes = 512 * MiB, .live = live -= 512 * MiB
+        };
+    }
+    for (int running = 2; running >= 1; running--) {
+        og_record_t *r = base();
+        r->history.events = ev;
+        r->history.nevents = 48;
+        og_set(&r->event.requested_bytes, 512 * MiB);
+        fixture_roles(r, 3 * GiB, 0, 2 * GiB, 0, 0, 1 * GiB);
+        fixture_model(r, "DebertaV2ForSequenceClassification", 1 * GiB, 3, false);
+        fixture_model_held(r, 1, running, "model");
+        fixture_optimizer(r, "AdamW", 2 * GiB);
+        fixture_phase(r, "forward", "/w/tune.py", "forward");
+        og_set(&r->device.free_bytes, 256 * MiB);
+        r->memory.fw.grad_enabled = 1;
+        run(r);
+        const og_role_facts_t *k = &r->analysis.facts.roles;
+        if (running == 2) {
+            assert_int_equal(k->concurrent_copies, 2 * GiB);
+            assert_int_equal(k->concurrent_runs, 2);
+            assert_int_equal(k->concurrent_count, 3);
+            assert_int_equal(k->model_copies, 0);
+            assert_true(r->analysis.facts.growth.concurrent_loops);
+            assert_false(has_cause(r, "growth"));
+            assert_string_equal(r->remedies[0].id, "fewer_workers");
+            assert_true(how_has(&r->remedies[0], "n_jobs=1"));
+            assert_non_null(strstr(r->remedies[0].why, "3 copies of DebertaV2ForSequenceClassification"));
+        } else {
+            assert_int_equal(k->concurrent_copies, 0);
+            assert_int_equal(k->model_copies, 2 * GiB);
+            assert_false(r->analysis.facts.growth.concurrent_loops);
+            assert_string_equal(r->diagnosis.primary, "growth");
+            assert_int_equal(rank_of(r, "fewer_workers"), 0);
+        }
+        free(r);
+    }
+}
+
 /* a replay buffer (a holder of purpose dataset, local in main) grows until the card is full: keeping it in host
  * memory leads, its bytes the growth's holder's; the same holder without the purpose is a leak to release */
 static void growing_dataset_to_host(void **state)
@@ -5353,6 +5408,7 @@ int main(void)
         cmocka_unit_test(inference_call_building),
         cmocka_unit_test(growing_dataset_to_host),
         cmocka_unit_test(records_kept_as_a_dataset),
+        cmocka_unit_test(concurrent_loops),
         cmocka_unit_test(operation_dominates_split_first),
         cmocka_unit_test(batchless_operation_takes_the_card),
         cmocka_unit_test(conv_inference_tiles_first),
