@@ -215,6 +215,7 @@ typedef struct og_roles {
     og_opt_u64_t lora_base;        /* roles.lora_base_trainable_bytes: the other weights requiring grad */
     og_opt_u64_t embedding_bytes;  /* roles.embedding_parameters_bytes: the models' embedding tables; unknown: no
                                       model walked */
+    og_opt_u64_t embedding_tables; /* roles.embedding_tables: how many tensors those tables are; unknown as above */
     bool autocast_in_code;         /* the program's code on the failing stack enters autocast (false: not said) */
     /* roles.scaler_without_autocast: that code names a GradScaler and none of the program's files names autocast
      * (float16 loss scaling around a float32 forward; false: not said) */

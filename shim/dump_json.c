@@ -400,6 +400,8 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
     j_opt(sb, r->lora_base);
     K("embedding_parameters_bytes");
     j_opt(sb, r->embedding_bytes);
+    K("embedding_tables");
+    j_opt(sb, r->embedding_tables);
     K("per_sample_count");
     if (r->per_sample_count > 0)
         og_sb_printf(sb, "%d", r->per_sample_count);

@@ -297,6 +297,8 @@ static void parse_roles(const char *s, og_roles_t *r)
                 r->lora_base = role_u64(f[2]);
             else if (!strcmp(f[1], "embedding_bytes"))
                 r->embedding_bytes = role_u64(f[2]);
+            else if (!strcmp(f[1], "embedding_tables"))
+                r->embedding_tables = role_u64(f[2]);
             else if (!strcmp(f[1], "per_sample_count"))
                 r->per_sample_count = atoi(f[2]) > 0 ? atoi(f[2]) : 0;
             else if (!strcmp(f[1], "activations_copy_of") && n >= 4) {

@@ -141,6 +141,7 @@ struct og_roles_view {
     int64_t lora_parameters_bytes;      /* -1 null: no LoRA adapter */
     int64_t lora_base_trainable_bytes;  /* -1 null: no LoRA adapter */
     int64_t embedding_parameters_bytes; /* -1 null: no model walked */
+    int64_t embedding_tables;           /* how many tensors those tables are; -1 null (an older adapter) */
     int gradient_checkpointing;         /* -1 unknown (null) */
     int autocast_in_code;               /* 1 true, -1 unknown (null) */
     int scaler_without_autocast;        /* 1 true, -1 not said (null) */

@@ -1026,7 +1026,7 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
     r->batch_size = r->gradient_checkpointing = r->autocast_in_code = r->scaler_without_autocast = r->backward_in_code =
         r->backward_on_stack = -1;
     r->copy_made_bytes = r->per_sample_count = r->lora_parameters_bytes = r->lora_base_trainable_bytes =
-        r->embedding_parameters_bytes = -1;
+        r->embedding_parameters_bytes = r->embedding_tables = -1;
     r->ddp.wrappers = r->ddp.bucket_bytes = -1;
     r->ddp.as_view = -1;
     TRY(get_obj(L, fw, pf, "roles", &o));
@@ -1190,6 +1190,7 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
     TRY(get_int(L, o, &p, "lora_parameters_bytes", &r->lora_parameters_bytes));
     TRY(get_int(L, o, &p, "lora_base_trainable_bytes", &r->lora_base_trainable_bytes));
     TRY(get_int(L, o, &p, "embedding_parameters_bytes", &r->embedding_parameters_bytes));
+    TRY(get_int(L, o, &p, "embedding_tables", &r->embedding_tables));
     TRY(get_bool(L, o, &p, "autocast_in_code", &r->autocast_in_code));
     TRY(get_bool(L, o, &p, "scaler_without_autocast", &r->scaler_without_autocast));
     TRY(get_bool(L, o, &p, "backward_in_code", &r->backward_in_code));

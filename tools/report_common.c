@@ -304,6 +304,9 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
         if (r->embedding_parameters_bytes > 0) /* a recommender's tables: their rows, not the network, are the model */
             og_sb_printf(&b, "%s of the parameters are embedding tables",
                          human_bytes(r->embedding_parameters_bytes, a));
+        if (r->embedding_parameters_bytes > 0 && r->embedding_tables > 0)
+            og_sb_printf(&b, " (%lld %s)", (long long)r->embedding_tables,
+                         r->embedding_tables == 1 ? "table" : "tables");
         FACT("embeddings");
         og_sb_init(&b);
         if (r->statement.at.file) {

@@ -1471,6 +1471,7 @@ def _result(scan, allocated, complete, why, t0, unknown=()):
             "lora_bytes": scan.lora,
             "lora_base_bytes": getattr(scan, "lora_base", None),
             "embedding_bytes": scan.embedding if scan.models else None,
+            "embedding_tables": len(scan.embedding_seen) if scan.models else None,
             "complete": complete, "why": why, "elapsed_ms": (_clock() - t0) * 1000.0,
             "objects": scan.objects, "sampled": scan.sampled}
 
@@ -1554,7 +1555,7 @@ def encode(r):
       meta copy_made N: the bytes a copy.deepcopy running at the failure made so far; meta per_sample_count N: the
       most examples a per-sample gradient holds; meta lora_bytes N: the parameters of LoRA adapters;
       meta lora_base_bytes N: the other parameters that require grad (PEFT's modules_to_save aside); meta
-      embedding_bytes N: the models' embedding tables' parameters; meta autocast_in_code 1: a
+      embedding_bytes N: the models' embedding tables' parameters; meta embedding_tables N: how many tensors; meta autocast_in_code 1: a
       function of the program on the failing stack enters autocast; meta scaler_without_autocast 1: one names a
       GradScaler and none of the program's files names autocast; meta backward_in_code 1: a function of the program
       on the failing stack calls backward; meta backward_on_stack 1|0: a frame of the failing stack, a framework's
@@ -1657,6 +1658,8 @@ def encode(r):
         out.append("meta\tlora_base_bytes\t%d" % int(r["lora_base_bytes"]))
     if r.get("embedding_bytes") is not None:
         out.append("meta\tembedding_bytes\t%d" % int(r["embedding_bytes"]))
+    if r.get("embedding_tables") is not None:
+        out.append("meta\tembedding_tables\t%d" % int(r["embedding_tables"]))
     if r.get("activations_copy_of"):
         role, b = r["activations_copy_of"]
         out.append("meta\tactivations_copy_of\t%s\t%d" % (_clean(role), int(b)))

@@ -764,7 +764,7 @@ class Recommender(torch.nn.Module):
 
 def t_embedding_tables():
     """roles.embedding_bytes: the models' embedding tables (Embedding, EmbeddingBag), each storage once; the tower's
-    weights are not counted"""
+    weights are not counted; roles.embedding_tables: two tables, the one two names share once"""
     if STAND_IN:
         return
     build()
@@ -774,6 +774,7 @@ def t_embedding_tables():
         r = measure(None)
         assert r["embedding_bytes"] == (1000 + 500) * 16 * 4, r["embedding_bytes"]
         assert "meta\tembedding_bytes\t%d" % ((1000 + 500) * 16 * 4) in oomguard_roles.encode(r)
+        assert r["embedding_tables"] == 2 and "meta\tembedding_tables\t2" in oomguard_roles.encode(r), r
     finally:
         g.pop("recommender", None)
 
