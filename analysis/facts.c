@@ -1586,6 +1586,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
     k->lora_params = og_or(ro->lora_bytes, 0);
     k->lora_base_trained = k->lora_params ? og_or(ro->lora_base, 0) : 0;
     k->embedding = og_or(ro->embedding_bytes, 0);
+    k->embedding_tables = og_or(ro->embedding_tables, 0) > 1000000 ? 1000000 : (int)og_or(ro->embedding_tables, 0);
     k->opt = role_or0(ro, OG_ROLE_optimizer_state);
     k->pools = role_or0(ro, OG_ROLE_graph_pools);
     k->held = role_or0(ro, OG_ROLE_held_by_python);

@@ -158,8 +158,10 @@ typedef struct og_role_facts {
     /* LoRA adapters' parameters (roles.lora_parameters_bytes; 0: no adapter or not measured) and the other weights
      * that require grad (roles.lora_base_trainable_bytes): a LoRA model whose base was never frozen */
     uint64_t lora_params, lora_base_trained;
-    /* the models' embedding tables' parameters (roles.embedding_parameters_bytes; 0 none or not measured) */
+    /* the models' embedding tables' parameters (roles.embedding_parameters_bytes; 0 none or not measured) and how many
+     * tensors they are (roles.embedding_tables; 0 none or not measured) */
     uint64_t embedding;
+    int embedding_tables;
     uint64_t opt_params;  /* parameters on the failing device that optimizers' param_groups hold (0: none or
                             unknown): an optimizer made for this model */
     bool dtypes_known;    /* roles.parameters_by_dtype was measured ... */

@@ -714,6 +714,13 @@ static bool teacher_autograd_on(const rctx_t *x)
 }
 /* gradients and optimizer state measured (or about to be made at the first step) for the parameters of
  * a training job: training fewer of them shrinks both */
+/* the tables are most of the model (og_embedding_tables) and many (a categorical column each: a tabular or
+ * recommender model's features, not a language model's one vocabulary), in a job that trains: their rows x
+ * dimensions set the parameters, the dense gradients and the optimizer's state alike */
+static bool categorical_tables(const rctx_t *x)
+{
+    return og_embedding_tables(x) && roles_of(x)->embedding_tables >= 4 && x->trains == 1 && !x->larger_than_device;
+}
 static bool trains_all_parameters(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
@@ -1440,6 +1447,10 @@ static const og_rank_row_t bring[] = {
       "(kept_outgrows_cache), cause fragmentation; the largest has no purpose, copies no role and is no DDP "
       "reducer's buckets (roles.ddp), >= shortfall; primary not growth",
       "maskrcnn_val_torchmetrics_segm_map_masks_kept_on_gpu_v100_16gb (blind)" },
+    { "categorical_tables", categorical_tables, WANT, 0, 0, REMS(R_SMALLER_EMB),
+      "roles: embedding tables >= half the parameters, at least 4 of them (a column each), a job that trains",
+      "fastai_tabular_learner_criteo_2m_rows_26_categoricals_first_backward_kaggle_p100 (blind); (unit tests: "
+      "embedding_tables_off_the_gpu)" },
     { "index_on_gpu", index_on_gpu, WANT, 0, 0, REMS(R_INDEX_OFF_GPU),
       "roles: holders of purpose index kept across calls (a global, an attribute) >= shortfall, primary not growth",
       "support_rag_flat_fp32_index_beside_llama8b (blind); (unit tests: index_kept_on_the_gpu)" },
@@ -1676,6 +1687,10 @@ static const og_rank_row_t lead[] = {
       "job's own)",
       "support_chat_sse_stream_generator_outlives_no_grad_block_mistral7b_l4 (blind); (unit tests: "
       "kept_graphs_without_training)" },
+    { "categorical_tables_lead", categorical_tables, LEAD_COVERS, -24, 1, REMS(R_SMALLER_EMB, R_OFFLOAD),
+      "as categorical_tables (the tables' size is the model's: smaller tables first, then off the GPU)",
+      "fastai_tabular_learner_criteo_2m_rows_26_categoricals_first_backward_kaggle_p100 (blind); (unit tests: "
+      "embedding_tables_off_the_gpu)" },
     { "kept_graphs_lead", kept_graphs, LEAD_COVERS, -22, 0, REMS(R_RELEASE_REFS),
       "as kept_graphs (the holder keeps every earlier batch's graph: named first, autograd off for the evaluation "
       "next)",
@@ -2079,6 +2094,11 @@ static void estimate(rank_t *k, const rctx_t *x)
      * `fit` pass drops those remedies: AP_ACTIVATIONS) */
     if (ro->known && ro->params) /* 4-bit weights keep about a quarter of 16-bit ones */
         cover[R_QUANT] = 0.75 * (double)ro->params;
+    /* tables of half the dimensions (or of half the rows: rare categories hashed together): half their parameters,
+     * and of the gradients and optimizer state kept for them, in the share the tables have of the parameters */
+    if (categorical_tables(x))
+        cover[R_SMALLER_EMB] =
+            0.5 * (double)ro->embedding * (1.0 + ((double)ro->grads + (double)ro->opt) / (double)ro->params);
     /* offloading the model or sharding its state moves at most the model's state (parameters, their gradients,
      * the optimizer's state) off this GPU: a small model beside a huge activation moves nothing that matters */
     if (ro->known && ro->params && ro->act_known)

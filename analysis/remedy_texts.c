@@ -1544,6 +1544,31 @@ static bool b_zero_fsdp(const rctx_t *x, og_remedy_t *r)
     return true;
 }
 
+static bool b_smaller_embedding_tables(const rctx_t *x, og_remedy_t *r)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    if (ro->embedding && ro->params)
+        why(r, "%s of the %s of parameters are embedding tables", og_hb((double)ro->embedding).s,
+            og_hb((double)ro->params).s);
+    else
+        why(r, "The embedding tables are most of the model");
+    if (ro->embedding_tables > 1)
+        why(r, ", %d of them: a categorical column each", ro->embedding_tables);
+    why(r, ". A table is rows x dimensions, and its dense gradient and optimizer state repeat it; default size rules "
+           "give wide tables to columns of many categories. Fewer dimensions there, or rare categories hashed into "
+           "shared rows, shrink all three.");
+    if (x->shortfall && ro->embedding)
+        why(r, " %s more is needed; tables of half the size free about %s with their gradients.",
+            og_hb((double)x->shortfall).s,
+            og_hb(ro->params ? 0.5 * (double)ro->embedding * (1.0 + (double)ro->grads / (double)ro->params) : 0).s);
+    how(r, "%snn.Embedding(num_categories, 16)   # 16-64 dimensions for a column of many categories", pt(x));
+    how(r, "%scode = hash(value) %% n_buckets   # rare categories share rows; or a minimum count for a row of its own",
+        pt(x));
+    how(r, "%stabular_learner(dls, emb_szs={\"user_id\": 32, \"item_id\": 32})   # fastai: sizes by column name",
+        pt(x));
+    return true;
+}
+
 static bool b_cpu_offload(const rctx_t *x, og_remedy_t *r)
 {
     const og_role_facts_t *ro = &x->f->roles;

@@ -52,6 +52,10 @@ SAME_FIX = {
     # deepspeed_zero3_from_pretrained_before_init (seventh batch) and fsdp_qlora_70b_full_load_per_rank (sixth)
     # named the fix of fsdp_lora_llama2_13b_g5_12xlarge_device_map_local_rank (eighth), shard_before_load
     "shard_at_load": "shard_before_load",
+    # fastai_tabular_learner_criteo_2m_rows_26_categoricals_first_backward_kaggle_p100 (twenty-fifth batch) named the
+    # fix deepfm_ad_clicks_hashed_cross_features_dense_embedding_grads_first_backward_a10g (an earlier batch) calls
+    # smaller_embedding_tables: fewer dimensions for wide categorical columns, rare categories hashed together
+    "cap_categorical_embeddings": "smaller_embedding_tables",
 }
 
 
