@@ -539,6 +539,15 @@ static bool c_fragmentation(const og_facts_t *d, const og_record_t *r, og_cause_
         ev_bytes(c, "largest_free_block_bytes", d->largest);
         ev_num(c, "fragmentation", clamp01(1 - (double)d->largest / cached));
     }
+    /* a pass building that the run held as much as at once before (facts: held_before): the total was there */
+    if (d->held_before) {
+        size_t l = strnlen(c->summary, sizeof c->summary);
+        og_fmt(c->summary + l, sizeof c->summary - l,
+               " The run held %s allocated at once before, more than now with this request: the memory is there, in "
+               "pieces.",
+               og_hb((double)r->memory.fw.peak_bytes.v).s);
+        ev_bytes(c, "peak_allocated_bytes", r->memory.fw.peak_bytes.v);
+    }
     ev_shortfall(c, d);
     ev_text(c, "rule", "%s", why);
     return true;

@@ -2054,7 +2054,7 @@ static bool next_tensor_has_no_room(const og_facts_t *d, const og_role_facts_t *
     return room >= d->req && room - d->req < d->req;
 }
 
-static void pass_outgrows_cache(og_facts_t *d)
+static void pass_outgrows_cache(og_facts_t *d, const og_record_t *r)
 {
     const og_role_facts_t *k = &d->roles;
     /* a load computes nothing: what it holds beyond the roles (a torch.load's storages arriving) is what it restored
@@ -2099,6 +2099,12 @@ static void pass_outgrows_cache(og_facts_t *d)
     }
     if (!building || !k->known || !k->act_known || !d->cached_known || d->recovered || !d->reservation)
         return;
+    const og_framework_view_t *fw = &r->memory.fw;
+    if (fw->has && og_known(fw->peak_bytes) && d->req_known && fw->peak_bytes.v > fw->allocated_bytes &&
+        fw->peak_bytes.v >= add_sat(fw->allocated_bytes, d->req)) {
+        d->held_before = true;
+        return;
+    }
     uint64_t set = add_sat(k->working, k->arriving);
     /* a generation's working set is its activations and the KV cache it builds token by token */
     if (d->phase == OG_JP_generation)
@@ -2505,7 +2511,7 @@ void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds
     imbalance(f, rec);
     non_framework(f, rec);
     fit(f, rec);
-    pass_outgrows_cache(f);
+    pass_outgrows_cache(f, rec);
     growth_outgrows_cache(f);
     kept_outgrows_cache(f);
     stmt_copies_holder(f, rec);

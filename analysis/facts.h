@@ -561,6 +561,10 @@ typedef struct og_facts {
      * about as much, and the free memory with a defragmented cache would leave less than the request after it: the
      * next tensor of that size has no room */
     bool pass_outgrows_cache;
+    /* ... not read for a pass building when the run held as much at once before (held_before): the framework's peak
+     * allocated (PyTorch's allocated_bytes.all.peak) is at least what is allocated now and the request, so what this
+     * pass needs so far was there, live, at one time; the pieces, not the total, are what it lacks */
+    bool held_before;
     /* the failure is inside a pass still building (phase loading, forward, backward, evaluation, generation or
      * optimizer_step: more requests follow) and the other processes hold under 1/16 of the device (a desktop
      * session, a monitoring agent): their bytes may cover this one request, not the rest of the pass, so the job

@@ -1455,6 +1455,17 @@ static void a_pass_that_outgrows_the_cache_does_not_fit(void **state)
     fixture_phase(r, "oom_handler", "/w/serve.py", "forecast"); /* a retry inside the handler: a pass too */
     diag(r);
     assert_string_equal(evt(find(r, "does_not_fit"), "basis"), "pass_outgrows_cache");
+    /* the run held as much allocated at once before (the framework's peak: now and the request, and more): the pass's
+     * need so far was there, live; what it lacks is a piece of the size, fragmentation again */
+    og_set(&r->memory.fw.peak_bytes, r->memory.fw.allocated_bytes + 64 * MiB);
+    diag(r);
+    assert_string_equal(r->diagnosis.primary, "fragmentation");
+    assert_true(ev(find(r, "fragmentation"), "peak_allocated_bytes") == (double)r->memory.fw.peak_bytes.v);
+    og_test_check_text(find(r, "fragmentation")->summary);
+    og_set(&r->memory.fw.peak_bytes, r->memory.fw.allocated_bytes + 63 * MiB); /* short of the request: not */
+    diag(r);
+    assert_string_equal(evt(find(r, "does_not_fit"), "basis"), "pass_outgrows_cache");
+    og_unset(&r->memory.fw.peak_bytes);
     r->memory.fw.reserved_bytes += 4 * GiB; /* a cache that could carry the pass: fragmentation again */
     diag(r);
     assert_string_equal(r->diagnosis.primary, "fragmentation");
