@@ -2100,8 +2100,9 @@ static void pass_outgrows_cache(og_facts_t *d, const og_record_t *r)
     if (!building || !k->known || !k->act_known || !d->cached_known || d->recovered || !d->reservation)
         return;
     const og_framework_view_t *fw = &r->memory.fw;
-    if (fw->has && og_known(fw->peak_bytes) && d->req_known && fw->peak_bytes.v > fw->allocated_bytes &&
-        fw->peak_bytes.v >= add_sat(fw->allocated_bytes, d->req)) {
+    /* (no earlier failure episode: a pass that failed before, caught and skipped, made its peak too) */
+    if (fw->has && og_known(fw->peak_bytes) && d->req_known && r->history.recovered_episodes <= 1 &&
+        fw->peak_bytes.v > fw->allocated_bytes && fw->peak_bytes.v >= add_sat(fw->allocated_bytes, d->req)) {
         d->held_before = true;
         return;
     }

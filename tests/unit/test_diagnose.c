@@ -1465,6 +1465,12 @@ static void a_pass_that_outgrows_the_cache_does_not_fit(void **state)
     og_set(&r->memory.fw.peak_bytes, r->memory.fw.allocated_bytes + 63 * MiB); /* short of the request: not */
     diag(r);
     assert_string_equal(evt(find(r, "does_not_fit"), "basis"), "pass_outgrows_cache");
+    /* nor after earlier failure episodes: a pass that failed before (caught, its batch skipped) made the peak too */
+    og_set(&r->memory.fw.peak_bytes, r->memory.fw.allocated_bytes + 1 * GiB);
+    r->history.recovered_episodes = 3;
+    diag(r);
+    assert_string_equal(evt(find(r, "does_not_fit"), "basis"), "pass_outgrows_cache");
+    r->history.recovered_episodes = 0;
     og_unset(&r->memory.fw.peak_bytes);
     r->memory.fw.reserved_bytes += 4 * GiB; /* a cache that could carry the pass: fragmentation again */
     diag(r);
