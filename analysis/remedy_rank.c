@@ -715,11 +715,13 @@ static bool teacher_autograd_on(const rctx_t *x)
 /* gradients and optimizer state measured (or about to be made at the first step) for the parameters of
  * a training job: training fewer of them shrinks both */
 /* the tables are most of the model (og_embedding_tables) and many (a categorical column each: a tabular or
- * recommender model's features, not a language model's one vocabulary), in a job that trains: their rows x
+ * recommender model's features), in models with no attention layer (roles.attention_modules 0: a language model's
+ * vocabulary, and the copies of it a PEFT run trains, are a transformer's), in a job that trains: their rows x
  * dimensions set the parameters, the dense gradients and the optimizer's state alike */
 static bool categorical_tables(const rctx_t *x)
 {
-    return og_embedding_tables(x) && roles_of(x)->embedding_tables >= 4 && x->trains == 1 && !x->larger_than_device;
+    return og_embedding_tables(x) && roles_of(x)->embedding_tables >= 4 && roles_of(x)->attention == -1 &&
+           x->trains == 1 && !x->larger_than_device;
 }
 static bool trains_all_parameters(const rctx_t *x)
 {
@@ -1448,7 +1450,8 @@ static const og_rank_row_t bring[] = {
       "reducer's buckets (roles.ddp), >= shortfall; primary not growth",
       "maskrcnn_val_torchmetrics_segm_map_masks_kept_on_gpu_v100_16gb (blind)" },
     { "categorical_tables", categorical_tables, WANT, 0, 0, REMS(R_SMALLER_EMB),
-      "roles: embedding tables >= half the parameters, at least 4 of them (a column each), a job that trains",
+      "roles: embedding tables >= half the parameters, at least 4 of them (a column each), no attention layer in the "
+      "models, a job that trains",
       "fastai_tabular_learner_criteo_2m_rows_26_categoricals_first_backward_kaggle_p100 (blind); (unit tests: "
       "embedding_tables_off_the_gpu)" },
     { "index_on_gpu", index_on_gpu, WANT, 0, 0, REMS(R_INDEX_OFF_GPU),

@@ -734,10 +734,15 @@ static void embedding_tables_off_the_gpu(void **state)
     /* a table per categorical column (26 of them): their size is the model's, smaller tables first, then off the GPU;
      * 3 tables (a word, a position and a type table) are no such set */
     og_set(&r->memory.fw.roles.embedding_tables, 26);
+    og_set(&r->memory.fw.roles.attention_modules, 0);
     run_primary(r, "does_not_fit");
     assert_string_equal(r->remedies[0].id, "smaller_embedding_tables");
     assert_string_equal(r->remedies[1].id, "cpu_offload");
     assert_non_null(strstr(r->remedies[0].why, "26 of them"));
+    og_set(&r->memory.fw.roles.attention_modules, 24); /* a transformer's vocabulary and its trained copies */
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "smaller_embedding_tables"), 0);
+    og_set(&r->memory.fw.roles.attention_modules, 0);
     og_set(&r->memory.fw.roles.embedding_tables, 3);
     run_primary(r, "does_not_fit");
     assert_string_equal(r->remedies[0].id, "cpu_offload");
