@@ -1566,10 +1566,10 @@ static void roles(og_facts_t *d, const og_record_t *r)
     }
     k->known = true;
     k->num_beams = ro->num_beams > 0 ? ro->num_beams : 0;
-    k->attention = k->operation == OG_OP_attention ? 1
-                   : !ro->attention_modules.known  ? 0
-                   : ro->attention_modules.v > 0   ? 1
-                                                   : -1;
+    k->attention = k->operation == OG_OP_attention || k->operation == OG_OP_attention_mask ? 1
+                   : !ro->attention_modules.known                                          ? 0
+                   : ro->attention_modules.v > 0                                           ? 1
+                                                                                           : -1;
     k->checkpointing = ro->checkpointing > 0 ? 1 : ro->checkpointing < 0 ? -1 : 0;
     k->batch_size = ro->batch_size > 0 ? ro->batch_size : 0;
     k->batchless_sizes = ro->has_statement && batchless_sizes(ro, k->batch_size);

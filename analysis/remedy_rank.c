@@ -895,11 +895,14 @@ static bool growing_dataset(const rctx_t *x)
 /* activation checkpointing is in force for the layer that failed (roles.gradient_checkpointing true): turning it
  * on changes nothing */
 static bool checkpointing_in_force(const rctx_t *x) { return roles_of(x)->known && roles_of(x)->checkpointing == 1; }
-/* attention computed eagerly (roles.operation attention: its score matrices made whole) fails: a fused kernel
- * (SDPA, FlashAttention) never makes them, whatever the batch or the checkpointing */
+/* attention computed eagerly (roles.operation attention: its score matrices made whole) fails, or the dense mask
+ * made for it (attention_mask: a packed batch's L x L block-causal mask): a fused kernel (SDPA, FlashAttention's
+ * variable-length one, given the sequences' lengths) never makes them, whatever the batch or the checkpointing */
 static bool eager_attention(const rctx_t *x)
 {
-    return roles_of(x)->known && roles_of(x)->operation == OG_OP_attention && x->req_known && !own_fix_covers(x);
+    enum og_operation op = roles_of(x)->operation;
+    return roles_of(x)->known && (op == OG_OP_attention || op == OG_OP_attention_mask) && x->req_known &&
+           !own_fix_covers(x);
 }
 static bool eager_attention_lead(const rctx_t *x) { return eager_attention(x) && !confident_growth(x); }
 /* the extra outputs asked for are the attention weights (output_attentions=True): a fused attention kernel returns
@@ -1319,8 +1322,9 @@ static const og_rank_row_t bring[] = {
       "mistral7b_contracts_32k_lora_eager_attention (blind)" },
     { "eager_attention", eager_attention, WANT, 0, 0, REMS(R_FLASH),
       "roles.operation attention (eager_attention_forward, an attention class's _attn on the stack, "
-      "nn.MultiheadAttention called with need_weights=True)",
-      "mistral7b_contracts_32k_lora_eager_attention (blind); (unit tests: eager_attention_fused_first)" },
+      "nn.MultiheadAttention called with need_weights=True) or attention_mask (a dense L x L mask made whole)",
+      "mistral7b_contracts_32k_lora_eager_attention, llama2_7b_longlora_96k_packed_rows_custom_4d_block_causal_mask_"
+      "first_step_h100 (blind); (unit tests: eager_attention_fused_first)" },
     { "train_fewer_parameters", trains_all_parameters, WANT, 0, 0, REMS(R_LORA),
       "the job trains, roles: parameters and their gradients or optimizer state (or phase optimizer_step)",
       "adamw_first_step, ema_lazy_shadow (blind)" },

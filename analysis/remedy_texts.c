@@ -1332,6 +1332,15 @@ static bool b_flash_attention(const rctx_t *x, og_remedy_t *r)
             "makes it. ",
             og_hb((double)x->req).s, fn, og_base_name(file), ro->op_frame.line);
     }
+    if (x->f->roles.operation == OG_OP_attention_mask) {
+        char fn[sizeof ro->op_frame.function], file[sizeof ro->op_frame.file];
+        og_cpy(fn, sizeof fn, ro->op_frame.function, sizeof fn);
+        og_cpy(file, sizeof file, ro->op_frame.file, sizeof file);
+        why(r,
+            "The failing %s is a dense attention mask made whole (%s, %s:%d): FlashAttention's variable-length "
+            "kernel takes each sequence's length (position_ids of a packed batch) and never makes one. ",
+            og_hb((double)x->req).s, fn, og_base_name(file), ro->op_frame.line);
+    }
     /* nn.MultiheadAttention asked for its weights (the row read need_weights=True): PyTorch 2 runs its fused
      * kernel when they are not asked for, whatever the card */
     char arg[sizeof ro->op_argument];
@@ -1372,6 +1381,11 @@ static bool b_flash_attention(const rctx_t *x, og_remedy_t *r)
                 "%sAutoModelForCausalLM.from_pretrained(name, attn_implementation=\"flash_attention_2\", "
                 "torch_dtype=torch.bfloat16)",
                 pt(x));
+            if (x->f->roles.operation == OG_OP_attention_mask)
+                how(r,
+                    "%sDataCollatorWithFlattening()   # packed rows by position_ids, no mask: flash_attention_2 "
+                    "reads each document's length",
+                    pt(x));
         }
         break;
     }

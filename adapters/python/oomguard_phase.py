@@ -199,6 +199,13 @@ OPERATIONS = (
     # functional frame, or the forward of any class of that name (a copy of torch's module)
     ("attention", 25, "*/torch/nn/functional.py", "multi_head_attention_forward", Argument("need_weights", True)),
     ("attention", 25, "*", "forward", Argument("need_weights", True, "MultiheadAttention")),
+    # a dense attention mask made whole, batch x 1 x L x L: transformers' mask utilities (a packed batch's 4D
+    # block-causal mask expanded, its copy for SDPA) and the models' _update_causal_mask; above attention, whose
+    # mask a model may build inside its attention
+    ("attention_mask", 26, "*/transformers/modeling_attn_mask_utils.py", "*", "*"),
+    ("attention_mask", 26, "*", "_update_causal_mask", "*"),
+    ("attention_mask", 26, "*", "_prepare_4d_causal_attention_mask*", "*"),
+    ("attention_mask", 26, "*", "_unmask_unattended", "*"),
     # a deep copy being made (of a model, an optimizer's state_dict): the standard library's copy.deepcopy and
     # the __deepcopy__ it calls (torch's Tensor and Parameter); lowest: an operation inside a copy decides
     ("copy", 5, "*/copy.py", "deepcopy", "*"),

@@ -1707,6 +1707,13 @@ static void eager_attention_fused_first(void **state)
     assert_non_null(strstr(r->remedies[0].why, "eager_attention_forward"));
     assert_int_equal(rank_of(r, "gradient_checkpointing"), 0); /* in force already */
     assert_false(how_has(&r->remedies[0], "need_weights=False"));
+    /* a dense L x L mask made whole (transformers' _update_causal_mask of a packed batch): the variable-length kernel
+     * never makes one */
+    fixture_operation(r, "attention_mask", "_update_causal_mask");
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "flash_attention");
+    assert_non_null(strstr(r->remedies[0].why, "dense attention mask made whole (_update_causal_mask"));
+    fixture_operation(r, "attention", "eager_attention_forward");
     /* nn.MultiheadAttention called with need_weights=True (the argument its row read): call it without weights */
     fixture_operation(r, "attention", "multi_head_attention_forward");
     snprintf(r->memory.fw.roles.op_argument, sizeof r->memory.fw.roles.op_argument, "need_weights=True");

@@ -1923,6 +1923,13 @@ def t_operation_real_frames():
     got = ns["eager_attention_forward"](q, q)
     assert got and got[0] == "attention" and got[1][2] == "eager_attention_forward", got
     assert ns["sdpa_attention_forward"](q, q) is None
+    # a dense 4D mask made whole by transformers' mask utilities (a packed batch's block-causal mask), inside a model's
+    # _update_causal_mask: the operation attention_mask, the innermost frame
+    exec(compile("def _unmask_unattended(m):\n    return probe()\n"
+                 "def _update_causal_mask(m):\n    return _unmask_unattended(m)\n",
+                 "/srv/site-packages/transformers/modeling_attn_mask_utils.py", "exec"), ns)
+    got = ns["_update_causal_mask"](q)
+    assert got and got[0] == "attention_mask" and got[1][2] == "_unmask_unattended", got
     # the table's operations are the analysis's list, no more and no fewer (common/operations.def)
     import re
     here = os.path.dirname(os.path.abspath(__file__))
