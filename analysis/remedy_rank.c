@@ -357,6 +357,18 @@ static bool training_state_idle(const rctx_t *x)
     const og_role_facts_t *ro = roles_of(x);
     return (PHASE(evaluation) || PHASE(generation)) && ro->known && (ro->grads || ro->opt);
 }
+/* ... and freeing it would carry the pass through: the pass's working set (its activations and the tensors the
+ * running code's locals hold: a generation's cache, layer by layer) is under PASS_OVER_STATE times that state; one
+ * that outgrows it (an evaluation generating with 4 beams over 16k tokens, 30 GiB so far beside 3.4 GiB of Adam
+ * state) would fail a few layers later, and its own batch is the lever */
+#define PASS_OVER_STATE 3
+static bool training_state_carries_pass(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return training_state_idle(x) &&
+           (!ro->act_known || (double)ro->working < PASS_OVER_STATE * ((double)ro->grads + (double)ro->opt));
+}
+static bool training_state_delays(const rctx_t *x) { return training_state_idle(x) && !training_state_carries_pass(x); }
 /* outputs of earlier batches kept across calls with their graphs, in an evaluation with autograd on (facts:
  * roles.kept_graphs): the holder is the cause, autograd off for the evaluation the second fix */
 static bool kept_graphs(const rctx_t *x) { return roles_of(x)->kept_graphs > 0 && !own_fix_covers(x); }
@@ -1679,8 +1691,9 @@ static const og_rank_row_t lead[] = {
     { "training_state_idle", training_state_idle, WANT, 0, 0, REMS(R_FREE_TRAINING),
       "phase evaluation or generation, roles gradients or optimizer_state > 0",
       "sagemaker_notebook_vitg_eval_cell_after_fit_adamw_state_live (blind)" },
-    { "training_state_idle_lead", training_state_idle, LEAD_COVERS, -20, 0, REMS(R_FREE_TRAINING),
-      "as training_state_idle (the pass reads neither)",
+    { "training_state_idle_lead", training_state_carries_pass, LEAD_COVERS, -20, 0, REMS(R_FREE_TRAINING),
+      "as training_state_idle (the pass reads neither), the pass's working set under 3x that state (more, and it "
+      "outgrows what freeing it gives: its own batch leads)",
       "sagemaker_notebook_vitg_eval_cell_after_fit_adamw_state_live (blind)" },
     { "feeds_no_backward", og_feeds_no_backward, WANT, 0, 0, REMS(R_INFERENCE),
       "phase forward, autograd on, roles.backward_on_stack false (no frame of the failing stack calls backward or "
@@ -1904,6 +1917,11 @@ static const og_rank_row_t lead[] = {
       "as dominant_holder (what the program keeps, more than the pass's activations, is the waste; shrinking the "
       "pass only makes room beside it)",
       "pythia1b_noise_scale_step_keeps_every_microbatch_grad_h100 (blind); (unit tests: dominant_holder_first)" },
+    { "training_state_delays", training_state_delays, DEMOTE, 3, 0, REMS(R_FREE_TRAINING),
+      "as training_state_idle, the pass's working set 3x that state or more (freeing it carries the pass a few "
+      "allocations further, not through)",
+      "led_large_arxiv_16k_summarizer_first_eval_generate_default_eval_batch_8_beams_4_a100_40gb (blind); (unit tests: "
+      "evaluation_frees_training_state)" },
     { "statement_copies_holder_lead", stmt_copies_holder, LEAD_COVERS, -30, 0, REMS(R_DATASET_CPU),
       "as statement_copies_holder (the pieces gathered in host memory, or the result built in place)",
       "dino_vitl_knn_monitor_rank0_bank_chunks_cat_a10g, scvi_lung_atlas_hvg_chunks_densified_onto_gpu_then_cat_l4 "
