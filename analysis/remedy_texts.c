@@ -2627,10 +2627,11 @@ static bool b_fewer_beams(const rctx_t *x, og_remedy_t *r)
     why(r, "The generation runs a beam search of %d beams: every beam keeps its own KV cache and logits", nb);
     if (kv)
         why(r, " (the cache held %s at the failure)", og_hb((double)kv).s);
-    why(r,
-        ", so memory grows with the beam width times the new tokens. %d beams keep %d/%d of it; 1 (greedy or "
-        "sampling) keeps 1/%d.",
-        nb > 4 ? 4 : 1, nb > 4 ? 4 : 1, nb, nb);
+    why(r, ", so memory grows with the beam width times the new tokens.");
+    if (nb > 4)
+        why(r, " 4 beams keep 4/%d of it; 1 (greedy or sampling) keeps 1/%d.", nb, nb);
+    else
+        why(r, " 1 beam (greedy or sampling) keeps 1/%d of it.", nb);
     how(r, "%smodel.generate(inputs, num_beams=%d)   # or generation_config.num_beams; 1: greedy or do_sample=True",
         pt(x), nb > 4 ? 4 : 1);
     how(r, "%smodel.generate(inputs, num_beams=N, early_stopping=True)   # stop when N hypotheses are done", pt(x));

@@ -3777,7 +3777,11 @@ static void generation_kv_growth(void **state)
         run_primary(r, "does_not_fit");
         assert_string_equal(r->remedies[0].id, "fewer_beams");
         assert_true(how_has(&r->remedies[0], "num_beams=4"));
+        assert_non_null(strstr(r->remedies[0].why, "4 beams keep 4/12 of it; 1 (greedy or sampling) keeps 1/12."));
         assert_string_equal(r->remedies[1].id, "smaller_batch");
+        r->memory.fw.roles.num_beams = 4; /* 4 beams: only greedy or sampling is fewer */
+        run_primary(r, "does_not_fit");
+        assert_non_null(strstr(rem(r, "fewer_beams")->why, "1 beam (greedy or sampling) keeps 1/4 of it."));
         r->memory.fw.roles.num_beams = 1; /* greedy: no beams to drop */
         run_primary(r, "does_not_fit");
         assert_int_equal(rank_of(r, "fewer_beams"), 0);
