@@ -1323,23 +1323,24 @@ static bool b_flash_attention(const rctx_t *x, og_remedy_t *r)
 {
     bool old = x->cc_known && x->cc < 80;
     const og_roles_t *ro = &x->rec->memory.fw.roles;
-    if (x->f->roles.operation == OG_OP_attention) {
+    /* what the failing operation makes whole that a fused kernel never makes (roles.operation, its frame) */
+    static const struct {
+        enum og_operation op;
+        const char *what, *fused;
+    } whole[] = {
+        { OG_OP_attention, "an attention score matrix computed eagerly", "a fused kernel never makes it" },
+        { OG_OP_attention_mask, "a dense attention mask made whole",
+          "FlashAttention's variable-length kernel takes each sequence's length (position_ids of a packed batch) and "
+          "never makes one" },
+    };
+    for (size_t i = 0; i < sizeof whole / sizeof *whole; i++) {
+        if (x->f->roles.operation != whole[i].op)
+            continue;
         char fn[sizeof ro->op_frame.function], file[sizeof ro->op_frame.file];
         og_cpy(fn, sizeof fn, ro->op_frame.function, sizeof fn);
         og_cpy(file, sizeof file, ro->op_frame.file, sizeof file);
-        why(r,
-            "The failing %s is an attention score matrix computed eagerly (%s, %s:%d): a fused kernel never "
-            "makes it. ",
-            og_hb((double)x->req).s, fn, og_base_name(file), ro->op_frame.line);
-    }
-    if (x->f->roles.operation == OG_OP_attention_mask) {
-        char fn[sizeof ro->op_frame.function], file[sizeof ro->op_frame.file];
-        og_cpy(fn, sizeof fn, ro->op_frame.function, sizeof fn);
-        og_cpy(file, sizeof file, ro->op_frame.file, sizeof file);
-        why(r,
-            "The failing %s is a dense attention mask made whole (%s, %s:%d): FlashAttention's variable-length "
-            "kernel takes each sequence's length (position_ids of a packed batch) and never makes one. ",
-            og_hb((double)x->req).s, fn, og_base_name(file), ro->op_frame.line);
+        why(r, "The failing %s is %s (%s, %s:%d): %s. ", og_hb((double)x->req).s, whole[i].what, fn, og_base_name(file),
+            ro->op_frame.line, whole[i].fused);
     }
     /* nn.MultiheadAttention asked for its weights (the row read need_weights=True): PyTorch 2 runs its fused
      * kernel when they are not asked for, whatever the card */

@@ -3569,6 +3569,22 @@ static void fixture_run_series(og_record_t *r, uint64_t first, uint64_t rise)
         ro->step_run[i] = first + rise * (uint64_t)i / 3;
 }
 
+/* the driver's history of 16 passes from LIVE bytes, each allocating 512 MiB and 128 MiB and freeing the 512 MiB:
+ * 128 MiB kept per pass, a staircase (48 events) */
+static void staircase_of_passes(struct og_hist_ev ev[48], uint64_t live)
+{
+    for (int k = 0; k < 16; k++) {
+        ev[3 * k] =
+            (struct og_hist_ev){ .t_rel = k * 0.1, .op = OG_OP_ALLOC, .bytes = 512 * MiB, .live = live += 512 * MiB };
+        ev[3 * k + 1] = (struct og_hist_ev){
+            .t_rel = k * 0.1 + 0.01, .op = OG_OP_ALLOC, .bytes = 128 * MiB, .live = live += 128 * MiB
+        };
+        ev[3 * k + 2] = (struct og_hist_ev){
+            .t_rel = k * 0.1 + 0.02, .op = OG_OP_FREE, .bytes = 512 * MiB, .live = live -= 512 * MiB
+        };
+    }
+}
+
 /* a holder no name gives a purpose, kept across calls, that is a collection of OG_RECORDS_MIN or more like records
  * (a scene's photos on the GPU, roles.holders[].records) there since the run's first step holds the data set: keeping
  * it in host memory leads, saying how many records; fewer records, records keeping their graphs (outputs), a running
@@ -3623,17 +3639,7 @@ static void records_kept_as_a_dataset(void **state)
     /* with a growth (128 MiB kept per step, from 12 GiB): the photos there before the first step are the data set;
      * records the run's series rose by are not (each batch's outputs appended) */
     static struct og_hist_ev ev[48];
-    uint64_t live = 12 * GiB;
-    for (int k = 0; k < 16; k++) {
-        ev[3 * k] =
-            (struct og_hist_ev){ .t_rel = k * 0.1, .op = OG_OP_ALLOC, .bytes = 512 * MiB, .live = live += 512 * MiB };
-        ev[3 * k + 1] = (struct og_hist_ev){
-            .t_rel = k * 0.1 + 0.01, .op = OG_OP_ALLOC, .bytes = 128 * MiB, .live = live += 128 * MiB
-        };
-        ev[3 * k + 2] = (struct og_hist_ev){
-            .t_rel = k * 0.1 + 0.02, .op = OG_OP_FREE, .bytes = 512 * MiB, .live = live -= 512 * MiB
-        };
-    }
+    staircase_of_passes(ev, 12 * GiB);
     uint64_t sizes[] = { 12 * GiB, 2 * GiB };
     for (int i = 0; i < 2; i++) {
         r = base();
@@ -3671,17 +3677,7 @@ static void concurrent_loops(void **state)
 {
     (void)state;
     static struct og_hist_ev ev[48];
-    uint64_t live = 4 * GiB;
-    for (int k = 0; k < 16; k++) {
-        ev[3 * k] =
-            (struct og_hist_ev){ .t_rel = k * 0.1, .op = OG_OP_ALLOC, .bytes = 512 * MiB, .live = live += 512 * MiB };
-        ev[3 * k + 1] = (struct og_hist_ev){
-            .t_rel = k * 0.1 + 0.01, .op = OG_OP_ALLOC, .bytes = 128 * MiB, .live = live += 128 * MiB
-        };
-        ev[3 * k + 2] = (struct og_hist_ev){
-            .t_rel = k * 0.1 + 0.02, .op = OG_OP_FREE, .bytes = 512 * MiB, .live = live -= 512 * MiB
-        };
-    }
+    staircase_of_passes(ev, 4 * GiB);
     for (int running = 2; running >= 1; running--) {
         og_record_t *r = base();
         r->history.events = ev;
