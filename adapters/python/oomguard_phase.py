@@ -131,12 +131,12 @@ class Argument:
             code = f.f_code
             if self.name not in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]:
                 return False
-            if self.kind != "*":
-                me = _self(f)
-                if me is _NO_SELF or not fnmatch.fnmatchcase(type(me).__name__, self.kind):
-                    return False
             from oomguard_roles import _frame_locals
-            return any(k == self.name and v is self.value for k, v in _frame_locals(f))
+            args = dict(_frame_locals(f))
+            if self.kind != "*" and not (code.co_varnames[:1] == ("self",) and "self" in args and
+                                         fnmatch.fnmatchcase(type(args["self"]).__name__, self.kind)):
+                return False
+            return self.name in args and args[self.name] is self.value
         except Exception:
             return False
 
@@ -145,8 +145,9 @@ class Argument:
 # file pattern, function pattern, class pattern), fnmatch patterns on the frame's file, its function and the
 # class of its `self` ("*": any, a function too), or in place of the class pattern a test of the `self` object
 # itself (conv_block: what its layers are, whatever the class is called) or of an argument of the frame (Argument:
-# the dump records which).  Every frame of the failing stack is matched, the framework's and the libraries' too (torch/nn/functional.py's cross_entropy, diffusers' decoder); the match of highest
-# priority decides, the innermost among equals.  Data, not code: an operation a remedy can split or fuse.
+# the dump records which).  Every frame of the failing stack is matched, the framework's and the libraries' too
+# (torch/nn/functional.py's cross_entropy, diffusers' decoder); the match of highest priority decides, the
+# innermost among equals.  Data, not code: an operation a remedy can split or fuse.
 OPERATIONS = (
     # a transducer's loss over its joint network's [batch, frames, target tokens, vocabulary] output (torchaudio's
     # rnnt_loss and RNNTLoss, k2's rnnt_loss*, warp-rnnt; NeMo's RNNTLoss) and the joint network making it (NeMo's
@@ -420,13 +421,19 @@ def autocast_in_code(frame, limit=64):
     line (a loss computed outside the autocast block, a backward pass); None when none does (a caller no longer
     running is not read).
     Reads code objects only: nothing is called.  Never raises."""
+    return _program_loads(frame, _AUTOCAST_NAMES, limit)
+
+
+def _program_loads(frame, names, limit):
+    """True when a function of the program's own code on the failing stack (not a framework's, an installed
+    package's, the standard library's or the adapters') loads one of NAMES (_loads_any); None when none does."""
     try:
         import oomguard_roles
         for f in frames_of(frame, limit) if frame is not None else ():
             if is_framework_frame(f) or is_standard_library(f.f_code.co_filename) or \
                     not oomguard_roles.is_user_file(f.f_code.co_filename):
                 continue
-            if _loads_any(f.f_code, _AUTOCAST_NAMES):
+            if _loads_any(f.f_code, names):
                 return True
     except Exception:
         pass
@@ -451,18 +458,9 @@ def backward_in_code(frame, limit=64):
     """True when a function of the program's own code on the failing stack (as autocast_in_code reads it) loads
     backward, to call it (_loads_any: a definition named backward is no call): the pass that runs is one whose
     loss the running code backpropagates, a training step though no optimizer of torch's has stepped or holds the
-    parameters (a closure handed to scipy's L-BFGS, a first step); None when none does.  Reads code objects only: nothing is called."""
-    try:
-        import oomguard_roles
-        for f in frames_of(frame, limit) if frame is not None else ():
-            if is_framework_frame(f) or is_standard_library(f.f_code.co_filename) or \
-                    not oomguard_roles.is_user_file(f.f_code.co_filename):
-                continue
-            if _loads_any(f.f_code, _BACKWARD_NAMES):
-                return True
-    except Exception:
-        pass
-    return None
+    parameters (a closure handed to scipy's L-BFGS, a first step); None when none does.  Reads code objects only:
+    nothing is called."""
+    return _program_loads(frame, _BACKWARD_NAMES, limit)
 
 
 # what calls backward, a framework's frames included: loss.backward(), accelerate's and DeepSpeed's backward(loss),

@@ -1555,10 +1555,10 @@ def encode(r):
       meta copy_made N: the bytes a copy.deepcopy running at the failure made so far; meta per_sample_count N: the
       most examples a per-sample gradient holds; meta lora_bytes N: the parameters of LoRA adapters;
       meta lora_base_bytes N: the other parameters that require grad (PEFT's modules_to_save aside); meta
-      embedding_bytes N: the models' embedding tables' parameters; meta embedding_tables N: how many tensors; meta autocast_in_code 1: a
-      function of the program on the failing stack enters autocast; meta scaler_without_autocast 1: one names a
-      GradScaler and none of the program's files names autocast; meta backward_in_code 1: a function of the program
-      on the failing stack calls backward; meta backward_on_stack 1|0: a frame of the failing stack, a framework's
+      embedding_bytes N: the models' embedding tables' parameters; meta embedding_tables N: how many tensors; meta
+      autocast_in_code 1: a function of the program on the failing stack enters autocast; meta
+      scaler_without_autocast 1: one names a GradScaler and none of the program's files names autocast; meta
+      backward_in_code 1: a function of the program on the failing stack calls backward; meta backward_on_stack 1|0: a frame of the failing stack, a framework's
       too, calls backward or autograd.grad, or none does)"""
     if not r or "roles" not in r:
         return None
@@ -1606,7 +1606,8 @@ def encode(r):
     op = r.get("operation")
     if op:
         name, (f, ln, fn), arg = op
-        out.append("operation\t%s\t%s\t%d\t%s\t%s" % (_clean(name), _clean(f), int(ln), _clean(fn), _clean(arg or "-")))
+        out.append("operation\t%s\t%s\t%d\t%s\t%s" % (_clean(name), _clean(f), int(ln), _clean(fn),
+                                                     _clean(arg or "-")))
     if r.get("ddp"):
         wrappers, buckets = r["ddp"]
         out.append("ddp\t%d\t%d" % (int(wrappers), int(buckets)))
