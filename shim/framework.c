@@ -41,6 +41,20 @@ static void copy_field(char *dst, size_t n, const char *field)
         copy_str(dst, n, field);
 }
 
+/* "N,N,..." -> at most max numbers (the list ends at anything that is not a digit or a comma); how many were read */
+static int u64_list(const char *p, uint64_t *out, int max)
+{
+    int n = 0;
+    while (*p >= '0' && *p <= '9' && n < max) {
+        char *e;
+        out[n++] = strtoull(p, &e, 10);
+        if (*e != ',')
+            break;
+        p = e + 1;
+    }
+    return n;
+}
+
 /* "file\tline\tfunction[\tbytes\tblocks]\n"... -> frames; malformed lines are skipped. */
 static int parse_lines(const char *s, og_py_frame_t *out, int max, bool sized)
 {
@@ -218,24 +232,10 @@ static void parse_roles(const char *s, og_roles_t *r)
         } else if (!strcmp(f[0], "steps") && n >= 3) {
             r->steps_made = strtoull(f[1], NULL, 10);
             r->steps_known = true;
-            r->nsteps = 0;
-            for (const char *p = f[2]; *p >= '0' && *p <= '9' && r->nsteps < OG_STEP_SERIES;) {
-                char *e;
-                r->step_alloc[r->nsteps++] = strtoull(p, &e, 10);
-                if (*e != ',')
-                    break;
-                p = e + 1;
-            }
+            r->nsteps = u64_list(f[2], r->step_alloc, OG_STEP_SERIES);
         } else if (!strcmp(f[0], "steps_run") && n >= 3) {
             r->step_run_every = strtoull(f[1], NULL, 10);
-            r->nstep_run = 0;
-            for (const char *p = f[2]; *p >= '0' && *p <= '9' && r->nstep_run < OG_STEP_SERIES;) {
-                char *e;
-                r->step_run[r->nstep_run++] = strtoull(p, &e, 10);
-                if (*e != ',')
-                    break;
-                p = e + 1;
-            }
+            r->nstep_run = u64_list(f[2], r->step_run, OG_STEP_SERIES);
             if (!r->step_run_every)
                 r->nstep_run = 0;
         } else if (!strcmp(f[0], "accumulating") && n >= 6 && !r->has_accum) {

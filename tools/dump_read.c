@@ -984,6 +984,7 @@ static int read_pyframe_obj(struct loader *L, const cJSON *obj, const char *key,
 }
 
 static int read_strings(struct loader *L, const cJSON *arr, const struct path *at, const char ***out, int *nout);
+static int read_ints(struct loader *L, const cJSON *arr, const struct path *at, int64_t **out, int *nout);
 
 /* An array of the roles object: its elements counted, room for them in the arena, each an object. */
 #define ROLES_ARRAY(key, ptr, n, each)                                             \
@@ -1095,18 +1096,7 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
         if (arr)
             TRY(read_strings(L, arr, &(struct path){ &ps, "names", 0 }, &r->statement.names, &r->statement.nnames));
         TRY(get_arr(L, so, &ps, "ints", &arr));
-        int n = 0;
-        const cJSON *x;
-        cJSON_ArrayForEach(x, arr) n++;
-        r->statement.ints = n ? arena_alloc(&L->d->arena, (size_t)n * sizeof *r->statement.ints) : NULL;
-        if (n && !r->statement.ints)
-            return err_too_complex(L), -1;
-        cJSON_ArrayForEach(x, arr)
-        {
-            TRY(check_int(L, x, &(struct path){ &ps, "ints", r->statement.nints }, NULL, 0,
-                          &r->statement.ints[r->statement.nints]));
-            r->statement.nints++;
-        }
+        TRY(read_ints(L, arr, &(struct path){ &ps, "ints", 0 }, &r->statement.ints, &r->statement.nints));
     }
     const cJSON *ao;
     if (read_pyframe_obj(L, o, "accumulating", &p, &r->accumulating.at) < 0)
@@ -1141,20 +1131,7 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
     }
     TRY(get_arr(L, o, &p, "allocated_after_steps", &arr));
     r->has_after_steps = arr != NULL;
-    {
-        int n = 0;
-        const cJSON *x;
-        cJSON_ArrayForEach(x, arr) n++;
-        r->after_steps = n ? arena_alloc(&L->d->arena, (size_t)n * sizeof *r->after_steps) : NULL;
-        if (n && !r->after_steps)
-            return err_too_complex(L), -1;
-        cJSON_ArrayForEach(x, arr)
-        {
-            TRY(check_int(L, x, &(struct path){ &p, "allocated_after_steps", r->nafter_steps }, NULL, 0,
-                          &r->after_steps[r->nafter_steps]));
-            r->nafter_steps++;
-        }
-    }
+    TRY(read_ints(L, arr, &(struct path){ &p, "allocated_after_steps", 0 }, &r->after_steps, &r->nafter_steps));
     TRY(get_int(L, o, &p, "optimizer_steps", &r->optimizer_steps));
     const cJSON *run;
     r->over_run_every = -1;
@@ -1163,17 +1140,7 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
         struct path pr = { &p, "allocated_over_run", 0 };
         TRY(get_int(L, run, &pr, "every", &r->over_run_every));
         TRY(get_arr(L, run, &pr, "bytes", &arr));
-        int n = 0;
-        const cJSON *x;
-        cJSON_ArrayForEach(x, arr) n++;
-        r->over_run = n ? arena_alloc(&L->d->arena, (size_t)n * sizeof *r->over_run) : NULL;
-        if (n && !r->over_run)
-            return err_too_complex(L), -1;
-        cJSON_ArrayForEach(x, arr)
-        {
-            TRY(check_int(L, x, &(struct path){ &pr, "bytes", r->nover_run }, NULL, 0, &r->over_run[r->nover_run]));
-            r->nover_run++;
-        }
+        TRY(read_ints(L, arr, &(struct path){ &pr, "bytes", 0 }, &r->over_run, &r->nover_run));
     }
     TRY(get_int(L, o, &p, "num_beams", &r->num_beams));
     TRY(get_int(L, o, &p, "attention_modules", &r->attention_modules));
@@ -1721,6 +1688,24 @@ static int read_strings(struct loader *L, const cJSON *arr, const struct path *a
         if (!cJSON_IsString(x) || !x->valuestring)
             return field_err(L, &(struct path){ at, NULL, i }, NULL, "a string", x);
         v[i++] = x->valuestring;
+    }
+    *out = v;
+    *nout = n;
+    return 0;
+}
+
+/* an array of integers (none: NULL, 0) into the arena */
+static int read_ints(struct loader *L, const cJSON *arr, const struct path *at, int64_t **out, int *nout)
+{
+    struct og_dump *d = L->d;
+    int n = count_items(arr), i = 0;
+    int64_t *v;
+    ARENA_ARRAY(v, n);
+    const cJSON *x;
+    cJSON_ArrayForEach(x, arr)
+    {
+        TRY(check_int(L, x, &(struct path){ at, NULL, i }, NULL, 0, &v[i]));
+        i++;
     }
     *out = v;
     *nout = n;
