@@ -1312,6 +1312,10 @@ const char *og_operation_name(enum og_operation op)
     return op >= 0 && op < OG_NOPERATIONS ? operation_names[op] : "unknown";
 }
 
+/* the names of generate() inputs whose size per input the model's processor fixes (an image resized to the model's
+ * size, an audio window padded to 30 s): no token axis of their own */
+static const char *const fixed_size_inputs[] = { "pixel_values", "pixel_values_videos", "input_features" };
+
 /* NAME is one of the names that hold model group I (roles.models[].names) */
 static bool model_named(const og_roles_t *ro, int i, const char *name)
 {
@@ -1566,6 +1570,14 @@ static void roles(og_facts_t *d, const og_record_t *r)
     }
     k->known = true;
     k->num_beams = ro->num_beams > 0 ? ro->num_beams : 0;
+    if (ro->gen_dims >= 2) {
+        char in[sizeof ro->gen_input];
+        og_cpy(in, sizeof in, ro->gen_input, sizeof in);
+        k->gen_inputs = ro->gen_shape[0];
+        k->gen_fixed_inputs = ro->gen_dims >= 4;
+        for (size_t i = 0; i < sizeof fixed_size_inputs / sizeof *fixed_size_inputs; i++)
+            k->gen_fixed_inputs |= !strcmp(in, fixed_size_inputs[i]);
+    }
     k->attention = k->operation == OG_OP_attention || k->operation == OG_OP_attention_mask ? 1
                    : !ro->attention_modules.known                                          ? 0
                    : ro->attention_modules.v > 0                                           ? 1

@@ -279,16 +279,21 @@ typedef struct og_role_facts {
     uint64_t local_map; /* held by locals of running functions that are dicts (a state_dict being copied) */
     uint64_t local_kv;  /* held by locals of running functions whose purpose is kv_cache: a decoding loop's own cache */
     int num_beams;      /* the beam width of the generation running at the failure (roles meta); 0 unknown */
-    int attention;      /* the models compute attention: 1 (roles.attention_modules > 0, the failing operation is
+    uint64_t gen_inputs;   /* roles.generation_input: how many inputs the running generate() call decodes at once (its
+                            input's leading dimension); 0 unknown */
+    bool gen_fixed_inputs; /* ... and each is of a size the model's processor fixes, with no token axis of its own
+                              (pixel_values, input_features, or an input of four dimensions or more: images,
+                              frames): what grows with the call is the number of inputs, not a length */
+    int attention;         /* the models compute attention: 1 (roles.attention_modules > 0, the failing operation is
                            attention, or a generation or a KV cache: decoding), -1 the walk of their layers met none,
                            0 unknown */
-    int checkpointing;  /* roles.gradient_checkpointing: 1 in force for the failing pass, -1 off, 0 unknown */
-    int batch_size;     /* roles.batch_size: the batch the program names for the failing pass; 0 unknown */
-    bool batchless_sizes; /* the failing statement's int operands are known, one at least a dimension (>= 128),
+    int checkpointing;     /* roles.gradient_checkpointing: 1 in force for the failing pass, -1 off, 0 unknown */
+    int batch_size;        /* roles.batch_size: the batch the program names for the failing pass; 0 unknown */
+    bool batchless_sizes;  /* the failing statement's int operands are known, one at least a dimension (>= 128),
                                and none is the batch size (> 1): the failing tensor is one sample's, it does not
                                shrink with the batch (box IoU of one image's anchors x boxes) */
-    bool autocast_code;   /* roles.autocast_in_code: the program's running code enters autocast (false: not said) */
-    bool backward_code;   /* roles.backward_in_code: the program's running code calls backward (false: not said) */
+    bool autocast_code;    /* roles.autocast_in_code: the program's running code enters autocast (false: not said) */
+    bool backward_code;    /* roles.backward_in_code: the program's running code calls backward (false: not said) */
     /* roles.backward_on_stack false: the failing stack was read and no frame on it, the program's or a framework's,
      * calls backward or autograd's grad: the pass feeds no backward (false: it does, or not read) */
     bool no_backward;

@@ -253,6 +253,11 @@ typedef struct og_roles {
     char operation[24];
     og_py_frame_t op_frame;
     char op_argument[40];
+    /* roles.generation_input: the input of the generate() call running at the failure (its name, "pixel_values";
+     * "" none read) and its shape, batch first (gen_dims 0: none) */
+    char gen_input[32];
+    uint64_t gen_shape[6];
+    int gen_dims;
     /* roles.ddp: DistributedDataParallel wrappers whose gradients are not bucket views, and the reducer's bucket
      * copy of their gradients on the failing device (ddp_wrappers 0: none) */
     int ddp_wrappers;

@@ -552,7 +552,16 @@ static bool one_batch_peak(const rctx_t *x) { return PRIMARY(DNF) && x->f->outli
  * (an evaluation whose batch is larger than the training's is its batch's size: no phase generation) */
 static bool one_input_peak(const rctx_t *x)
 {
-    return PRIMARY(DNF) && x->f->outlier.holds && x->grad == -1 && PHASE(generation);
+    return PRIMARY(DNF) && x->f->outlier.holds && x->grad == -1 && PHASE(generation) && !roles_of(x)->gen_fixed_inputs;
+}
+/* a generate() call given many inputs at once, each of a size its model's processor fixes (roles.generation_input:
+ * pixel_values, input_features; facts: gen_fixed_inputs): the number of inputs per call is what grows (a page's line
+ * crops, a video's frames), not a length; fixed-size chunks of them keep each call's memory the same and change no
+ * output, where fewer new tokens or beams change the outputs */
+static bool generation_many_inputs(const rctx_t *x)
+{
+    return PHASE(generation) && x->grad != 1 && x->trains != 1 && roles_of(x)->gen_fixed_inputs &&
+           roles_of(x)->gen_inputs > 1;
 }
 /* one inference input larger than the card: its length is the lever, when something says the request is a
  * model's input (a forward, evaluation or generation frame on the stack, a KV cache held, or the failing
@@ -1246,6 +1255,10 @@ static const og_rank_row_t bring[] = {
     { "generation_beams", generation_beams, WANT, 0, 0, REMS(R_FEWER_BEAMS),
       "as generation_working_set, roles: num_beams > 1 (the beam width read from the generation's frames)",
       "translate_docs_beam_kv_growth (blind), generate_beams_kv_growth" },
+    { "generation_many_inputs", generation_many_inputs, WANT, 0, 0, REMS(R_SMALLER_BATCH),
+      "phase generation, autograd not on, not training, roles.generation_input: 2+ inputs of a size the model fixes "
+      "(pixel_values, input_features, 4+ dimensions)",
+      "county_records_trocr_large_every_line_of_a_page_in_one_beam_generate_tax_roll_ledger_t4 (blind)" },
     { "other_framework", otherfw_holds, WANT, 0, 0, REMS(R_OTHER_FW), "cause other_framework",
       "jax_prealloc_then_torch" },
     { "peer_ranks", peers_hold, WANT, 0, 0, REMS(R_SET_DEVICE), "cause peer_ranks", "ddp_8ranks_no_set_device" },
@@ -1879,6 +1892,9 @@ static const og_rank_row_t lead[] = {
       "as generation_working_set, no growth cause (growth.gen_built, or decoding with a KV cache >= "
       "shortfall and >= 1/4 of the allocated bytes)",
       "translate_docs_beam_kv_growth, longform_eval_kv_growth (blind)" },
+    { "generation_many_inputs_lead", generation_many_inputs, LEAD_COVERS, -29, 0, REMS(R_SMALLER_BATCH),
+      "as generation_many_inputs (ahead of a generation's tokens and beams: chunks change no output)",
+      "county_records_trocr_large_every_line_of_a_page_in_one_beam_generate_tax_roll_ledger_t4 (blind)" },
     { "one_input_peak_lead", one_input_peak, LEAD_COVERS, -28, 0, REMS(R_SHORTER_SEQ),
       "as one_input_peak (ahead of a generation's batch and cache: one prompt, not the working set)",
       "batch_summarize_llama31_8b_one_exhibit_pads_batch_to_31k_a100_40gb (blind)" },

@@ -1169,7 +1169,16 @@ static bool b_smaller_batch(const rctx_t *x, og_remedy_t *r)
         if (x->trains == 1)
             why(r, "Autograd was off at the failure inside a training job: a validation or evaluation pass. Its "
                    "batch can be smaller than training's, with nothing to accumulate; memory falls with it.");
-        else if (x->f->phase == OG_JP_generation)
+        else if (x->f->phase == OG_JP_generation && x->f->roles.gen_fixed_inputs && x->f->roles.gen_inputs > 1) {
+            const og_role_facts_t *ro = &x->f->roles;
+            why(r, "The generate() call decodes %llu inputs at once", (unsigned long long)ro->gen_inputs);
+            if (ro->num_beams > 1)
+                why(r, " (x %d beams: %llu sequences)", ro->num_beams,
+                    (unsigned long long)ro->gen_inputs * (unsigned long long)ro->num_beams);
+            why(r, ": the encoder's output and the KV cache of every one of them are made together. Each input has a "
+                   "size the model fixes, so the number of inputs per call is what grows: fixed-size chunks keep "
+                   "every call's memory the same, with the same outputs.");
+        } else if (x->f->phase == OG_JP_generation)
             why(r, "Without autograd what grows with the batch is the activations and the KV cache of every "
                    "sequence being generated: half the sequences at once, half of it; no accumulation is needed.");
         else
@@ -1180,6 +1189,10 @@ static bool b_smaller_batch(const rctx_t *x, og_remedy_t *r)
         r->cost = "More, smaller calls; nothing to accumulate without training";
         if (x->trains == 1)
             HOWS(x, r, { PT, "val_loader = DataLoader(val_set, batch_size=train_batch_size // 2)   # or smaller" });
+        else if (x->f->phase == OG_JP_generation && x->f->roles.gen_fixed_inputs && x->f->roles.gen_inputs > 1)
+            HOWS(x, r,
+                 { PT, "for chunk in pixel_values.split(16): ids.extend(model.generate(chunk, ...))   # 16 inputs "
+                       "per call, whatever a page or a batch holds" });
         else if (x->f->phase == OG_JP_generation)
             HOWS(x, r,
                  { PT, "for i in range(0, len(prompts), 16): model.generate(prompts[i:i + 16], ...)   # fewer "

@@ -365,6 +365,16 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
         og_sb_printf(sb, "%d", r->num_beams);
     else
         og_sb_puts(sb, "null");
+    K("generation_input");
+    if (r->gen_dims > 0) {
+        og_sb_puts(sb, "{\"name\":");
+        og_sb_json_str(sb, r->gen_input);
+        og_sb_puts(sb, ",\"shape\":[");
+        for (int i = 0; i < r->gen_dims && i < 6; i++)
+            og_sb_printf(sb, "%s%llu", i ? "," : "", (unsigned long long)r->gen_shape[i]);
+        og_sb_puts(sb, "]}");
+    } else
+        og_sb_puts(sb, "null");
     K("gradient_checkpointing");
     og_sb_puts(sb, r->checkpointing > 0 ? "true" : r->checkpointing < 0 ? "false" : "null");
     K("batch_size");

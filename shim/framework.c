@@ -216,6 +216,10 @@ static void parse_roles(const char *s, og_roles_t *r)
             copy_str(r->op_frame.function, sizeof r->op_frame.function, f[4]);
             if (n >= 6)
                 copy_field(r->op_argument, sizeof r->op_argument, f[5]);
+        } else if (!strcmp(f[0], "generation_input") && n >= 3 && !r->gen_dims) {
+            r->gen_dims = u64_list(f[2], r->gen_shape, 6);
+            if (r->gen_dims)
+                copy_field(r->gen_input, sizeof r->gen_input, f[1]);
         } else if (!strcmp(f[0], "ddp") && n >= 3) {
             r->ddp_wrappers = atoi(f[1]) > 0 ? atoi(f[1]) : 0;
             r->ddp_bucket_bytes = r->ddp_wrappers ? strtoull(f[2], NULL, 10) : 0;

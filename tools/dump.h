@@ -152,6 +152,11 @@ struct og_roles_view {
         struct og_pyframe frame;
         const char *argument; /* the frame's argument its row read (NULL: none) */
     } operation;
+    struct { /* generation_input (ndims 0: null) */
+        const char *name;
+        int64_t *shape; /* batch first */
+        int ndims;
+    } generation_input;
     struct { /* ddp (present 0: null) */
         int present, as_view;
         int64_t wrappers, bucket_bytes;

@@ -1170,6 +1170,14 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
         TRY(read_pyframe_obj(L, q, "frame", &pq, &r->operation.frame));
         TRY(get_str(L, q, &pq, "argument", &r->operation.argument));
     }
+    TRY(get_obj(L, o, &p, "generation_input", &q)); /* what the running generate() call decodes at once */
+    if (q) {
+        struct path pg = { &p, "generation_input", 0 };
+        TRY(get_str(L, q, &pg, "name", &r->generation_input.name));
+        TRY(get_arr(L, q, &pg, "shape", &arr));
+        TRY(read_ints(L, arr, &(struct path){ &pg, "shape", 0 }, &r->generation_input.shape,
+                      &r->generation_input.ndims));
+    }
     TRY(get_obj(L, o, &p, "ddp", &q)); /* DDP's bucket copy of the gradients */
     if (q) {
         struct path pq = { &p, "ddp", 0 };

@@ -392,6 +392,14 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
             og_sb_printf(&b, "%lld", (long long)r->num_beams);
         FACT("beam width");
         og_sb_init(&b);
+        if (r->generation_input.ndims > 0) {
+            og_sb_printf(&b, "%s ", r->generation_input.name ? r->generation_input.name : "a tensor");
+            for (int i = 0; i < r->generation_input.ndims; i++)
+                og_sb_printf(&b, "%s%lld", i ? "x" : "", (long long)r->generation_input.shape[i]);
+            og_sb_printf(&b, ": %lld inputs at once", (long long)r->generation_input.shape[0]);
+        }
+        FACT("generation input");
+        og_sb_init(&b);
         if (r->attention_modules > 0)
             og_sb_printf(&b, "%lld layers in the models", (long long)r->attention_modules);
         else if (r->attention_modules == 0)

@@ -1549,7 +1549,9 @@ def encode(r):
       statement FILE LINE FUNCTION TARGET PURPOSE NAMES INTS |
       accumulating FILE LINE FUNCTION TARGET OPERAND | setting FACT FILE LINE FUNCTION KEY (the program's line that
       sets a fact of oomguard_phase.CODE_SETTINGS, by the keyword KEY) |
-      steps MADE ALLOCATED,... (after each of an optimizer's latest steps, oldest first) | meta KEY VALUE
+      steps MADE ALLOCATED,... (after each of an optimizer's latest steps, oldest first) |
+      generation_input NAME D0,D1,... (the input of the generate() call running at the failure and its shape,
+      batch first) | meta KEY VALUE
       (meta num_beams N: the beam width of the generation running at the failure; meta checkpointing 0|1: activation
       checkpointing off or in force for the failing pass; meta batch_size N: the batch the program names;
       meta copy_made N: the bytes a copy.deepcopy running at the failure made so far; meta per_sample_count N: the
@@ -1630,6 +1632,9 @@ def encode(r):
         out.append("meta\tattention_modules\t%d" % int(r["attention_modules"]))
     if r.get("num_beams"):
         out.append("meta\tnum_beams\t%d" % int(r["num_beams"]))
+    if r.get("generation_input"):
+        name, shape = r["generation_input"][:2]
+        out.append("generation_input\t%s\t%s" % (_clean(name), ",".join(str(int(d)) for d in shape[:6])))
     if r.get("checkpointing") is not None:
         out.append("meta\tcheckpointing\t%d" % (1 if r["checkpointing"] else 0))
     if r.get("batch_size"):

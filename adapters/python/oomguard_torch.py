@@ -599,6 +599,7 @@ def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowe
                 measured["operation"] = oomguard_phase.operation(frame)
             if measured is not None and phase[0] == "generation" and frame is not None:
                 measured["num_beams"] = _num_beams(frame)
+                measured["generation_input"] = _generation_input(frame, torch)
             # what the program's own code says (its batch, autocast around its work, its settings) is read on the
             # failing thread's stack; an autograd engine thread has no frame of the program, so the thread that
             # called backward() (the one that told the phase) is read instead
@@ -664,6 +665,55 @@ def _num_beams(frame, limit=32):
         except Exception:
             return None
         f, n = f.f_back, n + 1
+    return None
+
+
+# the names generate() gives its model input: Hugging Face's own (its argument `inputs`, its local `inputs_tensor`
+# named by `model_input_name`) and the keyword inputs of its models, text first
+_GENERATION_INPUTS = ("input_ids", "inputs_embeds", "pixel_values", "pixel_values_videos", "input_features",
+                      "input_values", "inputs")
+_CO_VARARGS, _CO_VARKEYWORDS = 0x04, 0x08        # inspect's code flags, without importing inspect into the host
+
+
+def _generation_input(frame, torch, limit=64):
+    """The input of the generate() call running at the failure: (name, shape) of the tensor the outermost frame
+    named `generate` of a module (its `self` has parameters) was given, as Hugging Face's generate() names it:
+    its local `inputs_tensor` (named by its local `model_input_name`), else its first tensor argument, else a
+    tensor among its keyword arguments (**kwargs) under one of _GENERATION_INPUTS.  Batch first (generate's own
+    convention): the leading dimension is how many inputs the call decodes at once.  None when no such frame
+    holds a tensor of two dimensions or more.  Reads the frame's locals and the tensor's shape: nothing is
+    called."""
+    f, n, outer = frame, 0, None
+    try:
+        while f is not None and n < limit:
+            if f.f_code.co_name == "generate" and "self" in f.f_code.co_varnames:
+                outer = f
+            f, n = f.f_back, n + 1
+        if outer is None:
+            return None
+        loc = dict(oomguard_roles._frame_locals(outer))
+        if not hasattr(loc.get("self"), "parameters"):
+            return None
+        code = outer.f_code
+        found = []
+        t = loc.get("inputs_tensor")
+        if isinstance(t, torch.Tensor):
+            name = loc.get("model_input_name")
+            found.append((name if isinstance(name, str) else "inputs_tensor", t))
+        nargs = code.co_argcount + code.co_kwonlyargcount
+        for name in code.co_varnames[1:nargs]:
+            if isinstance(loc.get(name), torch.Tensor):
+                found.append((name, loc[name]))
+        if code.co_flags & _CO_VARKEYWORDS:
+            kw = loc.get(code.co_varnames[nargs + (1 if code.co_flags & _CO_VARARGS else 0)])
+            if isinstance(kw, dict):
+                found.extend((k, kw[k]) for k in _GENERATION_INPUTS if isinstance(kw.get(k), torch.Tensor))
+        for name, t in found:
+            shape = tuple(int(d) for d in t.shape)
+            if len(shape) >= 2:
+                return name, shape[:6]
+    except Exception:
+        return None
     return None
 
 

@@ -3775,6 +3775,24 @@ static void generation_kv_growth(void **state)
         assert_true(how_has(&r->remedies[0], "num_beams=4"));
         assert_non_null(strstr(r->remedies[0].why, "4 beams keep 4/12 of it; 1 (greedy or sampling) keeps 1/12."));
         assert_string_equal(r->remedies[1].id, "smaller_batch");
+        /* the generate() call was given 612 images at once (roles.generation_input): chunks of them lead, ahead of
+         * fewer beams, and say how many; token ids (a length of their own) leave the beams first */
+        snprintf(r->memory.fw.roles.gen_input, sizeof r->memory.fw.roles.gen_input, "pixel_values");
+        r->memory.fw.roles.gen_dims = 4;
+        memcpy(r->memory.fw.roles.gen_shape, (uint64_t[]){ 612, 3, 384, 384 }, 4 * sizeof(uint64_t));
+        run_primary(r, "does_not_fit");
+        assert_true(r->analysis.facts.roles.gen_fixed_inputs);
+        assert_string_equal(r->remedies[0].id, "smaller_batch");
+        assert_non_null(strstr(r->remedies[0].why, "decodes 612 inputs at once (x 12 beams: 7344 sequences)"));
+        assert_true(how_has(&r->remedies[0], "pixel_values.split(16)"));
+        assert_string_equal(r->remedies[1].id, "fewer_beams");
+        snprintf(r->memory.fw.roles.gen_input, sizeof r->memory.fw.roles.gen_input, "input_ids");
+        r->memory.fw.roles.gen_dims = 2;
+        run_primary(r, "does_not_fit");
+        assert_false(r->analysis.facts.roles.gen_fixed_inputs);
+        assert_int_equal(r->analysis.facts.roles.gen_inputs, 612);
+        assert_string_equal(r->remedies[0].id, "fewer_beams");
+        r->memory.fw.roles.gen_dims = 0;
         r->memory.fw.roles.num_beams = 4; /* 4 beams: only greedy or sampling is fewer */
         run_primary(r, "does_not_fit");
         assert_non_null(strstr(rem(r, "fewer_beams")->why, "1 beam (greedy or sampling) keeps 1/4 of it."));

@@ -1495,6 +1495,47 @@ def t_checkpointing():
     assert got["off"] is None, got
 
 
+def t_generation_input():
+    """roles.generation_input from real tensors given to a module's generate(): a positional input, a keyword input
+    among **kwargs, Hugging Face's inputs_tensor named by model_input_name; none for a one-dimension input, a plain
+    function named generate, or no generate on the stack"""
+    import oomguard_torch
+    got = []
+
+    class Captioner(torch.nn.Module):
+        def __init__(self):
+            torch.nn.Module.__init__(self)
+            self.lin = torch.nn.Linear(2, 2)
+
+        def step(self):
+            got.append(oomguard_torch._generation_input(sys._getframe(), torch))
+
+        def generate(self, pixel_values=None, num_beams=1, **kwargs):
+            self.step()
+
+    class HFStyle(Captioner):
+        def generate(self, inputs=None, generation_config=None, **kwargs):
+            inputs_tensor, model_input_name = kwargs.pop("input_ids"), "input_ids"
+            self.step()
+
+    m = Captioner()
+    m.generate(torch.zeros(7, 3, 4, 4), num_beams=4)
+    m.generate(input_features=torch.zeros(5, 8, 30))            # a keyword input of **kwargs
+    HFStyle().generate(input_ids=torch.zeros(3, 11, dtype=torch.long))
+    m.generate(torch.zeros(9))                                   # one dimension: no batch axis
+    m.step()                                                     # no generate on the stack
+
+    def generate(x):                                             # not a module's method
+        got.append(oomguard_torch._generation_input(sys._getframe(), torch))
+    generate(torch.zeros(2, 2))
+    assert got == [("pixel_values", (7, 3, 4, 4)), ("input_features", (5, 8, 30)), ("input_ids", (3, 11)),
+                   None, None, None], got
+    r = measure(None)
+    r["generation_input"] = got[0]
+    enc = oomguard_roles.encode(r)
+    assert "generation_input\tpixel_values\t7,3,4,4" in enc.split("\n"), enc
+
+
 def t_batch_size():
     """roles.batch_size from the program's names: a local, a module constant, a config dict or object; not a
     loop's `batch` index, a global or accumulation count"""
@@ -2110,6 +2151,8 @@ if not STAND_IN:
     check("nn.MultiheadAttention asked for its weights is the operation attention, its argument read",
           t_operation_mha_weights)
     check("gradient checkpointing: off in a plain layer, on under torch.utils.checkpoint or the flag", t_checkpointing)
+    check("the generate() call's input: positional, keyword or inputs_tensor, batch first; none without one",
+          t_generation_input)
     check("a model halfway through a move: its parameters off the failing device, once", t_models_elsewhere)
     check("embedding tables among the models' parameters, each once", t_embedding_tables)
     check("the batch size from the program's names, not a loop index or a global count", t_batch_size)
