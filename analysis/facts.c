@@ -1398,7 +1398,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
     const og_roles_t *ro = &r->memory.fw.roles;
     og_role_facts_t *k = &d->roles;
     k->keeper = k->kv = k->dataset_holder = k->registry_group = k->graph_holder = k->keyed_group = -1;
-    k->stmt_copies = k->restored_holder = k->dominant = -1;
+    k->stmt_copies = k->restored_holder = k->dominant = k->fp64_holder = -1;
     k->ckpt_holder = k->index_holder = k->ema_holder = k->copy_holder = k->concurrent_group = -1;
     k->building = OG_PURPOSE_NONE;
     k->operation = OG_OPERATION_NONE;
@@ -1644,6 +1644,12 @@ static void roles(og_facts_t *d, const og_record_t *r)
             k->params_fp64 = add_sat(k->params_fp64, ro->dtypes[i].bytes);
     }
     int nh = ro->nholders < 0 ? 0 : ro->nholders > 8 ? 8 : ro->nholders;
+    for (int i = 0; i < nh; i++) {
+        uint64_t b = og_known(ro->holders[i].float64) ? ro->holders[i].float64.v : 0;
+        k->held_fp64 = add_sat(k->held_fp64, b);
+        if (b && (k->fp64_holder < 0 || b > ro->holders[k->fp64_holder].float64.v))
+            k->fp64_holder = i;
+    }
     bool pass_runs = pass_phase(d->phase);
     for (int i = 0; i < nh; i++) {
         const og_role_holder_t *h = &ro->holders[i];

@@ -168,6 +168,10 @@ typedef struct og_role_facts {
     uint64_t params_fp32; /* ... and this many bytes of the parameters are float32 (0 when unknown) */
     uint64_t params_half; /* ... and this many are bfloat16 or float16 (0 when unknown) */
     uint64_t params_fp64; /* ... and this many are float64 (0 when unknown) */
+    /* of the listed holders' bytes, those in float64 tensors (roles.holders[].float64_bytes; 0 none or not read), and
+     * the holder with most of them (index in roles.holders, -1 none): a numpy or pandas array copied as it was */
+    uint64_t held_fp64;
+    int fp64_holder;
     uint64_t local_held;  /* held_by_python holders that are local variables of running functions */
     uint64_t kept_held;   /* held_by_python holders kept across calls (every listed holder not a local) */
     uint64_t kept_across; /* kept_held and the registry's models (registry_models): what Python keeps across calls */

@@ -179,6 +179,7 @@ typedef struct og_role_holder {
      * tensors of the device, of one type and as many tensors: a scene's photos, an epoch's batches); 0 not one,
      * -1 not read (an older adapter) */
     int64_t records;
+    og_opt_u64_t float64; /* of its bytes, those in float64 tensors (unset: not read, an older adapter) */
 } og_role_holder_t;
 
 typedef struct og_roles {

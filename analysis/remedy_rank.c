@@ -825,6 +825,15 @@ static bool fp64_weights(const rctx_t *x)
  * batch's, and float32 stays listed, not first */
 #define FP64_NETWORK_MIN (1ULL << 20)
 static bool fp64_network(const rctx_t *x) { return fp64_weights(x) && roles_of(x)->params_fp64 >= FP64_NETWORK_MIN; }
+/* the data are float64 (roles.holders[].float64_bytes: at least a quarter of what the framework allocated): a numpy or
+ * pandas array (float64 by default, rolling windows and means upcast to it) copied to the GPU as it was; float32 halves
+ * it, and a model that computes on it in float64 (model.double() to match) with it */
+static bool fp64_data(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    const og_opt_u64_t a = x->rec->memory.fw.roles.allocated_bytes;
+    return ro->known && ro->held_fp64 && og_known(a) && 4 * ro->held_fp64 >= a.v;
+}
 static bool fp32_weights(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
@@ -1361,6 +1370,9 @@ static const og_rank_row_t bring[] = {
       "the job trains, roles: parameters + the optimizer's parameters (gradients) + its state (Adam: 2x them to come) "
       ">= the card",
       "fullft_3b_first_backward_state (blind)" },
+    { "fp64_data", fp64_data, WANT, 0, 0, REMS(R_FP32_NOT_FP64),
+      "roles: holders' float64 tensors (holders[].float64_bytes) >= 1/4 of the allocated bytes",
+      "jane_street_mlp_rolling_features_model_double_fold_on_gpu_kaggle_p100 (blind)" },
     { "fp64_weights", fp64_weights, WANT, 0, 0, REMS(R_FP32_NOT_FP64),
       "roles: parameters >= 3/4 float64 (parameters_by_dtype)",
       "mace_mp_li3ps4_melt_quench_md_float64_from_relax_notebook_11k_atoms_l40s (blind); (unit tests: "
@@ -1844,6 +1856,9 @@ static const og_rank_row_t lead[] = {
     { "summed_microbatches_lead", summed_microbatches, LEAD_COVERS, -32, 0, REMS(R_BACKWARD_PER_MB),
       "as summed_microbatches (the measured cause; splinters of the cache come after)",
       "asr_accum_summed_loss, detr_accum_losses_list_single_backward (blind)" },
+    { "fp64_data_lead", fp64_data, LEAD_COVERS, -26, 0, REMS(R_FP32_NOT_FP64),
+      "as fp64_data (ahead of the activations' remedies: the data themselves take twice what they need)",
+      "jane_street_mlp_rolling_features_model_double_fold_on_gpu_kaggle_p100 (blind)" },
     { "fp64_weights_lead", fp64_network, LEAD_COVERS, -26, 0, REMS(R_FP32_NOT_FP64),
       "as fp64_weights, those weights >= 1 MiB (a network's, not a numerical method's scalars; ahead of the "
       "activations' remedies: half of everything the model computes)",
@@ -2212,6 +2227,9 @@ static void estimate(rank_t *k, const rctx_t *x)
         cover[R_FP32_NOT_FP64] =
             0.5 * ((double)ro->params_fp64 + frac * (double)ro->grads + (ro->act_known ? frac * (double)ro->act : 0));
     }
+    if (fp64_data(x)) /* and half the float64 tensors Python holds */
+        cover[R_FP32_NOT_FP64] =
+            (cover[R_FP32_NOT_FP64] > 0 ? cover[R_FP32_NOT_FP64] : 0) + 0.5 * (double)ro->held_fp64;
     /* with N micro-batches summed, N - 1 graphs go: at least half of the activations (N >= 2) */
     cover[R_BACKWARD_PER_MB] = summed_microbatches(x) ? 0.5 * (double)ro->act : -1;
     cover[R_SMALLER_KV] = kv_cache_reserved(x)    ? 0.5 * (double)ro->kv_bytes
@@ -2252,6 +2270,19 @@ static void estimate(rank_t *k, const rctx_t *x)
     }
     if (ro->known && ro->batch_size == 1) /* a batch of one cannot shrink: accumulation needs a smaller one */
         cover[R_SMALLER_BATCH] = 0;
+    /* the failing statement makes a dataset (roles.statement's purpose: X_va = torch.tensor(X_va_np, device=...)):
+     * the request is the data, whole, which no batch size, precision of the pass or autograd mode changes; what the
+     * remedies of a pass can save is in the activations measured (none, before the first batch), and quantization's
+     * in the parameters */
+    if (ro->known && ro->act_known && ro->building == OG_PURPOSE_dataset) {
+        static const int pass_levers[] = { R_SMALLER_BATCH, R_INFERENCE,   R_CHECKPOINTING,
+                                           R_MIXED,         R_SHORTER_SEQ, R_FLASH };
+        for (size_t i = 0; i < sizeof pass_levers / sizeof *pass_levers; i++)
+            if (cover[pass_levers[i]] > (double)ro->act)
+                cover[pass_levers[i]] = (double)ro->act;
+        if (cover[R_QUANT] > 0.75 * (double)ro->params)
+            cover[R_QUANT] = 0.75 * (double)ro->params;
+    }
     if (one_batch_peak(x) || one_input_peak(x)) /* cap the length at what the earlier batches used */
         cover[R_SHORTER_SEQ] =
             (double)x->f->outlier.run_bytes * (1.0 - (double)x->f->outlier.prev_max / (double)x->req);

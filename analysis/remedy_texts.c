@@ -2239,8 +2239,26 @@ static bool b_map_location_cpu(const rctx_t *x, og_remedy_t *r)
 static bool b_float32_instead_of_float64(const rctx_t *x, og_remedy_t *r)
 {
     const og_role_facts_t *ro = &x->f->roles;
-    if (!ro->params_fp64)
-        return false; /* only where float64 weights were measured */
+    if (!ro->params_fp64 && !ro->held_fp64)
+        return false; /* only where float64 weights or data were measured */
+    if (ro->fp64_holder >= 0) {
+        const og_role_holder_t *h = &x->rec->memory.fw.roles.holders[ro->fp64_holder];
+        char label[sizeof h->label];
+        og_cpy(label, sizeof label, h->label, sizeof label);
+        why(r,
+            "%s holds %s of float64 tensors (measured; %s in all the holders): numpy's and pandas' default dtype, "
+            "kept when an array is copied to the GPU as it is. float32 halves them. ",
+            label, og_hb((double)h->float64.v).s, og_hb((double)ro->held_fp64).s);
+        HOWS(x, r,
+             { PT, "X = torch.from_numpy(X_np.astype(np.float32)).cuda()   # or torch.as_tensor(X_np, "
+                   "dtype=torch.float32, device=\"cuda\")" });
+    }
+    if (!ro->params_fp64) {
+        why(r, "Cast the data before the copy; a model made float64 to match them (model.double()) goes back to "
+               "float32 with them.");
+        HOWS(x, r, { PT, "model = model.float()   # where .double() was called to match float64 inputs" });
+        return true;
+    }
     why(r,
         "%s of the %s of parameters are float64 (measured): what the model computes from them is float64 too, 8 "
         "bytes a value",

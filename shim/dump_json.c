@@ -250,6 +250,11 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
             og_sb_printf(sb, "%lld", (long long)h->records);
         else
             og_sb_puts(sb, "null");
+        og_sb_puts(sb, ",\"float64_bytes\":");
+        if (og_known(h->float64))
+            og_sb_printf(sb, "%llu", (unsigned long long)h->float64.v);
+        else
+            og_sb_puts(sb, "null");
         og_sb_puts(sb, "}");
     }
     og_sb_puts(sb, "]");

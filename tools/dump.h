@@ -79,6 +79,7 @@ struct og_role_holder_view {
     int64_t restored_bytes;          /* of its bytes, those torch.load restored onto a GPU; -1 unknown (null) */
     struct og_pyframe restored_site; /* the torch.load line that restored most of them; file NULL: none */
     int64_t records;                 /* the like records it is a collection of; 0 none, -1 unknown (null) */
+    int64_t float64_bytes;           /* of its bytes, those in float64 tensors; -1 unknown (null) */
 };
 
 /* memory.framework.roles: every key the writer documents (docs/dump-format.md), read once here for

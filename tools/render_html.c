@@ -826,6 +826,8 @@ static void roles_card(struct hx *h)
                     }
                     og_sb_puts(h->b, "</span>");
                 }
+                if (x->float64_bytes > 0)
+                    og_sb_printf(h->b, " <span class=\"muted\">%s of it float64</span>", hb(x->float64_bytes, a));
                 if (x->site.file) {
                     og_sb_puts(h->b, " <span class=\"muted\">made at ");
                     esc(h, x->site.file, 200);

@@ -686,6 +686,8 @@ static void roles_table(struct tx *t, const struct og_dump *d)
                         og_sb_printf(t->b, ":%lld", (long long)x->restored_site.line);
                     }
                 }
+                if (x->float64_bytes > 0)
+                    og_sb_printf(t->b, ", %s of it float64", human_bytes(x->float64_bytes, h));
                 if (x->site.file) {
                     og_sb_puts(t->b, st(t, DIM));
                     og_sb_puts(t->b, ", made at ");

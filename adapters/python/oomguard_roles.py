@@ -150,6 +150,7 @@ PURPOSES = (
     # a dataset kept whole on the device (train_images = torch.from_numpy(...).cuda(); a Dataset's tensors)
     # (a reinforcement learner's replay buffer is its dataset: episodes or transitions it samples batches from)
     ("dataset", ("dataset", "datasets", "images", "imgs", "samples", "x_train", "train_x", "x_val", "x_test",
+                 "x_tr", "x_va", "x_valid", "x_te", "x_trn", "x_tst", "val_x", "valid_x", "test_x",
                  "replay", "replay_buffer", "episodes", "transitions"),
      ("*Dataset*", "*ReplayBuffer*", "*Replay*", "*RolloutBuffer*")),
     # a search index kept on the device: the vectors a retriever searches (a flat index's matrix, FAISS's GPU
@@ -638,11 +639,14 @@ def _holder(scan, v, name, kind, where, graphs=True):
     big = (0, 0)
     sizes = []
     restored = {}                        # the torch.load line -> bytes of v's tensors it restored onto a GPU
+    f64 = 0                              # ... and of its float64 tensors (numpy's default, pandas' too)
     for t in tensors:
         b = scan.claim(t, "held_by_python")
         if b:
             got += b
             n += 1
+            if dtype_name(t) == "float64":
+                f64 += b
             at = _restored_at(scan, t)
             if at is not None:
                 restored[at] = restored.get(at, 0) + b
@@ -652,7 +656,7 @@ def _holder(scan, v, name, kind, where, graphs=True):
                 st = scan.storage(t)
                 big = (st[0] if st else 0, b)
     if got:
-        h = scan.holders.setdefault((name, kind, where), [0, 0, 0, 0, 0, {}, 0])
+        h = scan.holders.setdefault((name, kind, where), [0, 0, 0, 0, 0, {}, 0, 0])
         for at, rb in restored.items():
             h[5][at] = h[5].get(at, 0) + rb
         h[0] += got
@@ -662,6 +666,7 @@ def _holder(scan, v, name, kind, where, graphs=True):
         if graphs and h[4] < _GRAPHS_READ:
             h[4] = min(_GRAPHS_READ, h[4] + _graphs_alive(tensors))
         h[6] = max(h[6], _records(scan, v))
+        h[7] += f64
         c = scan.sizes_of.setdefault((name, kind, where), {})
         for sz in sizes:
             c[sz] = c.get(sz, 0) + 1
@@ -1450,7 +1455,7 @@ def _result(scan, allocated, complete, why, t0, unknown=()):
         rest_copy = copy_among(rest, scan.sizes_of)
     hs = sorted(scan.holders.items(), key=lambda kv: (-kv[1][0], kv[0]))[:TOP_HOLDERS]
     holders = []
-    for (name, kind, where), (b, n, ptr, _, graphs, restored, records) in hs:
+    for (name, kind, where), (b, n, ptr, _, graphs, restored, records, f64) in hs:
         sep = " " if where.startswith("on ") else ", "
         label = "%s (%s%s%s)" % (name, kind, sep, where)
         owner = where[3:] if where.startswith("on ") else ""      # the class whose attribute it is
@@ -1460,7 +1465,7 @@ def _result(scan, allocated, complete, why, t0, unknown=()):
         rb = sum(restored.values()) if scan.restored is not None else None
         rsite = max(restored.items(), key=lambda kv: (kv[1], kv[0]))[0] if restored else None
         holders.append((label, name, kind, where, b, n, scan.sites.get(ptr), purpose, copied, graphs, rb, rsite,
-                        records))
+                        records, f64))
     dtypes = None if "parameters" in unknown else dict((k, list(v)) for k, v in scan.dtypes.items())
     return {"allocated": allocated, "roles": roles, "optimizers": scan.optimizers, "holders": holders,
             "parameters_by_dtype": dtypes,
@@ -1538,8 +1543,8 @@ def encode(r):
       role  NAME BYTES TENSORS | optimizer CLASS BYTES TENSORS PARAMETER_BYTES NOT_ELEMENTWISE_BYTES |
       dtype NAME BYTES TENSORS (the parameters by dtype; with `meta by_dtype 1`: measured) |
       holder BYTES TENSORS LABEL NAME KIND WHERE FILE LINE FUNCTION PURPOSE COPY_OF GRAPHS RESTORED_BYTES RESTORED_FILE
-      RESTORED_LINE RESTORED_FUNCTION RECORDS (what torch.load restored onto the GPU of its tensors, and where;
-      RECORDS: the like records it is a collection of, _records) |
+      RESTORED_LINE RESTORED_FUNCTION RECORDS FLOAT64_BYTES (what torch.load restored onto the GPU of its tensors,
+      and where; RECORDS: the like records it is a collection of, _records; FLOAT64_BYTES: its float64 tensors) |
       model CLASS BYTES TENSORS COUNT FROZEN NAMED RUNNING NAMES PURPOSE TRAINED STEPPED AWAY (NAMED: roots the
       running code holds by a name, RUNNING: roots whose method runs, NAMES: those names, comma-separated, AWAY:
       bytes of one root's parameters not on the failing device) |
@@ -1586,11 +1591,12 @@ def encode(r):
         rb = h[10] if len(h) > 10 else None
         rf, rln, rfn = (h[11] if len(h) > 11 else None) or ("-", 0, "-")
         records = h[12] if len(h) > 12 else 0
+        f64 = h[13] if len(h) > 13 else None
         f, ln, fn = site if site else ("-", 0, "-")
-        out.append("holder\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%s\t%d" % (
+        out.append("holder\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%s\t%d\t%s" % (
             int(b), int(n), _clean(label), _clean(name), _clean(kind), _clean(where), _clean(f), int(ln), _clean(fn),
             _clean(purpose or "-"), _clean(copied or "-"), int(graphs), "-" if rb is None else int(rb), _clean(rf),
-            int(rln), _clean(rfn), int(records or 0)))
+            int(rln), _clean(rfn), int(records or 0), "-" if f64 is None else int(f64)))
     for m in r.get("models") or ():
         cls, b, n, k, frozen = m[:5]
         line = "model\t%s\t%d\t%d\t%d\t%d" % (_clean(cls), int(b), int(n), int(k), 1 if frozen else 0)

@@ -26,9 +26,9 @@ def documented(md):
         cols = line.split(" | ")
         if not line.startswith("| `") or len(cols) < 3:
             continue
-        names = re.findall(r"`([a-z_]+)`", cols[0])
-        group = re.search(r"`\{ (\"[a-z_]+\"(?:, \"[a-z_]+\")*) \}`", " | ".join(cols[2:]))
-        subs = re.findall(r"\"([a-z_]+)\"", group.group(1)) if group and re.search(r"array|object", cols[1]) else []
+        names = re.findall(r"`([a-z0-9_]+)`", cols[0])
+        group = re.search(r"`\{ (\"[a-z0-9_]+\"(?:, \"[a-z0-9_]+\")*) \}`", " | ".join(cols[2:]))
+        subs = re.findall(r"\"([a-z0-9_]+)\"", group.group(1)) if group and re.search(r"array|object", cols[1]) else []
         keys += [(n, subs) for n in names]
     row = re.search(r"`other_frameworks` \(array[^`]*`\{ ([^}]*) \}`", text)
     others = re.findall(r"\"([a-z_]+)\"", row.group(1)) if row else []

@@ -2549,6 +2549,55 @@ static void float64_weights(void **state)
     free(r);
 }
 
+/* float64 data (a numpy array copied as it was) fill the card before the model exists, and the failing statement
+ * uploads the next split: float32 is listed, with the holder named; the remedies of a pass (none runs: no activations
+ * measured) cannot cover the data and leave the top three */
+static void float64_data(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 0, 0, 0, 0, 14 * GiB + 640 * MiB, 0);
+    fixture_holder(r, "X_tr", "Tensor", "global in fold.py", 14 * GiB + 640 * MiB);
+    fixture_holder_says(r, "dataset", "");
+    og_set(&r->memory.fw.roles.holders[0].float64, 14 * GiB + 640 * MiB);
+    fixture_statement(r, "X_va", "dataset");
+    og_set(&r->event.requested_bytes, 3 * GiB + 680 * MiB);
+    og_set(&r->device.free_bytes, 558 * MiB);
+    r->memory.fw.grad_enabled = 1;
+    run_primary(r, "does_not_fit");
+    assert_true(r->analysis.facts.roles.held_fp64 == 14 * GiB + 640 * MiB);
+    assert_int_equal(r->analysis.facts.roles.fp64_holder, 0);
+    assert_true(rank_of(r, "float32_instead_of_float64") >= 1 && rank_of(r, "float32_instead_of_float64") <= 2);
+    assert_true(ranked_by(rem(r, "float32_instead_of_float64"), "fp64_data_lead"));
+    assert_non_null(strstr(rem(r, "float32_instead_of_float64")->why, "X_tr (Tensor, global in fold.py) holds"));
+    assert_true(how_has(rem(r, "float32_instead_of_float64"), "astype(np.float32)"));
+    for (int i = 0; i < 3; i++) {
+        assert_string_not_equal(r->remedies[i].id, "smaller_batch");
+        assert_string_not_equal(r->remedies[i].id, "inference_mode");
+    }
+    /* the dtype not read (an older adapter): no float64 is said; the upload of a dataset still takes nothing from a
+     * smaller batch */
+    og_unset(&r->memory.fw.roles.holders[0].float64);
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "float32_instead_of_float64"), 0);
+    assert_true(rank_of(r, "smaller_batch") == 0 || rem(r, "smaller_batch")->ranking.tier == 3);
+    free(r);
+    /* two holders of float64, the larger second, a third of the allocated bytes with float32 activations beside
+     * them: the larger is named */
+    r = base();
+    fixture_roles(r, 0, 0, 0, 0, 6 * GiB, 12 * GiB);
+    fixture_holder(r, "y_tr", "Tensor", "global in fold.py", 1 * GiB);
+    og_set(&r->memory.fw.roles.holders[0].float64, 1 * GiB);
+    fixture_holder(r, "feats", "Tensor", "global in fold.py", 5 * GiB);
+    og_set(&r->memory.fw.roles.holders[1].float64, 5 * GiB);
+    og_set(&r->event.requested_bytes, 3 * GiB);
+    og_set(&r->device.free_bytes, 558 * MiB);
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.fp64_holder, 1);
+    assert_true(ranked_by(rem(r, "float32_instead_of_float64"), "fp64_data_lead"));
+    assert_non_null(strstr(rem(r, "float32_instead_of_float64")->why, "feats (Tensor, global in fold.py) holds"));
+    free(r);
+}
+
 /* quantization's text reads the weights measured: 16 GiB of bfloat16 weights of an inference job, 4-bit frees about
  * 12 GiB, enough for the 1 GiB missing; 2 GiB of float32 weights beside 60 GiB of activations, short of 4 GiB
  * missing (an eighth kept: 1.75 GiB freed); without roles the text says what it would need */
@@ -5419,6 +5468,7 @@ int main(void)
         cmocka_unit_test(ema_update_out_of_place),
         cmocka_unit_test(phase_forward_optimizer_later),
         cmocka_unit_test(float64_weights),
+        cmocka_unit_test(float64_data),
         cmocka_unit_test(quantization_reads_the_weights),
         cmocka_unit_test(fp32_weights_load_in_half),
         cmocka_unit_test(trains_before_the_first_step),

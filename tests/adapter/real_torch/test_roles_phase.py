@@ -619,20 +619,29 @@ def t_purposes():
     assert P(("teacher",)) == "teacher" and P(("self.cache",)) == "cache"
     assert P(("train_images",)) == "dataset" and P(("self.x",), ("Tensor", "ShelfDataset")) == "dataset"
     assert P(("self.vectors",), ("Tensor", "GpuFlatIndex")) == "index" and P(("faiss_index",)) == "index"
+    assert P(("X_tr",)) == "dataset" and P(("x_va",)) == "dataset" and P(("X_valid",)) == "dataset"
     assert P(("data",)) is None and P(("image_size",)) is None
     assert P(("schema",)) is None and P(("temas",)) is None and P(("t_acts",)) is None and P(()) is None
     build()
     g = globals()
     g["ema_params"] = [empty(4096), empty(1024), empty(256), empty(64)]
+    # a split copied from numpy as it was: float64, beside a float32 column; the holder's float64 bytes said
+    f64 = torch.float64
+    g["X_tr"] = [torch.empty(300, dtype=f64, device=DEV) if DEV else torch.empty(300, dtype=f64), empty(100)]
     try:
         r = measure(None)
         h = [h for h in r["holders"] if h[1] == "ema_params"][0]
-        assert h[7] == "ema", h
+        assert h[7] == "ema" and h[13] == 0, h
+        h = [h for h in r["holders"] if h[1] == "X_tr"][0]
+        assert h[7] == "dataset" and h[4] == 300 * 8 + 100 * 4 and h[13] == 300 * 8, h
         enc = oomguard_roles.encode(r)
         assert any(l.startswith("holder\t") and l.split("\t")[4] == "ema_params" and l.split("\t")[10] == "ema"
                    for l in enc.splitlines()), enc
+        assert any(l.startswith("holder\t") and l.split("\t")[4] == "X_tr" and l.split("\t")[18] == str(300 * 8)
+                   for l in enc.splitlines()), enc
     finally:
         g.pop("ema_params", None)
+        g.pop("X_tr", None)
 
 
 class LowConfidence(Exception):
@@ -1003,7 +1012,7 @@ def t_restored_by_torch_load():
         assert h[0][11][1] == line and h[0][11][0].endswith("test_roles_phase.py"), h
         others = [x for x in r["holders"] if x[1] != "shards"]
         assert others and all(x[10] == 0 and x[11] is None for x in others), others
-        assert all(len(x) == 13 and x[10] is None for x in measure(None)["holders"])   # not watched: unknown
+        assert all(len(x) == 14 and x[10] is None for x in measure(None)["holders"])   # not watched: unknown
     finally:
         g.pop("shards", None)
         if entry in ser._package_registry:

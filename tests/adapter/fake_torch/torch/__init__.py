@@ -178,7 +178,8 @@ class _Node(object):
 
 
 uint8, int8, float16, bfloat16, float32 = "uint8", "int8", "float16", "bfloat16", "float32"
-_ITEMSIZE = {"uint8": 1, "int8": 1, "float16": 2, "bfloat16": 2, "float32": 4}
+float64 = double = "float64"
+_ITEMSIZE = {"uint8": 1, "int8": 1, "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 _default_dtype = [float32]
 
 
