@@ -1383,8 +1383,24 @@ static bool pass_own_local(const char *where, const og_record_t *r)
         if (n == strlen(own[i]) && strncmp(fn, own[i], n) == 0)
             return true;
     const og_framework_view_t *fw = &r->memory.fw;
-    return fw->has_phase_frame && n == strnlen(fw->phase_frame.function, sizeof fw->phase_frame.function) &&
-           strncmp(fn, fw->phase_frame.function, n) == 0;
+    if (fw->has_phase_frame && n == strnlen(fw->phase_frame.function, sizeof fw->phase_frame.function) &&
+        strncmp(fn, fw->phase_frame.function, n) == 0)
+        return true;
+    /* ... or of a function the running forward called (a helper of the program's that concatenates the pass's
+     * tensors): a frame of its name ("local in cat (gnn.py:52)"; the line too where the label kept it) is on the
+     * failing stack inside a forward */
+    const char *close = sp ? strrchr(sp, ')') : NULL, *colon = close ? strrchr(sp, ':') : NULL;
+    long line = colon && colon < close ? strtol(colon + 1, NULL, 10) : 0;
+    const og_py_frame_t *st = fw->py_frames;
+    int outer = -1, n_frames = fw->npy_frames < 0 ? 0 : fw->npy_frames > 24 ? 24 : fw->npy_frames;
+    for (int i = 0; i < n_frames; i++)
+        if (!strncmp(st[i].function, "forward", sizeof st[i].function))
+            outer = i;
+    for (int i = 0; i < outer; i++)
+        if ((!line || st[i].line == line) && n == strnlen(st[i].function, sizeof st[i].function) &&
+            !strncmp(fn, st[i].function, n))
+            return true;
+    return false;
 }
 
 /* a pass of the model is running (its forward, its backward, an evaluation, a generation) */

@@ -4433,6 +4433,22 @@ static void dominant_holder_first(void **state)
              "local in forward (model.py:80)");
     run(r);
     assert_int_equal(r->analysis.facts.roles.dominant, -1);
+    /* a helper the running forward called (its list of the tensors it concatenates): the pass's own, whether the
+     * label kept its line or not; the same name not inside a forward on the failing stack: a holder */
+    static const char *const helper[] = { "local in cat (gnn.py:52)", "local in cat (a_file_name_too_long_for_the_la" };
+    r->memory.fw.npy_frames = 3;
+    r->memory.fw.py_frames[0] = (og_py_frame_t){ .file = "/w/gnn.py", .line = 48, .function = "_f32" };
+    r->memory.fw.py_frames[1] = (og_py_frame_t){ .file = "/w/gnn.py", .line = 52, .function = "cat" };
+    r->memory.fw.py_frames[2] = (og_py_frame_t){ .file = "/w/gnn.py", .line = 142, .function = "forward" };
+    for (int i = 0; i < 2; i++) {
+        snprintf(r->memory.fw.roles.holders[0].where, sizeof r->memory.fw.roles.holders[0].where, "%s", helper[i]);
+        run(r);
+        assert_int_equal(r->analysis.facts.roles.dominant, -1);
+    }
+    snprintf(r->memory.fw.py_frames[2].function, sizeof r->memory.fw.py_frames[2].function, "main");
+    run(r);
+    assert_int_equal(r->analysis.facts.roles.dominant, 0);
+    r->memory.fw.npy_frames = 0;
     snprintf(r->memory.fw.roles.holders[0].where, sizeof r->memory.fw.roles.holders[0].where,
              "local in main (noise_scale.py:264)");
     og_unset(&r->memory.fw.roles.bytes[OG_ROLE_activations]);
