@@ -680,9 +680,13 @@ static bool growth_for(const og_facts_t *d, const og_record_t *r, og_growth_scra
      * tensors its traceback keeps), not memory kept across batches: autograd off, the job not known to train,
      * and the activations of the running call (not what Python objects hold: outputs a loop keeps in a list are
      * a holder, and a leak) are at least half the rise */
+    /* ... also with autograd on, where the model is not training and no holder keeps a graph (an attribution's or
+     * an explainer's forward keeping each layer's output for the gradient it asks of its input: a pass building
+     * up, not graphs kept across batches, which roles.graph_holder would name) */
+    bool no_kept_graph = fw->grad_enabled == 1 && rf->graph_holder < 0;
     if ((d->phase == OG_JP_forward || d->phase == OG_JP_evaluation || d->phase == OG_JP_oom_handler) && rf->known &&
-        rf->act_known && fw->has && fw->grad_enabled == -1 && fw->training != 1 && !rf->grads && !rf->opt &&
-        2 * rf->act >= rise) {
+        rf->act_known && fw->has && (fw->grad_enabled == -1 || no_kept_graph) && fw->training != 1 && !rf->grads &&
+        !rf->opt && 2 * rf->act >= rise) {
         g->pass_built = true;
         return false;
     }
@@ -693,6 +697,11 @@ static bool growth_for(const og_facts_t *d, const og_record_t *r, og_growth_scra
      * it, and that must be significant on its own: more than the cache's measured slack and at least two
      * steps' worth (the optimizer's state made one tensor at a time ends a few MiB above its measure) */
     uint64_t state = d->roles.state_known ? d->roles.state : 0;
+    /* ... and in the first backward of the run (no optimizer step ever: steps watched, none made), with no holder
+     * keeping a graph, the activations it is consuming are that one pass's: no iteration has ended to leave them */
+    if (state && d->phase == OG_JP_backward && d->roles.steps_known && d->roles.steps_made == 0 && rf->act_known &&
+        rf->graph_holder < 0)
+        state = add_sat(state, rf->act);
     if (state) {
         uint64_t kept = sub0(lows[steps - 1], lows[0] > state ? lows[0] : state);
         bool kept_big =
@@ -1431,6 +1440,9 @@ static void roles(og_facts_t *d, const og_record_t *r)
         /* trainable, trained by no optimizer, running now: its forward records a graph nothing trains */
         else if (ro->models[i].trained == 0 && ro->models[i].running > 0)
             k->untrained_running = add_sat(k->untrained_running, each * (uint64_t)ro->models[i].running);
+        if (!ro->models[i].frozen && ro->models[i].training == 0 &&
+            (ro->models[i].trained == 0 || (ro->models[i].trained < 0 && ro->noptimizers == 0)))
+            k->untrained_eval = add_sat(k->untrained_eval, each * n);
         if (!ro->models[i].frozen && ro->models[i].trained == 0) {
             char pu[sizeof ro->models[0].purpose];
             og_cpy(pu, sizeof pu, ro->models[i].purpose, sizeof pu);
@@ -1603,7 +1615,8 @@ static void roles(og_facts_t *d, const og_record_t *r)
     k->batchless_sizes = ro->has_statement && batchless_sizes(ro, k->batch_size);
     k->autocast_code = ro->autocast_in_code;
     k->backward_code = ro->backward_in_code;
-    k->no_backward = ro->backward_on_stack < 0 && !ro->backward_in_code;
+    k->input_grad = ro->input_grad;
+    k->no_backward = ro->backward_on_stack < 0 && !ro->backward_in_code && !ro->input_grad;
     k->scaler_only = ro->scaler_no_autocast;
     k->steps_known = ro->steps_known;
     k->steps_made = ro->steps_known ? ro->steps_made : 0;
@@ -1646,7 +1659,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
         if (ro->models[i].trained > 0)
             trained_bytes = add_sat(trained_bytes, ro->models[i].bytes * (uint64_t)ro->models[i].trained);
     if (k->opt_params > trained_bytes)
-        k->untrained_running = k->untrained_ref = 0;
+        k->untrained_running = k->untrained_ref = k->untrained_eval = 0;
     k->dtypes_known = ro->has_dtypes && og_known(ro->bytes[OG_ROLE_parameters]);
     int nd = ro->ndtypes < 0 ? 0 : ro->ndtypes > 6 ? 6 : ro->ndtypes;
     for (int i = 0; k->dtypes_known && i < nd; i++) {

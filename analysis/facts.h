@@ -250,6 +250,11 @@ typedef struct og_role_facts {
      * parameters require grad and that no optimizer trains (trained 0): each forward of theirs with autograd on
      * records a graph for nothing (ref_model.eval() turns off dropout, not autograd), running now or not */
     uint64_t untrained_ref;
+    /* roles.models: parameters of the models whose parameters require grad, all in eval mode (models[].training 0),
+     * that no optimizer trains: trained 0, or no optimizer at all in the process (roles.optimizers empty, trained
+     * null); a backward through them fills a .grad nothing reads (an attribution, a saliency map). 0 none or not
+     * known */
+    uint64_t untrained_eval;
     bool state_known; /* every role a training job keeps for good was measured ... */
     uint64_t state;   /* ... params + buffers + grads + opt + pools: the job's own state */
     /* the failing statement copies a holder whole: it reads a name that holds tensors (the holder's name, or its
@@ -298,6 +303,7 @@ typedef struct og_role_facts {
                                shrink with the batch (box IoU of one image's anchors x boxes) */
     bool autocast_code;    /* roles.autocast_in_code: the program's running code enters autocast (false: not said) */
     bool backward_code;    /* roles.backward_in_code: the program's running code calls backward (false: not said) */
+    bool input_grad;       /* roles.input_requires_grad: the program asks for the gradient of the model's input */
     /* roles.backward_on_stack false: the failing stack was read and no frame on it, the program's or a framework's,
      * calls backward or autograd's grad: the pass feeds no backward (false: it does, or not read) */
     bool no_backward;

@@ -225,6 +225,9 @@ typedef struct og_roles {
     /* roles.backward_on_stack: a frame of the failing stack, the program's or a framework's, loads backward (or
      * autograd's grad) to call it: 1 one does, -1 none does (read), 0 not read */
     int backward_on_stack;
+    /* roles.input_requires_grad: a tensor the outermost model's forward on the stack was given requires grad and is
+     * no parameter: the program asks for the gradient of the input (false: not said) */
+    bool input_grad;
     uint64_t reported_t_ns; /* when that report arrived (og_now_ns; 0 unknown) */
     double reported_t_rel;  /* the same on the history's clock (seconds since start; 0 unknown) */
     uint64_t sampled;       /* large containers and classes read in part (their first elements held no tensor) */
@@ -248,6 +251,7 @@ typedef struct og_roles {
         uint64_t away;           /* parameters of one of them not on the failing device (the host, the meta
                                     device, another GPU: the rest of a model a load is moving here); 0 none or
                                     not measured */
+        int training;            /* of them, how many are in training mode (Module.training); -1 unknown */
     } models[6];
     /* roles.operation: what the failing operation is (common/operations.def; "" none matched), its frame and the
      * argument of that frame its row read ("need_weights=True"; "" none read) */

@@ -99,6 +99,9 @@ bool og_growth_without_autograd(const rctx_t *x);
 bool og_previous_copy(const rctx_t *x);
 /* a forward pass with autograd on that no frame of the failing stack backpropagates (facts: roles.no_backward) */
 bool og_feeds_no_backward(const rctx_t *x);
+/* an attribution's pass: the gradient of an input or activation asked for through a model no optimizer trains,
+ * whose weights hold no gradient (remedy_rank.c: attribution_pass) */
+bool og_attribution_pass(const rctx_t *x);
 /* the growth is one generation's working set: a KV cache rising token by token within a request (the
  * job decoding (facts.decoding), or a KV cache holding at least half the rise; growth.gen_built; or, with no
  * growth read, decoding with a KV cache holding the missing bytes and a quarter of the framework's

@@ -158,6 +158,9 @@ static bool no_expandable(const rctx_t *x)
 }
 static bool no_tape(const rctx_t *x) { return x->fw == OG_FW_JAX || x->fw == OG_FW_CUPY; }
 static bool autograd_known(const rctx_t *x) { return x->grad == -1 || x->trains == 1; }
+/* the program asks for the gradient of the model's input (roles.input_requires_grad: a saliency map, integrated
+ * gradients, an adversarial example): the pass needs autograd, whatever mode the model is in */
+static bool input_gradient(const rctx_t *x) { return x->f->roles.input_grad; }
 static bool autocast_on(const rctx_t *x) { return x->autocast == 1; }
 static bool cupy(const rctx_t *x) { return x->fw == OG_FW_CUPY; }
 static bool no_zero(const rctx_t *x) { return x->fw == OG_FW_TENSORFLOW || x->fw == OG_FW_CUPY; }
@@ -217,7 +220,10 @@ static bool concurrent_loops(const rctx_t *x)
 /* a previous copy of the model is alive beside the one the job uses (a second load, a notebook cell run again) */
 bool og_previous_copy(const rctx_t *x) { return second_load(x) || model_copy_primary(x); }
 static bool loading(const rctx_t *x) { return PRIMARY(DNF) && load_phase(x) == OG_PHASE_LOADING; }
-static bool eval_with_autograd(const rctx_t *x) { return PRIMARY(GROWTH) && known_inference(x) && x->grad == 1; }
+static bool eval_with_autograd(const rctx_t *x)
+{
+    return PRIMARY(GROWTH) && known_inference(x) && x->grad == 1 && !x->f->roles.input_grad;
+}
 /* the framework refused under its own cap, the cap bounds what it reserves (PyTorch, CuPy: the request
  * is a new segment from the device) and the device itself had no room for the request: raising the cap
  * cannot make it fit (facts: cap.reserved, cap.room).  An arena's cap (JAX, TensorFlow) is left alone:
@@ -347,7 +353,8 @@ bool og_feeds_no_backward(const rctx_t *x)
 }
 static bool evaluation_autograd_on(const rctx_t *x)
 {
-    return (PHASE(evaluation) || PHASE(generation)) && x->grad == 1 && !copy_builds_no_graph(x);
+    return (PHASE(evaluation) || PHASE(generation)) && x->grad == 1 && !copy_builds_no_graph(x) && !input_gradient(x) &&
+           !og_attribution_pass(x);
 }
 /* an evaluation or generation pass while the training's gradients or optimizer state live on the failing device
  * (roles gradients, optimizer_state): the pass reads neither; the gradients wait for the next zero_grad, the
@@ -728,6 +735,31 @@ static bool frozen_model_autograd_on(const rctx_t *x)
 /* the same, named a teacher by the program, or measured as trained by no optimizer: a frozen model alone may be
  * one the gradient flows through (a GAN's discriminator in the generator's step, trained by its own optimizer),
  * where no_grad would be wrong, so only a teacher or an untrained model leads */
+/* a backward through a model in eval mode whose weights require grad and hold gradients (roles gradients > 0), where
+ * no optimizer holds a parameter of the device and none has state (facts: untrained_eval; opt_params and
+ * optimizer_state 0): an attribution or a
+ * saliency map asking for the gradient of the inputs or activations, whose backward fills every weight's .grad for
+ * nothing. Backward is what runs (phase backward, the program's code calls it, or the model's input requires grad),
+ * so no_grad would lose the gradient asked for: freezing the weights keeps it */
+static bool weight_grads_unread(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && ro->untrained_eval && ro->grads && !ro->opt_params && !ro->opt &&
+           (PHASE(backward) || ro->backward_code || ro->input_grad) && !x->larger_than_device;
+}
+/* an attribution's pass: gradients asked for (the model's input requires grad, or the running code calls backward or
+ * autograd.grad) through a model in eval mode that no optimizer trains and whose weights hold no gradient
+ * (untrained_eval, roles gradients 0): integrated gradients' interpolation steps, SmoothGrad's noise samples, run as
+ * one batch of copies of one input; chunks of them (the method's internal batch) give the same attribution, where
+ * half precision changes the gradients it reads */
+bool og_attribution_pass(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && ro->untrained_eval && !ro->grads && !ro->opt_params && !ro->opt && x->grad == 1 &&
+           (ro->input_grad || ro->backward_code || x->rec->memory.fw.roles.backward_on_stack > 0) &&
+           !x->larger_than_device;
+}
+static bool attribution_pass(const rctx_t *x) { return og_attribution_pass(x); }
 static bool teacher_autograd_on(const rctx_t *x)
 {
     return frozen_model_autograd_on(x) && (roles_of(x)->purpose_bytes[OG_PURPOSE_teacher] ||
@@ -1389,6 +1421,16 @@ static const og_rank_row_t bring[] = {
     { "state_snapshot", state_snapshot, WANT, 0, 0, REMS(R_SNAPSHOT_CPU),
       "as weights_update, locals >= parameters, autograd on or a dict among the locals",
       "best_state_gpu_deepcopy (blind)" },
+    { "attribution_pass", attribution_pass, WANT, 0, 0, REMS(R_SMALLER_BATCH),
+      "roles: a model in eval mode that no optimizer trains (untrained_eval), no gradients, no optimizer state; "
+      "autograd on; input_requires_grad, backward_in_code or backward_on_stack",
+      "captum_layer_ig_clinicalbert_readmission_discharge_note_n_steps_200_t4, "
+      "chexpert_densenet121_smoothgrad_noise_tunnel_50_samples_one_batch_512px_t4 (blind)" },
+    { "weight_grads_unread", weight_grads_unread, WANT, 0, 0, REMS(R_NO_WEIGHT_GRADS),
+      "roles: a model in eval mode whose parameters require grad that no optimizer trains (untrained_eval), "
+      "gradients > 0, no optimizer holding a parameter of the device and no optimizer state; phase backward, "
+      "backward_in_code or input_requires_grad",
+      "attribution_patching_pythia_6_9b_ioi_backward_fills_weight_grads_4090 (blind)" },
     { "frozen_model_autograd_on", frozen_model_autograd_on, WANT, 0, 0, REMS(R_TEACHER_NO_GRAD),
       "roles: a holder of purpose teacher, a frozen model, a running model no optimizer trains (models[].trained "
       "0), or a reference or teacher model whose parameters require grad that no optimizer trains (untrained_ref), "
@@ -1588,6 +1630,15 @@ static const og_rank_row_t narrow[] = {
     { "autograd_known", autograd_known, DROP, 0, 0, REMS(R_INFERENCE),
       "adapter: grad_enabled off, or the job trains (facts: trains)",
       "loss_history_leak_adapter, validation_batch_too_big" },
+    { "attribution_gradients", attribution_pass, DROP, 0, 0, REMS(R_INFERENCE),
+      "as attribution_pass (the gradient the method reads needs autograd)",
+      "captum_layer_ig_clinicalbert_readmission_discharge_note_n_steps_200_t4 (blind)" },
+    { "gradient_asked", weight_grads_unread, DROP, 0, 0, REMS(R_TEACHER_NO_GRAD),
+      "as weight_grads_unread (the backward asked for runs through the model: no_grad would lose it)",
+      "attribution_patching_pythia_6_9b_ioi_backward_fills_weight_grads_4090 (blind)" },
+    { "input_gradient", input_gradient, DROP, 0, 0, REMS(R_INFERENCE),
+      "roles.input_requires_grad: a tensor the model's forward was given requires grad",
+      "chexpert_densenet121_smoothgrad_noise_tunnel_50_samples_one_batch_512px_t4 (blind)" },
     { "no_graph_to_drop", no_graph_to_drop, DROP, 0, 0, REMS(R_INFERENCE),
       "phase optimizer_step, backward, loading or ema_update; roles.operation copy (a deep copy records no graph); "
       "roles: weights_only (a running model's weights all the device holds), or no pass running (activations 0, what "
@@ -1710,9 +1761,13 @@ static const og_rank_row_t lead[] = {
     { "growth_not_the_state", growth_not_in_step, DEMOTE, 3, 0, REMS(R_OPT_8BIT, R_LORA),
       "primary growth >= 0.7, phase not optimizer_step", "skip_batch_on_oom, t5_bf16_adamw_state (blind)" },
     { "evaluation_autograd_on", evaluation_autograd_on, WANT, 0, 0, REMS(R_INFERENCE),
-      "phase evaluation or generation, adapter: grad_enabled on", "segmentation_eval_autograd_on (blind)" },
+      "phase evaluation or generation, adapter: grad_enabled on; not a deep copy, not roles.input_requires_grad or "
+      "an attribution_pass (the gradient is asked for)",
+      "segmentation_eval_autograd_on (blind)" },
     { "evaluation_autograd_on_lead", evaluation_autograd_on, LEAD_COVERS, -21, 0, REMS(R_INFERENCE),
-      "phase evaluation or generation, adapter: grad_enabled on", "segmentation_eval_autograd_on (blind)" },
+      "phase evaluation or generation, adapter: grad_enabled on; not a deep copy, not roles.input_requires_grad or "
+      "an attribution_pass (the gradient is asked for)",
+      "segmentation_eval_autograd_on (blind)" },
     { "training_state_idle", training_state_idle, WANT, 0, 0, REMS(R_FREE_TRAINING),
       "phase evaluation or generation, roles gradients or optimizer_state > 0",
       "sagemaker_notebook_vitg_eval_cell_after_fit_adamw_state_live (blind)" },
@@ -1828,6 +1883,13 @@ static const og_rank_row_t lead[] = {
       "ema_lazy_shadow, ema_foreach_temporaries (blind)" },
     { "state_snapshot_lead", state_snapshot, LEAD_COVERS, -23, 0, REMS(R_SNAPSHOT_CPU), "as state_snapshot",
       "best_state_gpu_deepcopy (blind)" },
+    { "attribution_pass_lead", attribution_pass, LEAD_COVERS, -25, 0, REMS(R_SMALLER_BATCH),
+      "as attribution_pass (the batch is the method's samples of one input: chunks give the same attribution)",
+      "captum_layer_ig_clinicalbert_readmission_discharge_note_n_steps_200_t4, "
+      "chexpert_densenet121_smoothgrad_noise_tunnel_50_samples_one_batch_512px_t4 (blind)" },
+    { "weight_grads_unread_lead", weight_grads_unread, LEAD_COVERS, -30, 0, REMS(R_NO_WEIGHT_GRADS),
+      "as weight_grads_unread (ahead of the activations' remedies: the gradients are the weights' size)",
+      "attribution_patching_pythia_6_9b_ioi_backward_fills_weight_grads_4090 (blind)" },
     { "frozen_model_lead", teacher_autograd_on, LEAD_COVERS, -24, 0, REMS(R_TEACHER_NO_GRAD),
       "as frozen_model_autograd_on, a holder of purpose teacher or a running model no optimizer trains (not a frozen "
       "model alone)",
@@ -2227,6 +2289,11 @@ static void estimate(rank_t *k, const rctx_t *x)
         cover[R_FP32_NOT_FP64] =
             0.5 * ((double)ro->params_fp64 + frac * (double)ro->grads + (ro->act_known ? frac * (double)ro->act : 0));
     }
+    /* the gradients made; in a backward under way, every weight's, made or still to come (autograd.grad of the
+     * inputs alone makes none: what its frames asked for is all it computes) */
+    if (weight_grads_unread(x))
+        cover[R_NO_WEIGHT_GRADS] =
+            (double)(PHASE(backward) && ro->untrained_eval > ro->grads ? ro->untrained_eval : ro->grads);
     if (fp64_data(x)) /* and half the float64 tensors Python holds */
         cover[R_FP32_NOT_FP64] =
             (cover[R_FP32_NOT_FP64] > 0 ? cover[R_FP32_NOT_FP64] : 0) + 0.5 * (double)ro->held_fp64;

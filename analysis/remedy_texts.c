@@ -1163,6 +1163,19 @@ static bool b_mixed_precision(const rctx_t *x, og_remedy_t *r)
 
 static bool b_smaller_batch(const rctx_t *x, og_remedy_t *r)
 {
+    if (og_attribution_pass(x)) { /* the batch is the method's copies of one input */
+        r->title = "Smaller internal batch (the attribution's samples in chunks)";
+        r->cost = "More, smaller passes; the same attribution";
+        why(r, "The pass asks for gradients through a model in eval mode that nothing trains: an attribution, whose "
+               "batch is the method's samples of one input (integrated gradients' steps, SmoothGrad's noisy copies) "
+               "run at once. In chunks the attribution is the same, where half precision changes the gradients it "
+               "reads.");
+        activations_vs_shortfall(x, r, 0.5, "halving the chunk");
+        HOWS(x, r,
+             { PT, "ig.attribute(inputs, n_steps=200, internal_batch_size=16)   # Captum: steps in chunks of 16" },
+             { PT, "NoiseTunnel(saliency).attribute(x, nt_samples=50, nt_samples_batch_size=10)" });
+        return true;
+    }
     /* autograd off at the failure: generation, inference or a validation pass, where the batch shrinks
      * without gradient accumulation */
     if (x->grad == -1 && (x->fw == OG_FW_PYTORCH || x->fw == OG_FW_UNKNOWN)) {
@@ -2566,6 +2579,20 @@ static bool b_backward_per_microbatch(const rctx_t *x, og_remedy_t *r)
          { PT, "running_loss += loss.item()   # for logging keep a number, not the tensor and its graph" },
          { PT,
            "with model.no_sync(): ...   # DistributedDataParallel: skip the all-reduce before the last micro-batch" });
+    return true;
+}
+
+static bool b_no_weight_gradients(const rctx_t *x, og_remedy_t *r)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    why(r,
+        "The model's weights (%s, in eval mode) require grad, but no optimizer in the job holds them: the backward the "
+        "program asks for (an attribution, a saliency map, a probe of the activations) fills a .grad for every "
+        "weight, %s so far, that nothing reads. Frozen, the weights take no gradient; autograd still carries the "
+        "gradient to the inputs and activations that require it.",
+        og_hb((double)ro->untrained_eval).s, og_hb((double)ro->grads).s);
+    HOWS(x, r, { PT, "model.requires_grad_(False)   # once, after loading: the weights get no .grad" },
+         { PT, "grads = torch.autograd.grad(metric, [acts])   # only the gradients asked for; not metric.backward()" });
     return true;
 }
 

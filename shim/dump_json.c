@@ -286,6 +286,11 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
         else
             og_sb_puts(sb, "null");
         og_sb_printf(sb, ",\"parameters_elsewhere_bytes\":%llu", (unsigned long long)r->models[i].away);
+        og_sb_puts(sb, ",\"training\":");
+        if (r->models[i].training >= 0)
+            og_sb_printf(sb, "%d", r->models[i].training);
+        else
+            og_sb_puts(sb, "null");
         og_sb_puts(sb, "}");
     }
     og_sb_puts(sb, "]");
@@ -395,6 +400,8 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
     og_sb_puts(sb, r->backward_in_code ? "true" : "null");
     K("backward_on_stack");
     og_sb_puts(sb, r->backward_on_stack > 0 ? "true" : r->backward_on_stack < 0 ? "false" : "null");
+    K("input_requires_grad");
+    og_sb_puts(sb, r->input_grad ? "true" : "null");
     K("last_optimizer_step_ms_ago");
     if (!og_known(r->last_step_age_us))
         og_sb_puts(sb, "null");

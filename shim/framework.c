@@ -211,6 +211,7 @@ static void parse_roles(const char *s, og_roles_t *r)
             r->models[r->nmodels].trained = n >= 11 && f[10][0] >= '0' && f[10][0] <= '9' ? atoi(f[10]) : -1;
             r->models[r->nmodels].stepped = n >= 12 && f[11][0] >= '0' && f[11][0] <= '9' ? atoi(f[11]) : -1;
             r->models[r->nmodels].away = n >= 13 ? strtoull(f[12], NULL, 10) : 0;
+            r->models[r->nmodels].training = n >= 14 && f[13][0] >= '0' && f[13][0] <= '9' ? atoi(f[13]) : -1;
             r->nmodels++;
         } else if (!strcmp(f[0], "operation") && n >= 5 && !r->operation[0]) {
             copy_field(r->operation, sizeof r->operation, f[1]);
@@ -292,6 +293,8 @@ static void parse_roles(const char *s, og_roles_t *r)
                 r->scaler_no_autocast = !strcmp(f[2], "1");
             else if (!strcmp(f[1], "backward_in_code"))
                 r->backward_in_code = !strcmp(f[2], "1");
+            else if (!strcmp(f[1], "input_requires_grad"))
+                r->input_grad = !strcmp(f[2], "1");
             else if (!strcmp(f[1], "backward_on_stack"))
                 r->backward_on_stack = !strcmp(f[2], "1") ? 1 : !strcmp(f[2], "0") ? -1 : 0;
             else if (!strcmp(f[1], "why"))

@@ -107,6 +107,7 @@ struct og_roles_view {
         int64_t trained;         /* -1 absent (null) */
         int64_t stepped;         /* -1 absent (null) */
         int64_t elsewhere_bytes; /* parameters_elsewhere_bytes: of one, not on the failing device; 0 absent */
+        int64_t training;        /* how many are in training mode; -1 absent (null) */
         int frozen;              /* -1 absent */
     } * models;
     int nmodels;
@@ -148,6 +149,7 @@ struct og_roles_view {
     int scaler_without_autocast;        /* 1 true, -1 not said (null) */
     int backward_in_code;               /* 1 true, -1 not said (null) */
     int backward_on_stack;              /* 1 true, 0 false (none on the stack), -1 not read (null) */
+    int input_requires_grad;            /* 1 true, -1 not said (null) */
     struct {                            /* operation (name NULL: none) */
         const char *name;
         struct og_pyframe frame;

@@ -1025,7 +1025,7 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
     r->optimizer_steps = r->num_beams = r->attention_modules = r->objects_scanned = r->read_in_part =
         r->activations_copy_of.bytes = -1;
     r->batch_size = r->gradient_checkpointing = r->autocast_in_code = r->scaler_without_autocast = r->backward_in_code =
-        r->backward_on_stack = -1;
+        r->backward_on_stack = r->input_requires_grad = -1;
     r->copy_made_bytes = r->per_sample_count = r->lora_parameters_bytes = r->lora_base_trainable_bytes =
         r->embedding_parameters_bytes = r->embedding_tables = -1;
     r->ddp.wrappers = r->ddp.bucket_bytes = -1;
@@ -1084,6 +1084,8 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
         TRY(get_int(L, x, &pe, "trained", &r->models[r->nmodels].trained));
         TRY(get_int(L, x, &pe, "stepped", &r->models[r->nmodels].stepped));
         TRY(get_int(L, x, &pe, "parameters_elsewhere_bytes", &r->models[r->nmodels].elsewhere_bytes));
+        r->models[r->nmodels].training = -1;
+        TRY(get_int(L, x, &pe, "training", &r->models[r->nmodels].training));
     });
     const cJSON *so;
     if (read_pyframe_obj(L, o, "statement", &p, &r->statement.at) < 0)
@@ -1163,6 +1165,7 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
     TRY(get_bool(L, o, &p, "scaler_without_autocast", &r->scaler_without_autocast));
     TRY(get_bool(L, o, &p, "backward_in_code", &r->backward_in_code));
     TRY(get_bool(L, o, &p, "backward_on_stack", &r->backward_on_stack));
+    TRY(get_bool(L, o, &p, "input_requires_grad", &r->input_requires_grad));
     const cJSON *q;
     TRY(get_obj(L, o, &p, "operation", &q)); /* the failing operation */
     if (q) {

@@ -425,9 +425,14 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
         og_sb_init(&b);
         if (r->backward_in_code == 1) /* a training step though no optimizer of torch's has stepped yet */
             og_sb_puts(&b, "the running code calls backward(): a training step");
-        if (r->backward_on_stack == 0) /* read, and no frame calls it: this pass feeds no backward */
-            og_sb_printf(&b, "%sno frame of the failing stack calls backward (nor autograd.grad): this pass feeds none",
+        if (r->input_requires_grad == 1) /* the gradient of the input is what the pass is for */
+            og_sb_printf(&b, "%sthe model's input requires grad: the program asks for the gradient of its input",
                          r->backward_in_code == 1 ? "; " : "");
+        if (r->backward_on_stack == 0) /* read, and no frame calls it: unless the input's gradient is asked for, this
+                                          pass feeds no backward */
+            og_sb_printf(&b, "%sno frame of the failing stack calls backward (nor autograd.grad)%s",
+                         r->backward_in_code == 1 || r->input_requires_grad == 1 ? "; " : "",
+                         r->input_requires_grad == 1 ? "" : ": this pass feeds none");
         FACT("backward");
         og_sb_init(&b);
         if (r->operation.name) {

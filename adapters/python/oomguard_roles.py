@@ -1157,8 +1157,12 @@ def _models_named(scan):
             trained = sum(1 for r in rs if scan.root_trained.get(id(r))) if roots and scan.optimized else None
             stepped = sum(1 for r in rs if scan.root_stepped.get(id(r))) if trained is not None else None
             away = max([scan.root_away.get(id(r), 0) for r in rs] or [0])
+            # how many are in training mode (Module.training, set by train() and eval()); None: a root without the flag
+            modes = [getattr(r, "training", None) for r in rs] if roots else [None]
+            training = sum(1 for v in modes if v is True) if all(isinstance(v, bool) for v in modes) else None
             out.append((cls, b, n, len(rs) if roots else k, frozen, len(named),
-                        sum(1 for r in rs if id(r) in running_roots), names, purpose, trained, stepped, away))
+                        sum(1 for r in rs if id(r) in running_roots), names, purpose, trained, stepped, away,
+                        training))
     return out[:TOP_MODELS]
 
 
@@ -1547,7 +1551,7 @@ def encode(r):
       and where; RECORDS: the like records it is a collection of, _records; FLOAT64_BYTES: its float64 tensors) |
       model CLASS BYTES TENSORS COUNT FROZEN NAMED RUNNING NAMES PURPOSE TRAINED STEPPED AWAY (NAMED: roots the
       running code holds by a name, RUNNING: roots whose method runs, NAMES: those names, comma-separated, AWAY:
-      bytes of one root's parameters not on the failing device) |
+      bytes of one root's parameters not on the failing device, TRAINING: roots in training mode) |
       operation NAME FILE LINE FUNCTION ARGUMENT (the failing operation, oomguard_phase.OPERATIONS; ARGUMENT
       the argument its row read, need_weights=True, or -) |
       ddp WRAPPERS BUCKET_BYTES (DistributedDataParallel wrappers without gradient_as_bucket_view) |
@@ -1564,6 +1568,7 @@ def encode(r):
       meta lora_base_bytes N: the other parameters that require grad (PEFT's modules_to_save aside); meta
       embedding_bytes N: the models' embedding tables' parameters; meta embedding_tables N: how many tensors; meta
       autocast_in_code 1: a function of the program on the failing stack enters autocast; meta
+      input_requires_grad 1: a tensor the outermost model's forward was given requires grad (not a parameter); meta
       scaler_without_autocast 1: one names a GradScaler and none of the program's files names autocast; meta
       backward_in_code 1: a function of the program on the failing stack calls backward; meta backward_on_stack 1|0: a frame of the failing stack, a framework's
       too, calls backward or autograd.grad, or none does)"""
@@ -1610,6 +1615,8 @@ def encode(r):
             line += "\t%s" % ("-" if m[10] is None else int(m[10]))
         if len(m) >= 12:
             line += "\t%d" % int(m[11] or 0)
+        if len(m) >= 13:
+            line += "\t%s" % ("-" if m[12] is None else int(m[12]))
         out.append(line)
     op = r.get("operation")
     if op:
@@ -1651,6 +1658,8 @@ def encode(r):
         out.append("meta\tscaler_without_autocast\t1")
     if r.get("backward_in_code"):
         out.append("meta\tbackward_in_code\t1")
+    if r.get("input_requires_grad"):
+        out.append("meta\tinput_requires_grad\t1")
     if r.get("backward_on_stack") is not None:
         out.append("meta\tbackward_on_stack\t%d" % (1 if r["backward_on_stack"] else 0))
     out.append("meta\tallocated\t%s" % ("-" if r["allocated"] is None else int(r["allocated"])))

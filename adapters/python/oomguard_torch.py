@@ -613,6 +613,7 @@ def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowe
                 measured["autocast_in_code"] = oomguard_phase.autocast_in_code(code)
                 measured["backward_in_code"] = oomguard_phase.backward_in_code(code)
                 measured["backward_on_stack"] = oomguard_phase.backward_on_stack(code)
+                measured["input_requires_grad"] = _input_requires_grad(frame, torch)
                 if measured["autocast_in_code"] and oomguard_phase.scaler_without_autocast(code):
                     # a GradScaler named, autocast nowhere in the program: not mixed precision entered
                     measured["autocast_in_code"], measured["scaler_without_autocast"] = None, True
@@ -881,30 +882,50 @@ def _batch_size(frame, torch_dir, limit=64, phase=None):
     return None
 
 
+def _outer_inputs(frame, torch, limit=64):
+    """The tensor arguments of the outermost module's forward on the stack (the model the program called), in the
+    order of its parameters; () when none.  Reads the frame's argument values: nothing is called."""
+    f, n, outer = frame, 0, None
+    while f is not None and n < limit:
+        code = f.f_code
+        if code.co_name == "forward" and code.co_argcount >= 2 and code.co_varnames[0] == "self":
+            outer = f
+        f, n = f.f_back, n + 1
+    if outer is None:
+        return ()
+    loc = dict(oomguard_roles._frame_locals(outer))
+    if not hasattr(loc.get("self"), "parameters"):
+        return ()
+    code = outer.f_code
+    return tuple(loc[name] for name in code.co_varnames[1:code.co_argcount + code.co_kwonlyargcount]
+                 if isinstance(loc.get(name), torch.Tensor))
+
+
 def _input_batch(frame, torch, limit=64):
     """A batch of one read from the input itself, where no name says the batch: the first tensor argument of the
     outermost module's forward on the stack (the model the program called) with two or more dimensions and a
     leading one of 1 (a single track, image, document or graph).  1 or None: a larger leading dimension may be a
     sequence's length (a time-major layout), so only a batch of one is read this way.  Reads the frame's argument
     values and their shapes: nothing is called."""
-    f, n, outer = frame, 0, None
     try:
-        while f is not None and n < limit:
-            code = f.f_code
-            if code.co_name == "forward" and code.co_argcount >= 2 and code.co_varnames[0] == "self":
-                outer = f
-            f, n = f.f_back, n + 1
-        if outer is None:
-            return None
-        loc = dict(oomguard_roles._frame_locals(outer))
-        if not hasattr(loc.get("self"), "parameters"):
-            return None
-        code = outer.f_code
-        for name in code.co_varnames[1:code.co_argcount + code.co_kwonlyargcount]:
-            v = loc.get(name)
-            if isinstance(v, torch.Tensor):
-                shape = tuple(v.shape)
-                return 1 if len(shape) >= 2 and shape[0] == 1 else None
+        for v in _outer_inputs(frame, torch, limit)[:1]:
+            shape = tuple(v.shape)
+            return 1 if len(shape) >= 2 and shape[0] == 1 else None
+    except Exception:
+        return None
+    return None
+
+
+def _input_requires_grad(frame, torch, limit=64):
+    """True when a tensor argument of the outermost module's forward on the stack requires grad and is no parameter:
+    the program asks for the gradient of the model's input (a saliency map, integrated gradients, an adversarial
+    example, an inverted image), so the pass needs autograd whatever mode the model is in; None otherwise.  Reads
+    the tensors' flags: nothing is called."""
+    try:
+        param = getattr(getattr(torch, "nn", None), "Parameter", ())
+        for v in _outer_inputs(frame, torch, limit):
+            if getattr(v, "requires_grad", False) is True and not isinstance(v, param):
+                return True
     except Exception:
         return None
     return None

@@ -393,6 +393,7 @@ static void fixture_model(og_record_t *r, const char *cls, uint64_t bytes, int c
     ro->models[ro->nmodels].count = count;
     ro->models[ro->nmodels].trained = -1; /* not said: set it where a test reads it */
     ro->models[ro->nmodels].stepped = -1;
+    ro->models[ro->nmodels].training = -1;
     ro->models[ro->nmodels++].frozen = frozen;
 }
 

@@ -2598,6 +2598,111 @@ static void float64_data(void **state)
     free(r);
 }
 
+/* an attribution's backward through a 6.9B model in eval mode whose weights still require grad, no optimizer in
+ * the process: freezing the weights leads (the gradients of the activations are what the program asks for), and
+ * no_grad for a teacher is not offered; with an optimizer training it, or the model in training mode, nothing of
+ * it is said */
+static void weight_gradients_nothing_reads(void **state)
+{
+    /* the driver saw the low point rise through the first backward (no optimizer step ever made): the model arriving,
+     * its gradients and that pass's activations, not a leak */
+    {
+        og_record_t *r = base();
+        leaking_steps(r);
+        fixture_roles(r, 4 * GiB, 4 * GiB, 0, 0, 0, 12 * GiB);
+        fixture_phase(r, "backward", "/w/patching.py", "main");
+        r->memory.fw.grad_enabled = 1;
+        r->memory.fw.roles.steps_known = true;
+        og_set(&r->device.free_bytes, 256 * MiB);
+        run(r);
+        assert_true(r->analysis.facts.growth.state_built);
+        assert_false(has_cause(r, "growth"));
+        r->memory.fw.roles.steps_made = 3; /* steps made: iterations ended, the activations may be kept ones */
+        run(r);
+        assert_true(has_cause(r, "growth"));
+        free(r);
+    }
+    og_record_t *r = base();
+    fixture_roles(r, 12 * GiB + 790 * MiB, 7 * GiB, 0, 0, 700 * MiB, 3 * GiB);
+    fixture_model(r, "GPTNeoXForCausalLM", 12 * GiB + 790 * MiB, 1, false);
+    r->memory.fw.roles.models[0].training = 0;
+    fixture_phase(r, "backward", "/w/patching.py", "main");
+    r->memory.fw.roles.backward_in_code = true;
+    r->memory.fw.grad_enabled = 1;
+    og_set(&r->event.requested_bytes, 128 * MiB);
+    og_set(&r->device.free_bytes, 32 * MiB);
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.untrained_eval, 12 * GiB + 790 * MiB);
+    assert_string_equal(r->remedies[0].id, "no_weight_gradients");
+    assert_true(how_has(&r->remedies[0], "requires_grad_(False)"));
+    assert_int_equal(rank_of(r, "teacher_no_grad"), 0);
+    r->memory.fw.roles.backward_in_code = false; /* an evaluation's forward, no backward asked for: not this */
+    fixture_phase(r, "evaluation", "/w/patching.py", "forward");
+    run(r);
+    assert_int_equal(rank_of(r, "no_weight_gradients"), 0);
+    fixture_phase(r, "backward", "/w/patching.py", "main");
+    r->memory.fw.roles.backward_in_code = true;
+    /* a frozen model beside it, running, trained by nothing (a ControlNet's UNet): frozen, not untrained */
+    fixture_model(r, "UNet2DConditionModel", 3 * GiB, 1, true);
+    r->memory.fw.roles.models[1].trained = 0;
+    r->memory.fw.roles.models[1].running = 1;
+    r->memory.fw.roles.models[1].training = 0;
+    run(r);
+    assert_int_equal(r->analysis.facts.roles.untrained_running, 0);
+    assert_int_equal(r->analysis.facts.roles.untrained_eval, 12 * GiB + 790 * MiB);
+    r->memory.fw.roles.nmodels = 1;
+    r->memory.fw.roles.models[0].training = 1; /* in training mode: the gradients may be a hand-written update's */
+    run(r);
+    assert_int_equal(rank_of(r, "no_weight_gradients"), 0);
+    r->memory.fw.roles.models[0].training = 0;
+    r->memory.fw.roles.noptimizers = 1; /* an optimizer somewhere, holding none of it: not known untrained */
+    run(r);
+    assert_int_equal(rank_of(r, "no_weight_gradients"), 0);
+    free(r);
+}
+
+/* a saliency map: the model's input requires grad, the model in eval mode: inference_mode is not offered (the map is
+ * the input's gradient), and no evaluation-with-autograd row brings it back */
+static void input_gradient_keeps_autograd(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 27 * MiB, 0, 0, 0, 3 * MiB, 13 * GiB);
+    fixture_phase(r, "evaluation", "/w/saliency.py", "forward");
+    r->memory.fw.grad_enabled = 1;
+    og_set(&r->event.requested_bytes, 800 * MiB);
+    og_set(&r->device.free_bytes, 480 * MiB);
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "inference_mode");
+    r->memory.fw.roles.input_grad = true;
+    run_primary(r, "does_not_fit");
+    assert_true(r->analysis.facts.roles.input_grad);
+    assert_int_equal(rank_of(r, "inference_mode"), 0);
+    /* the model in eval mode, trained by nothing, its weights without gradients: an attribution, whose batch is the
+     * method's samples of one input; in chunks first, ahead of half precision */
+    fixture_model(r, "DenseNet", 27 * MiB, 1, false);
+    r->memory.fw.roles.models[0].training = 0;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "smaller_batch");
+    assert_true(how_has(&r->remedies[0], "internal_batch_size"));
+    r->memory.fw.roles.models[0].training = 1; /* in training mode: not known to be an attribution */
+    run_primary(r, "does_not_fit");
+    assert_false(ranked_by(rem(r, "smaller_batch"), "attribution_pass_lead"));
+    r->memory.fw.roles.nmodels = 0;
+    /* the running code calls backward through a model in eval mode that nothing trains (integrated gradients'
+     * autograd.grad): an attribution, not offered either; the same in a job whose optimizer trains the model (its
+     * validation called from the training loop): offered */
+    fixture_model(r, "BertForSequenceClassification", 27 * MiB, 1, false);
+    r->memory.fw.roles.models[0].training = 0;
+    r->memory.fw.roles.input_grad = false;
+    r->memory.fw.roles.backward_in_code = true;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "inference_mode"), 0);
+    r->memory.fw.roles.models[0].trained = 1;
+    run_primary(r, "does_not_fit");
+    assert_true(rank_of(r, "inference_mode") > 0);
+    free(r);
+}
+
 /* quantization's text reads the weights measured: 16 GiB of bfloat16 weights of an inference job, 4-bit frees about
  * 12 GiB, enough for the 1 GiB missing; 2 GiB of float32 weights beside 60 GiB of activations, short of 4 GiB
  * missing (an eighth kept: 1.75 GiB freed); without roles the text says what it would need */
@@ -3567,8 +3672,16 @@ static void inference_call_building(void **state)
     fixture_roles(r, 4 * GiB, 0, 0, 0, 16 * GiB, 0);
     fixture_holder(r, "preds", "list", "local in main (embed.py:40)", 15 * GiB);
     run_primary(r, "growth");
+    /* autograd on (a saliency map's forward keeps each layer's output for the input's gradient), no holder keeping
+     * a graph: the pass building up too; a list of outputs whose graphs the adapter read alive: a growth */
     fixture_roles(r, 4 * GiB, 0, 0, 0, 0, 16 * GiB);
     r->memory.fw.grad_enabled = 1;
+    run_primary(r, "does_not_fit");
+    assert_true(r->analysis.facts.growth.pass_built);
+    fixture_roles(r, 4 * GiB, 0, 0, 0, 7 * MiB, 16 * GiB);
+    fixture_holder(r, "outs", "list", "local in main (embed.py:40)", 7 * MiB);
+    r->memory.fw.roles.holders[0].tensors = 4; /* too few for the graphs' own reading: the driver's steps decide */
+    r->memory.fw.roles.holders[0].graphs = 4;
     run_primary(r, "growth");
     /* a retry inside the handler of the earlier OOM, autograd off: the retry's pass building beside the failed
      * attempt's tensors, not a leak either */
@@ -5485,6 +5598,8 @@ int main(void)
         cmocka_unit_test(phase_forward_optimizer_later),
         cmocka_unit_test(float64_weights),
         cmocka_unit_test(float64_data),
+        cmocka_unit_test(weight_gradients_nothing_reads),
+        cmocka_unit_test(input_gradient_keeps_autograd),
         cmocka_unit_test(quantization_reads_the_weights),
         cmocka_unit_test(fp32_weights_load_in_half),
         cmocka_unit_test(trains_before_the_first_step),

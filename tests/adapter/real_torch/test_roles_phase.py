@@ -755,7 +755,8 @@ def t_models_elsewhere():
         assert ms["Halfway"][1] == 64 * 64 * 4 + 64 * 4, ms["Halfway"]
         assert ms["Halfway"][11] == 128 * 128 * 4 + 128 * 4, ms["Halfway"]
         assert ms["Net"][11] == 0, ms["Net"]
-        assert "\t%d\n" % (128 * 128 * 4 + 128 * 4) in oomguard_roles.encode(r) + "\n"
+        assert any(l.startswith("model\t") and l.split("\t")[12] == str(128 * 128 * 4 + 128 * 4)
+               for l in oomguard_roles.encode(r).splitlines())
     finally:
         g.pop("halfway", None)
 
@@ -1637,6 +1638,43 @@ def t_input_batch():
     assert oomguard_torch._input_batch(sys._getframe(), torch) is None
 
 
+def t_input_requires_grad():
+    """roles.input_requires_grad: the outermost module's tensor argument requires grad (a saliency map's input), not a
+    parameter passed in, nor an input that does not; no module on the stack says nothing.  The models' training
+    mode: how many roots of a group are in training mode"""
+    import oomguard_torch
+    got = []
+
+    class SaliencyNet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            got.append(oomguard_torch._input_requires_grad(sys._getframe(), torch))
+            return self.lin(x)
+
+    net = SaliencyNet().eval()
+    net(torch.zeros(2, 4, requires_grad=True))
+    net(torch.zeros(2, 4))
+    net(torch.nn.Parameter(torch.zeros(2, 4)))
+    assert got == [True, None, None], got
+    assert oomguard_torch._input_requires_grad(sys._getframe(), torch) is None
+    g = globals()
+    g["probe_net"] = net
+    try:
+        r = measure(None)
+        m = [m for m in r["models"] if m[0] == "SaliencyNet"]
+        assert m and m[0][12] == 0, r["models"]                    # eval(): none in training mode
+        net.train()
+        m = [m for m in measure(None)["models"] if m[0] == "SaliencyNet"]
+        assert m and m[0][12] == 1, m
+        enc = oomguard_roles.encode(measure(None))
+        assert any(l.startswith("model\tSaliencyNet\t") and l.split("\t")[13] == "1" for l in enc.splitlines()), enc
+    finally:
+        g.pop("probe_net", None)
+
+
 def t_steps_over_the_run():
     """The step hook keeps the latest 32 steps and a series over the whole run: after 96 steps, every 4th
     step's allocated bytes (24 points, oldest first), so an iteration of 16 steps that keeps memory is a
@@ -2162,6 +2200,7 @@ if not STAND_IN:
     check("gradient checkpointing: off in a plain layer, on under torch.utils.checkpoint or the flag", t_checkpointing)
     check("the generate() call's input: positional, keyword or inputs_tensor, batch first; none without one",
           t_generation_input)
+    check("the model's input requires grad; the models' training mode", t_input_requires_grad)
     check("a model halfway through a move: its parameters off the failing device, once", t_models_elsewhere)
     check("embedding tables among the models' parameters, each once", t_embedding_tables)
     check("the batch size from the program's names, not a loop index or a global count", t_batch_size)
