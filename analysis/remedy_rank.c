@@ -759,7 +759,6 @@ bool og_attribution_pass(const rctx_t *x)
            (ro->input_grad || ro->backward_code || x->rec->memory.fw.roles.backward_on_stack > 0) &&
            !x->larger_than_device;
 }
-static bool attribution_pass(const rctx_t *x) { return og_attribution_pass(x); }
 static bool teacher_autograd_on(const rctx_t *x)
 {
     return frozen_model_autograd_on(x) && (roles_of(x)->purpose_bytes[OG_PURPOSE_teacher] ||
@@ -1421,7 +1420,7 @@ static const og_rank_row_t bring[] = {
     { "state_snapshot", state_snapshot, WANT, 0, 0, REMS(R_SNAPSHOT_CPU),
       "as weights_update, locals >= parameters, autograd on or a dict among the locals",
       "best_state_gpu_deepcopy (blind)" },
-    { "attribution_pass", attribution_pass, WANT, 0, 0, REMS(R_SMALLER_BATCH),
+    { "attribution_pass", og_attribution_pass, WANT, 0, 0, REMS(R_SMALLER_BATCH),
       "roles: a model in eval mode that no optimizer trains (untrained_eval), no gradients, no optimizer state; "
       "autograd on; input_requires_grad, backward_in_code or backward_on_stack",
       "captum_layer_ig_clinicalbert_readmission_discharge_note_n_steps_200_t4, "
@@ -1630,7 +1629,7 @@ static const og_rank_row_t narrow[] = {
     { "autograd_known", autograd_known, DROP, 0, 0, REMS(R_INFERENCE),
       "adapter: grad_enabled off, or the job trains (facts: trains)",
       "loss_history_leak_adapter, validation_batch_too_big" },
-    { "attribution_gradients", attribution_pass, DROP, 0, 0, REMS(R_INFERENCE),
+    { "attribution_gradients", og_attribution_pass, DROP, 0, 0, REMS(R_INFERENCE),
       "as attribution_pass (the gradient the method reads needs autograd)",
       "captum_layer_ig_clinicalbert_readmission_discharge_note_n_steps_200_t4 (blind)" },
     { "gradient_asked", weight_grads_unread, DROP, 0, 0, REMS(R_TEACHER_NO_GRAD),
@@ -1883,7 +1882,7 @@ static const og_rank_row_t lead[] = {
       "ema_lazy_shadow, ema_foreach_temporaries (blind)" },
     { "state_snapshot_lead", state_snapshot, LEAD_COVERS, -23, 0, REMS(R_SNAPSHOT_CPU), "as state_snapshot",
       "best_state_gpu_deepcopy (blind)" },
-    { "attribution_pass_lead", attribution_pass, LEAD_COVERS, -25, 0, REMS(R_SMALLER_BATCH),
+    { "attribution_pass_lead", og_attribution_pass, LEAD_COVERS, -25, 0, REMS(R_SMALLER_BATCH),
       "as attribution_pass (the batch is the method's samples of one input: chunks give the same attribution)",
       "captum_layer_ig_clinicalbert_readmission_discharge_note_n_steps_200_t4, "
       "chexpert_densenet121_smoothgrad_noise_tunnel_50_samples_one_batch_512px_t4 (blind)" },

@@ -1549,8 +1549,8 @@ def encode(r):
       holder BYTES TENSORS LABEL NAME KIND WHERE FILE LINE FUNCTION PURPOSE COPY_OF GRAPHS RESTORED_BYTES RESTORED_FILE
       RESTORED_LINE RESTORED_FUNCTION RECORDS FLOAT64_BYTES (what torch.load restored onto the GPU of its tensors,
       and where; RECORDS: the like records it is a collection of, _records; FLOAT64_BYTES: its float64 tensors) |
-      model CLASS BYTES TENSORS COUNT FROZEN NAMED RUNNING NAMES PURPOSE TRAINED STEPPED AWAY (NAMED: roots the
-      running code holds by a name, RUNNING: roots whose method runs, NAMES: those names, comma-separated, AWAY:
+      model CLASS BYTES TENSORS COUNT FROZEN NAMED RUNNING NAMES PURPOSE TRAINED STEPPED AWAY TRAINING (NAMED: roots
+      the running code holds by a name, RUNNING: roots whose method runs, NAMES: those names, comma-separated, AWAY:
       bytes of one root's parameters not on the failing device, TRAINING: roots in training mode) |
       operation NAME FILE LINE FUNCTION ARGUMENT (the failing operation, oomguard_phase.OPERATIONS; ARGUMENT
       the argument its row read, need_weights=True, or -) |
@@ -1570,8 +1570,8 @@ def encode(r):
       autocast_in_code 1: a function of the program on the failing stack enters autocast; meta
       input_requires_grad 1: a tensor the outermost model's forward was given requires grad (not a parameter); meta
       scaler_without_autocast 1: one names a GradScaler and none of the program's files names autocast; meta
-      backward_in_code 1: a function of the program on the failing stack calls backward; meta backward_on_stack 1|0: a frame of the failing stack, a framework's
-      too, calls backward or autograd.grad, or none does)"""
+      backward_in_code 1: a function of the program on the failing stack calls backward; meta backward_on_stack 1|0:
+      a frame of the failing stack, a framework's too, calls backward or autograd.grad, or none does)"""
     if not r or "roles" not in r:
         return None
     out = []

@@ -676,6 +676,22 @@ _GENERATION_INPUTS = ("input_ids", "inputs_embeds", "pixel_values", "pixel_value
 _CO_VARARGS, _CO_VARKEYWORDS = 0x04, 0x08        # inspect's code flags, without importing inspect into the host
 
 
+def _outermost_method(frame, name, min_args=1, limit=64):
+    """The outermost frame on the stack running a method called NAME (of at least MIN_ARGS arguments, self
+    included) of a module (its `self` has parameters: the model the program called, not a layer inside it), and
+    that frame's locals; (None, None) when there is none.  Reads frames and locals: nothing is called."""
+    f, n, outer = frame, 0, None
+    while f is not None and n < limit:
+        code = f.f_code
+        if code.co_name == name and code.co_argcount >= min_args and code.co_varnames[0] == "self":
+            outer = f
+        f, n = f.f_back, n + 1
+    if outer is None:
+        return None, None
+    loc = dict(oomguard_roles._frame_locals(outer))
+    return (outer, loc) if hasattr(loc.get("self"), "parameters") else (None, None)
+
+
 def _generation_input(frame, torch, limit=64):
     """The input of the generate() call running at the failure: (name, shape) of the tensor the outermost frame
     named `generate` of a module (its `self` has parameters) was given, as Hugging Face's generate() names it:
@@ -684,16 +700,9 @@ def _generation_input(frame, torch, limit=64):
     convention): the leading dimension is how many inputs the call decodes at once.  None when no such frame
     holds a tensor of two dimensions or more.  Reads the frame's locals and the tensor's shape: nothing is
     called."""
-    f, n, outer = frame, 0, None
     try:
-        while f is not None and n < limit:
-            if f.f_code.co_name == "generate" and "self" in f.f_code.co_varnames:
-                outer = f
-            f, n = f.f_back, n + 1
+        outer, loc = _outermost_method(frame, "generate", 1, limit)
         if outer is None:
-            return None
-        loc = dict(oomguard_roles._frame_locals(outer))
-        if not hasattr(loc.get("self"), "parameters"):
             return None
         code = outer.f_code
         found = []
@@ -885,16 +894,8 @@ def _batch_size(frame, torch_dir, limit=64, phase=None):
 def _outer_inputs(frame, torch, limit=64):
     """The tensor arguments of the outermost module's forward on the stack (the model the program called), in the
     order of its parameters; () when none.  Reads the frame's argument values: nothing is called."""
-    f, n, outer = frame, 0, None
-    while f is not None and n < limit:
-        code = f.f_code
-        if code.co_name == "forward" and code.co_argcount >= 2 and code.co_varnames[0] == "self":
-            outer = f
-        f, n = f.f_back, n + 1
+    outer, loc = _outermost_method(frame, "forward", 2, limit)
     if outer is None:
-        return ()
-    loc = dict(oomguard_roles._frame_locals(outer))
-    if not hasattr(loc.get("self"), "parameters"):
         return ()
     code = outer.f_code
     return tuple(loc[name] for name in code.co_varnames[1:code.co_argcount + code.co_kwonlyargcount]
