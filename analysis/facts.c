@@ -2190,6 +2190,39 @@ static void copy_outgrows_cache(og_facts_t *d)
         d->copy_outgrows_cache = outgrows(d, k->copy_made);
 }
 
+/* A peak from one batch read through its whole pass: a training run of many optimizer steps that gave memory
+ * back to the driver between them (empty_cache every step, or sizes the cache could not reuse), whose earlier steps
+ * never held more than a third of what this one holds with its request (a molecule, a mesh or a document far larger
+ * than the rest), both counted above what the steps keep between them. Its allocations may repeat earlier sizes,
+ * so outlier()'s tests by size do not see it. The earlier steps are the history up to its last release to the
+ * driver. */
+enum { OUTLIER_PASS_STEPS = 8 };
+#define OUTLIER_PASS_RATIO 3.0
+static void outlier_pass(og_facts_t *d, const og_record_t *r)
+{
+    const struct og_hist_ev *e = r->history.events;
+    int ne = e ? r->history.nevents : 0;
+    og_outlier_facts_t *o = &d->outlier;
+    int last_free = -1;
+    for (int i = 0; i < ne; i++)
+        if (is_op(&e[i], OG_OP_FREE))
+            last_free = i;
+    if (last_free < 8)
+        return;
+    /* what the steps keep between them (the model's state): the floor after the last release */
+    uint64_t floor = e[last_free].live, held_before = 0;
+    for (int i = 0; i <= last_free; i++)
+        if (e[i].live > held_before)
+            held_before = e[i].live;
+    double now = (double)d->tracked + (double)d->req - (double)floor, before = (double)held_before - (double)floor;
+    if (d->roles.steps_known && d->roles.steps_made >= OUTLIER_PASS_STEPS && before > 0 &&
+        now >= OUTLIER_PASS_RATIO * before) {
+        o->holds = o->pass_peak = true;
+        o->held_before = held_before;
+        o->floor = floor;
+    }
+}
+
 /* The failing request and the allocations of its size since the first of them (the framework's
  * releases and failed attempts between them are the failure's own): a size at least 4x any earlier
  * allocation, after earlier steps freed what they made (a run that had reached its plateau). */
@@ -2227,8 +2260,12 @@ static void outlier(og_facts_t *d, const og_record_t *r)
     o->run = run + 1;
     o->run_bytes = (uint64_t)(run + 1) * d->req;
     o->holds = before >= 8 && freed && prev_max && other <= run && (double)d->req >= 4.0 * (double)prev_max;
-    if (o->holds || i0 < 0)
+    if (o->holds)
         return;
+    if (i0 < 0) {
+        outlier_pass(d, r);
+        return;
+    }
     /* the failing batch's own sizes: the allocations just before the failing run whose sizes the history had
      * never seen (a longer batch makes every activation of a new size), none of them larger than the request.
      * The earlier steps are what came before them: their largest allocation, their frees (what the driver saw
@@ -2259,7 +2296,8 @@ static void outlier(og_facts_t *d, const og_record_t *r)
     if (s < i0 && steps >= 8 && steps_freed && steps_max && (double)d->req >= 4.0 * (double)steps_max) {
         o->holds = o->batch_sizes = true;
         o->prev_max = steps_max;
-    }
+    } else
+        outlier_pass(d, r);
 }
 
 /* the value of NAME in the record's allow-listed environment, or NULL */

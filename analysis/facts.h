@@ -419,6 +419,11 @@ typedef struct og_outlier_facts {
     /* read through the failing batch's own new sizes (the allocations just before the run, of sizes the history
      * never saw, none larger than the request): prev_max is the largest allocation of the earlier steps */
     bool batch_sizes;
+    /* read through the whole pass: after 8 or more optimizer steps, what is allocated now and the request are at
+     * least 3x the most the history held before its last release to the driver (held_before), both above what was
+     * left after that release (floor: the state the steps keep) */
+    bool pass_peak;
+    uint64_t held_before, floor;
 } og_outlier_facts_t;
 
 /* One process driving several GPUs. */

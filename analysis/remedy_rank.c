@@ -1482,8 +1482,10 @@ static const og_rank_row_t bring[] = {
       "than the others",
       "batch_summarize_llama31_8b_one_exhibit_pads_batch_to_31k_a100_40gb (blind)" },
     { "one_batch_peak", one_batch_peak, WANT, 0, 0, REMS(R_SHORTER_SEQ),
-      "primary does_not_fit, request >= 4x any earlier allocation after freed steps, autograd not off",
-      "outlier_long_batch (blind)" },
+      "primary does_not_fit, request >= 4x any earlier allocation after freed steps (or, after 8+ optimizer steps, "
+      "the pass >= 3x the most an earlier one held above the floor kept between steps), autograd not off",
+      "outlier_long_batch, egnn_pdbbind_affinity_uncropped_assembly_entry_epoch7_empty_cache_every_step_a5000 "
+      "(blind)" },
     { "cross_entropy_op", cross_entropy_op, WANT, 0, 0, REMS(R_FUSED_CE),
       "roles.operation cross_entropy (cross_entropy, log_softmax, nll_loss on the failing stack)",
       "gemma_lora_fp32_logits_ce (blind), perplexity_log_softmax" },
@@ -1954,7 +1956,8 @@ static const og_rank_row_t lead[] = {
       "as checkpointing_off, unless a forward's failing request alone is a quarter of the card or more",
       "sft_first_forward_activations, long_ctx_lora_ckpt_flag_off (blind)" },
     { "one_batch_peak_lead", one_batch_peak, LEAD_COVERS, -19, 0, REMS(R_SHORTER_SEQ), "as one_batch_peak",
-      "outlier_long_batch (blind)" },
+      "outlier_long_batch, egnn_pdbbind_affinity_uncropped_assembly_entry_epoch7_empty_cache_every_step_a5000 "
+      "(blind)" },
     { "larger_outlier_batch_lead", larger_outlier_batch, LEAD, -31, 0, REMS(R_SHORTER_SEQ),
       "as larger_outlier_batch (ahead of larger_chunk's split_operation)",
       "callcenter_wav2vec2_ctc_hour_long_recording (blind)" },
@@ -2349,9 +2352,11 @@ static void estimate(rank_t *k, const rctx_t *x)
         if (cover[R_QUANT] > 0.75 * (double)ro->params)
             cover[R_QUANT] = 0.75 * (double)ro->params;
     }
-    if (one_batch_peak(x) || one_input_peak(x)) /* cap the length at what the earlier batches used */
-        cover[R_SHORTER_SEQ] =
-            (double)x->f->outlier.run_bytes * (1.0 - (double)x->f->outlier.prev_max / (double)x->req);
+    if (one_batch_peak(x) || one_input_peak(x)) { /* cap the length at what the earlier batches used */
+        const og_outlier_facts_t *o = &x->f->outlier;
+        cover[R_SHORTER_SEQ] = o->pass_peak ? (double)x->tracked + (double)x->req - (double)o->held_before
+                                            : (double)o->run_bytes * (1.0 - (double)o->prev_max / (double)x->req);
+    }
     if (larger_inference(x) || one_input_inference(x)) { /* the input's length can shrink as far as needed */
         cover[R_SHORTER_SEQ] = (double)x->req;
         cover[R_FLASH] = 0.9 * (double)x->req;

@@ -1247,15 +1247,37 @@ static bool b_smaller_batch(const rctx_t *x, og_remedy_t *r)
     return true;
 }
 
-static bool b_shorter_sequences(const rctx_t *x, og_remedy_t *r)
+/* a peak from one batch (facts: outlier) in a pass with autograd on: the sentence that says so, by what was compared
+ * (the request with the earlier steps' largest allocation, or the whole pass with the most they held); false and
+ * nothing written otherwise */
+static bool outlier_why(const rctx_t *x, og_remedy_t *r, const char *what)
 {
     const og_outlier_facts_t *o = &x->f->outlier;
-    if (x->primary == OG_CAUSE_DNF && o->holds && o->prev_max && x->grad != -1) {
+    if (x->primary != OG_CAUSE_DNF || !o->holds || x->grad == -1)
+        return false;
+    if (o->pass_peak && o->held_before > o->floor) {
+        double now = (double)x->tracked + (double)x->req - (double)o->floor,
+               before = (double)o->held_before - (double)o->floor;
+        why(r,
+            "This step's pass holds %s with its request, %.1fx the most an earlier one held (%s) in a run of %llu "
+            "optimizer steps that gave their memory back (above the %s kept between steps): one %s than the rest, "
+            "not a leak.",
+            og_hb(now).s, now / before, og_hb(before).s, (unsigned long long)x->f->roles.steps_made,
+            og_hb((double)o->floor).s, what);
+    } else if (o->prev_max)
         why(r,
             "The failing request, %s, is %.0fx the largest allocation of the earlier steps (%s), which had "
-            "freed what they made: one batch far longer than the rest, not a leak. Cap the length (truncate or "
-            "split long samples) or batch by a token budget.",
-            req_hb(x).s, (double)x->req / (double)o->prev_max, og_hb((double)o->prev_max).s);
+            "freed what they made: one %s than the rest, not a leak.",
+            req_hb(x).s, (double)x->req / (double)o->prev_max, og_hb((double)o->prev_max).s, what);
+    else
+        return false;
+    return true;
+}
+
+static bool b_shorter_sequences(const rctx_t *x, og_remedy_t *r)
+{
+    if (outlier_why(x, r, "batch far longer")) {
+        why(r, " Cap the length (truncate or split long samples) or batch by a token budget.");
         how(r, "tokenizer(texts, truncation=True, max_length=L)   # or split documents longer than L into pieces");
         how(r, "Batch by a token budget: add samples while sum(lengths) <= N tokens (fixed memory per step).");
         how(r, "Sort or bucket samples by length so one long sample does not pad a whole batch.");
@@ -1314,12 +1336,8 @@ static bool b_shorter_sequences(const rctx_t *x, og_remedy_t *r)
  * an image, whose size (not a token length) the activations follow; cutting it means partitioning or tiling */
 static bool b_cap_input_size(const rctx_t *x, og_remedy_t *r)
 {
-    const og_outlier_facts_t *o = &x->f->outlier;
-    if (x->primary == OG_CAUSE_DNF && o->holds && o->prev_max && x->grad != -1)
-        why(r,
-            "The failing request, %s, is %.0fx the largest allocation of the earlier steps (%s), which had "
-            "freed what they made: one input far larger than the rest, not a leak. ",
-            req_hb(x).s, (double)x->req / (double)o->prev_max, og_hb((double)o->prev_max).s);
+    if (outlier_why(x, r, "input far larger"))
+        why(r, " ");
     why(r, "The models have no attention layer: activations follow the input's size (nodes, points, pixels); "
            "partition, subsample or tile inputs above what fit.");
     if (x->shortfall)

@@ -1080,6 +1080,57 @@ static void one_batch_peak_through_new_sizes(void **state)
     free(r);
 }
 
+/* one batch's peak read through its whole pass: steps that held at most 2 GiB and gave it back, then a batch whose
+ * allocations repeat the earlier sizes (neither size test sees it) and holds 3x that with its request, after 8 or more
+ * optimizer steps */
+static void one_batch_peak_through_its_pass(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    fixture_roles(r, 100 * MiB, 100 * MiB, 200 * MiB, 0, 0, 4 * GiB + 624 * MiB);
+    fixture_steps(r, 1790, 0, 0, 0);
+    ev_reset(r);
+    for (int s = 0; s < 10; s++) {
+        ev_add(r, 0.1 * s, "alloc", 1 * GiB);
+        ev_add(r, 0.1 * s + 0.01, "alloc", 1 * GiB);
+        ev_add(r, 0.1 * s + 0.02, "free", 1 * GiB);
+        ev_add(r, 0.1 * s + 0.03, "free", 1 * GiB);
+    }
+    for (int i = 0; i < 5; i++)
+        ev_add(r, 2.0 + 0.01 * i, "alloc", 1 * GiB);
+    ev_add(r, 2.1, "fail", 1 * GiB);
+    og_set(&r->event.requested_bytes, 1 * GiB);
+    og_set(&r->memory.process_tracked_bytes, 5 * GiB);
+    const og_facts_t *f = facts(r);
+    assert_true(f->outlier.holds);
+    assert_true(f->outlier.pass_peak);
+    assert_int_equal(f->outlier.held_before, 2 * GiB);
+    assert_int_equal(f->outlier.floor, 0);
+    /* a little less than 3x what the earlier steps held: no */
+    og_set(&r->memory.process_tracked_bytes, 5 * GiB - 1);
+    assert_false(facts(r)->outlier.holds);
+    og_set(&r->memory.process_tracked_bytes, 5 * GiB);
+    /* 1 GiB kept between the steps (the model's state, below the history): 1 GiB of pass before, 4 + 1 - 1 now */
+    for (int i = 0; i < 45; i++)
+        FIXTURE_EV[i].live += 1 * GiB;
+    og_set(&r->memory.process_tracked_bytes, 4 * GiB);
+    assert_false(facts(r)->outlier.holds); /* 4 GiB with its request: 3 GiB above the floor, 1.5x the 2 GiB */
+    og_set(&r->memory.process_tracked_bytes, 6 * GiB + 1);
+    f = facts(r);
+    assert_true(f->outlier.holds);
+    assert_int_equal(f->outlier.floor, 1 * GiB);
+    for (int i = 0; i < 45; i++)
+        FIXTURE_EV[i].live -= 1 * GiB;
+    og_set(&r->memory.process_tracked_bytes, 5 * GiB);
+    /* 7 optimizer steps: too few to call the earlier ones the run's usual */
+    r->memory.fw.roles.steps_made = 7;
+    assert_false(facts(r)->outlier.holds);
+    /* the steps not known: no */
+    r->memory.fw.roles.steps_made = 1790;
+    r->memory.fw.roles.steps_known = false;
+    assert_false(facts(r)->outlier.holds);
+    free(r);
+}
+
 /* NCCL's memory: which library, how much, whether it failed */
 static void nccl_is_communication(void **state)
 {
@@ -1266,6 +1317,7 @@ int main(void)
         cmocka_unit_test(models_held_by_name_operation_ddp),
         cmocka_unit_test(one_batch_peak_after_freed_steps),
         cmocka_unit_test(one_batch_peak_through_new_sizes),
+        cmocka_unit_test(one_batch_peak_through_its_pass),
         cmocka_unit_test(nccl_is_communication),
         cmocka_unit_test(nccl_holds_the_steady_part_of_the_growth),
         cmocka_unit_test(nccl_settings_in_force),

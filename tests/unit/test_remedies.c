@@ -1754,6 +1754,49 @@ static og_record_t *outlier_pass(int batch)
     return r;
 }
 
+/* the same peak where the failing batch repeats the earlier steps' sizes (a molecule of many more atoms: more
+ * allocations, none larger): read through the whole pass, 8 GiB of state kept between steps, the earlier passes
+ * at most 2 GiB above it, this one 12 GiB with its request; the input's size leads, and the saving is the pass
+ * brought back to what fit */
+static void outlier_read_through_the_pass(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 2 * GiB, 2 * GiB, 4 * GiB, 0, 0, 9 * GiB);
+    fixture_adapter(r, 18 * GiB, 17 * GiB, 64 * MiB);
+    og_set(&r->memory.process_tracked_bytes, 18 * GiB);
+    og_set(&r->memory.fw.roles.attention_modules, 0);
+    fixture_steps(r, 500, 0, 0, 0);
+    r->memory.fw.grad_enabled = 1;
+    r->memory.fw.training = 1;
+    fixture_phase(r, "forward", "/w/train.py", "forward");
+    ev_reset(r);
+    ev_add(r, 0.001, "alloc", 8 * GiB); /* the model's state */
+    double t = 0.01;
+    for (int s = 0; s < 12; s++, t += 0.1) {
+        ev_add(r, t, "alloc", 1 * GiB);
+        ev_add(r, t + 0.01, "alloc", 1 * GiB);
+        ev_add(r, t + 0.02, "free", 1 * GiB);
+        ev_add(r, t + 0.03, "free", 1 * GiB);
+    }
+    for (int i = 0; i < 10; i++)
+        ev_add(r, t + 0.001 * i, "alloc", 1 * GiB);
+    ev_add(r, t + 0.02, "fail", 2 * GiB);
+    og_set(&r->event.requested_bytes, 2 * GiB);
+    og_set(&r->device.free_bytes, 1 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_true(r->analysis.facts.outlier.pass_peak);
+    assert_string_equal(r->remedies[0].id, "cap_input_size");
+    assert_non_null(strstr(r->remedies[0].why, "6.0x the most an earlier one held"));
+    /* the earlier passes held 5 GiB above the state: this one is no outlier, and the input's size does not lead */
+    for (int i = 1; i < 49; i++)
+        if (FIXTURE_EV[i].live > 9 * GiB)
+            FIXTURE_EV[i].live += 3 * GiB;
+    run_primary(r, "does_not_fit");
+    assert_false(r->analysis.facts.outlier.holds);
+    assert_string_not_equal(r->remedies[0].id, "cap_input_size");
+    free(r);
+}
+
 /* the models' layers walked and no attention layer met (a graph network): fused attention is not listed and
  * capping the input's size (cap_input_size) takes the place of a shorter sequence length; attention layers there,
  * an attention operation failing in a layer not named so, the walk unknown, or a decoding model: fused attention
@@ -5641,6 +5684,7 @@ int main(void)
         cmocka_unit_test(rank_loads_whole_model),
         cmocka_unit_test(rank_model_larger_than_card),
         cmocka_unit_test(eager_attention_fused_first),
+        cmocka_unit_test(outlier_read_through_the_pass),
         cmocka_unit_test(no_attention_layers_no_fused_attention),
         cmocka_unit_test(inference_call_building),
         cmocka_unit_test(growing_dataset_to_host),
