@@ -2061,6 +2061,30 @@ static void stmt_copies_holder(og_facts_t *d, const og_record_t *r)
     }
 }
 
+/* the failing statement's inputs as local holders (facts.h: roles.stmt_inputs) */
+static void stmt_inputs(og_facts_t *d, const og_record_t *r)
+{
+    const og_roles_t *ro = &r->memory.fw.roles;
+    og_role_facts_t *k = &d->roles;
+    if (!k->known || !ro->has_statement)
+        return;
+    char names[sizeof ro->stmt_names];
+    og_cpy(names, sizeof names, ro->stmt_names, sizeof names);
+    int nh = ro->nholders < 0 ? 0 : ro->nholders > 8 ? 8 : ro->nholders;
+    for (int i = 0; i < nh; i++) {
+        const og_role_holder_t *h = &ro->holders[i];
+        char name[sizeof h->name], where[sizeof h->where];
+        og_cpy(name, sizeof name, h->name, sizeof name);
+        og_cpy(where, sizeof where, h->where, sizeof where);
+        if (strncmp(where, "local in ", 9) != 0 || !og_name_listed(names, name) || h->copy_of[0] || h->graphs > 0)
+            continue;
+        k->stmt_inputs = add_sat(k->stmt_inputs, h->bytes);
+        size_t at = strlen(k->stmt_input_names);
+        if (at + strlen(name) + 3 < sizeof k->stmt_input_names)
+            og_fmt(k->stmt_input_names + at, sizeof k->stmt_input_names - at, "%s%s", at ? ", " : "", name);
+    }
+}
+
 /* one big temporary of a computation outside any model (facts.h: roles.loose_operation) */
 static void loose_operation(og_facts_t *d, const og_record_t *r)
 {
@@ -2601,6 +2625,7 @@ void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds
     growth_outgrows_cache(f);
     kept_outgrows_cache(f);
     stmt_copies_holder(f, rec);
+    stmt_inputs(f, rec);
     loose_operation(f, rec);
     others_sliver(f);
     copy_outgrows_cache(f);

@@ -176,6 +176,10 @@ typedef struct og_role_facts {
     uint64_t kept_held;   /* held_by_python holders kept across calls (every listed holder not a local) */
     uint64_t kept_across; /* kept_held and the registry's models (registry_models): what Python keeps across calls */
     uint64_t working;     /* act + local_held: the running computation's tensors */
+    /* of local_held, the holders the failing statement reads by name that keep no autograd graph and copy no role
+     * (images and targets handed to model(images, targets)): the pass's inputs, as the program holds them */
+    uint64_t stmt_inputs;
+    char stmt_input_names[96];            /* their names, comma-separated, as many as fit */
     uint64_t purpose_bytes[OG_NPURPOSES]; /* held_by_python by what the holders' names say they keep */
     /* of them, holders of purpose dataset kept across calls (a global, an attribute; not a local of a running
      * function): a dataset kept whole on the device, and the largest such holder (index in roles.holders, -1 none) */

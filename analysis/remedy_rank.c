@@ -614,6 +614,15 @@ static bool one_input_inference(const rctx_t *x)
  * card: the batches before it fit, and autograd keeps every layer's output of this one for backward, so tiling the
  * failing operation leaves the rest of its pass as large; capping the input's length brings it back to what fit */
 static bool larger_outlier_batch(const rctx_t *x) { return one_batch_peak(x) && x->larger_than_device; }
+/* a request larger than the card in a forward with autograd on, where the inputs the failing statement hands the
+ * model (roles.stmt_inputs: images and targets, locals of the running loop) are already a quarter of the card: a
+ * full-resolution scan's masks, a whole volume; the model's own first operations copy them (a resize to float), so
+ * the input's size is the lever, ahead of splitting an operation inside the model's code */
+bool og_forward_inputs_fill_card(const rctx_t *x)
+{
+    return PRIMARY(DNF) && x->larger_than_device && x->grad != -1 && PHASE(forward) && x->capacity &&
+           roles_of(x)->stmt_inputs * 4 >= x->capacity;
+}
 /* the same, where one sample's share of the failing request (roles.batch_size) is at least the earlier steps'
  * largest allocation (a whole earlier batch's): no smaller batch brings it back to what fit */
 static bool one_sample_peak(const rctx_t *x)
@@ -1602,6 +1611,10 @@ static const og_rank_row_t narrow[] = {
     { "larger_outlier_batch", larger_outlier_batch, WANT, 0, 0, REMS(R_SHORTER_SEQ),
       "as one_batch_peak, request > device (the earlier batches fit: the input's length is the lever)",
       "callcenter_wav2vec2_ctc_hour_long_recording (blind)" },
+    { "larger_forward_inputs", og_forward_inputs_fill_card, WANT, 0, 0, REMS(R_CAP_INPUT),
+      "primary does_not_fit, request > device, autograd not off, phase forward, the failing statement's input "
+      "holders (roles: stmt_inputs) >= a quarter of the card",
+      "seed_phenotyping_maskrcnn_tutorial_600dpi_flatbed_scans_colab_t4 (blind)" },
     { "larger_bigger_card", larger_card_exists, WANT, 0, 0, REMS(R_BIGGER),
       "request > device, < the largest card (141 GB)", "logits_larger_than_card" },
     { "larger_than_limit_only", larger_than_limit_only, WANT, 0, 0, REMS(R_RAISE_LIMIT),
@@ -1961,6 +1974,9 @@ static const og_rank_row_t lead[] = {
     { "larger_outlier_batch_lead", larger_outlier_batch, LEAD, -31, 0, REMS(R_SHORTER_SEQ),
       "as larger_outlier_batch (ahead of larger_chunk's split_operation)",
       "callcenter_wav2vec2_ctc_hour_long_recording (blind)" },
+    { "larger_forward_inputs_lead", og_forward_inputs_fill_card, LEAD, -31, 0, REMS(R_CAP_INPUT),
+      "as larger_forward_inputs (ahead of larger_chunk's split_operation)",
+      "seed_phenotyping_maskrcnn_tutorial_600dpi_flatbed_scans_colab_t4 (blind)" },
     { "generation_beams_lead", generation_beams, LEAD_COVERS, -27, 0, REMS(R_FEWER_BEAMS),
       "as generation_beams (a beam search: every beam keeps its own cache)",
       "translate_docs_beam_kv_growth (blind), generate_beams_kv_growth" },

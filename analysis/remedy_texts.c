@@ -1338,6 +1338,15 @@ static bool b_cap_input_size(const rctx_t *x, og_remedy_t *r)
 {
     if (outlier_why(x, r, "input far larger"))
         why(r, " ");
+    if (og_forward_inputs_fill_card(x)) {
+        const og_role_facts_t *ro = &x->f->roles;
+        why(r,
+            "The inputs the failing statement hands the model (%s) already hold %s, %.0f%% of the card, and the "
+            "model's own first operations copy them (a resize, a cast to float): downscale or tile them before "
+            "they reach the GPU. ",
+            ro->stmt_input_names, og_hb((double)ro->stmt_inputs).s,
+            100.0 * (double)ro->stmt_inputs / (double)x->capacity);
+    }
     why(r, "The models have no attention layer: activations follow the input's size (nodes, points, pixels); "
            "partition, subsample or tile inputs above what fit.");
     if (x->shortfall)

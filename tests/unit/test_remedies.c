@@ -1797,6 +1797,50 @@ static void outlier_read_through_the_pass(void **state)
     free(r);
 }
 
+/* a training forward asking for more than the card, whose statement hands the model inputs that already hold a
+ * third of it (a scan's full-resolution masks, copied to float by the model's resize): capping the input's size leads
+ * ahead of splitting an operation inside the model; inputs the statement does not read, or a sixth of the card, and
+ * splitting the operation leads */
+static void forward_inputs_fill_the_card(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 170 * MiB, 0, 0, 0, 8 * GiB, 400 * MiB);
+    fixture_holder(r, "images", "list", "local in train_one_epoch (train.py:302)", 1 * GiB);
+    fixture_holder(r, "targets", "list", "local in train_one_epoch (train.py:302)", 7 * GiB);
+    fixture_statement(r, "loss_dict", "");
+    snprintf(r->memory.fw.roles.stmt_names, sizeof r->memory.fw.roles.stmt_names, "model,images,targets");
+    r->memory.fw.grad_enabled = 1;
+    r->memory.fw.training = 1;
+    fixture_phase(r, "forward", "/w/mask_rcnn.py", "forward");
+    og_set(&r->event.requested_bytes, 25 * GiB);
+    og_set(&r->device.free_bytes, 15 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.stmt_inputs, 8 * GiB);
+    assert_string_equal(r->remedies[0].id, "cap_input_size");
+    assert_non_null(strstr(r->remedies[0].why, "(images, targets) already hold 8.00 GiB"));
+    assert_true(rank_of(r, "split_operation") > 1);
+    /* a sixth of the card: splitting the operation leads */
+    r->memory.fw.roles.holders[1].bytes = 3 * GiB;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "split_operation");
+    r->memory.fw.roles.holders[1].bytes = 7 * GiB;
+    /* the statement reads neither: not its inputs */
+    snprintf(r->memory.fw.roles.stmt_names, sizeof r->memory.fw.roles.stmt_names, "model,batch");
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.stmt_inputs, 0);
+    assert_string_equal(r->remedies[0].id, "split_operation");
+    /* autograd off (an inference through a model with no attention layer): the input's size leads by another row,
+     * one inference's input, and says nothing of a training forward's copies */
+    snprintf(r->memory.fw.roles.stmt_names, sizeof r->memory.fw.roles.stmt_names, "model,images,targets");
+    og_set(&r->memory.fw.roles.attention_modules, 0);
+    r->memory.fw.grad_enabled = -1;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->analysis.facts.roles.stmt_input_names, "images, targets");
+    assert_string_equal(r->remedies[0].id, "cap_input_size");
+    assert_null(strstr(r->remedies[0].why, "already hold"));
+    free(r);
+}
+
 /* the models' layers walked and no attention layer met (a graph network): fused attention is not listed and
  * capping the input's size (cap_input_size) takes the place of a shorter sequence length; attention layers there,
  * an attention operation failing in a layer not named so, the walk unknown, or a decoding model: fused attention
@@ -5685,6 +5729,7 @@ int main(void)
         cmocka_unit_test(rank_model_larger_than_card),
         cmocka_unit_test(eager_attention_fused_first),
         cmocka_unit_test(outlier_read_through_the_pass),
+        cmocka_unit_test(forward_inputs_fill_the_card),
         cmocka_unit_test(no_attention_layers_no_fused_attention),
         cmocka_unit_test(inference_call_building),
         cmocka_unit_test(growing_dataset_to_host),
