@@ -1758,6 +1758,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
          * weights of a hand-written mixed-precision recipe): that many parameters beyond the models, and their
          * gradients, are the optimizer's (k->master), not a copy under way */
         k->master = k->opt_params > k->model_params ? k->opt_params : 0;
+        k->opt_outside = k->model_params && (double)k->opt_params >= 4.0 * (double)k->model_params ? k->opt_params : 0;
         k->copy_loose = add_sat(sub0(sub0(k->params, k->model_params), k->master),
                                 sub0(sub0(k->grads, k->model_params), k->master));
     }

@@ -324,6 +324,11 @@ typedef struct og_role_facts {
      * train parameters of their own beside the models (fp32 master weights), and opt_params of the parameters (and
      * of the gradients) beyond the models' are theirs, not a copy; 0 otherwise */
     uint64_t master;
+    /* the optimizers train mostly tensors of no model: their parameters are at least 4x every model's (more than
+     * fp32 master weights or a ZeRO partition of them could be): an explainer's masks (a mask registered on a layer
+     * counts as that model's), an input optimized through a fixed model, a prompt's embeddings; opt_params, 0
+     * otherwise. Their backward runs through the models: autograd is the job */
+    uint64_t opt_outside;
     uint64_t copying; /* what the running code's copy holds so far: working + copy_loose */
     /* nothing computed yet: a model of roles.models is running (its .to() or __init__ executes) while all the
      * framework holds on the device is weights: the activations measured and none, no tensors held by Python

@@ -161,6 +161,15 @@ static bool autograd_known(const rctx_t *x) { return x->grad == -1 || x->trains 
 /* the program asks for the gradient of the model's input (roles.input_requires_grad: a saliency map, integrated
  * gradients, an adversarial example): the pass needs autograd, whatever mode the model is in */
 static bool input_gradient(const rctx_t *x) { return x->f->roles.input_grad; }
+/* the optimizers train mostly tensors of no model (facts: roles.opt_outside): their backward runs through the
+ * models */
+static bool optimizes_no_model(const rctx_t *x) { return x->f->roles.opt_outside > 0; }
+/* a pass with autograd on whose gradients the job reads though no model trains: a saliency map's input gradient,
+ * an attribution, masks or an input optimized through the models; inference mode would lose them */
+static bool autograd_needed(const rctx_t *x)
+{
+    return input_gradient(x) || og_attribution_pass(x) || optimizes_no_model(x);
+}
 static bool autocast_on(const rctx_t *x) { return x->autocast == 1; }
 static bool cupy(const rctx_t *x) { return x->fw == OG_FW_CUPY; }
 static bool no_zero(const rctx_t *x) { return x->fw == OG_FW_TENSORFLOW || x->fw == OG_FW_CUPY; }
@@ -222,7 +231,7 @@ bool og_previous_copy(const rctx_t *x) { return second_load(x) || model_copy_pri
 static bool loading(const rctx_t *x) { return PRIMARY(DNF) && load_phase(x) == OG_PHASE_LOADING; }
 static bool eval_with_autograd(const rctx_t *x)
 {
-    return PRIMARY(GROWTH) && known_inference(x) && x->grad == 1 && !x->f->roles.input_grad;
+    return PRIMARY(GROWTH) && known_inference(x) && x->grad == 1 && !autograd_needed(x);
 }
 /* the framework refused under its own cap, the cap bounds what it reserves (PyTorch, CuPy: the request
  * is a new segment from the device) and the device itself had no room for the request: raising the cap
@@ -353,8 +362,7 @@ bool og_feeds_no_backward(const rctx_t *x)
 }
 static bool evaluation_autograd_on(const rctx_t *x)
 {
-    return (PHASE(evaluation) || PHASE(generation)) && x->grad == 1 && !copy_builds_no_graph(x) && !input_gradient(x) &&
-           !og_attribution_pass(x);
+    return (PHASE(evaluation) || PHASE(generation)) && x->grad == 1 && !copy_builds_no_graph(x) && !autograd_needed(x);
 }
 /* an evaluation or generation pass while the training's gradients or optimizer state live on the failing device
  * (roles gradients, optimizer_state): the pass reads neither; the gradients wait for the next zero_grad, the
@@ -1650,6 +1658,10 @@ static const og_rank_row_t narrow[] = {
     { "gradient_asked", weight_grads_unread, DROP, 0, 0, REMS(R_TEACHER_NO_GRAD),
       "as weight_grads_unread (the backward asked for runs through the model: no_grad would lose it)",
       "attribution_patching_pythia_6_9b_ioi_backward_fills_weight_grads_4090 (blind)" },
+    { "optimizes_no_model", optimizes_no_model, DROP, 0, 0, REMS(R_INFERENCE, R_TEACHER_NO_GRAD),
+      "roles: the optimizers' parameters >= 4x every model's (opt_outside: masks or an input optimized through the "
+      "models)",
+      "gnnexplainer_aml_weekly_report_explanations_kept_in_list_l4 (blind)" },
     { "input_gradient", input_gradient, DROP, 0, 0, REMS(R_INFERENCE),
       "roles.input_requires_grad: a tensor the model's forward was given requires grad",
       "chexpert_densenet121_smoothgrad_noise_tunnel_50_samples_one_batch_512px_t4 (blind)" },

@@ -4997,6 +4997,29 @@ static void evaluation_with_autograd_on(void **state)
     free(r);
 }
 
+/* the same evaluation with autograd on, where the optimizer's parameters are 10x every model's (an explainer's masks
+ * trained through a model in eval mode): the gradients are the job, inference mode is not offered; at 2x the
+ * models' (fp32 master weights beside a bf16 model) it is */
+static void optimizer_trains_no_model_keeps_autograd(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 2 * GiB, 1 * GiB, 4 * GiB, 0, 0, 14 * GiB);
+    fixture_model(r, "GraphSAGE", 200 * MiB, 1, false);
+    fixture_optimizer(r, "Adam", 4 * GiB);
+    og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 2 * GiB);
+    fixture_phase(r, "evaluation", "/srv/explain.py", "forward");
+    r->memory.fw.grad_enabled = 1;
+    r->memory.fw.training = 0;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.opt_outside, 2 * GiB);
+    assert_int_equal(rank_of(r, "inference_mode"), 0);
+    og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 400 * MiB);
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.opt_outside, 0);
+    assert_string_equal(r->remedies[0].id, "inference_mode");
+    free(r);
+}
+
 /* an evaluation after training with its gradients and AdamW's state alive (a notebook's evaluation cell after fit):
  * freeing them leads; a forward pass of training uses them: not offered; an evaluation of a job that made no
  * gradients or optimizer state: not offered either */
@@ -5768,6 +5791,7 @@ int main(void)
         cmocka_unit_test(copy_under_way),
         cmocka_unit_test(dataset_kept_on_the_gpu),
         cmocka_unit_test(evaluation_with_autograd_on),
+        cmocka_unit_test(optimizer_trains_no_model_keeps_autograd),
         cmocka_unit_test(evaluation_frees_training_state),
         cmocka_unit_test(framework_libraries),
         cmocka_unit_test(generation_growth_without_kv_cache),
