@@ -146,13 +146,15 @@ PURPOSES = (
                                                             "ExponentialMovingAverage")),
     ("checkpoint", ("ckpt", "checkpoint", "state_dict", "statedict", "checkpoints"), ()),
     ("teacher", ("teacher",), ()),
-    ("cache", ("cache", "cached", "memo", "lru", "memoized"), ("*Cache*", "*cache*")),
     # a dataset kept whole on the device (train_images = torch.from_numpy(...).cuda(); a Dataset's tensors)
     # (a reinforcement learner's replay buffer is its dataset: episodes or transitions it samples batches from)
     ("dataset", ("dataset", "datasets", "images", "imgs", "samples", "x_train", "train_x", "x_val", "x_test",
                  "x_tr", "x_va", "x_valid", "x_te", "x_trn", "x_tst", "val_x", "valid_x", "test_x",
                  "replay", "replay_buffer", "episodes", "transitions"),
      ("*Dataset*", "*ReplayBuffer*", "*Replay*", "*RolloutBuffer*")),
+    # after the dataset: a dataset's own cache (MONAI's CacheDataset keeps its preprocessed items in self._cache)
+    # is the dataset kept on the device, not a cache beside it
+    ("cache", ("cache", "cached", "memo", "lru", "memoized"), ("*Cache*", "*cache*")),
     # a search index kept on the device: the vectors a retriever searches (a flat index's matrix, FAISS's GPU
     # index, a vector store), named so or held by an index's class
     ("index", ("index", "faiss", "vector_index", "flat_index", "ann_index", "search_index", "vector_store",

@@ -609,8 +609,8 @@ def t_never_raises():
 
 
 def t_purposes():
-    """What the holders' names and classes say they keep: a KV cache, an EMA, a checkpoint, a teacher;
-    an identifier that merely contains the letters (schema, temas) says nothing."""
+    """What the holders' names and classes say they keep: a KV cache, an EMA, a checkpoint, a teacher, a dataset
+    (a dataset's own cache too); an identifier that merely contains the letters (schema, temas) says nothing."""
     P = oomguard_roles.purpose_of
     assert P(("past_key_values",)) == "kv_cache" and P(("self.kv",)) == "kv_cache", P(("kv",))
     assert P(("layer_cache",), ("StaticCache",)) == "kv_cache"
@@ -620,6 +620,9 @@ def t_purposes():
     assert P(("train_images",)) == "dataset" and P(("self.x",), ("Tensor", "ShelfDataset")) == "dataset"
     assert P(("self.vectors",), ("Tensor", "GpuFlatIndex")) == "index" and P(("faiss_index",)) == "index"
     assert P(("X_tr",)) == "dataset" and P(("x_va",)) == "dataset" and P(("X_valid",)) == "dataset"
+    # a dataset's own cache is the dataset on the device (MONAI's CacheDataset._cache); a cache class's is a cache
+    assert P(("self._cache",), ("list", "CacheDataset")) == "dataset", P(("self._cache",), ("list", "CacheDataset"))
+    assert P(("self._cache",), ("dict", "LRUCache")) == "cache"
     assert P(("data",)) is None and P(("image_size",)) is None
     assert P(("schema",)) is None and P(("temas",)) is None and P(("t_acts",)) is None and P(()) is None
     build()
