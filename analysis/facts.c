@@ -2126,6 +2126,19 @@ static bool next_tensor_has_no_room(const og_facts_t *d, const og_role_facts_t *
     return room >= d->req && room - d->req < d->req;
 }
 
+/* a comprehension of the program's on the failing stack (facts.h: comprehension) */
+static void comprehension_running(og_facts_t *d, const og_record_t *r)
+{
+    static const char *const names[] = { "<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>" };
+    const og_framework_view_t *fw = &r->memory.fw;
+    int n = fw->npy_frames < 0 ? 0 : fw->npy_frames > 24 ? 24 : fw->npy_frames;
+    d->comprehension = -1;
+    for (int i = 0; i < n && d->comprehension < 0; i++)
+        for (size_t j = 0; j < sizeof names / sizeof *names; j++)
+            if (!strncmp(fw->py_frames[i].function, names[j], sizeof fw->py_frames[i].function))
+                d->comprehension = i;
+}
+
 static void pass_outgrows_cache(og_facts_t *d, const og_record_t *r)
 {
     const og_role_facts_t *k = &d->roles;
@@ -2134,7 +2147,8 @@ static void pass_outgrows_cache(og_facts_t *d, const og_record_t *r)
     /* a retry inside the handler of an earlier OOM runs its pass again: a pass building, the failed attempt's tensors
      * (its traceback keeps them) with it */
     bool building = pass_phase(d->phase) || d->phase == OG_JP_oom_handler ||
-                    (d->phase == OG_JP_loading && (k->arriving || k->local_held || k->act));
+                    (d->phase == OG_JP_loading && (k->arriving || k->local_held || k->act)) ||
+                    (d->phase == OG_JP_unknown && d->comprehension >= 0);
     /* an optimizer step making an Adam-family state (two moments per parameter its optimizers hold): what it has
      * yet to make is the step's own working set */
     if (d->phase == OG_JP_optimizer_step && k->known && k->opt_adam && k->opt_params && d->cached_known &&
@@ -2622,6 +2636,7 @@ void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds
     imbalance(f, rec);
     non_framework(f, rec);
     fit(f, rec);
+    comprehension_running(f, rec);
     pass_outgrows_cache(f, rec);
     growth_outgrows_cache(f);
     kept_outgrows_cache(f);

@@ -563,6 +563,11 @@ typedef struct og_facts {
     bool nonfw_holds;  /* memory outside the framework explains the shortfall */
     uint64_t nonfw;    /* non_framework_bytes, 0 when unknown */
     int nonfw_big_lib; /* index in by_library of the largest non-framework library, -1 none */
+    /* a comprehension of the program's is on the failing stack (Python up to 3.11 runs each in a frame of its own:
+     * <listcomp>, <dictcomp>, <setcomp>, <genexpr>): its index in memory.framework.python_stack (innermost first),
+     * -1 none. The running code makes one result per item and keeps them all until it ends (every frame of a batch
+     * converted at once): a working set still building, like a pass's */
+    int comprehension;
 
     /* what the job was doing, what its memory is for (the Python adapter; unknown without it) */
     enum og_job_phase phase;

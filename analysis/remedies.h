@@ -105,6 +105,9 @@ bool og_attribution_pass(const rctx_t *x);
 /* a request larger than the card in a forward with autograd on whose statement's inputs (roles.stmt_inputs) are a
  * quarter of the card or more (remedy_rank.c: larger_forward_inputs) */
 bool og_forward_inputs_fill_card(const rctx_t *x);
+/* the failing call inside a comprehension of the program's outside any pass, its temporaries 4x the request or more
+ * (remedy_rank.c: comprehension_builds) */
+bool og_comprehension_builds(const rctx_t *x);
 /* the growth is one generation's working set: a KV cache rising token by token within a request (the
  * job decoding (facts.decoding), or a KV cache holding at least half the rise; growth.gen_built; or, with no
  * growth read, decoding with a KV cache holding the missing bytes and a quarter of the framework's

@@ -1104,6 +1104,17 @@ static bool transducer_op(const rctx_t *x)
 static bool cross_entropy_lead(const rctx_t *x) { return cross_entropy_op(x) && !confident_growth(x); }
 static bool transducer_lead(const rctx_t *x) { return transducer_op(x) && !confident_growth(x); }
 static bool operation_dominates_lead(const rctx_t *x) { return operation_dominates(x) && !confident_growth(x); }
+/* the failing call inside a comprehension of the program's (facts: comprehension) outside any pass of a model (phase
+ * unknown), the running code's temporaries at least 4x the request: one result made per item and all kept until it
+ * ends (a batch of decoded frames converted to float at once); in chunks of items, each reduced before the next (a
+ * crop, a pool, a copy to the host), the peak is a chunk's. A copy of the model's weights made so (a snapshot,
+ * [p.clone() for p in model.parameters()]) is weights_copy's: kept whole, off the GPU */
+bool og_comprehension_builds(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return PRIMARY(DNF) && PHASE(unknown) && x->f->comprehension >= 0 && ro->known && ro->act_known &&
+           (double)ro->act >= 4.0 * (double)x->req && !weights_copy(x);
+}
 /* one big temporary of a computation outside any model (facts: roles.loose_operation: no parameters, no pass, the
  * statement's sizes rows x columns, the earlier temporaries of the same operation alive): a block of fewer rows,
  * reduced before the next, is the lever; there is no batch, no model to shrink */
@@ -1515,6 +1526,10 @@ static const og_rank_row_t bring[] = {
       "(activations + locals)",
       "sdxl_vae_decode_2048px (blind), upscale_interpolate, wsi_tumor_segmentation_whole_slide_forward, "
       "botorch_electrolyte_bo_merged_60k_points_exact_gp_float64_a6000 (blind)" },
+    { "comprehension_builds", og_comprehension_builds, WANT, 0, 0, REMS(R_CHUNK),
+      "primary does_not_fit, phase unknown, a comprehension on the failing stack (facts: comprehension), "
+      "activations >= 4x the request",
+      "camera_trap_convnext_nvjpeg_batch_decode_full_frames_to_float_before_crop_a10g (blind)" },
     { "loose_operation", loose_operation, WANT, 0, 0, REMS(R_CHUNK),
       "primary does_not_fit, roles: no parameters, phase unknown with a Python stack, request >= capacity / 8, the "
       "statement's sizes a product or a square, activations >= 0.9 x request (facts: roles.loose_operation)",
@@ -2011,6 +2026,9 @@ static const og_rank_row_t lead[] = {
     { "transducer_lead", transducer_lead, LEAD_COVERS, -26, 0, REMS(R_CHUNK),
       "as transducer_op, primary not a confident growth",
       "torchaudio_conformer_rnnt_vietnamese_bpe4096_long_batch_a10g (blind)" },
+    { "comprehension_builds_lead", og_comprehension_builds, LEAD_COVERS, -27, 0, REMS(R_CHUNK),
+      "as comprehension_builds",
+      "camera_trap_convnext_nvjpeg_batch_decode_full_frames_to_float_before_crop_a10g (blind)" },
     { "loose_operation_lead", loose_operation, LEAD_COVERS, -27, 0, REMS(R_CHUNK), "as loose_operation",
       "butina_tanimoto_chunk_tuned_on_inhouse_250k_run_on_1_6m_vendor_library_a100_80gb (blind)" },
     { "operation_dominates_lead", operation_dominates_lead, LEAD_COVERS, -27, 0, REMS(R_CHUNK),
@@ -2397,6 +2415,8 @@ static void estimate(rank_t *k, const rctx_t *x)
         cover[R_CHUNK] = 0.875 * (double)op_tensor_bytes(x);
     if (transducer_op(x)) /* in eight sub-batches: an eighth of the joint's tensors at a time */
         cover[R_CHUNK] = 0.875 * (double)x->req;
+    if (og_comprehension_builds(x)) /* in eight chunks of items: an eighth of what it made, the request's included */
+        cover[R_CHUNK] = 0.875 * ((double)ro->act + (double)x->req);
     if (loose_operation(x)) /* in eight blocks of rows: an eighth of its temporaries, the request's and earlier ones */
         cover[R_CHUNK] = 0.875 * ((double)ro->act + (double)x->req);
     /* the operation's tensors are one sample's (its sizes do not carry the batch) and with the state they take the

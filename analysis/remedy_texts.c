@@ -2045,8 +2045,30 @@ static bool chunk_loose_operation(const rctx_t *x, og_remedy_t *r)
     return true;
 }
 
+/* a comprehension making one result per item and keeping them all (remedy_rank.c: comprehension_builds) */
+static bool chunk_comprehension(const rctx_t *x, og_remedy_t *r)
+{
+    const og_framework_view_t *fw = &x->rec->memory.fw;
+    int i = x->f->comprehension, n = fw->npy_frames < 0 ? 0 : fw->npy_frames > 24 ? 24 : fw->npy_frames;
+    char file[sizeof fw->py_frames[0].file], fn[sizeof fw->py_frames[0].function];
+    og_cpy(file, sizeof file, fw->py_frames[i].file, sizeof file);
+    og_cpy(fn, sizeof fn, i + 1 < n ? fw->py_frames[i + 1].function : "", sizeof fn);
+    why(r,
+        "The failing call runs inside a comprehension (%s:%d%s%s) that makes one tensor per item and keeps every one "
+        "until it ends: %s of them so far beside the %s asked for, outside any model's pass. Over chunks of items, "
+        "each reduced before the next (cropped or resized, pooled, copied to the host), it needs a chunk's worth.",
+        og_base_name(file), fw->py_frames[i].line, fn[0] ? " in " : "", fn, og_hb((double)x->f->roles.act).s,
+        req_hb(x).s);
+    how(r, "%sfor i in range(0, len(items), chunk): out.extend(reduce(f(t)) for t in items[i:i + chunk])", pt(x));
+    how(r, "Reduce each item where it is made (crop or resize before the cast to float) so only the small result is "
+           "kept.");
+    return true;
+}
+
 static bool b_chunk(const rctx_t *x, og_remedy_t *r)
 {
+    if (og_comprehension_builds(x) && !x->larger_than_device)
+        return chunk_comprehension(x, r);
     /* a convolution larger than the card in an inference pass is tiled as any (remedy_rank.c: operation_dominates) */
     bool conv_tiles =
         x->f->roles.operation == OG_OP_conv && x->grad == -1 && x->req_known && x->req >= x->f->roles.working;

@@ -1841,6 +1841,34 @@ static void forward_inputs_fill_the_card(void **state)
     free(r);
 }
 
+/* a batch of decoded frames converted to float in a list comprehension, outside any model's pass: 16 GiB made so far
+ * beside a 134 MiB request, 447 MiB cached in splinters. The comprehension is still building: what it holds outgrows
+ * any defragmented cache (does_not_fit, not fragmentation), and chunks of items, each reduced, lead. Without its
+ * frame (Python 3.12 runs comprehensions inline) the textbook splinters decide */
+static void comprehension_still_building(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 100 * MiB, 0, 0, 0, 4 * GiB, 16 * GiB);
+    fixture_adapter(r, 20 * GiB + 547 * MiB, 20 * GiB + 100 * MiB, 11 * MiB);
+    og_set(&r->memory.process_tracked_bytes, 20 * GiB + 547 * MiB);
+    r->memory.fw.grad_enabled = 1;
+    r->memory.fw.npy_frames = 4;
+    r->memory.fw.py_frames[0] = (og_py_frame_t){ .file = "/w/cam.py", .line = 50, .function = "_tensor" };
+    r->memory.fw.py_frames[1] = (og_py_frame_t){ .file = "/w/cam.py", .line = 216, .function = "<listcomp>" };
+    r->memory.fw.py_frames[2] = (og_py_frame_t){ .file = "/w/cam.py", .line = 216, .function = "gpu_batch" };
+    r->memory.fw.py_frames[3] = (og_py_frame_t){ .file = "/w/cam.py", .line = 228, .function = "main" };
+    og_set(&r->event.requested_bytes, 134 * MiB);
+    og_set(&r->device.free_bytes, 2 * MiB);
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.comprehension, 1);
+    assert_string_equal(r->remedies[0].id, "split_operation");
+    assert_non_null(strstr(r->remedies[0].why, "inside a comprehension (cam.py:216 in gpu_batch)"));
+    snprintf(r->memory.fw.py_frames[1].function, sizeof r->memory.fw.py_frames[1].function, "gpu_batch");
+    run_primary(r, "fragmentation");
+    assert_int_equal(r->analysis.facts.comprehension, -1);
+    free(r);
+}
+
 /* the models' layers walked and no attention layer met (a graph network): fused attention is not listed and
  * capping the input's size (cap_input_size) takes the place of a shorter sequence length; attention layers there,
  * an attention operation failing in a layer not named so, the walk unknown, or a decoding model: fused attention
@@ -5753,6 +5781,7 @@ int main(void)
         cmocka_unit_test(eager_attention_fused_first),
         cmocka_unit_test(outlier_read_through_the_pass),
         cmocka_unit_test(forward_inputs_fill_the_card),
+        cmocka_unit_test(comprehension_still_building),
         cmocka_unit_test(no_attention_layers_no_fused_attention),
         cmocka_unit_test(inference_call_building),
         cmocka_unit_test(growing_dataset_to_host),
