@@ -2038,37 +2038,15 @@ static void growth_outgrows_cache(og_facts_t *d)
         d->growth.holds && d->cached_known && !d->recovered && d->reservation && outgrows(d, d->growth.rise);
 }
 
-/* the failing statement copies a holder whole (facts.h: roles.stmt_copies) */
-static void stmt_copies_holder(og_facts_t *d, const og_record_t *r)
-{
-    const og_roles_t *ro = &r->memory.fw.roles;
-    og_role_facts_t *k = &d->roles;
-    if (!k->known || !ro->has_statement || !d->req_known || d->req < (256ULL << 20) || d->phase == OG_JP_loading)
-        return;
-    char names[sizeof ro->stmt_names];
-    og_cpy(names, sizeof names, ro->stmt_names, sizeof names);
-    int nh = ro->nholders < 0 ? 0 : ro->nholders > 8 ? 8 : ro->nholders;
-    for (int i = 0; i < nh; i++) {
-        const og_role_holder_t *h = &ro->holders[i];
-        char name[sizeof h->name];
-        og_cpy(name, sizeof name, h->name, sizeof name);
-        const char *last = strrchr(name, '.') ? strrchr(name, '.') + 1 : name;
-        if (og_holder_purpose(d, r, i) != OG_PURPOSE_NONE || h->copy_of[0] ||
-            !(og_name_listed(names, name) || og_name_listed(names, last)))
-            continue;
-        if ((double)d->req >= 0.9 * (double)h->bytes && (double)d->req <= 1.1 * (double)h->bytes &&
-            (k->stmt_copies < 0 || h->bytes > ro->holders[k->stmt_copies].bytes))
-            k->stmt_copies = i;
-    }
-}
-
-/* the failing statement's inputs as local holders (facts.h: roles.stmt_inputs) */
-static void stmt_inputs(og_facts_t *d, const og_record_t *r)
+/* the holders the failing statement reads by name: the one it copies whole (facts.h: roles.stmt_copies) and its
+ * inputs as local holders (roles.stmt_inputs) */
+static void stmt_holders(og_facts_t *d, const og_record_t *r)
 {
     const og_roles_t *ro = &r->memory.fw.roles;
     og_role_facts_t *k = &d->roles;
     if (!k->known || !ro->has_statement)
         return;
+    bool copies = d->req_known && d->req >= (256ULL << 20) && d->phase != OG_JP_loading;
     char names[sizeof ro->stmt_names];
     og_cpy(names, sizeof names, ro->stmt_names, sizeof names);
     int nh = ro->nholders < 0 ? 0 : ro->nholders > 8 ? 8 : ro->nholders;
@@ -2077,7 +2055,15 @@ static void stmt_inputs(og_facts_t *d, const og_record_t *r)
         char name[sizeof h->name], where[sizeof h->where];
         og_cpy(name, sizeof name, h->name, sizeof name);
         og_cpy(where, sizeof where, h->where, sizeof where);
-        if (strncmp(where, "local in ", 9) != 0 || !og_name_listed(names, name) || h->copy_of[0] || h->graphs > 0)
+        const char *last = strrchr(name, '.') ? strrchr(name, '.') + 1 : name;
+        bool by_name = og_name_listed(names, name);
+        if (h->copy_of[0] || !(by_name || og_name_listed(names, last)))
+            continue;
+        if (copies && og_holder_purpose(d, r, i) == OG_PURPOSE_NONE && (double)d->req >= 0.9 * (double)h->bytes &&
+            (double)d->req <= 1.1 * (double)h->bytes &&
+            (k->stmt_copies < 0 || h->bytes > ro->holders[k->stmt_copies].bytes))
+            k->stmt_copies = i;
+        if (!by_name || strncmp(where, "local in ", 9) != 0 || h->graphs > 0)
             continue;
         k->stmt_inputs = add_sat(k->stmt_inputs, h->bytes);
         size_t at = strlen(k->stmt_input_names);
@@ -2640,8 +2626,7 @@ void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds
     pass_outgrows_cache(f, rec);
     growth_outgrows_cache(f);
     kept_outgrows_cache(f);
-    stmt_copies_holder(f, rec);
-    stmt_inputs(f, rec);
+    stmt_holders(f, rec);
     loose_operation(f, rec);
     others_sliver(f);
     copy_outgrows_cache(f);

@@ -1824,6 +1824,13 @@ static void forward_inputs_fill_the_card(void **state)
     run_primary(r, "does_not_fit");
     assert_string_equal(r->remedies[0].id, "split_operation");
     r->memory.fw.roles.holders[1].bytes = 7 * GiB;
+    /* the targets kept by a global (read by the statement, but not the running code's batch): not its inputs */
+    snprintf(r->memory.fw.roles.holders[1].where, sizeof r->memory.fw.roles.holders[1].where, "global in train.py");
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.stmt_inputs, 1 * GiB);
+    assert_string_equal(r->remedies[0].id, "split_operation");
+    snprintf(r->memory.fw.roles.holders[1].where, sizeof r->memory.fw.roles.holders[1].where,
+             "local in train_one_epoch (train.py:302)");
     /* the statement reads neither: not its inputs */
     snprintf(r->memory.fw.roles.stmt_names, sizeof r->memory.fw.roles.stmt_names, "model,batch");
     run_primary(r, "does_not_fit");
