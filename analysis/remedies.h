@@ -19,7 +19,9 @@
  *                    optimizer or updating weights outside it, when the roles were measured
  *   AP_BACKWARD      autograd keeps something for backward: not with autograd off at the failure
  *   AP_ATTENTION     the models compute attention: not where the walk of their layers met none (roles
- *                    attention_modules 0) and the failing operation is not attention */
+ *                    attention_modules 0) and the failing operation is not attention
+ *   AP_MODEL_STATE   the job keeps a model's state on the device: not where every role of it was measured
+ *                    (parameters, buffers, gradients, optimizer state, graph pools) and none holds a byte */
 enum og_applies {
     AP_ANY = 0,
     AP_TRAINING = 1 << 0,
@@ -27,6 +29,7 @@ enum og_applies {
     AP_ACTIVATIONS = 1 << 2,
     AP_BACKWARD = 1 << 3,
     AP_ATTENTION = 1 << 4,
+    AP_MODEL_STATE = 1 << 5,
 };
 
 enum og_rem {

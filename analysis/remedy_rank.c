@@ -2488,7 +2488,8 @@ static bool applies(const rctx_t *x, int ap)
 {
     return !((ap & AP_TRAINING) && x->trains == -1) && !((ap & AP_NOT_TRAINING) && x->trains == 1) &&
            !((ap & AP_ACTIVATIONS) && no_activations(x)) && !((ap & AP_BACKWARD) && x->grad == -1) &&
-           !((ap & AP_ATTENTION) && roles_of(x)->attention == -1);
+           !((ap & AP_ATTENTION) && roles_of(x)->attention == -1) &&
+           !((ap & AP_MODEL_STATE) && roles_of(x)->state_known && !roles_of(x)->state);
 }
 
 /* every remedy, whatever brought it: one the evidence rules out (its `applies`), or whose own estimate

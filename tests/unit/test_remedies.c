@@ -4554,6 +4554,30 @@ static void loose_operation_in_blocks(void **state)
     free(r);
 }
 
+/* a score computed over data with no model on the device (an ensemble's pairwise differences: 58 GiB asked beside
+ * 59 GiB of temporaries on an 80 GiB card), every role of a model's state measured at 0 B: nothing to quantize,
+ * offload or shard is listed; with a model's weights on the device they are */
+static void no_model_state_no_weight_remedies(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->device.total_bytes, 80 * GiB);
+    og_set(&r->device.free_bytes, 20 * GiB);
+    og_set(&r->event.requested_bytes, 58 * GiB);
+    fixture_roles(r, 0, 0, 0, 0, 0, 59 * GiB);
+    r->memory.fw.npy_frames = 2;
+    r->memory.fw.grad_enabled = -1;
+    run_primary(r, "does_not_fit");
+    assert_true(r->analysis.facts.roles.state_known);
+    assert_int_equal(rank_of(r, "quantization"), 0);
+    assert_int_equal(rank_of(r, "cpu_offload"), 0);
+    assert_int_equal(rank_of(r, "zero_fsdp"), 0);
+    og_set(&r->memory.fw.roles.bytes[OG_ROLE_parameters], 30 * GiB);
+    og_set(&r->memory.fw.roles.bytes[OG_ROLE_activations], 29 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_true(rank_of(r, "quantization") > 0 || rank_of(r, "cpu_offload") > 0);
+    free(r);
+}
+
 /* the failing statement copies a holder whole (torch.cat(self.bank_chunks): the request is what the list holds):
  * gathering the pieces in host memory, or building the result in place, leads, named with the statement's line; a request that is not the holder's
  * size, a holder whose name says a dataset, or a load, is no such copy */
@@ -5805,6 +5829,7 @@ int main(void)
         cmocka_unit_test(index_kept_on_the_gpu),
         cmocka_unit_test(kept_holder_outgrows_the_splinters),
         cmocka_unit_test(loose_operation_in_blocks),
+        cmocka_unit_test(no_model_state_no_weight_remedies),
         cmocka_unit_test(statement_copies_a_holder),
         cmocka_unit_test(restored_by_torch_load),
         cmocka_unit_test(pipeline_kept_beside_training),
