@@ -1204,7 +1204,7 @@ static void job_phase(og_facts_t *d, const og_record_t *r)
     if (d->phase != OG_JP_loading)
         return;
     const og_framework_view_t *fw = &r->memory.fw;
-    int n = fw->npy_frames < 0 ? 0 : fw->npy_frames > 24 ? 24 : fw->npy_frames;
+    int n = OG_FILLED(fw->npy_frames, fw->py_frames);
     for (int i = -1; i < n && !d->load_via_torch_load; i++) {
         const og_py_frame_t *f = i < 0 ? (fw->has_phase_frame ? &fw->phase_frame : NULL) : &fw->py_frames[i];
         char file[sizeof f->file];
@@ -1401,7 +1401,7 @@ static bool pass_own_local(const char *where, const og_record_t *r)
     const char *close = sp ? strrchr(sp, ')') : NULL, *colon = close ? strrchr(sp, ':') : NULL;
     long line = colon && colon < close ? strtol(colon + 1, NULL, 10) : 0;
     const og_py_frame_t *st = fw->py_frames;
-    int outer = -1, n_frames = fw->npy_frames < 0 ? 0 : fw->npy_frames > 24 ? 24 : fw->npy_frames;
+    int outer = -1, n_frames = OG_FILLED(fw->npy_frames, fw->py_frames);
     for (int i = 0; i < n_frames; i++)
         if (!strncmp(st[i].function, "forward", sizeof st[i].function))
             outer = i;
@@ -1429,7 +1429,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
     k->operation = OG_OPERATION_NONE;
     if (!r->memory.fw.has || !ro->has)
         return;
-    int nm = ro->nmodels < 0 ? 0 : ro->nmodels > 6 ? 6 : ro->nmodels;
+    int nm = OG_FILLED(ro->nmodels, ro->models);
     uint64_t unnamed = 0; /* of model_copies, the copies in groups no name of the running code reaches */
     char target[sizeof ro->stmt_target];
     og_cpy(target, sizeof target, ro->has_statement ? ro->stmt_target : "", sizeof target);
@@ -1633,7 +1633,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
     k->held = role_or0(ro, OG_ROLE_held_by_python);
     k->act_known = og_known(ro->bytes[OG_ROLE_activations]);
     k->act = role_or0(ro, OG_ROLE_activations);
-    int nopt = ro->noptimizers < 0 ? 0 : ro->noptimizers > 6 ? 6 : ro->noptimizers;
+    int nopt = OG_FILLED(ro->noptimizers, ro->optimizers);
     uint64_t classed = 0;
     for (int i = 0; i < nopt; i++) {
         char cls[sizeof ro->optimizers[0].cls];
@@ -1661,7 +1661,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
     if (k->opt_params > trained_bytes)
         k->untrained_running = k->untrained_ref = k->untrained_eval = 0;
     k->dtypes_known = ro->has_dtypes && og_known(ro->bytes[OG_ROLE_parameters]);
-    int nd = ro->ndtypes < 0 ? 0 : ro->ndtypes > 6 ? 6 : ro->ndtypes;
+    int nd = OG_FILLED(ro->ndtypes, ro->dtypes);
     for (int i = 0; k->dtypes_known && i < nd; i++) {
         char dt[sizeof ro->dtypes[0].dtype];
         og_cpy(dt, sizeof dt, ro->dtypes[i].dtype, sizeof dt);
@@ -1672,7 +1672,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
         if (!strcmp(dt, "float64"))
             k->params_fp64 = add_sat(k->params_fp64, ro->dtypes[i].bytes);
     }
-    int nh = ro->nholders < 0 ? 0 : ro->nholders > 8 ? 8 : ro->nholders;
+    int nh = OG_FILLED(ro->nholders, ro->holders);
     for (int i = 0; i < nh; i++) {
         uint64_t b = og_known(ro->holders[i].float64) ? ro->holders[i].float64.v : 0;
         k->held_fp64 = add_sat(k->held_fp64, b);
@@ -1798,7 +1798,7 @@ static void kept_graphs(og_facts_t *d, const og_record_t *r)
     const og_roles_t *ro = &r->memory.fw.roles;
     if (!k->known || !k->act_known || !k->act || r->memory.fw.grad_enabled != 1)
         return;
-    int nh = ro->nholders < 0 ? 0 : ro->nholders > 8 ? 8 : ro->nholders;
+    int nh = OG_FILLED(ro->nholders, ro->holders);
     /* measured: the holder's own tensors keep their graphs (wherever it is kept, a running loop's list too) */
     for (int i = 0; i < nh && !k->accumulating && d->phase != OG_JP_backward; i++) {
         const og_role_holder_t *h = &ro->holders[i];
@@ -1891,7 +1891,7 @@ static void weights_copies(og_facts_t *d, const og_record_t *r)
     k->ema_model = k->reference_group = k->repeated_group = k->trained_group = k->twin_group = -1;
     if (!k->known)
         return;
-    int nm = ro->nmodels < 0 ? 0 : ro->nmodels > 6 ? 6 : ro->nmodels;
+    int nm = OG_FILLED(ro->nmodels, ro->models);
     uint64_t twin[6] = { 0 }, twins = 0;
     int ntwins = 0, largest_twin = -1;
     for (int i = 0; i < nm; i++)
@@ -2049,7 +2049,7 @@ static void stmt_holders(og_facts_t *d, const og_record_t *r)
     bool copies = d->req_known && d->req >= (256ULL << 20) && d->phase != OG_JP_loading;
     char names[sizeof ro->stmt_names];
     og_cpy(names, sizeof names, ro->stmt_names, sizeof names);
-    int nh = ro->nholders < 0 ? 0 : ro->nholders > 8 ? 8 : ro->nholders;
+    int nh = OG_FILLED(ro->nholders, ro->holders);
     for (int i = 0; i < nh; i++) {
         const og_role_holder_t *h = &ro->holders[i];
         char name[sizeof h->name], where[sizeof h->where];
@@ -2117,7 +2117,7 @@ static void comprehension_running(og_facts_t *d, const og_record_t *r)
 {
     static const char *const names[] = { "<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>" };
     const og_framework_view_t *fw = &r->memory.fw;
-    int n = fw->npy_frames < 0 ? 0 : fw->npy_frames > 24 ? 24 : fw->npy_frames;
+    int n = OG_FILLED(fw->npy_frames, fw->py_frames);
     d->comprehension = -1;
     for (int i = 0; i < n && d->comprehension < 0; i++)
         for (size_t j = 0; j < sizeof names / sizeof *names; j++)
@@ -2550,7 +2550,7 @@ static void record_datasets(og_facts_t *d, const og_record_t *r)
     const og_roles_t *ro = &r->memory.fw.roles;
     if (!k->known || ro->nstep_run <= 0)
         return;
-    int nh = ro->nholders < 0 ? 0 : ro->nholders > 8 ? 8 : ro->nholders;
+    int nh = OG_FILLED(ro->nholders, ro->holders);
     int n = ro->nstep_run > OG_STEP_SERIES ? OG_STEP_SERIES : ro->nstep_run;
     uint64_t rose = sub0(ro->step_run[n - 1], ro->step_run[0]);
     for (int i = 0; i < nh; i++) {
@@ -2590,7 +2590,7 @@ static void grower(og_facts_t *d, const og_record_t *r)
         return;
     double steady = (double)g->per_step * (double)g->transitions;
     const og_roles_t *ro = &r->memory.fw.roles;
-    int nh = ro->nholders < 0 ? 0 : ro->nholders > 8 ? 8 : ro->nholders;
+    int nh = OG_FILLED(ro->nholders, ro->holders);
     for (int i = 0; i < nh; i++)
         if ((double)ro->holders[i].bytes >= 0.5 * steady && (k->grower < 0 || ro->holders[i].bytes > k->grower_bytes)) {
             k->grower = i;

@@ -156,6 +156,11 @@ typedef struct og_code_setting {
 enum og_role {
 #define OG_ROLE(key, label, quiet) OG_ROLE_##key,
 #include "roles.def"
+
+/* how many of a record's fixed array (holders, models, Python frames) are filled: its count N, clamped to the
+ * array's length (a reader takes counts from a dump, which may say more or less than it holds) */
+#define OG_FILLED(n, array) \
+    ((n) < 0 ? 0 : (size_t)(n) > sizeof(array) / sizeof *(array) ? (int)(sizeof(array) / sizeof *(array)) : (int)(n))
 #undef OG_ROLE
     OG_NROLES
 };

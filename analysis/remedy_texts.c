@@ -617,7 +617,7 @@ static copy_names_t copy_names(const rctx_t *x)
     og_cpy(fn, sizeof fn, ro->stmt.function, sizeof fn);
     og_cpy(names, sizeof names, ro->stmt_names, sizeof names);
     og_fmt(c.site, sizeof c.site, "%s:%d in %s", og_base_name(file), ro->stmt.line, fn);
-    int nm = ro->nmodels < 0 ? 0 : ro->nmodels > 6 ? 6 : ro->nmodels;
+    int nm = OG_FILLED(ro->nmodels, ro->models);
     for (char *p = names; *p && !c.source[0];) {
         char *e = strchr(p, ',');
         size_t l = e ? (size_t)(e - p) : strlen(p);
@@ -2049,7 +2049,7 @@ static bool chunk_loose_operation(const rctx_t *x, og_remedy_t *r)
 static bool chunk_comprehension(const rctx_t *x, og_remedy_t *r)
 {
     const og_framework_view_t *fw = &x->rec->memory.fw;
-    int i = x->f->comprehension, n = fw->npy_frames < 0 ? 0 : fw->npy_frames > 24 ? 24 : fw->npy_frames;
+    int i = x->f->comprehension, n = OG_FILLED(fw->npy_frames, fw->py_frames);
     char file[sizeof fw->py_frames[0].file], fn[sizeof fw->py_frames[0].function];
     og_cpy(file, sizeof file, fw->py_frames[i].file, sizeof file);
     og_cpy(fn, sizeof fn, i + 1 < n ? fw->py_frames[i + 1].function : "", sizeof fn);
@@ -2486,7 +2486,7 @@ static copy_words_t copy_words(const rctx_t *x)
     copy_words_t c = { "", og_hb((double)rf->copying),
                        og_hb((double)(rf->model_params && rf->model_params < rf->params ? rf->model_params
                                                                                         : rf->params)) };
-    int nh = ro->nholders < 0 ? 0 : ro->nholders > 8 ? 8 : ro->nholders;
+    int nh = OG_FILLED(ro->nholders, ro->holders);
     for (int i = 0; i < nh && !c.site[0]; i++) {
         char where[sizeof ro->holders[0].where];
         og_cpy(where, sizeof where, ro->holders[i].where, sizeof where);
@@ -2862,7 +2862,7 @@ static bool keyed_models_text(const rctx_t *x, og_remedy_t *r)
     if ((cut = strstr(names, "[key]")) != NULL) /* the map itself */
         *cut = 0;
     why(r, "%s keeps %d idle models on the GPU by key:", names, ro->keyed_count);
-    int nm = rr->nmodels < 0 ? 0 : rr->nmodels > 6 ? 6 : rr->nmodels, listed = 0;
+    int nm = OG_FILLED(rr->nmodels, rr->models), listed = 0;
     for (int i = 0; i < nm; i++) {
         char cls[sizeof rr->models[0].cls], ni[sizeof rr->models[0].names];
         og_cpy(ni, sizeof ni, rr->models[i].names, sizeof ni);
@@ -2998,7 +2998,7 @@ static void operation_site(const rctx_t *x, char *buf, size_t n)
 static void model_names(const rctx_t *x, char *buf, size_t n)
 {
     const og_roles_t *ro = &x->rec->memory.fw.roles;
-    int nm = ro->nmodels < 0 ? 0 : ro->nmodels > 6 ? 6 : ro->nmodels;
+    int nm = OG_FILLED(ro->nmodels, ro->models);
     size_t l = 0;
     buf[0] = 0;
     for (int i = 0; i < nm && l + 1 < n; i++) {
