@@ -28,12 +28,18 @@ static inline void og_unset(og_opt_u64_t *x) { *x = (og_opt_u64_t){ 0, false }; 
 /* the value, or `otherwise` when not measured */
 static inline uint64_t og_or(og_opt_u64_t x, uint64_t otherwise) { return x.known ? x.v : otherwise; }
 
+#define OG_QUARTERS 4
+
 typedef struct og_lib_usage {
     char library[120];
     uint64_t bytes, blocks;
     bool framework;
     int fw_kind;         /* enum og_framework of this library (OG_FW_UNKNOWN if none) */
     uint64_t pool_bytes; /* of `bytes`, blocks taken from stream-ordered pools */
+    /* of `bytes`, what was taken in each quarter of the run so far (the shim's start to the reading; the live
+     * blocks by their allocation time, first quarter first); unknown for a pool's own cache entry */
+    uint64_t by_quarter[OG_QUARTERS];
+    bool by_quarter_known;
 } og_lib_usage_t;
 
 typedef struct og_other_proc {

@@ -278,10 +278,29 @@ static void capture_device(og_record_t *rec, int device)
 typedef struct {
     int device;
     uint64_t *site_bytes, *site_blocks, *site_pool;
+    uint64_t (*site_quarter)[OG_QUARTERS]; /* the site's live bytes by the quarter of the run they were taken in */
     uint8_t *site_hook;
     uint32_t nsites;
     uint64_t pool_used;
+    uint64_t quarter_ends[OG_QUARTERS - 1]; /* where the run so far (the shim's start to this reading) turns to its
+                                               next quarter: set once, so that a block costs compares, no division */
 } agg_t;
+
+static void run_quarters(agg_t *a, uint64_t start_ns, uint64_t now_ns)
+{
+    uint64_t span = now_ns > start_ns ? now_ns - start_ns : 0;
+    for (int q = 0; q < OG_QUARTERS - 1; q++)
+        a->quarter_ends[q] = start_ns + span / OG_QUARTERS * (uint64_t)(q + 1);
+}
+
+/* the quarter of the run so far a block was taken in (0 the first); a block without a time is the first's */
+static int run_quarter(const agg_t *a, uint64_t t_ns)
+{
+    int q = 0;
+    while (q < OG_QUARTERS - 1 && t_ns >= a->quarter_ends[q])
+        q++;
+    return q;
+}
 
 static void agg_block(const og_block_view_t *b, void *arg)
 {
@@ -292,6 +311,7 @@ static void agg_block(const og_block_view_t *b, void *arg)
     a->site_bytes[s] += b->size;
     a->site_blocks[s]++;
     a->site_hook[s] = (uint8_t)b->hook;
+    a->site_quarter[s][run_quarter(a, b->t_ns)] += b->size;
     if (b->kind == OG_KIND_POOL)
         a->site_pool[s] += b->size;
 }
@@ -349,8 +369,9 @@ static bool sites_alloc(agg_t *a, uint32_t **order)
     a->site_blocks = calloc(a->nsites, sizeof *a->site_blocks);
     a->site_hook = calloc(a->nsites, 1);
     a->site_pool = calloc(a->nsites, sizeof *a->site_pool);
+    a->site_quarter = calloc(a->nsites, sizeof *a->site_quarter);
     *order = calloc(a->nsites, sizeof **order);
-    return a->site_bytes && a->site_blocks && a->site_hook && a->site_pool && *order;
+    return a->site_bytes && a->site_blocks && a->site_hook && a->site_pool && a->site_quarter && *order;
 }
 
 /* by library (the 32 largest holders, then the pools' own cache), whose pools, the peak's library; also lists
@@ -364,10 +385,12 @@ static bool ledger_by_library(og_record_t *rec, const agg_t *a, uint32_t *order,
     uint16_t nlibs = og_lib_count();
     uint64_t *lib_bytes = calloc(nlibs, sizeof *lib_bytes), *lib_blocks = calloc(nlibs, sizeof *lib_blocks);
     uint64_t *lib_pool = calloc(nlibs, sizeof *lib_pool);
-    if (!lib_bytes || !lib_blocks || !lib_pool) {
+    uint64_t(*lib_quarter)[OG_QUARTERS] = calloc(nlibs, sizeof *lib_quarter);
+    if (!lib_bytes || !lib_blocks || !lib_pool || !lib_quarter) {
         free(lib_bytes);
         free(lib_blocks);
         free(lib_pool);
+        free(lib_quarter);
         return false;
     }
     uint32_t n = 0;
@@ -381,6 +404,8 @@ static bool ledger_by_library(og_record_t *rec, const agg_t *a, uint32_t *order,
             lib_bytes[lib] += a->site_bytes[s];
             lib_blocks[lib] += a->site_blocks[s];
             lib_pool[lib] += a->site_pool[s];
+            for (int q = 0; q < OG_QUARTERS; q++)
+                lib_quarter[lib][q] += a->site_quarter[s][q];
         }
     }
     *norder = n;
@@ -417,6 +442,8 @@ static bool ledger_by_library(og_record_t *rec, const agg_t *a, uint32_t *order,
         if (u->framework && u->fw_kind == OG_FW_UNKNOWN)
             u->fw_kind = rec->framework; /* OOMGUARD_FRAMEWORK_LIBS: a custom allocator of the framework */
         u->pool_bytes = lib_pool[best];
+        memcpy(u->by_quarter, lib_quarter[best], sizeof u->by_quarter);
+        u->by_quarter_known = true;
         if (u->framework)
             rec->memory.framework_bytes += u->bytes;
         lib_blocks[best] = 0;
@@ -424,6 +451,7 @@ static bool ledger_by_library(og_record_t *rec, const agg_t *a, uint32_t *order,
     free(lib_bytes);
     free(lib_blocks);
     free(lib_pool);
+    free(lib_quarter);
     /* what pools reserve beyond the blocks they handed out is held by the pools themselves:
      * the framework's cache when its allocator owns the pool (PyTorch's cudaMallocAsync backend) */
     if (rec->memory.pool_reserved > rec->memory.pool_used && rec->memory.nlibs < 32) {
@@ -471,6 +499,7 @@ static void ledger_top_sites(og_record_t *rec, const agg_t *a, uint32_t *order, 
 static void capture_ledger(og_record_t *rec, int device)
 {
     agg_t a = { .device = device, .nsites = og_site_count() + OG_SITES_HEADROOM };
+    run_quarters(&a, og_start_ns(), og_now_ns());
     uint32_t *order = NULL, n = 0;
     bool sites = sites_alloc(&a, &order);
     oomguard_device_stats_t st;
@@ -482,6 +511,7 @@ static void capture_ledger(og_record_t *rec, int device)
     free(a.site_blocks);
     free(a.site_hook);
     free(a.site_pool);
+    free(a.site_quarter);
     free(order);
 }
 

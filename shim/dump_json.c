@@ -668,7 +668,14 @@ static void w_memory(og_sb_t *sb, const og_record_t *r)
             og_sb_json_str(sb, og_framework_name(u->fw_kind));
         else
             og_sb_puts(sb, "null");
-        og_sb_printf(sb, ",\"pool_bytes\":%llu}", (unsigned long long)u->pool_bytes);
+        og_sb_printf(sb, ",\"pool_bytes\":%llu,\"bytes_by_quarter\":", (unsigned long long)u->pool_bytes);
+        _Static_assert(OG_QUARTERS == 4, "bytes_by_quarter prints four");
+        if (u->by_quarter_known)
+            og_sb_printf(sb, "[%llu,%llu,%llu,%llu]}", (unsigned long long)u->by_quarter[0],
+                         (unsigned long long)u->by_quarter[1], (unsigned long long)u->by_quarter[2],
+                         (unsigned long long)u->by_quarter[3]);
+        else
+            og_sb_puts(sb, "null}");
     }
     og_sb_puts(sb, "]");
     K("framework_bytes");

@@ -391,6 +391,21 @@ int main(int argc, char **argv)
         }
         printf("dispositions changed before a failure: %d, armed after it: %d of %d\n", changed, armed, armable);
         return changed == 0 && armed == armable ? 0 : 4;
+    } else if (!strcmp(mode, "quarters")) {
+        /* 1 MiB at the start, 2 MiB at about half the run, 4 MiB at its end, then a failure: the library's
+         * bytes by the quarter of the run each was taken in (memory.by_library[].bytes_by_quarter) */
+        void *p;
+        struct timespec half = { 0, 600 * 1000 * 1000 };
+        if (cudaMalloc(&p, 1ull << 20) != cudaSuccess)
+            return 4;
+        nanosleep(&half, NULL);
+        if (cudaMalloc(&p, 2ull << 20) != cudaSuccess)
+            return 4;
+        nanosleep(&half, NULL);
+        if (cudaMalloc(&p, 4ull << 20) != cudaSuccess)
+            return 4;
+        fail(0);
+        return 0;
     } else if (!strcmp(mode, "plain")) {
         void *p;
         for (int d = 0; d < 2; d++) {

@@ -320,6 +320,16 @@ result $(echo "$txt" | grep -q "this process, tracked  *unknown" && ! echo "$txt
          [ $rrc = 0 ] && ! echo "$rep" | grep -qE "(^| )0 B short|Short by"; echo $?) \
     "the record from the failure alone: its text says the tracked total is unknown, and the report claims no figure (rc $rrc)"
 
+# ---------------------------------------------------------------- when a library's bytes were taken
+echo "== a library's live bytes by the quarter of the run they were taken in"
+d=$(fresh quarters)
+shim env OOMGUARD_DIR="$d" OOMGUARD_QUIET=1 "$prog" quarters >/dev/null 2>&1; rc=$?
+q=$(python3 -c 'import glob, json, sys
+d = json.load(open(glob.glob(sys.argv[1] + "/oomguard-*.json")[0]))
+print([u["bytes_by_quarter"] for u in d["memory"]["by_library"] if "e2e_dumps" in u["library"]])' "$d" 2>&1)
+result $([ $rc = 0 ] && { [ "$q" = "[[1048576, 2097152, 0, 4194304]]" ] || [ "$q" = "[[1048576, 0, 2097152, 4194304]]" ]; }
+         echo $?) "1 MiB at the start, 2 MiB at half the run, 4 MiB at its end: quarters $q (rc $rc)"
+
 # ---------------------------------------------------------------- one moment per dump
 echo "== a dump taken while other threads allocate agrees with itself"
 d=$(fresh snapshot)

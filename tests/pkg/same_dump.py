@@ -5,14 +5,14 @@ Everything is compared, exactly, except what differs between any two runs of one
 process ids, code addresses (ASLR; each frame's library and offset are compared), the command
 line and OOMGUARD_DIR (where the dump went), the snapshot's path, native frames' names (filled in
 after the dump is written, within a time bound), the time-bucketed
-samples of the usage curve, and the role scan's time and heap size (the interpreter's own
+samples of the usage curve and libraries' bytes by the quarter of the run they were taken in, and the role scan's time and heap size (the interpreter's own
 objects differ between a venv and the source tree).  So the cause, the remedies, every byte count, the framework's own
 numbers, the Python lines and the stacks must agree."""
 import json
 import sys
 
 VOLATILE_KEYS = {"time", "pid", "ppid", "cmdline", "t", "t_rel", "peak_t_rel", "ip", "snapshot_file", "samples",
-                 "recovered_t", "elapsed_ms", "objects_scanned"}
+                 "recovered_t", "elapsed_ms", "objects_scanned", "bytes_by_quarter"}
 # a native frame's names: filled in by the writing process after the dump is on disk, within a
 # time bound (a loaded machine may stop it before), so one run may have them and the other not
 FRAME_NAME_KEYS = {"function", "file", "line", "inlined", "inlined_into"}

@@ -192,6 +192,14 @@ def truth_checks(d, mark, rec_mark, exp):
         check(k.get(key) == want, "memory.by_kind.%s %s == driver %s" % (key, k.get(key), want))
     libsum = sum(x["bytes"] for x in m["by_library"])
     check(libsum == tracked, "memory.by_library sums to %s, driver tracked %s" % (libsum, tracked))
+    for x in m["by_library"]:
+        q = x.get("bytes_by_quarter")
+        if q is not None:  # when each library's live bytes were taken: the quarters add up to its bytes
+            check(len(q) == 4 and sum(q) == x["bytes"], "memory.by_library %s: bytes_by_quarter %s, bytes %s"
+                  % (x["library"], q, x["bytes"]))
+        else:
+            check(x["library"].startswith("(stream-ordered pool cache"),
+                  "memory.by_library %s: no bytes_by_quarter" % x["library"])
     if exp.get("truth_peak", True):
         # the history counts requested bytes, the driver's peak charged ones: less the rounding of the requests
         # not a multiple of the granule (every request of the corpus is one; some users' programs' are not)
