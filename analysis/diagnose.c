@@ -787,6 +787,16 @@ static bool c_non_framework(const og_facts_t *d, const og_record_t *r, og_cause_
         ev_text(c, "largest_library", "%s", lib);
         ev_bytes(c, "largest_library_bytes", r->memory.by_library[big].bytes);
     }
+    /* when it took them: across the run (objects of that library made one after another, all alive) */
+    if (d->nonfw_built_up) {
+        const uint64_t *q = r->memory.by_library[big].by_quarter;
+        _Static_assert(OG_QUARTERS == 4, "four quarters printed");
+        ev_text(c, "largest_library_by_quarter", "%s, %s, %s, %s", og_hb((double)q[0]).s, og_hb((double)q[1]).s,
+                og_hb((double)q[2]).s, og_hb((double)q[3]).s);
+        ev_bytes(c, "largest_library_before_last_quarter_bytes", d->nonfw_before_last);
+        summary_more(c, 120, "; %s took them across the run (%s before its last quarter).", lib,
+                     og_hb((double)d->nonfw_before_last).s);
+    }
     /* that library is NCCL and the environment sizes its buffers beyond NCCL's defaults: the setting in force
      * and the part of its bytes a larger buffer adds */
     if (big >= 0 && big == d->comm_lib && (d->comm_setting_excess || d->comm_min_channels)) {

@@ -2420,6 +2420,25 @@ static void communication(og_facts_t *d, const og_record_t *r)
                                                         (double)d->comm_bytes >= 0.8 * steady);
 }
 
+/* the largest library outside the framework took its memory across the run (facts.h: nonfw_built_up) */
+#define NONFW_BUILT_QUARTERS 3
+static void nonfw_built_up(og_facts_t *d, const og_record_t *r)
+{
+    if (d->nonfw_big_lib < 0 || d->nonfw_big_lib == d->comm_lib)
+        return;
+    const og_lib_usage_t *u = &r->memory.by_library[d->nonfw_big_lib];
+    if (!u->by_quarter_known || !u->bytes)
+        return;
+    int spread = 0;
+    uint64_t before_last = 0;
+    for (int q = 0; q < OG_QUARTERS; q++) {
+        spread += u->by_quarter[q] * 8 >= u->bytes;
+        before_last = add_sat(before_last, q < OG_QUARTERS - 1 ? u->by_quarter[q] : 0);
+    }
+    d->nonfw_built_up = spread >= NONFW_BUILT_QUARTERS;
+    d->nonfw_before_last = d->nonfw_built_up ? before_last : 0;
+}
+
 /* ------------------------------------------------------------------ what the advice reads */
 
 static void advice(og_facts_t *f, const og_record_t *rec)
@@ -2633,6 +2652,7 @@ void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds
     spare_device(f, rec);
     outlier(f, rec);
     communication(f, rec);
+    nonfw_built_up(f, rec);
     node_ranks(f, rec);
     advice(f, rec);
 }

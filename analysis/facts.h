@@ -563,6 +563,13 @@ typedef struct og_facts {
     bool nonfw_holds;  /* memory outside the framework explains the shortfall */
     uint64_t nonfw;    /* non_framework_bytes, 0 when unknown */
     int nonfw_big_lib; /* index in by_library of the largest non-framework library, -1 none */
+    /* that library (not NCCL: comm_lib's rules) took its live memory across the run, not at one time: at least
+     * NONFW_BUILT_QUARTERS of the run's quarters (by_library bytes_by_quarter) each hold an eighth of its bytes or
+     * more. Objects of that library made one after another and all still alive: a pipeline, plan, engine or index
+     * made per size, per call or per epoch, kept in a dict or list. nonfw_before_last: of its bytes, those taken
+     * before the run's last quarter (the older objects'; the newest may be in use); 0 when not so */
+    bool nonfw_built_up;
+    uint64_t nonfw_before_last;
     /* a comprehension of the program's is on the failing stack (Python up to 3.11 runs each in a frame of its own:
      * <listcomp>, <dictcomp>, <setcomp>, <genexpr>): its index in memory.framework.python_stack (innermost first),
      * -1 none. The running code makes one result per item and keeps them all until it ends (every frame of a batch

@@ -586,7 +586,23 @@ static bool b_non_framework_memory(const rctx_t *x, og_remedy_t *r)
     if (ctx >= 0)
         why(r, "; context and untracked memory ~%s", og_hb(ctx).s);
     why(r, ".");
-    if (lib && lb > 0)
+    /* taken across the run (facts: nonfw_built_up): objects of that library made and kept one after another, or a
+     * leak in it; nothing measured tells which, so the text names both */
+    bool built_up = lib && lb > 0 && x->f->nonfw_built_up;
+    if (built_up) {
+        const uint64_t *q = rec->memory.by_library[x->f->nonfw_big_lib].by_quarter;
+        why(r,
+            " %s took it across the run (%s, %s, %s, %s by quarter), not at one time: objects of it made one after "
+            "another and all alive (a pipeline or engine per size or per call, kept in a dict), or a leak in it; "
+            "%s was taken before the last quarter.",
+            lib, og_hb((double)q[0]).s, og_hb((double)q[1]).s, og_hb((double)q[2]).s, og_hb((double)q[3]).s,
+            og_hb((double)x->f->nonfw_before_last).s);
+        how(r,
+            "Keep one %s object per purpose: drop the old ones (del, and out of any dict or list) before making "
+            "the next.",
+            lib);
+        how(r, "If the program keeps none, %s leaks: update it, or report it with this dump.", lib);
+    } else if (lib && lb > 0)
         how(r, "Check what makes %s allocate (its own cache or workspace settings) and cap it.", lib);
     how(r,
         "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv   # compare with %s's own "

@@ -483,6 +483,50 @@ static void nccl_settings(void **state)
     free(r);
 }
 
+/* the library outside the framework took its bytes across the run (four quarters of its 7 GiB): objects of that
+ * library made one after another and kept, or a leak in it; nothing measured tells which, so the library's remedy
+ * keeps its place and its text names both, with the bytes by quarter. Taken at one time (all in one quarter, or
+ * spread over two), or with the times unknown (an older dump), it is its settings */
+static void library_built_up(void **state)
+{
+    og_record_t *r = beside_a_library("libdali.so");
+    og_lib_usage_t *u = &r->memory.by_library[1];
+    uint64_t q[OG_QUARTERS] = { 2 * GiB, 2 * GiB, 2 * GiB, 1 * GiB };
+    memcpy(u->by_quarter, q, sizeof q);
+    u->by_quarter_known = true;
+    run_primary(r, "non_framework");
+    assert_true(r->analysis.facts.nonfw_built_up);
+    assert_int_equal(r->analysis.facts.nonfw_before_last, 6 * GiB);
+    const og_remedy_t *m = &r->remedies[0];
+    assert_string_equal(m->id, "non_framework_memory");
+    assert_non_null(strstr(m->why, "across the run (2.00 GiB, 2.00 GiB, 2.00 GiB, 1.00 GiB"));
+    assert_non_null(strstr(m->why, "6.00 GiB"));
+    assert_true(how_has(m, "drop the old ones"));
+    assert_false(how_has(m, "workspace settings"));
+    assert_int_equal(rank_of(r, "release_references"), 0);
+    assert_string_equal(evt_of(r, "non_framework", "largest_library_by_quarter"),
+                        "2.00 GiB, 2.00 GiB, 2.00 GiB, 1.00 GiB");
+    assert_int_equal(evb_of(r, "non_framework", "largest_library_before_last_quarter_bytes"), 6 * GiB);
+
+    uint64_t two[OG_QUARTERS] = { 6 * GiB, 0, 0, 1 * GiB }; /* at the start and once more: not built up */
+    memcpy(u->by_quarter, two, sizeof two);
+    run_primary(r, "non_framework");
+    assert_false(r->analysis.facts.nonfw_built_up);
+    assert_true(how_has(&r->remedies[0], "workspace settings"));
+    assert_int_equal(evb_of(r, "non_framework", "largest_library_before_last_quarter_bytes"), -1);
+
+    memcpy(u->by_quarter, q, sizeof q);
+    u->by_quarter_known = false; /* a dump without the times */
+    run_primary(r, "non_framework");
+    assert_false(r->analysis.facts.nonfw_built_up);
+
+    u->by_quarter_known = true; /* NCCL's communicators are read by NCCL's rules, not as a library's objects */
+    strcpy(u->library, "libnccl.so.2");
+    run_primary(r, "non_framework");
+    assert_false(r->analysis.facts.nonfw_built_up);
+    free(r);
+}
+
 static void unknown_cause_selection(void **state)
 {
     og_record_t *r = base();
@@ -5722,6 +5766,7 @@ int main(void)
         cmocka_unit_test(non_framework_selection),
         cmocka_unit_test(failing_framework_by_the_ledger),
         cmocka_unit_test(nccl_settings),
+        cmocka_unit_test(library_built_up),
         cmocka_unit_test(unknown_cause_selection),
         cmocka_unit_test(expandable_segments_already_set),
         cmocka_unit_test(bf16_or_fp16_by_cc),
