@@ -929,7 +929,8 @@ def accumulation(frame, package_dir=None, limit=8):
     the name `backward`), and at the failure L holds at least two tensors whose graphs are alive
     (losses = []; losses.append(loss); torch.stack(losses).mean().backward()); then the operand is None.
     A list of outputs kept after each backward (for metrics) holds freed graphs: not this.
-    Frames of a module's own code are not read (a residual x = x + f(x) is one pass).
+    Frames of a module's own code are not read (a residual x = x + f(x) is one pass), unless that code calls
+    backward itself: a training step written as a module's forward (a meta-learner's outer loop over tasks).
     (file, line, function, target, operand) of the innermost such frame of the program; None when none.
     Reads the frames' bytecode and locals with the collector off, as the role scan does (a collection here
     would free garbage a failed pass left, between the framework's numbers and the failure); never raises."""
@@ -970,7 +971,7 @@ def _accumulation(frame, package_dir, limit):
                     continue
                 if local is None:
                     local = dict(oomguard_roles._frame_locals(f))
-                    if _in_module(f, local):
+                    if _in_module(f, local) and not _calls_backward(lines):
                         break
                 for t in stores:
                     if t not in reads or graph_alive(local.get(t, f.f_globals.get(t))) is not True:
@@ -1010,10 +1011,15 @@ def _plain_attr(obj, name):
 _LIST_ADDS = frozenset(("append", "extend", "insert"))
 
 
+def _calls_backward(lines):
+    """The code of these lines (a frame's, by line) loads the name `backward`: it runs a backward itself."""
+    return any(i[2] == "backward" and i[1] in _LOADS for ops in lines.values() for i in ops)
+
+
 def _kept_in_list(f, lines, local):
     """(file, line, function, L, None) when frame f's code appends to a list L that, at the failure, holds
     at least two tensors whose graphs are alive, and the code calls backward itself; else None."""
-    if not any(i[2] == "backward" and i[1] in _LOADS for ops in lines.values() for i in ops):
+    if not _calls_backward(lines):
         return None
     for line in sorted(lines):
         ops = lines[line]
@@ -1023,8 +1029,6 @@ def _kept_in_list(f, lines, local):
             name = a[2]
             if local is None:
                 local = dict(oomguard_roles_frame_locals(f))
-            if _in_module(f, local):
-                return None
             v = local.get(name)
             if type(v) is not list:
                 continue

@@ -1313,7 +1313,8 @@ def t_real_step():
 def t_accumulation():
     """Losses of several passes summed with their graphs alive (backward once on the sum) are found in the
     running loop's frame; not after a backward per micro-batch (the graphs freed), not for a sum of numbers,
-    not for a residual inside a module's forward (one pass)."""
+    not for a residual inside a module's forward (one pass), but in a module's forward that calls backward itself
+    (a meta-learner's outer loop over tasks)."""
     lin = torch.nn.Linear(8, 8)
 
     def probe():
@@ -1383,6 +1384,22 @@ def t_accumulation():
             h = h + r
             return probe()
     assert Residual()(torch.randn(4, 8)) is None
+
+    class MetaLearner(torch.nn.Module):              # a training step written as forward: the outer loop over tasks
+        def __init__(self):
+            torch.nn.Module.__init__(self)
+            self.net = torch.nn.Linear(8, 8)
+
+        def forward(self, tasks):
+            loss_q_sum = 0
+            for i in range(tasks):
+                logits_q = self.net(torch.randn(4, 8)).tanh()
+                if i == 2:
+                    return probe()
+                loss_q_sum = loss_q_sum + logits_q.sum()
+            loss_q_sum.backward()
+    got = MetaLearner()(3)
+    assert got is not None and got[2:] == ("forward", "loss_q_sum", "logits_q"), got
 
     def listed():                                    # losses kept in a list for one backward on their mean
         losses = []
