@@ -787,14 +787,14 @@ static bool c_non_framework(const og_facts_t *d, const og_record_t *r, og_cause_
         ev_text(c, "largest_library", "%s", lib);
         ev_bytes(c, "largest_library_bytes", r->memory.by_library[big].bytes);
     }
-    /* when it took them: across the run (objects of that library made one after another, all alive) */
+    /* when it took them: across the run (objects of that library made and kept one after another, or a leak in it) */
     if (d->nonfw_built_up) {
         const uint64_t *q = r->memory.by_library[big].by_quarter;
         _Static_assert(OG_QUARTERS == 4, "four quarters printed");
         ev_text(c, "largest_library_by_quarter", "%s, %s, %s, %s", og_hb((double)q[0]).s, og_hb((double)q[1]).s,
                 og_hb((double)q[2]).s, og_hb((double)q[3]).s);
-        ev_bytes(c, "largest_library_before_last_quarter_bytes", d->nonfw_before_last);
-        summary_more(c, 120, "; %s took them across the run (%s before its last quarter).", lib,
+        ev_bytes(c, "largest_library_older_bytes", d->nonfw_before_last);
+        summary_more(c, 120, "; %s took its bytes across the run (%s before the run's last quarter).", lib,
                      og_hb((double)d->nonfw_before_last).s);
     }
     /* that library is NCCL and the environment sizes its buffers beyond NCCL's defaults: the setting in force

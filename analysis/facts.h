@@ -565,9 +565,10 @@ typedef struct og_facts {
     int nonfw_big_lib; /* index in by_library of the largest non-framework library, -1 none */
     /* that library (not NCCL: comm_lib's rules) took its live memory across the run, not at one time: at least
      * NONFW_BUILT_QUARTERS of the run's quarters (by_library bytes_by_quarter) each hold an eighth of its bytes or
-     * more. Objects of that library made one after another and all still alive: a pipeline, plan, engine or index
-     * made per size, per call or per epoch, kept in a dict or list. nonfw_before_last: of its bytes, those taken
-     * before the run's last quarter (the older objects'; the newest may be in use); 0 when not so */
+     * more. Objects of that library made one after another and all still alive (a pipeline, plan, engine or index
+     * made per size, per call or per epoch, kept in a dict or list), or a leak inside the library: what is measured
+     * does not tell which. nonfw_before_last: of its bytes, those taken before the run's last quarter (the older
+     * objects'; the newest may be in use); 0 when not so */
     bool nonfw_built_up;
     uint64_t nonfw_before_last;
     /* a comprehension of the program's is on the failing stack (Python up to 3.11 runs each in a frame of its own:

@@ -506,14 +506,14 @@ static void library_built_up(void **state)
     assert_int_equal(rank_of(r, "release_references"), 0);
     assert_string_equal(evt_of(r, "non_framework", "largest_library_by_quarter"),
                         "2.00 GiB, 2.00 GiB, 2.00 GiB, 1.00 GiB");
-    assert_int_equal(evb_of(r, "non_framework", "largest_library_before_last_quarter_bytes"), 6 * GiB);
+    assert_int_equal(evb_of(r, "non_framework", "largest_library_older_bytes"), 6 * GiB);
 
     uint64_t two[OG_QUARTERS] = { 6 * GiB, 0, 0, 1 * GiB }; /* at the start and once more: not built up */
     memcpy(u->by_quarter, two, sizeof two);
     run_primary(r, "non_framework");
     assert_false(r->analysis.facts.nonfw_built_up);
     assert_true(how_has(&r->remedies[0], "workspace settings"));
-    assert_int_equal(evb_of(r, "non_framework", "largest_library_before_last_quarter_bytes"), -1);
+    assert_int_equal(evb_of(r, "non_framework", "largest_library_older_bytes"), -1);
 
     memcpy(u->by_quarter, q, sizeof q);
     u->by_quarter_known = false; /* a dump without the times */
