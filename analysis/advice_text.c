@@ -67,6 +67,15 @@ og_hb_t og_hb(double b)
     return h;
 }
 
+og_quarters_t og_quarters(const uint64_t *q)
+{
+    _Static_assert(OG_QUARTERS == 4, "four quarters");
+    og_quarters_t t;
+    og_fmt(t.s, sizeof t.s, "%s, %s, %s, %s", og_hb((double)q[0]).s, og_hb((double)q[1]).s, og_hb((double)q[2]).s,
+           og_hb((double)q[3]).s);
+    return t;
+}
+
 og_pc_t og_pct(double part, double whole)
 {
     og_pc_t p;

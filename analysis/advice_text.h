@@ -33,6 +33,13 @@ typedef struct {
 } og_hb_t;
 og_hb_t og_hb(double bytes);
 
+/* a library's bytes by quarter of the run (og_lib_usage_t.by_quarter) as text: "3.71 GiB, 6.00 GiB, 6.51 GiB, 2.38 GiB",
+ * as the diagnosis's evidence and the remedy's text both say it */
+typedef struct {
+    char s[4 * 24 + 8];
+} og_quarters_t;
+og_quarters_t og_quarters(const uint64_t *by_quarter);
+
 /* a share as text: 12%, <1%, >9999%, n/a */
 typedef struct {
     char s[16];

@@ -789,10 +789,7 @@ static bool c_non_framework(const og_facts_t *d, const og_record_t *r, og_cause_
     }
     /* when it took them: across the run (objects of that library made and kept one after another, or a leak in it) */
     if (d->nonfw_built_up) {
-        const uint64_t *q = r->memory.by_library[big].by_quarter;
-        _Static_assert(OG_QUARTERS == 4, "four quarters printed");
-        ev_text(c, "largest_library_by_quarter", "%s, %s, %s, %s", og_hb((double)q[0]).s, og_hb((double)q[1]).s,
-                og_hb((double)q[2]).s, og_hb((double)q[3]).s);
+        ev_text(c, "largest_library_by_quarter", "%s", og_quarters(r->memory.by_library[big].by_quarter).s);
         ev_bytes(c, "largest_library_older_bytes", d->nonfw_before_last);
         summary_more(c, 120, "; %s took its bytes across the run (%s before the run's last quarter).", lib,
                      og_hb((double)d->nonfw_before_last).s);

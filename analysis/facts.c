@@ -2431,10 +2431,10 @@ static void nonfw_built_up(og_facts_t *d, const og_record_t *r)
         return;
     int spread = 0;
     uint64_t before_last = 0;
-    for (int q = 0; q < OG_QUARTERS; q++) {
+    for (int q = 0; q < OG_QUARTERS; q++)
         spread += u->by_quarter[q] * 8 >= u->bytes;
-        before_last = add_sat(before_last, q < OG_QUARTERS - 1 ? u->by_quarter[q] : 0);
-    }
+    for (int q = 0; q < OG_QUARTERS - 1; q++)
+        before_last = add_sat(before_last, u->by_quarter[q]);
     d->nonfw_built_up = spread >= NONFW_BUILT_QUARTERS;
     d->nonfw_before_last = d->nonfw_built_up ? before_last : 0;
 }

@@ -30,6 +30,11 @@ static inline uint64_t og_or(og_opt_u64_t x, uint64_t otherwise) { return x.know
 
 #define OG_QUARTERS 4
 
+/* how many of a record's fixed array (holders, models, Python frames) are filled: its count N, clamped to the
+ * array's length (a reader takes counts from a dump, which may say more or less than it holds) */
+#define OG_FILLED(n, array) \
+    ((n) < 0 ? 0 : (size_t)(n) > sizeof(array) / sizeof *(array) ? (int)(sizeof(array) / sizeof *(array)) : (int)(n))
+
 typedef struct og_lib_usage {
     char library[120];
     uint64_t bytes, blocks;
@@ -163,10 +168,6 @@ enum og_role {
 #define OG_ROLE(key, label, quiet) OG_ROLE_##key,
 #include "roles.def"
 
-/* how many of a record's fixed array (holders, models, Python frames) are filled: its count N, clamped to the
- * array's length (a reader takes counts from a dump, which may say more or less than it holds) */
-#define OG_FILLED(n, array) \
-    ((n) < 0 ? 0 : (size_t)(n) > sizeof(array) / sizeof *(array) ? (int)(sizeof(array) / sizeof *(array)) : (int)(n))
 #undef OG_ROLE
     OG_NROLES
 };

@@ -590,12 +590,11 @@ static bool b_non_framework_memory(const rctx_t *x, og_remedy_t *r)
      * leak in it; nothing measured tells which, so the text names both */
     bool built_up = lib && lb > 0 && x->f->nonfw_built_up;
     if (built_up) {
-        const uint64_t *q = rec->memory.by_library[x->f->nonfw_big_lib].by_quarter;
         why(r,
-            " %s took it across the run (%s, %s, %s, %s by quarter), not at one time: objects of it made one after "
-            "another and all alive (a pipeline or engine per size or per call, kept in a dict), or a leak in it; "
-            "%s was taken before the last quarter.",
-            lib, og_hb((double)q[0]).s, og_hb((double)q[1]).s, og_hb((double)q[2]).s, og_hb((double)q[3]).s,
+            " %s took it across the run (%s by quarter), not at one time: objects of it made one after another and "
+            "all alive (a pipeline or engine per size or per call, kept in a dict), or a leak in it; %s was taken "
+            "before the last quarter.",
+            lib, og_quarters(rec->memory.by_library[x->f->nonfw_big_lib].by_quarter).s,
             og_hb((double)x->f->nonfw_before_last).s);
         how(r,
             "Keep one %s object per purpose: drop the old ones (del, and out of any dict or list) before making "
