@@ -926,7 +926,7 @@ static void growth(og_facts_t *d, const og_record_t *r, og_growth_scratch_t *s)
     if (g->steps_flat) {
         /* flat lately, yet the run's series rose and what Python objects keep across calls is that rise: a cache
          * that grows with each new key (rarer as the run goes on: a bias per padded length), not a working set */
-        uint64_t kept = add_sat(d->roles.kept_held, d->roles.registry_models);
+        uint64_t kept = d->roles.kept_across;
         og_growth_facts_t flat = *g;
         if (d->roles.known && kept && growth_over_run(d, r, g) && (double)kept >= 0.9 * (double)g->rise) {
             g->kept_paused = g->holds = true;
@@ -1784,6 +1784,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
     /* a copy of the parameters or the optimizer state held by Python (an EMA, a snapshot, one being
      * made) is bounded like them: at most as many blocks of each size as the role has */
     k->state = add_sat(k->state, k->copies);
+    k->kept_across = add_sat(k->kept_held, k->registry_models);
 }
 
 /* Graphs kept by outputs of earlier batches (facts.h: kept_graphs): with autograd on, every output of a forward
@@ -2087,7 +2088,6 @@ static void loose_operation(og_facts_t *d, const og_record_t *r)
 static void kept_outgrows_cache(og_facts_t *d)
 {
     og_role_facts_t *k = &d->roles;
-    k->kept_across = add_sat(k->kept_held, k->registry_models);
     d->kept_outgrows_cache = k->known && k->act_known && d->cached_known && !d->recovered && d->reservation &&
                              d->phase != OG_JP_loading && outgrows(d, k->kept_across);
 }
