@@ -264,6 +264,8 @@ typedef struct og_roles {
                                     device, another GPU: the rest of a model a load is moving here); 0 none or
                                     not measured */
         int training;            /* of them, how many are in training mode (Module.training); -1 unknown */
+        og_opt_u64_t fp32;       /* of one of them, the parameters on the failing device in float32 (unset: not
+                                    read, an older adapter) */
     } models[6];
     /* roles.operation: what the failing operation is (common/operations.def; "" none matched), its frame and the
      * argument of that frame its row read ("need_weights=True"; "" none read) */

@@ -212,6 +212,9 @@ static void parse_roles(const char *s, og_roles_t *r)
             r->models[r->nmodels].stepped = n >= 12 && f[11][0] >= '0' && f[11][0] <= '9' ? atoi(f[11]) : -1;
             r->models[r->nmodels].away = n >= 13 ? strtoull(f[12], NULL, 10) : 0;
             r->models[r->nmodels].training = n >= 14 && f[13][0] >= '0' && f[13][0] <= '9' ? atoi(f[13]) : -1;
+            og_unset(&r->models[r->nmodels].fp32);
+            if (n >= 15 && f[14][0] >= '0' && f[14][0] <= '9')
+                og_set(&r->models[r->nmodels].fp32, strtoull(f[14], NULL, 10));
             r->nmodels++;
         } else if (!strcmp(f[0], "operation") && n >= 5 && !r->operation[0]) {
             copy_field(r->operation, sizeof r->operation, f[1]);

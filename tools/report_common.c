@@ -261,6 +261,14 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
     } while (0)
     if (r->present) {
         og_sb_init(&b);
+        /* a model's dtype is said where the models differ: one in float32 beside one that is not */
+        bool f32 = false, other = false;
+        for (int i = 0; i < r->nmodels; i++) {
+            f32 =
+                f32 || (r->models[i].float32_bytes > 0 && r->models[i].float32_bytes == r->models[i].parameters_bytes);
+            other = other ||
+                    (r->models[i].float32_bytes >= 0 && r->models[i].float32_bytes < r->models[i].parameters_bytes);
+        }
         for (int i = 0; i < r->nmodels; i++) {
             og_sb_printf(&b, "%s%s: %s of parameters", i ? "; " : "", nz(r->models[i].cls, "?"),
                          r->models[i].parameters_bytes >= 0 ? human_bytes(r->models[i].parameters_bytes, a) : "?");
@@ -269,6 +277,10 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
                              r->models[i].tensors == 1 ? "" : "s");
             if (r->models[i].elsewhere_bytes > 0) /* the rest of a model a load is moving here */
                 og_sb_printf(&b, " (%s more off this GPU)", human_bytes(r->models[i].elsewhere_bytes, a));
+            if (f32 && other && r->models[i].float32_bytes >= 0)
+                og_sb_puts(&b, r->models[i].float32_bytes == r->models[i].parameters_bytes ? ", all float32"
+                               : r->models[i].float32_bytes == 0                           ? ", no float32"
+                                                                                           : ", partly float32");
             if (r->models[i].count > 1)
                 og_sb_printf(&b, ", %lld copies", (long long)r->models[i].count);
             if (r->models[i].frozen == 1)

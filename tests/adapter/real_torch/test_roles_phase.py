@@ -764,6 +764,25 @@ def t_models_elsewhere():
         g.pop("halfway", None)
 
 
+def t_models_float32():
+    """models[].parameters_float32_bytes: of one model's parameters on the device, those in float32; a model
+    converted to bfloat16 has none, the float32 one all of its own"""
+    if STAND_IN:
+        return
+    build()
+    g = globals()
+    g["draft"] = torch.nn.Linear(96, 96).to(torch.bfloat16)
+    try:
+        r = measure(None)
+        ms = dict((m[0], m) for m in r["models"])
+        assert ms["Linear"][13] == 0 and ms["Linear"][1] == 96 * 96 * 2 + 96 * 2, ms["Linear"]
+        assert ms["Net"][13] == ms["Net"][1] > 0, ms["Net"]
+        assert any(l.startswith("model\tNet\t") and l.split("\t")[14] == str(ms["Net"][1])
+                   for l in oomguard_roles.encode(r).splitlines())
+    finally:
+        g.pop("draft", None)
+
+
 class Recommender(torch.nn.Module):
     """Two embedding tables (one shared by two names) and a small tower."""
 
@@ -2222,6 +2241,7 @@ if not STAND_IN:
           t_generation_input)
     check("the model's input requires grad; the models' training mode", t_input_requires_grad)
     check("a model halfway through a move: its parameters off the failing device, once", t_models_elsewhere)
+    check("a model in bfloat16 beside one in float32: each model's float32 bytes", t_models_float32)
     check("embedding tables among the models' parameters, each once", t_embedding_tables)
     check("the batch size from the program's names, not a loop index or a global count", t_batch_size)
     check("a batch of one from the outermost module's input, where no name says the batch", t_input_batch)
