@@ -1418,11 +1418,30 @@ static bool pass_phase(enum og_job_phase p)
     return p == OG_JP_forward || p == OG_JP_backward || p == OG_JP_evaluation || p == OG_JP_generation;
 }
 
+/* the models at least 9/10 float32 beside one under half float32 (roles.fp32_beside_half): a model left in the
+ * default float32 next to one the program loaded in half precision or quantized */
+static void fp32_beside_half(og_role_facts_t *k, const og_roles_t *ro, int nm)
+{
+    bool half = false;
+    for (int i = 0; i < nm; i++)
+        half = half ||
+               (og_known(ro->models[i].fp32) && ro->models[i].bytes && 2 * ro->models[i].fp32.v < ro->models[i].bytes);
+    for (int i = 0; i < nm && half; i++) {
+        if (!og_known(ro->models[i].fp32) || !ro->models[i].bytes ||
+            10 * (double)ro->models[i].fp32.v < 9 * (double)ro->models[i].bytes)
+            continue;
+        uint64_t n = ro->models[i].count > 0 ? (uint64_t)ro->models[i].count : 0;
+        k->fp32_beside_half = add_sat(k->fp32_beside_half, ro->models[i].bytes * n);
+        if (k->fp32_group < 0 || ro->models[i].bytes > ro->models[k->fp32_group].bytes)
+            k->fp32_group = i;
+    }
+}
+
 static void roles(og_facts_t *d, const og_record_t *r)
 {
     const og_roles_t *ro = &r->memory.fw.roles;
     og_role_facts_t *k = &d->roles;
-    k->keeper = k->kv = k->dataset_holder = k->registry_group = k->graph_holder = k->keyed_group = -1;
+    k->keeper = k->kv = k->dataset_holder = k->registry_group = k->graph_holder = k->keyed_group = k->fp32_group = -1;
     k->stmt_copies = k->restored_holder = k->dominant = k->fp64_holder = -1;
     k->ckpt_holder = k->index_holder = k->ema_holder = k->copy_holder = k->concurrent_group = -1;
     k->building = OG_PURPOSE_NONE;
@@ -1433,6 +1452,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
     uint64_t unnamed = 0; /* of model_copies, the copies in groups no name of the running code reaches */
     char target[sizeof ro->stmt_target];
     og_cpy(target, sizeof target, ro->has_statement ? ro->stmt_target : "", sizeof target);
+    fp32_beside_half(k, ro, nm);
     for (int i = 0; i < nm; i++) {
         uint64_t each = ro->models[i].bytes, n = ro->models[i].count > 0 ? (uint64_t)ro->models[i].count : 0;
         if (ro->models[i].frozen)

@@ -317,6 +317,12 @@ typedef struct og_role_facts {
     bool steps_known;
     uint64_t model_params; /* roles.models: the parameters of every model (each group's times its count); 0 none */
     uint64_t model_away;   /* roles.models: their parameters not on the failing device (parameters_elsewhere_bytes) */
+    /* roles.models: the parameters of the models at least 9/10 float32 (parameters_float32_bytes), beside another
+     * model under half float32 (one loaded in bf16/fp16 or quantized): a model loaded in its default float32 next to
+     * one loaded in half precision (a draft beside its target, a VAE or encoder beside a half-precision model), and
+     * the largest such group (index in roles.models, -1 none) */
+    uint64_t fp32_beside_half;
+    int fp32_group;
     /* a copy of a model being made that no module holds yet (copy.deepcopy building its parameters one by one):
      * parameters beyond every model's (when models were measured) and gradients beyond them too */
     uint64_t copy_loose;

@@ -895,6 +895,16 @@ static bool fp32_weights(const rctx_t *x)
            !(x->capacity && halved + (double)ro->act >= (double)x->capacity) && !own_fix_covers(x) &&
            !x->larger_than_device;
 }
+/* a model loaded in float32 beside one in half precision (roles.fp32_beside_half), in a job not known to train,
+ * failing in a pass or a load: the float32 one was left in the default dtype (from_pretrained without torch_dtype),
+ * not chosen for training; loaded in its checkpoint's bf16 it halves */
+static bool fp32_beside_half(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && ro->fp32_beside_half && x->trains != 1 &&
+           (PHASE(loading) || PHASE(forward) || PHASE(evaluation) || PHASE(generation) || PHASE(unknown)) &&
+           !own_fix_covers(x) && !x->larger_than_device;
+}
 /* the program sums several passes' losses into one tensor whose graph is still alive (roles.accumulating)
  * while a forward pass (or the one backward on the sum) runs in a job that may train: every micro-batch's
  * activations stay alive until that backward; a backward per micro-batch frees each graph as it goes */
@@ -1441,6 +1451,10 @@ static const og_rank_row_t bring[] = {
       "not phase optimizer_step; training: phase loading, forward, backward, evaluation or generation, the state at "
       "its steps halved + activations < the card",
       "fullft_fp32_default_dtype (blind)" },
+    { "fp32_beside_half", fp32_beside_half, WANT, 0, 0, REMS(R_LOAD_HALF),
+      "roles.models: a model >= 9/10 float32 beside one under half float32 (parameters_float32_bytes), the job not "
+      "known to train, phase loading, forward, evaluation, generation or unknown",
+      "assisted_generation_llama31_8b_draft_llama32_1b_left_fp32_meeting_transcripts_a10g (blind)" },
     { "weights_update", weights_update, WANT, 0, 0, REMS(R_IN_PLACE, R_EMA_CPU),
       "the job trains, autograd off, phase unknown, roles: parameters, locals (at most 2x the state), activations < "
       "shortfall",
@@ -1969,6 +1983,8 @@ static const og_rank_row_t lead[] = {
       "heston_asian_book_greeks_aad_4m_paths_one_graph_float64_a100_80gb (blind); (unit tests: float64_weights)" },
     { "fp32_weights_lead", fp32_weights, LEAD_COVERS, -20, 0, REMS(R_LOAD_HALF), "as fp32_weights",
       "fullft_fp32_default_dtype (blind)" },
+    { "fp32_beside_half_lead", fp32_beside_half, LEAD_COVERS, -20, 0, REMS(R_LOAD_HALF), "as fp32_beside_half",
+      "assisted_generation_llama31_8b_draft_llama32_1b_left_fp32_meeting_transcripts_a10g (blind)" },
     { "state_exceeds_card_lead", state_exceeds_card, LEAD_COVERS, -19, 1, REMS(R_LORA, R_OFFLOAD, R_ZERO),
       "as state_exceeds_card (after load_in_bf16 where halving makes it fit)",
       "fullft_3b_first_backward_state (blind)" },

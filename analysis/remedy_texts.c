@@ -2363,6 +2363,16 @@ static bool b_load_in_bf16(const rctx_t *x, og_remedy_t *r)
         if (ro->grads)
             why(r, "; their gradients, %s, take the same dtype and halve with them", og_hb((double)ro->grads).s);
         why(r, ")");
+        if (ro->fp32_group >= 0) { /* one model left in float32 beside one the program loaded in half precision */
+            const og_roles_t *rr = &x->rec->memory.fw.roles;
+            char cls[sizeof rr->models[0].cls];
+            og_cpy(cls, sizeof cls, rr->models[ro->fp32_group].cls, sizeof cls);
+            why(r,
+                ". %s (%s of parameters) is float32 beside a model in half precision: it was loaded without a "
+                "dtype, and in bf16 it would hold %s",
+                cls[0] ? cls : "One model", og_hb((double)rr->models[ro->fp32_group].bytes).s,
+                og_hb((double)rr->models[ro->fp32_group].bytes / 2).s);
+        }
     } else if (ro->known && ro->params) {
         why(r, " (%s of parameters now: %s if they are float32)", og_hb((double)ro->params).s,
             og_hb((double)ro->params / 2).s);

@@ -2952,6 +2952,51 @@ static void fp32_weights_load_in_half(void **state)
     }
 }
 
+/* a draft model left in float32 beside its bf16 target (roles.models[].parameters_float32_bytes), generating: load
+ * the float32 one in bf16 first, though float32 is under the three quarters of the parameters fp32_weights asks; not
+ * where every model is float32 (nothing says half precision is the program's choice), nor in a job that trains */
+static void fp32_model_beside_half(void **state)
+{
+    static const struct {
+        const char *what;
+        uint64_t draft_fp32; /* of the draft's 4 GiB, its float32 bytes; UINT64_MAX: not read (an older adapter) */
+        uint64_t target_fp32;
+        int training; /* the adapter's flag: 1 an optimizer step ran */
+        bool first;   /* load_in_bf16 first, and the draft named in its text */
+    } rows[] = {
+        { "a float32 draft beside a bf16 target", 4 * GiB, 0, 0, true },
+        { "both in bf16", 0, 0, 0, false },
+        { "both float32: the program chose no half precision", 4 * GiB, 15 * GiB, 0, false },
+        { "not read (an older adapter)", UINT64_MAX, UINT64_MAX, 0, false },
+        { "a job that trains: float32 may be the trained copy", 4 * GiB, 0, 1, false },
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+        og_record_t *r = base();
+        fixture_roles(r, 19 * GiB, 0, 0, 0, 0, 1 * GiB);
+        fixture_dtype(r, "float32", rows[i].draft_fp32 == UINT64_MAX ? 4 * GiB : rows[i].draft_fp32);
+        fixture_dtype(r, "bfloat16", 15 * GiB);
+        fixture_model(r, "LlamaForCausalLM", 15 * GiB, 1, false);
+        fixture_model(r, "LlamaForCausalLM", 4 * GiB, 1, false);
+        if (rows[i].draft_fp32 != UINT64_MAX) {
+            og_set(&r->memory.fw.roles.models[0].fp32, rows[i].target_fp32);
+            og_set(&r->memory.fw.roles.models[1].fp32, rows[i].draft_fp32);
+        }
+        fixture_phase(r, "generation", "/srv/assist.py", "generate");
+        r->memory.fw.grad_enabled = 0;
+        r->memory.fw.training = rows[i].training;
+        run_primary(r, "does_not_fit");
+        assert_int_equal(r->analysis.facts.roles.fp32_beside_half,
+                         rows[i].draft_fp32 == 4 * GiB && !rows[i].target_fp32 ? 4 * GiB : 0);
+        int load = rank_of(r, "load_in_bf16");
+        if (rows[i].first != (load == 1))
+            fail_msg("%s: load_in_bf16 ranked %d", rows[i].what, load);
+        if (rows[i].first)
+            assert_non_null(
+                strstr(rem(r, "load_in_bf16")->why, "LlamaForCausalLM (4.00 GiB of parameters) is float32"));
+        free(r);
+    }
+}
+
 /* a full fine-tune whose state at its first step (weights 12, gradients 12, AdamW's moments 24 GiB) exceeds
  * the card even in half precision: train fewer parameters, offload or shard the state, not load in bf16; where
  * halving makes the state and this pass fit (weights 10 GiB: 20 GiB halved), load_in_bf16 first, then those */
@@ -5816,6 +5861,7 @@ int main(void)
         cmocka_unit_test(input_gradient_keeps_autograd),
         cmocka_unit_test(quantization_reads_the_weights),
         cmocka_unit_test(fp32_weights_load_in_half),
+        cmocka_unit_test(fp32_model_beside_half),
         cmocka_unit_test(trains_before_the_first_step),
         cmocka_unit_test(state_exceeds_card_first),
         cmocka_unit_test(summed_microbatches_backward_each),
