@@ -913,6 +913,17 @@ static bool driver_growth_holds(og_facts_t *d, og_growth_facts_t *g)
         g->concurrent_loops = true;
         return false;
     }
+    /* ... or the models arriving in a job that does not train (growth.weights_load): their parameters are at least
+     * 9/10 of the rise, nothing says the job trains, and Python keeps nothing across calls, no second copy of a model
+     * and no map of models by key (a registry of loaded models, a model reloaded per request and kept, experts an
+     * LRU moved here and never back: those are leaks), and no model has parameters still elsewhere (weights coming
+     * and going, an offloading loop, not a load done) */
+    const og_role_facts_t *k = &d->roles;
+    if (k->known && d->trains != 1 && !k->kept_across && !k->model_copies && !k->keyed_models && !k->model_away &&
+        (double)k->params >= 0.9 * (double)g->rise) {
+        g->weights_load = true;
+        return false;
+    }
     return true;
 }
 

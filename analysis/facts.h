@@ -105,6 +105,10 @@ typedef struct og_growth_facts {
      * each loop's low point is no low point of the others, so the loops starting one after another read as a rise;
      * holds false */
     bool concurrent_loops;
+    /* a reading of the driver's held, and what rose is the models' parameters (roles.params >= 9/10 of the rise) in a
+     * job nothing says trains, Python keeping nothing across calls and no second copy of a model: the weights
+     * arriving (a generation job loading its models), not a leak; holds false */
+    bool weights_load;
     /* read from the run's series (roles.allocated_over_run, every `every`-th optimizer step of the whole run): a
      * staircase, flat within an iteration of many optimizer steps and up between them, never down; steps, rising and
      * transitions then count the series' points and its rises */

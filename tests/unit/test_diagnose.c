@@ -470,6 +470,46 @@ static void growth_restored_by_torch_load(void **state)
     free(r);
 }
 
+/* the same staircase where what rose is the models' parameters in a job that does not train: weights arriving (a
+ * generation job loading its models), not a leak (growth.weights_load); an optimizer's step, parameters well short of
+ * the rise, a second copy of one model (a model reloaded and kept), a registry of models by key, or parameters still
+ * off the device (an offloading loop moving weights here) leave the growth */
+static void growth_is_the_weights_arriving(void **state)
+{
+    static const struct {
+        const char *what;
+        uint64_t params;
+        int training;  /* the adapter's flag: 1 an optimizer step ran */
+        int copies;    /* models of one class and size */
+        bool keyed;    /* held by a map's key (models[key]): a registry of models */
+        uint64_t away; /* of each, parameters still off the device */
+        bool load;
+    } rows[] = {
+        { "the weights arriving", 36 * 500 * MiB, 0, 1, false, 0, true },
+        { "an optimizer stepped: the job trains", 36 * 500 * MiB, 1, 1, false, 0, false },
+        { "parameters half the rise", 20 * 500 * MiB, 0, 1, false, 0, false },
+        { "two copies of one model: one reloaded and kept", 36 * 500 * MiB, 0, 2, false, 0, false },
+        { "a registry of models by key", 36 * 500 * MiB, 0, 2, true, 0, false },
+        { "parameters still elsewhere: weights coming and going", 36 * 500 * MiB, 0, 1, false, 1 * GiB, false },
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+        og_record_t *r = base();
+        ev_reset(r);
+        leak_loop(r, 40, 0.1, 512 * MiB, 500 * MiB);
+        fixture_roles(r, rows[i].params, 0, 0, 0, 0, 512 * MiB);
+        r->memory.fw.training = rows[i].training;
+        fixture_model(r, "LlamaForCausalLM", rows[i].params / (uint64_t)rows[i].copies, rows[i].copies, false);
+        if (rows[i].keyed)
+            fixture_model_held(r, rows[i].copies, 0, "models[key]");
+        r->memory.fw.roles.models[0].away = rows[i].away;
+        diag(r);
+        if (has(r, "growth") == rows[i].load || r->analysis.facts.growth.weights_load != rows[i].load)
+            fail_msg("%s: growth %d, weights_load %d", rows[i].what, has(r, "growth"),
+                     r->analysis.facts.growth.weights_load);
+        free(r);
+    }
+}
+
 static void growth_excludes_loading(void **state)
 {
     og_record_t *r = base();
@@ -1913,6 +1953,7 @@ int main(void)
         cmocka_unit_test(non_framework_names_nccl_settings),
         cmocka_unit_test(growth_is_a_pattern_of_steps),
         cmocka_unit_test(growth_restored_by_torch_load),
+        cmocka_unit_test(growth_is_the_weights_arriving),
         cmocka_unit_test(growth_excludes_loading),
         cmocka_unit_test(growth_of_other_sizes),
         cmocka_unit_test(growth_thresholds),
