@@ -344,7 +344,8 @@ static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t
  * caching allocator's RESERVED bytes past fraction x total (cached blocks count), CuPy's pool limit
  * bounds the pool's total bytes; JAX's XLA_PYTHON_CLIENT_MEM_FRACTION and TensorFlow's memory_limit
  * size a BFC arena whose bytes in use (allocated) plus the request must fit.  An internal failure
- * under the cap is something else (fragmentation inside the framework's arena). */
+ * under the cap is something else (fragmentation inside the framework's arena), and so is one that the whole
+ * card could not hold either (the request does not fit). */
 static void framework_cap(og_facts_t *d, const og_record_t *r)
 {
     const og_framework_view_t *fw = &r->memory.fw;
@@ -369,7 +370,10 @@ static void framework_cap(og_facts_t *d, const og_record_t *r)
     if (k->req_known) {
         k->over = sub0(add_sat(k->counted, k->req), k->cap);
         k->room = d->phys_free.known && d->phys_free.v >= k->req;
-        k->binds = add_sat(k->counted, k->req) > k->cap && (fw->internal_oom || k->room);
+        /* ... and not when what is in use and the request are beyond the whole card: no setting of the cap lets
+         * it through (a 114 GiB scan on an 80 GB card refused by a 75% arena does not fit) */
+        k->beyond_card = d->capacity && add_sat(k->alloc, k->req) > d->capacity;
+        k->binds = add_sat(k->counted, k->req) > k->cap && (fw->internal_oom || k->room) && !k->beyond_card;
     } else {
         /* a request of unknown size: the cap binds only if what it counts is already at it and the framework
          * itself refused; how far over, and whether the device had room, are not known */

@@ -562,6 +562,7 @@ typedef struct og_facts {
         bool reserved;    /* the cap bounds what the framework reserves (PyTorch, CuPy), not what is in use */
         uint64_t counted; /* what the cap counts: reserved bytes, or allocated (JAX, TensorFlow: in use) */
         bool room;        /* the device itself had room for the request */
+        bool beyond_card; /* in use + the request exceed the device's capacity: no cap lets it through (binds false) */
     } cap;
 
     /* patterns in the history and across devices */

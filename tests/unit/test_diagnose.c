@@ -1200,6 +1200,21 @@ static void framework_cap_cause(void **state)
     diag(r);
     assert_string_equal(r->diagnosis.primary, "fragmentation");
     assert_false(has(r, "framework_cap"));
+    /* a JAX arena at its cap refusing a request the whole card could not hold with what is in use: it does not fit,
+     * and no setting of the cap would let it through (cap.beyond_card) */
+    r->memory.fw.allocated_bytes = r->memory.fw.reserved_bytes = 17 * GiB;
+    og_set(&r->memory.fw.cap_bytes, 18 * GiB);
+    r->memory.fw.largest_free_block_bytes = 1 * GiB;
+    og_set(&r->event.requested_bytes, 8 * GiB);
+    og_set(&r->device.free_bytes, 5 * GiB);
+    diag(r);
+    assert_true(r->analysis.facts.cap.beyond_card);
+    assert_false(has(r, "framework_cap"));
+    assert_string_equal(r->diagnosis.primary, "does_not_fit");
+    og_set(&r->event.requested_bytes, 2 * GiB); /* what the card could hold: the cap's */
+    diag(r);
+    assert_false(r->analysis.facts.cap.beyond_card);
+    assert_string_equal(r->diagnosis.primary, "framework_cap");
     free(r);
 }
 
