@@ -560,8 +560,13 @@ static bool comm_outside(const rctx_t *x)
     return x->f->comm_lib >= 0 && og_covers(x, (double)x->f->comm_bytes) &&
            ((HAS(NONFW) && x->f->nonfw_big_lib == x->f->comm_lib) || comm_settings_cover(x));
 }
-/* a peak from one batch far larger than the earlier steps' (a long document), with autograd on */
-static bool one_batch_peak(const rctx_t *x) { return PRIMARY(DNF) && x->f->outlier.holds && x->grad != -1; }
+static bool kv_cache_reserving(const rctx_t *x);
+/* a peak from one batch far larger than the earlier steps' (a long document), with autograd on; not a reservation
+ * the program sizes from its config (a KV pool made in one piece at start-up): no batch */
+static bool one_batch_peak(const rctx_t *x)
+{
+    return PRIMARY(DNF) && x->f->outlier.holds && x->grad != -1 && !kv_cache_reserving(x);
+}
 /* the same outlier (facts: outlier) in a generation (phase generation, autograd off): one prompt far longer than the
  * others, padded across its batch, not the working set a generation builds token by token; its length is the lever
  * (an evaluation whose batch is larger than the training's is its batch's size: no phase generation) */
@@ -716,12 +721,17 @@ static uint64_t kv_reservation(const rctx_t *x)
 {
     return add_sat(roles_of(x)->purpose_bytes[OG_PURPOSE_kv_cache], x->req);
 }
+/* ... or, the one request larger than the card (a pool sized from another device's total: a MIG slice's parent,
+ * a bigger card's config), a pool sized from what is free: any size of it up to the whole reservation, so it covers
+ * when the reservation is at least what is missing */
+static bool kv_pool_beyond_card(const rctx_t *x) { return x->larger_than_device && kv_reservation(x) >= x->shortfall; }
 static bool kv_cache_reserving(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
     return ro->known && ro->building == OG_PURPOSE_kv_cache && x->trains != 1 && !PHASE(generation) &&
-           !og_generation_growth(x) && !PRIMARY(GROWTH) && !x->larger_than_device && x->shortfall &&
-           0.5 * (double)kv_reservation(x) >= (double)x->shortfall;
+           !og_generation_growth(x) && !PRIMARY(GROWTH) && x->shortfall &&
+           (kv_pool_beyond_card(x) ||
+            (!x->larger_than_device && 0.5 * (double)kv_reservation(x) >= (double)x->shortfall));
 }
 /* processes that are not this program's other instances hold the missing bytes (a stranger's, a run left over with
  * this same command line): stopping them comes first */
@@ -729,6 +739,7 @@ static bool strangers_cover(const rctx_t *x)
 {
     return PRIMARY(FOREIGN) && sub0(x->other, x->f->other_same_program) >= x->shortfall;
 }
+static bool kv_pool_reserving_beyond(const rctx_t *x) { return kv_cache_reserving(x) && kv_pool_beyond_card(x); }
 /* the reservation leads unless strangers hold the missing bytes; the other processes being this program's other
  * instances (a second server started beside the first) is no reason to stop them */
 static bool kv_reserving_lead(const rctx_t *x) { return kv_cache_reserving(x) && !strangers_cover(x); }
@@ -1482,7 +1493,8 @@ static const og_rank_row_t bring[] = {
       "static_kv_cache_prealloc (blind)" },
     { "kv_cache_reserving", kv_cache_reserving, WANT, 0, 0, REMS(R_SMALLER_KV),
       "not training, not phase generation or growth, roles: the failing statement builds a KV cache, half of it so "
-      "far (every holder of purpose kv_cache) + the request >= shortfall",
+      "far (every holder of purpose kv_cache) + the request >= shortfall; or, the request beyond the card, all of "
+      "it >= shortfall (a pool sized from what is free)",
       "vllm_second_server_default_utilization (blind); (unit tests: kv_cache_reserving)" },
     { "graph_pools", graph_pools, WANT, 0, 0, REMS(R_GRAPH_SHAPES),
       "roles: graph_pools > 0, or the adapter's private_pool_bytes", "cuda_graph_shapes (blind)" },
@@ -1645,6 +1657,11 @@ static const og_rank_row_t narrow[] = {
       "fragmentation, a retry that freed 0 B, cache not known > 0", "frag_varlen_noadapter" },
     { "larger_than_device", larger, ONLY, 0, 0, REMS(R_CHUNK, R_MULTI_GPU, R_OFFLOAD),
       "request > device or limit (does_not_fit)", "logits_larger_than_card" },
+    { "kv_pool_beyond_card", kv_pool_reserving_beyond, WANT, 0, 0, REMS(R_SMALLER_KV),
+      "as kv_cache_reserving, the request > device (a pool sized from another device's total: sized from what is "
+      "free, it fits)",
+      "a100_mig_3g40gb_pod_kv_pool_sized_from_pynvml_parent_gpu_total_llama31_8b (blind); (unit tests: "
+      "kv_cache_reserving)" },
     { "larger_outlier_batch", larger_outlier_batch, WANT, 0, 0, REMS(R_SHORTER_SEQ),
       "as one_batch_peak, request > device (the earlier batches fit: the input's length is the lever)",
       "callcenter_wav2vec2_ctc_hour_long_recording (blind)" },
@@ -1957,6 +1974,10 @@ static const og_rank_row_t lead[] = {
     { "kv_cache_reserving_second", kv_reserving_second, LEAD_COVERS, -19, 0, REMS(R_SMALLER_KV),
       "as kv_cache_reserving, primary foreign_memory whose processes not of this program hold >= shortfall",
       "(unit tests: kv_cache_reserving)" },
+    { "kv_pool_beyond_card_lead", kv_pool_reserving_beyond, LEAD_COVERS, -32, 0, REMS(R_SMALLER_KV),
+      "as kv_pool_beyond_card (ahead of splitting: a pool is no operation to split)",
+      "a100_mig_3g40gb_pod_kv_pool_sized_from_pynvml_parent_gpu_total_llama31_8b (blind); (unit tests: "
+      "kv_cache_reserving)" },
     { "model_registry_lead", model_registry, LEAD_COVERS, -34, 0, REMS(R_BOUNDED_CACHE), "as model_registry",
       "tenant_finetunes_full_copies_resident_a100_40gb (blind)" },
     { "bounded_cache_lead", growth_in_a_cache_primary, LEAD_COVERS, -22, 0, REMS(R_BOUNDED_CACHE),
@@ -2363,9 +2384,11 @@ static void estimate(rank_t *k, const rctx_t *x)
             (cover[R_FP32_NOT_FP64] > 0 ? cover[R_FP32_NOT_FP64] : 0) + 0.5 * (double)ro->held_fp64;
     /* with N micro-batches summed, N - 1 graphs go: at least half of the activations (N >= 2) */
     cover[R_BACKWARD_PER_MB] = summed_microbatches(x) ? 0.5 * (double)ro->act : -1;
-    cover[R_SMALLER_KV] = kv_cache_reserved(x)    ? 0.5 * (double)ro->kv_bytes
-                          : kv_cache_reserving(x) ? 0.5 * (double)kv_reservation(x) /* a half share */
-                                                  : -1;
+    cover[R_SMALLER_KV] = kv_cache_reserved(x) ? 0.5 * (double)ro->kv_bytes
+                          : kv_cache_reserving(x)
+                              ? (kv_pool_beyond_card(x) ? (double)x->shortfall             /* sized to fit */
+                                                        : 0.5 * (double)kv_reservation(x)) /* half */
+                              : -1;
     if (generation_beams(x) && ro->purpose_bytes[OG_PURPOSE_kv_cache]) /* 1 beam of N keeps 1/N */
         cover[R_FEWER_BEAMS] = (double)ro->purpose_bytes[OG_PURPOSE_kv_cache] * (1.0 - 1.0 / (double)ro->num_beams);
     if (generation_growth(x) && ro->purpose_bytes[OG_PURPOSE_kv_cache]) /* a 4-bit cache: 3/4 of a 16-bit one */

@@ -2794,6 +2794,19 @@ static bool b_smaller_kv_cache(const rctx_t *x, og_remedy_t *r)
     if (ro->kv < 0 && ro->building == OG_PURPOSE_kv_cache) {
         /* the cache being reserved when it failed (a serving engine's start-up), sized as a share of the card */
         const og_record_t *rec = x->rec;
+        if (x->larger_than_device && x->capacity) {
+            /* one piece larger than the card: sized from another device's total, not this one's */
+            why(r,
+                "This process was reserving its KV cache when it failed: the %s it asked for in one piece is more "
+                "than this whole device (%s). It was sized from another device's total (a MIG slice's parent GPU "
+                "as pynvml reports it, a config written for a larger card): size it from what this device has free.",
+                req_hb(x).s, og_hb((double)x->capacity).s);
+            HOWS(x, r,
+                 { PT, "free, total = torch.cuda.mem_get_info()   # this device (a MIG slice's own size), not "
+                       "pynvml's parent GPU" },
+                 { ANY, "num_blocks = int(free * 0.9) // block_bytes   # the pool from what is free" });
+            return true;
+        }
         why(r,
             "This process was reserving its KV cache when it failed: %s so far, and the %s it asked for was the "
             "next piece. A serving engine sizes that cache as a share of the whole card (vLLM: "

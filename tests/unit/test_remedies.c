@@ -3829,6 +3829,37 @@ static void kv_cache_reserving(void **state)
         assert_int_equal(rank_of(r, "smaller_kv_cache"), 0);
         free(r);
     }
+    /* one piece larger than the card (a pool sized from a MIG slice's parent GPU), after warm-up passes that freed
+     * what they made: sized from what is free it fits, ahead of splitting an operation, and no batch made it (no
+     * shorter length); without the statement saying so, the request is an operation to split */
+    for (int kv = 1; kv >= 0; kv--) {
+        og_record_t *r = base();
+        ev_reset(r);
+        double t = 0.01;
+        for (int i = 0; i < 15; i++) /* the weights */
+            ev_add(r, 0.001 * i, "alloc", 1 * GiB);
+        for (int s = 0; s < 12; s++, t += 0.1) { /* warm-up passes that free what they make */
+            ev_add(r, t, "alloc", 112 * MiB);
+            ev_add(r, t + 0.01, "free", 112 * MiB);
+        }
+        ev_add(r, t + 0.1, "fail", 55 * GiB);
+        fixture_roles(r, 0, 0, 0, 0, 15 * GiB, 0);
+        fixture_holder(r, "self.weights", "list", "on ModelRunner", 15 * GiB);
+        fixture_statement(r, "kv_cache", kv ? "kv_cache" : "");
+        og_set(&r->memory.process_used_bytes, 15 * GiB + 512 * MiB);
+        og_set(&r->event.requested_bytes, 55 * GiB);
+        og_set(&r->device.free_bytes, 8 * GiB);
+        run_primary(r, "does_not_fit");
+        if (kv) {
+            assert_string_equal(r->remedies[0].id, "smaller_kv_cache");
+            assert_true(how_has(&r->remedies[0], "mem_get_info"));
+            assert_int_equal(rank_of(r, "shorter_sequences"), 0);
+        } else {
+            assert_int_equal(rank_of(r, "smaller_kv_cache"), 0);
+            assert_true(rank_of(r, "shorter_sequences") > 0); /* a batch's peak: what the rows read without it */
+        }
+        free(r);
+    }
 }
 
 static void kv_cache_reserved_first(void **state)
