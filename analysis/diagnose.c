@@ -810,6 +810,7 @@ static bool c_non_framework(const og_facts_t *d, const og_record_t *r, og_cause_
     return true;
 }
 #define GROWTH_MIN_STEPS 6
+#define KEPT_CONFIDENCE  0.9 /* a growth that what Python keeps across calls holds (growth.kept_measured) */
 
 /* Growth: the facts' reading of the steps (facts.c) when it holds. */
 static bool c_growth(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
@@ -829,6 +830,11 @@ static bool c_growth(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
         c->confidence = 0.6 + 0.15 * clamp01((double)(g->rising - 2) / 4) + 0.2;
     if (g->marker == OG_MARK_KEPT_GRAPHS) /* measured by the adapter: the outputs' graphs are alive */
         c->confidence = 0.75 + 0.15 * clamp01((double)(g->steps - 8) / 56);
+    /* what Python objects keep across calls holds the rise (growth.kept_measured): the adapter measured where it
+     * went, so the reading is no longer a matter of how many steps the history shows; a leak fills any card,
+     * whatever others hold beside it */
+    if (g->kept_measured && c->confidence < KEPT_CONFIDENCE)
+        c->confidence = KEPT_CONFIDENCE;
     if (g->marker == OG_MARK_KEPT_GRAPHS) {
         const og_role_holder_t *h = &r->memory.fw.roles.holders[d->roles.graph_holder];
         char label[sizeof h->label];

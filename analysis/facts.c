@@ -2671,6 +2671,8 @@ void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds
     weights_copies(f, rec);
     trains(f, rec);
     growth(f, rec, s);
+    f->growth.kept_measured = f->growth.holds && f->roles.known && f->growth.rise &&
+                              (double)f->roles.kept_across >= 0.9 * (double)f->growth.rise;
     grower(f, rec);
     load(f, rec);
     imbalance(f, rec);

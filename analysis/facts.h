@@ -106,9 +106,13 @@ typedef struct og_growth_facts {
      * holds false */
     bool concurrent_loops;
     /* a reading of the driver's held, and what rose is the models' parameters (roles.params >= 9/10 of the rise) in a
-     * job nothing says trains, Python keeping nothing across calls and no second copy of a model: the weights
-     * arriving (a generation job loading its models), not a leak; holds false */
+     * job nothing says trains, Python keeping nothing across calls, no second copy of a model, no map of models by
+     * key and no model with parameters still elsewhere: the weights arriving (a generation job loading its models),
+     * not a leak; holds false */
     bool weights_load;
+    /* the growth holds and what Python keeps across calls (roles.kept_across: holders kept across calls, a registry's
+     * models) is at least 9/10 of its rise: where the rise went was measured, not read from the steps alone */
+    bool kept_measured;
     /* read from the run's series (roles.allocated_over_run, every `every`-th optimizer step of the whole run): a
      * staircase, flat within an iteration of many optimizer steps and up between them, never down; steps, rising and
      * transitions then count the series' points and its rises */

@@ -397,6 +397,9 @@ static bool graphs_without_training(const rctx_t *x) { return kept_graphs(x) && 
 static bool kept_graphs_measured(const rctx_t *x) { return kept_graphs(x) && roles_of(x)->graphs_measured; }
 /* a confident growth that did not fail in the optimizer's step (where the state is being made) */
 static bool growth_not_in_step(const rctx_t *x) { return confident_growth(x) && !PHASE(optimizer_step); }
+/* a growth whose rise what Python keeps across calls holds (measured: a dict of sessions, a registry): stopping other
+ * processes only delays the next failure, whatever they hold */
+static bool growth_kept_measured(const rctx_t *x) { return PRIMARY(GROWTH) && x->f->growth.kept_measured; }
 /* restoring a checkpoint: the adapter's phase is loading and its frame is torch.load's */
 static bool checkpoint_restore(const rctx_t *x) { return PHASE(loading) && x->f->load_via_torch_load; }
 /* a load whose one model's parameters on the device (roles.models: a single model, one copy) already fill nine
@@ -1832,6 +1835,10 @@ static const og_rank_row_t lead[] = {
       "train_leak_eval_fails, generate_kv_cache" },
     { "growth_not_the_state", growth_not_in_step, DEMOTE, 3, 0, REMS(R_OPT_8BIT, R_LORA),
       "primary growth >= 0.7, phase not optimizer_step", "skip_batch_on_oom, t5_bf16_adamw_state (blind)" },
+    { "growth_kept_not_others", growth_kept_measured, DEMOTE, 2, 0, REMS(R_FOREIGN),
+      "primary growth, growth.kept_measured: what Python keeps across calls >= 9/10 of the rise (stopping others only "
+      "delays the next failure)",
+      "lab_a6000_notebook_gradio_qwen25_7b_chat_demo_session_kv_dict_never_evicted (blind)" },
     { "evaluation_autograd_on", evaluation_autograd_on, WANT, 0, 0, REMS(R_INFERENCE),
       "phase evaluation or generation, adapter: grad_enabled on; not a deep copy, not roles.input_requires_grad or "
       "an attribution_pass (the gradient is asked for)",

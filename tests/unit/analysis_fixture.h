@@ -375,6 +375,19 @@ static void fixture_holder(og_record_t *r, const char *name, const char *kind, c
     h->tensors = 1;
 }
 
+/* a growth of 9 steps of 500 MiB beside another process's 3 GiB, 256 MiB free: HELD, a global dict keeps the rise
+ * (roles.kept_across); else the same bytes are activations */
+static void fixture_growth_beside_other(og_record_t *r, bool held)
+{
+    ev_reset(r);
+    leak_loop(r, 9, 0.1, 512 * MiB, 500 * MiB);
+    fixture_roles(r, 2 * GiB, 0, 0, 0, held ? 4500 * MiB : 0, held ? 512 * MiB : 5012 * MiB);
+    if (held)
+        fixture_holder(r, "SESSIONS", "dict", "global in app.py", 4500 * MiB);
+    fixture_other(r, 4242, "python3", 3 * GiB)->visible = true;
+    og_set(&r->device.free_bytes, 256 * MiB);
+}
+
 /* the last holder's purpose (what its name says it keeps) and the role its blocks copy ("" none) */
 static void fixture_holder_says(og_record_t *r, const char *purpose, const char *copy_of)
 {

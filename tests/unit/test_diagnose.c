@@ -510,6 +510,22 @@ static void growth_is_the_weights_arriving(void **state)
     }
 }
 
+/* a growth of few steps beside another process: what Python keeps across calls (a global dict) holds the rise, so the
+ * growth is measured and leads the other process's memory (a leak fills any card); without the holder the few steps
+ * are a weaker reading than the others' bytes */
+static void growth_kept_leads_others(void **state)
+{
+    for (int held = 1; held >= 0; held--) {
+        og_record_t *r = base();
+        fixture_growth_beside_other(r, held);
+        diag(r);
+        assert_true(has(r, "growth"));
+        assert_true(has(r, "foreign_memory"));
+        assert_string_equal(r->diagnosis.primary, held ? "growth" : "foreign_memory");
+        free(r);
+    }
+}
+
 static void growth_excludes_loading(void **state)
 {
     og_record_t *r = base();
@@ -1969,6 +1985,7 @@ int main(void)
         cmocka_unit_test(growth_is_a_pattern_of_steps),
         cmocka_unit_test(growth_restored_by_torch_load),
         cmocka_unit_test(growth_is_the_weights_arriving),
+        cmocka_unit_test(growth_kept_leads_others),
         cmocka_unit_test(growth_excludes_loading),
         cmocka_unit_test(growth_of_other_sizes),
         cmocka_unit_test(growth_thresholds),

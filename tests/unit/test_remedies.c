@@ -2997,6 +2997,22 @@ static void fp32_model_beside_half(void **state)
     }
 }
 
+/* a growth that a global dict of sessions holds, beside a colleague's process: the dict is bounded first, and stopping
+ * the colleague's job (which only delays the next failure) is not among the first three; without the measured
+ * holder the other process leads */
+static void growth_kept_not_others(void **state)
+{
+    for (int held = 1; held >= 0; held--) {
+        og_record_t *r = base();
+        fixture_growth_beside_other(r, held);
+        run_primary(r, held ? "growth" : "foreign_memory");
+        int f = rank_of(r, "foreign_processes");
+        if (held ? f >= 1 && f <= 3 : f != 1)
+            fail_msg("held %d: foreign_processes ranked %d", held, f);
+        free(r);
+    }
+}
+
 /* a full fine-tune whose state at its first step (weights 12, gradients 12, AdamW's moments 24 GiB) exceeds
  * the card even in half precision: train fewer parameters, offload or shard the state, not load in bf16; where
  * halving makes the state and this pass fit (weights 10 GiB: 20 GiB halved), load_in_bf16 first, then those */
@@ -5893,6 +5909,7 @@ int main(void)
         cmocka_unit_test(quantization_reads_the_weights),
         cmocka_unit_test(fp32_weights_load_in_half),
         cmocka_unit_test(fp32_model_beside_half),
+        cmocka_unit_test(growth_kept_not_others),
         cmocka_unit_test(trains_before_the_first_step),
         cmocka_unit_test(state_exceeds_card_first),
         cmocka_unit_test(summed_microbatches_backward_each),
