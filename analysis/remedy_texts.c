@@ -2368,8 +2368,8 @@ static bool b_load_in_bf16(const rctx_t *x, og_remedy_t *r)
             char cls[sizeof rr->models[0].cls];
             og_cpy(cls, sizeof cls, rr->models[ro->fp32_group].cls, sizeof cls);
             why(r,
-                ". %s (%s of parameters) is float32 beside a model in half precision: it was loaded without a "
-                "dtype, and in bf16 it would hold %s",
+                ". %s (%s of parameters) is float32 beside a model in half precision (from_pretrained without "
+                "torch_dtype loads float32); in bf16 it would hold %s",
                 cls[0] ? cls : "One model", og_hb((double)rr->models[ro->fp32_group].bytes).s,
                 og_hb((double)rr->models[ro->fp32_group].bytes / 2).s);
         }
@@ -2798,8 +2798,9 @@ static bool b_smaller_kv_cache(const rctx_t *x, og_remedy_t *r)
             /* one piece larger than the card: sized from another device's total, not this one's */
             why(r,
                 "This process was reserving its KV cache when it failed: the %s it asked for in one piece is more "
-                "than this whole device (%s). It was sized from another device's total (a MIG slice's parent GPU "
-                "as pynvml reports it, a config written for a larger card): size it from what this device has free.",
+                "than this whole device (%s): it was sized for more memory than this device has (a MIG slice's "
+                "parent GPU as pynvml reports it, a config written for a larger card). Size it from what this device "
+                "has free.",
                 req_hb(x).s, og_hb((double)x->capacity).s);
             HOWS(x, r,
                  { PT, "free, total = torch.cuda.mem_get_info()   # this device (a MIG slice's own size), not "

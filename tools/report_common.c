@@ -261,11 +261,12 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
     } while (0)
     if (r->present) {
         og_sb_init(&b);
-        /* a model's dtype is said where the models differ: one in float32 beside one that is not */
+        /* a model's dtype is said where the models differ: one float32 (9/10 of its parameters or more, as the
+         * analysis reads it: fp32_beside_half) beside one that is not */
         bool f32 = false, other = false;
         for (int i = 0; i < r->nmodels; i++) {
-            f32 =
-                f32 || (r->models[i].float32_bytes > 0 && r->models[i].float32_bytes == r->models[i].parameters_bytes);
+            f32 = f32 || (r->models[i].float32_bytes > 0 &&
+                          10 * (double)r->models[i].float32_bytes >= 9 * (double)r->models[i].parameters_bytes);
             other = other ||
                     (r->models[i].float32_bytes >= 0 && r->models[i].float32_bytes < r->models[i].parameters_bytes);
         }
@@ -278,9 +279,10 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
             if (r->models[i].elsewhere_bytes > 0) /* the rest of a model a load is moving here */
                 og_sb_printf(&b, " (%s more off this GPU)", human_bytes(r->models[i].elsewhere_bytes, a));
             if (f32 && other && r->models[i].float32_bytes >= 0)
-                og_sb_puts(&b, r->models[i].float32_bytes == r->models[i].parameters_bytes ? ", all float32"
-                               : r->models[i].float32_bytes == 0                           ? ", no float32"
-                                                                                           : ", partly float32");
+                og_sb_puts(&b, 10 * (double)r->models[i].float32_bytes >= 9 * (double)r->models[i].parameters_bytes
+                                   ? ", float32"
+                               : r->models[i].float32_bytes == 0 ? ", no float32"
+                                                                 : ", partly float32");
             if (r->models[i].count > 1)
                 og_sb_printf(&b, ", %lld copies", (long long)r->models[i].count);
             if (r->models[i].frozen == 1)
