@@ -35,6 +35,7 @@
 #include "record.h"
 #include "advice_text.h"
 #include "facts.h"
+#include "model_dtypes.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
@@ -1442,8 +1443,7 @@ static void fp32_beside_half(og_role_facts_t *k, const og_roles_t *ro, int nm)
         half = half ||
                (og_known(ro->models[i].fp32) && ro->models[i].bytes && 2 * ro->models[i].fp32.v < ro->models[i].bytes);
     for (int i = 0; i < nm && half; i++) {
-        if (!og_known(ro->models[i].fp32) || !ro->models[i].bytes ||
-            10 * (double)ro->models[i].fp32.v < 9 * (double)ro->models[i].bytes)
+        if (!og_known(ro->models[i].fp32) || !og_model_float32(ro->models[i].fp32.v, ro->models[i].bytes))
             continue;
         uint64_t n = ro->models[i].count > 0 ? (uint64_t)ro->models[i].count : 0;
         k->fp32_beside_half = add_sat(k->fp32_beside_half, ro->models[i].bytes * n);

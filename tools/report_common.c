@@ -3,6 +3,7 @@
 #include "report.h"
 #include "symbolize.h"
 #include "human.h"
+#include "model_dtypes.h"
 
 #include <inttypes.h>
 
@@ -261,12 +262,12 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
     } while (0)
     if (r->present) {
         og_sb_init(&b);
-        /* a model's dtype is said where the models differ: one float32 (9/10 of its parameters or more, as the
-         * analysis reads it: fp32_beside_half) beside one that is not */
+        /* a model's dtype is said where the models differ, as the analysis reads them (common/model_dtypes.h): one
+         * float32 beside one that is not */
         bool f32 = false, other = false;
         for (int i = 0; i < r->nmodels; i++) {
-            f32 = f32 || (r->models[i].float32_bytes > 0 &&
-                          10 * (double)r->models[i].float32_bytes >= 9 * (double)r->models[i].parameters_bytes);
+            const uint64_t bytes = r->models[i].parameters_bytes > 0 ? (uint64_t)r->models[i].parameters_bytes : 0;
+            f32 = f32 || (r->models[i].float32_bytes > 0 && og_model_float32(r->models[i].float32_bytes, bytes));
             other = other ||
                     (r->models[i].float32_bytes >= 0 && r->models[i].float32_bytes < r->models[i].parameters_bytes);
         }
@@ -279,8 +280,7 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
             if (r->models[i].elsewhere_bytes > 0) /* the rest of a model a load is moving here */
                 og_sb_printf(&b, " (%s more off this GPU)", human_bytes(r->models[i].elsewhere_bytes, a));
             if (f32 && other && r->models[i].float32_bytes >= 0)
-                og_sb_puts(&b, 10 * (double)r->models[i].float32_bytes >= 9 * (double)r->models[i].parameters_bytes
-                                   ? ", float32"
+                og_sb_puts(&b, og_model_float32(r->models[i].float32_bytes, r->models[i].parameters_bytes) ? ", float32"
                                : r->models[i].float32_bytes == 0 ? ", no float32"
                                                                  : ", partly float32");
             if (r->models[i].count > 1)

@@ -1,0 +1,17 @@
+/* When a model counts as float32, read once for the analysis (analysis/facts.c) and the text
+ * report (tools/report_common.c), which see the same model from the dump's roles.models[]: each model's
+ * parameter bytes, those in float32 (parameters_float32_bytes).  Pure: header only. */
+#ifndef OG_MODEL_DTYPES_H
+#define OG_MODEL_DTYPES_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* float32 at nine tenths of its parameters or more: a model loaded in its default dtype keeps a few parameters of
+ * another (a quantizer's scales, a rotary table registered as a parameter) */
+static inline bool og_model_float32(uint64_t fp32, uint64_t bytes)
+{
+    return bytes && 10 * (double)fp32 >= 9 * (double)bytes;
+}
+
+#endif
