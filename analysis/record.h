@@ -266,6 +266,8 @@ typedef struct og_roles {
         int training;            /* of them, how many are in training mode (Module.training); -1 unknown */
         og_opt_u64_t fp32;       /* of one of them, the parameters on the failing device in float32 (unset: not
                                     read, an older adapter) */
+        og_opt_u64_t quant;      /* of one of them, those in a dtype of 8 bits or fewer (int8, packed 4-bit,
+                                    float8: quantized weights; unset as fp32) */
     } models[6];
     /* roles.operation: what the failing operation is (common/operations.def; "" none matched), its frame and the
      * argument of that frame its row read ("need_weights=True"; "" none read) */

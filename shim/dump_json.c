@@ -296,6 +296,11 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
             og_sb_printf(sb, "%llu", (unsigned long long)r->models[i].fp32.v);
         else
             og_sb_puts(sb, "null");
+        og_sb_puts(sb, ",\"parameters_quantized_bytes\":");
+        if (og_known(r->models[i].quant))
+            og_sb_printf(sb, "%llu", (unsigned long long)r->models[i].quant.v);
+        else
+            og_sb_puts(sb, "null");
         og_sb_puts(sb, "}");
     }
     og_sb_puts(sb, "]");

@@ -215,6 +215,9 @@ static void parse_roles(const char *s, og_roles_t *r)
             og_unset(&r->models[r->nmodels].fp32);
             if (n >= 15 && f[14][0] >= '0' && f[14][0] <= '9')
                 og_set(&r->models[r->nmodels].fp32, strtoull(f[14], NULL, 10));
+            og_unset(&r->models[r->nmodels].quant);
+            if (n >= 16 && f[15][0] >= '0' && f[15][0] <= '9')
+                og_set(&r->models[r->nmodels].quant, strtoull(f[15], NULL, 10));
             r->nmodels++;
         } else if (!strcmp(f[0], "operation") && n >= 5 && !r->operation[0]) {
             copy_field(r->operation, sizeof r->operation, f[1]);

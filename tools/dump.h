@@ -109,6 +109,7 @@ struct og_roles_view {
         int64_t elsewhere_bytes; /* parameters_elsewhere_bytes: of one, not on the failing device; 0 absent */
         int64_t training;        /* how many are in training mode; -1 absent (null) */
         int64_t float32_bytes;   /* parameters_float32_bytes: of one, those in float32; -1 absent (null) */
+        int64_t quantized_bytes; /* parameters_quantized_bytes: of one, those of 8 bits or fewer; -1 absent */
         int frozen;              /* -1 absent */
     } * models;
     int nmodels;

@@ -1085,8 +1085,10 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
         TRY(get_int(L, x, &pe, "stepped", &r->models[r->nmodels].stepped));
         TRY(get_int(L, x, &pe, "parameters_elsewhere_bytes", &r->models[r->nmodels].elsewhere_bytes));
         r->models[r->nmodels].training = r->models[r->nmodels].float32_bytes = -1;
+        r->models[r->nmodels].quantized_bytes = -1;
         TRY(get_int(L, x, &pe, "training", &r->models[r->nmodels].training));
         TRY(get_int(L, x, &pe, "parameters_float32_bytes", &r->models[r->nmodels].float32_bytes));
+        TRY(get_int(L, x, &pe, "parameters_quantized_bytes", &r->models[r->nmodels].quantized_bytes));
     });
     const cJSON *so;
     if (read_pyframe_obj(L, o, "statement", &p, &r->statement.at) < 0)

@@ -263,13 +263,17 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
     if (r->present) {
         og_sb_init(&b);
         /* a model's dtype is said where the models differ, as the analysis reads them (common/model_dtypes.h): one
-         * float32 beside one that is not */
-        bool f32 = false, other = false;
+         * float32 beside one that is not, one quantized beside one that is not */
+        bool f32 = false, other = false, quant = false, unquant = false;
         for (int i = 0; i < r->nmodels; i++) {
             const uint64_t bytes = r->models[i].parameters_bytes > 0 ? (uint64_t)r->models[i].parameters_bytes : 0;
             f32 = f32 || (r->models[i].float32_bytes > 0 && og_model_float32(r->models[i].float32_bytes, bytes));
             other = other ||
                     (r->models[i].float32_bytes >= 0 && r->models[i].float32_bytes < r->models[i].parameters_bytes);
+            quant =
+                quant || (r->models[i].quantized_bytes > 0 && og_model_quantized(r->models[i].quantized_bytes, bytes));
+            unquant = unquant || (r->models[i].quantized_bytes >= 0 && bytes &&
+                                  !og_model_quantized(r->models[i].quantized_bytes, bytes));
         }
         for (int i = 0; i < r->nmodels; i++) {
             og_sb_printf(&b, "%s%s: %s of parameters", i ? "; " : "", nz(r->models[i].cls, "?"),
@@ -283,6 +287,9 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
                 og_sb_puts(&b, og_model_float32(r->models[i].float32_bytes, r->models[i].parameters_bytes) ? ", float32"
                                : r->models[i].float32_bytes == 0 ? ", no float32"
                                                                  : ", partly float32");
+            if (quant && unquant && r->models[i].quantized_bytes > 0 &&
+                og_model_quantized(r->models[i].quantized_bytes, r->models[i].parameters_bytes))
+                og_sb_puts(&b, ", quantized (8 bits or fewer)");
             if (r->models[i].count > 1)
                 og_sb_printf(&b, ", %lld copies", (long long)r->models[i].count);
             if (r->models[i].frozen == 1)

@@ -297,6 +297,7 @@ class _Scan(object):
         self.root_stepped = {}            # id(root module) -> an optimizer has state for a parameter of it
         self.root_away = {}               # id(root module) -> bytes of its parameters not on the failing device
         self.root_fp32 = {}               # id(root module) -> bytes of its parameters on the device in float32
+        self.root_quant = {}              # id(root module) -> bytes of them in a dtype of 8 bits or fewer
         self.embedding = 0                # bytes of embedding tables' parameters (modules of an *Embedding* class)
         self.embedding_seen = set()
         self.stepped = set()              # the storages of the parameters an optimizer has state for (it stepped)
@@ -1128,7 +1129,8 @@ def _models_named(scan):
     parameter of theirs: a training that made its first step; None as trained), and the bytes of one root's
     parameters not on the failing device (on the host, the meta device, another GPU: the rest of a model a load
     is moving here): [(class, bytes, tensors, count, frozen, named, running, names, purpose, trained, stepped,
-    away, training, fp32)], fp32 the bytes of one root's parameters on the device in float32.  A root no name of the
+    away, training, fp32, quant)], fp32 the bytes of one root's parameters on the device in float32, quant those in a
+    dtype of 8 bits or fewer (QUANTIZED_DTYPES: int8 weights, packed 4-bit ones, float8).  A root no name of the
     running code reaches is a leftover (a previous run's model kept by a traceback, a cycle); so is one whose
     names a running statement of the program is about to rebind (_pending_stores: a cell run again while its
     previous model lives), though its names are listed."""
@@ -1162,12 +1164,13 @@ def _models_named(scan):
             away = max([scan.root_away.get(id(r), 0) for r in rs] or [0])
             # of one root's parameters on the device, those in float32 (None: no root, nothing measured)
             fp32 = max([scan.root_fp32.get(id(r), 0) for r in rs]) if rs else None
+            quant = max([scan.root_quant.get(id(r), 0) for r in rs]) if rs else None
             # how many are in training mode (Module.training, set by train() and eval()); None: a root without the flag
             modes = [getattr(r, "training", None) for r in rs] if roots else [None]
             training = sum(1 for v in modes if v is True) if all(isinstance(v, bool) for v in modes) else None
             out.append((cls, b, n, len(rs) if roots else k, frozen, len(named),
                         sum(1 for r in rs if id(r) in running_roots), names, purpose, trained, stepped, away,
-                        training, fp32))
+                        training, fp32, quant))
     return out[:TOP_MODELS]
 
 
@@ -1210,6 +1213,13 @@ def _ddp(scan, modules):
                     total += st[1]
             stack.extend(c for c in (d.get("_modules") or {}).values() if c is not None)
     return (found, total) if found else None
+
+
+# The dtypes of 8 bits or fewer a quantized model keeps its weights in: int8 (LLM.int8, W8A8, torchao), uint8 (the
+# packed 4-bit of bitsandbytes, GPTQ and AWQ), float8 (FP8 checkpoints), PyTorch's quantized and sub-byte types.
+QUANTIZED_DTYPES = frozenset((
+    "int8", "uint8", "qint8", "quint8", "quint4x2", "quint2x4", "int4", "uint4", "int2", "uint2", "int1", "uint1",
+    "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2"))
 
 
 def dtype_name(t):
@@ -1282,7 +1292,7 @@ def _models(scan, modules):
         if id(root) in children:
             continue
         seen, b, n, grad, trained, stepped = set(), 0, 0, False, False, False
-        away, away_seen, fp32 = 0, set(), 0
+        away, away_seen, fp32, quant = 0, set(), 0, 0
         stack, visited, attn = [(root, None)], set(), set()
         while stack:
             m, key = stack.pop()
@@ -1310,7 +1320,9 @@ def _models(scan, modules):
                 seen.add(st[0])
                 b += st[1]
                 n += 1
-                fp32 += st[1] if dtype_name(p) == "float32" else 0
+                dt = dtype_name(p)
+                fp32 += st[1] if dt == "float32" else 0
+                quant += st[1] if dt in QUANTIZED_DTYPES else 0
                 trained = trained or st[0] in scan.optimized
                 stepped = stepped or st[0] in scan.stepped
                 try:
@@ -1329,6 +1341,7 @@ def _models(scan, modules):
         scan.root_stepped[id(root)] = stepped
         scan.root_away[id(root)] = away
         scan.root_fp32[id(root)] = fp32
+        scan.root_quant[id(root)] = quant
         scan.model_roots.setdefault((type(root).__name__, b, n), []).append(root)
     # the walk met every module of the models: a count, 0 included; no model at all says nothing
     scan.attention = len(attention) if groups else None
@@ -1556,10 +1569,11 @@ def encode(r):
       holder BYTES TENSORS LABEL NAME KIND WHERE FILE LINE FUNCTION PURPOSE COPY_OF GRAPHS RESTORED_BYTES RESTORED_FILE
       RESTORED_LINE RESTORED_FUNCTION RECORDS FLOAT64_BYTES (what torch.load restored onto the GPU of its tensors,
       and where; RECORDS: the like records it is a collection of, _records; FLOAT64_BYTES: its float64 tensors) |
-      model CLASS BYTES TENSORS COUNT FROZEN NAMED RUNNING NAMES PURPOSE TRAINED STEPPED AWAY TRAINING FLOAT32 (NAMED:
+      model CLASS BYTES TENSORS COUNT FROZEN NAMED RUNNING NAMES PURPOSE TRAINED STEPPED AWAY TRAINING FLOAT32
+      QUANTIZED (NAMED:
       roots the running code holds by a name, RUNNING: roots whose method runs, NAMES: those names, comma-separated,
       AWAY: bytes of one root's parameters not on the failing device, TRAINING: roots in training mode, FLOAT32: bytes
-      of one root's parameters on the device in float32, - unknown) |
+      of one root's parameters on the device in float32, QUANTIZED: those in a dtype of 8 bits or fewer, - unknown) |
       operation NAME FILE LINE FUNCTION ARGUMENT (the failing operation, oomguard_phase.OPERATIONS; ARGUMENT
       the argument its row read, need_weights=True, or -) |
       ddp WRAPPERS BUCKET_BYTES (DistributedDataParallel wrappers without gradient_as_bucket_view) |
@@ -1627,6 +1641,8 @@ def encode(r):
             line += "\t%s" % ("-" if m[12] is None else int(m[12]))
         if len(m) >= 14:
             line += "\t%s" % ("-" if m[13] is None else int(m[13]))
+        if len(m) >= 15:
+            line += "\t%s" % ("-" if m[14] is None else int(m[14]))
         out.append(line)
     op = r.get("operation")
     if op:

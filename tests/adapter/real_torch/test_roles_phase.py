@@ -783,6 +783,27 @@ def t_models_float32():
         g.pop("draft", None)
 
 
+def t_models_quantized():
+    """models[].parameters_quantized_bytes: of one model's parameters on the device, those of 8 bits or fewer (an
+    int8 weight beside its bfloat16 bias); the float32 model has none"""
+    if STAND_IN:
+        return
+    build()
+    g = globals()
+    q = torch.nn.Linear(96, 96).to(torch.bfloat16)
+    q.weight = torch.nn.Parameter(torch.zeros(96, 96, dtype=torch.int8), requires_grad=False)
+    g["quantized"] = q
+    try:
+        r = measure(None)
+        ms = dict((m[0], m) for m in r["models"])
+        assert ms["Linear"][14] == 96 * 96 and ms["Linear"][1] == 96 * 96 + 96 * 2, ms["Linear"]
+        assert ms["Net"][14] == 0 and ms["Net"][1] > 0, ms["Net"]
+        assert any(l.startswith("model\tLinear\t") and l.split("\t")[15] == str(96 * 96)
+                   for l in oomguard_roles.encode(r).splitlines())
+    finally:
+        g.pop("quantized", None)
+
+
 class Recommender(torch.nn.Module):
     """Two embedding tables (one shared by two names) and a small tower."""
 
@@ -2242,6 +2263,7 @@ if not STAND_IN:
     check("the model's input requires grad; the models' training mode", t_input_requires_grad)
     check("a model halfway through a move: its parameters off the failing device, once", t_models_elsewhere)
     check("a model in bfloat16 beside one in float32: each model's float32 bytes", t_models_float32)
+    check("an int8 model beside one in float32: each model's quantized bytes", t_models_quantized)
     check("embedding tables among the models' parameters, each once", t_embedding_tables)
     check("the batch size from the program's names, not a loop index or a global count", t_batch_size)
     check("a batch of one from the outermost module's input, where no name says the batch", t_input_batch)

@@ -77,11 +77,12 @@ def roles(fw, truth, opts):
                         "self.cache (dict on Trainer)": ("cache", None)}, says
         net = sum(truth["roles"].get(k, 0) for k in ("parameters",))
         # held by the global `model`, running (the failure is in its forward); AdamW trains it and has stepped;
-        # all of it on the device, in training mode, in float32
+        # all of it on the device, in training mode, in float32 (nothing of 8 bits or fewer)
         assert r["models"] == [{"class": "Net", "parameters_bytes": net, "tensors": 2, "count": 1,
                                 "frozen": False, "named": 1, "running": 1, "names": ["model"],
                                 "purpose": None, "trained": 1, "stepped": 1, "parameters_elsewhere_bytes": 0,
-                                "training": 1, "parameters_float32_bytes": net}], \
+                                "training": 1, "parameters_float32_bytes": net,
+                                "parameters_quantized_bytes": 0}], \
             (r["models"], net)
         assert r["operation"] is None and r["ddp"] is None, (r["operation"], r["ddp"])
         assert "statement" in r, r
