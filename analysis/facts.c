@@ -1452,6 +1452,26 @@ static void fp32_beside_half(og_role_facts_t *k, const og_roles_t *ro, int nm)
     }
 }
 
+/* a quantized model beside a reference of its class with nothing quantized (roles.quant_reference): the largest
+ * such reference, and the quantized group beside it */
+static void quant_beside_reference(og_role_facts_t *k, const og_roles_t *ro, int nm)
+{
+    for (int q = 0; q < nm; q++) {
+        if (!og_known(ro->models[q].quant) || !og_model_quantized(ro->models[q].quant.v, ro->models[q].bytes))
+            continue;
+        for (int i = 0; i < nm; i++) {
+            if (i == q || !og_known(ro->models[i].quant) || ro->models[i].quant.v || !ro->models[i].bytes ||
+                strncmp(ro->models[i].cls, ro->models[q].cls, sizeof ro->models[i].cls))
+                continue;
+            if (k->quant_ref_group < 0 || ro->models[i].bytes > ro->models[k->quant_ref_group].bytes) {
+                k->quant_ref_group = i;
+                k->quant_group = q;
+                k->quant_reference = ro->models[i].bytes;
+            }
+        }
+    }
+}
+
 static void roles(og_facts_t *d, const og_record_t *r)
 {
     const og_roles_t *ro = &r->memory.fw.roles;
@@ -1459,6 +1479,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
     k->keeper = k->kv = k->dataset_holder = k->registry_group = k->graph_holder = k->keyed_group = k->fp32_group = -1;
     k->stmt_copies = k->restored_holder = k->dominant = k->fp64_holder = -1;
     k->ckpt_holder = k->index_holder = k->ema_holder = k->copy_holder = k->concurrent_group = -1;
+    k->quant_group = k->quant_ref_group = -1;
     k->building = OG_PURPOSE_NONE;
     k->operation = OG_OPERATION_NONE;
     if (!r->memory.fw.has || !ro->has)
@@ -1468,6 +1489,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
     char target[sizeof ro->stmt_target];
     og_cpy(target, sizeof target, ro->has_statement ? ro->stmt_target : "", sizeof target);
     fp32_beside_half(k, ro, nm);
+    quant_beside_reference(k, ro, nm);
     for (int i = 0; i < nm; i++) {
         uint64_t each = ro->models[i].bytes, n = ro->models[i].count > 0 ? (uint64_t)ro->models[i].count : 0;
         if (ro->models[i].frozen)
@@ -1706,7 +1728,16 @@ static void roles(og_facts_t *d, const og_record_t *r)
             k->params_half = add_sat(k->params_half, ro->dtypes[i].bytes);
         if (!strcmp(dt, "float64"))
             k->params_fp64 = add_sat(k->params_fp64, ro->dtypes[i].bytes);
+        if (!strcmp(dt, "int8") || !strncmp(dt, "float8", 6))
+            k->params_8bit = add_sat(k->params_8bit, ro->dtypes[i].bytes);
+        if (!strcmp(dt, "uint8"))
+            k->params_packed = add_sat(k->params_packed, ro->dtypes[i].bytes);
     }
+    if (k->dtypes_known)
+        k->quant_frees = 0.875 * (double)k->params_fp32 + 0.75 * (double)k->params_half + 0.5 * (double)k->params_8bit +
+                         0.9375 * (double)k->params_fp64;
+    else
+        k->quant_frees = 0.75 * (double)k->params;
     int nh = OG_FILLED(ro->nholders, ro->holders);
     for (int i = 0; i < nh; i++) {
         uint64_t b = og_known(ro->holders[i].float64) ? ro->holders[i].float64.v : 0;

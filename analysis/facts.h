@@ -170,12 +170,19 @@ typedef struct og_role_facts {
      * tensors they are (roles.embedding_tables; 0 none or not measured) */
     uint64_t embedding;
     int embedding_tables;
-    uint64_t opt_params;  /* parameters on the failing device that optimizers' param_groups hold (0: none or
+    uint64_t opt_params;    /* parameters on the failing device that optimizers' param_groups hold (0: none or
                             unknown): an optimizer made for this model */
-    bool dtypes_known;    /* roles.parameters_by_dtype was measured ... */
-    uint64_t params_fp32; /* ... and this many bytes of the parameters are float32 (0 when unknown) */
-    uint64_t params_half; /* ... and this many are bfloat16 or float16 (0 when unknown) */
-    uint64_t params_fp64; /* ... and this many are float64 (0 when unknown) */
+    bool dtypes_known;      /* roles.parameters_by_dtype was measured ... */
+    uint64_t params_fp32;   /* ... and this many bytes of the parameters are float32 (0 when unknown) */
+    uint64_t params_half;   /* ... and this many are bfloat16 or float16 (0 when unknown) */
+    uint64_t params_fp64;   /* ... and this many are float64 (0 when unknown) */
+    uint64_t params_8bit;   /* ... and this many are int8 or float8 (0 when unknown) */
+    uint64_t params_packed; /* ... and this many uint8: 4-bit weights packed two to a byte (0 when unknown) */
+    /* what 4-bit weights would free of the parameters (the quantization remedy's saving, its text and its estimate):
+     * seven eighths of the float32 bytes, three quarters of the 16-bit ones, half the 8-bit ones, nothing of those
+     * already packed in 4 bits (uint8) or of another dtype; three quarters of all when the dtypes were not measured;
+     * 0 without roles */
+    double quant_frees;
     /* of the listed holders' bytes, those in float64 tensors (roles.holders[].float64_bytes; 0 none or not read), and
      * the holder with most of them (index in roles.holders, -1 none): a numpy or pandas array copied as it was */
     uint64_t held_fp64;
@@ -331,6 +338,14 @@ typedef struct og_role_facts {
      * the largest such group (index in roles.models, -1 none) */
     uint64_t fp32_beside_half;
     int fp32_group;
+    /* roles.models: a quantized model (half its parameters or more in 8 bits or fewer, parameters_quantized_bytes)
+     * beside a model of the same class with none quantized: the program compares a quantized model with its
+     * reference (an int8 export checked against the bf16 original, a perplexity or KL gate), and quantizing the
+     * reference would change what it measures.  The reference's parameters (0: no such pair) and the two groups, the
+     * quantized one and its reference
+     * (indexes in roles.models, -1 none) */
+    uint64_t quant_reference;
+    int quant_group, quant_ref_group;
     /* a copy of a model being made that no module holds yet (copy.deepcopy building its parameters one by one):
      * parameters beyond every model's (when models were measured) and gradients beyond them too */
     uint64_t copy_loose;

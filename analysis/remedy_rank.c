@@ -919,6 +919,10 @@ static bool fp32_beside_half(const rctx_t *x)
            (PHASE(loading) || PHASE(forward) || PHASE(evaluation) || PHASE(generation) || PHASE(unknown)) &&
            !own_fix_covers(x) && !x->larger_than_device;
 }
+/* a quantized model beside a reference of its class with nothing quantized (roles.quant_reference): the program
+ * measures the quantized model against its reference, which must keep its precision; the quantized one is already
+ * the thing under test */
+static bool quant_beside_reference(const rctx_t *x) { return roles_of(x)->quant_reference > 0; }
 /* the program sums several passes' losses into one tensor whose graph is still alive (roles.accumulating)
  * while a forward pass (or the one backward on the sum) runs in a job that may train: every micro-batch's
  * activations stay alive until that backward; a backward per micro-batch frees each graph as it goes */
@@ -1746,6 +1750,11 @@ static const og_rank_row_t narrow[] = {
       "deepfm_ad_clicks_hashed_cross_features_dense_embedding_grads_first_backward_a10g (blind); (unit tests: "
       "embedding_tables_off_the_gpu)" },
     { "ddp_pytorch", not_pytorch, DROP, 0, 0, REMS(R_DDP), "failing framework not PyTorch", "(unit tests)" },
+    { "quantized_beside_reference", quant_beside_reference, DROP, 0, 0, REMS(R_QUANT),
+      "roles.models: a model at least half in 8 bits or fewer (parameters_quantized_bytes) beside one of its class "
+      "with none: a quantized model checked against its reference, which quantizing would change",
+      "llama31_8b_w8a8_smoothquant_gptq_kl_eval_bf16_reference_and_int8_both_resident_l4 (blind); (unit tests: "
+      "quantized_beside_reference)" },
     { "fragmentation_knobs", frag_other_framework, WANT, 0, 0, REMS(R_EMPTY_CACHE),
       "fragmentation, failing framework JAX/TensorFlow/CuPy (their allocator knobs)", "(unit tests)" },
     { "fits_alone_or_leak", fits_alone_or_leak, DROP, 0, 0, REMS(R_BIGGER, R_MULTI_GPU, R_ZERO, R_OFFLOAD),
@@ -2302,8 +2311,8 @@ static void estimate(rank_t *k, const rctx_t *x)
     /* tensors held by Python objects may be activations a program keeps, so the activations role is a
      * lower bound and the estimates above stand (where the evidence leaves no activations at all, the
      * `fit` pass drops those remedies: AP_ACTIVATIONS) */
-    if (ro->known && ro->params) /* 4-bit weights keep about a quarter of 16-bit ones */
-        cover[R_QUANT] = 0.75 * (double)ro->params;
+    if (ro->known && ro->params) /* 4-bit weights: what they free of the parameters' dtypes measured */
+        cover[R_QUANT] = ro->quant_frees;
     /* tables of half the dimensions (or of half the rows: rare categories hashed together): half their parameters,
      * and of the gradients and optimizer state kept for them, in the share the tables have of the parameters */
     if (categorical_tables(x))
@@ -2441,8 +2450,8 @@ static void estimate(rank_t *k, const rctx_t *x)
         for (size_t i = 0; i < sizeof pass_levers / sizeof *pass_levers; i++)
             if (cover[pass_levers[i]] > (double)ro->act)
                 cover[pass_levers[i]] = (double)ro->act;
-        if (cover[R_QUANT] > 0.75 * (double)ro->params)
-            cover[R_QUANT] = 0.75 * (double)ro->params;
+        if (cover[R_QUANT] > ro->quant_frees)
+            cover[R_QUANT] = ro->quant_frees;
     }
     if (one_batch_peak(x) || one_input_peak(x)) { /* cap the length at what the earlier batches used */
         const og_outlier_facts_t *o = &x->f->outlier;

@@ -1465,13 +1465,16 @@ static bool b_quantization(const rctx_t *x, og_remedy_t *r)
 {
     const og_role_facts_t *ro = &x->f->roles;
     if (ro->known && ro->params) {
-        /* the weights measured: 4-bit keeps an eighth of float32 weights and a quarter of 16-bit ones */
-        double fp32 = ro->dtypes_known ? (double)ro->params_fp32 : 0, other = (double)ro->params - fp32;
-        double freed = 0.875 * fp32 + 0.75 * (other > 0 ? other : 0);
+        /* the weights measured: 4-bit keeps an eighth of float32 weights, a quarter of 16-bit ones, half of int8 */
+        double freed = ro->quant_frees;
         why(r, "The model's weights are %s of the %s held (measured", og_hb((double)ro->params).s,
             og_hb((double)x->footprint).s);
-        if (fp32 > 0)
-            why(r, "; %s of them float32", og_hb(fp32).s);
+        if (ro->params_fp32)
+            why(r, "; %s of them float32", og_hb((double)ro->params_fp32).s);
+        if (ro->params_8bit)
+            why(r, "; %s already int8 or float8", og_hb((double)ro->params_8bit).s);
+        if (ro->params_packed)
+            why(r, "; %s already packed 4-bit (uint8)", og_hb((double)ro->params_packed).s);
         why(r, "): 4-bit frees at most about %s of them", og_hb(freed).s);
         if (x->shortfall)
             why(r, ", %s the %s missing.", freed >= (double)x->shortfall ? "enough for" : "short of",
@@ -3186,6 +3189,14 @@ static bool b_one_model_at_a_time(const rctx_t *x, og_remedy_t *r)
         "two models resident at once for a comparison or an ensemble. One at a time needs room for one.",
         og_hb((double)ro->named_copies).s, names[0] ? names : "held by name",
         x->f->phase == OG_JP_loading ? "is loading" : "runs");
+    if (ro->quant_reference) /* a quantized model checked against its reference, which keeps its precision */
+        why(r,
+            " Of the two, one is quantized (%s of its %s in 8 bits or fewer) and the other (%s) is not: a quantized "
+            "model checked against its reference, whose outputs at full precision can be saved from a pass of its "
+            "own.",
+            og_hb((double)x->rec->memory.fw.roles.models[ro->quant_group].quant.v).s,
+            og_hb((double)x->rec->memory.fw.roles.models[ro->quant_group].bytes).s,
+            og_hb((double)ro->quant_reference).s);
     HOWS(x, r,
          { ANY, "Run the first model over the whole set and save its outputs (to host memory or disk), then free "
                 "it before the next one loads; compare the saved outputs" },

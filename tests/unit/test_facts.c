@@ -1272,6 +1272,66 @@ static void nccl_holds_the_steady_part_of_the_growth(void **state)
     free(r);
 }
 
+/* what 4-bit weights free of the parameters, by the dtypes measured: seven eighths of float32, three quarters of 16-bit,
+ * half of int8 and float8, nothing of packed 4-bit (uint8); three quarters of all when the dtypes were not measured */
+static void quantization_frees_by_dtype(void **state)
+{
+    (void)state;
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    fixture_roles(r, 16 * GiB, 0, 0, 0, 0, 1 * GiB);
+    fixture_dtype(r, "float32", 4 * GiB);
+    fixture_dtype(r, "bfloat16", 8 * GiB);
+    fixture_dtype(r, "int8", 2 * GiB);
+    fixture_dtype(r, "float8_e4m3fn", 1 * GiB);
+    fixture_dtype(r, "uint8", 1 * GiB);
+    const og_facts_t *f = facts(r);
+    assert_int_equal(f->roles.params_8bit, 3 * GiB);
+    assert_int_equal(f->roles.params_packed, 1 * GiB);
+    assert_true(f->roles.quant_frees == 3.5 * GiB + 6.0 * GiB + 1.5 * GiB);
+    r->memory.fw.roles.has_dtypes = false;
+    r->memory.fw.roles.ndtypes = 0;
+    assert_true(facts(r)->roles.quant_frees == 12.0 * GiB);
+    free(r);
+}
+
+/* a quantized model (half its parameters or more in 8 bits or fewer) beside a model of its class with none: the
+ * reference it is checked against; not a quantized model of another class (a draft), nor two quantized models, nor
+ * where the adapter did not read the quantized bytes */
+static void a_quantized_model_beside_its_reference(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *what;
+        const char *quant_cls;
+        uint64_t quant;     /* of the 7 GiB model, in 8 bits or fewer; UINT64_MAX not read */
+        uint64_t ref_quant; /* of the 15 GiB one */
+        uint64_t reference; /* roles.quant_reference */
+    } rows[] = {
+        { "an int8 export beside its bf16 original", "LlamaForCausalLM", 6 * GiB, 0, 15 * GiB },
+        { "half of it int8: still quantized", "LlamaForCausalLM", 3584 * MiB, 0, 15 * GiB },
+        { "under half: not quantized", "LlamaForCausalLM", 3 * GiB, 0, 0 },
+        { "a quantized model of another class", "Qwen2ForCausalLM", 6 * GiB, 0, 0 },
+        { "both quantized", "LlamaForCausalLM", 6 * GiB, 12 * GiB, 0 },
+        { "not read (an older adapter)", "LlamaForCausalLM", UINT64_MAX, UINT64_MAX, 0 },
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+        og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+        fixture_roles(r, 22 * GiB, 0, 0, 0, 0, 0);
+        fixture_model(r, "LlamaForCausalLM", 15 * GiB, 1, false);
+        fixture_model(r, rows[i].quant_cls, 7 * GiB, 1, false);
+        if (rows[i].quant != UINT64_MAX) {
+            og_set(&r->memory.fw.roles.models[0].quant, rows[i].ref_quant);
+            og_set(&r->memory.fw.roles.models[1].quant, rows[i].quant);
+        }
+        const og_facts_t *f = facts(r);
+        if (f->roles.quant_reference != rows[i].reference)
+            fail_msg("%s: quant_reference %llu", rows[i].what, (unsigned long long)f->roles.quant_reference);
+        if (rows[i].reference && (f->roles.quant_group != 1 || f->roles.quant_ref_group != 0))
+            fail_msg("%s: groups %d and %d", rows[i].what, f->roles.quant_group, f->roles.quant_ref_group);
+        free(r);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1323,6 +1383,8 @@ int main(void)
         cmocka_unit_test(nccl_settings_in_force),
         cmocka_unit_test(spare_gpu_idle_or_split),
         cmocka_unit_test(weights_only_needs_a_running_model_and_nothing_else),
+        cmocka_unit_test(quantization_frees_by_dtype),
+        cmocka_unit_test(a_quantized_model_beside_its_reference),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

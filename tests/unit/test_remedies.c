@@ -2997,6 +2997,35 @@ static void fp32_model_beside_half(void **state)
     }
 }
 
+/* an int8 export loading beside its bf16 original for a KL comparison, the card short: one model at a time, and
+ * quantization not listed (the reference must keep its precision, the other is quantized already); a quantized
+ * model of another class beside it leaves quantization to the ranking */
+static void quantized_beside_reference(void **state)
+{
+    for (int same = 1; same >= 0; same--) {
+        og_record_t *r = base();
+        fixture_roles(r, 22 * GiB, 0, 0, 0, 0, 0);
+        fixture_dtype(r, "bfloat16", 16 * GiB);
+        fixture_dtype(r, "int8", 6 * GiB);
+        fixture_model(r, "LlamaForCausalLM", 15 * GiB, 1, false);
+        fixture_model_held(r, 1, 0, "base");
+        og_set(&r->memory.fw.roles.models[0].quant, 0);
+        fixture_model(r, same ? "LlamaForCausalLM" : "Qwen2ForCausalLM", 7 * GiB, 1, false);
+        og_set(&r->memory.fw.roles.models[1].quant, 6 * GiB);
+        fixture_phase(r, "loading", "/w/eval_w8a8.py", "from_pretrained");
+        r->memory.fw.grad_enabled = 0;
+        run_primary(r, "does_not_fit");
+        int quant = rank_of(r, "quantization");
+        if (same ? quant != 0 : quant == 0)
+            fail_msg("same class %d: quantization ranked %d", same, quant);
+        if (same && (rank_of(r, "one_model_at_a_time") != 1 ||
+                     !strstr(rem(r, "one_model_at_a_time")->why, "6.00 GiB of its 7.00 GiB in 8 bits or fewer")))
+            fail_msg("one_model_at_a_time ranked %d: %s", rank_of(r, "one_model_at_a_time"),
+                     rem(r, "one_model_at_a_time")->why ? rem(r, "one_model_at_a_time")->why : "");
+        free(r);
+    }
+}
+
 /* a growth that a global dict of sessions holds, beside a colleague's process: the dict is bounded first, and stopping
  * the colleague's job (which only delays the next failure) is not among the first three; without the measured
  * holder the other process leads */
@@ -5909,6 +5938,7 @@ int main(void)
         cmocka_unit_test(quantization_reads_the_weights),
         cmocka_unit_test(fp32_weights_load_in_half),
         cmocka_unit_test(fp32_model_beside_half),
+        cmocka_unit_test(quantized_beside_reference),
         cmocka_unit_test(growth_kept_not_others),
         cmocka_unit_test(trains_before_the_first_step),
         cmocka_unit_test(state_exceeds_card_first),
