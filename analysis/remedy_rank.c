@@ -416,8 +416,15 @@ static bool weights_fill_card(const rctx_t *x)
     return PHASE(loading) && ro->known && x->capacity && r->nmodels == 1 && r->models[0].count == 1 && !fp32 &&
            (double)r->models[0].bytes >= 0.9 * (double)x->capacity;
 }
-/* ... a checkpoint's restore first, unless those weights fill the card */
-static bool checkpoint_restore_first(const rctx_t *x) { return checkpoint_restore(x) && !weights_fill_card(x); }
+/* ... a checkpoint's restore first, unless those weights fill the card, or another job's processes (or another
+ * framework of this one) hold what is missing: a restore on the host still puts the weights on this card, and
+ * what the others hold is the lever (ranks of this job that restored onto one GPU are not others: their
+ * checkpoints are what map_location moves) */
+static bool checkpoint_restore_first(const rctx_t *x)
+{
+    return checkpoint_restore(x) && !weights_fill_card(x) &&
+           !((PRIMARY(FOREIGN) || PRIMARY(OTHERFW)) && own_fix_covers(x));
+}
 /* a restored checkpoint kept after the load (facts: roles.ckpt_copy: holders whose name says checkpoint and whose
  * blocks copy the parameters or the optimizer state) holds the missing bytes, past the load (not phase loading:
  * checkpoint_restore's) and before any optimizer step of this process (a copy made after steps is a snapshot,
@@ -1934,8 +1941,10 @@ static const og_rank_row_t lead[] = {
       "phase oom_handler, roles: activations - the failing request >= shortfall (ahead of the operation's leads)",
       "videomae_long_video_chunk_fallback_inside_except (blind); (unit tests: handler_keeps_failed_attempt)" },
     { "checkpoint_restore_lead", checkpoint_restore_first, LEAD_COVERS, -24, 0, REMS(R_MAP_CPU),
-      "phase loading, torch.load on the stack, not weights_fill_card",
-      "(unit tests: phase_checkpoint_restore), mixtral_8x7b_bf16_one_h100_load (blind)" },
+      "phase loading, torch.load on the stack, not weights_fill_card, not a confident foreign_memory or "
+      "other_framework whose bytes cover the shortfall",
+      "(unit tests: phase_checkpoint_restore), mixtral_8x7b_bf16_one_h100_load, "
+      "hf_eager_baseline_beside_tritonserver_trtllm_kv_fraction_l40s (blind)" },
     { "weights_fill_card_lead", weights_fill_card, LEAD, -24, 1, REMS(R_QUANT, R_MULTI_GPU, R_OFFLOAD),
       "phase loading, roles: one model (one copy) whose parameters on the device >= 90% of the card, not mostly "
       "float32 (parameters_by_dtype)",

@@ -1335,6 +1335,22 @@ static void phase_checkpoint_restore(void **state)
     free(r);
 }
 
+/* a restore beside a server of another job holding most of the card (a TensorRT-LLM KV pool): the weights go to this
+ * card wherever they are restored, so the other process's memory leads, not map_location */
+static void checkpoint_restore_beside_others(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 2 * GiB, 0, 0, 0, 0, 0);
+    fixture_other(r, 3101, "tritonserver", 18 * GiB);
+    og_set(&r->event.requested_bytes, 112 * MiB);
+    og_set(&r->device.free_bytes, 18 * MiB);
+    fixture_phase(r, "loading", "/usr/lib/python3/dist-packages/torch/serialization.py", "load");
+    run_primary(r, "foreign_memory");
+    assert_string_equal(r->remedies[0].id, "foreign_processes");
+    assert_true(rank_of(r, "map_location_cpu") > 1);
+    free(r);
+}
+
 /* a from_pretrained that assigns each shard's tensors as the parameters: the one model's 22 GiB of weights already on
  * the 24 GiB card, 1 GiB of the current shard in the loader's dict: the weights themselves do not fit, so fewer bits
  * lead (and more devices), not loading the shard on the CPU; the same load with 12 GiB of weights here restores
@@ -5939,6 +5955,7 @@ int main(void)
         cmocka_unit_test(fp32_weights_load_in_half),
         cmocka_unit_test(fp32_model_beside_half),
         cmocka_unit_test(quantized_beside_reference),
+        cmocka_unit_test(checkpoint_restore_beside_others),
         cmocka_unit_test(growth_kept_not_others),
         cmocka_unit_test(trains_before_the_first_step),
         cmocka_unit_test(state_exceeds_card_first),
