@@ -389,14 +389,15 @@ class _Scan(object):
             k = self.kinds[tp] = _classify(self.torch, tp, self.exclude)
         return k
 
-    def tensors_in(self, v, depth=_DEPTH, seen=None):
+    def tensors_in(self, v, depth=_DEPTH, seen=None, modules=None):
         """The tensors in v and in what it holds, `depth` levels down: the elements of lists, tuples,
         sets and deques, the values of dicts, and the attributes (instance __dict__) of objects that are
         neither tensors, modules nor optimizers (a DynamicCache kept as a dict's value: dict -> object ->
         list -> tensor).  A container of more than _SAMPLE_OVER elements is read whole only when one of
         its first _SAMPLE elements holds a tensor (a dataset of a million records is not walked); a
         container or object below the depth is not read; both count in `sampled` (read in part).  Each
-        container and object is read once per call, at its shallowest (`seen`: shared references, cycles)."""
+        container and object is read once per call, at its shallowest (`seen`: shared references, cycles).
+        modules: a list, to which the modules met are added (they are not read: their tensors are the roles')."""
         out = []
         stack = [(v, depth)]
         kinds = self.kinds
@@ -456,6 +457,10 @@ class _Scan(object):
                 k = self.kind(tp)
             if k == "tensor" or k == "parameter":
                 out.append(x)
+            elif k == "module":
+                if modules is not None and seen.get(id(x), -1) < 0:
+                    seen[id(x)] = 0
+                    modules.append(x)
             elif k == "user" or (k == "" and tp.__module__ != "builtins"):
                 attrs = self.attributes(x)
                 if not attrs:
@@ -629,13 +634,30 @@ def _graphs_alive(tensors):
         return 0
 
 
-def _holder(scan, v, name, kind, where, graphs=True):
+def _library_holder(scan, v, name, kind, where, graphs=True, always=False):
+    """A name of the program for an object of a library's class (neither the program's own, a container, a tensor,
+    a module nor an optimizer): when the object keeps a model (an engine, a pipeline, a trainer: vLLM's LLM, a
+    diffusers pipeline, a Trainer), _DEPTH levels down its attributes and containers, the program holds that model
+    by this name, and the tensors the object keeps beside it (an engine's KV cache) are held under the name too; an
+    object that keeps no model (a model's output) is a holder only where `always` says (a global, as it always
+    was).  The object's attributes are walked once."""
+    modules = []
+    tensors = scan.tensors_in(v, modules=modules)
+    for m in modules:
+        _name_module(scan, m, name)
+    if modules or always:
+        _holder(scan, v, name, kind, where, graphs, tensors)
+
+
+def _holder(scan, v, name, kind, where, graphs=True, tensors=None):
     """Counts the unclaimed tensors v holds under the holder (name, kind, where); True when v
     holds a tensor at all.  The models v keeps as values are named after it (_name_contained_modules).
     graphs: read whether its tensors keep their autograd graphs (_graphs_alive); not for the locals of a
-    module's own code (a forward's list of skip connections is its pass's, backward frees it)."""
+    module's own code (a forward's list of skip connections is its pass's, backward frees it).  tensors: those
+    in v, when the caller read them already."""
     _name_contained_modules(scan, v, name)
-    tensors = scan.tensors_in(v)
+    if tensors is None:
+        tensors = scan.tensors_in(v)
     if not tensors:
         return False
     got = 0
@@ -675,6 +697,15 @@ def _holder(scan, v, name, kind, where, graphs=True):
         for sz in sizes:
             c[sz] = c.get(sz, 0) + 1
     return True
+
+
+def _library_object(scan, v):
+    """v is an object of a library's class, with attributes: not an atom, a container, a tensor, a module, an
+    optimizer, the program's own class, a class or a module, nor functools.lru_cache's wrapper"""
+    tp = type(v)
+    return (tp not in _ATOMS and tp not in _CONTAINERS and tp not in _MAPPINGS and tp is not _LRU_WRAPPER and
+            not isinstance(v, (type, type(sys))) and scan.kind(tp) == "" and tp.__module__ != "builtins" and
+            not issubclass(tp, (list, tuple, dict, set, frozenset)))
 
 
 def _records(scan, v):
@@ -1405,6 +1436,8 @@ def _named_holders(scan, modules, frame_roots):
                 instance(v, 2)
             elif scan.kind(type(v)) == "module":
                 _name_module(scan, v, str(k))
+            elif _library_object(scan, v):
+                _library_holder(scan, v, str(k), type(v).__name__, where, always=True)
             else:
                 _holder(scan, v, str(k), "lru_cache" if type(v) is _LRU_WRAPPER else type(v).__name__, where)
     if not frame_roots:
@@ -1442,6 +1475,8 @@ def _named_holders(scan, modules, frame_roots):
                             _name_module(scan, v, str(k))
                             if k in pending:
                                 scan.rebound.setdefault(id(v), set()).add(str(k))
+                        elif k != "self" and _library_object(scan, v):
+                            _library_holder(scan, v, str(k), tp.__name__, where, graphs=not own_code)
                     for k in pending:                # a global the statement rebinds (STORE_GLOBAL in a function)
                         v = f.f_globals.get(k)
                         if v is not None and type(v) not in _ATOMS and scan.kind(type(v)) == "module":

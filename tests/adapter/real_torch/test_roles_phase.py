@@ -783,6 +783,29 @@ def t_models_float32():
         g.pop("draft", None)
 
 
+def t_library_object_keeps_a_model():
+    """A local of the program for an object of a library's class that keeps a model three levels down (an engine ->
+    its worker -> the model, and the worker's KV cache in a list): the model is named after the local, the cache is
+    held by it; a library object that keeps no model (a model's output) is no holder in a local, as before"""
+    build()
+    ns = {"__name__": "enginelib.engine"}
+    exec(compile("class Worker(object):\n"
+                 "    def __init__(self, model, cache):\n        self.model = model\n        self.gpu_cache = cache\n"
+                 "class Engine(object):\n    def __init__(self, worker):\n        self.worker = worker\n"
+                 "class Output(object):\n    def __init__(self, logits):\n        self.logits = logits\n",
+                 "/srv/site-packages/enginelib/engine.py", "exec"), ns)
+    llm = ns["Engine"](ns["Worker"](Block(256), [empty(4096), empty(4096)]))
+    out = ns["Output"](empty(1024))
+    r = measure(None)
+    held = dict((h[0], h[4]) for h in r["holders"])
+    mine = [k for k in held if k.startswith("llm (Engine, local in t_library_object_keeps_a_model")]
+    assert mine and held[mine[0]] == 2 * 4096 * 4, held
+    assert not any(k.startswith("out (") for k in held), held
+    blocks = [m for m in r["models"] if m[0] == "Block" and "llm" in m[7]]
+    assert blocks and blocks[0][1] == 256 * 4, r["models"]
+    del llm, out
+
+
 def t_models_quantized():
     """models[].parameters_quantized_bytes: of one model's parameters on the device, those of 8 bits or fewer (an
     int8 weight beside its bfloat16 bias); the float32 model has none"""
@@ -2264,6 +2287,8 @@ if not STAND_IN:
     check("a model halfway through a move: its parameters off the failing device, once", t_models_elsewhere)
     check("a model in bfloat16 beside one in float32: each model's float32 bytes", t_models_float32)
     check("an int8 model beside one in float32: each model's quantized bytes", t_models_quantized)
+    check("a library's engine held by a local: its model named after it, its cache held by it",
+          t_library_object_keeps_a_model)
     check("embedding tables among the models' parameters, each once", t_embedding_tables)
     check("the batch size from the program's names, not a loop index or a global count", t_batch_size)
     check("a batch of one from the outermost module's input, where no name says the batch", t_input_batch)
