@@ -725,6 +725,7 @@ static bool growth_for(const og_facts_t *d, const og_record_t *r, og_growth_scra
     g->rising = rising;
     g->transitions = transitions;
     g->per_step = per_step;
+    g->max_step = rises[transitions - 1];
     g->rise = rise;
     g->first_low = lows[0];
     g->last_low = lows[steps - 1];
@@ -906,7 +907,7 @@ static bool growth_by_graphs(const og_facts_t *d, const og_record_t *r, og_growt
 /* a staircase the driver saw (one of its readings below held) that is what torch.load restored onto the GPU and
  * Python objects hold (roles.restored_held, at least 9/10 of the rise): shards, a dataset or a checkpoint arriving,
  * a load and not a leak; the optimizer's own series, read before, is not overruled (growth.restored_load) */
-static bool driver_growth_holds(og_facts_t *d, og_growth_facts_t *g)
+static bool driver_growth_holds(og_facts_t *d, const og_record_t *r, og_growth_facts_t *g)
 {
     if (d->roles.known && d->roles.restored_held && (double)d->roles.restored_held >= 0.9 * (double)g->rise) {
         g->restored_load = true;
@@ -924,9 +925,22 @@ static bool driver_growth_holds(og_facts_t *d, og_growth_facts_t *g)
      * LRU moved here and never back: those are leaks), and no model has parameters still elsewhere (weights coming
      * and going, an offloading loop, not a load done) */
     const og_role_facts_t *k = &d->roles;
-    if (k->known && d->trains != 1 && !k->kept_across && !k->model_copies && !k->keyed_models && !k->model_away &&
-        (double)k->params >= 0.9 * (double)g->rise) {
+    if (!k->known || d->trains == 1 || k->kept_across || k->model_copies || k->keyed_models || k->model_away)
+        return true;
+    /* ... with what holders keep in a pool made in one piece (an engine's KV cache): four tensors or more, each
+     * larger than two typical steps' rise, together no more than the largest step's: made within one step, while
+     * a leak keeps about a step's rise per step and a cache grown token by token (a DynamicCache) rises a little
+     * in every step */
+    uint64_t at_once = 0;
+    int nh = OG_FILLED(r->memory.fw.roles.nholders, r->memory.fw.roles.holders);
+    for (int i = 0; i < nh && g->per_step; i++) {
+        const uint64_t b = r->memory.fw.roles.holders[i].bytes, n = r->memory.fw.roles.holders[i].tensors;
+        if (n >= 4 && (double)b / (double)n >= 2.0 * (double)g->per_step && b <= g->max_step)
+            at_once = add_sat(at_once, b);
+    }
+    if ((double)k->params + (double)at_once >= 0.9 * (double)g->rise) {
         g->weights_load = true;
+        g->reserved_at_once = at_once;
         return false;
     }
     return true;
@@ -974,7 +988,7 @@ static void growth(og_facts_t *d, const og_record_t *r, og_growth_scratch_t *s)
         return;
     }
     if (d->req_known && growth_for(d, r, s, g, d->req, OG_MARK_FAILING_SIZE)) {
-        g->holds = driver_growth_holds(d, g);
+        g->holds = driver_growth_holds(d, r, g);
         return;
     }
     if (g->gen_built)
@@ -982,14 +996,14 @@ static void growth(og_facts_t *d, const og_record_t *r, og_growth_scratch_t *s)
     uint64_t m = modal_alloc_size(r);
     if (m && (!d->req_known || (m > d->req ? m - d->req : d->req - m) > d->req / 32) &&
         growth_for(d, r, s, g, m, OG_MARK_MODAL_SIZE)) {
-        g->holds = driver_growth_holds(d, g);
+        g->holds = driver_growth_holds(d, r, g);
         return;
     }
     if (g->gen_built)
         return;
     if (growth_for(d, r, s, g, 0, OG_MARK_EVERY_ALLOCATION) && g->steps >= 16 && g->transitions &&
         g->rising * 10 >= g->transitions * 9)
-        g->holds = driver_growth_holds(d, g);
+        g->holds = driver_growth_holds(d, r, g);
 }
 
 /* ------------------------------------------------------------------ a load the request belongs to */

@@ -73,6 +73,7 @@ typedef struct og_growth_facts {
     long seen;                      /* steps in the whole history */
     int steps, rising, transitions; /* steps read (<= OG_GROWTH_MAX_STEPS), rising among transitions */
     uint64_t per_step, rise, first_low, last_low;
+    uint64_t max_step; /* the largest rise of one step (a driver's reading; 0 the optimizer's series) */
     double rising_share;
     /* side findings of the attempts, read by does_not_fit */
     int load_steps;           /* steps that were a load instead (0 none) */
@@ -108,8 +109,11 @@ typedef struct og_growth_facts {
     /* a reading of the driver's held, and what rose is the models' parameters (roles.params >= 9/10 of the rise) in a
      * job nothing says trains, Python keeping nothing across calls, no second copy of a model, no map of models by
      * key and no model with parameters still elsewhere: the weights arriving (a generation job loading its models),
-     * not a leak; holds false */
+     * not a leak; holds false.  Beside the parameters, what holders keep in a pool made within one step counts with
+     * them (reserved_at_once: an engine's KV cache, four tensors or more, each larger than two typical steps' rise,
+     * together no more than the largest step's) */
     bool weights_load;
+    uint64_t reserved_at_once;
     /* the growth holds and what Python keeps across calls (roles.kept_across: holders kept across calls, a registry's
      * models) is at least 9/10 of its rise: where the rise went was measured, not read from the steps alone */
     bool kept_measured;

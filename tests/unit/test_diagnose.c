@@ -473,7 +473,10 @@ static void growth_restored_by_torch_load(void **state)
 /* the same staircase where what rose is the models' parameters in a job that does not train: weights arriving (a
  * generation job loading its models), not a leak (growth.weights_load); an optimizer's step, parameters well short of
  * the rise, a second copy of one model (a model reloaded and kept), a registry of models by key, or parameters still
- * off the device (an offloading loop moving weights here) leave the growth */
+ * off the device (an offloading loop moving weights here) leave the growth; a local's pool of 4 tensors made within
+ * one step (an engine's KV cache) is part of the load beside the weights; the same tensors grown a little every step
+ * (a cache extended token by token), or the same bytes in tensors of a step's size, are kept a step at a time: a
+ * growth */
 static void growth_is_the_weights_arriving(void **state)
 {
     static const struct {
@@ -483,20 +486,39 @@ static void growth_is_the_weights_arriving(void **state)
         int copies;    /* models of one class and size */
         bool keyed;    /* held by a map's key (models[key]): a registry of models */
         uint64_t away; /* of each, parameters still off the device */
+        int pool;      /* tensors of a local's 13 GiB beside the parameters (0 none) */
+        bool burst;    /* the pool made within one step (else the steps' rises carry it) */
         bool load;
     } rows[] = {
-        { "the weights arriving", 36 * 500 * MiB, 0, 1, false, 0, true },
-        { "an optimizer stepped: the job trains", 36 * 500 * MiB, 1, 1, false, 0, false },
-        { "parameters half the rise", 20 * 500 * MiB, 0, 1, false, 0, false },
-        { "two copies of one model: one reloaded and kept", 36 * 500 * MiB, 0, 2, false, 0, false },
-        { "a registry of models by key", 36 * 500 * MiB, 0, 2, true, 0, false },
-        { "parameters still elsewhere: weights coming and going", 36 * 500 * MiB, 0, 1, false, 1 * GiB, false },
+        { "the weights arriving", 36 * 500 * MiB, 0, 1, false, 0, 0, false, true },
+        { "an optimizer stepped: the job trains", 36 * 500 * MiB, 1, 1, false, 0, 0, false, false },
+        { "parameters half the rise", 20 * 500 * MiB, 0, 1, false, 0, 0, false, false },
+        { "two copies of one model: one reloaded and kept", 36 * 500 * MiB, 0, 2, false, 0, 0, false, false },
+        { "a registry of models by key", 36 * 500 * MiB, 0, 2, true, 0, 0, false, false },
+        { "parameters still elsewhere: weights coming and going", 36 * 500 * MiB, 0, 1, false, 1 * GiB, 0, false,
+          false },
+        { "a pool made within one step beside the weights", 36 * 500 * MiB, 0, 1, false, 0, 4, true, true },
+        { "the same tensors grown a little every step", 10 * 500 * MiB, 0, 1, false, 0, 4, false, false },
+        { "the same bytes in tensors of a step's size", 10 * 500 * MiB, 0, 1, false, 0, 26, false, false },
     };
     for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
         og_record_t *r = base();
         ev_reset(r);
-        leak_loop(r, 40, 0.1, 512 * MiB, 500 * MiB);
-        fixture_roles(r, rows[i].params, 0, 0, 0, 0, 512 * MiB);
+        leak_loop(r, rows[i].burst ? 20 : 40, 0.1, 512 * MiB, 500 * MiB);
+        if (rows[i].burst) { /* the engine's pool made between two steps, then the steps go on */
+            for (int k = 0; k < rows[i].pool; k++)
+                ev_add(r, 2.0 + 0.001 * k, "alloc", 26 * 500 * MiB / (uint64_t)rows[i].pool);
+            for (int s = 0; s < 20; s++) {
+                ev_add(r, 2.01 + 0.1 * s, "alloc", 512 * MiB);
+                ev_add(r, 2.01 + 0.1 * s + 0.025, "alloc", 500 * MiB);
+                ev_add(r, 2.01 + 0.1 * s + 0.05, "free", 512 * MiB);
+            }
+        }
+        fixture_roles(r, rows[i].params, 0, 0, 0, rows[i].pool ? 26 * 500 * MiB : 0, 512 * MiB);
+        if (rows[i].pool) {
+            fixture_holder(r, "llm", "LLM", "local in main (best_of_n.py:7)", 26 * 500 * MiB);
+            r->memory.fw.roles.holders[0].tensors = (uint64_t)rows[i].pool;
+        }
         r->memory.fw.training = rows[i].training;
         fixture_model(r, "LlamaForCausalLM", rows[i].params / (uint64_t)rows[i].copies, rows[i].copies, false);
         if (rows[i].keyed)
