@@ -1261,7 +1261,12 @@ static void job_phase(og_facts_t *d, const og_record_t *r)
             d->phase = OG_JP_unknown;
             return;
         }
-        d->load_via_torch_load = checkpoint;
+        /* ... and only where Python objects hold tensors on the device (a state dict restored there, held by a
+         * local): a statement copying a state dict from the host into the model's parameters (transformers'
+         * _load_state_dict_into_meta_model over shards read on the CPU) restores nothing onto the GPU, and
+         * map_location has nothing to move; not measured: as the statement says */
+        bool nothing_held = og_known(ro->bytes[OG_ROLE_held_by_python]) && !ro->bytes[OG_ROLE_held_by_python].v;
+        d->load_via_torch_load = checkpoint && !nothing_held;
     }
 }
 

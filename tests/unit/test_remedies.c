@@ -4553,11 +4553,19 @@ static void state_snapshot_first(void **state)
     fixture_phase(s, "loading", NULL, NULL);
     fixture_statement(s, "snapshot", "checkpoint");
     s->memory.fw.training = 1;
-    /* before any optimizer step the same statement restores a checkpoint */
+    /* before any optimizer step the same statement restores a checkpoint, where Python holds tensors on the device
+     * (the restored dict); with nothing held there it copies a state dict from the host into the parameters, and
+     * map_location has nothing to move */
     s->memory.fw.training = 0;
+    run_primary(s, "does_not_fit");
+    assert_int_equal(rank_of(s, "map_location_cpu"), 0);
+    og_set(&s->memory.fw.roles.bytes[OG_ROLE_held_by_python], 2 * GiB);
+    og_set(&s->memory.fw.roles.bytes[OG_ROLE_activations], 512 * MiB);
     run_primary(s, "does_not_fit");
     assert_int_equal(rank_of(s, "snapshot_to_cpu"), 0);
     assert_true(rank_of(s, "map_location_cpu") > 0);
+    og_set(&s->memory.fw.roles.bytes[OG_ROLE_held_by_python], 0);
+    og_set(&s->memory.fw.roles.bytes[OG_ROLE_activations], 2 * GiB + 512 * MiB);
     /* ... unless a deep copy is running that has made part of its copy on the device (best_state =
      * copy.deepcopy(model.state_dict()) with an optimizer no step hook reads): it copies, it loads nothing */
     fixture_operation(s, "copy", "deepcopy");
