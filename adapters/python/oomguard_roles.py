@@ -146,12 +146,13 @@ PURPOSES = (
                                                             "ExponentialMovingAverage")),
     ("checkpoint", ("ckpt", "checkpoint", "state_dict", "statedict", "checkpoints"), ()),
     ("teacher", ("teacher",), ()),
-    # a dataset kept whole on the device (train_images = torch.from_numpy(...).cuda(); a Dataset's tensors)
+    # a dataset kept whole on the device (train_images = torch.from_numpy(...).cuda(); a Dataset's tensors, a data
+    # loader's: nanoGPT's DataLoaderLite keeping its token shards as self.tokens)
     # (a reinforcement learner's replay buffer is its dataset: episodes or transitions it samples batches from)
     ("dataset", ("dataset", "datasets", "images", "imgs", "samples", "x_train", "train_x", "x_val", "x_test",
                  "x_tr", "x_va", "x_valid", "x_te", "x_trn", "x_tst", "val_x", "valid_x", "test_x",
                  "replay", "replay_buffer", "episodes", "transitions"),
-     ("*Dataset*", "*ReplayBuffer*", "*Replay*", "*RolloutBuffer*")),
+     ("*Dataset*", "*DataLoader*", "*Dataloader*", "*ReplayBuffer*", "*Replay*", "*RolloutBuffer*")),
     # after the dataset: a dataset's own cache (MONAI's CacheDataset keeps its preprocessed items in self._cache)
     # is the dataset kept on the device, not a cache beside it
     ("cache", ("cache", "cached", "memo", "lru", "memoized"), ("*Cache*", "*cache*")),

@@ -610,7 +610,8 @@ def t_never_raises():
 
 def t_purposes():
     """What the holders' names and classes say they keep: a KV cache, an EMA, a checkpoint, a teacher, a dataset
-    (a dataset's own cache too); an identifier that merely contains the letters (schema, temas) says nothing."""
+    (a dataset's own cache too, a data loader's tensors); an identifier that merely contains the letters (schema,
+    temas) says nothing."""
     P = oomguard_roles.purpose_of
     assert P(("past_key_values",)) == "kv_cache" and P(("self.kv",)) == "kv_cache", P(("kv",))
     assert P(("layer_cache",), ("StaticCache",)) == "kv_cache"
@@ -618,6 +619,9 @@ def t_purposes():
     assert P(("ckpt_model",)) == "checkpoint" and P(("state_dict",)) == "checkpoint"
     assert P(("teacher",)) == "teacher" and P(("self.cache",)) == "cache"
     assert P(("train_images",)) == "dataset" and P(("self.x",), ("Tensor", "ShelfDataset")) == "dataset"
+    # a data loader's own tensors are its data (nanoGPT's DataLoaderLite keeps its token shards as self.tokens)
+    assert P(("self.tokens",), ("Tensor", "DataLoaderLite")) == "dataset"
+    assert P(("self.tokens",), ("Tensor", "Tokenizer")) is None
     assert P(("self.vectors",), ("Tensor", "GpuFlatIndex")) == "index" and P(("faiss_index",)) == "index"
     assert P(("X_tr",)) == "dataset" and P(("x_va",)) == "dataset" and P(("X_valid",)) == "dataset"
     # a dataset's own cache is the dataset on the device (MONAI's CacheDataset._cache); a cache class's is a cache
