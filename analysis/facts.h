@@ -346,8 +346,7 @@ typedef struct og_role_facts {
      * beside a model of the same class with none quantized: the program compares a quantized model with its
      * reference (an int8 export checked against the bf16 original, a perplexity or KL gate), and quantizing the
      * reference would change what it measures.  The reference's parameters (0: no such pair) and the two groups, the
-     * quantized one and its reference
-     * (indexes in roles.models, -1 none) */
+     * quantized one and its reference (indexes in roles.models, -1 none) */
     uint64_t quant_reference;
     int quant_group, quant_ref_group;
     /* a copy of a model being made that no module holds yet (copy.deepcopy building its parameters one by one):

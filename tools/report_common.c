@@ -249,6 +249,16 @@ static void pyframe_put(og_sb_t *b, const struct og_pyframe *f)
 
 static const char *nz(const char *s, const char *dflt) { return s && *s ? s : dflt; }
 
+/* one model's dtype as the analysis reads it (common/model_dtypes.h); a count the dump left out (-1) is neither */
+static bool model_float32(int64_t fp32, int64_t bytes)
+{
+    return fp32 > 0 && bytes > 0 && og_model_float32((uint64_t)fp32, (uint64_t)bytes);
+}
+static bool model_quantized(int64_t quant, int64_t bytes)
+{
+    return quant > 0 && bytes > 0 && og_model_quantized((uint64_t)quant, (uint64_t)bytes);
+}
+
 void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
 {
     const struct og_roles_view *r = &d->mem.roles;
@@ -266,14 +276,12 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
          * float32 beside one that is not, one quantized beside one that is not */
         bool f32 = false, other = false, quant = false, unquant = false;
         for (int i = 0; i < r->nmodels; i++) {
-            const uint64_t bytes = r->models[i].parameters_bytes > 0 ? (uint64_t)r->models[i].parameters_bytes : 0;
-            f32 = f32 || (r->models[i].float32_bytes > 0 && og_model_float32(r->models[i].float32_bytes, bytes));
-            other = other ||
-                    (r->models[i].float32_bytes >= 0 && r->models[i].float32_bytes < r->models[i].parameters_bytes);
-            quant =
-                quant || (r->models[i].quantized_bytes > 0 && og_model_quantized(r->models[i].quantized_bytes, bytes));
-            unquant = unquant || (r->models[i].quantized_bytes >= 0 && bytes &&
-                                  !og_model_quantized(r->models[i].quantized_bytes, bytes));
+            const int64_t bytes = r->models[i].parameters_bytes;
+            f32 = f32 || model_float32(r->models[i].float32_bytes, bytes);
+            other = other || (r->models[i].float32_bytes >= 0 && r->models[i].float32_bytes < bytes);
+            quant = quant || model_quantized(r->models[i].quantized_bytes, bytes);
+            unquant = unquant || (r->models[i].quantized_bytes >= 0 && bytes > 0 &&
+                                  !model_quantized(r->models[i].quantized_bytes, bytes));
         }
         for (int i = 0; i < r->nmodels; i++) {
             og_sb_printf(&b, "%s%s: %s of parameters", i ? "; " : "", nz(r->models[i].cls, "?"),
@@ -284,11 +292,10 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
             if (r->models[i].elsewhere_bytes > 0) /* the rest of a model a load is moving here */
                 og_sb_printf(&b, " (%s more off this GPU)", human_bytes(r->models[i].elsewhere_bytes, a));
             if (f32 && other && r->models[i].float32_bytes >= 0)
-                og_sb_puts(&b, og_model_float32(r->models[i].float32_bytes, r->models[i].parameters_bytes) ? ", float32"
-                               : r->models[i].float32_bytes == 0 ? ", no float32"
+                og_sb_puts(&b, model_float32(r->models[i].float32_bytes, r->models[i].parameters_bytes) ? ", float32"
+                               : r->models[i].float32_bytes == 0                                        ? ", no float32"
                                                                  : ", partly float32");
-            if (quant && unquant && r->models[i].quantized_bytes > 0 &&
-                og_model_quantized(r->models[i].quantized_bytes, r->models[i].parameters_bytes))
+            if (quant && unquant && model_quantized(r->models[i].quantized_bytes, r->models[i].parameters_bytes))
                 og_sb_puts(&b, ", quantized (8 bits or fewer)");
             if (r->models[i].count > 1)
                 og_sb_printf(&b, ", %lld copies", (long long)r->models[i].count);

@@ -196,6 +196,21 @@ ro["models"] = [dict(ro["models"][0], parameters_elsewhere_bytes=8 << 30)]
 json.dump(d, open(sys.argv[2], "w"))' "$R" "$T/halfway.json"
 OOMGUARD_SYMBOLIZE=0 "$OG" report "$T/halfway.json" --color never >"$T/hw" 2>&1
 has "roles: a model's parameters still off this GPU" "$T/hw" "Net: 64.00 MiB of parameters in 2 tensors (8.00 GiB more off this GPU)"
+# each model's dtype where the models differ, read as the analysis reads it (common/model_dtypes.h): 9/10 float32 is
+# float32, half in 8 bits or fewer is quantized; a count the dump left out (null, an older adapter) says nothing
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); ro=d["memory"]["framework"]["roles"]
+m = ro["models"][0]
+ro["models"] = [dict(m, parameters_bytes=100 << 20, parameters_float32_bytes=92 << 20, parameters_quantized_bytes=0),
+                dict(m, **{"class": "Draft"}, parameters_bytes=40 << 20, parameters_float32_bytes=0,
+                     parameters_quantized_bytes=20 << 20),
+                dict(m, **{"class": "Old"}, parameters_bytes=8 << 20, parameters_float32_bytes=None,
+                     parameters_quantized_bytes=None)]
+json.dump(d, open(sys.argv[2], "w"))' "$R" "$T/dtypes.json"
+OOMGUARD_SYMBOLIZE=0 "$OG" report "$T/dtypes.json" --color never >"$T/dt" 2>&1
+has "roles: a model 9/10 float32 beside one that is not" "$T/dt" "Net: 100.00 MiB of parameters in 2 tensors, float32"
+has "roles: a model half quantized beside one that is not" "$T/dt" \
+    "Draft: 40.00 MiB of parameters in 2 tensors, no float32, quantized (8 bits or fewer)"
+has "roles: a model whose dtypes were not read says none" "$T/dt" "Old: 8.00 MiB of parameters in 2 tensors, 2 copies"
 has "roles: the batch size the program names" "$T/pr" "batch size: 16, as the program names it"
 has "roles: activation checkpointing off" "$T/pr" "activation checkpointing: off: the layer that failed keeps every activation for backward"
 has "roles: a holder's purpose and copy" "$T/pr" "snapshot (dict, global in train.py), 1 tensor, kept as checkpoint, a copy of the parameters"
