@@ -2257,9 +2257,12 @@ static void pass_outgrows_cache(og_facts_t *d, const og_record_t *r)
     if (!building || !k->known || !k->act_known || !d->cached_known || d->recovered || !d->reservation)
         return;
     const og_framework_view_t *fw = &r->memory.fw;
-    /* (no earlier failure episode: a pass that failed before, caught and skipped, made its peak too) */
+    /* (no earlier failure episode: a pass that failed before, caught and skipped, made its peak too; nor a generation
+     * building step by step, growth.gen_built: it runs as many steps as its output takes, so an earlier generation's
+     * peak does not bound this one) */
     if (fw->has && og_known(fw->peak_bytes) && d->req_known && r->history.recovered_episodes <= 1 &&
-        fw->peak_bytes.v > fw->allocated_bytes && fw->peak_bytes.v >= add_sat(fw->allocated_bytes, d->req)) {
+        !d->growth.gen_built && fw->peak_bytes.v > fw->allocated_bytes &&
+        fw->peak_bytes.v >= add_sat(fw->allocated_bytes, d->req)) {
         d->held_before = true;
         return;
     }

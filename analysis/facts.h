@@ -638,7 +638,9 @@ typedef struct og_facts {
     bool pass_outgrows_cache;
     /* ... not read for a pass building when the run held as much at once before (held_before): the framework's peak
      * allocated (PyTorch's allocated_bytes.all.peak) is at least what is allocated now and the request, so what this
-     * pass needs so far was there, live, at one time; the pieces, not the total, are what it lacks */
+     * pass needs so far was there, live, at one time; the pieces, not the total, are what it lacks.  Not for a
+     * generation building step by step (growth.gen_built): its length is its output's, and an earlier one's peak,
+     * of another length, does not bound it */
     bool held_before;
     /* the failure is inside a pass still building (phase loading, forward, backward, evaluation, generation or
      * optimizer_step: more requests follow) and the other processes hold under 1/16 of the device (a desktop

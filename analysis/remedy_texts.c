@@ -1305,13 +1305,29 @@ static bool b_shorter_sequences(const rctx_t *x, og_remedy_t *r)
                hi = (double)(b ? g->gen_last : g->last_low);
         r->title = "Fewer new tokens (max_new_tokens) or beams";
         r->cost = "Shorter outputs, or a narrower beam search";
-        why(r,
-            "A generation's KV cache holds batch x beams x (prompt + new tokens) positions and grew by about %s "
-            "per step, from %s to %s: fewer new tokens or beams (or a shorter prompt) cut it in proportion.",
-            og_hb(per).s, og_hb(lo).s, og_hb(hi).s);
-        if (x->shortfall && per > 0)
-            why(r, " %s more was needed: about %.0f tokens' worth.", og_hb((double)x->shortfall).s,
-                (double)x->shortfall / per + 0.5);
+        /* the rise is the KV cache only where the roles measured a cache holding half of it: a generation asked for
+         * per-token scores or hidden states keeps those too, and a cache in the library's own locals is not read */
+        uint64_t kv = x->f->roles.known ? x->f->roles.purpose_bytes[OG_PURPOSE_kv_cache] : 0;
+        if (hi > lo && 2 * (double)kv >= hi - lo)
+            why(r,
+                "A generation's KV cache holds batch x beams x (prompt + new tokens) positions and grew by about %s "
+                "per step, from %s to %s: fewer new tokens or beams (or a shorter prompt) cut it in proportion.",
+                og_hb(per).s, og_hb(lo).s, og_hb(hi).s);
+        else
+            why(r,
+                "A generation keeps, for every new token of every beam and sequence, its KV cache and whatever else it "
+                "was asked to return per token; what it held grew by about %s per step, from %s to %s: fewer new "
+                "tokens or beams (or a shorter prompt) cut it in proportion.",
+                og_hb(per).s, og_hb(lo).s, og_hb(hi).s);
+        if (x->shortfall && per > 0) {
+            double tokens = (double)x->shortfall / per;
+            if (tokens < 1)
+                why(r, " %s more was needed: less than one token's worth.", og_hb((double)x->shortfall).s);
+            else if (tokens < 1.5)
+                why(r, " %s more was needed: about one token's worth.", og_hb((double)x->shortfall).s);
+            else
+                why(r, " %s more was needed: about %.0f tokens' worth.", og_hb((double)x->shortfall).s, tokens);
+        }
         how(r, "%smodel.generate(inputs, max_new_tokens=N // 2)   # the cache grows by one position per new token",
             pt(x));
         how(r, "%smodel.generate(inputs, num_beams=1)   # or fewer beams: each beam keeps its own cache", pt(x));

@@ -4197,6 +4197,41 @@ static void growing_dataset_to_host(void **state)
     free(r);
 }
 
+/* a generation building step by step (a beam search keeping a vocabulary-sized score tensor per step in generate()'s
+ * own locals) whose request finds its bytes in the cache only in pieces: an earlier, shorter generation's peak does
+ * not bound this one, so the pass outgrows the splinters (does_not_fit) rather than their layout (fragmentation);
+ * and what rose per step is not called the KV cache where no KV cache holds it */
+static void generation_outgrows_an_earlier_peak(void **state)
+{
+    og_record_t *r = base();
+    leaking_steps(r);
+    fixture_roles(r, 4 * GiB, 0, 0, 0, 16 * GiB, 0);
+    fixture_holder(r, "out", "list", "local in generate (lm.py:40)", 15 * GiB);
+    fixture_phase(r, "generation", "lm.py", "generate");
+    r->memory.fw.grad_enabled = -1;
+    og_set(&r->device.free_bytes, 256 * MiB);
+    r->memory.fw.reserved_bytes += GiB; /* cached, in pieces of at most 384 MiB */
+    r->memory.fw.largest_free_block_bytes = 384 * MiB;
+    og_set(&r->memory.fw.peak_bytes, r->memory.fw.allocated_bytes + GiB);
+    run_primary(r, "does_not_fit");
+    assert_true(r->analysis.facts.growth.gen_built);
+    assert_false(r->analysis.facts.held_before);
+    assert_string_equal(evt_of(r, "does_not_fit", "basis"), "pass_outgrows_cache");
+    assert_true(has_cause(r, "fragmentation"));
+    assert_null(strstr(rem(r, "shorter_sequences")->why, "KV cache holds"));
+    /* the same per-step rise held by a KV cache is called one */
+    fixture_purpose(r, "kv_cache");
+    run_primary(r, "does_not_fit");
+    assert_non_null(strstr(rem(r, "shorter_sequences")->why, "KV cache holds"));
+    /* a generation whose steps were not seen building (no history) is not known to outrun the earlier peak, which
+     * stands: fragmentation */
+    r->history.nevents = 0;
+    run_primary(r, "fragmentation");
+    assert_false(r->analysis.facts.growth.gen_built);
+    assert_true(r->analysis.facts.held_before);
+    free(r);
+}
+
 /* memory rising token by token within one generation (its KV cache, held by generate()'s own locals), autograd off:
  * the generation's working set, not a leak: fewer sequences, fewer new tokens or beams lead, then the cache's kind */
 static void generation_kv_growth(void **state)
@@ -5993,6 +6028,7 @@ int main(void)
         cmocka_unit_test(kv_cache_reserving),
         cmocka_unit_test(unknown_shortfall_is_covered_by_nothing),
         cmocka_unit_test(generation_kv_growth),
+        cmocka_unit_test(generation_outgrows_an_earlier_peak),
         cmocka_unit_test(decoding_loop_kv_growth),
         cmocka_unit_test(timing_moves_no_answer),
         cmocka_unit_test(cross_entropy_fused_first),
