@@ -3215,8 +3215,19 @@ static bool b_one_model_at_a_time(const rctx_t *x, og_remedy_t *r)
             og_hb((double)ro->quant_reference).s);
     HOWS(x, r,
          { ANY, "Run the first model over the whole set and save its outputs (to host memory or disk), then free "
-                "it before the next one loads; compare the saved outputs" },
-         { PT, "del base; gc.collect(); torch.cuda.empty_cache()   # the first model, before the next is loaded" },
+                "it before the next one loads; compare the saved outputs" });
+    /* one name held beside the running model is the one to free; of several, which is done with is the program's
+     * to say: the line names them, not one of them */
+    if (names[0] && !strchr(names, ','))
+        how(r, "%sdel %s; gc.collect(); torch.cuda.empty_cache()   # once its outputs are saved, before the next loads",
+            pt(x), names);
+    else if (names[0])
+        how(r, "%sdel model_done; gc.collect(); torch.cuda.empty_cache()   # model_done: whichever of %s is finished",
+            pt(x), names);
+    else
+        how(r, "%sdel model_done; gc.collect(); torch.cuda.empty_cache()   # the first model, before the next loads",
+            pt(x));
+    HOWS(x, r,
          { ANY, "Or put each model on its own GPU (device_map, .to(\"cuda:1\")), or keep the idle one in host memory "
                 "and move it to the GPU only for its turn" });
     return true;

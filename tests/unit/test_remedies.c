@@ -2153,6 +2153,7 @@ static void two_models_one_at_a_time(void **state)
     assert_int_equal(r->analysis.facts.roles.model_copies, 0);
     assert_string_equal(r->remedies[0].id, "one_model_at_a_time");
     assert_non_null(strstr(r->remedies[0].why, "base"));
+    assert_true(how_has(&r->remedies[0], "del base;")); /* the model held beside the one loading, by its name */
     assert_true(rank_of(r, "restart_process") == 0 || rank_of(r, "restart_process") > 3);
     fixture_statement(r, "base", "");
     run_primary(r, "does_not_fit");
