@@ -141,7 +141,8 @@ def copy_of(sizes, sources):
 PURPOSES = (
     ("kv_cache", ("kv", "kvcache", "past_key_values", "key_cache", "value_cache", "key_states",
                   "value_states", "kv_caches"), ("*KVCache*", "*KvCache*", "StaticCache", "DynamicCache",
-                                                 "HybridCache", "SlidingWindowCache", "OffloadedCache")),
+                                                 "HybridCache", "SlidingWindowCache", "OffloadedCache",
+                                                 "CacheEngine")),
     ("ema", ("ema", "swa", "shadow", "averaged", "polyak"), ("*ModelEma*", "*EMA*", "*Ema", "AveragedModel",
                                                             "ExponentialMovingAverage")),
     ("checkpoint", ("ckpt", "checkpoint", "state_dict", "statedict", "checkpoints"), ()),
@@ -272,6 +273,7 @@ class _Scan(object):
                                           # state not shaped like its parameter]
         self.dtypes = {}                  # dtype name -> [bytes, tensors] of the parameters role
         self.holders = {}                 # (name, kind, where) -> [bytes, tensors, largest ptr, largest bytes, graphs]
+        self.path_purposes = {}           # (name, kind, where) -> the purpose the attribute paths below it say
         self.sizes_of = {}                # role or holder key -> {block size: count} (copies, see copy_of)
         self.tensor_type = getattr(torch, "Tensor", None)
         st = None
@@ -647,7 +649,70 @@ def _library_holder(scan, v, name, kind, where, graphs=True, always=False):
     for m in modules:
         _name_module(scan, m, name)
     if modules or always:
+        if tensors and purpose_of((name,), (kind,)) is None:
+            pp = _path_purpose(scan, v)
+            if pp is not None:
+                scan.path_purposes[(name, kind, where)] = pp
         _holder(scan, v, name, kind, where, graphs, tensors)
+
+
+def _path_purpose(scan, v, limit=4096, depth=_DEPTH + 4):
+    """What the attribute paths inside v say its bytes are for, when neither its name nor its class says: each
+    tensor below v that no role has yet counts under the purpose of the names and classes on its path (vLLM's LLM
+    -> llm_engine -> model_executor -> driver_worker -> cache_engine, a CacheEngine -> gpu_cache: the KV cache; a
+    list or dict met on the way adds its own name).  A tensor reached by several paths (the worker's own
+    gpu_cache is the cache engine's list) counts under the first purpose of PURPOSES any of them says.  The
+    purpose of at least half of those bytes, or None.  At most `limit` objects, `depth` levels down: deeper than
+    the holder's own walk, which may have reached a tensor by a shorter path that says less."""
+    order = dict((p[0], i) for i, p in enumerate(PURPOSES))
+    none = len(PURPOSES)
+    best = {}                            # data pointer -> [bytes, the best rank of a path to it]
+    visited = {}                         # id -> the best rank of a path it was read by
+    stack = [(v, (), (), depth)]
+    n = 0
+    while stack and n < limit:
+        x, names, kinds, d = stack.pop()
+        n += 1
+        scan.tick()
+        tp = type(x)
+        if tp in _ATOMS:
+            continue
+        rank = order.get(purpose_of(names, kinds), none)
+        if visited.get(id(x), none + 1) <= rank:
+            continue
+        visited[id(x)] = rank
+        k = scan.kind(tp)
+        if k == "tensor" or k == "parameter":
+            st = scan.storage(x)
+            if st is None or st[0] in scan.seen:
+                continue
+            b = best.setdefault(st[0], [st[1], none])
+            b[1] = min(b[1], rank)
+            continue
+        if d <= 0 or k in ("module", "optimizer"):
+            continue
+        if tp in _CONTAINERS or tp in _MAPPINGS or issubclass(tp, (list, tuple, dict)):
+            items = list(itertools.islice(x.items() if issubclass(tp, dict) else ((None, y) for y in x), _SAMPLE_OVER))
+        elif k == "user" or (k == "" and tp.__module__ != "builtins"):
+            try:
+                dd = object.__getattribute__(x, "__dict__")
+            except Exception:
+                continue
+            if type(dd) is not dict:
+                continue
+            items = list(dd.items())
+            kinds = kinds + (tp.__name__,)
+        else:
+            continue
+        for key, y in items:
+            if type(y) not in _ATOMS:
+                stack.append((y, names + (key,) if type(key) is str else names, kinds, d - 1))
+    by = {}
+    for size, rank in best.values():
+        by[rank] = by.get(rank, 0) + size
+    total = sum(by.values())
+    rank, most = max(by.items(), key=lambda kv: kv[1], default=(none, 0))
+    return PURPOSES[rank][0] if rank < none and 2 * most >= total > 0 else None
 
 
 def _holder(scan, v, name, kind, where, graphs=True, tensors=None):
@@ -1519,7 +1584,7 @@ def _result(scan, allocated, complete, why, t0, unknown=()):
         sep = " " if where.startswith("on ") else ", "
         label = "%s (%s%s%s)" % (name, kind, sep, where)
         owner = where[3:] if where.startswith("on ") else ""      # the class whose attribute it is
-        purpose = purpose_of((name,), (kind, owner))
+        purpose = purpose_of((name,), (kind, owner)) or scan.path_purposes.get((name, kind, where))
         copied = copy_of(scan.sizes_of.get((name, kind, where), {}), scan.sizes_of)
         # what torch.load restored onto the GPU of its tensors (None: not watched), and the line that restored most
         rb = sum(restored.values()) if scan.restored is not None else None

@@ -810,6 +810,51 @@ def t_library_object_keeps_a_model():
     del llm, out
 
 
+# a serving engine's classes as a library keeps them (vLLM's V0 layout: the worker's KV cache in a CacheEngine)
+_ENGINE_LIB = """
+class CacheEngine(object):
+    def __init__(self, n):
+        self.gpu_cache = [empty(n) for _ in range(4)]
+class Worker(object):
+    def __init__(self, model, n):
+        self.model = model
+        self.cache_engine = [CacheEngine(n)]
+        self.gpu_cache = [self.cache_engine[0].gpu_cache]
+class Executor(object):
+    def __init__(self, worker):
+        self.driver_worker = worker
+class LLMEngine(object):
+    def __init__(self, ex):
+        self.model_executor = ex
+class LLM(object):
+    def __init__(self, engine):
+        self.llm_engine = engine
+class Plain(object):
+    def __init__(self, model, n):
+        self.model = model
+        self.blobs = [empty(n) for _ in range(4)]
+"""
+
+
+def t_library_object_path_purpose():
+    """What an engine held by a local keeps, when neither the local's name nor its class says, is what the attribute
+    paths to its bytes say: vLLM's LLM -> llm_engine -> driver_worker -> cache_engine (a CacheEngine) -> gpu_cache is
+    its KV cache, though the worker's own gpu_cache (a shorter path saying only "cache") reaches the same tensors
+    first; paths that say nothing (an engine's `blobs`) give no purpose"""
+    build()
+    g = {"__name__": "enginelib.worker", "empty": empty}
+    exec(compile(_ENGINE_LIB, "/srv/site-packages/enginelib/worker.py", "exec"), g)
+    llm = g["LLM"](g["LLMEngine"](g["Executor"](g["Worker"](Block(256), 8192))))
+    plain = g["Plain"](Block(128), 4096)
+    r = measure(None)
+    held = dict((h[0], h) for h in r["holders"])
+    mine = [k for k in held if k.startswith("llm (LLM, local in t_library_object_path_purpose")]
+    assert mine and held[mine[0]][4] == 4 * 8192 * 4 and held[mine[0]][7] == "kv_cache", held
+    other = [k for k in held if k.startswith("plain (Plain, local in t_library_object_path_purpose")]
+    assert other and held[other[0]][4] == 4 * 4096 * 4 and held[other[0]][7] is None, held
+    del llm, plain
+
+
 def t_models_quantized():
     """models[].parameters_quantized_bytes: of one model's parameters on the device, those of 8 bits or fewer (an
     int8 weight beside its bfloat16 bias); the float32 model has none"""
@@ -2293,6 +2338,8 @@ if not STAND_IN:
     check("an int8 model beside one in float32: each model's quantized bytes", t_models_quantized)
     check("a library's engine held by a local: its model named after it, its cache held by it",
           t_library_object_keeps_a_model)
+    check("a library's engine held by a local: the purpose its attribute paths say (a CacheEngine's gpu_cache)",
+          t_library_object_path_purpose)
     check("embedding tables among the models' parameters, each once", t_embedding_tables)
     check("the batch size from the program's names, not a loop index or a global count", t_batch_size)
     check("a batch of one from the outermost module's input, where no name says the batch", t_input_batch)
