@@ -925,12 +925,13 @@ static bool driver_growth_holds(og_facts_t *d, const og_record_t *r, og_growth_f
      * LRU moved here and never back: those are leaks), and no model has parameters still elsewhere (weights coming
      * and going, an offloading loop, not a load done) */
     const og_role_facts_t *k = &d->roles;
-    if (!k->known || d->trains == 1 || k->kept_across || k->model_copies || k->keyed_models || k->model_away)
+    if (!k->known || d->trains == 1 || k->model_copies || k->keyed_models || k->model_away)
         return true;
     /* ... with what holders keep in a pool made in one piece (an engine's KV cache): four tensors or more, each
      * larger than two typical steps' rise, together no more than the largest step's: made within one step, while
      * a leak keeps about a step's rise per step and a cache grown token by token (a DynamicCache) rises a little
-     * in every step */
+     * in every step.  Such a pool kept across calls (the engine held by the program) is not what Python keeps
+     * across calls in the leak's sense: anything kept beyond it is */
     uint64_t at_once = 0;
     int nh = OG_FILLED(r->memory.fw.roles.nholders, r->memory.fw.roles.holders);
     for (int i = 0; i < nh && g->per_step; i++) {
@@ -938,6 +939,8 @@ static bool driver_growth_holds(og_facts_t *d, const og_record_t *r, og_growth_f
         if (n >= 4 && (double)b / (double)n >= 2.0 * (double)g->per_step && b <= g->max_step)
             at_once = add_sat(at_once, b);
     }
+    if (k->kept_across > at_once)
+        return true;
     if ((double)k->params + (double)at_once >= 0.9 * (double)g->rise) {
         g->weights_load = true;
         g->reserved_at_once = at_once;
@@ -1496,6 +1499,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
     const og_roles_t *ro = &r->memory.fw.roles;
     og_role_facts_t *k = &d->roles;
     k->keeper = k->kv = k->dataset_holder = k->registry_group = k->graph_holder = k->keyed_group = k->fp32_group = -1;
+    k->other_group = -1;
     k->stmt_copies = k->restored_holder = k->dominant = k->fp64_holder = -1;
     k->ckpt_holder = k->index_holder = k->ema_holder = k->copy_holder = k->concurrent_group = -1;
     k->quant_group = k->quant_ref_group = -1;
@@ -1580,6 +1584,44 @@ static void roles(og_facts_t *d, const og_record_t *r)
     for (int i = 0; d->phase == OG_JP_loading && i < nm; i++)
         if (ro->models[i].running > 0)
             k->arriving = add_sat(k->arriving, ro->models[i].bytes * (uint64_t)ro->models[i].running);
+    /* ... or, none running (from_pretrained builds the model as a local of the library's own frames, which the scan
+     * does not read), the one model no name of the running code holds while the failing statement assigns a name
+     * (rm = AutoModel.from_pretrained(...)): the model that name will hold */
+    if (d->phase == OG_JP_loading && !k->arriving && target[0]) {
+        int only = -1, nameless = 0;
+        for (int i = 0; i < nm; i++)
+            if (ro->models[i].named == 0 && ro->models[i].running == 0 && ro->models[i].count == 1) {
+                only = i;
+                nameless++;
+            }
+        if (nameless == 1)
+            k->arriving = ro->models[only].bytes;
+    }
+    /* another model resident while one arrives (facts.h: other_resident): the largest, with its name's holders */
+    int nho = OG_FILLED(ro->nholders, ro->holders);
+    for (int i = 0; d->phase == OG_JP_loading && k->arriving && i < nm; i++) {
+        if (ro->models[i].named <= 0 || ro->models[i].running > 0 || ro->models[i].count != 1 ||
+            model_named(ro, i, target) || registry_group(ro, i))
+            continue;
+        bool other_class = true;
+        for (int j = 0; j < nm; j++)
+            if (j != i && (ro->models[j].running > 0 || ro->models[j].named == 0) &&
+                strncmp(ro->models[j].cls, ro->models[i].cls, sizeof ro->models[i].cls) == 0)
+                other_class = false; /* the arriving model is of its class: named_copies reads those */
+        if (!other_class)
+            continue;
+        uint64_t b = ro->models[i].bytes;
+        for (int h = 0; h < nho; h++) {
+            char hn[sizeof ro->holders[0].name];
+            og_cpy(hn, sizeof hn, ro->holders[h].name, sizeof hn);
+            if (model_named(ro, i, hn))
+                b = add_sat(b, ro->holders[h].bytes);
+        }
+        if (b > k->other_resident) {
+            k->other_resident = b;
+            k->other_group = i;
+        }
+    }
     for (int i = 0; building && i < nm; i++) {
         if (ro->models[i].frozen || ro->models[i].count <= 0 || registry_group(ro, i))
             continue;
@@ -1803,6 +1845,11 @@ static void roles(og_facts_t *d, const og_record_t *r)
             og_known(ro->bytes[OG_ROLE_activations]) && h->bytes > largest_role(ro) &&
             (k->dominant < 0 || h->bytes > ro->holders[k->dominant].bytes))
             k->dominant = i;
+        /* a KV cache a local keeps while a model loads (a serving engine main() holds as `llm` while the scorer
+         * loads) is kept beside that work, reserved before it: not a pass's own cache, nor one being reserved now
+         * (roles.building), read with the kept holders */
+        if (local && pu == OG_PURPOSE_kv_cache && d->phase == OG_JP_loading && k->building != OG_PURPOSE_kv_cache)
+            local = false;
         if (local) {
             k->local_held = add_sat(k->local_held, h->bytes);
             if (map_kind(kind))

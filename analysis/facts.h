@@ -382,6 +382,13 @@ typedef struct og_role_facts {
      * global, an attribute), not a leftover; a model whose name the failing statement is about to rebind is a
      * previous copy (a cell run again), not one of these.  0 none or not measured */
     uint64_t named_copies;
+    /* while a model arrives (phase loading, roles.arriving), a model of another class that the running code holds
+     * by a name, none of whose methods runs, not rebound by the failing statement (a generation engine kept after
+     * its work while the scorer loads: vLLM's LLM as `llm`, then a reward model), with what holders of that name
+     * keep beside it (the engine's KV cache): what freeing that name gives back.  other_group: its index in
+     * roles.models, -1 none */
+    uint64_t other_resident;
+    int other_group;
     /* of model_copies, the models of a group apart (another size) that no name of the running code reaches and
      * that do not run, beside one of their class that a name holds or that runs: a previous fold's or trial's, kept
      * by a reference cycle or a callback, not a cell run again; 0 none */

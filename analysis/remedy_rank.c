@@ -1161,13 +1161,27 @@ static bool loose_operation(const rctx_t *x)
  * decode runs one image at a time), so a smaller batch is not the lever before splitting */
 static bool operation_dominates_inference(const rctx_t *x) { return operation_dominates(x) && x->trains != 1; }
 /* models the running code holds by a name beside another of their class, not a leftover (roles.models: named,
- * running), holding the missing bytes, in a job not known to train: two models compared side by side */
+ * running), holding the missing bytes, in a job not known to train: two models compared side by side; or, while a
+ * model loads, one of another class a name holds and nothing runs, with what that name keeps beside it
+ * (roles.other_resident: a generation engine kept while the scorer loads) */
+static uint64_t resident_bytes(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->named_copies >= x->shortfall ? ro->named_copies : ro->other_resident;
+}
 static bool resident_models(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
-    return ro->known && x->trains != 1 && x->shortfall && ro->named_copies >= x->shortfall &&
+    return ro->known && x->trains != 1 && x->shortfall && resident_bytes(x) >= x->shortfall &&
            ro->model_copies < x->shortfall && !own_fix_covers(x) && !x->larger_than_device;
 }
+/* ... two of one class (a comparison, an ensemble: one at a time is the fix), or only one of another class (an
+ * engine that may still serve beside the model loading: its own settings, a KV cache's size, come first) */
+static bool resident_same_class(const rctx_t *x)
+{
+    return resident_models(x) && roles_of(x)->named_copies >= x->shortfall;
+}
+static bool resident_other_class(const rctx_t *x) { return resident_models(x) && !resident_same_class(x); }
 /* the second copy of a model a training job's evaluation holds: one held by a name of the running code, not frozen
  * (an EMA, a teacher are kept on purpose); or a deep copy under way that rebinds no model's name (eval_model =
  * copy.deepcopy(model), not yet named): all of what it copies (facts: roles.copy_source), at least what it made */
@@ -1577,7 +1591,8 @@ static const og_rank_row_t bring[] = {
       "loose_operation_in_blocks)" },
     { "resident_models", resident_models, WANT, 0, 0, REMS(R_ONE_MODEL),
       "not training, roles.models: models held by a name of the running code beside one of their class (not "
-      "rebound by the failing statement) >= shortfall, leftover copies < shortfall",
+      "rebound by the failing statement) >= shortfall, or while a model loads one of another class a name holds "
+      "with that name's holders (roles.other_resident) >= shortfall; leftover copies < shortfall",
       "ab_compare_two_7b (blind), two_models_generate" },
     { "kept_graphs", kept_graphs, WANT, 0, 0, REMS(R_RELEASE_REFS, R_INFERENCE),
       "autograd on in phase evaluation or generation, roles: a holder kept across calls, no purpose, no copy, >= 2 "
@@ -2098,8 +2113,13 @@ static const og_rank_row_t lead[] = {
     { "operation_slices_the_batch", operation_dominates_inference, DEMOTE, 3, 0, REMS(R_SMALLER_BATCH),
       "as operation_dominates, not training (a sliced operation runs the batch piece by piece)",
       "sdxl_vae_decode_2048px (blind), upscale_interpolate" },
-    { "resident_models_lead", resident_models, LEAD_COVERS, -33, 0, REMS(R_ONE_MODEL), "as resident_models",
-      "ab_compare_two_7b (blind), two_models_generate" },
+    { "resident_models_lead", resident_same_class, LEAD_COVERS, -33, 0, REMS(R_ONE_MODEL),
+      "as resident_models, models of one class", "ab_compare_two_7b (blind), two_models_generate" },
+    { "resident_other_class_lead", resident_other_class, LEAD_COVERS, -20, 0, REMS(R_ONE_MODEL),
+      "as resident_models, only a model of another class (roles.other_resident): after the kept KV cache's and the "
+      "graph pools' own rows (-22, -21)",
+      "best_of_8_vllm_llama31_8b_then_skywork_reward_model_same_script_utilization_090_a100_80gb, "
+      "awq_engine_kv_prealloc_then_embedder_in_process_l40s (blind)" },
     { "eval_copy_lead", eval_copy, LEAD_COVERS, -33, 0, REMS(R_EVAL_NO_COPY), "as eval_copy",
       "eval_deepcopy_in_train_loop, eval_on_deepcopy_with_grads_kept (blind), eval_copy_forward" },
     { "dataset_on_gpu_lead", dataset_on_gpu, LEAD_COVERS, -30, 0, REMS(R_DATASET_CPU), "as dataset_on_gpu",
@@ -2488,7 +2508,7 @@ static void estimate(rank_t *k, const rctx_t *x)
     if (operation_dominates(x) && ro->batchless_sizes &&
         (double)op_tensor_bytes(x) + (double)ro->params + (double)ro->grads + (double)ro->opt >= (double)x->capacity)
         cover[R_SMALLER_BATCH] = 0;
-    cover[R_ONE_MODEL] = resident_models(x)      ? (double)ro->named_copies
+    cover[R_ONE_MODEL] = resident_models(x)      ? (double)resident_bytes(x)
                          : trained_model_kept(x) ? (double)ro->trained_kept
                          : reference_full(x)     ? (double)ro->reference_copy
                                                  : -1;

@@ -3200,11 +3200,25 @@ static bool b_one_model_at_a_time(const rctx_t *x, og_remedy_t *r)
         return true;
     }
     model_names(x, names, sizeof names);
-    why(r,
-        "The running code holds %s of another model of the same class on the GPU (%s) beside the one it %s: "
-        "two models resident at once for a comparison or an ensemble. One at a time needs room for one.",
-        og_hb((double)ro->named_copies).s, names[0] ? names : "held by name",
-        x->f->phase == OG_JP_loading ? "is loading" : "runs");
+    if (ro->named_copies < x->shortfall && ro->other_group >= 0) {
+        /* another class (roles.other_resident): the name's model and what it keeps beside it */
+        const og_roles_t *rr = &x->rec->memory.fw.roles;
+        char cls[sizeof rr->models[0].cls];
+        og_cpy(cls, sizeof cls, rr->models[ro->other_group].cls, sizeof cls);
+        group_names(x, ro->other_group, names, sizeof names);
+        why(r,
+            "The running code holds %s (%s of parameters) by a name, %s, none of whose code runs, while another "
+            "model loads; with what that name keeps beside it (an engine's KV cache, buffers) freeing it gives back "
+            "%s. Done with, it can be freed before the next model loads; its outputs kept in host memory or on "
+            "disk.",
+            cls, og_hb((double)rr->models[ro->other_group].bytes).s, names[0] ? names : "held by name",
+            og_hb((double)ro->other_resident).s);
+    } else
+        why(r,
+            "The running code holds %s of another model of the same class on the GPU (%s) beside the one it %s: "
+            "two models resident at once for a comparison or an ensemble. One at a time needs room for one.",
+            og_hb((double)ro->named_copies).s, names[0] ? names : "held by name",
+            x->f->phase == OG_JP_loading ? "is loading" : "runs");
     if (ro->quant_reference) /* a quantized model checked against its reference, which keeps its precision */
         why(r,
             " Of the two, one is quantized (%s of its %s in 8 bits or fewer) and the other (%s) is not: a quantized "

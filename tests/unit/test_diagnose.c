@@ -489,17 +489,20 @@ static void growth_is_the_weights_arriving(void **state)
         int pool;      /* tensors of a local's 13 GiB beside the parameters (0 none) */
         bool burst;    /* the pool made within one step (else the steps' rises carry it) */
         bool load;
+        bool kept; /* the pool's holder an attribute kept across calls (not a local of main) */
     } rows[] = {
-        { "the weights arriving", 36 * 500 * MiB, 0, 1, false, 0, 0, false, true },
-        { "an optimizer stepped: the job trains", 36 * 500 * MiB, 1, 1, false, 0, 0, false, false },
-        { "parameters half the rise", 20 * 500 * MiB, 0, 1, false, 0, 0, false, false },
-        { "two copies of one model: one reloaded and kept", 36 * 500 * MiB, 0, 2, false, 0, 0, false, false },
-        { "a registry of models by key", 36 * 500 * MiB, 0, 2, true, 0, 0, false, false },
-        { "parameters still elsewhere: weights coming and going", 36 * 500 * MiB, 0, 1, false, 1 * GiB, 0, false,
+        { "the weights arriving", 36 * 500 * MiB, 0, 1, false, 0, 0, false, true, false },
+        { "an optimizer stepped: the job trains", 36 * 500 * MiB, 1, 1, false, 0, 0, false, false, false },
+        { "parameters half the rise", 20 * 500 * MiB, 0, 1, false, 0, 0, false, false, false },
+        { "two copies of one model: one reloaded and kept", 36 * 500 * MiB, 0, 2, false, 0, 0, false, false, false },
+        { "a registry of models by key", 36 * 500 * MiB, 0, 2, true, 0, 0, false, false, false },
+        { "parameters still elsewhere: weights coming and going", 36 * 500 * MiB, 0, 1, false, 1 * GiB, 0, false, false,
           false },
-        { "a pool made within one step beside the weights", 36 * 500 * MiB, 0, 1, false, 0, 4, true, true },
-        { "the same tensors grown a little every step", 10 * 500 * MiB, 0, 1, false, 0, 4, false, false },
-        { "the same bytes in tensors of a step's size", 10 * 500 * MiB, 0, 1, false, 0, 26, false, false },
+        { "a pool made within one step beside the weights", 36 * 500 * MiB, 0, 1, false, 0, 4, true, true, false },
+        { "the same tensors grown a little every step", 10 * 500 * MiB, 0, 1, false, 0, 4, false, false, false },
+        { "the same bytes in tensors of a step's size", 10 * 500 * MiB, 0, 1, false, 0, 26, false, false, false },
+        { "a pool made within one step, kept across calls", 36 * 500 * MiB, 0, 1, false, 0, 4, true, true, true },
+        { "kept across calls in tensors of a step's size", 10 * 500 * MiB, 0, 1, false, 0, 26, false, false, true },
     };
     for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
         og_record_t *r = base();
@@ -516,7 +519,8 @@ static void growth_is_the_weights_arriving(void **state)
         }
         fixture_roles(r, rows[i].params, 0, 0, 0, rows[i].pool ? 26 * 500 * MiB : 0, 512 * MiB);
         if (rows[i].pool) {
-            fixture_holder(r, "llm", "LLM", "local in main (best_of_n.py:7)", 26 * 500 * MiB);
+            fixture_holder(r, rows[i].kept ? "self.llm" : "llm", "LLM",
+                           rows[i].kept ? "on Server" : "local in main (best_of_n.py:7)", 26 * 500 * MiB);
             r->memory.fw.roles.holders[0].tensors = (uint64_t)rows[i].pool;
         }
         r->memory.fw.training = rows[i].training;

@@ -4198,6 +4198,54 @@ static void growing_dataset_to_host(void **state)
     free(r);
 }
 
+/* a generation engine a local of main() holds (vLLM's LLM as `llm`: its model and a KV cache it reserved up front)
+ * while the scorer loads (rm = ...from_pretrained, the model built in the library's own frames: none running, no
+ * name yet): its cache is a reservation whose size is a setting, first, and freeing the engine follows;
+ * neither while the KV cache is the one the statement reserves, nor while a pass runs (a generation's own cache) */
+static void engine_kept_while_the_scorer_loads(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->device.total_bytes, 80 * GiB);
+    fixture_roles(r, 22 * GiB, 0, 0, 0, 56 * GiB, 0);
+    fixture_model(r, "LlamaForCausalLM", 15 * GiB, 1, true);
+    fixture_model_held(r, 1, 0, "llm");
+    fixture_model(r, "LlamaForSequenceClassification", 7 * GiB, 1, false);
+    fixture_holder(r, "llm", "LLM", "local in main (best_of_n.py:470)", 56 * GiB);
+    fixture_purpose(r, "kv_cache");
+    fixture_statement(r, "rm", "");
+    fixture_phase(r, "loading", "modeling_utils.py", "from_pretrained");
+    og_set(&r->event.requested_bytes, 112 * MiB);
+    og_set(&r->device.free_bytes, 28 * MiB);
+    run_primary(r, "does_not_fit");
+    const og_role_facts_t *k = &r->analysis.facts.roles;
+    assert_int_equal(k->arriving, 7 * GiB);                   /* the one model no name holds: the scorer arriving */
+    assert_int_equal(k->other_resident, 15 * GiB + 56 * GiB); /* the engine's model and what `llm` keeps */
+    assert_int_equal(k->kv_bytes, 56 * GiB);                  /* the cache kept beside the load, not the load's own */
+    assert_int_equal(k->local_held, 0);
+    /* the engine's own setting first (it may still serve), then freeing it */
+    assert_string_equal(r->remedies[0].id, "smaller_kv_cache");
+    assert_true(rank_of(r, "one_model_at_a_time") >= 2 && rank_of(r, "one_model_at_a_time") <= 3);
+    assert_true(how_has(rem(r, "one_model_at_a_time"), "del llm;"));
+    assert_int_equal(rank_of(r, "release_references"), 0);
+    /* the scorer of the engine's own class: two models of one class, named_copies reads them, not this */
+    snprintf(r->memory.fw.roles.models[1].cls, sizeof r->memory.fw.roles.models[1].cls, "LlamaForCausalLM");
+    run(r);
+    assert_int_equal(r->analysis.facts.roles.other_resident, 0);
+    snprintf(r->memory.fw.roles.models[1].cls, sizeof r->memory.fw.roles.models[1].cls,
+             "LlamaForSequenceClassification");
+    /* the statement reserving that cache (a server's start-up): the reservation in progress stays the running code's */
+    fixture_statement(r, "rm", "kv_cache");
+    run(r);
+    assert_int_equal(r->analysis.facts.roles.kv_bytes, 0);
+    assert_int_equal(r->analysis.facts.roles.local_held, 56 * GiB);
+    /* no name assigned by the statement: nothing says the nameless model is the one arriving */
+    fixture_statement(r, "", "");
+    run(r);
+    assert_int_equal(r->analysis.facts.roles.arriving, 0);
+    assert_int_equal(r->analysis.facts.roles.other_resident, 0);
+    free(r);
+}
+
 /* a generation building step by step (a beam search keeping a vocabulary-sized score tensor per step in generate()'s
  * own locals) whose request finds its bytes in the cache only in pieces: an earlier, shorter generation's peak does
  * not bound this one, so the pass outgrows the splinters (does_not_fit) rather than their layout (fragmentation);
@@ -6030,6 +6078,7 @@ int main(void)
         cmocka_unit_test(unknown_shortfall_is_covered_by_nothing),
         cmocka_unit_test(generation_kv_growth),
         cmocka_unit_test(generation_outgrows_an_earlier_peak),
+        cmocka_unit_test(engine_kept_while_the_scorer_loads),
         cmocka_unit_test(decoding_loop_kv_growth),
         cmocka_unit_test(timing_moves_no_answer),
         cmocka_unit_test(cross_entropy_fused_first),
