@@ -400,6 +400,16 @@ static bool growth_not_in_step(const rctx_t *x) { return confident_growth(x) && 
 /* a growth whose rise what Python keeps across calls holds (measured: a dict of sessions, a registry): stopping other
  * processes only delays the next failure, whatever they hold */
 static bool growth_kept_measured(const rctx_t *x) { return PRIMARY(GROWTH) && x->f->growth.kept_measured; }
+/* ... a confident growth whose rise the adapter found in what Python keeps: kept across calls (growth.kept_measured),
+ * or one holder, wherever it is (a running loop's list or dict in main), with four fifths of the rise
+ * (roles.grower); not a generation's own working set growing token by token */
+static bool measured_leak(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return PRIMARY(GROWTH) && x->primary_conf >= 0.7 && !og_generation_growth(x) &&
+           (x->f->growth.kept_measured ||
+            (ro->grower >= 0 && (double)ro->grower_bytes >= 0.8 * (double)x->f->growth.rise));
+}
 /* restoring a checkpoint: the adapter's phase is loading and its frame is torch.load's */
 static bool checkpoint_restore(const rctx_t *x) { return PHASE(loading) && x->f->load_via_torch_load; }
 /* a load whose one model's parameters on the device (roles.models: a single model, one copy) already fill nine
@@ -1783,6 +1793,22 @@ static const og_rank_row_t narrow[] = {
       "footprint + request <= 97% of the device (not state_exceeds_card, nor a load of a model larger than the "
       "card: roles' parameters here + elsewhere >= capacity), or primary growth",
       "batch_3pct_over, loss_history_leak" },
+    /* a leak whose rise the adapter found in what Python keeps: a fixed saving elsewhere only delays the next failure
+     * (a leak fills any card), so what acts on something else is not offered at all */
+    { "measured_leak_not_the_cache", measured_leak, DROP, 0, 0,
+      REMS(R_EMPTY_CACHE, R_EXPANDABLE, R_RESTART, R_BUCKET, R_POOL_TRIM, R_FOREIGN),
+      "primary growth >= 0.7, not a generation's working set, growth.kept_measured (what Python keeps across calls >= "
+      "9/10 of the rise) or roles.grower (one holder, a running loop's local too) >= 4/5 of the rise: the cache, its "
+      "layout, a restart and the others' memory shed none of it for long",
+      "codesearch_biencoder_trainer_xbm_bank_reset_only_per_epoch_a10g, "
+      "shelf_sku_convnext_nightly_ewc_penalty_per_past_night_l4 (blind)" },
+    { "measured_leak_not_the_pass", measured_leak, DROP, 0, 0,
+      REMS(R_SMALLER_BATCH, R_SHORTER_SEQ, R_MIXED, R_CHECKPOINTING, R_FLASH, R_QUANT, R_OPT_8BIT, R_LORA, R_CAP_INPUT,
+           R_LOAD_HALF, R_DYN_PAD, R_FUSED_CE, R_TEACHER_NO_GRAD),
+      "as measured_leak_not_the_cache (a smaller pass, a teacher's pass without autograd, lighter weights or "
+      "optimizer state leave the kept memory growing)",
+      "openfold_multimer_bait_prey_screen_keeps_every_output_dict_for_iptm_ranking_h100, "
+      "prott5_human_proteome_per_residue_embeddings_dict_on_gpu_colab_t4 (blind)" },
 };
 
 static const og_rank_row_t reorder[] = {
