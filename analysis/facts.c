@@ -1494,6 +1494,36 @@ static void quant_beside_reference(og_role_facts_t *k, const og_roles_t *ro, int
     }
 }
 
+/* the failing statement's target or one of the names it reads is a model's logits (facts.h: stmt_logits): the name
+ * itself, or its last part after a dot or an underscore (out.logits, lm_logits) */
+static bool logits_name(const char *name, size_t n)
+{
+    static const char word[] = "logits";
+    size_t w = sizeof word - 1;
+    return n >= w && strncmp(name + n - w, word, w) == 0 &&
+           (n == w || name[n - w - 1] == '.' || name[n - w - 1] == '_');
+}
+static bool names_logits(const og_roles_t *ro)
+{
+    char t[sizeof ro->stmt_target], names[sizeof ro->stmt_names];
+    og_cpy(t, sizeof t, ro->stmt_target, sizeof t);
+    og_cpy(names, sizeof names, ro->stmt_names, sizeof names);
+    if (logits_name(t, strlen(t)))
+        return true;
+    for (const char *p = names; *p;) {
+        const char *e = strchr(p, ',');
+        size_t l = e ? (size_t)(e - p) : strlen(p);
+        while (l && *p == ' ')
+            p++, l--;
+        if (logits_name(p, l))
+            return true;
+        if (!e)
+            break;
+        p = e + 1;
+    }
+    return false;
+}
+
 static void roles(og_facts_t *d, const og_record_t *r)
 {
     const og_roles_t *ro = &r->memory.fw.roles;
@@ -1713,6 +1743,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
         og_cpy(p, sizeof p, ro->stmt_purpose, sizeof p);
         k->building = og_purpose_of(p);
         k->request_shape = request_shape(ro);
+        k->stmt_logits = names_logits(ro);
     }
     k->known = true;
     k->num_beams = ro->num_beams > 0 ? ro->num_beams : 0;

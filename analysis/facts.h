@@ -198,6 +198,9 @@ typedef struct og_role_facts {
     /* of local_held, the holders the failing statement reads by name that keep no autograd graph and copy no role
      * (images and targets handed to model(images, targets)): the pass's inputs, as the program holds them */
     uint64_t stmt_inputs;
+    /* the failing statement assigns or reads a model's logits by name (`logits = logits.float()`, `lm_logits`,
+     * `out.logits`): the vocabulary-wide scores of every position it was given */
+    bool stmt_logits;
     char stmt_input_names[96];            /* their names, comma-separated, as many as fit */
     uint64_t purpose_bytes[OG_NPURPOSES]; /* held_by_python by what the holders' names say they keep */
     /* of them, holders of purpose dataset kept across calls (a global, an attribute; not a local of a running

@@ -971,6 +971,19 @@ static bool extra_outputs(const rctx_t *x)
     return ro->known && ro->extra_outputs && ro->act_known && (ro->act || ro->working) &&
            (PHASE(forward) || PHASE(evaluation) || PHASE(generation) || PHASE(unknown)) && !own_fix_covers(x);
 }
+/* the failing statement makes a model's logits (roles.stmt_logits) for every position of its input in a pass of a
+ * job decoding with a KV cache (autograd off, not training: a prefill of a long prompt, a tool's output fed whole),
+ * a request of at least an eighth of the device: a decoding step reads the last position's logits only, so asked for
+ * that one, the pass makes 1/length of them; the estimate is the request.  Not under a loss over the logits (an
+ * evaluation's perplexity reads every position) */
+static bool all_position_logits(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && ro->stmt_logits && ro->operation != OG_OP_cross_entropy && x->trains != 1 && x->grad == -1 &&
+           (PHASE(forward) || PHASE(evaluation) || PHASE(generation)) &&
+           (x->f->decoding || ro->purpose_bytes[OG_PURPOSE_kv_cache] > 0) && x->req_known && x->capacity &&
+           x->req * OG_BIG_REQ_DIV >= x->capacity && !own_fix_covers(x);
+}
 /* ... first, unless the growth is held across calls by a holder of its own (kept_grower: an object's list filled
  * step after step, not a local of the running call) that covers the shortfall: that holder, not the call's
  * outputs, filled the card */
@@ -1459,6 +1472,11 @@ static const og_rank_row_t bring[] = {
       "roles.extra_outputs (the program asks a model for hidden states, attentions, scores or logits of every "
       "layer or token), activations measured, phase forward, evaluation, generation or unknown",
       "e5_mistral_embed_output_hidden_states_all_layers, qwen7b_calibration_generate_scores_and_logits (blind)" },
+    { "all_position_logits", all_position_logits, WANT, 0, 0, REMS(R_FEWER_OUTPUTS),
+      "roles.stmt_logits (the failing statement makes a model's logits), no loss over them on the stack, not "
+      "training, autograd off, phase forward, evaluation or generation of a job decoding or holding a KV cache, "
+      "request >= 1/8 of the device",
+      "react_agent_fetch_tool_42k_token_filing_prefill_all_position_logits_float_upcast_llama31_8b_l40s (blind)" },
     { "rank_loads_whole_model", rank_loads_whole_model, WANT, 0, 0, REMS(R_SHARD_LOAD),
       "phase loading, WORLD_SIZE > 1 (a rank of a multi-rank job)",
       "fsdp_lora_llama2_13b_g5_12xlarge_device_map_local_rank (blind); (unit tests: rank_loads_whole_model)" },
@@ -2082,6 +2100,9 @@ static const og_rank_row_t lead[] = {
       "as extra_outputs, whatever the growth (outputs kept per layer or per token are a rise within the call), "
       "unless the growth's holder is kept across calls (not a local of the running code) and covers the shortfall",
       "e5_mistral_embed_output_hidden_states_all_layers (blind)" },
+    { "all_position_logits_lead", all_position_logits, LEAD_COVERS, -31, 0, REMS(R_FEWER_OUTPUTS),
+      "as all_position_logits (one request of outputs the decoding step does not read)",
+      "react_agent_fetch_tool_42k_token_filing_prefill_all_position_logits_float_upcast_llama31_8b_l40s (blind)" },
     { "attentions_asked_lead", attentions_asked, LEAD_COVERS, -35, 0, REMS(R_FEWER_OUTPUTS),
       "as extra_outputs, the key output_attentions (a fused attention kernel returns no weights: ahead of "
       "flash_attention; after extra_outputs_lead, whose order it overrides)",
@@ -2521,6 +2542,8 @@ static void estimate(rank_t *k, const rctx_t *x)
         cover[R_FLASH] = (double)x->req;
     if (cross_entropy_op(x)) /* a fused or chunked loss never makes the failing [tokens, vocabulary] tensor */
         cover[R_FUSED_CE] = (double)x->req;
+    if (all_position_logits(x)) /* the last position's logits only: the failing tensor is not made */
+        cover[R_FEWER_OUTPUTS] = (double)x->req;
     if (operation_dominates(x)) /* in eight tiles or slices: an eighth of the operation's tensors at a time */
         cover[R_CHUNK] = 0.875 * (double)op_tensor_bytes(x);
     if (transducer_op(x)) /* in eight sub-batches: an eighth of the joint's tensors at a time */

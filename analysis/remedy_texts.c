@@ -3333,6 +3333,25 @@ static bool b_only_needed_outputs(const rctx_t *x, og_remedy_t *r)
     og_cpy(file, sizeof file, cs->at.file, sizeof file);
     og_cpy(fn, sizeof fn, cs->at.function, sizeof fn);
     og_cpy(key, sizeof key, cs->key, sizeof key);
+    if (!cs->has && x->f->roles.stmt_logits && x->grad == -1 && x->req_known && x->trains != 1) {
+        /* the logits of every position of a decoding pass (remedy_rank.c: all_position_logits) */
+        char site[200];
+        operation_site(x, site, sizeof site);
+        why(r,
+            "The failing request, %s, is logits over the vocabulary for every position of the input%s, in a pass "
+            "with a KV cache and autograd off: a decoding step reads the last position's only. Asked for that one "
+            "(or the long input fed in chunks), the pass makes a fraction of it; the weights and the cache are as "
+            "before.",
+            req_hb(x).s, site);
+        HOWS(x, r,
+             { PT, "out = model(input_ids, past_key_values=cache, logits_to_keep=1)   # transformers: the last "
+                   "position's logits (num_logits_to_keep in older versions)" },
+             { PT, "h = model.model(input_ids, past_key_values=cache).last_hidden_state; "
+                   "logits = model.lm_head(h[:, -1:])" },
+             { PT, "for part in input_ids.split(4096, dim=1): out = model(part, past_key_values=cache, "
+                   "logits_to_keep=1)   # a long prompt prefilled in chunks" });
+        return true;
+    }
     if (cs->has)
         why(r,
             "The program asks the model for %s=True (%s:%d in %s): it keeps one tensor per layer or per generated "

@@ -4229,6 +4229,45 @@ static void growing_dataset_to_host(void **state)
     free(r);
 }
 
+/* a prefill of a 42k-token tool output in a hand-written agent loop: the failing statement makes the logits of every
+ * position (logits = logits.float(), 20 GiB) beside the weights and a DynamicCache; the decoding step reads the last
+ * position's, so asking for those leads, estimated at the request; a statement named otherwise, or a pass with
+ * autograd on (a training forward needs every position's logits), gets no such remedy */
+static void all_position_logits_of_a_prefill(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->device.total_bytes, 44 * GiB);
+    fixture_roles(r, 15 * GiB, 0, 0, 0, 6 * GiB, 10 * GiB);
+    fixture_holder(r, "self.key_cache", "list", "on DynamicCache", 6 * GiB);
+    fixture_purpose(r, "kv_cache");
+    fixture_statement(r, "logits", "");
+    snprintf(r->memory.fw.roles.stmt_names, sizeof r->memory.fw.roles.stmt_names, "logits, float");
+    fixture_phase(r, "evaluation", "agent.py", "forward");
+    r->memory.fw.grad_enabled = -1;
+    og_set(&r->event.requested_bytes, 20 * GiB);
+    og_set(&r->device.free_bytes, 10 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_true(r->analysis.facts.roles.stmt_logits);
+    assert_string_equal(r->remedies[0].id, "only_needed_outputs");
+    assert_true(how_has(&r->remedies[0], "logits_to_keep=1"));
+    static const char *const named[] = { "lm_logits", "out.logits" };
+    for (size_t i = 0; i < 2; i++) {
+        fixture_statement(r, named[i], "");
+        r->memory.fw.roles.stmt_names[0] = 0;
+        run(r);
+        assert_true(r->analysis.facts.roles.stmt_logits);
+    }
+    fixture_statement(r, "logit_scale", ""); /* a name that merely starts so is not the logits */
+    run(r);
+    assert_false(r->analysis.facts.roles.stmt_logits);
+    assert_int_equal(rank_of(r, "only_needed_outputs"), 0);
+    fixture_statement(r, "logits", "");
+    r->memory.fw.grad_enabled = 1;
+    run(r);
+    assert_int_equal(rank_of(r, "only_needed_outputs"), 0);
+    free(r);
+}
+
 /* a generation engine a local of main() holds (vLLM's LLM as `llm`: its model and a KV cache it reserved up front)
  * while the scorer loads (rm = ...from_pretrained, the model built in the library's own frames: none running, no
  * name yet): its cache is a reservation whose size is a setting, first, and freeing the engine follows;
@@ -6111,6 +6150,7 @@ int main(void)
         cmocka_unit_test(generation_kv_growth),
         cmocka_unit_test(generation_outgrows_an_earlier_peak),
         cmocka_unit_test(engine_kept_while_the_scorer_loads),
+        cmocka_unit_test(all_position_logits_of_a_prefill),
         cmocka_unit_test(decoding_loop_kv_growth),
         cmocka_unit_test(timing_moves_no_answer),
         cmocka_unit_test(cross_entropy_fused_first),
