@@ -402,11 +402,13 @@ static bool growth_not_in_step(const rctx_t *x) { return confident_growth(x) && 
 static bool growth_kept_measured(const rctx_t *x) { return PRIMARY(GROWTH) && x->f->growth.kept_measured; }
 /* ... a confident growth whose rise the adapter found in what Python keeps: kept across calls (growth.kept_measured),
  * or one holder, wherever it is (a running loop's list or dict in main), with four fifths of the rise
- * (roles.grower); not a generation's own working set growing token by token */
+ * (roles.grower); not a generation's own working set growing token by token, nor a rise a KV cache holds half of
+ * (a cache grows with the batch and the length: those remedies shrink it) */
 static bool measured_leak(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
     return PRIMARY(GROWTH) && x->primary_conf >= 0.7 && !og_generation_growth(x) &&
+           2 * (double)ro->purpose_bytes[OG_PURPOSE_kv_cache] < (double)x->f->growth.rise &&
            (x->f->growth.kept_measured ||
             (ro->grower >= 0 && (double)ro->grower_bytes >= 0.8 * (double)x->f->growth.rise));
 }
@@ -1815,9 +1817,10 @@ static const og_rank_row_t narrow[] = {
      * (a leak fills any card), so what acts on something else is not offered at all */
     { "measured_leak_not_the_cache", measured_leak, DROP, 0, 0,
       REMS(R_EMPTY_CACHE, R_EXPANDABLE, R_RESTART, R_BUCKET, R_POOL_TRIM, R_FOREIGN),
-      "primary growth >= 0.7, not a generation's working set, growth.kept_measured (what Python keeps across calls >= "
-      "9/10 of the rise) or roles.grower (one holder, a running loop's local too) >= 4/5 of the rise: the cache, its "
-      "layout, a restart and the others' memory shed none of it for long",
+      "primary growth >= 0.7, not a generation's working set nor a KV cache holding half the rise, "
+      "growth.kept_measured (what Python keeps across calls >= 9/10 of the rise) or roles.grower (one holder, a "
+      "running loop's local too) >= 4/5 of the rise: the cache, its layout, a restart and the others' memory shed "
+      "none of it for long",
       "codesearch_biencoder_trainer_xbm_bank_reset_only_per_epoch_a10g, "
       "shelf_sku_convnext_nightly_ewc_penalty_per_past_night_l4 (blind)" },
     { "measured_leak_not_the_pass", measured_leak, DROP, 0, 0,
