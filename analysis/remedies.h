@@ -116,6 +116,12 @@ bool og_comprehension_builds(const rctx_t *x);
  * growth read, decoding with a KV cache holding the missing bytes and a quarter of the framework's
  * allocated bytes), in a job not known to train, autograd not on: not memory kept across iterations */
 bool og_generation_growth(const rctx_t *x);
+/* the failing statement makes a model's logits (roles.stmt_logits) for every position of its input in a pass of a
+ * job decoding with a KV cache (autograd off, not training: a prefill of a long prompt, a tool's output fed whole),
+ * a request of at least an eighth of the device: a decoding step reads the last position's logits only, so asked for
+ * that one, the pass makes 1/length of them.  Not under a loss over the logits (an evaluation's perplexity reads
+ * every position) */
+bool og_all_position_logits(const rctx_t *x);
 /* the models a registry by key keeps resident on the GPU (roles.registry_models, else roles.keyed_models in a job
  * not known to train), 0 none */
 uint64_t og_registry_bytes(const rctx_t *x);

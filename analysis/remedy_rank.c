@@ -973,19 +973,9 @@ static bool extra_outputs(const rctx_t *x)
     return ro->known && ro->extra_outputs && ro->act_known && (ro->act || ro->working) &&
            (PHASE(forward) || PHASE(evaluation) || PHASE(generation) || PHASE(unknown)) && !own_fix_covers(x);
 }
-/* the failing statement makes a model's logits (roles.stmt_logits) for every position of its input in a pass of a
- * job decoding with a KV cache (autograd off, not training: a prefill of a long prompt, a tool's output fed whole),
- * a request of at least an eighth of the device: a decoding step reads the last position's logits only, so asked for
- * that one, the pass makes 1/length of them; the estimate is the request.  Not under a loss over the logits (an
- * evaluation's perplexity reads every position) */
-static bool all_position_logits(const rctx_t *x)
-{
-    const og_role_facts_t *ro = roles_of(x);
-    return ro->known && ro->stmt_logits && ro->operation != OG_OP_cross_entropy && x->trains != 1 && x->grad == -1 &&
-           (PHASE(forward) || PHASE(evaluation) || PHASE(generation)) &&
-           (x->f->decoding || ro->purpose_bytes[OG_PURPOSE_kv_cache] > 0) && x->req_known && x->capacity &&
-           x->req * OG_BIG_REQ_DIV >= x->capacity && !own_fix_covers(x);
-}
+/* a decoding pass's logits for every position (og_all_position_logits), unless another process's or framework's
+ * memory is the fix */
+static bool all_position_logits(const rctx_t *x) { return og_all_position_logits(x) && !own_fix_covers(x); }
 /* ... first, unless the growth is held across calls by a holder of its own (kept_grower: an object's list filled
  * step after step, not a local of the running call) that covers the shortfall: that holder, not the call's
  * outputs, filled the card */

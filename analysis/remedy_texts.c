@@ -54,6 +54,16 @@ bool og_embedding_tables(const rctx_t *x)
     return ro->known && ro->params && ro->embedding && 2 * ro->embedding >= ro->params;
 }
 
+bool og_all_position_logits(const rctx_t *x)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    enum og_job_phase ph = x->f->phase;
+    return ro->known && ro->stmt_logits && ro->operation != OG_OP_cross_entropy && x->trains != 1 && x->grad == -1 &&
+           (ph == OG_JP_forward || ph == OG_JP_evaluation || ph == OG_JP_generation) &&
+           (x->f->decoding || ro->purpose_bytes[OG_PURPOSE_kv_cache] > 0) && x->req_known && x->capacity &&
+           x->req * OG_BIG_REQ_DIV >= x->capacity;
+}
+
 bool og_generation_growth(const rctx_t *x)
 {
     const og_role_facts_t *ro = &x->f->roles;
@@ -3333,8 +3343,7 @@ static bool b_only_needed_outputs(const rctx_t *x, og_remedy_t *r)
     og_cpy(file, sizeof file, cs->at.file, sizeof file);
     og_cpy(fn, sizeof fn, cs->at.function, sizeof fn);
     og_cpy(key, sizeof key, cs->key, sizeof key);
-    if (!cs->has && x->f->roles.stmt_logits && x->grad == -1 && x->req_known && x->trains != 1) {
-        /* the logits of every position of a decoding pass (remedy_rank.c: all_position_logits) */
+    if (!cs->has && og_all_position_logits(x)) { /* the logits of every position of a decoding pass */
         char site[200];
         operation_site(x, site, sizeof site);
         why(r,

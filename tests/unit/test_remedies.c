@@ -4274,8 +4274,8 @@ static void all_position_logits_of_a_prefill(void **state)
 
 /* a generation engine a local of main() holds (vLLM's LLM as `llm`: its model and a KV cache it reserved up front)
  * while the scorer loads (rm = ...from_pretrained, the model built in the library's own frames: none running, no
- * name yet): its cache is a reservation whose size is a setting, first, and freeing the engine follows;
- * neither while the KV cache is the one the statement reserves, nor while a pass runs (a generation's own cache) */
+ * name yet): its cache is a reservation whose size is a setting, first, and freeing the engine follows; not while
+ * the KV cache is the one the statement reserves, nor, with no name assigned, for a nameless model */
 static void engine_kept_while_the_scorer_loads(void **state)
 {
     og_record_t *r = base();
