@@ -660,34 +660,39 @@ def _path_purpose(scan, v, limit=4096, depth=_DEPTH + 4):
     """What the attribute paths inside v say its bytes are for, when neither its name nor its class says: each
     tensor below v that no role has yet counts under the purpose of the names and classes on its path (vLLM's LLM
     -> llm_engine -> model_executor -> driver_worker -> cache_engine, a CacheEngine -> gpu_cache: the KV cache; a
-    list or dict met on the way adds its own name).  A tensor reached by several paths (the worker's own
-    gpu_cache is the cache engine's list) counts under the first purpose of PURPOSES any of them says.  The
-    purpose of at least half of those bytes, or None.  At most `limit` objects, `depth` levels down: deeper than
-    the holder's own walk, which may have reached a tensor by a shorter path that says less."""
+    list or dict met on the way adds its own name).  A path's purpose is the first of PURPOSES any of its parts
+    says (purpose_of reads a union of names and classes so), carried down the walk part by part.  A tensor
+    reached by several paths (the worker's own gpu_cache is the cache engine's list) counts under the first any of
+    them says.  The purpose of at least half of those bytes, or None.  At most `limit` objects, `depth` levels
+    down: deeper than the holder's own walk, which may have reached a tensor by a shorter path that says less."""
     order = dict((p[0], i) for i, p in enumerate(PURPOSES))
     none = len(PURPOSES)
+    said = {}                            # a name or a class -> the rank of the purpose it says alone
+
+    def rank_of(part, kind):
+        r = said.get((part, kind))
+        if r is None:
+            r = said[(part, kind)] = order.get(purpose_of(() if kind else (part,), (part,) if kind else ()), none)
+        return r
+
     best = {}                            # data pointer -> [bytes, the best rank of a path to it]
     visited = {}                         # id -> the best rank of a path it was read by
-    stack = [(v, (), (), depth)]
+    stack = [(v, none, depth)]
     n = 0
     while stack and n < limit:
-        x, names, kinds, d = stack.pop()
+        x, rank, d = stack.pop()
         n += 1
         scan.tick()
         tp = type(x)
-        if tp in _ATOMS:
-            continue
-        rank = order.get(purpose_of(names, kinds), none)
-        if visited.get(id(x), none + 1) <= rank:
+        if tp in _ATOMS or visited.get(id(x), none + 1) <= rank:
             continue
         visited[id(x)] = rank
         k = scan.kind(tp)
         if k == "tensor" or k == "parameter":
             st = scan.storage(x)
-            if st is None or st[0] in scan.seen:
-                continue
-            b = best.setdefault(st[0], [st[1], none])
-            b[1] = min(b[1], rank)
+            if st is not None and st[0] not in scan.seen:
+                b = best.setdefault(st[0], [st[1], none])
+                b[1] = min(b[1], rank)
             continue
         if d <= 0 or k in ("module", "optimizer"):
             continue
@@ -701,18 +706,18 @@ def _path_purpose(scan, v, limit=4096, depth=_DEPTH + 4):
             if type(dd) is not dict:
                 continue
             items = list(dd.items())
-            kinds = kinds + (tp.__name__,)
+            rank = min(rank, rank_of(tp.__name__, True))
         else:
             continue
         for key, y in items:
             if type(y) not in _ATOMS:
-                stack.append((y, names + (key,) if type(key) is str else names, kinds, d - 1))
+                stack.append((y, min(rank, rank_of(key, False)) if type(key) is str else rank, d - 1))
     by = {}
-    for size, rank in best.values():
-        by[rank] = by.get(rank, 0) + size
+    for size, r in best.values():
+        by[r] = by.get(r, 0) + size
     total = sum(by.values())
-    rank, most = max(by.items(), key=lambda kv: kv[1], default=(none, 0))
-    return PURPOSES[rank][0] if rank < none and 2 * most >= total > 0 else None
+    r, most = max(by.items(), key=lambda kv: kv[1], default=(none, 0))
+    return PURPOSES[r][0] if r < none and 2 * most >= total > 0 else None
 
 
 def _holder(scan, v, name, kind, where, graphs=True, tensors=None):
