@@ -79,10 +79,16 @@ _NOTED = """
 def noted(n, *args, **kw):
     dtype = kw.get("dtype", args[0] if args else None)
     _last.update(n=request_bytes(torch, n, dtype), reserved=torch.cuda.memory_reserved(), allocated_at_failure=None)
+    alloc = getattr(torch, "_alloc", None)
+    if alloc is not None:
+        alloc.allocated_at_oom = None
     try:
         return plain(n, *args, **kw)
     except torch.OutOfMemoryError:
-        _last["allocated_at_failure"] = torch.cuda.memory_allocated()
+        # as the allocator had it when it failed, before its observers ran (the stand-in keeps that number); a
+        # torch without it: read now
+        at = getattr(alloc, "allocated_at_oom", None)
+        _last["allocated_at_failure"] = at if at is not None else torch.cuda.memory_allocated()
         raise
 """
 
@@ -112,8 +118,10 @@ def backward(loss):
 def torch_oom_mark(device=0):
     """The truth at a torch.OutOfMemoryError raised by the last torch_empty: the simulator's books
     plus what the allocator says it holds and released between its attempts.  The allocated bytes are
-    those when the failing torch.empty raised (note_every_empty notes them): unwinding to this handler
-    drops what the frames in between kept on their stacks (a comprehension's dict being built)."""
+    those when the allocator failed, before its out-of-memory observers ran (note_every_empty notes
+    them): unwinding to this handler drops what the frames in between kept on their stacks (a
+    comprehension's dict being built), and an observer's own Python work may let the cyclic collector
+    free a tensor nothing reached any more."""
     import torch
     st = torch.cuda.memory_stats()
     allocated = _last.get("allocated_at_failure")

@@ -34,6 +34,8 @@ SMALL_BUFFER = 2 * MiB
 LARGE_BUFFER = 20 * MiB
 MIN_LARGE_ALLOC = 10 * MiB
 ROUND_LARGE = 2 * MiB
+# the failing allocator's allocated bytes at its latest out-of-memory, read before its observers run (tests' truth)
+allocated_at_oom = None
 
 cudaSuccess = 0
 cudaMemPoolAttrReservedMemCurrent = 0x5
@@ -200,6 +202,10 @@ class DeviceAllocator(object):
                 addr = self._cuda_malloc(seg_size) if self._fits_fraction(seg_size) else None
             if addr is None:
                 self.num_ooms += 1
+                # the books at the failure, before any observer runs (an observer's own Python work may let the
+                # cyclic collector free a tensor before the error is raised): what a test's truth compares with
+                global allocated_at_oom
+                allocated_at_oom = self.allocated_now
                 free, total = mem_get_info(self.device)
                 allowed = self._allowed(total)
                 for obs in list(self.observers):
