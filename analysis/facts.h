@@ -640,6 +640,10 @@ typedef struct og_facts {
      * -1 known inference only (the adapter's training -1), 0 unknown; trains_why: which evidence said so */
     int trains;
     const char *trains_why;
+    /* PyTorch's version as its adapter reported it (memory.framework.source, "torch 1.13.0"): major * 100 + minor; 0
+     * unknown (no adapter, another framework).  What the version lacks is not measured: before 2.0 no optimizer step
+     * hook (roles.optimizer_steps), before 2.1 no expandable_segments */
+    int torch_version;
     /* a pass still building (forward, backward, evaluation, generation; an optimizer's first step: the state it
      * made so far) holds at least 3x the cache (and the request), the cache under frag_share of the reservation:
      * it cannot carry the pass; or a pass asks for at least an eighth of the device, its activations already hold

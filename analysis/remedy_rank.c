@@ -156,6 +156,16 @@ static bool no_expandable(const rctx_t *x)
 {
     return !pytorchish(x) || x->rec->expandable_segments_set || x->async_backend;
 }
+/* PyTorch's version, measured (facts: torch_version): before 2.1 its allocator has no expandable_segments (an
+ * unknown key stops it at start-up); from 1.10 it reads max_split_size_mb, which keeps large cached blocks whole */
+static bool before_expandable(const rctx_t *x)
+{
+    return pytorchish(x) && x->f->torch_version > 0 && x->f->torch_version < 201;
+}
+static bool max_split_instead(const rctx_t *x)
+{
+    return before_expandable(x) && x->f->torch_version >= 110 && !x->rec->max_split_set;
+}
 static bool no_tape(const rctx_t *x) { return x->fw == OG_FW_JAX || x->fw == OG_FW_CUPY; }
 static bool autograd_known(const rctx_t *x) { return x->grad == -1 || x->trains == 1; }
 /* the program asks for the gradient of the model's input (roles.input_requires_grad: a saliency map, integrated
@@ -2243,6 +2253,14 @@ static const og_rank_row_t lead[] = {
     { "kept_graphs_not_checkpointing", kept_graphs_measured, TIER, 2, 0, REMS(R_CHECKPOINTING),
       "as kept_graphs_measured (checkpointing shrinks what each kept graph saves; the graphs stay)",
       "ppo_isaac_humanoid_rollout_collected_with_autograd_h100 (blind)" },
+    { "max_split_before_expandable", max_split_instead, REPLACE, 0, 0, REMS(R_EXPANDABLE, R_MAX_SPLIT),
+      "PyTorch 1.10 to 2.0 (memory.framework.source), max_split_size_mb not set: the allocator has no "
+      "expandable_segments before 2.1",
+      "esm2_150m_tm_regression_kaggle_p100_pinned_torch113_unsorted_lengths_fragmented_cache (blind); (unit tests: "
+      "allocator_setting_by_version)" },
+    { "no_expandable_before_2_1", before_expandable, DROP, 0, 0, REMS(R_EXPANDABLE),
+      "PyTorch before 2.1 (memory.framework.source): its allocator stops at start-up on the unknown key",
+      "(unit tests: allocator_setting_by_version)" },
     { "input_not_a_sequence", no_attention_layers, REPLACE, 0, 0, REMS(R_SHORTER_SEQ, R_CAP_INPUT),
       "roles: attention_modules 0 and the failing operation not attention (a graph network, a point-cloud or image "
       "CNN: the input's size, not a token length)",

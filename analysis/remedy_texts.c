@@ -1073,6 +1073,44 @@ static bool b_expandable_segments(const rctx_t *x, og_remedy_t *r)
     return true;
 }
 
+/* PyTorch 1.10 to 2.0 (the ranking offers it there in expandable_segments' place): blocks above the size are never
+ * split, so a cached block a large request fits stays whole for it.  The size: the largest power of two MiB at or
+ * under the request (blocks of its size stay whole), within 64-512 MiB; 512 without a request */
+static bool b_max_split_size_mb(const rctx_t *x, og_remedy_t *r)
+{
+    const og_record_t *rec = x->rec;
+    uint64_t mb = 512, req_mb = x->req_known ? x->req >> 20 : 0;
+    if (req_mb) {
+        for (mb = 64; mb < 512 && mb * 2 <= req_mb; mb *= 2)
+            ;
+    }
+    if (x->f->torch_version)
+        why(r,
+            "PyTorch %d.%d has no expandable_segments (it came in 2.1, and this version stops at start-up on the "
+            "key). ",
+            x->f->torch_version / 100, x->f->torch_version % 100);
+    if (x->has[OG_CAUSE_FRAG]) {
+        why(r, "%s is cached but unused", x->cached_known ? og_hb((double)x->cached).s : "Memory");
+        if (x->largest_known)
+            why(r, " while the largest free block is only %s", og_hb((double)x->largest).s);
+        why(r, ": smaller tensors split the large cached blocks. ");
+    }
+    why(r,
+        "With max_split_size_mb:%llu the allocator never splits a cached block larger than %llu MiB, so one "
+        "that fits a request of %s stays whole for it.",
+        (unsigned long long)mb, (unsigned long long)mb, req_hb(x).s);
+    char conf[200];
+    if (rec->pytorch_alloc_conf[0])
+        og_fmt(conf, sizeof conf, "%.120s,max_split_size_mb:%llu", rec->pytorch_alloc_conf, (unsigned long long)mb);
+    else
+        og_fmt(conf, sizeof conf, "max_split_size_mb:%llu", (unsigned long long)mb);
+    how(r, "%sexport PYTORCH_CUDA_ALLOC_CONF=%s   # before the process starts", pt(x), conf);
+    how(r, "Windows PowerShell: $env:PYTORCH_CUDA_ALLOC_CONF=\"%s\"", conf);
+    how(r, "or upgrade to PyTorch 2.1 or later: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True grows segments in "
+           "place");
+    return true;
+}
+
 static bool b_inference_mode(const rctx_t *x, og_remedy_t *r)
 {
     if (og_feeds_no_backward(x)) { /* measured: nothing on the failing stack backpropagates this pass */

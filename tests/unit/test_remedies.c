@@ -236,6 +236,57 @@ static void empty_cache_releases_no_split_segment(void **state)
     free(r);
 }
 
+/* PyTorch's version as its adapter reports it (memory.framework.source): before 2.1 the allocator has no
+ * expandable_segments and stops at start-up on the key, so from 1.10 max_split_size_mb takes its place; before 1.10
+ * neither exists; a max_split_size_mb already set is not offered again; an unknown version keeps expandable_segments */
+static void allocator_setting_by_version(void **state)
+{
+    static const struct {
+        const char *source;
+        bool max_split_set;
+        const char *first; /* NULL: neither setting listed */
+    } rows[] = {
+        { "torch 1.13.0", false, "max_split_size_mb" },
+        { "torch 2.0.1+cu118", false, "max_split_size_mb" },
+        { "torch 1.10.2", false, "max_split_size_mb" },
+        { "torch 2.1.2", false, "expandable_segments" },
+        { "torch 2.11.0", false, "expandable_segments" },
+        { "torch 1.9.1", false, NULL },
+        { "torch 1.13.0", true, NULL },
+        { "", false, "expandable_segments" },
+        { "jax 0.4.30", false, "expandable_segments" },
+        { "torch x.y", false, "expandable_segments" },
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+        og_record_t *r = frag();
+        r->memory.fw.inactive_split_bytes = 1741 * MiB; /* empty_cache frees nothing: the setting leads */
+        strcpy(r->memory.fw.source, rows[i].source);
+        if (rows[i].max_split_set) {
+            r->max_split_set = true;
+            strcpy(r->pytorch_alloc_conf, "max_split_size_mb:256");
+        }
+        run_primary(r, "fragmentation");
+        bool old = strncmp(rows[i].source, "torch 1.", 8) == 0 || strncmp(rows[i].source, "torch 2.0", 9) == 0;
+        if (rows[i].first)
+            assert_string_equal(r->remedies[0].id, rows[i].first);
+        else
+            assert_string_not_equal(r->remedies[0].id, "max_split_size_mb");
+        if (old) {
+            assert_int_equal(rank_of(r, "expandable_segments"), 0);
+            assert_false(any_how_has(r, "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments"));
+        } else
+            assert_int_equal(rank_of(r, "max_split_size_mb"), 0);
+        if (rows[i].first && !strcmp(rows[i].first, "max_split_size_mb")) {
+            /* the request is 2 GiB: blocks up to 512 MiB may split, none larger */
+            assert_true(how_has(&r->remedies[0], "export PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:512"));
+            assert_true(ranked_by(&r->remedies[0], "max_split_before_expandable"));
+        }
+        if (!rows[i].first)
+            assert_int_equal(rank_of(r, "max_split_size_mb"), 0);
+        free(r);
+    }
+}
+
 /* fp32 master weights an optimizer trains beside a bf16 model (hand-written mixed precision: the optimizer holds
  * more parameters than the model has): those parameters and their gradients are the optimizer's, not a snapshot of
  * the model copied so far; snapshot_to_cpu is not offered */
@@ -6059,6 +6110,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(fragmentation_selection),
         cmocka_unit_test(empty_cache_releases_no_split_segment),
+        cmocka_unit_test(allocator_setting_by_version),
         cmocka_unit_test(master_weights_are_no_snapshot),
         cmocka_unit_test(does_not_fit_selection),
         cmocka_unit_test(does_not_fit_never_leads_with_empty_cache),
