@@ -925,6 +925,16 @@ static bool driver_growth_holds(og_facts_t *d, const og_record_t *r, og_growth_f
      * LRU moved here and never back: those are leaks), and no model has parameters still elsewhere (weights coming
      * and going, an offloading loop, not a load done) */
     const og_role_facts_t *k = &d->roles;
+    /* ... or, in a training job on a PyTorch whose optimizer steps no adapter can read (before 2.0: no step hook),
+     * the job's own state and the pass now running (growth.working_set): measured where the bytes are, not read
+     * from when the driver saw them; no second copy of a model and no map of models */
+    bool in_pass = d->phase == OG_JP_forward || d->phase == OG_JP_backward || d->phase == OG_JP_optimizer_step;
+    if (k->known && k->act_known && d->trains == 1 && in_pass && d->torch_version > 0 && d->torch_version < 200 &&
+        !k->graphs_measured && !k->model_copies && !k->keyed_models && (double)k->held * 10 < (double)g->rise &&
+        (double)k->params + (double)k->grads + (double)k->opt + (double)k->act >= 0.9 * (double)g->rise) {
+        g->working_set = true;
+        return false;
+    }
     if (!k->known || d->trains == 1 || k->model_copies || k->keyed_models || k->model_away)
         return true;
     /* ... with what holders keep in a pool made in one piece (an engine's KV cache): four tensors or more, each

@@ -463,6 +463,43 @@ static void first_steps_are_not_growth(void **state)
     free(r);
 }
 
+/* PyTorch before 2.0 has no optimizer step hook, so no adapter reads the steps there: a training pass whose driver
+ * history rose while the adapter's finished scan finds Python holding almost none of it is the job's own state and
+ * the pass running (growth.working_set); a holder with a tenth of the rise, a second copy of the model, a failure
+ * outside the training pass, a version with the hook, or an unknown version keep the driver's reading */
+static void working_set_without_step_hook(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
+    ev_reset(r);
+    ev_add(r, 0.001, "alloc", 8 * GiB);
+    leak_loop(r, 12, 0.5, 512 * MiB, 256 * MiB);
+    fixture_roles(r, 1 * GiB, 1 * GiB, 2 * GiB, 0, 0, 9 * GiB);
+    fixture_phase(r, "forward", "/w/train.py", "forward");
+    assert_true(facts(r)->growth.holds); /* the version unknown: the driver's reading */
+    strcpy(r->memory.fw.source, "torch 1.13.0");
+    assert_int_equal(facts(r)->torch_version, 113);
+    assert_false(F.growth.holds);
+    assert_true(F.growth.working_set);
+    fixture_phase(r, "evaluation", "/w/train.py", "evaluate");
+    assert_true(facts(r)->growth.holds);
+    fixture_phase(r, "backward", "/w/train.py", "main");
+    assert_false(facts(r)->growth.holds);
+    strcpy(r->memory.fw.source, "torch 2.0.1");
+    assert_true(facts(r)->growth.holds);
+    assert_false(F.growth.working_set);
+    strcpy(r->memory.fw.source, "torch 1.13.0");
+    r->memory.fw.roles.bytes[OG_ROLE_held_by_python] = fx_opt(600 * MiB);
+    r->memory.fw.roles.bytes[OG_ROLE_activations] = fx_opt(8 * GiB + 424 * MiB);
+    fixture_holder(r, "seen", "list", "local in main (train.py:40)", 600 * MiB);
+    assert_true(facts(r)->growth.holds); /* 600 MiB of a 2.75 GiB rise: Python holds what a leak would keep */
+    r->memory.fw.roles.holders[0].bytes = 100 * MiB;
+    r->memory.fw.roles.bytes[OG_ROLE_held_by_python] = fx_opt(100 * MiB);
+    assert_false(facts(r)->growth.holds);
+    fixture_model(r, "Net", 1 * GiB, 2, false); /* a second copy of the model: kept, a leak's */
+    assert_true(facts(r)->growth.holds);
+    free(r);
+}
+
 /* no step yet: an AdamW holding the device's parameters and no state (its moments come at the first step), the
  * failure in the first forward: the rise is the model and the pass, not a leak; an SGD without momentum keeps no
  * state whatever it made, so it says nothing, nor does an Adam whose state exists */
@@ -1355,6 +1392,7 @@ int main(void)
         cmocka_unit_test(flat_after_each_optimizer_step_is_not_growth),
         cmocka_unit_test(run_series_overrules_the_latest_steps),
         cmocka_unit_test(first_steps_are_not_growth),
+        cmocka_unit_test(working_set_without_step_hook),
         cmocka_unit_test(before_the_first_step_is_not_growth),
         cmocka_unit_test(run_series_staircase_is_growth),
         cmocka_unit_test(every_allocation_needs_sixteen_steps),
