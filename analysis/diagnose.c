@@ -615,6 +615,12 @@ static bool c_peer_ranks(const og_facts_t *d, const og_record_t *r, og_cause_t *
                 "are this job's, not other users'.",
                 d->npeers, og_plural(d->npeers, "process", "processes"), og_plural(d->npeers, "holds", "hold"),
                 og_hb((double)d->peers_bytes).s, r->event.device);
+    else if (d->parent_only)
+        summary(c,
+                "The process that started this one (its parent) holds %s on GPU %d: this process was started on its "
+                "parent's GPU, beside what the parent keeps there (its tensors and its cache). It is this job, not "
+                "another user.",
+                og_hb((double)d->peers_bytes).s, r->event.device);
     else if (d->npeers && d->nchildren == d->npeers)
         summary(c,
                 "%d child %s of this process (DataLoader workers or subprocesses) %s %s on GPU %d%s: a worker "

@@ -232,6 +232,7 @@ static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t
         }
     }
     d->child_programs = d->npeers && d->nchildren == d->npeers && d->nchild_programs == d->npeers;
+    d->parent_only = d->npeers && d->nparents == d->npeers && rec->world_size <= 1 && rec->rank < 0;
     d->other = sub0(d->other_all, d->peers_bytes);
     d->wrong_device = rec->local_rank >= 0 && rec->visible_devices > 1 && rec->local_rank != rec->event.device &&
                       rec->local_rank < rec->visible_devices;
@@ -1158,7 +1159,9 @@ static void spare_device(og_facts_t *d, const og_record_t *r)
     og_spare_facts_t *s = &d->spare;
     s->idle_device = s->device = -1;
     int visible = r->visible_devices > 16 ? 16 : r->visible_devices;
-    if (d->shortfall == 0 || r->world_size > 1 || d->npeers || visible < 2)
+    /* peers of this job share the GPU on purpose (ranks, workers), save a parent alone: this process was started on
+     * its parent's GPU (an evaluation the trainer launches), and another GPU is its to use */
+    if (d->shortfall == 0 || r->world_size > 1 || (d->npeers && !d->parent_only) || visible < 2)
         return;
     bool used[16] = { false };
     for (int i = 0; i < r->nsummary && i < 16; i++) {

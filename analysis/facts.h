@@ -550,6 +550,9 @@ typedef struct og_facts {
     int nchild_programs; /* of the children, those running another program (memory.other_processes[].other_program) */
     bool child_programs; /* every peer is such a child: programs this process started (an evaluation per epoch) */
     int nsiblings, nparents; /* peers that are workers of the same parent (a pre-fork server) or its master */
+    /* every peer is this process's parent, and this process is no rank: a program the job's own process started on
+     * the parent's GPU (an evaluation child beside its trainer) */
+    bool parent_only;
     bool peers_small, other_inferred;
     /* of `other`, processes that run this program with another command line (memory.other_processes[].same_program):
      * other instances of it set up otherwise (a second server), not strangers; their bytes and the largest's index */

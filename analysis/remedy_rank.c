@@ -1312,7 +1312,8 @@ static bool ddp_buckets_lead(const rctx_t *x) { return ddp_buckets(x) && !confid
  * (set_device), a limit or a cap (their own levers) */
 static bool spare_ok(const rctx_t *x)
 {
-    return !x->larger_than_device && !HAS(PEERS) && !HAS(LIMIT) && !HAS(FWCAP) && !HAS(OTHERFW);
+    return !x->larger_than_device && (!HAS(PEERS) || x->f->parent_only) && !HAS(LIMIT) && !HAS(FWCAP) &&
+           !HAS(OTHERFW);
 }
 static bool idle_gpu(const rctx_t *x) { return x->f->spare.idle && spare_ok(x); }
 static bool uneven_split(const rctx_t *x) { return x->f->spare.split && spare_ok(x); }
@@ -1577,7 +1578,8 @@ static const og_rank_row_t bring[] = {
     { "idle_gpu", idle_gpu, WANT, 0, 0, REMS(R_USE_IDLE_GPU),
       "one process, >= 2 visible GPUs, one of them holding nothing of this process, or at most 1/8 of the failing "
       "GPU's bytes, with models to move beside one that stays (frozen, copies) and room for them and the shortfall; "
-      "not ranks, a limit, a cap, another framework, a request larger than the card",
+      "not ranks or peers (save a parent alone: facts parent_only), a limit, a cap, another framework, a request "
+      "larger than the card",
       "pseudo_label_teacher_student_same_gpu, distill_teacher_and_student_on_cuda0_second_card_idle (blind); (unit "
       "tests: spare_gpu)" },
     { "uneven_split", uneven_split, WANT, 0, 0, REMS(R_BALANCE_MAP),

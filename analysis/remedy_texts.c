@@ -1587,6 +1587,18 @@ static bool b_use_idle_gpu(const rctx_t *x, og_remedy_t *r)
             "processes hold on GPU %d was not measured).",
             idle, dev, idle);
     uint64_t movable = add_sat(ro->frozen_models, ro->named_copies);
+    if (x->f->parent_only) { /* started on its parent's GPU: the whole program moves, not a part of it */
+        why(r,
+            " The other memory on GPU %d is this process's parent's (%s): started with GPU %d as its own, this "
+            "program runs beside nothing.",
+            dev, og_hb((double)x->f->peers_bytes).s, idle);
+        how(r,
+            "subprocess.Popen(cmd, env={**os.environ, \"CUDA_VISIBLE_DEVICES\": \"%d\"})   # in the parent: the "
+            "child's own GPU",
+            idle);
+        how(r, "CUDA_VISIBLE_DEVICES=%d python this_script.py   # started by hand", idle);
+        return true;
+    }
     if (movable)
         why(r,
             " %s of models here run beside the one being trained or used (%s): each can run on GPU %d, passing "

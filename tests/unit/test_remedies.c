@@ -945,6 +945,50 @@ static void spare_gpu(void **state)
     free(r);
 }
 
+/* an evaluation the trainer started as a child process on the trainer's GPU, the other GPU untouched: the parent's
+ * cached step is the other memory (peer_ranks names the parent), and starting the child on the idle GPU leads,
+ * not set_device (no ranks here); a sibling worker beside the parent (a pre-fork server) is no such case, nor is a
+ * child that is a rank of its own */
+static void child_on_parents_gpu(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 1 * GiB, 0, 0, 0, 0, 2 * GiB);
+    fixture_phase(r, "evaluation", "/w/ppl_eval.py", "evaluate");
+    r->memory.fw.grad_enabled = -1;
+    og_set(&r->event.requested_bytes, 4 * GiB + 640 * MiB);
+    og_set(&r->device.free_bytes, 1 * GiB + 512 * MiB);
+    r->visible_devices = 2;
+    r->nsummary = 1;
+    r->summary[0].tracked_bytes = 3 * GiB + 800 * MiB;
+    og_other_proc_t *o = fixture_other(r, 4100, "python3", 18 * GiB + 800 * MiB);
+    o->same_job = o->visible = o->parent = true;
+    o->rank = -1;
+    run(r); /* does_not_fit leads here: the fixture has no NVML reading of this process, so "alone it would fit" is
+             * not known; the parent's bytes are peer_ranks' */
+    assert_true(r->analysis.facts.parent_only);
+    assert_true(has_cause(r, "peer_ranks"));
+    for (int i = 0; i < r->diagnosis.ncauses; i++)
+        if (!strcmp(r->diagnosis.causes[i].id, "peer_ranks"))
+            assert_non_null(strstr(r->diagnosis.causes[i].summary, "its parent"));
+    assert_string_equal(r->remedies[0].id, "use_idle_gpu");
+    assert_true(how_has(&r->remedies[0], "\"CUDA_VISIBLE_DEVICES\": \"1\""));
+    assert_non_null(strstr(r->remedies[0].why, "parent's"));
+    assert_true(rank_of(r, "set_device") > 1);
+    o->parent = false;
+    o->sibling = true;
+    run(r);
+    assert_false(r->analysis.facts.parent_only);
+    assert_int_equal(rank_of(r, "use_idle_gpu"), 0);
+    o->parent = true;
+    o->sibling = false;
+    r->rank = 1;
+    r->world_size = 2;
+    run(r);
+    assert_false(r->analysis.facts.parent_only);
+    assert_int_equal(rank_of(r, "use_idle_gpu"), 0);
+    free(r);
+}
+
 static void multi_gpu_depends_on_visible_devices(void **state)
 {
     og_record_t *r = dnf();
@@ -6134,6 +6178,7 @@ int main(void)
         cmocka_unit_test(embedding_tables_off_the_gpu),
         cmocka_unit_test(state_over_card_idle_gpus),
         cmocka_unit_test(spare_gpu),
+        cmocka_unit_test(child_on_parents_gpu),
         cmocka_unit_test(weights_only_no_activation_remedies),
         cmocka_unit_test(empty_and_null_records),
         cmocka_unit_test(huge_request_fits_no_card),
