@@ -259,10 +259,16 @@ static bool cap_refused_with_room(const rctx_t *x)
     return PRIMARY(FWCAP) && x->f->cap.binds && x->f->cap.room && x->rec->memory.fw.internal_oom;
 }
 /* the cap binds on a card other users share: NVML listed processes not of this job holding memory on it (not
- * inferred), so the cap is this job's share and raising it takes theirs: fitting under it comes first */
+ * inferred), so the cap is this job's share and raising it takes theirs: fitting under it comes first.  Not where the
+ * card's free memory, less the request, still holds at least what the others hold now: raising the cap by the
+ * request leaves them room to grow as much again (a cap copied from a card shared with a trainer, on one where a
+ * small co-tenant leaves most of it free) */
 static bool cap_on_shared_gpu(const rctx_t *x)
 {
-    return HAS(FWCAP) && x->f->cap.binds && x->other > 0 && !x->other_inferred;
+    const og_record_t *r = x->rec;
+    bool room_beside =
+        og_known(r->device.free_bytes) && x->req_known && sub0(r->device.free_bytes.v, x->req) >= x->other;
+    return HAS(FWCAP) && x->f->cap.binds && x->other > 0 && !x->other_inferred && !room_beside;
 }
 static bool confident_growth(const rctx_t *x) { return PRIMARY(GROWTH) && x->primary_conf >= 0.7; }
 static bool limit_on_shared_gpu(const rctx_t *x) { return HAS(LIMIT) && x->rec->memory.nother > 0; }
@@ -1972,7 +1978,8 @@ static const og_rank_row_t lead[] = {
       "primary framework_cap, refused inside the framework, the device had room for the request",
       "config_fraction_cap_dedicated_card (blind)" },
     { "cap_on_shared_gpu", cap_on_shared_gpu, TIER, 3, 0, REMS(R_FW_CAP),
-      "framework_cap binds, NVML listed processes not of this job holding memory on the card",
+      "framework_cap binds, NVML listed processes not of this job holding memory on the card, the card's free bytes "
+      "less the request under what they hold",
       "lab_quarter_card_cap_unet_finetune (blind); (unit tests: cap_on_shared_gpu)" },
     { "prefork_workers_lead", prefork_primary, LEAD, -20, 0, REMS(R_FEWER_WORKERS),
       "primary peer_ranks, every peer a worker of this process's parent (or the parent)", "prefork_server_copies" },

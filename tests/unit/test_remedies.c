@@ -5828,7 +5828,8 @@ static void cap_with_room_no_leak_hunt(void **state)
 
 /* the cap refused with room on the device, on a card where NVML lists other users' processes: the cap is this
  * job's share, and raising it (listed, its text saying whose memory it takes) comes after every way to fit under
- * it; the same card with no other process: raising it leads */
+ * it; the same card with no other process, or with one whose holding the free memory covers beside the request:
+ * raising it leads */
 static void cap_on_shared_gpu(void **state)
 {
     og_record_t *r = base();
@@ -5851,6 +5852,18 @@ static void cap_on_shared_gpu(void **state)
     assert_true(rank_of(r, "raise_framework_cap") > 3);
     assert_non_null(strstr(rem(r, "raise_framework_cap")->why, "Other processes hold 39.00 GiB"));
     assert_true(rank_of(r, "mixed_precision") <= 3 && rank_of(r, "smaller_batch") <= 4);
+    /* one co-tenant of 9.5 GiB on a card with 51 GiB free: the free memory less the request still holds what it
+     * holds, so the cap is no share of a partitioned card: raising it leads again */
+    r->memory.nother = 0;
+    og_unset(&r->memory.other_processes_bytes);
+    fixture_other(r, 41877, "python3", 9 * GiB + 512 * MiB)->visible = true;
+    og_set(&r->device.free_bytes, 51 * GiB);
+    run_primary(r, "framework_cap");
+    assert_string_equal(r->remedies[0].id, "raise_framework_cap");
+    assert_false(ranked_by(&r->remedies[0], "cap_on_shared_gpu"));
+    og_set(&r->device.free_bytes, 11 * GiB); /* less the request, 8.5 GiB: under the co-tenant's */
+    run_primary(r, "framework_cap");
+    assert_true(rank_of(r, "raise_framework_cap") > 3);
     free(r);
 }
 
