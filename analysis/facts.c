@@ -977,6 +977,10 @@ static void growth(og_facts_t *d, const og_record_t *r, og_growth_scratch_t *s)
             return;
         }
         *g = flat; /* the flat reading stands */
+        /* ... save where a holder keeps outputs whose graphs the adapter read alive: measured, not inferred from when
+         * the steps were; a loop that serves (or evaluates) between steps keeps them whatever the steps did, and a
+         * stall of its steps (labels that come late) leaves the series flat while they pile up */
+        g->holds = growth_by_graphs(d, r, g);
         return;
     }
     if (growth_over_run(d, r, g)) {

@@ -417,7 +417,8 @@ static bool growth_not_in_step(const rctx_t *x) { return confident_growth(x) && 
  * processes only delays the next failure, whatever they hold */
 static bool growth_kept_measured(const rctx_t *x) { return PRIMARY(GROWTH) && x->f->growth.kept_measured; }
 /* ... a confident growth whose rise the adapter found in what Python keeps: kept across calls (growth.kept_measured),
- * or one holder, wherever it is (a running loop's list or dict in main), with four fifths of the rise
+ * outputs a holder keeps with their graphs alive (the growth read from them, step_marker kept_graphs), or one holder,
+ * wherever it is (a running loop's list or dict in main), with four fifths of the rise
  * (roles.grower); not a generation's own working set growing token by token, nor a rise a KV cache holds half of
  * (a cache grows with the batch and the length: those remedies shrink it) */
 static bool measured_leak(const rctx_t *x)
@@ -425,7 +426,7 @@ static bool measured_leak(const rctx_t *x)
     const og_role_facts_t *ro = roles_of(x);
     return PRIMARY(GROWTH) && x->primary_conf >= 0.7 && !og_generation_growth(x) &&
            2 * (double)ro->purpose_bytes[OG_PURPOSE_kv_cache] < (double)x->f->growth.rise &&
-           (x->f->growth.kept_measured ||
+           (x->f->growth.kept_measured || x->f->growth.marker == OG_MARK_KEPT_GRAPHS ||
             (ro->grower >= 0 && (double)ro->grower_bytes >= 0.8 * (double)x->f->growth.rise));
 }
 /* restoring a checkpoint: the adapter's phase is loading and its frame is torch.load's */
@@ -1826,16 +1827,17 @@ static const og_rank_row_t narrow[] = {
     { "measured_leak_not_the_cache", measured_leak, DROP, 0, 0,
       REMS(R_EMPTY_CACHE, R_EXPANDABLE, R_RESTART, R_BUCKET, R_POOL_TRIM, R_FOREIGN),
       "primary growth >= 0.7, not a generation's working set nor a KV cache holding half the rise, "
-      "growth.kept_measured (what Python keeps across calls >= 9/10 of the rise) or roles.grower (one holder, a "
-      "running loop's local too) >= 4/5 of the rise: the cache, its layout, a restart and the others' memory shed "
+      "growth.kept_measured (what Python keeps across calls >= 9/10 of the rise), a holder's outputs keeping their "
+      "graphs (step_marker kept_graphs) or roles.grower (one holder, a running loop's local too) >= 4/5 of the rise: "
+      "the cache, its layout, a restart and the others' memory shed "
       "none of it for long",
       "codesearch_biencoder_trainer_xbm_bank_reset_only_per_epoch_a10g, "
       "shelf_sku_convnext_nightly_ewc_penalty_per_past_night_l4 (blind)" },
     { "measured_leak_not_the_pass", measured_leak, DROP, 0, 0,
       REMS(R_SMALLER_BATCH, R_SHORTER_SEQ, R_MIXED, R_CHECKPOINTING, R_FLASH, R_QUANT, R_OPT_8BIT, R_LORA, R_CAP_INPUT,
-           R_LOAD_HALF, R_DYN_PAD, R_FUSED_CE, R_TEACHER_NO_GRAD),
-      "as measured_leak_not_the_cache (a smaller pass, a teacher's pass without autograd, lighter weights or "
-      "optimizer state leave the kept memory growing)",
+           R_LOAD_HALF, R_DYN_PAD, R_FUSED_CE, R_TEACHER_NO_GRAD, R_SMALLER_EMB),
+      "as measured_leak_not_the_cache (a smaller pass, a teacher's pass without autograd, lighter weights, smaller "
+      "embedding tables or optimizer state leave the kept memory growing)",
       "openfold_multimer_bait_prey_screen_keeps_every_output_dict_for_iptm_ranking_h100, "
       "prott5_human_proteome_per_residue_embeddings_dict_on_gpu_colab_t4 (blind)" },
 };

@@ -2439,7 +2439,8 @@ static void eval_copy_under_way_first(void **state)
 
 /* a rollout collected with autograd on before the optimizer's first step: a running loop's local lists keep outputs
  * whose graphs the adapter read alive (roles.holders[].graphs): the holder is the cause, named first, and the
- * optimizer not having stepped yet does not make the rise one pass's; no graph read alive, or losses kept for one
+ * optimizer not having stepped yet does not make the rise one pass's, nor do the optimizer's steps read flat (the
+ * outputs kept between steps); no graph read alive, or losses kept for one
  * backward (roles.accumulating), or the failure in backward: not this */
 static void kept_graphs_measured_in_a_loop(void **state)
 {
@@ -2465,6 +2466,15 @@ static void kept_graphs_measured_in_a_loop(void **state)
     assert_true(how_has(&r->remedies[0], "logprobs.append(out.detach())"));
     assert_string_equal(r->remedies[1].id, "inference_mode"); /* build no graph for what is only stored */
     assert_true(rank_of(r, "gradient_checkpointing") == 0 || rank_of(r, "gradient_checkpointing") > 3);
+    /* the optimizer's latest 32 steps flat (a learner whose labels stalled: it serves and keeps outputs, and makes
+     * no step): the holder's graphs are measured, and hold whatever the steps did */
+    fixture_steps(r, 328, 32, 10 * MiB, 0);
+    run_primary(r, "growth");
+    assert_true(r->analysis.facts.growth.steps_flat);
+    assert_int_equal(r->analysis.facts.growth.marker, OG_MARK_KEPT_GRAPHS);
+    assert_string_equal(r->remedies[0].id, "release_references");
+    r->memory.fw.roles.nsteps = 0;
+    r->memory.fw.roles.steps_known = false;
     r->memory.fw.roles.holders[0].tensors = 4; /* too few outputs to be a loop's iterations: no growth read */
     run(r);
     assert_false(r->analysis.facts.growth.holds && r->analysis.facts.growth.marker == OG_MARK_KEPT_GRAPHS);
