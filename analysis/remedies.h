@@ -136,6 +136,9 @@ bool og_restored_held(const rctx_t *x);
 /* the models' parameters are mostly embedding tables (roles.embedding_parameters_bytes at least half of the
  * parameters): a recommender's or a sparse-feature model's tables, read a few rows a batch */
 bool og_embedding_tables(const rctx_t *x);
+/* a Sparse* optimizer (torch.optim.SparseAdam) trains at least half the embedding tables' bytes: tables of ids; STATE
+ * (may be NULL) gets those optimizers' state bytes */
+bool og_sparse_id_tables(const rctx_t *x, uint64_t *state);
 /* a holder of no purpose kept across calls covers the shortfall while what Python keeps outgrows the splinters
  * (facts.kept_outgrows_cache; roles.keeper), the memory did not grow */
 bool og_kept_holder(const rctx_t *x);

@@ -833,14 +833,31 @@ static bool teacher_autograd_on(const rctx_t *x)
 }
 /* gradients and optimizer state measured (or about to be made at the first step) for the parameters of
  * a training job: training fewer of them shrinks both */
+/* a sparse optimizer (roles.optimizers[].class Sparse*: torch.optim.SparseAdam takes only the sparse gradients of
+ * embedding tables made with sparse=True) holds at least half the tables' bytes: tables of ids (users, items) whose
+ * rows a batch touches a few of, whatever their number */
+bool og_sparse_id_tables(const rctx_t *x, uint64_t *state)
+{
+    const og_roles_t *r = &x->rec->memory.fw.roles;
+    uint64_t sparse = 0, st = 0;
+    for (int i = 0; i < OG_FILLED(r->noptimizers, r->optimizers); i++)
+        if (!strncmp(r->optimizers[i].cls, "Sparse", 6) && og_known(r->optimizers[i].param_bytes)) {
+            sparse = add_sat(sparse, r->optimizers[i].param_bytes.v);
+            st = add_sat(st, r->optimizers[i].bytes);
+        }
+    if (state)
+        *state = st;
+    return og_known(r->embedding_bytes) && r->embedding_bytes.v && 2 * sparse >= r->embedding_bytes.v;
+}
 /* the tables are most of the model (og_embedding_tables) and many (a categorical column each: a tabular or
- * recommender model's features), in models with no attention layer (roles.attention_modules 0: a language model's
- * vocabulary, and the copies of it a PEFT run trains, are a transformer's), in a job that trains: their rows x
- * dimensions set the parameters, the dense gradients and the optimizer's state alike */
+ * recommender model's features), or trained by a sparse optimizer (sparse_id_tables: ids), in models with no
+ * attention layer (roles.attention_modules 0: a language model's vocabulary, and the copies of it a PEFT run trains,
+ * are a transformer's), in a job that trains: their rows x dimensions set the parameters, the dense gradients and the
+ * optimizer's state alike */
 static bool categorical_tables(const rctx_t *x)
 {
-    return og_embedding_tables(x) && roles_of(x)->embedding_tables >= 4 && roles_of(x)->attention == -1 &&
-           x->trains == 1 && !x->larger_than_device;
+    return og_embedding_tables(x) && (roles_of(x)->embedding_tables >= 4 || og_sparse_id_tables(x, NULL)) &&
+           roles_of(x)->attention == -1 && x->trains == 1 && !x->larger_than_device;
 }
 static bool trains_all_parameters(const rctx_t *x)
 {
@@ -1660,8 +1677,8 @@ static const og_rank_row_t bring[] = {
       "reducer's buckets (roles.ddp), >= shortfall; primary not growth",
       "maskrcnn_val_torchmetrics_segm_map_masks_kept_on_gpu_v100_16gb (blind)" },
     { "categorical_tables", categorical_tables, WANT, 0, 0, REMS(R_SMALLER_EMB),
-      "roles: embedding tables >= half the parameters, at least 4 of them (a column each), no attention layer in the "
-      "models, a job that trains",
+      "roles: embedding tables >= half the parameters, at least 4 of them (a column each) or a Sparse* optimizer "
+      "training half their bytes (id tables), no attention layer in the models, a job that trains",
       "fastai_tabular_learner_criteo_2m_rows_26_categoricals_first_backward_kaggle_p100 (blind); (unit tests: "
       "embedding_tables_off_the_gpu)" },
     { "index_on_gpu", index_on_gpu, WANT, 0, 0, REMS(R_INDEX_OFF_GPU),

@@ -1714,6 +1714,26 @@ static bool b_smaller_embedding_tables(const rctx_t *x, og_remedy_t *r)
             og_hb((double)ro->params).s);
     else
         why(r, "The embedding tables are most of the model");
+    uint64_t sparse_state = 0;
+    if (og_sparse_id_tables(x, &sparse_state)) { /* tables of ids a sparse optimizer trains: their rows are the ids */
+        why(r,
+            ", %d of them, trained by a sparse optimizer (%s of its state): tables of ids, a row per id seen, so they "
+            "and the optimizer's moments grow with the ids. A fixed number of rows (ids hashed into buckets, or the "
+            "ids not seen lately evicted) bounds both.",
+            ro->embedding_tables > 0 ? ro->embedding_tables : 1, og_hb((double)sparse_state).s);
+        if (x->shortfall && ro->embedding)
+            why(r, " %s more is needed; tables of half the rows free about %s with their state.",
+                og_hb((double)x->shortfall).s, og_hb(0.5 * ((double)ro->embedding + (double)sparse_state)).s);
+        how(r,
+            "%semb = nn.Embedding(n_buckets, dim, sparse=True); rows = ids %% n_buckets   # a fixed table, "
+            "whatever the ids",
+            pt(x));
+        how(r,
+            "%sevict ids not seen for N days into a shared row (TorchRec's managed-collision modules keep a fixed "
+            "capacity this way)",
+            pt(x));
+        return true;
+    }
     if (ro->embedding_tables > 1)
         why(r, ", %d of them: a categorical column each", ro->embedding_tables);
     why(r, ". A table is rows x dimensions, and its dense gradient and optimizer state repeat it; default size rules "

@@ -805,7 +805,8 @@ static void framework_libraries(void **state)
 /* a click-through model whose parameters are mostly hashed embedding tables (5 of 6 GiB) fails in its first backward,
  * its AdamW state to come: the state exceeds the card, and LoRA or weight quantization are for linear layers'
  * weights: keeping the tables off the GPU (or sparse row updates) leads, titled so; a model whose embedding is a
- * small share of it (a language model's vocabulary) keeps LoRA first */
+ * small share of it (a language model's vocabulary) keeps LoRA first; two tables a sparse optimizer trains are ids,
+ * and smaller tables lead there too */
 static void embedding_tables_off_the_gpu(void **state)
 {
     og_record_t *r = base();
@@ -842,6 +843,21 @@ static void embedding_tables_off_the_gpu(void **state)
     run_primary(r, "does_not_fit");
     assert_string_equal(r->remedies[0].id, "cpu_offload");
     assert_int_equal(rank_of(r, "smaller_embedding_tables"), 0);
+    /* two tables a SparseAdam trains (sparse=True: a user-id and an item-id table): ids, whatever their number */
+    og_set(&r->memory.fw.roles.embedding_tables, 2);
+    fixture_optimizer(r, "SparseAdam", 10 * GiB);
+    og_set(&r->memory.fw.roles.optimizers[1].param_bytes, 5 * GiB);
+    og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 1 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "smaller_embedding_tables");
+    assert_non_null(strstr(r->remedies[0].why, "trained by a sparse optimizer (10.00 GiB of its state)"));
+    assert_true(how_has(&r->remedies[0], "rows = ids % n_buckets"));
+    assert_false(how_has(&r->remedies[0], "tabular_learner"));
+    og_set(&r->memory.fw.roles.optimizers[1].param_bytes, 2 * GiB); /* under half the tables' bytes */
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "smaller_embedding_tables"), 0);
+    r->memory.fw.roles.noptimizers = 1;
+    og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 6 * GiB);
     og_set(&r->memory.fw.roles.embedding_bytes, 1 * GiB); /* a language model's vocabulary: a small share */
     run_primary(r, "does_not_fit");
     assert_string_equal(r->remedies[0].id, "lora");
