@@ -446,7 +446,7 @@ def _loads_any(code, names):
     calls neither.  Its own bytecode, not that of the functions it defines."""
     if not names.intersection(code.co_names):
         return False
-    return any(op in _LOADS and op != "LOAD_FAST" and name in names for _, op, name, _, _ in _instructions(code))
+    return any(op in _LOADS and op != "LOAD_FAST" and name in names for _, op, name, *_ in _instructions(code))
 
 
 # the names a program's code calls backward through: loss.backward(), accelerate's accelerator.backward(loss),
@@ -754,8 +754,9 @@ _code_cache = {}
 
 
 def _instructions(code):
-    """[(offset, opname, argval name or None, line, argrepr)] of a code object, cached (at most 512 code
-    objects)."""
+    """[(offset, opname, argval name or None, line, argrepr, end line)] of a code object, cached (at most 512
+    code objects).  The end line is the last line of the instruction's own expression (Python 3.11's
+    positions: a call's arguments over several lines), its line where positions are not kept."""
     got = _code_cache.get(code)
     if got is not None:
         return got
@@ -770,8 +771,9 @@ def _instructions(code):
             sl = ins.starts_line
             ln = sl if isinstance(sl, int) and not isinstance(sl, bool) else line
         line = ln if ln is not None else line
+        end = getattr(getattr(ins, "positions", None), "end_lineno", None)
         out.append((ins.offset, ins.opname, ins.argval if isinstance(ins.argval, str) else None, line,
-                    ins.argrepr or ""))
+                    ins.argrepr or "", end if isinstance(end, int) and line is not None and end >= line else line))
     if len(_code_cache) < 512:
         _code_cache[code] = out
     return out
@@ -811,9 +813,12 @@ def _statement_of(f):
     while i + 1 < len(ins) and ins[i + 1][0] <= lasti:
         i += 1
     line = ins[i][3] if ins else None
+    # the lines of the running call's own expression: one, or its arguments over several (a formatter's layout)
+    last = ins[i][5] if ins and ins[i][5] is not None else line
     names, reads = [], []
     j = i
-    while j >= 0 and i - j < 64 and ins[j][3] == line:      # what the statement read before the call
+    while j >= 0 and i - j < 64 and ins[j][3] is not None and line is not None and line <= ins[j][3] <= last:
+        # what the statement read before the call
         if ins[j][1] in _LOADS and ins[j][2]:
             names.append(ins[j][2])
             reads.append(ins[j][1])

@@ -56,6 +56,7 @@ ROLES = ("parameters", "buffers", "gradients", "per_sample_gradients", "optimize
          "held_by_python", "activations")
 TOP_HOLDERS = 8
 TOP_MODELS = 6
+_HEAPTYPE = 1 << 9              # Py_TPFLAGS_HEAPTYPE: a class a `class` statement made
 _DEPTH = 6                     # containers and objects followed below a named holder: a dict of objects
                                # of lists of tensors (tenant -> DynamicCache -> key_cache -> tensor), one more;
                                # a logging handler's buffered records (handler -> buffer -> LogRecord -> args ->
@@ -464,7 +465,7 @@ class _Scan(object):
                 if modules is not None and seen.get(id(x), -1) < 0:
                     seen[id(x)] = 0
                     modules.append(x)
-            elif k == "user" or (k == "" and tp.__module__ != "builtins"):
+            elif k == "user" or (k == "" and _not_builtin(tp)):
                 attrs = self.attributes(x)
                 if not attrs:
                     continue
@@ -698,7 +699,7 @@ def _path_purpose(scan, v, limit=4096, depth=_DEPTH + 4):
             continue
         if tp in _CONTAINERS or tp in _MAPPINGS or issubclass(tp, (list, tuple, dict)):
             items = list(itertools.islice(x.items() if issubclass(tp, dict) else ((None, y) for y in x), _SAMPLE_OVER))
-        elif k == "user" or (k == "" and tp.__module__ != "builtins"):
+        elif k == "user" or (k == "" and _not_builtin(tp)):
             try:
                 dd = object.__getattribute__(x, "__dict__")
             except Exception:
@@ -770,12 +771,21 @@ def _holder(scan, v, name, kind, where, graphs=True, tensors=None):
     return True
 
 
+def _not_builtin(tp):
+    """tp is no built-in type: its module is not builtins, or a `class` statement made it (a heap type), whatever
+    its __module__ says: one defined by exec() without a module name says "builtins", as int and dict do"""
+    try:
+        return tp.__module__ != "builtins" or bool(tp.__flags__ & _HEAPTYPE)
+    except Exception:
+        return False
+
+
 def _library_object(scan, v):
     """v is an object of a library's class, with attributes: not an atom, a container, a tensor, a module, an
     optimizer, the program's own class, a class or a module, nor functools.lru_cache's wrapper"""
     tp = type(v)
     return (tp not in _ATOMS and tp not in _CONTAINERS and tp not in _MAPPINGS and tp is not _LRU_WRAPPER and
-            not isinstance(v, (type, type(sys))) and scan.kind(tp) == "" and tp.__module__ != "builtins" and
+            not isinstance(v, (type, type(sys))) and scan.kind(tp) == "" and _not_builtin(tp) and
             not issubclass(tp, (list, tuple, dict, set, frozenset)))
 
 
@@ -1173,7 +1183,7 @@ def _pending_stores(f):
     try:
         from oomguard_phase import _instructions
         lasti, out, stored = f.f_lasti, [], False
-        for off, op, name, _, _ in _instructions(f.f_code):
+        for off, op, name, *_ in _instructions(f.f_code):
             if off <= lasti:
                 continue
             if op in _STORES and name:

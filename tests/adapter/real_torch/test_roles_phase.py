@@ -431,7 +431,11 @@ def t_nested_holders():
         g["pairs"] = [(empty(10), empty(20)), (empty(30), empty(40))]
         g["by_user"] = {"a": {"x": empty(50)}, "b": {"y": empty(60), "z": [empty(70)]}}
         g["layered"] = {"t": LayeredCache(80)}
-        g["guarded"] = {"g": Guarded(90)}
+        # a class exec() made without a module name says "builtins", as int does: an object of it is still read
+        made = {"empty": empty}
+        exec("class StaticCache(object):\n    def __init__(self, n):\n        self.key_cache = [empty(n)]\n", made)
+        g["guarded"] = {"g": Guarded(90), "exec_made": made["StaticCache"](110)}
+        del made
         g["too_deep"] = {"a": {"b": {"c": {"d": {"e": {"f": {"g": empty(1000)}}}}}}}   # beyond _DEPTH
         g["kv_views"] = [service.prefix_cache["tenant-0"].key_cache[0].view(-1)]    # the dict's storage: once
         current = PrefixCache(1)                          # the cache in use now: one tensor of the dict's, one new
@@ -444,7 +448,7 @@ def t_nested_holders():
             "pairs (list, global in test_roles_phase.py)": (10 + 20 + 30 + 40) * 4,
             "by_user (dict, global in test_roles_phase.py)": (50 + 60 + 70) * 4,
             "layered (dict, global in test_roles_phase.py)": 4 * 80 * 4,
-            "guarded (dict, global in test_roles_phase.py)": 90 * 4,
+            "guarded (dict, global in test_roles_phase.py)": (90 + 110) * 4,
             "self.key_cache (list on PrefixCache)": 5 * 4,
         })
         named = dict((h[0], h[4]) for h in r["holders"])
@@ -1218,6 +1222,9 @@ def t_statement():
     assert scores[6] == [8192, 2000000], scores          # the sizes it multiplied: a product
     att = helper(8 * seq * seq)
     assert att[6] == [4096, 4096], att                   # one length twice: quadratic in it
+    spread = helper(users,
+                    seq)                                 # a call over two lines, as a formatter lays it out
+    assert spread[3] == "spread" and "users" in spread[4] and "seq" in spread[4], spread
     enc = oomguard_roles.encode({"roles": {}, "optimizers": {}, "holders": [], "allocated": 0, "complete": True,
                                  "elapsed_ms": 0, "objects": 0, "statement": att})
     assert enc.splitlines()[-6].endswith("\t4096,4096") or any(l.endswith("\t4096,4096") for l in enc.splitlines()), enc
