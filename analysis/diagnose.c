@@ -681,12 +681,28 @@ static bool c_imbalance(const og_facts_t *d, const og_record_t *r, og_cause_t *c
         return false;
     c->id = og_cause_ids[OG_CAUSE_IMBALANCE];
     c->confidence = 0.6 + 0.3 * clamp01((b->ratio - 1.5) / 2);
-    summary(c,
-            "GPU %d holds %s while the %d other %s this process uses hold %s on average (%.1fx less): one process "
-            "drives several GPUs and the first carries the gathered outputs and the optimizer state "
-            "(nn.DataParallel).",
-            r->event.device, og_hb((double)b->mine).s, b->nother, og_plural(b->nother, "GPU", "GPUs"),
-            og_hb((double)b->avg).s, (double)b->mine / (double)(b->avg ? b->avg : 1));
+    /* the adapter read the failing statement making a tensor for a model on another GPU: that is what one GPU holds
+     * beyond the others, not DataParallel's gathering (roles.statement_model_device) */
+    const og_roles_t *ro = &r->memory.fw.roles;
+    bool misplaced = ro->has && ro->has_stmt_model_device && ro->stmt_model_device != r->event.device;
+    char model[sizeof ro->stmt_model_name];
+    og_cpy(model, sizeof model, ro->stmt_model_name, sizeof model);
+    if (misplaced)
+        summary(c,
+                "GPU %d holds %s while the %d other %s this process uses hold %s on average (%.1fx less): the "
+                "failing statement makes its tensor here for %s, whose parameters are on GPU %d.",
+                r->event.device, og_hb((double)b->mine).s, b->nother, og_plural(b->nother, "GPU", "GPUs"),
+                og_hb((double)b->avg).s, (double)b->mine / (double)(b->avg ? b->avg : 1), model[0] ? model : "a model",
+                ro->stmt_model_device);
+    else
+        summary(c,
+                "GPU %d holds %s while the %d other %s this process uses hold %s on average (%.1fx less): one "
+                "process drives several GPUs and the first carries the gathered outputs and the optimizer state "
+                "(nn.DataParallel).",
+                r->event.device, og_hb((double)b->mine).s, b->nother, og_plural(b->nother, "GPU", "GPUs"),
+                og_hb((double)b->avg).s, (double)b->mine / (double)(b->avg ? b->avg : 1));
+    if (misplaced)
+        ev_num(c, "statement_model_device", ro->stmt_model_device);
     ev_bytes(c, "device_bytes", b->mine);
     ev_bytes(c, "other_devices_avg_bytes", b->avg);
     ev_num(c, "other_devices", b->nother);

@@ -223,6 +223,11 @@ typedef struct og_roles {
     int num_beams;                 /* the beam width of the generation running at the failure; 0 unknown */
     int checkpointing;             /* activation checkpointing for the failing pass: 1 in force, -1 off, 0 unknown */
     int batch_size;                /* the batch the program names for the failing pass (an int named so); 0 unknown */
+    /* roles.statement_model_device: the GPU of the models the failing statement reads by name, another than the
+     * failing one (a tensor made on the current device for a model on cuda:1); has_ false: none such, or not read */
+    bool has_stmt_model_device;
+    int stmt_model_device;
+    char stmt_model_name[48];      /* roles.statement_model: the name the statement reads that model by ("" none) */
     int per_sample_count;          /* roles.per_sample_count: the most examples a per-sample gradient holds; 0 none */
     og_opt_u64_t lora_bytes;       /* roles.lora_parameters_bytes: LoRA adapters' parameters; unknown: no adapter */
     og_opt_u64_t lora_base;        /* roles.lora_base_trainable_bytes: the other weights requiring grad */

@@ -1336,10 +1336,17 @@ static bool ddp_buckets_lead(const rctx_t *x) { return ddp_buckets(x) && !confid
  * (set_device), a limit or a cap (their own levers) */
 static bool spare_ok(const rctx_t *x)
 {
-    return !x->larger_than_device && (!HAS(PEERS) || x->f->parent_only) && !HAS(LIMIT) && !HAS(FWCAP) &&
-           !HAS(OTHERFW);
+    return !x->larger_than_device && (!HAS(PEERS) || x->f->parent_only) && !HAS(LIMIT) && !HAS(FWCAP) && !HAS(OTHERFW);
 }
 static bool idle_gpu(const rctx_t *x) { return x->f->spare.idle && spare_ok(x); }
+/* the failing statement reads a model whose parameters are on another GPU than the failing one (the adapter's
+ * roles.statement_model_device): what it makes belongs beside that model; a device given as "cuda" is the current
+ * device, the first GPU unless the code selects another */
+static bool model_on_other_gpu(const rctx_t *x)
+{
+    const og_roles_t *r = &x->rec->memory.fw.roles;
+    return r->has && r->has_stmt_model_device && r->stmt_model_device != x->rec->event.device;
+}
 static bool uneven_split(const rctx_t *x) { return x->f->spare.split && spare_ok(x); }
 /* they lead unless short, except after a confident growth (a leak fills the other GPU too) */
 static bool idle_gpu_lead(const rctx_t *x) { return idle_gpu(x) && !confident_growth(x); }
@@ -1599,6 +1606,10 @@ static const og_rank_row_t bring[] = {
       "NCCL's bytes >= shortfall, and NCCL the largest library outside the framework (cause non_framework) or "
       "NCCL_BUFFSIZE above its default adding >= the shortfall",
       "megatron_nccl_buffsize_tuning_env (blind); (unit tests: nccl_settings)" },
+    { "model_on_other_gpu", model_on_other_gpu, WANT, 0, 0, REMS(R_ON_MODEL_GPU),
+      "roles.statement_model_device: the failing statement reads a model whose parameters are on another GPU",
+      "llama31_8b_two_replica_server_static_cache_device_cuda_both_on_gpu0_2x_l40s (blind); (unit tests: "
+      "statement_model_on_other_gpu)" },
     { "idle_gpu", idle_gpu, WANT, 0, 0, REMS(R_USE_IDLE_GPU),
       "one process, >= 2 visible GPUs, one of them holding nothing of this process, or at most 1/8 of the failing "
       "GPU's bytes, with models to move beside one that stays (frozen, copies) and room for them and the shortfall; "
@@ -2263,6 +2274,14 @@ static const og_rank_row_t lead[] = {
       "as state_exceeds_card, idle_gpu, that state less the models that can move (frozen, named copies) still >= the "
       "card (ahead of putting part of the work there: sharded over the GPUs)",
       "llama2_13b_full_ft_one_process_four_gpus (blind); (unit tests: state_over_card_idle_gpus)" },
+    { "model_on_other_gpu_lead", model_on_other_gpu, LEAD, -36, 0, REMS(R_ON_MODEL_GPU),
+      "as model_on_other_gpu (the tensor is on the wrong GPU: nothing needs to shrink)",
+      "llama31_8b_two_replica_server_static_cache_device_cuda_both_on_gpu0_2x_l40s (blind)" },
+    { "model_on_other_gpu_not_the_layout", model_on_other_gpu, DEMOTE, 3, 0,
+      REMS(R_DDP, R_EXPANDABLE, R_EMPTY_CACHE, R_RESTART, R_BUCKET),
+      "as model_on_other_gpu (what one GPU holds beyond the others is that tensor, not DataParallel's gathering or "
+      "the cache's layout)",
+      "llama31_8b_two_replica_server_static_cache_device_cuda_both_on_gpu0_2x_l40s (blind)" },
     { "idle_gpu_lead", idle_gpu_lead, LEAD_COVERS, -28, 0, REMS(R_USE_IDLE_GPU),
       "as idle_gpu, primary not a confident growth", "pseudo_label_teacher_student_same_gpu (blind)" },
     { "uneven_split_lead", uneven_split_lead, LEAD_COVERS, -28, 0, REMS(R_BALANCE_MAP),

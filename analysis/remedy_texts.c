@@ -1571,6 +1571,27 @@ static bool b_quantization(const rctx_t *x, og_remedy_t *r)
     return true;
 }
 
+static bool b_allocate_on_model_device(const rctx_t *x, og_remedy_t *r)
+{
+    const og_roles_t *ro = &x->rec->memory.fw.roles;
+    int dev = x->rec->event.device, gpu = ro->stmt_model_device;
+    char model[sizeof ro->stmt_model_name], target[sizeof ro->stmt_target], file[sizeof ro->stmt.file];
+    og_cpy(model, sizeof model, ro->stmt_model_name, sizeof model);
+    og_cpy(target, sizeof target, ro->stmt_target, sizeof target);
+    og_cpy(file, sizeof file, ro->stmt.file, sizeof file);
+    why(r,
+        "The failing statement (%s:%d) reads %s, whose parameters are on GPU %d, yet makes its tensor on GPU %d: a "
+        "device given as \"cuda\" (or none) is the current device, GPU %d unless the code selects another. Made "
+        "beside its model, on GPU %d, it takes nothing here.",
+        ro->has_statement ? og_base_name(file) : "?", ro->has_statement ? ro->stmt.line : 0,
+        model[0] ? model : "a model", gpu, dev, dev, gpu);
+    how(r, "%s%s = ...(..., device=%s.device)   # beside its model, not on the current device", pt(x),
+        target[0] ? target : "out", model[0] ? model : "model");
+    how(r, "%swith torch.cuda.device(%d): ...   # or torch.cuda.set_device(%d) before building what belongs there",
+        pt(x), gpu, gpu);
+    return true;
+}
+
 static bool b_use_idle_gpu(const rctx_t *x, og_remedy_t *r)
 {
     const og_spare_facts_t *s = &x->f->spare;

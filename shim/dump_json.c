@@ -402,6 +402,13 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
         og_sb_printf(sb, "%d", r->batch_size);
     else
         og_sb_puts(sb, "null");
+    K("statement_model_device");
+    if (r->has_stmt_model_device)
+        og_sb_printf(sb, "%d", r->stmt_model_device);
+    else
+        og_sb_puts(sb, "null");
+    K("statement_model");
+    j_str_or_null(sb, r->has_stmt_model_device ? r->stmt_model_name : "");
     K("autocast_in_code");
     og_sb_puts(sb, r->autocast_in_code ? "true" : "null");
     K("scaler_without_autocast");

@@ -293,7 +293,12 @@ static void parse_roles(const char *s, og_roles_t *r)
                 r->checkpointing = !strcmp(f[2], "1") ? 1 : !strcmp(f[2], "0") ? -1 : 0;
             else if (!strcmp(f[1], "batch_size"))
                 r->batch_size = atoi(f[2]) > 0 ? atoi(f[2]) : 0;
-            else if (!strcmp(f[1], "autocast_in_code"))
+            else if (!strcmp(f[1], "statement_model_device") && atoi(f[2]) >= 0) {
+                r->has_stmt_model_device = true;
+                r->stmt_model_device = atoi(f[2]);
+                if (n >= 4)
+                    copy_field(r->stmt_model_name, sizeof r->stmt_model_name, f[3]);
+            } else if (!strcmp(f[1], "autocast_in_code"))
                 r->autocast_in_code = !strcmp(f[2], "1");
             else if (!strcmp(f[1], "scaler_without_autocast"))
                 r->scaler_no_autocast = !strcmp(f[2], "1");

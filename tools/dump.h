@@ -139,6 +139,8 @@ struct og_roles_view {
     int nover_run;
     int64_t over_run_every; /* allocated_over_run.every, -1 absent */
     int64_t optimizer_steps, num_beams, batch_size;
+    int64_t statement_model_device;     /* -1 unknown (null) */
+    const char *statement_model;        /* the name that model is read by; NULL null */
     int64_t attention_modules;          /* -1 unknown (null) */
     int64_t copy_made_bytes;            /* -1 unknown (null): no deep copy under way */
     int64_t per_sample_count;           /* -1 null: no per-sample gradient */

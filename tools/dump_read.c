@@ -1024,8 +1024,8 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
     r->elapsed_ms = r->last_step_ms_ago = NAN;
     r->optimizer_steps = r->num_beams = r->attention_modules = r->objects_scanned = r->read_in_part =
         r->activations_copy_of.bytes = -1;
-    r->batch_size = r->gradient_checkpointing = r->autocast_in_code = r->scaler_without_autocast = r->backward_in_code =
-        r->backward_on_stack = r->input_requires_grad = -1;
+    r->batch_size = r->statement_model_device = r->gradient_checkpointing = r->autocast_in_code =
+        r->scaler_without_autocast = r->backward_in_code = r->backward_on_stack = r->input_requires_grad = -1;
     r->copy_made_bytes = r->per_sample_count = r->lora_parameters_bytes = r->lora_base_trainable_bytes =
         r->embedding_parameters_bytes = r->embedding_tables = -1;
     r->ddp.wrappers = r->ddp.bucket_bytes = -1;
@@ -1158,6 +1158,8 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
     TRY(get_int(L, o, &p, "read_in_part", &r->read_in_part));
     TRY(get_bool(L, o, &p, "gradient_checkpointing", &r->gradient_checkpointing));
     TRY(get_int(L, o, &p, "batch_size", &r->batch_size));
+    TRY(get_int(L, o, &p, "statement_model_device", &r->statement_model_device));
+    TRY(get_str(L, o, &p, "statement_model", &r->statement_model));
     TRY(get_int(L, o, &p, "copy_made_bytes", &r->copy_made_bytes));
     TRY(get_int(L, o, &p, "per_sample_count", &r->per_sample_count));
     TRY(get_int(L, o, &p, "lora_parameters_bytes", &r->lora_parameters_bytes));

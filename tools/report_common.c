@@ -438,6 +438,12 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
             og_sb_printf(&b, "%lld, as the program names it", (long long)r->batch_size);
         FACT("batch size");
         og_sb_init(&b);
+        if (r->statement_model_device >= 0)
+            og_sb_printf(&b, "%s is on GPU %lld, not the failing GPU: the statement makes its tensor away from it",
+                         r->statement_model ? r->statement_model : "the model it reads",
+                         (long long)r->statement_model_device);
+        FACT("statement's model");
+        og_sb_init(&b);
         if (r->gradient_checkpointing == 1)
             og_sb_puts(&b, "on for the layer that failed");
         else if (r->gradient_checkpointing == 0)

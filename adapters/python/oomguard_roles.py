@@ -1701,6 +1701,8 @@ def encode(r):
       batch first) | meta KEY VALUE
       (meta num_beams N: the beam width of the generation running at the failure; meta checkpointing 0|1: activation
       checkpointing off or in force for the failing pass; meta batch_size N: the batch the program names;
+      meta statement_model_device N NAME: the GPU of the models the failing statement reads, another than the
+      failing one, and the name of the first;
       meta copy_made N: the bytes a copy.deepcopy running at the failure made so far; meta per_sample_count N: the
       most examples a per-sample gradient holds; meta lora_bytes N: the parameters of LoRA adapters;
       meta lora_base_bytes N: the other parameters that require grad (PEFT's modules_to_save aside); meta
@@ -1794,6 +1796,9 @@ def encode(r):
         out.append("meta\tcheckpointing\t%d" % (1 if r["checkpointing"] else 0))
     if r.get("batch_size"):
         out.append("meta\tbatch_size\t%d" % int(r["batch_size"]))
+    if r.get("statement_model_device") is not None:
+        gpu, name = r["statement_model_device"][:2]
+        out.append("meta\tstatement_model_device\t%d\t%s" % (int(gpu), _clean(name or "-")))
     if r.get("autocast_in_code"):
         out.append("meta\tautocast_in_code\t1")
     if r.get("scaler_without_autocast"):

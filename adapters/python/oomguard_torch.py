@@ -39,6 +39,7 @@ OOMGUARD_VERBOSE=1).  Python 3.9+, standard library only.
 """
 import collections
 import dis
+import itertools
 import os
 import re
 import sys
@@ -583,6 +584,7 @@ def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowe
             measured = measure_roles(torch, device, allocated, blocks, frame_roots=unwound or True)
             if measured is not None and stmt:
                 measured["statement"] = stmt
+                measured["statement_model_device"] = _model_device_elsewhere(frame, stmt, torch, device)
             if measured is not None and frame is not None:
                 # losses of several passes summed with their graphs alive (backward once on the sum)
                 measured["accumulating"] = oomguard_phase.accumulation(frame, _torch_dir(torch))
@@ -674,6 +676,44 @@ def _num_beams(frame, limit=32):
 _GENERATION_INPUTS = ("input_ids", "inputs_embeds", "pixel_values", "pixel_values_videos", "input_features",
                       "input_values", "inputs")
 _CO_VARARGS, _CO_VARKEYWORDS = 0x04, 0x08        # inspect's code flags, without importing inspect into the host
+
+
+def _model_device_elsewhere(frame, stmt, torch, device, limit=64):
+    """(GPU, name) of the models the failing statement reads by name, when it is another than the failing DEVICE: a
+    torch.nn.Module a local (or global) of the statement's frame holds under one of the statement's names, whose first
+    parameter is on a GPU; None when the statement names no such model, one on the failing device, models on several
+    GPUs, or none on a GPU.  The statement then makes its tensor on a GPU its model is not on (device="cuda", the
+    current device, for a model on cuda:1).  Reads names, modules' parameter dicts and tensors' devices: nothing of
+    the program is called."""
+    try:
+        f, n = frame, 0
+        while f is not None and n < limit and not (f.f_code.co_filename == stmt[0] and f.f_code.co_name == stmt[2]):
+            f, n = f.f_back, n + 1
+        module = getattr(getattr(torch, "nn", None), "Module", None)
+        if f is None or not isinstance(module, type):
+            return None
+        loc = dict(oomguard_roles._frame_locals(f))
+        gpus, named = set(), None
+        for name in list(stmt[4])[:8]:
+            v = loc[name] if name in loc else f.f_globals.get(name)
+            if not isinstance(v, module):
+                continue
+            first = None
+            for m in [v] + list(itertools.islice(v.modules(), 1, 4096)):
+                for p in (getattr(m, "__dict__", {}).get("_parameters") or {}).values():
+                    if p is not None:
+                        first = p
+                        break
+                if first is not None:
+                    break
+            if first is not None and first.is_cuda:
+                gpus.add(int(first.get_device()))
+                named = named or name
+        if len(gpus) == 1 and int(device) not in gpus:
+            return gpus.pop(), named
+    except Exception:
+        return None
+    return None
 
 
 def _outermost_method(frame, name, min_args=1, limit=64):

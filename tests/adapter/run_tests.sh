@@ -1054,6 +1054,9 @@ t "roles: what the holders' names say (self.cache a cache), no copies, the model
 t_roles_site() { OOMGUARD_PYTHON_STACKS=1 t_roles roles --site "losses (list, global in job_roles.py)"; }
 t "roles: the holder names the line that created its tensors (OOMGUARD_PYTHON_STACKS=1)" t_roles_site
 t "phase forward: the innermost forward() frame decides; no optimizer step made yet is a measured 0" t_roles forward --steps 0
+t_roles_placement() { SIMGPU_DEVICES=2 t_roles placement --placement; }
+t "roles: a statement reading a model on cuda:1 fails on cuda:0: the model's GPU and name (statement_model_device)" \
+    t_roles_placement
 t "roles: what torch.load restored onto the GPU of a holder (no map_location), from its line; a load to the host adds nothing" \
     t_roles restored --restored
 t "phase backward: the engine thread has no frame of the program; the thread that called backward() decides" t_roles backward

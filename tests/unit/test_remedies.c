@@ -1005,6 +1005,50 @@ static void child_on_parents_gpu(void **state)
     free(r);
 }
 
+/* replica 1's static KV cache made with device="cuda" lands on GPU 0 beside replica 0 while replica 1's weights are
+ * on GPU 1 (the adapter: the statement reads `model`, whose parameters are on GPU 1): making it beside its model
+ * leads, the statement and the model named; nothing that shrinks the cache leads; a statement whose model is on the
+ * failing GPU is no such case */
+static void statement_model_on_other_gpu(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->device.total_bytes, 48 * GiB);
+    fixture_roles(r, 15 * GiB, 0, 0, 0, 16 * GiB, 13 * GiB);
+    fixture_model(r, "LlamaForCausalLM", 15 * GiB, 1, false);
+    fixture_statement(r, "cache", "cache");
+    r->memory.fw.grad_enabled = -1;
+    r->visible_devices = 2;
+    og_set(&r->event.requested_bytes, 256 * MiB);
+    og_set(&r->device.free_bytes, 100 * MiB);
+    run(r);
+    assert_int_equal(rank_of(r, "allocate_on_model_device"), 0);
+    r->memory.fw.roles.has_stmt_model_device = true;
+    r->memory.fw.roles.stmt_model_device = 1;
+    snprintf(r->memory.fw.roles.stmt_model_name, sizeof r->memory.fw.roles.stmt_model_name, "model");
+    run(r);
+    assert_string_equal(r->remedies[0].id, "allocate_on_model_device");
+    assert_true(ranked_by(&r->remedies[0], "model_on_other_gpu_lead"));
+    assert_non_null(strstr(r->remedies[0].why, "reads model, whose parameters are on GPU 1, yet makes its tensor "
+                                               "on GPU 0"));
+    assert_true(how_has(&r->remedies[0], "cache = ...(..., device=model.device)"));
+    assert_true(how_has(&r->remedies[0], "torch.cuda.device(1)"));
+    assert_true(rank_of(r, "distributed_data_parallel") == 0 || rank_of(r, "distributed_data_parallel") > 3);
+    r->nsummary = 2; /* what this process holds on each GPU: the failing one far more (imbalance) */
+    r->summary[0].index = 0;
+    r->summary[0].tracked_bytes = 44 * GiB;
+    r->summary[1].index = 1;
+    r->summary[1].tracked_bytes = 15 * GiB;
+    run(r);
+    assert_true(has_cause(r, "imbalance"));
+    for (int i = 0; i < r->diagnosis.ncauses; i++)
+        if (!strcmp(r->diagnosis.causes[i].id, "imbalance"))
+            assert_non_null(strstr(r->diagnosis.causes[i].summary, "for model, whose parameters are on GPU 1"));
+    r->memory.fw.roles.stmt_model_device = 0; /* the model is on the failing GPU */
+    run(r);
+    assert_int_equal(rank_of(r, "allocate_on_model_device"), 0);
+    free(r);
+}
+
 static void multi_gpu_depends_on_visible_devices(void **state)
 {
     og_record_t *r = dnf();
@@ -6218,6 +6262,7 @@ int main(void)
         cmocka_unit_test(state_over_card_idle_gpus),
         cmocka_unit_test(spare_gpu),
         cmocka_unit_test(child_on_parents_gpu),
+        cmocka_unit_test(statement_model_on_other_gpu),
         cmocka_unit_test(weights_only_no_activation_remedies),
         cmocka_unit_test(empty_and_null_records),
         cmocka_unit_test(huge_request_fits_no_card),

@@ -92,6 +92,13 @@ def roles(fw, truth, opts):
         assert r["allocated_after_steps"] == truth["after_steps"], (r["allocated_after_steps"], truth["after_steps"])
         assert r["optimizer_steps"] == 1, r["optimizer_steps"]
         assert r["allocated_over_run"] == {"every": 1, "bytes": truth["after_steps"]}, r["allocated_over_run"]
+    if "--placement" in opts:
+        # the statement reads `replica`, whose parameters are on cuda:1, and fails on cuda:0
+        assert r["statement_model_device"] == 1 and r["statement_model"] == "replica", \
+            (r["statement_model_device"], r["statement_model"])
+    else:
+        assert r["statement_model_device"] is None and r["statement_model"] is None, \
+            (r["statement_model_device"], r["statement_model"])
     if "--restored" in opts:
         # every holder says what torch.load restored onto the GPU of it: all of the shards, from their line
         for h in r["holders"]:

@@ -9,6 +9,8 @@ named holders, and the phase with the line that decides it.
             private pool), then a forward pass whose activation is alive when a request fails
   roles-uncaught   the same, the error not caught (the stderr summary is printed)
   forward | backward | step | load | handler: the failure in that phase
+  placement a statement that reads a copy of the model on cuda:1 makes its tensor on the current device, cuda:0
+            (SIMGPU_DEVICES=2)
   restored  shards torch.load restored onto the GPU (no map_location) held in a list, one more loaded to the host,
             then a request larger than the device
 """
@@ -168,6 +170,15 @@ def main():
             sum(block(t) for s in shards for t in s.values())
         try:
             torch.empty(HUGE)                        # a bank of all of them: more than the device
+        except torch.OutOfMemoryError:
+            pass
+    elif mode == "placement":
+        torch.cuda.set_device(1)
+        replica = Net()                        # a second copy, on cuda:1: none of its tensors is this device's
+        torch.cuda.set_device(0)
+        phase_at(None, None, None, site=(here() + 2, "main"))
+        try:
+            cache = torch.empty(replica.fail_size or HUGE, device="cuda")   # the current device, not the replica's   # noqa: F841
         except torch.OutOfMemoryError:
             pass
     elif mode == "handler":
