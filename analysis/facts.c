@@ -2624,26 +2624,6 @@ static void nonfw_built_up(og_facts_t *d, const og_record_t *r)
 
 /* ------------------------------------------------------------------ what the advice reads */
 
-/* PyTorch's version in the adapter's `source` ("torch 1.13.0", "torch 2.5.1+cu121"): major * 100 + minor, 0 when
- * the source is not PyTorch's or does not parse (the settings a version has follow from it: expandable_segments from
- * 2.1, PYTORCH_CUDA_ALLOC_CONF from 1.10) */
-static int torch_version(const char *source)
-{
-    char s[32];
-    og_cpy(s, sizeof s, source, sizeof s);
-    if (strncmp(s, "torch ", 6) != 0)
-        return 0;
-    int v[2] = { 0, 0 }, i = 6;
-    for (int part = 0; part < 2; part++, i++) {
-        int digits = 0;
-        for (; s[i] >= '0' && s[i] <= '9' && digits < 2; i++, digits++)
-            v[part] = v[part] * 10 + (s[i] - '0');
-        if (!digits || (part == 0 && s[i] != '.') || (s[i] >= '0' && s[i] <= '9'))
-            return 0;
-    }
-    return v[0] * 100 + v[1];
-}
-
 static void advice(og_facts_t *f, const og_record_t *rec)
 {
     struct og_advice_facts *x = &f->adv;
@@ -2818,6 +2798,28 @@ static void grower(og_facts_t *d, const og_record_t *r)
             k->grower = i;
             k->grower_bytes = ro->holders[i].bytes;
         }
+}
+
+/* ------------------------------------------------------------------ the framework's version */
+
+/* PyTorch's version in the adapter's `source` ("torch 1.13.0", "torch 2.5.1+cu121"): major * 100 + minor, 0 when
+ * the source is not PyTorch's or does not parse (the settings a version has follow from it: expandable_segments from
+ * 2.1, PYTORCH_CUDA_ALLOC_CONF from 1.10) */
+static int torch_version(const char *source)
+{
+    char s[32];
+    og_cpy(s, sizeof s, source, sizeof s);
+    if (strncmp(s, "torch ", 6) != 0)
+        return 0;
+    int v[2] = { 0, 0 }, i = 6;
+    for (int part = 0; part < 2; part++, i++) {
+        int digits = 0;
+        for (; s[i] >= '0' && s[i] <= '9' && digits < 2; i++, digits++)
+            v[part] = v[part] * 10 + (s[i] - '0');
+        if (!digits || (part == 0 && s[i] != '.') || (s[i] >= '0' && s[i] <= '9'))
+            return 0;
+    }
+    return v[0] * 100 + v[1];
 }
 
 void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds_t *th, og_growth_scratch_t *s)

@@ -108,10 +108,10 @@ typedef struct og_growth_facts {
     bool concurrent_loops;
     /* a reading of the driver's held in a training job on a PyTorch whose optimizer steps no adapter can read (before
      * 2.0: no step hook; facts: torch_version), failing in its training pass, and the adapter's finished scan found
-     * Python holding under a tenth of the rise (locals and what is kept across calls), no second copy or map of models and no
-     * outputs' graphs kept: what rose is the parameters, the gradients, the optimizer
-     * state and the running pass's activations, each made once as the cache warmed (the driver sees a segment
-     * when the framework needs one), not tensors kept across iterations; holds false */
+     * Python holding under a tenth of the rise (locals and what is kept across calls), no second copy or map of
+     * models and no outputs' graphs kept: what rose is the parameters, the gradients, the optimizer state and the
+     * running pass's activations, each made once as the cache warmed (the driver sees a segment when the framework
+     * needs one), not tensors kept across iterations; holds false */
     bool working_set;
     /* a reading of the driver's held, and what rose is the models' parameters (roles.params >= 9/10 of the rise) in a
      * job nothing says trains, Python keeping nothing across calls, no second copy of a model, no map of models by

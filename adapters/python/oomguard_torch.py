@@ -39,7 +39,6 @@ OOMGUARD_VERBOSE=1).  Python 3.9+, standard library only.
 """
 import collections
 import dis
-import itertools
 import os
 import re
 import sys
@@ -696,16 +695,15 @@ def _model_device_elsewhere(frame, stmt, torch, device, limit=64):
         gpus, named = set(), None
         for name in list(stmt[4])[:8]:
             v = loc[name] if name in loc else f.f_globals.get(name)
-            if not isinstance(v, module):
+            if not issubclass(type(v), module):     # by the type: isinstance would read v.__class__
                 continue
-            first = None
-            for m in [v] + list(itertools.islice(v.modules(), 1, 4096)):
-                for p in (getattr(m, "__dict__", {}).get("_parameters") or {}).values():
-                    if p is not None:
-                        first = p
-                        break
-                if first is not None:
-                    break
+            first, todo, seen = None, [v], 0
+            while todo and first is None and seen < 4096:   # the modules' own dicts, breadth first
+                m = todo.pop(0)
+                seen += 1
+                d = getattr(m, "__dict__", None) or {}
+                first = next((p for p in (d.get("_parameters") or {}).values() if p is not None), None)
+                todo.extend(c for c in (d.get("_modules") or {}).values() if c is not None)
             if first is not None and first.is_cuda:
                 gpus.add(int(first.get_device()))
                 named = named or name
