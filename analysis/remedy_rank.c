@@ -111,6 +111,9 @@ static bool dnf_cache(const rctx_t *x) { return HAS(DNF) && (cache_ok(x) || cach
 static bool dnf_holds(const rctx_t *x) { return HAS(DNF); }
 static bool dnf_split_rest(const rctx_t *x) { return HAS(DNF) && x->retried_zero; }
 static bool dnf_bucket(const rctx_t *x) { return HAS(DNF) && x->retried_zero && x->variable_sizes; }
+/* the failing pass runs one input (roles.batch_size 1, the program's name or the model's input read): no batch
+ * whose lengths could be grouped */
+static bool batch_of_one(const rctx_t *x) { return x->f->roles.known && x->f->roles.batch_size == 1; }
 static bool unknown_cache(const rctx_t *x) { return HAS(UNKNOWN) && (cache_ok(x) || cache_maybe(x)); }
 static bool unknown_others(const rctx_t *x) { return HAS(UNKNOWN) && x->other > 0; }
 static bool unknown_holds(const rctx_t *x) { return HAS(UNKNOWN); }
@@ -1787,6 +1790,10 @@ static const og_rank_row_t narrow[] = {
       "a pass still building holds >= 3x the cache (facts: pass_outgrows_cache), no growth and nothing outside the "
       "framework in the process (a fresh process sheds only the cache, which cannot carry the pass)",
       "celery_embed_workers_default_concurrency_each_load_e5_large_v100_32gb (blind)" },
+    { "batch_of_one_no_buckets", batch_of_one, DROP, 0, 0, REMS(R_BUCKET),
+      "roles: batch_size 1 (a batch of one has no lengths to group)",
+      "dac44k_catalog_tokenize_whole_file_encode_24_minute_ambient_track_a10g (fresh blind, read at the end of "
+      "round twenty-seven); (unit tests: batch_of_one_no_buckets)" },
     { "no_expandable", no_expandable, DROP, 0, 0, REMS(R_EXPANDABLE),
       "failing framework not PyTorch, expandable_segments already set, backend:cudaMallocAsync",
       "torch_async_backend_nccl" },
@@ -2407,7 +2414,9 @@ static void estimate(rank_t *k, const rctx_t *x)
     if (dominant_holder(x) && /* all that the largest holder keeps */
         (double)x->rec->memory.fw.roles.holders[roles_of(x)->dominant].bytes > cover[R_RELEASE_REFS])
         cover[R_RELEASE_REFS] = (double)x->rec->memory.fw.roles.holders[roles_of(x)->dominant].bytes;
-    cover[R_EXPANDABLE] = HAS(FRAG) && x->cached_known && x->cached ? (double)x->cached : -1;
+    /* segments grown in place reuse what is cached but unused, no more: measured, that is its bound, fragmentation
+     * or not (a failure that does not fit beside a small cache gains at most that cache) */
+    cover[R_EXPANDABLE] = x->cached_known ? (double)x->cached : -1;
     if (live >= 0) {
         cover[R_INFERENCE] = 0.3 * live;
         cover[R_MIXED] = 0.25 * live;

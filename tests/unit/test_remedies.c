@@ -1289,6 +1289,41 @@ static void released_nothing_expandable_leads(void **state)
     free(r);
 }
 
+/* a whole track through one model, one input at a time (roles.batch_size 1), fails for 14.9 GiB beside 1.2 GiB
+ * cached and 5 GiB free, the retry freeing nothing: grouping lengths has no batch to group, and growing segments in
+ * place gains at most what is cached, short of the 8.7 GiB missing (listed after all that can cover); a batch of
+ * eight keeps bucketing */
+static void batch_of_one_no_buckets(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 295 * MiB, 0, 0, 0, 239 * MiB, 15 * GiB);
+    fixture_phase(r, "evaluation", "/w/tokenize.py", "forward");
+    r->memory.fw.grad_enabled = -1;
+    r->memory.fw.reserved_bytes = r->memory.fw.allocated_bytes + 1270 * MiB;
+    og_set(&r->memory.framework_cached_bytes, 1270 * MiB);
+    r->memory.framework_cached_source = OG_CACHE_POOL;
+    og_set(&r->event.requested_bytes, 15299 * MiB);
+    og_set(&r->device.free_bytes, 5174 * MiB);
+    r->event.attempts = 2;
+    og_set(&r->event.released_between_attempts_bytes, 0);
+    static struct og_hist_ev ev[16];
+    for (int i = 0; i < 16; i++)
+        ev[i] = (struct og_hist_ev){ .t_rel = i * 0.1,
+                                     .op = OG_OP_ALLOC,
+                                     .bytes = (100 + 20 * (uint64_t)i) * MiB,
+                                     .live = (uint64_t)(i + 1) * 512 * MiB };
+    r->history.events = ev;
+    r->history.nevents = 16;
+    r->memory.fw.roles.batch_size = 8;
+    run_primary(r, "does_not_fit");
+    assert_true(rank_of(r, "bucket_by_length") > 0);
+    assert_true(rank_of(r, "expandable_segments") == 0 || rem(r, "expandable_segments")->ranking.tier == 3);
+    r->memory.fw.roles.batch_size = 1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "bucket_by_length"), 0);
+    free(r);
+}
+
 /* a 3% and a 4x shortfall do not get the same list */
 static void shortfall_size_shapes_the_list(void **state)
 {
@@ -6273,6 +6308,7 @@ int main(void)
         cmocka_unit_test(imbalance_gets_ddp_before_smaller_batch),
         cmocka_unit_test(app_pool_gets_trim),
         cmocka_unit_test(released_nothing_expandable_leads),
+        cmocka_unit_test(batch_of_one_no_buckets),
         cmocka_unit_test(shortfall_size_shapes_the_list),
         cmocka_unit_test(inference_mode_leads_only_when_known),
         cmocka_unit_test(limit_refused_by_context_alone),
