@@ -1264,6 +1264,21 @@ static void app_pool_gets_trim(void **state)
     free(r);
 }
 
+/* the framework released its cache between two attempts and got 0 B back (a retry that freed nothing), after 16
+ * allocations of 16 different sizes from FIRST up by 20 MiB, live rising by STEP each (variable-length batches) */
+static void released_nothing_after_varied_sizes(og_record_t *r, struct og_hist_ev ev[16], uint64_t first, uint64_t step)
+{
+    r->event.attempts = 2;
+    og_set(&r->event.released_between_attempts_bytes, 0);
+    for (int i = 0; i < 16; i++)
+        ev[i] = (struct og_hist_ev){ .t_rel = i * 0.1,
+                                     .op = OG_OP_ALLOC,
+                                     .bytes = first + 20 * (uint64_t)i * MiB,
+                                     .live = (uint64_t)(i + 1) * step };
+    r->history.events = ev;
+    r->history.nevents = 16;
+}
+
 /* PyTorch released its cache, got 0 B back and failed again: empty_cache does not lead */
 static void released_nothing_expandable_leads(void **state)
 {
@@ -1271,16 +1286,8 @@ static void released_nothing_expandable_leads(void **state)
     strcpy(r->event.library, "libc10_cuda.so");
     og_set(&r->event.requested_bytes, 992 * MiB);
     og_set(&r->device.free_bytes, 100 * MiB);
-    r->event.attempts = 2;
-    og_set(&r->event.released_between_attempts_bytes, 0);
     static struct og_hist_ev ev[16];
-    for (int i = 0; i < 16; i++)
-        ev[i] = (struct og_hist_ev){ .t_rel = i * 0.1,
-                                     .op = OG_OP_ALLOC,
-                                     .bytes = (900 + 20 * (uint64_t)i) * MiB,
-                                     .live = (uint64_t)(i + 1) * GiB };
-    r->history.events = ev;
-    r->history.nevents = 16;
+    released_nothing_after_varied_sizes(r, ev, 900 * MiB, GiB);
     run(r);
     assert_true(has_cause(r, "fragmentation"));
     assert_string_equal(r->remedies[0].id, "expandable_segments");
@@ -1304,16 +1311,8 @@ static void batch_of_one_no_buckets(void **state)
     r->memory.framework_cached_source = OG_CACHE_POOL;
     og_set(&r->event.requested_bytes, 15299 * MiB);
     og_set(&r->device.free_bytes, 5174 * MiB);
-    r->event.attempts = 2;
-    og_set(&r->event.released_between_attempts_bytes, 0);
     static struct og_hist_ev ev[16];
-    for (int i = 0; i < 16; i++)
-        ev[i] = (struct og_hist_ev){ .t_rel = i * 0.1,
-                                     .op = OG_OP_ALLOC,
-                                     .bytes = (100 + 20 * (uint64_t)i) * MiB,
-                                     .live = (uint64_t)(i + 1) * 512 * MiB };
-    r->history.events = ev;
-    r->history.nevents = 16;
+    released_nothing_after_varied_sizes(r, ev, 100 * MiB, 512 * MiB);
     r->memory.fw.roles.batch_size = 8;
     run_primary(r, "does_not_fit");
     assert_true(rank_of(r, "bucket_by_length") > 0);
