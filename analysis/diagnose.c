@@ -684,7 +684,7 @@ static bool c_imbalance(const og_facts_t *d, const og_record_t *r, og_cause_t *c
     /* the adapter read the failing statement making a tensor for a model on another GPU: that is what one GPU holds
      * beyond the others, not DataParallel's gathering (roles.statement_model_device) */
     const og_roles_t *ro = &r->memory.fw.roles;
-    bool misplaced = ro->has && ro->has_stmt_model_device && ro->stmt_model_device != r->event.device;
+    bool misplaced = d->model_gpu_elsewhere >= 0;
     char model[sizeof ro->stmt_model_name];
     og_cpy(model, sizeof model, ro->stmt_model_name, sizeof model);
     if (misplaced)
@@ -693,7 +693,7 @@ static bool c_imbalance(const og_facts_t *d, const og_record_t *r, og_cause_t *c
                 "failing statement makes its tensor here for %s, whose parameters are on GPU %d.",
                 r->event.device, og_hb((double)b->mine).s, b->nother, og_plural(b->nother, "GPU", "GPUs"),
                 og_hb((double)b->avg).s, (double)b->mine / (double)(b->avg ? b->avg : 1), model[0] ? model : "a model",
-                ro->stmt_model_device);
+                d->model_gpu_elsewhere);
     else
         summary(c,
                 "GPU %d holds %s while the %d other %s this process uses hold %s on average (%.1fx less): one "
@@ -702,7 +702,7 @@ static bool c_imbalance(const og_facts_t *d, const og_record_t *r, og_cause_t *c
                 r->event.device, og_hb((double)b->mine).s, b->nother, og_plural(b->nother, "GPU", "GPUs"),
                 og_hb((double)b->avg).s, (double)b->mine / (double)(b->avg ? b->avg : 1));
     if (misplaced)
-        ev_num(c, "statement_model_device", ro->stmt_model_device);
+        ev_num(c, "statement_model_device", d->model_gpu_elsewhere);
     ev_bytes(c, "device_bytes", b->mine);
     ev_bytes(c, "other_devices_avg_bytes", b->avg);
     ev_num(c, "other_devices", b->nother);

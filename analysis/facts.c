@@ -233,6 +233,9 @@ static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t
     }
     d->child_programs = d->npeers && d->nchildren == d->npeers && d->nchild_programs == d->npeers;
     d->parent_only = d->npeers && d->nparents == d->npeers && rec->world_size <= 1 && rec->rank < 0;
+    const og_roles_t *ro = &rec->memory.fw.roles;
+    d->model_gpu_elsewhere =
+        ro->has && ro->has_stmt_model_device && ro->stmt_model_device != rec->event.device ? ro->stmt_model_device : -1;
     d->other = sub0(d->other_all, d->peers_bytes);
     d->wrong_device = rec->local_rank >= 0 && rec->visible_devices > 1 && rec->local_rank != rec->event.device &&
                       rec->local_rank < rec->visible_devices;

@@ -553,6 +553,9 @@ typedef struct og_facts {
     /* every peer is this process's parent, and this process is no rank: a program the job's own process started on
      * the parent's GPU (an evaluation child beside its trainer) */
     bool parent_only;
+    /* the GPU of the models the failing statement reads, another than the failing one (roles.statement_model_device:
+     * the statement makes its tensor away from its model); -1 none or not read */
+    int model_gpu_elsewhere;
     bool peers_small, other_inferred;
     /* of `other`, processes that run this program with another command line (memory.other_processes[].same_program):
      * other instances of it set up otherwise (a second server), not strangers; their bytes and the largest's index */

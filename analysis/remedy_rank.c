@@ -1345,11 +1345,7 @@ static bool idle_gpu(const rctx_t *x) { return x->f->spare.idle && spare_ok(x); 
 /* the failing statement reads a model whose parameters are on another GPU than the failing one (the adapter's
  * roles.statement_model_device): what it makes belongs beside that model; a device given as "cuda" is the current
  * device, the first GPU unless the code selects another */
-static bool model_on_other_gpu(const rctx_t *x)
-{
-    const og_roles_t *r = &x->rec->memory.fw.roles;
-    return r->has && r->has_stmt_model_device && r->stmt_model_device != x->rec->event.device;
-}
+static bool model_on_other_gpu(const rctx_t *x) { return x->f->model_gpu_elsewhere >= 0; }
 static bool uneven_split(const rctx_t *x) { return x->f->spare.split && spare_ok(x); }
 /* they lead unless short, except after a confident growth (a leak fills the other GPU too) */
 static bool idle_gpu_lead(const rctx_t *x) { return idle_gpu(x) && !confident_growth(x); }
