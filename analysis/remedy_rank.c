@@ -1788,8 +1788,8 @@ static const og_rank_row_t narrow[] = {
       "celery_embed_workers_default_concurrency_each_load_e5_large_v100_32gb (blind)" },
     { "batch_of_one_no_buckets", batch_of_one, DROP, 0, 0, REMS(R_BUCKET),
       "roles: batch_size 1 (a batch of one has no lengths to group)",
-      "dac44k_catalog_tokenize_whole_file_encode_24_minute_ambient_track_a10g (fresh blind, read at the end of "
-      "round twenty-seven); (unit tests: batch_of_one_no_buckets)" },
+      "dac44k_catalog_tokenize_whole_file_encode_24_minute_ambient_track_a10g (a blind program not yet in the set); "
+      "(unit tests: batch_of_one_no_buckets)" },
     { "no_expandable", no_expandable, DROP, 0, 0, REMS(R_EXPANDABLE),
       "failing framework not PyTorch, expandable_segments already set, backend:cudaMallocAsync",
       "torch_async_backend_nccl" },
