@@ -47,6 +47,10 @@ SAN_FLAGS := -fsanitize=thread -fno-omit-frame-pointer
 B         := build-tsan
 endif
 ALL_CFLAGS = $(BASE_CFLAGS) $(CFLAGS) $(SAN_FLAGS)
+# Dependency files name each object both as $(B) was spelled and as an absolute path: a build
+# directory made once with B=/abs/build and once with B=build would otherwise lose its header
+# dependencies and link objects compiled against older headers.
+DEPFLAGS   = -MMD -MP $(foreach t,$(sort $@ $(abspath $@)),-MT $(t))
 
 DEB_DEPS  := build-essential uthash-dev libunwind-dev libcmocka-dev libcjson-dev python3 chromium clang libclang-rt-14-dev libdw-dev python3-yaml gcovr \
              patchelf python3-build python3-wheel python3-setuptools python3-venv python3-torch \

@@ -15,15 +15,15 @@ all: $(SHIM_LIB)
 
 $(B)/shim/%.o: shim/%.c shim/og.h shim/hooks.def shim/calls.def common/roles.def include/oomguard.h
 	@mkdir -p $(dir $@)
-	$(CC) $(SHIM_CFLAGS) -MMD -MP -c $< -o $@
+	$(CC) $(SHIM_CFLAGS) $(DEPFLAGS) -c $< -o $@
 
 $(B)/analysis/%.o: analysis/%.c
 	@mkdir -p $(dir $@)
-	$(CC) $(LAYER_CFLAGS) -Ianalysis -Icommon -MMD -MP -c $< -o $@
+	$(CC) $(LAYER_CFLAGS) -Ianalysis -Icommon $(DEPFLAGS) -c $< -o $@
 
 $(B)/common/%.o: common/%.c
 	@mkdir -p $(dir $@)
-	$(CC) $(LAYER_CFLAGS) -Icommon -MMD -MP -c $< -o $@
+	$(CC) $(LAYER_CFLAGS) -Icommon $(DEPFLAGS) -c $< -o $@
 
 $(SHIM_LIB): $(SHIM_OBJ)
 	$(CC) -shared -Wl,-soname,liboomguard.so -Wl,-z,now -Wl,-z,relro -Wl,--no-undefined \

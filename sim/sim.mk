@@ -38,7 +38,7 @@ sim: $(SIM_LIBS)  ## the simulated GPU only: libcuda.so.1, libcudart.so.13, libn
 
 $(SIM_OBJDIR)/%.o: sim/%.c $(SIM_HEADERS)
 	@mkdir -p $(@D)
-	$(CC) $(SIM_CFLAGS) -MMD -MP -c $< -o $@
+	$(CC) $(SIM_CFLAGS) $(DEPFLAGS) -c $< -o $@
 
 -include $(wildcard $(SIM_OBJDIR)/*.d)
 

@@ -20,7 +20,7 @@ all: $(B)/oomguard
 
 $(B)/tools/%.o: tools/%.c $(TOOLS_HDR) common/human.h common/strbuf.h | $(B)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -Itools -iquote common -iquote shim -MMD -MP -c $< -o $@
+	$(CC) $(ALL_CFLAGS) -Itools -iquote common -iquote shim $(DEPFLAGS) -c $< -o $@
 
 $(B)/oomguard: $(TOOLS_OBJ)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(TOOLS_OBJ) $(TOOLS_LIBS)
