@@ -2559,7 +2559,11 @@ static void kept_graphs_measured_in_a_loop(void **state)
     assert_non_null(strstr(r->remedies[0].why, "logprobs"));
     assert_true(how_has(&r->remedies[0], "logprobs.append(out.detach())"));
     assert_string_equal(r->remedies[1].id, "inference_mode"); /* build no graph for what is only stored */
-    assert_true(rank_of(r, "gradient_checkpointing") == 0 || rank_of(r, "gradient_checkpointing") > 3);
+    /* the kept graphs are a measured leak though the holder's own bytes are a few scalars: neither a smaller pass nor
+     * a restart is offered, each only delaying the next failure */
+    assert_int_equal(rank_of(r, "gradient_checkpointing"), 0);
+    assert_int_equal(rank_of(r, "mixed_precision"), 0);
+    assert_int_equal(rank_of(r, "restart_process"), 0);
     /* the optimizer's latest 32 steps flat (a learner whose labels stalled: it serves and keeps outputs, and makes
      * no step): the holder's graphs are measured, and hold whatever the steps did */
     fixture_steps(r, 328, 32, 10 * MiB, 0);
