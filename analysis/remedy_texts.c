@@ -1411,8 +1411,9 @@ static bool b_shorter_sequences(const rctx_t *x, og_remedy_t *r)
     return true;
 }
 
-/* the models have no attention layer (roles.attention_modules 0): the input is a graph, a mesh, a point cloud or
- * an image, whose size (not a token length) the activations follow; cutting it means partitioning or tiling */
+/* the models have no attention layer (roles.attention_modules 0): the input is a graph, a mesh, a point cloud, an
+ * image or a long signal (a recording, a time series), whose size (not a token length) the activations follow;
+ * cutting it means partitioning, tiling or windowing */
 static bool b_cap_input_size(const rctx_t *x, og_remedy_t *r)
 {
     if (outlier_why(x, r, "input far larger"))
@@ -1426,14 +1427,17 @@ static bool b_cap_input_size(const rctx_t *x, og_remedy_t *r)
             ro->stmt_input_names, og_hb((double)ro->stmt_inputs).s,
             100.0 * (double)ro->stmt_inputs / (double)x->capacity);
     }
-    why(r, "The models have no attention layer: activations follow the input's size (nodes, points, pixels); "
-           "partition, subsample or tile inputs above what fit.");
+    why(r, "The models have no attention layer: activations follow the input's size (nodes, points, pixels, samples "
+           "of a signal); partition, subsample, tile or window inputs above what fit.");
     if (x->shortfall)
         why(r, " %s more is needed.", og_hb((double)x->shortfall).s);
-    how(r, "Skip or split samples above a size budget in the Dataset (count nodes/edges, points or pixels).");
+    how(r, "Skip or split samples above a size budget in the Dataset (count nodes/edges, points, pixels or "
+           "signal samples).");
     how(r, "Partition a large graph or mesh into subgraphs (with halo nodes) and run them one at a time.");
     how(r, "Subsample a dense point cloud (grid or voxel subsampling, a max points per input) or crop it.");
     how(r, "Tile or downscale an oversized image or volume (overlapping tiles, stitched afterwards).");
+    how(r, "Run a long recording or series in overlapping windows (a few seconds of audio each) and join the "
+           "outputs (overlap-add, or the codec's own chunked encode).");
     return true;
 }
 
