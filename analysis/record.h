@@ -115,7 +115,7 @@ typedef struct og_cause {
 typedef struct og_remedy {
     const char *id;
     int rank;   /* 1 = first */
-    bool shown; /* rank <= OG_REMEDIES_SHOWN (remedies[].shown) */
+    bool shown; /* rank <= OG_REMEDIES_SHOWN, and not tier 3 while another is not (remedies[].shown) */
     const char *title;
     char why[512]; /* the reasoning, then the figures measured; tools/report.h prints it whole (OG_REMEDY_WHY_MAX) */
     int nhow;

@@ -14,10 +14,12 @@
  *             one that cannot cover the shortfall never leading
  *   sort      by (tier, order), stable in catalog order; inference mode never leads unless the job is
  *             known to be inference or an evaluation ran with autograd on
+ *   show      the first OG_REMEDIES_SHOWN in full, but not one that cannot cover the shortfall while another
+ *             can or may (folded under "also possible")
  * A row is a condition on the facts, an effect on some remedies, the facts it reads and the corpus
  * cases (tests/scenarios/cases) that motivate it; rows of a pass apply in order, a later one
  * overriding an earlier.  docs/diagnosis.md lists every row (a test checks it does).
- * At most 20 remedies, ranked 1..n without gaps; the first OG_REMEDIES_SHOWN are shown in full. */
+ * At most 20 remedies, ranked 1..n without gaps. */
 #include <string.h>
 
 #include "remedies.h"
@@ -2770,6 +2772,16 @@ void og_select_remedies(og_record_t *rec)
         r->ranking.nrows = k.nrows[list[i]];
         memcpy(r->ranking.rows, k.rows[list[i]], sizeof r->ranking.rows);
     }
+    /* one whose own estimate cannot cover the shortfall is never among those shown first while another can or may:
+     * it is folded under "also possible" (tier 3 sorts after every other tier, so those shown stay ranks 1..m); the
+     * first is always shown (inference mode, the only one that covers, does not lead a job not known to be
+     * inference: what leads then is shown, though it cannot cover) */
+    bool another_covers = false;
+    for (int i = 0; i < rec->nremedies; i++)
+        another_covers |= rec->remedies[i].ranking.tier < 3;
+    for (int i = 1; i < rec->nremedies; i++)
+        if (another_covers && rec->remedies[i].ranking.tier == 3)
+            rec->remedies[i].shown = false;
 }
 
 /* ------------------------------------------------------------------ the rows, for docs and tests */

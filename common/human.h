@@ -16,6 +16,10 @@ enum og_bytes_style { OG_BYTES_FIXED, OG_BYTES_SHORT };
  * Returns buf. */
 const char *og_bytes_fmt(char *buf, size_t n, double bytes, enum og_bytes_style style);
 
+/* After a remedy folded under "also possible" because its own estimate cannot cover the shortfall
+ * (remedies[].ranking.tier 3), in the text dump and in the report's text and HTML. */
+#define OG_NOT_ENOUGH_ALONE " (not enough alone)"
+
 enum og_framework { OG_FW_UNKNOWN, OG_FW_PYTORCH, OG_FW_JAX, OG_FW_TENSORFLOW, OG_FW_CUPY };
 
 /* The name a dump writes (framework.name, OOMGUARD_FRAMEWORK): "pytorch", "jax", "tensorflow",

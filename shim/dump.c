@@ -208,7 +208,8 @@ static void render_text(const og_record_t *r, og_sb_t *sb)
                 continue;
             if (!folded++)
                 og_sb_puts(sb, "also possible\n");
-            og_sb_printf(sb, "  %d. %s [%s]\n", m->rank, T(m->title ? m->title : m->id), m->id);
+            og_sb_printf(sb, "  %d. %s [%s]%s\n", m->rank, T(m->title ? m->title : m->id), m->id,
+                         m->ranking.tier == 3 ? OG_NOT_ENOUGH_ALONE : "");
         }
     }
     if (r->memory.fw.npy_sites) {

@@ -228,7 +228,8 @@ struct og_cause {
 struct og_remedy {
     const char *id, *title, *why, *saving, *cost;
     int64_t rank;
-    int shown; /* 1 shown in full, 0 "also possible", -1 the dump does not say (og_remedy_shown) */
+    int shown;    /* 1 shown in full, 0 "also possible", -1 the dump does not say (og_remedy_shown) */
+    int64_t tier; /* ranking.tier: 3 cannot cover the shortfall alone; -1 the dump does not say */
     const char **how;
     int nhow;
 };

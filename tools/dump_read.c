@@ -2035,6 +2035,11 @@ static int v_remedies(struct loader *L, const cJSON *r)
         TRY(get_str(L, x, &pe, "id", &m->id));
         TRY(get_int(L, x, &pe, "rank", &m->rank));
         TRY(get_bool(L, x, &pe, "shown", &m->shown));
+        const cJSON *rk;
+        TRY(get_obj(L, x, &pe, "ranking", &rk));
+        m->tier = -1;
+        if (rk)
+            TRY(get_int_min(L, rk, &(struct path){ &pe, "ranking", 0 }, "tier", 0, &m->tier));
         TRY(get_str(L, x, &pe, "title", &m->title));
         TRY(get_str(L, x, &pe, "why", &m->why));
         TRY(get_str(L, x, &pe, "saving", &m->saving));

@@ -1,6 +1,7 @@
 /* tools/render_html.c — a self-contained HTML report: inline CSS and SVG, one
  * tiny inline script (allowed by its hash in the page's CSP), nothing fetched.
  * Every string from the dump goes through sb_html(). */
+#include "human.h" /* OG_NOT_ENOUGH_ALONE */
 #include "report.h"
 #include "symbolize.h"
 #include "version.h"
@@ -953,7 +954,7 @@ static void remedies(struct hx *h)
                 esc(h, r->id, 60);
                 og_sb_puts(h->b, "</code>");
             }
-            og_sb_puts(h->b, "</li>");
+            og_sb_printf(h->b, "%s</li>", r->tier == 3 ? OG_NOT_ENOUGH_ALONE : "");
         }
         og_sb_puts(h->b, "</ol></details>");
     }

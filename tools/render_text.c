@@ -1,4 +1,5 @@
 /* tools/render_text.c — the terminal report. */
+#include "human.h" /* OG_NOT_ENOUGH_ALONE */
 #include "report.h"
 #include "symbolize.h"
 #include "version.h"
@@ -447,7 +448,7 @@ static void remedies(struct tx *t, const struct og_dump *d)
             sb_text(t->b, r->id, 40, 0);
             og_sb_printf(t->b, "]%s", st(t, RESET));
         }
-        og_sb_putc(t->b, '\n');
+        og_sb_printf(t->b, "%s\n", r->tier == 3 ? OG_NOT_ENOUGH_ALONE : "");
     }
 }
 

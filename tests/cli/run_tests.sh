@@ -149,6 +149,17 @@ hasnt "text: a remedy shown false has no why" "$T/t2" "Activation memory scales 
 "$OG" report "$T/shown2.json" --format html -o "$T/shown2.html"
 has "html: the rest folded under also possible" "$T/shown2.html" '<details id="also-possible"><summary>Also possible (5)</summary>'
 hasnt "html: a folded remedy's why is not printed" "$T/shown2.html" "Activation memory scales with batch size"
+# a remedy folded because its own estimate cannot cover the shortfall (ranking tier 3) says so; one past five does not
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))
+for r in d["remedies"]: r["ranking"] = {"tier": 3 if r["id"] == "expandable_segments" else 2}
+for r in d["remedies"]: r["shown"] = r["rank"] <= 5 and r["id"] != "expandable_segments"
+json.dump(d, open(sys.argv[2], "w"))' "$FIX/does_not_fit.json" "$T/tier3.json"
+"$OG" report "$T/tier3.json" --color never >"$T/t3" 2>&1
+has "text: a folded remedy that cannot cover alone says so" "$T/t3" "5. Let the allocator grow segments instead of caching fixed blocks [expandable_segments] (not enough alone)"
+hasnt "text: a folded remedy past five does not" "$T/t3" "[bigger_gpu] (not enough alone)"
+hasnt "text: a remedy folded for not covering has no why" "$T/t3" "$(python3 -c 'import json,sys; print([r["why"] for r in json.load(open(sys.argv[1]))["remedies"] if r["id"] == "expandable_segments"][0][:60])' "$FIX/does_not_fit.json")"
+"$OG" report "$T/tier3.json" --format html -o "$T/tier3.html"
+has "html: a folded remedy that cannot cover alone says so" "$T/tier3.html" "<code class=\"muted\">expandable_segments</code> (not enough alone)</li>"
 # a Python job's roles and phase: every key the writer documents reaches the text and HTML reports
 R=$FIX/python_roles.json
 OOMGUARD_SYMBOLIZE=0 "$OG" report "$R" --color never >"$T/pr" 2>&1

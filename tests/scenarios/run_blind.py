@@ -94,7 +94,7 @@ def score(d, exp):
     if d is None:
         return False, False, False
     primary = d["diagnosis"].get("primary")
-    ids = [r["id"] for r in d["remedies"]]
+    ids = [r["id"] for r in check.shown_first(d)]
     top3 = ids[:3]
     p_ok = primary in check.alts(exp["primary"]) if "primary" in exp else None
     first = ids[0] if ids else None
@@ -226,7 +226,7 @@ def main():
             os.makedirs(work)
             ok, detail, got = run_scenarios.run_case(name, case, "preload", work, cases_dir=cases_dir)
             d = final_dump(os.path.join(work, "dumps"), exp)
-            answers.append(None if d is None else (d["diagnosis"].get("primary"), [r["id"] for r in d["remedies"]][:3]))
+            answers.append(None if d is None else (d["diagnosis"].get("primary"), [r["id"] for r in check.shown_first(d)][:3]))
             if rep:
                 continue
             p_ok, f_ok, t_ok = score(d, exp)
