@@ -271,7 +271,7 @@ static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t
     const og_framework_view_t *fw = &rec->memory.fw;
     bool app_pool = rec->memory.pool_owner_fw == 2;
     enum og_cache_src rec_src = rec->memory.framework_cached_source;
-    if (fw->has) {
+    if (fw->has && !fw->reserved_unknown) {
         d->cached_known = true;
         /* the cache is what a request outside the graphs' pools could use or empty_cache release */
         d->pool_idle = pool_idle(fw);
@@ -303,7 +303,7 @@ static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t
     /* a cache already handed back between retries is in `free` now: nothing left to reclaim
      * (a recovered dump keeps the first attempt's numbers, from before the release) */
     d->reclaim = d->cached_known && (d->recovered || d->cached_src != OG_CACHE_RETRY_RELEASE) ? d->cached : 0;
-    if (fw->has && !(fw->largest_free_block_bytes == 0 && d->cached > 0)) {
+    if (fw->has && !fw->reserved_unknown && !(fw->largest_free_block_bytes == 0 && d->cached > 0)) {
         d->largest_known = true;
         d->largest = fw->largest_free_block_bytes;
     }
@@ -2642,7 +2642,7 @@ static void advice(og_facts_t *f, const og_record_t *rec)
     }
     const og_framework_view_t *fw = &rec->memory.fw;
     enum og_cache_src src = OG_CACHE_NONE;
-    if (fw->has) {
+    if (fw->has && !fw->reserved_unknown) {
         x->cached_known = true;
         x->cached = sub0(sub0(fw->reserved_bytes, fw->allocated_bytes), f->pool_idle); /* measure()'s */
         src = OG_CACHE_ADAPTER;

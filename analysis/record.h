@@ -350,10 +350,13 @@ typedef struct og_framework_view {
     int autocast;               /* 1 mixed precision (autocast) on at the failure, -1 off */
     bool freed_known;           /* freed_bytes_total was measured (0 freed is an answer) */
     uint64_t freed_bytes_total; /* bytes the framework freed over the process's life */
-    og_opt_u64_t cap_bytes;     /* framework-imposed cap (memory fraction, set_limit); unknown: none reported */
-    char cap_source[64];        /* the setting that imposes it */
-    char framework[16];         /* "pytorch" | "jax" | "tensorflow" | "cupy"; "" = from `source` */
-    char unmeasured_why[120];   /* why the adapter could not answer at the failure ("" = it did or none) */
+    /* reserved_bytes was a floor (OOMGUARD_FW_RESERVED_BY_LEDGER: TensorFlow's arena): the shim's ledger counted
+     * the reservation instead; none of the framework's blocks seen, it is unknown (JSON null, the cache unknown) */
+    bool reserved_by_ledger, reserved_unknown;
+    og_opt_u64_t cap_bytes;   /* framework-imposed cap (memory fraction, set_limit); unknown: none reported */
+    char cap_source[64];      /* the setting that imposes it */
+    char framework[16];       /* "pytorch" | "jax" | "tensorflow" | "cupy"; "" = from `source` */
+    char unmeasured_why[120]; /* why the adapter could not answer at the failure ("" = it did or none) */
     /* failures inside the framework's allocator and the Python lines (framework.c) */
     bool internal_oom;            /* the framework refused the request itself; no driver call failed */
     char api[48];                 /* the framework's allocator, event.api of an internal failure */

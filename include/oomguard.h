@@ -92,6 +92,11 @@ typedef struct oomguard_framework_stats {
  * flag a 0 there means "not given", as it did before these flags: older adapters keep working. */
 #define OOMGUARD_FW_REQUEST_KNOWN 4u
 #define OOMGUARD_FW_PEAK_KNOWN    8u
+/* reserved_bytes is only what the framework could tell (at least allocated_bytes): it does not publish
+ * what it holds from the driver (TensorFlow's BFC arena).  The shim counts the blocks its ledger holds
+ * for this framework's libraries on the device instead; when it holds none, the framework's cache is
+ * unknown (memory.unmeasured), never reserved - allocated. */
+#define OOMGUARD_FW_RESERVED_BY_LEDGER 16u
 
 /* Returns 0, or -1 for a NULL struct or one older than the first release of this struct. Safe from any thread, at any time.
  * Called while a failure on that device is still open (an adapter's out-of-memory hook),

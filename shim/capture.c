@@ -739,11 +739,34 @@ out:
 
 /* ------------------------------------------------------------------ the whole record */
 
+/* A framework that cannot tell what it holds from the driver (OOMGUARD_FW_RESERVED_BY_LEDGER: TensorFlow's BFC arena,
+ * which it takes in chunks it never reports) handed in a floor: the blocks the ledger holds for that framework's
+ * libraries on the device are its reservation.  None seen (its allocator reached the driver through code the ledger
+ * did not attribute to it): the reservation, and with it the cache, is unknown, never the floor. */
+static void reserved_by_ledger(og_record_t *rec)
+{
+    og_framework_view_t *fw = &rec->memory.fw;
+    if (!fw->has || !fw->reserved_by_ledger)
+        return;
+    enum og_framework kind = og_framework_from_name(fw->framework);
+    uint64_t held = 0;
+    for (int i = 0; i < rec->memory.nlibs; i++)
+        if (rec->memory.by_library[i].framework && rec->memory.by_library[i].fw_kind == (int)kind)
+            held += rec->memory.by_library[i].bytes;
+    fw->reserved_unknown = kind == OG_FW_UNKNOWN || !held;
+    if (fw->reserved_unknown && !fw->unmeasured_why[0])
+        snprintf(fw->unmeasured_why, sizeof fw->unmeasured_why,
+                 "it publishes no arena size, and no block of its libraries was seen on the device");
+    else if (!fw->reserved_unknown)
+        fw->reserved_bytes = held > fw->allocated_bytes ? held : fw->allocated_bytes;
+}
+
 static void derive(og_record_t *rec, const og_episode_t *ep)
 {
     og_framework_view_t *fw = &rec->memory.fw;
     og_unset(&rec->memory.framework_cached_bytes);
-    if (fw->has && fw->reserved_bytes >= fw->allocated_bytes) {
+    reserved_by_ledger(rec);
+    if (fw->has && !fw->reserved_unknown && fw->reserved_bytes >= fw->allocated_bytes) {
         og_set(&rec->memory.framework_cached_bytes, fw->reserved_bytes - fw->allocated_bytes);
         rec->memory.framework_cached_source = OG_CACHE_ADAPTER;
     } else if (ep && ep->attempts >= 2 && ep->released_before_attempt > 0) {

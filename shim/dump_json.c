@@ -770,17 +770,26 @@ static void w_memory(og_sb_t *sb, const og_record_t *r)
     K("framework");
     if (r->memory.fw.has) {
         const og_framework_view_t *f = &r->memory.fw;
+        og_sb_printf(sb, "{\"allocated_bytes\":%llu,\"reserved_bytes\":", (unsigned long long)f->allocated_bytes);
+        if (f->reserved_unknown) /* the framework publishes none and the ledger held none of its blocks */
+            og_sb_puts(sb, "null");
+        else
+            og_sb_printf(sb, "%llu", (unsigned long long)f->reserved_bytes);
         og_sb_printf(sb,
-                     "{\"allocated_bytes\":%llu,\"reserved_bytes\":%llu,\"active_bytes\":%llu,"
+                     ",\"active_bytes\":%llu,"
                      "\"inactive_split_bytes\":%llu,\"largest_free_block_bytes\":%llu,"
                      "\"private_pool_bytes\":%llu,\"num_alloc_retries\":%llu,\"num_ooms\":%llu,"
                      "\"allocator_settings\":",
-                     (unsigned long long)f->allocated_bytes, (unsigned long long)f->reserved_bytes,
                      (unsigned long long)f->active_bytes, (unsigned long long)f->inactive_split_bytes,
                      (unsigned long long)f->largest_free_block_bytes, (unsigned long long)f->private_pool_bytes,
                      (unsigned long long)f->num_alloc_retries, (unsigned long long)f->num_ooms);
         og_sb_json_str(sb, f->allocator_settings);
         j_more_str(sb, "source", f->source);
+        /* who measured reserved_bytes: the framework's allocator, or the ledger where it publishes none */
+        og_sb_printf(sb, ",\"reserved_source\":%s",
+                     f->reserved_unknown     ? "null"
+                     : f->reserved_by_ledger ? "\"ledger\""
+                                             : "\"framework\"");
         if (f->snapshot_file[0])
             j_more_str(sb, "snapshot_file", f->snapshot_file);
         j_more_str(sb, "framework", f->framework);

@@ -405,6 +405,7 @@ static int fill_view(og_framework_view_t *v, const oomguard_framework_stats_t *s
             v->training = s->training;
         if (HAS(s, autocast))
             v->autocast = s->autocast;
+        v->reserved_by_ledger = (flags & OOMGUARD_FW_RESERVED_BY_LEDGER) != 0;
         if (HAS(s, freed_bytes_total) && (flags & OOMGUARD_FW_FREED_KNOWN)) {
             v->freed_known = true;
             v->freed_bytes_total = s->freed_bytes_total;

@@ -674,8 +674,14 @@ static void breakdown(struct hx *h)
             og_sb_puts(h->b, "</div>");
         /* the framework's view next to the driver-level count, reconciled */
         const cJSON *res = cJSON_GetObjectItemCaseSensitive(fw, "reserved_bytes");
+        const cJSON *rsrc = cJSON_GetObjectItemCaseSensitive(fw, "reserved_source");
         struct og_bytes rv;
-        if (og_json_bytes(res, &rv) && !rv.neg && rv.v <= INT64_MAX && d->mem.framework_bytes >= 0) {
+        if (cJSON_IsString(rsrc) && !strcmp(rsrc->valuestring, "ledger")) { /* one view: the ledger's */
+            og_sb_printf(h->b,
+                         "<p class=\"muted\">%s publishes no reservation: oomguard counted it at the driver from "
+                         "its libraries.</p>",
+                         og_framework_title(d->framework_name));
+        } else if (og_json_bytes(res, &rv) && !rv.neg && rv.v <= INT64_MAX && d->mem.framework_bytes >= 0) {
             char b2[32];
             int64_t r = (int64_t)rv.v, diff = d->mem.framework_bytes - r;
             og_sb_printf(h->b,

@@ -312,8 +312,12 @@ static void where(struct tx *t, const struct og_dump *d)
          * counted at the driver from the framework's libraries. */
         const cJSON *res = cJSON_GetObjectItemCaseSensitive(fw, "reserved_bytes");
         const cJSON *alc = cJSON_GetObjectItemCaseSensitive(fw, "allocated_bytes");
+        const cJSON *rsrc = cJSON_GetObjectItemCaseSensitive(fw, "reserved_source");
         struct og_bytes rv, av;
-        if (og_json_bytes(res, &rv) && !rv.neg && rv.v <= INT64_MAX && d->mem.framework_bytes >= 0) {
+        if (cJSON_IsString(rsrc) && !strcmp(rsrc->valuestring, "ledger")) /* one view: the ledger's */
+            og_sb_printf(t->b, "  %s publishes no reservation: oomguard counted it at the driver from its libraries\n",
+                         og_framework_title(d->framework_name));
+        else if (og_json_bytes(res, &rv) && !rv.neg && rv.v <= INT64_MAX && d->mem.framework_bytes >= 0) {
             char a[32], b2[32], c[32];
             int64_t r = (int64_t)rv.v, diff = d->mem.framework_bytes - r;
             og_sb_printf(t->b, "  two views: %s reserved %s; oomguard counted %s at the driver from its libraries",

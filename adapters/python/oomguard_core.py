@@ -29,6 +29,7 @@ _struct = None
 FW_FREED_KNOWN = 2       # include/oomguard.h OOMGUARD_FW_FREED_KNOWN: freed_bytes_total was measured
 FW_REQUEST_KNOWN = 4     # OOMGUARD_FW_REQUEST_KNOWN: requested_bytes was given (0 is a request of 0 bytes)
 FW_PEAK_KNOWN = 8        # OOMGUARD_FW_PEAK_KNOWN: peak_bytes was read (0 is a peak of 0 bytes)
+FW_RESERVED_BY_LEDGER = 16  # OOMGUARD_FW_RESERVED_BY_LEDGER: reserved_bytes is a floor; the shim's ledger counts it
 _ADAPTER_FILES = ("oomguard_core.py", "oomguard_torch.py", "oomguard_jax.py", "oomguard_cupy.py", "oomguard_tf.py",
                   "oomguard_roles.py", "oomguard_phase.py", "sitecustomize.py")
 _HERE = os.path.dirname(os.path.abspath(__file__))

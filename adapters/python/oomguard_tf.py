@@ -11,9 +11,11 @@ Loaded at start-up by sitecustomize.py (plain LD_PRELOAD or `oomguard run`), or 
 
 Like the JAX adapter it waits for `import tensorflow` and wraps ResourceExhaustedError.__init__
 (TensorFlow creates it in Python, after the failed op returned: no allocator lock is held).
-TensorFlow publishes neither its arena's size nor its largest free block, so the cached and
-fragmented part of the arena is not measured: reserved = the limit when the arena was taken at
-start-up (no memory growth), else unknown.  Never raises into the program.  `oomguard
+TensorFlow publishes neither its arena's size nor its largest free block.  The adapter hands in
+a floor (the limit when the arena was taken at start-up without memory growth, else the bytes in
+use) flagged OOMGUARD_FW_RESERVED_BY_LEDGER: the shim's ledger, which saw every chunk the BFC
+allocator took from the driver, counts the arena; the fragmented part of it stays unmeasured.
+Never raises into the program.  `oomguard
 snapshot` gets the same numbers afresh, once TensorFlow's eager context is initialised.
 See docs/python-adapters.md.
 """
@@ -87,9 +89,11 @@ def _numbers(tf, device):
     except Exception:
         pass
     growth = _growth(tf, gpu) if gpu is not None else None
-    # without memory growth TensorFlow took its whole limit at start-up
+    # a floor: without memory growth TensorFlow took its whole limit at start-up; the arena itself is
+    # counted by the shim's ledger (flags)
     reserved = cap if (cap and growth is False) else current
     return dict(allocated_bytes=current, reserved_bytes=max(reserved, current), active_bytes=current,
+                flags=_core.FW_RESERVED_BY_LEDGER,
                 allocator_settings=_core.settings_from_env(("TF_GPU_", "TF_FORCE_GPU_"), ("XLA_FLAGS",)),
                 source="tensorflow %s" % (getattr(tf, "__version__", "?"),), framework="tensorflow", api=API,
                 cap_bytes=cap, cap_source=cap_source, peak_bytes=info["peak"])

@@ -709,9 +709,27 @@ t_tf_limit() {
     expect "$(ls dumps/oomguard-*.json)" 'd["memory"]["framework"]["allocated_bytes"]' "$(field exp.json 'd["expected"]["current"]')" \
         || return 1
     # the adapter's report came through ctypes (libffi, which holds nothing): the failing library is TF's own
-    expect "$(ls dumps/oomguard-*.json)" 'd["event"]["library"]' libtensorflow_framework.so.2
+    expect "$(ls dumps/oomguard-*.json)" 'd["event"]["library"]' libtensorflow_framework.so.2 || return 1
+    # TensorFlow publishes no arena size: the ledger counts the limit it took at its first use
+    expect "$(ls dumps/oomguard-*.json)" '(d["memory"]["framework"]["reserved_bytes"], d["memory"]["framework"]["reserved_source"])' \
+        "($(field exp.json 'd["expected"]["arena"]'), 'ledger')"
 }
 t "tensorflow: ResourceExhaustedError under a logical device's memory_limit: dump with request and cap" t_tf_limit
+
+t_tf_arena() { # $1: arena (mapped whole at the first use) or growth (taken in regions)
+    shim env PYTHONPATH="$ROOT/tests/adapter/fake_tf" OOMGUARD_FRAMEWORK=auto timeout 120 "$PYTHON" "$SC/job_tf.py" "$1" exp.json \
+        || return 1
+    local f; f=$(ls dumps/oomguard-*.json)
+    # the arena as the ledger counted it, not the bytes in use TensorFlow's get_memory_info() tells; the rest of it
+    # is the framework's cache
+    expect "$f" '(d["memory"]["framework"]["reserved_bytes"], d["memory"]["framework"]["reserved_source"], d["memory"]["framework_cached_bytes"])' \
+        "($(field exp.json 'd["expected"]["arena"]'), 'ledger', $(field exp.json 'd["expected"]["arena"] - d["expected"]["in_use"]'))" || return 1
+    expect "$f" 'd["memory"]["framework"]["allocated_bytes"]' "$(field exp.json 'd["expected"]["in_use"]')" || return 1
+    OOMGUARD_SYMBOLIZE=0 "$BDIR/oomguard" report "$f" --color never > rep.txt || return 1
+    grep -q "TensorFlow publishes no reservation: oomguard counted it at the driver" rep.txt
+}
+t "tensorflow: the arena mapped at the first use is the reservation the ledger counts, its unused part the cache" t_tf_arena arena
+t "tensorflow: with memory growth, the regions taken so far are the reservation the ledger counts" t_tf_arena growth
 
 t_attributed_standins() { # the stand-in JAX, CuPy, TensorFlow allocate from their real counterparts' libraries,
     # by the entry points those call: XLA and TensorFlow the driver API (cuMemAlloc_v2), CuPy the runtime

@@ -59,6 +59,27 @@ static void a_request_of_the_device_size_is_not_larger(void **state)
     free(r);
 }
 
+/* a framework that publishes no reservation (TensorFlow's arena) and whose blocks the ledger did not see: its cache
+ * and its largest free block are unknown, never the floor the adapter handed in (0 cached, a largest block of 0) */
+static void an_unknown_reservation_is_no_empty_cache(void **state)
+{
+    og_record_t *r = fixture_pytorch_24g("libtensorflow_framework.so.2");
+    fixture_framework(r, OG_FW_TENSORFLOW, "libtensorflow_framework.so.2");
+    r->memory.fw.has = true;
+    r->memory.fw.allocated_bytes = 16 * MiB;
+    r->memory.fw.reserved_bytes = 11 * GiB;
+    r->memory.fw.reserved_by_ledger = true;
+    const og_facts_t *f = facts(r); /* the ledger counted it: the arena less the bytes in use is the cache */
+    assert_true(f->cached_known);
+    assert_int_equal(f->cached, 11 * GiB - 16 * MiB);
+    r->memory.fw.reserved_bytes = 16 * MiB; /* none of its blocks seen: the adapter's floor stays */
+    r->memory.fw.reserved_unknown = true;
+    f = facts(r);
+    assert_false(f->cached_known);
+    assert_false(f->largest_known);
+    free(r);
+}
+
 /* each step's marker is two allocations of the failing size 0.1 ms apart with nothing between */
 static void bursts_are_one_step(void **state)
 {
@@ -1372,6 +1393,7 @@ static void a_quantized_model_beside_its_reference(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(an_unknown_reservation_is_no_empty_cache),
         cmocka_unit_test(free_under_a_limit_is_at_most_the_device_free),
         cmocka_unit_test(ranks_on_the_machine),
         cmocka_unit_test(estimated_free_counts_the_others),
