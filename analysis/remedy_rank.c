@@ -422,8 +422,9 @@ static bool growth_not_in_step(const rctx_t *x) { return confident_growth(x) && 
  * processes only delays the next failure, whatever they hold */
 static bool growth_kept_measured(const rctx_t *x) { return PRIMARY(GROWTH) && x->f->growth.kept_measured; }
 /* ... a confident growth whose rise the adapter found in what Python keeps: kept across calls (growth.kept_measured),
- * outputs a holder keeps with their graphs alive (the growth read from them, step_marker kept_graphs), or one holder,
- * wherever it is (a running loop's list or dict in main), with four fifths of the rise
+ * outputs a holder keeps with their graphs alive (the growth read from them, step_marker kept_graphs), copies of one
+ * model beyond the first (roles.model_copies: a model built anew each iteration, the earlier ones kept) or one holder,
+ * wherever it is (a running loop's list or dict in main), each with four fifths of the rise
  * (roles.grower); not a generation's own working set growing token by token, nor a rise a KV cache holds half of
  * (a cache grows with the batch and the length: those remedies shrink it) */
 static bool measured_leak(const rctx_t *x)
@@ -432,7 +433,14 @@ static bool measured_leak(const rctx_t *x)
     return PRIMARY(GROWTH) && x->primary_conf >= 0.7 && !og_generation_growth(x) &&
            2 * (double)ro->purpose_bytes[OG_PURPOSE_kv_cache] < (double)x->f->growth.rise &&
            (x->f->growth.kept_measured || x->f->growth.marker == OG_MARK_KEPT_GRAPHS ||
+            (double)ro->model_copies >= 0.8 * (double)x->f->growth.rise ||
             (ro->grower >= 0 && (double)ro->grower_bytes >= 0.8 * (double)x->f->growth.rise));
+}
+/* ... whose rise is copies of one model (roles.model_copies): a model built anew each iteration and kept, whatever
+ * autograd records in the pass */
+static bool copies_leak(const rctx_t *x)
+{
+    return measured_leak(x) && (double)x->f->roles.model_copies >= 0.8 * (double)x->f->growth.rise;
 }
 /* restoring a checkpoint: the adapter's phase is loading and its frame is torch.load's */
 static bool checkpoint_restore(const rctx_t *x) { return PHASE(loading) && x->f->load_via_torch_load; }
@@ -1861,18 +1869,20 @@ static const og_rank_row_t narrow[] = {
       REMS(R_EMPTY_CACHE, R_EXPANDABLE, R_RESTART, R_BUCKET, R_POOL_TRIM, R_FOREIGN),
       "primary growth >= 0.7, not a generation's working set nor a KV cache holding half the rise, "
       "growth.kept_measured (what Python keeps across calls >= 9/10 of the rise), a holder's outputs keeping their "
-      "graphs (step_marker kept_graphs) or roles.grower (one holder, a running loop's local too) >= 4/5 of the rise: "
+      "graphs (step_marker kept_graphs), roles.model_copies (copies of one model beyond the first) or roles.grower "
+      "(one holder, a running loop's local too) >= 4/5 of the rise: "
       "the cache, its layout, a restart and the others' memory shed "
       "none of it for long",
       "codesearch_biencoder_trainer_xbm_bank_reset_only_per_epoch_a10g, "
       "shelf_sku_convnext_nightly_ewc_penalty_per_past_night_l4 (blind)" },
     { "measured_leak_not_the_pass", measured_leak, DROP, 0, 0,
       REMS(R_SMALLER_BATCH, R_SHORTER_SEQ, R_MIXED, R_CHECKPOINTING, R_FLASH, R_QUANT, R_OPT_8BIT, R_LORA, R_CAP_INPUT,
-           R_LOAD_HALF, R_DYN_PAD, R_FUSED_CE, R_TEACHER_NO_GRAD, R_SMALLER_EMB),
-      "as measured_leak_not_the_cache (a smaller pass, a teacher's pass without autograd, lighter weights, smaller "
-      "embedding tables or optimizer state leave the kept memory growing)",
+           R_LOAD_HALF, R_DYN_PAD, R_FUSED_CE, R_TEACHER_NO_GRAD, R_SMALLER_EMB, R_FP32_NOT_FP64),
+      "as measured_leak_not_the_cache (a smaller pass, a teacher's pass without autograd, lighter or float32 "
+      "weights, smaller embedding tables or optimizer state leave the kept memory growing)",
       "openfold_multimer_bait_prey_screen_keeps_every_output_dict_for_iptm_ranking_h100, "
-      "prott5_human_proteome_per_residue_embeddings_dict_on_gpu_colab_t4 (blind)" },
+      "prott5_human_proteome_per_residue_embeddings_dict_on_gpu_colab_t4, "
+      "mace_mp_medium_screening_new_calculator_per_structure_kept_by_relaxed_atoms_4090 (blind)" },
 };
 
 static const og_rank_row_t reorder[] = {
@@ -2317,6 +2327,10 @@ static const og_rank_row_t lead[] = {
       "roles: attention_modules 0 and the failing operation not attention (a graph network, a point-cloud or image "
       "CNN: the input's size, not a token length)",
       "kpconv_facade_scan_one_dense_sphere_batch1_l4, meshgraphnet_drivaer_outlier_fine_mesh_batch1_a6000 (blind)" },
+    { "copies_leak_not_autograd", copies_leak, DROP, 0, 0, REMS(R_INFERENCE),
+      "as measured_leak_not_the_cache, by roles.model_copies >= 4/5 of the rise: a pass without autograd keeps "
+      "the model's copies as they are",
+      "mace_mp_medium_screening_new_calculator_per_structure_kept_by_relaxed_atoms_4090 (blind)" },
 };
 
 static void apply(rank_t *k, const rctx_t *x, const og_rank_row_t *rows, size_t n)

@@ -839,6 +839,18 @@ static void keep_less_how(og_remedy_t *r, const char *n)
     how(r, "%s.clear()   # (or del) once read: nothing on the device outlives its use", n);
 }
 
+/* the model class whose copies beyond the first hold the most (roles.models: count > 1), -1 none */
+static int copies_group(const rctx_t *x)
+{
+    const og_roles_t *ro = &x->rec->memory.fw.roles;
+    int best = -1, n = OG_FILLED(ro->nmodels, ro->models);
+    for (int i = 0; i < n; i++)
+        if (ro->models[i].count > 1 && (best < 0 || (double)ro->models[i].bytes * (ro->models[i].count - 1) >
+                                                        (double)ro->models[best].bytes * (ro->models[best].count - 1)))
+            best = i;
+    return best;
+}
+
 static bool b_release_references(const rctx_t *x, og_remedy_t *r)
 {
     const og_growth_facts_t *g = &x->f->growth;
@@ -860,6 +872,27 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
             c.site, c.source[0] ? c.source : "the model", t, t, og_hb((double)x->f->roles.copy_replaces).s);
         how(r, "del %s   # and any other name of the old copy, before making the new one", t);
         how(r, "%s = copy.deepcopy(%s)   # now only one copy at a time", t, c.source[0] ? c.source : "model");
+        return true;
+    }
+    /* a growth that is copies of one model (roles.model_copies, four fifths of the rise): a model built anew each
+     * iteration while something keeps every earlier one (a result that keeps its calculator or pipeline) */
+    int cg = copies_group(x);
+    if (grew && cg >= 0 && (double)x->f->roles.model_copies >= 0.8 * (double)g->rise) {
+        const og_roles_t *ro = &x->rec->memory.fw.roles;
+        char cls[sizeof ro->models[0].cls], names[sizeof ro->models[0].names];
+        og_cpy(cls, sizeof cls, ro->models[cg].cls, sizeof cls);
+        og_cpy(names, sizeof names, ro->models[cg].names, sizeof names);
+        why(r,
+            "%d copies of %s (%s of parameters each, %s beyond the first) are alive%s%s%s: the low point rose "
+            "from %s to %s, in %s steps. Each iteration builds the model anew and something keeps every earlier "
+            "copy. Build it once, before the loop, and reuse it; and keep results without the model they came "
+            "from.",
+            ro->models[cg].count, cls[0] ? cls : "one model", og_hb((double)ro->models[cg].bytes).s,
+            og_hb((double)x->f->roles.model_copies).s, names[0] ? ", reached by the names " : "", names,
+            names[0] ? " (and what they hold)" : "", og_hb(first).s, og_hb(last).s, steps);
+        how(r, "model = build_model(...)   # once, before the loop: every iteration uses the same one");
+        how(r, "results.append(result)   # only after dropping its reference to the model (result.model = None, "
+               "atoms.calc = None), or copy the numbers out");
         return true;
     }
     /* outputs kept with their graphs alive: read by the adapter (then also as a growth, one per iteration), or

@@ -404,6 +404,48 @@ static void foreign_names_the_pids(void **state)
     free(r);
 }
 
+/* a growth that is copies of one model (roles.models: a calculator built anew per item, every earlier one kept by the
+ * results): a measured leak whose holder is the copies; the holder's text names the class and the count, and neither
+ * a pass without autograd nor a smaller pass is offered (each only delays the next failure); copies under four
+ * fifths of the rise: not this */
+static void growth_of_model_copies(void **state)
+{
+    og_record_t *r = base();
+    static struct og_hist_ev ev[64];
+    uint64_t live = 4 * GiB;
+    for (int s = 0; s < 16; s++) { /* each item: 64 MiB of activations, a 1 GiB model kept */
+        ev[3 * s] = (struct og_hist_ev){ .t_rel = s * 0.1, .op = OG_OP_ALLOC, .bytes = GiB, .live = live += GiB };
+        ev[3 * s + 1] = (struct og_hist_ev){
+            .t_rel = s * 0.1 + 0.01, .op = OG_OP_ALLOC, .bytes = 64 * MiB, .live = live += 64 * MiB
+        };
+        ev[3 * s + 2] = (struct og_hist_ev){
+            .t_rel = s * 0.1 + 0.02, .op = OG_OP_FREE, .bytes = 64 * MiB, .live = live -= 64 * MiB
+        };
+    }
+    r->history.events = ev;
+    r->history.nevents = 48;
+    fixture_roles(r, 17 * GiB, 0, 0, 0, 3 * GiB, 64 * MiB); /* and 3 GiB of outputs kept */
+    fixture_model(r, "ScaleShiftMACE", GiB, 17, true);
+    fixture_model_held(r, 1, 1, "atoms,opt");
+    fixture_phase(r, "forward", "/w/screen.py", "forward");
+    r->memory.fw.grad_enabled = 1;
+    og_set(&r->event.requested_bytes, 128 * MiB);
+    og_set(&r->device.free_bytes, 64 * MiB);
+    run_primary(r, "growth");
+    assert_int_equal(r->analysis.facts.roles.model_copies, 16 * GiB);
+    assert_string_equal(r->remedies[0].id, "release_references");
+    assert_non_null(strstr(r->remedies[0].why, "17 copies of ScaleShiftMACE"));
+    assert_true(how_has(&r->remedies[0], "once, before the loop"));
+    assert_int_equal(rank_of(r, "inference_mode"), 0);
+    assert_int_equal(rank_of(r, "smaller_batch"), 0);
+    assert_int_equal(rank_of(r, "restart_process"), 0);
+    r->memory.fw.roles.models[0].count = 2; /* one copy: the rise is something else */
+    run_primary(r, "growth");
+    assert_null(strstr(r->remedies[0].why, "copies of ScaleShiftMACE"));
+    assert_true(rank_of(r, "inference_mode") > 0);
+    free(r);
+}
+
 static void growth_selection(void **state)
 {
     og_record_t *r = base();
@@ -6292,6 +6334,7 @@ int main(void)
         cmocka_unit_test(does_not_fit_selection),
         cmocka_unit_test(does_not_fit_never_leads_with_empty_cache),
         cmocka_unit_test(foreign_names_the_pids),
+        cmocka_unit_test(growth_of_model_copies),
         cmocka_unit_test(growth_selection),
         cmocka_unit_test(cache_held_selection),
         cmocka_unit_test(limit_selection),
