@@ -2847,6 +2847,8 @@ void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds
     growth(f, rec, s);
     f->growth.kept_measured = f->growth.holds && f->roles.known && f->growth.rise &&
                               (double)f->roles.kept_across >= 0.9 * (double)f->growth.rise;
+    f->growth.copies_kept = f->growth.holds && f->roles.known && f->growth.rise &&
+                            (double)f->roles.model_copies >= 0.8 * (double)f->growth.rise;
     grower(f, rec);
     load(f, rec);
     imbalance(f, rec);

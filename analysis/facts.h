@@ -124,6 +124,9 @@ typedef struct og_growth_facts {
     /* the growth holds and what Python keeps across calls (roles.kept_across: holders kept across calls, a registry's
      * models) is at least 9/10 of its rise: where the rise went was measured, not read from the steps alone */
     bool kept_measured;
+    /* the growth holds and copies of one model beyond the first (roles.model_copies) are at least 4/5 of its rise: a
+     * model built anew each iteration while the earlier ones are kept */
+    bool copies_kept;
     /* read from the run's series (roles.allocated_over_run, every `every`-th optimizer step of the whole run): a
      * staircase, flat within an iteration of many optimizer steps and up between them, never down; steps, rising and
      * transitions then count the series' points and its rises */

@@ -432,16 +432,12 @@ static bool measured_leak(const rctx_t *x)
     const og_role_facts_t *ro = roles_of(x);
     return PRIMARY(GROWTH) && x->primary_conf >= 0.7 && !og_generation_growth(x) &&
            2 * (double)ro->purpose_bytes[OG_PURPOSE_kv_cache] < (double)x->f->growth.rise &&
-           (x->f->growth.kept_measured || x->f->growth.marker == OG_MARK_KEPT_GRAPHS ||
-            (double)ro->model_copies >= 0.8 * (double)x->f->growth.rise ||
+           (x->f->growth.kept_measured || x->f->growth.marker == OG_MARK_KEPT_GRAPHS || x->f->growth.copies_kept ||
             (ro->grower >= 0 && (double)ro->grower_bytes >= 0.8 * (double)x->f->growth.rise));
 }
-/* ... whose rise is copies of one model (roles.model_copies): a model built anew each iteration and kept, whatever
+/* ... whose rise is copies of one model (growth.copies_kept): a model built anew each iteration and kept, whatever
  * autograd records in the pass */
-static bool copies_leak(const rctx_t *x)
-{
-    return measured_leak(x) && (double)x->f->roles.model_copies >= 0.8 * (double)x->f->growth.rise;
-}
+static bool copies_leak(const rctx_t *x) { return measured_leak(x) && x->f->growth.copies_kept; }
 /* restoring a checkpoint: the adapter's phase is loading and its frame is torch.load's */
 static bool checkpoint_restore(const rctx_t *x) { return PHASE(loading) && x->f->load_via_torch_load; }
 /* a load whose one model's parameters on the device (roles.models: a single model, one copy) already fill nine

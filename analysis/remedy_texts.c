@@ -874,10 +874,10 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
         how(r, "%s = copy.deepcopy(%s)   # now only one copy at a time", t, c.source[0] ? c.source : "model");
         return true;
     }
-    /* a growth that is copies of one model (roles.model_copies, four fifths of the rise): a model built anew each
-     * iteration while something keeps every earlier one (a result that keeps its calculator or pipeline) */
+    /* a growth that is copies of one model (growth.copies_kept): a model built anew each iteration while something
+     * keeps every earlier one (a result that keeps its calculator or pipeline) */
     int cg = copies_group(x);
-    if (grew && cg >= 0 && (double)x->f->roles.model_copies >= 0.8 * (double)g->rise) {
+    if (grew && cg >= 0 && g->copies_kept) {
         const og_roles_t *ro = &x->rec->memory.fw.roles;
         char cls[sizeof ro->models[0].cls], names[sizeof ro->models[0].names];
         og_cpy(cls, sizeof cls, ro->models[cg].cls, sizeof cls);
