@@ -1527,6 +1527,7 @@ def _named_holders(scan, modules, frame_roots):
     # outermost first: a traceback's, which keeps the failing stack's locals alive after it unwound)
     stacks = [] if frame_roots is True else [list(reversed(frame_roots))]
     stack = []
+    staged = []
     try:
         for tid, top in list(sys._current_frames().items()):
             stack = []
@@ -1537,7 +1538,8 @@ def _named_holders(scan, modules, frame_roots):
         for stack in stacks:
             # outermost first: a list passed down is named as the caller keeps it (ema_params in
             # train(), not the callee's argument `tensors`)
-            for f in reversed(stack):
+            for i in range(len(stack) - 1, -1, -1):
+                f = stack[i]
                 code = f.f_code
                 if is_user_file(code.co_filename, scan.exclude):
                     where = "local in %s (%s:%d)" % (code.co_name, os.path.basename(code.co_filename), f.f_lineno or 0)
@@ -1558,6 +1560,12 @@ def _named_holders(scan, modules, frame_roots):
                                 scan.rebound.setdefault(id(v), set()).add(str(k))
                         elif k != "self" and _library_object(scan, v):
                             _library_holder(scan, v, str(k), tp.__name__, where, graphs=not own_code)
+                        elif not own_code and scan.kind(tp) == "tensor":
+                            staged.append((k, v, where))
+                    if staged:
+                        for k, v, where in _staged(scan, staged, stack[:i]):
+                            _holder(scan, v, str(k), type(v).__name__, where)
+                        del staged[:]
                     for k in pending:                # a global the statement rebinds (STORE_GLOBAL in a function)
                         v = f.f_globals.get(k)
                         if v is not None and type(v) not in _ATOMS and scan.kind(type(v)) == "module":
@@ -1569,7 +1577,40 @@ def _named_holders(scan, modules, frame_roots):
         for s in stacks:
             del s[:]
         del stack[:]
+        del staged[:]
         top = f = None
+
+
+def _staged(scan, candidates, inner, limit=256):
+    """The bare tensors among a running function's locals (CANDIDATES: (name, tensor, where)) that the call it is
+    making gets only a part of: the frames it called (INNER, innermost first) hold views of the tensor's storage,
+    and the largest of those views is under half of the local's own elements (a whole document's pages moved to
+    the GPU before the loop, each batch a slice of them).  Those bytes are the program's data held by a variable,
+    not the pass's: a batch the call gets whole, a loss, the previous step's outputs are not.  Reads the locals of
+    at most LIMIT frames (a library's wrapper frames too: the view reaches the model through them) and the
+    elements of the tuples and lists among them (an argument tuple); never raises."""
+    want = {}
+    for k, v, where in candidates:
+        st = scan.storage(v)
+        own = _nbytes(v)
+        if st is not None and own:
+            want.setdefault(st[0], []).append((own, k, v, where))
+    views = {}                                   # storage pointer -> the largest view of it the callees hold
+    try:
+        for f in inner[:limit] if want else ():
+            for _, v in _frame_locals(f):
+                for t in (v if type(v) in (tuple, list) and len(v) <= 16 else (v,)):
+                    if scan.kind(type(t)) != "tensor":
+                        continue
+                    st = scan.storage(t)
+                    if st is not None and st[0] in want:
+                        views[st[0]] = max(views.get(st[0], 0), _nbytes(t) or 0)
+    except Exception:
+        return []
+    finally:
+        f = v = t = None
+    return [(k, v, where) for ptr, got in want.items() if ptr in views
+            for own, k, v, where in got if 0 < views[ptr] and 2 * views[ptr] < own]
 
 
 def _result(scan, allocated, complete, why, t0, unknown=()):

@@ -609,7 +609,8 @@ def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowe
             if measured is not None and frame is not None:
                 measured["checkpointing"] = _checkpointing(frame, phase[0], grad, _torch_dir(torch))
             if measured is not None and code is not None:
-                measured["batch_size"] = (_batch_size(code, _torch_dir(torch), phase=phase[0]) or
+                measured["batch_size"] = (_batch_size(code, _torch_dir(torch), phase=phase[0],
+                                                      module_type=getattr(getattr(torch, "nn", None), "Module", None)) or
                                           _input_batch(code, torch))
                 measured["autocast_in_code"] = oomguard_phase.autocast_in_code(code)
                 measured["backward_in_code"] = oomguard_phase.backward_in_code(code)
@@ -889,7 +890,7 @@ def _module_reads(ns, limit=1024):
     return names
 
 
-def _batch_size(frame, torch_dir, limit=64, phase=None):
+def _batch_size(frame, torch_dir, limit=64, phase=None, module_type=None):
     """The batch the failing pass runs, as the program names it: an int named as a batch size (see _BATCH_NAME)
     among the locals of the program's innermost frame that has one, or its module's globals, or one level
     down in a dict or an object there (a config: a local is read when its name is a config's, _CONFIG_NAMES);
@@ -897,8 +898,10 @@ def _batch_size(frame, torch_dir, limit=64, phase=None):
     name for evaluation's is not; None when no name says.  A module's global read only by functions of the module
     that are not running, and by none that is, is theirs: a script's BATCH_SIZE = 8 read by its training loop is not
     the batch of a validation pass whose code never reads it (a constant no function reads is the program's
-    word, and counts).  Reads names and bytecode only: nothing is called.  Frames of torch and of this adapter
-    are skipped."""
+    word, and counts).  The locals of a module's own code (a frame whose `self` is a MODULE_TYPE) are read last,
+    where nothing else names the batch: a module deep in a model names its own batch (a window attention's
+    batch_size is the inputs times their windows).  Reads names and bytecode only: nothing is called.  Frames of
+    torch and of this adapter are skipped."""
     evaluating = phase in _EVALUATING
     f, n, mine = frame, 0, []
     own = os.path.dirname(os.path.abspath(__file__))
@@ -913,17 +916,25 @@ def _batch_size(frame, torch_dir, limit=64, phase=None):
             deep = 0 if f.f_code.co_name == "<module>" else 3
             read.setdefault(id(f.f_globals), set()).update(_global_reads(f.f_code, deep))
         seen = set()
+        later = []
         for f in mine:
             # a frame's locals are read (without leaving them on the frame) only where one of its variable
             # names is a batch's or a config's
             names = f.f_code.co_varnames
-            b = (_batch_in(dict(oomguard_roles._frame_locals(f)), evaluating)
-                 if any(_batch_value(v, 1, evaluating) or v in _CONFIG_NAMES for v in names) else None)
+            b = None
+            if any(_batch_value(v, 1, evaluating) or v in _CONFIG_NAMES for v in names):
+                loc = dict(oomguard_roles._frame_locals(f))
+                if names[:1] == ("self",) and module_type is not None and issubclass(type(loc.get("self")), module_type):
+                    later.append(_batch_in(loc, evaluating))
+                else:
+                    b = _batch_in(loc, evaluating)
+                loc = None
             if b is None and id(f.f_globals) not in seen:
                 seen.add(id(f.f_globals))
                 b = _batch_in(f.f_globals, evaluating, _module_reads(f.f_globals) - read[id(f.f_globals)])
             if b is not None:
                 return b
+        return next((b for b in later if b is not None), None)
     except Exception:
         return None
     return None

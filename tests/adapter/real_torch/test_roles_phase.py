@@ -582,6 +582,38 @@ def t_local_holder():
     assert r["roles"]["activations"][0] is None and r["why"], r      # allocated unknown: rest unknown
 
 
+def slice_of(t, n):
+    """The first n float32 elements of t, a view of its storage."""
+    if not STAND_IN:
+        return t[:n]
+    v = t.view()
+    v.nbytes = 4 * n
+    return v
+
+
+def t_staged_local():
+    """A bare tensor a running function holds, of which the call it makes gets a slice (a document's pages staged
+    whole, a batch of them passed on): a named holder; the batch, which the call gets whole, is the pass's"""
+    build()
+
+    def run(x):
+        return measure(None)
+
+    def named(r):
+        return dict((h[0].split(" (")[0], h[4]) for h in r["holders"])
+    pages = empty(1000)
+    batch = slice_of(pages, 100)
+    got = named(run(batch))
+    assert got.get("pages") == 1000 * 4 and "batch" not in got, got
+    whole = empty(500)                  # a call given none of it: pages is not read as staged for it
+    got = named(run(whole))
+    assert "whole" not in got and "pages" not in got, got
+    half = slice_of(pages, 500)         # half of it: not a slice of staged data
+    del batch
+    got = named(run(half))
+    assert "pages" not in got and "half" not in got, got
+
+
 def t_gc_only():
     """Modules and optimizers reached only through gc: no name of ours holds them."""
     truth, _ = build()
@@ -1377,6 +1409,7 @@ check("a holder that is a collection of like records says how many (a scene's ca
       t_holder_records)
 check("a list local of a running function is a named holder; unknown allocated leaves activations unknown",
       t_local_holder)
+check("a tensor staged whole by a running function, the call given a slice of it: a named holder", t_staged_local)
 check("modules and optimizers found through gc alone", t_gc_only)
 check("the time budget stops the scan: incomplete, activations unknown", t_budget)
 check("the standard library's frames are not the program's line; the operation table still reads them",
@@ -1744,6 +1777,21 @@ def t_batch_size():
                  "/tmp/notebook.py", "exec"), ns)
     assert ns["f"]("forward") == 8 and ns["f"]("backward") == 8, (ns["f"]("forward"), ns["f"]("backward"))
     assert ns["f"]("evaluation") == 64 and ns["f"]("generation") == 64, ns["f"]("evaluation")
+    # a module deep in the model names its own batch (a window attention's: the inputs times their windows): the
+    # program's word comes first, the module's only where the program names none
+    ns = {"__name__": "prog", "tdir": tdir, "sys": sys, "oomguard_torch": oomguard_torch, "nn": torch.nn}
+    exec(compile("class WindowAttention(nn.Module):\n"
+                 "    def forward(self, x):\n"
+                 "        batch_size = 12288\n"
+                 "        return oomguard_torch._batch_size(sys._getframe(0), tdir, module_type=nn.Module)\n"
+                 "BATCH_SIZE = 4\n"
+                 "def split(m):\n    return m(BATCH_SIZE)\n"
+                 "def bare(m):\n    return m(None)\n",
+                 "/tmp/prog.py", "exec"), ns)
+    m = ns["WindowAttention"]()
+    assert ns["split"](m) == 4, ns["split"](m)
+    del ns["BATCH_SIZE"]
+    assert ns["bare"](m) == 12288, ns["bare"](m)
 
 
 def t_input_batch():
