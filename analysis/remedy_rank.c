@@ -631,6 +631,10 @@ static bool generation_many_inputs(const rctx_t *x)
     return PHASE(generation) && x->grad != 1 && x->trains != 1 && roles_of(x)->gen_fixed_inputs &&
            roles_of(x)->gen_inputs > 1;
 }
+/* its lead, unless a holder of the program's that is not the pass holds more than every role and the shortfall
+ * (roles.dominant: a whole document's pages staged on the device before the loop, each call given a slice): the
+ * inputs the call gets are not what filled the card, and chunking them only makes room beside that holder */
+static bool generation_many_inputs_lead(const rctx_t *x) { return generation_many_inputs(x) && !og_dominant_holder(x); }
 /* one inference input larger than the card: its length is the lever, when something says the request is a
  * model's input (a forward, evaluation or generation frame on the stack, a KV cache held, or the failing
  * statement's sizes: one length twice or more, seq x seq); otherwise (a score or similarity matrix computed outside
@@ -2191,9 +2195,11 @@ static const og_rank_row_t lead[] = {
       "as generation_working_set, no growth cause (growth.gen_built, or decoding with a KV cache >= "
       "shortfall and >= 1/4 of the allocated bytes)",
       "translate_docs_beam_kv_growth, longform_eval_kv_growth (blind)" },
-    { "generation_many_inputs_lead", generation_many_inputs, LEAD_COVERS, -29, 0, REMS(R_SMALLER_BATCH),
-      "as generation_many_inputs (ahead of a generation's tokens and beams: chunks change no output)",
-      "county_records_trocr_large_every_line_of_a_page_in_one_beam_generate_tax_roll_ledger_t4 (blind)" },
+    { "generation_many_inputs_lead", generation_many_inputs_lead, LEAD_COVERS, -29, 0, REMS(R_SMALLER_BATCH),
+      "as generation_many_inputs, no dominant holder (roles.dominant) (ahead of a generation's tokens and beams: "
+      "chunks change no output)",
+      "county_records_trocr_large_every_line_of_a_page_in_one_beam_generate_tax_roll_ledger_t4, "
+      "donut_loan_package_splitter_whole_pdf_pixel_values_on_gpu_l4 (blind)" },
     { "one_input_peak_lead", one_input_peak, LEAD_COVERS, -28, 0, REMS(R_SHORTER_SEQ),
       "as one_input_peak (ahead of a generation's batch and cache: one prompt, not the working set)",
       "batch_summarize_llama31_8b_one_exhibit_pads_batch_to_31k_a100_40gb (blind)" },

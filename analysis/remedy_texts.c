@@ -831,9 +831,23 @@ static void checkpoint_kept_why(const rctx_t *x, og_remedy_t *r)
         strcmp(copy, "optimizer_state") == 0 ? "optimizer state" : "parameters");
 }
 
-/* how a list holder N keeps less on the device: host copies, numbers, cleared once read */
-static void keep_less_how(og_remedy_t *r, const char *n)
+/* the holder keeps one tensor (a tensor bound to a name, or a container of one) */
+static bool one_tensor(const og_role_holder_t *h)
 {
+    char kind[sizeof h->kind];
+    og_cpy(kind, sizeof kind, h->kind, sizeof kind);
+    return h->tensors == 1 || strcmp(kind, "Tensor") == 0;
+}
+
+/* how a holder N keeps less on the device: ONE tensor kept whole is read a slice at a time (each batch moved as the
+ * loop reaches it); a list gets host copies, numbers, and is cleared once read */
+static void keep_less_how(const rctx_t *x, og_remedy_t *r, const char *n, bool one)
+{
+    if (one) {
+        how(r, "%s%s = %s.cpu().pin_memory()   # kept in host memory", pt(x), n, n);
+        how(r, "%sx = %s[i:i + batch].cuda(non_blocking=True)   # a batch at a time on the GPU", pt(x), n);
+        return;
+    }
     how(r, "%s.append(t.detach().cpu())   # what is kept for later (a metric, a report) in host memory", n);
     how(r, "%s.append(t.item())   # a number, not a tensor, where a number is all that is read", n);
     how(r, "%s.clear()   # (or del) once read: nothing on the device outlives its use", n);
@@ -941,11 +955,9 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
     if (!grew && og_kept_holder(x)) {
         const og_role_facts_t *kf = &x->f->roles;
         const og_role_holder_t *h = &x->rec->memory.fw.roles.holders[kf->keeper];
-        char lb[160], name[sizeof h->name], kind[sizeof h->kind];
+        char lb[160], name[sizeof h->name];
         const char *holder = holder_label(x, kf->keeper, lb, sizeof lb);
         og_cpy(name, sizeof name, h->name, sizeof name);
-        og_cpy(kind, sizeof kind, h->kind, sizeof kind);
-        bool one = h->tensors == 1 || strcmp(kind, "Tensor") == 0;
         r->saving = "All that the holder keeps on the GPU";
         why(r,
             "%s keeps %s on the GPU across calls%s%llu tensor%s): more than is missing, and many times the %s of "
@@ -953,13 +965,7 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
             "the GPU only what the next step computes with.",
             holder ? holder : "A holder", og_hb((double)kf->keeper_bytes).s, " (", (unsigned long long)h->tensors,
             h->tensors == 1 ? "" : "s", og_hb((double)x->cached).s);
-        const char *n = name[0] ? name : "kept";
-        if (one) { /* one tensor kept whole: read a slice at a time */
-            how(r, "%s%s = %s.cpu().pin_memory()   # kept in host memory", pt(x), n, n);
-            how(r, "%sx = %s[i:i + batch].cuda(non_blocking=True)   # a batch at a time on the GPU", pt(x), n);
-        } else {
-            keep_less_how(r, n);
-        }
+        keep_less_how(x, r, name[0] ? name : "kept", one_tensor(h));
         return true;
     }
     if (!grew && og_dominant_holder(x)) {
@@ -974,8 +980,7 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
             "the running pass, the largest thing on the device. Keep there only what the next step computes with.",
             holder ? holder : "A holder", og_hb((double)h->bytes).s, (unsigned long long)h->tensors,
             h->tensors == 1 ? "" : "s");
-        const char *n = name[0] ? name : "kept";
-        keep_less_how(r, n);
+        keep_less_how(x, r, name[0] ? name : "kept", one_tensor(h));
         return true;
     }
     if (!grew && og_previous_copy(x) && x->f->roles.unreached_copies) {

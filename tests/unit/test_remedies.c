@@ -5269,6 +5269,40 @@ static void restored_by_torch_load(void **state)
  * main() while backward runs): 40 GiB, more than the parameters, the optimizer state or the pass's activations:
  * releasing what it keeps leads, named; the same list as a local of the module's own forward (the pass's working
  * set), or with the activations unmeasured, is no such holder */
+/* a document's pages staged whole on the device before the loop (a bare tensor a running function holds, of which
+ * the generate() call gets a slice: the adapter names it a holder): keeping them in host memory and moving each batch
+ * leads, not chunks of the call's inputs, which only make room beside them */
+static void staged_inputs_not_the_call(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->device.total_bytes, 22 * GiB + 512 * MiB);
+    og_set(&r->event.requested_bytes, 1875 * MiB);
+    og_set(&r->device.free_bytes, 588 * MiB);
+    fixture_roles(r, 770 * MiB, 0, 0, 0, 17 * GiB + 140 * MiB, 3600 * MiB);
+    fixture_holder(r, "pixel_values", "Tensor", "local in split_package (split.py:513)", 17 * GiB + 140 * MiB);
+    fixture_phase(r, "generation", "split.py", "generate");
+    r->memory.fw.grad_enabled = -1;
+    snprintf(r->memory.fw.roles.gen_input, sizeof r->memory.fw.roles.gen_input, "pixel_values");
+    r->memory.fw.roles.gen_dims = 4;
+    memcpy(r->memory.fw.roles.gen_shape, (uint64_t[]){ 4, 3, 2560, 1920 }, 4 * sizeof(uint64_t));
+    run_primary(r, "does_not_fit");
+    assert_true(r->analysis.facts.roles.gen_fixed_inputs);
+    assert_int_equal(r->analysis.facts.roles.dominant, 0);
+    assert_string_equal(r->remedies[0].id, "release_references");
+    assert_true(ranked_by(&r->remedies[0], "dominant_holder_lead"));
+    assert_true(how_has(&r->remedies[0], "pixel_values = pixel_values.cpu().pin_memory()"));
+    assert_false(ranked_by(rem(r, "smaller_batch"), "generation_many_inputs_lead"));
+    /* without the staged pages the call's inputs are what grows: chunks of them lead */
+    r->memory.fw.roles.nholders = 0;
+    og_set(&r->memory.fw.roles.bytes[OG_ROLE_held_by_python], 0);
+    og_set(&r->memory.fw.roles.bytes[OG_ROLE_activations], 20 * GiB + 700 * MiB);
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "smaller_batch");
+    assert_true(ranked_by(&r->remedies[0], "generation_many_inputs_lead"));
+    free(r);
+    (void)state;
+}
+
 static void dominant_holder_first(void **state)
 {
     og_record_t *r = base();
@@ -6466,6 +6500,7 @@ int main(void)
         cmocka_unit_test(pipeline_kept_beside_training),
         cmocka_unit_test(reference_records_a_graph),
         cmocka_unit_test(dominant_holder_first),
+        cmocka_unit_test(staged_inputs_not_the_call),
         cmocka_unit_test(weights_copies_kept),
         cmocka_unit_test(copies_kept_across_steps),
         cmocka_unit_test(finished_training_beside_the_next),
