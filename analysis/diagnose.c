@@ -615,7 +615,19 @@ static bool c_peer_ranks(const og_facts_t *d, const og_record_t *r, og_cause_t *
                 "are this job's, not other users'.",
                 d->npeers, og_plural(d->npeers, "process", "processes"), og_plural(d->npeers, "holds", "hold"),
                 og_hb((double)d->peers_bytes).s, r->event.device);
-    else if (d->parent_only)
+    else if (d->own_children) {
+        char named[sizeof r->memory.fw.roles.children[0].name] = "";
+        const char *t = og_child_name(r, r->memory.other[d->own_child].pid);
+        og_cpy(named, sizeof named, t ? t : "", sizeof named);
+        summary(c,
+                "%d %s this process started through multiprocessing %s %s on GPU %d, and %s no DataLoader "
+                "worker: the largest, pid %d, is named \"%s\" by the code that started it. Work of this job's own "
+                "that is still alive beside this one (a cluster's or a pool's worker, not closed), not another "
+                "user's.",
+                d->npeers, og_plural(d->npeers, "process", "processes"), og_plural(d->npeers, "holds", "hold"),
+                og_hb((double)d->peers_bytes).s, r->event.device, og_plural(d->npeers, "it is", "none is"),
+                r->memory.other[d->own_child].pid, named);
+    } else if (d->parent_only)
         summary(c,
                 "The process that started this one (its parent) holds %s on GPU %d: this process was started on its "
                 "parent's GPU, beside what the parent keeps there (its tensors and its cache). It is this job, not "
@@ -660,6 +672,8 @@ static bool c_peer_ranks(const og_facts_t *d, const og_record_t *r, og_cause_t *
     ev_num(c, "children", d->nchildren);
     if (d->nchild_programs)
         ev_num(c, "child_programs", d->nchild_programs);
+    if (d->nchild_own)
+        ev_num(c, "own_children", d->nchild_own);
     if (d->nworld_peers)
         ev_num(c, "other_worlds", d->nworld_peers);
     ev_num(c, "siblings", d->nsiblings);

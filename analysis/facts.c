@@ -176,6 +176,19 @@ static uint64_t pool_idle(const og_framework_view_t *fw)
 
 static int nested_launch_tasks(const og_record_t *r);
 
+/* the name the code that started a child of this process gave it, as the adapter listed this process's
+ * multiprocessing children (roles.child_processes); "" where it kept the default name (a DataLoader's worker, any
+ * unnamed process); NULL when not listed or not read */
+const char *og_child_name(const struct og_record *rec, int pid)
+{
+    const og_roles_t *ro = &rec->memory.fw.roles;
+    int n = OG_FILLED(ro->nchildren, ro->children);
+    for (int i = 0; ro->children_read && pid > 0 && i < n; i++)
+        if (ro->children[i].pid == pid)
+            return ro->children[i].name;
+    return NULL;
+}
+
 static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t *th)
 {
     og_thresholds_t t = th ? *th : th_default;
@@ -200,7 +213,7 @@ static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t
     /* peers of the same job are not "other users" of the GPU */
     int no = rec->memory.nother < 0 ? 0 : rec->memory.nother > 32 ? 32 : rec->memory.nother, unreadable = 0;
     d->peers_small = true;
-    d->same_program_big = -1;
+    d->same_program_big = d->own_child = -1;
     /* srun around torchrun (nested_launch_tasks): when every other process on this GPU is unreadable here (another pid
      * namespace) and there is exactly one per other task, they are the other worlds' ranks with this local rank, the
      * job's own (an exact count, never a guess from sizes); any other count leaves them others */
@@ -216,6 +229,12 @@ static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t
             d->nchildren += rec->memory.other[i].child && rec->memory.other[i].rank < 0;
             d->nchild_programs +=
                 rec->memory.other[i].child && rec->memory.other[i].rank < 0 && rec->memory.other[i].other_program;
+            const char *named = rec->memory.other[i].child ? og_child_name(rec, rec->memory.other[i].pid) : NULL;
+            if (named && named[0]) {
+                d->nchild_own++;
+                if (d->own_child < 0 || rec->memory.other[i].bytes > rec->memory.other[d->own_child].bytes)
+                    d->own_child = i;
+            }
             d->nsiblings += rec->memory.other[i].sibling;
             d->nparents += rec->memory.other[i].parent;
             d->peers_bytes = add_sat(d->peers_bytes, rec->memory.other[i].bytes);
@@ -232,6 +251,7 @@ static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t
         }
     }
     d->child_programs = d->npeers && d->nchildren == d->npeers && d->nchild_programs == d->npeers;
+    d->own_children = d->npeers && d->nchild_own == d->npeers;
     d->parent_only = d->npeers && d->nparents == d->npeers && rec->world_size <= 1 && rec->rank < 0;
     const og_roles_t *ro = &rec->memory.fw.roles;
     d->model_gpu_elsewhere =

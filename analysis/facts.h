@@ -49,6 +49,9 @@ enum og_job_phase {
     OG_JP_COUNT
 };
 const char *og_job_phase_name(enum og_job_phase p);
+/* the name a child of this process was given (roles.child_processes); "" the default one; NULL not listed or read */
+struct og_record;
+const char *og_child_name(const struct og_record *rec, int pid);
 
 #define OG_NFW              5 /* enum og_framework values */
 #define OG_GROWTH_MAX_STEPS 512
@@ -552,6 +555,12 @@ typedef struct og_facts {
     int nworld_peers;
     int nchild_programs; /* of the children, those running another program (memory.other_processes[].other_program) */
     bool child_programs; /* every peer is such a child: programs this process started (an evaluation per epoch) */
+    /* of the children, those the adapter listed as this process's multiprocessing children (roles.child_processes)
+     * with a name the code that started them gave them (a dask-cuda Nanny's worker, a Pool's): not a DataLoader's
+     * workers, which keep the default name; a child not listed, or listed with the default name, may be one */
+    int nchild_own;
+    bool own_children;       /* every peer is a child known to be no DataLoader worker (nchild_own == npeers) */
+    int own_child;           /* the largest of those (memory.other_processes index); -1 none */
     int nsiblings, nparents; /* peers that are workers of the same parent (a pre-fork server) or its master */
     /* every peer is this process's parent, and this process is no rank: a program the job's own process started on
      * the parent's GPU (an evaluation child beside its trainer) */

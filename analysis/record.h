@@ -223,6 +223,16 @@ typedef struct og_roles {
     int num_beams;                 /* the beam width of the generation running at the failure; 0 unknown */
     int checkpointing;             /* activation checkpointing for the failing pass: 1 in force, -1 off, 0 unknown */
     int batch_size;                /* the batch the program names for the failing pass (an int named so); 0 unknown */
+    /* roles.child_processes: the children this process started through Python's multiprocessing, alive by its own
+     * record, and the name the code that started each gave it ("Dask Worker process (from Nanny)"; "" the default
+     * one, as a DataLoader's workers keep); children_read false: not read (no adapter report, or multiprocessing
+     * never imported) */
+    bool children_read;
+    int nchildren;
+    struct {
+        int pid;
+        char name[96];
+    } children[8];
     /* roles.statement_model_device: the GPU of the models the failing statement reads by name, another than the
      * failing one (a tensor made on the current device for a model on cuda:1); has_ false: none such, or not read */
     bool has_stmt_model_device;

@@ -92,12 +92,17 @@ static bool child_peers(const rctx_t *x) { return HAS(PEERS) && x->npeers && x->
 /* ... workers of this program (forks, multiprocessing's spawn; not all programs of their own): each one that touches CUDA holds a context, a cache
  * and its batches of its own */
 static bool child_programs(const rctx_t *x);
-static bool worker_peers(const rctx_t *x) { return child_peers(x) && !child_programs(x); }
+static bool worker_peers(const rctx_t *x) { return child_peers(x) && !child_programs(x) && !x->f->own_children; }
 static bool worker_primary(const rctx_t *x) { return PRIMARY(PEERS) && worker_peers(x); }
 /* ... every one a program of its own it started (an evaluation script per epoch, not waited for): each holds its
  * context and what it loaded; fewer at once (one, waited for) or the work done in this process */
 static bool child_programs(const rctx_t *x) { return HAS(PEERS) && x->f->child_programs; }
 static bool child_programs_primary(const rctx_t *x) { return PRIMARY(PEERS) && child_programs(x); }
+/* ... every one a child this process's Python lists as its multiprocessing child under a name the code that started it
+ * gave it (facts: own_children: a dask-cuda cluster's worker, a pool's, left running; a DataLoader's workers keep the
+ * default name): its memory is that work's, freed when the program closes what started it */
+static bool own_children(const rctx_t *x) { return HAS(PEERS) && x->f->own_children; }
+static bool own_children_primary(const rctx_t *x) { return PRIMARY(PEERS) && own_children(x); }
 /* the job's ranks outnumber the machine's GPUs (facts: ranks_outnumber_gpus) and some of them hold memory here */
 static bool ranks_outnumber_gpus(const rctx_t *x) { return HAS(PEERS) && x->f->ranks_outnumber_gpus; }
 /* ... or, whoever the other processes on the GPU are (their identity not readable: another pid namespace), this
@@ -1454,6 +1459,11 @@ static const og_rank_row_t bring[] = {
       "cause peer_ranks, every peer a child of this process running another program (other_program: not a fork, "
       "not a multiprocessing worker)",
       "conformer_ctc_epoch_end_eval_subprocesses_pile_up_same_gpu_a100_40gb (blind)" },
+    { "own_children", own_children, WANT, 0, 0, REMS(R_FOREIGN),
+      "cause peer_ranks, every peer a child of this process that its multiprocessing lists under a name the code "
+      "that started it gave it (roles.child_processes; facts: own_children): no DataLoader worker",
+      "merlin_nvtabular_etl_dask_cuda_worker_rmm_pool_outlives_etl_session_recsys_training_a10g (blind); (unit tests: "
+      "own_children_not_workers)" },
     { "nested_launch", nested_launch, WANT, 0, 0, REMS(R_ONE_RANK),
       "facts: nested_launchers (torchrun's world inside one of SLURM_NTASKS_PER_NODE > 1 srun tasks), the ranks on "
       "the node > the visible GPUs, other processes on the GPU >= shortfall",
@@ -2034,6 +2044,11 @@ static const og_rank_row_t lead[] = {
     { "child_programs_lead", child_programs_primary, LEAD, -20, 0, REMS(R_FEWER_WORKERS),
       "primary peer_ranks, as child_programs",
       "conformer_ctc_epoch_end_eval_subprocesses_pile_up_same_gpu_a100_40gb (blind)" },
+    { "own_children_lead", own_children_primary, LEAD, -20, 0, REMS(R_FOREIGN), "primary peer_ranks, as own_children",
+      "merlin_nvtabular_etl_dask_cuda_worker_rmm_pool_outlives_etl_session_recsys_training_a10g (blind); (unit tests: "
+      "own_children_not_workers)" },
+    { "own_children_restart_again", own_children_primary, DROP, 0, 0, REMS(R_RESTART),
+      "the same (a restart runs the code that starts them again)", "(unit tests: own_children_not_workers)" },
     { "workers_restart_again", worker_primary, DROP, 0, 0, REMS(R_RESTART),
       "the same (a restart starts the workers again, each taking CUDA as before)",
       "kornia_gpu_augment_in_spawned_workers (blind)" },
@@ -2417,7 +2432,8 @@ static void estimate(rank_t *k, const rctx_t *x)
     if (cover[R_EMPTY_CACHE] > 0 && x->rec->memory.fw.has)
         cover[R_EMPTY_CACHE] = (double)sub0(x->reclaim, x->rec->memory.fw.inactive_split_bytes);
     cover[R_POOL_TRIM] = x->app_pool ? (double)x->f->app_slack : -1;
-    cover[R_FOREIGN] = (double)x->other + (HAS(NONFW) ? (double)x->nonfw : 0);
+    cover[R_FOREIGN] = (double)x->other + (HAS(NONFW) ? (double)x->nonfw : 0) +
+                       (own_children(x) ? (double)x->peers_bytes : 0); /* this job's own children, closed */
     cover[R_RELEASE_REFS] = x->growth_rise ? (double)x->growth_rise : -1;
     if (kept_graphs(x) && (double)roles_of(x)->kept_graphs > cover[R_RELEASE_REFS]) /* the earlier batches' graphs */
         cover[R_RELEASE_REFS] = (double)roles_of(x)->kept_graphs;

@@ -525,10 +525,56 @@ static bool desktop_app(const char *name)
     return false;
 }
 
+/* how the work a child of this process does is closed, by the name its starter gave it (a substring of it: dask's
+ * Nanny names its worker "Dask Worker process (from Nanny)", a Pool its workers "SpawnPoolWorker-N"); the last row, of
+ * no name, stands for any other */
+static const struct {
+    const char *named, *how;
+} close_child[] = {
+    { "Dask Worker",
+      "client.close(); cluster.close()   # the dask (LocalCUDACluster) client and cluster, once their work "
+      "is done; or `with LocalCUDACluster(...) as cluster, Client(cluster) as client:`" },
+    { "PoolWorker",
+      "pool.close(); pool.join()   # the multiprocessing Pool, once its work is done (or `with Pool(...)`)" },
+    { "", "proc.join() or proc.terminate()   # the Process object that started it, before this work needs the GPU" },
+};
+
+/* every peer is this process's own child doing work of its own (facts: own_children): close that work in code */
+static void own_children_text(const rctx_t *x, og_remedy_t *r)
+{
+    const og_record_t *rec = x->rec;
+    int big = x->f->own_child;
+    const char *t = og_child_name(rec, rec->memory.other[big].pid);
+    char named[sizeof rec->memory.fw.roles.children[0].name];
+    og_cpy(named, sizeof named, t ? t : "", sizeof named);
+    why(r,
+        "No other user holds this GPU: %d %s this process started through multiprocessing %s %s on it, and %s no "
+        "DataLoader worker. The largest, pid %d (%s), is named \"%s\" by the code that started it: this job's own "
+        "work, left running beside this one. It gives its memory back when the program closes what started it",
+        x->npeers, og_plural(x->npeers, "process", "processes"), og_plural(x->npeers, "holds", "hold"),
+        og_hb((double)x->peers_bytes).s, og_plural(x->npeers, "it is", "none is"), rec->memory.other[big].pid,
+        og_hb((double)rec->memory.other[big].bytes).s, named);
+    if (x->shortfall)
+        why(r, "; %s is missing.", og_hb((double)x->shortfall).s);
+    else
+        why(r, ".");
+    size_t k = 0, last = sizeof close_child / sizeof *close_child - 1;
+    while (k < last && !strstr(named, close_child[k].named))
+        k++;
+    how(r, "%s", close_child[k].how);
+    if (k == last) /* what started it is not known by its name: the ways a program closes its workers */
+        for (size_t i = 0; i < last; i++)
+            how(r, "%s", close_child[i].how);
+}
+
 static bool b_foreign_processes(const rctx_t *x, og_remedy_t *r)
 {
     const og_record_t *rec = x->rec;
     int n = nother(rec);
+    if (x->f->own_children && x->f->own_child >= 0 && !x->other) {
+        own_children_text(x, r);
+        return true;
+    }
     if (x->other_inferred)
         why(r,
             "NVML could not list the GPU's processes here (a container without it?), but %s of this GPU "

@@ -402,6 +402,17 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
         og_sb_printf(sb, "%d", r->batch_size);
     else
         og_sb_puts(sb, "null");
+    K("child_processes");
+    if (r->children_read) {
+        og_sb_putc(sb, '[');
+        for (int i = 0; i < r->nchildren && i < (int)(sizeof r->children / sizeof r->children[0]); i++) {
+            og_sb_printf(sb, "%s{\"pid\":%d,\"name\":", i ? "," : "", r->children[i].pid);
+            j_str_or_null(sb, r->children[i].name);
+            og_sb_putc(sb, '}');
+        }
+        og_sb_putc(sb, ']');
+    } else
+        og_sb_puts(sb, "null");
     K("statement_model_device");
     if (r->has_stmt_model_device)
         og_sb_printf(sb, "%d", r->stmt_model_device);

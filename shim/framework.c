@@ -243,6 +243,11 @@ static void parse_roles(const char *s, og_roles_t *r)
             copy_field(r->stmt_names, sizeof r->stmt_names, f[6]);
             if (n >= 8)
                 copy_field(r->stmt_ints, sizeof r->stmt_ints, f[7]);
+        } else if (!strcmp(f[0], "child") && n >= 3 &&
+                   r->nchildren < (int)(sizeof r->children / sizeof r->children[0])) {
+            r->children[r->nchildren].pid = atoi(f[1]);
+            copy_field(r->children[r->nchildren].name, sizeof r->children[0].name, f[2]);
+            r->nchildren += r->children[r->nchildren].pid > 0;
         } else if (!strcmp(f[0], "steps") && n >= 3) {
             r->steps_made = strtoull(f[1], NULL, 10);
             r->steps_known = true;
@@ -293,6 +298,8 @@ static void parse_roles(const char *s, og_roles_t *r)
                 r->checkpointing = !strcmp(f[2], "1") ? 1 : !strcmp(f[2], "0") ? -1 : 0;
             else if (!strcmp(f[1], "batch_size"))
                 r->batch_size = atoi(f[2]) > 0 ? atoi(f[2]) : 0;
+            else if (!strcmp(f[1], "children_read"))
+                r->children_read = atoi(f[2]) != 0;
             else if (!strcmp(f[1], "statement_model_device") && atoi(f[2]) >= 0) {
                 r->has_stmt_model_device = true;
                 r->stmt_model_device = atoi(f[2]);

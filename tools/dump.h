@@ -139,6 +139,11 @@ struct og_roles_view {
     int nover_run;
     int64_t over_run_every; /* allocated_over_run.every, -1 absent */
     int64_t optimizer_steps, num_beams, batch_size;
+    struct og_child_view { /* child_processes: multiprocessing's children alive (children_read 0: null) */
+        int64_t pid;
+        const char *name; /* the name their starter gave them; NULL the default one */
+    } * children;
+    int nchildren, children_read;
     int64_t statement_model_device;     /* -1 unknown (null) */
     const char *statement_model;        /* the name that model is read by; NULL null */
     int64_t attention_modules;          /* -1 unknown (null) */

@@ -1187,6 +1187,12 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
         TRY(read_ints(L, arr, &(struct path){ &pg, "shape", 0 }, &r->generation_input.shape,
                       &r->generation_input.ndims));
     }
+    ROLES_ARRAY("child_processes", r->children, r->nchildren,
+                { /* this process's multiprocessing children */
+                  TRY(get_int(L, x, &pe, "pid", &r->children[r->nchildren].pid));
+                  TRY(get_str(L, x, &pe, "name", &r->children[r->nchildren].name));
+                });
+    r->children_read = cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(o, "child_processes"));
     TRY(get_obj(L, o, &p, "ddp", &q)); /* DDP's bucket copy of the gradients */
     if (q) {
         struct path pq = { &p, "ddp", 0 };

@@ -438,6 +438,17 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
             og_sb_printf(&b, "%lld, as the program names it", (long long)r->batch_size);
         FACT("batch size");
         og_sb_init(&b);
+        for (int i = 0; i < r->nchildren; i++)
+            if (r->children[i].name)
+                og_sb_printf(&b, "%spid %lld, named \"%s\" by the code that started it", i ? "; " : "",
+                             (long long)r->children[i].pid, r->children[i].name);
+            else
+                og_sb_printf(&b, "%spid %lld, under multiprocessing's default name (a DataLoader worker keeps it)",
+                             i ? "; " : "", (long long)r->children[i].pid);
+        if (r->children_read && !r->nchildren)
+            og_sb_puts(&b, "none alive in multiprocessing's record");
+        FACT("child processes");
+        og_sb_init(&b);
         if (r->statement_model_device >= 0)
             og_sb_printf(&b, "%s is on GPU %lld, not the failing GPU: the statement makes its tensor away from it",
                          r->statement_model ? r->statement_model : "the model it reads",

@@ -1613,6 +1613,36 @@ def _staged(scan, candidates, inner, limit=256):
             for own, k, v, where in got if 0 < views[ptr] and 2 * views[ptr] < own]
 
 
+def child_processes(limit=8):
+    """The children this process started through Python's multiprocessing that are alive by its own record
+    (multiprocessing.process._children: a DataLoader's workers, a Pool's, the worker a dask-cuda Nanny spawns), as
+    (pid, name): the name the code that started it gave the Process ("Dask Worker process (from Nanny)",
+    "SpawnPoolWorker-3"), or None where it kept the default one ("SpawnProcess-2": a DataLoader's workers, whose
+    target start() forgets, or any other unnamed process).  Read from the record as it is: active_children() would
+    poll and reap finished ones.  None when multiprocessing was never imported (no child of it to read); never
+    raises."""
+    mp = sys.modules.get("multiprocessing.process")
+    if mp is None:
+        return None
+    try:
+        kids = list(getattr(mp, "_children", None) or ())
+    except Exception:
+        return None
+    out = []
+    for p in kids:
+        try:
+            pid = int(getattr(getattr(p, "_popen", None), "pid", 0) or 0)
+            if pid <= 0:
+                continue
+            name = getattr(p, "_name", None)
+            default = "%s-%s" % (type(p).__name__, ":".join(str(i) for i in getattr(p, "_identity", ()) or ()))
+            out.append((pid, name if isinstance(name, str) and name and name != default else None))
+        except Exception:
+            continue
+    out.sort(key=lambda c: c[0])
+    return out[:limit]
+
+
 def _result(scan, allocated, complete, why, t0, unknown=()):
     roles = dict((r, [None, 0] if r in unknown else [v[0], v[1]]) for r, v in scan.totals.items())
     known = sum(v[0] for r, v in scan.totals.items() if r != "activations" and r not in unknown)
@@ -1739,9 +1769,12 @@ def encode(r):
       sets a fact of oomguard_phase.CODE_SETTINGS, by the keyword KEY) |
       steps MADE ALLOCATED,... (after each of an optimizer's latest steps, oldest first) |
       generation_input NAME D0,D1,... (the input of the generate() call running at the failure and its shape,
-      batch first) | meta KEY VALUE
+      batch first) | child PID NAME (a child multiprocessing started and the name its starter gave it, - the
+      default one: child_processes) |
+      meta KEY VALUE
       (meta num_beams N: the beam width of the generation running at the failure; meta checkpointing 0|1: activation
       checkpointing off or in force for the failing pass; meta batch_size N: the batch the program names;
+      meta children_read 1: the child lines are this process's multiprocessing children, all of them;
       meta statement_model_device N NAME: the GPU of the models the failing statement reads, another than the
       failing one, and the name of the first;
       meta copy_made N: the bytes a copy.deepcopy running at the failure made so far; meta per_sample_count N: the
@@ -1837,6 +1870,10 @@ def encode(r):
         out.append("meta\tcheckpointing\t%d" % (1 if r["checkpointing"] else 0))
     if r.get("batch_size"):
         out.append("meta\tbatch_size\t%d" % int(r["batch_size"]))
+    if r.get("child_processes") is not None:
+        out.append("meta\tchildren_read\t1")
+        for pid, name in r["child_processes"]:
+            out.append("child\t%d\t%s" % (int(pid), _clean(name or "") or "-"))
     if r.get("statement_model_device") is not None:
         gpu, name = r["statement_model_device"][:2]
         out.append("meta\tstatement_model_device\t%d\t%s" % (int(gpu), _clean(name or "-")))

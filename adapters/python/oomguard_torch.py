@@ -595,6 +595,10 @@ def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowe
                 measured["steps"] = _steps_of(device)
             phase = oomguard_phase.encode(*oomguard_phase.detect(frame, grad, exc=exc, package_dir=_torch_dir(torch),
                                                                  stmt=stmt))
+            if measured is not None:
+                # which of this process's children are a DataLoader's workers (its other children hold memory of
+                # their own work: a dask-cuda worker, a pool)
+                measured["child_processes"] = oomguard_roles.child_processes()
             if measured is not None and frame is not None:
                 # what the failing operation is (a loss over the vocabulary, an image decode): one table
                 measured["operation"] = oomguard_phase.operation(frame)

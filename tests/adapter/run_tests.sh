@@ -1098,6 +1098,45 @@ t_backward_summary() { # the stderr summary says the same when the error ends th
         grep -E "^oomguard: phase: backward \(bw.py:5 in <module>\)$" err.txt || { cat err.txt; return 1; }
 }
 t "phase backward: the stderr summary's failing line and phase line are the program's backward() call" t_backward_summary
+t_own_child() { # a child this process started through multiprocessing, named by its starter, holds the card
+    cat > child.py <<'PY'
+import json, multiprocessing, time
+import torch
+
+
+def work(ready):
+    kept = torch.empty(1200 << 20)      # what a dask worker's RMM pool takes on the card
+    ready.put(1)
+    time.sleep(60)
+
+
+if __name__ == "__main__":
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Queue()
+    w = ctx.Process(target=work, args=(ready,), name="Dask Worker process (from Nanny)", daemon=True)
+    w.start()
+    ready.get(timeout=60)
+    json.dump({"pid": w.pid}, open("child.json", "w"))
+    try:
+        torch.empty(600 << 20)
+    except torch.OutOfMemoryError:
+        pass
+    w.terminate()
+    w.join()
+PY
+    SIMGPU_STATE_DIR="$W/simgpu" shim adapter "$PYTHON" child.py || return 1
+    local pid; pid=$(field child.json 'd["pid"]') || return 1
+    local f; f=$(ls dumps/oomguard-*.json | head -n 1)
+    expect "$f" 'd["memory"]["framework"]["roles"]["child_processes"]' \
+        "[{'pid': $pid, 'name': 'Dask Worker process (from Nanny)'}]" &&
+        expect "$f" 'd["diagnosis"]["causes"][0]["id"]' peer_ranks &&
+        expect "$f" 'd["diagnosis"]["causes"][0]["evidence"]["own_children"]' 1 &&
+        expect "$f" 'd["remedies"][0]["id"]' foreign_processes &&
+        expect "$f" '[r["id"] for r in d["remedies"] if r["id"] in ("cuda_out_of_workers", "restart_process")]' '[]' &&
+        expect "$f" 'any("kill" in h for r in d["remedies"] for h in r.get("how", []))' False
+}
+t "a child this process started through multiprocessing under its starter's name (a dask worker): listed, the job's own work to close, no DataLoader advice, no kill line" \
+    t_own_child
 t_backward_code() { # what the program's code says is read on the thread that called backward(), not the engine's
     printf '%s\n' 'import torch' 'w = torch.nn.Parameter(torch.empty(1100 << 20))' 'def step(batch_size):' \
         '    with torch.autocast("cuda", dtype=torch.float16):' '        out = torch.empty(1 << 20)' \

@@ -1293,6 +1293,54 @@ static void peers_get_set_device_never_kill(void **state)
     free(r);
 }
 
+/* this process's own multiprocessing child, named by the code that started it (a dask-cuda Nanny's worker, left
+ * running with its RMM pool): not a DataLoader worker, so keeping CUDA out of workers is no fix; close the work that
+ * started it (stopping that process, its id), no kill line, no restart (the program starts it again).  Listed with the
+ * default name, or not read at all, it may be a DataLoader's worker: the workers' reading stands */
+static void own_children_not_workers(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 600 * MiB, 600 * MiB, 1200 * MiB, 0, 0, 200 * MiB);
+    og_set(&r->event.requested_bytes, 2 * GiB);
+    og_set(&r->device.free_bytes, 1400 * MiB);
+    og_other_proc_t *w = fixture_other(r, 4711, "python3", 18 * GiB + 500 * MiB);
+    w->visible = w->same_job = w->child = true;
+    w->rank = -1;
+    og_roles_t *ro = &r->memory.fw.roles;
+    ro->children_read = true;
+    ro->nchildren = 1;
+    ro->children[0].pid = 4711;
+    snprintf(ro->children[0].name, sizeof ro->children[0].name, "Dask Worker process (from Nanny)");
+    run_primary(r, "peer_ranks");
+    assert_true(r->analysis.facts.own_children);
+    assert_string_equal(r->remedies[0].id, "foreign_processes");
+    assert_true(ranked_by(&r->remedies[0], "own_children_lead"));
+    assert_non_null(strstr(r->remedies[0].why, "pid 4711 (18.49 GiB), is named \"Dask Worker process (from Nanny)\""));
+    assert_true(how_has(&r->remedies[0], "cluster.close()"));
+    assert_false(how_has(&r->remedies[0], "pool.join()"));
+    assert_int_equal(rank_of(r, "cuda_out_of_workers"), 0);
+    assert_int_equal(rank_of(r, "restart_process"), 0);
+    assert_int_equal(rank_of(r, "set_device"), 0);
+    assert_false(any_how_has(r, "kill "));
+    /* a name the table does not know: every way a program closes its workers */
+    snprintf(ro->children[0].name, sizeof ro->children[0].name, "etl-worker");
+    run_primary(r, "peer_ranks");
+    assert_string_equal(r->remedies[0].id, "foreign_processes");
+    assert_true(how_has(&r->remedies[0], "proc.join()") && how_has(&r->remedies[0], "pool.join()") &&
+                how_has(&r->remedies[0], "cluster.close()"));
+    /* the default name (a DataLoader's workers keep it), another pid, nothing read: maybe workers */
+    for (int k = 0; k < 3; k++) {
+        ro->children[0].name[0] = '\0';
+        ro->children[0].pid = k == 1 ? 4712 : 4711;
+        ro->children_read = k != 2;
+        run_primary(r, "peer_ranks");
+        assert_false(r->analysis.facts.own_children);
+        assert_string_equal(r->remedies[0].id, "cuda_out_of_workers");
+    }
+    free(r);
+    (void)state;
+}
+
 static void imbalance_gets_ddp_before_smaller_batch(void **state)
 {
     og_record_t *r = base();
@@ -6500,6 +6548,7 @@ int main(void)
         cmocka_unit_test(pipeline_kept_beside_training),
         cmocka_unit_test(reference_records_a_graph),
         cmocka_unit_test(dominant_holder_first),
+        cmocka_unit_test(own_children_not_workers),
         cmocka_unit_test(staged_inputs_not_the_call),
         cmocka_unit_test(weights_copies_kept),
         cmocka_unit_test(copies_kept_across_steps),

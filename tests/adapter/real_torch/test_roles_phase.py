@@ -614,6 +614,31 @@ def t_staged_local():
     assert "pages" not in got and "half" not in got, got
 
 
+def t_child_processes():
+    """this process's multiprocessing children by pid, each with the name its starter gave it (None: the default
+    name, as a DataLoader's workers keep); read without reaping; a finished child is no longer listed"""
+    import multiprocessing
+    import time
+    ctx = multiprocessing.get_context("fork")
+    named = ctx.Process(target=time.sleep, args=(30,), name="Dask Worker process (from Nanny)", daemon=True)
+    plain = ctx.Process(target=time.sleep, args=(30,), daemon=True)
+    try:
+        named.start()
+        plain.start()
+        got = dict(oomguard_roles.child_processes())
+        assert got.get(named.pid) == "Dask Worker process (from Nanny)" and plain.pid in got, got
+        assert got[plain.pid] is None, got
+        r = measure(None)
+        r["child_processes"] = sorted(got.items())
+        lines = oomguard_roles.encode(r)
+        assert "meta\tchildren_read\t1" in lines and "child\t%d\t-" % plain.pid in lines, lines
+    finally:
+        for p in (named, plain):
+            p.terminate()
+            p.join()
+    assert not [c for c in oomguard_roles.child_processes() if c[0] in (named.pid, plain.pid)]
+
+
 def t_gc_only():
     """Modules and optimizers reached only through gc: no name of ours holds them."""
     truth, _ = build()
@@ -1410,6 +1435,7 @@ check("a holder that is a collection of like records says how many (a scene's ca
 check("a list local of a running function is a named holder; unknown allocated leaves activations unknown",
       t_local_holder)
 check("a tensor staged whole by a running function, the call given a slice of it: a named holder", t_staged_local)
+check("this process's multiprocessing children, by the name their starter gave them", t_child_processes)
 check("modules and optimizers found through gc alone", t_gc_only)
 check("the time budget stops the scan: incomplete, activations unknown", t_budget)
 check("the standard library's frames are not the program's line; the operation table still reads them",
