@@ -1017,12 +1017,17 @@ static bool padded_to_max(const rctx_t *x)
 static bool padded_to_max_lead(const rctx_t *x) { return padded_to_max(x) && !confident_growth(x); }
 /* the program asks a model for per-layer or per-token outputs (roles.extra_outputs: output_hidden_states,
  * output_attentions, a generation's output_scores / output_logits) and the failing pass is one that keeps them
- * (forward, evaluation, generation or unknown; not a backward or a step), activations measured: asked only for
- * what the job uses, the pass keeps one layer's or the chosen tokens' (the share is not measured) */
+ * (forward, evaluation, generation or unknown; not a backward or a step), activations measured, autograd not on or
+ * checkpointing in force (with autograd on and no checkpointing, the graph keeps every layer's output for backward
+ * already: returning them keeps nothing more, and the graph is the lever; checkpointing keeps only its boundaries,
+ * and the returned outputs are more): asked only for what the job uses, the pass keeps one layer's or the chosen
+ * tokens' (the share is not measured) */
+static bool checkpointing_in_force(const rctx_t *x);
 static bool extra_outputs(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
     return ro->known && ro->extra_outputs && ro->act_known && (ro->act || ro->working) &&
+           (x->grad != 1 || checkpointing_in_force(x)) &&
            (PHASE(forward) || PHASE(evaluation) || PHASE(generation) || PHASE(unknown)) && !own_fix_covers(x);
 }
 /* a decoding pass's logits for every position (og_all_position_logits), unless another process's or framework's
@@ -1523,8 +1528,10 @@ static const og_rank_row_t bring[] = {
       "ticket_classifier_bge_m3_padded_to_8192 (blind); (unit tests: padding_to_max_length)" },
     { "extra_outputs", extra_outputs, WANT, 0, 0, REMS(R_FEWER_OUTPUTS),
       "roles.extra_outputs (the program asks a model for hidden states, attentions, scores or logits of every "
-      "layer or token), activations measured, phase forward, evaluation, generation or unknown",
-      "e5_mistral_embed_output_hidden_states_all_layers, qwen7b_calibration_generate_scores_and_logits (blind)" },
+      "layer or token), activations measured, phase forward, evaluation, generation or unknown, autograd not on or "
+      "checkpointing in force (without it the graph keeps each layer's output already)",
+      "e5_mistral_embed_output_hidden_states_all_layers, qwen7b_calibration_generate_scores_and_logits, "
+      "distil_whisper_large_v3_dutch_teacher_eval_mode_records_graph_hidden_state_loss_l40s (blind)" },
     { "all_position_logits", all_position_logits, WANT, 0, 0, REMS(R_FEWER_OUTPUTS),
       "roles.stmt_logits (the failing statement makes a model's logits), no loss over them on the stack, not "
       "training, autograd off, phase forward, evaluation or generation of a job decoding or holding a KV cache, "

@@ -3771,9 +3771,17 @@ static void growth_holder_kept_covers(void **state)
     assert_int_equal(rank_of(r, "release_references"), 1);
     /* the same kept lists beside a model asked for every layer's hidden states: the holder kept across calls filled
      * the card, so releasing it still leads and the asked-for outputs follow; a local of the running call growing
-     * instead is the outputs' own rise, and they lead */
+     * instead is the outputs' own rise, and they lead.  Autograd off: with it on, the graph keeps every layer's output
+     * for backward already, and asking for fewer outputs keeps nothing less (not listed) */
     r->memory.fw.roles.holders[0].purpose[0] = r->memory.fw.roles.holders[1].purpose[0] = 0;
     fixture_setting(r, OG_SETTING_extra_outputs, "forward", "output_hidden_states");
+    run_primary(r, "growth");
+    assert_int_equal(rank_of(r, "only_needed_outputs"), 0);
+    r->memory.fw.roles.checkpointing = 1; /* ... unless checkpointing keeps only its boundaries */
+    run_primary(r, "growth");
+    assert_true(rank_of(r, "only_needed_outputs") > 1);
+    r->memory.fw.roles.checkpointing = 0;
+    r->memory.fw.grad_enabled = -1;
     run_primary(r, "growth");
     assert_string_equal(r->remedies[0].id, "release_references");
     assert_true(rank_of(r, "only_needed_outputs") > 1);
