@@ -680,10 +680,20 @@ static bool one_input_inference(const rctx_t *x)
     return PRIMARY(DNF) && x->grad == -1 && (PHASE(evaluation) || PHASE(forward)) && ro->known && ro->batch_size == 1 &&
            ro->kv < 0 && x->capacity && x->req * OG_BIG_REQ_DIV >= x->capacity && !operation_dominates(x);
 }
+/* the request is a product of two different sizes made outside any pass of a model (phase unknown with the failing
+ * statement read, no KV cache: an alignment trellis of frames x characters, a score matrix of queries x items): the
+ * program's own operation over its data, not a batch of a pass; splitting it (or the input it reads) is the lever */
+static bool product_outside_pass(const rctx_t *x)
+{
+    return PHASE(unknown) && roles_of(x)->kv < 0 && roles_of(x)->request_shape == OG_REQ_PRODUCT;
+}
 /* a one-batch peak (one_batch_peak: a request far larger than any of the earlier steps, which fit) larger than the
  * card: the batches before it fit, and autograd keeps every layer's output of this one for backward, so tiling the
  * failing operation leaves the rest of its pass as large; capping the input's length brings it back to what fit */
-static bool larger_outlier_batch(const rctx_t *x) { return one_batch_peak(x) && x->larger_than_device; }
+static bool larger_outlier_batch(const rctx_t *x)
+{
+    return one_batch_peak(x) && x->larger_than_device && !product_outside_pass(x);
+}
 /* a request larger than the card in a forward with autograd on, where the inputs the failing statement hands the
  * model (roles.stmt_inputs: images and targets, locals of the running loop) are already a quarter of the card: a
  * full-resolution scan's masks, a whole volume; the model's own first operations copy them (a resize to float), so
@@ -1785,8 +1795,10 @@ static const og_rank_row_t narrow[] = {
       "a100_mig_3g40gb_pod_kv_pool_sized_from_pynvml_parent_gpu_total_llama31_8b (blind); (unit tests: "
       "kv_cache_reserving)" },
     { "larger_outlier_batch", larger_outlier_batch, WANT, 0, 0, REMS(R_SHORTER_SEQ),
-      "as one_batch_peak, request > device (the earlier batches fit: the input's length is the lever)",
-      "callcenter_wav2vec2_ctc_hour_long_recording (blind)" },
+      "as one_batch_peak, request > device (the earlier batches fit: the input's length is the lever), not a product "
+      "of two sizes made outside any pass (phase unknown, no KV cache, roles: request_shape product)",
+      "callcenter_wav2vec2_ctc_hour_long_recording, librivox_chapter_wav2vec2_forced_align_trellis_on_gpu_4090 "
+      "(blind)" },
     { "larger_forward_inputs", og_forward_inputs_fill_card, WANT, 0, 0, REMS(R_CAP_INPUT),
       "primary does_not_fit, request > device, autograd not off, phase forward, the failing statement's input "
       "holders (roles: stmt_inputs) >= a quarter of the card",

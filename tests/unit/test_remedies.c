@@ -3862,6 +3862,18 @@ static void larger_outlier_batch_caps_the_length(void **state)
     assert_string_equal(r->remedies[0].id, "shorter_sequences");
     assert_int_equal(rank_of(r, "split_operation"), 2);
     assert_int_equal(rank_of(r, "smaller_batch"), 0);
+    /* the request a product of two sizes the program's own statement made outside any pass of a model (an alignment
+     * trellis of frames x characters; no phase, no KV cache): its operation, not a batch's length: split it */
+    fixture_roles(r, 1200 * MiB, 0, 0, 0, 0, 20 * MiB);
+    r->memory.fw.roles.has_statement = true;
+    snprintf(r->memory.fw.roles.stmt_ints, sizeof r->memory.fw.roles.stmt_ints, "174033,53611");
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.request_shape, OG_REQ_PRODUCT);
+    assert_string_equal(r->remedies[0].id, "split_operation");
+    assert_false(ranked_by(rem(r, "shorter_sequences"), "larger_outlier_batch_lead"));
+    fixture_phase(r, "forward", "/w/model.py", "forward"); /* the same sizes in a model's forward: its input's length */
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "shorter_sequences");
     /* with autograd off the peak is one inference's operation: no outlier batch, split it */
     r->memory.fw.has = true;
     r->memory.fw.grad_enabled = -1;
