@@ -1564,6 +1564,29 @@ static bool names_logits(const og_roles_t *ro)
     return false;
 }
 
+/* while a model is built (phase loading), the roots of group I are parts of one being built: roots of a class a
+ * running root has (its __init__ executes) while a root of another class runs too (the model whose __init__ builds
+ * them), two or more alike, that no name of the running code holds and that do not run themselves (a transformer's
+ * __init__ builds its blocks in a list comprehension, each a root until the ModuleList takes them): the model
+ * arriving, not copies of anything.  One model of the class running alone beside them, or a single one: a previous
+ * copy (a notebook cell run again builds the model's layers beside the first copy) */
+static bool parts_arriving(const og_roles_t *ro, int i)
+{
+    int nm = OG_FILLED(ro->nmodels, ro->models);
+    if (ro->models[i].running != 0 || ro->models[i].named != 0 || ro->models[i].count < 2)
+        return false; /* a model's layers are many; one unnamed model of the class is a previous copy */
+    bool same = false, outer = false;
+    for (int j = 0; j < nm; j++) {
+        if (j == i || ro->models[j].running <= 0)
+            continue;
+        if (strncmp(ro->models[j].cls, ro->models[i].cls, sizeof ro->models[i].cls) == 0)
+            same = true;
+        else
+            outer = true;
+    }
+    return same && outer;
+}
+
 static void roles(og_facts_t *d, const og_record_t *r)
 {
     const og_roles_t *ro = &r->memory.fw.roles;
@@ -1617,6 +1640,8 @@ static void roles(og_facts_t *d, const og_record_t *r)
                 k->registry_group = i;
             continue;
         }
+        if (d->phase == OG_JP_loading && parts_arriving(ro, i)) /* a model being built: its parts, no copies */
+            continue;
         /* trainable copies of which two or more run at once: the job's concurrent loops (threads), not leftovers */
         if (!ro->models[i].frozen && n >= 2 && ro->models[i].running >= 2) {
             k->concurrent_copies = add_sat(k->concurrent_copies, each * (n - 1));
@@ -1654,6 +1679,10 @@ static void roles(og_facts_t *d, const og_record_t *r)
     for (int i = 0; d->phase == OG_JP_loading && i < nm; i++)
         if (ro->models[i].running > 0)
             k->arriving = add_sat(k->arriving, ro->models[i].bytes * (uint64_t)ro->models[i].running);
+    /* ... with the parts it built before the one running (parts_arriving) */
+    for (int i = 0; d->phase == OG_JP_loading && i < nm; i++)
+        if (parts_arriving(ro, i))
+            k->arriving = add_sat(k->arriving, ro->models[i].bytes * (uint64_t)ro->models[i].count);
     /* ... or, none running (from_pretrained builds the model as a local of the library's own frames, which the scan
      * does not read), the one model no name of the running code holds while the failing statement assigns a name
      * (rm = AutoModel.from_pretrained(...)): the model that name will hold */
@@ -1692,21 +1721,23 @@ static void roles(og_facts_t *d, const og_record_t *r)
             k->other_group = i;
         }
     }
+    /* (the parts of a model being built are neither: parts_arriving) */
+#define COPY_GROUP(g)                                                              \
+    (!ro->models[g].frozen && ro->models[g].count > 0 && !registry_group(ro, g) && \
+     !(d->phase == OG_JP_loading && parts_arriving(ro, g)))
     for (int i = 0; building && i < nm; i++) {
-        if (ro->models[i].frozen || ro->models[i].count <= 0 || registry_group(ro, i))
+        if (!COPY_GROUP(i))
             continue;
         int first = i;
         for (int j = 0; j < i; j++)
-            if (!ro->models[j].frozen && ro->models[j].count > 0 && !registry_group(ro, j) &&
-                strncmp(ro->models[j].cls, ro->models[i].cls, sizeof ro->models[i].cls) == 0)
+            if (COPY_GROUP(j) && strncmp(ro->models[j].cls, ro->models[i].cls, sizeof ro->models[i].cls) == 0)
                 first = j < first ? j : first;
         if (first != i)
             continue; /* the class was read at its first group */
         uint64_t sum = ro->models[i].bytes, least = ro->models[i].bytes, kept = 0, arriving = 0;
         int groups = 1;
         for (int j = i; j < nm; j++)
-            if (!ro->models[j].frozen && ro->models[j].count > 0 && !registry_group(ro, j) &&
-                strncmp(ro->models[j].cls, ro->models[i].cls, sizeof ro->models[i].cls) == 0) {
+            if (COPY_GROUP(j) && strncmp(ro->models[j].cls, ro->models[i].cls, sizeof ro->models[i].cls) == 0) {
                 if (j > i) {
                     sum = add_sat(sum, ro->models[j].bytes);
                     least = ro->models[j].bytes < least ? ro->models[j].bytes : least;
@@ -1726,6 +1757,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
             k->named_copies = add_sat(k->named_copies, kept);
         }
     }
+#undef COPY_GROUP
     /* a model of the class the running code uses, in a group of its own (another size: its head, a copy part
      * way), that no name of the running code reaches and none of whose methods runs, beside a trainable one a name
      * holds or that runs: a previous run's (the last fold's, kept by a reference cycle until the collector runs;

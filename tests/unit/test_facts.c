@@ -1006,6 +1006,17 @@ static void models_held_by_name_operation_ddp(void **state)
     assert_int_equal(F.roles.model_copies, 0);
     r->memory.fw.roles.models[1].named = 0; /* no name holds it: a previous copy of the arriving one */
     assert_int_equal(facts(r)->roles.model_copies, 3 * GiB);
+    /* ... also while a model of another class is being built around it (a layer's __init__ runs too): one model of
+     * the class is the previous copy; several alike are the blocks the outer one made so far, each a root until its
+     * ModuleList takes them, and arrive with it */
+    fixture_model(r, "Transformer", 64 * MiB, 1, false);
+    r->memory.fw.roles.models[2].running = 1;
+    assert_int_equal(facts(r)->roles.model_copies, 3 * GiB);
+    r->memory.fw.roles.models[1].count = 40;
+    assert_int_equal(facts(r)->roles.model_copies, 0);
+    assert_int_equal(F.roles.arriving, 4 * GiB + 40 * 3ULL * GiB + 64 * MiB);
+    r->memory.fw.roles.models[1].count = 1;
+    r->memory.fw.roles.nmodels--;
     r->memory.fw.roles.models[0].named = 1;
     r->memory.fw.roles.models[0].running = 0;
     r->memory.fw.roles.models[1].running = 1;
