@@ -1403,12 +1403,25 @@ const char *og_operation_name(enum og_operation op)
  * size, an audio window padded to 30 s): no token axis of their own */
 static const char *const fixed_size_inputs[] = { "pixel_values", "pixel_values_videos", "input_features" };
 
-/* NAME is one of the names that hold model group I (roles.models[].names) */
+/* NAME is one of the names that hold model group I (roles.models[].names), or reaches it through its object */
 static bool model_named(const og_roles_t *ro, int i, const char *name)
 {
     char names[sizeof ro->models[0].names];
     og_cpy(names, sizeof names, ro->models[i].names, sizeof names);
-    return og_name_listed(names, name);
+    if (og_name_listed(names, name))
+        return true;
+    /* ... or reached through NAME's object (base.unet: the pipeline `base` holds it; rebinding `base` drops it) */
+    size_t len = strlen(name);
+    for (const char *p = names; len && *p;) {
+        const char *e = strchr(p, ',');
+        size_t l = e ? (size_t)(e - p) : strlen(p);
+        if (l > len + 1 && strncmp(p, name, len) == 0 && p[len] == '.')
+            return true;
+        if (!e)
+            break;
+        p = e + 1;
+    }
+    return false;
 }
 
 /* the group's models are held only as a map's entries: named, every name NAME[key] */
@@ -2070,13 +2083,38 @@ static enum og_purpose model_purpose(const og_roles_t *ro, int i)
     return og_purpose_of(p);
 }
 
-/* the group's every model is held by one attribute name of as many objects (names "self.unet", named = count) */
+/* the name of L bytes at P is an attribute of an object (self.unet, pipe.unet: the way the running code reaches it),
+ * not a variable's own */
+static bool attribute_name(const char *p, size_t l) { return memchr(p, '.', l) != NULL; }
+
+/* the group's every model is held by one attribute name of as many objects (names "self.unet", or "a.unet,b.unet":
+ * every name an attribute, the same attribute; named = count) */
 static bool one_attribute_each(const og_roles_t *ro, int i)
 {
     char names[sizeof ro->models[0].names];
     og_cpy(names, sizeof names, ro->models[i].names, sizeof names);
-    return ro->models[i].count >= 2 && ro->models[i].named == ro->models[i].count && !strchr(names, ',') &&
-           strncmp(names, "self.", 5) == 0 && !keyed_group(ro, i);
+    if (ro->models[i].count < 2 || ro->models[i].named != ro->models[i].count || !names[0] || keyed_group(ro, i))
+        return false;
+    const char *attr = NULL;
+    size_t alen = 0;
+    for (const char *p = names; *p;) {
+        const char *e = strchr(p, ',');
+        size_t l = e ? (size_t)(e - p) : strlen(p);
+        if (!attribute_name(p, l))
+            return false;
+        const char *last = p + l;
+        while (last > p && last[-1] != '.')
+            last--;
+        size_t ll = (size_t)(p + l - last);
+        if (attr && (ll != alen || strncmp(last, attr, ll) != 0))
+            return false;
+        attr = last;
+        alen = ll;
+        if (!e)
+            break;
+        p = e + 1;
+    }
+    return true;
 }
 
 /* A second copy of weights the program keeps on the device (facts.h: ema_kept, reference_copy,
@@ -2084,7 +2122,7 @@ static bool one_attribute_each(const og_roles_t *ro, int i)
  * a preference-tuning reference beside a policy that trains adapters on the same base is that policy with its
  * adapters disabled; pipelines that each loaded the same components can share one set.  Read from the adapter's
  * measurement only (names, purposes, frozen flags, the optimizers' parameters), never from block sizes. */
-/* group I is frozen, held by attribute names (self.X), and the program holds its class by another name too: the
+/* group I is frozen, held by attribute names (self.X, pipe.X), and the program holds its class by another name too: the
  * bytes of its attribute-held copies (facts.h: twin_components); 0 not such a group */
 static uint64_t twin_of_program(const og_roles_t *ro, int i, int nm)
 {
@@ -2093,7 +2131,7 @@ static uint64_t twin_of_program(const og_roles_t *ro, int i, int nm)
     int attrs = 0, others = 0;
     for (char *p = names; *p;) {
         char *e = strchr(p, ',');
-        if (strncmp(p, "self.", 5) == 0)
+        if (attribute_name(p, e ? (size_t)(e - p) : strlen(p)))
             attrs++;
         else
             others++;
@@ -2112,7 +2150,7 @@ static uint64_t twin_of_program(const og_roles_t *ro, int i, int nm)
         if (j != i && ro->models[j].count > 0 &&
             strncmp(ro->models[j].cls, ro->models[i].cls, sizeof ro->models[0].cls) == 0 &&
             (off < 0 ? -off : off) <= 0.1 * (double)each && ro->models[j].names[0] &&
-            strncmp(ro->models[j].names, "self.", 5) != 0)
+            !attribute_name(ro->models[j].names, strcspn(ro->models[j].names, ",")))
             return each * (uint64_t)count;
     }
     return 0;

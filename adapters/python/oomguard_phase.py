@@ -697,14 +697,22 @@ def _is_module(obj):
         return False
 
 
+# methods of a torch.nn.Module that put its weights on the device when no loader's frame is on the stack: its
+# __init__ (a model constructed on the device: device="cuda", a default device) and a .to() or .cuda() of its own
+# (a library's model class overriding torch's, as diffusers' ModelMixin does), with what each is said to do
+_MODULE_LOADS = (("__init__", "a model's __init__ making its weights on the device"),
+                 ("to", "a model's own to() moving its weights to the device"),
+                 ("cuda", "a model's own cuda() moving its weights to the device"))
+
+
 def _model_being_built(frames):
-    """The outermost frame of an `__init__` whose self is a torch.nn.Module: a model constructed on the device
-    (device="cuda", a default device) makes its weights there as it is built, with no loader's frame on the stack.
-    None when no such frame runs."""
-    built = None
+    """(the outermost frame of a method of _MODULE_LOADS whose self is a torch.nn.Module, what it does), or
+    (None, None) when no such frame runs."""
+    built = (None, None)
     for f in frames:
-        if f.f_code.co_name == "__init__" and _is_module(_self(f)):
-            built = f
+        for name, what in _MODULE_LOADS:
+            if f.f_code.co_name == name and _is_module(_self(f)):
+                built = (f, what)
     return built
 
 
@@ -732,9 +740,9 @@ def _detect(frame, grad_enabled, exc, package_dir, stmt):
                         else "reads %s" % ", ".join(stmt[4][:3])
                     return ph, _StmtFrame(stmt), "the failing statement %s (%s)" % (what, purpose)
         if phase is None:
-            built = _model_being_built(frames)
+            built, what = _model_being_built(frames)
             if built is not None:
-                return "loading", built, "a model's __init__ making its weights on the device"
+                return "loading", built, what
             return None, None, "no frame of the stack matches a phase pattern"
         if phase == "forward" and grad_enabled < 0:
             return "evaluation", at, "stack and autograd off"

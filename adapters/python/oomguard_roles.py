@@ -1487,7 +1487,10 @@ def _named_holders(scan, modules, frame_roots):
             return instance(v, 1)
         return _holder(scan, v, "self." + str(k), type(v).__name__, "on " + type(o).__name__)
 
-    def instance(o, depth):
+    def instance(o, depth, path="self"):
+        # path: how the running code reaches o (a global's or a local's name, "self" for an attribute of a
+        # module or of an object reached no other way): the models among its attributes are named by it
+        # (base.unet: rebinding `base` drops them)
         if id(o) in visited or depth < 0:
             return False
         visited.add(id(o))
@@ -1496,9 +1499,9 @@ def _named_holders(scan, modules, frame_roots):
         for k, v in list(d.items()) if isinstance(d, dict) else ():
             if type(v) not in _ATOMS:
                 if scan.kind(type(v)) == "module":
-                    _name_module(scan, v, "self." + str(k))
+                    _name_module(scan, v, path + "." + str(k))
                 elif scan.kind(type(v)) == "user":
-                    found = instance(v, depth - 1) or found
+                    found = instance(v, depth - 1, path + "." + str(k)) or found
                 else:
                     found = _holder(scan, v, "self." + str(k), type(v).__name__, "on " + type(o).__name__) or found
         return found
@@ -1514,7 +1517,7 @@ def _named_holders(scan, modules, frame_roots):
             if k.startswith("__") or type(v) in _ATOMS or isinstance(v, (type(sys), type)):
                 continue
             if scan.kind(type(v)) == "user":
-                instance(v, 2)
+                instance(v, 2, str(k))
             elif scan.kind(type(v)) == "module":
                 _name_module(scan, v, str(k))
             elif _library_object(scan, v):
@@ -1553,7 +1556,7 @@ def _named_holders(scan, modules, frame_roots):
                         if tp in _LOCAL_HOLDERS:
                             _holder(scan, v, str(k), tp.__name__, where, graphs=not own_code)
                         elif tp not in _ATOMS and scan.kind(tp) == "user":
-                            instance(v, 2)
+                            instance(v, 2, "self" if k == "self" else str(k))
                         elif k != "self" and tp not in _ATOMS and scan.kind(tp) == "module":
                             _name_module(scan, v, str(k))
                             if k in pending:

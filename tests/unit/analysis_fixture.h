@@ -419,6 +419,15 @@ static void fixture_model_held(og_record_t *r, int named, int running, const cha
     snprintf(ro->models[ro->nmodels - 1].names, sizeof ro->models[0].names, "%s", names);
 }
 
+/* model group I: NAMED of them held by the running code's names NAMES, RUNNING of them running */
+static void fixture_model_held_n(og_record_t *r, int i, int named, int running, const char *names)
+{
+    og_roles_t *ro = &r->memory.fw.roles;
+    ro->models[i].named = named;
+    ro->models[i].running = running;
+    snprintf(ro->models[i].names, sizeof ro->models[0].names, "%s", names);
+}
+
 /* the last model group's purpose, what its names or class say (roles.models[].purpose; "" none) */
 static void fixture_model_says(og_record_t *r, const char *purpose)
 {

@@ -2450,6 +2450,13 @@ static void two_models_one_at_a_time(void **state)
     run_primary(r, "does_not_fit");
     assert_int_equal(rank_of(r, "one_model_at_a_time"), 0);
     assert_true(rank_of(r, "restart_process") == 1 || rank_of(r, "release_references") == 1);
+    /* ... also where the name reaches it through an object of the program (the pipeline `base` holds it) */
+    snprintf(r->memory.fw.roles.models[0].names, sizeof r->memory.fw.roles.models[0].names, "base.unet");
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "one_model_at_a_time"), 0);
+    fixture_statement(r, "bas", ""); /* a name that only begins the same: another name */
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "one_model_at_a_time");
     free(r);
 }
 
@@ -5696,6 +5703,19 @@ static void weights_copies_kept(void **state)
     assert_int_equal(r->analysis.facts.roles.repeated_count, 3);
     assert_string_equal(r->remedies[0].id, "share_pipeline_components");
     assert_non_null(strstr(r->remedies[0].why, "UNet2DConditionModel (self.unet)"));
+    /* the same pipelines held by three globals: each component named by the path that reaches it, one attribute of
+     * each; a name that is no attribute (a variable of its own) is not a pipeline's component */
+    fixture_model_held_n(r, 0, 3, 1, "pipe_a.unet,pipe_b.unet,pipe_c.unet");
+    fixture_model_held_n(r, 1, 3, 0, "pipe_a.text_encoder,pipe_b.text_encoder,pipe_c.text_encoder");
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.repeated_components, 2 * (5 * GiB + GiB));
+    fixture_model_held_n(r, 1, 3, 0, "pipe_a.text_encoder,pipe_b.vae,pipe_c.text_encoder");
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.repeated_components, 0);
+    fixture_model_held_n(r, 1, 3, 0, "text_encoder,pipe_b.text_encoder,pipe_c.text_encoder");
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.repeated_components, 0);
+    fixture_model_held_n(r, 1, 3, 0, "self.text_encoder");
     /* one model repeated alone (two wrappers of a class each holding a model: perhaps different weights) */
     r->memory.fw.roles.nmodels = 1;
     run_primary(r, "does_not_fit");

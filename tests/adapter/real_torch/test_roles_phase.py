@@ -110,11 +110,18 @@ def t_phase_model_built():
             self.rows = empty(64)
             got["plain"] = oomguard_phase.detect(sys._getframe(), 0)
 
+    class Pipeline(torch.nn.Module):      # a library's model class moving its own weights (diffusers' ModelMixin)
+        def to(self, *args, **kwargs):
+            got["moved"] = oomguard_phase.detect(sys._getframe(), 0)
+            return self
+
     Tower()
     Table()
+    Pipeline().to("cuda")
     assert got["model"][0] == "loading" and got["model"][1][2] == "__init__", got
     assert got["model"][1][1] == Tower.__init__.__code__.co_firstlineno + 2, got   # self.layer = Layer()
     assert got["plain"][0] is None, got
+    assert got["moved"][0] == "loading" and got["moved"][1][2] == "to" and "to()" in got["moved"][2], got
 
 
 def t_graph_chain():
@@ -774,6 +781,10 @@ def t_copies():
         g.pop("snap", None)
 
 
+class Holder(object):
+    """An object of the program's own class (a pipeline) that keeps models as attributes."""
+
+
 def t_models():
     """Models are the modules no other module holds, grouped by class and size: a second copy of the same
     model (a notebook cell run again) is counted, a frozen one (a teacher) is said so."""
@@ -794,9 +805,16 @@ def t_models():
         assert "model\tNet\t%d\t3\t2\t0" % net_bytes in enc, enc
         # both copies are globals of the program: held by a name, neither running
         assert ms["Net"][5] == 2 and ms["Net"][6] == 0 and set(ms["Net"][7]) == {"model", "old_model"}, ms
+        # one an object of the program holds is named by the way the running code reaches it: rebinding `pipe`
+        # drops it
+        g["pipe"] = Holder()
+        g["pipe"].unet = g.pop("old_model")
+        ms = dict((m[0], m) for m in measure(None)["models"])
+        assert set(ms["Net"][7]) == {"model", "pipe.unet"}, ms
     finally:
         g.pop("old_model", None)
         g.pop("teacher", None)
+        g.pop("pipe", None)
 
 
 class Halfway(torch.nn.Module):
