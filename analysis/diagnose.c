@@ -35,6 +35,10 @@
  *                (d) no adapter, the framework released its free segments and the retry still
  *                    failed, and the run allocated many different sizes (>= 5 distinct among its
  *                    allocations: variable-length batches): 0.5.  What is left is split segments.
+ *                At most 0.5 when a pass still building (or a copy, a growth, what Python keeps) outgrows
+ *                the cache; at most 0.7 when another framework in the process holds half the device or
+ *                more, more than the shortfall and than this framework's whole reservation (its grab
+ *                left the sliver the splinters are in: other_framework, 0.75 or more, leads).
  *                recovered: what the framework released between attempts explains the recovery:
  *                fragmentation (failing library the framework) 0.9 when it covers the shortfall, else
  *                0.7; cache_held for another failing library.  does_not_fit never holds for a
@@ -112,9 +116,10 @@
 #include "advice_text.h"
 #include "facts.h"
 
-#define FRAG_C_FLOOR   (256ULL << 20) /* fragmentation (c): at least 256 MiB idle */
-#define PASS_FRAG_CONF 0.5            /* fragmentation when the pass still building outgrows the cache */
-#define PASS_DNF_CONF  0.8            /* does_not_fit then: measured, the rest of the pass not requested */
+#define FRAG_C_FLOOR       (256ULL << 20) /* fragmentation (c): at least 256 MiB idle */
+#define PASS_FRAG_CONF     0.5            /* fragmentation when the pass still building outgrows the cache */
+#define PASS_DNF_CONF      0.8            /* does_not_fit then: measured, the rest of the pass not requested */
+#define SQUEEZED_FRAG_CONF 0.7 /* fragmentation in a reservation another framework squeezed (below its 0.75) */
 
 
 /* ------------------------------------------------------------------ small helpers */
@@ -508,6 +513,12 @@ static bool c_fragmentation(const og_facts_t *d, const og_record_t *r, og_cause_
     if ((d->pass_outgrows_cache || d->copy_outgrows_cache || d->growth_outgrows_cache || d->kept_outgrows_cache) &&
         conf > PASS_FRAG_CONF)
         conf = PASS_FRAG_CONF;
+    /* another framework in this process holds half the device or more, more than the shortfall and more than this
+     * framework's whole reservation (TensorFlow's grab-all, XLA's preallocation): the splinters are in the sliver it
+     * left, and that grab is what leaves no room to grow (other_framework leads) */
+    if (d->other_fw > OG_FW_UNKNOWN && d->other_fw_bytes >= d->shortfall && d->other_fw_bytes > d->reservation &&
+        d->total && 2 * d->other_fw_bytes >= d->total && conf > SQUEEZED_FRAG_CONF)
+        conf = SQUEEZED_FRAG_CONF;
     c->id = og_cause_ids[OG_CAUSE_FRAG];
     c->confidence = clamp01(conf);
     if (d->largest_known && d->req_known) /* "smaller than the request": only of a request of known size */

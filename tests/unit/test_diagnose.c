@@ -975,6 +975,30 @@ static void second_framework_reservation(void **state)
     free(r);
 }
 
+/* the same, PyTorch's 5 GiB reservation splintered (400 MiB cached, its largest free block 80 MiB below a 252 MiB
+ * request that the cache would cover): the splinters are in the sliver JAX's preallocation left, and that grab leads;
+ * JAX holding less than PyTorch, or under half the device, leaves the textbook fragmentation first */
+static void fragmentation_in_a_squeezed_reservation(void **state)
+{
+    og_record_t *r = base();
+    fixture_second_framework(r);
+    og_set(&r->event.requested_bytes, 252 * MiB);
+    og_set(&r->device.free_bytes, 164 * MiB);
+    fixture_adapter(r, 5 * GiB, 5 * GiB - 400 * MiB, 80 * MiB);
+    diag(r);
+    jax_over_pytorch(r);
+    const og_cause_t *f = find(r, "fragmentation");
+    assert_non_null(f->id);
+    assert_true(f->confidence <= 0.7 + 1e-9);
+    r->memory.nlibs = 0;
+    fixture_fw_lib(r, "xla_extension.so", 10 * GiB, OG_FW_JAX); /* under half of 24 GiB */
+    fixture_fw_lib(r, "libc10_cuda.so", 5 * GiB, OG_FW_PYTORCH);
+    diag(r);
+    assert_string_equal(r->diagnosis.primary, "fragmentation");
+    assert_true(find(r, "fragmentation")->confidence > 0.85);
+    free(r);
+}
+
 /* the same, both frameworks reaching the driver through one library (ctypes): by_library puts all 23 GiB under
  * PyTorch; JAX's adapter read its 18 GiB arena and PyTorch's its 5 GiB reservation */
 static void second_framework_one_library(void **state)
@@ -2026,6 +2050,7 @@ int main(void)
         cmocka_unit_test(tie_break_priority),
         cmocka_unit_test(unknown_cache_keeps_cache_cause),
         cmocka_unit_test(second_framework_reservation),
+        cmocka_unit_test(fragmentation_in_a_squeezed_reservation),
         cmocka_unit_test(second_framework_one_library),
         cmocka_unit_test(exact_tie_keeps_list_order),
         cmocka_unit_test(peer_ranks_and_workers),
