@@ -246,7 +246,8 @@ static void parse_roles(const char *s, og_roles_t *r)
         } else if (!strcmp(f[0], "child") && n >= 3 &&
                    r->nchildren < (int)(sizeof r->children / sizeof r->children[0])) {
             r->children[r->nchildren].pid = atoi(f[1]);
-            copy_field(r->children[r->nchildren].name, sizeof r->children[0].name, f[2]);
+            if (strcmp(f[2], "-") != 0) /* a name the program chose: shown as a credential's shape allows */
+                og_redact_text(f[2], r->children[r->nchildren].name, sizeof r->children[0].name);
             r->nchildren += r->children[r->nchildren].pid > 0;
         } else if (!strcmp(f[0], "steps") && n >= 3) {
             r->steps_made = strtoull(f[1], NULL, 10);

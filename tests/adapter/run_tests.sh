@@ -1098,9 +1098,9 @@ t_backward_summary() { # the stderr summary says the same when the error ends th
         grep -E "^oomguard: phase: backward \(bw.py:5 in <module>\)$" err.txt || { cat err.txt; return 1; }
 }
 t "phase backward: the stderr summary's failing line and phase line are the program's backward() call" t_backward_summary
-t_own_child() { # a child this process started through multiprocessing, named by its starter, holds the card
+t_own_child_run() { # a child this process started through multiprocessing, named by its starter, holds the card
     cat > child.py <<'PY'
-import json, multiprocessing, time
+import json, multiprocessing, os, time
 import torch
 
 
@@ -1113,7 +1113,8 @@ def work(ready):
 if __name__ == "__main__":
     ctx = multiprocessing.get_context("spawn")
     ready = ctx.Queue()
-    w = ctx.Process(target=work, args=(ready,), name="Dask Worker process (from Nanny)", daemon=True)
+    w = ctx.Process(target=work, args=(ready,), name=os.environ.get("CHILD_NAME", "Dask Worker process (from Nanny)"),
+                    daemon=True)
     w.start()
     ready.get(timeout=60)
     json.dump({"pid": w.pid}, open("child.json", "w"))
@@ -1124,7 +1125,10 @@ if __name__ == "__main__":
     w.terminate()
     w.join()
 PY
-    SIMGPU_STATE_DIR="$W/simgpu" shim adapter "$PYTHON" child.py || return 1
+    SIMGPU_STATE_DIR="$W/simgpu" shim adapter "$PYTHON" child.py
+}
+t_own_child() {
+    t_own_child_run || return 1
     local pid; pid=$(field child.json 'd["pid"]') || return 1
     local f; f=$(ls dumps/oomguard-*.json | head -n 1)
     expect "$f" 'd["memory"]["framework"]["roles"]["child_processes"]' \
@@ -1137,6 +1141,13 @@ PY
 }
 t "a child this process started through multiprocessing under its starter's name (a dask worker): listed, the job's own work to close, no DataLoader advice, no kill line" \
     t_own_child
+t_own_child_secret() { # a name the program chose is shown as the credential forms allow (redaction_forms.tsv)
+    CHILD_NAME="upload hf_Ab3dEf6hIj9kLm2nOp5qRs8tUv" t_own_child_run || return 1
+    local f; f=$(ls dumps/oomguard-*.json | head -n 1)
+    expect "$f" 'd["memory"]["framework"]["roles"]["child_processes"][0]["name"]' "upload <redacted>" &&
+        fail_if "grep -q Ab3dEf6hIj9kLm2nOp5qRs8tUv dumps/*" "the token is in a dump"
+}
+t "a child's name that holds a credential's shape is redacted in the dump" t_own_child_secret
 t_backward_code() { # what the program's code says is read on the thread that called backward(), not the engine's
     printf '%s\n' 'import torch' 'w = torch.nn.Parameter(torch.empty(1100 << 20))' 'def step(batch_size):' \
         '    with torch.autocast("cuda", dtype=torch.float16):' '        out = torch.empty(1 << 20)' \
