@@ -3262,6 +3262,25 @@ static bool b_fused_cross_entropy(const rctx_t *x, og_remedy_t *r)
 {
     char site[200];
     operation_site(x, site, sizeof site);
+    /* models measured with no attention layer and no embedding table: no tokens and no vocabulary, the classes of a
+     * dense prediction scored at every position (pixels, voxels, points) */
+    const og_opt_u64_t emb = x->rec->memory.fw.roles.embedding_bytes;
+    if (x->f->roles.attention == -1 && og_known(emb) && emb.v == 0) {
+        r->saving = "The loss's [positions, classes] tensors: the scores' float32 copy and their log-probabilities";
+        r->cost = "A loop over slabs of positions; the same loss";
+        why(r,
+            "The failing request, %s, is made by the loss over the per-class scores%s: cross-entropy over many "
+            "classes at every position (pixels, voxels, points) makes [positions, classes] tensors (float32 scores, "
+            "their log-probabilities), one set per output the loss reads. Computed over slabs of positions it never "
+            "makes them whole: the same loss and gradients.",
+            req_hb(x).s, site);
+        HOWS(x, r,
+             { PT, "loss = sum(F.cross_entropy(out[:, :, s], target[:, s], reduction=\"sum\") for s in slabs) / "
+                   "target.numel()   # a slab of positions at a time, each under torch.utils.checkpoint" },
+             { ANY, "Do not upcast the whole output to float32 for the loss: log_softmax accumulates in float32 "
+                    "itself under autocast" });
+        return true;
+    }
     why(r,
         "The failing request, %s, is made by the loss over the logits%s: cross-entropy over a large vocabulary "
         "makes [tokens, vocabulary] tensors (float32 logits, their log-probabilities). A fused or chunked loss "

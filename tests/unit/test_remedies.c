@@ -1755,6 +1755,22 @@ static void cross_entropy_fused_first(void **state)
     run_primary(r, "does_not_fit");
     assert_string_equal(r->remedies[0].id, "fused_cross_entropy");
     assert_non_null(strstr(r->remedies[0].why, "cross_entropy at train.py:108"));
+    assert_non_null(strstr(r->remedies[0].why, "[tokens, vocabulary]"));
+    /* models measured with no attention layer and no embedding table (a segmentation network): per-class scores at
+     * every position, not a vocabulary; unknown embeddings keep the language model's words */
+    r->memory.fw.roles.attention_modules = fx_opt(0);
+    og_set(&r->memory.fw.roles.embedding_bytes, 0);
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "fused_cross_entropy");
+    assert_non_null(strstr(r->remedies[0].why, "[positions, classes]"));
+    assert_null(strstr(r->remedies[0].why, "vocabulary"));
+    assert_null(strstr(r->remedies[0].saving, "vocabulary"));
+    assert_null(strstr(r->remedies[0].cost, "tokens"));
+    assert_false(how_has(&r->remedies[0], "lm_head"));
+    og_unset(&r->memory.fw.roles.embedding_bytes);
+    run_primary(r, "does_not_fit");
+    assert_non_null(strstr(r->remedies[0].why, "[tokens, vocabulary]"));
+    r->memory.fw.roles.attention_modules = fx_opt(12);
     assert_int_equal(rank_of(r, "restart_process"), 0);
     assert_true(rank_of(r, "mixed_precision") > 0);
     /* the weights measured in bfloat16: what they compute is half precision already, autocast halves nothing */
