@@ -179,6 +179,27 @@ static int nested_launch_tasks(const og_record_t *r);
 /* the name the code that started a child of this process gave it, as the adapter listed this process's
  * multiprocessing children (roles.child_processes); "" where it kept the default name (a DataLoader's worker, any
  * unnamed process); NULL when not listed or not read */
+/* The failing framework's cache as the record gives it, before any retry says more: with its adapter, what it
+ * reserves beyond what it allocated, less POOL_IDLE (idle memory of CUDA-graph pools, which no other request can
+ * use); else the shim's measured number, unless that is an application's own pool (not the framework's cache).
+ * *SRC is where it came from (OG_CACHE_NONE: the shim's, source unsaid).  False: not known. */
+static bool framework_cache(const og_record_t *rec, uint64_t pool_idle, uint64_t *cached, enum og_cache_src *src)
+{
+    const og_framework_view_t *fw = &rec->memory.fw;
+    if (fw->has && !fw->reserved_unknown) {
+        *cached = sub0(sub0(fw->reserved_bytes, fw->allocated_bytes), pool_idle);
+        *src = OG_CACHE_ADAPTER;
+        return true;
+    }
+    if (og_known(rec->memory.framework_cached_bytes) &&
+        !(rec->memory.pool_owner_fw == 2 && rec->memory.framework_cached_source == OG_CACHE_POOL)) {
+        *cached = rec->memory.framework_cached_bytes.v;
+        *src = rec->memory.framework_cached_source;
+        return true;
+    }
+    return false;
+}
+
 const char *og_child_name(const struct og_record *rec, int pid)
 {
     const og_roles_t *ro = &rec->memory.fw.roles;
@@ -290,19 +311,13 @@ static void measure(og_facts_t *d, const og_record_t *rec, const og_thresholds_t
 
     const og_framework_view_t *fw = &rec->memory.fw;
     bool app_pool = rec->memory.pool_owner_fw == 2;
-    enum og_cache_src rec_src = rec->memory.framework_cached_source;
     if (fw->has && !fw->reserved_unknown) {
-        d->cached_known = true;
-        /* the cache is what a request outside the graphs' pools could use or empty_cache release */
         d->pool_idle = pool_idle(fw);
-        d->cached = sub0(sub0(fw->reserved_bytes, fw->allocated_bytes), d->pool_idle);
-        d->cached_src = OG_CACHE_ADAPTER;
         d->reservation = fw->reserved_bytes;
-    } else if (og_known(rec->memory.framework_cached_bytes) && !(app_pool && rec_src == OG_CACHE_POOL)) {
-        d->cached_known = true;
-        d->cached = rec->memory.framework_cached_bytes.v;
-        d->cached_src = rec_src != OG_CACHE_NONE ? rec_src : OG_CACHE_MEASURED;
     }
+    d->cached_known = framework_cache(rec, d->pool_idle, &d->cached, &d->cached_src);
+    if (d->cached_known && d->cached_src == OG_CACHE_NONE)
+        d->cached_src = OG_CACHE_MEASURED;
     int kinds = 0;
     for (int k = 0; k < OG_NFW; k++)
         kinds += d->resv[k] > 0;
@@ -2732,17 +2747,7 @@ static void advice(og_facts_t *f, const og_record_t *rec)
     }
     const og_framework_view_t *fw = &rec->memory.fw;
     enum og_cache_src src = OG_CACHE_NONE;
-    if (fw->has && !fw->reserved_unknown) {
-        x->cached_known = true;
-        x->cached = sub0(sub0(fw->reserved_bytes, fw->allocated_bytes), f->pool_idle); /* measure()'s */
-        src = OG_CACHE_ADAPTER;
-    } else if (og_known(rec->memory.framework_cached_bytes) &&
-               !(rec->memory.pool_owner_fw == 2 && rec->memory.framework_cached_source == OG_CACHE_POOL)) {
-        /* (an application's own pool is not the framework's cache) */
-        x->cached_known = true;
-        x->cached = rec->memory.framework_cached_bytes.v;
-        src = rec->memory.framework_cached_source;
-    }
+    x->cached_known = framework_cache(rec, f->pool_idle, &x->cached, &src);
     /* a recovered dump keeps the first attempt's numbers: its cache was still there then */
     x->cache_retried = src == OG_CACHE_RETRY_RELEASE && !rec->event.recovered;
     x->reclaim = x->cached_known && !x->cache_retried ? x->cached : 0;
