@@ -16,18 +16,25 @@ const char *og_hist_op_name(enum og_hist_op op)
     return (unsigned)op < sizeof names / sizeof *names ? names[op] : "?";
 }
 
+bool og_name_next(const char **cursor, const char **name, size_t *len)
+{
+    const char *p = *cursor;
+    if (!p || !*p)
+        return false;
+    const char *e = strchr(p, ',');
+    *name = p;
+    *len = e ? (size_t)(e - p) : strlen(p);
+    *cursor = e ? e + 1 : p + *len;
+    return true;
+}
+
 bool og_name_listed(const char *list, const char *name)
 {
-    size_t len = strlen(name);
-    for (const char *p = list; len && *p;) {
-        const char *e = strchr(p, ',');
-        size_t l = e ? (size_t)(e - p) : strlen(p);
+    size_t len = strlen(name), l;
+    const char *cur = list, *p;
+    while (len && og_name_next(&cur, &p, &l))
         if (l == len && strncmp(p, name, len) == 0)
             return true;
-        if (!e)
-            break;
-        p = e + 1;
-    }
     return false;
 }
 

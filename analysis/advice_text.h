@@ -48,6 +48,9 @@ og_pc_t og_pct(double part, double whole);
 
 /* bounded copy of a fixed-size field (the field may lack its terminator) */
 void og_cpy(char *dst, size_t n, const char *src, size_t srcn);
+/* the next of the comma-separated names at *CURSOR ("model,ref"): its start and length, *CURSOR moved past it;
+ * false at the end */
+bool og_name_next(const char **cursor, const char **name, size_t *len);
 /* NAME is one of the comma-separated names of LIST ("model,ref"); an empty NAME is in none */
 bool og_name_listed(const char *list, const char *name);
 /* the file name after the last '/' */

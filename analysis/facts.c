@@ -1426,16 +1426,11 @@ static bool model_named(const og_roles_t *ro, int i, const char *name)
     if (og_name_listed(names, name))
         return true;
     /* ... or reached through NAME's object (base.unet: the pipeline `base` holds it; rebinding `base` drops it) */
-    size_t len = strlen(name);
-    for (const char *p = names; len && *p;) {
-        const char *e = strchr(p, ',');
-        size_t l = e ? (size_t)(e - p) : strlen(p);
+    size_t len = strlen(name), l;
+    const char *cur = names, *p;
+    while (len && og_name_next(&cur, &p, &l))
         if (l > len + 1 && strncmp(p, name, len) == 0 && p[len] == '.')
             return true;
-        if (!e)
-            break;
-        p = e + 1;
-    }
     return false;
 }
 
@@ -1447,15 +1442,11 @@ static bool keyed_group(const og_roles_t *ro, int i)
     if (ro->models[i].named < 1 || !names[0])
         return false;
     static const char key[] = "[key]";
-    for (char *p = names; *p;) {
-        char *e = strchr(p, ',');
-        size_t l = e ? (size_t)(e - p) : strlen(p);
+    const char *cur = names, *p;
+    size_t l;
+    while (og_name_next(&cur, &p, &l))
         if (l <= sizeof key - 1 || strncmp(p + l - (sizeof key - 1), key, sizeof key - 1) != 0)
             return false;
-        if (!e)
-            break;
-        p = e + 1;
-    }
     return true;
 }
 
@@ -2110,11 +2101,9 @@ static bool one_attribute_each(const og_roles_t *ro, int i)
     og_cpy(names, sizeof names, ro->models[i].names, sizeof names);
     if (ro->models[i].count < 2 || ro->models[i].named != ro->models[i].count || !names[0] || keyed_group(ro, i))
         return false;
-    const char *attr = NULL;
-    size_t alen = 0;
-    for (const char *p = names; *p;) {
-        const char *e = strchr(p, ',');
-        size_t l = e ? (size_t)(e - p) : strlen(p);
+    const char *attr = NULL, *cur = names, *p;
+    size_t alen = 0, l;
+    while (og_name_next(&cur, &p, &l)) {
         if (!attribute_name(p, l))
             return false;
         const char *last = p + l;
@@ -2125,9 +2114,6 @@ static bool one_attribute_each(const og_roles_t *ro, int i)
             return false;
         attr = last;
         alen = ll;
-        if (!e)
-            break;
-        p = e + 1;
     }
     return true;
 }
@@ -2144,16 +2130,13 @@ static uint64_t twin_of_program(const og_roles_t *ro, int i, int nm)
     char names[sizeof ro->models[0].names];
     og_cpy(names, sizeof names, ro->models[i].names, sizeof names);
     int attrs = 0, others = 0;
-    for (char *p = names; *p;) {
-        char *e = strchr(p, ',');
-        if (attribute_name(p, e ? (size_t)(e - p) : strlen(p)))
+    const char *cur = names, *p;
+    size_t l;
+    while (og_name_next(&cur, &p, &l))
+        if (attribute_name(p, l))
             attrs++;
         else
             others++;
-        if (!e)
-            break;
-        p = e + 1;
-    }
     uint64_t each = ro->models[i].bytes;
     int count = ro->models[i].count;
     if (!ro->models[i].frozen || count <= 0 || attrs == 0 || keyed_group(ro, i))
