@@ -219,8 +219,6 @@ static const char *fw_display(int fw) { return og_framework_display(fw, "the fra
 
 /* ------------------------------------------------------------------ causes */
 
-/* ------------------------------------------------------------------ causes */
-
 static bool c_limit(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
 {
     if (!r->event.caused_by_limit)
@@ -918,6 +916,12 @@ static bool c_growth(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
                 g->marker == OG_MARK_FAILING_SIZE ? "the size that failed" : "the size allocated most often", g->rising,
                 g->transitions, og_hb((double)g->per_step).s, og_hb((double)g->first_low).s,
                 og_hb((double)g->last_low).s);
+    /* the rise is LoRA adapters kept (roles.lora_piled): say so, it is what to delete */
+    const og_role_facts_t *k = &d->roles;
+    bool adapters = k->known && k->lora_piled && (double)k->lora_params >= 0.5 * (double)g->rise;
+    if (adapters)
+        summary_more(c, 100, ". The models hold %s of LoRA adapters (%.1fx their other weights), kept after use.",
+                     og_hb((double)k->lora_params).s, (double)k->lora_params / (double)(k->params - k->lora_params));
     ev_bytes(c, "first_trough_bytes", g->first_low);
     ev_bytes(c, "last_trough_bytes", g->last_low);
     ev_bytes(c, "rise_bytes", g->rise);
@@ -935,6 +939,8 @@ static bool c_growth(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
                                                   : "modal_size");
     if (g->marker == OG_MARK_OPTIMIZER_STEP)
         ev_num(c, "optimizer_steps", (double)g->seen);
+    if (adapters)
+        ev_bytes(c, "lora_parameters_bytes", k->lora_params);
     if (g->over_run) /* read from the run's series, one point every this many optimizer steps */
         ev_num(c, "run_series_every", (double)g->every);
     /* the rise (all of it, or its steady part, step by step) is one collective-communication library's

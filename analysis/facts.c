@@ -961,8 +961,9 @@ static bool driver_growth_holds(og_facts_t *d, const og_record_t *r, og_growth_f
     /* ... or the models arriving in a job that does not train (growth.weights_load): their parameters are at least
      * 9/10 of the rise, nothing says the job trains, and Python keeps nothing across calls, no second copy of a model
      * and no map of models by key (a registry of loaded models, a model reloaded per request and kept, experts an
-     * LRU moved here and never back: those are leaks), and no model has parameters still elsewhere (weights coming
-     * and going, an offloading loop, not a load done) */
+     * LRU moved here and never back: those are leaks), no pile of LoRA adapters (roles.lora_piled: one loaded per
+     * request and kept), and no model has parameters still elsewhere (weights coming and going, an offloading
+     * loop, not a load done) */
     const og_role_facts_t *k = &d->roles;
     /* ... or, in a training job on a PyTorch whose optimizer steps no adapter can read (before 2.0: no step hook),
      * the job's own state and the pass now running (growth.working_set): measured where the bytes are, not read
@@ -974,7 +975,7 @@ static bool driver_growth_holds(og_facts_t *d, const og_record_t *r, og_growth_f
         g->working_set = true;
         return false;
     }
-    if (!k->known || d->trains == 1 || k->model_copies || k->keyed_models || k->model_away)
+    if (!k->known || d->trains == 1 || k->model_copies || k->keyed_models || k->model_away || k->lora_piled)
         return true;
     /* ... with what holders keep in a pool made in one piece (an engine's KV cache): four tensors or more, each
      * larger than two typical steps' rise, together no more than the largest step's: made within one step, while
@@ -1869,6 +1870,8 @@ static void roles(og_facts_t *d, const og_record_t *r)
     k->embedding = og_or(ro->embedding_bytes, 0);
     k->embedding_tables = og_or(ro->embedding_tables, 0) > 1000000 ? 1000000 : (int)og_or(ro->embedding_tables, 0);
     k->opt = role_or0(ro, OG_ROLE_optimizer_state);
+    k->lora_piled = k->lora_params && k->params > k->lora_params && 2 * k->lora_params >= k->params - k->lora_params &&
+                    !k->grads && !k->opt;
     k->pools = role_or0(ro, OG_ROLE_graph_pools);
     k->held = role_or0(ro, OG_ROLE_held_by_python);
     k->act_known = og_known(ro->bytes[OG_ROLE_activations]);

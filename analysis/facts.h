@@ -183,6 +183,9 @@ typedef struct og_role_facts {
     /* LoRA adapters' parameters (roles.lora_parameters_bytes; 0: no adapter or not measured) and the other weights
      * that require grad (roles.lora_base_trainable_bytes): a LoRA model whose base was never frozen */
     uint64_t lora_params, lora_base_trained;
+    /* adapters piled up: LoRA parameters at least half of the other weights, in a job with no gradient and no
+     * optimizer state (one adapter is a few percent of its base; this is one per request or tenant, loaded and kept) */
+    bool lora_piled;
     /* the models' embedding tables' parameters (roles.embedding_parameters_bytes; 0 none or not measured) and how many
      * tensors they are (roles.embedding_tables; 0 none or not measured) */
     uint64_t embedding;

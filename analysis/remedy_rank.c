@@ -563,6 +563,14 @@ static bool growth_in_a_cache(const rctx_t *x)
     return HAS(GROWTH) && ro->keeper >= 0 && ro->keeper_map && og_covers(x, (double)ro->keeper_bytes);
 }
 static bool growth_in_a_cache_primary(const rctx_t *x) { return PRIMARY(GROWTH) && growth_in_a_cache(x); }
+/* LoRA adapters piled up (roles.lora_piled: at least half the other weights, no gradient and no optimizer state),
+ * holding the missing bytes: one adapter per request or tenant, loaded and never deleted; deleting each after its
+ * job, or keeping a bounded set, frees all but the ones in use */
+static bool lora_piled(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && ro->lora_piled && og_covers(x, (double)ro->lora_params);
+}
 /* a map kept across calls (facts: roles.keeper, a dict or another cache; its name says cache or nothing, no copy of
  * a role) holding the missing bytes, more than the running code's tensors and more than any rise the steps read (a
  * prefill building its KV cache is a rise within one call): entries kept from earlier calls, never evicted, take
@@ -1627,6 +1635,11 @@ static const og_rank_row_t bring[] = {
     { "growth_in_a_cache", growth_in_a_cache, WANT, 0, 0, REMS(R_BOUNDED_CACHE),
       "cause growth, roles: largest holder kept across calls is a dict/cache >= shortfall",
       "dict_cache_embeddings (blind)" },
+    { "lora_adapters_piled", lora_piled, WANT, 0, 0, REMS(R_RELEASE_REFS, R_BOUNDED_CACHE),
+      "roles: LoRA adapters at least half the other weights, no gradients and no optimizer state (lora_piled), "
+      "their bytes >= shortfall",
+      "sdxl_lora_marketplace_preview_worker_load_lora_weights_per_job_never_deleted_l4 (blind); (unit tests: "
+      "lora_adapters_piled)" },
     { "cache_kept", cache_kept, WANT, 0, 0, REMS(R_BOUNDED_CACHE),
       "roles: the largest holder kept across calls is a dict/cache >= shortfall, named cache or nothing, no copy of a "
       "role, > the running code's tensors and > any growth's rise",
@@ -2157,6 +2170,10 @@ static const og_rank_row_t lead[] = {
       "tenant_finetunes_full_copies_resident_a100_40gb (blind)" },
     { "bounded_cache_lead", growth_in_a_cache_primary, LEAD_COVERS, -22, 0, REMS(R_BOUNDED_CACHE),
       "primary growth, the same as growth_in_a_cache", "dict_cache_embeddings (blind)" },
+    { "lora_adapters_piled_lead", lora_piled, LEAD_COVERS, -30, 1, REMS(R_RELEASE_REFS, R_BOUNDED_CACHE),
+      "as lora_adapters_piled (deleting each adapter after its job first, a bounded set of them next)",
+      "sdxl_lora_marketplace_preview_worker_load_lora_weights_per_job_never_deleted_l4 (blind); (unit tests: "
+      "lora_adapters_piled)" },
     { "cache_kept_lead", cache_kept, LEAD_COVERS, -28, 0, REMS(R_BOUNDED_CACHE),
       "as cache_kept (ahead of a generation's working set: the entries kept from earlier calls take its room)",
       "tenant_prefix_kv_cache_dict_never_evicted (blind); (unit tests: cache_kept_across_calls)" },
@@ -2614,6 +2631,11 @@ static void estimate(rank_t *k, const rctx_t *x)
     cover[R_BOUNDED_CACHE] = ro->keeper >= 0 ? 0.9 * (double)ro->keeper_bytes : -1;
     if (model_registry(x) && (double)og_registry_bytes(x) > cover[R_BOUNDED_CACHE]) /* every entry can be evicted */
         cover[R_BOUNDED_CACHE] = (double)og_registry_bytes(x);
+    if (lora_piled(x)) { /* every adapter but the ones in use */
+        double a = (double)roles_of(x)->lora_params;
+        cover[R_BOUNDED_CACHE] = cover[R_BOUNDED_CACHE] > 0.9 * a ? cover[R_BOUNDED_CACHE] : 0.9 * a;
+        cover[R_RELEASE_REFS] = cover[R_RELEASE_REFS] > a ? cover[R_RELEASE_REFS] : a;
+    }
     if (x->f->comm_lib >= 0) {
         cover[R_REUSE_PG] = comm_holds_growth(x) ? (double)x->f->comm_bytes : 0.5 * (double)x->f->comm_bytes;
         /* the buffers beyond the default's when the environment enlarged them; else half of them (2 MiB) */

@@ -42,10 +42,12 @@ static bool env_is(const og_record_t *rec, const char *name, const char *value)
 
 /* The growth's steps ran without autograd: it was off when the failing call, itself one more step
  * (marked by its size), was made.  A failure of another size (an evaluation after a leaking
- * training loop) says nothing about the mode the growth happened in. */
+ * training loop) says nothing about the mode the growth happened in.  A rise that is adapters piling up
+ * (roles.lora_piled) is kept by the program, not built by the running pass. */
 bool og_growth_without_autograd(const rctx_t *x)
 {
-    return no_autograd_job(x) && x->has[OG_CAUSE_GROWTH] && x->f->growth.marker == OG_MARK_FAILING_SIZE;
+    return no_autograd_job(x) && x->has[OG_CAUSE_GROWTH] && x->f->growth.marker == OG_MARK_FAILING_SIZE &&
+           !x->f->roles.lora_piled;
 }
 
 bool og_embedding_tables(const rctx_t *x)
@@ -911,6 +913,19 @@ static int copies_group(const rctx_t *x)
     return best;
 }
 
+/* LoRA adapters piled up (roles.lora_piled): how many bytes, and how many times the other weights */
+static void lora_pile_why(const rctx_t *x, og_remedy_t *r)
+{
+    const og_role_facts_t *ro = &x->f->roles;
+    why(r,
+        "The models hold %s of LoRA adapters' parameters, %.1fx their other weights (%s), with no gradient and no "
+        "optimizer state: one adapter is a few percent of its base, so these are many, loaded one after another "
+        "(per job, tenant or request) and kept. Deactivating an adapter (set_adapters, disable_adapters) keeps its "
+        "weights on the GPU; deleting it frees them.",
+        og_hb((double)ro->lora_params).s, (double)ro->lora_params / (double)(ro->params - ro->lora_params),
+        og_hb((double)(ro->params - ro->lora_params)).s);
+}
+
 static bool b_release_references(const rctx_t *x, og_remedy_t *r)
 {
     const og_growth_facts_t *g = &x->f->growth;
@@ -932,6 +947,16 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
             c.site, c.source[0] ? c.source : "the model", t, t, og_hb((double)x->f->roles.copy_replaces).s);
         how(r, "del %s   # and any other name of the old copy, before making the new one", t);
         how(r, "%s = copy.deepcopy(%s)   # now only one copy at a time", t, c.source[0] ? c.source : "model");
+        return true;
+    }
+    if (x->f->roles.lora_piled && og_covers(x, (double)x->f->roles.lora_params)) {
+        lora_pile_why(x, r);
+        r->saving = "Every adapter but the ones the running job uses";
+        how(r,
+            "%spipe.delete_adapters(name)   # diffusers: after the job that used it (unload_lora_weights() drops "
+            "them all)",
+            pt(x));
+        how(r, "%smodel.delete_adapter(name)   # PEFT: the same for a PeftModel", pt(x));
         return true;
     }
     /* a growth that is copies of one model (growth.copies_kept): a model built anew each iteration while something
@@ -3143,6 +3168,20 @@ static bool b_bounded_cache(const rctx_t *x, og_remedy_t *r)
     if (!ro->registry_models && ro->keyed_group >= 0 && og_registry_bytes(x) &&
         (ro->keeper < 0 || ro->keyed_models >= ro->keeper_bytes))
         return keyed_models_text(x, r);
+    if (ro->lora_piled && og_covers(x, (double)ro->lora_params) &&
+        (ro->keeper < 0 || ro->lora_params >= ro->keeper_bytes)) {
+        why(r,
+            "The models hold %s of LoRA adapters' parameters, %.1fx their other weights: every adapter loaded so far. "
+            "Keep a bounded set, the N used last, deleting the oldest before loading a new one.",
+            og_hb((double)ro->lora_params).s, (double)ro->lora_params / (double)(ro->params - ro->lora_params));
+        r->saving = "The adapters beyond the bound";
+        how(r,
+            "%sif len(loaded) >= N: pipe.delete_adapters(loaded.pop(0))   # before load_lora_weights(path, "
+            "adapter_name=new)",
+            pt(x));
+        how(r, "vLLM: --enable-lora --max-loras N --max-cpu-loras M   # adapters kept in host memory, N on the GPU");
+        return true;
+    }
     char lb[160];
     const char *label = holder_label(x, x->f->roles.keeper, lb, sizeof lb);
     why(r, "%s keeps %s of tensors on the GPU from one step to the next", label ? label : "A cache",

@@ -476,7 +476,7 @@ static void growth_restored_by_torch_load(void **state)
  * off the device (an offloading loop moving weights here) leave the growth; a local's pool of 4 tensors made within
  * one step (an engine's KV cache) is part of the load beside the weights; the same tensors grown a little every step
  * (a cache extended token by token), or the same bytes in tensors of a step's size, are kept a step at a time: a
- * growth */
+ * growth; so are LoRA adapters at least half the other weights (one per job, kept), named in its evidence */
 static void growth_is_the_weights_arriving(void **state)
 {
     static const struct {
@@ -489,20 +489,24 @@ static void growth_is_the_weights_arriving(void **state)
         int pool;      /* tensors of a local's 13 GiB beside the parameters (0 none) */
         bool burst;    /* the pool made within one step (else the steps' rises carry it) */
         bool load;
-        bool kept; /* the pool's holder an attribute kept across calls (not a local of main) */
+        bool kept;     /* the pool's holder an attribute kept across calls (not a local of main) */
+        uint64_t lora; /* of the parameters, LoRA adapters' */
     } rows[] = {
-        { "the weights arriving", 36 * 500 * MiB, 0, 1, false, 0, 0, false, true, false },
-        { "an optimizer stepped: the job trains", 36 * 500 * MiB, 1, 1, false, 0, 0, false, false, false },
-        { "parameters half the rise", 20 * 500 * MiB, 0, 1, false, 0, 0, false, false, false },
-        { "two copies of one model: one reloaded and kept", 36 * 500 * MiB, 0, 2, false, 0, 0, false, false, false },
-        { "a registry of models by key", 36 * 500 * MiB, 0, 2, true, 0, 0, false, false, false },
+        { "the weights arriving", 36 * 500 * MiB, 0, 1, false, 0, 0, false, true, false, 0 },
+        { "an optimizer stepped: the job trains", 36 * 500 * MiB, 1, 1, false, 0, 0, false, false, false, 0 },
+        { "parameters half the rise", 20 * 500 * MiB, 0, 1, false, 0, 0, false, false, false, 0 },
+        { "two copies of one model: one reloaded and kept", 36 * 500 * MiB, 0, 2, false, 0, 0, false, false, false, 0 },
+        { "a registry of models by key", 36 * 500 * MiB, 0, 2, true, 0, 0, false, false, false, 0 },
         { "parameters still elsewhere: weights coming and going", 36 * 500 * MiB, 0, 1, false, 1 * GiB, 0, false, false,
-          false },
-        { "a pool made within one step beside the weights", 36 * 500 * MiB, 0, 1, false, 0, 4, true, true, false },
-        { "the same tensors grown a little every step", 10 * 500 * MiB, 0, 1, false, 0, 4, false, false, false },
-        { "the same bytes in tensors of a step's size", 10 * 500 * MiB, 0, 1, false, 0, 26, false, false, false },
-        { "a pool made within one step, kept across calls", 36 * 500 * MiB, 0, 1, false, 0, 4, true, true, true },
-        { "kept across calls in tensors of a step's size", 10 * 500 * MiB, 0, 1, false, 0, 26, false, false, true },
+          false, 0 },
+        { "a pool made within one step beside the weights", 36 * 500 * MiB, 0, 1, false, 0, 4, true, true, false, 0 },
+        { "the same tensors grown a little every step", 10 * 500 * MiB, 0, 1, false, 0, 4, false, false, false, 0 },
+        { "the same bytes in tensors of a step's size", 10 * 500 * MiB, 0, 1, false, 0, 26, false, false, false, 0 },
+        { "a pool made within one step, kept across calls", 36 * 500 * MiB, 0, 1, false, 0, 4, true, true, true, 0 },
+        { "kept across calls in tensors of a step's size", 10 * 500 * MiB, 0, 1, false, 0, 26, false, false, true, 0 },
+        { "LoRA adapters piled on the weights, one per job", 36 * 500 * MiB, 0, 1, false, 0, 0, false, false, false,
+          26 * 500 * MiB },
+        { "one LoRA adapter beside its base", 36 * 500 * MiB, 0, 1, false, 0, 0, false, true, false, 500 * MiB },
     };
     for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
         og_record_t *r = base();
@@ -528,10 +532,15 @@ static void growth_is_the_weights_arriving(void **state)
         if (rows[i].keyed)
             fixture_model_held(r, rows[i].copies, 0, "models[key]");
         r->memory.fw.roles.models[0].away = rows[i].away;
+        if (rows[i].lora)
+            og_set(&r->memory.fw.roles.lora_bytes, rows[i].lora);
         diag(r);
         if (has(r, "growth") == rows[i].load || r->analysis.facts.growth.weights_load != rows[i].load)
             fail_msg("%s: growth %d, weights_load %d", rows[i].what, has(r, "growth"),
                      r->analysis.facts.growth.weights_load);
+        /* the adapters named in the growth's evidence where they are the pile that rose */
+        if (ev(find(r, "growth"), "lora_parameters_bytes") != (rows[i].lora > 500 * MiB ? (double)rows[i].lora : -1))
+            fail_msg("%s: lora_parameters_bytes %g", rows[i].what, ev(find(r, "growth"), "lora_parameters_bytes"));
         free(r);
     }
 }

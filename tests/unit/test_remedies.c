@@ -2990,6 +2990,37 @@ static void lora_base_weights_train(void **state)
     free(r);
 }
 
+/* An image server that loads a LoRA per job and never deletes it: 12 GiB of adapters beside 6.5 GiB of other
+ * weights, no gradient, no optimizer state.  Deleting each adapter after its job leads, a bounded set of them next,
+ * their texts name the adapters; one adapter (a few percent of its base), or a job that trains them, is no pile */
+static void lora_adapters_piled(void **state)
+{
+    og_record_t *r = base();
+    og_roles_t *ro = fixture_roles(r, 18 * GiB + 512 * MiB, 0, 0, 0, 0, 1 * GiB);
+    og_set(&ro->lora_bytes, 12 * GiB);
+    og_set(&r->event.requested_bytes, 1 * GiB);
+    og_set(&r->device.free_bytes, 256 * MiB);
+    run(r);
+    assert_true(r->analysis.facts.roles.lora_piled);
+    assert_string_equal(r->remedies[0].id, "release_references");
+    assert_string_equal(r->remedies[1].id, "bounded_cache");
+    bool led = false; /* by this row */
+    for (int k = 0; k < r->remedies[0].ranking.nrows; k++)
+        led = led || strcmp(r->remedies[0].ranking.rows[k], "lora_adapters_piled_lead") == 0;
+    assert_true(led);
+    assert_non_null(strstr(r->remedies[0].why, "LoRA adapters"));
+    assert_true(how_has(&r->remedies[0], "delete_adapters"));
+    assert_true(how_has(&r->remedies[1], "delete_adapters"));
+    og_set(&ro->lora_bytes, 3 * GiB); /* under half the other weights (15.5 GiB): adapters of a model, not a pile */
+    run(r);
+    assert_false(r->analysis.facts.roles.lora_piled);
+    og_set(&ro->lora_bytes, 12 * GiB);
+    ro->bytes[OG_ROLE_optimizer_state] = fx_opt(2 * GiB); /* the adapters train */
+    run(r);
+    assert_false(r->analysis.facts.roles.lora_piled);
+    free(r);
+}
+
 /* DP-SGD's backward: 7.5 GiB of gradients kept one per example (64 of them) beside 6 GiB of activations: a smaller
  * physical batch leads (its text names the examples and Opacus' BatchMemoryManager), ghost clipping second, the
  * activations' remedies after them; per-example gradients short of the shortfall lead nothing, and without them
@@ -6524,6 +6555,7 @@ int main(void)
         cmocka_unit_test(preconditioners_hold_the_state),
         cmocka_unit_test(per_sample_gradients),
         cmocka_unit_test(lora_base_weights_train),
+        cmocka_unit_test(lora_adapters_piled),
         cmocka_unit_test(ema_update_out_of_place),
         cmocka_unit_test(phase_forward_optimizer_later),
         cmocka_unit_test(float64_weights),
