@@ -1004,7 +1004,8 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
         conf -= 0.15;
     if (d->req <= avail) {
         conf = PASS_DNF_CONF; /* the cache would serve this request, not the rest of the pass */
-        basis = d->pass_outgrows_cache   ? "pass_outgrows_cache"
+        basis = d->load_fills_card       ? "load_fills_card"
+                : d->pass_outgrows_cache ? "pass_outgrows_cache"
                 : d->copy_outgrows_cache ? "copy_outgrows_cache"
                                          : "kept_outgrows_cache";
     }
@@ -1053,7 +1054,15 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
     ev_bytes(c, "job_need_bytes", job);
     ev_bytes(c, d->limited ? "limit_bytes" : "capacity_bytes", d->capacity);
     ev_text(c, "basis", "%s", basis);
-    if (d->pass_outgrows_cache && d->phase == OG_JP_loading) {
+    if (d->load_fills_card) {
+        ev_bytes(c, "parameters_bytes", d->roles.params);
+        summary_more(c, 160,
+                     "; the load in progress has put %s of weights on the %s %s (%.0f%%): whatever is left to load, "
+                     "the job has no room on them.",
+                     og_hb((double)d->roles.params).s, og_hb((double)d->capacity).s,
+                     d->limited && d->capacity == d->limit ? "limit" : "device",
+                     100.0 * (double)d->roles.params / (double)d->capacity);
+    } else if (d->pass_outgrows_cache && d->phase == OG_JP_loading) {
         uint64_t set = d->roles.working + d->roles.arriving;
         ev_bytes(c, "pass_working_set_bytes", set);
         summary_more(c, 160,

@@ -2399,6 +2399,7 @@ static void comprehension_running(og_facts_t *d, const og_record_t *r)
                 d->comprehension = i;
 }
 
+#define LOAD_FILLS_SHARE 0.9 /* of the card (or limit) the weights of a load still running hold: load_fills_card */
 static void pass_outgrows_cache(og_facts_t *d, const og_record_t *r)
 {
     const og_role_facts_t *k = &d->roles;
@@ -2442,6 +2443,12 @@ static void pass_outgrows_cache(og_facts_t *d, const og_record_t *r)
             d->pass_outgrows_cache = true;
             return;
         }
+    }
+    if (d->phase == OG_JP_loading && k->known && d->cached_known && !d->recovered && d->reservation && d->capacity &&
+        (double)k->params >= LOAD_FILLS_SHARE * (double)d->capacity && d->cached >= d->req &&
+        (double)d->cached < d->frag_share * (double)d->reservation) {
+        d->load_fills_card = d->pass_outgrows_cache = true;
+        return;
     }
     if (!building || !k->known || !k->act_known || !d->cached_known || d->recovered || !d->reservation)
         return;

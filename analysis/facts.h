@@ -676,8 +676,10 @@ typedef struct og_facts {
      * made so far) holds at least 3x the cache (and the request), the cache under frag_share of the reservation:
      * it cannot carry the pass; or a pass asks for at least an eighth of the device, its activations already hold
      * about as much, and the free memory with a defragmented cache would leave less than the request after it: the
-     * next tensor of that size has no room */
+     * next tensor of that size has no room; or a load whose weights already hold nine tenths of the card or limit
+     * (load_fills_card): whatever is left to load, the job on them has no room, and no layout of the cache makes it */
     bool pass_outgrows_cache;
+    bool load_fills_card;
     /* ... not read for a pass building when the run held as much at once before (held_before): the framework's peak
      * allocated (PyTorch's allocated_bytes.all.peak) is at least what is allocated now and the request, so what this
      * pass needs so far was there, live, at one time; the pieces, not the total, are what it lacks.  Not for a

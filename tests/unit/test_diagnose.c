@@ -1901,29 +1901,30 @@ static void a_copy_that_outgrows_the_cache_does_not_fit(void **state)
     free(r);
 }
 
-/* a model being loaded (phase loading) beside a previous copy: the copy arriving holds 10 GiB so far (its class
+/* a model being loaded (phase loading) beside a previous copy: the copy arriving holds 8 GiB so far (its class
  * running, roles.models) when a 112 MiB request fails with 226 MiB cached in splinters: the load outgrows the
  * cache, does_not_fit leads (basis pass_outgrows_cache, the arriving parameters its working set); nothing
- * arriving (no model running): the textbook reading stands */
+ * arriving (no model running): the textbook reading stands.  (The sizes are 12 + 8 GiB of a 24 GiB card: weights at
+ * nine tenths of it are a load that fills the card, below) */
 static void a_load_that_outgrows_the_cache_does_not_fit(void **state)
 {
     og_record_t *r = base();
     og_set(&r->event.requested_bytes, 112 * MiB);
     og_set(&r->device.free_bytes, 100 * MiB);
-    fixture_roles(r, 24 * GiB, 0, 0, 0, 0, 0);
+    fixture_roles(r, 20 * GiB, 0, 0, 0, 0, 0);
     r->memory.fw.reserved_bytes += 226 * MiB;
     r->memory.fw.largest_free_block_bytes = 4 * MiB;
     fixture_phase(r, "loading", "/w/nb.py", "from_pretrained");
-    fixture_model(r, "Mistral", 14 * GiB, 1, false);
+    fixture_model(r, "Mistral", 12 * GiB, 1, false);
     fixture_model_held(r, 0, 0, "model");
-    fixture_model(r, "Mistral", 10 * GiB, 1, false);
+    fixture_model(r, "Mistral", 8 * GiB, 1, false);
     diag(r);
     assert_string_equal(r->diagnosis.primary, "fragmentation");
     fixture_model_held(r, 0, 1, "");
     diag(r);
     assert_string_equal(r->diagnosis.primary, "does_not_fit");
     assert_string_equal(evt(find(r, "does_not_fit"), "basis"), "pass_outgrows_cache");
-    assert_true(ev(find(r, "does_not_fit"), "pass_working_set_bytes") == 10.0 * GiB);
+    assert_true(ev(find(r, "does_not_fit"), "pass_working_set_bytes") == 8.0 * GiB);
     assert_true(find(r, "fragmentation")->confidence <= 0.5);
     og_test_check_text(find(r, "does_not_fit")->summary);
     free(r);
@@ -1938,7 +1939,7 @@ static void a_shard_being_placed_outgrows_the_cache(void **state)
     og_record_t *r = base();
     og_set(&r->event.requested_bytes, 112 * MiB);
     og_set(&r->device.free_bytes, 100 * MiB);
-    fixture_roles(r, 24 * GiB, 0, 0, 0, 4 * GiB, 0);
+    fixture_roles(r, 16 * GiB, 0, 0, 0, 4 * GiB, 0);
     r->memory.fw.reserved_bytes += 226 * MiB;
     r->memory.fw.largest_free_block_bytes = 4 * MiB;
     fixture_phase(r, "loading", "/w/load.py", "from_pretrained");
@@ -1953,6 +1954,36 @@ static void a_shard_being_placed_outgrows_the_cache(void **state)
     assert_true(ev(find(r, "does_not_fit"), "pass_working_set_bytes") == 4.0 * GiB);
     assert_true(find(r, "fragmentation")->confidence <= 0.5);
     og_test_check_text(find(r, "does_not_fit")->summary);
+    free(r);
+}
+
+/* a load in float32 whose weights already hold 93% of the card (11.2 of 12 GiB) when a 26 MiB request fails with
+ * 323 MiB cached in splinters: whatever is left to load, the job has no room on those weights, so does_not_fit
+ * leads (basis load_fills_card, evidence parameters_bytes) and fragmentation is a side finding; weights at two
+ * thirds of the card, or a cache that could not hold the request anyway, leave the other readings */
+static void a_load_that_fills_the_card(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->device.total_bytes, 12 * GiB);
+    og_set(&r->event.requested_bytes, 26 * MiB);
+    og_set(&r->device.free_bytes, 24 * MiB);
+    fixture_roles(r, 11 * GiB + 160 * MiB, 0, 0, 0, 0, 0);
+    r->memory.fw.reserved_bytes += 323 * MiB;
+    r->memory.fw.largest_free_block_bytes = 14 * MiB;
+    fixture_phase(r, "loading", "/w/train_dreambooth_lora_sdxl.py", "to");
+    diag(r);
+    assert_true(r->analysis.facts.load_fills_card);
+    assert_string_equal(r->diagnosis.primary, "does_not_fit");
+    assert_string_equal(evt(find(r, "does_not_fit"), "basis"), "load_fills_card");
+    assert_true(ev(find(r, "does_not_fit"), "parameters_bytes") == 11.0 * GiB + 160.0 * MiB);
+    assert_true(find(r, "fragmentation")->confidence <= 0.5);
+    og_test_check_text(find(r, "does_not_fit")->summary);
+    fixture_roles(r, 8 * GiB, 0, 0, 0, 0, 0); /* two thirds of the card: the splinters are the reading */
+    r->memory.fw.reserved_bytes += 323 * MiB;
+    r->memory.fw.largest_free_block_bytes = 14 * MiB;
+    diag(r);
+    assert_false(r->analysis.facts.load_fills_card);
+    assert_string_equal(r->diagnosis.primary, "fragmentation");
     free(r);
 }
 
@@ -2090,6 +2121,7 @@ int main(void)
         cmocka_unit_test(idle_graph_pools_are_held_not_fragmented),
         cmocka_unit_test(a_copy_that_outgrows_the_cache_does_not_fit),
         cmocka_unit_test(a_load_that_outgrows_the_cache_does_not_fit),
+        cmocka_unit_test(a_load_that_fills_the_card),
         cmocka_unit_test(a_shard_being_placed_outgrows_the_cache),
         cmocka_unit_test(kept_tensors_outgrow_the_cache),
         cmocka_unit_test(registry_models_outgrow_the_cache),
