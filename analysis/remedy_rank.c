@@ -1175,6 +1175,24 @@ static bool scaler_without_autocast(const rctx_t *x)
     const og_role_facts_t *ro = roles_of(x);
     return ro->known && ro->scaler_only && x->autocast != 1 && (PHASE(forward) || PHASE(backward));
 }
+/* a training pass in float32 on a card with tensor cores (compute capability 7.0 or later): autocast measured off
+ * at the failure and entered in no frame of the code, the weights at least half float32, autograd on in a forward
+ * or backward whose activations are half of what is allocated or more: autocast halves them and runs faster, where
+ * checkpointing recomputes, so half precision comes first (a bf16 flag switched off on a V100 without bf16 leaves
+ * fp16 autocast with a GradScaler); not for a peak from one batch (one_batch_peak: that input's size is the lever),
+ * nor beside DDP's bucket copy of the gradients (ddp_buckets_lead: a copy dropped costs nothing, it comes first) */
+static bool ddp_buckets_lead(const rctx_t *x);
+static bool fp32_training(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    bool alloc_known = og_known(x->rec->memory.fw.roles.allocated_bytes);
+    uint64_t alloc = x->rec->memory.fw.roles.allocated_bytes.v;
+    return pytorchish(x) && ro->known && ro->act_known && ro->dtypes_known && x->trains == 1 && x->grad == 1 &&
+           x->autocast == -1 && !ro->autocast_code && x->cc_known && x->cc >= 70 &&
+           (PHASE(forward) || PHASE(backward)) && ro->params && 2 * ro->params_fp32 >= ro->params && alloc_known &&
+           alloc && 2 * ro->act >= alloc && !own_fix_covers(x) && !x->larger_than_device && !one_batch_peak(x) &&
+           !ddp_buckets_lead(x);
+}
 static bool autocast_in_force(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
@@ -2224,6 +2242,12 @@ static const og_rank_row_t lead[] = {
     { "eager_attention_lead", eager_attention_lead, LEAD_COVERS, -33, 0, REMS(R_FLASH),
       "as eager_attention, primary not a confident growth",
       "mistral7b_contracts_32k_lora_eager_attention (blind); (unit tests: eager_attention_fused_first)" },
+    { "fp32_training_lead", fp32_training, LEAD_COVERS, -19, 0, REMS(R_MIXED),
+      "PyTorch training in a forward or backward, autograd on, autocast measured off and in no frame of the code, "
+      "weights >= half float32, compute capability >= 7.0, activations >= half of what is allocated, no peak from "
+      "one batch, no DDP bucket copy leading (ahead of checkpointing: half precision halves them and runs faster)",
+      "deberta_v3_large_ner_bf16_unsupported_on_v100_switched_off_trains_fp32_v100_16gb (blind); (unit tests: "
+      "fp32_training_half_first)" },
     { "checkpointing_off_lead", checkpointing_off_leads, LEAD_COVERS, -18, 0, REMS(R_CHECKPOINTING),
       "as checkpointing_off, unless a forward's failing request alone is a quarter of the card or more",
       "sft_first_forward_activations, long_ctx_lora_ckpt_flag_off (blind)" },

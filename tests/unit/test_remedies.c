@@ -3590,6 +3590,45 @@ static og_record_t *first_forward(int checkpointing, int batch, uint64_t params,
     return r;
 }
 
+/* A first forward in float32 on a V100 (cc 7.0), autocast measured off and in no frame of the code: half precision
+ * leads, checkpointing next (its text says fp16 with a GradScaler: no bf16 before cc 8.0); autocast in the code,
+ * half-precision weights, or a card without tensor cores leave checkpointing first */
+static void fp32_training_half_first(void **state)
+{
+    og_record_t *r = first_forward(-1, 0, 3 * GiB, 17 * GiB);
+    fixture_dtype(r, "float32", 3 * GiB);
+    r->memory.fw.autocast = -1;
+    r->device.cc_major = 7;
+    r->device.cc_minor = 0;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "mixed_precision");
+    assert_string_equal(r->remedies[1].id, "gradient_checkpointing");
+    bool led = false; /* by this row */
+    for (int k = 0; k < r->remedies[0].ranking.nrows; k++)
+        led = led || strcmp(r->remedies[0].ranking.rows[k], "fp32_training_lead") == 0;
+    assert_true(led);
+    assert_true(how_has(&r->remedies[0], "GradScaler"));
+    r->memory.fw.roles.autocast_in_code = true; /* entered in the code (a region that ended): not plain float32 */
+    run(r);
+    assert_string_equal(r->remedies[0].id, "gradient_checkpointing");
+    r->memory.fw.roles.autocast_in_code = false;
+    r->memory.fw.roles.ndtypes = 0;
+    fixture_dtype(r, "bfloat16", 3 * GiB); /* half-precision weights */
+    run(r);
+    assert_string_equal(r->remedies[0].id, "gradient_checkpointing");
+    r->memory.fw.roles.ndtypes = 0;
+    fixture_dtype(r, "bfloat16", 1843 * MiB); /* 60% bf16, 40% float32: mostly half already */
+    fixture_dtype(r, "float32", 1229 * MiB);
+    run(r);
+    assert_string_equal(r->remedies[0].id, "gradient_checkpointing");
+    r->memory.fw.roles.ndtypes = 0;
+    fixture_dtype(r, "float32", 3 * GiB);
+    r->device.cc_major = 6; /* a P100: no tensor cores */
+    run(r);
+    assert_string_equal(r->remedies[0].id, "gradient_checkpointing");
+    free(r);
+}
+
 static void checkpointing_off_leads(void **state)
 {
     og_record_t *r = first_forward(-1, 0, 3 * GiB, 17 * GiB);
@@ -6573,6 +6612,7 @@ int main(void)
         cmocka_unit_test(state_exceeds_card_first),
         cmocka_unit_test(summed_microbatches_backward_each),
         cmocka_unit_test(checkpointing_off_leads),
+        cmocka_unit_test(fp32_training_half_first),
         cmocka_unit_test(transducer_loss_split_first),
         cmocka_unit_test(forward_feeding_no_backward),
         cmocka_unit_test(unreached_leftover_released_first),

@@ -29,7 +29,7 @@ scen_truth.note_every_empty(torch)
 class Layer(torch.nn.Module):
     def __init__(self):
         torch.nn.Module.__init__(self)
-        self.weight = torch.nn.Parameter(torch.empty(144 * MiB, device="cuda"))
+        self.weight = torch.nn.Parameter(torch.empty(72 * MiB, dtype=torch.bfloat16, device="cuda"))
 
     def forward(self, h):
         for nbytes in (128, 256, 384, 384, 256, 128):          # attention and MLP tensors saved for backward
