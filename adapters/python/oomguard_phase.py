@@ -853,7 +853,8 @@ def statement(frame, package_dir=None, limit=8):
     """What the failing statement builds: (file, line, function, target, names, purpose, ints) of the
     innermost frame of the program (not the framework's, the standard library's or an installed
     package's) whose statement stores its result into a name or reads a name with a purpose
-    (oomguard_roles.PURPOSES); None when there is none.  Reads the frame's bytecode (dis), never
+    (oomguard_roles.PURPOSES), or runs in a function named for a KV cache (its purpose then);
+    None when there is none.  Reads the frame's bytecode (dis), never
     its source; never raises."""
     try:
         import oomguard_roles
@@ -868,6 +869,10 @@ def statement(frame, package_dir=None, limit=8):
             target, names, ints = _statement_of(f)
             purpose = oomguard_roles.purpose_of((target,)) if target else None
             purpose = purpose or oomguard_roles.purpose_of(names)
+            # a function that makes a KV cache names it (allocate_kv_cache, init_kv_caches): its tensors are one
+            # whatever the local they land in is called (k, v, blocks)
+            if not purpose and oomguard_roles.purpose_of((f.f_code.co_name,)) == "kv_cache":
+                purpose = "kv_cache"
             if target or purpose:
                 return (f.f_code.co_filename, int(f.f_lineno or 0), f.f_code.co_name, target, names[:8], purpose,
                         ints)

@@ -1283,6 +1283,21 @@ def t_statement():
     plain = helper()
     assert plain[3] == "plain" and plain[5] is None, plain
 
+    def allocate_kv_cache(layers):
+        blocks = []
+        for _ in range(layers):
+            v = helper(layers)
+            blocks.append(v)
+        return blocks
+    kv = allocate_kv_cache(1)[0]                          # a function named for a KV cache names its tensors
+    assert kv[3] == "v" and kv[5] == "kv_cache" and kv[2] == "allocate_kv_cache", kv
+
+    def allocate_buffers(layers):
+        b = helper(layers)
+        return [b]
+    other_fn = allocate_buffers(1)[0]                     # any other function's name says nothing
+    assert other_fn[3] == "b" and other_fn[5] is None, other_fn
+
     def phase():
         return oomguard_phase.detect(sys._getframe(), 1, stmt=oomguard_phase.statement(sys._getframe()))
     ckpt_opt = phase()
