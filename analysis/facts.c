@@ -809,8 +809,9 @@ static uint64_t modal_alloc_size(const og_record_t *r)
  * steps the driver saw (a warm cache serves the iterations; the driver sees a new segment now and then).
  * True when it rose in >= growth_rising_steps of them by a significant amount: >= growth_min of the
  * device over the steps read, or estimated over every step the optimizer made (the median rise times
- * them), or at least what is missing now (and 0.5% of the device).  Flat (no rise in most, within 1% of the device over >= 8):
- * g->steps_flat.  No series (no adapter, no optimizer, another framework): neither. */
+ * them), or at least what is missing now (and 0.5% of the device).  Flat (no rise in most, within 1% of the device over >= 8,
+ * or without a trend: the later half's low point above the earlier half's by less than growth_min of the device and
+ * less than what is missing): g->steps_flat.  No series (no adapter, no optimizer, another framework): neither. */
 static bool growth_by_steps(const og_facts_t *d, const og_record_t *r, og_growth_scratch_t *s, og_growth_facts_t *g)
 {
     const og_framework_view_t *fw = &r->memory.fw;
@@ -831,7 +832,20 @@ static bool growth_by_steps(const og_facts_t *d, const og_record_t *r, og_growth
     }
     double rising_share = (double)rising / transitions;
     if (rising_share + 1e-9 < d->growth_rising_steps) {
-        g->steps_flat = n >= STEPS_FLAT_MIN && (double)(hi - lo) <= 0.01 * (double)d->total;
+        /* ... or without a trend (batches of varying lengths: each step keeps a different amount until the next
+         * frees it): the later half's lowest point above the earlier half's by less than the growth's minimum share
+         * of the device and less than what is missing, so what the iterations keep explains nothing */
+        uint64_t lo1 = a[0], lo2 = a[n / 2];
+        for (int i = 1; i < n; i++) {
+            if (i < n / 2)
+                lo1 = a[i] < lo1 ? a[i] : lo1;
+            else
+                lo2 = a[i] < lo2 ? a[i] : lo2;
+        }
+        double trough_rise = (double)sub0(lo2, lo1);
+        bool trendless =
+            trough_rise < d->growth_min_share * (double)d->total && d->shortfall && trough_rise < (double)d->shortfall;
+        g->steps_flat = n >= STEPS_FLAT_MIN && ((double)(hi - lo) <= 0.01 * (double)d->total || trendless);
         return false;
     }
     qsort(s->rises, (size_t)transitions, sizeof *s->rises, cmp_u64);

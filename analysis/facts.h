@@ -90,8 +90,10 @@ typedef struct og_growth_facts {
     uint64_t gen_per_step, gen_first, gen_last;
     uint64_t state; /* that state (parameters, buffers, gradients, optimizer state, pools) */
     /* what the framework had allocated right after each of the latest optimizer steps (the adapter):
-     * flat over >= 8 of them (no rise in most, within 1% of the device): nothing was kept across those
-     * iterations, whatever the driver saw (the cache warming, a one-off copy after them) */
+     * flat over >= 8 of them (no rise in most, within 1% of the device; or no rise in most and no trend, the later
+     * half's low point above the earlier half's by less than growth_min of the device and the missing bytes: batches
+     * of varying lengths): nothing was kept across those iterations, whatever the driver saw (the cache warming, a
+     * one-off copy after them) */
     bool steps_flat;
     /* the optimizer made fewer steps than that series needs (1 to 3), or none yet (an Adam-like optimizer holds the
      * device's parameters and no state: its moments come at its first step), and the failure is in its training pass

@@ -408,8 +408,9 @@ static void a_rise_after_each_optimizer_step_is_growth(void **state)
     free(r);
 }
 
-/* the framework's allocated bytes after each of the latest optimizer steps stayed flat: what rose at the
- * driver (the cache warming, one forward pass of a long batch) was not kept across iterations */
+/* the framework's allocated bytes after each of the latest optimizer steps stayed flat, or went up and down with no
+ * trend: what rose at the driver (the cache warming, one forward pass of a long batch) was not kept across
+ * iterations */
 static void flat_after_each_optimizer_step_is_not_growth(void **state)
 {
     og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
@@ -425,6 +426,18 @@ static void flat_after_each_optimizer_step_is_not_growth(void **state)
         r->memory.fw.roles.step_alloc[i] += 3 * MiB;
     assert_false(facts(r)->growth.holds);
     assert_true(F.growth.steps_flat);
+    /* batches of varying lengths (dynamic padding): 2.5 GiB up and down, no trend: the later half's low point 128 MiB
+     * above the earlier half's, under 5% of the card and under the 256 MiB missing: nothing kept explains it */
+    og_set(&r->device.free_bytes, 256 * MiB);
+    fixture_steps(r, 100, 32, 9 * GiB, 0);
+    for (int i = 0; i < 32; i++)
+        r->memory.fw.roles.step_alloc[i] += (i % 3 ? 2560 * MiB : 0) + (i >= 16 ? 128 * MiB : 0);
+    assert_false(facts(r)->growth.holds);
+    assert_true(F.growth.steps_flat);
+    for (int i = 16; i < 32; i++) /* the later low point 1.1 GiB up: more than is missing, the driver's reading */
+        r->memory.fw.roles.step_alloc[i] += 1 * GiB;
+    assert_true(facts(r)->growth.holds);
+    assert_false(F.growth.steps_flat);
     free(r);
 }
 
