@@ -512,6 +512,13 @@ static bool lora_base_trains(const rctx_t *x)
     return ro->known && ro->lora_params && ro->lora_base_trained >= 4 * ro->lora_params &&
            og_covers(x, lora_base_state(x));
 }
+/* LoRA already in use: adapters measured (roles.lora_parameters_bytes) and what else requires grad under 4x them (a
+ * head, a projector): the weights are frozen already, and "train LoRA adapters instead" is what the job does */
+static bool lora_in_use(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && ro->lora_params && ro->lora_base_trained < 4 * ro->lora_params;
+}
 /* gradients kept one per example (DP-SGD) cover the shortfall: they grow with the physical batch, not the length */
 static bool per_sample_gradients(const rctx_t *x)
 {
@@ -1911,6 +1918,10 @@ static const og_rank_row_t narrow[] = {
       "weights; a table's rows are read a few at a time: cpu_offload says how to keep them off the GPU)",
       "deepfm_ad_clicks_hashed_cross_features_dense_embedding_grads_first_backward_a10g (blind); (unit tests: "
       "embedding_tables_off_the_gpu)" },
+    { "lora_in_use", lora_in_use, DROP, 0, 0, REMS(R_LORA),
+      "roles: LoRA adapters measured, other weights requiring grad under 4x them (the job trains adapters already)",
+      "llava_next_docvqa_lora_anyres_tiles_unsorted_lengths_fragmented_cache_a100_40gb (blind); (unit tests: "
+      "lora_base_weights_train)" },
     { "ddp_pytorch", not_pytorch, DROP, 0, 0, REMS(R_DDP), "failing framework not PyTorch", "(unit tests)" },
     { "quantized_beside_reference", quant_beside_reference, DROP, 0, 0, REMS(R_QUANT),
       "roles.models: a model at least half in 8 bits or fewer (parameters_quantized_bytes) beside one of its class "
