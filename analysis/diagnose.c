@@ -921,7 +921,7 @@ static bool c_growth(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
     bool adapters = k->known && k->lora_piled && (double)k->lora_params >= 0.5 * (double)g->rise;
     if (adapters)
         summary_more(c, 100, ". The models hold %s of LoRA adapters (%.1fx their other weights), kept after use.",
-                     og_hb((double)k->lora_params).s, (double)k->lora_params / (double)(k->params - k->lora_params));
+                     og_hb((double)k->lora_params).s, og_lora_ratio(k));
     ev_bytes(c, "first_trough_bytes", g->first_low);
     ev_bytes(c, "last_trough_bytes", g->last_low);
     ev_bytes(c, "rise_bytes", g->rise);

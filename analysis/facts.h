@@ -477,6 +477,14 @@ typedef struct og_role_facts {
     uint64_t arriving;
 } og_role_facts_t;
 
+/* the LoRA adapters' parameters over the models' other weights (roles.lora_parameters_bytes against the rest of the
+ * parameters); 0 when no adapter or nothing else was measured */
+static inline double og_lora_ratio(const og_role_facts_t *k)
+{
+    return k->lora_params && k->params > k->lora_params ? (double)k->lora_params / (double)(k->params - k->lora_params)
+                                                        : 0;
+}
+
 /* A peak from one batch: the failing request (and the equal allocations just before it) is a size the
  * history never saw, at least 4x the largest allocation before it, after earlier steps freed memory; or, where
  * the batch made other new sizes before the request, at least 4x the largest allocation before those. */

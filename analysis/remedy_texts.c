@@ -922,8 +922,7 @@ static void lora_pile_why(const rctx_t *x, og_remedy_t *r)
         "optimizer state: one adapter is a few percent of its base, so these are many, loaded one after another "
         "(per job, tenant or request) and kept. Deactivating an adapter (set_adapters, disable_adapters) keeps its "
         "weights on the GPU; deleting it frees them.",
-        og_hb((double)ro->lora_params).s, (double)ro->lora_params / (double)(ro->params - ro->lora_params),
-        og_hb((double)(ro->params - ro->lora_params)).s);
+        og_hb((double)ro->lora_params).s, og_lora_ratio(ro), og_hb((double)(ro->params - ro->lora_params)).s);
 }
 
 static bool b_release_references(const rctx_t *x, og_remedy_t *r)
@@ -3173,7 +3172,7 @@ static bool b_bounded_cache(const rctx_t *x, og_remedy_t *r)
         why(r,
             "The models hold %s of LoRA adapters' parameters, %.1fx their other weights: every adapter loaded so far. "
             "Keep a bounded set, the N used last, deleting the oldest before loading a new one.",
-            og_hb((double)ro->lora_params).s, (double)ro->lora_params / (double)(ro->params - ro->lora_params));
+            og_hb((double)ro->lora_params).s, og_lora_ratio(ro));
         r->saving = "The adapters beyond the bound";
         how(r,
             "%sif len(loaded) >= N: pipe.delete_adapters(loaded.pop(0))   # before load_lora_weights(path, "
