@@ -176,9 +176,6 @@ static uint64_t pool_idle(const og_framework_view_t *fw)
 
 static int nested_launch_tasks(const og_record_t *r);
 
-/* the name the code that started a child of this process gave it, as the adapter listed this process's
- * multiprocessing children (roles.child_processes); "" where it kept the default name (a DataLoader's worker, any
- * unnamed process); NULL when not listed or not read */
 /* The failing framework's cache as the record gives it, before any retry says more: with its adapter, what it
  * reserves beyond what it allocated, less POOL_IDLE (idle memory of CUDA-graph pools, which no other request can
  * use); else the shim's measured number, unless that is an application's own pool (not the framework's cache).
@@ -200,6 +197,9 @@ static bool framework_cache(const og_record_t *rec, uint64_t pool_idle, uint64_t
     return false;
 }
 
+/* the name the code that started a child of this process gave it, as the adapter listed this process's
+ * multiprocessing children (roles.child_processes); "" where it kept the default name (a DataLoader's worker, any
+ * unnamed process); NULL when not listed or not read */
 const char *og_child_name(const struct og_record *rec, int pid)
 {
     const og_roles_t *ro = &rec->memory.fw.roles;
@@ -1884,8 +1884,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
     k->embedding = og_or(ro->embedding_bytes, 0);
     k->embedding_tables = og_or(ro->embedding_tables, 0) > 1000000 ? 1000000 : (int)og_or(ro->embedding_tables, 0);
     k->opt = role_or0(ro, OG_ROLE_optimizer_state);
-    k->lora_piled = k->lora_params && k->params > k->lora_params && 2 * k->lora_params >= k->params - k->lora_params &&
-                    !k->grads && !k->opt;
+    k->lora_piled = og_lora_ratio(k) >= 0.5 && !k->grads && !k->opt;
     k->pools = role_or0(ro, OG_ROLE_graph_pools);
     k->held = role_or0(ro, OG_ROLE_held_by_python);
     k->act_known = og_known(ro->bytes[OG_ROLE_activations]);

@@ -450,14 +450,25 @@ static bool checkpoint_restore(const rctx_t *x) { return PHASE(loading) && x->f-
  * as the parameters), so loading on the CPU would leave them as large and the rest is still to come; the weights
  * themselves must get smaller (fewer bits) or be split over more devices; not float32 weights, which bfloat16
  * halves first (fp32_weights' lead) */
+/* the weights are at least half float32 (roles.parameters_by_dtype measured) */
+static bool mostly_fp32(const og_role_facts_t *ro)
+{
+    return ro->dtypes_known && ro->params && 2 * ro->params_fp32 >= ro->params;
+}
+/* the activations (measured) are at least half of what the framework has allocated: the pass is what fills it */
+static bool activations_dominate(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    const og_opt_u64_t a = x->rec->memory.fw.roles.allocated_bytes;
+    return ro->act_known && og_known(a) && a.v && 2 * ro->act >= a.v;
+}
 static bool weights_fill_card(const rctx_t *x)
 {
     const og_roles_t *r = &x->rec->memory.fw.roles;
     const og_role_facts_t *ro = roles_of(x);
-    /* float32 weights (roles.parameters_by_dtype: at least half of them) halve first in bf16 (fp32_weights) */
-    bool fp32 = ro->dtypes_known && ro->params && 2 * ro->params_fp32 >= ro->params;
-    return PHASE(loading) && ro->known && x->capacity && r->nmodels == 1 && r->models[0].count == 1 && !fp32 &&
-           (double)r->models[0].bytes >= 0.9 * (double)x->capacity;
+    /* float32 weights (at least half of them) halve first in bf16 (fp32_weights) */
+    return PHASE(loading) && ro->known && x->capacity && r->nmodels == 1 && r->models[0].count == 1 &&
+           !mostly_fp32(ro) && (double)r->models[0].bytes >= 0.9 * (double)x->capacity;
 }
 /* ... a checkpoint's restore first, unless those weights fill the card, or another job's processes (or another
  * framework of this one) hold what is missing: a restore on the host still puts the weights on this card, and
@@ -1139,10 +1150,8 @@ static bool pass_outgrows_first(const rctx_t *x) { return pass_outgrows(x) && !b
 static bool checkpointing_off(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
-    bool alloc_known = og_known(x->rec->memory.fw.roles.allocated_bytes);
-    uint64_t alloc = x->rec->memory.fw.roles.allocated_bytes.v;
-    return ro->known && ro->act_known && ro->checkpointing == -1 && x->trains == 1 && x->grad == 1 && alloc_known &&
-           alloc && 2 * ro->act >= alloc && !own_fix_covers(x) && !x->larger_than_device && !og_feeds_no_backward(x);
+    return ro->known && ro->checkpointing == -1 && x->trains == 1 && x->grad == 1 && activations_dominate(x) &&
+           !own_fix_covers(x) && !x->larger_than_device && !og_feeds_no_backward(x);
 }
 /* ... and may lead, unless the failing request alone is a quarter of the card or more in a forward pass: one
  * layer's own tensor (an attention's scores over a batch folded from many series) that checkpointing keeps, and
@@ -1192,12 +1201,9 @@ static bool ddp_buckets_lead(const rctx_t *x);
 static bool fp32_training(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
-    bool alloc_known = og_known(x->rec->memory.fw.roles.allocated_bytes);
-    uint64_t alloc = x->rec->memory.fw.roles.allocated_bytes.v;
-    return pytorchish(x) && ro->known && ro->act_known && ro->dtypes_known && x->trains == 1 && x->grad == 1 &&
-           x->autocast == -1 && !ro->autocast_code && x->cc_known && x->cc >= 70 &&
-           (PHASE(forward) || PHASE(backward)) && ro->params && 2 * ro->params_fp32 >= ro->params && alloc_known &&
-           alloc && 2 * ro->act >= alloc && !own_fix_covers(x) && !x->larger_than_device && !one_batch_peak(x) &&
+    return pytorchish(x) && ro->known && x->trains == 1 && x->grad == 1 && x->autocast == -1 && !ro->autocast_code &&
+           x->cc_known && x->cc >= 70 && (PHASE(forward) || PHASE(backward)) && mostly_fp32(ro) &&
+           activations_dominate(x) && !own_fix_covers(x) && !x->larger_than_device && !one_batch_peak(x) &&
            !ddp_buckets_lead(x);
 }
 static bool autocast_in_force(const rctx_t *x)
