@@ -178,4 +178,8 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except torch.OutOfMemoryError:
+        scen_truth.torch_oom_mark()
+        raise

@@ -222,4 +222,8 @@ def train():
 
 
 if __name__ == "__main__":
-    train()
+    try:
+        train()
+    except torch.OutOfMemoryError:
+        scen_truth.torch_oom_mark()
+        raise
