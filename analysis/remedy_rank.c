@@ -68,7 +68,9 @@ static bool limit_cache(const rctx_t *x) { return HAS(LIMIT) && (cache_ok(x) || 
 static bool cache_app_pool(const rctx_t *x) { return HAS(CACHE) && x->app_pool; }
 static bool cache_framework(const rctx_t *x) { return HAS(CACHE) && !x->app_pool; }
 static bool frag_holds(const rctx_t *x) { return HAS(FRAG); }
+static bool frag_primary(const rctx_t *x) { return PRIMARY(FRAG); }
 static bool frag_variable(const rctx_t *x) { return HAS(FRAG) && (x->variable_sizes || x->retried_zero); }
+static bool frag_primary_variable(const rctx_t *x) { return PRIMARY(FRAG) && frag_variable(x); }
 static bool others_hold(const rctx_t *x) { return HAS(FOREIGN) || HAS(NONFW); }
 static bool growth_holds(const rctx_t *x) { return HAS(GROWTH); }
 static bool growth_cache(const rctx_t *x) { return HAS(GROWTH) && cache_ok(x); }
@@ -1975,6 +1977,10 @@ static const og_rank_row_t reorder[] = {
       "roles: optimizer_steps 1 (the step made the state after a pass of this batch fit), optimizer state not 8-bit "
       "whose 3/4 covers the shortfall, phase forward or backward",
       "vit_sgd_to_adamw_config (blind)" },
+    { "fragmentation_fewer_shapes", frag_primary_variable, ORDER, 25, 0, REMS(R_BUCKET),
+      "primary fragmentation, distinct sizes >= 8 or a retry that freed 0 B (fewer shapes keep the splinters from "
+      "coming back; a restart only defers them)",
+      "dpo_llama32_3b_lora_ultrafeedback_dynamic_padding_fragmented_cache_4090 (blind)" },
     { "limit_on_purpose", always, ORDER, 900, 0, REMS(R_RAISE_LIMIT), "-", "limit_emulates_16gb" },
 };
 
@@ -2043,6 +2049,12 @@ static const og_rank_row_t lead[] = {
       "train_leak_eval_fails, generate_kv_cache" },
     { "growth_not_the_state", growth_not_in_step, DEMOTE, 3, 0, REMS(R_OPT_8BIT, R_LORA),
       "primary growth >= 0.7, phase not optimizer_step", "skip_batch_on_oom, t5_bf16_adamw_state (blind)" },
+    { "fragmentation_not_the_state", frag_primary, DEMOTE, 2, 0,
+      REMS(R_OPT_8BIT, R_ZERO, R_OFFLOAD, R_QUANT, R_LORA, R_MULTI_GPU, R_BIGGER),
+      "primary fragmentation (the free bytes are there, in splinters: shrinking the model's state is not the lever; "
+      "after those that can cover, with what is not known)",
+      "llava_next_docvqa_lora_anyres_tiles_unsorted_lengths_fragmented_cache_a100_40gb, "
+      "ppo_qwen25_05b_four_models_response_length_growth_fragmented_cache_a10g (blind)" },
     { "growth_kept_not_others", growth_kept_measured, DEMOTE, 2, 0, REMS(R_FOREIGN),
       "primary growth, growth.kept_measured: what Python keeps across calls >= 9/10 of the rise (stopping others only "
       "delays the next failure)",

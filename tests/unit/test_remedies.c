@@ -2988,6 +2988,49 @@ static void lora_base_weights_train(void **state)
     free(r);
 }
 
+/* Fragmentation in a full fine-tune whose training state is measured (AdamW's 6 GiB beside 3 GiB of weights and their
+ * gradients), batches of 16 sizes: the free bytes are there in splinters, so what shrinks the state (offload, ZeRO, an
+ * 8-bit optimizer, LoRA) comes after the allocator's remedies and fewer shapes, and fewer shapes before a restart.
+ * The same state in a job that does not fit keeps them among the first */
+static void fragmentation_not_the_state(void **state)
+{
+    static const char *const state_levers[] = { "cpu_offload", "zero_fsdp", "eight_bit_optimizer", "lora" };
+    og_record_t *r = base();
+    fixture_roles(r, 3 * GiB, 3 * GiB, 6 * GiB, 0, 0, 4 * GiB);
+    fixture_optimizer(r, "AdamW", 6 * GiB);
+    fixture_adapter(r, 22 * GiB, 16 * GiB, 300 * MiB); /* 6 GiB cached, in splinters of 300 MiB at most */
+    og_set(&r->event.requested_bytes, 2560 * MiB);
+    og_set(&r->device.free_bytes, 200 * MiB);
+    fixture_steps(r, 40, 0, 0, 0);
+    fixture_phase(r, "backward", "/w/train.py", "backward");
+    static struct og_hist_ev ev[16];
+    for (int i = 0; i < 16; i++)
+        ev[i] = (struct og_hist_ev){
+            .t_rel = i * 0.1, .op = OG_OP_ALLOC, .bytes = 100 * MiB + 20 * (uint64_t)i * MiB, .live = 20 * GiB
+        };
+    r->history.events = ev;
+    r->history.nevents = 16;
+    run_primary(r, "fragmentation");
+    bool demoted = false;
+    for (size_t i = 0; i < sizeof state_levers / sizeof *state_levers; i++) {
+        int k = rank_of(r, state_levers[i]);
+        assert_true(k == 0 || k > 3);
+        demoted = demoted || (k > 0 && ranked_by(rem(r, state_levers[i]), "fragmentation_not_the_state"));
+    }
+    assert_true(demoted);
+    assert_true(rank_of(r, "bucket_by_length") > 0 && rank_of(r, "bucket_by_length") < rank_of(r, "restart_process"));
+    assert_true(ranked_by(rem(r, "bucket_by_length"), "fragmentation_fewer_shapes"));
+    /* no splinters to speak of: the request does not fit, and moving the state off the GPU is a lever again */
+    fixture_adapter(r, 16 * GiB + 64 * MiB, 16 * GiB, 64 * MiB);
+    og_set(&r->device.free_bytes, 400 * MiB);
+    run_primary(r, "does_not_fit");
+    bool offered = false;
+    for (size_t i = 0; i < sizeof state_levers / sizeof *state_levers; i++)
+        offered = offered || (rank_of(r, state_levers[i]) > 0 && rank_of(r, state_levers[i]) <= 3);
+    assert_true(offered);
+    free(r);
+}
+
 /* An image server that loads a LoRA per job and never deletes it: 12 GiB of adapters beside 6.5 GiB of other
  * weights, no gradient, no optimizer state.  Deleting each adapter after its job leads, a bounded set of them next,
  * their texts name the adapters; one adapter (a few percent of its base), or a job that trains them, is no pile */
@@ -6593,6 +6636,7 @@ int main(void)
         cmocka_unit_test(per_sample_gradients),
         cmocka_unit_test(lora_base_weights_train),
         cmocka_unit_test(lora_adapters_piled),
+        cmocka_unit_test(fragmentation_not_the_state),
         cmocka_unit_test(ema_update_out_of_place),
         cmocka_unit_test(phase_forward_optimizer_later),
         cmocka_unit_test(float64_weights),
