@@ -395,6 +395,13 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
         og_sb_puts(sb, "]}");
     } else
         og_sb_puts(sb, "null");
+    K("failing_layer");
+    if (r->layer_count > 0) {
+        og_sb_puts(sb, "{\"run\":");
+        og_sb_json_str(sb, r->layer_run);
+        og_sb_printf(sb, ",\"index\":%d,\"count\":%d}", r->layer_index, r->layer_count);
+    } else
+        og_sb_puts(sb, "null");
     K("gradient_checkpointing");
     og_sb_puts(sb, r->checkpointing > 0 ? "true" : r->checkpointing < 0 ? "false" : "null");
     K("batch_size");

@@ -226,6 +226,12 @@ static void parse_roles(const char *s, og_roles_t *r)
             copy_str(r->op_frame.function, sizeof r->op_frame.function, f[4]);
             if (n >= 6)
                 copy_field(r->op_argument, sizeof r->op_argument, f[5]);
+        } else if (!strcmp(f[0], "layer") && n >= 4 && !r->layer_count) {
+            int i = atoi(f[2]), c = atoi(f[3]);
+            if (i >= 0 && c > i) {
+                r->layer_index = i, r->layer_count = c;
+                copy_field(r->layer_run, sizeof r->layer_run, f[1]);
+            }
         } else if (!strcmp(f[0], "generation_input") && n >= 3 && !r->gen_dims) {
             r->gen_dims = u64_list(f[2], r->gen_shape, 6);
             if (r->gen_dims)

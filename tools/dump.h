@@ -164,6 +164,10 @@ struct og_roles_view {
         struct og_pyframe frame;
         const char *argument; /* the frame's argument its row read (NULL: none) */
     } operation;
+    struct { /* failing_layer (count 0: null) */
+        const char *run;
+        int64_t index, count;
+    } failing_layer;
     struct { /* generation_input (ndims 0: null) */
         const char *name;
         int64_t *shape; /* batch first */

@@ -1179,6 +1179,13 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
         TRY(read_pyframe_obj(L, q, "frame", &pq, &r->operation.frame));
         TRY(get_str(L, q, &pq, "argument", &r->operation.argument));
     }
+    TRY(get_obj(L, o, &p, "failing_layer", &q)); /* where in its run of like layers the failing pass is */
+    if (q) {
+        struct path pl = { &p, "failing_layer", 0 };
+        TRY(get_str(L, q, &pl, "run", &r->failing_layer.run));
+        TRY(get_int(L, q, &pl, "index", &r->failing_layer.index));
+        TRY(get_int(L, q, &pl, "count", &r->failing_layer.count));
+    }
     TRY(get_obj(L, o, &p, "generation_input", &q)); /* what the running generate() call decodes at once */
     if (q) {
         struct path pg = { &p, "generation_input", 0 };

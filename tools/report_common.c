@@ -438,6 +438,12 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
             og_sb_printf(&b, "%lld, as the program names it", (long long)r->batch_size);
         FACT("batch size");
         og_sb_init(&b);
+        if (r->failing_layer.count > 0)
+            og_sb_printf(&b, "layer %lld of %lld in %s", (long long)r->failing_layer.index + 1,
+                         (long long)r->failing_layer.count,
+                         r->failing_layer.run ? r->failing_layer.run : "a run of like layers");
+        FACT("failing layer");
+        og_sb_init(&b);
         for (int i = 0; i < r->nchildren; i++)
             if (r->children[i].name)
                 og_sb_printf(&b, "%spid %lld, named \"%s\" by the code that started it", i ? "; " : "",

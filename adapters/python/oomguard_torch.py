@@ -612,6 +612,7 @@ def report(device=None, alloc_size=None, use_snapshot=True, failed=False, allowe
             code = code if code is not None else frame
             if measured is not None and frame is not None:
                 measured["checkpointing"] = _checkpointing(frame, phase[0], grad, _torch_dir(torch))
+                measured["failing_layer"] = _failing_layer(frame)
             if measured is not None and code is not None:
                 measured["batch_size"] = (_batch_size(code, _torch_dir(torch), phase=phase[0],
                                                       module_type=getattr(getattr(torch, "nn", None), "Module", None)) or
@@ -768,6 +769,73 @@ def _generation_input(frame, torch, limit=64):
     except Exception:
         return None
     return None
+
+
+def _failing_layer(frame, limit=64, least=4):
+    """Where in a stack of like layers the failing pass is: (name, index, count) for the outermost module on the
+    stack that is one of a run of LEAST or more modules of one class (a Swin's stages, not the blocks within one:
+    the activations measured are all the pass made, before the stage too): the children of an nn.ModuleList or
+    nn.Sequential (kept under the keys 0..n-1, as PyTorch stores them), named by the attribute a module on the stack
+    holds the container under (a Sequential running its own children: by its class), or a module's children named
+    one stem and the numbers of a range (setattr(self, "layer_%d" % i, ...): by the stem); None when the pass is in
+    no such run (its head, its loss, an embedding before the layers) or no stack.  A Sequential of unlike modules
+    (Linear, GELU, Linear) is no run of layers.  Reads the modules' `_modules` dicts: nothing of the program is
+    called."""
+    def like(kids):
+        return len(kids) >= least and all(type(k) is type(kids[0]) for k in kids)
+
+    def runs(mods, own):
+        """(name, kids) of the runs among a module's children; OWN names the module's own numbered children"""
+        if not isinstance(mods, dict):
+            return
+        keys = list(mods)
+        if keys and keys == [str(i) for i in range(len(keys))]:
+            if like(list(mods.values())):
+                yield own, list(mods.values())
+            return
+        stems = {}
+        for k in keys:
+            m = _NUMBERED.match(k) if isinstance(k, str) else None
+            if m:
+                stems.setdefault(m.group(1), []).append((int(m.group(2)), mods[k]))
+        for stem, numbered in stems.items():
+            numbered.sort(key=lambda e: e[0])
+            first = numbered[0][0]
+            kids = [k for _, k in numbered]
+            if first in (0, 1) and [n for n, _ in numbered] == list(range(first, first + len(kids))) and like(kids):
+                yield stem.rstrip("_.") or stem, kids
+
+    def find(kids, inner):
+        for i, k in enumerate(kids):
+            if any(k is m for m in inner):
+                return i
+        return None
+
+    f, n, inner, where = frame, 0, [], None
+    try:
+        while f is not None and n < limit:
+            code = f.f_code
+            obj = (dict(oomguard_roles._frame_locals(f)).get("self")
+                   if code.co_name == "forward" and "self" in code.co_varnames else None)
+            mods = getattr(obj, "__dict__", {}).get("_modules") if obj is not None else None
+            if isinstance(mods, dict):
+                found = [(name, find(kids, inner), len(kids)) for name, kids in runs(mods, type(obj).__name__)]
+                for name, child in mods.items():
+                    found += [(nm, find(kids, inner), len(kids))
+                              for nm, kids in runs(getattr(child, "__dict__", {}).get("_modules"), str(name))]
+                for name, i, count in found:
+                    if i is not None:
+                        where = (str(name), i, count)
+                        break
+                inner.append(obj)
+            f, n = f.f_back, n + 1
+    except Exception:
+        return None
+    return where
+
+
+# a child's name that numbers it within its kind: layer_3, block12, h.0 is not (a ModuleList's own key)
+_NUMBERED = re.compile(r"^(.*?[^0-9])([0-9]+)$")
 
 
 def _checkpointing(frame, phase, grad, torch_dir, limit=64):

@@ -1098,6 +1098,43 @@ t_backward_summary() { # the stderr summary says the same when the error ends th
         grep -E "^oomguard: phase: backward \(bw.py:5 in <module>\)$" err.txt || { cat err.txt; return 1; }
 }
 t "phase backward: the stderr summary's failing line and phase line are the program's backward() call" t_backward_summary
+t_failing_layer() { # the pass fails in the fourth of six like blocks a model keeps under keys 0..5 (a ModuleList)
+    cat > layers.py <<'PY'
+import torch
+
+
+class Block(torch.nn.Module):
+    def __init__(self, i):
+        torch.nn.Module.__init__(self)
+        self.i = i
+
+    def forward(self, x):
+        return torch.empty((2000 << 20) if self.i == 3 else (1 << 20))
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        torch.nn.Module.__init__(self)
+        self.blocks = torch.nn.Module()
+        for i in range(6):
+            setattr(self.blocks, str(i), Block(i))
+
+    def forward(self, x):
+        for i in range(6):
+            x = getattr(self.blocks, str(i))(x)
+        return x
+
+
+keep = torch.empty(100 << 20)
+Model()(keep)
+PY
+    shim adapter "$PYTHON" layers.py 2>/dev/null && return 1
+    local d; d=$(ls dumps/oomguard-*.json) || return 1
+    expect "$d" 'd["memory"]["framework"]["roles"]["failing_layer"]' "{'run': 'blocks', 'index': 3, 'count': 6}" &&
+        "$BDIR/oomguard" report --color never "$d" | grep -q "failing layer: layer 4 of 6 in blocks"
+}
+t "roles: the layer the pass failed in, the fourth of six like blocks under keys 0..5, in the dump and the report" \
+    t_failing_layer
 t_own_child_run() { # a child this process started through multiprocessing, named by its starter, holds the card
     cat > child.py <<'PY'
 import json, multiprocessing, os, time

@@ -186,6 +186,7 @@ has "roles: inputs padded to a fixed maximum length" "$T/pr" "code setting: trai
 has "roles: a copy among the activations" "$T/pr" "among the activations: a copy of the optimizer_state being made, 3.00 MiB so far"
 has "roles: allocated after the steps" "$T/pr" "allocated: after the last 3 steps of 37: 1.02 GiB, 1.07 GiB, 1.12 GiB (up 95.37 MiB)"
 has "roles: the beam width" "$T/pr" "beam width: 4"
+has "roles: the layer the pass failed in" "$T/pr" "failing layer: layer 18 of 32 in layers"
 # no step made yet (a measured 0) beside an optimizer: said; unknown (null): nothing
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); ro=d["memory"]["framework"]["roles"]
 ro.update(allocated_after_steps=None, allocated_over_run=None, optimizer_steps=int(sys.argv[3]))

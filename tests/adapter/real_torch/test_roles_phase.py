@@ -1736,6 +1736,100 @@ def t_checkpointing():
     assert got["off"] is None, got
 
 
+def t_failing_layer():
+    """roles.failing_layer on real modules: the layer of an nn.ModuleList a model's forward loops over, named by its
+    attribute, and of an nn.Sequential of like blocks running its own children (by its class); none in the model's
+    head, in a Sequential of unlike modules (Linear, ReLU, Linear) or a run of fewer than four layers; a run of
+    children named one stem and numbered (layer_1 .. layer_8) by its stem"""
+    import oomguard_torch
+    got = []
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            torch.nn.Module.__init__(self)
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU(), torch.nn.Linear(2, 2),
+                                           torch.nn.ReLU())
+
+        def forward(self, x):
+            return self.mlp(x)
+
+    class Probe(torch.nn.Linear):
+        def forward(self, x):
+            got.append(oomguard_torch._failing_layer(sys._getframe()))
+            return torch.nn.Linear.forward(self, x)
+
+    class Model(torch.nn.Module):
+        def __init__(self, n):
+            torch.nn.Module.__init__(self)
+            self.layers = torch.nn.ModuleList([Block() for _ in range(n)])
+            self.head = Probe(2, 2)
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return self.head(x)
+
+    m = Model(6)
+    m.layers[4].mlp[2] = Probe(2, 2)              # the pass fails in the fifth block's second Linear
+    x = torch.zeros(1, 2)
+    m(x)
+    assert got == [("layers", 4, 6), None], got   # in the head: no layer of the run
+    got.clear()
+    seq = torch.nn.Sequential(*[Block() for _ in range(5)])
+    seq[1].mlp[0] = Probe(2, 2)
+    seq(x)
+    assert got == [("Sequential", 1, 5)], got
+    got.clear()
+
+    class Numbered(torch.nn.Module):             # setattr(self, "layer_%d" % i, Block()): a run by its stem
+        def __init__(self):
+            torch.nn.Module.__init__(self)
+            for i in range(1, 9):
+                setattr(self, "layer_%d" % i, Block())
+            self.head_0 = Probe(2, 2)             # a numbered child alone is no run
+
+        def forward(self, x):
+            for i in range(1, 9):
+                x = getattr(self, "layer_%d" % i)(x)
+            return self.head_0(x)
+
+    num = Numbered()
+    num.layer_7.mlp[0] = Probe(2, 2)
+    num(x)
+    assert got == [("layer", 6, 8), None], got
+    got.clear()
+
+    class Stage(torch.nn.Module):                # stages of blocks (a Swin): the outer run, where the pass is overall
+        def __init__(self):
+            torch.nn.Module.__init__(self)
+            self.blocks = torch.nn.ModuleList([Block() for _ in range(4)])
+
+        def forward(self, x):
+            for b in self.blocks:
+                x = b(x)
+            return x
+
+    class Staged(torch.nn.Module):
+        def __init__(self):
+            torch.nn.Module.__init__(self)
+            self.stages = torch.nn.ModuleList([Stage() for _ in range(4)])
+
+        def forward(self, x):
+            for s in self.stages:
+                x = s(x)
+            return x
+
+    st = Staged()
+    st.stages[2].blocks[1].mlp[0] = Probe(2, 2)
+    st(x)
+    assert got == [("stages", 2, 4)], got
+    got.clear()
+    short = Model(3)                              # three layers: no run to place it in
+    short.layers[1].mlp[0] = Probe(2, 2)
+    short(x)
+    assert got == [None, None], got
+
+
 def t_generation_input():
     """roles.generation_input from real tensors given to a module's generate(): a positional input, a keyword input
     among **kwargs, Hugging Face's inputs_tensor named by model_input_name; none for a one-dimension input, a plain
@@ -2444,6 +2538,7 @@ if not STAND_IN:
     check("nn.MultiheadAttention asked for its weights is the operation attention, its argument read",
           t_operation_mha_weights)
     check("gradient checkpointing: off in a plain layer, on under torch.utils.checkpoint or the flag", t_checkpointing)
+    check("failing layer: its place in a ModuleList or Sequential of like layers", t_failing_layer)
     check("the generate() call's input: positional, keyword or inputs_tensor, batch first; none without one",
           t_generation_input)
     check("the model's input requires grad; the models' training mode", t_input_requires_grad)
