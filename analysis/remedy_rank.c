@@ -2506,6 +2506,35 @@ static void apply(rank_t *k, const rctx_t *x, const og_rank_row_t *rows, size_t 
 /* ------------------------------------------------------------------ estimate */
 
 /* what each remedy could save, in bytes; -1 unknown */
+/* The layers a forward pass has still to run (roles.failing_layer: it failed in layer i of a run of n like layers),
+ * with autograd on and no checkpointing (each layer keeps its activations for backward), in the training's first pass
+ * (roles.optimizer_steps a measured 0: no pass of the job ended, nothing else bounds this one) of one loss (not
+ * roles.accumulating: the activations of earlier passes kept for a summed loss are no layers of this one): the
+ * activations made so far, in i + 1 layers, times the n - i - 1 it has not reached; 0 when any of it is not
+ * measured.  A remedy that frees a
+ * fixed number of bytes carries the pass through only if it covers these too (pass_need); one that shrinks every
+ * layer's activations (a smaller batch, half precision, checkpointing) shrinks them in the same proportion. */
+static double pass_to_come(const rctx_t *x)
+{
+    const og_roles_t *r = &x->rec->memory.fw.roles;
+    const og_role_facts_t *ro = roles_of(x);
+    if (!ro->known || !ro->act_known || !ro->act || r->layer_count < 4 || r->layer_index >= r->layer_count ||
+        !PHASE(forward) || x->grad != 1 || ro->checkpointing == 1 || !ro->steps_known || ro->steps_made ||
+        ro->accumulating)
+        return 0;
+    return (double)ro->act * (double)(r->layer_count - r->layer_index - 1) / (double)(r->layer_index + 1);
+}
+/* what a remedy must free for the failing pass to run to its end: the shortfall and the layers still to come */
+static double pass_need(const rctx_t *x) { return (double)x->shortfall + pass_to_come(x); }
+/* below this a remedy cannot carry the pass: the need itself for one of the activations (its estimate grows with the
+ * same projection); for one that frees a fixed number of bytes, the shortfall and half the layers to come (the
+ * projection is an estimate: between the two it may carry the pass, tier 2) */
+static double pass_short_of(const rctx_t *x, int r)
+{
+    return (og_remedy_catalog[r].applies & AP_ACTIVATIONS) ? pass_need(x)
+                                                           : (double)x->shortfall + 0.5 * pass_to_come(x);
+}
+
 static void estimate(rank_t *k, const rctx_t *x)
 {
     double *cover = k->cover;
@@ -2777,10 +2806,38 @@ static void estimate(rank_t *k, const rctx_t *x)
     cover[R_DDP] = imb > 0 ? imb : -1;
     if (x->retried_zero)
         cover[R_EMPTY_CACHE] = 0;
+    /* the layers still to come grow what a remedy of the activations saves in proportion (their estimates are of the
+     * activations made so far) */
+    double to_come = pass_to_come(x);
+    if (to_come > 0)
+        for (int i = 0; i < R_COUNT; i++)
+            if ((og_remedy_catalog[i].applies & AP_ACTIVATIONS) && cover[i] > 0 && cover[i] < big)
+                cover[i] *= 1.0 + to_come / (double)ro->act;
+    /* the batch can shrink to one (gradient accumulation makes up the rest): a measured batch of b keeps 1/b of the
+     * whole pass's activations, one not measured a quarter; checkpointing measured off keeps about the inputs of
+     * sqrt(n) of the n layers at once (segments of sqrt(n) layers), 1/sqrt(n) of them; half precision over float32
+     * weights, half */
+    if (to_come > 0) {
+        const og_roles_t *rr = &x->rec->memory.fw.roles;
+        double pass = (double)ro->act + to_come;
+        double keep = ro->batch_size > 1 ? 1.0 / (double)ro->batch_size : 0.25;
+        if (ro->batch_size != 1 && (1.0 - keep) * pass > cover[R_SMALLER_BATCH])
+            cover[R_SMALLER_BATCH] = (1.0 - keep) * pass;
+        int segs = 1; /* the whole square root of n: no libm in the shim */
+        while ((segs + 1) * (segs + 1) <= rr->layer_count)
+            segs++;
+        if (ro->checkpointing == -1 && (1.0 - 1.0 / segs) * pass > cover[R_CHECKPOINTING])
+            cover[R_CHECKPOINTING] = (1.0 - 1.0 / segs) * pass;
+        if (cover[R_MIXED] > 0 && mostly_fp32(ro) && 0.5 * pass > cover[R_MIXED]) /* float32 weights, autocast off */
+            cover[R_MIXED] = 0.5 * pass;
+    }
     /* an unknown shortfall: nothing can be said to cover it, nor not to (tier 2) */
-    double need = (double)x->shortfall;
+    double need = pass_need(x);
     for (int i = 0; i < R_COUNT; i++) {
-        k->tier[i] = !x->shortfall_known ? 2 : need <= 0 || cover[i] >= need ? 1 : cover[i] < 0 ? 2 : 3;
+        k->tier[i] = !x->shortfall_known                               ? 2
+                     : need <= 0 || cover[i] >= need                   ? 1
+                     : cover[i] < 0 || cover[i] >= pass_short_of(x, i) ? 2
+                                                                       : 3;
         if (k->tier[i] == 3 && k->want[i])
             touched(k, i, "cannot_cover");
     }
@@ -2821,13 +2878,13 @@ static bool applies(const rctx_t *x, int ap)
  * whose own estimate cannot cover the shortfall never leads (tier 3, after all that can or may) */
 static void fit(rank_t *k, const rctx_t *x)
 {
-    double need = (double)x->shortfall;
+    double need = pass_need(x);
     for (int i = 0; i < R_COUNT; i++) {
         if (!k->want[i])
             continue;
         if (!applies(x, og_remedy_catalog[i].applies) || (need > 0 && k->cover[i] == 0))
             k->want[i] = false;
-        else if (need > 0 && k->cover[i] >= 0 && k->cover[i] < need) {
+        else if (need > 0 && k->cover[i] >= 0 && k->cover[i] < pass_short_of(x, i)) {
             k->tier[i] = 3;
             touched(k, i, "cannot_cover");
         }

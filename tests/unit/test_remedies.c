@@ -3031,6 +3031,69 @@ static void fragmentation_not_the_state(void **state)
     free(r);
 }
 
+/* A training's first forward pass that failed in layer 12 of 24 with 10 GiB of activations made: the twelve layers
+ * still to come make about as much again.  An 8-bit optimizer's 3 GiB covers the 512 MiB missing now, not the pass: it cannot
+ * lead (tier 3); a smaller batch and checkpointing shrink every layer's activations and carry it.  Without the layer
+ * measured, the shortfall alone is what a remedy must cover */
+static void layers_still_to_come(void **state)
+{
+    og_record_t *r = base();
+    og_roles_t *ro = fixture_roles(r, 2 * GiB, 2 * GiB, 4 * GiB, 0, 0, 10 * GiB);
+    fixture_optimizer(r, "AdamW", 4 * GiB);
+    fixture_steps(r, 0, 0, 0, 0); /* the first pass: no step made yet */
+    fixture_phase(r, "forward", "/w/train.py", "forward");
+    r->memory.fw.grad_enabled = 1;
+    ro->checkpointing = -1;
+    og_set(&r->event.requested_bytes, 1 * GiB);
+    og_set(&r->device.free_bytes, 512 * MiB);
+    run_primary(r, "does_not_fit");
+    int k = rank_of(r, "eight_bit_optimizer");
+    assert_true(k > 0 && rem(r, "eight_bit_optimizer")->ranking.tier < 3);
+    strcpy(ro->layer_run, "layers");
+    ro->layer_index = 11, ro->layer_count = 24;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rem(r, "eight_bit_optimizer")->ranking.tier, 3);
+    assert_false(rem(r, "eight_bit_optimizer")->shown);
+    assert_true(rem(r, "eight_bit_optimizer")->ranking.estimate < 10.0 * GiB);
+    static const char *const pass_levers[] = { "smaller_batch", "gradient_checkpointing" };
+    for (size_t i = 0; i < 2; i++) {
+        assert_true(rank_of(r, pass_levers[i]) > 0 && rank_of(r, pass_levers[i]) <= 3);
+        assert_true(rem(r, pass_levers[i])->ranking.tier < 3);
+        assert_true(rem(r, pass_levers[i])->ranking.estimate >= 10.0 * GiB + 512.0 * MiB);
+    }
+    /* float32 weights, autocast off: half precision halves the whole pass, the layers to come included; in layer 12
+     * of 24 half of it is short of what the twelve to come need, in layer 17 it covers the seven left */
+    fixture_dtype(r, "float32", 2 * GiB);
+    r->memory.fw.autocast = -1;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rem(r, "mixed_precision")->ranking.tier, 3);
+    ro->layer_index = 16;
+    run_primary(r, "does_not_fit");
+    assert_true(rank_of(r, "mixed_precision") > 0 && rem(r, "mixed_precision")->ranking.tier < 3);
+    assert_true(rem(r, "mixed_precision")->ranking.estimate >= 0.5 * (10.0 + 10.0 * 7 / 17) * GiB - 1);
+    /* in layer 18 (six to come, 3.3 GiB): the 8-bit optimizer's 3 GiB is past half of what is missing with them and
+     * short of all of it: it may carry the pass (tier 2), the projection being an estimate */
+    ro->layer_index = 17;
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rem(r, "eight_bit_optimizer")->ranking.tier, 2);
+    /* a later step (a pass of the job ended before: it bounds this one), or losses summed over passes (the activations
+     * are several passes'): no projection, the 8-bit optimizer covers the shortfall again */
+    ro->layer_index = 11;
+    fixture_steps(r, 40, 0, 0, 0);
+    run(r);
+    assert_true(rem(r, "eight_bit_optimizer")->id == NULL || rem(r, "eight_bit_optimizer")->ranking.tier < 3);
+    fixture_steps(r, 0, 0, 0, 0);
+    ro->has_accum = true;
+    run(r);
+    assert_true(rem(r, "eight_bit_optimizer")->id == NULL || rem(r, "eight_bit_optimizer")->ranking.tier < 3);
+    ro->has_accum = false;
+    /* autograd off (nothing kept for backward): each layer frees what the one before made, no pass to come */
+    r->memory.fw.grad_enabled = -1;
+    run(r);
+    assert_true(rem(r, "eight_bit_optimizer")->id == NULL || rem(r, "eight_bit_optimizer")->ranking.tier < 3);
+    free(r);
+}
+
 /* An image server that loads a LoRA per job and never deletes it: 12 GiB of adapters beside 6.5 GiB of other
  * weights, no gradient, no optimizer state.  Deleting each adapter after its job leads, a bounded set of them next,
  * their texts name the adapters; one adapter (a few percent of its base), or a job that trains them, is no pile */
@@ -6637,6 +6700,7 @@ int main(void)
         cmocka_unit_test(lora_base_weights_train),
         cmocka_unit_test(lora_adapters_piled),
         cmocka_unit_test(fragmentation_not_the_state),
+        cmocka_unit_test(layers_still_to_come),
         cmocka_unit_test(ema_update_out_of_place),
         cmocka_unit_test(phase_forward_optimizer_later),
         cmocka_unit_test(float64_weights),
