@@ -1316,6 +1316,11 @@ static void job_phase(og_facts_t *d, const og_record_t *r)
         og_cpy(file, sizeof file, f->file, sizeof file);
         d->load_via_torch_load = strstr(file, "torch/serialization.py") != NULL;
     }
+    if (fw->has_phase_frame) { /* the load makes full-precision weights of quantized ones */
+        char fn[sizeof fw->phase_frame.function];
+        og_cpy(fn, sizeof fn, fw->phase_frame.function, sizeof fn);
+        d->load_dequantizes = strncmp(fn, "dequantize", 10) == 0 || strncmp(fn, "_dequantize", 11) == 0;
+    }
     const og_roles_t *ro = &fw->roles;
     if (!d->load_via_torch_load && ro->has && ro->has_statement) {
         char p[sizeof ro->stmt_purpose], src[sizeof fw->phase_source];

@@ -666,6 +666,9 @@ typedef struct og_facts {
     /* loading a checkpoint: torch.load (torch/serialization.py) on the failing stack, or the failing
      * statement builds what the program calls a checkpoint (roles.statement.purpose) */
     bool load_via_torch_load;
+    /* phase loading decided by a frame named dequantize*: full-precision weights made of quantized ones
+     * (transformers' model.dequantize(), dequantize_and_replace) */
+    bool load_dequantizes;
     /* a checkpoint being made, not restored: the adapter's phase `loading` came from the failing statement
      * alone (it builds what the program calls a checkpoint: snapshot = {k: v.clone() for k, v in
      * model.state_dict().items()}), torch.load is not on the stack and the optimizer has stepped; the phase

@@ -504,6 +504,7 @@ bool og_restored_held(const rctx_t *x)
 }
 static bool restored_held(const rctx_t *x) { return og_restored_held(x); }
 static bool loading_weights_phase(const rctx_t *x) { return PHASE(loading); }
+static bool load_dequantizes(const rctx_t *x) { return PHASE(loading) && x->f->load_dequantizes; }
 /* the optimizer keeps state not one value per parameter element (preconditioner matrices) that covers the shortfall */
 static bool preconditioned_state(const rctx_t *x)
 {
@@ -1931,6 +1932,11 @@ static const og_rank_row_t narrow[] = {
       "llava_next_docvqa_lora_anyres_tiles_unsorted_lengths_fragmented_cache_a100_40gb (blind); (unit tests: "
       "lora_base_weights_train)" },
     { "ddp_pytorch", not_pytorch, DROP, 0, 0, REMS(R_DDP), "failing framework not PyTorch", "(unit tests)" },
+    { "dequantizing", load_dequantizes, DROP, 0, 0, REMS(R_QUANT),
+      "phase loading decided by a frame named dequantize* (the job makes full-precision weights of quantized ones, "
+      "to merge or export them: quantizing is what it undoes)",
+      "qlora_llama31_70b_dequantize_before_adapter_merge_bf16_on_gpu_a100_80gb (blind); (unit tests: "
+      "dequantizing_load)" },
     { "quantized_beside_reference", quant_beside_reference, DROP, 0, 0, REMS(R_QUANT),
       "roles.models: a model at least half in 8 bits or fewer (parameters_quantized_bytes) beside one of its class "
       "with none: a quantized model checked against its reference, which quantizing would change",

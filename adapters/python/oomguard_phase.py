@@ -33,6 +33,8 @@ PATTERNS = (
     ("loading", 50, "*", "from_pretrained"),
     ("loading", 50, "*", "load_state_dict"),
     ("loading", 50, "*", "load_checkpoint"),
+    ("loading", 50, "*", "dequantize"),
+    ("loading", 50, "*", "dequantize_and_replace"),
     ("loading", 50, "*/torch/nn/modules/module.py", "to"),
     ("loading", 50, "*/torch/nn/modules/module.py", "cuda"),
     ("loading", 50, "*/torch/nn/modules/module.py", "_apply"),

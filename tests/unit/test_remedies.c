@@ -1626,6 +1626,29 @@ static void phase_checkpoint_restore(void **state)
     free(r);
 }
 
+/* A 4-bit model made bfloat16 on the card to merge its adapter (model.dequantize()): 23 GiB of weights so far.
+ * Quantizing is what the job undoes: not offered; moving the work off the card is.  The same load from
+ * from_pretrained keeps quantization */
+static void dequantizing_load(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 23 * GiB, 0, 0, 0, 0, 0);
+    fixture_dtype(r, "bfloat16", 17 * GiB);
+    og_set(&r->memory.process_tracked_bytes, 23 * GiB);
+    og_set(&r->event.requested_bytes, 1 * GiB);
+    og_set(&r->device.free_bytes, 100 * MiB);
+    fixture_phase(r, "loading", "/w/merge.py", "dequantize");
+    run_primary(r, "does_not_fit");
+    assert_true(r->analysis.facts.load_dequantizes);
+    assert_int_equal(rank_of(r, "quantization"), 0);
+    assert_true(rank_of(r, "cpu_offload") > 0 && rank_of(r, "cpu_offload") <= 2);
+    fixture_phase(r, "loading", "/usr/lib/python3/dist-packages/transformers/modeling_utils.py", "from_pretrained");
+    run_primary(r, "does_not_fit");
+    assert_false(r->analysis.facts.load_dequantizes);
+    assert_true(rank_of(r, "quantization") > 0);
+    free(r);
+}
+
 /* a restore beside a server of another job holding most of the card (a TensorRT-LLM KV pool): the weights go to this
  * card wherever they are restored, so the other process's memory leads, not map_location */
 static void checkpoint_restore_beside_others(void **state)
@@ -6689,6 +6712,7 @@ int main(void)
         cmocka_unit_test(phase_oom_handler),
         cmocka_unit_test(handler_keeps_failed_attempt),
         cmocka_unit_test(phase_checkpoint_restore),
+        cmocka_unit_test(dequantizing_load),
         cmocka_unit_test(weights_fill_the_card),
         cmocka_unit_test(statement_checkpoint_restore),
         cmocka_unit_test(phase_ema_update),

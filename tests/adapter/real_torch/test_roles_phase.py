@@ -1690,6 +1690,21 @@ def t_phase_generation_names():
     expect_phase(got[0], "forward", "test_roles_phase.py", "forward")
 
 
+def t_phase_dequantize():
+    """A model's dequantize() (quantized weights made full precision, transformers' model.dequantize()) is a load;
+    bitsandbytes' dequantize_4bit, which every QLoRA forward calls, decides nothing: the module's forward does"""
+    class M(torch.nn.Module):
+        def dequantize(self):
+            return oomguard_phase.detect(sys._getframe(), 0)
+
+        def forward(self, x):
+            def dequantize_4bit(w):
+                return oomguard_phase.detect(sys._getframe(), 1)
+            return dequantize_4bit(x)
+    expect_phase(M().dequantize(), "loading", "test_roles_phase.py", "dequantize")
+    expect_phase(M()(torch.zeros(1)), "forward", "test_roles_phase.py", "forward")
+
+
 def t_checkpointing():
     """roles.gradient_checkpointing on real modules and torch.utils.checkpoint: off inside a layer run
     plainly, on inside checkpoint(), on with Hugging Face's flag, unknown in the model's own head"""
@@ -2537,6 +2552,7 @@ if not STAND_IN:
     check("the phase table's PyTorch files exist in this torch", t_phase_patterns_real_files)
     check("nn.MultiheadAttention asked for its weights is the operation attention, its argument read",
           t_operation_mha_weights)
+    check("phase loading: a model's dequantize(); not bitsandbytes' dequantize_4bit in a forward", t_phase_dequantize)
     check("gradient checkpointing: off in a plain layer, on under torch.utils.checkpoint or the flag", t_checkpointing)
     check("failing layer: its place in a ModuleList or Sequential of like layers", t_failing_layer)
     check("the generate() call's input: positional, keyword or inputs_tensor, batch first; none without one",
