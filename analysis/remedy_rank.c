@@ -545,6 +545,7 @@ static bool optimizer_state(const rctx_t *x)
     return ro->opt_full > 0 || (PHASE(optimizer_step) && ro->params > 0 && ro->opt == 0);
 }
 static bool in_optimizer_step(const rctx_t *x) { return PHASE(optimizer_step); }
+static bool step_of_ranks(const rctx_t *x) { return PHASE(optimizer_step) && x->rec->world_size > 1; }
 /* the phases in which activations are being made or used: the optimizer state is not the lever */
 static bool activation_phase(const rctx_t *x)
 {
@@ -2179,6 +2180,11 @@ static const og_rank_row_t lead[] = {
       "rlhf_weight_sync_new_comm (blind); (unit tests: nccl_growth)" },
     { "optimizer_step_lead", in_optimizer_step, LEAD_COVERS, -22, 0, REMS(R_OPT_8BIT), "phase optimizer_step",
       "adamw_first_step (blind)" },
+    { "optimizer_step_ranks_lead", step_of_ranks, LEAD_COVERS, -23, 0, REMS(R_ZERO),
+      "phase optimizer_step in a rank of a multi-rank job (WORLD_SIZE > 1): the ranks are there to shard the state "
+      "over "
+      "(ZeRO, FSDP), at full precision, ahead of an 8-bit optimizer",
+      "gpt2_xl_nanogpt_ddp_grad_accum_first_adamw_step_8x_4090 (blind); (unit tests: optimizer_step_of_ranks)" },
     { "lora_base_trains_lead", lora_base_trains, LEAD_COVERS, -27, 0, REMS(R_LORA),
       "as lora_base_trains (ahead of the activations' and the optimizer's remedies: the adapters are there, the base "
       "was not frozen)",

@@ -2906,6 +2906,25 @@ static void phase_optimizer_step(void **state)
     free(r);
 }
 
+/* a first step in rank 0 of 8 (DDP) on a card the model's state fills: the ranks are there to shard the state over, at full precision; ZeRO/FSDP
+ * leads, the 8-bit optimizer next */
+static void optimizer_step_of_ranks(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 8 * GiB, 8 * GiB, 6 * GiB, 0, 0, 0);
+    fixture_optimizer(r, "AdamW", 6 * GiB);
+    og_set(&r->memory.process_tracked_bytes, 22 * GiB + 512 * MiB);
+    fixture_phase(r, "optimizer_step", "/usr/lib/python3/dist-packages/torch/optim/adamw.py", "_init_group");
+    r->memory.fw.grad_enabled = -1;
+    r->rank = r->local_rank = 0;
+    r->world_size = 8;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "zero_fsdp");
+    assert_true(ranked_by(&r->remedies[0], "optimizer_step_ranks_lead"));
+    assert_int_equal(rank_of(r, "eight_bit_optimizer"), 2);
+    free(r);
+}
+
 /* SOAP's first step: of its 12 GiB of state, 9 GiB are preconditioner matrices (not shaped like their parameters):
  * bounding them leads, ahead of an 8-bit optimizer, and its text names the class, the matrices and the first step;
  * matrices that cannot cover the shortfall, or none measured, leave the 8-bit optimizer first */
@@ -6719,6 +6738,7 @@ int main(void)
         cmocka_unit_test(second_copy_of_a_model),
         cmocka_unit_test(phase_loading_weights),
         cmocka_unit_test(phase_optimizer_step),
+        cmocka_unit_test(optimizer_step_of_ranks),
         cmocka_unit_test(preconditioners_hold_the_state),
         cmocka_unit_test(per_sample_gradients),
         cmocka_unit_test(lora_base_weights_train),
