@@ -2827,8 +2827,8 @@ static void estimate(rank_t *k, const rctx_t *x)
                 cover[i] *= 1.0 + to_come / (double)ro->act;
     /* the batch can shrink to one (gradient accumulation makes up the rest): a measured batch of b keeps 1/b of the
      * whole pass's activations, one not measured a quarter; checkpointing measured off keeps about the inputs of
-     * sqrt(n) of the n layers at once (segments of sqrt(n) layers), 1/sqrt(n) of them; half precision over float32
-     * weights, half */
+     * sqrt(n) of the n layers at once (segments of sqrt(n) layers), 1/sqrt(n) of them (of fewer than 16 layers, 3/10:
+     * what a layer recomputes beyond its input); half precision over float32 weights, half */
     if (to_come > 0) {
         const og_roles_t *rr = &x->rec->memory.fw.roles;
         double pass = (double)ro->act + to_come;
@@ -2838,8 +2838,9 @@ static void estimate(rank_t *k, const rctx_t *x)
         int segs = 1; /* the whole square root of n: no libm in the shim */
         while ((segs + 1) * (segs + 1) <= rr->layer_count)
             segs++;
-        if (ro->checkpointing == -1 && (1.0 - 1.0 / segs) * pass > cover[R_CHECKPOINTING])
-            cover[R_CHECKPOINTING] = (1.0 - 1.0 / segs) * pass;
+        double ckpt = segs > 3 ? 1.0 - 1.0 / segs : 0.7; /* a few layers: most of each layer's own temporaries */
+        if (ro->checkpointing == -1 && ckpt * pass > cover[R_CHECKPOINTING])
+            cover[R_CHECKPOINTING] = ckpt * pass;
         if (cover[R_MIXED] > 0 && mostly_fp32(ro) && 0.5 * pass > cover[R_MIXED]) /* float32 weights, autocast off */
             cover[R_MIXED] = 0.5 * pass;
     }
