@@ -2182,8 +2182,7 @@ static const og_rank_row_t lead[] = {
       "adamw_first_step (blind)" },
     { "optimizer_step_ranks_lead", step_of_ranks, LEAD_COVERS, -23, 0, REMS(R_ZERO),
       "phase optimizer_step in a rank of a multi-rank job (WORLD_SIZE > 1): the ranks are there to shard the state "
-      "over "
-      "(ZeRO, FSDP), at full precision, ahead of an 8-bit optimizer",
+      "over (ZeRO, FSDP), at full precision, ahead of an 8-bit optimizer",
       "gpt2_xl_nanogpt_ddp_grad_accum_first_adamw_step_8x_4090 (blind); (unit tests: optimizer_step_of_ranks)" },
     { "lora_base_trains_lead", lora_base_trains, LEAD_COVERS, -27, 0, REMS(R_LORA),
       "as lora_base_trains (ahead of the activations' and the optimizer's remedies: the adapters are there, the base "
@@ -2523,9 +2522,9 @@ static void apply(rank_t *k, const rctx_t *x, const og_rank_row_t *rows, size_t 
  * (roles.optimizer_steps a measured 0: no pass of the job ended, nothing else bounds this one) of one loss (not
  * roles.accumulating: the activations of earlier passes kept for a summed loss are no layers of this one): the
  * activations made so far, in i + 1 layers, times the n - i - 1 it has not reached; 0 when any of it is not
- * measured.  A remedy that frees a
- * fixed number of bytes carries the pass through only if it covers these too (pass_need); one that shrinks every
- * layer's activations (a smaller batch, half precision, checkpointing) shrinks them in the same proportion. */
+ * measured.  A remedy that frees a fixed number of bytes carries the pass through only if it covers these too
+ * (pass_need, with a margin: pass_short_of); one that shrinks every layer's activations (a smaller batch, half
+ * precision, checkpointing) shrinks them in the same proportion. */
 static double pass_to_come(const rctx_t *x)
 {
     const og_roles_t *r = &x->rec->memory.fw.roles;
@@ -2821,10 +2820,9 @@ static void estimate(rank_t *k, const rctx_t *x)
     /* the layers still to come grow what a remedy of the activations saves in proportion (their estimates are of the
      * activations made so far) */
     double to_come = pass_to_come(x);
-    if (to_come > 0)
-        for (int i = 0; i < R_COUNT; i++)
-            if ((og_remedy_catalog[i].applies & AP_ACTIVATIONS) && cover[i] > 0 && cover[i] < big)
-                cover[i] *= 1.0 + to_come / (double)ro->act;
+    for (int i = 0; to_come > 0 && i < R_COUNT; i++)
+        if ((og_remedy_catalog[i].applies & AP_ACTIVATIONS) && cover[i] > 0 && cover[i] < big)
+            cover[i] *= 1.0 + to_come / (double)ro->act;
     /* the batch can shrink to one (gradient accumulation makes up the rest): a measured batch of b keeps 1/b of the
      * whole pass's activations, one not measured a quarter; checkpointing measured off keeps about the inputs of
      * sqrt(n) of the n layers at once (segments of sqrt(n) layers), 1/sqrt(n) of them (of fewer than 16 layers, 3/10:
