@@ -2931,6 +2931,19 @@ static int torch_version(const char *source)
     return v[0] * 100 + v[1];
 }
 
+/* the layers a forward pass has still to run (facts.h: layers_to_come) */
+static void layers_to_come(og_facts_t *d, const og_record_t *r)
+{
+    const og_roles_t *ro = &r->memory.fw.roles;
+    og_role_facts_t *k = &d->roles;
+    int n = ro->layer_count, i = ro->layer_index;
+    if (!k->known || !k->act_known || !k->act || n < 4 || i < 0 || i >= n - 1 || d->phase != OG_JP_forward ||
+        r->memory.fw.grad_enabled != 1 || k->checkpointing == 1 || !k->steps_known || k->steps_made || k->accumulating)
+        return;
+    k->layers_to_come = (uint64_t)((double)k->act * (double)(n - i - 1) / (double)(i + 1));
+    k->layers_left = n - i - 1;
+}
+
 void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds_t *th, og_growth_scratch_t *s)
 {
     memset(f, 0, sizeof *f);
@@ -2939,6 +2952,7 @@ void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds
     framework_cap(f, rec);
     job_phase(f, rec);
     roles(f, rec);
+    layers_to_come(f, rec);
     /* a hand-written decoding loop is a generation too: the stack shows only a forward or an evaluation, but a
      * local of the running code keeps a KV cache (the loop's own past_key_values, extended block by block) */
     f->decoding = f->phase == OG_JP_generation ||

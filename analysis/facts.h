@@ -475,6 +475,14 @@ typedef struct og_role_facts {
     /* while a model is being built (phase loading): the parameters the models running now hold (roles.models
      * running: their __init__, from_pretrained or .to() executes), what the load made so far; 0 none */
     uint64_t arriving;
+    /* the layers a forward pass has still to run (roles.failing_layer: it failed in layer layer_index of a run of
+     * layer_count >= 4 like layers), with autograd on and checkpointing not on (each layer keeps its activations for
+     * backward), in a training's first pass (roles.optimizer_steps a measured 0: no pass of the job ended, nothing
+     * else bounds this one) of one loss (not accumulating: the activations of earlier passes kept for a summed loss
+     * are no layers of this one): the activations made so far, in layer_index + 1 layers, times the
+     * layer_count - layer_index - 1 it has not reached; 0 when any of it is not measured */
+    uint64_t layers_to_come;
+    int layers_left; /* layer_count - layer_index - 1 of them, when layers_to_come is not 0 */
 } og_role_facts_t;
 
 /* the LoRA adapters' parameters over the models' other weights (roles.lora_parameters_bytes against the rest of the

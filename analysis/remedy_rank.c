@@ -2517,24 +2517,11 @@ static void apply(rank_t *k, const rctx_t *x, const og_rank_row_t *rows, size_t 
 /* ------------------------------------------------------------------ estimate */
 
 /* what each remedy could save, in bytes; -1 unknown */
-/* The layers a forward pass has still to run (roles.failing_layer: it failed in layer i of a run of n like layers),
- * with autograd on and no checkpointing (each layer keeps its activations for backward), in the training's first pass
- * (roles.optimizer_steps a measured 0: no pass of the job ended, nothing else bounds this one) of one loss (not
- * roles.accumulating: the activations of earlier passes kept for a summed loss are no layers of this one): the
- * activations made so far, in i + 1 layers, times the n - i - 1 it has not reached; 0 when any of it is not
- * measured.  A remedy that frees a fixed number of bytes carries the pass through only if it covers these too
- * (pass_need, with a margin: pass_short_of); one that shrinks every layer's activations (a smaller batch, half
- * precision, checkpointing) shrinks them in the same proportion. */
-static double pass_to_come(const rctx_t *x)
-{
-    const og_roles_t *r = &x->rec->memory.fw.roles;
-    const og_role_facts_t *ro = roles_of(x);
-    if (!ro->known || !ro->act_known || !ro->act || r->layer_count < 4 || r->layer_index >= r->layer_count ||
-        !PHASE(forward) || x->grad != 1 || ro->checkpointing == 1 || !ro->steps_known || ro->steps_made ||
-        ro->accumulating)
-        return 0;
-    return (double)ro->act * (double)(r->layer_count - r->layer_index - 1) / (double)(r->layer_index + 1);
-}
+/* The layers a forward pass has still to run (facts.h: roles.layers_to_come), 0 when not measured.  A remedy that
+ * frees a fixed number of bytes carries the pass through only if it covers these too (pass_need, with a margin:
+ * pass_short_of); one that shrinks every layer's activations (a smaller batch, half precision, checkpointing)
+ * shrinks them in the same proportion. */
+static double pass_to_come(const rctx_t *x) { return (double)roles_of(x)->layers_to_come; }
 /* what a remedy must free for the failing pass to run to its end: the shortfall and the layers still to come */
 static double pass_need(const rctx_t *x) { return (double)x->shortfall + pass_to_come(x); }
 /* below this a remedy cannot carry the pass: the need itself for one of the activations (its estimate grows with the
