@@ -1087,6 +1087,21 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
                      "; the optimizer's first step (no step had ended) made %s of its state so far and is still making "
                      "it, and the %s cached would carry it only a few allocations further.",
                      og_hb((double)d->first_step_state).s, og_hb((double)d->cached).s);
+    } else if (d->roles.layers_to_come) {
+        /* a first forward pass that failed part way through a run of like layers: the layers it has still to run
+         * make their activations too (facts.h: layers_to_come), so the pass needs more than this allocation's
+         * shortfall */
+        const og_roles_t *ro = &r->memory.fw.roles;
+        char run[sizeof ro->layer_run];
+        og_cpy(run, sizeof run, ro->layer_run, sizeof run);
+        uint64_t pass = add_sat(missing, d->roles.layers_to_come);
+        ev_bytes(c, "layers_to_come_bytes", d->roles.layers_to_come);
+        ev_bytes(c, "pass_missing_bytes", pass);
+        summary_more(c, 190,
+                     "; it failed in layer %d of %d in %s, and the %d still to come would add about %s of activations: "
+                     "about %s is missing for this pass to end.",
+                     ro->layer_index + 1, ro->layer_count, run, d->roles.layers_left,
+                     og_hb((double)d->roles.layers_to_come).s, og_hb((double)pass).s);
     } else if (d->pass_outgrows_cache && d->roles.dominant >= 0) {
         /* the running code's working set is mostly one holder of a caller (a loop's list in main), not the pass's own
          * tensors: say whose it is */

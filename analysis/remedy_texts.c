@@ -258,6 +258,19 @@ static void activations_vs_shortfall(const rctx_t *x, og_remedy_t *r, double fre
         activations_measured(x, r);
         return;
     }
+    /* a first forward pass with layers still to come: what the whole pass needs, against its whole activations */
+    const og_role_facts_t *ro = &x->f->roles;
+    if (ro->layers_to_come) {
+        double pass = (double)ro->act + (double)ro->layers_to_come;
+        double short_by = (double)x->shortfall + (double)ro->layers_to_come;
+        why(r,
+            " With the %d layers still to come this pass's activations come to about %s, %s of which must go for it to "
+            "end; %s frees about %s%s.",
+            ro->layers_left, og_hb(pass).s, og_pct(short_by, pass).s, what, og_hb(frees * pass).s,
+            frees * pass >= short_by ? "" : ", not enough alone: go further or combine it with others");
+        activations_measured(x, r);
+        return;
+    }
     double need = (double)x->shortfall / frees;
     if (!x->live_known) {
         why(r,

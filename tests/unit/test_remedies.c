@@ -3092,8 +3092,16 @@ static void layers_still_to_come(void **state)
     int k = rank_of(r, "eight_bit_optimizer");
     assert_true(k > 0 && rem(r, "eight_bit_optimizer")->ranking.tier < 3);
     strcpy(ro->layer_run, "layers");
+    assert_int_equal(r->analysis.facts.roles.layers_to_come, 0);
+    assert_int_equal(evb_of(r, "does_not_fit", "layers_to_come_bytes"), -1);
     ro->layer_index = 11, ro->layer_count = 24;
     run_primary(r, "does_not_fit");
+    /* the twelve layers to come, the pass's need beside this allocation's: said in the diagnosis */
+    assert_int_equal(r->analysis.facts.roles.layers_to_come, 10 * GiB);
+    assert_int_equal(r->analysis.facts.roles.layers_left, 12);
+    assert_int_equal(evb_of(r, "does_not_fit", "layers_to_come_bytes"), 10 * GiB);
+    assert_int_equal(evb_of(r, "does_not_fit", "pass_missing_bytes"),
+                     evb_of(r, "does_not_fit", "missing_bytes") + 10 * GiB);
     assert_int_equal(rem(r, "eight_bit_optimizer")->ranking.tier, 3);
     assert_false(rem(r, "eight_bit_optimizer")->shown);
     assert_true(rem(r, "eight_bit_optimizer")->ranking.estimate < 10.0 * GiB);
@@ -3124,15 +3132,29 @@ static void layers_still_to_come(void **state)
     fixture_steps(r, 40, 0, 0, 0);
     run(r);
     assert_true(rem(r, "eight_bit_optimizer")->id == NULL || rem(r, "eight_bit_optimizer")->ranking.tier < 3);
+    assert_int_equal(r->analysis.facts.roles.layers_to_come, 0);
+    assert_int_equal(evb_of(r, "does_not_fit", "layers_to_come_bytes"), -1);
     fixture_steps(r, 0, 0, 0, 0);
     ro->has_accum = true;
     run(r);
     assert_true(rem(r, "eight_bit_optimizer")->id == NULL || rem(r, "eight_bit_optimizer")->ranking.tier < 3);
     ro->has_accum = false;
+    /* checkpointing on (a layer keeps only its input), or the last layer (none to come): no projection */
+    ro->checkpointing = 1;
+    run(r);
+    assert_int_equal(r->analysis.facts.roles.layers_to_come, 0);
+    ro->checkpointing = -1;
+    ro->layer_index = 23;
+    run(r);
+    assert_int_equal(r->analysis.facts.roles.layers_to_come, 0);
+    ro->layer_index = 11;
+    run(r);
+    assert_int_equal(r->analysis.facts.roles.layers_to_come, 10 * GiB);
     /* autograd off (nothing kept for backward): each layer frees what the one before made, no pass to come */
     r->memory.fw.grad_enabled = -1;
     run(r);
     assert_true(rem(r, "eight_bit_optimizer")->id == NULL || rem(r, "eight_bit_optimizer")->ranking.tier < 3);
+    assert_int_equal(r->analysis.facts.roles.layers_to_come, 0);
     free(r);
 }
 
