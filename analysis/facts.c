@@ -2937,8 +2937,9 @@ static void layers_to_come(og_facts_t *d, const og_record_t *r)
     const og_roles_t *ro = &r->memory.fw.roles;
     og_role_facts_t *k = &d->roles;
     int n = ro->layer_count, i = ro->layer_index;
-    if (!k->known || !k->act_known || !k->act || n < 4 || i < 0 || i >= n - 1 || d->phase != OG_JP_forward ||
-        r->memory.fw.grad_enabled != 1 || k->checkpointing == 1 || !k->steps_known || k->steps_made || k->accumulating)
+    if (!k->known || !k->act_known || !k->act || n < 4 || i < 0 || i >= n - 1 || ro->layer_alike != 1 ||
+        d->phase != OG_JP_forward || r->memory.fw.grad_enabled != 1 || k->checkpointing == 1 || !k->steps_known ||
+        k->steps_made || k->accumulating)
         return;
     k->layers_to_come = (uint64_t)((double)k->act * (double)(n - i - 1) / (double)(i + 1));
     k->layers_left = n - i - 1;

@@ -476,7 +476,7 @@ typedef struct og_role_facts {
      * running: their __init__, from_pretrained or .to() executes), what the load made so far; 0 none */
     uint64_t arriving;
     /* the layers a forward pass has still to run (roles.failing_layer: it failed in layer layer_index of a run of
-     * layer_count >= 4 like layers), with autograd on and checkpointing not on (each layer keeps its activations for
+     * layer_count >= 4 like layers, the run's first, failing and last layers of one size: alike), with autograd on and checkpointing not on (each layer keeps its activations for
      * backward), in a training's first pass (roles.optimizer_steps a measured 0: no pass of the job ended, nothing
      * else bounds this one) of one loss (not accumulating: the activations of earlier passes kept for a summed loss
      * are no layers of this one): the activations made so far, in layer_index + 1 layers, times the

@@ -295,9 +295,11 @@ typedef struct og_roles {
     uint64_t gen_shape[6];
     int gen_dims;
     /* roles.failing_layer: the failing pass runs in layer layer_index (from 0) of a run of layer_count like layers
-     * (an nn.ModuleList or nn.Sequential of one class) its model holds under layer_run (layer_count 0: none read) */
+     * (an nn.ModuleList or nn.Sequential of one class) its model holds under layer_run (layer_count 0: none read);
+     * layer_alike 1 when the run's first, failing and last layers hold as many bytes of parameters (within a tenth),
+     * -1 when they do not (a U-Net's encoder blocks), 0 not read */
     char layer_run[32];
-    int layer_index, layer_count;
+    int layer_index, layer_count, layer_alike;
     /* roles.ddp: DistributedDataParallel wrappers whose gradients are not bucket views, and the reducer's bucket
      * copy of their gradients on the failing device (ddp_wrappers 0: none) */
     int ddp_wrappers;

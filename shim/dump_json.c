@@ -399,7 +399,10 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
     if (r->layer_count > 0) {
         og_sb_puts(sb, "{\"run\":");
         og_sb_json_str(sb, r->layer_run);
-        og_sb_printf(sb, ",\"index\":%d,\"count\":%d}", r->layer_index, r->layer_count);
+        og_sb_printf(sb, ",\"index\":%d,\"count\":%d,\"alike\":%s}", r->layer_index, r->layer_count,
+                     r->layer_alike > 0   ? "true"
+                     : r->layer_alike < 0 ? "false"
+                                          : "null");
     } else
         og_sb_puts(sb, "null");
     K("gradient_checkpointing");

@@ -230,6 +230,7 @@ static void parse_roles(const char *s, og_roles_t *r)
             int i = atoi(f[2]), c = atoi(f[3]);
             if (i >= 0 && c > i) {
                 r->layer_index = i, r->layer_count = c;
+                r->layer_alike = n < 5 || !strcmp(f[4], "-") ? 0 : atoi(f[4]) > 0 ? 1 : -1;
                 copy_field(r->layer_run, sizeof r->layer_run, f[1]);
             }
         } else if (!strcmp(f[0], "generation_input") && n >= 3 && !r->gen_dims) {

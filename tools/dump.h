@@ -167,6 +167,7 @@ struct og_roles_view {
     struct { /* failing_layer (count 0: null) */
         const char *run;
         int64_t index, count;
+        int alike; /* 1 its first, failing and last layers hold as many bytes of parameters, 0 not, -1 null */
     } failing_layer;
     struct { /* generation_input (ndims 0: null) */
         const char *name;

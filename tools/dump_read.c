@@ -1185,6 +1185,7 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
         TRY(get_str(L, q, &pl, "run", &r->failing_layer.run));
         TRY(get_int(L, q, &pl, "index", &r->failing_layer.index));
         TRY(get_int(L, q, &pl, "count", &r->failing_layer.count));
+        TRY(get_bool(L, q, &pl, "alike", &r->failing_layer.alike));
     }
     TRY(get_obj(L, o, &p, "generation_input", &q)); /* what the running generate() call decodes at once */
     if (q) {

@@ -442,6 +442,8 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
             og_sb_printf(&b, "layer %lld of %lld in %s", (long long)r->failing_layer.index + 1,
                          (long long)r->failing_layer.count,
                          r->failing_layer.run ? r->failing_layer.run : "a run of like layers");
+        if (r->failing_layer.count > 0 && r->failing_layer.alike == 0)
+            og_sb_puts(&b, " (its layers differ in size: the layers to come are not projected)");
         FACT("failing layer");
         og_sb_init(&b);
         for (int i = 0; i < r->nchildren; i++)

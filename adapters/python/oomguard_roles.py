@@ -1773,8 +1773,9 @@ def encode(r):
       steps MADE ALLOCATED,... (after each of an optimizer's latest steps, oldest first) |
       generation_input NAME D0,D1,... (the input of the generate() call running at the failure and its shape,
       batch first) | child PID NAME (a child multiprocessing started and the name its starter gave it, - the
-      default one: child_processes) | layer NAME INDEX COUNT (the failing pass runs in layer INDEX, from 0, of a run
-      of COUNT like layers its model holds under NAME: failing_layer) |
+      default one: child_processes) | layer NAME INDEX COUNT ALIKE (the failing pass runs in layer INDEX, from 0, of a
+      run of COUNT like layers its model holds under NAME, ALIKE 1 when its first, failing and last layers hold as
+      many bytes of parameters, 0 when not, - not read: failing_layer) |
       meta KEY VALUE
       (meta num_beams N: the beam width of the generation running at the failure; meta checkpointing 0|1: activation
       checkpointing off or in force for the failing pass; meta batch_size N: the batch the program names;
@@ -1874,7 +1875,9 @@ def encode(r):
         out.append("meta\tcheckpointing\t%d" % (1 if r["checkpointing"] else 0))
     if r.get("failing_layer"):
         name, index, count = r["failing_layer"][:3]
-        out.append("layer\t%s\t%d\t%d" % (_clean(name) or "-", int(index), int(count)))
+        alike = r["failing_layer"][3] if len(r["failing_layer"]) > 3 else None
+        out.append("layer\t%s\t%d\t%d\t%s" % (_clean(name) or "-", int(index), int(count),
+                                                 "-" if alike is None else 1 if alike else 0))
     if r.get("batch_size"):
         out.append("meta\tbatch_size\t%d" % int(r["batch_size"]))
     if r.get("child_processes") is not None:

@@ -771,18 +771,41 @@ def _generation_input(frame, torch, limit=64):
     return None
 
 
-def _failing_layer(frame, limit=64, least=4):
-    """Where in a stack of like layers the failing pass is: (name, index, count) for the outermost module on the
+def _failing_layer(frame, limit=64, least=4, spread=1.1):
+    """Where in a stack of like layers the failing pass is: (name, index, count, alike) for the outermost module on the
     stack that is one of a run of LEAST or more modules of one class (a Swin's stages, not the blocks within one:
     the activations measured are all the pass made, before the stage too): the children of an nn.ModuleList or
     nn.Sequential (kept under the keys 0..n-1, as PyTorch stores them), named by the attribute a module on the stack
     holds the container under (a Sequential running its own children: by its class), or a module's children named
     one stem and the numbers of a range (setattr(self, "layer_%d" % i, ...): by the stem); None when the pass is in
     no such run (its head, its loss, an embedding before the layers) or no stack.  A Sequential of unlike modules
-    (Linear, GELU, Linear) is no run of layers.  Reads the modules' `_modules` dicts: nothing of the program is
-    called."""
+    (Linear, GELU, Linear) is no run of layers.  ALIKE: whether the run's first layer, the failing one and its last
+    hold as many bytes of parameters (within SPREAD of each other: a T5's first block adds its small position bias),
+    as the layers of a transformer do and a U-Net's encoder blocks or a Swin's stages (channels growing with depth)
+    do not; None when a layer's parameters could not be read in full.  Reads the modules' `_modules` and
+    `_parameters` dicts and the parameters' sizes: nothing of the program is called."""
     def like(kids):
         return len(kids) >= least and all(type(k) is type(kids[0]) for k in kids)
+
+    def weight(module, budget=4096):
+        """the bytes of a module's parameters, its submodules' included; None when not read in full"""
+        total, todo, seen = 0, [module], 0
+        while todo and seen < budget:
+            d = getattr(todo.pop(), "__dict__", None) or {}
+            seen += 1
+            for p in (d.get("_parameters") or {}).values():
+                n = oomguard_roles._nbytes(p) if p is not None else 0
+                if n is None:
+                    return None
+                total += n
+            todo.extend(c for c in (d.get("_modules") or {}).values() if c is not None)
+        return None if todo else total
+
+    def alike(kids, i):
+        sizes = [weight(kids[j]) for j in (0, i, len(kids) - 1)]
+        if any(w is None for w in sizes):
+            return None
+        return max(sizes) <= spread * min(sizes)
 
     def runs(mods, own):
         """(name, kids) of the runs among a module's children; OWN names the module's own numbered children"""
@@ -819,13 +842,13 @@ def _failing_layer(frame, limit=64, least=4):
                    if code.co_name == "forward" and "self" in code.co_varnames else None)
             mods = getattr(obj, "__dict__", {}).get("_modules") if obj is not None else None
             if isinstance(mods, dict):
-                found = [(name, find(kids, inner), len(kids)) for name, kids in runs(mods, type(obj).__name__)]
+                found = [(name, kids) for name, kids in runs(mods, type(obj).__name__)]
                 for name, child in mods.items():
-                    found += [(nm, find(kids, inner), len(kids))
-                              for nm, kids in runs(getattr(child, "__dict__", {}).get("_modules"), str(name))]
-                for name, i, count in found:
+                    found += list(runs(getattr(child, "__dict__", {}).get("_modules"), str(name)))
+                for name, kids in found:
+                    i = find(kids, inner)
                     if i is not None:
-                        where = (str(name), i, count)
+                        where = (str(name), i, len(kids), alike(kids, i))
                         break
                 inner.append(obj)
             f, n = f.f_back, n + 1

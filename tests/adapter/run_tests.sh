@@ -1100,24 +1100,26 @@ t_backward_summary() { # the stderr summary says the same when the error ends th
 t "phase backward: the stderr summary's failing line and phase line are the program's backward() call" t_backward_summary
 t_failing_layer() { # the pass fails in the fourth of six like blocks a model keeps under keys 0..5 (a ModuleList)
     cat > layers.py <<'PY'
+import sys
 import torch
 
 
 class Block(torch.nn.Module):
-    def __init__(self, i):
+    def __init__(self, i, grow):
         torch.nn.Module.__init__(self)
         self.i = i
+        self.weight = torch.nn.Parameter(torch.empty((1 << 20) << (i if grow else 0)))
 
     def forward(self, x):
         return torch.empty((2000 << 20) if self.i == 3 else (1 << 20))
 
 
 class Model(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, grow):
         torch.nn.Module.__init__(self)
         self.blocks = torch.nn.Module()
         for i in range(6):
-            setattr(self.blocks, str(i), Block(i))
+            setattr(self.blocks, str(i), Block(i, grow))
 
     def forward(self, x):
         for i in range(6):
@@ -1126,14 +1128,20 @@ class Model(torch.nn.Module):
 
 
 keep = torch.empty(100 << 20)
-Model()(keep)
+Model(sys.argv[1] == "grow")(keep)
 PY
-    shim adapter "$PYTHON" layers.py 2>/dev/null && return 1
+    shim adapter "$PYTHON" layers.py same 2>/dev/null && return 1
     local d; d=$(ls dumps/oomguard-*.json) || return 1
-    expect "$d" 'd["memory"]["framework"]["roles"]["failing_layer"]' "{'run': 'blocks', 'index': 3, 'count': 6}" &&
-        "$BDIR/oomguard" report --color never "$d" | grep -q "failing layer: layer 4 of 6 in blocks"
+    expect "$d" 'd["memory"]["framework"]["roles"]["failing_layer"]' "{'run': 'blocks', 'index': 3, 'count': 6, 'alike': True}" &&
+        "$BDIR/oomguard" report --color never "$d" | grep -q "failing layer: layer 4 of 6 in blocks$" || return 1
+    rm -f dumps/oomguard-*.json
+    # blocks whose weights double with depth (a U-Net's encoder): the run is not of one size
+    shim adapter "$PYTHON" layers.py grow 2>/dev/null && return 1
+    d=$(ls dumps/oomguard-*.json) || return 1
+    expect "$d" 'd["memory"]["framework"]["roles"]["failing_layer"]["alike"]' "False" &&
+        "$BDIR/oomguard" report --color never "$d" | grep -q "failing layer: layer 4 of 6 in blocks (its layers differ in size"
 }
-t "roles: the layer the pass failed in, the fourth of six like blocks under keys 0..5, in the dump and the report" \
+t "roles: the layer the pass failed in, the fourth of six like blocks under keys 0..5, in the dump and the report; blocks of growing size are not alike" \
     t_failing_layer
 t_own_child_run() { # a child this process started through multiprocessing, named by its starter, holds the card
     cat > child.py <<'PY'

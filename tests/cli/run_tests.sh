@@ -187,6 +187,12 @@ has "roles: a copy among the activations" "$T/pr" "among the activations: a copy
 has "roles: allocated after the steps" "$T/pr" "allocated: after the last 3 steps of 37: 1.02 GiB, 1.07 GiB, 1.12 GiB (up 95.37 MiB)"
 has "roles: the beam width" "$T/pr" "beam width: 4"
 has "roles: the layer the pass failed in" "$T/pr" "failing layer: layer 18 of 32 in layers"
+hasnt "roles: a run of layers alike is not flagged" "$T/pr" "its layers differ in size"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); d["memory"]["framework"]["roles"]["failing_layer"]["alike"] = False
+json.dump(d, open(sys.argv[2], "w"))' "$R" "$T/unalike.json"
+OOMGUARD_SYMBOLIZE=0 "$OG" report "$T/unalike.json" --color never >"$T/ua" 2>&1
+has "roles: a run of layers of unlike sizes is not projected" "$T/ua" \
+    "failing layer: layer 18 of 32 in layers (its layers differ in size: the layers to come are not projected)"
 # no step made yet (a measured 0) beside an optimizer: said; unknown (null): nothing
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); ro=d["memory"]["framework"]["roles"]
 ro.update(allocated_after_steps=None, allocated_over_run=None, optimizer_steps=int(sys.argv[3]))

@@ -3095,6 +3095,11 @@ static void layers_still_to_come(void **state)
     assert_int_equal(r->analysis.facts.roles.layers_to_come, 0);
     assert_int_equal(evb_of(r, "does_not_fit", "layers_to_come_bytes"), -1);
     ro->layer_index = 11, ro->layer_count = 24;
+    ro->layer_alike = -1; /* layers of unlike sizes (a U-Net's encoder): the ones to come are not projected */
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.layers_to_come, 0);
+    assert_true(rem(r, "eight_bit_optimizer")->ranking.tier < 3);
+    ro->layer_alike = 1;
     run_primary(r, "does_not_fit");
     /* the twelve layers to come, the pass's need beside this allocation's: said in the diagnosis */
     assert_int_equal(r->analysis.facts.roles.layers_to_come, 10 * GiB);

@@ -1788,12 +1788,12 @@ def t_failing_layer():
     m.layers[4].mlp[2] = Probe(2, 2)              # the pass fails in the fifth block's second Linear
     x = torch.zeros(1, 2)
     m(x)
-    assert got == [("layers", 4, 6), None], got   # in the head: no layer of the run
+    assert got == [("layers", 4, 6, True), None], got   # in the head: no layer of the run
     got.clear()
     seq = torch.nn.Sequential(*[Block() for _ in range(5)])
     seq[1].mlp[0] = Probe(2, 2)
     seq(x)
-    assert got == [("Sequential", 1, 5)], got
+    assert got == [("Sequential", 1, 5, True)], got
     got.clear()
 
     class Numbered(torch.nn.Module):             # setattr(self, "layer_%d" % i, Block()): a run by its stem
@@ -1811,7 +1811,7 @@ def t_failing_layer():
     num = Numbered()
     num.layer_7.mlp[0] = Probe(2, 2)
     num(x)
-    assert got == [("layer", 6, 8), None], got
+    assert got == [("layer", 6, 8, True), None], got
     got.clear()
 
     class Stage(torch.nn.Module):                # stages of blocks (a Swin): the outer run, where the pass is overall
@@ -1837,7 +1837,38 @@ def t_failing_layer():
     st = Staged()
     st.stages[2].blocks[1].mlp[0] = Probe(2, 2)
     st(x)
-    assert got == [("stages", 2, 4)], got
+    assert got == [("stages", 2, 4, True)], got
+    got.clear()
+
+    class Down(torch.nn.Module):                 # a U-Net's encoder: one class, channels doubling with depth
+        def __init__(self, c_in, c_out):
+            torch.nn.Module.__init__(self)
+            self.conv = torch.nn.Linear(c_in, c_out)
+
+        def forward(self, x):
+            return self.conv(x)
+
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            torch.nn.Module.__init__(self)
+            self.down = torch.nn.ModuleList([Down(2 * 2 ** i, 2 * 2 ** (i + 1)) for i in range(5)])
+
+        def forward(self, x):
+            for d in self.down:
+                x = d(x)
+            return x
+
+    enc = Encoder()
+    enc.down[1].conv = Probe(4, 8)
+    enc(x.new_zeros(1, 2))
+    assert got == [("down", 1, 5, False)], got
+    got.clear()
+    t5ish = Model(6)                              # the first layer's extra bias, under a tenth of a layer: alike
+    t5ish.layers[0].mlp[0] = torch.nn.Linear(2, 2)
+    t5ish.layers[0].mlp[0].extra = torch.nn.Parameter(torch.zeros(1))
+    t5ish.layers[3].mlp[2] = Probe(2, 2)
+    t5ish(x)
+    assert got[0] == ("layers", 3, 6, True), got
     got.clear()
     short = Model(3)                              # three layers: no run to place it in
     short.layers[1].mlp[0] = Probe(2, 2)
