@@ -338,6 +338,12 @@ def _match(filename, function):
     return best
 
 
+def loads(frame):
+    """Whether the phase table calls this frame a load (from_pretrained, load_state_dict, Module.to ...)."""
+    m = _match(frame.f_code.co_filename, frame.f_code.co_name)
+    return m is not None and m[0] == "loading"
+
+
 def _ours(frame):
     return os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == _HERE
 

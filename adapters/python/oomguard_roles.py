@@ -1209,17 +1209,23 @@ def _name_module(scan, v, name):
 
 def _running_modules(scan, limit=256):
     """The modules that are `self` of a running frame (their forward, generate, __init__ is executing), of
-    any file: the model the job runs (or builds) now.  Reads only frames whose first argument is `self`."""
+    any file: the model the job runs (or builds) now.  And the modules a running loader holds in its locals
+    (a frame the phase table calls loading: from_pretrained building its model, load_checkpoint(model, path)
+    given one): the model its weights are arriving in, which no method of its own may be running (a
+    classmethod builds it, accelerate's functions fill it).  Reads frames' locals: nothing is called."""
+    from oomguard_phase import loads
     for tid, top in list(sys._current_frames().items()):
         n = 0
         while top is not None and n < limit:
             code = top.f_code
-            if code.co_argcount and code.co_varnames[0] == "self" and not os.path.dirname(
-                    os.path.abspath(code.co_filename)) == _HERE:
+            method = code.co_argcount and code.co_varnames[0] == "self"
+            loader = loads(top)
+            if (method or loader) and not os.path.dirname(os.path.abspath(code.co_filename)) == _HERE:
                 for k, v in _frame_locals(top):
-                    if k == "self":
-                        if scan.kind(type(v)) == "module" and all(v is not m for m in scan.running):
-                            scan.running.append(v)
+                    if (loader or k == "self") and scan.kind(type(v)) == "module" and \
+                            all(v is not m for m in scan.running):
+                        scan.running.append(v)
+                    if k == "self" and not loader:
                         break
             top, n = top.f_back, n + 1
         top = None

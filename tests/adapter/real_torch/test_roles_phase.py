@@ -1083,6 +1083,19 @@ def t_models_named():
     ms = dict((m[0], m) for m in got[0]["models"])
     assert ms["Net"][5] == 1 and "net" in ms["Net"][7], ms      # `model` names one; `net` is being rebound
 
+    def from_pretrained(name):                       # a loader (the phase table's) building the model it returns:
+        model = Net()                                # no method of the model runs, its weights are arriving
+        return got.append(measure(None)) or model
+
+    def prepare(name):                               # any other function holding a model as a local: not running
+        model = Net()
+        return got.append(measure(None)) or model
+    for build_it, running in ((from_pretrained, 1), (prepare, 0)):
+        got.clear()
+        build_it("net")
+        ms = [m for m in got[0]["models"] if m[0] == "Net"]
+        assert max(m[6] for m in ms) == running, (build_it.__name__, ms)
+
 
 def t_models_frozen_copy_apart():
     """A trained model and a frozen copy of it (a preference-tuning reference, an EMA) are separate groups, each with
@@ -1445,7 +1458,8 @@ check("what a holder's name or class says it keeps (kv_cache, ema, checkpoint, t
 check("exceptions kept in a list hold what their tracebacks' frames held", t_kept_exceptions)
 check("a holder whose blocks are the parameters' sizes is a copy of them (in part too)", t_copies)
 check("models: roots by class and size, a second copy counted, a frozen one said", t_models)
-check("models: held by a name of the running code, or only by a list; running when a method of theirs runs",
+check("models: held by a name of the running code, or only by a list; running when a method of theirs runs or "
+      "a loader builds them",
       t_models_named)
 check("models: a frozen copy (a reference) apart from the trained model, a trainable copy with it",
       t_models_frozen_copy_apart)
