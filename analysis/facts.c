@@ -2062,6 +2062,15 @@ static void roles(og_facts_t *d, const og_record_t *r)
     k->kept_across = add_sat(k->kept_held, k->registry_models);
 }
 
+/* holder i is IPython's output history (roles.holders[].purpose output_history: Out, _, _5): cells' results the
+ * display hook keeps, never the running code's */
+static bool history_holder(const og_record_t *r, int i)
+{
+    char p[sizeof r->memory.fw.roles.holders[0].purpose];
+    og_cpy(p, sizeof p, r->memory.fw.roles.holders[i].purpose, sizeof p);
+    return og_purpose_of(p) == OG_PURPOSE_output_history;
+}
+
 /* Graphs kept by outputs of earlier batches (facts.h: kept_graphs): with autograd on, every output of a forward
  * is the root of the graph that made it, and in an evaluation or a generation no backward comes to free it; a
  * holder kept across calls that keeps such outputs (self.history["val_loss"].append(loss)) keeps every activation
@@ -2075,10 +2084,13 @@ static void kept_graphs(og_facts_t *d, const og_record_t *r)
     if (!k->known || !k->act_known || !k->act || r->memory.fw.grad_enabled != 1)
         return;
     int nh = OG_FILLED(ro->nholders, ro->holders);
-    /* measured: the holder's own tensors keep their graphs (wherever it is kept, a running loop's list too) */
+    /* measured: the holder's own tensors keep their graphs (wherever it is kept, a running loop's list too); two of
+     * them at least (one may be the running pass's own output), one in IPython's output history (a cell's result
+     * is stored after its cell ends: never the running pass's) */
     for (int i = 0; i < nh && !k->accumulating && d->phase != OG_JP_backward; i++) {
         const og_role_holder_t *h = &ro->holders[i];
-        if (h->graphs < 2 || og_holder_purpose(d, r, i) != OG_PURPOSE_NONE || h->copy_of[0] || h->bytes >= k->act)
+        if (h->graphs < (history_holder(r, i) ? 1 : 2) || og_holder_purpose(d, r, i) != OG_PURPOSE_NONE ||
+            h->copy_of[0] || h->bytes >= k->act)
             continue;
         if (k->graph_holder < 0 || h->tensors > ro->holders[k->graph_holder].tensors)
             k->graph_holder = i;
@@ -2099,6 +2111,7 @@ static void kept_graphs(og_facts_t *d, const og_record_t *r)
     if (k->graph_holder >= 0) {
         double n = (double)ro->holders[k->graph_holder].tensors;
         k->kept_graphs = (uint64_t)((double)k->act * n / (n + 1.0));
+        k->graphs_history = history_holder(r, k->graph_holder);
     }
 }
 
@@ -2877,7 +2890,8 @@ static void record_datasets(og_facts_t *d, const og_record_t *r)
     }
 }
 
-/* what holder i keeps, by its name (roles.holders[].purpose) or, for a data set, by its records */
+/* what holder i keeps, by its name (roles.holders[].purpose) or, for a data set, by its records; IPython's output
+ * history keeps for no purpose of the program's (OG_PURPOSE_NONE: read as any holder kept across calls) */
 enum og_purpose og_holder_purpose(const og_facts_t *d, const og_record_t *r, int i)
 {
     if (i < 0 || i >= r->memory.fw.roles.nholders)
@@ -2886,7 +2900,8 @@ enum og_purpose og_holder_purpose(const og_facts_t *d, const og_record_t *r, int
         return OG_PURPOSE_dataset;
     char p[sizeof r->memory.fw.roles.holders[0].purpose];
     og_cpy(p, sizeof p, r->memory.fw.roles.holders[i].purpose, sizeof p);
-    return og_purpose_of(p);
+    enum og_purpose pu = og_purpose_of(p);
+    return pu == OG_PURPOSE_output_history ? OG_PURPOSE_NONE : pu;
 }
 
 /* The holder of the growth: the largest holder, wherever it is kept (a global, an attribute, a list a running

@@ -465,6 +465,7 @@ typedef struct og_role_facts {
     int graph_holder;
     uint64_t kept_graphs;
     bool graphs_measured;
+    bool graphs_history; /* that holder is IPython's output history (holders[].purpose output_history: Out, _5) */
     /* the failing operation is a copy (roles.operation copy) and the failing statement rebinds a name that holds a
      * model now (roles.models[].names: ref = copy.deepcopy(policy) while the previous ref lives): that model's
      * parameters, the copy the new one replaces; 0 none */

@@ -1001,7 +1001,21 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
         char lb[160], name[sizeof h->name];
         const char *holder = holder_label(x, kf->graph_holder, lb, sizeof lb);
         og_cpy(name, sizeof name, h->name, sizeof name);
-        if (kf->graphs_measured) {
+        if (kf->graphs_history) {
+            why(r,
+                "IPython's output history, %s, keeps %llu cell %s alive (read by the adapter): a model's output "
+                "displayed by a cell keeps the activations of the pass that made it, about %s of the %s in all. Drop "
+                "them from the history, and look at outputs without a graph.",
+                holder ? holder : "Out", (unsigned long long)h->tensors,
+                og_plural((long long)h->tensors, "result with its autograd graph",
+                          "results with their autograd graphs"),
+                og_hb((double)kf->kept_graphs).s, og_hb((double)kf->act).s);
+            how(r, "Out.clear(); _ = __ = ___ = None   # or %%reset -f out; also del _5 for each numbered result");
+            how(r,
+                "%swith torch.no_grad(): model(xb).shape   # a quick look keeps no graph; a cell ending in ; keeps "
+                "nothing",
+                pt(x));
+        } else if (kf->graphs_measured) {
             why(r,
                 "%s holds %llu outputs whose autograd graphs are alive (read by the adapter): each keeps the "
                 "activations of the pass that made it, about %s of the %s in all. Store them detached, or build no "

@@ -47,6 +47,7 @@ import functools
 import gc
 import itertools
 import os
+import re
 import sys
 import threading
 import time
@@ -166,6 +167,9 @@ PURPOSES = (
     # a frozen model kept beside the trained one to compare against it: a preference-tuning (DPO, PPO, KTO)
     # reference policy, named so (ref_model, reference_model, ref_policy)
     ("reference", ("ref", "reference", "ref_model", "reference_model", "ref_policy", "reference_policy"), ()),
+    # IPython's output history: the results of cells kept by the display hook (Out[5], _5, _), not by the program;
+    # named by the exact globals IPython binds, no word of a name (output_history)
+    ("output_history", (), ()),
 )
 
 
@@ -560,6 +564,14 @@ def _module_label(mod):
 
 _CONTAINED_MODULES = 256      # values of a map read for the models it keeps
 _HISTORY_MAPS = ("Out", "_oh")  # IPython's output history in __main__: it keeps a cell's result, not on purpose
+_HISTORY_RESULTS = re.compile(r"_{1,3}|_[0-9]+")   # and its latest results (_, __, ___) and each by number (_5)
+
+
+def output_history(name, where):
+    """"output_history" for a global IPython's display hook binds (Out, _oh, _, __, ___, _5), else None."""
+    if not str(where).startswith("global") or not isinstance(name, str):
+        return None
+    return "output_history" if name in _HISTORY_MAPS or _HISTORY_RESULTS.fullmatch(name) else None
 
 
 def _name_contained_modules(scan, v, name):
@@ -1679,7 +1691,8 @@ def _result(scan, allocated, complete, why, t0, unknown=()):
         sep = " " if where.startswith("on ") else ", "
         label = "%s (%s%s%s)" % (name, kind, sep, where)
         owner = where[3:] if where.startswith("on ") else ""      # the class whose attribute it is
-        purpose = purpose_of((name,), (kind, owner)) or scan.path_purposes.get((name, kind, where))
+        purpose = (purpose_of((name,), (kind, owner)) or scan.path_purposes.get((name, kind, where)) or
+                   output_history(name, where))
         copied = copy_of(scan.sizes_of.get((name, kind, where), {}), scan.sizes_of)
         # what torch.load restored onto the GPU of its tensors (None: not watched), and the line that restored most
         rb = sum(restored.values()) if scan.restored is not None else None

@@ -1143,6 +1143,41 @@ PY
 }
 t "roles: the layer the pass failed in, the fourth of six like blocks under keys 0..5, in the dump and the report; blocks of growing size are not alike" \
     t_failing_layer
+t_output_history() { # a cell displayed a training-mode output: IPython's Out keeps it and its graph alive
+    cat > history.py <<'PY'
+import torch
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        torch.nn.Module.__init__(self)
+        self.weight = torch.nn.Parameter(torch.empty(1 << 20))
+
+    def forward(self, n, more=0):
+        act = torch.empty(n)
+        act._params = (self.weight,)
+        if more:
+            torch.empty(more)              # the next layer's input, beside what this one saved
+        out = torch.empty(8 << 20)
+        out._params = (self.weight,)
+        out._saved = act
+        return out
+
+
+model = Net()
+torch.optim.AdamW(model.parameters())
+Out = {5: model(600 << 20)}          # the display hook's history: cell [5] ended with model(xb)
+_5 = None
+model(300 << 20, 1400 << 20)         # the training cell's forward
+PY
+    shim adapter "$PYTHON" history.py 2>/dev/null && return 1
+    local d; d=$(ls dumps/oomguard-*.json) || return 1
+    expect "$d" '[h["purpose"] for h in d["memory"]["framework"]["roles"]["holders"] if h["name"] == "Out"]' \
+        "['output_history']" &&
+        expect "$d" 'd["remedies"][0]["id"]' "release_references" &&
+        expect "$d" '"kept_graphs_lead" in d["remedies"][0]["ranking"]["rows"]' "True"
+}
+t "roles: IPython's output history (Out) keeping a cell's output and its graph is the holder to release" t_output_history
 t_own_child_run() { # a child this process started through multiprocessing, named by its starter, holds the card
     cat > child.py <<'PY'
 import json, multiprocessing, os, time

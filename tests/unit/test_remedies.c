@@ -2742,6 +2742,39 @@ static void kept_graphs_measured_in_a_loop(void **state)
     free(r);
 }
 
+/* A notebook's training forward fails while IPython's output history (Out, a global the display hook fills) keeps an
+ * earlier cell's model output with its graph: one graph alive in the history is never the running pass's (a cell's
+ * result is stored when its cell ends), so the history is the holder of kept graphs and releasing it leads; the same
+ * single graph in a global of the program is read as the running pass's own */
+static void output_history_keeps_a_graph(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 94 * MiB, 0, 0, 0, 224 * MiB, 22 * GiB);
+    fixture_optimizer(r, "AdamW", 0);
+    fixture_steps(r, 0, 0, 0, 0);
+    fixture_holder(r, "Out", "dict", "global in notebook.py", 224 * MiB);
+    r->memory.fw.roles.holders[0].tensors = 1;
+    r->memory.fw.roles.holders[0].graphs = 1;
+    strcpy(r->memory.fw.roles.holders[0].purpose, "output_history");
+    fixture_phase(r, "forward", "/w/notebook.py", "forward");
+    r->memory.fw.grad_enabled = 1;
+    og_set(&r->event.requested_bytes, 1 * GiB);
+    og_set(&r->device.free_bytes, 84 * MiB);
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.graph_holder, 0);
+    assert_true(r->analysis.facts.roles.graphs_history);
+    assert_int_equal(r->analysis.facts.roles.kept_graphs, 11 * GiB);
+    assert_string_equal(r->remedies[0].id, "release_references");
+    assert_true(how_has(&r->remedies[0], "Out.clear()"));
+    /* the same holder with no purpose: one graph alive may be the running pass's own output */
+    r->memory.fw.roles.holders[0].purpose[0] = '\0';
+    strcpy(r->memory.fw.roles.holders[0].name, "outs");
+    run(r);
+    assert_int_equal(r->analysis.facts.roles.graph_holder, -1);
+    assert_false(r->analysis.facts.roles.graphs_history);
+    free(r);
+}
+
 /* kept_graphs_holder_first's holder in a job not known to train (no optimizer, no gradients: a server's generation loop): the graphs
  * are the waste, not what holds them; autograd off (inference_mode) leads, the holder second */
 static void kept_graphs_without_training(void **state)
@@ -6864,6 +6897,7 @@ int main(void)
         cmocka_unit_test(eval_copy_under_way_first),
         cmocka_unit_test(kept_graphs_holder_first),
         cmocka_unit_test(kept_graphs_without_training),
+        cmocka_unit_test(output_history_keeps_a_graph),
         cmocka_unit_test(kept_graphs_measured_in_a_loop),
         cmocka_unit_test(offload_moves_only_the_model),
         cmocka_unit_test(multi_gpu_splits_only_the_state_of_one_sample),

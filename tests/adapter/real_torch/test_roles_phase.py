@@ -717,6 +717,19 @@ def t_purposes():
     finally:
         g.pop("ema_params", None)
         g.pop("X_tr", None)
+    # IPython's output history, by the exact globals its display hook binds (Out, _, _5), never a word of a name
+    H = oomguard_roles.output_history
+    assert H("Out", "global in nb.py") == "output_history" and H("_5", "global in nb.py") == "output_history"
+    assert H("_", "global in nb.py") == "output_history" and H("___", "global in nb.py") == "output_history"
+    assert H("out", "global in nb.py") is None and H("_x", "global in nb.py") is None
+    assert H("Out", "local in main (nb.py:3)") is None and H("_5", "on Trainer") is None
+    g["Out"] = {5: empty(2048)}
+    try:
+        r = measure(None)
+        h = [h for h in r["holders"] if h[1] == "Out"][0]
+        assert h[7] == "output_history", h
+    finally:
+        g.pop("Out", None)
 
 
 class LowConfidence(Exception):
