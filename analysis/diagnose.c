@@ -779,6 +779,15 @@ static bool c_foreign(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
     else
         summary(c, "Other processes hold %s on this device, more than the %s missing.", og_hb((double)d->other).s,
                 og_hb((double)d->shortfall).s);
+    /* an attention's scores failed: the pass's next requests are as large, beyond what the others hold */
+    if (d->others_short_of_scores) {
+        c->confidence = c->confidence > 0.4 ? 0.4 : c->confidence;
+        summary_more(c, 200,
+                     "; but the request is an attention's scores (%s), and its softmax and each later layer's scores "
+                     "ask as much again: their bytes would carry the pass no further.",
+                     og_hb((double)d->req).s);
+        ev_bytes(c, "scores_bytes", d->req);
+    }
     ev_bytes(c, "other_processes_bytes", d->other);
     ev_shortfall(c, d);
     if (d->total)
@@ -1027,7 +1036,7 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
      * a forward, a backward, an evaluation, a generation, an optimizer step) more requests follow, so the claim is
      * not known when the others are a sliver of the device (a desktop session, a monitoring agent): their bytes
      * cover this one request, not the rest of the pass */
-    bool alone_fits = d->capacity && job <= d->capacity && d->other_all >= missing && !d->others_sliver;
+    bool alone_fits = d->capacity && job <= d->capacity && d->other_all >= missing && !d->others_sliver && !d->scores;
     if (alone_fits && conf > 0.45)
         conf = 0.45;
     c->confidence = clamp01(conf);

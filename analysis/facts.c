@@ -2397,11 +2397,15 @@ static void kept_outgrows_cache(og_facts_t *d)
                              d->phase != OG_JP_loading && outgrows(d, k->kept_across);
 }
 
-/* the others a sliver of the device beside a pass still building (facts.h: others_sliver) */
+/* the others a sliver of the device beside a pass still building (facts.h: others_sliver); an attention's scores
+ * failing, the others short of what the pass needs next (scores, others_short_of_scores) */
 static void others_sliver(og_facts_t *d)
 {
     bool building = pass_phase(d->phase) || d->phase == OG_JP_loading || d->phase == OG_JP_optimizer_step;
     d->others_sliver = building && d->capacity && d->other_all && d->other_all * 16 < d->capacity;
+    d->scores = pass_phase(d->phase) && d->roles.request_shape == OG_REQ_SQUARE && d->roles.attention == 1 &&
+                d->req_known && d->capacity && d->req * OG_BIG_REQ_DIV >= d->capacity;
+    d->others_short_of_scores = d->scores && !d->larger_than_device && d->other < add_sat(d->shortfall, d->req);
 }
 
 /* a request of at least an OG_BIG_REQ_DIV-th of the device, in a pass whose activations already hold as much (its

@@ -713,6 +713,15 @@ typedef struct og_facts {
      * session, a monitoring agent): their bytes may cover this one request, not the rest of the pass, so the job
      * alone is not known to fit and stopping them is not the fix */
     bool others_sliver;
+    /* the failing request is an attention's scores: the failing statement read one length twice (request_shape
+     * square: seq x seq) in models that compute attention (roles.attention 1), inside a pass (forward, backward,
+     * evaluation, generation), at least an OG_BIG_REQ_DIV-th of the device.  Eager attention holds the scores and
+     * their softmax at once (in float32, twice their size), and every layer makes its own: the pass's next requests
+     * are at least as large, so room for this one request carries it no further; other processes' bytes below the
+     * shortfall plus another such request (others_short_of_scores; not for a request larger than the device, which
+     * no other process's bytes could hold) are not what the pass lacks */
+    bool scores;
+    bool others_short_of_scores;
     /* the same for an optimizer step still making an Adam-family state: what it has yet to make (2x the parameters
      * its optimizers hold, less the state made so far) is that many times the cache; 0 not so */
     uint64_t state_to_come;

@@ -1129,6 +1129,9 @@ static bool eager_attention(const rctx_t *x)
     return roles_of(x)->known && (op == OG_OP_attention || op == OG_OP_attention_mask) && x->req_known &&
            !own_fix_covers(x);
 }
+/* an attention's scores failed and the other processes hold less than the shortfall and another request of their
+ * size (facts: others_short_of_scores): stopping them carries the pass one tensor further */
+static bool others_short_of_scores(const rctx_t *x) { return x->f->others_short_of_scores; }
 static bool eager_attention_lead(const rctx_t *x) { return eager_attention(x) && !confident_growth(x); }
 /* the extra outputs asked for are the attention weights (output_attentions=True): a fused attention kernel returns
  * none, so the model runs its eager attention for them, and the outputs' remedy comes before the kernel's */
@@ -1603,6 +1606,10 @@ static const og_rank_row_t bring[] = {
     { "checkpointing_in_force", checkpointing_in_force, DROP, 0, 0, REMS(R_CHECKPOINTING),
       "roles.gradient_checkpointing true (in force for the layer that failed)",
       "mistral7b_contracts_32k_lora_eager_attention (blind)" },
+    { "scores_beside_others", others_short_of_scores, WANT, 0, 0, REMS(R_FLASH),
+      "an attention's scores failed beside other processes short of what the pass asks next (facts: "
+      "others_short_of_scores)",
+      "phi3_mini_128k_contract_summaries_eager_attention_16k_prefill_beside_other_pods_timesliced_l40s (blind)" },
     { "eager_attention", eager_attention, WANT, 0, 0, REMS(R_FLASH),
       "roles.operation attention (eager_attention_forward, an attention class's _attn on the stack, "
       "nn.MultiheadAttention called with need_weights=True) or attention_mask (a dense L x L mask made whole)",
@@ -2110,6 +2117,10 @@ static const og_rank_row_t lead[] = {
     { "cap_without_room", cap_without_room, DROP, 0, 0, REMS(R_FW_CAP),
       "framework_cap counting reserved bytes (PyTorch, CuPy), the device had no room for the request",
       "reranker_capped_shared_card (blind)" },
+    { "others_short_of_scores", others_short_of_scores, DEMOTE, 3, 0, REMS(R_FOREIGN),
+      "an attention's scores failed (facts: scores: a square request of an 8th of the device in a pass of models with "
+      "attention), the other processes under the shortfall plus another such request (facts: others_short_of_scores)",
+      "phi3_mini_128k_contract_summaries_eager_attention_16k_prefill_beside_other_pods_timesliced_l40s (blind)" },
     { "others_a_sliver", others_sliver, DEMOTE, 3, 0, REMS(R_FOREIGN),
       "other processes under 1/16 of the device, the failure inside a pass still building (facts: others_sliver)",
       "qwen14b_qlora_bnb_config_not_passed_3090, contract_clause_highlighter_output_attentions_all_layers_4090 "

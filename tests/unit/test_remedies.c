@@ -371,6 +371,54 @@ static void does_not_fit_never_leads_with_empty_cache(void **state)
     free(r);
 }
 
+/* A 16k-token prefill in eager attention fails on its first layer's scores (the statement's sizes heads x seq x seq)
+ * beside other processes holding more than the shortfall but less than it and another request of the scores' size:
+ * the softmax and every later layer ask as much again, so the pass does not fit, fused attention is offered and
+ * stopping the others cannot carry it (tier 3).  Models without attention: no scores, the others read as before */
+static void attention_scores_beside_others(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->memory.process_tracked_bytes, 16 * GiB);
+    r->memory.framework_bytes = 16 * GiB;
+    fixture_roles(r, 7 * GiB, 0, 0, 0, 0, 9 * GiB);
+    fixture_phase(r, "generation", "/w/summarize.py", "generate");
+    r->memory.fw.grad_enabled = -1;
+    r->memory.fw.roles.has_statement = true;
+    snprintf(r->memory.fw.roles.stmt_ints, sizeof r->memory.fw.roles.stmt_ints, "32,16384,16384");
+    og_set(&r->memory.fw.roles.attention_modules, 96);
+    fixture_other(r, 4242, "python3", 3 * GiB);
+    og_set(&r->event.requested_bytes, 4 * GiB);
+    og_set(&r->device.free_bytes, 2 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_true(r->analysis.facts.scores && r->analysis.facts.others_short_of_scores);
+    assert_true(rank_of(r, "flash_attention") > 0);
+    assert_true(ranked_by(rem(r, "flash_attention"), "scores_beside_others"));
+    assert_int_equal(rem(r, "foreign_processes")->ranking.tier, 3);
+    assert_true(ranked_by(rem(r, "foreign_processes"), "others_short_of_scores"));
+    assert_true(evb_of(r, "foreign_memory", "scores_bytes") == 4 * GiB || !rem(r, "foreign_processes")->shown);
+    /* the others hold the shortfall and another request of the scores' size: stopping them may carry it */
+    og_set(&r->event.requested_bytes, 3 * GiB);
+    r->memory.other[0].bytes = 5 * GiB;
+    og_set(&r->memory.other_processes_bytes, 5 * GiB);
+    og_set(&r->device.free_bytes, 2 * GiB + 512 * MiB);
+    run(r);
+    assert_true(r->analysis.facts.scores);
+    assert_false(r->analysis.facts.others_short_of_scores);
+    assert_false(ranked_by(rem(r, "foreign_processes"), "others_short_of_scores"));
+    /* no attention in the models: a square request is no attention's scores */
+    og_set(&r->event.requested_bytes, 4 * GiB);
+    og_set(&r->device.free_bytes, 2 * GiB);
+    r->memory.other[0].bytes = 3 * GiB;
+    og_set(&r->memory.other_processes_bytes, 3 * GiB);
+    og_set(&r->memory.fw.roles.attention_modules, 0);
+    fixture_phase(r, "forward", "/w/segment.py", "forward"); /* no generation: nothing says the model attends */
+    run(r);
+    assert_false(r->analysis.facts.scores);
+    assert_false(ranked_by(rem(r, "foreign_processes"), "others_short_of_scores"));
+    assert_int_equal(evb_of(r, "foreign_memory", "scores_bytes"), -1);
+    free(r);
+}
+
 static void foreign_names_the_pids(void **state)
 {
     og_record_t *r = base();
@@ -6747,6 +6795,7 @@ int main(void)
         cmocka_unit_test(master_weights_are_no_snapshot),
         cmocka_unit_test(does_not_fit_selection),
         cmocka_unit_test(does_not_fit_never_leads_with_empty_cache),
+        cmocka_unit_test(attention_scores_beside_others),
         cmocka_unit_test(foreign_names_the_pids),
         cmocka_unit_test(growth_of_model_copies),
         cmocka_unit_test(growth_selection),
