@@ -1535,6 +1535,16 @@ static bool pass_phase(enum og_job_phase p)
     return p == OG_JP_forward || p == OG_JP_backward || p == OG_JP_evaluation || p == OG_JP_generation;
 }
 
+/* the float32 parameters of N models of group I arriving (facts.h: arriving_fp32); one group not read makes the sum
+ * unknown */
+static void arriving_fp32(og_role_facts_t *k, const og_roles_t *ro, int i, uint64_t n)
+{
+    if (og_known(ro->models[i].fp32))
+        k->arriving_fp32 = add_sat(k->arriving_fp32, ro->models[i].fp32.v * n);
+    else
+        k->arriving_fp32_known = false;
+}
+
 /* the models at least 9/10 float32 beside one under half float32 (roles.fp32_beside_half): a model left in the
  * default float32 next to one the program loaded in half precision or quantized */
 static void fp32_beside_half(og_role_facts_t *k, const og_roles_t *ro, int nm)
@@ -1649,8 +1659,9 @@ static void roles(og_facts_t *d, const og_record_t *r)
         uint64_t each = ro->models[i].bytes, n = ro->models[i].count > 0 ? (uint64_t)ro->models[i].count : 0;
         if (ro->models[i].frozen)
             k->frozen_models = add_sat(k->frozen_models, each * n);
-        /* trainable, trained by no optimizer, running now: its forward records a graph nothing trains */
-        else if (ro->models[i].trained == 0 && ro->models[i].running > 0)
+        /* trainable, trained by no optimizer, running now: its forward records a graph nothing trains (not a
+         * model a loader is building: weights arriving run no forward) */
+        else if (ro->models[i].trained == 0 && ro->models[i].running > 0 && d->phase != OG_JP_loading)
             k->untrained_running = add_sat(k->untrained_running, each * (uint64_t)ro->models[i].running);
         if (!ro->models[i].frozen && ro->models[i].training == 0 &&
             (ro->models[i].trained == 0 || (ro->models[i].trained < 0 && ro->noptimizers == 0)))
@@ -1715,13 +1726,18 @@ static void roles(og_facts_t *d, const og_record_t *r)
     char fn[sizeof ro->stmt.function];
     og_cpy(fn, sizeof fn, ro->has_statement ? ro->stmt.function : "", sizeof fn);
     bool building = d->phase == OG_JP_loading || strcmp(fn, "__init__") == 0;
+    k->arriving_fp32_known = d->phase == OG_JP_loading;
     for (int i = 0; d->phase == OG_JP_loading && i < nm; i++)
-        if (ro->models[i].running > 0)
+        if (ro->models[i].running > 0) {
             k->arriving = add_sat(k->arriving, ro->models[i].bytes * (uint64_t)ro->models[i].running);
+            arriving_fp32(k, ro, i, (uint64_t)ro->models[i].running);
+        }
     /* ... with the parts it built before the one running (parts_arriving) */
     for (int i = 0; d->phase == OG_JP_loading && i < nm; i++)
-        if (parts_arriving(ro, i))
+        if (parts_arriving(ro, i)) {
             k->arriving = add_sat(k->arriving, ro->models[i].bytes * (uint64_t)ro->models[i].count);
+            arriving_fp32(k, ro, i, (uint64_t)ro->models[i].count);
+        }
     /* ... or, none running (from_pretrained builds the model as a local of the library's own frames, which the scan
      * does not read), the one model no name of the running code holds while the failing statement assigns a name
      * (rm = AutoModel.from_pretrained(...)): the model that name will hold */
@@ -1732,9 +1748,12 @@ static void roles(og_facts_t *d, const og_record_t *r)
                 only = i;
                 nameless++;
             }
-        if (nameless == 1)
+        if (nameless == 1) {
             k->arriving = ro->models[only].bytes;
+            arriving_fp32(k, ro, only, 1);
+        }
     }
+    k->arriving_fp32_known = k->arriving_fp32_known && k->arriving;
     /* another model resident while one arrives (facts.h: other_resident): the largest, with its name's holders */
     int nho = OG_FILLED(ro->nholders, ro->holders);
     for (int i = 0; d->phase == OG_JP_loading && k->arriving && i < nm; i++) {
@@ -2152,6 +2171,23 @@ static bool one_attribute_each(const og_roles_t *ro, int i)
     return true;
 }
 
+/* names (comma-separated, S bytes at most) all attributes of other objects: none a bare name, none the running
+ * object's own (self.X) */
+static bool held_by_others_only(const char *names_in, size_t s)
+{
+    char names[sizeof((og_roles_t *)0)->models[0].names];
+    og_cpy(names, sizeof names, names_in, s);
+    const char *cur = names, *p;
+    size_t l;
+    bool any = false;
+    while (og_name_next(&cur, &p, &l)) {
+        if (!attribute_name(p, l) || (l > 5 && strncmp(p, "self.", 5) == 0))
+            return false;
+        any = true;
+    }
+    return any;
+}
+
 /* A second copy of weights the program keeps on the device (facts.h: ema_kept, reference_copy,
  * repeated_components): what the copy is tells the fix.  An EMA kept between its updates belongs in host memory;
  * a preference-tuning reference beside a policy that trains adapters on the same base is that policy with its
@@ -2276,6 +2312,8 @@ static void weights_copies(og_facts_t *d, const og_record_t *r)
             k->trained_kept = add_sat(add_sat(held, k->grads), k->opt);
         }
     }
+    if (k->trained_group >= 0)
+        k->trained_by_others = held_by_others_only(ro->models[k->trained_group].names, sizeof ro->models[0].names);
     /* pipelines built one by one from the same checkpoint: the same frozen components, each N times, each held by
      * one attribute of N objects; two such groups of one count at least (a whole set repeated, not one model) */
     for (int i = 0; i < nm; i++) {

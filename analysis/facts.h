@@ -275,6 +275,10 @@ typedef struct og_role_facts {
      * roles.models, -1 none */
     uint64_t trained_kept;
     int trained_group;
+    /* every name of the trained_group is an attribute of another object (trainer.model, pipe.model; not self.X, not
+     * a bare name): the program's own names of it are gone (a `del model` that freed nothing), other objects keep
+     * it alive */
+    bool trained_by_others;
     enum og_purpose building; /* what the failing statement builds (roles.statement) */
     /* the sizes the failing statement read (roles.statement.ints, those >= 128): one of them twice
      * (seq * seq: quadratic in a length, attention scores), one of them three times or more (L * L * L:
@@ -476,6 +480,10 @@ typedef struct og_role_facts {
     /* while a model is being built (phase loading): the parameters the models running now hold (roles.models
      * running: their __init__, from_pretrained or .to() executes), what the load made so far; 0 none */
     uint64_t arriving;
+    /* of those, the parameters in float32 (roles.models[].parameters_float32_bytes); arriving_fp32_known false when
+     * nothing arrives or a group of them was not read */
+    uint64_t arriving_fp32;
+    bool arriving_fp32_known;
     /* the layers a forward pass has still to run (roles.failing_layer: it failed in layer layer_index of a run of
      * layer_count >= 4 like layers, the run's first, failing and last layers of one size: alike), with autograd on and checkpointing not on (each layer keeps its activations for
      * backward), in a training's first pass (roles.optimizer_steps a measured 0: no pass of the job ended, nothing

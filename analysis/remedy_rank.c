@@ -1405,6 +1405,12 @@ static bool trained_model_kept(const rctx_t *x)
     return ro->known && ro->trained_kept && og_covers(x, (double)ro->trained_kept) && !PRIMARY(GROWTH) &&
            !own_fix_covers(x) && !x->larger_than_device;
 }
+/* the same, kept by other objects only (facts: trained_by_others: trainer.model, pipe.model; the program's own
+ * names of it gone): those references are the fix, not a plan of one model at a time */
+static bool trained_model_held_by_others(const rctx_t *x)
+{
+    return trained_model_kept(x) && roles_of(x)->trained_by_others;
+}
 /* DistributedDataParallel keeps a flat bucket copy of every gradient (roles.ddp: gradient_as_bucket_view off) */
 static bool ddp_buckets(const rctx_t *x) { return roles_of(x)->ddp_buckets > 0 && x->trains != -1; }
 /* the same, leading unless short, except after a confident growth (a leak fills any card) */
@@ -1819,6 +1825,11 @@ static const og_rank_row_t bring[] = {
       "a copy of it (facts: trained_kept: its parameters, gradients and that state) >= shortfall, primary not growth",
       "gemma2_9b_qlora_merge_bf16_base_beside_trainer_4090, course_notebook_part2_convnext_beside_part1_vitl_adamw_"
       "globals_3060 (blind); (unit tests: weights_copies_kept, finished_training_beside_the_next)" },
+    { "trained_model_held_by_others", trained_model_held_by_others, WANT, 0, 0, REMS(R_RELEASE_REFS),
+      "as trained_model_kept, every name of that model an attribute of another object (facts: trained_by_others: "
+      "trainer.model, pipe.model; no bare name, no self.X)",
+      "notebook_del_model_but_pipeline_and_trainer_keep_mistral7b_adapter_reload_l4 (blind); (unit tests: "
+      "trained_model_kept_by_other_objects)" },
     { "ddp_buckets", ddp_buckets, WANT, 0, 0, REMS(R_BUCKET_VIEW),
       "roles.ddp: DistributedDataParallel without gradient_as_bucket_view (its buckets copy the gradients)",
       "ddp_bucket_views_big_batch (blind), ddp_bucket_copy" },
@@ -2408,6 +2419,9 @@ static const og_rank_row_t lead[] = {
       "as pipeline_twins (build the pipeline from the program's models, or free it once its work is done)",
       "dreambooth_sdxl_lora_prior_preservation_class_image_pipe_still_loaded_a10g (blind); (unit tests: "
       "pipeline_kept_beside_training)" },
+    { "trained_model_held_by_others_lead", trained_model_held_by_others, LEAD_COVERS, -36, 0, REMS(R_RELEASE_REFS),
+      "as trained_model_held_by_others (ahead of one model at a time: the program meant to free it)",
+      "notebook_del_model_but_pipeline_and_trainer_keep_mistral7b_adapter_reload_l4 (blind)" },
     { "trained_model_kept_lead", trained_model_kept, LEAD_COVERS, -35, 0, REMS(R_ONE_MODEL),
       "as trained_model_kept (ahead of the load's dtype and the optimizer's remedies: training is over)",
       "gemma2_9b_qlora_merge_bf16_base_beside_trainer_4090 (blind); (unit tests: weights_copies_kept)" },
@@ -2564,6 +2578,8 @@ static void estimate(rank_t *k, const rctx_t *x)
     cover[R_RELEASE_REFS] = x->growth_rise ? (double)x->growth_rise : -1;
     if (kept_graphs(x) && (double)roles_of(x)->kept_graphs > cover[R_RELEASE_REFS]) /* the earlier batches' graphs */
         cover[R_RELEASE_REFS] = (double)roles_of(x)->kept_graphs;
+    if (trained_model_held_by_others(x) && (double)roles_of(x)->trained_kept > cover[R_RELEASE_REFS])
+        cover[R_RELEASE_REFS] = (double)roles_of(x)->trained_kept; /* the trained model and its state */
     if (kept_grower(x) && (double)kept_grower(x) > cover[R_RELEASE_REFS]) /* all that the growth's holder keeps */
         cover[R_RELEASE_REFS] = (double)kept_grower(x);
     if (kept_holder(x) && (double)roles_of(x)->keeper_bytes > cover[R_RELEASE_REFS]) /* all the kept holder keeps */
@@ -2640,6 +2656,12 @@ static void estimate(rank_t *k, const rctx_t *x)
          * dtypes not measured: half of them all, if they load as float32 */
         double fp32 = ro->dtypes_known ? (double)ro->params_fp32 : (double)ro->params;
         cover[R_LOAD_HALF] = 0.5 * fp32 + (ro->dtypes_known ? 0.5 * (double)ro->grads * fp32 / (double)ro->params : 0);
+        /* a load: the dtype it is given is the arriving model's; half of its float32 weights, the rest still to come
+         * in the same proportion (not the float32 of models loaded before it, an adapter's fp32 weights) */
+        if (PHASE(loading) && ro->arriving_fp32_known) {
+            double whole = (double)ro->arriving + (double)ro->model_away;
+            cover[R_LOAD_HALF] = 0.5 * (double)ro->arriving_fp32 * whole / (double)ro->arriving;
+        }
     }
     {
         /* 8 bits keep 1 of every 4 bytes of state; Adam's state is about to be 2x the parameters at its

@@ -938,6 +938,8 @@ static void lora_pile_why(const rctx_t *x, og_remedy_t *r)
         og_hb((double)ro->lora_params).s, og_lora_ratio(ro), og_hb((double)(ro->params - ro->lora_params)).s);
 }
 
+static void group_names(const rctx_t *x, int i, char *buf, size_t n);
+
 static bool b_release_references(const rctx_t *x, og_remedy_t *r)
 {
     const og_growth_facts_t *g = &x->f->growth;
@@ -959,6 +961,35 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
             c.site, c.source[0] ? c.source : "the model", t, t, og_hb((double)x->f->roles.copy_replaces).s);
         how(r, "del %s   # and any other name of the old copy, before making the new one", t);
         how(r, "%s = copy.deepcopy(%s)   # now only one copy at a time", t, c.source[0] ? c.source : "model");
+        return true;
+    }
+    if (!grew && x->f->roles.trained_by_others && og_covers(x, (double)x->f->roles.trained_kept)) {
+        const og_role_facts_t *ro = &x->f->roles;
+        const og_roles_t *rr = &x->rec->memory.fw.roles;
+        char cls[sizeof rr->models[0].cls], names[sizeof rr->models[0].names];
+        og_cpy(cls, sizeof cls, rr->models[ro->trained_group].cls, sizeof cls);
+        group_names(x, ro->trained_group, names, sizeof names);
+        bool loads = x->f->phase == OG_JP_loading;
+        r->saving = "The trained model, its gradients and its optimizer state";
+        why(r,
+            "The trained %s is still alive: %s, attributes of other objects, reach it (no name of the program's "
+            "own does), and with its optimizer state it holds %s that %s needs room beside. A del of the "
+            "program's name frees nothing while they hold it, nor do gc.collect() and empty_cache(): drop those "
+            "references first.",
+            cls[0] ? cls : "model", names, og_hb((double)ro->trained_kept).s,
+            loads ? "the model being loaded" : "the training starting now");
+        char obj[sizeof names];
+        const char *cur = names, *p;
+        size_t l;
+        og_cpy(obj, sizeof obj, names, sizeof names);
+        if (og_name_next(&cur, &p, &l))
+            og_fmt(obj, sizeof obj, "%.*s", (int)l, p);
+        char *dot = strrchr(obj, '.');
+        if (dot)
+            *dot = 0; /* the object holding it: trainer of trainer.model */
+        how(r, "%sdel %s   # each object that holds it (a pipeline, a trainer), or set its attribute to None", pt(x),
+            obj);
+        how(r, "%sgc.collect(); torch.cuda.empty_cache()   # then load; a notebook: or restart the kernel", pt(x));
         return true;
     }
     if (x->f->roles.lora_piled && og_covers(x, (double)x->f->roles.lora_params)) {

@@ -1045,9 +1045,10 @@ def _lora_bytes(scan, modules, limit=4096):
     """LoRA adapters on the failing device: (adapter bytes, other bytes that train), or (None, None) when no module
     has an adapter (not 0, which would say an adapter is empty).  An adapter's parameters: a parameter named lora_*
     (loralib's lora_A, lora_B) or a parameter of a submodule named so and of the submodules below it (PEFT's
-    lora_A.default.weight).  The others that train: every other parameter that requires grad, except those under a
-    submodule named modules_to_save (PEFT's trained copies of a head or an embedding, asked for by name): LoRA
-    means the rest is frozen.  Each storage once."""
+    lora_A.default.weight).  The others that train: every other parameter that requires grad in the models that
+    hold an adapter (the outermost module above each), except those under a submodule named modules_to_save (PEFT's
+    trained copies of a head or an embedding, asked for by name): LoRA means the rest of that model is frozen; a
+    model without adapters beside it (another one loading) is not its base.  Each storage once."""
     seen, found = set(), False
     total = [0, 0]
 
@@ -1067,18 +1068,24 @@ def _lora_bytes(scan, modules, limit=4096):
             stack.extend(y for y in list(((getattr(x, "__dict__", None) or {}).get("_modules") or {}).values())
                          if y is not None)
     saved = set()                         # ids of the modules under a modules_to_save
+    parent, holders = {}, []              # a module's parent; the modules an adapter is found in
     for m in modules:                     # the adapters first
         scan.tick()
         d = getattr(m, "__dict__", None) or {}
+        for c in list((d.get("_modules") or {}).values()):
+            if c is not None:
+                parent.setdefault(id(c), m)
         for k, p in list((d.get("_parameters") or {}).items()):
             if p is not None and "lora" in str(k).lower():
                 found = True
+                holders.append(m)
                 add(p, 0)
         for k, c in list((d.get("_modules") or {}).items()):
             if c is None:
                 continue
             if "lora" in str(k).lower():
                 found = True
+                holders.append(m)
                 for x in below(c):
                     for p in list(((getattr(x, "__dict__", None) or {}).get("_parameters") or {}).values()):
                         if p is not None:
@@ -1087,13 +1094,23 @@ def _lora_bytes(scan, modules, limit=4096):
                 saved.update(id(x) for x in below(c))
     if not found:
         return None, None
-    for m in modules:                     # then what else trains, the adapters' storages seen already
-        scan.tick()
-        if id(m) in saved:
-            continue
-        for p in list(((getattr(m, "__dict__", None) or {}).get("_parameters") or {}).values()):
-            if p is not None and getattr(p, "requires_grad", False) is True:
-                add(p, 1)
+    roots = {}                            # the outermost module above each adapter
+    for m in holders:
+        depth = 0
+        while id(m) in parent and depth < limit:
+            m = parent[id(m)]
+            depth += 1
+        roots[id(m)] = m
+    done = set()
+    for root in roots.values():           # then what else trains there, the adapters' storages seen already
+        for m in below(root):
+            scan.tick()
+            if id(m) in saved or id(m) in done:
+                continue
+            done.add(id(m))
+            for p in list(((getattr(m, "__dict__", None) or {}).get("_parameters") or {}).values()):
+                if p is not None and getattr(p, "requires_grad", False) is True:
+                    add(p, 1)
     return total[0], total[1]
 
 

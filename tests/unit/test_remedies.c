@@ -6240,6 +6240,51 @@ static void multi_gpu_splits_only_the_state_of_one_sample(void **state)
  * state its optimizer made live on: one model at a time, first; negative controls: the running model's optimizer has
  * stepped too (a GAN after its first iteration), the kept model's has not stepped, the kept one is a copy of the
  * running one (class and size), or not measured (an older adapter) */
+/* the trained model kept while another loads, reached only by attributes of other objects (a trainer's, a pipeline's:
+ * the program's own name of it deleted): dropping those references leads (facts: trained_by_others); the model
+ * arriving runs no forward, so it is no teacher to run under no_grad; its dtype, not the kept adapters' float32,
+ * sizes a half-precision load */
+static void trained_model_kept_by_other_objects(void **state)
+{
+    (void)state;
+    og_record_t *r = base();
+    fixture_roles(r, 21 * GiB + 600 * MiB, 0, 104 * MiB, 0, 0, 0);
+    fixture_model(r, "MistralForCausalLM", 8 * GiB, 1, false);
+    fixture_model_held(r, 1, 1, "model");
+    r->memory.fw.roles.models[0].trained = 0;
+    og_set(&r->memory.fw.roles.models[0].fp32, 0);
+    fixture_model(r, "PeftModelForCausalLM", 13 * GiB + 512 * MiB, 1, false);
+    fixture_model_held(r, 1, 0, "trainer.model,trainer.model_wrapped");
+    r->memory.fw.roles.models[1].trained = r->memory.fw.roles.models[1].stepped = 1;
+    og_set(&r->memory.fw.roles.models[1].fp32, 52 * MiB);
+    fixture_optimizer(r, "AdamW", 104 * MiB);
+    fixture_phase(r, "loading", "/w/nb.py", "from_pretrained");
+    r->memory.fw.grad_enabled = 1;
+    og_set(&r->event.requested_bytes, 112 * MiB);
+    og_set(&r->device.free_bytes, 90 * MiB);
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.trained_kept, 13 * GiB + 512 * MiB + 104 * MiB);
+    assert_true(r->analysis.facts.roles.trained_by_others);
+    assert_int_equal(r->analysis.facts.roles.untrained_running, 0);
+    assert_true(r->analysis.facts.roles.arriving_fp32_known);
+    assert_int_equal(r->analysis.facts.roles.arriving_fp32, 0);
+    assert_string_equal(r->remedies[0].id, "release_references");
+    assert_non_null(strstr(r->remedies[0].how[0], "del trainer "));
+    assert_string_equal(r->remedies[1].id, "one_model_at_a_time");
+    assert_int_equal(rank_of(r, "teacher_no_grad"), 0);
+    assert_true(rank_of(r, "load_in_bf16") == 0 || rank_of(r, "load_in_bf16") > 3);
+    /* a name of the program's own (or of the running object) still holds it: one model at a time leads */
+    fixture_model_held_n(r, 1, 1, 0, "model,trainer.model");
+    run_primary(r, "does_not_fit");
+    assert_false(r->analysis.facts.roles.trained_by_others);
+    assert_string_equal(r->remedies[0].id, "one_model_at_a_time");
+    fixture_model_held_n(r, 1, 1, 0, "self.model");
+    run_primary(r, "does_not_fit");
+    assert_false(r->analysis.facts.roles.trained_by_others);
+    assert_string_equal(r->remedies[0].id, "one_model_at_a_time");
+    free(r);
+}
+
 static void finished_training_beside_the_next(void **state)
 {
     og_record_t *r = base();
@@ -6939,6 +6984,7 @@ int main(void)
         cmocka_unit_test(staged_inputs_not_the_call),
         cmocka_unit_test(weights_copies_kept),
         cmocka_unit_test(copies_kept_across_steps),
+        cmocka_unit_test(trained_model_kept_by_other_objects),
         cmocka_unit_test(finished_training_beside_the_next),
         cmocka_unit_test(others_a_sliver_of_the_device),
         cmocka_unit_test(cache_kept_across_calls),

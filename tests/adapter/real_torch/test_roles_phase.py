@@ -316,6 +316,12 @@ def t_lora():
             in enc, enc
         m.base_layer.weight.requires_grad = False      # mark_only_lora_as_trainable: the base frozen
         assert measure(None)["lora_base_bytes"] == 0
+        # another model beside it, trainable, no adapter (a base loading again): not the adapted model's base
+        g["other"] = DPLinear()
+        try:
+            assert measure(None)["lora_base_bytes"] == 0
+        finally:
+            g.pop("other", None)
         m = None
         g["lm"] = DPLinear()
         gc.collect()
