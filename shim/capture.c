@@ -721,7 +721,11 @@ static void capture_peers(og_record_t *rec)
         /* the same batch allocation (SLURM_JOB_ID) running this command again in a world of its own (another
          * MASTER_PORT or run id): the job script launched the launcher more than once (srun around torchrun) */
         o->same_allocation = same_cmd && alloc_match && world_differs && o->rank >= 0 && rec->rank >= 0;
-        o->same_job = o->child || o->parent || o->sibling || o->same_allocation ||
+        /* a rank of our world started by our parent (a launcher's own spawn: multiprocessing's children differ in
+         * their pipe handles, so not in the command line): a launcher's child with a rank of our world size and
+         * no job variable of another value is this job */
+        bool ranked_sibling = ppid == rec->ppid && rec->ppid > 1 && ranked && !job_differs && rec->rank >= 0;
+        o->same_job = o->child || o->parent || o->sibling || o->same_allocation || ranked_sibling ||
                       (same_cmd && !job_differs && (job_match || ranked));
         /* another instance of this program set up otherwise (a second server with another model and port), not a
          * run of this same command line left over */

@@ -51,5 +51,28 @@ assert any(c["rank"] == 2 for c in m["foreign_contexts"]), m["foreign_contexts"]
 print("merge table and contexts ok")
 PY
 result $? "merge JSON: the table per rank, statuses, device, job id, other ranks' contexts"
+
+# The same ranks started by the program's own spawn (multiprocessing: one parent, each child with arguments of its
+# own, only RANK, WORLD_SIZE and MASTER_* set, no launcher's run id): the other ranks are still this job
+mkdir -p "$work/spawn" "$work/spawn_state"
+pids=()
+for r in 0 1 2 3; do
+    env -u TORCHELASTIC_RUN_ID RANK=$r LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 \
+        SIMGPU_STATE_DIR="$work/spawn_state" OOMGUARD_DIR="$work/spawn" LD_PRELOAD="$root/$B/liboomguard.so" \
+        "$root/$B/tests/e2e_rank" --multiprocessing-fork "pipe_handle=$((10 + r))" >"$work/spawn$r.log" 2>&1 &
+    pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p"; done
+python3 - "$work" <<'PY'
+import glob, json, re, sys
+w = sys.argv[1]
+pid = {r: int(re.search(r"pid (\d+)", open(f"{w}/spawn{r}.log").read()).group(1)) for r in range(4)}
+d = [json.load(open(f)) for f in glob.glob(w + "/spawn/*.json") if json.load(open(f))["rank"] == 2][0]
+o = {p["pid"]: p for p in d["memory"]["other_processes"]}
+assert pid[0] in o and o[pid[0]]["rank"] == 0 and o[pid[0]]["same_job"], o
+assert d["diagnosis"]["primary"] != "foreign_memory", d["diagnosis"]["primary"]
+print("spawned ranks ok")
+PY
+result $? "ranks a program spawns itself (arguments of their own, one parent): the others are this job"
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]
