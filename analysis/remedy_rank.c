@@ -717,12 +717,37 @@ static bool product_outside_pass(const rctx_t *x)
 {
     return PHASE(unknown) && roles_of(x)->kv < 0 && roles_of(x)->request_shape == OG_REQ_PRODUCT;
 }
+/* no pass of a model runs: phase unknown, and the models measured (roles.models) with none of them running (a
+ * notebook cell's or a script's own operation over results it keeps: no batch of the model is in flight) */
+static bool no_model_runs(const rctx_t *x)
+{
+    const og_roles_t *r = &x->rec->memory.fw.roles;
+    int nm = OG_FILLED(r->nmodels, r->models);
+    if (!PHASE(unknown) || !roles_of(x)->known || nm == 0)
+        return false;
+    for (int i = 0; i < nm; i++)
+        if (r->models[i].running != 0)
+            return false; /* running, or not read (-1) */
+    return true;
+}
 /* a one-batch peak (one_batch_peak: a request far larger than any of the earlier steps, which fit) larger than the
  * card: the batches before it fit, and autograd keeps every layer's output of this one for backward, so tiling the
  * failing operation leaves the rest of its pass as large; capping the input's length brings it back to what fit */
+/* a one-batch peak in a pass of a model (one_batch_peak, not no_model_runs): that batch's length is the lever */
+static bool batch_peak_in_pass(const rctx_t *x) { return one_batch_peak(x) && !no_model_runs(x); }
+/* a request at least an OG_BIG_REQ_DIV-th of the card, not larger than it, while no pass of a model runs
+ * (no_model_runs) and the failing statement's sizes are a product of dimensions or one of them twice (request_shape:
+ * queries x corpus, frames x frames): an operation of the program's own over what it made (a score matrix of every
+ * query against every document), not a batch; in chunks of rows (a running top-k) it never exists whole */
+static bool own_operation_peak(const rctx_t *x)
+{
+    enum og_request_shape sh = roles_of(x)->request_shape;
+    return PRIMARY(DNF) && no_model_runs(x) && (sh == OG_REQ_PRODUCT || sh == OG_REQ_SQUARE) && x->req_known &&
+           x->capacity && x->req * OG_BIG_REQ_DIV >= x->capacity && !x->larger_than_device && !own_fix_covers(x);
+}
 static bool larger_outlier_batch(const rctx_t *x)
 {
-    return one_batch_peak(x) && x->larger_than_device && !product_outside_pass(x);
+    return one_batch_peak(x) && x->larger_than_device && !product_outside_pass(x) && !no_model_runs(x);
 }
 /* a request larger than the card in a forward with autograd on, where the inputs the failing statement hands the
  * model (roles.stmt_inputs: images and targets, locals of the running loop) are already a quarter of the card: a
@@ -1727,6 +1752,11 @@ static const og_rank_row_t bring[] = {
       "primary does_not_fit, the outlier (as one_batch_peak), autograd off, phase generation: one prompt far longer "
       "than the others",
       "batch_summarize_llama31_8b_one_exhibit_pads_batch_to_31k_a100_40gb (blind)" },
+    { "own_operation_peak", own_operation_peak, WANT, 0, 0, REMS(R_CHUNK),
+      "primary does_not_fit, phase unknown, roles.models measured and none running, the failing statement's sizes a "
+      "product of dimensions or one twice (request_shape), request >= 1/8 of the device and not larger",
+      "beir_quora_e5_large_cos_sim_10k_queries_full_score_matrix_a10g (blind); (unit tests: "
+      "larger_outlier_batch_caps_the_length)" },
     { "one_batch_peak", one_batch_peak, WANT, 0, 0, REMS(R_SHORTER_SEQ),
       "primary does_not_fit, request >= 4x any earlier allocation after freed steps (or, after 8+ optimizer steps, "
       "the pass >= 3x the most an earlier one held above the floor kept between steps), autograd not off",
@@ -1862,7 +1892,8 @@ static const og_rank_row_t narrow[] = {
       "kv_cache_reserving)" },
     { "larger_outlier_batch", larger_outlier_batch, WANT, 0, 0, REMS(R_SHORTER_SEQ),
       "as one_batch_peak, request > device (the earlier batches fit: the input's length is the lever), not a product "
-      "of two sizes made outside any pass (phase unknown, no KV cache, roles: request_shape product)",
+      "of two sizes made outside any pass (phase unknown, no KV cache, roles: request_shape product), a model running "
+      "(not phase unknown with roles.models none running)",
       "callcenter_wav2vec2_ctc_hour_long_recording, librivox_chapter_wav2vec2_forced_align_trellis_on_gpu_4090 "
       "(blind)" },
     { "larger_forward_inputs", og_forward_inputs_fill_card, WANT, 0, 0, REMS(R_CAP_INPUT),
@@ -2313,11 +2344,17 @@ static const og_rank_row_t lead[] = {
     { "checkpointing_off_lead", checkpointing_off_leads, LEAD_COVERS, -18, 0, REMS(R_CHECKPOINTING),
       "as checkpointing_off, unless a forward's failing request alone is a quarter of the card or more",
       "sft_first_forward_activations, long_ctx_lora_ckpt_flag_off (blind)" },
-    { "one_batch_peak_lead", one_batch_peak, LEAD_COVERS, -19, 0, REMS(R_SHORTER_SEQ), "as one_batch_peak",
+    { "own_operation_peak_lead", own_operation_peak, LEAD_COVERS, -20, 0, REMS(R_CHUNK),
+      "as own_operation_peak (ahead of one batch's length: no batch of a model is in flight)",
+      "beir_quora_e5_large_cos_sim_10k_queries_full_score_matrix_a10g (blind); (unit tests: "
+      "larger_outlier_batch_caps_the_length)" },
+    { "one_batch_peak_lead", batch_peak_in_pass, LEAD_COVERS, -19, 0, REMS(R_SHORTER_SEQ),
+      "as one_batch_peak, a model running (not phase unknown with roles.models none running)",
       "outlier_long_batch, egnn_pdbbind_affinity_uncropped_assembly_entry_epoch7_empty_cache_every_step_a5000 "
       "(blind)" },
     { "larger_outlier_batch_lead", larger_outlier_batch, LEAD, -31, 0, REMS(R_SHORTER_SEQ),
-      "as larger_outlier_batch (ahead of larger_chunk's split_operation)",
+      "as larger_outlier_batch (ahead of larger_chunk's split_operation; not when no model runs: phase unknown, "
+      "roles.models none running, an operation of the program's own over what it keeps)",
       "callcenter_wav2vec2_ctc_hour_long_recording (blind)" },
     { "larger_forward_inputs_lead", og_forward_inputs_fill_card, LEAD, -31, 0, REMS(R_CAP_INPUT),
       "as larger_forward_inputs (ahead of larger_chunk's split_operation)",
@@ -2579,7 +2616,7 @@ static void estimate(rank_t *k, const rctx_t *x)
     if (kept_graphs(x) && (double)roles_of(x)->kept_graphs > cover[R_RELEASE_REFS]) /* the earlier batches' graphs */
         cover[R_RELEASE_REFS] = (double)roles_of(x)->kept_graphs;
     if (trained_model_held_by_others(x) && (double)roles_of(x)->trained_kept > cover[R_RELEASE_REFS])
-        cover[R_RELEASE_REFS] = (double)roles_of(x)->trained_kept; /* the trained model and its state */
+        cover[R_RELEASE_REFS] = (double)roles_of(x)->trained_kept;        /* the trained model and its state */
     if (kept_grower(x) && (double)kept_grower(x) > cover[R_RELEASE_REFS]) /* all that the growth's holder keeps */
         cover[R_RELEASE_REFS] = (double)kept_grower(x);
     if (kept_holder(x) && (double)roles_of(x)->keeper_bytes > cover[R_RELEASE_REFS]) /* all the kept holder keeps */
@@ -2798,6 +2835,8 @@ static void estimate(rank_t *k, const rctx_t *x)
     if (operation_dominates(x)) /* in eight tiles or slices: an eighth of the operation's tensors at a time */
         cover[R_CHUNK] = 0.875 * (double)op_tensor_bytes(x);
     if (transducer_op(x)) /* in eight sub-batches: an eighth of the joint's tensors at a time */
+        cover[R_CHUNK] = 0.875 * (double)x->req;
+    if (own_operation_peak(x)) /* in eight chunks of rows: an eighth of the failing tensor at a time */
         cover[R_CHUNK] = 0.875 * (double)x->req;
     if (og_comprehension_builds(x)) /* in eight chunks of items: an eighth of what it made, the request's included */
         cover[R_CHUNK] = 0.875 * ((double)ro->act + (double)x->req);

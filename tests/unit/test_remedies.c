@@ -4221,6 +4221,38 @@ static void larger_outlier_batch_caps_the_length(void **state)
     fixture_phase(r, "forward", "/w/model.py", "forward"); /* the same sizes in a model's forward: its input's length */
     run_primary(r, "does_not_fit");
     assert_string_equal(r->remedies[0].id, "shorter_sequences");
+    /* no pass runs (phase unknown) and the model measured idle: a notebook cell's own operation over the results it
+     * keeps (all validation logits upsampled at once), no batch in flight: split it; the model running: its input */
+    r->memory.fw.roles.stmt_ints[0] = 0;
+    fixture_phase(r, "unknown", "/w/nb.py", "cell_8");
+    fixture_model(r, "SegformerForSemanticSegmentation", 90 * MiB, 1, false);
+    fixture_model_held(r, 1, 0, "model");
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "split_operation");
+    assert_false(ranked_by(rem(r, "shorter_sequences"), "larger_outlier_batch_lead"));
+    r->memory.fw.roles.models[0].running = 1;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "shorter_sequences");
+    /* not larger than the card: a score matrix of every query against every document the program makes after its
+     * model ran (queries x corpus, no model running): split it, not one batch's length */
+    r->memory.fw.roles.models[0].running = 0;
+    snprintf(r->memory.fw.roles.stmt_ints, sizeof r->memory.fw.roles.stmt_ints, "10000,522931");
+    og_set(&r->event.requested_bytes, 19 * GiB);
+    FIXTURE_EV[r->history.nevents - 1].bytes = 19 * GiB;
+    og_set(&r->device.free_bytes, 16 * GiB); /* 3 GiB short: an eighth of the matrix at a time fits */
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "split_operation");
+    assert_true(ranked_by(&r->remedies[0], "own_operation_peak_lead"));
+    assert_false(ranked_by(rem(r, "shorter_sequences"), "one_batch_peak_lead"));
+    r->memory.fw.roles.models[0].running = 1; /* its model running: one batch far longer than the rest */
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "shorter_sequences");
+    og_set(&r->event.requested_bytes, 80 * GiB);
+    FIXTURE_EV[r->history.nevents - 1].bytes = 80 * GiB;
+    og_unset(&r->device.free_bytes);
+    r->memory.fw.roles.nmodels = 0;
+    snprintf(r->memory.fw.roles.stmt_ints, sizeof r->memory.fw.roles.stmt_ints, "174033,53611");
+    fixture_phase(r, "forward", "/w/model.py", "forward");
     /* with autograd off the peak is one inference's operation: no outlier batch, split it */
     r->memory.fw.has = true;
     r->memory.fw.grad_enabled = -1;
