@@ -1290,6 +1290,18 @@ static bool transducer_op(const rctx_t *x)
 }
 /* these lead unless short, except after a confident growth (a leak fills any card whatever the operation) */
 static bool cross_entropy_lead(const rctx_t *x) { return cross_entropy_op(x) && !confident_growth(x); }
+/* a training step's logits for every position (roles.stmt_logits: the failing statement makes or reads a model's
+ * logits, `logits = logits.float()` before the loss; the loss itself not yet on the stack), autograd on in a job that
+ * trains, the request at least an OG_BIG_REQ_DIV-th of the card: the [tokens, vocabulary] tensors a loss reads, which
+ * a fused or chunked loss never makes whole */
+static bool training_logits(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && ro->stmt_logits && ro->operation != OG_OP_cross_entropy && x->trains == 1 && x->grad == 1 &&
+           x->req_known && x->capacity && x->req * OG_BIG_REQ_DIV >= x->capacity && !own_fix_covers(x) &&
+           !x->larger_than_device;
+}
+static bool training_logits_lead(const rctx_t *x) { return training_logits(x) && !confident_growth(x); }
 static bool transducer_lead(const rctx_t *x) { return transducer_op(x) && !confident_growth(x); }
 static bool operation_dominates_lead(const rctx_t *x) { return operation_dominates(x) && !confident_growth(x); }
 /* the failing call inside a comprehension of the program's (facts: comprehension) outside any pass of a model (phase
@@ -1762,6 +1774,11 @@ static const og_rank_row_t bring[] = {
       "the pass >= 3x the most an earlier one held above the floor kept between steps), autograd not off",
       "outlier_long_batch, egnn_pdbbind_affinity_uncropped_assembly_entry_epoch7_empty_cache_every_step_a5000 "
       "(blind)" },
+    { "training_logits", training_logits, WANT, 0, 0, REMS(R_FUSED_CE),
+      "roles.stmt_logits (the failing statement makes a model's logits), no loss over them on the stack, the job "
+      "trains, autograd on, request >= 1/8 of the device, not larger than it",
+      "qwen25_7b_yarn_64k_packed_lora_sft_fp32_upcast_full_vocab_logits_h100 (blind); (unit tests: "
+      "training_logits_before_the_loss)" },
     { "cross_entropy_op", cross_entropy_op, WANT, 0, 0, REMS(R_FUSED_CE),
       "roles.operation cross_entropy (cross_entropy, log_softmax, nll_loss on the failing stack)",
       "gemma_lora_fp32_logits_ce (blind), perplexity_log_softmax" },
@@ -2377,6 +2394,10 @@ static const og_rank_row_t lead[] = {
     { "one_input_peak_lead", one_input_peak, LEAD_COVERS, -28, 0, REMS(R_SHORTER_SEQ),
       "as one_input_peak (ahead of a generation's batch and cache: one prompt, not the working set)",
       "batch_summarize_llama31_8b_one_exhibit_pads_batch_to_31k_a100_40gb (blind)" },
+    { "training_logits_lead", training_logits_lead, LEAD_COVERS, -26, 0, REMS(R_FUSED_CE),
+      "as training_logits, primary not a confident growth",
+      "qwen25_7b_yarn_64k_packed_lora_sft_fp32_upcast_full_vocab_logits_h100 (blind); (unit tests: "
+      "training_logits_before_the_loss)" },
     { "cross_entropy_lead", cross_entropy_lead, LEAD_COVERS, -26, 0, REMS(R_FUSED_CE),
       "as cross_entropy_op, primary not a confident growth",
       "gemma_lora_fp32_logits_ce (blind), perplexity_log_softmax" },
@@ -2828,7 +2849,8 @@ static void estimate(rank_t *k, const rctx_t *x)
     }
     if (eager_attention(x)) /* a fused kernel never makes the failing score matrix */
         cover[R_FLASH] = (double)x->req;
-    if (cross_entropy_op(x)) /* a fused or chunked loss never makes the failing [tokens, vocabulary] tensor */
+    if (cross_entropy_op(x) || training_logits(x)) /* a fused or chunked loss never makes the failing [tokens,
+                                                     vocabulary] tensor */
         cover[R_FUSED_CE] = (double)x->req;
     if (all_position_logits(x)) /* the last position's logits only: the failing tensor is not made */
         cover[R_FEWER_OUTPUTS] = (double)x->req;

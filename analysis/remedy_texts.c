@@ -3377,11 +3377,23 @@ static bool b_fused_cross_entropy(const rctx_t *x, og_remedy_t *r)
                     "itself under autocast" });
         return true;
     }
-    why(r,
-        "The failing request, %s, is made by the loss over the logits%s: cross-entropy over a large vocabulary "
-        "makes [tokens, vocabulary] tensors (float32 logits, their log-probabilities). A fused or chunked loss "
-        "never makes them whole: the same loss and gradients.",
-        req_hb(x).s, site);
+    if (x->f->roles.operation != OG_OP_cross_entropy && x->f->roles.stmt_logits) {
+        const og_roles_t *ro = &x->rec->memory.fw.roles;
+        char file[sizeof ro->stmt.file], fn[sizeof ro->stmt.function];
+        og_cpy(file, sizeof file, ro->stmt.file, sizeof file);
+        og_cpy(fn, sizeof fn, ro->stmt.function, sizeof fn);
+        why(r,
+            "The failing request, %s, is the model's logits for every position (%s:%d in %s), made for the loss of "
+            "this training step: cross-entropy over a large vocabulary makes [tokens, vocabulary] tensors (float32 "
+            "logits, their log-probabilities). A fused or chunked loss never makes them whole: the same loss and "
+            "gradients.",
+            req_hb(x).s, og_base_name(file), ro->stmt.line, fn);
+    } else
+        why(r,
+            "The failing request, %s, is made by the loss over the logits%s: cross-entropy over a large vocabulary "
+            "makes [tokens, vocabulary] tensors (float32 logits, their log-probabilities). A fused or chunked loss "
+            "never makes them whole: the same loss and gradients.",
+            req_hb(x).s, site);
     HOWS(x, r,
          { PT, "loss = chunked_ce(hidden, lm_head.weight, labels, chunk=1024)   # logits of 1024 tokens at a time, "
                "each chunk under torch.utils.checkpoint so backward recomputes it" },

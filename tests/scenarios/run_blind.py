@@ -56,6 +56,10 @@ SAME_FIX = {
     # fix deepfm_ad_clicks_hashed_cross_features_dense_embedding_grads_first_backward_a10g (an earlier batch) calls
     # smaller_embedding_tables: fewer dimensions for wide categorical columns, rare categories hashed together
     "cap_categorical_embeddings": "smaller_embedding_tables",
+    # qwen25_7b_yarn_64k_packed_lora_sft_fp32_upcast_full_vocab_logits_h100 (thirty-ninth batch) named the fix of
+    # gemma_lora_fp32_logits_ce (an earlier batch), fused_cross_entropy: a chunked or fused loss that never makes the
+    # [tokens, vocabulary] logits whole
+    "chunked_cross_entropy": "fused_cross_entropy",
 }
 
 

@@ -4976,6 +4976,35 @@ static void all_position_logits_of_a_prefill(void **state)
     free(r);
 }
 
+/* a training step's logits for every position upcast before the loss (logits = logits.float(), 37 GiB of a 64k-token
+ * packed row over a 152k vocabulary): the loss is not on the stack yet, and a fused or chunked loss never makes them
+ * whole, so it leads, estimated at the request; the same statement with autograd off (an evaluation) is not this */
+static void training_logits_before_the_loss(void **state)
+{
+    (void)state;
+    og_record_t *r = base();
+    og_set(&r->device.total_bytes, 80 * GiB);
+    fixture_roles(r, 14 * GiB, 0, 0, 0, 0, 31 * GiB);
+    fixture_optimizer(r, "AdamW", 0);
+    fixture_statement(r, "logits", "");
+    snprintf(r->memory.fw.roles.stmt_names, sizeof r->memory.fw.roles.stmt_names, "torch, empty, tokens, VOCAB");
+    fixture_phase(r, "forward", "/w/sft.py", "forward");
+    r->memory.fw.training = 1;
+    r->memory.fw.grad_enabled = 1;
+    og_set(&r->event.requested_bytes, 37 * GiB);
+    og_set(&r->device.free_bytes, 31 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_true(r->analysis.facts.roles.stmt_logits);
+    assert_string_equal(r->remedies[0].id, "fused_cross_entropy");
+    assert_true(ranked_by(&r->remedies[0], "training_logits_lead"));
+    assert_non_null(strstr(r->remedies[0].why, "the model's logits for every position ("));
+    r->memory.fw.grad_enabled = -1;
+    r->memory.fw.training = -1;
+    run(r);
+    assert_false(ranked_by(rem(r, "fused_cross_entropy"), "training_logits"));
+    free(r);
+}
+
 /* a generation engine a local of main() holds (vLLM's LLM as `llm`: its model and a KV cache it reserved up front)
  * while the scorer loads (rm = ...from_pretrained, the model built in the library's own frames: none running, no
  * name yet): its cache is a reservation whose size is a setting, first, and freeing the engine follows; not while
@@ -6976,6 +7005,7 @@ int main(void)
         cmocka_unit_test(generation_outgrows_an_earlier_peak),
         cmocka_unit_test(engine_kept_while_the_scorer_loads),
         cmocka_unit_test(all_position_logits_of_a_prefill),
+        cmocka_unit_test(training_logits_before_the_loss),
         cmocka_unit_test(decoding_loop_kv_growth),
         cmocka_unit_test(timing_moves_no_answer),
         cmocka_unit_test(cross_entropy_fused_first),
