@@ -1111,6 +1111,23 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
                      "about %s is missing for this pass to end.",
                      ro->layer_index + 1, ro->layer_count, run, d->roles.layers_left,
                      og_hb((double)d->roles.layers_to_come).s, og_hb((double)pass).s);
+    } else if (d->roles.layer_holder >= 0 && d->roles.layer_holder_to_come) {
+        /* a holder keeping one record per layer of the running pass (facts.h: layer_holder): the layers still to come
+         * add theirs */
+        const og_roles_t *ro = &r->memory.fw.roles;
+        const og_role_holder_t *h = &ro->holders[d->roles.layer_holder];
+        char name[sizeof h->name], run[sizeof ro->layer_run];
+        og_cpy(name, sizeof name, h->name, sizeof name);
+        og_cpy(run, sizeof run, ro->layer_run, sizeof run);
+        uint64_t pass = add_sat(missing, d->roles.layer_holder_to_come);
+        ev_bytes(c, "layer_holder_to_come_bytes", d->roles.layer_holder_to_come);
+        ev_bytes(c, "pass_missing_bytes", pass);
+        summary_more(c, 230,
+                     "; it failed in layer %d of %d in %s, and %s keeps one record per layer run (%lld, %s): the %lld "
+                     "layers still to come would add about %s to it, about %s missing for this pass to end.",
+                     ro->layer_index + 1, ro->layer_count, run, name[0] ? name : "a holder", (long long)h->records,
+                     og_hb((double)h->bytes).s, (long long)(ro->layer_count - h->records),
+                     og_hb((double)d->roles.layer_holder_to_come).s, og_hb((double)pass).s);
     } else if (d->pass_outgrows_cache && d->roles.dominant >= 0) {
         /* the running code's working set is mostly one holder of a caller (a loop's list in main), not the pass's own
          * tensors: say whose it is */

@@ -2535,7 +2535,8 @@ static void pass_outgrows_cache(og_facts_t *d, const og_record_t *r)
         d->held_before = true;
         return;
     }
-    uint64_t set = add_sat(k->working, k->arriving);
+    /* with what a holder keeping one record per layer will add in the layers to come */
+    uint64_t set = add_sat(add_sat(k->working, k->arriving), k->layer_holder_to_come);
     /* a generation's working set is its activations and the KV cache it builds token by token */
     if (d->phase == OG_JP_generation)
         set = add_sat(set, k->purpose_bytes[OG_PURPOSE_kv_cache]);
@@ -3002,6 +3003,28 @@ static void layers_to_come(og_facts_t *d, const og_record_t *r)
     k->layers_left = n - i - 1;
 }
 
+/* a holder keeping one record per layer of the running pass (facts.h: layer_holder): the largest whose records are
+ * the layers run so far; at least a 64th of the device, so that a small per-layer log is no lever */
+static void layer_holder(og_facts_t *d, const og_record_t *r)
+{
+    const og_roles_t *ro = &r->memory.fw.roles;
+    og_role_facts_t *k = &d->roles;
+    int n = ro->layer_count, i = ro->layer_index, nh = OG_FILLED(ro->nholders, ro->holders);
+    k->layer_holder = -1;
+    if (!k->known || n < 4 || i < 1 || i >= n - 1 || ro->layer_alike != 1 || !pass_phase(d->phase))
+        return;
+    for (int h = 0; h < nh; h++) {
+        int64_t rec = ro->holders[h].records;
+        if ((rec != i && rec != i + 1) || ro->holders[h].tensors < (uint64_t)rec ||
+            ro->holders[h].bytes * 64 < d->capacity)
+            continue;
+        if (k->layer_holder < 0 || ro->holders[h].bytes > ro->holders[k->layer_holder].bytes) {
+            k->layer_holder = h;
+            k->layer_holder_to_come = (uint64_t)((double)ro->holders[h].bytes * (double)(n - rec) / (double)rec);
+        }
+    }
+}
+
 void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds_t *th, og_growth_scratch_t *s)
 {
     memset(f, 0, sizeof *f);
@@ -3011,6 +3034,7 @@ void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds
     job_phase(f, rec);
     roles(f, rec);
     layers_to_come(f, rec);
+    layer_holder(f, rec);
     /* a hand-written decoding loop is a generation too: the stack shows only a forward or an evaluation, but a
      * local of the running code keeps a KV cache (the loop's own past_key_values, extended block by block) */
     f->decoding = f->phase == OG_JP_generation ||

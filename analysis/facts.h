@@ -492,6 +492,13 @@ typedef struct og_role_facts {
      * layer_count - layer_index - 1 it has not reached; 0 when any of it is not measured */
     uint64_t layers_to_come;
     int layers_left; /* layer_count - layer_index - 1 of them, when layers_to_come is not 0 */
+    /* a holder that keeps one record per layer the running pass has run (roles.holders[].records equal to the layers
+     * before the failing one, or with it: roles.failing_layer, a run of >= 4 like layers of one size, the failing one
+     * neither the first nor the last), in a pass (phase forward, backward, evaluation, generation): a prefill's
+     * per-layer keys and values, a hook keeping each layer's output.  layer_holder its index in roles.holders (-1
+     * none); layer_holder_to_come the records the layers still to come would add, at its bytes per record */
+    int layer_holder;
+    uint64_t layer_holder_to_come;
 } og_role_facts_t;
 
 /* the LoRA adapters' parameters over the models' other weights (roles.lora_parameters_bytes against the rest of the

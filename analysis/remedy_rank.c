@@ -1302,6 +1302,20 @@ static bool training_logits(const rctx_t *x)
            !x->larger_than_device;
 }
 static bool training_logits_lead(const rctx_t *x) { return training_logits(x) && !confident_growth(x); }
+/* a holder keeping one record per layer of the running pass (facts: layer_holder), which with the records the layers
+ * still to come would add covers the shortfall: a prefill's keys and values kept on the GPU, a hook keeping each
+ * layer's output; dropping each record once used (or moving it off the GPU) keeps the pass at one layer's */
+static bool layer_holder_grows(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->known && ro->layer_holder >= 0 && ro->layer_holder_to_come && PRIMARY(DNF) && !own_fix_covers(x) &&
+           !x->larger_than_device;
+}
+static uint64_t layer_holder_bytes(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->layer_holder >= 0 ? x->rec->memory.fw.roles.holders[ro->layer_holder].bytes : 0;
+}
 static bool transducer_lead(const rctx_t *x) { return transducer_op(x) && !confident_growth(x); }
 static bool operation_dominates_lead(const rctx_t *x) { return operation_dominates(x) && !confident_growth(x); }
 /* the failing call inside a comprehension of the program's (facts: comprehension) outside any pass of a model (phase
@@ -1774,6 +1788,11 @@ static const og_rank_row_t bring[] = {
       "the pass >= 3x the most an earlier one held above the floor kept between steps), autograd not off",
       "outlier_long_batch, egnn_pdbbind_affinity_uncropped_assembly_entry_epoch7_empty_cache_every_step_a5000 "
       "(blind)" },
+    { "layer_holder_grows", layer_holder_grows, WANT, 0, 0, REMS(R_RELEASE_REFS),
+      "primary does_not_fit, roles: a holder keeping one record per layer the pass has run (facts: layer_holder: "
+      "records = the failing layer's index, or with it, in a run of like layers of one size; >= 1/64 of the device)",
+      "legal_filing_96k_prefill_layerwise_kv_offload_pending_list_keeps_gpu_kv_llama31_8b_nf4_4090 (blind); (unit "
+      "tests: holder_of_one_record_per_layer)" },
     { "training_logits", training_logits, WANT, 0, 0, REMS(R_FUSED_CE),
       "roles.stmt_logits (the failing statement makes a model's logits), no loss over them on the stack, the job "
       "trains, autograd on, request >= 1/8 of the device, not larger than it",
@@ -2394,6 +2413,10 @@ static const og_rank_row_t lead[] = {
     { "one_input_peak_lead", one_input_peak, LEAD_COVERS, -28, 0, REMS(R_SHORTER_SEQ),
       "as one_input_peak (ahead of a generation's batch and cache: one prompt, not the working set)",
       "batch_summarize_llama31_8b_one_exhibit_pads_batch_to_31k_a100_40gb (blind)" },
+    { "layer_holder_grows_lead", layer_holder_grows, LEAD_COVERS, -27, 0, REMS(R_RELEASE_REFS),
+      "as layer_holder_grows (ahead of the pass's batch, precision and length: the holder, not the pass, grows)",
+      "legal_filing_96k_prefill_layerwise_kv_offload_pending_list_keeps_gpu_kv_llama31_8b_nf4_4090 (blind); (unit "
+      "tests: holder_of_one_record_per_layer)" },
     { "training_logits_lead", training_logits_lead, LEAD_COVERS, -26, 0, REMS(R_FUSED_CE),
       "as training_logits, primary not a confident growth",
       "qwen25_7b_yarn_64k_packed_lora_sft_fp32_upcast_full_vocab_logits_h100 (blind); (unit tests: "
@@ -2636,6 +2659,9 @@ static void estimate(rank_t *k, const rctx_t *x)
     cover[R_RELEASE_REFS] = x->growth_rise ? (double)x->growth_rise : -1;
     if (kept_graphs(x) && (double)roles_of(x)->kept_graphs > cover[R_RELEASE_REFS]) /* the earlier batches' graphs */
         cover[R_RELEASE_REFS] = (double)roles_of(x)->kept_graphs;
+    if (layer_holder_grows(x) && /* the records kept so far and those the layers to come would add */
+        (double)(layer_holder_bytes(x) + roles_of(x)->layer_holder_to_come) > cover[R_RELEASE_REFS])
+        cover[R_RELEASE_REFS] = (double)(layer_holder_bytes(x) + roles_of(x)->layer_holder_to_come);
     if (trained_model_held_by_others(x) && (double)roles_of(x)->trained_kept > cover[R_RELEASE_REFS])
         cover[R_RELEASE_REFS] = (double)roles_of(x)->trained_kept;        /* the trained model and its state */
     if (kept_grower(x) && (double)kept_grower(x) > cover[R_RELEASE_REFS]) /* all that the growth's holder keeps */

@@ -963,9 +963,33 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
         how(r, "%s = copy.deepcopy(%s)   # now only one copy at a time", t, c.source[0] ? c.source : "model");
         return true;
     }
+    const og_roles_t *rr = &x->rec->memory.fw.roles;
+    if (!grew && x->f->roles.layer_holder >= 0 && x->f->roles.layer_holder_to_come &&
+        og_covers(x, (double)(rr->holders[x->f->roles.layer_holder].bytes + x->f->roles.layer_holder_to_come))) {
+        /* a holder keeping one record per layer of the running pass (facts: layer_holder) */
+        const og_role_holder_t *h = &rr->holders[x->f->roles.layer_holder];
+        char lb[160], name[sizeof h->name];
+        const char *holder = holder_label(x, x->f->roles.layer_holder, lb, sizeof lb);
+        og_cpy(name, sizeof name, h->name, sizeof name);
+        r->saving = "What the holder keeps for every layer: one layer's at a time";
+        why(r,
+            "%s keeps one record per layer of the running pass, %lld so far (%s, about %s each): the %lld layers "
+            "still to come would add about %s more. Use each layer's record and drop it from the GPU before the "
+            "next layer runs (copied to the host, wait for the copy, then release it), and the pass holds one "
+            "layer's at a time.",
+            holder ? holder : "A holder", (long long)h->records, og_hb((double)h->bytes).s,
+            og_hb((double)h->bytes / (double)(h->records > 0 ? h->records : 1)).s,
+            (long long)(rr->layer_count - h->records), og_hb((double)x->f->roles.layer_holder_to_come).s);
+        how(r,
+            "%shost = t.to(\"cpu\", non_blocking=True); event.record(); ...; event.synchronize(); del t   # then "
+            "the GPU copy goes",
+            pt(x));
+        how(r, "%s.clear()   # or pop each layer's entry once it is used; keep no GPU tensor per layer",
+            name[0] ? name : "holder");
+        return true;
+    }
     if (!grew && x->f->roles.trained_by_others && og_covers(x, (double)x->f->roles.trained_kept)) {
         const og_role_facts_t *ro = &x->f->roles;
-        const og_roles_t *rr = &x->rec->memory.fw.roles;
         char cls[sizeof rr->models[0].cls], names[sizeof rr->models[0].names];
         og_cpy(cls, sizeof cls, rr->models[ro->trained_group].cls, sizeof cls);
         group_names(x, ro->trained_group, names, sizeof names);
@@ -1582,6 +1606,26 @@ static bool b_shorter_sequences(const rctx_t *x, og_remedy_t *r)
  * cutting it means partitioning, tiling or windowing */
 static bool b_cap_input_size(const rctx_t *x, og_remedy_t *r)
 {
+    if (x->f->roles.operation == OG_OP_graph_messages) { /* a graph network's message passing */
+        char site[200];
+        operation_site(x, site, sizeof site);
+        r->saving = "The graph's share of every layer: a batch's sampled subgraph instead of the whole graph";
+        why(r,
+            "The failing request, %s, is made by a graph network's message passing%s: a tensor per edge (or node) of "
+            "the graph it was given, and every layer after it makes its own. Train and infer on sampled subgraphs "
+            "(a batch of target nodes and a capped number of neighbours per hop) or on clusters of the graph, and "
+            "cap the fan-out of hub nodes: each step then holds a batch's edges, not the graph's.",
+            req_hb(x).s, site);
+        if (x->shortfall)
+            why(r, " %s more is needed.", og_hb((double)x->shortfall).s);
+        how(r, "%sloader = NeighborLoader(data, num_neighbors=[15, 10], batch_size=1024, input_nodes=train_idx)   # "
+               "PyTorch Geometric",
+            pt(x));
+        how(r, "%sClusterLoader(ClusterData(data, num_parts=1500), batch_size=20)   # or GraphSAINT's samplers",
+            pt(x));
+        how(r, "dgl.dataloading.NeighborSampler([15, 10])   # DGL; a hub node's neighbours capped the same way");
+        return true;
+    }
     if (outlier_why(x, r, "input far larger"))
         why(r, " ");
     if (og_forward_inputs_fill_card(x)) {

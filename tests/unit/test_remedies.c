@@ -3154,6 +3154,40 @@ static void fragmentation_not_the_state(void **state)
     free(r);
 }
 
+/* a prefill (autograd off) failing in layer 16 of 32 while a holder keeps one record per layer run, 15 of them: the
+ * 17 to come would add as much again, the splinters of the cache carry it no further, and the holder is the lever;
+ * a holder whose records are not the layers run (8 of them) is not one */
+static void holder_of_one_record_per_layer(void **state)
+{
+    (void)state;
+    og_record_t *r = base();
+    og_set(&r->device.total_bytes, 24 * GiB);
+    og_roles_t *ro = fixture_roles(r, 5 * GiB + 320 * MiB, 0, 0, 0, 5 * GiB + 640 * MiB, 7 * GiB + 512 * MiB);
+    fixture_holder(r, "self._pending", "list", "on LayerwiseOffloadedCache", 5 * GiB + 640 * MiB);
+    r->memory.fw.roles.holders[0].records = 15;
+    r->memory.fw.roles.holders[0].tensors = 30;
+    fixture_phase(r, "evaluation", "/w/prefill.py", "forward");
+    r->memory.fw.grad_enabled = -1;
+    strcpy(ro->layer_run, "layers");
+    ro->layer_index = 15, ro->layer_count = 32, ro->layer_alike = 1;
+    uint64_t sum = 5 * GiB + 320 * MiB + 5 * GiB + 640 * MiB + 7 * GiB + 512 * MiB;
+    fixture_adapter(r, sum + 2630 * MiB, sum, 1880 * MiB); /* 2.6 GiB cached, in splinters */
+    og_set(&r->event.requested_bytes, 2620 * MiB);
+    og_set(&r->device.free_bytes, 2440 * MiB);
+    run(r);
+    assert_int_equal(r->analysis.facts.roles.layer_holder, 0);
+    assert_int_equal(r->analysis.facts.roles.layer_holder_to_come, (5 * GiB + 640 * MiB) * 17 / 15);
+    assert_string_equal(r->diagnosis.primary, "does_not_fit");
+    assert_int_equal(evb_of(r, "does_not_fit", "layer_holder_to_come_bytes"), (5 * GiB + 640 * MiB) * 17 / 15);
+    assert_string_equal(r->remedies[0].id, "release_references");
+    assert_non_null(strstr(r->remedies[0].why, "one record per layer of the running pass, 15 so far"));
+    r->memory.fw.roles.holders[0].records = 8;
+    run(r);
+    assert_int_equal(r->analysis.facts.roles.layer_holder, -1);
+    assert_false(ranked_by(rem(r, "release_references"), "layer_holder_grows"));
+    free(r);
+}
+
 /* A training's first forward pass that failed in layer 12 of 24 with 10 GiB of activations made: the twelve layers
  * still to come make about as much again.  An 8-bit optimizer's 3 GiB covers the 512 MiB missing now, not the pass: it cannot
  * lead (tier 3); a smaller batch and checkpointing shrink every layer's activations and carry it.  Without the layer
@@ -6960,6 +6994,7 @@ int main(void)
         cmocka_unit_test(lora_adapters_piled),
         cmocka_unit_test(fragmentation_not_the_state),
         cmocka_unit_test(layers_still_to_come),
+        cmocka_unit_test(holder_of_one_record_per_layer),
         cmocka_unit_test(ema_update_out_of_place),
         cmocka_unit_test(phase_forward_optimizer_later),
         cmocka_unit_test(float64_weights),
