@@ -122,6 +122,7 @@ bool og_generation_growth(const rctx_t *x);
  * that one, the pass makes 1/length of them.  Not under a loss over the logits (an evaluation's perplexity reads
  * every position) */
 bool og_all_position_logits(const rctx_t *x);
+bool og_layer_holder_kept(const rctx_t *x);
 /* the models a registry by key keeps resident on the GPU (roles.registry_models, else roles.keyed_models in a job
  * not known to train), 0 none */
 uint64_t og_registry_bytes(const rctx_t *x);

@@ -1308,7 +1308,9 @@ static bool training_logits_lead(const rctx_t *x) { return training_logits(x) &&
 static bool layer_holder_grows(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
-    return ro->known && ro->layer_holder >= 0 && ro->layer_holder_to_come && PRIMARY(DNF) && !own_fix_covers(x) &&
+    if (!ro->known || ro->layer_holder < 0)
+        return false;
+    return og_layer_holder_kept(x) && ro->layer_holder_to_come && PRIMARY(DNF) && !own_fix_covers(x) &&
            !x->larger_than_device;
 }
 static uint64_t layer_holder_bytes(const rctx_t *x)
@@ -1790,7 +1792,9 @@ static const og_rank_row_t bring[] = {
       "(blind)" },
     { "layer_holder_grows", layer_holder_grows, WANT, 0, 0, REMS(R_RELEASE_REFS),
       "primary does_not_fit, roles: a holder keeping one record per layer the pass has run (facts: layer_holder: "
-      "records = the failing layer's index, or with it, in a run of like layers of one size; >= 1/64 of the device)",
+      "records = the failing layer's index, or with it, in a run of like layers of one size; >= 1/64 of the device), "
+      "kept outside the running pass (not a local of running code: the pass's own outputs or cache), not of purpose "
+      "kv_cache",
       "legal_filing_96k_prefill_layerwise_kv_offload_pending_list_keeps_gpu_kv_llama31_8b_nf4_4090 (blind); (unit "
       "tests: holder_of_one_record_per_layer)" },
     { "training_logits", training_logits, WANT, 0, 0, REMS(R_FUSED_CE),

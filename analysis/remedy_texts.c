@@ -56,6 +56,21 @@ bool og_embedding_tables(const rctx_t *x)
     return ro->known && ro->params && ro->embedding && 2 * ro->embedding >= ro->params;
 }
 
+/* the holder keeping one record per layer of the running pass (facts: layer_holder) is kept outside that pass: not a
+ * local of running code (the pass's own outputs or the cache it decodes with) and not of purpose kv_cache; such a
+ * holder is one to drop, a local one is the pass's own size */
+bool og_layer_holder_kept(const rctx_t *x)
+{
+    int i = x->f->roles.layer_holder;
+    if (!x->f->roles.known || i < 0)
+        return false;
+    const og_role_holder_t *h = &x->rec->memory.fw.roles.holders[i];
+    char pu[sizeof h->purpose], where[sizeof h->where];
+    og_cpy(pu, sizeof pu, h->purpose, sizeof pu);
+    og_cpy(where, sizeof where, h->where, sizeof where);
+    return og_purpose_of(pu) != OG_PURPOSE_kv_cache && strncmp(where, "local in ", 9) != 0;
+}
+
 bool og_all_position_logits(const rctx_t *x)
 {
     const og_role_facts_t *ro = &x->f->roles;
@@ -964,7 +979,7 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
         return true;
     }
     const og_roles_t *rr = &x->rec->memory.fw.roles;
-    if (!grew && x->f->roles.layer_holder >= 0 && x->f->roles.layer_holder_to_come &&
+    if (!grew && og_layer_holder_kept(x) && x->f->roles.layer_holder_to_come &&
         og_covers(x, (double)(rr->holders[x->f->roles.layer_holder].bytes + x->f->roles.layer_holder_to_come))) {
         /* a holder keeping one record per layer of the running pass (facts: layer_holder) */
         const og_role_holder_t *h = &rr->holders[x->f->roles.layer_holder];

@@ -3181,6 +3181,15 @@ static void holder_of_one_record_per_layer(void **state)
     assert_int_equal(evb_of(r, "does_not_fit", "layer_holder_to_come_bytes"), (5 * GiB + 640 * MiB) * 17 / 15);
     assert_string_equal(r->remedies[0].id, "release_references");
     assert_non_null(strstr(r->remedies[0].why, "one record per layer of the running pass, 15 so far"));
+    /* the same list a local of the running forward (a decoder's next_cache filled layer by layer): the pass's own
+     * size, its projection said, nothing to drop */
+    snprintf(r->memory.fw.roles.holders[0].where, sizeof r->memory.fw.roles.holders[0].where,
+             "local in forward (led.py:175)");
+    run(r);
+    assert_int_equal(r->analysis.facts.roles.layer_holder, 0);
+    assert_false(ranked_by(rem(r, "release_references"), "layer_holder_grows"));
+    snprintf(r->memory.fw.roles.holders[0].where, sizeof r->memory.fw.roles.holders[0].where,
+             "on LayerwiseOffloadedCache");
     r->memory.fw.roles.holders[0].records = 8;
     run(r);
     assert_int_equal(r->analysis.facts.roles.layer_holder, -1);
