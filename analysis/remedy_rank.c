@@ -1301,7 +1301,21 @@ static bool training_logits(const rctx_t *x)
            x->req_known && x->capacity && x->req * OG_BIG_REQ_DIV >= x->capacity && !own_fix_covers(x) &&
            !x->larger_than_device;
 }
-static bool training_logits_lead(const rctx_t *x) { return training_logits(x) && !confident_growth(x); }
+/* ... leading where those logits are at least the rest of the pass (the activations alive beside them): else the
+ * pass's length and batch are the larger lever, and a fused loss comes after them */
+static bool training_logits_lead(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return training_logits(x) && !confident_growth(x) && ro->act_known && x->req >= ro->act;
+}
+/* a graph network's message passing failed (roles.operation graph_messages: a tensor per edge or node of the graph
+ * given): the graph's size is the lever, sampled subgraphs or a capped fan-out, ahead of tiling the one operation
+ * (the layers after it are as large) and of a batch that is the whole graph */
+static bool graph_messages(const rctx_t *x)
+{
+    return PRIMARY(DNF) && roles_of(x)->operation == OG_OP_graph_messages && !own_fix_covers(x);
+}
+static bool graph_messages_lead(const rctx_t *x) { return graph_messages(x) && !confident_growth(x); }
 /* a holder keeping one record per layer of the running pass (facts: layer_holder), which with the records the layers
  * still to come would add covers the shortfall: a prefill's keys and values kept on the GPU, a hook keeping each
  * layer's output; dropping each record once used (or moving it off the GPU) keeps the pass at one layer's */
@@ -2421,8 +2435,13 @@ static const og_rank_row_t lead[] = {
       "as layer_holder_grows (ahead of the pass's batch, precision and length: the holder, not the pass, grows)",
       "legal_filing_96k_prefill_layerwise_kv_offload_pending_list_keeps_gpu_kv_llama31_8b_nf4_4090 (blind); (unit "
       "tests: holder_of_one_record_per_layer)" },
+    { "graph_messages_lead", graph_messages_lead, LEAD, -32, 0, REMS(R_CAP_INPUT),
+      "as graph_messages, primary not a confident growth (ahead of larger_chunk's split_operation: the graph's size, "
+      "not one operation)",
+      "gat_ogbn_products_full_batch_training_edge_messages_a100_40gb, pinsage_hub_item_full_fanout_subgraph_rtx4090 "
+      "(blind); (unit tests: graph_messages_sample_the_graph)" },
     { "training_logits_lead", training_logits_lead, LEAD_COVERS, -26, 0, REMS(R_FUSED_CE),
-      "as training_logits, primary not a confident growth",
+      "as training_logits, primary not a confident growth, the request >= the activations alive beside it",
       "qwen25_7b_yarn_64k_packed_lora_sft_fp32_upcast_full_vocab_logits_h100 (blind); (unit tests: "
       "training_logits_before_the_loss)" },
     { "cross_entropy_lead", cross_entropy_lead, LEAD_COVERS, -26, 0, REMS(R_FUSED_CE),
