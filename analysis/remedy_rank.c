@@ -733,8 +733,17 @@ static bool no_model_runs(const rctx_t *x)
 /* a one-batch peak (one_batch_peak: a request far larger than any of the earlier steps, which fit) larger than the
  * card: the batches before it fit, and autograd keeps every layer's output of this one for backward, so tiling the
  * failing operation leaves the rest of its pass as large; capping the input's length brings it back to what fit */
-/* a one-batch peak in a pass of a model (one_batch_peak, not no_model_runs): that batch's length is the lever */
-static bool batch_peak_in_pass(const rctx_t *x) { return one_batch_peak(x) && !no_model_runs(x); }
+/* the failing statement computes something of the program's own while no pass of a model runs (no_model_runs): a
+ * failing operation read (roles.operation: an upsample, a distance) or sizes a product of dimensions or one twice
+ * (request_shape); a batch's input arriving (x = batch.to("cuda") before the model runs) is neither */
+static bool own_operation_outside_pass(const rctx_t *x)
+{
+    enum og_request_shape sh = roles_of(x)->request_shape;
+    return no_model_runs(x) &&
+           (roles_of(x)->operation != OG_OPERATION_NONE || sh == OG_REQ_PRODUCT || sh == OG_REQ_SQUARE);
+}
+/* a one-batch peak that is no operation of the program's own outside a pass: that batch's length is the lever */
+static bool batch_peak_in_pass(const rctx_t *x) { return one_batch_peak(x) && !own_operation_outside_pass(x); }
 /* a request at least an OG_BIG_REQ_DIV-th of the card, not larger than it, while no pass of a model runs
  * (no_model_runs) and the failing statement's sizes are a product of dimensions or one of them twice (request_shape:
  * queries x corpus, frames x frames): an operation of the program's own over what it made (a score matrix of every
@@ -747,7 +756,7 @@ static bool own_operation_peak(const rctx_t *x)
 }
 static bool larger_outlier_batch(const rctx_t *x)
 {
-    return one_batch_peak(x) && x->larger_than_device && !product_outside_pass(x) && !no_model_runs(x);
+    return one_batch_peak(x) && x->larger_than_device && !product_outside_pass(x) && !own_operation_outside_pass(x);
 }
 /* a request larger than the card in a forward with autograd on, where the inputs the failing statement hands the
  * model (roles.stmt_inputs: images and targets, locals of the running loop) are already a quarter of the card: a
@@ -1946,10 +1955,16 @@ static const og_rank_row_t narrow[] = {
       "kv_cache_reserving)" },
     { "larger_outlier_batch", larger_outlier_batch, WANT, 0, 0, REMS(R_SHORTER_SEQ),
       "as one_batch_peak, request > device (the earlier batches fit: the input's length is the lever), not a product "
-      "of two sizes made outside any pass (phase unknown, no KV cache, roles: request_shape product), a model running "
-      "(not phase unknown with roles.models none running)",
+      "of two sizes made outside any pass (phase unknown, no KV cache, roles: request_shape product), no operation of "
+      "the program's own outside a pass (phase unknown, roles.models none running, an operation read or sizes a "
+      "product)",
       "callcenter_wav2vec2_ctc_hour_long_recording, librivox_chapter_wav2vec2_forced_align_trellis_on_gpu_4090 "
       "(blind)" },
+    { "graph_messages", graph_messages, WANT, 0, 0, REMS(R_CAP_INPUT),
+      "primary does_not_fit, roles.operation graph_messages (PyTorch Geometric's or DGL's layers, a module class named "
+      "as a graph convolution); after larger_than_device: a request larger than the card keeps it",
+      "gat_ogbn_products_full_batch_training_edge_messages_a100_40gb, pinsage_hub_item_full_fanout_subgraph_rtx4090 "
+      "(blind); (unit tests: graph_messages_sample_the_graph)" },
     { "larger_forward_inputs", og_forward_inputs_fill_card, WANT, 0, 0, REMS(R_CAP_INPUT),
       "primary does_not_fit, request > device, autograd not off, phase forward, the failing statement's input "
       "holders (roles: stmt_inputs) >= a quarter of the card",
@@ -2403,12 +2418,12 @@ static const og_rank_row_t lead[] = {
       "beir_quora_e5_large_cos_sim_10k_queries_full_score_matrix_a10g (blind); (unit tests: "
       "larger_outlier_batch_caps_the_length)" },
     { "one_batch_peak_lead", batch_peak_in_pass, LEAD_COVERS, -19, 0, REMS(R_SHORTER_SEQ),
-      "as one_batch_peak, a model running (not phase unknown with roles.models none running)",
+      "as one_batch_peak, no operation of the program's own outside a pass (phase unknown, roles.models none "
+      "running, an operation read or sizes a product)",
       "outlier_long_batch, egnn_pdbbind_affinity_uncropped_assembly_entry_epoch7_empty_cache_every_step_a5000 "
       "(blind)" },
     { "larger_outlier_batch_lead", larger_outlier_batch, LEAD, -31, 0, REMS(R_SHORTER_SEQ),
-      "as larger_outlier_batch (ahead of larger_chunk's split_operation; not when no model runs: phase unknown, "
-      "roles.models none running, an operation of the program's own over what it keeps)",
+      "as larger_outlier_batch (ahead of larger_chunk's split_operation)",
       "callcenter_wav2vec2_ctc_hour_long_recording (blind)" },
     { "larger_forward_inputs_lead", og_forward_inputs_fill_card, LEAD, -31, 0, REMS(R_CAP_INPUT),
       "as larger_forward_inputs (ahead of larger_chunk's split_operation)",

@@ -4265,14 +4265,19 @@ static void larger_outlier_batch_caps_the_length(void **state)
     run_primary(r, "does_not_fit");
     assert_string_equal(r->remedies[0].id, "shorter_sequences");
     /* no pass runs (phase unknown) and the model measured idle: a notebook cell's own operation over the results it
-     * keeps (all validation logits upsampled at once), no batch in flight: split it; the model running: its input */
+     * keeps (all validation logits upsampled at once: an operation read), no batch in flight: split it; the model
+     * running, or no operation of its own (a batch's input copied to the GPU before the model runs): its length */
     r->memory.fw.roles.stmt_ints[0] = 0;
     fixture_phase(r, "unknown", "/w/nb.py", "cell_8");
     fixture_model(r, "SegformerForSemanticSegmentation", 90 * MiB, 1, false);
     fixture_model_held(r, 1, 0, "model");
+    run_primary(r, "does_not_fit"); /* no operation read: a batch's input arriving before the model runs */
+    assert_string_equal(r->remedies[0].id, "shorter_sequences");
+    fixture_operation(r, "image_decode", "interpolate");
     run_primary(r, "does_not_fit");
     assert_string_equal(r->remedies[0].id, "split_operation");
     assert_false(ranked_by(rem(r, "shorter_sequences"), "larger_outlier_batch_lead"));
+    r->memory.fw.roles.operation[0] = 0;
     r->memory.fw.roles.models[0].running = 1;
     run_primary(r, "does_not_fit");
     assert_string_equal(r->remedies[0].id, "shorter_sequences");
