@@ -2922,6 +2922,8 @@ static void estimate(rank_t *k, const rctx_t *x)
         cover[R_CHUNK] = 0.875 * (double)op_tensor_bytes(x);
     if (transducer_op(x)) /* in eight sub-batches: an eighth of the joint's tensors at a time */
         cover[R_CHUNK] = 0.875 * (double)x->req;
+    if (graph_messages(x)) /* a batch's subgraph: the failing per-edge tensor shrinks as far as needed */
+        cover[R_CAP_INPUT] = (double)x->req;
     if (own_operation_peak(x)) /* in eight chunks of rows: an eighth of the failing tensor at a time */
         cover[R_CHUNK] = 0.875 * (double)x->req;
     if (og_comprehension_builds(x)) /* in eight chunks of items: an eighth of what it made, the request's included */

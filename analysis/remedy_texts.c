@@ -1619,6 +1619,8 @@ static bool b_shorter_sequences(const rctx_t *x, og_remedy_t *r)
 /* the models have no attention layer (roles.attention_modules 0): the input is a graph, a mesh, a point cloud, an
  * image or a long signal (a recording, a time series), whose size (not a token length) the activations follow;
  * cutting it means partitioning, tiling or windowing */
+static void operation_site(const rctx_t *x, char *buf, size_t n);
+
 static bool b_cap_input_size(const rctx_t *x, og_remedy_t *r)
 {
     if (x->f->roles.operation == OG_OP_graph_messages) { /* a graph network's message passing */
@@ -1633,11 +1635,11 @@ static bool b_cap_input_size(const rctx_t *x, og_remedy_t *r)
             req_hb(x).s, site);
         if (x->shortfall)
             why(r, " %s more is needed.", og_hb((double)x->shortfall).s);
-        how(r, "%sloader = NeighborLoader(data, num_neighbors=[15, 10], batch_size=1024, input_nodes=train_idx)   # "
-               "PyTorch Geometric",
+        how(r,
+            "%sloader = NeighborLoader(data, num_neighbors=[15, 10], batch_size=1024, input_nodes=train_idx)   # "
+            "PyTorch Geometric",
             pt(x));
-        how(r, "%sClusterLoader(ClusterData(data, num_parts=1500), batch_size=20)   # or GraphSAINT's samplers",
-            pt(x));
+        how(r, "%sClusterLoader(ClusterData(data, num_parts=1500), batch_size=20)   # or GraphSAINT's samplers", pt(x));
         how(r, "dgl.dataloading.NeighborSampler([15, 10])   # DGL; a hub node's neighbours capped the same way");
         return true;
     }

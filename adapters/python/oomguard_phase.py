@@ -182,6 +182,19 @@ OPERATIONS = (
     ("kernel_matrix", 20, "*", "covar_dist", "*"),
     ("kernel_matrix", 20, "*", "evaluate_kernel", "*"),
     ("kernel_matrix", 18, "*", "forward", "*Kernel"),
+    # a graph network's message passing: PyTorch Geometric's layers and aggregations, DGL's message passing, and a
+    # module class named as a graph convolution (GCNConv, GATConv, GATv2Conv, SAGEConv, GINConv, GraphConv,
+    # EdgeConv) in its forward: above the image convolutions, whose class pattern *Conv* such names also match
+    ("graph_messages", 12, "*/torch_geometric/nn/*", "*", "*"),
+    ("graph_messages", 12, "*/torch_geometric/utils/*", "scatter*", "*"),
+    ("graph_messages", 12, "*/dgl/*", "*", "*"),
+    ("graph_messages", 9, "*", "forward", "*GCNConv*"),
+    ("graph_messages", 9, "*", "forward", "*GATConv*"),
+    ("graph_messages", 9, "*", "forward", "*GATv2Conv*"),
+    ("graph_messages", 9, "*", "forward", "*SAGEConv*"),
+    ("graph_messages", 9, "*", "forward", "*GINConv*"),
+    ("graph_messages", 9, "*", "forward", "*GraphConv*"),
+    ("graph_messages", 9, "*", "forward", "*EdgeConv*"),
     # a convolution, pooling or normalization over an image or volume: torch's modules (conv2d itself is a
     # builtin, no frame), the functional pooling, and a network's own block classes named *Conv* (ConvBlock,
     # DoubleConv, BasicConv2d) in their forward; below the decoders (a decoder's convolutions are its decode)

@@ -60,6 +60,10 @@ SAME_FIX = {
     # gemma_lora_fp32_logits_ce (an earlier batch), fused_cross_entropy: a chunked or fused loss that never makes the
     # [tokens, vocabulary] logits whole
     "chunked_cross_entropy": "fused_cross_entropy",
+    # gat_ogbn_products_full_batch_training_edge_messages_a100_40gb (thirty-ninth batch) named the fix of
+    # pinsage_hub_item_full_fanout_subgraph_rtx4090 (an earlier batch), cap_input_size: a graph's input capped to a
+    # batch's sampled subgraph (neighbour sampling, a capped fan-out)
+    "neighbor_sampling": "cap_input_size",
 }
 
 

@@ -5024,6 +5024,31 @@ static void all_position_logits_of_a_prefill(void **state)
     free(r);
 }
 
+/* a full-batch graph network's message passing makes a per-edge tensor three times the card: sampled subgraphs (the
+ * graph's size) lead, ahead of tiling the one operation; the same request in an image convolution is split */
+static void graph_messages_sample_the_graph(void **state)
+{
+    (void)state;
+    og_record_t *r = base();
+    og_set(&r->device.total_bytes, 40 * GiB);
+    fixture_roles(r, 64 * MiB, 0, 128 * MiB, 0, 0, 14 * GiB);
+    fixture_optimizer(r, "Adam", 128 * MiB);
+    fixture_operation(r, "graph_messages", "forward");
+    fixture_phase(r, "forward", "/w/gat.py", "forward");
+    r->memory.fw.grad_enabled = 1;
+    og_set(&r->event.requested_bytes, 120 * GiB);
+    og_set(&r->device.free_bytes, 24 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "cap_input_size");
+    assert_true(ranked_by(&r->remedies[0], "graph_messages_lead"));
+    assert_true(how_has(&r->remedies[0], "NeighborLoader"));
+    fixture_operation(r, "conv", "forward");
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "split_operation");
+    assert_false(ranked_by(rem(r, "cap_input_size"), "graph_messages"));
+    free(r);
+}
+
 /* a training step's logits for every position upcast before the loss (logits = logits.float(), 37 GiB of a 64k-token
  * packed row over a 152k vocabulary): the loss is not on the stack yet, and a fused or chunked loss never makes them
  * whole, so it leads, estimated at the request; the same statement with autograd off (an evaluation) is not this */
@@ -7055,6 +7080,7 @@ int main(void)
         cmocka_unit_test(engine_kept_while_the_scorer_loads),
         cmocka_unit_test(all_position_logits_of_a_prefill),
         cmocka_unit_test(training_logits_before_the_loss),
+        cmocka_unit_test(graph_messages_sample_the_graph),
         cmocka_unit_test(decoding_loop_kv_growth),
         cmocka_unit_test(timing_moves_no_answer),
         cmocka_unit_test(cross_entropy_fused_first),

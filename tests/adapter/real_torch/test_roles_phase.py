@@ -2499,6 +2499,42 @@ def t_operation_conv_block():
     assert not oomguard_phase.conv_block(object())
 
 
+def t_operation_graph_messages():
+    """A graph convolution's forward (a module class named GATConv or SAGEConv, as PyTorch Geometric names them) is
+    the operation graph_messages, not an image convolution; a class merely named *Conv* stays conv."""
+    seen = {}
+
+    def probe(key):
+        seen[key] = oomguard_phase.operation(sys._getframe(1))
+
+    class GATConv(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x, edge_index):
+            probe("gat")
+            return self.lin(x)
+
+    class SAGEConv(GATConv):
+        def forward(self, x, edge_index):
+            probe("sage")
+            return self.lin(x)
+
+    class ConvHead(GATConv):
+        def forward(self, x, edge_index):
+            probe("head")
+            return self.lin(x)
+
+    x, ei = torch.zeros(3, 4), torch.zeros(2, 5, dtype=torch.long)
+    GATConv()(x, ei)
+    SAGEConv()(x, ei)
+    ConvHead()(x, ei)
+    assert seen["gat"] and seen["gat"][0] == "graph_messages" and seen["gat"][1][2] == "forward", seen
+    assert seen["sage"] and seen["sage"][0] == "graph_messages", seen
+    assert seen["head"] and seen["head"][0] == "conv", seen
+
+
 def t_holder_graphs():
     """roles.holders[].graphs: outputs of separate real forwards kept in a list with autograd on keep their graphs
     (their saved tensors readable); outputs of one pass count once; detached, or after a backward freed them, none."""
@@ -2644,6 +2680,8 @@ if not STAND_IN:
           t_operation_real_frames)
     check("the forward of a block whose layers with weights are convolutions and norms is the operation conv",
           t_operation_conv_block)
+    check("a graph convolution's forward (GATConv, SAGEConv) is the operation graph_messages, not conv",
+          t_operation_graph_messages)
     check("DistributedDataParallel's buckets copy the gradients unless gradient_as_bucket_view", t_ddp_buckets)
     check("attention: nn.MultiheadAttention inside a real TransformerEncoderLayer", t_attention_real_mha)
     check("a holder's outputs keep their graphs with autograd on; detached or after backward, not", t_holder_graphs)
