@@ -1024,8 +1024,8 @@ def _walk(scan, frame_roots):
         o[1] += got[1]
         o[3] += got[2]
     scan.stage = "models"
+    scan.models = _models(scan, modules)            # fills scan.parent, which _lora_bytes climbs
     scan.lora, scan.lora_base = _lora_bytes(scan, modules)
-    scan.models = _models(scan, modules)
     scan.ddp = _ddp(scan, modules)
     # the graph pools' live blocks that no role above holds
     for ptr, size in scan.private.items():
@@ -1068,13 +1068,10 @@ def _lora_bytes(scan, modules, limit=4096):
             stack.extend(y for y in list(((getattr(x, "__dict__", None) or {}).get("_modules") or {}).values())
                          if y is not None)
     saved = set()                         # ids of the modules under a modules_to_save
-    parent, holders = {}, []              # a module's parent; the modules an adapter is found in
+    holders = []                          # the modules an adapter is found in
     for m in modules:                     # the adapters first
         scan.tick()
         d = getattr(m, "__dict__", None) or {}
-        for c in list((d.get("_modules") or {}).values()):
-            if c is not None:
-                parent.setdefault(id(c), m)
         for k, p in list((d.get("_parameters") or {}).items()):
             if p is not None and "lora" in str(k).lower():
                 found = True
@@ -1094,13 +1091,10 @@ def _lora_bytes(scan, modules, limit=4096):
                 saved.update(id(x) for x in below(c))
     if not found:
         return None, None
-    roots = {}                            # the outermost module above each adapter
+    roots = {}                            # the outermost module above each adapter (scan.parent, from _models)
     for m in holders:
-        depth = 0
-        while id(m) in parent and depth < limit:
-            m = parent[id(m)]
-            depth += 1
-        roots[id(m)] = m
+        r = _root_of(scan, m)
+        roots[id(r)] = r
     done = set()
     for root in roots.values():           # then what else trains there, the adapters' storages seen already
         for m in below(root):
