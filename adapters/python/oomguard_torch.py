@@ -985,6 +985,21 @@ def _module_reads(ns, limit=1024):
     return names
 
 
+_CO_GENERATOR = 0x20       # inspect.CO_GENERATOR, without importing inspect into the host
+
+
+def _generator_reads(ns, names, limit=64):
+    """The global names read by the generator functions of the module whose namespace is NS that a running frame
+    reads by one of NAMES: a loop's batches come from the generator it iterates (`for batch in packed_batches(n)`),
+    whose frame is suspended, not running, while the pass runs, so the batch size it reads is the running loop's."""
+    got = set()
+    for name in list(names)[:limit]:
+        f = ns.get(name)
+        if isinstance(f, types.FunctionType) and f.__globals__ is ns and f.__code__.co_flags & _CO_GENERATOR:
+            got |= _global_reads(f.__code__)
+    return got
+
+
 def _batch_size(frame, torch_dir, limit=64, phase=None, module_type=None):
     """The batch the failing pass runs, as the program names it: an int named as a batch size (see _BATCH_NAME)
     among the locals of the program's innermost frame that has one, or its module's globals, or one level
@@ -993,9 +1008,10 @@ def _batch_size(frame, torch_dir, limit=64, phase=None, module_type=None):
     name for evaluation's is not; None when no name says.  A module's global read only by functions of the module
     that are not running, and by none that is, is theirs: a script's BATCH_SIZE = 8 read by its training loop is not
     the batch of a validation pass whose code never reads it (a constant no function reads is the program's
-    word, and counts).  The locals of a module's own code (a frame whose `self` is a MODULE_TYPE) are read last,
-    where nothing else names the batch: a module deep in a model names its own batch (a window attention's
-    batch_size is the inputs times their windows).  Reads names and bytecode only: nothing is called.  Frames of
+    word, and counts); what a generator a running frame calls reads is that frame's (see _generator_reads).  The
+    locals of a module's own code (a frame whose `self` is a MODULE_TYPE) are read last, where nothing else names
+    the batch: a module deep in a model names its own batch (a window attention's batch_size is the inputs times
+    their windows).  Reads names and bytecode only: nothing is called.  Frames of
     torch and of this adapter are skipped."""
     evaluating = phase in _EVALUATING
     f, n, mine = frame, 0, []
@@ -1009,7 +1025,8 @@ def _batch_size(frame, torch_dir, limit=64, phase=None, module_type=None):
         read = {}       # a module's globals -> the names its running frames read (a module's own code: only its
         for f in mine:  # statements, not the functions it defines, which run or not on their own)
             deep = 0 if f.f_code.co_name == "<module>" else 3
-            read.setdefault(id(f.f_globals), set()).update(_global_reads(f.f_code, deep))
+            names = _global_reads(f.f_code, deep)
+            read.setdefault(id(f.f_globals), set()).update(names, _generator_reads(f.f_globals, names))
         seen = set()
         later = []
         for f in mine:

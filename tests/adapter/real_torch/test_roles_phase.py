@@ -2001,6 +2001,18 @@ def t_batch_size():
     exec(compile("BATCH_SIZE = 8\ndef train():\n    return [probe() for _ in range(BATCH_SIZE)][0]\n"
                  "got = train()\n", "/tmp/prog.py", "exec"), ns)
     assert ns["got"] == 8, ns["got"]
+    # a generator the running loop iterates is the loop's: the batch size it reads is the pass's
+    ns = {"__name__": "prog", "probe": probe}
+    src = ("per_device_train_batch_size = 1\ndef batches(n):\n    for _ in range(n):\n"
+           "        yield [0] * per_device_train_batch_size\n"
+           "def train():\n    for b in batches(2):\n        return probe()\n"
+           "def other():\n    return [per_device_train_batch_size]\ngot = train()\n")
+    exec(compile(src, "/tmp/prog.py", "exec"), ns)
+    assert ns["got"] == 1, ns["got"]
+    ns = {"__name__": "prog", "probe": probe}     # a plain function the loop calls is not its batches' source
+    exec(compile(src.replace("    for _ in range(n):\n        yield", "    return").replace(
+        "for b in batches(2):\n        return probe()", "batches(2)\n    return probe()"), "/tmp/prog.py", "exec"), ns)
+    assert ns["got"] is None, ns["got"]
     # a notebook's globals name both passes' batches: each pass reads its own
     ns = {"train_batch": 8, "eval_batch_size": 64, "__name__": "prog", "tdir": tdir, "sys": sys,
           "oomguard_torch": oomguard_torch}
