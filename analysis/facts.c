@@ -957,6 +957,59 @@ static bool growth_by_graphs(const og_facts_t *d, const og_record_t *r, og_growt
     return true;
 }
 
+static bool pass_own_local(const char *where, const og_record_t *r);
+
+/* Measured as well: a local of a caller of the running code (not the pass's own, pass_own_local: main()'s `results`)
+ * is a collection of RECORD_STEPS_MIN or more like records (roles.holders[].records), and what Python holds beside it
+ * is one more record, within an eighth (the call under way builds the next: results[ckpt] = evaluate(model, ckpt)
+ * keeping each checkpoint's metric states on the GPU).  The caller's loop keeps what each call made, one record an
+ * iteration, however few iterations the driver's history shows.  Held when the holder reaches the growth's minimum
+ * share of the device or the missing bytes; the steps are its records and the call under way, each a rise of one
+ * record. */
+#define RECORD_STEPS_MIN 2
+static bool growth_by_records(const og_facts_t *d, const og_record_t *r, og_growth_facts_t *g)
+{
+    const og_roles_t *ro = &r->memory.fw.roles;
+    if (!d->roles.known || !d->total || !og_known(ro->bytes[OG_ROLE_held_by_python]))
+        return false;
+    double gm = d->growth_min_share * (double)d->total;
+    int nh = OG_FILLED(ro->nholders, ro->holders), best = -1;
+    for (int i = 0; i < nh; i++) {
+        const og_role_holder_t *h = &ro->holders[i];
+        char where[sizeof h->where];
+        og_cpy(where, sizeof where, h->where, sizeof where);
+        if (strncmp(where, "local in ", 9) != 0 || pass_own_local(where, r) || h->copy_of[0] ||
+            h->records < RECORD_STEPS_MIN || !((double)h->bytes >= gm || (d->shortfall && h->bytes >= d->shortfall)))
+            continue;
+        double per = (double)h->bytes / (double)h->records,
+               beside = (double)sub0(ro->bytes[OG_ROLE_held_by_python].v, h->bytes);
+        if (per > 0 && beside >= 0.875 * per && beside <= 1.125 * per &&
+            (best < 0 || h->bytes > ro->holders[best].bytes))
+            best = i;
+    }
+    if (best < 0)
+        return false;
+    const og_role_holder_t *h = &ro->holders[best];
+    g->marker = OG_MARK_KEPT_RECORDS;
+    g->holder = best;
+    g->size = 0;
+    g->seen = h->records >= LONG_MAX ? LONG_MAX : (long)h->records + 1;
+    g->steps = h->records >= OG_GROWTH_MAX_STEPS ? OG_GROWTH_MAX_STEPS : (int)h->records + 1;
+    g->rising = g->transitions = g->steps - 1;
+    g->rising_share = 1.0;
+    g->rise = h->bytes;
+    g->per_step = h->bytes / (uint64_t)h->records;
+    g->last_low = og_known(ro->allocated_bytes) && ro->allocated_bytes.v >= h->bytes ? ro->allocated_bytes.v : h->bytes;
+    g->first_low = g->last_low - h->bytes;
+    return true;
+}
+
+/* what the adapter measured kept, one piece per iteration: outputs with their graphs, or a caller's records */
+static bool growth_measured(const og_facts_t *d, const og_record_t *r, og_growth_facts_t *g)
+{
+    return growth_by_graphs(d, r, g) || growth_by_records(d, r, g);
+}
+
 /* a staircase the driver saw (one of its readings below held) that is what torch.load restored onto the GPU and
  * Python objects hold (roles.restored_held, at least 9/10 of the rise): shards, a dataset or a checkpoint arriving,
  * a load and not a leak; the optimizer's own series, read before, is not overruled (growth.restored_load) */
@@ -1016,6 +1069,7 @@ static bool driver_growth_holds(og_facts_t *d, const og_record_t *r, og_growth_f
 static void growth(og_facts_t *d, const og_record_t *r, og_growth_scratch_t *s)
 {
     og_growth_facts_t *g = &d->growth;
+    g->holder = -1;
     if (growth_by_steps(d, r, s, g)) {
         g->holds = true;
         return;
@@ -1033,14 +1087,14 @@ static void growth(og_facts_t *d, const og_record_t *r, og_growth_scratch_t *s)
         /* ... save where a holder keeps outputs whose graphs the adapter read alive: measured, not inferred from when
          * the steps were; a loop that serves (or evaluates) between steps keeps them whatever the steps did, and a
          * stall of its steps (labels that come late) leaves the series flat while they pile up */
-        g->holds = growth_by_graphs(d, r, g);
+        g->holds = growth_measured(d, r, g);
         return;
     }
     if (growth_over_run(d, r, g)) {
         g->holds = true;
         return;
     }
-    if (growth_by_graphs(d, r, g)) {
+    if (growth_measured(d, r, g)) {
         g->holds = true;
         return;
     }

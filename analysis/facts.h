@@ -29,13 +29,15 @@ const char *og_cache_src_name(enum og_cache_src s);
 /* Which allocations mark the growth rule's steps. */
 /* Which allocations mark the growth rule's steps; OG_MARK_OPTIMIZER_STEP: no allocation, the optimizer's own
  * steps (the framework's allocated bytes right after each, roles.allocated_after_steps); OG_MARK_KEPT_GRAPHS: none
- * either, the outputs a holder keeps with their graphs alive (roles.holders[].graphs), one per iteration */
+ * either, the outputs a holder keeps with their graphs alive (roles.holders[].graphs), one per iteration;
+ * OG_MARK_KEPT_RECORDS: none, the like records a caller's local keeps, one per call of the running code */
 enum og_step_marker {
     OG_MARK_FAILING_SIZE,
     OG_MARK_MODAL_SIZE,
     OG_MARK_EVERY_ALLOCATION,
     OG_MARK_OPTIMIZER_STEP,
-    OG_MARK_KEPT_GRAPHS
+    OG_MARK_KEPT_GRAPHS,
+    OG_MARK_KEPT_RECORDS
 };
 
 /* What the job was doing when it failed, read from the history by does_not_fit. */
@@ -137,6 +139,7 @@ typedef struct og_growth_facts {
      * transitions then count the series' points and its rises */
     bool over_run;
     uint64_t every;
+    int holder; /* OG_MARK_KEPT_RECORDS: the holder (index in roles.holders); -1 otherwise */
 } og_growth_facts_t;
 
 /* The load that the failing request may be part of (a run of equal allocations kept). */

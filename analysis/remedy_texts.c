@@ -1109,6 +1109,24 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
         }
         return true;
     }
+    /* a caller's local keeping one record per call of the running code (growth by records): name it and keep the
+     * records' numbers or host copies, not the GPU objects each call made */
+    if (grew && g->marker == OG_MARK_KEPT_RECORDS) {
+        const og_role_holder_t *h = &x->rec->memory.fw.roles.holders[g->holder];
+        char lb[160], name[sizeof h->name];
+        const char *holder = holder_label(x, g->holder, lb, sizeof lb);
+        og_cpy(name, sizeof name, h->name, sizeof name);
+        why(r,
+            "%s keeps one record for every call of the running code: %ld records of about %s each, %s in all, and "
+            "the call under way builds the next. Store each record's numbers or host copies, and let the GPU objects "
+            "the call made go when it returns.",
+            holder ? holder : "A caller's local", g->seen - 1, og_hb((double)g->per_step).s, og_hb((double)g->rise).s);
+        how(r,
+            "%s[key] = {k: v.cpu() for k, v in out.items()}   # host copies (a metric: .compute().cpu()), or .item()",
+            name[0] ? name : "results");
+        how(r, "%sdel out   # the call's own GPU objects once stored; or reuse one metric object with .reset()", pt(x));
+        return true;
+    }
     if (!grew && og_checkpoint_kept(x)) {
         checkpoint_kept_why(x, r);
         char name[sizeof x->rec->memory.fw.roles.holders[0].name];

@@ -2727,6 +2727,49 @@ static void eval_copy_under_way_first(void **state)
     free(r);
 }
 
+/* a checkpoint sweep whose main() keeps each call's metric states in a local dict: 4 like records of 3.5 GiB, and the
+ * call under way holds one more of the same size beside it (facts: growth by records): growth, however few steps
+ * the driver saw, with the holder named and its records stored as host copies; not when what Python holds beside it
+ * is no record's size, when the dict has one record, or when it is the running pass's own local */
+static void records_kept_by_a_caller(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 1200 * MiB, 0, 0, 0, 35 * GiB / 2, 200 * MiB);
+    fixture_holder(r, "results", "dict", "local in main (sweep.py:178)", 14 * GiB);
+    r->memory.fw.roles.holders[0].records = 4;
+    r->memory.fw.roles.holders[0].tensors = 12;
+    fixture_holder(r, "self.confmat", "Tensor", "on MulticlassConfusionMatrix", 7 * GiB / 2);
+    fixture_phase(r, "evaluation", "/w/sweep.py", "evaluate");
+    r->memory.fw.grad_enabled = 0;
+    og_set(&r->event.requested_bytes, 7 * GiB / 2);
+    og_set(&r->device.free_bytes, 5 * GiB / 2);
+    run_primary(r, "growth");
+    assert_int_equal(r->analysis.facts.growth.marker, OG_MARK_KEPT_RECORDS);
+    assert_int_equal(r->analysis.facts.growth.holder, 0);
+    assert_int_equal(r->analysis.facts.growth.seen, 5);
+    assert_int_equal(r->analysis.facts.growth.per_step, 7 * GiB / 2);
+    assert_string_equal(r->remedies[0].id, "release_references");
+    assert_true(how_has(&r->remedies[0], "results[key] ="));
+    assert_int_equal(rank_of(r, "smaller_batch"), 0);
+    /* what the call holds beside it is not one more record: no loop's records are read */
+    r->memory.fw.roles.holders[1].bytes = 1 * GiB;
+    og_set(&r->memory.fw.roles.bytes[OG_ROLE_held_by_python], 15 * GiB);
+    run(r);
+    assert_false(r->analysis.facts.growth.holds && r->analysis.facts.growth.marker == OG_MARK_KEPT_RECORDS);
+    r->memory.fw.roles.holders[1].bytes = 7 * GiB / 2;
+    og_set(&r->memory.fw.roles.bytes[OG_ROLE_held_by_python], 35 * GiB / 2);
+    r->memory.fw.roles.holders[0].records = 1; /* one record: no loop seen */
+    r->memory.fw.roles.holders[0].bytes = 14 * GiB;
+    run(r);
+    assert_false(r->analysis.facts.growth.holds && r->analysis.facts.growth.marker == OG_MARK_KEPT_RECORDS);
+    r->memory.fw.roles.holders[0].records = 4; /* the running pass's own local: its working set, not a loop's */
+    snprintf(r->memory.fw.roles.holders[0].where, sizeof r->memory.fw.roles.holders[0].where,
+             "local in evaluate (sweep.py:160)");
+    run(r);
+    assert_false(r->analysis.facts.growth.holds && r->analysis.facts.growth.marker == OG_MARK_KEPT_RECORDS);
+    free(r);
+}
+
 /* a rollout collected with autograd on before the optimizer's first step: a running loop's local lists keep outputs
  * whose graphs the adapter read alive (roles.holders[].graphs): the holder is the cause, named first, and the
  * optimizer not having stepped yet does not make the rise one pass's, nor do the optimizer's steps read flat (the
@@ -7130,6 +7173,7 @@ int main(void)
         cmocka_unit_test(kept_graphs_holder_first),
         cmocka_unit_test(kept_graphs_without_training),
         cmocka_unit_test(output_history_keeps_a_graph),
+        cmocka_unit_test(records_kept_by_a_caller),
         cmocka_unit_test(kept_graphs_measured_in_a_loop),
         cmocka_unit_test(offload_moves_only_the_model),
         cmocka_unit_test(multi_gpu_splits_only_the_state_of_one_sample),
