@@ -485,9 +485,11 @@ def backward_in_code(frame, limit=64):
 
 
 # what calls backward, a framework's frames included: loss.backward(), accelerate's and DeepSpeed's backward(loss),
-# Lightning's manual_backward and its closure's _backward_fn, torch.autograd.grad (exact names: torch's own
-# _call_impl reads _backward_hooks, which call nothing)
-_BACKWARD_CALLS = frozenset(("backward", "manual_backward", "_backward_fn", "backward_fn", "grad"))
+# Lightning's manual_backward and its closure's _backward_fn, torch.autograd.grad, a pipeline schedule's
+# backward of one micro-batch (torch.distributed.pipelining's backward_one_chunk and stage_backward, Megatron's
+# backward_step) (exact names: torch's own _call_impl reads _backward_hooks, which call nothing)
+_BACKWARD_CALLS = frozenset(("backward", "manual_backward", "_backward_fn", "backward_fn", "grad",
+                             "backward_one_chunk", "stage_backward", "backward_step"))
 
 
 def backward_on_stack(frame, limit=256):

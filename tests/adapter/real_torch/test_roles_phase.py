@@ -2208,6 +2208,19 @@ def t_backward_on_stack():
          {"__name__": "__main__", "probe": probe})
     assert got == [True, True, True, False, True, False], got
     assert oomguard_phase.backward_on_stack(None) is None
+    # a pipeline schedule's step: every micro-batch's forward, then each one's backward through the stage
+    got.clear()
+
+    class Stage(object):
+        def backward_one_chunk(self, i, grad):
+            pass
+
+    exec(compile("def step_microbatches(stage, n):\n    outs = []\n    for _ in range(n):\n"
+                 "        outs.append(probe())\n    for i in range(n):\n"
+                 "        stage.backward_one_chunk(i, None)\n",
+                 "/tmp/prog_pipe.py", "exec"), ns)
+    ns["step_microbatches"](Stage(), 1)
+    assert got == [True], got
 
 
 def t_scaler_without_autocast():
