@@ -1695,6 +1695,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
     const og_roles_t *ro = &r->memory.fw.roles;
     og_role_facts_t *k = &d->roles;
     k->keeper = k->kv = k->dataset_holder = k->registry_group = k->graph_holder = k->keyed_group = k->fp32_group = -1;
+    k->graph_cache = -1;
     k->other_group = -1;
     k->stmt_copies = k->restored_holder = k->dominant = k->fp64_holder = -1;
     k->ckpt_holder = k->index_holder = k->ema_holder = k->copy_holder = k->concurrent_group = -1;
@@ -3043,6 +3044,23 @@ static int torch_version(const char *source)
     return v[0] * 100 + v[1];
 }
 
+/* a cache of micro-batches' outputs kept with their graphs for the backward the running code calls later
+ * (facts.h: graph_cache): what that backward needs, not a leak */
+static void graph_cache(og_facts_t *d, const og_record_t *r)
+{
+    og_role_facts_t *k = &d->roles;
+    const og_roles_t *ro = &r->memory.fw.roles;
+    if (!k->known || d->phase != OG_JP_forward || ro->backward_on_stack <= 0 || r->memory.fw.grad_enabled != 1)
+        return;
+    int nh = OG_FILLED(ro->nholders, ro->holders);
+    for (int i = 0; i < nh; i++) {
+        const og_role_holder_t *h = &ro->holders[i];
+        if (h->graphs >= 2 && h->records >= 2 && !h->copy_of[0] && og_holder_purpose(d, r, i) == OG_PURPOSE_cache &&
+            (k->graph_cache < 0 || h->bytes > ro->holders[k->graph_cache].bytes))
+            k->graph_cache = i;
+    }
+}
+
 /* the layers a forward pass has still to run (facts.h: layers_to_come) */
 static void layers_to_come(og_facts_t *d, const og_record_t *r)
 {
@@ -3051,7 +3069,7 @@ static void layers_to_come(og_facts_t *d, const og_record_t *r)
     int n = ro->layer_count, i = ro->layer_index;
     if (!k->known || !k->act_known || !k->act || n < 4 || i < 0 || i >= n - 1 || ro->layer_alike != 1 ||
         d->phase != OG_JP_forward || r->memory.fw.grad_enabled != 1 || k->checkpointing == 1 || !k->steps_known ||
-        k->steps_made || k->accumulating)
+        k->steps_made || k->accumulating || k->graph_cache >= 0)
         return;
     k->layers_to_come = (uint64_t)((double)k->act * (double)(n - i - 1) / (double)(i + 1));
     k->layers_left = n - i - 1;
@@ -3087,6 +3105,7 @@ void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds
     framework_cap(f, rec);
     job_phase(f, rec);
     roles(f, rec);
+    graph_cache(f, rec);
     layers_to_come(f, rec);
     layer_holder(f, rec);
     /* a hand-written decoding loop is a generation too: the stack shows only a forward or an evaluation, but a

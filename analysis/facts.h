@@ -470,6 +470,11 @@ typedef struct og_role_facts {
      * summing losses for one backward (roles.accumulating): a rollout collected with autograd on, a hidden state
      * carried without detach.  graphs_measured: the holder was found so */
     int graph_holder;
+    /* a cache of forward outputs with their graphs alive for the backward the running code calls later: a holder of
+     * purpose cache (a pipeline stage's fwd_cache) with >= 2 like records and >= 2 graphs alive, in a forward pass
+     * whose stack calls backward (roles.backward_on_stack): a fill-and-drain schedule keeps every micro-batch's
+     * activations until its backward (index in roles.holders; -1 none) */
+    int graph_cache;
     uint64_t kept_graphs;
     bool graphs_measured;
     bool graphs_history; /* that holder is IPython's output history (holders[].purpose output_history: Out, _5) */

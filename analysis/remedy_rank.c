@@ -1068,14 +1068,16 @@ static bool fp32_beside_half(const rctx_t *x)
  * measures the quantized model against its reference, which must keep its precision; the quantized one is already
  * the thing under test */
 static bool quant_beside_reference(const rctx_t *x) { return roles_of(x)->quant_reference > 0; }
-/* the program sums several passes' losses into one tensor whose graph is still alive (roles.accumulating)
- * while a forward pass (or the one backward on the sum) runs in a job that may train: every micro-batch's
- * activations stay alive until that backward; a backward per micro-batch frees each graph as it goes */
+/* the program sums several passes' losses into one tensor whose graph is still alive (roles.accumulating), or
+ * caches micro-batches' outputs with their graphs for a later backward (roles.graph_cache: a fill-and-drain
+ * pipeline schedule), while a forward pass (or the one backward on the sum) runs in a job that may train: every
+ * micro-batch's activations stay alive until that backward; a backward per micro-batch frees each graph as it goes */
 static bool summed_microbatches(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
-    return ro->known && ro->accumulating && ro->act_known && ro->act && x->trains != -1 && x->grad != -1 &&
-           (PHASE(forward) || PHASE(backward) || PHASE(unknown)) && !own_fix_covers(x) && !x->larger_than_device;
+    return ro->known && (ro->accumulating || ro->graph_cache >= 0) && ro->act_known && ro->act && x->trains != -1 &&
+           x->grad != -1 && (PHASE(forward) || PHASE(backward) || PHASE(unknown)) && !own_fix_covers(x) &&
+           !x->larger_than_device;
 }
 /* the program pads its inputs to a fixed maximum length (roles.padding_to_max_length) and the failing pass runs
  * over them (forward, backward, evaluation, generation or unknown), activations measured: padded to each batch's
@@ -1701,9 +1703,11 @@ static const og_rank_row_t bring[] = {
       "the job trains, roles: parameters and their gradients or optimizer state (or phase optimizer_step)",
       "adamw_first_step, ema_lazy_shadow (blind)" },
     { "summed_microbatches", summed_microbatches, WANT, 0, 0, REMS(R_BACKWARD_PER_MB),
-      "roles.accumulating (losses summed, or kept in a list, with their graphs alive), activations measured, phase "
-      "forward, backward or unknown, autograd not off, not known inference",
-      "asr_accum_summed_loss, detr_accum_losses_list_single_backward (blind)" },
+      "roles.accumulating (losses summed, or kept in a list, with their graphs alive) or roles.graph_cache (a cache of "
+      "micro-batches' outputs with their graphs for a later backward), activations measured, phase forward, backward "
+      "or unknown, autograd not off, not known inference",
+      "asr_accum_summed_loss, detr_accum_losses_list_single_backward, "
+      "llama2_7b_pipelining_schedule_gpipe_32_microbatches_stage0_keeps_every_microbatch_4x_l40s (blind)" },
     { "state_exceeds_card", state_exceeds_card, WANT, 0, 0, REMS(R_LORA, R_OFFLOAD, R_ZERO),
       "the job trains, roles: parameters + the optimizer's parameters (gradients) + its state (Adam: 2x them to come) "
       ">= the card",

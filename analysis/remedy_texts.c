@@ -3009,7 +3009,28 @@ static bool b_backward_per_microbatch(const rctx_t *x, og_remedy_t *r)
             "The program adds each micro-batch's %s into %s (%s:%d in %s) and calls backward once on the sum: "
             "every micro-batch's graph, with the activations it saved, stays alive until then.",
             operand[0] ? operand : "loss", target[0] ? target : "a total", og_base_name(file), ro->accum.line, fn);
-    else
+    else if (x->f->roles.graph_cache >= 0) {
+        const og_role_holder_t *h = &ro->holders[x->f->roles.graph_cache];
+        char lb[160];
+        const char *holder = holder_label(x, x->f->roles.graph_cache, lb, sizeof lb);
+        why(r,
+            "%s keeps %lld micro-batches' outputs with their autograd graphs for a backward later in the step: a "
+            "fill-and-drain schedule (GPipe) runs every micro-batch's forward before the first backward, so each "
+            "one's activations stay alive until then. A 1F1B schedule runs each micro-batch's backward once the "
+            "pipeline is full, so only about as many as there are stages are in flight.",
+            holder ? holder : "A cache", (long long)h->records);
+        if (x->f->roles.act_known)
+            why(r, " Measured: %s of activations.", og_hb((double)x->f->roles.act).s);
+        HOWS(x, r,
+             { PT,
+               "schedule = Schedule1F1B(stage, n_microbatches=n, loss_fn=loss_fn)   # torch.distributed.pipelining, "
+               "not ScheduleGPipe" },
+             { PT, "ScheduleInterleaved1F1B(stages, n_microbatches=n, loss_fn=loss_fn)   # several stages per rank: "
+                   "a smaller bubble" },
+             { PT, "DeepSpeed PipelineEngine and Megatron run 1F1B already: fewer micro-batches per step keeps fewer "
+                   "in flight under GPipe" });
+        return true;
+    } else
         why(r, "Losses summed over micro-batches keep every micro-batch's graph alive until the one backward.");
     if (x->f->roles.act_known)
         why(r,

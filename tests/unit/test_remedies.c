@@ -2727,6 +2727,50 @@ static void eval_copy_under_way_first(void **state)
     free(r);
 }
 
+/* a fill-and-drain pipeline schedule (GPipe): the stage's fwd_cache keeps 14 micro-batches' outputs with their graphs
+ * for the backward its step calls later (facts: roles.graph_cache): a backward per micro-batch (1F1B) leads, and the
+ * layers still to come are not projected from every micro-batch's activations; no backward on the stack (an
+ * evaluation caching outputs), a single record or a holder of no purpose (a leak, read by kept_graphs): not this */
+static void pipeline_cache_keeps_microbatch_graphs(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 6 * GiB, 0, 0, 0, 224 * MiB, 37 * GiB);
+    fixture_optimizer(r, "AdamW", 0);
+    og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 6 * GiB);
+    fixture_holder(r, "self.fwd_cache", "dict", "on PipelineStage", 224 * MiB);
+    fixture_holder_says(r, "cache", "");
+    r->memory.fw.roles.holders[0].records = 14;
+    r->memory.fw.roles.holders[0].tensors = 28;
+    r->memory.fw.roles.holders[0].graphs = 14;
+    r->memory.fw.roles.backward_on_stack = 1;
+    r->memory.fw.roles.layer_count = 8;
+    r->memory.fw.roles.layer_index = 2;
+    r->memory.fw.roles.layer_alike = 1;
+    r->memory.fw.roles.steps_known = true; /* the optimizer has made no step: the first forward */
+    fixture_phase(r, "forward", "/w/pipe.py", "forward");
+    r->memory.fw.grad_enabled = 1;
+    og_set(&r->event.requested_bytes, 16 * MiB);
+    og_set(&r->device.free_bytes, 14 * MiB);
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.graph_cache, 0);
+    assert_int_equal(r->analysis.facts.roles.layers_to_come, 0);
+    assert_string_equal(r->remedies[0].id, "backward_per_microbatch");
+    assert_true(how_has(&r->remedies[0], "Schedule1F1B"));
+    assert_int_equal(rank_of(r, "inference_mode"), 0);
+    r->memory.fw.roles.backward_on_stack = -1; /* nothing on the stack backpropagates what it caches */
+    run(r);
+    assert_int_equal(r->analysis.facts.roles.graph_cache, -1);
+    r->memory.fw.roles.backward_on_stack = 1;
+    r->memory.fw.roles.holders[0].records = 1;
+    run(r);
+    assert_int_equal(r->analysis.facts.roles.graph_cache, -1);
+    r->memory.fw.roles.holders[0].records = 14;
+    fixture_holder_says(r, "", "");
+    run(r);
+    assert_int_equal(r->analysis.facts.roles.graph_cache, -1);
+    free(r);
+}
+
 /* a checkpoint sweep whose main() keeps each call's metric states in a local dict: 4 like records of 3.5 GiB, and the
  * call under way holds one more of the same size beside it (facts: growth by records): growth, however few steps
  * the driver saw, with the holder named and its records stored as host copies; not when what Python holds beside it
@@ -7174,6 +7218,7 @@ int main(void)
         cmocka_unit_test(kept_graphs_without_training),
         cmocka_unit_test(output_history_keeps_a_graph),
         cmocka_unit_test(records_kept_by_a_caller),
+        cmocka_unit_test(pipeline_cache_keeps_microbatch_graphs),
         cmocka_unit_test(kept_graphs_measured_in_a_loop),
         cmocka_unit_test(offload_moves_only_the_model),
         cmocka_unit_test(multi_gpu_splits_only_the_state_of_one_sample),
