@@ -1131,6 +1131,12 @@ static bool rank_loads_whole_model(const rctx_t *x)
 {
     return PHASE(loading) && x->rec->world_size > 1 && !own_fix_covers(x) && !x->larger_than_device;
 }
+/* ... first, unless torch.load is restoring a checkpoint onto the GPU (checkpoint_restore_first): a restore on the
+ * host is then what keeps each rank to its shard (the old ranks' files of an elastic restart, each loaded whole) */
+static bool rank_loads_whole_model_first(const rctx_t *x)
+{
+    return rank_loads_whole_model(x) && !checkpoint_restore_first(x);
+}
 /* a load moving a model larger than the card itself onto it: its parameters here and the rest still elsewhere
  * (roles.models' parameters_elsewhere_bytes: the host, the meta device) together reach the card's capacity */
 static bool model_exceeds_card(const rctx_t *x)
@@ -2400,8 +2406,12 @@ static const og_rank_row_t lead[] = {
       "flash_attention; after extra_outputs_lead, whose order it overrides)",
       "contract_clause_highlighter_output_attentions_all_layers_4090 (blind); (unit tests: others_a_sliver_of_the_"
       "device)" },
-    { "rank_loads_whole_model_lead", rank_loads_whole_model, LEAD_COVERS, -30, 0, REMS(R_SHARD_LOAD),
-      "as rank_loads_whole_model", "fsdp_lora_llama2_13b_g5_12xlarge_device_map_local_rank (blind)" },
+    { "rank_loads_whole_model_lead", rank_loads_whole_model_first, LEAD_COVERS, -30, 0, REMS(R_SHARD_LOAD),
+      "as rank_loads_whole_model, not checkpoint_restore_lead (torch.load restoring onto the GPU: map_location "
+      "first)",
+      "fsdp_lora_llama2_13b_g5_12xlarge_device_map_local_rank, "
+      "mistral7b_fsdp_elastic_restart_16_to_8_ranks_local_state_dict_reshard_loads_every_old_shard_onto_gpu_a100_40gb "
+      "(blind)" },
     { "growing_dataset_lead", growing_dataset, LEAD_COVERS, -34, 0, REMS(R_DATASET_CPU),
       "as growing_dataset (a dataset filling the GPU is the growth: releasing it breaks the job)",
       "drqv2_replay_buffer_episodes_on_gpu, dreamer_replay_buffer_float32_chunks_on_gpu (blind)" },

@@ -2400,6 +2400,13 @@ static void rank_loads_whole_model(void **state)
     run_primary(r, "does_not_fit");
     assert_string_equal(r->remedies[0].id, "shard_before_load");
     assert_non_null(strstr(r->remedies[0].why, "each of the job's 4 ranks"));
+    /* torch.load restoring a file onto the GPU (an elastic restart reading every old rank's shard): the restore on
+     * the host leads */
+    fixture_phase(r, "loading", "/usr/lib/python3/dist-packages/torch/serialization.py", "load");
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "map_location_cpu");
+    assert_true(rank_of(r, "shard_before_load") > 1);
+    fixture_phase(r, "loading", "/w/train.py", "from_pretrained");
     r->world_size = 1;
     r->rank = r->local_rank = -1;
     run_primary(r, "does_not_fit");
