@@ -2680,15 +2680,30 @@ static void apply(rank_t *k, const rctx_t *x, const og_rank_row_t *rows, size_t 
  * pass_short_of); one that shrinks every layer's activations (a smaller batch, half precision, checkpointing)
  * shrinks them in the same proportion. */
 static double pass_to_come(const rctx_t *x) { return (double)roles_of(x)->layers_to_come; }
-/* what a remedy must free for the failing pass to run to its end: the shortfall and the layers still to come */
-static double pass_need(const rctx_t *x) { return (double)x->shortfall + pass_to_come(x); }
+/* The next record of the holder that makes up the running code's working set (roles.dominant: a local of a caller of
+ * the pass, larger than any role) where that holder is a collection of like records (roles.holders[].records, 2 or
+ * more and fewer than a data set's, OG_RECORDS_MIN) and the request does not fit: the loop that filled it adds one
+ * more when the pass ends (a view's logits, a chunk's output), so a remedy freeing less than one record buys less
+ * than one more iteration; 0 otherwise */
+static double record_to_come(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    if (!PRIMARY(DNF) || !ro->known || ro->dominant < 0)
+        return 0;
+    const og_role_holder_t *h = &x->rec->memory.fw.roles.holders[ro->dominant];
+    return h->records >= 2 && h->records < OG_RECORDS_MIN ? (double)h->bytes / (double)h->records : 0;
+}
+/* what a remedy must free for the failing pass to run to its end: the shortfall, the layers still to come and the
+ * holder's next record */
+static double pass_need(const rctx_t *x) { return (double)x->shortfall + pass_to_come(x) + record_to_come(x); }
 /* below this a remedy cannot carry the pass: the need itself for one of the activations (its estimate grows with the
- * same projection); for one that frees a fixed number of bytes, the shortfall and half the layers to come (the
- * projection is an estimate: between the two it may carry the pass, tier 2) */
+ * same projection); for one that frees a fixed number of bytes, the shortfall, half the layers to come (the
+ * projection is an estimate: between the two it may carry the pass, tier 2) and the holder's next record */
 static double pass_short_of(const rctx_t *x, int r)
 {
-    return (og_remedy_catalog[r].applies & AP_ACTIVATIONS) ? pass_need(x)
-                                                           : (double)x->shortfall + 0.5 * pass_to_come(x);
+    return (og_remedy_catalog[r].applies & AP_ACTIVATIONS)
+               ? pass_need(x)
+               : (double)x->shortfall + 0.5 * pass_to_come(x) + record_to_come(x);
 }
 
 static void estimate(rank_t *k, const rctx_t *x)

@@ -2734,6 +2734,34 @@ static void eval_copy_under_way_first(void **state)
     free(r);
 }
 
+/* test-time augmentation keeping every view's full-resolution logits in a list local to the caller of the pass (7
+ * like records of 2 GiB): the next view adds one more record, so a remedy freeing less than one (quantizing 212 MiB
+ * of weights) cannot carry the job and stays out of the top three, though it covers the 8 MiB the request lacks;
+ * the holder is named first.  A holder of one record says nothing of a loop: the weights' remedy is judged on the
+ * shortfall alone */
+static void holder_next_record_to_come(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 212 * MiB, 0, 0, 0, 14 * GiB, 1200 * MiB);
+    fixture_holder(r, "view_logits", "list", "local in predict_tta (tta.py:156)", 14 * GiB);
+    r->memory.fw.roles.holders[0].records = 7;
+    r->memory.fw.roles.holders[0].tensors = 7;
+    fixture_model(r, "DeepLabV3Plus", 212 * MiB, 1, true);
+    fixture_phase(r, "evaluation", "/w/tta.py", "forward");
+    r->memory.fw.grad_enabled = 0;
+    og_set(&r->event.requested_bytes, 16 * MiB);
+    og_set(&r->device.free_bytes, 8 * MiB);
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "release_references");
+    int q = rank_of(r, "quantization");
+    assert_true(q == 0 || q > 3);
+    r->memory.fw.roles.holders[0].records = 1;
+    run_primary(r, "does_not_fit");
+    q = rank_of(r, "quantization");
+    assert_true(q > 0 && q <= 3);
+    free(r);
+}
+
 /* a fill-and-drain pipeline schedule (GPipe): the stage's fwd_cache keeps 14 micro-batches' outputs with their graphs
  * for the backward its step calls later (facts: roles.graph_cache): a backward per micro-batch (1F1B) leads, and the
  * layers still to come are not projected from every micro-batch's activations; no backward on the stack (an
@@ -7226,6 +7254,7 @@ int main(void)
         cmocka_unit_test(output_history_keeps_a_graph),
         cmocka_unit_test(records_kept_by_a_caller),
         cmocka_unit_test(pipeline_cache_keeps_microbatch_graphs),
+        cmocka_unit_test(holder_next_record_to_come),
         cmocka_unit_test(kept_graphs_measured_in_a_loop),
         cmocka_unit_test(offload_moves_only_the_model),
         cmocka_unit_test(multi_gpu_splits_only_the_state_of_one_sample),
