@@ -221,17 +221,31 @@ enum {
     FW_CUPY = 1 << OG_FW_CUPY,
     FW_TORCH = FW_PYTORCH | FW_UNKNOWN, /* PyTorch, or what is most likely PyTorch */
     FW_ALL = FW_TORCH | FW_JAX | FW_TF | FW_CUPY,
-    ANY = 0,    /* no framework named: for every one */
-    PT = 1 << 8 /* PyTorch code */
+    ANY = 0,        /* no framework named: for every one */
+    PT = 1 << 8,    /* PyTorch code */
+    TRAIN = 1 << 9, /* a training loop's line: not shown in a job that does not train (no_training) */
+    SERVE = 1 << 10 /* a serving or evaluation job's line: shown only in a job that does not train */
 };
 typedef struct {
     unsigned fw; /* FW_* of the frameworks it is for, | PT for PyTorch code */
     const char *text;
 } how_row_t;
+/* the job does not train: known not to (trains -1), or nothing says it does while the adapter's finished scan found
+ * models but no optimizer and no gradients (a server, an evaluation; a script of bare tensors, no model, is not
+ * known either way) */
+static bool no_training(const rctx_t *x)
+{
+    const og_role_facts_t *k = &x->f->roles;
+    const og_roles_t *ro = &x->rec->memory.fw.roles;
+    return x->trains == -1 || (x->trains == 0 && k->known && ro->complete && OG_FILLED(ro->nmodels, ro->models) > 0 &&
+                               !k->opt_params && !k->grads && ro->noptimizers <= 0);
+}
 static void how_rows(const rctx_t *x, og_remedy_t *r, const how_row_t *rows, size_t n)
 {
+    bool serving = no_training(x);
     for (size_t i = 0; i < n; i++)
-        if (!(rows[i].fw & FW_ALL) || rows[i].fw & (1u << x->fw))
+        if ((!(rows[i].fw & FW_ALL) || rows[i].fw & (1u << x->fw)) && !((rows[i].fw & TRAIN) && serving) &&
+            !((rows[i].fw & SERVE) && !serving))
             how(r, "%s%s", rows[i].fw & PT ? pt(x) : "", rows[i].text);
 }
 #define HOWS(x, r, ...)                                          \
@@ -1257,9 +1271,13 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
                   "between models." },
          { FW_CUPY, "results.append(float(x.sum()))   # or x.get(): keep host copies, not device arrays" },
          { FW_CUPY, "del x; cupy.get_default_memory_pool().free_all_blocks()" },
-         { FW_TORCH | PT,
+         { FW_TORCH | PT | TRAIN,
            "losses.append(loss.detach().item())   # not losses.append(loss): that keeps every step's graph" },
-         { FW_TORCH | PT, "del outputs, loss   # before the next step; optimizer.zero_grad(set_to_none=True)" },
+         { FW_TORCH | PT | TRAIN, "del outputs, loss   # before the next step; optimizer.zero_grad(set_to_none=True)" },
+         { FW_TORCH | PT | SERVE,
+           "state.pop(request_id, None)   # when a request or session ends; or an LRU of a fixed size" },
+         { FW_TORCH | PT | SERVE,
+           "result = output.cpu()   # keep host copies of what a request returns, not GPU tensors" },
          { FW_TORCH | PT, "torch.cuda.memory._record_memory_history(); ...; "
                           "torch.cuda.memory._dump_snapshot(\"snap.pickle\")   # who holds it" });
     return true;

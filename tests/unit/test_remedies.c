@@ -3833,6 +3833,20 @@ static void growth_kept_not_others(void **state)
         int f = rank_of(r, "foreign_processes");
         if (held ? f >= 1 && f <= 3 : f != 1)
             fail_msg("held %d: foreign_processes ranked %d", held, f);
+        if (held) { /* a server, a model, no optimizer and no gradients: a request's lines, not a training loop's */
+            const og_remedy_t *rr = &r->remedies[rank_of(r, "release_references") - 1];
+            assert_true(how_has(rr, "losses.append(")); /* no model measured: not known not to train */
+            fixture_model(r, "WhisperForConditionalGeneration", 2 * GiB, 1, true);
+            run(r);
+            rr = &r->remedies[rank_of(r, "release_references") - 1];
+            assert_true(how_has(rr, "state.pop(request_id, None)"));
+            assert_false(how_has(rr, "losses.append("));
+            fixture_optimizer(r, "AdamW", 1 * GiB);
+            run(r);
+            rr = &r->remedies[rank_of(r, "release_references") - 1];
+            assert_true(how_has(rr, "losses.append("));
+            assert_false(how_has(rr, "state.pop(request_id, None)"));
+        }
         free(r);
     }
 }
