@@ -894,6 +894,15 @@ static bool frozen_model_autograd_on(const rctx_t *x)
 /* the same, named a teacher by the program, or measured as trained by no optimizer: a frozen model alone may be
  * one the gradient flows through (a GAN's discriminator in the generator's step, trained by its own optimizer),
  * where no_grad would be wrong, so only a teacher or an untrained model leads */
+/* the gradients held are more than the optimizers' parameters (roles: gradients > opt_params > 0) beside a model in eval
+ * mode that no optimizer trains (untrained_eval): the program trains something small (a textual inversion's token
+ * embedding) whose gradient flows back through that model, and its backward fills the rest, the untrained model's
+ * .grad, for nothing */
+static bool grads_untrained(const rctx_t *x)
+{
+    const og_role_facts_t *ro = roles_of(x);
+    return ro->opt_params && ro->grads > ro->opt_params && ro->untrained_eval >= ro->grads - ro->opt_params;
+}
 /* a backward through a model in eval mode whose weights require grad and hold gradients (roles gradients > 0), where
  * no optimizer holds a parameter of the device and none has state (facts: untrained_eval; opt_params and
  * optimizer_state 0): an attribution or a
@@ -903,7 +912,7 @@ static bool frozen_model_autograd_on(const rctx_t *x)
 static bool weight_grads_unread(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
-    return ro->known && ro->untrained_eval && ro->grads && !ro->opt_params && !ro->opt &&
+    return ro->known && ro->untrained_eval && ro->grads && ((!ro->opt_params && !ro->opt) || grads_untrained(x)) &&
            (PHASE(backward) || ro->backward_code || ro->input_grad) && !x->larger_than_device;
 }
 /* an attribution's pass: gradients asked for (the model's input requires grad, or the running code calls backward or
@@ -1748,9 +1757,11 @@ static const og_rank_row_t bring[] = {
       "chexpert_densenet121_smoothgrad_noise_tunnel_50_samples_one_batch_512px_t4 (blind)" },
     { "weight_grads_unread", weight_grads_unread, WANT, 0, 0, REMS(R_NO_WEIGHT_GRADS),
       "roles: a model in eval mode whose parameters require grad that no optimizer trains (untrained_eval), "
-      "gradients > 0, no optimizer holding a parameter of the device and no optimizer state; phase backward, "
-      "backward_in_code or input_requires_grad",
-      "attribution_patching_pythia_6_9b_ioi_backward_fills_weight_grads_4090 (blind)" },
+      "gradients > 0, no optimizer holding a parameter of the device and no optimizer state, or gradients beyond "
+      "the optimizers' parameters that the untrained models' cover; phase backward, backward_in_code or "
+      "input_requires_grad",
+      "attribution_patching_pythia_6_9b_ioi_backward_fills_weight_grads_4090, "
+      "textual_inversion_sd15_unet_eval_not_frozen_weight_grads_3070_8gb (blind)" },
     { "frozen_model_autograd_on", frozen_model_autograd_on, WANT, 0, 0, REMS(R_TEACHER_NO_GRAD),
       "roles: a holder of purpose teacher, a frozen model, a running model no optimizer trains (models[].trained "
       "0), or a reference or teacher model whose parameters require grad that no optimizer trains (untrained_ref), "

@@ -3067,6 +3067,19 @@ static bool b_backward_per_microbatch(const rctx_t *x, og_remedy_t *r)
 static bool b_no_weight_gradients(const rctx_t *x, og_remedy_t *r)
 {
     const og_role_facts_t *ro = &x->f->roles;
+    if (ro->opt_params) { /* an optimizer trains something else: its gradient flows back through these weights */
+        why(r,
+            "The weights of the models in eval mode (%s) require grad, but no optimizer holds them; the optimizers "
+            "hold %s of parameters. The backward toward those fills a .grad for every weight it passes through, %s "
+            "beyond the trained parameters' so far, that nothing reads. Frozen, the weights take no gradient, and "
+            "autograd still carries it through them to what is trained.",
+            og_hb((double)ro->untrained_eval).s, og_hb((double)ro->opt_params).s,
+            og_hb((double)(ro->grads - ro->opt_params)).s);
+        HOWS(x, r, { PT, "model.requires_grad_(False)   # each model no optimizer trains, once after loading" },
+             { PT, "for g in optimizer.param_groups: [p.requires_grad_(True) for p in g[\"params\"]]   # only "
+                   "what is trained takes a gradient" });
+        return true;
+    }
     why(r,
         "The model's weights (%s, in eval mode) require grad, but no optimizer in the job holds them: the backward the "
         "program asks for (an attribution, a saliency map, a probe of the activations) fills a .grad for every "

@@ -3622,6 +3622,37 @@ static void weight_gradients_nothing_reads(void **state)
     free(r);
 }
 
+/* textual inversion: an optimizer trains the text encoder's token embedding (145 MiB), and the UNet in eval mode that
+ * no optimizer trains still requires grad, so the backward toward the embedding fills the UNet's .grad (gradients
+ * 897 MiB, beyond the optimizer's parameters): freezing the models nothing trains leads; with gradients no more than
+ * what the optimizer holds, the untrained model took none: not this */
+static void weight_grads_beside_a_small_trained_part(void **state)
+{
+    og_record_t *r = base();
+    fixture_roles(r, 4 * GiB, 897 * MiB, 0, 0, 0, 2280 * MiB);
+    fixture_model(r, "UNet2DConditionModel", 3310 * MiB, 1, false);
+    r->memory.fw.roles.models[0].trained = 0;
+    r->memory.fw.roles.models[0].training = 0;
+    fixture_model(r, "CLIPTextModel", 470 * MiB, 1, false);
+    r->memory.fw.roles.models[1].trained = 1;
+    r->memory.fw.roles.models[1].training = 0;
+    fixture_optimizer(r, "AdamW", 0);
+    og_set(&r->memory.fw.roles.optimizers[0].param_bytes, 145 * MiB);
+    fixture_phase(r, "backward", "/w/textual_inversion.py", "main");
+    r->memory.fw.roles.backward_in_code = true;
+    r->memory.fw.grad_enabled = 1;
+    og_set(&r->event.requested_bytes, 58 * MiB);
+    og_set(&r->device.free_bytes, 12 * MiB);
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.untrained_eval, 3310 * MiB);
+    assert_string_equal(r->remedies[0].id, "no_weight_gradients");
+    assert_true(how_has(&r->remedies[0], "each model no optimizer trains"));
+    og_set(&r->memory.fw.roles.bytes[OG_ROLE_gradients], 145 * MiB); /* only the embedding's gradient */
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "no_weight_gradients"), 0);
+    free(r);
+}
+
 /* a saliency map: the model's input requires grad, the model in eval mode: inference_mode is not offered (the map is
  * the input's gradient), and no evaluation-with-autograd row brings it back */
 static void input_gradient_keeps_autograd(void **state)
@@ -7175,6 +7206,7 @@ int main(void)
         cmocka_unit_test(float64_weights),
         cmocka_unit_test(float64_data),
         cmocka_unit_test(weight_gradients_nothing_reads),
+        cmocka_unit_test(weight_grads_beside_a_small_trained_part),
         cmocka_unit_test(input_gradient_keeps_autograd),
         cmocka_unit_test(quantization_reads_the_weights),
         cmocka_unit_test(fp32_weights_load_in_half),
