@@ -897,11 +897,13 @@ static bool frozen_model_autograd_on(const rctx_t *x)
 /* the gradients held are more than the optimizers' parameters (roles: gradients > opt_params > 0) beside a model in eval
  * mode that no optimizer trains (untrained_eval): the program trains something small (a textual inversion's token
  * embedding) whose gradient flows back through that model, and its backward fills the rest, the untrained model's
- * .grad, for nothing */
+ * .grad, for nothing; not where a model nothing trains is named a teacher or a reference (a distillation's teacher
+ * is a side branch whose output is a target: no gradient need flow through it, and no_grad is the fix) */
 static bool grads_untrained(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
-    return ro->opt_params && ro->grads > ro->opt_params && ro->untrained_eval >= ro->grads - ro->opt_params;
+    return ro->opt_params && ro->grads > ro->opt_params && ro->untrained_eval >= ro->grads - ro->opt_params &&
+           !ro->purpose_bytes[OG_PURPOSE_teacher] && !ro->untrained_ref;
 }
 /* a backward through a model in eval mode whose weights require grad and hold gradients (roles gradients > 0), where
  * no optimizer holds a parameter of the device and none has state (facts: untrained_eval; opt_params and

@@ -3647,6 +3647,11 @@ static void weight_grads_beside_a_small_trained_part(void **state)
     assert_int_equal(r->analysis.facts.roles.untrained_eval, 3310 * MiB);
     assert_string_equal(r->remedies[0].id, "no_weight_gradients");
     assert_true(how_has(&r->remedies[0], "each model no optimizer trains"));
+    /* the model nothing trains named a teacher (a distillation): a side branch, run under no_grad instead */
+    snprintf(r->memory.fw.roles.models[0].purpose, sizeof r->memory.fw.roles.models[0].purpose, "teacher");
+    run_primary(r, "does_not_fit");
+    assert_int_equal(rank_of(r, "no_weight_gradients"), 0);
+    r->memory.fw.roles.models[0].purpose[0] = 0;
     og_set(&r->memory.fw.roles.bytes[OG_ROLE_gradients], 145 * MiB); /* only the embedding's gradient */
     run_primary(r, "does_not_fit");
     assert_int_equal(rank_of(r, "no_weight_gradients"), 0);
