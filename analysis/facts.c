@@ -959,6 +959,20 @@ static bool growth_by_graphs(const og_facts_t *d, const og_record_t *r, og_growt
 
 static bool pass_own_local(const char *where, const og_record_t *r);
 
+/* a local of a caller of the running code ("local in main (train.py:40)"), not of the pass itself (pass_own_local):
+ * what a loop around the running call keeps */
+static bool caller_local(const char *where, const og_record_t *r)
+{
+    return strncmp(where, "local in ", 9) == 0 && !pass_own_local(where, r);
+}
+
+/* the bytes of one record of a holder that is a collection of like records (roles.holders[].records, 2 or more); 0
+ * for anything else */
+static double record_bytes(const og_role_holder_t *h)
+{
+    return h->records >= 2 ? (double)h->bytes / (double)h->records : 0;
+}
+
 /* Measured as well: a local of a caller of the running code (not the pass's own, pass_own_local: main()'s `results`)
  * is a collection of RECORD_STEPS_MIN or more like records (roles.holders[].records), and what Python holds beside it
  * is one more record, within an eighth (the call under way builds the next: results[ckpt] = evaluate(model, ckpt)
@@ -978,11 +992,10 @@ static bool growth_by_records(const og_facts_t *d, const og_record_t *r, og_grow
         const og_role_holder_t *h = &ro->holders[i];
         char where[sizeof h->where];
         og_cpy(where, sizeof where, h->where, sizeof where);
-        if (strncmp(where, "local in ", 9) != 0 || pass_own_local(where, r) || h->copy_of[0] ||
-            h->records < RECORD_STEPS_MIN || !((double)h->bytes >= gm || (d->shortfall && h->bytes >= d->shortfall)))
+        if (!caller_local(where, r) || h->copy_of[0] || h->records < RECORD_STEPS_MIN ||
+            !((double)h->bytes >= gm || (d->shortfall && h->bytes >= d->shortfall)))
             continue;
-        double per = (double)h->bytes / (double)h->records,
-               beside = (double)sub0(ro->bytes[OG_ROLE_held_by_python].v, h->bytes);
+        double per = record_bytes(h), beside = (double)sub0(ro->bytes[OG_ROLE_held_by_python].v, h->bytes);
         if (per > 0 && beside >= 0.875 * per && beside <= 1.125 * per &&
             (best < 0 || h->bytes > ro->holders[best].bytes))
             best = i;
@@ -2058,7 +2071,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
          * local that outlives every step (a training loop's `cache` of every batch, filled before epoch 1) is
          * what the program keeps all the same */
         bool keepsake = pu == OG_PURPOSE_NONE || pu == OG_PURPOSE_cache || pu == OG_PURPOSE_dataset;
-        if (keepsake && !h->copy_of[0] && pass_runs && local && !pass_own_local(where, r) &&
+        if (keepsake && !h->copy_of[0] && pass_runs && caller_local(where, r) &&
             og_known(ro->bytes[OG_ROLE_activations]) && h->bytes > largest_role(ro) &&
             (k->dominant < 0 || h->bytes > ro->holders[k->dominant].bytes))
             k->dominant = i;
@@ -2101,6 +2114,9 @@ static void roles(og_facts_t *d, const og_record_t *r)
             k->keeper_map = map_kind(kind);
         }
     }
+    /* a working set that is a few like records (fewer than a data set's): the loop that fills it adds one more */
+    if (k->dominant >= 0 && ro->holders[k->dominant].records < OG_RECORDS_MIN)
+        k->dominant_record = record_bytes(&ro->holders[k->dominant]);
     k->working = add_sat(k->act, k->local_held);
     if (k->model_params && nm < 6) { /* every model was listed: what is beyond them is no model's */
         /* optimizers holding more parameters than every model has train parameters of their own (the fp32 master

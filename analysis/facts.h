@@ -330,6 +330,9 @@ typedef struct og_role_facts {
      * main(); holders kept across calls have their own rows: kept_outgrows_cache); its index in
      * roles.holders, -1 none.  The largest thing on the device is what the program keeps there */
     int dominant;
+    /* the bytes of one record of that holder where it is a collection of like records (roles.holders[].records, 2 or
+     * more and fewer than a data set's, OG_RECORDS_MIN: a view's logits, a chunk's output); 0 otherwise */
+    double dominant_record;
     int keeper; /* index in roles.holders of the largest holder kept across calls, -1 none */
     uint64_t keeper_bytes;
     bool keeper_map; /* that holder is a dict or another mapping/cache */

@@ -2693,18 +2693,14 @@ static void apply(rank_t *k, const rctx_t *x, const og_rank_row_t *rows, size_t 
  * pass_short_of); one that shrinks every layer's activations (a smaller batch, half precision, checkpointing)
  * shrinks them in the same proportion. */
 static double pass_to_come(const rctx_t *x) { return (double)roles_of(x)->layers_to_come; }
-/* The next record of the holder that makes up the running code's working set (roles.dominant: a local of a caller of
- * the pass, larger than any role) where that holder is a collection of like records (roles.holders[].records, 2 or
- * more and fewer than a data set's, OG_RECORDS_MIN) and the request does not fit: the loop that filled it adds one
- * more when the pass ends (a view's logits, a chunk's output), so a remedy freeing less than one record buys less
- * than one more iteration; 0 otherwise */
+/* The next record of the holder that makes up the running code's working set (facts: roles.dominant_record, a
+ * collection of a few like records that a caller of the pass keeps) where the request does not fit: the loop that
+ * filled it adds one more when the pass ends (a view's logits, a chunk's output), so a remedy freeing less than one
+ * record buys less than one more iteration; 0 otherwise */
 static double record_to_come(const rctx_t *x)
 {
     const og_role_facts_t *ro = roles_of(x);
-    if (!PRIMARY(DNF) || !ro->known || ro->dominant < 0)
-        return 0;
-    const og_role_holder_t *h = &x->rec->memory.fw.roles.holders[ro->dominant];
-    return h->records >= 2 && h->records < OG_RECORDS_MIN ? (double)h->bytes / (double)h->records : 0;
+    return PRIMARY(DNF) && ro->known ? ro->dominant_record : 0;
 }
 /* what a remedy must free for the failing pass to run to its end: the shortfall, the layers still to come and the
  * holder's next record */
