@@ -35,6 +35,7 @@ PATTERNS = (
     ("loading", 50, "*", "load_checkpoint"),
     ("loading", 50, "*", "dequantize"),
     ("loading", 50, "*", "dequantize_and_replace"),
+    ("loading", 50, "*", "prepare_model_for_kbit_training"),
     ("loading", 50, "*/torch/nn/modules/module.py", "to"),
     ("loading", 50, "*/torch/nn/modules/module.py", "cuda"),
     ("loading", 50, "*/torch/nn/modules/module.py", "_apply"),

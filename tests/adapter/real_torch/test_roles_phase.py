@@ -1738,6 +1738,20 @@ def t_phase_dequantize():
     expect_phase(M()(torch.zeros(1)), "forward", "test_roles_phase.py", "forward")
 
 
+def t_phase_kbit_preparation():
+    """PEFT's prepare_model_for_kbit_training casts a k-bit model's 16-bit parameters to float32 before any batch:
+    weights arriving in a new dtype, a load"""
+    def prepare_model_for_kbit_training(model):
+        for m in model.modules():
+            for name, p in list(m._parameters.items()):
+                if p is not None and p.dtype == torch.bfloat16:
+                    m._parameters[name] = torch.nn.Parameter(p.data.float(), requires_grad=False)
+                    return oomguard_phase.detect(sys._getframe(), 0)
+    model = torch.nn.Linear(2, 2).to(torch.bfloat16)
+    expect_phase(prepare_model_for_kbit_training(model), "loading", "test_roles_phase.py",
+                 "prepare_model_for_kbit_training")
+
+
 def t_checkpointing():
     """roles.gradient_checkpointing on real modules and torch.utils.checkpoint: off inside a layer run
     plainly, on inside checkpoint(), on with Hugging Face's flag, unknown in the model's own head"""
@@ -2678,6 +2692,7 @@ if not STAND_IN:
     check("nn.MultiheadAttention asked for its weights is the operation attention, its argument read",
           t_operation_mha_weights)
     check("phase loading: a model's dequantize(); not bitsandbytes' dequantize_4bit in a forward", t_phase_dequantize)
+    check("phase loading: PEFT's prepare_model_for_kbit_training casting weights to float32", t_phase_kbit_preparation)
     check("gradient checkpointing: off in a plain layer, on under torch.utils.checkpoint or the flag", t_checkpointing)
     check("failing layer: its place in a ModuleList or Sequential of like layers", t_failing_layer)
     check("the generate() call's input: positional, keyword or inputs_tensor, batch first; none without one",
