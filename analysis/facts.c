@@ -28,6 +28,7 @@
  *
  * The history patterns (growth's steps, a load the request belongs to) and the cross-device
  * imbalance are facts too: the causes report them, does_not_fit and the remedies read them. */
+#include <ctype.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1480,6 +1481,63 @@ static bool batchless_sizes(const og_roles_t *ro, int batch)
     return dim;
 }
 
+/* The request is the failing statement's sizes and nothing else: the product of its int operands times an element
+ * size (1, 2, 4 or 8 bytes) is the request, rounded up as an allocator does (under 2 MiB more), one of them a dimension (>= REQ_DIM_MIN), and no name it
+ * reads is a batch's (og_role_facts_t.sizes_make_request: heads x length x length of one prompt's scores; channels x
+ * height x width of one photo).  A batch it would scale with is not among its factors. */
+static bool is_batch_name(const char *name, size_t n)
+{
+    static const char *const whole[] = { "b", "n", "bs", "bsz", "nb", "mb", "mbs" };
+    static const char *const parts[] = { "batch", "sample", "example", "prompt", "request", "image", "item", "row" };
+    char low[64];
+    if (n >= sizeof low)
+        n = sizeof low - 1;
+    for (size_t i = 0; i < n; i++)
+        low[i] = (char)tolower((unsigned char)name[i]);
+    low[n] = 0;
+    for (size_t i = 0; i < sizeof whole / sizeof *whole; i++)
+        if (strcmp(low, whole[i]) == 0)
+            return true;
+    for (size_t i = 0; i < sizeof parts / sizeof *parts; i++)
+        if (strstr(low, parts[i]))
+            return true;
+    return false;
+}
+
+#define REQ_ROUNDING (2u << 20)
+static bool sizes_make_request(const og_roles_t *ro, uint64_t req)
+{
+    char s[sizeof ro->stmt_ints], names[sizeof ro->stmt_names];
+    og_cpy(s, sizeof s, ro->stmt_ints, sizeof s);
+    og_cpy(names, sizeof names, ro->stmt_names, sizeof names);
+    if (!req || !s[0])
+        return false;
+    for (const char *p = names; *p;) {
+        size_t n = strcspn(p, ",");
+        if (n && is_batch_name(p, n))
+            return false;
+        p += n + (p[n] == ',');
+    }
+    uint64_t prod = 1;
+    bool dim = false;
+    for (char *p = s; *p;) {
+        char *e;
+        unsigned long long x = strtoull(p, &e, 10);
+        if (e == p || x == 0 || prod > UINT64_MAX / x)
+            return false;
+        prod *= x;
+        dim = dim || x >= REQ_DIM_MIN;
+        if (*e != ',')
+            break;
+        p = e + 1;
+    }
+    /* the allocator rounds a request up (PyTorch: large blocks to 2 MiB) */
+    for (uint64_t size = 1; dim && size <= 8 && prod <= UINT64_MAX / 8; size *= 2)
+        if (req >= size * prod && req - size * prod < REQ_ROUNDING)
+            return true;
+    return false;
+}
+
 static const char *const operation_names[OG_NOPERATIONS] = {
 #define OG_OPERATION(name) #name,
 #include "operations.def"
@@ -1960,6 +2018,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
     k->checkpointing = ro->checkpointing > 0 ? 1 : ro->checkpointing < 0 ? -1 : 0;
     k->batch_size = ro->batch_size > 0 ? ro->batch_size : 0;
     k->batchless_sizes = ro->has_statement && batchless_sizes(ro, k->batch_size);
+    k->sizes_make_request = ro->has_statement && d->req_known && sizes_make_request(ro, d->req);
     k->autocast_code = ro->autocast_in_code;
     k->backward_code = ro->backward_in_code;
     k->input_grad = ro->input_grad;

@@ -355,9 +355,13 @@ typedef struct og_role_facts {
     bool batchless_sizes;  /* the failing statement's int operands are known, one at least a dimension (>= 128),
                                and none is the batch size (> 1): the failing tensor is one sample's, it does not
                                shrink with the batch (box IoU of one image's anchors x boxes) */
-    bool autocast_code;    /* roles.autocast_in_code: the program's running code enters autocast (false: not said) */
-    bool backward_code;    /* roles.backward_in_code: the program's running code calls backward (false: not said) */
-    bool input_grad;       /* roles.input_requires_grad: the program asks for the gradient of the model's input */
+    /* the request is the failing statement's sizes and nothing else (the product of its int operands, one a dimension
+     * >= 128, times 1, 2, 4 or 8 bytes, is the request less its rounding, under 2 MiB) and no name it reads is a batch's: one prompt's
+     * heads x length x length scores, one photo's channels x height x width; no batch is among its factors */
+    bool sizes_make_request;
+    bool autocast_code; /* roles.autocast_in_code: the program's running code enters autocast (false: not said) */
+    bool backward_code; /* roles.backward_in_code: the program's running code calls backward (false: not said) */
+    bool input_grad;    /* roles.input_requires_grad: the program asks for the gradient of the model's input */
     /* roles.backward_on_stack false: the failing stack was read and no frame on it, the program's or a framework's,
      * calls backward or autograd's grad: the pass feeds no backward (false: it does, or not read) */
     bool no_backward;

@@ -2927,6 +2927,20 @@ static void estimate(rank_t *k, const rctx_t *x)
     }
     if (ro->known && ro->batch_size == 1) /* a batch of one cannot shrink: accumulation needs a smaller one */
         cover[R_SMALLER_BATCH] = 0;
+    /* no batch named, and the failing tensor is the statement's sizes alone (facts: sizes_make_request): none of its
+     * factors is a batch, so no smaller batch shrinks it */
+    if (ro->known && ro->batch_size == 0 && ro->sizes_make_request) {
+        cover[R_SMALLER_BATCH] = 0;
+        /* ... a product of one input's sizes (a photo's channels x height x width, a text's tokens x vocabulary):
+         * the input can shrink as far as needed, and the failing tensor with it (a smaller photo, a shorter text;
+         * where no layer attends, input_not_a_sequence gives the shorter text's place to the smaller input) */
+        if (ro->request_shape == OG_REQ_PRODUCT) {
+            if (0.875 * (double)x->req > cover[R_CAP_INPUT])
+                cover[R_CAP_INPUT] = 0.875 * (double)x->req;
+            if (0.875 * (double)x->req > cover[R_SHORTER_SEQ])
+                cover[R_SHORTER_SEQ] = 0.875 * (double)x->req;
+        }
+    }
     /* the failing statement makes a dataset (roles.statement's purpose: X_va = torch.tensor(X_va_np, device=...)):
      * the request is the data, whole, which no batch size, precision of the pass or autograd mode changes; what the
      * remedies of a pass can save is in the activations measured (none, before the first batch), and quantization's

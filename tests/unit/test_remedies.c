@@ -371,6 +371,44 @@ static void does_not_fit_never_leads_with_empty_cache(void **state)
     free(r);
 }
 
+/* One photo's VAE encode at full resolution: the failing statement's sizes (channels x height x width, read from
+ * c0, h, w) times four bytes are the request, rounded up to 2 MiB as PyTorch's allocator does, and no name it
+ * reads is a batch's.  No batch is among the tensor's factors: a smaller batch cannot shrink it (tier 3), a smaller
+ * input can (cap_input_size leads).  A batch among the names read, or a request beyond the sizes, says nothing */
+static void request_of_one_inputs_sizes(void **state)
+{
+    og_record_t *r = base();
+    uint64_t req = 128ull * 4000 * 6000 * 4 + 1310720;
+    og_set(&r->device.total_bytes, 24 * GiB);
+    og_set(&r->memory.process_tracked_bytes, 19 * GiB);
+    r->memory.framework_bytes = 19 * GiB;
+    fixture_roles(r, 7 * GiB, 0, 0, 0, 0, 12 * GiB);
+    fixture_phase(r, "evaluation", "/w/inpaint.py", "encode");
+    r->memory.fw.grad_enabled = -1;
+    og_set(&r->memory.fw.roles.attention_modules, 0);
+    r->memory.fw.roles.has_statement = true;
+    snprintf(r->memory.fw.roles.stmt_names, sizeof r->memory.fw.roles.stmt_names, "torch,empty,c0,h,w,self,dtype");
+    snprintf(r->memory.fw.roles.stmt_ints, sizeof r->memory.fw.roles.stmt_ints, "128,4000,6000");
+    og_set(&r->event.requested_bytes, req);
+    og_set(&r->device.free_bytes, 4 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_true(r->analysis.facts.roles.sizes_make_request);
+    assert_string_equal(r->remedies[0].id, "cap_input_size");
+    assert_true(rank_of(r, "smaller_batch") == 0 || rank_of(r, "smaller_batch") > 3);
+    snprintf(r->memory.fw.roles.stmt_names, sizeof r->memory.fw.roles.stmt_names, "torch,empty,n_images,c0,h,w");
+    run(r);
+    assert_false(r->analysis.facts.roles.sizes_make_request);
+    snprintf(r->memory.fw.roles.stmt_names, sizeof r->memory.fw.roles.stmt_names, "torch,empty,c0,h,w,self,dtype");
+    og_set(&r->event.requested_bytes, req + 4 * MiB); /* beyond the sizes and their rounding */
+    run(r);
+    assert_false(r->analysis.facts.roles.sizes_make_request);
+    og_set(&r->event.requested_bytes, req);
+    r->memory.fw.roles.batch_size = 4; /* a batch the program names: its own reading stands */
+    run(r);
+    assert_int_equal(rank_of(r, "smaller_batch"), 1);
+    free(r);
+}
+
 /* A 16k-token prefill in eager attention fails on its first layer's scores (the statement's sizes heads x seq x seq)
  * beside other processes holding more than the shortfall but less than it and another request of the scores' size:
  * the softmax and every later layer ask as much again, so the pass does not fit, fused attention is offered and
@@ -7147,6 +7185,7 @@ int main(void)
         cmocka_unit_test(does_not_fit_selection),
         cmocka_unit_test(does_not_fit_never_leads_with_empty_cache),
         cmocka_unit_test(attention_scores_beside_others),
+        cmocka_unit_test(request_of_one_inputs_sizes),
         cmocka_unit_test(foreign_names_the_pids),
         cmocka_unit_test(growth_of_model_copies),
         cmocka_unit_test(growth_selection),
