@@ -866,8 +866,9 @@ static bool c_non_framework(const og_facts_t *d, const og_record_t *r, og_cause_
     }
     return true;
 }
-#define GROWTH_MIN_STEPS 6
-#define KEPT_CONFIDENCE  0.9 /* a growth that what Python keeps across calls holds (growth.kept_measured) */
+#define GROWTH_MIN_STEPS   6
+#define KEPT_CONFIDENCE    0.9  /* a growth that what Python keeps across calls holds (growth.kept_measured) */
+#define BOUNDED_CONFIDENCE 0.45 /* a growth that a cache at the bound the program set holds (growth.bounded) */
 
 /* Growth: the facts' reading of the steps (facts.c) when it holds. */
 static bool c_growth(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
@@ -894,6 +895,10 @@ static bool c_growth(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
      * whatever others hold beside it */
     if (g->kept_measured && c->confidence < KEPT_CONFIDENCE)
         c->confidence = KEPT_CONFIDENCE;
+    /* ... unless what keeps it is a cache that reached the bound the program set (an LRU at its budget): memory rose
+     * as it filled and stops there; a side finding, below the splinters beside it (fragmentation, 0.5) */
+    if (g->bounded && c->confidence > BOUNDED_CONFIDENCE)
+        c->confidence = BOUNDED_CONFIDENCE;
     if (g->marker == OG_MARK_KEPT_GRAPHS) {
         const og_role_holder_t *h = &r->memory.fw.roles.holders[d->roles.graph_holder];
         char label[sizeof h->label];
@@ -967,6 +972,19 @@ static bool c_growth(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
         ev_bytes(c, "lora_parameters_bytes", k->lora_params);
     if (g->over_run) /* read from the run's series, one point every this many optimizer steps */
         ev_num(c, "run_series_every", (double)g->every);
+    if (g->bounded) { /* a cache that reached the bound the program set: name it and its bound */
+        const og_role_holder_t *h = &r->memory.fw.roles.holders[k->bounded];
+        char label[sizeof h->label];
+        og_cpy(label, sizeof label, h->label, sizeof label);
+        summary_more(c, 160,
+                     ". %s is at the bound the program set for it (%s): it stops there, a cache full, not a leak.",
+                     label, og_known(h->bound_bytes) ? og_hb((double)h->bound_bytes.v).s : "its capacity in entries");
+        ev_text(c, "bounded_holder", "%s", label);
+        if (og_known(h->bound_bytes))
+            ev_bytes(c, "bound_bytes", h->bound_bytes.v);
+        if (og_known(h->bound_records))
+            ev_num(c, "bound_records", (double)h->bound_records.v);
+    }
     /* the rise (all of it, or its steady part, step by step) is one collective-communication library's
      * own memory: say whose it is */
     if (d->comm_holds_growth) {

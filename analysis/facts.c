@@ -2561,8 +2561,9 @@ static void loose_operation(og_facts_t *d, const og_record_t *r)
 static void kept_outgrows_cache(og_facts_t *d)
 {
     og_role_facts_t *k = &d->roles;
+    /* (less what holders at their bound keep: that stops where it is, and the splinters beside it are the room) */
     d->kept_outgrows_cache = k->known && k->act_known && d->cached_known && !d->recovered && d->reservation &&
-                             d->phase != OG_JP_loading && outgrows(d, k->kept_across);
+                             d->phase != OG_JP_loading && outgrows(d, sub0(k->kept_across, k->bounded_bytes));
 }
 
 /* the others a sliver of the device beside a pass still building (facts.h: others_sliver); an attention's scores
@@ -3097,6 +3098,41 @@ static void grower(og_facts_t *d, const og_record_t *r)
         }
 }
 
+/* holders kept to a bound the program names that they have reached (facts.h: at_bound): what they keep stops
+ * there, a cache full, not a leak */
+#define AT_BOUND_SHARE 0.9
+static bool holder_at_bound(const og_role_holder_t *h)
+{
+    if (og_known(h->bound_bytes) && h->bound_bytes.v && (double)h->bytes >= AT_BOUND_SHARE * (double)h->bound_bytes.v)
+        return true;
+    return og_known(h->bound_records) && h->bound_records.v >= 2 && h->records >= 2 &&
+           (double)h->records >= AT_BOUND_SHARE * (double)h->bound_records.v;
+}
+
+static void at_bound(og_facts_t *d, const og_record_t *r)
+{
+    og_role_facts_t *k = &d->roles;
+    const og_roles_t *ro = &r->memory.fw.roles;
+    k->bounded = -1;
+    if (!k->known)
+        return;
+    int nh = OG_FILLED(ro->nholders, ro->holders);
+    for (int i = 0; i < nh; i++) {
+        const og_role_holder_t *h = &ro->holders[i];
+        char where[sizeof h->where];
+        og_cpy(where, sizeof where, h->where, sizeof where);
+        if (strncmp(where, "local in ", 9) == 0 || !holder_at_bound(h))
+            continue;
+        k->bounded_bytes = add_sat(k->bounded_bytes, h->bytes);
+        if (k->bounded < 0 || h->bytes > ro->holders[k->bounded].bytes)
+            k->bounded = i;
+    }
+    /* the growth is that cache filling: its holder, or holders at their bound keeping most of the rise */
+    d->growth.bounded = d->growth.holds && k->bounded >= 0 &&
+                        (k->grower == k->bounded ||
+                         (d->growth.rise && (double)k->bounded_bytes >= AT_BOUND_SHARE * (double)d->growth.rise));
+}
+
 /* ------------------------------------------------------------------ the framework's version */
 
 /* PyTorch's version in the adapter's `source` ("torch 1.13.0", "torch 2.5.1+cu121"): major * 100 + minor, 0 when
@@ -3200,6 +3236,7 @@ void og_facts_compute(og_facts_t *f, const og_record_t *rec, const og_thresholds
     f->growth.copies_kept = f->growth.holds && f->roles.known && f->growth.rise &&
                             (double)f->roles.model_copies >= 0.8 * (double)f->growth.rise;
     grower(f, rec);
+    at_bound(f, rec);
     load(f, rec);
     imbalance(f, rec);
     non_framework(f, rec);

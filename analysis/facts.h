@@ -134,6 +134,9 @@ typedef struct og_growth_facts {
     /* the growth holds and copies of one model beyond the first (roles.model_copies) are at least 4/5 of its rise: a
      * model built anew each iteration while the earlier ones are kept */
     bool copies_kept;
+    /* the growth holds and it is a cache filling to the bound the program names (roles.bounded: the growth's holder,
+     * or holders at their bound keeping 9/10 of the rise): it stops there, no leak */
+    bool bounded;
     /* read from the run's series (roles.allocated_over_run, every `every`-th optimizer step of the whole run): a
      * staircase, flat within an iteration of many optimizer steps and up between them, never down; steps, rising and
      * transitions then count the series' points and its rises */
@@ -407,7 +410,12 @@ typedef struct og_role_facts {
     bool extra_outputs; /* roles.extra_outputs: the program asks a model for per-layer or per-token outputs */
     uint64_t act_copy;  /* of the activations, blocks that copy the parameters or the optimizer state (the adapter's
                           roles.activations_copy_of: a copy no named object holds yet), 0 none */
-    int grower;         /* index in roles.holders of the largest holder (kept across calls or a local of a running
+    /* holders kept across calls (not locals of running code) that reached the bound the program names for them
+     * (roles.holders[].bound_bytes, bound_records: at least 9/10 of it): an LRU at its budget; the largest's index in
+     * roles.holders (-1 none) and their bytes */
+    int bounded;
+    uint64_t bounded_bytes;
+    int grower; /* index in roles.holders of the largest holder (kept across calls or a local of a running
                            loop) holding at least half of what the growth's steps kept (the median rise per step
                            times the steps), -1 none or no growth */
     uint64_t grower_bytes;

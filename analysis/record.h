@@ -192,6 +192,9 @@ typedef struct og_role_holder {
      * -1 not read (an older adapter) */
     int64_t records;
     og_opt_u64_t float64; /* of its bytes, those in float64 tensors (unset: not read, an older adapter) */
+    /* the bound it is kept to, as the object whose attribute it is names it (an LRU's budget_bytes, its capacity
+     * in entries; a deque's maxlen): bytes and records, unset none named (or an older adapter) */
+    og_opt_u64_t bound_bytes, bound_records;
 } og_role_holder_t;
 
 typedef struct og_roles {

@@ -605,7 +605,8 @@ static bool cache_kept(const rctx_t *x)
     const og_role_holder_t *h = &x->rec->memory.fw.roles.holders[ro->keeper];
     enum og_purpose pu = og_holder_purpose(x->f, x->rec, ro->keeper);
     return (pu == OG_PURPOSE_NONE || pu == OG_PURPOSE_cache) && !h->copy_of[0] && ro->keeper_bytes > ro->working &&
-           (!HAS(GROWTH) || ro->keeper_bytes > x->f->growth.rise) && !own_fix_covers(x) && !x->larger_than_device;
+           (!HAS(GROWTH) || ro->keeper_bytes > x->f->growth.rise) && !own_fix_covers(x) && !x->larger_than_device &&
+           ro->keeper != ro->bounded; /* (one at the bound the program set is bounded already) */
 }
 /* the models a registry by key keeps resident: a registry of one class (roles.registry_models), else different
  * models held by key and idle (roles.keyed_models) in a job not known to train (models a training step uses
@@ -1789,7 +1790,7 @@ static const og_rank_row_t bring[] = {
       "lora_adapters_piled)" },
     { "cache_kept", cache_kept, WANT, 0, 0, REMS(R_BOUNDED_CACHE),
       "roles: the largest holder kept across calls is a dict/cache >= shortfall, named cache or nothing, no copy of a "
-      "role, > the running code's tensors and > any growth's rise",
+      "role, > the running code's tensors and > any growth's rise, not at the bound its object names (roles.bounded)",
       "tenant_prefix_kv_cache_dict_never_evicted (blind); (unit tests: cache_kept_across_calls)" },
     { "model_registry", model_registry, WANT, 0, 0, REMS(R_BOUNDED_CACHE),
       "roles.models: >= 2 models of a class held only as a map's entries (NAME[key]) >= shortfall; or, not "

@@ -255,6 +255,16 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
             og_sb_printf(sb, "%llu", (unsigned long long)h->float64.v);
         else
             og_sb_puts(sb, "null");
+        og_sb_puts(sb, ",\"bound_bytes\":");
+        if (og_known(h->bound_bytes))
+            og_sb_printf(sb, "%llu", (unsigned long long)h->bound_bytes.v);
+        else
+            og_sb_puts(sb, "null");
+        og_sb_puts(sb, ",\"bound_records\":");
+        if (og_known(h->bound_records))
+            og_sb_printf(sb, "%llu", (unsigned long long)h->bound_records.v);
+        else
+            og_sb_puts(sb, "null");
         og_sb_puts(sb, "}");
     }
     og_sb_puts(sb, "]");

@@ -134,10 +134,10 @@ static void parse_roles(const char *s, og_roles_t *r)
     while (s && *s) {
         const char *end = strchr(s, '\n');
         size_t len = end ? (size_t)(end - s) : strlen(s);
-        char line[2048], *f[19];
+        char line[2048], *f[21];
         snprintf(line, sizeof line, "%.*s", (int)(len < sizeof line - 1 ? len : sizeof line - 1), s);
         s = end ? end + 1 : s + len;
-        int n = split_tabs(line, f, 19); /* the longest record: holder */
+        int n = split_tabs(line, f, 21); /* the longest record: holder */
         if (!strcmp(f[0], "role") && n >= 4) {
             for (int i = 0; i < OG_NROLES; i++)
                 if (!strcmp(f[1], role_keys[i])) {
@@ -196,6 +196,12 @@ static void parse_roles(const char *s, og_roles_t *r)
             og_unset(&h->float64);
             if (n >= 19 && f[18][0] >= '0' && f[18][0] <= '9')
                 og_set(&h->float64, strtoull(f[18], NULL, 10));
+            og_unset(&h->bound_bytes);
+            og_unset(&h->bound_records);
+            if (n >= 20 && f[19][0] >= '0' && f[19][0] <= '9')
+                og_set(&h->bound_bytes, strtoull(f[19], NULL, 10));
+            if (n >= 21 && f[20][0] >= '0' && f[20][0] <= '9')
+                og_set(&h->bound_records, strtoull(f[20], NULL, 10));
         } else if (!strcmp(f[0], "model") && n >= 6 && r->nmodels < (int)(sizeof r->models / sizeof r->models[0])) {
             copy_str(r->models[r->nmodels].cls, sizeof r->models[0].cls, f[1]);
             r->models[r->nmodels].bytes = strtoull(f[2], NULL, 10);

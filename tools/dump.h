@@ -73,13 +73,14 @@ enum og_setting_ix {
 struct og_role_holder_view {
     const char *label, *name, *kind, *where;
     int64_t bytes, tensors;
-    struct og_pyframe site;          /* file NULL: no site */
-    const char *purpose, *copy_of;   /* NULL: none */
-    int64_t graphs;                  /* tensors read whose autograd graph is alive; -1 unknown (null) */
-    int64_t restored_bytes;          /* of its bytes, those torch.load restored onto a GPU; -1 unknown (null) */
-    struct og_pyframe restored_site; /* the torch.load line that restored most of them; file NULL: none */
-    int64_t records;                 /* the like records it is a collection of; 0 none, -1 unknown (null) */
-    int64_t float64_bytes;           /* of its bytes, those in float64 tensors; -1 unknown (null) */
+    struct og_pyframe site;             /* file NULL: no site */
+    const char *purpose, *copy_of;      /* NULL: none */
+    int64_t graphs;                     /* tensors read whose autograd graph is alive; -1 unknown (null) */
+    int64_t restored_bytes;             /* of its bytes, those torch.load restored onto a GPU; -1 unknown (null) */
+    struct og_pyframe restored_site;    /* the torch.load line that restored most of them; file NULL: none */
+    int64_t records;                    /* the like records it is a collection of; 0 none, -1 unknown (null) */
+    int64_t float64_bytes;              /* of its bytes, those in float64 tensors; -1 unknown (null) */
+    int64_t bound_bytes, bound_records; /* the bound its owner names for it; -1 none named (null) */
 };
 
 /* memory.framework.roles: every key the writer documents (docs/dump-format.md), read once here for

@@ -1068,12 +1068,14 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
         TRY(read_pyframe_obj(L, x, "site", &pe, &h->site));
         TRY(get_str(L, x, &pe, "purpose", &h->purpose));
         TRY(get_str(L, x, &pe, "copy_of", &h->copy_of));
-        h->graphs = h->restored_bytes = h->records = h->float64_bytes = -1;
+        h->graphs = h->restored_bytes = h->records = h->float64_bytes = h->bound_bytes = h->bound_records = -1;
         TRY(get_int(L, x, &pe, "graphs", &h->graphs));
         TRY(get_int(L, x, &pe, "restored_bytes", &h->restored_bytes));
         TRY(read_pyframe_obj(L, x, "restored_site", &pe, &h->restored_site));
         TRY(get_int(L, x, &pe, "records", &h->records));
         TRY(get_int(L, x, &pe, "float64_bytes", &h->float64_bytes));
+        TRY(get_int(L, x, &pe, "bound_bytes", &h->bound_bytes));
+        TRY(get_int(L, x, &pe, "bound_records", &h->bound_records));
     });
     ROLES_ARRAY("models", r->models, r->nmodels, {
         TRY(get_str(L, x, &pe, "class", &r->models[r->nmodels].cls));

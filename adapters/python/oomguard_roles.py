@@ -733,12 +733,13 @@ def _path_purpose(scan, v, limit=4096, depth=_DEPTH + 4):
     return PURPOSES[r][0] if r < none and 2 * most >= total > 0 else None
 
 
-def _holder(scan, v, name, kind, where, graphs=True, tensors=None):
+def _holder(scan, v, name, kind, where, graphs=True, tensors=None, owner=None):
     """Counts the unclaimed tensors v holds under the holder (name, kind, where); True when v
     holds a tensor at all.  The models v keeps as values are named after it (_name_contained_modules).
     graphs: read whether its tensors keep their autograd graphs (_graphs_alive); not for the locals of a
     module's own code (a forward's list of skip connections is its pass's, backward frees it).  tensors: those
-    in v, when the caller read them already."""
+    in v, when the caller read them already.  owner: the object whose attribute v is, read for the bound it
+    names (_bound)."""
     _name_contained_modules(scan, v, name)
     if tensors is None:
         tensors = scan.tensors_in(v)
@@ -766,7 +767,7 @@ def _holder(scan, v, name, kind, where, graphs=True, tensors=None):
                 st = scan.storage(t)
                 big = (st[0] if st else 0, b)
     if got:
-        h = scan.holders.setdefault((name, kind, where), [0, 0, 0, 0, 0, {}, 0, 0])
+        h = scan.holders.setdefault((name, kind, where), [0, 0, 0, 0, 0, {}, 0, 0, None, None])
         for at, rb in restored.items():
             h[5][at] = h[5].get(at, 0) + rb
         h[0] += got
@@ -777,6 +778,8 @@ def _holder(scan, v, name, kind, where, graphs=True, tensors=None):
             h[4] = min(_GRAPHS_READ, h[4] + _graphs_alive(tensors))
         h[6] = max(h[6], _records(scan, v))
         h[7] += f64
+        if h[8] is None and h[9] is None:
+            h[8], h[9] = _bound(v, owner)
         c = scan.sizes_of.setdefault((name, kind, where), {})
         for sz in sizes:
             c[sz] = c.get(sz, 0) + 1
@@ -799,6 +802,37 @@ def _library_object(scan, v):
     return (tp not in _ATOMS and tp not in _CONTAINERS and tp not in _MAPPINGS and tp is not _LRU_WRAPPER and
             not isinstance(v, (type, type(sys))) and scan.kind(tp) == "" and _not_builtin(tp) and
             not issubclass(tp, (list, tuple, dict, set, frozenset)))
+
+
+# the bound an object names for what it keeps (an LRU's budget): an int attribute of the owner named for a byte
+# budget (budget_bytes, max_bytes, capacity_bytes, cache_size_bytes) or for a count of entries (capacity, maxsize,
+# max_entries); a deque's own maxlen.  Names only: a value is never computed, no method is called
+_BOUND_BYTES = re.compile(r"^(?:[a-z0-9]+_)*(?:budget|max|capacity|limit)(?:_[a-z0-9]+)*_bytes$|"
+                          r"^(?:[a-z0-9]+_)*bytes_(?:budget|max|limit|cap|capacity)$|^(?:max|budget)_?bytes$")
+_BOUND_RECORDS = re.compile(r"^_?(?:capacity|maxsize|max_size|max_entries|max_items|max_len|maxlen|"
+                            r"max_cache_size|cache_size|max_keys)$")
+
+
+def _bound(v, owner):
+    """(bytes, records): the bound the holder v names or its owner names for it, None each when none is named.
+    Never raises."""
+    nbytes = records = None
+    try:
+        m = getattr(v, "maxlen", None) if isinstance(v, collections.deque) else None
+        if isinstance(m, int) and not isinstance(m, bool) and m > 0:
+            records = m
+        d = getattr(owner, "__dict__", None) if owner is not None else None
+        for k, x in list(d.items())[:256] if isinstance(d, dict) else ():
+            if not isinstance(k, str) or isinstance(x, bool) or not isinstance(x, int) or x <= 0:
+                continue
+            low = k.lower()
+            if nbytes is None and _BOUND_BYTES.match(low):
+                nbytes = x
+            elif records is None and _BOUND_RECORDS.match(low):
+                records = x
+    except Exception:
+        pass
+    return nbytes, records
 
 
 def _records(scan, v):
@@ -1514,7 +1548,7 @@ def _named_holders(scan, modules, frame_roots):
             return False
         if scan.kind(type(v)) == "user":
             return instance(v, 1)
-        return _holder(scan, v, "self." + str(k), type(v).__name__, "on " + type(o).__name__)
+        return _holder(scan, v, "self." + str(k), type(v).__name__, "on " + type(o).__name__, owner=o)
 
     def instance(o, depth, path="self"):
         # path: how the running code reaches o (a global's or a local's name, "self" for an attribute of a
@@ -1532,7 +1566,8 @@ def _named_holders(scan, modules, frame_roots):
                 elif scan.kind(type(v)) == "user":
                     found = instance(v, depth - 1, path + "." + str(k)) or found
                 else:
-                    found = _holder(scan, v, "self." + str(k), type(v).__name__, "on " + type(o).__name__) or found
+                    found = _holder(scan, v, "self." + str(k), type(v).__name__, "on " + type(o).__name__,
+                                    owner=o) or found
         return found
 
     scan.attrs_of(modules, attr_holder)
@@ -1698,7 +1733,7 @@ def _result(scan, allocated, complete, why, t0, unknown=()):
         rest_copy = copy_among(rest, scan.sizes_of)
     hs = sorted(scan.holders.items(), key=lambda kv: (-kv[1][0], kv[0]))[:TOP_HOLDERS]
     holders = []
-    for (name, kind, where), (b, n, ptr, _, graphs, restored, records, f64) in hs:
+    for (name, kind, where), (b, n, ptr, _, graphs, restored, records, f64, bound_b, bound_n) in hs:
         sep = " " if where.startswith("on ") else ", "
         label = "%s (%s%s%s)" % (name, kind, sep, where)
         owner = where[3:] if where.startswith("on ") else ""      # the class whose attribute it is
@@ -1709,7 +1744,7 @@ def _result(scan, allocated, complete, why, t0, unknown=()):
         rb = sum(restored.values()) if scan.restored is not None else None
         rsite = max(restored.items(), key=lambda kv: (kv[1], kv[0]))[0] if restored else None
         holders.append((label, name, kind, where, b, n, scan.sites.get(ptr), purpose, copied, graphs, rb, rsite,
-                        records, f64))
+                        records, f64, bound_b, bound_n))
     dtypes = None if "parameters" in unknown else dict((k, list(v)) for k, v in scan.dtypes.items())
     return {"allocated": allocated, "roles": roles, "optimizers": scan.optimizers, "holders": holders,
             "parameters_by_dtype": dtypes,
@@ -1787,8 +1822,9 @@ def encode(r):
       role  NAME BYTES TENSORS | optimizer CLASS BYTES TENSORS PARAMETER_BYTES NOT_ELEMENTWISE_BYTES |
       dtype NAME BYTES TENSORS (the parameters by dtype; with `meta by_dtype 1`: measured) |
       holder BYTES TENSORS LABEL NAME KIND WHERE FILE LINE FUNCTION PURPOSE COPY_OF GRAPHS RESTORED_BYTES RESTORED_FILE
-      RESTORED_LINE RESTORED_FUNCTION RECORDS FLOAT64_BYTES (what torch.load restored onto the GPU of its tensors,
-      and where; RECORDS: the like records it is a collection of, _records; FLOAT64_BYTES: its float64 tensors) |
+      RESTORED_LINE RESTORED_FUNCTION RECORDS FLOAT64_BYTES BOUND_BYTES BOUND_RECORDS (what torch.load restored onto
+      the GPU of its tensors, and where; RECORDS: the like records it is a collection of, _records; FLOAT64_BYTES: its
+      float64 tensors; BOUND_BYTES, BOUND_RECORDS: the budget its owner names for it, _bound, - none) |
       model CLASS BYTES TENSORS COUNT FROZEN NAMED RUNNING NAMES PURPOSE TRAINED STEPPED AWAY TRAINING FLOAT32
       QUANTIZED (NAMED:
       roots the running code holds by a name, RUNNING: roots whose method runs, NAMES: those names, comma-separated,
@@ -1846,11 +1882,14 @@ def encode(r):
         rf, rln, rfn = (h[11] if len(h) > 11 else None) or ("-", 0, "-")
         records = h[12] if len(h) > 12 else 0
         f64 = h[13] if len(h) > 13 else None
+        bound_b = h[14] if len(h) > 14 else None
+        bound_n = h[15] if len(h) > 15 else None
         f, ln, fn = site if site else ("-", 0, "-")
-        out.append("holder\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%s\t%d\t%s" % (
+        out.append("holder\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s" % (
             int(b), int(n), _clean(label), _clean(name), _clean(kind), _clean(where), _clean(f), int(ln), _clean(fn),
             _clean(purpose or "-"), _clean(copied or "-"), int(graphs), "-" if rb is None else int(rb), _clean(rf),
-            int(rln), _clean(rfn), int(records or 0), "-" if f64 is None else int(f64)))
+            int(rln), _clean(rfn), int(records or 0), "-" if f64 is None else int(f64),
+            "-" if bound_b is None else int(bound_b), "-" if bound_n is None else int(bound_n)))
     for m in r.get("models") or ():
         cls, b, n, k, frozen = m[:5]
         line = "model\t%s\t%d\t%d\t%d\t%d" % (_clean(cls), int(b), int(n), int(k), 1 if frozen else 0)

@@ -470,6 +470,40 @@ static void growth_restored_by_torch_load(void **state)
     free(r);
 }
 
+/* the same staircase where what rose is an LRU a service keeps (self.entries on ChunkStore) that reached the byte
+ * budget its object names (roles.holders[].bound_bytes): a cache filling to its bound, no leak; growth stays a side
+ * finding below the splinters' 0.5, its evidence naming the holder and the bound.  Short of its bound (under 9/10),
+ * or with no bound named, the growth reads as before */
+static void growth_of_a_cache_at_its_bound(void **state)
+{
+    og_record_t *r = base();
+    ev_reset(r);
+    leak_loop(r, 40, 0.1, 512 * MiB, 300 * MiB);
+    fixture_roles(r, 0, 0, 0, 0, 40 * 300 * MiB, 512 * MiB);
+    fixture_holder(r, "self.entries", "OrderedDict", "on ChunkStore", 40 * 300 * MiB);
+    diag(r);
+    double leak = find(r, "growth")->confidence;
+    assert_true(leak > 0.45);
+    og_set(&r->memory.fw.roles.holders[0].bound_bytes, 41 * 300 * MiB);
+    diag(r);
+    assert_true(r->analysis.facts.growth.bounded);
+    assert_int_equal(r->analysis.facts.roles.bounded, 0);
+    assert_true(find(r, "growth")->confidence <= 0.45);
+    assert_string_equal(evt(find(r, "growth"), "bounded_holder"), "self.entries (OrderedDict, on ChunkStore)");
+    assert_true(ev(find(r, "growth"), "bound_bytes") == 41.0 * 300 * MiB);
+    og_test_check_text(find(r, "growth")->summary);
+    og_set(&r->memory.fw.roles.holders[0].bound_bytes, 48 * 300 * MiB); /* 40 of 48: short of its bound */
+    diag(r);
+    assert_false(r->analysis.facts.growth.bounded);
+    assert_true(find(r, "growth")->confidence == leak);
+    og_unset(&r->memory.fw.roles.holders[0].bound_bytes); /* a bound in entries, reached */
+    og_set(&r->memory.fw.roles.holders[0].bound_records, 40);
+    r->memory.fw.roles.holders[0].records = 40;
+    diag(r);
+    assert_true(r->analysis.facts.growth.bounded);
+    free(r);
+}
+
 /* the same staircase where what rose is the models' parameters in a job that does not train: weights arriving (a
  * generation job loading its models), not a leak (growth.weights_load); an optimizer's step, parameters well short of
  * the rise, a second copy of one model (a model reloaded and kept), a registry of models by key, or parameters still
@@ -2074,6 +2108,7 @@ int main(void)
         cmocka_unit_test(non_framework_names_nccl_settings),
         cmocka_unit_test(growth_is_a_pattern_of_steps),
         cmocka_unit_test(growth_restored_by_torch_load),
+        cmocka_unit_test(growth_of_a_cache_at_its_bound),
         cmocka_unit_test(growth_is_the_weights_arriving),
         cmocka_unit_test(growth_kept_leads_others),
         cmocka_unit_test(growth_excludes_loading),

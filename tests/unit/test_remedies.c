@@ -5874,6 +5874,12 @@ static void cache_kept_across_calls(void **state)
     assert_int_equal(r->analysis.facts.roles.keeper, 0);
     assert_string_equal(r->remedies[0].id, "bounded_cache");
     assert_non_null(strstr(r->remedies[0].why, "self.prefix_cache (dict, on ChatService) keeps 13.00 GiB"));
+    /* the map at the byte budget its object names: bounded already, no cache to bound first */
+    og_set(&r->memory.fw.roles.holders[0].bound_bytes, 13 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_int_equal(r->analysis.facts.roles.bounded, 0);
+    assert_int_not_equal(rank_of(r, "bounded_cache"), 1);
+    og_unset(&r->memory.fw.roles.holders[0].bound_bytes);
     /* the same map of a dataset's tensors: not a cache to bound */
     fixture_holder_says(r, "", "");
     snprintf(r->memory.fw.roles.holders[0].purpose, sizeof r->memory.fw.roles.holders[0].purpose, "dataset");

@@ -11,6 +11,7 @@ in for the failing CUDA device (the device test is an argument of the role code)
 The shared checks build the same objects through the API both have; the real torch adds what only
 it can run (a real backward and AdamW step, torch.load, hooks inside PyTorch's own frames).
 Ends with "N passed, N failed[, N skipped]"."""
+import collections
 import functools
 import gc
 import io
@@ -504,6 +505,49 @@ def t_holder_records():
         assert line and line[0].split("\t")[17] == "130", line
     finally:
         for k in names:
+            g.pop(k, None)
+
+
+class ChunkStore(object):
+    """An LRU of tensors kept to a byte budget its object names (budget_bytes), beside a counter that is no bound."""
+    def __init__(self, budget_bytes):
+        self.budget_bytes = budget_bytes
+        self.bytes = 0
+        self.entries = collections.OrderedDict()
+
+
+class RecentQueries(object):
+    """A count-bounded cache (capacity) and a deque with its own maxlen."""
+    def __init__(self):
+        self.capacity = 8
+        self.entries = {}
+        self.recent = collections.deque(maxlen=5)
+
+
+def t_holder_bounds():
+    """roles.holders[].bound_bytes and bound_records: the budget the owner object names for what it keeps (an int
+    attribute named for a byte budget or a count of entries), a deque's maxlen; none for a list a global keeps"""
+    build()
+    g = globals()
+    try:
+        g["store"] = ChunkStore(4096)
+        for i in range(3):
+            g["store"].entries[i] = empty(100)
+        g["queries"] = RecentQueries()
+        for i in range(4):
+            g["queries"].entries[i] = empty(10)
+            g["queries"].recent.append(empty(3))
+        g["kept"] = [empty(9), empty(9)]
+        r = measure(None)
+        bound = dict((h[1] + " " + h[3], (h[14], h[15])) for h in r["holders"])
+        assert bound.get("self.entries on ChunkStore") == (4096, None), bound
+        assert bound.get("self.entries on RecentQueries") == (None, 8), bound
+        assert bound.get("self.recent on RecentQueries") == (None, 5), bound
+        assert bound.get("kept global in test_roles_phase.py") == (None, None), bound
+        line = [l for l in oomguard_roles.encode(r).splitlines() if l.startswith("holder\t") and "ChunkStore" in l]
+        assert line and line[0].split("\t")[19:21] == ["4096", "-"], line
+    finally:
+        for k in ("store", "queries", "kept"):
             g.pop(k, None)
 
 
@@ -1239,7 +1283,7 @@ def t_restored_by_torch_load():
         assert h[0][11][1] == line and h[0][11][0].endswith("test_roles_phase.py"), h
         others = [x for x in r["holders"] if x[1] != "shards"]
         assert others and all(x[10] == 0 and x[11] is None for x in others), others
-        assert all(len(x) == 14 and x[10] is None for x in measure(None)["holders"])   # not watched: unknown
+        assert all(len(x) == 16 and x[10] is None for x in measure(None)["holders"])   # not watched: unknown
     finally:
         g.pop("shards", None)
         if entry in ser._package_registry:
@@ -2693,6 +2737,7 @@ if not STAND_IN:
           t_operation_mha_weights)
     check("phase loading: a model's dequantize(); not bitsandbytes' dequantize_4bit in a forward", t_phase_dequantize)
     check("phase loading: PEFT's prepare_model_for_kbit_training casting weights to float32", t_phase_kbit_preparation)
+    check("holders: the bound an LRU's object names (budget_bytes, capacity) and a deque's maxlen", t_holder_bounds)
     check("gradient checkpointing: off in a plain layer, on under torch.utils.checkpoint or the flag", t_checkpointing)
     check("failing layer: its place in a ModuleList or Sequential of like layers", t_failing_layer)
     check("the generate() call's input: positional, keyword or inputs_tensor, batch first; none without one",
