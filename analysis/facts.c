@@ -1501,6 +1501,14 @@ static bool is_batch_name(const char *name, size_t n)
     for (size_t i = 0; i < sizeof parts / sizeof *parts; i++)
         if (strstr(low, parts[i]))
             return true;
+    /* a count (n_paths, num_pairs) may be of what a batch holds, unless it counts a model's own dimensions */
+    static const char *const dims[] = { "head", "layer", "channel", "feature", "dim", "hidden", "expert", "vocab" };
+    if (strncmp(low, "n_", 2) == 0 || strncmp(low, "num_", 4) == 0) {
+        for (size_t i = 0; i < sizeof dims / sizeof *dims; i++)
+            if (strstr(low, dims[i]))
+                return false;
+        return true;
+    }
     return false;
 }
 
@@ -1520,19 +1528,22 @@ static bool sizes_make_request(const og_roles_t *ro, uint64_t req)
     }
     uint64_t prod = 1;
     bool dim = false;
+    int sizes = 0;
     for (char *p = s; *p;) {
         char *e;
         unsigned long long x = strtoull(p, &e, 10);
         if (e == p || x == 0 || prod > UINT64_MAX / x)
             return false;
         prod *= x;
+        sizes++;
         dim = dim || x >= REQ_DIM_MIN;
         if (*e != ',')
             break;
         p = e + 1;
     }
-    /* the allocator rounds a request up (PyTorch: large blocks to 2 MiB) */
-    for (uint64_t size = 1; dim && size <= 8 && prod <= UINT64_MAX / 8; size *= 2)
+    /* the allocator rounds a request up (PyTorch: large blocks to 2 MiB); one size alone is a count, not an input's
+     * shape */
+    for (uint64_t size = 1; dim && sizes >= 2 && size <= 8 && prod <= UINT64_MAX / 8; size *= 2)
         if (req >= size * prod && req - size * prod < REQ_ROUNDING)
             return true;
     return false;

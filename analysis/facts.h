@@ -359,7 +359,7 @@ typedef struct og_role_facts {
                                and none is the batch size (> 1): the failing tensor is one sample's, it does not
                                shrink with the batch (box IoU of one image's anchors x boxes) */
     /* the request is the failing statement's sizes and nothing else (the product of its int operands, one a dimension
-     * >= 128, times 1, 2, 4 or 8 bytes, is the request less its rounding, under 2 MiB) and no name it reads is a batch's: one prompt's
+     * >= 128, two or more of them, times 1, 2, 4 or 8 bytes, is the request less its rounding, under 2 MiB) and no name it reads is a batch's: one prompt's
      * heads x length x length scores, one photo's channels x height x width; no batch is among its factors */
     bool sizes_make_request;
     bool autocast_code; /* roles.autocast_in_code: the program's running code enters autocast (false: not said) */

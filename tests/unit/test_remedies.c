@@ -398,6 +398,19 @@ static void request_of_one_inputs_sizes(void **state)
     snprintf(r->memory.fw.roles.stmt_names, sizeof r->memory.fw.roles.stmt_names, "torch,empty,n_images,c0,h,w");
     run(r);
     assert_false(r->analysis.facts.roles.sizes_make_request);
+    /* a count of what a batch holds (n_pairs x heads x length x length: a reranker's passages at once) is a batch;
+     * a count of the model's own dimensions (NUM_HEADS) is not */
+    snprintf(r->memory.fw.roles.stmt_names, sizeof r->memory.fw.roles.stmt_names, "torch,empty,n_pairs,c0,h,w");
+    run(r);
+    assert_false(r->analysis.facts.roles.sizes_make_request);
+    snprintf(r->memory.fw.roles.stmt_names, sizeof r->memory.fw.roles.stmt_names, "torch,empty,NUM_HEADS,h,w");
+    run(r);
+    assert_true(r->analysis.facts.roles.sizes_make_request);
+    /* one size alone (n * 4 bytes: a count, as a Monte Carlo book's paths) is no input's shape */
+    snprintf(r->memory.fw.roles.stmt_ints, sizeof r->memory.fw.roles.stmt_ints, "%llu", 128ull * 4000 * 6000);
+    run(r);
+    assert_false(r->analysis.facts.roles.sizes_make_request);
+    snprintf(r->memory.fw.roles.stmt_ints, sizeof r->memory.fw.roles.stmt_ints, "128,4000,6000");
     snprintf(r->memory.fw.roles.stmt_names, sizeof r->memory.fw.roles.stmt_names, "torch,empty,c0,h,w,self,dtype");
     og_set(&r->event.requested_bytes, req + 4 * MiB); /* beyond the sizes and their rounding */
     run(r);
