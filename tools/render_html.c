@@ -835,6 +835,12 @@ static void roles_card(struct hx *h)
                 }
                 if (x->float64_bytes > 0)
                     og_sb_printf(h->b, " <span class=\"muted\">%s of it float64</span>", hb(x->float64_bytes, a));
+                if (x->bound_bytes > 0)
+                    og_sb_printf(h->b, " <span class=\"muted\">kept to %s (its object's bound)</span>",
+                                 hb(x->bound_bytes, a));
+                if (x->bound_records > 0)
+                    og_sb_printf(h->b, " <span class=\"muted\">kept to %lld entries (its bound)</span>",
+                                 (long long)x->bound_records);
                 if (x->site.file) {
                     og_sb_puts(h->b, " <span class=\"muted\">made at ");
                     esc(h, x->site.file, 200);

@@ -693,6 +693,10 @@ static void roles_table(struct tx *t, const struct og_dump *d)
                 }
                 if (x->float64_bytes > 0)
                     og_sb_printf(t->b, ", %s of it float64", human_bytes(x->float64_bytes, h));
+                if (x->bound_bytes > 0)
+                    og_sb_printf(t->b, ", kept to %s (its object's bound)", human_bytes(x->bound_bytes, h));
+                if (x->bound_records > 0)
+                    og_sb_printf(t->b, ", kept to %lld entries (its bound)", (long long)x->bound_records);
                 if (x->site.file) {
                     og_sb_puts(t->b, st(t, DIM));
                     og_sb_puts(t->b, ", made at ");
