@@ -236,10 +236,7 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
         else
             og_sb_puts(sb, "null");
         og_sb_puts(sb, ",\"restored_bytes\":");
-        if (og_known(h->restored))
-            og_sb_printf(sb, "%llu", (unsigned long long)h->restored.v);
-        else
-            og_sb_puts(sb, "null");
+        j_opt(sb, h->restored);
         og_sb_puts(sb, ",\"restored_site\":");
         if (h->has_restored_site)
             j_py_frames_one(sb, &h->restored_site);
@@ -251,20 +248,11 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
         else
             og_sb_puts(sb, "null");
         og_sb_puts(sb, ",\"float64_bytes\":");
-        if (og_known(h->float64))
-            og_sb_printf(sb, "%llu", (unsigned long long)h->float64.v);
-        else
-            og_sb_puts(sb, "null");
+        j_opt(sb, h->float64);
         og_sb_puts(sb, ",\"bound_bytes\":");
-        if (og_known(h->bound_bytes))
-            og_sb_printf(sb, "%llu", (unsigned long long)h->bound_bytes.v);
-        else
-            og_sb_puts(sb, "null");
+        j_opt(sb, h->bound_bytes);
         og_sb_puts(sb, ",\"bound_records\":");
-        if (og_known(h->bound_records))
-            og_sb_printf(sb, "%llu", (unsigned long long)h->bound_records.v);
-        else
-            og_sb_puts(sb, "null");
+        j_opt(sb, h->bound_records);
         og_sb_puts(sb, "}");
     }
     og_sb_puts(sb, "]");
