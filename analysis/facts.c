@@ -1481,10 +1481,8 @@ static bool batchless_sizes(const og_roles_t *ro, int batch)
     return dim;
 }
 
-/* The request is the failing statement's sizes and nothing else: the product of its int operands times an element
- * size (1, 2, 4 or 8 bytes) is the request, rounded up as an allocator does (under 2 MiB more), one of them a dimension (>= REQ_DIM_MIN), and no name it
- * reads is a batch's (og_role_facts_t.sizes_make_request: heads x length x length of one prompt's scores; channels x
- * height x width of one photo).  A batch it would scale with is not among its factors. */
+/* The N characters at NAME name a batch or what a batch holds: b, bs, bsz, a name holding batch, sample, prompt,
+ * image, row...; or a count (n_paths, num_pairs) of anything but the model's own dimensions (heads, layers...) */
 static bool is_batch_name(const char *name, size_t n)
 {
     static const char *const whole[] = { "b", "n", "bs", "bsz", "nb", "mb", "mbs" };
@@ -1512,6 +1510,11 @@ static bool is_batch_name(const char *name, size_t n)
     return false;
 }
 
+/* The request is the failing statement's sizes and nothing else (og_role_facts_t.sizes_make_request): the product
+ * of its int operands, two or more, one a dimension (>= REQ_DIM_MIN), times an element size (1, 2, 4 or 8 bytes) is
+ * the request less the allocator's rounding (under REQ_ROUNDING), and no name it reads is a batch's (is_batch_name):
+ * heads x length x length of one prompt's scores; channels x height x width of one photo.  A batch it would scale
+ * with is not among its factors. */
 #define REQ_ROUNDING (2u << 20)
 static bool sizes_make_request(const og_roles_t *ro, uint64_t req)
 {
