@@ -28,10 +28,10 @@
  *
  * The history patterns (growth's steps, a load the request belongs to) and the cross-device
  * imbalance are facts too: the causes report them, does_not_fit and the remedies read them. */
-#include <ctype.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "record.h"
 #include "advice_text.h"
@@ -964,7 +964,7 @@ static bool pass_own_local(const char *where, const og_record_t *r);
  * what a loop around the running call keeps */
 static bool caller_local(const char *where, const og_record_t *r)
 {
-    return strncmp(where, "local in ", 9) == 0 && !pass_own_local(where, r);
+    return og_where_local(where) && !pass_own_local(where, r);
 }
 
 /* the bytes of one record of a holder that is a collection of like records (roles.holders[].records, 2 or more); 0
@@ -1487,23 +1487,19 @@ static bool is_batch_name(const char *name, size_t n)
 {
     static const char *const whole[] = { "b", "n", "bs", "bsz", "nb", "mb", "mbs" };
     static const char *const parts[] = { "batch", "sample", "example", "prompt", "request", "image", "item", "row" };
-    char low[64];
-    if (n >= sizeof low)
-        n = sizeof low - 1;
-    for (size_t i = 0; i < n; i++)
-        low[i] = (char)tolower((unsigned char)name[i]);
-    low[n] = 0;
+    char nm[64];
+    og_cpy(nm, sizeof nm, name, n);
     for (size_t i = 0; i < sizeof whole / sizeof *whole; i++)
-        if (strcmp(low, whole[i]) == 0)
+        if (strcasecmp(nm, whole[i]) == 0)
             return true;
     for (size_t i = 0; i < sizeof parts / sizeof *parts; i++)
-        if (strstr(low, parts[i]))
+        if (strcasestr(nm, parts[i]))
             return true;
     /* a count (n_paths, num_pairs) may be of what a batch holds, unless it counts a model's own dimensions */
     static const char *const dims[] = { "head", "layer", "channel", "feature", "dim", "hidden", "expert", "vocab" };
-    if (strncmp(low, "n_", 2) == 0 || strncmp(low, "num_", 4) == 0) {
+    if (strncasecmp(nm, "n_", 2) == 0 || strncasecmp(nm, "num_", 4) == 0) {
         for (size_t i = 0; i < sizeof dims / sizeof *dims; i++)
-            if (strstr(low, dims[i]))
+            if (strcasestr(nm, dims[i]))
                 return false;
         return true;
     }
@@ -1640,9 +1636,9 @@ static uint64_t largest_role(const og_roles_t *ro)
 static bool pass_own_local(const char *where, const og_record_t *r)
 {
     static const char *const own[] = { "forward", "__call__", "_call_impl" };
-    if (strncmp(where, "local in ", 9) != 0)
+    if (!og_where_local(where))
         return false;
-    const char *fn = where + 9, *sp = strchr(fn, ' ');
+    const char *fn = where + sizeof OG_WHERE_LOCAL - 1, *sp = strchr(fn, ' ');
     size_t n = sp ? (size_t)(sp - fn) : strlen(fn);
     for (size_t i = 0; i < sizeof own / sizeof *own; i++)
         if (n == strlen(own[i]) && strncmp(fn, own[i], n) == 0)
@@ -2133,7 +2129,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
         }
         /* a copy kept across calls unless an average is being updated or a model loaded (those copies are theirs),
          * or a caller's local while a pass runs (no copy is being made then) */
-        bool local = strncmp(where, "local in ", 9) == 0;
+        bool local = og_where_local(where);
         if (pu == OG_PURPOSE_NONE && h->copy_of[0] &&
             (local ? pass_runs : d->phase != OG_JP_ema_update && d->phase != OG_JP_loading)) {
             k->copy_kept = add_sat(k->copy_kept, h->bytes);
@@ -2265,8 +2261,8 @@ static void kept_graphs(og_facts_t *d, const og_record_t *r)
         const og_role_holder_t *h = &ro->holders[i];
         char where[sizeof h->where];
         og_cpy(where, sizeof where, h->where, sizeof where);
-        if (strncmp(where, "local in ", 9) == 0 || og_holder_purpose(d, r, i) != OG_PURPOSE_NONE || h->copy_of[0] ||
-            h->tensors < 2 || h->bytes >= k->act)
+        if (og_where_local(where) || og_holder_purpose(d, r, i) != OG_PURPOSE_NONE || h->copy_of[0] || h->tensors < 2 ||
+            h->bytes >= k->act)
             continue;
         if (k->graph_holder < 0 || h->tensors > ro->holders[k->graph_holder].tensors)
             k->graph_holder = i;
@@ -2551,7 +2547,7 @@ static void stmt_holders(og_facts_t *d, const og_record_t *r)
             (double)d->req <= 1.1 * (double)h->bytes &&
             (k->stmt_copies < 0 || h->bytes > ro->holders[k->stmt_copies].bytes))
             k->stmt_copies = i;
-        if (!by_name || strncmp(where, "local in ", 9) != 0 || h->graphs > 0)
+        if (!by_name || !og_where_local(where) || h->graphs > 0)
             continue;
         k->stmt_inputs = add_sat(k->stmt_inputs, h->bytes);
         size_t at = strlen(k->stmt_input_names);
@@ -3068,7 +3064,7 @@ static void record_datasets(og_facts_t *d, const og_record_t *r)
     for (int i = 0; i < nh; i++) {
         const og_role_holder_t *h = &ro->holders[i];
         if (h->records < OG_RECORDS_MIN || h->graphs != 0 || h->purpose[0] || h->copy_of[0] ||
-            strncmp(h->where, "local in ", 9) == 0 || h->bytes > ro->step_run[0] || rose >= h->bytes / 2)
+            og_where_local(h->where) || h->bytes > ro->step_run[0] || rose >= h->bytes / 2)
             continue;
         k->records_dataset |= 1u << i;
         k->dataset_kept = add_sat(k->dataset_kept, h->bytes);
@@ -3135,7 +3131,7 @@ static void at_bound(og_facts_t *d, const og_record_t *r)
         const og_role_holder_t *h = &ro->holders[i];
         char where[sizeof h->where];
         og_cpy(where, sizeof where, h->where, sizeof where);
-        if (strncmp(where, "local in ", 9) == 0 || !holder_at_bound(h))
+        if (og_where_local(where) || !holder_at_bound(h))
             continue;
         k->bounded_bytes = add_sat(k->bounded_bytes, h->bytes);
         if (k->bounded < 0 || h->bytes > ro->holders[k->bounded].bytes)

@@ -9,6 +9,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 /* A byte count that may be unknown (unknown is not zero). */
 typedef struct og_qty {
@@ -160,6 +161,14 @@ enum og_purpose {
     OG_PURPOSE_NONE = OG_NPURPOSES
 };
 enum og_purpose og_purpose_of(const char *name);
+
+/* A holder's where (roles.holders[].where) names a local variable of a frame ("local in main (train.py:40)"), not an
+ * attribute or a module's global: what lives while that frame runs, not what outlasts the call. */
+#define OG_WHERE_LOCAL "local in "
+static inline bool og_where_local(const char *where)
+{
+    return strncmp(where, OG_WHERE_LOCAL, sizeof OG_WHERE_LOCAL - 1) == 0;
+}
 
 /* What the failing operation is (roles.operation; common/operations.def); OG_OPERATION_NONE: not said. */
 enum og_operation {

@@ -1134,7 +1134,7 @@ static bool extra_outputs_first(const rctx_t *x)
     const og_role_holder_t *h = &x->rec->memory.fw.roles.holders[roles_of(x)->grower];
     char where[sizeof h->where];
     og_cpy(where, sizeof where, h->where, sizeof where);
-    return strncmp(where, "local in ", 9) == 0; /* the running call's own rise */
+    return og_where_local(where); /* the running call's own rise */
 }
 /* a rank of a multi-rank job (WORLD_SIZE > 1) fails while loading the weights: every rank loading the whole model
  * onto its GPU before a sharder (FSDP, ZeRO-3) splits it; loaded on the CPU or the meta device, each rank holds its

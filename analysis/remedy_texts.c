@@ -68,7 +68,7 @@ bool og_layer_holder_kept(const rctx_t *x)
     char pu[sizeof h->purpose], where[sizeof h->where];
     og_cpy(pu, sizeof pu, h->purpose, sizeof pu);
     og_cpy(where, sizeof where, h->where, sizeof where);
-    return og_purpose_of(pu) != OG_PURPOSE_kv_cache && strncmp(where, "local in ", 9) != 0;
+    return og_purpose_of(pu) != OG_PURPOSE_kv_cache && !og_where_local(where);
 }
 
 bool og_all_position_logits(const rctx_t *x)
@@ -2902,8 +2902,8 @@ static copy_words_t copy_words(const rctx_t *x)
     for (int i = 0; i < nh && !c.site[0]; i++) {
         char where[sizeof ro->holders[0].where];
         og_cpy(where, sizeof where, ro->holders[i].where, sizeof where);
-        if (strncmp(where, "local in ", 9) == 0)
-            og_fmt(c.site, sizeof c.site, " (%s)", where + 9);
+        if (og_where_local(where))
+            og_fmt(c.site, sizeof c.site, " (%s)", where + sizeof OG_WHERE_LOCAL - 1);
     }
     return c;
 }
