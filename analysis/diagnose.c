@@ -93,7 +93,9 @@
  *                conf = 0.5 + 0.25*clamp((steps - 6)/26) + 0.2*clamp((rising_share - rs)/(1 - rs)).
  *                Measured by the adapter instead (no steps read): outputs kept with their graphs alive
  *                (kept_graphs), or a caller's local keeping one like record per call of the running code
- *                while the call under way holds the next (kept_records; facts.c, growth_by_records).
+ *                while the call under way holds the next (kept_records; facts.c, growth_by_records), or
+ *                a deep copy rebinding an iteration's name while earlier copies of the same model that
+ *                no name reaches are kept (kept_copies; facts.c, growth_by_copies).
  * does_not_fit   req > free + reclaim.  A request larger than the device (or the limit) is named as
  *                such: 1.0.  Otherwise 0.95 when every input is measured; 0.65 when the framework
  *                released its cache and still failed but its split segments were not measured; 0.45
@@ -888,7 +890,8 @@ static bool c_growth(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
         c->confidence = 0.6 + 0.15 * clamp01((double)(g->rising - 2) / 4) + 0.2;
     if (g->marker == OG_MARK_KEPT_GRAPHS) /* measured by the adapter: the outputs' graphs are alive */
         c->confidence = 0.75 + 0.15 * clamp01((double)(g->steps - 8) / 56);
-    if (g->marker == OG_MARK_KEPT_RECORDS) /* measured by the adapter: a caller's local keeps one record a call */
+    /* measured by the adapter: a caller's local keeps one record a call, or a loop one copy of a model */
+    if (g->marker == OG_MARK_KEPT_RECORDS || g->marker == OG_MARK_KEPT_COPIES)
         c->confidence = 0.75 + 0.15 * clamp01((double)(g->steps - 3) / 13);
     /* what Python objects keep across calls holds the rise (growth.kept_measured): the adapter measured where it
      * went, so the reading is no longer a matter of how many steps the history shows; a leak fills any card,
@@ -917,7 +920,13 @@ static bool c_growth(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
                 "call under way is building one more of the same size.",
                 label, g->seen - 1, og_hb((double)g->per_step).s, og_hb((double)g->rise).s);
         ev_text(c, "records_holder", "%s", label);
-    } else if (g->over_run)
+    } else if (g->marker == OG_MARK_KEPT_COPIES)
+        summary(
+            c,
+            "A loop keeps a copy of a model for every iteration: the copy under way is number %ld, %s each, and %s of "
+            "the earlier ones no name of the running code reaches is still on the GPU.",
+            g->seen, og_hb((double)g->per_step).s, og_hb((double)g->rise).s);
+    else if (g->over_run)
         summary(c,
                 "Memory kept across iterations rises in steps: over the run's %ld optimizer steps (read every %llu) "
                 "the framework's allocated memory right after a step never fell and rose %d times, from %s to %s, "
@@ -965,6 +974,7 @@ static bool c_growth(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
             : g->marker == OG_MARK_OPTIMIZER_STEP ? "optimizer_step"
             : g->marker == OG_MARK_KEPT_GRAPHS    ? "kept_graphs"
             : g->marker == OG_MARK_KEPT_RECORDS   ? "kept_records"
+            : g->marker == OG_MARK_KEPT_COPIES    ? "kept_copies"
                                                   : "modal_size");
     if (g->marker == OG_MARK_OPTIMIZER_STEP)
         ev_num(c, "optimizer_steps", (double)g->seen);

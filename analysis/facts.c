@@ -1018,10 +1018,48 @@ static bool growth_by_records(const og_facts_t *d, const og_record_t *r, og_grow
     return true;
 }
 
-/* what the adapter measured kept, one piece per iteration: outputs with their graphs, or a caller's records */
+/* Measured too: the failing operation is a deep copy of a model a name holds (roles.copy_source) that rebinds a name
+ * holding an earlier copy (roles.copy_replaces: qmodel = copy.deepcopy(base), an iteration's variable), and models
+ * of the source's class and size (within an eighth) that no name of the running code holds (roles.models[].named;
+ * the one the statement rebinds is not counted there) are two or more: the name's and at least one more.  The loop
+ * made one copy an iteration and something it keeps (a list of results, a dict of candidates) holds the earlier
+ * ones.  The steps are those copies and the one under way, each a rise of one copy; a copy a name holds on purpose
+ * (a second model compared) is none of them. */
+static bool growth_by_copies(const og_facts_t *d, const og_record_t *r, og_growth_facts_t *g)
+{
+    const og_role_facts_t *k = &d->roles;
+    const og_roles_t *ro = &r->memory.fw.roles;
+    if (!k->known || k->operation != OG_OP_copy || k->copy_source_group < 0 || !k->copy_replaces)
+        return false;
+    const int s = k->copy_source_group;
+    uint64_t each = ro->models[s].bytes;
+    long unnamed = 0;
+    for (int i = 0; i < OG_FILLED(ro->nmodels, ro->models); i++) {
+        uint64_t b = ro->models[i].bytes;
+        if (strncmp(ro->models[i].cls, ro->models[s].cls, sizeof ro->models[s].cls) == 0 && ro->models[i].named >= 0 &&
+            ro->models[i].count > ro->models[i].named && (b > each ? b - each : each - b) <= each / 8)
+            unnamed += ro->models[i].count - ro->models[i].named;
+    }
+    if (unnamed < 2)
+        return false;
+    g->marker = OG_MARK_KEPT_COPIES;
+    g->size = 0;
+    g->seen = unnamed + 1;
+    g->steps = (int)(g->seen < OG_GROWTH_MAX_STEPS ? g->seen : OG_GROWTH_MAX_STEPS);
+    g->rising = g->transitions = g->steps - 1;
+    g->rising_share = 1.0;
+    g->rise = each * (uint64_t)unnamed;
+    g->per_step = each;
+    g->last_low = og_known(ro->allocated_bytes) && ro->allocated_bytes.v >= g->rise ? ro->allocated_bytes.v : g->rise;
+    g->first_low = g->last_low - g->rise;
+    return true;
+}
+
+/* what the adapter measured kept, one piece per iteration: outputs with their graphs, a caller's records, or copies
+ * of a model */
 static bool growth_measured(const og_facts_t *d, const og_record_t *r, og_growth_facts_t *g)
 {
-    return growth_by_graphs(d, r, g) || growth_by_records(d, r, g);
+    return growth_by_graphs(d, r, g) || growth_by_records(d, r, g) || growth_by_copies(d, r, g);
 }
 
 /* a staircase the driver saw (one of its readings below held) that is what torch.load restored onto the GPU and
@@ -1780,6 +1818,7 @@ static void roles(og_facts_t *d, const og_record_t *r)
     k->other_group = -1;
     k->stmt_copies = k->restored_holder = k->dominant = k->fp64_holder = -1;
     k->ckpt_holder = k->index_holder = k->ema_holder = k->copy_holder = k->concurrent_group = -1;
+    k->copy_source_group = -1;
     k->quant_group = k->quant_ref_group = -1;
     k->building = OG_PURPOSE_NONE;
     k->operation = OG_OPERATION_NONE;
@@ -1997,8 +2036,10 @@ static void roles(og_facts_t *d, const og_record_t *r)
         if (e)
             *e = 0;
         for (int i = 0; strcmp(p, target) != 0 && i < nm; i++)
-            if (model_named(ro, i, p) && ro->models[i].bytes > k->copy_source)
+            if (model_named(ro, i, p) && ro->models[i].bytes > k->copy_source) {
                 k->copy_source = ro->models[i].bytes;
+                k->copy_source_group = i;
+            }
         if (!e)
             break;
         p = e + 1;

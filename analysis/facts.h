@@ -31,14 +31,16 @@ const char *og_cache_src_name(enum og_cache_src s);
 /* Which allocations mark the growth rule's steps; OG_MARK_OPTIMIZER_STEP: no allocation, the optimizer's own
  * steps (the framework's allocated bytes right after each, roles.allocated_after_steps); OG_MARK_KEPT_GRAPHS: none
  * either, the outputs a holder keeps with their graphs alive (roles.holders[].graphs), one per iteration;
- * OG_MARK_KEPT_RECORDS: none, the like records a caller's local keeps, one per call of the running code */
+ * OG_MARK_KEPT_RECORDS: none, the like records a caller's local keeps, one per call of the running code;
+ * OG_MARK_KEPT_COPIES: none, the copies of one model a loop made and keeps, one per iteration */
 enum og_step_marker {
     OG_MARK_FAILING_SIZE,
     OG_MARK_MODAL_SIZE,
     OG_MARK_EVERY_ALLOCATION,
     OG_MARK_OPTIMIZER_STEP,
     OG_MARK_KEPT_GRAPHS,
-    OG_MARK_KEPT_RECORDS
+    OG_MARK_KEPT_RECORDS,
+    OG_MARK_KEPT_COPIES
 };
 
 /* What the job was doing when it failed, read from the history by does_not_fit. */
@@ -507,8 +509,10 @@ typedef struct og_role_facts {
      * parameters, the copy the new one replaces; 0 none */
     uint64_t copy_replaces;
     /* the same copy's source, when the failing statement reads a name of a model (roles.models[].names, not the
-     * name it rebinds): that model's parameters, what the whole copy needs; 0 not known */
+     * name it rebinds): that model's parameters, what the whole copy needs; 0 not known.  copy_source_group: its
+     * group (index in roles.models), -1 not known */
     uint64_t copy_source;
+    int copy_source_group;
     /* while a model is being built (phase loading): the parameters the models running now hold (roles.models
      * running: their __init__, from_pretrained or .to() executes), what the load made so far; 0 none */
     uint64_t arriving;

@@ -364,6 +364,10 @@ static bool pass_outgrows_restart(const rctx_t *x) { return pass_outgrows(x) && 
 static bool others_sliver(const rctx_t *x) { return x->f->others_sliver; }
 /* a deep copy under way made many times the cache so far (facts: copy_outgrows_cache) */
 static bool copy_outgrows(const rctx_t *x) { return x->f->copy_outgrows_cache; }
+/* a loop's deep copies of one model, each kept by what the loop keeps (growth by copies, facts.c: growth_by_copies):
+ * the copy the statement replaces is only the latest of them, and updating it in place would change what the loop
+ * kept from it */
+static bool loop_keeps_copies(const rctx_t *x) { return PRIMARY(GROWTH) && x->f->growth.marker == OG_MARK_KEPT_COPIES; }
 /* a deep copy under way replaces a model that a name holds now, and that model holds the missing bytes
  * (facts: roles.copy_replaces: ref = copy.deepcopy(policy) while the previous ref lives): both copies are alive
  * at the peak; loading the new weights into the existing copy, or dropping it first, is the fix */
@@ -371,7 +375,7 @@ static bool copy_replaces_model(const rctx_t *x)
 {
     const og_role_facts_t *ro = &x->f->roles;
     return ro->known && ro->copy_replaces && x->shortfall && ro->copy_replaces >= x->shortfall && !own_fix_covers(x) &&
-           !x->larger_than_device;
+           !x->larger_than_device && !loop_keeps_copies(x);
 }
 /* the failing operation is a deep copy (roles.operation copy): copy.deepcopy copies leaf tensors and records no
  * graph, so autograd's mode changes nothing it makes */

@@ -1055,6 +1055,29 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
         how(r, "%smodel.delete_adapter(name)   # PEFT: the same for a PeftModel", pt(x));
         return true;
     }
+    /* a loop's deep copies of one model, each kept (growth by copies): what each copy gave, not the copy */
+    if (grew && g->marker == OG_MARK_KEPT_COPIES) {
+        const og_roles_t *ro = &x->rec->memory.fw.roles;
+        int s = x->f->roles.copy_source_group;
+        char src[sizeof ro->models[0].names], target[sizeof ro->stmt_target];
+        og_cpy(src, sizeof src, ro->models[s].names, sizeof src);
+        og_cpy(target, sizeof target, ro->stmt_target, sizeof target);
+        char *comma = strchr(src, ',');
+        if (comma)
+            *comma = 0; /* its first name */
+        why(r,
+            "The loop makes a deep copy of %s (%s of parameters) every iteration and keeps each: %ld copies no name "
+            "of the running code holds are on the GPU, %s in all, the one %s holds now among them, and the copy "
+            "under way is the next. Keep what each copy gave (its numbers; its weights on the host or on disk) and "
+            "drop the copy before making the next.",
+            src[0] ? src : "the model", og_hb((double)g->per_step).s, g->seen - 1, og_hb((double)g->rise).s,
+            target[0] ? target : "the statement's name");
+        how(r, "results.append({\"score\": score})   # the numbers only; a copy to reuse: its state_dict on the CPU or "
+               "on disk");
+        how(r, "del %s   # before the next copy.deepcopy(%s): one copy alive at a time", target[0] ? target : "copy",
+            src[0] ? src : "model");
+        return true;
+    }
     /* a growth that is copies of one model (growth.copies_kept): a model built anew each iteration while something
      * keeps every earlier one (a result that keeps its calculator or pipeline) */
     int cg = copies_group(x);

@@ -5832,6 +5832,28 @@ static void copy_under_way(void **state)
     fixture_statement(r, "best", "");
     run_primary(r, "does_not_fit");
     assert_int_equal(rank_of(r, "in_place_update"), 0);
+    /* a loop's copies, each kept: beside base, the copy qmodel holds and one more that no name holds (a results
+     * list keeps them); the refresh is the latest of many: the loop keeps a copy an iteration (growth by copies) and
+     * dropping the kept copies is the fix, not an update in place of the latest */
+    r->memory.fw.roles.nmodels = 0;
+    fixture_model(r, "Llama", 4 * GiB, 2, false);
+    fixture_model_held(r, 1, 0, "base");
+    fixture_model(r, "Llama", 4 * GiB, 1, false);
+    fixture_model_held(r, 0, 0, "qmodel");
+    fixture_model(r, "Module", 176 * MiB, 17, false);
+    fixture_statement(r, "qmodel", "");
+    snprintf(r->memory.fw.roles.stmt_names, sizeof r->memory.fw.roles.stmt_names, "copy,deepcopy,base");
+    r->memory.fw.grad_enabled = 0;
+    r->memory.fw.training = 0;
+    run_primary(r, "growth");
+    assert_string_equal(evt_of(r, "growth", "step_marker"), "kept_copies");
+    assert_string_equal(r->remedies[0].id, "release_references");
+    assert_true(how_has(&r->remedies[0], "del qmodel"));
+    assert_true(rank_of(r, "in_place_update") != 1);
+    /* no copy of base beyond the one qmodel holds (the results list keeps numbers): the refresh again */
+    r->memory.fw.roles.models[0].count = 1;
+    run_primary(r, "does_not_fit");
+    assert_string_equal(r->remedies[0].id, "in_place_update");
     free(r);
 }
 
