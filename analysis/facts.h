@@ -539,6 +539,31 @@ typedef struct og_role_facts {
 
 /* the LoRA adapters' parameters over the models' other weights (roles.lora_parameters_bytes against the rest of the
  * parameters); 0 when no adapter or nothing else was measured */
+/* The optimizer state an 8-bit optimizer would shrink: what is not already 8-bit (opt_full), or, in the optimizer's
+ * step (IN_STEP) of an Adam-like optimizer or one not yet holding state, twice the parameters it is about to make at
+ * its first step when that is more */
+static inline double og_state_to_shrink(const og_role_facts_t *k, bool in_step)
+{
+    double st = (double)k->opt_full, first = 2.0 * (double)k->params;
+    return in_step && (k->opt_adam || !k->opt) && first > st ? first : st;
+}
+
+/* The bytes of one value of that state: PyTorch keeps the state in each parameter's dtype, so Adam's two moments
+ * (one for others) take as many values as the parameters have, each as wide as its parameter
+ * (roles.parameters_by_dtype: 4 for float32, 2 for a bf16 model), or wider where the state measured says so (float32
+ * moments of bf16 weights); 4 when the dtypes were not measured */
+static inline double og_state_value_bytes(const og_role_facts_t *k, bool in_step)
+{
+    double st = og_state_to_shrink(k, in_step);
+    double values = k->dtypes_known ? (double)k->params_fp32 / 4 + (double)k->params_half / 2 +
+                                          (double)k->params_fp64 / 8 + (double)k->params_8bit
+                                    : 0;
+    if (values <= 0 || st <= 0)
+        return 4;
+    double each = st / ((k->opt_adam || !k->opt ? 2 : 1) * values);
+    return each < 1 ? 1 : each > 8 ? 8 : each;
+}
+
 static inline double og_lora_ratio(const og_role_facts_t *k)
 {
     return k->lora_params && k->params > k->lora_params ? (double)k->lora_params / (double)(k->params - k->lora_params)

@@ -2829,12 +2829,10 @@ static void estimate(rank_t *k, const rctx_t *x)
         }
     }
     {
-        /* 8 bits keep 1 of every 4 bytes of state; Adam's state is about to be 2x the parameters at its
-         * first step */
-        double st = (double)ro->opt_full, first = 2.0 * (double)ro->params;
-        if (PHASE(optimizer_step) && (ro->opt_adam || !ro->opt) && first > st)
-            st = first;
-        cover[R_OPT_8BIT] = st > 0 ? 0.75 * st : -1;
+        /* 8 bits keep 1 byte of each state value where the state kept og_state_value_bytes (4 for float32: 3/4
+         * saved; 2 for a bf16 model's state: half); Adam's state is about to be 2x the parameters at its first step */
+        double st = og_state_to_shrink(ro, PHASE(optimizer_step));
+        cover[R_OPT_8BIT] = st > 0 ? (1.0 - 1.0 / og_state_value_bytes(ro, PHASE(optimizer_step))) * st : -1;
     }
     /* gradients kept one per example: ghost clipping keeps none of them; a physical batch of one keeps 1/n */
     if (ro->known && ro->per_sample) {

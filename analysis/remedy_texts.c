@@ -2803,14 +2803,18 @@ static bool b_eight_bit_optimizer(const rctx_t *x, og_remedy_t *r)
     if (x->f->phase == OG_JP_optimizer_step)
         why_in_phase(x, r, "The failure came in the optimizer's step", ", which creates its state at the first step.",
                      NULL);
+    /* the state's width per value as the parameters' dtypes measure it (og_state_value_bytes) */
+    int each = (int)(og_state_value_bytes(ro, x->f->phase == OG_JP_optimizer_step) + 0.5);
     if (ro->opt)
         why(r, "%sThe optimizer state holds %s%s", r->why[0] ? " " : "", og_hb((double)ro->opt).s,
-            ro->opt_adam ? " (Adam: two moments, 8 bytes per float32 parameter)" : "");
+            ro->opt_adam ? " (Adam: two moments a parameter)" : "");
     else if (ro->params)
         why(r, "%sThe parameters hold %s; Adam's state is twice that", r->why[0] ? " " : "",
             og_hb((double)ro->params).s);
-    why(r, ": 8-bit state keeps 1 byte per value, not 4 (AdamW: 6 bytes per parameter saved); a paged optimizer "
-           "moves it to CPU under pressure; LoRA keeps state only for what trains.");
+    why(r,
+        ": 8-bit state keeps 1 byte per value, not %d (%d of every %d bytes of it saved); a paged optimizer moves it "
+        "to CPU under pressure; LoRA keeps state only for what trains.",
+        each, each - 1, each);
     HOWS(x, r,
          { PT, "import bitsandbytes as bnb; optimizer = bnb.optim.AdamW8bit(model.parameters(), lr=lr)   # or "
                "bnb.optim.PagedAdamW8bit" },

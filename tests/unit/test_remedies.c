@@ -3160,6 +3160,31 @@ static void phase_optimizer_step(void **state)
     free(r);
 }
 
+/* an 8-bit optimizer keeps 1 byte per state value: three quarters of a float32 model's Adam state, half of a bf16
+ * model's (PyTorch keeps the state in the parameters' dtype).  A first step short of 8.7 GiB, 16 GiB of state to be
+ * made: a float32 model's 8-bit state frees 12 GiB and leads; a bf16 model's frees 8 GiB, not enough alone */
+static void eight_bit_saves_by_the_state_width(void **state)
+{
+    for (int half = 0; half < 2; half++) {
+        og_record_t *r = base();
+        fixture_roles(r, 8 * GiB, 8 * GiB, 4 * GiB, 0, 0, 0);
+        fixture_optimizer(r, "AdamW", 4 * GiB);
+        fixture_dtype(r, half ? "bfloat16" : "float32", 8 * GiB);
+        fixture_phase(r, "optimizer_step", "/usr/lib/python3/dist-packages/torch/optim/adamw.py", "_init_group");
+        r->memory.fw.grad_enabled = -1;
+        og_set(&r->event.requested_bytes, 10 * GiB);
+        run_primary(r, "does_not_fit");
+        if (half) {
+            assert_true(rank_of(r, "eight_bit_optimizer") != 1);
+            assert_non_null(strstr(rem(r, "eight_bit_optimizer")->why, "not 2 (1 of every 2 bytes"));
+        } else {
+            assert_string_equal(r->remedies[0].id, "eight_bit_optimizer");
+            assert_non_null(strstr(r->remedies[0].why, "not 4 (3 of every 4 bytes"));
+        }
+        free(r);
+    }
+}
+
 /* a first step in rank 0 of 8 (DDP) on a card the model's state fills: the ranks are there to shard the state over, at full precision; ZeRO/FSDP
  * leads, the 8-bit optimizer next */
 static void optimizer_step_of_ranks(void **state)
@@ -7374,6 +7399,7 @@ int main(void)
         cmocka_unit_test(staged_inputs_not_the_call),
         cmocka_unit_test(weights_copies_kept),
         cmocka_unit_test(copies_kept_across_steps),
+        cmocka_unit_test(eight_bit_saves_by_the_state_width),
         cmocka_unit_test(trained_model_kept_by_other_objects),
         cmocka_unit_test(finished_training_beside_the_next),
         cmocka_unit_test(others_a_sliver_of_the_device),
