@@ -923,8 +923,8 @@ static bool c_growth(const og_facts_t *d, const og_record_t *r, og_cause_t *c)
     } else if (g->marker == OG_MARK_KEPT_COPIES)
         summary(
             c,
-            "A loop keeps a copy of a model for every iteration: the copy under way is number %ld, %s each, and %s of "
-            "the earlier ones no name of the running code reaches is still on the GPU.",
+            "A loop keeps a copy of a model for every iteration: the copy under way is number %ld, %s each, and the "
+            "earlier ones, %s that no name of the running code holds, are still on the GPU.",
             g->seen, og_hb((double)g->per_step).s, og_hb((double)g->rise).s);
     else if (g->over_run)
         summary(c,
