@@ -1056,7 +1056,7 @@ static bool b_release_references(const rctx_t *x, og_remedy_t *r)
         return true;
     }
     /* a loop's deep copies of one model, each kept (growth by copies): what each copy gave, not the copy */
-    if (grew && g->marker == OG_MARK_KEPT_COPIES) {
+    if (grew && g->marker == OG_MARK_KEPT_COPIES && x->f->roles.copy_source_group >= 0) {
         const og_roles_t *ro = &x->rec->memory.fw.roles;
         int s = x->f->roles.copy_source_group;
         char src[sizeof ro->models[0].names], target[sizeof ro->stmt_target];
