@@ -3,7 +3,7 @@
 #  - every phony target of the makefiles is described in `make help` (its line carries a `## ` comment);
 #  - every mutant of tests/mutate/mutants.txt still finds its snippet;
 #  - the pure layers (analysis/, common/) include nothing of the shim and keep no writable state;
-#  - docs/dump-format.md names every id of memory.unmeasured_ids;
+#  - docs/dump-format.md names every id of memory.unmeasured_ids, every remedy id and every cause id;
 #  - every C source is laid out as .clang-format says (`make format` fixes it);
 #  - code, makefiles, tests and docs name what a thing is ("the scenario corpus"), never a numbered work item
 #    that a newcomer cannot look up.
@@ -49,6 +49,18 @@ print(" ".join(i for i in ids if not row or "`%s`" % i not in row[0]) if ids els
 PY
 )
 [ -z "$undoc" ]; result $? "docs/dump-format.md names every id of common/unmeasured.def" "missing: $undoc"
+
+# 5b. ... and every remedy id of analysis/remedies.def and cause id of common/causes.def: users (and the writers of
+#     the blind scenarios, who read only the docs) learn the ids there
+undoc=$(python3 - <<'PY'
+import re
+doc = open("docs/dump-format.md").read()
+ids = [i for f in ("analysis/remedies.def", "common/causes.def")
+       for i in re.findall(r'^X\(\w+,\s*"(\w+)"', open(f).read(), re.M)]
+print(" ".join(i for i in ids if "`%s`" % i not in doc) if ids else "no ids read")
+PY
+)
+[ -z "$undoc" ]; result $? "docs/dump-format.md names every remedy and cause id" "missing: $undoc"
 
 # 6. the analysis is pure: a record in, a diagnosis out. Nothing of the recorder's headers (CUDA, og.h) is
 #    included, and its objects and common/'s have no writable data (.data/.bss): tables are const.
