@@ -421,6 +421,15 @@ static void flat_after_each_optimizer_step_is_not_growth(void **state)
     assert_true(facts(r)->growth.holds);  /* the driver's reading */
     fixture_steps(r, 100, 7, 9 * GiB, 0); /* seven flat steps: too few to overrule it */
     assert_true(facts(r)->growth.holds);
+    /* ... unless they are every step the run made: the whole run kept nothing across its steps (what rose at the
+     * driver came in its first iteration, before the cache served the rest) */
+    fixture_steps(r, 7, 7, 9 * GiB, 0);
+    assert_false(facts(r)->growth.holds);
+    assert_true(F.growth.steps_flat);
+    fixture_steps(r, 7, 7, 9 * GiB, 128 * MiB); /* ... not when they rose by more than 1% of the card */
+    assert_false(facts(r)->growth.steps_flat);
+    fixture_steps(r, 3, 3, 9 * GiB, 0); /* ... and not from fewer than four */
+    assert_true(facts(r)->growth.holds);
     fixture_steps(r, 100, 32, 9 * GiB, 0);
     for (int i = 0; i < 32; i += 2) /* variable batches: a few MiB up and down */
         r->memory.fw.roles.step_alloc[i] += 3 * MiB;
@@ -470,7 +479,7 @@ static void run_series_overrules_the_latest_steps(void **state)
  * what the driver saw rise is the model, the first passes, the state the first step made and the pass running now,
  * not a leak
  * (growth.first_steps); a failure outside the training pass (an evaluation) or four steps made keep the
- * driver's reading */
+ * driver's reading, unless those four are every step of the run and flat (growth.steps_flat) */
 static void first_steps_are_not_growth(void **state)
 {
     og_record_t *r = fixture_pytorch_24g("libtorch_cuda.so");
@@ -492,8 +501,11 @@ static void first_steps_are_not_growth(void **state)
     assert_true(facts(r)->growth.holds);
     assert_false(F.growth.first_steps);
     fixture_phase(r, "backward", "/w/train.py", "main");
-    fixture_steps(r, 4, 4, 9 * GiB, 0);
+    fixture_steps(r, 100, 4, 9 * GiB, 0); /* the latest four of 100: too few to be read flat */
     assert_true(facts(r)->growth.holds);
+    fixture_steps(r, 4, 4, 9 * GiB, 0); /* every step of the run, flat: nothing kept across them */
+    assert_false(facts(r)->growth.holds);
+    assert_true(F.growth.steps_flat);
     free(r);
 }
 
