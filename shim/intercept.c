@@ -2,7 +2,8 @@
  *
  * Three doors, all driven by hooks.def:
  *  1. Exported symbols: a program linked with -lcuda binds cuMemAlloc_v2 & co. to us
- *     because LD_PRELOAD puts us first in the global scope.
+ *     because LD_PRELOAD puts us first in the global scope; so does a library linked with
+ *     -lcuda that the program dlopen()s, locally or RTLD_GLOBAL (ctypes, a plugin).
  *  2. dlsym(): NVIDIA's runtime, XLA and others dlopen("libcuda.so.1") and dlsym() on the
  *     handle, which ignores LD_PRELOAD.  We override dlsym and answer hooked names with
  *     our wrappers.
@@ -161,12 +162,15 @@ OG_NO_SANITIZE void *og_resolve_real(int id)
     void *p = atomic_load_explicit(&og_real_ptrs[id], memory_order_acquire);
     if (p)
         return p;
-    /* Next definition after us in the global scope (a program linked with -lcuda) ... */
+    /* Next definition after us in the global scope (a program linked with -lcuda, or a library
+     * linked with it that the program dlopen'ed RTLD_GLOBAL) ... */
     p = og_dlsym_real(RTLD_NEXT, og_hooks[id].name);
     remember_real(id, p);
     /* ... or the library itself when it was dlopen'ed locally: the whole table at once, so
-     * that this happens once per process and not once per function. */
-    if (!p && atomic_load_explicit(&og_ready, memory_order_acquire))
+     * that this happens once per process and not once per function.  Found or not, the calls
+     * the shim makes itself (which device is current) come from the same table: a driver that
+     * arrived in the global scope with a library after the constructor passed no other door */
+    if (atomic_load_explicit(&og_ready, memory_order_acquire))
         og_calls_resolve(NULL);
     return atomic_load_explicit(&og_real_ptrs[id], memory_order_acquire);
 }

@@ -22,6 +22,11 @@ $(TEST_B)/e2e_driver: tests/e2e/driver_api.c $(E2E_DEPS)
 	$(CC) $(E2E_CFLAGS) $< -o $@ $(E2E_LDRT) -lcuda -ldl
 $(TEST_B)/e2e_dlopen: tests/e2e/dlopen_driver.c $(E2E_DEPS)
 	$(CC) $(E2E_CFLAGS) $< -o $@ -ldl
+# a library linked with -lcuda, loaded RTLD_GLOBAL by a program that does not link the driver
+$(TEST_B)/libglobal_client.so: tests/e2e/global_client.c $(SIM_LIBS) | $(TEST_B)/.dir
+	$(CC) $(ALL_CFLAGS) -fPIC -shared $< -o $@ $(E2E_LDRT) -lcuda
+$(TEST_B)/e2e_dlopen_global: tests/e2e/dlopen_global.c $(TEST_B)/libglobal_client.so $(E2E_DEPS)
+	$(CC) $(E2E_CFLAGS) $< -o $@ -Wl,--disable-new-dtags -Wl,-rpath,'$$ORIGIN' -ldl
 $(TEST_B)/e2e_entry_points: tests/e2e/entry_points.c $(E2E_DEPS)
 	$(CC) $(E2E_CFLAGS) $< -o $@ $(E2E_LDRT) -lcudart -ldl
 $(TEST_B)/e2e_stress: tests/e2e/stress.c $(E2E_DEPS)
