@@ -92,7 +92,7 @@ if grep -q '^sim-selftest:' sim/sim.mk 2>/dev/null; then
 fi
 
 echo "== end-to-end under LD_PRELOAD (ledger == simulated driver, to the byte)"
-for p in runtime static driver dlopen dlopen_global entry_points fork_exec rtld; do
+for p in $(grep -v '^#' tests/e2e/ledger_programs.txt); do
     # one test: without the shim, with it, the same checks of the program's own calls
     run "e2e $p (same results without the shim)" env PRELOAD="$PRELOAD" OOMGUARD_DIR="$LOG_DIR" \
         bash tests/regress/e2e_pair.sh "$B/tests/e2e_$p"

@@ -6,6 +6,7 @@ TEST_B      := $(B)/tests
 E2E_CFLAGS   = $(ALL_CFLAGS) -Isim -Itests/e2e -pthread
 E2E_LDRT     = -L$(SIM_LIBDIR) -Wl,-rpath-link,$(SIM_LIBDIR)
 E2E_PROGS   := $(TEST_B)/e2e_runtime $(TEST_B)/e2e_static $(TEST_B)/e2e_driver $(TEST_B)/e2e_dlopen \
+               $(TEST_B)/e2e_dlopen_global \
                $(TEST_B)/e2e_entry_points $(TEST_B)/e2e_stress $(TEST_B)/e2e_fork_exec $(TEST_B)/e2e_rtld $(TEST_B)/e2e_limit $(TEST_B)/e2e_rank $(TEST_B)/e2e_live_job \
                $(TEST_B)/e2e_drv $(TEST_B)/e2e_dumps $(TEST_B)/libno_tmpfile.so $(TEST_B)/libfake_host.so
 UNIT_PROGS  := $(patsubst tests/unit/%.c,$(TEST_B)/unit_%,$(wildcard tests/unit/test_*.c))

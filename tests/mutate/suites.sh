@@ -40,7 +40,7 @@ regress)
     exec env B="$B" PRELOAD="$SHIM" bash tests/regress/run_regressions.sh ;;
 e2e)
     rc=0
-    for p in runtime static driver dlopen entry_points fork_exec rtld; do
+    for p in $(grep -v '^#' tests/e2e/ledger_programs.txt); do
         with_shim "$B/tests/e2e_$p" || { echo "FAIL  e2e $p"; rc=1; }
     done
     with_shim env SIMGPU_FAIL_PROB=0.01 SIMGPU_SEED=7 OOMGUARD_QUIET=1 STRESS_OPS=20000 "$B/tests/e2e_stress" ||
