@@ -846,9 +846,12 @@ static bool growth_by_steps(const og_facts_t *d, const og_record_t *r, og_growth
         double trough_rise = (double)sub0(lo2, lo1);
         bool trendless =
             trough_rise < d->growth_min_share * (double)d->total && d->shortfall && trough_rise < (double)d->shortfall;
-        /* a series of every step the run made (the first one's included) spans the whole run, however short: what
-         * it kept across its steps shows there, so STEPS_MIN of them within 1% is flat too */
-        bool whole_run = ro->steps_known && ro->steps_made <= (uint64_t)n;
+        /* a series of every step the device's run made (the first one's included: no other optimizer stepped there,
+         * measured) spans that whole run, however short: what it kept across its steps shows there, so STEPS_MIN of
+         * them within 1% is flat too.  Another optimizer's earlier steps (a new one per round or client) leave the
+         * run before this optimizer unseen */
+        bool whole_run = ro->steps_known && ro->steps_made <= (uint64_t)n && ro->device_steps_known &&
+                         ro->device_steps <= (uint64_t)n;
         g->steps_flat = (n >= STEPS_FLAT_MIN || whole_run) &&
                         ((double)(hi - lo) <= 0.01 * (double)d->total || (trendless && n >= STEPS_FLAT_MIN));
         return false;

@@ -328,6 +328,11 @@ typedef struct og_roles {
     /* steps_made was measured: true with nsteps 0 and steps_made 0 when the adapter watched every optimizer step
      * from the framework's import and none was made on this device (a measured zero, not an unknown) */
     bool steps_known;
+    /* the steps every optimizer made on this device (roles.optimizer_steps_on_device), known when the adapter
+     * watched every step from the framework's import: more than steps_made when another optimizer stepped here
+     * before (a new one per round or client), so that the series does not span the device's run */
+    uint64_t device_steps;
+    bool device_steps_known;
     /* among the blocks no role reached (activations), a copy of this role ("" none: roles.activations_copy_of)
      * and its bytes: a copy being made that no named object holds yet */
     char act_copy_of[24];

@@ -478,6 +478,11 @@ static void j_roles(og_sb_t *sb, const og_roles_t *r)
         og_sb_printf(sb, "%llu", (unsigned long long)r->steps_made);
     else
         og_sb_puts(sb, "null");
+    K("optimizer_steps_on_device");
+    if (r->device_steps_known)
+        og_sb_printf(sb, "%llu", (unsigned long long)r->device_steps);
+    else
+        og_sb_puts(sb, "null");
     K("allocated_over_run");
     if (r->nsteps > 0 && r->nstep_run > 0) {
         og_sb_printf(sb, "{\"every\":%llu,\"bytes\":[", (unsigned long long)r->step_run_every);

@@ -125,7 +125,8 @@ static const char *const role_keys[OG_NROLES] = {
  * "statement\tFILE\tLINE\tFUNCTION\tTARGET\tPURPOSE\tNAMES[\tINTS]" ('-': none),
  * "accumulating\tFILE\tLINE\tFUNCTION\tTARGET\tOPERAND", "setting\tFACT\tFILE\tLINE\tFUNCTION\tKEY"
  * (FACT a name of common/code_settings.def),
- * "steps\tMADE\tALLOCATED,ALLOCATED,..." (after each of an optimizer's latest steps, oldest first),
+ * "steps\tMADE\tALLOCATED,ALLOCATED,...[\tON_DEVICE]" (after each of an optimizer's latest steps, oldest first;
+ * ON_DEVICE the steps every optimizer made on the device, when every one was watched),
  * "meta\tKEY\tVALUE" lines; unknown lines and roles are skipped.  A role not given stays unknown. */
 static void parse_roles(const char *s, og_roles_t *r)
 {
@@ -266,6 +267,10 @@ static void parse_roles(const char *s, og_roles_t *r)
             r->steps_made = strtoull(f[1], NULL, 10);
             r->steps_known = true;
             r->nsteps = u64_list(f[2], r->step_alloc, OG_STEP_SERIES);
+            if (n >= 4) {
+                r->device_steps = strtoull(f[3], NULL, 10);
+                r->device_steps_known = true;
+            }
         } else if (!strcmp(f[0], "steps_run") && n >= 3) {
             r->step_run_every = strtoull(f[1], NULL, 10);
             r->nstep_run = u64_list(f[2], r->step_run, OG_STEP_SERIES);

@@ -1990,7 +1990,9 @@ def encode(r):
         out.append("meta\tactivations_copy_of\t%s\t%d" % (_clean(role), int(b)))
     if r.get("steps"):
         made, series = r["steps"][:2]
-        out.append("steps\t%d\t%s" % (int(made), ",".join(str(int(v)) for v in series[-32:]) or "-"))
+        on_device = r["steps"][4] if len(r["steps"]) >= 5 else None
+        out.append("steps\t%d\t%s%s" % (int(made), ",".join(str(int(v)) for v in series[-32:]) or "-",
+                                         "" if on_device is None else "\t%d" % int(on_device)))
         if len(r["steps"]) >= 4 and r["steps"][3]:
             every, run = r["steps"][2:4]
             out.append("steps_run\t%d\t%s" % (int(every), ",".join(str(int(v)) for v in run[-32:])))

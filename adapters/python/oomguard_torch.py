@@ -317,7 +317,10 @@ _last_step_t = None     # time.monotonic() at the end of the latest optimizer st
 _STEP_SERIES = 32
 _STEP_OPTIMIZERS = 8
 _step_series = {}
-_stepped_devices = set()    # every device an optimizer stepped on (an optimizer dropped from _step_series too)
+# the steps every optimizer made on each device (an optimizer dropped from _step_series too): a series that holds
+# all of them spans the device's whole run, however short; another optimizer's earlier steps (a new one per round
+# or client) say it does not
+_device_steps = {}
 
 
 def _allocated_now(torch):
@@ -349,7 +352,7 @@ def _on_optimizer_step(optimizer, args, kwargs):
             if s is None and len(_step_series) >= _STEP_OPTIMIZERS:
                 del _step_series[min(_step_series, key=lambda k: _step_series[k][3])]
             s = _step_series[id(optimizer)] = [now[0], 0, collections.deque(maxlen=_STEP_SERIES), 0.0, [], 1]
-            _stepped_devices.add(now[0])
+        _device_steps[now[0]] = _device_steps.get(now[0], 0) + 1
         s[1] += 1
         s[2].append(now[1])
         s[3] = _last_step_t
@@ -364,16 +367,18 @@ def _on_optimizer_step(optimizer, args, kwargs):
 
 def _steps_of(device):
     """(steps made, [allocated after each of the latest ones, oldest first], stride, [allocated after every
-    stride-th step of the run]) of the optimizer on `device` that stepped most (ties: the latest); (0, [], 1, [])
-    when every step was watched and none was made on `device`; None when that is not known."""
+    stride-th step of the run], the steps every optimizer made on `device`) of the optimizer on `device` that stepped
+    most (ties: the latest); the last None when steps before the hook may have been missed; (0, [], 1, [], 0) when
+    every step was watched and none was made on `device`; None when that is not known."""
+    whole = _state["steps_from_start"] and _state["step_hook"] is not None
     best = None
     for s in list(_step_series.values()):
         if s[0] == device and (best is None or (s[1], s[3]) > (best[1], best[3])):
             best = s
     if best is not None:
-        return (best[1], list(best[2]), best[5], list(best[4]))
-    if _state["steps_from_start"] and _state["step_hook"] is not None and device not in _stepped_devices:
-        return (0, [], 1, [])
+        return (best[1], list(best[2]), best[5], list(best[4]), _device_steps.get(device, 0) if whole else None)
+    if whole and device not in _device_steps:
+        return (0, [], 1, [], 0)
     return None
 
 

@@ -504,6 +504,8 @@ static void fixture_steps(og_record_t *r, uint64_t made, int n, uint64_t first, 
     ro->nsteps = n;
     ro->steps_made = made;
     ro->steps_known = true;
+    ro->device_steps = made; /* no other optimizer stepped on the device */
+    ro->device_steps_known = true;
     for (int i = 0; i < n; i++)
         ro->step_alloc[i] = first + per_step * (uint64_t)i;
 }

@@ -426,6 +426,11 @@ static void flat_after_each_optimizer_step_is_not_growth(void **state)
     fixture_steps(r, 7, 7, 9 * GiB, 0);
     assert_false(facts(r)->growth.holds);
     assert_true(F.growth.steps_flat);
+    r->memory.fw.roles.device_steps = 35; /* ... not when other optimizers stepped there before (one per client) */
+    assert_true(facts(r)->growth.holds);
+    r->memory.fw.roles.device_steps_known = false; /* ... nor when that was not watched */
+    assert_true(facts(r)->growth.holds);
+    fixture_steps(r, 7, 7, 9 * GiB, 0);
     fixture_steps(r, 7, 7, 9 * GiB, 128 * MiB); /* ... not when they rose by more than 1% of the card */
     assert_false(facts(r)->growth.steps_flat);
     fixture_steps(r, 3, 3, 9 * GiB, 0); /* ... and not from fewer than four */

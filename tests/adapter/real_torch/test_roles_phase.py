@@ -2169,22 +2169,39 @@ def t_steps_over_the_run():
     step's allocated bytes (24 points, oldest first), so an iteration of 16 steps that keeps memory is a
     staircase there while the latest steps show one rise."""
     import oomguard_torch
-    saved = (oomguard_torch._allocated_now, dict(oomguard_torch._step_series))
+    st = oomguard_torch._state
+    saved = (oomguard_torch._allocated_now, dict(oomguard_torch._step_series), dict(oomguard_torch._device_steps),
+             st["steps_from_start"], st["step_hook"])
     oomguard_torch._step_series.clear()
+    oomguard_torch._device_steps.clear()
     step = [0]
     oomguard_torch._allocated_now = lambda torch: (0, 1000 + step[0] // 16)
     try:
+        st["steps_from_start"], st["step_hook"] = True, st["step_hook"] or object()
         opt = object()
         for step[0] in range(96):
             oomguard_torch._on_optimizer_step(opt, (), {})
-        made, latest, every, run = oomguard_torch._steps_of(0)
+        made, latest, every, run, on_device = oomguard_torch._steps_of(0)
         assert made == 96 and len(latest) == 32 and latest[0] == 1004 and latest[-1] == 1005, (made, latest)
         assert every == 4 and len(run) == 24, (every, run)
         assert run == [1000 + (4 * (i + 1) - 1) // 16 for i in range(24)], run
+        # every optimizer's steps on the device: this one's alone, then a second's (a new one per client) as well
+        assert on_device == 96, on_device
+        opt2 = object()
+        for _ in range(5):
+            oomguard_torch._on_optimizer_step(opt2, (), {})
+        assert oomguard_torch._steps_of(0)[0] == 96 and oomguard_torch._steps_of(0)[4] == 101, \
+            oomguard_torch._steps_of(0)
+        assert oomguard_torch._steps_of(1) == (0, [], 1, [], 0)  # every step watched, none on device 1
+        st["steps_from_start"] = False  # steps before the hook may have been missed: the device's count is unknown
+        assert oomguard_torch._steps_of(0)[4] is None and oomguard_torch._steps_of(1) is None
     finally:
         oomguard_torch._allocated_now = saved[0]
         oomguard_torch._step_series.clear()
         oomguard_torch._step_series.update(saved[1])
+        oomguard_torch._device_steps.clear()
+        oomguard_torch._device_steps.update(saved[2])
+        st["steps_from_start"], st["step_hook"] = saved[3], saved[4]
 
 
 def t_autocast_in_code():

@@ -91,6 +91,7 @@ def roles(fw, truth, opts):
         # what the framework had allocated right after that step, and the steps made
         assert r["allocated_after_steps"] == truth["after_steps"], (r["allocated_after_steps"], truth["after_steps"])
         assert r["optimizer_steps"] == 1, r["optimizer_steps"]
+        assert r["optimizer_steps_on_device"] == 1, r["optimizer_steps_on_device"]
         assert r["allocated_over_run"] == {"every": 1, "bytes": truth["after_steps"]}, r["allocated_over_run"]
     if "--placement" in opts:
         # the statement reads `replica`, whose parameters are on cuda:1, and fails on cuda:0
@@ -111,6 +112,7 @@ def roles(fw, truth, opts):
         want = int(opts[opts.index("--steps") + 1])
         assert r["optimizer_steps"] == want and r["allocated_after_steps"] is None, \
             (r["optimizer_steps"], r["allocated_after_steps"])
+        assert r["optimizer_steps_on_device"] == want, r["optimizer_steps_on_device"]
     if "--site" in opts:
         label = opts[opts.index("--site") + 1]
         h = [h for h in r["holders"] if h["label"] == label][0]
