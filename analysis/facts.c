@@ -572,6 +572,8 @@ static uint64_t run_steps(const struct og_hist_ev *e, int ne, int i0, uint64_t s
     return best * 10 >= n * 7 ? count : 0;
 }
 
+static bool pass_own_local(const char *where, const og_record_t *r);
+
 /* One reading of the steps: marked by allocations of SIZE (MARKER says how), into g.  True when the
  * growth pattern holds; the load and one-pass findings are recorded in g either way. */
 static bool growth_for(const og_facts_t *d, const og_record_t *r, og_growth_scratch_t *s, og_growth_facts_t *g,
@@ -728,10 +730,16 @@ static bool growth_for(const og_facts_t *d, const og_record_t *r, og_growth_scra
     /* ... also with autograd on, where the model is not training and no holder keeps a graph (an attribution's or
      * an explainer's forward keeping each layer's output for the gradient it asks of its input: a pass building
      * up, not graphs kept across batches, which roles.graph_holder would name) */
+    /* ... with the activations count what locals of the pass's own code hold (pass_own_local: a list the model's
+     * forward fills with each layer's attention map and stacks): made anew by every call, they outlive none */
     bool no_kept_graph = fw->grad_enabled == 1 && rf->graph_holder < 0;
+    uint64_t pass_held = 0;
+    for (int i = 0; i < OG_FILLED(ro->nholders, ro->holders); i++)
+        if (pass_own_local(ro->holders[i].where, r))
+            pass_held = add_sat(pass_held, ro->holders[i].bytes);
     if ((d->phase == OG_JP_forward || d->phase == OG_JP_evaluation || d->phase == OG_JP_oom_handler) && rf->known &&
         rf->act_known && fw->has && (fw->grad_enabled == -1 || no_kept_graph) && fw->training != 1 && !rf->grads &&
-        !rf->opt && 2 * rf->act >= rise) {
+        !rf->opt && 2 * add_sat(rf->act, pass_held) >= rise) {
         g->pass_built = true;
         return false;
     }
@@ -965,7 +973,6 @@ static bool growth_by_graphs(const og_facts_t *d, const og_record_t *r, og_growt
     return true;
 }
 
-static bool pass_own_local(const char *where, const og_record_t *r);
 
 /* a local of a caller of the running code ("local in main (train.py:40)"), not of the pass itself (pass_own_local):
  * what a loop around the running call keeps */

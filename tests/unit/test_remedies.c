@@ -5011,6 +5011,12 @@ static void inference_call_building(void **state)
     fixture_roles(r, 4 * GiB, 0, 0, 0, 16 * GiB, 0);
     fixture_holder(r, "preds", "list", "local in main (embed.py:40)", 15 * GiB);
     run_primary(r, "growth");
+    /* ... but held by a local of the model's own forward (each layer's attention map, stacked at the end): that
+     * call's working set, made anew by every call */
+    r->memory.fw.roles.nholders = 0;
+    fixture_holder(r, "attn_weights", "list", "local in forward (esm.py:186)", 15 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_true(r->analysis.facts.growth.pass_built);
     /* autograd on (a saliency map's forward keeps each layer's output for the input's gradient), no holder keeping
      * a graph: the pass building up too; a list of outputs whose graphs the adapter read alive: a growth */
     fixture_roles(r, 4 * GiB, 0, 0, 0, 0, 16 * GiB);
