@@ -973,7 +973,6 @@ static bool growth_by_graphs(const og_facts_t *d, const og_record_t *r, og_growt
     return true;
 }
 
-
 /* a local of a caller of the running code ("local in main (train.py:40)"), not of the pass itself (pass_own_local):
  * what a loop around the running call keeps */
 static bool caller_local(const char *where, const og_record_t *r)
