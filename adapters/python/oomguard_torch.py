@@ -906,7 +906,12 @@ def _checkpointing(frame, phase, grad, torch_dir, limit=64):
 # effective, maximum or count of batches.  Which pass's batch: a training pass's is not one named for
 # evaluation (eval_batch_size, val_batch, test_bs); an evaluation's or a generation's is not one named for
 # training (train_batch), so an evaluation's own batch is read where the program names both
-_BATCH_NAME = re.compile(r"^(?:[a-z0-9]+_)*?(?:micro_)?batch(?:_size)?(?:_per_(?:gpu|device|rank))?$")
+# (MMDetection's and MMCV's configs name it data.samples_per_gpu, imgs_per_gpu before them)
+_BATCH_NAME = re.compile(r"^(?:[a-z0-9]+_)*?(?:(?:micro_)?batch(?:_size)?(?:_per_(?:gpu|device|rank))?|"
+                         r"(?:samples|imgs)_per_(?:gpu|device))$")
+# the sections of a config where frameworks put the loader's batch: MMCV's cfg.data.samples_per_gpu, MMEngine's
+# cfg.train_dataloader.batch_size; read one level further down than other objects
+_BATCH_SECTIONS = frozenset(("data", "dataloader", "train_dataloader", "loader", "train_loader"))
 _NOT_BATCH = re.compile(r"global|total|effective|max|min|num|accum")
 _EVAL_BATCH = re.compile(r"eval|val|test|infer|pred")
 _TRAIN_BATCH = re.compile(r"train")
@@ -928,24 +933,43 @@ def _batch_value(name, v, evaluating=False):
     return None if (_TRAIN_BATCH if evaluating else _EVAL_BATCH).search(low) else v
 
 
+def _members(v):
+    """A dict, or an object's attributes as one (not a module's, a class's or torch's own objects); None else."""
+    inner = v if isinstance(v, dict) else getattr(v, "__dict__", None)
+    if (not isinstance(inner, dict) or isinstance(v, (types.ModuleType, type)) or
+            str(getattr(type(v), "__module__", "") or "").startswith("torch")):
+        return None
+    return inner
+
+
 def _batch_in(ns, evaluating=False, skip=()):
     """An int named as a batch size in a namespace (a frame's locals or its module's globals), or in a dict or
-    an object's attributes one level down (cfg["micro_batch_size"], args.per_device_train_batch_size).  No name
-    in SKIP counts."""
+    an object's attributes one level down (cfg["micro_batch_size"], args.per_device_train_batch_size), or in a
+    config's loader section there (_BATCH_SECTIONS: cfg.data.samples_per_gpu).  No name in SKIP counts."""
     for k, v in list(ns.items())[:512]:
         b = _batch_value(k, v, evaluating) if k not in skip else None
         if b is not None:
             return b
+    sections = []
     for k, v in list(ns.items())[:512]:
         if k in skip:
             continue
         try:
-            inner = v if isinstance(v, dict) else getattr(v, "__dict__", None)
-            if (not isinstance(inner, dict) or isinstance(v, (types.ModuleType, type)) or
-                    str(getattr(type(v), "__module__", "") or "").startswith("torch")):
+            inner = _members(v)
+            if inner is None:
                 continue
             for k2, v2 in list(inner.items())[:256]:
                 b = _batch_value(k2, v2, evaluating)
+                if b is not None:
+                    return b
+                if isinstance(k2, str) and k2 in _BATCH_SECTIONS and len(sections) < 16:
+                    sections.append(v2)
+        except Exception:
+            continue
+    for v in sections:
+        try:
+            for k3, v3 in list((_members(v) or {}).items())[:256]:
+                b = _batch_value(k3, v3, evaluating)
                 if b is not None:
                     return b
         except Exception:

@@ -2030,6 +2030,19 @@ def t_batch_size():
         args = types.SimpleNamespace(global_batch_size=512, per_device_train_batch_size=2)  # noqa: F841
         return probe()
 
+    def with_mmcv():  # MMCV's config: the loader's section holds the batch per GPU
+        cfg = types.SimpleNamespace(data=types.SimpleNamespace(samples_per_gpu=1, workers_per_gpu=4),  # noqa: F841
+                                    total_epochs=24)
+        return probe()
+
+    def with_mmengine():
+        cfg = {"train_dataloader": {"batch_size": 2, "num_workers": 8}, "max_epochs": 12}  # noqa: F841
+        return probe()
+
+    def deeper_elsewhere():  # a batch name two levels down outside a loader's section is not read
+        trainer = types.SimpleNamespace(state=types.SimpleNamespace(batch_size=3))  # noqa: F841
+        return probe()
+
     def with_index():
         for batch in range(3):  # noqa: B007
             pass
@@ -2040,6 +2053,8 @@ def t_batch_size():
     assert with_cfg() == 1
     assert with_args() == 2
     assert with_index() is None, with_index()
+    assert with_mmcv() == 1 and with_mmengine() == 2 and deeper_elsewhere() is None, \
+        (with_mmcv(), with_mmengine(), deeper_elsewhere())
     # a module's constant counts where the running code reads it; one read only by a function not running (the
     # training loop's, while a validation pass runs) does not
     ns = {"BATCH": 8, "__name__": "prog", "probe": probe}
