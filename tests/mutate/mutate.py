@@ -39,8 +39,14 @@ SUITES = {
     "shim": ["unit", "regress", "e2e", "limit", "drivers", "stacks", "scenarios", "launcher", "dumps", "corpus",
              "adapter"],
     "tools": ["regress", "cli", "scenarios", "launcher"],
+    # the Python adapter: its role and phase code on real torch objects first, then on the stand-in under the shim
+    "adapters": ["real_torch", "adapter", "corpus"],
 }
-SLOW = {"corpus", "adapter"}
+SLOW = {"corpus", "adapter", "real_torch"}
+
+
+def suite_group(path):
+    return "tools" if path.startswith("tools/") else "adapters" if path.startswith("adapters/") else "shim"
 # FAIL lines that measure the machine, not the code (ignored when deciding a kill)
 IGNORE_FAIL = re.compile(r"FAIL\s+(perf:|html renders in headless Chromium)")
 EXTRA_TARGETS = [f"{B}/cli-test/og-measure", f"{B}/cli-test/libdummy.so"]
@@ -214,9 +220,9 @@ def main():
 
     slow = SLOW if a.fast else set()
     if a.suites:
-        slow |= set(SUITES["shim"] + SUITES["tools"]) - set(a.suites.split(","))
+        slow |= set(sum(SUITES.values(), [])) - set(a.suites.split(","))
     timeouts, baseline, dropped = {}, {}, []
-    for suite in dict.fromkeys(SUITES["shim"] + SUITES["tools"]):
+    for suite in dict.fromkeys(sum(SUITES.values(), [])):
         if suite in slow:
             continue
         rc, keys, dt = run_suite(base, suite, os.path.join(logs, f"baseline-{suite}.log"), 900)
@@ -239,7 +245,7 @@ def main():
         shutil.rmtree(work, ignore_errors=True)
         subprocess.run(["cp", "-a", base, work], check=True)
         n, text = occurrences(m, work)
-        suites = [s for s in SUITES["tools" if m.file.startswith("tools/") else "shim"] if s in timeouts]
+        suites = [s for s in SUITES[suite_group(m.file)] if s in timeouts]
         if n != 1:
             results.append((m, "stale", f"snippet found {n} times", 0.0))
         else:
@@ -282,7 +288,8 @@ def main():
     lines = [f"oomguard mutation run, {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, "
              f"{len(results)} mutants, {time.time() - t_start:.0f} s",
              f"suites: shim {' '.join(s for s in SUITES['shim'] if s in timeouts)}; "
-             f"tools {' '.join(s for s in SUITES['tools'] if s in timeouts)}"
+             f"tools {' '.join(s for s in SUITES['tools'] if s in timeouts)}; "
+             f"adapters {' '.join(s for s in SUITES['adapters'] if s in timeouts)}"
              + (f"; left out (failing unmutated): {' '.join(dropped)}" if dropped else "")
              + ("; --fast: corpus and adapter left out" if a.fast else ""),
              f"killed {killed}, survived {len(survived)}, stale {len(stale)}, broken {len(broken)}",

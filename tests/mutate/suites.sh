@@ -5,7 +5,7 @@
 #   B=build-x bash tests/mutate/suites.sh SUITE
 #
 # Exits non-zero when the suite fails.  Suites: unit regress e2e drivers limit stacks scenarios
-# dumps launcher corpus adapter cli stats (the same as tests/run_tests.sh runs, less the
+# dumps launcher corpus adapter real_torch cli stats (the same as tests/run_tests.sh runs, less the
 # simulator's self-test and the runs without the shim).  `cli` leaves out what only measures the machine (the performance limits, the
 # fuzzer, headless Chromium): under a mutation campaign the machine is busy by design.
 set -u
@@ -64,6 +64,8 @@ launcher)
     exec env B="$B" bash tests/e2e/run_launcher.sh ;;
 adapter)
     exec env B="$B" PRELOAD="$SHIM" bash tests/adapter/run_tests.sh ;;
+real_torch)
+    exec env B="$B" bash tests/adapter/real_torch/run_tests.sh ;;
 cli)
     # FUZZ_CC that does not exist: the fuzz smoke is skipped; the performance and browser
     # checks still run but their FAIL lines are ignored by the harness (see mutate.py)
