@@ -140,7 +140,8 @@ struct og_roles_view {
     int nover_run;
     int64_t over_run_every; /* allocated_over_run.every, -1 absent */
     int64_t optimizer_steps, num_beams, batch_size;
-    struct og_child_view { /* child_processes: multiprocessing's children alive (children_read 0: null) */
+    int64_t optimizer_steps_on_device; /* every optimizer's steps on the device; -1 unknown */
+    struct og_child_view {             /* child_processes: multiprocessing's children alive (children_read 0: null) */
         int64_t pid;
         const char *name; /* the name their starter gave them; NULL the default one */
     } * children;

@@ -1023,7 +1023,7 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
     r->complete = -1;
     r->elapsed_ms = r->last_step_ms_ago = NAN;
     r->optimizer_steps = r->num_beams = r->attention_modules = r->objects_scanned = r->read_in_part =
-        r->activations_copy_of.bytes = -1;
+        r->activations_copy_of.bytes = r->optimizer_steps_on_device = -1;
     r->batch_size = r->statement_model_device = r->gradient_checkpointing = r->autocast_in_code =
         r->scaler_without_autocast = r->backward_in_code = r->backward_on_stack = r->input_requires_grad = -1;
     r->copy_made_bytes = r->per_sample_count = r->lora_parameters_bytes = r->lora_base_trainable_bytes =
@@ -1141,6 +1141,7 @@ static int read_roles(struct loader *L, const cJSON *fw, const struct path *pf, 
     r->has_after_steps = arr != NULL;
     TRY(read_ints(L, arr, &(struct path){ &p, "allocated_after_steps", 0 }, &r->after_steps, &r->nafter_steps));
     TRY(get_int(L, o, &p, "optimizer_steps", &r->optimizer_steps));
+    TRY(get_int(L, o, &p, "optimizer_steps_on_device", &r->optimizer_steps_on_device));
     const cJSON *run;
     r->over_run_every = -1;
     TRY(get_obj(L, o, &p, "allocated_over_run", &run));

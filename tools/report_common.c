@@ -383,6 +383,12 @@ void og_roles_facts(const struct og_dump *d, og_fact_fn fn, void *ctx)
             og_sb_printf(&b, "after the last %d steps", r->nafter_steps);
             if (r->optimizer_steps >= 0)
                 og_sb_printf(&b, " of %s", group_digits(r->optimizer_steps, c));
+            /* whether the series spans the device's whole run: no other optimizer stepped there, or how many did */
+            if (r->optimizer_steps_on_device >= 0 && r->optimizer_steps_on_device == r->optimizer_steps)
+                og_sb_puts(&b, " (every step on this device)");
+            else if (r->optimizer_steps_on_device >= 0)
+                og_sb_printf(&b, " (%s by every optimizer on this device)",
+                             group_digits(r->optimizer_steps_on_device, c));
             og_sb_puts(&b, ":");
             if (from)
                 og_sb_puts(&b, " ...");

@@ -184,7 +184,8 @@ has "roles: the failing statement" "$T/pr" "failing statement: train.py:131 in m
 has "roles: a sum of passes with their graphs alive" "$T/pr" "accumulating: train.py:118 in main: total sums loss"
 has "roles: inputs padded to a fixed maximum length" "$T/pr" "code setting: train.py:61 in tokenize: pads every input to a fixed maximum length, not to the batch's longest (padding)"
 has "roles: a copy among the activations" "$T/pr" "among the activations: a copy of the optimizer_state being made, 3.00 MiB so far"
-has "roles: allocated after the steps" "$T/pr" "allocated: after the last 3 steps of 37: 1.02 GiB, 1.07 GiB, 1.12 GiB (up 95.37 MiB)"
+has "roles: allocated after the steps" "$T/pr" \
+    "allocated: after the last 3 steps of 37 (52 by every optimizer on this device): 1.02 GiB, 1.07 GiB, 1.12 GiB (up 95.37 MiB)"
 has "roles: the beam width" "$T/pr" "beam width: 4"
 has "roles: the layer the pass failed in" "$T/pr" "failing layer: layer 18 of 32 in layers"
 hasnt "roles: a run of layers alike is not flagged" "$T/pr" "its layers differ in size"
