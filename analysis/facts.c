@@ -572,6 +572,7 @@ static uint64_t run_steps(const struct og_hist_ev *e, int ne, int i0, uint64_t s
     return best * 10 >= n * 7 ? count : 0;
 }
 
+static bool module_pass_local(const char *where, const og_record_t *r);
 static bool pass_own_local(const char *where, const og_record_t *r);
 
 /* One reading of the steps: marked by allocations of SIZE (MARKER says how), into g.  True when the
@@ -730,12 +731,13 @@ static bool growth_for(const og_facts_t *d, const og_record_t *r, og_growth_scra
     /* ... also with autograd on, where the model is not training and no holder keeps a graph (an attribution's or
      * an explainer's forward keeping each layer's output for the gradient it asks of its input: a pass building
      * up, not graphs kept across batches, which roles.graph_holder would name) */
-    /* ... with the activations count what locals of the pass's own code hold (pass_own_local: a list the model's
-     * forward fills with each layer's attention map and stacks): made anew by every call, they outlive none */
+    /* ... with the activations count what locals of a module's own pass hold (module_pass_local: a list the model's
+     * forward fills with each layer's attention map and stacks): made anew by every call, they outlive none.  Not the
+     * frame that decided the phase: an evaluation loop's list of every batch's logits lives there */
     bool no_kept_graph = fw->grad_enabled == 1 && rf->graph_holder < 0;
     uint64_t pass_held = 0;
     for (int i = 0; i < OG_FILLED(ro->nholders, ro->holders); i++)
-        if (pass_own_local(ro->holders[i].where, r))
+        if (module_pass_local(ro->holders[i].where, r))
             pass_held = add_sat(pass_held, ro->holders[i].bytes);
     if ((d->phase == OG_JP_forward || d->phase == OG_JP_evaluation || d->phase == OG_JP_oom_handler) && rf->known &&
         rf->act_known && fw->has && (fw->grad_enabled == -1 || no_kept_graph) && fw->training != 1 && !rf->grads &&
@@ -1682,9 +1684,9 @@ static uint64_t largest_role(const og_roles_t *ro)
     return m;
 }
 
-/* WHERE is a local of the running pass's own code (a module's forward, its __call__, or the function whose frame
- * decided the phase: generate() building its cache): that pass's working set */
-static bool pass_own_local(const char *where, const og_record_t *r)
+/* WHERE is a local of a module's own pass: its forward, its __call__, or a function the running forward called (below);
+ * made anew by every call of the model */
+static bool module_pass_local(const char *where, const og_record_t *r)
 {
     static const char *const own[] = { "forward", "__call__", "_call_impl" };
     if (!og_where_local(where))
@@ -1695,9 +1697,6 @@ static bool pass_own_local(const char *where, const og_record_t *r)
         if (n == strlen(own[i]) && strncmp(fn, own[i], n) == 0)
             return true;
     const og_framework_view_t *fw = &r->memory.fw;
-    if (fw->has_phase_frame && n == strnlen(fw->phase_frame.function, sizeof fw->phase_frame.function) &&
-        strncmp(fn, fw->phase_frame.function, n) == 0)
-        return true;
     /* ... or of a function the running forward called (a helper of the program's that concatenates the pass's
      * tensors): a frame of its name ("local in cat (gnn.py:52)"; the line too where the label kept it) is on the
      * failing stack inside a forward */
@@ -1713,6 +1712,20 @@ static bool pass_own_local(const char *where, const og_record_t *r)
             !strncmp(fn, st[i].function, n))
             return true;
     return false;
+}
+
+/* WHERE is a local of the running pass's own code (module_pass_local, or the function whose frame decided the phase:
+ * generate() building its cache): that pass's working set */
+static bool pass_own_local(const char *where, const og_record_t *r)
+{
+    if (module_pass_local(where, r))
+        return true;
+    const og_framework_view_t *fw = &r->memory.fw;
+    const char *fn = where + sizeof OG_WHERE_LOCAL - 1, *sp = strchr(fn, ' ');
+    size_t n = sp ? (size_t)(sp - fn) : strlen(fn);
+    return og_where_local(where) && fw->has_phase_frame &&
+           n == strnlen(fw->phase_frame.function, sizeof fw->phase_frame.function) &&
+           strncmp(fn, fw->phase_frame.function, n) == 0;
 }
 
 /* a pass of the model is running (its forward, its backward, an evaluation, a generation) */

@@ -5017,6 +5017,10 @@ static void inference_call_building(void **state)
     fixture_holder(r, "attn_weights", "list", "local in forward (esm.py:186)", 15 * GiB);
     run_primary(r, "does_not_fit");
     assert_true(r->analysis.facts.growth.pass_built);
+    /* ... not by a local of the frame that decided the phase: the evaluation loop there keeps every batch's logits */
+    r->memory.fw.roles.nholders = 0;
+    fixture_holder(r, "all_logits", "list", "local in encode (embed.py:81)", 15 * GiB);
+    run_primary(r, "growth");
     /* autograd on (a saliency map's forward keeps each layer's output for the input's gradient), no holder keeping
      * a graph: the pass building up too; a list of outputs whose graphs the adapter read alive: a growth */
     fixture_roles(r, 4 * GiB, 0, 0, 0, 0, 16 * GiB);
