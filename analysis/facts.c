@@ -1718,13 +1718,14 @@ static bool module_pass_local(const char *where, const og_record_t *r)
  * generate() building its cache): that pass's working set */
 static bool pass_own_local(const char *where, const og_record_t *r)
 {
+    if (!og_where_local(where))
+        return false; /* (fn below is read past the prefix only once it is there) */
     if (module_pass_local(where, r))
         return true;
     const og_framework_view_t *fw = &r->memory.fw;
     const char *fn = where + sizeof OG_WHERE_LOCAL - 1, *sp = strchr(fn, ' ');
     size_t n = sp ? (size_t)(sp - fn) : strlen(fn);
-    return og_where_local(where) && fw->has_phase_frame &&
-           n == strnlen(fw->phase_frame.function, sizeof fw->phase_frame.function) &&
+    return fw->has_phase_frame && n == strnlen(fw->phase_frame.function, sizeof fw->phase_frame.function) &&
            strncmp(fn, fw->phase_frame.function, n) == 0;
 }
 
