@@ -218,6 +218,7 @@ struct og_lib {
     const char *library;
     int64_t bytes, blocks;
     int framework;
+    const char *framework_name; /* the framework whose allocator it is ("pytorch", "jax"); NULL not said */
 };
 
 struct og_proc {

@@ -1900,6 +1900,7 @@ static int v_memory(struct loader *L, const cJSON *r)
             TRY(get_int(L, x, &pe, "bytes", &l->bytes));
             TRY(get_int(L, x, &pe, "blocks", &l->blocks));
             TRY(get_bool(L, x, &pe, "framework", &l->framework));
+            TRY(get_str(L, x, &pe, "framework_name", &l->framework_name));
         }
         d->mem.nlibs = n;
     }

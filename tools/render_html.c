@@ -570,7 +570,8 @@ static void chart(struct hx *h)
 
 static const char *part_color(int kind)
 {
-    static const char *const c[] = { "#3b6fd8", "#9dbcf2", "#8e5ad6", "#6b8bd6", "#e8833a", "#b9c0ca", "#bfe3c8" };
+    static const char *const c[P_NPARTS] = { "#3b6fd8", "#9dbcf2", "#d6a23b", "#8e5ad6",
+                                             "#6b8bd6", "#e8833a", "#b9c0ca", "#bfe3c8" };
     return c[kind];
 }
 
@@ -683,13 +684,13 @@ static void breakdown(struct hx *h)
                          og_framework_title(d->framework_name));
         } else if (og_json_bytes(res, &rv) && !rv.neg && rv.v <= INT64_MAX && d->mem.framework_bytes >= 0) {
             char b2[32];
-            int64_t r = (int64_t)rv.v, diff = d->mem.framework_bytes - r;
+            int64_t own = d->mem.framework_bytes - og_other_framework_bytes(d, NULL);
+            int64_t r = (int64_t)rv.v, diff = own - r;
             og_sb_printf(h->b,
                          "<h2 style=\"margin-top:16px\">Two views</h2><div class=\"kv\">"
                          "<div class=\"n\">%s reserved</div><div>%s</div>",
                          og_framework_title(d->framework_name), hb(r, a));
-            og_sb_printf(h->b, "<div class=\"n\">oomguard at the driver</div><div>%s</div>",
-                         hb(d->mem.framework_bytes, b2));
+            og_sb_printf(h->b, "<div class=\"n\">oomguard at the driver</div><div>%s</div>", hb(own, b2));
             og_sb_printf(h->b, "<div class=\"n\">difference</div><div>%s%s</div></div>", hb(diff < 0 ? -diff : diff, a),
                          diff == 0  ? " (the views agree)"
                          : diff > 0 ? " more at the driver: memory its libraries took outside its allocator"

@@ -319,10 +319,11 @@ static void where(struct tx *t, const struct og_dump *d)
                          og_framework_title(d->framework_name));
         else if (og_json_bytes(res, &rv) && !rv.neg && rv.v <= INT64_MAX && d->mem.framework_bytes >= 0) {
             char a[32], b2[32], c[32];
-            int64_t r = (int64_t)rv.v, diff = d->mem.framework_bytes - r;
+            /* its own libraries: another framework's in the same process are not its view */
+            int64_t own = d->mem.framework_bytes - og_other_framework_bytes(d, NULL);
+            int64_t r = (int64_t)rv.v, diff = own - r;
             og_sb_printf(t->b, "  two views: %s reserved %s; oomguard counted %s at the driver from its libraries",
-                         og_framework_title(d->framework_name), human_bytes(r, a),
-                         human_bytes(d->mem.framework_bytes, b2));
+                         og_framework_title(d->framework_name), human_bytes(r, a), human_bytes(own, b2));
             if (diff == 0)
                 og_sb_puts(t->b, " (they agree)\n");
             else

@@ -32,7 +32,17 @@ void og_html_end(og_sb_t *b);
 
 /* ---- shared by the text and HTML renderers (report_common.c) ---- */
 
-enum og_part_kind { P_FW_USED, P_FW_CACHED, P_NON_FW, P_PROCESS, P_OTHER_PROCS, P_UNACCOUNTED, P_FREE, P_NPARTS };
+enum og_part_kind {
+    P_FW_USED,
+    P_FW_CACHED,
+    P_OTHER_FW,
+    P_NON_FW,
+    P_PROCESS,
+    P_OTHER_PROCS,
+    P_UNACCOUNTED,
+    P_FREE,
+    P_NPARTS
+};
 
 struct og_part {
     int kind;
@@ -44,7 +54,10 @@ struct og_part {
  * device total when known (else the sum of the parts). */
 int og_breakdown(const struct og_dump *d, struct og_part *parts, int64_t *scale);
 const char *og_framework_title(const char *name); /* "PyTorch", "JAX", ... */
-const char *og_cause_title(const char *id);       /* plain-words title of a cause id, or NULL */
+/* What the libraries of frameworks other than the dump's own hold (memory.framework_bytes counts every framework's
+ * allocator libraries: a JAX arena beside PyTorch), and the name of the largest of them (NULL none) */
+int64_t og_other_framework_bytes(const struct og_dump *d, const char **largest);
+const char *og_cause_title(const char *id); /* plain-words title of a cause id, or NULL */
 const char *og_status_title(const struct og_dump *d);
 const struct og_cause *og_primary_cause(const struct og_dump *d);
 /* "2025-11-29 15:45:03 UTC", or "" when t is not a plausible epoch time. */

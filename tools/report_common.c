@@ -107,14 +107,34 @@ const char *og_result_name(int64_t result)
 
 static int64_t clamp0(int64_t v) { return v < 0 ? 0 : v; }
 
+int64_t og_other_framework_bytes(const struct og_dump *d, const char **largest)
+{
+    int64_t sum = 0, most = 0;
+    if (largest)
+        *largest = NULL;
+    for (int i = 0; i < d->mem.nlibs && d->framework_name; i++) {
+        const struct og_lib *l = &d->mem.libs[i];
+        if (!l->framework || !l->framework_name || strcmp(l->framework_name, d->framework_name) == 0 || l->bytes <= 0)
+            continue;
+        sum += l->bytes;
+        if (largest && l->bytes > most) {
+            most = l->bytes;
+            *largest = l->framework_name;
+        }
+    }
+    return sum;
+}
+
 int og_breakdown(const struct og_dump *d, struct og_part *parts, int64_t *scale)
 {
     int n = 0;
     int64_t sum = 0;
-    const char *fw = og_framework_title(d->framework_name);
-    static char used_label[64], cached_label[64];
+    const char *fw = og_framework_title(d->framework_name), *other_name;
+    static char used_label[64], cached_label[64], other_label[80];
     snprintf(used_label, sizeof used_label, "%s in use", fw);
     snprintf(cached_label, sizeof cached_label, "%s cached, unused", fw);
+    int64_t other = og_other_framework_bytes(d, &other_name);
+    snprintf(other_label, sizeof other_label, "%s (another framework)", og_framework_title(other_name));
 
 #define ADD(k, l, b)                                          \
     do {                                                      \
@@ -124,12 +144,17 @@ int og_breakdown(const struct og_dump *d, struct og_part *parts, int64_t *scale)
 
     int64_t fwb = d->mem.framework_bytes;
     if (fwb > 0) {
+        if (other > fwb)
+            other = fwb;
+        int64_t own = fwb - other; /* this framework's libraries; another framework's apart */
         int64_t cached = d->mem.framework_cached_bytes > 0 ? d->mem.framework_cached_bytes : 0;
-        if (cached > fwb)
-            cached = fwb;
-        ADD(P_FW_USED, used_label, fwb - cached);
+        if (cached > own)
+            cached = own;
+        ADD(P_FW_USED, used_label, own - cached);
         if (cached)
             ADD(P_FW_CACHED, cached_label, cached);
+        if (other)
+            ADD(P_OTHER_FW, other_label, other);
         if (d->mem.non_framework_bytes >= 0)
             ADD(P_NON_FW, "Non-framework (CUDA context, libraries)", d->mem.non_framework_bytes);
         else if (d->mem.process_tracked_bytes > fwb)

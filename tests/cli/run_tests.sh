@@ -209,6 +209,22 @@ json.dump(d, open(sys.argv[2], "w"))' "$R" "$T/stateless.json" 5
 OOMGUARD_SYMBOLIZE=0 "$OG" report "$T/stateless.json" --color never >"$T/sl" 2>&1
 has "roles: a trained model with no optimizer state after steps" "$T/sl" "its optimizer keeps no state for it"
 hasnt "roles: steps ended: not \"not stepped yet\"" "$T/sl" "has not stepped yet"
+# another framework's allocator in the same process (a JAX arena beside PyTorch): its own part of the device, not
+# PyTorch's memory in use, and not in PyTorch's view of the driver
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); m=d["memory"]
+m["by_library"].append(dict(library="xla_extension.so", bytes=3 << 30, blocks=1, framework=True, framework_name="jax",
+                            pool_bytes=0))
+m["framework_bytes"] += 3 << 30
+json.dump(d, open(sys.argv[2], "w"))' "$R" "$T/twofw.json"
+OOMGUARD_SYMBOLIZE=0 "$OG" report "$T/twofw.json" --color never >"$T/tf" 2>&1
+OOMGUARD_SYMBOLIZE=0 "$OG" report "$R" --color never >"$T/tf0" 2>&1
+has "where: another framework's allocator is its own part" "$T/tf" "JAX (another framework)                     3.00 GiB"
+[ "$(grep "PyTorch in use" "$T/tf")" = "$(grep "PyTorch in use" "$T/tf0")" ] &&
+    [ "$(grep "two views:" "$T/tf")" = "$(grep "two views:" "$T/tf0")" ] &&
+    ok "where: PyTorch's part and its two views leave another framework's bytes out" ||
+    bad "where: PyTorch's part and its two views leave another framework's bytes out" "$(grep -h "in use\|two views" "$T/tf" "$T/tf0")"
+OOMGUARD_SYMBOLIZE=0 "$OG" report "$T/twofw.json" --format html >"$T/tf.html" 2>&1
+has "html: another framework's allocator is its own part" "$T/tf.html" "JAX (another framework): 3.00 GiB"
 # a model halfway through a load: the rest of its parameters still off this GPU
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); ro=d["memory"]["framework"]["roles"]
 ro["models"] = [dict(ro["models"][0], parameters_elsewhere_bytes=8 << 30)]
