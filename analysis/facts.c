@@ -1684,23 +1684,40 @@ static uint64_t largest_role(const og_roles_t *ro)
     return m;
 }
 
+/* the function a local's label names ("local in cat (gnn.py:52)" -> "cat"): its length, with *FN set to its start;
+ * 0 when WHERE is not a local's label */
+static size_t local_function(const char *where, const char **fn)
+{
+    if (!og_where_local(where))
+        return 0; /* (the name is read past the prefix only once it is there) */
+    *fn = where + sizeof OG_WHERE_LOCAL - 1;
+    const char *sp = strchr(*fn, ' ');
+    return sp ? (size_t)(sp - *fn) : strlen(*fn);
+}
+
+/* the N bytes at FN name the function NAME (a field of at most CAP bytes, not always terminated) */
+static bool same_function(const char *fn, size_t n, const char *name, size_t cap)
+{
+    return n == strnlen(name, cap) && strncmp(fn, name, n) == 0;
+}
+
 /* WHERE is a local of a module's own pass: its forward, its __call__, or a function the running forward called (below);
  * made anew by every call of the model */
 static bool module_pass_local(const char *where, const og_record_t *r)
 {
     static const char *const own[] = { "forward", "__call__", "_call_impl" };
-    if (!og_where_local(where))
+    const char *fn = NULL;
+    size_t n = local_function(where, &fn);
+    if (!n)
         return false;
-    const char *fn = where + sizeof OG_WHERE_LOCAL - 1, *sp = strchr(fn, ' ');
-    size_t n = sp ? (size_t)(sp - fn) : strlen(fn);
     for (size_t i = 0; i < sizeof own / sizeof *own; i++)
-        if (n == strlen(own[i]) && strncmp(fn, own[i], n) == 0)
+        if (same_function(fn, n, own[i], strlen(own[i])))
             return true;
     const og_framework_view_t *fw = &r->memory.fw;
     /* ... or of a function the running forward called (a helper of the program's that concatenates the pass's
      * tensors): a frame of its name ("local in cat (gnn.py:52)"; the line too where the label kept it) is on the
      * failing stack inside a forward */
-    const char *close = sp ? strrchr(sp, ')') : NULL, *colon = close ? strrchr(sp, ':') : NULL;
+    const char *sp = fn + n, *close = *sp ? strrchr(sp, ')') : NULL, *colon = close ? strrchr(sp, ':') : NULL;
     long line = colon && colon < close ? strtol(colon + 1, NULL, 10) : 0;
     const og_py_frame_t *st = fw->py_frames;
     int outer = -1, n_frames = OG_FILLED(fw->npy_frames, fw->py_frames);
@@ -1708,8 +1725,7 @@ static bool module_pass_local(const char *where, const og_record_t *r)
         if (!strncmp(st[i].function, "forward", sizeof st[i].function))
             outer = i;
     for (int i = 0; i < outer; i++)
-        if ((!line || st[i].line == line) && n == strnlen(st[i].function, sizeof st[i].function) &&
-            !strncmp(fn, st[i].function, n))
+        if ((!line || st[i].line == line) && same_function(fn, n, st[i].function, sizeof st[i].function))
             return true;
     return false;
 }
@@ -1718,15 +1734,15 @@ static bool module_pass_local(const char *where, const og_record_t *r)
  * generate() building its cache): that pass's working set */
 static bool pass_own_local(const char *where, const og_record_t *r)
 {
-    if (!og_where_local(where))
-        return false; /* (fn below is read past the prefix only once it is there) */
+    const char *fn = NULL;
+    size_t n = local_function(where, &fn);
+    if (!n)
+        return false;
     if (module_pass_local(where, r))
         return true;
     const og_framework_view_t *fw = &r->memory.fw;
-    const char *fn = where + sizeof OG_WHERE_LOCAL - 1, *sp = strchr(fn, ' ');
-    size_t n = sp ? (size_t)(sp - fn) : strlen(fn);
-    return fw->has_phase_frame && n == strnlen(fw->phase_frame.function, sizeof fw->phase_frame.function) &&
-           strncmp(fn, fw->phase_frame.function, n) == 0;
+    return fw->has_phase_frame &&
+           same_function(fn, n, fw->phase_frame.function, sizeof fw->phase_frame.function);
 }
 
 /* a pass of the model is running (its forward, its backward, an evaluation, a generation) */
