@@ -1080,6 +1080,33 @@ static bool growth_measured(const og_facts_t *d, const og_record_t *r, og_growth
 /* a staircase the driver saw (one of its readings below held) that is what torch.load restored onto the GPU and
  * Python objects hold (roles.restored_held, at least 9/10 of the rise): shards, a dataset or a checkpoint arriving,
  * a load and not a leak; the optimizer's own series, read before, is not overruled (growth.restored_load) */
+/* What rose is not the framework's (growth.library_setup): its adapter measured its objects (roles known), the
+ * framework's libraries hold less than the rise in all, so they cannot be keeping it, and one library outside the
+ * framework (not a collective-communication one: communication() reads those) holds at least 9/10 of the rise and
+ * took 7/8 or more of its bytes within one quarter of the run: state a library sets up once (a context's engines,
+ * a workspace per thread), not objects kept iteration after iteration; non_framework names it */
+#define SETUP_RISE_SHARE 0.9
+#define SETUP_ONE_QUARTER 0.875
+static bool library_setup(const og_facts_t *d, const og_record_t *r, const og_growth_facts_t *g)
+{
+    if (!d->roles.known || !g->rise || r->memory.framework_bytes >= g->rise)
+        return false;
+    int n = r->memory.nlibs < 0 ? 0 : r->memory.nlibs > 32 ? 32 : r->memory.nlibs;
+    for (int i = 0; i < n; i++) {
+        const og_lib_usage_t *u = &r->memory.by_library[i];
+        char l[sizeof u->library];
+        og_cpy(l, sizeof l, u->library, sizeof l);
+        const char *b = og_base_name(l);
+        if (u->framework || !u->by_quarter_known || (double)u->bytes < SETUP_RISE_SHARE * (double)g->rise ||
+            strncmp(b, "libnccl", 7) == 0 || strncmp(b, "librccl", 7) == 0)
+            continue;
+        for (int q = 0; q < OG_QUARTERS; q++)
+            if ((double)u->by_quarter[q] >= SETUP_ONE_QUARTER * (double)u->bytes)
+                return true;
+    }
+    return false;
+}
+
 static bool driver_growth_holds(og_facts_t *d, const og_record_t *r, og_growth_facts_t *g)
 {
     if (d->roles.known && d->roles.restored_held && (double)d->roles.restored_held >= 0.9 * (double)g->rise) {
@@ -1090,6 +1117,11 @@ static bool driver_growth_holds(og_facts_t *d, const og_record_t *r, og_growth_f
      * interleaved, and what rises is loops starting beside each other, not what one loop keeps */
     if (d->roles.known && d->roles.concurrent_copies) {
         g->concurrent_loops = true;
+        return false;
+    }
+    /* ... or what rose is one library's outside the framework, taken at one time (growth.library_setup) */
+    if (library_setup(d, r, g)) {
+        g->library_setup = true;
         return false;
     }
     /* ... or the models arriving in a job that does not train (growth.weights_load): their parameters are at least

@@ -116,6 +116,11 @@ typedef struct og_growth_facts {
      * each loop's low point is no low point of the others, so the loops starting one after another read as a rise;
      * holds false */
     bool concurrent_loops;
+    /* a reading of the driver's held, and what rose is one library's outside the framework (not NCCL's): the
+     * adapter measured the framework, whose libraries hold less than the rise, and that library holds at least 9/10
+     * of it, taken within one quarter of the run (by_library[].by_quarter): state it set up once (a context's
+     * engines, a workspace per thread), not a leak of the framework's tensors; holds false, non_framework names it */
+    bool library_setup;
     /* a reading of the driver's held in a training job on a PyTorch whose optimizer steps no adapter can read (before
      * 2.0: no step hook; facts: torch_version), failing in its training pass, and the adapter's finished scan found
      * Python holding under a tenth of the rise (locals and what is kept across calls), no second copy or map of

@@ -470,6 +470,44 @@ static void growth_restored_by_torch_load(void **state)
     free(r);
 }
 
+/* the same staircase where what rose is one library's outside the framework, taken at one time (50 camera threads
+ * each loading its engine through ctypes): the framework's libraries hold less than the rise, so they cannot be
+ * keeping it; state set up once, not a leak (growth.library_setup).  Taken across the run, or with the framework
+ * holding as much as the rise, or no adapter measuring the framework, the growth reads as before */
+static void growth_in_a_library_set_up_once(void **state)
+{
+    og_record_t *r = base();
+    ev_reset(r);
+    leak_loop(r, 40, 0.1, 512 * MiB, 300 * MiB);
+    fixture_roles(r, 1 * GiB, 0, 0, 0, 0, 1 * GiB);
+    r->memory.framework_bytes = 2 * GiB;
+    r->memory.by_library[0].bytes = 2 * GiB;
+    r->memory.nlibs = 2;
+    og_lib_usage_t *u = &r->memory.by_library[1];
+    strcpy(u->library, "libffi.so.8");
+    u->bytes = 40 * 300 * MiB;
+    u->by_quarter_known = true;
+    u->by_quarter[1] = u->bytes;
+    diag(r);
+    assert_false(has(r, "growth"));
+    assert_true(r->analysis.facts.growth.library_setup);
+    u->by_quarter[1] = u->bytes / 2; /* taken across the run: a library's leak stays a growth */
+    u->by_quarter[2] = u->bytes / 2;
+    diag(r);
+    assert_true(has(r, "growth"));
+    assert_false(r->analysis.facts.growth.library_setup);
+    u->by_quarter[1] = u->bytes;
+    u->by_quarter[2] = 0;
+    r->memory.framework_bytes = 40 * 300 * MiB; /* the framework could be keeping it */
+    diag(r);
+    assert_true(has(r, "growth"));
+    r->memory.framework_bytes = 2 * GiB;
+    r->memory.fw.roles.has = false; /* no adapter measured the framework */
+    diag(r);
+    assert_true(has(r, "growth"));
+    free(r);
+}
+
 /* the same staircase where what rose is an LRU a service keeps (self.entries on ChunkStore) that reached the byte
  * budget its object names (roles.holders[].bound_bytes): a cache filling to its bound, no leak; growth stays a side
  * finding below the splinters' 0.5, its evidence naming the holder and the bound.  Short of its bound (under 9/10),
@@ -2108,6 +2146,7 @@ int main(void)
         cmocka_unit_test(non_framework_names_nccl_settings),
         cmocka_unit_test(growth_is_a_pattern_of_steps),
         cmocka_unit_test(growth_restored_by_torch_load),
+        cmocka_unit_test(growth_in_a_library_set_up_once),
         cmocka_unit_test(growth_of_a_cache_at_its_bound),
         cmocka_unit_test(growth_is_the_weights_arriving),
         cmocka_unit_test(growth_kept_leads_others),
