@@ -480,6 +480,10 @@ typedef struct og_record {
         uint8_t unmeasured_what[8];  /* enum og_unmeasured of each, for rules and the dump's ids */
         char nvml_process_query[96]; /* NVML call (and entry size) that listed the processes; "" = none */
         uint64_t ipc_mapped_bytes;   /* other processes' memory opened here (cuIpcOpenMemHandle): not ours */
+        /* CUDA contexts this process holds on the device: made with cuCtxCreate and still alive (-1 unknown), and
+         * whether its primary context there is active (1 yes, 0 no, -1 unknown): each holds memory of its own */
+        int64_t contexts_made;
+        int8_t primary_context;
         og_framework_view_t fw;
     } memory;
 

@@ -994,6 +994,13 @@ og_record_t *og_record_capture(const char *status, const og_episode_t *ep, int d
     capture_ledger(rec, device);
     og_nvml_measure(rec);
     rec->memory.ipc_mapped_bytes = og_ledger_ipc_mapped(device);
+    rec->memory.contexts_made = og_ledger_contexts_made(device);
+    rec->memory.primary_context = -1;
+    og_cfn_cuDevicePrimaryCtxGetState pstate = OG_CALL(cuDevicePrimaryCtxGetState);
+    unsigned int pflags;
+    int pactive = 0;
+    if (pstate && device >= 0 && pstate((CUdevice)device, &pflags, &pactive) == CUDA_SUCCESS)
+        rec->memory.primary_context = pactive ? 1 : 0;
     char why[sizeof rec->memory.unmeasured[0]];
     int what;
     for (int k = 0; og_ledger_unmeasured(device, k, &what, why, sizeof why); k++)
@@ -1098,6 +1105,8 @@ og_record_t *og_record_unmeasured(const char *status, const og_episode_t *ep)
     capture_env(rec);
     capture_framework(rec);
     rec->device.index = ep->device;
+    rec->memory.contexts_made = -1; /* nor the contexts then */
+    rec->memory.primary_context = -1;
     /* total_bytes, free_bytes, limit_bytes, limit_usage_bytes, process_tracked_bytes, process_used_bytes,
      * non_framework_bytes, context_bytes_estimate, framework_cached_bytes, other_processes_bytes and
      * shortfall_bytes: not measured, as calloc left them (the ledger at that moment is gone: its total

@@ -766,6 +766,13 @@ static void w_memory(og_sb_t *sb, const og_record_t *r)
         og_sb_puts(sb, "null");
     K("ipc_mapped_bytes");
     j_u64(sb, r->memory.ipc_mapped_bytes);
+    K("contexts_made");
+    if (r->memory.contexts_made >= 0)
+        og_sb_printf(sb, "%lld", (long long)r->memory.contexts_made);
+    else
+        og_sb_puts(sb, "null");
+    K("primary_context");
+    og_sb_puts(sb, r->memory.primary_context < 0 ? "null" : r->memory.primary_context ? "true" : "false");
     K("nvml_process_query");
     if (r->memory.nvml_process_query[0])
         og_sb_json_str(sb, r->memory.nvml_process_query);

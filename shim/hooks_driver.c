@@ -424,6 +424,28 @@ static inline __attribute__((always_inline)) CUresult ctx_reset(int hook, void *
 OG_CTX_RESET(cuDevicePrimaryCtxReset)    /* ABI of CUDA 7.0 (what libcudart asks for) */
 OG_CTX_RESET(cuDevicePrimaryCtxReset_v2) /* ABI of CUDA 11.0 */
 
+/* A context made here holds device memory of its own (the driver's state for it, the modules loaded into it) that
+ * no allocation API reports: the ledger counts the live ones by device (og_ctx_made). */
+#define OG_CTX_CREATE(name, params, args)                                                         \
+    CUresult name params                                                                          \
+    {                                                                                             \
+        og_call_t c;                                                                              \
+        og_fn_##name real = (og_fn_##name)og_begin(&c, OG_H_##name, __builtin_return_address(0)); \
+        if (OG_UNLIKELY(!real))                                                                   \
+            return CUDA_ERROR_NOT_INITIALIZED;                                                    \
+        CUresult r = real args;                                                                   \
+        if (c.active && r == CUDA_SUCCESS && pctx)                                                \
+            og_ctx_made(*pctx, (int)dev);                                                         \
+        return og_end(&c, r);                                                                     \
+    }
+OG_CTX_CREATE(cuCtxCreate, (CUcontext * pctx, unsigned int flags, CUdevice dev), (pctx, flags, dev))
+OG_CTX_CREATE(cuCtxCreate_v2, (CUcontext * pctx, unsigned int flags, CUdevice dev), (pctx, flags, dev))
+OG_CTX_CREATE(cuCtxCreate_v3,
+              (CUcontext * pctx, CUexecAffinityParam *paramsArray, int numParams, unsigned int flags, CUdevice dev),
+              (pctx, paramsArray, numParams, flags, dev))
+OG_CTX_CREATE(cuCtxCreate_v4, (CUcontext * pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags, CUdevice dev),
+              (pctx, ctxCreateParams, flags, dev))
+
 /* A created context's blocks die with it; the driver is asked which ones those were. */
 static inline __attribute__((always_inline)) CUresult ctx_destroy(int hook, void *caller, CUcontext ctx)
 {
@@ -432,8 +454,10 @@ static inline __attribute__((always_inline)) CUresult ctx_destroy(int hook, void
     if (OG_UNLIKELY(!real))
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = real(ctx);
-    if (c.active && r == CUDA_SUCCESS)
+    if (c.active && r == CUDA_SUCCESS) {
+        og_ctx_destroyed(ctx);
         og_track_blocks_gone(&c, -1);
+    }
     return og_end(&c, r);
 }
 #define OG_CTX_DESTROY(name) \

@@ -199,6 +199,65 @@ void og_track_blocks_gone(og_call_t *c, int device)
             og_history_add(OG_EV_FREE, c->hook, d, gone_bytes[d], og_ledger_tracked(d), t);
 }
 
+/* Contexts this process made with cuCtxCreate (every ABI), live, by device.  Each holds device memory of its own that
+ * no allocation API reports (the driver's state for it, the modules loaded into it): a thread that makes its own
+ * context (pycuda's make_context, a per-thread TensorRT sample) pays it again.  A table of handles says a destroyed
+ * context's device; the counts are atomics the capture reads without a lock.  Contexts are few and made rarely: off
+ * the fast path.  A handle the table could not keep (no host memory) leaves the device's count unknown. */
+typedef struct made_ctx {
+    CUcontext ctx;
+    int device;
+    UT_hash_handle hh;
+} made_ctx_t;
+static made_ctx_t *made_ctxs;
+static _Atomic int64_t made_live[OG_MAX_DEVICES];
+static _Atomic bool made_unknown[OG_MAX_DEVICES];
+
+void og_ctx_made(CUcontext ctx, int device)
+{
+    if (device < 0 || device >= OG_MAX_DEVICES)
+        return;
+    made_ctx_t *m = malloc(sizeof *m);
+    if (!m) {
+        atomic_store(&made_unknown[device], true);
+        return;
+    }
+    m->ctx = ctx;
+    m->device = device;
+    pthread_mutex_lock(&array_lock);
+    made_ctx_t *old = NULL;
+    HASH_FIND_PTR(made_ctxs, &ctx, old);
+    if (old) { /* a handle the driver reuses after a destroy we did not see: the same context, counted once */
+        HASH_DEL(made_ctxs, old);
+        atomic_fetch_sub(&made_live[old->device], 1);
+        free(old);
+    }
+    HASH_ADD_PTR(made_ctxs, ctx, m);
+    atomic_fetch_add(&made_live[device], 1);
+    pthread_mutex_unlock(&array_lock);
+}
+
+void og_ctx_destroyed(CUcontext ctx)
+{
+    made_ctx_t *m = NULL;
+    pthread_mutex_lock(&array_lock);
+    HASH_FIND_PTR(made_ctxs, &ctx, m);
+    if (m) {
+        HASH_DEL(made_ctxs, m);
+        atomic_fetch_sub(&made_live[m->device], 1);
+    }
+    pthread_mutex_unlock(&array_lock);
+    free(m);
+}
+
+int64_t og_ledger_contexts_made(int device)
+{
+    if (device < 0 || device >= OG_MAX_DEVICES || atomic_load(&made_unknown[device]))
+        return -1;
+    int64_t n = atomic_load(&made_live[device]);
+    return n < 0 ? 0 : n;
+}
+
 void og_ctx_atfork(int phase)
 {
     if (phase == OG_FORK_PREPARE) {
@@ -211,6 +270,16 @@ void og_ctx_atfork(int phase)
         {
             HASH_DEL(array_ctxs, ac);
             free(ac);
+        }
+        made_ctx_t *m, *mt; /* contexts do not survive fork */
+        HASH_ITER(hh, made_ctxs, m, mt)
+        {
+            HASH_DEL(made_ctxs, m);
+            free(m);
+        }
+        for (int d = 0; d < OG_MAX_DEVICES; d++) {
+            atomic_store(&made_live[d], 0);
+            atomic_store(&made_unknown[d], false);
         }
         return;
     }

@@ -24,6 +24,7 @@
 #undef cuDevicePrimaryCtxReset
 #undef cuDevicePrimaryCtxRelease
 #undef cuCtxDestroy
+#undef cuCtxCreate
 #undef cuIpcOpenMemHandle
 
 #define OG_EXPORT __attribute__((visibility("default")))
@@ -232,7 +233,10 @@ void og_track_blocks_gone(og_call_t *c, int device);
 /* What the ledger knows, for the limit, the warning and the dumps */
 uint64_t og_ledger_tracked(int device);
 uint64_t og_ledger_pool_spare(int device);
-uint64_t og_ledger_ipc_mapped(int device); /* bytes of IPC mappings open on the device */
+uint64_t og_ledger_ipc_mapped(int device);   /* bytes of IPC mappings open on the device */
+void og_ctx_made(CUcontext ctx, int device); /* a context this process made (cuCtxCreate) */
+void og_ctx_destroyed(CUcontext ctx);        /* ... and destroyed */
+int64_t og_ledger_contexts_made(int device); /* this process's live contexts made on the device; -1 unknown */
 uint64_t og_ledger_peak_t_ns(int device);
 /* The ledger's entries of memory.unmeasured, one by one (k = 0, 1, ...): false after the last. */
 bool og_ledger_unmeasured(int device, int k, int *what, char *why, size_t n);

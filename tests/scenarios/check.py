@@ -191,6 +191,12 @@ def truth_checks(d, mark, rec_mark, exp):
     check(m["context_bytes_estimate"] in (t["context_bytes"] + slack,) + unk,
           "memory.context_bytes_estimate %s == driver context %s + rounding %s"
           % (m["context_bytes_estimate"], t["context_bytes"], slack))
+    # the contexts this process holds on the device: those it made with cuCtxCreate and did not destroy, and its
+    # primary one when active (the driver counts the primary once)
+    if m.get("contexts_made") is not None and m.get("primary_context") is not None:
+        held = m["contexts_made"] + (1 if m["primary_context"] else 0)
+        check(held == t["contexts"], "memory.contexts_made %s + primary %s == driver contexts %s"
+              % (m["contexts_made"], m["primary_context"], t["contexts"]))
     k = m["by_kind"]
     plain = t["alloc_requested_bytes"] - t["managed_requested_bytes"]
     for key, want in (("plain", plain), ("managed", t["managed_requested_bytes"]),
