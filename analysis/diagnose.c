@@ -835,6 +835,13 @@ static bool c_non_framework(const og_facts_t *d, const og_record_t *r, og_cause_
     summary(c, "%s of this process's %s (%s) is outside %s%s; that is more than the %s missing.", og_hb((double)nf).s,
             og_hb((double)d->used).s, og_pct((double)nf, (double)d->used).s, d->fwname, extra,
             og_hb((double)d->shortfall).s);
+    /* the process made contexts of its own beside its primary one: each holds memory of its own */
+    if (d->contexts >= 2) {
+        summary_more(c, 120, "; this process holds %d CUDA contexts on this GPU, about %s each.", d->contexts,
+                     og_hb((double)og_or(r->memory.context_bytes_estimate, 0) / d->contexts).s);
+        ev_num(c, "contexts", d->contexts);
+        ev_bytes(c, "contexts_beyond_one_bytes", d->contexts_extra);
+    }
     ev_bytes(c, "non_framework_bytes", nf);
     ev_bytes(c, "process_used_bytes", d->used);
     ev_bytes(c, "framework_bytes", fwb);

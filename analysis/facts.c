@@ -1085,7 +1085,7 @@ static bool growth_measured(const og_facts_t *d, const og_record_t *r, og_growth
  * framework (not a collective-communication one: communication() reads those) holds at least 9/10 of the rise and
  * took 7/8 or more of its bytes within one quarter of the run: state a library sets up once (a context's engines,
  * a workspace per thread), not objects kept iteration after iteration; non_framework names it */
-#define SETUP_RISE_SHARE 0.9
+#define SETUP_RISE_SHARE  0.9
 #define SETUP_ONE_QUARTER 0.875
 static bool library_setup(const og_facts_t *d, const og_record_t *r, const og_growth_facts_t *g)
 {
@@ -1426,6 +1426,14 @@ static void non_framework(og_facts_t *d, const og_record_t *r)
             d->nonfw_big_lib = i;
     if (d->nonfw_big_lib >= 0 && !r->memory.by_library[d->nonfw_big_lib].bytes)
         d->nonfw_big_lib = -1;
+    d->contexts = -1;
+    if (r->memory.contexts_made >= 0 && r->memory.primary_context >= 0) {
+        int64_t held = r->memory.contexts_made + (r->memory.primary_context ? 1 : 0);
+        d->contexts = held > 100000 ? 100000 : (int)held;
+        if (d->contexts >= 2 && og_known(r->memory.context_bytes_estimate))
+            d->contexts_extra =
+                (uint64_t)((double)r->memory.context_bytes_estimate.v * (d->contexts - 1) / d->contexts);
+    }
     uint64_t fwb = r->memory.framework_bytes;
     if (!d->used_known || d->used == 0 || !og_known(r->memory.non_framework_bytes) || d->shortfall == 0)
         return;
@@ -1773,8 +1781,7 @@ static bool pass_own_local(const char *where, const og_record_t *r)
     if (module_pass_local(where, r))
         return true;
     const og_framework_view_t *fw = &r->memory.fw;
-    return fw->has_phase_frame &&
-           same_function(fn, n, fw->phase_frame.function, sizeof fw->phase_frame.function);
+    return fw->has_phase_frame && same_function(fn, n, fw->phase_frame.function, sizeof fw->phase_frame.function);
 }
 
 /* a pass of the model is running (its forward, its backward, an evaluation, a generation) */

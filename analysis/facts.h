@@ -731,7 +731,12 @@ typedef struct og_facts {
     og_load_facts_t load;
     og_imbalance_facts_t imbalance;
     og_spare_facts_t spare;
-    bool nonfw_holds;  /* memory outside the framework explains the shortfall */
+    bool nonfw_holds; /* memory outside the framework explains the shortfall */
+    /* the CUDA contexts this process holds on the failing device (memory.contexts_made + its primary one; -1
+     * unknown), and what those beyond the first hold: the context estimate x (contexts - 1) / contexts, every context
+     * about as large as another (0 with fewer than two, or no estimate) */
+    int contexts;
+    uint64_t contexts_extra;
     uint64_t nonfw;    /* non_framework_bytes, 0 when unknown */
     int nonfw_big_lib; /* index in by_library of the largest non-framework library, -1 none */
     /* that library (not NCCL: comm_lib's rules) took its live memory across the run, not at one time: at least

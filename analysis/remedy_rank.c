@@ -164,6 +164,9 @@ static bool own_fix_covers_no_frag(const rctx_t *x)
 /* another framework of the process holds the missing bytes (a confident other_framework): its reservation
  * is the lever whatever the failing code was doing (an optimizer step, a load) */
 static bool other_framework_covers(const rctx_t *x) { return PRIMARY(OTHERFW) && own_fix_covers(x); }
+/* the process holds contexts of its own beside the primary one, and what memory outside the framework it holds
+ * explains the shortfall (cause non_framework) */
+static bool contexts_beyond_one(const rctx_t *x) { return HAS(NONFW) && x->f->contexts >= 2 && x->f->contexts_extra; }
 static bool no_expandable(const rctx_t *x)
 {
     return !pytorchish(x) || x->rec->expandable_segments_set || x->async_backend;
@@ -1596,6 +1599,9 @@ static const og_rank_row_t bring[] = {
       "cause fragmentation, distinct sizes >= 8 or a retry that freed 0 B", "frag_varlen_noadapter" },
     { "other_processes", others_hold, WANT, 0, 0, REMS(R_FOREIGN, R_RESTART), "cause foreign_memory or non_framework",
       "stale_process_60pct" },
+    { "contexts", contexts_beyond_one, WANT, 0, 0, REMS(R_SHARE_CONTEXT),
+      "cause non_framework, two or more contexts of this process on the failing device (facts: contexts)",
+      "camera_threads_contexts" },
     { "growth", growth_holds, WANT, 0, 0, REMS(R_RELEASE_REFS, R_INFERENCE, R_RESTART), "cause growth",
       "loss_history_leak" },
     { "growth_cache", growth_cache, WANT, 0, 0, REMS(R_EMPTY_CACHE), "cause growth, cache known > 0",
@@ -2601,6 +2607,10 @@ static const og_rank_row_t lead[] = {
     { "framework_cap_not_the_card", fw_cap_not_the_card, LEAD, -45, 0, REMS(R_FW_CAP),
       "as limit_not_the_card, for cause framework_cap binding (no limit): its cap <= the state at the steps",
       "(unit tests: cap_not_the_card)" },
+    { "contexts_beyond_one", contexts_beyond_one, LEAD_COVERS, -38, 0, REMS(R_SHARE_CONTEXT),
+      "cause non_framework, memory.contexts_made + primary_context >= 2 on the failing device (facts: contexts), a "
+      "context estimate",
+      "camera_threads_contexts" },
     { "other_framework_first", other_framework_covers, LEAD_COVERS, -40, 0, REMS(R_OTHER_FW),
       "primary other_framework >= 0.7, its bytes >= shortfall", "jax_arena_torch_policy" },
     { "outside_the_framework", no_other_process, REPLACE, 0, 0, REMS(R_FOREIGN, R_NONFW_MEMORY),
@@ -2774,6 +2784,7 @@ static void estimate(rank_t *k, const rctx_t *x)
     cover[R_SMALLER_BATCH] = (double)x->req * 0.875 > 0.25 * live ? (double)x->req * 0.875 : 0.25 * live;
     cover[R_MULTI_GPU] = cover[R_ZERO] = cover[R_OFFLOAD] = cover[R_BIGGER] = cover[R_CHUNK] = big;
     cover[R_OTHER_FW] = (double)x->other_fw_bytes;
+    cover[R_SHARE_CONTEXT] = (double)x->f->contexts_extra;
     cover[R_SET_DEVICE] = (double)x->peers_bytes;
     cover[R_FEWER_WORKERS] = (double)x->peers_bytes;
     /* copies of one model running at once: every loop holds about as much as another, one at a time holds one */

@@ -711,6 +711,30 @@ static bool b_non_framework_memory(const rctx_t *x, og_remedy_t *r)
     return true;
 }
 
+/* The process holds contexts of its own beside the primary one (facts: contexts): each holds the driver's state and
+ * the modules loaded into it, and whatever the code that made it loaded there again (an engine per thread) */
+static bool b_share_cuda_context(const rctx_t *x, og_remedy_t *r)
+{
+    const og_record_t *rec = x->rec;
+    int n = x->f->contexts;
+    if (n < 2)
+        return false;
+    why(r,
+        "This process holds %d CUDA contexts on this GPU (%lld made with cuCtxCreate%s), about %s each: every "
+        "context beyond the first, %s in all, holds the driver's state and the modules loaded into it again.",
+        n, (long long)rec->memory.contexts_made, rec->memory.primary_context == 1 ? ", and the primary one" : "",
+        og_hb((double)og_or(rec->memory.context_bytes_estimate, 0) / n).s, og_hb((double)x->f->contexts_extra).s);
+    why(r, " Threads can share one context: each makes it current instead of creating its own, and what was loaded "
+           "per context (an engine, a module) can be loaded once.");
+    how(r, "ctx = cuda.Device(0).retain_primary_context(); ctx.push()   # pycuda: the primary context, not "
+           "make_context(); ctx.pop() when the thread is done");
+    how(r, "cuDevicePrimaryCtxRetain(&ctx, dev); cuCtxSetCurrent(ctx);   # C: the context the runtime and "
+           "PyTorch already use");
+    how(r, "Load an engine once and give each thread its own execution context (TensorRT: "
+           "engine.create_execution_context()), not an engine per thread.");
+    return true;
+}
+
 /* what is alive from an earlier copy of the model (og_previous_copy) */
 /* A deep copy under way that replaces a model a name holds (facts: roles.copy_replaces): the name the failing
  * statement rebinds (the previous copy) and the model it copies (another name of the statement that holds a

@@ -647,6 +647,30 @@ static void non_framework_selection(void **state)
     free(r);
 }
 
+/* contexts of the process's own beside its primary one (memory.contexts_made): share_cuda_context is offered and leads
+ * when what the contexts beyond the first hold covers the shortfall, its text naming the count; one context (the
+ * primary alone), or a count not measured, offers nothing of the kind */
+static void contexts_beyond_the_primary(void **state)
+{
+    og_record_t *r = beside_a_library("libffi.so.8");
+    og_set(&r->memory.context_bytes_estimate, 6 * GiB);
+    r->memory.contexts_made = 11;
+    r->memory.primary_context = 1;
+    run_primary(r, "non_framework");
+    assert_string_equal(r->remedies[0].id, "share_cuda_context");
+    assert_non_null(strstr(r->remedies[0].why, "12 CUDA contexts"));
+    assert_int_equal(r->analysis.facts.contexts, 12);
+    assert_true(r->analysis.facts.contexts_extra == 11 * (6 * GiB / 12));
+    r->memory.contexts_made = 0; /* the primary context alone */
+    run_primary(r, "non_framework");
+    assert_int_equal(rank_of(r, "share_cuda_context"), 0);
+    r->memory.contexts_made = -1; /* not measured */
+    run_primary(r, "non_framework");
+    assert_int_equal(r->analysis.facts.contexts, -1);
+    assert_int_equal(rank_of(r, "share_cuda_context"), 0);
+    free(r);
+}
+
 /* the failing call's framework, by the ledger's class of its library when its name says nothing: CuPy's allocator is
  * cupy/cuda/memory.*.so ("memory.so"), in a process that loaded PyTorch first; the advice is CuPy's (an array
  * library: an outlier's lever is the input's size, not a token length) */
@@ -7268,6 +7292,7 @@ int main(void)
         cmocka_unit_test(cache_held_selection),
         cmocka_unit_test(limit_selection),
         cmocka_unit_test(non_framework_selection),
+        cmocka_unit_test(contexts_beyond_the_primary),
         cmocka_unit_test(failing_framework_by_the_ledger),
         cmocka_unit_test(nccl_settings),
         cmocka_unit_test(library_built_up),
