@@ -997,6 +997,22 @@ static double record_bytes(const og_role_holder_t *h)
  * share of the device or the missing bytes; the steps are its records and the call under way, each a rise of one
  * record. */
 #define RECORD_STEPS_MIN 2
+/* ... or each record keeps a copy of the model that is running (a trainer per scene kept in a results dict): one
+ * group of models (roles.models, parameters on the device) has exactly one copy running and as many more copies as
+ * the holder has records, and the holder's bytes are at least those copies' parameters.  The loop kept one record
+ * with its model per iteration; the running copy is the next one's, however its state is spread over names */
+static bool records_keep_copies(const og_record_t *r, const og_role_holder_t *h)
+{
+    const og_roles_t *ro = &r->memory.fw.roles;
+    for (int i = 0; i < OG_FILLED(ro->nmodels, ro->models); i++) {
+        const int n = ro->models[i].count, running = ro->models[i].running;
+        if (running == 1 && n >= 2 && (int64_t)(n - 1) == h->records &&
+            (double)h->bytes >= (double)(n - 1) * (double)ro->models[i].bytes)
+            return true;
+    }
+    return false;
+}
+
 static bool growth_by_records(const og_facts_t *d, const og_record_t *r, og_growth_facts_t *g)
 {
     const og_roles_t *ro = &r->memory.fw.roles;
@@ -1012,7 +1028,7 @@ static bool growth_by_records(const og_facts_t *d, const og_record_t *r, og_grow
             !((double)h->bytes >= gm || (d->shortfall && h->bytes >= d->shortfall)))
             continue;
         double per = record_bytes(h), beside = (double)sub0(ro->bytes[OG_ROLE_held_by_python].v, h->bytes);
-        if (per > 0 && beside >= 0.875 * per && beside <= 1.125 * per &&
+        if (((per > 0 && beside >= 0.875 * per && beside <= 1.125 * per) || records_keep_copies(r, h)) &&
             (best < 0 || h->bytes > ro->holders[best].bytes))
             best = i;
     }

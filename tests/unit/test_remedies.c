@@ -2910,6 +2910,20 @@ static void records_kept_by_a_caller(void **state)
     og_set(&r->memory.fw.roles.bytes[OG_ROLE_held_by_python], 15 * GiB);
     run(r);
     assert_false(r->analysis.facts.growth.holds && r->analysis.facts.growth.marker == OG_MARK_KEPT_RECORDS);
+    /* ... unless each record keeps a copy of the running model: five copies of one model, one running, four records
+     * (a trainer per scene kept in a results dict, the running scene's state spread over other names) */
+    fixture_model(r, "NeRFNetwork", 1 * GiB, 5, false);
+    fixture_model_held(r, 1, 1, "model");
+    run_primary(r, "growth");
+    assert_int_equal(r->analysis.facts.growth.marker, OG_MARK_KEPT_RECORDS);
+    r->memory.fw.roles.models[r->memory.fw.roles.nmodels - 1].running = 2; /* two loops at once: not one more */
+    run(r);
+    assert_false(r->analysis.facts.growth.holds && r->analysis.facts.growth.marker == OG_MARK_KEPT_RECORDS);
+    r->memory.fw.roles.models[r->memory.fw.roles.nmodels - 1].running = 1;
+    r->memory.fw.roles.models[r->memory.fw.roles.nmodels - 1].count = 4; /* copies that are not one a record */
+    run(r);
+    assert_false(r->analysis.facts.growth.holds && r->analysis.facts.growth.marker == OG_MARK_KEPT_RECORDS);
+    r->memory.fw.roles.nmodels--;
     r->memory.fw.roles.holders[1].bytes = 7 * GiB / 2;
     og_set(&r->memory.fw.roles.bytes[OG_ROLE_held_by_python], 35 * GiB / 2);
     r->memory.fw.roles.holders[0].records = 1; /* one record: no loop seen */
