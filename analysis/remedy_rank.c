@@ -2945,10 +2945,12 @@ static void estimate(rank_t *k, const rctx_t *x)
      * factors is a batch, so no smaller batch shrinks it */
     if (ro->known && ro->batch_size == 0 && ro->sizes_make_request) {
         cover[R_SMALLER_BATCH] = 0;
-        /* ... a product of one input's sizes (a photo's channels x height x width, a text's tokens x vocabulary):
-         * the input can shrink as far as needed, and the failing tensor with it (a smaller photo, a shorter text;
-         * where no layer attends, input_not_a_sequence gives the shorter text's place to the smaller input) */
-        if (ro->request_shape == OG_REQ_PRODUCT) {
+        /* ... a product of one input's sizes (a photo's channels x height x width, a text's tokens x vocabulary), or
+         * one size read twice (a text's positions x positions: the scores of its attention, its relative logits):
+         * the input can shrink as far as needed, and the failing tensor with it (a smaller photo, a shorter text,
+         * quadratically for a square; where no layer attends, input_not_a_sequence gives the shorter text's place to
+         * the smaller input) */
+        if (ro->request_shape == OG_REQ_PRODUCT || ro->request_shape == OG_REQ_SQUARE) {
             if (0.875 * (double)x->req > cover[R_CAP_INPUT])
                 cover[R_CAP_INPUT] = 0.875 * (double)x->req;
             if (0.875 * (double)x->req > cover[R_SHORTER_SEQ])

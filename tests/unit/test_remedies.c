@@ -419,6 +419,19 @@ static void request_of_one_inputs_sizes(void **state)
     r->memory.fw.roles.batch_size = 4; /* a batch the program names: its own reading stands */
     run(r);
     assert_int_equal(rank_of(r, "smaller_batch"), 1);
+    /* one size read twice (a chapter's 36k positions x positions, two heads: its relative logits) in a model that
+     * attends: the text can shrink as far as needed, quadratically for its scores, and the shorter text leads */
+    r->memory.fw.roles.batch_size = 0;
+    og_set(&r->memory.fw.roles.attention_modules, 6);
+    snprintf(r->memory.fw.roles.stmt_names, sizeof r->memory.fw.roles.stmt_names, "torch,empty,HEADS,seq_len,seq_len");
+    snprintf(r->memory.fw.roles.stmt_ints, sizeof r->memory.fw.roles.stmt_ints, "2,36001,36001");
+    uint64_t sq = 2ull * 36001 * 36001 * 4;
+    og_set(&r->event.requested_bytes, (sq + 2 * MiB - 1) / (2 * MiB) * (2 * MiB));
+    og_set(&r->device.free_bytes, 4 * GiB);
+    run_primary(r, "does_not_fit");
+    assert_true(r->analysis.facts.roles.sizes_make_request);
+    assert_int_equal(r->analysis.facts.roles.request_shape, OG_REQ_SQUARE);
+    assert_string_equal(r->remedies[0].id, "shorter_sequences");
     free(r);
 }
 
