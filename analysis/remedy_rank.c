@@ -1535,6 +1535,13 @@ static bool uneven_split(const rctx_t *x) { return x->f->spare.split && spare_ok
 /* they lead unless short, except after a confident growth (a leak fills the other GPU too) */
 static bool idle_gpu_lead(const rctx_t *x) { return idle_gpu(x) && !confident_growth(x); }
 static bool uneven_split_lead(const rctx_t *x) { return uneven_split(x) && !confident_growth(x); }
+/* a registry of models leads (a bounded set of them resident), unless another GPU of the job has the room: the models
+ * placed over the cards first (a registry that put every tenant on GPU 0, the other card idle) */
+static bool model_registry(const rctx_t *x);
+static bool model_registry_lead(const rctx_t *x)
+{
+    return model_registry(x) && !idle_gpu_lead(x) && !uneven_split_lead(x);
+}
 /* what can move to the idle GPU: the frozen models (a teacher: its forward needs no gradient) and the models held
  * beside another of their class; 0 none measured */
 static uint64_t movable_models(const rctx_t *x)
@@ -2380,8 +2387,10 @@ static const og_rank_row_t lead[] = {
       "as kv_pool_beyond_card (ahead of splitting: a pool is no operation to split)",
       "a100_mig_3g40gb_pod_kv_pool_sized_from_pynvml_parent_gpu_total_llama31_8b (blind); (unit tests: "
       "kv_cache_reserving)" },
-    { "model_registry_lead", model_registry, LEAD_COVERS, -34, 0, REMS(R_BOUNDED_CACHE), "as model_registry",
-      "tenant_finetunes_full_copies_resident_a100_40gb (blind)" },
+    { "model_registry_lead", model_registry_lead, LEAD_COVERS, -34, 0, REMS(R_BOUNDED_CACHE),
+      "as model_registry, unless an idle GPU or an uneven split leads (idle_gpu_lead, uneven_split_lead)",
+      "tenant_finetunes_full_copies_resident_a100_40gb, custom_voice_server_16_tenant_xtts_finetunes_num_gpus_env_"
+      "missing_all_on_gpu0_2x_l4 (blind)" },
     { "bounded_cache_lead", growth_in_a_cache_primary, LEAD_COVERS, -22, 0, REMS(R_BOUNDED_CACHE),
       "primary growth, the same as growth_in_a_cache", "dict_cache_embeddings (blind)" },
     { "lora_adapters_piled_lead", lora_piled, LEAD_COVERS, -30, 1, REMS(R_RELEASE_REFS, R_BOUNDED_CACHE),

@@ -2666,6 +2666,16 @@ static void model_registry_bounded(void **state)
     assert_non_null(strstr(r->remedies[0].why, "self.resident keeps 6 LM models"));
     assert_non_null(strstr(r->remedies[0].why, "at most 6 of them fit"));
     assert_true(rank_of(r, "restart_process") == 0 || rank_of(r, "restart_process") > 3);
+    /* a second card of the job idle (every tenant put on GPU 0): the models placed over the cards lead, the
+     * registry's bound after them */
+    r->visible_devices = 2;
+    r->nsummary = 1;
+    r->summary[0].tracked_bytes = 39 * GiB;
+    run_primary(r, "does_not_fit");
+    assert_true(rank_of(r, "use_idle_gpu") == 1 || rank_of(r, "balance_device_map") == 1);
+    assert_false(ranked_by(rem(r, "bounded_cache"), "model_registry_lead"));
+    r->visible_devices = 1;
+    r->nsummary = 0;
     fixture_model_held(r, 0, 1, "");
     r->memory.fw.roles.nmodels = 1;
     fixture_model_held(r, 6, 0, "a,b,c,d");
