@@ -635,6 +635,13 @@ bool og_same_arguments(const char *a, size_t an, const char *b, size_t bn)
 /* Which other processes on the device are visible here and belong to this job: the same
  * command line and, where the launcher says so, the same job (run id, master port, job id)
  * or ranks of the same world.  Only rank/job variables are read from their environment. */
+/* a worker that multiprocessing's spawn or forkserver start method started: Python run with "-c" and the start
+ * method's entry point (spawn_main for both; forkserver's children are forked from its server, same command) */
+static bool mp_worker(const char *cmd)
+{
+    return strstr(cmd, "from multiprocessing.spawn import spawn_main") || strstr(cmd, "multiprocessing.forkserver");
+}
+
 static void capture_peers(og_record_t *rec)
 {
     /* the variables that name a job: a launcher's own world (its rendezvous) or a batch system's allocation */
@@ -716,8 +723,12 @@ static void capture_peers(og_record_t *rec)
          * launcher variables (not under init or a container's first process, which parent
          * unrelated programs) */
         o->parent = o->pid == rec->ppid && rec->ppid > 1;
-        o->sibling = !o->child && !o->parent && ppid == rec->ppid && rec->ppid > 1 && same_cmd && !job_differs &&
-                     o->rank < 0 && rec->rank < 0;
+        /* ... or the other workers of a pool of multiprocessing's spawn or forkserver (python -c "from
+         * multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=9, pipe_handle=N)"): each command line
+         * has its own pipe handle, so they differ, and our parent started them all */
+        bool pool_workers = mp_worker(cmd) && mp_worker(rec->cmdline);
+        o->sibling = !o->child && !o->parent && ppid == rec->ppid && rec->ppid > 1 && (same_cmd || pool_workers) &&
+                     !job_differs && o->rank < 0 && rec->rank < 0;
         /* the same batch allocation (SLURM_JOB_ID) running this command again in a world of its own (another
          * MASTER_PORT or run id): the job script launched the launcher more than once (srun around torchrun) */
         o->same_allocation = same_cmd && alloc_match && world_differs && o->rank >= 0 && rec->rank >= 0;
