@@ -162,7 +162,9 @@ PURPOSES = (
     # a search index kept on the device: the vectors a retriever searches (a flat index's matrix, FAISS's GPU
     # index, a vector store), named so or held by an index's class
     ("index", ("index", "faiss", "vector_index", "flat_index", "ann_index", "search_index", "vector_store",
-               "vectorstore", "corpus_embeddings", "doc_embeddings", "passage_embeddings"),
+               "vectorstore", "corpus_embeddings", "doc_embeddings", "passage_embeddings",
+               # the same matrices under the usual short names (self.corpus_emb of a hard-negative miner)
+               "corpus_emb", "corpus_embs", "doc_emb", "doc_embs", "passage_emb", "passage_embs"),
      ("*Index*", "*VectorStore*", "*Faiss*", "*Retriever*")),
     # a frozen model kept beside the trained one to compare against it: a preference-tuning (DPO, PPO, KTO)
     # reference policy, named so (ref_model, reference_model, ref_policy)

@@ -741,6 +741,7 @@ def t_purposes():
     assert P(("self.tokens",), ("Tensor", "DataLoaderLite")) == "dataset"
     assert P(("self.tokens",), ("Tensor", "Tokenizer")) is None
     assert P(("self.vectors",), ("Tensor", "GpuFlatIndex")) == "index" and P(("faiss_index",)) == "index"
+    assert P(("self.corpus_emb",), ("Tensor", "HardNegativeMiner")) == "index" and P(("emb",)) is None
     assert P(("X_tr",)) == "dataset" and P(("x_va",)) == "dataset" and P(("X_valid",)) == "dataset"
     # a dataset's own cache is the dataset on the device (MONAI's CacheDataset._cache); a cache class's is a cache
     assert P(("self._cache",), ("list", "CacheDataset")) == "dataset", P(("self._cache",), ("list", "CacheDataset"))
