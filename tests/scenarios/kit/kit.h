@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define MiB (1024ull * 1024)
@@ -109,6 +110,18 @@ static inline void scen_done(const char *sync)
     char done[4096];
     snprintf(done, sizeof done, "%s/done", sync ? sync : "/tmp");
     close(open(done, O_CREAT | O_WRONLY, 0644));
+}
+/* wait for the N processes of W (a server's workers): the exit status of the last that failed, 0 when none did */
+static inline int scen_wait_children(const pid_t *w, int n)
+{
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        int st = 0;
+        waitpid(w[i], &st, 0);
+        if (WIFEXITED(st) && WEXITSTATUS(st))
+            rc = WEXITSTATUS(st);
+    }
+    return rc;
 }
 /* a process in the background of a scenario, its memory in place: tell the runner ($SCEN_READY names a
  * file to create), then idle until the runner kills it (10 minutes at most) */

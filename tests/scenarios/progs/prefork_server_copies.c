@@ -10,7 +10,6 @@
  * owns the model and batches requests).  Workers are told via $SCEN_SYNC when to exit. */
 #include <fcntl.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include "kit.h"
 
@@ -65,12 +64,5 @@ int main(void)
         if (w[i] == 0)
             _exit(worker(i, sync));
     }
-    int rc = 0;
-    for (int i = 0; i < 4; i++) {
-        int st = 0;
-        waitpid(w[i], &st, 0);
-        if (WIFEXITED(st) && WEXITSTATUS(st))
-            rc = WEXITSTATUS(st);
-    }
-    return rc;
+    return scen_wait_children(w, 4);
 }

@@ -11,51 +11,32 @@
  * variables; the server (their parent) holds memory too.  Three clients train when the fourth's first batch fails.
  * The other workers and the server are this job: stopping them would stop the simulation.  The fix: fewer clients at
  * once on one GPU (Pool(2), or clients run one after another in the server).  Workers exit when $SCEN_SYNC says. */
-#include <fcntl.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include "kit.h"
 
 #define SPAWN_MAIN "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=9, pipe_handle=%d)"
 
-static void mark(const char *dir, const char *name)
-{
-    char p[4096];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
-    close(open(p, O_CREAT | O_WRONLY, 0644));
-}
-
-static void wait_for(const char *dir, const char *name)
-{
-    char p[4096];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
-    for (int t = 0; t < 3000 && access(p, F_OK) != 0; t++)
-        msleep(10);
-}
-
+/* one client: the last to come up waits for the other three to hold their models, and its first batch fails */
 static int client(int i, const char *sync)
 {
-    if (i == 3) /* the last client to come up */
+    if (i == 3)
         for (int k = 0; k < 3; k++) {
-            char name[32];
-            snprintf(name, sizeof name, "ready.%d", k);
-            wait_for(sync, name);
+            char id[16];
+            snprintf(id, sizeof id, "%d", k);
+            scen_wait_ready(sync, id);
         }
     c10_init();
-    if (torch_alloc_n(10, 512 * MiB, "model.cuda()")) {
-        mark(sync, "done");
-        return 1;
-    }
-    if (i < 3) {
-        char name[32];
-        snprintf(name, sizeof name, "ready.%d", i);
-        mark(sync, name);
-        wait_for(sync, "done");
+    int rc = torch_alloc_n(10, 512 * MiB, "model.cuda()");
+    if (!rc && i < 3) {
+        char id[16];
+        snprintf(id, sizeof id, "%d", i);
+        scen_ready_until_done(sync, id);
         return 0;
     }
-    int rc = torch_alloc_n(8, 512 * MiB, "model(batch)"); /* the first batch */
-    mark(sync, "done");
+    if (!rc)
+        rc = torch_alloc_n(8, 512 * MiB, "model(batch)"); /* the first batch */
+    scen_done(sync);
     return rc;
 }
 
@@ -82,12 +63,5 @@ int main(int argc, char **argv)
             _exit(127);
         }
     }
-    int rc = 0;
-    for (int i = 0; i < 4; i++) {
-        int st = 0;
-        waitpid(w[i], &st, 0);
-        if (WIFEXITED(st) && WEXITSTATUS(st))
-            rc = WEXITSTATUS(st);
-    }
-    return rc;
+    return scen_wait_children(w, 4);
 }
