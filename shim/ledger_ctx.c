@@ -233,7 +233,11 @@ void og_ctx_made(CUcontext ctx, int device)
         free(old);
     }
     HASH_ADD_PTR(made_ctxs, ctx, m);
-    atomic_fetch_add(&made_live[device], 1);
+    if (OG_HASH_ADD_FAILED(m)) { /* the table could not grow: this context's destroy would go unseen */
+        free(m);
+        atomic_store(&made_unknown[device], true);
+    } else
+        atomic_fetch_add(&made_live[device], 1);
     pthread_mutex_unlock(&array_lock);
 }
 
