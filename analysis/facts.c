@@ -1093,9 +1093,12 @@ static bool growth_measured(const og_facts_t *d, const og_record_t *r, og_growth
     return growth_by_graphs(d, r, g) || growth_by_records(d, r, g) || growth_by_copies(d, r, g);
 }
 
-/* a staircase the driver saw (one of its readings below held) that is what torch.load restored onto the GPU and
- * Python objects hold (roles.restored_held, at least 9/10 of the rise): shards, a dataset or a checkpoint arriving,
- * a load and not a leak; the optimizer's own series, read before, is not overruled (growth.restored_load) */
+/* a collective-communication library (NCCL, RCCL), by the base name of its file */
+static bool comm_library(const char *base)
+{
+    return strncmp(base, "libnccl", 7) == 0 || strncmp(base, "librccl", 7) == 0;
+}
+
 /* What rose is not the framework's (growth.library_setup): its adapter measured its objects (roles known), the
  * framework's libraries hold less than the rise in all, so they cannot be keeping it, and one library outside the
  * framework (not a collective-communication one: communication() reads those) holds at least 9/10 of the rise and
@@ -1114,7 +1117,7 @@ static bool library_setup(const og_facts_t *d, const og_record_t *r, const og_gr
         og_cpy(l, sizeof l, u->library, sizeof l);
         const char *b = og_base_name(l);
         if (u->framework || !u->by_quarter_known || (double)u->bytes < SETUP_RISE_SHARE * (double)g->rise ||
-            strncmp(b, "libnccl", 7) == 0 || strncmp(b, "librccl", 7) == 0)
+            comm_library(b))
             continue;
         for (int q = 0; q < OG_QUARTERS; q++)
             if ((double)u->by_quarter[q] >= SETUP_ONE_QUARTER * (double)u->bytes)
@@ -1123,6 +1126,9 @@ static bool library_setup(const og_facts_t *d, const og_record_t *r, const og_gr
     return false;
 }
 
+/* a staircase the driver saw (one of its readings below held) that is what torch.load restored onto the GPU and
+ * Python objects hold (roles.restored_held, at least 9/10 of the rise): shards, a dataset or a checkpoint arriving,
+ * a load and not a leak; the optimizer's own series, read before, is not overruled (growth.restored_load) */
 static bool driver_growth_holds(og_facts_t *d, const og_record_t *r, og_growth_facts_t *g)
 {
     if (d->roles.known && d->roles.restored_held && (double)d->roles.restored_held >= 0.9 * (double)g->rise) {
@@ -3030,7 +3036,7 @@ static void communication(og_facts_t *d, const og_record_t *r)
         char l[sizeof r->memory.by_library[0].library];
         og_cpy(l, sizeof l, r->memory.by_library[i].library, sizeof l);
         const char *b = og_base_name(l);
-        if ((strncmp(b, "libnccl", 7) == 0 || strncmp(b, "librccl", 7) == 0) &&
+        if (comm_library(b) &&
             (d->comm_lib < 0 || r->memory.by_library[i].bytes > d->comm_bytes)) {
             d->comm_lib = i;
             d->comm_bytes = r->memory.by_library[i].bytes;
@@ -3039,7 +3045,7 @@ static void communication(og_facts_t *d, const og_record_t *r)
     char fl[sizeof r->event.library];
     og_cpy(fl, sizeof fl, r->event.library, sizeof fl);
     const char *fb = og_base_name(fl);
-    d->comm_failing = strncmp(fb, "libnccl", 7) == 0 || strncmp(fb, "librccl", 7) == 0;
+    d->comm_failing = comm_library(fb);
     /* the settings that size its buffers: every channel of every communicator keeps NCCL_BUFFSIZE per peer and
      * protocol, so its bytes scale with the buffer size; what a larger one adds is the part of its bytes beyond
      * what the default would hold.  NCCL_MIN_NCHANNELS forces more channels than NCCL picks for the topology,
