@@ -562,6 +562,16 @@ static bool c_fragmentation(const og_facts_t *d, const og_record_t *r, og_cause_
                og_hb((double)r->memory.fw.peak_bytes.v).s);
         ev_bytes(c, "peak_allocated_bytes", r->memory.fw.peak_bytes.v);
     }
+    /* a pass past its middle whose rest the splinters, whole, would hold (facts: pass_rest) */
+    if (d->pass_rest && !d->pass_outgrows_cache) {
+        size_t l = strnlen(c->summary, sizeof c->summary);
+        og_fmt(c->summary + l, sizeof c->summary - l,
+               " The %s pass failed in layer %d of %d: about %s is left to make, within the %s cached and %s free.",
+               og_job_phase_name(d->phase), r->memory.fw.roles.layer_index + 1, r->memory.fw.roles.layer_count,
+               og_hb((double)d->pass_rest).s, og_hb(cached).s, og_hb((double)d->free_eff).s);
+        ev_bytes(c, "pass_rest_bytes", d->pass_rest);
+        ev_num(c, "pass_rest_layers", d->pass_rest_layers);
+    }
     ev_shortfall(c, d);
     ev_text(c, "rule", "%s", why);
     return true;
@@ -1196,6 +1206,15 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
                      "would carry them only a few allocations further.",
                      og_job_phase_name(d->phase), og_hb((double)d->roles.working).s, og_hb((double)h->bytes).s, name,
                      kind, where, og_hb((double)d->cached).s);
+    } else if (d->pass_outgrows_cache && d->pass_rest) {
+        ev_bytes(c, "pass_working_set_bytes", d->roles.working);
+        ev_bytes(c, "pass_rest_bytes", d->pass_rest);
+        ev_num(c, "pass_rest_layers", d->pass_rest_layers);
+        summary_more(c, 200,
+                     "; the %s pass failed in layer %d of %d and has about %s left to make, more than the %s cached "
+                     "and the %s free together, even defragmented.",
+                     og_job_phase_name(d->phase), r->memory.fw.roles.layer_index + 1, r->memory.fw.roles.layer_count,
+                     og_hb((double)d->pass_rest).s, og_hb((double)d->cached).s, og_hb((double)d->free_eff).s);
     } else if (d->pass_outgrows_cache) {
         ev_bytes(c, "pass_working_set_bytes", d->roles.working);
         summary_more(c, 160,
@@ -1210,6 +1229,16 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
                      "; the EMA update is making a new copy of the %s of weights (%s so far), and the %s cached would "
                      "carry it only a few tensors further.",
                      og_hb((double)d->update_copy).s, og_hb((double)d->roles.act).s, og_hb((double)d->cached).s);
+    } else if (d->role_copy_outgrows) {
+        /* a copy of a role being made outside a deep copy: what it made, of what (facts.c) */
+        ev_bytes(c, "copy_made_bytes", d->roles.act_copy);
+        ev_bytes(c, "copy_source_bytes", d->roles.act_copy_source);
+        summary_more(c, 200,
+                     "; a copy of the %s %s is being made (%s so far, no named object holds it yet), and its rest is "
+                     "more than the %s cached and the %s free together.",
+                     og_hb((double)d->roles.act_copy_source).s,
+                     r->memory.fw.roles.act_copy_of[0] == 'o' ? "of optimizer state" : "of parameters",
+                     og_hb((double)d->roles.act_copy).s, og_hb((double)d->cached).s, og_hb((double)d->free_eff).s);
     } else if (d->copy_outgrows_cache) {
         ev_bytes(c, "copy_made_bytes", d->roles.copy_made);
         summary_more(c, 160,

@@ -2350,8 +2350,10 @@ static void roles(og_facts_t *d, const og_record_t *r)
         k->weights_only = k->weights_only || ro->models[i].running > 0;
     for (size_t i = 0; i < sizeof computed_roles / sizeof *computed_roles; i++)
         k->weights_only = k->weights_only && og_known(ro->bytes[computed_roles[i]]) && !ro->bytes[computed_roles[i]].v;
-    if (ro->act_copy_of[0])
+    if (ro->act_copy_of[0]) {
         k->act_copy = ro->act_copy_bytes < k->act ? ro->act_copy_bytes : k->act;
+        k->act_copy_source = !strncmp(ro->act_copy_of, "optimizer_state", sizeof ro->act_copy_of) ? k->opt : k->params;
+    }
     /* what a training job holds for good: known when every one of those roles was measured */
     static const enum og_role kept_roles[] = { OG_ROLE_parameters, OG_ROLE_buffers, OG_ROLE_gradients,
                                                OG_ROLE_optimizer_state, OG_ROLE_graph_pools };
@@ -2758,6 +2760,28 @@ static void comprehension_running(og_facts_t *d, const og_record_t *r)
                 d->comprehension = i;
 }
 
+/* what a forward pass or an evaluation failing in a measured layer has left to make (facts.h: pass_rest); 0 not
+ * measured */
+static uint64_t pass_rest(const og_facts_t *d, const og_record_t *r)
+{
+    const og_roles_t *ro = &r->memory.fw.roles;
+    const og_role_facts_t *k = &d->roles;
+    int n = ro->layer_count, i = ro->layer_index;
+    if ((d->phase != OG_JP_forward && d->phase != OG_JP_evaluation) || !k->act || n < 4 || i < 0 || i >= n ||
+        ro->layer_alike != 1 || k->checkpointing == 1)
+        return 0;
+    /* (not beside a second copy of a model holding what is missing, a previous fold's or load's: that copy took the
+     * room, and the working set's reading, with the copy's own rows, stands) */
+    if (d->shortfall && k->model_copies >= d->shortfall)
+        return 0;
+    if (!d->req_known)
+        return 0;
+    double layer = (double)k->act / (double)(i + 1);
+    bool backward = d->phase == OG_JP_forward && r->memory.fw.grad_enabled == 1 && !k->no_backward;
+    double rest = layer * (double)(n - i - 1 + (backward ? 1 : 0));
+    return add_sat(add_sat(d->req, (uint64_t)rest), k->layer_holder_to_come);
+}
+
 #define LOAD_FILLS_SHARE 0.9 /* of the card (or limit) the weights of a load still running hold: load_fills_card */
 static void pass_outgrows_cache(og_facts_t *d, const og_record_t *r)
 {
@@ -2826,6 +2850,15 @@ static void pass_outgrows_cache(og_facts_t *d, const og_record_t *r)
     /* a generation's working set is its activations and the KV cache it builds token by token */
     if (d->phase == OG_JP_generation)
         set = add_sat(set, k->purpose_bytes[OG_PURPOSE_kv_cache]);
+    /* a pass past its middle in a measured layer: what it has left, not what it made so far (facts.h: pass_rest) */
+    uint64_t rest = pass_rest(d, r);
+    if (rest && rest < set) {
+        d->pass_rest = rest;
+        d->pass_rest_layers = r->memory.fw.roles.layer_count - r->memory.fw.roles.layer_index - 1;
+        d->pass_outgrows_cache =
+            rest > add_sat(d->free_eff, d->cached) && (double)d->cached < d->frag_share * (double)d->reservation;
+        return;
+    }
     d->pass_outgrows_cache = outgrows(d, set) || next_tensor_has_no_room(d, k);
 }
 
@@ -2848,6 +2881,16 @@ static void copy_outgrows_cache(og_facts_t *d)
     if (d->phase == OG_JP_ema_update && k->act_known && d->update_copy > k->act && d->cached_known && !d->recovered &&
         d->reservation && (double)d->cached < d->frag_share * (double)d->reservation) {
         d->copy_outgrows_cache = d->update_copy - k->act > add_sat(d->cached, d->free_eff);
+        return;
+    }
+    /* a copy of the parameters (or the optimizer state) being made that no named object holds yet, outside a deep
+     * copy (roles.act_copy: blocks among the activations copy that role; an exporter folding every weight into a new
+     * tensor, a comprehension's dict of them): the rest of that role beyond the copy so far exceeding the cache and
+     * the free memory together is a copy no defragmented cache finishes */
+    if (k->known && k->operation != OG_OP_copy && k->act_copy && k->act_copy_source > k->act_copy && d->cached_known &&
+        !d->recovered && d->reservation && (double)d->cached < d->frag_share * (double)d->reservation &&
+        k->act_copy_source - k->act_copy > add_sat(d->cached, d->free_eff)) {
+        d->copy_outgrows_cache = d->role_copy_outgrows = true;
         return;
     }
     if (!k->known || k->operation != OG_OP_copy || !k->copy_made_known || !d->cached_known || d->recovered ||
@@ -3036,8 +3079,7 @@ static void communication(og_facts_t *d, const og_record_t *r)
         char l[sizeof r->memory.by_library[0].library];
         og_cpy(l, sizeof l, r->memory.by_library[i].library, sizeof l);
         const char *b = og_base_name(l);
-        if (comm_library(b) &&
-            (d->comm_lib < 0 || r->memory.by_library[i].bytes > d->comm_bytes)) {
+        if (comm_library(b) && (d->comm_lib < 0 || r->memory.by_library[i].bytes > d->comm_bytes)) {
             d->comm_lib = i;
             d->comm_bytes = r->memory.by_library[i].bytes;
         }

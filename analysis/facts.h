@@ -426,6 +426,7 @@ typedef struct og_role_facts {
     bool extra_outputs; /* roles.extra_outputs: the program asks a model for per-layer or per-token outputs */
     uint64_t act_copy;  /* of the activations, blocks that copy the parameters or the optimizer state (the adapter's
                           roles.activations_copy_of: a copy no named object holds yet), 0 none */
+    uint64_t act_copy_source; /* the role that copy copies, whole (the parameters or the optimizer state); 0 none */
     /* holders kept across calls (not locals of running code) that reached the bound the program names for them
      * (roles.holders[].bound_bytes, bound_records: at least 9/10 of it): an LRU at its budget; the largest's index in
      * roles.holders (-1 none) and their bytes */
@@ -794,6 +795,19 @@ typedef struct og_facts {
      * generation building step by step (growth.gen_built): its length is its output's, and an earlier one's peak,
      * of another length, does not bound it */
     bool held_before;
+    /* a forward pass or an evaluation failing in a measured layer (roles.failing_layer: layer i, from 0, of a run of
+     * n >= 4 like layers; checkpointing not in force, whose backward recomputes whole layers): what it has left to
+     * make, the request (the failing layer's next tensor) and the n - i - 1 layers after it at what each of the
+     * i + 1 so far made (the activations over i + 1), one layer's more where a backward follows (it frees each
+     * layer's activations as it makes that layer's gradients, so one layer's temporaries come on top), and what a
+     * holder keeping a record per layer will add (layer_holder_to_come); not beside copies of a model beyond the
+     * first holding the shortfall (model_copies: a previous fold's model took the room).  Set only where it is less
+     * than the pass's working set: a pass past its middle, for which what it made so far overstates what is to
+     * come.  Then it, measured, decides pass_outgrows_cache: the pass outgrows the cache when its rest is more than
+     * the free memory and the whole cache together (the cache under frag_share of its reservation), and fits them,
+     * defragmented, otherwise.  pass_rest_layers: n - i - 1, the layers after the failing one; 0 when not set */
+    uint64_t pass_rest;
+    int pass_rest_layers;
     /* the failure is inside a pass still building (phase loading, forward, backward, evaluation, generation or
      * optimizer_step: more requests follow) and the other processes hold under 1/16 of the device (a desktop
      * session, a monitoring agent): their bytes may cover this one request, not the rest of the pass, so the job
@@ -818,6 +832,9 @@ typedef struct og_facts {
      * least 4x the cache (and the request), the cache under frag_share of the reservation: the cache would carry
      * the copy a few tensors further, not through it */
     bool copy_outgrows_cache;
+    /* ... or, outside a deep copy, a copy of a role being made (roles.act_copy) whose rest (act_copy_source less
+     * act_copy) exceeds the cache and the free memory together: the copy cannot finish however the cache is laid out */
+    bool role_copy_outgrows;
     /* phase ema_update: the new copy an out-of-place update makes, the trained weights (the optimizers' parameters;
      * without an optimizer, every model's); 0 when the phase is another */
     uint64_t update_copy;

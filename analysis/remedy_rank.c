@@ -2729,6 +2729,17 @@ static double record_to_come(const rctx_t *x)
 /* what a remedy must free for the failing pass to run to its end: the shortfall, the layers still to come and the
  * holder's next record */
 static double pass_need(const rctx_t *x) { return (double)x->shortfall + pass_to_come(x) + record_to_come(x); }
+
+/* the remedies of a pass (its batch, autograd, checkpointing, precision, length, attention kernel) save at most LIMIT:
+ * what the pass's own tensors are where the failing memory is something else's */
+static void cap_pass_levers(double *cover, double limit)
+{
+    static const int pass_levers[] = { R_SMALLER_BATCH, R_INFERENCE, R_CHECKPOINTING, R_MIXED, R_SHORTER_SEQ, R_FLASH };
+    for (size_t i = 0; i < sizeof pass_levers / sizeof *pass_levers; i++)
+        if (cover[pass_levers[i]] > limit)
+            cover[pass_levers[i]] = limit;
+}
+
 /* below this a remedy cannot carry the pass: the need itself for one of the activations (its estimate grows with the
  * same projection); for one that frees a fixed number of bytes, the shortfall, half the layers to come (the
  * projection is an estimate: between the two it may carry the pass, tier 2) and the holder's next record */
@@ -2971,14 +2982,15 @@ static void estimate(rank_t *k, const rctx_t *x)
      * remedies of a pass can save is in the activations measured (none, before the first batch), and quantization's
      * in the parameters */
     if (ro->known && ro->act_known && ro->building == OG_PURPOSE_dataset) {
-        static const int pass_levers[] = { R_SMALLER_BATCH, R_INFERENCE,   R_CHECKPOINTING,
-                                           R_MIXED,         R_SHORTER_SEQ, R_FLASH };
-        for (size_t i = 0; i < sizeof pass_levers / sizeof *pass_levers; i++)
-            if (cover[pass_levers[i]] > (double)ro->act)
-                cover[pass_levers[i]] = (double)ro->act;
+        cap_pass_levers(cover, (double)ro->act);
         if (cover[R_QUANT] > ro->quant_frees)
             cover[R_QUANT] = ro->quant_frees;
     }
+    /* the activations are mostly a copy of the parameters (or optimizer state) being made that cannot finish (facts:
+     * role_copy_outgrows: an exporter folding every weight into a new tensor): no batch, length or precision of a
+     * pass shrinks that copy, only the activations beyond it */
+    if (ro->known && ro->act_known && x->f->role_copy_outgrows)
+        cap_pass_levers(cover, ro->act > ro->act_copy ? (double)(ro->act - ro->act_copy) : 0);
     if (one_batch_peak(x) || one_input_peak(x)) { /* cap the length at what the earlier batches used */
         const og_outlier_facts_t *o = &x->f->outlier;
         cover[R_SHORTER_SEQ] = o->pass_peak ? (double)x->tracked + (double)x->req - (double)o->held_before

@@ -1680,6 +1680,70 @@ static void a_pass_that_outgrows_the_cache_does_not_fit(void **state)
     free(r);
 }
 
+/* the same pass measured in its layers (a run of 24 like layers): failing in layer 23 of 24 with 12 GiB of
+ * activations made in 23 layers, about half a GiB a layer, it has the request, one layer and one of backward left,
+ * 1.1 GiB, within the 2 GiB cached in splinters: whole, they would carry it: fragmentation leads, saying what is left
+ * (pass_rest_bytes, pass_rest_layers); not beside a second copy of the model that holds the shortfall.  Failing in layer 3 the rest is larger than the working set: not read (the
+ * working set decides); nor with checkpointing on (backward recomputes whole layers) or layers of unlike sizes; as an
+ * evaluation, no backward: one layer less.  In its last layer with 256 MiB cached, the rest is more than the cache
+ * and the free memory: does_not_fit, saying what is left */
+static void a_pass_in_its_last_layers_is_weighed_on_what_is_left(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->event.requested_bytes, 64 * MiB);
+    og_set(&r->device.free_bytes, 0);
+    fixture_roles(r, 4 * GiB, 2 * GiB, 2 * GiB, 0, 0, 12 * GiB);
+    r->memory.fw.reserved_bytes += 2 * GiB;
+    r->memory.fw.largest_free_block_bytes = 32 * MiB;
+    r->memory.fw.grad_enabled = 1;
+    fixture_phase(r, "forward", "/w/train.py", "forward");
+    diag(r);
+    assert_string_equal(evt(find(r, "does_not_fit"), "basis"), "pass_outgrows_cache");
+    og_roles_t *ro = &r->memory.fw.roles;
+    ro->layer_index = 22, ro->layer_count = 24, ro->layer_alike = 1;
+    diag(r);
+    assert_string_equal(r->diagnosis.primary, "fragmentation");
+    double layer = (double)(12 * GiB) / 23;
+    uint64_t rest = 64 * MiB + (uint64_t)(2 * layer);
+    assert_int_equal(r->analysis.facts.pass_rest, rest);
+    assert_true(ev(find(r, "fragmentation"), "pass_rest_bytes") == (double)rest);
+    assert_true(ev(find(r, "fragmentation"), "pass_rest_layers") == 1);
+    og_test_check_text(find(r, "fragmentation")->summary);
+    /* beside a second copy of the model holding the shortfall (a previous fold's): the working set's reading stands */
+    fixture_model(r, "Eva", 2 * GiB, 2, false);
+    diag(r);
+    assert_int_equal(r->analysis.facts.pass_rest, 0);
+    assert_string_equal(evt(find(r, "does_not_fit"), "basis"), "pass_outgrows_cache");
+    r->memory.fw.roles.nmodels = 0;
+    r->memory.fw.grad_enabled = -1; /* an evaluation: no backward after it */
+    fixture_phase(r, "evaluation", "/w/train.py", "validate");
+    diag(r);
+    assert_int_equal(r->analysis.facts.pass_rest, 64 * MiB + (uint64_t)layer);
+    r->memory.fw.grad_enabled = 1;
+    fixture_phase(r, "forward", "/w/train.py", "forward");
+    ro->checkpointing = 1;
+    diag(r);
+    assert_int_equal(r->analysis.facts.pass_rest, 0);
+    assert_string_equal(evt(find(r, "does_not_fit"), "basis"), "pass_outgrows_cache");
+    ro->checkpointing = 0;
+    ro->layer_alike = 0;
+    diag(r);
+    assert_string_equal(evt(find(r, "does_not_fit"), "basis"), "pass_outgrows_cache");
+    ro->layer_alike = 1;
+    ro->layer_index = 2; /* 21 layers to come at 4 GiB each: more than the working set, which decides */
+    diag(r);
+    assert_int_equal(r->analysis.facts.pass_rest, 0);
+    assert_string_equal(evt(find(r, "does_not_fit"), "basis"), "pass_outgrows_cache");
+    assert_true(ev(find(r, "does_not_fit"), "pass_rest_bytes") < 0);
+    ro->layer_index = 23;                      /* the last layer: the request and backward's one layer */
+    r->memory.fw.reserved_bytes -= 1792 * MiB; /* 256 MiB cached: less than that */
+    diag(r);
+    assert_string_equal(evt(find(r, "does_not_fit"), "basis"), "pass_outgrows_cache");
+    assert_true(ev(find(r, "does_not_fit"), "pass_rest_bytes") == (double)(64 * MiB + 12 * GiB / 24));
+    og_test_check_text(find(r, "does_not_fit")->summary);
+    free(r);
+}
+
 /* a validation pass over one whole recording asks for 8 GiB on a 24 GiB card while its activations hold another 8 GiB
  * of the same pass, with 7 GiB free and 3.8 GiB cached in splinters (a quarter of the reservation: textbook
  * fragmentation for this request): defragmented, the cache serves this tensor and leaves 2.8 GiB, less than the next
@@ -1734,6 +1798,39 @@ static void a_working_set_mostly_a_callers_holder_is_named(void **state)
     diag(r);
     assert_string_equal(evt(find(r, "does_not_fit"), "basis"), "pass_outgrows_cache");
     assert_null(evt(find(r, "does_not_fit"), "working_set_holder"));
+    free(r);
+}
+
+/* an exporter folding every fp16 weight into a new tensor on the GPU (13.5 GiB of parameters, 8.26 GiB copied so far,
+ * no named object holding the copy: roles.activations_copy_of parameters) fails a 112 MiB request beside 209 MiB
+ * cached in 4 MiB splinters: textbook fragmentation, but the copy's rest, 5.2 GiB, is more than the cache and the free
+ * memory together: does_not_fit leads (basis copy_outgrows_cache, copy_made_bytes, copy_source_bytes); no copy
+ * measured, the textbook reading stands */
+static void a_copy_of_the_weights_that_cannot_finish_does_not_fit(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->event.requested_bytes, 112 * MiB);
+    og_set(&r->device.free_bytes, 42 * MiB);
+    fixture_roles(r, 13824 * MiB, 0, 0, 0, 0, 8458 * MiB);
+    r->memory.fw.reserved_bytes += 209 * MiB;
+    r->memory.fw.largest_free_block_bytes = 4 * MiB;
+    r->memory.fw.grad_enabled = -1;
+    diag(r);
+    assert_string_equal(r->diagnosis.primary, "fragmentation");
+    og_roles_t *ro = &r->memory.fw.roles;
+    snprintf(ro->act_copy_of, sizeof ro->act_copy_of, "parameters");
+    ro->act_copy_bytes = 8458 * MiB;
+    diag(r);
+    assert_string_equal(r->diagnosis.primary, "does_not_fit");
+    assert_string_equal(evt(find(r, "does_not_fit"), "basis"), "copy_outgrows_cache");
+    assert_true(ev(find(r, "does_not_fit"), "copy_made_bytes") == 8458.0 * MiB);
+    assert_true(ev(find(r, "does_not_fit"), "copy_source_bytes") == 13824.0 * MiB);
+    assert_true(has(r, "fragmentation") && find(r, "fragmentation")->confidence <= 0.5);
+    og_test_check_text(find(r, "does_not_fit")->summary);
+    ro->act_copy_bytes = 13700 * MiB; /* all but 124 MiB copied: the cache and the free memory hold the rest */
+    og_set(&r->memory.fw.roles.bytes[OG_ROLE_activations], 13700 * MiB);
+    diag(r);
+    assert_string_equal(r->diagnosis.primary, "fragmentation");
     free(r);
 }
 
@@ -2184,6 +2281,8 @@ int main(void)
         cmocka_unit_test(rules_run_in_any_order),
         cmocka_unit_test(size_max_request_is_a_request),
         cmocka_unit_test(a_pass_that_outgrows_the_cache_does_not_fit),
+        cmocka_unit_test(a_pass_in_its_last_layers_is_weighed_on_what_is_left),
+        cmocka_unit_test(a_copy_of_the_weights_that_cannot_finish_does_not_fit),
         cmocka_unit_test(a_working_set_mostly_a_callers_holder_is_named),
         cmocka_unit_test(a_pass_whose_next_tensor_has_no_room_does_not_fit),
         cmocka_unit_test(a_restore_that_outgrows_the_cache_does_not_fit),
