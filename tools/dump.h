@@ -307,6 +307,8 @@ struct og_dump {
     struct {
         int64_t process_tracked_bytes, process_used_bytes, framework_bytes, framework_cached_bytes, non_framework_bytes,
             context_bytes_estimate, other_processes_bytes, host_pinned_bytes;
+        int64_t contexts_made; /* memory.contexts_made: contexts the process made on the device; -1 unknown or absent */
+        int primary_context;   /* memory.primary_context: 1 active, 0 not, -1 unknown or absent */
         int64_t kind_plain, kind_managed, kind_pool_reserved, kind_pool_used, kind_vmm_physical, kind_vmm_mapped;
         struct og_lib *libs;
         int nlibs;

@@ -1869,6 +1869,8 @@ static int v_memory(struct loader *L, const cJSON *r)
     TRY(get_int_min(L, m, &p, "context_bytes_estimate", -INT64_MAX, &d->mem.context_bytes_estimate));
     TRY(get_int(L, m, &p, "other_processes_bytes", &d->mem.other_processes_bytes));
     TRY(get_int(L, m, &p, "host_pinned_bytes", &d->mem.host_pinned_bytes));
+    TRY(get_int(L, m, &p, "contexts_made", &d->mem.contexts_made));
+    TRY(get_bool(L, m, &p, "primary_context", &d->mem.primary_context));
     /* Differences of two measurements can dip below zero; show them as unknown. */
     if (d->mem.non_framework_bytes < 0)
         d->mem.non_framework_bytes = -1;

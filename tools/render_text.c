@@ -241,13 +241,18 @@ static void where(struct tx *t, const struct og_dump *d)
     else
         snprintf(title, sizeof title, "Where the memory is");
     heading(t, title);
+    int w = 40; /* the labels' column: as wide as the longest (a process's contexts counted), up to 60 */
+    for (int i = 0; i < n; i++) {
+        int l = (int)strlen(parts[i].label);
+        w = l > w ? (l < 60 ? l : 60) : w;
+    }
     for (int i = 0; i < n; i++) {
         const char *style = parts[i].kind == P_FREE          ? GREEN
                             : parts[i].kind == P_OTHER_PROCS ? YELLOW
                             : parts[i].kind == P_UNACCOUNTED ? DIM
                                                              : CYAN;
         og_sb_puts(t->b, "  ");
-        cell(t, parts[i].label, 60, 40);
+        cell(t, parts[i].label, 60, w);
         og_sb_printf(t->b, "%12s", human_bytes(parts[i].bytes, h));
         if (scale > 0)
             og_sb_printf(t->b, "  %5.1f%%  ", 100.0 * (double)parts[i].bytes / (double)scale);
@@ -257,10 +262,10 @@ static void where(struct tx *t, const struct og_dump *d)
     if (d->event.present && d->event.requested_bytes.known) {
         double req = (double)d->event.requested_bytes.v;
         og_sb_puts(t->b, "  ");
-        og_sb_repeat(t->b, "\u2500", 40 + 12);
+        og_sb_repeat(t->b, "\u2500", w + 12);
         og_sb_putc(t->b, '\n');
         og_sb_puts(t->b, "  ");
-        cell(t, d->status == OG_ST_RECOVERED ? "Requested (succeeded on retry)" : "Requested", 60, 40);
+        cell(t, d->status == OG_ST_RECOVERED ? "Requested (succeeded on retry)" : "Requested", 60, w);
         og_sb_printf(t->b, "%12s", human_bytes_u64(d->event.requested_bytes.v, h));
         if (scale > 0 && req / (double)scale < 1e3)
             og_sb_printf(t->b, "  %5.1f%%  ", 100.0 * req / (double)scale);

@@ -125,6 +125,18 @@ int64_t og_other_framework_bytes(const struct og_dump *d, const char **largest)
     return sum;
 }
 
+/* the non-framework part: the contexts the process holds on the device where it made some of its own (each holds
+ * memory of its own: memory.contexts_made, and the primary context when active) */
+static const char *non_framework_label(const struct og_dump *d)
+{
+    static char label[80];
+    if (d->mem.contexts_made <= 0)
+        return "Non-framework (CUDA context, libraries)";
+    int64_t n = d->mem.contexts_made + (d->mem.primary_context == 1);
+    snprintf(label, sizeof label, "Non-framework (%" PRId64 " CUDA context%s, libraries)", n, n == 1 ? "" : "s");
+    return label;
+}
+
 int og_breakdown(const struct og_dump *d, struct og_part *parts, int64_t *scale)
 {
     int n = 0;
@@ -156,7 +168,7 @@ int og_breakdown(const struct og_dump *d, struct og_part *parts, int64_t *scale)
         if (other)
             ADD(P_OTHER_FW, other_label, other);
         if (d->mem.non_framework_bytes >= 0)
-            ADD(P_NON_FW, "Non-framework (CUDA context, libraries)", d->mem.non_framework_bytes);
+            ADD(P_NON_FW, non_framework_label(d), d->mem.non_framework_bytes);
         else if (d->mem.process_tracked_bytes > fwb)
             ADD(P_NON_FW, "Other libraries", d->mem.process_tracked_bytes - fwb);
     } else if (og_process_bytes(d) > 0) {

@@ -160,6 +160,17 @@ hasnt "text: a folded remedy past five does not" "$T/t3" "[bigger_gpu] (not enou
 hasnt "text: a remedy folded for not covering has no why" "$T/t3" "$(python3 -c 'import json,sys; print([r["why"] for r in json.load(open(sys.argv[1]))["remedies"] if r["id"] == "expandable_segments"][0][:60])' "$FIX/does_not_fit.json")"
 "$OG" report "$T/tier3.json" --format html -o "$T/tier3.html"
 has "html: a folded remedy that cannot cover alone says so" "$T/tier3.html" "<code class=\"muted\">expandable_segments</code> (not enough alone)</li>"
+# the contexts a process made (memory.contexts_made, and the primary one) are counted in the non-framework part, the
+# labels' column as wide as the longest; a dump without the keys keeps the plain label
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))
+d["memory"]["contexts_made"] = 11; d["memory"]["primary_context"] = True
+json.dump(d, open(sys.argv[2], "w"))' "$FIX/does_not_fit.json" "$T/ctx.json"
+"$OG" report "$T/ctx.json" --color never >"$T/ctx" 2>&1
+has "text: the contexts a process holds in the breakdown" "$T/ctx" "  Non-framework (12 CUDA contexts, libraries)  600.00 MiB"
+has "text: the breakdown's column widens with its labels" "$T/ctx" "  PyTorch in use                                21.81 GiB"
+"$OG" report "$T/ctx.json" --format html -o "$T/ctx.html"
+has "html: the contexts a process holds in the breakdown" "$T/ctx.html" "Non-framework (12 CUDA contexts, libraries)"
+has "text: no contexts counted, the plain label" "$T/t" "  Non-framework (CUDA context, libraries)   "
 # a Python job's roles and phase: every key the writer documents reaches the text and HTML reports
 R=$FIX/python_roles.json
 OOMGUARD_SYMBOLIZE=0 "$OG" report "$R" --color never >"$T/pr" 2>&1
