@@ -2652,12 +2652,15 @@ static void trains(og_facts_t *d, const og_record_t *r)
  * built (phase loading): what the models running now hold so far (roles.arriving) and the tensors its running code
  * holds in locals (a checkpoint's shard being placed) are its working set. */
 #define PASS_OVER_CACHE 3
+/* the measured cache is under frag_share of its reservation: splinters beside what the framework uses, not an idle
+ * share of it */
+static bool cache_splinters(const og_facts_t *d) { return (double)d->cached < d->frag_share * (double)d->reservation; }
+
 /* BYTES still to come are PASS_OVER_CACHE times the measured cache and the request, and that cache is under
  * frag_share of its reservation: the splinters carry the work a few allocations further, not through it */
 static bool outgrows(const og_facts_t *d, uint64_t bytes)
 {
-    return bytes >= PASS_OVER_CACHE * (d->cached > d->req ? d->cached : d->req) &&
-           (double)d->cached < d->frag_share * (double)d->reservation;
+    return bytes >= PASS_OVER_CACHE * (d->cached > d->req ? d->cached : d->req) && cache_splinters(d);
 }
 
 /* memory that rose step after step (the growth rule's pattern) by PASS_OVER_CACHE times the cache and the request,
@@ -2828,8 +2831,7 @@ static void pass_outgrows_cache(og_facts_t *d, const og_record_t *r)
         }
     }
     if (d->phase == OG_JP_loading && k->known && d->cached_known && !d->recovered && d->reservation && d->capacity &&
-        (double)k->params >= LOAD_FILLS_SHARE * (double)d->capacity && d->cached >= d->req &&
-        (double)d->cached < d->frag_share * (double)d->reservation) {
+        (double)k->params >= LOAD_FILLS_SHARE * (double)d->capacity && d->cached >= d->req && cache_splinters(d)) {
         d->load_fills_card = d->pass_outgrows_cache = true;
         return;
     }
@@ -2855,8 +2857,7 @@ static void pass_outgrows_cache(og_facts_t *d, const og_record_t *r)
     if (rest && rest < set) {
         d->pass_rest = rest;
         d->pass_rest_layers = r->memory.fw.roles.layer_count - r->memory.fw.roles.layer_index - 1;
-        d->pass_outgrows_cache =
-            rest > add_sat(d->free_eff, d->cached) && (double)d->cached < d->frag_share * (double)d->reservation;
+        d->pass_outgrows_cache = rest > add_sat(d->free_eff, d->cached) && cache_splinters(d);
         return;
     }
     d->pass_outgrows_cache = outgrows(d, set) || next_tensor_has_no_room(d, k);
@@ -2879,7 +2880,7 @@ static void copy_outgrows_cache(og_facts_t *d)
     if (d->phase == OG_JP_ema_update && k->known)
         d->update_copy = k->opt_params ? k->opt_params : k->model_params;
     if (d->phase == OG_JP_ema_update && k->act_known && d->update_copy > k->act && d->cached_known && !d->recovered &&
-        d->reservation && (double)d->cached < d->frag_share * (double)d->reservation) {
+        d->reservation && cache_splinters(d)) {
         d->copy_outgrows_cache = d->update_copy - k->act > add_sat(d->cached, d->free_eff);
         return;
     }
@@ -2888,13 +2889,13 @@ static void copy_outgrows_cache(og_facts_t *d)
      * tensor, a comprehension's dict of them): the rest of that role beyond the copy so far exceeding the cache and
      * the free memory together is a copy no defragmented cache finishes */
     if (k->known && k->operation != OG_OP_copy && k->act_copy && k->act_copy_source > k->act_copy && d->cached_known &&
-        !d->recovered && d->reservation && (double)d->cached < d->frag_share * (double)d->reservation &&
+        !d->recovered && d->reservation && cache_splinters(d) &&
         k->act_copy_source - k->act_copy > add_sat(d->cached, d->free_eff)) {
         d->copy_outgrows_cache = d->role_copy_outgrows = true;
         return;
     }
     if (!k->known || k->operation != OG_OP_copy || !k->copy_made_known || !d->cached_known || d->recovered ||
-        !d->reservation || (double)d->cached >= d->frag_share * (double)d->reservation)
+        !d->reservation || !cache_splinters(d))
         return;
     if (k->copy_source > k->copy_made)
         d->copy_outgrows_cache = k->copy_source - k->copy_made > add_sat(d->cached, d->free_eff);
