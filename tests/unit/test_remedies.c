@@ -7312,9 +7312,36 @@ static void docs_list_the_causes(void **state)
     assert_int_equal(rows, n);
 }
 
+/* an exporter folding every fp16 weight into a new tensor on the GPU (13.5 GiB of parameters, 8.26 GiB of the copy made,
+ * roles.activations_copy_of parameters) that cannot finish: the remedies of a pass (a smaller batch, mixed precision,
+ * shorter inputs) save at most the activations beyond the copy, none here, and none is in the top three */
+static void a_copy_of_the_weights_takes_nothing_from_a_pass(void **state)
+{
+    og_record_t *r = base();
+    og_set(&r->event.requested_bytes, 112 * MiB);
+    og_set(&r->device.free_bytes, 42 * MiB);
+    fixture_roles(r, 13824 * MiB, 0, 0, 0, 0, 8458 * MiB);
+    r->memory.fw.reserved_bytes += 209 * MiB;
+    r->memory.fw.largest_free_block_bytes = 4 * MiB;
+    r->memory.fw.grad_enabled = -1;
+    snprintf(r->memory.fw.roles.act_copy_of, sizeof r->memory.fw.roles.act_copy_of, "parameters");
+    r->memory.fw.roles.act_copy_bytes = 8458 * MiB;
+    run_primary(r, "does_not_fit");
+    assert_true(r->analysis.facts.role_copy_outgrows);
+    static const char *const levers[] = { "smaller_batch",   "mixed_precision",        "shorter_sequences",
+                                          "flash_attention", "gradient_checkpointing", "inference_mode" };
+    for (size_t i = 0; i < sizeof levers / sizeof *levers; i++) {
+        const og_remedy_t *m = rem(r, levers[i]);
+        assert_true(m->rank == 0 || m->rank > 3);
+        assert_true(m->rank == 0 || m->ranking.estimate <= 0);
+    }
+    free(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(a_copy_of_the_weights_takes_nothing_from_a_pass),
         cmocka_unit_test(fragmentation_selection),
         cmocka_unit_test(empty_cache_releases_no_split_segment),
         cmocka_unit_test(allocator_setting_by_version),
