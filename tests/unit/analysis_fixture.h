@@ -511,6 +511,21 @@ static void fixture_steps(og_record_t *r, uint64_t made, int n, uint64_t first, 
 }
 
 /* event.phase and the frame that decided it (FILE NULL: no frame) */
+/* an exporter folding every fp16 weight of a 13.5 GiB model into a new tensor on the GPU, 8.26 GiB of the copy made
+ * so far (roles.activations_copy_of parameters, all the activations), failing a 112 MiB request beside 209 MiB cached
+ * in 4 MiB splinters, 42 MiB free, autograd off: a copy whose rest the cache and the free memory cannot hold */
+static void fixture_weights_copy(og_record_t *r)
+{
+    og_set(&r->event.requested_bytes, 112 * MiB);
+    og_set(&r->device.free_bytes, 42 * MiB);
+    fixture_roles(r, 13824 * MiB, 0, 0, 0, 0, 8458 * MiB);
+    r->memory.fw.reserved_bytes += 209 * MiB;
+    r->memory.fw.largest_free_block_bytes = 4 * MiB;
+    r->memory.fw.grad_enabled = -1;
+    snprintf(r->memory.fw.roles.act_copy_of, sizeof r->memory.fw.roles.act_copy_of, "parameters");
+    r->memory.fw.roles.act_copy_bytes = 8458 * MiB;
+}
+
 static void fixture_phase(og_record_t *r, const char *phase, const char *file, const char *function)
 {
     r->memory.fw.has = true;

@@ -7318,14 +7318,7 @@ static void docs_list_the_causes(void **state)
 static void a_copy_of_the_weights_takes_nothing_from_a_pass(void **state)
 {
     og_record_t *r = base();
-    og_set(&r->event.requested_bytes, 112 * MiB);
-    og_set(&r->device.free_bytes, 42 * MiB);
-    fixture_roles(r, 13824 * MiB, 0, 0, 0, 0, 8458 * MiB);
-    r->memory.fw.reserved_bytes += 209 * MiB;
-    r->memory.fw.largest_free_block_bytes = 4 * MiB;
-    r->memory.fw.grad_enabled = -1;
-    snprintf(r->memory.fw.roles.act_copy_of, sizeof r->memory.fw.roles.act_copy_of, "parameters");
-    r->memory.fw.roles.act_copy_bytes = 8458 * MiB;
+    fixture_weights_copy(r);
     run_primary(r, "does_not_fit");
     assert_true(r->analysis.facts.role_copy_outgrows);
     static const char *const levers[] = { "smaller_batch",   "mixed_precision",        "shorter_sequences",
