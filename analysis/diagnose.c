@@ -1237,7 +1237,9 @@ static bool c_does_not_fit(const og_facts_t *d, const og_record_t *r, og_cause_t
                      "; a copy of the %s %s is being made (%s so far, no named object holds it yet), and its rest is "
                      "more than the %s cached and the %s free together.",
                      og_hb((double)d->roles.act_copy_source).s,
-                     r->memory.fw.roles.act_copy_of[0] == 'o' ? "of optimizer state" : "of parameters",
+                     strncmp(r->memory.fw.roles.act_copy_of, "optimizer_state", sizeof r->memory.fw.roles.act_copy_of)
+                         ? "of parameters"
+                         : "of optimizer state",
                      og_hb((double)d->roles.act_copy).s, og_hb((double)d->cached).s, og_hb((double)d->free_eff).s);
     } else if (d->copy_outgrows_cache) {
         ev_bytes(c, "copy_made_bytes", d->roles.copy_made);

@@ -243,7 +243,7 @@ static void where(struct tx *t, const struct og_dump *d)
     heading(t, title);
     int w = 40; /* the labels' column: as wide as the longest (a process's contexts counted), up to 60 */
     for (int i = 0; i < n; i++) {
-        int l = (int)strlen(parts[i].label);
+        int l = (int)text_width(parts[i].label, 60);
         w = l > w ? (l < 60 ? l : 60) : w;
     }
     for (int i = 0; i < n; i++) {

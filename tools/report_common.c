@@ -132,7 +132,7 @@ static const char *non_framework_label(const struct og_dump *d)
     static char label[80];
     if (d->mem.contexts_made <= 0)
         return "Non-framework (CUDA context, libraries)";
-    int64_t n = d->mem.contexts_made + (d->mem.primary_context == 1);
+    int64_t n = d->mem.contexts_made + (d->mem.primary_context == 1 && d->mem.contexts_made < INT64_MAX);
     snprintf(label, sizeof label, "Non-framework (%" PRId64 " CUDA context%s, libraries)", n, n == 1 ? "" : "s");
     return label;
 }
