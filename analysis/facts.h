@@ -426,7 +426,7 @@ typedef struct og_role_facts {
     bool extra_outputs; /* roles.extra_outputs: the program asks a model for per-layer or per-token outputs */
     uint64_t act_copy;  /* of the activations, blocks that copy the parameters or the optimizer state (the adapter's
                           roles.activations_copy_of: a copy no named object holds yet), 0 none */
-    uint64_t act_copy_source; /* the role that copy copies, whole (the parameters or the optimizer state); 0 none */
+    uint64_t act_copy_source; /* the bytes of the role it copies (the parameters or the optimizer state); 0 none */
     /* holders kept across calls (not locals of running code) that reached the bound the program names for them
      * (roles.holders[].bound_bytes, bound_records: at least 9/10 of it): an LRU at its budget; the largest's index in
      * roles.holders (-1 none) and their bytes */

@@ -510,7 +510,6 @@ static void fixture_steps(og_record_t *r, uint64_t made, int n, uint64_t first, 
         ro->step_alloc[i] = first + per_step * (uint64_t)i;
 }
 
-/* event.phase and the frame that decided it (FILE NULL: no frame) */
 /* an exporter folding every fp16 weight of a 13.5 GiB model into a new tensor on the GPU, 8.26 GiB of the copy made
  * so far (roles.activations_copy_of parameters, all the activations), failing a 112 MiB request beside 209 MiB cached
  * in 4 MiB splinters, 42 MiB free, autograd off: a copy whose rest the cache and the free memory cannot hold */
@@ -526,6 +525,7 @@ static void fixture_weights_copy(og_record_t *r)
     r->memory.fw.roles.act_copy_bytes = 8458 * MiB;
 }
 
+/* event.phase and the frame that decided it (FILE NULL: no frame) */
 static void fixture_phase(og_record_t *r, const char *phase, const char *file, const char *function)
 {
     r->memory.fw.has = true;
